@@ -1,0 +1,195 @@
+"""Benchmark: memory-lean ``dispersion_loss`` vs the naive ``dispersion_loss_reference``.
+
+Workload: ``--layers`` independent hidden tensors [B, N, d] (one per hooked block),
+loss = mean over layers, forward + backward. Per variant it reports the median
+wall time of both implementations (run interleaved, after one warm-up each), the
+extra peak memory of one forward+backward, and the largest value/gradient gaps.
+
+Extra peak memory is measured in a fresh subprocess per (implementation, variant):
+inputs and their ``.grad`` buffers are allocated first, then one forward+backward
+runs. On CPU (Linux) the figure is the process's peak RSS during that run minus
+its RSS before it: the peak (``VmHWM``) is reset to the current RSS through
+``/proc/self/clear_refs`` first. ``ru_maxrss`` is not used because a child
+spawned by a large parent inherits the parent's RSS as its starting maximum. The
+worker runs with ``MALLOC_MMAP_THRESHOLD_`` fixed at 1 MiB so glibc maps every
+tensor-sized block separately and unmaps it on free; with the default adaptive
+threshold, freed blocks stay in the heap and RSS measures allocator retention and
+fragmentation (run to run) instead of live tensors. On CUDA it is
+``max_memory_allocated`` minus the allocation after setup.
+
+    python bench/dispersion_loss.py                 # B=8 N=1024 d=768, 12 layers
+    python bench/dispersion_loss.py --device cuda --variants angular_spread
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dispersion_titan.losses import VARIANTS, dispersion_loss, dispersion_loss_reference  # noqa: E402
+
+IMPLS: dict[str, Callable[..., torch.Tensor]] = {
+    "naive": dispersion_loss_reference,
+    "lean": dispersion_loss,
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def make_hidden(args: argparse.Namespace) -> list[torch.Tensor]:
+    """One random hidden tensor per layer, with preallocated zero ``.grad`` buffers.
+
+    Preallocating ``.grad`` makes backward accumulate in place, so the measured extra
+    memory is the loss's own working set rather than the gradient outputs.
+    """
+    gen = torch.Generator().manual_seed(args.seed)
+    hidden = []
+    for _ in range(args.layers):
+        h = torch.randn(args.B, args.N, args.d, generator=gen)
+        h = h.to(device=args.device, dtype=DTYPES[args.dtype]).requires_grad_()
+        h.grad = torch.zeros_like(h)
+        hidden.append(h)
+    return hidden
+
+
+def step(impl: str, variant: str, hidden: list[torch.Tensor], tau: float) -> torch.Tensor:
+    """Forward + backward of the layer-mean loss; returns the per-layer losses (detached)."""
+    per_layer = torch.stack([IMPLS[impl](h, variant, tau=tau) for h in hidden])
+    per_layer.mean().backward()
+    return per_layer.detach()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def memory_worker(args: argparse.Namespace) -> None:
+    """Runs in a fresh process: print the extra peak bytes of one forward+backward."""
+    impl, variant = args.memory_worker
+    small = torch.randn(2, 8, 4, device=args.device, requires_grad=True)
+    for fn in IMPLS.values():  # load kernels/thread pools before the baseline
+        fn(small, variant, tau=args.tau).backward()
+    hidden = make_hidden(args)
+    if args.device.startswith("cuda"):
+        sync(args.device)
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        step(impl, variant, hidden, args.tau)
+        sync(args.device)
+        extra = torch.cuda.max_memory_allocated() - base
+    else:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak-RSS watermark to the current RSS
+        base = proc_status_bytes("VmRSS")
+        step(impl, variant, hidden, args.tau)
+        extra = proc_status_bytes("VmHWM") - base
+    print(json.dumps({"extra_bytes": extra}))
+
+
+def proc_status_bytes(field: str) -> int:
+    """A memory field of ``/proc/self/status`` (reported in kB) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not found in /proc/self/status")
+
+
+def measure_memory(impl: str, variant: str, args: argparse.Namespace) -> float:
+    """Extra peak memory in MiB, measured in a fresh subprocess."""
+    cmd = [
+        sys.executable, __file__, "--memory-worker", impl, variant,
+        "--B", str(args.B), "--N", str(args.N), "--d", str(args.d),
+        "--layers", str(args.layers), "--device", args.device, "--dtype", args.dtype,
+        "--tau", str(args.tau), "--seed", str(args.seed),
+    ]  # fmt: skip
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])["extra_bytes"] / 2**20
+
+
+def compare(variant: str, args: argparse.Namespace) -> dict[str, float]:
+    """Time both implementations interleaved and compare their values and gradients."""
+    hidden = make_hidden(args)
+    times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+    values: dict[str, torch.Tensor] = {}
+    grads: dict[str, list[torch.Tensor]] = {}
+    for rep in range(args.repeats + 1):  # repetition 0 is the warm-up
+        for impl in IMPLS:
+            for h in hidden:
+                h.grad.zero_()
+            sync(args.device)
+            start = time.perf_counter()
+            values[impl] = step(impl, variant, hidden, args.tau)
+            sync(args.device)
+            if rep > 0:
+                times[impl].append(time.perf_counter() - start)
+            grads[impl] = [h.grad.float().clone() for h in hidden]
+    value_diff = (values["lean"] - values["naive"]).abs().max().item()
+    grad_diff = max((a - b).abs().max().item() for a, b in zip(grads["lean"], grads["naive"]))
+    grad_scale = max(g.abs().max().item() for g in grads["naive"])
+    return {
+        "naive_s": statistics.median(times["naive"]),
+        "lean_s": statistics.median(times["lean"]),
+        "value_diff": value_diff,
+        "value_rel": value_diff / max(values["naive"].abs().max().item(), 1e-30),
+        "grad_diff": grad_diff,
+        "grad_rel": grad_diff / max(grad_scale, 1e-30),
+    }
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument("--B", type=int, default=8)
+    p.add_argument("--N", type=int, default=1024)
+    p.add_argument("--d", type=int, default=768)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="fp32", choices=DTYPES)
+    p.add_argument("--tau", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "VARIANT"), help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.memory_worker:
+        memory_worker(args)
+        return
+    print(
+        f"device={args.device} dtype={args.dtype} B={args.B} N={args.N} d={args.d} "
+        f"layers={args.layers} repeats={args.repeats} tau={args.tau} threads={torch.get_num_threads()}"
+    )
+    header = (
+        "| variant | naive s | lean s | time ratio | naive extra MiB | lean extra MiB | mem ratio "
+        "| max abs dvalue (rel) | max abs dgrad (rel) |"
+    )
+    print(header)
+    print("|" + "---|" * (header.count("|") - 1))
+    for variant in args.variants:
+        mem = {impl: measure_memory(impl, variant, args) for impl in IMPLS}
+        r = compare(variant, args)
+        print(
+            f"| {variant} | {r['naive_s']:.2f} | {r['lean_s']:.2f} | {r['lean_s'] / r['naive_s']:.2f} "
+            f"| {mem['naive']:.0f} | {mem['lean']:.0f} | {mem['lean'] / mem['naive']:.3f} "
+            f"| {r['value_diff']:.1e} ({r['value_rel']:.1e}) | {r['grad_diff']:.1e} ({r['grad_rel']:.1e}) |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Finding, validating and loading TorchTitan DCP checkpoints offline (one process, no
+process group), whatever parallel layout saved them, model-only or full."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from .models.gpt2.args import GPT2ModelArgs
+from .models.gpt2.model import GPT2
+
+MODEL_ARGS_FILE = "model_args.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A missing, partial or corrupt checkpoint; the message names the path."""
+
+
+@dataclass(frozen=True)
+class StepCheckpoint:
+    step: int
+    path: str
+
+
+def checkpoint_folder(run: str) -> str:
+    """``run`` may be a dump folder (holding ``checkpoint/``) or the checkpoint folder."""
+    if not os.path.isdir(run):
+        raise CheckpointError(f"{run}: no such directory")
+    if any(_STEP_DIR.match(name) for name in os.listdir(run)):
+        return run
+    nested = os.path.join(run, "checkpoint")
+    if os.path.isdir(nested):
+        return nested
+    raise CheckpointError(f"{run}: no checkpoints (no step-N folders here or in {nested})")
+
+
+def list_checkpoints(folder: str) -> list[StepCheckpoint]:
+    found = []
+    for name in os.listdir(folder):
+        match = _STEP_DIR.match(name)
+        if match and os.path.isdir(os.path.join(folder, name)):
+            found.append(StepCheckpoint(int(match.group(1)), os.path.join(folder, name)))
+    return sorted(found, key=lambda c: c.step)
+
+
+def check_complete(step_dir: str) -> None:
+    """Raise ``CheckpointError`` unless ``.metadata`` parses and every byte range it
+    references exists: this catches crashes mid-save and truncated ``.distcp`` files."""
+    if not os.path.isfile(os.path.join(step_dir, ".metadata")):
+        raise CheckpointError(f"{step_dir}: missing .metadata (partial or corrupt checkpoint)")
+    try:
+        metadata = dcp.FileSystemReader(step_dir).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any unreadable metadata is corruption
+        raise CheckpointError(f"{step_dir}/.metadata: unreadable ({type(e).__name__}: {e})") from None
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for relative, size in needed.items():
+        path = os.path.join(step_dir, relative)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path}: missing (partial or corrupt checkpoint)")
+        if os.path.getsize(path) < size:
+            raise CheckpointError(
+                f"{path}: truncated ({os.path.getsize(path)} of {size} bytes; partial or corrupt checkpoint)"
+            )
+
+
+def save_model_args(folder: str, args: GPT2ModelArgs) -> None:
+    """Record the model shape in the run folder (head count cannot be read off weights)."""
+    os.makedirs(folder, exist_ok=True)
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
+    tmp = os.path.join(folder, f".{MODEL_ARGS_FILE}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(fields, f, indent=2)
+    os.replace(tmp, os.path.join(folder, MODEL_ARGS_FILE))
+
+
+def load_model_args(checkpoint_dir: str) -> GPT2ModelArgs:
+    """The shape recorded in the run's dump folder (the checkpoint folder's parent)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), MODEL_ARGS_FILE)
+    try:
+        with open(path) as f:
+            return GPT2ModelArgs(**json.load(f))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; it is written by dispersion_titan.train at start") from None
+    except (json.JSONDecodeError, TypeError) as e:
+        raise CheckpointError(f"{path}: invalid ({e})") from None
+
+
+def load_model(step_dir: str, args: GPT2ModelArgs, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32) -> GPT2:
+    """A plain (unsharded) GPT-2 holding the weights of ``step_dir``."""
+    check_complete(step_dir)
+    with torch.device("meta"):
+        model = GPT2(args)
+    model.to_empty(device="cpu")
+    model.tie_weights()
+    state = model.state_dict()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
+            dcp.load(state, checkpoint_id=step_dir)
+    except Exception as e:  # noqa: BLE001 - DCP raises many types for bad files
+        raise CheckpointError(f"{step_dir}: cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    model.load_state_dict(state)
+    return model.to(device=device, dtype=dtype).eval()

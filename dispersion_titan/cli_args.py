@@ -1,0 +1,62 @@
+"""Argument handling that must run before TorchTitan is imported."""
+
+from __future__ import annotations
+
+import sys
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from . import CONFIG_MODULE
+
+_CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+_CUSTOM_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
+
+
+class ArgumentError(ValueError):
+    """Bad command line or TOML file; the message names the flag or file."""
+
+
+def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
+    for i, arg in enumerate(args):
+        key, eq, value = arg.partition("=")
+        if key in flags:
+            if eq:
+                return value
+            if i + 1 < len(args):
+                return args[i + 1]
+            raise ArgumentError(f"{key}: missing value")
+    return None
+
+
+def load_toml(args: list[str]) -> dict:
+    """The TOML named by ``--job.config_file`` ({} without one), with one-line errors."""
+    path = _flag_value(args, _CONFIG_FILE_FLAGS)
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ArgumentError(f"--job.config_file: {path}: no such file") from None
+    except IsADirectoryError:
+        raise ArgumentError(f"--job.config_file: {path}: is a directory") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ArgumentError(f"--job.config_file: {path}: invalid TOML: {e}") from None
+
+
+def with_config_module(args: list[str], toml: dict) -> list[str]:
+    """Add ``--job.custom_config_module dispersion_titan.config`` unless CLI or TOML names one,
+    so users' TOMLs may use ``[dispersion]`` and the extra ``[model]`` keys directly."""
+    job = toml.get("job", {})
+    if _flag_value(args, _CUSTOM_MODULE_FLAGS) or (isinstance(job, dict) and job.get("custom_config_module")):
+        return args
+    return [*args, _CUSTOM_MODULE_FLAGS[0], CONFIG_MODULE]
+
+
+def fail(message: str) -> None:
+    """One line on stderr and exit status 2."""
+    print(f"dispersion_titan: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)

@@ -1,0 +1,59 @@
+"""Extra TOML fields, merged by TorchTitan into its JobConfig via ``job.custom_config_module``.
+
+``[model]`` gains shape overrides (0 keeps the flavor's value) and the tie switch;
+``[dispersion]`` configures the auxiliary loss. Every field is overridable on the
+command line as ``--section.key value``.
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Model:
+    dim: int = 0
+    """Residual width; 0 keeps the flavor's."""
+    n_layers: int = 0
+    """Number of blocks; 0 keeps the flavor's."""
+    n_heads: int = 0
+    """Attention heads; 0 keeps the flavor's."""
+    mlp_hidden_dim: int = 0
+    """MLP hidden width; 0 keeps the flavor's (4·dim for every published flavor)."""
+    vocab_size: int = 0
+    """Vocabulary size; 0 keeps the flavor's (GPT-2's 50257)."""
+    max_seq_len: int = 0
+    """Number of learned positions; 0 keeps the flavor's (1024 for GPT-2)."""
+    tie_embeddings: bool = True
+    """Share the LM head with the token embedding matrix (GPT-2 does)."""
+
+
+@dataclass
+class Dispersion:
+    variant: str = "none"
+    """none | angular_spread | orthogonalization | l2_repel | decorrelation"""
+    coeff: float = 0.0
+    """λ, the weight of the dispersion term in L = L_CE + λ·mean_ℓ L_disp(Z_ℓ); ≥ 0."""
+    tau: float = 1.0
+    """Temperature τ > 0 of the log-sum-exp variants."""
+    clamp: float = 0.1
+    """ε in (0, 1): cosines are clamped to [−1+ε, 1−ε] before arccos (straight-through)."""
+    lambda_norm: float = 0.1
+    """Weight of the mean(z²) penalty of l2_repel."""
+    layers: str | list[int] = "all"
+    """all | last | early_half | late_half | a list of 1-based block indices."""
+    max_tokens: int = 0
+    """0 uses all positions; else a seeded random subset of this many (≥ 2) per layer and step."""
+    warmup_steps: int = 0
+    """Ramp λ linearly from 0 over this many steps; 0 applies it in full from step 1."""
+
+
+@dataclass
+class Checkpoint:
+    save_initial: bool = False
+    """Save step 0 (the initialised weights, before any update) when a run starts fresh."""
+
+
+@dataclass
+class JobConfig:
+    model: Model = field(default_factory=Model)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    dispersion: Dispersion = field(default_factory=Dispersion)

@@ -1,0 +1,190 @@
+"""Checks run on the parsed job config before any process group starts.
+
+Each failure is a ``ConfigError`` whose one-line message names the offending field,
+so ``dispersion_titan.train`` can print it and exit non-zero without touching the
+dump folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from typing import Any, Literal
+
+from torchtitan.config import JobConfig
+
+from .data.corpora import CORPORA, DataConfigError, resolve_local_files
+from .models.gpt2.args import GPT2ModelArgs
+
+LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
+DISPERSION_VARIANTS = ("none", "angular_spread", "orthogonalization", "l2_repel", "decorrelation")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field."""
+
+
+def _matches(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if annotation is Any:
+        return True
+    if origin is Literal:
+        return value in typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(annotation))
+    if origin is list:
+        (item,) = typing.get_args(annotation) or (Any,)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(annotation, type):
+        return isinstance(value, annotation)
+    return True  # annotations we do not model are left to TorchTitan
+
+
+def check_toml_types(config_cls: type, values: dict[str, Any], prefix: str = "") -> None:
+    """TorchTitan builds dataclasses from TOML without checking types; do it here."""
+    hints = typing.get_type_hints(config_cls)
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(f"{name}: unknown field")
+        annotation = hints[key]
+        if dataclasses.is_dataclass(annotation):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name}: expected a [{name}] table, got {value!r}")
+            check_toml_types(annotation, value, prefix=f"{name}.")
+        elif not _matches(value, annotation):
+            expected = getattr(annotation, "__name__", str(annotation))
+            raise ConfigError(f"{name}: expected {expected}, got {value!r}")
+
+
+def resolve_dispersion_layers(spec: str | list[int], n_layers: int) -> list[int]:
+    """0-based block indices selected by ``dispersion.layers``."""
+    if isinstance(spec, str):
+        half = n_layers // 2
+        table = {
+            "all": range(n_layers),
+            "last": range(n_layers - 1, n_layers),
+            "early_half": range(half),
+            "late_half": range(half, n_layers),
+        }
+        if spec not in table:
+            raise ConfigError(
+                f"dispersion.layers: {spec!r} is not one of {LAYER_KEYWORDS} or a list of block indices"
+            )
+        chosen = list(table[spec])
+    else:
+        bad = [i for i in spec if not 1 <= i <= n_layers]
+        if bad or not spec:
+            raise ConfigError(
+                f"dispersion.layers: block indices must be 1..{n_layers} (1-based), got {spec}"
+            )
+        chosen = sorted({i - 1 for i in spec})
+    if not chosen:
+        raise ConfigError(f"dispersion.layers: {spec!r} selects no block of {n_layers}")
+    return chosen
+
+
+def check_dispersion(config: JobConfig, n_layers: int) -> None:
+    d = config.dispersion
+    if d.variant not in DISPERSION_VARIANTS:
+        raise ConfigError(f"dispersion.variant: {d.variant!r} is not one of {DISPERSION_VARIANTS}")
+    if not d.coeff >= 0:
+        raise ConfigError(f"dispersion.coeff: must be >= 0, got {d.coeff}")
+    if not d.tau > 0:
+        raise ConfigError(f"dispersion.tau: must be > 0, got {d.tau}")
+    if not 0 < d.clamp < 1:
+        raise ConfigError(f"dispersion.clamp: must be in (0, 1), got {d.clamp}")
+    if not d.lambda_norm >= 0:
+        raise ConfigError(f"dispersion.lambda_norm: must be >= 0, got {d.lambda_norm}")
+    if d.max_tokens < 0 or d.max_tokens == 1:
+        raise ConfigError(f"dispersion.max_tokens: must be 0 (all) or >= 2, got {d.max_tokens}")
+    if d.warmup_steps < 0:
+        raise ConfigError(f"dispersion.warmup_steps: must be >= 0, got {d.warmup_steps}")
+    resolve_dispersion_layers(d.layers, n_layers)
+
+
+def check_model(config: JobConfig, args: GPT2ModelArgs) -> None:
+    for name in ("dim", "n_layers", "n_heads", "mlp_hidden_dim", "vocab_size", "max_seq_len"):
+        if getattr(config.model, name) < 0:
+            raise ConfigError(f"model.{name}: must be positive, got {getattr(config.model, name)}")
+    if args.dim % args.n_heads:
+        raise ConfigError(f"model.dim: {args.dim} is not divisible by model.n_heads={args.n_heads}")
+    tp = config.parallelism.tensor_parallel_degree
+    if tp < 1:
+        raise ConfigError(f"parallelism.tensor_parallel_degree: must be >= 1, got {tp}")
+    if args.n_heads % tp:
+        raise ConfigError(
+            f"model.n_heads: {args.n_heads} is not divisible by parallelism.tensor_parallel_degree={tp}"
+        )
+    if args.hidden_dim % tp:
+        raise ConfigError(
+            f"model.mlp_hidden_dim: {args.hidden_dim} is not divisible by "
+            f"parallelism.tensor_parallel_degree={tp}"
+        )
+    if args.max_seq_len % tp:
+        raise ConfigError(
+            f"model.max_seq_len: {args.max_seq_len} positions are not divisible by "
+            f"parallelism.tensor_parallel_degree={tp}"
+        )
+    seq_len = config.training.seq_len
+    if not 0 < seq_len <= args.max_seq_len:
+        raise ConfigError(
+            f"training.seq_len: {seq_len} must be in 1..{args.max_seq_len} (model.max_seq_len positions)"
+        )
+    if seq_len % tp:
+        raise ConfigError(
+            f"training.seq_len: {seq_len} is not divisible by parallelism.tensor_parallel_degree={tp}"
+        )
+    if config.parallelism.pipeline_parallel_degree != 1:
+        raise ConfigError("parallelism.pipeline_parallel_degree: gpt2 does not support pipelining")
+    if config.parallelism.context_parallel_degree != 1:
+        raise ConfigError("parallelism.context_parallel_degree: gpt2 does not support context parallel")
+
+
+def check_data(config: JobConfig) -> None:
+    for section in ("training", "validation"):
+        if section == "validation" and not config.validation.enable:
+            continue
+        cfg = getattr(config, section)
+        if cfg.dataset not in CORPORA:
+            raise ConfigError(f"{section}.dataset: unknown dataset {cfg.dataset!r}; choose from {sorted(CORPORA)}")
+        if CORPORA[cfg.dataset].needs_path:
+            try:
+                resolve_local_files(cfg.dataset_path or "", f"{section}.dataset_path")
+            except DataConfigError as e:
+                raise ConfigError(str(e)) from None
+        elif cfg.dataset_path and not os.path.exists(cfg.dataset_path):
+            raise ConfigError(f"{section}.dataset_path: {cfg.dataset_path!r} does not exist")
+    if config.training.local_batch_size < 1:
+        raise ConfigError(f"training.local_batch_size: must be >= 1, got {config.training.local_batch_size}")
+    if config.training.dataloader.num_workers != 0:
+        raise ConfigError("training.dataloader.num_workers: must be 0 (the packed stream is in memory)")
+
+
+def check_checkpoint(config: JobConfig) -> None:
+    ckpt = config.checkpoint
+    if ckpt.enable and ckpt.interval < 1:
+        raise ConfigError(f"checkpoint.interval: must be >= 1, got {ckpt.interval}")
+    if ckpt.save_initial and ckpt.keep_latest_k > 0:
+        raise ConfigError(
+            "checkpoint.keep_latest_k: must be 0 with checkpoint.save_initial, "
+            "or TorchTitan deletes the step-0 checkpoint"
+        )
+
+
+def check_job_config(config: JobConfig, args: GPT2ModelArgs) -> None:
+    if config.model.name != "gpt2":
+        raise ConfigError(f"model.name: dispersion_titan trains 'gpt2', got {config.model.name!r}")
+    check_model(config, args)
+    check_dispersion(config, args.n_layers)
+    check_data(config)
+    check_checkpoint(config)

@@ -1,0 +1,1 @@
+"""Corpora and the layout-invariant packed-sequence loader."""

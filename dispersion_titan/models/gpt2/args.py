@@ -1,0 +1,88 @@
+"""GPT-2 model arguments, the published flavors, and FLOP accounting."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from torch import nn
+from torchtitan.config import JobConfig
+from torchtitan.protocols.model import BaseModelArgs
+
+GPT2_VOCAB_SIZE = 50257
+
+
+@dataclass
+class GPT2ModelArgs(BaseModelArgs):
+    """Shape of a GPT-2-like model. ``mlp_hidden_dim=0`` means the GPT-2 default, 4·dim."""
+
+    dim: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    mlp_hidden_dim: int = 0
+    vocab_size: int = GPT2_VOCAB_SIZE
+    max_seq_len: int = 1024  # number of learned positions (GPT-2's n_positions)
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.mlp_hidden_dim or 4 * self.dim
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
+        """Apply the ``[model]`` shape overrides (0 or unset keeps the flavor's value)."""
+        overrides = job_config.model
+        for name in ("dim", "n_layers", "n_heads", "mlp_hidden_dim", "vocab_size", "max_seq_len"):
+            value = getattr(overrides, name, 0)
+            if value:
+                setattr(self, name, value)
+        tie = getattr(overrides, "tie_embeddings", None)
+        if tie is not None:
+            self.tie_embeddings = tie
+
+    def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+        """Unique parameter count and training FLOPs per token (fwd + bwd, attention included).
+
+        Matmul FLOPs: 6 per weight (QKV, output projection, MLP and the LM head, which
+        costs d·V whether or not it is tied). Attention scores and value mixing add
+        12·L·d·T per token (PaLM convention, no causal discount). Biases, norms and
+        the softmax are negligible and not counted.
+        """
+        nparams = sum(p.numel() for p in model.parameters())
+        return nparams, flops_per_token(self, seq_len)
+
+
+def flops_per_token(args: GPT2ModelArgs, seq_len: int) -> int:
+    d, L = args.dim, args.n_layers
+    matmul_weights = L * (4 * d * d + 2 * d * args.hidden_dim) + d * args.vocab_size
+    return 6 * matmul_weights + 12 * L * d * seq_len
+
+
+_FLAVORS: dict[str, GPT2ModelArgs] = {
+    "debug": GPT2ModelArgs(dim=64, n_layers=4, n_heads=4, max_seq_len=256),
+    "small": GPT2ModelArgs(dim=768, n_layers=12, n_heads=12),
+    "medium": GPT2ModelArgs(dim=1024, n_layers=24, n_heads=16),
+    "large": GPT2ModelArgs(dim=1280, n_layers=36, n_heads=20),
+    "xl": GPT2ModelArgs(dim=1600, n_layers=48, n_heads=25),
+}
+
+
+class Flavors(Mapping[str, GPT2ModelArgs]):
+    """The flavor table; every lookup returns a fresh copy, so config overrides never leak."""
+
+    def __getitem__(self, name: str) -> GPT2ModelArgs:
+        return dataclasses.replace(_FLAVORS[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_FLAVORS)
+
+    def __len__(self) -> int:
+        return len(_FLAVORS)
+
+
+gpt2_flavors = Flavors()

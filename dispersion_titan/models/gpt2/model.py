@@ -1,0 +1,149 @@
+"""A GPT-2-like decoder: learned positions, pre-LayerNorm blocks, GELU MLP of any width.
+
+Module names follow TorchTitan's llama3 (``tok_embeddings``, ``layers``, ``norm``,
+``output``) so the parallelisation plan reads the same; the HF adapter maps them to
+GPT-2's names.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torchtitan.protocols.model import ModelProtocol
+
+from .args import GPT2ModelArgs
+
+INIT_STD = 0.02
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with biases. Head count is read from the
+    projected width, so the same code runs on tensor-parallel shards."""
+
+    def __init__(self, args: GPT2ModelArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.dim)
+        self.wk = nn.Linear(args.dim, args.dim)
+        self.wv = nn.Linear(args.dim, args.dim)
+        self.wo = nn.Linear(args.dim, args.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        q, k, v = (
+            w(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
+            for w in (self.wq, self.wk, self.wv)
+        )
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: GPT2ModelArgs):
+        super().__init__()
+        self.w1 = nn.Linear(args.dim, args.hidden_dim)
+        self.w2 = nn.Linear(args.hidden_dim, args.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))  # GPT-2's "gelu_new"
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: GPT2ModelArgs):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class GPT2(ModelProtocol):
+    def __init__(self, args: GPT2ModelArgs):
+        super().__init__(args)
+        self.model_args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """(Re-)share the LM head with the token embeddings.
+
+        Moving off the meta device (``to_empty``) and tensor-parallel sharding each
+        create separate tensors for the two uses; calling this afterwards restores one
+        parameter, so both uses accumulate their gradients into it.
+        """
+        if self.model_args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    @torch.no_grad()
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2L).
+
+        Values are drawn for the full (unsharded) tensors from one CPU generator seeded
+        with ``torch.initial_seed()``, in parameter order, and each rank keeps its own
+        shard. The initialisation, and so the step-0 checkpoint, is therefore identical
+        under every FSDP/TP layout and on every device.
+        """
+        del buffer_device  # no buffers
+        self.tie_weights()
+        generator = torch.Generator().manual_seed(torch.initial_seed())
+        residual_std = INIT_STD / math.sqrt(2 * self.model_args.n_layers)
+        for name, param in self.named_parameters():
+            full = torch.empty(param.shape, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                full.fill_(1.0)
+            elif name.endswith("bias"):
+                full.zero_()
+            else:
+                residual = name.endswith(("attention.wo.weight", "feed_forward.w2.weight"))
+                full.normal_(0.0, residual_std if residual else INIT_STD, generator=generator)
+            _copy_full_into(param, full)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+        return self.tok_embeddings(tokens) + self.pos_embeddings(positions)
+
+    def forward(
+        self, tokens: torch.Tensor, return_block_outputs: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits [B, T, V]; with ``return_block_outputs`` also every block's output
+        (after its residual add, before the final norm), for the dispersion loss."""
+        h = self.embed(tokens)
+        block_outputs = []
+        for layer in self.layers.values():
+            h = layer(h)
+            block_outputs.append(h)
+        logits = self.output(self.norm(h))
+        return (logits, block_outputs) if return_block_outputs else logits
+
+    def hidden_states(self, tokens: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``embedding``, ``block_1`` … ``block_n``, ``final_norm`` one at a time,
+        without the LM head, so a consumer can reduce each layer before the next exists."""
+        h = self.embed(tokens)
+        yield "embedding", h
+        for i, layer in enumerate(self.layers.values(), start=1):
+            h = layer(h)
+            yield f"block_{i}", h
+        yield "final_norm", self.norm(h)
+
+
+def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full-size value into a parameter, keeping only this rank's shard of a DTensor
+    (every rank holds the same ``full``, so slicing locally needs no communication)."""
+    if isinstance(param, DTensor):
+        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)

@@ -1,0 +1,138 @@
+"""Tensor parallel (with sequence parallel), activation checkpointing, torch.compile and
+FSDP2 for GPT-2, in the order TorchTitan's llama3 applies them.
+
+Differences from llama3 that matter: the learned position embedding, LayerNorm biases
+and Linear biases are all covered by the TP plan, and the weight tie between token
+embeddings and LM head is restored after TP and kept valid under FSDP2 by keeping
+embeddings, final norm and head in the root FSDP unit.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torchtitan.config import TORCH_DTYPE_MAP, JobConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import apply_ac
+from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_compile, apply_ddp
+from torchtitan.tools.logging import logger
+
+from ... import compat
+from .model import GPT2
+
+
+def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobConfig) -> nn.Module:
+    if parallel_dims.tp_enabled:
+        apply_tp(
+            model,
+            parallel_dims.get_mesh("tp"),
+            loss_parallel=not job_config.parallelism.disable_loss_parallel,
+        )
+
+    compile_model = job_config.compile.enable and "model" in job_config.compile.components
+    if job_config.activation_checkpoint.mode != "none":
+        apply_ac(
+            model,
+            job_config.activation_checkpoint,
+            model_compile_enabled=compile_model,
+            op_sac_save_list=_op_sac_save_list,
+            base_folder=job_config.job.dump_folder,
+        )
+    if compile_model:
+        apply_compile(model, job_config.compile)
+
+    if parallel_dims.fsdp_enabled:
+        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+        apply_fsdp(
+            model,
+            parallel_dims.get_mesh(names),
+            param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
+            cpu_offload=job_config.training.enable_cpu_offload,
+            reshard_after_forward=job_config.parallelism.fsdp_reshard_after_forward != "never",
+        )
+    elif parallel_dims.dp_replicate_enabled:
+        apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+    return model
+
+
+def apply_tp(model: GPT2, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """Megatron-style TP with sequence parallel: activations between blocks are sharded
+    along the sequence (``Shard(1)``), LayerNorms run sequence-parallel with replicated
+    weight and bias, column-parallel Linears shard their bias, row-parallel keep it
+    replicated. Both embeddings reduce-scatter straight into the sequence shard."""
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "pos_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(
+                input_layouts=Shard(1),
+                output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                use_local_output=not loss_parallel,
+            ),
+        },
+    )
+    for block in model.layers.values():
+        parallelize_module(
+            block,
+            tp_mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "attention.wq": ColwiseParallel(),
+                "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                ),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            },
+        )
+    # Embedding (RowwiseParallel) and head (ColwiseParallel) both shard the [V, d]
+    # matrix along V, so one DTensor serves both uses.
+    model.tie_weights()
+    logger.info("Applied tensor parallelism (sequence parallel) to GPT-2")
+
+
+def apply_fsdp(
+    model: GPT2,
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    cpu_offload: bool,
+    reshard_after_forward: bool,
+) -> None:
+    """One FSDP unit per block; embeddings, final norm and the (tied) head stay in the
+    root unit, so the shared parameter is managed once."""
+    config: dict = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
+    if cpu_offload:
+        config["offload_policy"] = CPUOffloadPolicy()
+    for block in model.layers.values():
+        fully_shard(block, **config, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, **config)
+    force_sum = compat.backend_needs_sum_reduction()
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # TorchTitan normalises by the global token count itself: gradients are summed.
+            module.set_gradient_divide_factor(1.0)
+            if force_sum:
+                module.set_force_sum_reduction_for_comms(True)
+    logger.info("Applied FSDP2 to GPT-2")

@@ -1,0 +1,98 @@
+"""Hugging Face GPT-2 <-> dispersion_titan state dicts.
+
+HF GPT-2 stores Linear layers as ``Conv1D`` with [in, out] weights, and fuses Q, K and
+V into one ``c_attn``. Our model uses ``nn.Linear`` ([out, in]) with separate
+``wq/wk/wv`` (simpler tensor parallelism), so the adapter transposes and splits/joins.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torchtitan.protocols.state_dict_adapter import StateDictAdapter
+
+from .args import GPT2ModelArgs
+
+# (ours, HF) for parameters that map one-to-one; "{}" is the block index.
+_DIRECT = (
+    ("tok_embeddings.weight", "transformer.wte.weight"),
+    ("pos_embeddings.weight", "transformer.wpe.weight"),
+    ("norm.weight", "transformer.ln_f.weight"),
+    ("norm.bias", "transformer.ln_f.bias"),
+    ("layers.{}.attention_norm.weight", "transformer.h.{}.ln_1.weight"),
+    ("layers.{}.attention_norm.bias", "transformer.h.{}.ln_1.bias"),
+    ("layers.{}.ffn_norm.weight", "transformer.h.{}.ln_2.weight"),
+    ("layers.{}.ffn_norm.bias", "transformer.h.{}.ln_2.bias"),
+    ("layers.{}.attention.wo.bias", "transformer.h.{}.attn.c_proj.bias"),
+    ("layers.{}.feed_forward.w1.bias", "transformer.h.{}.mlp.c_fc.bias"),
+    ("layers.{}.feed_forward.w2.bias", "transformer.h.{}.mlp.c_proj.bias"),
+)
+# Conv1D weights: transposed.
+_TRANSPOSED = (
+    ("layers.{}.attention.wo.weight", "transformer.h.{}.attn.c_proj.weight"),
+    ("layers.{}.feed_forward.w1.weight", "transformer.h.{}.mlp.c_fc.weight"),
+    ("layers.{}.feed_forward.w2.weight", "transformer.h.{}.mlp.c_proj.weight"),
+)
+_QKV = ("wq", "wk", "wv")
+# Buffers some GPT-2 checkpoints carry (causal mask); they are not parameters.
+_HF_BUFFERS = re.compile(r"\.attn\.(bias|masked_bias)$")
+
+
+def _canonical_hf_key(key: str) -> str:
+    """The original OpenAI-converted checkpoints omit the ``transformer.`` prefix."""
+    if key.startswith(("transformer.", "lm_head.")):
+        return key
+    return f"transformer.{key}"
+
+
+class GPT2StateDictAdapter(StateDictAdapter):
+    def __init__(self, model_args: GPT2ModelArgs, hf_assets_path: str | None):
+        super().__init__(model_args, hf_assets_path)
+        self.model_args = model_args
+
+    def _pairs(self, table):
+        for ours, hf in table:
+            for i in range(self.model_args.n_layers) if "{}" in ours else [None]:
+                yield (ours.format(i), hf.format(i)) if i is not None else (ours, hf)
+
+    def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        hf: dict[str, Any] = {}
+        for ours, theirs in self._pairs(_DIRECT):
+            hf[theirs] = state_dict[ours]
+        for ours, theirs in self._pairs(_TRANSPOSED):
+            hf[theirs] = state_dict[ours].t().contiguous()
+        for i in range(self.model_args.n_layers):
+            prefix = f"layers.{i}.attention"
+            hf[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat(
+                [state_dict[f"{prefix}.{w}.weight"] for w in _QKV], dim=0
+            ).t().contiguous()
+            hf[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(
+                [state_dict[f"{prefix}.{w}.bias"] for w in _QKV], dim=0
+            )
+        if not self.model_args.tie_embeddings:
+            hf["lm_head.weight"] = state_dict["output.weight"]
+        return hf
+
+    def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
+        hf = {
+            _canonical_hf_key(k): v for k, v in hf_state_dict.items() if not _HF_BUFFERS.search(k)
+        }
+        ours: dict[str, Any] = {}
+        for mine, theirs in self._pairs(_DIRECT):
+            ours[mine] = hf[theirs]
+        for mine, theirs in self._pairs(_TRANSPOSED):
+            ours[mine] = hf[theirs].t().contiguous()
+        for i in range(self.model_args.n_layers):
+            prefix = f"layers.{i}.attention"
+            weights = hf[f"transformer.h.{i}.attn.c_attn.weight"].t().chunk(3, dim=0)
+            biases = hf[f"transformer.h.{i}.attn.c_attn.bias"].chunk(3, dim=0)
+            for name, w, b in zip(_QKV, weights, biases):
+                ours[f"{prefix}.{name}.weight"] = w.contiguous()
+                ours[f"{prefix}.{name}.bias"] = b.contiguous()
+        if self.model_args.tie_embeddings:
+            ours["output.weight"] = ours["tok_embeddings.weight"]
+        else:
+            ours["output.weight"] = hf["lm_head.weight"]
+        return ours

@@ -1,0 +1,80 @@
+"""The dispersion term of L = L_CE + λ·mean_ℓ L_disp(Z_ℓ), with global-batch semantics.
+
+TorchTitan sums gradients over data-parallel ranks and gradient-accumulation
+micro-batches (FSDP divide factor 1). A micro-batch of ``b`` sequences out of a global
+batch of ``G`` therefore contributes ``(b/G)·mean_local``: the sum over ranks and
+micro-batches is the mean over the global batch, whatever the layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .config_checks import resolve_dispersion_layers
+from .losses import dispersion_loss, mean_offdiag_cosine
+from .sequence_parallel import gather_sequence
+
+
+@dataclass
+class MicrobatchDispersion:
+    weighted: torch.Tensor | None
+    """λ·(b/G)·mean_ℓ L_disp, with grad; None when the variant is ``none``."""
+    unweighted: torch.Tensor
+    """(b/G)·mean_ℓ L_disp, detached (0 for ``none``)."""
+    block_cosine_sums: torch.Tensor | None
+    """Σ over this micro-batch's sequences of each block's mean off-diagonal cosine."""
+
+
+class DispersionObjective:
+    def __init__(self, cfg, n_layers: int, global_batch_size: int, seed: int, tp_group: dist.ProcessGroup | None):
+        self.cfg = cfg
+        self.active = cfg.variant != "none"
+        self.layers = resolve_dispersion_layers(cfg.layers, n_layers)
+        self.global_batch_size = global_batch_size
+        self.seed = seed
+        self.tp_group = tp_group
+
+    def coeff(self, step: int) -> float:
+        """λ at ``step`` (1-based), after the optional linear warm-up."""
+        if self.cfg.warmup_steps <= 0:
+            return self.cfg.coeff
+        return self.cfg.coeff * min(1.0, step / self.cfg.warmup_steps)
+
+    def _generator(self, step: int, layer: int) -> torch.Generator | None:
+        """Token subsampling depends only on (seed, step, layer): identical on every rank
+        and micro-batch, and reproduced exactly by a resumed run."""
+        if not self.cfg.max_tokens:
+            return None
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + step) * 10_007 + layer)
+
+    def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool) -> MicrobatchDispersion:
+        share = block_outputs[0].shape[0] / self.global_batch_size
+        weighted = None
+        unweighted = torch.zeros((), device=block_outputs[0].device)
+        if self.active:
+            per_layer = [
+                dispersion_loss(
+                    gather_sequence(block_outputs[i], self.tp_group),
+                    self.cfg.variant,
+                    tau=self.cfg.tau,
+                    clamp=self.cfg.clamp,
+                    lambda_norm=self.cfg.lambda_norm,
+                    max_tokens=self.cfg.max_tokens,
+                    generator=self._generator(step, i),
+                )
+                for i in self.layers
+            ]
+            mean = torch.stack(per_layer).mean() * share
+            weighted = mean * self.coeff(step)
+            unweighted = mean.detach()
+        stats = None
+        if with_stats:
+            with torch.no_grad():
+                b = block_outputs[0].shape[0]
+                stats = torch.stack(
+                    [mean_offdiag_cosine(gather_sequence(h.detach(), self.tp_group)) * b for h in block_outputs]
+                )
+        return MicrobatchDispersion(weighted, unweighted, stats)

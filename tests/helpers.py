@@ -1,0 +1,68 @@
+"""Shared helpers: launching real torchrun jobs and reading what they wrote."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
+
+
+def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"})
+    env.update(extra or {})
+    return env
+
+
+def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_TOML,
+             check: bool = True, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``torchrun -m dispersion_titan.train`` for real; return its completed process."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0",
+        "--role=rank", "--tee=3", "-m", "dispersion_titan.train",
+        "--job.config_file", config, "--job.dump_folder", str(dump),
+        "--metrics.log_freq", "1", *overrides,
+    ]
+    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=launch_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def scalars(dump: Path | str) -> dict[str, dict[int, float]]:
+    """TensorBoard scalars of a run: tag -> {step: value} (later files win on overlap)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for events in sorted(glob.glob(os.path.join(str(dump), "tb", "*", "events.out.tfevents.*"))):
+        acc = EventAccumulator(events, size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return out
+
+
+def load_weights(step_dir: Path | str) -> dict[str, torch.Tensor]:
+    from dispersion_titan.checkpoints import load_model, load_model_args
+
+    step_dir = str(step_dir)
+    args = load_model_args(os.path.dirname(step_dir))
+    return {k: v.detach().clone() for k, v in load_model(step_dir, args).state_dict().items()}
+
+
+def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in a)

@@ -1,0 +1,334 @@
+"""Dispersion losses: lean vs naive agreement, the formulas themselves, numerics, token subsampling."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from dispersion_titan.losses import (
+    VARIANTS,
+    dispersion_loss,
+    dispersion_loss_reference,
+    mean_offdiag_cosine,
+)
+from dispersion_titan.losses import dispersion as impl
+
+IMPLS = {"lean": dispersion_loss, "reference": dispersion_loss_reference}
+TOL = 1e-5
+
+
+def loss_and_grad(fn, hidden: torch.Tensor, variant: str, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    x = hidden.detach().clone().requires_grad_()
+    loss = fn(x, variant, **kw)
+    (grad,) = torch.autograd.grad(loss, x)
+    return loss.detach(), grad
+
+
+def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def assert_close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL) -> None:
+    diff = (a.float() - b.float()).abs().max().item()
+    assert diff <= tol, f"max abs diff {diff:.3g} > {tol:.1g}"
+
+
+# --------------------------------------------------------------------------- lean vs reference
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("tau", [1.0, 0.3])
+def test_lean_matches_reference(variant: str, tau: float) -> None:
+    hidden = randn(3, 17, 8, seed=1)
+    hidden[0, 5] = hidden[0, 3] * 2.0  # a pair beyond the clamp (c = 1)
+    hidden[1, 7] = -hidden[1, 2]  # and one below it (c = -1)
+    lean_v, lean_g = loss_and_grad(dispersion_loss, hidden, variant, tau=tau)
+    ref_v, ref_g = loss_and_grad(dispersion_loss_reference, hidden, variant, tau=tau)
+    assert lean_v.dtype == torch.float32 and lean_v.dim() == 0
+    assert_close(lean_v, ref_v)
+    assert_close(lean_g, ref_g)
+    assert ref_g.abs().max() > 1e-4  # the comparison is not between two near-zero gradients
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("knob", ["rows", "bytes"])
+def test_lean_matches_reference_across_row_strips(variant: str, knob: str, monkeypatch) -> None:
+    b, n, d = 2, 23, 6
+    if knob == "rows":
+        monkeypatch.setattr(impl, "MAX_BLOCK_ROWS", 4)  # 6 strips, the last one shorter
+    else:
+        monkeypatch.setattr(impl, "MAX_BLOCK_BYTES", 1)  # one row per strip
+    strips = list(impl._strips(n, b))
+    assert len(strips) >= 6 and strips[-1][1] == n - 1
+    hidden = randn(b, n, d, seed=2)
+    lean_v, lean_g = loss_and_grad(dispersion_loss, hidden, variant, tau=0.5)
+    ref_v, ref_g = loss_and_grad(dispersion_loss_reference, hidden, variant, tau=0.5)
+    assert_close(lean_v, ref_v)
+    assert_close(lean_g, ref_g)
+
+
+def test_lean_saves_nothing_quadratic() -> None:
+    """The point of the lean version: no [B, N, N] tensor is kept for backward."""
+    b, n, d = 2, 64, 8
+    hidden = randn(b, n, d, seed=3).requires_grad_()
+    for variant in VARIANTS:
+        saved: dict[str, list[int]] = {"lean": [], "reference": []}
+        for name, fn in IMPLS.items():
+            with torch.autograd.graph.saved_tensors_hooks(lambda t, s=saved[name]: s.append(t.numel()) or t, lambda t: t):
+                fn(hidden, variant)
+        assert max(saved["reference"]) >= b * n * n  # the hook does see the naive matrices
+        assert max(saved["lean"]) <= b * n * d, variant
+
+
+# --------------------------------------------------------------------------- the formulas
+
+
+def explicit_loss(hidden: torch.Tensor, variant: str, tau: float, clamp: float, lambda_norm: float) -> float:
+    """The spec written as Python loops over ordered pairs i != j, in float64."""
+    seqs = hidden.double().tolist()
+    per_seq = []
+    for z in seqs:
+        n, d = len(z), len(z[0])
+        if variant == "decorrelation":
+            rows = []
+            for v in z:
+                mu = sum(v) / d
+                std = math.sqrt(sum((x - mu) ** 2 for x in v) / (d - 1))
+                rows.append([(x - mu) / std for x in v])
+            terms = [sum(a * b for a, b in zip(rows[i], rows[j])) / (d - 1) for i in range(n) for j in range(n) if i != j]
+            per_seq.append(sum(t * t for t in terms) / len(terms))
+            continue
+        if variant == "l2_repel":
+            dists = [sum((a - b) ** 2 for a, b in zip(z[i], z[j])) for i in range(n) for j in range(n) if i != j]
+            mean_sq = sum(x * x for v in z for x in v) / (n * d)
+            per_seq.append(math.log(sum(math.exp(-dd / tau) for dd in dists) / len(dists)) + lambda_norm * mean_sq)
+            continue
+        norms = [math.sqrt(sum(x * x for x in v)) for v in z]
+        angles = []
+        for i in range(n):
+            for j in range(n):
+                if i != j:
+                    c = sum(a * b for a, b in zip(z[i], z[j])) / (norms[i] * norms[j])
+                    angles.append(math.acos(min(max(c, -1 + clamp), 1 - clamp)) / math.pi)
+        if variant == "angular_spread":
+            per_seq.append(math.log(sum(math.exp(-a / tau) for a in angles) / len(angles)))
+        else:
+            per_seq.append(sum(max(0.0, 0.5 - a) ** 2 for a in angles) / len(angles))
+    return sum(per_seq) / len(per_seq)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", IMPLS)
+def test_formula_against_explicit_loops(variant: str, name: str) -> None:
+    hidden = randn(2, 5, 4, seed=4)
+    hidden[0, 1] = hidden[0, 0] + 0.01  # cosine near 1: exercises the clamp
+    hidden[1, 2] = 0.2 * hidden[1, 2] + 3.0  # larger norm, shifted mean
+    kw = dict(tau=0.7, clamp=0.15, lambda_norm=0.3)
+    expected = explicit_loss(hidden, variant, **kw)
+    got = IMPLS[name](hidden, variant, **kw)
+    assert abs(got.item() - expected) <= TOL * max(1.0, abs(expected)), (got.item(), expected)
+
+
+# --------------------------------------------------------------------------- straight-through clamp
+
+
+@pytest.mark.parametrize("name", IMPLS)
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_straight_through_clamp_gradient(name: str, sign: float) -> None:
+    """Two tokens at angle 0.1 (c = 0.995, or c = -0.995 if flipped): c lies outside
+    [-0.9, 0.9], so the value uses the clamped c, yet the gradient is arccos'(clamped c)
+    passed through unchanged, not 0 (a plain clamp) nor arccos'(0.995)."""
+    theta, eps = 0.1, 0.1
+    hidden = torch.tensor([[[1.0, 0.0], [sign * math.cos(theta), sign * math.sin(theta)]]])
+    cc = sign * (1 - eps)
+    slope = 1.0 / (math.pi * math.sqrt(1 - cc * cc))  # -dD/dc at the clamped c
+    # dc/dz_0 = u_1 - c u_0 = sign * (0, sin(theta)) for |z_0| = 1
+    dc_dz0 = torch.tensor([0.0, sign * math.sin(theta)])
+
+    value, grad = loss_and_grad(IMPLS[name], hidden, "angular_spread", tau=1.0, clamp=eps)
+    d = math.acos(cc) / math.pi
+    assert value.item() == pytest.approx(-d, abs=1e-6)  # N = 2: L = -D
+    assert_close(grad[0, 0], slope * dc_dz0, tol=1e-6)  # dL/dc = -dD/dc / tau
+
+    value, grad = loss_and_grad(IMPLS[name], hidden, "orthogonalization", clamp=eps)
+    assert value.item() == pytest.approx(max(0.0, 0.5 - d) ** 2, abs=1e-6)
+    assert_close(grad[0, 0], 2 * max(0.0, 0.5 - d) * slope * dc_dz0, tol=1e-6)
+    if sign > 0:
+        assert grad[0, 0, 1].item() > 0.05  # nonzero: the clamp did not stop the gradient
+
+
+@pytest.mark.parametrize("name", IMPLS)
+def test_identical_tokens_use_clamped_arccos(name: str) -> None:
+    hidden = torch.tensor([[[0.3, -1.2, 2.0]] * 2])
+    value, grad = loss_and_grad(IMPLS[name], hidden, "angular_spread", tau=0.5)
+    assert value.item() == pytest.approx(-math.acos(0.9) / math.pi / 0.5, abs=1e-6)
+    assert torch.isfinite(grad).all() and grad.abs().max() < 1e-5  # dc/dz vanishes at c = 1
+
+
+# --------------------------------------------------------------------------- numerics
+
+
+def special_inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    base = randn(2, 6, 5, seed=5)
+    identical = base[:, :1].expand(2, 6, 5).clone()
+    antipodal = torch.cat([base[:, :3], -base[:, :3]], dim=1)
+    zeros = base.clone()
+    zeros[0] = 0.0
+    zeros[1, 2] = 0.0
+    tiny = base.clone()
+    tiny[:, 1] *= 1e-8  # nonzero, but |z| below the normalisation guard
+    constant = torch.full((2, 6, 5), 2.5)  # zero std: the decorrelation guard
+    return {
+        name: t.to(dtype)
+        for name, t in {
+            "random": base, "identical": identical, "antipodal": antipodal, "zeros": zeros,
+            "tiny": tiny, "constant": constant, "n1": base[:, :1], "n2": base[:, :2],
+        }.items()
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", IMPLS)
+def test_finite_on_degenerate_inputs(name: str, variant: str, dtype: torch.dtype) -> None:
+    for case, hidden in special_inputs(dtype).items():
+        value, grad = loss_and_grad(IMPLS[name], hidden, variant, tau=0.1)
+        assert value.dtype == torch.float32 and torch.isfinite(value), (case, value)
+        assert grad.dtype == dtype and torch.isfinite(grad).all(), case
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_degenerate_inputs_lean_matches_reference(variant: str) -> None:
+    for case, hidden in special_inputs(torch.float32).items():
+        lean_v, lean_g = loss_and_grad(dispersion_loss, hidden, variant, tau=0.1)
+        ref_v, ref_g = loss_and_grad(dispersion_loss_reference, hidden, variant, tau=0.1)
+        # zero rows have gradients ~1/NORM_EPS through the normalisation guard
+        scale = max(1.0, ref_g.abs().max().item())
+        assert_close(lean_v, ref_v)
+        assert_close(lean_g / scale, ref_g / scale), case
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", IMPLS)
+def test_single_token_has_no_pairs(name: str, variant: str) -> None:
+    hidden = randn(3, 1, 4, seed=6)
+    value, grad = loss_and_grad(IMPLS[name], hidden, variant, lambda_norm=0.25)
+    if variant == "l2_repel":  # only the norm penalty: 0.25 * mean(z^2), gradient 0.25 * 2 z / (B N d)
+        assert value.item() == pytest.approx(0.25 * hidden.square().mean().item(), rel=1e-6)
+        assert_close(grad, 0.25 * 2 * hidden / hidden.numel(), tol=1e-7)
+    else:
+        assert value.item() == 0.0
+        assert (grad == 0).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", IMPLS)
+def test_bf16_computes_in_fp32(name: str, variant: str) -> None:
+    hidden = randn(2, 9, 16, seed=7, dtype=torch.bfloat16)
+    v16, g16 = loss_and_grad(IMPLS[name], hidden, variant, tau=0.5)
+    v32, g32 = loss_and_grad(IMPLS[name], hidden.float(), variant, tau=0.5)
+    assert v16.dtype == torch.float32 and g16.dtype == torch.bfloat16
+    assert_close(v16, v32, tol=1e-6)  # same upcast values, same fp32 arithmetic
+    scale = g32.abs().max().item()
+    assert_close(g16.float() / scale, g32 / scale, tol=1e-2)  # bf16 rounding of the gradient only
+
+
+# --------------------------------------------------------------------------- max_tokens
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", IMPLS)
+def test_max_tokens_draws_one_subset_for_the_batch(name: str, variant: str) -> None:
+    fn = IMPLS[name]
+    seq = randn(1, 40, 6, seed=8)
+    # The batch mean of two copies equals one copy only if both copies keep the same positions.
+    pair = fn(seq.expand(2, -1, -1), variant, max_tokens=7, generator=seeded(3))
+    single = fn(seq, variant, max_tokens=7, generator=seeded(3))
+    assert_close(pair, single, tol=1e-6)
+    # ... and those positions are randperm(N, generator)[:max_tokens].
+    idx = torch.randperm(40, generator=seeded(3))[:7]
+    assert_close(single, fn(seq[:, idx], variant), tol=1e-6)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", IMPLS)
+def test_max_tokens_is_reproducible_and_seed_dependent(name: str, variant: str) -> None:
+    fn = IMPLS[name]
+    hidden = randn(3, 30, 5, seed=9)
+    values = [fn(hidden, variant, max_tokens=6, generator=seeded(s)).item() for s in (0, 0, 1, 2)]
+    assert values[0] == values[1]
+    assert len({values[0], values[2], values[3]}) == 3
+    assert fn(hidden, variant, max_tokens=30).item() == fn(hidden, variant).item()
+    assert fn(hidden, variant, max_tokens=500, generator=seeded(0)).item() == fn(hidden, variant).item()
+
+
+def test_max_tokens_gradient_reaches_only_the_subset() -> None:
+    hidden = randn(2, 25, 4, seed=10).requires_grad_()
+    dispersion_loss(hidden, "angular_spread", max_tokens=5, generator=seeded(4)).backward()
+    touched = (hidden.grad.abs().sum(dim=(0, 2)) > 0).nonzero().flatten()
+    assert sorted(touched.tolist()) == sorted(torch.randperm(25, generator=seeded(4))[:5].tolist())
+
+
+# --------------------------------------------------------------------------- condensation probe
+
+
+def test_mean_offdiag_cosine_matches_explicit_mean() -> None:
+    hidden = randn(3, 11, 7, seed=11) + 0.5  # positive mean cosine
+    hidden[1, 4] = 0.0  # a zero vector: cosine 0 with everyone
+    u = torch.nn.functional.normalize(hidden.double(), dim=-1)
+    cos = u @ u.transpose(1, 2)
+    off = ~torch.eye(11, dtype=torch.bool)
+    expected = statistics.fmean(cos[b][off].mean().item() for b in range(3))
+    got = mean_offdiag_cosine(hidden.requires_grad_())
+    assert got.dtype == torch.float32 and got.dim() == 0 and not got.requires_grad
+    assert got.item() == pytest.approx(expected, abs=1e-6)
+    assert expected > 0.1
+
+
+def test_mean_offdiag_cosine_bf16_and_single_token() -> None:
+    hidden = randn(2, 8, 5, seed=12)
+    assert mean_offdiag_cosine(hidden.bfloat16()).dtype == torch.float32
+    assert_close(mean_offdiag_cosine(hidden.bfloat16()), mean_offdiag_cosine(hidden.bfloat16().float()), tol=0)
+    assert mean_offdiag_cosine(hidden[:, :1]).item() == 0.0
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"variant": "spread"}, "variant"),
+        ({"tau": 0.0}, "tau"),
+        ({"tau": -1.0}, "tau"),
+        ({"tau": float("nan")}, "tau"),
+        ({"clamp": 0.0}, "clamp"),
+        ({"clamp": 1.0}, "clamp"),
+        ({"clamp": -0.2}, "clamp"),
+        ({"max_tokens": 1}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"hidden": torch.zeros(4, 8)}, "hidden"),
+        ({"hidden": torch.zeros(1, 2, 4, 8)}, "hidden"),
+        ({"hidden": torch.zeros(2, 4, 8, dtype=torch.long)}, "hidden"),
+        ({"hidden": torch.zeros(2, 4, 1), "variant": "decorrelation"}, "hidden"),
+    ],
+)
+@pytest.mark.parametrize("name", IMPLS)
+def test_bad_arguments_name_the_parameter(name: str, kwargs: dict, param: str) -> None:
+    args = {"hidden": torch.zeros(2, 4, 8), "variant": "angular_spread", **kwargs}
+    with pytest.raises(ValueError, match=param) as err:
+        IMPLS[name](args.pop("hidden"), args.pop("variant"), **args)
+    if param == "variant":
+        assert all(v in str(err.value) for v in VARIANTS)
+
+
+def test_mean_offdiag_cosine_rejects_non_3d() -> None:
+    with pytest.raises(ValueError, match="hidden"):
+        mean_offdiag_cosine(torch.zeros(4, 8))
