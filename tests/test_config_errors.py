@@ -1,0 +1,104 @@
+"""Bad configuration fails before any process group starts: one line naming the field,
+exit code 2, and nothing written to the dump folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispersion_titan.cli_args import ArgumentError
+from dispersion_titan.config_checks import ConfigError
+from dispersion_titan.train import validated_args
+from helpers import DEBUG_TOML, python_module
+
+BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config"]
+
+
+def write_toml(tmp_path, text: str) -> str:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (["--model.mlp_hidden_dim", "250", "--parallelism.tensor_parallel_degree", "3"], "model.n_heads"),
+        (["--model.mlp_hidden_dim", "255", "--parallelism.tensor_parallel_degree", "2"], "model.mlp_hidden_dim"),
+        (["--model.n_heads", "3", "--parallelism.tensor_parallel_degree", "3"], "model.dim"),
+        (["--model.dim", "66"], "model.dim"),
+        (["--training.seq_len", "512"], "training.seq_len"),
+        (["--model.flavor", "huge"], "model.flavor"),
+        (["--model.n_layers", "-1"], "model.n_layers"),
+        (["--model.name", "llama3"], "model.name"),
+        (["--training.dataset", "nope"], "training.dataset"),
+        (["--training.dataset", "local", "--training.dataset_path", "/nonexistent/*.jsonl"], "training.dataset_path"),
+        (["--dispersion.variant", "spread"], "dispersion.variant"),
+        (["--dispersion.coeff", "-0.1"], "dispersion.coeff"),
+        (["--dispersion.tau", "0"], "dispersion.tau"),
+        (["--dispersion.clamp", "1.0"], "dispersion.clamp"),
+        (["--dispersion.clamp", "0"], "dispersion.clamp"),
+        (["--dispersion.layers", "0", "2"], "dispersion.layers"),
+        (["--dispersion.layers", "5"], "dispersion.layers"),
+        (["--dispersion.layers", "middle"], "dispersion.layers"),
+        (["--dispersion.max_tokens", "1"], "dispersion.max_tokens"),
+        (["--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps"),
+        (["--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k"),
+    ],
+)
+def test_invalid_values_name_their_field(overrides, field):
+    with pytest.raises(ConfigError) as err:
+        validated_args([*BASE, *overrides])
+    message = str(err.value)
+    assert message.startswith(field + ":") and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "toml, field",
+    [
+        ('[model]\nname = "gpt2"\nflavour = "debug"\n', "model.flavour"),
+        ('[dispersion]\nvariant = "angular_spread"\ncoef = 0.1\n', "dispersion.coef"),
+        ("[trainning]\nsteps = 3\n", "trainning"),
+        ('[model]\nmlp_hidden_dim = "wide"\n', "model.mlp_hidden_dim"),
+        ('[dispersion]\ncoeff = "a lot"\n', "dispersion.coeff"),
+        ("[training]\nsteps = 2.5\n", "training.steps"),
+        ('[dispersion]\nlayers = [1, "two"]\n', "dispersion.layers"),
+        ("model = 3\n", "model"),
+    ],
+)
+def test_unknown_keys_and_wrong_types_name_their_field(tmp_path, toml, field):
+    path = write_toml(tmp_path, toml)
+    with pytest.raises(ConfigError) as err:
+        validated_args(["--job.config_file", path, "--job.custom_config_module", "dispersion_titan.config"])
+    assert str(err.value).startswith(field + ":")
+
+
+def test_malformed_toml_names_the_file(tmp_path):
+    path = write_toml(tmp_path, "[model\nname = 'gpt2'\n")
+    with pytest.raises(ArgumentError) as err:
+        validated_args(["--job.config_file", path])
+    assert path in str(err.value) and "invalid TOML" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--parallelism.tensor_parallel_degree", "3"], "dispersion_titan: error: model.n_heads: 4 is not divisible by parallelism.tensor_parallel_degree=3"),
+        (["--training.seq_len", "300"], "dispersion_titan: error: training.seq_len: 300 must be in 1..256 (model.max_seq_len positions)"),
+        (["--training.dataset", "local", "--training.dataset_path", "missing.jsonl"], "dispersion_titan: error: training.dataset_path: no file matches 'missing.jsonl'"),
+    ],
+)
+def test_cli_exits_2_with_one_line_before_starting(tmp_path, args, expected):
+    dump = tmp_path / "run"
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML,
+                         "--job.dump_folder", str(dump), *args, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [expected]
+    assert not dump.exists()
+
+
+def test_unknown_toml_field_via_cli(tmp_path):
+    path = write_toml(tmp_path, (open(DEBUG_TOML).read() + "\n[extra]\nfoo = 1\n"))
+    proc = python_module("dispersion_titan.train", "--job.config_file", path, "--job.dump_folder", str(tmp_path / "run"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["dispersion_titan: error: extra: unknown field"]
+    assert not (tmp_path / "run").exists()
