@@ -1,0 +1,153 @@
+"""``analyze compare RUN_A RUN_B … --out DIR``: several runs' condensation side by side.
+
+Only analyses of the same token sequences are comparable; anything else is refused.
+Runs are labelled by their folder name plus MLP width (from the recorded model args)
+and dispersion variant (from a TorchTitan job config saved in the run folder with
+``--job.save_config_file``), which is what MLP-width sweeps and dispersion-vs-baseline
+plots need.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import AnalysisError, figures
+from .inputs import differences
+from .results import RESULT_FILE, ensure_writable, read_results, write_csv
+from .statistics import layer_fraction
+
+
+@dataclass(frozen=True)
+class RunResult:
+    source: str
+    label: str
+    result: dict
+
+
+def analyses_folder(run: str) -> str:
+    """``run`` is a condensation folder, or a dump folder holding ``condensation/``."""
+    for folder in (run, os.path.join(run, "condensation")):
+        if glob.glob(os.path.join(folder, "step-*", RESULT_FILE)):
+            return folder
+    raise AnalysisError(f"{run}: no condensation analyses here or in {os.path.join(run, 'condensation')} "
+                        f"(run python -m dispersion_titan.analyze {run} first)")
+
+
+def _pick(run: str, step: str) -> dict:
+    results = read_results(analyses_folder(run))
+    if step == "last":
+        return results[max(results)]
+    if not step.isdigit() or int(step) not in results:
+        raise AnalysisError(f"--step: {run} has no analysis of step {step} (have {sorted(results)})")
+    return results[int(step)]
+
+
+def dispersion_variant(run_dir: str) -> str | None:
+    """The dispersion settings of a TorchTitan job config saved in the run folder, if any."""
+    for path in sorted(glob.glob(os.path.join(run_dir, "*.json"))):
+        try:
+            with open(path) as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            continue
+        dispersion = config.get("dispersion") if isinstance(config, dict) else None
+        if isinstance(dispersion, dict) and "variant" in dispersion:
+            variant = dispersion["variant"]
+            return variant if variant == "none" else f"{variant} λ={dispersion.get('coeff')}"
+    return None
+
+
+def mlp_width(result: dict) -> int:
+    args = result["model_args"]
+    return args["mlp_hidden_dim"] or 4 * args["dim"]
+
+
+def _details(result: dict) -> str:
+    parts = [f"mlp {mlp_width(result)}"]
+    variant = dispersion_variant(result["run"])
+    if variant:
+        parts.append(f"dispersion {variant}")
+    return f"({', '.join(parts)})"
+
+
+def load_runs(runs: list[str], step: str) -> list[RunResult]:
+    """Each run's analysis at ``step``; refuses analyses of different sequences."""
+    loaded = [RunResult(run, "", _pick(run, step)) for run in runs]
+    first = loaded[0]
+    for other in loaded[1:]:
+        a, b = first.result["inputs"], other.result["inputs"]
+        if a["tokens_sha256"] != b["tokens_sha256"]:
+            raise AnalysisError(f"compare: {other.source} was analysed with different inputs than {first.source} "
+                                f"({differences(a, b)}); re-analyse with the same options")
+    names = [os.path.basename(r.result["run"]) for r in loaded]
+    if len(set(names)) < len(names):  # same folder names in different places
+        names = [r.source for r in loaded]
+    return [RunResult(r.source, f"{name} {_details(r.result)}", r.result) for r, name in zip(loaded, names)]
+
+
+def table_rows(runs: list[RunResult]) -> list[dict]:
+    """One row per run: the depth trend and where the curve starts and ends."""
+    rows = []
+    for run in runs:
+        curve = [layer["mean_cos"] for layer in run.result["layers"]]
+        rows.append({
+            "run": run.label,
+            "step": run.result["step"],
+            "dtype": run.result["dtype"],
+            "layers": len(curve),
+            "mlp_hidden_dim": mlp_width(run.result),
+            "mean_cos_embedding": curve[0],
+            "mean_cos_last_block": curve[-2],
+            "mean_cos_final_norm": curve[-1],
+            "mean_cos_all_layers": float(np.mean(curve)),
+            "spearman": run.result["spearman"],
+            "kendall": run.result["kendall"],
+        })
+    return rows
+
+
+def layer_rows(runs: list[RunResult]) -> list[dict]:
+    """One row per run × layer, for plotting elsewhere."""
+    return [
+        {
+            "run": run.label,
+            "step": run.result["step"],
+            "layer_index": layer["index"],
+            "layer": layer["name"],
+            "layer_fraction": layer_fraction(layer["index"], len(run.result["layers"])),
+            "mean_cos": layer["mean_cos"],
+            "mean_cos_offdiag": layer["mean_cos_offdiag"],
+        }
+        for run in runs
+        for layer in run.result["layers"]
+    ]
+
+
+def format_table(rows: list[dict]) -> str:
+    """Aligned plain-text table; floats with 4 decimals."""
+    cells = [[f"{v:.4f}" if isinstance(v, float) else ("-" if v is None else str(v)) for v in row.values()]
+             for row in rows]
+    header = list(rows[0])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def compare(runs: list[str], out: str, step: str) -> str:
+    """Write ``compare.csv``, ``compare_layers.csv`` and ``compare.png``; return the table."""
+    loaded = load_runs(runs, step)
+    ensure_writable(out, "--out")
+    rows = table_rows(loaded)
+    write_csv(os.path.join(out, "compare.csv"), rows)
+    write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
+    inputs = loaded[0].result["inputs"]
+    title = f"step {step}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
+    figures.save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
+                     os.path.join(out, "compare.png"))
+    return format_table(rows)

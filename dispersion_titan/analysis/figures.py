@@ -1,0 +1,79 @@
+"""Figures: the per-checkpoint cosine-density heatmap (paper Fig. 2a), the evolution of
+mean cosine over training, and runs side by side (paper Fig. 3b). Agg backend, so they
+render on headless cluster nodes."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.colors import Normalize, PowerNorm  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from .results import atomic_write  # noqa: E402
+from .statistics import HIST_RANGE, layer_fraction  # noqa: E402
+
+
+def save_png(fig: Figure, path: str) -> None:
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
+    finally:
+        plt.close(fig)
+
+
+def _fractions(result: dict) -> np.ndarray:
+    count = len(result["layers"])
+    return np.array([layer_fraction(layer["index"], count) for layer in result["layers"]])
+
+
+def heatmap(result: dict, title: str) -> Figure:
+    """x = layer fraction, y = cosine similarity, colour = density of the S² entries."""
+    density = np.array([layer["hist"] for layer in result["layers"]]).T  # [bins, L]
+    x = _fractions(result)
+    half = 0.5 / (len(x) - 1)
+    x_edges = np.concatenate([x - half, [x[-1] + half]])
+    y_edges = np.linspace(*HIST_RANGE, density.shape[0] + 1)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    # Square-root colour scale: the diagonal's mass and the bulk both stay visible.
+    mesh = ax.pcolormesh(x_edges, y_edges, density, cmap="magma", norm=PowerNorm(0.5, vmin=0))
+    fig.colorbar(mesh, ax=ax, label="density")
+    ax.set(xlabel="layer fraction (embedding = 0, final norm = 1)", ylabel="cosine similarity",
+           title=title, xlim=(x_edges[0], x_edges[-1]), ylim=HIST_RANGE)
+    return fig
+
+
+def _curve_axes(title: str) -> tuple[Figure, plt.Axes]:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    ax.set(xlabel="layer fraction (embedding = 0, final norm = 1)", ylabel="mean cosine similarity", title=title)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _plot_curve(ax: plt.Axes, result: dict, **style) -> None:
+    ax.plot(_fractions(result), [layer["mean_cos"] for layer in result["layers"]], marker=".", **style)
+
+
+def evolution(results: list[dict], title: str) -> Figure:
+    """One mean-cosine line per checkpoint, coloured from initialisation to final step."""
+    fig, ax = _curve_axes(title)
+    steps = [result["step"] for result in results]
+    norm = Normalize(min(steps), max(max(steps), min(steps) + 1))
+    cmap = plt.get_cmap("viridis")
+    for result in results:
+        _plot_curve(ax, result, color=cmap(norm(result["step"])), label=f"step {result['step']}")
+    fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="checkpoint step")
+    if len(results) <= 12:
+        ax.legend(fontsize="small")
+    return fig
+
+
+def comparison(labelled: list[tuple[str, dict]], title: str) -> Figure:
+    """One mean-cosine line per run."""
+    fig, ax = _curve_axes(title)
+    for label, result in labelled:
+        _plot_curve(ax, result, label=label)
+    ax.legend(fontsize="small")
+    return fig

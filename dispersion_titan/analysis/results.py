@@ -1,0 +1,111 @@
+"""Where results live and how they are written: every file goes to a temporary name in
+the same folder and is renamed into place, so an interrupted analysis leaves either the
+previous file or the new one, never half of one. A step's ``condensation.json`` is
+written last and marks that step as done."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from typing import IO
+
+from . import AnalysisError
+from .statistics import layer_fraction
+
+RESULT_FILE = "condensation.json"
+SUMMARY_FILE = "summary.csv"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def _file_mode() -> int:
+    """What ``open`` would give a new file (``mkstemp`` makes it private to the owner)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False) -> None:
+    """Call ``write`` on a temporary file next to ``path``, then rename it to ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
+            write(f)
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_json(path: str, data: dict) -> None:
+    atomic_write(path, lambda f: json.dump(data, f, indent=1))
+
+
+def ensure_writable(folder: str, option: str) -> None:
+    """Create ``folder`` and prove a file can be written there, or fail naming it."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise AnalysisError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
+
+
+def result_path(out: str, step: int) -> str:
+    return os.path.join(out, f"step-{step}", RESULT_FILE)
+
+
+def read_results(out: str) -> dict[int, dict]:
+    """Every step's analysis stored in ``out``, by step."""
+    results = {}
+    if not os.path.isdir(out):
+        return results
+    for name in os.listdir(out):
+        match = _STEP_DIR.match(name)
+        path = os.path.join(out, name, RESULT_FILE)
+        if match and os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    results[int(match.group(1))] = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                raise AnalysisError(f"{path}: unreadable ({e})") from None
+    return dict(sorted(results.items()))
+
+
+def summary_rows(results: list[dict]) -> list[dict]:
+    """One row per step × layer."""
+    rows = []
+    for result in results:
+        count = len(result["layers"])
+        for layer in result["layers"]:
+            rows.append({
+                "step": result["step"],
+                "layer_index": layer["index"],
+                "layer": layer["name"],
+                "layer_fraction": layer_fraction(layer["index"], count),
+                "mean_cos": layer["mean_cos"],
+                "mean_cos_offdiag": layer["mean_cos_offdiag"],
+                "spearman": result["spearman"],
+                "kendall": result["kendall"],
+            })
+    return rows
+
+
+def csv_text(rows: list[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    text = csv_text(rows)
+    atomic_write(path, lambda f: f.write(text))

@@ -1,0 +1,34 @@
+"""``--steps``: ``all``, or a comma list of steps and inclusive ranges such as ``0,5,10-20``."""
+
+from __future__ import annotations
+
+import re
+
+from ..checkpoints import StepCheckpoint
+from . import AnalysisError
+
+_RANGE = re.compile(r"^(\d+)-(\d+)$")
+
+
+def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpoint]:
+    """The checkpoints ``spec`` names. A listed single step must exist; a range takes
+    the checkpoints inside it and may be empty, but the selection may not."""
+    if spec.strip() == "all":
+        return available
+    by_step = {c.step: c for c in available}
+    wanted: set[int] = set()
+    for part in (p.strip() for p in spec.split(",")):
+        if part.isdigit():
+            if int(part) not in by_step:
+                raise AnalysisError(f"--steps: no checkpoint for step {part} (have {sorted(by_step)})")
+            wanted.add(int(part))
+        elif match := _RANGE.match(part):
+            low, high = int(match.group(1)), int(match.group(2))
+            if low > high:
+                raise AnalysisError(f"--steps: empty range {part!r}")
+            wanted.update(s for s in by_step if low <= s <= high)
+        else:
+            raise AnalysisError(f"--steps: {part!r} is not a step, a range A-B, or 'all'")
+    if not wanted:
+        raise AnalysisError(f"--steps: {spec!r} selects no checkpoint (have {sorted(by_step)})")
+    return [by_step[s] for s in sorted(wanted)]

@@ -1,0 +1,326 @@
+"""Condensation analysis: numbers against a plain reference, and the CLI end to end on a
+real (tiny) training run: outputs, re-runs, interrupted runs, broken checkpoints,
+bad input, and comparing runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis.measure import cosine_matrices, mean_cosine_matrices
+from dispersion_titan.analysis.statistics import summarize
+from dispersion_titan.analyze import main as analyze_main
+from dispersion_titan.checkpoints import load_model, load_model_args
+from dispersion_titan.data.packed import tokenized_documents
+from dispersion_titan.models.gpt2.args import gpt2_flavors
+from dispersion_titan.models.gpt2.model import GPT2
+
+from helpers import REPO, launch_env, torchrun
+
+K, S = 8, 64  # sequences and tokens in the end-to-end analyses
+OPTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "3"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- plain reference
+
+
+def plain_hidden_states(model: GPT2, sequence: torch.Tensor) -> list[np.ndarray]:
+    """Embedding, every block, final norm: the modules called one by one."""
+    with torch.no_grad():
+        x = model.tok_embeddings(sequence[None]) + model.pos_embeddings(torch.arange(len(sequence))[None])
+        states = [x]
+        for block in model.layers.values():
+            x = block(x)
+            states.append(x)
+        states.append(model.norm(x))
+    return [s[0].double().numpy() for s in states]
+
+
+def plain_cosine_matrix(h: np.ndarray) -> np.ndarray:
+    n = len(h)
+    units = [row / max(np.sqrt(np.dot(row, row)), 1e-3) for row in h]
+    m = np.empty((n, n))
+    for i in range(n):
+        for j in range(n):
+            m[i, j] = min(1.0, max(-1.0, np.dot(units[i], units[j])))
+    return m
+
+
+def plain_ranks(values: list[float]) -> list[int]:
+    return [sorted(values).index(v) for v in values]  # no ties in these curves
+
+
+def plain_reference(model: GPT2, tokens: torch.Tensor) -> dict:
+    per_sequence = [[plain_cosine_matrix(h) for h in plain_hidden_states(model, seq)] for seq in tokens]
+    layers = []
+    for index in range(len(per_sequence[0])):
+        avg = sum(seqs[index] for seqs in per_sequence) / len(per_sequence)
+        n = avg.shape[0]
+        entries = avg.ravel()
+        counts = np.zeros(128)
+        for value in entries:
+            counts[min(int((value + 1.0) / (2.0 / 128)), 127)] += 1
+        layers.append({
+            "entries": n * n,
+            "mean_cos": entries.sum() / n**2,
+            "mean_cos_offdiag": (entries.sum() - sum(avg[i, i] for i in range(n))) / (n * n - n),
+            "hist": counts / (n * n * (2.0 / 128)),
+        })
+    curve = [layer["mean_cos"] for layer in layers]
+    x, y = np.arange(len(curve)), np.array(plain_ranks(curve))
+    spearman = np.corrcoef(x, y)[0, 1]
+    pairs = [(i, j) for i in range(len(curve)) for j in range(i + 1, len(curve))]
+    kendall = sum(np.sign(curve[j] - curve[i]) for i, j in pairs) / len(pairs)
+    last_n = [np.mean(curve[-n:]) for n in range(1, len(curve) + 1)]
+    return {"layers": layers, "spearman": spearman, "kendall": kendall, "last_n": last_n}
+
+
+def assert_matches_reference(result: dict, ref: dict, names: list[str]) -> None:
+    assert [layer["name"] for layer in result["layers"]] == names
+    assert [layer["index"] for layer in result["layers"]] == list(range(len(names)))
+    for got, want in zip(result["layers"], ref["layers"]):
+        assert got["mean_cos"] == pytest.approx(want["mean_cos"], abs=1e-5)
+        assert got["mean_cos_offdiag"] == pytest.approx(want["mean_cos_offdiag"], abs=1e-5)
+        # Densities agree but for at most two entries within rounding of a bin edge.
+        moved = np.abs(np.array(got["hist"]) - want["hist"]).sum() * (2 / 128) * want["entries"] / 2
+        assert moved <= 2 + 1e-9
+        assert np.sum(got["hist"]) * (2 / 128) == pytest.approx(1.0)
+    assert result["spearman"] == pytest.approx(ref["spearman"], abs=1e-9)
+    assert result["kendall"] == pytest.approx(ref["kendall"], abs=1e-9)
+    assert [e["n"] for e in result["last_n"]] == list(range(1, len(names) + 1))
+    assert [e["mean_cos"] for e in result["last_n"]] == pytest.approx(ref["last_n"], abs=1e-5)
+
+
+def debug_names(n_layers: int = 4) -> list[str]:
+    return ["embedding", *(f"block_{i}" for i in range(1, n_layers + 1)), "final_norm"]
+
+
+def test_statistics_match_plain_computation():
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = GPT2(gpt2_flavors["debug"])
+    model.to_empty(device="cpu")
+    model.init_weights()
+    # Stronger positional signal than the init gives, so the layers differ clearly.
+    with torch.no_grad():
+        model.pos_embeddings.weight.mul_(20)
+    tokens = torch.randint(0, 50257, (5, 16), generator=torch.Generator().manual_seed(1))
+    names, means = mean_cosine_matrices(model, tokens, batch_size=2, device="cpu")  # uneven last batch
+    assert means.shape == (6, 16, 16)
+    assert_matches_reference(summarize(names, means), plain_reference(model, tokens), debug_names())
+
+
+def test_cosines_clamp_tiny_norms_and_clip():
+    h = torch.tensor([[[3.0, 4.0], [0.0, 0.0], [3e-4, 4e-4], [-6.0, -8.0]]])
+    got = cosine_matrices(h)[0].double().numpy()
+    assert np.allclose(got, plain_cosine_matrix(h[0].double().numpy()), atol=1e-6)
+    assert got[2, 2] == pytest.approx(0.25)  # |h| = 5e-4 is divided by the clamp 1e-3
+    assert got.max() <= 1.0 and got[0, 3] == pytest.approx(-1.0)
+
+
+def test_sequences_are_seeded_windows_of_long_documents():
+    options = InputOptions("enwiki_sample", None, None, num_sequences=12, seq_len=512, seed=0)
+    a, b = select_sequences(options), select_sequences(options)
+    assert a.sha256 == b.sha256 and torch.equal(a.tokens, b.tokens)
+    assert a.tokens.shape == (12, 512)
+    other = select_sequences(InputOptions("enwiki_sample", None, None, 12, 512, seed=1))
+    assert other.sha256 != a.sha256
+    docs = [d.astype(np.int64) for d in tokenized_documents("enwiki_sample", "validation", None, "--dataset")]
+    windows = {tuple(d[i : i + 512]) for d in docs if len(d) >= 512 for i in range(0, len(d) - 511, 512)}
+    assert all(tuple(seq.tolist()) in windows for seq in a.tokens)
+    assert len({tuple(seq.tolist()) for seq in a.tokens}) == 12
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def analyze(*args: str, capsys) -> tuple[int, str, str]:
+    """Run the CLI in this process (saves the import and tokenisation of every call)."""
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """One real 2-process debug training run with checkpoints at steps 0, 2 and 4."""
+    dump = tmp_path_factory.mktemp("analysis") / "baseline"
+    torchrun(dump, 2, "--training.steps", "4", "--checkpoint.interval", "2", "--validation.no-enable")
+    assert sorted(os.listdir(dump / "checkpoint")) == ["step-0", "step-2", "step-4"]
+    return dump
+
+
+@pytest.fixture(scope="module")
+def analysed(run, tmp_path_factory) -> Path:
+    """``run`` analysed once by the CLI; the tests below read or re-run it."""
+    code = subprocess.run([sys.executable, "-m", "dispersion_titan.analyze", str(run), *OPTS],
+                          cwd=REPO, env=launch_env(), capture_output=True, text=True)
+    assert code.returncode == 0, code.stderr[-3000:]
+    return run / "condensation"
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def mtimes(out: Path) -> dict[str, int]:
+    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+
+def test_end_to_end_outputs(run, analysed):
+    for step in (0, 2, 4):
+        result = read_json(analysed / f"step-{step}" / "condensation.json")
+        assert {"step", "num_sequences", "seq_len", "layers", "spearman", "kendall", "last_n", "inputs"} <= set(result)
+        assert (result["step"], result["num_sequences"], result["seq_len"]) == (step, K, S)
+        assert [layer["name"] for layer in result["layers"]] == debug_names()
+        assert set(result["layers"][0]) == {"index", "name", "mean_cos", "mean_cos_offdiag", "hist"}
+        png = (analysed / f"heatmap_step-{step}.png").read_bytes()
+        assert png.startswith(PNG_MAGIC) and len(png) > 5000
+    assert (analysed / "evolution.png").read_bytes().startswith(PNG_MAGIC)
+
+    # The numbers of the trained checkpoint agree with the plain reference on the same sequences.
+    result = read_json(analysed / "step-4" / "condensation.json")
+    sequences = select_sequences(InputOptions("enwiki_sample", None, None, K, S, seed=0))
+    assert result["inputs"]["tokens_sha256"] == sequences.sha256
+    model = load_model(str(run / "checkpoint" / "step-4"), load_model_args(str(run / "checkpoint")))
+    assert_matches_reference(result, plain_reference(model, sequences.tokens), debug_names())
+    assert result["spearman"] > 0.9  # trained weights condense with depth already after 4 steps
+
+    with open(analysed / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(int(r["step"]), r["layer"]) for r in rows] == [(s, n) for s in (0, 2, 4) for n in debug_names()]
+    assert float(rows[-1]["mean_cos"]) == pytest.approx(result["layers"][-1]["mean_cos"])
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    histograms = []
+    for events in sorted((run / "tb" / "condensation").glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"histograms": 0})
+        acc.Reload()
+        assert {f"analysis/cosine/{n}" for n in debug_names()} <= set(acc.Tags()["histograms"])
+        histograms += acc.Histograms("analysis/cosine/final_norm")
+    assert {h.step for h in histograms} == {0, 2, 4}
+    assert all(h.histogram_value.num == S * S for h in histograms)
+
+
+def test_rerun_skips_and_force_recomputes(run, analysed, capsys):
+    before = mtimes(analysed)
+    code, out, _ = analyze(run, *OPTS, capsys=capsys)
+    assert code == 0 and "3 checkpoint(s) already analysed" in out
+    after = mtimes(analysed)
+    assert all(after[f"step-{s}/condensation.json"] == before[f"step-{s}/condensation.json"] for s in (0, 2, 4))
+
+    old = read_json(analysed / "step-2" / "condensation.json")
+    # RUN may also be the checkpoint folder; results still go to the dump folder's condensation/.
+    code, out, _ = analyze(run / "checkpoint", *OPTS, "--steps", "1-3", "--force", capsys=capsys)
+    assert code == 0 and "step 2:" in out and "step 4:" not in out
+    after_force = mtimes(analysed)
+    assert after_force["step-2/condensation.json"] != before["step-2/condensation.json"]
+    assert after_force["step-4/condensation.json"] == before["step-4/condensation.json"]
+    assert read_json(analysed / "step-2" / "condensation.json")["layers"] == old["layers"]
+
+
+def test_interrupted_analysis_completes_on_rerun(run, analysed, capsys, tmp_path):
+    out = tmp_path / "interrupted"
+    shutil.copytree(analysed, out)
+    complete = read_json(out / "step-2" / "condensation.json")
+    # What a kill during step 2 leaves: no json for it, a stray temp file, no summary yet.
+    (out / "step-2" / "condensation.json").unlink()
+    (out / "step-2" / ".condensation.json.123.tmp").write_text('{"step": 2, "lay')
+    (out / "summary.csv").unlink()
+    code, stdout, _ = analyze(run, *OPTS, "--out", out, "--tb-dir", tmp_path / "tb", capsys=capsys)
+    assert code == 0 and "step 2:" in stdout and "step 0:" not in stdout
+    assert read_json(out / "step-2" / "condensation.json")["layers"] == complete["layers"]
+    assert len((out / "summary.csv").read_text().splitlines()) == 1 + 3 * 6
+
+
+def test_broken_checkpoints_are_reported_and_skipped(run, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    (broken / "checkpoint").mkdir(parents=True)
+    shutil.copy(run / "model_args.json", broken)
+    os.symlink(run / "checkpoint" / "step-0", broken / "checkpoint" / "step-0")
+    partial = broken / "checkpoint" / "step-2"  # crashed before .metadata was written
+    partial.mkdir()
+    for f in (run / "checkpoint" / "step-2").glob("*.distcp"):
+        os.symlink(f, partial / f.name)
+    corrupt = broken / "checkpoint" / "step-4"  # a truncated shard
+    shutil.copytree(run / "checkpoint" / "step-4", corrupt)
+    with open(corrupt / "__1_0.distcp", "r+b") as f:
+        f.truncate(1000)
+    code, out, err = analyze(broken, *OPTS, capsys=capsys)
+    assert code == 1
+    assert f"{partial}: missing .metadata" in err
+    assert f"{corrupt / '__1_0.distcp'}: truncated" in err
+    assert "2 of 3 checkpoints could not be analysed" in err
+    assert sorted(p.parent.name for p in (broken / "condensation").glob("step-*/condensation.json")) == ["step-0"]
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]
+    assert len(lines) == 1 and lines[0].startswith("dispersion_titan: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+
+
+def test_bad_input_fails_with_one_line(run, analysed, tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(*analyze(empty, capsys=capsys)[::2], str(empty), "no checkpoints")
+    (empty / "checkpoint").mkdir()
+    assert_one_line_error(*analyze(empty, capsys=capsys)[::2], "no checkpoints")
+
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"text": "Too short."}) + "\n" + json.dumps({"text": "Also short."}) + "\n")
+    assert_one_line_error(*analyze(run, "--texts", short, "--seq-len", "64", "--out", tmp_path / "o",
+                                   capsys=capsys)[::2], str(short), "64")
+
+    before = mtimes(analysed)
+    assert_one_line_error(*analyze(run, "--seq-len", "300", capsys=capsys)[::2], "--seq-len", "256")
+    assert_one_line_error(*analyze(run, *OPTS, "--out", short / "sub", capsys=capsys)[::2], "--out", str(short))
+    assert_one_line_error(*analyze(run, *OPTS, "--steps", "3", capsys=capsys)[::2], "--steps", "[0, 2, 4]")
+    # Different inputs into an existing output folder: refused, nothing touched.
+    assert_one_line_error(*analyze(run, "--num-sequences", "4", "--seq-len", str(S), capsys=capsys)[::2],
+                          "--out", "num_sequences 8 vs 4")
+    assert mtimes(analysed) == before
+
+
+def test_compare_runs(run, analysed, tmp_path, capsys):
+    # A second "run" folder over the same checkpoints, with a saved TorchTitan job config.
+    other = tmp_path / "dispersed"
+    other.mkdir()
+    os.symlink(run / "checkpoint", other / "checkpoint")
+    shutil.copy(run / "model_args.json", other)
+    (other / "job_config.json").write_text(json.dumps({"dispersion": {"variant": "angular_spread", "coeff": 0.5}}))
+    assert analyze(other, *OPTS, "--steps", "4", capsys=capsys)[0] == 0
+
+    out = tmp_path / "cmp"
+    code, stdout, _ = analyze("compare", run, other / "condensation", "--out", out, capsys=capsys)
+    assert code == 0
+    assert "baseline (mlp 256)" in stdout and "dispersed (mlp 256, dispersion angular_spread λ=0.5)" in stdout
+    with open(out / "compare.csv") as f:
+        rows = list(csv.DictReader(f))
+    final = read_json(analysed / "step-4" / "condensation.json")
+    assert [r["step"] for r in rows] == ["4", "4"]
+    assert float(rows[0]["mean_cos_final_norm"]) == pytest.approx(final["layers"][-1]["mean_cos"])
+    assert float(rows[1]["spearman"]) == pytest.approx(final["spearman"])
+    assert len((out / "compare_layers.csv").read_text().splitlines()) == 1 + 2 * 6
+    assert (out / "compare.png").read_bytes().startswith(PNG_MAGIC)
+
+    assert analyze(other, "--num-sequences", str(K), "--seq-len", "32", "--steps", "4",
+                   "--out", tmp_path / "s32", capsys=capsys)[0] == 0
+    assert_one_line_error(*analyze("compare", run, tmp_path / "s32", "--out", tmp_path / "bad", capsys=capsys)[::2],
+                          "different inputs", "seq_len 64 vs 32")
+    assert not (tmp_path / "bad").exists()
