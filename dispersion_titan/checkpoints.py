@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -112,3 +113,27 @@ def load_model(step_dir: str, args: GPT2ModelArgs, device: str | torch.device = 
         raise CheckpointError(f"{step_dir}: cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     model.load_state_dict(state)
     return model.to(device=device, dtype=dtype).eval()
+
+
+QUARANTINE_DIR = "incomplete"
+
+
+def quarantine_incomplete(folder: str) -> list[str]:
+    """Move every step-N folder that fails ``check_complete`` into ``folder/incomplete/``.
+
+    TorchTitan resumes from the newest ``step-N`` holding a ``.metadata`` file; a folder
+    left half-written by a crash (or truncated later) must never be that one. Moving it
+    aside (never deleting) keeps the bytes for inspection and lets the resumed run save
+    that step again. Complete checkpoints are not touched. Returns the new paths.
+    """
+    moved = []
+    for ckpt in list_checkpoints(folder) if os.path.isdir(folder) else []:
+        try:
+            check_complete(ckpt.path)
+        except CheckpointError:
+            target_dir = os.path.join(folder, QUARANTINE_DIR)
+            os.makedirs(target_dir, exist_ok=True)
+            target = os.path.join(target_dir, f"{os.path.basename(ckpt.path)}.{time.strftime('%Y%m%d-%H%M%S')}")
+            os.rename(ckpt.path, target)
+            moved.append(target)
+    return moved
