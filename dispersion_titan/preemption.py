@@ -1,0 +1,111 @@
+"""Checkpoint and exit on a signal: what a job does when Slurm warns it of its time limit.
+
+``launch/slurm/train.sbatch`` asks Slurm for SIGUSR1 a few minutes before the limit
+(``#SBATCH --signal=B:USR1@300``), forwards it to the training ranks, and requeues the
+job when training then ends with an error status. Here, each rank only records the
+signal in a flag. After each training step the ranks agree on it (all-reduce MAX: a
+signal seen by some ranks stops all of them at the same step); once set, they save a
+full checkpoint of that step (model, optimizer, scheduler, data loader, train state)
+and exit with ``PREEMPTED_EXIT_CODE``. The requeued job keeps its job id, hence its dump folder,
+and TorchTitan resumes from that checkpoint.
+
+The signal is SIGUSR1 unless ``PREEMPT_SIGNAL`` names another (``USR2``, ``SIGTERM``...).
+A signal that arrives when training has already done its last step changes nothing:
+the run ends normally, with status 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torchtitan.tools.logging import logger
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try again"
+SIGNAL_ENV = "PREEMPT_SIGNAL"
+DEFAULT_SIGNAL = "USR1"
+
+
+def parse_signal(name: str) -> signal.Signals:
+    """``USR1``, ``SIGUSR1`` or ``10`` -> ``signal.SIGUSR1``; anything else is a ValueError."""
+    text = name.strip().upper()
+    try:
+        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+    except (KeyError, ValueError):
+        raise ValueError(f"{SIGNAL_ENV}: {name!r} is not a signal name such as USR1") from None
+
+
+@contextmanager
+def _attributes_set(obj: Any, **values: Any) -> Iterator[None]:
+    old = {name: getattr(obj, name) for name in values}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(obj, name, value)
+
+
+def save_full_checkpoint(checkpointer: Any, step: int) -> None:
+    """Save every state of ``step`` now, synchronously, whatever the interval.
+
+    TorchTitan's ``save`` writes only on interval steps, except for the last step, which
+    it writes synchronously after waiting for any asynchronous save still in flight.
+    That last-step path is the one wanted here, with the full state instead of the
+    weights-only export that ``last_save_model_only`` makes of a finished run.
+    """
+    with _attributes_set(checkpointer, last_save_model_only=False, last_save_in_hf=False):
+        checkpointer.save(curr_step=step, last_step=True)
+
+
+class Preemption:
+    """Installs the signal handler in this rank; ``stop_if_signalled`` is collective."""
+
+    def __init__(self, signal_name: str | None = None) -> None:
+        self.signum = parse_signal(signal_name or os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))
+        self.requested = False
+        # A CPU group of its own: agreeing on a flag over it costs no device synchronisation.
+        self.group = dist.new_group(backend="gloo")
+        signal.signal(self.signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.requested = True  # only a flag: the training step in progress must finish first
+
+    def _agreed(self) -> bool:
+        """Whether some rank was signalled: the same answer on every rank."""
+        flag = torch.tensor(int(self.requested))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+    def stop_if_signalled(self, trainer: Any) -> None:
+        """After a training step: when signalled, save this step and exit the process.
+
+        Called where TorchTitan saves its interval checkpoints (after the optimizer
+        step, before validation), by every rank after every step: it all-reduces a flag.
+        """
+        step, steps = trainer.step, trainer.job_config.training.steps
+        if step >= steps:
+            return  # the last step: the normal end, and its final save, follow
+        if not self._agreed():
+            return
+        ckpt = trainer.checkpointer
+        if not ckpt.enable:
+            if self.requested:
+                logger.warning(f"{self.signum.name} received, but checkpointing is disabled: training goes on")
+            self.requested = False
+            return
+        logger.warning(f"{self.signum.name} received: saving a full checkpoint of step {step}")
+        save_full_checkpoint(ckpt, step)
+        logger.warning(f"Stopping at step {step} for a restart; exit status {PREEMPTED_EXIT_CODE}")
+        trainer.close()  # flush metrics (TensorBoard) and stop the checkpoint helpers
+        # No rank leaves before all have saved and flushed: torchrun stops the others as
+        # soon as one rank exits with an error status.
+        dist.barrier(group=self.group)
+        dist.destroy_process_group()
+        raise SystemExit(PREEMPTED_EXIT_CODE)

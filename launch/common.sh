@@ -1,0 +1,60 @@
+# Helpers shared by the launch scripts (sourced, not run). LAUNCH_DIR must be set.
+# shellcheck shell=bash
+
+REPO_DIR=$(cd "$LAUNCH_DIR/.." && pwd)
+PREEMPT_SIGNAL=${PREEMPT_SIGNAL:-USR1}
+export PREEMPT_SIGNAL  # read by the training ranks (dispersion_titan/preemption.py)
+
+die() {  # die MESSAGE: one line on stderr, exit 2 (bad input)
+    echo "$(basename "$0"): error: $*" >&2
+    exit 2
+}
+
+positive_int() {  # positive_int NAME VALUE: VALUE, or die naming NAME
+    [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1 must be a positive integer, got '$2'"
+    echo "$2"
+}
+
+python_bin() {
+    # PYTHON wins; then the active virtualenv/conda environment; then the repo's .venv
+    # (scripts/setup_env.sh makes it); then python3.
+    if [ -n "${PYTHON:-}" ]; then
+        echo "$PYTHON"
+    elif [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && command -v python >/dev/null; then
+        command -v python
+    elif [ -x "$REPO_DIR/.venv/bin/python" ]; then
+        echo "$REPO_DIR/.venv/bin/python"
+    else
+        echo python3
+    fi
+}
+
+gpu_count() {  # GPUs this node may use: CUDA_VISIBLE_DEVICES, else Slurm's count, else nvidia-smi
+    if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+        # Set but empty (or -1) hides every GPU.
+        local ids=${CUDA_VISIBLE_DEVICES//[^,]/}
+        case "$CUDA_VISIBLE_DEVICES" in "" | -1 | NoDevFiles) echo 0 ;; *) echo $((${#ids} + 1)) ;; esac
+    elif [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
+        echo "$SLURM_GPUS_ON_NODE"
+    elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        nvidia-smi -L | grep -c '^GPU'
+    else
+        echo 0
+    fi
+}
+
+cpu_count() {  # CPUs this node may use: Slurm's allocation, else the affinity mask
+    echo "${SLURM_CPUS_ON_NODE:-$(nproc)}"
+}
+
+dump_folder_override() {  # dump_folder_override ARGS...: the (last) --job.dump_folder value in ARGS
+    local value=""
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --job.dump_folder | --job.dump-folder) value=${2:-}; shift ;;
+            --job.dump_folder=* | --job.dump-folder=*) value=${1#*=} ;;
+        esac
+        shift
+    done
+    echo "$value"
+}

@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Submit the controlled experiment to Slurm: MLP width x dispersion variant x seed.
+
+    python launch/sweep.py [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1]
+                           [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
+                           [--train-time T] [--analyze-time T] [--nodes N] [--dry-run]
+                           [-- TRAINING OVERRIDES ...]
+
+Every cell is a training job (launch/slurm/train.sbatch) with its own dump folder
+``OUT/<cell>``, followed by its analysis job (``--dependency=afterok:<training>``); one
+compare job over all cells runs after every other job of the sweep succeeded. Flags win
+over the SPEC file (see launch/sweep_example.toml for its keys). ``--dry-run`` prints the
+sbatch commands as a shell script instead of submitting them; a submission records the
+job ids in ``OUT/sweep.json``. Every cell's training configuration is validated first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
+ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
+BASELINE = "baseline"
+# Training overrides that the grid sets for each cell; given by hand they would fight it.
+GRID_KEYS = ("--model.mlp_hidden_dim", "--dispersion.variant", "--dispersion.coeff", "--debug.seed",
+             "--job.dump_folder")
+
+
+class SweepError(ValueError):
+    """Bad sweep input; the message starts with the key or file at fault."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # "none" for the baseline
+    coeff: float
+
+    @property
+    def label(self) -> str:
+        return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff:g}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    width: int
+    variant: Variant
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"w{self.width}-{self.variant.label}-s{self.seed}"
+
+    def overrides(self, out: Path) -> list[str]:
+        return ["--model.mlp_hidden_dim", str(self.width), "--dispersion.variant", self.variant.name,
+                "--dispersion.coeff", f"{self.variant.coeff:g}", "--debug.seed", str(self.seed),
+                "--job.dump_folder", str(out / self.name)]
+
+
+@dataclass
+class Spec:
+    config: Path
+    out: Path
+    widths: list[int]
+    variants: list[Variant]
+    seeds: list[int]
+    partition: str | None = None
+    account: str | None = None
+    train_time: str | None = None
+    analyze_time: str | None = None
+    nodes: int | None = None
+    train_sbatch_args: list[str] = field(default_factory=list)
+    analyze_sbatch_args: list[str] = field(default_factory=list)
+    train_overrides: list[str] = field(default_factory=list)
+    analyze_args: list[str] = field(default_factory=list)
+
+    def cells(self) -> list[Cell]:
+        return [Cell(w, v, s) for w in self.widths for v in self.variants for s in self.seeds]
+
+
+# ---- parsing and validation -------------------------------------------------------------
+
+def _items(key: str, value: Any) -> list[Any]:
+    """A TOML list, or a comma-separated string from the command line."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, list) or not value:
+        raise SweepError(f"{key}: expected a non-empty list, got {value!r}")
+    return value
+
+
+def _int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not re.fullmatch(r"-?\d+", str(value).strip()) or int(value) < minimum:
+        raise SweepError(f"{key}: {value!r} is not an integer >= {minimum}")
+    return int(value)
+
+
+def _flag(arg: str) -> str:
+    """``--model.mlp-hidden-dim=5`` -> ``--model.mlp_hidden_dim`` (tyro accepts both spellings)."""
+    return "--" + arg.split("=", 1)[0][2:].replace("-", "_") if arg.startswith("--") else arg
+
+
+def parse_variant(text: str) -> Variant:
+    """``baseline`` or ``NAME:COEFF`` with NAME a dispersion variant and COEFF > 0."""
+    if text == BASELINE:
+        return Variant("none", 0.0)
+    from dispersion_titan.losses import VARIANTS as known  # imports torch: only when needed
+    name, sep, coeff = text.partition(":")
+    if name not in known:
+        raise SweepError(f"variants: {text!r}: unknown variant (use baseline or NAME:COEFF, NAME one of {', '.join(known)})")
+    try:
+        value = float(coeff) if sep else None
+    except ValueError:
+        value = None
+    if value is None or not value > 0:
+        raise SweepError(f"variants: {text!r}: needs a coefficient > 0, as in {name}:0.1")
+    return Variant(name, value)
+
+
+def _strings(key: str, value: Any) -> list[str]:
+    if isinstance(value, str):
+        return shlex.split(value)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SweepError(f"{key}: expected a list of strings")
+    return list(value)
+
+
+def build_spec(raw: dict[str, Any]) -> Spec:
+    allowed = {f for f in Spec.__dataclass_fields__}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise SweepError(f"{unknown[0]}: unknown sweep key (known: {', '.join(sorted(allowed))})")
+    for key in ("config", "widths", "variants", "seeds"):
+        if raw.get(key) is None:
+            raise SweepError(f"{key}: required (in the SPEC file or as --{key})")
+    config = Path(raw["config"]).expanduser().resolve()
+    if not config.is_file():
+        raise SweepError(f"config: {raw['config']}: no such file")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(raw.get("out") or f"outputs/sweep-{config.stem}-{stamp}").expanduser().resolve()
+    if out.exists() and any(out.iterdir()):
+        raise SweepError(f"out: {out} exists and is not empty; give the sweep a new folder")
+    widths = [_int("widths", w, 1) for w in _items("widths", raw["widths"])]
+    seeds = [_int("seeds", s, 0) for s in _items("seeds", raw["seeds"])]
+    train_overrides = _strings("train_overrides", raw.get("train_overrides", []))
+    for arg in train_overrides:
+        if _flag(arg) in GRID_KEYS:
+            raise SweepError(f"training overrides: {arg} is set by the sweep for each cell")
+    variants = [parse_variant(str(v)) for v in _items("variants", raw["variants"])]
+    spec = Spec(
+        config=config, out=out, widths=widths, variants=variants, seeds=seeds, train_overrides=train_overrides,
+        partition=raw.get("partition"), account=raw.get("account"),
+        train_time=raw.get("train_time"), analyze_time=raw.get("analyze_time"),
+        nodes=None if raw.get("nodes") is None else _int("nodes", raw["nodes"], 1),
+        **{k: _strings(k, raw[k]) for k in ("train_sbatch_args", "analyze_sbatch_args", "analyze_args")
+           if raw.get(k) is not None},
+    )
+    for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [v.label for v in variants])):
+        if len(set(values)) != len(values):
+            raise SweepError(f"{key}: listed twice: {values}")
+    return spec
+
+
+def check_training_configs(spec: Spec) -> None:
+    """Parse every cell's training configuration as the training entry point will."""
+    from dispersion_titan import compat
+    from dispersion_titan import spec as train_spec
+    from dispersion_titan.cli_args import ArgumentError, load_toml, with_config_module
+    from dispersion_titan.config_checks import ConfigError
+    from dispersion_titan.train import validated_args
+
+    compat.apply()
+    train_spec.register()
+    for cell in spec.cells():
+        args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(spec.out)]
+        try:
+            validated_args(with_config_module(args, load_toml(args)))
+        except (ArgumentError, ConfigError, ValueError) as e:
+            raise SweepError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
+
+
+# ---- the jobs -----------------------------------------------------------------------------
+
+def _common_sbatch(spec: Spec, name: str, time_limit: str | None, extra: list[str]) -> list[str]:
+    args = ["sbatch", "--parsable", f"--job-name={spec.out.name}-{name}",
+            f"--output={spec.out / 'logs'}/%x-%j.out", "--kill-on-invalid-dep=yes"]
+    args += [f"--partition={spec.partition}"] if spec.partition else []
+    args += [f"--account={spec.account}"] if spec.account else []
+    args += [f"--time={time_limit}"] if time_limit else []
+    return args + extra
+
+
+@dataclass
+class Job:
+    key: str  # shell variable holding its id in the dry-run script
+    label: str
+    argv: list[str]  # the sbatch command, without its --dependency
+    after: list[str] = field(default_factory=list)  # keys of the jobs it waits for
+
+    def command(self, ids: dict[str, str]) -> list[str]:
+        if not self.after:
+            return self.argv
+        return [self.argv[0], self.argv[1], f"--dependency=afterok:{':'.join(ids[k] for k in self.after)}",
+                *self.argv[2:]]
+
+
+def plan(spec: Spec) -> list[Job]:
+    jobs: list[Job] = []
+    for i, cell in enumerate(spec.cells(), start=1):
+        nodes = [f"--nodes={spec.nodes}"] if spec.nodes else []
+        train = Job(f"train_{i}", f"{cell.name} train", [
+            *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, nodes + spec.train_sbatch_args),
+            str(TRAIN_SBATCH), str(spec.config), *spec.train_overrides, *cell.overrides(spec.out)])
+        analyze = Job(f"analyze_{i}", f"{cell.name} analyze", [
+            *_common_sbatch(spec, f"{cell.name}-analyze", spec.analyze_time, spec.analyze_sbatch_args),
+            str(ANALYZE_SBATCH), str(spec.out / cell.name), *spec.analyze_args], after=[train.key])
+        jobs += [train, analyze]
+    runs = [str(spec.out / cell.name) for cell in spec.cells()]
+    jobs.append(Job("compare", "compare", [
+        *_common_sbatch(spec, "compare", spec.analyze_time, spec.analyze_sbatch_args),
+        str(ANALYZE_SBATCH), "compare", *runs, "--out", str(spec.out / "compare")],
+        after=[job.key for job in jobs]))
+    return jobs
+
+
+def dry_run(spec: Spec, jobs: list[Job]) -> str:
+    """The submission as a bash script: each job id lands in a variable for its dependants."""
+    lines = [f"# sweep: {len(spec.cells())} cells x (train, analyze) + compare = {len(jobs)} jobs; out {spec.out}",
+             f"mkdir -p {shlex.quote(str(spec.out / 'logs'))}"]
+    ids = {job.key: f"${job.key}" for job in jobs}
+    for job in jobs:
+        cmd = " ".join(shlex.quote(a) if not a.startswith("--dependency=") else a for a in job.command(ids))
+        lines.append(f"{job.key}=$({cmd})  # {job.label}")
+    return "\n".join(lines)
+
+
+def submit(spec: Spec, jobs: list[Job]) -> dict[str, str]:
+    (spec.out / "logs").mkdir(parents=True, exist_ok=True)
+    ids: dict[str, str] = {}
+    for job in jobs:
+        proc = subprocess.run(job.command(ids), capture_output=True, text=True)
+        if proc.returncode != 0:
+            done = " ".join(ids.values())
+            reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            hint = f"; submitted so far: {done} (scancel {done})" if ids else ""
+            raise SweepError(f"sbatch ({job.label}): {reason}{hint}")
+        ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+        print(f"{ids[job.key]:>10}  {job.label}", flush=True)
+    return ids
+
+
+def write_manifest(spec: Spec, jobs: list[Job], ids: dict[str, str]) -> Path:
+    cells = spec.cells()
+    manifest = {
+        "config": str(spec.config), "out": str(spec.out),
+        "grid": {"widths": spec.widths, "variants": [asdict(v) for v in spec.variants], "seeds": spec.seeds},
+        "cells": [{"name": c.name, **asdict(c), "run": str(spec.out / c.name),
+                   "train_job": ids[f"train_{i}"], "analyze_job": ids[f"analyze_{i}"]}
+                  for i, c in enumerate(cells, start=1)],
+        "compare_job": ids["compare"], "compare_out": str(spec.out / "compare"),
+        "commands": {job.key: job.command(ids) for job in jobs},
+    }
+    path = spec.out / "sweep.json"
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return path
+
+
+# ---- command line -------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        fail(message)
+
+
+def fail(message: str) -> None:
+    print(f"sweep: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    overrides: list[str] = []
+    if "--" in argv:
+        argv, overrides = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    p = _Parser(prog="launch/sweep.py", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000")
+    p.add_argument("spec", nargs="?", help="TOML file with the keys below (flags win)")
+    p.add_argument("--config", help="training TOML shared by every cell")
+    p.add_argument("--out", help="sweep folder (default outputs/sweep-<config>-<time>); must be new")
+    p.add_argument("--widths", help="MLP hidden widths, e.g. 256,512")
+    p.add_argument("--variants", help="baseline and/or NAME:COEFF, e.g. baseline,angular_spread:0.1")
+    p.add_argument("--seeds", help="seeds, e.g. 0,1,2")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--train-time", help="time limit of each training job (sbatch --time)")
+    p.add_argument("--analyze-time", help="time limit of each analysis job and of the compare job")
+    p.add_argument("--nodes", help="nodes per training job")
+    p.add_argument("--train-sbatch-arg", action="append", dest="train_sbatch_args", metavar="ARG",
+                   help="extra sbatch argument for training jobs, e.g. --train-sbatch-arg=--gpus-per-node=8")
+    p.add_argument("--analyze-sbatch-arg", action="append", dest="analyze_sbatch_args", metavar="ARG",
+                   help="extra sbatch argument for analysis and compare jobs, e.g. --analyze-sbatch-arg=--gpus=1")
+    p.add_argument("--analyze-args", help='analysis options, e.g. --analyze-args="--num-sequences 100"')
+    p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    return p.parse_args(argv), overrides
+
+
+def load_spec_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise SweepError(f"{path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SweepError(f"{path}: invalid TOML: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        raw = load_spec_file(args.spec) if args.spec else {}
+        for key in ("config", "out", "widths", "variants", "seeds", "partition", "account", "train_time",
+                    "analyze_time", "nodes", "train_sbatch_args", "analyze_sbatch_args", "analyze_args"):
+            if getattr(args, key) is not None:
+                raw[key] = getattr(args, key)
+        if overrides:
+            raw["train_overrides"] = overrides
+        spec = build_spec(raw)
+        check_training_configs(spec)
+        jobs = plan(spec)
+        if args.dry_run:
+            print(dry_run(spec, jobs))
+            return
+        ids = submit(spec, jobs)
+        print(f"sweep: {len(jobs)} jobs submitted; manifest {write_manifest(spec, jobs, ids)}")
+    except SweepError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

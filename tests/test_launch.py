@@ -1,0 +1,136 @@
+"""Launchers without a cluster: launch/train.sh on one node, a two-"node" run through two
+torchrun agents on localhost, and the sweep's dry run."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import DEBUG_TOML, REPO, launch_env, scalars
+
+pytestmark = pytest.mark.slow
+
+TRAIN_SH = REPO / "launch" / "train.sh"
+SWEEP = REPO / "launch" / "sweep.py"
+STEPS = 4
+COMMON = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1")
+LOSS = "loss_metrics/global_avg_loss"
+
+
+def train_sh(dump: Path, *overrides: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Start launch/train.sh on the debug config (absolute path: cwd is not the repo)."""
+    return subprocess.Popen([str(TRAIN_SH), DEBUG_TOML, "--job.dump_folder", str(dump), *COMMON, *overrides],
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen, timeout: int = 300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{out[-6000:]}"
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def one_node(tmp_path_factory) -> tuple[Path, str]:
+    """The debug config through launch/train.sh with its defaults (2 CPU processes),
+    started from a directory that is not the repository."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    dump = elsewhere / "one_node"
+    env = launch_env()
+    del env["OMP_NUM_THREADS"]  # train.sh sets it: CPUs / processes (1 on a 2-core machine)
+    return dump, finish(train_sh(dump, cwd=elsewhere, env=env))
+
+
+def test_train_sh_trains_from_any_directory(one_node):
+    dump, log = one_node
+    assert sorted(scalars(dump)[LOSS]) == list(range(1, STEPS + 1))
+    assert sorted(p.name for p in (dump / "checkpoint").iterdir()) == ["step-0", f"step-{STEPS}"]
+    assert "dp_shard=2," in log, "2 processes by default on CPU"
+    assert "Setting OMP_NUM_THREADS" not in log, "torchrun's fallback of 1 thread is not needed"
+    assert "[rank0]:" in log and "[rank1]:" not in log, "LOG_RANK=0 shows rank 0 only"
+
+
+def test_train_sh_bad_input_is_one_line(tmp_path):
+    missing = subprocess.run([str(TRAIN_SH), "nope.toml"], cwd=tmp_path, capture_output=True, text=True)
+    assert missing.returncode == 2 and missing.stderr.strip() == "train.sh: error: config file not found: nope.toml"
+    bad = subprocess.run([str(TRAIN_SH), DEBUG_TOML], cwd=tmp_path, capture_output=True, text=True,
+                         env=launch_env({"NPROC": "two"}))
+    assert bad.returncode == 2 and bad.stderr.strip() == "train.sh: error: NPROC must be a positive integer, got 'two'"
+
+
+def test_two_agents_on_localhost_match_one_node(one_node, tmp_path):
+    """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and
+    id) train with FSDP across the two "nodes", exactly like one node with 2 processes."""
+    dump = tmp_path / "two_nodes"
+    env = {"NNODES": "2", "NPROC": "1", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "two-nodes"}
+    agents = [train_sh(dump, cwd=tmp_path, env=launch_env(env)) for _ in range(2)]
+    logs = [finish(agent) for agent in agents]
+    assert all("dp_shard=2," in log for log in logs)
+    want, got = scalars(one_node[0])[LOSS], scalars(dump)[LOSS]
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert got[step] == pytest.approx(want[step], rel=1e-6), step
+
+
+def sweep(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SWEEP), *args], cwd=cwd, env=launch_env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
+    out = tmp_path / "sweep"
+    proc = sweep(str(REPO / "launch" / "sweep_example.toml"), "--out", str(out), "--widths", "128,256",
+                 "--seeds", "0,1", "--partition", "p1", "--account", "a1", "--dry-run", "--", "--training.steps", "3")
+    assert proc.returncode == 0, proc.stderr
+    assert not out.exists(), "a dry run creates nothing"
+    lines = [line for line in proc.stdout.splitlines() if re.match(r"\w+=\$\(sbatch ", line)]
+    trains = [line for line in lines if line.startswith("train_")]
+    analyses = [line for line in lines if line.startswith("analyze_")]
+    compare = [line for line in lines if line.startswith("compare=")]
+    variants = {"baseline": ("none", "0"), "angular_spread-c0.1": ("angular_spread", "0.1"),
+                "decorrelation-c0.05": ("decorrelation", "0.05")}
+    expected = {f"w{w}-{v}-s{s}": (w, *variants[v], s) for w in (128, 256) for v in variants for s in (0, 1)}
+    assert len(trains) == len(analyses) == len(expected) == 12 and len(compare) == 1
+
+    names = []
+    for i, (train, analyze) in enumerate(zip(trains, analyses), start=1):
+        name = re.search(r"--job\.dump_folder (\S+)\)", train).group(1).rsplit("/", 1)[1]
+        names.append(name)
+        width, variant, coeff, seed = expected[name]
+        assert train.startswith(f"train_{i}=$(sbatch --parsable ")
+        assert "--dependency" not in train and "--partition=p1" in train and "--account=a1" in train
+        assert "--time=04:00:00" in train and str(REPO / "launch/slurm/train.sbatch") in train
+        assert (f"--training.steps 3 --model.mlp_hidden_dim {width} --dispersion.variant {variant} "
+                f"--dispersion.coeff {coeff} --debug.seed {seed} --job.dump_folder {out / name})") in train
+        assert analyze.startswith(f"analyze_{i}=$(sbatch --parsable --dependency=afterok:$train_{i} ")
+        assert f"analyze.sbatch {out / name} --num-sequences 100 --seq-len 128)" in analyze
+    assert sorted(names) == sorted(expected)
+    every_job = ":".join(f"$train_{i}:$analyze_{i}" for i in range(1, 13))
+    assert compare[0].startswith(f"compare=$(sbatch --parsable --dependency=afterok:{every_job} ")
+    assert f"analyze.sbatch compare {' '.join(str(out / n) for n in names)} --out {out / 'compare'})" in compare[0]
+
+
+def test_sweep_bad_input_is_one_line(tmp_path):
+    toml = str(REPO / "launch" / "sweep_example.toml")
+    cases = {
+        ("--variants", "baseline,angular_spread"): "variants: 'angular_spread': needs a coefficient > 0",
+        ("--variants", "nope:1"): "variants: 'nope:1': unknown variant",
+        ("--widths", "0"): "widths: '0' is not an integer >= 1",
+        ("--config", "missing.toml"): "config: missing.toml: no such file",
+        ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
+        ("--out", str(REPO / "launch")): "exists and is not empty",
+    }
+    for args, message in cases.items():
+        proc = sweep(toml, "--dry-run", *args, cwd=tmp_path if "missing.toml" in args else REPO)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, (args, proc.stderr)
