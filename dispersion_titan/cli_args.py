@@ -56,7 +56,7 @@ def with_config_module(args: list[str], toml: dict) -> list[str]:
     return [*args, _CUSTOM_MODULE_FLAGS[0], CONFIG_MODULE]
 
 
-def fail(message: str) -> None:
-    """One line on stderr and exit status 2."""
+def fail(message: str, status: int = 2) -> None:
+    """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
     print(f"dispersion_titan: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(status)

@@ -72,11 +72,13 @@ def main() -> None:
 
     import torchtitan.train
 
-    from dispersion_titan.trainer import DispersionTrainer
+    from dispersion_titan.trainer import DispersionTrainer, NonFiniteLossError
 
     _default_to_single_process()
-
-    torchtitan.train.main(DispersionTrainer)
+    try:
+        torchtitan.train.main(DispersionTrainer)
+    except NonFiniteLossError as e:
+        fail(str(e), status=3)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from .checkpoints import save_model_args
+from .checkpoints import quarantine_incomplete, save_model_args
 from .objective import DispersionObjective
 from .preemption import Preemption
 
@@ -87,9 +87,14 @@ def build_dispersion_metrics_processor(job_config, parallel_dims, model_args=Non
     return DispersionMetricsProcessor(job_config, parallel_dims, tag)
 
 
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the message names the step."""
+
+
 class DispersionTrainer(Trainer):
     def __init__(self, job_config) -> None:
         super().__init__(job_config)
+        self._set_aside_incomplete_checkpoints()
         batch_degree = self.parallel_dims.get_mesh("batch").size() if self.parallel_dims.dp_enabled else 1
         global_batch = job_config.training.global_batch_size
         if global_batch < 0:
@@ -106,6 +111,14 @@ class DispersionTrainer(Trainer):
             # In the dump folder, not the checkpoint folder: TorchTitan decides whether to
             # resume by whether that folder exists, and every rank must see the same answer.
             save_model_args(job_config.job.dump_folder, self.model_args)
+
+    def _set_aside_incomplete_checkpoints(self) -> None:
+        """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0
+        moves half-written ones aside; the barrier keeps other ranks from looking earlier."""
+        if self.checkpointer.enable and dist.get_rank() == 0:
+            for path in quarantine_incomplete(self.checkpointer.folder):
+                logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
+        dist.barrier()
 
     def should_continue_training(self) -> bool:
         """Also the first point after TorchTitan loads (or does not find) a checkpoint:
@@ -128,7 +141,20 @@ class DispersionTrainer(Trainer):
     def train_step(self, data_iterator) -> None:
         self.step_metrics.reset()
         super().train_step(data_iterator)
+        self._stop_if_loss_not_finite()
         self.preemption.stop_if_signalled(self)  # collective; saves and exits when signalled
+
+    def _stop_if_loss_not_finite(self) -> None:
+        """Stop every rank at the first non-finite loss, before TorchTitan saves this step,
+        so the last checkpoint on disk is the last good one."""
+        local = self.step_metrics.ce + self.step_metrics.dispersion
+        bad = torch.tensor(float(not torch.isfinite(local).all()), device=self.device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bad.item():
+            raise NonFiniteLossError(
+                f"loss is not finite at step {self.step}; training stopped before saving step {self.step}, "
+                f"earlier checkpoints in {self.checkpointer.folder} are intact"
+            )
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
         inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
