@@ -8,14 +8,13 @@ dump folder.
 from __future__ import annotations
 
 import dataclasses
-import os
 import types
 import typing
 from typing import Any, Literal
 
 from torchtitan.config import JobConfig
 
-from .data.corpora import CORPORA, DataConfigError, resolve_local_files
+from .data.corpora import DataConfigError, check_dataset
 from .models.gpt2.args import GPT2ModelArgs
 
 LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
@@ -155,19 +154,14 @@ def check_data(config: JobConfig) -> None:
         if section == "validation" and not config.validation.enable:
             continue
         cfg = getattr(config, section)
-        if cfg.dataset not in CORPORA:
-            raise ConfigError(f"{section}.dataset: unknown dataset {cfg.dataset!r}; choose from {sorted(CORPORA)}")
-        if CORPORA[cfg.dataset].needs_path:
-            try:
-                resolve_local_files(cfg.dataset_path or "", f"{section}.dataset_path")
-            except DataConfigError as e:
-                raise ConfigError(str(e)) from None
-        elif cfg.dataset_path and not os.path.exists(cfg.dataset_path):
-            raise ConfigError(f"{section}.dataset_path: {cfg.dataset_path!r} does not exist")
+        try:
+            check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
+        except DataConfigError as e:
+            raise ConfigError(str(e)) from None
     if config.training.local_batch_size < 1:
         raise ConfigError(f"training.local_batch_size: must be >= 1, got {config.training.local_batch_size}")
     if config.training.dataloader.num_workers != 0:
-        raise ConfigError("training.dataloader.num_workers: must be 0 (the packed stream is in memory)")
+        raise ConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
 
 def check_checkpoint(config: JobConfig) -> None:

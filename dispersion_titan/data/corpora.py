@@ -1,27 +1,102 @@
-"""Named document sources. Each yields plain-text documents for a split.
+"""Named document sources (``[training] dataset`` / ``[validation] dataset``).
 
-``enwiki_sample`` is the offline default: the 106 real Wikipedia articles that ship in
-gensim's wheel, with markup stripped by gensim's own wikicorpus utilities. ``local``
-reads the user's jsonl / parquet / txt files through Hugging Face ``datasets`` builders.
+- ``enwiki_sample``: the offline default, the 106 real Wikipedia articles that ship in
+  gensim's wheel, markup stripped by gensim's own wikicorpus utilities; every 10th
+  article is the validation split.
+- ``local``: the user's jsonl / parquet / txt files through ``datasets`` builders.
+- ``wikitext-103``: ``Salesforce/wikitext``, config ``wikitext-103-raw-v1``; its
+  ``train`` and ``validation`` splits, rows (lines) joined back into articles.
+- ``fineweb-edu``: ``HuggingFaceFW/fineweb-edu``, config ``sample-10BT``, streamed; the
+  first 10,000 documents are the validation split and training starts after them.
+
+Hub datasets accept a local copy as ``<section>.dataset_path`` (see ``sources``).
 """
 
 from __future__ import annotations
 
 import bz2
 import functools
-import glob
-import os
-from collections.abc import Callable, Iterator
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.resources import files
+from typing import Any
+
+import datasets
+
+from .errors import DataConfigError
+from .sources import (
+    check_local_copy,
+    in_default_cache,
+    iter_text,
+    load_files,
+    load_rows,
+    resolve_local_files,
+    source_files,
+)
+
+__all__ = ["CORPORA", "DataConfigError", "resolve_local_files", "iter_documents", "check_dataset"]
 
 SPLITS = ("train", "validation")
 ENWIKI_VALIDATION_EVERY = 10  # every 10th article is held out: a deterministic ~10% slice
-_LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+FINEWEB_VALIDATION_DOCUMENTS = 10_000
+# Part of every token-cache key: bump it when the text → documents rules change.
+DOCUMENTS_VERSION = 1
 
 
-class DataConfigError(ValueError):
-    """Bad dataset name or path; the message names the field or file."""
+def _nonempty(texts: Iterable[str]) -> Iterator[str]:
+    return (t for t in texts if t)
+
+
+_WIKITEXT_ARTICLE_TITLE = re.compile(r"^ = [^=].* = \n?$")
+
+
+def wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
+    """WikiText rows are lines; an article starts at each top-level `` = Title = `` line
+    (sections are `` = = Section = = ``), as in EleutherAI's document-level WikiText."""
+    article: list[str] = []
+    for line in lines:
+        if _WIKITEXT_ARTICLE_TITLE.match(line) and "".join(article).strip():
+            yield "".join(article).strip()
+            article = []
+        article.append(line)
+    if "".join(article).strip():
+        yield "".join(article).strip()
+
+
+class Corpus(ABC):
+    """A named source of plain-text documents for the ``train`` and ``validation`` splits.
+
+    ``path_field`` arguments name the path option (``training.dataset_path``) for errors.
+    """
+
+    needs_path = False
+    streams_training = False  # the train split is streamed, never held in memory
+
+    @abstractmethod
+    def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
+        """The documents of ``split`` in their fixed order."""
+
+    def check_path(self, path: str | None, path_field: str) -> None:
+        """Offline, cheap pre-launch check of the configured path."""
+
+    def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any] | None:
+        """What the tokens of ``split`` depend on (the token-cache key); None: never cache."""
+        return None
+
+
+class EmbeddedWikipedia(Corpus):
+    def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
+        del path, path_field  # embedded: nothing to override (check_path refuses one)
+        for i, article in enumerate(_enwiki_articles()):
+            held_out = i % ENWIKI_VALIDATION_EVERY == ENWIKI_VALIDATION_EVERY - 1
+            if held_out == (split == "validation"):
+                yield article
+
+    def check_path(self, path: str | None, path_field: str) -> None:
+        if path:
+            raise DataConfigError(f"{path_field}: 'enwiki_sample' is embedded and takes no path (did you mean 'local'?)")
 
 
 def enwiki_sample_path() -> str:
@@ -47,71 +122,109 @@ def _enwiki_articles() -> tuple[str, ...]:
     return tuple(articles)
 
 
-def enwiki_sample(split: str, path: str | None = None) -> Iterator[str]:
-    del path  # embedded: nothing to override
-    for i, article in enumerate(_enwiki_articles()):
-        held_out = i % ENWIKI_VALIDATION_EVERY == ENWIKI_VALIDATION_EVERY - 1
-        if held_out == (split == "validation"):
-            yield article
+class LocalFiles(Corpus):
+    """jsonl/parquet rows (``text`` field) or txt files (one document per file). The user
+    points each split at its own files."""
 
+    needs_path = True
 
-def resolve_local_files(spec: str, field: str) -> list[str]:
-    """Expand a comma-separated list of paths and globs; every entry must match a file."""
-    paths: list[str] = []
-    for entry in (e.strip() for e in spec.split(",")):
-        if not entry:
-            continue
-        matches = sorted(glob.glob(os.path.expanduser(entry), recursive=True))
-        if not matches:
-            raise DataConfigError(f"{field}: no file matches {entry!r}")
-        for match in matches:
-            if os.path.splitext(match)[1] not in _LOCAL_BUILDERS:
-                raise DataConfigError(
-                    f"{field}: {match!r} is not one of {sorted(_LOCAL_BUILDERS)}"
-                )
-            if os.path.getsize(match) == 0:
-                raise DataConfigError(f"{field}: {match!r} is empty")
-        paths.extend(matches)
-    if not paths:
-        raise DataConfigError(f"{field}: the 'local' dataset needs file paths or globs")
-    return paths
+    def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
+        del split
+        return _nonempty(iter_text(load_files(resolve_local_files(path or "", path_field), path_field, False)))
 
+    def check_path(self, path: str | None, path_field: str) -> None:
+        resolve_local_files(path or "", path_field)
 
-def local_files(split: str, path: str | None, field: str = "training.dataset_path") -> Iterator[str]:
-    """Documents from jsonl/parquet (``text`` column) or txt files (one document per file)."""
-    del split  # the user points each split at its own files
-    from datasets import load_dataset
-
-    for file in resolve_local_files(path or "", field):
-        builder = _LOCAL_BUILDERS[os.path.splitext(file)[1]]
-        kwargs = {"sample_by": "document"} if builder == "text" else {}
-        rows = load_dataset(builder, data_files=[file], split="train", **kwargs)
-        if "text" not in rows.column_names:
-            raise DataConfigError(f"{field}: {file!r} has no 'text' field")
-        for text in rows["text"]:
-            if text:
-                yield text
+    def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
+        return {"files": source_files(path or "", path_field)}
 
 
 @dataclass(frozen=True)
-class Corpus:
-    documents: Callable[..., Iterator[str]]
-    needs_path: bool = False
+class HubDataset(Corpus):
+    """A Hugging Face hub dataset, or a local copy of it at ``dataset_path``.
+
+    With ``held_out_documents`` N > 0 the dataset's ``train`` split is the only one read:
+    its first N documents are the validation split and training starts at document N.
+    ``streams_training`` reads the training documents as a stream (``StreamingPackedDataset``).
+    """
+
+    repo: str
+    config: str
+    held_out_documents: int = 0
+    streams_training: bool = False
+    to_documents: Callable[[Iterable[str]], Iterator[str]] = _nonempty
+
+    def _source(self, split: str, path: str | None, path_field: str, streaming: bool):
+        hub_split = "train" if self.held_out_documents else split
+        return load_rows(self.repo, self.config, hub_split, path, path_field, streaming)
+
+    def training_rows(self, path: str | None, path_field: str) -> datasets.IterableDataset:
+        """The training rows as a fresh, resumable (``state_dict``) stream."""
+        return self._source("train", path, path_field, streaming=True).skip(self.held_out_documents)
+
+    def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
+        if not self.held_out_documents:
+            return self.to_documents(iter_text(self._source(split, path, path_field, streaming=False)))
+        if split == "validation":
+            rows = self._source(split, path, path_field, streaming=True).take(self.held_out_documents)
+        else:
+            rows = self.training_rows(path, path_field)
+        return self.to_documents(iter_text(rows))
+
+    def check_path(self, path: str | None, path_field: str) -> None:
+        if path:
+            check_local_copy(path, path_field)
+        elif datasets.config.HF_HUB_OFFLINE and (self.streams_training or not in_default_cache(self.repo)):
+            raise DataConfigError(
+                f"{path_field}: the Hugging Face hub is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and "
+                f"{self.repo} ({self.config}) is not in the datasets cache; set {path_field} to a local copy"
+            )
+
+    def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
+        source = source_files(path, path_field) if path else "hub"
+        return {"repo": self.repo, "config": self.config, "split": split,
+                "held_out_documents": self.held_out_documents, "source": source}
 
 
 CORPORA: dict[str, Corpus] = {
-    "enwiki_sample": Corpus(enwiki_sample),
-    "local": Corpus(local_files, needs_path=True),
+    "enwiki_sample": EmbeddedWikipedia(),
+    "local": LocalFiles(),
+    "wikitext-103": HubDataset("Salesforce/wikitext", "wikitext-103-raw-v1", to_documents=wikitext_articles),
+    "fineweb-edu": HubDataset(
+        "HuggingFaceFW/fineweb-edu", "sample-10BT",
+        held_out_documents=FINEWEB_VALIDATION_DOCUMENTS, streams_training=True,
+    ),
 }
+
+
+def corpus(name: str, field: str) -> Corpus:
+    if name not in CORPORA:
+        raise DataConfigError(f"{field}: unknown dataset {name!r}; choose from {sorted(CORPORA)}")
+    return CORPORA[name]
+
+
+def check_dataset(name: str, path: str | None, field: str) -> None:
+    """Pre-launch check of ``<field>`` and ``<field>_path`` that never contacts the hub."""
+    found = corpus(name, field)
+    if found.needs_path and not path:
+        raise DataConfigError(f"{field}_path: dataset {name!r} needs a path")
+    found.check_path(path, f"{field}_path")
 
 
 def iter_documents(name: str, split: str, path: str | None, field: str) -> Iterator[str]:
     """Documents of ``name``'s ``split``. ``field`` names the config key for errors."""
-    if name not in CORPORA:
-        raise DataConfigError(f"{field}: unknown dataset {name!r}; choose from {sorted(CORPORA)}")
-    corpus = CORPORA[name]
-    if corpus.needs_path and not path:
+    found = corpus(name, field)
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if found.needs_path and not path:
         raise DataConfigError(f"{field}_path: dataset {name!r} needs a path")
-    if corpus.needs_path:
-        return corpus.documents(split, path, field=f"{field}_path")
-    return corpus.documents(split, path)
+    return found.documents(split, path, f"{field}_path")
+
+
+def documents_identity(name: str, split: str, path: str | None, field: str) -> dict[str, Any] | None:
+    """The token-cache identity of a split (None: not worth caching)."""
+    identity = corpus(name, field).identity(split, path, f"{field}_path")
+    if identity is None:
+        return None
+    return {"dataset": name, "split": split, "documents_version": DOCUMENTS_VERSION, **identity}
+

@@ -1,0 +1,54 @@
+"""Which sequences of the global packed stream a data-parallel rank reads.
+
+Rank ``r`` of ``W``, with local batch ``b``, reads chunks of ``b`` consecutive sequences
+``r, r+W, r+2W, …``. Global step ``s`` with ``A`` accumulation steps then consumes
+chunks ``[s·A·W, (s+1)·A·W)``, i.e. exactly the sequences ``[s·G, (s+1)·G)`` for global
+batch ``G = A·W·b``, whatever ``W`` and ``A`` are: an experiment keeps its data when it
+moves between 8 and 64 GPUs. Every dataset, in memory or streamed, uses this rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .errors import DataConfigError
+
+Sample = tuple[dict[str, torch.Tensor], torch.Tensor]
+
+
+class RankSlice(IterableDataset, Stateful):
+    """This rank's samples of a global stream; the state counts the samples yielded."""
+
+    def __init__(self, seq_len: int, local_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1):
+        self.seq_len = seq_len
+        self.local_batch_size = local_batch_size
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.samples_yielded = 0
+
+    def global_index(self, sample: int) -> int:
+        """Position in the global stream of this rank's ``sample``-th sample."""
+        chunk, within = divmod(sample, self.local_batch_size)
+        return (chunk * self.dp_world_size + self.dp_rank) * self.local_batch_size + within
+
+    @staticmethod
+    def check_single_process() -> None:
+        if get_worker_info() is not None:
+            raise DataConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
+
+    @staticmethod
+    def sample(window: np.ndarray) -> Sample:
+        """``seq_len + 1`` tokens → ``({"input": x}, y)`` with ``y`` = ``x`` shifted by one."""
+        tokens = torch.from_numpy(np.asarray(window, dtype=np.int64))
+        return {"input": tokens[:-1]}, tokens[1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples_yielded": self.samples_yielded}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.samples_yielded = state_dict["samples_yielded"]

@@ -1,0 +1,156 @@
+"""Rows with a ``text`` column, loaded by Hugging Face ``datasets`` from the hub, from a
+local copy of a hub dataset, or from the user's own files.
+
+A local copy (``training.dataset_path`` / ``validation.dataset_path``) may be
+- a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
+- a ``datasets`` cache directory that holds the dataset (``HF_DATASETS_CACHE`` of a
+  machine that loaded it), read with datasets' own cache builder, never the network;
+- a directory of data files, e.g. a config folder of ``hf download --repo-type dataset``
+  (splits are inferred from file names such as ``train-*.parquet``);
+- jsonl / json / parquet / txt files or globs, comma-separated: they are the split of
+  the section that names them.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+from collections.abc import Iterator
+from typing import Any, Union
+
+import datasets
+
+from .errors import DataConfigError
+
+Rows = Union[datasets.Dataset, datasets.IterableDataset]
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+_SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")
+
+
+def resolve_local_files(spec: str, field: str) -> list[str]:
+    """Expand a comma-separated list of paths and globs; every entry must match a file."""
+    paths: list[str] = []
+    for entry in (e.strip() for e in spec.split(",")):
+        if not entry:
+            continue
+        matches = sorted(glob.glob(os.path.expanduser(entry), recursive=True))
+        if not matches:
+            raise DataConfigError(f"{field}: no file matches {entry!r}")
+        for match in matches:
+            if os.path.isdir(match):
+                raise DataConfigError(f"{field}: {match!r} is a directory; name files or a glob")
+            if os.path.splitext(match)[1] not in BUILDERS:
+                raise DataConfigError(f"{field}: {match!r} is not one of {sorted(BUILDERS)}")
+            if os.path.getsize(match) == 0:
+                raise DataConfigError(f"{field}: {match!r} is empty")
+        paths.extend(matches)
+    if not paths:
+        raise DataConfigError(f"{field}: needs file paths or globs")
+    return paths
+
+
+def _require_text(rows: Rows, where: str, field: str) -> Rows:
+    if rows.column_names is not None and "text" not in rows.column_names:
+        raise DataConfigError(f"{field}: {where} has no 'text' column (columns: {rows.column_names})")
+    return rows
+
+
+def load_files(files: list[str], field: str, streaming: bool) -> Rows:
+    """The rows of ``files`` in order: jsonl/parquet rows, or one row per txt file."""
+    parts = []
+    for builder, group in itertools.groupby(files, key=lambda f: BUILDERS[os.path.splitext(f)[1]]):
+        kwargs = {"sample_by": "document"} if builder == "text" else {}
+        group = list(group)
+        rows = datasets.load_dataset(builder, data_files=group, split="train", streaming=streaming, **kwargs)
+        parts.append(_require_text(rows, repr(group[0]), field).select_columns(["text"]))
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def cache_folder_name(repo: str) -> str:
+    """How ``datasets`` names a hub dataset's folder in its cache (``owner___name``)."""
+    owner, name = repo.split("/")
+    return f"{owner}___{datasets.naming.camelcase_to_snakecase(name)}"
+
+
+def _split_of(splits: dict[str, Any], split: str, where: str, field: str) -> Any:
+    if split not in splits:
+        raise DataConfigError(f"{field}: {where} has no {split!r} split (it has {sorted(splits)})")
+    return splits[split]
+
+
+def _from_directory(path: str, repo: str, config: str, split: str, field: str, streaming: bool) -> Rows:
+    if any(os.path.exists(os.path.join(path, m)) for m in _SAVED_DATASET_MARKERS):
+        saved = datasets.load_from_disk(path)
+        rows = _split_of(saved, split, path, field) if isinstance(saved, datasets.DatasetDict) else saved
+        return rows.to_iterable_dataset() if streaming else rows
+    if os.path.isdir(os.path.join(path, cache_folder_name(repo))):
+        from datasets.packaged_modules.cache.cache import Cache
+
+        try:
+            builder = Cache(cache_dir=path, repo_id=repo, dataset_name=repo.split("/")[1],
+                            config_name=config, version="auto", hash="auto")
+        except ValueError as e:  # the cache holds other configs only
+            raise DataConfigError(f"{field}: {path}: {str(e).splitlines()[0]}") from None
+        _split_of(builder.info.splits or {}, split, path, field)
+        rows = builder.as_dataset(split=split)
+        return rows.to_iterable_dataset() if streaming else rows
+    builder = datasets.load_dataset_builder(path)
+    _split_of(dict(builder.config.data_files or {}), split, path, field)
+    if streaming:
+        return builder.as_streaming_dataset(split=split)
+    builder.download_and_prepare()
+    return builder.as_dataset(split=split)
+
+
+def load_rows(repo: str, config: str, split: str, path: str | None, field: str, streaming: bool) -> Rows:
+    """``split`` of hub dataset ``repo``/``config``, or of the local copy at ``path``.
+
+    ``field`` names the path option (e.g. ``training.dataset_path``) in errors. Failing
+    to reach the hub is a one-line ``DataConfigError`` naming that option.
+    """
+    if path and os.path.isdir(os.path.expanduser(path)):
+        path = os.path.expanduser(path)
+        return _require_text(_from_directory(path, repo, config, split, field, streaming), path, field)
+    if path:
+        return load_files(resolve_local_files(path, field), field, streaming)
+    try:
+        rows = datasets.load_dataset(repo, config, split=split, streaming=streaming)
+    except ConnectionError as e:
+        raise DataConfigError(
+            f"{field}: cannot reach the Hugging Face hub for {repo} ({config}): {str(e).splitlines()[0]}; "
+            f"set {field} to a local copy (see docs/data.md)"
+        ) from None
+    return _require_text(rows, repo, field)
+
+
+def iter_text(rows: Rows) -> Iterator[str]:
+    """The ``text`` values of ``rows`` in order, read in batches (bounded memory)."""
+    for batch in rows.iter(batch_size=1024):
+        yield from batch["text"]
+
+
+def check_local_copy(path: str, field: str) -> None:
+    """Offline, cheap pre-launch check of a local-copy path: it exists and is not empty."""
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        if not any(files for _, _, files in os.walk(expanded)):
+            raise DataConfigError(f"{field}: {path!r} is an empty directory")
+        return
+    resolve_local_files(path, field)
+
+
+def in_default_cache(repo: str) -> bool:
+    """Whether the ``datasets`` cache of this machine holds a copy of ``repo`` (no network)."""
+    return os.path.isdir(os.path.join(datasets.config.HF_DATASETS_CACHE, cache_folder_name(repo)))
+
+
+def source_files(path: str, field: str) -> list[tuple[str, int, int]]:
+    """(path, size, mtime) of every file a local copy consists of: its cache identity."""
+    expanded = os.path.expanduser(path)
+    if os.path.isdir(expanded):
+        found = [os.path.join(root, f) for root, _, names in os.walk(expanded) for f in names]
+    else:
+        found = resolve_local_files(path, field)
+    return [(os.path.abspath(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in sorted(found)]

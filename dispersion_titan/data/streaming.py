@@ -1,0 +1,138 @@
+"""The packed stream of a corpus too large for memory (FineWeb-Edu), read in order.
+
+The global stream is defined exactly as for in-memory corpora (documents, each followed
+by ``<|endoftext|>``, cut into ``seq_len`` windows; sequence ``g`` starts at token
+``g·seq_len``) but without shuffling, and each rank takes its sequences by the same
+``RankSlice`` rule. Token positions depend on every earlier document, so every rank reads
+and tokenises the whole global stream and keeps only its own windows.
+
+Resuming is exact: the state holds the samples this rank has yielded and a resume point
+at a document boundary, the ``datasets`` ``IterableDataset.state_dict()`` taken just
+before the first document still needed plus that document's global token position. A
+resumed stream continues from there through ``load_state_dict`` (``datasets`` skips whole
+shards), not by re-reading the corpus. At the end of the rows a new pass (epoch) begins.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import datasets
+import numpy as np
+
+from .errors import DataConfigError
+from .layout import RankSlice, Sample
+from .tokens import tokenize
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a document starts: rows epoch, ``datasets`` state before it, global token."""
+
+    epoch: int = 0
+    rows_state: dict | None = None  # None: the start of the epoch
+    position: int = 0
+
+
+@dataclass
+class _Document:
+    point: ResumePoint
+    tokens: np.ndarray  # with its trailing <|endoftext|>
+
+    @property
+    def end(self) -> int:
+        return self.point.position + len(self.tokens)
+
+
+class StreamingPackedDataset(RankSlice):
+    """This rank's ``({"input": x}, y)`` samples of a streamed packed corpus.
+
+    ``rows`` returns a fresh ``datasets.IterableDataset`` with a ``text`` column each
+    time it is called (one call per pass); it is called once here, so an unreachable
+    hub fails when the loader is built rather than at the first step.
+    """
+
+    def __init__(
+        self,
+        rows: Callable[[], datasets.IterableDataset],
+        seq_len: int,
+        local_batch_size: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        *,
+        field: str = "training.dataset",
+    ):
+        super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
+        self.rows = rows
+        self.field = field
+        self.resume = ResumePoint()
+        rows()
+
+    def _texts(self, start: ResumePoint) -> Iterator[tuple[ResumePoint, str]]:
+        """(resume point, text) of every document from ``start`` on, pass after pass.
+        Positions are filled in by the caller, which knows the token counts."""
+        epoch, state = start.epoch, start.rows_state
+        while True:
+            rows = self.rows()
+            if state is not None:
+                rows.load_state_dict(state)
+            found = False
+            iterator = iter(rows)
+            for row in iterator:
+                if row["text"]:
+                    found = True
+                    yield ResumePoint(epoch, state), row["text"]
+                state = rows.state_dict()  # before the next row: its resume state
+            if not found and start.rows_state is None:
+                raise DataConfigError(f"{self.field}: the streamed training split has no documents")
+            epoch, state, start = epoch + 1, None, ResumePoint()
+
+    def _documents(self) -> Iterator[_Document]:
+        texts = self._texts(self.resume)
+        points: collections.deque[ResumePoint] = collections.deque()
+
+        def remember() -> Iterator[str]:
+            for point, text in texts:
+                points.append(point)
+                yield text
+
+        position = self.resume.position
+        for tokens in tokenize(remember()):
+            point = points.popleft()
+            yield _Document(ResumePoint(point.epoch, point.rows_state, position), tokens)
+            position += len(tokens)
+
+    def __iter__(self) -> Iterator[Sample]:
+        self.check_single_process()
+        documents = self._documents()
+        pending: collections.deque[_Document] = collections.deque()  # overlap [start, covered)
+        covered = self.resume.position
+        while True:
+            g = self.global_index(self.samples_yielded)
+            start, end = g * self.seq_len, (g + 1) * self.seq_len + 1
+            while pending and pending[0].end <= start:
+                pending.popleft()
+            while covered < end:
+                document = next(documents)
+                covered = document.end
+                if covered > start:
+                    pending.append(document)
+            self.resume = pending[0].point
+            window = np.concatenate([
+                d.tokens[max(start - d.point.position, 0) : end - d.point.position]
+                for d in pending if d.point.position < end
+            ])
+            self.samples_yielded += 1
+            yield self.sample(window)
+
+    def state_dict(self) -> dict[str, Any]:
+        point = self.resume
+        return {**super().state_dict(), "epoch": point.epoch, "rows_state": point.rows_state,
+                "position": point.position}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.resume = ResumePoint(state_dict["epoch"], state_dict["rows_state"], state_dict["position"])
