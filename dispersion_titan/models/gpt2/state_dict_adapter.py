@@ -3,14 +3,22 @@
 HF GPT-2 stores Linear layers as ``Conv1D`` with [in, out] weights, and fuses Q, K and
 V into one ``c_attn``. Our model uses ``nn.Linear`` ([out, in]) with separate
 ``wq/wk/wv`` (simpler tensor parallelism), so the adapter transposes and splits/joins.
+It works on plain tensors and on DTensors (FSDP/TP state dicts), which is what
+TorchTitan's ``initial_load_in_hf`` and ``last_save_in_hf`` hand it.
 """
 
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.futures import Future
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
 
 from .args import GPT2ModelArgs
@@ -47,10 +55,55 @@ def _canonical_hf_key(key: str) -> str:
     return f"transformer.{key}"
 
 
+class GPT2StorageReader(HuggingFaceStorageReader):
+    """Reads HF GPT-2 safetensors under canonical key names.
+
+    TorchTitan loads by key: it asks for ``to_hf(model_state_dict)``'s keys. Original
+    GPT-2 files name them without ``transformer.`` and carry ``attn.bias`` mask buffers;
+    this reader presents every file's tensors under the canonical names, hides the
+    buffers, and reads each requested slice from the file's own key.
+    """
+
+    def read_metadata(self) -> Metadata:
+        metadata = super().read_metadata()
+        metadata.state_dict_metadata = {
+            _canonical_hf_key(k): v for k, v in metadata.state_dict_metadata.items() if not _HF_BUFFERS.search(k)
+        }
+        metadata.storage_data = {
+            MetadataIndex(_canonical_hf_key(i.fqn), i.offset): info
+            for i, info in metadata.storage_data.items()
+            if not _HF_BUFFERS.search(i.fqn)
+        }
+        return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        per_file = defaultdict(list)
+        for item in plan.items:
+            per_file[self.storage_data[item.storage_index].relative_path].append(item)
+        for file_name, items in per_file.items():
+            with safe_open(filename=file_name, framework="pt") as f:
+                keys = set(f.keys())
+                for item in items:
+                    key = item.storage_index.fqn
+                    key = key if key in keys else key.removeprefix("transformer.")
+                    slices = tuple(slice(o, o + n) for o, n in zip(item.storage_offsets, item.lengths))
+                    target = planner.resolve_tensor(item).detach()
+                    target.copy_(f.get_slice(key)[slices])
+                    planner.commit_tensor(item, target)
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+
 class GPT2StateDictAdapter(StateDictAdapter):
     def __init__(self, model_args: GPT2ModelArgs, hf_assets_path: str | None):
         super().__init__(model_args, hf_assets_path)
         self.model_args = model_args
+
+    def get_hf_storage_reader(self, path: str, from_quantized: bool = False) -> GPT2StorageReader:
+        if from_quantized:
+            raise ValueError("checkpoint.initial_load_in_hf_quantized: GPT-2 checkpoints are not quantized")
+        return GPT2StorageReader(path)
 
     def _pairs(self, table):
         for ours, hf in table:

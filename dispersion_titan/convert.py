@@ -1,0 +1,122 @@
+"""Export a checkpoint as a Hugging Face GPT-2 model directory, loadable offline by
+``transformers`` and ``lm_eval --model hf``:
+
+    python -m dispersion_titan.convert to-hf DUMP/checkpoint/step-N OUT_DIR [--force]
+
+``step-N`` may be a DCP checkpoint or a ``last_save_in_hf`` one; the model shape comes
+from the run's ``model_args.json``. ``OUT_DIR`` receives ``config.json`` (``GPT2Config``,
+``n_inner`` for MLP widths other than 4·dim, ``tie_word_embeddings``),
+``model.safetensors`` and the GPT-2 tokenizer files. Everything is written to a
+temporary directory first, so a failed conversion leaves ``OUT_DIR`` as it was; a
+non-empty ``OUT_DIR`` is refused unless ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .checkpoints import CheckpointError, load_model, load_model_args
+from .cli_args import fail
+from .models.gpt2.args import GPT2ModelArgs
+from .models.gpt2.state_dict_adapter import GPT2StateDictAdapter
+from .tokenizer import EOT_ID, bpe_files
+
+
+class ConvertError(ValueError):
+    """A bad argument or unusable output directory; the message names it."""
+
+
+def hf_state_dict(step_dir: str, args: GPT2ModelArgs) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights under HF GPT-2 names (no ``lm_head`` when tied)."""
+    adapter = GPT2StateDictAdapter(args, None)
+    if os.path.isfile(os.path.join(step_dir, ".metadata")):
+        state = load_model(step_dir, args).state_dict()
+    else:  # a last_save_in_hf checkpoint: safetensors already in HF layout
+        files = sorted(glob.glob(os.path.join(step_dir, "*.safetensors")))
+        if not files:
+            raise CheckpointError(f"{step_dir}: neither a DCP (.metadata) nor a safetensors checkpoint")
+        state = adapter.from_hf({k: v for f in files for k, v in load_file(f).items()})
+    return {k: v.detach().contiguous().clone() for k, v in adapter.to_hf(state).items()}
+
+
+def gpt2_config(args: GPT2ModelArgs):
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=args.vocab_size,
+        n_positions=args.max_seq_len,
+        n_embd=args.dim,
+        n_layer=args.n_layers,
+        n_head=args.n_heads,
+        n_inner=None if args.hidden_dim == 4 * args.dim else args.hidden_dim,
+        activation_function="gelu_new",
+        layer_norm_epsilon=args.norm_eps,
+        tie_word_embeddings=args.tie_embeddings,
+        bos_token_id=EOT_ID,
+        eos_token_id=EOT_ID,
+        architectures=["GPT2LMHeadModel"],
+    )
+
+
+def save_tokenizer(folder: str, max_length: int) -> None:
+    """vocab.json (= encoder.json) and merges.txt (= vocab.bpe), plus the tokenizer.json
+    and tokenizer_config.json that ``transformers`` derives from them."""
+    from transformers import GPT2TokenizerFast
+
+    encoder_json, vocab_bpe = bpe_files()
+    shutil.copyfile(encoder_json, os.path.join(folder, "vocab.json"))
+    shutil.copyfile(vocab_bpe, os.path.join(folder, "merges.txt"))
+    GPT2TokenizerFast.from_pretrained(folder, model_max_length=max_length).save_pretrained(folder)
+
+
+def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
+    step_dir = step_dir.rstrip("/")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConvertError(f"OUT_DIR: {out_dir} exists and is not a directory")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
+        raise ConvertError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
+    args = load_model_args(os.path.dirname(os.path.abspath(step_dir)))
+    weights = hf_state_dict(step_dir, args)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
+    try:
+        save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
+        gpt2_config(args).save_pretrained(staging)
+        save_tokenizer(staging, args.max_seq_len)
+        os.makedirs(out_dir, exist_ok=True)
+        for name in os.listdir(staging):
+            os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m dispersion_titan.convert", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("to-hf", help="checkpoint step directory -> Hugging Face GPT-2 directory")
+    export.add_argument("step_dir", metavar="CHECKPOINT_STEP_DIR")
+    export.add_argument("out_dir", metavar="OUT_DIR")
+    export.add_argument("--force", action="store_true", help="write into a non-empty OUT_DIR")
+    options = parser.parse_args(argv)
+    try:
+        to_hf(options.step_dir, options.out_dir, options.force)
+    except (ConvertError, CheckpointError) as e:
+        fail(str(e))
+    except ImportError as e:
+        fail(f"transformers is needed to write config and tokenizer files ({e}); pip install transformers")
+    print(f"wrote {options.out_dir}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
