@@ -1,0 +1,164 @@
+"""Hugging Face GPT-2 in and out, against ``transformers`` as the reference.
+
+In: a ``GPT2LMHeadModel`` built from a config (random weights, nothing downloaded) is
+saved with ``save_pretrained`` and loaded by a real training run through TorchTitan's
+``initial_load_in_hf`` path (1 process, and FSDP=2 with the original OpenAI file layout);
+the saved step-0 weights give the HF model's logits.
+Out: ``last_save_in_hf`` and ``python -m dispersion_titan.convert to-hf`` write
+directories that ``transformers`` loads offline with identical logits; the round trip
+back through the adapter gives identical weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
+
+from dispersion_titan import convert
+from dispersion_titan.checkpoints import save_model_args
+from dispersion_titan.models.gpt2.args import GPT2ModelArgs
+from dispersion_titan.models.gpt2.model import GPT2
+from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
+from helpers import load_weights, python_module, torchrun
+
+transformers = pytest.importorskip("transformers")
+
+# The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
+SHAPE = dict(n_embd=64, n_layer=4, n_head=4, n_positions=256, vocab_size=50257)
+TOKENS = torch.randint(0, 50257, (2, 96), generator=torch.Generator().manual_seed(0))
+NO_VALIDATION = ("--validation.no-enable", "--training.steps", "1", "--checkpoint.interval", "100")
+
+
+def hf_logits(model_dir) -> torch.Tensor:
+    model = transformers.GPT2LMHeadModel.from_pretrained(str(model_dir)).eval()
+    with torch.no_grad():
+        return model(TOKENS).logits
+
+
+def our_logits(step_dir) -> torch.Tensor:
+    from dispersion_titan.checkpoints import load_model, load_model_args
+
+    model = load_model(str(step_dir), load_model_args(os.path.dirname(str(step_dir))))
+    with torch.no_grad():
+        return model(TOKENS)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    """A random GPT-2 as ``save_pretrained`` writes it (``transformer.`` keys, no lm_head)."""
+    folder = tmp_path_factory.mktemp("hf_gpt2")
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(**SHAPE)).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def openai_layout(hf_model, tmp_path_factory):
+    """The same weights in the layout of openai-community/gpt2's model.safetensors: no
+    ``transformer.`` prefix, plus the causal-mask ``attn.bias`` buffers."""
+    folder = tmp_path_factory.mktemp("openai_gpt2")
+    weights = {k.removeprefix("transformer."): v for k, v in load_file(str(hf_model / "model.safetensors")).items()}
+    n = SHAPE["n_positions"]
+    for i in range(SHAPE["n_layer"]):
+        weights[f"h.{i}.attn.bias"] = torch.tril(torch.ones(n, n)).view(1, 1, n, n)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(hf_model / "config.json", folder / "config.json")
+    return folder
+
+
+@pytest.mark.slow
+def test_hf_checkpoint_loads_for_real_in_one_process(hf_model, tmp_path):
+    torchrun(tmp_path / "run", 1, *NO_VALIDATION, "--checkpoint.initial_load_path", str(hf_model),
+             "--checkpoint.initial_load_in_hf")
+    assert max_diff(our_logits(tmp_path / "run" / "checkpoint" / "step-0"), hf_logits(hf_model)) <= 1e-5
+
+
+@pytest.mark.slow
+def test_openai_layout_loads_under_fsdp_and_last_save_in_hf_round_trips(hf_model, openai_layout, tmp_path):
+    """FSDP=2 (DTensor state dicts) in; with lr 0 the HF-format last save must equal the input."""
+    run = tmp_path / "run"
+    torchrun(run, 2, *NO_VALIDATION, "--checkpoint.initial_load_path", str(openai_layout),
+             "--checkpoint.initial_load_in_hf", "--checkpoint.last_save_in_hf", "--optimizer.lr", "0")
+    reference = hf_logits(hf_model)
+    assert max_diff(our_logits(run / "checkpoint" / "step-0"), reference) <= 1e-5
+    last = run / "checkpoint" / "step-1"
+    assert not (last / ".metadata").exists() and list(last.glob("*.safetensors"))
+    convert.main(["to-hf", str(last), str(tmp_path / "exported")])
+    assert max_diff(hf_logits(tmp_path / "exported"), reference) <= 1e-5
+
+
+def write_dcp_checkpoint(dump, args: GPT2ModelArgs):
+    """A real DCP step directory (and the run's model_args.json) of a random model."""
+    torch.manual_seed(1)
+    with torch.device("meta"):
+        model = GPT2(args)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    step = dump / "checkpoint" / "step-0"
+    dcp.save(model.state_dict(), checkpoint_id=str(step))
+    save_model_args(str(dump), args)
+    return step
+
+
+@pytest.mark.parametrize("mlp, tie", [(0, True), (96, False)])
+def test_convert_to_hf_gives_identical_logits_and_weights(tmp_path, mlp, tie):
+    args = GPT2ModelArgs(dim=64, n_layers=3, n_heads=4, mlp_hidden_dim=mlp, max_seq_len=128, tie_embeddings=tie)
+    step = write_dcp_checkpoint(tmp_path / "run", args)
+    out = tmp_path / "hf"
+    convert.main(["to-hf", str(step), str(out)])
+    config = json.loads((out / "config.json").read_text())
+    assert config["n_inner"] == (mlp or None) and config["tie_word_embeddings"] is tie
+    assert config["n_positions"] == 128 and config["architectures"] == ["GPT2LMHeadModel"]
+    assert max_diff(hf_logits(out), our_logits(step)) <= 1e-5
+    # ours -> HF -> ours: the adapter's inverse restores every tensor exactly.
+    back = GPT2StateDictAdapter(args, None).from_hf(load_file(str(out / "model.safetensors")))
+    ours = load_weights(step)
+    assert back.keys() == ours.keys() and all(torch.equal(back[k], ours[k]) for k in ours)
+
+
+def test_exported_tokenizer_works_offline(tmp_path):
+    step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    convert.main(["to-hf", str(step), str(tmp_path / "hf")])
+    from dispersion_titan.tokenizer import GPT2Tokenizer, bpe_files
+
+    assert (tmp_path / "hf" / "vocab.json").read_bytes() == open(bpe_files()[0], "rb").read()
+    assert (tmp_path / "hf" / "merges.txt").read_bytes() == open(bpe_files()[1], "rb").read()
+    tokenizer = transformers.GPT2TokenizerFast.from_pretrained(str(tmp_path / "hf"))
+    assert tokenizer("Hello world")["input_ids"] == [15496, 995]
+    assert tokenizer.eos_token_id == 50256 and tokenizer.model_max_length == 64
+    text = "Café déjà vu: naïve 日本語, tabs\tand  spaces."
+    assert tokenizer(text)["input_ids"] == GPT2Tokenizer().encode(text)
+
+
+def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path):
+    step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    proc = python_module("dispersion_titan.convert", "to-hf", str(step), str(out))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"dispersion_titan: error: OUT_DIR: {out} is not empty (pass --force to overwrite its files)"]
+    assert os.listdir(out) == ["notes.txt"]
+    convert.main(["to-hf", str(step), str(out), "--force"])
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".hf.")]  # no staging left behind
+
+
+def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main(["to-hf", str(tmp_path / "nope" / "checkpoint" / "step-3"), str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model_args.json: missing" in err[0]
+    assert not (tmp_path / "out").exists()
