@@ -341,15 +341,42 @@ def test_offline_hub_dataset_without_copy_fails_before_launch(tmp_path):
 
 # ---------------------------------------------------------------- validation metrics
 
+def test_validation_pass_gives_every_rank_the_same_number_of_batches():
+    """TorchTitan's validator runs collectives per batch: uneven counts would hang it."""
+    tokens = np.arange(13 * SEQ + 1, dtype=np.uint16)  # 13 sequences; 3 ranks × 2 = 6 per round
+    passes = [list(PackedSequenceDataset(tokens, SEQ, 2, r, 3, infinite=False)) for r in range(3)]
+    assert [len(p) for p in passes] == [6, 6, 6]
+    real = sorted(int(x["input"][0]) for p in passes for x, y in p if (y != -100).all())
+    assert real == [g * SEQ for g in range(13)]  # every sequence exactly once, in the global order
+    assert sum(int((y == -100).all()) for p in passes for _, y in p) == 5  # the rest is ignored padding
+
+
 @pytest.mark.slow
 def test_validation_loss_and_perplexity_reach_tensorboard(tmp_path):
-    torchrun(tmp_path / "run", 1, "--training.steps", "2", "--validation.freq", "1", "--validation.steps", "2",
-             "--checkpoint.no-enable")
-    s = scalars(tmp_path / "run")
+    """2 ranks over the whole held-out split (its last global batch is partial): the logged
+    loss is the mean over global batches of their token-mean cross-entropy, recomputed here
+    from the step-2 checkpoint, and the perplexity is its exponential."""
+    from dispersion_titan.checkpoints import load_model, load_model_args
+
+    run = tmp_path / "run"
+    torchrun(run, 2, "--training.steps", "2", "--validation.freq", "1", "--validation.steps", "-1",
+             "--checkpoint.interval", "1")
+    s = scalars(run)
     assert sorted(s["validation_metrics/loss"]) == [1, 2]
     for step, loss in s["validation_metrics/loss"].items():
-        assert 5.0 < loss < 12.0  # near ln(50257) = 10.8 for a tiny, barely trained model
         assert s["validation_metrics/perplexity"][step] == pytest.approx(math.exp(loss), rel=1e-5)
+    model = load_model(str(run / "checkpoint" / "step-2"), load_model_args(str(run / "checkpoint")))
+    tokens = torch.from_numpy(token_stream("enwiki_sample", "validation", None, "validation.dataset").astype(np.int64))
+    seq, global_batch = 128, 2 * 4  # debug.toml: seq_len 128, validation local_batch_size 4
+    n = (len(tokens) - 1) // seq
+    inputs = tokens[: n * seq].view(n, seq)
+    labels = tokens[1 : n * seq + 1].view(n, seq)
+    with torch.no_grad():
+        per_batch = [torch.nn.functional.cross_entropy(model(inputs[i : i + global_batch]).flatten(0, 1),
+                                                       labels[i : i + global_batch].flatten())
+                     for i in range(0, n, global_batch)]
+    assert n % global_batch  # the last batch is partial: padding must not count
+    assert s["validation_metrics/loss"][2] == pytest.approx(torch.stack(per_batch).mean().item(), rel=1e-5)
 
 
 # ---------------------------------------------------------------- shipped configs

@@ -14,12 +14,14 @@ visits their sequences in a seeded random order. Streamed corpora are read in or
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from dataclasses import asdict
 
 import numpy as np
 import torch
 from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
@@ -60,7 +62,8 @@ class PackedSequenceDataset(RankSlice):
 
     ``infinite`` streams repeat the data in epochs; with ``shuffle`` every epoch visits
     the sequences in a seeded random order. The state is the number of samples this
-    rank has yielded, so a resumed run continues exactly, mid-epoch included.
+    rank has yielded, so a resumed run continues exactly, mid-epoch included. A finite
+    stream (validation) is one ordered pass per iteration.
     """
 
     def __init__(
@@ -102,14 +105,25 @@ class PackedSequenceDataset(RankSlice):
     def __iter__(self) -> Iterator[Sample]:
         self.check_single_process()
         if not self.infinite:
-            self.samples_yielded = 0  # a finite stream (validation) is one full pass per iteration
+            yield from self._one_pass()
+            return
         while True:
-            g = self.global_index(self.samples_yielded)
-            if not self.infinite and g >= self.num_sequences:
-                return
-            window = self.sequence(g)
+            window = self.sequence(self.global_index(self.samples_yielded))
             self.samples_yielded += 1
             yield self.sample(window)
+
+    def _one_pass(self) -> Iterator[Sample]:
+        """Every sequence once, and the same number of batches on every rank: TorchTitan's
+        validator runs collectives per batch, so a rank with one batch fewer would hang.
+        Places past the end of the stream are padding whose labels are all ignored, so
+        the loss is still exactly the mean over the real tokens of each global batch."""
+        rounds = math.ceil(self.num_sequences / (self.dp_world_size * self.local_batch_size))
+        for sample in range(rounds * self.local_batch_size):
+            g = self.global_index(sample)
+            if g < self.num_sequences:
+                yield self.sample(self.sequence(g))
+            else:
+                yield {"input": torch.full((self.seq_len,), EOT_ID)}, torch.full((self.seq_len,), IGNORE_INDEX)
 
 
 def _seed(job_config: JobConfig) -> int:
