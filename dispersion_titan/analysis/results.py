@@ -6,7 +6,6 @@ written last and marks that step as done."""
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 import re
@@ -98,14 +97,10 @@ def summary_rows(results: list[dict]) -> list[dict]:
     return rows
 
 
-def csv_text(rows: list[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
-
-
 def write_csv(path: str, rows: list[dict]) -> None:
-    text = csv_text(rows)
-    atomic_write(path, lambda f: f.write(text))
+    def write(f: IO) -> None:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+    atomic_write(path, write)
