@@ -24,9 +24,9 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import CORPORA, DataConfigError, iter_documents, wikitext_articles
 from dispersion_titan.data.packed import PackedSequenceDataset, token_stream, tokenized_documents
-from dispersion_titan.data.sources import load_files
+from dispersion_titan.data.sources import load_files, load_rows
 from dispersion_titan.data.streaming import StreamingPackedDataset
-from dispersion_titan.data.tokens import CACHE_ENV, tokenize
+from dispersion_titan.data.tokens import CACHE_ENV, cached_tokens, tokenize
 from dispersion_titan.tokenizer import EOT_ID, GPT2Tokenizer
 from helpers import REPO, python_module, scalars, torchrun
 
@@ -201,6 +201,39 @@ def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path):
     assert len(second) != len(first)
 
 
+def _build_under_lock(cache: str, log: str, queue) -> None:
+    """One 'rank': builds the tokens (slowly, logging that it did) unless another has."""
+    import os
+    import time
+
+    os.environ[CACHE_ENV] = cache
+
+    def build():
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)
+        return np.arange(1000, dtype=np.uint16)
+
+    queue.put(cached_tokens({"dataset": "concurrency-test"}, build).tolist())
+
+
+def test_token_cache_builds_once_when_ranks_start_together(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    log = str(tmp_path / "builds.log")
+    ranks = [context.Process(target=_build_under_lock, args=(str(tmp_path / "cache"), log, queue)) for _ in range(4)]
+    for p in ranks:
+        p.start()
+    results = [queue.get(timeout=120) for _ in ranks]
+    for p in ranks:
+        p.join(timeout=60)
+    assert all(p.exitcode == 0 for p in ranks)
+    assert len(Path(log).read_text().split()) == 1  # one rank tokenised, the others waited and read
+    assert all(r == list(range(1000)) for r in results)
+
+
 # ---------------------------------------------------------------- layout invariance and resume
 
 SEQ = 16
@@ -279,9 +312,16 @@ def test_in_memory_resume_mid_epoch_and_across_epochs():
     resumed_equals_uninterrupted(make, world=2, stop=per_epoch // 8, more=per_epoch // 4)  # into epoch 2
 
 
-def test_streamed_resume_mid_file_and_across_epochs(tmp_path):
-    files = write_parquet(tmp_path, texts(30, seed=9), files=3, row_group=4)
-    make = streamed(files)
+@pytest.mark.parametrize("copy", ["parquet_files", "saved_dir"])
+def test_streamed_resume_mid_file_and_across_epochs(tmp_path, copy):
+    files = write_parquet(tmp_path / "files", texts(30, seed=9), files=3, row_group=4)
+    if copy == "parquet_files":
+        make = streamed(files)
+    else:  # a save_to_disk copy is streamed through Dataset.to_iterable_dataset
+        saved = str(tmp_path / "saved")
+        datasets.Dataset.from_dict({"text": texts(30, seed=9)}).save_to_disk(saved)
+        rows = lambda: load_rows("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", saved, "p", True)  # noqa: E731
+        make = lambda local, rank, world: StreamingPackedDataset(rows, SEQ, local, rank, world)  # noqa: E731
     per_pass = sum(len(t) for t in tokenize(texts(30, seed=9))) // SEQ
     resumed_equals_uninterrupted(make, world=2, stop=per_pass // 8, more=per_pass // 4)  # into pass 2
     dataset = make(2, 0, 2)
@@ -320,10 +360,13 @@ def cli_error(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
 
 
 @pytest.mark.slow
-def test_empty_paths_fail_before_launch(tmp_path):
-    """(A missing file is test_config_errors.py's case.)"""
+def test_missing_and_empty_paths_fail_before_launch(tmp_path):
+    """(A missing 'local' file is test_config_errors.py's case.)"""
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "empty_dir").mkdir()
+    line = cli_error(tmp_path, "--training.dataset", "wikitext-103", "--training.dataset_path",
+                     str(tmp_path / "no_copy_here"))
+    assert line.startswith("dispersion_titan: error: training.dataset_path: no file matches")
     line = cli_error(tmp_path, "--training.dataset", "local", "--training.dataset_path", str(tmp_path / "empty.jsonl"))
     assert "training.dataset_path:" in line and "is empty" in line
     line = cli_error(tmp_path, "--validation.dataset", "wikitext-103", "--validation.dataset_path",
@@ -353,30 +396,31 @@ def test_validation_pass_gives_every_rank_the_same_number_of_batches():
 
 @pytest.mark.slow
 def test_validation_loss_and_perplexity_reach_tensorboard(tmp_path):
-    """2 ranks over the whole held-out split (its last global batch is partial): the logged
-    loss is the mean over global batches of their token-mean cross-entropy, recomputed here
-    from the step-2 checkpoint, and the perplexity is its exponential."""
+    """2 ranks over a whole held-out split whose last global batch is partial: the logged
+    loss is the mean over global batches of their token-mean cross-entropy, recomputed
+    here from the step-1 checkpoint, and the perplexity is its exponential."""
     from dispersion_titan.checkpoints import load_model, load_model_args
 
+    held_out = tmp_path / "validation.jsonl"
+    held_out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(40, seed=11, max_words=120)))
     run = tmp_path / "run"
-    torchrun(run, 2, "--training.steps", "2", "--validation.freq", "1", "--validation.steps", "-1",
-             "--checkpoint.interval", "1")
+    torchrun(run, 2, "--training.steps", "1", "--validation.freq", "1", "--validation.steps", "-1",
+             "--validation.dataset", "local", "--validation.dataset_path", str(held_out))
     s = scalars(run)
-    assert sorted(s["validation_metrics/loss"]) == [1, 2]
-    for step, loss in s["validation_metrics/loss"].items():
-        assert s["validation_metrics/perplexity"][step] == pytest.approx(math.exp(loss), rel=1e-5)
-    model = load_model(str(run / "checkpoint" / "step-2"), load_model_args(str(run / "checkpoint")))
-    tokens = torch.from_numpy(token_stream("enwiki_sample", "validation", None, "validation.dataset").astype(np.int64))
+    assert sorted(s["validation_metrics/loss"]) == [1]
+    loss = s["validation_metrics/loss"][1]
+    assert s["validation_metrics/perplexity"][1] == pytest.approx(math.exp(loss), rel=1e-5)
+    model = load_model(str(run / "checkpoint" / "step-1"), load_model_args(str(run / "checkpoint")))
+    tokens = torch.from_numpy(token_stream("local", "validation", str(held_out), "validation.dataset").astype(np.int64))
     seq, global_batch = 128, 2 * 4  # debug.toml: seq_len 128, validation local_batch_size 4
     n = (len(tokens) - 1) // seq
-    inputs = tokens[: n * seq].view(n, seq)
-    labels = tokens[1 : n * seq + 1].view(n, seq)
+    assert n > global_batch and n % global_batch  # several batches, the last one partial
+    inputs, labels = tokens[: n * seq].view(n, seq), tokens[1 : n * seq + 1].view(n, seq)
     with torch.no_grad():
         per_batch = [torch.nn.functional.cross_entropy(model(inputs[i : i + global_batch]).flatten(0, 1),
                                                        labels[i : i + global_batch].flatten())
                      for i in range(0, n, global_batch)]
-    assert n % global_batch  # the last batch is partial: padding must not count
-    assert s["validation_metrics/loss"][2] == pytest.approx(torch.stack(per_batch).mean().item(), rel=1e-5)
+    assert loss == pytest.approx(torch.stack(per_batch).mean().item(), rel=1e-5)
 
 
 # ---------------------------------------------------------------- shipped configs
