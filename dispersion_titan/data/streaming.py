@@ -69,26 +69,26 @@ class StreamingPackedDataset(RankSlice):
         self.rows = rows
         self.field = field
         self.resume = ResumePoint()
-        rows()
+        rows()  # fail now if the rows cannot be opened (e.g. an unreachable hub)
 
     def _texts(self, start: ResumePoint) -> Iterator[tuple[ResumePoint, str]]:
         """(resume point, text) of every document from ``start`` on, pass after pass.
         Positions are filled in by the caller, which knows the token counts."""
         epoch, state = start.epoch, start.rows_state
+        resumed_mid_pass = state is not None
         while True:
             rows = self.rows()
             if state is not None:
                 rows.load_state_dict(state)
             found = False
-            iterator = iter(rows)
-            for row in iterator:
+            for row in rows:
                 if row["text"]:
                     found = True
                     yield ResumePoint(epoch, state), row["text"]
-                state = rows.state_dict()  # before the next row: its resume state
-            if not found and start.rows_state is None:
+                state = rows.state_dict()  # taken before the next row: its resume state
+            if not found and not resumed_mid_pass:
                 raise DataConfigError(f"{self.field}: the streamed training split has no documents")
-            epoch, state, start = epoch + 1, None, ResumePoint()
+            epoch, state, resumed_mid_pass = epoch + 1, None, False
 
     def _documents(self) -> Iterator[_Document]:
         texts = self._texts(self.resume)
