@@ -1,0 +1,298 @@
+"""The main job end to end: ``bash launch/quickstart.sh`` (which sets up .venv first), or
+``python -m dispersion_titan.quickstart [--out DIR] [--widths 64,256,1024] ...``.
+
+Pre-trains the toy MLP-width sweep of ``train_configs/quickstart.toml`` with and without
+the angular_spread dispersion loss, analyses every checkpoint (step 0 included), sets
+the runs side by side with ``analyze compare`` and answers the paper's questions from
+the measured numbers (``dispersion_titan.report``) in ``OUT/summary.md``.
+
+Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
+that beats one FSDP job over all cores, which pays for its collectives. A run whose
+final checkpoint exists is not trained again, a run whose every checkpoint has been
+analysed with the same options is not analysed again, and an interrupted run resumes
+from its last complete checkpoint, so running the command twice only redoes what is
+missing. Training and analysis logs go to ``OUT/logs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from dispersion_titan.analyze import _Parser, _positive
+from dispersion_titan.cli_args import ArgumentError, fail, load_toml
+
+CONFIG = str(Path(__file__).resolve().parents[1] / "train_configs" / "quickstart.toml")
+OUT_ENV = "QUICKSTART_OUT"
+VARIANT = "angular_spread"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    width: int
+    coeff: float  # λ of the dispersion loss; 0 = baseline
+
+    @property
+    def name(self) -> str:
+        return f"mlp{self.width}_{VARIANT if self.coeff else 'baseline'}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    out: str
+    config: str
+    widths: tuple[int, ...]
+    coeff: float
+    steps: int
+    interval: int
+    num_sequences: int
+    seq_len: int
+    jobs: int
+    threads: int  # OMP threads per job
+
+    @property
+    def runs(self) -> tuple[RunSpec, ...]:
+        return tuple(RunSpec(width, coeff) for width in self.widths for coeff in (0.0, self.coeff))
+
+    def dump(self, run: RunSpec) -> str:
+        return os.path.join(self.out, "runs", run.name)
+
+    def log(self, run: RunSpec, phase: str) -> str:
+        return os.path.join(self.out, "logs", f"{run.name}.{phase}.log")
+
+
+class Progress:
+    """Timestamped lines from several worker threads, never interleaved."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self._lock = threading.Lock()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def __call__(self, message: str) -> None:
+        minutes, seconds = divmod(int(self.elapsed()), 60)
+        with self._lock:
+            print(f"[{minutes:2d}:{seconds:02d}] {message}", flush=True)
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    widths = tuple(_positive(part.strip()) for part in text.split(","))
+    if len(set(widths)) != len(widths):
+        raise argparse.ArgumentTypeError(f"{text!r} repeats a width")
+    return tuple(sorted(widths))
+
+
+def _coeff(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m dispersion_titan.quickstart",
+                description="Train, analyse and compare the toy MLP-width × dispersion sweep; summarise it.")
+    p.add_argument("--out", default=os.environ.get(OUT_ENV, "outputs/quickstart"),
+                   help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)")
+    p.add_argument("--config", default=CONFIG, help="training TOML shared by every run (default: quickstart.toml)")
+    p.add_argument("--widths", type=_widths, default=(64, 256, 1024), help="MLP widths (default 64,256,1024)")
+    p.add_argument("--coeff", type=_coeff, default=1.0, help=f"λ of the {VARIANT} runs (default 1.0)")
+    p.add_argument("--steps", type=_positive, help="training steps (default: the TOML's)")
+    p.add_argument("--checkpoint-interval", type=_positive, help="steps between checkpoints (default: the TOML's)")
+    p.add_argument("--num-sequences", type=_positive, default=32, help="analysis: K sequences (default 32)")
+    p.add_argument("--seq-len", type=_positive, default=128, help="analysis: S tokens (default 128)")
+    p.add_argument("--jobs", type=_positive, help="runs at a time (default: one per CPU core, at most all runs)")
+    return p
+
+
+def make_plan(argv: list[str]) -> Plan:
+    a = parser().parse_args(argv)
+    config = os.path.abspath(a.config)
+    try:
+        toml = load_toml(["--job.config_file", config])
+    except ArgumentError as e:  # named after this command's option
+        raise ArgumentError(str(e).replace("--job.config_file", "--config", 1)) from None
+    try:
+        steps = a.steps or toml["training"]["steps"]
+        interval = a.checkpoint_interval or toml["checkpoint"]["interval"]
+    except KeyError as e:
+        raise ArgumentError(f"--config: {config}: needs {e.args[0]!r} (training.steps and checkpoint.interval)") from None
+    cpus = len(os.sched_getaffinity(0))
+    jobs = min(a.jobs or cpus, 2 * len(a.widths))
+    return Plan(os.path.abspath(a.out), config, a.widths, a.coeff, steps, interval, a.num_sequences, a.seq_len,
+                jobs, max(1, cpus // jobs))
+
+
+def train_command(plan: Plan, run: RunSpec) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "dispersion_titan.train", "--job.config_file", plan.config,
+        "--job.dump_folder", plan.dump(run), "--model.mlp_hidden_dim", str(run.width),
+        "--training.steps", str(plan.steps), "--checkpoint.interval", str(plan.interval),
+        "--validation.freq", str(plan.steps),  # the summary reports the final validation loss
+    ]
+    if run.coeff:
+        cmd += ["--dispersion.variant", VARIANT, "--dispersion.coeff", str(run.coeff)]
+    return cmd
+
+
+def analyze_command(plan: Plan, run: RunSpec) -> list[str]:
+    return [sys.executable, "-m", "dispersion_titan.analyze", plan.dump(run),
+            "--num-sequences", str(plan.num_sequences), "--seq-len", str(plan.seq_len)]
+
+
+def trained(plan: Plan, run: RunSpec) -> bool:
+    from dispersion_titan.checkpoints import CheckpointError, check_complete
+
+    try:
+        check_complete(os.path.join(plan.dump(run), "checkpoint", f"step-{plan.steps}"))
+    except CheckpointError:
+        return False
+    return True
+
+
+def analysed(plan: Plan, run: RunSpec) -> bool:
+    """Every checkpoint already analysed on the same K×S sequences."""
+    from dispersion_titan.analysis.results import read_results
+    from dispersion_titan.checkpoints import list_checkpoints
+
+    results = read_results(os.path.join(plan.dump(run), "condensation"))
+    return all(
+        c.step in results and (results[c.step]["num_sequences"], results[c.step]["seq_len"])
+        == (plan.num_sequences, plan.seq_len)
+        for c in list_checkpoints(os.path.join(plan.dump(run), "checkpoint"))
+    )
+
+
+def execute(cmd: list[str], log: str, threads: int) -> int:
+    """Run ``cmd`` with its output appended to ``log``; return its exit status."""
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL).returncode
+
+
+def last_error(log: str) -> str:
+    """The one-line error of a failed command, else the last line of its log."""
+    with open(log, errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    errors = [line for line in lines if line.startswith("dispersion_titan: error:")]
+    return (errors or lines or ["(empty log)"])[-1]
+
+
+def process(plan: Plan, run: RunSpec, say: Progress) -> str | None:
+    """Train (unless done) then analyse (unless done) one run; an error line or None."""
+    for phase, done, command in (("train", trained, train_command), ("analyze", analysed, analyze_command)):
+        if done(plan, run):
+            say(f"{phase:8} {run.name}: already done, skipped")
+            continue
+        log = plan.log(run, phase)
+        say(f"{phase:8} {run.name}: started (log: {log})")
+        start = time.monotonic()
+        status = execute(command(plan, run), log, plan.threads)
+        if status:
+            return f"{phase} {run.name} failed (exit {status}): {last_error(log)} (log: {log})"
+        say(f"{phase:8} {run.name}: done in {time.monotonic() - start:.0f} s")
+    return None
+
+
+def train_and_analyse(plan: Plan, say: Progress) -> None:
+    with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
+        errors = [e for e in pool.map(lambda run: process(plan, run, say), plan.runs) if e]
+    for error in errors:
+        print(f"dispersion_titan: error: {error}", file=sys.stderr)
+    if errors:
+        sys.exit(1)
+
+
+def comparisons(plan: Plan) -> list[tuple[str, list[str], str]]:
+    """(folder name, runs, step) of each ``analyze compare``."""
+    everything = [plan.dump(r) for r in plan.runs]
+    baselines = [plan.dump(r) for r in plan.runs if not r.coeff]
+    return [
+        ("final_width_sweep", baselines, "last"),
+        ("final_baseline_vs_dispersion", everything, "last"),
+        ("init_width_sweep", baselines, "0"),
+    ]
+
+
+def compare_runs(plan: Plan, say: Progress) -> list[tuple[str, str]]:
+    """Write every comparison; return (description, path) of its figure and table."""
+    from dispersion_titan.analysis.compare import compare
+
+    files = []
+    for name, runs, step in comparisons(plan):
+        out = os.path.join(plan.out, "compare", name)
+        compare(runs, out, step)
+        say(f"compare  {name}: {out}")
+        what = name.replace("_", " ")
+        files += [(f"{what}, depth profiles", os.path.join(out, "compare.png")),
+                  (f"{what}, table", os.path.join(out, "compare.csv"))]
+    return files
+
+
+def summarise(plan: Plan, files: list[tuple[str, str]]) -> str:
+    """Write ``summary.png`` and ``summary.md``; return the summary's text."""
+    from dispersion_titan.analysis.results import atomic_write
+    from dispersion_titan.report.figure import save_sweep_figure
+    from dispersion_titan.report.summary import load_sweep, markdown
+
+    runs = load_sweep([plan.dump(r) for r in plan.runs])
+    args = runs[0].final["model_args"]
+    setup = (f"{len(runs)} runs of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads "
+             f"on the embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, "
+             f"each without and with {VARIANT} λ={plan.coeff}, {plan.steps} steps, "
+             f"checkpoints at step 0 and every {plan.interval} steps.")
+    figure = os.path.join(plan.out, "summary.png")
+    save_sweep_figure(runs, f"late-block cosine vs MLP width (step 0 and {plan.steps})", figure)
+    per_run = os.path.join(plan.out, "runs", "*", "condensation")
+    all_files = [("late-block cosine vs MLP width, init and final, baseline and dispersion", figure), *files,
+                 ("per run: evolution.png, heatmap_step-N.png, summary.csv", per_run),
+                 ("training and analysis logs", os.path.join(plan.out, "logs"))]
+    text = markdown(runs, setup, all_files)
+    atomic_write(os.path.join(plan.out, "summary.md"), lambda f: f.write(text))
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    from dispersion_titan.analysis import AnalysisError
+    from dispersion_titan.analysis.results import ensure_writable
+    from dispersion_titan.checkpoints import CheckpointError
+
+    try:
+        plan = make_plan(sys.argv[1:] if argv is None else argv)
+    except ArgumentError as e:
+        fail(str(e))
+    try:
+        ensure_writable(plan.out, "--out")
+    except AnalysisError as e:
+        fail(str(e))
+    say = Progress()
+    say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
+        f"λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
+        f"output: {plan.out}")
+    train_and_analyse(plan, say)
+    try:
+        files = compare_runs(plan, say)
+        text = summarise(plan, files)
+    except (AnalysisError, CheckpointError, OSError) as e:
+        fail(str(e).splitlines()[0], status=1)
+    print("\n" + text)
+    say(f"quickstart: finished in {say.elapsed() / 60:.1f} min; summary: {os.path.join(plan.out, 'summary.md')}")
+
+
+if __name__ == "__main__":
+    main()
