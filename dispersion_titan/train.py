@@ -72,11 +72,14 @@ def main() -> None:
 
     import torchtitan.train
 
+    from dispersion_titan.data.errors import DataConfigError
     from dispersion_titan.trainer import DispersionTrainer, NonFiniteLossError
 
     _default_to_single_process()
     try:
         torchtitan.train.main(DispersionTrainer)
+    except DataConfigError as e:  # e.g. a hub dataset unreachable once the job runs
+        fail(str(e).splitlines()[0])
     except NonFiniteLossError as e:
         fail(str(e), status=3)
 
