@@ -15,7 +15,7 @@ from typing import Any, Literal
 from torchtitan.config import JobConfig
 
 from .data.corpora import DataConfigError, check_dataset
-from .models.gpt2.args import GPT2ModelArgs
+from .models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
 
 LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
 DISPERSION_VARIANTS = ("none", "angular_spread", "orthogonalization", "l2_repel", "decorrelation")
@@ -134,14 +134,20 @@ def check_model(config: JobConfig, args: GPT2ModelArgs) -> None:
             f"model.max_seq_len: {args.max_seq_len} positions are not divisible by "
             f"parallelism.tensor_parallel_degree={tp}"
         )
-    seq_len = config.training.seq_len
-    if not 0 < seq_len <= args.max_seq_len:
+    sections = ("training", "validation") if config.validation.enable else ("training",)
+    for section in sections:
+        seq_len = getattr(config, section).seq_len
+        if not 0 < seq_len <= args.max_seq_len:
+            raise ConfigError(
+                f"{section}.seq_len: {seq_len} must be in 1..{args.max_seq_len} (model.max_seq_len positions)"
+            )
+        if seq_len % tp:
+            raise ConfigError(
+                f"{section}.seq_len: {seq_len} is not divisible by parallelism.tensor_parallel_degree={tp}"
+            )
+    if args.vocab_size < GPT2_VOCAB_SIZE:
         raise ConfigError(
-            f"training.seq_len: {seq_len} must be in 1..{args.max_seq_len} (model.max_seq_len positions)"
-        )
-    if seq_len % tp:
-        raise ConfigError(
-            f"training.seq_len: {seq_len} is not divisible by parallelism.tensor_parallel_degree={tp}"
+            f"model.vocab_size: {args.vocab_size} is smaller than the GPT-2 tokenizer's {GPT2_VOCAB_SIZE} ids"
         )
     if config.parallelism.pipeline_parallel_degree != 1:
         raise ConfigError("parallelism.pipeline_parallel_degree: gpt2 does not support pipelining")

@@ -6,11 +6,26 @@ field before any process group starts; then hands over to ``torchtitan.train.mai
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import socket
 import sys
 
 from dispersion_titan.cli_args import ArgumentError, fail, load_toml, with_config_module
+
+
+def _first_message(boxed: str) -> str:
+    """The first section of tyro's boxed error (the one that names the flag), on one line."""
+    sections: list[list[str]] = [[]]
+    for raw in boxed.splitlines():
+        line = raw.strip().strip("│|╭╰╮╯").strip()
+        if line and set(line) <= set("─-"):
+            sections.append([])
+        elif line:
+            sections[-1].append(line)
+    body = sections[1] if len(sections) > 1 and sections[1] else sections[0]
+    return " ".join(body) or "invalid command-line arguments"
 
 
 def validated_args(args: list[str]):
@@ -24,10 +39,12 @@ def validated_args(args: list[str]):
     toml = load_toml(args)
     merged = ConfigManager._merge_configs(JobConfig, custom_config.JobConfig)
     check_toml_types(merged, toml)
+    captured = io.StringIO()
     try:
-        job_config = ConfigManager().parse_args(args)
-    except SystemExit as e:  # tyro prints its own message for bad CLI flags
-        raise ArgumentError("invalid command-line arguments (see the message above)") from e
+        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+            job_config = ConfigManager().parse_args(args)
+    except SystemExit as e:  # tyro reports bad flags in a box of many lines
+        raise ArgumentError(_first_message(captured.getvalue())) from e
     if job_config.model.flavor not in gpt2_flavors:
         raise ConfigError(f"model.flavor: {job_config.model.flavor!r} is not one of {sorted(gpt2_flavors)}")
     model_args = gpt2_flavors[job_config.model.flavor]
