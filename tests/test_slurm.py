@@ -1,0 +1,176 @@
+"""The sbatch scripts and the sweep on a real one-node Slurm cluster (launch/local_slurm.sh):
+training with a checkpoint on SIGUSR1 and a requeue that finishes the run, the analysis
+job on its checkpoints, and a two-cell sweep with its dependency chain."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import DEBUG_TOML, REPO, launch_env, scalars
+
+pytestmark = pytest.mark.slow
+
+LOCAL_SLURM = REPO / "launch" / "local_slurm.sh"
+TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
+ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
+TINY_ANALYSIS = ("--num-sequences", "4", "--seq-len", "64")
+STEPS = 8
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    return ((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-1:] or [""]
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """A running local cluster for the session (the environment to reach it); always stopped."""
+    if shutil.which("slurmctld") is None or shutil.which("munged") is None:
+        subprocess.run(["bash", str(REPO / "scripts" / "ci_system_deps.sh")], capture_output=True, text=True)
+    if shutil.which("slurmctld") is None or shutil.which("munged") is None:
+        pytest.skip("slurm-wlm and munge are not installed and apt-get could not install them "
+                    "(scripts/ci_system_deps.sh needs root and apt)")
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm cluster needs root (munged, slurmd)")
+    env = launch_env({"LOCAL_SLURM_DIR": str(tmp_path_factory.mktemp("slurm-state"))})
+    try:
+        start = subprocess.run([str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True, timeout=120)
+        if start.returncode != 0:
+            pytest.skip(f"the local Slurm daemons did not start: {_last_line(start)[0]}")
+        env["SLURM_CONF"] = re.search(r"SLURM_CONF=(\S+)", start.stdout).group(1)
+        yield env
+    finally:
+        subprocess.run([str(LOCAL_SLURM), "stop"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def job_fields(job_id: str, env: dict[str, str]) -> dict[str, str]:
+    """What scontrol knows of a queued or running job (finished ones leave it after 16 s)."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=env, capture_output=True, text=True).stdout
+    return dict(re.findall(r"(\w+)=(\S*)", out))
+
+
+def job_records(job_id: str, env: dict[str, str]) -> list[dict[str, str]]:
+    """The cluster's completion log for a job: one record per attempt, in order (a
+    requeued attempt is recorded as PENDING)."""
+    path = Path(env["LOCAL_SLURM_DIR"]) / "jobcomp.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines if line.startswith(f"JobId={job_id} ")]
+
+
+def finished_state(job_id: str, env: dict[str, str]) -> str | None:
+    records = job_records(job_id, env)
+    return records[-1]["JobState"] if records and records[-1]["JobState"] != "PENDING" else None
+
+
+def wait_for_line(path: Path, pattern: str, timeout: float = 240) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and (m := re.search(pattern, path.read_text(errors="replace"))):
+            return m
+        time.sleep(0.5)
+    raise AssertionError(f"{pattern!r} not in {path} after {timeout} s:\n{path.read_text()[-4000:] if path.exists() else ''}")
+
+
+def checkpoint_states(step_dir: Path) -> set[str]:
+    """Top-level states in a DCP checkpoint: model FQNs, optimizer, lr_scheduler, ..."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(step_dir)).read_metadata().state_dict_metadata
+    return {k.split(".")[0] for k in keys}
+
+
+@pytest.fixture(scope="module")
+def preempted_run(slurm, tmp_path_factory) -> dict:
+    """train.sbatch on the debug config, signalled as at its time limit after step 2 (the
+    batch-shell signal Slurm sends for --signal=B:USR1@T), left to requeue and finish."""
+    submit_dir = tmp_path_factory.mktemp("submit")
+    waiter = subprocess.Popen(
+        ["sbatch", "--wait", "--parsable", str(TRAIN_SBATCH), DEBUG_TOML, "--training.steps", str(STEPS),
+         "--validation.no-enable", "--metrics.log_freq", "1"],
+        cwd=submit_dir, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job_id = waiter.stdout.readline().strip().split(";")[0]
+    log = submit_dir / f"dispersion-train-{job_id}.out"
+    try:
+        wait_for_line(log, r"step:\s+2\s+loss")
+        subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm, check=True)
+        out, err = waiter.communicate(timeout=400)
+    finally:
+        if waiter.poll() is None:
+            subprocess.run(["scancel", job_id], env=slurm)
+            waiter.kill()
+    return {"job": job_id, "rc": waiter.returncode, "stderr": err, "log": log,
+            "dump": submit_dir / "outputs" / f"debug-{job_id}", "records": job_records(job_id, slurm)}
+
+
+def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
+    run, text = preempted_run, preempted_run["log"].read_text()
+    assert run["rc"] == 0, f"{run['stderr']}\n{text[-6000:]}"
+    assert [r["JobState"] for r in run["records"]] == ["PENDING", "COMPLETED"], "requeued once, then done"
+    assert run["records"][-1]["ExitCode"] == "0:0"
+    assert text.count(f"dump folder {run['dump']}") == 2, "the requeued job keeps its dump folder"
+    step = int(re.search(r"saving a full checkpoint of step (\d+)", text).group(1))
+    assert 2 <= step < STEPS
+    assert "exitcode  : 75" in text and "requeueing job" in text
+    assert f"Training starts at step {step + 1}" in text
+
+    ckpt = run["dump"] / "checkpoint"
+    assert {"step-0", f"step-{step}", f"step-{STEPS}"} <= {p.name for p in ckpt.iterdir()}
+    assert {"optimizer", "lr_scheduler", "dataloader", "train_state"} <= checkpoint_states(ckpt / f"step-{step}")
+    # Both attempts logged their steps: 1..step before the signal, the rest after.
+    assert sorted(scalars(run["dump"])["loss_metrics/global_avg_loss"]) == list(range(1, STEPS + 1))
+
+
+def test_analyze_sbatch_on_the_run(preempted_run, slurm, tmp_path):
+    run = preempted_run["dump"]
+    proc = subprocess.run(["sbatch", "--wait", "--parsable", f"--output={tmp_path}/analyze-%j.out",
+                           str(ANALYZE_SBATCH), str(run), *TINY_ANALYSIS],
+                          cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=400)
+    job_id = proc.stdout.strip().split(";")[0]
+    log = (tmp_path / f"analyze-{job_id}.out").read_text()
+    assert proc.returncode == 0, f"{proc.stderr}\n{log[-4000:]}"
+    assert finished_state(job_id, slurm) == "COMPLETED"
+    steps = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoint").iterdir())
+    for step in steps:
+        assert (run / "condensation" / f"step-{step}" / "condensation.json").is_file(), (step, log[-3000:])
+    assert (run / "condensation" / "summary.csv").is_file()
+
+
+def test_two_cell_sweep_runs_to_its_compare_job(slurm, tmp_path):
+    out = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "sweep.py"), "--config", DEBUG_TOML, "--out", str(out),
+         "--widths", "128", "--variants", "baseline,angular_spread:0.1", "--seeds", "0",
+         "--partition", "debug", "--train-time", "00:10:00", "--analyze-time", "00:10:00",
+         f"--analyze-args={' '.join(TINY_ANALYSIS)}",
+         "--", "--training.steps", "3", "--validation.no-enable"],
+        cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((out / "sweep.json").read_text())
+    jobs = [manifest["compare_job"]] + [c[k] for c in manifest["cells"] for k in ("train_job", "analyze_job")]
+    assert len(jobs) == 5 and [c["name"] for c in manifest["cells"]] == ["w128-baseline-s0",
+                                                                         "w128-angular_spread-c0.1-s0"]
+    for cell in manifest["cells"]:
+        assert job_fields(cell["analyze_job"], slurm)["Dependency"] in (f"afterok:{cell['train_job']}(unfulfilled)",
+                                                                        "(null)")
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        states = {j: finished_state(j, slurm) for j in jobs}
+        if None not in states.values():
+            break
+        time.sleep(2)
+    logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted((out / "logs").glob("*.out")))
+    assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs}"
+    for cell in manifest["cells"]:
+        run = Path(cell["run"])
+        assert (run / "checkpoint" / "step-3").is_dir()
+        assert (run / "condensation" / "step-3" / "condensation.json").is_file()
+    assert (out / "compare" / "compare.csv").is_file() and (out / "compare" / "compare.png").is_file()
