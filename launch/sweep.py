@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 import subprocess
@@ -126,8 +127,8 @@ def parse_variant(text: str) -> Variant:
         value = float(coeff) if sep else None
     except ValueError:
         value = None
-    if value is None or not value > 0:
-        raise SweepError(f"variants: {text!r}: needs a coefficient > 0, as in {name}:0.1")
+    if value is None or not 0 < value < math.inf:
+        raise SweepError(f"variants: {text!r}: needs a finite coefficient > 0, as in {name}:0.1")
     return Variant(name, value)
 
 

@@ -123,7 +123,7 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
 def test_sweep_bad_input_is_one_line(tmp_path):
     toml = str(REPO / "launch" / "sweep_example.toml")
     cases = {
-        ("--variants", "baseline,angular_spread"): "variants: 'angular_spread': needs a coefficient > 0",
+        ("--variants", "baseline,angular_spread"): "variants: 'angular_spread': needs a finite coefficient > 0",
         ("--variants", "nope:1"): "variants: 'nope:1': unknown variant",
         ("--widths", "0"): "widths: '0' is not an integer >= 1",
         ("--config", "missing.toml"): "config: missing.toml: no such file",
