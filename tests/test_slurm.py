@@ -28,7 +28,8 @@ STEPS = 8
 
 
 def _last_line(proc: subprocess.CompletedProcess) -> str:
-    return ((proc.stderr or "") + (proc.stdout or "")).strip().splitlines()[-1:] or [""]
+    lines = ((proc.stdout or "") + (proc.stderr or "")).strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +46,7 @@ def slurm(tmp_path_factory) -> Iterator[dict[str, str]]:
     try:
         start = subprocess.run([str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True, timeout=120)
         if start.returncode != 0:
-            pytest.skip(f"the local Slurm daemons did not start: {_last_line(start)[0]}")
+            pytest.skip(f"the local Slurm daemons did not start: {_last_line(start)}")
         env["SLURM_CONF"] = re.search(r"SLURM_CONF=(\S+)", start.stdout).group(1)
         yield env
     finally:
