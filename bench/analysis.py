@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dispersion_loss import proc_status_bytes  # noqa: E402  (bench/ is the script's folder)
+from dispersion_loss import extra_peak_bytes  # noqa: E402  (bench/ is the script's folder)
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences  # noqa: E402
 from dispersion_titan.analysis.measure import NORM_CLAMP, CosineSums  # noqa: E402
@@ -144,19 +144,7 @@ def memory_worker(args: argparse.Namespace) -> None:
     model = build_model(args)
     tokens = input_tokens(args, args.num_sequences)[: args.memory_worker]
     bare_forward(model, tokens[:1].to(args.device))  # kernels and thread pools first
-    if args.device.startswith("cuda"):
-        sync(args.device)
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        analysis(model, tokens, args)
-        sync(args.device)
-        extra = torch.cuda.max_memory_allocated() - base
-    else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak-RSS watermark to the current RSS
-        base = proc_status_bytes("VmRSS")
-        analysis(model, tokens, args)
-        extra = proc_status_bytes("VmHWM") - base
+    extra = extra_peak_bytes(lambda: analysis(model, tokens, args), args.device)
     print(json.dumps({"extra_bytes": extra}))
 
 

@@ -81,20 +81,24 @@ def memory_worker(args: argparse.Namespace) -> None:
     for fn in IMPLS.values():  # load kernels/thread pools before the baseline
         fn(small, variant, tau=args.tau).backward()
     hidden = make_hidden(args)
-    if args.device.startswith("cuda"):
-        sync(args.device)
+    extra = extra_peak_bytes(lambda: step(impl, variant, hidden, args.tau), args.device)
+    print(json.dumps({"extra_bytes": extra}))
+
+
+def extra_peak_bytes(run: Callable[[], object], device: str) -> int:
+    """Peak memory growth while ``run()`` runs: allocator peak on CUDA, peak RSS on CPU."""
+    if device.startswith("cuda"):
+        sync(device)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        step(impl, variant, hidden, args.tau)
-        sync(args.device)
-        extra = torch.cuda.max_memory_allocated() - base
-    else:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the peak-RSS watermark to the current RSS
-        base = proc_status_bytes("VmRSS")
-        step(impl, variant, hidden, args.tau)
-        extra = proc_status_bytes("VmHWM") - base
-    print(json.dumps({"extra_bytes": extra}))
+        run()
+        sync(device)
+        return torch.cuda.max_memory_allocated() - base
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak-RSS watermark to the current RSS
+    base = proc_status_bytes("VmRSS")
+    run()
+    return proc_status_bytes("VmHWM") - base
 
 
 def proc_status_bytes(field: str) -> int:
