@@ -78,8 +78,10 @@ def test_summary_restates_the_measured_numbers(sweep):
     assert summary in stdout  # printed as written
     for name in NAMES:
         row = next(line for line in summary.splitlines() if line.startswith(name + " "))
-        init, final = analysis(out, name, 0), analysis(out, name, 2)
-        assert f" {late_offdiag(init):.3f} " in row and f" {late_offdiag(final):.3f} " in row, row
+        trajectory = {step: late_offdiag(analysis(out, name, step)) for step in (0, 1, 2)}
+        peak = max(trajectory, key=trajectory.get)
+        assert f" {trajectory[0]:.3f} " in row and f" {trajectory[2]:.3f} " in row, row
+        assert f" {trajectory[peak]:.3f} ({peak}) " in row, row
     # Same seed: a baseline and its dispersion run start from identical weights.
     for width in WIDTHS:
         assert analysis(out, f"mlp{width}_baseline", 0)["layers"] == analysis(out, f"mlp{width}_angular_spread", 0)["layers"]

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.compare import dispersion_variant, format_table, load_runs, mlp_width
+from ..analysis.compare import analyses_folder, dispersion_variant, format_table, load_runs, mlp_width
+from ..analysis.results import read_results
 
 VALIDATION_TAG = "validation_metrics/loss"
 QUESTIONS = (
@@ -37,6 +38,7 @@ class RunCondensation:
     dispersion: str | None  # e.g. "angular_spread λ=1.0"; None for a baseline
     init: dict
     final: dict
+    trajectory: dict[int, float]  # late-block cosine of every step analysed on the same sequences
     val_loss: float | None  # validation loss at the final step, if validation ran then
 
     @property
@@ -84,12 +86,15 @@ def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
     runs = []
     for dump, first, last in zip(dumps, init, final):
         variant = dispersion_variant(dump)
+        same_inputs = last.result["inputs"]["tokens_sha256"]
+        analyses = read_results(analyses_folder(dump)).values()
         runs.append(RunCondensation(
             name=os.path.basename(os.path.normpath(dump)),
             width=mlp_width(last.result),
             dispersion=None if variant in (None, "none") else variant,
             init=first.result,
             final=last.result,
+            trajectory={r["step"]: late_cos(r) for r in analyses if r["inputs"]["tokens_sha256"] == same_inputs},
             val_loss=final_validation_loss(dump, last.result["step"]),
         ))
     return sorted(runs, key=lambda r: (r.width, not r.is_baseline, r.dispersion or ""))
@@ -125,13 +130,24 @@ def answer_init(runs: list[RunCondensation]) -> str:
             f"{np.mean([late_cos(r.init) for r in base]):.3f} in the late blocks (mean over widths).")
 
 
+def peak(run: RunCondensation) -> tuple[int, float]:
+    """(step, late-block cosine) of the most condensed checkpoint."""
+    return max(run.trajectory.items(), key=lambda item: item[1])
+
+
 def answer_training(runs: list[RunCondensation]) -> str:
     base = _baselines(runs)
     up = sum(late_cos(r.final) > late_cos(r.init) for r in base)
     verdict = "Training raises it" if up == len(base) else "Training lowers it" if up == 0 else "Mixed"
-    return (f"{verdict}: the late-block cosine goes from {_span([late_cos(r.init) for r in base])} at step 0 "
+    text = (f"{verdict}: the late-block cosine goes from {_span([late_cos(r.init) for r in base])} at step 0 "
             f"to {_span([late_cos(r.final) for r in base])} at {_final_step(base)} "
-            f"(up in {up} of {len(base)} {'baseline ' if base[0].is_baseline else ''}runs).")
+            f"(up in {up} of {len(base)} {'baseline ' if base[0].is_baseline else ''}runs)")
+    earlier = [peak(r) for r in base if peak(r)[0] not in (0, r.final["step"])]
+    if earlier:
+        steps = "/".join(str(step) for step in sorted({step for step, _ in earlier}))
+        text += (f"; in {len(earlier)} of {len(base)} runs it peaks on the way, at {_span([v for _, v in earlier])} "
+                 f"(step {steps}), and falls afterwards")
+    return text + "."
 
 
 def _width_trend(values: Sequence[float]) -> str:
@@ -185,6 +201,7 @@ def table_rows(runs: list[RunCondensation]) -> list[dict]:
             "dispersion": r.dispersion or "none",
             "late cos @0": f"{late_cos(r.init):.3f}",
             f"late cos @{r.final['step']}": f"{late_cos(r.final):.3f}",
+            "peak (step)": "{1:.3f} ({0})".format(*peak(r)),
             "Spearman @0": _rho(r.init),
             "Spearman final": _rho(r.final),
             "val loss": "-" if r.val_loss is None else f"{r.val_loss:.3f}",
