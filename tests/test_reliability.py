@@ -196,6 +196,8 @@ def write(path: Path, text: str) -> str:
 
 
 BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config"]
+
+
 @pytest.mark.parametrize("overrides, field", [
     (["--model.dim", "-8"], "model.dim"),
     (["--model.n_heads", "-2"], "model.n_heads"),
@@ -242,7 +244,8 @@ def test_bad_command_line_flags_are_named(flags, flag):
      "training.dataset_path: '{empty}' is empty"),
     (["--job.config_file", DEBUG_TOML, "--dispersion.lambda_norm", "-1"],
      "dispersion.lambda_norm: must be >= 0, got -1.0"),
-], ids=["malformed-toml", "empty-dataset", "negative-lambda-norm"])
+    (["--job.config_file", DEBUG_TOML, "--training.steps", "many"], "Error parsing --training.steps"),
+], ids=["malformed-toml", "empty-dataset", "negative-lambda-norm", "cli-wrong-type"])
 def test_bad_input_against_an_existing_run_changes_nothing(reference, tmp_path, args, expected):
     paths = {"bad_toml": write(tmp_path / "bad.toml", "[training\nsteps = 3\n"),
              "empty": write(tmp_path / "empty.jsonl", "")}
