@@ -133,7 +133,9 @@ def make_plan(argv: list[str]) -> Plan:
         steps = a.steps or toml["training"]["steps"]
         interval = a.checkpoint_interval or toml["checkpoint"]["interval"]
     except KeyError as e:
-        raise ArgumentError(f"--config: {config}: needs {e.args[0]!r} (training.steps and checkpoint.interval)") from None
+        raise ArgumentError(
+            f"--config: {config}: needs {e.args[0]!r} (training.steps and checkpoint.interval)"
+        ) from None
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths))
     return Plan(os.path.abspath(a.out), config, a.widths, a.coeff, steps, interval, a.num_sequences, a.seq_len,

@@ -83,8 +83,8 @@ def test_summary_restates_the_measured_numbers(sweep):
         assert f" {trajectory[0]:.3f} " in row and f" {trajectory[2]:.3f} " in row, row
         assert f" {trajectory[peak]:.3f} ({peak}) " in row, row
     # Same seed: a baseline and its dispersion run start from identical weights.
-    for width in WIDTHS:
-        assert analysis(out, f"mlp{width}_baseline", 0)["layers"] == analysis(out, f"mlp{width}_angular_spread", 0)["layers"]
+    for w in WIDTHS:
+        assert analysis(out, f"mlp{w}_baseline", 0)["layers"] == analysis(out, f"mlp{w}_angular_spread", 0)["layers"]
 
     base = {w: late_offdiag(analysis(out, f"mlp{w}_baseline", 2)) for w in WIDTHS}
     disp = {w: late_offdiag(analysis(out, f"mlp{w}_angular_spread", 2)) for w in WIDTHS}
