@@ -13,18 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispersion_titan.cli_args import fail
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like the rest of the CLI
-        fail(message)
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
+from dispersion_titan.cli_args import OneLineErrorParser, fail, positive_int
 
 
 def _seq_len(text: str) -> int:
@@ -34,7 +23,7 @@ def _seq_len(text: str) -> int:
 
 
 def analyze_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m dispersion_titan.analyze",
+    p = OneLineErrorParser(prog="python -m dispersion_titan.analyze",
                 description="Embedding condensation (pairwise token cosine similarity by layer) of a run's checkpoints.",
                 epilog="Compare analysed runs: python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR")
     p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
@@ -44,10 +33,10 @@ def analyze_parser() -> argparse.ArgumentParser:
                         help="registered dataset whose validation split is used (default: enwiki_sample)")
     source.add_argument("--texts", metavar="FILE", help="jsonl file with a \"text\" field per line")
     p.add_argument("--dataset-path", "--dataset_path", dest="dataset_path", help="files for --dataset local")
-    p.add_argument("--num-sequences", type=_positive, default=100, help="K sequences (default 100)")
+    p.add_argument("--num-sequences", type=positive_int, default=100, help="K sequences (default 100)")
     p.add_argument("--seq-len", type=_seq_len, default=512, help="S tokens per sequence (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sequence choice (default 0)")
-    p.add_argument("--batch-size", type=_positive, default=8, help="sequences per forward pass (default 8)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per forward pass (default 8)")
     p.add_argument("--out", help="output folder (default: RUN/condensation)")
     p.add_argument("--tb-dir", help="TensorBoard folder (default: RUN/tb/condensation)")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
@@ -57,7 +46,7 @@ def analyze_parser() -> argparse.ArgumentParser:
 
 
 def compare_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m dispersion_titan.analyze compare",
+    p = OneLineErrorParser(prog="python -m dispersion_titan.analyze compare",
                 description="Condensation of several analysed runs side by side (table, CSV, figure).")
     p.add_argument("runs", nargs="+", metavar="RUN", help="dump folders or their condensation folders")
     p.add_argument("--out", required=True, help="folder for compare.csv, compare_layers.csv and compare.png")

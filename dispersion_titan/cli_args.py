@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 try:
@@ -60,3 +61,16 @@ def fail(message: str, status: int = 2) -> None:
     """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
     print(f"dispersion_titan: error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse whose usage errors end like every other error here: one line, exit 2."""
+
+    def error(self, message: str) -> None:
+        fail(message)
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispersion_titan.analyze import _Parser, _positive
+from dispersion_titan.cli_args import OneLineErrorParser, positive_int
 from dispersion_titan.cli_args import ArgumentError, fail, load_toml
 
 CONFIG = str(Path(__file__).resolve().parents[1] / "train_configs" / "quickstart.toml")
@@ -90,7 +90,7 @@ class Progress:
 
 
 def _widths(text: str) -> tuple[int, ...]:
-    widths = tuple(_positive(part.strip()) for part in text.split(","))
+    widths = tuple(positive_int(part.strip()) for part in text.split(","))
     if len(set(widths)) != len(widths):
         raise argparse.ArgumentTypeError(f"{text!r} repeats a width")
     return tuple(sorted(widths))
@@ -107,18 +107,18 @@ def _coeff(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m dispersion_titan.quickstart",
+    p = OneLineErrorParser(prog="python -m dispersion_titan.quickstart",
                 description="Train, analyse and compare the toy MLP-width × dispersion sweep; summarise it.")
     p.add_argument("--out", default=os.environ.get(OUT_ENV, "outputs/quickstart"),
                    help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)")
     p.add_argument("--config", default=CONFIG, help="training TOML shared by every run (default: quickstart.toml)")
     p.add_argument("--widths", type=_widths, default=(64, 256, 1024), help="MLP widths (default 64,256,1024)")
     p.add_argument("--coeff", type=_coeff, default=1.0, help=f"λ of the {VARIANT} runs (default 1.0)")
-    p.add_argument("--steps", type=_positive, help="training steps (default: the TOML's)")
-    p.add_argument("--checkpoint-interval", type=_positive, help="steps between checkpoints (default: the TOML's)")
-    p.add_argument("--num-sequences", type=_positive, default=32, help="analysis: K sequences (default 32)")
-    p.add_argument("--seq-len", type=_positive, default=128, help="analysis: S tokens (default 128)")
-    p.add_argument("--jobs", type=_positive, help="runs at a time (default: one per CPU core, at most all runs)")
+    p.add_argument("--steps", type=positive_int, help="training steps (default: the TOML's)")
+    p.add_argument("--checkpoint-interval", type=positive_int, help="steps between checkpoints (default: the TOML's)")
+    p.add_argument("--num-sequences", type=positive_int, default=32, help="analysis: K sequences (default 32)")
+    p.add_argument("--seq-len", type=positive_int, default=128, help="analysis: S tokens (default 128)")
+    p.add_argument("--jobs", type=positive_int, help="runs at a time (default: one per CPU core, at most all runs)")
     return p
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,3 +82,21 @@ def update_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], init
     """
     fa, fb, f0 = _flat(a), _flat(b), _flat(initial)
     return ((fa - fb).norm() / (fa - f0).norm()).item()
+
+
+def analyze(*args: str, capsys) -> tuple[int, str, str]:
+    """Run the analysis CLI in this process (saves the import and tokenisation of every call)."""
+    from dispersion_titan.analyze import main as analyze_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]
+    assert len(lines) == 1 and lines[0].startswith("dispersion_titan: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], err

@@ -19,13 +19,12 @@ import torch
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import cosine_matrices, mean_cosine_matrices
 from dispersion_titan.analysis.statistics import summarize
-from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.checkpoints import load_model, load_model_args
 from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 
-from helpers import REPO, launch_env, torchrun
+from helpers import REPO, analyze, assert_one_line_error, launch_env, torchrun
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
 OPTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "3"]
@@ -145,14 +144,6 @@ def test_sequences_are_seeded_windows_of_long_documents():
 # ---------------------------------------------------------------- end to end
 
 
-def analyze(*args: str, capsys) -> tuple[int, str, str]:
-    """Run the CLI in this process (saves the import and tokenisation of every call)."""
-    with pytest.raises(SystemExit) as exit_info:
-        analyze_main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
     """One real 2-process debug training run with checkpoints at steps 0, 2 and 4."""
@@ -267,14 +258,6 @@ def test_broken_checkpoints_are_reported_and_skipped(run, tmp_path, capsys):
     assert sorted(p.parent.name for p in (broken / "condensation").glob("step-*/condensation.json")) == ["step-0"]
 
 
-def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 2
-    lines = [line for line in err.splitlines() if line.strip() and "%|" not in line]
-    assert len(lines) == 1 and lines[0].startswith("dispersion_titan: error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], err
-
-
 def test_bad_input_fails_with_one_line(run, analysed, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -309,7 +292,8 @@ def test_compare_runs(run, analysed, tmp_path, capsys):
     out = tmp_path / "cmp"
     code, stdout, _ = analyze("compare", run, other / "condensation", "--out", out, capsys=capsys)
     assert code == 0
-    assert "baseline (mlp 256)" in stdout and "dispersed (mlp 256, dispersion angular_spread λ=0.5)" in stdout
+    assert "baseline (mlp 256, dispersion none)" in stdout  # debug.toml saves its job config
+    assert "dispersed (mlp 256, dispersion angular_spread λ=0.5)" in stdout
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))
     final = read_json(analysed / "step-4" / "condensation.json")

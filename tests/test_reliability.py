@@ -26,8 +26,16 @@ from dispersion_titan.checkpoints import CheckpointError, check_complete, list_c
 from dispersion_titan.cli_args import ArgumentError
 from dispersion_titan.config_checks import ConfigError
 from dispersion_titan.train import validated_args
-from helpers import DEBUG_TOML, load_weights, max_abs_diff, python_module, scalars, torchrun
-from test_analysis import analyze, assert_one_line_error
+from helpers import (
+    DEBUG_TOML,
+    analyze,
+    assert_one_line_error,
+    load_weights,
+    max_abs_diff,
+    python_module,
+    scalars,
+    torchrun,
+)
 
 pytestmark = pytest.mark.slow
 
