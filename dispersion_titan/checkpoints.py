@@ -137,3 +137,11 @@ def quarantine_incomplete(folder: str) -> list[str]:
             os.rename(ckpt.path, target)
             moved.append(target)
     return moved
+
+
+def saved_data_parallel_degree(step_dir: str) -> int | None:
+    """How many data-parallel ranks saved the loader state of a full checkpoint (None for
+    a model-only one): TorchTitan keeps one ``dataloader.dp_rank_<r>`` entry per rank."""
+    keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    ranks = sum(1 for key in keys if key.startswith("dataloader.dp_rank_"))
+    return ranks or None

@@ -17,7 +17,8 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 from torchtitan.train import Trainer
 
-from .checkpoints import quarantine_incomplete, save_model_args
+from .checkpoints import list_checkpoints, quarantine_incomplete, save_model_args, saved_data_parallel_degree
+from .data.errors import DataConfigError
 from .objective import DispersionObjective
 from .preemption import Preemption
 
@@ -119,6 +120,27 @@ class DispersionTrainer(Trainer):
             for path in quarantine_incomplete(self.checkpointer.folder):
                 logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
         dist.barrier()
+        self._check_resume_layout()
+
+    def _check_resume_layout(self) -> None:
+        """The data order is layout-invariant, but TorchTitan stores the loader state per
+        data-parallel rank: resuming a full checkpoint needs the same DP degree. Say so in
+        one line instead of DCP's missing-key traceback."""
+        folder = self.checkpointer.folder
+        load_step = self.job_config.checkpoint.load_step
+        steps = list_checkpoints(folder) if self.checkpointer.enable and os.path.isdir(folder) else []
+        if load_step >= 0:
+            steps = [c for c in steps if c.step == load_step]
+        if not steps:
+            return
+        saved = saved_data_parallel_degree(steps[-1].path)
+        current = self.parallel_dims.get_mesh("batch").size() if self.parallel_dims.dp_enabled else 1
+        if saved is not None and saved != current:
+            raise DataConfigError(
+                f"parallelism: {steps[-1].path} was saved by {saved} data-parallel ranks and this run has "
+                f"{current}; resume it with {saved} (or start a new dump_folder from it via "
+                f"checkpoint.initial_load_path, which loads the weights only)"
+            )
 
     def should_continue_training(self) -> bool:
         """Also the first point after TorchTitan loads (or does not find) a checkpoint:
