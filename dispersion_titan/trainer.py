@@ -126,9 +126,10 @@ class DispersionTrainer(Trainer):
         """The data order is layout-invariant, but TorchTitan stores the loader state per
         data-parallel rank: resuming a full checkpoint needs the same DP degree. Say so in
         one line instead of DCP's missing-key traceback."""
-        folder = self.checkpointer.folder
+        if not self.checkpointer.enable or not os.path.isdir(self.checkpointer.folder):
+            return  # a disabled CheckpointManager has no folder attribute at all
         load_step = self.job_config.checkpoint.load_step
-        steps = list_checkpoints(folder) if self.checkpointer.enable and os.path.isdir(folder) else []
+        steps = list_checkpoints(self.checkpointer.folder)
         if load_step >= 0:
             steps = [c for c in steps if c.step == load_step]
         if not steps:
@@ -173,9 +174,10 @@ class DispersionTrainer(Trainer):
         bad = torch.tensor(float(not torch.isfinite(local).all()), device=self.device)
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         if bad.item():
+            where = f" in {self.checkpointer.folder}" if self.checkpointer.enable else ""
             raise NonFiniteLossError(
                 f"loss is not finite at step {self.step}; training stopped before saving step {self.step}, "
-                f"earlier checkpoints in {self.checkpointer.folder} are intact"
+                f"earlier checkpoints{where} are intact"
             )
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens) -> torch.Tensor:
