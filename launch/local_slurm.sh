@@ -85,9 +85,11 @@ start_munge() {
 }
 
 wait_idle() {
-    local state=""
-    for _ in $(seq 60); do
-        state=$(sinfo -h -n "$HOST" -o %T 2>/dev/null || true)
+    # A deadline, and a bound on each poll: sinfo can block for its whole message timeout
+    # while slurmctld is still coming up.
+    local state="" deadline=$((SECONDS + 60))
+    while [ "$SECONDS" -lt "$deadline" ]; do
+        state=$(timeout 5 sinfo -h -n "$HOST" -o %T 2>/dev/null || true)
         [ "$state" = idle ] && return 0
         sleep 1
     done
