@@ -96,6 +96,7 @@ class DispersionTrainer(Trainer):
     def __init__(self, job_config) -> None:
         super().__init__(job_config)
         self._set_aside_incomplete_checkpoints()
+        self._check_resume_layout()
         batch_degree = self.parallel_dims.get_mesh("batch").size() if self.parallel_dims.dp_enabled else 1
         global_batch = job_config.training.global_batch_size
         if global_batch < 0:
@@ -120,7 +121,6 @@ class DispersionTrainer(Trainer):
             for path in quarantine_incomplete(self.checkpointer.folder):
                 logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
         dist.barrier()
-        self._check_resume_layout()
 
     def _check_resume_layout(self) -> None:
         """The data order is layout-invariant, but TorchTitan stores the loader state per
