@@ -21,10 +21,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dispersion_titan.config import Dispersion  # noqa: E402
+from dispersion_titan.config.schema import Dispersion  # noqa: E402
 from dispersion_titan.models.gpt2.args import gpt2_flavors  # noqa: E402
 from dispersion_titan.models.gpt2.model import GPT2  # noqa: E402
-from dispersion_titan.objective import DispersionObjective  # noqa: E402
+from dispersion_titan.trainer.objective import DispersionObjective  # noqa: E402
 
 
 def step_time(model, optimizer, tokens, labels, objective: DispersionObjective | None, dtype) -> float:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispersion_titan.cli_args import OneLineErrorParser, fail, positive_int
+from dispersion_titan.config.cli import OneLineErrorParser, positive_int
+from dispersion_titan.errors import DispersionTitanError, fail
 
 
 def _seq_len(text: str) -> int:
@@ -81,16 +82,13 @@ def run_compare(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from dispersion_titan.analysis import AnalysisError
-    from dispersion_titan.checkpoints import CheckpointError
-
     argv = sys.argv[1:] if argv is None else argv
     try:
         if argv and argv[0] == "compare":
             code = run_compare(argv[1:])
         else:
             code = run_analyze(argv)
-    except (AnalysisError, CheckpointError) as e:
+    except DispersionTitanError as e:
         fail(str(e).splitlines()[0])
     sys.exit(code)
 

@@ -23,15 +23,11 @@ import tempfile
 import torch
 from safetensors.torch import load_file, save_file
 
-from .checkpoints import CheckpointError, load_model, load_model_args
-from .cli_args import fail
+from .errors import CheckpointError, ConvertError, DispersionTitanError, fail
 from .models.gpt2.args import GPT2ModelArgs
 from .models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from .tokenizer import EOT_ID, bpe_files
-
-
-class ConvertError(ValueError):
-    """A bad argument or unusable output directory; the message names it."""
+from .trainer.checkpoints import load_model, load_model_args
 
 
 def hf_state_dict(step_dir: str, args: GPT2ModelArgs) -> dict[str, torch.Tensor]:
@@ -111,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parser.parse_args(argv)
     try:
         to_hf(options.step_dir, options.out_dir, options.force)
-    except (ConvertError, CheckpointError) as e:
+    except DispersionTitanError as e:
         fail(str(e))
     except ImportError as e:
         fail(f"transformers is needed to write config and tokenizer files ({e}); pip install transformers")

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispersion_titan.cli_args import OneLineErrorParser, positive_int
-from dispersion_titan.cli_args import ArgumentError, fail, load_toml
+from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
+from dispersion_titan.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
 
 CONFIG = str(Path(__file__).resolve().parents[1] / "train_configs" / "quickstart.toml")
 OUT_ENV = "QUICKSTART_OUT"
@@ -160,7 +160,7 @@ def analyze_command(plan: Plan, run: RunSpec) -> list[str]:
 
 
 def trained(plan: Plan, run: RunSpec) -> bool:
-    from dispersion_titan.checkpoints import CheckpointError, check_complete
+    from dispersion_titan.trainer.checkpoints import check_complete
 
     try:
         check_complete(os.path.join(plan.dump(run), "checkpoint", f"step-{plan.steps}"))
@@ -172,7 +172,7 @@ def trained(plan: Plan, run: RunSpec) -> bool:
 def analysed(plan: Plan, run: RunSpec) -> bool:
     """Every checkpoint already analysed on the same K×S sequences."""
     from dispersion_titan.analysis.results import read_results
-    from dispersion_titan.checkpoints import list_checkpoints
+    from dispersion_titan.trainer.checkpoints import list_checkpoints
 
     results = read_results(os.path.join(plan.dump(run), "condensation"))
     return all(
@@ -279,13 +279,11 @@ def main(argv: list[str] | None = None) -> None:
         plan = make_plan(sys.argv[1:] if argv is None else argv)
     except ArgumentError as e:
         fail(str(e))
-    from dispersion_titan.analysis import AnalysisError  # after parsing: --help and typos answer at once
-    from dispersion_titan.analysis.results import ensure_writable
-    from dispersion_titan.checkpoints import CheckpointError
+    from dispersion_titan.analysis.results import ensure_writable  # after parsing: --help and typos answer at once
 
     try:
         ensure_writable(plan.out, "--out")
-    except AnalysisError as e:
+    except DispersionTitanError as e:
         fail(str(e))
     say = Progress()
     say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
@@ -295,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         files = compare_runs(plan, say)
         text = summarise(plan, files)
-    except (AnalysisError, CheckpointError, OSError) as e:
+    except (DispersionTitanError, OSError) as e:
         fail(str(e).splitlines()[0], status=1)
     print("\n" + text)
     minutes, seconds = divmod(round(say.elapsed()), 60)

@@ -12,7 +12,8 @@ import os
 import socket
 import sys
 
-from dispersion_titan.cli_args import ArgumentError, fail, load_toml, with_config_module
+from dispersion_titan.config.cli import load_toml, with_config_module
+from dispersion_titan.errors import ArgumentError, ConfigError, DispersionTitanError, fail, fail_with
 
 
 def _first_message(boxed: str) -> str:
@@ -28,17 +29,26 @@ def _first_message(boxed: str) -> str:
     return " ".join(body) or "invalid command-line arguments"
 
 
+def prepare() -> None:
+    """Check the TorchTitan version, adapt it to CPU-only machines, register our models."""
+    from dispersion_titan.models import register_all
+    from dispersion_titan.trainer import titan_compat
+
+    titan_compat.apply()
+    register_all()
+
+
 def validated_args(args: list[str]):
     """Parse ``args`` exactly as TorchTitan will, and check every value we depend on."""
-    from torchtitan.config import ConfigManager, JobConfig
+    from torchtitan.config import ConfigManager
 
     from dispersion_titan import config as custom_config
-    from dispersion_titan.config_checks import ConfigError, check_job_config, check_toml_types
+    from dispersion_titan.config.checks import check_job_config, check_toml_types
     from dispersion_titan.models.gpt2.args import gpt2_flavors
+    from dispersion_titan.trainer import titan_compat
 
     toml = load_toml(args)
-    merged = ConfigManager._merge_configs(JobConfig, custom_config.JobConfig)
-    check_toml_types(merged, toml)
+    check_toml_types(titan_compat.merged_job_config_class(custom_config.JobConfig), toml)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
@@ -69,36 +79,29 @@ def main() -> None:
     try:
         args = with_config_module(sys.argv[1:], load_toml(sys.argv[1:]))
     except ArgumentError as e:
-        fail(str(e))
-    sys.argv[1:] = args  # before TorchTitan is imported: it binds sys.argv at import time
+        fail_with(e)
+    prepare()
+    from dispersion_titan.trainer import titan_compat
 
-    from dispersion_titan import compat, spec
-
-    compat.apply()
-    spec.register()
+    titan_compat.use_command_line(args)
     if any(a in ("-h", "--help") for a in args):
         from torchtitan.config import ConfigManager
 
         ConfigManager().parse_args(args)  # prints the help of every section and exits
-    from dispersion_titan.config_checks import ConfigError
-
     try:
         validated_args(args)
-    except (ArgumentError, ConfigError, ValueError) as e:
+    except (DispersionTitanError, ValueError) as e:
         fail(str(e).splitlines()[0])
 
     import torchtitan.train
 
-    from dispersion_titan.data.errors import DataConfigError
-    from dispersion_titan.trainer import DispersionTrainer, NonFiniteLossError
+    from dispersion_titan.trainer.trainer import DispersionTrainer
 
     _default_to_single_process()
     try:
         torchtitan.train.main(DispersionTrainer)
-    except DataConfigError as e:  # e.g. a hub dataset unreachable once the job runs
-        fail(str(e).splitlines()[0])
-    except NonFiniteLossError as e:
-        fail(str(e), status=3)
+    except DispersionTitanError as e:  # e.g. a hub dataset unreachable once the job runs
+        fail_with(e)
 
 
 if __name__ == "__main__":

@@ -34,16 +34,17 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from a checkout, installed or not
+
+from dispersion_titan.config.cli import OneLineErrorParser  # noqa: E402  (both light: no torch)
+from dispersion_titan.errors import SweepError, fail  # noqa: E402
+
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
 BASELINE = "baseline"
 # Training overrides that the grid sets for each cell; given by hand they would fight it.
 GRID_KEYS = ("--model.mlp_hidden_dim", "--dispersion.variant", "--dispersion.coeff", "--debug.seed",
              "--job.dump_folder")
-
-
-class SweepError(ValueError):
-    """Bad sweep input; the message starts with the key or file at fault."""
 
 
 @dataclass(frozen=True)
@@ -178,19 +179,16 @@ def build_spec(raw: dict[str, Any]) -> Spec:
 
 def check_training_configs(spec: Spec) -> None:
     """Parse every cell's training configuration as the training entry point will."""
-    from dispersion_titan import compat
-    from dispersion_titan import spec as train_spec
-    from dispersion_titan.cli_args import ArgumentError, load_toml, with_config_module
-    from dispersion_titan.config_checks import ConfigError
-    from dispersion_titan.train import validated_args
+    from dispersion_titan.config.cli import load_toml, with_config_module
+    from dispersion_titan.errors import DispersionTitanError
+    from dispersion_titan.train import prepare, validated_args
 
-    compat.apply()
-    train_spec.register()
+    prepare()
     for cell in spec.cells():
         args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(spec.out)]
         try:
             validated_args(with_config_module(args, load_toml(args)))
-        except (ArgumentError, ConfigError, ValueError) as e:
+        except (DispersionTitanError, ValueError) as e:
             raise SweepError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
 
 
@@ -282,14 +280,8 @@ def write_manifest(spec: Spec, jobs: list[Job], ids: dict[str, str]) -> Path:
 
 # ---- command line -------------------------------------------------------------------------
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        fail(message)
-
-
-def fail(message: str) -> None:
-    print(f"sweep: error: {message}", file=sys.stderr)
-    sys.exit(2)
+class _Parser(OneLineErrorParser):
+    error_prefix = "sweep"
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -348,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         ids = submit(spec, jobs)
         print(f"sweep: {len(jobs)} jobs submitted; manifest {write_manifest(spec, jobs, ids)}")
     except SweepError as e:
-        fail(str(e))
+        fail(str(e), prog="sweep")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def scalars(dump: Path | str) -> dict[str, dict[int, float]]:
 
 
 def load_weights(step_dir: Path | str) -> dict[str, torch.Tensor]:
-    from dispersion_titan.checkpoints import load_model, load_model_args
+    from dispersion_titan.trainer.checkpoints import load_model, load_model_args
 
     step_dir = str(step_dir)
     args = load_model_args(os.path.dirname(step_dir))

@@ -19,7 +19,7 @@ import torch
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import cosine_matrices, mean_cosine_matrices
 from dispersion_titan.analysis.statistics import summarize
-from dispersion_titan.checkpoints import load_model, load_model_args
+from dispersion_titan.trainer.checkpoints import load_model, load_model_args
 from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
@@ -240,7 +240,7 @@ def test_interrupted_analysis_completes_on_rerun(run, analysed, capsys, tmp_path
 def test_broken_checkpoints_are_reported_and_skipped(run, tmp_path, capsys):
     broken = tmp_path / "broken"
     (broken / "checkpoint").mkdir(parents=True)
-    shutil.copy(run / "model_args.json", broken)
+    shutil.copy(run / "run.json", broken)
     os.symlink(run / "checkpoint" / "step-0", broken / "checkpoint" / "step-0")
     partial = broken / "checkpoint" / "step-2"  # crashed before .metadata was written
     partial.mkdir()
@@ -281,18 +281,19 @@ def test_bad_input_fails_with_one_line(run, analysed, tmp_path, capsys):
 
 
 def test_compare_runs(run, analysed, tmp_path, capsys):
-    # A second "run" folder over the same checkpoints, with a saved TorchTitan job config.
+    # A second "run" folder over the same checkpoints, whose run.json records dispersion settings.
     other = tmp_path / "dispersed"
     other.mkdir()
     os.symlink(run / "checkpoint", other / "checkpoint")
-    shutil.copy(run / "model_args.json", other)
-    (other / "job_config.json").write_text(json.dumps({"dispersion": {"variant": "angular_spread", "coeff": 0.5}}))
+    metadata = json.loads((run / "run.json").read_text())
+    metadata["dispersion"] = {**metadata["dispersion"], "variant": "angular_spread", "coeff": 0.5}
+    (other / "run.json").write_text(json.dumps(metadata))
     assert analyze(other, *OPTS, "--steps", "4", capsys=capsys)[0] == 0
 
     out = tmp_path / "cmp"
     code, stdout, _ = analyze("compare", run, other / "condensation", "--out", out, capsys=capsys)
     assert code == 0
-    assert "baseline (mlp 256, dispersion none)" in stdout  # debug.toml saves its job config
+    assert "baseline (mlp 256, dispersion none)" in stdout  # the trainer records its dispersion settings
     assert "dispersed (mlp 256, dispersion angular_spread λ=0.5)" in stdout
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))

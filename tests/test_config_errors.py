@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispersion_titan.cli_args import ArgumentError
-from dispersion_titan.config_checks import ConfigError
+from dispersion_titan.errors import ArgumentError
+from dispersion_titan.errors import ConfigError
 from dispersion_titan.train import validated_args
 from helpers import DEBUG_TOML, python_module
 

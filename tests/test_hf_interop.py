@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
 from dispersion_titan import convert
-from dispersion_titan.checkpoints import save_model_args
+from dispersion_titan.trainer.checkpoints import save_run_metadata
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
@@ -42,7 +42,7 @@ def hf_logits(model_dir) -> torch.Tensor:
 
 
 def our_logits(step_dir) -> torch.Tensor:
-    from dispersion_titan.checkpoints import load_model, load_model_args
+    from dispersion_titan.trainer.checkpoints import load_model, load_model_args
 
     model = load_model(str(step_dir), load_model_args(os.path.dirname(str(step_dir))))
     with torch.no_grad():
@@ -98,7 +98,7 @@ def test_openai_layout_loads_under_fsdp_and_last_save_in_hf_round_trips(hf_model
 
 
 def write_dcp_checkpoint(dump, args: GPT2ModelArgs):
-    """A real DCP step directory (and the run's model_args.json) of a random model."""
+    """A real DCP step directory (and the run's run.json) of a random model."""
     torch.manual_seed(1)
     with torch.device("meta"):
         model = GPT2(args)
@@ -106,7 +106,7 @@ def write_dcp_checkpoint(dump, args: GPT2ModelArgs):
     model.init_weights()
     step = dump / "checkpoint" / "step-0"
     dcp.save(model.state_dict(), checkpoint_id=str(step))
-    save_model_args(str(dump), args)
+    save_run_metadata(str(dump), "gpt2", args)
     return step
 
 
@@ -160,5 +160,5 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
         convert.main(["to-hf", str(tmp_path / "nope" / "checkpoint" / "step-3"), str(tmp_path / "out")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "model_args.json: missing" in err[0]
+    assert len(err) == 1 and "run.json: missing" in err[0]
     assert not (tmp_path / "out").exists()

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from dispersion_titan.analyze import main as analyze_main
-from dispersion_titan.checkpoints import CheckpointError, check_complete, list_checkpoints
-from dispersion_titan.cli_args import ArgumentError
-from dispersion_titan.config_checks import ConfigError
+from dispersion_titan.trainer.checkpoints import CheckpointError, check_complete, list_checkpoints
+from dispersion_titan.errors import ArgumentError
+from dispersion_titan.errors import ConfigError
 from dispersion_titan.train import validated_args
 from helpers import (
     DEBUG_TOML,
@@ -300,7 +300,7 @@ def test_analysis_on_a_missing_device_fails_with_one_line(reference, capsys):
 def test_analysis_needs_the_recorded_model_shape(reference, tmp_path, capsys):
     bare = tmp_path / "bare"
     shutil.copytree(reference / "checkpoint", bare / "checkpoint")
-    assert_one_line_error(*analyze(bare, *ANALYSIS, capsys=capsys)[::2], f"{bare / 'model_args.json'}: missing")
+    assert_one_line_error(*analyze(bare, *ANALYSIS, capsys=capsys)[::2], f"{bare / 'run.json'}: missing")
     assert not (bare / "condensation").exists()
 
 

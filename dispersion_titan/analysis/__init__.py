@@ -6,6 +6,6 @@ paper's numbers, ``results`` / ``figures`` / ``tensorboard`` write them, ``runne
 analyses one run and ``compare`` sets several runs side by side.
 """
 
+from dispersion_titan.errors import AnalysisError
 
-class AnalysisError(ValueError):
-    """Bad options or inputs; the message names the option, file or folder."""
+__all__ = ["AnalysisError"]

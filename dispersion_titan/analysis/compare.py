@@ -2,20 +2,20 @@
 
 Only analyses of the same token sequences are comparable; anything else is refused.
 Runs are labelled by their folder name plus MLP width (from the recorded model args)
-and dispersion variant (from a TorchTitan job config saved in the run folder with
-``--job.save_config_file``), which is what MLP-width sweeps and dispersion-vs-baseline
+and dispersion variant (from the ``run.json`` the trainer writes into the run folder), which is what MLP-width sweeps and dispersion-vs-baseline
 plots need.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CheckpointError
+from ..trainer.checkpoints import load_run_metadata
 from . import AnalysisError, figures
 from .inputs import differences
 from .results import RESULT_FILE, ensure_writable, read_results, write_csv
@@ -48,18 +48,15 @@ def _pick(run: str, step: str) -> dict:
 
 
 def dispersion_variant(run_dir: str) -> str | None:
-    """The dispersion settings of a TorchTitan job config saved in the run folder, if any."""
-    for path in sorted(glob.glob(os.path.join(run_dir, "*.json"))):
-        try:
-            with open(path) as f:
-                config = json.load(f)
-        except (OSError, ValueError):
-            continue
-        dispersion = config.get("dispersion") if isinstance(config, dict) else None
-        if isinstance(dispersion, dict) and "variant" in dispersion:
-            variant = dispersion["variant"]
-            return variant if variant == "none" else f"{variant} λ={dispersion.get('coeff')}"
-    return None
+    """The dispersion settings recorded in the run's ``run.json``; None when it has none."""
+    try:
+        dispersion = load_run_metadata(run_dir).get("dispersion")
+    except CheckpointError:
+        return None
+    if not isinstance(dispersion, dict) or "variant" not in dispersion:
+        return None
+    variant = dispersion["variant"]
+    return variant if variant == "none" else f"{variant} λ={dispersion.get('coeff')}"
 
 
 def mlp_width(result: dict) -> int:

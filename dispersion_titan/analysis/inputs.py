@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..data.corpora import DataConfigError
+from ..errors import DataConfigError
 from . import AnalysisError
 
 DEFAULT_DATASET = "enwiki_sample"

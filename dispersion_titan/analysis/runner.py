@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from ..checkpoints import CheckpointError, checkpoint_folder, list_checkpoints, load_model, load_model_args
+from ..errors import CheckpointError
+from ..trainer.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args
 from . import AnalysisError, figures
 from .inputs import InputOptions, Sequences, differences, select_sequences
 from .measure import mean_cosine_matrices
@@ -84,7 +85,7 @@ class RunAnalysis:
         if options.inputs.seq_len > self.model_args.max_seq_len:
             raise AnalysisError(
                 f"--seq-len: {options.inputs.seq_len} exceeds the model's {self.model_args.max_seq_len} "
-                f"positions (max_seq_len in {self.dump}/model_args.json)"
+                f"positions (max_seq_len in {self.dump}/run.json)"
             )
         self.device = resolve_device(options.device, options.dtype)
         self.out = options.out or os.path.join(self.dump, "condensation")

@@ -25,7 +25,7 @@ from typing import Any
 
 import datasets
 
-from .errors import DataConfigError
+from ..errors import DataConfigError
 from .sources import (
     check_local_copy,
     in_default_cache,

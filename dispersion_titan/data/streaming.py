@@ -23,7 +23,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from .errors import DataConfigError
+from ..errors import DataConfigError
 from .layout import RankSlice, Sample
 from .tokens import tokenize
 

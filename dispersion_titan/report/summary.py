@@ -19,6 +19,7 @@ import numpy as np
 
 from ..analysis.compare import analyses_folder, dispersion_variant, format_table, load_runs, mlp_width
 from ..analysis.results import read_results
+from ..errors import AnalysisError
 
 VALIDATION_TAG = "validation_metrics/loss"
 QUESTIONS = (
@@ -86,12 +87,15 @@ def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
     runs = []
     for dump, first, last in zip(dumps, init, final):
         variant = dispersion_variant(dump)
+        if variant is None:  # never guess "baseline" for a run whose settings are unknown
+            raise AnalysisError(f"{os.path.join(dump, 'run.json')}: no dispersion settings recorded; "
+                                "runs must be trained by dispersion_titan.train")
         same_inputs = last.result["inputs"]["tokens_sha256"]
         analyses = read_results(analyses_folder(dump)).values()
         runs.append(RunCondensation(
             name=os.path.basename(os.path.normpath(dump)),
             width=mlp_width(last.result),
-            dispersion=None if variant in (None, "none") else variant,
+            dispersion=None if variant == "none" else variant,
             init=first.result,
             final=last.result,
             trajectory={r["step"]: late_cos(r) for r in analyses if r["inputs"]["tokens_sha256"] == same_inputs},

@@ -14,14 +14,14 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from dispersion_titan import compat
+from dispersion_titan.trainer import titan_compat
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.parallelize import apply_fsdp, apply_tp
 
 
 def main(dp: int, tp: int) -> None:
-    compat.apply()
+    titan_compat.apply()
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)

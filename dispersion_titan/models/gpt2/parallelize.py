@@ -24,10 +24,10 @@ from torch.distributed.tensor.parallel import (
 from torchtitan.config import TORCH_DTYPE_MAP, JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
-from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list, apply_compile, apply_ddp
+from torchtitan.models.llama3.infra.parallelize import apply_compile, apply_ddp
 from torchtitan.tools.logging import logger
 
-from ... import compat
+from ...trainer import titan_compat
 from .model import GPT2
 
 
@@ -45,7 +45,7 @@ def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobCo
             model,
             job_config.activation_checkpoint,
             model_compile_enabled=compile_model,
-            op_sac_save_list=_op_sac_save_list,
+            op_sac_save_list=titan_compat.SAC_SAVE_LIST,
             base_folder=job_config.job.dump_folder,
         )
     if compile_model:
@@ -128,7 +128,7 @@ def apply_fsdp(
     for block in model.layers.values():
         fully_shard(block, **config, reshard_after_forward=reshard_after_forward)
     fully_shard(model, **config)
-    force_sum = compat.backend_needs_sum_reduction()
+    force_sum = titan_compat.backend_needs_sum_reduction()
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # TorchTitan normalises by the global token count itself: gradients are summed.

@@ -10,19 +10,17 @@ import re
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 
-from .models.gpt2.args import GPT2ModelArgs
-from .models.gpt2.model import GPT2
+from ..errors import CheckpointError
+from ..models.gpt2.args import GPT2ModelArgs
+from ..models.gpt2.model import GPT2
 
-MODEL_ARGS_FILE = "model_args.json"
+RUN_METADATA_FILE = "run.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(ValueError):
-    """A missing, partial or corrupt checkpoint; the message names the path."""
 
 
 @dataclass(frozen=True)
@@ -74,26 +72,42 @@ def check_complete(step_dir: str) -> None:
             )
 
 
-def save_model_args(folder: str, args: GPT2ModelArgs) -> None:
-    """Record the model shape in the run folder (head count cannot be read off weights)."""
+def save_run_metadata(folder: str, model_name: str, args: GPT2ModelArgs,
+                      dispersion: dict[str, Any] | None = None, seed: int | None = None) -> None:
+    """Record what the analysis, the converter and the reports need to know of a run:
+    the model family and shape (head count cannot be read off weights) and the
+    dispersion settings it trained with (None: not trained by dispersion_titan.train)."""
     os.makedirs(folder, exist_ok=True)
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
-    tmp = os.path.join(folder, f".{MODEL_ARGS_FILE}.tmp")
+    metadata = {"model_name": model_name, "model_args": fields, "dispersion": dispersion, "seed": seed}
+    tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
-        json.dump(fields, f, indent=2)
-    os.replace(tmp, os.path.join(folder, MODEL_ARGS_FILE))
+        json.dump(metadata, f, indent=2)
+    os.replace(tmp, os.path.join(folder, RUN_METADATA_FILE))
+
+
+def load_run_metadata(dump_folder: str) -> dict[str, Any]:
+    """The ``run.json`` of a dump folder, checked for the keys every reader uses."""
+    path = os.path.join(dump_folder, RUN_METADATA_FILE)
+    try:
+        with open(path) as f:
+            metadata = json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; it is written by dispersion_titan.train at start") from None
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("model_args"), dict):
+        raise CheckpointError(f"{path}: invalid (no model_args)")
+    return metadata
 
 
 def load_model_args(checkpoint_dir: str) -> GPT2ModelArgs:
     """The shape recorded in the run's dump folder (the checkpoint folder's parent)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(checkpoint_dir)), MODEL_ARGS_FILE)
+    dump = os.path.dirname(os.path.abspath(checkpoint_dir))
     try:
-        with open(path) as f:
-            return GPT2ModelArgs(**json.load(f))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing; it is written by dispersion_titan.train at start") from None
-    except (json.JSONDecodeError, TypeError) as e:
-        raise CheckpointError(f"{path}: invalid ({e})") from None
+        return GPT2ModelArgs(**load_run_metadata(dump)["model_args"])
+    except TypeError as e:
+        raise CheckpointError(f"{os.path.join(dump, RUN_METADATA_FILE)}: invalid ({e})") from None
 
 
 def load_model(step_dir: str, args: GPT2ModelArgs, device: str | torch.device = "cpu",

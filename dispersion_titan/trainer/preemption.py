@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
+
+from .titan_compat import checkpoint_folder, save_full_checkpoint
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try again"
 SIGNAL_ENV = "PREEMPT_SIGNAL"
@@ -38,30 +38,6 @@ def parse_signal(name: str) -> signal.Signals:
         return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
     except (KeyError, ValueError):
         raise ValueError(f"{SIGNAL_ENV}: {name!r} is not a signal name such as USR1") from None
-
-
-@contextmanager
-def _attributes_set(obj: Any, **values: Any) -> Iterator[None]:
-    old = {name: getattr(obj, name) for name in values}
-    for name, value in values.items():
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for name, value in old.items():
-            setattr(obj, name, value)
-
-
-def save_full_checkpoint(checkpointer: Any, step: int) -> None:
-    """Save every state of ``step`` now, synchronously, whatever the interval.
-
-    TorchTitan's ``save`` writes only on interval steps, except for the last step, which
-    it writes synchronously after waiting for any asynchronous save still in flight.
-    That last-step path is the one wanted here, with the full state instead of the
-    weights-only export that ``last_save_model_only`` makes of a finished run.
-    """
-    with _attributes_set(checkpointer, last_save_model_only=False, last_save_in_hf=False):
-        checkpointer.save(curr_step=step, last_step=True)
 
 
 class Preemption:
@@ -95,7 +71,7 @@ class Preemption:
         if not self._agreed():
             return
         ckpt = trainer.checkpointer
-        if not ckpt.enable:
+        if checkpoint_folder(ckpt) is None:
             if self.requested:
                 logger.warning(f"{self.signum.name} received, but checkpointing is disabled: training goes on")
             self.requested = False

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from . import CONFIG_MODULE
+from .. import CONFIG_MODULE
+from ..errors import ArgumentError, fail
 
 _CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 _CUSTOM_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
-
-
-class ArgumentError(ValueError):
-    """Bad command line or TOML file; the message names the flag or file."""
 
 
 def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
@@ -57,17 +53,13 @@ def with_config_module(args: list[str], toml: dict) -> list[str]:
     return [*args, _CUSTOM_MODULE_FLAGS[0], CONFIG_MODULE]
 
 
-def fail(message: str, status: int = 2) -> None:
-    """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
-    print(f"dispersion_titan: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(status)
-
-
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse whose usage errors end like every other error here: one line, exit 2."""
 
+    error_prefix = "dispersion_titan"
+
     def error(self, message: str) -> None:
-        fail(message)
+        fail(message, prog=self.error_prefix)
 
 
 def positive_int(text: str) -> int:

@@ -1,6 +1,6 @@
 """Checks run on the parsed job config before any process group starts.
 
-Each failure is a ``ConfigError`` whose one-line message names the offending field,
+Each failure is a ``ConfigError`` (``dispersion_titan.errors``) whose one-line message names the offending field,
 so ``dispersion_titan.train`` can print it and exit non-zero without touching the
 dump folder.
 """
@@ -14,16 +14,10 @@ from typing import Any, Literal
 
 from torchtitan.config import JobConfig
 
-from .data.corpora import DataConfigError, check_dataset
-from .models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
-
-LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
-DISPERSION_VARIANTS = ("none", "angular_spread", "orthogonalization", "l2_repel", "decorrelation")
-
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the field."""
-
+from ..data.corpora import check_dataset
+from ..errors import ConfigError, DataConfigError
+from ..losses.options import CONFIG_VARIANTS, RANGES, range_error, resolve_layers
+from ..models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
 
 def _matches(value: Any, annotation: Any) -> bool:
     origin = typing.get_origin(annotation)
@@ -65,50 +59,18 @@ def check_toml_types(config_cls: type, values: dict[str, Any], prefix: str = "")
             raise ConfigError(f"{name}: expected {expected}, got {value!r}")
 
 
-def resolve_dispersion_layers(spec: str | list[int], n_layers: int) -> list[int]:
-    """0-based block indices selected by ``dispersion.layers``."""
-    if isinstance(spec, str):
-        half = n_layers // 2
-        table = {
-            "all": range(n_layers),
-            "last": range(n_layers - 1, n_layers),
-            "early_half": range(half),
-            "late_half": range(half, n_layers),
-        }
-        if spec not in table:
-            raise ConfigError(
-                f"dispersion.layers: {spec!r} is not one of {LAYER_KEYWORDS} or a list of block indices"
-            )
-        chosen = list(table[spec])
-    else:
-        bad = [i for i in spec if not 1 <= i <= n_layers]
-        if bad or not spec:
-            raise ConfigError(
-                f"dispersion.layers: block indices must be 1..{n_layers} (1-based), got {spec}"
-            )
-        chosen = sorted({i - 1 for i in spec})
-    if not chosen:
-        raise ConfigError(f"dispersion.layers: {spec!r} selects no block of {n_layers}")
-    return chosen
-
-
 def check_dispersion(config: JobConfig, n_layers: int) -> None:
     d = config.dispersion
-    if d.variant not in DISPERSION_VARIANTS:
-        raise ConfigError(f"dispersion.variant: {d.variant!r} is not one of {DISPERSION_VARIANTS}")
-    if not d.coeff >= 0:
-        raise ConfigError(f"dispersion.coeff: must be >= 0, got {d.coeff}")
-    if not d.tau > 0:
-        raise ConfigError(f"dispersion.tau: must be > 0, got {d.tau}")
-    if not 0 < d.clamp < 1:
-        raise ConfigError(f"dispersion.clamp: must be in (0, 1), got {d.clamp}")
-    if not d.lambda_norm >= 0:
-        raise ConfigError(f"dispersion.lambda_norm: must be >= 0, got {d.lambda_norm}")
-    if d.max_tokens < 0 or d.max_tokens == 1:
-        raise ConfigError(f"dispersion.max_tokens: must be 0 (all) or >= 2, got {d.max_tokens}")
-    if d.warmup_steps < 0:
-        raise ConfigError(f"dispersion.warmup_steps: must be >= 0, got {d.warmup_steps}")
-    resolve_dispersion_layers(d.layers, n_layers)
+    if d.variant not in CONFIG_VARIANTS:
+        raise ConfigError(f"dispersion.variant: {d.variant!r} is not one of {CONFIG_VARIANTS}")
+    for name in RANGES:
+        problem = range_error(name, getattr(d, name))
+        if problem:
+            raise ConfigError(f"dispersion.{name}: {problem}")
+    try:
+        resolve_layers(d.layers, n_layers)
+    except ValueError as e:
+        raise ConfigError(f"dispersion.layers: {e}") from None
 
 
 def check_model(config: JobConfig, args: GPT2ModelArgs) -> None:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .config_checks import resolve_dispersion_layers
-from .losses import dispersion_loss, mean_offdiag_cosine
+from ..losses import dispersion_loss, mean_offdiag_cosine
+from ..losses.options import resolve_layers
 from .sequence_parallel import gather_sequence
 
 
@@ -26,13 +26,15 @@ class MicrobatchDispersion:
     """(b/G)·mean_ℓ L_disp, detached (0 for ``none``)."""
     block_cosine_sums: torch.Tensor | None
     """Σ over this micro-batch's sequences of each block's mean off-diagonal cosine."""
+    coeff: float
+    """λ at this step (0 for ``none``)."""
 
 
 class DispersionObjective:
     def __init__(self, cfg, n_layers: int, global_batch_size: int, seed: int, tp_group: dist.ProcessGroup | None):
         self.cfg = cfg
         self.active = cfg.variant != "none"
-        self.layers = resolve_dispersion_layers(cfg.layers, n_layers)
+        self.layers = resolve_layers(cfg.layers, n_layers)
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.tp_group = tp_group
@@ -53,6 +55,7 @@ class DispersionObjective:
     def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool) -> MicrobatchDispersion:
         share = block_outputs[0].shape[0] / self.global_batch_size
         weighted = None
+        coeff = self.coeff(step) if self.active else 0.0
         unweighted = torch.zeros((), device=block_outputs[0].device)
         if self.active:
             per_layer = [
@@ -68,7 +71,7 @@ class DispersionObjective:
                 for i in self.layers
             ]
             mean = torch.stack(per_layer).mean() * share
-            weighted = mean * self.coeff(step)
+            weighted = mean * coeff
             unweighted = mean.detach()
         stats = None
         if with_stats:
@@ -77,4 +80,4 @@ class DispersionObjective:
                 stats = torch.stack(
                     [mean_offdiag_cosine(gather_sequence(h.detach(), self.tp_group)) * b for h in block_outputs]
                 )
-        return MicrobatchDispersion(weighted, unweighted, stats)
+        return MicrobatchDispersion(weighted, unweighted, stats, coeff)

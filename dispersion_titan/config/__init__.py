@@ -1,0 +1,12 @@
+"""Configuration: the extra TOML schema (``schema``), the checks run before any process
+group starts (``checks``) and the command-line helpers that run before TorchTitan is
+imported (``cli``).
+
+TorchTitan loads ``job.custom_config_module`` (``dispersion_titan.config``) and reads its
+``JobConfig``: this package is that module, so it re-exports the schema and imports
+nothing heavy.
+"""
+
+from dispersion_titan.config.schema import Checkpoint, Dispersion, JobConfig, Model
+
+__all__ = ["Checkpoint", "Dispersion", "JobConfig", "Model"]

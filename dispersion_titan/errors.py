@@ -1,0 +1,62 @@
+"""Every error a user can cause, and the one way it ends a command: one line, an exit status.
+
+Each subclass names the kind of input at fault (its message names the field, flag or
+file); entry points catch ``DispersionTitanError`` once and call ``fail``. Kept free of
+heavy imports: ``train`` must use it before TorchTitan is imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+
+class DispersionTitanError(ValueError):
+    """Bad input or a failed run, reported in one line; ``status`` is the exit status."""
+
+    status = 2
+
+
+class ArgumentError(DispersionTitanError):
+    """Bad command line or TOML file."""
+
+
+class ConfigError(DispersionTitanError):
+    """An invalid configuration value."""
+
+
+class DataConfigError(DispersionTitanError):
+    """Bad dataset name, path or contents."""
+
+
+class CheckpointError(DispersionTitanError):
+    """A missing, partial or corrupt checkpoint."""
+
+
+class AnalysisError(DispersionTitanError):
+    """Bad analysis options or inputs."""
+
+
+class ConvertError(DispersionTitanError):
+    """A checkpoint or export folder that cannot be converted."""
+
+
+class SweepError(DispersionTitanError):
+    """A bad sweep spec."""
+
+
+class NonFiniteLossError(DispersionTitanError):
+    """The loss became NaN or infinite; training stopped before saving that step."""
+
+    status = 3
+
+
+def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoReturn:
+    """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(status)
+
+
+def fail_with(error: DispersionTitanError, status: int | None = None) -> NoReturn:
+    """``fail`` with the first line of ``error`` and its own status unless one is given."""
+    fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status if status is None else status)

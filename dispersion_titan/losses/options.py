@@ -1,0 +1,67 @@
+"""The dispersion options' one definition: variant names, value ranges and block selection.
+
+``config.schema`` documents them, ``config.checks`` applies them to a job config and the
+trainer resolves ``layers`` with them, so a new variant or range changes only this file
+(and the loss itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .dispersion import VARIANTS
+
+CONFIG_VARIANTS = ("none", *VARIANTS)
+"""``dispersion.variant`` values: ``none`` (cross-entropy only) or a loss variant."""
+
+LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
+
+RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "coeff": (lambda v: v >= 0, ">= 0"),
+    "tau": (lambda v: v > 0, "> 0"),
+    "clamp": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "lambda_norm": (lambda v: v >= 0, ">= 0"),
+    "max_tokens": (lambda v: v == 0 or v >= 2, "0 (all positions) or >= 2"),
+    "warmup_steps": (lambda v: v >= 0, ">= 0"),
+}
+"""Each numeric option's valid range: a predicate and how to say it (NaN fails every one)."""
+
+
+def range_error(name: str, value: float) -> str | None:
+    """``"must be <range>, got <value>"`` when ``value`` is outside option ``name``'s range."""
+    valid, text = RANGES[name]
+    return None if valid(value) else f"must be {text}, got {value}"
+
+
+def _block_indices(spec: str | list[int]) -> list[int] | None:
+    """A list of 1-based indices from a list, or from ``"3"`` / ``"1,2,5"`` as typed on a command line."""
+    if isinstance(spec, list):
+        return spec
+    parts = [p.strip() for p in spec.split(",")]
+    if all(p.isdigit() for p in parts):
+        return [int(p) for p in parts]
+    return None
+
+
+def resolve_layers(spec: str | list[int], n_layers: int) -> list[int]:
+    """0-based block indices selected by ``dispersion.layers``; ValueError naming what is wrong."""
+    indices = _block_indices(spec)
+    if indices is None:
+        half = n_layers // 2
+        table = {
+            "all": range(n_layers),
+            "last": range(n_layers - 1, n_layers),
+            "early_half": range(half),
+            "late_half": range(half, n_layers),
+        }
+        if spec not in table:
+            raise ValueError(f"{spec!r} is not one of {LAYER_KEYWORDS} or block indices such as 3 or 1,2,5")
+        chosen = list(table[spec])
+    else:
+        bad = [i for i in indices if not 1 <= i <= n_layers]
+        if bad or not indices:
+            raise ValueError(f"block indices must be 1..{n_layers} (1-based), got {spec}")
+        chosen = sorted({i - 1 for i in indices})
+    if not chosen:
+        raise ValueError(f"{spec!r} selects no block of {n_layers}")
+    return chosen

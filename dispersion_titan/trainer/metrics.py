@@ -1,0 +1,90 @@
+"""What the training log and TensorBoard show beyond TorchTitan's own metrics: the two
+loss terms and each block's mean off-diagonal cosine, a live condensation curve."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.tools.logging import logger
+
+
+def global_batch_size(job_config, parallel_dims) -> int:
+    """Sequences per optimizer step over all data-parallel ranks (TorchTitan's -1 default
+    means one local batch per rank)."""
+    size = job_config.training.global_batch_size
+    if size < 0:
+        degree = parallel_dims.get_mesh("batch").size() if parallel_dims.dp_enabled else 1
+        size = job_config.training.local_batch_size * degree
+    return size
+
+
+class StepMetrics:
+    """Per-step sums that TorchTitan's loop does not know about, kept on the device and
+    reduced only at log time."""
+
+    def __init__(self, global_batch_size: int) -> None:
+        self.global_batch_size = global_batch_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.ce: torch.Tensor | None = None
+        self.dispersion: torch.Tensor | None = None
+        self.cosine_sums: torch.Tensor | None = None
+
+    def add(self, ce: torch.Tensor, dispersion: torch.Tensor, cosine_sums: torch.Tensor | None) -> None:
+        self.ce = ce if self.ce is None else self.ce + ce
+        self.dispersion = dispersion if self.dispersion is None else self.dispersion + dispersion
+        if cosine_sums is not None:
+            self.cosine_sums = cosine_sums if self.cosine_sums is None else self.cosine_sums + cosine_sums
+
+    def local_loss(self) -> torch.Tensor:
+        """This rank's share of the step's loss (CE + unweighted dispersion)."""
+        return self.ce + self.dispersion
+
+
+class DispersionMetricsProcessor(MetricsProcessor):
+    """Adds ``ce``, ``dispersion`` and each block's ``mean_cos_offdiag`` to the training
+    log and TensorBoard, and perplexity to validation. Owns the step's ``StepMetrics``."""
+
+    def __init__(self, job_config, parallel_dims, tag: str | None = None) -> None:
+        super().__init__(job_config, parallel_dims, tag)
+        self.step_metrics = StepMetrics(global_batch_size(job_config, parallel_dims))
+
+    def _global_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over data-parallel ranks (the ``loss`` mesh), as TorchTitan does for the loss."""
+        if not self.parallel_dims.dp_cp_enabled:
+            return t
+        t = t.clone()
+        dist.all_reduce(t, group=self.parallel_dims.get_mesh("loss").get_group())
+        return t
+
+    def log(self, step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
+            extra_metrics: dict[str, Any] | None = None) -> None:
+        extra = dict(extra_metrics or {})
+        m = self.step_metrics
+        if m.ce is not None:
+            extra["loss_metrics/ce"] = ce = self._global_sum(m.ce).item()
+            extra["loss_metrics/dispersion"] = disp = self._global_sum(m.dispersion).item()
+            line = f"ce: {ce:8.5f}  dispersion: {disp:8.5f}"
+            if m.cosine_sums is not None:
+                cos = (self._global_sum(m.cosine_sums) / m.global_batch_size).tolist()
+                for i, value in enumerate(cos, start=1):
+                    extra[f"condensation/block_{i}_mean_cos_offdiag"] = value
+                line += "  mean_cos_offdiag by block: " + " ".join(f"{v:.3f}" for v in cos)
+            logger.info(f"step: {step:2}  {line}")
+        super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None) -> None:
+        extra = dict(extra_metrics or {})
+        extra["validation_metrics/perplexity"] = math.exp(min(loss, 50.0))
+        super().log_validation(loss, step, extra_metrics=extra)
+
+
+def build_dispersion_metrics_processor(job_config, parallel_dims, model_args=None,
+                                       tag: str | None = None) -> DispersionMetricsProcessor:
+    del model_args
+    return DispersionMetricsProcessor(job_config, parallel_dims, tag)

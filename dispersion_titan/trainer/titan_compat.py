@@ -1,0 +1,266 @@
+"""Every place dispersion_titan relies on TorchTitan 0.2.2 internals, in one module.
+
+Nothing else imports a private TorchTitan name or depends on how TorchTitan's code is
+written inside. Each touch below has a canary test (``tests/test_titan_compat.py``)
+that fails loudly, naming the touch, when an upgrade changes what it relies on:
+
+- ``use_command_line``: ``torchtitan.train.main`` parses ``ConfigManager.parse_args``'s
+  default argument, a copy of ``sys.argv[1:]`` made when TorchTitan was imported.
+- ``merged_job_config_class``: ``ConfigManager._merge_configs`` builds the config class
+  with our sections, for type checks before parsing.
+- ``use_cpu``: the module-level ``device_type`` / ``device_module`` bindings and the
+  memory monitor's default device, which assume CUDA.
+- ``SAC_SAVE_LIST``: llama3's private per-op activation-checkpointing save list.
+- ``init_validator``: ``Validator.__init__`` builds TorchTitan's own text loader, so
+  its fields are set here instead.
+- ``save_full_checkpoint``: the checkpointer's last-step save path and its
+  ``last_save_model_only`` / ``last_save_in_hf`` attributes.
+- ``checkpoint_folder``: a disabled checkpointer has no ``folder`` attribute.
+- ``trainer_class``: an after-checkpoint-load hook (``train()`` loads, then calls
+  ``should_continue_training``), and TorchTitan's non-pipelined ``forward_backward_step``
+  around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import resource
+import sys
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import version
+from typing import Any
+
+import torch
+
+TORCHTITAN_VERSION = "0.2.2"
+
+
+def check_torchtitan_version() -> None:
+    """Fail loudly if the TorchTitan underneath is not the one this module was written for."""
+    found = version("torchtitan")
+    if found != TORCHTITAN_VERSION:
+        raise RuntimeError(
+            f"dispersion_titan requires torchtitan=={TORCHTITAN_VERSION}, found {found}; "
+            "its internals touched in dispersion_titan/trainer/titan_compat.py must be re-checked"
+        )
+
+
+# ------------------------------------------------------------------------ configuration
+
+
+def use_command_line(args: list[str]) -> None:
+    """Make ``torchtitan.train.main`` parse ``args``.
+
+    ``ConfigManager.parse_args(args=sys.argv[1:])`` binds its default when TorchTitan is
+    imported; the default list is updated in place, so the import order does not matter.
+    """
+    from torchtitan.config import ConfigManager
+
+    sys.argv[1:] = args
+    default = ConfigManager.parse_args.__defaults__[0]
+    default[:] = args
+
+
+def merged_job_config_class(custom: type) -> type:
+    """TorchTitan's JobConfig class merged with ``custom``'s sections, as ``parse_args`` merges them."""
+    from torchtitan.config import ConfigManager, JobConfig
+
+    return ConfigManager._merge_configs(JobConfig, custom)
+
+
+# ------------------------------------------------------------------------ CPU devices
+
+# Modules that bind ``device_type``/``device_module`` by name at import time.
+MODULES_BINDING_DEVICE = (
+    "torchtitan.tools.utils",
+    "torchtitan.components.metrics",
+    "torchtitan.distributed.utils",
+    "torchtitan.distributed.parallel_dims",
+    "torchtitan.tools.profiling",
+)
+
+_cpu_applied = False
+
+
+def _total_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _cpu_memory_stats(device: object = None) -> dict[str, int]:
+    """Peak resident set size of this process, reported like the CUDA allocator's stats."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {
+        "active_bytes.all.peak": peak,
+        "reserved_bytes.all.peak": peak,
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
+    }
+
+
+def _cpu_device_module() -> types.SimpleNamespace:
+    """``torch.cpu`` plus the CUDA-module functions TorchTitan calls on its device module."""
+    return types.SimpleNamespace(
+        set_device=lambda device: None,
+        current_device=lambda: 0,
+        synchronize=torch.cpu.synchronize,
+        device_count=lambda: 1,
+        is_available=lambda: True,
+        get_device_name=lambda device=None: f"CPU ({platform.processor() or platform.machine()})",
+        get_device_properties=lambda device=None: types.SimpleNamespace(total_memory=_total_memory_bytes()),
+        memory_stats=_cpu_memory_stats,
+        reset_peak_memory_stats=lambda device=None: None,
+        empty_cache=lambda: None,
+        memory=types.SimpleNamespace(_record_memory_history=lambda *a, **k: None, _snapshot=lambda: {}),
+    )
+
+
+def uses_cpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def apply() -> None:
+    """Check the version and, without a GPU, point TorchTitan at the CPU. Idempotent; run
+    before a Trainer is built. On CUDA the device selection is left as TorchTitan made it."""
+    global _cpu_applied
+    check_torchtitan_version()
+    if _cpu_applied or not uses_cpu():
+        return
+    import importlib
+
+    from torchtitan.components.metrics import DeviceMemoryMonitor
+
+    cpu_module = _cpu_device_module()
+    for name in MODULES_BINDING_DEVICE:
+        module = importlib.import_module(name)
+        module.device_type = "cpu"
+        if hasattr(module, "device_module"):
+            module.device_module = cpu_module
+    # DeviceMemoryMonitor's default argument captured "cuda:0" at import time.
+    DeviceMemoryMonitor.__init__.__defaults__ = ("cpu:0",)
+    _cpu_applied = True
+
+
+def backend_needs_sum_reduction() -> bool:
+    """gloo has no PREMUL_SUM, which FSDP2 uses for its reduce-scatter."""
+    return torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
+
+
+# ------------------------------------------------------------------------ activation checkpointing
+
+
+def _sac_save_list() -> set:
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+    # Linear layers with a bias (all of GPT-2's) run as addmm: without it every matmul
+    # would be recomputed under selective_ac_option = "op".
+    return set(_op_sac_save_list) | {torch.ops.aten.addmm.default}
+
+
+SAC_SAVE_LIST = _sac_save_list()
+
+
+# ------------------------------------------------------------------------ validation
+
+# The attributes ``Validator.__init__`` sets, besides the data loader built from its own
+# C4 text loader; ``init_validator`` sets the same ones.
+VALIDATOR_FIELDS = (
+    "job_config", "tokenizer", "parallel_dims", "loss_fn", "validation_dataloader", "validation_context",
+    "maybe_enable_amp", "metrics_processor", "pp_schedule", "pp_has_first_stage", "pp_has_last_stage",
+)
+
+
+def init_validator(validator: Any, validation_dataloader: Any, **fields: Any) -> None:
+    """What ``Validator.__init__`` does, with our data loader instead of TorchTitan's."""
+    from torchtitan.components.validate import BaseValidator
+
+    BaseValidator.__init__(validator, fields.pop("job_config"))
+    fields.pop("dp_world_size")
+    fields.pop("dp_rank")
+    expected = set(VALIDATOR_FIELDS) - {"job_config", "validation_dataloader"}
+    if set(fields) != expected:
+        raise TypeError(f"init_validator: expected fields {sorted(expected)}, got {sorted(fields)}")
+    validator.validation_dataloader = validation_dataloader
+    for name, value in fields.items():
+        setattr(validator, name, value)
+
+
+# ------------------------------------------------------------------------ checkpointing
+
+
+def checkpoint_folder(checkpointer: Any) -> str | None:
+    """The checkpoint folder, or None when checkpointing is disabled (then the
+    CheckpointManager never sets ``folder``)."""
+    return checkpointer.folder if checkpointer.enable else None
+
+
+@contextmanager
+def _attributes_set(obj: Any, **values: Any) -> Iterator[None]:
+    old = {name: getattr(obj, name) for name in values}
+    for name, value in values.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in old.items():
+            setattr(obj, name, value)
+
+
+def save_full_checkpoint(checkpointer: Any, step: int) -> None:
+    """Save every state of ``step`` now, synchronously, whatever the interval.
+
+    TorchTitan's ``save`` writes only on interval steps, except for the last step, which
+    it writes synchronously after waiting for any asynchronous save still in flight.
+    That last-step path is the one wanted here, with the full state instead of the
+    weights-only export that ``last_save_model_only`` makes of a finished run.
+    """
+    with _attributes_set(checkpointer, last_save_model_only=False, last_save_in_hf=False):
+        checkpointer.save(curr_step=step, last_step=True)
+
+
+# ------------------------------------------------------------------------ the trainer
+
+
+@functools.cache
+def trainer_class() -> type:
+    """``TrainerHooks``, built on first use: importing ``torchtitan.train`` is slow."""
+    from torchtitan.train import Trainer
+
+    class TrainerHooks(Trainer):
+        """TorchTitan's Trainer with the two hooks ``DispersionTrainer`` needs."""
+
+        _loaded = False
+
+        def on_checkpoint_loaded(self) -> None:
+            """Runs once, after ``train()`` has loaded (or not found) a checkpoint and before step 1."""
+
+        def should_continue_training(self) -> bool:
+            # ``train()`` calls this right after ``checkpointer.load`` and then once per step.
+            if not self._loaded:
+                self._loaded = True
+                self.on_checkpoint_loaded()
+            return super().should_continue_training()
+
+        def forward_backward_step(self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+                                  global_valid_tokens: torch.Tensor) -> torch.Tensor:
+            """TorchTitan's non-pipelined ``forward_backward_step``, with the model call, the loss
+            and the backward handed to ``model_forward_backward`` (inside the train context)."""
+            if self.parallel_dims.pp_enabled:
+                raise NotImplementedError("dispersion_titan does not support pipeline parallelism")
+            inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
+            (model,) = self.model_parts
+            with self.train_context():
+                return self.model_forward_backward(
+                    model, inputs, labels, global_valid_tokens, {**extra_inputs, **extra_kwargs}
+                )
+
+        def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                                   global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
+            """Forward (under ``self.maybe_enable_amp``), loss sum / ``global_valid_tokens``,
+            backward; returns the detached loss to log."""
+            raise NotImplementedError
+
+    return TrainerHooks

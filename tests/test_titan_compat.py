@@ -1,0 +1,174 @@
+"""Canaries for every TorchTitan internal that ``trainer/titan_compat.py`` touches.
+
+Each test names the touch it guards: when a TorchTitan upgrade changes what the touch
+relies on, the failure says which one to re-check. The pin itself comes first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import inspect
+import pathlib
+import re
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from dispersion_titan.trainer import titan_compat
+
+TORCHTITAN = pathlib.Path(importlib.import_module("torchtitan").__file__).parent
+
+
+def _source(obj) -> str:
+    return textwrap.dedent(inspect.getsource(obj))
+
+
+def _assigned_attributes(function) -> set[str]:
+    return set(re.findall(r"^\s*self\.(\w+)\s*(?::[^=]+)?=", _source(function), flags=re.M))
+
+
+def test_installed_torchtitan_is_the_pinned_release():
+    assert importlib.metadata.version("torchtitan") == titan_compat.TORCHTITAN_VERSION == "0.2.2"
+    titan_compat.check_torchtitan_version()
+
+
+def test_other_torchtitan_version_fails_loudly(monkeypatch):
+    monkeypatch.setattr(titan_compat, "version", lambda name: "0.3.0")
+    with pytest.raises(RuntimeError, match=r"requires torchtitan==0\.2\.2, found 0\.3\.0"):
+        titan_compat.check_torchtitan_version()
+
+
+def test_use_command_line_reaches_the_parse_that_train_main_does(monkeypatch):
+    """Touch ``use_command_line``: ``main`` calls ``parse_args()`` with its import-time default."""
+    from torchtitan.config import ConfigManager
+    from torchtitan.train import main
+
+    assert re.search(r"\.parse_args\(\)", _source(main)), "torchtitan.train.main no longer calls parse_args()"
+    default = ConfigManager.parse_args.__defaults__[0]
+    assert isinstance(default, list), "ConfigManager.parse_args's default is no longer a list of arguments"
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    saved = list(default)
+    try:
+        titan_compat.use_command_line(["--training.steps", "7"])
+        assert ConfigManager().parse_args().training.steps == 7
+    finally:
+        default[:] = saved
+
+
+def test_merged_job_config_class_has_our_sections():
+    """Touch ``merged_job_config_class``: ``ConfigManager._merge_configs``."""
+    from torchtitan.config import JobConfig
+
+    from dispersion_titan import config
+
+    merged = titan_compat.merged_job_config_class(config.JobConfig)
+    assert issubclass(merged, JobConfig)
+    names = {f.name for f in dataclasses.fields(merged)}
+    assert {"dispersion", "training", "model"} <= names
+    model_fields = {f.name for f in dataclasses.fields(merged().model)}
+    assert {"name", "flavor", "mlp_hidden_dim", "tie_embeddings"} <= model_fields
+
+
+def test_every_module_that_binds_the_device_is_rebound():
+    """Touch ``apply``: the modules that copy ``device_type``/``device_module`` at import."""
+    binding = set()
+    for path in TORCHTITAN.rglob("*.py"):
+        if "experiments" in path.parts:
+            continue
+        if re.search(r"^from torchtitan\.tools\.utils import .*\b(device_type|device_module)\b",
+                     path.read_text(), flags=re.M):
+            binding.add(".".join(path.relative_to(TORCHTITAN.parent).with_suffix("").parts))
+    assert binding | {"torchtitan.tools.utils"} == set(titan_compat.MODULES_BINDING_DEVICE)
+
+
+def test_cpu_shim_rebinds_the_device_and_the_memory_monitor():
+    """Touch ``apply``: behaviour on a machine without CUDA."""
+    if torch.cuda.is_available():
+        pytest.skip("the shim only acts without a GPU")
+    titan_compat.apply()
+    for name in titan_compat.MODULES_BINDING_DEVICE:
+        assert sys.modules[name].device_type == "cpu", name
+    from torchtitan.components.metrics import DeviceMemoryMonitor
+
+    assert list(inspect.signature(DeviceMemoryMonitor.__init__).parameters) == ["self", "device"]
+    monitor = DeviceMemoryMonitor()
+    assert monitor.device.type == "cpu" and monitor.device_capacity > 0
+    assert monitor.get_peak_stats().max_reserved_gib > 0
+
+
+def test_sac_save_list_extends_llama3s_with_addmm():
+    """Touch ``SAC_SAVE_LIST``: llama3's private ``_op_sac_save_list``."""
+    from torchtitan.models.llama3.infra import parallelize
+
+    stock = parallelize._op_sac_save_list
+    assert torch.ops.aten.mm.default in stock
+    assert titan_compat.SAC_SAVE_LIST == set(stock) | {torch.ops.aten.addmm.default}
+
+
+def test_init_validator_sets_what_validator_init_sets():
+    """Touch ``init_validator``: ``Validator.__init__``'s parameters and fields."""
+    from torchtitan.components.validate import Validator
+
+    params = list(inspect.signature(Validator.__init__).parameters)
+    fields = [f for f in titan_compat.VALIDATOR_FIELDS if f != "validation_dataloader"]
+    assert params == ["self", "job_config", "dp_world_size", "dp_rank", *fields[1:]]
+    assert _assigned_attributes(Validator.__init__) == set(titan_compat.VALIDATOR_FIELDS)
+
+
+def test_init_validator_refuses_unknown_fields():
+    class Plain:
+        pass
+
+    from torchtitan.config import JobConfig
+
+    with pytest.raises(TypeError, match="expected fields"):
+        titan_compat.init_validator(Plain(), [], job_config=JobConfig(), dp_world_size=1, dp_rank=0, extra=1)
+
+
+def test_checkpointer_attributes_used_exist():
+    """Touches ``save_full_checkpoint`` and ``checkpoint_folder``: CheckpointManager's
+    ``last_save_model_only``/``last_save_in_hf``/``folder``/``enable`` and ``save``'s arguments."""
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    assigned = _assigned_attributes(CheckpointManager.__init__)
+    assert {"enable", "folder", "last_save_model_only", "last_save_in_hf"} <= assigned
+    init = _source(CheckpointManager.__init__)
+    # ``folder`` is set only past the early return of a disabled manager.
+    assert init.index("if not self.enable") < init.index("self.folder =")
+    assert list(inspect.signature(CheckpointManager.save).parameters)[:3] == ["self", "curr_step", "last_step"]
+
+
+def test_checkpoint_folder_of_a_disabled_checkpointer_is_none():
+    class Disabled:
+        enable = False
+
+    class Enabled:
+        enable, folder = True, "/runs/x/checkpoint"
+
+    assert titan_compat.checkpoint_folder(Disabled()) is None
+    assert titan_compat.checkpoint_folder(Enabled()) == "/runs/x/checkpoint"
+
+
+# The source of the TorchTitan method that TrainerHooks.forward_backward_step re-implements.
+FORWARD_BACKWARD_STEP_SHA256 = "d66c2dd178723d3a492c93eb352b37b9ca68fd38073632100dc14769f0b78915"
+
+
+def test_trainer_hooks_match_the_trainer_they_rely_on():
+    """Touch ``trainer_class``: ``train()`` loads a checkpoint, then asks
+    ``should_continue_training``; ``train_step`` calls ``forward_backward_step``, whose
+    non-pipelined body TrainerHooks re-implements (any change to it must be re-read)."""
+    from torchtitan.train import Trainer
+
+    train = _source(Trainer.train)
+    assert train.index("self.checkpointer.load(") < train.index("while self.should_continue_training()")
+    assert "self.forward_backward_step(" in _source(Trainer.train_step)
+    assert list(inspect.signature(Trainer.forward_backward_step).parameters) == [
+        "self", "input_dict", "labels", "global_valid_tokens"]
+    digest = hashlib.sha256(_source(Trainer.forward_backward_step).encode()).hexdigest()
+    assert digest == FORWARD_BACKWARD_STEP_SHA256, (
+        "Trainer.forward_backward_step changed: re-read it against TrainerHooks.forward_backward_step"
+    )
