@@ -176,7 +176,7 @@ def analysed(plan: Plan, run: RunSpec) -> bool:
 
     results = read_results(os.path.join(plan.dump(run), "condensation"))
     return all(
-        c.step in results and (results[c.step]["num_sequences"], results[c.step]["seq_len"])
+        c.step in results and (results[c.step].num_sequences, results[c.step].seq_len)
         == (plan.num_sequences, plan.seq_len)
         for c in list_checkpoints(os.path.join(plan.dump(run), "checkpoint"))
     )
@@ -258,7 +258,7 @@ def summarise(plan: Plan, files: list[tuple[str, str]]) -> str:
     from dispersion_titan.report.summary import load_sweep, markdown
 
     runs = load_sweep([plan.dump(r) for r in plan.runs])
-    args = runs[0].final["model_args"]
+    args = runs[0].final.model_args
     setup = (f"{len(runs)} runs of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads "
              f"on the embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, "
              f"each without and with {VARIANT} λ={plan.coeff}, {plan.steps} steps, "

@@ -11,12 +11,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.analysis.measure import cosine_matrices, mean_cosine_matrices
 from dispersion_titan.analysis.statistics import summarize
 from dispersion_titan.trainer.checkpoints import load_model, load_model_args
@@ -85,20 +87,20 @@ def plain_reference(model: GPT2, tokens: torch.Tensor) -> dict:
     return {"layers": layers, "spearman": spearman, "kendall": kendall, "last_n": last_n}
 
 
-def assert_matches_reference(result: dict, ref: dict, names: list[str]) -> None:
-    assert [layer["name"] for layer in result["layers"]] == names
-    assert [layer["index"] for layer in result["layers"]] == list(range(len(names)))
-    for got, want in zip(result["layers"], ref["layers"]):
-        assert got["mean_cos"] == pytest.approx(want["mean_cos"], abs=1e-5)
-        assert got["mean_cos_offdiag"] == pytest.approx(want["mean_cos_offdiag"], abs=1e-5)
+def assert_matches_reference(result: Condensation | SimpleNamespace, ref: dict, names: list[str]) -> None:
+    assert [layer.name for layer in result.layers] == names
+    assert [layer.index for layer in result.layers] == list(range(len(names)))
+    for got, want in zip(result.layers, ref["layers"]):
+        assert got.mean_cos == pytest.approx(want["mean_cos"], abs=1e-5)
+        assert got.mean_cos_offdiag == pytest.approx(want["mean_cos_offdiag"], abs=1e-5)
         # Densities agree but for at most two entries within rounding of a bin edge.
-        moved = np.abs(np.array(got["hist"]) - want["hist"]).sum() * (2 / 128) * want["entries"] / 2
+        moved = np.abs(np.array(got.hist) - want["hist"]).sum() * (2 / 128) * want["entries"] / 2
         assert moved <= 2 + 1e-9
-        assert np.sum(got["hist"]) * (2 / 128) == pytest.approx(1.0)
-    assert result["spearman"] == pytest.approx(ref["spearman"], abs=1e-9)
-    assert result["kendall"] == pytest.approx(ref["kendall"], abs=1e-9)
-    assert [e["n"] for e in result["last_n"]] == list(range(1, len(names) + 1))
-    assert [e["mean_cos"] for e in result["last_n"]] == pytest.approx(ref["last_n"], abs=1e-5)
+        assert np.sum(got.hist) * (2 / 128) == pytest.approx(1.0)
+    assert result.spearman == pytest.approx(ref["spearman"], abs=1e-9)
+    assert result.kendall == pytest.approx(ref["kendall"], abs=1e-9)
+    assert [e.n for e in result.last_n] == list(range(1, len(names) + 1))
+    assert [e.mean_cos for e in result.last_n] == pytest.approx(ref["last_n"], abs=1e-5)
 
 
 def debug_names(n_layers: int = 4) -> list[str]:
@@ -117,7 +119,7 @@ def test_statistics_match_plain_computation():
     tokens = torch.randint(0, 50257, (5, 16), generator=torch.Generator().manual_seed(1))
     names, means = mean_cosine_matrices(model, tokens, batch_size=2, device="cpu")  # uneven last batch
     assert means.shape == (6, 16, 16)
-    assert_matches_reference(summarize(names, means), plain_reference(model, tokens), debug_names())
+    assert_matches_reference(SimpleNamespace(**summarize(names, means)), plain_reference(model, tokens), debug_names())
 
 
 def test_cosines_clamp_tiny_norms_and_clip():
@@ -182,17 +184,19 @@ def test_end_to_end_outputs(run, analysed):
     assert (analysed / "evolution.png").read_bytes().startswith(PNG_MAGIC)
 
     # The numbers of the trained checkpoint agree with the plain reference on the same sequences.
-    result = read_json(analysed / "step-4" / "condensation.json")
+    path = analysed / "step-4" / "condensation.json"
+    result = Condensation.from_json(read_json(path), str(path))
+    assert Condensation.from_json(result.to_json(), "round trip") == result
     sequences = select_sequences(InputOptions("enwiki_sample", None, None, K, S, seed=0))
-    assert result["inputs"]["tokens_sha256"] == sequences.sha256
+    assert result.tokens_sha256 == sequences.sha256
     model = load_model(str(run / "checkpoint" / "step-4"), load_model_args(str(run / "checkpoint")))
     assert_matches_reference(result, plain_reference(model, sequences.tokens), debug_names())
-    assert result["spearman"] > 0.9  # trained weights condense with depth already after 4 steps
+    assert result.spearman > 0.9  # trained weights condense with depth already after 4 steps
 
     with open(analysed / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(int(r["step"]), r["layer"]) for r in rows] == [(s, n) for s in (0, 2, 4) for n in debug_names()]
-    assert float(rows[-1]["mean_cos"]) == pytest.approx(result["layers"][-1]["mean_cos"])
+    assert float(rows[-1]["mean_cos"]) == pytest.approx(result.layers[-1].mean_cos)
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

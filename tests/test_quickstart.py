@@ -100,7 +100,7 @@ def test_verdicts_follow_the_numbers(sweep):
     out, _ = sweep
     runs = load_sweep([str(out / "runs" / name) for name in NAMES])
     assert [(r.width, r.is_baseline) for r in runs] == [(64, True), (64, False), (256, True), (256, False)]
-    assert all(r.val_loss is not None and r.final["step"] == 2 for r in runs)
+    assert all(r.val_loss is not None and r.final.step == 2 for r in runs)
 
     # Played backwards (final as init), training must read the other way round.
     backwards = [dataclasses.replace(r, init=r.final, final=r.init) for r in runs]

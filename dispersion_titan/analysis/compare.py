@@ -18,6 +18,7 @@ from ..errors import CheckpointError
 from ..trainer.checkpoints import load_run_metadata
 from . import AnalysisError, figures
 from .inputs import differences
+from .result import Condensation
 from .results import RESULT_FILE, ensure_writable, read_results, write_csv
 from .statistics import layer_fraction
 
@@ -26,7 +27,7 @@ from .statistics import layer_fraction
 class RunResult:
     source: str
     label: str
-    result: dict
+    result: Condensation
 
 
 def analyses_folder(run: str) -> str:
@@ -38,7 +39,7 @@ def analyses_folder(run: str) -> str:
                         f"(run python -m dispersion_titan.analyze {run} first)")
 
 
-def _pick(run: str, step: str) -> dict:
+def _pick(run: str, step: str) -> Condensation:
     results = read_results(analyses_folder(run))
     if step == "last":
         return results[max(results)]
@@ -59,14 +60,9 @@ def dispersion_variant(run_dir: str) -> str | None:
     return variant if variant == "none" else f"{variant} λ={dispersion.get('coeff')}"
 
 
-def mlp_width(result: dict) -> int:
-    args = result["model_args"]
-    return args["mlp_hidden_dim"] or 4 * args["dim"]
-
-
-def _details(result: dict) -> str:
-    parts = [f"mlp {mlp_width(result)}"]
-    variant = dispersion_variant(result["run"])
+def _details(result: Condensation) -> str:
+    parts = [f"mlp {result.mlp_width}"]
+    variant = dispersion_variant(result.run)
     if variant:
         parts.append(f"dispersion {variant}")
     return f"({', '.join(parts)})"
@@ -77,11 +73,11 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
     loaded = [RunResult(run, "", _pick(run, step)) for run in runs]
     first = loaded[0]
     for other in loaded[1:]:
-        a, b = first.result["inputs"], other.result["inputs"]
-        if a["tokens_sha256"] != b["tokens_sha256"]:
+        a, b = first.result.inputs, other.result.inputs
+        if first.result.tokens_sha256 != other.result.tokens_sha256:
             raise AnalysisError(f"compare: {other.source} was analysed with different inputs than {first.source} "
                                 f"({differences(a, b)}); re-analyse with the same options")
-    names = [os.path.basename(r.result["run"]) for r in loaded]
+    names = [os.path.basename(r.result.run) for r in loaded]
     if len(set(names)) < len(names):  # same folder names in different places
         names = [r.source for r in loaded]
     return [RunResult(r.source, f"{name} {_details(r.result)}", r.result) for r, name in zip(loaded, names)]
@@ -91,19 +87,19 @@ def table_rows(runs: list[RunResult]) -> list[dict]:
     """One row per run: the depth trend and where the curve starts and ends."""
     rows = []
     for run in runs:
-        curve = [layer["mean_cos"] for layer in run.result["layers"]]
+        curve = run.result.curve
         rows.append({
             "run": run.label,
-            "step": run.result["step"],
-            "dtype": run.result["dtype"],
+            "step": run.result.step,
+            "dtype": run.result.dtype,
             "layers": len(curve),
-            "mlp_hidden_dim": mlp_width(run.result),
+            "mlp_hidden_dim": run.result.mlp_width,
             "mean_cos_embedding": curve[0],
             "mean_cos_last_block": curve[-2],
             "mean_cos_final_norm": curve[-1],
             "mean_cos_all_layers": float(np.mean(curve)),
-            "spearman": run.result["spearman"],
-            "kendall": run.result["kendall"],
+            "spearman": run.result.spearman,
+            "kendall": run.result.kendall,
         })
     return rows
 
@@ -113,15 +109,15 @@ def layer_rows(runs: list[RunResult]) -> list[dict]:
     return [
         {
             "run": run.label,
-            "step": run.result["step"],
-            "layer_index": layer["index"],
-            "layer": layer["name"],
-            "layer_fraction": layer_fraction(layer["index"], len(run.result["layers"])),
-            "mean_cos": layer["mean_cos"],
-            "mean_cos_offdiag": layer["mean_cos_offdiag"],
+            "step": run.result.step,
+            "layer_index": layer.index,
+            "layer": layer.name,
+            "layer_fraction": layer_fraction(layer.index, len(run.result.layers)),
+            "mean_cos": layer.mean_cos,
+            "mean_cos_offdiag": layer.mean_cos_offdiag,
         }
         for run in runs
-        for layer in run.result["layers"]
+        for layer in run.result.layers
     ]
 
 
@@ -143,7 +139,7 @@ def compare(runs: list[str], out: str, step: str) -> str:
     rows = table_rows(loaded)
     write_csv(os.path.join(out, "compare.csv"), rows)
     write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
-    inputs = loaded[0].result["inputs"]
+    inputs = loaded[0].result.inputs
     title = f"step {step}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
     figures.save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
                      os.path.join(out, "compare.png"))

@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import Normalize, PowerNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from .result import Condensation  # noqa: E402
 from .results import atomic_write  # noqa: E402
 from .statistics import HIST_RANGE, layer_fraction  # noqa: E402
 
@@ -24,14 +25,14 @@ def save_png(fig: Figure, path: str) -> None:
         plt.close(fig)
 
 
-def _fractions(result: dict) -> np.ndarray:
-    count = len(result["layers"])
-    return np.array([layer_fraction(layer["index"], count) for layer in result["layers"]])
+def _fractions(result: Condensation) -> np.ndarray:
+    count = len(result.layers)
+    return np.array([layer_fraction(layer.index, count) for layer in result.layers])
 
 
-def heatmap(result: dict, title: str) -> Figure:
+def heatmap(result: Condensation, title: str) -> Figure:
     """x = layer fraction, y = cosine similarity, colour = density of the S² entries."""
-    density = np.array([layer["hist"] for layer in result["layers"]]).T  # [bins, L]
+    density = np.array([layer.hist for layer in result.layers]).T  # [bins, L]
     x = _fractions(result)
     half = 0.5 / (len(x) - 1)
     x_edges = np.concatenate([x - half, [x[-1] + half]])
@@ -52,25 +53,25 @@ def _curve_axes(title: str) -> tuple[Figure, plt.Axes]:
     return fig, ax
 
 
-def _plot_curve(ax: plt.Axes, result: dict, **style) -> None:
-    ax.plot(_fractions(result), [layer["mean_cos"] for layer in result["layers"]], marker=".", **style)
+def _plot_curve(ax: plt.Axes, result: Condensation, **style) -> None:
+    ax.plot(_fractions(result), result.curve, marker=".", **style)
 
 
-def evolution(results: list[dict], title: str) -> Figure:
+def evolution(results: list[Condensation], title: str) -> Figure:
     """One mean-cosine line per checkpoint, coloured from initialisation to final step."""
     fig, ax = _curve_axes(title)
-    steps = [result["step"] for result in results]
+    steps = [result.step for result in results]
     norm = Normalize(min(steps), max(max(steps), min(steps) + 1))
     cmap = plt.get_cmap("viridis")
     for result in results:
-        _plot_curve(ax, result, color=cmap(norm(result["step"])), label=f"step {result['step']}")
+        _plot_curve(ax, result, color=cmap(norm(result.step)), label=f"step {result.step}")
     fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="checkpoint step")
     if len(results) <= 12:
         ax.legend(fontsize="small")
     return fig
 
 
-def comparison(labelled: list[tuple[str, dict]], title: str) -> Figure:
+def comparison(labelled: list[tuple[str, Condensation]], title: str) -> Figure:
     """One mean-cosine line per run."""
     fig, ax = _curve_axes(title)
     for label, result in labelled:

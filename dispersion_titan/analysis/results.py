@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import IO
 
 from . import AnalysisError
+from .result import Condensation
 from .statistics import layer_fraction
 
 RESULT_FILE = "condensation.json"
@@ -43,8 +44,8 @@ def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False) -
         raise
 
 
-def write_json(path: str, data: dict) -> None:
-    atomic_write(path, lambda f: json.dump(data, f, indent=1))
+def write_result(path: str, result: Condensation) -> None:
+    atomic_write(path, lambda f: json.dump(result.to_json(), f, indent=1))
 
 
 def ensure_writable(folder: str, option: str) -> None:
@@ -61,7 +62,7 @@ def result_path(out: str, step: int) -> str:
     return os.path.join(out, f"step-{step}", RESULT_FILE)
 
 
-def read_results(out: str) -> dict[int, dict]:
+def read_results(out: str) -> dict[int, Condensation]:
     """Every step's analysis stored in ``out``, by step."""
     results = {}
     if not os.path.isdir(out):
@@ -72,27 +73,28 @@ def read_results(out: str) -> dict[int, dict]:
         if match and os.path.isfile(path):
             try:
                 with open(path) as f:
-                    results[int(match.group(1))] = json.load(f)
+                    data = json.load(f)
             except (OSError, json.JSONDecodeError) as e:
                 raise AnalysisError(f"{path}: unreadable ({e})") from None
+            results[int(match.group(1))] = Condensation.from_json(data, path)
     return dict(sorted(results.items()))
 
 
-def summary_rows(results: list[dict]) -> list[dict]:
+def summary_rows(results: list[Condensation]) -> list[dict]:
     """One row per step × layer."""
     rows = []
     for result in results:
-        count = len(result["layers"])
-        for layer in result["layers"]:
+        count = len(result.layers)
+        for layer in result.layers:
             rows.append({
-                "step": result["step"],
-                "layer_index": layer["index"],
-                "layer": layer["name"],
-                "layer_fraction": layer_fraction(layer["index"], count),
-                "mean_cos": layer["mean_cos"],
-                "mean_cos_offdiag": layer["mean_cos_offdiag"],
-                "spearman": result["spearman"],
-                "kendall": result["kendall"],
+                "step": result.step,
+                "layer_index": layer.index,
+                "layer": layer.name,
+                "layer_fraction": layer_fraction(layer.index, count),
+                "mean_cos": layer.mean_cos,
+                "mean_cos_offdiag": layer.mean_cos_offdiag,
+                "spearman": result.spearman,
+                "kendall": result.kendall,
             })
     return rows
 

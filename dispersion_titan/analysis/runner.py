@@ -24,8 +24,9 @@ from .results import (
     result_path,
     summary_rows,
     write_csv,
-    write_json,
+    write_result,
 )
+from .result import Condensation
 from .statistics import HIST_BINS, HIST_RANGE, summarize
 from .steps import select_steps
 from .tensorboard import CondensationWriter
@@ -59,14 +60,14 @@ def resolve_device(device: str | None, dtype: str) -> torch.device:
     return resolved
 
 
-def _same_analysis(result: dict, sequences: Sequences, dtype: str) -> bool:
-    return result.get("inputs", {}).get("tokens_sha256") == sequences.sha256 and result.get("dtype") == dtype
+def _same_analysis(result: Condensation, sequences: Sequences, dtype: str) -> bool:
+    return result.tokens_sha256 == sequences.sha256 and result.dtype == dtype
 
 
-def _mismatch(step: int, result: dict, sequences: Sequences, dtype: str) -> str:
-    if result.get("dtype") != dtype:
-        return f"step {step} was analysed in {result.get('dtype')}, not {dtype}"
-    return f"step {step} was analysed with other inputs ({differences(result.get('inputs', {}), sequences.record())})"
+def _mismatch(step: int, result: Condensation, sequences: Sequences, dtype: str) -> str:
+    if result.dtype != dtype:
+        return f"step {step} was analysed in {result.dtype}, not {dtype}"
+    return f"step {step} was analysed with other inputs ({differences(result.inputs, sequences.record())})"
 
 
 class RunAnalysis:
@@ -111,22 +112,22 @@ class RunAnalysis:
                 )
         return todo
 
-    def _result(self, step: int, path: str, names: list[str], means: torch.Tensor) -> dict:
+    def _result(self, step: int, path: str, names: list[str], means: torch.Tensor) -> Condensation:
         inputs = self.options.inputs
-        return {
-            "step": step,
-            "num_sequences": inputs.num_sequences,
-            "seq_len": inputs.seq_len,
+        return Condensation(
+            step=step,
+            num_sequences=inputs.num_sequences,
+            seq_len=inputs.seq_len,
             **summarize(names, means),
-            "hist_bins": HIST_BINS,
-            "hist_range": list(HIST_RANGE),
-            "inputs": self.sequences.record(),
-            "dtype": self.options.dtype,
-            "device": self.device.type,
-            "checkpoint": os.path.abspath(path),
-            "run": self.dump,
-            "model_args": dataclasses.asdict(self.model_args),
-        }
+            hist_bins=HIST_BINS,
+            hist_range=list(HIST_RANGE),
+            inputs=self.sequences.record(),
+            dtype=self.options.dtype,
+            device=self.device.type,
+            checkpoint=os.path.abspath(path),
+            run=self.dump,
+            model_args=dataclasses.asdict(self.model_args),
+        )
 
     def analyse(self) -> int:
         """Analyse pending checkpoints, then refresh the summary and evolution figure.
@@ -159,8 +160,8 @@ class RunAnalysis:
                         figures.heatmap(result, f"{self.label}: step {checkpoint.step}"),
                         os.path.join(self.out, f"heatmap_step-{checkpoint.step}.png"),
                     )
-                    writer.add_step(checkpoint.step, names, means, [layer["mean_cos"] for layer in result["layers"]])
-                    write_json(result_path(self.out, checkpoint.step), result)
+                    writer.add_step(checkpoint.step, names, means, result.curve)
+                    write_result(result_path(self.out, checkpoint.step), result)
                     tqdm.write(_one_line(result))
         finally:
             writer.close()
@@ -186,8 +187,9 @@ class RunAnalysis:
         print(f"results: {self.out} (TensorBoard histograms: {self.tb_dir})")
 
 
-def _one_line(result: dict) -> str:
-    layers = result["layers"]
-    trend = ", ".join(f"{key} {result[key]:.3f}" for key in ("spearman", "kendall") if result[key] is not None)
-    return (f"step {result['step']}: mean_cos {layers[0]['name']} {layers[0]['mean_cos']:.4f} -> "
-            f"{layers[-1]['name']} {layers[-1]['mean_cos']:.4f}; {trend}")
+def _one_line(result: Condensation) -> str:
+    first, last = result.layers[0], result.layers[-1]
+    trend = ", ".join(f"{key} {value:.3f}" for key, value in
+                      (("spearman", result.spearman), ("kendall", result.kendall)) if value is not None)
+    return (f"step {result.step}: mean_cos {first.name} {first.mean_cos:.4f} -> "
+            f"{last.name} {last.mean_cos:.4f}; {trend}")

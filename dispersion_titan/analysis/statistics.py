@@ -8,6 +8,8 @@ import numpy as np
 import torch
 from scipy import stats
 
+from .result import LastN, LayerCondensation
+
 HIST_BINS = 128
 HIST_RANGE = (-1.0, 1.0)
 
@@ -22,7 +24,7 @@ def _finite_or_none(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def layer_statistics(names: list[str], means: torch.Tensor) -> list[dict]:
+def layer_statistics(names: list[str], means: torch.Tensor) -> list[LayerCondensation]:
     """Per layer: mean cosine over all S² entries (diagonal included), over the
     off-diagonal ones, and the 128-bin density histogram of all S² entries on [-1, 1]."""
     seq_len = means.shape[-1]
@@ -30,13 +32,13 @@ def layer_statistics(names: list[str], means: torch.Tensor) -> list[dict]:
     for index, (name, matrix) in enumerate(zip(names, means.double().cpu().numpy())):
         total, trace = matrix.sum(), np.trace(matrix)
         density, _ = np.histogram(np.clip(matrix, *HIST_RANGE), bins=HIST_BINS, range=HIST_RANGE, density=True)
-        layers.append({
-            "index": index,
-            "name": name,
-            "mean_cos": float(total / seq_len**2),
-            "mean_cos_offdiag": float((total - trace) / (seq_len**2 - seq_len)),
-            "hist": density.tolist(),
-        })
+        layers.append(LayerCondensation(
+            index=index,
+            name=name,
+            mean_cos=float(total / seq_len**2),
+            mean_cos_offdiag=float((total - trace) / (seq_len**2 - seq_len)),
+            hist=density.tolist(),
+        ))
     return layers
 
 
@@ -49,13 +51,13 @@ def depth_trend(mean_cos: list[float]) -> dict[str, float | None]:
     }
 
 
-def last_n(mean_cos: list[float]) -> list[dict]:
+def last_n(mean_cos: list[float]) -> list[LastN]:
     """Mean of the last n layers' mean cosine, for n = 1 … L."""
-    return [{"n": n, "mean_cos": float(np.mean(mean_cos[-n:]))} for n in range(1, len(mean_cos) + 1)]
+    return [LastN(n, float(np.mean(mean_cos[-n:]))) for n in range(1, len(mean_cos) + 1)]
 
 
 def summarize(names: list[str], means: torch.Tensor) -> dict:
-    """``layers``, ``spearman``, ``kendall`` and ``last_n`` of one checkpoint."""
+    """``layers``, ``spearman``, ``kendall`` and ``last_n`` of one checkpoint (``Condensation`` fields)."""
     layers = layer_statistics(names, means)
-    curve = [layer["mean_cos"] for layer in layers]
+    curve = [layer.mean_cos for layer in layers]
     return {"layers": layers, **depth_trend(curve), "last_n": last_n(curve)}

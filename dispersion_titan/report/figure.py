@@ -22,7 +22,7 @@ def _line(ax: plt.Axes, runs: list[RunCondensation], at_init: bool, **style) -> 
 def sweep_figure(runs: list[RunCondensation], title: str) -> Figure:
     fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
     baselines = [r for r in runs if r.is_baseline]
-    step = max(r.final["step"] for r in runs)
+    step = max(r.final.step for r in runs)
     _line(ax, baselines or runs, True, color="grey", linestyle=":", label="step 0 (initialization)")
     if baselines:
         _line(ax, baselines, False, color="black", label=f"step {step}, baseline")

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.compare import analyses_folder, dispersion_variant, format_table, load_runs, mlp_width
+from ..analysis.compare import analyses_folder, dispersion_variant, format_table, load_runs
+from ..analysis.result import Condensation, LayerCondensation
 from ..analysis.results import read_results
 from ..errors import AnalysisError
 
@@ -37,8 +38,8 @@ class RunCondensation:
     name: str
     width: int
     dispersion: str | None  # e.g. "angular_spread λ=1.0"; None for a baseline
-    init: dict
-    final: dict
+    init: Condensation
+    final: Condensation
     trajectory: dict[int, float]  # late-block cosine of every step analysed on the same sequences
     val_loss: float | None  # validation loss at the final step, if validation ran then
 
@@ -47,23 +48,23 @@ class RunCondensation:
         return self.dispersion is None
 
 
-def late_blocks(result: dict) -> list[dict]:
+def late_blocks(result: Condensation) -> list[LayerCondensation]:
     """The late half of the transformer blocks (block_3 and block_4 of 4)."""
-    blocks = [layer for layer in result["layers"] if layer["name"].startswith("block_")]
+    blocks = [layer for layer in result.layers if layer.name.startswith("block_")]
     return blocks[len(blocks) // 2:]
 
 
-def late_cos(result: dict) -> float:
-    return float(np.mean([layer["mean_cos_offdiag"] for layer in late_blocks(result)]))
+def late_cos(result: Condensation) -> float:
+    return float(np.mean([layer.mean_cos_offdiag for layer in late_blocks(result)]))
 
 
-def embedding_cos(result: dict) -> float:
-    return result["layers"][0]["mean_cos_offdiag"]
+def embedding_cos(result: Condensation) -> float:
+    return result.layers[0].mean_cos_offdiag
 
 
-def rises_with_depth(result: dict) -> bool:
+def rises_with_depth(result: Condensation) -> bool:
     """Condensation in one checkpoint: cosine grows with depth, late blocks above the embedding."""
-    return result["spearman"] is not None and result["spearman"] > 0 and late_cos(result) > embedding_cos(result)
+    return result.spearman is not None and result.spearman > 0 and late_cos(result) > embedding_cos(result)
 
 
 def final_validation_loss(dump: str, step: int) -> float | None:
@@ -90,16 +91,16 @@ def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
         if variant is None:  # never guess "baseline" for a run whose settings are unknown
             raise AnalysisError(f"{os.path.join(dump, 'run.json')}: no dispersion settings recorded; "
                                 "runs must be trained by dispersion_titan.train")
-        same_inputs = last.result["inputs"]["tokens_sha256"]
+        same_inputs = last.result.tokens_sha256
         analyses = read_results(analyses_folder(dump)).values()
         runs.append(RunCondensation(
             name=os.path.basename(os.path.normpath(dump)),
-            width=mlp_width(last.result),
+            width=last.result.mlp_width,
             dispersion=None if variant == "none" else variant,
             init=first.result,
             final=last.result,
-            trajectory={r["step"]: late_cos(r) for r in analyses if r["inputs"]["tokens_sha256"] == same_inputs},
-            val_loss=final_validation_loss(dump, last.result["step"]),
+            trajectory={r.step: late_cos(r) for r in analyses if r.tokens_sha256 == same_inputs},
+            val_loss=final_validation_loss(dump, last.result.step),
         ))
     return sorted(runs, key=lambda r: (r.width, not r.is_baseline, r.dispersion or ""))
 
@@ -119,7 +120,7 @@ def _span(values: Sequence[float]) -> str:
 
 
 def _final_step(runs: list[RunCondensation]) -> str:
-    steps = sorted({r.final["step"] for r in runs})
+    steps = sorted({r.final.step for r in runs})
     return "step " + "/".join(map(str, steps))
 
 
@@ -127,7 +128,7 @@ def answer_init(runs: list[RunCondensation]) -> str:
     base = _baselines(runs)
     rising = sum(rises_with_depth(r.init) for r in base)
     verdict = "Yes" if rising == len(base) else "No" if rising == 0 else "In some widths"
-    spearman = [r.init["spearman"] for r in base if r.init["spearman"] is not None]
+    spearman = [r.init.spearman for r in base if r.init.spearman is not None]
     rho = f"Spearman {min(spearman):+.2f} to {max(spearman):+.2f}" if spearman else "no rank correlation"
     return (f"{verdict}: at step 0 the cosine rises with depth in {rising} of {len(base)} widths ({rho}); "
             f"{np.mean([embedding_cos(r.init) for r in base]):.3f} at the embedding vs "
@@ -146,7 +147,7 @@ def answer_training(runs: list[RunCondensation]) -> str:
     text = (f"{verdict}: the late-block cosine goes from {_span([late_cos(r.init) for r in base])} at step 0 "
             f"to {_span([late_cos(r.final) for r in base])} at {_final_step(base)} "
             f"(up in {up} of {len(base)} {'baseline ' if base[0].is_baseline else ''}runs)")
-    earlier = [peak(r) for r in base if peak(r)[0] not in (0, r.final["step"])]
+    earlier = [peak(r) for r in base if peak(r)[0] not in (0, r.final.step)]
     if earlier:
         steps = "/".join(str(step) for step in sorted({step for step, _ in earlier}))
         text += (f"; in {len(earlier)} of {len(base)} runs it peaks on the way, at {_span([v for _, v in earlier])} "
@@ -214,14 +215,14 @@ def table_rows(runs: list[RunCondensation]) -> list[dict]:
     ]
 
 
-def _rho(result: dict) -> str:
-    return "-" if result["spearman"] is None else f"{result['spearman']:+.2f}"
+def _rho(result: Condensation) -> str:
+    return "-" if result.spearman is None else f"{result.spearman:+.2f}"
 
 
 def markdown(runs: list[RunCondensation], setup: str, files: Sequence[tuple[str, str]]) -> str:
     """The whole summary: setup, table, answers, what the numbers are, where the files are."""
     first = runs[0].final
-    late = ", ".join(layer["name"] for layer in late_blocks(first))
+    late = ", ".join(layer.name for layer in late_blocks(first))
     lines = [
         "# Embedding condensation: MLP width × dispersion loss",
         "",
