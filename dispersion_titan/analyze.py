@@ -26,7 +26,7 @@ def _seq_len(text: str) -> int:
 def analyze_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.analyze",
                 description="Embedding condensation (pairwise token cosine similarity by layer) of a run's checkpoints.",
-                epilog="Compare analysed runs: python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR")
+                epilog="Compare analyzed runs: python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR")
     p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
     source = p.add_mutually_exclusive_group()
@@ -42,13 +42,13 @@ def analyze_parser() -> argparse.ArgumentParser:
     p.add_argument("--tb-dir", help="TensorBoard folder (default: RUN/tb/condensation)")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="model dtype (default fp32)")
-    p.add_argument("--force", action="store_true", help="recompute steps already analysed")
+    p.add_argument("--force", action="store_true", help="recompute steps already analyzed")
     return p
 
 
 def compare_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.analyze compare",
-                description="Condensation of several analysed runs side by side (table, CSV, figure).")
+                description="Condensation of several analyzed runs side by side (table, CSV, figure).")
     p.add_argument("runs", nargs="+", metavar="RUN", help="dump folders or their condensation folders")
     p.add_argument("--out", required=True, help="folder for compare.csv, compare_layers.csv and compare.png")
     p.add_argument("--step", default="last", help="checkpoint step to compare, or last (default)")
@@ -69,7 +69,7 @@ def run_analyze(argv: list[str]) -> int:
     )
     options = AnalyzeOptions(run=a.run, steps=a.steps, inputs=inputs, batch_size=a.batch_size, out=a.out,
                              tb_dir=a.tb_dir, device=a.device, dtype=a.dtype, force=a.force)
-    return 1 if RunAnalysis(options).analyse() else 0
+    return 1 if RunAnalysis(options).analyze() else 0
 
 
 def run_compare(argv: list[str]) -> int:

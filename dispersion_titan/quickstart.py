@@ -9,7 +9,7 @@ the measured numbers (``dispersion_titan.report``) in ``OUT/summary.md``.
 Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
 that beats one FSDP job over all cores, which pays for its collectives. A run whose
 final checkpoint exists is not trained again, a run whose every checkpoint has been
-analysed with the same options is not analysed again, and an interrupted run resumes
+analyzed with the same options is not analyzed again, and an interrupted run resumes
 from its last complete checkpoint, so running the command twice only redoes what is
 missing. Training and analysis logs go to ``OUT/logs/``.
 """
@@ -108,7 +108,7 @@ def _coeff(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.quickstart",
-                description="Train, analyse and compare the toy MLP-width × dispersion sweep; summarise it.")
+                description="Train, analyze and compare the toy MLP-width × dispersion sweep; summarize it.")
     p.add_argument("--out", default=os.environ.get(OUT_ENV, "outputs/quickstart"),
                    help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)")
     p.add_argument("--config", default=CONFIG, help="training TOML shared by every run (default: quickstart.toml)")
@@ -169,8 +169,8 @@ def trained(plan: Plan, run: RunSpec) -> bool:
     return True
 
 
-def analysed(plan: Plan, run: RunSpec) -> bool:
-    """Every checkpoint already analysed on the same K×S sequences."""
+def analyzed(plan: Plan, run: RunSpec) -> bool:
+    """Every checkpoint already analyzed on the same K×S sequences."""
     from dispersion_titan.analysis.results import read_results
     from dispersion_titan.trainer.checkpoints import list_checkpoints
 
@@ -201,8 +201,8 @@ def last_error(log: str) -> str:
 
 
 def process(plan: Plan, run: RunSpec, say: Progress) -> str | None:
-    """Train (unless done) then analyse (unless done) one run; an error line or None."""
-    for phase, done, command in (("train", trained, train_command), ("analyze", analysed, analyze_command)):
+    """Train (unless done) then analyze (unless done) one run; an error line or None."""
+    for phase, done, command in (("train", trained, train_command), ("analyze", analyzed, analyze_command)):
         if done(plan, run):
             say(f"{phase:8} {run.name}: already done, skipped")
             continue
@@ -251,7 +251,7 @@ def compare_runs(plan: Plan, say: Progress) -> list[tuple[str, str]]:
     return files
 
 
-def summarise(plan: Plan, files: list[tuple[str, str]]) -> str:
+def summarize(plan: Plan, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
     from dispersion_titan.analysis.results import atomic_write
     from dispersion_titan.report.figure import save_sweep_figure
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     train_and_analyse(plan, say)
     try:
         files = compare_runs(plan, say)
-        text = summarise(plan, files)
+        text = summarize(plan, files)
     except (DispersionTitanError, OSError) as e:
         fail(str(e).splitlines()[0], status=1)
     print("\n" + text)

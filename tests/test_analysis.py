@@ -156,8 +156,8 @@ def run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def analysed(run, tmp_path_factory) -> Path:
-    """``run`` analysed once by the CLI; the tests below read or re-run it."""
+def analyzed(run, tmp_path_factory) -> Path:
+    """``run`` analyzed once by the CLI; the tests below read or re-run it."""
     code = subprocess.run([sys.executable, "-m", "dispersion_titan.analyze", str(run), *OPTS],
                           cwd=REPO, env=launch_env(), capture_output=True, text=True)
     assert code.returncode == 0, code.stderr[-3000:]
@@ -172,19 +172,19 @@ def mtimes(out: Path) -> dict[str, int]:
     return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
 
 
-def test_end_to_end_outputs(run, analysed):
+def test_end_to_end_outputs(run, analyzed):
     for step in (0, 2, 4):
-        result = read_json(analysed / f"step-{step}" / "condensation.json")
+        result = read_json(analyzed / f"step-{step}" / "condensation.json")
         assert {"step", "num_sequences", "seq_len", "layers", "spearman", "kendall", "last_n", "inputs"} <= set(result)
         assert (result["step"], result["num_sequences"], result["seq_len"]) == (step, K, S)
         assert [layer["name"] for layer in result["layers"]] == debug_names()
         assert set(result["layers"][0]) == {"index", "name", "mean_cos", "mean_cos_offdiag", "hist"}
-        png = (analysed / f"heatmap_step-{step}.png").read_bytes()
+        png = (analyzed / f"heatmap_step-{step}.png").read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 5000
-    assert (analysed / "evolution.png").read_bytes().startswith(PNG_MAGIC)
+    assert (analyzed / "evolution.png").read_bytes().startswith(PNG_MAGIC)
 
     # The numbers of the trained checkpoint agree with the plain reference on the same sequences.
-    path = analysed / "step-4" / "condensation.json"
+    path = analyzed / "step-4" / "condensation.json"
     result = Condensation.from_json(read_json(path), str(path))
     assert Condensation.from_json(result.to_json(), "round trip") == result
     sequences = select_sequences(InputOptions("enwiki_sample", None, None, K, S, seed=0))
@@ -193,7 +193,7 @@ def test_end_to_end_outputs(run, analysed):
     assert_matches_reference(result, plain_reference(model, sequences.tokens), debug_names())
     assert result.spearman > 0.9  # trained weights condense with depth already after 4 steps
 
-    with open(analysed / "summary.csv") as f:
+    with open(analyzed / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(int(r["step"]), r["layer"]) for r in rows] == [(s, n) for s in (0, 2, 4) for n in debug_names()]
     assert float(rows[-1]["mean_cos"]) == pytest.approx(result.layers[-1].mean_cos)
@@ -210,26 +210,26 @@ def test_end_to_end_outputs(run, analysed):
     assert all(h.histogram_value.num == S * S for h in histograms)
 
 
-def test_rerun_skips_and_force_recomputes(run, analysed, capsys):
-    before = mtimes(analysed)
+def test_rerun_skips_and_force_recomputes(run, analyzed, capsys):
+    before = mtimes(analyzed)
     code, out, _ = analyze(run, *OPTS, capsys=capsys)
-    assert code == 0 and "3 checkpoint(s) already analysed" in out
-    after = mtimes(analysed)
+    assert code == 0 and "3 checkpoint(s) already analyzed" in out
+    after = mtimes(analyzed)
     assert all(after[f"step-{s}/condensation.json"] == before[f"step-{s}/condensation.json"] for s in (0, 2, 4))
 
-    old = read_json(analysed / "step-2" / "condensation.json")
+    old = read_json(analyzed / "step-2" / "condensation.json")
     # RUN may also be the checkpoint folder; results still go to the dump folder's condensation/.
     code, out, _ = analyze(run / "checkpoint", *OPTS, "--steps", "1-3", "--force", capsys=capsys)
     assert code == 0 and "step 2:" in out and "step 4:" not in out
-    after_force = mtimes(analysed)
+    after_force = mtimes(analyzed)
     assert after_force["step-2/condensation.json"] != before["step-2/condensation.json"]
     assert after_force["step-4/condensation.json"] == before["step-4/condensation.json"]
-    assert read_json(analysed / "step-2" / "condensation.json")["layers"] == old["layers"]
+    assert read_json(analyzed / "step-2" / "condensation.json")["layers"] == old["layers"]
 
 
-def test_interrupted_analysis_completes_on_rerun(run, analysed, capsys, tmp_path):
+def test_interrupted_analysis_completes_on_rerun(run, analyzed, capsys, tmp_path):
     out = tmp_path / "interrupted"
-    shutil.copytree(analysed, out)
+    shutil.copytree(analyzed, out)
     complete = read_json(out / "step-2" / "condensation.json")
     # What a kill during step 2 leaves: no json for it, a stray temp file, no summary yet.
     (out / "step-2" / "condensation.json").unlink()
@@ -258,11 +258,11 @@ def test_broken_checkpoints_are_reported_and_skipped(run, tmp_path, capsys):
     assert code == 1
     assert f"{partial}: missing .metadata" in err
     assert f"{corrupt / '__1_0.distcp'}: truncated" in err
-    assert "2 of 3 checkpoints could not be analysed" in err
+    assert "2 of 3 checkpoints could not be analyzed" in err
     assert sorted(p.parent.name for p in (broken / "condensation").glob("step-*/condensation.json")) == ["step-0"]
 
 
-def test_bad_input_fails_with_one_line(run, analysed, tmp_path, capsys):
+def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(*analyze(empty, capsys=capsys)[::2], str(empty), "no checkpoints")
@@ -274,17 +274,17 @@ def test_bad_input_fails_with_one_line(run, analysed, tmp_path, capsys):
     assert_one_line_error(*analyze(run, "--texts", short, "--seq-len", "64", "--out", tmp_path / "o",
                                    capsys=capsys)[::2], str(short), "64")
 
-    before = mtimes(analysed)
+    before = mtimes(analyzed)
     assert_one_line_error(*analyze(run, "--seq-len", "300", capsys=capsys)[::2], "--seq-len", "256")
     assert_one_line_error(*analyze(run, *OPTS, "--out", short / "sub", capsys=capsys)[::2], "--out", str(short))
     assert_one_line_error(*analyze(run, *OPTS, "--steps", "3", capsys=capsys)[::2], "--steps", "[0, 2, 4]")
     # Different inputs into an existing output folder: refused, nothing touched.
     assert_one_line_error(*analyze(run, "--num-sequences", "4", "--seq-len", str(S), capsys=capsys)[::2],
                           "--out", "num_sequences 8 vs 4")
-    assert mtimes(analysed) == before
+    assert mtimes(analyzed) == before
 
 
-def test_compare_runs(run, analysed, tmp_path, capsys):
+def test_compare_runs(run, analyzed, tmp_path, capsys):
     # A second "run" folder over the same checkpoints, whose run.json records dispersion settings.
     other = tmp_path / "dispersed"
     other.mkdir()
@@ -301,7 +301,7 @@ def test_compare_runs(run, analysed, tmp_path, capsys):
     assert "dispersed (mlp 256, dispersion angular_spread λ=0.5)" in stdout
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))
-    final = read_json(analysed / "step-4" / "condensation.json")
+    final = read_json(analyzed / "step-4" / "condensation.json")
     assert [r["step"] for r in rows] == ["4", "4"]
     assert float(rows[0]["mean_cos_final_norm"]) == pytest.approx(final["layers"][-1]["mean_cos"])
     assert float(rows[1]["spearman"]) == pytest.approx(final["spearman"])

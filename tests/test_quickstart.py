@@ -1,5 +1,5 @@
 """The quickstart pipeline on a tiny real sweep (2 widths × baseline/dispersion, 2 steps):
-its summary restates the analysed numbers and its verdicts follow them; a second
+its summary restates the analyzed numbers and its verdicts follow them; a second
 invocation redoes only what is missing and never rewrites what exists."""
 
 from __future__ import annotations

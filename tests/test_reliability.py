@@ -71,7 +71,7 @@ def output(proc) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """The uninterrupted run: checkpoints 0, 2, 4, 6, 8; analysed, so it also has results."""
+    """The uninterrupted run: checkpoints 0, 2, 4, 6, 8; analyzed, so it also has results."""
     dump = tmp_path_factory.mktemp("reliability") / "reference"
     torchrun(dump, 2, "--training.steps", str(STEPS), *SCHEDULE)
     assert complete_steps(dump) == [0, 2, 4, 6, 8]

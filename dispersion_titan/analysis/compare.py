@@ -75,8 +75,8 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
     for other in loaded[1:]:
         a, b = first.result.inputs, other.result.inputs
         if first.result.tokens_sha256 != other.result.tokens_sha256:
-            raise AnalysisError(f"compare: {other.source} was analysed with different inputs than {first.source} "
-                                f"({differences(a, b)}); re-analyse with the same options")
+            raise AnalysisError(f"compare: {other.source} was analyzed with different inputs than {first.source} "
+                                f"({differences(a, b)}); re-analyze with the same options")
     names = [os.path.basename(r.result.run) for r in loaded]
     if len(set(names)) < len(names):  # same folder names in different places
         names = [r.source for r in loaded]

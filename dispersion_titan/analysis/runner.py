@@ -1,4 +1,4 @@
-"""Analyse every selected checkpoint of one run: load it once, measure, write its
+"""Analyze every selected checkpoint of one run: load it once, measure, write its
 results; skip steps already done; report broken checkpoints and go on with the rest."""
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def _same_analysis(result: Condensation, sequences: Sequences, dtype: str) -> bo
 
 def _mismatch(step: int, result: Condensation, sequences: Sequences, dtype: str) -> str:
     if result.dtype != dtype:
-        return f"step {step} was analysed in {result.dtype}, not {dtype}"
-    return f"step {step} was analysed with other inputs ({differences(result.inputs, sequences.record())})"
+        return f"step {step} was analyzed in {result.dtype}, not {dtype}"
+    return f"step {step} was analyzed with other inputs ({differences(result.inputs, sequences.record())})"
 
 
 class RunAnalysis:
@@ -97,7 +97,7 @@ class RunAnalysis:
         self.existing = read_results(self.out)
 
     def pending(self) -> list:
-        """Selected checkpoints still to analyse; refuses to mix inputs unless --force."""
+        """Selected checkpoints still to analyze; refuses to mix inputs unless --force."""
         if self.options.force:
             return self.selected
         todo = []
@@ -129,15 +129,15 @@ class RunAnalysis:
             model_args=dataclasses.asdict(self.model_args),
         )
 
-    def analyse(self) -> int:
-        """Analyse pending checkpoints, then refresh the summary and evolution figure.
-        Returns the number of checkpoints that could not be analysed."""
+    def analyze(self) -> int:
+        """Analyze pending checkpoints, then refresh the summary and evolution figure.
+        Returns the number of checkpoints that could not be analyzed."""
         todo = self.pending()
         tokens = self.sequences.tokens
         per_checkpoint = math.ceil(len(tokens) / self.options.batch_size)
         skipped = len(self.selected) - len(todo)
         if skipped:
-            print(f"{skipped} checkpoint(s) already analysed in {self.out} (--force recomputes them)")
+            print(f"{skipped} checkpoint(s) already analyzed in {self.out} (--force recomputes them)")
         failed = []
         writer = CondensationWriter(self.tb_dir)
         try:
@@ -168,11 +168,11 @@ class RunAnalysis:
         self._write_summary()
         if failed:
             print(f"dispersion_titan: error: {len(failed)} of {len(self.selected)} checkpoints could not be "
-                  f"analysed: {', '.join(failed)}", file=sys.stderr)
+                  f"analyzed: {', '.join(failed)}", file=sys.stderr)
         return len(failed)
 
     def _write_summary(self) -> None:
-        """``summary.csv`` and ``evolution.png`` over every step analysed with these inputs."""
+        """``summary.csv`` and ``evolution.png`` over every step analyzed with these inputs."""
         results = read_results(self.out)
         matching = [r for r in results.values() if _same_analysis(r, self.sequences, self.options.dtype)]
         if len(matching) < len(results):

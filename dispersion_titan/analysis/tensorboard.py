@@ -12,7 +12,7 @@ EDGES = np.linspace(*HIST_RANGE, HIST_BINS + 1)
 
 
 class CondensationWriter:
-    """Opens its event file on first use, so a run with nothing new to analyse writes none."""
+    """Opens its event file on first use, so a run with nothing new to analyze writes none."""
 
     def __init__(self, log_dir: str):
         self.log_dir = log_dir

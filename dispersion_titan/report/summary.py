@@ -1,4 +1,4 @@
-"""From analysed runs (an MLP-width sweep, with and without a dispersion loss) to a table
+"""From analyzed runs (an MLP-width sweep, with and without a dispersion loss) to a table
 and one sentence per question. Every verdict is computed from the measured numbers and
 quotes them, so the text can never claim more than the runs show.
 
@@ -33,14 +33,14 @@ QUESTIONS = (
 
 @dataclass(frozen=True)
 class RunCondensation:
-    """One run's analyses at initialization (step 0) and at its last analysed step."""
+    """One run's analyses at initialization (step 0) and at its last analyzed step."""
 
     name: str
     width: int
     dispersion: str | None  # e.g. "angular_spread λ=1.0"; None for a baseline
     init: Condensation
     final: Condensation
-    trajectory: dict[int, float]  # late-block cosine of every step analysed on the same sequences
+    trajectory: dict[int, float]  # late-block cosine of every step analyzed on the same sequences
     val_loss: float | None  # validation loss at the final step, if validation ran then
 
     @property
@@ -82,7 +82,7 @@ def final_validation_loss(dump: str, step: int) -> float | None:
 
 def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
     """Each run's step-0 and last analyses, sorted by width, baseline first; refuses runs
-    analysed on different token sequences (``AnalysisError``, like ``analyze compare``)."""
+    analyzed on different token sequences (``AnalysisError``, like ``analyze compare``)."""
     init = load_runs(list(dumps), "0")
     final = load_runs(list(dumps), "last")
     runs = []
