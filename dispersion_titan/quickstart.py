@@ -1,7 +1,7 @@
 """The main job end to end: ``bash launch/quickstart.sh`` (which sets up .venv first), or
 ``python -m dispersion_titan.quickstart [--out DIR] [--widths 64,256,1024] ...``.
 
-Pre-trains the toy MLP-width sweep of ``train_configs/quickstart.toml`` with and without
+Pre-trains the toy MLP-width sweep of ``dispersion_titan/configs/quickstart.toml`` with and without
 the angular_spread dispersion loss, analyses every checkpoint (step 0 included), sets
 the runs side by side with ``analyze compare`` and answers the paper's questions from
 the measured numbers (``dispersion_titan.report``) in ``OUT/summary.md``.
@@ -24,12 +24,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources import files
 
+from dispersion_titan.config.grid import Cell, Variant, cells
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
 from dispersion_titan.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
 
-CONFIG = str(Path(__file__).resolve().parents[1] / "train_configs" / "quickstart.toml")
+CONFIG = str(files("dispersion_titan") / "configs" / "quickstart.toml")  # package data
 OUT_ENV = "QUICKSTART_OUT"
 VARIANT = "angular_spread"
 # glibc hands every allocation above its mmap threshold back to the kernel when freed, so
@@ -37,16 +38,6 @@ VARIANT = "angular_spread"
 # of a run's time kernel time. Keeping them in the heap took a 15-step run from 21 to
 # 15 CPU seconds (glibc 2.36). A value already in the environment wins.
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    width: int
-    coeff: float  # λ of the dispersion loss; 0 = baseline
-
-    @property
-    def name(self) -> str:
-        return f"mlp{self.width}_{VARIANT if self.coeff else 'baseline'}"
 
 
 @dataclass(frozen=True)
@@ -62,14 +53,16 @@ class Plan:
     jobs: int
     threads: int  # OMP threads per job
 
-    @property
-    def runs(self) -> tuple[RunSpec, ...]:
-        return tuple(RunSpec(width, coeff) for width in self.widths for coeff in (0.0, self.coeff))
+    seed: int
 
-    def dump(self, run: RunSpec) -> str:
+    @property
+    def runs(self) -> list[Cell]:
+        return cells(self.widths, (Variant("none", 0.0), Variant(VARIANT, self.coeff)), (self.seed,))
+
+    def dump(self, run: Cell) -> str:
         return os.path.join(self.out, "runs", run.name)
 
-    def log(self, run: RunSpec, phase: str) -> str:
+    def log(self, run: Cell, phase: str) -> str:
         return os.path.join(self.out, "logs", f"{run.name}.{phase}.log")
 
 
@@ -131,35 +124,33 @@ def make_plan(argv: list[str]) -> Plan:
         raise ArgumentError(str(e).replace("--job.config_file", "--config", 1)) from None
     try:
         steps = a.steps or toml["training"]["steps"]
+        seed = toml["debug"]["seed"]
         interval = a.checkpoint_interval or toml["checkpoint"]["interval"]
     except KeyError as e:
         raise ArgumentError(
-            f"--config: {config}: needs {e.args[0]!r} (training.steps and checkpoint.interval)"
+            f"--config: {config}: needs {e.args[0]!r} (training.steps, debug.seed and checkpoint.interval)"
         ) from None
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths))
     return Plan(os.path.abspath(a.out), config, a.widths, a.coeff, steps, interval, a.num_sequences, a.seq_len,
-                jobs, max(1, cpus // jobs))
+                jobs, max(1, cpus // jobs), seed)
 
 
-def train_command(plan: Plan, run: RunSpec) -> list[str]:
-    cmd = [
+def train_command(plan: Plan, run: Cell) -> list[str]:
+    return [
         sys.executable, "-m", "dispersion_titan.train", "--job.config_file", plan.config,
-        "--job.dump_folder", plan.dump(run), "--model.mlp_hidden_dim", str(run.width),
         "--training.steps", str(plan.steps), "--checkpoint.interval", str(plan.interval),
         "--validation.freq", str(plan.steps),  # the summary reports the final validation loss
+        *run.overrides(plan.dump(run)),
     ]
-    if run.coeff:
-        cmd += ["--dispersion.variant", VARIANT, "--dispersion.coeff", str(run.coeff)]
-    return cmd
 
 
-def analyze_command(plan: Plan, run: RunSpec) -> list[str]:
+def analyze_command(plan: Plan, run: Cell) -> list[str]:
     return [sys.executable, "-m", "dispersion_titan.analyze", plan.dump(run),
             "--num-sequences", str(plan.num_sequences), "--seq-len", str(plan.seq_len)]
 
 
-def trained(plan: Plan, run: RunSpec) -> bool:
+def trained(plan: Plan, run: Cell) -> bool:
     from dispersion_titan.trainer.checkpoints import check_complete
 
     try:
@@ -169,7 +160,7 @@ def trained(plan: Plan, run: RunSpec) -> bool:
     return True
 
 
-def analyzed(plan: Plan, run: RunSpec) -> bool:
+def analyzed(plan: Plan, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences."""
     from dispersion_titan.analysis.results import read_results
     from dispersion_titan.trainer.checkpoints import list_checkpoints
@@ -200,7 +191,7 @@ def last_error(log: str) -> str:
     return (errors or lines or ["(empty log)"])[-1]
 
 
-def process(plan: Plan, run: RunSpec, say: Progress) -> str | None:
+def process(plan: Plan, run: Cell, say: Progress) -> str | None:
     """Train (unless done) then analyze (unless done) one run; an error line or None."""
     for phase, done, command in (("train", trained, train_command), ("analyze", analyzed, analyze_command)):
         if done(plan, run):
@@ -228,7 +219,7 @@ def train_and_analyse(plan: Plan, say: Progress) -> None:
 def comparisons(plan: Plan) -> list[tuple[str, list[str], str]]:
     """(folder name, runs, step) of each ``analyze compare``."""
     everything = [plan.dump(r) for r in plan.runs]
-    baselines = [plan.dump(r) for r in plan.runs if not r.coeff]
+    baselines = [plan.dump(r) for r in plan.runs if r.variant.is_baseline]
     return [
         ("final_width_sweep", baselines, str(plan.steps)),
         ("final_baseline_vs_dispersion", everything, str(plan.steps)),

@@ -37,42 +37,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from a checkout, installed or not
 
 from dispersion_titan.config.cli import OneLineErrorParser  # noqa: E402  (both light: no torch)
+from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Cell, Variant, cells  # noqa: E402
 from dispersion_titan.errors import SweepError, fail  # noqa: E402
 
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
-BASELINE = "baseline"
-# Training overrides that the grid sets for each cell; given by hand they would fight it.
-GRID_KEYS = ("--model.mlp_hidden_dim", "--dispersion.variant", "--dispersion.coeff", "--debug.seed",
-             "--job.dump_folder")
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str  # "none" for the baseline
-    coeff: float
-
-    @property
-    def label(self) -> str:
-        return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff:g}"
-
-
-@dataclass(frozen=True)
-class Cell:
-    width: int
-    variant: Variant
-    seed: int
-
-    @property
-    def name(self) -> str:
-        return f"w{self.width}-{self.variant.label}-s{self.seed}"
-
-    def overrides(self, out: Path) -> list[str]:
-        return ["--model.mlp_hidden_dim", str(self.width), "--dispersion.variant", self.variant.name,
-                "--dispersion.coeff", f"{self.variant.coeff:g}", "--debug.seed", str(self.seed),
-                "--job.dump_folder", str(out / self.name)]
-
-
 @dataclass
 class Spec:
     config: Path
@@ -91,7 +60,7 @@ class Spec:
     analyze_args: list[str] = field(default_factory=list)
 
     def cells(self) -> list[Cell]:
-        return [Cell(w, v, s) for w in self.widths for v in self.variants for s in self.seeds]
+        return cells(self.widths, self.variants, self.seeds)
 
 
 # ---- parsing and validation -------------------------------------------------------------
@@ -185,7 +154,7 @@ def check_training_configs(spec: Spec) -> None:
 
     prepare()
     for cell in spec.cells():
-        args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(spec.out)]
+        args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(str(spec.out / cell.name))]
         try:
             validated_args(with_config_module(args, load_toml(args)))
         except (DispersionTitanError, ValueError) as e:
@@ -223,7 +192,7 @@ def plan(spec: Spec) -> list[Job]:
         nodes = [f"--nodes={spec.nodes}"] if spec.nodes else []
         train = Job(f"train_{i}", f"{cell.name} train", [
             *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, nodes + spec.train_sbatch_args),
-            str(TRAIN_SBATCH), str(spec.config), *spec.train_overrides, *cell.overrides(spec.out)])
+            str(TRAIN_SBATCH), str(spec.config), *spec.train_overrides, *cell.overrides(str(spec.out / cell.name))])
         analyze = Job(f"analyze_{i}", f"{cell.name} analyze", [
             *_common_sbatch(spec, f"{cell.name}-analyze", spec.analyze_time, spec.analyze_sbatch_args),
             str(ANALYZE_SBATCH), str(spec.out / cell.name), *spec.analyze_args], after=[train.key])

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 WIDTHS = (64, 256)
 OPTIONS = ("--widths", "64,256", "--steps", "2", "--checkpoint-interval", "1", "--num-sequences", "4",
            "--seq-len", "32", "--coeff", "2.0")
-NAMES = [f"mlp{w}_{kind}" for w in WIDTHS for kind in ("baseline", "angular_spread")]
+NAMES = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spread-c2")]
 
 
 def quickstart(out: Path, *options: str):
@@ -84,14 +84,14 @@ def test_summary_restates_the_measured_numbers(sweep):
         assert f" {trajectory[peak]:.3f} ({peak}) " in row, row
     # Same seed: a baseline and its dispersion run start from identical weights.
     for w in WIDTHS:
-        assert analysis(out, f"mlp{w}_baseline", 0)["layers"] == analysis(out, f"mlp{w}_angular_spread", 0)["layers"]
+        assert analysis(out, f"w{w}-baseline-s42", 0)["layers"] == analysis(out, f"w{w}-angular_spread-c2-s42", 0)["layers"]
 
-    base = {w: late_offdiag(analysis(out, f"mlp{w}_baseline", 2)) for w in WIDTHS}
-    disp = {w: late_offdiag(analysis(out, f"mlp{w}_angular_spread", 2)) for w in WIDTHS}
+    base = {w: late_offdiag(analysis(out, f"w{w}-baseline-s42", 2)) for w in WIDTHS}
+    disp = {w: late_offdiag(analysis(out, f"w{w}-angular_spread-c2-s42", 2)) for w in WIDTHS}
     lower = sum(disp[w] < base[w] for w in WIDTHS)
     verdict = {2: "It lowers it", 0: "It raises it"}.get(lower, "Mixed")
     assert f"{verdict}: with angular_spread λ=2.0" in summary and f"in {lower} of 2 widths" in summary
-    init = [late_offdiag(analysis(out, f"mlp{w}_baseline", 0)) for w in WIDTHS]
+    init = [late_offdiag(analysis(out, f"w{w}-baseline-s42", 0)) for w in WIDTHS]
     trend = "wider MLPs condense more" if init[1] > init[0] else "narrower MLPs condense more"
     assert f"At step 0 {trend} (late-block cosine {init[0]:.3f} / {init[1]:.3f} for MLP width 64 / 256)" in summary
 
@@ -142,7 +142,7 @@ def test_other_analysis_options_are_refused_without_touching_results(sweep):
     proc = quickstart(out, *(item for pair in options.items() for item in pair))
     assert proc.returncode == 1
     errors = proc.stderr.strip().splitlines()
-    assert len(errors) == 2 and all(e.startswith("dispersion_titan: error: analyze mlp64_") for e in errors)
+    assert len(errors) == 2 and all(e.startswith("dispersion_titan: error: analyze w64-") for e in errors)
     assert "seq_len 32 vs 16" in errors[0] and "use another --out, or --force" in errors[0]
     assert digests(out / "runs") == before
 

@@ -1,0 +1,54 @@
+"""The MLP-width × dispersion variant × seed experiment grid, and its one naming scheme.
+
+The quickstart and ``launch/sweep.py`` both train this grid; each cell is a set of
+training overrides and a run folder named ``w{width}-{variant}-s{seed}`` (the variant
+``baseline`` or ``{name}-c{coeff}``). Light: no torch, so the sweep's dry run is fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BASELINE = "baseline"
+
+GRID_KEYS = ("--model.mlp_hidden_dim", "--dispersion.variant", "--dispersion.coeff", "--debug.seed",
+             "--job.dump_folder")
+"""Training overrides the grid sets for each cell; given by hand they would fight it."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    """A dispersion variant, or ``none`` for the baseline."""
+    coeff: float
+
+    @property
+    def label(self) -> str:
+        return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff:g}"
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.name == "none"
+
+
+@dataclass(frozen=True)
+class Cell:
+    width: int
+    variant: Variant
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"w{self.width}-{self.variant.label}-s{self.seed}"
+
+    def overrides(self, dump_folder: str) -> list[str]:
+        """The training command line's grid part, writing into ``dump_folder``."""
+        return ["--model.mlp_hidden_dim", str(self.width), "--dispersion.variant", self.variant.name,
+                "--dispersion.coeff", f"{self.variant.coeff:g}", "--debug.seed", str(self.seed),
+                "--job.dump_folder", dump_folder]
+
+
+def cells(widths: list[int] | tuple[int, ...], variants: list[Variant] | tuple[Variant, ...],
+          seeds: list[int] | tuple[int, ...]) -> list[Cell]:
+    """Every combination, width-major (the order of the folders, jobs and tables)."""
+    return [Cell(w, v, s) for w in widths for v in variants for s in seeds]
