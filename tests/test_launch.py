@@ -4,6 +4,7 @@ torchrun agents on localhost, and the sweep's dry run."""
 from __future__ import annotations
 
 import re
+import os
 import socket
 import subprocess
 import sys
@@ -48,7 +49,14 @@ def one_node(tmp_path_factory) -> tuple[Path, str]:
     dump = elsewhere / "one_node"
     env = launch_env()
     del env["OMP_NUM_THREADS"]  # train.sh sets it: CPUs / processes (1 on a 2-core machine)
-    return dump, finish(train_sh(dump, cwd=elsewhere, env=env))
+    # The interpreter train.sh starts torchrun with records the environment it was given.
+    recorder = elsewhere / "python"
+    recorder.write_text(f'#!/bin/sh\necho "OMP_NUM_THREADS=${{OMP_NUM_THREADS-unset}}" >> {elsewhere}/env.txt\n'
+                        f'exec {sys.executable} "$@"\n')
+    recorder.chmod(0o755)
+    env["PYTHON"] = str(recorder)
+    log = finish(train_sh(dump, cwd=elsewhere, env=env))
+    return dump, log + (elsewhere / "env.txt").read_text()
 
 
 def test_train_sh_trains_from_any_directory(one_node):
@@ -56,7 +64,8 @@ def test_train_sh_trains_from_any_directory(one_node):
     assert sorted(scalars(dump)[LOSS]) == list(range(1, STEPS + 1))
     assert sorted(p.name for p in (dump / "checkpoint").iterdir()) == ["step-0", f"step-{STEPS}"]
     assert "dp_shard=2," in log, "2 processes by default on CPU"
-    assert "Setting OMP_NUM_THREADS" not in log, "torchrun's fallback of 1 thread is not needed"
+    threads = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert f"OMP_NUM_THREADS={threads}\n" in log, "train.sh gives each of its 2 CPU processes half the CPUs"
     assert "[rank0]:" in log and "[rank1]:" not in log, "LOG_RANK=0 shows rank 0 only"
 
 
