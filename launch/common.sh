@@ -3,7 +3,7 @@
 
 REPO_DIR=$(cd "$LAUNCH_DIR/.." && pwd)
 PREEMPT_SIGNAL=${PREEMPT_SIGNAL:-USR1}
-export PREEMPT_SIGNAL  # read by the training ranks (dispersion_titan/preemption.py)
+export PREEMPT_SIGNAL  # read by the training ranks (dispersion_titan/trainer/preemption.py)
 
 die() {  # die MESSAGE: one line on stderr, exit 2 (bad input)
     echo "$(basename "$0"): error: $*" >&2

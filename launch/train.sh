@@ -34,7 +34,7 @@ if [ -n "${RDZV_ID:-}" ]; then rdzv_id=(--rdzv_id "$RDZV_ID"); fi
 
 # torchrun would die of the preemption signal (default action); ignoring it here is
 # inherited by torchrun, while each training rank installs its own handler
-# (dispersion_titan/preemption.py), so signalling every process of the job is safe.
+# (dispersion_titan/trainer/preemption.py), so signalling every process of the job is safe.
 trap '' "$PREEMPT_SIGNAL"
 exec "$(python_bin)" -m torch.distributed.run \
     --nnodes "$nnodes" --nproc_per_node "$nproc" \

@@ -48,7 +48,7 @@ def heatmap(result: Condensation, title: str) -> Figure:
 
 def _curve_axes(title: str) -> tuple[Figure, plt.Axes]:
     fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
-    ax.set(xlabel="layer fraction (embedding = 0, final norm = 1)", ylabel="mean cosine similarity", title=title)
+    ax.set(xlabel="layer fraction (embedding = 0, final norm = 1)", ylabel="mean_cos: mean cosine similarity (diagonal included)", title=title)
     ax.grid(alpha=0.3)
     return fig, ax
 

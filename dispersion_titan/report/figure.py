@@ -33,7 +33,7 @@ def sweep_figure(runs: list[RunCondensation], title: str) -> Figure:
     widths = sorted({r.width for r in runs})
     ax.set_xticks(widths, [str(w) for w in widths])
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set(xlabel="MLP hidden width", ylabel="late-block mean cosine (off-diagonal)", title=title)
+    ax.set(xlabel="MLP hidden width", ylabel="late-block mean_cos_offdiag", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig
