@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +25,7 @@ from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset,
 from dispersion_titan.data.prepare import main, parser, prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
 from dispersion_titan.tokenizer import EOT_ID
-from helpers import DEBUG_TOML, python_module
+from helpers import DEBUG_TOML, REPO, launch_env, python_module
 from test_data import global_batches, loader, private_caches, resumed_equals_uninterrupted, texts  # noqa: F401
 
 SEQ = 16
@@ -236,10 +238,13 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
 
 # ---------------------------------------------------------------- the real command lines
 
-def test_prepare_command_line_succeeds(tmp_path):
+def test_prepare_job_script_runs_the_command_line(tmp_path):
+    """launch/slurm/prepare.sbatch outside Slurm: the real ``python -m dispersion_titan.data prepare``."""
     path = jsonl(tmp_path / "c.jsonl", texts(9, seed=5))
-    proc = python_module("dispersion_titan.data", "prepare", "local", "--dataset-path", path, "--out",
-                         str(tmp_path / "store"), "--workers", "2", timeout=300)
+    proc = subprocess.run(["bash", str(REPO / "launch" / "slurm" / "prepare.sbatch"), "local", "--dataset-path", path,
+                           "--out", str(tmp_path / "store"), "--workers", "2"],
+                          cwd=tmp_path, env=launch_env({"PYTHON": sys.executable}), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"--training.dataset local --training.dataset_path {tmp_path / 'store'}" in proc.stdout
     assert np.array_equal(open_store(str(tmp_path / "store"), "local", "train", "f")[:],
