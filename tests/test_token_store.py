@@ -141,17 +141,17 @@ def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_o
     for world, accum, local in [(1, 1, 8), (2, 2, 2), (4, 2, 1)]:
         got = global_batches(maker("fineweb-edu", str(out)), world, accum, local, steps)
         assert all(torch.equal(g, r) for g, r in zip(got, reference)), (world, accum, local)
-    # A streamed run's loader state resumes on the store: both count samples of one stream.
-    streamed = loader(maker("fineweb-edu", source)(2, 1, 2), 1, 2)
-    it = iter(streamed)
-    for _ in range(9):
-        next(it)
-    state = streamed.state_dict()
-    expected = [next(it) for _ in range(4)]
-    stored = loader(maker("fineweb-edu", str(out))(2, 1, 2), 1, 2)
-    stored.load_state_dict(state)
-    stored_it = iter(stored)
-    assert all(torch.equal(next(stored_it)[0]["input"], e[0]["input"]) for e in expected)
+    # Loader states move between a streamed run and a store-backed one: both count samples of one stream.
+    for saved_by, resumed_by in ((source, str(out)), (str(out), source)):
+        first = loader(maker("fineweb-edu", saved_by)(2, 1, 2), 1, 2)
+        it = iter(first)
+        for _ in range(9):
+            next(it)
+        state = first.state_dict()
+        expected = [next(it)[0]["input"] for _ in range(4)]
+        resumed = loader(maker("fineweb-edu", resumed_by)(2, 1, 2), 1, 2)
+        resumed.load_state_dict(state)
+        assert all(torch.equal(x[0]["input"], e) for x, e in zip(resumed, expected))
 
 
 # ---------------------------------------------------------------- interrupted prepare
