@@ -183,16 +183,16 @@ def _finish(out: str, records: list[dict[str, Any]], source: dict[str, Any], key
 def resolve_source(target: str, split: str, dataset_path: str | None) -> tuple[str, str | None, str]:
     """(dataset, path, config field) named by CONFIG_OR_DATASET: a training TOML's
     ``[training]`` (train) or ``[validation]`` section, or a registered dataset name."""
-    if target.endswith(".toml") or os.path.isfile(target):
-        section = "training" if split == "train" else "validation"
-        table = read_toml(target, "CONFIG_OR_DATASET").get(section, {})
-        if not isinstance(table, dict) or not isinstance(table.get("dataset"), str):
-            raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
-        return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset"
-    if target not in CORPORA:
+    if target in CORPORA:
+        return target, dataset_path, "--dataset"
+    if not (target.endswith(".toml") or os.path.isfile(target)):
         raise DataConfigError(f"CONFIG_OR_DATASET: {target!r} is neither a .toml file nor a dataset "
                               f"(choose from {sorted(CORPORA)})")
-    return target, dataset_path, "--dataset"
+    section = "training" if split == "train" else "validation"
+    table = read_toml(target, "CONFIG_OR_DATASET").get(section, {})
+    if not isinstance(table, dict) or not isinstance(table.get("dataset"), str):
+        raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
+    return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset"
 
 
 def prepare(options: argparse.Namespace) -> dict[str, Any]:

@@ -19,6 +19,7 @@ A store is a directory:
 from __future__ import annotations
 
 import bisect
+import functools
 import glob
 import json
 import os
@@ -35,6 +36,7 @@ VERSION = 1
 MANIFEST = "manifest.json"
 DOCUMENT_INDEX = "documents.npy"
 PREPARE = "python -m dispersion_titan.data prepare"
+_MAPPED_SHARDS = 64
 _MANIFEST_KEYS = ("tokenizer", "documents_version", "source", "dtype", "tokens", "documents",
                   "shard_documents", "shards")
 
@@ -114,13 +116,20 @@ def stale_reason(manifest: dict[str, Any]) -> str | None:
 
 class TokenStore:
     """A store's token stream as one read-only sequence (``len`` and slices) over its
-    memory-mapped shards; a slice that spans shards is copied, any other is a view."""
+    shards, memory-mapped on first use. At most ``_MAPPED_SHARDS`` stay mapped: each map
+    holds a file descriptor, and a 10B-token corpus has hundreds of shards. A slice that
+    spans shards is copied, any other is a view."""
 
-    def __init__(self, folder: str, manifest: dict[str, Any], shards: list[np.ndarray]):
+    def __init__(self, folder: str, manifest: dict[str, Any], dtype: np.dtype):
         self.folder = folder
         self.manifest = manifest
-        self.shards = shards
-        self.offsets = np.cumsum([0, *(len(s) for s in shards)]).tolist()  # shard i starts at offsets[i]
+        self.dtype = dtype
+        self.paths = [os.path.join(folder, shard["file"]) for shard in manifest["shards"]]
+        self.offsets = np.cumsum([0, *(shard["tokens"] for shard in manifest["shards"])]).tolist()
+        self.shard = functools.lru_cache(maxsize=_MAPPED_SHARDS)(self._map)
+
+    def _map(self, index: int) -> np.ndarray:
+        return np.memmap(self.paths[index], dtype=self.dtype, mode="r")
 
     def __len__(self) -> int:
         return self.offsets[-1]
@@ -129,16 +138,16 @@ class TokenStore:
         start, stop, step = key.indices(len(self))
         if step != 1:
             raise ValueError("a token store is sliced with step 1")
-        shard = bisect.bisect_right(self.offsets, start) - 1
+        index = bisect.bisect_right(self.offsets, start) - 1
         pieces = []
         while start < stop:
-            piece = self.shards[shard][start - self.offsets[shard] : stop - self.offsets[shard]]
+            piece = self.shard(index)[start - self.offsets[index] : stop - self.offsets[index]]
             pieces.append(piece)
             start += len(piece)
-            shard += 1
+            index += 1
         if len(pieces) == 1:
             return pieces[0]
-        return np.concatenate(pieces) if pieces else np.empty(0, dtype=self.shards[0].dtype)
+        return np.concatenate(pieces) if pieces else np.empty(0, dtype=self.dtype)
 
     def document_starts(self) -> np.ndarray:
         """Offset of every document's first token (memory-mapped)."""
@@ -164,14 +173,15 @@ def open_store(path: str, dataset: str, split: str, field: str) -> TokenStore:
         dtype = np.dtype(manifest["dtype"])
     except TypeError:
         raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (dtype {manifest['dtype']!r})") from None
-    shards = [_open_shard(folder, shard, dtype, field) for shard in manifest["shards"]]
-    if not shards or sum(len(s) for s in shards) != manifest["tokens"]:
+    for shard in manifest["shards"]:
+        _check_shard(folder, shard, dtype, field)
+    if not manifest["shards"] or sum(shard["tokens"] for shard in manifest["shards"]) != manifest["tokens"]:
         raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (its shards do not hold "
                               f"its {manifest['tokens']} tokens)")
-    return TokenStore(folder, manifest, shards)
+    return TokenStore(folder, manifest, dtype)
 
 
-def _open_shard(folder: str, shard: dict[str, Any], dtype: np.dtype, field: str) -> np.ndarray:
+def _check_shard(folder: str, shard: dict[str, Any], dtype: np.dtype, field: str) -> None:
     path = os.path.join(folder, shard["file"])
     expected = shard["tokens"] * dtype.itemsize
     try:
@@ -181,4 +191,3 @@ def _open_shard(folder: str, shard: dict[str, Any], dtype: np.dtype, field: str)
     if size != expected:
         raise DataConfigError(f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
                               f"({size} bytes, the manifest says {expected}); rebuild it with {PREPARE}")
-    return np.memmap(path, dtype=dtype, mode="r")
