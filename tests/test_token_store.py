@@ -5,7 +5,6 @@ exactly, and bad or stale stores end in one line with exit status 2."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -111,7 +110,7 @@ def test_store_backed_training_matches_in_memory_for_every_layout(local_corpus):
     reference = global_batches(maker("local", path), world=1, accum=1, local=8, steps=steps)
     for world, accum, local in [(1, 1, 8), *LAYOUTS]:
         got = global_batches(maker("local", str(out)), world, accum, local, steps)
-        assert all(torch.equal(g, r) for g, r in zip(got, reference)), (world, accum, local)
+        assert all(torch.equal(g, r) for g, r in zip(got, reference, strict=True)), (world, accum, local)
     validation = maker("local", str(out), "validation")
     with pytest.raises(DataConfigError, match=r"holds 'local' train, not 'local' validation"):
         validation(2, 0, 1)
@@ -140,7 +139,7 @@ def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_o
     reference = global_batches(maker("fineweb-edu", source), world=1, accum=1, local=8, steps=steps)
     for world, accum, local in [(1, 1, 8), (2, 2, 2), (4, 2, 1)]:
         got = global_batches(maker("fineweb-edu", str(out)), world, accum, local, steps)
-        assert all(torch.equal(g, r) for g, r in zip(got, reference)), (world, accum, local)
+        assert all(torch.equal(g, r) for g, r in zip(got, reference, strict=True)), (world, accum, local)
     # Loader states move between a streamed run and a store-backed one: both count samples of one stream.
     for saved_by, resumed_by in ((source, str(out)), (str(out), source)):
         first = loader(maker("fineweb-edu", saved_by)(2, 1, 2), 1, 2)
@@ -151,7 +150,7 @@ def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_o
         expected = [next(it)[0]["input"] for _ in range(4)]
         resumed = loader(maker("fineweb-edu", resumed_by)(2, 1, 2), 1, 2)
         resumed.load_state_dict(state)
-        assert all(torch.equal(x[0]["input"], e) for x, e in zip(resumed, expected))
+        assert all(torch.equal(x[0]["input"], e) for x, e in zip(resumed, expected, strict=False))  # resumed never ends
 
 
 # ---------------------------------------------------------------- interrupted prepare
@@ -218,7 +217,8 @@ def cli_failure(capsys, *args: str) -> str:
 def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     (tmp_path / "file").write_text("x")
     out = str(tmp_path / "out")
-    assert "CONFIG_OR_DATASET: 'nope' is neither a .toml file nor a dataset" in cli_failure(capsys, "nope", "--out", out)
+    line = cli_failure(capsys, "nope", "--out", out)
+    assert "CONFIG_OR_DATASET: 'nope' is neither a .toml file nor a dataset" in line
     assert "--dataset_path: dataset 'local' needs a path" in cli_failure(capsys, "local", "--out", out)
     assert "--dataset_path: no file matches" in cli_failure(capsys, "local", "--dataset-path", "/no/such.jsonl",
                                                              "--out", out)

@@ -134,7 +134,7 @@ def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, w
     chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])
     records: list[dict[str, Any] | AsyncResult] = []
     waiting: collections.deque[int] = collections.deque()
-    # Workers are forked before any document is read: no reader threads exist yet.
+    # Forked workers only tokenise and write; the pool starts before the documents are read.
     with multiprocessing.get_context("fork").Pool(workers) as pool, \
             tqdm(desc=f"prepare {source['dataset']} {source['split']}", unit="tok", unit_scale=True,
                  file=sys.stderr, disable=not progress) as bar:
@@ -196,17 +196,21 @@ def resolve_source(target: str, split: str, dataset_path: str | None) -> tuple[s
 
 
 def prepare(options: argparse.Namespace) -> dict[str, Any]:
+    """Check the source, then write (or finish) the store; its manifest."""
     dataset, path, field = resolve_source(options.target, options.split, options.dataset_path)
     if is_store(path):
         raise DataConfigError(f"{field}_path: {path} is a token store already; name the corpus it was made from")
     check_dataset(dataset, path, field)
-    source = {"dataset": dataset, "split": options.split, "path": os.path.abspath(os.path.expanduser(path)) if path else None,
+    source = {"dataset": dataset, "split": options.split,
+              "path": os.path.abspath(os.path.expanduser(path)) if path else None,
               "identity": documents_identity(dataset, options.split, path, field)}
     try:
         return write_store(iter_documents(dataset, options.split, path, field), options.out, source,
                            workers=options.workers, shard_documents=options.shard_documents)
-    except OSError as e:
-        raise DataConfigError(f"--out: {e.filename or options.out}: {e.strerror}") from None
+    except OSError as e:  # e.g. a full disk; "--out" names the culprit when the file is the store's
+        where = str(e.filename or options.out)
+        inside = os.path.abspath(where).startswith(os.path.abspath(options.out))
+        raise DataConfigError(f"{'--out: ' if inside else ''}{where}: {e.strerror}") from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -216,7 +220,8 @@ def parser() -> argparse.ArgumentParser:
                                help="tokenise a corpus split into a token store")
     prep.add_argument("target", metavar="CONFIG_OR_DATASET", help="training TOML or dataset name")
     prep.add_argument("--out", required=True, help="the store's folder (created; a partial store there is resumed)")
-    prep.add_argument("--split", choices=SPLITS, default="train", help="split (TOML: section) to prepare; default train")
+    prep.add_argument("--split", choices=SPLITS, default="train",
+                      help="split (with a TOML: its section) to prepare; default train")
     prep.add_argument("--dataset-path", "--dataset_path", dest="dataset_path",
                       help="the corpus path (overrides the TOML's dataset_path)")
     prep.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)),

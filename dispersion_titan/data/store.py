@@ -37,6 +37,7 @@ MANIFEST = "manifest.json"
 DOCUMENT_INDEX = "documents.npy"
 PREPARE = "python -m dispersion_titan.data prepare"
 _MAPPED_SHARDS = 64
+_DTYPES = ("uint16", "uint32")
 _MANIFEST_KEYS = ("tokenizer", "documents_version", "source", "dtype", "tokens", "documents",
                   "shard_documents", "shards")
 
@@ -56,7 +57,7 @@ def is_store(path: str | None) -> bool:
     if not path or not os.path.isdir(os.path.expanduser(path)):
         return False
     folder = os.path.expanduser(path)
-    return os.path.exists(os.path.join(folder, MANIFEST)) or bool(glob.glob(os.path.join(folder, "shard-*")))
+    return os.path.exists(os.path.join(folder, MANIFEST)) or bool(glob.glob(os.path.join(folder, "shard-[0-9]*.bin")))
 
 
 def write_atomically(path: str, data: bytes) -> None:
@@ -169,10 +170,9 @@ def open_store(path: str, dataset: str, split: str, field: str) -> TokenStore:
             f"{field}: token store {manifest_path} holds {source.get('dataset')!r} {source.get('split')}, "
             f"not {dataset!r} {split}; make one with {PREPARE} {dataset} --split {split}"
         )
-    try:
-        dtype = np.dtype(manifest["dtype"])
-    except TypeError:
-        raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (dtype {manifest['dtype']!r})") from None
+    if manifest["dtype"] not in _DTYPES:
+        raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (dtype {manifest['dtype']!r})")
+    dtype = np.dtype(manifest["dtype"])
     for shard in manifest["shards"]:
         _check_shard(folder, shard, dtype, field)
     if not manifest["shards"] or sum(shard["tokens"] for shard in manifest["shards"]) != manifest["tokens"]:
@@ -190,4 +190,5 @@ def _check_shard(folder: str, shard: dict[str, Any], dtype: np.dtype, field: str
         raise DataConfigError(f"{field}: {path}: missing (listed in {os.path.join(folder, MANIFEST)})") from None
     if size != expected:
         raise DataConfigError(f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
-                              f"({size} bytes, the manifest says {expected}); rebuild it with {PREPARE}")
+                              f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
+                              f"with --out {folder}")
