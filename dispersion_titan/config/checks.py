@@ -15,9 +15,13 @@ from typing import Any, Literal
 from torchtitan.config import JobConfig
 
 from ..data.corpora import check_dataset
+from ..data.store import is_store, open_store
 from ..errors import ConfigError, DataConfigError
 from ..losses.options import CONFIG_VARIANTS, RANGES, range_error, resolve_layers
 from ..models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
+
+SPLIT_OF = {"training": "train", "validation": "validation"}
+
 
 def _matches(value: Any, annotation: Any) -> bool:
     origin = typing.get_origin(annotation)
@@ -123,7 +127,10 @@ def check_data(config: JobConfig) -> None:
             continue
         cfg = getattr(config, section)
         try:
-            check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
+            if is_store(cfg.dataset_path):  # a stale or damaged token store fails here, before any rank starts
+                open_store(cfg.dataset_path, cfg.dataset, SPLIT_OF[section], f"{section}.dataset_path")
+            else:
+                check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
         except DataConfigError as e:
             raise ConfigError(str(e)) from None
     if config.training.local_batch_size < 1:

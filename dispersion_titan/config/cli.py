@@ -31,17 +31,20 @@ def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
 def load_toml(args: list[str]) -> dict:
     """The TOML named by ``--job.config_file`` ({} without one), with one-line errors."""
     path = _flag_value(args, _CONFIG_FILE_FLAGS)
-    if path is None:
-        return {}
+    return {} if path is None else read_toml(path, "--job.config_file")
+
+
+def read_toml(path: str, field: str) -> dict:
+    """The TOML file at ``path``; errors are one line naming ``field`` and the file."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ArgumentError(f"--job.config_file: {path}: no such file") from None
+        raise ArgumentError(f"{field}: {path}: no such file") from None
     except IsADirectoryError:
-        raise ArgumentError(f"--job.config_file: {path}: is a directory") from None
+        raise ArgumentError(f"{field}: {path}: is a directory") from None
     except tomllib.TOMLDecodeError as e:
-        raise ArgumentError(f"--job.config_file: {path}: invalid TOML: {e}") from None
+        raise ArgumentError(f"{field}: {path}: invalid TOML: {e}") from None
 
 
 def with_config_module(args: list[str], toml: dict) -> list[str]:

@@ -8,7 +8,8 @@ sequences of ``seq_len`` inputs (labels are the inputs shifted by one token): se
 Corpora that fit in memory (all but ``fineweb-edu``'s training split) are tokenised once
 into a uint16 array (cached on disk, see ``tokens``), and every training epoch
 visits their sequences in a seeded random order. Streamed corpora are read in order by
-``streaming.StreamingPackedDataset``.
+``streaming.StreamingPackedDataset``. A ``dataset_path`` that is a token store
+(``store``) replaces the tokenising with its memory-mapped shards, in the same order.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torchtitan.config import JobConfig
 from ..tokenizer import EOT_ID
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
 from .layout import RankSlice, Sample
+from .store import TokenStore, is_store, open_store
 from .streaming import StreamingPackedDataset
 from .tokens import cached_tokens, tokenize
 
@@ -58,7 +60,8 @@ def tokenized_documents(name: str, split: str, path: str | None, field: str) -> 
 
 
 class PackedSequenceDataset(RankSlice):
-    """Yields this rank's ``({"input": x}, y)`` samples of an in-memory packed stream.
+    """Yields this rank's ``({"input": x}, y)`` samples of an in-memory (or memory-mapped)
+    packed stream.
 
     ``infinite`` streams repeat the data in epochs; with ``shuffle`` every epoch visits
     the sequences in a seeded random order. The state is the number of samples this
@@ -68,7 +71,7 @@ class PackedSequenceDataset(RankSlice):
 
     def __init__(
         self,
-        tokens: np.ndarray,
+        tokens: np.ndarray | TokenStore,
         seq_len: int,
         local_batch_size: int,
         dp_rank: int = 0,
@@ -126,20 +129,47 @@ class PackedSequenceDataset(RankSlice):
                 yield {"input": torch.full((self.seq_len,), EOT_ID)}, torch.full((self.seq_len,), IGNORE_INDEX)
 
 
+class ContinuousPackedDataset(PackedSequenceDataset):
+    """A streamed corpus's training order over its token store: sequence ``g`` is tokens
+    ``[g·seq_len, (g+1)·seq_len + 1)`` of the stream repeated end to end, so a window may
+    span the end of one pass and the start of the next, exactly as
+    ``StreamingPackedDataset`` reads it. The state is the samples yielded, as for every
+    ``RankSlice``, so a streamed run's checkpoint resumes on the store too."""
+
+    def __init__(self, tokens: TokenStore, seq_len: int, local_batch_size: int, dp_rank: int = 0,
+                 dp_world_size: int = 1, *, field: str = "training.dataset"):
+        super().__init__(tokens, seq_len, local_batch_size, dp_rank, dp_world_size, shuffle=False, field=field)
+
+    def sequence(self, g: int) -> np.ndarray:
+        start = g * self.seq_len % len(self.tokens)
+        window = self.tokens[start : start + self.seq_len + 1]
+        missing = self.seq_len + 1 - len(window)
+        return np.concatenate([window, self.tokens[:missing]]) if missing else window
+
+
 def _seed(job_config: JobConfig) -> int:
     return job_config.debug.seed if job_config.debug.seed is not None else 0
 
 
 def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig) -> RankSlice:
-    """The dataset of ``[section]`` for this rank: streamed or in memory, per corpus."""
+    """The dataset of ``[section]`` for this rank: streamed or in memory, per corpus, and
+    read from a token store when ``dataset_path`` is one."""
     cfg = getattr(job_config, section)
     field = f"{section}.dataset"
     train = split == "train"
-    if train and cfg.dataset in CORPORA and CORPORA[cfg.dataset].streams_training:
+    streamed = train and cfg.dataset in CORPORA and CORPORA[cfg.dataset].streams_training
+    if is_store(cfg.dataset_path):
+        tokens = open_store(cfg.dataset_path, cfg.dataset, split, f"{field}_path")
+        if streamed:
+            return ContinuousPackedDataset(tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size,
+                                           field=field)
+    elif streamed:
         rows = functools.partial(CORPORA[cfg.dataset].training_rows, cfg.dataset_path, f"{field}_path")
         return StreamingPackedDataset(rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field)
+    else:
+        tokens = token_stream(cfg.dataset, split, cfg.dataset_path, field)
     return PackedSequenceDataset(
-        token_stream(cfg.dataset, split, cfg.dataset_path, field),
+        tokens,
         cfg.seq_len,
         cfg.local_batch_size,
         dp_rank,

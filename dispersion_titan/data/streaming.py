@@ -134,5 +134,8 @@ class StreamingPackedDataset(RankSlice):
                 "position": point.position}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A state without a resume point (saved by a token-store run of this corpus)
+        resumes too, by reading the stream from its start up to the samples yielded."""
         super().load_state_dict(state_dict)
-        self.resume = ResumePoint(state_dict["epoch"], state_dict["rows_state"], state_dict["position"])
+        self.resume = ResumePoint(state_dict.get("epoch", 0), state_dict.get("rows_state"),
+                                  state_dict.get("position", 0))

@@ -2,7 +2,7 @@
 runs) do not each spend minutes tokenising the same corpus.
 
 The cache file is keyed by the corpus identity (dataset, split, source files with their
-sizes and mtimes, or the hub id) and the tokenizer files' SHA-256. The first process to
+sizes and mtimes, or the hub id) and the tokenizer's fingerprint (``bpe``). The first process to
 take the key's file lock tokenises and writes ``<key>.npy`` atomically (temporary file +
 rename); the others wait for the lock, then memory-map the result, so ranks on one node
 share one copy in the page cache. The directory is ``$DISPERSION_TITAN_TOKEN_CACHE`` or
@@ -12,7 +12,6 @@ every process instead (also the fallback when the directory is not writable).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import json
@@ -24,19 +23,25 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from ..tokenizer import EOT_ID, GPT2Tokenizer, bpe_files
+from ..bpe import EOT_ID, gpt2_encoding, tokenizer_fingerprint
 
 CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
 _TOKENIZE_BATCH = 256  # documents per tiktoken call (it tokenises a batch in threads)
 
 
-def tokenize(documents: Iterable[str]) -> Iterator[np.ndarray]:
-    """Each document's GPT-2 ids followed by ``<|endoftext|>``, as uint16 arrays."""
-    tokenizer = GPT2Tokenizer()
+def token_dtype() -> np.dtype:
+    """The smallest unsigned type holding every id: uint16 for GPT-2's 50257."""
+    return np.dtype(np.uint16 if gpt2_encoding().n_vocab <= 1 << 16 else np.uint32)
+
+
+def tokenize(documents: Iterable[str], threads: int = 8) -> Iterator[np.ndarray]:
+    """Each document's GPT-2 ids (``encode_ordinary``) followed by ``<|endoftext|>``, as
+    ``token_dtype()`` arrays. ``threads``: tiktoken's threads per batch."""
+    encoding, dtype = gpt2_encoding(), token_dtype()
     documents = iter(documents)
     while batch := list(itertools.islice(documents, _TOKENIZE_BATCH)):
-        for ids in tokenizer.encode_batch(batch):
-            yield np.asarray([*ids, EOT_ID], dtype=np.uint16)
+        for ids in encoding.encode_ordinary_batch(batch, num_threads=threads):
+            yield np.asarray([*ids, EOT_ID], dtype=dtype)
 
 
 def cache_dir() -> str | None:
@@ -48,15 +53,6 @@ def cache_dir() -> str | None:
     import datasets
 
     return os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
-
-
-@functools.cache
-def tokenizer_fingerprint() -> str:
-    digest = hashlib.sha256()
-    for path in bpe_files():
-        with open(path, "rb") as f:
-            digest.update(f.read())
-    return digest.hexdigest()
 
 
 def cache_key(identity: dict[str, Any]) -> str:

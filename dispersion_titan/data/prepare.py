@@ -1,0 +1,243 @@
+"""Tokenise a corpus split once into a token store (``store``), so that training reads
+token ids from disk instead of every rank tokenising the global stream.
+
+    python -m dispersion_titan.data prepare CONFIG_OR_DATASET --out DIR [--split train|validation]
+        [--dataset-path PATH] [--workers N] [--shard-documents K]
+
+CONFIG_OR_DATASET is a training TOML (its ``[training]`` dataset and path for
+``--split train``, its ``[validation]`` ones for ``--split validation``) or a dataset
+name (``enwiki_sample``, ``local``, ``wikitext-103``, ``fineweb-edu``).
+
+Documents are read in order in this process and tokenised by a pool of ``--workers``
+processes, one shard of ``--shard-documents`` documents per task; each shard is written
+atomically, then its ``.json`` record. A rerun skips the shards whose record and bytes
+verify, so an interrupted prepare resumes where it stopped (run one prepare per folder at
+a time). The document index and the manifest are written last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import hashlib
+import io
+import itertools
+import json
+import multiprocessing
+import os
+import sys
+from collections.abc import Iterable
+from multiprocessing.pool import AsyncResult
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ..bpe import EOT_ID
+from ..config.cli import OneLineErrorParser, positive_int, read_toml
+from ..errors import DataConfigError, DispersionTitanError, fail_with
+from .corpora import CORPORA, DOCUMENTS_VERSION, SPLITS, check_dataset, documents_identity, iter_documents
+from .store import (
+    DOCUMENT_INDEX,
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    is_store,
+    read_manifest,
+    shard_name,
+    tokenizer_stamp,
+    write_atomically,
+)
+from .tokens import token_dtype, tokenize
+
+SHARD_DOCUMENTS = 16_384  # documents per shard (one task): ~16M tokens of FineWeb-Edu
+_IN_FLIGHT_PER_WORKER = 2  # shards read ahead per worker: bounds the texts held in memory
+_RECORD_KEYS = ("file", "tokens", "documents", "sha256")
+
+
+def prepare_key(source: dict[str, Any], shard_documents: int) -> str:
+    """What a store's shards depend on: a rerun reuses only shards made with its key."""
+    text = json.dumps({"format": FORMAT, "version": VERSION, "source": source, "tokenizer": tokenizer_stamp(),
+                       "documents_version": DOCUMENTS_VERSION, "dtype": token_dtype().name,
+                       "shard_documents": shard_documents}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _record_path(out: str, index: int) -> str:
+    return os.path.join(out, shard_name(index).removesuffix(".bin") + ".json")
+
+
+def write_shard(out: str, index: int, texts: list[str], key: str) -> dict[str, Any]:
+    """Tokenise one shard's documents and write the shard, then its record (in a worker:
+    tiktoken single-threaded, the pool is the parallelism)."""
+    data = np.concatenate(list(tokenize(texts, threads=1))).tobytes()
+    record = {"file": shard_name(index), "tokens": len(data) // token_dtype().itemsize, "documents": len(texts),
+              "sha256": hashlib.sha256(data).hexdigest()}
+    write_atomically(os.path.join(out, record["file"]), data)
+    write_atomically(_record_path(out, index), json.dumps({**record, "key": key}).encode())
+    return record
+
+
+def verified_shard(out: str, index: int, documents: int, key: str) -> dict[str, Any] | None:
+    """Shard ``index``'s record if an earlier run completed it with ``key`` for these
+    ``documents`` and its bytes still match; None if it must be (re)written."""
+    try:
+        with open(_record_path(out, index), "rb") as f:
+            record = json.load(f)
+        path = os.path.join(out, shard_name(index))
+        if (record["key"], record["documents"], record["file"]) != (key, documents, shard_name(index)):
+            return None
+        if os.path.getsize(path) != record["tokens"] * token_dtype().itemsize:
+            return None
+        with open(path, "rb") as f:
+            if hashlib.file_digest(f, "sha256").hexdigest() != record["sha256"]:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {k: record[k] for k in _RECORD_KEYS}
+
+
+def _claim(out: str, key: str) -> None:
+    """Create ``out``; refuse a folder holding another prepare's store or shards (a
+    different source, tokenizer or shard size): nothing is ever deleted."""
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise DataConfigError(f"--out: cannot create {out}: {e.strerror}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise DataConfigError(f"--out: {out} is not writable")
+    if os.path.exists(os.path.join(out, MANIFEST)):
+        manifest = read_manifest(out, "--out")
+        if manifest.get("key") != key:
+            source = manifest["source"]
+            raise DataConfigError(f"--out: {out} holds a token store of {source.get('dataset')!r} "
+                                  f"{source.get('split')} made from other inputs; choose another folder")
+    for path in sorted(glob.glob(os.path.join(out, "shard-*.json"))):
+        try:
+            with open(path, "rb") as f:
+                found = json.load(f).get("key")
+        except (OSError, ValueError, AttributeError):
+            continue  # unreadable: that shard is rewritten
+        if found != key:
+            raise DataConfigError(f"--out: {path} belongs to a prepare from other inputs "
+                                  "(source, tokenizer or --shard-documents); choose another folder")
+
+
+def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, workers: int,
+                shard_documents: int = SHARD_DOCUMENTS, progress: bool = True) -> dict[str, Any]:
+    """Tokenise ``documents`` into the store at ``out`` (finishing a partial one there);
+    return its manifest. ``source`` describes the documents (dataset, split, path, ...)."""
+    key = prepare_key(source, shard_documents)
+    _claim(out, key)
+    documents = iter(documents)
+    chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])
+    records: list[dict[str, Any] | AsyncResult] = []
+    waiting: collections.deque[int] = collections.deque()
+    # Forked workers only tokenise and write; the pool starts before the documents are read.
+    with multiprocessing.get_context("fork").Pool(workers) as pool, \
+            tqdm(desc=f"prepare {source['dataset']} {source['split']}", unit="tok", unit_scale=True,
+                 file=sys.stderr, disable=not progress) as bar:
+
+        def settle(i: int) -> None:
+            records[i] = records[i].get()
+            bar.update(records[i]["tokens"])
+
+        for index, texts in enumerate(chunks):
+            done = verified_shard(out, index, len(texts), key)
+            if done:
+                records.append(done)
+                bar.update(done["tokens"])
+                continue
+            waiting.append(len(records))
+            records.append(pool.apply_async(write_shard, (out, index, texts, key)))
+            if len(waiting) > workers * _IN_FLIGHT_PER_WORKER:
+                settle(waiting.popleft())
+        while waiting:
+            settle(waiting.popleft())
+    if not records:
+        raise DataConfigError(f"{source['dataset']}: no {source['split']} documents")
+    return _finish(out, records, source, key, shard_documents)
+
+
+def _finish(out: str, records: list[dict[str, Any]], source: dict[str, Any], key: str,
+            shard_documents: int) -> dict[str, Any]:
+    """Write the document index (from the separators in the shards), then the manifest."""
+    dtype, starts, offset = token_dtype(), [], 0
+    for record in records:
+        shard = np.memmap(os.path.join(out, record["file"]), dtype=dtype, mode="r")
+        ends = np.flatnonzero(shard == EOT_ID) + offset + 1
+        starts.append(np.concatenate([[offset], ends[:-1]]).astype(np.int64))
+        offset += len(shard)
+    index = io.BytesIO()
+    np.save(index, np.concatenate(starts))
+    write_atomically(os.path.join(out, DOCUMENT_INDEX), index.getvalue())
+    manifest = {"format": FORMAT, "version": VERSION, "key": key, "tokenizer": tokenizer_stamp(),
+                "documents_version": DOCUMENTS_VERSION, "source": source, "dtype": dtype.name, "tokens": offset,
+                "documents": sum(r["documents"] for r in records), "shard_documents": shard_documents,
+                "document_index": DOCUMENT_INDEX, "shards": records}
+    write_atomically(os.path.join(out, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+def resolve_source(target: str, split: str, dataset_path: str | None) -> tuple[str, str | None, str]:
+    """(dataset, path, config field) named by CONFIG_OR_DATASET: a training TOML's
+    ``[training]`` (train) or ``[validation]`` section, or a registered dataset name."""
+    if target in CORPORA:
+        return target, dataset_path, "--dataset"
+    if not (target.endswith(".toml") or os.path.isfile(target)):
+        raise DataConfigError(f"CONFIG_OR_DATASET: {target!r} is neither a .toml file nor a dataset "
+                              f"(choose from {sorted(CORPORA)})")
+    section = "training" if split == "train" else "validation"
+    table = read_toml(target, "CONFIG_OR_DATASET").get(section, {})
+    if not isinstance(table, dict) or not isinstance(table.get("dataset"), str):
+        raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
+    return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset"
+
+
+def prepare(options: argparse.Namespace) -> dict[str, Any]:
+    """Check the source, then write (or finish) the store; its manifest."""
+    dataset, path, field = resolve_source(options.target, options.split, options.dataset_path)
+    if is_store(path):
+        raise DataConfigError(f"{field}_path: {path} is a token store already; name the corpus it was made from")
+    check_dataset(dataset, path, field)
+    source = {"dataset": dataset, "split": options.split,
+              "path": os.path.abspath(os.path.expanduser(path)) if path else None,
+              "identity": documents_identity(dataset, options.split, path, field)}
+    try:
+        return write_store(iter_documents(dataset, options.split, path, field), options.out, source,
+                           workers=options.workers, shard_documents=options.shard_documents)
+    except OSError as e:  # e.g. a full disk; "--out" names the culprit when the file is the store's
+        where = str(e.filename or options.out)
+        inside = os.path.abspath(where).startswith(os.path.abspath(options.out))
+        raise DataConfigError(f"{'--out: ' if inside else ''}{where}: {e.strerror}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineErrorParser(prog="python -m dispersion_titan.data", description="Data tools.")
+    commands = p.add_subparsers(dest="command", required=True)
+    prep = commands.add_parser("prepare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                               help="tokenise a corpus split into a token store")
+    prep.add_argument("target", metavar="CONFIG_OR_DATASET", help="training TOML or dataset name")
+    prep.add_argument("--out", required=True, help="the store's folder (created; a partial store there is resumed)")
+    prep.add_argument("--split", choices=SPLITS, default="train",
+                      help="split (with a TOML: its section) to prepare; default train")
+    prep.add_argument("--dataset-path", "--dataset_path", dest="dataset_path",
+                      help="the corpus path (overrides the TOML's dataset_path)")
+    prep.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)),
+                      help="tokenising processes (default: the CPUs this process may use)")
+    prep.add_argument("--shard-documents", type=positive_int, default=SHARD_DOCUMENTS,
+                      help=f"documents per shard (default {SHARD_DOCUMENTS})")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parser().parse_args(argv)
+    try:
+        manifest = prepare(options)
+    except DispersionTitanError as e:
+        fail_with(e)
+    section = "training" if options.split == "train" else "validation"
+    print(f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "
+          f"{len(manifest['shards'])} shards ({manifest['dtype']}); train on it with "
+          f"--{section}.dataset {manifest['source']['dataset']} --{section}.dataset_path {options.out}")

@@ -1,0 +1,194 @@
+"""The token store: a corpus split tokenised once (``python -m dispersion_titan.data
+prepare``) and read by training from memory-mapped shards, so no rank tokenises at
+train time.
+
+A store is a directory:
+
+- ``shard-NNNNN.bin``: flat token ids (``dtype``, uint16 for GPT-2) of documents
+  ``[N·K, (N+1)·K)`` of the split (``K`` = ``shard_documents``), each followed by
+  ``<|endoftext|>``. Concatenated in order, the shards are exactly the split's packed
+  token stream (``packed.token_stream``, ``streaming.StreamingPackedDataset``).
+- ``shard-NNNNN.json``: written once its shard is complete (token and document counts,
+  SHA-256, the prepare key): an interrupted prepare resumes from these.
+- ``documents.npy``: int64 offset of every document's first token in the stream.
+- ``manifest.json``: written last; its presence makes the directory a finished store.
+  It records the format version, the tokenizer (name and fingerprint), the source
+  (dataset, split, path and their identity), counts, dtype and the shard list.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import glob
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from ..bpe import SPECIAL_TOKENS, gpt2_encoding, tokenizer_fingerprint
+from ..errors import DataConfigError
+from .corpora import DOCUMENTS_VERSION
+
+FORMAT = "dispersion_titan.token_store"
+VERSION = 1
+MANIFEST = "manifest.json"
+DOCUMENT_INDEX = "documents.npy"
+PREPARE = "python -m dispersion_titan.data prepare"
+_MAPPED_SHARDS = 64
+_DTYPES = ("uint16", "uint32")
+_MANIFEST_KEYS = ("tokenizer", "documents_version", "source", "dtype", "tokens", "documents",
+                  "shard_documents", "shards")
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.bin"
+
+
+def tokenizer_stamp() -> dict[str, Any]:
+    """What a store's token ids depend on, as recorded in its manifest."""
+    return {"name": "gpt2", "sha256": tokenizer_fingerprint(), "n_vocab": gpt2_encoding().n_vocab,
+            "special_tokens": SPECIAL_TOKENS}
+
+
+def is_store(path: str | None) -> bool:
+    """Whether a dataset path is a token store's folder (finished or not)."""
+    if not path or not os.path.isdir(os.path.expanduser(path)):
+        return False
+    folder = os.path.expanduser(path)
+    return os.path.exists(os.path.join(folder, MANIFEST)) or bool(glob.glob(os.path.join(folder, "shard-[0-9]*.bin")))
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Readers see the old file or the whole new one: temporary name, fsync, rename."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(folder: str, field: str) -> dict[str, Any]:
+    """The manifest of the store at ``folder``; a missing, corrupt or other-version one
+    is a one-line ``DataConfigError`` naming ``field`` and the file."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.exists(path):
+        raise DataConfigError(f"{field}: {path}: missing: the token store is unfinished; "
+                              f"rerun {PREPARE} with --out {folder}")
+    try:
+        with open(path, "rb") as f:
+            manifest = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataConfigError(f"{field}: {path}: corrupt manifest ({e})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise DataConfigError(f"{field}: {path}: corrupt manifest (not a {FORMAT} manifest)")
+    if manifest.get("version") != VERSION:
+        raise DataConfigError(f"{field}: {path}: format version {manifest.get('version')!r}, this code reads "
+                              f"{VERSION}; rebuild it with {PREPARE}")
+    missing = [k for k in _MANIFEST_KEYS if k not in manifest]
+    if missing:
+        raise DataConfigError(f"{field}: {path}: corrupt manifest (no {', '.join(missing)})")
+    if not _well_formed(manifest):
+        raise DataConfigError(f"{field}: {path}: corrupt manifest (malformed source, tokenizer or shard list)")
+    return manifest
+
+
+def _well_formed(manifest: dict[str, Any]) -> bool:
+    shards = manifest["shards"]
+    return (isinstance(manifest["source"], dict) and isinstance(manifest["tokenizer"], dict)
+            and isinstance(manifest["tokens"], int) and isinstance(shards, list)
+            and all(isinstance(s, dict) and isinstance(s.get("tokens"), int) and isinstance(s.get("file"), str)
+                    and os.path.basename(s["file"]) == s["file"] for s in shards))
+
+
+def stale_reason(manifest: dict[str, Any]) -> str | None:
+    """Why a store's tokens differ from what this installation would produce, if they do."""
+    made_with = manifest["tokenizer"].get("sha256")
+    if made_with != tokenizer_fingerprint():
+        return (f"made with another tokenizer (sha256 {str(made_with)[:12]}…, "
+                f"this installation's is {tokenizer_fingerprint()[:12]}…)")
+    if manifest["documents_version"] != DOCUMENTS_VERSION:
+        return (f"made with text → documents rules version {manifest['documents_version']}, "
+                f"this installation's is {DOCUMENTS_VERSION}")
+    return None
+
+
+class TokenStore:
+    """A store's token stream as one read-only sequence (``len`` and slices) over its
+    shards, memory-mapped on first use. At most ``_MAPPED_SHARDS`` stay mapped: each map
+    holds a file descriptor, and a 10B-token corpus has hundreds of shards. A slice that
+    spans shards is copied, any other is a view."""
+
+    def __init__(self, folder: str, manifest: dict[str, Any], dtype: np.dtype):
+        self.folder = folder
+        self.manifest = manifest
+        self.dtype = dtype
+        self.paths = [os.path.join(folder, shard["file"]) for shard in manifest["shards"]]
+        self.offsets = np.cumsum([0, *(shard["tokens"] for shard in manifest["shards"])]).tolist()
+        self.shard = functools.lru_cache(maxsize=_MAPPED_SHARDS)(self._map)
+
+    def _map(self, index: int) -> np.ndarray:
+        return np.memmap(self.paths[index], dtype=self.dtype, mode="r")
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        start, stop, step = key.indices(len(self))
+        if step != 1:
+            raise ValueError("a token store is sliced with step 1")
+        index = bisect.bisect_right(self.offsets, start) - 1
+        pieces = []
+        while start < stop:
+            piece = self.shard(index)[start - self.offsets[index] : stop - self.offsets[index]]
+            pieces.append(piece)
+            start += len(piece)
+            index += 1
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.empty(0, dtype=self.dtype)
+
+    def document_starts(self) -> np.ndarray:
+        """Offset of every document's first token (memory-mapped)."""
+        return np.load(os.path.join(self.folder, DOCUMENT_INDEX), mmap_mode="r")
+
+
+def open_store(path: str, dataset: str, split: str, field: str) -> TokenStore:
+    """The store at ``path`` made from ``dataset``'s ``split`` by this tokenizer, shards
+    checked by size (not hashed: that would read the whole corpus on every rank)."""
+    folder = os.path.expanduser(path)
+    manifest = read_manifest(folder, field)
+    manifest_path = os.path.join(folder, MANIFEST)
+    stale = stale_reason(manifest)
+    if stale:
+        raise DataConfigError(f"{field}: token store {manifest_path} is stale: {stale}; rebuild it with {PREPARE}")
+    source = manifest["source"]
+    if (source.get("dataset"), source.get("split")) != (dataset, split):
+        raise DataConfigError(
+            f"{field}: token store {manifest_path} holds {source.get('dataset')!r} {source.get('split')}, "
+            f"not {dataset!r} {split}; make one with {PREPARE} {dataset} --split {split}"
+        )
+    if manifest["dtype"] not in _DTYPES:
+        raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (dtype {manifest['dtype']!r})")
+    dtype = np.dtype(manifest["dtype"])
+    for shard in manifest["shards"]:
+        _check_shard(folder, shard, dtype, field)
+    if not manifest["shards"] or sum(shard["tokens"] for shard in manifest["shards"]) != manifest["tokens"]:
+        raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (its shards do not hold "
+                              f"its {manifest['tokens']} tokens)")
+    return TokenStore(folder, manifest, dtype)
+
+
+def _check_shard(folder: str, shard: dict[str, Any], dtype: np.dtype, field: str) -> None:
+    path = os.path.join(folder, shard["file"])
+    expected = shard["tokens"] * dtype.itemsize
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        raise DataConfigError(f"{field}: {path}: missing (listed in {os.path.join(folder, MANIFEST)})") from None
+    if size != expected:
+        raise DataConfigError(f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
+                              f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
+                              f"with --out {folder}")

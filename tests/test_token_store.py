@@ -1,0 +1,282 @@
+"""The token store: ``prepare`` writes exactly the loaders' token stream (in parallel,
+resumably), training reads the same sequences from it under every layout and resumes
+exactly, and bad or stale stores end in one line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from dispersion_titan.data import corpora
+from dispersion_titan.data.corpora import DataConfigError
+from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
+from dispersion_titan.data.prepare import main, parser, prepare, write_store
+from dispersion_titan.data.store import MANIFEST, is_store, open_store
+from dispersion_titan.tokenizer import EOT_ID
+from helpers import DEBUG_TOML, REPO, launch_env, python_module
+from test_data import global_batches, loader, private_caches, resumed_equals_uninterrupted, texts  # noqa: F401
+
+SEQ = 16
+LAYOUTS = [(1, 2, 4), (2, 1, 4), (4, 1, 2), (2, 2, 2), (4, 2, 1)]  # (ranks, accumulation, local batch)
+
+
+def run_prepare(*args: str) -> dict:
+    return prepare(parser().parse_args(["prepare", *args]))
+
+
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def jsonl(path: Path, docs: list[str]) -> str:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    return str(path)
+
+
+def job(dataset: str, path: str | None, local: int, seq_len: int = SEQ) -> SimpleNamespace:
+    section = SimpleNamespace(dataset=dataset, dataset_path=path, seq_len=seq_len, local_batch_size=local)
+    return SimpleNamespace(training=section, validation=section, debug=SimpleNamespace(seed=3))
+
+
+def maker(dataset: str, path: str | None, split: str = "train"):
+    section = "training" if split == "train" else "validation"
+    return lambda local, rank, world: build_dataset(section, split, world, rank, job(dataset, path, local))
+
+
+@pytest.fixture(scope="module")
+def enwiki_store(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("enwiki") / "store"
+    run_prepare("enwiki_sample", "--out", str(out), "--workers", "2", "--shard-documents", "10")
+    return out
+
+
+# ---------------------------------------------------------------- what prepare writes
+
+def test_store_holds_exactly_the_token_stream(enwiki_store):
+    store = open_store(str(enwiki_store), "enwiki_sample", "train", "f")
+    expected = token_stream("enwiki_sample", "train", None, "training.dataset")
+    assert len(store) == len(expected) and np.array_equal(store[:], expected)
+    assert store[5:5].size == 0 and np.array_equal(store[102_000:102_100], expected[102_000:102_100])  # spans shards
+    manifest = store.manifest
+    assert manifest["documents"] == 96 and len(manifest["shards"]) == 10 and manifest["dtype"] == "uint16"
+    assert manifest["source"] == {"dataset": "enwiki_sample", "split": "train", "path": None, "identity": None}
+    starts = store.document_starts()
+    assert starts[0] == 0 and np.array_equal(starts[1:], np.flatnonzero(expected == EOT_ID)[:-1] + 1)
+
+
+def test_parallel_prepare_writes_the_same_bytes_as_one_worker(enwiki_store, tmp_path):
+    run_prepare("enwiki_sample", "--out", str(tmp_path / "serial"), "--workers", "1", "--shard-documents", "10")
+    assert folder_bytes(tmp_path / "serial") == folder_bytes(enwiki_store)
+
+
+def test_prepare_from_a_training_toml_reads_its_sections(tmp_path):
+    train, held_out = texts(12, seed=1), texts(5, seed=2)
+    (tmp_path / "run.toml").write_text(
+        f'[training]\ndataset = "local"\ndataset_path = "{jsonl(tmp_path / "t.jsonl", train)}"\n'
+        f'[validation]\ndataset = "local"\ndataset_path = "{jsonl(tmp_path / "v.jsonl", held_out)}"\n')
+    for split, docs in (("train", train), ("validation", held_out)):
+        out = tmp_path / split
+        run_prepare(str(tmp_path / "run.toml"), "--split", split, "--out", str(out))
+        store = open_store(str(out), "local", split, "f")
+        expected = token_stream("local", split, str(tmp_path / ("t.jsonl" if split == "train" else "v.jsonl")), "f")
+        assert np.array_equal(store[:], expected) and store.manifest["documents"] == len(docs)
+
+
+# ---------------------------------------------------------------- training reads the store
+
+@pytest.fixture
+def local_corpus(tmp_path) -> tuple[str, Path]:
+    path = jsonl(tmp_path / "corpus.jsonl", texts(40, seed=8))
+    out = tmp_path / "store"
+    run_prepare("local", "--dataset-path", path, "--out", str(out), "--shard-documents", "7", "--workers", "2")
+    return path, out
+
+
+def test_store_backed_training_matches_in_memory_for_every_layout(local_corpus):
+    path, out = local_corpus
+    assert is_store(str(out)) and not is_store(path)
+    steps = 15  # past the end of the first epoch (~12 steps of 8 sequences)
+    reference = global_batches(maker("local", path), world=1, accum=1, local=8, steps=steps)
+    for world, accum, local in [(1, 1, 8), *LAYOUTS]:
+        got = global_batches(maker("local", str(out)), world, accum, local, steps)
+        assert all(torch.equal(g, r) for g, r in zip(got, reference, strict=True)), (world, accum, local)
+    validation = maker("local", str(out), "validation")
+    with pytest.raises(DataConfigError, match=r"holds 'local' train, not 'local' validation"):
+        validation(2, 0, 1)
+
+
+def test_store_backed_training_resumes_exactly(local_corpus):
+    resumed_equals_uninterrupted(maker("local", str(local_corpus[1])), world=2, stop=7, more=20)  # into epoch 2
+
+
+@pytest.fixture
+def few_held_out(monkeypatch):
+    """FineWeb-Edu's rules with 5 held-out documents instead of 10,000 (fast)."""
+    fineweb = corpora.CORPORA["fineweb-edu"]
+    monkeypatch.setitem(corpora.CORPORA, "fineweb-edu", corpora.HubDataset(
+        fineweb.repo, fineweb.config, held_out_documents=5, streams_training=True))
+
+
+def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_out):
+    docs = texts(45, seed=9)
+    pq.write_table(pa.table({"text": docs}), tmp_path / "fineweb.parquet")
+    source, out = str(tmp_path / "fineweb.parquet"), tmp_path / "store"
+    run_prepare("fineweb-edu", "--dataset-path", source, "--out", str(out), "--shard-documents", "8")
+    assert isinstance(maker("fineweb-edu", str(out))(2, 0, 1), ContinuousPackedDataset)
+    steps = 17  # past the end of the first pass: a window spans its last and the next pass's first tokens
+    assert steps * 8 * SEQ > open_store(str(out), "fineweb-edu", "train", "f").manifest["tokens"]
+    reference = global_batches(maker("fineweb-edu", source), world=1, accum=1, local=8, steps=steps)
+    for world, accum, local in [(1, 1, 8), (2, 2, 2), (4, 2, 1)]:
+        got = global_batches(maker("fineweb-edu", str(out)), world, accum, local, steps)
+        assert all(torch.equal(g, r) for g, r in zip(got, reference, strict=True)), (world, accum, local)
+    # Loader states move between a streamed run and a store-backed one: both count samples of one stream.
+    for saved_by, resumed_by in ((source, str(out)), (str(out), source)):
+        first = loader(maker("fineweb-edu", saved_by)(2, 1, 2), 1, 2)
+        it = iter(first)
+        for _ in range(9):
+            next(it)
+        state = first.state_dict()
+        expected = [next(it)[0]["input"] for _ in range(4)]
+        resumed = loader(maker("fineweb-edu", resumed_by)(2, 1, 2), 1, 2)
+        resumed.load_state_dict(state)
+        assert all(torch.equal(x[0]["input"], e) for x, e in zip(resumed, expected, strict=False))  # resumed never ends
+
+
+# ---------------------------------------------------------------- interrupted prepare
+
+def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path):
+    docs = texts(30, seed=4)
+    source = {"dataset": "local", "split": "train", "path": "test", "identity": None}
+    write_store(docs, str(tmp_path / "whole"), source, workers=2, shard_documents=4, progress=False)
+
+    out = tmp_path / "resumed"
+
+    def interrupted():
+        yield from docs[:13]
+        for _ in range(600):  # let shards 0-2 finish, then stop as Ctrl-C or a time limit would
+            if (out / "shard-00002.json").exists():
+                break
+            time.sleep(0.1)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_store(interrupted(), str(out), source, workers=2, shard_documents=4, progress=False)
+    assert (out / "shard-00002.json").exists() and not (out / MANIFEST).exists()
+    write_store(docs, str(out), source, workers=2, shard_documents=4, progress=False)
+    assert folder_bytes(out) == folder_bytes(tmp_path / "whole")
+    # A damaged shard and a lost record are rewritten; verified shards are kept as they are.
+    kept = (out / "shard-00000.bin").stat().st_mtime_ns
+    with open(out / "shard-00001.bin", "r+b") as f:
+        f.truncate(10)
+    (out / "shard-00004.json").unlink()
+    (out / MANIFEST).unlink()
+    write_store(docs, str(out), source, workers=1, shard_documents=4, progress=False)
+    assert folder_bytes(out) == folder_bytes(tmp_path / "whole")
+    assert (out / "shard-00000.bin").stat().st_mtime_ns == kept
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, nothing deleted
+
+def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(enwiki_store, store)
+    with open(store / "shard-00003.bin", "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(DataConfigError, match=r"^training\.dataset_path: .*shard-00003\.bin: truncated \(100 bytes"):
+        open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
+    (store / MANIFEST).write_text('{"format": "dispersion_titan.token_store", "version": 1, ')
+    with pytest.raises(DataConfigError, match=r"^training\.dataset_path: .*manifest\.json: corrupt manifest"):
+        open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
+    (store / MANIFEST).unlink()
+    assert is_store(str(store))  # an unfinished store is still recognised, and says so
+    with pytest.raises(DataConfigError, match=r"manifest\.json: missing: the token store is unfinished"):
+        open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
+    with pytest.raises(DataConfigError, match=r"holds 'enwiki_sample' train, not 'local' train"):
+        open_store(str(enwiki_store), "local", "train", "training.dataset_path")
+
+
+def cli_failure(capsys, *args: str) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(["prepare", *args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    return lines[0]
+
+
+def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
+    (tmp_path / "file").write_text("x")
+    out = str(tmp_path / "out")
+    line = cli_failure(capsys, "nope", "--out", out)
+    assert "CONFIG_OR_DATASET: 'nope' is neither a .toml file nor a dataset" in line
+    assert "--dataset_path: dataset 'local' needs a path" in cli_failure(capsys, "local", "--out", out)
+    assert "--dataset_path: no file matches" in cli_failure(capsys, "local", "--dataset-path", "/no/such.jsonl",
+                                                             "--out", out)
+    assert "CONFIG_OR_DATASET: /no/such.toml: no such file" in cli_failure(capsys, "/no/such.toml", "--out", out)
+    line = cli_failure(capsys, "enwiki_sample", "--out", str(tmp_path / "file" / "store"))
+    assert line.startswith("dispersion_titan: error: --out: cannot create") and "Not a directory" in line
+    # --out holding another store (here: another shard size): refused, nothing deleted.
+    store = tmp_path / "store"
+    shutil.copytree(enwiki_store, store)
+    before = folder_bytes(store)
+    assert "holds a token store of 'enwiki_sample' train made from other inputs" in cli_failure(
+        capsys, "enwiki_sample", "--out", str(store))
+    assert folder_bytes(store) == before
+
+
+# ---------------------------------------------------------------- the real command lines
+
+def test_prepare_job_script_runs_the_command_line(tmp_path):
+    """launch/slurm/prepare.sbatch outside Slurm: the real ``python -m dispersion_titan.data prepare``."""
+    path = jsonl(tmp_path / "c.jsonl", texts(9, seed=5))
+    proc = subprocess.run(["bash", str(REPO / "launch" / "slurm" / "prepare.sbatch"), "local", "--dataset-path", path,
+                           "--out", str(tmp_path / "store"), "--workers", "2"],
+                          cwd=tmp_path, env=launch_env({"PYTHON": sys.executable}), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"--training.dataset local --training.dataset_path {tmp_path / 'store'}" in proc.stdout
+    assert np.array_equal(open_store(str(tmp_path / "store"), "local", "train", "f")[:],
+                          token_stream("local", "train", path, "f"))
+
+
+def test_prepare_command_line_fails_in_one_line_and_deletes_nothing(tmp_path, enwiki_store):
+    store = tmp_path / "store"
+    shutil.copytree(enwiki_store, store)
+    (store / MANIFEST).write_text("{not json")
+    before = folder_bytes(store)
+    proc = python_module("dispersion_titan.data", "prepare", "enwiki_sample", "--out", str(store), timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith(f"dispersion_titan: error: --out: {store / MANIFEST}: corrupt manifest")
+    assert folder_bytes(store) == before
+
+
+def test_stale_store_is_refused_before_launch(tmp_path, enwiki_store):
+    """The check ``dispersion_titan.train`` runs before any process group starts (its
+    ConfigError ends the command in one line, exit 2: test_data's cli_error tests)."""
+    from dispersion_titan.errors import ConfigError
+    from dispersion_titan.train import validated_args
+
+    store = tmp_path / "store"
+    shutil.copytree(enwiki_store, store)
+    args = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config",
+            "--training.dataset_path", str(store)]
+    assert validated_args(args).training.dataset_path == str(store)
+    manifest = json.loads((store / MANIFEST).read_text())
+    manifest["tokenizer"]["sha256"] = "0" * 64  # as if made with another tokenizer
+    (store / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError) as error:
+        validated_args(args)
+    assert len(str(error.value).splitlines()) == 1
+    assert str(error.value).startswith(f"training.dataset_path: token store {store / MANIFEST} is stale: "
+                                       "made with another tokenizer")
