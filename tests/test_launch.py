@@ -14,7 +14,6 @@ import pytest
 
 from helpers import DEBUG_TOML, REPO, launch_env, scalars
 
-pytestmark = pytest.mark.slow
 
 TRAIN_SH = REPO / "launch" / "train.sh"
 SWEEP = REPO / "launch" / "sweep.py"
@@ -59,6 +58,7 @@ def one_node(tmp_path_factory) -> tuple[Path, str]:
     return dump, log + (elsewhere / "env.txt").read_text()
 
 
+@pytest.mark.slow
 def test_train_sh_trains_from_any_directory(one_node):
     dump, log = one_node
     assert sorted(scalars(dump)[LOSS]) == list(range(1, STEPS + 1))
@@ -77,6 +77,7 @@ def test_train_sh_bad_input_is_one_line(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == "train.sh: error: NPROC must be a positive integer, got 'two'"
 
 
+@pytest.mark.slow
 def test_two_agents_on_localhost_match_one_node(one_node, tmp_path):
     """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and
     id) train with FSDP across the two "nodes", exactly like one node with 2 processes."""

@@ -22,7 +22,6 @@ from dispersion_titan.report.summary import (
 )
 from helpers import python_module
 
-pytestmark = pytest.mark.slow
 
 WIDTHS = (64, 256)
 OPTIONS = ("--widths", "64,256", "--steps", "2", "--checkpoint-interval", "1", "--num-sequences", "4",
@@ -57,6 +56,7 @@ def sweep(tmp_path_factory) -> tuple[Path, str]:
     return out, proc.stdout
 
 
+@pytest.mark.slow
 def test_every_run_trained_analysed_and_compared(sweep):
     out, stdout = sweep
     for name in NAMES:
@@ -72,6 +72,7 @@ def test_every_run_trained_analysed_and_compared(sweep):
     assert stdout.count("already done") == 0
 
 
+@pytest.mark.slow
 def test_summary_restates_the_measured_numbers(sweep):
     out, stdout = sweep
     summary = (out / "summary.md").read_text()
@@ -96,6 +97,7 @@ def test_summary_restates_the_measured_numbers(sweep):
     assert f"At step 0 {trend} (late-block cosine {init[0]:.3f} / {init[1]:.3f} for MLP width 64 / 256)" in summary
 
 
+@pytest.mark.slow
 def test_verdicts_follow_the_numbers(sweep):
     out, _ = sweep
     runs = load_sweep([str(out / "runs" / name) for name in NAMES])
@@ -120,6 +122,7 @@ def test_verdicts_follow_the_numbers(sweep):
     assert answer_init(flat).startswith("No: at step 0 the cosine rises with depth in 0 of 2 widths")
 
 
+@pytest.mark.slow
 def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
     out, _ = sweep
     checkpoints = digests(out / "runs", "*.distcp")
@@ -135,6 +138,7 @@ def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
     assert digests(out / "runs", "condensation.json") == results  # the lost one recomputed identically
 
 
+@pytest.mark.slow
 def test_other_analysis_options_are_refused_without_touching_results(sweep):
     out, _ = sweep
     before = digests(out / "runs")

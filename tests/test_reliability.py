@@ -37,7 +37,6 @@ from helpers import (
     torchrun,
 )
 
-pytestmark = pytest.mark.slow
 
 STEPS = 8
 SCHEDULE = (  # every launch below shares it, so losses are comparable step for step
@@ -115,6 +114,7 @@ def launch_and_kill_rank1(dump: Path, after_step: int):
     return result["proc"]
 
 
+@pytest.mark.slow
 def test_sigkilled_rank_resumes_from_last_complete_checkpoint_bit_for_bit(reference, tmp_path):
     dump = tmp_path / "crashed"
     killed = launch_and_kill_rank1(dump, after_step=4)
@@ -143,6 +143,7 @@ def drop_metadata(step_dir: Path) -> None:
     (step_dir / ".metadata").unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corrupt, problem", [(truncate_shard, "__1_0.distcp: truncated"),
                                               (drop_metadata, "missing .metadata")],
                          ids=["truncated-distcp", "missing-metadata"])
@@ -177,6 +178,7 @@ def test_half_written_checkpoint_is_never_loaded(reference, tmp_path, capsys, co
 # ---------------------------------------------------------------- non-finite loss
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_every_rank_and_keeps_the_last_good_checkpoint(tmp_path):
     dump = tmp_path / "diverged"
     args = ("--training.steps", "4", "--checkpoint.interval", "1", "--validation.no-enable", "--optimizer.lr", "1e30")
@@ -246,6 +248,7 @@ def test_bad_command_line_flags_are_named(flags, flag):
     assert flag in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, expected", [
     (["--job.config_file", "{bad_toml}"], "--job.config_file: {bad_toml}: invalid TOML"),
     (["--job.config_file", DEBUG_TOML, "--training.dataset", "local", "--training.dataset_path", "{empty}"],
@@ -266,6 +269,7 @@ def test_bad_input_against_an_existing_run_changes_nothing(reference, tmp_path, 
     assert digests(reference) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragments", [
     (["--texts", "{missing}"], ["--texts: {missing}: cannot be read"]),
     (["--texts", "{not_json}"], ["--texts: {not_json}:2: invalid JSON"]),
@@ -292,11 +296,13 @@ def test_bad_analysis_input_fails_with_one_line_and_changes_nothing(reference, t
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.slow
 def test_analysis_on_a_missing_device_fails_with_one_line(reference, capsys):
     assert_one_line_error(*analyze(reference, *ANALYSIS, "--device", "cuda", capsys=capsys)[::2],
                           "--device: cuda: CUDA is not available here")
 
 
+@pytest.mark.slow
 def test_analysis_needs_the_recorded_model_shape(reference, tmp_path, capsys):
     bare = tmp_path / "bare"
     shutil.copytree(reference / "checkpoint", bare / "checkpoint")
@@ -304,6 +310,7 @@ def test_analysis_needs_the_recorded_model_shape(reference, tmp_path, capsys):
     assert not (bare / "condensation").exists()
 
 
+@pytest.mark.slow
 def test_bad_compare_input_fails_with_one_line_and_writes_nothing(reference, tmp_path, capsys):
     out = tmp_path / "cmp"
     before = digests(reference)
