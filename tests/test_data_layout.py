@@ -1,0 +1,137 @@
+"""The packed loader: the same global batch for every data-parallel layout, distinct data
+per rank, exact resumption in memory and streamed, FineWeb's held-out documents."""
+
+from __future__ import annotations
+
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from torchtitan.components.dataloader import ParallelAwareDataloader
+
+from dispersion_titan.data import corpora
+from dispersion_titan.data.corpora import CORPORA, iter_documents
+from dispersion_titan.data.packed import PackedSequenceDataset
+from dispersion_titan.data.sources import load_files, load_rows
+from dispersion_titan.data.streaming import StreamingPackedDataset
+from dispersion_titan.data.tokens import tokenize
+from dispersion_titan.tokenizer import EOT_ID, GPT2Tokenizer
+from helpers import WORDS, texts, write_parquet
+
+pytestmark = pytest.mark.usefixtures("private_caches")
+
+
+# ---------------------------------------------------------------- layout invariance and resume
+
+SEQ = 16
+
+
+def loader(dataset, rank: int, world: int) -> ParallelAwareDataloader:
+    return ParallelAwareDataloader(dataset, dp_rank=rank, dp_world_size=world, batch_size=dataset.local_batch_size)
+
+
+def global_batches(make, world: int, accum: int, local: int, steps: int) -> list[torch.Tensor]:
+    """What each optimizer step trains on: every rank's micro-batches, in sequence order."""
+    iters = [iter(loader(make(local, r, world), r, world)) for r in range(world)]
+    out = []
+    for _ in range(steps):
+        micro = [[next(it)[0]["input"] for it in iters] for _ in range(accum)]
+        out.append(torch.cat([b for m in micro for b in m]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def stream_files(tmp_path_factory):
+    return write_parquet(tmp_path_factory.mktemp("stream"), texts(240, seed=7), files=3)
+
+
+def in_memory(tokens):
+    return lambda local, rank, world: PackedSequenceDataset(tokens, SEQ, local, rank, world, seed=3)
+
+
+def streamed(files):
+    return lambda local, rank, world: StreamingPackedDataset(lambda: load_files(files, "f", True), SEQ, local, rank, world)
+
+
+@pytest.mark.parametrize("kind", ["in_memory", "streamed"])
+def test_global_batch_is_the_same_for_every_layout(stream_files, kind):
+    tokens = np.concatenate(list(tokenize(texts(240, seed=7))))
+    make = in_memory(tokens) if kind == "in_memory" else streamed(stream_files)
+    steps = 6
+    reference = global_batches(make, world=1, accum=1, local=8, steps=steps)
+    for world, accum, local in [(1, 2, 4), (2, 1, 4), (4, 1, 2), (2, 2, 2), (4, 2, 1)]:
+        got = global_batches(make, world, accum, local, steps)
+        for step in range(steps):
+            assert torch.equal(got[step], reference[step]), (world, accum, local, step)
+    if kind == "streamed":  # streamed order = the packed stream itself, sequence after sequence
+        flat = torch.cat(reference).reshape(-1)
+        assert torch.equal(flat, torch.from_numpy(tokens[: len(flat)].astype(np.int64)))
+
+
+@pytest.mark.parametrize("kind", ["in_memory", "streamed"])
+def test_ranks_see_different_data(stream_files, kind):
+    tokens = np.concatenate(list(tokenize(texts(240, seed=7))))
+    make = in_memory(tokens) if kind == "in_memory" else streamed(stream_files)
+    seen = [[next(it)[0]["input"] for _ in range(5)] for it in (iter(loader(make(2, r, 2), r, 2)) for r in range(2))]
+    rows = [{tuple(row.tolist()) for batch in rank for row in batch} for rank in seen]
+    assert len(rows[0]) == len(rows[1]) == 10 and not rows[0] & rows[1]
+
+
+def resumed_equals_uninterrupted(make, world: int, stop: int, more: int) -> None:
+    for rank in range(world):
+        uninterrupted = iter(loader(make(2, rank, world), rank, world))
+        expected = [next(uninterrupted) for _ in range(stop + more)][stop:]
+        first = loader(make(2, rank, world), rank, world)
+        it = iter(first)
+        for _ in range(stop):
+            next(it)
+        state = first.state_dict()
+        resumed = loader(make(2, rank, world), rank, world)
+        resumed.load_state_dict(state)
+        for (x, y), (ex, ey) in zip(resumed, expected):
+            assert torch.equal(x["input"], ex["input"]) and torch.equal(y, ey)
+
+
+def test_in_memory_resume_mid_epoch_and_across_epochs():
+    tokens = np.concatenate(list(tokenize(texts(40, seed=8))))
+    make = in_memory(tokens)
+    per_epoch = (len(tokens) - 1) // SEQ  # sequences; each step reads 2 ranks × 2
+    resumed_equals_uninterrupted(make, world=2, stop=per_epoch // 8, more=per_epoch // 4)  # into epoch 2
+
+
+@pytest.mark.parametrize("copy", ["parquet_files", "saved_dir"])
+def test_streamed_resume_mid_file_and_across_epochs(tmp_path, copy):
+    files = write_parquet(tmp_path / "files", texts(30, seed=9), files=3, row_group=4)
+    if copy == "parquet_files":
+        make = streamed(files)
+    else:  # a save_to_disk copy is streamed through Dataset.to_iterable_dataset
+        saved = str(tmp_path / "saved")
+        datasets.Dataset.from_dict({"text": texts(30, seed=9)}).save_to_disk(saved)
+        rows = lambda: load_rows("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", saved, "p", True)  # noqa: E731
+        make = lambda local, rank, world: StreamingPackedDataset(rows, SEQ, local, rank, world)  # noqa: E731
+    per_pass = sum(len(t) for t in tokenize(texts(30, seed=9))) // SEQ
+    resumed_equals_uninterrupted(make, world=2, stop=per_pass // 8, more=per_pass // 4)  # into pass 2
+    dataset = make(2, 0, 2)
+    it = iter(loader(dataset, 0, 2))
+    for _ in range(per_pass // 8):
+        next(it)
+    assert dataset.resume.rows_state is not None  # resumes through datasets' state, not a re-read
+
+
+# ---------------------------------------------------------------- fineweb-edu held-out slice
+
+def test_fineweb_validation_is_the_first_documents_and_training_skips_them(tmp_path):
+    held_out = corpora.FINEWEB_VALIDATION_DOCUMENTS
+    docs = [f"doc {i} " + WORDS[i % len(WORDS)] for i in range(held_out + 50)]
+    files = write_parquet(tmp_path / "fineweb", docs, files=2, row_group=1000)
+    path = str(tmp_path / "fineweb")
+    corpora.check_dataset("fineweb-edu", path, "validation.dataset")
+    assert CORPORA["fineweb-edu"].streams_training
+    assert list(iter_documents("fineweb-edu", "validation", path, "validation.dataset")) == docs[:held_out]
+    stream = StreamingPackedDataset(lambda: CORPORA["fineweb-edu"].training_rows(",".join(files), "p"), SEQ, 4)
+    first = next(iter(stream))[0]["input"]
+    assert first.tolist() == [t for d in docs[held_out:] for t in [*GPT2Tokenizer().encode(d), EOT_ID]][:SEQ]
+
+
+# ---------------------------------------------------------------- pre-launch errors (real CLI)

@@ -1,0 +1,83 @@
+"""Token streams and the on-disk token cache: documents separated by <|endoftext|>, one
+cache entry per source, built once when ranks start together."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dispersion_titan.data.packed import token_stream, tokenized_documents
+from dispersion_titan.data.tokens import CACHE_ENV, cached_tokens
+from dispersion_titan.tokenizer import EOT_ID, GPT2Tokenizer
+from helpers import texts
+
+pytestmark = pytest.mark.usefixtures("private_caches")
+
+
+def test_token_stream_is_the_documents_separated_by_endoftext(tmp_path):
+    docs = texts(5, seed=4)
+    pq.write_table(pa.table({"text": docs}), tmp_path / "d.parquet")
+    stream = token_stream("local", "train", str(tmp_path / "d.parquet"), "training.dataset")
+    tokenizer = GPT2Tokenizer()
+    expected = [t for doc in docs for t in [*tokenizer.encode(doc), EOT_ID]]
+    assert stream.tolist() == expected
+    pieces = tokenized_documents("local", "train", str(tmp_path / "d.parquet"), "training.dataset")
+    assert [tokenizer.decode(p.tolist()) for p in pieces] == docs
+
+
+# ---------------------------------------------------------------- token cache
+
+def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": texts(4, seed=5)}), path)
+    first = token_stream("local", "train", str(path), "training.dataset")
+    cached = glob.glob(str(tmp_path / "token_cache" / "*.npy"))
+    assert len(cached) == 1 and isinstance(first, np.memmap)
+    description = json.loads(Path(cached[0][:-4] + ".json").read_text())
+    assert description["dataset"] == "local" and description["tokens"] == len(first)
+    assert not glob.glob(str(tmp_path / "token_cache" / "*.tmp"))
+    # A rewritten file is a new key: never a stale cache.
+    pq.write_table(pa.table({"text": texts(6, seed=6)}), path)
+    token_stream.cache_clear()
+    second = token_stream("local", "train", str(path), "training.dataset")
+    assert len(glob.glob(str(tmp_path / "token_cache" / "*.npy"))) == 2
+    assert len(second) != len(first)
+
+
+def _build_under_lock(cache: str, log: str, queue) -> None:
+    """One 'rank': builds the tokens (slowly, logging that it did) unless another has."""
+    import time
+
+    os.environ[CACHE_ENV] = cache
+
+    def build():
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(1.0)
+        return np.arange(1000, dtype=np.uint16)
+
+    queue.put(cached_tokens({"dataset": "concurrency-test"}, build).tolist())
+
+
+def test_token_cache_builds_once_when_ranks_start_together(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    log = str(tmp_path / "builds.log")
+    ranks = [context.Process(target=_build_under_lock, args=(str(tmp_path / "cache"), log, queue)) for _ in range(4)]
+    for p in ranks:
+        p.start()
+    results = [queue.get(timeout=120) for _ in ranks]
+    for p in ranks:
+        p.join(timeout=60)
+    assert all(p.exitcode == 0 for p in ranks)
+    assert len(Path(log).read_text().split()) == 1  # one rank tokenised, the others waited and read
+    assert all(r == list(range(1000)) for r in results)
