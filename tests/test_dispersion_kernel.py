@@ -165,11 +165,14 @@ def test_auto_uses_torch_on_cpu() -> None:
     assert dispersion_loss(hidden, "l2_repel").item() == dispersion_loss(hidden, "l2_repel", kernel="torch").item()
 
 
-@pytest.mark.parametrize(
-    ("variant", "precision"), [("angular_spread", "bf16x3"), ("l2_repel", "ieee"), ("orthogonalization", "bf16")]
-)
+@pytest.mark.parametrize(("variant", "precision"), [("angular_spread", "bf16x3"), ("l2_repel", "ieee")])
 def test_kernels_compile_for_h100(variant: str, precision: str) -> None:
-    """Both kernels compile to sm_90 machine code with the GPU defaults (no GPU needed)."""
+    """Both kernels compile to sm_90 machine code with the GPU defaults (no GPU needed).
+
+    The two default precisions, and between them every variant branch but the two
+    simplest (orthogonalization's hinge, decorrelation's square). About 10 s per
+    kernel on this CPU when Triton's cache is cold.
+    """
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
