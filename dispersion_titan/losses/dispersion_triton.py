@@ -342,5 +342,5 @@ def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
 
 
 def _feature_block(d: int, limit: int) -> int:
-    """A power-of-two block of features: d rounded up, at most ``limit``."""
-    return min(triton.next_power_of_2(d), limit)
+    """A power-of-two block of features: d rounded up, at most ``limit``, at least tl.dot's 16."""
+    return max(16, min(triton.next_power_of_2(d), limit))
