@@ -1,9 +1,12 @@
-"""Benchmark: memory-lean ``dispersion_loss`` vs the naive ``dispersion_loss_reference``.
+"""Benchmark: the dispersion loss's three paths, the fused Triton kernels, the lean
+PyTorch strips and the naive ``dispersion_loss_reference``.
 
 Workload: ``--layers`` independent hidden tensors [B, N, d] (one per hooked block),
-loss = mean over layers, forward + backward. Per variant it reports the median
-wall time of both implementations (run interleaved, after one warm-up each), the
-extra peak memory of one forward+backward, and the largest value/gradient gaps.
+loss = mean over layers, forward + backward. Per variant and implementation it
+reports the median wall time (implementations interleaved, after one warm-up each),
+the extra peak memory of one forward+backward, and the largest value/gradient gaps
+to the naive version. ``triton`` runs only on CUDA (or on CPU under
+TRITON_INTERPRET=1, far too slow for these sizes); elsewhere it is skipped with a note.
 
 Extra peak memory is measured in a fresh subprocess per (implementation, variant):
 inputs and their ``.grad`` buffers are allocated first, then one forward+backward
@@ -17,8 +20,12 @@ threshold, freed blocks stay in the heap and RSS measures allocator retention an
 fragmentation (run to run) instead of live tensors. On CUDA it is
 ``max_memory_allocated`` minus the allocation after setup.
 
+Besides the markdown table it prints ``RESULT key=value`` lines for
+bench/gpu_acceptance.sh.
+
     python bench/dispersion_loss.py                 # B=8 N=1024 d=768, 12 layers
     python bench/dispersion_loss.py --device cuda --variants angular_spread
+    python bench/dispersion_loss.py --impls naive lean --B 2 --N 512 --d 256 --layers 2
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,7 +49,8 @@ from dispersion_titan.losses import VARIANTS, dispersion_loss, dispersion_loss_r
 
 IMPLS: dict[str, Callable[..., torch.Tensor]] = {
     "naive": dispersion_loss_reference,
-    "lean": dispersion_loss,
+    "lean": partial(dispersion_loss, kernel="torch"),
+    "triton": partial(dispersion_loss, kernel="triton"),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -78,8 +87,8 @@ def memory_worker(args: argparse.Namespace) -> None:
     """Runs in a fresh process: print the extra peak bytes of one forward+backward."""
     impl, variant = args.memory_worker
     small = torch.randn(2, 8, 4, device=args.device, requires_grad=True)
-    for fn in IMPLS.values():  # load kernels/thread pools before the baseline
-        fn(small, variant, tau=args.tau).backward()
+    for name in args.impls:  # load kernels/thread pools before the baseline
+        IMPLS[name](small, variant, tau=args.tau).backward()
     hidden = make_hidden(args)
     extra = extra_peak_bytes(lambda: step(impl, variant, hidden, args.tau), args.device)
     print(json.dumps({"extra_bytes": extra}))
@@ -116,21 +125,21 @@ def measure_memory(impl: str, variant: str, args: argparse.Namespace) -> float:
         sys.executable, __file__, "--memory-worker", impl, variant,
         "--B", str(args.B), "--N", str(args.N), "--d", str(args.d),
         "--layers", str(args.layers), "--device", args.device, "--dtype", args.dtype,
-        "--tau", str(args.tau), "--seed", str(args.seed),
+        "--tau", str(args.tau), "--seed", str(args.seed), "--impls", *args.impls,
     ]  # fmt: skip
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])["extra_bytes"] / 2**20
 
 
-def compare(variant: str, args: argparse.Namespace) -> dict[str, float]:
-    """Time both implementations interleaved and compare their values and gradients."""
+def compare(variant: str, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Time the implementations interleaved; compare each one's values and gradients with the naive one's."""
     hidden = make_hidden(args)
-    times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+    times: dict[str, list[float]] = {impl: [] for impl in args.impls}
     values: dict[str, torch.Tensor] = {}
     grads: dict[str, list[torch.Tensor]] = {}
     for rep in range(args.repeats + 1):  # repetition 0 is the warm-up
-        for impl in IMPLS:
+        for impl in args.impls:
             for h in hidden:
                 h.grad.zero_()
             sync(args.device)
@@ -140,17 +149,21 @@ def compare(variant: str, args: argparse.Namespace) -> dict[str, float]:
             if rep > 0:
                 times[impl].append(time.perf_counter() - start)
             grads[impl] = [h.grad.float().clone() for h in hidden]
-    value_diff = (values["lean"] - values["naive"]).abs().max().item()
-    grad_diff = max((a - b).abs().max().item() for a, b in zip(grads["lean"], grads["naive"]))
-    grad_scale = max(g.abs().max().item() for g in grads["naive"])
-    return {
-        "naive_s": statistics.median(times["naive"]),
-        "lean_s": statistics.median(times["lean"]),
-        "value_diff": value_diff,
-        "value_rel": value_diff / max(values["naive"].abs().max().item(), 1e-30),
-        "grad_diff": grad_diff,
-        "grad_rel": grad_diff / max(grad_scale, 1e-30),
-    }
+    base = args.impls[0]
+    value_scale = max(values[base].abs().max().item(), 1e-30)
+    grad_scale = max(max(g.abs().max().item() for g in grads[base]), 1e-30)
+    results = {}
+    for impl in args.impls:
+        value_diff = (values[impl] - values[base]).abs().max().item()
+        grad_diff = max((a - b).abs().max().item() for a, b in zip(grads[impl], grads[base]))
+        results[impl] = {
+            "s": statistics.median(times[impl]),
+            "value_diff": value_diff,
+            "value_rel": value_diff / value_scale,
+            "grad_diff": grad_diff,
+            "grad_rel": grad_diff / grad_scale,
+        }
+    return results
 
 
 def parse_args() -> argparse.Namespace:
@@ -165,8 +178,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--tau", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS,
+                   help="implementations to run; the first is the baseline of the ratios and gaps")  # fmt: skip
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "VARIANT"), help=argparse.SUPPRESS)
     return p.parse_args()
+
+
+def triton_runs_here(device: str) -> bool:
+    """Whether kernel='triton' can run on ``device``: CUDA, or the interpreter, with triton importable."""
+    if not (device.startswith("cuda") or os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def main() -> None:
@@ -174,25 +200,35 @@ def main() -> None:
     if args.memory_worker:
         memory_worker(args)
         return
+    if "triton" in args.impls and not triton_runs_here(args.device):
+        print(f"note: skipping the triton path: it needs CUDA (or TRITON_INTERPRET=1) and triton, device={args.device}")
+        args.impls.remove("triton")
     print(
         f"device={args.device} dtype={args.dtype} B={args.B} N={args.N} d={args.d} "
         f"layers={args.layers} repeats={args.repeats} tau={args.tau} threads={torch.get_num_threads()}"
     )
+    base = args.impls[0]
     header = (
-        "| variant | naive s | lean s | time ratio | naive extra MiB | lean extra MiB | mem ratio "
-        "| max abs dvalue (rel) | max abs dgrad (rel) |"
+        f"| variant | impl | s | time vs {base} | extra MiB | mem vs {base} "
+        f"| max abs dvalue vs {base} (rel) | max abs dgrad vs {base} (rel) |"
     )
     print(header)
     print("|" + "---|" * (header.count("|") - 1))
+    result_lines = []
     for variant in args.variants:
-        mem = {impl: measure_memory(impl, variant, args) for impl in IMPLS}
-        r = compare(variant, args)
-        print(
-            f"| {variant} | {r['naive_s']:.2f} | {r['lean_s']:.2f} | {r['lean_s'] / r['naive_s']:.2f} "
-            f"| {mem['naive']:.0f} | {mem['lean']:.0f} | {mem['lean'] / mem['naive']:.3f} "
-            f"| {r['value_diff']:.1e} ({r['value_rel']:.1e}) | {r['grad_diff']:.1e} ({r['grad_rel']:.1e}) |",
-            flush=True,
-        )
+        mem = {impl: measure_memory(impl, variant, args) for impl in args.impls}
+        results = compare(variant, args)
+        for impl, r in results.items():
+            print(
+                f"| {variant} | {impl} | {r['s']:.3f} | {r['s'] / results[base]['s']:.2f} "
+                f"| {mem[impl]:.0f} | {mem[impl] / max(mem[base], 1e-9):.3f} "
+                f"| {r['value_diff']:.1e} ({r['value_rel']:.1e}) | {r['grad_diff']:.1e} ({r['grad_rel']:.1e}) |",
+                flush=True,
+            )
+            key = f"dispersion_loss.{variant}.{impl}"
+            result_lines.append(f"RESULT {key}.s={r['s']:.4g} {key}.extra_mib={mem[impl]:.0f} "
+                                f"{key}.value_rel={r['value_rel']:.2g} {key}.grad_rel={r['grad_rel']:.2g}")  # fmt: skip
+    print("\n".join(result_lines))
 
 
 if __name__ == "__main__":

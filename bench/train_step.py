@@ -5,8 +5,18 @@ Both objectives run in one process on the same model, optimizer and batch, steps
 interleaved (CE, dispersion, CE, ...) so machine noise hits both alike; the ratio of
 medians is reported. Target: ≤ 1.10×.
 
+MFU counts the model's training FLOPs per token as the training loop does
+(``GPT2ModelArgs.get_nparams_and_flops``: 6 per weight including the LM head, plus
+attention; the dispersion loss's own FLOPs are not counted, so its cost shows as a
+lower MFU) × tokens/s ÷ peak. The peak is ``--peak-tflops`` if given, else 989 dense
+bf16 TFLOP/s (H100/H200 SXM) for bf16 on an H100/H200; otherwise no MFU is printed.
+``--compile`` compiles each block as the trainer's ``--compile.enable`` does;
+``--kernel`` sets the dispersion loss's pair kernel (torch, triton or auto) as
+``dispersion.kernel`` of the objective.
+Besides the table it prints ``RESULT key=value`` lines for bench/gpu_acceptance.sh.
+
     python bench/train_step.py                      # small, seq_len 1024, batch 1 (CPU)
-    python bench/train_step.py --device cuda --batch-size 8 --dtype bf16
+    python bench/train_step.py --device cuda --batch-size 8 --dtype bf16 --compile
 """
 
 from __future__ import annotations
@@ -18,13 +28,18 @@ import time
 from pathlib import Path
 
 import torch
+from torchtitan.config.job_config import Compile
+from torchtitan.models.llama3.infra.parallelize import apply_compile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dispersion_titan.config.schema import Dispersion  # noqa: E402
+from dispersion_titan.losses import KERNELS  # noqa: E402
 from dispersion_titan.models.gpt2.args import gpt2_flavors  # noqa: E402
 from dispersion_titan.models.gpt2.model import GPT2  # noqa: E402
 from dispersion_titan.trainer.objective import DispersionObjective  # noqa: E402
+
+H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 SXM (an H200 has the same compute)
 
 
 def step_time(model, optimizer, tokens, labels, objective: DispersionObjective | None, dtype) -> float:
@@ -46,6 +61,17 @@ def step_time(model, optimizer, tokens, labels, objective: DispersionObjective |
     return time.perf_counter() - start
 
 
+def peak_flops(args: argparse.Namespace, device: torch.device) -> tuple[float, str] | None:
+    """(peak FLOP/s, where it comes from) for the MFU, or None when there is no sound default."""
+    if args.peak_tflops:
+        return args.peak_tflops * 1e12, f"--peak-tflops {args.peak_tflops:g}"
+    if device.type == "cuda" and args.dtype == "bf16":
+        name = torch.cuda.get_device_name(device)
+        if "H100" in name or "H200" in name:
+            return H100_BF16_PEAK, f"{H100_BF16_PEAK / 1e12:.0f} TFLOP/s, dense bf16 of an H100 SXM ({name})"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--flavor", default="small")
@@ -54,6 +80,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="measured steps per objective")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block, as --compile.enable does")
+    parser.add_argument("--kernel", choices=KERNELS, default="auto", help="the dispersion loss's pair kernel")
+    parser.add_argument("--peak-tflops", type=float, default=0.0, help="peak TFLOP/s for the MFU (default: see above)")
     args = parser.parse_args()
 
     device = torch.device(args.device)
@@ -64,25 +93,43 @@ def main() -> None:
         model = GPT2(model_args)
     model.to_empty(device=device)
     model.init_weights()
+    _, flops_per_token = model_args.get_nparams_and_flops(model, args.seq_len)
+    if args.compile:
+        apply_compile(model, Compile(enable=True))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.randint(0, model_args.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     cfg = Dispersion(variant="angular_spread", coeff=0.1, tau=1.0, layers="all")
+    cfg.kernel = args.kernel
     objective = DispersionObjective(cfg, model_args.n_layers, args.batch_size, seed=0, tp_group=None)
 
     times: dict[str, list[float]] = {"ce": [], "ce+angular_spread": []}
-    for i in range(args.steps + 1):  # the first round warms up both paths
+    for i in range(args.steps + 1):  # the first round warms up both paths (and compiles)
         for name, obj in (("ce", None), ("ce+angular_spread", objective)):
             t = step_time(model, optimizer, inputs, labels, obj, dtype)
             if i > 0:
                 times[name].append(t)
     ce, disp = (statistics.median(times[k]) for k in times)
     print(f"device={device} dtype={args.dtype} flavor={args.flavor} batch={args.batch_size} "
-          f"seq_len={args.seq_len} layers={model_args.n_layers} steps={args.steps} threads={torch.get_num_threads()}")
-    print("| objective | median step s | ratio |")
-    print("|---|---|---|")
-    print(f"| ce | {ce:.3f} | 1.00 |")
-    print(f"| ce + angular_spread (all {model_args.n_layers} blocks) | {disp:.3f} | {disp / ce:.3f} |")
+          f"seq_len={args.seq_len} layers={model_args.n_layers} steps={args.steps} compile={args.compile} "
+          f"kernel={args.kernel} threads={torch.get_num_threads()}")  # fmt: skip
+    peak = peak_flops(args, device)
+    tokens_per_step = args.batch_size * args.seq_len
+    print("| objective | median step s | ratio | tokens/s |" + (" MFU |" if peak else ""))
+    print("|---|---|---|---|" + ("---|" if peak else ""))
+    results = [f"RESULT train_step.flops_per_token={flops_per_token}"]
+    for key, label, seconds in (
+        ("ce", "ce", ce),
+        ("ce_angular_spread", f"ce + angular_spread (all {model_args.n_layers} blocks)", disp),
+    ):
+        rate = tokens_per_step / seconds
+        mfu = f" {flops_per_token * rate / peak[0]:.3f} |" if peak else ""
+        print(f"| {label} | {seconds:.4f} | {seconds / ce:.3f} | {rate:.0f} |{mfu}")
+        results.append(f"RESULT train_step.{key}.s={seconds:.4g} train_step.{key}.tokens_per_s={rate:.0f}")
+        if peak:
+            results[-1] += f" train_step.{key}.mfu={flops_per_token * rate / peak[0]:.3f}"
+    print(f"MFU peak: {peak[1]}" if peak else "MFU: not printed (no --peak-tflops, and not bf16 on an H100/H200)")
+    print("\n".join(results))
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ import torch
 
 from dispersion_titan.losses import (
     VARIANTS,
+    TorchStrips,
     dispersion_loss,
     dispersion_loss_reference,
     mean_offdiag_cosine,
 )
-from dispersion_titan.losses import dispersion as impl
 
 IMPLS = {"lean": dispersion_loss, "reference": dispersion_loss_reference}
 TOL = 1e-5
@@ -55,16 +55,16 @@ def test_lean_matches_reference(variant: str, tau: float) -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("knob", ["rows", "bytes"])
-def test_lean_matches_reference_across_row_strips(variant: str, knob: str, monkeypatch) -> None:
+def test_lean_matches_reference_across_row_strips(variant: str, knob: str) -> None:
     b, n, d = 2, 23, 6
     if knob == "rows":
-        monkeypatch.setattr(impl, "MAX_BLOCK_ROWS", 4)  # 6 strips, the last one shorter
+        kernel = TorchStrips(max_block_rows=4)  # 6 strips, the last one shorter
     else:
-        monkeypatch.setattr(impl, "MAX_BLOCK_BYTES", 1)  # one row per strip
-    strips = list(impl._strips(n, b))
+        kernel = TorchStrips(max_block_bytes=1)  # one row per strip
+    strips = list(kernel.strips(n, b))
     assert len(strips) >= 6 and strips[-1][1] == n - 1
     hidden = randn(b, n, d, seed=2)
-    lean_v, lean_g = loss_and_grad(dispersion_loss, hidden, variant, tau=0.5)
+    lean_v, lean_g = loss_and_grad(dispersion_loss, hidden, variant, tau=0.5, kernel=kernel)
     ref_v, ref_g = loss_and_grad(dispersion_loss_reference, hidden, variant, tau=0.5)
     assert_close(lean_v, ref_v)
     assert_close(lean_g, ref_g)
@@ -234,6 +234,22 @@ def test_bf16_computes_in_fp32(name: str, variant: str) -> None:
     assert_close(v16, v32, tol=1e-6)  # same upcast values, same fp32 arithmetic
     scale = g32.abs().max().item()
     assert_close(g16.float() / scale, g32 / scale, tol=1e-2)  # bf16 rounding of the gradient only
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_autocast_does_not_reach_the_loss(variant: str) -> None:
+    """Under bf16 autocast (TorchTitan's one-GPU/DDP setting, forward and backward inside
+    it) the lean loss computes exactly what it computes in fp32."""
+    hidden = randn(2, 19, 16, seed=13)
+    v32, g32 = loss_and_grad(dispersion_loss, hidden, variant, tau=0.5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        v16, g16 = loss_and_grad(dispersion_loss, hidden, variant, tau=0.5)
+        ref_v16, _ = loss_and_grad(dispersion_loss_reference, hidden, variant, tau=0.5)
+    assert v16.dtype == torch.float32 and g16.dtype == torch.float32
+    assert_close(v16, v32, tol=0)
+    assert_close(g16, g32, tol=0)
+    # the test can see autocast: it does move the naive version, whose matmuls it reaches
+    assert (ref_v16 - v32).abs().item() > 1e-3 * v32.abs().item()
 
 
 # --------------------------------------------------------------------------- max_tokens

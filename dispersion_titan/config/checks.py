@@ -17,7 +17,7 @@ from torchtitan.config import JobConfig
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..errors import ConfigError, DataConfigError
-from ..losses.options import CONFIG_VARIANTS, RANGES, range_error, resolve_layers
+from ..losses.options import CONFIG_RANGES, CONFIG_VARIANTS, KERNELS, range_error, resolve_layers
 from ..models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
@@ -67,10 +67,12 @@ def check_dispersion(config: JobConfig, n_layers: int) -> None:
     d = config.dispersion
     if d.variant not in CONFIG_VARIANTS:
         raise ConfigError(f"dispersion.variant: {d.variant!r} is not one of {CONFIG_VARIANTS}")
-    for name in RANGES:
-        problem = range_error(name, getattr(d, name))
+    for name in CONFIG_RANGES:
+        problem = range_error(name, getattr(d, name), CONFIG_RANGES)
         if problem:
             raise ConfigError(f"dispersion.{name}: {problem}")
+    if d.kernel not in KERNELS:
+        raise ConfigError(f"dispersion.kernel: {d.kernel!r} is not one of {KERNELS}")
     try:
         resolve_layers(d.layers, n_layers)
     except ValueError as e:

@@ -39,11 +39,15 @@ class Dispersion:
     lambda_norm: float = 0.1
     """Weight of the mean(z²) penalty of l2_repel."""
     layers: str | list[int] = "all"
-    """all | last | early_half | late_half | a list of 1-based block indices."""
+    """all | last | early_half | late_half, or 1-based block indices: [1, 2, 5] in TOML, 3 or 1,2,5 on
+    the command line."""
     max_tokens: int = 0
     """0 uses all positions; else a seeded random subset of this many (≥ 2) per layer and step."""
     warmup_steps: int = 0
     """Ramp λ linearly from 0 over this many steps; 0 applies it in full from step 1."""
+    kernel: str = "auto"
+    """auto | triton | torch: the pair kernel; auto = the fused Triton kernel on CUDA, else the
+    memory-lean PyTorch strips."""
 
 
 @dataclass

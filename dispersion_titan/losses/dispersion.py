@@ -7,10 +7,13 @@ Autograd on the obvious implementation (``dispersion_loss_reference``) keeps
 several [B, N, N] fp32 matrices alive per hooked block until backward, which at
 GPT-2 sizes (B=8, N=1024, 12 blocks) is gigabytes.
 
-``dispersion_loss`` computes the same values with custom autograd Functions that
-save only their input (plus two scalars per sequence), walk the upper triangle of
-the pair matrix in row strips (so a temporary is [B, rows, N], never [B, N, N]),
-and recompute the strips in backward with analytic gradients.
+``dispersion_loss`` computes the same values with one custom autograd Function that
+saves only its input (plus two scalars per sequence), walks the upper triangle of the
+pair matrix once forward and recomputes it backward with analytic gradients. Each
+variant is a pair of elementwise functions on the Gram matrix (its term and dL/dg)
+plus how its pairs reduce (``_SPECS``); the pair passes run either in PyTorch row
+strips (``TorchStrips``: a temporary is [B, rows, N], never [B, N, N]) or in the
+fused Triton kernels of ``dispersion_triton.py`` (tiles in registers only).
 
 Notation: u_i = z_i / max(|z_i|, eps), c_ij = u_i . u_j, D_ij = arccos(c_ij) / pi
 for the angular variants; "i != j" runs over the N(N-1) ordered pairs of one
@@ -19,42 +22,58 @@ sequence; the returned value is the mean over the B sequences.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-VARIANTS = ("angular_spread", "orthogonalization", "l2_repel", "decorrelation")
+# How the pair pass runs: "triton" = the fused kernels of dispersion_triton.py (CUDA,
+# or CPU under TRITON_INTERPRET=1), "torch" = TorchStrips below, "auto" = triton on
+# CUDA when triton imports, else torch.
+KERNELS = ("auto", "triton", "torch")
 
 # Guard for |z| (u = z / max(|z|, NORM_EPS)) and for the decorrelation std: zero
 # vectors then give u = 0, a finite loss and a finite but large (~1/NORM_EPS) fp32
 # gradient, which stays finite in bf16 but can overflow when cast to fp16.
 NORM_EPS = 1e-6
 
-# Budget for the strip temporaries of the lean implementation; the rows per strip
-# are chosen so that one [B, rows, N] fp32 buffer stays within it. Tests shrink it
-# to force many strips.
+# Default budget for the strip temporaries of TorchStrips: the rows per strip are
+# chosen so that one [B, rows, N] fp32 buffer stays within it.
 MAX_BLOCK_BYTES = 32 * 2**20
 
-# Upper bound on the rows per strip. Strips over the upper triangle only skip the
-# lower triangle between strips, so at least a few strips are needed to roughly
-# halve the elementwise work; more strips mean smaller, slower matmuls.
+# Default upper bound on the rows per strip of TorchStrips.
 MAX_BLOCK_ROWS = 128
 
 _LOG2 = math.log(2.0)
+
+
+RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "tau": (lambda v: v > 0, "> 0"),
+    "clamp": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "lambda_norm": (lambda v: v >= 0, ">= 0"),
+    "max_tokens": (lambda v: v == 0 or v >= 2, "0 (all positions) or >= 2"),
+}
+"""Each numeric parameter's valid range: a predicate and how to say it (NaN fails every one)."""
+
+
+def range_error(name: str, value: float, ranges: dict[str, tuple[Callable[[float], bool], str]] = RANGES) -> str | None:
+    """``"must be <range>, got <value>"`` when ``value`` is outside parameter ``name``'s range."""
+    valid, text = ranges[name]
+    return None if valid(value) else f"must be {text}, got {value}"
 
 
 def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens: int) -> None:
     """Reject arguments that would silently give a meaningless loss."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    if not tau > 0:
-        raise ValueError(f"tau must be > 0, got {tau}")
-    if not 0 < clamp < 1:
-        raise ValueError(f"clamp must be in (0, 1), got {clamp}")
-    if max_tokens < 0 or max_tokens == 1:
-        raise ValueError(f"max_tokens must be 0 (all positions) or >= 2, got {max_tokens}")
+    for name, value in (("tau", tau), ("clamp", clamp), ("max_tokens", max_tokens)):
+        problem = range_error(name, value)
+        if problem:
+            raise ValueError(f"{name} {problem}")
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [B, N, d], got shape {tuple(hidden.shape)}")
     if not hidden.is_floating_point():
@@ -142,13 +161,21 @@ def dispersion_loss_reference(
 # ----------------------------------------------------------------------------------
 
 
-def _strips(n: int, batch: int) -> Iterator[tuple[int, int]]:
+class _Hyper(NamedTuple):
+    """What the per-pair functions need besides the Gram strip."""
+
+    tau: float
+    clamp: float
+    pairs: int  # N (N - 1), the ordered pairs of one sequence
+
+
+def _strips(n: int, batch: int, max_bytes: int, max_rows: int) -> Iterator[tuple[int, int]]:
     """Row ranges [r0, r1) covering rows 0..n-2 (row n-1 has no pair above the diagonal).
 
     Strip [r0, r1) is paired with columns [r0, n), so every strip holds at least one
     strict-upper-triangle pair and its temporaries are [batch, r1 - r0, n - r0].
     """
-    rows = max(1, min(MAX_BLOCK_ROWS, MAX_BLOCK_BYTES // (4 * batch * n)))
+    rows = max(1, min(max_rows, max_bytes // (4 * batch * n)))
     for r0 in range(0, n - 1, rows):
         yield r0, min(r0 + rows, n - 1)
 
@@ -179,6 +206,12 @@ class _OnlineLogSumExp:
         self.s = self.s * torch.exp(self.m - m) + logits.sub_(m[:, None, None]).exp_().sum(dim=(1, 2))
         self.m = m
 
+    def add_partials(self, m_part: Tensor, s_part: Tensor) -> None:
+        """Fold in per-tile results [B, tiles]: maxima and sums of exp(x - max) (empty tiles: -inf, 0)."""
+        m = torch.maximum(self.m, m_part.amax(dim=1))
+        self.s = self.s * torch.exp(self.m - m) + (s_part * torch.exp(m_part - m[:, None])).sum(dim=1)
+        self.m = m
+
     def finish(self) -> tuple[Tensor, Tensor]:
         """(m, log_s) of the sum over ordered pairs: each strip holds only i < j, hence + log 2."""
         return self.m, self.s.log() + _LOG2
@@ -187,6 +220,90 @@ class _OnlineLogSumExp:
 def _softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
     """p_ij = exp(x_ij - lse) of one strip, in place, in the precise form (x - m) - log_s."""
     return logits.sub_(m[:, None, None]).sub_(log_s[:, None, None]).exp_()
+
+
+# Per-variant elementwise functions on a strip of the Gram matrix g_ij = x_i . x_j,
+# all in place on ``gram``:
+#   term_(gram, hp, sq_sum)       -> the pair's term t_ij (the logit for log-sum-exp variants)
+#   grad_(gram, hp, sq_sum, lse)  -> dL/dg_ij of the unordered pair {i, j}
+# sq_sum = |x_i|^2 + |x_j|^2 (l2_repel only, else None); lse = (m, log_s) for the
+# log-sum-exp variants, else None. dispersion_triton.py has the same functions in Triton.
+
+
+def _clamp_(cos: Tensor, hp: _Hyper) -> Tensor:
+    """The clamp in front of arccos (finite slope everywhere), in place."""
+    return cos.clamp_(-1 + hp.clamp, 1 - hp.clamp)
+
+
+def _arccos_slope_(cos: Tensor) -> Tensor:
+    """-dD/dc = 1 / (pi sqrt(1 - c^2)) at the clamped c: the straight-through gradient; consumes ``cos``."""
+    return cos.square_().neg_().add_(1.0).rsqrt_().mul_(1.0 / math.pi)
+
+
+def _hinge_(angle: Tensor) -> Tensor:
+    """relu(1/2 - D) from pi * D, in place."""
+    return angle.mul_(-1.0 / math.pi).add_(0.5).clamp_min_(0.0)
+
+
+def _angular_spread_term_(gram: Tensor, hp: _Hyper, sq_sum: None) -> Tensor:
+    return _clamp_(gram, hp).arccos_().mul_(-1.0 / (math.pi * hp.tau))  # -D / tau
+
+
+def _angular_spread_grad_(gram: Tensor, hp: _Hyper, sq_sum: None, lse: tuple[Tensor, Tensor]) -> Tensor:
+    # L = log sum_{i!=j} exp(-D / tau) - const  ->  dL/dc = 2 p_ij / tau * (-dD/dc)
+    cos = _clamp_(gram, hp)
+    logits = torch.arccos(cos).mul_(-1.0 / (math.pi * hp.tau))
+    return _softmax_(logits, *lse).mul_(_arccos_slope_(cos)).mul_(2.0 / hp.tau)
+
+
+def _orthogonalization_term_(gram: Tensor, hp: _Hyper, sq_sum: None) -> Tensor:
+    return _hinge_(_clamp_(gram, hp).arccos_()).square_()
+
+
+def _orthogonalization_grad_(gram: Tensor, hp: _Hyper, sq_sum: None, lse: None) -> Tensor:
+    # L = (2 / pairs) sum_{i<j} relu(1/2 - D)^2  ->  dL/dc = (4 / pairs) relu(1/2 - D) (-dD/dc)
+    cos = _clamp_(gram, hp)
+    return _hinge_(torch.arccos(cos)).mul_(_arccos_slope_(cos)).mul_(4.0 / hp.pairs)
+
+
+def _l2_repel_term_(gram: Tensor, hp: _Hyper, sq_sum: Tensor) -> Tensor:
+    """-D / tau with D = (s_i + s_j) - 2 g: the reference's operation order, so both round identically."""
+    return sq_sum.sub_(gram, alpha=2.0).div_(-hp.tau)
+
+
+def _l2_repel_grad_(gram: Tensor, hp: _Hyper, sq_sum: Tensor, lse: tuple[Tensor, Tensor]) -> Tensor:
+    # dL/dD of the unordered pair is 2 p_ij * (-1 / tau), and dD/dg = -2
+    return _softmax_(_l2_repel_term_(gram, hp, sq_sum), *lse).mul_(4.0 / hp.tau)
+
+
+def _decorrelation_term_(gram: Tensor, hp: _Hyper, sq_sum: None) -> Tensor:
+    return gram.square_()
+
+
+def _decorrelation_grad_(gram: Tensor, hp: _Hyper, sq_sum: None, lse: None) -> Tensor:
+    return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
+
+
+class _Variant(NamedTuple):
+    """How one variant is computed: which rows enter the Gram matrix, how pairs reduce."""
+
+    name: str
+    rows: str  # "unit": u = z / |z|; "centred": the same after subtracting the feature mean; "raw": z
+    logsumexp: bool  # per sequence: log-mean-exp of the terms (True) or their mean (False)
+    term_: Callable[..., Tensor]
+    grad_: Callable[..., Tensor]
+
+
+_SPECS = {
+    spec.name: spec
+    for spec in (
+        _Variant("angular_spread", "unit", True, _angular_spread_term_, _angular_spread_grad_),
+        _Variant("orthogonalization", "unit", False, _orthogonalization_term_, _orthogonalization_grad_),
+        _Variant("l2_repel", "raw", True, _l2_repel_term_, _l2_repel_grad_),
+        _Variant("decorrelation", "centred", False, _decorrelation_term_, _decorrelation_grad_),
+    )
+}
+VARIANTS = tuple(_SPECS)
 
 
 def _unit_rows(hidden: Tensor, center: bool) -> tuple[Tensor, Tensor, float]:
@@ -204,136 +321,163 @@ def _unit_rows(hidden: Tensor, center: bool) -> tuple[Tensor, Tensor, float]:
     return x / norm, norm, guard
 
 
-class _CosinePairLoss(torch.autograd.Function):
-    """angular_spread, orthogonalization and decorrelation: functions of c_ij = u_i . u_j.
+def _rows(hidden: Tensor, spec: _Variant) -> tuple[Tensor, Tensor | None, float]:
+    """The fp32 rows x whose Gram matrix the variant needs, with _unit_rows' norm and guard."""
+    if spec.rows == "raw":
+        return hidden.float(), None, 0.0
+    return _unit_rows(hidden, center=spec.rows == "centred")
 
-    Saves only ``hidden`` (and, for angular_spread, two scalars per sequence); backward
-    recomputes u and the strips. Each unordered pair is visited once, so dL/dc of a
-    pair covers both (i, j) and (j, i), and dL/du = (G + G^T) u is accumulated as
-    du_rows += G u_cols, du_cols += G^T u_rows.
+
+def _rows_backward(
+    spec: _Variant, x: Tensor, norm: Tensor | None, guard: float, du: Tensor, row_sums: Tensor | None,
+    lambda_norm: float, scale: Tensor,
+) -> Tensor:  # fmt: skip
+    """dL/dhidden (fp32) from du = sum_j W_ij x_j and, for l2_repel, row_sums = sum_j W_ij (W = dL/dg)."""
+    if spec.rows == "raw":
+        # D_ij = |z_i|^2 + |z_j|^2 - 2 g_ij  ->  dz_i = sum_j W_ij z_j - z_i sum_j W_ij
+        _, n, d = x.shape
+        dz = du.sub_(row_sums[:, :, None] * x).add_(x, alpha=2.0 * lambda_norm / (n * d))
+        return dz.mul_(scale)
+    du.mul_(scale)
+    # Through u = x / max(|x|, guard): drop the radial part unless |x| was clamped.
+    # For decorrelation x = z - mean(z), whose backward would subtract the feature
+    # mean of dx; that mean is already 0, as du and u are combinations of centred rows.
+    u = x
+    radial = (u * du).sum(dim=-1, keepdim=True).masked_fill_(norm <= guard, 0.0)
+    return du.sub_(u.mul_(radial)).div_(norm)
+
+
+@dataclass(frozen=True)
+class TorchStrips:
+    """The pair pass in plain PyTorch: the upper triangle in row strips of batched matmuls.
+
+    A strip's temporaries are [B, rows, N - r0] fp32; ``rows`` is the largest count
+    within ``max_block_bytes`` per buffer and at most ``max_block_rows``. Strips over
+    the upper triangle skip the lower triangle only between strips, so a few strips
+    are needed to roughly halve the elementwise work; more mean smaller, slower matmuls.
+    """
+
+    max_block_bytes: int = MAX_BLOCK_BYTES
+    max_block_rows: int = MAX_BLOCK_ROWS
+
+    def strips(self, n: int, batch: int) -> Iterator[tuple[int, int]]:
+        return _strips(n, batch, self.max_block_bytes, self.max_block_rows)
+
+    def forward(self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper) -> _OnlineLogSumExp | Tensor:
+        """Running log-sum-exp over i < j (log-sum-exp variants), else the sum of the terms over i < j."""
+        b, n, _ = x.shape
+        lse = _OnlineLogSumExp(b, x.device)
+        total = torch.zeros(b, device=x.device)
+        for r0, r1 in self.strips(n, b):
+            gram = torch.bmm(x[:, r0:r1], x[:, r0:].transpose(1, 2))
+            term = spec.term_(gram, hp, _sq_sum(sq, r0, r1))
+            if spec.logsumexp:
+                lse.add(_mask_lower(term, r1 - r0, -math.inf))
+            else:
+                total += _mask_lower(term, r1 - r0, 0.0).sum(dim=(1, 2))
+        return lse if spec.logsumexp else total
+
+    def backward(
+        self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper, lse: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """du_i = sum_{j!=i} W_ij x_j with W = dL/dg, and for raw rows also sum_{j!=i} W_ij.
+
+        Each unordered pair is visited once: du_rows += W x_cols, du_cols += W^T x_rows.
+        """
+        b, n, _ = x.shape
+        du = torch.zeros_like(x)
+        row_sums = torch.zeros(b, n, device=x.device) if sq is not None else None
+        for r0, r1 in self.strips(n, b):
+            x_rows, x_cols = x[:, r0:r1], x[:, r0:]
+            gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
+            weight = _mask_lower(spec.grad_(gram, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
+            if row_sums is not None:
+                row_sums[:, r0:r1] += weight.sum(dim=2)
+                row_sums[:, r0:] += weight.sum(dim=1)
+            du[:, r0:r1].baddbmm_(weight, x_cols)
+            du[:, r0:].baddbmm_(weight.transpose(1, 2), x_rows)
+            del gram, weight
+        return du, row_sums
+
+
+def _sq_sum(sq: Tensor | None, r0: int, r1: int) -> Tensor | None:
+    """|x_i|^2 + |x_j|^2 for strip rows [r0, r1) x columns [r0, N), or None without squared norms."""
+    return None if sq is None else sq[:, r0:r1, None] + sq[:, None, r0:]
+
+
+class _PairLoss(torch.autograd.Function):
+    """Every variant: one pass over the pairs forward, one recomputing pass backward.
+
+    Saves only ``hidden`` (and, for the log-sum-exp variants, two scalars per sequence);
+    ``kernel`` (TorchStrips or dispersion_triton.TritonTiles) runs the pair passes.
+    Autocast is off inside: the loss is computed in fp32 whatever the caller's autocast.
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, variant: str, tau: float, clamp: float) -> Tensor:
-        u, _, _ = _unit_rows(hidden, center=variant == "decorrelation")
-        b, n, _ = u.shape
-        pairs = n * (n - 1)
-        lse = _OnlineLogSumExp(b, u.device)
-        total = torch.zeros(b, device=u.device)  # sum over i < j of the pair term
-        for r0, r1 in _strips(n, b):
-            buf = torch.bmm(u[:, r0:r1], u[:, r0:].transpose(1, 2))
-            if variant == "decorrelation":
-                total += _mask_lower(buf.square_(), r1 - r0, 0.0).sum(dim=(1, 2))
-                continue
-            buf.clamp_(-1 + clamp, 1 - clamp).arccos_()  # pi * D
-            if variant == "angular_spread":
-                lse.add(_mask_lower(buf.mul_(-1.0 / (math.pi * tau)), r1 - r0, -math.inf))
+    def forward(ctx, hidden: Tensor, spec: _Variant, hp: _Hyper, lambda_norm: float, kernel: PairKernel) -> Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            x, _, _ = _rows(hidden, spec)
+            sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
+            sums = kernel.forward(x, sq, spec, hp)
+            ctx.spec, ctx.hp, ctx.lambda_norm, ctx.kernel = spec, hp, lambda_norm, kernel
+            if spec.logsumexp:
+                m, log_s = sums.finish()
+                ctx.save_for_backward(hidden, m, log_s)
+                per_seq = m + log_s - math.log(hp.pairs)
             else:
-                buf.mul_(-1.0 / math.pi).add_(0.5).clamp_min_(0.0).square_()
-                total += _mask_lower(buf, r1 - r0, 0.0).sum(dim=(1, 2))
-        ctx.variant, ctx.tau, ctx.clamp = variant, tau, clamp
-        if variant == "angular_spread":
-            m, log_s = lse.finish()
-            ctx.save_for_backward(hidden, m, log_s)
-            per_seq = m + log_s - math.log(pairs)
-        else:
-            ctx.save_for_backward(hidden)
-            per_seq = 2.0 * total / pairs
-        return per_seq.mean()
+                ctx.save_for_backward(hidden)
+                per_seq = 2.0 * sums / hp.pairs
+            if spec.rows == "raw":
+                per_seq = per_seq + lambda_norm * x.square().mean(dim=(1, 2))
+            return per_seq.mean()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         hidden, *lse = ctx.saved_tensors
-        variant, tau, clamp = ctx.variant, ctx.tau, ctx.clamp
-        u, norm, guard = _unit_rows(hidden, center=variant == "decorrelation")
-        b, n, _ = u.shape
-        pairs = n * (n - 1)
-        du = torch.zeros_like(u)
-        for r0, r1 in _strips(n, b):
-            u_rows, u_cols = u[:, r0:r1], u[:, r0:]
-            weight = torch.bmm(u_rows, u_cols.transpose(1, 2))  # becomes dL/dc per pair
-            if variant == "decorrelation":
-                weight.mul_(4.0 / pairs)  # L = (2 / pairs) sum_{i<j} c^2
-            else:
-                cos = weight.clamp_(-1 + clamp, 1 - clamp)
-                weight = torch.arccos(cos)  # pi * D
-                # -dD/dc = 1 / (pi sqrt(1 - c^2)) at the clamped c: the straight-through gradient
-                slope = cos.square_().neg_().add_(1.0).rsqrt_().mul_(1.0 / math.pi)
-                if variant == "angular_spread":
-                    # L = log sum_{i!=j} exp(-D / tau) - const  ->  dL/dc = 2 p_ij / tau * (-dD/dc)
-                    _softmax_(weight.mul_(-1.0 / (math.pi * tau)), *lse).mul_(slope).mul_(2.0 / tau)
-                else:
-                    # L = (2 / pairs) sum_{i<j} relu(1/2 - D)^2  ->  dL/dc = (4 / pairs) relu(1/2 - D) (-dD/dc)
-                    weight.mul_(-1.0 / math.pi).add_(0.5).clamp_min_(0.0).mul_(slope).mul_(4.0 / pairs)
-                del cos, slope
-            _mask_lower(weight, r1 - r0, 0.0)
-            du[:, r0:r1].baddbmm_(weight, u_cols)
-            du[:, r0:].baddbmm_(weight.transpose(1, 2), u_rows)
-            del weight
-        du.mul_(grad_out / b)
-        # Through u = x / max(|x|, guard): drop the radial part unless |x| was clamped.
-        # For decorrelation x = z - mean(z), whose backward would subtract the feature
-        # mean of dx; that mean is already 0, as du and u are combinations of centred rows.
-        radial = (u * du).sum(dim=-1, keepdim=True).masked_fill_(norm <= guard, 0.0)
-        dx = du.sub_(u.mul_(radial)).div_(norm)
-        return dx.to(hidden.dtype), None, None, None
+        spec = ctx.spec
+        with torch.autocast(hidden.device.type, enabled=False):
+            x, norm, guard = _rows(hidden, spec)
+            sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
+            du, row_sums = ctx.kernel.backward(x, sq, spec, ctx.hp, tuple(lse) or None)
+            scale = grad_out / x.shape[0]
+            dx = _rows_backward(spec, x, norm, guard, du, row_sums, ctx.lambda_norm, scale)
+        return dx.to(hidden.dtype), None, None, None, None
 
 
-def _l2_logits(z: Tensor, sq: Tensor, r0: int, r1: int, tau: float) -> Tensor:
-    """-D / tau for strip rows [r0, r1) x columns [r0, N), D = (s_i + s_j) - 2 z_i . z_j.
+class PairKernel(Protocol):
+    """The two pair passes of _PairLoss; TorchStrips here, TritonTiles in dispersion_triton.py."""
 
-    Same operation order as the reference, so both round identically.
-    """
-    gram = torch.bmm(z[:, r0:r1], z[:, r0:].transpose(1, 2))
-    dist = sq[:, r0:r1, None] + sq[:, None, r0:]
-    return dist.sub_(gram, alpha=2.0).div_(-tau)
+    def forward(self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper) -> _OnlineLogSumExp | Tensor: ...
+
+    def backward(
+        self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper, lse: tuple[Tensor, Tensor] | None
+    ) -> tuple[Tensor, Tensor | None]: ...
 
 
-class _L2RepelLoss(torch.autograd.Function):
-    """l2_repel on raw z: log-mean-exp of -|z_i - z_j|^2 / tau plus lambda * mean(z^2).
+@functools.cache
+def _triton_usable() -> bool:
+    """Whether the Triton kernels import (triton is optional: CPU-only installs may lack it)."""
+    try:
+        from dispersion_titan.losses import dispersion_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
-    Saves ``hidden`` and two scalars per sequence; backward recomputes the strips.
-    """
 
-    @staticmethod
-    def forward(ctx, hidden: Tensor, tau: float, lambda_norm: float) -> Tensor:
-        z = hidden.float()
-        b, n, _ = z.shape
-        sq = z.square().sum(dim=-1)
-        lse = _OnlineLogSumExp(b, z.device)
-        for r0, r1 in _strips(n, b):
-            lse.add(_mask_lower(_l2_logits(z, sq, r0, r1, tau), r1 - r0, -math.inf))
-        m, log_s = lse.finish()
-        ctx.save_for_backward(hidden, m, log_s)
-        ctx.tau, ctx.lambda_norm = tau, lambda_norm
-        per_seq = m + log_s - math.log(n * (n - 1)) + lambda_norm * z.square().mean(dim=(1, 2))
-        return per_seq.mean()
+def _pair_kernel(kernel: str | PairKernel, device: torch.device) -> PairKernel:
+    """The pair kernel for ``kernel`` (a name from KERNELS, or a configured kernel object)."""
+    if not isinstance(kernel, str):
+        return kernel
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS} or a kernel object, got {kernel!r}")
+    if kernel == "torch" or (kernel == "auto" and not (device.type == "cuda" and _triton_usable())):
+        return TorchStrips()
+    if not _triton_usable():
+        raise ValueError("kernel='triton' needs the triton package, which does not import here")
+    from dispersion_titan.losses.dispersion_triton import TritonTiles
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        hidden, m, log_s = ctx.saved_tensors
-        tau, lambda_norm = ctx.tau, ctx.lambda_norm
-        z = hidden.float()
-        b, n, d = z.shape
-        sq = z.square().sum(dim=-1)
-        weight_sum = torch.zeros(b, n, device=z.device)
-        weighted_z = torch.zeros_like(z)
-        for r0, r1 in _strips(n, b):
-            # w = dL/dD of the unordered pair = 2 p_ij * (-1 / tau)
-            weight = _softmax_(_l2_logits(z, sq, r0, r1, tau), m, log_s).mul_(-2.0 / tau)
-            _mask_lower(weight, r1 - r0, 0.0)
-            weight_sum[:, r0:r1] += weight.sum(dim=2)
-            weight_sum[:, r0:] += weight.sum(dim=1)
-            weighted_z[:, r0:r1].baddbmm_(weight, z[:, r0:])
-            weighted_z[:, r0:].baddbmm_(weight.transpose(1, 2), z[:, r0:r1])
-            del weight
-        # dD_ij/dz_i = 2 (z_i - z_j)  ->  dz_i = 2 (z_i sum_j w_ij - sum_j w_ij z_j)
-        dz = weight_sum[:, :, None] * z
-        dz.sub_(weighted_z).mul_(2.0).add_(z, alpha=2.0 * lambda_norm / (n * d))
-        dz.mul_(grad_out / b)
-        return dz.to(hidden.dtype), None, None
+    return TritonTiles()
 
 
 def dispersion_loss(
@@ -345,12 +489,13 @@ def dispersion_loss(
     lambda_norm: float = 0.1,
     max_tokens: int = 0,
     generator: torch.Generator | None = None,
+    kernel: str | PairKernel = "auto",
 ) -> Tensor:
     """Dispersion loss of hidden states [B, N, d]: mean over sequences of a per-sequence loss.
 
     Pairs are token positions of the same sequence. Computed in fp32 whatever the
-    input dtype; returns a 0-dim fp32 tensor, the gradient reaches ``hidden`` in its
-    dtype. Memory-lean: nothing of size [B, N, N] is kept for backward.
+    input dtype and autocast; returns a 0-dim fp32 tensor, the gradient reaches
+    ``hidden`` in its dtype. Memory-lean: nothing of size [B, N, N] is kept for backward.
 
     Variants (D_ij = arccos(clamp(c_ij, -1 + clamp, 1 - clamp)) / pi unless stated,
     with a straight-through gradient through the clamp):
@@ -365,14 +510,21 @@ def dispersion_loss(
     (``torch.randperm(N, generator=generator)``, shared by the batch); 0 or >= N uses
     all. With N < 2 there are no pairs: the loss is 0 (only the lambda_norm term for
     l2_repel), still connected to ``hidden`` so backward gives zero/finite gradients.
+
+    ``kernel`` picks the implementation of the pair passes (see KERNELS): "torch"
+    (TorchStrips, row strips of batched matmuls), "triton" (the fused kernels of
+    dispersion_triton.py: CUDA, or CPU under TRITON_INTERPRET=1), "auto" (triton for
+    CUDA tensors when triton imports, else torch); or a configured kernel object,
+    e.g. ``TorchStrips(max_block_rows=4)`` or ``TritonTiles(precision="ieee")``.
     """
     _validate(hidden, variant, tau, clamp, max_tokens)
+    pair_kernel = _pair_kernel(kernel, hidden.device)
     hidden = _select_tokens(hidden, max_tokens, generator)
-    if hidden.shape[1] < 2:
+    n = hidden.shape[1]
+    if n < 2:
         return _no_pair_loss(hidden.float(), variant, lambda_norm)
-    if variant == "l2_repel":
-        return _L2RepelLoss.apply(hidden, float(tau), float(lambda_norm))
-    return _CosinePairLoss.apply(hidden, variant, float(tau), float(clamp))
+    hp = _Hyper(float(tau), float(clamp), n * (n - 1))
+    return _PairLoss.apply(hidden, _SPECS[variant], hp, float(lambda_norm), pair_kernel)
 
 
 @torch.no_grad()

@@ -1,36 +1,26 @@
-"""The dispersion options' one definition: variant names, value ranges and block selection.
-
-``config.schema`` documents them, ``config.checks`` applies them to a job config and the
-trainer resolves ``layers`` with them, so a new variant or range changes only this file
-(and the loss itself).
+"""The dispersion options' one definition: variant names, kernels, value ranges and block
+selection, on top of what the loss itself defines (its variants, kernels and parameter
+ranges). ``config.checks`` applies them to a job config and the trainer resolves
+``layers`` with them, so a new variant or range changes only the loss and this file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from .dispersion import VARIANTS
+from .dispersion import KERNELS, RANGES, VARIANTS, range_error
 
 CONFIG_VARIANTS = ("none", *VARIANTS)
 """``dispersion.variant`` values: ``none`` (cross-entropy only) or a loss variant."""
 
 LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
 
-RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+CONFIG_RANGES = {
     "coeff": (lambda v: v >= 0, ">= 0"),
-    "tau": (lambda v: v > 0, "> 0"),
-    "clamp": (lambda v: 0 < v < 1, "in (0, 1)"),
-    "lambda_norm": (lambda v: v >= 0, ">= 0"),
-    "max_tokens": (lambda v: v == 0 or v >= 2, "0 (all positions) or >= 2"),
+    **RANGES,
     "warmup_steps": (lambda v: v >= 0, ">= 0"),
 }
-"""Each numeric option's valid range: a predicate and how to say it (NaN fails every one)."""
+"""The ``[dispersion]`` section's numeric ranges: the loss's parameters, λ and its warm-up."""
 
-
-def range_error(name: str, value: float) -> str | None:
-    """``"must be <range>, got <value>"`` when ``value`` is outside option ``name``'s range."""
-    valid, text = RANGES[name]
-    return None if valid(value) else f"must be {text}, got {value}"
+__all__ = ["CONFIG_RANGES", "CONFIG_VARIANTS", "KERNELS", "LAYER_KEYWORDS", "range_error", "resolve_layers"]
 
 
 def _block_indices(spec: str | list[int]) -> list[int] | None:

@@ -67,6 +67,7 @@ class DispersionObjective:
                     lambda_norm=self.cfg.lambda_norm,
                     max_tokens=self.cfg.max_tokens,
                     generator=self._generator(step, i),
+                    kernel=self.cfg.kernel,
                 )
                 for i in self.layers
             ]
