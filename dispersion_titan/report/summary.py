@@ -205,7 +205,7 @@ def table_rows(runs: list[RunCondensation]) -> list[dict]:
             "MLP width": r.width,
             "dispersion": r.dispersion or "none",
             "late cos @0": f"{late_cos(r.init):.3f}",
-            f"late cos @{r.final['step']}": f"{late_cos(r.final):.3f}",
+            f"late cos @{r.final.step}": f"{late_cos(r.final):.3f}",
             "peak (step)": "{1:.3f} ({0})".format(*peak(r)),
             "Spearman @0": _rho(r.init),
             "Spearman final": _rho(r.final),
@@ -235,7 +235,7 @@ def markdown(runs: list[RunCondensation], setup: str, files: Sequence[tuple[str,
         *(f"- **{q}** {a}" for q, a in zip(QUESTIONS, answers(runs))),
         "",
         f"late cos = off-diagonal mean cosine between the tokens of one sequence, averaged over {late}; "
-        f"measured on the same {first['num_sequences']} held-out sequences of {first['seq_len']} tokens "
+        f"measured on the same {first.num_sequences} held-out sequences of {first.seq_len} tokens "
         "for every checkpoint. Spearman = rank correlation of the mean cosine with depth "
         "(embedding … final norm); val loss at the final step.",
         "",
