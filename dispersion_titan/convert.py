@@ -2,9 +2,10 @@
 ``transformers`` and ``lm_eval --model hf``:
 
     python -m dispersion_titan.convert to-hf DUMP/checkpoint/step-N OUT_DIR [--force]
+    python -m dispersion_titan.convert to-hf DUMP OUT_DIR     # the run's newest complete checkpoint
 
 ``step-N`` may be a DCP checkpoint or a ``last_save_in_hf`` one; the model shape comes
-from the run's ``model_args.json``. ``OUT_DIR`` receives ``config.json`` (``GPT2Config``,
+from the run's ``run.json``. ``OUT_DIR`` receives ``config.json`` (``GPT2Config``,
 ``n_inner`` for MLP widths other than 4·dim, ``tie_word_embeddings``),
 ``model.safetensors`` and the GPT-2 tokenizer files. Everything is written to a
 temporary directory first, so a failed conversion leaves ``OUT_DIR`` as it was; a
@@ -27,7 +28,28 @@ from .errors import CheckpointError, ConvertError, DispersionTitanError, fail
 from .models.gpt2.args import GPT2ModelArgs
 from .models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from .tokenizer import EOT_ID, bpe_files
-from .trainer.checkpoints import load_model, load_model_args
+from .trainer.checkpoints import check_complete, checkpoint_folder, list_checkpoints, load_model, load_model_args
+
+
+def _is_step_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, ".metadata")) or bool(glob.glob(os.path.join(path, "*.safetensors")))
+
+
+def resolve_step_dir(path: str) -> str:
+    """``path`` itself when it is one checkpoint; for a run (dump or checkpoint folder), its
+    newest complete checkpoint, announced on stderr."""
+    path = path.rstrip("/")
+    if _is_step_dir(path) or not os.path.isdir(path):
+        return path
+    for checkpoint in reversed(list_checkpoints(checkpoint_folder(path))):
+        try:
+            if not glob.glob(os.path.join(checkpoint.path, "*.safetensors")):
+                check_complete(checkpoint.path)
+        except CheckpointError:
+            continue
+        print(f"converting step {checkpoint.step}: {checkpoint.path}", file=sys.stderr)
+        return checkpoint.path
+    raise CheckpointError(f"{path}: no complete checkpoint; pass a checkpoint folder (e.g. {path}/checkpoint/step-10)")
 
 
 def hf_state_dict(step_dir: str, args: GPT2ModelArgs) -> dict[str, torch.Tensor]:
@@ -74,7 +96,7 @@ def save_tokenizer(folder: str, max_length: int) -> None:
 
 
 def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
-    step_dir = step_dir.rstrip("/")
+    step_dir = resolve_step_dir(step_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConvertError(f"OUT_DIR: {out_dir} exists and is not a directory")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
@@ -101,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("to-hf", help="checkpoint step directory -> Hugging Face GPT-2 directory")
-    export.add_argument("step_dir", metavar="CHECKPOINT_STEP_DIR")
+    export.add_argument("step_dir", metavar="CHECKPOINT_OR_RUN", help="a step-N folder, or a run (its newest complete checkpoint)")
     export.add_argument("out_dir", metavar="OUT_DIR")
     export.add_argument("--force", action="store_true", help="write into a non-empty OUT_DIR")
     options = parser.parse_args(argv)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dispersion_titan.errors import ArgumentError
-from dispersion_titan.errors import ConfigError
+from dispersion_titan.errors import ArgumentError, ConfigError
+from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.train import validated_args
 from helpers import DEBUG_TOML, python_module
 
@@ -70,6 +70,20 @@ def test_unknown_keys_and_wrong_types_name_their_field(tmp_path, toml, field):
     with pytest.raises(ConfigError) as err:
         validated_args(["--job.config_file", path, "--job.custom_config_module", "dispersion_titan.config"])
     assert str(err.value).startswith(field + ":")
+
+
+@pytest.mark.parametrize("flag, blocks", [("3", [2]), ("1,2,4", [0, 1, 3]), (" 4 , 1", [0, 3]), ("late_half", [2, 3])])
+def test_dispersion_layers_from_the_command_line(flag, blocks):
+    """One index or a comma-separated list, as a user types them (the debug model has 4 blocks)."""
+    config = validated_args([*BASE, "--dispersion.layers", flag])
+    assert resolve_layers(config.dispersion.layers, 4) == blocks
+
+
+def test_dispersion_layers_list_in_toml(tmp_path):
+    text = open(DEBUG_TOML).read().replace('layers = "all"', "layers = [4, 2]", 1)
+    assert "layers = [4, 2]" in text
+    config = validated_args(["--job.config_file", write_toml(tmp_path, text), *BASE[2:]])
+    assert resolve_layers(config.dispersion.layers, 4) == [1, 3]
 
 
 def test_malformed_toml_names_the_file(tmp_path):

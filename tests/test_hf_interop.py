@@ -162,3 +162,29 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run.json: missing" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_convert_given_a_run_takes_its_newest_complete_checkpoint(tmp_path, capsys):
+    args = GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64)
+    run = tmp_path / "run"
+    step0 = write_dcp_checkpoint(run, args)
+    newer = run / "checkpoint" / "step-5"
+    shutil.copytree(step0, newer)
+    (newer / ".metadata").unlink()  # half-written: never the one converted
+    convert.main(["to-hf", str(run), str(tmp_path / "hf")])
+    assert capsys.readouterr().err.splitlines()[0] == f"converting step 0: {step0}"
+    want = {k: v for k, v in GPT2StateDictAdapter(args, None).to_hf(load_weights(step0)).items()}
+    got = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_path, capsys):
+    step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    (step / ".metadata").unlink()
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"dispersion_titan: error: {tmp_path / 'run'}: no complete checkpoint; pass a checkpoint "
+                   f"folder (e.g. {tmp_path / 'run'}/checkpoint/step-10)"]
+    assert not (tmp_path / "hf").exists()
