@@ -43,8 +43,9 @@ def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False) -
         raise
 
 
-def write_json(path: str, data: dict) -> None:
-    atomic_write(path, lambda f: json.dump(data, f, indent=1))
+def write_json(path: str, data: dict, default: Callable[[object], object] | None = None) -> None:
+    """``default`` converts what ``json`` cannot (as in ``json.dump``)."""
+    atomic_write(path, lambda f: json.dump(data, f, indent=1, default=default))
 
 
 def ensure_writable(folder: str, option: str) -> None:
@@ -57,18 +58,18 @@ def ensure_writable(folder: str, option: str) -> None:
         raise AnalysisError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
 
 
-def result_path(out: str, step: int) -> str:
-    return os.path.join(out, f"step-{step}", RESULT_FILE)
+def result_path(out: str, step: int, file: str = RESULT_FILE) -> str:
+    return os.path.join(out, f"step-{step}", file)
 
 
-def read_results(out: str) -> dict[int, dict]:
-    """Every step's analysis stored in ``out``, by step."""
+def read_results(out: str, file: str = RESULT_FILE) -> dict[int, dict]:
+    """Every step's results stored in ``out`` as ``step-N/{file}``, by step."""
     results = {}
     if not os.path.isdir(out):
         return results
     for name in os.listdir(out):
         match = _STEP_DIR.match(name)
-        path = os.path.join(out, name, RESULT_FILE)
+        path = os.path.join(out, name, file)
         if match and os.path.isfile(path):
             try:
                 with open(path) as f:
