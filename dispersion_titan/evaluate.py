@@ -14,7 +14,7 @@ import argparse
 import re
 import sys
 
-from dispersion_titan.config.cli import OneLineErrorParser, positive_int
+from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
 from dispersion_titan.errors import DispersionTitanError, fail
 
 
@@ -53,8 +53,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
                    help="shots for every task (default: the protocol's per task, else the task's own)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="lm-eval batch size (default 8)")
     p.add_argument("--out", help="output folder (default: RUN/evaluation)")
-    p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="model dtype (default fp32)")
+    add_device_arguments(p)
     p.add_argument("--force", action="store_true", help="recompute steps already evaluated")
     return p
 

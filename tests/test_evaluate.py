@@ -10,6 +10,8 @@ import csv
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from scipy import stats
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
 
-from helpers import DEBUG_TOML, REPO, assert_one_line_error, python_module, run_cli
+from helpers import DEBUG_TOML, REPO, assert_one_line_error, launch_env, python_module, run_cli
 
 TASKS = REPO / "tests" / "lm_eval_tasks"
 LOCAL_TASKS = "wiki_next_word,wiki_text"
@@ -45,8 +47,37 @@ def tree(folder: Path) -> dict[str, int]:
 # ---------------------------------------------------------------- fixtures
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread for the in-process evaluations, as launch_env gives subprocesses:
+    on a shared 2-core machine two threads per process oversubscribe it (5x slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
+def unknown_task(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
+    """The real entry point asked for every paper task plus a typo, started in the background:
+    naming a task outside --include-path makes lm-eval index its ~14,000 built-in task
+    YAMLs (20-30 s of one core), which overlaps with the training run on the other core.
+    The run folder is a stand-in (an empty step folder): the check comes before any load."""
+    dump = tmp_path_factory.mktemp("unknown_task") / "run"
+    (dump / "checkpoint" / "step-0").mkdir(parents=True)
+    tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
+    proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(dump), "--include-path", str(TASKS),
+                             "--tasks", tasks], cwd=REPO, env=launch_env(OFFLINE), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    yield proc, dump
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, unknown_task) -> Path:
     """A real 1-process debug training run with checkpoints at steps 0 and 2."""
     dump = tmp_path_factory.mktemp("evaluate") / "baseline"
     proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
@@ -102,7 +133,7 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, t
     convert.main(["to-hf", str(run / "checkpoint" / "step-2"), str(tmp_path / "hf")])
     reference = lm_eval.simple_evaluate(
         model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=LOCAL_TASKS.split(","),
-        task_manager=TaskManager(include_path=str(tasks_dir)), num_fewshot=1, limit=LIMIT, batch_size=8,
+        task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False), num_fewshot=1, limit=LIMIT, batch_size=8,
         device="cpu", log_samples=False,
     )
     ours = read_json(evaluated / "step-2" / "results.json")
@@ -179,13 +210,15 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tm
     assert not [p for p in os.listdir(out) if p.startswith(".")]
 
 
-def test_bad_input_fails_in_one_line_before_anything_loads(run, evaluated, tasks_dir, tmp_path, capsys):
+def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, evaluated, tasks_dir, tmp_path, capsys):
+    proc, stand_in = unknown_task
+    _, err = proc.communicate(timeout=300)
+    # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named.
+    assert_one_line_error(proc.returncode, err, "--tasks: unknown task wiki_nxt_word (")
+    assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "step-0"]
+
     before, run_files = tree(evaluated), sorted(os.listdir(run))
     new_out = tmp_path / "new"
-    # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named.
-    code, _, err = evaluate(run, "--include-path", tasks_dir, "--tasks", ",".join([*PAPER_TASKS, "wiki_nxt_word"]),
-                            "--out", new_out, capsys=capsys)
-    assert_one_line_error(code, err, "--tasks: unknown task wiki_nxt_word (")
     assert_one_line_error(*evaluate(run, "--include-path", tmp_path / "nope", *OPTS, "--out", new_out,
                                     capsys=capsys)[::2], "--include-path", "nope: no such directory")
     a_file = tmp_path / "tasks.yaml"
@@ -195,9 +228,10 @@ def test_bad_input_fails_in_one_line_before_anything_loads(run, evaluated, tasks
     assert_one_line_error(*evaluate(run, "--tasks", "piqa,,mmlu", "--out", new_out, capsys=capsys)[::2],
                           "--tasks", "empty task name")
     assert_one_line_error(*evaluate(run, "--limit", "0", capsys=capsys)[::2], "--limit")
-    # The real entry point, as users run it.
-    proc = python_module("dispersion_titan.evaluate", str(run), "--steps", "3", "--out", str(new_out), env=OFFLINE)
-    assert_one_line_error(proc.returncode, proc.stderr, "--steps: no checkpoint for step 3 (have [0, 2])")
+    assert_one_line_error(*evaluate(run, *OPTS, "--steps", "3", "--out", new_out, capsys=capsys)[::2],
+                          "--steps: no checkpoint for step 3 (have [0, 2])")
+    assert_one_line_error(*evaluate(run, *OPTS, "--steps", "2-x", "--out", new_out, capsys=capsys)[::2],
+                          "--steps: '2-x' is not a step")
     assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
 
 
@@ -282,6 +316,11 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert float(rows["B"]["p_value"]) == pytest.approx(p, rel=1e-12) and rows["D"]["p_value"] == ""
     code, _, _ = evaluate("table", *fabricated.values(), "--select", "step:5", "--out", tmp_path / "s5", capsys=capsys)
     assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"5;5"}
+    # Named and grouped arms mixed keep the command line's order; one group is named by its variant.
+    code, _, _ = evaluate("table", f"D={fabricated['disp_s1']},{fabricated['disp_s2']}", fabricated["base_s1"],
+                          fabricated["base_s2"], "--out", tmp_path / "mixed", capsys=capsys)
+    rows = read_csv(tmp_path / "mixed" / "table.csv")
+    assert code == 0 and list(rows) == ["D", "none"] and rows["none"]["reference"] == "D"
 
 
 def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):

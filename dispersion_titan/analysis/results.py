@@ -6,6 +6,7 @@ written last and marks that step as done."""
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import os
 import re
@@ -60,6 +61,14 @@ def ensure_writable(folder: str, option: str) -> None:
 
 def result_path(out: str, step: int, file: str = RESULT_FILE) -> str:
     return os.path.join(out, f"step-{step}", file)
+
+
+def find_results_folder(run: str, name: str, file: str = RESULT_FILE) -> str | None:
+    """``run`` when it holds ``step-N/{file}`` results, else ``run/{name}`` when that does."""
+    for folder in (run, os.path.join(run, name)):
+        if glob.glob(os.path.join(folder, "step-*", file)):
+            return folder
+    return None
 
 
 def read_results(out: str, file: str = RESULT_FILE) -> dict[int, dict]:

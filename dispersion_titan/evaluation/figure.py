@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule: str, path: str) -> None:
     """Bars: mean over seeds with ± std error bars; dots: the seeds; stars: Welch's test
     against the reference arm (hatched)."""
-    fig, ax = plt.subplots(figsize=(max(4.8, 1.3 * len(rows) + 2), 4.4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.6 * len(rows) + 2), 4.6), layout="constrained")
     x = np.arange(len(rows))
     means = [row.average_mean for row in rows]
     errors = [0 if np.isnan(row.average_std) else row.average_std for row in rows]
@@ -33,9 +33,12 @@ def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule
     high = max(max(run.average for run in row.runs) for row in rows)
     span = max(high - low, 0.01)
     ax.set_ylim(max(0.0, low - 0.6 * span), high + 0.6 * span)
-    ax.set_xticks(x, [f"{row.name}\n(n={len(row.runs)})" for row in rows], fontsize=9)
-    ax.set(ylabel=f"average accuracy over {tasks} tasks",
-           title=f"Average accuracy per arm (checkpoint: {rule})\nstars: Welch's t-test vs {reference} (hatched)")
+    labels = [f"{row.name.replace(', ', chr(10))}\n({len(row.runs)} seed{'s' if len(row.runs) > 1 else ''})"
+              for row in rows]
+    ax.set_xticks(x, labels, fontsize=9)
+    ax.set_ylabel(f"average accuracy over {tasks} tasks")
+    ax.set_title(f"Average accuracy per arm (checkpoint: {rule})\n"
+                 "Welch's t-test vs the hatched arm: * p<0.05, ** p<0.01, *** p<0.001", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small", loc="upper right")
     save_png(fig, path)

@@ -9,7 +9,6 @@ accuracy columns, and Welch's t-test of the per-seed averages against the refere
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -19,7 +18,7 @@ import numpy as np
 from scipy import stats
 
 from ..analysis.compare import dispersion_variant
-from ..analysis.results import atomic_write, ensure_writable, write_csv
+from ..analysis.results import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..trainer.checkpoints import load_run_metadata
 from . import EvaluationError
 from .figure import average_accuracy_figure
@@ -62,11 +61,11 @@ class ArmRow:
 
 def evaluation_folder(run: str) -> str:
     """``run`` is an evaluation folder, or a dump folder holding ``evaluation/``."""
-    for folder in (run, os.path.join(run, "evaluation")):
-        if glob.glob(os.path.join(folder, "step-*", RESULT_FILE)):
-            return folder
-    raise EvaluationError(f"{run}: no evaluations here or in {os.path.join(run, 'evaluation')} "
-                          f"(run python -m dispersion_titan.evaluate {run} first)")
+    folder = find_results_folder(run, "evaluation", RESULT_FILE)
+    if folder is None:
+        raise EvaluationError(f"{run}: no evaluations here or in {os.path.join(run, 'evaluation')} "
+                              f"(run python -m dispersion_titan.evaluate {run} first)")
+    return folder
 
 
 def select(run: str, rule: str) -> RunScores:
@@ -113,9 +112,8 @@ def _auto_labels(groups: list[list[RunScores]]) -> list[str]:
 
 
 def arms(specs: list[str], rule: str) -> dict[str, list[RunScores]]:
-    """Arm name -> its runs' selected checkpoints, in the order first named."""
-    named: dict[str, list[RunScores]] = {}
-    grouped: dict[str, list[RunScores]] = {}
+    """Arm name -> its runs' selected checkpoints, arms in the order first named."""
+    groups: dict[tuple[str, str], list[RunScores]] = {}  # (explicit name, "") or ("", configuration)
     seen: set[str] = set()
     for spec in specs:
         name, _, runs = spec.partition("=") if "=" in spec else ("", "", spec)
@@ -126,15 +124,17 @@ def arms(specs: list[str], rule: str) -> dict[str, list[RunScores]]:
                 raise EvaluationError(f"{run}: named twice")
             seen.add(os.path.abspath(run))
             scores = select(run, rule)
-            if name:
-                named.setdefault(name, []).append(scores)
-            else:
-                grouped.setdefault(json.dumps(_run_config(scores), sort_keys=True), []).append(scores)
-    for label, group in zip(_auto_labels(list(grouped.values())) if grouped else [], grouped.values()):
-        if label in named:
+            key = (name, "") if name else ("", json.dumps(_run_config(scores), sort_keys=True))
+            groups.setdefault(key, []).append(scores)
+    grouped = [runs for (name, _), runs in groups.items() if not name]
+    labels = iter(_auto_labels(grouped) if grouped else [])
+    by_arm: dict[str, list[RunScores]] = {}
+    for (name, _), runs in groups.items():
+        label = name or next(labels)
+        if label in by_arm:
             raise EvaluationError(f"arm {label!r}: named explicitly and also found by grouping; rename one")
-        named[label] = group
-    return named
+        by_arm[label] = runs
+    return by_arm
 
 
 def _check_comparable(runs: list[RunScores]) -> None:
@@ -167,7 +167,7 @@ def arm_rows(by_arm: dict[str, list[RunScores]], reference: str) -> tuple[list[s
     ranks = np.array([stats.rankdata([-means[arm][c] for arm in by_arm]) for c in accuracy]).mean(axis=0)
     reference_averages = [r.average for r in by_arm[reference]]
     rows = []
-    for (arm, runs), rank in zip(by_arm.items(), ranks):
+    for (arm, runs), rank in zip(by_arm.items(), ranks, strict=True):
         averages = [r.average for r in runs]
         rows.append(ArmRow(
             name=arm, runs=runs, mean=means[arm], std={c: _std([r.scores[c] for r in runs]) for c in columns},
@@ -183,7 +183,7 @@ def _cell(mean: float, std: float, column: str) -> str:
 
 
 def markdown(columns: list[str], rows: list[ArmRow], reference: str, rule: str) -> str:
-    header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", ""]
+    header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", "sig"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row.name, str(len(row.runs)), *(_cell(row.mean[c], row.std[c], c) for c in columns),
@@ -192,7 +192,7 @@ def markdown(columns: list[str], rows: list[ArmRow], reference: str, rule: str) 
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Mean ± sample std over seeds. Checkpoint per run: {rule}. The average and the rank (1 = best) "
               "are over the accuracy columns only. p: Welch's t-test of the per-seed averages against "
-              f"{reference}; * p<0.05, ** p<0.01, *** p<0.001.", "", "| arm | run | step | average |", "|---|---|---|---|"]
+              f"{reference} (needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001.", "", "| arm | run | step | average |", "|---|---|---|---|"]
     lines += [f"| {row.name} | {r.run} | {r.step} | {r.average:.4f} |" for row in rows for r in row.runs]
     return "\n".join(lines) + "\n"
 
