@@ -225,6 +225,13 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     a_file.write_text("task: x\n")
     assert_one_line_error(*evaluate(run, "--include-path", a_file, *OPTS, "--out", new_out, capsys=capsys)[::2],
                           "--include-path", "not a directory")
+    missing = tmp_path / "missing_data"
+    missing.mkdir()
+    config = {**yaml.safe_load((tasks_dir / "wiki_text.yaml").read_text()), "task": "wiki_missing"}
+    config["dataset_kwargs"]["data_files"] = {"test": str(tmp_path / "nope.jsonl")}
+    (missing / "wiki_missing.yaml").write_text(yaml.safe_dump(config))
+    assert_one_line_error(*evaluate(run, "--include-path", missing, "--tasks", "wiki_missing", "--out", new_out,
+                                    capsys=capsys)[::2], "--tasks: wiki_missing: cannot be loaded", "nope.jsonl")
     assert_one_line_error(*evaluate(run, "--tasks", "piqa,,mmlu", "--out", new_out, capsys=capsys)[::2],
                           "--tasks", "empty task name")
     assert_one_line_error(*evaluate(run, "--limit", "0", capsys=capsys)[::2], "--limit")

@@ -47,7 +47,7 @@ class EvaluateOptions:
 
 class RunEvaluation:
     """The state of one ``evaluate RUN`` invocation. Everything a user can get wrong is
-    checked here, before anything is written or any model loads."""
+    checked here, and the tasks' data loaded, before anything is written or any model loads."""
 
     def __init__(self, options: EvaluateOptions):
         self.options = options
@@ -61,9 +61,8 @@ class RunEvaluation:
         self.device = resolve_device(options.device, options.dtype)
         self.settings = {**options.plan.settings(), "dtype": options.dtype}
         self.out = options.out or os.path.join(self.dump, "evaluation")
-        if os.path.exists(self.out) and not os.path.isdir(self.out):
-            raise EvaluationError(f"--out: {self.out}: not a directory")
         self.todo = self._pending(read_evaluations(self.out) if os.path.isdir(self.out) else {})
+        self.objects = self.tasks.load() if self.todo else {}
         ensure_writable(self.out, "--out")
 
     def _pending(self, existing: dict[int, dict]) -> list[StepCheckpoint]:
@@ -89,27 +88,25 @@ class RunEvaluation:
         if skipped:
             print(f"{skipped} step(s) already evaluated in {self.out} (--force recomputes them)")
         failed = []
-        if self.todo:
-            objects = self.tasks.load()
-            for index, checkpoint in enumerate(self.todo, 1):
-                print(f"step {checkpoint.step} ({index} of {len(self.todo)} checkpoints)", flush=True)
-                try:
-                    result = self._evaluate_step(checkpoint, objects)
-                except CheckpointError as e:
-                    print(f"dispersion_titan: skipped checkpoint: {e}", file=sys.stderr, flush=True)
-                    failed.append(checkpoint.path)
-                    continue
-                write_result(self.out, checkpoint.step, result)
-                mean = mean_accuracy(result_scores(result))
-                print(f"step {checkpoint.step}: mean acc {'-' if mean is None else f'{mean:.4f}'} "
-                      f"({result[OURS]['seconds']:.1f} s)", flush=True)
+        for index, checkpoint in enumerate(self.todo, 1):
+            print(f"step {checkpoint.step} ({index} of {len(self.todo)} checkpoints)", flush=True)
+            try:
+                result = self._evaluate_step(checkpoint)
+            except CheckpointError as e:
+                print(f"dispersion_titan: skipped checkpoint: {e}", file=sys.stderr, flush=True)
+                failed.append(checkpoint.path)
+                continue
+            write_result(self.out, checkpoint.step, result)
+            mean = mean_accuracy(result_scores(result))
+            print(f"step {checkpoint.step}: mean acc {'-' if mean is None else f'{mean:.4f}'} "
+                  f"({result[OURS]['seconds']:.1f} s)", flush=True)
         self._write_summary()
         if failed:
             print(f"dispersion_titan: error: {len(failed)} of {len(self.selected)} checkpoints could not be "
                   f"evaluated: {', '.join(failed)}", file=sys.stderr)
         return len(failed)
 
-    def _evaluate_step(self, checkpoint: StepCheckpoint, objects: dict[str, list]) -> dict:
+    def _evaluate_step(self, checkpoint: StepCheckpoint) -> dict:
         """lm-eval's HFLM on the exported checkpoint, one ``simple_evaluate`` per task
         so that progress shows per task; the results are merged."""
         from lm_eval import simple_evaluate
@@ -123,7 +120,7 @@ class RunEvaluation:
                       batch_size=self.options.batch_size)
             for index, name in enumerate(plan.tasks, 1):
                 task_start = time.time()
-                result = simple_evaluate(model=lm, tasks=objects[name], task_manager=self.tasks.manager,
+                result = simple_evaluate(model=lm, tasks=self.objects[name], task_manager=self.tasks.manager,
                                          num_fewshot=plan.num_fewshot[name], limit=plan.limit,
                                          batch_size=self.options.batch_size, device=str(self.device),
                                          log_samples=False)
