@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispersion_titan.config.cli import OneLineErrorParser, positive_int
+from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
 from dispersion_titan.errors import DispersionTitanError, fail
 
 
@@ -40,8 +40,7 @@ def analyze_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per forward pass (default 8)")
     p.add_argument("--out", help="output folder (default: RUN/condensation)")
     p.add_argument("--tb-dir", help="TensorBoard folder (default: RUN/tb/condensation)")
-    p.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="model dtype (default fp32)")
+    add_device_arguments(p)
     p.add_argument("--force", action="store_true", help="recompute steps already analyzed")
     return p
 

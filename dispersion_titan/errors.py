@@ -37,6 +37,10 @@ class AnalysisError(DispersionTitanError):
     """Bad analysis options or inputs."""
 
 
+class EvaluationError(DispersionTitanError):
+    """Bad evaluation or table options or inputs."""
+
+
 class ConvertError(DispersionTitanError):
     """A checkpoint or export folder that cannot be converted."""
 

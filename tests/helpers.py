@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -90,14 +91,20 @@ def update_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], init
     return ((fa - fb).norm() / (fa - f0).norm()).item()
 
 
-def analyze(*args: str, capsys) -> tuple[int, str, str]:
-    """Run the analysis CLI in this process (saves the import and tokenisation of every call)."""
-    from dispersion_titan.analyze import main as analyze_main
-
+def run_cli(main: Callable[[list[str]], None], *args, capsys) -> tuple[int, str, str]:
+    """Run a command's ``main`` in this process (saves the imports of every call):
+    exit status, stdout, stderr."""
     with pytest.raises(SystemExit) as exit_info:
-        analyze_main([str(a) for a in args])
+        main([str(a) for a in args])
     out, err = capsys.readouterr()
     return exit_info.value.code, out, err
+
+
+def analyze(*args: str, capsys) -> tuple[int, str, str]:
+    """The analysis CLI in this process."""
+    from dispersion_titan.analyze import main as analyze_main
+
+    return run_cli(analyze_main, *args, capsys=capsys)
 
 
 def assert_one_line_error(code: int, err: str, *fragments: str) -> None:

@@ -8,7 +8,6 @@ plots need.
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from ..trainer.checkpoints import load_run_metadata
 from . import AnalysisError, figures
 from .inputs import differences
 from .result import Condensation
-from .results import RESULT_FILE, ensure_writable, read_results, write_csv
+from .results import ensure_writable, find_results_folder, read_results, write_csv
 from .statistics import layer_fraction
 
 
@@ -32,11 +31,11 @@ class RunResult:
 
 def analyses_folder(run: str) -> str:
     """``run`` is a condensation folder, or a dump folder holding ``condensation/``."""
-    for folder in (run, os.path.join(run, "condensation")):
-        if glob.glob(os.path.join(folder, "step-*", RESULT_FILE)):
-            return folder
-    raise AnalysisError(f"{run}: no condensation analyses here or in {os.path.join(run, 'condensation')} "
-                        f"(run python -m dispersion_titan.analyze {run} first)")
+    folder = find_results_folder(run, "condensation")
+    if folder is None:
+        raise AnalysisError(f"{run}: no condensation analyses here or in {os.path.join(run, 'condensation')} "
+                            f"(run python -m dispersion_titan.analyze {run} first)")
+    return folder
 
 
 def _pick(run: str, step: str) -> Condensation:

@@ -6,6 +6,7 @@ written last and marks that step as done."""
 from __future__ import annotations
 
 import csv
+import glob
 import json
 import os
 import re
@@ -44,8 +45,13 @@ def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False) -
         raise
 
 
+def write_json(path: str, data: dict, default: Callable[[object], object] | None = None) -> None:
+    """``default`` converts what ``json`` cannot (as in ``json.dump``)."""
+    atomic_write(path, lambda f: json.dump(data, f, indent=1, default=default))
+
+
 def write_result(path: str, result: Condensation) -> None:
-    atomic_write(path, lambda f: json.dump(result.to_json(), f, indent=1))
+    write_json(path, result.to_json())
 
 
 def ensure_writable(folder: str, option: str) -> None:
@@ -58,25 +64,39 @@ def ensure_writable(folder: str, option: str) -> None:
         raise AnalysisError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
 
 
-def result_path(out: str, step: int) -> str:
-    return os.path.join(out, f"step-{step}", RESULT_FILE)
+def result_path(out: str, step: int, file: str = RESULT_FILE) -> str:
+    return os.path.join(out, f"step-{step}", file)
+
+
+def find_results_folder(run: str, name: str, file: str = RESULT_FILE) -> str | None:
+    """``run`` when it holds ``step-N/{file}`` results, else ``run/{name}`` when that does."""
+    for folder in (run, os.path.join(run, name)):
+        if glob.glob(os.path.join(folder, "step-*", file)):
+            return folder
+    return None
 
 
 def read_results(out: str) -> dict[int, Condensation]:
     """Every step's analysis stored in ``out``, by step."""
+    return {step: Condensation.from_json(data, result_path(out, step))
+            for step, data in read_step_files(out, RESULT_FILE).items()}
+
+
+def read_step_files(out: str, file: str) -> dict[int, dict]:
+    """Every step's JSON stored in ``out`` as ``step-N/{file}``, by step."""
     results = {}
     if not os.path.isdir(out):
         return results
     for name in os.listdir(out):
         match = _STEP_DIR.match(name)
-        path = os.path.join(out, name, RESULT_FILE)
+        path = os.path.join(out, name, file)
         if match and os.path.isfile(path):
             try:
                 with open(path) as f:
                     data = json.load(f)
             except (OSError, json.JSONDecodeError) as e:
                 raise AnalysisError(f"{path}: unreadable ({e})") from None
-            results[int(match.group(1))] = Condensation.from_json(data, path)
+            results[int(match.group(1))] = data
     return dict(sorted(results.items()))
 
 

@@ -69,3 +69,9 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
     return int(text)
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--dtype`` of the commands that load checkpoints (``analysis.runner.resolve_device``)."""
+    parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="model dtype (default fp32)")

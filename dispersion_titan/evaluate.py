@@ -1,0 +1,104 @@
+"""Downstream evaluation of saved checkpoints with lm-eval, and the paper's Table 2.
+
+    python -m dispersion_titan.evaluate RUN [--steps 0,5,10-20] [--tasks piqa,mmlu] [--limit N] ...
+    python -m dispersion_titan.evaluate table RUN... [ARM=RUN1,RUN2 ...] --out DIR [--select best|last|step:N]
+
+RUN is a run's dump folder or its checkpoint folder. Bad options fail with one line
+naming the option, file or folder (exit 2) before any model loads; checkpoints that
+cannot be read are reported and skipped, and the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
+from dispersion_titan.errors import DispersionTitanError, fail
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
+def _limit(text: str) -> int | str:
+    return text if text == "all" else positive_int(text)
+
+
+def _selection(text: str) -> str:
+    if text in ("best", "last") or re.fullmatch(r"step:\d+", text):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r} is not best, last or step:N")
+
+
+def evaluate_parser() -> argparse.ArgumentParser:
+    from dispersion_titan.evaluation.protocol import PAPER_LIMIT, PROTOCOLS
+
+    p = OneLineErrorParser(prog="python -m dispersion_titan.evaluate",
+                description="lm-eval scores of a run's checkpoints (default: the paper's protocol).",
+                epilog="The paper's Table 2 over runs: python -m dispersion_titan.evaluate table RUN... --out DIR")
+    p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
+    p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="paper",
+                   help="defaults for tasks, shots and limit (paper: 10 accuracies and wikitext-103 perplexity)")
+    p.add_argument("--tasks", help="comma-separated lm-eval task or group names (default: the protocol's)")
+    p.add_argument("--include-path", "--include_path", dest="include_path", metavar="DIR",
+                   help="folder of your own lm-eval task YAMLs")
+    p.add_argument("--limit", type=_limit, default=None,
+                   help=f"examples per task, or all (default: the protocol's, {PAPER_LIMIT})")
+    p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=_non_negative_int, default=None,
+                   help="shots for every task (default: the protocol's per task, else the task's own)")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="lm-eval batch size (default 8)")
+    p.add_argument("--out", help="output folder (default: RUN/evaluation)")
+    add_device_arguments(p)
+    p.add_argument("--force", action="store_true", help="recompute steps already evaluated")
+    return p
+
+
+def table_parser() -> argparse.ArgumentParser:
+    p = OneLineErrorParser(prog="python -m dispersion_titan.evaluate table",
+                description="The paper's Table 2: arms x tasks, mean ± std over seeds, average, rank, Welch's t-test.")
+    p.add_argument("runs", nargs="+", metavar="RUN|ARM=RUN1,RUN2",
+                   help="evaluated runs (dump or evaluation folders), grouped into arms by their run.json "
+                        "settings but the seed; or arms named explicitly")
+    p.add_argument("--out", required=True, help="folder for table.md, table.csv and table.png")
+    p.add_argument("--select", type=_selection, default="best",
+                   help="checkpoint per run: best (highest mean acc, default), last, or step:N")
+    p.add_argument("--reference", metavar="ARM", help="arm the others are tested against (default: the first)")
+    return p
+
+
+def run_evaluate(argv: list[str]) -> int:
+    from dispersion_titan.evaluation.protocol import build_plan
+    from dispersion_titan.evaluation.runner import EvaluateOptions, RunEvaluation
+
+    a = evaluate_parser().parse_args(argv)
+    options = EvaluateOptions(run=a.run, steps=a.steps, plan=build_plan(a.tasks, a.num_fewshot, a.limit, a.protocol),
+                              include_path=a.include_path, batch_size=a.batch_size, out=a.out,
+                              device=a.device, dtype=a.dtype, force=a.force)
+    return 1 if RunEvaluation(options).evaluate() else 0
+
+
+def run_table(argv: list[str]) -> int:
+    from dispersion_titan.evaluation.table import table
+
+    a = table_parser().parse_args(argv)
+    print(table(a.runs, a.out, a.select, a.reference))
+    print(f"written: {a.out}/table.md, table.csv, table.png")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = run_table(argv[1:]) if argv and argv[0] == "table" else run_evaluate(argv)
+    except DispersionTitanError as e:
+        fail(str(e).splitlines()[0])
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

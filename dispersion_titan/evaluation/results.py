@@ -1,0 +1,63 @@
+"""Per-step result files and the summary over steps.
+
+``OUT/step-N/results.json`` is lm-eval's own results dictionary (its per-sample records
+left out), the dictionaries of the per-task calls merged, plus a ``dispersion_titan``
+entry: the settings that make evaluations comparable, the lm-eval version, the
+checkpoint and timings. It is written last, atomically, and marks the step as done."""
+
+from __future__ import annotations
+
+import os
+
+from ..analysis.results import read_step_files, result_path, write_csv, write_json
+from .protocol import mean_accuracy, task_scores
+
+RESULT_FILE = "results.json"
+SUMMARY_FILE = "summary.csv"
+OURS = "dispersion_titan"
+# Entries of lm-eval's dictionary that describe the run rather than one task: the last call's wins.
+_RUN_LEVEL = ("config",)
+
+
+def merge(merged: dict, result: dict) -> dict:
+    """Fold one ``simple_evaluate`` result (one task or group) into ``merged``."""
+    for key, value in result.items():
+        if isinstance(value, dict) and key not in _RUN_LEVEL:
+            merged[key] = {**merged.get(key, {}), **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def write_result(out: str, step: int, result: dict) -> None:
+    from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
+
+    write_json(result_path(out, step, RESULT_FILE), result, default=handle_non_serializable)
+
+
+def read_evaluations(out: str) -> dict[int, dict]:
+    """Every step evaluated in ``out`` (``{}`` when there is none), by step."""
+    return read_step_files(out, RESULT_FILE)
+
+
+def settings(result: dict) -> dict:
+    return result[OURS]["settings"]
+
+
+def differences(old: dict, new: dict) -> str:
+    return ", ".join(f"{key} {old.get(key)!r} vs {new.get(key)!r}" for key in new if old.get(key) != new[key])
+
+
+def result_scores(result: dict) -> dict[str, float]:
+    return task_scores(result["results"], settings(result)["tasks"])
+
+
+def summary_row(result: dict) -> dict:
+    scores = result_scores(result)
+    return {"step": result[OURS]["step"], **scores, "mean_acc": mean_accuracy(scores)}
+
+
+def write_summary(out: str, results: list[dict]) -> str:
+    path = os.path.join(out, SUMMARY_FILE)
+    write_csv(path, [summary_row(result) for result in results])
+    return path

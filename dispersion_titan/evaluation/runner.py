@@ -1,0 +1,159 @@
+"""Evaluate every selected checkpoint of one run: export it, score each task with
+lm-eval, write its results; skip steps already done; report unreadable checkpoints and
+go on with the rest (as ``analyze`` does)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from ..analysis.results import ensure_writable
+from ..analysis.runner import resolve_device
+from ..analysis.steps import select_steps
+from ..errors import CheckpointError
+from ..trainer.checkpoints import StepCheckpoint, checkpoint_folder, list_checkpoints
+from . import EvaluationError
+from .export import hf_export
+from .protocol import Plan, mean_accuracy
+from .results import (
+    OURS,
+    differences,
+    merge,
+    read_evaluations,
+    result_scores,
+    settings,
+    write_result,
+    write_summary,
+)
+from .tasks import Tasks
+
+HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class EvaluateOptions:
+    run: str
+    steps: str
+    plan: Plan
+    include_path: str | None
+    batch_size: int
+    out: str | None
+    device: str | None
+    dtype: str
+    force: bool
+
+
+class RunEvaluation:
+    """The state of one ``evaluate RUN`` invocation. Everything a user can get wrong is
+    checked here, and the tasks' data loaded, before anything is written or any model loads."""
+
+    def __init__(self, options: EvaluateOptions):
+        self.options = options
+        folder = checkpoint_folder(options.run)
+        checkpoints = list_checkpoints(folder)
+        if not checkpoints:
+            raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
+        self.selected = select_steps(options.steps, checkpoints)
+        self.dump = os.path.dirname(os.path.abspath(folder))
+        self.tasks = Tasks(options.plan.tasks, options.include_path)
+        self.device = resolve_device(options.device, options.dtype)
+        self.settings = {**options.plan.settings(), "dtype": options.dtype}
+        self.out = options.out or os.path.join(self.dump, "evaluation")
+        self.todo = self._pending(read_evaluations(self.out) if os.path.isdir(self.out) else {})
+        self.objects = self.tasks.load() if self.todo else {}
+        ensure_writable(self.out, "--out")
+
+    def _pending(self, existing: dict[int, dict]) -> list[StepCheckpoint]:
+        """Selected checkpoints still to evaluate; refuses to mix settings unless --force."""
+        if self.options.force:
+            return self.selected
+        todo = []
+        for checkpoint in self.selected:
+            result = existing.get(checkpoint.step)
+            if result is None:
+                todo.append(checkpoint)
+            elif settings(result) != self.settings:
+                raise EvaluationError(
+                    f"--out: {self.out}: step {checkpoint.step} was evaluated with other settings "
+                    f"({differences(settings(result), self.settings)}); use another --out, or --force to recompute"
+                )
+        return todo
+
+    def evaluate(self) -> int:
+        """Evaluate pending checkpoints, then refresh the summary. Returns the number
+        of checkpoints that could not be evaluated."""
+        skipped = len(self.selected) - len(self.todo)
+        if skipped:
+            print(f"{skipped} step(s) already evaluated in {self.out} (--force recomputes them)")
+        failed = []
+        for index, checkpoint in enumerate(self.todo, 1):
+            print(f"step {checkpoint.step} ({index} of {len(self.todo)} checkpoints)", flush=True)
+            try:
+                result = self._evaluate_step(checkpoint)
+            except CheckpointError as e:
+                print(f"dispersion_titan: skipped checkpoint: {e}", file=sys.stderr, flush=True)
+                failed.append(checkpoint.path)
+                continue
+            write_result(self.out, checkpoint.step, result)
+            mean = mean_accuracy(result_scores(result))
+            print(f"step {checkpoint.step}: mean acc {'-' if mean is None else f'{mean:.4f}'} "
+                  f"({result[OURS]['seconds']:.1f} s)", flush=True)
+        self._write_summary()
+        if failed:
+            print(f"dispersion_titan: error: {len(failed)} of {len(self.selected)} checkpoints could not be "
+                  f"evaluated: {', '.join(failed)}", file=sys.stderr)
+        return len(failed)
+
+    def _evaluate_step(self, checkpoint: StepCheckpoint) -> dict:
+        """lm-eval's HFLM on the exported checkpoint, one ``simple_evaluate`` per task
+        so that progress shows per task; the results are merged."""
+        from lm_eval import simple_evaluate
+        from lm_eval.models.huggingface import HFLM
+
+        start = time.time()
+        plan = self.options.plan
+        merged: dict = {}
+        with hf_export(checkpoint.path, self.out) as folder:
+            lm = HFLM(pretrained=folder, device=str(self.device), dtype=HF_DTYPES[self.options.dtype],
+                      batch_size=self.options.batch_size)
+            for index, name in enumerate(plan.tasks, 1):
+                task_start = time.time()
+                result = simple_evaluate(model=lm, tasks=self.objects[name], task_manager=self.tasks.manager,
+                                         num_fewshot=plan.num_fewshot[name], limit=plan.limit,
+                                         batch_size=self.options.batch_size, device=str(self.device),
+                                         log_samples=False)
+                merge(merged, result)
+                print(f"step {checkpoint.step} [{index}/{len(plan.tasks)}] {name}: "
+                      f"{_metrics_line(result['results'].get(name, {}))} ({time.time() - task_start:.1f} s)",
+                      flush=True)
+        merged[OURS] = {
+            "settings": self.settings,
+            "lm_eval_version": merged.get("lm_eval_version"),
+            "step": checkpoint.step,
+            "checkpoint": os.path.abspath(checkpoint.path),
+            "run": self.dump,
+            "include_path": self.tasks.include_path,
+            "device": self.device.type,
+            "batch_size": self.options.batch_size,
+            "seconds": time.time() - start,
+        }
+        return merged
+
+    def _write_summary(self) -> None:
+        """``summary.csv`` over every step evaluated with these settings."""
+        results = read_evaluations(self.out)
+        matching = [r for r in results.values() if settings(r) == self.settings]
+        if len(matching) < len(results):
+            print(f"note: {len(results) - len(matching)} older evaluations in {self.out} used other settings "
+                  "and are left out of the summary")
+        if matching:
+            print(f"results: {write_summary(self.out, matching)}")
+
+
+def _metrics_line(metrics: dict) -> str:
+    """lm-eval's main numbers of one task, e.g. ``acc 0.2500, acc_norm 0.3000``."""
+    shown = [f"{key.split(',')[0]} {value:.4f}" for key, value in metrics.items()
+             if isinstance(value, float) and "_stderr" not in key]
+    return ", ".join(shown) or "no metrics"

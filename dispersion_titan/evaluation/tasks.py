@@ -1,0 +1,66 @@
+"""Task names resolved by lm-eval's own TaskManager, checked before any model loads."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from . import EvaluationError
+
+
+def check_include_path(path: str) -> str:
+    """The absolute path of a readable folder, or a one-line error naming it."""
+    if not os.path.exists(path):
+        raise EvaluationError(f"--include-path: {path}: no such directory")
+    if not os.path.isdir(path):
+        raise EvaluationError(f"--include-path: {path}: not a directory (give the folder holding the task YAMLs)")
+    try:
+        os.listdir(path)
+    except OSError as e:
+        raise EvaluationError(f"--include-path: {path}: not readable ({e.strerror or e})") from None
+    return os.path.abspath(path)
+
+
+class Tasks:
+    """The requested tasks in one TaskManager.
+
+    Indexing lm-eval's ~13,000 built-in task YAMLs takes 20-30 s on 2 CPU cores, so when
+    every name is a plain task of --include-path that folder alone is indexed. Groups
+    and tags always get the full index: they may name built-in tasks."""
+
+    def __init__(self, names: tuple[str, ...], include_path: str | None):
+        from lm_eval.tasks import TaskManager
+
+        self.names = names
+        self.include_path = check_include_path(include_path) if include_path else None
+        manager = None
+        if self.include_path:
+            manager = TaskManager(include_path=self.include_path, include_defaults=False)
+            if not set(names) <= set(manager.all_subtasks):
+                manager = None
+        self.manager = manager or TaskManager(include_path=self.include_path)
+        unknown = [name for name in names if name not in self.manager.all_tasks]
+        if unknown:
+            where = f"lm-eval {_lm_eval_version()}" + (f" or {self.include_path}" if self.include_path else "")
+            raise EvaluationError(f"--tasks: unknown task {', '.join(unknown)} (not in {where}; "
+                                  "lm-eval --tasks list shows the names)")
+
+    def load(self) -> dict[str, list[Any]]:
+        """Each name's lm-eval Task or Group objects, built once (datasets are fetched
+        here) and reused for every checkpoint."""
+        objects = {}
+        for name in self.names:
+            try:
+                loaded = self.manager.load([name])
+            except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many types
+                message = str(e).splitlines()[0] if str(e) else ""
+                raise EvaluationError(f"--tasks: {name}: cannot be loaded ({type(e).__name__}: {message})") from None
+            top = loaded["groups"].get(name) or loaded["tasks"].get(name)
+            objects[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: its tasks
+        return objects
+
+
+def _lm_eval_version() -> str:
+    import lm_eval
+
+    return lm_eval.__version__

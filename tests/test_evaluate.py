@@ -1,0 +1,349 @@
+"""Downstream evaluation with lm-eval, offline: real lm-eval runs of a real (tiny) training
+run's checkpoints on the local tasks of ``tests/lm_eval_tasks`` (nothing is downloaded),
+checked against lm-eval's own HFLM on the ``convert to-hf`` export; re-runs, broken
+checkpoints and bad input; and the Table 2 statistics on fabricated per-step results
+against scipy."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy import stats
+
+from dispersion_titan.evaluate import main as evaluate_main
+from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
+
+from helpers import DEBUG_TOML, REPO, assert_one_line_error, launch_env, python_module, run_cli
+
+TASKS = REPO / "tests" / "lm_eval_tasks"
+LOCAL_TASKS = "wiki_next_word,wiki_text"
+LIMIT = 12
+OPTS = ["--tasks", LOCAL_TASKS, "--limit", str(LIMIT), "--num-fewshot", "1", "--batch-size", "8", "--device", "cpu"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def evaluate(*args, capsys) -> tuple[int, str, str]:
+    return run_cli(evaluate_main, *args, capsys=capsys)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def tree(folder: Path) -> dict[str, int]:
+    """Every file under ``folder`` with its modification time: 'nothing changed' checks."""
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread for the in-process evaluations, as launch_env gives subprocesses:
+    on a shared 2-core machine two threads per process oversubscribe it (5x slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def unknown_task(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
+    """The real entry point asked for every paper task plus a typo, started in the background:
+    naming a task outside --include-path makes lm-eval index its ~14,000 built-in task
+    YAMLs (20-30 s of one core), which overlaps with the training run on the other core.
+    The run folder is a stand-in (an empty step folder): the check comes before any load."""
+    dump = tmp_path_factory.mktemp("unknown_task") / "run"
+    (dump / "checkpoint" / "step-0").mkdir(parents=True)
+    tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
+    proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(dump), "--include-path", str(TASKS),
+                             "--tasks", tasks], cwd=REPO, env=launch_env(OFFLINE), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    yield proc, dump
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, unknown_task) -> Path:
+    """A real 1-process debug training run with checkpoints at steps 0 and 2."""
+    dump = tmp_path_factory.mktemp("evaluate") / "baseline"
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
+                         "--training.steps", "2", "--checkpoint.interval", "2", "--validation.no-enable",
+                         env=OFFLINE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(dump / "checkpoint")) == ["step-0", "step-2"]
+    return dump
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory) -> Path:
+    """The shipped task YAMLs with their data files made absolute (lm-eval 0.4.13 hands
+    ``data_files`` to ``datasets`` unchanged, which resolves it against the current folder)."""
+    folder = tmp_path_factory.mktemp("lm_eval_tasks")
+    for path in TASKS.glob("*.yaml"):
+        config = yaml.safe_load(path.read_text())
+        files = config["dataset_kwargs"]["data_files"]
+        config["dataset_kwargs"]["data_files"] = {split: str(TASKS / name) for split, name in files.items()}
+        (folder / path.name).write_text(yaml.safe_dump(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def evaluated(run, tasks_dir) -> Path:
+    """``run`` evaluated once by the CLI; the tests below read or re-run it."""
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([str(run), "--include-path", str(tasks_dir), *OPTS])
+    assert exit_info.value.code == 0
+    return run / "evaluation"
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+def test_paper_protocol_is_the_default():
+    plan = build_plan(None, None, None)
+    assert plan.tasks == PAPER_TASKS and plan.limit == 500
+    assert [name for name, shots in plan.num_fewshot.items() if shots == 1] == [
+        "arc_easy", "arc_challenge", "medmcqa", "mmlu"]
+    assert plan.num_fewshot["paloma_wikitext_103"] == 0 and plan.num_fewshot["piqa"] == 0
+    custom = build_plan("piqa,my_task", 3, "all")
+    assert custom.num_fewshot == {"piqa": 3, "my_task": 3} and custom.limit is None
+    assert build_plan("piqa,my_task", None, 7).num_fewshot == {"piqa": 0, "my_task": None}
+
+
+def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, tmp_path):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from dispersion_titan import convert
+
+    convert.main(["to-hf", str(run / "checkpoint" / "step-2"), str(tmp_path / "hf")])
+    reference = lm_eval.simple_evaluate(
+        model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=LOCAL_TASKS.split(","),
+        task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False), num_fewshot=1, limit=LIMIT, batch_size=8,
+        device="cpu", log_samples=False,
+    )
+    ours = read_json(evaluated / "step-2" / "results.json")
+    for task in ("wiki_next_word", "wiki_text"):
+        want, got = reference["results"][task], ours["results"][task]
+        assert set(got) == set(want)
+        for key, value in want.items():
+            if key.startswith("acc"):
+                assert got[key] == value, (task, key)
+            elif isinstance(value, float):
+                assert got[key] == pytest.approx(value, rel=1e-5), (task, key)
+    assert ours["results"]["wiki_text"]["word_perplexity,none"] > 1  # a real perplexity was computed
+    for key in ("n-shot", "n-samples", "versions", "higher_is_better"):
+        assert ours[key] == json.loads(json.dumps(reference[key])), key
+    assert ours["n-shot"] == {"wiki_next_word": 1, "wiki_text": 0}  # the YAML pins wiki_text to 0 shots
+    assert ours["n-samples"]["wiki_next_word"] == {"original": 40, "effective": LIMIT}
+    assert "samples" not in ours
+    mine = ours["dispersion_titan"]
+    assert mine["lm_eval_version"] == lm_eval.__version__ == "0.4.13"
+    assert mine["settings"] == {"protocol": "paper", "tasks": ["wiki_next_word", "wiki_text"],
+                                "num_fewshot": {"wiki_next_word": 1, "wiki_text": 1}, "limit": LIMIT, "dtype": "fp32"}
+    assert (mine["step"], mine["run"]) == (2, str(run))
+    assert not [p for p in os.listdir(evaluated) if p.startswith(".")]  # the temporary export is gone
+
+    with open(evaluated / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["step", "wiki_next_word/acc", "wiki_text/word_perplexity", "mean_acc"]
+    assert [r["step"] for r in rows] == ["0", "2"]
+    assert float(rows[1]["wiki_next_word/acc"]) == reference["results"]["wiki_next_word"]["acc,none"]
+    assert float(rows[1]["mean_acc"]) == float(rows[1]["wiki_next_word/acc"])
+
+
+def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tasks_dir, tmp_path, capsys):
+    before = tree(evaluated)
+    code, out, _ = evaluate(run, "--include-path", tasks_dir, *OPTS, capsys=capsys)
+    assert code == 0 and "2 step(s) already evaluated" in out and "step 0 [" not in out
+    after = tree(evaluated)
+    assert after == {**before, "summary.csv": after["summary.csv"]}  # only the summary is refreshed
+
+    # What a kill during step 2 leaves: no results.json for it, a stray temporary file.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(evaluated, resumed)
+    (resumed / "step-2" / "results.json").unlink()
+    (resumed / "step-2" / ".results.json.123.tmp").write_text('{"resu')
+    code, out, _ = evaluate(run, "--include-path", tasks_dir, *OPTS, "--out", resumed, capsys=capsys)
+    assert code == 0 and "step 2 [1/2] wiki_next_word: acc" in out and "step 0 [" not in out
+    again, first = read_json(resumed / "step-2" / "results.json"), read_json(evaluated / "step-2" / "results.json")
+    assert again["results"] == first["results"]
+
+    # Other settings into an existing folder: refused in one line, nothing touched.
+    code, _, err = evaluate(run, "--include-path", tasks_dir, *OPTS, "--limit", "6", capsys=capsys)
+    assert_one_line_error(code, err, "--out", "step 0 was evaluated with other settings", "limit 12 vs 6", "--force")
+    assert tree(evaluated) == after
+
+
+def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    (broken / "checkpoint").mkdir(parents=True)
+    shutil.copy(run / "run.json", broken)
+    os.symlink(run / "checkpoint" / "step-0", broken / "checkpoint" / "step-0")
+    corrupt = broken / "checkpoint" / "step-2"
+    shutil.copytree(run / "checkpoint" / "step-2", corrupt)
+    shard = next(corrupt.glob("*.distcp"))
+    with open(shard, "r+b") as f:
+        f.truncate(1000)
+    out = tmp_path / "out"  # step 0 already done there: only the broken step is attempted
+    shutil.copytree(evaluated / "step-0", out / "step-0")
+    code, stdout, err = evaluate(broken, "--include-path", tasks_dir, *OPTS, "--out", out, capsys=capsys)
+    assert code == 1
+    assert f"skipped checkpoint: {shard}: truncated" in err
+    assert "1 of 2 checkpoints could not be evaluated" in err
+    assert "1 step(s) already evaluated" in stdout
+    assert sorted(p.parent.name for p in out.glob("step-*/results.json")) == ["step-0"]
+    assert not [p for p in os.listdir(out) if p.startswith(".")]
+
+
+def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, evaluated, tasks_dir, tmp_path, capsys):
+    proc, stand_in = unknown_task
+    _, err = proc.communicate(timeout=300)
+    # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named.
+    assert_one_line_error(proc.returncode, err, "--tasks: unknown task wiki_nxt_word (")
+    assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "step-0"]
+
+    before, run_files = tree(evaluated), sorted(os.listdir(run))
+    new_out = tmp_path / "new"
+    assert_one_line_error(*evaluate(run, "--include-path", tmp_path / "nope", *OPTS, "--out", new_out,
+                                    capsys=capsys)[::2], "--include-path", "nope: no such directory")
+    a_file = tmp_path / "tasks.yaml"
+    a_file.write_text("task: x\n")
+    assert_one_line_error(*evaluate(run, "--include-path", a_file, *OPTS, "--out", new_out, capsys=capsys)[::2],
+                          "--include-path", "not a directory")
+    missing = tmp_path / "missing_data"
+    missing.mkdir()
+    config = {**yaml.safe_load((tasks_dir / "wiki_text.yaml").read_text()), "task": "wiki_missing"}
+    config["dataset_kwargs"]["data_files"] = {"test": str(tmp_path / "nope.jsonl")}
+    (missing / "wiki_missing.yaml").write_text(yaml.safe_dump(config))
+    assert_one_line_error(*evaluate(run, "--include-path", missing, "--tasks", "wiki_missing", "--out", new_out,
+                                    capsys=capsys)[::2], "--tasks: wiki_missing: cannot be loaded", "nope.jsonl")
+    assert_one_line_error(*evaluate(run, "--tasks", "piqa,,mmlu", "--out", new_out, capsys=capsys)[::2],
+                          "--tasks", "empty task name")
+    assert_one_line_error(*evaluate(run, "--limit", "0", capsys=capsys)[::2], "--limit")
+    assert_one_line_error(*evaluate(run, *OPTS, "--steps", "3", "--out", new_out, capsys=capsys)[::2],
+                          "--steps: no checkpoint for step 3 (have [0, 2])")
+    assert_one_line_error(*evaluate(run, *OPTS, "--steps", "2-x", "--out", new_out, capsys=capsys)[::2],
+                          "--steps: '2-x' is not a step")
+    assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
+
+
+# ---------------------------------------------------------------- table
+
+SETTINGS = {"protocol": "paper", "tasks": ["t_a", "t_b", "t_ppl"], "num_fewshot": {"t_a": 0, "t_b": 1, "t_ppl": 0},
+            "limit": 500, "dtype": "fp32"}
+# run -> (dispersion variant, coeff, seed, {step: (t_a acc, t_b acc, t_ppl word perplexity)})
+FABRICATED = {
+    "base_s1": ("none", 0.0, 1, {0: (0.30, 0.40, 900.0), 5: (0.36, 0.44, 500.0), 10: (0.35, 0.43, 450.0)}),
+    "base_s2": ("none", 0.0, 2, {0: (0.31, 0.41, 880.0), 5: (0.35, 0.45, 520.0), 10: (0.37, 0.46, 470.0)}),
+    "disp_s1": ("angular_spread", 0.1, 1, {0: (0.30, 0.40, 900.0), 5: (0.40, 0.50, 480.0), 10: (0.41, 0.52, 430.0)}),
+    "disp_s2": ("angular_spread", 0.1, 2, {0: (0.32, 0.39, 890.0), 5: (0.44, 0.51, 470.0), 10: (0.40, 0.50, 440.0)}),
+}
+BEST = {"base_s1": 5, "base_s2": 10, "disp_s1": 10, "disp_s2": 5}  # highest mean of t_a and t_b
+
+
+@pytest.fixture
+def fabricated(tmp_path) -> dict[str, Path]:
+    """Four evaluated runs (2 configurations × 2 seeds) as ``evaluate`` leaves them."""
+    runs = {}
+    for name, (variant, coeff, seed, by_step) in FABRICATED.items():
+        dump = tmp_path / name
+        dump.mkdir()
+        (dump / "run.json").write_text(json.dumps({
+            "model_name": "gpt2", "model_args": {"dim": 64, "n_layers": 4, "mlp_hidden_dim": 0},
+            "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0}, "seed": seed}))
+        for step, (a, b, ppl) in by_step.items():
+            result = {"results": {"t_a": {"acc,none": a}, "t_b": {"acc,none": b, "acc_norm,none": 0.9},
+                                  "t_ppl": {"word_perplexity,none": ppl, "byte_perplexity,none": 2.0}},
+                      "dispersion_titan": {"settings": SETTINGS, "step": step, "run": str(dump)}}
+            (dump / "evaluation" / f"step-{step}").mkdir(parents=True)
+            (dump / "evaluation" / f"step-{step}" / "results.json").write_text(json.dumps(result))
+        runs[name] = dump
+    return runs
+
+
+def averages(steps: dict[str, int], names: list[str]) -> list[float]:
+    return [sum(FABRICATED[n][3][steps[n]][:2]) / 2 for n in names]
+
+
+def read_csv(path: Path) -> dict[str, dict]:
+    with open(path) as f:
+        return {row["arm"]: row for row in csv.DictReader(f)}
+
+
+def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_path, capsys):
+    out = tmp_path / "table"
+    code, stdout, _ = evaluate("table", *fabricated.values(), "--out", out, capsys=capsys)
+    assert code == 0
+    rows = read_csv(out / "table.csv")
+    base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"  # the settings that differ
+    assert list(rows) == [base, disp]
+    assert rows[base]["steps"] == "5;10" and rows[disp]["steps"] == "10;5"
+    base_avg, disp_avg = averages(BEST, ["base_s1", "base_s2"]), averages(BEST, ["disp_s1", "disp_s2"])
+    p = stats.ttest_ind(disp_avg, base_avg, equal_var=False).pvalue
+    assert float(rows[disp]["p_value"]) == pytest.approx(p, rel=1e-12)
+    assert rows[disp]["significance"] == ("***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else "")
+    assert rows[disp]["significance"] == "*"  # these numbers were chosen to give 0.01 <= p < 0.05
+    assert rows[base]["p_value"] == "" and rows[base]["reference"] == base
+    t_a = [FABRICATED[n][3][BEST[n]][0] for n in ("base_s1", "base_s2")]
+    assert float(rows[base]["t_a/acc_mean"]) == pytest.approx(sum(t_a) / 2)
+    assert float(rows[base]["t_a/acc_std"]) == pytest.approx(stats.tstd(t_a))
+    assert float(rows[disp]["average_mean"]) == pytest.approx(sum(disp_avg) / 2)
+    assert float(rows[disp]["t_ppl/word_perplexity_mean"]) == pytest.approx((430.0 + 470.0) / 2)
+    assert (float(rows[disp]["avg_rank"]), float(rows[base]["avg_rank"])) == (1.0, 2.0)  # perplexity not ranked
+    table_md = (out / "table.md").read_text()
+    assert table_md == stdout.split("written:")[0].rstrip("\n") + "\n"
+    assert f"| {disp} | 2 | 0.4250 ± 0.0212 |" in table_md and f"p vs {base}" in table_md
+    png = (out / "table.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 10000
+
+    # Other selections, explicit arms, another reference.
+    code, _, _ = evaluate("table", f"B={fabricated['base_s1']},{fabricated['base_s2']}",
+                          f"D={fabricated['disp_s1']},{fabricated['disp_s2']}", "--select", "last",
+                          "--reference", "D", "--out", tmp_path / "last", capsys=capsys)
+    rows = read_csv(tmp_path / "last" / "table.csv")
+    last = {name: 10 for name in FABRICATED}
+    p = stats.ttest_ind(averages(last, ["base_s1", "base_s2"]), averages(last, ["disp_s1", "disp_s2"]),
+                        equal_var=False).pvalue
+    assert code == 0 and list(rows) == ["B", "D"] and rows["B"]["steps"] == "10;10"
+    assert float(rows["B"]["p_value"]) == pytest.approx(p, rel=1e-12) and rows["D"]["p_value"] == ""
+    code, _, _ = evaluate("table", *fabricated.values(), "--select", "step:5", "--out", tmp_path / "s5", capsys=capsys)
+    assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"5;5"}
+    # Named and grouped arms mixed keep the command line's order; one group is named by its variant.
+    code, _, _ = evaluate("table", f"D={fabricated['disp_s1']},{fabricated['disp_s2']}", fabricated["base_s1"],
+                          fabricated["base_s2"], "--out", tmp_path / "mixed", capsys=capsys)
+    rows = read_csv(tmp_path / "mixed" / "table.csv")
+    assert code == 0 and list(rows) == ["D", "none"] and rows["none"]["reference"] == "D"
+
+
+def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
+    out = tmp_path / "bad"
+    runs = list(map(str, fabricated.values()))
+    assert_one_line_error(*evaluate("table", *runs, "--select", "step:7", "--out", out, capsys=capsys)[::2],
+                          "--select", "no evaluation of step 7 (have [0, 5, 10])")
+    assert_one_line_error(*evaluate("table", *runs, "--select", "first", "--out", out, capsys=capsys)[::2],
+                          "--select", "best, last or step:N")
+    assert_one_line_error(*evaluate("table", *runs, "--reference", "X", "--out", out, capsys=capsys)[::2],
+                          "--reference", "no arm 'X'")
+    assert_one_line_error(*evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2], "named twice")
+    assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")
+    other = read_json(fabricated["disp_s2"] / "evaluation" / "step-5" / "results.json")
+    other["dispersion_titan"]["settings"] = {**SETTINGS, "limit": 100}
+    (fabricated["disp_s2"] / "evaluation" / "step-5" / "results.json").write_text(json.dumps(other))
+    assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
+                          "other settings", "limit 500 vs 100")
+    assert not out.exists()
