@@ -1,17 +1,22 @@
 """The main job end to end: ``bash launch/quickstart.sh`` (which sets up .venv first), or
 ``python -m dispersion_titan.quickstart [--out DIR] [--widths 64,256,1024] ...``.
 
-Pre-trains the toy MLP-width sweep of ``dispersion_titan/configs/quickstart.toml`` with and without
-the angular_spread dispersion loss, analyses every checkpoint (step 0 included), sets
-the runs side by side with ``analyze compare`` and answers the paper's questions from
-the measured numbers (``dispersion_titan.report``) in ``OUT/summary.md``.
+First measures condensation at initialization for GPT-2 small's shape at four MLP widths
+(the init panel: one forward pass each, no training). Then pre-trains the toy MLP-width
+sweep of ``dispersion_titan/configs/quickstart.toml`` with and without the angular_spread
+dispersion loss (plus a second seed at the smallest width, to measure the seed-to-seed
+spread), analyzes every checkpoint (step 0 included), sets the runs side by side with
+``analyze compare``, and sets each of the paper's findings against the measured numbers
+(``dispersion_titan.report``): ``OUT/summary.md`` and ``OUT/summary.png``.
 
 Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
 that beats one FSDP job over all cores, which pays for its collectives. A run whose
 final checkpoint exists is not trained again, a run whose every checkpoint has been
 analyzed with the same options is not analyzed again, and an interrupted run resumes
 from its last complete checkpoint, so running the command twice only redoes what is
-missing. Training and analysis logs go to ``OUT/logs/``.
+missing. Options that change results are recorded in ``OUT/quickstart.json``; a rerun
+with other ones is refused in one line (use another ``--out``). Training and analysis
+logs go to ``OUT/logs/``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from dispersion_titan.errors import ArgumentError, CheckpointError, DispersionTi
 
 CONFIG = str(files("dispersion_titan") / "configs" / "quickstart.toml")  # package data
 OUT_ENV = "QUICKSTART_OUT"
+OPTIONS_FILE = "quickstart.json"
 VARIANT = "angular_spread"
 # glibc hands every allocation above its mmap threshold back to the kernel when freed, so
 # the ~200 MB logits of each step arrive as fresh zeroed pages: on CPU that made a third
@@ -52,12 +58,27 @@ class Plan:
     seq_len: int
     jobs: int
     threads: int  # OMP threads per job
-
     seed: int
+    spread_seeds: int  # extra seeds at the smallest width
+    init_flavor: str
+    init_widths: tuple[int, ...]
+
+    @property
+    def variants(self) -> tuple[Variant, Variant]:
+        return Variant("none", 0.0), Variant(VARIANT, self.coeff)
 
     @property
     def runs(self) -> list[Cell]:
-        return cells(self.widths, (Variant("none", 0.0), Variant(VARIANT, self.coeff)), (self.seed,))
+        extra = tuple(self.seed + i for i in range(1, self.spread_seeds + 1))
+        return (cells(self.widths, self.variants, (self.seed,))
+                + cells(self.widths[:1], self.variants, extra))
+
+    def identity(self) -> dict:
+        """The options that change results: a rerun must have the same ones."""
+        return {"config": self.config, "widths": list(self.widths), "coeff": self.coeff, "steps": self.steps,
+                "checkpoint_interval": self.interval, "num_sequences": self.num_sequences,
+                "seq_len": self.seq_len, "seed": self.seed, "spread_seeds": self.spread_seeds,
+                "init_flavor": self.init_flavor, "init_widths": list(self.init_widths)}
 
     def dump(self, run: Cell) -> str:
         return os.path.join(self.out, "runs", run.name)
@@ -111,6 +132,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-interval", type=positive_int, help="steps between checkpoints (default: the TOML's)")
     p.add_argument("--num-sequences", type=positive_int, default=32, help="analysis: K sequences (default 32)")
     p.add_argument("--seq-len", type=positive_int, default=128, help="analysis: S tokens (default 128)")
+    p.add_argument("--spread-seeds", type=int, choices=range(0, 4), default=1, metavar="N",
+                   help="extra seeds at the smallest width, for the seed-to-seed spread (0-3, default 1)")
+    p.add_argument("--init-flavor", default="small", help="model shape of the init panel (default small: GPT-2 small)")
+    p.add_argument("--init-widths", type=_widths, default=(768, 1536, 3072, 6144),
+                   help="MLP widths of the init panel (default 768,1536,3072,6144)")
     p.add_argument("--jobs", type=positive_int, help="runs at a time (default: one per CPU core, at most all runs)")
     return p
 
@@ -130,10 +156,14 @@ def make_plan(argv: list[str]) -> Plan:
         raise ArgumentError(
             f"--config: {config}: needs {e.args[0]!r} (training.steps, debug.seed and checkpoint.interval)"
         ) from None
+    from dispersion_titan.models.gpt2.args import gpt2_flavors
+
+    if a.init_flavor not in gpt2_flavors:
+        raise ArgumentError(f"--init-flavor: {a.init_flavor!r} is not one of {sorted(gpt2_flavors)}")
     cpus = len(os.sched_getaffinity(0))
-    jobs = min(a.jobs or cpus, 2 * len(a.widths))
+    jobs = min(a.jobs or cpus, 2 * len(a.widths) + 2 * a.spread_seeds)
     return Plan(os.path.abspath(a.out), config, a.widths, a.coeff, steps, interval, a.num_sequences, a.seq_len,
-                jobs, max(1, cpus // jobs), seed)
+                jobs, max(1, cpus // jobs), seed, a.spread_seeds, a.init_flavor, a.init_widths)
 
 
 def train_command(plan: Plan, run: Cell) -> list[str]:
@@ -207,7 +237,7 @@ def process(plan: Plan, run: Cell, say: Progress) -> str | None:
     return None
 
 
-def train_and_analyse(plan: Plan, say: Progress) -> None:
+def train_and_analyze(plan: Plan, say: Progress) -> None:
     with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
         errors = [e for e in pool.map(lambda run: process(plan, run, say), plan.runs) if e]
     for error in errors:
@@ -218,8 +248,9 @@ def train_and_analyse(plan: Plan, say: Progress) -> None:
 
 def comparisons(plan: Plan) -> list[tuple[str, list[str], str]]:
     """(folder name, runs, step) of each ``analyze compare``."""
-    everything = [plan.dump(r) for r in plan.runs]
-    baselines = [plan.dump(r) for r in plan.runs if r.variant.is_baseline]
+    main_seed = [r for r in plan.runs if r.seed == plan.seed]
+    everything = [plan.dump(r) for r in main_seed]
+    baselines = [plan.dump(r) for r in main_seed if r.variant.is_baseline]
     return [
         ("final_width_sweep", baselines, str(plan.steps)),
         ("final_baseline_vs_dispersion", everything, str(plan.steps)),
@@ -242,27 +273,72 @@ def compare_runs(plan: Plan, say: Progress) -> list[tuple[str, str]]:
     return files
 
 
-def summarize(plan: Plan, files: list[tuple[str, str]]) -> str:
+def init_sequences(plan: Plan):
+    from dispersion_titan.analysis.inputs import DEFAULT_DATASET, InputOptions, select_sequences
+
+    return select_sequences(InputOptions(DEFAULT_DATASET, None, None, plan.num_sequences, plan.seq_len, seed=0))
+
+
+def measure_init_panel(plan: Plan, say: Progress) -> dict:
+    """Condensation at initialization of ``init_flavor`` at each ``init_widths`` (cached in OUT/init_panel)."""
+    from dispersion_titan.report.init_panel import init_panel
+
+    start = time.monotonic()
+    panel = init_panel(os.path.join(plan.out, "init_panel"), plan.init_flavor, plan.init_widths, plan.seed,
+                       init_sequences(plan))
+    say(f"init     {plan.init_flavor} shape at MLP width {', '.join(map(str, plan.init_widths))}: "
+        f"done in {time.monotonic() - start:.0f} s")
+    return panel
+
+
+def summarize(plan: Plan, panel: dict, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
     from dispersion_titan.analysis.results import atomic_write
-    from dispersion_titan.report.figure import save_sweep_figure
-    from dispersion_titan.report.summary import load_sweep, markdown
+    from dispersion_titan.report.document import summary_markdown
+    from dispersion_titan.report.figure import save_findings_figure
+    from dispersion_titan.report.paper import findings
+    from dispersion_titan.report.summary import load_sweep
 
     runs = load_sweep([plan.dump(r) for r in plan.runs])
+    found = findings(panel, runs, plan.seed)
     args = runs[0].final.model_args
-    setup = (f"{len(runs)} runs of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads "
-             f"on the embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, "
-             f"each without and with {VARIANT} λ={plan.coeff}, {plan.steps} steps, "
-             f"checkpoints at step 0 and every {plan.interval} steps.")
+    init = panel[plan.init_widths[0]].model_args
+    setup = (f"Init panel: GPT-2 ({plan.init_flavor}: dim {init['dim']}, {init['n_layers']} blocks) freshly "
+             f"initialised at MLP width {' / '.join(map(str, plan.init_widths))}. Trained sweep: {len(runs)} runs "
+             f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
+             f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
+             f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
+             f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every {plan.interval} steps.")
     figure = os.path.join(plan.out, "summary.png")
-    save_sweep_figure(runs, f"late-block cosine vs MLP width (step 0 and {plan.steps})", figure)
+    save_findings_figure(panel, runs, found, plan.seed, figure)
     per_run = os.path.join(plan.out, "runs", "*", "condensation")
-    all_files = [("late-block cosine vs MLP width, init and final, baseline and dispersion", figure), *files,
+    all_files = [("the paper's findings beside the measurements, one panel each", figure),
+                 ("init panel, condensation.json per width", os.path.join(plan.out, "init_panel")), *files,
                  ("per run: evolution.png, heatmap_step-N.png, summary.csv", per_run),
                  ("training and analysis logs", os.path.join(plan.out, "logs"))]
-    text = markdown(runs, setup, all_files)
+    text = summary_markdown(runs, found, setup, all_files)
     atomic_write(os.path.join(plan.out, "summary.md"), lambda f: f.write(text))
     return text
+
+
+def check_same_options(plan: Plan) -> None:
+    """Record the options in OUT/quickstart.json, or refuse when OUT was made with others."""
+    import json
+
+    from dispersion_titan.analysis.results import write_json
+
+    path = os.path.join(plan.out, OPTIONS_FILE)
+    if os.path.isfile(path):
+        with open(path) as f:
+            recorded = json.load(f)
+        changed = [f"{key} {recorded.get(key)!r} → {value!r}" for key, value in plan.identity().items()
+                   if recorded.get(key) != value]
+        if changed:
+            raise ArgumentError(f"--out: {plan.out} holds results made with other options ({'; '.join(changed)}); "
+                                "use another --out")
+    elif os.path.isdir(os.path.join(plan.out, "runs")):
+        raise ArgumentError(f"--out: {plan.out} holds runs without {OPTIONS_FILE}; use another --out")
+    write_json(path, plan.identity())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -274,16 +350,18 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         ensure_writable(plan.out, "--out")
+        check_same_options(plan)
     except DispersionTitanError as e:
         fail(str(e))
     say = Progress()
     say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
         f"λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
         f"output: {plan.out}")
-    train_and_analyse(plan, say)
+    panel = measure_init_panel(plan, say)
+    train_and_analyze(plan, say)
     try:
         files = compare_runs(plan, say)
-        text = summarize(plan, files)
+        text = summarize(plan, panel, files)
     except (DispersionTitanError, OSError) as e:
         fail(str(e).splitlines()[0], status=1)
     print("\n" + text)

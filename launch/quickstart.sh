@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine, CPU only: bash launch/quickstart.sh [options]
-# Sets up .venv (scripts/setup_env.sh; only package registries are contacted), then
-# trains a toy GPT-2 MLP-width sweep (64/256/1024) with and without the dispersion loss
-# on the embedded Wikipedia sample, analyses every checkpoint, compares the runs and
-# prints a summary (also in $QUICKSTART_OUT/summary.md). About 10 minutes on 2 cores.
+# Sets up .venv (scripts/setup_env.sh; only package registries are contacted), measures
+# condensation at initialization for GPT-2 small's shape at four MLP widths, trains a
+# toy GPT-2 MLP-width sweep (64/256/1024) with and without the dispersion loss on the
+# embedded Wikipedia sample, analyzes every checkpoint, compares the runs and sets each
+# of the paper's findings against the measurements ($QUICKSTART_OUT/summary.md and
+# summary.png). Its measured wall time is in docs/benchmarks.md ("Quickstart").
 # Running it again only redoes what is missing.
 # Environment:
 #   QUICKSTART_OUT  output folder (default: outputs/quickstart)

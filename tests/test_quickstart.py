@@ -1,6 +1,7 @@
-"""The quickstart pipeline on a tiny real sweep (2 widths × baseline/dispersion, 2 steps):
-its summary restates the analyzed numbers and its verdicts follow them; a second
-invocation redoes only what is missing and never rewrites what exists."""
+"""The quickstart pipeline on a tiny real sweep (2 widths × baseline/dispersion, a second
+seed at the smallest width, 2 steps; an init panel of the debug shape): its summary
+restates the measured numbers and its verdicts against the paper follow them; a second
+invocation redoes only what is missing; other options never mix with existing results."""
 
 from __future__ import annotations
 
@@ -13,20 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dispersion_titan.report.summary import (
-    answer_dispersion,
-    answer_init,
-    answer_training,
-    answer_width,
-    load_sweep,
-)
-from helpers import python_module
-
+from dispersion_titan.analysis.results import read_results
+from dispersion_titan.report.paper import findings, with_dispersion
+from dispersion_titan.report.summary import load_sweep
+from helpers import REPO, python_module
 
 WIDTHS = (64, 256)
 OPTIONS = ("--widths", "64,256", "--steps", "2", "--checkpoint-interval", "1", "--num-sequences", "4",
-           "--seq-len", "32", "--coeff", "2.0")
-NAMES = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spread-c2")]
+           "--seq-len", "32", "--coeff", "2.0", "--init-flavor", "debug", "--init-widths", "64,256")
+MAIN = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spread-c2")]
+NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
 
 def quickstart(out: Path, *options: str):
@@ -56,8 +53,12 @@ def sweep(tmp_path_factory) -> tuple[Path, str]:
     return out, proc.stdout
 
 
+def init_panel(out: Path) -> dict:
+    return {w: next(iter(read_results(str(out / "init_panel" / f"w{w}")).values())) for w in WIDTHS}
+
+
 @pytest.mark.slow
-def test_every_run_trained_analysed_and_compared(sweep):
+def test_every_run_trained_analyzed_and_compared(sweep):
     out, stdout = sweep
     for name in NAMES:
         assert sorted(p.name for p in (out / "runs" / name / "checkpoint").iterdir()) == ["step-0", "step-1", "step-2"]
@@ -67,8 +68,13 @@ def test_every_run_trained_analysed_and_compared(sweep):
     for comparison in ("final_width_sweep", "final_baseline_vs_dispersion", "init_width_sweep"):
         assert (out / "compare" / comparison / "compare.png").read_bytes().startswith(b"\x89PNG")
     rows = (out / "compare" / "final_baseline_vs_dispersion" / "compare.csv").read_text().splitlines()
-    assert len(rows) == 1 + len(NAMES) and "angular_spread λ=2.0" in rows[2]
+    assert len(rows) == 1 + len(MAIN) and "angular_spread λ=2.0" in rows[2]
+    panel = init_panel(out)
+    assert [panel[w].model_args["mlp_hidden_dim"] for w in WIDTHS] == list(WIDTHS)
+    # The init panel measures exactly what the run analysis measures at step 0 (same seed, shape, sequences).
+    assert panel[64].layers == read_results(str(out / "runs" / "w64-baseline-s42" / "condensation"))[0].layers
     assert (out / "summary.png").read_bytes().startswith(b"\x89PNG")
+    assert json.loads((out / "quickstart.json").read_text())["widths"] == list(WIDTHS)
     assert stdout.count("already done") == 0
 
 
@@ -86,47 +92,77 @@ def test_summary_restates_the_measured_numbers(sweep):
     # Same seed: a baseline and its dispersion run start from identical weights.
     for w in WIDTHS:
         assert analysis(out, f"w{w}-baseline-s42", 0)["layers"] == analysis(out, f"w{w}-angular_spread-c2-s42", 0)["layers"]
-
     base = {w: late_offdiag(analysis(out, f"w{w}-baseline-s42", 2)) for w in WIDTHS}
     disp = {w: late_offdiag(analysis(out, f"w{w}-angular_spread-c2-s42", 2)) for w in WIDTHS}
-    lower = sum(disp[w] < base[w] for w in WIDTHS)
-    verdict = {2: "It lowers it", 0: "It raises it"}.get(lower, "Mixed")
-    assert f"{verdict}: with angular_spread λ=2.0" in summary and f"in {lower} of 2 widths" in summary
-    init = [late_offdiag(analysis(out, f"w{w}-baseline-s42", 0)) for w in WIDTHS]
-    trend = "wider MLPs condense more" if init[1] > init[0] else "narrower MLPs condense more"
-    assert f"At step 0 {trend} (late-block cosine {init[0]:.3f} / {init[1]:.3f} for MLP width 64 / 256)" in summary
+    expected = ", ".join(f"{base[w]:.3f} → {disp[w]:.3f} at width {w}" for w in WIDTHS)
+    line = next(line for line in summary.splitlines() if "late-block cosine baseline → dispersion" in line)
+    assert expected in line
+    lower = all(disp[w] < base[w] for w in WIDTHS)
+    assert line.endswith("**agrees**." if lower else "**disagrees**."), line
+    for heading in ("Is condensation present at initialization?", "How does it change with MLP width?",
+                    "How does it change with training?", "What does the dispersion loss do to it?"):
+        assert re.search(rf"^### \d\. {re.escape(heading)} — \*\*(agrees|disagrees)\*\*$", summary, re.M), heading
+    assert "Scale needed:" in summary  # the toy model disagrees somewhere, and says what it would need
+
+
+def shifted(result, delta: float, blocks_only: bool = True):
+    """``result`` with every block's (or every layer's) off-diagonal cosine moved by ``delta``."""
+    layers = [dataclasses.replace(layer, mean_cos_offdiag=layer.mean_cos_offdiag + delta)
+              if layer.name.startswith("block_") or not blocks_only else layer for layer in result.layers]
+    return dataclasses.replace(result, layers=layers)
 
 
 @pytest.mark.slow
 def test_verdicts_follow_the_numbers(sweep):
+    """Each verdict is computed from the numbers: move a number across and the verdict flips."""
     out, _ = sweep
     runs = load_sweep([str(out / "runs" / name) for name in NAMES])
-    assert [(r.width, r.is_baseline) for r in runs] == [(64, True), (64, False), (256, True), (256, False)]
+    panel = init_panel(out)
+    assert [(r.width, r.is_baseline, r.seed) for r in runs] == [
+        (64, True, 42), (64, True, 43), (64, False, 42), (64, False, 43), (256, True, 42), (256, False, 42)]
     assert all(r.val_loss is not None and r.final.step == 2 for r in runs)
 
-    # Played backwards (final as init), training must read the other way round.
-    backwards = [dataclasses.replace(r, init=r.final, final=r.init) for r in runs]
-    forward_up = re.search(r"up in (\d) of 2", answer_training(runs)).group(1)
-    backward_up = re.search(r"up in (\d) of 2", answer_training(backwards)).group(1)
-    assert int(forward_up) + int(backward_up) == 2
+    def verdicts(panel, runs):
+        return [f.agrees for f in findings(panel, runs, 42)]
 
-    # Swapping the labels of baseline and dispersion runs flips the dispersion verdict.
-    swapped = [dataclasses.replace(r, dispersion=None if r.dispersion else "other") for r in runs]
-    lower = re.search(r"in (\d) of 2 widths", answer_dispersion(runs)).group(1)
-    assert re.search(rf"in {2 - int(lower)} of 2 widths", answer_dispersion(swapped))
+    # 1. present at init: a panel whose blocks sit well above the embedding agrees; a flat one does not.
+    high = {w: dataclasses.replace(shifted(r, 0.5), spearman=1.0) for w, r in panel.items()}
+    flat = {w: dataclasses.replace(shifted(r, -1.0, blocks_only=False), spearman=None) for w, r in panel.items()}
+    assert findings(high, runs, 42)[0].parts[0].agrees and not findings(flat, runs, 42)[0].parts[0].agrees
+    # 2. width: a panel decreasing with width agrees, increasing disagrees.
+    down = {64: shifted(panel[64], 0.3), 256: shifted(panel[256], -0.3)}
+    up = {64: shifted(panel[64], -0.3), 256: shifted(panel[256], 0.3)}
+    assert findings(down, runs, 42)[1].parts[0].agrees and not findings(up, runs, 42)[1].parts[0].agrees
+    # 3. training: final below init everywhere agrees, above disagrees.
+    fell = [dataclasses.replace(r, final=shifted(r.init, -0.2)) for r in runs]
+    rose = [dataclasses.replace(r, final=shifted(r.init, 0.2)) for r in runs]
+    assert verdicts(panel, fell)[2] and not verdicts(panel, rose)[2]
+    # 4. dispersion: below its baseline at every width agrees, above at one width disagrees.
+    base = {r.width: r for r in runs if r.is_baseline and r.seed == 42}
 
-    one_width = [r for r in runs if r.width == 64]
-    assert answer_width(one_width) == "Not measured: the runs have a single MLP width."
-    assert answer_dispersion([r for r in runs if r.is_baseline]).startswith("Not measured")
-    flat = [dataclasses.replace(r, init=dataclasses.replace(r.init, spearman=None)) for r in runs]
-    assert answer_init(flat).startswith("No: at step 0 the cosine rises with depth in 0 of 2 widths")
+    def dispersed(delta_by_width):
+        return [r if r.is_baseline else dataclasses.replace(r, final=shifted(base[r.width].final, delta_by_width[r.width]))
+                for r in runs]
+
+    assert with_dispersion(dispersed({64: -0.1, 256: -0.1}), 42).parts[0].agrees
+    assert not with_dispersion(dispersed({64: -0.1, 256: +0.1}), 42).parts[0].agrees
+    # ... and its validation loss part compares the gap with the measured seed-to-seed spread.
+    s42, s43 = (next(r for r in runs if r.is_baseline and r.width == 64 and r.seed == s) for s in (42, 43))
+    spread = abs(s42.val_loss - s43.val_loss)
+
+    def with_loss(gap):
+        return [dataclasses.replace(r, val_loss=base[r.width].val_loss + gap)
+                if not r.is_baseline and r.seed == 42 else r for r in runs]
+
+    assert with_dispersion(with_loss(spread / 2), 42).parts[1].agrees
+    assert not with_dispersion(with_loss(spread + 0.01), 42).parts[1].agrees
 
 
 @pytest.mark.slow
 def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
     out, _ = sweep
     checkpoints = digests(out / "runs", "*.distcp")
-    results = digests(out / "runs", "condensation.json")
+    results = digests(out, "condensation.json")
     # A lost analysis of one checkpoint (say, an interrupted analysis) is the only work left.
     lost = out / "runs" / NAMES[1] / "condensation" / "step-1" / "condensation.json"
     lost.unlink()
@@ -135,20 +171,36 @@ def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
     assert proc.stdout.count("already done, skipped") == 2 * len(NAMES) - 1
     assert re.findall(r"(\w+) +(\S+): started", proc.stdout) == [("analyze", NAMES[1])]
     assert digests(out / "runs", "*.distcp") == checkpoints
-    assert digests(out / "runs", "condensation.json") == results  # the lost one recomputed identically
+    assert digests(out, "condensation.json") == results  # the lost one recomputed identically, the panel reused
 
 
 @pytest.mark.slow
-def test_other_analysis_options_are_refused_without_touching_results(sweep):
+@pytest.mark.parametrize("change, what", [
+    (("--steps", "3"), "steps 2 → 3"),
+    (("--seq-len", "16"), "seq_len 32 → 16"),
+    (("--widths", "64"), "widths [64, 256] → [64]"),
+])
+def test_other_options_are_refused_without_touching_results(sweep, change, what):
     out, _ = sweep
-    before = digests(out / "runs")
-    options = dict(zip(OPTIONS[::2], OPTIONS[1::2])) | {"--widths": "64", "--seq-len": "16"}
+    before = digests(out)
+    options = dict(zip(OPTIONS[::2], OPTIONS[1::2])) | dict([change])
     proc = quickstart(out, *(item for pair in options.items() for item in pair))
-    assert proc.returncode == 1
-    errors = proc.stderr.strip().splitlines()
-    assert len(errors) == 2 and all(e.startswith("dispersion_titan: error: analyze w64-") for e in errors)
-    assert "seq_len 32 vs 16" in errors[0] and "use another --out, or --force" in errors[0]
-    assert digests(out / "runs") == before
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        f"dispersion_titan: error: --out: {out} holds results made with other options ({what}); use another --out"]
+    assert digests(out) == before
+
+
+def test_time_budget_is_measured_and_written_down():
+    """docs/benchmarks.md records the main command's wall time from a fresh clone, under the
+    15-minute budget, and the README quotes that same figure."""
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    section = benchmarks[benchmarks.index("## Quickstart"):]
+    section = section[:section.find("\n## ", 3) if "\n## " in section[3:] else len(section)]
+    assert "bash launch/quickstart.sh" in section
+    minutes, seconds = map(int, re.search(r"\*\*(\d+) min (\d+) s\*\*", section).groups())
+    assert 60 * minutes + seconds < 15 * 60
+    assert f"{minutes} min {seconds} s" in (REPO / "README.md").read_text()
 
 
 @pytest.mark.parametrize("options, message", [
@@ -156,7 +208,8 @@ def test_other_analysis_options_are_refused_without_touching_results(sweep):
     (("--widths", "64,64"), "argument --widths: '64,64' repeats a width"),
     (("--coeff", "0"), "argument --coeff: '0' is not a positive number"),
     (("--config", "{file}x"), "--config: {file}x: no such file"),
-    (("--config", "{file}"), "--config: {file}: needs 'training' (training.steps and checkpoint.interval)"),
+    (("--config", "{file}"), "--config: {file}: needs 'training' (training.steps, debug.seed and checkpoint.interval)"),
+    (("--init-flavor", "huge"), "--init-flavor: 'huge' is not one of ['debug', 'large', 'medium', 'small', 'xl']"),
 ])
 def test_bad_options_fail_with_one_line(tmp_path, options, message):
     blocker = tmp_path / "file"

@@ -27,7 +27,7 @@ from .results import (
     write_result,
 )
 from .result import Condensation
-from .statistics import HIST_BINS, HIST_RANGE, summarize
+from .statistics import condensation
 from .steps import select_steps
 from .tensorboard import CondensationWriter
 
@@ -113,21 +113,9 @@ class RunAnalysis:
         return todo
 
     def _result(self, step: int, path: str, names: list[str], means: torch.Tensor) -> Condensation:
-        inputs = self.options.inputs
-        return Condensation(
-            step=step,
-            num_sequences=inputs.num_sequences,
-            seq_len=inputs.seq_len,
-            **summarize(names, means),
-            hist_bins=HIST_BINS,
-            hist_range=list(HIST_RANGE),
-            inputs=self.sequences.record(),
-            dtype=self.options.dtype,
-            device=self.device.type,
-            checkpoint=os.path.abspath(path),
-            run=self.dump,
-            model_args=dataclasses.asdict(self.model_args),
-        )
+        return condensation(step, self.sequences, names, means, dtype=self.options.dtype, device=self.device.type,
+                            checkpoint=os.path.abspath(path), run=self.dump,
+                            model_args=dataclasses.asdict(self.model_args))
 
     def analyze(self) -> int:
         """Analyze pending checkpoints, then refresh the summary and evolution figure.

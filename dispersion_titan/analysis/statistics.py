@@ -8,7 +8,9 @@ import numpy as np
 import torch
 from scipy import stats
 
-from .result import LastN, LayerCondensation
+from .inputs import Sequences
+
+from .result import Condensation, LastN, LayerCondensation
 
 HIST_BINS = 128
 HIST_RANGE = (-1.0, 1.0)
@@ -61,3 +63,22 @@ def summarize(names: list[str], means: torch.Tensor) -> dict:
     layers = layer_statistics(names, means)
     curve = [layer.mean_cos for layer in layers]
     return {"layers": layers, **depth_trend(curve), "last_n": last_n(curve)}
+
+
+def condensation(step: int, sequences: Sequences, names: list[str], means: torch.Tensor, *, dtype: str,
+                 device: str, checkpoint: str, run: str, model_args: dict) -> Condensation:
+    """The full result of one measured model: statistics plus what they were measured on."""
+    return Condensation(
+        step=step,
+        num_sequences=sequences.options.num_sequences,
+        seq_len=sequences.options.seq_len,
+        **summarize(names, means),
+        hist_bins=HIST_BINS,
+        hist_range=list(HIST_RANGE),
+        inputs=sequences.record(),
+        dtype=dtype,
+        device=device,
+        checkpoint=checkpoint,
+        run=run,
+        model_args=model_args,
+    )

@@ -1,44 +1,84 @@
-"""One figure for the four questions: late-block cosine against MLP width, at
-initialization and at the final step, with and without the dispersion loss.
-(``analyze compare`` plots whole depth profiles, but only of one step at a time.)"""
+"""``summary.png``: one panel per finding of the paper, the measurement drawn and the
+paper's expected direction and the verdict written beside it."""
 
 from __future__ import annotations
 
-from itertools import groupby
+import textwrap
+from collections.abc import Sequence
 
 from ..analysis.figures import save_png  # first: it selects the headless Agg backend
+from ..analysis.result import Condensation
+from ..analysis.statistics import layer_fraction
+from .paper import Finding
 from .summary import RunCondensation, late_cos
 
 import matplotlib.pyplot as plt  # noqa: E402,I001
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import NullLocator  # noqa: E402
+
+YLABEL = "late-block mean_cos_offdiag"
 
 
-def _line(ax: plt.Axes, runs: list[RunCondensation], at_init: bool, **style) -> None:
-    runs = sorted(runs, key=lambda r: r.width)
-    ax.plot([r.width for r in runs], [late_cos(r.init if at_init else r.final) for r in runs], marker="o", **style)
-
-
-def sweep_figure(runs: list[RunCondensation], title: str) -> Figure:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
-    baselines = [r for r in runs if r.is_baseline]
-    step = max(r.final.step for r in runs)
-    _line(ax, baselines or runs, True, color="grey", linestyle=":", label="step 0 (initialization)")
-    if baselines:
-        _line(ax, baselines, False, color="black", label=f"step {step}, baseline")
-    dispersed = sorted((r for r in runs if not r.is_baseline), key=lambda r: r.dispersion)
-    for variant, group in groupby(dispersed, key=lambda r: r.dispersion):
-        _line(ax, list(group), False, linestyle="--", label=f"step {step}, {variant}")
-    ax.set_xscale("log", base=2)
-    widths = sorted({r.width for r in runs})
-    ax.set_xticks(widths, [str(w) for w in widths])
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set(xlabel="MLP hidden width", ylabel="late-block mean_cos_offdiag", title=title)
+def _annotate(ax: plt.Axes, finding: Finding) -> None:
+    verdict = "agrees" if finding.agrees else "disagrees"
+    ax.set_title("\n".join(textwrap.wrap(finding.question, 40)), fontsize="medium")
+    ax.text(0.02, 0.98, "\n".join(textwrap.wrap(f"paper: {finding.paper}", 48)) + f"\nhere: {verdict}",
+            transform=ax.transAxes, va="top", fontsize="x-small",
+            bbox={"boxstyle": "round", "facecolor": "honeydew" if finding.agrees else "mistyrose", "alpha": 0.9})
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+
+
+def _depth(ax: plt.Axes, panel: dict[int, Condensation]) -> None:
+    for width, result in sorted(panel.items()):
+        fractions = [layer_fraction(layer.index, len(result.layers)) for layer in result.layers]
+        ax.plot(fractions, [layer.mean_cos_offdiag for layer in result.layers], marker=".", label=f"MLP {width}")
+    ax.set(xlabel="layer fraction (GPT-2 small shape, step 0)", ylabel="mean_cos_offdiag", ylim=(-0.05, 1.05))
+    ax.legend(fontsize="x-small", loc="lower right")
+
+
+def _widths(ax: plt.Axes, panel: dict[int, Condensation], toy: Sequence[RunCondensation]) -> None:
+    widths = sorted(panel)
+    ax.plot(widths, [late_cos(panel[w]) for w in widths], marker="o", label="GPT-2 small shape, step 0")
+    if toy:
+        ax.plot([r.width for r in toy], [late_cos(r.final) for r in toy], marker="s",
+                label=f"toy, step {toy[0].final.step}")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="MLP hidden width", ylabel=YLABEL, ylim=(-0.05, 1.05))
+    ax.legend(fontsize="x-small", loc="lower left")
+
+
+def _training(ax: plt.Axes, toy: Sequence[RunCondensation]) -> None:
+    for run in toy:
+        steps = sorted(run.trajectory)
+        ax.plot(steps, [run.trajectory[s] for s in steps], marker=".", label=f"toy MLP {run.width}")
+    ax.set(xlabel="training step (baseline runs)", ylabel=YLABEL, ylim=(-0.05, 1.05))
+    ax.legend(fontsize="x-small", loc="lower right")
+
+
+def _dispersion(ax: plt.Axes, runs: Sequence[RunCondensation], seed: int) -> None:
+    for run in (r for r in runs if r.seed == seed):
+        blocks = [layer for layer in run.final.layers if layer.name.startswith("block_")]
+        ax.plot(range(1, len(blocks) + 1), [b.mean_cos_offdiag for b in blocks], marker=".",
+                linestyle="-" if run.is_baseline else "--",
+                label=f"MLP {run.width}, {'baseline' if run.is_baseline else run.dispersion}")
+    ax.set(xlabel=f"block (toy, step {runs[0].final.step})", ylabel="mean_cos_offdiag", ylim=(-0.05, 1.05))
+    ax.legend(fontsize="xx-small", loc="lower right")
+
+
+def findings_figure(panel: dict[int, Condensation], runs: Sequence[RunCondensation], found: Sequence[Finding],
+                    seed: int) -> Figure:
+    toy = sorted((r for r in runs if r.is_baseline and r.seed == seed), key=lambda r: r.width)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8.5), layout="constrained")
+    _depth(axes[0, 0], panel)
+    _widths(axes[0, 1], panel, toy)
+    _training(axes[1, 0], toy)
+    _dispersion(axes[1, 1], runs, seed)
+    for ax, finding in zip(axes.flat, found):
+        _annotate(ax, finding)
+    fig.suptitle("Embedding condensation: the paper's findings, measured")
     return fig
 
 
-def save_sweep_figure(runs: list[RunCondensation], title: str, path: str) -> None:
+def save_findings_figure(panel: dict[int, Condensation], runs: Sequence[RunCondensation],
+                         found: Sequence[Finding], seed: int, path: str) -> None:
     """Written atomically, like every analysis figure."""
-    save_png(sweep_figure(runs, title), path)
+    save_png(findings_figure(panel, runs, found, seed), path)
