@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from ..analysis.figures import save_png  # first: it selects the headless Agg backend
 from ..analysis.result import Condensation
 from ..analysis.statistics import layer_fraction
-from .paper import Finding
+from .paper import Finding, panel_shape
 from .summary import RunCondensation, late_cos
 
 import matplotlib.pyplot as plt  # noqa: E402,I001
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
 
 YLABEL = "late-block mean_cos_offdiag"
 
@@ -31,17 +32,20 @@ def _depth(ax: plt.Axes, panel: dict[int, Condensation]) -> None:
     for width, result in sorted(panel.items()):
         fractions = [layer_fraction(layer.index, len(result.layers)) for layer in result.layers]
         ax.plot(fractions, [layer.mean_cos_offdiag for layer in result.layers], marker=".", label=f"MLP {width}")
-    ax.set(xlabel="layer fraction (GPT-2 small shape, step 0)", ylabel="mean_cos_offdiag", ylim=(-0.05, 1.05))
+    ax.set(xlabel=f"layer fraction ({panel_shape(panel)}, step 0)", ylabel="mean_cos_offdiag", ylim=(-0.05, 1.05))
     ax.legend(fontsize="x-small", loc="lower right")
 
 
 def _widths(ax: plt.Axes, panel: dict[int, Condensation], toy: Sequence[RunCondensation]) -> None:
     widths = sorted(panel)
-    ax.plot(widths, [late_cos(panel[w]) for w in widths], marker="o", label="GPT-2 small shape, step 0")
+    ax.plot(widths, [late_cos(panel[w]) for w in widths], marker="o", label=f"{panel_shape(panel)}, step 0")
     if toy:
         ax.plot([r.width for r in toy], [late_cos(r.final) for r in toy], marker="s",
                 label=f"toy, step {toy[0].final.step}")
     ax.set_xscale("log", base=2)
+    ticks = sorted(set(widths) | {r.width for r in toy})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.set(xlabel="MLP hidden width", ylabel=YLABEL, ylim=(-0.05, 1.05))
     ax.legend(fontsize="x-small", loc="lower left")
 

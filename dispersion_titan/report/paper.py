@@ -70,6 +70,11 @@ def _present(result: Condensation) -> bool:
     return late_cos(result) - embedding_cos(result) >= PRESENT_MARGIN and (result.spearman or 0) > 0
 
 
+def panel_shape(panel: dict[int, Condensation]) -> str:
+    args = next(iter(panel.values())).model_args
+    return f"init panel: dim {args['dim']}, {args['n_layers']} blocks"
+
+
 def _baselines(runs: Sequence[RunCondensation], seed: int) -> list[RunCondensation]:
     return sorted((r for r in runs if r.is_baseline and r.seed == seed), key=lambda r: r.width)
 
@@ -78,8 +83,7 @@ def at_initialization(panel: dict[int, Condensation], runs: Sequence[RunCondensa
     widths = sorted(panel)
     toy = _baselines(runs, seed)
     parts = [Part(
-        f"GPT-2 small shape (dim {panel[widths[0]].model_args['dim']}, {panel[widths[0]].model_args['n_layers']} "
-        f"blocks), step 0",
+        f"{panel_shape(panel)}, step 0",
         f"late-block cosine {_values([late_cos(panel[w]) for w in widths])} vs embedding "
         f"{_values([embedding_cos(panel[w]) for w in widths])} at MLP width {' / '.join(map(str, widths))}; "
         f"Spearman with depth {_values([panel[w].spearman or 0.0 for w in widths])}",
@@ -97,8 +101,9 @@ def at_initialization(panel: dict[int, Condensation], runs: Sequence[RunCondensa
         "Is condensation present at initialization?",
         "yes: already at initialization the cosine rises with depth (Feature 2, Fig. 3; Feature 3)",
         tuple(parts),
-        "condensation at initialization needs depth and residual width: GPT-2 small's shape shows it "
-        "(first line); a model of dim 64 and 4 blocks does not",
+        "condensation at initialization needs depth and residual width (docs/reproduction.md): the init panel "
+        "of GPT-2 small's shape (python -m dispersion_titan.quickstart --init-flavor small, the default) shows it; "
+        "a model of dim 64 and 4 blocks does not",
     )
 
 
@@ -107,7 +112,7 @@ def with_width(panel: dict[int, Condensation], runs: Sequence[RunCondensation], 
     init = [late_cos(panel[w]) for w in widths]
     toy = _baselines(runs, seed)
     final = [late_cos(r.final) for r in toy]
-    parts = [Part("GPT-2 small shape, step 0",
+    parts = [Part(f"{panel_shape(panel)}, step 0",
                   f"{_trend(init)}: late-block cosine {_values(init)} at MLP width {' / '.join(map(str, widths))}",
                   _decreasing(init))]
     if len({r.width for r in toy}) > 1:
@@ -141,7 +146,7 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
             f"{'/'.join(str(s) for s, _ in peaks)})",
             all(down),
         ),),
-        "a model that condenses at initialization (GPT-2 small's shape, above) and a long pre-training past "
+        "a model that condenses at initialization (GPT-2 small's shape, the init panel) and a long pre-training past "
         f"the early collapse onto the unigram distribution: {GPU_TRAINING}; or published checkpoints, "
         "python -m dispersion_titan.analyze on a model's intermediate revisions",
     )
