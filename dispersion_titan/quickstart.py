@@ -62,6 +62,7 @@ class Plan:
     spread_seeds: int  # extra seeds at the smallest width
     init_flavor: str
     init_widths: tuple[int, ...]
+    init_num_sequences: int
 
     @property
     def variants(self) -> tuple[Variant, Variant]:
@@ -78,7 +79,8 @@ class Plan:
         return {"config": self.config, "widths": list(self.widths), "coeff": self.coeff, "steps": self.steps,
                 "checkpoint_interval": self.interval, "num_sequences": self.num_sequences,
                 "seq_len": self.seq_len, "seed": self.seed, "spread_seeds": self.spread_seeds,
-                "init_flavor": self.init_flavor, "init_widths": list(self.init_widths)}
+                "init_flavor": self.init_flavor, "init_widths": list(self.init_widths),
+                "init_num_sequences": self.init_num_sequences}
 
     def dump(self, run: Cell) -> str:
         return os.path.join(self.out, "runs", run.name)
@@ -137,6 +139,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--init-flavor", default="small", help="model shape of the init panel (default small: GPT-2 small)")
     p.add_argument("--init-widths", type=_widths, default=(768, 1536, 3072, 6144),
                    help="MLP widths of the init panel (default 768,1536,3072,6144)")
+    p.add_argument("--init-num-sequences", type=positive_int, default=16,
+                   help="init panel: K sequences of --seq-len tokens (default 16)")
     p.add_argument("--jobs", type=positive_int, help="runs at a time (default: one per CPU core, at most all runs)")
     return p
 
@@ -163,7 +167,7 @@ def make_plan(argv: list[str]) -> Plan:
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths) + 2 * a.spread_seeds)
     return Plan(os.path.abspath(a.out), config, a.widths, a.coeff, steps, interval, a.num_sequences, a.seq_len,
-                jobs, max(1, cpus // jobs), seed, a.spread_seeds, a.init_flavor, a.init_widths)
+                jobs, max(1, cpus // jobs), seed, a.spread_seeds, a.init_flavor, a.init_widths, a.init_num_sequences)
 
 
 def train_command(plan: Plan, run: Cell) -> list[str]:
@@ -276,7 +280,7 @@ def compare_runs(plan: Plan, say: Progress) -> list[tuple[str, str]]:
 def init_sequences(plan: Plan):
     from dispersion_titan.analysis.inputs import DEFAULT_DATASET, InputOptions, select_sequences
 
-    return select_sequences(InputOptions(DEFAULT_DATASET, None, None, plan.num_sequences, plan.seq_len, seed=0))
+    return select_sequences(InputOptions(DEFAULT_DATASET, None, None, plan.init_num_sequences, plan.seq_len, seed=0))
 
 
 def measure_init_panel(plan: Plan, say: Progress) -> dict:

@@ -21,7 +21,8 @@ from helpers import REPO, python_module
 
 WIDTHS = (64, 256)
 OPTIONS = ("--widths", "64,256", "--steps", "2", "--checkpoint-interval", "1", "--num-sequences", "4",
-           "--seq-len", "32", "--coeff", "2.0", "--init-flavor", "debug", "--init-widths", "64,256")
+           "--seq-len", "32", "--coeff", "2.0", "--init-flavor", "debug", "--init-widths", "64,256",
+           "--init-num-sequences", "4")
 MAIN = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spread-c2")]
 NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
