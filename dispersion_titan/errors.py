@@ -37,6 +37,10 @@ class AnalysisError(DispersionTitanError):
     """Bad analysis options or inputs."""
 
 
+class ModelLoadError(DispersionTitanError):
+    """A Hugging Face model that cannot be loaded: unknown id, missing files, unsupported architecture."""
+
+
 class ConvertError(DispersionTitanError):
     """A checkpoint or export folder that cannot be converted."""
 

@@ -180,3 +180,28 @@ def wikitext_cache_dir(root: Path) -> Path:
     datasets.load_dataset_builder(str(repo), "wikitext-103-raw-v1", cache_dir=str(cache)).download_and_prepare()
     (cache / "wikitext").rename(cache / "Salesforce___wikitext")
     return cache
+
+
+def tiny_run(dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug") -> Path:
+    """A run folder without training: ``run.json`` and one single-process DCP checkpoint of
+    seeded random weights per step (seconds, where a torchrun job takes a minute)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from dispersion_titan.models.gpt2.args import gpt2_flavors
+    from dispersion_titan.models.gpt2.model import GPT2
+    from dispersion_titan.trainer.checkpoints import save_run_metadata
+
+    args = gpt2_flavors[flavor]
+    for step in steps:
+        torch.manual_seed(step)
+        with torch.device("meta"):
+            model = GPT2(args)
+        model.to_empty(device="cpu")
+        model.init_weights()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
+            dcp.save(model.state_dict(), checkpoint_id=str(dump / "checkpoint" / f"step-{step}"))
+    save_run_metadata(str(dump), "gpt2", args)
+    return dump

@@ -20,6 +20,8 @@ from .statistics import layer_fraction
 RESULT_FILE = "condensation.json"
 SUMMARY_FILE = "summary.csv"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_RESULT_DIR = re.compile(r"^(step-\d+|rev-.+)$")
+SIGNIFICANT_DIGITS = 6
 
 
 def _file_mode() -> int:
@@ -58,51 +60,65 @@ def ensure_writable(folder: str, option: str) -> None:
         raise AnalysisError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
 
 
-def result_path(out: str, step: int) -> str:
-    return os.path.join(out, f"step-{step}", RESULT_FILE)
+def result_path(out: str, folder: str) -> str:
+    """``folder``: ``step-N`` (a checkpoint of a run) or ``rev-NAME`` (a Hugging Face revision)."""
+    return os.path.join(out, folder, RESULT_FILE)
 
 
-def read_results(out: str) -> dict[int, Condensation]:
-    """Every step's analysis stored in ``out``, by step."""
+def read_analyses(out: str) -> dict[str, Condensation]:
+    """Every analysis stored in ``out``, by result folder name, in name order."""
     results = {}
     if not os.path.isdir(out):
         return results
-    for name in os.listdir(out):
-        match = _STEP_DIR.match(name)
-        path = os.path.join(out, name, RESULT_FILE)
-        if match and os.path.isfile(path):
+    for name in sorted(os.listdir(out)):
+        path = result_path(out, name)
+        if _RESULT_DIR.match(name) and os.path.isfile(path):
             try:
                 with open(path) as f:
                     data = json.load(f)
             except (OSError, json.JSONDecodeError) as e:
                 raise AnalysisError(f"{path}: unreadable ({e})") from None
-            results[int(match.group(1))] = Condensation.from_json(data, path)
-    return dict(sorted(results.items()))
+            results[name] = Condensation.from_json(data, path)
+    return results
+
+
+def read_results(out: str) -> dict[int, Condensation]:
+    """Every checkpoint's analysis stored in ``out``, by step."""
+    steps = {int(m.group(1)): r for name, r in read_analyses(out).items() if (m := _STEP_DIR.match(name))}
+    return dict(sorted(steps.items()))
 
 
 def summary_rows(results: list[Condensation]) -> list[dict]:
-    """One row per step × layer."""
+    """One row per step (or revision) × layer."""
     rows = []
     for result in results:
         count = len(result.layers)
         for layer in result.layers:
             rows.append({
                 "step": result.step,
+                **({"revision": result.revision} if result.model else {}),
                 "layer_index": layer.index,
                 "layer": layer.name,
                 "layer_fraction": layer_fraction(layer.index, count),
                 "mean_cos": layer.mean_cos,
                 "mean_cos_offdiag": layer.mean_cos_offdiag,
+                "effective_rank": layer.effective_rank,
+                "mev": layer.mev,
                 "spearman": result.spearman,
                 "kendall": result.kendall,
             })
     return rows
 
 
+def shown(value: object) -> object:
+    """Floats as shown in CSVs and tables: 6 significant digits (JSON keeps them whole)."""
+    return f"{value:.{SIGNIFICANT_DIGITS}g}" if isinstance(value, float) else value
+
+
 def write_csv(path: str, rows: list[dict]) -> None:
     def write(f: IO) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({key: shown(value) for key, value in row.items()} for row in rows)
 
     atomic_write(path, write)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 from scipy import stats
 
+from .measure import Measurement
 from .result import LastN, LayerCondensation
 
 HIST_BINS = 128
@@ -24,12 +24,14 @@ def _finite_or_none(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def layer_statistics(names: list[str], means: torch.Tensor) -> list[LayerCondensation]:
+def layer_statistics(measured: Measurement) -> list[LayerCondensation]:
     """Per layer: mean cosine over all S² entries (diagonal included), over the
-    off-diagonal ones, and the 128-bin density histogram of all S² entries on [-1, 1]."""
-    seq_len = means.shape[-1]
+    off-diagonal ones, the 128-bin density histogram of all S² entries on [-1, 1], and
+    the mean effective rank and MEV."""
+    seq_len = measured.means.shape[-1]
     layers = []
-    for index, (name, matrix) in enumerate(zip(names, means.double().cpu().numpy())):
+    rows = zip(measured.names, measured.means.double().cpu().numpy(), measured.effective_rank, measured.mev)
+    for index, (name, matrix, rank, mev) in enumerate(rows):
         total, trace = matrix.sum(), np.trace(matrix)
         density, _ = np.histogram(np.clip(matrix, *HIST_RANGE), bins=HIST_BINS, range=HIST_RANGE, density=True)
         layers.append(LayerCondensation(
@@ -38,6 +40,8 @@ def layer_statistics(names: list[str], means: torch.Tensor) -> list[LayerCondens
             mean_cos=float(total / seq_len**2),
             mean_cos_offdiag=float((total - trace) / (seq_len**2 - seq_len)),
             hist=density.tolist(),
+            effective_rank=rank,
+            mev=mev,
         ))
     return layers
 
@@ -56,8 +60,10 @@ def last_n(mean_cos: list[float]) -> list[LastN]:
     return [LastN(n, float(np.mean(mean_cos[-n:]))) for n in range(1, len(mean_cos) + 1)]
 
 
-def summarize(names: list[str], means: torch.Tensor) -> dict:
-    """``layers``, ``spearman``, ``kendall`` and ``last_n`` of one checkpoint (``Condensation`` fields)."""
-    layers = layer_statistics(names, means)
+def summarize(measured: Measurement) -> dict:
+    """``layers``, ``spearman``, ``kendall``, ``last_n`` and ``geometry_sequences`` of one
+    model state (``Condensation`` fields)."""
+    layers = layer_statistics(measured)
     curve = [layer.mean_cos for layer in layers]
-    return {"layers": layers, **depth_trend(curve), "last_n": last_n(curve)}
+    return {"layers": layers, **depth_trend(curve), "last_n": last_n(curve),
+            "geometry_sequences": measured.geometry_sequences}
