@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import glob
+import hashlib
+import json
 import math
 import os
 import shutil
@@ -115,6 +117,19 @@ def texts(n: int, seed: int, max_words: int = 60) -> list[str]:
     """``n`` random documents of up to ``max_words`` words, reproducible from ``seed``."""
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, rng.integers(1, max_words))) for _ in range(n)]
+
+
+def texts_jsonl(path: Path, documents: int, words: int, seed: int = 0) -> Path:
+    """A ``--texts`` file of ``documents`` random documents of ``words`` words each."""
+    rng = np.random.default_rng(seed)
+    path.write_text("".join(json.dumps({"text": " ".join(rng.choice(WORDS, words))}) + "\n" for _ in range(documents)))
+    return path
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``folder``: equal dicts mean nothing added, removed or changed."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def write_parquet(folder: Path, docs: list[str], files: int, row_group: int = 17) -> list[str]:

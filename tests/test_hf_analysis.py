@@ -22,7 +22,7 @@ from dispersion_titan.analysis.measure import unit_tokens
 from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.convert import save_tokenizer, to_hf
 
-from helpers import analyze, assert_one_line_error, tiny_run
+from helpers import analyze, assert_one_line_error, texts_jsonl, tiny_run
 
 K, S = 4, 16
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -66,11 +66,7 @@ def save_model(folder: Path, cfg: transformers.PretrainedConfig, tokenizer_files
 
 @pytest.fixture(scope="module")
 def texts(tmp_path_factory) -> Path:
-    rng = np.random.default_rng(0)
-    words = "the condensation of token states grows with depth in small models while wide ones keep apart".split()
-    path = tmp_path_factory.mktemp("texts") / "texts.jsonl"
-    path.write_text("".join(json.dumps({"text": " ".join(rng.choice(words, 300))}) + "\n" for _ in range(3)))
-    return path
+    return texts_jsonl(tmp_path_factory.mktemp("texts") / "texts.jsonl", documents=3, words=300)
 
 
 def options(texts: Path, *extra: str) -> list[str]:
@@ -206,8 +202,21 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys)
     assert png.startswith(PNG_MAGIC) and len(png) > 20000
 
 
+def test_default_seq_len_is_the_models_positions(tokenizer_files, texts, tmp_path, capsys):
+    folder = save_model(tmp_path / "llama", config("llama"), tokenizer_files)  # 64 positions
+    common = ["--texts", str(texts), "--num-sequences", str(K), "--out", str(tmp_path / "out")]
+    assert_one_line_error(*analyze(f"hf:{folder}", *common, "--seq-len", "65", capsys=capsys)[::2],
+                          f"--seq-len: 65 exceeds the model's 64 positions (max_position_embeddings of {folder})")
+    assert not (tmp_path / "out" / "rev-default").exists()
+    code, stdout, _ = analyze(f"hf:{folder}", *common, capsys=capsys)
+    assert code == 0 and "note: --seq-len 64 (the model's positions" in stdout
+    assert load(tmp_path / "out").seq_len == 64
+
+
 def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at import
     out = tmp_path / "out"
     assert_one_line_error(*analyze("hf:nobody/no-such-model", *options(texts), "--out", out, capsys=capsys)[::2],
                           "hf:nobody/no-such-model: cannot be loaded")
