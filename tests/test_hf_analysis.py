@@ -17,10 +17,12 @@ import transformers
 from scipy import stats
 
 from dispersion_titan.analysis.geometry import effective_rank, max_explainable_variance
+from dispersion_titan.analysis.hf import decoder_layers
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import unit_tokens
 from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.convert import save_tokenizer, to_hf
+from dispersion_titan.errors import ModelLoadError
 
 from helpers import analyze, assert_one_line_error, texts_jsonl, tiny_run
 
@@ -232,6 +234,8 @@ def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, 
     assert_one_line_error(*analyze(f"hf:{no_weights}@missing", *options(texts), "--out", out, capsys=capsys)[::2],
                           f"hf:{no_weights}@missing: cannot be loaded")
     assert not list(out.glob("rev-*"))
+    with pytest.raises(ModelLoadError, match=r"^hf:odd: unsupported architecture \(Sequential has no list of 2 "):
+        decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2, "hf:odd")
 
 
 # ---------------------------------------------------------------- geometry

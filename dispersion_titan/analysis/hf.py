@@ -143,21 +143,21 @@ def count_parameters(spec: HFSpec, config) -> int:
         return sum(p.numel() for p in _auto_class(config).from_config(config).parameters())
 
 
-def decoder_layers(backbone: nn.Module, count: int) -> nn.ModuleList:
+def decoder_layers(backbone: nn.Module, count: int, name: str) -> nn.ModuleList:
     """The ModuleList of ``count`` decoder layers holding the most parameters."""
     candidates = [m for m in backbone.modules() if isinstance(m, nn.ModuleList) and len(m) == count]
     if not candidates:
-        raise ModelLoadError(f"{type(backbone).__name__}: no list of {count} decoder layers found "
-                             "(unsupported architecture)")
+        raise ModelLoadError(f"{name}: unsupported architecture ({type(backbone).__name__} has no list of "
+                             f"{count} decoder layers)")
     return max(candidates, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
 class HFLayers:
     """A loaded Hugging Face model as a ``LayeredModel`` (see the module docstring)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, name: str):
         self.backbone = model.base_model
-        self.layers = decoder_layers(self.backbone, model.config.get_text_config().num_hidden_layers)
+        self.layers = decoder_layers(self.backbone, model.config.get_text_config().num_hidden_layers, name)
         self.num_layers = len(self.layers) + 2
         self.input_device = self.backbone.get_input_embeddings().weight.device
 
@@ -189,4 +189,4 @@ def load_model(spec: HFSpec, revision: str | None, dtype: torch.dtype, device: t
         model = _auto_class(config).from_pretrained(path, revision=rev, dtype=dtype, **placement)
     if not device_map:
         model = model.to(device)
-    return HFLayers(model.eval())
+    return HFLayers(model.eval(), spec.name(revision))
