@@ -5,7 +5,8 @@ On one model (random init, seeded) and the analysis' own K×S input sequences:
 (a) bare forward: every batch through ``GPT2.hidden_states`` up to the final norm,
     nothing measured;
 (b) the analysis: the same forward with each layer reduced on the fly into the running
-    L×S×S sums (``CosineSums.add_batch``), then the statistics (``summarize``);
+    L×S×S sums and, for ``--geometry-sequences`` of the K sequences, the effective rank
+    and MEV (``LayerSums.add_batch``), then the statistics (``summarize``);
 (c) the straightforward way: one sequence at a time through Hugging Face
     ``transformers.GPT2Model`` (same weights via the state-dict adapter) with
     ``output_hidden_states``, every layer's S×S matrix kept, stacked to [K, L, S, S],
@@ -39,7 +40,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dispersion_loss import extra_peak_bytes  # noqa: E402  (bench/ is the script's folder)
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences  # noqa: E402
-from dispersion_titan.analysis.measure import NORM_CLAMP, CosineSums  # noqa: E402
+from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES  # noqa: E402
+from dispersion_titan.analysis.measure import (  # noqa: E402
+    NORM_CLAMP,
+    GPT2Layers,
+    LayerSums,
+    Measurement,
+    geometry_mask,
+)
 from dispersion_titan.analysis.statistics import summarize  # noqa: E402
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors  # noqa: E402
 from dispersion_titan.models.gpt2.model import GPT2  # noqa: E402
@@ -79,25 +87,29 @@ def bare_forward(model: GPT2, batch: torch.Tensor) -> None:
         pass
 
 
-def analysis(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tuple[CosineSums, dict]:
+def layer_sums(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> LayerSums:
+    return LayerSums(model.model_args.n_layers + 2, args.seq_len, args.device,
+                     geometry_mask(len(tokens), args.geometry_sequences))
+
+
+def analysis(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tuple[LayerSums, dict]:
     """(b) untimed, as the memory worker runs it."""
-    sums = CosineSums(model.model_args.n_layers + 2, args.seq_len, args.device)
+    sums = layer_sums(model, tokens, args)
     for batch in tokens.split(args.batch_size):
-        sums.add_batch(model, batch)
-    return sums, summarize(sums.names, sums.means())
+        sums.add_batch(GPT2Layers(model), batch)
+    return sums, summarize(sums.result())
 
 
-def time_a_and_b(model: GPT2, tokens: torch.Tensor,
-                 args: argparse.Namespace) -> tuple[float, float, list[str], torch.Tensor]:
-    """Total seconds of (a) and (b), interleaved per batch; (b)'s layer names and matrices."""
-    sums = CosineSums(model.model_args.n_layers + 2, args.seq_len, args.device)
+def time_a_and_b(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tuple[float, float, Measurement]:
+    """Total seconds of (a) and (b), interleaved per batch; (b)'s measurement."""
+    sums = layer_sums(model, tokens, args)
     time_a = time_b = 0.0
     for batch in tokens.split(args.batch_size):
         batch = batch.to(args.device)
         time_a += timed(lambda: bare_forward(model, batch), args.device)
-        time_b += timed(lambda: sums.add_batch(model, batch), args.device)
-    time_b += timed(lambda: summarize(sums.names, sums.means()), args.device)
-    return time_a, time_b, sums.names, sums.means()
+        time_b += timed(lambda: sums.add_batch(GPT2Layers(model), batch), args.device)
+    time_b += timed(lambda: summarize(sums.result()), args.device)
+    return time_a, time_b, sums.result()
 
 
 def hf_model(model: GPT2, args: GPT2ModelArgs, device: str):
@@ -152,6 +164,7 @@ def measure_memory(k: int, args: argparse.Namespace) -> float:
     """Peak memory growth of (b) at K = k, in MiB, in a fresh subprocess."""
     cmd = [sys.executable, __file__, "--memory-worker", str(k), "--flavor", args.flavor,
            "--num-sequences", str(args.num_sequences), "--seq-len", str(args.seq_len),
+           "--geometry-sequences", str(args.geometry_sequences),
            "--batch-size", str(args.batch_size), "--device", args.device, "--seed", str(args.seed)]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
@@ -164,6 +177,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-sequences", type=int, default=100)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--geometry-sequences", type=int, default=DEFAULT_GEOMETRY_SEQUENCES,
+                   help="sequences whose effective rank and MEV (b) computes (0: none)")
     p.add_argument("--memory-k", default="10,100", help="two K values for the peak-memory runs of (b)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -178,22 +193,23 @@ def main() -> None:
         return
     k_values = [int(k) for k in args.memory_k.split(",")]
     print(f"flavor={args.flavor} K={args.num_sequences} S={args.seq_len} batch={args.batch_size} "
+          f"geometry_sequences={args.geometry_sequences} "
           f"device={args.device} threads={torch.get_num_threads()}", flush=True)
     memory = {k: measure_memory(k, args) for k in k_values}
     model = build_model(args)
     tokens = input_tokens(args, args.num_sequences)
     bare_forward(model, tokens[: args.batch_size].to(args.device))  # warm-up
-    time_a, time_b, names, means_b = time_a_and_b(model, tokens, args)
+    time_a, time_b, measured = time_a_and_b(model, tokens, args)
     hf = hf_model(model, model.model_args, args.device)
     means_c = torch.empty(0)
 
     def run_c() -> None:
         nonlocal means_c
         means_c = straightforward(hf, tokens, args.device)
-        summarize(names, means_c)
+        summarize(Measurement(measured.names, means_c, measured.effective_rank, measured.mev, 0))
 
     time_c = timed(run_c, args.device)
-    gap = (means_b - means_c).abs().max().item()
+    gap = (measured.means - means_c).abs().max().item()
     k_seq = args.num_sequences
     print("| measurement | seconds | s / sequence | vs (a) |")
     print("|---|---|---|---|")

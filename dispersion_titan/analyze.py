@@ -1,7 +1,9 @@
-"""Condensation analysis of saved checkpoints.
+"""Condensation analysis of saved checkpoints and of Hugging Face models.
 
     python -m dispersion_titan.analyze RUN [--steps 0,5,10-20] [--num-sequences 100] [--seq-len 512] ...
+    python -m dispersion_titan.analyze hf:MODEL[@REV1,REV2,...] --out DIR [...]
     python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR [--step N|last]
+    python -m dispersion_titan.analyze family SPEC ... --out DIR [--family NAME=SPEC,SPEC] [--paired A=B]
 
 RUN is a run's dump folder or its checkpoint folder. Bad options fail with one line
 naming the option, file or folder (exit 2); checkpoints that cannot be read are
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
 from dispersion_titan.errors import DispersionTitanError, fail
 
@@ -23,24 +26,38 @@ def _seq_len(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
 def analyze_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.analyze",
-                description="Embedding condensation (pairwise token cosine similarity by layer) of a run's checkpoints.",
-                epilog="Compare analyzed runs: python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR")
-    p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
-    p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
+                description="Embedding condensation (pairwise token cosine similarity by layer) of a run's "
+                            "checkpoints or of a Hugging Face model's revisions.",
+                epilog="Compare analyzed runs: python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR; "
+                       "models of several sizes: python -m dispersion_titan.analyze family SPEC ... --out DIR")
+    p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder, or "
+                                              "hf:MODEL[@REV1,REV2,...] (hub id or local folder)")
+    p.add_argument("--steps", help="all (default), or steps and ranges such as 0,5,10-20 (runs only)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--dataset", default=None,
                         help="registered dataset whose validation split is used (default: enwiki_sample)")
     source.add_argument("--texts", metavar="FILE", help="jsonl file with a \"text\" field per line")
     p.add_argument("--dataset-path", "--dataset_path", dest="dataset_path", help="files for --dataset local")
     p.add_argument("--num-sequences", type=positive_int, default=100, help="K sequences (default 100)")
-    p.add_argument("--seq-len", type=_seq_len, default=512, help="S tokens per sequence (default 512)")
+    p.add_argument("--seq-len", type=_seq_len,
+                   help="S tokens per sequence (default 512, or the model's positions if fewer)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sequence choice (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per forward pass (default 8)")
-    p.add_argument("--out", help="output folder (default: RUN/condensation)")
-    p.add_argument("--tb-dir", help="TensorBoard folder (default: RUN/tb/condensation)")
-    add_device_arguments(p)
+    p.add_argument("--geometry-sequences", type=_count, default=DEFAULT_GEOMETRY_SEQUENCES,
+                   help=f"sequences averaged for effective rank and MEV (default {DEFAULT_GEOMETRY_SEQUENCES})")
+    p.add_argument("--out", help="output folder (default: RUN/condensation; required for hf:)")
+    p.add_argument("--tb-dir", help="TensorBoard folder (default: RUN/tb/condensation, OUT/tb for hf:)")
+    add_device_arguments(p, dtype_default=None,
+                         dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)")
+    p.add_argument("--device-map", choices=("auto",), help="hf: spread the model over all visible GPUs (accelerate)")
     p.add_argument("--force", action="store_true", help="recompute steps already analyzed")
     return p
 
@@ -54,9 +71,34 @@ def compare_parser() -> argparse.ArgumentParser:
     return p
 
 
+def family_parser() -> argparse.ArgumentParser:
+    p = OneLineErrorParser(prog="python -m dispersion_titan.analyze family",
+                description="Condensation against relative depth for models of several sizes, by family "
+                            "(paper Fig. 2), and the size trend per family.")
+    p.add_argument("specs", nargs="+", metavar="SPEC",
+                   help="an analysed hf: model's output folder[@REVISION], or a run's folder[@STEP]")
+    p.add_argument("--out", required=True, help="folder for family.md, family.csv and family.png")
+    p.add_argument("--family", action="append", default=[], metavar="NAME=SPEC,SPEC",
+                   help="put these models in family NAME (default: HF model_type, 'gpt2 run' for our runs)")
+    p.add_argument("--paired", action="append", default=[], metavar="A=B",
+                   help="compare model A with model B (e.g. distilled with its base)")
+    p.add_argument("--last-n", type=positive_int, default=3, help="layers averaged at the end of depth (default 3)")
+    return p
+
+
+def run_family(argv: list[str]) -> int:
+    from dispersion_titan.analysis.family import family
+
+    a = family_parser().parse_args(argv)
+    print(family(a.specs, a.out, a.family, a.paired, a.last_n))
+    print(f"written: {a.out}/family.md, family.csv, family.png")
+    return 0
+
+
 def run_analyze(argv: list[str]) -> int:
+    from dispersion_titan.analysis.hf import PREFIX
     from dispersion_titan.analysis.inputs import DEFAULT_DATASET, InputOptions
-    from dispersion_titan.analysis.runner import AnalyzeOptions, RunAnalysis
+    from dispersion_titan.analysis.runner import DEFAULT_SEQ_LEN, AnalyzeOptions, RunAnalysis
 
     a = analyze_parser().parse_args(argv)
     if a.dataset_path and a.texts:
@@ -64,10 +106,17 @@ def run_analyze(argv: list[str]) -> int:
     inputs = InputOptions(
         dataset=None if a.texts else (a.dataset or DEFAULT_DATASET),
         dataset_path=a.dataset_path, texts=a.texts,
-        num_sequences=a.num_sequences, seq_len=a.seq_len, seed=a.seed,
+        num_sequences=a.num_sequences, seq_len=a.seq_len or DEFAULT_SEQ_LEN, seed=a.seed,
     )
-    options = AnalyzeOptions(run=a.run, steps=a.steps, inputs=inputs, batch_size=a.batch_size, out=a.out,
-                             tb_dir=a.tb_dir, device=a.device, dtype=a.dtype, force=a.force)
+    options = AnalyzeOptions(target=a.run, steps=a.steps, inputs=inputs, seq_len_given=a.seq_len is not None,
+                             batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,
+                             force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map)
+    if a.run.startswith(PREFIX):
+        from dispersion_titan.analysis.hf_analysis import HFAnalysis
+
+        return 1 if HFAnalysis(options).analyze() else 0
+    if a.device_map:
+        fail("--device-map: only for hf: models")
     return 1 if RunAnalysis(options).analyze() else 0
 
 
@@ -85,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if argv and argv[0] == "compare":
             code = run_compare(argv[1:])
+        elif argv and argv[0] == "family":
+            code = run_family(argv[1:])
         else:
             code = run_analyze(argv)
     except DispersionTitanError as e:

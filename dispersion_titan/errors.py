@@ -41,6 +41,10 @@ class EvaluationError(DispersionTitanError):
     """Bad evaluation or table options or inputs."""
 
 
+class ModelLoadError(DispersionTitanError):
+    """A Hugging Face model that cannot be loaded: unknown id, missing files, unsupported architecture."""
+
+
 class ConvertError(DispersionTitanError):
     """A checkpoint or export folder that cannot be converted."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import glob
+import hashlib
+import json
 import math
 import os
 import shutil
@@ -124,6 +126,19 @@ def texts(n: int, seed: int, max_words: int = 60) -> list[str]:
     return [" ".join(rng.choice(WORDS, rng.integers(1, max_words))) for _ in range(n)]
 
 
+def texts_jsonl(path: Path, documents: int, words: int, seed: int = 0) -> Path:
+    """A ``--texts`` file of ``documents`` random documents of ``words`` words each."""
+    rng = np.random.default_rng(seed)
+    path.write_text("".join(json.dumps({"text": " ".join(rng.choice(WORDS, words))}) + "\n" for _ in range(documents)))
+    return path
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``folder``: equal dicts mean nothing added, removed or changed."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def write_parquet(folder: Path, docs: list[str], files: int, row_group: int = 17) -> list[str]:
     """``docs`` as a ``text`` column over ``files`` parquet files, in order."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -187,3 +202,28 @@ def wikitext_cache_dir(root: Path) -> Path:
     datasets.load_dataset_builder(str(repo), "wikitext-103-raw-v1", cache_dir=str(cache)).download_and_prepare()
     (cache / "wikitext").rename(cache / "Salesforce___wikitext")
     return cache
+
+
+def tiny_run(dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug") -> Path:
+    """A run folder without training: ``run.json`` and one single-process DCP checkpoint of
+    seeded random weights per step (seconds, where a torchrun job takes a minute)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from dispersion_titan.models.gpt2.args import gpt2_flavors
+    from dispersion_titan.models.gpt2.model import GPT2
+    from dispersion_titan.trainer.checkpoints import save_run_metadata
+
+    args = gpt2_flavors[flavor]
+    for step in steps:
+        torch.manual_seed(step)
+        with torch.device("meta"):
+            model = GPT2(args)
+        model.to_empty(device="cpu")
+        model.init_weights()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
+            dcp.save(model.state_dict(), checkpoint_id=str(dump / "checkpoint" / f"step-{step}"))
+    save_run_metadata(str(dump), "gpt2", args)
+    return dump

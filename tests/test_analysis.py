@@ -19,7 +19,7 @@ import torch
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.result import Condensation
-from dispersion_titan.analysis.measure import cosine_matrices, mean_cosine_matrices
+from dispersion_titan.analysis.measure import GPT2Layers, cosine_matrices, measure
 from dispersion_titan.analysis.statistics import summarize
 from dispersion_titan.trainer.checkpoints import load_model, load_model_args
 from dispersion_titan.data.packed import tokenized_documents
@@ -117,9 +117,9 @@ def test_statistics_match_plain_computation():
     with torch.no_grad():
         model.pos_embeddings.weight.mul_(20)
     tokens = torch.randint(0, 50257, (5, 16), generator=torch.Generator().manual_seed(1))
-    names, means = mean_cosine_matrices(model, tokens, batch_size=2, device="cpu")  # uneven last batch
-    assert means.shape == (6, 16, 16)
-    assert_matches_reference(SimpleNamespace(**summarize(names, means)), plain_reference(model, tokens), debug_names())
+    measured = measure(GPT2Layers(model), tokens, batch_size=2, device="cpu")  # uneven last batch
+    assert measured.means.shape == (6, 16, 16)
+    assert_matches_reference(SimpleNamespace(**summarize(measured)), plain_reference(model, tokens), debug_names())
 
 
 def test_cosines_clamp_tiny_norms_and_clip():
@@ -178,7 +178,8 @@ def test_end_to_end_outputs(run, analyzed):
         assert {"step", "num_sequences", "seq_len", "layers", "spearman", "kendall", "last_n", "inputs"} <= set(result)
         assert (result["step"], result["num_sequences"], result["seq_len"]) == (step, K, S)
         assert [layer["name"] for layer in result["layers"]] == debug_names()
-        assert set(result["layers"][0]) == {"index", "name", "mean_cos", "mean_cos_offdiag", "hist"}
+        assert set(result["layers"][0]) == {"index", "name", "mean_cos", "mean_cos_offdiag", "hist",
+                                            "effective_rank", "mev"}
         png = (analyzed / f"heatmap_step-{step}.png").read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 5000
     assert (analyzed / "evolution.png").read_bytes().startswith(PNG_MAGIC)
@@ -196,7 +197,7 @@ def test_end_to_end_outputs(run, analyzed):
     with open(analyzed / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(int(r["step"]), r["layer"]) for r in rows] == [(s, n) for s in (0, 2, 4) for n in debug_names()]
-    assert float(rows[-1]["mean_cos"]) == pytest.approx(result.layers[-1].mean_cos)
+    assert float(rows[-1]["mean_cos"]) == pytest.approx(result.layers[-1].mean_cos, rel=1e-5)  # 6 digits
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -303,8 +304,8 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
         rows = list(csv.DictReader(f))
     final = read_json(analyzed / "step-4" / "condensation.json")
     assert [r["step"] for r in rows] == ["4", "4"]
-    assert float(rows[0]["mean_cos_final_norm"]) == pytest.approx(final["layers"][-1]["mean_cos"])
-    assert float(rows[1]["spearman"]) == pytest.approx(final["spearman"])
+    assert float(rows[0]["mean_cos_final_norm"]) == pytest.approx(final["layers"][-1]["mean_cos"], rel=1e-5)
+    assert float(rows[1]["spearman"]) == pytest.approx(final["spearman"], rel=1e-5)
     assert len((out / "compare_layers.csv").read_text().splitlines()) == 1 + 2 * 6
     assert (out / "compare.png").read_bytes().startswith(PNG_MAGIC)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.analysis.results import read_results
 from dispersion_titan.report.paper import findings, with_dispersion
 from dispersion_titan.report.summary import load_sweep
@@ -55,7 +56,8 @@ def sweep(tmp_path_factory) -> tuple[Path, str]:
 
 
 def init_panel(out: Path) -> dict:
-    return {w: next(iter(read_results(str(out / "init_panel" / f"w{w}")).values())) for w in WIDTHS}
+    paths = {w: out / "init_panel" / f"w{w}" / "condensation.json" for w in WIDTHS}
+    return {w: Condensation.from_json(json.loads(path.read_text()), str(path)) for w, path in paths.items()}
 
 
 @pytest.mark.slow

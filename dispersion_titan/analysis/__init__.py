@@ -1,11 +1,16 @@
 """Embedding-condensation analysis of saved checkpoints (``python -m dispersion_titan.analyze``).
 
 One module per job: ``inputs`` picks the token sequences, ``measure`` reduces hidden
-states to per-layer mean cosine matrices, ``statistics`` turns those into the
-paper's numbers, ``results`` / ``figures`` / ``tensorboard`` write them, ``runner``
-analyses one run and ``compare`` sets several runs side by side.
+states to per-layer mean cosine matrices (and ``geometry`` to effective rank and MEV),
+``statistics`` turns those into the paper's numbers, ``results`` / ``figures`` /
+``tensorboard`` write them, ``runner`` analyses one run, ``hf`` / ``hf_analysis`` a
+Hugging Face model, ``compare`` sets several runs side by side and ``family`` models
+of several sizes.
 """
 
 from dispersion_titan.errors import AnalysisError
 
-__all__ = ["AnalysisError"]
+DEFAULT_GEOMETRY_SEQUENCES = 8
+"""Sequences of the K whose effective rank and MEV are averaged (see ``measure``)."""
+
+__all__ = ["DEFAULT_GEOMETRY_SEQUENCES", "AnalysisError"]

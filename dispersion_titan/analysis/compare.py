@@ -8,6 +8,7 @@ plots need.
 
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from ..trainer.checkpoints import load_run_metadata
 from . import AnalysisError, figures
 from .inputs import differences
 from .result import Condensation
-from .results import ensure_writable, find_results_folder, read_results, write_csv
+from .results import RESULT_FILE, ensure_writable, read_analyses, shown, write_csv
 from .statistics import layer_fraction
 
 
@@ -30,21 +31,26 @@ class RunResult:
 
 
 def analyses_folder(run: str) -> str:
-    """``run`` is a condensation folder, or a dump folder holding ``condensation/``."""
-    folder = find_results_folder(run, "condensation")
-    if folder is None:
-        raise AnalysisError(f"{run}: no condensation analyses here or in {os.path.join(run, 'condensation')} "
-                            f"(run python -m dispersion_titan.analyze {run} first)")
-    return folder
+    """``run`` is a condensation folder (of a run or of an ``hf:`` model), or a dump
+    folder holding ``condensation/``."""
+    for folder in (run, os.path.join(run, "condensation")):
+        if any(glob.glob(os.path.join(folder, pattern, RESULT_FILE)) for pattern in ("step-*", "rev-*")):
+            return folder
+    raise AnalysisError(f"{run}: no condensation analyses here or in {os.path.join(run, 'condensation')} "
+                        f"(run python -m dispersion_titan.analyze {run} first)")
 
 
-def _pick(run: str, step: str) -> Condensation:
-    results = read_results(analyses_folder(run))
+def pick(run: str, step: str, option: str = "--step") -> Condensation:
+    """``run``'s analysis at ``step`` (a step number, a revision name, or ``last``: the
+    latest step or revision)."""
+    results = list(read_analyses(analyses_folder(run)).values())
     if step == "last":
-        return results[max(results)]
-    if not step.isdigit() or int(step) not in results:
-        raise AnalysisError(f"--step: {run} has no analysis of step {step} (have {sorted(results)})")
-    return results[int(step)]
+        return max(results, key=lambda r: r.step)
+    for result in results:
+        if (step.isdigit() and result.model is None and result.step == int(step)) or result.revision == step:
+            return result
+    have = sorted(r.step for r in results) if results[0].model is None else [r.label for r in results]
+    raise AnalysisError(f"{option}: {run} has no analysis of {step} (have {have})")
 
 
 def dispersion_variant(run_dir: str) -> str | None:
@@ -69,24 +75,26 @@ def _details(result: Condensation) -> str:
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
     """Each run's analysis at ``step``; refuses analyses of different sequences."""
-    loaded = [RunResult(run, "", _pick(run, step)) for run in runs]
+    loaded = [RunResult(run, "", pick(run, step)) for run in runs]
     first = loaded[0]
     for other in loaded[1:]:
         a, b = first.result.inputs, other.result.inputs
         if first.result.tokens_sha256 != other.result.tokens_sha256:
             raise AnalysisError(f"compare: {other.source} was analyzed with different inputs than {first.source} "
                                 f"({differences(a, b)}); re-analyze with the same options")
-    names = [os.path.basename(r.result.run) for r in loaded]
+    names = [os.path.basename(os.path.normpath(r.result.run)) for r in loaded]
     if len(set(names)) < len(names):  # same folder names in different places
         names = [r.source for r in loaded]
     return [RunResult(r.source, f"{name} {_details(r.result)}", r.result) for r, name in zip(loaded, names)]
 
 
 def table_rows(runs: list[RunResult]) -> list[dict]:
-    """One row per run: the depth trend and where the curve starts and ends."""
+    """One row per run: the depth trend, where the curve starts and ends, and the last
+    block's geometry."""
     rows = []
     for run in runs:
         curve = run.result.curve
+        last_block = run.result.layers[-2]
         rows.append({
             "run": run.label,
             "step": run.result.step,
@@ -99,6 +107,8 @@ def table_rows(runs: list[RunResult]) -> list[dict]:
             "mean_cos_all_layers": float(np.mean(curve)),
             "spearman": run.result.spearman,
             "kendall": run.result.kendall,
+            "effective_rank_last_block": last_block.effective_rank,
+            "mev_last_block": last_block.mev,
         })
     return rows
 
@@ -114,6 +124,8 @@ def layer_rows(runs: list[RunResult]) -> list[dict]:
             "layer_fraction": layer_fraction(layer.index, len(run.result.layers)),
             "mean_cos": layer.mean_cos,
             "mean_cos_offdiag": layer.mean_cos_offdiag,
+            "effective_rank": layer.effective_rank,
+            "mev": layer.mev,
         }
         for run in runs
         for layer in run.result.layers
@@ -121,14 +133,19 @@ def layer_rows(runs: list[RunResult]) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    """Aligned plain-text table; floats with 4 decimals."""
-    cells = [[f"{v:.4f}" if isinstance(v, float) else ("-" if v is None else str(v)) for v in row.values()]
-             for row in rows]
+    """Aligned plain-text table; floats with 6 significant digits."""
+    cells = [["-" if v is None else str(shown(v)) for v in row.values()] for row in rows]
     header = list(rows[0])
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
+
+
+def steps_title(runs: list[RunResult]) -> str:
+    """What is compared, by number (``step 4``; ``step 4 / step 8`` when runs end apart),
+    or by revision name for ``hf:`` models."""
+    return " / ".join(sorted({r.result.label for r in runs}))
 
 
 def compare(runs: list[str], out: str, step: str) -> str:
@@ -139,7 +156,7 @@ def compare(runs: list[str], out: str, step: str) -> str:
     write_csv(os.path.join(out, "compare.csv"), rows)
     write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
     inputs = loaded[0].result.inputs
-    title = f"step {step}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
+    title = f"{steps_title(loaded)}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
     figures.save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
                      os.path.join(out, "compare.png"))
     return format_table(rows)

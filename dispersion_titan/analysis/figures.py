@@ -1,6 +1,9 @@
 """Figures: the per-checkpoint cosine-density heatmap (paper Fig. 2a), the evolution of
 mean cosine over training, and runs side by side (paper Fig. 3b). Agg backend, so they
-render on headless cluster nodes."""
+render on headless cluster nodes.
+
+The curves show ``mean_cos_offdiag``, the mean over pairs of distinct tokens (the
+diagonal's constant 1/S share would otherwise lift every curve), and say so on the axis."""
 
 from __future__ import annotations
 
@@ -46,15 +49,28 @@ def heatmap(result: Condensation, title: str) -> Figure:
     return fig
 
 
+CURVE_LABEL = "mean_cos_offdiag: mean cosine of distinct token pairs"
+DEPTH_LABEL = "layer fraction (embedding = 0, final norm = 1)"
+
+
+def curve_axes(ax: plt.Axes, title: str) -> None:
+    ax.set(xlabel=DEPTH_LABEL, ylabel=CURVE_LABEL, title=title)
+    ax.grid(alpha=0.3)
+
+
 def _curve_axes(title: str) -> tuple[Figure, plt.Axes]:
     fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
-    ax.set(xlabel="layer fraction (embedding = 0, final norm = 1)", ylabel="mean_cos: mean cosine similarity (diagonal included)", title=title)
-    ax.grid(alpha=0.3)
+    curve_axes(ax, title)
     return fig, ax
 
 
-def _plot_curve(ax: plt.Axes, result: Condensation, **style) -> None:
-    ax.plot(_fractions(result), result.curve, marker=".", **style)
+def plot_curve(ax: plt.Axes, result: Condensation, **style) -> None:
+    ax.plot(_fractions(result), [layer.mean_cos_offdiag for layer in result.layers], marker=".", **style)
+
+
+def outside_legend(ax: plt.Axes) -> None:
+    """Right of the axes, so it never hides a curve."""
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
 
 
 def evolution(results: list[Condensation], title: str) -> Figure:
@@ -64,7 +80,7 @@ def evolution(results: list[Condensation], title: str) -> Figure:
     norm = Normalize(min(steps), max(max(steps), min(steps) + 1))
     cmap = plt.get_cmap("viridis")
     for result in results:
-        _plot_curve(ax, result, color=cmap(norm(result.step)), label=f"step {result.step}")
+        plot_curve(ax, result, color=cmap(norm(result.step)), label=result.label)
     fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="checkpoint step")
     if len(results) <= 12:
         ax.legend(fontsize="small")
@@ -72,9 +88,10 @@ def evolution(results: list[Condensation], title: str) -> Figure:
 
 
 def comparison(labelled: list[tuple[str, Condensation]], title: str) -> Figure:
-    """One mean-cosine line per run."""
-    fig, ax = _curve_axes(title)
+    """One mean-cosine line per run, the legend outside the axes."""
+    fig, ax = plt.subplots(figsize=(9.6, 4.2), layout="constrained")
+    curve_axes(ax, title)
     for label, result in labelled:
-        _plot_curve(ax, result, label=label)
-    ax.legend(fontsize="small")
+        plot_curve(ax, result, label=label)
+    outside_legend(ax)
     return fig

@@ -7,12 +7,17 @@ document gives several windows. K windows are drawn from all of them with a seed
 generator, so the same options give the same sequences for every checkpoint and run;
 their SHA-256 is recorded with each analysis, and ``compare`` refuses to set side by
 side analyses whose sequences differ.
+
+The same texts and windowing serve every tokenizer: our runs' GPT-2 BPE (the default,
+read from the token cache for corpora), or a Hugging Face model's own tokenizer passed
+as ``encode`` (no special tokens added either way).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -23,6 +28,9 @@ from . import AnalysisError
 
 DEFAULT_DATASET = "enwiki_sample"
 SPLIT = "validation"
+
+Encode = Callable[[list[str]], list[list[int]]]
+"""Texts -> token ids of each, without special tokens."""
 
 
 @dataclass(frozen=True)
@@ -76,15 +84,25 @@ def read_texts(path: str) -> list[str]:
     return texts
 
 
-def _documents(options: InputOptions) -> list[np.ndarray]:
-    """Token ids of every document (no separators)."""
+def _texts(options: InputOptions) -> list[str]:
     if options.texts:
-        from ..tokenizer import GPT2Tokenizer
+        return read_texts(options.texts)
+    from ..data.corpora import iter_documents
 
-        return [np.asarray(ids) for ids in GPT2Tokenizer().encode_batch(read_texts(options.texts))]
-    from ..data.packed import tokenized_documents
+    return list(iter_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
 
+
+def _documents(options: InputOptions, encode: Encode | None) -> list[np.ndarray]:
+    """Token ids of every document (no separators): ``encode``'s, or GPT-2 BPE's."""
     try:
+        if encode is not None:
+            return [np.asarray(ids, dtype=np.int64) for ids in encode(_texts(options))]
+        if options.texts:
+            from ..bpe import gpt2_encoding
+
+            return [np.asarray(ids) for ids in gpt2_encoding().encode_ordinary_batch(read_texts(options.texts))]
+        from ..data.packed import tokenized_documents
+
         return list(tokenized_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
     except DataConfigError as e:
         raise AnalysisError(str(e)) from None
@@ -100,9 +118,9 @@ def _windows(documents: list[np.ndarray], seq_len: int) -> np.ndarray:
     return np.concatenate(windows).astype(np.int64) if windows else np.empty((0, seq_len), np.int64)
 
 
-def select_sequences(options: InputOptions) -> Sequences:
+def select_sequences(options: InputOptions, encode: Encode | None = None) -> Sequences:
     """K seeded windows of S tokens; a one-line ``AnalysisError`` if there are too few."""
-    documents = _documents(options)
+    documents = _documents(options, encode)
     windows = _windows(documents, options.seq_len)
     source = options.describe()
     if len(windows) == 0:

@@ -1,59 +1,138 @@
-"""Per-layer S×S cosine matrices, averaged over sequences while the forward pass runs.
+"""Per-layer S×S cosine matrices, averaged over sequences while the forward pass runs,
+and the per-sequence geometry (``geometry``) of a fixed subset of the sequences.
 
-Each layer's hidden states are reduced as soon as ``GPT2.hidden_states`` yields them
-(one batched matmul per layer and batch) into a running sum, so memory is L×S×S plus
-one batch's activations whatever the number of sequences K, and the LM head is never
-computed.
+A model reports each layer's hidden states to a sink as soon as it has computed them
+(``LayeredModel``: our GPT-2 through ``GPT2.hidden_states``, a Hugging Face model
+through forward hooks, ``analysis.hf``). Each is reduced at once (one batched matmul per
+layer and batch) into running sums, so memory is L×S×S plus one batch's activations
+whatever the number of sequences K, and no LM head is ever computed.
+
+Effective rank and MEV need each sequence's full singular spectrum, which costs about
+as much as a forward pass through the layer at S = 512 on a CPU; they are therefore
+averaged over ``geometry_sequences`` evenly spaced sequences of the K (all of them when
+K is smaller), which keeps the whole analysis within 1.15× a bare forward pass
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from ..models.gpt2.model import GPT2
+from . import DEFAULT_GEOMETRY_SEQUENCES
+from .geometry import effective_rank, max_explainable_variance
 
 # Token vectors are divided by max(|h|, NORM_CLAMP) (the paper's clamp).
 NORM_CLAMP = 1e-3
 
+LayerSink = Callable[[str, torch.Tensor], None]
+
+
+class LayeredModel(Protocol):
+    """A model that hands ``embedding``, ``block_1`` … ``block_n``, ``final_norm`` to a sink."""
+
+    num_layers: int
+    input_device: torch.device
+
+    def run(self, tokens: torch.Tensor, sink: LayerSink) -> None: ...
+
+
+class GPT2Layers:
+    """Our GPT-2 as a ``LayeredModel``."""
+
+    def __init__(self, model: GPT2):
+        self.model = model
+        self.num_layers = model.model_args.n_layers + 2  # embedding, blocks, final norm
+        self.input_device = model.tok_embeddings.weight.device
+
+    def run(self, tokens: torch.Tensor, sink: LayerSink) -> None:
+        for name, hidden in self.model.hidden_states(tokens):
+            sink(name, hidden)
+
+
+def unit_tokens(hidden: torch.Tensor) -> torch.Tensor:
+    """[B, S, d] -> fp32 token vectors divided by their norm clamped at ``NORM_CLAMP``."""
+    h = hidden.float()
+    return h / h.norm(dim=-1, keepdim=True).clamp_min(NORM_CLAMP)
+
+
+def cosines(units: torch.Tensor) -> torch.Tensor:
+    """[B, S, d] unit vectors -> [B, S, S] cosines, clipped to [-1, 1] (rounding can exceed 1)."""
+    return torch.bmm(units, units.transpose(1, 2)).clamp_(-1.0, 1.0)
+
 
 def cosine_matrices(hidden: torch.Tensor) -> torch.Tensor:
-    """[B, S, d] -> [B, S, S] fp32 cosines, clipped to [-1, 1] (rounding can exceed 1)."""
-    h = hidden.float()
-    u = h / h.norm(dim=-1, keepdim=True).clamp_min(NORM_CLAMP)
-    return torch.bmm(u, u.transpose(1, 2)).clamp_(-1.0, 1.0)
+    """[B, S, d] -> [B, S, S] fp32 cosines of the token vectors."""
+    return cosines(unit_tokens(hidden))
 
 
-class CosineSums:
-    """Running element-wise sums over sequences of every layer's cosine matrix."""
+def geometry_mask(num_sequences: int, geometry_sequences: int) -> torch.Tensor:
+    """[K] bool: the ``geometry_sequences`` evenly spaced sequences (all if K is fewer)."""
+    mask = torch.zeros(num_sequences, dtype=torch.bool)
+    count = min(num_sequences, geometry_sequences)
+    if count:
+        mask[torch.linspace(0, num_sequences - 1, count).round().long()] = True
+    return mask
 
-    def __init__(self, num_layers: int, seq_len: int, device: torch.device | str):
+
+@dataclass(frozen=True)
+class Measurement:
+    names: list[str]
+    means: torch.Tensor
+    """[L, S, S] element-wise mean cosine matrices over the K sequences."""
+    effective_rank: list[float]
+    mev: list[float]
+    geometry_sequences: int
+
+
+class LayerSums:
+    """Running sums over sequences of every layer's cosine matrix and geometry."""
+
+    def __init__(self, num_layers: int, seq_len: int, device: torch.device | str, geometry: torch.Tensor):
         self.sums = torch.zeros(num_layers, seq_len, seq_len, device=device)
+        self.rank_sums = torch.zeros(num_layers, dtype=torch.float64, device=device)
+        self.mev_sums = torch.zeros(num_layers, dtype=torch.float64, device=device)
+        self.geometry = geometry
         self.names: list[str] = []
         self.count = 0
 
     @torch.inference_mode()
-    def add_batch(self, model: GPT2, tokens: torch.Tensor) -> None:
+    def add_batch(self, model: LayeredModel, tokens: torch.Tensor) -> None:
         """Run one batch [B, S] through the model, reducing each layer on the fly."""
-        names = []
-        for index, (name, hidden) in enumerate(model.hidden_states(tokens.to(self.sums.device))):
-            self.sums[index] += cosine_matrices(hidden).sum(dim=0)
+        rows = self.geometry[self.count : self.count + tokens.shape[0]].nonzero().flatten().tolist()
+        names: list[str] = []
+
+        def sink(name: str, hidden: torch.Tensor) -> None:
+            index = len(names)
+            u = unit_tokens(hidden)
+            self.sums[index] += cosines(u).sum(dim=0).to(self.sums.device)
+            if rows:
+                chosen = u[rows]
+                self.rank_sums[index] += effective_rank(chosen).sum().to(self.sums.device)
+                self.mev_sums[index] += max_explainable_variance(chosen).sum().to(self.sums.device)
             names.append(name)
+
+        model.run(tokens.to(model.input_device), sink)
         self.names = names
         self.count += tokens.shape[0]
 
-    def means(self) -> torch.Tensor:
-        """[L, S, S] element-wise mean over the sequences seen."""
-        return self.sums / self.count
+    def result(self) -> Measurement:
+        chosen = int(self.geometry[: self.count].sum())
+        per_layer = (lambda sums: (sums / chosen).tolist()) if chosen else (lambda sums: [None] * len(sums))
+        return Measurement(self.names, self.sums / self.count, per_layer(self.rank_sums), per_layer(self.mev_sums),
+                           chosen)
 
 
-def mean_cosine_matrices(model: GPT2, tokens: torch.Tensor, batch_size: int, device: torch.device | str,
-                         on_batch: Callable[[], None] = lambda: None) -> tuple[list[str], torch.Tensor]:
-    """Layer names and the [L, S, S] cosine matrices averaged over the K sequences."""
-    num_layers = model.model_args.n_layers + 2  # embedding, blocks, final norm
-    sums = CosineSums(num_layers, tokens.shape[1], device)
+def measure(model: LayeredModel, tokens: torch.Tensor, batch_size: int, device: torch.device | str,
+            geometry_sequences: int = DEFAULT_GEOMETRY_SEQUENCES,
+            on_batch: Callable[[], None] = lambda: None) -> Measurement:
+    """Mean cosine matrices over the K sequences of ``tokens`` [K, S], and mean geometry."""
+    sums = LayerSums(model.num_layers, tokens.shape[1], device, geometry_mask(len(tokens), geometry_sequences))
     for batch in tokens.split(batch_size):
         sums.add_batch(model, batch)
         on_batch()
-    return sums.names, sums.means()
+    return sums.result()

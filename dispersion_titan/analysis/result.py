@@ -6,7 +6,12 @@ string keys, so a field renamed or added is one change here. JSON is the seriali
 
 Two cosine means per layer, named apart everywhere: ``mean_cos`` averages all S²
 entries of the mean cosine matrix, the diagonal (1) included, as the paper does;
-``mean_cos_offdiag`` averages the S(S−1) pairs of distinct tokens.
+``mean_cos_offdiag`` averages the S(S−1) pairs of distinct tokens. Two geometry
+measures per layer (``analysis.geometry``): ``effective_rank`` and ``mev``.
+
+Results of our runs and of Hugging Face models share the schema: a Hugging Face result
+names its ``model`` and ``revision``; fields added after the first version default to
+``None`` so older files still load.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ class LayerCondensation:
     """Mean over the S(S−1) pairs of distinct positions."""
     hist: list[float]
     """Density histogram of the S² entries on ``hist_range`` in ``hist_bins`` bins."""
+    effective_rank: float | None = None
+    """exp(entropy of the normalised singular values) of one sequence's unit-token matrix,
+    averaged over ``geometry_sequences`` sequences (None: not measured)."""
+    mev: float | None = None
+    """Share of the variance of one sequence's mean-centred unit-token matrix on its first
+    principal component, averaged like ``effective_rank``."""
 
 
 @dataclass(frozen=True)
@@ -57,8 +68,25 @@ class Condensation:
     device: str
     checkpoint: str
     run: str
-    """The run's dump folder."""
+    """The run's dump folder; for a Hugging Face model, the model id or folder."""
     model_args: dict[str, Any] = field(default_factory=dict)
+    """The run's GPT-2 shape; for a Hugging Face model ``model_type``, ``dim``, ``n_layers``,
+    ``mlp_hidden_dim`` and ``max_seq_len`` read from its config."""
+    model: str | None = None
+    """The Hugging Face model id or folder (None for our runs)."""
+    revision: str | None = None
+    """The Hugging Face revision analysed (None: the default one, or one of our runs)."""
+    n_params: int | None = None
+    """Parameter count (each tied matrix once)."""
+    geometry_sequences: int = 0
+    """How many of the K sequences ``effective_rank`` and ``mev`` average over."""
+
+    @property
+    def label(self) -> str:
+        """``step N`` for a checkpoint of a run, the revision name for a Hugging Face model."""
+        if self.model is None:
+            return f"step {self.step}"
+        return self.revision or "default revision"
 
     @property
     def curve(self) -> list[float]:

@@ -21,6 +21,8 @@ from .statistics import layer_fraction
 RESULT_FILE = "condensation.json"
 SUMMARY_FILE = "summary.csv"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_RESULT_DIR = re.compile(r"^(step-\d+|rev-.+)$")
+SIGNIFICANT_DIGITS = 6
 
 
 def _file_mode() -> int:
@@ -64,8 +66,9 @@ def ensure_writable(folder: str, option: str) -> None:
         raise AnalysisError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
 
 
-def result_path(out: str, step: int, file: str = RESULT_FILE) -> str:
-    return os.path.join(out, f"step-{step}", file)
+def result_path(out: str, folder: str, file: str = RESULT_FILE) -> str:
+    """``folder``: ``step-N`` (a checkpoint of a run) or ``rev-NAME`` (a Hugging Face revision)."""
+    return os.path.join(out, folder, file)
 
 
 def find_results_folder(run: str, name: str, file: str = RESULT_FILE) -> str | None:
@@ -76,53 +79,73 @@ def find_results_folder(run: str, name: str, file: str = RESULT_FILE) -> str | N
     return None
 
 
-def read_results(out: str) -> dict[int, Condensation]:
-    """Every step's analysis stored in ``out``, by step."""
-    return {step: Condensation.from_json(data, result_path(out, step))
-            for step, data in read_step_files(out, RESULT_FILE).items()}
-
-
 def read_step_files(out: str, file: str) -> dict[int, dict]:
-    """Every step's JSON stored in ``out`` as ``step-N/{file}``, by step."""
+    """Every step's JSON stored in ``out`` as ``step-N/{file}``, by step (results other than
+    condensation analyses, e.g. evaluations)."""
+    return {int(m.group(1)): data for name, data in _read_json_files(out, file).items()
+            if (m := _STEP_DIR.match(name))}
+
+
+def read_analyses(out: str) -> dict[str, Condensation]:
+    """Every analysis stored in ``out``, by result folder name, in name order."""
+    return {name: Condensation.from_json(data, result_path(out, name))
+            for name, data in _read_json_files(out, RESULT_FILE).items() if _RESULT_DIR.match(name)}
+
+
+def _read_json_files(out: str, file: str) -> dict[str, dict]:
+    """``out/*/{file}`` parsed, by folder name, in name order."""
     results = {}
     if not os.path.isdir(out):
         return results
-    for name in os.listdir(out):
-        match = _STEP_DIR.match(name)
-        path = os.path.join(out, name, file)
-        if match and os.path.isfile(path):
+    for name in sorted(os.listdir(out)):
+        path = result_path(out, name, file)
+        if os.path.isfile(path):
             try:
                 with open(path) as f:
                     data = json.load(f)
             except (OSError, json.JSONDecodeError) as e:
                 raise AnalysisError(f"{path}: unreadable ({e})") from None
-            results[int(match.group(1))] = data
-    return dict(sorted(results.items()))
+            results[name] = data
+    return results
+
+
+def read_results(out: str) -> dict[int, Condensation]:
+    """Every checkpoint's analysis stored in ``out``, by step."""
+    steps = {int(m.group(1)): r for name, r in read_analyses(out).items() if (m := _STEP_DIR.match(name))}
+    return dict(sorted(steps.items()))
 
 
 def summary_rows(results: list[Condensation]) -> list[dict]:
-    """One row per step × layer."""
+    """One row per step (or revision) × layer."""
     rows = []
     for result in results:
         count = len(result.layers)
         for layer in result.layers:
             rows.append({
                 "step": result.step,
+                **({"revision": result.revision} if result.model else {}),
                 "layer_index": layer.index,
                 "layer": layer.name,
                 "layer_fraction": layer_fraction(layer.index, count),
                 "mean_cos": layer.mean_cos,
                 "mean_cos_offdiag": layer.mean_cos_offdiag,
+                "effective_rank": layer.effective_rank,
+                "mev": layer.mev,
                 "spearman": result.spearman,
                 "kendall": result.kendall,
             })
     return rows
 
 
+def shown(value: object) -> object:
+    """Floats as shown in CSVs and tables: 6 significant digits (JSON keeps them whole)."""
+    return f"{value:.{SIGNIFICANT_DIGITS}g}" if isinstance(value, float) else value
+
+
 def write_csv(path: str, rows: list[dict]) -> None:
     def write(f: IO) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({key: shown(value) for key, value in row.items()} for row in rows)
 
     atomic_write(path, write)

@@ -1,5 +1,10 @@
-"""Analyze every selected checkpoint of one run: load it once, measure, write its
-results; skip steps already done; report broken checkpoints and go on with the rest."""
+"""Analyze model states one at a time: load each once, measure, write its results; skip
+those already done; report unreadable ones and go on with the rest.
+
+``Analysis`` holds what every target shares (caching, skipping, atomic writes, the
+summary); ``RunAnalysis`` feeds it the checkpoints of one of our runs, and
+``hf_analysis.HFAnalysis`` the revisions of a Hugging Face model.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,9 @@ import dataclasses
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -15,36 +22,55 @@ from tqdm import tqdm
 from ..errors import CheckpointError
 from ..trainer.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args
 from . import AnalysisError, figures
-from .inputs import InputOptions, Sequences, differences, select_sequences
-from .measure import mean_cosine_matrices
+from .inputs import Encode, InputOptions, differences, select_sequences
+from .measure import GPT2Layers, LayeredModel, Measurement, measure
+from .result import Condensation
 from .results import (
     SUMMARY_FILE,
     ensure_writable,
-    read_results,
+    read_analyses,
     result_path,
     summary_rows,
     write_csv,
     write_result,
 )
-from .result import Condensation
 from .statistics import condensation
 from .steps import select_steps
 from .tensorboard import CondensationWriter
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DEFAULT_SEQ_LEN = 512
 
 
 @dataclass(frozen=True)
 class AnalyzeOptions:
-    run: str
-    steps: str
+    target: str
+    """A run's dump or checkpoint folder, or ``hf:MODEL[@REV,...]``."""
+    steps: str | None
     inputs: InputOptions
+    seq_len_given: bool
+    """False: ``inputs.seq_len`` is the default, lowered to the model's positions if fewer."""
     batch_size: int
     out: str | None
     tb_dir: str | None
     device: str | None
-    dtype: str
+    dtype: str | None
+    """None: fp32, or bf16 for Hugging Face models over 1B parameters."""
     force: bool
+    geometry_sequences: int
+    device_map: str | None = None
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One model state to measure: a checkpoint of a run, or a revision of a Hugging Face model."""
+
+    step: int
+    folder: str
+    """Its result folder under the output folder: ``step-N`` or ``rev-NAME``."""
+    source: str
+    """The checkpoint folder, or the model id or folder (recorded as ``checkpoint``)."""
+    revision: str | None = None
 
 
 def resolve_device(device: str | None, dtype: str) -> torch.device:
@@ -60,124 +86,171 @@ def resolve_device(device: str | None, dtype: str) -> torch.device:
     return resolved
 
 
-def _same_analysis(result: Condensation, sequences: Sequences, dtype: str) -> bool:
-    return result.tokens_sha256 == sequences.sha256 and result.dtype == dtype
+def fitted_inputs(options: AnalyzeOptions, positions: int | None, where: str) -> InputOptions:
+    """The inputs with S at most the model's ``positions`` (None: unlimited). The default S
+    is lowered with a note; an explicit ``--seq-len`` above them is refused."""
+    inputs = options.inputs
+    if positions is None or inputs.seq_len <= positions:
+        return inputs
+    if options.seq_len_given:
+        raise AnalysisError(f"--seq-len: {inputs.seq_len} exceeds the model's {positions} positions ({where})")
+    print(f"note: --seq-len {positions} (the model's positions, {where}) instead of the default {inputs.seq_len}")
+    return dataclasses.replace(inputs, seq_len=positions)
 
 
-def _mismatch(step: int, result: Condensation, sequences: Sequences, dtype: str) -> str:
-    if result.dtype != dtype:
-        return f"step {step} was analyzed in {result.dtype}, not {dtype}"
-    return f"step {step} was analyzed with other inputs ({differences(result.inputs, sequences.record())})"
+class Analysis:
+    """The state of one analysis: its units, inputs, output folders and cached results."""
 
+    skippable: tuple[type[Exception], ...] = ()
+    """Load errors that skip a unit (exit status 1) rather than end the analysis."""
+    noun = "model state"
 
-class RunAnalysis:
-    """The state of one ``analyze RUN`` invocation."""
-
-    def __init__(self, options: AnalyzeOptions):
+    def __init__(self, options: AnalyzeOptions, units: list[Unit], label: str, out: str, tb_dir: str,
+                 inputs: InputOptions, dtype: str, model: str | None = None, encode: Encode | None = None):
         self.options = options
-        folder = checkpoint_folder(options.run)
-        self.checkpoints = list_checkpoints(folder)
-        if not self.checkpoints:
-            raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
-        self.selected = select_steps(options.steps, self.checkpoints)
-        self.dump = os.path.dirname(os.path.abspath(folder))
-        self.label = os.path.basename(self.dump)
-        self.model_args = load_model_args(folder)
-        if options.inputs.seq_len > self.model_args.max_seq_len:
-            raise AnalysisError(
-                f"--seq-len: {options.inputs.seq_len} exceeds the model's {self.model_args.max_seq_len} "
-                f"positions (max_seq_len in {self.dump}/run.json)"
-            )
-        self.device = resolve_device(options.device, options.dtype)
-        self.out = options.out or os.path.join(self.dump, "condensation")
-        self.tb_dir = options.tb_dir or os.path.join(self.dump, "tb", "condensation")
+        self.units = units
+        self.label = label
+        self.out = out
+        self.tb_dir = tb_dir
+        self.inputs = inputs
+        self.dtype = dtype
+        self.model = model
+        self.device = resolve_device(options.device, dtype)
         ensure_writable(self.out, "--out")
         ensure_writable(self.tb_dir, "--tb-dir")
-        self.sequences = select_sequences(options.inputs)
-        self.existing = read_results(self.out)
+        self.sequences = select_sequences(inputs, encode)
+        self.existing = read_analyses(self.out)
 
-    def pending(self) -> list:
-        """Selected checkpoints still to analyze; refuses to mix inputs unless --force."""
+    def load(self, unit: Unit) -> LayeredModel:
+        raise NotImplementedError
+
+    def metadata(self, unit: Unit) -> dict[str, Any]:
+        """``Condensation`` fields that depend on the target: ``run``, ``model_args``, …"""
+        raise NotImplementedError
+
+    def _same_analysis(self, result: Condensation) -> bool:
+        return (result.tokens_sha256 == self.sequences.sha256 and result.dtype == self.dtype
+                and result.model == self.model)
+
+    def _mismatch(self, unit: Unit, result: Condensation) -> str:
+        if result.model != self.model:
+            return f"{unit.folder} holds an analysis of {result.model or result.run}, not {self.model}"
+        if result.dtype != self.dtype:
+            return f"{unit.folder} was analyzed in {result.dtype}, not {self.dtype}"
+        return f"{unit.folder} was analyzed with other inputs ({differences(result.inputs, self.sequences.record())})"
+
+    def pending(self) -> list[Unit]:
+        """Units still to analyze; refuses to mix inputs unless --force."""
         if self.options.force:
-            return self.selected
+            return self.units
         todo = []
-        for checkpoint in self.selected:
-            result = self.existing.get(checkpoint.step)
+        for unit in self.units:
+            result = self.existing.get(unit.folder)
             if result is None:
-                todo.append(checkpoint)
-            elif not _same_analysis(result, self.sequences, self.options.dtype):
-                raise AnalysisError(
-                    f"--out: {self.out}: {_mismatch(checkpoint.step, result, self.sequences, self.options.dtype)}; "
-                    "use another --out, or --force to recompute"
-                )
+                todo.append(unit)
+            elif not self._same_analysis(result):
+                raise AnalysisError(f"--out: {self.out}: {self._mismatch(unit, result)}; "
+                                    "use another --out, or --force to recompute")
         return todo
 
-    def _result(self, step: int, path: str, names: list[str], means: torch.Tensor) -> Condensation:
-        return condensation(step, self.sequences, names, means, dtype=self.options.dtype, device=self.device.type,
-                            checkpoint=os.path.abspath(path), run=self.dump,
-                            model_args=dataclasses.asdict(self.model_args))
+    def _result(self, unit: Unit, model: LayeredModel,
+                on_batch: Callable[[], None]) -> tuple[Condensation, Measurement]:
+        measured = measure(model, self.sequences.tokens, self.options.batch_size, self.device,
+                           self.options.geometry_sequences, on_batch)
+        return condensation(unit.step, self.sequences, measured, dtype=self.dtype, device=self.device.type,
+                            checkpoint=unit.source, revision=unit.revision, **self.metadata(unit)), measured
 
     def analyze(self) -> int:
-        """Analyze pending checkpoints, then refresh the summary and evolution figure.
-        Returns the number of checkpoints that could not be analyzed."""
+        """Analyze pending units, then refresh the summary and evolution figure.
+        Returns the number of units that could not be analyzed."""
         todo = self.pending()
-        tokens = self.sequences.tokens
-        per_checkpoint = math.ceil(len(tokens) / self.options.batch_size)
-        skipped = len(self.selected) - len(todo)
+        per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
+        skipped = len(self.units) - len(todo)
         if skipped:
-            print(f"{skipped} checkpoint(s) already analyzed in {self.out} (--force recomputes them)")
+            print(f"{skipped} {self.noun}(s) already analyzed in {self.out} (--force recomputes them)")
         failed = []
         writer = CondensationWriter(self.tb_dir)
         try:
-            with tqdm(total=len(todo) * per_checkpoint, unit="batch", desc="condensation", file=sys.stderr) as bar:
-                for checkpoint in todo:
-                    bar.set_postfix(step=checkpoint.step)
+            with tqdm(total=len(todo) * per_unit, unit="batch", desc="condensation", file=sys.stderr) as bar:
+                for unit in todo:
+                    bar.set_postfix_str(unit.folder)
                     try:
-                        model = load_model(checkpoint.path, self.model_args, self.device, DTYPES[self.options.dtype])
-                    except CheckpointError as e:
-                        tqdm.write(f"dispersion_titan: skipped checkpoint: {e}", file=sys.stderr)
-                        failed.append(checkpoint.path)
-                        bar.update(per_checkpoint)
+                        model = self.load(unit)
+                    except self.skippable as e:
+                        tqdm.write(f"dispersion_titan: skipped {self.noun}: {e}", file=sys.stderr)
+                        failed.append(unit.source)
+                        bar.update(per_unit)
                         continue
-                    names, means = mean_cosine_matrices(
-                        model, tokens, self.options.batch_size, self.device, on_batch=lambda: bar.update(1)
-                    )
+                    result, measured = self._result(unit, model, lambda: bar.update(1))
                     del model
-                    result = self._result(checkpoint.step, checkpoint.path, names, means)
-                    figures.save_png(
-                        figures.heatmap(result, f"{self.label}: step {checkpoint.step}"),
-                        os.path.join(self.out, f"heatmap_step-{checkpoint.step}.png"),
-                    )
-                    writer.add_step(checkpoint.step, names, means, result.curve)
-                    write_result(result_path(self.out, checkpoint.step), result)
+                    figures.save_png(figures.heatmap(result, f"{self.label}: {result.label}"),
+                                     os.path.join(self.out, f"heatmap_{unit.folder}.png"))
+                    writer.add_step(unit.step, measured.names, measured.means, result.curve)
+                    write_result(result_path(self.out, unit.folder), result)
                     tqdm.write(_one_line(result))
         finally:
             writer.close()
         self._write_summary()
         if failed:
-            print(f"dispersion_titan: error: {len(failed)} of {len(self.selected)} checkpoints could not be "
+            print(f"dispersion_titan: error: {len(failed)} of {len(self.units)} {self.noun}s could not be "
                   f"analyzed: {', '.join(failed)}", file=sys.stderr)
         return len(failed)
 
     def _write_summary(self) -> None:
-        """``summary.csv`` and ``evolution.png`` over every step analyzed with these inputs."""
-        results = read_results(self.out)
-        matching = [r for r in results.values() if _same_analysis(r, self.sequences, self.options.dtype)]
+        """``summary.csv`` and ``evolution.png`` over every state analyzed with these inputs."""
+        results = read_analyses(self.out)
+        matching = sorted((r for r in results.values() if self._same_analysis(r)), key=lambda r: r.step)
         if len(matching) < len(results):
-            print(f"note: {len(results) - len(matching)} older analyses in {self.out} used other inputs or dtype "
-                  f"and are left out of {SUMMARY_FILE} and evolution.png")
+            print(f"note: {len(results) - len(matching)} older analyses in {self.out} used another model, inputs "
+                  f"or dtype and are left out of {SUMMARY_FILE} and evolution.png")
         if not matching:
             return
         write_csv(os.path.join(self.out, SUMMARY_FILE), summary_rows(matching))
-        inputs = self.options.inputs
-        title = f"{self.label}: K={inputs.num_sequences}, S={inputs.seq_len}"
+        title = f"{self.label}: K={self.inputs.num_sequences}, S={self.inputs.seq_len}"
         figures.save_png(figures.evolution(matching, title), os.path.join(self.out, "evolution.png"))
         print(f"results: {self.out} (TensorBoard histograms: {self.tb_dir})")
+
+
+class RunAnalysis(Analysis):
+    """``analyze RUN``: the selected checkpoints of one of our runs."""
+
+    skippable = (CheckpointError,)
+    noun = "checkpoint"
+
+    def __init__(self, options: AnalyzeOptions):
+        folder = checkpoint_folder(options.target)
+        checkpoints = list_checkpoints(folder)
+        if not checkpoints:
+            raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
+        selected = select_steps(options.steps or "all", checkpoints)
+        self.dump = os.path.dirname(os.path.abspath(folder))
+        self.model_args = load_model_args(folder)
+        inputs = fitted_inputs(options, self.model_args.max_seq_len, f"max_seq_len in {self.dump}/run.json")
+        units = [Unit(c.step, f"step-{c.step}", os.path.abspath(c.path)) for c in selected]
+        super().__init__(options, units, os.path.basename(self.dump),
+                         options.out or os.path.join(self.dump, "condensation"),
+                         options.tb_dir or os.path.join(self.dump, "tb", "condensation"),
+                         inputs, options.dtype or "fp32")
+        self.n_params = gpt2_parameters(self.model_args)
+
+    def load(self, unit: Unit) -> LayeredModel:
+        return GPT2Layers(load_model(unit.source, self.model_args, self.device, DTYPES[self.dtype]))
+
+    def metadata(self, unit: Unit) -> dict[str, Any]:
+        return {"run": self.dump, "model_args": dataclasses.asdict(self.model_args), "n_params": self.n_params}
+
+
+def gpt2_parameters(args) -> int:
+    """Parameter count of our GPT-2 of shape ``args`` (a tied LM head counted once)."""
+    from ..models.gpt2.model import GPT2
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT2(args).parameters())
 
 
 def _one_line(result: Condensation) -> str:
     first, last = result.layers[0], result.layers[-1]
     trend = ", ".join(f"{key} {value:.3f}" for key, value in
                       (("spearman", result.spearman), ("kendall", result.kendall)) if value is not None)
-    return (f"step {result.step}: mean_cos {first.name} {first.mean_cos:.4f} -> "
+    return (f"{result.label}: mean_cos {first.name} {first.mean_cos:.4f} -> "
             f"{last.name} {last.mean_cos:.4f}; {trend}")

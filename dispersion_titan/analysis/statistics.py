@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
-import torch
 from scipy import stats
 
 from .inputs import Sequences
-
+from .measure import Measurement
 from .result import Condensation, LastN, LayerCondensation
 
 HIST_BINS = 128
@@ -26,12 +26,14 @@ def _finite_or_none(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def layer_statistics(names: list[str], means: torch.Tensor) -> list[LayerCondensation]:
+def layer_statistics(measured: Measurement) -> list[LayerCondensation]:
     """Per layer: mean cosine over all S² entries (diagonal included), over the
-    off-diagonal ones, and the 128-bin density histogram of all S² entries on [-1, 1]."""
-    seq_len = means.shape[-1]
+    off-diagonal ones, the 128-bin density histogram of all S² entries on [-1, 1], and
+    the mean effective rank and MEV."""
+    seq_len = measured.means.shape[-1]
     layers = []
-    for index, (name, matrix) in enumerate(zip(names, means.double().cpu().numpy())):
+    rows = zip(measured.names, measured.means.double().cpu().numpy(), measured.effective_rank, measured.mev)
+    for index, (name, matrix, rank, mev) in enumerate(rows):
         total, trace = matrix.sum(), np.trace(matrix)
         density, _ = np.histogram(np.clip(matrix, *HIST_RANGE), bins=HIST_BINS, range=HIST_RANGE, density=True)
         layers.append(LayerCondensation(
@@ -40,6 +42,8 @@ def layer_statistics(names: list[str], means: torch.Tensor) -> list[LayerCondens
             mean_cos=float(total / seq_len**2),
             mean_cos_offdiag=float((total - trace) / (seq_len**2 - seq_len)),
             hist=density.tolist(),
+            effective_rank=rank,
+            mev=mev,
         ))
     return layers
 
@@ -58,27 +62,29 @@ def last_n(mean_cos: list[float]) -> list[LastN]:
     return [LastN(n, float(np.mean(mean_cos[-n:]))) for n in range(1, len(mean_cos) + 1)]
 
 
-def summarize(names: list[str], means: torch.Tensor) -> dict:
-    """``layers``, ``spearman``, ``kendall`` and ``last_n`` of one checkpoint (``Condensation`` fields)."""
-    layers = layer_statistics(names, means)
+def summarize(measured: Measurement) -> dict:
+    """``layers``, ``spearman``, ``kendall``, ``last_n`` and ``geometry_sequences`` of one
+    model state (``Condensation`` fields)."""
+    layers = layer_statistics(measured)
     curve = [layer.mean_cos for layer in layers]
-    return {"layers": layers, **depth_trend(curve), "last_n": last_n(curve)}
+    return {"layers": layers, **depth_trend(curve), "last_n": last_n(curve),
+            "geometry_sequences": measured.geometry_sequences}
 
 
-def condensation(step: int, sequences: Sequences, names: list[str], means: torch.Tensor, *, dtype: str,
-                 device: str, checkpoint: str, run: str, model_args: dict) -> Condensation:
-    """The full result of one measured model: statistics plus what they were measured on."""
+def condensation(step: int, sequences: Sequences, measured: Measurement, *, dtype: str, device: str,
+                 checkpoint: str, **metadata: Any) -> Condensation:
+    """The full result of one measured model state: its statistics plus what they were
+    measured on; ``metadata``: the target's fields (``run``, ``model_args``, ``revision``, …)."""
     return Condensation(
         step=step,
         num_sequences=sequences.options.num_sequences,
         seq_len=sequences.options.seq_len,
-        **summarize(names, means),
+        **summarize(measured),
         hist_bins=HIST_BINS,
         hist_range=list(HIST_RANGE),
         inputs=sequences.record(),
         dtype=dtype,
         device=device,
         checkpoint=checkpoint,
-        run=run,
-        model_args=model_args,
+        **metadata,
     )

@@ -32,7 +32,7 @@ def merge(merged: dict, result: dict) -> dict:
 def write_result(out: str, step: int, result: dict) -> None:
     from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
 
-    write_json(result_path(out, step, RESULT_FILE), result, default=handle_non_serializable)
+    write_json(result_path(out, f"step-{step}", RESULT_FILE), result, default=handle_non_serializable)
 
 
 def read_evaluations(out: str) -> dict[int, dict]:

@@ -17,7 +17,7 @@ import os
 import torch
 
 from ..analysis.inputs import Sequences
-from ..analysis.measure import mean_cosine_matrices
+from ..analysis.measure import GPT2Layers, measure
 from ..analysis.result import Condensation
 from ..analysis.results import RESULT_FILE, write_result
 from ..analysis.statistics import condensation
@@ -39,9 +39,10 @@ def initialized_model(args: GPT2ModelArgs, seed: int) -> GPT2:
 
 
 def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_size: int, run: str) -> Condensation:
-    names, means = mean_cosine_matrices(initialized_model(args, seed), sequences.tokens, batch_size, "cpu")
-    return condensation(0, sequences, names, means, dtype="fp32", device="cpu", checkpoint=INIT_CHECKPOINT,
-                        run=run, model_args=dataclasses.asdict(args))
+    model = initialized_model(args, seed)
+    measured = measure(GPT2Layers(model), sequences.tokens, batch_size, "cpu")
+    return condensation(0, sequences, measured, dtype="fp32", device="cpu", checkpoint=INIT_CHECKPOINT, run=run,
+                        model_args=dataclasses.asdict(args), n_params=sum(p.numel() for p in model.parameters()))
 
 
 def init_panel(out: str, flavor: str, widths: tuple[int, ...], seed: int, sequences: Sequences,

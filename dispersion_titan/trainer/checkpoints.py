@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pickle
 import re
 import time
 import warnings
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError
 from ..models.gpt2.args import GPT2ModelArgs
@@ -123,10 +125,22 @@ def load_model(step_dir: str, args: GPT2ModelArgs, device: str | torch.device = 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
             dcp.load(state, checkpoint_id=step_dir)
-    except Exception as e:  # noqa: BLE001 - DCP raises many types for bad files
-        raise CheckpointError(f"{step_dir}: cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises many types for bad files
+        raise CheckpointError(f"{step_dir}: cannot be loaded ({_load_failure(e)})") from None
     model.load_state_dict(state)
     return model.to(device=device, dtype=dtype).eval()
+
+
+def _load_failure(error: BaseException) -> str:
+    """One line on why DCP could not load a checkpoint. ``CheckpointException`` (a
+    ``BaseException``) wraps each rank's error; a shard whose bytes are not a tensor
+    record fails to unpickle, and torch's message then advises ``weights_only=False``,
+    which must never be taken on a file nobody vouches for: name the corruption instead."""
+    if isinstance(error, CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]
+    if isinstance(error, pickle.UnpicklingError):
+        return "corrupt shard data: its tensor records do not unpickle"
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
 
 
 QUARANTINE_DIR = "incomplete"

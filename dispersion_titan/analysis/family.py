@@ -1,0 +1,204 @@
+"""``analyze family SPEC ... --out DIR``: where models of several sizes sit, family by
+family (the paper's Figure 2), and "larger model, less condensation" as a number.
+
+A SPEC is an analysed ``hf:`` model (its ``--out`` folder, optionally ``@REVISION``) or
+one of our runs (its dump or condensation folder: its last analysed step, or
+``RUN@STEP``). A model's family is its Hugging Face ``model_type``, ``gpt2 run`` for our
+runs, or what ``--family NAME=SPEC,SPEC`` says. Per family, the trend is Spearman's ρ
+between parameter count and the mean ``mean_cos`` of the last n layers: negative when
+larger models condense less. ``--paired A=B`` sets two models side by side (a distilled
+model against its base): their difference in last-n condensation and depth trend.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from . import AnalysisError, figures
+from .compare import format_table, pick
+from .inputs import differences
+from .result import Condensation
+from .results import atomic_write, ensure_writable, write_csv
+
+RUN_FAMILY = "gpt2 run"
+DEFAULT_LAST_N = 3
+
+
+@dataclass(frozen=True)
+class Member:
+    spec: str
+    label: str
+    family: str
+    n_params: int
+    result: Condensation
+
+
+def _split(spec: str) -> tuple[str, str]:
+    """``FOLDER@WHICH`` -> (FOLDER, WHICH); a bare folder means its last analysis."""
+    folder, at, which = spec.rpartition("@")
+    return (folder, which) if at and os.path.isdir(folder) else (spec, "last")
+
+
+def _n_params(result: Condensation) -> int:
+    """Recorded with every analysis; counted from the shape for runs analysed before that."""
+    if result.n_params is not None:
+        return result.n_params
+    from ..models.gpt2.args import GPT2ModelArgs
+    from .runner import gpt2_parameters
+
+    return gpt2_parameters(GPT2ModelArgs(**result.model_args))
+
+
+def load_member(spec: str, families: dict[str, str]) -> Member:
+    folder, which = _split(spec)
+    result = pick(folder, which, option=spec)
+    if result.model is None:
+        name = f"{os.path.basename(os.path.normpath(result.run))}@{result.step}"
+    else:
+        name = os.path.basename(os.path.normpath(result.model)) + (f"@{result.revision}" if result.revision else "")
+    family = families.get(spec) or (result.model_args.get("model_type") if result.model else RUN_FAMILY)
+    return Member(spec, name, family, _n_params(result), result)
+
+
+def _options(result: Condensation) -> dict:
+    """What chose the texts and windows; token ids differ between tokenizers."""
+    return {k: v for k, v in result.inputs.items() if k != "tokens_sha256"}
+
+
+def load_members(specs: Sequence[str], families: dict[str, str]) -> list[Member]:
+    """Every SPEC's analysis; refuses analyses of different texts, K, S or seed."""
+    members = [load_member(spec, families) for spec in dict.fromkeys(specs)]
+    first = members[0]
+    for other in members[1:]:
+        if _options(other.result) != _options(first.result):
+            raise AnalysisError(f"family: {other.spec} was analyzed with other inputs than {first.spec} "
+                                f"({differences(_options(first.result), _options(other.result))})")
+    return members
+
+
+def last_n_mean(result: Condensation, n: int, key: str = "mean_cos") -> float | None:
+    """Mean of ``key`` over the last n layers (None where it was not measured)."""
+    values = [getattr(layer, key) for layer in result.layers[-n:]]
+    return None if None in values else float(np.mean(values))
+
+
+def model_rows(members: list[Member], n: int) -> list[dict]:
+    return [{
+        "family": m.family,
+        "model": m.label,
+        "n_params": m.n_params,
+        "layers": len(m.result.layers),
+        "spearman": m.result.spearman,
+        "kendall": m.result.kendall,
+        f"mean_cos_last_{n}": last_n_mean(m.result, n),
+        f"mean_cos_offdiag_last_{n}": last_n_mean(m.result, n, "mean_cos_offdiag"),
+        f"effective_rank_last_{n}": last_n_mean(m.result, n, "effective_rank"),
+        f"mev_last_{n}": last_n_mean(m.result, n, "mev"),
+    } for m in sorted(members, key=lambda m: (m.family, m.n_params))]
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+def trend_rows(members: list[Member], n: int) -> list[dict]:
+    """Per family: Spearman's ρ of last-n mean cosine against parameter count."""
+    rows = []
+    for family in sorted({m.family for m in members}):
+        group = [m for m in members if m.family == family]
+        rho = None
+        if len(group) >= 2:
+            rho = _finite(stats.spearmanr([m.n_params for m in group],
+                                          [last_n_mean(m.result, n) for m in group]).statistic)
+        rows.append({"family": family, "models": len(group), f"spearman_params_vs_mean_cos_last_{n}": rho})
+    return rows
+
+
+def paired_rows(pairs: list[tuple[Member, Member]], n: int) -> list[dict]:
+    """A − B of last-n mean cosine and of the depth trend."""
+    return [{
+        "A": a.label,
+        "B": b.label,
+        f"mean_cos_last_{n}_A": last_n_mean(a.result, n),
+        f"mean_cos_last_{n}_B": last_n_mean(b.result, n),
+        f"delta_mean_cos_last_{n}": last_n_mean(a.result, n) - last_n_mean(b.result, n),
+        "delta_spearman": None if None in (a.result.spearman, b.result.spearman)
+        else a.result.spearman - b.result.spearman,
+    } for a, b in pairs]
+
+
+def family_figure(members: list[Member], pairs: list[tuple[Member, Member]], title: str) -> figures.Figure:
+    """One panel per family (curves coloured by size) and one for the pairs."""
+    families = sorted({m.family for m in members})
+    panels = len(families) + bool(pairs)
+    fig, axes = figures.plt.subplots(1, panels, figsize=(6.4 * panels, 4.6), layout="constrained", squeeze=False)
+    cmap = figures.plt.get_cmap("viridis")
+    for ax, family in zip(axes[0], families):
+        group = sorted((m for m in members if m.family == family), key=lambda m: m.n_params)
+        for rank, m in enumerate(group):
+            figures.plot_curve(ax, m.result, color=cmap(rank / max(len(group) - 1, 1) * 0.9),
+                               label=f"{m.label} ({m.n_params / 1e6:.3g}M)")
+        figures.curve_axes(ax, f"{family}: {title}")
+        figures.outside_legend(ax)
+    if pairs:
+        ax = axes[0][-1]
+        for index, (a, b) in enumerate(pairs):
+            color = figures.plt.get_cmap("tab10")(index)
+            figures.plot_curve(ax, a.result, color=color, label=a.label)
+            figures.plot_curve(ax, b.result, color=color, linestyle="--", label=b.label)
+        figures.curve_axes(ax, f"paired (A solid, B dashed): {title}")
+        figures.outside_legend(ax)
+    return fig
+
+
+def markdown(members: list[Member], pairs: list[tuple[Member, Member]], n: int, title: str) -> str:
+    lines = [f"# Condensation by model size ({title})", "", "```", format_table(model_rows(members, n)), "```", "",
+             f"Trend: Spearman's ρ between parameter count and the mean `mean_cos` of the last {n} layers, "
+             "per family (negative: larger models condense less; needs 2 or more models).", "",
+             "```", format_table(trend_rows(members, n)), "```"]
+    if pairs:
+        lines += ["", "Paired (A − B):", "", "```", format_table(paired_rows(pairs, n)), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def parse_assignments(values: Sequence[str], option: str) -> list[tuple[str, str]]:
+    """``NAME=VALUE`` pairs of ``--family`` / ``--paired``."""
+    parsed = []
+    for value in values:
+        name, eq, rest = value.partition("=")
+        if not eq or not name or not rest:
+            raise AnalysisError(f"{option}: {value!r} is not NAME=VALUE")
+        parsed.append((name, rest))
+    return parsed
+
+
+def family(specs: Sequence[str], out: str, family_options: Sequence[str] = (), paired: Sequence[str] = (),
+           last_n: int = DEFAULT_LAST_N) -> str:
+    """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown."""
+    families = {spec: name for name, listed in parse_assignments(family_options, "--family")
+                for spec in listed.split(",")}
+    pair_specs = parse_assignments(paired, "--paired")
+    members = load_members([*specs, *families, *(s for pair in pair_specs for s in pair)], families)
+    by_spec = {m.spec: m for m in members}
+    pairs = [(by_spec[a], by_spec[b]) for a, b in pair_specs]
+    shortest = min(len(m.result.layers) for m in members)
+    if not 1 <= last_n <= shortest:
+        raise AnalysisError(f"--last-n: {last_n} is not between 1 and {shortest}, the fewest layers of these models")
+    ensure_writable(out, "--out")
+    inputs = members[0].result.inputs
+    title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
+    trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
+    write_csv(os.path.join(out, "family.csv"),
+              [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)])
+    if pairs:
+        write_csv(os.path.join(out, "family_paired.csv"), paired_rows(pairs, last_n))
+    text = markdown(members, pairs, last_n, title)
+    atomic_write(os.path.join(out, "family.md"), lambda f: f.write(text))
+    figures.save_png(family_figure(members, pairs, title), os.path.join(out, "family.png"))
+    return text

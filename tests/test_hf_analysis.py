@@ -1,0 +1,276 @@
+"""Condensation of Hugging Face models (``analyze hf:``), model families (``analyze
+family``) and the geometry measures, offline: tiny random-initialised models of several
+architectures saved with our GPT-2 BPE tokenizer, checked against an independent
+computation through ``output_hidden_states``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from scipy import stats
+
+from dispersion_titan.analysis.geometry import effective_rank, max_explainable_variance
+from dispersion_titan.analysis.hf import decoder_layers
+from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis.measure import unit_tokens
+from dispersion_titan.analysis.result import Condensation
+from dispersion_titan.convert import save_tokenizer, to_hf
+from dispersion_titan.errors import ModelLoadError
+
+from helpers import analyze, assert_one_line_error, texts_jsonl, tiny_run
+
+K, S = 4, 16
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+VOCAB = 50257
+
+
+def config(family: str, width: int = 32, layers: int = 2) -> transformers.PretrainedConfig:
+    """A tiny config of ``family`` (every model has 64 positions but BLOOM, which has none)."""
+    common = {"vocab_size": VOCAB, "hidden_size": width, "num_hidden_layers": layers, "num_attention_heads": 2}
+    shape = {"intermediate_size": 2 * width, "max_position_embeddings": 64}
+    if family == "gpt2":
+        return transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=width, n_layer=layers, n_head=2)
+    if family == "llama":
+        return transformers.LlamaConfig(**common, **shape, num_key_value_heads=1)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**common, **shape, num_key_value_heads=1, head_dim=width // 2)
+    if family == "bloom":
+        return transformers.BloomConfig(vocab_size=VOCAB, hidden_size=width, n_layer=layers, n_head=2)
+    return transformers.GPTNeoXConfig(**common, **shape)
+
+
+# Where each family keeps its decoder layers: spelled out here, found generically by the code.
+LAYERS = {"gpt2": "transformer.h", "llama": "model.layers", "qwen3": "model.layers", "bloom": "transformer.h",
+          "neox": "gpt_neox.layers"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(str(folder), 64)
+    return folder
+
+
+def save_model(folder: Path, cfg: transformers.PretrainedConfig, tokenizer_files: Path, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    for f in tokenizer_files.iterdir():
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory) -> Path:
+    return texts_jsonl(tmp_path_factory.mktemp("texts") / "texts.jsonl", documents=3, words=300)
+
+
+def options(texts: Path, *extra: str) -> list[str]:
+    return ["--texts", str(texts), "--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "3", *extra]
+
+
+def load(out: Path, folder: str = "rev-default") -> Condensation:
+    path = out / folder / "condensation.json"
+    return Condensation.from_json(json.loads(path.read_text()), str(path))
+
+
+def plain_mean_cos(states: list[torch.Tensor]) -> list[tuple[float, float]]:
+    """(mean, off-diagonal mean) of the sequence-averaged cosine matrix, layer by layer."""
+    out = []
+    for h in states:
+        h = h.double()
+        u = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-3)
+        m = (u @ u.mT).clamp(-1, 1).mean(dim=0)
+        n = m.shape[0]
+        out.append((m.sum().item() / n**2, (m.sum() - m.trace()).item() / (n * n - n)))
+    return out
+
+
+def independent_states(folder: Path, family: str, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """embedding = hidden_states[0]; block_i = hidden_states[i] for i < n; block_n = the
+    last decoder layer's own output (hooked); final_norm = hidden_states[-1]."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    layers = model
+    for name in LAYERS[family].split("."):
+        layers = getattr(layers, name)
+    captured = []
+    hook = layers[-1].register_forward_hook(lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple)
+                                                                                else out))
+    with torch.no_grad():
+        hidden = model(tokens, output_hidden_states=True).hidden_states
+    hook.remove()
+    n = len(layers)
+    assert len(hidden) == n + 1
+    return [*hidden[:n], captured[0], hidden[n]]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3", "bloom", "neox"])
+def test_hf_model_matches_independent_computation(family, tokenizer_files, texts, tmp_path, capsys):
+    folder = save_model(tmp_path / family, config(family, layers=3), tokenizer_files)
+    code, out, err = analyze(f"hf:{folder}", *options(texts), "--out", tmp_path / "out", capsys=capsys)
+    assert code == 0, err
+    result = load(tmp_path / "out")
+    assert [layer.name for layer in result.layers] == ["embedding", "block_1", "block_2", "block_3", "final_norm"]
+    assert (result.model, result.revision, result.model_args["model_type"]) == (str(folder), None, config(family).model_type)
+    encode = transformers.AutoTokenizer.from_pretrained(folder)
+    sequences = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
+                                 lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"])
+    assert result.tokens_sha256 == sequences.sha256
+    want = plain_mean_cos(independent_states(folder, family, sequences.tokens))
+    got = [(layer.mean_cos, layer.mean_cos_offdiag) for layer in result.layers]
+    assert np.allclose(got, want, rtol=0, atol=1e-5)
+    assert result.n_params == sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(
+        config(family, layers=3)).parameters())
+    assert (tmp_path / "out" / "heatmap_rev-default.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_exported_run_equals_run_analysis(tmp_path, texts, capsys):
+    run = tiny_run(tmp_path / "run", steps=(3,))
+    assert analyze(run, *options(texts), capsys=capsys)[0] == 0
+    exported = tmp_path / "exported"
+    to_hf(str(run / "checkpoint" / "step-3"), str(exported))
+    assert analyze(f"hf:{exported}", *options(texts), "--out", tmp_path / "hf", capsys=capsys)[0] == 0
+    ours, theirs = load(run / "condensation", "step-3"), load(tmp_path / "hf")
+    assert theirs.tokens_sha256 == ours.tokens_sha256
+    assert [layer.name for layer in theirs.layers] == [layer.name for layer in ours.layers]
+    for a, b in zip(theirs.layers, ours.layers):
+        assert (a.mean_cos, a.mean_cos_offdiag) == pytest.approx((b.mean_cos, b.mean_cos_offdiag), abs=1e-5)
+        assert (a.effective_rank, a.mev) == pytest.approx((b.effective_rank, b.mev), rel=1e-4)
+    assert theirs.n_params == ours.n_params
+
+
+def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
+    """``hf:/path@a,b`` means /path/a/ and /path/b/; each cached under OUT/rev-NAME/."""
+    model = tmp_path / "olmo"
+    for seed, revision in enumerate(("stage1-step100", "stage1-step200")):
+        save_model(model / revision, config("llama"), tokenizer_files, seed=seed)
+    out = tmp_path / "out"
+    code, stdout, _ = analyze(f"hf:{model}@stage1-step100,stage1-step200", *options(texts), "--out", out,
+                              capsys=capsys)
+    assert code == 0
+    both = [load(out, f"rev-stage1-step{step}") for step in (100, 200)]
+    assert [(r.step, r.revision) for r in both] == [(100, "stage1-step100"), (200, "stage1-step200")]
+    assert both[0].curve != both[1].curve
+    assert (out / "evolution.png").read_bytes().startswith(PNG_MAGIC)
+    with open(out / "summary.csv") as f:
+        assert [r["revision"] for r in csv.DictReader(f)][::4] == ["stage1-step100", "stage1-step200"]
+    # The same as analysing the revision's folder alone; a rerun skips both.
+    assert analyze(f"hf:{model / 'stage1-step200'}", *options(texts), "--out", tmp_path / "alone",
+                   capsys=capsys)[0] == 0
+    assert load(tmp_path / "alone").curve == both[1].curve
+    code, stdout, _ = analyze(f"hf:{model}@stage1-step100,stage1-step200", *options(texts), "--out", out,
+                              capsys=capsys)
+    assert code == 0 and "2 revision(s) already analyzed" in stdout
+
+
+def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys):
+    specs = []
+    for width in (16, 32, 64):
+        folder = save_model(tmp_path / f"gpt2-{width}", config("gpt2", width=width), tokenizer_files)
+        out = tmp_path / f"analysed-{width}"
+        assert analyze(f"hf:{folder}", *options(texts), "--out", out, capsys=capsys)[0] == 0
+        specs.append(str(out))
+    run = tiny_run(tmp_path / "ours", steps=(0,))
+    assert analyze(run, *options(texts), capsys=capsys)[0] == 0
+    out = tmp_path / "family"
+    code, stdout, err = analyze("family", *specs, f"{run}@0", "--out", out, "--paired", f"{specs[2]}={specs[0]}",
+                                "--last-n", "2", capsys=capsys)
+    assert code == 0, err
+    with open(out / "family.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["family"], r["model"]) for r in rows] == [
+        ("gpt2", "gpt2-16"), ("gpt2", "gpt2-32"), ("gpt2", "gpt2-64"), ("gpt2 run", "ours@0")]
+    members = [load(Path(spec)) for spec in specs]
+    last2 = [np.mean([layer.mean_cos for layer in r.layers[-2:]]) for r in members]
+    assert [float(r["mean_cos_last_2"]) for r in rows[:3]] == pytest.approx(last2, rel=1e-5)
+    assert [int(r["n_params"]) for r in rows[:3]] == [r.n_params for r in members]
+    assert members[0].n_params < members[1].n_params < members[2].n_params
+    want = stats.spearmanr([r.n_params for r in members], last2).statistic
+    assert float(rows[0]["family_trend_spearman"]) == pytest.approx(want, abs=1e-6)
+    assert rows[3]["family_trend_spearman"] == ""  # one model: no trend
+    assert float(rows[0]["effective_rank_last_2"]) > 1
+    text = (out / "family.md").read_text()
+    assert "Paired (A − B)" in text and "gpt2-64" in text
+    with open(out / "family_paired.csv") as f:
+        (pair,) = list(csv.DictReader(f))
+    assert float(pair["delta_mean_cos_last_2"]) == pytest.approx(last2[2] - last2[0], abs=2e-6)
+    png = (out / "family.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 20000
+
+
+def test_default_seq_len_is_the_models_positions(tokenizer_files, texts, tmp_path, capsys):
+    folder = save_model(tmp_path / "llama", config("llama"), tokenizer_files)  # 64 positions
+    common = ["--texts", str(texts), "--num-sequences", str(K), "--out", str(tmp_path / "out")]
+    assert_one_line_error(*analyze(f"hf:{folder}", *common, "--seq-len", "65", capsys=capsys)[::2],
+                          f"--seq-len: 65 exceeds the model's 64 positions (max_position_embeddings of {folder})")
+    assert not (tmp_path / "out" / "rev-default").exists()
+    code, stdout, _ = analyze(f"hf:{folder}", *common, capsys=capsys)
+    assert code == 0 and "note: --seq-len 64 (the model's positions" in stdout
+    assert load(tmp_path / "out").seq_len == 64
+
+
+def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, capsys, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at import
+    out = tmp_path / "out"
+    assert_one_line_error(*analyze("hf:nobody/no-such-model", *options(texts), "--out", out, capsys=capsys)[::2],
+                          "hf:nobody/no-such-model: cannot be loaded")
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    assert_one_line_error(*analyze(f"hf:{unknown}", *options(texts), "--out", out, capsys=capsys)[::2],
+                          f"hf:{unknown}: cannot be loaded", "no-such-architecture")
+    no_weights = save_model(tmp_path / "no_weights", config("gpt2"), tokenizer_files)
+    (no_weights / "model.safetensors").unlink()
+    assert_one_line_error(*analyze(f"hf:{no_weights}", *options(texts), "--out", out, capsys=capsys)[::2],
+                          f"hf:{no_weights}: cannot be loaded")
+    assert_one_line_error(*analyze(f"hf:{no_weights}@missing", *options(texts), "--out", out, capsys=capsys)[::2],
+                          f"hf:{no_weights}@missing: cannot be loaded")
+    assert not list(out.glob("rev-*"))
+    with pytest.raises(ModelLoadError, match=r"^hf:odd: unsupported architecture \(Sequential has no list of 2 "):
+        decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2, "hf:odd")
+
+
+# ---------------------------------------------------------------- geometry
+
+
+def numpy_geometry(h: np.ndarray) -> tuple[float, float]:
+    u = h / np.maximum(np.linalg.norm(h, axis=1, keepdims=True), 1e-3)
+    sigma = np.linalg.svd(u, compute_uv=False)
+    p = sigma[sigma > 1e-12] / sigma.sum()
+    centred = np.linalg.svd(u - u.mean(axis=0), compute_uv=False) ** 2
+    return float(np.exp(-(p * np.log(p)).sum())), float(centred[0] / centred.sum())
+
+
+def geometry(h: np.ndarray) -> tuple[float, float]:
+    u = unit_tokens(torch.tensor(h, dtype=torch.float32)[None])
+    return effective_rank(u).item(), max_explainable_variance(u).item()
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (4, 9), (12, 12)])
+def test_geometry_matches_numpy_svd(shape):
+    h = np.random.default_rng(sum(shape)).normal(size=shape)
+    assert geometry(h) == pytest.approx(numpy_geometry(h), rel=1e-5)
+
+
+def test_geometry_of_rank_one_and_orthogonal_tokens():
+    direction = np.array([1.0, -2.0, 0.5, 3.0])
+    rank_one = np.outer([1.0, 2.0, -0.5, 4.0, 3.0], direction)  # every token on one line
+    assert geometry(rank_one)[0] == pytest.approx(1.0, abs=1e-5)  # float32 unit vectors: not quite one line
+    assert geometry(rank_one)[1] == pytest.approx(1.0)  # ± one direction: one principal axis
+    orthogonal = np.diag([3.0, 0.5, 2.0, 7.0, 1.0])  # norms differ, directions orthogonal
+    rank, mev = geometry(orthogonal)
+    assert rank == pytest.approx(5.0, rel=1e-9)
+    assert mev == pytest.approx(numpy_geometry(orthogonal)[1], rel=1e-6)
+    assert mev == pytest.approx(1 / 4)  # centred simplex: 4 equal axes
+    same = np.tile(direction, (3, 1))  # one direction, no variance at all
+    assert geometry(same) == pytest.approx((1.0, 1.0))
+    batch = unit_tokens(torch.tensor(np.stack([rank_one[:4], orthogonal[:4, :4]]), dtype=torch.float32))
+    assert effective_rank(batch).tolist() == pytest.approx([1.0, 4.0], abs=1e-5)
