@@ -14,27 +14,46 @@ position, Llama's attention sinks):
   component. A sequence whose tokens all point the same way has no variance; it counts
   as 1.
 
-σ² are the eigenvalues of the smaller Gram matrix (S × S or d × d), computed batched in
-float64: float32 would bury the small singular values, which the entropy needs, under
-rounding noise of the order of √ε·σ_1. Eigenvalues below max(S, d)·ε·λ_1 are rounding
-noise and count as 0.
+σ² are the eigenvalues of the smaller Gram matrix (S × S or d × d), formed in float32
+like the cosines and diagonalised in float64, batched. The float32 Gram carries
+rounding noise of about max(S, d)·ε₃₂·λ₁ on every eigenvalue, which the square root
+would turn into spurious singular values of about √(that) and inflate the entropy; so
+eigenvalues below that floor count as 0. On a CPU the eigensolver runs on one thread:
+LAPACK's threaded symmetric eigensolver was ten times slower than one thread at these
+sizes (S = 256, 2-core VM).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 
 
+@contextmanager
+def _one_cpu_thread(device: torch.device) -> Iterator[None]:
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _gram(x: torch.Tensor) -> torch.Tensor:
-    """[B, S, d] -> the smaller of x xᵀ and xᵀ x, float64; same nonzero eigenvalues."""
-    x = x.double()
-    return x @ x.mT if x.shape[1] <= x.shape[2] else x.mT @ x
+    """[B, S, d] -> the smaller of x xᵀ and xᵀ x (same nonzero eigenvalues), as float64."""
+    x = x.float()
+    return (x @ x.mT if x.shape[1] <= x.shape[2] else x.mT @ x).double()
 
 
 def _eigenvalues(x: torch.Tensor) -> torch.Tensor:
     """Squared singular values of each [S, d] matrix, ascending, rounding noise zeroed."""
-    values = torch.linalg.eigvalsh(_gram(x))
-    tolerance = max(x.shape[1:]) * torch.finfo(values.dtype).eps * values[..., -1:].clamp_min(0)
+    gram = _gram(x)
+    with _one_cpu_thread(gram.device):
+        values = torch.linalg.eigvalsh(gram)
+    tolerance = max(x.shape[1:]) * torch.finfo(torch.float32).eps * values[..., -1:].clamp_min(0)
     return torch.where(values > tolerance, values, torch.zeros_like(values))
 
 
