@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import math
 import os
 import shutil
@@ -23,7 +24,9 @@ DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
 
 def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"})
+    # The tests train on CPU on purpose: allowed even where GPUs are allocated but unusable.
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+                "DISPERSION_TITAN_ALLOW_CPU": "1"})
     env.update(extra or {})
     return env
 
@@ -47,6 +50,12 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
 def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=launch_env(env),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``folder``: equal dicts mean nothing added, removed or changed."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def scalars(dump: Path | str) -> dict[str, dict[int, float]]:
