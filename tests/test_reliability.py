@@ -9,7 +9,6 @@ See docs/reliability.md for the guarantees these tests stand for.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -30,6 +29,7 @@ from helpers import (
     DEBUG_TOML,
     analyze,
     assert_one_line_error,
+    digests,
     load_weights,
     max_abs_diff,
     python_module,
@@ -45,12 +45,6 @@ SCHEDULE = (  # every launch below shares it, so losses are comparable step for 
 )
 TAGS = ("loss_metrics/global_avg_loss", "loss_metrics/ce", "loss_metrics/dispersion", "grad_norm")
 ANALYSIS = ("--num-sequences", "4", "--seq-len", "32")
-
-
-def digests(folder: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``folder``: equal dicts mean nothing added, removed or changed."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def complete_steps(dump: Path) -> list[int]:
@@ -215,7 +209,7 @@ BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersi
     (["--model.vocab_size", "-1"], "model.vocab_size"),
     (["--model.max_seq_len", "-1"], "model.max_seq_len"),
     (["--dispersion.lambda_norm", "-1"], "dispersion.lambda_norm"),
-    (["--training.local_batch_size", "0"], "training.local_batch_size"),
+    (["--training.local_batch_size", "-1"], "training.local_batch_size"),
     (["--checkpoint.interval", "0"], "checkpoint.interval"),
     (["--validation.dataset", "local", "--validation.dataset_path", "{empty}"], "validation.dataset_path"),
     (["--model.vocab_size", "1000"], "model.vocab_size"),  # below the tokenizer's 50257 ids
