@@ -16,7 +16,9 @@ from helpers import DEBUG_TOML, REPO, launch_env
 pytestmark = pytest.mark.slow
 
 # Steps 1 (TorchTitan always logs it) and 4 (the last: checked) check; 2 and 3 neither log nor save.
-ARGS = ("--job.config_file", DEBUG_TOML, "--training.steps", "4", "--metrics.log_freq", "10",
+# TorchTitan's own Trainer needs an explicit micro-batch (it does not derive local_batch_size = 0).
+ARGS = ("--job.config_file", DEBUG_TOML, "--training.local_batch_size", "4", "--training.steps", "4",
+        "--metrics.log_freq", "10",
         "--checkpoint.no-enable", "--validation.no-enable", "--metrics.no-enable-tensorboard",
         "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.1", "--dispersion.max_tokens", "64")
 QUIET_STEPS = ("2", "3")
