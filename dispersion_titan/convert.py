@@ -5,7 +5,8 @@
     python -m dispersion_titan.convert to-hf DUMP OUT_DIR     # the run's newest complete checkpoint
 
 ``step-N`` may be a DCP checkpoint or a ``last_save_in_hf`` one; the model shape comes
-from the run's ``run.json``. ``OUT_DIR`` receives ``config.json`` (``GPT2Config``,
+from the run's ``run.json``. A vocabulary padded past GPT-2's 50257 ids
+(``model.vocab_size = 50304``) is trimmed back to them. ``OUT_DIR`` receives ``config.json`` (``GPT2Config``,
 ``n_inner`` for MLP widths other than 4·dim, ``tie_word_embeddings``),
 ``model.safetensors`` and the GPT-2 tokenizer files. Everything is written to a
 temporary directory first, so a failed conversion leaves ``OUT_DIR`` as it was; a
@@ -25,7 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .errors import CheckpointError, ConvertError, DispersionTitanError, fail
-from .models.gpt2.args import GPT2ModelArgs
+from .models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
 from .models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from .tokenizer import EOT_ID, bpe_files
 from .trainer.checkpoints import check_complete, checkpoint_folder, list_checkpoints, load_model, load_model_args
@@ -62,14 +63,20 @@ def hf_state_dict(step_dir: str, args: GPT2ModelArgs) -> dict[str, torch.Tensor]
         if not files:
             raise CheckpointError(f"{step_dir}: neither a DCP (.metadata) nor a safetensors checkpoint")
         state = adapter.from_hf({k: v for f in files for k, v in load_file(f).items()})
-    return {k: v.detach().contiguous().clone() for k, v in adapter.to_hf(state).items()}
+    hf = adapter.to_hf(state)
+    for key in _VOCAB_ROWS & hf.keys():  # rows past the tokenizer's ids pad the vocabulary (never targets)
+        hf[key] = hf[key][:GPT2_VOCAB_SIZE]
+    return {k: v.detach().contiguous().clone() for k, v in hf.items()}
+
+
+_VOCAB_ROWS = {"transformer.wte.weight", "lm_head.weight"}
 
 
 def gpt2_config(args: GPT2ModelArgs):
     from transformers import GPT2Config
 
     return GPT2Config(
-        vocab_size=args.vocab_size,
+        vocab_size=GPT2_VOCAB_SIZE,  # a padded vocabulary is trimmed back to the tokenizer's
         n_positions=args.max_seq_len,
         n_embd=args.dim,
         n_layer=args.n_layers,

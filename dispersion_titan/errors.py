@@ -53,6 +53,16 @@ class SweepError(DispersionTitanError):
     """A bad sweep spec."""
 
 
+class DeviceError(DispersionTitanError):
+    """GPUs were allocated to the job but torch cannot use them."""
+
+
+class RunFinished(DispersionTitanError):
+    """Not an error: the run already reached ``training.steps``; said in one line, exit 0."""
+
+    status = 0
+
+
 class NonFiniteLossError(DispersionTitanError):
     """The loss became NaN or infinite; training stopped before saving that step."""
 

@@ -34,6 +34,7 @@ from importlib.resources import files
 from dispersion_titan.config.grid import Cell, Variant, cells
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
 from dispersion_titan.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
+from dispersion_titan.devices import ALLOW_CPU_ENV
 
 CONFIG = str(files("dispersion_titan") / "configs" / "quickstart.toml")  # package data
 OUT_ENV = "QUICKSTART_OUT"
@@ -210,7 +211,8 @@ def analyzed(plan: Plan, run: Cell) -> bool:
 def execute(cmd: list[str], log: str, threads: int) -> int:
     """Run ``cmd`` with its output appended to ``log``; return its exit status."""
     os.makedirs(os.path.dirname(log), exist_ok=True)
-    env = {**MALLOC, **os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
+    env = {**MALLOC, **os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", ALLOW_CPU_ENV: "1"}
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()

@@ -2,6 +2,10 @@
 
 Validates the whole configuration first, so bad input fails with one line naming the
 field before any process group starts; then hands over to ``torchtitan.train.main``.
+
+``--check-only`` stops after the checks, in one process, for a job of ``WORLD_SIZE``
+processes (``launch/train.sh`` runs it before torchrun): exit 0 to go on, 2 for bad
+input, ``NOTHING_TO_DO`` when the run already reached ``training.steps``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ import socket
 import sys
 
 from dispersion_titan.config.cli import load_toml, with_config_module
-from dispersion_titan.errors import ArgumentError, ConfigError, DispersionTitanError, fail, fail_with
+from dispersion_titan.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
+
+CHECK_ONLY = "--check-only"
+NOTHING_TO_DO = 10
 
 
 def _first_message(boxed: str) -> str:
@@ -38,8 +45,10 @@ def prepare() -> None:
     register_all()
 
 
-def validated_args(args: list[str]):
-    """Parse ``args`` exactly as TorchTitan will, and check every value we depend on."""
+def validated_args(args: list[str], world_size: int | None = None):
+    """Parse ``args`` exactly as TorchTitan will, and check every value we depend on for a
+    job of ``world_size`` processes (default: ``WORLD_SIZE``, else 1); derived batch sizes
+    are filled in."""
     from torchtitan.config import ConfigManager
 
     from dispersion_titan import config as custom_config
@@ -59,8 +68,24 @@ def validated_args(args: list[str]):
         raise ConfigError(f"model.flavor: {job_config.model.flavor!r} is not one of {sorted(gpt2_flavors)}")
     model_args = gpt2_flavors[job_config.model.flavor]
     model_args.update_from_config(job_config)
-    check_job_config(job_config, model_args)
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    check_job_config(job_config, model_args, world_size)
     return job_config
+
+
+def resume_step(job_config) -> int | None:
+    """The checkpoint step to load when TorchTitan's choice (the newest) is not the one; see
+    ``checkpoints.plan_resume``. Raises ``RunFinished`` when there is nothing to do."""
+    from dispersion_titan.config.checks import data_parallel_degree
+    from dispersion_titan.trainer.checkpoints import plan_resume
+
+    ckpt = job_config.checkpoint
+    if not ckpt.enable:
+        return None
+    dp = data_parallel_degree(job_config, int(os.environ.get("WORLD_SIZE", "1")))
+    return plan_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.training.steps,
+                       dp, ckpt.load_step)
 
 
 def _default_to_single_process() -> None:
@@ -76,11 +101,14 @@ def _default_to_single_process() -> None:
 
 
 def main() -> None:
+    argv = sys.argv[1:]
+    check_only = CHECK_ONLY in argv
     try:
-        args = with_config_module(sys.argv[1:], load_toml(sys.argv[1:]))
+        args = with_config_module([a for a in argv if a != CHECK_ONLY], load_toml(argv))
     except ArgumentError as e:
         fail_with(e)
     prepare()
+    from dispersion_titan.devices import check_gpus_usable
     from dispersion_titan.trainer import titan_compat
 
     titan_compat.use_command_line(args)
@@ -89,9 +117,18 @@ def main() -> None:
 
         ConfigManager().parse_args(args)  # prints the help of every section and exits
     try:
-        validated_args(args)
+        job_config = validated_args(args)
+        check_gpus_usable()
+        load_step = resume_step(job_config)
+    except RunFinished as e:
+        print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
+        sys.exit(NOTHING_TO_DO if check_only else e.status)
     except (DispersionTitanError, ValueError) as e:
         fail(str(e).splitlines()[0])
+    if check_only:
+        return
+    if load_step is not None:
+        titan_compat.use_command_line([*args, "--checkpoint.load_step", str(load_step)])
 
     import torchtitan.train
 

@@ -43,9 +43,9 @@ gpu_count() {  # GPUs this node may use: CUDA_VISIBLE_DEVICES, else Slurm's coun
     fi
 }
 
-cpu_count() {  # CPUs this node may use: Slurm's allocation, else the affinity mask
+cpu_count() {  # CPUs this task may use: Slurm's CPUs per task or on the node, else the affinity mask
     # (GNU nproc would answer OMP_NUM_THREADS instead, when that is set)
-    echo "${SLURM_CPUS_ON_NODE:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
+    echo "${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}}"
 }
 
 dump_folder_override() {  # dump_folder_override ARGS...: the (last) --job.dump_folder value in ARGS

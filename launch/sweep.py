@@ -3,7 +3,8 @@
 
     python launch/sweep.py [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1]
                            [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
-                           [--train-time T] [--analyze-time T] [--nodes N] [--dry-run]
+                           [--train-time T] [--analyze-time T] [--nodes N] [--gpus-per-node G]
+                           [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
                            [-- TRAINING OVERRIDES ...]
 
 Every cell is a training job (launch/slurm/train.sbatch) with its own dump folder
@@ -42,6 +43,9 @@ from dispersion_titan.errors import SweepError, fail  # noqa: E402
 
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
+SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; train.sh's NPROC without GPUs
+
+
 @dataclass
 class Spec:
     config: Path
@@ -54,6 +58,12 @@ class Spec:
     train_time: str | None = None
     analyze_time: str | None = None
     nodes: int | None = None
+    gpus_per_node: int | None = None
+    """GPUs per node of each training job (None: train.sbatch's own request; 0: none)."""
+    cpus_per_task: int | None = None
+    """CPUs per node (one task) of each training job (None: train.sbatch's own request)."""
+    analyze_gpus: int | None = None
+    """GPUs of each analysis and compare job (None: analyze.sbatch's own request; 0: none)."""
     train_sbatch_args: list[str] = field(default_factory=list)
     analyze_sbatch_args: list[str] = field(default_factory=list)
     train_overrides: list[str] = field(default_factory=list)
@@ -61,6 +71,10 @@ class Spec:
 
     def cells(self) -> list[Cell]:
         return cells(self.widths, self.variants, self.seeds)
+
+
+RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "analyze_gpus": 0}
+"""Per-job resources of the spec, each with its smallest value."""
 
 
 # ---- parsing and validation -------------------------------------------------------------
@@ -136,7 +150,7 @@ def build_spec(raw: dict[str, Any]) -> Spec:
         config=config, out=out, widths=widths, variants=variants, seeds=seeds, train_overrides=train_overrides,
         partition=raw.get("partition"), account=raw.get("account"),
         train_time=raw.get("train_time"), analyze_time=raw.get("analyze_time"),
-        nodes=None if raw.get("nodes") is None else _int("nodes", raw["nodes"], 1),
+        **{key: _int(key, raw[key], minimum) for key, minimum in RESOURCES.items() if raw.get(key) is not None},
         **{k: _strings(k, raw[k]) for k in ("train_sbatch_args", "analyze_sbatch_args", "analyze_args")
            if raw.get(k) is not None},
     )
@@ -146,8 +160,15 @@ def build_spec(raw: dict[str, Any]) -> Spec:
     return spec
 
 
+def world_size(spec: Spec) -> int:
+    """The processes of each training job: one per GPU of every node."""
+    per_node = SBATCH_GPUS_PER_NODE if spec.gpus_per_node is None else spec.gpus_per_node
+    return (spec.nodes or 1) * (per_node or CPU_PROCESSES_PER_NODE)
+
+
 def check_training_configs(spec: Spec) -> None:
-    """Parse every cell's training configuration as the training entry point will."""
+    """Parse every cell's training configuration as the training entry point will, for
+    the job's number of processes (batch sizes must split over its GPUs)."""
     from dispersion_titan.config.cli import load_toml, with_config_module
     from dispersion_titan.errors import DispersionTitanError
     from dispersion_titan.train import prepare, validated_args
@@ -156,12 +177,19 @@ def check_training_configs(spec: Spec) -> None:
     for cell in spec.cells():
         args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(str(spec.out / cell.name))]
         try:
-            validated_args(with_config_module(args, load_toml(args)))
+            validated_args(with_config_module(args, load_toml(args)), world_size(spec))
         except (DispersionTitanError, ValueError) as e:
             raise SweepError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
 
 
 # ---- the jobs -----------------------------------------------------------------------------
+
+def _resources(spec: Spec, *keys: str) -> list[str]:
+    """sbatch options for the resources the spec sets (``analyze_gpus`` is ``--gpus``)."""
+    flags = {"analyze_gpus": "--gpus"}
+    return [f"{flags.get(k, '--' + k.replace('_', '-'))}={getattr(spec, k)}" for k in keys
+            if getattr(spec, k) is not None]
+
 
 def _common_sbatch(spec: Spec, name: str, time_limit: str | None, extra: list[str]) -> list[str]:
     args = ["sbatch", "--parsable", f"--job-name={spec.out.name}-{name}",
@@ -189,17 +217,18 @@ class Job:
 def plan(spec: Spec) -> list[Job]:
     jobs: list[Job] = []
     for i, cell in enumerate(spec.cells(), start=1):
-        nodes = [f"--nodes={spec.nodes}"] if spec.nodes else []
+        resources = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task")
         train = Job(f"train_{i}", f"{cell.name} train", [
-            *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, nodes + spec.train_sbatch_args),
+            *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, resources + spec.train_sbatch_args),
             str(TRAIN_SBATCH), str(spec.config), *spec.train_overrides, *cell.overrides(str(spec.out / cell.name))])
         analyze = Job(f"analyze_{i}", f"{cell.name} analyze", [
-            *_common_sbatch(spec, f"{cell.name}-analyze", spec.analyze_time, spec.analyze_sbatch_args),
+            *_common_sbatch(spec, f"{cell.name}-analyze", spec.analyze_time,
+                            _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args),
             str(ANALYZE_SBATCH), str(spec.out / cell.name), *spec.analyze_args], after=[train.key])
         jobs += [train, analyze]
     runs = [str(spec.out / cell.name) for cell in spec.cells()]
     jobs.append(Job("compare", "compare", [
-        *_common_sbatch(spec, "compare", spec.analyze_time, spec.analyze_sbatch_args),
+        *_common_sbatch(spec, "compare", spec.analyze_time, _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args),
         str(ANALYZE_SBATCH), "compare", *runs, "--out", str(spec.out / "compare")],
         after=[job.key for job in jobs]))
     return jobs
@@ -271,6 +300,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--train-time", help="time limit of each training job (sbatch --time)")
     p.add_argument("--analyze-time", help="time limit of each analysis job and of the compare job")
     p.add_argument("--nodes", help="nodes per training job")
+    p.add_argument("--gpus-per-node", help="GPUs per node of each training job (default: train.sbatch's 8; 0: none)")
+    p.add_argument("--cpus-per-task", help="CPUs per node of each training job (default: train.sbatch's 64)")
+    p.add_argument("--analyze-gpus", help="GPUs of each analysis and compare job (default: analyze.sbatch's 1; 0: none)")
     p.add_argument("--train-sbatch-arg", action="append", dest="train_sbatch_args", metavar="ARG",
                    help="extra sbatch argument for training jobs, e.g. --train-sbatch-arg=--gpus-per-node=8")
     p.add_argument("--analyze-sbatch-arg", action="append", dest="analyze_sbatch_args", metavar="ARG",
@@ -295,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         raw = load_spec_file(args.spec) if args.spec else {}
         for key in ("config", "out", "widths", "variants", "seeds", "partition", "account", "train_time",
-                    "analyze_time", "nodes", "train_sbatch_args", "analyze_sbatch_args", "analyze_args"):
+                    "analyze_time", "nodes", "gpus_per_node", "cpus_per_task", "analyze_gpus", "train_sbatch_args", "analyze_sbatch_args", "analyze_args"):
             if getattr(args, key) is not None:
                 raw[key] = getattr(args, key)
         if overrides:

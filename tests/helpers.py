@@ -26,7 +26,9 @@ DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
 
 def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"})
+    # The tests train on CPU on purpose: allowed even where GPUs are allocated but unusable.
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+                "DISPERSION_TITAN_ALLOW_CPU": "1"})
     env.update(extra or {})
     return env
 
@@ -50,6 +52,12 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
 def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=launch_env(env),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``folder``: equal dicts mean nothing added, removed or changed."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def scalars(dump: Path | str) -> dict[str, dict[int, float]]:
@@ -131,12 +139,6 @@ def texts_jsonl(path: Path, documents: int, words: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     path.write_text("".join(json.dumps({"text": " ".join(rng.choice(WORDS, words))}) + "\n" for _ in range(documents)))
     return path
-
-
-def digests(folder: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``folder``: equal dicts mean nothing added, removed or changed."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def write_parquet(folder: Path, docs: list[str], files: int, row_group: int = 17) -> list[str]:

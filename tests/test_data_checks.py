@@ -87,7 +87,7 @@ def test_validation_loss_and_perplexity_reach_tensorboard(tmp_path):
     assert s["validation_metrics/perplexity"][1] == pytest.approx(math.exp(loss), rel=1e-5)
     model = load_model(str(run / "checkpoint" / "step-1"), load_model_args(str(run / "checkpoint")))
     tokens = torch.from_numpy(token_stream("local", "validation", str(held_out), "validation.dataset").astype(np.int64))
-    seq, global_batch = 128, 2 * 4  # debug.toml: seq_len 128, validation local_batch_size 4
+    seq, global_batch = 128, 8  # debug.toml: seq_len 128, validation batches of training's global batch
     n = (len(tokens) - 1) // seq
     assert n > global_batch and n % global_batch  # several batches, the last one partial
     inputs, labels = tokens[: n * seq].view(n, seq), tokens[1 : n * seq + 1].view(n, seq)

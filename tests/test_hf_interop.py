@@ -110,19 +110,23 @@ def write_dcp_checkpoint(dump, args: GPT2ModelArgs):
     return step
 
 
-@pytest.mark.parametrize("mlp, tie", [(0, True), (96, False)])
-def test_convert_to_hf_gives_identical_logits_and_weights(tmp_path, mlp, tie):
-    args = GPT2ModelArgs(dim=64, n_layers=3, n_heads=4, mlp_hidden_dim=mlp, max_seq_len=128, tie_embeddings=tie)
+@pytest.mark.parametrize("mlp, tie, vocab", [(0, True, 50257), (96, False, 50257), (0, False, 50304)],
+                         ids=["tied", "untied", "padded-vocab"])
+def test_convert_to_hf_gives_identical_logits_and_weights(tmp_path, mlp, tie, vocab):
+    """A padded vocabulary (the GPU configs' 50304) comes out trimmed to GPT-2's 50257 ids."""
+    args = GPT2ModelArgs(dim=64, n_layers=3, n_heads=4, mlp_hidden_dim=mlp, max_seq_len=128, tie_embeddings=tie,
+                         vocab_size=vocab)
     step = write_dcp_checkpoint(tmp_path / "run", args)
     out = tmp_path / "hf"
     convert.main(["to-hf", str(step), str(out)])
     config = json.loads((out / "config.json").read_text())
     assert config["n_inner"] == (mlp or None) and config["tie_word_embeddings"] is tie
     assert config["n_positions"] == 128 and config["architectures"] == ["GPT2LMHeadModel"]
-    assert max_diff(hf_logits(out), our_logits(step)) <= 1e-5
-    # ours -> HF -> ours: the adapter's inverse restores every tensor exactly.
+    assert config["vocab_size"] == 50257
+    assert max_diff(hf_logits(out), our_logits(step)[..., :50257]) <= 1e-5
+    # ours -> HF -> ours: the adapter's inverse restores every tensor exactly (bar the padding rows).
     back = GPT2StateDictAdapter(args, None).from_hf(load_file(str(out / "model.safetensors")))
-    ours = load_weights(step)
+    ours = {k: v[:50257] if v.shape[0] == vocab else v for k, v in load_weights(step).items()}
     assert back.keys() == ours.keys() and all(torch.equal(back[k], ours[k]) for k in ours)
 
 

@@ -209,7 +209,7 @@ BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersi
     (["--model.vocab_size", "-1"], "model.vocab_size"),
     (["--model.max_seq_len", "-1"], "model.max_seq_len"),
     (["--dispersion.lambda_norm", "-1"], "dispersion.lambda_norm"),
-    (["--training.local_batch_size", "0"], "training.local_batch_size"),
+    (["--training.local_batch_size", "-1"], "training.local_batch_size"),
     (["--checkpoint.interval", "0"], "checkpoint.interval"),
     (["--validation.dataset", "local", "--validation.dataset_path", "{empty}"], "validation.dataset_path"),
     (["--model.vocab_size", "1000"], "model.vocab_size"),  # below the tokenizer's 50257 ids

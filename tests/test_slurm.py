@@ -21,6 +21,9 @@ from helpers import DEBUG_TOML, REPO, launch_env, scalars
 pytestmark = pytest.mark.slow
 
 LOCAL_SLURM = REPO / "launch" / "local_slurm.sh"
+# The local cluster has no GPUs: the scripts' GPU and CPU requests are overridden (and
+# launch_env allows training on CPU).
+NO_GPUS = ("--gpus-per-node=0", "--cpus-per-task=1")
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
 TINY_ANALYSIS = ("--num-sequences", "4", "--seq-len", "64")
@@ -95,7 +98,7 @@ def preempted_run(slurm, tmp_path_factory) -> dict:
     batch-shell signal Slurm sends for --signal=B:USR1@T), left to requeue and finish."""
     submit_dir = tmp_path_factory.mktemp("submit")
     waiter = subprocess.Popen(
-        ["sbatch", "--wait", "--parsable", str(TRAIN_SBATCH), DEBUG_TOML, "--training.steps", str(STEPS),
+        ["sbatch", "--wait", "--parsable", *NO_GPUS, str(TRAIN_SBATCH), DEBUG_TOML, "--training.steps", str(STEPS),
          "--validation.no-enable", "--metrics.log_freq", "1"],
         cwd=submit_dir, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     job_id = waiter.stdout.readline().strip().split(";")[0]
@@ -132,7 +135,7 @@ def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
 
 def test_analyze_sbatch_on_the_run(preempted_run, slurm, tmp_path):
     run = preempted_run["dump"]
-    proc = subprocess.run(["sbatch", "--wait", "--parsable", f"--output={tmp_path}/analyze-%j.out",
+    proc = subprocess.run(["sbatch", "--wait", "--parsable", "--gpus=0", f"--output={tmp_path}/analyze-%j.out",
                            str(ANALYZE_SBATCH), str(run), *TINY_ANALYSIS],
                           cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=400)
     job_id = proc.stdout.strip().split(";")[0]
@@ -151,6 +154,7 @@ def test_two_cell_sweep_runs_to_its_compare_job(slurm, tmp_path):
         [sys.executable, str(REPO / "launch" / "sweep.py"), "--config", DEBUG_TOML, "--out", str(out),
          "--widths", "128", "--variants", "baseline,angular_spread:0.1", "--seeds", "0",
          "--partition", "debug", "--train-time", "00:10:00", "--analyze-time", "00:10:00",
+         "--gpus-per-node", "0", "--cpus-per-task", "1", "--analyze-gpus", "0",
          f"--analyze-args={' '.join(TINY_ANALYSIS)}",
          "--", "--training.steps", "3", "--validation.no-enable"],
         cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=300)

@@ -153,6 +153,22 @@ def test_checkpoint_folder_of_a_disabled_checkpointer_is_none():
     assert titan_compat.checkpoint_folder(Enabled()) == "/runs/x/checkpoint"
 
 
+def test_will_save_follows_the_checkpointers_rule():
+    """Touch ``will_save``: ``CheckpointManager._should_save(curr_step, last_step)``, and
+    ``train()`` calling ``checkpointer.save(self.step, last_step=...)`` after ``train_step``."""
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.train import Trainer
+
+    assert list(inspect.signature(CheckpointManager._should_save).parameters) == ["self", "curr_step", "last_step"]
+    train = _source(Trainer.train)
+    assert train.index("self.train_step(") < train.index("self.checkpointer.save(")
+    manager = object.__new__(CheckpointManager)
+    manager.enable, manager.load_only, manager.enable_first_step_checkpoint, manager.interval = True, False, False, 5
+    assert [s for s in range(1, 13) if titan_compat.will_save(manager, s, last_step=s == 12)] == [5, 10, 12]
+    manager.enable = False
+    assert not titan_compat.will_save(manager, 12, last_step=True)
+
+
 # The source of the TorchTitan method that TrainerHooks.forward_backward_step re-implements.
 FORWARD_BACKWARD_STEP_SHA256 = "d66c2dd178723d3a492c93eb352b37b9ca68fd38073632100dc14769f0b78915"
 

@@ -8,6 +8,7 @@ dump folder.
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from typing import Any, Literal
@@ -135,8 +136,10 @@ def check_data(config: JobConfig) -> None:
                 check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
         except DataConfigError as e:
             raise ConfigError(str(e)) from None
-    if config.training.local_batch_size < 1:
-        raise ConfigError(f"training.local_batch_size: must be >= 1, got {config.training.local_batch_size}")
+    for section in ("training", "validation"):
+        size = getattr(config, section).local_batch_size
+        if size < 0:
+            raise ConfigError(f"{section}.local_batch_size: must be >= 0 (0 derives it), got {size}")
     if config.training.dataloader.num_workers != 0:
         raise ConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
@@ -152,10 +155,106 @@ def check_checkpoint(config: JobConfig) -> None:
         )
 
 
-def check_job_config(config: JobConfig, args: GPT2ModelArgs) -> None:
+def data_parallel_degree(config: JobConfig, world_size: int) -> int:
+    """The DP degree TorchTitan's ParallelDims will build from ``world_size`` processes."""
+    p = config.parallelism
+    others = p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree
+    if p.data_parallel_shard_degree == -1:
+        if world_size % others:
+            raise ConfigError(f"parallelism: {world_size} processes are not divisible by "
+                              f"tensor × context × pipeline parallel degrees = {others}")
+        return world_size // others
+    dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
+    if dp * others != world_size:
+        raise ConfigError(f"parallelism: data_parallel_replicate_degree × data_parallel_shard_degree × "
+                          f"tensor × context × pipeline = {dp * others}, but there are {world_size} processes")
+    return dp
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def resolve_batch_sizes(config: JobConfig, dp: int) -> None:
+    """Check the batch sizes against ``dp`` data-parallel ranks and fill in derived ones
+    (``local_batch_size = 0``), before TorchTitan asserts them once NCCL runs.
+
+    Training: each rank's share global/dp is split into micro-batches of the largest
+    divisor of it up to ``max_local_batch_size``; accumulation does the rest. Validation
+    has no accumulation: its per-rank batch is its global batch / dp.
+    """
+    t = config.training
+    if t.max_local_batch_size < 0:
+        raise ConfigError(f"training.max_local_batch_size: must be >= 0, got {t.max_local_batch_size}")
+    if t.global_batch_size > 0:
+        size = t.global_batch_size
+    elif t.local_batch_size > 0:
+        size = t.local_batch_size * dp
+    else:
+        raise ConfigError("training.local_batch_size: 0 (derive it) needs a training.global_batch_size > 0")
+    if size % dp:
+        raise ConfigError(f"training.global_batch_size: {size} sequences cannot be split over {dp} "
+                          f"data-parallel ranks; use a multiple of {dp}")
+    share = size // dp
+    if t.local_batch_size == 0:
+        t.local_batch_size = max(d for d in _divisors(share) if d <= (t.max_local_batch_size or share))
+    elif share % t.local_batch_size:
+        raise ConfigError(
+            f"training.local_batch_size: {t.local_batch_size} does not divide the {share} sequences per rank "
+            f"(global_batch_size {size} over {dp} data-parallel ranks); use one of {_divisors(share)}, "
+            "or 0 to derive it"
+        )
+    v = config.validation
+    if not v.enable:
+        return
+    size = v.global_batch_size if v.global_batch_size > 0 else size
+    if size % dp:
+        raise ConfigError(f"validation.global_batch_size: {size} sequences cannot be split over {dp} "
+                          f"data-parallel ranks; use a multiple of {dp}")
+    if v.local_batch_size == 0:
+        v.local_batch_size = size // dp
+    elif v.local_batch_size * dp != size:
+        raise ConfigError(
+            f"validation.local_batch_size: {v.local_batch_size} × {dp} data-parallel ranks is not the "
+            f"validation global batch of {size} sequences; use {size // dp}, or 0 to derive it"
+        )
+
+
+def _unwritable(path: str) -> str | None:
+    """Why a folder could not be created or written at ``path`` (None: it can), without
+    creating anything: the nearest existing ancestor decides."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+def check_output_folders(config: JobConfig) -> None:
+    """Every folder the run writes to, checked before any process group starts."""
+    dump = config.job.dump_folder
+    folders = {"job.dump_folder": dump}
+    if config.checkpoint.enable:
+        folders["checkpoint.folder"] = os.path.join(dump, config.checkpoint.folder)
+    if config.metrics.enable_tensorboard:
+        folders["metrics.save_tb_folder"] = os.path.join(dump, config.metrics.save_tb_folder)
+    for field, path in folders.items():
+        problem = _unwritable(path)
+        if problem:
+            raise ConfigError(f"{field}: {path} cannot be created: {problem}")
+
+
+def check_job_config(config: JobConfig, args: GPT2ModelArgs, world_size: int = 1) -> None:
+    """Everything about ``config`` that can be known before any process starts, for a
+    job of ``world_size`` processes (derived batch sizes are filled in)."""
     if config.model.name != "gpt2":
         raise ConfigError(f"model.name: dispersion_titan trains 'gpt2', got {config.model.name!r}")
     check_model(config, args)
     check_dispersion(config, args.n_layers)
     check_data(config)
     check_checkpoint(config)
+    resolve_batch_sizes(config, data_parallel_degree(config, world_size))
+    check_output_folders(config)

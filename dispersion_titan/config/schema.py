@@ -1,6 +1,7 @@
 """Extra TOML fields, merged by TorchTitan into its JobConfig via ``job.custom_config_module``.
 
 ``[model]`` gains shape overrides (0 keeps the flavor's value) and the tie switch;
+``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones;
 ``[dispersion]`` configures the auxiliary loss. Every field is overridable on the
 command line as ``--section.key value``.
 """
@@ -51,6 +52,21 @@ class Dispersion:
 
 
 @dataclass
+class Training:
+    max_local_batch_size: int = 0
+    """With ``local_batch_size = 0``: the largest micro-batch per rank (0: no limit); the
+    derived micro-batch is the largest divisor of global_batch_size / DP degree up to it."""
+
+
+@dataclass
+class Validation:
+    global_batch_size: int = -1
+    """Sequences per validation batch over all data-parallel ranks (-1: training's global
+    batch size); ``validation.steps`` counts these batches, so every layout validates on
+    the same sequences. ``local_batch_size = 0`` derives the per-rank share."""
+
+
+@dataclass
 class Checkpoint:
     save_initial: bool = False
     """Save step 0 (the initialised weights, before any update) when a run starts fresh."""
@@ -59,5 +75,7 @@ class Checkpoint:
 @dataclass
 class JobConfig:
     model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+    validation: Validation = field(default_factory=Validation)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     dispersion: Dispersion = field(default_factory=Dispersion)

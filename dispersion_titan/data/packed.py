@@ -18,6 +18,7 @@ import functools
 import math
 from collections.abc import Iterator
 from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 import torch
@@ -181,9 +182,38 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
     )
 
 
+class PackedDataloader(ParallelAwareDataloader):
+    """A loader whose checkpointed state is global: the number of sequences of the global
+    stream consumed, the same on every rank. Any data-parallel degree resumes from it (each
+    of W ranks has yielded 1/W of them), so a run may move between GPU counts.
+
+    Streamed hub corpora keep TorchTitan's per-rank state (a resume point in the rows of
+    each rank), which only the same degree can resume.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        if isinstance(self.dataset, StreamingPackedDataset):
+            return super().state_dict()
+        return {GLOBAL_POSITION: self.dataset.samples_yielded * self.dp_world_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if GLOBAL_POSITION not in state_dict:
+            super().load_state_dict(state_dict)
+            return
+        consumed = state_dict[GLOBAL_POSITION]
+        if consumed % self.dp_world_size:
+            raise DataConfigError(f"training: {consumed} sequences consumed cannot be split over "
+                                  f"{self.dp_world_size} data-parallel ranks")
+        self.dataset.load_state_dict({"samples_yielded": consumed // self.dp_world_size})
+
+
+GLOBAL_POSITION = "sequences_consumed"
+"""The loader state's key (``dataloader.sequences_consumed`` in a checkpoint)."""
+
+
 def _loader(section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig) -> ParallelAwareDataloader:
     cfg = getattr(job_config, section)
-    return ParallelAwareDataloader(
+    return PackedDataloader(
         build_dataset(section, split, dp_world_size, dp_rank, job_config),
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,

@@ -91,9 +91,9 @@ def _select_tokens(hidden: Tensor, max_tokens: int, generator: torch.Generator |
     n = hidden.shape[1]
     if max_tokens == 0 or max_tokens >= n:
         return hidden
-    device = generator.device if generator is not None else torch.device("cpu")
+    device = generator.device if generator is not None else hidden.device
     idx = torch.randperm(n, generator=generator, device=device)[:max_tokens]
-    return hidden.index_select(1, idx.to(hidden.device))
+    return hidden.index_select(1, idx.to(hidden.device))  # a no-op unless the generator is elsewhere
 
 
 def _no_pair_loss(z: Tensor, variant: str, lambda_norm: float) -> Tensor:

@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import re
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, RunFinished
 from ..models.gpt2.args import GPT2ModelArgs
 from ..models.gpt2.model import GPT2
 
@@ -168,8 +169,65 @@ def quarantine_incomplete(folder: str) -> list[str]:
 
 
 def saved_data_parallel_degree(step_dir: str) -> int | None:
-    """How many data-parallel ranks saved the loader state of a full checkpoint (None for
-    a model-only one): TorchTitan keeps one ``dataloader.dp_rank_<r>`` entry per rank."""
+    """How many data-parallel ranks saved per-rank loader states (a streamed corpus's; None
+    for a global loader position or a model-only checkpoint): one ``dataloader.dp_rank_<r>``
+    entry per rank."""
     keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
     ranks = sum(1 for key in keys if key.startswith("dataloader.dp_rank_"))
     return ranks or None
+
+
+def is_full(step_dir: str) -> bool:
+    """Whether a checkpoint can be resumed from: it holds the train state, not only weights."""
+    keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    return any(key.startswith("train_state.") for key in keys)
+
+
+def _is_complete(step_dir: str) -> bool:
+    try:
+        check_complete(step_dir)
+    except CheckpointError:
+        return False
+    return True
+
+
+def plan_resume(folder: str, steps: int, data_parallel_degree: int, load_step: int = -1) -> int | None:
+    """Decide, before any process group starts, how a relaunch into ``folder`` goes on.
+
+    Returns the step to load when it is not TorchTitan's choice (the newest checkpoint):
+    the last full checkpoint when the newest holds weights only (the final save of a run
+    whose ``training.steps`` was since raised). None: TorchTitan's choice is right.
+    Raises ``RunFinished`` when the newest checkpoint is already at ``steps``, and
+    ``CheckpointError`` when no checkpoint can continue the run.
+    """
+    if not os.path.isdir(folder):
+        return None
+    complete = [c for c in list_checkpoints(folder) if _is_complete(c.path)]
+    if load_step >= 0:
+        complete = [c for c in complete if c.step == load_step]
+    if not complete:
+        return None
+    newest = complete[-1]
+    if load_step < 0 and newest.step >= steps:
+        done = "finished" if newest.step == steps else f"past training.steps = {steps},"
+        raise RunFinished(f"run already {done} at step {newest.step}; nothing to do")
+    full = [c for c in complete if is_full(c.path)]
+    if not full:
+        raise CheckpointError(
+            f"{newest.path} holds weights only (checkpoint.last_save_model_only) and no earlier checkpoint is "
+            f"full, so the run cannot continue to step {steps}; start a new job.dump_folder from its weights "
+            f"with --checkpoint.initial_load_path {newest.path} --checkpoint.initial_load_model_only"
+        )
+    resume = full[-1]
+    saved = saved_data_parallel_degree(resume.path)
+    if saved is not None and saved != data_parallel_degree:
+        raise CheckpointError(
+            f"parallelism: {resume.path} holds the per-rank positions of a streamed corpus for {saved} "
+            f"data-parallel ranks and this run has {data_parallel_degree}; resume it with {saved}, or train "
+            "from a token store (docs/data.md), whose position any number of ranks resumes"
+        )
+    if resume is newest:
+        return None
+    print(f"dispersion_titan: resuming from step {resume.step}, the last full checkpoint "
+          f"({os.path.basename(newest.path)} holds weights only)", file=sys.stderr, flush=True)
+    return resume.step

@@ -45,12 +45,13 @@ class DispersionObjective:
             return self.cfg.coeff
         return self.cfg.coeff * min(1.0, step / self.cfg.warmup_steps)
 
-    def _generator(self, step: int, layer: int) -> torch.Generator | None:
+    def _generator(self, step: int, layer: int, device: torch.device) -> torch.Generator | None:
         """Token subsampling depends only on (seed, step, layer): identical on every rank
-        and micro-batch, and reproduced exactly by a resumed run."""
+        and micro-batch, and reproduced exactly by a resumed run. The generator lives on
+        the hidden states' device, so the indices are drawn there without a host copy."""
         if not self.cfg.max_tokens:
             return None
-        return torch.Generator().manual_seed((self.seed * 1_000_003 + step) * 10_007 + layer)
+        return torch.Generator(device=device).manual_seed((self.seed * 1_000_003 + step) * 10_007 + layer)
 
     def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool) -> MicrobatchDispersion:
         share = block_outputs[0].shape[0] / self.global_batch_size
@@ -66,7 +67,7 @@ class DispersionObjective:
                     clamp=self.cfg.clamp,
                     lambda_norm=self.cfg.lambda_norm,
                     max_tokens=self.cfg.max_tokens,
-                    generator=self._generator(step, i),
+                    generator=self._generator(step, i, block_outputs[i].device),
                     kernel=self.cfg.kernel,
                 )
                 for i in self.layers

@@ -3,10 +3,11 @@
 ``launch/slurm/train.sbatch`` asks Slurm for SIGUSR1 a few minutes before the limit
 (``#SBATCH --signal=B:USR1@300``), forwards it to the training ranks, and requeues the
 job when training then ends with an error status. Here, each rank only records the
-signal in a flag. After each training step the ranks agree on it (all-reduce MAX: a
-signal seen by some ranks stops all of them at the same step); once set, they save a
-full checkpoint of that step (model, optimizer, scheduler, data loader, train state)
-and exit with ``PREEMPTED_EXIT_CODE``. The requeued job keeps its job id, hence its dump folder,
+signal in a flag. The ranks agree on it at every log step and before every checkpoint
+save, in the one small device all-reduce that also carries the non-finite-loss flag
+(``trainer.StepHealth``: a signal seen by some ranks stops all of them at the same
+step); once set, they save a full checkpoint of that step (model, optimizer, scheduler,
+data loader, train state) and exit with ``PREEMPTED_EXIT_CODE``. The requeued job keeps its job id, hence its dump folder,
 and TorchTitan resumes from that checkpoint.
 
 The signal is SIGUSR1 unless ``PREEMPT_SIGNAL`` names another (``USR2``, ``SIGTERM``...).
@@ -20,7 +21,6 @@ import os
 import signal
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
@@ -41,35 +41,26 @@ def parse_signal(name: str) -> signal.Signals:
 
 
 class Preemption:
-    """Installs the signal handler in this rank; ``stop_if_signalled`` is collective."""
+    """Installs the signal handler in this rank; ``stop`` is collective."""
 
     def __init__(self, signal_name: str | None = None) -> None:
         self.signum = parse_signal(signal_name or os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))
         self.requested = False
-        # A CPU group of its own: agreeing on a flag over it costs no device synchronisation.
-        self.group = dist.new_group(backend="gloo")
         signal.signal(self.signum, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.requested = True  # only a flag: the training step in progress must finish first
 
-    def _agreed(self) -> bool:
-        """Whether some rank was signalled: the same answer on every rank."""
-        flag = torch.tensor(int(self.requested))
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(flag.item())
-
-    def stop_if_signalled(self, trainer: Any) -> None:
-        """After a training step: when signalled, save this step and exit the process.
+    def stop(self, trainer: Any) -> None:
+        """Once the ranks agreed that some rank was signalled, after a training step: save
+        this step and exit the process (every rank calls it at the same step).
 
         Called where TorchTitan saves its interval checkpoints (after the optimizer
-        step, before validation), by every rank after every step: it all-reduces a flag.
+        step, before validation).
         """
         step, steps = trainer.step, trainer.job_config.training.steps
         if step >= steps:
             return  # the last step: the normal end, and its final save, follow
-        if not self._agreed():
-            return
         ckpt = trainer.checkpointer
         if checkpoint_folder(ckpt) is None:
             if self.requested:
@@ -82,6 +73,6 @@ class Preemption:
         trainer.close()  # flush metrics (TensorBoard) and stop the checkpoint helpers
         # No rank leaves before all have saved and flushed: torchrun stops the others as
         # soon as one rank exits with an error status.
-        dist.barrier(group=self.group)
+        dist.barrier()
         dist.destroy_process_group()
         raise SystemExit(PREEMPTED_EXIT_CODE)

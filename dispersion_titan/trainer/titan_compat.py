@@ -16,6 +16,7 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
 - ``save_full_checkpoint``: the checkpointer's last-step save path and its
   ``last_save_model_only`` / ``last_save_in_hf`` attributes.
 - ``checkpoint_folder``: a disabled checkpointer has no ``folder`` attribute.
+- ``will_save``: the checkpointer's private ``_should_save(step, last_step)`` rule.
 - ``trainer_class``: an after-checkpoint-load hook (``train()`` loads, then calls
   ``should_continue_training``), and TorchTitan's non-pipelined ``forward_backward_step``
   around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
@@ -195,6 +196,12 @@ def checkpoint_folder(checkpointer: Any) -> str | None:
     """The checkpoint folder, or None when checkpointing is disabled (then the
     CheckpointManager never sets ``folder``)."""
     return checkpointer.folder if checkpointer.enable else None
+
+
+def will_save(checkpointer: Any, step: int, last_step: bool) -> bool:
+    """Whether ``checkpointer.save(step, last_step)`` will write a checkpoint: the rule
+    TorchTitan applies (enabled, not load-only, first step if asked, last step, interval)."""
+    return checkpointer._should_save(step, last_step=last_step)
 
 
 @contextmanager

@@ -16,9 +16,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-from ..errors import DataConfigError, NonFiniteLossError
+from ..config.checks import data_parallel_degree, resolve_batch_sizes
+from ..errors import NonFiniteLossError
 from . import titan_compat
-from .checkpoints import list_checkpoints, quarantine_incomplete, save_run_metadata, saved_data_parallel_degree
+from .checkpoints import quarantine_incomplete, save_run_metadata
 from .objective import DispersionObjective
 from .preemption import Preemption
 
@@ -28,12 +29,39 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+class StepHealth:
+    """The non-finite-loss and preemption flags, agreed on in one small device all-reduce.
+
+    Every step records on the device whether its loss was finite (no host read); only
+    at log steps and before checkpoint saves do the ranks all-reduce the two flags and
+    read them back, so other steps pay no extra synchronisation.
+    """
+
+    _NONE = 2**40  # flags[0] = _NONE - first bad step, so MAX picks the earliest one
+
+    def __init__(self, device: torch.device) -> None:
+        self.bad = torch.zeros((), dtype=torch.int64, device=device)
+
+    def record(self, local_loss: torch.Tensor, step: int) -> None:
+        not_finite = (~torch.isfinite(local_loss).all()).long()
+        self.bad = torch.maximum(self.bad, not_finite * (self._NONE - step))
+
+    def agree(self, signalled: bool) -> tuple[int | None, bool]:
+        """(first step with a non-finite loss on any rank or None, whether any rank was signalled)."""
+        flags = torch.stack([self.bad, self.bad.new_full((), int(signalled))])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        bad, anyone_signalled = flags.tolist()
+        return (self._NONE - bad if bad else None), bool(anyone_signalled)
+
+
 class DispersionTrainer(titan_compat.trainer_class()):
     def __init__(self, job_config) -> None:
+        # Derived per-rank batch sizes, exactly as the launch-time check computed them.
+        resolve_batch_sizes(job_config, data_parallel_degree(job_config, int(os.environ["WORLD_SIZE"])))
         super().__init__(job_config)
         self.checkpoint_folder = titan_compat.checkpoint_folder(self.checkpointer)
         self._set_aside_incomplete_checkpoints()
-        self._check_resume_layout()
+        self.health = StepHealth(self.device)
         tp_group = self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
         seed = job_config.debug.seed if job_config.debug.seed is not None else 0
         self.step_metrics = self.metrics_processor.step_metrics
@@ -55,27 +83,6 @@ class DispersionTrainer(titan_compat.trainer_class()):
                 logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
         dist.barrier()
 
-    def _check_resume_layout(self) -> None:
-        """The data order is layout-invariant, but TorchTitan stores the loader state per
-        data-parallel rank: resuming a full checkpoint needs the same DP degree. Say so in
-        one line instead of DCP's missing-key traceback."""
-        if self.checkpoint_folder is None or not os.path.isdir(self.checkpoint_folder):
-            return
-        load_step = self.job_config.checkpoint.load_step
-        steps = list_checkpoints(self.checkpoint_folder)
-        if load_step >= 0:
-            steps = [c for c in steps if c.step == load_step]
-        if not steps:
-            return
-        saved = saved_data_parallel_degree(steps[-1].path)
-        current = self.parallel_dims.get_mesh("batch").size() if self.parallel_dims.dp_enabled else 1
-        if saved is not None and saved != current:
-            raise DataConfigError(
-                f"parallelism: {steps[-1].path} was saved by {saved} data-parallel ranks and this run has "
-                f"{current}; resume it with {saved} (or start a new dump_folder from it via "
-                f"checkpoint.initial_load_path, which loads the weights only)"
-            )
-
     def on_checkpoint_loaded(self) -> None:
         """A fresh run saves its initialisation as step 0 here, before any update."""
         if self.step == 0 and self.job_config.checkpoint.save_initial and self.checkpoint_folder is not None:
@@ -90,21 +97,24 @@ class DispersionTrainer(titan_compat.trainer_class()):
     def train_step(self, data_iterator) -> None:
         self.step_metrics.reset()
         super().train_step(data_iterator)
-        self._stop_if_loss_not_finite()
-        self.preemption.stop_if_signalled(self)  # collective; saves and exits when signalled
+        self.health.record(self.step_metrics.local_loss(), self.step)
+        last = self.step == self.job_config.training.steps
+        if last or self.metrics_processor.should_log(self.step) or titan_compat.will_save(
+                self.checkpointer, self.step, last_step=last):
+            self._check_health()
 
-    def _stop_if_loss_not_finite(self) -> None:
-        """Stop every rank at the first non-finite loss, before TorchTitan saves this step,
-        so the last checkpoint on disk is the last good one."""
-        local = self.step_metrics.local_loss()
-        bad = torch.tensor(float(not torch.isfinite(local).all()), device=self.device)
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-        if bad.item():
+    def _check_health(self) -> None:
+        """Stop every rank at a non-finite loss before TorchTitan saves this step, so the
+        last checkpoint on disk is a good one; save and exit when some rank was signalled."""
+        bad_step, signalled = self.health.agree(self.preemption.requested)
+        if bad_step is not None:
             where = f" in {self.checkpoint_folder}" if self.checkpoint_folder is not None else ""
             raise NonFiniteLossError(
-                f"loss is not finite at step {self.step}; training stopped before saving step {self.step}, "
+                f"loss is not finite at step {bad_step}; training stopped before saving step {self.step}, "
                 f"earlier checkpoints{where} are intact"
             )
+        if signalled:
+            self.preemption.stop(self)  # saves this step and exits, unless it is the last one
 
     def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                                global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:

@@ -1,0 +1,177 @@
+"""What is refused before any process group starts, in one line with exit status 2 and
+nothing written: GPUs allocated but unusable (no silent CPU fallback), batch sizes that do
+not split over the GPUs, output folders that cannot be created, and bad configurations
+under launch/train.sh (checked once, before torchrun)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dispersion_titan.config.checks import resolve_batch_sizes
+from dispersion_titan.config.cli import load_toml
+from dispersion_titan.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
+from dispersion_titan.errors import ConfigError, DeviceError
+from dispersion_titan.train import validated_args
+from helpers import DEBUG_TOML, REPO, assert_one_line_error, digests, launch_env, python_module
+
+CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))
+GPU_CONFIGS = [c for c in CONFIGS if c.name.startswith(("gpt2_small_", "fineweb_", "midtrain_"))]
+DP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
+BASE = ["--job.custom_config_module", "dispersion_titan.config"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A small run folder that refused commands must leave byte-identical."""
+    dump = tmp_path_factory.mktemp("guards") / "run"
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
+                         "--training.steps", "2", "--validation.no-enable")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return dump
+
+
+# ---------------------------------------------------------------- no silent CPU fallback
+
+
+def fake_nvidia_smi(folder: Path) -> str:
+    """A PATH whose ``nvidia-smi -L`` lists two GPUs."""
+    folder.mkdir()
+    script = folder / "nvidia-smi"
+    script.write_text('#!/bin/sh\necho "GPU 0: NVIDIA H100 (UUID: GPU-0)"\necho "GPU 1: NVIDIA H100 (UUID: GPU-1)"\n')
+    script.chmod(0o755)
+    return f"{folder}:{launch_env()['PATH']}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal, count", [("slurm", "8 allocated GPUs (SLURM_GPUS_ON_NODE)"),
+                                           ("nvidia-smi", "2 allocated GPUs (nvidia-smi -L)")])
+def test_gpus_torch_cannot_use_are_refused_in_one_line(finished_run, tmp_path, signal, count):
+    env = {ALLOW_CPU_ENV: "", "SLURM_GPUS_ON_NODE": "8"} if signal == "slurm" else \
+        {ALLOW_CPU_ENV: "", "PATH": fake_nvidia_smi(tmp_path / "bin")}
+    before = digests(finished_run)
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
+                         str(finished_run), "--training.steps", "4", "--validation.no-enable", env=env)
+    assert_one_line_error(proc.returncode, proc.stderr, "is a CPU-only build on a node with " + count,
+                          "install a CUDA build of torch", f"{ALLOW_CPU_ENV}=1")
+    assert digests(finished_run) == before
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SLURM_GPUS_ON_NODE": "8"}, (8, "SLURM_GPUS_ON_NODE")),
+    ({"SLURM_JOB_GPUS": "0-3,6"}, (5, "SLURM_JOB_GPUS")),
+    ({"SLURM_STEP_GPUS": "2"}, (1, "SLURM_STEP_GPUS")),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, (2, "CUDA_VISIBLE_DEVICES")),
+    ({"CUDA_VISIBLE_DEVICES": ""}, None),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, None),
+    ({"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_GPUS_ON_NODE": "0"}, None),
+])
+def test_allocated_gpu_signals(monkeypatch, env, expected):
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi
+    assert allocated_gpus(env) == expected
+
+
+def test_cpu_is_allowed_with_the_opt_in_or_without_any_gpu_signal(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    check_gpus_usable({"CUDA_VISIBLE_DEVICES": "0,1", ALLOW_CPU_ENV: "1"})
+    check_gpus_usable({})
+    with pytest.raises(DeviceError, match=r"on a node with 2 allocated GPUs \(CUDA_VISIBLE_DEVICES\)"):
+        check_gpus_usable({"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+# ---------------------------------------------------------------- batch sizes that scale
+
+
+@pytest.fixture(scope="module")
+def parsed_configs() -> dict[str, object]:
+    """Every shipped config parsed once, with its TOML's own local batch sizes (parsing
+    fills in derived ones for 1 process); the DP degrees are applied to copies."""
+    parsed = {}
+    for config in CONFIGS:
+        job, toml = validated_args(["--job.config_file", str(config), *BASE]), load_toml(["--job.config_file", str(config)])
+        for section in ("training", "validation"):
+            getattr(job, section).local_batch_size = toml[section]["local_batch_size"]
+        parsed[config.name] = job
+    return parsed
+
+
+def test_gpu_configs_are_valid_unchanged_from_1_to_64_gpus(parsed_configs):
+    """local_batch_size = 0: global / DP, in micro-batches of at most max_local_batch_size."""
+    assert len(GPU_CONFIGS) == 14
+    for config in GPU_CONFIGS:
+        parsed = parsed_configs[config.name]
+        for dp in DP_DEGREES:
+            job = copy.deepcopy(parsed)
+            resolve_batch_sizes(job, dp)
+            t, v = job.training, job.validation
+            assert t.local_batch_size <= t.max_local_batch_size, (config.name, dp)
+            assert t.global_batch_size % (t.local_batch_size * dp) == 0, (config.name, dp)  # TorchTitan's assertion
+            assert v.local_batch_size * dp == v.global_batch_size, (config.name, dp)
+        assert parsed.model.vocab_size == (0 if "midtrain" in config.name else 50304), config.name  # 0: GPT-2's own
+
+
+@pytest.mark.parametrize("dp", DP_DEGREES)
+def test_every_config_either_resolves_or_names_the_batch_in_one_line(parsed_configs, dp):
+    for name, parsed in parsed_configs.items():
+        job = copy.deepcopy(parsed)
+        try:
+            resolve_batch_sizes(job, dp)
+        except ConfigError as e:
+            assert str(e).startswith(("training.global_batch_size: ", "validation.global_batch_size: ",
+                                      "training.local_batch_size: ", "validation.local_batch_size: ")), (name, dp)
+            assert "\n" not in str(e) and name not in [c.name for c in GPU_CONFIGS], (name, dp)
+            assert f"{dp} data-parallel ranks" in str(e)
+        else:
+            assert job.training.global_batch_size % (job.training.local_batch_size * dp) == 0, (name, dp)
+
+
+@pytest.mark.parametrize("overrides, world, message", [
+    ([], 16, "training.global_batch_size: 8 sequences cannot be split over 16 data-parallel ranks; "
+             "use a multiple of 16"),
+    (["--training.local_batch_size", "3"], 2, "training.local_batch_size: 3 does not divide the 4 sequences per "
+                                              "rank (global_batch_size 8 over 2 data-parallel ranks); use one of "
+                                              "[1, 2, 4], or 0 to derive it"),
+    (["--validation.local_batch_size", "4"], 1, "validation.local_batch_size: 4 × 1 data-parallel ranks is not "
+                                                "the validation global batch of 8 sequences; use 8, or 0"),
+    (["--parallelism.tensor_parallel_degree", "2"], 3, "parallelism: 3 processes are not divisible by"),
+    (["--job.dump_folder", "/etc/hostname/run"], 1, "job.dump_folder: /etc/hostname/run cannot be created: "
+                                                    "/etc/hostname is not a directory"),
+    (["--job.dump_folder", "{file}", "--metrics.no-enable-tensorboard"], 1, "job.dump_folder: {file} cannot be "
+                                                                            "created: {file} is not a directory"),
+    (["--job.dump_folder", "{dir}", "--checkpoint.folder", "f/ck"], 1, "checkpoint.folder: {dir}/f/ck cannot be "
+                                                                       "created: {dir}/f is not a directory"),
+    (["--job.dump_folder", "{dir}", "--metrics.save_tb_folder", "f"], 1, "metrics.save_tb_folder: {dir}/f cannot "
+                                                                         "be created: {dir}/f is not a directory"),
+])
+def test_refused_before_start_in_one_line(tmp_path, overrides, world, message):
+    (tmp_path / "f").write_text("")
+    paths = {"file": str(tmp_path / "f"), "dir": str(tmp_path)}
+    with pytest.raises(ConfigError) as err:
+        validated_args(["--job.config_file", DEBUG_TOML, *BASE, *(o.format(**paths) for o in overrides)], world)
+    assert str(err.value).startswith(message.format(**paths)) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_unwritable_dump_folder_is_one_line_without_traceback():
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML,
+                         "--job.dump_folder", "/etc/hostname/run")
+    assert_one_line_error(proc.returncode, proc.stderr,
+                          "job.dump_folder: /etc/hostname/run cannot be created: /etc/hostname is not a directory")
+
+
+# ---------------------------------------------------------------- launch/train.sh checks once
+
+
+@pytest.mark.slow
+def test_train_sh_checks_the_config_once_before_torchrun(finished_run):
+    before = digests(finished_run)
+    proc = subprocess.run([str(REPO / "launch" / "train.sh"), DEBUG_TOML, "--job.dump_folder", str(finished_run),
+                           "--dispersion.variant", "angular"], capture_output=True, text=True,
+                          env=launch_env({"PYTHON": sys.executable}), timeout=300)
+    assert_one_line_error(proc.returncode, proc.stderr, "dispersion.variant: 'angular' is not one of")
+    assert "torch.distributed" not in proc.stdout + proc.stderr and not proc.stdout.strip()
+    assert digests(finished_run) == before
