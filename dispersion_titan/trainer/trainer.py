@@ -18,8 +18,10 @@ from torchtitan.tools.logging import logger
 
 from ..errors import DataConfigError, NonFiniteLossError
 from . import titan_compat
+from .baselines import build_baseline
 from .checkpoints import list_checkpoints, quarantine_incomplete, save_run_metadata, saved_data_parallel_degree
 from .objective import DispersionObjective
+from .optimizers import baseline_settings
 from .preemption import Preemption
 
 
@@ -30,7 +32,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 class DispersionTrainer(titan_compat.trainer_class()):
     def __init__(self, job_config) -> None:
-        super().__init__(job_config)
+        with baseline_settings(job_config.baseline):  # active forgetting's embedding param group
+            super().__init__(job_config)
         self.checkpoint_folder = titan_compat.checkpoint_folder(self.checkpointer)
         self._set_aside_incomplete_checkpoints()
         self._check_resume_layout()
@@ -40,12 +43,16 @@ class DispersionTrainer(titan_compat.trainer_class()):
         self.dispersion = DispersionObjective(
             job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
         )
+        (model,) = self.model_parts
+        self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
+                                       self.model_args.tie_embeddings)
         self.preemption = Preemption()  # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue
         if dist.get_rank() == 0:
             # In the dump folder, not the checkpoint folder: TorchTitan decides whether to
             # resume by whether that folder exists, and every rank must see the same answer.
             save_run_metadata(job_config.job.dump_folder, job_config.model.name, self.model_args,
-                              dataclasses.asdict(job_config.dispersion), seed)
+                              dataclasses.asdict(job_config.dispersion), seed,
+                              baseline=dataclasses.asdict(job_config.baseline))
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0
@@ -89,6 +96,7 @@ class DispersionTrainer(titan_compat.trainer_class()):
 
     def train_step(self, data_iterator) -> None:
         self.step_metrics.reset()
+        self.baseline.begin_step(self.step)
         super().train_step(data_iterator)
         self._stop_if_loss_not_finite()
         self.preemption.stop_if_signalled(self)  # collective; saves and exits when signalled
