@@ -167,7 +167,9 @@ def check_baseline(config: JobConfig) -> None:
     if b.method == "active_forgetting":
         # Both replace the per-model-part optimizer in which the embeddings get their own group.
         if config.optimizer.early_step_in_backward:
-            raise ConfigError("optimizer.early_step_in_backward: not supported with baseline.method = active_forgetting")
+            raise ConfigError(
+                "optimizer.early_step_in_backward: not supported with baseline.method = active_forgetting"
+            )
         if config.fault_tolerance.enable:
             raise ConfigError("fault_tolerance.enable: not supported with baseline.method = active_forgetting")
 
