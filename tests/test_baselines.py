@@ -4,9 +4,9 @@ and active forgetting.
 In one process: the noise's bound, its layout invariance and its absence outside
 training; a reset's fresh matrix and cleared AdamW state; the embedding group's LR
 sawtooth against its formula. With torchrun, from one seed checkpoint: each method gives
-the same losses and weights on 1 process and on FSDP2 with gradient accumulation (the
-noise also under TP with sequence parallel), and a resumed active-forgetting run
-reproduces the uninterrupted one exactly.
+the same losses and weights on 1 process, on FSDP2 with gradient accumulation and under
+TP with sequence parallel, and a resumed active-forgetting run reproduces the
+uninterrupted one exactly.
 """
 
 from __future__ import annotations
@@ -146,8 +146,7 @@ LAYOUTS = {  # FSDP2 with local batch 2: two data-parallel ranks and two accumul
     "fsdp2_accum2": (2, ("--training.local_batch_size", "2")),
     "tp2": (2, ("--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2")),
 }
-RUNS = [("noisy_embedding", "single"), ("noisy_embedding", "fsdp2_accum2"), ("noisy_embedding", "tp2"),
-        ("active_forgetting", "single"), ("active_forgetting", "fsdp2_accum2")]
+RUNS = [(method, layout) for method in METHODS for layout in LAYOUTS]
 LOSS = "loss_metrics/global_avg_loss"  # the gradient norm differs by ~1e-4 across layouts, with or without a baseline
 
 
