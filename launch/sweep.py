@@ -1,18 +1,22 @@
 #!/usr/bin/env python3
-"""Submit the controlled experiment to Slurm: MLP width x dispersion variant x seed.
+"""Submit the controlled experiment to Slurm: MLP width x variant x seed.
 
-    python launch/sweep.py [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1]
+    python launch/sweep.py [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1,noisy_embedding]
                            [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
-                           [--train-time T] [--analyze-time T] [--nodes N] [--gpus-per-node G]
-                           [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
+                           [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
+                           [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
                            [-- TRAINING OVERRIDES ...]
 
+A variant is ``baseline`` (plain training), ``NAME:COEFF`` (a dispersion loss) or a
+baseline method the paper compares against (``noisy_embedding``, ``active_forgetting``).
 Every cell is a training job (launch/slurm/train.sbatch) with its own dump folder
-``OUT/<cell>``, followed by its analysis job (``--dependency=afterok:<training>``); one
-compare job over all cells runs after every other job of the sweep succeeded. Flags win
-over the SPEC file (see launch/sweep_example.toml for its keys). ``--dry-run`` prints the
-sbatch commands as a shell script instead of submitting them; a submission records the
-job ids in ``OUT/sweep.json``. Every cell's training configuration is validated first.
+``OUT/<cell>``, followed by its analysis job and its evaluation job
+(launch/slurm/evaluate.sbatch), both ``--dependency=afterok:<training>``; one compare job
+over all cells runs after every training and analysis job succeeded, and one table job
+(``evaluate table``, into ``OUT/table``) after every evaluation job. Flags win over the
+SPEC file (see launch/sweep_example.toml for its keys). ``--dry-run`` prints the sbatch
+commands as a shell script instead of submitting them; a submission records the job ids
+in ``OUT/sweep.json``. Every cell's training configuration is validated first.
 """
 
 from __future__ import annotations
@@ -39,12 +43,15 @@ sys.path.insert(0, str(REPO))  # run as a script from a checkout, installed or n
 
 from dispersion_titan.config.cli import OneLineErrorParser  # noqa: E402  (both light: no torch)
 from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Cell, Variant, cells  # noqa: E402
+from dispersion_titan.config.schema import METHOD_SETTINGS  # noqa: E402
 from dispersion_titan.errors import SweepError, fail  # noqa: E402
 
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
 SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; train.sh's NPROC without GPUs
 
+EVALUATE_SBATCH = REPO / "launch" / "slurm" / "evaluate.sbatch"
+METHODS = [m for m in METHOD_SETTINGS if m != "none"]  # variants that are baseline methods
 
 @dataclass
 class Spec:
@@ -57,6 +64,7 @@ class Spec:
     account: str | None = None
     train_time: str | None = None
     analyze_time: str | None = None
+    evaluate_time: str | None = None
     nodes: int | None = None
     gpus_per_node: int | None = None
     """GPUs per node of each training job (None: train.sbatch's own request; 0: none)."""
@@ -66,8 +74,10 @@ class Spec:
     """GPUs of each analysis and compare job (None: analyze.sbatch's own request; 0: none)."""
     train_sbatch_args: list[str] = field(default_factory=list)
     analyze_sbatch_args: list[str] = field(default_factory=list)
+    evaluate_sbatch_args: list[str] = field(default_factory=list)
     train_overrides: list[str] = field(default_factory=list)
     analyze_args: list[str] = field(default_factory=list)
+    evaluate_args: list[str] = field(default_factory=list)
 
     def cells(self) -> list[Cell]:
         return cells(self.widths, self.variants, self.seeds)
@@ -100,13 +110,16 @@ def _flag(arg: str) -> str:
 
 
 def parse_variant(text: str) -> Variant:
-    """``baseline`` or ``NAME:COEFF`` with NAME a dispersion variant and COEFF > 0."""
+    """``baseline``, a baseline method, or ``NAME:COEFF`` with NAME a dispersion variant and COEFF > 0."""
     if text == BASELINE:
         return Variant("none", 0.0)
+    if text in METHODS:
+        return Variant("none", 0.0, method=text)
     from dispersion_titan.losses import VARIANTS as known  # imports torch: only when needed
     name, sep, coeff = text.partition(":")
     if name not in known:
-        raise SweepError(f"variants: {text!r}: unknown variant (use baseline or NAME:COEFF, NAME one of {', '.join(known)})")
+        raise SweepError(f"variants: {text!r}: unknown variant (use baseline, {', '.join(METHODS)} or NAME:COEFF, "
+                         f"NAME one of {', '.join(known)})")
     try:
         value = float(coeff) if sep else None
     except ValueError:
@@ -151,7 +164,9 @@ def build_spec(raw: dict[str, Any]) -> Spec:
         partition=raw.get("partition"), account=raw.get("account"),
         train_time=raw.get("train_time"), analyze_time=raw.get("analyze_time"),
         **{key: _int(key, raw[key], minimum) for key, minimum in RESOURCES.items() if raw.get(key) is not None},
-        **{k: _strings(k, raw[k]) for k in ("train_sbatch_args", "analyze_sbatch_args", "analyze_args")
+        evaluate_time=raw.get("evaluate_time"),
+        **{k: _strings(k, raw[k]) for k in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args",
+                                            "analyze_args", "evaluate_args")
            if raw.get(k) is not None},
     )
     for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [v.label for v in variants])):
@@ -215,28 +230,39 @@ class Job:
 
 
 def plan(spec: Spec) -> list[Job]:
+    """Per cell: train, then analyze and evaluate; then compare (after every train and
+    analyze job) and the table (after every evaluate job)."""
     jobs: list[Job] = []
     for i, cell in enumerate(spec.cells(), start=1):
         resources = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task")
+        run = str(spec.out / cell.name)
         train = Job(f"train_{i}", f"{cell.name} train", [
             *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, resources + spec.train_sbatch_args),
-            str(TRAIN_SBATCH), str(spec.config), *spec.train_overrides, *cell.overrides(str(spec.out / cell.name))])
+            str(TRAIN_SBATCH), str(spec.config), *spec.train_overrides, *cell.overrides(run)])
         analyze = Job(f"analyze_{i}", f"{cell.name} analyze", [
             *_common_sbatch(spec, f"{cell.name}-analyze", spec.analyze_time,
                             _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args),
-            str(ANALYZE_SBATCH), str(spec.out / cell.name), *spec.analyze_args], after=[train.key])
-        jobs += [train, analyze]
+            str(ANALYZE_SBATCH), run, *spec.analyze_args], after=[train.key])
+        evaluate = Job(f"evaluate_{i}", f"{cell.name} evaluate", [
+            *_common_sbatch(spec, f"{cell.name}-evaluate", spec.evaluate_time, spec.evaluate_sbatch_args),
+            str(EVALUATE_SBATCH), run, *spec.evaluate_args], after=[train.key])
+        jobs += [train, analyze, evaluate]
     runs = [str(spec.out / cell.name) for cell in spec.cells()]
     jobs.append(Job("compare", "compare", [
         *_common_sbatch(spec, "compare", spec.analyze_time, _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args),
         str(ANALYZE_SBATCH), "compare", *runs, "--out", str(spec.out / "compare")],
-        after=[job.key for job in jobs]))
+        after=[job.key for job in jobs if job.key.startswith(("train_", "analyze_"))]))
+    jobs.append(Job("table", "table", [  # no GPU needed (a later --gpus in evaluate_sbatch_args wins)
+        *_common_sbatch(spec, "table", spec.evaluate_time, ["--gpus=0", *spec.evaluate_sbatch_args]),
+        str(EVALUATE_SBATCH), "table", *runs, "--out", str(spec.out / "table")],
+        after=[job.key for job in jobs if job.key.startswith("evaluate_")]))
     return jobs
 
 
 def dry_run(spec: Spec, jobs: list[Job]) -> str:
     """The submission as a bash script: each job id lands in a variable for its dependants."""
-    lines = [f"# sweep: {len(spec.cells())} cells x (train, analyze) + compare = {len(jobs)} jobs; out {spec.out}",
+    lines = [f"# sweep: {len(spec.cells())} cells x (train, analyze, evaluate) + compare + table = "
+             f"{len(jobs)} jobs; out {spec.out}",
              f"mkdir -p {shlex.quote(str(spec.out / 'logs'))}"]
     ids = {job.key: f"${job.key}" for job in jobs}
     for job in jobs:
@@ -266,9 +292,11 @@ def write_manifest(spec: Spec, jobs: list[Job], ids: dict[str, str]) -> Path:
         "config": str(spec.config), "out": str(spec.out),
         "grid": {"widths": spec.widths, "variants": [asdict(v) for v in spec.variants], "seeds": spec.seeds},
         "cells": [{"name": c.name, **asdict(c), "run": str(spec.out / c.name),
-                   "train_job": ids[f"train_{i}"], "analyze_job": ids[f"analyze_{i}"]}
+                   "train_job": ids[f"train_{i}"], "analyze_job": ids[f"analyze_{i}"],
+                   "evaluate_job": ids[f"evaluate_{i}"]}
                   for i, c in enumerate(cells, start=1)],
         "compare_job": ids["compare"], "compare_out": str(spec.out / "compare"),
+        "table_job": ids["table"], "table_out": str(spec.out / "table"),
         "commands": {job.key: job.command(ids) for job in jobs},
     }
     path = spec.out / "sweep.json"
@@ -293,12 +321,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--config", help="training TOML shared by every cell")
     p.add_argument("--out", help="sweep folder (default outputs/sweep-<config>-<time>); must be new")
     p.add_argument("--widths", help="MLP hidden widths, e.g. 256,512")
-    p.add_argument("--variants", help="baseline and/or NAME:COEFF, e.g. baseline,angular_spread:0.1")
+    p.add_argument("--variants", help=f"baseline, {', '.join(METHODS)} and/or NAME:COEFF, "
+                                      "e.g. baseline,angular_spread:0.1,noisy_embedding")
     p.add_argument("--seeds", help="seeds, e.g. 0,1,2")
     p.add_argument("--partition")
     p.add_argument("--account")
     p.add_argument("--train-time", help="time limit of each training job (sbatch --time)")
     p.add_argument("--analyze-time", help="time limit of each analysis job and of the compare job")
+    p.add_argument("--evaluate-time", help="time limit of each evaluation job and of the table job")
     p.add_argument("--nodes", help="nodes per training job")
     p.add_argument("--gpus-per-node", help="GPUs per node of each training job (default: train.sbatch's 8; 0: none)")
     p.add_argument("--cpus-per-task", help="CPUs per node of each training job (default: train.sbatch's 64)")
@@ -307,7 +337,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    help="extra sbatch argument for training jobs, e.g. --train-sbatch-arg=--gpus-per-node=8")
     p.add_argument("--analyze-sbatch-arg", action="append", dest="analyze_sbatch_args", metavar="ARG",
                    help="extra sbatch argument for analysis and compare jobs, e.g. --analyze-sbatch-arg=--gpus=1")
+    p.add_argument("--evaluate-sbatch-arg", action="append", dest="evaluate_sbatch_args", metavar="ARG",
+                   help="extra sbatch argument for evaluation and table jobs, e.g. --evaluate-sbatch-arg=--mem=64G")
     p.add_argument("--analyze-args", help='analysis options, e.g. --analyze-args="--num-sequences 100"')
+    p.add_argument("--evaluate-args", help='evaluation options, e.g. --evaluate-args="--tasks piqa --limit 100"')
     p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
     return p.parse_args(argv), overrides
 
@@ -327,7 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         raw = load_spec_file(args.spec) if args.spec else {}
         for key in ("config", "out", "widths", "variants", "seeds", "partition", "account", "train_time",
-                    "analyze_time", "nodes", "gpus_per_node", "cpus_per_task", "analyze_gpus", "train_sbatch_args", "analyze_sbatch_args", "analyze_args"):
+                    "analyze_time", "evaluate_time", "nodes", "gpus_per_node", "cpus_per_task", "analyze_gpus",
+                    "train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args", "analyze_args", "evaluate_args"):
             if getattr(args, key) is not None:
                 raw[key] = getattr(args, key)
         if overrides:

@@ -43,6 +43,12 @@ def write_toml(tmp_path, text: str) -> str:
         (["--dispersion.max_tokens", "1"], "dispersion.max_tokens"),
         (["--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps"),
         (["--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k"),
+        (["--baseline.method", "neftune"], "baseline.method"),
+        (["--baseline.noise_alpha", "-1"], "baseline.noise_alpha"),
+        (["--baseline.forget_every", "0"], "baseline.forget_every"),
+        (["--baseline.embedding_lr", "0"], "baseline.embedding_lr"),
+        (["--baseline.method", "active_forgetting", "--optimizer.early_step_in_backward"],
+         "optimizer.early_step_in_backward"),
     ],
 )
 def test_invalid_values_name_their_field(overrides, field):

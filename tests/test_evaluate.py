@@ -21,9 +21,9 @@ from scipy import stats
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
 
-from helpers import DEBUG_TOML, REPO, assert_one_line_error, launch_env, python_module, run_cli
+from helpers import DEBUG_TOML, REPO, absolute_lm_eval_tasks, assert_one_line_error, launch_env, python_module, run_cli
+from helpers import LM_EVAL_TASKS as TASKS
 
-TASKS = REPO / "tests" / "lm_eval_tasks"
 LOCAL_TASKS = "wiki_next_word,wiki_text"
 LIMIT = 12
 OPTS = ["--tasks", LOCAL_TASKS, "--limit", str(LIMIT), "--num-fewshot", "1", "--batch-size", "8", "--device", "cpu"]
@@ -90,15 +90,7 @@ def run(tmp_path_factory, unknown_task) -> Path:
 
 @pytest.fixture(scope="module")
 def tasks_dir(tmp_path_factory) -> Path:
-    """The shipped task YAMLs with their data files made absolute (lm-eval 0.4.13 hands
-    ``data_files`` to ``datasets`` unchanged, which resolves it against the current folder)."""
-    folder = tmp_path_factory.mktemp("lm_eval_tasks")
-    for path in TASKS.glob("*.yaml"):
-        config = yaml.safe_load(path.read_text())
-        files = config["dataset_kwargs"]["data_files"]
-        config["dataset_kwargs"]["data_files"] = {split: str(TASKS / name) for split, name in files.items()}
-        (folder / path.name).write_text(yaml.safe_dump(config))
-    return folder
+    return absolute_lm_eval_tasks(tmp_path_factory.mktemp("lm_eval_tasks"))
 
 
 @pytest.fixture(scope="module")

@@ -104,30 +104,42 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert not out.exists(), "a dry run creates nothing"
     lines = [line for line in proc.stdout.splitlines() if re.match(r"\w+=\$\(sbatch ", line)]
-    trains = [line for line in lines if line.startswith("train_")]
-    analyses = [line for line in lines if line.startswith("analyze_")]
+    jobs = {kind: [line for line in lines if line.startswith(f"{kind}_")]
+            for kind in ("train", "analyze", "evaluate")}
     compare = [line for line in lines if line.startswith("compare=")]
-    variants = {"baseline": ("none", "0"), "angular_spread-c0.1": ("angular_spread", "0.1"),
-                "decorrelation-c0.05": ("decorrelation", "0.05")}
+    table = [line for line in lines if line.startswith("table=")]
+    variants = {"baseline": ("none", "0", "none"), "angular_spread-c0.1": ("angular_spread", "0.1", "none"),
+                "decorrelation-c0.05": ("decorrelation", "0.05", "none"),
+                "noisy_embedding": ("none", "0", "noisy_embedding"),
+                "active_forgetting": ("none", "0", "active_forgetting")}
     expected = {f"w{w}-{v}-s{s}": (w, *variants[v], s) for w in (128, 256) for v in variants for s in (0, 1)}
-    assert len(trains) == len(analyses) == len(expected) == 12 and len(compare) == 1
+    assert len(expected) == 20 and all(len(found) == 20 for found in jobs.values())
+    assert len(compare) == len(table) == 1 and len(lines) == 62
 
     names = []
-    for i, (train, analyze) in enumerate(zip(trains, analyses), start=1):
+    for i, (train, analyze, evaluate) in enumerate(zip(*jobs.values()), start=1):
         name = re.search(r"--job\.dump_folder (\S+)\)", train).group(1).rsplit("/", 1)[1]
         names.append(name)
-        width, variant, coeff, seed = expected[name]
+        width, variant, coeff, method, seed = expected[name]
         assert train.startswith(f"train_{i}=$(sbatch --parsable ")
         assert "--dependency" not in train and "--partition=p1" in train and "--account=a1" in train
         assert "--time=04:00:00" in train and str(REPO / "launch/slurm/train.sbatch") in train
         assert (f"--training.steps 3 --model.mlp_hidden_dim {width} --dispersion.variant {variant} "
-                f"--dispersion.coeff {coeff} --debug.seed {seed} --job.dump_folder {out / name})") in train
+                f"--dispersion.coeff {coeff} --baseline.method {method} --debug.seed {seed} "
+                f"--job.dump_folder {out / name})") in train
         assert analyze.startswith(f"analyze_{i}=$(sbatch --parsable --dependency=afterok:$train_{i} ")
         assert f"analyze.sbatch {out / name} --num-sequences 100 --seq-len 128)" in analyze
+        assert evaluate.startswith(f"evaluate_{i}=$(sbatch --parsable --dependency=afterok:$train_{i} ")
+        assert "--time=02:00:00" in evaluate and f"evaluate.sbatch {out / name} --limit 100)" in evaluate
     assert sorted(names) == sorted(expected)
-    every_job = ":".join(f"$train_{i}:$analyze_{i}" for i in range(1, 13))
-    assert compare[0].startswith(f"compare=$(sbatch --parsable --dependency=afterok:{every_job} ")
-    assert f"analyze.sbatch compare {' '.join(str(out / n) for n in names)} --out {out / 'compare'})" in compare[0]
+    runs = " ".join(str(out / n) for n in names)
+    trained_and_analyzed = ":".join(f"$train_{i}:$analyze_{i}" for i in range(1, 21))
+    assert compare[0].startswith(f"compare=$(sbatch --parsable --dependency=afterok:{trained_and_analyzed} ")
+    assert f"analyze.sbatch compare {runs} --out {out / 'compare'})" in compare[0]
+    evaluated = ":".join(f"$evaluate_{i}" for i in range(1, 21))
+    assert table[0].startswith(f"table=$(sbatch --parsable --dependency=afterok:{evaluated} ")
+    assert "--time=02:00:00 --gpus=0 " in table[0], "the table needs no GPU"
+    assert f"evaluate.sbatch table {runs} --out {out / 'table'})" in table[0]
 
 
 def test_sweep_bad_input_is_one_line(tmp_path):
@@ -135,6 +147,7 @@ def test_sweep_bad_input_is_one_line(tmp_path):
     cases = {
         ("--variants", "baseline,angular_spread"): "variants: 'angular_spread': needs a finite coefficient > 0",
         ("--variants", "nope:1"): "variants: 'nope:1': unknown variant",
+        ("--variants", "noisy_embedding:1"): "'noisy_embedding:1': unknown variant (use baseline, noisy_embedding",
         ("--widths", "0"): "widths: '0' is not an integer >= 1",
         ("--config", "missing.toml"): "config: missing.toml: no such file",
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",

@@ -1,6 +1,7 @@
 """The sbatch scripts and the sweep on a real one-node Slurm cluster (launch/local_slurm.sh):
 training with a checkpoint on SIGUSR1 and a requeue that finishes the run, the analysis
-job on its checkpoints, and a two-cell sweep with its dependency chain."""
+job on its checkpoints, and a two-cell sweep with its dependency chain (train, analyze,
+evaluate on offline tasks, compare, table)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEBUG_TOML, REPO, launch_env, scalars
+from helpers import DEBUG_TOML, REPO, absolute_lm_eval_tasks, launch_env, scalars
 
 pytestmark = pytest.mark.slow
 
@@ -148,25 +149,32 @@ def test_analyze_sbatch_on_the_run(preempted_run, slurm, tmp_path):
     assert (run / "condensation" / "summary.csv").is_file()
 
 
-def test_two_cell_sweep_runs_to_its_compare_job(slurm, tmp_path):
+def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
+    """A plain and a noisy-embedding cell; the evaluation jobs score the offline test
+    tasks on CPU (this cluster has no GPU: --gpus=0 overrides evaluate.sbatch's --gpus=1)."""
     out = tmp_path / "sweep"
+    tasks = absolute_lm_eval_tasks(tmp_path / "lm_eval_tasks")
+    evaluate_args = f"--tasks wiki_next_word,wiki_text --include-path {tasks} --limit 8 --num-fewshot 1 --device cpu"
     proc = subprocess.run(
         [sys.executable, str(REPO / "launch" / "sweep.py"), "--config", DEBUG_TOML, "--out", str(out),
-         "--widths", "128", "--variants", "baseline,angular_spread:0.1", "--seeds", "0",
+         "--widths", "128", "--variants", "baseline,noisy_embedding", "--seeds", "0",
          "--partition", "debug", "--train-time", "00:10:00", "--analyze-time", "00:10:00",
          "--gpus-per-node", "0", "--cpus-per-task", "1", "--analyze-gpus", "0",
-         f"--analyze-args={' '.join(TINY_ANALYSIS)}",
+         "--evaluate-time", "00:10:00", "--evaluate-sbatch-arg=--gpus=0",
+         f"--analyze-args={' '.join(TINY_ANALYSIS)}", f"--evaluate-args={evaluate_args}",
          "--", "--training.steps", "3", "--validation.no-enable"],
-        cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=300)
+        cwd=tmp_path, env={**slurm, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+        capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "sweep.json").read_text())
-    jobs = [manifest["compare_job"]] + [c[k] for c in manifest["cells"] for k in ("train_job", "analyze_job")]
-    assert len(jobs) == 5 and [c["name"] for c in manifest["cells"]] == ["w128-baseline-s0",
-                                                                         "w128-angular_spread-c0.1-s0"]
+    jobs = [manifest["compare_job"], manifest["table_job"]] + [
+        c[k] for c in manifest["cells"] for k in ("train_job", "analyze_job", "evaluate_job")]
+    assert len(jobs) == 8 and [c["name"] for c in manifest["cells"]] == ["w128-baseline-s0", "w128-noisy_embedding-s0"]
     for cell in manifest["cells"]:
-        assert job_fields(cell["analyze_job"], slurm)["Dependency"] in (f"afterok:{cell['train_job']}(unfulfilled)",
-                                                                        "(null)")
-    deadline = time.monotonic() + 420
+        for after_training in ("analyze_job", "evaluate_job"):
+            assert job_fields(cell[after_training], slurm)["Dependency"] in (
+                f"afterok:{cell['train_job']}(unfulfilled)", "(null)")
+    deadline = time.monotonic() + 600  # 8 jobs, two at a time on a 2-CPU node
     while time.monotonic() < deadline:
         states = {j: finished_state(j, slurm) for j in jobs}
         if None not in states.values():
@@ -178,4 +186,7 @@ def test_two_cell_sweep_runs_to_its_compare_job(slurm, tmp_path):
         run = Path(cell["run"])
         assert (run / "checkpoint" / "step-3").is_dir()
         assert (run / "condensation" / "step-3" / "condensation.json").is_file()
+        assert (run / "evaluation" / "step-3" / "results.json").is_file()
     assert (out / "compare" / "compare.csv").is_file() and (out / "compare" / "compare.png").is_file()
+    table = (out / "table" / "table.md").read_text()
+    assert "method=none" in table and "method=noisy_embedding" in table, table

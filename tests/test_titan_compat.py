@@ -188,3 +188,66 @@ def test_trainer_hooks_match_the_trainer_they_rely_on():
     assert digest == FORWARD_BACKWARD_STEP_SHA256, (
         "Trainer.forward_backward_step changed: re-read it against TrainerHooks.forward_backward_step"
     )
+
+
+def test_optimizer_per_model_part_pairs_each_part_with_its_one_group_optimizer():
+    """Touch ``optimizer_per_model_part``: ``OptimizersContainer.model_parts`` / ``.optimizers``,
+    one optimizer per part over its parameters, in one param group."""
+    from torchtitan.components.optimizer import build_optimizers
+    from torchtitan.config import Optimizer
+
+    parts = [torch.nn.Linear(2, 2), torch.nn.Linear(3, 1)]
+    container = build_optimizers(parts, Optimizer(implementation="for-loop"), None)
+    pairs = titan_compat.optimizer_per_model_part(container)
+    assert [model for model, _ in pairs] == parts and [opt for _, opt in pairs] == list(container)
+    for model, optimizer in pairs:
+        (group,) = optimizer.param_groups
+        assert [id(p) for p in group["params"]] == [id(p) for p in model.parameters()]
+
+
+def test_lr_lambda_is_the_factor_build_lr_schedulers_applies():
+    """Touch ``lr_lambda``: ``build_lr_schedulers`` gives its ``LambdaLR``s one ``lr_lambda``."""
+    from torchtitan.components.lr_scheduler import build_lr_schedulers
+    from torchtitan.config import LRScheduler
+
+    config = LRScheduler(warmup_steps=3, decay_type="cosine", min_lr_factor=0.2)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    schedulers = build_lr_schedulers([optimizer], config, 10)
+    factor = titan_compat.lr_lambda(config, 10)
+    for epoch in range(12):
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5 * factor(epoch)), epoch
+        optimizer.step()
+        schedulers.step()
+
+
+def test_lr_schedulers_per_group_apply_one_factor_per_group_and_resume():
+    """Touch ``lr_schedulers_per_group``: ``LRSchedulersContainer`` passes its ``lr_lambda`` to
+    ``LambdaLR`` unchanged, and saves and loads the first scheduler's state."""
+    from torchtitan.components.lr_scheduler import LRSchedulersContainer
+
+    def optimizer() -> torch.optim.Optimizer:
+        a, b = torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)
+        return torch.optim.SGD([{"params": [a]}, {"params": [b], "lr": 2.0}], lr=1.0)
+
+    factors = [lambda epoch: 1 / (epoch + 1), lambda epoch: epoch + 1.0]
+    first = optimizer()
+    container = titan_compat.lr_schedulers_per_group([first], factors)
+    assert isinstance(container, LRSchedulersContainer)
+    for _ in range(2):
+        first.step()
+        container.step()
+    assert [g["lr"] for g in first.param_groups] == pytest.approx([1 / 3, 6.0])
+    resumed = titan_compat.lr_schedulers_per_group([optimizer()], factors)
+    resumed.load_state_dict(container.state_dict())
+    resumed.step()
+    container.step()
+    assert resumed.schedulers[0].get_last_lr() == pytest.approx(container.schedulers[0].get_last_lr())
+
+
+def test_trainer_builds_optimizers_and_lr_schedulers_in_init():
+    """``trainer.optimizers.baseline_settings`` is active during ``Trainer.__init__`` only: the
+    TrainSpec's optimizer and LR-scheduler builders must be called there."""
+    from torchtitan.train import Trainer
+
+    init = _source(Trainer.__init__)
+    assert "self.train_spec.build_optimizers_fn(" in init and "self.train_spec.build_lr_schedulers_fn(" in init

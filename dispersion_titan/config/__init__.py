@@ -7,6 +7,6 @@ TorchTitan loads ``job.custom_config_module`` (``dispersion_titan.config``) and 
 nothing heavy.
 """
 
-from dispersion_titan.config.schema import Checkpoint, Dispersion, JobConfig, Model
+from dispersion_titan.config.schema import Baseline, Checkpoint, Dispersion, JobConfig, Model
 
-__all__ = ["Checkpoint", "Dispersion", "JobConfig", "Model"]
+__all__ = ["Baseline", "Checkpoint", "Dispersion", "JobConfig", "Model"]

@@ -8,6 +8,7 @@ dump folder.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -20,6 +21,7 @@ from ..data.store import is_store, open_store
 from ..errors import ConfigError, DataConfigError
 from ..losses.options import CONFIG_RANGES, CONFIG_VARIANTS, KERNELS, range_error, resolve_layers
 from ..models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
+from .schema import METHOD_SETTINGS
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
 
@@ -247,6 +249,26 @@ def check_output_folders(config: JobConfig) -> None:
             raise ConfigError(f"{field}: {path} cannot be created: {problem}")
 
 
+def check_baseline(config: JobConfig) -> None:
+    b = config.baseline
+    if b.method not in METHOD_SETTINGS:
+        raise ConfigError(f"baseline.method: {b.method!r} is not one of {tuple(METHOD_SETTINGS)}")
+    if not (math.isfinite(b.noise_alpha) and b.noise_alpha >= 0):
+        raise ConfigError(f"baseline.noise_alpha: must be a finite number >= 0, got {b.noise_alpha}")
+    if b.forget_every < 1:
+        raise ConfigError(f"baseline.forget_every: must be >= 1, got {b.forget_every}")
+    if not (math.isfinite(b.embedding_lr) and b.embedding_lr > 0):
+        raise ConfigError(f"baseline.embedding_lr: must be a finite number > 0, got {b.embedding_lr}")
+    if b.method == "active_forgetting":
+        # Both replace the per-model-part optimizer in which the embeddings get their own group.
+        if config.optimizer.early_step_in_backward:
+            raise ConfigError(
+                "optimizer.early_step_in_backward: not supported with baseline.method = active_forgetting"
+            )
+        if config.fault_tolerance.enable:
+            raise ConfigError("fault_tolerance.enable: not supported with baseline.method = active_forgetting")
+
+
 def check_job_config(config: JobConfig, args: GPT2ModelArgs, world_size: int = 1) -> None:
     """Everything about ``config`` that can be known before any process starts, for a
     job of ``world_size`` processes (derived batch sizes are filled in)."""
@@ -254,6 +276,7 @@ def check_job_config(config: JobConfig, args: GPT2ModelArgs, world_size: int = 1
         raise ConfigError(f"model.name: dispersion_titan trains 'gpt2', got {config.model.name!r}")
     check_model(config, args)
     check_dispersion(config, args.n_layers)
+    check_baseline(config)
     check_data(config)
     check_checkpoint(config)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))

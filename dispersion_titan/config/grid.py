@@ -1,8 +1,10 @@
-"""The MLP-width × dispersion variant × seed experiment grid, and its one naming scheme.
+"""The MLP-width × variant × seed experiment grid, and its one naming scheme.
 
 The quickstart and ``launch/sweep.py`` both train this grid; each cell is a set of
-training overrides and a run folder named ``w{width}-{variant}-s{seed}`` (the variant
-``baseline`` or ``{name}-c{coeff}``). Light: no torch, so the sweep's dry run is fast.
+training overrides and a run folder named ``w{width}-{variant}-s{seed}``, the variant
+``baseline`` (plain training), ``{name}-c{coeff}`` (a dispersion loss) or a baseline
+method the paper compares against (``noisy_embedding``, ``active_forgetting``). Light:
+no torch, so the sweep's dry run is fast.
 """
 
 from __future__ import annotations
@@ -11,24 +13,29 @@ from dataclasses import dataclass
 
 BASELINE = "baseline"
 
-GRID_KEYS = ("--model.mlp_hidden_dim", "--dispersion.variant", "--dispersion.coeff", "--debug.seed",
-             "--job.dump_folder")
+GRID_KEYS = ("--model.mlp_hidden_dim", "--dispersion.variant", "--dispersion.coeff", "--baseline.method",
+             "--debug.seed", "--job.dump_folder")
 """Training overrides the grid sets for each cell; given by hand they would fight it."""
 
 
 @dataclass(frozen=True)
 class Variant:
     name: str
-    """A dispersion variant, or ``none`` for the baseline."""
+    """A dispersion variant, or ``none``."""
     coeff: float
+    method: str = "none"
+    """``baseline.method``: a baseline method instead of a dispersion loss, or ``none``."""
 
     @property
     def label(self) -> str:
+        if self.method != "none":
+            return self.method
         return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff:g}"
 
     @property
     def is_baseline(self) -> bool:
-        return self.name == "none"
+        """Plain training: neither a dispersion loss nor a baseline method."""
+        return self.name == "none" and self.method == "none"
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,8 @@ class Cell:
     def overrides(self, dump_folder: str) -> list[str]:
         """The training command line's grid part, writing into ``dump_folder``."""
         return ["--model.mlp_hidden_dim", str(self.width), "--dispersion.variant", self.variant.name,
-                "--dispersion.coeff", f"{self.variant.coeff:g}", "--debug.seed", str(self.seed),
+                "--dispersion.coeff", f"{self.variant.coeff:g}", "--baseline.method", self.variant.method,
+                "--debug.seed", str(self.seed),
                 "--job.dump_folder", dump_folder]
 
 

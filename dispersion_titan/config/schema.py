@@ -2,7 +2,8 @@
 
 ``[model]`` gains shape overrides (0 keeps the flavor's value) and the tie switch;
 ``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones;
-``[dispersion]`` configures the auxiliary loss. Every field is overridable on the
+``[dispersion]`` configures the auxiliary loss; ``[baseline]`` the methods the paper
+compares against. Every field is overridable on the
 command line as ``--section.key value``.
 """
 
@@ -51,6 +52,28 @@ class Dispersion:
     memory-lean PyTorch strips."""
 
 
+METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "noisy_embedding": ("noise_alpha",),
+    "active_forgetting": ("forget_every", "embedding_lr"),
+}
+"""``baseline.method`` values and the ``[baseline]`` fields each one reads."""
+
+
+@dataclass
+class Baseline:
+    method: str = "none"
+    """none | noisy_embedding (NEFTune) | active_forgetting (Chen et al. 2023)"""
+    noise_alpha: float = 1.0
+    """noisy_embedding: α ≥ 0; uniform noise in ±α/√(S·d) on the token embeddings, training only."""
+    forget_every: int = 1000
+    """active_forgetting: K ≥ 1; after every K steps the token embeddings (and a tied LM head) are
+    re-initialised and their AdamW state cleared."""
+    embedding_lr: float = 5e-5
+    """active_forgetting: peak LR > 0 of the token embeddings' own schedule (8% linear warm-up, then
+    linear decay, restarting at every reset)."""
+
+
 @dataclass
 class Training:
     max_local_batch_size: int = 0
@@ -79,3 +102,4 @@ class JobConfig:
     validation: Validation = field(default_factory=Validation)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     dispersion: Dispersion = field(default_factory=Dispersion)
+    baseline: Baseline = field(default_factory=Baseline)

@@ -76,13 +76,16 @@ def check_complete(step_dir: str) -> None:
 
 
 def save_run_metadata(folder: str, model_name: str, args: GPT2ModelArgs,
-                      dispersion: dict[str, Any] | None = None, seed: int | None = None) -> None:
+                      dispersion: dict[str, Any] | None = None, seed: int | None = None,
+                      baseline: dict[str, Any] | None = None) -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
     the model family and shape (head count cannot be read off weights) and the
-    dispersion settings it trained with (None: not trained by dispersion_titan.train)."""
+    dispersion and baseline settings it trained with (None: not trained by
+    dispersion_titan.train); ``evaluate table`` groups runs into arms by all of it but the seed."""
     os.makedirs(folder, exist_ok=True)
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
-    metadata = {"model_name": model_name, "model_args": fields, "dispersion": dispersion, "seed": seed}
+    metadata = {"model_name": model_name, "model_args": fields, "dispersion": dispersion, "baseline": baseline,
+                "seed": seed}
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)

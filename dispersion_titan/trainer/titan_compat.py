@@ -17,6 +17,13 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
   ``last_save_model_only`` / ``last_save_in_hf`` attributes.
 - ``checkpoint_folder``: a disabled checkpointer has no ``folder`` attribute.
 - ``will_save``: the checkpointer's private ``_should_save(step, last_step)`` rule.
+- ``optimizer_per_model_part``: ``OptimizersContainer`` holds one torch optimizer per
+  model part (``model_parts`` / ``optimizers``), each with one param group.
+- ``lr_lambda``: ``build_lr_schedulers`` gives every ``LambdaLR`` it builds one shared
+  ``lr_lambda``; ``lr_schedulers_per_group``: ``LRSchedulersContainer`` hands its
+  ``lr_lambda`` to ``LambdaLR`` unchanged (a list: one factor per param group). Both
+  builders are the TrainSpec's, called from ``Trainer.__init__`` (where
+  ``optimizers.baseline_settings`` makes ``[baseline]`` visible to them).
 - ``trainer_class``: an after-checkpoint-load hook (``train()`` loads, then calls
   ``should_continue_training``), and TorchTitan's non-pipelined ``forward_backward_step``
   around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
@@ -30,7 +37,7 @@ import platform
 import resource
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
 from typing import Any
@@ -226,6 +233,32 @@ def save_full_checkpoint(checkpointer: Any, step: int) -> None:
     """
     with _attributes_set(checkpointer, last_save_model_only=False, last_save_in_hf=False):
         checkpointer.save(curr_step=step, last_step=True)
+
+
+# ------------------------------------------------------------------------ optimizers and LR schedules
+
+
+def optimizer_per_model_part(optimizers: Any) -> list[tuple[torch.nn.Module, torch.optim.Optimizer]]:
+    """Each model part with the torch optimizer TorchTitan built over its parameters."""
+    return list(zip(optimizers.model_parts, optimizers.optimizers, strict=True))
+
+
+def lr_lambda(lr_scheduler_config: Any, training_steps: int) -> Callable[[int], float]:
+    """TorchTitan's warm-up / stable / decay factor for these settings, as
+    ``build_lr_schedulers`` gives it to every ``LambdaLR`` (built here on a probe optimizer)."""
+    from torchtitan.components.lr_scheduler import build_lr_schedulers
+
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    (scheduler,) = build_lr_schedulers([probe], lr_scheduler_config, training_steps).schedulers
+    return scheduler.lr_lambdas[0]
+
+
+def lr_schedulers_per_group(optimizers: Any, lr_lambdas: list[Callable[[int], float]]) -> Any:
+    """TorchTitan's ``LRSchedulersContainer`` (so checkpoints and logging stay TorchTitan's)
+    whose ``LambdaLR``s apply ``lr_lambdas[i]`` to param group ``i``."""
+    from torchtitan.components.lr_scheduler import LRSchedulersContainer
+
+    return LRSchedulersContainer(optimizers, lr_lambdas)
 
 
 # ------------------------------------------------------------------------ the trainer

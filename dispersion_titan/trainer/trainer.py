@@ -19,8 +19,10 @@ from torchtitan.tools.logging import logger
 from ..config.checks import data_parallel_degree, resolve_batch_sizes
 from ..errors import NonFiniteLossError
 from . import titan_compat
+from .baselines import build_baseline
 from .checkpoints import quarantine_incomplete, save_run_metadata
 from .objective import DispersionObjective
+from .optimizers import baseline_settings
 from .preemption import Preemption
 
 
@@ -58,7 +60,8 @@ class DispersionTrainer(titan_compat.trainer_class()):
     def __init__(self, job_config) -> None:
         # Derived per-rank batch sizes, exactly as the launch-time check computed them.
         resolve_batch_sizes(job_config, data_parallel_degree(job_config, int(os.environ["WORLD_SIZE"])))
-        super().__init__(job_config)
+        with baseline_settings(job_config.baseline):  # active forgetting's embedding param group
+            super().__init__(job_config)
         self.checkpoint_folder = titan_compat.checkpoint_folder(self.checkpointer)
         self._set_aside_incomplete_checkpoints()
         self.health = StepHealth(self.device)
@@ -68,12 +71,16 @@ class DispersionTrainer(titan_compat.trainer_class()):
         self.dispersion = DispersionObjective(
             job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
         )
+        (model,) = self.model_parts
+        self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
+                                       self.model_args.tie_embeddings)
         self.preemption = Preemption()  # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue
         if dist.get_rank() == 0:
             # In the dump folder, not the checkpoint folder: TorchTitan decides whether to
             # resume by whether that folder exists, and every rank must see the same answer.
             save_run_metadata(job_config.job.dump_folder, job_config.model.name, self.model_args,
-                              dataclasses.asdict(job_config.dispersion), seed)
+                              dataclasses.asdict(job_config.dispersion), seed,
+                              baseline=dataclasses.asdict(job_config.baseline))
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0
@@ -96,6 +103,7 @@ class DispersionTrainer(titan_compat.trainer_class()):
 
     def train_step(self, data_iterator) -> None:
         self.step_metrics.reset()
+        self.baseline.begin_step(self.step)
         super().train_step(data_iterator)
         self.health.record(self.step_metrics.local_loss(), self.step)
         last = self.step == self.job_config.training.steps

@@ -109,7 +109,7 @@ class GPT2(ModelProtocol):
             else:
                 residual = name.endswith(("attention.wo.weight", "feed_forward.w2.weight"))
                 full.normal_(0.0, residual_std if residual else INIT_STD, generator=generator)
-            _copy_full_into(param, full)
+            copy_full_into(param, full)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
@@ -139,7 +139,7 @@ class GPT2(ModelProtocol):
         yield "final_norm", self.norm(h)
 
 
-def _copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
     """Copy a full-size value into a parameter, keeping only this rank's shard of a DTensor
     (every rank holds the same ``full``, so slicing locally needs no communication)."""
     if isinstance(param, DTensor):

@@ -1,0 +1,126 @@
+"""The baselines the paper compares against, at training time (``[baseline]``).
+
+- ``noisy_embedding`` (NEFTune): uniform noise in ±α/√(S·d) on the token embeddings,
+  before the position embeddings are added, in training forwards only.
+- ``active_forgetting`` (Chen et al. 2023): after every K steps the token embedding
+  matrix is re-initialised N(0, 0.02) and its AdamW state cleared; its param group and
+  sawtooth LR schedule are built with the optimizer (``optimizers``).
+
+Both are layout-invariant and resume exactly: every random draw is seeded by the run's
+seed and the step (and for the noise the sequence's position in the global batch), never
+by a rank or by how many steps this process has run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchtitan.tools.logging import logger
+
+from ..config.schema import Baseline
+from ..models.gpt2.model import INIT_STD, copy_full_into
+from .optimizers import token_embedding
+
+
+def _mixed_seed(*parts: int) -> int:
+    seed = 0
+    for part in parts:
+        seed = (seed * 1_000_003 + part) % 2**63
+    return seed
+
+
+class NoBaseline:
+    def begin_step(self, step: int) -> None:
+        """Called by the trainer before each training step (1-based)."""
+
+
+class EmbeddingNoise(NoBaseline):
+    """NEFTune as a forward hook on the token embedding.
+
+    The noise of a sequence depends only on (seed, step, its position in the global
+    batch): the position of row ``i`` of this rank's ``a``-th micro-batch is
+    ``(a·W + r)·b + i`` for data-parallel rank ``r`` of ``W`` with ``b`` rows, the order in
+    which ``data.layout`` hands out a step's sequences. Under tensor parallelism the hook
+    sees this rank's sequence shard (``Shard(1)``) and adds its slice of the full noise.
+    Validation and analysis run the model in eval mode and get none.
+    """
+
+    def __init__(self, embedding: nn.Module, alpha: float, seed: int, dp_rank: int, dp_degree: int,
+                 tp_group: dist.ProcessGroup | None) -> None:
+        self.alpha, self.seed = alpha, seed
+        self.dp_rank, self.dp_degree = dp_rank, dp_degree
+        self.tp_group = tp_group
+        self.step = self.microbatch = 0
+        embedding.register_forward_hook(self._add_noise)
+
+    def begin_step(self, step: int) -> None:
+        self.step, self.microbatch = step, 0
+
+    def _sequence_noise(self, position: int, seq_len: int, dim: int, device: torch.device) -> torch.Tensor:
+        generator = torch.Generator(device=device).manual_seed(_mixed_seed(self.seed, self.step, position))
+        return torch.rand(seq_len, dim, generator=generator, device=device) * 2 - 1
+
+    def _add_noise(self, module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor | None:
+        if not module.training:
+            return None
+        rows, local_len, dim = out.shape
+        tp = 1 if self.tp_group is None else dist.get_world_size(self.tp_group)
+        seq_len = local_len * tp
+        first = (self.microbatch * self.dp_degree + self.dp_rank) * rows
+        self.microbatch += 1
+        noise = torch.stack([self._sequence_noise(first + i, seq_len, dim, out.device) for i in range(rows)])
+        if tp > 1:
+            noise = noise.chunk(tp, dim=1)[dist.get_rank(self.tp_group)]
+        return out + (noise * (self.alpha / math.sqrt(seq_len * dim))).to(out.dtype)
+
+
+class ActiveForgetting(NoBaseline):
+    """Re-initialises the token embeddings after every ``period`` steps, before the next
+    step: checkpoints, validation and the final model hold trained embeddings, and a run
+    resumed from step K makes the same reset at step K+1."""
+
+    def __init__(self, model: nn.Module, optimizers: Any, period: int, seed: int, tied: bool) -> None:
+        self.embedding = token_embedding(model)
+        self.optimizers, self.period, self.seed = optimizers, period, seed
+        self.what = "token embeddings and the LM head tied to them" if tied else "token embeddings"
+
+    def begin_step(self, step: int) -> None:
+        if step > 1 and (step - 1) % self.period == 0:
+            self.reset((step - 1) // self.period)
+            logger.info(f"active forgetting: before step {step}: {self.what} re-initialised N(0, {INIT_STD}), "
+                        "AdamW state cleared")
+
+    @torch.no_grad()
+    def reset(self, index: int) -> None:
+        """Draw the full matrix from one CPU generator (the same values whatever the layout),
+        keep this rank's shard, and zero its AdamW moments and step count."""
+        generator = torch.Generator().manual_seed(_mixed_seed(self.seed, index))
+        full = torch.empty(self.embedding.shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=generator)
+        copy_full_into(self.embedding, full)
+        for optimizer in self.optimizers:
+            for value in optimizer.state.get(self.embedding, {}).values():
+                value.zero_()
+
+
+def data_parallel_rank(parallel_dims: Any) -> tuple[int, int]:
+    """(rank, degree) of this process among the ranks that read different data."""
+    if not parallel_dims.dp_enabled:
+        return 0, 1
+    mesh = parallel_dims.get_mesh("batch")
+    return mesh.get_local_rank(), mesh.size()
+
+
+def build_baseline(cfg: Baseline, model: nn.Module, optimizers: Any, parallel_dims: Any, seed: int,
+                   tied: bool) -> NoBaseline:
+    """The ``[baseline]`` method's per-step behaviour for this trainer's model part."""
+    if cfg.method == "noisy_embedding":
+        tp_group = parallel_dims.get_mesh("tp").get_group() if parallel_dims.tp_enabled else None
+        return EmbeddingNoise(model.tok_embeddings, cfg.noise_alpha, seed, *data_parallel_rank(parallel_dims),
+                              tp_group)
+    if cfg.method == "active_forgetting":
+        return ActiveForgetting(model, optimizers, cfg.forget_every, seed, tied)
+    return NoBaseline()

@@ -1,0 +1,227 @@
+"""The baselines the paper compares against (``[baseline]``): NEFTune's noisy embeddings
+and active forgetting.
+
+In one process: the noise's bound, its layout invariance and its absence outside
+training; a reset's fresh matrix and cleared AdamW state; the embedding group's LR
+sawtooth against its formula. With torchrun, from one seed checkpoint: each method gives
+the same losses and weights on 1 process, on FSDP2 with gradient accumulation and under
+TP with sequence parallel, and a resumed active-forgetting run reproduces the
+uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from dispersion_titan.config.schema import Baseline
+from dispersion_titan.models.gpt2 import GPT2, gpt2_flavors
+from dispersion_titan.trainer.baselines import ActiveForgetting, EmbeddingNoise
+from dispersion_titan.trainer.optimizers import (
+    baseline_settings,
+    build_gpt2_lr_schedulers,
+    build_gpt2_optimizers,
+    embedding_warmup_steps,
+)
+from helpers import load_weights, max_abs_diff, scalars, torchrun, update_rel_diff
+
+# ---------------------------------------------------------------- in one process
+
+
+def noisy_embedding(weight: torch.Tensor, alpha: float, dp_rank: int = 0, dp_degree: int = 1) -> nn.Embedding:
+    embedding = nn.Embedding.from_pretrained(weight.clone(), freeze=False)
+    EmbeddingNoise(embedding, alpha, seed=7, dp_rank=dp_rank, dp_degree=dp_degree, tp_group=None).begin_step(5)
+    return embedding
+
+
+@torch.no_grad()
+def test_noise_is_bounded_layout_invariant_and_training_only():
+    torch.manual_seed(0)
+    weight, tokens = torch.randn(100, 64), torch.randint(0, 100, (4, 32))
+    clean = nn.functional.embedding(tokens, weight)
+    alpha, bound = 2.0, 2.0 / math.sqrt(32 * 64)
+
+    single = noisy_embedding(weight, alpha)
+    noise = single(tokens) - clean
+    assert noise.abs().max() <= bound * (1 + 1e-5) and noise.abs().max() > 0.99 * bound
+    assert abs(noise.mean()) < 0.02 * bound and noise.std() == pytest.approx(bound / math.sqrt(3), rel=0.02)
+    assert not torch.allclose(noise[0], noise[1])  # each sequence its own noise
+
+    # Rank 1 of 2 with 2 rows per micro-batch reads the step's sequences 2 and 3, as the
+    # second of two accumulation micro-batches on one rank does: both get rows 2-3's noise.
+    rank1 = noisy_embedding(weight, alpha, dp_rank=1, dp_degree=2)
+    torch.testing.assert_close(rank1(tokens[2:]) - clean[2:], noise[2:], rtol=0, atol=1e-6)
+    accumulating = noisy_embedding(weight, alpha)
+    accumulating(tokens[:2])
+    torch.testing.assert_close(accumulating(tokens[2:]) - clean[2:], noise[2:], rtol=0, atol=1e-6)
+
+    single.eval()  # validation and analysis
+    assert torch.equal(single(tokens), clean)
+
+
+AF = Baseline(method="active_forgetting", forget_every=25, embedding_lr=3e-4)
+
+
+def forgetting_model_and_optimizers(baseline: Baseline = AF):
+    from torchtitan.config import Optimizer
+
+    args = gpt2_flavors["debug"]
+    torch.manual_seed(1)
+    model = GPT2(args)
+    model.init_weights()
+    with baseline_settings(baseline):
+        optimizers = build_gpt2_optimizers([model], Optimizer(lr=1e-3, implementation="foreach"), None)
+    return model, optimizers
+
+
+def test_reset_gives_a_fresh_matrix_and_clears_its_adamw_state():
+    model, optimizers = forgetting_model_and_optimizers()
+    (optimizer,) = optimizers
+    body, embedding = (group["params"] for group in optimizer.param_groups)
+    assert embedding == [model.tok_embeddings.weight] and model.output.weight is model.tok_embeddings.weight
+    assert len(body) == len(list(model.parameters())) - 1
+    tokens = torch.randint(0, 1000, (2, 16))
+    for _ in range(2):
+        optimizers.zero_grad()
+        model(tokens).logsumexp(-1).mean().backward()
+        optimizers.step()
+
+    forgetting = ActiveForgetting(model, optimizers, period=2, seed=3, tied=True)
+    before = model.tok_embeddings.weight.detach().clone()
+    forgetting.begin_step(2)  # mid-period: nothing happens
+    assert torch.equal(model.tok_embeddings.weight, before)
+    forgetting.begin_step(3)  # after step 2 = K: reset before step 3
+    after = model.tok_embeddings.weight.detach()
+    assert after.std().item() == pytest.approx(0.02, rel=0.01) and abs(after.mean().item()) < 1e-3
+    assert abs(torch.corrcoef(torch.stack([before.flatten(), after.flatten()]))[0, 1].item()) < 0.01
+    state = optimizer.state[model.tok_embeddings.weight]
+    assert set(state) == {"step", "exp_avg", "exp_avg_sq"} and all(not v.any() for v in state.values())
+    assert all(optimizer.state[p]["step"].item() == 2 for p in body)  # the body's state is kept
+
+    again = ActiveForgetting(model, optimizers, period=2, seed=3, tied=True)
+    again.begin_step(3)  # the same reset, as a resumed run makes it
+    assert torch.equal(model.tok_embeddings.weight, after)
+
+
+def test_embedding_lr_is_a_sawtooth_and_the_body_keeps_the_run_schedule():
+    from torchtitan.components.lr_scheduler import build_lr_schedulers
+    from torchtitan.config import LRScheduler
+
+    schedule = LRScheduler(warmup_steps=5, decay_type="cosine", min_lr_factor=0.1)
+    _, optimizers = forgetting_model_and_optimizers()
+    with baseline_settings(AF):
+        schedulers = build_gpt2_lr_schedulers(optimizers, schedule, training_steps=60)
+    _, plain = forgetting_model_and_optimizers(Baseline())
+    reference = build_lr_schedulers(plain, schedule, 60)
+
+    K, W = AF.forget_every, embedding_warmup_steps(AF.forget_every)
+    assert W == 2
+    (optimizer,) = optimizers
+    for step in range(1, 2 * K + 6):
+        t = (step - 1) % K
+        want = AF.embedding_lr * ((t + 1) / W if t < W else (K - t) / (K - W))
+        body_lr, embedding_lr = (group["lr"] for group in optimizer.param_groups)
+        assert embedding_lr == pytest.approx(want, rel=1e-12), step
+        assert body_lr == pytest.approx(reference.schedulers[0].get_last_lr()[0], rel=1e-12), step
+        for s in (optimizers, plain, schedulers, reference):
+            s.step()
+
+
+# ---------------------------------------------------------------- torchrun
+
+STEPS = {"noisy_embedding": 3, "active_forgetting": 5}
+COMMON = ("--training.global_batch_size", "8", "--validation.no-enable", "--lr_scheduler.warmup_steps", "1",
+          "--lr_scheduler.total_steps", "5", "--checkpoint.interval", "100")
+METHODS = {
+    "noisy_embedding": ("--baseline.method", "noisy_embedding", "--baseline.noise_alpha", "5"),
+    "active_forgetting": ("--baseline.method", "active_forgetting", "--baseline.forget_every", "2",
+                          "--baseline.embedding_lr", "1e-3"),
+}
+LAYOUTS = {  # FSDP2 with local batch 2: two data-parallel ranks and two accumulation micro-batches
+    "single": (1, ("--training.local_batch_size", "8")),
+    "fsdp2_accum2": (2, ("--training.local_batch_size", "2")),
+    "tp2": (2, ("--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2")),
+}
+RUNS = [(method, layout) for method in METHODS for layout in LAYOUTS]
+LOSS = "loss_metrics/global_avg_loss"  # the gradient norm differs by ~1e-4 across layouts, with or without a baseline
+
+
+SAVE_STEP_3 = ("--checkpoint.interval", "3", "--checkpoint.no-last-save-model-only")
+
+
+def train(dump, method: str, layout: str, seed_step: str) -> str:
+    """One run from the seed checkpoint; its log. Active forgetting also saves step 3 in full."""
+    nproc, extra = LAYOUTS[layout]
+    proc = torchrun(dump, nproc, *COMMON, *METHODS[method], *extra, "--training.steps", str(STEPS[method]),
+                    "--checkpoint.initial_load_path", seed_step,
+                    *(SAVE_STEP_3 if method == "active_forgetting" else ()))
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("baselines")
+    seed = root / "seed"
+    torchrun(seed, 1, "--checkpoint.create_seed_checkpoint", "--training.steps", "0")
+    seed_step = str(seed / "checkpoint" / "step-0")
+    out = {"seed": seed / "checkpoint" / "step-0"}
+    for method, layout in RUNS:
+        dump = root / f"{method}-{layout}"
+        out[method, layout] = (dump, train(dump, method, layout, seed_step))
+    # The single-process active forgetting run as if stopped after step 3 (one reset made,
+    # one to come): its folder without what steps 4-5 wrote, resumed.
+    resumed = root / "active_forgetting-resumed"
+    shutil.copytree(out["active_forgetting", "single"][0], resumed, ignore=shutil.ignore_patterns("step-5", "tb"))
+    assert "Training starts at step 4" in train(resumed, "active_forgetting", "single", seed_step)
+    out["resumed"] = resumed
+    return out
+
+
+@pytest.mark.slow
+def test_each_baseline_trains_the_same_under_every_layout(runs):
+    initial = load_weights(runs["seed"])
+    for method, layout in RUNS:
+        steps = STEPS[method]
+        dump, log = runs[method, layout]
+        reference, _ = runs[method, "single"]
+        want, got = scalars(reference)[LOSS], scalars(dump)[LOSS]
+        assert sorted(got) == list(range(1, steps + 1))
+        for step in got:
+            assert got[step] == pytest.approx(want[step], rel=1e-4), (method, layout, step)
+        final = load_weights(dump / "checkpoint" / f"step-{steps}")
+        assert update_rel_diff(final, load_weights(reference / "checkpoint" / f"step-{steps}"), initial) <= 1e-4
+        if method == "active_forgetting":
+            resets = [line for line in log.splitlines() if "active forgetting: before step" in line]
+            assert len(resets) == 2 and "before step 3:" in resets[0] and "before step 5:" in resets[1], log[-3000:]
+            assert "LM head tied to them" in resets[0]
+
+
+@pytest.mark.slow
+def test_noise_changes_training_and_forgetting_resets_the_embeddings(runs):
+    """The runs above differ from plain training: a no-op baseline would pass them too."""
+    noisy, _ = runs["noisy_embedding", "single"]
+    forgetting, _ = runs["active_forgetting", "single"]
+    initial = load_weights(runs["seed"])
+    # Reset before step 5, then one small step: the embeddings are close to a fresh N(0, 0.02) draw.
+    embedding = load_weights(forgetting / "checkpoint" / "step-5")["tok_embeddings.weight"]
+    assert embedding.std().item() == pytest.approx(0.02, rel=0.05)
+    corr = torch.corrcoef(torch.stack([embedding.flatten(), initial["tok_embeddings.weight"].flatten()]))[0, 1]
+    assert abs(corr.item()) < 0.05
+    # Step 1 of active forgetting is plain training: the noise changed the loss.
+    assert scalars(noisy)[LOSS][1] != scalars(forgetting)[LOSS][1]
+
+
+@pytest.mark.slow
+def test_resumed_active_forgetting_run_reproduces_the_uninterrupted_one(runs):
+    straight, _ = runs["active_forgetting", "single"]
+    want, got = scalars(straight), scalars(runs["resumed"])
+    for tag in (LOSS, "grad_norm"):
+        assert sorted(got[tag]) == [4, 5]
+        for step in (4, 5):
+            assert got[tag][step] == want[tag][step], (tag, step)
+    assert max_abs_diff(load_weights(runs["resumed"] / "checkpoint" / "step-5"),
+                        load_weights(straight / "checkpoint" / "step-5")) == 0.0
