@@ -34,6 +34,8 @@ class Part:
     measured: str
     """The measured direction with its numbers."""
     agrees: bool
+    decides: bool = True
+    """False for context (e.g. the toy model at step 0): shown, but not part of the verdict."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Finding:
 
     @property
     def agrees(self) -> bool:
-        return all(part.agrees for part in self.parts)
+        return all(part.agrees for part in self.parts if part.decides)
 
 
 def _values(values: Sequence[float]) -> str:
@@ -96,6 +98,7 @@ def at_initialization(panel: dict[int, Condensation], runs: Sequence[RunCondensa
             f"late-block cosine {_values([late_cos(r.init) for r in toy])} vs embedding "
             f"{_values([embedding_cos(r.init) for r in toy])}",
             all(_present(r.init) for r in toy),
+            decides=False,
         ))
     return Finding(
         "Is condensation present at initialization?",
@@ -207,9 +210,9 @@ def markdown(found: Sequence[Finding]) -> list[str]:
     for number, finding in enumerate(found, start=1):
         verdict = "agrees" if finding.agrees else "disagrees"
         lines += [f"### {number}. {finding.question} — **{verdict}**", "", f"- Paper: {finding.paper}."]
-        lines += [f"- Measured ({part.scope}): {part.measured} — **{'agrees' if part.agrees else 'disagrees'}**."
-                  for part in finding.parts]
-        if not finding.agrees:
+        lines += [f"- Measured ({part.scope}): {part.measured} — **{'agrees' if part.agrees else 'disagrees'}**"
+                  + ("." if part.decides else " (context, not part of the verdict).") for part in finding.parts]
+        if not all(part.agrees for part in finding.parts):
             lines.append(f"- Scale needed: {finding.scale}.")
         lines.append("")
     return lines
