@@ -10,7 +10,7 @@ of several sizes.
 
 from dispersion_titan.errors import AnalysisError
 
-DEFAULT_GEOMETRY_SEQUENCES = 4
+DEFAULT_GEOMETRY_SEQUENCES = 2
 """Sequences of the K whose effective rank and MEV are averaged (see ``measure``)."""
 
 __all__ = ["DEFAULT_GEOMETRY_SEQUENCES", "AnalysisError"]

@@ -49,8 +49,9 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
     for result in results:
         if (step.isdigit() and result.model is None and result.step == int(step)) or result.revision == step:
             return result
-    have = sorted(r.step for r in results) if results[0].model is None else [r.label for r in results]
-    raise AnalysisError(f"{option}: {run} has no analysis of {step} (have {have})")
+    if results[0].model is None:
+        raise AnalysisError(f"{option}: {run} has no analysis of step {step} (have {sorted(r.step for r in results)})")
+    raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {[r.label for r in results]})")
 
 
 def dispersion_variant(run_dir: str) -> str | None:
