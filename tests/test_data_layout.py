@@ -8,7 +8,6 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import CORPORA, iter_documents
@@ -17,7 +16,7 @@ from dispersion_titan.data.sources import load_files, load_rows
 from dispersion_titan.data.streaming import StreamingPackedDataset
 from dispersion_titan.data.tokens import tokenize
 from dispersion_titan.tokenizer import EOT_ID, GPT2Tokenizer
-from helpers import WORDS, texts, write_parquet
+from helpers import WORDS, global_batches, loader, resumed_equals_uninterrupted, texts, write_parquet
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 
@@ -25,20 +24,6 @@ pytestmark = pytest.mark.usefixtures("private_caches")
 # ---------------------------------------------------------------- layout invariance and resume
 
 SEQ = 16
-
-
-def loader(dataset, rank: int, world: int) -> ParallelAwareDataloader:
-    return ParallelAwareDataloader(dataset, dp_rank=rank, dp_world_size=world, batch_size=dataset.local_batch_size)
-
-
-def global_batches(make, world: int, accum: int, local: int, steps: int) -> list[torch.Tensor]:
-    """What each optimizer step trains on: every rank's micro-batches, in sequence order."""
-    iters = [iter(loader(make(local, r, world), r, world)) for r in range(world)]
-    out = []
-    for _ in range(steps):
-        micro = [[next(it)[0]["input"] for it in iters] for _ in range(accum)]
-        out.append(torch.cat([b for m in micro for b in m]))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -76,21 +61,6 @@ def test_ranks_see_different_data(stream_files, kind):
     seen = [[next(it)[0]["input"] for _ in range(5)] for it in (iter(loader(make(2, r, 2), r, 2)) for r in range(2))]
     rows = [{tuple(row.tolist()) for batch in rank for row in batch} for rank in seen]
     assert len(rows[0]) == len(rows[1]) == 10 and not rows[0] & rows[1]
-
-
-def resumed_equals_uninterrupted(make, world: int, stop: int, more: int) -> None:
-    for rank in range(world):
-        uninterrupted = iter(loader(make(2, rank, world), rank, world))
-        expected = [next(uninterrupted) for _ in range(stop + more)][stop:]
-        first = loader(make(2, rank, world), rank, world)
-        it = iter(first)
-        for _ in range(stop):
-            next(it)
-        state = first.state_dict()
-        resumed = loader(make(2, rank, world), rank, world)
-        resumed.load_state_dict(state)
-        for (x, y), (ex, ey) in zip(resumed, expected):
-            assert torch.equal(x["input"], ex["input"]) and torch.equal(y, ey)
 
 
 def test_in_memory_resume_mid_epoch_and_across_epochs():

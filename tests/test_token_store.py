@@ -25,10 +25,12 @@ from dispersion_titan.data.prepare import main, parser, prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
 from dispersion_titan.tokenizer import EOT_ID
 from helpers import DEBUG_TOML, REPO, launch_env, python_module
-from test_data import global_batches, loader, private_caches, resumed_equals_uninterrupted, texts  # noqa: F401
+from helpers import global_batches, loader, resumed_equals_uninterrupted, texts
 
 SEQ = 16
 LAYOUTS = [(1, 2, 4), (2, 1, 4), (4, 1, 2), (2, 2, 2), (4, 2, 1)]  # (ranks, accumulation, local batch)
+
+pytestmark = pytest.mark.usefixtures("private_caches")
 
 
 def run_prepare(*args: str) -> dict:
