@@ -287,7 +287,7 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert rows[base]["steps"] == "5;10" and rows[disp]["steps"] == "10;5"
     base_avg, disp_avg = averages(BEST, ["base_s1", "base_s2"]), averages(BEST, ["disp_s1", "disp_s2"])
     p = stats.ttest_ind(disp_avg, base_avg, equal_var=False).pvalue
-    assert float(rows[disp]["p_value"]) == pytest.approx(p, rel=1e-12)
+    assert float(rows[disp]["p_value"]) == pytest.approx(p, rel=1e-5)  # the CSV shows 6 significant digits
     assert rows[disp]["significance"] == ("***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else "")
     assert rows[disp]["significance"] == "*"  # these numbers were chosen to give 0.01 <= p < 0.05
     assert rows[base]["p_value"] == "" and rows[base]["reference"] == base
@@ -312,7 +312,7 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     p = stats.ttest_ind(averages(last, ["base_s1", "base_s2"]), averages(last, ["disp_s1", "disp_s2"]),
                         equal_var=False).pvalue
     assert code == 0 and list(rows) == ["B", "D"] and rows["B"]["steps"] == "10;10"
-    assert float(rows["B"]["p_value"]) == pytest.approx(p, rel=1e-12) and rows["D"]["p_value"] == ""
+    assert float(rows["B"]["p_value"]) == pytest.approx(p, rel=1e-5) and rows["D"]["p_value"] == ""
     code, _, _ = evaluate("table", *fabricated.values(), "--select", "step:5", "--out", tmp_path / "s5", capsys=capsys)
     assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"5;5"}
     # Named and grouped arms mixed keep the command line's order; one group is named by its variant.
