@@ -44,10 +44,12 @@ def main(dp: int, tp: int) -> None:
     names = [name for name, _ in model.named_parameters()]
     assert "output.weight" not in names and sum("tok_embeddings" in n for n in names) == 1, names
 
-    # The shared parameter's gradient is exactly the embedding's plus the head's, as
-    # computed by an unsharded untied twin holding the same values.
-    tokens = torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
-    logits = model(tokens)
+    # The shared parameter's gradient is exactly the embedding's plus the head's, summed
+    # over the DP ranks' different batches (TorchTitan normalises the loss itself, so FSDP
+    # sums), as computed by an unsharded untied twin holding the same values.
+    batches = [torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1 + rank))
+               for rank in range(dp)]
+    logits = model(batches[mesh["dp"].get_local_rank()])
     (logits.full_tensor() if isinstance(logits, DTensor) else logits).logsumexp(-1).sum().backward()
     tied = full(model.tok_embeddings.weight.grad)
 
@@ -56,7 +58,8 @@ def main(dp: int, tp: int) -> None:
     twin = GPT2(untied_args)
     values = {name: full(p.detach()) for name, p in model.named_parameters()}
     twin.load_state_dict({**values, "output.weight": values["tok_embeddings.weight"]})
-    twin(tokens).logsumexp(-1).sum().backward()
+    for tokens in batches:
+        twin(tokens).logsumexp(-1).sum().backward()
     head, embedding = twin.output.weight.grad, twin.tok_embeddings.weight.grad
     assert head.abs().sum() > 0 and embedding.abs().sum() > 0
     torch.testing.assert_close(tied, head + embedding, rtol=1e-5, atol=1e-6)
