@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,27 @@ TINY_ANALYSIS = ("--num-sequences", "4", "--seq-len", "64")
 STEPS = 8
 
 
+# Under CI, or where the test command installed Slurm itself, a cluster that cannot come up
+# is a failure with its cause; elsewhere (no root, no apt) the Slurm tests skip.
+MUST_RUN = os.environ.get("CI", "").lower() == "true" or (REPO / ".slurm-installed-by-tests").exists()
+
+
+def unavailable(reason: str) -> None:
+    (pytest.fail if MUST_RUN else pytest.skip)(reason)
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct ports nothing listens on (held together while chosen)."""
+    probes = [socket.socket() for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind(("", 0))
+        return [probe.getsockname()[1] for probe in probes]
+    finally:
+        for probe in probes:
+            probe.close()
+
+
 def _last_line(proc: subprocess.CompletedProcess) -> str:
     lines = ((proc.stdout or "") + (proc.stderr or "")).strip().splitlines()
     return lines[-1] if lines else f"exit status {proc.returncode}"
@@ -42,15 +64,19 @@ def slurm(tmp_path_factory) -> Iterator[dict[str, str]]:
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         subprocess.run(["bash", str(REPO / "scripts" / "ci_system_deps.sh")], capture_output=True, text=True)
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
-        pytest.skip("slurm-wlm and munge are not installed and apt-get could not install them "
+        unavailable("slurm-wlm and munge are not installed and apt-get could not install them "
                     "(scripts/ci_system_deps.sh needs root and apt)")
     if os.geteuid() != 0:
-        pytest.skip("the local Slurm cluster needs root (munged, slurmd)")
-    env = launch_env({"LOCAL_SLURM_DIR": str(tmp_path_factory.mktemp("slurm-state"))})
+        unavailable("the local Slurm cluster needs root (munged, slurmd)")
+    # Its own state dir and free ports: another Slurm on the machine (the system's, or a
+    # concurrent test session's) is neither used nor clashed with.
+    ctld_port, slurmd_port = free_ports(2)
+    env = launch_env({"LOCAL_SLURM_DIR": str(tmp_path_factory.mktemp("slurm-state")),
+                      "LOCAL_SLURM_CTLD_PORT": str(ctld_port), "LOCAL_SLURM_SLURMD_PORT": str(slurmd_port)})
     try:
         start = subprocess.run([str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True, timeout=120)
         if start.returncode != 0:
-            pytest.skip(f"the local Slurm daemons did not start: {_last_line(start)}")
+            unavailable(f"the local Slurm daemons did not start: {_last_line(start)}")
         env["SLURM_CONF"] = re.search(r"SLURM_CONF=(\S+)", start.stdout).group(1)
         yield env
     finally:
@@ -190,3 +216,14 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     assert (out / "compare" / "compare.csv").is_file() and (out / "compare" / "compare.png").is_file()
     table = (out / "table" / "table.md").read_text()
     assert "method=none" in table and "method=noisy_embedding" in table, table
+
+
+def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_path):
+    """The running cluster's ports are taken: a second one says so and starts nothing."""
+    env = {**slurm, "LOCAL_SLURM_DIR": str(tmp_path / "second")}
+    proc = subprocess.run([str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert proc.stderr.strip() == (
+        f"local_slurm: port {slurm['LOCAL_SLURM_CTLD_PORT']} is already in use (another Slurm on this machine?): "
+        "set LOCAL_SLURM_CTLD_PORT and LOCAL_SLURM_SLURMD_PORT to free ports")
+    assert not (tmp_path / "second" / "slurmctld.pid").exists()
