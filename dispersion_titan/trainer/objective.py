@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.options import resolve_layers
-from .sequence_parallel import gather_sequence
+from .sequence_parallel import own_sequences
 
 
 @dataclass
@@ -54,32 +54,47 @@ class DispersionObjective:
         return torch.Generator(device=device).manual_seed((self.seed * 1_000_003 + step) * 10_007 + layer)
 
     def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool) -> MicrobatchDispersion:
-        share = block_outputs[0].shape[0] / self.global_batch_size
+        """The micro-batch's term. Under TP each rank computes only its share of the
+        sequences (``own_sequences``) and the shares' backward adds up; at log steps
+        (``with_stats``) the logged values are summed over the TP ranks, so every rank
+        reports the whole term as without TP."""
+        wanted = range(len(block_outputs)) if with_stats else self.layers if self.active else ()
+        owned = {i: own_sequences(block_outputs[i], self.tp_group) for i in wanted}
+        owned_batch = next(iter(owned.values())).shape[0] if owned else 0
+        # Σ over this rank's sequences / G: summed over TP ranks, DP ranks and micro-batches
+        # it is the global-batch mean, whatever the layout.
+        scale = owned_batch / self.global_batch_size
         weighted = None
         coeff = self.coeff(step) if self.active else 0.0
         unweighted = torch.zeros((), device=block_outputs[0].device)
         if self.active:
-            per_layer = [
-                dispersion_loss(
-                    gather_sequence(block_outputs[i], self.tp_group),
-                    self.cfg.variant,
-                    tau=self.cfg.tau,
-                    clamp=self.cfg.clamp,
-                    lambda_norm=self.cfg.lambda_norm,
-                    max_tokens=self.cfg.max_tokens,
-                    generator=self._generator(step, i, block_outputs[i].device),
-                    kernel=self.cfg.kernel,
-                )
-                for i in self.layers
-            ]
-            mean = torch.stack(per_layer).mean() * share
+            if owned_batch == 0:  # a TP rank with no sequence still joins the backward all-to-alls
+                mean = sum(owned[i].sum().float() for i in self.layers)
+            else:
+                mean = torch.stack([
+                    dispersion_loss(
+                        owned[i],
+                        self.cfg.variant,
+                        tau=self.cfg.tau,
+                        clamp=self.cfg.clamp,
+                        lambda_norm=self.cfg.lambda_norm,
+                        max_tokens=self.cfg.max_tokens,
+                        generator=self._generator(step, i, owned[i].device),
+                        kernel=self.cfg.kernel,
+                    )
+                    for i in self.layers
+                ]).mean() * scale
             weighted = mean * coeff
             unweighted = mean.detach()
         stats = None
         if with_stats:
             with torch.no_grad():
-                b = block_outputs[0].shape[0]
-                stats = torch.stack(
-                    [mean_offdiag_cosine(gather_sequence(h.detach(), self.tp_group)) * b for h in block_outputs]
-                )
+                stats = torch.stack([
+                    mean_offdiag_cosine(owned[i].detach()) * owned_batch if owned_batch else unweighted * 0
+                    for i in range(len(block_outputs))
+                ])
+                if self.tp_group is not None:
+                    both = torch.cat([unweighted.reshape(1), stats])
+                    dist.all_reduce(both, group=self.tp_group)
+                    unweighted, stats = both[0], both[1:]
         return MicrobatchDispersion(weighted, unweighted, stats, coeff)

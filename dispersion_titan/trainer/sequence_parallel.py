@@ -1,4 +1,11 @@
-"""Reassembling sequence-parallel activations for losses over token pairs."""
+"""Splitting losses over token pairs across tensor-parallel ranks.
+
+Under sequence parallelism each TP rank holds every sequence's slice of tokens, but a
+pairwise loss needs whole sequences. Rather than gather everything everywhere and
+compute the same loss TP-fold, one all-to-all hands each rank whole sequences of its
+own share of the batch: each rank computes the loss of its share only, and the shares'
+partial sums add up to the whole.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +13,47 @@ import torch
 import torch.distributed as dist
 
 
-class _GatherSequence(torch.autograd.Function):
-    """All-gather along the sequence dim; backward keeps this rank's slice of the grad.
+def shares(batch: int, world: int) -> list[int]:
+    """Sequences owned by each TP rank: contiguous blocks, the first ``batch % world``
+    ranks one more (a rank owns none when the batch is smaller than the TP degree)."""
+    return [batch // world + (r < batch % world) for r in range(world)]
 
-    Every tensor-parallel rank computes the same loss on the same gathered tensor, so
-    each already holds the full gradient: slicing it (no reduce-scatter) gives exactly
-    the gradient of one copy of the loss.
-    """
+
+def _all_to_all(x: torch.Tensor, out_rows: int, out_splits: list[int], in_splits: list[int],
+                group: dist.ProcessGroup) -> torch.Tensor:
+    out = x.new_empty((out_rows, *x.shape[1:]))
+    dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+    return out
+
+
+class _OwnSequences(torch.autograd.Function):
+    """[B, N/tp, d] token slices of every sequence -> [b_r, N, d] whole sequences of this
+    rank's share; backward sends each slice's gradient back to the rank that holds it."""
 
     @staticmethod
     def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.rank = dist.get_rank(group)
-        ctx.world = dist.get_world_size(group)
-        pieces = [torch.empty_like(local) for _ in range(ctx.world)]
-        dist.all_gather(pieces, local.contiguous(), group=group)
-        return torch.cat(pieces, dim=1)
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        batch, slice_len = local.shape[0], local.shape[1]
+        owned = shares(batch, world)[rank]
+        ctx.group, ctx.splits, ctx.owned = group, shares(batch, world), owned
+        # Row block s of the result holds source rank s's slice of the owned sequences.
+        received = _all_to_all(local, owned * world, [owned] * world, ctx.splits, group)
+        received = received.view(world, owned, slice_len, *local.shape[2:]).transpose(0, 1)
+        return received.reshape(owned, world * slice_len, *local.shape[2:])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad.chunk(ctx.world, dim=1)[ctx.rank].contiguous(), None
+        world = len(ctx.splits)
+        slice_len = grad.shape[1] // world
+        by_source = grad.reshape(ctx.owned, world, slice_len, *grad.shape[2:]).transpose(0, 1)
+        back = _all_to_all(by_source.reshape(ctx.owned * world, slice_len, *grad.shape[2:]),
+                           sum(ctx.splits), ctx.splits, [ctx.owned] * world, ctx.group)
+        return back, None
 
 
-def gather_sequence(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Full-sequence view [B, N, d] of a sequence-sharded [B, N/tp, d] activation."""
+def own_sequences(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Whole sequences [b_r, N, d] of this TP rank's share of a sequence-sharded
+    [B, N/tp, d] activation (all of them, unchanged, without TP)."""
     if group is None:
         return local
-    return _GatherSequence.apply(local, group)
+    return _OwnSequences.apply(local, group)
