@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import glob
 import hashlib
 import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
 
 
+# The schedule of the session's 2-process yardstick run (conftest's ``reference_run``) and of
+# every run compared with it step for step (reliability, resume).
+REFERENCE_STEPS = 8
+SCHEDULE = ("--lr_scheduler.total_steps", "10", "--checkpoint.interval", "2",
+            "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.3", "--dispersion.max_tokens", "64")
+
+
 def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     # The tests train on CPU on purpose: allowed even where GPUs are allocated but unusable.
@@ -34,17 +46,66 @@ def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+class _Zygote:
+    """Client of ``tests/zygote.py``: one server per test session that has imported
+    torch and TorchTitan once and forks each training job from there."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "zygote.py")], cwd=REPO,
+                                     env=launch_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lock = threading.Lock()
+
+    def run(self, nproc: int, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            request = {"nproc": nproc, "argv": argv, "env": env, "cwd": str(REPO), "stdout": out, "stderr": err}
+            with self.lock:
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+                pid = int(self.proc.stdout.readline())
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(out + ".rc"):
+                if time.monotonic() > deadline:
+                    os.killpg(pid, signal.SIGKILL)
+                    raise subprocess.TimeoutExpired(argv, timeout)
+                time.sleep(0.05)
+            time.sleep(0.05)  # the status is written last, after the job's output is flushed
+            with open(out) as stdout, open(err) as stderr, open(out + ".rc") as rc:
+                return subprocess.CompletedProcess(argv, int(rc.read()), stdout.read(), stderr.read())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+_zygote: _Zygote | None = None
+
+
+def _forked(nproc: int, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    global _zygote
+    if _zygote is None or _zygote.proc.poll() is not None:
+        _zygote = _Zygote()
+        atexit.register(_zygote.close)
+    return _zygote.run(nproc, argv, env, timeout)
+
+
 def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_TOML,
-             check: bool = True, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``torchrun -m dispersion_titan.train`` for real; return its completed process."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0",
-        "--role=rank", "--tee=3", "-m", "dispersion_titan.train",
-        "--job.config_file", config, "--job.dump_folder", str(dump),
-        "--metrics.log_freq", "1", *overrides,
-    ]
-    proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
+             check: bool = True, timeout: int = 600, env: dict[str, str] | None = None,
+             command_line: bool = False) -> subprocess.CompletedProcess:
+    """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
+
+    By default the job is forked from the session's launch server (``tests/zygote.py``:
+    torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs
+    ``python -m torch.distributed.run -m dispersion_titan.train`` itself, for tests that
+    look at its processes or its prefixed output."""
+    argv = ["--job.config_file", config, "--job.dump_folder", str(dump), "--metrics.log_freq", "1", *overrides]
+    if command_line:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0",
+               "--role=rank", "--tee=3", "-m", "dispersion_titan.train", *argv]
+        proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
+    else:
+        proc = _forked(nproc, argv, launch_env(env), timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc

@@ -27,6 +27,8 @@ from dispersion_titan.errors import ConfigError
 from dispersion_titan.train import validated_args
 from helpers import (
     DEBUG_TOML,
+    REFERENCE_STEPS,
+    SCHEDULE,
     analyze,
     assert_one_line_error,
     digests,
@@ -38,11 +40,9 @@ from helpers import (
 )
 
 
-STEPS = 8
-SCHEDULE = (  # every launch below shares it, so losses are comparable step for step
-    "--lr_scheduler.total_steps", "10", "--checkpoint.interval", "2", "--validation.no-enable",
-    "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.3", "--dispersion.max_tokens", "64",
-)
+STEPS = REFERENCE_STEPS
+# Every launch below shares the reference run's schedule, so losses compare step for step.
+SCHEDULE = (*SCHEDULE, "--validation.no-enable")
 TAGS = ("loss_metrics/global_avg_loss", "loss_metrics/ce", "loss_metrics/dispersion", "grad_norm")
 ANALYSIS = ("--num-sequences", "4", "--seq-len", "32")
 
@@ -63,10 +63,10 @@ def output(proc) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """The uninterrupted run: checkpoints 0, 2, 4, 6, 8; analyzed, so it also has results."""
-    dump = tmp_path_factory.mktemp("reliability") / "reference"
-    torchrun(dump, 2, "--training.steps", str(STEPS), *SCHEDULE)
+def reference(reference_run) -> Path:
+    """The session's uninterrupted run (conftest): checkpoints 0, 2, 4, 6, 8; analyzed
+    here, so it also has results."""
+    dump = reference_run
     assert complete_steps(dump) == [0, 2, 4, 6, 8]
     with pytest.raises(SystemExit) as done:
         analyze_main([str(dump), *ANALYSIS])
@@ -94,8 +94,9 @@ def worker_pid(dump: Path, rank: int) -> int | None:
 def launch_and_kill_rank1(dump: Path, after_step: int):
     """Start the run, SIGKILL rank 1 once ``step-{after_step}`` is complete on disk."""
     result = {}
+    # The command line itself: the workers are found by their command line.
     job = threading.Thread(target=lambda: result.update(proc=torchrun(dump, 2, "--training.steps", str(STEPS),
-                                                                      *SCHEDULE, check=False)))
+                                                                      *SCHEDULE, check=False, command_line=True)))
     job.start()
     marker = dump / "checkpoint" / f"step-{after_step}" / ".metadata"
     deadline = time.monotonic() + 600

@@ -1,0 +1,80 @@
+"""A launch server for the tests: imports torch, TorchTitan and dispersion_titan once,
+then runs each requested training job by forking, so no launch pays those imports again
+(about 5 s of CPU per process on the test machine, most of a short test run).
+
+Each job is a forked child that runs torchrun's own launcher (``elastic_launch``, what
+``torchrun`` calls: c10d rendezvous, one agent, real worker processes) with
+``dispersion_titan.train.main`` as the entry point and forked workers. Its stdout and
+stderr go to the files the request names; its exit status (0, or 1 when a worker failed,
+as torchrun's) to ``<stdout>.rc``.
+
+Protocol: one JSON request per line on stdin ``{"nproc", "argv", "env", "cwd", "stdout",
+"stderr"}``; the answer is the job's pid on one stdout line. The tests' ``helpers.torchrun``
+is the client; tests of the command line itself (launch scripts, Slurm, signals) use the
+real ``python -m torch.distributed.run`` instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+
+import torch  # noqa: F401  (imported here once, for every job)
+import torchtitan.train  # noqa: F401
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+import dispersion_titan.train
+
+
+def worker(argv: list[str]) -> None:
+    """One rank: exactly what ``python -m dispersion_titan.train ARGV`` runs."""
+    sys.argv = ["dispersion_titan.train", *argv]
+    dispersion_titan.train.main()
+
+
+def run_job(request: dict) -> int:
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=request["nproc"], run_id="test",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=0.1, start_method="fork")
+    try:
+        elastic_launch(config, worker)(request["argv"])
+        return 0
+    except ChildFailedError as e:  # torchrun prints the same summary and exits 1
+        print(e.format_msg(), file=sys.stderr, flush=True)
+        return 1
+
+
+def serve() -> None:
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # finished jobs are reaped by the kernel
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid:
+            print(pid, flush=True)
+            continue
+        status = 1
+        try:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.setpgid(0, 0)  # the client can stop the job with all its workers
+            for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            sys.stdin.close()
+            status = run_job(request)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            with open(request["stdout"] + ".rc", "w") as f:
+                f.write(str(status))
+            os._exit(status)
+
+
+if __name__ == "__main__":
+    serve()
