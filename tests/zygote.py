@@ -31,7 +31,12 @@ import dispersion_titan.train
 
 
 def worker(argv: list[str]) -> None:
-    """One rank: exactly what ``python -m dispersion_titan.train ARGV`` runs."""
+    """One rank: exactly what ``python -m dispersion_titan.train ARGV`` runs. Only local
+    rank 0 writes to the job's output, as with ``torchrun --local-ranks-filter=0``."""
+    if os.environ["LOCAL_RANK"] != "0":
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
     sys.argv = ["dispersion_titan.train", *argv]
     dispersion_titan.train.main()
 
