@@ -64,12 +64,11 @@ class _Zygote:
                 self.proc.stdin.flush()
                 pid = int(self.proc.stdout.readline())
             deadline = time.monotonic() + timeout
-            while not os.path.exists(out + ".rc"):
+            while not os.path.exists(out + ".rc"):  # renamed into place after the output is flushed
                 if time.monotonic() > deadline:
                     os.killpg(pid, signal.SIGKILL)
                     raise subprocess.TimeoutExpired(argv, timeout)
                 time.sleep(0.05)
-            time.sleep(0.05)  # the status is written last, after the job's output is flushed
             with open(out) as stdout, open(err) as stderr, open(out + ".rc") as rc:
                 return subprocess.CompletedProcess(argv, int(rc.read()), stdout.read(), stderr.read())
 

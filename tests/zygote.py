@@ -76,8 +76,10 @@ def serve() -> None:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            with open(request["stdout"] + ".rc", "w") as f:
+            # Written whole, then renamed: the client never reads a half-written status.
+            with open(request["stdout"] + ".rc.tmp", "w") as f:
                 f.write(str(status))
+            os.replace(request["stdout"] + ".rc.tmp", request["stdout"] + ".rc")
             os._exit(status)
 
 

@@ -34,8 +34,8 @@ class _OwnSequences(torch.autograd.Function):
     def forward(ctx, local: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         batch, slice_len = local.shape[0], local.shape[1]
-        owned = shares(batch, world)[rank]
-        ctx.group, ctx.splits, ctx.owned = group, shares(batch, world), owned
+        ctx.group, ctx.splits = group, shares(batch, world)
+        ctx.owned = owned = ctx.splits[rank]
         # Row block s of the result holds source rank s's slice of the owned sequences.
         received = _all_to_all(local, owned * world, [owned] * world, ctx.splits, group)
         received = received.view(world, owned, slice_len, *local.shape[2:]).transpose(0, 1)
