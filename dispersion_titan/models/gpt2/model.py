@@ -115,18 +115,13 @@ class GPT2(ModelProtocol):
         positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
         return self.tok_embeddings(tokens) + self.pos_embeddings(positions)
 
-    def forward(
-        self, tokens: torch.Tensor, return_block_outputs: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits [B, T, V]; with ``return_block_outputs`` also every block's output
-        (after its residual add, before the final norm), for the dispersion loss."""
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, V]. The trainer reads the blocks' outputs through forward hooks
+        (``trainer.block_outputs``), as for every model."""
         h = self.embed(tokens)
-        block_outputs = []
         for layer in self.layers.values():
             h = layer(h)
-            block_outputs.append(h)
-        logits = self.output(self.norm(h))
-        return (logits, block_outputs) if return_block_outputs else logits
+        return self.output(self.norm(h))
 
     def hidden_states(self, tokens: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield ``embedding``, ``block_1`` … ``block_n``, ``final_norm`` one at a time,
