@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
 from ..config.checks import data_parallel_degree, resolve_batch_sizes
+from ..data.packed import run_encoder
 from ..errors import NonFiniteLossError
 from . import titan_compat
 from .baselines import build_baseline
@@ -82,7 +83,8 @@ class DispersionTrainer(titan_compat.trainer_class()):
             # resume by whether that folder exists, and every rank must see the same answer.
             save_run_metadata(job_config.job.dump_folder, job_config.model.name, self.model_args,
                               dataclasses.asdict(job_config.dispersion), seed,
-                              baseline=dataclasses.asdict(job_config.baseline))
+                              baseline=dataclasses.asdict(job_config.baseline),
+                              tokenizer=run_encoder(job_config).name)
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0

@@ -17,27 +17,8 @@ __all__ = ["GPT2", "GPT2ModelArgs", "MODEL_NAME", "get_train_spec", "gpt2_flavor
 
 
 def get_train_spec() -> TrainSpec:
-    from torchtitan.components.loss import build_cross_entropy_loss
-
-    from ...data.packed import build_packed_dataloader
-    from ...tokenizer import build_gpt2_tokenizer
-    from ...trainer.metrics import build_dispersion_metrics_processor
-    from ...trainer.optimizers import build_gpt2_lr_schedulers, build_gpt2_optimizers
-    from ...trainer.validate import build_packed_validator
+    from ..spec import dispersion_train_spec
     from .parallelize import parallelize_gpt2
     from .state_dict_adapter import GPT2StateDictAdapter
 
-    return TrainSpec(
-        model_cls=GPT2,
-        model_args=gpt2_flavors,
-        parallelize_fn=parallelize_gpt2,
-        pipelining_fn=None,
-        build_optimizers_fn=build_gpt2_optimizers,
-        build_lr_schedulers_fn=build_gpt2_lr_schedulers,
-        build_dataloader_fn=build_packed_dataloader,
-        build_tokenizer_fn=build_gpt2_tokenizer,
-        build_loss_fn=build_cross_entropy_loss,
-        build_validator_fn=build_packed_validator,
-        build_metrics_processor_fn=build_dispersion_metrics_processor,
-        state_dict_adapter=GPT2StateDictAdapter,
-    )
+    return dispersion_train_spec(GPT2, gpt2_flavors, parallelize_gpt2, GPT2StateDictAdapter)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -28,6 +28,7 @@ from torchtitan.models.llama3.infra.parallelize import apply_compile, apply_ddp
 from torchtitan.tools.logging import logger
 
 from ...trainer import titan_compat
+from ..fsdp import sum_gradients
 from .model import GPT2
 
 
@@ -128,11 +129,5 @@ def apply_fsdp(
     for block in model.layers.values():
         fully_shard(block, **config, reshard_after_forward=reshard_after_forward)
     fully_shard(model, **config)
-    force_sum = titan_compat.backend_needs_sum_reduction()
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            # TorchTitan normalises by the global token count itself: gradients are summed.
-            module.set_gradient_divide_factor(1.0)
-            if force_sum:
-                module.set_force_sum_reduction_for_comms(True)
+    sum_gradients(model)
     logger.info("Applied FSDP2 to GPT-2")
