@@ -8,8 +8,6 @@ GPT-2's names.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -122,16 +120,6 @@ class GPT2(ModelProtocol):
         for layer in self.layers.values():
             h = layer(h)
         return self.output(self.norm(h))
-
-    def hidden_states(self, tokens: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``embedding``, ``block_1`` … ``block_n``, ``final_norm`` one at a time,
-        without the LM head, so a consumer can reduce each layer before the next exists."""
-        h = self.embed(tokens)
-        yield "embedding", h
-        for i, layer in enumerate(self.layers.values(), start=1):
-            h = layer(h)
-            yield f"block_{i}", h
-        yield "final_norm", self.norm(h)
 
 
 def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
