@@ -141,7 +141,10 @@ def load_model(step_dir: str, args: Any, device: str | torch.device = "cpu",
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises many types for bad files
         raise CheckpointError(f"{step_dir}: cannot be loaded ({_load_failure(e)})") from None
     model.load_state_dict(state)
-    return model.to(device=device, dtype=dtype).eval()
+    model.to(device=device)
+    for param in model.parameters():  # not Module.to(dtype): it would drop the imaginary part of
+        param.data = param.data.to(dtype)  # Llama 3's complex RoPE buffer; buffers keep their precision
+    return model.eval()
 
 
 def _load_failure(error: BaseException) -> str:

@@ -6,6 +6,8 @@ when the spec is built, so ``models.gpt2.args`` / ``.model`` load without the tr
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchtitan.protocols.train_spec import TrainSpec
 
 from .args import GPT2ModelArgs, gpt2_flavors
@@ -13,7 +15,7 @@ from .model import GPT2
 
 MODEL_NAME = "gpt2"
 
-__all__ = ["GPT2", "GPT2ModelArgs", "MODEL_NAME", "get_train_spec", "gpt2_flavors"]
+__all__ = ["GPT2", "GPT2ModelArgs", "MODEL_NAME", "get_train_spec", "gpt2_flavors", "hf_config"]
 
 
 def get_train_spec() -> TrainSpec:
@@ -22,3 +24,24 @@ def get_train_spec() -> TrainSpec:
     from .state_dict_adapter import GPT2StateDictAdapter
 
     return dispersion_train_spec(GPT2, gpt2_flavors, parallelize_gpt2, GPT2StateDictAdapter)
+
+
+def hf_config(args: GPT2ModelArgs, tokenizer: Any):
+    """transformers' ``GPT2Config`` of this shape; the vocabulary is the tokenizer's (a
+    padded one is trimmed back to it by the export)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=tokenizer.vocab_size,
+        n_positions=args.max_seq_len,
+        n_embd=args.dim,
+        n_layer=args.n_layers,
+        n_head=args.n_heads,
+        n_inner=None if args.hidden_dim == 4 * args.dim else args.hidden_dim,
+        activation_function="gelu_new",
+        layer_norm_epsilon=args.norm_eps,
+        tie_word_embeddings=args.tie_embeddings,
+        bos_token_id=tokenizer.eos_id,
+        eos_token_id=tokenizer.eos_id,
+        architectures=["GPT2LMHeadModel"],
+    )

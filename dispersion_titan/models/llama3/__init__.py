@@ -6,7 +6,7 @@ and TorchTitan 0.2.2's Llama 3 never ties its LM head."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torchtitan.models.llama3 import Transformer, TransformerModelArgs, llama3_args, parallelize_llama
@@ -52,3 +52,29 @@ def get_train_spec() -> TrainSpec:
 
     return dispersion_train_spec(Transformer, llama3_flavors, summing_gradients(parallelize_llama),
                                  Llama3StateDictAdapter)
+
+
+def hf_config(args: Llama3Args, tokenizer: Any):
+    """transformers' ``LlamaConfig`` of this shape, with the Llama 3 RoPE scaling that
+    TorchTitan's Llama 3 always applies (its original context bounds the positions from below)."""
+    from transformers import LlamaConfig
+
+    scaling = args.rope_scaling_args
+    return LlamaConfig(
+        vocab_size=args.vocab_size,
+        hidden_size=args.dim,
+        intermediate_size=args.hidden_dim,
+        num_hidden_layers=args.n_layers,
+        num_attention_heads=args.n_heads,
+        num_key_value_heads=args.n_kv_heads or args.n_heads,
+        max_position_embeddings=max(args.max_seq_len, scaling.original_max_position_embeddings),
+        rms_norm_eps=args.norm_eps,
+        rope_parameters={"rope_type": "llama3", "rope_theta": float(args.rope_theta),
+                         "factor": scaling.scaling_factor, "low_freq_factor": scaling.low_freq_factor,
+                         "high_freq_factor": scaling.high_freq_factor,
+                         "original_max_position_embeddings": scaling.original_max_position_embeddings},
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.eos_id,
+        eos_token_id=tokenizer.eos_id,
+        architectures=["LlamaForCausalLM"],
+    )

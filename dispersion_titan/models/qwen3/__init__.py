@@ -4,12 +4,13 @@ under the same name with dispersion_titan's data, tokenizer and trainer-side bui
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torchtitan.models.qwen3 import Qwen3Model, Qwen3ModelArgs, parallelize_qwen3, qwen3_args
 from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.train_spec import TrainSpec
 
+from ...errors import ConvertError
 from ..flavors import Flavors
 from ..fsdp import summing_gradients
 from ..rotary import RotaryOverrides, offered
@@ -42,3 +43,28 @@ def get_train_spec() -> TrainSpec:
 
     return dispersion_train_spec(Qwen3Model, qwen3_flavors, summing_gradients(parallelize_qwen3),
                                  Qwen3StateDictAdapter)
+
+
+def hf_config(args: Qwen3Args, tokenizer: Any):
+    """transformers' ``Qwen3Config`` of this shape (all embedding rows kept, as Qwen's own
+    checkpoints pad theirs); its positions are those the run trained with."""
+    from transformers import Qwen3Config
+
+    if not args.qk_norm:
+        raise ConvertError("model_args.qk_norm: transformers' Qwen3 always normalises queries and keys")
+    return Qwen3Config(
+        vocab_size=args.vocab_size,
+        hidden_size=args.dim,
+        intermediate_size=args.hidden_dim,
+        num_hidden_layers=args.n_layers,
+        num_attention_heads=args.n_heads,
+        num_key_value_heads=args.n_kv_heads,
+        head_dim=args.head_dim,
+        max_position_embeddings=args.max_seq_len,
+        rms_norm_eps=args.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": float(args.rope_theta)},
+        tie_word_embeddings=args.enable_weight_tying,
+        bos_token_id=tokenizer.eos_id,
+        eos_token_id=tokenizer.eos_id,
+        architectures=["Qwen3ForCausalLM"],
+    )
