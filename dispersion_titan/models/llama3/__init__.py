@@ -15,7 +15,7 @@ from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAda
 from torchtitan.protocols.train_spec import TrainSpec
 
 from ..flavors import Flavors
-from ..fsdp import summing_gradients
+from ..parallelize import adapted
 from ..rotary import RotaryOverrides, offered
 
 MODEL_NAME = "llama3"
@@ -50,7 +50,7 @@ llama3_flavors = Flavors(llama3_args, Llama3Args, offered)
 def get_train_spec() -> TrainSpec:
     from ..spec import dispersion_train_spec
 
-    return dispersion_train_spec(Transformer, llama3_flavors, summing_gradients(parallelize_llama),
+    return dispersion_train_spec(Transformer, llama3_flavors, adapted(parallelize_llama),
                                  Llama3StateDictAdapter)
 
 

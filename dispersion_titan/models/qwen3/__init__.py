@@ -12,7 +12,7 @@ from torchtitan.protocols.train_spec import TrainSpec
 
 from ...errors import ConvertError
 from ..flavors import Flavors
-from ..fsdp import summing_gradients
+from ..parallelize import adapted
 from ..rotary import RotaryOverrides, offered
 
 MODEL_NAME = "qwen3"
@@ -41,7 +41,7 @@ qwen3_flavors = Flavors(qwen3_args, Qwen3Args, offered)
 def get_train_spec() -> TrainSpec:
     from ..spec import dispersion_train_spec
 
-    return dispersion_train_spec(Qwen3Model, qwen3_flavors, summing_gradients(parallelize_qwen3),
+    return dispersion_train_spec(Qwen3Model, qwen3_flavors, adapted(parallelize_qwen3),
                                  Qwen3StateDictAdapter)
 
 
