@@ -41,3 +41,19 @@ class RotaryOverrides(ShapeOverrides):
         super().update_from_config(job_config, **kwargs)
         self.max_seq_len = rotary_table_length(job_config)
         self.apply_overrides(job_config.model)
+
+
+def hf_decoder_fields(args: Any, tokenizer: Any) -> dict[str, Any]:
+    """The ``transformers`` config fields that Qwen3's and Llama 3's share, from TorchTitan's
+    arguments; the tokenizer's end-of-sequence id is also the BOS id."""
+    return {
+        "vocab_size": args.vocab_size,
+        "hidden_size": args.dim,
+        "intermediate_size": args.hidden_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads or args.n_heads,
+        "rms_norm_eps": args.norm_eps,
+        "bos_token_id": tokenizer.eos_id,
+        "eos_token_id": tokenizer.eos_id,
+    }

@@ -16,7 +16,7 @@ from torchtitan.protocols.train_spec import TrainSpec
 
 from ..flavors import Flavors
 from ..parallelize import adapted
-from ..rotary import RotaryOverrides, offered
+from ..rotary import RotaryOverrides, hf_decoder_fields, offered
 
 MODEL_NAME = "llama3"
 
@@ -61,20 +61,12 @@ def hf_config(args: Llama3Args, tokenizer: Any):
 
     scaling = args.rope_scaling_args
     return LlamaConfig(
-        vocab_size=args.vocab_size,
-        hidden_size=args.dim,
-        intermediate_size=args.hidden_dim,
-        num_hidden_layers=args.n_layers,
-        num_attention_heads=args.n_heads,
-        num_key_value_heads=args.n_kv_heads or args.n_heads,
+        **hf_decoder_fields(args, tokenizer),
         max_position_embeddings=max(args.max_seq_len, scaling.original_max_position_embeddings),
-        rms_norm_eps=args.norm_eps,
         rope_parameters={"rope_type": "llama3", "rope_theta": float(args.rope_theta),
                          "factor": scaling.scaling_factor, "low_freq_factor": scaling.low_freq_factor,
                          "high_freq_factor": scaling.high_freq_factor,
                          "original_max_position_embeddings": scaling.original_max_position_embeddings},
         tie_word_embeddings=False,
-        bos_token_id=tokenizer.eos_id,
-        eos_token_id=tokenizer.eos_id,
         architectures=["LlamaForCausalLM"],
     )

@@ -13,7 +13,7 @@ from torchtitan.protocols.train_spec import TrainSpec
 from ...errors import ConvertError
 from ..flavors import Flavors
 from ..parallelize import adapted
-from ..rotary import RotaryOverrides, offered
+from ..rotary import RotaryOverrides, hf_decoder_fields, offered
 
 MODEL_NAME = "qwen3"
 
@@ -53,18 +53,10 @@ def hf_config(args: Qwen3Args, tokenizer: Any):
     if not args.qk_norm:
         raise ConvertError("model_args.qk_norm: transformers' Qwen3 always normalises queries and keys")
     return Qwen3Config(
-        vocab_size=args.vocab_size,
-        hidden_size=args.dim,
-        intermediate_size=args.hidden_dim,
-        num_hidden_layers=args.n_layers,
-        num_attention_heads=args.n_heads,
-        num_key_value_heads=args.n_kv_heads,
+        **hf_decoder_fields(args, tokenizer),
         head_dim=args.head_dim,
         max_position_embeddings=args.max_seq_len,
-        rms_norm_eps=args.norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": float(args.rope_theta)},
         tie_word_embeddings=args.enable_weight_tying,
-        bos_token_id=tokenizer.eos_id,
-        eos_token_id=tokenizer.eos_id,
         architectures=["Qwen3ForCausalLM"],
     )
