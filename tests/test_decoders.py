@@ -122,6 +122,35 @@ def test_family_keys_reach_torchtitans_arguments():
     assert (args.n_kv_heads, args.hidden_dim, args.tie_embeddings) == (4, 768, False)
 
 
+def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(monkeypatch, tmp_path):
+    """The checks accept a hub id without fetching it (shipped configs, ``--check-only``
+    on a login node); the launch fetches it once and names the local snapshot."""
+    import huggingface_hub
+
+    from dispersion_titan.train import with_local_assets
+
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    save_tokenizer(str(snapshot), 64)
+    fetched: list[str] = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **_: fetched.append(repo) or str(snapshot))
+    args = [*BASE, "--model.hf_assets_path", "Qwen/Qwen3-0.6B"]
+    job = validated_args(args)
+    assert not fetched
+    local = with_local_assets(args, job)
+    assert fetched == ["Qwen/Qwen3-0.6B"] and local[-2:] == ["--model.hf_assets_path", str(snapshot)]
+    assert validated_args(local).model.hf_assets_path == str(snapshot)
+    assert with_local_assets(local, validated_args(local)) is local  # a local folder is used as it is
+
+    def offline(repo: str, **_) -> str:
+        raise OSError("no connection\nmore")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ConfigError, match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "
+                                          r"Hugging Face hub \(no connection\)$"):
+        with_local_assets(args, job)
+
+
 QWEN3 = Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, hidden_dim=64, vocab_size=VOCAB,
                   max_seq_len=64, enable_weight_tying=True)
 LLAMA3 = Llama3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=VOCAB, max_seq_len=64)
