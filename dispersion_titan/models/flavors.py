@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..errors import ConfigError
@@ -25,7 +25,8 @@ A = TypeVar("A")
 class Flavors(Mapping[str, A], Generic[A]):
     """``table``'s flavors as fresh ``cls`` instances, only those ``offered`` accepts."""
 
-    def __init__(self, table: Mapping[str, Any], cls: type[A], offered=lambda args: True) -> None:
+    def __init__(self, table: Mapping[str, Any], cls: type[A],
+                 offered: Callable[[Any], bool] = lambda args: True) -> None:
         self.table = {name: args for name, args in table.items() if offered(args)}
         self.cls = cls
 

@@ -16,6 +16,7 @@ from .flavors import ShapeOverrides
 
 
 def offered(args: Any) -> bool:
+    """A dense flavor with SDPA attention."""
     return not getattr(args, "moe_enabled", False) and args.attn_type == "sdpa"
 
 
