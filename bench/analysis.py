@@ -2,8 +2,8 @@
 
 On one model (random init, seeded) and the analysis' own K×S input sequences:
 
-(a) bare forward: every batch through ``GPT2.hidden_states`` up to the final norm,
-    nothing measured;
+(a) bare forward: every batch through the analysis' ``DecoderLayers`` up to the final
+    norm, nothing measured;
 (b) the analysis: the same forward with each layer reduced on the fly into the running
     L×S×S sums and, for ``--geometry-sequences`` of the K sequences, the effective rank
     and MEV (``LayerSums.add_batch``), then the statistics (``summarize``);
@@ -43,7 +43,7 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences  # n
 from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES  # noqa: E402
 from dispersion_titan.analysis.measure import (  # noqa: E402
     NORM_CLAMP,
-    GPT2Layers,
+    DecoderLayers,
     LayerSums,
     Measurement,
     geometry_mask,
@@ -83,8 +83,7 @@ def timed(fn: Callable[[], object], device: str) -> float:
 
 @torch.inference_mode()
 def bare_forward(model: GPT2, batch: torch.Tensor) -> None:
-    for _ in model.hidden_states(batch):
-        pass
+    DecoderLayers(model).run(batch, lambda name, hidden: None)
 
 
 def layer_sums(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> LayerSums:
@@ -96,7 +95,7 @@ def analysis(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tup
     """(b) untimed, as the memory worker runs it."""
     sums = layer_sums(model, tokens, args)
     for batch in tokens.split(args.batch_size):
-        sums.add_batch(GPT2Layers(model), batch)
+        sums.add_batch(DecoderLayers(model), batch)
     return sums, summarize(sums.result())
 
 
@@ -107,7 +106,7 @@ def time_a_and_b(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) ->
     for batch in tokens.split(args.batch_size):
         batch = batch.to(args.device)
         time_a += timed(lambda: bare_forward(model, batch), args.device)
-        time_b += timed(lambda: sums.add_batch(GPT2Layers(model), batch), args.device)
+        time_b += timed(lambda: sums.add_batch(DecoderLayers(model), batch), args.device)
     time_b += timed(lambda: summarize(sums.result()), args.device)
     return time_a, time_b, sums.result()
 

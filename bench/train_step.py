@@ -37,22 +37,26 @@ from dispersion_titan.config.schema import Dispersion  # noqa: E402
 from dispersion_titan.losses import KERNELS  # noqa: E402
 from dispersion_titan.models.gpt2.args import gpt2_flavors  # noqa: E402
 from dispersion_titan.models.gpt2.model import GPT2  # noqa: E402
+from dispersion_titan.trainer.block_outputs import BlockOutputs  # noqa: E402
 from dispersion_titan.trainer.objective import DispersionObjective  # noqa: E402
 
 H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 SXM (an H200 has the same compute)
 
 
-def step_time(model, optimizer, tokens, labels, objective: DispersionObjective | None, dtype) -> float:
+def step_time(model, blocks: BlockOutputs, optimizer, tokens, labels, objective: DispersionObjective | None,
+              dtype) -> float:
     device = tokens.device
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
     with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-        logits, blocks = model(tokens, return_block_outputs=True)
+        logits = model(tokens)
+        outputs = blocks.take()  # the trainer's hooks: captured in every training forward
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         del logits
         if objective is not None:
-            loss = loss + objective(blocks, step=1, with_stats=False).weighted
+            loss = loss + objective(outputs, step=1, with_stats=False).weighted
+        del outputs
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -96,6 +100,7 @@ def main() -> None:
     _, flops_per_token = model_args.get_nparams_and_flops(model, args.seq_len)
     if args.compile:
         apply_compile(model, Compile(enable=True))
+    blocks = BlockOutputs(model.layers)  # after compile, as the trainer registers them
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.randint(0, model_args.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
@@ -106,7 +111,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"ce": [], "ce+angular_spread": []}
     for i in range(args.steps + 1):  # the first round warms up both paths (and compiles)
         for name, obj in (("ce", None), ("ce+angular_spread", objective)):
-            t = step_time(model, optimizer, inputs, labels, obj, dtype)
+            t = step_time(model, blocks, optimizer, inputs, labels, obj, dtype)
             if i > 0:
                 times[name].append(t)
     ce, disp = (statistics.median(times[k]) for k in times)

@@ -1,14 +1,16 @@
-"""Export a checkpoint as a Hugging Face GPT-2 model directory, loadable offline by
+"""Export a checkpoint as a Hugging Face model directory (``GPT2LMHeadModel``,
+``Qwen3ForCausalLM`` or ``LlamaForCausalLM`` by the run's family), loadable offline by
 ``transformers`` and ``lm_eval --model hf``:
 
     python -m dispersion_titan.convert to-hf DUMP/checkpoint/step-N OUT_DIR [--force]
     python -m dispersion_titan.convert to-hf DUMP OUT_DIR     # the run's newest complete checkpoint
 
-``step-N`` may be a DCP checkpoint or a ``last_save_in_hf`` one; the model shape comes
-from the run's ``run.json``. A vocabulary padded past GPT-2's 50257 ids
-(``model.vocab_size = 50304``) is trimmed back to them. ``OUT_DIR`` receives ``config.json`` (``GPT2Config``,
-``n_inner`` for MLP widths other than 4·dim, ``tie_word_embeddings``),
-``model.safetensors`` and the GPT-2 tokenizer files. Everything is written to a
+``step-N`` may be a DCP checkpoint or a ``last_save_in_hf`` one; the model family, shape
+and tokenizer come from the run's ``run.json``, the weights' names from the family's
+state-dict adapter. ``OUT_DIR`` receives ``config.json`` (the family's ``hf_config``:
+for gpt2 ``n_inner`` for MLP widths other than 4·dim and a vocabulary padded past
+GPT-2's 50257 ids trimmed back to them), ``model.safetensors`` and the run's tokenizer
+files (GPT-2's BPE, or those of the model's own folder). Everything is written to a
 temporary directory first, so a failed conversion leaves ``OUT_DIR`` as it was; a
 non-empty ``OUT_DIR`` is refused unless ``--force``.
 """
@@ -21,15 +23,23 @@ import os
 import shutil
 import sys
 import tempfile
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from .bpe import bpe_files
+from .encoders import GPT2, DocumentEncoder, encoder_named
 from .errors import CheckpointError, ConvertError, DispersionTitanError, fail
-from .models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
-from .models.gpt2.state_dict_adapter import GPT2StateDictAdapter
-from .tokenizer import EOT_ID, bpe_files
-from .trainer.checkpoints import check_complete, checkpoint_folder, list_checkpoints, load_model, load_model_args
+from .models import family
+from .trainer.checkpoints import (
+    check_complete,
+    checkpoint_folder,
+    list_checkpoints,
+    load_model,
+    load_model_args,
+    load_run_metadata,
+)
 
 
 def _is_step_dir(path: str) -> bool:
@@ -53,9 +63,10 @@ def resolve_step_dir(path: str) -> str:
     raise CheckpointError(f"{path}: no complete checkpoint; pass a checkpoint folder (e.g. {path}/checkpoint/step-10)")
 
 
-def hf_state_dict(step_dir: str, args: GPT2ModelArgs) -> dict[str, torch.Tensor]:
-    """The checkpoint's weights under HF GPT-2 names (no ``lm_head`` when tied)."""
-    adapter = GPT2StateDictAdapter(args, None)
+def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights under the family's HF names (no ``lm_head`` when tied);
+    embedding rows past ``vocab_size`` (a padded vocabulary's, never targets) are cut."""
+    adapter = family(args.FAMILY).get_train_spec().state_dict_adapter(args, None)
     if os.path.isfile(os.path.join(step_dir, ".metadata")):
         state = load_model(step_dir, args).state_dict()
     else:  # a last_save_in_hf checkpoint: safetensors already in HF layout
@@ -64,36 +75,14 @@ def hf_state_dict(step_dir: str, args: GPT2ModelArgs) -> dict[str, torch.Tensor]
             raise CheckpointError(f"{step_dir}: neither a DCP (.metadata) nor a safetensors checkpoint")
         state = adapter.from_hf({k: v for f in files for k, v in load_file(f).items()})
     hf = adapter.to_hf(state)
-    for key in _VOCAB_ROWS & hf.keys():  # rows past the tokenizer's ids pad the vocabulary (never targets)
-        hf[key] = hf[key][:GPT2_VOCAB_SIZE]
+    if vocab_size < args.vocab_size:
+        hf = {k: v[:vocab_size] if v.shape[0] == args.vocab_size else v for k, v in hf.items()}
     return {k: v.detach().contiguous().clone() for k, v in hf.items()}
 
 
-_VOCAB_ROWS = {"transformer.wte.weight", "lm_head.weight"}
-
-
-def gpt2_config(args: GPT2ModelArgs):
-    from transformers import GPT2Config
-
-    return GPT2Config(
-        vocab_size=GPT2_VOCAB_SIZE,  # a padded vocabulary is trimmed back to the tokenizer's
-        n_positions=args.max_seq_len,
-        n_embd=args.dim,
-        n_layer=args.n_layers,
-        n_head=args.n_heads,
-        n_inner=None if args.hidden_dim == 4 * args.dim else args.hidden_dim,
-        activation_function="gelu_new",
-        layer_norm_epsilon=args.norm_eps,
-        tie_word_embeddings=args.tie_embeddings,
-        bos_token_id=EOT_ID,
-        eos_token_id=EOT_ID,
-        architectures=["GPT2LMHeadModel"],
-    )
-
-
 def save_tokenizer(folder: str, max_length: int) -> None:
-    """vocab.json (= encoder.json) and merges.txt (= vocab.bpe), plus the tokenizer.json
-    and tokenizer_config.json that ``transformers`` derives from them."""
+    """GPT-2's BPE: vocab.json (= encoder.json) and merges.txt (= vocab.bpe), plus the
+    tokenizer.json and tokenizer_config.json that ``transformers`` derives from them."""
     from transformers import GPT2TokenizerFast
 
     encoder_json, vocab_bpe = bpe_files()
@@ -102,22 +91,39 @@ def save_tokenizer(folder: str, max_length: int) -> None:
     GPT2TokenizerFast.from_pretrained(folder, model_max_length=max_length).save_pretrained(folder)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model")
+
+
+def export_tokenizer(folder: str, encoder: DocumentEncoder, max_length: int) -> None:
+    """The run's tokenizer files: GPT-2's BPE, or copies of the model folder's own."""
+    if encoder == GPT2:
+        save_tokenizer(folder, max_length)
+        return
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(encoder.name, name)):
+            shutil.copyfile(os.path.join(encoder.name, name), os.path.join(folder, name))
+
+
 def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
     step_dir = resolve_step_dir(step_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConvertError(f"OUT_DIR: {out_dir} exists and is not a directory")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
         raise ConvertError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
-    args = load_model_args(os.path.dirname(os.path.abspath(step_dir)))
-    weights = hf_state_dict(step_dir, args)
+    checkpoints = os.path.dirname(os.path.abspath(step_dir))
+    args = load_model_args(checkpoints)
+    encoder = encoder_named(load_run_metadata(os.path.dirname(checkpoints)).get("tokenizer", GPT2.name))
+    config = family(args.FAMILY).hf_config(args, encoder)
+    weights = hf_state_dict(step_dir, args, config.vocab_size)
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
     try:
         save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
         os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
-        gpt2_config(args).save_pretrained(staging)
-        save_tokenizer(staging, args.max_seq_len)
+        config.save_pretrained(staging)
+        export_tokenizer(staging, encoder, args.max_seq_len)
         os.makedirs(out_dir, exist_ok=True)
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dispersion_titan.convert", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("to-hf", help="checkpoint step directory -> Hugging Face GPT-2 directory")
+    export = commands.add_parser("to-hf", help="checkpoint step directory -> Hugging Face model directory")
     export.add_argument("step_dir", metavar="CHECKPOINT_OR_RUN", help="a step-N folder, or a run (its newest complete checkpoint)")
     export.add_argument("out_dir", metavar="OUT_DIR")
     export.add_argument("--force", action="store_true", help="write into a non-empty OUT_DIR")

@@ -1,13 +1,16 @@
-"""GPT-2 BPE as TorchTitan's tokenizer interface (the encoding itself lives in ``bpe``)."""
+"""The run's tokenizer as TorchTitan's interface: GPT-2 BPE (the encoding itself lives in
+``bpe``), or TorchTitan's HuggingFaceTokenizer over the model's own folder, as
+``encoders.tokenizer_folder`` chooses."""
 
 from __future__ import annotations
 
-from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.config import JobConfig
 
 from .bpe import EOT_ID, EOT_TOKEN, bpe_files, gpt2_encoding
+from .encoders import tokenizer_folder
 
-__all__ = ["EOT_ID", "EOT_TOKEN", "GPT2Tokenizer", "bpe_files", "build_gpt2_tokenizer", "gpt2_encoding"]
+__all__ = ["EOT_ID", "EOT_TOKEN", "GPT2Tokenizer", "bpe_files", "build_tokenizer", "gpt2_encoding"]
 
 
 class GPT2Tokenizer(BaseTokenizer):
@@ -38,6 +41,7 @@ class GPT2Tokenizer(BaseTokenizer):
         return self.encoding.n_vocab
 
 
-def build_gpt2_tokenizer(job_config: JobConfig | None = None) -> GPT2Tokenizer:
-    del job_config
-    return GPT2Tokenizer()
+def build_tokenizer(job_config: JobConfig) -> BaseTokenizer:
+    """Every TrainSpec's ``build_tokenizer_fn``."""
+    folder = tokenizer_folder(job_config.model.name, job_config.model.hf_assets_path)
+    return GPT2Tokenizer() if folder is None else HuggingFaceTokenizer(folder)

@@ -51,9 +51,11 @@ def validated_args(args: list[str], world_size: int | None = None):
     are filled in."""
     from torchtitan.config import ConfigManager
 
+    from torchtitan.protocols.train_spec import get_train_spec
+
     from dispersion_titan import config as custom_config
     from dispersion_titan.config.checks import check_job_config, check_toml_types
-    from dispersion_titan.models.gpt2.args import gpt2_flavors
+    from dispersion_titan.models import FAMILIES, register_all
     from dispersion_titan.trainer import titan_compat
 
     toml = load_toml(args)
@@ -64,14 +66,30 @@ def validated_args(args: list[str], world_size: int | None = None):
             job_config = ConfigManager().parse_args(args)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         raise ArgumentError(_first_message(captured.getvalue())) from e
-    if job_config.model.flavor not in gpt2_flavors:
-        raise ConfigError(f"model.flavor: {job_config.model.flavor!r} is not one of {sorted(gpt2_flavors)}")
-    model_args = gpt2_flavors[job_config.model.flavor]
+    if job_config.model.name not in FAMILIES:
+        raise ConfigError(f"model.name: {job_config.model.name!r} is not one of {FAMILIES}")
+    register_all()
+    flavors = get_train_spec(job_config.model.name).model_args
+    if job_config.model.flavor not in flavors:
+        raise ConfigError(f"model.flavor: {job_config.model.flavor!r} is not one of {sorted(flavors)} "
+                          f"({job_config.model.name})")
+    model_args = flavors[job_config.model.flavor]
     model_args.update_from_config(job_config)
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     check_job_config(job_config, model_args, world_size)
     return job_config
+
+
+def with_local_assets(args: list[str], job_config) -> list[str]:
+    """``args`` naming the local snapshot of a hub id in ``model.hf_assets_path``, fetched
+    now (``hf_assets``); ``args`` itself when it is a local path already."""
+    from dispersion_titan.hf_assets import is_hub_id, local_assets
+
+    path = job_config.model.hf_assets_path
+    if not is_hub_id(path):
+        return args
+    return [*args, "--model.hf_assets_path", local_assets(path, "model.hf_assets_path")]
 
 
 def resume_step(job_config) -> int | None:
@@ -118,6 +136,11 @@ def main() -> None:
         ConfigManager().parse_args(args)  # prints the help of every section and exits
     try:
         job_config = validated_args(args)
+        fetched = with_local_assets(args, job_config)
+        if fetched is not args:  # now checked against the fetched tokenizer too
+            args = fetched
+            titan_compat.use_command_line(args)
+            job_config = validated_args(args)
         check_gpus_usable()
         load_step = resume_step(job_config)
     except RunFinished as e:

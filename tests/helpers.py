@@ -285,28 +285,31 @@ def wikitext_cache_dir(root: Path) -> Path:
     return cache
 
 
-def tiny_run(dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug") -> Path:
+def tiny_run(dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug", args=None,
+             tokenizer: str = "gpt2") -> Path:
     """A run folder without training: ``run.json`` and one single-process DCP checkpoint of
-    seeded random weights per step (seconds, where a torchrun job takes a minute)."""
+    seeded random weights per step (seconds, where a torchrun job takes a minute); of the
+    gpt2 ``flavor``, or of any family's ``args``."""
     import warnings
 
     import torch.distributed.checkpoint as dcp
 
+    from dispersion_titan.models import family
     from dispersion_titan.models.gpt2.args import gpt2_flavors
-    from dispersion_titan.models.gpt2.model import GPT2
     from dispersion_titan.trainer.checkpoints import save_run_metadata
 
-    args = gpt2_flavors[flavor]
+    args = args if args is not None else gpt2_flavors[flavor]
     for step in steps:
         torch.manual_seed(step)
         with torch.device("meta"):
-            model = GPT2(args)
+            model = family(args.FAMILY).get_train_spec().model_cls(args)
         model.to_empty(device="cpu")
-        model.init_weights()
+        with torch.no_grad():
+            model.init_weights()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
             dcp.save(model.state_dict(), checkpoint_id=str(dump / "checkpoint" / f"step-{step}"))
-    save_run_metadata(str(dump), "gpt2", args)
+    save_run_metadata(str(dump), args.FAMILY, args, tokenizer=tokenizer)
     return dump
 
 
@@ -339,3 +342,42 @@ def resumed_equals_uninterrupted(make, world: int, stop: int, more: int) -> None
         resumed.load_state_dict(state)
         for (x, y), (ex, ey) in zip(resumed, expected):
             assert torch.equal(x["input"], ex["input"]) and torch.equal(y, ey)
+
+
+# ---------------------------------------------------------------- condensation, computed independently
+
+# Where each family keeps its decoder layers: spelled out here, found generically by the code.
+LAYERS = {"gpt2": "transformer.h", "llama": "model.layers", "qwen3": "model.layers", "bloom": "transformer.h",
+          "neox": "gpt_neox.layers"}
+
+
+def plain_mean_cos(states: list[torch.Tensor]) -> list[tuple[float, float]]:
+    """(mean, off-diagonal mean) of the sequence-averaged cosine matrix, layer by layer."""
+    out = []
+    for h in states:
+        h = h.double()
+        u = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-3)
+        m = (u @ u.mT).clamp(-1, 1).mean(dim=0)
+        n = m.shape[0]
+        out.append((m.sum().item() / n**2, (m.sum() - m.trace()).item() / (n * n - n)))
+    return out
+
+
+def independent_states(folder: Path, family: str, tokens: torch.Tensor) -> list[torch.Tensor]:
+    """embedding = hidden_states[0]; block_i = hidden_states[i] for i < n; block_n = the
+    last decoder layer's own output (hooked); final_norm = hidden_states[-1]."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    layers = model
+    for name in LAYERS[family].split("."):
+        layers = getattr(layers, name)
+    captured = []
+    hook = layers[-1].register_forward_hook(lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple)
+                                                                                else out))
+    with torch.no_grad():
+        hidden = model(tokens, output_hidden_states=True).hidden_states
+    hook.remove()
+    n = len(layers)
+    assert len(hidden) == n + 1
+    return [*hidden[:n], captured[0], hidden[n]]

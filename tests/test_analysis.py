@@ -19,7 +19,7 @@ import torch
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.result import Condensation
-from dispersion_titan.analysis.measure import GPT2Layers, cosine_matrices, measure
+from dispersion_titan.analysis.measure import DecoderLayers, cosine_matrices, measure
 from dispersion_titan.analysis.statistics import summarize
 from dispersion_titan.trainer.checkpoints import load_model, load_model_args
 from dispersion_titan.data.packed import tokenized_documents
@@ -117,7 +117,7 @@ def test_statistics_match_plain_computation():
     with torch.no_grad():
         model.pos_embeddings.weight.mul_(20)
     tokens = torch.randint(0, 50257, (5, 16), generator=torch.Generator().manual_seed(1))
-    measured = measure(GPT2Layers(model), tokens, batch_size=2, device="cpu")  # uneven last batch
+    measured = measure(DecoderLayers(model), tokens, batch_size=2, device="cpu")  # uneven last batch
     assert measured.means.shape == (6, 16, 16)
     assert_matches_reference(SimpleNamespace(**summarize(measured)), plain_reference(model, tokens), debug_names())
 

@@ -23,8 +23,8 @@ from dispersion_titan.models.gpt2 import GPT2, gpt2_flavors
 from dispersion_titan.trainer.baselines import ActiveForgetting, EmbeddingNoise
 from dispersion_titan.trainer.optimizers import (
     baseline_settings,
-    build_gpt2_lr_schedulers,
-    build_gpt2_optimizers,
+    build_dispersion_lr_schedulers,
+    build_dispersion_optimizers,
     embedding_warmup_steps,
 )
 from helpers import load_weights, max_abs_diff, scalars, torchrun, update_rel_diff
@@ -74,7 +74,7 @@ def forgetting_model_and_optimizers(baseline: Baseline = AF):
     model = GPT2(args)
     model.init_weights()
     with baseline_settings(baseline):
-        optimizers = build_gpt2_optimizers([model], Optimizer(lr=1e-3, implementation="foreach"), None)
+        optimizers = build_dispersion_optimizers([model], Optimizer(lr=1e-3, implementation="foreach"), None)
     return model, optimizers
 
 
@@ -114,7 +114,7 @@ def test_embedding_lr_is_a_sawtooth_and_the_body_keeps_the_run_schedule():
     schedule = LRScheduler(warmup_steps=5, decay_type="cosine", min_lr_factor=0.1)
     _, optimizers = forgetting_model_and_optimizers()
     with baseline_settings(AF):
-        schedulers = build_gpt2_lr_schedulers(optimizers, schedule, training_steps=60)
+        schedulers = build_dispersion_lr_schedulers(optimizers, schedule, training_steps=60)
     _, plain = forgetting_model_and_optimizers(Baseline())
     reference = build_lr_schedulers(plain, schedule, 60)
 

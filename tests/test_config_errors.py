@@ -29,7 +29,7 @@ def write_toml(tmp_path, text: str) -> str:
         (["--training.seq_len", "512"], "training.seq_len"),
         (["--model.flavor", "huge"], "model.flavor"),
         (["--model.n_layers", "-1"], "model.n_layers"),
-        (["--model.name", "llama3"], "model.name"),
+        (["--model.name", "llama4"], "model.name"),
         (["--training.dataset", "nope"], "training.dataset"),
         (["--training.dataset", "local", "--training.dataset_path", "/nonexistent/*.jsonl"], "training.dataset_path"),
         (["--dispersion.variant", "spread"], "dispersion.variant"),

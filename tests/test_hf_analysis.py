@@ -24,7 +24,7 @@ from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.convert import save_tokenizer, to_hf
 from dispersion_titan.errors import ModelLoadError
 
-from helpers import analyze, assert_one_line_error, texts_jsonl, tiny_run
+from helpers import analyze, assert_one_line_error, independent_states, plain_mean_cos, texts_jsonl, tiny_run
 
 K, S = 4, 16
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -44,11 +44,6 @@ def config(family: str, width: int = 32, layers: int = 2) -> transformers.Pretra
     if family == "bloom":
         return transformers.BloomConfig(vocab_size=VOCAB, hidden_size=width, n_layer=layers, n_head=2)
     return transformers.GPTNeoXConfig(**common, **shape)
-
-
-# Where each family keeps its decoder layers: spelled out here, found generically by the code.
-LAYERS = {"gpt2": "transformer.h", "llama": "model.layers", "qwen3": "model.layers", "bloom": "transformer.h",
-          "neox": "gpt_neox.layers"}
 
 
 @pytest.fixture(scope="module")
@@ -78,36 +73,6 @@ def options(texts: Path, *extra: str) -> list[str]:
 def load(out: Path, folder: str = "rev-default") -> Condensation:
     path = out / folder / "condensation.json"
     return Condensation.from_json(json.loads(path.read_text()), str(path))
-
-
-def plain_mean_cos(states: list[torch.Tensor]) -> list[tuple[float, float]]:
-    """(mean, off-diagonal mean) of the sequence-averaged cosine matrix, layer by layer."""
-    out = []
-    for h in states:
-        h = h.double()
-        u = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-3)
-        m = (u @ u.mT).clamp(-1, 1).mean(dim=0)
-        n = m.shape[0]
-        out.append((m.sum().item() / n**2, (m.sum() - m.trace()).item() / (n * n - n)))
-    return out
-
-
-def independent_states(folder: Path, family: str, tokens: torch.Tensor) -> list[torch.Tensor]:
-    """embedding = hidden_states[0]; block_i = hidden_states[i] for i < n; block_n = the
-    last decoder layer's own output (hooked); final_norm = hidden_states[-1]."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-    layers = model
-    for name in LAYERS[family].split("."):
-        layers = getattr(layers, name)
-    captured = []
-    hook = layers[-1].register_forward_hook(lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple)
-                                                                                else out))
-    with torch.no_grad():
-        hidden = model(tokens, output_hidden_states=True).hidden_states
-    hook.remove()
-    n = len(layers)
-    assert len(hidden) == n + 1
-    return [*hidden[:n], captured[0], hidden[n]]
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3", "bloom", "neox"])

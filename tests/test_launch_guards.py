@@ -101,7 +101,7 @@ def parsed_configs() -> dict[str, object]:
 
 def test_gpu_configs_are_valid_unchanged_from_1_to_64_gpus(parsed_configs):
     """local_batch_size = 0: global / DP, in micro-batches of at most max_local_batch_size."""
-    assert len(GPU_CONFIGS) == 14
+    assert len(GPU_CONFIGS) == 18
     for config in GPU_CONFIGS:
         parsed = parsed_configs[config.name]
         for dp in DP_DEGREES:

@@ -7,6 +7,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from dispersion_titan.analysis.measure import DecoderLayers
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs, flops_per_token, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
@@ -79,12 +80,15 @@ def test_logits_match_transformers_gpt2(tie, mlp):
     assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
 
 
-def test_hidden_states_yield_embedding_blocks_and_final_norm():
+def test_analysis_layers_are_embedding_blocks_and_final_norm():
+    """The analysis' hooks (``DecoderLayers``) on GPT-2, against transformers' hidden states."""
     args = gpt2_flavors["debug"]
     model = build(args).eval()
     tokens = torch.randint(0, args.vocab_size, (2, 16))
+    reported = []
     with torch.no_grad():
-        names, states = zip(*model.hidden_states(tokens))
+        DecoderLayers(model).run(tokens, lambda name, hidden: reported.append((name, hidden)))
+        names, states = zip(*reported)
         hf = transformers.GPT2LMHeadModel(hf_config(args)).eval()
         hf.load_state_dict(GPT2StateDictAdapter(args, None).to_hf(model.state_dict()), strict=False)
         reference = hf(tokens, output_hidden_states=True).hidden_states

@@ -109,6 +109,62 @@ def test_sac_save_list_extends_llama3s_with_addmm():
     assert titan_compat.SAC_SAVE_LIST == set(stock) | {torch.ops.aten.addmm.default}
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_without_data_parallel_leaves_data_parallelism_to_the_caller(family):
+    """Touch ``without_data_parallel``: TorchTitan's parallelize functions gate FSDP and DDP
+    on ``fsdp_enabled`` / ``dp_replicate_enabled`` only (no process group needed to see it)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    job = ConfigManager().parse_args(["--model.name", family, "--activation_checkpoint.mode", "full",
+                                      "--job.dump_folder", "/nonexistent"])
+    spec = get_train_spec(family)  # TorchTitan's own (dispersion_titan's are registered only by the entry points)
+    args = spec.model_args["debugmodel"]
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    sharded_and_replicated = ParallelDims(dp_replicate=2, dp_shard=2, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=4)
+    model = spec.parallelize_fn(model, titan_compat.without_data_parallel(sharded_and_replicated), job)
+    assert not any(isinstance(m, FSDPModule) for m in model.modules())
+    assert type(model.layers["0"]).__name__ == "CheckpointWrapper"  # the rest was applied
+
+
+def test_torchtitan_shards_a_tied_qwen3_apart():
+    """Why ``without_data_parallel`` exists: the FSDP of TorchTitan's qwen3 puts the token
+    embeddings in a unit of their own and ``[norm, output]`` in another, which a tied head
+    (one matrix) cannot be. When this fails, TorchTitan may keep the tie itself now."""
+    from torchtitan.models.llama4.infra.parallelize import apply_fsdp
+
+    source = _source(apply_fsdp)
+    assert re.search(r"fully_shard\(\s*model\.tok_embeddings", source)
+    assert re.search(r"fully_shard\(\s*\[model\.norm, model\.output\]", source)
+
+
+def test_attention_on_local_shards_wraps_sdpa(tmp_path):
+    """Touch ``attention_on_local_shards``: the wrapper's forward takes q, k, v positionally
+    and returns SDPA's output; heads sharded over a (1-process gloo) mesh stay exact."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+
+    assert list(inspect.signature(ScaledDotProductAttentionWrapper.forward).parameters)[:4] == ["self", "q", "k", "v"]
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        holder = torch.nn.Sequential(ScaledDotProductAttentionWrapper())
+        titan_compat.attention_on_local_shards(holder)
+        q, k, v = (torch.randn(1, 4, 8, 2, requires_grad=True) for _ in range(3))
+        out = holder[0](*(DTensor.from_local(t, mesh, [Shard(1)]) for t in (q, k, v)))
+        assert isinstance(out, DTensor) and out.placements == (Shard(1),)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        assert torch.allclose(out.to_local(), want, atol=1e-6)
+        out.to_local().sum().backward()
+        assert q.grad is not None and k.grad is not None
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_init_validator_sets_what_validator_init_sets():
     """Touch ``init_validator``: ``Validator.__init__``'s parameters and fields."""
     from torchtitan.components.validate import Validator

@@ -48,7 +48,8 @@ def jsonl(path: Path, docs: list[str]) -> str:
 
 def job(dataset: str, path: str | None, local: int, seq_len: int = SEQ) -> SimpleNamespace:
     section = SimpleNamespace(dataset=dataset, dataset_path=path, seq_len=seq_len, local_batch_size=local)
-    return SimpleNamespace(training=section, validation=section, debug=SimpleNamespace(seed=3))
+    return SimpleNamespace(training=section, validation=section, debug=SimpleNamespace(seed=3),
+                           model=SimpleNamespace(name="gpt2", hf_assets_path=""))  # the run's tokenizer: GPT-2's BPE
 
 
 def maker(dataset: str, path: str | None, split: str = "train"):
@@ -93,6 +94,28 @@ def test_prepare_from_a_training_toml_reads_its_sections(tmp_path):
         store = open_store(str(out), "local", split, "f")
         expected = token_stream("local", split, str(tmp_path / ("t.jsonl" if split == "train" else "v.jsonl")), "f")
         assert np.array_equal(store[:], expected) and store.manifest["documents"] == len(docs)
+
+
+def test_a_store_of_the_models_own_tokenizer(tmp_path):
+    """A qwen3 TOML naming a Hugging Face folder prepares its ids with that folder's
+    tokenizer.json; the store is stamped with it and refused for a run of another tokenizer."""
+    from dispersion_titan.convert import save_tokenizer
+    from dispersion_titan.encoders import GPT2, hf_tokenizer
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_tokenizer(str(hf), 64)  # GPT-2's BPE as a tokenizer.json: the same ids through `tokenizers`
+    path = jsonl(tmp_path / "t.jsonl", texts(12, seed=1))
+    (tmp_path / "run.toml").write_text(f'[model]\nname = "qwen3"\nhf_assets_path = "{hf}"\n'
+                                       f'[training]\ndataset = "local"\ndataset_path = "{path}"\n')
+    run_prepare(str(tmp_path / "run.toml"), "--out", str(tmp_path / "store"))
+    own = hf_tokenizer(str(hf))
+    store = open_store(str(tmp_path / "store"), "local", "train", "f", own)
+    assert np.array_equal(store[:], token_stream("local", "train", path, "f", own))
+    assert np.array_equal(store[:], token_stream("local", "train", path, "f", GPT2))
+    assert store.manifest["tokenizer"]["name"] == str(hf) and own.eos_id == EOT_ID
+    with pytest.raises(DataConfigError, match="made with another tokenizer"):
+        open_store(str(tmp_path / "store"), "local", "train", "f", GPT2)
 
 
 # ---------------------------------------------------------------- training reads the store

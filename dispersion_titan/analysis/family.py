@@ -3,8 +3,8 @@ family (the paper's Figure 2), and "larger model, less condensation" as a number
 
 A SPEC is an analysed ``hf:`` model (its ``--out`` folder, optionally ``@REVISION``) or
 one of our runs (its dump or condensation folder: its last analysed step, or
-``RUN@STEP``). A model's family is its Hugging Face ``model_type``, ``gpt2 run`` for our
-runs, or what ``--family NAME=SPEC,SPEC`` says. Per family, the trend is Spearman's ρ
+``RUN@STEP``). A model's family is its Hugging Face ``model_type``, ``gpt2 run`` (``qwen3
+run``, ``llama3 run``) for our runs, or what ``--family NAME=SPEC,SPEC`` says. Per family, the trend is Spearman's ρ
 between parameter count and the mean ``mean_cos`` of the last n layers: negative when
 larger models condense less. ``--paired A=B`` sets two models side by side (a distilled
 model against its base): their difference in last-n condensation and depth trend.
@@ -26,7 +26,6 @@ from .inputs import differences
 from .result import Condensation
 from .results import atomic_write, ensure_writable, write_csv
 
-RUN_FAMILY = "gpt2 run"
 DEFAULT_LAST_N = 3
 
 
@@ -50,9 +49,14 @@ def _n_params(result: Condensation) -> int:
     if result.n_params is not None:
         return result.n_params
     from ..models.gpt2.args import GPT2ModelArgs
-    from .runner import gpt2_parameters
+    from .runner import count_parameters
 
-    return gpt2_parameters(GPT2ModelArgs(**result.model_args))
+    return count_parameters(GPT2ModelArgs(**result.model_args))
+
+
+def run_family(result: Condensation) -> str:
+    """``gpt2 run`` for our runs of gpt2 (also those analysed before the family was recorded)."""
+    return f"{result.model_args.get('model_type', 'gpt2')} run"
 
 
 def load_member(spec: str, families: dict[str, str]) -> Member:
@@ -62,7 +66,7 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
         name = f"{os.path.basename(os.path.normpath(result.run))}@{result.step}"
     else:
         name = os.path.basename(os.path.normpath(result.model)) + (f"@{result.revision}" if result.revision else "")
-    family = families.get(spec) or (result.model_args.get("model_type") if result.model else RUN_FAMILY)
+    family = families.get(spec) or (result.model_args.get("model_type") if result.model else run_family(result))
     return Member(spec, name, family, _n_params(result), result)
 
 

@@ -8,9 +8,9 @@ generator, so the same options give the same sequences for every checkpoint and 
 their SHA-256 is recorded with each analysis, and ``compare`` refuses to set side by
 side analyses whose sequences differ.
 
-The same texts and windowing serve every tokenizer: our runs' GPT-2 BPE (the default,
-read from the token cache for corpora), or a Hugging Face model's own tokenizer passed
-as ``encode`` (no special tokens added either way).
+The same texts and windowing serve every tokenizer: a run's (``encoders``: GPT-2's BPE,
+the default, or the model's own; read from the token cache for corpora), or a Hugging
+Face model's own tokenizer passed as ``encode`` (no special tokens added either way).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from ..encoders import GPT2, DocumentEncoder
 from ..errors import DataConfigError
 from . import AnalysisError
 
@@ -92,18 +93,16 @@ def _texts(options: InputOptions) -> list[str]:
     return list(iter_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
 
 
-def _documents(options: InputOptions, encode: Encode | None) -> list[np.ndarray]:
-    """Token ids of every document (no separators): ``encode``'s, or GPT-2 BPE's."""
+def _documents(options: InputOptions, encode: Encode | DocumentEncoder) -> list[np.ndarray]:
+    """Token ids of every document (no separators), by a run's tokenizer or ``encode``."""
     try:
-        if encode is not None:
+        if not isinstance(encode, DocumentEncoder):
             return [np.asarray(ids, dtype=np.int64) for ids in encode(_texts(options))]
         if options.texts:
-            from ..bpe import gpt2_encoding
-
-            return [np.asarray(ids) for ids in gpt2_encoding().encode_ordinary_batch(read_texts(options.texts))]
+            return [np.asarray(ids) for ids in encode.encode_batch(read_texts(options.texts), 8)]
         from ..data.packed import tokenized_documents
 
-        return list(tokenized_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
+        return list(tokenized_documents(options.dataset, SPLIT, options.dataset_path, "--dataset", encode))
     except DataConfigError as e:
         raise AnalysisError(str(e)) from None
 
@@ -118,7 +117,7 @@ def _windows(documents: list[np.ndarray], seq_len: int) -> np.ndarray:
     return np.concatenate(windows).astype(np.int64) if windows else np.empty((0, seq_len), np.int64)
 
 
-def select_sequences(options: InputOptions, encode: Encode | None = None) -> Sequences:
+def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = GPT2) -> Sequences:
     """K seeded windows of S tokens; a one-line ``AnalysisError`` if there are too few."""
     documents = _documents(options, encode)
     windows = _windows(documents, options.seq_len)

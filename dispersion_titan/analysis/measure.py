@@ -2,8 +2,9 @@
 and the per-sequence geometry (``geometry``) of a fixed subset of the sequences.
 
 A model reports each layer's hidden states to a sink as soon as it has computed them
-(``LayeredModel``: our GPT-2 through ``GPT2.hidden_states``, a Hugging Face model
-through forward hooks, ``analysis.hf``). Each is reduced at once (one batched matmul per
+(``LayeredModel``: a run's model, gpt2, qwen3 or llama3, through forward hooks on its
+blocks and final norm (``DecoderLayers``), a Hugging Face model through forward hooks,
+``analysis.hf``). Each is reduced at once (one batched matmul per
 layer and batch) into running sums, so memory is L×S×S plus one batch's activations
 whatever the number of sequences K, and no LM head is ever computed.
 
@@ -16,13 +17,14 @@ K is smaller), which keeps the whole analysis within 1.15× a bare forward pass
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
-from ..models.gpt2.model import GPT2
 from . import DEFAULT_GEOMETRY_SEQUENCES
 from .geometry import effective_rank, max_explainable_variance
 
@@ -41,17 +43,42 @@ class LayeredModel(Protocol):
     def run(self, tokens: torch.Tensor, sink: LayerSink) -> None: ...
 
 
-class GPT2Layers:
-    """Our GPT-2 as a ``LayeredModel``."""
+class _FinalNormReached(Exception):
+    """Raised by the final norm's hook: the rest of the forward (the LM head) is not needed."""
 
-    def __init__(self, model: GPT2):
+
+class DecoderLayers:
+    """A run's model (gpt2, qwen3, llama3: blocks in ``model.layers``, then ``model.norm``)
+    as a ``LayeredModel``, through forward hooks: ``embedding`` is the first block's input
+    (token embeddings, plus learned positions for gpt2), ``block_i`` block i's output
+    (after its residual add), ``final_norm`` the final norm's output. The forward stops
+    there, so no LM head is ever computed."""
+
+    def __init__(self, model: nn.Module):
         self.model = model
-        self.num_layers = model.model_args.n_layers + 2  # embedding, blocks, final norm
+        self.blocks = list(model.layers.values())
+        self.num_layers = len(self.blocks) + 2  # embedding, blocks, final norm
         self.input_device = model.tok_embeddings.weight.device
 
     def run(self, tokens: torch.Tensor, sink: LayerSink) -> None:
-        for name, hidden in self.model.hidden_states(tokens):
-            sink(name, hidden)
+        def report(name: str, _module: nn.Module, _args: Any, output: torch.Tensor) -> None:
+            sink(name, output)
+
+        def final_norm(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+            sink("final_norm", output)
+            raise _FinalNormReached
+
+        hooks = [self.blocks[0].register_forward_pre_hook(lambda _module, args: sink("embedding", args[0]))]
+        hooks += [block.register_forward_hook(functools.partial(report, f"block_{i}"))
+                  for i, block in enumerate(self.blocks, start=1)]
+        hooks.append(self.model.norm.register_forward_hook(final_norm))
+        try:
+            self.model(tokens)
+        except _FinalNormReached:
+            pass
+        finally:
+            for hook in hooks:
+                hook.remove()
 
 
 def unit_tokens(hidden: torch.Tensor) -> torch.Tensor:

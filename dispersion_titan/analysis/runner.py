@@ -20,10 +20,11 @@ import torch
 from tqdm import tqdm
 
 from ..errors import CheckpointError
-from ..trainer.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args
+from ..encoders import GPT2, DocumentEncoder, encoder_named
+from ..trainer.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
 from . import AnalysisError, figures
 from .inputs import Encode, InputOptions, differences, select_sequences
-from .measure import GPT2Layers, LayeredModel, Measurement, measure
+from .measure import DecoderLayers, LayeredModel, Measurement, measure
 from .result import Condensation
 from .results import (
     SUMMARY_FILE,
@@ -106,7 +107,7 @@ class Analysis:
     noun = "model state"
 
     def __init__(self, options: AnalyzeOptions, units: list[Unit], label: str, out: str, tb_dir: str,
-                 inputs: InputOptions, dtype: str, model: str | None = None, encode: Encode | None = None):
+                 inputs: InputOptions, dtype: str, model: str | None = None, encode: Encode | DocumentEncoder = GPT2):
         self.options = options
         self.units = units
         self.label = label
@@ -225,27 +226,33 @@ class RunAnalysis(Analysis):
         selected = select_steps(options.steps or "all", checkpoints)
         self.dump = os.path.dirname(os.path.abspath(folder))
         self.model_args = load_model_args(folder)
-        inputs = fitted_inputs(options, self.model_args.max_seq_len, f"max_seq_len in {self.dump}/run.json")
+        inputs = fitted_inputs(options, self.model_args.positions, f"max_seq_len in {self.dump}/run.json")
+        if self.model_args.positions is None:  # rotary: a RoPE table for the analysed length
+            self.model_args.max_seq_len = inputs.seq_len
         units = [Unit(c.step, f"step-{c.step}", os.path.abspath(c.path)) for c in selected]
         super().__init__(options, units, os.path.basename(self.dump),
                          options.out or os.path.join(self.dump, "condensation"),
                          options.tb_dir or os.path.join(self.dump, "tb", "condensation"),
-                         inputs, options.dtype or "fp32")
-        self.n_params = gpt2_parameters(self.model_args)
+                         inputs, options.dtype or "fp32", encode=encoder_named(load_run_metadata(self.dump).get("tokenizer", "gpt2")))
+        self.n_params = count_parameters(self.model_args)
 
     def load(self, unit: Unit) -> LayeredModel:
-        return GPT2Layers(load_model(unit.source, self.model_args, self.device, DTYPES[self.dtype]))
+        return DecoderLayers(load_model(unit.source, self.model_args, self.device, DTYPES[self.dtype]))
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
-        return {"run": self.dump, "model_args": dataclasses.asdict(self.model_args), "n_params": self.n_params}
+        """The run's full arguments, plus its family and resolved MLP width under the keys
+        Hugging Face analyses use (``model_type``, ``mlp_hidden_dim``)."""
+        shape = {**dataclasses.asdict(self.model_args), "model_type": self.model_args.FAMILY,
+                 "mlp_hidden_dim": self.model_args.hidden_dim}
+        return {"run": self.dump, "model_args": shape, "n_params": self.n_params}
 
 
-def gpt2_parameters(args) -> int:
-    """Parameter count of our GPT-2 of shape ``args`` (a tied LM head counted once)."""
-    from ..models.gpt2.model import GPT2
+def count_parameters(args) -> int:
+    """Parameter count of the family's model of shape ``args`` (a tied LM head counted once)."""
+    from ..models import family
 
     with torch.device("meta"):
-        return sum(p.numel() for p in GPT2(args).parameters())
+        return sum(p.numel() for p in family(args.FAMILY).get_train_spec().model_cls(args).parameters())
 
 
 def _one_line(result: Condensation) -> str:

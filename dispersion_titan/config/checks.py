@@ -18,9 +18,11 @@ from torchtitan.config import JobConfig
 
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
+from ..encoders import GPT2, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..errors import ConfigError, DataConfigError
+from ..hf_assets import is_hub_id
 from ..losses.options import CONFIG_RANGES, CONFIG_VARIANTS, KERNELS, range_error, resolve_layers
-from ..models.gpt2.args import GPT2_VOCAB_SIZE, GPT2ModelArgs
+from ..models.flavors import SHAPE_KEYS
 from .schema import METHOD_SETTINGS
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
@@ -82,48 +84,63 @@ def check_dispersion(config: JobConfig, n_layers: int) -> None:
         raise ConfigError(f"dispersion.layers: {e}") from None
 
 
-def check_model(config: JobConfig, args: GPT2ModelArgs) -> None:
-    for name in ("dim", "n_layers", "n_heads", "mlp_hidden_dim", "vocab_size", "max_seq_len"):
-        if getattr(config.model, name) < 0:
-            raise ConfigError(f"model.{name}: must be positive, got {getattr(config.model, name)}")
-    if args.dim % args.n_heads:
+def run_tokenizer(config: JobConfig) -> DocumentEncoder | None:
+    """The run's tokenizer (``encoders.tokenizer_folder``); None while ``model.hf_assets_path``
+    is a hub id not fetched yet (``train`` fetches it before these checks run for real)."""
+    folder = tokenizer_folder(config.model.name, config.model.hf_assets_path)
+    if folder is None:
+        return GPT2
+    if os.path.isdir(os.path.expanduser(folder)):
+        return hf_tokenizer(os.path.expanduser(folder))
+    if is_hub_id(folder):
+        return None
+    raise ConfigError(f"model.hf_assets_path: {folder}: no such folder; give the {config.model.name} model's "
+                      "Hugging Face folder or hub id (its tokenizer.json), or \"\" for GPT-2's BPE")
+
+
+def check_model(config: JobConfig, args: Any) -> None:
+    """``args``: the flavor's arguments with the ``[model]`` overrides applied."""
+    name = config.model.name
+    for key in SHAPE_KEYS:
+        value = getattr(config.model, key)
+        if value is not None and value < 0:
+            raise ConfigError(f"model.{key}: must be positive, got {value}")
+    if "head_dim" not in args.OVERRIDES and args.dim % args.n_heads:  # heads of width dim / n_heads
         raise ConfigError(f"model.dim: {args.dim} is not divisible by model.n_heads={args.n_heads}")
     tp = config.parallelism.tensor_parallel_degree
     if tp < 1:
         raise ConfigError(f"parallelism.tensor_parallel_degree: must be >= 1, got {tp}")
-    if args.n_heads % tp:
+    kv_heads = getattr(args, "n_kv_heads", None) or args.n_heads
+    for key, value in (("n_heads", args.n_heads), ("n_kv_heads", kv_heads), ("mlp_hidden_dim", args.hidden_dim)):
+        if value % tp:
+            raise ConfigError(f"model.{key}: {value} is not divisible by parallelism.tensor_parallel_degree={tp}")
+    if args.positions is not None and args.positions % tp:
         raise ConfigError(
-            f"model.n_heads: {args.n_heads} is not divisible by parallelism.tensor_parallel_degree={tp}"
-        )
-    if args.hidden_dim % tp:
-        raise ConfigError(
-            f"model.mlp_hidden_dim: {args.hidden_dim} is not divisible by "
-            f"parallelism.tensor_parallel_degree={tp}"
-        )
-    if args.max_seq_len % tp:
-        raise ConfigError(
-            f"model.max_seq_len: {args.max_seq_len} positions are not divisible by "
+            f"model.max_seq_len: {args.positions} positions are not divisible by "
             f"parallelism.tensor_parallel_degree={tp}"
         )
     sections = ("training", "validation") if config.validation.enable else ("training",)
     for section in sections:
         seq_len = getattr(config, section).seq_len
-        if not 0 < seq_len <= args.max_seq_len:
+        if not 0 < seq_len <= (args.positions or seq_len):
             raise ConfigError(
-                f"{section}.seq_len: {seq_len} must be in 1..{args.max_seq_len} (model.max_seq_len positions)"
+                f"{section}.seq_len: {seq_len} must be in 1..{args.positions} (model.max_seq_len positions)"
             )
         if seq_len % tp:
             raise ConfigError(
                 f"{section}.seq_len: {seq_len} is not divisible by parallelism.tensor_parallel_degree={tp}"
             )
-    if args.vocab_size < GPT2_VOCAB_SIZE:
+    tokenizer = run_tokenizer(config)
+    if tokenizer is not None and args.vocab_size < tokenizer.vocab_size:
+        which = "GPT-2" if tokenizer is GPT2 else config.model.hf_assets_path
         raise ConfigError(
-            f"model.vocab_size: {args.vocab_size} is smaller than the GPT-2 tokenizer's {GPT2_VOCAB_SIZE} ids"
+            f"model.vocab_size: {args.vocab_size} is smaller than the {which} tokenizer's {tokenizer.vocab_size} ids"
         )
     if config.parallelism.pipeline_parallel_degree != 1:
-        raise ConfigError("parallelism.pipeline_parallel_degree: gpt2 does not support pipelining")
+        raise ConfigError(f"parallelism.pipeline_parallel_degree: dispersion_titan's {name} does not support pipelining")
     if config.parallelism.context_parallel_degree != 1:
-        raise ConfigError("parallelism.context_parallel_degree: gpt2 does not support context parallel")
+        raise ConfigError(f"parallelism.context_parallel_degree: dispersion_titan's {name} does not support "
+                          "context parallel")
 
 
 def check_data(config: JobConfig) -> None:
@@ -132,8 +149,11 @@ def check_data(config: JobConfig) -> None:
             continue
         cfg = getattr(config, section)
         try:
+            tokenizer = run_tokenizer(config)
             if is_store(cfg.dataset_path):  # a stale or damaged token store fails here, before any rank starts
-                open_store(cfg.dataset_path, cfg.dataset, SPLIT_OF[section], f"{section}.dataset_path")
+                if tokenizer is not None:
+                    open_store(cfg.dataset_path, cfg.dataset, SPLIT_OF[section], f"{section}.dataset_path",
+                               tokenizer)
             else:
                 check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
         except DataConfigError as e:
@@ -269,11 +289,10 @@ def check_baseline(config: JobConfig) -> None:
             raise ConfigError("fault_tolerance.enable: not supported with baseline.method = active_forgetting")
 
 
-def check_job_config(config: JobConfig, args: GPT2ModelArgs, world_size: int = 1) -> None:
+def check_job_config(config: JobConfig, args: Any, world_size: int = 1) -> None:
     """Everything about ``config`` that can be known before any process starts, for a
-    job of ``world_size`` processes (derived batch sizes are filled in)."""
-    if config.model.name != "gpt2":
-        raise ConfigError(f"model.name: dispersion_titan trains 'gpt2', got {config.model.name!r}")
+    job of ``world_size`` processes (derived batch sizes are filled in). ``args``: the
+    model family's flavor with the ``[model]`` overrides applied."""
     check_model(config, args)
     check_dispersion(config, args.n_layers)
     check_baseline(config)

@@ -1,6 +1,7 @@
 """Extra TOML fields, merged by TorchTitan into its JobConfig via ``job.custom_config_module``.
 
-``[model]`` gains shape overrides (0 keeps the flavor's value) and the tie switch;
+``[model]`` gains shape overrides (0 or unset keeps the flavor's value; ``models.flavors``
+maps them to each family's fields);
 ``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones;
 ``[dispersion]`` configures the auxiliary loss; ``[baseline]`` the methods the paper
 compares against. Every field is overridable on the
@@ -18,14 +19,20 @@ class Model:
     """Number of blocks; 0 keeps the flavor's."""
     n_heads: int = 0
     """Attention heads; 0 keeps the flavor's."""
+    n_kv_heads: int = 0
+    """Key/value heads (qwen3, llama3: grouped-query attention); 0 keeps the flavor's."""
+    head_dim: int = 0
+    """Width of one attention head (qwen3; gpt2 and llama3 use dim / n_heads); 0 keeps the flavor's."""
     mlp_hidden_dim: int = 0
-    """MLP hidden width; 0 keeps the flavor's (4·dim for every published flavor)."""
+    """MLP hidden width (gpt2, qwen3); 0 keeps the flavor's (4·dim for every gpt2 flavor)."""
     vocab_size: int = 0
-    """Vocabulary size; 0 keeps the flavor's (GPT-2's 50257)."""
+    """Vocabulary size (embedding rows); 0 keeps the flavor's. At least the tokenizer's ids."""
     max_seq_len: int = 0
-    """Number of learned positions; 0 keeps the flavor's (1024 for GPT-2)."""
-    tie_embeddings: bool = True
-    """Share the LM head with the token embedding matrix (GPT-2 does)."""
+    """Number of learned positions (gpt2); 0 keeps the flavor's (1024). Rotary models size their
+    position table from training.seq_len and validation.seq_len."""
+    tie_embeddings: bool | None = None
+    """Share the LM head with the token embedding matrix; unset keeps the flavor's (gpt2 and
+    qwen3 up to 4B tie, larger qwen3 and llama3 do not)."""
 
 
 @dataclass

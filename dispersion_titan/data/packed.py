@@ -1,6 +1,7 @@
 """A deterministic global stream of packed sequences, sliced per data-parallel rank.
 
-Documents are tokenised, each followed by ``<|endoftext|>``, concatenated, and cut into
+Documents are tokenised by the run's tokenizer (``encoders``: GPT-2's BPE, or the model's
+own), each followed by its end-of-sequence id (GPT-2's ``<|endoftext|>``), concatenated, and cut into
 sequences of ``seq_len`` inputs (labels are the inputs shifted by one token): sequence
 ``g`` is tokens ``[g·seq_len, (g+1)·seq_len + 1)``. Which sequences a rank reads is
 ``layout.RankSlice``'s rule, the same for every dataset.
@@ -27,7 +28,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
-from ..tokenizer import EOT_ID
+from ..encoders import GPT2, DocumentEncoder, encoder_for
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
 from .layout import RankSlice, Sample
 from .store import TokenStore, is_store, open_store
@@ -36,26 +37,27 @@ from .tokens import cached_tokens, tokenize
 
 
 @functools.cache
-def token_stream(name: str, split: str, path: str | None, field: str) -> np.ndarray:
-    """All documents of a split, each followed by ``<|endoftext|>``, as one uint16 array
+def token_stream(name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2) -> np.ndarray:
+    """All documents of a split, each followed by the end-of-sequence id, as one array
     (memory-mapped from the token cache when the corpus is cached)."""
     if split == "train" and name in CORPORA and CORPORA[name].streams_training:
         raise DataConfigError(f"{field}: dataset {name!r} is streamed; its train split is never held in memory")
 
     def build() -> np.ndarray:
-        pieces = list(tokenize(iter_documents(name, split, path, field)))
+        pieces = list(tokenize(iter_documents(name, split, path, field), encoder=encoder))
         if not pieces:
             raise DataConfigError(f"{field}: dataset {name!r} has no {split} documents")
         return np.concatenate(pieces)
 
-    return cached_tokens(documents_identity(name, split, path, field), build)
+    return cached_tokens(documents_identity(name, split, path, field), build, encoder)
 
 
-def tokenized_documents(name: str, split: str, path: str | None, field: str) -> tuple[np.ndarray, ...]:
-    """Each document of a corpus split as GPT-2 token ids (no separator). Documents are
-    tokenised with ``encode_ordinary``, so ``<|endoftext|>`` only ever separates them."""
-    stream = token_stream(name, split, path, field)
-    ends = np.flatnonzero(stream == EOT_ID)
+def tokenized_documents(name: str, split: str, path: str | None, field: str,
+                        encoder: DocumentEncoder = GPT2) -> tuple[np.ndarray, ...]:
+    """Each document of a corpus split as token ids (no separator). Documents are
+    tokenised as ordinary text, so the end-of-sequence id only ever separates them."""
+    stream = token_stream(name, split, path, field, encoder)
+    ends = np.flatnonzero(stream == encoder.eos_id)
     starts = np.concatenate([[0], ends[:-1] + 1])
     return tuple(np.asarray(stream[s:e]) for s, e in zip(starts, ends))
 
@@ -82,9 +84,11 @@ class PackedSequenceDataset(RankSlice):
         shuffle: bool = True,
         seed: int = 0,
         field: str = "training.dataset",
+        pad_id: int = GPT2.eos_id,
     ):
         super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
         self.tokens = tokens
+        self.pad_id = pad_id
         self.num_sequences = (len(tokens) - 1) // seq_len
         if self.num_sequences < 1:
             raise DataConfigError(
@@ -127,7 +131,7 @@ class PackedSequenceDataset(RankSlice):
             if g < self.num_sequences:
                 yield self.sample(self.sequence(g))
             else:
-                yield {"input": torch.full((self.seq_len,), EOT_ID)}, torch.full((self.seq_len,), IGNORE_INDEX)
+                yield {"input": torch.full((self.seq_len,), self.pad_id)}, torch.full((self.seq_len,), IGNORE_INDEX)
 
 
 class ContinuousPackedDataset(PackedSequenceDataset):
@@ -152,23 +156,30 @@ def _seed(job_config: JobConfig) -> int:
     return job_config.debug.seed if job_config.debug.seed is not None else 0
 
 
+def run_encoder(job_config: JobConfig) -> DocumentEncoder:
+    """The tokenizer a run's packed stream is made with (``encoders.tokenizer_folder``)."""
+    return encoder_for(job_config.model.name, job_config.model.hf_assets_path)
+
+
 def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig) -> RankSlice:
     """The dataset of ``[section]`` for this rank: streamed or in memory, per corpus, and
     read from a token store when ``dataset_path`` is one."""
     cfg = getattr(job_config, section)
+    encoder = run_encoder(job_config)
     field = f"{section}.dataset"
     train = split == "train"
     streamed = train and cfg.dataset in CORPORA and CORPORA[cfg.dataset].streams_training
     if is_store(cfg.dataset_path):
-        tokens = open_store(cfg.dataset_path, cfg.dataset, split, f"{field}_path")
+        tokens = open_store(cfg.dataset_path, cfg.dataset, split, f"{field}_path", encoder)
         if streamed:
             return ContinuousPackedDataset(tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size,
                                            field=field)
     elif streamed:
         rows = functools.partial(CORPORA[cfg.dataset].training_rows, cfg.dataset_path, f"{field}_path")
-        return StreamingPackedDataset(rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field)
+        return StreamingPackedDataset(rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field,
+                                      encoder=encoder)
     else:
-        tokens = token_stream(cfg.dataset, split, cfg.dataset_path, field)
+        tokens = token_stream(cfg.dataset, split, cfg.dataset_path, field, encoder)
     return PackedSequenceDataset(
         tokens,
         cfg.seq_len,
@@ -179,6 +190,7 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
         shuffle=train,
         seed=_seed(job_config),
         field=field,
+        pad_id=encoder.eos_id,
     )
 
 
@@ -225,7 +237,7 @@ def build_packed_dataloader(
     dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, job_config: JobConfig
 ) -> ParallelAwareDataloader:
     """TorchTitan ``build_dataloader_fn``: the training split, repeated in epochs."""
-    del tokenizer  # the stream is always GPT-2 BPE
+    del tokenizer  # the stream's encoder is chosen from the config, as the tokenizer was (run_encoder)
     return _loader("training", "train", dp_world_size, dp_rank, job_config)
 
 

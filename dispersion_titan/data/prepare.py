@@ -2,11 +2,13 @@
 token ids from disk instead of every rank tokenising the global stream.
 
     python -m dispersion_titan.data prepare CONFIG_OR_DATASET --out DIR [--split train|validation]
-        [--dataset-path PATH] [--workers N] [--shard-documents K]
+        [--dataset-path PATH] [--tokenizer FOLDER] [--workers N] [--shard-documents K]
 
 CONFIG_OR_DATASET is a training TOML (its ``[training]`` dataset and path for
-``--split train``, its ``[validation]`` ones for ``--split validation``) or a dataset
-name (``enwiki_sample``, ``local``, ``wikitext-103``, ``fineweb-edu``).
+``--split train``, its ``[validation]`` ones for ``--split validation``, and the
+tokenizer its ``[model]`` trains with) or a dataset name (``enwiki_sample``, ``local``,
+``wikitext-103``, ``fineweb-edu``; GPT-2's BPE, or ``--tokenizer``: a Hugging Face
+folder with the model's ``tokenizer.json``).
 
 Documents are read in order in this process and tokenised by a pool of ``--workers``
 processes, one shard of ``--shard-documents`` documents per task; each shard is written
@@ -34,9 +36,10 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ..bpe import EOT_ID
 from ..config.cli import OneLineErrorParser, positive_int, read_toml
+from ..encoders import GPT2, DocumentEncoder, encoder_named, hf_tokenizer, tokenizer_folder
 from ..errors import DataConfigError, DispersionTitanError, fail_with
+from ..hf_assets import local_assets
 from .corpora import CORPORA, DOCUMENTS_VERSION, SPLITS, check_dataset, documents_identity, iter_documents
 from .store import (
     DOCUMENT_INDEX,
@@ -56,10 +59,10 @@ _IN_FLIGHT_PER_WORKER = 2  # shards read ahead per worker: bounds the texts held
 _RECORD_KEYS = ("file", "tokens", "documents", "sha256")
 
 
-def prepare_key(source: dict[str, Any], shard_documents: int) -> str:
+def prepare_key(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2) -> str:
     """What a store's shards depend on: a rerun reuses only shards made with its key."""
-    text = json.dumps({"format": FORMAT, "version": VERSION, "source": source, "tokenizer": tokenizer_stamp(),
-                       "documents_version": DOCUMENTS_VERSION, "dtype": token_dtype().name,
+    text = json.dumps({"format": FORMAT, "version": VERSION, "source": source, "tokenizer": tokenizer_stamp(encoder),
+                       "documents_version": DOCUMENTS_VERSION, "dtype": token_dtype(encoder).name,
                        "shard_documents": shard_documents}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -68,18 +71,20 @@ def _record_path(out: str, index: int) -> str:
     return os.path.join(out, shard_name(index).removesuffix(".bin") + ".json")
 
 
-def write_shard(out: str, index: int, texts: list[str], key: str) -> dict[str, Any]:
+def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: str) -> dict[str, Any]:
     """Tokenise one shard's documents and write the shard, then its record (in a worker:
-    tiktoken single-threaded, the pool is the parallelism)."""
-    data = np.concatenate(list(tokenize(texts, threads=1))).tobytes()
-    record = {"file": shard_name(index), "tokens": len(data) // token_dtype().itemsize, "documents": len(texts),
+    tiktoken single-threaded, the pool is the parallelism). The encoder is named, not
+    sent: each worker loads it once."""
+    encoder = encoder_named(encoder_name)
+    data = np.concatenate(list(tokenize(texts, threads=1, encoder=encoder))).tobytes()
+    record = {"file": shard_name(index), "tokens": len(data) // token_dtype(encoder).itemsize, "documents": len(texts),
               "sha256": hashlib.sha256(data).hexdigest()}
     write_atomically(os.path.join(out, record["file"]), data)
     write_atomically(_record_path(out, index), json.dumps({**record, "key": key}).encode())
     return record
 
 
-def verified_shard(out: str, index: int, documents: int, key: str) -> dict[str, Any] | None:
+def verified_shard(out: str, index: int, documents: int, key: str, itemsize: int) -> dict[str, Any] | None:
     """Shard ``index``'s record if an earlier run completed it with ``key`` for these
     ``documents`` and its bytes still match; None if it must be (re)written."""
     try:
@@ -88,7 +93,7 @@ def verified_shard(out: str, index: int, documents: int, key: str) -> dict[str, 
         path = os.path.join(out, shard_name(index))
         if (record["key"], record["documents"], record["file"]) != (key, documents, shard_name(index)):
             return None
-        if os.path.getsize(path) != record["tokens"] * token_dtype().itemsize:
+        if os.path.getsize(path) != record["tokens"] * itemsize:
             return None
         with open(path, "rb") as f:
             if hashlib.file_digest(f, "sha256").hexdigest() != record["sha256"]:
@@ -125,10 +130,11 @@ def _claim(out: str, key: str) -> None:
 
 
 def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, workers: int,
-                shard_documents: int = SHARD_DOCUMENTS, progress: bool = True) -> dict[str, Any]:
+                shard_documents: int = SHARD_DOCUMENTS, progress: bool = True,
+                encoder: DocumentEncoder = GPT2) -> dict[str, Any]:
     """Tokenise ``documents`` into the store at ``out`` (finishing a partial one there);
     return its manifest. ``source`` describes the documents (dataset, split, path, ...)."""
-    key = prepare_key(source, shard_documents)
+    key = prepare_key(source, shard_documents, encoder)
     _claim(out, key)
     documents = iter(documents)
     chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])
@@ -144,35 +150,35 @@ def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, w
             bar.update(records[i]["tokens"])
 
         for index, texts in enumerate(chunks):
-            done = verified_shard(out, index, len(texts), key)
+            done = verified_shard(out, index, len(texts), key, token_dtype(encoder).itemsize)
             if done:
                 records.append(done)
                 bar.update(done["tokens"])
                 continue
             waiting.append(len(records))
-            records.append(pool.apply_async(write_shard, (out, index, texts, key)))
+            records.append(pool.apply_async(write_shard, (out, index, texts, key, encoder.name)))
             if len(waiting) > workers * _IN_FLIGHT_PER_WORKER:
                 settle(waiting.popleft())
         while waiting:
             settle(waiting.popleft())
     if not records:
         raise DataConfigError(f"{source['dataset']}: no {source['split']} documents")
-    return _finish(out, records, source, key, shard_documents)
+    return _finish(out, records, source, key, shard_documents, encoder)
 
 
 def _finish(out: str, records: list[dict[str, Any]], source: dict[str, Any], key: str,
-            shard_documents: int) -> dict[str, Any]:
+            shard_documents: int, encoder: DocumentEncoder) -> dict[str, Any]:
     """Write the document index (from the separators in the shards), then the manifest."""
-    dtype, starts, offset = token_dtype(), [], 0
+    dtype, starts, offset = token_dtype(encoder), [], 0
     for record in records:
         shard = np.memmap(os.path.join(out, record["file"]), dtype=dtype, mode="r")
-        ends = np.flatnonzero(shard == EOT_ID) + offset + 1
+        ends = np.flatnonzero(shard == encoder.eos_id) + offset + 1
         starts.append(np.concatenate([[offset], ends[:-1]]).astype(np.int64))
         offset += len(shard)
     index = io.BytesIO()
     np.save(index, np.concatenate(starts))
     write_atomically(os.path.join(out, DOCUMENT_INDEX), index.getvalue())
-    manifest = {"format": FORMAT, "version": VERSION, "key": key, "tokenizer": tokenizer_stamp(),
+    manifest = {"format": FORMAT, "version": VERSION, "key": key, "tokenizer": tokenizer_stamp(encoder),
                 "documents_version": DOCUMENTS_VERSION, "source": source, "dtype": dtype.name, "tokens": offset,
                 "documents": sum(r["documents"] for r in records), "shard_documents": shard_documents,
                 "document_index": DOCUMENT_INDEX, "shards": records}
@@ -180,24 +186,32 @@ def _finish(out: str, records: list[dict[str, Any]], source: dict[str, Any], key
     return manifest
 
 
-def resolve_source(target: str, split: str, dataset_path: str | None) -> tuple[str, str | None, str]:
-    """(dataset, path, config field) named by CONFIG_OR_DATASET: a training TOML's
-    ``[training]`` (train) or ``[validation]`` section, or a registered dataset name."""
+def resolve_source(target: str, split: str, dataset_path: str | None,
+                   tokenizer: str | None) -> tuple[str, str | None, str, DocumentEncoder]:
+    """(dataset, path, config field, encoder) named by CONFIG_OR_DATASET: a training TOML's
+    ``[training]`` (train) or ``[validation]`` section and its ``[model]``'s tokenizer, or a
+    registered dataset name and ``--tokenizer`` (GPT-2's BPE without it)."""
+    chosen = None if tokenizer is None else hf_tokenizer(tokenizer)
     if target in CORPORA:
-        return target, dataset_path, "--dataset"
+        return target, dataset_path, "--dataset", chosen or GPT2
     if not (target.endswith(".toml") or os.path.isfile(target)):
         raise DataConfigError(f"CONFIG_OR_DATASET: {target!r} is neither a .toml file nor a dataset "
                               f"(choose from {sorted(CORPORA)})")
     section = "training" if split == "train" else "validation"
-    table = read_toml(target, "CONFIG_OR_DATASET").get(section, {})
+    toml = read_toml(target, "CONFIG_OR_DATASET")
+    table = toml.get(section, {})
     if not isinstance(table, dict) or not isinstance(table.get("dataset"), str):
         raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
-    return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset"
+    model = toml.get("model", {})
+    folder = tokenizer_folder(model.get("name", ""), model.get("hf_assets_path", ""))
+    encoder = chosen or (GPT2 if folder is None else hf_tokenizer(local_assets(folder, "model.hf_assets_path")))
+    return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset", encoder
 
 
 def prepare(options: argparse.Namespace) -> dict[str, Any]:
     """Check the source, then write (or finish) the store; its manifest."""
-    dataset, path, field = resolve_source(options.target, options.split, options.dataset_path)
+    dataset, path, field, encoder = resolve_source(options.target, options.split, options.dataset_path,
+                                                   options.tokenizer)
     if is_store(path):
         raise DataConfigError(f"{field}_path: {path} is a token store already; name the corpus it was made from")
     check_dataset(dataset, path, field)
@@ -206,7 +220,7 @@ def prepare(options: argparse.Namespace) -> dict[str, Any]:
               "identity": documents_identity(dataset, options.split, path, field)}
     try:
         return write_store(iter_documents(dataset, options.split, path, field), options.out, source,
-                           workers=options.workers, shard_documents=options.shard_documents)
+                           workers=options.workers, shard_documents=options.shard_documents, encoder=encoder)
     except OSError as e:  # e.g. a full disk; "--out" names the culprit when the file is the store's
         where = str(e.filename or options.out)
         inside = os.path.abspath(where).startswith(os.path.abspath(options.out))
@@ -224,6 +238,9 @@ def parser() -> argparse.ArgumentParser:
                       help="split (with a TOML: its section) to prepare; default train")
     prep.add_argument("--dataset-path", "--dataset_path", dest="dataset_path",
                       help="the corpus path (overrides the TOML's dataset_path)")
+    prep.add_argument("--tokenizer", metavar="FOLDER",
+                      help="a Hugging Face folder whose tokenizer.json to use (default: the TOML's model's, else "
+                           "GPT-2's BPE)")
     prep.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)),
                       help="tokenising processes (default: the CPUs this process may use)")
     prep.add_argument("--shard-documents", type=positive_int, default=SHARD_DOCUMENTS,

@@ -6,7 +6,7 @@ A store is a directory:
 
 - ``shard-NNNNN.bin``: flat token ids (``dtype``, uint16 for GPT-2) of documents
   ``[N·K, (N+1)·K)`` of the split (``K`` = ``shard_documents``), each followed by
-  ``<|endoftext|>``. Concatenated in order, the shards are exactly the split's packed
+  the end-of-sequence id (GPT-2's ``<|endoftext|>``). Concatenated in order, the shards are exactly the split's packed
   token stream (``packed.token_stream``, ``streaming.StreamingPackedDataset``).
 - ``shard-NNNNN.json``: written once its shard is complete (token and document counts,
   SHA-256, the prepare key): an interrupted prepare resumes from these.
@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..bpe import SPECIAL_TOKENS, gpt2_encoding, tokenizer_fingerprint
+from ..encoders import GPT2, DocumentEncoder
 from ..errors import DataConfigError
 from .corpora import DOCUMENTS_VERSION
 
@@ -46,10 +46,10 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.bin"
 
 
-def tokenizer_stamp() -> dict[str, Any]:
+def tokenizer_stamp(encoder: DocumentEncoder = GPT2) -> dict[str, Any]:
     """What a store's token ids depend on, as recorded in its manifest."""
-    return {"name": "gpt2", "sha256": tokenizer_fingerprint(), "n_vocab": gpt2_encoding().n_vocab,
-            "special_tokens": SPECIAL_TOKENS}
+    return {"name": encoder.name, "sha256": encoder.fingerprint(), "n_vocab": encoder.vocab_size,
+            "special_tokens": {encoder.eos_token: encoder.eos_id}}
 
 
 def is_store(path: str | None) -> bool:
@@ -103,12 +103,12 @@ def _well_formed(manifest: dict[str, Any]) -> bool:
                     and os.path.basename(s["file"]) == s["file"] for s in shards))
 
 
-def stale_reason(manifest: dict[str, Any]) -> str | None:
-    """Why a store's tokens differ from what this installation would produce, if they do."""
+def stale_reason(manifest: dict[str, Any], encoder: DocumentEncoder = GPT2) -> str | None:
+    """Why a store's tokens differ from what ``encoder`` would produce here, if they do."""
     made_with = manifest["tokenizer"].get("sha256")
-    if made_with != tokenizer_fingerprint():
+    if made_with != encoder.fingerprint():
         return (f"made with another tokenizer (sha256 {str(made_with)[:12]}…, "
-                f"this installation's is {tokenizer_fingerprint()[:12]}…)")
+                f"this run's is {encoder.fingerprint()[:12]}…)")
     if manifest["documents_version"] != DOCUMENTS_VERSION:
         return (f"made with text → documents rules version {manifest['documents_version']}, "
                 f"this installation's is {DOCUMENTS_VERSION}")
@@ -155,13 +155,13 @@ class TokenStore:
         return np.load(os.path.join(self.folder, DOCUMENT_INDEX), mmap_mode="r")
 
 
-def open_store(path: str, dataset: str, split: str, field: str) -> TokenStore:
-    """The store at ``path`` made from ``dataset``'s ``split`` by this tokenizer, shards
+def open_store(path: str, dataset: str, split: str, field: str, encoder: DocumentEncoder = GPT2) -> TokenStore:
+    """The store at ``path`` made from ``dataset``'s ``split`` by ``encoder``, shards
     checked by size (not hashed: that would read the whole corpus on every rank)."""
     folder = os.path.expanduser(path)
     manifest = read_manifest(folder, field)
     manifest_path = os.path.join(folder, MANIFEST)
-    stale = stale_reason(manifest)
+    stale = stale_reason(manifest, encoder)
     if stale:
         raise DataConfigError(f"{field}: token store {manifest_path} is stale: {stale}; rebuild it with {PREPARE}")
     source = manifest["source"]

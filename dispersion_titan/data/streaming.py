@@ -1,7 +1,7 @@
 """The packed stream of a corpus too large for memory (FineWeb-Edu), read in order.
 
 The global stream is defined exactly as for in-memory corpora (documents, each followed
-by ``<|endoftext|>``, cut into ``seq_len`` windows; sequence ``g`` starts at token
+by the end-of-sequence id, cut into ``seq_len`` windows; sequence ``g`` starts at token
 ``g·seq_len``) but without shuffling, and each rank takes its sequences by the same
 ``RankSlice`` rule. Token positions depend on every earlier document, so every rank reads
 and tokenises the whole global stream and keeps only its own windows.
@@ -23,6 +23,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from ..encoders import GPT2, DocumentEncoder
 from ..errors import DataConfigError
 from .layout import RankSlice, Sample
 from .tokens import tokenize
@@ -64,10 +65,12 @@ class StreamingPackedDataset(RankSlice):
         dp_world_size: int = 1,
         *,
         field: str = "training.dataset",
+        encoder: DocumentEncoder = GPT2,
     ):
         super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
         self.rows = rows
         self.field = field
+        self.encoder = encoder
         self.resume = ResumePoint()
         rows()  # fail now if the rows cannot be opened (e.g. an unreachable hub)
 
@@ -100,7 +103,7 @@ class StreamingPackedDataset(RankSlice):
                 yield text
 
         position = self.resume.position
-        for tokens in tokenize(remember()):
+        for tokens in tokenize(remember(), encoder=self.encoder):
             point = points.popleft()
             yield _Document(ResumePoint(point.epoch, point.rows_state, position), tokens)
             position += len(tokens)

@@ -2,7 +2,8 @@
 runs) do not each spend minutes tokenising the same corpus.
 
 The cache file is keyed by the corpus identity (dataset, split, source files with their
-sizes and mtimes, or the hub id) and the tokenizer's fingerprint (``bpe``). The first process to
+sizes and mtimes, or the hub id) and the tokenizer's fingerprint (``encoders``: GPT-2's
+BPE by default, or the model's own tokenizer). The first process to
 take the key's file lock tokenises and writes ``<key>.npy`` atomically (temporary file +
 rename); the others wait for the lock, then memory-map the result, so ranks on one node
 share one copy in the page cache. The directory is ``$DISPERSION_TITAN_TOKEN_CACHE`` or
@@ -23,25 +24,26 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from ..bpe import EOT_ID, gpt2_encoding, tokenizer_fingerprint
+from ..encoders import GPT2, DocumentEncoder
 
 CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
 _TOKENIZE_BATCH = 256  # documents per tiktoken call (it tokenises a batch in threads)
 
 
-def token_dtype() -> np.dtype:
-    """The smallest unsigned type holding every id: uint16 for GPT-2's 50257."""
-    return np.dtype(np.uint16 if gpt2_encoding().n_vocab <= 1 << 16 else np.uint32)
+def token_dtype(encoder: DocumentEncoder = GPT2) -> np.dtype:
+    """The smallest unsigned type holding every id: uint16 for GPT-2's 50257, uint32 for
+    Qwen3's or Llama 3's vocabularies."""
+    return np.dtype(np.uint16 if encoder.vocab_size <= 1 << 16 else np.uint32)
 
 
-def tokenize(documents: Iterable[str], threads: int = 8) -> Iterator[np.ndarray]:
-    """Each document's GPT-2 ids (``encode_ordinary``) followed by ``<|endoftext|>``, as
-    ``token_dtype()`` arrays. ``threads``: tiktoken's threads per batch."""
-    encoding, dtype = gpt2_encoding(), token_dtype()
+def tokenize(documents: Iterable[str], threads: int = 8, encoder: DocumentEncoder = GPT2) -> Iterator[np.ndarray]:
+    """Each document's ids (ordinary text) followed by the end-of-sequence id (GPT-2's
+    ``<|endoftext|>``), as ``token_dtype()`` arrays. ``threads``: tiktoken's threads per batch."""
+    dtype = token_dtype(encoder)
     documents = iter(documents)
     while batch := list(itertools.islice(documents, _TOKENIZE_BATCH)):
-        for ids in encoding.encode_ordinary_batch(batch, num_threads=threads):
-            yield np.asarray([*ids, EOT_ID], dtype=dtype)
+        for ids in encoder.encode_batch(batch, threads):
+            yield np.asarray([*ids, encoder.eos_id], dtype=dtype)
 
 
 def cache_dir() -> str | None:
@@ -55,13 +57,14 @@ def cache_dir() -> str | None:
     return os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
 
 
-def cache_key(identity: dict[str, Any]) -> str:
-    text = json.dumps({**identity, "tokenizer": tokenizer_fingerprint()}, sort_keys=True, default=str)
+def cache_key(identity: dict[str, Any], encoder: DocumentEncoder = GPT2) -> str:
+    text = json.dumps({**identity, "tokenizer": encoder.fingerprint()}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cached_tokens(identity: dict[str, Any] | None, build: Callable[[], np.ndarray]) -> np.ndarray:
-    """``build()``'s uint16 tokens, read from (or first written to) the cache."""
+def cached_tokens(identity: dict[str, Any] | None, build: Callable[[], np.ndarray],
+                  encoder: DocumentEncoder = GPT2) -> np.ndarray:
+    """``build()``'s tokens (made by ``encoder``), read from (or first written to) the cache."""
     folder = cache_dir()
     if identity is None or folder is None:
         return build()
@@ -70,11 +73,11 @@ def cached_tokens(identity: dict[str, Any] | None, build: Callable[[], np.ndarra
     except OSError as e:
         warnings.warn(f"token cache {folder} unusable ({e}); tokenising in this process")
         return build()
-    path = os.path.join(folder, f"{cache_key(identity)}.npy")
+    path = os.path.join(folder, f"{cache_key(identity, encoder)}.npy")
     if not os.path.exists(path):
         with FileLock(f"{path}.lock"):
             if not os.path.exists(path):
-                _write_atomically(path, build(), identity)
+                _write_atomically(path, build(), {**identity, "tokenizer": encoder.name})
     return np.load(path, mmap_mode="r")
 
 

@@ -1,19 +1,29 @@
-"""Model families registered into TorchTitan, each laid out as TorchTitan's own
-(``args`` / ``model`` / ``parallelize`` / ``state_dict_adapter``, and ``get_train_spec``
-in the family's ``__init__``)."""
+"""Model families registered into TorchTitan, each under its own name: our ``gpt2``
+(laid out as TorchTitan's own families: ``args`` / ``model`` / ``parallelize`` /
+``state_dict_adapter``), and TorchTitan's ``qwen3`` and ``llama3`` as they are. Every
+family's ``get_train_spec`` (in its ``__init__``) pairs its model with dispersion_titan's
+data, tokenizer and trainer-side builders (``spec``)."""
 
 from __future__ import annotations
 
+import functools
+from importlib import import_module
+from types import ModuleType
 
+FAMILIES = ("gpt2", "qwen3", "llama3")
+
+
+def family(name: str) -> ModuleType:
+    """The family's package (``get_train_spec``, ``MODEL_NAME``)."""
+    return import_module(f"{__name__}.{name}")
+
+
+@functools.cache
 def register_all() -> None:
-    """Register every family's TrainSpec with TorchTitan. Idempotent: TorchTitan refuses
-    to register a name twice."""
-    from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+    """Register every family's TrainSpec with TorchTitan, once per process. Registered
+    specs take precedence over TorchTitan's built-in ones of the same name (``qwen3``,
+    ``llama3``); registering a name twice raises, so a clash is loud."""
+    from torchtitan.protocols.train_spec import register_train_spec
 
-    from . import gpt2
-
-    for name, build in ((gpt2.MODEL_NAME, gpt2.get_train_spec),):
-        try:
-            get_train_spec(name)
-        except ValueError:
-            register_train_spec(name, build())
+    for name in FAMILIES:
+        register_train_spec(name, family(name).get_train_spec())

@@ -17,7 +17,7 @@ import os
 import torch
 
 from ..analysis.inputs import Sequences
-from ..analysis.measure import GPT2Layers, measure
+from ..analysis.measure import DecoderLayers, measure
 from ..analysis.result import Condensation
 from ..analysis.results import RESULT_FILE, write_result
 from ..analysis.statistics import condensation
@@ -40,7 +40,7 @@ def initialized_model(args: GPT2ModelArgs, seed: int) -> GPT2:
 
 def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_size: int, run: str) -> Condensation:
     model = initialized_model(args, seed)
-    measured = measure(GPT2Layers(model), sequences.tokens, batch_size, "cpu")
+    measured = measure(DecoderLayers(model), sequences.tokens, batch_size, "cpu")
     return condensation(0, sequences, measured, dtype="fp32", device="cpu", checkpoint=INIT_CHECKPOINT, run=run,
                         model_args=dataclasses.asdict(args), n_params=sum(p.numel() for p in model.parameters()))
 

@@ -19,8 +19,6 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError, RunFinished
-from ..models.gpt2.args import GPT2ModelArgs
-from ..models.gpt2.model import GPT2
 
 RUN_METADATA_FILE = "run.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -75,17 +73,18 @@ def check_complete(step_dir: str) -> None:
             )
 
 
-def save_run_metadata(folder: str, model_name: str, args: GPT2ModelArgs,
+def save_run_metadata(folder: str, model_name: str, args: Any,
                       dispersion: dict[str, Any] | None = None, seed: int | None = None,
-                      baseline: dict[str, Any] | None = None) -> None:
+                      baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2") -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
-    the model family and shape (head count cannot be read off weights) and the
-    dispersion and baseline settings it trained with (None: not trained by
-    dispersion_titan.train); ``evaluate table`` groups runs into arms by all of it but the seed."""
+    the model family and shape (head count cannot be read off weights), the tokenizer
+    (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
+    settings it trained with (None: not trained by dispersion_titan.train); ``evaluate
+    table`` groups runs into arms by all of it but the seed."""
     os.makedirs(folder, exist_ok=True)
-    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if not f.name.startswith("_")}
-    metadata = {"model_name": model_name, "model_args": fields, "dispersion": dispersion, "baseline": baseline,
-                "seed": seed}
+    fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
+    metadata = {"model_name": model_name, "model_args": fields, "tokenizer": tokenizer, "dispersion": dispersion,
+                "baseline": baseline, "seed": seed}
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)
@@ -107,23 +106,33 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
     return metadata
 
 
-def load_model_args(checkpoint_dir: str) -> GPT2ModelArgs:
-    """The shape recorded in the run's dump folder (the checkpoint folder's parent)."""
+def load_model_args(checkpoint_dir: str) -> Any:
+    """The family's arguments with the shape recorded in the run's dump folder (the
+    checkpoint folder's parent); a ``run.json`` without a family is a gpt2 run's."""
+    from ..models.flavors import args_from_dict
+
     dump = os.path.dirname(os.path.abspath(checkpoint_dir))
+    metadata = load_run_metadata(dump)
     try:
-        return GPT2ModelArgs(**load_run_metadata(dump)["model_args"])
-    except TypeError as e:
+        return args_from_dict(metadata.get("model_name", "gpt2"), metadata["model_args"])
+    except (TypeError, ValueError, ModuleNotFoundError) as e:
         raise CheckpointError(f"{os.path.join(dump, RUN_METADATA_FILE)}: invalid ({e})") from None
 
 
-def load_model(step_dir: str, args: GPT2ModelArgs, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> GPT2:
-    """A plain (unsharded) GPT-2 holding the weights of ``step_dir``."""
+def load_model(step_dir: str, args: Any, device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A plain (unsharded) model of ``args``' family holding the weights of ``step_dir``.
+
+    Built on the meta device, materialised and initialised (which ties a shared LM head
+    and computes buffers such as a RoPE table), then loaded in place."""
+    from ..models import family
+
     check_complete(step_dir)
     with torch.device("meta"):
-        model = GPT2(args)
+        model = family(args.FAMILY).get_train_spec().model_cls(args)
     model.to_empty(device="cpu")
-    model.tie_weights()
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
     state = model.state_dict()
     try:
         with warnings.catch_warnings():
@@ -132,7 +141,10 @@ def load_model(step_dir: str, args: GPT2ModelArgs, device: str | torch.device = 
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises many types for bad files
         raise CheckpointError(f"{step_dir}: cannot be loaded ({_load_failure(e)})") from None
     model.load_state_dict(state)
-    return model.to(device=device, dtype=dtype).eval()
+    model.to(device=device)
+    for param in model.parameters():  # not Module.to(dtype): it would drop the imaginary part of
+        param.data = param.data.to(dtype)  # Llama 3's complex RoPE buffer; buffers keep their precision
+    return model.eval()
 
 
 def _load_failure(error: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""The gpt2 TrainSpec's optimizer and LR-scheduler builders: TorchTitan's own, except
+"""Every TrainSpec's optimizer and LR-scheduler builders: TorchTitan's own, except
 under active forgetting, where the token embeddings get a param group of their own with
 a sawtooth schedule (peak ``embedding_lr``, linear warm-up over 8% of each period, then
 linear decay, restarting at every reset) while the body keeps the run's schedule.
@@ -67,7 +67,7 @@ def _separate_embedding_group(model: nn.Module, optimizer: torch.optim.Optimizer
     optimizer.add_param_group({"params": [embedding], "lr": lr})
 
 
-def build_gpt2_optimizers(model_parts: list[nn.Module], optimizer_config: Any, parallel_dims: Any,
+def build_dispersion_optimizers(model_parts: list[nn.Module], optimizer_config: Any, parallel_dims: Any,
                           ft_manager: Any = None) -> OptimizersContainer:
     optimizers = build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager)
     forgetting = _forgetting()
@@ -77,7 +77,7 @@ def build_gpt2_optimizers(model_parts: list[nn.Module], optimizer_config: Any, p
     return optimizers
 
 
-def build_gpt2_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: Any,
+def build_dispersion_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: Any,
                              training_steps: int) -> LRSchedulersContainer:
     forgetting = _forgetting()
     if forgetting is None:

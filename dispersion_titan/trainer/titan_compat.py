@@ -11,6 +11,12 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
 - ``use_cpu``: the module-level ``device_type`` / ``device_module`` bindings and the
   memory monitor's default device, which assume CUDA.
 - ``SAC_SAVE_LIST``: llama3's private per-op activation-checkpointing save list.
+- ``without_data_parallel``: TorchTitan's parallelize functions (qwen3's, llama3's) apply
+  FSDP exactly when ``parallel_dims.fsdp_enabled`` and DDP when ``dp_replicate_enabled``;
+  it exists because their FSDP shards a tied Qwen3's embeddings and head apart.
+- ``attention_on_local_shards``: TorchTitan's ``ScaledDotProductAttentionWrapper`` takes
+  q, k, v positionally and returns SDPA's output (the qwen3 and llama3 TP plans make them
+  DTensors sharded by heads).
 - ``init_validator``: ``Validator.__init__`` builds TorchTitan's own text loader, so
   its fields are set here instead.
 - ``save_full_checkpoint``: the checkpointer's last-step save path and its
@@ -169,6 +175,57 @@ def _sac_save_list() -> set:
 
 
 SAC_SAVE_LIST = _sac_save_list()
+
+
+# ------------------------------------------------------------------------ data parallelism
+
+
+class _WithoutDataParallel:
+    """``parallel_dims`` as a parallelize function that must apply no data parallelism sees it."""
+
+    fsdp_enabled = False
+    dp_replicate_enabled = False
+
+    def __init__(self, parallel_dims: Any) -> None:
+        self._parallel_dims = parallel_dims
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parallel_dims, name)
+
+
+def without_data_parallel(parallel_dims: Any) -> Any:
+    """A view of ``parallel_dims`` under which TorchTitan's ``parallelize_qwen3`` /
+    ``parallelize_llama`` apply tensor parallelism, activation checkpointing and compile
+    but neither FSDP nor DDP, which the caller then applies itself."""
+    return _WithoutDataParallel(parallel_dims)
+
+
+def attention_on_local_shards(model: torch.nn.Module) -> None:
+    """Run the SDPA of TorchTitan's attention modules on each rank's own heads, as plain
+    tensors, and hand the result on as the DTensor it would have been.
+
+    Their tensor-parallel plan gives SDPA DTensors; on a CPU DTensor has no sharding rule
+    for the fused CPU kernel, and the math backend adds a plain causal mask to DTensor
+    scores. Attention heads are independent (and grouped key/value heads are sharded
+    with their query heads), so the local computation is the exact one.
+    """
+    from torch.distributed.tensor import DTensor
+    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+
+    def shard_view(layout: list, module: torch.nn.Module, args: tuple) -> tuple | None:
+        if not isinstance(args[0], DTensor):
+            return None
+        layout.append((args[0].device_mesh, args[0].placements))
+        return tuple(a.to_local() if isinstance(a, DTensor) else a for a in args)
+
+    def as_dtensor(layout: list, module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor | None:
+        return DTensor.from_local(output, *layout.pop(), run_check=False) if layout else None
+
+    for module in model.modules():
+        if isinstance(module, ScaledDotProductAttentionWrapper):
+            layout: list = []
+            module.register_forward_pre_hook(functools.partial(shard_view, layout))
+            module.register_forward_hook(functools.partial(as_dtensor, layout))
 
 
 # ------------------------------------------------------------------------ validation

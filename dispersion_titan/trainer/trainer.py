@@ -17,9 +17,11 @@ from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
 from ..config.checks import data_parallel_degree, resolve_batch_sizes
+from ..data.packed import run_encoder
 from ..errors import NonFiniteLossError
 from . import titan_compat
 from .baselines import build_baseline
+from .block_outputs import BlockOutputs
 from .checkpoints import quarantine_incomplete, save_run_metadata
 from .objective import DispersionObjective
 from .optimizers import baseline_settings
@@ -72,6 +74,7 @@ class DispersionTrainer(titan_compat.trainer_class()):
             job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
         )
         (model,) = self.model_parts
+        self.block_outputs = BlockOutputs(model.layers)  # after parallelize_fn: outside AC and compile
         self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
                                        self.model_args.tie_embeddings)
         self.preemption = Preemption()  # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue
@@ -80,7 +83,8 @@ class DispersionTrainer(titan_compat.trainer_class()):
             # resume by whether that folder exists, and every rank must see the same answer.
             save_run_metadata(job_config.job.dump_folder, job_config.model.name, self.model_args,
                               dataclasses.asdict(job_config.dispersion), seed,
-                              baseline=dataclasses.asdict(job_config.baseline))
+                              baseline=dataclasses.asdict(job_config.baseline),
+                              tokenizer=run_encoder(job_config).name)
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0
@@ -128,10 +132,10 @@ class DispersionTrainer(titan_compat.trainer_class()):
                                global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
         with_stats = self.metrics_processor.should_log(self.step)
         with self.maybe_enable_amp:
-            logits, block_outputs = model(inputs, return_block_outputs=True, **model_kwargs)
+            logits = model(inputs, **model_kwargs)
             ce = self.loss_fn(logits, labels) / global_valid_tokens
             del logits
-            term = self.dispersion(block_outputs, self.step, with_stats)
+            term = self.dispersion(self.block_outputs.take(), self.step, with_stats)
         # Backward through both terms without adding them: a loss-parallel CE is a
         # DTensor and cannot be summed with a plain tensor.
         torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])

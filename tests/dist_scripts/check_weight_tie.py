@@ -17,7 +17,8 @@ from torch.distributed.tensor import DTensor
 from dispersion_titan.trainer import titan_compat
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
-from dispersion_titan.models.gpt2.parallelize import apply_fsdp, apply_tp
+from dispersion_titan.models.fsdp import apply_fsdp
+from dispersion_titan.models.gpt2.parallelize import apply_tp
 
 
 def full(t: torch.Tensor) -> torch.Tensor:

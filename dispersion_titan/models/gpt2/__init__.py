@@ -6,6 +6,8 @@ when the spec is built, so ``models.gpt2.args`` / ``.model`` load without the tr
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchtitan.protocols.train_spec import TrainSpec
 
 from .args import GPT2ModelArgs, gpt2_flavors
@@ -13,31 +15,33 @@ from .model import GPT2
 
 MODEL_NAME = "gpt2"
 
-__all__ = ["GPT2", "GPT2ModelArgs", "MODEL_NAME", "get_train_spec", "gpt2_flavors"]
+__all__ = ["GPT2", "GPT2ModelArgs", "MODEL_NAME", "get_train_spec", "gpt2_flavors", "hf_config"]
 
 
 def get_train_spec() -> TrainSpec:
-    from torchtitan.components.loss import build_cross_entropy_loss
-
-    from ...data.packed import build_packed_dataloader
-    from ...tokenizer import build_gpt2_tokenizer
-    from ...trainer.metrics import build_dispersion_metrics_processor
-    from ...trainer.optimizers import build_gpt2_lr_schedulers, build_gpt2_optimizers
-    from ...trainer.validate import build_packed_validator
+    from ..spec import dispersion_train_spec
     from .parallelize import parallelize_gpt2
     from .state_dict_adapter import GPT2StateDictAdapter
 
-    return TrainSpec(
-        model_cls=GPT2,
-        model_args=gpt2_flavors,
-        parallelize_fn=parallelize_gpt2,
-        pipelining_fn=None,
-        build_optimizers_fn=build_gpt2_optimizers,
-        build_lr_schedulers_fn=build_gpt2_lr_schedulers,
-        build_dataloader_fn=build_packed_dataloader,
-        build_tokenizer_fn=build_gpt2_tokenizer,
-        build_loss_fn=build_cross_entropy_loss,
-        build_validator_fn=build_packed_validator,
-        build_metrics_processor_fn=build_dispersion_metrics_processor,
-        state_dict_adapter=GPT2StateDictAdapter,
+    return dispersion_train_spec(GPT2, gpt2_flavors, parallelize_gpt2, GPT2StateDictAdapter)
+
+
+def hf_config(args: GPT2ModelArgs, tokenizer: Any):
+    """transformers' ``GPT2Config`` of this shape; the vocabulary is the tokenizer's (a
+    padded one is trimmed back to it by the export)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=tokenizer.vocab_size,
+        n_positions=args.max_seq_len,
+        n_embd=args.dim,
+        n_layer=args.n_layers,
+        n_head=args.n_heads,
+        n_inner=None if args.hidden_dim == 4 * args.dim else args.hidden_dim,
+        activation_function="gelu_new",
+        layer_norm_epsilon=args.norm_eps,
+        tie_word_embeddings=args.tie_embeddings,
+        bos_token_id=tokenizer.eos_id,
+        eos_token_id=tokenizer.eos_id,
+        architectures=["GPT2LMHeadModel"],
     )

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 from torch import nn
 from torchtitan.config import JobConfig
 from torchtitan.protocols.model import BaseModelArgs
 
+from ..flavors import Flavors, ShapeOverrides
+
 GPT2_VOCAB_SIZE = 50257
 
 
 @dataclass
-class GPT2ModelArgs(BaseModelArgs):
+class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
     """Shape of a GPT-2-like model. ``mlp_hidden_dim=0`` means the GPT-2 default, 4·dim."""
+
+    FAMILY: ClassVar[str] = "gpt2"
+    OVERRIDES: ClassVar[dict[str, str]] = {key: key for key in (
+        "dim", "n_layers", "n_heads", "mlp_hidden_dim", "vocab_size", "max_seq_len", "tie_embeddings")}
+    REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
+        "head_dim": "gpt2's head width is dim / n_heads",
+        "n_kv_heads": "gpt2 has one key/value head per attention head",
+    }
 
     dim: int = 768
     n_layers: int = 12
@@ -34,16 +43,14 @@ class GPT2ModelArgs(BaseModelArgs):
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
+    @property
+    def positions(self) -> int:
+        """Learned positions: the longest sequence the model takes."""
+        return self.max_seq_len
+
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
         """Apply the ``[model]`` shape overrides (0 or unset keeps the flavor's value)."""
-        overrides = job_config.model
-        for name in ("dim", "n_layers", "n_heads", "mlp_hidden_dim", "vocab_size", "max_seq_len"):
-            value = getattr(overrides, name, 0)
-            if value:
-                setattr(self, name, value)
-        tie = getattr(overrides, "tie_embeddings", None)
-        if tie is not None:
-            self.tie_embeddings = tie
+        self.apply_overrides(job_config.model)
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
         """Unique parameter count and training FLOPs per token (fwd + bwd, attention included).
@@ -72,17 +79,5 @@ _FLAVORS: dict[str, GPT2ModelArgs] = {
 }
 
 
-class Flavors(Mapping[str, GPT2ModelArgs]):
-    """The flavor table; every lookup returns a fresh copy, so config overrides never leak."""
-
-    def __getitem__(self, name: str) -> GPT2ModelArgs:
-        return dataclasses.replace(_FLAVORS[name])
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(_FLAVORS)
-
-    def __len__(self) -> int:
-        return len(_FLAVORS)
-
-
-gpt2_flavors = Flavors()
+gpt2_flavors = Flavors(_FLAVORS, GPT2ModelArgs)
+"""The flavor table; every lookup returns a fresh copy, so config overrides never leak."""

@@ -8,8 +8,6 @@ GPT-2's names.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -115,28 +113,13 @@ class GPT2(ModelProtocol):
         positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
         return self.tok_embeddings(tokens) + self.pos_embeddings(positions)
 
-    def forward(
-        self, tokens: torch.Tensor, return_block_outputs: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits [B, T, V]; with ``return_block_outputs`` also every block's output
-        (after its residual add, before the final norm), for the dispersion loss."""
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [B, T, V]. The trainer reads the blocks' outputs through forward hooks
+        (``trainer.block_outputs``), as for every model."""
         h = self.embed(tokens)
-        block_outputs = []
         for layer in self.layers.values():
             h = layer(h)
-            block_outputs.append(h)
-        logits = self.output(self.norm(h))
-        return (logits, block_outputs) if return_block_outputs else logits
-
-    def hidden_states(self, tokens: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
-        """Yield ``embedding``, ``block_1`` … ``block_n``, ``final_norm`` one at a time,
-        without the LM head, so a consumer can reduce each layer before the next exists."""
-        h = self.embed(tokens)
-        yield "embedding", h
-        for i, layer in enumerate(self.layers.values(), start=1):
-            h = layer(h)
-            yield f"block_{i}", h
-        yield "final_norm", self.norm(h)
+        return self.output(self.norm(h))
 
 
 def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:

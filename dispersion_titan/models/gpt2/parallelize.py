@@ -4,15 +4,13 @@ FSDP2 for GPT-2, in the order TorchTitan's llama3 applies them.
 Differences from llama3 that matter: the learned position embedding, LayerNorm biases
 and Linear biases are all covered by the TP plan, and the weight tie between token
 embeddings and LM head is restored after TP and kept valid under FSDP2 by keeping
-embeddings, final norm and head in the root FSDP unit.
+embeddings, final norm and head in the root FSDP unit (``models.fsdp``).
 """
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -21,13 +19,14 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torchtitan.config import TORCH_DTYPE_MAP, JobConfig
+from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.llama3.infra.parallelize import apply_compile, apply_ddp
 from torchtitan.tools.logging import logger
 
 from ...trainer import titan_compat
+from ..fsdp import shard_keeping_the_tie
 from .model import GPT2
 
 
@@ -52,15 +51,7 @@ def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobCo
         apply_compile(model, job_config.compile)
 
     if parallel_dims.fsdp_enabled:
-        names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
-        apply_fsdp(
-            model,
-            parallel_dims.get_mesh(names),
-            param_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_param],
-            reduce_dtype=TORCH_DTYPE_MAP[job_config.training.mixed_precision_reduce],
-            cpu_offload=job_config.training.enable_cpu_offload,
-            reshard_after_forward=job_config.parallelism.fsdp_reshard_after_forward != "never",
-        )
+        shard_keeping_the_tie(model, parallel_dims, job_config)
     elif parallel_dims.dp_replicate_enabled:
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
     return model
@@ -110,29 +101,3 @@ def apply_tp(model: GPT2, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
     # matrix along V, so one DTensor serves both uses.
     model.tie_weights()
     logger.info("Applied tensor parallelism (sequence parallel) to GPT-2")
-
-
-def apply_fsdp(
-    model: GPT2,
-    dp_mesh: DeviceMesh,
-    param_dtype: torch.dtype,
-    reduce_dtype: torch.dtype,
-    cpu_offload: bool,
-    reshard_after_forward: bool,
-) -> None:
-    """One FSDP unit per block; embeddings, final norm and the (tied) head stay in the
-    root unit, so the shared parameter is managed once."""
-    config: dict = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
-    if cpu_offload:
-        config["offload_policy"] = CPUOffloadPolicy()
-    for block in model.layers.values():
-        fully_shard(block, **config, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, **config)
-    force_sum = titan_compat.backend_needs_sum_reduction()
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            # TorchTitan normalises by the global token count itself: gradients are summed.
-            module.set_gradient_divide_factor(1.0)
-            if force_sum:
-                module.set_force_sum_reduction_for_comms(True)
-    logger.info("Applied FSDP2 to GPT-2")

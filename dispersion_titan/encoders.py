@@ -1,0 +1,133 @@
+"""How documents become the token ids of the packed stream, for each tokenizer a run
+may use: GPT-2's BPE (gpt2 runs, and qwen3 / llama3 runs without ``model.hf_assets_path``)
+or the ``tokenizer.json`` of a Hugging Face folder (the model's own tokenizer).
+
+Either way a document is encoded as ordinary text (no special tokens are added or
+recognised) and followed by the tokenizer's end-of-sequence id, which separates
+documents. The fingerprint covers everything the ids depend on; it keys the token cache
+and stamps token stores. Free of torch/TorchTitan imports, like ``bpe``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from abc import ABC, abstractmethod
+from typing import Any
+
+from .bpe import EOT_ID, EOT_TOKEN, gpt2_encoding, tokenizer_fingerprint
+from .errors import ConfigError
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+class DocumentEncoder(ABC):
+    name: str
+    """``gpt2``, or the tokenizer folder."""
+    eos_token: str
+    eos_id: int
+    vocab_size: int
+
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """SHA-256 of everything the ids depend on."""
+
+    @abstractmethod
+    def encode_batch(self, texts: list[str], threads: int) -> list[list[int]]:
+        """Each text's ids, without special tokens."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DocumentEncoder) and other.fingerprint() == self.fingerprint()
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+
+class GPT2BPE(DocumentEncoder):
+    """tiktoken's exact ``gpt2`` encoding from the offline BPE files (``bpe``)."""
+
+    name = "gpt2"
+    eos_token = EOT_TOKEN
+    eos_id = EOT_ID
+
+    @property
+    def vocab_size(self) -> int:
+        return gpt2_encoding().n_vocab
+
+    def fingerprint(self) -> str:
+        return tokenizer_fingerprint()
+
+    def encode_batch(self, texts: list[str], threads: int) -> list[list[int]]:
+        return gpt2_encoding().encode_ordinary_batch(texts, num_threads=threads)
+
+
+GPT2 = GPT2BPE()
+
+
+class HFTokenizerFile(DocumentEncoder):
+    """A Hugging Face folder's ``tokenizer.json`` (``tokenizers``), its end-of-sequence
+    token read from ``tokenizer_config.json`` as TorchTitan's HuggingFaceTokenizer does."""
+
+    def __init__(self, folder: str, field: str = "model.hf_assets_path") -> None:
+        from tokenizers import Tokenizer
+
+        self.name = os.path.abspath(folder)
+        path = os.path.join(self.name, TOKENIZER_FILE)
+        if not os.path.isfile(path):
+            raise ConfigError(f"{field}: {folder} has no {TOKENIZER_FILE} (the model's tokenizer)")
+        with open(path, "rb") as f:
+            self._digest = hashlib.sha256(f.read())
+        self.tokenizer = Tokenizer.from_file(path)
+        eos = _eos_token(_read_json(os.path.join(self.name, TOKENIZER_CONFIG)))
+        eos_id = self.tokenizer.token_to_id(eos) if eos else None
+        if eos_id is None:
+            raise ConfigError(f"{field}: {os.path.join(folder, TOKENIZER_CONFIG)} names no eos_token of the "
+                              "tokenizer (the document separator)")
+        self.eos_token, self.eos_id = eos, eos_id
+        self._digest.update(json.dumps({"eos_id": eos_id}).encode())
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def fingerprint(self) -> str:
+        return self._digest.hexdigest()
+
+    def encode_batch(self, texts: list[str], threads: int) -> list[list[int]]:
+        del threads  # tokenizers parallelises batches itself
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def _eos_token(config: dict[str, Any]) -> str | None:
+    token = config.get("eos_token")
+    return token.get("content") if isinstance(token, dict) else token
+
+
+@functools.cache
+def hf_tokenizer(folder: str) -> HFTokenizerFile:
+    return HFTokenizerFile(folder)
+
+
+def encoder_named(name: str) -> DocumentEncoder:
+    """The encoder whose ``name`` this is (a worker process rebuilds it from the name)."""
+    return GPT2 if name == GPT2.name else hf_tokenizer(name)
+
+
+def tokenizer_folder(model_name: str, hf_assets_path: str | None) -> str | None:
+    """The folder whose tokenizer a run uses; None: GPT-2's BPE. gpt2 runs always use
+    GPT-2's BPE; qwen3 and llama3 runs the tokenizer in ``model.hf_assets_path``, or
+    GPT-2's BPE when it is empty."""
+    return None if model_name == "gpt2" or not hf_assets_path else hf_assets_path
+
+
+def encoder_for(model_name: str, hf_assets_path: str | None) -> DocumentEncoder:
+    folder = tokenizer_folder(model_name, hf_assets_path)
+    return GPT2 if folder is None else hf_tokenizer(folder)

@@ -1,0 +1,33 @@
+"""``model.hf_assets_path`` as a local folder. A hub id (``Qwen/Qwen3-0.6B``) is fetched
+once into the Hugging Face cache (config, tokenizer and safetensors weights; a cached
+snapshot is reused) and its snapshot folder is what TorchTitan and the tokenizer read."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .errors import ConfigError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+ASSET_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
+
+
+def is_hub_id(path: str) -> bool:
+    """``owner/name`` that is not a local path."""
+    return bool(_HUB_ID.match(path)) and not os.path.exists(path)
+
+
+def local_assets(path: str, field: str) -> str:
+    """``path`` itself when it is empty or a local folder; a hub id's snapshot folder."""
+    if not path or os.path.isdir(os.path.expanduser(path)):
+        return os.path.expanduser(path)
+    if not is_hub_id(path):
+        raise ConfigError(f"{field}: {path}: no such folder (nor a Hugging Face hub id such as Qwen/Qwen3-0.6B)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(path, allow_patterns=ASSET_PATTERNS)
+    except Exception as e:  # noqa: BLE001 - the hub raises many types; the user needs one line
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{field}: {path}: cannot be fetched from the Hugging Face hub ({cause})") from None

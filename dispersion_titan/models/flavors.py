@@ -1,0 +1,84 @@
+"""Flavor tables and the ``[model]`` shape overrides, shared by every model family.
+
+A family's flavors are a fixed table (ours for gpt2, TorchTitan's own ``qwen3_args`` /
+``llama3_args`` for qwen3 and llama3, values untouched); every lookup returns a fresh
+copy as the family's argument class, so overrides applied to it never leak into the
+table (TorchTitan hands out its shared instances).
+
+The ``[model]`` keys (``dim``, ``n_layers``, ``mlp_hidden_dim`` …; 0 or unset keeps the
+flavor's value) map to each family's own field names; a key a family has no field for
+is refused in one line rather than ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+
+from ..errors import ConfigError
+
+A = TypeVar("A")
+
+
+class Flavors(Mapping[str, A], Generic[A]):
+    """``table``'s flavors as fresh ``cls`` instances, only those ``offered`` accepts."""
+
+    def __init__(self, table: Mapping[str, Any], cls: type[A],
+                 offered: Callable[[Any], bool] = lambda args: True) -> None:
+        self.table = {name: args for name, args in table.items() if offered(args)}
+        self.cls = cls
+
+    def __getitem__(self, name: str) -> A:
+        source = self.table[name]
+        return self.cls(**{f.name: copy.deepcopy(getattr(source, f.name)) for f in dataclasses.fields(source)})
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.table)
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+class ShapeOverrides:
+    """Mixin for a family's model arguments: the ``[model]`` keys it takes, and how."""
+
+    FAMILY: ClassVar[str]
+    OVERRIDES: ClassVar[dict[str, str]]
+    """``[model]`` key -> this family's field; keys missing here are refused when set."""
+    REFUSED_BECAUSE: ClassVar[dict[str, str]] = {}
+    """Why a ``[model]`` key is not available for this family (the default says it has no such field)."""
+
+    def apply_overrides(self, model_config: Any) -> None:
+        for key in SHAPE_KEYS:
+            value = getattr(model_config, key, None)
+            if value is None or (value == 0 and not isinstance(value, bool)):
+                continue
+            field = self.OVERRIDES.get(key)
+            if field is None and getattr(self, key, None) == value:
+                continue  # what this family does anyway (e.g. llama3 untied)
+            if field is None:
+                why = self.REFUSED_BECAUSE.get(key, f"{self.FAMILY} has no such setting")
+                raise ConfigError(f"model.{key}: {why} (got {value!r}; leave it unset)")
+            setattr(self, field, value)
+
+
+SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden_dim", "vocab_size", "max_seq_len",
+              "tie_embeddings")
+"""The ``[model]`` keys that change a flavor's shape (``config.schema.Model``)."""
+
+
+def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:
+    """A family's arguments from their ``dataclasses.asdict`` form (``run.json``), nested
+    dataclasses (Qwen3's ``moe_args``, Llama 3's ``rope_scaling_args``) rebuilt too."""
+    from . import family
+
+    cls = family(family_name).get_train_spec().model_args.cls
+    values = dict(fields)
+    for f in dataclasses.fields(cls):
+        if f.name in values and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+            if dataclasses.is_dataclass(default) and isinstance(values[f.name], dict):
+                values[f.name] = type(default)(**values[f.name])
+    return cls(**values)

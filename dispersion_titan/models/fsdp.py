@@ -1,0 +1,56 @@
+"""FSDP2 as every family needs it: gradients summed over data-parallel ranks (on NCCL and
+on gloo alike), and a tied LM head kept one parameter (one unit per block, and the
+embeddings, final norm and head in the root unit, so the shared parameter is managed once).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torchtitan.config import TORCH_DTYPE_MAP, JobConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.tools.logging import logger
+
+from ..trainer import titan_compat
+
+
+def sum_gradients(model: nn.Module) -> None:
+    """TorchTitan normalises the loss by the global token count itself, so FSDP must sum
+    gradients (divide factor 1); gloo lacks the PREMUL_SUM that FSDP2 then uses for its
+    reduce-scatter, so there the sum is a plain SUM."""
+    force_sum = titan_compat.backend_needs_sum_reduction()
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            if force_sum:
+                module.set_force_sum_reduction_for_comms(True)
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype,
+               cpu_offload: bool, reshard_after_forward: bool) -> None:
+    """One FSDP unit per block; the embeddings, final norm and the (tied) head stay in the
+    root unit, so the shared parameter is managed once. Gradients are summed."""
+    config: dict = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
+    if cpu_offload:
+        config["offload_policy"] = CPUOffloadPolicy()
+    for block in model.layers.values():
+        fully_shard(block, **config, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, **config)
+    sum_gradients(model)
+
+
+def shard_keeping_the_tie(model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig) -> None:
+    """``apply_fsdp`` (HSDP with replicas) as the job's ``[training]`` and ``[parallelism]`` configure it."""
+    training = job_config.training
+    names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+    apply_fsdp(
+        model,
+        parallel_dims.get_mesh(names),
+        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        cpu_offload=training.enable_cpu_offload,
+        reshard_after_forward=job_config.parallelism.fsdp_reshard_after_forward != "never",
+    )
+    logger.info(f"Applied FSDP2 to {job_config.model.name}, the embeddings and the LM head in the root unit")

@@ -1,0 +1,72 @@
+"""Llama 3 (TorchTitan's ``llama3``: model, flavors ``debugmodel``, ``8B``, ``70B``,
+``405B`` as TorchTitan defines them, parallelize function and HF state-dict adapter),
+registered under the same name with dispersion_titan's data, tokenizer and trainer-side
+builders. Its MLP width follows from ``dim``, ``multiple_of`` and ``ffn_dim_multiplier``,
+and TorchTitan 0.2.2's Llama 3 never ties its LM head."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torchtitan.models.llama3 import Transformer, TransformerModelArgs, llama3_args, parallelize_llama
+from torchtitan.models.llama3.model.model import FeedForward
+from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAdapter
+from torchtitan.protocols.train_spec import TrainSpec
+
+from ..flavors import Flavors
+from ..parallelize import adapted
+from ..rotary import RotaryOverrides, hf_decoder_fields, offered
+
+MODEL_NAME = "llama3"
+
+
+class Llama3Args(RotaryOverrides, TransformerModelArgs):
+    """TorchTitan's Llama 3 arguments, with the MLP width they imply."""
+
+    FAMILY: ClassVar[str] = MODEL_NAME
+    OVERRIDES: ClassVar[dict[str, str]] = {
+        "dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
+        "vocab_size": "vocab_size",
+    }
+    REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
+        **RotaryOverrides.ROTARY_REFUSED,
+        "head_dim": "llama3's head width is dim / n_heads",
+        "mlp_hidden_dim": "llama3 derives its MLP width from dim, multiple_of and ffn_dim_multiplier",
+        "tie_embeddings": "TorchTitan 0.2.2's llama3 has no weight tying",
+    }
+    tie_embeddings: ClassVar[bool] = False
+
+    @property
+    def hidden_dim(self) -> int:
+        """The MLP width TorchTitan's FeedForward computes for this shape."""
+        with torch.device("meta"):
+            return FeedForward(self.dim, 4 * self.dim, self.multiple_of, self.ffn_dim_multiplier).w1.out_features
+
+
+llama3_flavors = Flavors(llama3_args, Llama3Args, offered)
+
+
+def get_train_spec() -> TrainSpec:
+    from ..spec import dispersion_train_spec
+
+    return dispersion_train_spec(Transformer, llama3_flavors, adapted(parallelize_llama),
+                                 Llama3StateDictAdapter)
+
+
+def hf_config(args: Llama3Args, tokenizer: Any):
+    """transformers' ``LlamaConfig`` of this shape, with the Llama 3 RoPE scaling that
+    TorchTitan's Llama 3 always applies (its original context bounds the positions from below)."""
+    from transformers import LlamaConfig
+
+    scaling = args.rope_scaling_args
+    return LlamaConfig(
+        **hf_decoder_fields(args, tokenizer),
+        max_position_embeddings=max(args.max_seq_len, scaling.original_max_position_embeddings),
+        rope_parameters={"rope_type": "llama3", "rope_theta": float(args.rope_theta),
+                         "factor": scaling.scaling_factor, "low_freq_factor": scaling.low_freq_factor,
+                         "high_freq_factor": scaling.high_freq_factor,
+                         "original_max_position_embeddings": scaling.original_max_position_embeddings},
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+    )

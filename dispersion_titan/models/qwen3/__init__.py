@@ -1,0 +1,62 @@
+"""Qwen3 (TorchTitan's ``qwen3``: model, flavors ``debugmodel``, ``0.6B``, ``1.7B`` … as
+TorchTitan defines them, parallelize function and HF state-dict adapter), registered
+under the same name with dispersion_titan's data, tokenizer and trainer-side builders."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torchtitan.models.qwen3 import Qwen3Model, Qwen3ModelArgs, parallelize_qwen3, qwen3_args
+from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
+from torchtitan.protocols.train_spec import TrainSpec
+
+from ...errors import ConvertError
+from ..flavors import Flavors
+from ..parallelize import adapted
+from ..rotary import RotaryOverrides, hf_decoder_fields, offered
+
+MODEL_NAME = "qwen3"
+
+
+class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
+    """TorchTitan's Qwen3 arguments; ``model.mlp_hidden_dim`` sets ``hidden_dim`` and
+    ``model.tie_embeddings`` sets ``enable_weight_tying``."""
+
+    FAMILY: ClassVar[str] = MODEL_NAME
+    OVERRIDES: ClassVar[dict[str, str]] = {
+        "dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
+        "head_dim": "head_dim", "mlp_hidden_dim": "hidden_dim", "vocab_size": "vocab_size",
+        "tie_embeddings": "enable_weight_tying",
+    }
+    REFUSED_BECAUSE: ClassVar[dict[str, str]] = RotaryOverrides.ROTARY_REFUSED
+
+    @property
+    def tie_embeddings(self) -> bool:
+        return self.enable_weight_tying
+
+
+qwen3_flavors = Flavors(qwen3_args, Qwen3Args, offered)
+
+
+def get_train_spec() -> TrainSpec:
+    from ..spec import dispersion_train_spec
+
+    return dispersion_train_spec(Qwen3Model, qwen3_flavors, adapted(parallelize_qwen3),
+                                 Qwen3StateDictAdapter)
+
+
+def hf_config(args: Qwen3Args, tokenizer: Any):
+    """transformers' ``Qwen3Config`` of this shape (all embedding rows kept, as Qwen's own
+    checkpoints pad theirs); its positions are those the run trained with."""
+    from transformers import Qwen3Config
+
+    if not args.qk_norm:
+        raise ConvertError("model_args.qk_norm: transformers' Qwen3 always normalises queries and keys")
+    return Qwen3Config(
+        **hf_decoder_fields(args, tokenizer),
+        head_dim=args.head_dim,
+        max_position_embeddings=args.max_seq_len,
+        rope_parameters={"rope_type": "default", "rope_theta": float(args.rope_theta)},
+        tie_word_embeddings=args.enable_weight_tying,
+        architectures=["Qwen3ForCausalLM"],
+    )

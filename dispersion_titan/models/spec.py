@@ -1,0 +1,36 @@
+"""The TrainSpec every family registers: the family's model class, flavors,
+parallelize function and state-dict adapter, around dispersion_titan's own tokenizer,
+layout-invariant packed data, validator, metrics and optimizer builders."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torchtitan.protocols.train_spec import TrainSpec
+
+
+def dispersion_train_spec(model_cls: type, flavors: Mapping[str, Any], parallelize_fn: Callable[..., Any],
+                          state_dict_adapter: type) -> TrainSpec:
+    from torchtitan.components.loss import build_cross_entropy_loss
+
+    from ..data.packed import build_packed_dataloader
+    from ..tokenizer import build_tokenizer
+    from ..trainer.metrics import build_dispersion_metrics_processor
+    from ..trainer.optimizers import build_dispersion_lr_schedulers, build_dispersion_optimizers
+    from ..trainer.validate import build_packed_validator
+
+    return TrainSpec(
+        model_cls=model_cls,
+        model_args=flavors,
+        parallelize_fn=parallelize_fn,
+        pipelining_fn=None,
+        build_optimizers_fn=build_dispersion_optimizers,
+        build_lr_schedulers_fn=build_dispersion_lr_schedulers,
+        build_dataloader_fn=build_packed_dataloader,
+        build_tokenizer_fn=build_tokenizer,
+        build_loss_fn=build_cross_entropy_loss,
+        build_validator_fn=build_packed_validator,
+        build_metrics_processor_fn=build_dispersion_metrics_processor,
+        state_dict_adapter=state_dict_adapter,
+    )

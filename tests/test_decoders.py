@@ -1,0 +1,285 @@
+"""TorchTitan's own decoders, qwen3 and llama3, as dispersion_titan families.
+
+In one process: the ``[model]`` keys each family takes or refuses, the baselines on
+their token embeddings, and llama3's Hugging Face export and analysis against
+``transformers``. For real, one qwen3 run through ``python -m dispersion_titan.train``
+(served to every test below): mid-trained from a tiny random ``transformers`` Qwen3
+saved locally with its GPT-2-BPE tokenizer (``initial_load_in_hf`` through the model's
+state-dict adapter; the tokenizer is the folder's own), with the dispersion loss, live
+condensation, gradient accumulation, ``save_initial`` and ``last_save_in_hf``. Its
+weights match ``transformers``' logits, export back, analyse like ``transformers`` on
+the exports, and resume exactly. One short llama3 run trains through the same entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+from torchtitan.distributed import ParallelDims
+from torchtitan.models.qwen3 import qwen3_args
+
+from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis.result import Condensation
+from dispersion_titan.config.schema import Baseline
+from dispersion_titan.convert import save_tokenizer, to_hf
+from dispersion_titan.errors import ConfigError
+from dispersion_titan.models.llama3 import Llama3Args, llama3_flavors
+from dispersion_titan.models.qwen3 import Qwen3Args, qwen3_flavors
+from dispersion_titan.train import validated_args
+from dispersion_titan.trainer.baselines import build_baseline
+from dispersion_titan.trainer.checkpoints import load_model, load_model_args
+from helpers import REPO, analyze, independent_states, plain_mean_cos, python_module, scalars, texts_jsonl, tiny_run
+
+QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")
+BASE = ["--job.config_file", QWEN3_TOML, "--job.custom_config_module", "dispersion_titan.config"]
+VOCAB = 50257  # GPT-2's BPE: the tokenizer of every tiny model here
+K, S = 4, 32
+TOKENS = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
+
+
+def logits_of(model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        out = model(TOKENS)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def hf_logits(folder: Path | str) -> torch.Tensor:
+    return logits_of(transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval())
+
+
+def our_logits(step_dir: Path) -> torch.Tensor:
+    return logits_of(load_model(str(step_dir), load_model_args(str(step_dir.parent))))
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def load_result(run: Path, step: int) -> Condensation:
+    path = run / "condensation" / f"step-{step}" / "condensation.json"
+    return Condensation.from_json(json.loads(path.read_text()), str(path))
+
+
+def assert_analysis_matches_transformers(result: Condensation, export: Path, family: str, texts: Path) -> None:
+    """The run's analysis of one checkpoint against ``transformers`` on its export: the same
+    token windows (the export's own tokenizer), layers mapped as ``analysis.hf`` maps them."""
+    encode = transformers.AutoTokenizer.from_pretrained(str(export))
+    sequences = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
+                                 lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"])
+    assert result.tokens_sha256 == sequences.sha256
+    n_blocks = len(result.layers) - 2
+    assert [layer.name for layer in result.layers] == ["embedding", *(f"block_{i}" for i in range(1, n_blocks + 1)),
+                                                      "final_norm"]
+    want = plain_mean_cos(independent_states(export, family, sequences.tokens))
+    got = [(layer.mean_cos, layer.mean_cos_offdiag) for layer in result.layers]
+    assert np.allclose(got, want, rtol=0, atol=1e-5), (got, want)
+
+
+@pytest.fixture(scope="module")
+def texts(tmp_path_factory) -> Path:
+    return texts_jsonl(tmp_path_factory.mktemp("texts") / "texts.jsonl", documents=3, words=200)
+
+
+# ---------------------------------------------------------------- in one process
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["--model.max_seq_len", "256"], "model.max_seq_len: rotary positions"),
+    (["--model.name", "llama3", "--model.mlp_hidden_dim", "512"], "model.mlp_hidden_dim: llama3 derives its MLP"),
+    (["--model.name", "llama3", "--model.head_dim", "32"], "model.head_dim: llama3's head width is dim / n_heads"),
+    (["--model.name", "llama3", "--model.tie_embeddings", "True"], "model.tie_embeddings: TorchTitan 0.2.2's llama3"),
+    (["--model.flavor", "debugmodel_moe"], "model.flavor: 'debugmodel_moe' is not one of"),
+    (["--model.name", "llama3", "--model.flavor", "debugmodel_flex_attn"], "model.flavor: 'debugmodel_flex_attn'"),
+    (["--model.n_kv_heads", "3", "--model.n_heads", "6"], "model.n_kv_heads: 3 is not divisible by"),
+    (["--model.vocab_size", "2048"], "model.vocab_size: 2048 is smaller than the GPT-2 tokenizer's 50257 ids"),
+    (["--model.hf_assets_path", "./tests/assets/tokenizer"], "model.hf_assets_path: ./tests/assets/tokenizer: no such"),
+])
+def test_family_keys_are_taken_or_refused_in_one_line(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        validated_args([*BASE, "--parallelism.tensor_parallel_degree", "2", *overrides], world_size=2)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_family_keys_reach_torchtitans_arguments():
+    job = validated_args([*BASE, "--model.mlp_hidden_dim", "512", "--model.tie_embeddings", "False",
+                          "--model.head_dim", "32", "--validation.seq_len", "256"])
+    args = qwen3_flavors["debugmodel"]
+    args.update_from_config(job)
+    assert (args.hidden_dim, args.enable_weight_tying, args.tie_embeddings, args.head_dim) == (512, False, False, 32)
+    assert args.max_seq_len == 256  # the RoPE table covers validation's longer sequences
+    assert qwen3_args["debugmodel"].hidden_dim == 3072 and qwen3_args["debugmodel"].enable_weight_tying  # untouched
+    llama = validated_args([*BASE, "--model.name", "llama3", "--model.n_kv_heads", "4"])
+    args = llama3_flavors["debugmodel"]
+    args.update_from_config(llama)
+    assert (args.n_kv_heads, args.hidden_dim, args.tie_embeddings) == (4, 768, False)
+
+
+def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(monkeypatch, tmp_path):
+    """The checks accept a hub id without fetching it (shipped configs, ``--check-only``
+    on a login node); the launch fetches it once and names the local snapshot."""
+    import huggingface_hub
+
+    from dispersion_titan.train import with_local_assets
+
+    snapshot = tmp_path / "snapshot"
+    snapshot.mkdir()
+    save_tokenizer(str(snapshot), 64)
+    fetched: list[str] = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **_: fetched.append(repo) or str(snapshot))
+    args = [*BASE, "--model.hf_assets_path", "Qwen/Qwen3-0.6B"]
+    job = validated_args(args)
+    assert not fetched
+    local = with_local_assets(args, job)
+    assert fetched == ["Qwen/Qwen3-0.6B"] and local[-2:] == ["--model.hf_assets_path", str(snapshot)]
+    assert validated_args(local).model.hf_assets_path == str(snapshot)
+    assert with_local_assets(local, validated_args(local)) is local  # a local folder is used as it is
+
+    def offline(repo: str, **_) -> str:
+        raise OSError("no connection\nmore")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(ConfigError, match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "
+                                          r"Hugging Face hub \(no connection\)$"):
+        with_local_assets(args, job)
+
+
+QWEN3 = Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, hidden_dim=64, vocab_size=VOCAB,
+                  max_seq_len=64, enable_weight_tying=True)
+LLAMA3 = Llama3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=VOCAB, max_seq_len=64)
+
+
+@pytest.mark.parametrize("args", [QWEN3, LLAMA3], ids=["qwen3", "llama3"])
+def test_baselines_act_on_the_token_embeddings(args, tmp_path):
+    """Noise in training forwards only; a reset re-draws the token embeddings (and so
+    Qwen3's tied LM head, the same parameter)."""
+    model = load_model(str(tiny_run(tmp_path, args=args) / "checkpoint" / "step-0"), args)
+    world = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
+    clean = logits_of(model)
+    noise = build_baseline(Baseline(method="noisy_embedding"), model, [], world, seed=0, tied=args.tie_embeddings)
+    noise.begin_step(1)
+    assert torch.equal(logits_of(model), clean)  # eval: none
+    assert not torch.allclose(logits_of(model.train()), clean)
+    before = model.tok_embeddings.weight.detach().clone()
+    forgetting = build_baseline(Baseline(method="active_forgetting", forget_every=1), model, [], world, seed=0,
+                                tied=args.tie_embeddings)
+    forgetting.begin_step(2)
+    after = model.tok_embeddings.weight
+    assert not torch.allclose(after, before) and after.std().item() == pytest.approx(0.02, rel=0.05)
+    assert (model.output.weight is after) == args.tie_embeddings
+
+
+def test_llama3_exports_and_analyses_like_transformers(tmp_path, texts, capsys):
+    run = tiny_run(tmp_path / "run", steps=(0,), args=LLAMA3)
+    export = tmp_path / "hf"
+    to_hf(str(run / "checkpoint" / "step-0"), str(export))
+    assert json.loads((export / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert max_diff(hf_logits(export), our_logits(run / "checkpoint" / "step-0")) <= 1e-4
+    code, _, err = analyze(str(run), "--texts", str(texts), "--num-sequences", str(K), "--seq-len", str(S),
+                           capsys=capsys)
+    assert code == 0, err
+    assert_analysis_matches_transformers(load_result(run, 0), export, "llama", texts)
+
+
+# ---------------------------------------------------------------- one qwen3 run, for real
+
+TRAIN = ("--model.dim", "64", "--model.n_layers", "2", "--model.n_heads", "4", "--model.n_kv_heads", "2",
+         "--model.head_dim", "16", "--model.mlp_hidden_dim", "128", "--model.vocab_size", str(VOCAB),
+         "--training.seq_len", "64", "--validation.seq_len", "64", "--training.global_batch_size", "4",
+         "--training.max_local_batch_size", "2", "--training.steps", "3", "--checkpoint.interval", "2",
+         "--checkpoint.initial_load_in_hf", "--checkpoint.last_save_in_hf", "--validation.freq", "3",
+         "--validation.steps", "1", "--dispersion.coeff", "0.5")
+
+
+def hf_qwen3(folder: Path) -> Path:
+    """A random ``transformers`` Qwen3 of the run's shape (TorchTitan's debugmodel RoPE θ and
+    ε), with GPT-2's BPE as its own tokenizer files."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(str(folder))
+    save_tokenizer(str(folder), 64)
+    return folder
+
+
+def train(dump: Path, hf: Path) -> str:
+    proc = python_module("dispersion_titan.train", *BASE, "--job.dump_folder", str(dump),
+                         "--model.hf_assets_path", str(hf), *TRAIN)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def qwen3_run(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("qwen3")
+    hf = hf_qwen3(root / "hf")
+    run = root / "run"
+    train(run, hf)
+    exports = {}
+    for step in (0, 2, 3):
+        exports[step] = root / f"export-{step}"
+        to_hf(str(run / "checkpoint" / f"step-{step}"), str(exports[step]))
+    return {"hf": hf, "run": run, **{f"export-{step}": path for step, path in exports.items()}}
+
+
+@pytest.mark.slow
+def test_qwen3_mid_trains_from_hf_weights_and_exports_back(qwen3_run):
+    run, hf = qwen3_run["run"], qwen3_run["hf"]
+    metadata = json.loads((run / "run.json").read_text())
+    assert (metadata["model_name"], metadata["tokenizer"]) == ("qwen3", str(hf))  # the folder's own tokenizer
+    initial = hf_logits(hf)
+    assert max_diff(our_logits(run / "checkpoint" / "step-0"), initial) <= 1e-4  # initial_load_in_hf
+    trained = our_logits(run / "checkpoint" / "step-2")
+    assert max_diff(trained, initial) > 1e-3
+    assert max_diff(hf_logits(qwen3_run["export-2"]), trained) <= 1e-4  # convert to-hf of a DCP checkpoint
+    last = run / "checkpoint" / "step-3"  # last_save_in_hf: safetensors under HF names, tied head left out
+    assert not (last / ".metadata").exists() and "lm_head.weight" not in load_file(str(last / next(
+        p.name for p in last.glob("*.safetensors"))))
+    final = hf_logits(qwen3_run["export-3"])
+    assert torch.isfinite(final).all() and max_diff(final, trained) > 1e-4
+    live = scalars(run)
+    for tag in ("condensation/block_1_mean_cos_offdiag", "condensation/block_2_mean_cos_offdiag",
+                "loss_metrics/dispersion"):
+        assert sorted(live[tag]) == [1, 2, 3], tag
+    assert all(v != 0.0 and math.isfinite(v) for v in live["loss_metrics/dispersion"].values())
+    assert sorted(live["validation_metrics/loss"]) == [1, 3]  # TorchTitan validates at step 1 too
+
+
+@pytest.mark.slow
+def test_qwen3_run_analyses_like_transformers_on_its_exports(qwen3_run, texts, capsys):
+    run = qwen3_run["run"]
+    code, _, err = analyze(str(run), "--steps", "0,2", "--texts", str(texts), "--num-sequences", str(K),
+                           "--seq-len", str(S), capsys=capsys)
+    assert code == 0, err
+    for step in (0, 2):
+        assert_analysis_matches_transformers(load_result(run, step), qwen3_run[f"export-{step}"], "qwen3", texts)
+
+
+@pytest.mark.slow
+def test_qwen3_run_resumes_exactly(qwen3_run, tmp_path):
+    """Stopped after step 2 (its full checkpoint), the run continues to the same step 3."""
+    resumed = tmp_path / "resumed"
+    shutil.copytree(qwen3_run["run"], resumed, ignore=shutil.ignore_patterns("step-3", "tb", "condensation"))
+    assert "Training starts at step 3" in train(resumed, qwen3_run["hf"])
+    want, got = scalars(qwen3_run["run"]), scalars(resumed)
+    for tag in ("loss_metrics/global_avg_loss", "loss_metrics/dispersion", "grad_norm"):
+        assert got[tag][3] == want[tag][3], tag
+
+
+@pytest.mark.slow
+def test_llama3_trains_through_the_entry_point(tmp_path):
+    proc = python_module("dispersion_titan.train", *BASE, "--job.dump_folder", str(tmp_path), "--model.name", "llama3",
+                         "--model.dim", "32", "--model.n_layers", "2", "--model.n_heads", "2", "--training.seq_len",
+                         "32", "--training.steps", "1", "--validation.no-enable", "--checkpoint.no-enable")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    live = scalars(tmp_path)
+    assert sorted(live["condensation/block_2_mean_cos_offdiag"]) == [1] and live["loss_metrics/dispersion"][1] != 0
