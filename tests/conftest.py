@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import datasets
@@ -9,6 +10,20 @@ import pytest
 
 from dispersion_titan.data.tokens import CACHE_ENV
 from helpers import REFERENCE_STEPS, SCHEDULE, torchrun
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_token_cache(tmp_path_factory):
+    """One token cache for the session's jobs, never the user's: the embedded corpus is
+    tokenised once, not by every rank of every launch. Tests of the cache itself use
+    ``private_caches``."""
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("token_cache"))
+    yield
+    if before is None:
+        del os.environ[CACHE_ENV]
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture

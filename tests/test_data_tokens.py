@@ -51,6 +51,20 @@ def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path):
     assert len(second) != len(first)
 
 
+def test_embedded_corpus_is_cached_per_split_and_reads_back_the_same_tokens(tmp_path):
+    token_stream.cache_clear()
+    first = {split: np.array(token_stream("enwiki_sample", split, None, "training.dataset"))
+             for split in ("train", "validation")}
+    descriptions = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "token_cache" / "*.json"))]
+    assert sorted(d["split"] for d in descriptions) == ["train", "validation"]
+    assert all(d["dataset"] == "enwiki_sample" and d["gensim"] for d in descriptions)
+    token_stream.cache_clear()
+    for split, tokens in first.items():
+        again = token_stream("enwiki_sample", split, None, "training.dataset")
+        assert isinstance(again, np.memmap) and np.array_equal(again, tokens)
+    assert first["train"].size > 5 * first["validation"].size > 0
+
+
 def _build_under_lock(cache: str, log: str, queue) -> None:
     """One 'rank': builds the tokens (slowly, logging that it did) unless another has."""
     import time

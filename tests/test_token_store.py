@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dispersion_titan.data import corpora
-from dispersion_titan.data.corpora import DataConfigError
+from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
 from dispersion_titan.data.prepare import main, parser, prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
@@ -73,7 +73,10 @@ def test_store_holds_exactly_the_token_stream(enwiki_store):
     assert store[5:5].size == 0 and np.array_equal(store[102_000:102_100], expected[102_000:102_100])  # spans shards
     manifest = store.manifest
     assert manifest["documents"] == 96 and len(manifest["shards"]) == 10 and manifest["dtype"] == "uint16"
-    assert manifest["source"] == {"dataset": "enwiki_sample", "split": "train", "path": None, "identity": None}
+    assert manifest["source"] == {"dataset": "enwiki_sample", "split": "train", "path": None,
+                                  "identity": json.loads(json.dumps(
+                                      documents_identity("enwiki_sample", "train", None, "training.dataset")))}
+    assert manifest["source"]["identity"]["files"][0][0].endswith(".bz2")
     starts = store.document_starts()
     assert starts[0] == 0 and np.array_equal(starts[1:], np.flatnonzero(expected == EOT_ID)[:-1] + 1)
 

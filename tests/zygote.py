@@ -1,6 +1,7 @@
 """A launch server for the tests: imports torch, TorchTitan and dispersion_titan once,
 then runs each requested training job by forking, so no launch pays those imports again
-(about 5 s of CPU per process on the test machine, most of a short test run).
+(about 5 s of CPU per process on the test machine, most of a short test run), nor
+builds GPT-2's BPE again.
 
 Each job is a forked child that runs torchrun's own launcher (``elastic_launch``, what
 ``torchrun`` calls: c10d rendezvous, one agent, real worker processes) with
@@ -28,6 +29,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import dispersion_titan.train
+from dispersion_titan.bpe import gpt2_encoding
+
+gpt2_encoding()  # GPT-2's BPE ranks (about 1 s to build), as an import: once, shared by every fork
 
 
 def worker(argv: list[str]) -> None:
