@@ -7,4 +7,6 @@ bash scripts/ci_system_deps.sh
 bash scripts/setup_env.sh
 . .venv/bin/activate
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-python -m pytest -q "$@"
+# Three workers on two cores: the suite waits (rendezvous, Slurm, checkpoint writes, one-
+# process phases) about half its time; each module stays on one worker (tests/conftest.py).
+python -m pytest -q -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@"

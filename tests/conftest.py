@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import datasets
 import pytest
+from filelock import FileLock
 
 from dispersion_titan.data.tokens import CACHE_ENV
 from helpers import REFERENCE_STEPS, SCHEDULE, torchrun
+
+
+# Under pytest-xdist (``scripts/run_tests.sh`` runs ``-n 3 --dist loadfile``) each module's
+# tests stay on one worker, so module fixtures run once. The longest modules start first, so
+# none is left running alone at the end.
+LONGEST_FIRST = ("test_slurm", "test_quickstart", "test_reliability", "test_resume", "test_parallel_equivalence",
+                 "test_launch", "test_baselines", "test_launch_guards", "test_data_checks",
+                 "test_weight_tie_parallel", "test_decoders", "test_analysis_cuts", "test_training_features",
+                 "test_sync_free")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)))  # stable: file order otherwise
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,7 +52,15 @@ def private_caches(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory) -> Path:
     """The uninterrupted 2-process run (checkpoints 0, 2, 4, 6 and the final weights-only 8) that the crash,
-    corruption and resume tests reproduce step for step: launched once per session."""
-    dump = tmp_path_factory.mktemp("reference") / "run"
-    torchrun(dump, 2, "--training.steps", str(REFERENCE_STEPS), *SCHEDULE, "--validation.no-enable")
+    corruption and resume tests reproduce step for step: launched once per session, also
+    when xdist runs its users on several workers (the first makes it, under a lock)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the workers' common base folder
+    dump = shared / "reference" / "run"
+    with FileLock(str(shared / "reference.lock")):
+        if not (dump.parent / "done").exists():
+            shutil.rmtree(dump, ignore_errors=True)
+            torchrun(dump, 2, "--training.steps", str(REFERENCE_STEPS), *SCHEDULE, "--validation.no-enable")
+            (dump.parent / "done").touch()
     return dump
