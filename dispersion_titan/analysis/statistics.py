@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import stats
 
-from .inputs import Sequences
-from .measure import Measurement
 from .result import Condensation, LastN, LayerCondensation
+
+if TYPE_CHECKING:  # torch-free at import: results (and so the quickstart's option check) import this
+    from .inputs import Sequences
+    from .measure import Measurement
 
 HIST_BINS = 128
 HIST_RANGE = (-1.0, 1.0)
@@ -50,6 +51,8 @@ def layer_statistics(measured: Measurement) -> list[LayerCondensation]:
 
 def depth_trend(mean_cos: list[float]) -> dict[str, float | None]:
     """Spearman and Kendall's tau between mean cosine and layer index (embedding = 0)."""
+    from scipy import stats  # here: the module is imported by torch- and scipy-free paths
+
     index = list(range(len(mean_cos)))
     return {
         "spearman": _finite_or_none(stats.spearmanr(index, mean_cos).statistic),
