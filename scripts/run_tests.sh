@@ -9,4 +9,4 @@ bash scripts/setup_env.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Three workers on two cores: the suite waits (rendezvous, Slurm, checkpoint writes, one-
 # process phases) about half its time; each module stays on one worker (tests/conftest.py).
-python -m pytest -q -n "${PYTEST_WORKERS:-3}" --dist loadfile "$@"
+python -m pytest -q -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"

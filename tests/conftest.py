@@ -14,7 +14,7 @@ from dispersion_titan.data.tokens import CACHE_ENV
 from helpers import REFERENCE_STEPS, SCHEDULE, torchrun
 
 
-# Under pytest-xdist (``scripts/run_tests.sh`` runs ``-n 3 --dist loadfile``) each module's
+# Under pytest-xdist (``scripts/run_tests.sh``: ``-n 3 --dist loadfile --no-loadscope-reorder``) each module's
 # tests stay on one worker, so module fixtures run once. The longest modules start first, so
 # none is left running alone at the end.
 LONGEST_FIRST = ("test_slurm", "test_quickstart", "test_reliability", "test_resume", "test_parallel_equivalence",
