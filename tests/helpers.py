@@ -55,10 +55,11 @@ class _Zygote:
                                      env=launch_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.lock = threading.Lock()
 
-    def run(self, nproc: int, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    def run(self, what: dict, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+        """``what``: ``{"nproc": N}`` (a training job) or ``{"module": M}`` (``python -m M``)."""
         with tempfile.TemporaryDirectory() as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-            request = {"nproc": nproc, "argv": argv, "env": env, "cwd": str(REPO), "stdout": out, "stderr": err}
+            request = {**what, "argv": argv, "env": env, "cwd": str(REPO), "stdout": out, "stderr": err}
             with self.lock:
                 self.proc.stdin.write(json.dumps(request) + "\n")
                 self.proc.stdin.flush()
@@ -80,12 +81,12 @@ class _Zygote:
 _zygote: _Zygote | None = None
 
 
-def _forked(nproc: int, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+def _forked(what: dict, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     global _zygote
     if _zygote is None or _zygote.proc.poll() is not None:
         _zygote = _Zygote()
         atexit.register(_zygote.close)
-    return _zygote.run(nproc, argv, env, timeout)
+    return _zygote.run(what, argv, env, timeout)
 
 
 def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_TOML,
@@ -104,13 +105,19 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
                "--role=rank", "--tee=3", "-m", "dispersion_titan.train", *argv]
         proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
     else:
-        proc = _forked(nproc, argv, launch_env(env), timeout)
+        proc = _forked({"nproc": nproc}, argv, launch_env(env), timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc
 
 
-def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None,
+                  command_line: bool = False) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` from the repository: forked from the launch server (its
+    imports already paid), or with ``command_line=True`` a fresh interpreter, for commands
+    that read the environment at import time or start processes of their own."""
+    if not command_line:
+        return _forked({"module": module}, list(args), launch_env(env), timeout)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=launch_env(env),
                           capture_output=True, text=True, timeout=timeout)
 

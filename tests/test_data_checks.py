@@ -24,9 +24,11 @@ SEQ = 16
 
 
 def cli_error(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None) -> str:
+    """The one error line; a fresh interpreter when ``env`` is given (datasets and the hub
+    read HF_HUB_OFFLINE and HF_HOME at import)."""
     dump = tmp_path / "dump"
     proc = python_module("dispersion_titan.train", "--job.config_file", str(REPO / "train_configs" / "debug.toml"),
-                         "--job.dump_folder", str(dump), *overrides, env=env)
+                         "--job.dump_folder", str(dump), *overrides, env=env, command_line=env is not None)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr

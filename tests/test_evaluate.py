@@ -82,7 +82,7 @@ def run(tmp_path_factory, unknown_task) -> Path:
     dump = tmp_path_factory.mktemp("evaluate") / "baseline"
     proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
                          "--training.steps", "2", "--checkpoint.interval", "2", "--validation.no-enable",
-                         env=OFFLINE)
+                         env=OFFLINE, command_line=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(dump / "checkpoint")) == ["step-0", "step-2"]
     return dump

@@ -29,7 +29,7 @@ NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
 
 def quickstart(out: Path, *options: str):
-    return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900)
+    return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900, command_line=True)
 
 
 def digests(folder: Path, pattern: str = "*") -> dict[str, str]:

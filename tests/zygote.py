@@ -9,8 +9,12 @@ Each job is a forked child that runs torchrun's own launcher (``elastic_launch``
 stderr go to the files the request names; its exit status (0, or 1 when a worker failed,
 as torchrun's) to ``<stdout>.rc``.
 
-Protocol: one JSON request per line on stdin ``{"nproc", "argv", "env", "cwd", "stdout",
-"stderr"}``; the answer is the job's pid on one stdout line. The tests' ``helpers.torchrun``
+A request with ``module`` instead of ``nproc`` runs ``python -m MODULE ARGV`` in the forked
+child (``runpy``, exit status as the interpreter's): the command-line tests of bad input,
+which stop before any training, then pay no imports either.
+
+Protocol: one JSON request per line on stdin ``{"nproc" | "module", "argv", "env", "cwd",
+"stdout", "stderr"}``; the answer is the job's pid on one stdout line. The tests' ``helpers.torchrun``
 is the client; tests of the command line itself (launch scripts, Slurm, signals) use the
 real ``python -m torch.distributed.run`` instead.
 """
@@ -19,9 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import signal
 import sys
 import traceback
+import warnings
 
 import torch  # noqa: F401  (imported here once, for every job)
 import torchtitan.train  # noqa: F401
@@ -45,9 +51,28 @@ def worker(argv: list[str]) -> None:
     dispersion_titan.train.main()
 
 
+def run_module(module: str, argv: list[str]) -> int:
+    """``python -m MODULE ARGV`` in this process: its exit status as the interpreter's."""
+    sys.argv = [module, *argv]
+    # The module was imported here beforehand, which a fresh ``python -m`` never warns about.
+    warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    return 0
+
+
 def run_job(request: dict) -> int:
+    """A training job under torchrun's launcher, or (``module``) one ``python -m`` command."""
+    os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
+    if "module" in request:
+        return run_module(request["module"], request["argv"])
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=request["nproc"], run_id="test",
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=0.1, start_method="fork")
