@@ -33,13 +33,9 @@ def session_token_cache(tmp_path_factory):
     """One token cache for the session's jobs, never the user's: the embedded corpus is
     tokenised once, not by every rank of every launch. Tests of the cache itself use
     ``private_caches``."""
-    before = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("token_cache"))
-    yield
-    if before is None:
-        del os.environ[CACHE_ENV]
-    else:
-        os.environ[CACHE_ENV] = before
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("token_cache")))
+        yield
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bz2
 import functools
-import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -30,6 +29,7 @@ import datasets
 from ..errors import DataConfigError
 from .sources import (
     check_local_copy,
+    file_identity,
     in_default_cache,
     iter_text,
     load_files,
@@ -104,8 +104,7 @@ class EmbeddedWikipedia(Corpus):
         """Cached: stripping the markup takes gensim about 5 s per process, every launch.
         The articles depend on the dump file and on gensim's filter rules (its version)."""
         del split, path, path_field
-        dump = os.stat(enwiki_sample_path())
-        return {"files": [(enwiki_sample_path(), dump.st_size, dump.st_mtime_ns)], "gensim": version("gensim")}
+        return {"files": [file_identity(enwiki_sample_path())], "gensim": version("gensim")}
 
 
 def enwiki_sample_path() -> str:

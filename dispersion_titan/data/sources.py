@@ -159,11 +159,17 @@ def in_default_cache(repo: str) -> bool:
     return os.path.isdir(os.path.join(datasets.config.HF_DATASETS_CACHE, cache_folder_name(repo)))
 
 
+def file_identity(path: str) -> tuple[str, int, int]:
+    """(absolute path, size, mtime): a file's part of a token-cache key."""
+    stat = os.stat(path)
+    return os.path.abspath(path), stat.st_size, stat.st_mtime_ns
+
+
 def source_files(path: str, field: str) -> list[tuple[str, int, int]]:
-    """(path, size, mtime) of every file a local copy consists of: its cache identity."""
+    """``file_identity`` of every file a local copy consists of: its cache identity."""
     expanded = os.path.expanduser(path)
     if os.path.isdir(expanded):
         found = [os.path.join(root, f) for root, _, names in os.walk(expanded) for f in names]
     else:
         found = resolve_local_files(path, field)
-    return [(os.path.abspath(f), os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in sorted(found)]
+    return [file_identity(f) for f in sorted(found)]
