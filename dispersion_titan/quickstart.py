@@ -34,17 +34,12 @@ from importlib.resources import files
 from dispersion_titan.config.grid import Cell, Variant, cells
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
 from dispersion_titan.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
-from dispersion_titan.devices import ALLOW_CPU_ENV
+from dispersion_titan.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 
 CONFIG = str(files("dispersion_titan") / "configs" / "quickstart.toml")  # package data
 OUT_ENV = "QUICKSTART_OUT"
 OPTIONS_FILE = "quickstart.json"
 VARIANT = "angular_spread"
-# glibc hands every allocation above its mmap threshold back to the kernel when freed, so
-# the ~200 MB logits of each step arrive as fresh zeroed pages: on CPU that made a third
-# of a run's time kernel time. Keeping them in the heap took a 15-step run from 21 to
-# 15 CPU seconds (glibc 2.36). A value already in the environment wins.
-MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 
 @dataclass(frozen=True)
@@ -212,7 +207,7 @@ def execute(cmd: list[str], log: str, threads: int) -> int:
     """Run ``cmd`` with its output appended to ``log``; return its exit status."""
     os.makedirs(os.path.dirname(log), exist_ok=True)
     # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
-    env = {**MALLOC, **os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", ALLOW_CPU_ENV: "1"}
+    env = {**CPU_MALLOC_ENV, **os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", ALLOW_CPU_ENV: "1"}
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()

@@ -26,6 +26,8 @@ import pytest
 import torch
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
+from dispersion_titan.devices import CPU_MALLOC_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
 
@@ -38,7 +40,7 @@ SCHEDULE = ("--lr_scheduler.total_steps", "10", "--checkpoint.interval", "2",
 
 
 def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {**CPU_MALLOC_ENV, **os.environ}  # the quickstart's allocator settings, for every CPU job
     # The tests train on CPU on purpose: allowed even where GPUs are allocated but unusable.
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
                 "DISPERSION_TITAN_ALLOW_CPU": "1"})
@@ -122,10 +124,18 @@ def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, st
                           capture_output=True, text=True, timeout=timeout)
 
 
-def digests(folder: Path) -> dict[str, str]:
-    """SHA-256 of every file under ``folder``: equal dicts mean nothing added, removed or changed."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+def digests(folder: Path, pattern: str = "*") -> dict[str, str]:
+    """An identity of every file under ``folder`` matching ``pattern``: equal dicts mean
+    nothing added, removed or changed. Small files by their SHA-256; files of 1 MiB and more
+    (checkpoint shards) by size and modification time in ns, which every rewrite changes:
+    hashing a sweep's checkpoints twice per test cost seconds of CPU."""
+    def identity(path: Path) -> str:
+        stat = path.stat()
+        if stat.st_size >= 1 << 20:
+            return f"{stat.st_size}@{stat.st_mtime_ns}"
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    return {str(p.relative_to(folder)): identity(p) for p in sorted(folder.rglob(pattern)) if p.is_file()}
 
 
 def scalars(dump: Path | str) -> dict[str, dict[int, float]]:

@@ -6,7 +6,6 @@ invocation redoes only what is missing; other options never mix with existing re
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -18,7 +17,7 @@ from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.analysis.results import read_results
 from dispersion_titan.report.paper import findings, with_dispersion
 from dispersion_titan.report.summary import load_sweep
-from helpers import REPO, python_module
+from helpers import REPO, digests, python_module
 
 WIDTHS = (64, 256)
 OPTIONS = ("--widths", "64,256", "--steps", "2", "--checkpoint-interval", "1", "--num-sequences", "4",
@@ -28,13 +27,11 @@ MAIN = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spr
 NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
 
-def quickstart(out: Path, *options: str):
-    return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900, command_line=True)
-
-
-def digests(folder: Path, pattern: str = "*") -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob(pattern)) if p.is_file()}
+def quickstart(out: Path, *options: str, command_line: bool = True):
+    """The command in a fresh interpreter (it starts its own jobs); refusals, which stop
+    before any job, fork from the launch server instead."""
+    return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900,
+                         command_line=command_line)
 
 
 def late_offdiag(result: dict) -> float:
@@ -187,7 +184,7 @@ def test_other_options_are_refused_without_touching_results(sweep, change, what)
     out, _ = sweep
     before = digests(out)
     options = dict(zip(OPTIONS[::2], OPTIONS[1::2])) | dict([change])
-    proc = quickstart(out, *(item for pair in options.items() for item in pair))
+    proc = quickstart(out, *(item for pair in options.items() for item in pair), command_line=False)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         f"dispersion_titan: error: --out: {out} holds results made with other options ({what}); use another --out"]
@@ -217,7 +214,7 @@ def test_time_budget_is_measured_and_written_down():
 def test_bad_options_fail_with_one_line(tmp_path, options, message):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    proc = quickstart(tmp_path / "q", *(o.format(file=blocker) for o in options))
+    proc = quickstart(tmp_path / "q", *(o.format(file=blocker) for o in options), command_line=False)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"dispersion_titan: error: {message.format(file=blocker)}"]
     assert not (tmp_path / "q").exists()
