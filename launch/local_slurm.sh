@@ -146,9 +146,10 @@ start() {
     pid_alive "$STATE/slurmd.pid" || slurmd -f "$CONF"
     wait_idle
     # Clients outside this script find the cluster through /etc/slurm/slurm.conf; link it
-    # only where no real configuration is installed.
+    # only where no real configuration is installed. A dangling link is a cluster that was
+    # killed without "stop" (its state dir gone): replaced, not an error.
     if [ ! -e /etc/slurm/slurm.conf ] && [ -d /etc/slurm ]; then
-        ln -s "$CONF" /etc/slurm/slurm.conf
+        ln -sfn "$CONF" /etc/slurm/slurm.conf
     fi
     echo "local_slurm: node $HOST idle; export SLURM_CONF=$CONF"
 }
