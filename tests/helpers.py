@@ -91,6 +91,11 @@ def _forked(what: dict, argv: list[str], env: dict[str, str], timeout: float) ->
     return _zygote.run(what, argv, env, timeout)
 
 
+# Debug runs train on 64-token sequences (debug.toml: 128) unless a test says otherwise: a
+# step's cost is mostly the 50k-row LM head over every token, and no assertion needs more.
+DEBUG_SEQ_LEN = ("--training.seq_len", "64")
+
+
 def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_TOML,
              check: bool = True, timeout: int = 600, env: dict[str, str] | None = None,
              command_line: bool = False) -> subprocess.CompletedProcess:
@@ -100,7 +105,8 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
     torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs
     ``python -m torch.distributed.run -m dispersion_titan.train`` itself, for tests that
     look at its processes or its prefixed output."""
-    argv = ["--job.config_file", config, "--job.dump_folder", str(dump), "--metrics.log_freq", "1", *overrides]
+    argv = ["--job.config_file", config, "--job.dump_folder", str(dump), "--metrics.log_freq", "1",
+            *(DEBUG_SEQ_LEN if config == DEBUG_TOML else ()), *overrides]
     if command_line:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0",

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEBUG_TOML, REPO, launch_env, scalars
+from helpers import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, scalars
 
 
 TRAIN_SH = REPO / "launch" / "train.sh"
 SWEEP = REPO / "launch" / "sweep.py"
 STEPS = 4
-COMMON = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1")
+COMMON = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1", *DEBUG_SEQ_LEN)
 LOSS = "loss_metrics/global_avg_loss"
 
 
