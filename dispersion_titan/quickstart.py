@@ -10,7 +10,9 @@ spread), analyzes every checkpoint (step 0 included), sets the runs side by side
 (``dispersion_titan.report``): ``OUT/summary.md`` and ``OUT/summary.png``.
 
 Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
-that beats one FSDP job over all cores, which pays for its collectives. A run whose
+that beats one FSDP job over all cores, which pays for its collectives. On Linux each
+job is forked from a server that imported torch and TorchTitan once
+(``dispersion_titan.preloaded``). A run whose
 final checkpoint exists is not trained again, a run whose every checkpoint has been
 analyzed with the same options is not analyzed again, and an interrupted run resumes
 from its last complete checkpoint, so running the command twice only redoes what is
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -35,6 +36,7 @@ from dispersion_titan.config.grid import Cell, Variant, cells
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
 from dispersion_titan.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
 from dispersion_titan.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
+from dispersion_titan.preloaded import Commands
 
 CONFIG = str(files("dispersion_titan") / "configs" / "quickstart.toml")  # package data
 OUT_ENV = "QUICKSTART_OUT"
@@ -166,18 +168,18 @@ def make_plan(argv: list[str]) -> Plan:
                 jobs, max(1, cpus // jobs), seed, a.spread_seeds, a.init_flavor, a.init_widths, a.init_num_sequences)
 
 
-def train_command(plan: Plan, run: Cell) -> list[str]:
-    return [
-        sys.executable, "-m", "dispersion_titan.train", "--job.config_file", plan.config,
+def train_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
+    return "dispersion_titan.train", [
+        "--job.config_file", plan.config,
         "--training.steps", str(plan.steps), "--checkpoint.interval", str(plan.interval),
         "--validation.freq", str(plan.steps),  # the summary reports the final validation loss
         *run.overrides(plan.dump(run)),
     ]
 
 
-def analyze_command(plan: Plan, run: Cell) -> list[str]:
-    return [sys.executable, "-m", "dispersion_titan.analyze", plan.dump(run),
-            "--num-sequences", str(plan.num_sequences), "--seq-len", str(plan.seq_len)]
+def analyze_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
+    return "dispersion_titan.analyze", [plan.dump(run), "--num-sequences", str(plan.num_sequences),
+                                        "--seq-len", str(plan.seq_len)]
 
 
 def trained(plan: Plan, run: Cell) -> bool:
@@ -203,15 +205,12 @@ def analyzed(plan: Plan, run: Cell) -> bool:
     )
 
 
-def execute(cmd: list[str], log: str, threads: int) -> int:
-    """Run ``cmd`` with its output appended to ``log``; return its exit status."""
-    os.makedirs(os.path.dirname(log), exist_ok=True)
+def job_commands(plan: Plan) -> Commands:
+    """Training and analysis commands, forked from one server that imported them once."""
     # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
-    env = {**CPU_MALLOC_ENV, **os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1", ALLOW_CPU_ENV: "1"}
-    with open(log, "a") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
-        f.flush()
-        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL).returncode
+    env = {**CPU_MALLOC_ENV, **os.environ, "OMP_NUM_THREADS": str(plan.threads), "PYTHONUNBUFFERED": "1",
+           ALLOW_CPU_ENV: "1"}
+    return Commands(env, preload=["dispersion_titan.trainer.trainer", "dispersion_titan.analysis.runner"])
 
 
 def last_error(log: str) -> str:
@@ -222,7 +221,7 @@ def last_error(log: str) -> str:
     return (errors or lines or ["(empty log)"])[-1]
 
 
-def process(plan: Plan, run: Cell, say: Progress) -> str | None:
+def process(plan: Plan, run: Cell, commands: Commands, say: Progress) -> str | None:
     """Train (unless done) then analyze (unless done) one run; an error line or None."""
     for phase, done, command in (("train", trained, train_command), ("analyze", analyzed, analyze_command)):
         if done(plan, run):
@@ -231,7 +230,7 @@ def process(plan: Plan, run: Cell, say: Progress) -> str | None:
         log = plan.log(run, phase)
         say(f"{phase:8} {run.name}: started (log: {log})")
         start = time.monotonic()
-        status = execute(command(plan, run), log, plan.threads)
+        status = commands.run(*command(plan, run), log)
         if status:
             return f"{phase} {run.name} failed (exit {status}): {last_error(log)} (log: {log})"
         say(f"{phase:8} {run.name}: done in {time.monotonic() - start:.0f} s")
@@ -239,8 +238,9 @@ def process(plan: Plan, run: Cell, say: Progress) -> str | None:
 
 
 def train_and_analyze(plan: Plan, say: Progress) -> None:
+    commands = job_commands(plan)
     with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
-        errors = [e for e in pool.map(lambda run: process(plan, run, say), plan.runs) if e]
+        errors = [e for e in pool.map(lambda run: process(plan, run, commands, say), plan.runs) if e]
     for error in errors:
         print(f"dispersion_titan: error: {error}", file=sys.stderr)
     if errors:

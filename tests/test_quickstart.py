@@ -15,6 +15,7 @@ import pytest
 
 from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.analysis.results import read_results
+from dispersion_titan.quickstart import CONFIG
 from dispersion_titan.report.paper import findings, with_dispersion
 from dispersion_titan.report.summary import load_sweep
 from helpers import REPO, digests, python_module
@@ -218,3 +219,20 @@ def test_bad_options_fail_with_one_line(tmp_path, options, message):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"dispersion_titan: error: {message.format(file=blocker)}"]
     assert not (tmp_path / "q").exists()
+
+
+def test_a_failing_job_is_named_with_its_exit_status_error_and_log(tmp_path):
+    """Jobs run forked from the quickstart's preloaded server: a training that stops on bad
+    input still reports its exit status and one-line error, and the quickstart exits 1."""
+    config = tmp_path / "bad.toml"
+    config.write_text(Path(CONFIG).read_text().replace('dataset = "enwiki_sample"', 'dataset = "no_such_corpus"', 1))
+    out = tmp_path / "q"
+    proc = quickstart(out, "--config", str(config), "--widths", "64", "--spread-seeds", "0", "--steps", "1",
+                      "--init-flavor", "debug", "--init-widths", "64", "--init-num-sequences", "2", "--seq-len", "16")
+    assert proc.returncode == 1, proc.stderr
+    for name in ("w64-baseline-s42", "w64-angular_spread-c1-s42"):
+        log = out / "logs" / f"{name}.train.log"
+        error = [line for line in log.read_text().splitlines() if line.startswith("dispersion_titan: error:")]
+        assert len(error) == 1 and "no_such_corpus" in error[0], log.read_text()[-2000:]
+        assert f"dispersion_titan: error: train {name} failed (exit 2): {error[0]} (log: {log})" in proc.stderr.splitlines()
+        assert not (out / "logs" / f"{name}.analyze.log").exists()
