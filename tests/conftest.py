@@ -28,13 +28,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)))  # stable: file order otherwise
 
 
+def session_folder(tmp_path_factory) -> Path:
+    """The session's base folder, common to all xdist workers (each has its own below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_token_cache(tmp_path_factory):
     """One token cache for the session's jobs, never the user's: the embedded corpus is
-    tokenised once, not by every rank of every launch. Tests of the cache itself use
-    ``private_caches``."""
+    tokenised once (under the cache's own file lock), not by every worker, rank and
+    launch. Tests of the cache itself use ``private_caches``."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("token_cache")))
+        patch.setenv(CACHE_ENV, str(session_folder(tmp_path_factory) / "token_cache"))
         yield
 
 
@@ -50,9 +56,7 @@ def reference_run(tmp_path_factory) -> Path:
     """The uninterrupted 2-process run (checkpoints 0, 2, 4, 6 and the final weights-only 8) that the crash,
     corruption and resume tests reproduce step for step: launched once per session, also
     when xdist runs its users on several workers (the first makes it, under a lock)."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the workers' common base folder
+    shared = session_folder(tmp_path_factory)
     dump = shared / "reference" / "run"
     with FileLock(str(shared / "reference.lock")):
         if not (dump.parent / "done").exists():

@@ -119,6 +119,13 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
     return proc
 
 
+def torchrun_script(script: str, nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node NPROC tests/dist_scripts/SCRIPT ARGS``, forked from the
+    launch server like ``torchrun``'s jobs (rank 0's output); never raises on failure."""
+    return _forked({"nproc": nproc, "script": str(REPO / "tests" / "dist_scripts" / script)}, list(args),
+                   launch_env(), timeout)
+
+
 def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None,
                   command_line: bool = False) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` from the repository: forked from the launch server (its

@@ -3,21 +3,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from helpers import REPO, launch_env
+from helpers import torchrun_script
 
 pytestmark = pytest.mark.slow
 
 
 def test_split_loss_has_the_whole_loss_value_and_gradient():
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", "--rdzv_backend=c10d",
-         "--rdzv_endpoint=localhost:0", str(REPO / "tests" / "dist_scripts" / "check_sequence_split.py")],
-        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300,
-    )
+    proc = torchrun_script("check_sequence_split.py", 3)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "sequence split OK on 3 ranks" in proc.stdout

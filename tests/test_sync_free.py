@@ -6,12 +6,10 @@ token subsets are drawn on the device."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from helpers import DEBUG_TOML, REPO, launch_env
+from helpers import DEBUG_TOML, torchrun_script
 
 pytestmark = pytest.mark.slow
 
@@ -24,21 +22,13 @@ ARGS = ("--job.config_file", DEBUG_TOML, "--training.local_batch_size", "4", "--
 QUIET_STEPS = ("2", "3")
 
 
-def count(kind: str, tmp_path) -> subprocess.Popen:
-    """Start the 2-process count of one trainer class; it writes ``{kind}.json``."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend=c10d",
-         "--rdzv_endpoint=localhost:0", str(REPO / "tests" / "dist_scripts" / "count_syncs.py"), kind,
-         str(tmp_path / f"{kind}.json"), *ARGS, "--job.dump_folder", str(tmp_path / kind)],
-        cwd=REPO, env=launch_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
 def test_quiet_steps_sync_no_more_than_torchtitans_trainer(tmp_path):
-    jobs = {kind: count(kind, tmp_path) for kind in ("stock", "dispersion")}
-    for kind, job in jobs.items():
-        _, err = job.communicate(timeout=600)
-        assert job.returncode == 0, (kind, err[-6000:])
-    stock, ours = (json.loads((tmp_path / f"{kind}.json").read_text()) for kind in jobs)
+    kinds = ("stock", "dispersion")
+    for kind in kinds:  # each a 2-process count of one trainer class, written to {kind}.json
+        proc = torchrun_script("count_syncs.py", 2, kind, str(tmp_path / f"{kind}.json"), *ARGS,
+                               "--job.dump_folder", str(tmp_path / kind), timeout=600)
+        assert proc.returncode == 0, (kind, proc.stderr[-6000:])
+    stock, ours = (json.loads((tmp_path / f"{kind}.json").read_text()) for kind in kinds)
     for step in QUIET_STEPS:
         (stock_collectives, stock_reads), (collectives, reads) = stock[step], ours[step]
         assert collectives <= stock_collectives and reads <= stock_reads, (step, stock[step], ours[step])

@@ -5,7 +5,8 @@ builds GPT-2's BPE again.
 
 Each job is a forked child that runs torchrun's own launcher (``elastic_launch``, what
 ``torchrun`` calls: c10d rendezvous, one agent, real worker processes) with
-``dispersion_titan.train.main`` as the entry point and forked workers. Its stdout and
+``dispersion_titan.train.main`` (or, with ``script``, a script of ``tests/dist_scripts``)
+as the entry point and forked workers. Its stdout and
 stderr go to the files the request names; its exit status (0, or 1 when a worker failed,
 as torchrun's) to ``<stdout>.rc``.
 
@@ -13,8 +14,8 @@ A request with ``module`` instead of ``nproc`` runs ``python -m MODULE ARGV`` in
 child (``runpy``, exit status as the interpreter's): the command-line tests of bad input,
 which stop before any training, then pay no imports either.
 
-Protocol: one JSON request per line on stdin ``{"nproc" | "module", "argv", "env", "cwd",
-"stdout", "stderr"}``; the answer is the job's pid on one stdout line. The tests' ``helpers.torchrun``
+Protocol: one JSON request per line on stdin ``{"nproc" [, "script"] | "module", "argv",
+"env", "cwd", "stdout", "stderr"}``; the answer is the job's pid on one stdout line. The tests' ``helpers.torchrun``
 is the client; tests of the command line itself (launch scripts, Slurm, signals) use the
 real ``python -m torch.distributed.run`` instead.
 """
@@ -40,15 +41,20 @@ from dispersion_titan.bpe import gpt2_encoding
 gpt2_encoding()  # GPT-2's BPE ranks (about 1 s to build), as an import: once, shared by every fork
 
 
-def worker(argv: list[str]) -> None:
-    """One rank: exactly what ``python -m dispersion_titan.train ARGV`` runs. Only local
-    rank 0 writes to the job's output, as with ``torchrun --local-ranks-filter=0``."""
+def worker(argv: list[str], script: str | None) -> None:
+    """One rank: exactly what ``python -m dispersion_titan.train ARGV`` (or ``python SCRIPT
+    ARGV``) runs. Only local rank 0 writes to the job's output, as with ``torchrun
+    --local-ranks-filter=0``."""
     if os.environ["LOCAL_RANK"] != "0":
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-    sys.argv = ["dispersion_titan.train", *argv]
-    dispersion_titan.train.main()
+    if script:
+        sys.argv = [script, *argv]
+        runpy.run_path(script, run_name="__main__")
+    else:
+        sys.argv = ["dispersion_titan.train", *argv]
+        dispersion_titan.train.main()
 
 
 def run_module(module: str, argv: list[str]) -> int:
@@ -77,7 +83,7 @@ def run_job(request: dict) -> int:
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=0.1, start_method="fork")
     try:
-        elastic_launch(config, worker)(request["argv"])
+        elastic_launch(config, worker)(request["argv"], request.get("script"))
         return 0
     except ChildFailedError as e:  # torchrun prints the same summary and exits 1
         print(e.format_msg(), file=sys.stderr, flush=True)
