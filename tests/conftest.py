@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -51,16 +52,31 @@ def private_caches(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "token_cache"))
 
 
+def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Path:
+    """``make(folder)`` once per session, also when xdist runs its users on several workers
+    (the first makes it under a lock; the others wait, then reuse it); the folder."""
+    shared = session_folder(tmp_path_factory)
+    dump = shared / name / "run"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (dump.parent / "done").exists():
+            shutil.rmtree(dump, ignore_errors=True)
+            make(dump)
+            (dump.parent / "done").touch()
+    return dump
+
+
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory) -> Path:
     """The uninterrupted 2-process run (checkpoints 0, 2, 4, 6 and the final weights-only 8) that the crash,
-    corruption and resume tests reproduce step for step: launched once per session, also
-    when xdist runs its users on several workers (the first makes it, under a lock)."""
-    shared = session_folder(tmp_path_factory)
-    dump = shared / "reference" / "run"
-    with FileLock(str(shared / "reference.lock")):
-        if not (dump.parent / "done").exists():
-            shutil.rmtree(dump, ignore_errors=True)
-            torchrun(dump, 2, "--training.steps", str(REFERENCE_STEPS), *SCHEDULE, "--validation.no-enable")
-            (dump.parent / "done").touch()
-    return dump
+    corruption and resume tests reproduce step for step."""
+    return made_once(tmp_path_factory, "reference", lambda dump: torchrun(
+        dump, 2, "--training.steps", str(REFERENCE_STEPS), *SCHEDULE, "--validation.no-enable"))
+
+
+@pytest.fixture(scope="session")
+def debug_seed_checkpoint(tmp_path_factory) -> Path:
+    """debug.toml's seed checkpoint (TorchTitan's ``create_seed_checkpoint``, 1 process), the
+    common start of the layout-equivalence and baseline runs: its step-0 folder."""
+    run = made_once(tmp_path_factory, "debug_seed", lambda dump: torchrun(
+        dump, 1, "--checkpoint.create_seed_checkpoint", "--training.steps", "0"))
+    return run / "checkpoint" / "step-0"

@@ -163,12 +163,10 @@ def train(dump, method: str, layout: str, seed_step: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, debug_seed_checkpoint):
     root = tmp_path_factory.mktemp("baselines")
-    seed = root / "seed"
-    torchrun(seed, 1, "--checkpoint.create_seed_checkpoint", "--training.steps", "0")
-    seed_step = str(seed / "checkpoint" / "step-0")
-    out = {"seed": seed / "checkpoint" / "step-0"}
+    seed_step = str(debug_seed_checkpoint)
+    out = {"seed": debug_seed_checkpoint}
     for method, layout in RUNS:
         dump = root / f"{method}-{layout}"
         out[method, layout] = (dump, train(dump, method, layout, seed_step))

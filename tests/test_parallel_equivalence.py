@@ -32,13 +32,9 @@ class Family:
     config: str
     common: tuple[str, ...]
     layouts: dict[str, tuple[int, tuple[str, ...]]]
-    seed: Callable[[Path], Path]
-    """Writes the seed checkpoint under the given folder; its step-0 folder."""
-
-
-def torchtitan_seed(dump: Path) -> Path:
-    torchrun(dump, 1, "--checkpoint.create_seed_checkpoint", "--training.steps", "0")
-    return dump / "checkpoint" / "step-0"
+    seed: Callable[[Path], Path] | None
+    """Writes the seed checkpoint under the given folder; its step-0 folder. None: the
+    session's debug.toml seed checkpoint (conftest), which the baseline runs start from too."""
 
 
 QWEN3_SHAPE = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, hidden_dim=128, vocab_size=50304)
@@ -66,7 +62,7 @@ SHARED = ("--training.steps", str(STEPS), "--training.global_batch_size", "8", "
           "--checkpoint.interval", "100", "--dispersion.variant", "angular_spread", "--dispersion.layers", "all",
           "--dispersion.coeff", str(COEFF), "--lr_scheduler.warmup_steps", "1")
 FAMILIES = {
-    "gpt2": Family(DEBUG_TOML, (*SHARED, "--dispersion.max_tokens", "96"), layouts(two_d=True), torchtitan_seed),
+    "gpt2": Family(DEBUG_TOML, (*SHARED, "--dispersion.max_tokens", "96"), layouts(two_d=True), None),
     "qwen3": Family(
         str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml"),
         (*SHARED, "--dispersion.max_tokens", "48", "--training.seq_len", "64",
@@ -80,7 +76,7 @@ FAMILIES = {
 def runs(request, tmp_path_factory):
     family = FAMILIES[request.param]
     root = tmp_path_factory.mktemp(f"layouts-{request.param}")
-    seed_step = family.seed(root / "seed")
+    seed_step = request.getfixturevalue("debug_seed_checkpoint") if family.seed is None else family.seed(root / "seed")
     out = {"family": family, "seed": seed_step}
     for name, (nproc, extra) in family.layouts.items():
         torchrun(root / name, nproc, *family.common, *extra, "--checkpoint.initial_load_path", str(seed_step),
