@@ -15,13 +15,14 @@ import sys
 
 class Commands:
     """Runs commands with their output appended to a log file. ``env`` is every command's
-    environment on top of this process's; ``preload``, the modules the server imports."""
+    environment on top of this process's; ``preload``, the modules the server imports;
+    ``fork=False``, a fresh interpreter per command instead."""
 
-    def __init__(self, env: dict[str, str], preload: list[str]) -> None:
+    def __init__(self, env: dict[str, str], preload: list[str], fork: bool = sys.platform == "linux") -> None:
         # Set here, before the server starts: it inherits them, and glibc's allocator and
         # OpenMP read theirs when a process starts or first loads torch.
         os.environ.update(env)
-        self.server = multiprocessing.get_context("forkserver") if sys.platform == "linux" else None
+        self.server = multiprocessing.get_context("forkserver") if fork else None
         if self.server is not None:
             self.server.set_forkserver_preload(preload)
 
