@@ -3,7 +3,9 @@
 from dispersion_titan.losses.dispersion import (
     KERNELS,
     NORM_EPS,
+    PRECISIONS,
     VARIANTS,
+    KernelUnavailable,
     TorchStrips,
     dispersion_loss,
     dispersion_loss_reference,
@@ -13,7 +15,9 @@ from dispersion_titan.losses.dispersion import (
 __all__ = [
     "KERNELS",
     "NORM_EPS",
+    "PRECISIONS",
     "VARIANTS",
+    "KernelUnavailable",
     "TorchStrips",
     "dispersion_loss",
     "dispersion_loss_reference",

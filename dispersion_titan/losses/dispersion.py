@@ -7,13 +7,14 @@ Autograd on the obvious implementation (``dispersion_loss_reference``) keeps
 several [B, N, N] fp32 matrices alive per hooked block until backward, which at
 GPT-2 sizes (B=8, N=1024, 12 blocks) is gigabytes.
 
-``dispersion_loss`` computes the same values with one custom autograd Function that
-saves only its input (plus two scalars per sequence), walks the upper triangle of the
-pair matrix once forward and recomputes it backward with analytic gradients. Each
-variant is a pair of elementwise functions on the Gram matrix (its term and dL/dg)
-plus how its pairs reduce (``_SPECS``); the pair passes run either in PyTorch row
-strips (``TorchStrips``: a temporary is [B, rows, N], never [B, N, N]) or in the
-fused Triton kernels of ``dispersion_triton.py`` (tiles in registers only).
+``dispersion_loss`` computes the same values without keeping anything of size
+[B, N, N] for backward. Each implementation is a ``PairKernel``: here ``TorchStrips``,
+one autograd Function that saves only its input (plus two scalars per sequence),
+walks the upper triangle of the pair matrix once forward in row strips (a temporary
+is [B, rows, N]) and recomputes it backward with analytic gradients, each variant
+being a pair of elementwise functions on the Gram matrix (its term and dL/dg); and
+the fused Triton kernels of ``dispersion_triton.py`` at the FLOP floor. What both
+share (variants, ranges, precisions, the online log-sum-exp) is in ``variants.py``.
 
 Notation: u_i = z_i / max(|z_i|, eps), c_ij = u_i . u_j, D_ij = arccos(c_ij) / pi
 for the angular variants; "i != j" runs over the N(N-1) ordered pairs of one
@@ -31,15 +32,18 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
-# How the pair pass runs: "triton" = the fused kernels of dispersion_triton.py (CUDA,
-# or CPU under TRITON_INTERPRET=1), "torch" = TorchStrips below, "auto" = triton on
-# CUDA when triton imports, else torch.
-KERNELS = ("auto", "triton", "torch")
-
-# Guard for |z| (u = z / max(|z|, NORM_EPS)) and for the decorrelation std: zero
-# vectors then give u = 0, a finite loss and a finite but large (~1/NORM_EPS) fp32
-# gradient, which stays finite in bf16 but can overflow when cast to fp16.
-NORM_EPS = 1e-6
+from .variants import (
+    KERNELS,
+    NORM_EPS,
+    PRECISIONS,
+    RANGES,
+    SPECS,
+    VARIANTS,
+    OnlineLogSumExp,
+    PairHyper,
+    VariantSpec,
+    range_error,
+)
 
 # Default budget for the strip temporaries of TorchStrips: the rows per strip are
 # chosen so that one [B, rows, N] fp32 buffer stays within it.
@@ -48,22 +52,7 @@ MAX_BLOCK_BYTES = 32 * 2**20
 # Default upper bound on the rows per strip of TorchStrips.
 MAX_BLOCK_ROWS = 128
 
-_LOG2 = math.log(2.0)
-
-
-RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
-    "tau": (lambda v: v > 0, "> 0"),
-    "clamp": (lambda v: 0 < v < 1, "in (0, 1)"),
-    "lambda_norm": (lambda v: v >= 0, ">= 0"),
-    "max_tokens": (lambda v: v == 0 or v >= 2, "0 (all positions) or >= 2"),
-}
-"""Each numeric parameter's valid range: a predicate and how to say it (NaN fails every one)."""
-
-
-def range_error(name: str, value: float, ranges: dict[str, tuple[Callable[[float], bool], str]] = RANGES) -> str | None:
-    """``"must be <range>, got <value>"`` when ``value`` is outside parameter ``name``'s range."""
-    valid, text = ranges[name]
-    return None if valid(value) else f"must be {text}, got {value}"
+__all__ = ["KERNELS", "NORM_EPS", "PRECISIONS", "RANGES", "VARIANTS", "range_error"]  # re-exported
 
 
 def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens: int) -> None:
@@ -161,14 +150,6 @@ def dispersion_loss_reference(
 # ----------------------------------------------------------------------------------
 
 
-class _Hyper(NamedTuple):
-    """What the per-pair functions need besides the Gram strip."""
-
-    tau: float
-    clamp: float
-    pairs: int  # N (N - 1), the ordered pairs of one sequence
-
-
 def _strips(n: int, batch: int, max_bytes: int, max_rows: int) -> Iterator[tuple[int, int]]:
     """Row ranges [r0, r1) covering rows 0..n-2 (row n-1 has no pair above the diagonal).
 
@@ -187,36 +168,6 @@ def _mask_lower(buf: Tensor, rows: int, fill: float) -> Tensor:
     return buf
 
 
-class _OnlineLogSumExp:
-    """Per-sequence log-sum-exp over strips: running max ``m`` and sum ``s`` of exp(x - m).
-
-    The l2 logits -D/tau are unbounded below, so a fixed shift could underflow every
-    term; a running max cannot. Backward takes p = exp((x - m) - log_s) rather than
-    exp(x - lse): x - m is exact for the dominant terms, whereas lse can be O(1e3)
-    for l2_repel, where one ulp of it is already a 1e-4 relative error in every p.
-    """
-
-    def __init__(self, batch: int, device: torch.device) -> None:
-        self.m = torch.full((batch,), -math.inf, device=device)
-        self.s = torch.zeros(batch, device=device)
-
-    def add(self, logits: Tensor) -> None:
-        """Fold in a strip [B, rows, cols] (masked entries -inf); consumes ``logits``."""
-        m = torch.maximum(self.m, logits.amax(dim=(1, 2)))
-        self.s = self.s * torch.exp(self.m - m) + logits.sub_(m[:, None, None]).exp_().sum(dim=(1, 2))
-        self.m = m
-
-    def add_partials(self, m_part: Tensor, s_part: Tensor) -> None:
-        """Fold in per-tile results [B, tiles]: maxima and sums of exp(x - max) (empty tiles: -inf, 0)."""
-        m = torch.maximum(self.m, m_part.amax(dim=1))
-        self.s = self.s * torch.exp(self.m - m) + (s_part * torch.exp(m_part - m[:, None])).sum(dim=1)
-        self.m = m
-
-    def finish(self) -> tuple[Tensor, Tensor]:
-        """(m, log_s) of the sum over ordered pairs: each strip holds only i < j, hence + log 2."""
-        return self.m, self.s.log() + _LOG2
-
-
 def _softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
     """p_ij = exp(x_ij - lse) of one strip, in place, in the precise form (x - m) - log_s."""
     return logits.sub_(m[:, None, None]).sub_(log_s[:, None, None]).exp_()
@@ -230,7 +181,7 @@ def _softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
 # log-sum-exp variants, else None. dispersion_triton.py has the same functions in Triton.
 
 
-def _clamp_(cos: Tensor, hp: _Hyper) -> Tensor:
+def _clamp_(cos: Tensor, hp: PairHyper) -> Tensor:
     """The clamp in front of arccos (finite slope everywhere), in place."""
     return cos.clamp_(-1 + hp.clamp, 1 - hp.clamp)
 
@@ -245,65 +196,58 @@ def _hinge_(angle: Tensor) -> Tensor:
     return angle.mul_(-1.0 / math.pi).add_(0.5).clamp_min_(0.0)
 
 
-def _angular_spread_term_(gram: Tensor, hp: _Hyper, sq_sum: None) -> Tensor:
+def _angular_spread_term_(gram: Tensor, hp: PairHyper, sq_sum: None) -> Tensor:
     return _clamp_(gram, hp).arccos_().mul_(-1.0 / (math.pi * hp.tau))  # -D / tau
 
 
-def _angular_spread_grad_(gram: Tensor, hp: _Hyper, sq_sum: None, lse: tuple[Tensor, Tensor]) -> Tensor:
+def _angular_spread_grad_(gram: Tensor, hp: PairHyper, sq_sum: None, lse: tuple[Tensor, Tensor]) -> Tensor:
     # L = log sum_{i!=j} exp(-D / tau) - const  ->  dL/dc = 2 p_ij / tau * (-dD/dc)
     cos = _clamp_(gram, hp)
     logits = torch.arccos(cos).mul_(-1.0 / (math.pi * hp.tau))
     return _softmax_(logits, *lse).mul_(_arccos_slope_(cos)).mul_(2.0 / hp.tau)
 
 
-def _orthogonalization_term_(gram: Tensor, hp: _Hyper, sq_sum: None) -> Tensor:
+def _orthogonalization_term_(gram: Tensor, hp: PairHyper, sq_sum: None) -> Tensor:
     return _hinge_(_clamp_(gram, hp).arccos_()).square_()
 
 
-def _orthogonalization_grad_(gram: Tensor, hp: _Hyper, sq_sum: None, lse: None) -> Tensor:
+def _orthogonalization_grad_(gram: Tensor, hp: PairHyper, sq_sum: None, lse: None) -> Tensor:
     # L = (2 / pairs) sum_{i<j} relu(1/2 - D)^2  ->  dL/dc = (4 / pairs) relu(1/2 - D) (-dD/dc)
     cos = _clamp_(gram, hp)
     return _hinge_(torch.arccos(cos)).mul_(_arccos_slope_(cos)).mul_(4.0 / hp.pairs)
 
 
-def _l2_repel_term_(gram: Tensor, hp: _Hyper, sq_sum: Tensor) -> Tensor:
+def _l2_repel_term_(gram: Tensor, hp: PairHyper, sq_sum: Tensor) -> Tensor:
     """-D / tau with D = (s_i + s_j) - 2 g: the reference's operation order, so both round identically."""
     return sq_sum.sub_(gram, alpha=2.0).div_(-hp.tau)
 
 
-def _l2_repel_grad_(gram: Tensor, hp: _Hyper, sq_sum: Tensor, lse: tuple[Tensor, Tensor]) -> Tensor:
+def _l2_repel_grad_(gram: Tensor, hp: PairHyper, sq_sum: Tensor, lse: tuple[Tensor, Tensor]) -> Tensor:
     # dL/dD of the unordered pair is 2 p_ij * (-1 / tau), and dD/dg = -2
     return _softmax_(_l2_repel_term_(gram, hp, sq_sum), *lse).mul_(4.0 / hp.tau)
 
 
-def _decorrelation_term_(gram: Tensor, hp: _Hyper, sq_sum: None) -> Tensor:
+def _decorrelation_term_(gram: Tensor, hp: PairHyper, sq_sum: None) -> Tensor:
     return gram.square_()
 
 
-def _decorrelation_grad_(gram: Tensor, hp: _Hyper, sq_sum: None, lse: None) -> Tensor:
+def _decorrelation_grad_(gram: Tensor, hp: PairHyper, sq_sum: None, lse: None) -> Tensor:
     return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
 
 
-class _Variant(NamedTuple):
-    """How one variant is computed: which rows enter the Gram matrix, how pairs reduce."""
+class _TorchPairFns(NamedTuple):
+    """A variant's elementwise functions on a Gram strip: its term and dL/dg."""
 
-    name: str
-    rows: str  # "unit": u = z / |z|; "centred": the same after subtracting the feature mean; "raw": z
-    logsumexp: bool  # per sequence: log-mean-exp of the terms (True) or their mean (False)
     term_: Callable[..., Tensor]
     grad_: Callable[..., Tensor]
 
 
-_SPECS = {
-    spec.name: spec
-    for spec in (
-        _Variant("angular_spread", "unit", True, _angular_spread_term_, _angular_spread_grad_),
-        _Variant("orthogonalization", "unit", False, _orthogonalization_term_, _orthogonalization_grad_),
-        _Variant("l2_repel", "raw", True, _l2_repel_term_, _l2_repel_grad_),
-        _Variant("decorrelation", "centred", False, _decorrelation_term_, _decorrelation_grad_),
-    )
+_TORCH_PAIR_FNS = {
+    "angular_spread": _TorchPairFns(_angular_spread_term_, _angular_spread_grad_),
+    "orthogonalization": _TorchPairFns(_orthogonalization_term_, _orthogonalization_grad_),
+    "l2_repel": _TorchPairFns(_l2_repel_term_, _l2_repel_grad_),
+    "decorrelation": _TorchPairFns(_decorrelation_term_, _decorrelation_grad_),
 }
-VARIANTS = tuple(_SPECS)
 
 
 def _unit_rows(hidden: Tensor, center: bool) -> tuple[Tensor, Tensor, float]:
@@ -321,7 +265,7 @@ def _unit_rows(hidden: Tensor, center: bool) -> tuple[Tensor, Tensor, float]:
     return x / norm, norm, guard
 
 
-def _rows(hidden: Tensor, spec: _Variant) -> tuple[Tensor, Tensor | None, float]:
+def _rows(hidden: Tensor, spec: VariantSpec) -> tuple[Tensor, Tensor | None, float]:
     """The fp32 rows x whose Gram matrix the variant needs, with _unit_rows' norm and guard."""
     if spec.rows == "raw":
         return hidden.float(), None, 0.0
@@ -329,7 +273,7 @@ def _rows(hidden: Tensor, spec: _Variant) -> tuple[Tensor, Tensor | None, float]
 
 
 def _rows_backward(
-    spec: _Variant, x: Tensor, norm: Tensor | None, guard: float, du: Tensor, row_sums: Tensor | None,
+    spec: VariantSpec, x: Tensor, norm: Tensor | None, guard: float, du: Tensor, row_sums: Tensor | None,
     lambda_norm: float, scale: Tensor,
 ) -> Tensor:  # fmt: skip
     """dL/dhidden (fp32) from du = sum_j W_ij x_j and, for l2_repel, row_sums = sum_j W_ij (W = dL/dg)."""
@@ -360,17 +304,20 @@ class TorchStrips:
     max_block_bytes: int = MAX_BLOCK_BYTES
     max_block_rows: int = MAX_BLOCK_ROWS
 
+    def loss(self, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
+        return _PairLoss.apply(hidden, spec, hp, lambda_norm, self)
+
     def strips(self, n: int, batch: int) -> Iterator[tuple[int, int]]:
         return _strips(n, batch, self.max_block_bytes, self.max_block_rows)
 
-    def forward(self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper) -> _OnlineLogSumExp | Tensor:
+    def forward(self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper) -> OnlineLogSumExp | Tensor:
         """Running log-sum-exp over i < j (log-sum-exp variants), else the sum of the terms over i < j."""
         b, n, _ = x.shape
-        lse = _OnlineLogSumExp(b, x.device)
+        lse = OnlineLogSumExp(b, x.device)
         total = torch.zeros(b, device=x.device)
         for r0, r1 in self.strips(n, b):
             gram = torch.bmm(x[:, r0:r1], x[:, r0:].transpose(1, 2))
-            term = spec.term_(gram, hp, _sq_sum(sq, r0, r1))
+            term = _TORCH_PAIR_FNS[spec.name].term_(gram, hp, _sq_sum(sq, r0, r1))
             if spec.logsumexp:
                 lse.add(_mask_lower(term, r1 - r0, -math.inf))
             else:
@@ -378,7 +325,7 @@ class TorchStrips:
         return lse if spec.logsumexp else total
 
     def backward(
-        self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper, lse: tuple[Tensor, Tensor] | None
+        self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper, lse: tuple[Tensor, Tensor] | None
     ) -> tuple[Tensor, Tensor | None]:
         """du_i = sum_{j!=i} W_ij x_j with W = dL/dg, and for raw rows also sum_{j!=i} W_ij.
 
@@ -390,7 +337,7 @@ class TorchStrips:
         for r0, r1 in self.strips(n, b):
             x_rows, x_cols = x[:, r0:r1], x[:, r0:]
             gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
-            weight = _mask_lower(spec.grad_(gram, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
+            weight = _mask_lower(_TORCH_PAIR_FNS[spec.name].grad_(gram, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
             if row_sums is not None:
                 row_sums[:, r0:r1] += weight.sum(dim=2)
                 row_sums[:, r0:] += weight.sum(dim=1)
@@ -406,15 +353,15 @@ def _sq_sum(sq: Tensor | None, r0: int, r1: int) -> Tensor | None:
 
 
 class _PairLoss(torch.autograd.Function):
-    """Every variant: one pass over the pairs forward, one recomputing pass backward.
+    """The torch path, every variant: one pass over the pairs forward, one recomputing pass backward.
 
     Saves only ``hidden`` (and, for the log-sum-exp variants, two scalars per sequence);
-    ``kernel`` (TorchStrips or dispersion_triton.TritonTiles) runs the pair passes.
+    ``kernel`` (a TorchStrips) runs the pair passes.
     Autocast is off inside: the loss is computed in fp32 whatever the caller's autocast.
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, spec: _Variant, hp: _Hyper, lambda_norm: float, kernel: PairKernel) -> Tensor:
+    def forward(ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, kernel: TorchStrips) -> Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
             x, _, _ = _rows(hidden, spec)
             sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
@@ -446,38 +393,83 @@ class _PairLoss(torch.autograd.Function):
 
 
 class PairKernel(Protocol):
-    """The two pair passes of _PairLoss; TorchStrips here, TritonTiles in dispersion_triton.py."""
+    """One implementation of the exact loss: TorchStrips here, TritonTiles in dispersion_triton.py."""
 
-    def forward(self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper) -> _OnlineLogSumExp | Tensor: ...
+    def loss(self, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor: ...
 
-    def backward(
-        self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper, lse: tuple[Tensor, Tensor] | None
-    ) -> tuple[Tensor, Tensor | None]: ...
+
+class KernelUnavailable(RuntimeError):
+    """The Triton kernel cannot be used here: it does not build, or it disagrees with the torch path."""
 
 
 @functools.cache
-def _triton_usable() -> bool:
-    """Whether the Triton kernels import (triton is optional: CPU-only installs may lack it)."""
+def _triton_import_error() -> str | None:
+    """Why the Triton kernels do not import (triton is optional on CPU-only installs), or None."""
     try:
         from dispersion_titan.losses import dispersion_triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    except ImportError as err:
+        return str(err)
+    return None
 
 
-def _pair_kernel(kernel: str | PairKernel, device: torch.device) -> PairKernel:
-    """The pair kernel for ``kernel`` (a name from KERNELS, or a configured kernel object)."""
+# The probe's (value, gradient) tolerances: above each precision's error on random inputs as
+# measured on an H100 (docs/benchmarks.md), far below what a broken kernel gives.
+_PROBE_TOLERANCE = {"exact": (1e-4, 2e-3), "tf32": (5e-3, 2e-2), "bf16": (2e-3, 3e-2), "auto": (2e-3, 3e-2)}
+
+
+@functools.cache
+def check_triton_kernel(device: torch.device, variant: str, precision: str) -> None:
+    """Run the Triton kernel once on a small probe against TorchStrips (value and gradient).
+
+    Raises KernelUnavailable in one line naming the cause and the setting that avoids
+    it; never falls back in silence. Cached: once per process, device, variant and precision.
+    """
+    avoid = "set dispersion.kernel = 'torch' (kernel='torch') to use the PyTorch path"
+    if (problem := _triton_import_error()) is not None:
+        raise KernelUnavailable(f"the Triton dispersion kernel does not import ({problem}); {avoid}")
+    from dispersion_titan.losses.dispersion_triton import TritonTiles
+
+    gen = torch.Generator().manual_seed(0)
+    probe = torch.randn(2, 130, 96, generator=gen).to(device)
+    results = []
+    for kernel in (TritonTiles(precision), TorchStrips()):
+        x = probe.clone().requires_grad_()
+        try:
+            loss = dispersion_loss(x, variant, kernel=kernel)
+            (grad,) = torch.autograd.grad(loss, x)
+        except Exception as err:  # a missing C compiler or Python.h surfaces here, at the first build
+            if isinstance(kernel, TorchStrips):
+                raise
+            cause = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+            raise KernelUnavailable(f"the Triton dispersion kernel does not build or run on {device}: {cause}; "
+                                    f"{avoid}") from err  # fmt: skip
+        results.append((loss.detach().double(), grad.double()))
+    (value, grad), (ref_value, ref_grad) = results
+    value_gap = ((value - ref_value).abs() / ref_value.abs().clamp_min(1e-12)).item()
+    grad_gap = ((grad - ref_grad).abs().max() / ref_grad.abs().max().clamp_min(1e-12)).item()
+    value_tol, grad_tol = _PROBE_TOLERANCE[precision]
+    if not (value_gap <= value_tol and grad_gap <= grad_tol):
+        raise KernelUnavailable(
+            f"the Triton dispersion kernel ({variant}, precision {precision}) disagrees with the torch path on "
+            f"{device}: relative gap {value_gap:.1e} in value, {grad_gap:.1e} in gradient; {avoid}"
+        )
+
+
+def _pair_kernel(kernel: str | PairKernel, device: torch.device, variant: str, precision: str) -> PairKernel:
+    """The implementation for ``kernel`` (a name from KERNELS, or a configured kernel object)."""
     if not isinstance(kernel, str):
         return kernel
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS} or a kernel object, got {kernel!r}")
-    if kernel == "torch" or (kernel == "auto" and not (device.type == "cuda" and _triton_usable())):
+    if kernel == "torch" or (kernel == "auto" and device.type != "cuda"):
         return TorchStrips()
-    if not _triton_usable():
-        raise ValueError("kernel='triton' needs the triton package, which does not import here")
+    if kernel == "auto":
+        check_triton_kernel(device, variant, precision)
+    elif (problem := _triton_import_error()) is not None:
+        raise ValueError(f"kernel='triton' needs the triton package, which does not import here ({problem})")
     from dispersion_titan.losses.dispersion_triton import TritonTiles
 
-    return TritonTiles()
+    return TritonTiles(precision)
 
 
 def dispersion_loss(
@@ -490,10 +482,11 @@ def dispersion_loss(
     max_tokens: int = 0,
     generator: torch.Generator | None = None,
     kernel: str | PairKernel = "auto",
+    precision: str = "auto",
 ) -> Tensor:
     """Dispersion loss of hidden states [B, N, d]: mean over sequences of a per-sequence loss.
 
-    Pairs are token positions of the same sequence. Computed in fp32 whatever the
+    Pairs are token positions of the same sequence. Accumulated in fp32 whatever the
     input dtype and autocast; returns a 0-dim fp32 tensor, the gradient reaches
     ``hidden`` in its dtype. Memory-lean: nothing of size [B, N, N] is kept for backward.
 
@@ -511,20 +504,23 @@ def dispersion_loss(
     all. With N < 2 there are no pairs: the loss is 0 (only the lambda_norm term for
     l2_repel), still connected to ``hidden`` so backward gives zero/finite gradients.
 
-    ``kernel`` picks the implementation of the pair passes (see KERNELS): "torch"
-    (TorchStrips, row strips of batched matmuls), "triton" (the fused kernels of
-    dispersion_triton.py: CUDA, or CPU under TRITON_INTERPRET=1), "auto" (triton for
-    CUDA tensors when triton imports, else torch); or a configured kernel object,
-    e.g. ``TorchStrips(max_block_rows=4)`` or ``TritonTiles(precision="ieee")``.
+    ``kernel`` (see KERNELS): "torch" (TorchStrips, fp32 row strips of batched
+    matmuls), "triton" (dispersion_triton.TritonTiles: CUDA, or CPU under
+    TRITON_INTERPRET=1), "auto" (triton for CUDA tensors, after a once-per-process
+    probe against torch that raises KernelUnavailable if it fails; torch elsewhere);
+    or a configured kernel object. ``precision`` (see PRECISIONS) sets the Triton
+    kernel's products; the torch strips always compute in fp32.
     """
     _validate(hidden, variant, tau, clamp, max_tokens)
-    pair_kernel = _pair_kernel(kernel, hidden.device)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    pair_kernel = _pair_kernel(kernel, hidden.device, variant, precision)
     hidden = _select_tokens(hidden, max_tokens, generator)
     n = hidden.shape[1]
     if n < 2:
         return _no_pair_loss(hidden.float(), variant, lambda_norm)
-    hp = _Hyper(float(tau), float(clamp), n * (n - 1))
-    return _PairLoss.apply(hidden, _SPECS[variant], hp, float(lambda_norm), pair_kernel)
+    hp = PairHyper(float(tau), float(clamp), n * (n - 1))
+    return pair_kernel.loss(hidden, SPECS[variant], hp, float(lambda_norm))
 
 
 @torch.no_grad()
