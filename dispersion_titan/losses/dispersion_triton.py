@@ -1,33 +1,31 @@
-"""Fused Triton kernels for the dispersion losses: the pair matrix exists only tile by tile, in registers.
+"""The exact dispersion loss in fused Triton kernels, at its FLOP floor of about 4·B·N²·d.
 
-``TorchStrips`` (dispersion.py) materialises [B, rows, N] strips in global memory and
-launches a few kernels per strip and elementwise step (about 300 per layer at GPT-2
-small's N=1024), with its matmuls in fp32; on a GPU that is expected (not yet
-measured) to cost far more than the matmuls themselves. Here, in the style of flash
-attention:
+The loss is a function of each sequence's Gram matrix g = U U^T; its gradient is
+dU = W U with W = dL/dg symmetric. The floor is the Gram triangle forward (N²d), its
+recompute backward (N²d) and W U (2N²d). Four kernels, in the style of flash attention:
 
-- forward: one program per (row tile, column tile, sequence) of the upper triangle
-  (column tile >= row tile; the diagonal tile masked to i < j). It forms the Gram tile
-  of the rows with ``tl.dot``, applies the variant's elementwise function in registers
-  and writes one partial result per tile: (max, sum of exp(t - max)) for the
-  log-sum-exp variants, the sum of the terms otherwise, into a [B, tiles] buffer that
-  torch combines; deterministic, no atomics.
-- backward: one program per (row tile, feature chunk, sequence) loops over every
-  column tile, recomputes the Gram tile, turns it into W = dL/dg (zero on the
-  diagonal) and accumulates du_rows += W x_cols, using W's symmetry instead of
-  scattering W^T x_rows into other programs' rows: again no atomics. Each program owns
-  ``block_out`` features of du, so for d > block_out the Gram tiles are recomputed
-  once per feature chunk (bounded registers instead of a [block, d] accumulator).
+- ``_rows_kernel`` (forward, and again backward: recomputed, not saved): one program per
+  token: u = z / |z| (centred over features for decorrelation; for l2_repel the sequence's
+  mean token subtracted, which leaves distances unchanged and keeps low-precision
+  products safe), cast to the product dtype, with the per-token scalars the epilogue needs;
+- ``_pairs_forward_kernel``: one program per upper-triangle tile pair (ti <= tj) of a
+  sequence: the Gram tile by ``tl.dot``, the variant's term in registers, one partial
+  (max, sum exp) or sum per tile, combined by torch (online log-sum-exp, no atomics);
+- ``_pairs_backward_kernel``: the same tiles recomputed once; W written once per tile pair
+  into a [B, N, N] buffer (the tile and its transpose), plus per-token partials of the
+  radial term r_i = sum_j W_ij g_ij (sum_j W_ij for l2_repel), one slot per tile: no atomics;
+- ``_dz_kernel``: dU = W U in one pass, whose epilogue is the backward through the rows
+  (the radial projection, 1/|z|, the loss's scale, the cast to the hidden states' dtype).
 
-The rows (u = z / max(|z|, eps), centred rows for decorrelation, raw z for l2_repel)
-and the backward through them are the O(B N d) torch code of dispersion.py, shared
-with TorchStrips, as is the autograd Function; only the two pair passes live here.
+Under ``TRITON_INTERPRET=1`` (CPU) the same kernels run in Triton's interpreter, with bf16
+products emulated exactly in fp32 (its own bf16 casts and dots are not IEEE).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -35,20 +33,75 @@ import triton.language as tl
 from torch import Tensor
 from triton import knobs
 
-from dispersion_titan.losses.dispersion import _Hyper, _OnlineLogSumExp, _Variant
+from dispersion_titan.losses.variants import NORM_EPS, PRECISIONS, OnlineLogSumExp, PairHyper, VariantSpec
 
 # Whether the @triton.jit kernels below were built for the interpreter (TRITON_INTERPRET=1
 # when this module was first imported): then they run on CPU tensors too.
 INTERPRETED = bool(knobs.runtime.interpret)
 
-# Precision of the tile products (the Gram tiles and W x_cols), all with fp32
-# accumulation: "bf16" rounds both factors to bf16 (one tensor-core product);
-# "bf16x3", "tf32", "tf32x3" and "ieee" are Triton's input precisions for fp32 tiles
-# (bf16x3: each value split into bf16 hi + lo, three products, about fp32 accuracy).
-PRECISIONS = ("bf16", "bf16x3", "tf32", "tf32x3", "ieee")
+# Budget for the backward's pair-weight buffer [sequences, N, N]: sequences go in
+# groups that fit (32 MiB at B 16, N 1024 in bf16; 32 MiB at B 1, N 4096).
+MAX_WEIGHT_BYTES = 512 * 2**20
 
 _PI = tl.constexpr(math.pi)
 _HALF_PI = tl.constexpr(math.pi / 2)
+_INV_PI = tl.constexpr(1.0 / math.pi)
+
+
+class TileConfig(NamedTuple):
+    """Fixed tiles for every kernel (the interpreter's, or a test's): no autotune."""
+
+    block: int  # pair tiles are block x block; rows of dU per program of the W U pass
+    block_k: int  # features per Gram step; tokens per step of W U
+    block_d: int  # features of dU per program of the W U pass
+    num_warps: int
+
+
+def pair_block(n: int) -> int:
+    """The GPU's square pair tile: 64 (128 x 128 tiles spill registers in the backward's
+    elementwise math at 8 warps, as the sm_90 compile test reads from ptxas).
+
+    One size for the forward and backward pair kernels, chosen here rather than by
+    autotune: the triangle's indexing and the radial slots depend on it.
+    """
+    return 64
+
+
+# What autotune tries on a GPU, per (N, d): K steps and warps of the pair kernels, and the
+# W U pass's tiles. Every configuration is compiled for sm_90 in
+# tests/test_dispersion_kernel.py, which asserts no register spills and reads shared memory.
+PAIR_CONFIGS = (  # (BLOCK_K, num_warps, num_stages); at 4 warps the backward's math spills
+    (64, 8, 3),
+    (32, 8, 4),
+    (64, 8, 2),
+)
+DZ_CONFIGS = (  # (BLOCK, BLOCK_K, BLOCK_D, num_warps, num_stages); 128 x 128 outputs spill in the epilogue
+    (128, 64, 64, 8, 3),
+    (64, 64, 64, 4, 3),
+    (64, 64, 128, 8, 3),
+)
+# Under the interpreter each tl op costs about the same whatever its size: small tiles
+# exercise the masking of partial tiles at test sizes.
+INTERPRETER_TILES = TileConfig(16, 32, 32, 1)
+
+
+class _Products(NamedTuple):
+    """How one precision setting computes: storage of U and W, and the tl.dot input precision."""
+
+    store_bf16: bool
+    dot: str  # "bf16" (bf16 operands), or tl.dot's input_precision for fp32 operands
+
+
+def products(precision: str, spec: VariantSpec) -> _Products:
+    """The storage and product precision of a PRECISIONS setting for a variant."""
+    if precision in ("auto", "bf16"):
+        return _Products(True, "bf16")
+    if precision == "tf32":
+        return _Products(False, "tf32")
+    return _Products(False, "ieee" if spec.rows == "raw" else "bf16x3")
+
+
+# ----------------------------------------------------------------------------- shared device code
 
 
 @triton.jit
@@ -58,9 +111,9 @@ def _arccos(x):
     arccos(|x|) = sqrt(1 - |x|) * P7(|x|), |error| <= 2e-8 in exact arithmetic; in
     fp32 the max abs error against float64 arccos is below 5e-7 on [-1, 1]
     (tests/test_dispersion_kernel.py measures it on a dense grid). P7(0) is pi/2
-    rounded like torch's arccos(0) (A&S: 1.5707963050), so a zero vector's pairs get
-    D = 1/2 exactly, as in the torch paths: orthogonalization's hinge relu(1/2 - D)
-    has its kink there, and the normalisation guard scales that row's gradient by 1e6.
+    rounded like torch's arccos(0), so a zero vector's pairs get D = 1/2 exactly, as in
+    the torch paths: orthogonalization's hinge relu(1/2 - D) has its kink there, and
+    the normalisation guard scales that row's gradient by 1e6.
     """
     a = tl.abs(x)
     p = -0.0012624911
@@ -71,85 +124,112 @@ def _arccos(x):
     p = p * a + 0.0889789874
     p = p * a - 0.2145988016
     p = p * a + _HALF_PI
-    r = tl.sqrt(1.0 - a) * p
+    r = tl.sqrt_rn(1.0 - a) * p
     return tl.where(x < 0, _PI - r, r)
 
 
 @triton.jit
 def _bf16_in_fp32(x):
-    """x rounded to bf16 (to nearest even), kept as fp32; only for the interpreter, whose own bf16 casts
-    round half up and drop the carry, and whose dot multiplies bf16 tiles as their uint16 storage."""
+    """x rounded to bf16 (to nearest even), kept as fp32: the interpreter's own bf16 casts
+    round half up and drop the carry, and its dot multiplies bf16 tiles as their uint16 storage."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
     return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _dot(a, b, acc, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + a @ b for fp32 tiles a, b, with products in PRECISION and fp32 accumulation.
+def _stored(x, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 x as it is stored: rounded to bf16 (to nearest even) or unchanged."""
+    y = x
+    if STORE_BF16:
+        if INTERPRET:
+            y = _bf16_in_fp32(x).to(tl.bfloat16)
+        else:
+            y = x.to(tl.bfloat16)
+    return y
 
-    Under the interpreter the bf16 precisions are emulated in fp32 with the same
-    products: bf16 rounds both tiles; bf16x3 (Triton's split of each fp32 value into
-    bf16 hi + lo) adds hi.lo and lo.hi to hi.hi. tf32 there is plain fp32.
+
+@triton.jit
+def _dot(a, b, acc, DOT: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + a @ b with fp32 accumulation: bf16 operands for DOT "bf16", else fp32 operands
+    multiplied in tl.dot's input precision DOT ("tf32", "bf16x3", "ieee").
+
+    The interpreter multiplies in fp32: exactly the bf16 products for stored bf16
+    operands; bf16x3 emulated (hi.hi + hi.lo + lo.hi); tf32 there is plain fp32.
     """
     if INTERPRET:
-        if PRECISION == "bf16" or PRECISION == "bf16x3":
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+        if DOT == "bf16x3":
             a_hi = _bf16_in_fp32(a)
             b_hi = _bf16_in_fp32(b)
             acc = tl.dot(a_hi, b_hi, acc, input_precision="ieee")
-            if PRECISION == "bf16x3":
-                acc = tl.dot(a_hi, _bf16_in_fp32(b - b_hi), acc, input_precision="ieee")
-                acc = tl.dot(_bf16_in_fp32(a - a_hi), b_hi, acc, input_precision="ieee")
+            acc = tl.dot(a_hi, _bf16_in_fp32(b - b_hi), acc, input_precision="ieee")
+            acc = tl.dot(_bf16_in_fp32(a - a_hi), b_hi, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc, input_precision="ieee")
-    elif PRECISION == "bf16":
-        acc = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+    elif DOT == "bf16":
+        acc = tl.dot(a, b, acc)
     else:
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=DOT)
     return acc
 
 
 @triton.jit
-def _gram_tile(x_seq, rows, cols, n, d, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
-    """g = x_rows . x_cols^T [BLOCK, BLOCK] of one sequence (x_seq: its first row); rows >= n give 0."""
-    ks = tl.arange(0, BLOCK_D)
-    a_ptrs = x_seq + rows[:, None] * d + ks[None, :]
-    b_ptrs = x_seq + cols[None, :] * d + ks[:, None]  # x_cols^T, [BLOCK_D, BLOCK]
+def _tile_pair(tiles):
+    """The program's upper-triangle tile pair (ti, tj), ti <= tj, of ``tiles`` row tiles.
+
+    Programs run row tile 0's pairs first (the longest row); q counts them in reverse.
+    """
+    total = tiles * (tiles + 1) // 2
+    q = total - 1 - tl.program_id(0)
+    k = ((tl.sqrt_rn((8 * q + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+    k = tl.where((k + 1) * (k + 2) // 2 <= q, k + 1, k)  # the float root may be one off
+    k = tl.where(k * (k + 1) // 2 > q, k - 1, k)
+    ti = tiles - 1 - k
+    tj = ti + (q - k * (k + 1) // 2)
+    return ti, tj
+
+
+@triton.jit
+def _gram_tile(u_seq, rows, cols, n, d, DOT: tl.constexpr, INTERPRET: tl.constexpr,
+               BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """g = u_rows . u_cols^T [BLOCK, BLOCK] of one sequence (u_seq: its first row); rows >= n give 0."""
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = u_seq + rows[:, None] * d + ks[None, :]
+    b_ptrs = u_seq + cols[None, :] * d + ks[:, None]  # u_cols^T, [BLOCK_K, BLOCK]
     g = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-    for k0 in range(0, d, BLOCK_D):
+    for k0 in range(0, d, BLOCK_K):
         a = tl.load(a_ptrs + k0, mask=(rows[:, None] < n) & (ks[None, :] < d - k0), other=0.0)
         b = tl.load(b_ptrs + k0, mask=(cols[None, :] < n) & (ks[:, None] < d - k0), other=0.0)
-        g = _dot(a, b, g, PRECISION, INTERPRET)
+        g = _dot(a, b, g, DOT, INTERPRET)
     return g
 
 
 @triton.jit
-def _angle(g, clamp):
-    """(clamped c, pi * D = arccos of it) for the angular variants."""
-    c = tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
-    return c, _arccos(c)
+def _pair_term(g, sq_sum, neg_inv_tau, clamp, VARIANT: tl.constexpr):
+    """The pair's term t(g), as dispersion.py's ``_<variant>_term_`` (logits for log-sum-exp variants).
 
-
-@triton.jit
-def _pair_term(g, sq_sum, tau, clamp, VARIANT: tl.constexpr):
-    """The pair's term t(g), as dispersion.py's ``_<variant>_term_`` (logits for log-sum-exp variants)."""
+    Products by constants, never divisions: Triton's fp32 division is approximate, and a
+    zero vector's angle pi/2 must give orthogonalization's hinge exactly 0, as in torch.
+    """
     if VARIANT == "decorrelation":
         t = g * g
     elif VARIANT == "l2_repel":
-        t = -(sq_sum - 2.0 * g) / tau
+        t = (sq_sum - 2.0 * g) * neg_inv_tau
     else:
-        _, angle = _angle(g, clamp)
+        c = tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
+        angle = _arccos(c)
         if VARIANT == "angular_spread":
-            t = -angle / (_PI * tau)
+            t = angle * (_INV_PI * neg_inv_tau)
         else:
-            h = tl.maximum(0.5 - angle / _PI, 0.0)
+            h = tl.maximum((_HALF_PI - angle) * _INV_PI, 0.0)
             t = h * h
     return t
 
 
 @triton.jit
-def _pair_weight(g, sq_sum, valid, m, log_s, tau, clamp, pair_scale, VARIANT: tl.constexpr):
+def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT: tl.constexpr):
     """W = dL/dg of the unordered pair where ``valid``, else 0; as dispersion.py's ``_<variant>_grad_``.
 
     pair_scale = 4 / pairs. Invalid logits are masked before exp: the diagonal and the
@@ -158,15 +238,16 @@ def _pair_weight(g, sq_sum, valid, m, log_s, tau, clamp, pair_scale, VARIANT: tl
     if VARIANT == "decorrelation":
         w = g * pair_scale
     elif VARIANT == "l2_repel":
-        t = tl.where(valid, _pair_term(g, sq_sum, tau, clamp, VARIANT), -float("inf"))
-        w = tl.exp((t - m) - log_s) * (4.0 / tau)
+        t = tl.where(valid, _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT), -float("inf"))
+        w = tl.exp((t - m) - log_s) * (-4.0 * neg_inv_tau)
     else:
-        c, angle = _angle(g, clamp)
-        slope = 1.0 / (_PI * tl.sqrt(1.0 - c * c))  # -dD/dc at the clamped c: straight-through
+        c = tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
+        angle = _arccos(c)
+        slope = tl.div_rn(_INV_PI, tl.sqrt_rn(1.0 - c * c))  # -dD/dc at the clamped c: straight-through
         if VARIANT == "angular_spread":
-            w = tl.exp((-angle / (_PI * tau) - m) - log_s) * slope * (2.0 / tau)
+            w = tl.exp((angle * (_INV_PI * neg_inv_tau) - m) - log_s) * slope * (-2.0 * neg_inv_tau)
         else:
-            w = tl.maximum(0.5 - angle / _PI, 0.0) * slope * pair_scale
+            w = tl.maximum((_HALF_PI - angle) * _INV_PI, 0.0) * slope * pair_scale
     return tl.where(valid, w, 0.0)
 
 
@@ -181,150 +262,322 @@ def _sq_sum(sq_seq, rows, cols, n, VARIANT: tl.constexpr):
     return sq_sum
 
 
-@triton.jit
-def _forward_kernel(
-    x_ptr, sq_ptr, m_ptr, s_ptr, n, d, tau, clamp,
-    VARIANT: tl.constexpr, LOGSUMEXP: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """One upper-triangle tile (ti, tj) of sequence b: (max, sum exp(t - max)) or the sum of t, at [b, ti, tj]."""
-    ti = tl.program_id(0)
-    tj = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    if tj >= ti:
-        rows = ti * BLOCK + tl.arange(0, BLOCK)
-        cols = tj * BLOCK + tl.arange(0, BLOCK)
-        g = _gram_tile(x_ptr + b * n * d, rows, cols, n, d, PRECISION, INTERPRET, BLOCK, BLOCK_D)
-        t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, VARIANT), tau, clamp, VARIANT)
-        valid = (rows[:, None] < cols[None, :]) & (cols[None, :] < n)
-        out = (b * tl.num_programs(0) + ti) * tl.num_programs(1) + tj
-        if LOGSUMEXP:
-            t = tl.where(valid, t, -float("inf"))
-            tile_max = tl.max(t)
-            shift = tl.where(tile_max == -float("inf"), 0.0, tile_max)  # a tile without pairs sums to 0
-            tl.store(m_ptr + out, tile_max)
-            tl.store(s_ptr + out, tl.sum(tl.exp(t - shift)))
-        else:
-            tl.store(s_ptr + out, tl.sum(tl.where(valid, t, 0.0)))
+# ----------------------------------------------------------------------------- kernels
 
 
 @triton.jit
-def _backward_kernel(
-    x_ptr, sq_ptr, m_ptr, log_s_ptr, du_ptr, row_sums_ptr, n, d, tau, clamp, pair_scale,
-    VARIANT: tl.constexpr, LOGSUMEXP: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_OUT: tl.constexpr,
+def _rows_kernel(
+    z_ptr, mean_ptr, u_ptr, stat_ptr, sq_ptr, n, d, guard,
+    ROWS: tl.constexpr, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """du[b, rows, feats] = sum_{j != i} W_ij x_j over all column tiles (and sum_j W_ij for l2_repel)."""
-    ti = tl.program_id(0)
-    chunk = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    x_seq = x_ptr + b * n * d
+    """One token row: the stored row u and two scalars.
+
+    unit / centred rows: u = x / max(|x|, guard), x = z (minus its feature mean if
+    centred); stat = max(|x|, guard); sq = |u|^2 of the stored u (for an exact projection).
+    raw rows (l2_repel): u = z - mean token of the sequence; stat = |z|^2 (the norm
+    penalty); sq = |u|^2 of the stored u, so that D = sq_i + sq_j - 2 g is the distance
+    of the stored rows themselves.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    feats = tl.arange(0, BLOCK_D)
+    inside = feats < d
+    z = tl.load(z_ptr + row * d + feats, mask=inside, other=0.0).to(tl.float32)
+    if ROWS == "raw":
+        x = z - tl.load(mean_ptr + (row // n) * d + feats, mask=inside, other=0.0)
+        stat = tl.sum(z * z)
+    else:
+        x = z
+        if ROWS == "centred":
+            x = tl.where(inside, z - tl.sum(z) / d, 0.0)
+        stat = tl.maximum(tl.sqrt_rn(tl.sum(x * x)), guard)
+        x = tl.div_rn(x, stat)
+    u = _stored(x, STORE_BF16, INTERPRET)
+    tl.store(u_ptr + row * d + feats, u, mask=inside)
+    u32 = u.to(tl.float32)
+    tl.store(stat_ptr + row, stat)
+    tl.store(sq_ptr + row, tl.sum(u32 * u32))
+
+
+@triton.jit
+def _pairs_forward_kernel(
+    u_ptr, sq_ptr, m_ptr, s_ptr, n, d, neg_inv_tau, clamp,
+    VARIANT: tl.constexpr, LOGSUMEXP: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One upper-triangle tile pair of sequence b: (max, sum exp(t - max)) or the sum of t, at [b, pair]."""
+    tiles = tl.cdiv(n, BLOCK)
+    ti, tj = _tile_pair(tiles)
+    b = tl.program_id(1).to(tl.int64)
     rows = ti * BLOCK + tl.arange(0, BLOCK)
-    feats = chunk * BLOCK_OUT + tl.arange(0, BLOCK_OUT)
-    in_feats = feats[None, :] < d
+    cols = tj * BLOCK + tl.arange(0, BLOCK)
+    g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
+    t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, VARIANT), neg_inv_tau, clamp, VARIANT)
+    valid = (rows[:, None] < cols[None, :]) & (cols[None, :] < n)
+    out = b * tl.num_programs(0) + tl.program_id(0)
+    if LOGSUMEXP:
+        t = tl.where(valid, t, -float("inf"))
+        tile_max = tl.max(tl.max(t, axis=1), axis=0)
+        shift = tl.where(tile_max == -float("inf"), 0.0, tile_max)  # a tile without pairs sums to 0
+        tl.store(m_ptr + out, tile_max)
+        tl.store(s_ptr + out, tl.sum(tl.sum(tl.exp(t - shift), axis=1), axis=0))
+    else:
+        tl.store(s_ptr + out, tl.sum(tl.sum(tl.where(valid, t, 0.0), axis=1), axis=0))
+
+
+@triton.jit
+def _pairs_backward_kernel(
+    u_ptr, sq_ptr, m_ptr, log_s_ptr, w_ptr, r_ptr, n, d, neg_inv_tau, clamp, pair_scale,
+    VARIANT: tl.constexpr, LOGSUMEXP: tl.constexpr, DOT: tl.constexpr, STORE_BF16: tl.constexpr,
+    INTERPRET: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """One tile pair of sequence b recomputed: W into w[b] at (rows, cols) and (cols, rows), and
+    the tile's radial partials r[b, tj, rows] and r[b, ti, cols] (sum_j W_ij g_ij, or sum_j W_ij)."""
+    tiles = tl.cdiv(n, BLOCK)
+    ti, tj = _tile_pair(tiles)
+    b = tl.program_id(1).to(tl.int64)
+    rows = ti * BLOCK + tl.arange(0, BLOCK)
+    cols = tj * BLOCK + tl.arange(0, BLOCK)
     m = 0.0
     log_s = 0.0
     if LOGSUMEXP:
         m = tl.load(m_ptr + b)
         log_s = tl.load(log_s_ptr + b)
-    du = tl.zeros((BLOCK, BLOCK_OUT), dtype=tl.float32)
-    row_sums = tl.zeros((BLOCK,), dtype=tl.float32)
-    cols = tl.arange(0, BLOCK)
-    for _ in range(0, tl.cdiv(n, BLOCK)):
-        g = _gram_tile(x_seq, rows, cols, n, d, PRECISION, INTERPRET, BLOCK, BLOCK_D)
-        valid = (rows[:, None] != cols[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
-        sq_sum = _sq_sum(sq_ptr + b * n, rows, cols, n, VARIANT)
-        w = _pair_weight(g, sq_sum, valid, m, log_s, tau, clamp, pair_scale, VARIANT)
-        if VARIANT == "l2_repel":
-            row_sums += tl.sum(w, axis=1)
-        x_cols = tl.load(x_seq + cols[:, None] * d + feats[None, :], mask=(cols[:, None] < n) & in_feats, other=0.0)
-        du = _dot(w, x_cols, du, PRECISION, INTERPRET)
-        cols += BLOCK
-    tl.store(du_ptr + b * n * d + rows[:, None] * d + feats[None, :], du, mask=(rows[:, None] < n) & in_feats)
-    if VARIANT == "l2_repel":
-        if chunk == 0:
-            tl.store(row_sums_ptr + b * n + rows, row_sums, mask=rows < n)
+    g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
+    valid = (rows[:, None] != cols[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
+    sq_sum = _sq_sum(sq_ptr + b * n, rows, cols, n, VARIANT)
+    w = _stored(_pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT),
+                STORE_BF16, INTERPRET)  # fmt: skip
+    in_tile = (rows[:, None] < n) & (cols[None, :] < n)
+    w_seq = w_ptr + b * n * n
+    tl.store(w_seq + rows[:, None] * n + cols[None, :], w, mask=in_tile)
+    w32 = w.to(tl.float32)  # the radial terms use W as stored, as W U will
+    radial = w32
+    if VARIANT != "l2_repel":
+        radial = w32 * g
+    r_seq = r_ptr + b * tiles * n
+    tl.store(r_seq + tj * n + rows, tl.sum(radial, axis=1), mask=rows < n)
+    if ti != tj:
+        tl.store(w_seq + cols[:, None] * n + rows[None, :], tl.trans(w), mask=tl.trans(in_tile))
+        tl.store(r_seq + ti * n + cols, tl.sum(radial, axis=0), mask=cols < n)
+
+
+@triton.jit
+def _dz_kernel(
+    w_ptr, u_ptr, r_ptr, stat_ptr, sq_ptr, z_ptr, dz_ptr, grad_ptr, n, d, tiles, inv_batch, guard, norm_coeff,
+    ROWS: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """dz[b, rows, feats] from du = W u (one pass over the sequence's tokens) and the row scalars.
+
+    unit / centred rows: dz_i = s (du_i - u_i r_i / |u_i|^2) / |x_i|, the radial part
+    dropped unless |x_i| was clamped (for centred rows the centring's backward is a
+    no-op: du and u are combinations of centred rows). raw rows: dz_i = s (du_i - u_i
+    r_i + norm_coeff z_i). s = grad_out / B.
+    """
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    feats = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    b = tl.program_id(2).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    w_seq = w_ptr + b * n * n
+    u_seq = u_ptr + b * n * d
+    in_rows = rows < n
+    in_feats = feats < d
+    du = tl.zeros((BLOCK, BLOCK_D), dtype=tl.float32)
+    for k0 in range(0, n, BLOCK_K):
+        w = tl.load(w_seq + rows[:, None] * n + (k0 + ks)[None, :], mask=in_rows[:, None] & (ks[None, :] < n - k0),
+                    other=0.0)  # fmt: skip
+        u = tl.load(u_seq + (k0 + ks)[:, None] * d + feats[None, :], mask=(ks[:, None] < n - k0) & in_feats[None, :],
+                    other=0.0)  # fmt: skip
+        du = _dot(w, u, du, DOT, INTERPRET)
+    r = tl.zeros((BLOCK,), dtype=tl.float32)
+    for slot in range(0, tiles):
+        r += tl.load(r_ptr + (b * tiles + slot) * n + rows, mask=in_rows, other=0.0)
+    here = in_rows[:, None] & in_feats[None, :]
+    offsets = b * n * d + rows[:, None] * d + feats[None, :]
+    u_rows = tl.load(u_ptr + offsets, mask=here, other=0.0).to(tl.float32)
+    stat = tl.load(stat_ptr + b * n + rows, mask=in_rows, other=1.0)
+    scale = tl.load(grad_ptr) * inv_batch
+    if ROWS == "raw":
+        z = tl.load(z_ptr + offsets, mask=here, other=0.0).to(tl.float32)
+        dz = (du - u_rows * r[:, None] + norm_coeff * z) * scale
+    else:
+        sq = tl.load(sq_ptr + b * n + rows, mask=in_rows, other=1.0)
+        radial = tl.where(stat <= guard, 0.0, tl.div_rn(r, tl.maximum(sq, 1e-30)))
+        dz = (du - u_rows * radial[:, None]) * tl.div_rn(scale, stat)[:, None]
+    tl.store(dz_ptr + offsets, dz.to(dz_ptr.dtype.element_ty), mask=here)
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+class _Rows(NamedTuple):
+    """The stored rows of a batch and their per-token scalars (see ``_rows_kernel``)."""
+
+    u: Tensor
+    stat: Tensor
+    sq: Tensor
+
+
+def _guard(spec: VariantSpec, d: int) -> float:
+    """The norm guard: NORM_EPS, or sqrt(d-1) NORM_EPS for decorrelation's std (see dispersion.py)."""
+    return NORM_EPS * math.sqrt(d - 1) if spec.rows == "centred" else NORM_EPS
+
+
+def _make_rows(hidden: Tensor, spec: VariantSpec, store_bf16: bool) -> _Rows:
+    b, n, d = hidden.shape
+    u = torch.empty(b, n, d, device=hidden.device, dtype=torch.bfloat16 if store_bf16 else torch.float32)
+    stat = torch.empty(b, n, device=hidden.device)
+    sq = torch.empty(b, n, device=hidden.device)
+    mean = hidden.mean(dim=1, dtype=torch.float32) if spec.rows == "raw" else stat
+    _rows_kernel[(b * n,)](
+        hidden, mean, u, stat, sq, n, d, _guard(spec, d),
+        ROWS=spec.rows, STORE_BF16=store_bf16, INTERPRET=INTERPRETED,
+        BLOCK_D=triton.next_power_of_2(d), num_warps=1 if INTERPRETED else 4,
+    )  # fmt: skip
+    return _Rows(u, stat, sq)
+
+
+_TUNED = {
+    "forward": triton.autotune(
+        [triton.Config({"BLOCK_K": k}, num_warps=w, num_stages=st) for k, w, st in PAIR_CONFIGS], key=["n", "d"]
+    )(_pairs_forward_kernel),
+    "backward": triton.autotune(
+        [triton.Config({"BLOCK_K": k}, num_warps=w, num_stages=st) for k, w, st in PAIR_CONFIGS], key=["n", "d"]
+    )(_pairs_backward_kernel),
+    "dz": triton.autotune(
+        [triton.Config({"BLOCK": b, "BLOCK_K": k, "BLOCK_D": bd}, num_warps=w, num_stages=st)
+         for b, k, bd, w, st in DZ_CONFIGS],
+        key=["n", "d"],
+    )(_dz_kernel),
+}  # fmt: skip
+_JIT = {"forward": _pairs_forward_kernel, "backward": _pairs_backward_kernel, "dz": _dz_kernel}
+
+
+def _pairs(tiles: int) -> int:
+    return tiles * (tiles + 1) // 2
 
 
 @dataclass(frozen=True)
 class TritonTiles:
-    """The pair passes of dispersion.py's _PairLoss as fused Triton kernels.
+    """The exact loss in the fused kernels above; a ``PairKernel`` of dispersion.py.
 
-    ``precision`` of the tile products: one of PRECISIONS, or "auto": bf16x3 for the
-    cosine variants and ieee fp32 for l2_repel. Plain bf16 moves the gradients by a
-    few 1e-3 relative (the Gram entries of unit vectors carry bf16's 2^-9 relative
-    rounding); l2_repel works on raw z, where D = |z_i|^2 + |z_j|^2 - 2 z_i.z_j
-    cancels, so any rounding of z_i.z_j at the scale of |z|^2 moves the logits -D/tau.
-
-    Tile sizes (0: default): ``block`` x ``block`` pair tiles (GPU 64; interpreter 16,
-    the smallest tl.dot tile), ``block_d`` features per Gram step (GPU 32) and
-    ``block_out`` features of du per backward program (GPU min(128, d); the Gram tiles
-    are recomputed once per feature chunk). Under the interpreter the feature blocks
-    default to d rounded up to a power of two (at most 64): there every tl op costs
-    about the same whatever its size. The GPU defaults are the largest that compile
-    for sm_90 with (almost) no register spills at 8 warps; their speed is unmeasured.
+    ``precision``: one of PRECISIONS. ``tiles``: a fixed TileConfig instead of autotune
+    over GPU_TILES (under the interpreter, INTERPRETER_TILES unless given).
+    ``max_weight_bytes`` bounds the backward's [sequences, N, N] weight buffer.
     """
 
     precision: str = "auto"
-    block: int = 0
-    block_d: int = 0
-    block_out: int = 0
-    num_warps: int = 8
+    tiles: TileConfig | None = None
+    max_weight_bytes: int = MAX_WEIGHT_BYTES
 
     def __post_init__(self) -> None:
-        if self.precision != "auto" and self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be 'auto' or one of {PRECISIONS}, got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
 
-    def launch_options(self, d: int, spec: _Variant) -> dict[str, object]:
-        """The constexprs and launch options both kernels take, for rows of d features."""
-        precision = self.precision
-        if precision == "auto":
-            precision = "ieee" if spec.rows == "raw" else "bf16x3"
-        return dict(
-            VARIANT=spec.name, LOGSUMEXP=spec.logsumexp, PRECISION=precision, INTERPRET=INTERPRETED,
-            BLOCK=self.block or (16 if INTERPRETED else 64),
-            BLOCK_D=self.block_d or _feature_block(d, 64 if INTERPRETED else 32),
-            num_warps=self.num_warps,
-        )  # fmt: skip
+    def loss(self, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
+        _check_device(hidden.device)
+        return _TritonPairLoss.apply(hidden.contiguous(), spec, hp, lambda_norm, self)
 
-    def block_out_for(self, d: int) -> int:
-        """Features of du per backward program."""
-        return self.block_out or _feature_block(d, 64 if INTERPRETED else 128)
+    def fixed_tiles(self) -> TileConfig | None:
+        return self.tiles or (INTERPRETER_TILES if INTERPRETED else None)
 
-    def forward(self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper) -> _OnlineLogSumExp | Tensor:
-        """Same contract as TorchStrips.forward."""
-        _check_device(x.device)
-        b, n, d = x.shape
-        options = self.launch_options(d, spec)
-        tiles = triton.cdiv(n, options["BLOCK"])
-        m_part = torch.full((b, tiles * tiles), -math.inf, device=x.device)
-        s_part = torch.zeros(b, tiles * tiles, device=x.device)
-        _forward_kernel[(tiles, tiles, b)](
-            x.contiguous(), _or(sq, s_part), m_part, s_part, n, d, hp.tau, hp.clamp, **options
-        )
-        if not spec.logsumexp:
-            return s_part.sum(dim=1)
-        lse = _OnlineLogSumExp(b, x.device)
-        lse.add_partials(m_part, s_part)
-        return lse
+    def block(self, n: int) -> int:
+        """The pair tile of every kernel for sequences of n tokens."""
+        fixed = self.fixed_tiles()
+        return fixed.block if fixed else pair_block(n)
 
-    def backward(
-        self, x: Tensor, sq: Tensor | None, spec: _Variant, hp: _Hyper, lse: tuple[Tensor, Tensor] | None
-    ) -> tuple[Tensor, Tensor | None]:
-        """Same contract as TorchStrips.backward."""
-        _check_device(x.device)
-        b, n, d = x.shape
-        options = self.launch_options(d, spec)
-        block_out = self.block_out_for(d)
-        du = torch.empty(b, n, d, device=x.device)
-        row_sums = torch.empty(b, n, device=x.device) if sq is not None else None
-        m, log_s = lse if lse is not None else (du, du)
-        grid = (triton.cdiv(n, options["BLOCK"]), triton.cdiv(d, block_out), b)
-        _backward_kernel[grid](
-            x.contiguous(), _or(sq, du), m, log_s, du, _or(row_sums, du), n, d, hp.tau, hp.clamp, 4.0 / hp.pairs,
-            BLOCK_OUT=block_out, **options,
-        )  # fmt: skip
-        return du, row_sums
+    def launch(self, name: str, grid, *args, **constexprs) -> None:
+        """Launch kernel ``name``: with fixed tiles, or autotuned; ``grid`` maps the tile sizes to the grid."""
+        fixed = self.fixed_tiles()
+        if fixed is None:
+            _TUNED[name][grid](*args, **constexprs)
+            return
+        meta = {"BLOCK": fixed.block, "BLOCK_K": fixed.block_k}
+        if name == "dz":
+            meta["BLOCK_D"] = fixed.block_d
+        _JIT[name][grid({**constexprs, **meta})](*args, **{**constexprs, **meta}, num_warps=fixed.num_warps)
+
+
+class _TritonPairLoss(torch.autograd.Function):
+    """Forward: rows, then the triangle's partials. Backward: rows and triangle again, W once, dz = f(W U).
+
+    Saves only ``hidden`` and two scalars per sequence; autocast is off inside.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles) -> Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            b, n, d = hidden.shape
+            plan = products(tiles.precision, spec)
+            rows = _make_rows(hidden, spec, plan.store_bf16)
+            block = tiles.block(n)
+            pair_count = _pairs(triton.cdiv(n, block))
+            m_part = torch.empty(b, pair_count, device=hidden.device)
+            s_part = torch.empty(b, pair_count, device=hidden.device)
+            tiles.launch(
+                "forward", lambda meta: (pair_count, b), rows.u, rows.sq, m_part, s_part, n, d, -1.0 / hp.tau,
+                hp.clamp, VARIANT=spec.name, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
+            )  # fmt: skip
+            ctx.spec, ctx.hp, ctx.lambda_norm, ctx.tiles = spec, hp, lambda_norm, tiles
+            if spec.logsumexp:
+                lse = OnlineLogSumExp(b, hidden.device)
+                lse.add_partials(m_part, s_part)
+                m, log_s = lse.finish()
+                ctx.save_for_backward(hidden, m, log_s)
+                per_seq = m + log_s - math.log(hp.pairs)
+            else:
+                ctx.save_for_backward(hidden)
+                per_seq = s_part.sum(dim=1) * (2.0 / hp.pairs)
+            if spec.rows == "raw":
+                per_seq = per_seq + rows.stat.sum(dim=1) * (lambda_norm / (n * d))
+            return per_seq.mean()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, *lse = ctx.saved_tensors
+        spec, hp, tiles = ctx.spec, ctx.hp, ctx.tiles
+        with torch.autocast(hidden.device.type, enabled=False):
+            plan = products(tiles.precision, spec)
+            rows = _make_rows(hidden, spec, plan.store_bf16)
+            dz = torch.empty_like(hidden)
+            grad = grad_out.reshape(1).float()
+            m, log_s = lse if lse else (rows.stat, rows.stat)
+            for b0, b1 in _sequence_groups(hidden, rows.u.element_size(), tiles.max_weight_bytes):
+                _weights_and_dz(rows, m, log_s, hidden, dz, grad, b0, b1, spec, hp, ctx.lambda_norm, tiles, plan)
+        return dz, None, None, None, None
+
+
+def _weights_and_dz(rows: _Rows, m: Tensor, log_s: Tensor, hidden: Tensor, dz: Tensor, grad: Tensor, b0: int,
+                    b1: int, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles,
+                    plan: _Products) -> None:  # fmt: skip
+    """Sequences [b0, b1): W and the radial partials, then dz (in place)."""
+    n, d = hidden.shape[1:]
+    count = b1 - b0
+    block = tiles.block(n)
+    tile_count = triton.cdiv(n, block)
+    w = torch.empty(count, n, n, device=hidden.device, dtype=rows.u.dtype)
+    radial = torch.empty(count, tile_count, n, device=hidden.device)
+    u, sq = rows.u[b0:b1], rows.sq[b0:b1]
+    tiles.launch(
+        "backward", lambda meta: (_pairs(tile_count), count),
+        u, sq, m[b0:b1], log_s[b0:b1], w, radial, n, d, -1.0 / hp.tau, hp.clamp, 4.0 / hp.pairs,
+        VARIANT=spec.name, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, STORE_BF16=plan.store_bf16, INTERPRET=INTERPRETED,
+        BLOCK=block,
+    )  # fmt: skip
+    tiles.launch(
+        "dz", lambda meta: (triton.cdiv(n, meta["BLOCK"]), triton.cdiv(d, meta["BLOCK_D"]), count),
+        w, u, radial, rows.stat[b0:b1], sq, hidden[b0:b1], dz[b0:b1], grad, n, d, tile_count,
+        1.0 / hidden.shape[0], _guard(spec, d), 2.0 * lambda_norm / (n * d),
+        ROWS=spec.rows, DOT=plan.dot, INTERPRET=INTERPRETED,
+    )  # fmt: skip
+
+
+def _sequence_groups(hidden: Tensor, element_bytes: int, max_bytes: int) -> list[tuple[int, int]]:
+    """[b0, b1) groups of sequences whose [group, N, N] weight buffer fits ``max_bytes`` (at least one)."""
+    b, n = hidden.shape[:2]
+    per_group = max(1, max_bytes // (n * n * element_bytes))
+    return [(b0, min(b0 + per_group, b)) for b0 in range(0, b, per_group)]
 
 
 def _check_device(device: torch.device) -> None:
@@ -334,13 +587,3 @@ def _check_device(device: torch.device) -> None:
             f"the Triton dispersion kernels need a CUDA tensor, got one on {device}; to run them on CPU, "
             "set TRITON_INTERPRET=1 before the process first uses them (or use kernel='torch')"
         )
-
-
-def _or(tensor: Tensor | None, placeholder: Tensor) -> Tensor:
-    """A pointer argument the kernel's variant never reads still needs some tensor."""
-    return placeholder if tensor is None else tensor
-
-
-def _feature_block(d: int, limit: int) -> int:
-    """A power-of-two block of features: d rounded up, at most ``limit``, at least tl.dot's 16."""
-    return max(16, min(triton.next_power_of_2(d), limit))
