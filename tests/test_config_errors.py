@@ -42,6 +42,7 @@ def write_toml(tmp_path, text: str) -> str:
         (["--dispersion.layers", "middle"], "dispersion.layers"),
         (["--dispersion.max_tokens", "1"], "dispersion.max_tokens"),
         (["--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps"),
+        (["--dispersion.precision", "fp8"], "dispersion.precision"),
         (["--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k"),
         (["--baseline.method", "neftune"], "baseline.method"),
         (["--baseline.noise_alpha", "-1"], "baseline.noise_alpha"),
@@ -105,6 +106,7 @@ def test_malformed_toml_names_the_file(tmp_path):
         (["--parallelism.tensor_parallel_degree", "3"], "dispersion_titan: error: model.n_heads: 4 is not divisible by parallelism.tensor_parallel_degree=3"),
         (["--training.seq_len", "300"], "dispersion_titan: error: training.seq_len: 300 must be in 1..256 (model.max_seq_len positions)"),
         (["--training.dataset", "local", "--training.dataset_path", "missing.jsonl"], "dispersion_titan: error: training.dataset_path: no file matches 'missing.jsonl'"),
+        (["--dispersion.variant", "angular_spread", "--dispersion.kernel", "triton"], "dispersion_titan: error: dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; use 'auto' (the PyTorch strips on CPU) or 'torch'"),
     ],
 )
 def test_cli_exits_2_with_one_line_before_starting(tmp_path, args, expected):

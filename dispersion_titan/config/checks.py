@@ -21,7 +21,7 @@ from ..data.store import is_store, open_store
 from ..encoders import GPT2, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..errors import ConfigError, DataConfigError
 from ..hf_assets import is_hub_id
-from ..losses.options import CONFIG_RANGES, CONFIG_VARIANTS, KERNELS, range_error, resolve_layers
+from ..losses.options import CONFIG_RANGES, CONFIG_VARIANTS, KERNELS, PRECISIONS, range_error, resolve_layers
 from ..models.flavors import SHAPE_KEYS
 from .schema import METHOD_SETTINGS
 
@@ -78,10 +78,22 @@ def check_dispersion(config: JobConfig, n_layers: int) -> None:
             raise ConfigError(f"dispersion.{name}: {problem}")
     if d.kernel not in KERNELS:
         raise ConfigError(f"dispersion.kernel: {d.kernel!r} is not one of {KERNELS}")
+    if d.precision not in PRECISIONS:
+        raise ConfigError(f"dispersion.precision: {d.precision!r} is not one of {PRECISIONS}")
+    if d.kernel == "triton" and d.variant != "none" and not _triton_device_here():
+        raise ConfigError("dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
+                          "use 'auto' (the PyTorch strips on CPU) or 'torch'")
     try:
         resolve_layers(d.layers, n_layers)
     except ValueError as e:
         raise ConfigError(f"dispersion.layers: {e}") from None
+
+
+def _triton_device_here() -> bool:
+    """Whether the Triton kernels can run in this job: a CUDA device, or Triton's CPU interpreter."""
+    import torch
+
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def run_tokenizer(config: JobConfig) -> DocumentEncoder | None:

@@ -55,8 +55,13 @@ class Dispersion:
     warmup_steps: int = 0
     """Ramp λ linearly from 0 over this many steps; 0 applies it in full from step 1."""
     kernel: str = "auto"
-    """auto | triton | torch: the pair kernel; auto = the fused Triton kernel on CUDA, else the
+    """auto | triton | torch: the pair kernel; auto = the fused Triton kernel on CUDA (probed once
+    against torch at start: a disagreement or a failed build stops the run in one line), else the
     memory-lean PyTorch strips."""
+    precision: str = "auto"
+    """auto | bf16 | tf32 | exact: the Triton kernel's products. auto (bf16 tensor-core products,
+    fp32 accumulation) for training; exact (bf16x3, ieee fp32 for l2_repel) equals the reference
+    within 1e-4 in value. The torch strips always compute in fp32."""
 
 
 METHOD_SETTINGS: dict[str, tuple[str, ...]] = {

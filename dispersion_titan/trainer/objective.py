@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..errors import ConfigError
 from ..losses import dispersion_loss, mean_offdiag_cosine
+from ..losses.dispersion import KernelUnavailable, check_triton_kernel
 from ..losses.options import resolve_layers
 from .sequence_parallel import own_sequences
 
@@ -38,6 +40,15 @@ class DispersionObjective:
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.tp_group = tp_group
+
+    def check_kernel(self, device: torch.device) -> None:
+        """Before the first step, probe the Triton kernel that ``kernel = "auto"`` takes on CUDA: a
+        failed build or a disagreement with torch is one line naming ``dispersion.kernel = "torch"``."""
+        if self.active and self.cfg.kernel == "auto" and device.type == "cuda":
+            try:
+                check_triton_kernel(device, self.cfg.variant, self.cfg.precision)
+            except KernelUnavailable as err:
+                raise ConfigError(f"dispersion.kernel: {err}") from None
 
     def coeff(self, step: int) -> float:
         """λ at ``step`` (1-based), after the optional linear warm-up."""
@@ -81,6 +92,7 @@ class DispersionObjective:
                         max_tokens=self.cfg.max_tokens,
                         generator=self._generator(step, i, owned[i].device),
                         kernel=self.cfg.kernel,
+                        precision=self.cfg.precision,
                     )
                     for i in self.layers
                 ]).mean() * scale

@@ -73,6 +73,7 @@ class DispersionTrainer(titan_compat.trainer_class()):
         self.dispersion = DispersionObjective(
             job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
         )
+        self.dispersion.check_kernel(self.device)
         (model,) = self.model_parts
         self.block_outputs = BlockOutputs(model.layers)  # after parallelize_fn: outside AC and compile
         self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
