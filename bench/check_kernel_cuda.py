@@ -3,7 +3,7 @@
 Runs the cases of tests/test_dispersion_kernel.py (which CI runs under Triton's CPU
 interpreter, with tiny tiles) on the GPU with the default tile sizes, plus GPT-2
 small's shape (B=2, N=1024, d=768) for every variant with fp32 and bf16 inputs and
-with fp32 ("ieee") and default-precision tiles, against the same tolerances. Prints
+at every precision (auto, bf16, tf32, exact), against the same tolerances. Prints
 one table row per case, then ``RESULT key=value`` lines for bench/gpu_acceptance.sh;
 exits 1 if any case is outside its tolerance.
 
@@ -21,17 +21,18 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from dispersion_titan.losses import VARIANTS  # noqa: E402
-from test_dispersion_kernel import case_table, precision_of, run_case, tolerances  # noqa: E402
+from dispersion_titan.losses import PRECISIONS  # noqa: E402
+from test_dispersion_kernel import case_table, run_case, tolerances  # noqa: E402
 
 GPT2_SMALL = {"B": 2, "N": 1024, "d": 768, "tau": 1.0, "inputs": "gpt2_small"}
-DEFAULT_TILES = {"block": 0, "block_d": 0, "block_out": 0}
+DEFAULT_TILES = {"tiles": None}  # autotuned
 
 
 def cases() -> dict[str, dict]:
     table = {name: {**case, **DEFAULT_TILES} for name, case in case_table().items()}
     for variant in VARIANTS:
         for dtype in ("fp32", "bf16"):
-            for precision in ("ieee", "auto"):
+            for precision in PRECISIONS:
                 table[f"{variant}-gpt2_small-{dtype}-{precision}"] = {
                     "variant": variant, "dtype": dtype, "precision": precision, **GPT2_SMALL, **DEFAULT_TILES,
                 }  # fmt: skip
@@ -50,7 +51,7 @@ def main() -> None:
         value_tol, grad_tol = tolerances(case)
         ok = got["finite"] and got["value_rel"] <= value_tol and got["grad_rel"] <= grad_tol
         failures += not ok
-        precision = precision_of(case)
+        precision = case["precision"]
         for key in ("value_rel", "grad_rel"):
             worst[f"{precision}.{key}"] = max(worst.get(f"{precision}.{key}", 0.0), got[key])
         print(f"| {name} | {precision} | {got['value_rel']:.1e} | {got['grad_rel']:.1e} "

@@ -50,7 +50,9 @@ from dispersion_titan.losses import VARIANTS, dispersion_loss, dispersion_loss_r
 IMPLS: dict[str, Callable[..., torch.Tensor]] = {
     "naive": dispersion_loss_reference,
     "lean": partial(dispersion_loss, kernel="torch"),
-    "triton": partial(dispersion_loss, kernel="triton"),
+    "triton": partial(dispersion_loss, kernel="triton"),  # precision "auto"
+    "triton_tf32": partial(dispersion_loss, kernel="triton", precision="tf32"),
+    "triton_exact": partial(dispersion_loss, kernel="triton", precision="exact"),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -178,7 +180,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--tau", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS,
+    p.add_argument("--impls", nargs="+", default=["triton", "lean", "naive"], choices=IMPLS,
                    help="implementations to run; the first is the baseline of the ratios and gaps")  # fmt: skip
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "VARIANT"), help=argparse.SUPPRESS)
     return p.parse_args()
@@ -200,9 +202,10 @@ def main() -> None:
     if args.memory_worker:
         memory_worker(args)
         return
-    if "triton" in args.impls and not triton_runs_here(args.device):
-        print(f"note: skipping the triton path: it needs CUDA (or TRITON_INTERPRET=1) and triton, device={args.device}")
-        args.impls.remove("triton")
+    skipped = [impl for impl in args.impls if impl.startswith("triton")]
+    if skipped and not triton_runs_here(args.device):
+        print(f"note: skipping {', '.join(skipped)}: it needs CUDA (or TRITON_INTERPRET=1) and triton, device={args.device}")
+        args.impls = [impl for impl in args.impls if impl not in skipped]
     print(
         f"device={args.device} dtype={args.dtype} B={args.B} N={args.N} d={args.d} "
         f"layers={args.layers} repeats={args.repeats} tau={args.tau} threads={torch.get_num_threads()}"

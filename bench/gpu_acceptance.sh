@@ -3,12 +3,17 @@
 #
 #   bash bench/gpu_acceptance.sh            # table also written to $OUT_DIR/gpu_acceptance.md
 #
-# In order: (1) CUDA is visible, else one line and exit 2; (2) the Triton kernels
-# against the reference on CUDA (bench/check_kernel_cuda.py); (3) bench/dispersion_loss.py
-# (B=16, N=1024, d=768, 12 layers: triton vs lean vs naive) and bench/train_step.py
-# (GPT-2 small, seq 1024, bf16, compiled); (4) 20 steps of train_configs/debug.toml with
-# angular_spread (coeff 0.1), compile and bf16 through launch/train.sh on all visible
-# GPUs; (5) the condensation analysis of that run's checkpoints on the GPU.
+# In order: (1) CUDA is visible, else one line and exit 2; (2) the Triton kernels at every
+# precision against the reference on CUDA (bench/check_kernel_cuda.py); (3)
+# bench/dispersion_loss.py at GPT-2 small's shape (B=16, N=1024, d=768, 12 layers) and
+# Qwen3-1.7B's (B=1, N=4096, d=2048, 28 layers): triton at each precision vs lean (vs
+# naive at GPT-2's); (4) bench/train_step.py (GPT-2 small, seq 1024, bf16, compiled):
+# angular_spread and l2_repel at each precision against CE only, then one step of each
+# under torch.cuda.set_sync_debug_mode("warn"), counting implicit host syncs; (5) 20 steps
+# of train_configs/debug.toml with angular_spread (coeff 0.1), compile and bf16 through
+# launch/train.sh on all visible GPUs (with >= 2 GPUs: FSDP2 over them, then TP2); (6) the
+# condensation analysis of that run's checkpoints on the GPU.
+# bench/acceptance_table.py does the parsing (tested on CPU with canned lines).
 # Each step's output is kept in $OUT_DIR/<step>.log; a failing step is marked in the
 # table and the script goes on, exiting 1 at the end.
 # Environment: OUT_DIR (default outputs/gpu_acceptance), PYTHON (default .venv/bin/python
@@ -41,7 +46,7 @@ run_step() {  # run_step NAME CMD...: run CMD, log to $OUT_DIR/NAME.log, collect
     "$@" 2>&1 | tee "$OUT_DIR/$name.log"
     rc=${PIPESTATUS[0]}
     set -e
-    grep '^RESULT ' "$OUT_DIR/$name.log" | sed 's/^RESULT //' >>"$RESULTS" || true
+    "$PYTHON" bench/acceptance_table.py results "$OUT_DIR/$name.log" >>"$RESULTS" || true
     echo "$name.wall_s=$((SECONDS - start)) $name.exit=$rc" >>"$RESULTS"
     if [ "$rc" -ne 0 ]; then failed=1; fi
 }
@@ -60,21 +65,27 @@ print(f"device={name}x{torch.cuda.device_count()} torch={torch.__version__} trit
 EOF
 
 run_step kernel_check "$PYTHON" bench/check_kernel_cuda.py
-run_step dispersion_loss "$PYTHON" bench/dispersion_loss.py --device cuda --B 16 --N 1024 --d 768 --layers 12
+run_step dispersion_loss "$PYTHON" bench/dispersion_loss.py --device cuda --B 16 --N 1024 --d 768 --layers 12 \
+    --impls triton triton_tf32 triton_exact lean naive
+run_step dispersion_loss_qwen3 "$PYTHON" bench/dispersion_loss.py --device cuda --B 1 --N 4096 --d 2048 --layers 28 \
+    --dtype bf16 --variants angular_spread l2_repel --impls triton triton_tf32 triton_exact lean --repeats 2
 run_step train_step "$PYTHON" bench/train_step.py --device cuda --dtype bf16 --compile \
-    --flavor small --seq-len 1024 --batch-size "${TRAIN_STEP_BATCH:-8}"
+    --flavor small --seq-len 1024 --batch-size "${TRAIN_STEP_BATCH:-8}" \
+    --variants angular_spread l2_repel --precisions auto tf32 exact --sync-debug
 
 RUN=$OUT_DIR/debug_angular_spread
 rm -rf "$RUN"
-run_step train env NPROC="$gpus" bash launch/train.sh train_configs/debug.toml \
-    --dispersion.variant angular_spread --dispersion.coeff 0.1 --training.steps 20 \
-    --training.global_batch_size $((4 * gpus)) --compile.enable --training.mixed_precision_param bfloat16 \
+train_args=(--dispersion.variant angular_spread --dispersion.coeff 0.1 --training.steps 20
+    --training.global_batch_size $((4 * gpus)) --compile.enable --training.mixed_precision_param bfloat16)
+run_step train env NPROC="$gpus" bash launch/train.sh train_configs/debug.toml "${train_args[@]}" \
     --job.dump_folder "$RUN"
-# the last logged step of rank 0: loss, memory, tokens/s per GPU and TorchTitan's MFU
-sed -n 's/.*step: *\([0-9]*\) .*loss: *\([0-9.]*\).*memory: *\([0-9.]*\)GiB.*tps: *\([0-9,]*\).*mfu: *\([0-9.]*\)%.*/train.step=\1 train.loss=\2 train.memory_gib=\3 train.tps_per_gpu=\4 train.mfu_pct=\5/p' \
-    "$OUT_DIR/train.log" | tr -d ',' | tail -n 1 >>"$RESULTS"
-sed -n 's/.*step: *\([0-9]*\) *ce: *\([0-9.]*\) *dispersion: *\(-*[0-9.]*\).*/train.ce=\2 train.dispersion=\3/p' \
-    "$OUT_DIR/train.log" | tail -n 1 >>"$RESULTS"
+"$PYTHON" bench/acceptance_table.py train "$OUT_DIR/train.log" >>"$RESULTS"
+if [ "$gpus" -ge 2 ]; then  # NCCL: FSDP2 over every GPU, then tensor parallel over two
+    run_step train_fsdp2 env NPROC="$gpus" bash launch/train.sh train_configs/debug.toml "${train_args[@]}" \
+        --parallelism.data_parallel_shard_degree "$gpus" --job.dump_folder "$OUT_DIR/debug_fsdp2"
+    run_step train_tp2 env NPROC=2 bash launch/train.sh train_configs/debug.toml "${train_args[@]}" \
+        --training.global_batch_size 4 --parallelism.tensor_parallel_degree 2 --job.dump_folder "$OUT_DIR/debug_tp2"
+fi
 
 run_step analyze "$PYTHON" -m dispersion_titan.analyze "$RUN" --device cuda --num-sequences 32 --seq-len 128
 [ -f "$RUN/condensation/summary.csv" ] && "$PYTHON" - "$RUN/condensation/summary.csv" >>"$RESULTS" <<'EOF'
@@ -85,17 +96,5 @@ for step in sorted({int(r["step"]) for r in rows}):
     print(f"analyze.step{step}.mean_cos_offdiag_over_layers={statistics.fmean(cos):.4f}")
 EOF
 
-"$PYTHON" - "$RESULTS" "$OUT_DIR/gpu_acceptance.md" "$failed" <<'EOF'
-import sys
-results, table_file, failed = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-lines = ["| quantity | value |", "|---|---|"]
-for line in open(results):
-    for item in line.split():
-        key, _, value = item.partition("=")
-        lines.append(f"| {key} | {value} |")
-lines.append(f"| all steps passed | {'no' if failed else 'yes'} |")
-open(table_file, "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-print(f"(written to {table_file})")
-EOF
+"$PYTHON" bench/acceptance_table.py table "$RESULTS" "$OUT_DIR/gpu_acceptance.md" "$failed"
 exit "$failed"

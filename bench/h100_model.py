@@ -1,0 +1,95 @@
+"""A cost model of the dispersion loss on one H100 SXM: a PREDICTION, not a measurement.
+
+For each shipped GPU config it takes the Triton kernel's issued matmul work and glue traffic
+(counted by ``tests/kernel_accounting.issued``, which tests/test_dispersion_kernel.py checks
+against the interpreter's own count) and H100 SXM's published peaks (989 TFLOP/s dense bf16,
+3.35 TB/s HBM3), and predicts per micro-batch:
+
+- the model's step: 6 FLOPs per parameter per token plus attention, at an assumed MFU;
+- the loss: its FLOPs at a sustained kernel rate (the rate measured on an H100 in
+  docs/benchmarks.md, and at 50% of peak), its traffic at peak bandwidth, 5 µs per launch;
+- the step ratio, loss on against CE only. Targets: ≤ 1.10 (GPT-2 small), ≤ 1.15 (Qwen3-1.7B).
+
+    python bench/h100_model.py                   # markdown table
+    python bench/h100_model.py --mfu 0.45 --kernel-tflops 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+
+from kernel_accounting import issued  # noqa: E402
+
+PEAK_BF16 = 989e12  # dense bf16 FLOP/s, H100 SXM
+PEAK_HBM = 3.35e12  # bytes/s, H100 SXM
+LAUNCH_S = 5e-6  # per kernel launch
+LAUNCHES_PER_BLOCK = 6  # rows (x2), pairs forward, pairs backward, W U, the mean for l2_repel
+MEASURED_KERNEL_TFLOPS = 124.0  # this kernel at Qwen3-1.7B's shape on an H100 (docs/benchmarks.md, 2026-11-25)
+
+
+class Config(NamedTuple):
+    name: str
+    layers: int
+    dim: int
+    mlp: int
+    heads_dim: int  # query heads x head width
+    kv_dim: int  # key-value heads x head width
+    vocab: int
+    seq_len: int
+    micro_batch: int  # sequences per GPU per micro-batch (the config's max_local_batch_size)
+    mlp_matrices: int  # 2 for GPT-2's MLP, 3 for SwiGLU
+
+
+SHIPPED = [
+    *(Config(f"gpt2_small_mlp{m}", 12, 768, m, 768, 768, 50304, 1024, 8, 2) for m in (768, 1536, 3072, 6144)),
+    Config("midtrain_qwen3_0.6b", 28, 1024, 3072, 2048, 1024, 151936, 4096, 2, 3),
+    Config("midtrain_qwen3_1.7b", 28, 2048, 6144, 2048, 1024, 151936, 4096, 1, 3),
+]
+
+
+def model_flops(c: Config) -> float:
+    """Training FLOPs of one micro-batch: 6 per weight per token (LM head included) plus attention."""
+    per_layer = c.dim * (c.heads_dim + 2 * c.kv_dim) + c.heads_dim * c.dim + c.mlp_matrices * c.dim * c.mlp
+    tokens = c.micro_batch * c.seq_len
+    attention = 12 * c.layers * c.heads_dim * c.seq_len  # per token, as TorchTitan counts it
+    return tokens * (6 * (c.layers * per_layer + c.vocab * c.dim) + attention)
+
+
+def loss_seconds(c: Config, kernel_flops_per_s: float) -> tuple[float, float]:
+    """(seconds, issued FLOPs) of the loss on every block of one micro-batch."""
+    work = issued(c.micro_batch, c.seq_len, c.dim)
+    flops = c.layers * work["matmul_flops"] * c.micro_batch * c.seq_len**2 * c.dim
+    traffic = c.layers * work["glue_traffic"] * c.micro_batch * c.seq_len * c.dim * 4
+    kernel_traffic = c.layers * c.micro_batch * c.seq_len * (c.seq_len * 2 * 2 + c.dim * 2 * 8)  # W twice, rows
+    seconds = flops / kernel_flops_per_s + (traffic + kernel_traffic) / PEAK_HBM + c.layers * LAUNCHES_PER_BLOCK * LAUNCH_S
+    return seconds, flops
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--mfu", type=float, default=0.40, help="assumed MFU of the model's own step")
+    p.add_argument("--kernel-tflops", type=float, default=MEASURED_KERNEL_TFLOPS,
+                   help="sustained rate of the loss kernels (default: measured on an H100)")
+    args = p.parse_args()
+    print(f"PREDICTION (not a measurement): H100 SXM peaks {PEAK_BF16 / 1e12:.0f} TFLOP/s bf16, "
+          f"{PEAK_HBM / 1e12:.2f} TB/s; model at MFU {args.mfu:.2f}; loss kernels at {args.kernel_tflops:.0f} "
+          f"TFLOP/s sustained, and at 50% of peak")  # fmt: skip
+    print("| config | micro-batch × seq | model step ms | loss FLOPs (÷ B·N²·d per block) | loss ms | ratio | "
+          "ratio at 50% peak |")
+    print("|---|---|---|---|---|---|---|")
+    for c in SHIPPED:
+        step = model_flops(c) / (args.mfu * PEAK_BF16)
+        loss, flops = loss_seconds(c, args.kernel_tflops * 1e12)
+        fast, _ = loss_seconds(c, 0.5 * PEAK_BF16)
+        units = flops / (c.layers * c.micro_batch * c.seq_len**2 * c.dim)
+        print(f"| {c.name} | {c.micro_batch} × {c.seq_len} | {step * 1e3:.1f} | {flops / 1e12:.2f} T ({units:.2f}) "
+              f"| {loss * 1e3:.1f} | {(step + loss) / step:.3f} | {(step + fast) / step:.3f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
