@@ -32,7 +32,7 @@ from .bpe import bpe_files
 from .encoders import GPT2, DocumentEncoder, encoder_named
 from .errors import CheckpointError, ConvertError, DispersionTitanError, fail
 from .models import family
-from .trainer.checkpoints import (
+from .run_folder.checkpoints import (
     check_complete,
     checkpoint_folder,
     list_checkpoints,

@@ -183,7 +183,7 @@ def analyze_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
 
 
 def trained(plan: Plan, run: Cell) -> bool:
-    from dispersion_titan.trainer.checkpoints import check_complete
+    from dispersion_titan.run_folder.checkpoints import check_complete
 
     try:
         check_complete(os.path.join(plan.dump(run), "checkpoint", f"step-{plan.steps}"))
@@ -195,7 +195,7 @@ def trained(plan: Plan, run: Cell) -> bool:
 def analyzed(plan: Plan, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences."""
     from dispersion_titan.analysis.results import read_results
-    from dispersion_titan.trainer.checkpoints import list_checkpoints
+    from dispersion_titan.run_folder.checkpoints import list_checkpoints
 
     results = read_results(os.path.join(plan.dump(run), "condensation"))
     return all(

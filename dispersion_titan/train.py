@@ -39,7 +39,7 @@ def _first_message(boxed: str) -> str:
 def prepare() -> None:
     """Check the TorchTitan version, adapt it to CPU-only machines, register our models."""
     from dispersion_titan.models import register_all
-    from dispersion_titan.trainer import titan_compat
+    from dispersion_titan.components import titan_compat
 
     titan_compat.apply()
     register_all()
@@ -54,9 +54,9 @@ def validated_args(args: list[str], world_size: int | None = None):
     from torchtitan.protocols.train_spec import get_train_spec
 
     from dispersion_titan import config as custom_config
-    from dispersion_titan.config.checks import check_job_config, check_toml_types
+    from dispersion_titan.trainer.config_checks import check_job_config, check_toml_types
     from dispersion_titan.models import FAMILIES, register_all
-    from dispersion_titan.trainer import titan_compat
+    from dispersion_titan.components import titan_compat
 
     toml = load_toml(args)
     check_toml_types(titan_compat.merged_job_config_class(custom_config.JobConfig), toml)
@@ -95,8 +95,8 @@ def with_local_assets(args: list[str], job_config) -> list[str]:
 def resume_step(job_config) -> int | None:
     """The checkpoint step to load when TorchTitan's choice (the newest) is not the one; see
     ``checkpoints.plan_resume``. Raises ``RunFinished`` when there is nothing to do."""
-    from dispersion_titan.config.checks import data_parallel_degree
-    from dispersion_titan.trainer.checkpoints import plan_resume
+    from dispersion_titan.trainer.config_checks import data_parallel_degree
+    from dispersion_titan.run_folder.checkpoints import plan_resume
 
     ckpt = job_config.checkpoint
     if not ckpt.enable:
@@ -127,7 +127,7 @@ def main() -> None:
         fail_with(e)
     prepare()
     from dispersion_titan.devices import check_gpus_usable
-    from dispersion_titan.trainer import titan_compat
+    from dispersion_titan.components import titan_compat
 
     titan_compat.use_command_line(args)
     if any(a in ("-h", "--help") for a in args):

@@ -183,7 +183,7 @@ def absolute_lm_eval_tasks(folder: Path) -> Path:
 
 
 def load_weights(step_dir: Path | str) -> dict[str, torch.Tensor]:
-    from dispersion_titan.trainer.checkpoints import load_model, load_model_args
+    from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 
     step_dir = str(step_dir)
     args = load_model_args(os.path.dirname(step_dir))
@@ -326,7 +326,7 @@ def tiny_run(dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug", a
 
     from dispersion_titan.models import family
     from dispersion_titan.models.gpt2.args import gpt2_flavors
-    from dispersion_titan.trainer.checkpoints import save_run_metadata
+    from dispersion_titan.run_folder.checkpoints import save_run_metadata
 
     args = args if args is not None else gpt2_flavors[flavor]
     for step in steps:

@@ -35,7 +35,7 @@ from dispersion_titan.models.llama3 import Llama3Args, llama3_flavors
 from dispersion_titan.models.qwen3 import Qwen3Args, qwen3_flavors
 from dispersion_titan.train import validated_args
 from dispersion_titan.trainer.baselines import build_baseline
-from dispersion_titan.trainer.checkpoints import load_model, load_model_args
+from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from helpers import REPO, analyze, independent_states, plain_mean_cos, python_module, scalars, texts_jsonl, tiny_run
 
 QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")

@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
 from dispersion_titan import convert
-from dispersion_titan.trainer.checkpoints import save_run_metadata
+from dispersion_titan.run_folder.checkpoints import save_run_metadata
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
@@ -42,7 +42,7 @@ def hf_logits(model_dir) -> torch.Tensor:
 
 
 def our_logits(step_dir) -> torch.Tensor:
-    from dispersion_titan.trainer.checkpoints import load_model, load_model_args
+    from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 
     model = load_model(str(step_dir), load_model_args(os.path.dirname(str(step_dir))))
     with torch.no_grad():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.config.checks import resolve_batch_sizes
+from dispersion_titan.trainer.config_checks import resolve_batch_sizes
 from dispersion_titan.config.cli import load_toml
 from dispersion_titan.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
 from dispersion_titan.errors import ConfigError, DeviceError

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.errors import CheckpointError
-from dispersion_titan.trainer.checkpoints import plan_resume
+from dispersion_titan.run_folder.checkpoints import plan_resume
 from helpers import REFERENCE_STEPS, SCHEDULE, digests, load_weights, max_abs_diff, scalars, torchrun
 
 pytestmark = pytest.mark.slow

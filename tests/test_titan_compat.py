@@ -1,4 +1,4 @@
-"""Canaries for every TorchTitan internal that ``trainer/titan_compat.py`` touches.
+"""Canaries for every TorchTitan internal that ``components/titan_compat.py`` touches.
 
 Each test names the touch it guards: when a TorchTitan upgrade changes what the touch
 relies on, the failure says which one to re-check. The pin itself comes first.
@@ -18,7 +18,7 @@ import textwrap
 import pytest
 import torch
 
-from dispersion_titan.trainer import titan_compat
+from dispersion_titan.components import titan_compat
 
 TORCHTITAN = pathlib.Path(importlib.import_module("torchtitan").__file__).parent
 
@@ -301,7 +301,7 @@ def test_lr_schedulers_per_group_apply_one_factor_per_group_and_resume():
 
 
 def test_trainer_builds_optimizers_and_lr_schedulers_in_init():
-    """``trainer.optimizers.baseline_settings`` is active during ``Trainer.__init__`` only: the
+    """``components.optimizers.baseline_settings`` is active during ``Trainer.__init__`` only: the
     TrainSpec's optimizer and LR-scheduler builders must be called there."""
     from torchtitan.train import Trainer
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import CheckpointError
-from ..trainer.checkpoints import load_run_metadata
+from ..run_folder.checkpoints import load_run_metadata
 from . import AnalysisError, figures
 from .inputs import differences
 from .result import Condensation

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..errors import CheckpointError
 from ..encoders import GPT2, DocumentEncoder, encoder_named
-from ..trainer.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
+from ..run_folder.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
 from . import AnalysisError, figures
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, measure

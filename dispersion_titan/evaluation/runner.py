@@ -13,7 +13,7 @@ from ..analysis.results import ensure_writable
 from ..analysis.runner import resolve_device
 from ..analysis.steps import select_steps
 from ..errors import CheckpointError
-from ..trainer.checkpoints import StepCheckpoint, checkpoint_folder, list_checkpoints
+from ..run_folder.checkpoints import StepCheckpoint, checkpoint_folder, list_checkpoints
 from . import EvaluationError
 from .export import hf_export
 from .protocol import Plan, mean_accuracy

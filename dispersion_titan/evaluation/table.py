@@ -19,7 +19,7 @@ from scipy import stats
 
 from ..analysis.compare import dispersion_variant
 from ..analysis.results import atomic_write, ensure_writable, find_results_folder, write_csv
-from ..trainer.checkpoints import load_run_metadata
+from ..run_folder.checkpoints import load_run_metadata
 from . import EvaluationError
 from .figure import average_accuracy_figure
 from .protocol import is_accuracy, mean_accuracy

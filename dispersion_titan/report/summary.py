@@ -20,7 +20,7 @@ from ..analysis.compare import analyses_folder, dispersion_variant, load_runs
 from ..analysis.result import Condensation, LayerCondensation
 from ..analysis.results import read_results
 from ..errors import AnalysisError
-from ..trainer.checkpoints import load_run_metadata
+from ..run_folder.checkpoints import load_run_metadata
 
 VALIDATION_TAG = "validation_metrics/loss"
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-from .titan_compat import checkpoint_folder, save_full_checkpoint
+from ..components.titan_compat import checkpoint_folder, save_full_checkpoint
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try again"
 SIGNAL_ENV = "PREEMPT_SIGNAL"

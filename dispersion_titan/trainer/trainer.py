@@ -16,15 +16,15 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-from ..config.checks import data_parallel_degree, resolve_batch_sizes
+from ..components import titan_compat
+from ..components.optimizers import baseline_settings
 from ..data.packed import run_encoder
 from ..errors import NonFiniteLossError
-from . import titan_compat
+from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
-from .checkpoints import quarantine_incomplete, save_run_metadata
+from .config_checks import data_parallel_degree, resolve_batch_sizes
 from .objective import DispersionObjective
-from .optimizers import baseline_settings
 from .preemption import Preemption
 
 

@@ -59,7 +59,7 @@ def check_torchtitan_version() -> None:
     if found != TORCHTITAN_VERSION:
         raise RuntimeError(
             f"dispersion_titan requires torchtitan=={TORCHTITAN_VERSION}, found {found}; "
-            "its internals touched in dispersion_titan/trainer/titan_compat.py must be re-checked"
+            "its internals touched in dispersion_titan/components/titan_compat.py must be re-checked"
         )
 
 

@@ -23,7 +23,7 @@ from ..errors import ConfigError, DataConfigError
 from ..hf_assets import is_hub_id
 from ..losses.options import CONFIG_RANGES, CONFIG_VARIANTS, KERNELS, range_error, resolve_layers
 from ..models.flavors import SHAPE_KEYS
-from .schema import METHOD_SETTINGS
+from ..config.schema import METHOD_SETTINGS
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
 
