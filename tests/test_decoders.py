@@ -29,7 +29,7 @@ from torchtitan.models.qwen3 import qwen3_args
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.config.schema import Baseline
-from dispersion_titan.convert import save_tokenizer, to_hf
+from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.errors import ConfigError
 from dispersion_titan.models.llama3 import Llama3Args, llama3_flavors
 from dispersion_titan.models.qwen3 import Qwen3Args, qwen3_flavors

@@ -102,7 +102,7 @@ def test_prepare_from_a_training_toml_reads_its_sections(tmp_path):
 def test_a_store_of_the_models_own_tokenizer(tmp_path):
     """A qwen3 TOML naming a Hugging Face folder prepares its ids with that folder's
     tokenizer.json; the store is stamped with it and refused for a run of another tokenizer."""
-    from dispersion_titan.convert import save_tokenizer
+    from dispersion_titan.run_folder.hf_export import save_tokenizer
     from dispersion_titan.encoders import GPT2, hf_tokenizer
 
     hf = tmp_path / "hf"
