@@ -17,7 +17,7 @@ import sys
 
 from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.errors import DispersionTitanError, fail
+from dispersion_titan.utils.errors import DispersionTitanError, fail
 
 
 def _seq_len(text: str) -> int:

@@ -20,8 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .errors import DispersionTitanError, fail
 from .run_folder.hf_export import to_hf
+from .utils.errors import DispersionTitanError, fail
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,7 +12,7 @@ spread), analyzes every checkpoint (step 0 included), sets the runs side by side
 Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
 that beats one FSDP job over all cores, which pays for its collectives. On Linux each
 job is forked from a server that imported torch and TorchTitan once
-(``dispersion_titan.preloaded``). A run whose
+(``dispersion_titan.utils.preloaded``). A run whose
 final checkpoint exists is not trained again, a run whose every checkpoint has been
 analyzed with the same options is not analyzed again, and an interrupted run resumes
 from its last complete checkpoint, so running the command twice only redoes what is
@@ -32,11 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.resources import files
 
-from dispersion_titan.config.grid import Cell, Variant, cells
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
-from dispersion_titan.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
-from dispersion_titan.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
-from dispersion_titan.preloaded import Commands
+from dispersion_titan.config.grid import Cell, Variant, cells
+from dispersion_titan.utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
+from dispersion_titan.utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
+from dispersion_titan.utils.preloaded import Commands
 
 CONFIG = str(files("dispersion_titan") / "configs" / "quickstart.toml")  # package data
 OUT_ENV = "QUICKSTART_OUT"

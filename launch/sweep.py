@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))  # run as a script from a checkout, installed or n
 from dispersion_titan.config.cli import OneLineErrorParser  # noqa: E402  (both light: no torch)
 from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Cell, Variant, cells  # noqa: E402
 from dispersion_titan.config.schema import METHOD_SETTINGS  # noqa: E402
-from dispersion_titan.errors import SweepError, fail  # noqa: E402
+from dispersion_titan.utils.errors import SweepError, fail  # noqa: E402
 
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
@@ -185,8 +185,8 @@ def check_training_configs(spec: Spec) -> None:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
     from dispersion_titan.config.cli import load_toml, with_config_module
-    from dispersion_titan.errors import DispersionTitanError
     from dispersion_titan.train import prepare, validated_args
+    from dispersion_titan.utils.errors import DispersionTitanError
 
     prepare()
     for cell in spec.cells():

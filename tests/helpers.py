@@ -26,7 +26,7 @@ import pytest
 import torch
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
-from dispersion_titan.devices import CPU_MALLOC_ENV
+from dispersion_titan.utils.devices import CPU_MALLOC_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")

@@ -29,13 +29,13 @@ from torchtitan.models.qwen3 import qwen3_args
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.config.schema import Baseline
-from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
-from dispersion_titan.errors import ConfigError
 from dispersion_titan.models.llama3 import Llama3Args, llama3_flavors
 from dispersion_titan.models.qwen3 import Qwen3Args, qwen3_flavors
+from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
+from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.train import validated_args
 from dispersion_titan.trainer.baselines import build_baseline
-from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
+from dispersion_titan.utils.errors import ConfigError
 from helpers import REPO, analyze, independent_states, plain_mean_cos, python_module, scalars, texts_jsonl, tiny_run
 
 QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")

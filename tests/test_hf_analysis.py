@@ -22,7 +22,7 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import unit_tokens
 from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
-from dispersion_titan.errors import ModelLoadError
+from dispersion_titan.utils.errors import ModelLoadError
 
 from helpers import analyze, assert_one_line_error, independent_states, plain_mean_cos, texts_jsonl, tiny_run
 

@@ -8,7 +8,7 @@ Hugging Face model, ``compare`` sets several runs side by side and ``family`` mo
 of several sizes.
 """
 
-from dispersion_titan.errors import AnalysisError
+from dispersion_titan.utils.errors import AnalysisError
 
 DEFAULT_GEOMETRY_SEQUENCES = 2
 """Sequences of the K whose effective rank and MEV are averaged (see ``measure``)."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CheckpointError
 from ..run_folder.checkpoints import load_run_metadata
+from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .inputs import differences
 from .result import Condensation

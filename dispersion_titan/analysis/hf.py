@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ..utils.errors import ModelLoadError
 from .inputs import Encode
 from .measure import LayerSink
 

@@ -8,7 +8,7 @@ import importlib.util
 import os
 from typing import Any
 
-from ..errors import ArgumentError, ModelLoadError
+from ..utils.errors import ArgumentError, ModelLoadError
 from . import hf
 from .measure import LayeredModel
 from .runner import DTYPES, Analysis, AnalyzeOptions, Unit, fitted_inputs

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..errors import CheckpointError
-from ..encoders import GPT2, DocumentEncoder, encoder_named
 from ..run_folder.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
+from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
+from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, measure

@@ -10,7 +10,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from .. import CONFIG_MODULE
-from ..errors import ArgumentError, fail
+from ..utils.errors import ArgumentError, fail
 
 _CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 _CUSTOM_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")

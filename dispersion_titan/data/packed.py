@@ -28,7 +28,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
-from ..encoders import GPT2, DocumentEncoder, encoder_for
+from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_for
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
 from .layout import RankSlice, Sample
 from .store import TokenStore, is_store, open_store

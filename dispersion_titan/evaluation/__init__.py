@@ -7,6 +7,6 @@ scores it, ``results`` stores and summarizes per-step results, ``runner`` evalua
 one run, ``table`` and ``figure`` build the paper's Table 2 over several runs.
 """
 
-from dispersion_titan.errors import EvaluationError
+from dispersion_titan.utils.errors import EvaluationError
 
 __all__ = ["EvaluationError"]

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from ..analysis.results import ensure_writable
 from ..analysis.runner import resolve_device
 from ..analysis.steps import select_steps
-from ..errors import CheckpointError
 from ..run_folder.checkpoints import StepCheckpoint, checkpoint_folder, list_checkpoints
+from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
 from .protocol import Plan, mean_accuracy

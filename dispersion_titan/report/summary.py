@@ -19,8 +19,8 @@ import numpy as np
 from ..analysis.compare import analyses_folder, dispersion_variant, load_runs
 from ..analysis.result import Condensation, LayerCondensation
 from ..analysis.results import read_results
-from ..errors import AnalysisError
 from ..run_folder.checkpoints import load_run_metadata
+from ..utils.errors import AnalysisError
 
 VALIDATION_TAG = "validation_metrics/loss"
 

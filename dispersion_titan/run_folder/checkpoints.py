@@ -18,7 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ..errors import CheckpointError, RunFinished
+from ..utils.errors import CheckpointError, RunFinished
 
 RUN_METADATA_FILE = "run.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")

@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..bpe import bpe_files
-from ..encoders import GPT2, DocumentEncoder, encoder_named
-from ..errors import CheckpointError, ConvertError
 from ..models import family
+from ..tokenizer.bpe import bpe_files
+from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
+from ..utils.errors import CheckpointError, ConvertError
 from .checkpoints import (
     check_complete,
     checkpoint_folder,

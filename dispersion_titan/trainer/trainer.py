@@ -19,8 +19,8 @@ from torchtitan.tools.logging import logger
 from ..components import titan_compat
 from ..components.optimizers import baseline_settings
 from ..data.packed import run_encoder
-from ..errors import NonFiniteLossError
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
+from ..utils.errors import NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
 from .config_checks import data_parallel_degree, resolve_batch_sizes
