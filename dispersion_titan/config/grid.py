@@ -1,6 +1,6 @@
 """The MLP-width × variant × seed experiment grid, and its one naming scheme.
 
-The quickstart and ``launch/sweep.py`` both train this grid; each cell is a set of
+The quickstart and ``python -m dispersion_titan.sweep`` both train this grid; each cell is a set of
 training overrides and a run folder named ``w{width}-{variant}-s{seed}``, the variant
 ``baseline`` (plain training), ``{name}-c{coeff}`` (a dispersion loss) or a baseline
 method the paper compares against (``noisy_embedding``, ``active_forgetting``). Light:

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """Submit the controlled experiment to Slurm: MLP width x variant x seed.
 
-    python launch/sweep.py [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1,noisy_embedding]
-                           [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
-                           [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
-                           [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
-                           [-- TRAINING OVERRIDES ...]
+    python -m dispersion_titan.sweep [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1,noisy_embedding]
+                                     [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
+                                     [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
+                                     [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
+                                     [-- TRAINING OVERRIDES ...]
 
 A variant is ``baseline`` (plain training), ``NAME:COEFF`` (a dispersion loss) or a
 baseline method the paper compares against (``noisy_embedding``, ``active_forgetting``).
@@ -38,13 +37,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from a checkout, installed or not
+from dispersion_titan.config.cli import OneLineErrorParser  # light: no torch
+from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Cell, Variant, cells
+from dispersion_titan.config.schema import METHOD_SETTINGS
+from dispersion_titan.utils.errors import SweepError, fail
 
-from dispersion_titan.config.cli import OneLineErrorParser  # noqa: E402  (both light: no torch)
-from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Cell, Variant, cells  # noqa: E402
-from dispersion_titan.config.schema import METHOD_SETTINGS  # noqa: E402
-from dispersion_titan.utils.errors import SweepError, fail  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]  # the checkout holding launch/slurm/
 
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
@@ -314,7 +312,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     overrides: list[str] = []
     if "--" in argv:
         argv, overrides = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    p = _Parser(prog="launch/sweep.py", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="python -m dispersion_titan.sweep", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000")
     p.add_argument("spec", nargs="?", help="TOML file with the keys below (flags win)")
