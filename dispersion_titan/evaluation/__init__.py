@@ -4,7 +4,8 @@ One module per job: ``protocol`` says which tasks, shots, limit and metrics (the
 paper's by default), ``tasks`` resolves task names with lm-eval's TaskManager,
 ``export`` writes a checkpoint as ``convert to-hf`` does so that lm-eval's own HFLM
 scores it, ``results`` stores and summarizes per-step results, ``runner`` evaluates
-one run, ``table`` and ``figure`` build the paper's Table 2 over several runs.
+one run, ``table`` and ``figure`` build the paper's Table 2 over several runs from
+``arms``, its rows.
 """
 
 from dispersion_titan.utils.errors import EvaluationError
