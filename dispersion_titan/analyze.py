@@ -87,7 +87,7 @@ def family_parser() -> argparse.ArgumentParser:
 
 
 def run_family(argv: list[str]) -> int:
-    from dispersion_titan.analysis.family import family
+    from dispersion_titan.analysis.size_series import family
 
     a = family_parser().parse_args(argv)
     print(family(a.specs, a.out, a.family, a.paired, a.last_n))
@@ -96,7 +96,7 @@ def run_family(argv: list[str]) -> int:
 
 
 def run_analyze(argv: list[str]) -> int:
-    from dispersion_titan.analysis.hf import PREFIX
+    from dispersion_titan.analysis.hf_model import PREFIX
     from dispersion_titan.analysis.inputs import DEFAULT_DATASET, InputOptions
     from dispersion_titan.analysis.runner import DEFAULT_SEQ_LEN, AnalyzeOptions, RunAnalysis
 
@@ -112,7 +112,7 @@ def run_analyze(argv: list[str]) -> int:
                              batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,
                              force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map)
     if a.run.startswith(PREFIX):
-        from dispersion_titan.analysis.hf_analysis import HFAnalysis
+        from dispersion_titan.analysis.hf_revisions import HFAnalysis
 
         return 1 if HFAnalysis(options).analyze() else 0
     if a.device_map:

@@ -194,7 +194,7 @@ def trained(plan: Plan, run: Cell) -> bool:
 
 def analyzed(plan: Plan, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences."""
-    from dispersion_titan.analysis.results import read_results
+    from dispersion_titan.analysis.result_files import read_results
     from dispersion_titan.run_folder.checkpoints import list_checkpoints
 
     results = read_results(os.path.join(plan.dump(run), "condensation"))
@@ -294,7 +294,7 @@ def measure_init_panel(plan: Plan, say: Progress) -> dict:
 
 def summarize(plan: Plan, panel: dict, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
-    from dispersion_titan.analysis.results import atomic_write
+    from dispersion_titan.analysis.result_files import atomic_write
     from dispersion_titan.report.document import summary_markdown
     from dispersion_titan.report.figure import save_findings_figure
     from dispersion_titan.report.paper import findings
@@ -326,7 +326,7 @@ def check_same_options(plan: Plan) -> None:
     """Record the options in OUT/quickstart.json, or refuse when OUT was made with others."""
     import json
 
-    from dispersion_titan.analysis.results import write_json
+    from dispersion_titan.analysis.result_files import write_json
 
     path = os.path.join(plan.out, OPTIONS_FILE)
     if os.path.isfile(path):
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         plan = make_plan(sys.argv[1:] if argv is None else argv)
     except ArgumentError as e:
         fail(str(e))
-    from dispersion_titan.analysis.results import ensure_writable  # after parsing: --help and typos answer at once
+    from dispersion_titan.analysis.result_files import ensure_writable  # after parsing: --help and typos answer at once
 
     try:
         ensure_writable(plan.out, "--out")

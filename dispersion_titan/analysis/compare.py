@@ -17,9 +17,9 @@ import numpy as np
 from ..run_folder.checkpoints import load_run_metadata
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
+from .condensation_schema import Condensation
 from .inputs import differences
-from .result import Condensation
-from .results import RESULT_FILE, ensure_writable, read_analyses, shown, write_csv
+from .result_files import RESULT_FILE, ensure_writable, read_analyses, shown, write_csv
 from .statistics import layer_fraction
 
 

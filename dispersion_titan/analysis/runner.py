@@ -3,7 +3,7 @@ those already done; report unreadable ones and go on with the rest.
 
 ``Analysis`` holds what every target shares (caching, skipping, atomic writes, the
 summary); ``RunAnalysis`` feeds it the checkpoints of one of our runs, and
-``hf_analysis.HFAnalysis`` the revisions of a Hugging Face model.
+``hf_revisions.HFAnalysis`` the revisions of a Hugging Face model.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from ..run_folder.checkpoints import checkpoint_folder, list_checkpoints, load_m
 from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
+from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, measure
-from .result import Condensation
-from .results import (
+from .result_files import (
     SUMMARY_FILE,
     ensure_writable,
     read_analyses,

@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..analysis.results import ensure_writable
+from ..analysis.result_files import ensure_writable
 from ..analysis.runner import resolve_device
 from ..analysis.steps import select_steps
 from ..run_folder.checkpoints import StepCheckpoint, checkpoint_folder, list_checkpoints
@@ -17,7 +17,7 @@ from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
 from .protocol import Plan, mean_accuracy
-from .results import (
+from .step_results import (
     OURS,
     differences,
     merge,

@@ -17,13 +17,13 @@ import numpy as np
 from scipy import stats
 
 from ..analysis.compare import dispersion_variant
-from ..analysis.results import atomic_write, ensure_writable, find_results_folder, write_csv
+from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.checkpoints import load_run_metadata
 from . import EvaluationError
 from .arms import ArmRow, RunScores
 from .figure import average_accuracy_figure
 from .protocol import is_accuracy, mean_accuracy
-from .results import OURS, RESULT_FILE, differences, read_evaluations, result_scores, settings
+from .step_results import OURS, RESULT_FILE, differences, read_evaluations, result_scores, settings
 
 
 def evaluation_folder(run: str) -> str:

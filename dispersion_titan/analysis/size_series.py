@@ -22,9 +22,9 @@ from scipy import stats
 
 from . import AnalysisError, figures
 from .compare import format_table, pick
+from .condensation_schema import Condensation
 from .inputs import differences
-from .result import Condensation
-from .results import atomic_write, ensure_writable, write_csv
+from .result_files import atomic_write, ensure_writable, write_csv
 
 DEFAULT_LAST_N = 3
 
