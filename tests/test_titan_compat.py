@@ -186,7 +186,7 @@ def test_init_validator_refuses_unknown_fields():
 
 
 def test_checkpointer_attributes_used_exist():
-    """Touches ``save_full_checkpoint`` and ``checkpoint_folder``: CheckpointManager's
+    """Touches ``save_full_checkpoint`` and ``checkpointer_folder``: CheckpointManager's
     ``last_save_model_only``/``last_save_in_hf``/``folder``/``enable`` and ``save``'s arguments."""
     from torchtitan.components.checkpoint import CheckpointManager
 
@@ -205,8 +205,8 @@ def test_checkpoint_folder_of_a_disabled_checkpointer_is_none():
     class Enabled:
         enable, folder = True, "/runs/x/checkpoint"
 
-    assert titan_compat.checkpoint_folder(Disabled()) is None
-    assert titan_compat.checkpoint_folder(Enabled()) == "/runs/x/checkpoint"
+    assert titan_compat.checkpointer_folder(Disabled()) is None
+    assert titan_compat.checkpointer_folder(Enabled()) == "/runs/x/checkpoint"
 
 
 def test_will_save_follows_the_checkpointers_rule():

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..run_folder.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
+from ..run_folder.checkpoints import find_checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
 from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
@@ -219,7 +219,7 @@ class RunAnalysis(Analysis):
     noun = "checkpoint"
 
     def __init__(self, options: AnalyzeOptions):
-        folder = checkpoint_folder(options.target)
+        folder = find_checkpoint_folder(options.target)
         checkpoints = list_checkpoints(folder)
         if not checkpoints:
             raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")

@@ -30,7 +30,7 @@ class StepCheckpoint:
     path: str
 
 
-def checkpoint_folder(run: str) -> str:
+def find_checkpoint_folder(run: str) -> str:
     """``run`` may be a dump folder (holding ``checkpoint/``) or the checkpoint folder."""
     if not os.path.isdir(run):
         raise CheckpointError(f"{run}: no such directory")

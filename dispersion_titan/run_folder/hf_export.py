@@ -21,7 +21,7 @@ from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError, ConvertError
 from .checkpoints import (
     check_complete,
-    checkpoint_folder,
+    find_checkpoint_folder,
     list_checkpoints,
     load_model,
     load_model_args,
@@ -39,7 +39,7 @@ def resolve_step_dir(path: str) -> str:
     path = path.rstrip("/")
     if _is_step_dir(path) or not os.path.isdir(path):
         return path
-    for checkpoint in reversed(list_checkpoints(checkpoint_folder(path))):
+    for checkpoint in reversed(list_checkpoints(find_checkpoint_folder(path))):
         try:
             if not glob.glob(os.path.join(checkpoint.path, "*.safetensors")):
                 check_complete(checkpoint.path)

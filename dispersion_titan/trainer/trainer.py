@@ -18,7 +18,7 @@ from torchtitan.tools.logging import logger
 
 from ..components import titan_compat
 from ..components.optimizers import baseline_settings
-from ..data.packed import run_encoder
+from ..data.packed import run_encoder, run_seed
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..utils.errors import NonFiniteLossError
 from .baselines import build_baseline
@@ -64,11 +64,11 @@ class DispersionTrainer(titan_compat.trainer_class()):
         resolve_batch_sizes(job_config, data_parallel_degree(job_config, int(os.environ["WORLD_SIZE"])))
         with baseline_settings(job_config.baseline):  # active forgetting's embedding param group
             super().__init__(job_config)
-        self.checkpoint_folder = titan_compat.checkpoint_folder(self.checkpointer)
+        self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
         self._set_aside_incomplete_checkpoints()
         self.health = StepHealth(self.device)
         tp_group = self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
-        seed = job_config.debug.seed if job_config.debug.seed is not None else 0
+        seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
         self.dispersion = DispersionObjective(
             job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
