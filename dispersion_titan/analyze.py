@@ -71,7 +71,7 @@ def compare_parser() -> argparse.ArgumentParser:
     return p
 
 
-def family_parser() -> argparse.ArgumentParser:
+def size_series_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.analyze family",
                 description="Condensation against relative depth for models of several sizes, by family "
                             "(paper Fig. 2), and the size trend per family.")
@@ -86,11 +86,11 @@ def family_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_family(argv: list[str]) -> int:
-    from dispersion_titan.analysis.size_series import family
+def run_size_series(argv: list[str]) -> int:
+    from dispersion_titan.analysis.size_series import write_size_series
 
-    a = family_parser().parse_args(argv)
-    print(family(a.specs, a.out, a.family, a.paired, a.last_n))
+    a = size_series_parser().parse_args(argv)
+    print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n))
     print(f"written: {a.out}/family.md, family.csv, family.png")
     return 0
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         if argv and argv[0] == "compare":
             code = run_compare(argv[1:])
         elif argv and argv[0] == "family":
-            code = run_family(argv[1:])
+            code = run_size_series(argv[1:])
         else:
             code = run_analyze(argv)
     except DispersionTitanError as e:

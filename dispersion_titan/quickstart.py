@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
-from dispersion_titan.config.grid import Cell, Variant, cells
+from dispersion_titan.config.grid import Arm, Cell, cells
 from dispersion_titan.utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from dispersion_titan.utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
 from dispersion_titan.utils.preloaded import Commands
@@ -49,7 +49,8 @@ class Plan:
     out: str
     config: str
     widths: tuple[int, ...]
-    coeff: float
+    peak_coeff: float
+    """λ of the dispersion runs (``--coeff``)."""
     steps: int
     interval: int
     num_sequences: int
@@ -63,18 +64,18 @@ class Plan:
     init_num_sequences: int
 
     @property
-    def variants(self) -> tuple[Variant, Variant]:
-        return Variant("none", 0.0), Variant(VARIANT, self.coeff)
+    def arms(self) -> tuple[Arm, Arm]:
+        return Arm("none", 0.0), Arm(VARIANT, self.peak_coeff)
 
     @property
     def runs(self) -> list[Cell]:
         extra = tuple(self.seed + i for i in range(1, self.spread_seeds + 1))
-        return (cells(self.widths, self.variants, (self.seed,))
-                + cells(self.widths[:1], self.variants, extra))
+        return (cells(self.widths, self.arms, (self.seed,))
+                + cells(self.widths[:1], self.arms, extra))
 
     def identity(self) -> dict:
         """The options that change results: a rerun must have the same ones."""
-        return {"config": self.config, "widths": list(self.widths), "coeff": self.coeff, "steps": self.steps,
+        return {"config": self.config, "widths": list(self.widths), "coeff": self.peak_coeff, "steps": self.steps,
                 "checkpoint_interval": self.interval, "num_sequences": self.num_sequences,
                 "seq_len": self.seq_len, "seed": self.seed, "spread_seeds": self.spread_seeds,
                 "init_flavor": self.init_flavor, "init_widths": list(self.init_widths),
@@ -251,7 +252,7 @@ def comparisons(plan: Plan) -> list[tuple[str, list[str], str]]:
     """(folder name, runs, step) of each ``analyze compare``."""
     main_seed = [r for r in plan.runs if r.seed == plan.seed]
     everything = [plan.dump(r) for r in main_seed]
-    baselines = [plan.dump(r) for r in main_seed if r.variant.is_baseline]
+    baselines = [plan.dump(r) for r in main_seed if r.arm.is_baseline]
     return [
         ("final_width_sweep", baselines, str(plan.steps)),
         ("final_baseline_vs_dispersion", everything, str(plan.steps)),
@@ -308,7 +309,7 @@ def summarize(plan: Plan, panel: dict, files: list[tuple[str, str]]) -> str:
              f"initialised at MLP width {' / '.join(map(str, plan.init_widths))}. Trained sweep: {len(runs)} runs "
              f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
              f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
-             f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
+             f"without and with {VARIANT} λ={plan.peak_coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
              f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every {plan.interval} steps.")
     figure = os.path.join(plan.out, "summary.png")
     save_findings_figure(panel, runs, found, plan.seed, figure)
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(e))
     say = Progress()
     say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
-        f"λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
+        f"λ={plan.peak_coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
         f"output: {plan.out}")
     panel = measure_init_panel(plan, say)
     train_and_analyze(plan, say)

@@ -28,7 +28,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from dispersion_titan.config.cli import OneLineErrorParser  # light: no torch
-from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Cell, Variant, cells
+from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from dispersion_titan.config.schema import METHOD_SETTINGS
 from dispersion_titan.utils.errors import SweepError, fail
 
@@ -56,7 +56,7 @@ class Spec:
     config: Path
     out: Path
     widths: list[int]
-    variants: list[Variant]
+    variants: list[Arm]  # the spec's key (a user's TOML key): the arms
     seeds: list[int]
     partition: str | None = None
     account: str | None = None
@@ -107,12 +107,12 @@ def _flag(arg: str) -> str:
     return "--" + arg.split("=", 1)[0][2:].replace("-", "_") if arg.startswith("--") else arg
 
 
-def parse_variant(text: str) -> Variant:
+def parse_arm(text: str) -> Arm:
     """``baseline``, a baseline method, or ``NAME:COEFF`` with NAME a dispersion variant and COEFF > 0."""
     if text == BASELINE:
-        return Variant("none", 0.0)
+        return Arm("none", 0.0)
     if text in METHODS:
-        return Variant("none", 0.0, method=text)
+        return Arm("none", 0.0, method=text)
     from dispersion_titan.losses import VARIANTS as known  # imports torch: only when needed
     name, sep, coeff = text.partition(":")
     if name not in known:
@@ -124,7 +124,7 @@ def parse_variant(text: str) -> Variant:
         value = None
     if value is None or not 0 < value < math.inf:
         raise SweepError(f"variants: {text!r}: needs a finite coefficient > 0, as in {name}:0.1")
-    return Variant(name, value)
+    return Arm(name, value)
 
 
 def _strings(key: str, value: Any) -> list[str]:
@@ -156,9 +156,9 @@ def build_spec(raw: dict[str, Any]) -> Spec:
     for arg in train_overrides:
         if _flag(arg) in GRID_KEYS:
             raise SweepError(f"training overrides: {arg} is set by the sweep for each cell")
-    variants = [parse_variant(str(v)) for v in _items("variants", raw["variants"])]
+    arms = [parse_arm(str(v)) for v in _items("variants", raw["variants"])]
     spec = Spec(
-        config=config, out=out, widths=widths, variants=variants, seeds=seeds, train_overrides=train_overrides,
+        config=config, out=out, widths=widths, variants=arms, seeds=seeds, train_overrides=train_overrides,
         partition=raw.get("partition"), account=raw.get("account"),
         train_time=raw.get("train_time"), analyze_time=raw.get("analyze_time"),
         **{key: _int(key, raw[key], minimum) for key, minimum in RESOURCES.items() if raw.get(key) is not None},
@@ -167,7 +167,7 @@ def build_spec(raw: dict[str, Any]) -> Spec:
                                             "analyze_args", "evaluate_args")
            if raw.get(k) is not None},
     )
-    for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [v.label for v in variants])):
+    for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [a.label for a in arms])):
         if len(set(values)) != len(values):
             raise SweepError(f"{key}: listed twice: {values}")
     return spec
@@ -284,12 +284,18 @@ def submit(spec: Spec, jobs: list[Job]) -> dict[str, str]:
     return ids
 
 
+def _arm_json(arm: Arm) -> dict[str, Any]:
+    """An arm as ``sweep.json`` has always written it (``variant``: name, coeff, method)."""
+    return {"name": arm.name, "coeff": arm.peak_coeff, "method": arm.method}
+
+
 def write_manifest(spec: Spec, jobs: list[Job], ids: dict[str, str]) -> Path:
     cells = spec.cells()
     manifest = {
         "config": str(spec.config), "out": str(spec.out),
-        "grid": {"widths": spec.widths, "variants": [asdict(v) for v in spec.variants], "seeds": spec.seeds},
-        "cells": [{"name": c.name, **asdict(c), "run": str(spec.out / c.name),
+        "grid": {"widths": spec.widths, "variants": [_arm_json(a) for a in spec.variants], "seeds": spec.seeds},
+        "cells": [{"name": c.name, "width": c.width, "variant": _arm_json(c.arm), "seed": c.seed,
+                   "run": str(spec.out / c.name),
                    "train_job": ids[f"train_{i}"], "analyze_job": ids[f"analyze_{i}"],
                    "evaluate_job": ids[f"evaluate_{i}"]}
                   for i, c in enumerate(cells, start=1)],

@@ -141,4 +141,4 @@ class DispersionTrainer(titan_compat.trainer_class()):
         torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])
         ce_value = _local(ce.detach())
         self.step_metrics.add(ce_value, term.unweighted, term.block_cosine_sums)
-        return ce_value + term.coeff * term.unweighted
+        return ce_value + term.step_coeff * term.unweighted
