@@ -90,7 +90,7 @@ def plain_reference(model: GPT2, tokens: torch.Tensor) -> dict:
 def assert_matches_reference(result: Condensation | SimpleNamespace, ref: dict, names: list[str]) -> None:
     assert [layer.name for layer in result.layers] == names
     assert [layer.index for layer in result.layers] == list(range(len(names)))
-    for got, want in zip(result.layers, ref["layers"]):
+    for got, want in zip(result.layers, ref["layers"], strict=True):
         assert got.mean_cos == pytest.approx(want["mean_cos"], abs=1e-5)
         assert got.mean_cos_offdiag == pytest.approx(want["mean_cos_offdiag"], abs=1e-5)
         # Densities agree but for at most two entries within rounding of a bin edge.

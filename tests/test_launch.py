@@ -117,7 +117,7 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
     assert len(compare) == len(table) == 1 and len(lines) == 62
 
     names = []
-    for i, (train, analyze, evaluate) in enumerate(zip(*jobs.values()), start=1):
+    for i, (train, analyze, evaluate) in enumerate(zip(*jobs.values(), strict=True), start=1):
         name = re.search(r"--job\.dump_folder (\S+)\)", train).group(1).rsplit("/", 1)[1]
         names.append(name)
         width, variant, coeff, method, seed = expected[name]

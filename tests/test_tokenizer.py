@@ -63,7 +63,7 @@ def test_files_are_the_ones_tiktoken_verifies_for_gpt2(monkeypatch, tmp_path):
 def test_round_trip_on_wikipedia_text():
     tokenizer = GPT2Tokenizer()
     texts = articles("train") + articles("validation")
-    for text, ids in zip(texts, tokenizer.encode_batch(texts)):
+    for text, ids in zip(texts, tokenizer.encode_batch(texts), strict=True):
         assert tokenizer.decode(ids) == text
 
 
