@@ -1,8 +1,8 @@
 """dispersion_titan: GPT-2-like pre-training with a dispersion loss on TorchTitan 0.2.2,
 and condensation analysis of the checkpoints.
 
-Kept import-free on purpose: ``python -m dispersion_titan.train`` must adjust its
-arguments before TorchTitan is first imported (TorchTitan binds ``sys.argv`` then).
+The package root holds only commands (``python -m dispersion_titan.<command>``, or the
+``dispersion-titan`` console script). Kept import-free on purpose:
+``python -m dispersion_titan.train`` must adjust its arguments before TorchTitan is first
+imported (TorchTitan binds ``sys.argv`` then).
 """
-
-CONFIG_MODULE = "dispersion_titan.config"

@@ -17,7 +17,7 @@ import sys
 
 from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.errors import DispersionTitanError, fail
+from dispersion_titan.utils.errors import DispersionTitanError, fail
 
 
 def _seq_len(text: str) -> int:
@@ -71,7 +71,7 @@ def compare_parser() -> argparse.ArgumentParser:
     return p
 
 
-def family_parser() -> argparse.ArgumentParser:
+def size_series_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.analyze family",
                 description="Condensation against relative depth for models of several sizes, by family "
                             "(paper Fig. 2), and the size trend per family.")
@@ -86,17 +86,17 @@ def family_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_family(argv: list[str]) -> int:
-    from dispersion_titan.analysis.family import family
+def run_size_series(argv: list[str]) -> int:
+    from dispersion_titan.analysis.size_series import write_size_series
 
-    a = family_parser().parse_args(argv)
-    print(family(a.specs, a.out, a.family, a.paired, a.last_n))
+    a = size_series_parser().parse_args(argv)
+    print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n))
     print(f"written: {a.out}/family.md, family.csv, family.png")
     return 0
 
 
 def run_analyze(argv: list[str]) -> int:
-    from dispersion_titan.analysis.hf import PREFIX
+    from dispersion_titan.analysis.hf_model import PREFIX
     from dispersion_titan.analysis.inputs import DEFAULT_DATASET, InputOptions
     from dispersion_titan.analysis.runner import DEFAULT_SEQ_LEN, AnalyzeOptions, RunAnalysis
 
@@ -112,7 +112,7 @@ def run_analyze(argv: list[str]) -> int:
                              batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,
                              force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map)
     if a.run.startswith(PREFIX):
-        from dispersion_titan.analysis.hf_analysis import HFAnalysis
+        from dispersion_titan.analysis.hf_revisions import HFAnalysis
 
         return 1 if HFAnalysis(options).analyze() else 0
     if a.device_map:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         if argv and argv[0] == "compare":
             code = run_compare(argv[1:])
         elif argv and argv[0] == "family":
-            code = run_family(argv[1:])
+            code = run_size_series(argv[1:])
         else:
             code = run_analyze(argv)
     except DispersionTitanError as e:

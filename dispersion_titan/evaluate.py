@@ -15,7 +15,7 @@ import re
 import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.errors import DispersionTitanError, fail
+from dispersion_titan.utils.errors import DispersionTitanError, fail
 
 
 def _non_negative_int(text: str) -> int:

@@ -12,7 +12,7 @@ spread), analyzes every checkpoint (step 0 included), sets the runs side by side
 Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
 that beats one FSDP job over all cores, which pays for its collectives. On Linux each
 job is forked from a server that imported torch and TorchTitan once
-(``dispersion_titan.preloaded``). A run whose
+(``dispersion_titan.utils.preloaded``). A run whose
 final checkpoint exists is not trained again, a run whose every checkpoint has been
 analyzed with the same options is not analyzed again, and an interrupted run resumes
 from its last complete checkpoint, so running the command twice only redoes what is
@@ -32,11 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.resources import files
 
-from dispersion_titan.config.grid import Cell, Variant, cells
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
-from dispersion_titan.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
-from dispersion_titan.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
-from dispersion_titan.preloaded import Commands
+from dispersion_titan.config.grid import Arm, Cell, cells
+from dispersion_titan.utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
+from dispersion_titan.utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
+from dispersion_titan.utils.preloaded import Commands
 
 CONFIG = str(files("dispersion_titan") / "configs" / "quickstart.toml")  # package data
 OUT_ENV = "QUICKSTART_OUT"
@@ -49,7 +49,8 @@ class Plan:
     out: str
     config: str
     widths: tuple[int, ...]
-    coeff: float
+    peak_coeff: float
+    """λ of the dispersion runs (``--coeff``)."""
     steps: int
     interval: int
     num_sequences: int
@@ -63,18 +64,18 @@ class Plan:
     init_num_sequences: int
 
     @property
-    def variants(self) -> tuple[Variant, Variant]:
-        return Variant("none", 0.0), Variant(VARIANT, self.coeff)
+    def arms(self) -> tuple[Arm, Arm]:
+        return Arm("none", 0.0), Arm(VARIANT, self.peak_coeff)
 
     @property
     def runs(self) -> list[Cell]:
         extra = tuple(self.seed + i for i in range(1, self.spread_seeds + 1))
-        return (cells(self.widths, self.variants, (self.seed,))
-                + cells(self.widths[:1], self.variants, extra))
+        return (cells(self.widths, self.arms, (self.seed,))
+                + cells(self.widths[:1], self.arms, extra))
 
     def identity(self) -> dict:
         """The options that change results: a rerun must have the same ones."""
-        return {"config": self.config, "widths": list(self.widths), "coeff": self.coeff, "steps": self.steps,
+        return {"config": self.config, "widths": list(self.widths), "coeff": self.peak_coeff, "steps": self.steps,
                 "checkpoint_interval": self.interval, "num_sequences": self.num_sequences,
                 "seq_len": self.seq_len, "seed": self.seed, "spread_seeds": self.spread_seeds,
                 "init_flavor": self.init_flavor, "init_widths": list(self.init_widths),
@@ -183,7 +184,7 @@ def analyze_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
 
 
 def trained(plan: Plan, run: Cell) -> bool:
-    from dispersion_titan.trainer.checkpoints import check_complete
+    from dispersion_titan.run_folder.checkpoints import check_complete
 
     try:
         check_complete(os.path.join(plan.dump(run), "checkpoint", f"step-{plan.steps}"))
@@ -194,8 +195,8 @@ def trained(plan: Plan, run: Cell) -> bool:
 
 def analyzed(plan: Plan, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences."""
-    from dispersion_titan.analysis.results import read_results
-    from dispersion_titan.trainer.checkpoints import list_checkpoints
+    from dispersion_titan.analysis.result_files import read_results
+    from dispersion_titan.run_folder.checkpoints import list_checkpoints
 
     results = read_results(os.path.join(plan.dump(run), "condensation"))
     return all(
@@ -251,7 +252,7 @@ def comparisons(plan: Plan) -> list[tuple[str, list[str], str]]:
     """(folder name, runs, step) of each ``analyze compare``."""
     main_seed = [r for r in plan.runs if r.seed == plan.seed]
     everything = [plan.dump(r) for r in main_seed]
-    baselines = [plan.dump(r) for r in main_seed if r.variant.is_baseline]
+    baselines = [plan.dump(r) for r in main_seed if r.arm.is_baseline]
     return [
         ("final_width_sweep", baselines, str(plan.steps)),
         ("final_baseline_vs_dispersion", everything, str(plan.steps)),
@@ -294,7 +295,7 @@ def measure_init_panel(plan: Plan, say: Progress) -> dict:
 
 def summarize(plan: Plan, panel: dict, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
-    from dispersion_titan.analysis.results import atomic_write
+    from dispersion_titan.analysis.result_files import atomic_write
     from dispersion_titan.report.document import summary_markdown
     from dispersion_titan.report.figure import save_findings_figure
     from dispersion_titan.report.paper import findings
@@ -308,7 +309,7 @@ def summarize(plan: Plan, panel: dict, files: list[tuple[str, str]]) -> str:
              f"initialised at MLP width {' / '.join(map(str, plan.init_widths))}. Trained sweep: {len(runs)} runs "
              f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
              f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
-             f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
+             f"without and with {VARIANT} λ={plan.peak_coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
              f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every {plan.interval} steps.")
     figure = os.path.join(plan.out, "summary.png")
     save_findings_figure(panel, runs, found, plan.seed, figure)
@@ -326,7 +327,7 @@ def check_same_options(plan: Plan) -> None:
     """Record the options in OUT/quickstart.json, or refuse when OUT was made with others."""
     import json
 
-    from dispersion_titan.analysis.results import write_json
+    from dispersion_titan.analysis.result_files import write_json
 
     path = os.path.join(plan.out, OPTIONS_FILE)
     if os.path.isfile(path):
@@ -347,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
         plan = make_plan(sys.argv[1:] if argv is None else argv)
     except ArgumentError as e:
         fail(str(e))
-    from dispersion_titan.analysis.results import ensure_writable  # after parsing: --help and typos answer at once
+    from dispersion_titan.analysis.result_files import ensure_writable  # after parsing: --help and typos answer at once
 
     try:
         ensure_writable(plan.out, "--out")
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(e))
     say = Progress()
     say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
-        f"λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
+        f"λ={plan.peak_coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
         f"output: {plan.out}")
     panel = measure_init_panel(plan, say)
     train_and_analyze(plan, say)

@@ -17,7 +17,7 @@ import socket
 import sys
 
 from dispersion_titan.config.cli import load_toml, with_config_module
-from dispersion_titan.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
+from dispersion_titan.utils.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
 
 CHECK_ONLY = "--check-only"
 NOTHING_TO_DO = 10
@@ -38,8 +38,8 @@ def _first_message(boxed: str) -> str:
 
 def prepare() -> None:
     """Check the TorchTitan version, adapt it to CPU-only machines, register our models."""
+    from dispersion_titan.components import titan_compat
     from dispersion_titan.models import register_all
-    from dispersion_titan.trainer import titan_compat
 
     titan_compat.apply()
     register_all()
@@ -54,9 +54,9 @@ def validated_args(args: list[str], world_size: int | None = None):
     from torchtitan.protocols.train_spec import get_train_spec
 
     from dispersion_titan import config as custom_config
-    from dispersion_titan.config.checks import check_job_config, check_toml_types
+    from dispersion_titan.components import titan_compat
     from dispersion_titan.models import FAMILIES, register_all
-    from dispersion_titan.trainer import titan_compat
+    from dispersion_titan.trainer.config_checks import check_job_config, check_toml_types
 
     toml = load_toml(args)
     check_toml_types(titan_compat.merged_job_config_class(custom_config.JobConfig), toml)
@@ -84,7 +84,7 @@ def validated_args(args: list[str], world_size: int | None = None):
 def with_local_assets(args: list[str], job_config) -> list[str]:
     """``args`` naming the local snapshot of a hub id in ``model.hf_assets_path``, fetched
     now (``hf_assets``); ``args`` itself when it is a local path already."""
-    from dispersion_titan.hf_assets import is_hub_id, local_assets
+    from dispersion_titan.tokenizer.hf_assets import is_hub_id, local_assets
 
     path = job_config.model.hf_assets_path
     if not is_hub_id(path):
@@ -95,8 +95,8 @@ def with_local_assets(args: list[str], job_config) -> list[str]:
 def resume_step(job_config) -> int | None:
     """The checkpoint step to load when TorchTitan's choice (the newest) is not the one; see
     ``checkpoints.plan_resume``. Raises ``RunFinished`` when there is nothing to do."""
-    from dispersion_titan.config.checks import data_parallel_degree
-    from dispersion_titan.trainer.checkpoints import plan_resume
+    from dispersion_titan.run_folder.checkpoints import plan_resume
+    from dispersion_titan.trainer.config_checks import data_parallel_degree
 
     ckpt = job_config.checkpoint
     if not ckpt.enable:
@@ -126,8 +126,8 @@ def main() -> None:
     except ArgumentError as e:
         fail_with(e)
     prepare()
-    from dispersion_titan.devices import check_gpus_usable
-    from dispersion_titan.trainer import titan_compat
+    from dispersion_titan.components import titan_compat
+    from dispersion_titan.utils.devices import check_gpus_usable
 
     titan_compat.use_command_line(args)
     if any(a in ("-h", "--help") for a in args):

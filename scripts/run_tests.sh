@@ -18,9 +18,9 @@ if [ "$apt_status" -ne 0 ]; then
 fi
 . .venv/bin/activate
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-# The suite trains on CPU: the quickstart's glibc allocator settings (dispersion_titan.devices),
+# The suite trains on CPU: the quickstart's glibc allocator settings (dispersion_titan.utils.devices),
 # for every process it starts, Slurm jobs included; values already set win.
-eval "$(python -c 'from dispersion_titan.devices import CPU_MALLOC_ENV as e
+eval "$(python -c 'from dispersion_titan.utils.devices import CPU_MALLOC_ENV as e
 print("\n".join(f"export {k}=${{{k}:-{v}}}" for k, v in e.items()))')"
 # Three workers on two cores: a module often waits (rendezvous, Slurm scheduling, the
 # trainer's closing sleep), and a third worker keeps both cores busy (vmstat: about 1 %

@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 import torch
 
+from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
-from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.analysis.measure import DecoderLayers, cosine_matrices, measure
 from dispersion_titan.analysis.statistics import summarize
-from dispersion_titan.trainer.checkpoints import load_model, load_model_args
 from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
+from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 
 from helpers import REPO, analyze, assert_one_line_error, launch_env, torchrun
 
@@ -90,7 +90,7 @@ def plain_reference(model: GPT2, tokens: torch.Tensor) -> dict:
 def assert_matches_reference(result: Condensation | SimpleNamespace, ref: dict, names: list[str]) -> None:
     assert [layer.name for layer in result.layers] == names
     assert [layer.index for layer in result.layers] == list(range(len(names)))
-    for got, want in zip(result.layers, ref["layers"]):
+    for got, want in zip(result.layers, ref["layers"], strict=True):
         assert got.mean_cos == pytest.approx(want["mean_cos"], abs=1e-5)
         assert got.mean_cos_offdiag == pytest.approx(want["mean_cos_offdiag"], abs=1e-5)
         # Densities agree but for at most two entries within rounding of a bin edge.

@@ -21,7 +21,7 @@ from torch import nn
 from dispersion_titan.config.schema import Baseline
 from dispersion_titan.models.gpt2 import GPT2, gpt2_flavors
 from dispersion_titan.trainer.baselines import ActiveForgetting, EmbeddingNoise
-from dispersion_titan.trainer.optimizers import (
+from dispersion_titan.components.optimizers import (
     baseline_settings,
     build_dispersion_lr_schedulers,
     build_dispersion_optimizers,

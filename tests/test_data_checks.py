@@ -76,7 +76,7 @@ def test_validation_loss_and_perplexity_reach_tensorboard(tmp_path):
     """2 ranks over a whole held-out split whose last global batch is partial: the logged
     loss is the mean over global batches of their token-mean cross-entropy, recomputed
     here from the step-1 checkpoint, and the perplexity is its exponential."""
-    from dispersion_titan.trainer.checkpoints import load_model, load_model_args
+    from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 
     held_out = tmp_path / "validation.jsonl"
     held_out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(40, seed=11, max_words=120)))

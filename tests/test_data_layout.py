@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from dispersion_titan.components.tokenizer import EOT_ID, GPT2Tokenizer
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import CORPORA, iter_documents
 from dispersion_titan.data.packed import PackedSequenceDataset
 from dispersion_titan.data.sources import load_files, load_rows
 from dispersion_titan.data.streaming import StreamingPackedDataset
 from dispersion_titan.data.tokens import tokenize
-from dispersion_titan.tokenizer import EOT_ID, GPT2Tokenizer
 from helpers import WORDS, global_batches, loader, resumed_equals_uninterrupted, texts, write_parquet
 
 pytestmark = pytest.mark.usefixtures("private_caches")

@@ -26,16 +26,16 @@ from safetensors.torch import load_file
 from torchtitan.distributed import ParallelDims
 from torchtitan.models.qwen3 import qwen3_args
 
+from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
-from dispersion_titan.analysis.result import Condensation
 from dispersion_titan.config.schema import Baseline
-from dispersion_titan.convert import save_tokenizer, to_hf
-from dispersion_titan.errors import ConfigError
 from dispersion_titan.models.llama3 import Llama3Args, llama3_flavors
 from dispersion_titan.models.qwen3 import Qwen3Args, qwen3_flavors
+from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
+from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.train import validated_args
 from dispersion_titan.trainer.baselines import build_baseline
-from dispersion_titan.trainer.checkpoints import load_model, load_model_args
+from dispersion_titan.utils.errors import ConfigError
 from helpers import REPO, analyze, independent_states, plain_mean_cos, python_module, scalars, texts_jsonl, tiny_run
 
 QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")
@@ -70,7 +70,7 @@ def load_result(run: Path, step: int) -> Condensation:
 
 def assert_analysis_matches_transformers(result: Condensation, export: Path, family: str, texts: Path) -> None:
     """The run's analysis of one checkpoint against ``transformers`` on its export: the same
-    token windows (the export's own tokenizer), layers mapped as ``analysis.hf`` maps them."""
+    token windows (the export's own tokenizer), layers mapped as ``analysis.hf_model`` maps them."""
     encode = transformers.AutoTokenizer.from_pretrained(str(export))
     sequences = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
                                  lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"])

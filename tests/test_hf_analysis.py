@@ -16,13 +16,13 @@ import torch
 import transformers
 from scipy import stats
 
+from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.geometry import effective_rank, max_explainable_variance
-from dispersion_titan.analysis.hf import decoder_layers
+from dispersion_titan.analysis.hf_model import decoder_layers
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import unit_tokens
-from dispersion_titan.analysis.result import Condensation
-from dispersion_titan.convert import save_tokenizer, to_hf
-from dispersion_titan.errors import ModelLoadError
+from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
+from dispersion_titan.utils.errors import ModelLoadError
 
 from helpers import analyze, assert_one_line_error, independent_states, plain_mean_cos, texts_jsonl, tiny_run
 
@@ -104,7 +104,7 @@ def test_exported_run_equals_run_analysis(tmp_path, texts, capsys):
     ours, theirs = load(run / "condensation", "step-3"), load(tmp_path / "hf")
     assert theirs.tokens_sha256 == ours.tokens_sha256
     assert [layer.name for layer in theirs.layers] == [layer.name for layer in ours.layers]
-    for a, b in zip(theirs.layers, ours.layers):
+    for a, b in zip(theirs.layers, ours.layers, strict=True):
         assert (a.mean_cos, a.mean_cos_offdiag) == pytest.approx((b.mean_cos, b.mean_cos_offdiag), abs=1e-5)
         assert (a.effective_rank, a.mev) == pytest.approx((b.effective_rank, b.mev), rel=1e-4)
     assert theirs.n_params == ours.n_params

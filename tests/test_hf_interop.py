@@ -21,10 +21,10 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 
 from dispersion_titan import convert
-from dispersion_titan.trainer.checkpoints import save_run_metadata
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
+from dispersion_titan.run_folder.checkpoints import save_run_metadata
 from helpers import load_weights, python_module, torchrun
 
 transformers = pytest.importorskip("transformers")
@@ -42,7 +42,7 @@ def hf_logits(model_dir) -> torch.Tensor:
 
 
 def our_logits(step_dir) -> torch.Tensor:
-    from dispersion_titan.trainer.checkpoints import load_model, load_model_args
+    from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 
     model = load_model(str(step_dir), load_model_args(os.path.dirname(str(step_dir))))
     with torch.no_grad():
@@ -133,7 +133,7 @@ def test_convert_to_hf_gives_identical_logits_and_weights(tmp_path, mlp, tie, vo
 def test_exported_tokenizer_works_offline(tmp_path):
     step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     convert.main(["to-hf", str(step), str(tmp_path / "hf")])
-    from dispersion_titan.tokenizer import GPT2Tokenizer, bpe_files
+    from dispersion_titan.components.tokenizer import GPT2Tokenizer, bpe_files
 
     assert (tmp_path / "hf" / "vocab.json").read_bytes() == open(bpe_files()[0], "rb").read()
     assert (tmp_path / "hf" / "merges.txt").read_bytes() == open(bpe_files()[1], "rb").read()

@@ -16,7 +16,7 @@ from helpers import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, scalars
 
 
 TRAIN_SH = REPO / "launch" / "train.sh"
-SWEEP = REPO / "launch" / "sweep.py"
+SWEEP = ("-m", "dispersion_titan.sweep")
 STEPS = 4
 COMMON = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1", *DEBUG_SEQ_LEN)
 LOSS = "loss_metrics/global_avg_loss"
@@ -93,7 +93,7 @@ def test_two_agents_on_localhost_match_one_node(one_node, tmp_path):
 
 
 def sweep(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SWEEP), *args], cwd=cwd, env=launch_env(),
+    return subprocess.run([sys.executable, *SWEEP, *args], cwd=cwd, env=launch_env(),
                           capture_output=True, text=True, timeout=300)
 
 
@@ -117,7 +117,7 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
     assert len(compare) == len(table) == 1 and len(lines) == 62
 
     names = []
-    for i, (train, analyze, evaluate) in enumerate(zip(*jobs.values()), start=1):
+    for i, (train, analyze, evaluate) in enumerate(zip(*jobs.values(), strict=True), start=1):
         name = re.search(r"--job\.dump_folder (\S+)\)", train).group(1).rsplit("/", 1)[1]
         names.append(name)
         width, variant, coeff, method, seed = expected[name]

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.config.checks import resolve_batch_sizes
 from dispersion_titan.config.cli import load_toml
-from dispersion_titan.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
-from dispersion_titan.errors import ConfigError, DeviceError
 from dispersion_titan.train import validated_args
+from dispersion_titan.trainer.config_checks import resolve_batch_sizes
+from dispersion_titan.utils.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
+from dispersion_titan.utils.errors import ConfigError, DeviceError
 from helpers import DEBUG_TOML, REPO, assert_one_line_error, digests, launch_env, python_module
 
 CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))

@@ -94,7 +94,7 @@ def test_analysis_layers_are_embedding_blocks_and_final_norm():
         reference = hf(tokens, output_hidden_states=True).hidden_states
     assert names == ("embedding", *(f"block_{i}" for i in range(1, args.n_layers + 1)), "final_norm")
     # transformers' last hidden state is after ln_f; the others are block inputs/outputs.
-    for ours, theirs in zip(states[:-2], reference[:-1]):
+    for ours, theirs in zip(states[:-2], reference[:-1], strict=True):
         assert torch.allclose(ours, theirs, atol=1e-5)
     assert torch.allclose(states[-1], reference[-1], atol=1e-5)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dispersion_titan.analysis.result import Condensation
-from dispersion_titan.analysis.results import read_results
+from dispersion_titan.analysis.condensation_schema import Condensation
+from dispersion_titan.analysis.result_files import read_results
 from dispersion_titan.quickstart import CONFIG
 from dispersion_titan.report.paper import findings, with_dispersion
 from dispersion_titan.report.summary import load_sweep

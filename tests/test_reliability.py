@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from dispersion_titan.analyze import main as analyze_main
-from dispersion_titan.trainer.checkpoints import CheckpointError, check_complete, list_checkpoints
-from dispersion_titan.errors import ArgumentError
-from dispersion_titan.errors import ConfigError
+from dispersion_titan.run_folder.checkpoints import CheckpointError, check_complete, list_checkpoints
 from dispersion_titan.train import validated_args
+from dispersion_titan.utils.errors import ArgumentError
+from dispersion_titan.utils.errors import ConfigError
 from helpers import (
     DEBUG_TOML,
     REFERENCE_STEPS,

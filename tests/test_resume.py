@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.errors import CheckpointError
-from dispersion_titan.trainer.checkpoints import plan_resume
+from dispersion_titan.run_folder.checkpoints import plan_resume
+from dispersion_titan.utils.errors import CheckpointError
 from helpers import REFERENCE_STEPS, SCHEDULE, digests, load_weights, max_abs_diff, scalars, torchrun
 
 pytestmark = pytest.mark.slow

@@ -182,7 +182,7 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     tasks = absolute_lm_eval_tasks(tmp_path / "lm_eval_tasks")
     evaluate_args = f"--tasks wiki_next_word,wiki_text --include-path {tasks} --limit 8 --num-fewshot 1 --device cpu"
     proc = subprocess.run(
-        [sys.executable, str(REPO / "launch" / "sweep.py"), "--config", DEBUG_TOML, "--out", str(out),
+        [sys.executable, "-m", "dispersion_titan.sweep", "--config", DEBUG_TOML, "--out", str(out),
          "--widths", "128", "--variants", "baseline,noisy_embedding", "--seeds", "0",
          "--partition", "debug", "--train-time", "00:10:00", "--analyze-time", "00:10:00",
          "--gpus-per-node", "0", "--cpus-per-task", "1", "--analyze-gpus", "0",

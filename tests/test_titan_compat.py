@@ -1,4 +1,4 @@
-"""Canaries for every TorchTitan internal that ``trainer/titan_compat.py`` touches.
+"""Canaries for every TorchTitan internal that ``components/titan_compat.py`` touches.
 
 Each test names the touch it guards: when a TorchTitan upgrade changes what the touch
 relies on, the failure says which one to re-check. The pin itself comes first.
@@ -18,7 +18,7 @@ import textwrap
 import pytest
 import torch
 
-from dispersion_titan.trainer import titan_compat
+from dispersion_titan.components import titan_compat
 
 TORCHTITAN = pathlib.Path(importlib.import_module("torchtitan").__file__).parent
 
@@ -186,7 +186,7 @@ def test_init_validator_refuses_unknown_fields():
 
 
 def test_checkpointer_attributes_used_exist():
-    """Touches ``save_full_checkpoint`` and ``checkpoint_folder``: CheckpointManager's
+    """Touches ``save_full_checkpoint`` and ``checkpointer_folder``: CheckpointManager's
     ``last_save_model_only``/``last_save_in_hf``/``folder``/``enable`` and ``save``'s arguments."""
     from torchtitan.components.checkpoint import CheckpointManager
 
@@ -205,8 +205,8 @@ def test_checkpoint_folder_of_a_disabled_checkpointer_is_none():
     class Enabled:
         enable, folder = True, "/runs/x/checkpoint"
 
-    assert titan_compat.checkpoint_folder(Disabled()) is None
-    assert titan_compat.checkpoint_folder(Enabled()) == "/runs/x/checkpoint"
+    assert titan_compat.checkpointer_folder(Disabled()) is None
+    assert titan_compat.checkpointer_folder(Enabled()) == "/runs/x/checkpoint"
 
 
 def test_will_save_follows_the_checkpointers_rule():
@@ -301,7 +301,7 @@ def test_lr_schedulers_per_group_apply_one_factor_per_group_and_resume():
 
 
 def test_trainer_builds_optimizers_and_lr_schedulers_in_init():
-    """``trainer.optimizers.baseline_settings`` is active during ``Trainer.__init__`` only: the
+    """``components.optimizers.baseline_settings`` is active during ``Trainer.__init__`` only: the
     TrainSpec's optimizer and LR-scheduler builders must be called there."""
     from torchtitan.train import Trainer
 

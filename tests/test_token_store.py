@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from dispersion_titan.components.tokenizer import EOT_ID
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
 from dispersion_titan.data.prepare import main, parser, prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
-from dispersion_titan.tokenizer import EOT_ID
 from helpers import DEBUG_TOML, REPO, launch_env, python_module
 from helpers import global_batches, loader, resumed_equals_uninterrupted, texts
 
@@ -102,8 +102,8 @@ def test_prepare_from_a_training_toml_reads_its_sections(tmp_path):
 def test_a_store_of_the_models_own_tokenizer(tmp_path):
     """A qwen3 TOML naming a Hugging Face folder prepares its ids with that folder's
     tokenizer.json; the store is stamped with it and refused for a run of another tokenizer."""
-    from dispersion_titan.convert import save_tokenizer
-    from dispersion_titan.encoders import GPT2, hf_tokenizer
+    from dispersion_titan.run_folder.hf_export import save_tokenizer
+    from dispersion_titan.tokenizer.encoders import GPT2, hf_tokenizer
 
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -292,8 +292,8 @@ def test_prepare_command_line_fails_in_one_line_and_deletes_nothing(tmp_path, en
 def test_stale_store_is_refused_before_launch(tmp_path, enwiki_store):
     """The check ``dispersion_titan.train`` runs before any process group starts (its
     ConfigError ends the command in one line, exit 2: test_data's cli_error tests)."""
-    from dispersion_titan.errors import ConfigError
     from dispersion_titan.train import validated_args
+    from dispersion_titan.utils.errors import ConfigError
 
     store = tmp_path / "store"
     shutil.copytree(enwiki_store, store)

@@ -15,9 +15,9 @@ import pytest
 import tiktoken.load
 import tiktoken_ext.openai_public as openai_public
 
+from dispersion_titan.components.tokenizer import EOT_ID, EOT_TOKEN, GPT2Tokenizer, bpe_files
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import ENWIKI_VALIDATION_EVERY, iter_documents
-from dispersion_titan.tokenizer import EOT_ID, EOT_TOKEN, GPT2Tokenizer, bpe_files
 
 
 def sha256(path: str) -> str:
@@ -63,7 +63,7 @@ def test_files_are_the_ones_tiktoken_verifies_for_gpt2(monkeypatch, tmp_path):
 def test_round_trip_on_wikipedia_text():
     tokenizer = GPT2Tokenizer()
     texts = articles("train") + articles("validation")
-    for text, ids in zip(texts, tokenizer.encode_batch(texts)):
+    for text, ids in zip(texts, tokenizer.encode_batch(texts), strict=True):
         assert tokenizer.decode(ids) == text
 
 

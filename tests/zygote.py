@@ -36,7 +36,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 import dispersion_titan.train
-from dispersion_titan.bpe import gpt2_encoding
+from dispersion_titan.tokenizer.bpe import gpt2_encoding
 
 gpt2_encoding()  # GPT-2's BPE ranks (about 1 s to build), as an import: once, shared by every fork
 

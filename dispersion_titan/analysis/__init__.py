@@ -2,13 +2,13 @@
 
 One module per job: ``inputs`` picks the token sequences, ``measure`` reduces hidden
 states to per-layer mean cosine matrices (and ``geometry`` to effective rank and MEV),
-``statistics`` turns those into the paper's numbers, ``results`` / ``figures`` /
-``tensorboard`` write them, ``runner`` analyses one run, ``hf`` / ``hf_analysis`` a
-Hugging Face model, ``compare`` sets several runs side by side and ``family`` models
-of several sizes.
+``statistics`` turns those into the paper's numbers (typed by ``condensation_schema``),
+``result_files`` / ``figures`` / ``tensorboard`` write them, ``runner`` analyses one run,
+``hf_model`` / ``hf_revisions`` a Hugging Face model, ``compare`` sets several runs side
+by side and ``size_series`` models of several sizes.
 """
 
-from dispersion_titan.errors import AnalysisError
+from dispersion_titan.utils.errors import AnalysisError
 
 DEFAULT_GEOMETRY_SEQUENCES = 2
 """Sequences of the K whose effective rank and MEV are averaged (see ``measure``)."""

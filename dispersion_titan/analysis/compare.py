@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CheckpointError
-from ..trainer.checkpoints import load_run_metadata
+from ..run_folder.checkpoints import load_run_metadata
+from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
+from .condensation_schema import Condensation
 from .inputs import differences
-from .result import Condensation
-from .results import RESULT_FILE, ensure_writable, read_analyses, shown, write_csv
+from .result_files import RESULT_FILE, ensure_writable, read_analyses, shown, write_csv
 from .statistics import layer_fraction
 
 

@@ -16,8 +16,8 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import Normalize, PowerNorm  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from .result import Condensation  # noqa: E402
-from .results import atomic_write  # noqa: E402
+from .condensation_schema import Condensation  # noqa: E402
+from .result_files import atomic_write  # noqa: E402
 from .statistics import HIST_RANGE, layer_fraction  # noqa: E402
 
 

@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..encoders import GPT2, DocumentEncoder
-from ..errors import DataConfigError
+from ..tokenizer.encoders import GPT2, DocumentEncoder
+from ..utils.errors import DataConfigError
 from . import AnalysisError
 
 DEFAULT_DATASET = "enwiki_sample"

@@ -4,7 +4,7 @@ and the per-sequence geometry (``geometry``) of a fixed subset of the sequences.
 A model reports each layer's hidden states to a sink as soon as it has computed them
 (``LayeredModel``: a run's model, gpt2, qwen3 or llama3, through forward hooks on its
 blocks and final norm (``DecoderLayers``), a Hugging Face model through forward hooks,
-``analysis.hf``). Each is reduced at once (one batched matmul per
+``analysis.hf_model``). Each is reduced at once (one batched matmul per
 layer and batch) into running sums, so memory is L×S×S plus one batch's activations
 whatever the number of sequences K, and no LM head is ever computed.
 

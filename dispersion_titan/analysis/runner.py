@@ -3,7 +3,7 @@ those already done; report unreadable ones and go on with the rest.
 
 ``Analysis`` holds what every target shares (caching, skipping, atomic writes, the
 summary); ``RunAnalysis`` feeds it the checkpoints of one of our runs, and
-``hf_analysis.HFAnalysis`` the revisions of a Hugging Face model.
+``hf_revisions.HFAnalysis`` the revisions of a Hugging Face model.
 """
 
 from __future__ import annotations
@@ -19,14 +19,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..errors import CheckpointError
-from ..encoders import GPT2, DocumentEncoder, encoder_named
-from ..trainer.checkpoints import checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
+from ..run_folder.checkpoints import find_checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
+from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
+from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
+from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, measure
-from .result import Condensation
-from .results import (
+from .result_files import (
     SUMMARY_FILE,
     ensure_writable,
     read_analyses,
@@ -219,7 +219,7 @@ class RunAnalysis(Analysis):
     noun = "checkpoint"
 
     def __init__(self, options: AnalyzeOptions):
-        folder = checkpoint_folder(options.target)
+        folder = find_checkpoint_folder(options.target)
         checkpoints = list_checkpoints(folder)
         if not checkpoints:
             raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .result import Condensation, LastN, LayerCondensation
+from .condensation_schema import Condensation, LastN, LayerCondensation
 
 if TYPE_CHECKING:  # torch-free at import: results (and so the quickstart's option check) import this
     from .inputs import Sequences

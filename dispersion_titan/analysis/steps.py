@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..trainer.checkpoints import StepCheckpoint
+from ..run_folder.checkpoints import StepCheckpoint
 from . import AnalysisError
 
 _RANGE = re.compile(r"^(\d+)-(\d+)$")

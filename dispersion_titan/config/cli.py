@@ -9,8 +9,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from .. import CONFIG_MODULE
-from ..errors import ArgumentError, fail
+from ..utils.errors import ArgumentError, fail
+
+CONFIG_MODULE = "dispersion_titan.config"  # TorchTitan's job.custom_config_module: our JobConfig
 
 _CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 _CUSTOM_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")

@@ -1,6 +1,6 @@
 """The MLP-width × variant × seed experiment grid, and its one naming scheme.
 
-The quickstart and ``launch/sweep.py`` both train this grid; each cell is a set of
+The quickstart and ``python -m dispersion_titan.sweep`` both train this grid; each cell is a set of
 training overrides and a run folder named ``w{width}-{variant}-s{seed}``, the variant
 ``baseline`` (plain training), ``{name}-c{coeff}`` (a dispersion loss) or a baseline
 method the paper compares against (``noisy_embedding``, ``active_forgetting``). Light:
@@ -19,10 +19,13 @@ GRID_KEYS = ("--model.mlp_hidden_dim", "--dispersion.variant", "--dispersion.coe
 
 
 @dataclass(frozen=True)
-class Variant:
+class Arm:
+    """One arm of the experiment: plain training, a dispersion loss, or a baseline method."""
+
     name: str
     """A dispersion variant, or ``none``."""
-    coeff: float
+    peak_coeff: float
+    """``[dispersion] coeff``: λ after its warm-up."""
     method: str = "none"
     """``baseline.method``: a baseline method instead of a dispersion loss, or ``none``."""
 
@@ -30,7 +33,7 @@ class Variant:
     def label(self) -> str:
         if self.method != "none":
             return self.method
-        return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff:g}"
+        return BASELINE if self.name == "none" else f"{self.name}-c{self.peak_coeff:g}"
 
     @property
     def is_baseline(self) -> bool:
@@ -41,22 +44,22 @@ class Variant:
 @dataclass(frozen=True)
 class Cell:
     width: int
-    variant: Variant
+    arm: Arm
     seed: int
 
     @property
     def name(self) -> str:
-        return f"w{self.width}-{self.variant.label}-s{self.seed}"
+        return f"w{self.width}-{self.arm.label}-s{self.seed}"
 
     def overrides(self, dump_folder: str) -> list[str]:
         """The training command line's grid part, writing into ``dump_folder``."""
-        return ["--model.mlp_hidden_dim", str(self.width), "--dispersion.variant", self.variant.name,
-                "--dispersion.coeff", f"{self.variant.coeff:g}", "--baseline.method", self.variant.method,
+        return ["--model.mlp_hidden_dim", str(self.width), "--dispersion.variant", self.arm.name,
+                "--dispersion.coeff", f"{self.arm.peak_coeff:g}", "--baseline.method", self.arm.method,
                 "--debug.seed", str(self.seed),
                 "--job.dump_folder", dump_folder]
 
 
-def cells(widths: list[int] | tuple[int, ...], variants: list[Variant] | tuple[Variant, ...],
+def cells(widths: list[int] | tuple[int, ...], arms: list[Arm] | tuple[Arm, ...],
           seeds: list[int] | tuple[int, ...]) -> list[Cell]:
     """Every combination, width-major (the order of the folders, jobs and tables)."""
-    return [Cell(w, v, s) for w in widths for v in variants for s in seeds]
+    return [Cell(w, a, s) for w in widths for a in arms for s in seeds]

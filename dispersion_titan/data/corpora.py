@@ -25,8 +25,8 @@ from typing import Any
 
 import datasets
 
-from ..errors import DataConfigError
-from ..package_data import package_file
+from ..utils.errors import DataConfigError
+from ..utils.package_data import package_file
 from .sources import (
     check_local_copy,
     file_identity,

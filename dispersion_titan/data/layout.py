@@ -16,7 +16,7 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import DataConfigError
+from ..utils.errors import DataConfigError
 
 Sample = tuple[dict[str, torch.Tensor], torch.Tensor]
 

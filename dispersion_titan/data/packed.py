@@ -28,7 +28,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
-from ..encoders import GPT2, DocumentEncoder, encoder_for
+from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_for
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
 from .layout import RankSlice, Sample
 from .store import TokenStore, is_store, open_store
@@ -152,7 +152,8 @@ class ContinuousPackedDataset(PackedSequenceDataset):
         return np.concatenate([window, self.tokens[:missing]]) if missing else window
 
 
-def _seed(job_config: JobConfig) -> int:
+def run_seed(job_config: JobConfig) -> int:
+    """The run's seed: ``debug.seed``, 0 when unset (the data order, the dispersion loss and the baselines)."""
     return job_config.debug.seed if job_config.debug.seed is not None else 0
 
 
@@ -188,7 +189,7 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
         dp_world_size,
         infinite=train,
         shuffle=train,
-        seed=_seed(job_config),
+        seed=run_seed(job_config),
         field=field,
         pad_id=encoder.eos_id,
     )

@@ -37,9 +37,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ..config.cli import OneLineErrorParser, positive_int, read_toml
-from ..encoders import GPT2, DocumentEncoder, encoder_named, hf_tokenizer, tokenizer_folder
-from ..errors import DataConfigError, DispersionTitanError, fail_with
-from ..hf_assets import local_assets
+from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named, hf_tokenizer, tokenizer_folder
+from ..tokenizer.hf_assets import local_assets
+from ..utils.errors import DataConfigError, DispersionTitanError, fail_with
 from .corpora import CORPORA, DOCUMENTS_VERSION, SPLITS, check_dataset, documents_identity, iter_documents
 from .store import (
     DOCUMENT_INDEX,

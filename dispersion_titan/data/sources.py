@@ -21,7 +21,7 @@ from typing import Any, Union
 
 import datasets
 
-from ..errors import DataConfigError
+from ..utils.errors import DataConfigError
 
 Rows = Union[datasets.Dataset, datasets.IterableDataset]
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ..encoders import GPT2, DocumentEncoder
-from ..errors import DataConfigError
+from ..tokenizer.encoders import GPT2, DocumentEncoder
+from ..utils.errors import DataConfigError
 from .corpora import DOCUMENTS_VERSION
 
 FORMAT = "dispersion_titan.token_store"

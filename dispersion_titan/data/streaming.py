@@ -23,8 +23,8 @@ from typing import Any
 import datasets
 import numpy as np
 
-from ..encoders import GPT2, DocumentEncoder
-from ..errors import DataConfigError
+from ..tokenizer.encoders import GPT2, DocumentEncoder
+from ..utils.errors import DataConfigError
 from .layout import RankSlice, Sample
 from .tokens import tokenize
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from ..encoders import GPT2, DocumentEncoder
+from ..tokenizer.encoders import GPT2, DocumentEncoder
 
 CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
 _TOKENIZE_BATCH = 256  # documents per tiktoken call (it tokenises a batch in threads)

@@ -10,7 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..convert import to_hf
+from ..run_folder.hf_export import to_hf
 
 
 @contextmanager

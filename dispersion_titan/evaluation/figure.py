@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from ..analysis.figures import plt, save_png  # the Agg backend is chosen there
-
-if TYPE_CHECKING:
-    from .table import ArmRow
+from .arms import ArmRow
 
 
 def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule: str, path: str) -> None:

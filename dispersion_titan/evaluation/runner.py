@@ -9,15 +9,15 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..analysis.results import ensure_writable
+from ..analysis.result_files import ensure_writable
 from ..analysis.runner import resolve_device
 from ..analysis.steps import select_steps
-from ..errors import CheckpointError
-from ..trainer.checkpoints import StepCheckpoint, checkpoint_folder, list_checkpoints
+from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, list_checkpoints
+from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
 from .protocol import Plan, mean_accuracy
-from .results import (
+from .step_results import (
     OURS,
     differences,
     merge,
@@ -51,7 +51,7 @@ class RunEvaluation:
 
     def __init__(self, options: EvaluateOptions):
         self.options = options
-        folder = checkpoint_folder(options.run)
+        folder = find_checkpoint_folder(options.run)
         checkpoints = list_checkpoints(folder)
         if not checkpoints:
             raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")

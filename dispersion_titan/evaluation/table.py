@@ -12,51 +12,18 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
 from ..analysis.compare import dispersion_variant
-from ..analysis.results import atomic_write, ensure_writable, find_results_folder, write_csv
-from ..trainer.checkpoints import load_run_metadata
+from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
+from ..run_folder.checkpoints import load_run_metadata
 from . import EvaluationError
+from .arms import ArmRow, RunScores
 from .figure import average_accuracy_figure
 from .protocol import is_accuracy, mean_accuracy
-from .results import OURS, RESULT_FILE, differences, read_evaluations, result_scores, settings
-
-SIGNIFICANCE = ((0.001, "***"), (0.01, "**"), (0.05, "*"))
-
-
-@dataclass(frozen=True)
-class RunScores:
-    """One run's selected checkpoint."""
-
-    run: str
-    dump: str  # the run's dump folder, holding run.json
-    step: int
-    scores: dict[str, float]
-    settings: dict
-
-    @property
-    def average(self) -> float:
-        return mean_accuracy(self.scores)
-
-
-@dataclass(frozen=True)
-class ArmRow:
-    name: str
-    runs: list[RunScores]
-    mean: dict[str, float]
-    std: dict[str, float]
-    average_mean: float
-    average_std: float
-    rank: float
-    p_value: float | None
-
-    @property
-    def significance(self) -> str:
-        return next((stars for level, stars in SIGNIFICANCE if self.p_value is not None and self.p_value < level), "")
+from .step_results import OURS, RESULT_FILE, differences, read_evaluations, result_scores, settings
 
 
 def evaluation_folder(run: str) -> str:

@@ -17,7 +17,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
-from ..errors import ConfigError
+from ..utils.errors import ConfigError
 
 A = TypeVar("A")
 

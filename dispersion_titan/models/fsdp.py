@@ -13,7 +13,7 @@ from torchtitan.config import TORCH_DTYPE_MAP, JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
-from ..trainer import titan_compat
+from ..components import titan_compat
 
 
 def sum_gradients(model: nn.Module) -> None:

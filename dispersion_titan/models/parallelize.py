@@ -19,7 +19,7 @@ from torch import nn
 from torchtitan.config import JobConfig
 from torchtitan.distributed import ParallelDims
 
-from ..trainer import titan_compat
+from ..components import titan_compat
 from .fsdp import shard_keeping_the_tie, sum_gradients
 
 

@@ -14,11 +14,11 @@ def dispersion_train_spec(model_cls: type, flavors: Mapping[str, Any], paralleli
                           state_dict_adapter: type) -> TrainSpec:
     from torchtitan.components.loss import build_cross_entropy_loss
 
+    from ..components.metrics import build_dispersion_metrics_processor
+    from ..components.optimizers import build_dispersion_lr_schedulers, build_dispersion_optimizers
+    from ..components.tokenizer import build_tokenizer
+    from ..components.validate import build_packed_validator
     from ..data.packed import build_packed_dataloader
-    from ..tokenizer import build_tokenizer
-    from ..trainer.metrics import build_dispersion_metrics_processor
-    from ..trainer.optimizers import build_dispersion_lr_schedulers, build_dispersion_optimizers
-    from ..trainer.validate import build_packed_validator
 
     return TrainSpec(
         model_cls=model_cls,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
+from ..analysis.condensation_schema import Condensation
 from ..analysis.figures import save_png  # first: it selects the headless Agg backend
-from ..analysis.result import Condensation
 from ..analysis.statistics import layer_fraction
 from .paper import Finding, panel_shape
 from .summary import RunCondensation, late_cos

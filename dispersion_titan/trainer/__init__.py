@@ -1,7 +1,8 @@
-"""The training side: TorchTitan's Trainer with the dispersion objective (``trainer``,
-``objective``, ``metrics``), the held-out pass (``validate``), signal-driven checkpoints
-(``preemption``), sequence-parallel gathers, offline checkpoint access (``checkpoints``)
-and ``titan_compat``, the one module allowed to touch TorchTitan internals.
+"""The training side, imported only by ``python -m dispersion_titan.train``: TorchTitan's
+Trainer with the dispersion objective (``trainer``, ``objective``), the checks run on the
+job config before any process group (``config_checks``), the baselines, signal-driven
+checkpoints (``preemption``) and sequence-parallel gathers. TorchTitan's extension points
+it plugs into live one floor down, in ``components``.
 
-Import-free: analysis and conversion import ``checkpoints`` without the trainer.
+Import-free, so ``train`` can check a config without building the trainer.
 """

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torchtitan.tools.logging import logger
 
+from ..components.optimizers import token_embedding
 from ..config.schema import Baseline
 from ..models.gpt2.model import INIT_STD, copy_full_into
-from .optimizers import token_embedding
 
 
 def _mixed_seed(*parts: int) -> int:

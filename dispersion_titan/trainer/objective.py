@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigError
+from ..utils.errors import ConfigError
 from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.dispersion import KernelUnavailable, check_triton_kernel
 from ..losses.options import resolve_layers
@@ -28,8 +28,8 @@ class MicrobatchDispersion:
     """(b/G)·mean_ℓ L_disp, detached (0 for ``none``)."""
     block_cosine_sums: torch.Tensor | None
     """Σ over this micro-batch's sequences of each block's mean off-diagonal cosine."""
-    coeff: float
-    """λ at this step (0 for ``none``)."""
+    step_coeff: float
+    """λ at this step, after the warm-up (0 for ``none``)."""
 
 
 class DispersionObjective:
@@ -50,8 +50,8 @@ class DispersionObjective:
             except KernelUnavailable as err:
                 raise ConfigError(f"dispersion.kernel: {err}") from None
 
-    def coeff(self, step: int) -> float:
-        """λ at ``step`` (1-based), after the optional linear warm-up."""
+    def coeff_at(self, step: int) -> float:
+        """λ at ``step`` (1-based): the peak ``[dispersion] coeff`` after the optional linear warm-up."""
         if self.cfg.warmup_steps <= 0:
             return self.cfg.coeff
         return self.cfg.coeff * min(1.0, step / self.cfg.warmup_steps)
@@ -76,7 +76,7 @@ class DispersionObjective:
         # it is the global-batch mean, whatever the layout.
         scale = owned_batch / self.global_batch_size
         weighted = None
-        coeff = self.coeff(step) if self.active else 0.0
+        coeff = self.coeff_at(step) if self.active else 0.0
         unweighted = torch.zeros((), device=block_outputs[0].device)
         if self.active:
             if owned_batch == 0:  # a TP rank with no sequence still joins the backward all-to-alls

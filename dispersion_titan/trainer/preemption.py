@@ -24,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-from .titan_compat import checkpoint_folder, save_full_checkpoint
+from ..components.titan_compat import checkpointer_folder, save_full_checkpoint
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try again"
 SIGNAL_ENV = "PREEMPT_SIGNAL"
@@ -62,7 +62,7 @@ class Preemption:
         if step >= steps:
             return  # the last step: the normal end, and its final save, follow
         ckpt = trainer.checkpointer
-        if checkpoint_folder(ckpt) is None:
+        if checkpointer_folder(ckpt) is None:
             if self.requested:
                 logger.warning(f"{self.signum.name} received, but checkpointing is disabled: training goes on")
             self.requested = False

@@ -16,15 +16,15 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
-from ..config.checks import data_parallel_degree, resolve_batch_sizes
-from ..data.packed import run_encoder
-from ..errors import NonFiniteLossError
-from . import titan_compat
+from ..components import titan_compat
+from ..components.optimizers import baseline_settings
+from ..data.packed import run_encoder, run_seed
+from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
+from ..utils.errors import NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
-from .checkpoints import quarantine_incomplete, save_run_metadata
+from .config_checks import data_parallel_degree, resolve_batch_sizes
 from .objective import DispersionObjective
-from .optimizers import baseline_settings
 from .preemption import Preemption
 
 
@@ -64,11 +64,11 @@ class DispersionTrainer(titan_compat.trainer_class()):
         resolve_batch_sizes(job_config, data_parallel_degree(job_config, int(os.environ["WORLD_SIZE"])))
         with baseline_settings(job_config.baseline):  # active forgetting's embedding param group
             super().__init__(job_config)
-        self.checkpoint_folder = titan_compat.checkpoint_folder(self.checkpointer)
+        self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
         self._set_aside_incomplete_checkpoints()
         self.health = StepHealth(self.device)
         tp_group = self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
-        seed = job_config.debug.seed if job_config.debug.seed is not None else 0
+        seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
         self.dispersion = DispersionObjective(
             job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
@@ -142,4 +142,4 @@ class DispersionTrainer(titan_compat.trainer_class()):
         torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])
         ce_value = _local(ce.detach())
         self.step_metrics.add(ce_value, term.unweighted, term.block_cosine_sums)
-        return ce_value + term.coeff * term.unweighted
+        return ce_value + term.step_coeff * term.unweighted

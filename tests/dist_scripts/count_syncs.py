@@ -35,7 +35,7 @@ class Counter(TorchDispatchMode):
 def main(kind: str, out: str, args: list[str]) -> None:
     from dispersion_titan.config.cli import load_toml, with_config_module
     from dispersion_titan.train import prepare
-    from dispersion_titan.trainer import titan_compat
+    from dispersion_titan.components import titan_compat
 
     args = with_config_module(args, load_toml(args))
     prepare()

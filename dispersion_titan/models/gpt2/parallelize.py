@@ -25,7 +25,7 @@ from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.llama3.infra.parallelize import apply_compile, apply_ddp
 from torchtitan.tools.logging import logger
 
-from ...trainer import titan_compat
+from ...components import titan_compat
 from ..fsdp import shard_keeping_the_tie
 from .model import GPT2
 

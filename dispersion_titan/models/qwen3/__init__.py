@@ -10,7 +10,7 @@ from torchtitan.models.qwen3 import Qwen3Model, Qwen3ModelArgs, parallelize_qwen
 from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.train_spec import TrainSpec
 
-from ...errors import ConvertError
+from ...utils.errors import ConvertError
 from ..flavors import Flavors
 from ..parallelize import adapted
 from ..rotary import RotaryOverrides, hf_decoder_fields, offered

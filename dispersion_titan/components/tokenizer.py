@@ -7,8 +7,8 @@ from __future__ import annotations
 from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.config import JobConfig
 
-from .bpe import EOT_ID, EOT_TOKEN, bpe_files, gpt2_encoding
-from .encoders import tokenizer_folder
+from ..tokenizer.bpe import EOT_ID, EOT_TOKEN, bpe_files, gpt2_encoding
+from ..tokenizer.encoders import tokenizer_folder
 
 __all__ = ["EOT_ID", "EOT_TOKEN", "GPT2Tokenizer", "bpe_files", "build_tokenizer", "gpt2_encoding"]
 

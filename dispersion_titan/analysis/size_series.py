@@ -22,9 +22,9 @@ from scipy import stats
 
 from . import AnalysisError, figures
 from .compare import format_table, pick
+from .condensation_schema import Condensation
 from .inputs import differences
-from .result import Condensation
-from .results import atomic_write, ensure_writable, write_csv
+from .result_files import atomic_write, ensure_writable, write_csv
 
 DEFAULT_LAST_N = 3
 
@@ -182,8 +182,8 @@ def parse_assignments(values: Sequence[str], option: str) -> list[tuple[str, str
     return parsed
 
 
-def family(specs: Sequence[str], out: str, family_options: Sequence[str] = (), paired: Sequence[str] = (),
-           last_n: int = DEFAULT_LAST_N) -> str:
+def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[str] = (),
+                      paired: Sequence[str] = (), last_n: int = DEFAULT_LAST_N) -> str:
     """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown."""
     families = {spec: name for name, listed in parse_assignments(family_options, "--family")
                 for spec in listed.split(",")}

@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AnalysisError
+from ..utils.errors import AnalysisError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import IO
 
 from . import AnalysisError
-from .result import Condensation
+from .condensation_schema import Condensation
 from .statistics import layer_fraction
 
 RESULT_FILE = "condensation.json"

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """Submit the controlled experiment to Slurm: MLP width x variant x seed.
 
-    python launch/sweep.py [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1,noisy_embedding]
-                           [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
-                           [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
-                           [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
-                           [-- TRAINING OVERRIDES ...]
+    python -m dispersion_titan.sweep [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1,noisy_embedding]
+                                     [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
+                                     [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
+                                     [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
+                                     [-- TRAINING OVERRIDES ...]
 
 A variant is ``baseline`` (plain training), ``NAME:COEFF`` (a dispersion loss) or a
 baseline method the paper compares against (``noisy_embedding``, ``active_forgetting``).
@@ -29,7 +28,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +37,12 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from a checkout, installed or not
+from dispersion_titan.config.cli import OneLineErrorParser  # light: no torch
+from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
+from dispersion_titan.config.schema import METHOD_SETTINGS
+from dispersion_titan.utils.errors import SweepError, fail
 
-from dispersion_titan.config.cli import OneLineErrorParser  # noqa: E402  (both light: no torch)
-from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Cell, Variant, cells  # noqa: E402
-from dispersion_titan.config.schema import METHOD_SETTINGS  # noqa: E402
-from dispersion_titan.errors import SweepError, fail  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]  # the checkout holding launch/slurm/
 
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
@@ -58,7 +56,7 @@ class Spec:
     config: Path
     out: Path
     widths: list[int]
-    variants: list[Variant]
+    variants: list[Arm]  # the spec's key (a user's TOML key): the arms
     seeds: list[int]
     partition: str | None = None
     account: str | None = None
@@ -109,12 +107,12 @@ def _flag(arg: str) -> str:
     return "--" + arg.split("=", 1)[0][2:].replace("-", "_") if arg.startswith("--") else arg
 
 
-def parse_variant(text: str) -> Variant:
+def parse_arm(text: str) -> Arm:
     """``baseline``, a baseline method, or ``NAME:COEFF`` with NAME a dispersion variant and COEFF > 0."""
     if text == BASELINE:
-        return Variant("none", 0.0)
+        return Arm("none", 0.0)
     if text in METHODS:
-        return Variant("none", 0.0, method=text)
+        return Arm("none", 0.0, method=text)
     from dispersion_titan.losses import VARIANTS as known  # imports torch: only when needed
     name, sep, coeff = text.partition(":")
     if name not in known:
@@ -126,7 +124,7 @@ def parse_variant(text: str) -> Variant:
         value = None
     if value is None or not 0 < value < math.inf:
         raise SweepError(f"variants: {text!r}: needs a finite coefficient > 0, as in {name}:0.1")
-    return Variant(name, value)
+    return Arm(name, value)
 
 
 def _strings(key: str, value: Any) -> list[str]:
@@ -158,9 +156,9 @@ def build_spec(raw: dict[str, Any]) -> Spec:
     for arg in train_overrides:
         if _flag(arg) in GRID_KEYS:
             raise SweepError(f"training overrides: {arg} is set by the sweep for each cell")
-    variants = [parse_variant(str(v)) for v in _items("variants", raw["variants"])]
+    arms = [parse_arm(str(v)) for v in _items("variants", raw["variants"])]
     spec = Spec(
-        config=config, out=out, widths=widths, variants=variants, seeds=seeds, train_overrides=train_overrides,
+        config=config, out=out, widths=widths, variants=arms, seeds=seeds, train_overrides=train_overrides,
         partition=raw.get("partition"), account=raw.get("account"),
         train_time=raw.get("train_time"), analyze_time=raw.get("analyze_time"),
         **{key: _int(key, raw[key], minimum) for key, minimum in RESOURCES.items() if raw.get(key) is not None},
@@ -169,7 +167,7 @@ def build_spec(raw: dict[str, Any]) -> Spec:
                                             "analyze_args", "evaluate_args")
            if raw.get(k) is not None},
     )
-    for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [v.label for v in variants])):
+    for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [a.label for a in arms])):
         if len(set(values)) != len(values):
             raise SweepError(f"{key}: listed twice: {values}")
     return spec
@@ -185,8 +183,8 @@ def check_training_configs(spec: Spec) -> None:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
     from dispersion_titan.config.cli import load_toml, with_config_module
-    from dispersion_titan.errors import DispersionTitanError
     from dispersion_titan.train import prepare, validated_args
+    from dispersion_titan.utils.errors import DispersionTitanError
 
     prepare()
     for cell in spec.cells():
@@ -286,12 +284,18 @@ def submit(spec: Spec, jobs: list[Job]) -> dict[str, str]:
     return ids
 
 
+def _arm_json(arm: Arm) -> dict[str, Any]:
+    """An arm as ``sweep.json`` has always written it (``variant``: name, coeff, method)."""
+    return {"name": arm.name, "coeff": arm.peak_coeff, "method": arm.method}
+
+
 def write_manifest(spec: Spec, jobs: list[Job], ids: dict[str, str]) -> Path:
     cells = spec.cells()
     manifest = {
         "config": str(spec.config), "out": str(spec.out),
-        "grid": {"widths": spec.widths, "variants": [asdict(v) for v in spec.variants], "seeds": spec.seeds},
-        "cells": [{"name": c.name, **asdict(c), "run": str(spec.out / c.name),
+        "grid": {"widths": spec.widths, "variants": [_arm_json(a) for a in spec.variants], "seeds": spec.seeds},
+        "cells": [{"name": c.name, "width": c.width, "variant": _arm_json(c.arm), "seed": c.seed,
+                   "run": str(spec.out / c.name),
                    "train_job": ids[f"train_{i}"], "analyze_job": ids[f"analyze_{i}"],
                    "evaluate_job": ids[f"evaluate_{i}"]}
                   for i, c in enumerate(cells, start=1)],
@@ -314,7 +318,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     overrides: list[str] = []
     if "--" in argv:
         argv, overrides = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    p = _Parser(prog="launch/sweep.py", description=__doc__.split("\n\n")[0],
+    p = _Parser(prog="python -m dispersion_titan.sweep", description=__doc__.split("\n\n")[0],
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000")
     p.add_argument("spec", nargs="?", help="TOML file with the keys below (flags win)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 
-from .errors import ConfigError
+from ..utils.errors import ConfigError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ASSET_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]

@@ -17,8 +17,8 @@ import os
 from abc import ABC, abstractmethod
 from typing import Any
 
+from ..utils.errors import ConfigError
 from .bpe import EOT_ID, EOT_TOKEN, gpt2_encoding, tokenizer_fingerprint
-from .errors import ConfigError
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"

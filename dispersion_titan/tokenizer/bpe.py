@@ -15,7 +15,7 @@ import os
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-from dispersion_titan.package_data import package_file
+from dispersion_titan.utils.package_data import package_file
 
 EOT_TOKEN = "<|endoftext|>"
 EOT_ID = 50256

@@ -18,7 +18,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ..errors import CheckpointError, RunFinished
+from ..utils.errors import CheckpointError, RunFinished
 
 RUN_METADATA_FILE = "run.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -30,7 +30,7 @@ class StepCheckpoint:
     path: str
 
 
-def checkpoint_folder(run: str) -> str:
+def find_checkpoint_folder(run: str) -> str:
     """``run`` may be a dump folder (holding ``checkpoint/``) or the checkpoint folder."""
     if not os.path.isdir(run):
         raise CheckpointError(f"{run}: no such directory")

@@ -21,7 +21,7 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
   its fields are set here instead.
 - ``save_full_checkpoint``: the checkpointer's last-step save path and its
   ``last_save_model_only`` / ``last_save_in_hf`` attributes.
-- ``checkpoint_folder``: a disabled checkpointer has no ``folder`` attribute.
+- ``checkpointer_folder``: a disabled checkpointer has no ``folder`` attribute.
 - ``will_save``: the checkpointer's private ``_should_save(step, last_step)`` rule.
 - ``optimizer_per_model_part``: ``OptimizersContainer`` holds one torch optimizer per
   model part (``model_parts`` / ``optimizers``), each with one param group.
@@ -59,7 +59,7 @@ def check_torchtitan_version() -> None:
     if found != TORCHTITAN_VERSION:
         raise RuntimeError(
             f"dispersion_titan requires torchtitan=={TORCHTITAN_VERSION}, found {found}; "
-            "its internals touched in dispersion_titan/trainer/titan_compat.py must be re-checked"
+            "its internals touched in dispersion_titan/components/titan_compat.py must be re-checked"
         )
 
 
@@ -256,7 +256,7 @@ def init_validator(validator: Any, validation_dataloader: Any, **fields: Any) ->
 # ------------------------------------------------------------------------ checkpointing
 
 
-def checkpoint_folder(checkpointer: Any) -> str | None:
+def checkpointer_folder(checkpointer: Any) -> str | None:
     """The checkpoint folder, or None when checkpointing is disabled (then the
     CheckpointManager never sets ``folder``)."""
     return checkpointer.folder if checkpointer.enable else None

@@ -1,6 +1,6 @@
 """Checks run on the parsed job config before any process group starts.
 
-Each failure is a ``ConfigError`` (``dispersion_titan.errors``) whose one-line message names the offending field,
+Each failure is a ``ConfigError`` (``dispersion_titan.utils.errors``) whose one-line message names the offending field,
 so ``dispersion_titan.train`` can print it and exit non-zero without touching the
 dump folder.
 """
@@ -16,14 +16,14 @@ from typing import Any, Literal
 
 from torchtitan.config import JobConfig
 
+from ..config.schema import METHOD_SETTINGS
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
-from ..encoders import GPT2, DocumentEncoder, hf_tokenizer, tokenizer_folder
-from ..errors import ConfigError, DataConfigError
-from ..hf_assets import is_hub_id
 from ..losses.options import CONFIG_RANGES, CONFIG_VARIANTS, KERNELS, PRECISIONS, range_error, resolve_layers
 from ..models.flavors import SHAPE_KEYS
-from .schema import METHOD_SETTINGS
+from ..tokenizer.encoders import GPT2, DocumentEncoder, hf_tokenizer, tokenizer_folder
+from ..tokenizer.hf_assets import is_hub_id
+from ..utils.errors import ConfigError, DataConfigError
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import ModelLoadError
+from ..utils.errors import ModelLoadError
 from .inputs import Encode
 from .measure import LayerSink
 
@@ -119,7 +119,7 @@ def _auto_class(config):
 
 
 def model_args(config) -> dict:
-    """The shape recorded with each result (the fields ``compare`` and ``family`` read)."""
+    """The shape recorded with each result (the fields ``compare`` and ``size_series`` read)."""
     text = config.get_text_config()
     dim = text.hidden_size
     return {

@@ -8,8 +8,8 @@ import importlib.util
 import os
 from typing import Any
 
-from ..errors import ArgumentError, ModelLoadError
-from . import hf
+from ..utils.errors import ArgumentError, ModelLoadError
+from . import hf_model
 from .measure import LayeredModel
 from .runner import DTYPES, Analysis, AnalyzeOptions, Unit, fitted_inputs
 
@@ -32,21 +32,21 @@ class HFAnalysis(Analysis):
             raise ArgumentError(f"--device-map: {options.device_map!r}; only 'auto' is supported")
         if options.device_map and importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError("--device-map auto needs accelerate: pip install 'dispersion_titan[hf]'")
-        self.spec = hf.parse_spec(options.target)
+        self.spec = hf_model.parse_spec(options.target)
         first = self.spec.revisions[0]
-        config = hf.load_config(self.spec, first)
-        self.args = hf.model_args(config)
-        self.n_params = hf.count_parameters(self.spec, config)
-        dtype = options.dtype or ("bf16" if self.n_params > hf.BF16_ABOVE_PARAMS else "fp32")
+        config = hf_model.load_config(self.spec, first)
+        self.args = hf_model.model_args(config)
+        self.n_params = hf_model.count_parameters(self.spec, config)
+        dtype = options.dtype or ("bf16" if self.n_params > hf_model.BF16_ABOVE_PARAMS else "fp32")
         inputs = fitted_inputs(options, self.args["max_seq_len"], f"max_position_embeddings of {self.spec.model}")
-        units = [Unit(hf.revision_step(rev, i), _folder(rev), self.spec.location(rev)[0], rev)
+        units = [Unit(hf_model.revision_step(rev, i), _folder(rev), self.spec.location(rev)[0], rev)
                  for i, rev in enumerate(self.spec.revisions)]
         super().__init__(options, units, os.path.basename(os.path.normpath(self.spec.model)), options.out,
                          options.tb_dir or os.path.join(options.out, "tb"), inputs, dtype, model=self.spec.model,
-                         encode=hf.load_encoder(self.spec, first))
+                         encode=hf_model.load_encoder(self.spec, first))
 
     def load(self, unit: Unit) -> LayeredModel:
-        return hf.load_model(self.spec, unit.revision, DTYPES[self.dtype], self.device, self.options.device_map)
+        return hf_model.load_model(self.spec, unit.revision, DTYPES[self.dtype], self.device, self.options.device_map)
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
         return {"run": self.spec.model, "model_args": self.args, "n_params": self.n_params, "model": self.spec.model}

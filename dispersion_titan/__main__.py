@@ -1,0 +1,36 @@
+"""``dispersion-titan COMMAND [ARGS]`` (the console script) and ``python -m dispersion_titan
+COMMAND [ARGS]``: the same ``main`` as ``python -m dispersion_titan.COMMAND [ARGS]``.
+
+Imports nothing before it knows the command: ``train`` must adjust its arguments
+before TorchTitan is first imported."""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+COMMANDS = {
+    "train": "dispersion_titan.train",
+    "analyze": "dispersion_titan.analyze",
+    "evaluate": "dispersion_titan.evaluate",
+    "convert": "dispersion_titan.convert",
+    "sweep": "dispersion_titan.sweep",
+    "quickstart": "dispersion_titan.quickstart",
+    "data": "dispersion_titan.data.prepare",  # as python -m dispersion_titan.data
+}
+USAGE = f"usage: dispersion-titan {{{'|'.join(COMMANDS)}}} [ARGS ...]   (each command's --help says more)"
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if args in (["-h"], ["--help"]):
+        print(USAGE)
+        return
+    if not args or args[0] not in COMMANDS:
+        print(USAGE, file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [COMMANDS[args[0]], *args[1:]]  # what python -m COMMAND's main sees
+    import_module(COMMANDS[args[0]]).main()
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""A checkpoint written as a Hugging Face model directory (``GPT2LMHeadModel``,
+``Qwen3ForCausalLM`` or ``LlamaForCausalLM`` by the run's family): what
+``python -m dispersion_titan.convert to-hf`` and the evaluation's lm-eval export write.
+The command's help (``convert``) describes the output folder."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from ..models import family
+from ..tokenizer.bpe import bpe_files
+from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
+from ..utils.errors import CheckpointError, ConvertError
+from .checkpoints import (
+    check_complete,
+    find_checkpoint_folder,
+    list_checkpoints,
+    load_model,
+    load_model_args,
+    load_run_metadata,
+)
+
+
+def _is_step_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, ".metadata")) or bool(glob.glob(os.path.join(path, "*.safetensors")))
+
+
+def resolve_step_dir(path: str) -> str:
+    """``path`` itself when it is one checkpoint; for a run (dump or checkpoint folder), its
+    newest complete checkpoint, announced on stderr."""
+    path = path.rstrip("/")
+    if _is_step_dir(path) or not os.path.isdir(path):
+        return path
+    for checkpoint in reversed(list_checkpoints(find_checkpoint_folder(path))):
+        try:
+            if not glob.glob(os.path.join(checkpoint.path, "*.safetensors")):
+                check_complete(checkpoint.path)
+        except CheckpointError:
+            continue
+        print(f"converting step {checkpoint.step}: {checkpoint.path}", file=sys.stderr)
+        return checkpoint.path
+    raise CheckpointError(f"{path}: no complete checkpoint; pass a checkpoint folder (e.g. {path}/checkpoint/step-10)")
+
+
+def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights under the family's HF names (no ``lm_head`` when tied);
+    embedding rows past ``vocab_size`` (a padded vocabulary's, never targets) are cut."""
+    adapter = family(args.FAMILY).get_train_spec().state_dict_adapter(args, None)
+    if os.path.isfile(os.path.join(step_dir, ".metadata")):
+        state = load_model(step_dir, args).state_dict()
+    else:  # a last_save_in_hf checkpoint: safetensors already in HF layout
+        files = sorted(glob.glob(os.path.join(step_dir, "*.safetensors")))
+        if not files:
+            raise CheckpointError(f"{step_dir}: neither a DCP (.metadata) nor a safetensors checkpoint")
+        state = adapter.from_hf({k: v for f in files for k, v in load_file(f).items()})
+    hf = adapter.to_hf(state)
+    if vocab_size < args.vocab_size:
+        hf = {k: v[:vocab_size] if v.shape[0] == args.vocab_size else v for k, v in hf.items()}
+    return {k: v.detach().contiguous().clone() for k, v in hf.items()}
+
+
+def save_tokenizer(folder: str, max_length: int) -> None:
+    """GPT-2's BPE: vocab.json (= encoder.json) and merges.txt (= vocab.bpe), plus the
+    tokenizer.json and tokenizer_config.json that ``transformers`` derives from them."""
+    from transformers import GPT2TokenizerFast
+
+    encoder_json, vocab_bpe = bpe_files()
+    shutil.copyfile(encoder_json, os.path.join(folder, "vocab.json"))
+    shutil.copyfile(vocab_bpe, os.path.join(folder, "merges.txt"))
+    GPT2TokenizerFast.from_pretrained(folder, model_max_length=max_length).save_pretrained(folder)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model")
+
+
+def export_tokenizer(folder: str, encoder: DocumentEncoder, max_length: int) -> None:
+    """The run's tokenizer files: GPT-2's BPE, or copies of the model folder's own."""
+    if encoder == GPT2:
+        save_tokenizer(folder, max_length)
+        return
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(encoder.name, name)):
+            shutil.copyfile(os.path.join(encoder.name, name), os.path.join(folder, name))
+
+
+def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
+    step_dir = resolve_step_dir(step_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConvertError(f"OUT_DIR: {out_dir} exists and is not a directory")
+    if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
+        raise ConvertError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
+    checkpoints = os.path.dirname(os.path.abspath(step_dir))
+    args = load_model_args(checkpoints)
+    encoder = encoder_named(load_run_metadata(os.path.dirname(checkpoints)).get("tokenizer", GPT2.name))
+    config = family(args.FAMILY).hf_config(args, encoder)
+    weights = hf_state_dict(step_dir, args, config.vocab_size)
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
+    try:
+        save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
+        config.save_pretrained(staging)
+        export_tokenizer(staging, encoder, args.max_seq_len)
+        os.makedirs(out_dir, exist_ok=True)
+        for name in os.listdir(staging):
+            os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

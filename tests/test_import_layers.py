@@ -1,0 +1,201 @@
+"""The package's import graph keeps its floors: every import goes down ``LAYERS`` or
+sideways among peers, no folder loop, no file circle. An AST walk of every module, so
+imports inside functions and under ``TYPE_CHECKING`` count too."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dispersion_titan"
+ROOT = "<root>"  # the modules at the package root: the commands and __init__
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    (ROOT,),  # entry points: train, analyze, evaluate, convert, quickstart, sweep, __main__
+    ("trainer",),  # imported only by the training command
+    ("analysis", "evaluation", "report"),
+    ("run_folder",),  # run-folder I/O: checkpoint discovery, run.json, offline loading, HF export
+    ("models",),
+    ("components",),  # TorchTitan's extension points, as torchtitan/components
+    ("losses", "data", "config"),
+    ("tokenizer",),
+    ("utils",),
+)
+"""Top to bottom: a folder imports from its own row or the rows below it, never above."""
+
+KNOWN_FILE_CIRCLES: set[frozenset[str]] = set()
+
+
+def module_names(package: Path) -> dict[str, Path]:
+    """Every module of ``package`` by its dotted name below the package (``""`` for its
+    ``__init__``, ``"models.gpt2"`` for that folder's ``__init__``)."""
+    names = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def imported_modules(name: str, path: Path, modules: Iterable[str], package: str) -> set[str]:
+    """The package's modules that ``name`` (at ``path``) imports, anywhere in the file."""
+    known = set(modules)
+    own = name.split(".") if name else []
+    here = own if path.name == "__init__.py" else own[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)] + (node.module.split(".") if node.module else [])
+                target = ".".join([package, *base])
+            else:
+                target = node.module or ""
+            children = [f"{target}.{alias.name}" for alias in node.names]
+            targets = [c for c in children if _inside(c, package) in known]
+            if len(targets) < len(children):
+                targets.append(target)
+        else:
+            continue
+        for target in targets:
+            inside = _inside(target, package)
+            while inside is not None and inside not in known:  # import a.b.c: the deepest module
+                inside = inside.rpartition(".")[0] if inside else None
+            if inside is not None and inside != name:
+                found.add(inside)
+    return found
+
+
+def _inside(dotted: str, package: str) -> str | None:
+    if dotted == package:
+        return ""
+    return dotted[len(package) + 1:] if dotted.startswith(package + ".") else None
+
+
+def folder(package: Path, path: Path) -> str:
+    """The top-level folder holding the module at ``path``; ``ROOT`` for the package root's."""
+    parts = path.relative_to(package).parts
+    return parts[0] if len(parts) > 1 else ROOT
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    modules = module_names(package)
+    return {name: imported_modules(name, path, modules, package.name) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def layer_violations(package: Path, layers: tuple[tuple[str, ...], ...] = LAYERS) -> list[str]:
+    """Every undeclared folder, climbing import, folder loop and file circle, one line each."""
+    graph = import_graph(package)
+    rank = {name: row for row, names in enumerate(layers) for name in names}
+    folders = {name: folder(package, path) for name, path in module_names(package).items()}
+    problems = [f"{f}/ is in no layer: add it to LAYERS" for f in sorted(set(folders.values()) - set(rank))]
+    folder_graph: dict[str, set[str]] = {}
+    for source, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = folders[source], folders[target]
+            if a == b or a not in rank or b not in rank:
+                continue
+            folder_graph.setdefault(a, set()).add(b)
+            if rank[b] < rank[a]:
+                problems.append(f"{source or ROOT} imports {target or ROOT}: {b} is above {a}")
+    problems += [f"folder loop: {' <-> '.join(sorted(loop))}" for loop in cycles(folder_graph)]
+    problems += [f"file circle: {' <-> '.join(sorted(loop))}" for loop in cycles(graph)
+                 if loop not in KNOWN_FILE_CIRCLES]
+    return problems
+
+
+def test_the_package_keeps_its_layers():
+    assert layer_violations(PACKAGE) == []
+
+
+def test_only_the_training_command_imports_the_trainer():
+    graph = import_graph(PACKAGE)
+    importers = {source for source, targets in graph.items() if not source.startswith("trainer")
+                 for target in targets if target.startswith("trainer")}
+    assert importers == {"train"}
+
+
+def test_every_layer_names_a_folder_that_exists():
+    folders = {folder(PACKAGE, path) for path in module_names(PACKAGE).values()}
+    declared = {name for row in LAYERS for name in row}
+    assert declared == folders
+
+
+# ---------------------------------------------------------------- the checker itself, on planted packages
+
+
+def plant(tmp_path: Path, files: dict[str, str]) -> Path:
+    package = tmp_path / "pkg"
+    for name, text in {"__init__.py": "", **files}.items():
+        path = package / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "__init__.py").touch()
+        path.write_text(textwrap.dedent(text))
+    return package
+
+
+TWO_FLOORS = ((ROOT,), ("high",), ("low",))
+
+
+def test_a_clean_package_passes(tmp_path):
+    package = plant(tmp_path, {"cmd.py": "from pkg.high import a", "high/a.py": "from ..low import b",
+                               "low/b.py": "import os"})
+    assert layer_violations(package, TWO_FLOORS) == []
+
+
+@pytest.mark.parametrize("files, problem", [
+    ({"low/b.py": "from ..high.a import x"}, "low.b imports high.a: high is above low"),
+    ({"low/b.py": "def f():\n    from pkg.high import a"}, "low.b imports high.a: high is above low"),
+    ({"low/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.high.a"},
+     "low.b imports high.a: high is above low"),
+    ({"low/b.py": "from pkg import cmd"}, "low.b imports cmd: <root> is above low"),
+    ({"high/a.py": "from . import c", "high/c.py": "from .a import x"}, "file circle: high.a <-> high.c"),
+    ({"other/x.py": ""}, "other/ is in no layer: add it to LAYERS"),
+])
+def test_a_planted_violation_fails(tmp_path, files, problem):
+    package = plant(tmp_path, {"cmd.py": "", "high/a.py": "", "low/b.py": "", **files})
+    assert problem in layer_violations(package, TWO_FLOORS)
+
+
+def test_a_folder_loop_among_peers_fails(tmp_path):
+    package = plant(tmp_path, {"left/a.py": "from ..right import b", "right/b.py": "from ..left import c",
+                               "left/c.py": ""})
+    assert layer_violations(package, ((ROOT,), ("left", "right"))) == ["folder loop: left <-> right"]
