@@ -127,6 +127,7 @@ def main() -> None:
         fail_with(e)
     prepare()
     from dispersion_titan.components import titan_compat
+    from dispersion_titan.run_folder.writer_lock import refuse_if_busy
     from dispersion_titan.utils.devices import check_gpus_usable
 
     titan_compat.use_command_line(args)
@@ -142,6 +143,7 @@ def main() -> None:
             titan_compat.use_command_line(args)
             job_config = validated_args(args)
         check_gpus_usable()
+        refuse_if_busy(job_config.job.dump_folder)
         load_step = resume_step(job_config)
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)

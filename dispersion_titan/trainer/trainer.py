@@ -7,6 +7,7 @@ works inside goes through ``titan_compat``.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 from typing import Any
@@ -20,6 +21,7 @@ from ..components import titan_compat
 from ..components.optimizers import baseline_settings
 from ..data.packed import run_encoder, run_seed
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
+from ..run_folder.writer_lock import WriterLock
 from ..utils.errors import NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
@@ -58,12 +60,28 @@ class StepHealth:
         return (self._NONE - bad if bad else None), bool(anyone_signalled)
 
 
+def _take_writer_lock(dump_folder: str) -> WriterLock | None:
+    """Global rank 0 owns the run folder before TorchTitan writes into it, until this process exits;
+    a live owner already there ends this run in one line (``RunFolderBusy``) with nothing written."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    lock = WriterLock(dump_folder)
+    lock.acquire()
+    atexit.register(lock.release)
+    return lock
+
+
 class DispersionTrainer(titan_compat.trainer_class()):
     def __init__(self, job_config) -> None:
         # Derived per-rank batch sizes, exactly as the launch-time check computed them.
         resolve_batch_sizes(job_config, data_parallel_degree(job_config, int(os.environ["WORLD_SIZE"])))
-        with baseline_settings(job_config.baseline):  # active forgetting's embedding param group
-            super().__init__(job_config)
+        self.writer_lock = _take_writer_lock(job_config.job.dump_folder)
+        try:
+            with baseline_settings(job_config.baseline):  # active forgetting's embedding param group
+                super().__init__(job_config)
+        except BaseException:
+            self._release_writer_lock()
+            raise
         self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
         self._set_aside_incomplete_checkpoints()
         self.health = StepHealth(self.device)
@@ -106,7 +124,20 @@ class DispersionTrainer(titan_compat.trainer_class()):
             if missing.item():
                 self.checkpointer.save(curr_step=0)
 
+    def close(self) -> None:
+        """TorchTitan's close (checkpointer, metrics), then the run folder is free for the next launch."""
+        try:
+            super().close()
+        finally:
+            self._release_writer_lock()
+
+    def _release_writer_lock(self) -> None:
+        if self.writer_lock is not None:
+            self.writer_lock.release()
+
     def train_step(self, data_iterator) -> None:
+        if self.writer_lock is not None:
+            self.writer_lock.touch()
         self.step_metrics.reset()
         self.baseline.begin_step(self.step)
         super().train_step(data_iterator)

@@ -1,0 +1,118 @@
+"""One writer per run folder (run_folder/writer_lock.py): a real race of two trainings on one
+folder, a relaunch into a folder a live run owns, and the stale-lock and requeue rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME, STALE_AFTER_S, RunFolderBusy, WriterLock, refuse_if_busy
+
+from helpers import DEBUG_TOML, REPO, digests, launch_env, python_module
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def live_pid():
+    """A process of this host that stays alive during the test (a stand-in for a running trainer)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def write_lock(folder: Path, host: str, pid: int, job_id: str = "", age_s: float = 0.0) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCK_NAME
+    path.write_text(json.dumps({"host": host, "pid": pid, "job_id": job_id, "since": time.time() - age_s}))
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return path
+
+
+def test_a_live_owner_on_this_host_is_refused_and_a_dead_one_taken_over(tmp_path, live_pid):
+    path = write_lock(tmp_path, socket.gethostname(), live_pid)
+    with pytest.raises(RunFolderBusy, match=f"another run is writing here \\(PID {live_pid} on "):
+        WriterLock(tmp_path).acquire()
+    assert json.loads(path.read_text())["pid"] == live_pid  # untouched
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    write_lock(tmp_path, socket.gethostname(), int(dead.stdout))
+    lock = WriterLock(tmp_path)
+    lock.acquire()
+    assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert list(tmp_path.glob(f"{LOCK_NAME}.stale-*"))  # the stale lock moved aside, not deleted
+    lock.release()
+    assert not path.exists()
+
+
+def test_another_hosts_lock_is_live_until_it_stops_being_touched(tmp_path):
+    write_lock(tmp_path, "other-node", 12345)
+    with pytest.raises(RunFolderBusy, match="PID 12345 on other-node"):
+        refuse_if_busy(tmp_path)
+    write_lock(tmp_path, "other-node", 12345, age_s=STALE_AFTER_S + 60)
+    refuse_if_busy(tmp_path)  # abandoned: free
+
+
+def test_a_requeued_slurm_job_takes_its_own_lock_over(tmp_path, live_pid, monkeypatch):
+    write_lock(tmp_path, "other-node", live_pid, job_id="4242")
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job: refused
+    with pytest.raises(RunFolderBusy, match="Slurm job 4242"):
+        refuse_if_busy(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # the same job, requeued on any node: takes it over
+    lock = WriterLock(tmp_path)
+    lock.acquire()
+    owner = json.loads((tmp_path / LOCK_NAME).read_text())
+    assert (owner["job_id"], owner["pid"]) == ("4242", os.getpid())
+    lock.release()
+
+
+def test_a_relaunch_into_a_busy_folder_is_one_line_and_changes_nothing(tmp_path, live_pid):
+    run = tmp_path / "run"
+    first = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(run),
+                          "--training.steps", "2", timeout=300)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert not (run / LOCK_NAME).exists()  # released at exit
+    write_lock(run, socket.gethostname(), live_pid)
+    before = digests(run)
+    again = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(run),
+                          "--training.steps", "4", timeout=300)  # fmt: skip
+    assert again.returncode == 2
+    assert again.stderr.strip().splitlines() == [
+        f"dispersion_titan: error: {run}: another run is writing here ({_described(run)}); wait for it to end, "
+        "or give this run its own --job.dump_folder"
+    ]
+    assert digests(run) == before
+
+
+def _described(run: Path) -> str:
+    owner = json.loads((run / LOCK_NAME).read_text())
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner["since"]))
+    return f"PID {owner['pid']} on {owner['host']}, since {since}"
+
+
+def test_two_trainings_launched_at_once_into_one_folder_one_wins(tmp_path):
+    """A real race: two processes, one folder. One trains to the end; the other exits 2 with the
+    owner named, having written nothing (one TensorBoard file, the winner's run.json)."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
+           str(run), "--training.steps", "3", "--training.seq_len", "64"]  # fmt: skip
+    procs = [subprocess.Popen([*cmd, "--dispersion.variant", variant, "--dispersion.coeff", coeff], cwd=REPO,
+                              env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for variant, coeff in (("none", "0"), ("angular_spread", "0.5"))]  # fmt: skip
+    results = [(p.wait(timeout=300), p.communicate()) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], [(code, err[-2000:]) for code, (_, err) in results]
+    (winner_index,) = [i for i, (code, _) in enumerate(results) if code == 0]
+    loser_err = results[1 - winner_index][1][1].strip().splitlines()[-1]
+    assert loser_err.startswith(f"dispersion_titan: error: {run}: another run is writing here (PID ")
+    assert len(list(run.rglob("events.out.tfevents.*"))) == 1
+    recorded = json.loads((run / "run.json").read_text())["dispersion"]["variant"]
+    assert recorded == ("none", "angular_spread")[winner_index]
+    assert not (run / LOCK_NAME).exists()
