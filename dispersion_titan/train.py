@@ -106,6 +106,13 @@ def resume_step(job_config) -> int | None:
                        dp, ckpt.load_step)
 
 
+def _launch_check_process() -> bool:
+    """Whether this is the one process that checks a launch before its ranks start: not a torchrun
+    rank (rank 0 takes the run folder's lock itself), and not one node of several, each of which
+    checks the same folder while another node's rank 0 may already own it."""
+    return "RANK" not in os.environ and os.environ.get("NNODES", "1") in ("", "1")
+
+
 def _default_to_single_process() -> None:
     """Without torchrun, run as a 1-process job instead of failing on missing env vars."""
     if "LOCAL_RANK" in os.environ:
@@ -143,7 +150,8 @@ def main() -> None:
             titan_compat.use_command_line(args)
             job_config = validated_args(args)
         check_gpus_usable()
-        refuse_if_busy(job_config.job.dump_folder)
+        if _launch_check_process():
+            refuse_if_busy(job_config.job.dump_folder)
         load_step = resume_step(job_config)
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
