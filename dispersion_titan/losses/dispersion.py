@@ -36,7 +36,6 @@ from .variants import (
     KERNELS,
     NORM_EPS,
     PRECISIONS,
-    RANGES,
     SPECS,
     VARIANTS,
     OnlineLogSumExp,
@@ -51,9 +50,6 @@ MAX_BLOCK_BYTES = 32 * 2**20
 
 # Default upper bound on the rows per strip of TorchStrips.
 MAX_BLOCK_ROWS = 128
-
-__all__ = ["KERNELS", "NORM_EPS", "PRECISIONS", "RANGES", "VARIANTS", "range_error"]  # re-exported
-
 
 def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens: int) -> None:
     """Reject arguments that would silently give a meaningless loss."""

@@ -437,13 +437,15 @@ def _make_rows(hidden: Tensor, spec: VariantSpec, store_bf16: bool) -> _Rows:
     return _Rows(u, stat, sq)
 
 
+def _pair_autotune(kernel: triton.JITFunction) -> triton.runtime.Autotuner:
+    """A pair kernel autotuned over PAIR_CONFIGS (its square tile stays the caller's BLOCK)."""
+    configs = [triton.Config({"BLOCK_K": k}, num_warps=w, num_stages=st) for k, w, st in PAIR_CONFIGS]
+    return triton.autotune(configs=configs, key=["n", "d"])(kernel)
+
+
 _TUNED = {
-    "forward": triton.autotune(
-        [triton.Config({"BLOCK_K": k}, num_warps=w, num_stages=st) for k, w, st in PAIR_CONFIGS], key=["n", "d"]
-    )(_pairs_forward_kernel),
-    "backward": triton.autotune(
-        [triton.Config({"BLOCK_K": k}, num_warps=w, num_stages=st) for k, w, st in PAIR_CONFIGS], key=["n", "d"]
-    )(_pairs_backward_kernel),
+    "forward": _pair_autotune(_pairs_forward_kernel),
+    "backward": _pair_autotune(_pairs_backward_kernel),
     "dz": triton.autotune(
         [triton.Config({"BLOCK": b, "BLOCK_K": k, "BLOCK_D": bd}, num_warps=w, num_stages=st)
          for b, k, bd, w, st in DZ_CONFIGS],
@@ -462,7 +464,7 @@ class TritonTiles:
     """The exact loss in the fused kernels above; a ``PairKernel`` of dispersion.py.
 
     ``precision``: one of PRECISIONS. ``tiles``: a fixed TileConfig instead of autotune
-    over GPU_TILES (under the interpreter, INTERPRETER_TILES unless given).
+    over PAIR_CONFIGS and DZ_CONFIGS (under the interpreter, INTERPRETER_TILES unless given).
     ``max_weight_bytes`` bounds the backward's [sequences, N, N] weight buffer.
     """
 
