@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..utils.errors import ConfigError
 from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.dispersion import KernelUnavailable, check_triton_kernel
 from ..losses.options import resolve_layers
+from ..utils.errors import ConfigError
 from .sequence_parallel import own_sequences
 
 
