@@ -225,6 +225,18 @@ def checkpoint_identity(step_dir: str) -> str:
     return digest.hexdigest()
 
 
+def identity_changed(recorded: str | None, step_dir: str) -> bool:
+    """Whether a result that recorded the identity ``recorded`` of ``step_dir`` now describes
+    weights that are no longer there. False when either is unknown: a result written before
+    identities were recorded, or a checkpoint that cannot be read (its load says why)."""
+    if recorded is None:
+        return False
+    try:
+        return checkpoint_identity(step_dir) != recorded
+    except OSError:
+        return False
+
+
 def complete_checkpoints(folder: str) -> list[StepCheckpoint]:
     """The checkpoints of ``folder`` that pass ``check_complete``, oldest first."""
     return [c for c in list_checkpoints(folder) if _is_complete(c.path)] if os.path.isdir(folder) else []
