@@ -159,7 +159,7 @@ def fork_arguments(job_config: Any, data_parallel_degree: int) -> list[str]:
         if source == dump:
             raise ConfigError(f"job.fork_from: {spec}: a run cannot be forked into its own folder; "
                               "give the fork a new --job.dump_folder")
-        if recorded is not None or _holds_files(dump):
+        if recorded is not None or (_looks_first() and _holds_files(dump)):
             raise ConfigError(f"job.fork_from: {dump} is not empty; a fork starts a new run, "
                               "so give it a new or empty --job.dump_folder")
     if not job_config.checkpoint.enable:
@@ -172,6 +172,13 @@ def fork_arguments(job_config: Any, data_parallel_degree: int) -> list[str]:
         check_loader_layout(path, data_parallel_degree)
     return ["--job.fork_from", f"{source}@{step}", "--checkpoint.initial_load_path", path,
             "--checkpoint.initial_load_model_only" if not full else "--checkpoint.no-initial_load_model_only"]
+
+
+def _looks_first() -> bool:
+    """Whether this process checks before anything of this launch is written: the launch check or
+    global rank 0. Other ranks may already see rank 0's TensorBoard files (its ``run.json`` at
+    worst, which they then read as this fork's record)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _holds_files(folder: str) -> bool:
