@@ -64,8 +64,9 @@ def test_model_only_run_cannot_continue_and_says_why(elastic, tmp_path):
     continue from, one line."""
     final = f"step-{REFERENCE_STEPS}"
     shutil.copytree(elastic["straight"] / "checkpoint" / final, tmp_path / "checkpoint" / final)
-    with pytest.raises(CheckpointError, match=rf"{final} holds weights only .* cannot continue to step 10; start a "
-                                              rf"new job.dump_folder from its weights with --job.fork_from {tmp_path}@8"):
+    with pytest.raises(CheckpointError, match=rf"{final} holds weights only .* cannot continue to step 10; "
+                                              rf"start a new job.dump_folder from its weights with "
+                                              rf"--job.fork_from {tmp_path}@8"):
         check_resume(str(tmp_path / "checkpoint"), 10, 1)
 
 

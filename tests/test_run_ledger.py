@@ -12,7 +12,17 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.run_folder.checkpoints import checkpoint_identity
-from helpers import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, analyze, assert_one_line_error, python_module, scalars, torchrun
+from helpers import (
+    DEBUG_SEQ_LEN,
+    DEBUG_TOML,
+    REFERENCE_STEPS,
+    SCHEDULE,
+    analyze,
+    assert_one_line_error,
+    python_module,
+    scalars,
+    torchrun,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -21,6 +21,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..utils.errors import CheckpointError, RunFinished
 
 RUN_METADATA_FILE = "run.json"
+LEDGER_KEYS = ("settings", "forked_from")
+"""``run.json`` entries that record one run's launch (every config key, paths and seed included;
+its source), not what makes runs one configuration."""
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
