@@ -152,6 +152,7 @@ def fork_arguments(job_config: Any, data_parallel_degree: int) -> list[str]:
             raise ConfigError(f"job.fork_from: {dump} was forked from {earlier['run']}@{earlier['step']}, not {spec}; "
                               "fork into a new --job.dump_folder")
         source, step, path = earlier["run"], earlier["step"], earlier["checkpoint"]
+        full = not earlier["model_only"]  # the source may be gone by now: its own checkpoints go on
     elif not spec:
         return []
     else:
@@ -162,14 +163,14 @@ def fork_arguments(job_config: Any, data_parallel_degree: int) -> list[str]:
         if recorded is not None or (_looks_first() and _holds_files(dump)):
             raise ConfigError(f"job.fork_from: {dump} is not empty; a fork starts a new run, "
                               "so give it a new or empty --job.dump_folder")
+        full = is_full(path)
+        if full:
+            check_loader_layout(path, data_parallel_degree)
     if not job_config.checkpoint.enable:
         raise ConfigError("job.fork_from: needs checkpoint.enable = true (the fork is loaded as a checkpoint)")
-    full = is_full(path)
     if full and job_config.training.steps <= step:
         raise ConfigError(f"training.steps: {job_config.training.steps} does not go past step {step}, "
                           f"where the fork from {source} starts")
-    if full:
-        check_loader_layout(path, data_parallel_degree)
     return ["--job.fork_from", f"{source}@{step}", "--checkpoint.initial_load_path", path,
             "--checkpoint.initial_load_model_only" if not full else "--checkpoint.no-initial_load_model_only"]
 
