@@ -105,15 +105,18 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
 
 def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
     """The fork relaunched without --job.fork_from (it is recorded), with more steps and another
-    checkpoint interval and log frequency: it resumes from its own step 5 and writes run.json no more."""
+    checkpoint interval and log frequency: it resumes from its own step 5; run.json keeps the first
+    launch's settings and source, and records the new training.steps."""
     kept = sha256_tree(fork / "checkpoint")
-    ledger = (fork / "run.json").read_bytes()
+    first = json.loads((fork / "run.json").read_text())
     again = torchrun(fork, 1, "--training.steps", str(FORK_STEP + 2), *RUN, "--dispersion.coeff", "0",
                      "--checkpoint.no-last_save_model_only", "--checkpoint.interval", "3", "--metrics.log_freq", "2")
     assert f"Training starts at step {FORK_STEP + 2}" in again.stdout + again.stderr
     assert {k: v for k, v in sha256_tree(fork / "checkpoint").items() if k in kept} == kept
     assert (fork / "checkpoint" / f"step-{FORK_STEP + 2}" / ".metadata").is_file()
-    assert (fork / "run.json").read_bytes() == ledger
+    now = json.loads((fork / "run.json").read_text())
+    assert (now["settings"], now["forked_from"]) == (first["settings"], first["forked_from"])
+    assert (first["training_steps"], now["training_steps"]) == (FORK_STEP + 1, FORK_STEP + 2)
 
 
 def test_a_result_of_a_replaced_checkpoint_is_not_reused(fork, reference_run, tmp_path, capsys):

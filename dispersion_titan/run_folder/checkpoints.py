@@ -79,21 +79,25 @@ def check_complete(step_dir: str) -> None:
 def save_run_metadata(folder: str, model_name: str, args: Any,
                       dispersion: dict[str, Any] | None = None, seed: int | None = None,
                       baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2",
-                      settings: dict[str, Any] | None = None, forked_from: dict[str, Any] | None = None) -> None:
+                      training_steps: int | None = None, settings: dict[str, Any] | None = None,
+                      forked_from: dict[str, Any] | None = None) -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
     the model family and shape (head count cannot be read off weights), the tokenizer
     (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
-    settings it trained with (None: not trained by dispersion_titan.train); ``evaluate
-    table`` groups runs into arms by all of it but the seed. ``settings`` (every config
-    key, ``run_folder.settings``) and ``forked_from`` are the run's ledger: written at its
-    first launch only, so a ``run.json`` that holds them is never rewritten."""
+    settings it trained with (None: not trained by dispersion_titan.train), and its
+    ``training.steps`` (``evaluate table --select best`` derives the authors' evaluation
+    cadence from it); ``evaluate table`` groups runs into arms by all of it but the seed.
+    ``settings`` (every config key, ``run_folder.settings``) and ``forked_from`` are the
+    run's ledger: recorded at its first launch and kept by every later one, whose other
+    entries can differ only in ``training_steps`` (the settings check allows nothing else)."""
     path = os.path.join(folder, RUN_METADATA_FILE)
-    if os.path.isfile(path) and "settings" in load_run_metadata(folder):
-        return
+    first = load_run_metadata(folder) if os.path.isfile(path) else {}
+    ledger = {key: first.get(key) for key in LEDGER_KEYS} if first.get("settings") is not None else {}
     os.makedirs(folder, exist_ok=True)
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     metadata = {"model_name": model_name, "model_args": fields, "tokenizer": tokenizer, "dispersion": dispersion,
-                "baseline": baseline, "seed": seed, "forked_from": forked_from, "settings": settings}
+                "baseline": baseline, "seed": seed, "training_steps": training_steps, "forked_from": forked_from,
+                "settings": settings, **ledger}
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)
