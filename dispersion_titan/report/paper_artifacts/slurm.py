@@ -1,0 +1,57 @@
+"""``--slurm``: the plan's commands as jobs of the existing sbatch scripts
+(launch/slurm/analyze.sbatch, evaluate.sbatch), and a last job (launch/slurm/paper.sbatch)
+that draws the artifact once all of them succeeded (``--dependency=afterok``)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+from ...utils.errors import SweepError
+from .plan import Plan
+
+SCRIPTS = Path(__file__).resolve().parents[3] / "launch" / "slurm"
+
+
+def jobs(plan: Plan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[str]]:
+    """sbatch command lines, the drawing job last (its dependency is added on submission)."""
+    logs = os.path.join(plan.out, "logs")
+    common = ["sbatch", "--parsable", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
+    lines = [[*common, f"--job-name=paper-{plan.artifact}-{i}", *sbatch_args,
+              str(SCRIPTS / f"{step.command}.sbatch"), *step.argv] for i, step in enumerate(plan.steps, start=1)]
+    lines.append([*common, f"--job-name=paper-{plan.artifact}-draw", "--gpus=0", *sbatch_args,
+                  str(SCRIPTS / "paper.sbatch"), *draw_argv])
+    return lines
+
+
+def _with_dependency(argv: list[str], ids: list[str]) -> list[str]:
+    return [argv[0], argv[1], f"--dependency=afterok:{':'.join(ids)}", *argv[2:]] if ids else argv
+
+
+def script(plan: Plan, lines: list[list[str]]) -> str:
+    """``--dry-run``: the submission as a bash script, each job id in a variable."""
+    out = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", f"mkdir -p {shlex.quote(plan.out)}/logs"]
+    for i, argv in enumerate(lines[:-1], start=1):
+        out.append(f"job_{i}=$({shlex.join(argv)})")
+    ids = [f"$job_{i}" for i in range(1, len(lines))]
+    draw = _with_dependency(lines[-1], ids)
+    out.append(" ".join(a if a.startswith("--dependency=") else shlex.quote(a) for a in draw))
+    return "\n".join(out)
+
+
+def submit(plan: Plan, lines: list[list[str]]) -> list[str]:
+    """Submit in order; a refused submission ends it naming what was already submitted."""
+    os.makedirs(os.path.join(plan.out, "logs"), exist_ok=True)
+    ids: list[str] = []
+    for i, argv in enumerate(lines):
+        proc = subprocess.run(_with_dependency(argv, ids) if i == len(lines) - 1 else argv,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            done = " ".join(ids)
+            raise SweepError(f"sbatch: {reason}" + (f"; submitted so far: {done} (scancel {done})" if ids else ""))
+        ids.append(proc.stdout.strip().split(";")[0])
+        print(f"{ids[-1]:>10}  {argv[argv.index('--parsable') + 3].removeprefix('--job-name=')}", flush=True)
+    return ids
