@@ -48,6 +48,7 @@ SIZES_B = {  # nominal parameters, billions
     "DeepSeek-R1-Distill-Qwen-1.5B": 1.5, "DeepSeek-R1-Distill-Qwen-7B": 7, "DeepSeek-R1-Distill-Qwen-14B": 14,
     "DeepSeek-R1-Distill-Qwen-32B": 32, "Olmo-3-1025-7B": 7,
 }
+GPU_MEMORY_GB = 80
 SINGLE_GPU_B = 35
 """Above this many billion parameters a bf16 model needs more than one 80 GB GPU (--device-map auto)."""
 

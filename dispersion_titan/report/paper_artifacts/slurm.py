@@ -4,12 +4,14 @@ that draws the artifact once all of them succeeded (``--dependency=afterok``).""
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 import subprocess
 from pathlib import Path
 
 from ...utils.errors import SweepError
+from . import catalog
 from .plan import Plan
 
 SCRIPTS = Path(__file__).resolve().parents[3] / "launch" / "slurm"
@@ -19,11 +21,24 @@ def jobs(plan: Plan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[
     """sbatch command lines, the drawing job last (its dependency is added on submission)."""
     logs = os.path.join(plan.out, "logs")
     common = ["sbatch", "--parsable", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
-    lines = [[*common, f"--job-name=paper-{plan.artifact}-{i}", *sbatch_args,
-              str(SCRIPTS / f"{step.command}.sbatch"), *step.argv] for i, step in enumerate(plan.steps, start=1)]
+    sizes = [m.size_b for m in plan.models] if len(plan.models) == len(plan.steps) else [None] * len(plan.steps)
+    lines = []
+    for i, (step, size) in enumerate(zip(plan.steps, sizes, strict=True), start=1):
+        gpus, argv = _spread(size, step.argv)
+        lines.append([*common, f"--job-name=paper-{plan.artifact}-{i}", *gpus, *sbatch_args,
+                      str(SCRIPTS / f"{step.command}.sbatch"), *argv])
     lines.append([*common, f"--job-name=paper-{plan.artifact}-draw", "--gpus=0", *sbatch_args,
                   str(SCRIPTS / "paper.sbatch"), *draw_argv])
     return lines
+
+
+def _spread(size_b: float | None, argv: list[str]) -> tuple[list[str], list[str]]:
+    """A model too large for one 80 GB GPU in bf16 gets the GPUs its weights need (with 20%
+    headroom) and ``--device-map auto``; a later ``--sbatch-arg=--gpus=N`` overrides the count."""
+    if size_b is None or size_b <= catalog.SINGLE_GPU_B:
+        return [], argv
+    gpus = math.ceil(size_b * 2 * 1.2 / catalog.GPU_MEMORY_GB)
+    return [f"--gpus={gpus}"], argv if "--device-map" in argv else [*argv, "--device-map", "auto"]
 
 
 def _with_dependency(argv: list[str], ids: list[str]) -> list[str]:
