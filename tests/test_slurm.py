@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEBUG_TOML, REPO, absolute_lm_eval_tasks, launch_env, scalars, tiny_run
+from helpers import DEBUG_TOML, REPO, absolute_lm_eval_tasks, launch_env, scalars
 
 pytestmark = pytest.mark.slow
 
@@ -227,30 +227,3 @@ def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_pa
         f"local_slurm: port {slurm['LOCAL_SLURM_CTLD_PORT']} is already in use (another Slurm on this machine?): "
         "set LOCAL_SLURM_CTLD_PORT and LOCAL_SLURM_SLURMD_PORT to free ports")
     assert not (tmp_path / "second" / "slurmctld.pid").exists()
-
-
-def test_paper_artifact_as_jobs_draws_after_its_analyses(slurm, tmp_path):
-    """``paper fig3 --slurm``: one analyze.sbatch job per run, then paper.sbatch draws the
-    figure once both succeeded (afterok)."""
-    import dataclasses
-
-    from dispersion_titan.models.gpt2.args import gpt2_flavors
-
-    runs = [tiny_run(tmp_path / f"mlp{w}", steps=(0, 2), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
-            for w in (64, 256)]
-    out = tmp_path / "paper"
-    proc = subprocess.run([sys.executable, "-m", "dispersion_titan.paper", "fig3", "--models", *map(str, runs),
-                           *TINY_ANALYSIS, "--device", "cpu", "--out", str(out), "--slurm", "--sbatch-arg=--gpus=0"],
-                          cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    ids = [line.split()[0] for line in proc.stdout.splitlines() if "paper-fig3-" in line]
-    assert len(ids) == 3
-    assert job_fields(ids[-1], slurm).get("Dependency") in (f"afterok:{ids[0]}(unfulfilled),afterok:{ids[1]}(unfulfilled)",
-                                                            f"afterok:{ids[0]}(unfulfilled)", "(null)", None)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and None in (states := {j: finished_state(j, slurm) for j in ids}).values():
-        time.sleep(2)
-    logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted((out / "logs").glob("*.out")))
-    assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs}"
-    numbers = json.loads((out / "fig3.json").read_text())
-    assert [m["label"] for m in numbers["models"]] == ["MLP 64", "MLP 256"] and (out / "fig3.png").stat().st_size > 10_000
