@@ -6,6 +6,7 @@ transformers' hidden states and scipy, computed here."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -20,6 +21,7 @@ from matplotlib import image
 from scipy import stats
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis.result_files import read_analyses
 from dispersion_titan.paper import main as paper_main
 from dispersion_titan.run_folder.hf_export import save_tokenizer
 
@@ -174,6 +176,28 @@ def test_fig4_revisions_fig5_pair_and_robustness(zoo, out, capsys):
     assert robust["inputs"]["news"]["texts"] == str(zoo["news"])
     assert_model(robust["models"][3], expected(zoo["gpt2-m"], zoo["news"]))
     assert_figure(out / "robustness")
+
+
+def width_runs(root: Path, widths: tuple[int, ...]) -> list[Path]:
+    """Tiny GPT-2 runs (no training: seeded checkpoints at steps 0 and 5) of these MLP widths."""
+    from dispersion_titan.models.gpt2.args import gpt2_flavors
+
+    return [tiny_run(root / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
+            for w in widths]
+
+
+def test_fig3_takes_each_runs_last_checkpoint(tmp_path, capsys):
+    runs = width_runs(tmp_path, (64, 512))
+    code, _, err = paper("fig3", "--models", *runs, *INPUTS, "--out", tmp_path / "out", capsys=capsys)
+    assert code == 0, err
+    numbers = json.loads((tmp_path / "out" / "fig3.json").read_text())
+    assert [m["step"] for m in numbers["models"]] == [5, 5] and numbers["rows"][0]["x"] == [64.0, 512.0]
+    for got, run in zip(numbers["models"], runs, strict=True):
+        (result,) = read_analyses(str(tmp_path / "out" / "analyses" / run.name)).values()  # the last step only
+        assert got["mean_cos"] == result.curve and got["n_params"] == result.n_params
+        want = stats.kendalltau(range(len(result.curve)), result.curve)
+        assert (got["kendall"]["tau"], got["kendall"]["p"]) == pytest.approx((want.statistic, want.pvalue))
+    assert_figure(tmp_path / "out" / "fig3")
 
 
 def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys):

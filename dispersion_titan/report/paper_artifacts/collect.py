@@ -63,8 +63,9 @@ def _entries(plan: Plan, model: Model) -> list[Entry]:
         if folder not in found:
             raise _missing(plan, model, f"{model.label} step {model.steps}")
         result = found[folder]
-        return [Entry(f"{model.label} (MLP {result.mlp_width})" if plan.artifact == "fig3" else model.label,
-                      model.row or "runs", result)]
+        if plan.artifact == "fig3":
+            return [Entry(f"MLP {result.mlp_width}", model.row or "MLP width", result)]
+        return [Entry(model.label, model.row or "runs", result)]
     body = model.target[len(HF):]
     revisions = body.rpartition("@")[2].split(",") if "@" in body else [None]
     entries = []
