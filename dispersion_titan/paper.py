@@ -13,6 +13,7 @@ it in one line naming what is missing and what provides it (exit 2).
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
@@ -113,9 +114,7 @@ def run_paper(argv: list[str]) -> int:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)
-    if a.draw_only:
-        pass
-    elif a.slurm:
+    if a.slurm and not a.draw_only:
         jobs = slurm.jobs(plan, _draw_argv(argv, plan, options), a.sbatch_args)
         if a.dry_run:
             print(slurm.script(plan, jobs))
@@ -123,11 +122,11 @@ def run_paper(argv: list[str]) -> int:
         slurm.submit(plan, jobs)
         print(f"submitted; the drawing job writes {plan.out}/{a.artifact}.* (logs: {plan.out}/logs)")
         return 0
-    elif a.dry_run:
+    if a.dry_run:
         print("\n".join(step.shell() for step in plan.steps))
-        print(f"python -m dispersion_titan.paper {' '.join(_draw_argv(argv, plan, options))}")
+        print(shlex.join(["python", "-m", "dispersion_titan.paper", *_draw_argv(argv, plan, options)]))
         return 0
-    else:
+    if not a.draw_only:
         import torch
 
         planning.check_devices(plan, options, torch.cuda.is_available())

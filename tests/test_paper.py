@@ -23,6 +23,7 @@ from scipy import stats
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.result_files import read_analyses
 from dispersion_titan.paper import main as paper_main
+from dispersion_titan.report.paper_artifacts.plan import MissingInput, build, check_devices
 from dispersion_titan.run_folder.hf_export import save_tokenizer
 
 from helpers import absolute_lm_eval_tasks, assert_one_line_error, independent_states, plain_mean_cos, run_cli, \
@@ -209,6 +210,8 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys):
     assert_one_line_error(code, err, "--models RUN", "gpt2_small_mlp768.toml")
     code, _, err = paper("robustness", "--models", zoo["gpt2-s"], capsys=capsys)
     assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
+    with pytest.raises(MissingInput, match=r"Qwen2.5-Math-7B \(7B\).* need a GPU .*--slurm"):
+        check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and out.count("python -m dispersion_titan.analyze hf:") == 8 and not list(tmp_path.iterdir())
     code, out, _ = paper("fig2", "--models", zoo["gpt2-s"], zoo["gpt2-m"], "--slurm", "--dry-run",
