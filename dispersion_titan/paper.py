@@ -61,7 +61,8 @@ def paper_parser() -> OneLineErrorParser:
     table.add_argument("--include-path", help="evaluate's --include-path")
     table.add_argument("--limit", help="evaluate's --limit")
     table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
-    table.add_argument("--select", type=_selection, default="best", help="checkpoint per run: best (default), last or step:N")
+    table.add_argument("--select", type=_selection, default="best",
+                       help="checkpoint per run: best (default), last or step:N")
     table.add_argument("--reference", metavar="ARM", help="arm the others are tested against (default: the first)")
     return p
 

@@ -16,7 +16,7 @@ from scipy import stats
 from ...analysis.condensation_schema import Condensation
 from ...analysis.inputs import differences
 from ...analysis.result_files import read_analyses
-from .plan import HF, MissingInput, Model, Plan, analyze_step
+from .plan import HF, MissingInput, Model, Plan
 
 LAST_N = 3
 """Layers averaged at the end of depth for the row statistic (``analyze family``'s default)."""
@@ -52,8 +52,10 @@ def tokens_seen(revision: str | None) -> str | None:
 
 
 def _missing(plan: Plan, model: Model, what: str) -> MissingInput:
-    command = f"python -m dispersion_titan.paper {plan.artifact} --out {plan.out} ... (or {analyze_step(model, []).shell()})"
-    return MissingInput(f"{plan.artifact}: no analysis of {what} in {model.out}; run {command}")
+    """Names the analyze command that makes it (the plan's own step for this model)."""
+    command = next(step.shell() for step in plan.steps if step.argv[-1] == model.out)
+    return MissingInput(f"{plan.artifact}: no analysis of {what} in {model.out}; run {command} "
+                        f"(or this command without --draw-only)")
 
 
 def _entries(plan: Plan, model: Model) -> list[Entry]:

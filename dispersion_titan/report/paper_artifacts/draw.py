@@ -77,7 +77,8 @@ def _trend(ax, group: list[Entry], title: str) -> None:
 
 def _paired_trend(ax, bases: list[Entry], distilled: list[Entry]) -> None:
     """ρ and τ of each base (solid) and its distilled model (dashed), joined per pair."""
-    for shift, (key, stat, color) in zip((-NUDGE, NUDGE), (("spearman", "rho", "tab:blue"), ("kendall", "tau", "tab:red"))):
+    series = (("spearman", "rho", "tab:blue"), ("kendall", "tau", "tab:red"))
+    for shift, (key, stat, color) in zip((-NUDGE, NUDGE), series, strict=True):
         x = np.arange(len(bases)) + shift
         a = [rank_trend(list(range(len(e.curve))), e.curve)[key][stat] for e in bases]
         b = [rank_trend(list(range(len(e.curve))), e.curve)[key][stat] for e in distilled]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ...run_folder.checkpoints import RUN_METADATA_FILE, find_checkpoint_folder, list_checkpoints
 from ...utils.errors import ArgumentError, CheckpointError
@@ -169,7 +169,7 @@ def _fig4_model(options: dict, analyses: str) -> Model:
     if not base.target.startswith(HF):
         raise ArgumentError("--models: fig4 takes a Hugging Face model (hub id or folder), not a run")
     revisions = options.get("revisions") or ",".join(hub_revisions(base.target[len(HF):], catalog.FIG4_REVISIONS))
-    return Model(f"{base.target.split('@')[0]}@{revisions}", base.out, base.row, base.label, base.size_b)
+    return replace(base, target=f"{base.target.split('@')[0]}@{revisions}")
 
 
 def corpora(options: dict) -> dict[str, list[str]]:
@@ -214,14 +214,13 @@ def build(artifact: str, options: dict) -> Plan:
         model = _fig4_model(options, analyses)
         return Plan(artifact, out, [analyze_step(model, analyze_args)], [model])
     if options.get("models"):
-        models = [model_of(m, analyses) for m in options["models"]]
+        models = [model_of(m, analyses, size_b=catalog.SIZES_B.get(m.rsplit("/", 1)[-1])) for m in options["models"]]
         pairs = []
         if artifact == "fig5":
             if len(models) % 2:
                 raise ArgumentError("--models: fig5 takes bases then their distilled models (an even number)")
             n = len(models) // 2
-            models = [Model(m.target, m.out, "base" if i < n else "distilled", m.label, m.size_b, m.steps)
-                      for i, m in enumerate(models)]
+            models = [replace(m, row="base" if i < n else "distilled") for i, m in enumerate(models)]
             pairs = [(i, n + i) for i in range(n)]
     else:
         models, pairs = _default_models(artifact, analyses)
@@ -231,10 +230,11 @@ def build(artifact: str, options: dict) -> Plan:
         rows, steps = [], []
         for name, inputs in corpora(options).items():
             for m in models:
-                placed = Model(m.target, os.path.join(analyses, f"corpus-{safe_name(name)}", os.path.basename(m.out)), name,
-                               m.label, m.size_b, m.steps)
+                placed = replace(m, row=name,
+                                 out=os.path.join(analyses, f"corpus-{safe_name(name)}", os.path.basename(m.out)))
                 rows.append(placed)
-                steps.append(Step("analyze", analyze_step(placed, [*inputs, *analyze_args]).argv, f"{m.label} on {name}"))
+                argv = analyze_step(placed, [*inputs, *analyze_args]).argv
+                steps.append(Step("analyze", argv, f"{m.label} on {name}"))
         return Plan(artifact, out, steps, rows)
     return Plan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs)
 
