@@ -130,6 +130,7 @@ def run_paper(argv: list[str]) -> int:
     if not a.draw_only:
         import torch
 
+        planning.check_hub(plan)
         planning.check_devices(plan, options, torch.cuda.is_available())
         _run_locally(plan, a.artifact)
     written = render(plan, a.select, a.reference)

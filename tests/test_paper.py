@@ -13,6 +13,7 @@ import os
 import shutil
 from pathlib import Path
 
+import huggingface_hub
 import numpy as np
 import pytest
 import torch
@@ -205,7 +206,7 @@ def test_fig3_takes_each_runs_last_checkpoint(tmp_path, capsys):
     assert_figure(tmp_path / "out" / "fig3")
 
 
-def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys):
+def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     code, _, err = paper("fig2", "--models", zoo["gpt2-s"], "--texts", zoo["texts"], "--out", tmp_path, "--draw-only",
                          capsys=capsys)
     assert_one_line_error(code, err, "no analysis of gpt2-s", "python -m dispersion_titan.analyze hf:")
@@ -214,6 +215,10 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys):
     assert_one_line_error(code, err, "--models RUN", "gpt2_small_mlp768.toml")
     code, _, err = paper("robustness", "--models", zoo["gpt2-s"], capsys=capsys)
     assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    code, _, err = paper("fig2", "--models", "openai-community/gpt2-xl", "--out", tmp_path, capsys=capsys)
+    assert_one_line_error(code, err, "openai-community/gpt2-xl is not in the Hugging Face cache",
+                          "hf download openai-community/gpt2-xl")
     with pytest.raises(MissingInput, match=r"Qwen2.5-Math-7B \(7B\).* need a GPU .*--slurm"):
         check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)

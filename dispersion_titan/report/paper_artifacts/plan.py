@@ -248,3 +248,22 @@ def check_devices(plan: Plan, options: dict, cuda: bool) -> None:
         names = ", ".join(f"{m.label} ({m.size_b:g}B)" for m in big[:3]) + (" ..." if len(big) > 3 else "")
         raise MissingInput(f"{plan.artifact}: {names} need a GPU and there is none here: add --slurm (a cluster), "
                            "or --device cpu to run on CPU anyway")
+
+
+def check_hub(plan: Plan) -> None:
+    """With the hub offline (HF_HUB_OFFLINE), every hub model must already be in the cache."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return
+    for m in plan.models:
+        body = m.target[len(HF):] if m.target.startswith(HF) else ""
+        model, at, revisions = body.rpartition("@") if "@" in body else (body, "", "")
+        if not model or os.path.isdir(model):
+            continue
+        for revision in revisions.split(",") if at else [None]:
+            if not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
+                name = model + (f"@{revision}" if revision else "")
+                get = f"hf download {model}" + (f" --revision {revision}" if revision else "")
+                raise MissingInput(f"{plan.artifact}: {name} is not in the Hugging Face cache and the hub is offline "
+                                   f"(HF_HUB_OFFLINE): run `{get}` where the hub is reachable, then again here")
