@@ -163,7 +163,8 @@ def _fig4_model(options: dict, analyses: str) -> Model:
     models = options.get("models") or [catalog.OLMO]
     if len(models) != 1:
         raise ArgumentError("--models: fig4 takes one model (its revisions are the panels)")
-    base = model_of(models[0], analyses, "revisions", catalog.SIZES_B.get(models[0].rsplit("/", 1)[-1]))
+    base = model_of(models[0], analyses, None, catalog.SIZES_B.get(models[0].rsplit("/", 1)[-1]))
+    base = replace(base, row=base.label)  # one row: the model's revisions
     if "@" in base.target[len(HF):] and not options.get("revisions"):
         return base
     if not base.target.startswith(HF):
