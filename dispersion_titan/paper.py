@@ -63,7 +63,13 @@ def paper_parser() -> OneLineErrorParser:
     table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
     table.add_argument("--select", type=_selection, default="best",
                        help="checkpoint per run: best (default), last or step:N")
-    table.add_argument("--reference", metavar="ARM", help="arm the others are tested against (default: the first)")
+    table.add_argument("--num-ckpt", type=positive_int, default=5,
+                       help="--select best: the authors' evaluation cadence, every floor(T/K)+1 steps (default 5)")
+    table.add_argument("--include-initial", action="store_true", help="--select best: step 0 is a candidate too")
+    table.add_argument("--reference", metavar="ARM",
+                       help="arm the others are tested against (default: the arm with a dispersion loss)")
+    table.add_argument("--test", choices=("student", "welch"), default="student",
+                       help="t-test against the reference: student (equal variances, the paper's) or welch")
     return p
 
 
@@ -133,7 +139,9 @@ def run_paper(argv: list[str]) -> int:
         planning.check_hub(plan)
         planning.check_devices(plan, options, torch.cuda.is_available())
         _run_locally(plan, a.artifact)
-    written = render(plan, a.select, a.reference)
+    from dispersion_titan.evaluation.table import Selection
+
+    written = render(plan, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test)
     print("written: " + ", ".join(written))
     return 0
 

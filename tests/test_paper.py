@@ -232,7 +232,7 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
 
 
 def test_table2_two_arms_two_seeds(tmp_path, capsys):
-    runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"))}
+    runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"), 1)}
     tasks = absolute_lm_eval_tasks(tmp_path / "tasks")
     code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
                          "--include-path", tasks, "--tasks", "wiki_next_word", "--limit", "4",
@@ -253,8 +253,18 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
             assert arm["std"][column] == pytest.approx(np.std(values, ddof=1), rel=1e-5, abs=1e-9)
         averages[arm["arm"]] = [np.mean([s[c] for c in columns]) for s in scores]
         assert arm["average_mean"] == pytest.approx(np.mean(averages[arm["arm"]]), rel=1e-5)
+    other, = (arm for arm in table["arms"] if arm["arm"] != table["reference"])
+    assert table["test"] == "student"
+    p = stats.ttest_ind(averages[other["arm"]], averages[table["reference"]], equal_var=True).pvalue
+    assert (other["p_value"] is None and np.isnan(p)) or other["p_value"] == pytest.approx(p, rel=1e-5)
+    code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
+                         "--include-path", tasks, "--tasks", "wiki_next_word", "--limit", "4", "--num-fewshot", "0",
+                         "--device", "cpu", "--test", "welch", "--reference", "base", "--out", tmp_path / "t2w",
+                         capsys=capsys)  # the evaluations are reused; only the table is made again
+    welch = json.loads((tmp_path / "t2w" / "table2.json").read_text())
+    assert code == 0 and welch["test"] == "welch" and welch["reference"] == "base"
     p = stats.ttest_ind(averages["disp"], averages["base"], equal_var=False).pvalue
-    got = table["arms"][1]["p_value"]
+    got = next(arm for arm in welch["arms"] if arm["arm"] == "disp")["p_value"]
     assert (got is None and np.isnan(p)) or got == pytest.approx(p, rel=1e-5)
     tex = (tmp_path / "t2" / "table2.tex").read_text()
     assert tex.startswith(r"\begin{tabular}") and r"$\pm$" in tex and "disp" in tex

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ...analysis.result_files import ensure_writable, write_json
+from ...evaluation.table import Selection
 from . import collect, draw
 from .plan import Plan
 from .table2 import write_table2
@@ -27,12 +28,13 @@ def _row_title(row: dict) -> str:
     return f"{row['row']}{trend}"
 
 
-def render(plan: Plan, select: str = "best", reference: str | None = None) -> list[str]:
+def render(plan: Plan, selection: Selection = Selection("best"), reference: str | None = None,
+           test: str = "student") -> list[str]:
     """Write the artifact; return the files written."""
     ensure_writable(plan.out, "--out")
     stem = os.path.join(plan.out, plan.artifact)
     if plan.artifact == "table2":
-        print(write_table2(plan.runs, plan.out, select, reference))
+        print(write_table2(plan.runs, plan.out, selection, reference, test))
         return [f"{stem}.{ext}" for ext in ("md", "tex", "json", "png", "pdf")]
     entries = collect.entries(plan)
     numbers = collect.numbers(plan, entries)

@@ -11,7 +11,7 @@ import os
 
 from ...analysis.result_files import atomic_write, write_json
 from ...evaluation.protocol import is_accuracy
-from ...evaluation.table import table
+from ...evaluation.table import Selection, table
 from .draw import FONT, WIDTH_IN, plt, save
 
 
@@ -69,16 +69,17 @@ def _figure(columns: list[str], rows: list[dict], reference: str, rule: str, ste
     save(fig, stem)
 
 
-def write_table2(specs: list[str], out: str, rule: str, reference: str | None) -> str:
+def write_table2(specs: list[str], out: str, selection: Selection, reference: str | None, test: str) -> str:
     """``out/table2.{md,tex,json,png,pdf}`` (and ``evaluate table``'s files in ``out/table2/``)."""
     folder = os.path.join(out, "table2")
-    markdown = table(specs, folder, rule, reference)
+    markdown = table(specs, folder, selection, reference, test)
+    rule = selection.rule
     columns, rows = _rows(os.path.join(folder, "table.csv"))
     reference = rows[0]["reference"]
     atomic_write(os.path.join(out, "table2.md"), lambda f: f.write(markdown))
     atomic_write(os.path.join(out, "table2.tex"), lambda f: f.write(latex(columns, rows, reference)))
     write_json(os.path.join(out, "table2.json"), {
-        "artifact": "table2", "select": rule, "reference": reference, "columns": columns,
+        "artifact": "table2", "select": str(selection), "test": test, "reference": reference, "columns": columns,
         "arms": [{"arm": row["arm"], "runs": row["runs"].split(";"), "steps": [int(s) for s in row["steps"].split(";")],
                   "mean": {c: _float(row[f"{c}_mean"]) for c in columns},
                   "std": {c: _float(row[f"{c}_std"]) for c in columns},
