@@ -298,21 +298,26 @@ def _unit_rows(hidden: Tensor, center: bool, eps: float = 0.0) -> tuple[Tensor, 
 
 
 def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Tensor | None, float]:
-    """The fp32 rows x whose Gram matrix the variant needs, with _unit_rows' norm and guard."""
+    """The fp32 rows x whose Gram matrix the variant needs, with _unit_rows' norm and guard.
+
+    Raw rows are centred on the sequence's mean token, as in the Triton kernel: distances are
+    unchanged, and |x_i|^2 + |x_j|^2 - 2 g_ij cancels less when the tokens share a large offset."""
     if spec.rows == "raw":
-        return hidden.float(), None, 0.0
+        x = hidden.float()
+        return x - x.mean(dim=1, keepdim=True), None, 0.0
     return _unit_rows(hidden, center=spec.rows == "centred", eps=hp.unit_eps(spec))
 
 
 def _rows_backward(
-    spec: VariantSpec, x: Tensor, norm: Tensor | None, guard: float, eps: float, du: Tensor, row_sums: Tensor | None,
-    lambda_norm: float, scale: Tensor,
+    spec: VariantSpec, hidden: Tensor, x: Tensor, norm: Tensor | None, guard: float, eps: float, du: Tensor,
+    row_sums: Tensor | None, lambda_norm: float, scale: Tensor,
 ) -> Tensor:  # fmt: skip
-    """dL/dhidden (fp32) from du = sum_j W_ij x_j and, for l2_repel, row_sums = sum_j W_ij (W = dL/dg)."""
+    """dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)."""
     if spec.rows == "raw":
-        # D_ij = |z_i|^2 + |z_j|^2 - 2 g_ij  ->  dz_i = sum_j W_ij z_j - z_i sum_j W_ij
+        # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over
+        # i is 0 (W symmetric): the centring's backward is a no-op. The norm penalty sees z itself.
         _, n, d = x.shape
-        dz = du.sub_(row_sums[:, :, None] * x).add_(x, alpha=2.0 * lambda_norm / (n * d))
+        dz = du.sub_(row_sums[:, :, None] * x).add_(hidden.float(), alpha=2.0 * lambda_norm / (n * d))
         return dz.mul_(scale)
     du.mul_(scale)
     # Through u = x / (max(|x|, guard) + eps): dx = (du - u (u . du) (|x| + eps) / |x|) / (|x| + eps),
@@ -463,7 +468,7 @@ class _PairLoss(torch.autograd.Function):
                 ctx.save_for_backward(hidden)
                 per_seq = 2.0 * sums / hp.pairs
             if spec.norm_penalty:
-                per_seq = per_seq + lambda_norm * x.square().mean(dim=(1, 2))
+                per_seq = per_seq + lambda_norm * hidden.float().square().mean(dim=(1, 2))
             return per_seq.mean()
 
     @staticmethod
@@ -478,7 +483,7 @@ class _PairLoss(torch.autograd.Function):
             du, row_sums = ctx.kernel.backward(x, sq, spec, hp, saved)
             scale = grad_out / x.shape[0]
             penalty = ctx.lambda_norm if spec.norm_penalty else 0.0
-            dx = _rows_backward(spec, x, norm, guard, hp.unit_eps(spec), du, row_sums, penalty, scale)
+            dx = _rows_backward(spec, hidden, x, norm, guard, hp.unit_eps(spec), du, row_sums, penalty, scale)
         return dx.to(hidden.dtype), None, None, None, None
 
 
