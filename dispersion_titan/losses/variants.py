@@ -20,10 +20,11 @@ from torch import Tensor
 KERNELS = ("auto", "triton", "torch")
 
 # The products of the Triton kernels (the torch strips always compute in fp32):
-#   auto  - the default: tensor-core products with fp32 accumulation (bf16 today);
+#   auto  - the default: tensor-core products with fp32 accumulation (bf16 today); for
+#           perplexity_entropy ieee fp32, as its sharp row softmaxes amplify bf16 distance errors;
 #   bf16  - rows and pair weights stored in bf16, bf16 tensor-core products;
 #   tf32  - rows and pair weights in fp32, tf32 tensor-core products;
-#   exact - fp32 rows and weights, bf16x3 products (ieee fp32 for l2_repel): the
+#   exact - fp32 rows and weights, bf16x3 products (ieee fp32 for the raw-row variants): the
 #           reference's values within 1e-4 (value) and 2e-3 (gradient), relative.
 PRECISIONS = ("auto", "bf16", "tf32", "exact")
 
