@@ -187,6 +187,17 @@ def test_released_form_equals_the_authors_loss(variant: str, inputs: str) -> Non
     assert scale > 0 and ((ours_g.double() - theirs_g).abs().max().item() <= grad_tol * scale)
 
 
+@pytest.mark.parametrize("variant", ["angular_spread", "perplexity_entropy"])
+def test_max_tokens_256_is_the_authors_subsampling(variant: str) -> None:
+    """The released loss draws ``torch.randperm(L)[:max_tokens]`` (256 by default) once per call, for the
+    whole batch; ``max_tokens = 256`` does the same with our seeded generator."""
+    hidden = randn(2, 300, 8, seed=12)
+    ours = dispersion_loss(hidden, variant, tau=4.0, clamp=0.25, max_tokens=256, generator=seeded(3))
+    subset = hidden[:, torch.randperm(300, generator=seeded(3))[:256]]
+    theirs = released_dispersion_loss(subset.double(), variant, tau=4.0, clamp=0.25)
+    assert abs(ours.item() - theirs.item()) <= TOL * max(1.0, abs(theirs.item()))
+
+
 def test_l2_repel_forms_differ_by_the_diagonal() -> None:
     """At distances >> tau the released normaliser is ~N exp(0): its gradient is orders of magnitude
     weaker than the paper's i != j form (docs/training.md quotes bench/l2_repel_forms.py's numbers)."""
