@@ -3,10 +3,10 @@ and active forgetting.
 
 In one process: the noise's bound, its layout invariance and its absence outside
 training; a reset's fresh matrix, zeroed pad row and cleared AdamW state; the embedding
-group's LR against the authors' schedule, re-implemented here from its formula. With torchrun, from one seed checkpoint: each method gives
-the same losses and weights on 1 process, on FSDP2 with gradient accumulation and under
-TP with sequence parallel, and a resumed active-forgetting run reproduces the
-uninterrupted one exactly.
+group's LR against the authors' schedule, re-implemented here from its formula. With
+torchrun, from one seed checkpoint: each method gives the same losses and weights on 1
+process, on FSDP2 with gradient accumulation and under TP with sequence parallel, and a
+resumed active-forgetting run reproduces the uninterrupted one exactly.
 """
 
 from __future__ import annotations

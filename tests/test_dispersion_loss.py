@@ -154,7 +154,8 @@ def released_dispersion_loss(z: torch.Tensor, variant: str, tau: float, clamp: f
         logit = -(torch.cdist(z, z) ** 2) / tau
         if variant == "l2_repel":
             norm_regularization = (z**2).mean() * 1e-1
-            return (torch.logsumexp(logit + eps, dim=(1, 2)) - torch.log(torch.tensor(L**2))).mean() + norm_regularization
+            constant_diff = torch.log(torch.tensor(L**2))
+            return (torch.logsumexp(logit + eps, dim=(1, 2)) - constant_diff).mean() + norm_regularization
         p = torch.softmax(logit.masked_fill(eye.unsqueeze(0), float("-inf")), dim=2)
         return torch.sum(p * torch.log2(p + eps), dim=2).mean()  # -(-sum p log2(p + eps)).mean()
     z_norm = z / (torch.linalg.norm(z, dim=2, keepdim=True) + eps)

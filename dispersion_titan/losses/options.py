@@ -20,7 +20,8 @@ CONFIG_RANGES = {
 }
 """The ``[dispersion]`` section's numeric ranges: the loss's parameters, λ and its warm-up."""
 
-__all__ = ["CONFIG_RANGES", "CONFIG_VARIANTS", "FORMS", "KERNELS", "LAYER_KEYWORDS", "PRECISIONS", "range_error", "resolve_layers"]
+__all__ = ["CONFIG_RANGES", "CONFIG_VARIANTS", "FORMS", "KERNELS", "LAYER_KEYWORDS", "PRECISIONS", "range_error",
+           "resolve_layers"]
 
 
 def _block_indices(spec: str | list[int]) -> list[int] | None:
