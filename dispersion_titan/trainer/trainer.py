@@ -97,7 +97,7 @@ class DispersionTrainer(titan_compat.trainer_class()):
         (model,) = self.model_parts
         self.block_outputs = BlockOutputs(model.layers)  # after parallelize_fn: outside AC and compile
         self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
-                                       self.model_args.tie_embeddings)
+                                       self.model_args.tie_embeddings, run_encoder(job_config).pad_id)
         self.preemption = Preemption()  # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue
         if dist.get_rank() == 0:
             # In the dump folder, not the checkpoint folder: TorchTitan decides whether to
