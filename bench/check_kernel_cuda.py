@@ -22,6 +22,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from dispersion_titan.losses import VARIANTS  # noqa: E402
 from dispersion_titan.losses import PRECISIONS  # noqa: E402
+from dispersion_titan.losses.variants import precision_error  # noqa: E402
 from test_dispersion_kernel import case_table, run_case, tolerances  # noqa: E402
 
 GPT2_SMALL = {"B": 2, "N": 1024, "d": 768, "tau": 1.0, "inputs": "gpt2_small"}
@@ -32,7 +33,7 @@ def cases() -> dict[str, dict]:
     table = {name: {**case, **DEFAULT_TILES} for name, case in case_table().items()}
     for variant in VARIANTS:
         for dtype in ("fp32", "bf16"):
-            for precision in PRECISIONS:
+            for precision in (p for p in PRECISIONS if not precision_error(variant, p)):
                 table[f"{variant}-gpt2_small-{dtype}-{precision}"] = {
                     "variant": variant, "dtype": dtype, "precision": precision, **GPT2_SMALL, **DEFAULT_TILES,
                 }  # fmt: skip

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dispersion_titan.config.schema import Dispersion  # noqa: E402
 from dispersion_titan.losses import KERNELS, PRECISIONS, VARIANTS  # noqa: E402
+from dispersion_titan.losses.variants import precision_error  # noqa: E402
 from dispersion_titan.models.gpt2.args import gpt2_flavors  # noqa: E402
 from dispersion_titan.models.gpt2.model import GPT2  # noqa: E402
 from dispersion_titan.trainer.block_outputs import BlockOutputs  # noqa: E402
@@ -131,7 +132,7 @@ def main() -> None:
     inputs, labels = tokens[:, :-1], tokens[:, 1:]
     objectives: dict[str, DispersionObjective | None] = {"ce": None}
     for variant in args.variants:
-        for precision in args.precisions:
+        for precision in (p for p in args.precisions if not precision_error(variant, p)):
             cfg = Dispersion(variant=variant, coeff=0.1, tau=1.0, layers="all", kernel=args.kernel,
                              precision=precision)  # fmt: skip
             key = f"ce_{variant}" + ("" if precision == "auto" else f"_{precision}")

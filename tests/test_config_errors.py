@@ -43,6 +43,7 @@ def write_toml(tmp_path, text: str) -> str:
         (["--dispersion.max_tokens", "1"], "dispersion.max_tokens"),
         (["--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps"),
         (["--dispersion.precision", "fp8"], "dispersion.precision"),
+        (["--dispersion.variant", "perplexity_entropy", "--dispersion.precision", "tf32"], "dispersion.precision"),
         (["--dispersion.form", "authors"], "dispersion.form"),
         (["--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k"),
         (["--baseline.method", "neftune"], "baseline.method"),

@@ -1,16 +1,13 @@
 """Auxiliary losses on hidden states: the dispersion loss family and its condensation probe."""
 
 from dispersion_titan.losses.dispersion import (
-    KERNELS,
-    NORM_EPS,
-    PRECISIONS,
-    VARIANTS,
     KernelUnavailable,
     TorchStrips,
     dispersion_loss,
     dispersion_loss_reference,
     mean_offdiag_cosine,
 )
+from dispersion_titan.losses.variants import KERNELS, NORM_EPS, PRECISIONS, VARIANTS, precision_error
 
 __all__ = [
     "KERNELS",
@@ -22,4 +19,5 @@ __all__ = [
     "dispersion_loss",
     "dispersion_loss_reference",
     "mean_offdiag_cosine",
+    "precision_error",
 ]

@@ -36,12 +36,12 @@ from .variants import (
     FORMS,
     KERNELS,
     NORM_EPS,
-    PRECISIONS,
     SPECS,
     VARIANTS,
     OnlineLogSumExp,
     PairHyper,
     VariantSpec,
+    precision_error,
     range_error,
     row_entropy_terms,
 )
@@ -613,8 +613,9 @@ def dispersion_loss(
     kernel's products; the torch strips always compute in fp32.
     """
     _validate(hidden, variant, tau, clamp, max_tokens, form)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    problem = precision_error(variant, precision)
+    if problem:
+        raise ValueError(f"precision {problem}")
     pair_kernel = _pair_kernel(kernel, hidden.device, variant, precision)
     hidden = _select_tokens(hidden, max_tokens, generator)
     n = hidden.shape[1]

@@ -28,6 +28,10 @@ KERNELS = ("auto", "triton", "torch")
 #           reference's values within 1e-4 (value) and 2e-3 (gradient), relative.
 PRECISIONS = ("auto", "bf16", "tf32", "exact")
 
+# perplexity_entropy's sharp row softmaxes need fp32 logits: bf16 and tf32 products put 22% and
+# 7% into its gradient at GPT-2 small's shape (bench/check_kernel_cuda.py, H200, 2026-11-25).
+ROW_ENTROPY_PRECISIONS = ("auto", "exact")
+
 # Guard for |z| (u = z / max(|z|, NORM_EPS)) and for the decorrelation std: zero
 # vectors then give u = 0, a finite loss and a finite but large (~1/NORM_EPS) fp32
 # gradient, which stays finite in bf16 but can overflow when cast to fp16.
@@ -51,6 +55,16 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "max_tokens": (lambda v: v == 0 or v >= 2, "0 (all positions) or >= 2"),
 }
 """Each numeric parameter's valid range: a predicate and how to say it (NaN fails every one)."""
+
+
+def precision_error(variant: str, precision: str) -> str | None:
+    """Why ``precision`` cannot compute ``variant`` to the kernel's tolerances, or None."""
+    if precision not in PRECISIONS:
+        return f"must be one of {PRECISIONS}, got {precision!r}"
+    if variant in SPECS and SPECS[variant].row_entropy and precision not in ROW_ENTROPY_PRECISIONS:
+        return (f"{variant} runs at {' or '.join(ROW_ENTROPY_PRECISIONS)} only ({precision} products put up to "
+                f"22% into its gradient), got {precision!r}")
+    return None
 
 
 def range_error(name: str, value: float, ranges: dict[str, tuple[Callable[[float], bool], str]] = RANGES) -> str | None:

@@ -24,7 +24,7 @@ from ..losses.options import (
     CONFIG_VARIANTS,
     FORMS,
     KERNELS,
-    PRECISIONS,
+    precision_error,
     range_error,
     resolve_layers,
 )
@@ -86,8 +86,9 @@ def check_dispersion(config: JobConfig, n_layers: int) -> None:
             raise ConfigError(f"dispersion.{name}: {problem}")
     if d.kernel not in KERNELS:
         raise ConfigError(f"dispersion.kernel: {d.kernel!r} is not one of {KERNELS}")
-    if d.precision not in PRECISIONS:
-        raise ConfigError(f"dispersion.precision: {d.precision!r} is not one of {PRECISIONS}")
+    problem = precision_error(d.variant, d.precision)
+    if problem:
+        raise ConfigError(f"dispersion.precision: {problem}")
     if d.form not in FORMS:
         raise ConfigError(f"dispersion.form: {d.form!r} is not one of {FORMS}")
     if d.kernel == "triton" and d.variant != "none" and not _triton_device_here():
