@@ -333,6 +333,8 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
                           "--reference", "no arm 'X'")
     assert_one_line_error(*evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2], "named twice")
     assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")
+    assert_one_line_error(*evaluate("table", str(tmp_path / "absent"), "--out", out, capsys=capsys)[::2],
+                          f"{tmp_path / 'absent'}: no such folder")
     other = read_json(fabricated["disp_s2"] / "evaluation" / "step-5" / "results.json")
     other["dispersion_titan"]["settings"] = {**SETTINGS, "limit": 100}
     (fabricated["disp_s2"] / "evaluation" / "step-5" / "results.json").write_text(json.dumps(other))

@@ -169,6 +169,10 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys)
     assert float(pair["delta_mean_cos_last_2"]) == pytest.approx(last2[2] - last2[0], abs=2e-6)
     png = (out / "family.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 20000
+    absent = tmp_path / "absent"
+    assert_one_line_error(*analyze("family", *specs, str(absent), "--out", tmp_path / "family2", capsys=capsys)[::2],
+                          f"{absent}: no such folder")
+    assert not (tmp_path / "family2").exists()
 
 
 def test_default_seq_len_is_the_models_positions(tokenizer_files, texts, tmp_path, capsys):
@@ -199,7 +203,10 @@ def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, 
     assert_one_line_error(*analyze(f"hf:{no_weights}", *options(texts), "--out", out, capsys=capsys)[::2],
                           f"hf:{no_weights}: cannot be loaded")
     assert_one_line_error(*analyze(f"hf:{no_weights}@missing", *options(texts), "--out", out, capsys=capsys)[::2],
-                          f"hf:{no_weights}@missing: cannot be loaded")
+                          f"hf:{no_weights}@missing: no such folder {no_weights / 'missing'}")
+    for folder in (str(tmp_path / "absent"), "./absent", "absent/a/b"):  # folders, not hub ids
+        assert_one_line_error(*analyze(f"hf:{folder}", *options(texts), "--out", out, capsys=capsys)[::2],
+                              f"hf:{folder}: no such folder {folder}")
     assert not list(out.glob("rev-*"))
     with pytest.raises(ModelLoadError, match=r"^hf:odd: unsupported architecture \(Sequential has no list of 2 "):
         decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2, "hf:odd")

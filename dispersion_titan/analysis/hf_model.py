@@ -76,7 +76,22 @@ def parse_spec(text: str) -> HFSpec:
         raise ModelLoadError(f"{text}: expected hf:MODEL or hf:MODEL@REV1,REV2,...")
     if len(set(names)) < len(names):
         raise ModelLoadError(f"{text}: a revision is listed twice")
-    return HFSpec(os.path.abspath(model) if os.path.isdir(model) else model, names)
+    model = os.path.expanduser(model)
+    if os.path.isdir(model):
+        for revision in filter(None, names):
+            if not os.path.isdir(os.path.join(model, revision)):
+                raise ModelLoadError(f"{text}: no such folder {os.path.join(model, revision)}")
+        return HFSpec(os.path.abspath(model), names)
+    if _path_like(model):
+        raise ModelLoadError(f"{text}: no such folder {model}")
+    return HFSpec(model, names)
+
+
+def _path_like(model: str) -> bool:
+    """A folder, not a hub id (``namespace/name``): absolute or relative by its first
+    character, more than one ``/``, or under a folder that exists here."""
+    return (model.startswith(("/", ".", "~")) or model.count("/") > 1
+            or ("/" in model and os.path.isdir(model.split("/")[0])))
 
 
 def revision_step(revision: str | None, position: int) -> int:
