@@ -15,13 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from scipy import stats
 
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
 
-from helpers import DEBUG_TOML, REPO, absolute_lm_eval_tasks, assert_one_line_error, launch_env, python_module, run_cli
+from helpers import DEBUG_TOML, REPO, assert_one_line_error, launch_env, python_module, run_cli
 from helpers import LM_EVAL_TASKS as TASKS
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
@@ -89,15 +88,16 @@ def run(tmp_path_factory, unknown_task) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tasks_dir(tmp_path_factory) -> Path:
-    return absolute_lm_eval_tasks(tmp_path_factory.mktemp("lm_eval_tasks"))
-
-
-@pytest.fixture(scope="module")
-def evaluated(run, tasks_dir) -> Path:
-    """``run`` evaluated once by the CLI; the tests below read or re-run it."""
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate_main([str(run), "--include-path", str(tasks_dir), *OPTS])
+def evaluated(run, tmp_path_factory) -> Path:
+    """``run`` evaluated once by the CLI, from another working directory than the tasks'
+    (their data files are found beside them); the tests below read or re-run it."""
+    elsewhere = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("elsewhere"))
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate_main([str(run), "--include-path", os.path.relpath(TASKS), *OPTS])
+    finally:
+        os.chdir(elsewhere)
     assert exit_info.value.code == 0
     return run / "evaluation"
 
@@ -116,7 +116,7 @@ def test_paper_protocol_is_the_default():
     assert build_plan("piqa,my_task", None, 7).num_fewshot == {"piqa": 0, "my_task": None}
 
 
-def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, tmp_path):
+def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -125,7 +125,7 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, t
     convert.main(["to-hf", str(run / "checkpoint" / "step-2"), str(tmp_path / "hf")])
     reference = lm_eval.simple_evaluate(
         model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=LOCAL_TASKS.split(","),
-        task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False), num_fewshot=1, limit=LIMIT, batch_size=8,
+        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False), num_fewshot=1, limit=LIMIT, batch_size=8,
         device="cpu", log_samples=False,
     )
     ours = read_json(evaluated / "step-2" / "results.json")
@@ -158,9 +158,9 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, t
     assert float(rows[1]["mean_acc"]) == float(rows[1]["wiki_next_word/acc"])
 
 
-def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tasks_dir, tmp_path, capsys):
+def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path, capsys):
     before = tree(evaluated)
-    code, out, _ = evaluate(run, "--include-path", tasks_dir, *OPTS, capsys=capsys)
+    code, out, _ = evaluate(run, "--include-path", TASKS, *OPTS, capsys=capsys)
     assert code == 0 and "2 step(s) already evaluated" in out and "step 0 [" not in out
     after = tree(evaluated)
     assert after == {**before, "summary.csv": after["summary.csv"]}  # only the summary is refreshed
@@ -170,18 +170,40 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tasks_di
     shutil.copytree(evaluated, resumed)
     (resumed / "step-2" / "results.json").unlink()
     (resumed / "step-2" / ".results.json.123.tmp").write_text('{"resu')
-    code, out, _ = evaluate(run, "--include-path", tasks_dir, *OPTS, "--out", resumed, capsys=capsys)
+    code, out, _ = evaluate(run, "--include-path", TASKS, *OPTS, "--out", resumed, capsys=capsys)
     assert code == 0 and "step 2 [1/2] wiki_next_word: acc" in out and "step 0 [" not in out
     again, first = read_json(resumed / "step-2" / "results.json"), read_json(evaluated / "step-2" / "results.json")
     assert again["results"] == first["results"]
 
     # Other settings into an existing folder: refused in one line, nothing touched.
-    code, _, err = evaluate(run, "--include-path", tasks_dir, *OPTS, "--limit", "6", capsys=capsys)
+    code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--limit", "6", capsys=capsys)
     assert_one_line_error(code, err, "--out", "step 0 was evaluated with other settings", "limit 12 vs 6", "--force")
     assert tree(evaluated) == after
 
 
-def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tmp_path, capsys):
+def test_other_tasks_on_other_steps_add_to_the_summary(run, evaluated, tmp_path, capsys):
+    """Step 2 scored again on wiki_text alone: step 0's row (both tasks) stays in summary.csv,
+    step 0's results are untouched."""
+    out = tmp_path / "out"
+    shutil.copytree(evaluated / "step-0", out / "step-0")
+    shutil.copy(evaluated / "summary.csv", out / "summary.csv")
+    before = tree(out / "step-0")
+    with open(evaluated / "summary.csv") as f:
+        step0 = next(csv.DictReader(f))
+    options = [*OPTS[2:], "--tasks", "wiki_text", "--steps", "2", "--out", out]
+    code, stdout, _ = evaluate(run, "--include-path", TASKS, *options, capsys=capsys)
+    assert code == 0 and "note: step(s) [0]" in stdout
+    with open(out / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["step", "wiki_next_word/acc", "wiki_text/word_perplexity", "mean_acc"]
+    assert rows[0] == step0
+    step2 = read_json(out / "step-2" / "results.json")["results"]["wiki_text"]
+    assert rows[1] == {"step": "2", "wiki_next_word/acc": "", "mean_acc": "",
+                       "wiki_text/word_perplexity": f"{step2['word_perplexity,none']:.6g}"}
+    assert tree(out / "step-0") == before
+
+
+def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, capsys):
     broken = tmp_path / "broken"
     (broken / "checkpoint").mkdir(parents=True)
     shutil.copy(run / "run.json", broken)
@@ -193,7 +215,7 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tm
         f.truncate(1000)
     out = tmp_path / "out"  # step 0 already done there: only the broken step is attempted
     shutil.copytree(evaluated / "step-0", out / "step-0")
-    code, stdout, err = evaluate(broken, "--include-path", tasks_dir, *OPTS, "--out", out, capsys=capsys)
+    code, stdout, err = evaluate(broken, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert code == 1
     assert f"skipped checkpoint: {shard}: truncated" in err
     assert "1 of 2 checkpoints could not be evaluated" in err
@@ -202,7 +224,7 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tm
     assert not [p for p in os.listdir(out) if p.startswith(".")]
 
 
-def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, evaluated, tasks_dir, tmp_path, capsys):
+def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, evaluated, tmp_path, capsys):
     proc, stand_in = unknown_task
     _, err = proc.communicate(timeout=300)
     # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named.
@@ -219,9 +241,9 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
                           "--include-path", "not a directory")
     missing = tmp_path / "missing_data"
     missing.mkdir()
-    config = {**yaml.safe_load((tasks_dir / "wiki_text.yaml").read_text()), "task": "wiki_missing"}
-    config["dataset_kwargs"]["data_files"] = {"test": str(tmp_path / "nope.jsonl")}
-    (missing / "wiki_missing.yaml").write_text(yaml.safe_dump(config))
+    (missing / "wiki_missing.yaml").write_text((TASKS / "wiki_text.yaml").read_text().replace(
+        "task: wiki_text", "task: wiki_missing").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
+        "test: wiki_text.jsonl", f"test: {tmp_path / 'nope.jsonl'}"))
     assert_one_line_error(*evaluate(run, "--include-path", missing, "--tasks", "wiki_missing", "--out", new_out,
                                     capsys=capsys)[::2], "--tasks: wiki_missing: cannot be loaded", "nope.jsonl")
     assert_one_line_error(*evaluate(run, "--tasks", "piqa,,mmlu", "--out", new_out, capsys=capsys)[::2],
