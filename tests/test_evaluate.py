@@ -256,6 +256,25 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
 
 
+def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
+    """A task whose data are on the hub, with the hub unreachable (a closed local port as
+    HF_ENDPOINT) and an empty cache: one line saying why, no retries, nothing written."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "hub_task.yaml").write_text((TASKS / "wiki_text.yaml").read_text().replace(
+        "task: wiki_text", "task: hub_task").replace("dataset_path: json", "dataset_path: nobody/no-such-dataset").replace(
+        "custom_dataset: !function local_files.jsonl\n", ""))
+    run = tmp_path / "run"
+    (run / "checkpoint" / "step-0").mkdir(parents=True)
+    proc = python_module("dispersion_titan.evaluate", str(run), "--include-path", str(tasks), "--tasks", "hub_task",
+                         env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")},
+                         command_line=True, timeout=300)
+    assert_one_line_error(proc.returncode, proc.stderr, "--tasks: hub_task: cannot be loaded; not in the local Hugging "
+                          "Face cache, and the hub is not asked: 127.0.0.1:9 is unreachable from here")
+    assert "Retry" not in proc.stderr
+    assert sorted(p.name for p in run.rglob("*")) == ["checkpoint", "step-0"]
+
+
 # ---------------------------------------------------------------- table
 
 SETTINGS = {"protocol": "paper", "tasks": ["t_a", "t_b", "t_ppl"], "num_fewshot": {"t_a": 0, "t_b": 1, "t_ppl": 0},
