@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ..analysis.result_files import ensure_writable
 from ..analysis.runner import resolve_device
 from ..analysis.steps import select_steps
-from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, list_checkpoints
+from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, list_checkpoints, load_run_metadata
 from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
@@ -58,6 +58,7 @@ class RunEvaluation:
         self.selected = select_steps(options.steps, checkpoints)
         self.dump = os.path.dirname(os.path.abspath(folder))
         self.tasks = Tasks(options.plan.tasks, options.include_path)
+        self.seeds = lm_eval_seeds(load_run_metadata(self.dump).get("seed"))
         self.device = resolve_device(options.device, options.dtype)
         self.settings = {**options.plan.settings(), "dtype": options.dtype}
         self.out = options.out or os.path.join(self.dump, "evaluation")
@@ -123,7 +124,7 @@ class RunEvaluation:
                 result = simple_evaluate(model=lm, tasks=self.objects[name], task_manager=self.tasks.manager,
                                          num_fewshot=plan.num_fewshot[name], limit=plan.limit,
                                          batch_size=self.options.batch_size, device=str(self.device),
-                                         log_samples=False)
+                                         log_samples=False, **self.seeds)
                 merge(merged, result)
                 print(f"step {checkpoint.step} [{index}/{len(plan.tasks)}] {name}: "
                       f"{_metrics_line(result['results'].get(name, {}))} ({time.time() - task_start:.1f} s)",
@@ -137,6 +138,7 @@ class RunEvaluation:
             "include_path": self.tasks.include_path,
             "device": self.device.type,
             "batch_size": self.options.batch_size,
+            "seeds": self.seeds,
             "seconds": time.time() - start,
         }
         return merged
@@ -150,6 +152,15 @@ class RunEvaluation:
                   "or dtype); summary.csv keeps their rows, and each step-N/results.json its settings")
         if results:
             print(f"results: {write_summary(self.out, list(results.values()))}")
+
+
+def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
+    """``simple_evaluate``'s four seeds, each the run's training seed as in the authors'
+    LMEvalCallback; none (lm-eval's defaults, in its ``config``) for a run that recorded none."""
+    if training_seed is None:
+        return {}
+    return dict.fromkeys(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"),
+                         int(training_seed))
 
 
 def _metrics_line(metrics: dict) -> str:

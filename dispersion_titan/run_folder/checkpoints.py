@@ -75,16 +75,18 @@ def check_complete(step_dir: str) -> None:
 
 def save_run_metadata(folder: str, model_name: str, args: Any,
                       dispersion: dict[str, Any] | None = None, seed: int | None = None,
-                      baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2") -> None:
+                      baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2",
+                      training_steps: int | None = None) -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
     the model family and shape (head count cannot be read off weights), the tokenizer
     (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
-    settings it trained with (None: not trained by dispersion_titan.train); ``evaluate
-    table`` groups runs into arms by all of it but the seed."""
+    settings it trained with (None: not trained by dispersion_titan.train), and its
+    ``training.steps`` (``evaluate table --select best`` derives the authors' evaluation
+    cadence from it); ``evaluate table`` groups runs into arms by all of it but the seed."""
     os.makedirs(folder, exist_ok=True)
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     metadata = {"model_name": model_name, "model_args": fields, "tokenizer": tokenizer, "dispersion": dispersion,
-                "baseline": baseline, "seed": seed}
+                "baseline": baseline, "seed": seed, "training_steps": training_steps}
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)

@@ -103,7 +103,7 @@ class DispersionTrainer(titan_compat.trainer_class()):
             save_run_metadata(job_config.job.dump_folder, job_config.model.name, self.model_args,
                               dataclasses.asdict(job_config.dispersion), seed,
                               baseline=dataclasses.asdict(job_config.baseline),
-                              tokenizer=run_encoder(job_config).name)
+                              tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps)
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0
