@@ -303,7 +303,7 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
         "custom_dataset: !function local_files.jsonl\n", ""))
     run = tmp_path / "run"
     (run / "checkpoint" / "step-0").mkdir(parents=True)
-    (run / "run.json").write_text("{}")
+    (run / "run.json").write_text('{"model_args": {}}')
     proc = python_module("dispersion_titan.evaluate", str(run), "--include-path", str(tasks), "--tasks", "hub_task",
                          env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")},
                          command_line=True, timeout=300)
