@@ -305,7 +305,8 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
     (run / "checkpoint" / "step-0").mkdir(parents=True)
     (run / "run.json").write_text('{"model_args": {}}')
     proc = python_module("dispersion_titan.evaluate", str(run), "--include-path", str(tasks), "--tasks", "hub_task",
-                         env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")},
+                         env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"),
+                              "HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": ""},
                          command_line=True, timeout=300)
     assert_one_line_error(proc.returncode, proc.stderr, "--tasks: hub_task: cannot be loaded; not in the local Hugging "
                           "Face cache, and the hub is not asked: 127.0.0.1:9 is unreachable from here")

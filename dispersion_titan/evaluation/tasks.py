@@ -1,4 +1,5 @@
-"""Task names resolved by lm-eval's own TaskManager, checked before any model loads."""
+"""Task names resolved by lm-eval's own TaskManager, checked before any model loads, and
+their data loaded with the hub's offline mode on when the hub cannot be reached."""
 
 from __future__ import annotations
 
@@ -75,8 +76,9 @@ def hub_offline() -> str | None:
     """Why the Hugging Face hub will not be asked for data (None: it will be). Its offline
     mode is the user's (``HF_HUB_OFFLINE``), or turned on here when no TCP connection to
     the hub (``HF_ENDPOINT``) opens within ``HUB_PROBE_SECONDS``."""
-    if any(os.environ.get(var, "").upper() in _TRUE for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
-        return "HF_HUB_OFFLINE is set"
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "").upper() in _TRUE:
+            return f"{var} is set"
     endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
@@ -87,8 +89,7 @@ def hub_offline() -> str | None:
     import datasets.config
     import huggingface_hub.constants
 
-    # Both libraries read HF_HUB_OFFLINE once, at import: set their copies too.
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    # Both libraries read HF_HUB_OFFLINE once, at import, into these: set them for this process.
     huggingface_hub.constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
     return reason
 
