@@ -16,7 +16,8 @@ import os
 import socket
 import sys
 
-from dispersion_titan.config.cli import HELP_ALL_FLAG, HELP_FLAGS, config_file, load_toml, train_usage, with_config_module
+from dispersion_titan.config.cli import (HELP_ALL_FLAG, HELP_FLAGS, config_file, load_toml, train_usage,
+                                         with_config_module)
 from dispersion_titan.config.toml_types import check_own_sections, check_toml_types
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
 

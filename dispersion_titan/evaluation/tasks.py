@@ -66,7 +66,8 @@ class Tasks:
                 message = str(e).splitlines()[0] if str(e) else ""
                 why = (f"; not in the local Hugging Face cache, and the hub is not asked: {offline}"
                        if offline and isinstance(e, ConnectionError) else "")
-                raise EvaluationError(f"--tasks: {name}: cannot be loaded{why} ({type(e).__name__}: {message})") from None
+                raise EvaluationError(f"--tasks: {name}: cannot be loaded{why} ({type(e).__name__}: {message})") \
+                    from None
             top = loaded["groups"].get(name) or loaded["tasks"].get(name)
             objects[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: its tasks
         return objects
