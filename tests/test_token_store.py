@@ -265,6 +265,7 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
         f"dispersion_titan: error: --tokenizer: {tmp_path / 'absent'}: no such folder")
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path), "--out", out) == (
         f"dispersion_titan: error: --tokenizer: {tmp_path} has no tokenizer.json (the model's tokenizer)")
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- the real command lines
