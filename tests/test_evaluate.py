@@ -240,6 +240,22 @@ def test_other_tasks_on_other_steps_add_to_the_summary(run, evaluated, tmp_path,
     assert tree(out / "step-0") == before
 
 
+def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_path, capsys):
+    """step-N/results.json records its checkpoint's identity: once step-N holds other weights,
+    the rerun says so in one line instead of skipping it, and changes nothing."""
+    replaced, out = tmp_path / "run", tmp_path / "out"
+    shutil.copytree(run / "checkpoint", replaced / "checkpoint")  # copies keep mtimes: the same identity
+    shutil.copy(run / "run.json", replaced)
+    shutil.copytree(evaluated, out)
+    shutil.rmtree(replaced / "checkpoint" / "step-2")
+    shutil.copytree(run / "checkpoint" / "step-0", replaced / "checkpoint" / "step-2")
+    before = tree(out)
+    code, _, err = evaluate(replaced, "--include-path", *OPTS, "--out", out, capsys=capsys)
+    assert_one_line_error(code, err, f"--out: {out}: step 2 was evaluated from another checkpoint than "
+                                     f"{replaced / 'checkpoint' / 'step-2'} holds now", "--force recomputes it")
+    assert tree(out) == before
+
+
 def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, capsys):
     broken = tmp_path / "broken"
     (broken / "checkpoint").mkdir(parents=True)

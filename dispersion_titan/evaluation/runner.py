@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from ..analysis.result_files import ensure_writable
 from ..analysis.runner import resolve_device
 from ..analysis.steps import select_steps
-from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, list_checkpoints, load_run_metadata
+from ..run_folder.checkpoints import (
+    StepCheckpoint,
+    checkpoint_identity,
+    find_checkpoint_folder,
+    identity_changed,
+    list_checkpoints,
+    load_run_metadata,
+)
 from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
@@ -67,7 +74,8 @@ class RunEvaluation:
         ensure_writable(self.out, "--out")
 
     def _pending(self, existing: dict[int, dict]) -> list[StepCheckpoint]:
-        """Selected checkpoints still to evaluate; refuses to mix settings unless --force."""
+        """Selected checkpoints still to evaluate; refuses to mix settings, or to keep a result of
+        weights saved over or replaced since, unless --force."""
         if self.options.force:
             return self.selected
         todo = []
@@ -79,6 +87,11 @@ class RunEvaluation:
                 raise EvaluationError(
                     f"--out: {self.out}: step {checkpoint.step} was evaluated with other settings "
                     f"({differences(settings(result), self.settings)}); use another --out, or --force to recompute"
+                )
+            elif identity_changed(result[OURS].get("checkpoint_identity"), checkpoint.path):
+                raise EvaluationError(
+                    f"--out: {self.out}: step {checkpoint.step} was evaluated from another checkpoint than "
+                    f"{checkpoint.path} holds now (saved again or replaced since); --force recomputes it"
                 )
         return todo
 
@@ -134,6 +147,7 @@ class RunEvaluation:
             "lm_eval_version": merged.get("lm_eval_version"),
             "step": checkpoint.step,
             "checkpoint": os.path.abspath(checkpoint.path),
+            "checkpoint_identity": checkpoint_identity(checkpoint.path),
             "run": self.dump,
             "include_path": self.tasks.include_path,
             "device": self.device.type,

@@ -21,7 +21,7 @@ from scipy import stats
 
 from ..analysis.compare import dispersion_variant
 from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
-from ..run_folder.checkpoints import load_run_metadata
+from ..run_folder.checkpoints import LEDGER_KEYS, load_run_metadata
 from . import EvaluationError
 from .arms import ArmRow, RunScores
 from .figure import average_accuracy_figure
@@ -102,8 +102,8 @@ def select(run: str, selection: Selection) -> RunScores:
 
 
 def _run_config(run: RunScores) -> dict:
-    """What defines a configuration: the run's run.json but the seed."""
-    return {key: value for key, value in load_run_metadata(run.dump).items() if key != "seed"}
+    """What defines a configuration: the run's run.json but the seed and its launch record."""
+    return {key: value for key, value in load_run_metadata(run.dump).items() if key not in ("seed", *LEDGER_KEYS)}
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
