@@ -250,7 +250,7 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_pat
     shutil.rmtree(replaced / "checkpoint" / "step-2")
     shutil.copytree(run / "checkpoint" / "step-0", replaced / "checkpoint" / "step-2")
     before = tree(out)
-    code, _, err = evaluate(replaced, "--include-path", *OPTS, "--out", out, capsys=capsys)
+    code, _, err = evaluate(replaced, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert_one_line_error(code, err, f"--out: {out}: step 2 was evaluated from another checkpoint than "
                                      f"{replaced / 'checkpoint' / 'step-2'} holds now", "--force recomputes it")
     assert tree(out) == before
