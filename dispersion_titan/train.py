@@ -16,7 +16,9 @@ import os
 import socket
 import sys
 
-from dispersion_titan.config.cli import load_toml, with_config_module
+from dispersion_titan.config.cli import (HELP_ALL_FLAG, HELP_FLAGS, config_file, load_toml, train_usage,
+                                         with_config_module)
+from dispersion_titan.config.toml_types import check_own_sections, check_toml_types
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
 
 CHECK_ONLY = "--check-only"
@@ -56,10 +58,10 @@ def validated_args(args: list[str], world_size: int | None = None):
     from dispersion_titan import config as custom_config
     from dispersion_titan.components import titan_compat
     from dispersion_titan.models import FAMILIES, register_all
-    from dispersion_titan.trainer.config_checks import check_job_config, check_toml_types
+    from dispersion_titan.trainer.config_checks import check_job_config
 
     toml = load_toml(args)
-    check_toml_types(titan_compat.merged_job_config_class(custom_config.JobConfig), toml)
+    check_toml_types(titan_compat.merged_job_config_class(custom_config.JobConfig), toml, config_file(args))
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
@@ -140,9 +142,14 @@ def _default_to_single_process() -> None:
 def main() -> None:
     argv = sys.argv[1:]
     check_only = CHECK_ONLY in argv
-    try:
-        args = with_config_module([a for a in argv if a != CHECK_ONLY], load_toml(argv))
-    except ArgumentError as e:
+    if any(a in HELP_FLAGS for a in argv):
+        print(train_usage())
+        return
+    try:  # what needs no TorchTitan is checked before it is imported (seconds)
+        toml = load_toml(argv)
+        args = with_config_module([a for a in argv if a not in (CHECK_ONLY, HELP_ALL_FLAG)], toml)
+        check_own_sections(toml, config_file(argv))
+    except (ArgumentError, ConfigError) as e:
         fail_with(e)
     prepare()
     from dispersion_titan.components import titan_compat
@@ -150,10 +157,10 @@ def main() -> None:
     from dispersion_titan.utils.devices import check_gpus_usable
 
     titan_compat.use_command_line(args)
-    if any(a in ("-h", "--help") for a in args):
+    if HELP_ALL_FLAG in argv:
         from torchtitan.config import ConfigManager
 
-        ConfigManager().parse_args(args)  # prints the help of every section and exits
+        ConfigManager().parse_args([*args, "--help"])  # prints the help of every section and exits
     try:
         job_config = validated_args(args)
         for extend in (with_local_assets, with_fork):

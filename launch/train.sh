@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Train on this node:  launch/train.sh CONFIG [--section.key value ...]
-# The overrides go straight to TorchTitan. Runs from any directory; relative paths
+# The overrides go straight to TorchTitan (python -m dispersion_titan.train --help lists
+# the keys this package adds). Runs from any directory; relative paths
 # (CONFIG, the dump folder) are relative to the current one.
 # Environment:
 #   NPROC       processes on this node (default: the GPUs this node may use, else 2 on CPU)
@@ -17,6 +18,9 @@ LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$LAUNCH_DIR/common.sh"
 
 [ $# -ge 1 ] || die "usage: launch/train.sh CONFIG [--section.key value ...]"
+case $1 in  # the header above, without its comment marks
+    -h|--help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+esac
 config=$1
 shift
 [ -f "$config" ] || die "config file not found: $config"

@@ -3,6 +3,8 @@ exit code 2, and nothing written to the dump folder."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dispersion_titan.losses.options import resolve_layers
@@ -126,5 +128,43 @@ def test_unknown_toml_field_via_cli(tmp_path):
     path = write_toml(tmp_path, (open(DEBUG_TOML).read() + "\n[extra]\nfoo = 1\n"))
     proc = python_module("dispersion_titan.train", "--job.config_file", path, "--job.dump_folder", str(tmp_path / "run"))
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["dispersion_titan: error: extra: unknown field"]
+    assert proc.stderr.strip().splitlines() == [f"dispersion_titan: error: extra: unknown section in {path}"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("toml, message", [
+    ("[trainning]\nsteps = 3\n", "trainning: unknown section in {}; did you mean training?"),
+    ('[model]\nflavour = "debug"\n', "model.flavour: unknown key in {}; did you mean model.flavor?"),
+])
+def test_unknown_keys_name_the_file_and_the_close_match(tmp_path, toml, message):
+    path = write_toml(tmp_path, toml)
+    with pytest.raises(ConfigError, match=f"^{re.escape(message.format(path))}$"):
+        validated_args(["--job.config_file", path, "--job.custom_config_module", "dispersion_titan.config"])
+
+
+def imported_modules(stderr: str) -> set[str]:
+    """The modules ``PYTHONPROFILEIMPORTTIME`` reports as imported."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_help_and_cheap_errors_come_before_torch_is_imported(tmp_path):
+    """``--help`` and the errors found in the TOML alone (a missing or malformed file, an unknown
+    key of a section that is ours) import neither torch nor TorchTitan."""
+    unknown = write_toml(tmp_path, "[dispersion]\ncoef = 0.1\n")
+    (tmp_path / "malformed.toml").write_text("[model\n")
+    for args, status, message in [
+        (["--help"], 0, None),
+        (["--job.config_file", unknown], 2, f"dispersion.coef: unknown key in {unknown}; did you mean dispersion.coeff?"),
+        (["--job.config_file", str(tmp_path / "absent.toml")], 2, f"--job.config_file: {tmp_path / 'absent.toml'}: no such file"),
+        (["--job.config_file", str(tmp_path / "malformed.toml")], 2, "invalid TOML"),
+    ]:
+        proc = python_module("dispersion_titan.train", *args, "--job.dump_folder", str(tmp_path / "run"),
+                             env={"PYTHONPROFILEIMPORTTIME": "1"}, command_line=True, timeout=120)
+        assert proc.returncode == status, proc.stderr[-2000:]
+        assert not {"torch", "torchtitan"} & imported_modules(proc.stderr)
+        said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+        if message is None:
+            assert said == [] and "--dispersion.coeff" not in proc.stdout and "[dispersion] variant='none'" in proc.stdout
+        else:
+            assert len(said) == 1 and said[0].startswith("dispersion_titan: error: ") and message in said[0]
     assert not (tmp_path / "run").exists()

@@ -15,14 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from scipy import stats
 
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 
-from helpers import DEBUG_TOML, REPO, absolute_lm_eval_tasks, assert_one_line_error, launch_env, python_module, run_cli
+from helpers import DEBUG_TOML, REPO, assert_one_line_error, launch_env, python_module, run_cli
 from helpers import LM_EVAL_TASKS as TASKS
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
@@ -90,15 +89,16 @@ def run(tmp_path_factory, unknown_task) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tasks_dir(tmp_path_factory) -> Path:
-    return absolute_lm_eval_tasks(tmp_path_factory.mktemp("lm_eval_tasks"))
-
-
-@pytest.fixture(scope="module")
-def evaluated(run, tasks_dir) -> Path:
-    """``run`` evaluated once by the CLI; the tests below read or re-run it."""
-    with pytest.raises(SystemExit) as exit_info:
-        evaluate_main([str(run), "--include-path", str(tasks_dir), *OPTS])
+def evaluated(run, tmp_path_factory) -> Path:
+    """``run`` evaluated once by the CLI, from another working directory than the tasks'
+    (their data files are found beside them); the tests below read or re-run it."""
+    elsewhere = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("elsewhere"))
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate_main([str(run), "--include-path", os.path.relpath(TASKS), *OPTS])
+    finally:
+        os.chdir(elsewhere)
     assert exit_info.value.code == 0
     return run / "evaluation"
 
@@ -124,7 +124,7 @@ def test_the_authors_protocols_are_presets():
     assert build_plan("piqa,my_task", None, 7).num_fewshot == {"piqa": 0, "my_task": None}
 
 
-def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, tmp_path):
+def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -134,7 +134,7 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, t
     seed = read_json(run / "run.json")["seed"]  # the authors seed all four of lm-eval's generators with it
     reference = lm_eval.simple_evaluate(
         model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=LOCAL_TASKS.split(","),
-        task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False), num_fewshot=1, limit=LIMIT, batch_size=8,
+        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False), num_fewshot=1, limit=LIMIT, batch_size=8,
         device="cpu", log_samples=False, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
         fewshot_random_seed=seed,
     )
@@ -173,17 +173,16 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, t
     assert float(rows[1]["mean_acc"]) == float(rows[1]["wiki_next_word/acc"])
 
 
-def test_protocol_shots_per_task_reach_lm_eval(run, tasks_dir, tmp_path, capsys):
+def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
     """Two local tasks under the names of an authors' few-shot and zero-shot task: lm-eval's
     own record (n-shot, each task's config) shows the preset's shots; explicit options win
     (--num-fewshot: the ``evaluated`` fixture)."""
-    import yaml
-
     named = tmp_path / "named_tasks"
     named.mkdir()
     for name in ("arc_easy", "piqa"):
-        config = {**yaml.safe_load((tasks_dir / "wiki_next_word.yaml").read_text()), "task": name}
-        (named / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        (named / f"{name}.yaml").write_text((TASKS / "wiki_next_word.yaml").read_text().replace(
+            "task: wiki_next_word", f"task: {name}").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
+            "test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}"))
     common = [run, "--include-path", named, "--tasks", "arc_easy,piqa", "--steps", "2", "--batch-size", "1",
               "--device", "cpu"]
     code, _, _ = evaluate(*common, "--protocol", "qwen3", "--limit", "4", "--out", tmp_path / "q", capsys=capsys)
@@ -196,9 +195,9 @@ def test_protocol_shots_per_task_reach_lm_eval(run, tasks_dir, tmp_path, capsys)
                           "--protocol", "invalid choice: 'paper'", "gpt2", "qwen3")
 
 
-def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tasks_dir, tmp_path, capsys):
+def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path, capsys):
     before = tree(evaluated)
-    code, out, _ = evaluate(run, "--include-path", tasks_dir, *OPTS, capsys=capsys)
+    code, out, _ = evaluate(run, "--include-path", TASKS, *OPTS, capsys=capsys)
     assert code == 0 and "2 step(s) already evaluated" in out and "step 0 [" not in out
     after = tree(evaluated)
     assert after == {**before, "summary.csv": after["summary.csv"]}  # only the summary is refreshed
@@ -208,18 +207,40 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tasks_di
     shutil.copytree(evaluated, resumed)
     (resumed / "step-2" / "results.json").unlink()
     (resumed / "step-2" / ".results.json.123.tmp").write_text('{"resu')
-    code, out, _ = evaluate(run, "--include-path", tasks_dir, *OPTS, "--out", resumed, capsys=capsys)
+    code, out, _ = evaluate(run, "--include-path", TASKS, *OPTS, "--out", resumed, capsys=capsys)
     assert code == 0 and "step 2 [1/2] wiki_next_word: acc" in out and "step 0 [" not in out
     again, first = read_json(resumed / "step-2" / "results.json"), read_json(evaluated / "step-2" / "results.json")
     assert again["results"] == first["results"]
 
     # Other settings into an existing folder: refused in one line, nothing touched.
-    code, _, err = evaluate(run, "--include-path", tasks_dir, *OPTS, "--limit", "6", capsys=capsys)
+    code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--limit", "6", capsys=capsys)
     assert_one_line_error(code, err, "--out", "step 0 was evaluated with other settings", "limit 12 vs 6", "--force")
     assert tree(evaluated) == after
 
 
-def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tasks_dir, tmp_path, capsys):
+def test_other_tasks_on_other_steps_add_to_the_summary(run, evaluated, tmp_path, capsys):
+    """Step 2 scored again on wiki_text alone: step 0's row (both tasks) stays in summary.csv,
+    step 0's results are untouched."""
+    out = tmp_path / "out"
+    shutil.copytree(evaluated / "step-0", out / "step-0")
+    shutil.copy(evaluated / "summary.csv", out / "summary.csv")
+    before = tree(out / "step-0")
+    with open(evaluated / "summary.csv") as f:
+        step0 = next(csv.DictReader(f))
+    options = [*OPTS[2:], "--tasks", "wiki_text", "--steps", "2", "--out", out]
+    code, stdout, _ = evaluate(run, "--include-path", TASKS, *options, capsys=capsys)
+    assert code == 0 and "note: step(s) [0]" in stdout
+    with open(out / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["step", "wiki_next_word/acc", "wiki_text/word_perplexity", "mean_acc"]
+    assert rows[0] == step0
+    step2 = read_json(out / "step-2" / "results.json")["results"]["wiki_text"]
+    assert rows[1] == {"step": "2", "wiki_next_word/acc": "", "mean_acc": "",
+                       "wiki_text/word_perplexity": f"{step2['word_perplexity,none']:.6g}"}
+    assert tree(out / "step-0") == before
+
+
+def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_path, capsys):
     """step-N/results.json records its checkpoint's identity: once step-N holds other weights,
     the rerun says so in one line instead of skipping it, and changes nothing."""
     replaced, out = tmp_path / "run", tmp_path / "out"
@@ -229,13 +250,13 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tasks_d
     shutil.rmtree(replaced / "checkpoint" / "step-2")
     shutil.copytree(run / "checkpoint" / "step-0", replaced / "checkpoint" / "step-2")
     before = tree(out)
-    code, _, err = evaluate(replaced, "--include-path", tasks_dir, *OPTS, "--out", out, capsys=capsys)
+    code, _, err = evaluate(replaced, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert_one_line_error(code, err, f"--out: {out}: step 2 was evaluated from another checkpoint than "
                                      f"{replaced / 'checkpoint' / 'step-2'} holds now", "--force recomputes it")
     assert tree(out) == before
 
 
-def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tmp_path, capsys):
+def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, capsys):
     broken = tmp_path / "broken"
     (broken / "checkpoint").mkdir(parents=True)
     shutil.copy(run / "run.json", broken)
@@ -247,7 +268,7 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tm
         f.truncate(1000)
     out = tmp_path / "out"  # step 0 already done there: only the broken step is attempted
     shutil.copytree(evaluated / "step-0", out / "step-0")
-    code, stdout, err = evaluate(broken, "--include-path", tasks_dir, *OPTS, "--out", out, capsys=capsys)
+    code, stdout, err = evaluate(broken, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert code == 1
     assert f"skipped checkpoint: {shard}: truncated" in err
     assert "1 of 2 checkpoints could not be evaluated" in err
@@ -256,7 +277,7 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tm
     assert not [p for p in os.listdir(out) if p.startswith(".")]
 
 
-def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, evaluated, tasks_dir, tmp_path, capsys):
+def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, evaluated, tmp_path, capsys):
     proc, stand_in = unknown_task
     _, err = proc.communicate(timeout=300)
     # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named.
@@ -273,9 +294,9 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
                           "--include-path", "not a directory")
     missing = tmp_path / "missing_data"
     missing.mkdir()
-    config = {**yaml.safe_load((tasks_dir / "wiki_text.yaml").read_text()), "task": "wiki_missing"}
-    config["dataset_kwargs"]["data_files"] = {"test": str(tmp_path / "nope.jsonl")}
-    (missing / "wiki_missing.yaml").write_text(yaml.safe_dump(config))
+    (missing / "wiki_missing.yaml").write_text((TASKS / "wiki_text.yaml").read_text().replace(
+        "task: wiki_text", "task: wiki_missing").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
+        "test: wiki_text.jsonl", f"test: {tmp_path / 'nope.jsonl'}"))
     assert_one_line_error(*evaluate(run, "--include-path", missing, "--tasks", "wiki_missing", "--out", new_out,
                                     capsys=capsys)[::2], "--tasks: wiki_missing: cannot be loaded", "nope.jsonl")
     assert_one_line_error(*evaluate(run, "--tasks", "piqa,,mmlu", "--out", new_out, capsys=capsys)[::2],
@@ -286,6 +307,27 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     assert_one_line_error(*evaluate(run, *OPTS, "--steps", "2-x", "--out", new_out, capsys=capsys)[::2],
                           "--steps: '2-x' is not a step")
     assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
+
+
+def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
+    """A task whose data are on the hub, with the hub unreachable (a closed local port as
+    HF_ENDPOINT) and an empty cache: one line saying why, no retries, nothing written."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "hub_task.yaml").write_text((TASKS / "wiki_text.yaml").read_text().replace(
+        "task: wiki_text", "task: hub_task").replace("dataset_path: json", "dataset_path: nobody/no-such-dataset").replace(
+        "custom_dataset: !function local_files.jsonl\n", ""))
+    run = tmp_path / "run"
+    (run / "checkpoint" / "step-0").mkdir(parents=True)
+    (run / "run.json").write_text('{"model_args": {}}')
+    proc = python_module("dispersion_titan.evaluate", str(run), "--include-path", str(tasks), "--tasks", "hub_task",
+                         env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"),
+                              "HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": ""},
+                         command_line=True, timeout=300)
+    assert_one_line_error(proc.returncode, proc.stderr, "--tasks: hub_task: cannot be loaded; not in the local Hugging "
+                          "Face cache, and the hub is not asked: 127.0.0.1:9 is unreachable from here")
+    assert "Retry" not in proc.stderr
+    assert sorted(p.name for p in run.rglob("*")) == ["checkpoint", "run.json", "step-0"]
 
 
 # ---------------------------------------------------------------- table
@@ -425,6 +467,8 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     assert_one_line_error(*evaluate("table", *runs, "--test", "z", "--out", out, capsys=capsys)[::2], "--test")
     assert_one_line_error(*evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2], "named twice")
     assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")
+    assert_one_line_error(*evaluate("table", str(tmp_path / "absent"), "--out", out, capsys=capsys)[::2],
+                          f"{tmp_path / 'absent'}: no such folder")
     other = read_json(fabricated["disp_s2"] / "evaluation" / "step-3" / "results.json")
     other["dispersion_titan"]["settings"] = {**SETTINGS, "limit": 100}
     (fabricated["disp_s2"] / "evaluation" / "step-3" / "results.json").write_text(json.dumps(other))

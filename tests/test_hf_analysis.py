@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 import transformers
 from scipy import stats
@@ -55,9 +56,10 @@ def tokenizer_files(tmp_path_factory) -> Path:
     return folder
 
 
-def save_model(folder: Path, cfg: transformers.PretrainedConfig, tokenizer_files: Path, seed: int = 0) -> Path:
+def save_model(folder: Path, cfg: transformers.PretrainedConfig, tokenizer_files: Path, seed: int = 0,
+               auto=transformers.AutoModelForCausalLM) -> Path:
     torch.manual_seed(seed)
-    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    auto.from_config(cfg).save_pretrained(folder)
     for f in tokenizer_files.iterdir():
         shutil.copy(f, folder / f.name)
     return folder
@@ -169,6 +171,10 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys)
     assert float(pair["delta_mean_cos_last_2"]) == pytest.approx(last2[2] - last2[0], abs=2e-6)
     png = (out / "family.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 20000
+    absent = tmp_path / "absent"
+    assert_one_line_error(*analyze("family", *specs, str(absent), "--out", tmp_path / "family2", capsys=capsys)[::2],
+                          f"{absent}: no such folder")
+    assert not (tmp_path / "family2").exists()
 
 
 def test_default_seq_len_is_the_models_positions(tokenizer_files, texts, tmp_path, capsys):
@@ -199,10 +205,43 @@ def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, 
     assert_one_line_error(*analyze(f"hf:{no_weights}", *options(texts), "--out", out, capsys=capsys)[::2],
                           f"hf:{no_weights}: cannot be loaded")
     assert_one_line_error(*analyze(f"hf:{no_weights}@missing", *options(texts), "--out", out, capsys=capsys)[::2],
-                          f"hf:{no_weights}@missing: cannot be loaded")
+                          f"hf:{no_weights}@missing: no such folder {no_weights / 'missing'}")
+    for folder in (str(tmp_path / "absent"), "./absent", "absent/a/b"):  # folders, not hub ids
+        assert_one_line_error(*analyze(f"hf:{folder}", *options(texts), "--out", out, capsys=capsys)[::2],
+                              f"hf:{folder}: no such folder {folder}")
     assert not list(out.glob("rev-*"))
     with pytest.raises(ModelLoadError, match=r"^hf:odd: unsupported architecture \(Sequential has no list of 2 "):
         decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2, "hf:odd")
+
+
+def test_models_it_cannot_measure_are_refused(tokenizer_files, texts, tmp_path, capsys):
+    """Encoders, encoder-decoders and checkpoints missing backbone weights: one line naming
+    the architecture and what is measured, nothing written; a checkpoint without an LM head
+    (which never runs) is measured."""
+    small = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "intermediate_size": 32, "max_position_embeddings": 64}
+    bert = save_model(tmp_path / "bert", transformers.BertConfig(**small), tokenizer_files, auto=transformers.AutoModel)
+    bart = save_model(tmp_path / "bart", transformers.BartConfig(
+        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64),
+        tokenizer_files, auto=transformers.AutoModelForSeq2SeqLM)
+    partial = save_model(tmp_path / "partial", config("gpt2", width=16, layers=1), tokenizer_files)
+    weights = safetensors.torch.load_file(partial / "model.safetensors")
+    del weights["transformer.h.0.mlp.c_fc.weight"]
+    safetensors.torch.save_file(weights, partial / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    supported = "analyze measures decoder-only causal language models"
+    for folder, said in ((bert, "BertModel (bert) is an encoder-only model"),
+                         (bart, "BartForConditionalGeneration (bart) is an encoder-decoder model"),
+                         (partial, "its weights do not load completely into GPT2LMHeadModel (gpt2): 1 weight(s) "
+                                   "missing from the checkpoint (e.g. transformer.h.0.mlp.c_fc.weight)")):
+        code, _, err = analyze(f"hf:{folder}", *options(texts), "--out", out, capsys=capsys)
+        assert_one_line_error(code, err, f"hf:{folder}: {said}", supported)
+        assert not [p for p in out.rglob("*") if p.is_file()]
+    headless = save_model(tmp_path / "headless", config("llama", width=16, layers=1), tokenizer_files,
+                          auto=transformers.AutoModel)
+    assert analyze(f"hf:{headless}", *options(texts), "--out", out, capsys=capsys)[0] == 0
+    assert load(out).layers[-1].name == "final_norm"
 
 
 # ---------------------------------------------------------------- geometry

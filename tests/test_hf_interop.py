@@ -160,11 +160,12 @@ def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path):
 
 
 def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
+    missing = tmp_path / "nope" / "checkpoint" / "step-3"
     with pytest.raises(SystemExit) as exit_info:
-        convert.main(["to-hf", str(tmp_path / "nope" / "checkpoint" / "step-3"), str(tmp_path / "out")])
+        convert.main(["to-hf", str(missing), str(tmp_path / "out")])
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "run.json: missing" in err[0]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"dispersion_titan: error: {missing}: no such folder (pass a run folder or one of its checkpoint/step-N)"]
     assert not (tmp_path / "out").exists()
 
 

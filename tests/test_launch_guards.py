@@ -175,3 +175,12 @@ def test_train_sh_checks_the_config_once_before_torchrun(finished_run):
     assert_one_line_error(proc.returncode, proc.stderr, "dispersion.variant: 'angular' is not one of")
     assert "torch.distributed" not in proc.stdout + proc.stderr and not proc.stdout.strip()
     assert digests(finished_run) == before
+
+
+def test_train_sh_help_prints_its_usage():
+    proc = subprocess.run([str(REPO / "launch" / "train.sh"), "--help"], capture_output=True, text=True,
+                          env=launch_env({"PYTHON": sys.executable}), timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "Train on this node:  launch/train.sh CONFIG [--section.key value ...]"
+    assert any(line.startswith("NPROC") for line in (line.strip() for line in lines)) and "#" not in proc.stdout

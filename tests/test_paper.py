@@ -27,7 +27,7 @@ from dispersion_titan.paper import main as paper_main
 from dispersion_titan.report.paper_artifacts.plan import MissingInput, build, check_devices
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 
-from helpers import absolute_lm_eval_tasks, assert_one_line_error, independent_states, plain_mean_cos, run_cli, \
+from helpers import LM_EVAL_TASKS, assert_one_line_error, independent_states, plain_mean_cos, run_cli, \
     texts_jsonl, tiny_run
 
 K, S = 4, 16
@@ -233,9 +233,8 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
 
 def test_table2_two_arms_two_seeds(tmp_path, capsys):
     runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"), 1)}
-    tasks = absolute_lm_eval_tasks(tmp_path / "tasks")
     code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
-                         "--include-path", tasks, "--tasks", "wiki_next_word", "--limit", "4",
+                         "--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4",
                          "--num-fewshot", "0", "--device", "cpu", "--out", tmp_path / "t2", capsys=capsys)
     assert code == 0, err
     table = json.loads((tmp_path / "t2" / "table2.json").read_text())
@@ -258,7 +257,7 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     p = stats.ttest_ind(averages[other["arm"]], averages[table["reference"]], equal_var=True).pvalue
     assert (other["p_value"] is None and np.isnan(p)) or other["p_value"] == pytest.approx(p, rel=1e-5)
     code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
-                         "--include-path", tasks, "--tasks", "wiki_next_word", "--limit", "4", "--num-fewshot", "0",
+                         "--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4", "--num-fewshot", "0",
                          "--device", "cpu", "--test", "welch", "--reference", "base", "--out", tmp_path / "t2w",
                          capsys=capsys)  # the evaluations are reused; only the table is made again
     welch = json.loads((tmp_path / "t2w" / "table2.json").read_text())

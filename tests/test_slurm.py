@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEBUG_TOML, REPO, absolute_lm_eval_tasks, launch_env, scalars
+from helpers import DEBUG_TOML, LM_EVAL_TASKS, REPO, launch_env, scalars
 
 pytestmark = pytest.mark.slow
 
@@ -179,8 +179,7 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     """A plain and a noisy-embedding cell; the evaluation jobs score the offline test
     tasks on CPU (this cluster has no GPU: --gpus=0 overrides evaluate.sbatch's --gpus=1)."""
     out = tmp_path / "sweep"
-    tasks = absolute_lm_eval_tasks(tmp_path / "lm_eval_tasks")
-    evaluate_args = f"--tasks wiki_next_word,wiki_text --include-path {tasks} --limit 8 --num-fewshot 1 --device cpu"
+    evaluate_args = f"--tasks wiki_next_word,wiki_text --include-path {LM_EVAL_TASKS} --limit 8 --num-fewshot 1 --device cpu"
     proc = subprocess.run(
         [sys.executable, "-m", "dispersion_titan.sweep", "--config", DEBUG_TOML, "--out", str(out),
          "--widths", "128", "--variants", "baseline,noisy_embedding", "--seeds", "0",

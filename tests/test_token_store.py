@@ -257,9 +257,15 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     store = tmp_path / "store"
     shutil.copytree(enwiki_store, store)
     before = folder_bytes(store)
-    assert "holds a token store of 'enwiki_sample' train made from other inputs" in cli_failure(
+    assert (f"--out: {store} holds a token store of 'enwiki_sample' train made from other inputs "
+            "(shard_documents 10 there vs 16384 here); choose another folder") in cli_failure(
         capsys, "enwiki_sample", "--out", str(store))
     assert folder_bytes(store) == before
+    assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path / "absent"), "--out", out) == (
+        f"dispersion_titan: error: --tokenizer: {tmp_path / 'absent'}: no such folder")
+    assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path), "--out", out) == (
+        f"dispersion_titan: error: --tokenizer: {tmp_path} has no tokenizer.json (the model's tokenizer)")
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- the real command lines

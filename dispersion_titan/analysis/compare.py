@@ -33,6 +33,8 @@ class RunResult:
 def analyses_folder(run: str) -> str:
     """``run`` is a condensation folder (of a run or of an ``hf:`` model), or a dump
     folder holding ``condensation/``."""
+    if not os.path.isdir(run):
+        raise AnalysisError(f"{run}: no such folder")
     for folder in (run, os.path.join(run, "condensation")):
         if any(glob.glob(os.path.join(folder, pattern, RESULT_FILE)) for pattern in ("step-*", "rev-*")):
             return folder

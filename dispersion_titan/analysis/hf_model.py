@@ -15,6 +15,10 @@ The decoder layers are found generically: the ``nn.ModuleList`` of ``num_hidden_
 modules holding the most parameters (``model.layers``, ``transformer.h``,
 ``gpt_neox.layers``, …). Only the backbone runs; the LM head never does.
 
+Only decoder-only causal LMs are measured: an encoder-only (BERT) or encoder-decoder (T5,
+BART) model is refused from its config, and a checkpoint whose backbone weights do not
+all load (transformers would fill the gaps at random) is refused after loading.
+
 ``hf:MODEL[@REV1,REV2,...]``: MODEL is a hub id or a local folder. Revisions of a hub
 model are hub revisions (branches, tags, commits); revisions of a local folder are its
 subfolders, ``hf:/path/olmo@stage1-step1000,stage1-step2000`` meaning
@@ -72,7 +76,22 @@ def parse_spec(text: str) -> HFSpec:
         raise ModelLoadError(f"{text}: expected hf:MODEL or hf:MODEL@REV1,REV2,...")
     if len(set(names)) < len(names):
         raise ModelLoadError(f"{text}: a revision is listed twice")
-    return HFSpec(os.path.abspath(model) if os.path.isdir(model) else model, names)
+    model = os.path.expanduser(model)
+    if os.path.isdir(model):
+        for revision in filter(None, names):
+            if not os.path.isdir(os.path.join(model, revision)):
+                raise ModelLoadError(f"{text}: no such folder {os.path.join(model, revision)}")
+        return HFSpec(os.path.abspath(model), names)
+    if _path_like(model):
+        raise ModelLoadError(f"{text}: no such folder {model}")
+    return HFSpec(model, names)
+
+
+def _path_like(model: str) -> bool:
+    """A folder, not a hub id (``namespace/name``): absolute or relative by its first
+    character, more than one ``/``, or under a folder that exists here."""
+    return (model.startswith(("/", ".", "~")) or model.count("/") > 1
+            or ("/" in model and os.path.isdir(model.split("/")[0])))
 
 
 def revision_step(revision: str | None, position: int) -> int:
@@ -93,11 +112,33 @@ def _loading(name: str) -> Iterator[None]:
 
 
 def load_config(spec: HFSpec, revision: str | None):
+    """The model's config, refused unless it describes a decoder-only causal LM."""
     from transformers import AutoConfig
 
     path, rev = spec.location(revision)
     with _loading(spec.name(revision)):
-        return AutoConfig.from_pretrained(path, revision=rev)
+        config = AutoConfig.from_pretrained(path, revision=rev)
+    _check_decoder_only(config, spec.name(revision))
+    return config
+
+
+def _architecture(config) -> str:
+    return f"{(config.architectures or [type(config).__name__])[0]} ({config.model_type})"
+
+
+def _check_decoder_only(config, name: str) -> None:
+    """Encoders see every position at once: their layers are not what a causal LM's are,
+    and ``AutoModelForCausalLM`` would put a random head on a BERT (``is_decoder`` off)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if config.is_encoder_decoder:
+        kind = "an encoder-decoder"
+    elif config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_decoder:
+        kind = "an encoder-only"
+    else:
+        return
+    raise ModelLoadError(f"{name}: {_architecture(config)} is {kind} model; "
+                         f"analyze measures decoder-only causal language models (GPT-2, Llama, Qwen, OLMo, …)")
 
 
 def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = False) -> Encode:
@@ -180,14 +221,44 @@ class HFLayers:
         sink("final_norm", output[0])
 
 
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' multi-line load report is replaced by ``_check_complete``'s one line."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _check_complete(model: nn.Module, info: dict, name: str) -> None:
+    """Every backbone weight came from the checkpoint in its shape, and every checkpoint
+    weight was used (a missing LM head is fine: it never runs)."""
+    backbone = {id(t) for t in model.base_model.state_dict(keep_vars=True).values()}
+    needed = {key for key, t in model.state_dict(keep_vars=True).items() if id(t) in backbone}
+    problems = {"missing from the checkpoint": sorted(set(info["missing_keys"]) & needed),
+                "in the checkpoint but not in the model": sorted(info["unexpected_keys"]),
+                "of another shape": sorted(key for key, *_shapes in info["mismatched_keys"])}
+    said = [f"{len(keys)} weight(s) {what} (e.g. {keys[0]})" for what, keys in problems.items() if keys]
+    if said:
+        raise ModelLoadError(f"{name}: its weights do not load completely into {type(model).__name__} "
+                             f"({model.config.model_type}): {'; '.join(said)}; analyze measures decoder-only "
+                             f"causal language models whose checkpoint holds every weight they use")
+
+
 def load_model(spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device,
                device_map: str | None) -> HFLayers:
     """The model's weights in ``dtype``, on ``device`` or spread by ``device_map``, in eval mode."""
     path, rev = spec.location(revision)
     config = load_config(spec, revision)
     placement = {"device_map": device_map} if device_map else {}
-    with _loading(spec.name(revision)):
-        model = _auto_class(config).from_pretrained(path, revision=rev, dtype=dtype, **placement)
+    with _loading(spec.name(revision)), _quiet_transformers():
+        model, info = _auto_class(config).from_pretrained(path, revision=rev, dtype=dtype, output_loading_info=True,
+                                                          ignore_mismatched_sizes=True, **placement)
+    _check_complete(model, info, spec.name(revision))
     if not device_map:
         model = model.to(device)
     return HFLayers(model.eval(), spec.name(revision))

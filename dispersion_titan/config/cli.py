@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 try:
     import tomllib
@@ -10,6 +11,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from ..utils.errors import ArgumentError, fail
+from .schema import JobConfig
 
 CONFIG_MODULE = "dispersion_titan.config"  # TorchTitan's job.custom_config_module: our JobConfig
 
@@ -29,10 +31,39 @@ def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
     return None
 
 
+def config_file(args: list[str]) -> str | None:
+    """The path given to ``--job.config_file``."""
+    return _flag_value(args, _CONFIG_FILE_FLAGS)
+
+
 def load_toml(args: list[str]) -> dict:
     """The TOML named by ``--job.config_file`` ({} without one), with one-line errors."""
-    path = _flag_value(args, _CONFIG_FILE_FLAGS)
+    path = config_file(args)
     return {} if path is None else read_toml(path, "--job.config_file")
+
+
+HELP_FLAGS = ("-h", "--help")
+HELP_ALL_FLAG = "--help-all"
+
+
+def train_usage() -> str:
+    """``train --help``: how to call it and the keys this package adds, without importing
+    TorchTitan (``--help-all`` shows every key, TorchTitan's too)."""
+    sections = "\n".join(f"  [{section.name}] " + " ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(
+        section.type)) for section in dataclasses.fields(JobConfig))
+    return f"""usage: python -m dispersion_titan.train --job.config_file FILE.toml [--SECTION.KEY VALUE ...] [--check-only]
+       bash launch/train.sh FILE.toml [--SECTION.KEY VALUE ...]   (torchrun on this node's GPUs)
+
+Trains with TorchTitan. Every key of FILE.toml, TorchTitan's and ours, can be overridden
+on the command line as --SECTION.KEY VALUE.
+
+  --check-only  check the configuration for WORLD_SIZE processes and stop
+  {HELP_ALL_FLAG}    every section and key with its default and description (imports TorchTitan)
+
+Keys this package adds, with their defaults:
+{sections}
+
+Documentation: docs/training.md"""
 
 
 def read_toml(path: str, field: str) -> dict:

@@ -59,12 +59,29 @@ _IN_FLIGHT_PER_WORKER = 2  # shards read ahead per worker: bounds the texts held
 _RECORD_KEYS = ("file", "tokens", "documents", "sha256")
 
 
-def prepare_key(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2) -> str:
-    """What a store's shards depend on: a rerun reuses only shards made with its key."""
-    text = json.dumps({"format": FORMAT, "version": VERSION, "source": source, "tokenizer": tokenizer_stamp(encoder),
-                       "documents_version": DOCUMENTS_VERSION, "dtype": token_dtype(encoder).name,
-                       "shard_documents": shard_documents}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2) -> dict[str, Any]:
+    """What a store's shards depend on, each recorded under its name in the manifest."""
+    return {"format": FORMAT, "version": VERSION, "source": source, "tokenizer": tokenizer_stamp(encoder),
+            "documents_version": DOCUMENTS_VERSION, "dtype": token_dtype(encoder).name,
+            "shard_documents": shard_documents}
+
+
+def prepare_key(inputs: dict[str, Any]) -> str:
+    """The digest of ``key_inputs``: a rerun reuses only shards made with its key."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _flat(value: Any, name: str = "") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        return {name: value}
+    return {k: v for key, item in value.items() for k, v in _flat(item, f"{name}.{key}" if name else key).items()}
+
+
+def _differing(manifest: dict[str, Any], inputs: dict[str, Any]) -> str:
+    """``key value there vs value here`` for each input in which the store differs."""
+    there, here = _flat({k: manifest.get(k) for k in inputs}), _flat(json.loads(json.dumps(inputs, default=str)))
+    return "; ".join(f"{k} {there.get(k)!r} there vs {here.get(k)!r} here"
+                     for k in sorted(there.keys() | here.keys()) if there.get(k) != here.get(k))
 
 
 def _record_path(out: str, index: int) -> str:
@@ -103,9 +120,10 @@ def verified_shard(out: str, index: int, documents: int, key: str, itemsize: int
     return {k: record[k] for k in _RECORD_KEYS}
 
 
-def _claim(out: str, key: str) -> None:
-    """Create ``out``; refuse a folder holding another prepare's store or shards (a
-    different source, tokenizer or shard size): nothing is ever deleted."""
+def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
+    """Create ``out``; refuse a folder holding another prepare's store (naming the inputs
+    that differ) or shards (a different source, tokenizer or shard size): nothing is ever
+    deleted."""
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
@@ -117,7 +135,8 @@ def _claim(out: str, key: str) -> None:
         if manifest.get("key") != key:
             source = manifest["source"]
             raise DataConfigError(f"--out: {out} holds a token store of {source.get('dataset')!r} "
-                                  f"{source.get('split')} made from other inputs; choose another folder")
+                                  f"{source.get('split')} made from other inputs ({_differing(manifest, inputs)}); "
+                                  "choose another folder")
     for path in sorted(glob.glob(os.path.join(out, "shard-*.json"))):
         try:
             with open(path, "rb") as f:
@@ -134,8 +153,9 @@ def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, w
                 encoder: DocumentEncoder = GPT2) -> dict[str, Any]:
     """Tokenise ``documents`` into the store at ``out`` (finishing a partial one there);
     return its manifest. ``source`` describes the documents (dataset, split, path, ...)."""
-    key = prepare_key(source, shard_documents, encoder)
-    _claim(out, key)
+    inputs = key_inputs(source, shard_documents, encoder)
+    key = prepare_key(inputs)
+    _claim(out, inputs, key)
     documents = iter(documents)
     chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])
     records: list[dict[str, Any] | AsyncResult] = []
@@ -191,7 +211,7 @@ def resolve_source(target: str, split: str, dataset_path: str | None,
     """(dataset, path, config field, encoder) named by CONFIG_OR_DATASET: a training TOML's
     ``[training]`` (train) or ``[validation]`` section and its ``[model]``'s tokenizer, or a
     registered dataset name and ``--tokenizer`` (GPT-2's BPE without it)."""
-    chosen = None if tokenizer is None else hf_tokenizer(tokenizer)
+    chosen = None if tokenizer is None else hf_tokenizer(tokenizer, "--tokenizer")
     if target in CORPORA:
         return target, dataset_path, "--dataset", chosen or GPT2
     if not (target.endswith(".toml") or os.path.isfile(target)):

@@ -158,14 +158,14 @@ class RunEvaluation:
         return merged
 
     def _write_summary(self) -> None:
-        """``summary.csv`` over every step evaluated with these settings."""
+        """``summary.csv`` over every step evaluated in the folder, whatever its settings."""
         results = read_evaluations(self.out)
-        matching = [r for r in results.values() if settings(r) == self.settings]
-        if len(matching) < len(results):
-            print(f"note: {len(results) - len(matching)} older evaluations in {self.out} used other settings "
-                  "and are left out of the summary")
-        if matching:
-            print(f"results: {write_summary(self.out, matching)}")
+        other = sorted(step for step, result in results.items() if settings(result) != self.settings)
+        if other:
+            print(f"note: step(s) {other} in {self.out} were evaluated with other settings (tasks, shots, limit "
+                  "or dtype); summary.csv keeps their rows, and each step-N/results.json its settings")
+        if results:
+            print(f"results: {write_summary(self.out, list(results.values()))}")
 
 
 def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:

@@ -31,6 +31,8 @@ from .step_results import OURS, RESULT_FILE, differences, read_evaluations, resu
 
 def evaluation_folder(run: str) -> str:
     """``run`` is an evaluation folder, or a dump folder holding ``evaluation/``."""
+    if not os.path.isdir(run):
+        raise EvaluationError(f"{run}: no such folder")
     folder = find_results_folder(run, "evaluation", RESULT_FILE)
     if folder is None:
         raise EvaluationError(f"{run}: no evaluations here or in {os.path.join(run, 'evaluation')} "

@@ -37,7 +37,9 @@ def resolve_step_dir(path: str) -> str:
     """``path`` itself when it is one checkpoint; for a run (dump or checkpoint folder), its
     newest complete checkpoint, announced on stderr."""
     path = path.rstrip("/")
-    if _is_step_dir(path) or not os.path.isdir(path):
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: no such folder (pass a run folder or one of its checkpoint/step-N)")
+    if _is_step_dir(path):
         return path
     for checkpoint in reversed(list_checkpoints(find_checkpoint_folder(path))):
         try:

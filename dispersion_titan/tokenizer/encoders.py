@@ -79,6 +79,8 @@ class HFTokenizerFile(DocumentEncoder):
 
         self.name = os.path.abspath(folder)
         path = os.path.join(self.name, TOKENIZER_FILE)
+        if not os.path.isdir(self.name):
+            raise ConfigError(f"{field}: {folder}: no such folder")
         if not os.path.isfile(path):
             raise ConfigError(f"{field}: {folder} has no {TOKENIZER_FILE} (the model's tokenizer)")
         with open(path, "rb") as f:
@@ -119,8 +121,9 @@ def _special_token(config: dict[str, Any], key: str) -> str | None:
 
 
 @functools.cache
-def hf_tokenizer(folder: str) -> HFTokenizerFile:
-    return HFTokenizerFile(folder)
+def hf_tokenizer(folder: str, field: str = "model.hf_assets_path") -> HFTokenizerFile:
+    """``field``: the option or config key that named ``folder``, for error messages."""
+    return HFTokenizerFile(folder, field)
 
 
 def encoder_named(name: str) -> DocumentEncoder:

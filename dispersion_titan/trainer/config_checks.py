@@ -7,12 +7,9 @@ dump folder.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import types
-import typing
-from typing import Any, Literal
+from typing import Any
 
 from torchtitan.config import JobConfig
 
@@ -34,46 +31,6 @@ from ..tokenizer.hf_assets import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
-
-
-def _matches(value: Any, annotation: Any) -> bool:
-    origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return True
-    if origin is Literal:
-        return value in typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(annotation))
-    if origin is list:
-        (item,) = typing.get_args(annotation) or (Any,)
-        return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if annotation is type(None):
-        return value is None
-    if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(annotation, type):
-        return isinstance(value, annotation)
-    return True  # annotations we do not model are left to TorchTitan
-
-
-def check_toml_types(config_cls: type, values: dict[str, Any], prefix: str = "") -> None:
-    """TorchTitan builds dataclasses from TOML without checking types; do it here."""
-    hints = typing.get_type_hints(config_cls)
-    known = {f.name for f in dataclasses.fields(config_cls)}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if key not in known:
-            raise ConfigError(f"{name}: unknown field")
-        annotation = hints[key]
-        if dataclasses.is_dataclass(annotation):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{name}: expected a [{name}] table, got {value!r}")
-            check_toml_types(annotation, value, prefix=f"{name}.")
-        elif not _matches(value, annotation):
-            expected = getattr(annotation, "__name__", str(annotation))
-            raise ConfigError(f"{name}: expected {expected}, got {value!r}")
 
 
 def check_dispersion(config: JobConfig, n_layers: int) -> None:
