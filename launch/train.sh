@@ -51,8 +51,10 @@ if [ -n "${RDZV_ID:-}" ]; then rdzv_id=(--rdzv_id "$RDZV_ID"); fi
 # torchrun would die of the preemption signal (default action); ignoring it here is
 # inherited by torchrun, while each training rank installs its own handler
 # (dispersion_titan/trainer/preemption.py), so signalling every process of the job is safe.
+# SIGINT and SIGTERM reach torchrun, which forwards them to the ranks: they save and stop.
+# torchrun runs through dispersion_titan/trainer/launcher.py, which ends it in one line.
 trap '' "$PREEMPT_SIGNAL"
-exec "$python" -m torch.distributed.run \
+exec "$python" -m dispersion_titan.trainer.launcher \
     --nnodes "$nnodes" --nproc_per_node "$nproc" \
     --rdzv_backend c10d --rdzv_endpoint "${RDZV_ENDPOINT:-localhost:0}" "${rdzv_id[@]}" \
     "${rank_filter[@]}" --role rank --tee 3 \

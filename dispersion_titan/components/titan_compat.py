@@ -296,7 +296,7 @@ def save_full_checkpoint(checkpointer: Any, step: int) -> None:
         checkpointer.save(curr_step=step, last_step=True)
 
 
-def on_save_error(checkpointer: Any, handler: Callable[[int, Exception], None]) -> None:
+def on_save_error(checkpointer: Any, handler: Callable[[int, BaseException], None]) -> None:
     """Call ``handler(step, error)`` when a save of ``checkpointer`` fails, before the error
     goes on (the handler may raise another in its place).
 
@@ -304,13 +304,15 @@ def on_save_error(checkpointer: Any, handler: Callable[[int, Exception], None]) 
     (interval and last step) and ``main()`` (seed checkpoint), and ours; the method is
     wrapped on this instance only, synchronous saves raise there.
     """
+    from torch.distributed.checkpoint.api import CheckpointException  # DCP's, a BaseException
+
     save = checkpointer.save
 
     @functools.wraps(save)
     def save_or_report(curr_step: int, *args: Any, **kwargs: Any) -> Any:
         try:
             return save(curr_step, *args, **kwargs)
-        except Exception as e:
+        except (Exception, CheckpointException) as e:
             handler(curr_step, e)
             raise
 

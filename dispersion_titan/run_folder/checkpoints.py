@@ -206,6 +206,13 @@ def _is_complete(step_dir: str) -> bool:
     return True
 
 
+def last_complete_step(folder: str, before: int | None = None) -> int | None:
+    """The newest step of ``folder`` whose checkpoint is complete (below ``before`` if given), or None."""
+    steps = [c.step for c in list_checkpoints(folder)] if os.path.isdir(folder) else []
+    return max((s for s in steps if (before is None or s < before)
+                and _is_complete(os.path.join(folder, f"step-{s}"))), default=None)
+
+
 def plan_resume(folder: str, steps: int, data_parallel_degree: int, load_step: int = -1) -> int | None:
     """Decide, before any process group starts, how a relaunch into ``folder`` goes on.
 
