@@ -93,18 +93,30 @@ def with_local_assets(args: list[str], job_config) -> list[str]:
     return [*args, "--model.hf_assets_path", local_assets(path, "model.hf_assets_path")]
 
 
-def resume_step(job_config) -> int | None:
-    """The checkpoint step to load when TorchTitan's choice (the newest) is not the one; see
-    ``checkpoints.plan_resume``. Raises ``RunFinished`` when there is nothing to do."""
-    from dispersion_titan.run_folder.checkpoints import plan_resume
+def check_run_folder(job_config) -> None:
+    """Refuse a relaunch that changes the recorded settings or would save over a step checkpoint
+    (``run_folder.settings``, ``checkpoints.check_resume``); ``RunFinished`` when there is nothing to do."""
+    from dispersion_titan.run_folder.checkpoints import check_resume
+    from dispersion_titan.run_folder.settings import check_same_settings
+
+    check_same_settings(job_config.job.dump_folder, job_config)
+    ckpt = job_config.checkpoint
+    if ckpt.enable:
+        check_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.training.steps,
+                     _data_parallel_degree(job_config), ckpt.load_step)
+
+
+def _data_parallel_degree(job_config) -> int:
     from dispersion_titan.trainer.config_checks import data_parallel_degree
 
-    ckpt = job_config.checkpoint
-    if not ckpt.enable:
-        return None
-    dp = data_parallel_degree(job_config, int(os.environ.get("WORLD_SIZE", "1")))
-    return plan_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.training.steps,
-                       dp, ckpt.load_step)
+    return data_parallel_degree(job_config, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def with_fork(args: list[str], job_config) -> list[str]:
+    """``args`` plus the checkpoint options that start a fork (``job.fork_from``) from its source."""
+    from dispersion_titan.run_folder.settings import fork_arguments
+
+    return [*args, *fork_arguments(job_config, _data_parallel_degree(job_config))]
 
 
 def _launch_check_process() -> bool:
@@ -155,15 +167,16 @@ def main() -> None:
         ConfigManager().parse_args(args)  # prints the help of every section and exits
     try:
         job_config = validated_args(args)
-        fetched = with_local_assets(args, job_config)
-        if fetched is not args:  # now checked against the fetched tokenizer too
-            args = fetched
-            titan_compat.use_command_line(args)
-            job_config = validated_args(args)
+        for extend in (with_local_assets, with_fork):
+            extended = extend(args, job_config)
+            if extended != args:  # now checked with the fetched tokenizer, or the fork's checkpoint
+                args = extended
+                titan_compat.use_command_line(args)
+                job_config = validated_args(args)
         check_gpus_usable()
         if _launch_check_process():
             refuse_if_busy(job_config.job.dump_folder)
-        load_step = resume_step(job_config)
+        check_run_folder(job_config)
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
         sys.exit(NOTHING_TO_DO if check_only else e.status)
@@ -171,8 +184,6 @@ def main() -> None:
         fail(str(e).splitlines()[0])
     if check_only:
         return
-    if load_step is not None:
-        titan_compat.use_command_line([*args, "--checkpoint.load_step", str(load_step)])
 
     import torchtitan.train
 

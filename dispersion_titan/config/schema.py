@@ -1,5 +1,6 @@
 """Extra TOML fields, merged by TorchTitan into its JobConfig via ``job.custom_config_module``.
 
+``[job]`` gains ``fork_from`` (branch a new run from another run's checkpoint);
 ``[model]`` gains shape overrides (0 or unset keeps the flavor's value; ``models.flavors``
 maps them to each family's fields);
 ``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones;
@@ -9,6 +10,13 @@ command line as ``--section.key value``.
 """
 
 from dataclasses import dataclass, field
+
+
+@dataclass
+class Job:
+    fork_from: str = ""
+    """RUN[@STEP]: start this new, empty job.dump_folder from run folder RUN's checkpoint at STEP
+    (default: its newest full checkpoint), with settings of its own; RUN is never written."""
 
 
 @dataclass
@@ -109,6 +117,7 @@ class Checkpoint:
 
 @dataclass
 class JobConfig:
+    job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
     training: Training = field(default_factory=Training)
     validation: Validation = field(default_factory=Validation)

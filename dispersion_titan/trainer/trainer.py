@@ -21,6 +21,7 @@ from ..components import titan_compat
 from ..components.optimizers import baseline_settings
 from ..data.packed import run_encoder, run_seed
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
+from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
 from ..utils.errors import NonFiniteLossError
 from .baselines import build_baseline
@@ -77,6 +78,7 @@ class DispersionTrainer(titan_compat.trainer_class()):
     def __init__(self, job_config) -> None:
         # Derived per-rank batch sizes, exactly as the launch-time check computed them.
         resolve_batch_sizes(job_config, data_parallel_degree(job_config, int(os.environ["WORLD_SIZE"])))
+        settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
         self.writer_lock = _take_writer_lock(job_config.job.dump_folder)
         try:
             with baseline_settings(job_config.baseline):  # active forgetting's embedding param group
@@ -108,7 +110,8 @@ class DispersionTrainer(titan_compat.trainer_class()):
             save_run_metadata(job_config.job.dump_folder, job_config.model.name, self.model_args,
                               dataclasses.asdict(job_config.dispersion), seed,
                               baseline=dataclasses.asdict(job_config.baseline),
-                              tokenizer=run_encoder(job_config).name)
+                              tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps,
+                              settings=settings, forked_from=fork_record(job_config))
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0
