@@ -187,6 +187,7 @@ def main() -> None:
 
     import torchtitan.train
 
+    from dispersion_titan.trainer.preemption import stopping_signal
     from dispersion_titan.trainer.trainer import DispersionTrainer
 
     _default_to_single_process()
@@ -194,6 +195,12 @@ def main() -> None:
         torchtitan.train.main(DispersionTrainer)
     except DispersionTitanError as e:  # e.g. a hub dataset unreachable once the job runs
         fail_with(e)
+    except Exception:
+        # torchrun stops the other ranks with SIGTERM when one fails (it names that one); their
+        # collectives with it then fail too, which is no news: leave without a traceback.
+        if stopping_signal():
+            sys.exit(128 + stopping_signal())
+        raise
 
 
 if __name__ == "__main__":

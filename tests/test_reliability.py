@@ -116,7 +116,7 @@ def in_the_background_of_a_script(dump: Path) -> subprocess.CompletedProcess:
     of ``torchrun(dump, 2, ...)``."""
     argv = ["--job.dump_folder", str(dump), "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, "--training.steps",
             str(STEPS), *SCHEDULE]
-    script = 'launch/train.sh "$@" & grep SigIgn /proc/$!/status; wait $!'
+    script = '{ grep SigIgn /proc/$BASHPID/status; exec launch/train.sh "$@"; } & wait $!'
     return subprocess.run(["bash", "-c", script, "script", DEBUG_TOML, *argv], cwd=REPO,
                           env=launch_env({"NPROC": "2"}), capture_output=True, text=True, timeout=600)
 

@@ -57,6 +57,14 @@ def parse_signal(name: str) -> signal.Signals:
         raise ValueError(f"{SIGNAL_ENV}: {name!r} is not a signal name such as USR1") from None
 
 
+_received: list[int] = []  # every signal this process's handlers saw, in order
+
+
+def stopping_signal() -> int:
+    """The first stop signal this process received (0: none)."""
+    return _received[0] if _received else 0
+
+
 def interrupted_exit_code(signum: int) -> int:
     return 128 + signum
 
@@ -85,6 +93,7 @@ class Preemption:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         # Only a flag: the training step in progress must finish first.
+        _received.append(signum)
         now = time.monotonic()
         if self.received is None:
             self.received, self._received_at = signal.Signals(signum), now
