@@ -202,6 +202,25 @@ def test_interrupt_saves_says_one_line_and_resumes_exactly(reference, tmp_path, 
 
 
 @pytest.mark.slow
+def test_interrupt_without_checkpointing_says_so(tmp_path):
+    """Ctrl-C of a one-process run without checkpointing: it stops at the next step in one line."""
+    dump, log = tmp_path / "nockpt", tmp_path / "stdout"
+    with open(log, "w") as stdout:
+        job = subprocess.Popen([sys.executable, "-m", "dispersion_titan.train", "--job.config_file", DEBUG_TOML,
+                                "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--training.steps", "100",
+                                "--metrics.log_freq", "1", "--checkpoint.no-enable", "--validation.no-enable"],
+                               cwd=REPO, env=launch_env(), stdout=stdout, stderr=subprocess.PIPE, text=True)
+        while not re.search(r"step:\s+2\s", log.read_text()) and job.poll() is None:
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=300)
+    assert job.returncode == 130 and "Traceback" not in err + log.read_text()
+    assert re.fullmatch(r"dispersion_titan: interrupted at step \d+; checkpointing is off, nothing saved",
+                        err.strip().splitlines()[-1]), err[-2000:]
+    assert not (dump / "checkpoint").exists()
+
+
+@pytest.mark.slow
 def test_failed_checkpoint_write_is_one_line_and_keeps_earlier_checkpoints(tmp_path):
     """A write that fails mid-save (here the file size limit, RLIMIT_FSIZE, lowered on the
     running process once step-2 is on disk: EFBIG, as ENOSPC and EDQUOT would be) ends the run
