@@ -187,7 +187,7 @@ def main() -> None:
 
     import torchtitan.train
 
-    from dispersion_titan.trainer.preemption import stopping_signal
+    from dispersion_titan.trainer.preemption import secondary_failure_status
     from dispersion_titan.trainer.trainer import DispersionTrainer
 
     _default_to_single_process()
@@ -195,12 +195,11 @@ def main() -> None:
         torchtitan.train.main(DispersionTrainer)
     except DispersionTitanError as e:  # e.g. a hub dataset unreachable once the job runs
         fail_with(e)
-    except Exception:
-        # torchrun stops the other ranks with SIGTERM when one fails (it names that one); their
-        # collectives with it then fail too, which is no news: leave without a traceback.
-        if stopping_signal():
-            sys.exit(128 + stopping_signal())
-        raise
+    except Exception as e:
+        status = secondary_failure_status(e)  # another rank failed first, or the job is being stopped
+        if status is None:
+            raise
+        sys.exit(status)
 
 
 if __name__ == "__main__":

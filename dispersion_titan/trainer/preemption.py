@@ -57,12 +57,22 @@ def parse_signal(name: str) -> signal.Signals:
         raise ValueError(f"{SIGNAL_ENV}: {name!r} is not a signal name such as USR1") from None
 
 
-_received: list[int] = []  # every signal this process's handlers saw, in order
+_interrupts: list[int] = []  # the SIGINT and SIGTERM this process's handlers saw, in order
 
 
-def stopping_signal() -> int:
-    """The first stop signal this process received (0: none)."""
-    return _received[0] if _received else 0
+# What gloo says in the collectives of a rank whose peer process is gone.
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
+
+
+def secondary_failure_status(error: BaseException) -> int | None:
+    """The exit status for an error that only follows from the job being stopped, None for
+    any other. When one rank fails, the others' collectives with it fail, and torchrun stops
+    them with SIGTERM; the launcher (``trainer/launcher.py``) and torchrun's error file name
+    the rank that failed first, so these ranks leave without a traceback of their own."""
+    if _interrupts:
+        return interrupted_exit_code(_interrupts[0])
+    lost = isinstance(error, dist.DistError) or any(text in str(error) for text in PEER_GONE)
+    return 1 if lost and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
 
 
 def interrupted_exit_code(signum: int) -> int:
@@ -93,7 +103,8 @@ class Preemption:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         # Only a flag: the training step in progress must finish first.
-        _received.append(signum)
+        if signum in INTERRUPT_SIGNALS:
+            _interrupts.append(signum)
         now = time.monotonic()
         if self.received is None:
             self.received, self._received_at = signal.Signals(signum), now
