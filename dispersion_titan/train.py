@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
 import socket
 import sys
 
@@ -139,7 +140,17 @@ def _default_to_single_process() -> None:
         os.environ.setdefault(key, value)
 
 
+def _stop_before_training(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM before the trainer installs its own handlers (``trainer/preemption.py``):
+    one line instead of a KeyboardInterrupt traceback; nothing was saved yet."""
+    if os.environ.get("RANK", "0") == "0":
+        print("dispersion_titan: interrupted before training started; nothing saved", file=sys.stderr, flush=True)
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):  # also where a background job inherited SIG_IGN
+        signal.signal(signum, _stop_before_training)
     argv = sys.argv[1:]
     check_only = CHECK_ONLY in argv
     if any(a in HELP_FLAGS for a in argv):
@@ -183,6 +194,7 @@ def main() -> None:
 
     import torchtitan.train
 
+    from dispersion_titan.trainer.preemption import secondary_failure_status
     from dispersion_titan.trainer.trainer import DispersionTrainer
 
     _default_to_single_process()
@@ -190,6 +202,11 @@ def main() -> None:
         torchtitan.train.main(DispersionTrainer)
     except DispersionTitanError as e:  # e.g. a hub dataset unreachable once the job runs
         fail_with(e)
+    except Exception as e:
+        status = secondary_failure_status(e)  # another rank failed first, or the job is being stopped
+        if status is None:
+            raise
+        sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,9 @@
 # The configuration is checked once, in one process, for NNODES x NPROC processes before
 # torchrun starts: bad input ends in one line and exit status 2; a run that already
 # reached training.steps ends in one line and exit status 0.
+# Exit status of a run (docs/reliability.md): 0 done; 130/143 stopped by SIGINT/SIGTERM
+# (checkpoint saved); 75 preempted (PREEMPT_SIGNAL); 74 a checkpoint write failed; 3 non-finite
+# loss; 137 a rank was SIGKILLed (most likely the OOM killer); 1 any other failure.
 set -euo pipefail
 LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$LAUNCH_DIR/common.sh"
@@ -55,8 +58,10 @@ if [ -n "${RDZV_ID:-}" ]; then rdzv_id=(--rdzv_id "$RDZV_ID"); fi
 # torchrun would die of the preemption signal (default action); ignoring it here is
 # inherited by torchrun, while each training rank installs its own handler
 # (dispersion_titan/trainer/preemption.py), so signalling every process of the job is safe.
+# SIGINT and SIGTERM reach torchrun, which forwards them to the ranks: they save and stop.
+# torchrun runs through dispersion_titan/trainer/launcher.py, which ends it in one line.
 trap '' "$PREEMPT_SIGNAL"
-exec "$python" -m torch.distributed.run \
+exec "$python" -m dispersion_titan.trainer.launcher \
     --nnodes "$nnodes" --nproc_per_node "$nproc" \
     --rdzv_backend c10d --rdzv_endpoint "${RDZV_ENDPOINT:-localhost:0}" "${rdzv_id[@]}" \
     "${rank_filter[@]}" --role rank --tee 3 \

@@ -102,13 +102,14 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
     """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
 
     By default the job is forked from the session's launch server (``tests/zygote.py``:
-    torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs
-    ``python -m torch.distributed.run -m dispersion_titan.train`` itself, for tests that
-    look at its processes or its prefixed output."""
+    torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs torchrun
+    as ``launch/train.sh`` does (``python -m dispersion_titan.trainer.launcher -m
+    dispersion_titan.train``: torchrun with a one-line ending), for tests that look at its
+    processes, signal them or read its prefixed output."""
     argv = ["--job.config_file", config, "--job.dump_folder", str(dump), "--metrics.log_freq", "1",
             *(DEBUG_SEQ_LEN if config == DEBUG_TOML else ()), *overrides]
     if command_line:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        cmd = [sys.executable, "-m", "dispersion_titan.trainer.launcher", f"--nproc_per_node={nproc}",
                "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0",
                "--role=rank", "--tee=3", "-m", "dispersion_titan.train", *argv]
         proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,17 +24,21 @@ import pytest
 import torch
 
 from dispersion_titan.analyze import main as analyze_main
-from dispersion_titan.run_folder.checkpoints import CheckpointError, check_complete, list_checkpoints
+from dispersion_titan.run_folder.checkpoints import CheckpointError, check_complete, is_full, list_checkpoints
 from dispersion_titan.train import validated_args
+from dispersion_titan.trainer.launcher import oom_message
 from dispersion_titan.utils.errors import ArgumentError
 from dispersion_titan.utils.errors import ConfigError
 from helpers import (
+    DEBUG_SEQ_LEN,
     DEBUG_TOML,
+    REPO,
     REFERENCE_STEPS,
     SCHEDULE,
     analyze,
     assert_one_line_error,
     digests,
+    launch_env,
     load_weights,
     max_abs_diff,
     python_module,
@@ -86,34 +93,68 @@ def worker_pid(dump: Path, rank: int) -> int | None:
         except OSError:  # exited meanwhile
             continue
         if (str(dump).encode() in cmdline and b"dispersion_titan.train" in cmdline
-                and b"torch.distributed.run" not in cmdline and f"RANK={rank}".encode() in environ):
+                and b"dispersion_titan.trainer.launcher" not in cmdline and f"RANK={rank}".encode() in environ):
             return int(entry)
     return None
 
 
-def launch_and_kill_rank1(dump: Path, after_step: int):
-    """Start the run, SIGKILL rank 1 once ``step-{after_step}`` is complete on disk."""
+def launcher_pid(dump: Path) -> int | None:
+    """The launcher (torchrun) of the job writing ``dump``."""
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(dump).encode() in cmdline and b"dispersion_titan.trainer.launcher" in cmdline:
+            return int(entry)
+    return None
+
+
+def in_the_background_of_a_script(dump: Path) -> subprocess.CompletedProcess:
+    """``launch/train.sh`` on 2 processes as a script's background job (job control off: bash
+    starts it with SIGINT ignored, which its first line of output shows), with the settings
+    of ``torchrun(dump, 2, ...)``."""
+    argv = ["--job.dump_folder", str(dump), "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, "--training.steps",
+            str(STEPS), *SCHEDULE]
+    script = '{ grep SigIgn /proc/$BASHPID/status; exec launch/train.sh "$@"; } & wait $!'
+    return subprocess.run(["bash", "-c", script, "script", DEBUG_TOML, *argv], cwd=REPO,
+                          env=launch_env({"NPROC": "2"}), capture_output=True, text=True, timeout=600)
+
+
+def launch_and_signal(dump: Path, after_step: int, signum: int, target, run=None):
+    """Start the run (``run(dump)``, default: torchrun on 2 processes), send ``signum`` to
+    ``target(dump)`` once ``step-{after_step}`` is complete on disk; the finished process,
+    and the digests of the checkpoints complete at that moment."""
     result = {}
     # The command line itself: the workers are found by their command line.
-    job = threading.Thread(target=lambda: result.update(proc=torchrun(dump, 2, "--training.steps", str(STEPS),
-                                                                      *SCHEDULE, check=False, command_line=True)))
+    run = run or (lambda d: torchrun(d, 2, "--training.steps", str(STEPS), *SCHEDULE, check=False,
+                                     command_line=True))
+    job = threading.Thread(target=lambda: result.update(proc=run(dump)))
     job.start()
     marker = dump / "checkpoint" / f"step-{after_step}" / ".metadata"
     deadline = time.monotonic() + 600
     while not marker.exists() and job.is_alive() and time.monotonic() < deadline:
         time.sleep(0.02)
-    pid = worker_pid(dump, 1) if job.is_alive() else None
+    pid = target(dump) if job.is_alive() else None
     assert pid is not None, f"the run ended before step {after_step} was saved: {result}"
-    os.kill(pid, signal.SIGKILL)
+    kept = {step: digests(dump / "checkpoint" / f"step-{step}") for step in range(after_step + 1)
+            if (dump / "checkpoint" / f"step-{step}" / ".metadata").exists()}
+    os.kill(pid, signum)
     job.join()
-    return result["proc"]
+    return result["proc"], kept
+
+
+def last_line(proc) -> str:
+    return proc.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
 def test_sigkilled_rank_resumes_from_last_complete_checkpoint_bit_for_bit(reference, tmp_path):
     dump = tmp_path / "crashed"
-    killed = launch_and_kill_rank1(dump, after_step=4)
-    assert killed.returncode != 0
+    killed, _ = launch_and_signal(dump, 4, signal.SIGKILL, lambda d: worker_pid(d, 1))
+    # The launcher names the likely cause in one line: the kernel's OOM killer sends SIGKILL.
+    assert killed.returncode == 137 and last_line(killed) == oom_message(1)
+    assert "Traceback" not in output(killed)
     resume_from = max(complete_steps(dump))
     assert 4 <= resume_from < STEPS  # killed mid-run
     kept = {step: digests(dump / "checkpoint" / f"step-{step}") for step in complete_steps(dump)}
@@ -126,6 +167,90 @@ def test_sigkilled_rank_resumes_from_last_complete_checkpoint_bit_for_bit(refere
         assert [got[tag][s] for s in range(1, STEPS + 1)] == [want[tag][s] for s in range(1, STEPS + 1)], tag
     assert max_abs_diff(load_weights(dump / "checkpoint" / f"step-{STEPS}"),
                         load_weights(reference / "checkpoint" / f"step-{STEPS}")) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum, background", [(signal.SIGINT, True), (signal.SIGTERM, False)],
+                         ids=["SIGINT-background-train.sh", "SIGTERM"])
+def test_interrupt_saves_says_one_line_and_resumes_exactly(reference, tmp_path, signum, background):
+    """``kill -INT`` to launch/train.sh started in the background of a script (which inherits
+    SIGINT as ignored), or SIGTERM to torchrun: it forwards the signal, the ranks agree, save a
+    full checkpoint of the step they are at, and say so in one line; the same command again
+    continues exactly like the uninterrupted run, touching no checkpoint."""
+    dump = tmp_path / "interrupted"
+    stopped, kept = launch_and_signal(dump, 2, signum, launcher_pid,
+                                      in_the_background_of_a_script if background else None)
+    if background:
+        assert int(stopped.stdout.split()[1], 16) & 1 << (signal.SIGINT - 1), "started with SIGINT ignored"
+    match = re.fullmatch(r"\[rank0\]:dispersion_titan: interrupted at step (\d+); checkpoint step-(\d+) saved; "
+                         r"relaunch the same command to resume", last_line(stopped))
+    assert match and match[1] == match[2], stopped.stderr[-3000:]
+    step = int(match[1])
+    assert stopped.returncode == 128 + signum and "Traceback" not in output(stopped)
+    assert 2 < step < STEPS and complete_steps(dump)[-1] == step and is_full(str(dump / "checkpoint" / f"step-{step}"))
+    assert {s: digests(dump / "checkpoint" / f"step-{s}") for s in kept} == kept
+    if not background:
+        return  # the resume is the same as SIGINT's: checked once
+    kept[step] = digests(dump / "checkpoint" / f"step-{step}")
+
+    again = torchrun(dump, 2, "--training.steps", str(STEPS), *SCHEDULE)  # the same command
+    assert f"Training starts at step {step + 1}" in output(again)
+    assert {s: digests(dump / "checkpoint" / f"step-{s}") for s in kept} == kept
+    want, got = scalars(reference), scalars(dump)
+    for tag in TAGS:
+        assert [got[tag][s] for s in range(1, STEPS + 1)] == [want[tag][s] for s in range(1, STEPS + 1)], tag
+
+
+@pytest.mark.slow
+def test_interrupt_without_checkpointing_says_so(tmp_path):
+    """Ctrl-C of a one-process run without checkpointing: it stops at the next step in one line."""
+    dump, log = tmp_path / "nockpt", tmp_path / "stdout"
+    with open(log, "w") as stdout:
+        job = subprocess.Popen([sys.executable, "-m", "dispersion_titan.train", "--job.config_file", DEBUG_TOML,
+                                "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--training.steps", "100",
+                                "--metrics.log_freq", "1", "--checkpoint.no-enable", "--validation.no-enable"],
+                               cwd=REPO, env=launch_env(), stdout=stdout, stderr=subprocess.PIPE, text=True)
+        while not re.search(r"step:\s+2\s", log.read_text()) and job.poll() is None:
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=300)
+    assert job.returncode == 130 and "Traceback" not in err + log.read_text()
+    assert re.fullmatch(r"dispersion_titan: interrupted at step \d+; checkpointing is off, nothing saved",
+                        err.strip().splitlines()[-1]), err[-2000:]
+    assert not (dump / "checkpoint").exists()
+
+
+@pytest.mark.slow
+def test_failed_checkpoint_write_is_one_line_and_keeps_earlier_checkpoints(tmp_path):
+    """A write that fails mid-save (here the file size limit, RLIMIT_FSIZE, lowered on the
+    running process once step-2 is on disk: EFBIG, as ENOSPC and EDQUOT would be) ends the run
+    in one line naming the cause, the folder, the space needed and the last good checkpoint;
+    the half-written step-4 is moved aside and step-0 and step-2 are untouched."""
+    dump = tmp_path / "full"
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--training.steps", "4",
+            "--checkpoint.interval", "2", "--validation.no-enable"]
+    # A process over the limit also gets SIGXFSZ, whose default is to die: ignored, the write fails.
+    job = subprocess.Popen(["bash", "-c", 'trap "" XFSZ; exec "$0" -m dispersion_titan.train "$@"', sys.executable,
+                            *argv], cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    marker = dump / "checkpoint" / "step-2" / ".metadata"
+    while not marker.exists() and job.poll() is None:
+        time.sleep(0.02)
+    resource.prlimit(job.pid, resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+    kept = {step: digests(dump / "checkpoint" / f"step-{step}") for step in (0, 2)}
+    out, err = job.communicate(timeout=600)
+
+    step_2 = sum(p.stat().st_size for p in (dump / "checkpoint" / "step-2").iterdir())
+    match = re.fullmatch(rf"dispersion_titan: error: file size limit exceeded \(ulimit -f: 1.0 MB\) saving step-4 to "
+                         rf"{dump / 'checkpoint' / 'step-4'} \(needs about (\d+) MB, the size of step-2; \d+ MB free\); "
+                         r"the last good checkpoint is step-2; raise the file size limit \(ulimit -f\) and relaunch "
+                         r"the same command to resume", err.strip().splitlines()[-1])
+    assert match and int(match[1]) == round(step_2 / 1e6), err[-3000:]
+    assert job.returncode == 74 and "Traceback" not in out + err
+    assert {step: digests(dump / "checkpoint" / f"step-{step}") for step in (0, 2)} == kept
+    assert sorted(os.listdir(dump / "checkpoint")) == ["incomplete", "step-0", "step-2"]
+    (moved,) = (dump / "checkpoint" / "incomplete").iterdir()
+    assert moved.name.startswith("step-4.")
 
 
 def truncate_shard(step_dir: Path) -> None:

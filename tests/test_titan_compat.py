@@ -225,6 +225,41 @@ def test_will_save_follows_the_checkpointers_rule():
     assert not titan_compat.will_save(manager, 12, last_step=True)
 
 
+def test_every_save_goes_through_the_checkpointers_save_and_failures_reach_the_handler(tmp_path):
+    """Touch ``on_save_error``: ``train()`` and ``main()`` save through ``self.checkpointer.save`` /
+    ``trainer.checkpointer.save`` (the instance attribute the wrapper replaces), and a failure
+    inside DCP's save, which raises ``CheckpointException`` (a BaseException), reaches the handler."""
+    import torchtitan.train
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    assert "self.checkpointer.save(" in _source(torchtitan.train.Trainer.train)
+    assert "trainer.checkpointer.save(" in _source(torchtitan.train.main)
+
+    class Checkpointer:
+        def save(self, curr_step: int, last_step: bool = False) -> None:
+            raise CheckpointException("write", {0: (OSError(28, "No space left on device"), None)})
+
+    seen = []
+    checkpointer = Checkpointer()
+    titan_compat.on_save_error(checkpointer, lambda step, error: seen.append((step, error)))
+    with pytest.raises(CheckpointException):
+        checkpointer.save(4, last_step=True)
+    assert [(step, type(error)) for step, error in seen] == [(4, CheckpointException)]
+
+
+def test_validate_calls_the_model_then_the_loss_inside_its_contexts():
+    """Touch of ``PackedValidator.validate``: ``Validator.validate`` calls ``model_parts[0](inputs,
+    ...)`` and then ``self.loss_fn(predictions, labels)`` on the non-pipelined path, inside
+    ``validation_context()`` and ``maybe_enable_amp``."""
+    from torchtitan.components.validate import Validator
+
+    body = _source(Validator.validate)
+    path = body[body.index("assert len(model_parts) == 1"):]
+    assert body.rindex("with self.validation_context():", 0, body.index("assert len(model_parts) == 1")) > 0
+    assert path.index("with self.maybe_enable_amp:") < path.index("predictions = model_parts[0](") \
+        < path.index("loss_sum = self.loss_fn(predictions, labels)")
+
+
 # The source of the TorchTitan method that TrainerHooks.forward_backward_step re-implements.
 FORWARD_BACKWARD_STEP_SHA256 = "d66c2dd178723d3a492c93eb352b37b9ca68fd38073632100dc14769f0b78915"
 

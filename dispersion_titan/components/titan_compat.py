@@ -18,11 +18,15 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
   q, k, v positionally and returns SDPA's output (the qwen3 and llama3 TP plans make them
   DTensors sharded by heads).
 - ``init_validator``: ``Validator.__init__`` builds TorchTitan's own text loader, so
-  its fields are set here instead.
+  its fields are set here instead. ``PackedValidator.validate`` (``components/validate.py``)
+  relies on ``Validator.validate`` calling ``model_parts[0](inputs, **extra)`` and then
+  ``self.loss_fn(predictions, labels)`` (a sum over tokens), both inside its contexts.
 - ``save_full_checkpoint``: the checkpointer's last-step save path and its
   ``last_save_model_only`` / ``last_save_in_hf`` attributes.
 - ``checkpointer_folder``: a disabled checkpointer has no ``folder`` attribute.
 - ``will_save``: the checkpointer's private ``_should_save(step, last_step)`` rule.
+- ``on_save_error``: every checkpoint TorchTitan writes goes through the checkpointer's
+  ``save(curr_step, ...)`` method, and a failed synchronous write raises there.
 - ``optimizer_per_model_part``: ``OptimizersContainer`` holds one torch optimizer per
   model part (``model_parts`` / ``optimizers``), each with one param group.
 - ``lr_lambda``: ``build_lr_schedulers`` gives every ``LambdaLR`` it builds one shared
@@ -290,6 +294,29 @@ def save_full_checkpoint(checkpointer: Any, step: int) -> None:
     """
     with _attributes_set(checkpointer, last_save_model_only=False, last_save_in_hf=False):
         checkpointer.save(curr_step=step, last_step=True)
+
+
+def on_save_error(checkpointer: Any, handler: Callable[[int, BaseException], None]) -> None:
+    """Call ``handler(step, error)`` when a save of ``checkpointer`` fails, before the error
+    goes on (the handler may raise another in its place).
+
+    Every save goes through the instance's ``save(curr_step, ...)``: TorchTitan's ``train()``
+    (interval and last step) and ``main()`` (seed checkpoint), and ours; the method is
+    wrapped on this instance only, synchronous saves raise there.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException  # DCP's, a BaseException
+
+    save = checkpointer.save
+
+    @functools.wraps(save)
+    def save_or_report(curr_step: int, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return save(curr_step, *args, **kwargs)
+        except (Exception, CheckpointException) as e:
+            handler(curr_step, e)
+            raise
+
+    checkpointer.save = save_or_report
 
 
 # ------------------------------------------------------------------------ optimizers and LR schedules

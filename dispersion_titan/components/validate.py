@@ -1,7 +1,18 @@
-"""TorchTitan's Validator, fed by the packed held-out split instead of its C4 loader."""
+"""TorchTitan's Validator, fed by the packed held-out split instead of its C4 loader, and
+run micro-batch by micro-batch.
+
+A validation batch is ``validation.global_batch_size`` sequences (by default training's
+global batch) split over the data-parallel ranks, with no accumulation: run whole, its
+logits alone can exhaust memory (64 × 1024 tokens × 50257 fp32 logits are 13 GB) on a
+machine that trains fine in small micro-batches. So each rank's validation batch is cut
+into micro-batches of the training micro-batch (``training.local_batch_size``, derived
+from ``training.max_local_batch_size``), and only one micro-batch's logits exist at a time.
+The loss is the same sum of token losses, over the same global token count.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -9,6 +20,36 @@ from torchtitan.components.validate import Validator
 
 from ..data.packed import build_packed_validation_dataloader
 from .titan_compat import init_validator
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def loss_sum_by_micro_batch(model: torch.nn.Module, loss_fn: LossFn, micro_batch: int, inputs: torch.Tensor,
+                            labels: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
+    """``loss_fn(model(inputs), labels)`` (a sum over tokens) computed ``micro_batch``
+    sequences at a time; per-sequence keyword tensors are cut along with the inputs."""
+    batch = inputs.shape[0]
+    total = None
+    for start in range(0, batch, micro_batch):
+        part = slice(start, start + micro_batch)
+        kwargs = {k: v[part] if isinstance(v, torch.Tensor) and v.shape[:1] == (batch,) else v
+                  for k, v in model_kwargs.items()}
+        loss = loss_fn(model(inputs[part], **kwargs), labels[part])
+        total = loss if total is None else total + loss
+    return total
+
+
+class _Deferred(torch.nn.Module):
+    """The model as TorchTitan's validation loop calls it: the call only hands its inputs on
+    to the loss, which runs the model micro-batch by micro-batch (``eval``/``train`` reach
+    the model, a submodule)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+        return inputs, kwargs
 
 
 class PackedValidator(Validator):
@@ -20,12 +61,30 @@ class PackedValidator(Validator):
             job_config=job_config, dp_world_size=dp_world_size, dp_rank=dp_rank,
             **{"pp_schedule": None, "pp_has_first_stage": None, "pp_has_last_stage": None, **fields},
         )
+        # The trainer has resolved a derived (0) local batch size before building this.
+        self.micro_batch = job_config.training.local_batch_size
 
     def post_dataloading_process(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
                                  model_parts) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]:
         """GPT-2 attends causally with SDPA: no attention masks to build."""
         del model_parts
         return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k != "input"}, {}
+
+    def validate(self, model_parts: list[torch.nn.Module], step: int) -> None:
+        """TorchTitan's validation loop (token counts, averaging, logging), whose model call and
+        loss run micro-batch by micro-batch."""
+        (model,) = model_parts
+        whole_batch_loss = self.loss_fn
+
+        def loss_fn(deferred: tuple[torch.Tensor, dict[str, Any]], labels: torch.Tensor) -> torch.Tensor:
+            inputs, kwargs = deferred
+            return loss_sum_by_micro_batch(model, whole_batch_loss, self.micro_batch, inputs, labels, kwargs)
+
+        self.loss_fn = loss_fn
+        try:
+            super().validate([_Deferred(model)], step)
+        finally:
+            self.loss_fn = whole_batch_loss
 
 
 def build_packed_validator(**kwargs: Any) -> PackedValidator:

@@ -249,6 +249,11 @@ def complete_checkpoints(folder: str) -> list[StepCheckpoint]:
     return [c for c in list_checkpoints(folder) if _is_complete(c.path)] if os.path.isdir(folder) else []
 
 
+def last_complete_step(folder: str, before: int | None = None) -> int | None:
+    """The newest step of ``folder`` whose checkpoint is complete (below ``before`` if given), or None."""
+    return max((c.step for c in complete_checkpoints(folder) if before is None or c.step < before), default=None)
+
+
 def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
     """Refuse to load a streamed corpus's per-rank positions on another number of data-parallel ranks."""
     saved = saved_data_parallel_degree(step_dir)

@@ -1,34 +1,51 @@
-"""Checkpoint and exit on a signal: what a job does when Slurm warns it of its time limit.
+"""Checkpoint and exit on a signal: Slurm's time-limit warning, Ctrl-C, ``kill``.
 
-``launch/slurm/train.sbatch`` asks Slurm for SIGUSR1 a few minutes before the limit
-(``#SBATCH --signal=B:USR1@300``), forwards it to the training ranks, and requeues the
-job when training then ends with an error status. Here, each rank only records the
-signal in a flag. The ranks agree on it at every log step and before every checkpoint
-save, in the one small device all-reduce that also carries the non-finite-loss flag
-(``trainer.StepHealth``: a signal seen by some ranks stops all of them at the same
-step); once set, they save a full checkpoint of that step (model, optimizer, scheduler,
-data loader, train state) and exit with ``PREEMPTED_EXIT_CODE``. The requeued job keeps its job id, hence its dump folder,
-and TorchTitan resumes from that checkpoint.
+Two kinds of signal stop a run at the next step boundary:
 
-The signal is SIGUSR1 unless ``PREEMPT_SIGNAL`` names another (``USR2``, ``SIGTERM``...).
-A signal that arrives when training has already done its last step changes nothing:
-the run ends normally, with status 0.
+- the *preemption* signal (SIGUSR1 unless ``PREEMPT_SIGNAL`` names another):
+  ``launch/slurm/train.sbatch`` asks Slurm for it a few minutes before the limit
+  (``#SBATCH --signal=B:USR1@300``), forwards it to the training ranks, and requeues the
+  job when training then ends with an error status. The ranks save a full checkpoint and
+  exit with ``PREEMPTED_EXIT_CODE``; the requeued job keeps its job id, hence its dump
+  folder, and TorchTitan resumes from that checkpoint. Without checkpointing it is ignored.
+- an *interrupt*, SIGINT (Ctrl-C) or SIGTERM (``kill``, torchrun forwarding either): the
+  ranks save a full checkpoint where checkpointing is on, global rank 0 says so in one
+  line, and every rank exits with 128 + the signal number (130, 143), as a shell reports a
+  process killed by that signal. A second SIGINT at least ``REPEAT_WINDOW_S`` after the
+  first abandons the save at once (the half-written folder is moved aside at the next
+  launch; the previous checkpoint stands); a repeated SIGTERM is ignored, since whoever
+  sends it (Slurm, a container runtime) grants a grace period before SIGKILL.
+
+Each rank only records the signal in the handler. The ranks agree on it at every log step
+and before every checkpoint save, in the one small device all-reduce that also carries the
+non-finite-loss flag (``trainer.StepHealth``: a signal seen by some ranks stops all of them
+at the same step). The handlers are installed whatever the inherited disposition: a job
+started in the background of a script inherits SIGINT as ignored, and ``kill -INT`` must
+still stop it. A signal that arrives when training has already done its last step changes
+nothing: the run ends normally, with status 0.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
 from typing import Any
 
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
 from ..components.titan_compat import checkpointer_folder, save_full_checkpoint
+from ..run_folder.checkpoints import last_complete_step
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try again"
 SIGNAL_ENV = "PREEMPT_SIGNAL"
 DEFAULT_SIGNAL = "USR1"
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# One signal delivered twice (``pkill`` reaching torchrun and the ranks, which torchrun then
+# forwards to again; Slurm signalling every process of a step) is not a second signal.
+REPEAT_WINDOW_S = 2.0
 
 
 def parse_signal(name: str) -> signal.Signals:
@@ -40,20 +57,80 @@ def parse_signal(name: str) -> signal.Signals:
         raise ValueError(f"{SIGNAL_ENV}: {name!r} is not a signal name such as USR1") from None
 
 
+_interrupts: list[int] = []  # the SIGINT and SIGTERM this process's handlers saw, in order
+
+
+# What gloo says in the collectives of a rank whose peer process is gone.
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
+
+
+def secondary_failure_status(error: BaseException) -> int | None:
+    """The exit status for an error that only follows from the job being stopped, None for
+    any other. When one rank fails, the others' collectives with it fail, and torchrun stops
+    them with SIGTERM; the launcher (``trainer/launcher.py``) and torchrun's error file name
+    the rank that failed first, so these ranks leave without a traceback of their own."""
+    if _interrupts:
+        return interrupted_exit_code(_interrupts[0])
+    lost = isinstance(error, dist.DistError) or any(text in str(error) for text in PEER_GONE)
+    return 1 if lost and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+
+
+def interrupted_exit_code(signum: int) -> int:
+    return 128 + signum
+
+
+def say(message: str) -> None:
+    """The run's last line, from global rank 0 only (one line whatever ``LOG_RANK`` shows)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"dispersion_titan: {message}", file=sys.stderr, flush=True)
+
+
 class Preemption:
-    """Installs the signal handler in this rank; ``stop`` is collective."""
+    """Installs the signal handlers in this rank; ``stop`` is collective."""
 
     def __init__(self, signal_name: str | None = None) -> None:
         self.signum = parse_signal(signal_name or os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))
-        self.requested = False
-        signal.signal(self.signum, self._on_signal)
+        self.received: signal.Signals | None = None
+        self._received_at = 0.0
+        self._saving: tuple[int, str] | None = None  # (step, checkpoint folder) while an interrupt saves
+        for signum in {self.signum, *INTERRUPT_SIGNALS}:
+            signal.signal(signum, self._on_signal)
+
+    @property
+    def requested(self) -> int:
+        """The signal this rank received (0: none), for the ranks' all-reduce (MAX)."""
+        return int(self.received or 0)
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.requested = True  # only a flag: the training step in progress must finish first
+        # Only a flag: the training step in progress must finish first.
+        if signum in INTERRUPT_SIGNALS:
+            _interrupts.append(signum)
+        now = time.monotonic()
+        if self.received is None:
+            self.received, self._received_at = signal.Signals(signum), now
+        elif signum == signal.SIGINT and now - self._received_at >= REPEAT_WINDOW_S:
+            self._abandon(signum)
 
-    def stop(self, trainer: Any) -> None:
-        """Once the ranks agreed that some rank was signalled, after a training step: save
-        this step and exit the process (every rank calls it at the same step).
+    def _abandon(self, signum: int) -> None:
+        """A second Ctrl-C: leave now. A save in progress stays incomplete (no ``.metadata``)
+        and is moved aside by the next launch, which resumes from the previous checkpoint."""
+        if self._saving is None:
+            say("interrupted again before the checkpoint was saved; nothing saved; "
+                "relaunch the same command to resume from the last checkpoint")
+        else:
+            step, folder = self._saving
+            last = last_complete_step(folder)
+            if last == step:
+                say(f"interrupted at step {step}; checkpoint step-{step} saved; relaunch the same command to resume")
+            else:
+                previous = f"step-{last}" if last is not None else "none"
+                say(f"interrupted again while saving step-{step}: the save was abandoned, the last good checkpoint "
+                    f"is {previous}; relaunch the same command to resume")
+        os._exit(interrupted_exit_code(signum))
+
+    def stop(self, trainer: Any, signum: int) -> None:
+        """Once the ranks agreed that some rank received ``signum``, after a training step:
+        save this step and exit the process (every rank calls it at the same step).
 
         Called where TorchTitan saves its interval checkpoints (after the optimizer
         step, before validation).
@@ -61,18 +138,34 @@ class Preemption:
         step, steps = trainer.step, trainer.job_config.training.steps
         if step >= steps:
             return  # the last step: the normal end, and its final save, follow
+        sig = signal.Signals(signum)
         ckpt = trainer.checkpointer
-        if checkpointer_folder(ckpt) is None:
-            if self.requested:
-                logger.warning(f"{self.signum.name} received, but checkpointing is disabled: training goes on")
-            self.requested = False
-            return
-        logger.warning(f"{self.signum.name} received: saving a full checkpoint of step {step}")
+        folder = checkpointer_folder(ckpt)
+        if sig == self.signum:
+            if folder is None:
+                logger.warning(f"{sig.name} received, but checkpointing is disabled: training goes on")
+                self.received = None
+                return
+            logger.warning(f"{sig.name} received: saving a full checkpoint of step {step}")
+            save_full_checkpoint(ckpt, step)
+            logger.warning(f"Stopping at step {step} for a restart; exit status {PREEMPTED_EXIT_CODE}")
+            self._exit(trainer, PREEMPTED_EXIT_CODE, None)
+        if folder is None:
+            self._exit(trainer, interrupted_exit_code(sig), f"interrupted at step {step}; checkpointing is off, "
+                                                            "nothing saved")
+        self._saving = (step, folder)
         save_full_checkpoint(ckpt, step)
-        logger.warning(f"Stopping at step {step} for a restart; exit status {PREEMPTED_EXIT_CODE}")
+        self._saving = None
+        self._exit(trainer, interrupted_exit_code(sig), f"interrupted at step {step}; checkpoint step-{step} saved; "
+                                                        "relaunch the same command to resume")
+
+    @staticmethod
+    def _exit(trainer: Any, status: int, message: str | None) -> None:
         trainer.close()  # flush metrics (TensorBoard) and stop the checkpoint helpers
         # No rank leaves before all have saved and flushed: torchrun stops the others as
         # soon as one rank exits with an error status.
         dist.barrier()
         dist.destroy_process_group()
-        raise SystemExit(PREEMPTED_EXIT_CODE)
+        if message is not None:
+            say(message)
+        raise SystemExit(status)

@@ -29,6 +29,7 @@ from .block_outputs import BlockOutputs
 from .config_checks import data_parallel_degree, resolve_batch_sizes
 from .objective import DispersionObjective
 from .preemption import Preemption
+from .save_failure import save_failure
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -53,12 +54,13 @@ class StepHealth:
         not_finite = (~torch.isfinite(local_loss).all()).long()
         self.bad = torch.maximum(self.bad, not_finite * (self._NONE - step))
 
-    def agree(self, signalled: bool) -> tuple[int | None, bool]:
-        """(first step with a non-finite loss on any rank or None, whether any rank was signalled)."""
-        flags = torch.stack([self.bad, self.bad.new_full((), int(signalled))])
+    def agree(self, signum: int) -> tuple[int | None, int]:
+        """(first step with a non-finite loss on any rank or None, the largest signal number
+        some rank received or 0): this rank's ``signum`` (0: none) goes into the MAX."""
+        flags = torch.stack([self.bad, self.bad.new_full((), signum)])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        bad, anyone_signalled = flags.tolist()
-        return (self._NONE - bad if bad else None), bool(anyone_signalled)
+        bad, agreed_signum = flags.tolist()
+        return (self._NONE - bad if bad else None), agreed_signum
 
 
 def _take_writer_lock(dump_folder: str) -> WriterLock | None:
@@ -85,6 +87,8 @@ class DispersionTrainer(titan_compat.trainer_class()):
             self._release_writer_lock()
             raise
         self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
+        if self.checkpoint_folder is not None:  # a failed write ends the run in one line
+            titan_compat.on_save_error(self.checkpointer, self._save_failed)
         self._set_aside_incomplete_checkpoints()
         self.health = StepHealth(self.device)
         tp_group = self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
@@ -98,7 +102,8 @@ class DispersionTrainer(titan_compat.trainer_class()):
         self.block_outputs = BlockOutputs(model.layers)  # after parallelize_fn: outside AC and compile
         self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
                                        self.model_args.tie_embeddings, run_encoder(job_config).pad_id)
-        self.preemption = Preemption()  # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue
+        # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue; SIGINT, SIGTERM: save, exit.
+        self.preemption = Preemption()
         if dist.get_rank() == 0:
             # In the dump folder, not the checkpoint folder: TorchTitan decides whether to
             # resume by whether that folder exists, and every rank must see the same answer.
@@ -115,6 +120,9 @@ class DispersionTrainer(titan_compat.trainer_class()):
             for path in quarantine_incomplete(self.checkpoint_folder):
                 logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
         dist.barrier()
+
+    def _save_failed(self, step: int, error: BaseException) -> None:
+        raise save_failure(self.checkpoint_folder, step, error, self.model_parts[0]) from error
 
     def on_checkpoint_loaded(self) -> None:
         """A fresh run saves its initialisation as step 0 here, before any update."""
@@ -153,15 +161,15 @@ class DispersionTrainer(titan_compat.trainer_class()):
     def _check_health(self) -> None:
         """Stop every rank at a non-finite loss before TorchTitan saves this step, so the
         last checkpoint on disk is a good one; save and exit when some rank was signalled."""
-        bad_step, signalled = self.health.agree(self.preemption.requested)
+        bad_step, signum = self.health.agree(self.preemption.requested)
         if bad_step is not None:
             where = f" in {self.checkpoint_folder}" if self.checkpoint_folder is not None else ""
             raise NonFiniteLossError(
                 f"loss is not finite at step {bad_step}; training stopped before saving step {self.step}, "
                 f"earlier checkpoints{where} are intact"
             )
-        if signalled:
-            self.preemption.stop(self)  # saves this step and exits, unless it is the last one
+        if signum:
+            self.preemption.stop(self, signum)  # saves this step and exits, unless it is the last one
 
     def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                                global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:

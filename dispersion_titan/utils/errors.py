@@ -69,6 +69,13 @@ class NonFiniteLossError(DispersionTitanError):
     status = 3
 
 
+class CheckpointSaveError(DispersionTitanError):
+    """A checkpoint could not be written (disk full, quota, file size limit, I/O error);
+    earlier checkpoints are intact. Exit status 74, EX_IOERR of sysexits.h."""
+
+    status = 74
+
+
 def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoReturn:
     """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,82 @@
+"""torchrun as ``launch/train.sh`` runs it, ending in at most one line of its own.
+
+``python -m dispersion_titan.trainer.launcher ARGS`` takes torchrun's arguments and runs
+torchrun's own launch (``torch.distributed.run.run``: c10d rendezvous, the elastic agent,
+the same worker processes). Only its ending differs. torchrun ends every failure in a
+Python traceback of its own; this launcher instead says:
+
+- nothing, when the ranks already said why in one line: an interrupt (SIGINT, SIGTERM,
+  which torchrun forwards to the ranks; they save and exit 130 or 143), a preemption
+  (75), a failed checkpoint write (74), a non-finite loss (3), bad input (2). It exits
+  with that status;
+- one line naming the rank, when a rank was killed by SIGKILL: on a training node that is
+  almost always the kernel's OOM killer (exit status 137);
+- torchrun's failure summary, without the traceback, for anything else (exit status 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from ..utils.errors import CheckpointSaveError, DispersionTitanError, NonFiniteLossError
+from .preemption import INTERRUPT_SIGNALS, PREEMPTED_EXIT_CODE, interrupted_exit_code
+
+SAID_BY_THE_RANKS = {
+    PREEMPTED_EXIT_CODE, CheckpointSaveError.status, NonFiniteLossError.status, DispersionTitanError.status,
+    *(interrupted_exit_code(s) for s in INTERRUPT_SIGNALS),
+}
+
+
+# torchrun's warnings while it forwards a signal ("Received 2 death signal, shutting down
+# workers", "Sending process N closing signal SIGINT"): the ranks' line says what happened.
+FORWARDING_NOISE = ("death signal, shutting down workers", "closing signal")
+
+
+def _quiet_forwarding(record: logging.LogRecord) -> bool:
+    return not any(text in record.getMessage() for text in FORWARDING_NOISE)
+
+
+def oom_message(rank: int) -> str:
+    return (f"dispersion_titan: error: rank {rank} was killed by SIGKILL — most likely out of memory (the kernel's "
+            "OOM killer); lower training.local_batch_size (or training.max_local_batch_size), or use more "
+            "processes; the last complete checkpoint stands: relaunch the same command to resume")
+
+
+def ending(error: ChildFailedError) -> tuple[int, str | None]:
+    """(exit status, the line to print or None) for a job whose ranks failed."""
+    failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
+    killed = [rank for rank, failure in failures if failure.exitcode == -signal.SIGKILL]
+    if killed:
+        return 128 + signal.SIGKILL, oom_message(killed[0])
+    first = failures[0][1].exitcode
+    if all(failure.exitcode in SAID_BY_THE_RANKS for _, failure in failures):
+        return first, None
+    return 1, error.format_msg()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = torchrun.parse_args(argv)
+    for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
+        logging.getLogger(name).addFilter(_quiet_forwarding)
+    try:
+        torchrun.run(args)
+    except SignalException as e:
+        # This launcher was signalled and has forwarded the signal to the ranks, which have
+        # saved and said so (or were stopped after torchrun's shutdown timeout).
+        return 128 + int(e.sigval)
+    except ChildFailedError as e:
+        status, line = ending(e)
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+        return status
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""A checkpoint save that failed (disk full, quota, file size limit, I/O error), said in one line.
+
+DCP reports a failed write as a ``CheckpointException`` holding each rank's error, and a
+short write inside ``torch.save`` (a full disk, a file size limit) only as ``RuntimeError:
+unexpected pos``, without the OS error. The user needs the cause, where, how much space it
+takes, and which checkpoint still stands: the cause is the OS error where there is one,
+else what the free space and the file size limit (``ulimit -f``) against the space needed
+show. The half-written ``step-N`` (it has no ``.metadata``) is moved aside to
+``incomplete/`` at once, so the folder holds only complete checkpoints; earlier ones are
+never touched.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import resource
+import shutil
+from collections.abc import Iterator
+
+import torch
+
+from ..run_folder.checkpoints import last_complete_step, quarantine_incomplete
+from ..utils.errors import CheckpointSaveError
+
+RELAUNCH = "relaunch the same command to resume"
+FREE_SPACE = f"free space and {RELAUNCH}"
+RAISE_LIMIT = f"raise the file size limit (ulimit -f) and {RELAUNCH}"
+FIX = f"fix the cause and {RELAUNCH}"
+ADVICE = {errno.ENOSPC: FREE_SPACE, errno.EDQUOT: FREE_SPACE, errno.EFBIG: RAISE_LIMIT}
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """``error``, its chained causes, and the per-rank errors a DCP ``CheckpointException`` holds."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        for failure in getattr(e, "failures", {}).values():  # CheckpointException: rank -> (error, traceback)
+            todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
+
+
+def _file_sizes(path: str) -> list[int]:
+    return [os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names]
+
+
+def _mb(size: float) -> str:
+    return f"{size / 1e6:.0f} MB" if size >= 1e7 else f"{size / 1e6:.1f} MB"
+
+
+def state_bytes(model: torch.nn.Module) -> int:
+    """The weights and AdamW's two moments of ``model`` (global sizes): a full checkpoint's bulk."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _cause(error: BaseException, needed: int, largest_file: int, free: int) -> tuple[str, str]:
+    """(what went wrong, what to do)."""
+    os_error = next((e for e in _causes(error) if isinstance(e, OSError) and e.errno), None)
+    if os_error is not None:
+        return os.strerror(os_error.errno).lower(), ADVICE.get(os_error.errno, FIX)
+    if free < needed:
+        return os.strerror(errno.ENOSPC).lower(), FREE_SPACE
+    limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if limit != resource.RLIM_INFINITY and limit < largest_file:
+        return f"file size limit exceeded (ulimit -f: {_mb(limit)})", RAISE_LIMIT
+    first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
+    return f"write failed ({type(error).__name__}: {first[:120]})", FIX
+
+
+def save_failure(folder: str, step: int, error: BaseException, model: torch.nn.Module) -> CheckpointSaveError:
+    """The one-line error for a failed save of ``step`` into checkpoint ``folder``; on global
+    rank 0, the half-written step folder is moved aside first."""
+    if os.environ.get("RANK", "0") == "0":
+        quarantine_incomplete(folder)
+    last = last_complete_step(folder, before=step)
+    if last is not None:
+        sizes = _file_sizes(os.path.join(folder, f"step-{last}"))
+        needed, largest = sum(sizes), max(sizes)
+        estimate = f"needs about {_mb(needed)}, the size of step-{last}"
+    else:
+        needed = largest = state_bytes(model)
+        estimate = f"needs about {_mb(needed)} for the weights and AdamW state"
+    free = shutil.disk_usage(folder).free
+    reason, advice = _cause(error, needed, largest, free)
+    good = f"the last good checkpoint is step-{last}" if last is not None else "no earlier checkpoint was saved"
+    return CheckpointSaveError(f"{reason} saving step-{step} to {os.path.join(folder, f'step-{step}')} "
+                               f"({estimate}; {_mb(free)} free); {good}; {advice}")
