@@ -22,7 +22,6 @@ from dispersion_titan.config.schema import Baseline
 from dispersion_titan.models.gpt2 import GPT2, gpt2_flavors
 from dispersion_titan.trainer.baselines import ActiveForgetting, EmbeddingNoise
 from dispersion_titan.components.optimizers import (
-    baseline_settings,
     build_dispersion_lr_schedulers,
     build_dispersion_optimizers,
     embedding_warmup_steps,
@@ -66,15 +65,27 @@ def test_noise_is_bounded_layout_invariant_and_training_only():
 AF = Baseline(method="active_forgetting", forget_every=25, embedding_lr=3e-4)
 
 
-def forgetting_model_and_optimizers(baseline: Baseline = AF):
-    from torchtitan.config import Optimizer
+def checked_job_config(baseline: Baseline):
+    """A job config with ``baseline`` as its ``[baseline]``, carried where the builders look, as
+    the launch checks leave it."""
+    from dispersion_titan import config
+    from dispersion_titan.components.titan_compat import merged_job_config_class
+    from dispersion_titan.trainer.config_checks import carry_baseline
 
+    job = merged_job_config_class(config.JobConfig)()
+    job.baseline = baseline
+    carry_baseline(job)
+    return job
+
+
+def forgetting_model_and_optimizers(baseline: Baseline = AF):
     args = gpt2_flavors["debug"]
     torch.manual_seed(1)
     model = GPT2(args)
     model.init_weights()
-    with baseline_settings(baseline):
-        optimizers = build_dispersion_optimizers([model], Optimizer(lr=1e-3, implementation="foreach"), None)
+    section = checked_job_config(baseline).optimizer
+    section.lr, section.implementation = 1e-3, "foreach"
+    optimizers = build_dispersion_optimizers([model], section, None)
     return model, optimizers
 
 
@@ -109,12 +120,11 @@ def test_reset_gives_a_fresh_matrix_and_clears_its_adamw_state():
 
 def test_embedding_lr_is_a_sawtooth_and_the_body_keeps_the_run_schedule():
     from torchtitan.components.lr_scheduler import build_lr_schedulers
-    from torchtitan.config import LRScheduler
 
-    schedule = LRScheduler(warmup_steps=5, decay_type="cosine", min_lr_factor=0.1)
+    schedule = checked_job_config(AF).lr_scheduler
+    schedule.warmup_steps, schedule.decay_type, schedule.min_lr_factor = 5, "cosine", 0.1
     _, optimizers = forgetting_model_and_optimizers()
-    with baseline_settings(AF):
-        schedulers = build_dispersion_lr_schedulers(optimizers, schedule, training_steps=60)
+    schedulers = build_dispersion_lr_schedulers(optimizers, schedule, training_steps=60)
     _, plain = forgetting_model_and_optimizers(Baseline())
     reference = build_lr_schedulers(plain, schedule, 60)
 

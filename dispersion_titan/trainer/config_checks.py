@@ -301,13 +301,21 @@ def check_baseline(config: JobConfig) -> None:
             raise ConfigError("fault_tolerance.enable: not supported with baseline.method = active_forgetting")
 
 
+def carry_baseline(config: JobConfig) -> None:
+    """The ``[baseline]`` section also where the optimizer and LR-scheduler builders look
+    (``config.schema.BuilderInputs``)."""
+    config.optimizer.baseline = config.lr_scheduler.baseline = config.baseline
+
+
 def check_job_config(config: JobConfig, args: Any, world_size: int = 1) -> None:
     """Everything about ``config`` that can be known before any process starts, for a
-    job of ``world_size`` processes (derived batch sizes are filled in). ``args``: the
-    model family's flavor with the ``[model]`` overrides applied."""
+    job of ``world_size`` processes; derived values (batch sizes, the builders' baseline)
+    are filled in, for the trainer to read. ``args``: the model family's flavor with the
+    ``[model]`` overrides applied."""
     check_model(config, args)
     check_dispersion(config, args.n_layers)
     check_baseline(config)
+    carry_baseline(config)
     check_data(config)
     check_checkpoint(config)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
