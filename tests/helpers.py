@@ -9,12 +9,9 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +24,7 @@ import torch
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
 from dispersion_titan.utils.devices import CPU_MALLOC_ENV
+from dispersion_titan.utils.preloaded import Commands
 
 REPO = Path(__file__).resolve().parents[1]
 DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
@@ -48,47 +46,27 @@ def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-class _Zygote:
-    """Client of ``tests/zygote.py``: one server per test session that has imported
-    torch and TorchTitan once and forks each training job from there."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "zygote.py")], cwd=REPO,
-                                     env=launch_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.lock = threading.Lock()
-
-    def run(self, what: dict, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-        """``what``: ``{"nproc": N}`` (a training job) or ``{"module": M}`` (``python -m M``)."""
-        with tempfile.TemporaryDirectory() as tmp:
-            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-            request = {**what, "argv": argv, "env": env, "cwd": str(REPO), "stdout": out, "stderr": err}
-            with self.lock:
-                self.proc.stdin.write(json.dumps(request) + "\n")
-                self.proc.stdin.flush()
-                pid = int(self.proc.stdout.readline())
-            deadline = time.monotonic() + timeout
-            while not os.path.exists(out + ".rc"):  # renamed into place after the output is flushed
-                if time.monotonic() > deadline:
-                    os.killpg(pid, signal.SIGKILL)
-                    raise subprocess.TimeoutExpired(argv, timeout)
-                time.sleep(0.05)
-            with open(out) as stdout, open(err) as stderr, open(out + ".rc") as rc:
-                return subprocess.CompletedProcess(argv, int(rc.read()), stdout.read(), stderr.read())
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+# What the session's job server imports once (and GPT-2's BPE, built once) before it forks each job.
+PRELOAD = ["torch", "torchtitan.train", "torch.distributed.launcher.api", "dispersion_titan.train",
+           "dispersion_titan.tokenizer.bpe:gpt2_encoding"]
+_commands: Commands | None = None
 
 
-_zygote: _Zygote | None = None
-
-
-def _forked(what: dict, argv: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    global _zygote
-    if _zygote is None or _zygote.proc.poll() is not None:
-        _zygote = _Zygote()
-        atexit.register(_zygote.close)
-    return _zygote.run(what, argv, env, timeout)
+def _forked(target: str, argv: list[str], env: dict[str, str], timeout: float,
+            nproc: int | None = None) -> subprocess.CompletedProcess:
+    """``target`` (a module or a script) forked from the session's job server, the product's
+    (``dispersion_titan.utils.preloaded``), under torchrun's launcher with ``nproc`` processes
+    when given; its stdout and stderr apart."""
+    global _commands
+    if _commands is None:
+        _commands = Commands(launch_env(), PRELOAD)
+        atexit.register(_commands.close)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        status = _commands.run(target, argv, str(out), errors=str(err), nproc=nproc, env=env, cwd=str(REPO),
+                               timeout=timeout)
+        stdout = out.read_text().split("\n", 1)[1]  # after the command line the log starts with
+        return subprocess.CompletedProcess(argv, status, stdout, err.read_text())
 
 
 # Debug runs train on 64-token sequences (debug.toml: 128) unless a test says otherwise: a
@@ -101,7 +79,7 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
              command_line: bool = False) -> subprocess.CompletedProcess:
     """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
 
-    By default the job is forked from the session's launch server (``tests/zygote.py``:
+    By default the job is forked from the session's job server (``dispersion_titan.utils.preloaded``:
     torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs
     ``python -m torch.distributed.run -m dispersion_titan.train`` itself, for tests that
     look at its processes or its prefixed output."""
@@ -113,7 +91,7 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
                "--role=rank", "--tee=3", "-m", "dispersion_titan.train", *argv]
         proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
     else:
-        proc = _forked({"nproc": nproc}, argv, launch_env(env), timeout)
+        proc = _forked("dispersion_titan.train", argv, launch_env(env), timeout, nproc)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc
@@ -121,18 +99,17 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
 
 def torchrun_script(script: str, nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node NPROC tests/dist_scripts/SCRIPT ARGS``, forked from the
-    launch server like ``torchrun``'s jobs (rank 0's output); never raises on failure."""
-    return _forked({"nproc": nproc, "script": str(REPO / "tests" / "dist_scripts" / script)}, list(args),
-                   launch_env(), timeout)
+    job server like ``torchrun``'s jobs (rank 0's output); never raises on failure."""
+    return _forked(str(REPO / "tests" / "dist_scripts" / script), list(args), launch_env(), timeout, nproc)
 
 
 def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None,
                   command_line: bool = False) -> subprocess.CompletedProcess:
-    """``python -m MODULE ARGS`` from the repository: forked from the launch server (its
+    """``python -m MODULE ARGS`` from the repository: forked from the job server (its
     imports already paid), or with ``command_line=True`` a fresh interpreter, for commands
     that read the environment at import time or start processes of their own."""
     if not command_line:
-        return _forked({"module": module}, list(args), launch_env(env), timeout)
+        return _forked(module, list(args), launch_env(env), timeout)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=launch_env(env),
                           capture_output=True, text=True, timeout=timeout)
 
