@@ -26,7 +26,8 @@ from dispersion_titan.components.optimizers import (
     build_dispersion_optimizers,
     embedding_warmup_steps,
 )
-from helpers import load_weights, max_abs_diff, scalars, torchrun, update_rel_diff
+from support.launch import torchrun
+from support.runs import load_weights, max_abs_diff, scalars, update_rel_diff
 
 # ---------------------------------------------------------------- in one process
 

@@ -36,7 +36,11 @@ from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.train import validated_args
 from dispersion_titan.trainer.baselines import build_baseline
 from dispersion_titan.utils.errors import ConfigError
-from helpers import REPO, analyze, independent_states, plain_mean_cos, python_module, scalars, texts_jsonl, tiny_run
+from support.cli import analyze
+from support.condensation import independent_states, plain_mean_cos
+from support.corpora import texts_jsonl
+from support.launch import REPO, python_module
+from support.runs import scalars, tiny_run
 
 QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")
 BASE = ["--job.config_file", QWEN3_TOML, "--job.custom_config_module", "dispersion_titan.config"]

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, scalars, torchrun_script
+from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, torchrun_script
+from support.runs import scalars
 
 
 TRAIN_SH = REPO / "launch" / "train.sh"

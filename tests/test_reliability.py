@@ -25,19 +25,9 @@ from dispersion_titan.run_folder.checkpoints import CheckpointError, check_compl
 from dispersion_titan.train import validated_args
 from dispersion_titan.utils.errors import ArgumentError
 from dispersion_titan.utils.errors import ConfigError
-from helpers import (
-    DEBUG_TOML,
-    REFERENCE_STEPS,
-    SCHEDULE,
-    analyze,
-    assert_one_line_error,
-    digests,
-    load_weights,
-    max_abs_diff,
-    python_module,
-    scalars,
-    torchrun,
-)
+from support.cli import analyze, assert_one_line_error
+from support.launch import DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
+from support.runs import digests, load_weights, max_abs_diff, scalars
 
 
 STEPS = REFERENCE_STEPS

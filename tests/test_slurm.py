@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEBUG_TOML, REPO, absolute_lm_eval_tasks, launch_env, scalars
+from support.eval_tasks import absolute_lm_eval_tasks
+from support.launch import DEBUG_TOML, REPO, launch_env
+from support.runs import scalars
 
 pytestmark = pytest.mark.slow
 
