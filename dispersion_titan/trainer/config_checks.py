@@ -8,6 +8,7 @@ dump folder.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 import types
@@ -281,6 +282,12 @@ def check_output_folders(config: JobConfig) -> None:
             raise ConfigError(f"{field}: {path} cannot be created: {problem}")
 
 
+def check_metrics(config: JobConfig) -> None:
+    if config.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("metrics.enable_wandb: the wandb package is not installed; "
+                          "pip install 'dispersion_titan[wandb]', or set it false")
+
+
 def check_baseline(config: JobConfig) -> None:
     b = config.baseline
     if b.method not in METHOD_SETTINGS:
@@ -320,3 +327,4 @@ def check_job_config(config: JobConfig, args: Any, world_size: int = 1) -> None:
     check_checkpoint(config)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
     check_output_folders(config)
+    check_metrics(config)
