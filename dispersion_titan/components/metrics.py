@@ -1,20 +1,19 @@
 """What the training log, TensorBoard and W&B (``[metrics] enable_wandb``) show beyond
 TorchTitan's own metrics: the two loss terms and each block's mean off-diagonal cosine, a
 live condensation curve. Every metric goes through TorchTitan's loggers, so W&B gets what
-TensorBoard gets; the W&B run is named in the run folder (``WANDB_RUN_FILE``)."""
+TensorBoard gets; the W&B run is named in the run folder (``wandb_run``)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
+
+from . import wandb_run
 
 
 def global_batch_size(job_config, parallel_dims) -> int:
@@ -51,20 +50,6 @@ class StepMetrics:
         return self.ce + self.dispersion
 
 
-WANDB_RUN_FILE = "wandb_run.json"  # in the dump folder: the W&B run of the latest launch
-
-
-def record_wandb_run(dump_folder: str) -> None:
-    """Name the W&B run TorchTitan's logger started in this process (none: nothing to do)
-    in ``dump_folder/WANDB_RUN_FILE``, for the analysis and evaluation to log to."""
-    wandb = sys.modules.get("wandb")  # imported by TorchTitan's WandBLogger only
-    run = None if wandb is None else wandb.run
-    if run is None:
-        return
-    with open(os.path.join(dump_folder, WANDB_RUN_FILE), "w") as f:
-        json.dump({"id": run.id, "project": run.project, "entity": run.entity, "dir": run.settings.root_dir}, f)
-
-
 class DispersionMetricsProcessor(MetricsProcessor):
     """Adds ``ce``, ``dispersion`` and each block's ``mean_cos_offdiag`` to the training
     log and TensorBoard, and perplexity to validation. Owns the step's ``StepMetrics``."""
@@ -73,7 +58,7 @@ class DispersionMetricsProcessor(MetricsProcessor):
         super().__init__(job_config, parallel_dims, tag)
         self.step_metrics = StepMetrics(global_batch_size(job_config, parallel_dims))
         if job_config.metrics.enable_wandb:
-            record_wandb_run(job_config.job.dump_folder)
+            wandb_run.record(job_config.job.dump_folder)
 
     def _global_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over data-parallel ranks (the ``loss`` mesh), as TorchTitan does for the loss."""

@@ -40,17 +40,31 @@ def records(path: Path) -> list:
     return out
 
 
+def logged(folder: Path) -> list[tuple[Path, int, dict]]:
+    """(run folder, W&B step, metric -> value) of each ``wandb.log`` call of every offline run
+    under ``folder``; media (tables, images, histograms) as the JSON that stands for them."""
+    out = []
+    for path in sorted(folder.rglob("run-*.wandb")):
+        for record in records(path):
+            if record.WhichOneof("record_type") == "history":
+                items: dict = {}
+                for item in record.history.item:  # a dict logged (media) comes as one item per nested key
+                    *parents, key = [item.key] if item.key else list(item.nested_key)
+                    into = items
+                    for parent in parents:
+                        into = into.setdefault(parent, {})
+                    into[key] = json.loads(item.value_json)
+                out.append((path.parent, record.history.step.num,
+                            {k: v for k, v in items.items() if not k.startswith("_")}))  # not wandb's _step, _runtime
+    return out
+
+
 def history(folder: Path) -> dict[str, dict[int, float]]:
     """Metric -> {step: value} of every offline run under ``folder``, as ``wandb.log`` got them."""
     out: dict[str, dict[int, float]] = {}
-    for path in sorted(folder.rglob("run-*.wandb")):
-        for record in records(path):
-            if record.WhichOneof("record_type") != "history":
-                continue
-            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            for key, value in items.items():
-                if not key.startswith("_"):  # wandb's own _step, _runtime, _timestamp
-                    out.setdefault(key, {})[record.history.step.num] = value
+    for _, step, items in logged(folder):
+        for key, value in items.items():
+            out.setdefault(key, {})[step] = value
     return out
 
 
