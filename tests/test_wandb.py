@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.components.wandb_run import WANDB_RUN_FILE
-from support.cli import analyze, assert_one_line_error
+from dispersion_titan.evaluate import main as evaluate_main
+from support.cli import analyze, assert_one_line_error, run_cli
+from support.eval_tasks import absolute_lm_eval_tasks
 from support.launch import torchrun
 from support.runs import scalars
 from support.wandb_files import history, logged, run_ids
@@ -79,3 +81,25 @@ def test_analyze_wandb_needs_a_run_trained_with_it(tmp_path, capsys):
     code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
     assert_one_line_error(code, err, f"--wandb: {run} names no W&B run ({WANDB_RUN_FILE})")
     assert not list(run.rglob("condensation.json"))  # checked before anything is analyzed
+
+
+def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run(trained, tmp_path, monkeypatch,
+                                                                                   capsys):
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    tasks = absolute_lm_eval_tasks(tmp_path / "tasks")
+    code, _, err = run_cli(evaluate_main, str(trained), "--include-path", str(tasks), "--tasks", "wiki_next_word",
+                           "--limit", "4", "--num-fewshot", "0", "--device", "cpu", "--wandb", capsys=capsys)
+    assert code == 0, err
+    with open(trained / "evaluation" / "summary.csv", newline="") as f:
+        summary = list(csv.DictReader(f))
+    by_step = {items["checkpoint_step"]: items for _, _, items in logged(trained)
+               if "checkpoint_step" in items and any(k.startswith("evaluation/") for k in items)}
+    assert sorted(by_step) == sorted(int(row["step"]) for row in summary) == [0, 2]
+    for row in summary:
+        scores = {f"evaluation/{k}": float(v) for k, v in row.items() if k != "step" and v != ""}
+        assert scores and {k: by_step[int(row["step"])][k] for k in scores} == scores
+    (folder, media), = [(folder, items) for folder, _, items in logged(trained) if "evaluation/summary" in items]
+    logged_table = json.loads((folder / "files" / media["evaluation/summary"]["path"]).read_text())
+    with open(trained / "evaluation" / "summary.csv", newline="") as f:
+        assert [logged_table["columns"], *logged_table["data"]] == list(csv.reader(f))

@@ -61,3 +61,20 @@ def files(run: Any, folder: str, prefix: str) -> None:
     for path in sorted(Path(folder).glob("*.png")):
         logged[f"{prefix}/{path.stem}"] = wandb.Image(str(path))
     run.log(logged)
+
+
+def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int, dict[str, Any]],
+                folder: str) -> None:
+    """Into the W&B run named in ``dump_folder``: each checkpoint's ``per_step`` values as
+    ``PREFIX/NAME`` against ``checkpoint_step`` (a resumed run's own step is already past
+    training's last one), then ``folder``'s tables and figures."""
+    run = resume(dump_folder, job_type)
+    try:
+        run.define_metric("checkpoint_step")
+        for name in sorted({name for values in per_step.values() for name in values}):
+            run.define_metric(f"{prefix}/{name}", step_metric="checkpoint_step")
+        for step, values in sorted(per_step.items()):
+            run.log({"checkpoint_step": step, **{f"{prefix}/{name}": value for name, value in values.items()}})
+        files(run, folder, prefix)
+    finally:
+        run.finish()
