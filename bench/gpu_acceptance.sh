@@ -8,7 +8,7 @@
 # bench/dispersion_loss.py at GPT-2 small's shape (B=16, N=1024, d=768, 12 layers) and
 # Qwen3-1.7B's (B=1, N=4096, d=2048, 28 layers): triton at each precision vs lean (vs
 # naive at GPT-2's); (4) bench/train_step.py (GPT-2 small, seq 1024, bf16, compiled):
-# angular_spread and l2_repel at each precision against CE only, then one step of each
+# angular_spread, l2_repel and perplexity_entropy at each precision against CE only, then one step of each
 # under torch.cuda.set_sync_debug_mode("warn"), counting implicit host syncs; (5) 20 steps
 # of train_configs/debug.toml with angular_spread (coeff 0.1), compile and bf16 through
 # launch/train.sh on all visible GPUs (with >= 2 GPUs: FSDP2 over them, then TP2); (6) the
@@ -68,10 +68,10 @@ run_step kernel_check "$PYTHON" bench/check_kernel_cuda.py
 run_step dispersion_loss "$PYTHON" bench/dispersion_loss.py --device cuda --B 16 --N 1024 --d 768 --layers 12 \
     --impls triton triton_tf32 triton_exact lean naive
 run_step dispersion_loss_qwen3 "$PYTHON" bench/dispersion_loss.py --device cuda --B 1 --N 4096 --d 2048 --layers 28 \
-    --dtype bf16 --variants angular_spread l2_repel --impls triton triton_tf32 triton_exact lean --repeats 2
+    --dtype bf16 --variants angular_spread l2_repel perplexity_entropy --impls triton triton_tf32 triton_exact lean --repeats 2
 run_step train_step "$PYTHON" bench/train_step.py --device cuda --dtype bf16 --compile \
     --flavor small --seq-len 1024 --batch-size "${TRAIN_STEP_BATCH:-8}" \
-    --variants angular_spread l2_repel --precisions auto tf32 exact --sync-debug
+    --variants angular_spread l2_repel perplexity_entropy --precisions auto tf32 exact --sync-debug
 
 RUN=$OUT_DIR/debug_angular_spread
 rm -rf "$RUN"

@@ -16,6 +16,7 @@ COMMANDS = {
     "sweep": "dispersion_titan.sweep",
     "quickstart": "dispersion_titan.quickstart",
     "data": "dispersion_titan.data.prepare",  # as python -m dispersion_titan.data
+    "paper": "dispersion_titan.paper",
 }
 USAGE = f"usage: dispersion-titan {{{'|'.join(COMMANDS)}}} [ARGS ...]   (each command's --help says more)"
 

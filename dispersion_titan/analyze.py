@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES
+from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS, PROTOCOLS
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
 from dispersion_titan.utils.errors import DispersionTitanError, fail
 
@@ -45,7 +45,16 @@ def analyze_parser() -> argparse.ArgumentParser:
     source.add_argument("--dataset", default=None,
                         help="registered dataset whose validation split is used (default: enwiki_sample)")
     source.add_argument("--texts", metavar="FILE", help="jsonl file with a \"text\" field per line")
-    p.add_argument("--dataset-path", "--dataset_path", dest="dataset_path", help="files for --dataset local")
+    p.add_argument("--dataset-path", "--dataset_path", dest="dataset_path",
+                   help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
+                        "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="default",
+                   help="paper: the authors' inputs: 100 wikitext-103-v1 train texts of >= 1024 words, the first "
+                        "512 tokens of each with the tokenizer's default special tokens, and "
+                        "--layer-points hidden_states (default: default)")
+    p.add_argument("--layer-points", choices=LAYER_POINTS,
+                   help="layers of the Spearman/Kendall depth trend: all (n+2, the default) or hidden_states "
+                        "(transformers' n+1, the default with --protocol paper)")
     p.add_argument("--num-sequences", type=positive_int, default=100, help="K sequences (default 100)")
     p.add_argument("--seq-len", type=_seq_len,
                    help="S tokens per sequence (default 512, or the model's positions if fewer)")
@@ -85,6 +94,9 @@ def size_series_parser() -> argparse.ArgumentParser:
     p.add_argument("--paired", action="append", default=[], metavar="A=B",
                    help="compare model A with model B (e.g. distilled with its base)")
     p.add_argument("--last-n", type=positive_int, default=3, help="layers averaged at the end of depth (default 3)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="default",
+                   help="paper: require every model analysed with analyze --protocol paper (the authors' inputs "
+                        "and hidden_states layer points)")
     return p
 
 
@@ -92,7 +104,7 @@ def run_size_series(argv: list[str]) -> int:
     from dispersion_titan.analysis.size_series import write_size_series
 
     a = size_series_parser().parse_args(argv)
-    print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n))
+    print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
     print(f"written: {a.out}/family.md, family.csv, family.png")
     return 0
 
@@ -105,10 +117,15 @@ def run_analyze(argv: list[str]) -> int:
     a = analyze_parser().parse_args(argv)
     if a.dataset_path and a.texts:
         fail("--dataset-path: not used with --texts")
+    paper = a.protocol == "paper"
+    if paper and (a.texts or a.dataset):
+        fail(f"--{'texts' if a.texts else 'dataset'}: not used with --protocol paper, which reads wikitext-103-v1 "
+             "(a local copy with --dataset-path)")
     inputs = InputOptions(
-        dataset=None if a.texts else (a.dataset or DEFAULT_DATASET),
+        dataset=None if a.texts or paper else (a.dataset or DEFAULT_DATASET),
         dataset_path=a.dataset_path, texts=a.texts,
-        num_sequences=a.num_sequences, seq_len=a.seq_len or DEFAULT_SEQ_LEN, seed=a.seed,
+        num_sequences=a.num_sequences, seq_len=a.seq_len or DEFAULT_SEQ_LEN, seed=a.seed, protocol=a.protocol,
+        layer_points=a.layer_points or ("hidden_states" if paper else "all"),
     )
     options = AnalyzeOptions(target=a.run, steps=a.steps, inputs=inputs, seq_len_given=a.seq_len is not None,
                              batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,

@@ -1,7 +1,8 @@
 """Downstream evaluation of saved checkpoints with lm-eval, and the paper's Table 2.
 
-    python -m dispersion_titan.evaluate RUN [--steps 0,5,10-20] [--tasks piqa,mmlu] [--limit N] ...
+    python -m dispersion_titan.evaluate RUN [--protocol gpt2|qwen3] [--steps 0,5,10-20] [--tasks piqa,mmlu] ...
     python -m dispersion_titan.evaluate table RUN... [ARM=RUN1,RUN2 ...] --out DIR [--select best|last|step:N]
+        [--include-initial] [--reference ARM] [--test student|welch]
 
 RUN is a run's dump folder or its checkpoint folder. Bad options fail with one line
 naming the option, file or folder (exit 2) before any model loads; checkpoints that
@@ -35,23 +36,26 @@ def _selection(text: str) -> str:
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
-    from dispersion_titan.evaluation.protocol import PAPER_LIMIT, PROTOCOLS
+    from dispersion_titan.evaluation.protocol import DEFAULT_PROTOCOL, PRESETS, PROTOCOLS
 
     p = OneLineErrorParser(prog="python -m dispersion_titan.evaluate",
-                description="lm-eval scores of a run's checkpoints (default: the paper's protocol).",
+                description="lm-eval scores of a run's checkpoints (default: the authors' GPT-2 protocol).",
                 epilog="The paper's Table 2 over runs: python -m dispersion_titan.evaluate table RUN... --out DIR")
     p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="paper",
-                   help="defaults for tasks, shots and limit (paper: 10 accuracies and wikitext-103 perplexity)")
+    p.add_argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL,
+                   help="the authors' tasks (10 accuracies, wikitext-103 perplexity), shots per task and limit: "
+                        + "; ".join(f"{name}: few-shot tasks {preset.few_shot} shot(s), the others 0, "
+                                    f"{preset.limit} per task" for name, preset in PRESETS.items()))
     p.add_argument("--tasks", help="comma-separated lm-eval task or group names (default: the protocol's)")
     p.add_argument("--include-path", "--include_path", dest="include_path", metavar="DIR",
                    help="folder of your own lm-eval task YAMLs")
     p.add_argument("--limit", type=_limit, default=None,
-                   help=f"examples per task, or all (default: the protocol's, {PAPER_LIMIT})")
+                   help="examples per task, or all (default: the protocol's)")
     p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=_non_negative_int, default=None,
                    help="shots for every task (default: the protocol's per task, else the task's own)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="lm-eval batch size (default 8)")
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="lm-eval batch size (default 8; the authors ran 1)")
     p.add_argument("--out", help="output folder (default: RUN/evaluation)")
     add_device_arguments(p)
     p.add_argument("--force", action="store_true", help="recompute steps already evaluated")
@@ -62,14 +66,23 @@ def evaluate_parser() -> argparse.ArgumentParser:
 
 def table_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.evaluate table",
-                description="The paper's Table 2: arms x tasks, mean ± std over seeds, average, rank, Welch's t-test.")
+                description="The paper's Table 2: arms x tasks, mean ± std over seeds, average, rank, t-test.")
     p.add_argument("runs", nargs="+", metavar="RUN|ARM=RUN1,RUN2",
                    help="evaluated runs (dump or evaluation folders), grouped into arms by their run.json "
                         "settings but the seed; or arms named explicitly")
     p.add_argument("--out", required=True, help="folder for table.md, table.csv and table.png")
     p.add_argument("--select", type=_selection, default="best",
-                   help="checkpoint per run: best (highest mean acc, default), last, or step:N")
-    p.add_argument("--reference", metavar="ARM", help="arm the others are tested against (default: the first)")
+                   help="checkpoint per run: best (highest mean acc among the steps the authors evaluate, "
+                        "default), last, or step:N")
+    p.add_argument("--num-ckpt", type=positive_int, default=5,
+                   help="--select best: the authors evaluate every floor(T/K)+1 steps and at the last step T; "
+                        "K (their --num_ckpt, default 5)")
+    p.add_argument("--include-initial", action="store_true",
+                   help="--select best: step 0 (the model before training) is a candidate too")
+    p.add_argument("--reference", metavar="ARM",
+                   help="arm the others are tested against (default: the first arm that uses a dispersion loss)")
+    p.add_argument("--test", choices=("student", "welch"), default="student",
+                   help="t-test of the per-seed averages: student (equal variances, the paper's; default) or welch")
     return p
 
 
@@ -94,10 +107,10 @@ def run_evaluate(argv: list[str]) -> int:
 
 
 def run_table(argv: list[str]) -> int:
-    from dispersion_titan.evaluation.table import table
+    from dispersion_titan.evaluation.table import Selection, table
 
     a = table_parser().parse_args(argv)
-    print(table(a.runs, a.out, a.select, a.reference))
+    print(table(a.runs, a.out, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test))
     print(f"written: {a.out}/table.md, table.csv, table.png")
     return 0
 

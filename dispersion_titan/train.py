@@ -107,18 +107,31 @@ def use_local_assets(job_config) -> bool:
     return True
 
 
-def resume_step(job_config) -> int | None:
-    """The checkpoint step to load when TorchTitan's choice (the newest) is not the one; see
-    ``checkpoints.plan_resume``. Raises ``RunFinished`` when there is nothing to do."""
-    from dispersion_titan.run_folder.checkpoints import plan_resume
+def check_run_folder(job_config) -> None:
+    """Refuse a relaunch that changes the recorded settings or would save over a step checkpoint
+    (``run_folder.settings``, ``checkpoints.check_resume``); ``RunFinished`` when there is nothing to do."""
+    from dispersion_titan.run_folder.checkpoints import check_resume
+    from dispersion_titan.run_folder.settings import check_same_settings
+
+    check_same_settings(job_config.job.dump_folder, job_config)
+    ckpt = job_config.checkpoint
+    if ckpt.enable:
+        check_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.training.steps,
+                     _data_parallel_degree(job_config), ckpt.load_step)
+
+
+def _data_parallel_degree(job_config) -> int:
     from dispersion_titan.trainer.config_checks import data_parallel_degree
 
-    ckpt = job_config.checkpoint
-    if not ckpt.enable:
-        return None
-    dp = data_parallel_degree(job_config, int(os.environ.get("WORLD_SIZE", "1")))
-    return plan_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.training.steps,
-                       dp, ckpt.load_step)
+    return data_parallel_degree(job_config, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def use_fork(job_config) -> bool:
+    """Set the checkpoint options that start a fork (``job.fork_from``) from its source; whether
+    this run is one (``settings.start_fork``)."""
+    from dispersion_titan.run_folder.settings import start_fork
+
+    return start_fork(job_config, _data_parallel_degree(job_config))
 
 
 def _launch_check_process() -> bool:
@@ -158,12 +171,13 @@ def main() -> None:
         ConfigManager().parse_args(args)  # prints the help of every section and exits
     try:
         job_config = validated_args(args)
-        if use_local_assets(job_config):
-            check(job_config)  # against the fetched tokenizer too
+        fetched, forked = use_local_assets(job_config), use_fork(job_config)
+        if fetched or forked:
+            check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
         check_gpus_usable()
         if _launch_check_process():
             refuse_if_busy(job_config.job.dump_folder)
-        load_step = resume_step(job_config)
+        check_run_folder(job_config)
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
         sys.exit(NOTHING_TO_DO if check_only else e.status)
@@ -171,8 +185,6 @@ def main() -> None:
         fail(str(e).splitlines()[0])
     if check_only:
         return
-    if load_step is not None:
-        job_config.checkpoint.load_step = load_step
 
     from dispersion_titan.trainer.trainer import DispersionTrainer
 

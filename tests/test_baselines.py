@@ -2,11 +2,11 @@
 and active forgetting.
 
 In one process: the noise's bound, its layout invariance and its absence outside
-training; a reset's fresh matrix and cleared AdamW state; the embedding group's LR
-sawtooth against its formula. With torchrun, from one seed checkpoint: each method gives
-the same losses and weights on 1 process, on FSDP2 with gradient accumulation and under
-TP with sequence parallel, and a resumed active-forgetting run reproduces the
-uninterrupted one exactly.
+training; a reset's fresh matrix, zeroed pad row and cleared AdamW state; the embedding
+group's LR against the authors' schedule, re-implemented here from its formula. With
+torchrun, from one seed checkpoint: each method gives the same losses and weights on 1
+process, on FSDP2 with gradient accumulation and under TP with sequence parallel, and a
+resumed active-forgetting run reproduces the uninterrupted one exactly.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from dispersion_titan.trainer.baselines import ActiveForgetting, EmbeddingNoise
 from dispersion_titan.components.optimizers import (
     build_dispersion_lr_schedulers,
     build_dispersion_optimizers,
-    embedding_warmup_steps,
 )
 from support.launch import torchrun
 from support.runs import load_weights, max_abs_diff, scalars, update_rel_diff
@@ -102,44 +101,60 @@ def test_reset_gives_a_fresh_matrix_and_clears_its_adamw_state():
         model(tokens).logsumexp(-1).mean().backward()
         optimizers.step()
 
-    forgetting = ActiveForgetting(model, optimizers, period=2, seed=3, tied=True)
+    forgetting = ActiveForgetting(model, optimizers, period=2, seed=3, tied=True, pad_id=7)
     before = model.tok_embeddings.weight.detach().clone()
     forgetting.begin_step(2)  # mid-period: nothing happens
     assert torch.equal(model.tok_embeddings.weight, before)
     forgetting.begin_step(3)  # after step 2 = K: reset before step 3
     after = model.tok_embeddings.weight.detach()
     assert after.std().item() == pytest.approx(0.02, rel=0.01) and abs(after.mean().item()) < 1e-3
+    assert not after[7].any() and after[6].any() and after[8].any()  # the pad row only is zeroed
     assert abs(torch.corrcoef(torch.stack([before.flatten(), after.flatten()]))[0, 1].item()) < 0.01
     state = optimizer.state[model.tok_embeddings.weight]
     assert set(state) == {"step", "exp_avg", "exp_avg_sq"} and all(not v.any() for v in state.values())
     assert all(optimizer.state[p]["step"].item() == 2 for p in body)  # the body's state is kept
 
-    again = ActiveForgetting(model, optimizers, period=2, seed=3, tied=True)
+    again = ActiveForgetting(model, optimizers, period=2, seed=3, tied=True, pad_id=7)
     again.begin_step(3)  # the same reset, as a resumed run makes it
     assert torch.equal(model.tok_embeddings.weight, after)
 
 
-def test_embedding_lr_is_a_sawtooth_and_the_body_keeps_the_run_schedule():
+def plasticity_embedding_lr(step: int, peak: float, K: int, T: int) -> float:
+    """The embeddings' LR at optimizer step ``step`` (1-based), written from the authors' formula
+    (LM-Dispersion, lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2_other_counter_condensation.py,
+    ActiveForgettingLRScheduler.get_lr, whose last_epoch + 1 is this step): index e = (step * (T // K)) % T,
+    capped at T - 1; warm-up over int(0.08 T) steps, then linear decay to 0 at T."""
+    e = min((step * (T // K)) % T, T - 1)
+    warmup = int(T * 0.08)
+    factor = e / max(1, warmup) if e < warmup else max(0.0, (T - e) / max(1, T - warmup))
+    return peak * factor
+
+
+@pytest.mark.parametrize("K, T", [(25, 100), (30, 100)])  # K divides T: restarts at each reset; else not
+def test_embedding_lr_follows_the_authors_schedule_and_the_body_keeps_the_run_schedule(K, T):
     from torchtitan.components.lr_scheduler import build_lr_schedulers
 
-    schedule = checked_job_config(AF).lr_scheduler
+    baseline = Baseline(method="active_forgetting", forget_every=K, embedding_lr=3e-4)
+    schedule = checked_job_config(baseline).lr_scheduler
     schedule.warmup_steps, schedule.decay_type, schedule.min_lr_factor = 5, "cosine", 0.1
-    _, optimizers = forgetting_model_and_optimizers()
-    schedulers = build_dispersion_lr_schedulers(optimizers, schedule, training_steps=60)
+    _, optimizers = forgetting_model_and_optimizers(baseline)
+    schedulers = build_dispersion_lr_schedulers(optimizers, schedule, training_steps=T)
     _, plain = forgetting_model_and_optimizers(Baseline())
-    reference = build_lr_schedulers(plain, schedule, 60)
+    reference = build_lr_schedulers(plain, schedule, T)
 
-    K, W = AF.forget_every, embedding_warmup_steps(AF.forget_every)
-    assert W == 2
     (optimizer,) = optimizers
-    for step in range(1, 2 * K + 6):
-        t = (step - 1) % K
-        want = AF.embedding_lr * ((t + 1) / W if t < W else (K - t) / (K - W))
+    seen = []
+    for step in range(1, T + 1):
         body_lr, embedding_lr = (group["lr"] for group in optimizer.param_groups)
-        assert embedding_lr == pytest.approx(want, rel=1e-12), step
+        seen.append(embedding_lr)
+        assert embedding_lr == pytest.approx(plasticity_embedding_lr(step, 3e-4, K, T), rel=1e-12, abs=1e-18), step
         assert body_lr == pytest.approx(reference.schedulers[0].get_last_lr()[0], rel=1e-12), step
         for s in (optimizers, plain, schedulers, reference):
             s.step()
+    if T % K == 0:  # the LR is 0 at each reset step K, 2K, ... and warms up again after it
+        assert all(seen[k - 1] == 0.0 and seen[k] > 0 for k in range(K, T, K))
+    else:  # e.g. K 30, T 100: speed 3, so step 34 has index 2 (3·34 = 102 mod 100): no restart at the reset
+        assert seen[33] == pytest.approx(3e-4 * 2 / 8) and seen[29] == pytest.approx(3e-4 * (100 - 90) / 92)
 
 
 # ---------------------------------------------------------------- torchrun

@@ -43,6 +43,7 @@ def write_toml(tmp_path, text: str) -> str:
         (["--dispersion.max_tokens", "1"], "dispersion.max_tokens"),
         (["--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps"),
         (["--dispersion.precision", "fp8"], "dispersion.precision"),
+        (["--dispersion.form", "authors"], "dispersion.form"),
         (["--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k"),
         (["--baseline.method", "neftune"], "baseline.method"),
         (["--baseline.noise_alpha", "-1"], "baseline.noise_alpha"),
@@ -50,6 +51,8 @@ def write_toml(tmp_path, text: str) -> str:
         (["--baseline.embedding_lr", "0"], "baseline.embedding_lr"),
         (["--baseline.method", "active_forgetting", "--optimizer.early_step_in_backward"],
          "optimizer.early_step_in_backward"),
+        (["--baseline.method", "active_forgetting", "--baseline.forget_every", "10", "--training.steps", "10"],
+         "baseline.forget_every"),  # no reset would ever happen
     ],
 )
 def test_invalid_values_name_their_field(overrides, field):

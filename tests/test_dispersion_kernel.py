@@ -61,6 +61,7 @@ def case_table() -> dict[str, dict]:
         "tf32":        (2, 40, 64, "fp32", "tf32", None, 1.0),
         "gpu_tiles":   (2, 200, 200, "fp32", "auto", GPU_TILES, 1.0),
         "gpu_exact":   (1, 150, 130, "fp32", "exact", GPU_TILES, 0.5),
+        "paper_form":  (2, 40, 24, "fp32", "exact", None, 4.0),  # form="paper"; the rest the released form
     }  # fmt: skip
     keys = ("B", "N", "d", "dtype", "precision", "tiles", "tau")
     return {
@@ -102,8 +103,9 @@ def run_case(case: dict, device: str = "cpu") -> dict[str, float]:
     """
     hidden = make_hidden(case, device)
     tiles = dispersion_triton.TritonTiles(case["precision"], case["tiles"])
-    value, grad = loss_and_grad(hidden, case["variant"], tau=case["tau"], kernel=tiles)
-    ref_value, ref_grad = loss_and_grad(hidden, case["variant"], tau=case["tau"])
+    kw = {"tau": case["tau"], "form": "paper" if case["inputs"] == "paper_form" else "released"}
+    value, grad = loss_and_grad(hidden, case["variant"], kernel=tiles, **kw)
+    ref_value, ref_grad = loss_and_grad(hidden, case["variant"], **kw)
     scale = ref_grad.abs().max().item()
     # bf16 gradients: each side rounds its own fp32 gradient, so allow one bf16 step per element
     rounding = BF16_ULP * ref_grad.abs() if hidden.dtype == torch.bfloat16 else 0.0
@@ -209,7 +211,7 @@ def _compile_sm90(kernel, constexprs: dict, pointers: dict[str, str], num_warps:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    floats = {"guard", "neg_inv_tau", "clamp", "pair_scale", "inv_batch", "norm_coeff"}
+    floats = {"guard", "neg_inv_tau", "clamp", "pair_scale", "inv_batch", "norm_coeff", "unit_eps", "entropy_eps"}
     signature = {
         a: "constexpr" if a in constexprs else pointers.get(a, "*fp32") if a.endswith("_ptr") else
         "fp32" if a in floats else "i32"
@@ -235,30 +237,44 @@ def _compile_sm90(kernel, constexprs: dict, pointers: dict[str, str], num_warps:
 
 def _shipped_compilations() -> Iterator[tuple[str, object, dict, dict, int, int]]:
     """(name, kernel, constexprs, pointer types, warps, stages) of every shipped configuration at the
-    default precision (bf16 rows and weights, bf16 products) and bf16 hidden states, as in training.
+    default precision (bf16 rows and weights, bf16 products; perplexity_entropy: fp32 rows and weights,
+    ieee products, its names marked "ieee") and bf16 hidden states, as in training.
 
     d is a runtime argument: 768, 1024 and 2048 compile to the same code (all multiples of 16,
     Triton's one integer specialisation), except the rows kernel's BLOCK_D = next power of 2.
     """
     dt = dispersion_triton
     bf16 = {"u_ptr": "*bf16", "w_ptr": "*bf16", "z_ptr": "*bf16", "dz_ptr": "*bf16"}
+    fp32_rows = {"z_ptr": "*bf16", "dz_ptr": "*bf16"}
     for variant, spec in SPECS.items():
-        pair = {"VARIANT": variant, "LOGSUMEXP": spec.logsumexp, "DOT": "bf16", "INTERPRET": False}
+        plan = dt.products("auto", spec)
+        pointers, tag = (bf16, "") if plan.store_bf16 else (fp32_rows, f"-{plan.dot}")
+        pair = {"VARIANT": variant, "LOGSUMEXP": spec.logsumexp, "DOT": plan.dot, "INTERPRET": False}
         for block_k, warps, stages in dt.PAIR_CONFIGS:
             for block in sorted({dt.pair_block(n) for n in (256, 1024, 4096)}):
                 tiles = {"BLOCK": block, "BLOCK_K": block_k}
-                yield (f"forward-{variant}-{block}x{block_k}-w{warps}s{stages}", dt._pairs_forward_kernel,
-                       {**pair, **tiles}, bf16, warps, stages)  # fmt: skip
-                yield (f"backward-{variant}-{block}x{block_k}-w{warps}s{stages}", dt._pairs_backward_kernel,
-                       {**pair, **tiles, "STORE_BF16": True}, bf16, warps, stages)  # fmt: skip
-    for rows in ("unit", "centred", "raw"):
+                config = f"{variant}-{block}x{block_k}-w{warps}s{stages}{tag}"
+                if spec.row_entropy:  # its forward writes the logits, then sweeps rows (below)
+                    yield (f"logits-{config}", dt._pair_logits_kernel,
+                           {"DOT": plan.dot, "INTERPRET": False, **tiles}, pointers, warps, stages)  # fmt: skip
+                else:
+                    yield (f"forward-{config}", dt._pairs_forward_kernel, {**pair, **tiles}, pointers, warps, stages)
+                yield (f"backward-{config}", dt._pairs_backward_kernel,
+                       {**pair, **tiles, "STORE_BF16": plan.store_bf16}, pointers, warps, stages)  # fmt: skip
+    rows_per_program, cols, warps = dt.ROW_ENTROPY_TILES
+    yield ("rows-entropy", dt._row_entropy_kernel, {"ROWS": rows_per_program, "COLS": cols}, {}, warps, 1)
+    wu_dot = dt.products("auto", SPECS["perplexity_entropy"]).wu_dot
+    for rows, dot, pointers in (("unit", "bf16", bf16), ("centred", "bf16", bf16), ("raw", "bf16", bf16),
+                                ("raw", wu_dot, fp32_rows)):  # fmt: skip
         for block, block_k, block_d, warps, stages in dt.DZ_CONFIGS:
-            yield (f"dz-{rows}-{block}x{block_k}x{block_d}-w{warps}", dt._dz_kernel,
-                   {"ROWS": rows, "DOT": "bf16", "INTERPRET": False, "BLOCK": block, "BLOCK_K": block_k,
-                    "BLOCK_D": block_d}, bf16, warps, stages)  # fmt: skip
-        for block_d in sorted({triton.next_power_of_2(d) for d in SHIPPED_D}):
-            yield (f"rows-{rows}-{block_d}", dt._rows_kernel,
-                   {"ROWS": rows, "STORE_BF16": True, "INTERPRET": False, "BLOCK_D": block_d}, bf16, 4, 1)  # fmt: skip
+            yield (f"dz-{rows}-{block}x{block_k}x{block_d}-w{warps}-{dot}", dt._dz_kernel,
+                   {"ROWS": rows, "DOT": dot, "INTERPRET": False, "BLOCK": block, "BLOCK_K": block_k,
+                    "BLOCK_D": block_d}, pointers, warps, stages)  # fmt: skip
+        block_ds = sorted({triton.next_power_of_2(d) for d in SHIPPED_D})
+        for block_d in block_ds if dot == "bf16" else block_ds[-1:]:
+            yield (f"rows-{rows}-{block_d}-{dot}", dt._rows_kernel,
+                   {"ROWS": rows, "STORE_BF16": dot == "bf16", "INTERPRET": False, "BLOCK_D": block_d},
+                   pointers, 4, 1)  # fmt: skip
 
 
 def test_shipped_configurations_compile_for_h100_without_spills() -> None:
@@ -279,11 +295,11 @@ def test_shipped_configurations_compile_for_h100_without_spills() -> None:
                     pytest.skip(f"cannot assemble for sm_90 here: {err}")
                 raise
     print(json.dumps(report, indent=1))
-    assert len(report) == 4 * len(dt.PAIR_CONFIGS) * 2 + 3 * len(dt.DZ_CONFIGS) + 3 * 2
+    assert len(report) == len(SPECS) * len(dt.PAIR_CONFIGS) * 2 + 4 * len(dt.DZ_CONFIGS) + 3 * 2 + 1 + 1
     for name, got in report.items():
         assert got["spill_bytes"] == 0, (name, got)
         assert got["shared"] <= HOPPER_SHARED_BYTES, (name, got)
-        if not name.startswith("rows"):
+        if not name.startswith("rows") and not name.endswith("ieee"):
             assert got["wgmma"], (name, got)  # Hopper tensor cores
 
 

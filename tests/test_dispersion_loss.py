@@ -87,7 +87,7 @@ def test_lean_saves_nothing_quadratic() -> None:
 
 
 def explicit_loss(hidden: torch.Tensor, variant: str, tau: float, clamp: float, lambda_norm: float) -> float:
-    """The spec written as Python loops over ordered pairs i != j, in float64."""
+    """The paper's equations (``form="paper"``) as Python loops over ordered pairs i != j, in float64."""
     seqs = hidden.double().tolist()
     per_seq = []
     for z in seqs:
@@ -100,6 +100,13 @@ def explicit_loss(hidden: torch.Tensor, variant: str, tau: float, clamp: float, 
                 rows.append([(x - mu) / std for x in v])
             terms = [sum(a * b for a, b in zip(rows[i], rows[j])) / (d - 1) for i in range(n) for j in range(n) if i != j]
             per_seq.append(sum(t * t for t in terms) / len(terms))
+            continue
+        if variant == "perplexity_entropy":  # mean_i sum_j p log2 p, p_j|i = softmax_{j != i}(-D_ij / tau)
+            total = 0.0
+            for i in range(n):
+                w = [math.exp(-sum((a - b) ** 2 for a, b in zip(z[i], z[j])) / tau) for j in range(n) if j != i]
+                total += sum(x / sum(w) * math.log2(x / sum(w)) for x in w if x > 0)
+            per_seq.append(total / n)
             continue
         if variant == "l2_repel":
             dists = [sum((a - b) ** 2 for a, b in zip(z[i], z[j])) for i in range(n) for j in range(n) if i != j]
@@ -128,8 +135,77 @@ def test_formula_against_explicit_loops(variant: str, name: str) -> None:
     hidden[1, 2] = 0.2 * hidden[1, 2] + 3.0  # larger norm, shifted mean
     kw = dict(tau=0.7, clamp=0.15, lambda_norm=0.3)
     expected = explicit_loss(hidden, variant, **kw)
-    got = IMPLS[name](hidden, variant, **kw)
+    got = IMPLS[name](hidden, variant, form="paper", **kw)
     assert abs(got.item() - expected) <= TOL * max(1.0, abs(expected)), (got.item(), expected)
+
+
+def released_dispersion_loss(z: torch.Tensor, variant: str, tau: float, clamp: float) -> torch.Tensor:
+    """A transcription of the authors' ``DispersionLoss.forward`` (LM-Dispersion, lm_dispersion/dispersion.py;
+    that repository is not installable offline), with epsilon = 1e-2, margin = 0.5, tau_l2 = tau_cos = tau
+    and no subsampling (N <= its max_tokens = 256). Only the einops rearrange is written as transpose."""
+    B, L, F = z.shape
+    eps = 1e-2
+    eye = torch.eye(L, dtype=torch.bool)
+    if variant == "decorrelation":
+        zc = (z - z.mean(dim=2, keepdim=True)) / z.std(dim=2, keepdim=True)
+        cov = torch.matmul(zc, zc.transpose(1, 2)) / (F - 1)
+        return cov.pow(2)[:, ~eye].mean()
+    if variant in ("l2_repel", "perplexity_entropy"):
+        logit = -(torch.cdist(z, z) ** 2) / tau
+        if variant == "l2_repel":
+            norm_regularization = (z**2).mean() * 1e-1
+            constant_diff = torch.log(torch.tensor(L**2))
+            return (torch.logsumexp(logit + eps, dim=(1, 2)) - constant_diff).mean() + norm_regularization
+        p = torch.softmax(logit.masked_fill(eye.unsqueeze(0), float("-inf")), dim=2)
+        return torch.sum(p * torch.log2(p + eps), dim=2).mean()  # -(-sum p log2(p + eps)).mean()
+    z_norm = z / (torch.linalg.norm(z, dim=2, keepdim=True) + eps)
+    cossim = z_norm @ z_norm.transpose(1, 2)
+    cossim = cossim + (torch.clamp(cossim, -1 + clamp, 1 - clamp) - cossim).detach()
+    D = torch.arccos(cossim) / torch.pi
+    if variant == "angular_spread":
+        logit = (-D / tau).masked_fill(eye.unsqueeze(0), float("-inf")).reshape(B, -1)
+        return (torch.logsumexp(logit + eps, dim=1) - torch.log(torch.tensor(L * (L - 1)))).mean()
+    return torch.clamp(0.5 - D, min=0.0).pow(2)[:, ~eye].mean()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("inputs", ["random", "condensed", "wide"])
+def test_released_form_equals_the_authors_loss(variant: str, inputs: str) -> None:
+    """The default form is the released code's: the value within 1e-5 of its formulas run in float64; the
+    gradient within 1e-5 of its largest entry, 1e-4 for perplexity_entropy, whose near-uniform (condensed) or
+    near-one-hot (wide) softmaxes give gradients that the released code's own fp32 run gets 8e-5 wrong."""
+    hidden = randn(2, 40, 24, seed=8)
+    if inputs == "condensed":  # one shared direction: cosines near 1, beyond the clamp; small distances
+        hidden = randn(1, 1, 24, seed=9) + 0.05 * hidden
+    elif inputs == "wide":  # distances >> 1 (tau 1): l2_repel's diagonal terms dominate its normaliser
+        hidden = 3.0 * hidden
+    kw = dict(tau=1.0 if inputs == "wide" else 4.0, clamp=0.25)
+    ours_v, ours_g = loss_and_grad(dispersion_loss, hidden, variant, lambda_norm=0.1, **kw)
+    theirs_v, theirs_g = loss_and_grad(released_dispersion_loss, hidden.double(), variant, **kw)
+    assert abs(ours_v.item() - theirs_v.item()) <= TOL * max(1.0, abs(theirs_v.item()))
+    scale = theirs_g.abs().max().item()
+    grad_tol = 1e-4 if variant == "perplexity_entropy" else TOL
+    assert scale > 0 and ((ours_g.double() - theirs_g).abs().max().item() <= grad_tol * scale)
+
+
+@pytest.mark.parametrize("variant", ["angular_spread", "perplexity_entropy"])
+def test_max_tokens_256_is_the_authors_subsampling(variant: str) -> None:
+    """The released loss draws ``torch.randperm(L)[:max_tokens]`` (256 by default) once per call, for the
+    whole batch; ``max_tokens = 256`` does the same with our seeded generator."""
+    hidden = randn(2, 300, 8, seed=12)
+    ours = dispersion_loss(hidden, variant, tau=4.0, clamp=0.25, max_tokens=256, generator=seeded(3))
+    subset = hidden[:, torch.randperm(300, generator=seeded(3))[:256]]
+    theirs = released_dispersion_loss(subset.double(), variant, tau=4.0, clamp=0.25)
+    assert abs(ours.item() - theirs.item()) <= TOL * max(1.0, abs(theirs.item()))
+
+
+def test_l2_repel_forms_differ_by_the_diagonal() -> None:
+    """At distances >> tau the released normaliser is ~N exp(0): its gradient is orders of magnitude
+    weaker than the paper's i != j form (docs/training.md quotes bench/l2_repel_forms.py's numbers)."""
+    hidden = 3.0 * randn(2, 40, 24, seed=8)
+    grads = {form: loss_and_grad(dispersion_loss, hidden, "l2_repel", lambda_norm=0.0, form=form)[1]
+             for form in ("released", "paper")}  # fmt: skip
+    assert grads["paper"].norm() > 1e3 * grads["released"].norm()
 
 
 # --------------------------------------------------------------------------- straight-through clamp
@@ -148,12 +224,12 @@ def test_straight_through_clamp_gradient(name: str, sign: float) -> None:
     # dc/dz_0 = u_1 - c u_0 = sign * (0, sin(theta)) for |z_0| = 1
     dc_dz0 = torch.tensor([0.0, sign * math.sin(theta)])
 
-    value, grad = loss_and_grad(IMPLS[name], hidden, "angular_spread", tau=1.0, clamp=eps)
+    value, grad = loss_and_grad(IMPLS[name], hidden, "angular_spread", tau=1.0, clamp=eps, form="paper")
     d = math.acos(cc) / math.pi
     assert value.item() == pytest.approx(-d, abs=1e-6)  # N = 2: L = -D
     assert_close(grad[0, 0], slope * dc_dz0, tol=1e-6)  # dL/dc = -dD/dc / tau
 
-    value, grad = loss_and_grad(IMPLS[name], hidden, "orthogonalization", clamp=eps)
+    value, grad = loss_and_grad(IMPLS[name], hidden, "orthogonalization", clamp=eps, form="paper")
     assert value.item() == pytest.approx(max(0.0, 0.5 - d) ** 2, abs=1e-6)
     assert_close(grad[0, 0], 2 * max(0.0, 0.5 - d) * slope * dc_dz0, tol=1e-6)
     if sign > 0:
@@ -163,7 +239,7 @@ def test_straight_through_clamp_gradient(name: str, sign: float) -> None:
 @pytest.mark.parametrize("name", IMPLS)
 def test_identical_tokens_use_clamped_arccos(name: str) -> None:
     hidden = torch.tensor([[[0.3, -1.2, 2.0]] * 2])
-    value, grad = loss_and_grad(IMPLS[name], hidden, "angular_spread", tau=0.5)
+    value, grad = loss_and_grad(IMPLS[name], hidden, "angular_spread", tau=0.5, form="paper")
     assert value.item() == pytest.approx(-math.acos(0.9) / math.pi / 0.5, abs=1e-6)
     assert torch.isfinite(grad).all() and grad.abs().max() < 1e-5  # dc/dz vanishes at c = 1
 
@@ -241,10 +317,11 @@ def test_autocast_does_not_reach_the_loss(variant: str) -> None:
     """Under bf16 autocast (TorchTitan's one-GPU/DDP setting, forward and backward inside
     it) the lean loss computes exactly what it computes in fp32."""
     hidden = randn(2, 19, 16, seed=13)
-    v32, g32 = loss_and_grad(dispersion_loss, hidden, variant, tau=0.5)
+    kw = dict(tau=0.5, form="paper")  # the released l2_repel's diagonal terms hide autocast's effect on the reference
+    v32, g32 = loss_and_grad(dispersion_loss, hidden, variant, **kw)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        v16, g16 = loss_and_grad(dispersion_loss, hidden, variant, tau=0.5)
-        ref_v16, _ = loss_and_grad(dispersion_loss_reference, hidden, variant, tau=0.5)
+        v16, g16 = loss_and_grad(dispersion_loss, hidden, variant, **kw)
+        ref_v16, _ = loss_and_grad(dispersion_loss_reference, hidden, variant, **kw)
     assert v16.dtype == torch.float32 and g16.dtype == torch.float32
     assert_close(v16, v32, tol=0)
     assert_close(g16, g32, tol=0)

@@ -20,6 +20,7 @@ from scipy import stats
 
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
+from dispersion_titan.evaluation.runner import lm_eval_seeds
 
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import absolute_lm_eval_tasks
@@ -107,13 +108,20 @@ def evaluated(run, tasks_dir) -> Path:
 # ---------------------------------------------------------------- evaluate
 
 
-def test_paper_protocol_is_the_default():
-    plan = build_plan(None, None, None)
-    assert plan.tasks == PAPER_TASKS and plan.limit == 500
-    assert [name for name, shots in plan.num_fewshot.items() if shots == 1] == [
-        "arc_easy", "arc_challenge", "medmcqa", "mmlu"]
-    assert plan.num_fewshot["paloma_wikitext_103"] == 0 and plan.num_fewshot["piqa"] == 0
-    custom = build_plan("piqa,my_task", 3, "all")
+FEW_SHOT = ["arc_easy", "arc_challenge", "medmcqa", "mmlu"]  # the authors' fewshot_tasks; the rest run 0-shot
+
+
+def test_the_authors_protocols_are_presets():
+    plan = build_plan(None, None, None)  # --protocol gpt2, the default
+    assert (plan.protocol, plan.tasks, plan.limit) == ("gpt2", PAPER_TASKS, 500)
+    assert [name for name, shots in plan.num_fewshot.items() if shots] == FEW_SHOT
+    assert set(plan.num_fewshot.values()) == {0, 1}
+    qwen3 = build_plan(None, None, None, "qwen3")
+    assert (qwen3.tasks, qwen3.limit) == (PAPER_TASKS, 200)
+    assert {name: shots for name, shots in qwen3.num_fewshot.items() if shots} == dict.fromkeys(FEW_SHOT, 5)
+    authors = "anli,hellaswag,lambada,openbookqa,paloma_wikitext_103,piqa,truthfulqa_mc2,winogrande,mmlu"
+    assert build_plan(authors, None, None, "qwen3").num_fewshot == {**dict.fromkeys(authors.split(","), 0), "mmlu": 5}
+    custom = build_plan("piqa,my_task", 3, "all", "qwen3")
     assert custom.num_fewshot == {"piqa": 3, "my_task": 3} and custom.limit is None
     assert build_plan("piqa,my_task", None, 7).num_fewshot == {"piqa": 0, "my_task": None}
 
@@ -125,10 +133,12 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, t
     from dispersion_titan import convert
 
     convert.main(["to-hf", str(run / "checkpoint" / "step-2"), str(tmp_path / "hf")])
+    seed = read_json(run / "run.json")["seed"]  # the authors seed all four of lm-eval's generators with it
     reference = lm_eval.simple_evaluate(
         model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=LOCAL_TASKS.split(","),
         task_manager=TaskManager(include_path=str(tasks_dir), include_defaults=False), num_fewshot=1, limit=LIMIT, batch_size=8,
-        device="cpu", log_samples=False,
+        device="cpu", log_samples=False, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+        fewshot_random_seed=seed,
     )
     ours = read_json(evaluated / "step-2" / "results.json")
     for task in ("wiki_next_word", "wiki_text"):
@@ -147,17 +157,45 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tasks_dir, t
     assert "samples" not in ours
     mine = ours["dispersion_titan"]
     assert mine["lm_eval_version"] == lm_eval.__version__ == "0.4.13"
-    assert mine["settings"] == {"protocol": "paper", "tasks": ["wiki_next_word", "wiki_text"],
+    assert mine["settings"] == {"protocol": "gpt2", "tasks": ["wiki_next_word", "wiki_text"],
                                 "num_fewshot": {"wiki_next_word": 1, "wiki_text": 1}, "limit": LIMIT, "dtype": "fp32"}
     assert (mine["step"], mine["run"]) == (2, str(run))
+    assert seed == 42 and mine["seeds"] == lm_eval_seeds(seed)
+    assert {key: ours["config"][key] for key in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")} == \
+        dict.fromkeys(("random_seed", "numpy_seed", "torch_seed", "fewshot_seed"), seed)
     assert not [p for p in os.listdir(evaluated) if p.startswith(".")]  # the temporary export is gone
 
     with open(evaluated / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["step", "wiki_next_word/acc", "wiki_text/word_perplexity", "mean_acc"]
     assert [r["step"] for r in rows] == ["0", "2"]
-    assert float(rows[1]["wiki_next_word/acc"]) == reference["results"]["wiki_next_word"]["acc,none"]
+    # summary.csv shows 6 significant digits
+    assert float(rows[1]["wiki_next_word/acc"]) == pytest.approx(reference["results"]["wiki_next_word"]["acc,none"],
+                                                                 rel=1e-5)
     assert float(rows[1]["mean_acc"]) == float(rows[1]["wiki_next_word/acc"])
+
+
+def test_protocol_shots_per_task_reach_lm_eval(run, tasks_dir, tmp_path, capsys):
+    """Two local tasks under the names of an authors' few-shot and zero-shot task: lm-eval's
+    own record (n-shot, each task's config) shows the preset's shots; explicit options win
+    (--num-fewshot: the ``evaluated`` fixture)."""
+    import yaml
+
+    named = tmp_path / "named_tasks"
+    named.mkdir()
+    for name in ("arc_easy", "piqa"):
+        config = {**yaml.safe_load((tasks_dir / "wiki_next_word.yaml").read_text()), "task": name}
+        (named / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    common = [run, "--include-path", named, "--tasks", "arc_easy,piqa", "--steps", "2", "--batch-size", "1",
+              "--device", "cpu"]
+    code, _, _ = evaluate(*common, "--protocol", "qwen3", "--limit", "4", "--out", tmp_path / "q", capsys=capsys)
+    result = read_json(tmp_path / "q" / "step-2" / "results.json")
+    assert code == 0 and result["n-shot"] == {"arc_easy": 5, "piqa": 0}
+    assert {name: result["configs"][name]["num_fewshot"] for name in ("arc_easy", "piqa")} == {"arc_easy": 5, "piqa": 0}
+    assert result["n-samples"]["arc_easy"]["effective"] == 4  # --limit overrides the preset's 200
+    assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
+    assert_one_line_error(*evaluate(run, "--protocol", "paper", capsys=capsys)[::2],
+                          "--protocol", "invalid choice: 'paper'", "gpt2", "qwen3")
 
 
 def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tasks_dir, tmp_path, capsys):
@@ -181,6 +219,22 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tasks_di
     code, _, err = evaluate(run, "--include-path", tasks_dir, *OPTS, "--limit", "6", capsys=capsys)
     assert_one_line_error(code, err, "--out", "step 0 was evaluated with other settings", "limit 12 vs 6", "--force")
     assert tree(evaluated) == after
+
+
+def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tasks_dir, tmp_path, capsys):
+    """step-N/results.json records its checkpoint's identity: once step-N holds other weights,
+    the rerun says so in one line instead of skipping it, and changes nothing."""
+    replaced, out = tmp_path / "run", tmp_path / "out"
+    shutil.copytree(run / "checkpoint", replaced / "checkpoint")  # copies keep mtimes: the same identity
+    shutil.copy(run / "run.json", replaced)
+    shutil.copytree(evaluated, out)
+    shutil.rmtree(replaced / "checkpoint" / "step-2")
+    shutil.copytree(run / "checkpoint" / "step-0", replaced / "checkpoint" / "step-2")
+    before = tree(out)
+    code, _, err = evaluate(replaced, "--include-path", tasks_dir, *OPTS, "--out", out, capsys=capsys)
+    assert_one_line_error(code, err, f"--out: {out}: step 2 was evaluated from another checkpoint than "
+                                     f"{replaced / 'checkpoint' / 'step-2'} holds now", "--force recomputes it")
+    assert tree(out) == before
 
 
 def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tasks_dir, tmp_path, capsys):
@@ -238,16 +292,20 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
 
 # ---------------------------------------------------------------- table
 
-SETTINGS = {"protocol": "paper", "tasks": ["t_a", "t_b", "t_ppl"], "num_fewshot": {"t_a": 0, "t_b": 1, "t_ppl": 0},
+SETTINGS = {"protocol": "gpt2", "tasks": ["t_a", "t_b", "t_ppl"], "num_fewshot": {"t_a": 0, "t_b": 1, "t_ppl": 0},
             "limit": 500, "dtype": "fp32"}
+TRAINING_STEPS = 10  # the authors evaluate at 3, 6, 9 (every 10 // 5 + 1) and 10; step 5 is off their cadence
 # run -> (dispersion variant, coeff, seed, {step: (t_a acc, t_b acc, t_ppl word perplexity)})
 FABRICATED = {
-    "base_s1": ("none", 0.0, 1, {0: (0.30, 0.40, 900.0), 5: (0.36, 0.44, 500.0), 10: (0.35, 0.43, 450.0)}),
-    "base_s2": ("none", 0.0, 2, {0: (0.31, 0.41, 880.0), 5: (0.35, 0.45, 520.0), 10: (0.37, 0.46, 470.0)}),
-    "disp_s1": ("angular_spread", 0.1, 1, {0: (0.30, 0.40, 900.0), 5: (0.40, 0.50, 480.0), 10: (0.41, 0.52, 430.0)}),
-    "disp_s2": ("angular_spread", 0.1, 2, {0: (0.32, 0.39, 890.0), 5: (0.44, 0.51, 470.0), 10: (0.40, 0.50, 440.0)}),
+    "base_s1": ("none", 0.0, 1, {0: (0.30, 0.40, 900.0), 3: (0.36, 0.44, 500.0), 5: (0.38, 0.47, 480.0),
+                                 10: (0.35, 0.43, 450.0)}),
+    "base_s2": ("none", 0.0, 2, {0: (0.31, 0.41, 880.0), 3: (0.35, 0.45, 520.0), 5: (0.34, 0.44, 500.0),
+                                 10: (0.37, 0.46, 470.0)}),
+    "disp_s1": ("angular_spread", 0.1, 1, {0: (0.30, 0.40, 900.0), 3: (0.40, 0.50, 480.0), 5: (0.45, 0.55, 470.0),
+                                           10: (0.41, 0.52, 430.0)}),
+    "disp_s2": ("angular_spread", 0.1, 2, {0: (0.50, 0.60, 890.0), 3: (0.44, 0.51, 470.0), 5: (0.39, 0.49, 460.0),
+                                           10: (0.40, 0.50, 440.0)}),
 }
-BEST = {"base_s1": 5, "base_s2": 10, "disp_s1": 10, "disp_s2": 5}  # highest mean of t_a and t_b
 
 
 @pytest.fixture
@@ -259,7 +317,8 @@ def fabricated(tmp_path) -> dict[str, Path]:
         dump.mkdir()
         (dump / "run.json").write_text(json.dumps({
             "model_name": "gpt2", "model_args": {"dim": 64, "n_layers": 4, "mlp_hidden_dim": 0},
-            "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0}, "seed": seed}))
+            "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0}, "seed": seed,
+            "training_steps": TRAINING_STEPS}))
         for step, (a, b, ppl) in by_step.items():
             result = {"results": {"t_a": {"acc,none": a}, "t_b": {"acc,none": b, "acc_norm,none": 0.9},
                                   "t_ppl": {"word_perplexity,none": ppl, "byte_perplexity,none": 2.0}},
@@ -268,6 +327,23 @@ def fabricated(tmp_path) -> dict[str, Path]:
             (dump / "evaluation" / f"step-{step}" / "results.json").write_text(json.dumps(result))
         runs[name] = dump
     return runs
+
+
+def authors_best(name: str, include_initial: bool = False) -> int:
+    """The authors' choice, computed as their scripts do: LMEvalCallback evaluates in
+    on_step_end when global_step % (max_steps // num_ckpt + 1) == 0, in on_train_end, and
+    in on_train_begin only with --eval_at_begin; plot_results.py then keeps, per seed,
+    the first step of highest mean accuracy (perplexity left out)."""
+    every = TRAINING_STEPS // 5 + 1
+    evaluated = [0] if include_initial else []
+    evaluated += [step for step in range(1, TRAINING_STEPS + 1) if step % every == 0]
+    evaluated += [TRAINING_STEPS] if TRAINING_STEPS not in evaluated else []
+    by_step = FABRICATED[name][3]
+    best, best_score = None, -1.0
+    for step in evaluated:
+        if step in by_step and sum(by_step[step][:2]) / 2 > best_score:
+            best, best_score = step, sum(by_step[step][:2]) / 2
+    return best
 
 
 def averages(steps: dict[str, int], names: list[str]) -> list[float]:
@@ -279,6 +355,9 @@ def read_csv(path: Path) -> dict[str, dict]:
         return {row["arm"]: row for row in csv.DictReader(f)}
 
 
+BASE_RUNS, DISP_RUNS = ["base_s1", "base_s2"], ["disp_s1", "disp_s2"]
+
+
 def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_path, capsys):
     out = tmp_path / "table"
     code, stdout, _ = evaluate("table", *fabricated.values(), "--out", out, capsys=capsys)
@@ -286,14 +365,16 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     rows = read_csv(out / "table.csv")
     base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"  # the settings that differ
     assert list(rows) == [base, disp]
-    assert rows[base]["steps"] == "5;10" and rows[disp]["steps"] == "10;5"
-    base_avg, disp_avg = averages(BEST, ["base_s1", "base_s2"]), averages(BEST, ["disp_s1", "disp_s2"])
-    p = stats.ttest_ind(disp_avg, base_avg, equal_var=False).pvalue
-    assert float(rows[disp]["p_value"]) == pytest.approx(p, rel=1e-5)  # the CSV shows 6 significant digits
-    assert rows[disp]["significance"] == ("***" if p < 0.001 else "**" if p < 0.01 else "*" if p < 0.05 else "")
-    assert rows[disp]["significance"] == "*"  # these numbers were chosen to give 0.01 <= p < 0.05
-    assert rows[base]["p_value"] == "" and rows[base]["reference"] == base
-    t_a = [FABRICATED[n][3][BEST[n]][0] for n in ("base_s1", "base_s2")]
+    best = {name: authors_best(name) for name in FABRICATED}
+    assert best == {"base_s1": 3, "base_s2": 10, "disp_s1": 10, "disp_s2": 3}  # steps 5 and 0 score higher, unseen
+    assert rows[base]["steps"] == "3;10" and rows[disp]["steps"] == "10;3"
+    base_avg, disp_avg = averages(best, BASE_RUNS), averages(best, DISP_RUNS)
+    # Student's t-test against the arm with a dispersion loss, the paper's Table 2 default.
+    p = stats.ttest_ind(base_avg, disp_avg, equal_var=True).pvalue
+    assert rows[disp]["reference"] == disp and rows[disp]["p_value"] == "" and rows[base]["test"] == "student"
+    assert float(rows[base]["p_value"]) == pytest.approx(p, rel=1e-5)  # the CSV shows 6 significant digits
+    assert p < 0.05 and rows[base]["significance"] == ("***" if p < 0.001 else "**" if p < 0.01 else "*")
+    t_a = [FABRICATED[n][3][best[n]][0] for n in BASE_RUNS]
     assert float(rows[base]["t_a/acc_mean"]) == pytest.approx(sum(t_a) / 2)
     assert float(rows[base]["t_a/acc_std"]) == pytest.approx(stats.tstd(t_a))
     assert float(rows[disp]["average_mean"]) == pytest.approx(sum(disp_avg) / 2)
@@ -301,18 +382,28 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert (float(rows[disp]["avg_rank"]), float(rows[base]["avg_rank"])) == (1.0, 2.0)  # perplexity not ranked
     table_md = (out / "table.md").read_text()
     assert table_md == stdout.split("written:")[0].rstrip("\n") + "\n"
-    assert f"| {disp} | 2 | 0.4250 ± 0.0212 |" in table_md and f"p vs {base}" in table_md
+    assert f"| {disp} | 2 | 0.4250 ± 0.0212 |" in table_md and f"p vs {disp}" in table_md
+    assert "Student's t-test" in table_md
     png = (out / "table.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10000
 
-    # Other selections, explicit arms, another reference.
+    # Step 0 a candidate; Welch's test; another reference.
+    code, _, _ = evaluate("table", *fabricated.values(), "--include-initial", "--test", "welch", "--reference", base,
+                          "--out", tmp_path / "initial", capsys=capsys)
+    rows = read_csv(tmp_path / "initial" / "table.csv")
+    best = {name: authors_best(name, include_initial=True) for name in FABRICATED}
+    assert code == 0 and best["disp_s2"] == 0 and rows[disp]["steps"] == f"{best['disp_s1']};0"
+    p = stats.ttest_ind(averages(best, DISP_RUNS), averages(best, BASE_RUNS), equal_var=False).pvalue
+    assert float(rows[disp]["p_value"]) == pytest.approx(p, rel=1e-5) and rows[base]["p_value"] == ""
+    assert rows[disp]["test"] == "welch"
+
+    # Other selections, explicit arms.
     code, _, _ = evaluate("table", f"B={fabricated['base_s1']},{fabricated['base_s2']}",
                           f"D={fabricated['disp_s1']},{fabricated['disp_s2']}", "--select", "last",
-                          "--reference", "D", "--out", tmp_path / "last", capsys=capsys)
+                          "--out", tmp_path / "last", capsys=capsys)
     rows = read_csv(tmp_path / "last" / "table.csv")
     last = {name: 10 for name in FABRICATED}
-    p = stats.ttest_ind(averages(last, ["base_s1", "base_s2"]), averages(last, ["disp_s1", "disp_s2"]),
-                        equal_var=False).pvalue
+    p = stats.ttest_ind(averages(last, BASE_RUNS), averages(last, DISP_RUNS), equal_var=True).pvalue
     assert code == 0 and list(rows) == ["B", "D"] and rows["B"]["steps"] == "10;10"
     assert float(rows["B"]["p_value"]) == pytest.approx(p, rel=1e-5) and rows["D"]["p_value"] == ""
     code, _, _ = evaluate("table", *fabricated.values(), "--select", "step:5", "--out", tmp_path / "s5", capsys=capsys)
@@ -328,16 +419,22 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     out = tmp_path / "bad"
     runs = list(map(str, fabricated.values()))
     assert_one_line_error(*evaluate("table", *runs, "--select", "step:7", "--out", out, capsys=capsys)[::2],
-                          "--select", "no evaluation of step 7 (have [0, 5, 10])")
+                          "--select", "no evaluation of step 7 (have [0, 3, 5, 10])")
     assert_one_line_error(*evaluate("table", *runs, "--select", "first", "--out", out, capsys=capsys)[::2],
                           "--select", "best, last or step:N")
     assert_one_line_error(*evaluate("table", *runs, "--reference", "X", "--out", out, capsys=capsys)[::2],
-                          "--reference", "no arm 'X'")
+                          "--reference", "no arm 'X'", "have 'variant=none, coeff=0.0', 'variant=angular_spread")
+    assert_one_line_error(*evaluate("table", *runs, "--test", "z", "--out", out, capsys=capsys)[::2], "--test")
     assert_one_line_error(*evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2], "named twice")
     assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")
-    other = read_json(fabricated["disp_s2"] / "evaluation" / "step-5" / "results.json")
+    other = read_json(fabricated["disp_s2"] / "evaluation" / "step-3" / "results.json")
     other["dispersion_titan"]["settings"] = {**SETTINGS, "limit": 100}
-    (fabricated["disp_s2"] / "evaluation" / "step-5" / "results.json").write_text(json.dumps(other))
+    (fabricated["disp_s2"] / "evaluation" / "step-3" / "results.json").write_text(json.dumps(other))
     assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
                           "other settings", "limit 500 vs 100")
+    for step in (3, 10):  # none of the steps the authors evaluate left
+        shutil.rmtree(fabricated["base_s2"] / "evaluation" / f"step-{step}")
+    assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
+                          "--select best", "no evaluation of the steps the authors evaluate",
+                          "([3, 6, 9, 10]; have [0, 5])")
     assert not out.exists()

@@ -6,7 +6,9 @@ computation through ``output_hidden_states``."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -242,3 +244,73 @@ def test_geometry_of_rank_one_and_orthogonal_tokens():
     assert geometry(same) == pytest.approx((1.0, 1.0))
     batch = unit_tokens(torch.tensor(np.stack([rank_one[:4], orthogonal[:4, :4]]), dtype=torch.float32))
     assert effective_rank(batch).tolist() == pytest.approx([1.0, 4.0], abs=1e-5)
+
+
+def write_wikitext_copy(folder: Path, rows: int = 300) -> Path:
+    """A local copy in the hub's layout of wikitext-103-v1's train split: rows of 40 words, and headings."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    words = np.array("the of and in to a was is for on as with by at from his that it an were".split())
+    lines = [" = Heading {} = \n".format(i) if i % 10 == 0 else " ".join(rng.choice(words, 40)) + " .\n"
+             for i in range(rows)]
+    (folder / "wikitext-103-v1").mkdir(parents=True)
+    for part, chunk in enumerate((lines[: rows // 2], lines[rows // 2:])):
+        pq.write_table(pa.table({"text": chunk}), folder / "wikitext-103-v1" / f"train-0000{part}-of-00002.parquet")
+    return folder
+
+
+def authors_long_text(rows: list[str], seed: int) -> str:
+    """A transcription of the authors' get_random_long_text(min_word_count=1024, max_word_count=1280)
+    (LM-Dispersion, key_observations/utils/text_data.py), with nltk's word_tokenize (not installed
+    here) replaced by a count of words and punctuation marks."""
+    count = lambda text: len(re.findall(r"\w+|[^\w\s]", text))  # noqa: E731
+    rng = np.random.default_rng(seed=seed)
+    idx = rng.integers(0, int(len(rows) * 0.95)).item()
+    text = ""
+    while count(text) < 1024:
+        text += rows[idx]
+        idx += 1
+        if count(text) > 1280:
+            break
+    return text
+
+
+def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer_files, texts, tmp_path, capsys):
+    """``--protocol paper``: the authors' texts from a local wikitext-103-v1 copy, the tokenizer's default
+    special tokens (here a BOS its post-processor adds), and Spearman/Kendall over transformers' n + 1
+    hidden_states; ``family --protocol paper`` refuses a model analysed otherwise."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    folder = save_model(tmp_path / "llama", config("llama", layers=3), tokenizer_files)
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 50256)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    corpus = write_wikitext_copy(tmp_path / "wikitext")
+    out = tmp_path / "paper"
+    code, _, err = analyze(f"hf:{folder}", "--protocol", "paper", "--dataset-path", corpus, "--num-sequences", "3",
+                           "--seq-len", "24", "--out", out, capsys=capsys)
+    assert code == 0, err
+    result = load(out)
+    assert result.inputs["protocol"] == "paper" and result.inputs["layer_points"] == "hidden_states"
+
+    import pyarrow.parquet as pq
+
+    rows = [r for f in sorted((corpus / "wikitext-103-v1").iterdir()) for r in pq.read_table(f)["text"].to_pylist()]
+    encode = transformers.AutoTokenizer.from_pretrained(folder)
+    tokens = torch.tensor([encode(authors_long_text(rows, seed))["input_ids"][:24] for seed in range(3)])
+    assert (tokens[:, 0] == 50256).all()  # the default special token is there
+    assert result.tokens_sha256 == hashlib.sha256(tokens.numpy().astype("<i8").tobytes()
+                                                  + repr(tuple(tokens.shape)).encode()).hexdigest()
+    curve = [mean for mean, _ in plain_mean_cos(independent_states(folder, "llama", tokens))]
+    hidden_states = curve[:-2] + curve[-1:]  # embedding, blocks 1..n-1, final norm
+    assert len(hidden_states) == 4 and [layer.mean_cos for layer in result.layers] == pytest.approx(curve, abs=1e-5)
+    assert result.spearman == pytest.approx(stats.spearmanr(range(4), hidden_states).statistic, abs=1e-9)
+    assert result.kendall == pytest.approx(stats.kendalltau(range(4), hidden_states).statistic, abs=1e-9)
+
+    other = tmp_path / "default"
+    assert analyze(f"hf:{folder}", *options(texts), "--out", other, capsys=capsys)[0] == 0
+    assert_one_line_error(*analyze("family", str(out), str(other), "--out", tmp_path / "family", "--protocol", "paper",
+                                   capsys=capsys)[::2], "--protocol paper", "was not analysed with")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.run_folder.checkpoints import plan_resume
+from dispersion_titan.run_folder.checkpoints import check_resume
 from dispersion_titan.utils.errors import CheckpointError
 from support.launch import REFERENCE_STEPS, SCHEDULE, torchrun
 from support.runs import digests, load_weights, max_abs_diff, scalars
@@ -17,9 +17,9 @@ from support.runs import digests, load_weights, max_abs_diff, scalars
 pytestmark = pytest.mark.slow
 
 # The reference run's schedule (conftest's ``reference_run``: 2 processes, 8 steps), with
-# validation every 2 steps; a launch to step 4 ends with a weights-only checkpoint, so
-# raising training.steps resumes from step 2, the last full one.
-ELASTIC = (*SCHEDULE, "--validation.freq", "2")
+# validation every 2 steps; a launch to step 4 ends with a full checkpoint, so raising
+# training.steps resumes from it (a weights-only one would be refused: test_run_ledger.py).
+ELASTIC = (*SCHEDULE, "--validation.freq", "2", "--checkpoint.no-last_save_model_only")
 TAGS = ("loss_metrics/global_avg_loss", "loss_metrics/ce", "loss_metrics/dispersion", "grad_norm")
 LOSS, VALIDATION = "loss_metrics/global_avg_loss", "validation_metrics/loss"
 STOP = 4
@@ -28,7 +28,7 @@ STOP = 4
 @pytest.fixture(scope="module")
 def elastic(tmp_path_factory, reference_run) -> dict[str, Path]:
     """The session's uninterrupted run (the yardstick), and a 2-process and a 1-process run
-    stopped at step 4 (final checkpoint: weights only, as by default), plus an untouched
+    stopped at step 4 (final checkpoint: full), plus an untouched
     copy of the 2-process one."""
     root = tmp_path_factory.mktemp("elastic")
     torchrun(root / "two", 2, "--training.steps", str(STOP), *ELASTIC)
@@ -42,7 +42,7 @@ def test_resumed_run_reproduces_uninterrupted_losses(elastic):
     optimizer, LR schedule, data position and dispersion token subsets)."""
     dump = elastic["two_again"]
     second = torchrun(dump, 2, "--training.steps", str(REFERENCE_STEPS), *ELASTIC)
-    assert "Training starts at step 3" in second.stdout + second.stderr
+    assert f"Training starts at step {STOP + 1}" in second.stdout + second.stderr
     want, got = scalars(elastic["straight"]), scalars(dump)
     for tag in TAGS:
         for step in range(1, REFERENCE_STEPS + 1):
@@ -61,11 +61,14 @@ def test_finished_run_relaunched_does_nothing(elastic):
 
 
 def test_model_only_run_cannot_continue_and_says_why(elastic, tmp_path):
-    """Only a weights-only checkpoint: no training state to continue from, one line."""
-    shutil.copytree(elastic["two"] / "checkpoint" / "step-4", tmp_path / "checkpoint" / "step-4")
-    with pytest.raises(CheckpointError, match=r"step-4 holds weights only .* cannot continue to step 8; start a new "
-                                              r"job.dump_folder from its weights with --checkpoint.initial_load_path"):
-        plan_resume(str(tmp_path / "checkpoint"), 8, 1)
+    """Only a weights-only checkpoint (the reference run's final one): no training state to
+    continue from, one line."""
+    final = f"step-{REFERENCE_STEPS}"
+    shutil.copytree(elastic["straight"] / "checkpoint" / final, tmp_path / "checkpoint" / final)
+    with pytest.raises(CheckpointError, match=rf"{final} holds weights only .* cannot continue to step 10; "
+                                              rf"start a new job.dump_folder from its weights with "
+                                              rf"--job.fork_from {tmp_path}@8"):
+        check_resume(str(tmp_path / "checkpoint"), 10, 1)
 
 
 def test_validation_loss_does_not_depend_on_the_layout(elastic):
@@ -79,12 +82,11 @@ def test_validation_loss_does_not_depend_on_the_layout(elastic):
 
 @pytest.mark.parametrize("saved_by, resumed_by", [("two", 1), ("one", 2)], ids=["2->1", "1->2"])
 def test_resume_under_another_data_parallel_degree(elastic, saved_by, resumed_by):
-    """Raised training.steps on another number of processes: it resumes from the last full
-    checkpoint (step 2; step 4 holds weights only) and trains as the uninterrupted run."""
+    """Raised training.steps on another number of processes: it resumes from step 4 and
+    trains as the uninterrupted run."""
     dump = elastic[saved_by]
     resumed = torchrun(dump, resumed_by, "--training.steps", str(REFERENCE_STEPS), *ELASTIC)
-    assert "resuming from step 2, the last full checkpoint (step-4 holds weights only)" in resumed.stderr
-    assert "Training starts at step 3" in resumed.stdout + resumed.stderr
+    assert f"Training starts at step {STOP + 1}" in resumed.stdout + resumed.stderr
     want, got = scalars(elastic["straight"])[LOSS], scalars(dump)[LOSS]
-    for step in range(3, REFERENCE_STEPS + 1):
+    for step in range(STOP + 1, REFERENCE_STEPS + 1):
         assert got[step] == pytest.approx(want[step], rel=1e-4), step

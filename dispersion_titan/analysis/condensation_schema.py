@@ -80,6 +80,9 @@ class Condensation:
     """Parameter count (each tied matrix once)."""
     geometry_sequences: int = 0
     """How many of the K sequences ``effective_rank`` and ``mev`` average over."""
+    checkpoint_identity: str | None = None
+    """``checkpoints.checkpoint_identity`` of the checkpoint analysed (None: a Hugging Face
+    model, or a result written before identities were recorded)."""
 
     @property
     def label(self) -> str:

@@ -100,14 +100,15 @@ def load_config(spec: HFSpec, revision: str | None):
         return AutoConfig.from_pretrained(path, revision=rev)
 
 
-def load_encoder(spec: HFSpec, revision: str | None) -> Encode:
-    """The model's own tokenizer, adding no special tokens (no BOS), as for our runs."""
+def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = False) -> Encode:
+    """The model's own tokenizer, adding no special tokens (no BOS), as for our runs; or, with
+    ``special_tokens``, its default ones, as the authors' analysis does (``--protocol paper``)."""
     from transformers import AutoTokenizer
 
     path, rev = spec.location(revision)
     with _loading(spec.name(revision)):
         tokenizer = AutoTokenizer.from_pretrained(path, revision=rev)
-    return lambda texts: tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+    return lambda texts: tokenizer(texts, add_special_tokens=special_tokens, verbose=False)["input_ids"]
 
 
 def _auto_class(config):

@@ -43,7 +43,7 @@ class HFAnalysis(Analysis):
                  for i, rev in enumerate(self.spec.revisions)]
         super().__init__(options, units, os.path.basename(os.path.normpath(self.spec.model)), options.out,
                          options.tb_dir or os.path.join(options.out, "tb"), inputs, dtype, model=self.spec.model,
-                         encode=hf_model.load_encoder(self.spec, first))
+                         encode=hf_model.load_encoder(self.spec, first, inputs.protocol == "paper"))
 
     def load(self, unit: Unit) -> LayeredModel:
         return hf_model.load_model(self.spec, unit.revision, DTYPES[self.dtype], self.device, self.options.device_map)

@@ -11,13 +11,23 @@ side analyses whose sequences differ.
 The same texts and windowing serve every tokenizer: a run's (``encoders``: GPT-2's BPE,
 the default, or the model's own; read from the token cache for corpora), or a Hugging
 Face model's own tokenizer passed as ``encode`` (no special tokens added either way).
+
+``protocol = "paper"`` takes the authors' inputs instead (key_observations/
+compute_embedding_cossim.py and utils/text_data.py in their repository): text r of 100 is
+wikitext-103-v1's train row at ``default_rng(r).integers(0, ⌊0.95·rows⌋)`` and the rows
+after it, concatenated until it has at least 1024 words; each tokenizer encodes it with its
+default special tokens (``encode`` is then given them) and keeps the first S = 512 tokens.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import glob
 import hashlib
 import json
-from collections.abc import Callable
+import os
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -29,6 +39,13 @@ from . import AnalysisError
 
 DEFAULT_DATASET = "enwiki_sample"
 SPLIT = "validation"
+
+# The authors' corpus: load_dataset("wikitext", "wikitext-103-v1") (key_observations/utils/text_data.py);
+# "wikitext" is now the hub's Salesforce/wikitext, whose train split is these parquet files.
+PAPER_REPO = "Salesforce/wikitext"
+PAPER_FILES = "wikitext-103-v1/train-*.parquet"
+PAPER_MIN_WORDS, PAPER_MAX_WORDS, PAPER_TEXTS, PAPER_SEQ_LEN = 1024, 1280, 100, 512
+_WORD = re.compile(r"\w+|[^\w\s]")  # nltk's word_tokenize, approximately: words and punctuation marks
 
 Encode = Callable[[list[str]], list[list[int]]]
 """Texts -> token ids of each, without special tokens."""
@@ -44,8 +61,12 @@ class InputOptions:
     num_sequences: int
     seq_len: int
     seed: int
+    protocol: str = "default"  # one of PROTOCOLS
+    layer_points: str = "all"  # one of LAYER_POINTS
 
     def describe(self) -> str:
+        if self.protocol == "paper":
+            return f"--protocol paper ({self.dataset_path or PAPER_REPO}, wikitext-103-v1 train)"
         if self.texts:
             return f"--texts {self.texts}"
         path = f" ({self.dataset_path})" if self.dataset_path else ""
@@ -59,8 +80,13 @@ class Sequences:
     sha256: str
 
     def record(self) -> dict:
-        """The JSON form stored in each analysis (what ``compare`` checks)."""
-        return {**asdict(self.options), "tokens_sha256": self.sha256}
+        """The JSON form stored in each analysis (what ``compare`` checks); the protocol and layer
+        points only where not the defaults, so earlier analyses keep matching."""
+        record = {**asdict(self.options), "tokens_sha256": self.sha256}
+        for key, default in (("protocol", "default"), ("layer_points", "all")):
+            if record[key] == default:
+                del record[key]
+        return record
 
 
 def read_texts(path: str) -> list[str]:
@@ -117,8 +143,77 @@ def _windows(documents: list[np.ndarray], seq_len: int) -> np.ndarray:
     return np.concatenate(windows).astype(np.int64) if windows else np.empty((0, seq_len), np.int64)
 
 
+def word_count(text: str) -> int:
+    return len(_WORD.findall(text))
+
+
+def paper_texts(rows: Sequence[str], count: int) -> list[str]:
+    """The authors' ``get_random_long_text(min_word_count=1024, max_word_count=1280, random_seed=r)``
+    for r = 0 … count−1, on the corpus rows ``rows``."""
+    texts = []
+    for seed in range(count):
+        index = int(np.random.default_rng(seed).integers(0, int(len(rows) * 0.95)))
+        text = ""
+        while word_count(text) < PAPER_MIN_WORDS:
+            if index >= len(rows):
+                raise AnalysisError(f"--protocol paper: the corpus ends before text {seed} has "
+                                    f"{PAPER_MIN_WORDS} words ({len(rows)} rows)")
+            text += rows[index]
+            index += 1
+            if word_count(text) > PAPER_MAX_WORDS:
+                break
+        texts.append(text)
+    return texts
+
+
+def _paper_files(path: str | None) -> list[str]:
+    """wikitext-103-v1's train parquet files: under ``path`` (a copy in the hub's layout, or one
+    .parquet file), else from the hub."""
+    if path:
+        files = [path] if os.path.isfile(path) else sorted(
+            glob.glob(os.path.join(path, PAPER_FILES)) or glob.glob(os.path.join(path, "*.parquet")))
+        if not files:
+            raise AnalysisError(f"--dataset-path: {path}: no {PAPER_FILES} (nor *.parquet) there")
+        return files
+    from huggingface_hub import HfApi, hf_hub_download
+
+    try:
+        names = sorted(f for f in HfApi().list_repo_files(PAPER_REPO, repo_type="dataset")
+                       if fnmatch.fnmatch(f, PAPER_FILES))
+        return [hf_hub_download(PAPER_REPO, name, repo_type="dataset") for name in names]
+    except Exception as e:  # offline, or the hub refused
+        raise AnalysisError(f"--protocol paper: cannot fetch {PAPER_REPO} {PAPER_FILES} ({type(e).__name__}); "
+                            "give a local copy with --dataset-path") from None
+
+
+def paper_rows(path: str | None) -> list[str]:
+    """The ``text`` column of wikitext-103-v1's train split, in the hub's row order."""
+    import pyarrow.parquet as pq
+
+    rows: list[str] = []
+    for file in _paper_files(path):
+        try:
+            rows += pq.read_table(file, columns=["text"]).column("text").to_pylist()
+        except Exception as e:
+            raise AnalysisError(f"--dataset-path: {file}: not a parquet file with a text column ({e})") from None
+    return rows
+
+
+def _paper_sequences(options: InputOptions, encode: Encode | DocumentEncoder) -> np.ndarray:
+    """[K, S]: the first S tokens of each paper text, with ``encode``'s special tokens."""
+    texts = paper_texts(paper_rows(options.dataset_path), options.num_sequences)
+    ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
+    short = [i for i, seq in enumerate(ids) if len(seq) < options.seq_len]
+    if short:
+        raise AnalysisError(f"--protocol paper: text {short[0]} has only {len(ids[short[0]])} tokens, "
+                            f"fewer than --seq-len {options.seq_len}")
+    return np.asarray([seq[: options.seq_len] for seq in ids], dtype=np.int64)
+
+
 def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = GPT2) -> Sequences:
-    """K seeded windows of S tokens; a one-line ``AnalysisError`` if there are too few."""
+    """K seeded windows of S tokens (or the paper's K texts); a one-line ``AnalysisError`` if there are too few."""
+    if options.protocol == "paper":
+        return _sequences(options, _paper_sequences(options, encode))
     documents = _documents(options, encode)
     windows = _windows(documents, options.seq_len)
     source = options.describe()
@@ -135,7 +230,11 @@ def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = G
         )
     rng = np.random.default_rng(options.seed)
     chosen = np.sort(rng.choice(len(windows), size=options.num_sequences, replace=False))
-    tokens = np.ascontiguousarray(windows[chosen])
+    return _sequences(options, windows[chosen])
+
+
+def _sequences(options: InputOptions, tokens: np.ndarray) -> Sequences:
+    tokens = np.ascontiguousarray(tokens)
     digest = hashlib.sha256(tokens.astype("<i8").tobytes() + repr(tokens.shape).encode()).hexdigest()
     return Sequences(options, torch.from_numpy(tokens), digest)
 

@@ -19,7 +19,15 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..run_folder.checkpoints import find_checkpoint_folder, list_checkpoints, load_model, load_model_args, load_run_metadata
+from ..run_folder.checkpoints import (
+    checkpoint_identity,
+    find_checkpoint_folder,
+    identity_changed,
+    list_checkpoints,
+    load_model,
+    load_model_args,
+    load_run_metadata,
+)
 from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
@@ -140,8 +148,13 @@ class Analysis:
             return f"{unit.folder} was analyzed in {result.dtype}, not {self.dtype}"
         return f"{unit.folder} was analyzed with other inputs ({differences(result.inputs, self.sequences.record())})"
 
+    def stale(self, unit: Unit, result: Condensation) -> bool:
+        """Whether ``result`` was measured on other weights than ``unit`` holds now."""
+        return False
+
     def pending(self) -> list[Unit]:
-        """Units still to analyze; refuses to mix inputs unless --force."""
+        """Units still to analyze; refuses to mix inputs, or to keep a result of weights saved
+        over or replaced since, unless --force."""
         if self.options.force:
             return self.units
         todo = []
@@ -152,6 +165,9 @@ class Analysis:
             elif not self._same_analysis(result):
                 raise AnalysisError(f"--out: {self.out}: {self._mismatch(unit, result)}; "
                                     "use another --out, or --force to recompute")
+            elif self.stale(unit, result):
+                raise AnalysisError(f"--out: {self.out}: {unit.folder} was analyzed from another checkpoint than "
+                                    f"{unit.source} holds now (saved again or replaced since); --force recomputes it")
         return todo
 
     def _result(self, unit: Unit, model: LayeredModel,
@@ -244,7 +260,11 @@ class RunAnalysis(Analysis):
         Hugging Face analyses use (``model_type``, ``mlp_hidden_dim``)."""
         shape = {**dataclasses.asdict(self.model_args), "model_type": self.model_args.FAMILY,
                  "mlp_hidden_dim": self.model_args.hidden_dim}
-        return {"run": self.dump, "model_args": shape, "n_params": self.n_params}
+        return {"run": self.dump, "model_args": shape, "n_params": self.n_params,
+                "checkpoint_identity": checkpoint_identity(unit.source)}
+
+    def stale(self, unit: Unit, result: Condensation) -> bool:
+        return identity_changed(result.checkpoint_identity, unit.source)
 
 
 def count_parameters(args) -> int:

@@ -75,9 +75,13 @@ def _options(result: Condensation) -> dict:
     return {k: v for k, v in result.inputs.items() if k != "tokens_sha256"}
 
 
-def load_members(specs: Sequence[str], families: dict[str, str]) -> list[Member]:
-    """Every SPEC's analysis; refuses analyses of different texts, K, S or seed."""
+def load_members(specs: Sequence[str], families: dict[str, str], protocol: str = "default") -> list[Member]:
+    """Every SPEC's analysis; refuses analyses of different texts, K, S or seed, and with ``protocol``
+    "paper" any not made with ``analyze --protocol paper``."""
     members = [load_member(spec, families) for spec in dict.fromkeys(specs)]
+    if protocol == "paper" and (other := next((m for m in members if m.result.inputs.get("protocol") != "paper"),
+                                              None)):  # fmt: skip
+        raise AnalysisError(f"--protocol paper: {other.spec} was not analysed with analyze --protocol paper")
     first = members[0]
     for other in members[1:]:
         if _options(other.result) != _options(first.result):
@@ -183,12 +187,13 @@ def parse_assignments(values: Sequence[str], option: str) -> list[tuple[str, str
 
 
 def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[str] = (),
-                      paired: Sequence[str] = (), last_n: int = DEFAULT_LAST_N) -> str:
-    """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown."""
+                      paired: Sequence[str] = (), last_n: int = DEFAULT_LAST_N, protocol: str = "default") -> str:
+    """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown. ``protocol``
+    "paper" refuses models not analysed with ``analyze --protocol paper``."""
     families = {spec: name for name, listed in parse_assignments(family_options, "--family")
                 for spec in listed.split(",")}
     pair_specs = parse_assignments(paired, "--paired")
-    members = load_members([*specs, *families, *(s for pair in pair_specs for s in pair)], families)
+    members = load_members([*specs, *families, *(s for pair in pair_specs for s in pair)], families, protocol)
     by_spec = {m.spec: m for m in members}
     pairs = [(by_spec[a], by_spec[b]) for a, b in pair_specs]
     shortest = min(len(m.result.layers) for m in members)

@@ -65,11 +65,20 @@ def last_n(mean_cos: list[float]) -> list[LastN]:
     return [LastN(n, float(np.mean(mean_cos[-n:]))) for n in range(1, len(mean_cos) + 1)]
 
 
-def summarize(measured: Measurement) -> dict:
+def depth_points(names: list[str], layer_points: str = "all") -> list[int]:
+    """Indices of the layers on the depth axis (``inputs.LAYER_POINTS``): all of them, or
+    transformers' ``hidden_states`` (n + 1: the last block's own output left out, the final
+    norm in its place), the points of the authors' Spearman and Kendall."""
+    if layer_points == "all" or len(names) < 3 or names[-1] != "final_norm":
+        return list(range(len(names)))
+    return [i for i in range(len(names)) if i != len(names) - 2]
+
+
+def summarize(measured: Measurement, layer_points: str = "all") -> dict:
     """``layers``, ``spearman``, ``kendall``, ``last_n`` and ``geometry_sequences`` of one
-    model state (``Condensation`` fields)."""
+    model state (``Condensation`` fields); the trend and last-n over ``layer_points``."""
     layers = layer_statistics(measured)
-    curve = [layer.mean_cos for layer in layers]
+    curve = [layers[i].mean_cos for i in depth_points([layer.name for layer in layers], layer_points)]
     return {"layers": layers, **depth_trend(curve), "last_n": last_n(curve),
             "geometry_sequences": measured.geometry_sequences}
 
@@ -82,7 +91,7 @@ def condensation(step: int, sequences: Sequences, measured: Measurement, *, dtyp
         step=step,
         num_sequences=sequences.options.num_sequences,
         seq_len=sequences.options.seq_len,
-        **summarize(measured),
+        **summarize(measured, sequences.options.layer_points),
         hist_bins=HIST_BINS,
         hist_range=list(HIST_RANGE),
         inputs=sequences.record(),

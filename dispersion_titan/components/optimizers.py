@@ -1,7 +1,7 @@
 """Every TrainSpec's optimizer and LR-scheduler builders: TorchTitan's own, except
 under active forgetting, where the token embeddings get a param group of their own with
-a sawtooth schedule (peak ``embedding_lr``, linear warm-up over 8% of each period, then
-linear decay, restarting at every reset) while the body keeps the run's schedule.
+the language-model-plasticity schedule the authors use (``embedding_lr_factor``) while
+the body keeps the run's schedule.
 
 TorchTitan calls these builders with the ``[optimizer]`` / ``[lr_scheduler]`` sections
 only; the launch checks put the run's ``[baseline]`` section into both (their ``baseline``
@@ -31,15 +31,18 @@ def _forgetting(section: Any) -> Baseline | None:
     return baseline if baseline is not None and baseline.method == "active_forgetting" else None
 
 
-def embedding_warmup_steps(period: int) -> int:
-    return max(1, round(WARMUP_FRACTION * period))
-
-
-def embedding_lr_factor(completed_steps: int, period: int) -> float:
-    """Factor of ``embedding_lr`` for the step after ``completed_steps`` (``LambdaLR``'s
-    epoch): TorchTitan's linear warm-up then linear decay, restarted every ``period`` steps."""
-    t, warmup = completed_steps % period, embedding_warmup_steps(period)
-    return (t + 1) / warmup if t < warmup else (period - t) / (period - warmup)
+def embedding_lr_factor(completed_steps: int, period: int, total: int) -> float:
+    """Factor of ``embedding_lr`` for step g = ``completed_steps`` + 1 (``LambdaLR``'s epoch + 1) of
+    ``total`` steps T with resets every ``period`` steps K, as the authors' ``ActiveForgettingLRScheduler``
+    (lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2_other_counter_condensation.py:
+    ``_plasticity_emb_schedule_step`` and ``_linear_warmup_decay_mult``): index e = min((g·⌊T/K⌋) mod T,
+    T−1) on one linear warm-up over W = ⌊0.08·T⌋ steps then linear decay to 0 at T. It restarts at
+    every reset only when K divides T."""
+    index = min(((completed_steps + 1) * (total // period)) % total, total - 1)
+    warmup = int(total * WARMUP_FRACTION)
+    if index < warmup:
+        return index / max(1, warmup)
+    return max(0.0, (total - index) / max(1, total - warmup))
 
 
 def token_embedding(model: nn.Module) -> nn.Parameter:
@@ -71,5 +74,5 @@ def build_dispersion_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler
     if forgetting is None:
         return build_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
     body = titan_compat.lr_lambda(lr_scheduler_config, training_steps)
-    sawtooth = functools.partial(embedding_lr_factor, period=forgetting.forget_every)
-    return titan_compat.lr_schedulers_per_group(optimizers, [body, sawtooth])
+    embedding = functools.partial(embedding_lr_factor, period=forgetting.forget_every, total=training_steps)
+    return titan_compat.lr_schedulers_per_group(optimizers, [body, embedding])

@@ -1,5 +1,6 @@
 """Extra TOML fields, merged by TorchTitan into its JobConfig via ``job.custom_config_module``.
 
+``[job]`` gains ``fork_from`` (branch a new run from another run's checkpoint);
 ``[model]`` gains shape overrides (0 or unset keeps the flavor's value; ``models.flavors``
 maps them to each family's fields);
 ``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones;
@@ -12,6 +13,13 @@ command line as ``--section.key value``, except ``[optimizer]`` / ``[lr_schedule
 from dataclasses import dataclass, field
 
 import tyro
+
+
+@dataclass
+class Job:
+    fork_from: str = ""
+    """RUN[@STEP]: start this new, empty job.dump_folder from run folder RUN's checkpoint at STEP
+    (default: its newest full checkpoint), with settings of its own; RUN is never written."""
 
 
 @dataclass
@@ -41,20 +49,25 @@ class Model:
 @dataclass
 class Dispersion:
     variant: str = "none"
-    """none | angular_spread | orthogonalization | l2_repel | decorrelation"""
+    """none | angular_spread | orthogonalization | l2_repel | decorrelation | perplexity_entropy"""
     coeff: float = 0.0
     """λ, the weight of the dispersion term in L = L_CE + λ·mean_ℓ L_disp(Z_ℓ); ≥ 0."""
     tau: float = 1.0
-    """Temperature τ > 0 of the log-sum-exp variants."""
+    """Temperature τ > 0 of the log-sum-exp variants; σ² of perplexity_entropy."""
     clamp: float = 0.1
     """ε in (0, 1): cosines are clamped to [−1+ε, 1−ε] before arccos (straight-through)."""
     lambda_norm: float = 0.1
-    """Weight of the mean(z²) penalty of l2_repel."""
+    """Weight of the mean(z²) penalty of l2_repel (0.1 in the authors' lm_dispersion/dispersion.py)."""
+    form: str = "released"
+    """released | paper: the authors' lm_dispersion/dispersion.py, which made the paper's numbers
+    (l2_repel's normaliser includes its N pairs i = j; z / (|z| + 1e-2); logits + 1e-2; log2(p + 1e-2)),
+    or the paper's equations (pairs i ≠ j only, z / |z|). docs/training.md compares them."""
     layers: str | list[int] = "all"
     """all | last | early_half | late_half, or 1-based block indices: [1, 2, 5] in TOML, 3 or 1,2,5 on
     the command line."""
     max_tokens: int = 0
-    """0 uses all positions; else a seeded random subset of this many (≥ 2) per layer and step."""
+    """0 uses all positions (exact); else a seeded random subset of this many (≥ 2) per layer and
+    step; 256 is the authors' subsampling (lm_dispersion/dispersion.py), behind the paper's numbers."""
     warmup_steps: int = 0
     """Ramp λ linearly from 0 over this many steps; 0 applies it in full from step 1."""
     kernel: str = "auto"
@@ -63,7 +76,8 @@ class Dispersion:
     memory-lean PyTorch strips."""
     precision: str = "auto"
     """auto | bf16 | tf32 | exact: the Triton kernel's products. auto (bf16 tensor-core products,
-    fp32 accumulation) for training; exact (bf16x3, ieee fp32 for l2_repel) equals the reference
+    fp32 accumulation; perplexity_entropy: ieee fp32 logits, tf32 W·U) for training; exact (bf16x3,
+    ieee fp32 for l2_repel and perplexity_entropy) equals the reference
     within 1e-4 in value. The torch strips always compute in fp32."""
 
 
@@ -122,6 +136,7 @@ class BuilderInputs:
 
 @dataclass
 class JobConfig:
+    job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
     training: Training = field(default_factory=Training)
     validation: Validation = field(default_factory=Validation)

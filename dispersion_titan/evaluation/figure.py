@@ -8,9 +8,10 @@ from ..analysis.figures import plt, save_png  # the Agg backend is chosen there
 from .arms import ArmRow
 
 
-def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule: str, path: str) -> None:
-    """Bars: mean over seeds with ± std error bars; dots: the seeds; stars: Welch's test
-    against the reference arm (hatched)."""
+def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule: str, test: str,
+                            path: str) -> None:
+    """Bars: mean over seeds with ± std error bars; dots: the seeds; stars: ``test`` (the
+    t-test's name) against the reference arm (hatched)."""
     fig, ax = plt.subplots(figsize=(max(6.4, 1.6 * len(rows) + 2), 4.6), layout="constrained")
     x = np.arange(len(rows))
     means = [row.average_mean for row in rows]
@@ -34,7 +35,7 @@ def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule
     ax.set_xticks(x, labels, fontsize=9)
     ax.set_ylabel(f"average accuracy over {tasks} tasks")
     ax.set_title(f"Average accuracy per arm (checkpoint: {rule})\n"
-                 "Welch's t-test vs the hatched arm: * p<0.05, ** p<0.01, *** p<0.001", fontsize=10)
+                 f"{test} t-test vs the hatched arm: * p<0.05, ** p<0.01, *** p<0.001", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize="small", loc="upper right")
     save_png(fig, path)

@@ -1,5 +1,6 @@
-"""What is evaluated and how it is scored: the paper's protocol (Table 2 of arXiv
-2602.00217, as the authors' code runs it for GPT-2) and user overrides of it."""
+"""What is evaluated and how it is scored: the authors' two evaluation protocols (Table 2
+of arXiv 2602.00217, as their released ``midtrain_*_huggingface`` scripts run lm-eval)
+and user overrides of them."""
 
 from __future__ import annotations
 
@@ -7,13 +8,40 @@ from dataclasses import dataclass
 
 from . import EvaluationError
 
-PROTOCOLS = ("paper",)
+# The authors' LMEvalCallback runs two simple_evaluate calls: the zero-shot tasks with 0 shots
+# and the few-shot tasks with --num_fewshot (1 for GPT-2, 5 for Qwen3); their zero-shot list
+# names groups (anli, lambada) of which Table 2 scores one task (anli_r2, lambada_openai), and
+# hellaswag is computed but not tabulated. The presets evaluate what Table 2 reports; the
+# authors' other names get their shots too when asked for with --tasks.
 ZERO_SHOT = ("anli_r2", "lambada_openai", "openbookqa", "piqa", "truthfulqa_mc2", "winogrande")
-ONE_SHOT = ("arc_easy", "arc_challenge", "medmcqa", "mmlu")
+FEW_SHOT = ("arc_easy", "arc_challenge", "medmcqa", "mmlu")
 PERPLEXITY = ("paloma_wikitext_103",)
-PAPER_TASKS = (*ZERO_SHOT, *ONE_SHOT, *PERPLEXITY)
-PAPER_FEWSHOT = {name: 1 if name in ONE_SHOT else 0 for name in PAPER_TASKS}
-PAPER_LIMIT = 500
+PAPER_TASKS = (*ZERO_SHOT, *FEW_SHOT, *PERPLEXITY)
+_AUTHORS_ZERO_SHOT_NAMES = ("anli", "hellaswag", "lambada", *ZERO_SHOT, *PERPLEXITY)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One of the authors' settings: shots of the few-shot tasks and examples per task."""
+
+    name: str
+    few_shot: int  # --num_fewshot of the authors' script
+    limit: int  # --max_eval_samples of the authors' script
+    source: str  # the authors' file that sets both
+
+    def shots(self, task: str) -> int | None:
+        """The task's shots under this protocol; None for a task the authors did not run."""
+        if task in FEW_SHOT:
+            return self.few_shot
+        return 0 if task in _AUTHORS_ZERO_SHOT_NAMES else None
+
+
+PRESETS = {
+    "gpt2": Protocol("gpt2", 1, 500, "lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2.py"),
+    "qwen3": Protocol("qwen3", 5, 200, "lm_dispersion/midtrain_qwen3_huggingface/midtrain_qwen3.py"),
+}
+PROTOCOLS = tuple(PRESETS)
+DEFAULT_PROTOCOL = "gpt2"
 
 # A task's score: lm-eval's `acc` where it has one, else its word perplexity.
 ACCURACY = "acc"
@@ -47,13 +75,14 @@ def task_names(spec: str) -> tuple[str, ...]:
 
 
 def build_plan(tasks: str | None, num_fewshot: int | None, limit: int | None | str,
-               protocol: str = "paper") -> Plan:
-    """The paper's plan, with --tasks / --num-fewshot / --limit replacing its parts.
-    Tasks outside the paper keep their own few-shot default unless --num-fewshot;
+               protocol: str = DEFAULT_PROTOCOL) -> Plan:
+    """The protocol's plan, with --tasks / --num-fewshot / --limit replacing its parts.
+    Tasks outside the protocol keep their own few-shot default unless --num-fewshot;
     ``limit`` "all" evaluates every example."""
+    preset = PRESETS[protocol]
     names = task_names(tasks) if tasks is not None else PAPER_TASKS
-    shots = {name: num_fewshot if num_fewshot is not None else PAPER_FEWSHOT.get(name) for name in names}
-    return Plan(protocol, names, shots, None if limit == "all" else limit or PAPER_LIMIT)
+    shots = {name: num_fewshot if num_fewshot is not None else preset.shots(name) for name in names}
+    return Plan(protocol, names, shots, None if limit == "all" else limit or preset.limit)
 
 
 def task_scores(metrics_by_task: dict[str, dict], tasks: list[str]) -> dict[str, float]:

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from ..analysis.result_files import ensure_writable
 from ..analysis.runner import resolve_device
 from ..analysis.steps import select_steps
-from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, list_checkpoints
+from ..run_folder.checkpoints import (
+    StepCheckpoint,
+    checkpoint_identity,
+    find_checkpoint_folder,
+    identity_changed,
+    list_checkpoints,
+    load_run_metadata,
+)
 from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
@@ -58,6 +65,7 @@ class RunEvaluation:
         self.selected = select_steps(options.steps, checkpoints)
         self.dump = os.path.dirname(os.path.abspath(folder))
         self.tasks = Tasks(options.plan.tasks, options.include_path)
+        self.seeds = lm_eval_seeds(load_run_metadata(self.dump).get("seed"))
         self.device = resolve_device(options.device, options.dtype)
         self.settings = {**options.plan.settings(), "dtype": options.dtype}
         self.out = options.out or os.path.join(self.dump, "evaluation")
@@ -66,7 +74,8 @@ class RunEvaluation:
         ensure_writable(self.out, "--out")
 
     def _pending(self, existing: dict[int, dict]) -> list[StepCheckpoint]:
-        """Selected checkpoints still to evaluate; refuses to mix settings unless --force."""
+        """Selected checkpoints still to evaluate; refuses to mix settings, or to keep a result of
+        weights saved over or replaced since, unless --force."""
         if self.options.force:
             return self.selected
         todo = []
@@ -78,6 +87,11 @@ class RunEvaluation:
                 raise EvaluationError(
                     f"--out: {self.out}: step {checkpoint.step} was evaluated with other settings "
                     f"({differences(settings(result), self.settings)}); use another --out, or --force to recompute"
+                )
+            elif identity_changed(result[OURS].get("checkpoint_identity"), checkpoint.path):
+                raise EvaluationError(
+                    f"--out: {self.out}: step {checkpoint.step} was evaluated from another checkpoint than "
+                    f"{checkpoint.path} holds now (saved again or replaced since); --force recomputes it"
                 )
         return todo
 
@@ -123,7 +137,7 @@ class RunEvaluation:
                 result = simple_evaluate(model=lm, tasks=self.objects[name], task_manager=self.tasks.manager,
                                          num_fewshot=plan.num_fewshot[name], limit=plan.limit,
                                          batch_size=self.options.batch_size, device=str(self.device),
-                                         log_samples=False)
+                                         log_samples=False, **self.seeds)
                 merge(merged, result)
                 print(f"step {checkpoint.step} [{index}/{len(plan.tasks)}] {name}: "
                       f"{_metrics_line(result['results'].get(name, {}))} ({time.time() - task_start:.1f} s)",
@@ -133,10 +147,12 @@ class RunEvaluation:
             "lm_eval_version": merged.get("lm_eval_version"),
             "step": checkpoint.step,
             "checkpoint": os.path.abspath(checkpoint.path),
+            "checkpoint_identity": checkpoint_identity(checkpoint.path),
             "run": self.dump,
             "include_path": self.tasks.include_path,
             "device": self.device.type,
             "batch_size": self.options.batch_size,
+            "seeds": self.seeds,
             "seconds": time.time() - start,
         }
         return merged
@@ -150,6 +166,15 @@ class RunEvaluation:
                   "and are left out of the summary")
         if matching:
             print(f"results: {write_summary(self.out, matching)}")
+
+
+def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
+    """``simple_evaluate``'s four seeds, each the run's training seed as in the authors'
+    LMEvalCallback; none (lm-eval's defaults, in its ``config``) for a run that recorded none."""
+    if training_seed is None:
+        return {}
+    return dict.fromkeys(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"),
+                         int(training_seed))
 
 
 def _metrics_line(metrics: dict) -> str:

@@ -2,9 +2,11 @@
 
 Runs are grouped into arms (one configuration, several seeds) by their ``run.json``
 without the seed, or named ``ARM=RUN1,RUN2``. Each run contributes one checkpoint
-(``--select``); per arm and task the table gives mean ± sample std over seeds, the
-average accuracy (perplexity left out, as in the paper), the arms' average rank over the
-accuracy columns, and Welch's t-test of the per-seed averages against the reference arm.
+(``--select``; ``best`` among the steps the authors' LMEvalCallback evaluates); per arm
+and task the table gives mean ± sample std over seeds, the average accuracy (perplexity
+left out, as in the paper), the arms' average rank over the accuracy columns, and a
+t-test of the per-seed averages against the reference arm (Student's, as the paper's
+Table 2, by default; Welch's on request).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
 from ..analysis.compare import dispersion_variant
 from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
-from ..run_folder.checkpoints import load_run_metadata
+from ..run_folder.checkpoints import LEDGER_KEYS, load_run_metadata
 from . import EvaluationError
 from .arms import ArmRow, RunScores
 from .figure import average_accuracy_figure
@@ -35,17 +38,59 @@ def evaluation_folder(run: str) -> str:
     return folder
 
 
-def select(run: str, rule: str) -> RunScores:
-    """The checkpoint ``rule`` picks: ``best`` (highest mean acc; the earliest of equals),
-    ``last``, or ``step:N``."""
+TESTS = {"student": "Student's", "welch": "Welch's"}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """``--select`` and, for ``best``, the authors' evaluation cadence."""
+
+    rule: str  # best | last | step:N
+    num_ckpt: int = 5  # the authors' --num_ckpt: evaluations every floor(T / num_ckpt) + 1 steps
+    include_initial: bool = False  # step 0 is a candidate for best (their --eval_at_begin)
+
+    def __str__(self) -> str:
+        if self.rule != "best":
+            return self.rule
+        return (f"best of the steps the authors evaluate (every floor(T/{self.num_ckpt})+1 steps and the last"
+                f"{', and step 0' if self.include_initial else ''})")
+
+
+def authors_steps(training_steps: int, num_ckpt: int = 5, include_initial: bool = False) -> set[int]:
+    """The steps at which the authors' LMEvalCallback evaluates a run of ``training_steps``
+    steps: every ``training_steps // num_ckpt + 1`` steps (``on_step_end``), the last step
+    (``on_train_end``), and step 0 only with ``--eval_at_begin``."""
+    every = training_steps // num_ckpt + 1
+    return {*range(every, training_steps + 1, every), training_steps, *([0] if include_initial else [])}
+
+
+def _training_steps(run: str, dump: str) -> int:
+    steps = load_run_metadata(dump).get("training_steps")
+    if not isinstance(steps, int):
+        raise EvaluationError(f"--select best: {run}: {dump}/run.json records no training_steps (a run trained "
+                              "before it was recorded); use --select last or step:N")
+    return steps
+
+
+def select(run: str, selection: Selection) -> RunScores:
+    """The checkpoint ``selection`` picks: ``best`` (highest mean acc among the authors'
+    evaluated steps; the earliest of equals), ``last``, or ``step:N``."""
     results = read_evaluations(evaluation_folder(run))
+    rule = selection.rule
     if rule == "last":
         result = results[max(results)]
     elif rule == "best":
-        averages = {step: mean_accuracy(result_scores(result)) for step, result in results.items()}
+        dump = next(iter(results.values()))[OURS]["run"]
+        wanted = authors_steps(_training_steps(run, dump), selection.num_ckpt, selection.include_initial)
+        candidates = {step: r for step, r in results.items() if step in wanted}
+        if not candidates:
+            raise EvaluationError(f"--select best: {run} has no evaluation of the steps the authors evaluate "
+                                  f"({sorted(wanted)}; have {sorted(results)}); evaluate those steps "
+                                  "(--steps), or use --select last or step:N")
+        averages = {step: mean_accuracy(result_scores(r)) for step, r in candidates.items()}
         if None in averages.values():
             raise EvaluationError(f"--select best: {run} has evaluations without accuracy scores")
-        result = results[max(averages, key=lambda step: (averages[step], -step))]
+        result = candidates[max(averages, key=lambda step: (averages[step], -step))]
     else:
         step = int(rule.removeprefix("step:"))
         if step not in results:
@@ -55,8 +100,8 @@ def select(run: str, rule: str) -> RunScores:
 
 
 def _run_config(run: RunScores) -> dict:
-    """What defines a configuration: the run's run.json but the seed."""
-    return {key: value for key, value in load_run_metadata(run.dump).items() if key != "seed"}
+    """What defines a configuration: the run's run.json but the seed and its launch record."""
+    return {key: value for key, value in load_run_metadata(run.dump).items() if key not in ("seed", *LEDGER_KEYS)}
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -78,7 +123,7 @@ def _auto_labels(groups: list[list[RunScores]]) -> list[str]:
     return [", ".join(f"{key.rsplit('.', 1)[-1]}={f.get(key)}" for key in differing) for f in flat]
 
 
-def arms(specs: list[str], rule: str) -> dict[str, list[RunScores]]:
+def arms(specs: list[str], selection: Selection) -> dict[str, list[RunScores]]:
     """Arm name -> its runs' selected checkpoints, arms in the order first named."""
     groups: dict[tuple[str, str], list[RunScores]] = {}  # (explicit name, "") or ("", configuration)
     seen: set[str] = set()
@@ -90,7 +135,7 @@ def arms(specs: list[str], rule: str) -> dict[str, list[RunScores]]:
             if os.path.abspath(run) in seen:
                 raise EvaluationError(f"{run}: named twice")
             seen.add(os.path.abspath(run))
-            scores = select(run, rule)
+            scores = select(run, selection)
             key = (name, "") if name else ("", json.dumps(_run_config(scores), sort_keys=True))
             groups.setdefault(key, []).append(scores)
     grouped = [runs for (name, _), runs in groups.items() if not name]
@@ -116,15 +161,26 @@ def _std(values: list[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
 
 
-def welch_p(values: list[float], reference: list[float]) -> float | None:
-    """Welch's two-sided t-test; None when a side has fewer than two seeds or no spread."""
+def t_test_p(values: list[float], reference: list[float], test: str) -> float | None:
+    """The two-sided t-test (``student``: equal variances; ``welch``); None when a side
+    has fewer than two seeds or there is no spread."""
     if len(values) < 2 or len(reference) < 2:
         return None
-    p = stats.ttest_ind(values, reference, equal_var=False).pvalue
+    p = stats.ttest_ind(values, reference, equal_var=test == "student").pvalue
     return None if math.isnan(p) else float(p)
 
 
-def arm_rows(by_arm: dict[str, list[RunScores]], reference: str) -> tuple[list[str], list[ArmRow]]:
+def default_reference(by_arm: dict[str, list[RunScores]]) -> str:
+    """The first arm whose runs train with a dispersion loss (the paper's reference row), else the first arm."""
+    for arm, runs in by_arm.items():
+        dispersion = load_run_metadata(runs[0].dump).get("dispersion") or {}
+        if dispersion.get("variant", "none") != "none" and (dispersion.get("coeff") or 0) > 0:
+            return arm
+    return next(iter(by_arm))
+
+
+def arm_rows(by_arm: dict[str, list[RunScores]], reference: str,
+             test: str = "student") -> tuple[list[str], list[ArmRow]]:
     """The table's columns (``task/metric``) and one row per arm."""
     columns = list(next(iter(by_arm.values()))[0].scores)
     accuracy = [c for c in columns if is_accuracy(c)]
@@ -139,7 +195,7 @@ def arm_rows(by_arm: dict[str, list[RunScores]], reference: str) -> tuple[list[s
         rows.append(ArmRow(
             name=arm, runs=runs, mean=means[arm], std={c: _std([r.scores[c] for r in runs]) for c in columns},
             average_mean=float(np.mean(averages)), average_std=_std(averages), rank=float(rank),
-            p_value=None if arm == reference else welch_p(averages, reference_averages),
+            p_value=None if arm == reference else t_test_p(averages, reference_averages, test),
         ))
     return columns, rows
 
@@ -149,7 +205,7 @@ def _cell(mean: float, std: float, column: str) -> str:
     return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
 
 
-def markdown(columns: list[str], rows: list[ArmRow], reference: str, rule: str) -> str:
+def markdown(columns: list[str], rows: list[ArmRow], reference: str, selection: Selection, test: str) -> str:
     header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", "sig"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -157,14 +213,15 @@ def markdown(columns: list[str], rows: list[ArmRow], reference: str, rule: str) 
                  _cell(row.average_mean, row.average_std, "average"), f"{row.rank:.2f}",
                  "" if row.p_value is None else f"{row.p_value:.4f}", row.significance]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Mean ± sample std over seeds. Checkpoint per run: {rule}. The average and the rank (1 = best) "
-              "are over the accuracy columns only. p: Welch's t-test of the per-seed averages against "
-              f"{reference} (needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001.", "", "| arm | run | step | average |", "|---|---|---|---|"]
+    lines += ["", f"Mean ± sample std over seeds. Checkpoint per run: {selection}. The average and the rank "
+              f"(1 = best) are over the accuracy columns only. p: {TESTS[test]} t-test of the per-seed averages "
+              f"against {reference} (needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001.",
+              "", "| arm | run | step | average |", "|---|---|---|---|"]
     lines += [f"| {row.name} | {r.run} | {r.step} | {r.average:.4f} |" for row in rows for r in row.runs]
     return "\n".join(lines) + "\n"
 
 
-def csv_rows(columns: list[str], rows: list[ArmRow], reference: str) -> list[dict]:
+def csv_rows(columns: list[str], rows: list[ArmRow], reference: str, test: str) -> list[dict]:
     return [{
         "arm": row.name,
         "seeds": len(row.runs),
@@ -175,22 +232,24 @@ def csv_rows(columns: list[str], rows: list[ArmRow], reference: str) -> list[dic
         "average_std": row.average_std,
         "avg_rank": row.rank,
         "reference": reference,
+        "test": test,
         "p_value": row.p_value,
         "significance": row.significance,
     } for row in rows]
 
 
-def table(specs: list[str], out: str, rule: str, reference: str | None) -> str:
+def table(specs: list[str], out: str, selection: Selection, reference: str | None, test: str = "student") -> str:
     """Write ``table.md``, ``table.csv`` and ``table.png``; return the Markdown table."""
-    by_arm = arms(specs, rule)
-    reference = reference or next(iter(by_arm))
-    if reference not in by_arm:
+    by_arm = arms(specs, selection)
+    if reference is not None and reference not in by_arm:
         raise EvaluationError(f"--reference: no arm {reference!r} (have {', '.join(map(repr, by_arm))})")
+    reference = reference or default_reference(by_arm)
     _check_comparable([r for runs in by_arm.values() for r in runs])
-    columns, rows = arm_rows(by_arm, reference)
+    columns, rows = arm_rows(by_arm, reference, test)
     ensure_writable(out, "--out")
-    text = markdown(columns, rows, reference, rule)
+    text = markdown(columns, rows, reference, selection, test)
     atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
-    write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference))
-    average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), rule, os.path.join(out, "table.png"))
+    write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test))
+    average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test],
+                            os.path.join(out, "table.png"))
     return text

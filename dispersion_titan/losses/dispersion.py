@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from .variants import (
+    FORMS,
     KERNELS,
     NORM_EPS,
     PRECISIONS,
@@ -42,6 +43,7 @@ from .variants import (
     PairHyper,
     VariantSpec,
     range_error,
+    row_entropy_terms,
 )
 
 # Default budget for the strip temporaries of TorchStrips: the rows per strip are
@@ -51,10 +53,12 @@ MAX_BLOCK_BYTES = 32 * 2**20
 # Default upper bound on the rows per strip of TorchStrips.
 MAX_BLOCK_ROWS = 128
 
-def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens: int) -> None:
+def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens: int, form: str) -> None:
     """Reject arguments that would silently give a meaningless loss."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if form not in FORMS:
+        raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     for name, value in (("tau", tau), ("clamp", clamp), ("max_tokens", max_tokens)):
         problem = range_error(name, value)
         if problem:
@@ -84,7 +88,7 @@ def _select_tokens(hidden: Tensor, max_tokens: int, generator: torch.Generator |
 def _no_pair_loss(z: Tensor, variant: str, lambda_norm: float) -> Tensor:
     """Loss for N < 2: no pairs, so 0 (plus the norm penalty of l2_repel), still on the graph."""
     loss = z.sum() * 0.0
-    if variant == "l2_repel" and z.shape[1] > 0:
+    if SPECS[variant].norm_penalty and z.shape[1] > 0:
         loss = loss + lambda_norm * z.square().mean(dim=(1, 2)).mean()
     return loss
 
@@ -98,36 +102,42 @@ def dispersion_loss_reference(
     lambda_norm: float = 0.1,
     max_tokens: int = 0,
     generator: torch.Generator | None = None,
+    form: str = "released",
 ) -> Tensor:
     """Naive dispersion loss: materialises the [B, N, N] matrices and lets autograd differentiate.
 
     Same contract as ``dispersion_loss``; kept as the readable definition that tests
     and ``bench/dispersion_loss.py`` compare the memory-lean version against.
     """
-    _validate(hidden, variant, tau, clamp, max_tokens)
+    _validate(hidden, variant, tau, clamp, max_tokens, form)
     z = _select_tokens(hidden, max_tokens, generator).float()
     _, n, d = z.shape
     if n < 2:
         return _no_pair_loss(z, variant, lambda_norm)
-    pairs = n * (n - 1)
+    eps = PairHyper(tau, clamp, n * (n - 1), form).eps
     diag = torch.eye(n, dtype=torch.bool, device=z.device)
+    offdiag_mean = lambda t: t.masked_fill(diag, 0.0).sum(dim=(1, 2)) / (n * (n - 1))  # noqa: E731
 
     if variant == "decorrelation":
         zc = z - z.mean(dim=-1, keepdim=True)
         zc = zc / zc.std(dim=-1, keepdim=True).clamp_min(NORM_EPS)
-        corr = zc @ zc.transpose(1, 2) / (d - 1)
-        per_seq = corr.square().masked_fill(diag, 0.0).sum(dim=(1, 2)) / pairs
-    elif variant == "l2_repel":
+        per_seq = offdiag_mean((zc @ zc.transpose(1, 2) / (d - 1)).square())
+    elif SPECS[variant].rows == "raw":
         sq = z.square().sum(dim=-1)
-        dist = sq[:, :, None] + sq[:, None, :] - 2 * (z @ z.transpose(1, 2))
-        logits = (-dist / tau).masked_fill(diag, -math.inf)
-        per_seq = (
-            torch.logsumexp(logits, dim=(1, 2))
-            - math.log(pairs)
-            + lambda_norm * z.square().mean(dim=(1, 2))
-        )
+        logits = -(sq[:, :, None] + sq[:, None, :] - 2 * (z @ z.transpose(1, 2))) / tau
+        if variant == "perplexity_entropy":
+            p = torch.softmax(logits.masked_fill(diag, -math.inf), dim=2)
+            log = torch.log2(p + eps if eps else p.clamp_min(torch.finfo(p.dtype).tiny))  # 0 log 0 = 0
+            per_seq = (p * log).sum(dim=2).mean(dim=1)
+        else:
+            if form == "released":  # all N^2 pairs: D_ii = 0 exactly
+                logits, pairs = logits.masked_fill(diag, 0.0), n * n
+            else:
+                logits, pairs = logits.masked_fill(diag, -math.inf), n * (n - 1)
+            per_seq = torch.logsumexp(logits + eps, dim=(1, 2)) - math.log(pairs)
+            per_seq = per_seq + lambda_norm * z.square().mean(dim=(1, 2))
     else:
-        u = z / z.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS)
+        u = z / (z.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS) + eps)
         cos = u @ u.transpose(1, 2)
         # Straight-through clamp: arccos sees the clamped value (finite slope), and
         # its gradient reaches cos unchanged even where cos was outside the range.
@@ -135,9 +145,9 @@ def dispersion_loss_reference(
         ang = torch.arccos(cos_st) / math.pi
         if variant == "angular_spread":
             logits = (-ang / tau).masked_fill(diag, -math.inf)
-            per_seq = torch.logsumexp(logits, dim=(1, 2)) - math.log(pairs)
+            per_seq = torch.logsumexp(logits + eps, dim=(1, 2)) - math.log(n * (n - 1))
         else:
-            per_seq = torch.relu(0.5 - ang).square().masked_fill(diag, 0.0).sum(dim=(1, 2)) / pairs
+            per_seq = offdiag_mean(torch.relu(0.5 - ang).square())
     return per_seq.mean()
 
 
@@ -155,6 +165,21 @@ def _strips(n: int, batch: int, max_bytes: int, max_rows: int) -> Iterator[tuple
     rows = max(1, min(max_rows, max_bytes // (4 * batch * n)))
     for r0 in range(0, n - 1, rows):
         yield r0, min(r0 + rows, n - 1)
+
+
+def _full_strips(n: int, batch: int, max_bytes: int, max_rows: int) -> Iterator[tuple[int, int]]:
+    """Row ranges [r0, r1) covering all n rows, each paired with all n columns (whole rows:
+    perplexity_entropy's softmax is per row); temporaries are [batch, r1 - r0, n]."""
+    rows = max(1, min(max_rows, max_bytes // (4 * batch * n)))
+    for r0 in range(0, n, rows):
+        yield r0, min(r0 + rows, n)
+
+
+def _mask_diagonal(buf: Tensor, r0: int, fill: float) -> Tensor:
+    """Blank the diagonal i = j of a whole-row strip starting at row r0 (in place)."""
+    rows = torch.arange(buf.shape[1], device=buf.device)
+    buf[:, rows, rows + r0] = fill
+    return buf
 
 
 def _mask_lower(buf: Tensor, rows: int, fill: float) -> Tensor:
@@ -246,8 +271,19 @@ _TORCH_PAIR_FNS = {
 }
 
 
-def _unit_rows(hidden: Tensor, center: bool) -> tuple[Tensor, Tensor, float]:
-    """fp32 u = x / max(|x|, guard) with x = z (or z minus its feature mean); also |x| and guard.
+class RowEntropy(NamedTuple):
+    """perplexity_entropy's per-token results: its row's log-sum-exp (m, log_s), sum_j f(p_ij)
+    and a_i = sum_j p_ij f'(p_ij) (see ``variants.row_entropy_terms``), each [B, N]."""
+
+    m: Tensor
+    log_s: Tensor
+    entropy: Tensor
+    a: Tensor
+
+
+def _unit_rows(hidden: Tensor, center: bool, eps: float = 0.0) -> tuple[Tensor, Tensor, float]:
+    """fp32 u = x / (max(|x|, guard) + eps) with x = z (or z minus its feature mean); also
+    that denominator and guard. eps > 0 is the released code's z / (|z| + 1e-2).
 
     For decorrelation (``center``) the guard is sqrt(d-1) * NORM_EPS, so u_i . u_j is
     exactly the reference's C_ij = z_c,i . z_c,j / (d-1) with the std clamped at NORM_EPS.
@@ -257,33 +293,41 @@ def _unit_rows(hidden: Tensor, center: bool) -> tuple[Tensor, Tensor, float]:
     if center:
         x = x - x.mean(dim=-1, keepdim=True)
         guard = NORM_EPS * math.sqrt(x.shape[-1] - 1)
-    norm = x.norm(dim=-1, keepdim=True).clamp_min(guard)
+    norm = x.norm(dim=-1, keepdim=True).clamp_min(guard) + eps
     return x / norm, norm, guard
 
 
-def _rows(hidden: Tensor, spec: VariantSpec) -> tuple[Tensor, Tensor | None, float]:
-    """The fp32 rows x whose Gram matrix the variant needs, with _unit_rows' norm and guard."""
+def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Tensor | None, float]:
+    """The fp32 rows x whose Gram matrix the variant needs, with _unit_rows' norm and guard.
+
+    Raw rows are centred on the sequence's mean token, as in the Triton kernel: distances are
+    unchanged, and |x_i|^2 + |x_j|^2 - 2 g_ij cancels less when the tokens share a large offset."""
     if spec.rows == "raw":
-        return hidden.float(), None, 0.0
-    return _unit_rows(hidden, center=spec.rows == "centred")
+        x = hidden.float()
+        return x - x.mean(dim=1, keepdim=True), None, 0.0
+    return _unit_rows(hidden, center=spec.rows == "centred", eps=hp.unit_eps(spec))
 
 
 def _rows_backward(
-    spec: VariantSpec, x: Tensor, norm: Tensor | None, guard: float, du: Tensor, row_sums: Tensor | None,
-    lambda_norm: float, scale: Tensor,
+    spec: VariantSpec, hidden: Tensor, x: Tensor, norm: Tensor | None, guard: float, eps: float, du: Tensor,
+    row_sums: Tensor | None, lambda_norm: float, scale: Tensor,
 ) -> Tensor:  # fmt: skip
-    """dL/dhidden (fp32) from du = sum_j W_ij x_j and, for l2_repel, row_sums = sum_j W_ij (W = dL/dg)."""
+    """dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)."""
     if spec.rows == "raw":
-        # D_ij = |z_i|^2 + |z_j|^2 - 2 g_ij  ->  dz_i = sum_j W_ij z_j - z_i sum_j W_ij
+        # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over
+        # i is 0 (W symmetric): the centring's backward is a no-op. The norm penalty sees z itself.
         _, n, d = x.shape
-        dz = du.sub_(row_sums[:, :, None] * x).add_(x, alpha=2.0 * lambda_norm / (n * d))
+        dz = du.sub_(row_sums[:, :, None] * x).add_(hidden.float(), alpha=2.0 * lambda_norm / (n * d))
         return dz.mul_(scale)
     du.mul_(scale)
-    # Through u = x / max(|x|, guard): drop the radial part unless |x| was clamped.
-    # For decorrelation x = z - mean(z), whose backward would subtract the feature
-    # mean of dx; that mean is already 0, as du and u are combinations of centred rows.
+    # Through u = x / (max(|x|, guard) + eps): dx = (du - u (u . du) (|x| + eps) / |x|) / (|x| + eps),
+    # the radial part dropped where |x| was clamped. For decorrelation x = z - mean(z), whose backward
+    # would subtract the feature mean of dx; that mean is already 0, as du and u are combinations of
+    # centred rows.
     u = x
-    radial = (u * du).sum(dim=-1, keepdim=True).masked_fill_(norm <= guard, 0.0)
+    radial = (u * du).sum(dim=-1, keepdim=True).masked_fill_(norm - eps <= guard, 0.0)
+    if eps:
+        radial.mul_(norm / (norm - eps))
     return du.sub_(u.mul_(radial)).div_(norm)
 
 
@@ -306,9 +350,14 @@ class TorchStrips:
     def strips(self, n: int, batch: int) -> Iterator[tuple[int, int]]:
         return _strips(n, batch, self.max_block_bytes, self.max_block_rows)
 
-    def forward(self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper) -> OnlineLogSumExp | Tensor:
-        """Running log-sum-exp over i < j (log-sum-exp variants), else the sum of the terms over i < j."""
+    def forward(
+        self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper
+    ) -> OnlineLogSumExp | Tensor | RowEntropy:
+        """Running log-sum-exp over i < j (log-sum-exp variants), per-token row entropies (whole
+        rows), else the sum of the terms over i < j."""
         b, n, _ = x.shape
+        if spec.row_entropy:
+            return self.row_forward(x, sq, hp)
         lse = OnlineLogSumExp(b, x.device)
         total = torch.zeros(b, device=x.device)
         for r0, r1 in self.strips(n, b):
@@ -330,6 +379,8 @@ class TorchStrips:
         b, n, _ = x.shape
         du = torch.zeros_like(x)
         row_sums = torch.zeros(b, n, device=x.device) if sq is not None else None
+        if spec.row_entropy:
+            return self.row_backward(x, sq, hp, lse, du, row_sums)
         for r0, r1 in self.strips(n, b):
             x_rows, x_cols = x[:, r0:r1], x[:, r0:]
             gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
@@ -341,6 +392,48 @@ class TorchStrips:
             du[:, r0:].baddbmm_(weight.transpose(1, 2), x_rows)
             del gram, weight
         return du, row_sums
+
+    def row_forward(self, x: Tensor, sq: Tensor, hp: PairHyper) -> RowEntropy:
+        """perplexity_entropy forward: per whole-row strip, the row's softmax and its entropy terms."""
+        b, n, _ = x.shape
+        out = RowEntropy(*(torch.empty(b, n, device=x.device) for _ in range(4)))
+        for r0, r1 in _full_strips(n, b, self.max_block_bytes, self.max_block_rows):
+            logits = _mask_diagonal(self._row_logits(x, sq, hp, r0, r1), r0, -math.inf)
+            m = logits.amax(dim=2)
+            log_s = (logits - m[:, :, None]).exp_().sum(dim=2).log_()
+            f, pf = row_entropy_terms(_row_softmax_(logits, m, log_s), hp.eps)
+            for target, value in zip(out, (m, log_s, f.sum(dim=2), pf.sum(dim=2)), strict=True):
+                target[:, r0:r1] = value
+        return out
+
+    def row_backward(
+        self, x: Tensor, sq: Tensor, hp: PairHyper, rows: RowEntropy, du: Tensor, row_sums: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """dL/dt_ij = p_ij (f'(p_ij) - a_i) / N of each ordered pair, so W = -2 dL/dD = (2 / (tau N))
+        (p f' - p a_i); both orientations of every pair reach du and the row sums."""
+        b, n, _ = x.shape
+        for r0, r1 in _full_strips(n, b, self.max_block_bytes, self.max_block_rows):
+            logits = _mask_diagonal(self._row_logits(x, sq, hp, r0, r1), r0, -math.inf)
+            p = _row_softmax_(logits, rows.m[:, r0:r1], rows.log_s[:, r0:r1])
+            _, pf = row_entropy_terms(p, hp.eps)
+            weight = pf.sub_(p.mul_(rows.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
+            row_sums[:, r0:r1] += weight.sum(dim=2)
+            row_sums += weight.sum(dim=1)
+            du[:, r0:r1].baddbmm_(weight, x)
+            du.baddbmm_(weight.transpose(1, 2), x[:, r0:r1])
+            del logits, p, pf, weight
+        return du, row_sums
+
+    @staticmethod
+    def _row_logits(x: Tensor, sq: Tensor, hp: PairHyper, r0: int, r1: int) -> Tensor:
+        """-D / tau for whole rows [r0, r1) against all columns."""
+        gram = torch.bmm(x[:, r0:r1], x.transpose(1, 2))
+        return _l2_repel_term_(gram, hp, sq[:, r0:r1, None] + sq[:, None, :])
+
+
+def _row_softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
+    """p_ij = exp((x_ij - m_i) - log_s_i) of whole-row strips, in place."""
+    return logits.sub_(m[:, :, None]).sub_(log_s[:, :, None]).exp_()
 
 
 def _sq_sum(sq: Tensor | None, r0: int, r1: int) -> Tensor | None:
@@ -359,32 +452,38 @@ class _PairLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, kernel: TorchStrips) -> Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
-            x, _, _ = _rows(hidden, spec)
+            x, _, _ = _rows(hidden, spec, hp)
+            n = x.shape[1]
             sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
             sums = kernel.forward(x, sq, spec, hp)
             ctx.spec, ctx.hp, ctx.lambda_norm, ctx.kernel = spec, hp, lambda_norm, kernel
-            if spec.logsumexp:
-                m, log_s = sums.finish()
+            if spec.row_entropy:
+                ctx.save_for_backward(hidden, sums.m, sums.log_s, sums.entropy, sums.a)
+                per_seq = sums.entropy.mean(dim=1)
+            elif spec.logsumexp:
+                m, log_s = sums.finish(hp.diagonal_terms(spec, n))
                 ctx.save_for_backward(hidden, m, log_s)
-                per_seq = m + log_s - math.log(hp.pairs)
+                per_seq = m + log_s - math.log(hp.pairs) + hp.constant(spec, n)
             else:
                 ctx.save_for_backward(hidden)
                 per_seq = 2.0 * sums / hp.pairs
-            if spec.rows == "raw":
-                per_seq = per_seq + lambda_norm * x.square().mean(dim=(1, 2))
+            if spec.norm_penalty:
+                per_seq = per_seq + lambda_norm * hidden.float().square().mean(dim=(1, 2))
             return per_seq.mean()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         hidden, *lse = ctx.saved_tensors
-        spec = ctx.spec
+        spec, hp = ctx.spec, ctx.hp
         with torch.autocast(hidden.device.type, enabled=False):
-            x, norm, guard = _rows(hidden, spec)
+            x, norm, guard = _rows(hidden, spec, hp)
             sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
-            du, row_sums = ctx.kernel.backward(x, sq, spec, ctx.hp, tuple(lse) or None)
+            saved = RowEntropy(*lse) if spec.row_entropy else tuple(lse) or None
+            du, row_sums = ctx.kernel.backward(x, sq, spec, hp, saved)
             scale = grad_out / x.shape[0]
-            dx = _rows_backward(spec, x, norm, guard, du, row_sums, ctx.lambda_norm, scale)
+            penalty = ctx.lambda_norm if spec.norm_penalty else 0.0
+            dx = _rows_backward(spec, hidden, x, norm, guard, hp.unit_eps(spec), du, row_sums, penalty, scale)
         return dx.to(hidden.dtype), None, None, None, None
 
 
@@ -479,6 +578,7 @@ def dispersion_loss(
     generator: torch.Generator | None = None,
     kernel: str | PairKernel = "auto",
     precision: str = "auto",
+    form: str = "released",
 ) -> Tensor:
     """Dispersion loss of hidden states [B, N, d]: mean over sequences of a per-sequence loss.
 
@@ -487,13 +587,18 @@ def dispersion_loss(
     ``hidden`` in its dtype. Memory-lean: nothing of size [B, N, N] is kept for backward.
 
     Variants (D_ij = arccos(clamp(c_ij, -1 + clamp, 1 - clamp)) / pi unless stated,
-    with a straight-through gradient through the clamp):
-      - ``angular_spread``: log sum_{i!=j} exp(-D_ij / tau) - log(N(N-1)).
-      - ``orthogonalization``: mean_{i!=j} max(0, 1/2 - D_ij)^2.
-      - ``l2_repel``: D_ij = |z_i - z_j|^2, log sum_{i!=j} exp(-D_ij / tau) - log(N(N-1))
-        + lambda_norm * mean(z^2).
+    with a straight-through gradient through the clamp; eps = 1e-2 in the default
+    ``form="released"``, the authors' lm_dispersion/dispersion.py, and 0 in ``form="paper"``):
+      - ``angular_spread``: log sum_{i!=j} exp(-D_ij / tau + eps) - log(N(N-1)),
+        c_ij = z_i . z_j / ((|z_i| + eps)(|z_j| + eps)).
+      - ``orthogonalization``: mean_{i!=j} max(0, 1/2 - D_ij)^2, c as above.
+      - ``l2_repel``: D_ij = |z_i - z_j|^2, + lambda_norm * mean(z^2) and
+        released: log mean_{i,j} exp(-D_ij / tau + eps), the N pairs i = j (D = 0) included;
+        paper: log sum_{i!=j} exp(-D_ij / tau) - log(N(N-1)).
       - ``decorrelation``: mean_{i!=j} C_ij^2 with C the token-token correlation of the
         rows standardised over features (unbiased std).
+      - ``perplexity_entropy``: mean_i sum_{j!=i} p_j|i log2(p_j|i + eps), p_j|i the softmax
+        over j != i of -D_ij / tau (tau = sigma^2): the negative mean entropy.
 
     ``max_tokens`` > 0 restricts the loss to a random subset of that many positions
     (``torch.randperm(N, generator=generator)``, shared by the batch); 0 or >= N uses
@@ -507,7 +612,7 @@ def dispersion_loss(
     or a configured kernel object. ``precision`` (see PRECISIONS) sets the Triton
     kernel's products; the torch strips always compute in fp32.
     """
-    _validate(hidden, variant, tau, clamp, max_tokens)
+    _validate(hidden, variant, tau, clamp, max_tokens, form)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     pair_kernel = _pair_kernel(kernel, hidden.device, variant, precision)
@@ -515,7 +620,7 @@ def dispersion_loss(
     n = hidden.shape[1]
     if n < 2:
         return _no_pair_loss(hidden.float(), variant, lambda_norm)
-    hp = PairHyper(float(tau), float(clamp), n * (n - 1))
+    hp = PairHyper(float(tau), float(clamp), n * (n - 1), form)
     return pair_kernel.loss(hidden, SPECS[variant], hp, float(lambda_norm))
 
 

@@ -46,6 +46,7 @@ MAX_WEIGHT_BYTES = 512 * 2**20
 _PI = tl.constexpr(math.pi)
 _HALF_PI = tl.constexpr(math.pi / 2)
 _INV_PI = tl.constexpr(1.0 / math.pi)
+_LN2 = tl.constexpr(math.log(2.0))
 
 
 class TileConfig(NamedTuple):
@@ -86,14 +87,24 @@ INTERPRETER_TILES = TileConfig(16, 32, 32, 1)
 
 
 class _Products(NamedTuple):
-    """How one precision setting computes: storage of U and W, and the tl.dot input precision."""
+    """How one precision setting computes: storage of U and W, and the tl.dot input precisions."""
 
     store_bf16: bool
     dot: str  # "bf16" (bf16 operands), or tl.dot's input_precision for fp32 operands
+    dz_dot: str = ""  # the W U pass's, when it differs from the pair passes'
+
+    @property
+    def wu_dot(self) -> str:
+        return self.dz_dot or self.dot
 
 
 def products(precision: str, spec: VariantSpec) -> _Products:
     """The storage and product precision of a PRECISIONS setting for a variant."""
+    if precision == "auto" and spec.row_entropy:
+        # Each row's softmax at sigma^2 = tau is sharp: bf16 rows put errors of ~0.5 into its
+        # logits at d 64 (15% in the gradient, as tests/test_dispersion_kernel.py's cases showed
+        # before this), so the logits are ieee fp32; W U in tf32 (its ieee form spills registers).
+        return _Products(False, "ieee", "tf32")
     if precision in ("auto", "bf16"):
         return _Products(True, "bf16")
     if precision == "tf32":
@@ -215,7 +226,7 @@ def _pair_term(g, sq_sum, neg_inv_tau, clamp, VARIANT: tl.constexpr):
     """
     if VARIANT == "decorrelation":
         t = g * g
-    elif VARIANT == "l2_repel":
+    elif VARIANT == "l2_repel" or VARIANT == "perplexity_entropy":
         t = (sq_sum - 2.0 * g) * neg_inv_tau
     else:
         c = tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
@@ -252,10 +263,32 @@ def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VAR
 
 
 @triton.jit
+def _entropy_terms(p, eps):
+    """perplexity_entropy's f(p) = p log2(p + eps) and p f'(p), 0 where p = 0 (variants.row_entropy_terms)."""
+    log = tl.log2(p + eps)
+    f = tl.where(p > 0, p * log, 0.0)
+    pf = tl.where(p > 0, p * (log + tl.div_rn(p, (p + eps) * _LN2)), 0.0)
+    return f, pf
+
+
+@triton.jit
+def _entropy_weight(t, valid, m_r, ls_r, a_r, m_c, ls_c, a_c, eps, pair_scale):
+    """perplexity_entropy's W = dL/dg of the unordered pair from its logit t = -D / tau:
+    pair_scale (p f' - p a) summed over both orientations (p_j|i with row i's softmax, p_i|j with j's)."""
+    t = tl.where(valid, t, -float("inf"))
+    p_ij = tl.exp((t - m_r[:, None]) - ls_r[:, None])
+    p_ji = tl.exp((t - m_c[None, :]) - ls_c[None, :])
+    _, pf_ij = _entropy_terms(p_ij, eps)
+    _, pf_ji = _entropy_terms(p_ji, eps)
+    w = (pf_ij - p_ij * a_r[:, None] + pf_ji - p_ji * a_c[None, :]) * pair_scale
+    return tl.where(valid, w, 0.0)
+
+
+@triton.jit
 def _sq_sum(sq_seq, rows, cols, n, VARIANT: tl.constexpr):
-    """|x_i|^2 + |x_j|^2 of the tile for l2_repel (sq_seq: the sequence's squared norms), else 0."""
+    """|x_i|^2 + |x_j|^2 of the tile for the raw-row variants (sq_seq: the sequence's squared norms), else 0."""
     sq_sum = 0.0
-    if VARIANT == "l2_repel":
+    if VARIANT == "l2_repel" or VARIANT == "perplexity_entropy":
         sq_rows = tl.load(sq_seq + rows, mask=rows < n, other=0.0)
         sq_cols = tl.load(sq_seq + cols, mask=cols < n, other=0.0)
         sq_sum = sq_rows[:, None] + sq_cols[None, :]
@@ -267,13 +300,14 @@ def _sq_sum(sq_seq, rows, cols, n, VARIANT: tl.constexpr):
 
 @triton.jit
 def _rows_kernel(
-    z_ptr, mean_ptr, u_ptr, stat_ptr, sq_ptr, n, d, guard,
+    z_ptr, mean_ptr, u_ptr, stat_ptr, sq_ptr, n, d, guard, unit_eps,
     ROWS: tl.constexpr, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """One token row: the stored row u and two scalars.
 
-    unit / centred rows: u = x / max(|x|, guard), x = z (minus its feature mean if
-    centred); stat = max(|x|, guard); sq = |u|^2 of the stored u (for an exact projection).
+    unit / centred rows: u = x / stat, x = z (minus its feature mean if centred),
+    stat = max(|x|, guard) + unit_eps (the released form's |z| + 1e-2 for unit rows);
+    sq = |u|^2 of the stored u (for an exact projection).
     raw rows (l2_repel): u = z - mean token of the sequence; stat = |z|^2 (the norm
     penalty); sq = |u|^2 of the stored u, so that D = sq_i + sq_j - 2 g is the distance
     of the stored rows themselves.
@@ -289,7 +323,7 @@ def _rows_kernel(
         x = z
         if ROWS == "centred":
             x = tl.where(inside, z - tl.sum(z) / d, 0.0)
-        stat = tl.maximum(tl.sqrt_rn(tl.sum(x * x)), guard)
+        stat = tl.maximum(tl.sqrt_rn(tl.sum(x * x)), guard) + unit_eps
         x = tl.div_rn(x, stat)
     u = _stored(x, STORE_BF16, INTERPRET)
     tl.store(u_ptr + row * d + feats, u, mask=inside)
@@ -326,12 +360,15 @@ def _pairs_forward_kernel(
 
 @triton.jit
 def _pairs_backward_kernel(
-    u_ptr, sq_ptr, m_ptr, log_s_ptr, w_ptr, r_ptr, n, d, neg_inv_tau, clamp, pair_scale,
+    u_ptr, sq_ptr, m_ptr, log_s_ptr, a_ptr, w_ptr, r_ptr, n, d, neg_inv_tau, clamp, pair_scale, entropy_eps,
     VARIANT: tl.constexpr, LOGSUMEXP: tl.constexpr, DOT: tl.constexpr, STORE_BF16: tl.constexpr,
     INTERPRET: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One tile pair of sequence b recomputed: W into w[b] at (rows, cols) and (cols, rows), and
-    the tile's radial partials r[b, tj, rows] and r[b, ti, cols] (sum_j W_ij g_ij, or sum_j W_ij)."""
+    the tile's radial partials r[b, tj, rows] and r[b, ti, cols] (sum_j W_ij g_ij, or sum_j W_ij).
+
+    m, log_s: per sequence [B] for the log-sum-exp variants; per token [B, N] (with a) for
+    perplexity_entropy, whose row softmaxes the forward's ``_row_entropy_kernel`` summarised."""
     tiles = tl.cdiv(n, BLOCK)
     ti, tj = _tile_pair(tiles)
     b = tl.program_id(1).to(tl.int64)
@@ -345,14 +382,26 @@ def _pairs_backward_kernel(
     g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
     valid = (rows[:, None] != cols[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
     sq_sum = _sq_sum(sq_ptr + b * n, rows, cols, n, VARIANT)
-    w = _stored(_pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT),
-                STORE_BF16, INTERPRET)  # fmt: skip
+    if VARIANT == "perplexity_entropy":
+        tok = b * n
+        in_r = rows < n
+        in_c = cols < n
+        w = _entropy_weight(
+            _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT), valid,
+            tl.load(m_ptr + tok + rows, mask=in_r, other=0.0), tl.load(log_s_ptr + tok + rows, mask=in_r, other=0.0),
+            tl.load(a_ptr + tok + rows, mask=in_r, other=0.0), tl.load(m_ptr + tok + cols, mask=in_c, other=0.0),
+            tl.load(log_s_ptr + tok + cols, mask=in_c, other=0.0), tl.load(a_ptr + tok + cols, mask=in_c, other=0.0),
+            entropy_eps, pair_scale,
+        )  # fmt: skip
+    else:
+        w = _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT)
+    w = _stored(w, STORE_BF16, INTERPRET)
     in_tile = (rows[:, None] < n) & (cols[None, :] < n)
     w_seq = w_ptr + b * n * n
     tl.store(w_seq + rows[:, None] * n + cols[None, :], w, mask=in_tile)
     w32 = w.to(tl.float32)  # the radial terms use W as stored, as W U will
     radial = w32
-    if VARIANT != "l2_repel":
+    if VARIANT != "l2_repel" and VARIANT != "perplexity_entropy":
         radial = w32 * g
     r_seq = r_ptr + b * tiles * n
     tl.store(r_seq + tj * n + rows, tl.sum(radial, axis=1), mask=rows < n)
@@ -362,17 +411,79 @@ def _pairs_backward_kernel(
 
 
 @triton.jit
+def _pair_logits_kernel(
+    u_ptr, sq_ptr, t_ptr, n, d, neg_inv_tau,
+    DOT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """perplexity_entropy forward, one upper-triangle tile pair of sequence b: the logits -D / tau
+    (diagonal -inf) into t[b] at (rows, cols) and (cols, rows), for ``_row_entropy_kernel``."""
+    tiles = tl.cdiv(n, BLOCK)
+    ti, tj = _tile_pair(tiles)
+    b = tl.program_id(1).to(tl.int64)
+    rows = ti * BLOCK + tl.arange(0, BLOCK)
+    cols = tj * BLOCK + tl.arange(0, BLOCK)
+    g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
+    t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, "perplexity_entropy"), neg_inv_tau, 0.0,
+                   "perplexity_entropy")  # fmt: skip
+    t = tl.where(rows[:, None] == cols[None, :], -float("inf"), t)
+    in_tile = (rows[:, None] < n) & (cols[None, :] < n)
+    t_seq = t_ptr + b * n * n
+    tl.store(t_seq + rows[:, None] * n + cols[None, :], t, mask=in_tile)
+    if ti != tj:
+        tl.store(t_seq + cols[:, None] * n + rows[None, :], tl.trans(t), mask=tl.trans(in_tile))
+
+
+@triton.jit
+def _row_entropy_kernel(
+    t_ptr, m_ptr, log_s_ptr, e_ptr, a_ptr, n, entropy_eps, ROWS: tl.constexpr, COLS: tl.constexpr,
+):  # fmt: skip
+    """ROWS token rows of sequence b from their logits t: the row's softmax max m and log-sum log_s
+    (one sweep, online), then (a second sweep) sum_j f(p_ij) and a_i = sum_j p_ij f'(p_ij).
+
+    Two sweeps over the [ROWS, N] logits in memory, no products: the log2(p + eps) of the
+    released form does not factor through a running sum, so p needs the finished row LSE."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    b = tl.program_id(1).to(tl.int64)
+    ks = tl.arange(0, COLS)
+    in_rows = rows < n
+    row_ptrs = t_ptr + b * n * n + rows[:, None] * n
+    m = tl.full((ROWS,), -float("inf"), tl.float32)
+    s = tl.zeros((ROWS,), dtype=tl.float32)
+    for k0 in range(0, n, COLS):
+        t = tl.load(row_ptrs + (k0 + ks)[None, :], mask=in_rows[:, None] & (ks[None, :] < n - k0), other=-float("inf"))
+        m_new = tl.maximum(m, tl.max(t, axis=1))
+        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - shift) + tl.sum(tl.exp(t - shift[:, None]), axis=1)
+        m = m_new
+    log_s = tl.log(s)
+    e = tl.zeros((ROWS,), dtype=tl.float32)
+    a = tl.zeros((ROWS,), dtype=tl.float32)
+    for k0 in range(0, n, COLS):
+        t = tl.load(row_ptrs + (k0 + ks)[None, :], mask=in_rows[:, None] & (ks[None, :] < n - k0), other=-float("inf"))
+        f, pf = _entropy_terms(tl.exp((t - m[:, None]) - log_s[:, None]), entropy_eps)
+        e += tl.sum(f, axis=1)
+        a += tl.sum(pf, axis=1)
+    out = b * n + rows
+    tl.store(m_ptr + out, m, mask=in_rows)
+    tl.store(log_s_ptr + out, log_s, mask=in_rows)
+    tl.store(e_ptr + out, e, mask=in_rows)
+    tl.store(a_ptr + out, a, mask=in_rows)
+
+
+@triton.jit
 def _dz_kernel(
-    w_ptr, u_ptr, r_ptr, stat_ptr, sq_ptr, z_ptr, dz_ptr, grad_ptr, n, d, tiles, inv_batch, guard, norm_coeff,
+    w_ptr, u_ptr, r_ptr, stat_ptr, sq_ptr, z_ptr, dz_ptr, grad_ptr, n, d, tiles, inv_batch, guard, unit_eps,
+    norm_coeff,
     ROWS: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """dz[b, rows, feats] from du = W u (one pass over the sequence's tokens) and the row scalars.
 
-    unit / centred rows: dz_i = s (du_i - u_i r_i / |u_i|^2) / |x_i|, the radial part
-    dropped unless |x_i| was clamped (for centred rows the centring's backward is a
-    no-op: du and u are combinations of centred rows). raw rows: dz_i = s (du_i - u_i
-    r_i + norm_coeff z_i). s = grad_out / B.
+    unit / centred rows, u = x / stat, stat = |x| + unit_eps: dz_i = s (du_i - u_i r_i
+    |x_i| / (|u_i|^2 stat_i)) / stat_i (for unit_eps = 0 the projection on the stored u),
+    the radial part dropped where |x_i| was clamped (for centred rows the centring's
+    backward is a no-op: du and u are combinations of centred rows). raw rows:
+    dz_i = s (du_i - u_i r_i + norm_coeff z_i). s = grad_out / B.
     """
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     feats = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -402,7 +513,8 @@ def _dz_kernel(
         dz = (du - u_rows * r[:, None] + norm_coeff * z) * scale
     else:
         sq = tl.load(sq_ptr + b * n + rows, mask=in_rows, other=1.0)
-        radial = tl.where(stat <= guard, 0.0, tl.div_rn(r, tl.maximum(sq, 1e-30)))
+        norm = stat - unit_eps
+        radial = tl.where(norm <= guard, 0.0, tl.div_rn(r * norm, tl.maximum(sq, 1e-30) * stat))
         dz = (du - u_rows * radial[:, None]) * tl.div_rn(scale, stat)[:, None]
     tl.store(dz_ptr + offsets, dz.to(dz_ptr.dtype.element_ty), mask=here)
 
@@ -423,14 +535,14 @@ def _guard(spec: VariantSpec, d: int) -> float:
     return NORM_EPS * math.sqrt(d - 1) if spec.rows == "centred" else NORM_EPS
 
 
-def _make_rows(hidden: Tensor, spec: VariantSpec, store_bf16: bool) -> _Rows:
+def _make_rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper, store_bf16: bool) -> _Rows:
     b, n, d = hidden.shape
     u = torch.empty(b, n, d, device=hidden.device, dtype=torch.bfloat16 if store_bf16 else torch.float32)
     stat = torch.empty(b, n, device=hidden.device)
     sq = torch.empty(b, n, device=hidden.device)
     mean = hidden.mean(dim=1, dtype=torch.float32) if spec.rows == "raw" else stat
     _rows_kernel[(b * n,)](
-        hidden, mean, u, stat, sq, n, d, _guard(spec, d),
+        hidden, mean, u, stat, sq, n, d, _guard(spec, d), hp.unit_eps(spec),
         ROWS=spec.rows, STORE_BF16=store_bf16, INTERPRET=INTERPRETED,
         BLOCK_D=triton.next_power_of_2(d), num_warps=1 if INTERPRETED else 4,
     )  # fmt: skip
@@ -452,7 +564,13 @@ _TUNED = {
         key=["n", "d"],
     )(_dz_kernel),
 }  # fmt: skip
-_JIT = {"forward": _pairs_forward_kernel, "backward": _pairs_backward_kernel, "dz": _dz_kernel}
+_TUNED["logits"] = _pair_autotune(_pair_logits_kernel)
+_JIT = {"forward": _pairs_forward_kernel, "backward": _pairs_backward_kernel, "dz": _dz_kernel,
+        "logits": _pair_logits_kernel}  # fmt: skip
+
+# _row_entropy_kernel's (ROWS, COLS, num_warps): no products, so one fixed shape; the
+# interpreter's is small so that test sizes have partial row and column blocks.
+ROW_ENTROPY_TILES = (16, 32, 1) if INTERPRETED else (16, 128, 8)
 
 
 def _pairs(tiles: int) -> int:
@@ -501,9 +619,11 @@ class TritonTiles:
 
 
 class _TritonPairLoss(torch.autograd.Function):
-    """Forward: rows, then the triangle's partials. Backward: rows and triangle again, W once, dz = f(W U).
+    """Forward: rows, then the triangle's partials (perplexity_entropy: its logits, then per-row sweeps).
+    Backward: rows and triangle again, W once, dz = f(W U).
 
-    Saves only ``hidden`` and two scalars per sequence; autocast is off inside.
+    Saves only ``hidden`` and two scalars per sequence (perplexity_entropy: three per token);
+    autocast is off inside.
     """
 
     @staticmethod
@@ -511,49 +631,80 @@ class _TritonPairLoss(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             b, n, d = hidden.shape
             plan = products(tiles.precision, spec)
-            rows = _make_rows(hidden, spec, plan.store_bf16)
-            block = tiles.block(n)
-            pair_count = _pairs(triton.cdiv(n, block))
-            m_part = torch.empty(b, pair_count, device=hidden.device)
-            s_part = torch.empty(b, pair_count, device=hidden.device)
-            tiles.launch(
-                "forward", lambda meta: (pair_count, b), rows.u, rows.sq, m_part, s_part, n, d, -1.0 / hp.tau,
-                hp.clamp, VARIANT=spec.name, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
-            )  # fmt: skip
+            rows = _make_rows(hidden, spec, hp, plan.store_bf16)
             ctx.spec, ctx.hp, ctx.lambda_norm, ctx.tiles = spec, hp, lambda_norm, tiles
-            if spec.logsumexp:
-                lse = OnlineLogSumExp(b, hidden.device)
-                lse.add_partials(m_part, s_part)
-                m, log_s = lse.finish()
-                ctx.save_for_backward(hidden, m, log_s)
-                per_seq = m + log_s - math.log(hp.pairs)
+            if spec.row_entropy:
+                stats = _row_entropy(rows, hidden, hp, tiles, plan)
+                ctx.save_for_backward(hidden, stats[0], stats[1], stats[3])
+                per_seq = stats[2].mean(dim=1)
             else:
-                ctx.save_for_backward(hidden)
-                per_seq = s_part.sum(dim=1) * (2.0 / hp.pairs)
-            if spec.rows == "raw":
+                per_seq = _pair_sums(ctx, rows, hidden, spec, hp, tiles, plan)
+            if spec.norm_penalty:
                 per_seq = per_seq + rows.stat.sum(dim=1) * (lambda_norm / (n * d))
             return per_seq.mean()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        hidden, *lse = ctx.saved_tensors
+        hidden, *saved = ctx.saved_tensors
         spec, hp, tiles = ctx.spec, ctx.hp, ctx.tiles
         with torch.autocast(hidden.device.type, enabled=False):
             plan = products(tiles.precision, spec)
-            rows = _make_rows(hidden, spec, plan.store_bf16)
+            rows = _make_rows(hidden, spec, hp, plan.store_bf16)
             dz = torch.empty_like(hidden)
             grad = grad_out.reshape(1).float()
-            m, log_s = lse if lse else (rows.stat, rows.stat)
+            stats = (*saved, rows.stat)[:3] if saved else (rows.stat, rows.stat, rows.stat)  # (m, log_s, a)
             for b0, b1 in _sequence_groups(hidden, rows.u.element_size(), tiles.max_weight_bytes):
-                _weights_and_dz(rows, m, log_s, hidden, dz, grad, b0, b1, spec, hp, ctx.lambda_norm, tiles, plan)
+                _weights_and_dz(rows, stats, hidden, dz, grad, b0, b1, spec, hp, ctx.lambda_norm, tiles, plan)
         return dz, None, None, None, None
 
 
-def _weights_and_dz(rows: _Rows, m: Tensor, log_s: Tensor, hidden: Tensor, dz: Tensor, grad: Tensor, b0: int,
-                    b1: int, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles,
+def _pair_sums(ctx, rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,
+               plan: _Products) -> Tensor:  # fmt: skip
+    """The per-sequence loss of the pair-sum variants from the triangle's partials; saves what backward needs."""
+    b, n, d = hidden.shape
+    block = tiles.block(n)
+    pair_count = _pairs(triton.cdiv(n, block))
+    m_part = torch.empty(b, pair_count, device=hidden.device)
+    s_part = torch.empty(b, pair_count, device=hidden.device)
+    tiles.launch(
+        "forward", lambda meta: (pair_count, b), rows.u, rows.sq, m_part, s_part, n, d, -1.0 / hp.tau,
+        hp.clamp, VARIANT=spec.name, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
+    )  # fmt: skip
+    if not spec.logsumexp:
+        ctx.save_for_backward(hidden)
+        return s_part.sum(dim=1) * (2.0 / hp.pairs)
+    lse = OnlineLogSumExp(b, hidden.device)
+    lse.add_partials(m_part, s_part)
+    m, log_s = lse.finish(hp.diagonal_terms(spec, n))
+    ctx.save_for_backward(hidden, m, log_s)
+    return m + log_s - math.log(hp.pairs) + hp.constant(spec, n)
+
+
+def _row_entropy(rows: _Rows, hidden: Tensor, hp: PairHyper, tiles: TritonTiles, plan: _Products) -> tuple[Tensor, ...]:
+    """perplexity_entropy's per-token (m, log_s, sum_j f(p_ij), a_i), each [B, N]: the triangle's logits
+    into a [sequences, N, N] fp32 buffer (in groups within max_weight_bytes), then the row sweeps."""
+    b, n, d = hidden.shape
+    block = tiles.block(n)
+    block_rows, cols, warps = ROW_ENTROPY_TILES
+    stats = tuple(torch.empty(b, n, device=hidden.device) for _ in range(4))
+    for b0, b1 in _sequence_groups(hidden, 4, tiles.max_weight_bytes):
+        logits = torch.empty(b1 - b0, n, n, device=hidden.device)
+        tiles.launch(
+            "logits", lambda meta: (_pairs(triton.cdiv(n, block)), b1 - b0), rows.u[b0:b1], rows.sq[b0:b1], logits,
+            n, d, -1.0 / hp.tau, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
+        )  # fmt: skip
+        _row_entropy_kernel[(triton.cdiv(n, block_rows), b1 - b0)](
+            logits, *(s[b0:b1] for s in stats), n, hp.eps, ROWS=block_rows, COLS=cols, num_warps=warps,
+        )  # fmt: skip
+    return stats
+
+
+def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, Tensor, Tensor], hidden: Tensor, dz: Tensor, grad: Tensor,
+                    b0: int, b1: int, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles,
                     plan: _Products) -> None:  # fmt: skip
-    """Sequences [b0, b1): W and the radial partials, then dz (in place)."""
+    """Sequences [b0, b1): W and the radial partials, then dz (in place). ``stats``: (m, log_s, a),
+    per sequence or per token (perplexity_entropy), placeholders for the variants without."""
     n, d = hidden.shape[1:]
     count = b1 - b0
     block = tiles.block(n)
@@ -561,17 +712,18 @@ def _weights_and_dz(rows: _Rows, m: Tensor, log_s: Tensor, hidden: Tensor, dz: T
     w = torch.empty(count, n, n, device=hidden.device, dtype=rows.u.dtype)
     radial = torch.empty(count, tile_count, n, device=hidden.device)
     u, sq = rows.u[b0:b1], rows.sq[b0:b1]
+    pair_scale = 2.0 / (hp.tau * n) if spec.row_entropy else 4.0 / hp.pairs
     tiles.launch(
         "backward", lambda meta: (_pairs(tile_count), count),
-        u, sq, m[b0:b1], log_s[b0:b1], w, radial, n, d, -1.0 / hp.tau, hp.clamp, 4.0 / hp.pairs,
+        u, sq, *(s[b0:b1] for s in stats), w, radial, n, d, -1.0 / hp.tau, hp.clamp, pair_scale, hp.eps,
         VARIANT=spec.name, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, STORE_BF16=plan.store_bf16, INTERPRET=INTERPRETED,
         BLOCK=block,
     )  # fmt: skip
     tiles.launch(
         "dz", lambda meta: (triton.cdiv(n, meta["BLOCK"]), triton.cdiv(d, meta["BLOCK_D"]), count),
         w, u, radial, rows.stat[b0:b1], sq, hidden[b0:b1], dz[b0:b1], grad, n, d, tile_count,
-        1.0 / hidden.shape[0], _guard(spec, d), 2.0 * lambda_norm / (n * d),
-        ROWS=spec.rows, DOT=plan.dot, INTERPRET=INTERPRETED,
+        1.0 / hidden.shape[0], _guard(spec, d), hp.unit_eps(spec), 2.0 * lambda_norm * spec.norm_penalty / (n * d),
+        ROWS=spec.rows, DOT=plan.wu_dot, INTERPRET=INTERPRETED,
     )  # fmt: skip
 
 

@@ -6,7 +6,7 @@ ranges). ``trainer.config_checks`` applies them to a job config and the trainer 
 
 from __future__ import annotations
 
-from .variants import KERNELS, PRECISIONS, RANGES, VARIANTS, range_error
+from .variants import FORMS, KERNELS, PRECISIONS, RANGES, VARIANTS, range_error
 
 CONFIG_VARIANTS = ("none", *VARIANTS)
 """``dispersion.variant`` values: ``none`` (cross-entropy only) or a loss variant."""
@@ -20,7 +20,8 @@ CONFIG_RANGES = {
 }
 """The ``[dispersion]`` section's numeric ranges: the loss's parameters, λ and its warm-up."""
 
-__all__ = ["CONFIG_RANGES", "CONFIG_VARIANTS", "KERNELS", "LAYER_KEYWORDS", "PRECISIONS", "range_error", "resolve_layers"]
+__all__ = ["CONFIG_RANGES", "CONFIG_VARIANTS", "FORMS", "KERNELS", "LAYER_KEYWORDS", "PRECISIONS", "range_error",
+           "resolve_layers"]
 
 
 def _block_indices(spec: str | list[int]) -> list[int] | None:

@@ -20,10 +20,11 @@ from torch import Tensor
 KERNELS = ("auto", "triton", "torch")
 
 # The products of the Triton kernels (the torch strips always compute in fp32):
-#   auto  - the default: tensor-core products with fp32 accumulation (bf16 today);
+#   auto  - the default: tensor-core products with fp32 accumulation (bf16 today); for
+#           perplexity_entropy ieee fp32, as its sharp row softmaxes amplify bf16 distance errors;
 #   bf16  - rows and pair weights stored in bf16, bf16 tensor-core products;
 #   tf32  - rows and pair weights in fp32, tf32 tensor-core products;
-#   exact - fp32 rows and weights, bf16x3 products (ieee fp32 for l2_repel): the
+#   exact - fp32 rows and weights, bf16x3 products (ieee fp32 for the raw-row variants): the
 #           reference's values within 1e-4 (value) and 2e-3 (gradient), relative.
 PRECISIONS = ("auto", "bf16", "tf32", "exact")
 
@@ -33,6 +34,15 @@ PRECISIONS = ("auto", "bf16", "tf32", "exact")
 NORM_EPS = 1e-6
 
 LOG2 = math.log(2.0)
+
+# Which formulas: "released" = the authors' lm_dispersion/dispersion.py (DispersionLoss, which
+# produced the paper's numbers): u = z / (|z| + 1e-2), every logit + 1e-2, l2_repel's normaliser
+# over all N^2 pairs (the diagonal's N terms exp(0) included), perplexity_entropy's log2(p + 1e-2);
+# "paper" = the paper's equations: u = z / |z|, pairs i != j only, log2(p).
+FORMS = ("released", "paper")
+
+# The released code's ``epsilon`` (DispersionLoss.__init__, lm_dispersion/dispersion.py).
+RELEASED_EPS = 1e-2
 
 RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "tau": (lambda v: v > 0, "> 0"),
@@ -55,6 +65,8 @@ class VariantSpec(NamedTuple):
     name: str
     rows: str  # "unit": u = z / |z|; "centred": the same after subtracting the feature mean; "raw": z
     logsumexp: bool  # per sequence: log-mean-exp of the terms (True) or their mean (False)
+    row_entropy: bool = False  # per token: the entropy of the softmax of its row (perplexity_entropy)
+    norm_penalty: bool = False  # + lambda_norm * mean(z^2) (l2_repel)
 
 
 SPECS = {
@@ -62,8 +74,9 @@ SPECS = {
     for spec in (
         VariantSpec("angular_spread", "unit", True),
         VariantSpec("orthogonalization", "unit", False),
-        VariantSpec("l2_repel", "raw", True),
+        VariantSpec("l2_repel", "raw", True, norm_penalty=True),
         VariantSpec("decorrelation", "centred", False),
+        VariantSpec("perplexity_entropy", "raw", False, row_entropy=True),
     )
 }
 VARIANTS = tuple(SPECS)
@@ -72,9 +85,30 @@ VARIANTS = tuple(SPECS)
 class PairHyper(NamedTuple):
     """What the per-pair functions need besides the Gram matrix."""
 
-    tau: float
+    tau: float  # also sigma^2 of perplexity_entropy, as the released code's tau_l2
     clamp: float
     pairs: int  # N (N - 1), the ordered pairs of one sequence
+    form: str = "released"  # one of FORMS
+
+    @property
+    def eps(self) -> float:
+        """The released code's epsilon (norm guard, logit shift, entropy's log), 0 for the paper's form."""
+        return RELEASED_EPS if self.form == "released" else 0.0
+
+    def unit_eps(self, spec: VariantSpec) -> float:
+        """What is added to |z| for unit rows: the released z / (|z| + eps); 0 for other rows."""
+        return self.eps if spec.rows == "unit" else 0.0
+
+    def constant(self, spec: VariantSpec, n: int) -> float:
+        """The released form's constant terms of a log-sum-exp variant's value: + eps on every
+        logit; l2_repel's mean over N^2 rather than N(N-1) pairs (its diagonal is added in finish)."""
+        if not spec.logsumexp or self.form != "released":
+            return 0.0
+        return self.eps + (math.log(self.pairs) - 2 * math.log(n) if spec.rows == "raw" else 0.0)
+
+    def diagonal_terms(self, spec: VariantSpec, n: int) -> int:
+        """How many exp(0) terms (D_ii = 0) the normaliser adds: N for the released l2_repel, else 0."""
+        return n if spec.rows == "raw" and spec.logsumexp and self.form == "released" else 0
 
 
 class OnlineLogSumExp:
@@ -102,6 +136,22 @@ class OnlineLogSumExp:
         self.s = self.s * torch.exp(self.m - m) + (s_part * torch.exp(m_part - m[:, None])).sum(dim=1)
         self.m = m
 
-    def finish(self) -> tuple[Tensor, Tensor]:
-        """(m, log_s) of the sum over ordered pairs: each strip holds only i < j, hence + log 2."""
-        return self.m, self.s.log() + LOG2
+    def finish(self, diagonal: int = 0) -> tuple[Tensor, Tensor]:
+        """(m, log_s) of the sum over ordered pairs: each strip holds only i < j, hence + log 2;
+        plus ``diagonal`` terms of logit 0 (the released l2_repel's i = j pairs, D_ii = 0)."""
+        if not diagonal:
+            return self.m, self.s.log() + LOG2
+        m = self.m.clamp_min(0.0)
+        return m, torch.log(2.0 * self.s * torch.exp(self.m - m) + diagonal * torch.exp(-m))
+
+
+def row_entropy_terms(p: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """f(p) = p log2(p + eps) and p f'(p), f'(p) = log2(p + eps) + p / ((p + eps) ln 2); 0 where p = 0.
+
+    perplexity_entropy's loss is the mean over tokens i of sum_j f(p_ij); its gradient needs
+    a_i = sum_j p_ij f'(p_ij). The torch strips use this; the Triton kernel has it in Triton.
+    """
+    log = torch.log2(p + eps)
+    f = torch.where(p > 0, p * log, 0.0)
+    pf = torch.where(p > 0, p * (log + p / ((p + eps) * LOG2)), 0.0)
+    return f, pf

@@ -4,11 +4,11 @@ process group), whatever parallel layout saved them, model-only or full."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pickle
 import re
-import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -21,6 +21,9 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..utils.errors import CheckpointError, RunFinished
 
 RUN_METADATA_FILE = "run.json"
+LEDGER_KEYS = ("settings", "forked_from")
+"""``run.json`` entries that record one run's launch (every config key, paths and seed included;
+its source), not what makes runs one configuration."""
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -75,20 +78,30 @@ def check_complete(step_dir: str) -> None:
 
 def save_run_metadata(folder: str, model_name: str, args: Any,
                       dispersion: dict[str, Any] | None = None, seed: int | None = None,
-                      baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2") -> None:
+                      baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2",
+                      training_steps: int | None = None, settings: dict[str, Any] | None = None,
+                      forked_from: dict[str, Any] | None = None) -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
     the model family and shape (head count cannot be read off weights), the tokenizer
     (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
-    settings it trained with (None: not trained by dispersion_titan.train); ``evaluate
-    table`` groups runs into arms by all of it but the seed."""
+    settings it trained with (None: not trained by dispersion_titan.train), and its
+    ``training.steps`` (``evaluate table --select best`` derives the authors' evaluation
+    cadence from it); ``evaluate table`` groups runs into arms by all of it but the seed.
+    ``settings`` (every config key, ``run_folder.settings``) and ``forked_from`` are the
+    run's ledger: recorded at its first launch and kept by every later one, whose other
+    entries can differ only in ``training_steps`` (the settings check allows nothing else)."""
+    path = os.path.join(folder, RUN_METADATA_FILE)
+    first = load_run_metadata(folder) if os.path.isfile(path) else {}
+    ledger = {key: first.get(key) for key in LEDGER_KEYS} if first.get("settings") is not None else {}
     os.makedirs(folder, exist_ok=True)
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     metadata = {"model_name": model_name, "model_args": fields, "tokenizer": tokenizer, "dispersion": dispersion,
-                "baseline": baseline, "seed": seed}
+                "baseline": baseline, "seed": seed, "training_steps": training_steps, "forked_from": forked_from,
+                "settings": settings, **ledger}
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)
-    os.replace(tmp, os.path.join(folder, RUN_METADATA_FILE))
+    os.replace(tmp, path)
 
 
 def load_run_metadata(dump_folder: str) -> dict[str, Any]:
@@ -206,43 +219,81 @@ def _is_complete(step_dir: str) -> bool:
     return True
 
 
-def plan_resume(folder: str, steps: int, data_parallel_degree: int, load_step: int = -1) -> int | None:
-    """Decide, before any process group starts, how a relaunch into ``folder`` goes on.
+def checkpoint_identity(step_dir: str) -> str:
+    """A cheap fingerprint of one saved checkpoint: SHA-256 over its ``.metadata`` bytes and
+    the name, size and modification time of each of its files. Results derived from a
+    checkpoint record it; a checkpoint saved again or replaced since has another one."""
+    digest = hashlib.sha256()
+    with open(os.path.join(step_dir, ".metadata"), "rb") as f:
+        digest.update(f.read())
+    for name in sorted(os.listdir(step_dir)):
+        stat = os.stat(os.path.join(step_dir, name))
+        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()
 
-    Returns the step to load when it is not TorchTitan's choice (the newest checkpoint):
-    the last full checkpoint when the newest holds weights only (the final save of a run
-    whose ``training.steps`` was since raised). None: TorchTitan's choice is right.
-    Raises ``RunFinished`` when the newest checkpoint is already at ``steps``, and
-    ``CheckpointError`` when no checkpoint can continue the run.
+
+def identity_changed(recorded: str | None, step_dir: str) -> bool:
+    """Whether a result that recorded the identity ``recorded`` of ``step_dir`` now describes
+    weights that are no longer there. False when either is unknown: a result written before
+    identities were recorded, or a checkpoint that cannot be read (its load says why)."""
+    if recorded is None:
+        return False
+    try:
+        return checkpoint_identity(step_dir) != recorded
+    except OSError:
+        return False
+
+
+def complete_checkpoints(folder: str) -> list[StepCheckpoint]:
+    """The checkpoints of ``folder`` that pass ``check_complete``, oldest first."""
+    return [c for c in list_checkpoints(folder) if _is_complete(c.path)] if os.path.isdir(folder) else []
+
+
+def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
+    """Refuse to load a streamed corpus's per-rank positions on another number of data-parallel ranks."""
+    saved = saved_data_parallel_degree(step_dir)
+    if saved is not None and saved != data_parallel_degree:
+        raise CheckpointError(
+            f"parallelism: {step_dir} holds the per-rank positions of a streamed corpus for {saved} "
+            f"data-parallel ranks and this run has {data_parallel_degree}; resume it with {saved}, or train "
+            "from a token store (docs/data.md), whose position any number of ranks resumes"
+        )
+
+
+def check_resume(folder: str, steps: int, data_parallel_degree: int, load_step: int = -1) -> None:
+    """Decide, before any process group starts, whether a relaunch into ``folder`` can go on.
+
+    TorchTitan resumes from the newest checkpoint (or ``load_step``). Raises ``RunFinished``
+    when the newest is already at ``steps``, and ``CheckpointError`` when no checkpoint can
+    continue the run, or when going on would save over an existing step checkpoint: the
+    newest holding weights only (``checkpoint.last_save_model_only``), or a ``load_step``
+    older than the newest. Such a run is branched on purpose with ``--job.fork_from``.
     """
-    if not os.path.isdir(folder):
-        return None
-    complete = [c for c in list_checkpoints(folder) if _is_complete(c.path)]
-    if load_step >= 0:
-        complete = [c for c in complete if c.step == load_step]
-    if not complete:
-        return None
-    newest = complete[-1]
+    saved = complete_checkpoints(folder)
+    if not saved:
+        return
+    newest = saved[-1]
+    chosen = [c for c in saved if c.step == load_step] if load_step >= 0 else saved
+    if not chosen:
+        return
     if load_step < 0 and newest.step >= steps:
         done = "finished" if newest.step == steps else f"past training.steps = {steps},"
         raise RunFinished(f"run already {done} at step {newest.step}; nothing to do")
-    full = [c for c in complete if is_full(c.path)]
+    full = [c for c in chosen if is_full(c.path)]
+    dump = os.path.dirname(os.path.abspath(folder))
     if not full:
         raise CheckpointError(
             f"{newest.path} holds weights only (checkpoint.last_save_model_only) and no earlier checkpoint is "
             f"full, so the run cannot continue to step {steps}; start a new job.dump_folder from its weights "
-            f"with --checkpoint.initial_load_path {newest.path} --checkpoint.initial_load_model_only"
+            f"with --job.fork_from {dump}@{newest.step}"
         )
     resume = full[-1]
-    saved = saved_data_parallel_degree(resume.path)
-    if saved is not None and saved != data_parallel_degree:
+    if resume.step < newest.step:
+        why = (f"step-{newest.step} holds weights only" if load_step < 0
+               else f"checkpoint.load_step = {load_step} is older than step-{newest.step}")
         raise CheckpointError(
-            f"parallelism: {resume.path} holds the per-rank positions of a streamed corpus for {saved} "
-            f"data-parallel ranks and this run has {data_parallel_degree}; resume it with {saved}, or train "
-            "from a token store (docs/data.md), whose position any number of ranks resumes"
+            f"{folder}: resuming from step {resume.step} ({why}) would train over step-{newest.step} and save "
+            f"it again, and checkpoints are never overwritten; branch from step {resume.step} into a new folder "
+            f"with --job.fork_from {dump}@{resume.step} --job.dump_folder NEW"
         )
-    if resume is newest:
-        return None
-    print(f"dispersion_titan: resuming from step {resume.step}, the last full checkpoint "
-          f"({os.path.basename(newest.path)} holds weights only)", file=sys.stderr, flush=True)
-    return resume.step
+    check_loader_layout(resume.path, data_parallel_degree)

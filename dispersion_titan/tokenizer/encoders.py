@@ -29,6 +29,9 @@ class DocumentEncoder(ABC):
     """``gpt2``, or the tokenizer folder."""
     eos_token: str
     eos_id: int
+    pad_id: int
+    """The padding token's id: tokenizer_config.json's pad_token, else eos_id (what the data pads
+    with, and what the authors' scripts set as pad when a tokenizer has none)."""
     vocab_size: int
 
     @abstractmethod
@@ -51,7 +54,7 @@ class GPT2BPE(DocumentEncoder):
 
     name = "gpt2"
     eos_token = EOT_TOKEN
-    eos_id = EOT_ID
+    eos_id = pad_id = EOT_ID
 
     @property
     def vocab_size(self) -> int:
@@ -81,12 +84,16 @@ class HFTokenizerFile(DocumentEncoder):
         with open(path, "rb") as f:
             self._digest = hashlib.sha256(f.read())
         self.tokenizer = Tokenizer.from_file(path)
-        eos = _eos_token(_read_json(os.path.join(self.name, TOKENIZER_CONFIG)))
+        config = _read_json(os.path.join(self.name, TOKENIZER_CONFIG))
+        eos = _special_token(config, "eos_token")
         eos_id = self.tokenizer.token_to_id(eos) if eos else None
         if eos_id is None:
             raise ConfigError(f"{field}: {os.path.join(folder, TOKENIZER_CONFIG)} names no eos_token of the "
                               "tokenizer (the document separator)")
         self.eos_token, self.eos_id = eos, eos_id
+        pad = _special_token(config, "pad_token")
+        pad_id = self.tokenizer.token_to_id(pad) if pad else None
+        self.pad_id = eos_id if pad_id is None else pad_id
         self._digest.update(json.dumps({"eos_id": eos_id}).encode())
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -106,8 +113,8 @@ def _read_json(path: str) -> dict[str, Any]:
         return {}
 
 
-def _eos_token(config: dict[str, Any]) -> str | None:
-    token = config.get("eos_token")
+def _special_token(config: dict[str, Any], key: str) -> str | None:
+    token = config.get(key)
     return token.get("content") if isinstance(token, dict) else token
 
 

@@ -3,8 +3,8 @@
 - ``noisy_embedding`` (NEFTune): uniform noise in ±α/√(S·d) on the token embeddings,
   before the position embeddings are added, in training forwards only.
 - ``active_forgetting`` (Chen et al. 2023): after every K steps the token embedding
-  matrix is re-initialised N(0, 0.02) and its AdamW state cleared; its param group and
-  sawtooth LR schedule are built with the optimizer (``optimizers``).
+  matrix is re-initialised N(0, 0.02), its padding row zeroed and its AdamW state cleared;
+  its param group and LR schedule are built with the optimizer (``optimizers``).
 
 Both are layout-invariant and resume exactly: every random draw is seeded by the run's
 seed and the step (and for the noise the sequence's position in the global batch), never
@@ -81,11 +81,14 @@ class EmbeddingNoise(NoBaseline):
 class ActiveForgetting(NoBaseline):
     """Re-initialises the token embeddings after every ``period`` steps, before the next
     step: checkpoints, validation and the final model hold trained embeddings, and a run
-    resumed from step K makes the same reset at step K+1."""
+    resumed from step K makes the same reset at step K+1. The row of ``pad_id`` is zeroed
+    after each draw, as the authors' ``_reinit_input_token_embeddings_synced`` zeroes the
+    tokenizer's pad row (GPT-2: its end-of-text token, which they set as pad)."""
 
-    def __init__(self, model: nn.Module, optimizers: Any, period: int, seed: int, tied: bool) -> None:
+    def __init__(self, model: nn.Module, optimizers: Any, period: int, seed: int, tied: bool,
+                 pad_id: int | None = None) -> None:  # fmt: skip
         self.embedding = token_embedding(model)
-        self.optimizers, self.period, self.seed = optimizers, period, seed
+        self.optimizers, self.period, self.seed, self.pad_id = optimizers, period, seed, pad_id
         self.what = "token embeddings and the LM head tied to them" if tied else "token embeddings"
 
     def begin_step(self, step: int) -> None:
@@ -100,6 +103,8 @@ class ActiveForgetting(NoBaseline):
         keep this rank's shard, and zero its AdamW moments and step count."""
         generator = torch.Generator().manual_seed(_mixed_seed(self.seed, index))
         full = torch.empty(self.embedding.shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=generator)
+        if self.pad_id is not None and 0 <= self.pad_id < full.shape[0]:
+            full[self.pad_id] = 0.0
         copy_full_into(self.embedding, full)
         for optimizer in self.optimizers:
             for value in optimizer.state.get(self.embedding, {}).values():
@@ -115,12 +120,13 @@ def data_parallel_rank(parallel_dims: Any) -> tuple[int, int]:
 
 
 def build_baseline(cfg: Baseline, model: nn.Module, optimizers: Any, parallel_dims: Any, seed: int,
-                   tied: bool) -> NoBaseline:
-    """The ``[baseline]`` method's per-step behaviour for this trainer's model part."""
+                   tied: bool, pad_id: int | None = None) -> NoBaseline:
+    """The ``[baseline]`` method's per-step behaviour for this trainer's model part (``pad_id``: the
+    tokenizer's padding row, zeroed by each active-forgetting reset)."""
     if cfg.method == "noisy_embedding":
         tp_group = parallel_dims.get_mesh("tp").get_group() if parallel_dims.tp_enabled else None
         return EmbeddingNoise(model.tok_embeddings, cfg.noise_alpha, seed, *data_parallel_rank(parallel_dims),
                               tp_group)
     if cfg.method == "active_forgetting":
-        return ActiveForgetting(model, optimizers, cfg.forget_every, seed, tied)
+        return ActiveForgetting(model, optimizers, cfg.forget_every, seed, tied, pad_id)
     return NoBaseline()

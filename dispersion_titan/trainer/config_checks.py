@@ -20,7 +20,15 @@ from torchtitan.config import JobConfig
 from ..config.schema import METHOD_SETTINGS
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
-from ..losses.options import CONFIG_RANGES, CONFIG_VARIANTS, KERNELS, PRECISIONS, range_error, resolve_layers
+from ..losses.options import (
+    CONFIG_RANGES,
+    CONFIG_VARIANTS,
+    FORMS,
+    KERNELS,
+    PRECISIONS,
+    range_error,
+    resolve_layers,
+)
 from ..models.flavors import SHAPE_KEYS
 from ..tokenizer.encoders import GPT2, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import is_hub_id
@@ -81,6 +89,8 @@ def check_dispersion(config: JobConfig, n_layers: int) -> None:
         raise ConfigError(f"dispersion.kernel: {d.kernel!r} is not one of {KERNELS}")
     if d.precision not in PRECISIONS:
         raise ConfigError(f"dispersion.precision: {d.precision!r} is not one of {PRECISIONS}")
+    if d.form not in FORMS:
+        raise ConfigError(f"dispersion.form: {d.form!r} is not one of {FORMS}")
     if d.kernel == "triton" and d.variant != "none" and not _triton_device_here():
         raise ConfigError("dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
                           "use 'auto' (the PyTorch strips on CPU) or 'torch'")
@@ -306,6 +316,9 @@ def check_baseline(config: JobConfig) -> None:
             )
         if config.fault_tolerance.enable:
             raise ConfigError("fault_tolerance.enable: not supported with baseline.method = active_forgetting")
+        if b.forget_every >= config.training.steps:
+            raise ConfigError(f"baseline.forget_every: {b.forget_every} >= training.steps ({config.training.steps}): "
+                              "no reset would ever happen; make it smaller or use baseline.method = none")
 
 
 def carry_baseline(config: JobConfig) -> None:

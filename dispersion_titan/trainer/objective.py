@@ -93,6 +93,7 @@ class DispersionObjective:
                         generator=self._generator(step, i, owned[i].device),
                         kernel=self.cfg.kernel,
                         precision=self.cfg.precision,
+                        form=self.cfg.form,
                     )
                     for i in self.layers
                 ]).mean() * scale

@@ -20,6 +20,7 @@ from torchtitan.tools.logging import logger
 from ..components import titan_compat
 from ..data.packed import run_encoder, run_seed
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
+from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
 from ..utils.errors import NonFiniteLossError
 from .baselines import build_baseline
@@ -72,6 +73,7 @@ def _take_writer_lock(dump_folder: str) -> WriterLock | None:
 class DispersionTrainer(titan_compat.trainer_class()):
     def __init__(self, job_config) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
+        settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
         self.writer_lock = _take_writer_lock(job_config.job.dump_folder)
         try:
             super().__init__(job_config)
@@ -91,7 +93,7 @@ class DispersionTrainer(titan_compat.trainer_class()):
         (model,) = self.model_parts
         self.block_outputs = BlockOutputs(model.layers)  # after parallelize_fn: outside AC and compile
         self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
-                                       self.model_args.tie_embeddings)
+                                       self.model_args.tie_embeddings, run_encoder(job_config).pad_id)
         self.preemption = Preemption()  # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue
         if dist.get_rank() == 0:
             # In the dump folder, not the checkpoint folder: TorchTitan decides whether to
@@ -99,7 +101,8 @@ class DispersionTrainer(titan_compat.trainer_class()):
             save_run_metadata(job_config.job.dump_folder, job_config.model.name, self.model_args,
                               dataclasses.asdict(job_config.dispersion), seed,
                               baseline=dataclasses.asdict(job_config.baseline),
-                              tokenizer=run_encoder(job_config).name)
+                              tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps,
+                              settings=settings, forked_from=fork_record(job_config))
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0

@@ -90,5 +90,5 @@ def tiny_run(dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug", a
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
             dcp.save(model.state_dict(), checkpoint_id=str(dump / "checkpoint" / f"step-{step}"))
-    save_run_metadata(str(dump), args.FAMILY, args, tokenizer=tokenizer)
+    save_run_metadata(str(dump), args.FAMILY, args, tokenizer=tokenizer, training_steps=max(steps))
     return dump

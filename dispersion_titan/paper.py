@@ -1,0 +1,159 @@
+"""Each of the paper's figures and Table 2 from one command.
+
+    python -m dispersion_titan.paper --list
+    python -m dispersion_titan.paper ARTIFACT [--out DIR] [--models ...] [--slurm] [--dry-run] [analyze options]
+
+ARTIFACT is fig2, fig3, fig4, fig5, table2 or robustness (``--list`` says what each
+runs, on which models, at what cost). It runs ``analyze`` (or ``evaluate``) per model,
+here in order or as Slurm jobs, reusing finished results, then draws
+``DIR/ARTIFACT.png``, ``.pdf`` and ``DIR/ARTIFACT.json``. An input that is not here ends
+it in one line naming what is missing and what provides it (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+
+from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
+from dispersion_titan.utils.errors import DispersionTitanError, fail
+
+ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "robustness")
+DEFAULT_OUT = "outputs/paper"
+
+
+def paper_parser() -> OneLineErrorParser:
+    from dispersion_titan.analyze import _seq_len
+    from dispersion_titan.evaluate import _selection
+
+    p = OneLineErrorParser(prog="python -m dispersion_titan.paper",
+                           description="One of the paper's figures or Table 2: runs what it needs, then draws it.")
+    p.add_argument("artifact", nargs="?", choices=ARTIFACT_NAMES, metavar="ARTIFACT",
+                   help=f"one of {', '.join(ARTIFACT_NAMES)} (--list describes them)")
+    p.add_argument("--list", action="store_true", help="each artifact: what it runs, the paper's models, the compute")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--models", nargs="+", metavar="MODEL",
+                   help="replace the paper's models: hub ids, local model folders, hf: specs or our runs "
+                        "(fig5: the bases, then their distilled models; table2: RUN or ARM=RUN1,RUN2)")
+    p.add_argument("--slurm", action="store_true", help="submit the jobs (launch/slurm/*.sbatch) and a drawing job")
+    p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
+    p.add_argument("--draw-only", action="store_true", help="draw from finished results, run nothing else")
+    p.add_argument("--sbatch-arg", action="append", default=[], dest="sbatch_args", metavar="ARG",
+                   help="extra sbatch argument for every job, e.g. --sbatch-arg=--partition=gpu")
+    p.add_argument("--revisions", metavar="REV1,REV2", help="fig4: the revisions (default: listed from the hub)")
+    p.add_argument("--corpus", action="append", metavar="NAME=DATASET|FILE",
+                   help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four")
+    analysis = p.add_argument_group("analyze's input options, passed on (analysing artifacts)")
+    source = analysis.add_mutually_exclusive_group()
+    source.add_argument("--dataset", help="registered dataset whose validation split is used")
+    source.add_argument("--texts", metavar="FILE", help="jsonl file with a \"text\" field per line")
+    analysis.add_argument("--dataset-path", help="files for --dataset local")
+    analysis.add_argument("--num-sequences", type=positive_int, help="K sequences (analyze's default 100)")
+    analysis.add_argument("--seq-len", type=_seq_len, help="S tokens per sequence (analyze's default 512)")
+    analysis.add_argument("--seed", type=int, help="seed of the sequence choice")
+    analysis.add_argument("--protocol", help="analyze's (or, for table2, evaluate's) --protocol")
+    analysis.add_argument("--batch-size", type=positive_int, help="sequences (or examples) per forward pass")
+    add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (analyze's default)")
+    analysis.add_argument("--device-map", choices=("auto",), help="hf: spread a model over all visible GPUs")
+    table = p.add_argument_group("table2")
+    table.add_argument("--tasks", help="evaluate's --tasks")
+    table.add_argument("--include-path", help="evaluate's --include-path")
+    table.add_argument("--limit", help="evaluate's --limit")
+    table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
+    table.add_argument("--select", type=_selection, default="best",
+                       help="checkpoint per run: best (default), last or step:N")
+    table.add_argument("--num-ckpt", type=positive_int, default=5,
+                       help="--select best: the authors' evaluation cadence, every floor(T/K)+1 steps (default 5)")
+    table.add_argument("--include-initial", action="store_true", help="--select best: step 0 is a candidate too")
+    table.add_argument("--reference", metavar="ARM",
+                       help="arm the others are tested against (default: the arm with a dispersion loss)")
+    table.add_argument("--test", choices=("student", "welch"), default="student",
+                       help="t-test against the reference: student (equal variances, the paper's) or welch")
+    return p
+
+
+def _run_locally(plan, artifact: str) -> None:
+    """Each command in this process, in order; one that fails ends the artifact with its status."""
+    from tqdm import tqdm
+
+    from dispersion_titan.analyze import main as analyze_main
+    from dispersion_titan.evaluate import main as evaluate_main
+
+    mains = {"analyze": analyze_main, "evaluate": evaluate_main}
+    with tqdm(plan.steps, desc=artifact, unit="model", file=sys.stderr) as bar:
+        for step in bar:
+            bar.set_postfix_str(step.label)
+            try:
+                mains[step.command](step.argv)
+            except SystemExit as done:
+                if done.code not in (0, None):
+                    sys.exit(done.code)  # the command said why, in one line
+
+
+def _draw_argv(argv: list[str], plan, options: dict) -> list[str]:
+    """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, and with
+    the revisions fig4 listed from the hub."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--slurm", "--dry-run"):
+            continue
+        elif arg == "--sbatch-arg":
+            skip = True
+        elif not arg.startswith("--sbatch-arg="):
+            kept.append(arg)
+    if plan.artifact == "fig4" and not options["revisions"]:
+        kept += ["--revisions", plan.models[0].target.rpartition("@")[2]]
+    return [*kept, "--out", options["out"], "--draw-only"]
+
+
+def run_paper(argv: list[str]) -> int:
+    from dispersion_titan.report.paper_artifacts import catalog, plan as planning, slurm
+    from dispersion_titan.report.paper_artifacts.render import render
+
+    a = paper_parser().parse_args(argv)
+    if a.list:
+        print(catalog.listing())
+        return 0
+    if a.artifact is None:
+        fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
+    options = {**vars(a), "out": os.path.abspath(a.out)}
+    plan = planning.build(a.artifact, options)
+    if a.slurm and not a.draw_only:
+        jobs = slurm.jobs(plan, _draw_argv(argv, plan, options), a.sbatch_args)
+        if a.dry_run:
+            print(slurm.script(plan, jobs))
+            return 0
+        slurm.submit(plan, jobs)
+        print(f"submitted; the drawing job writes {plan.out}/{a.artifact}.* (logs: {plan.out}/logs)")
+        return 0
+    if a.dry_run:
+        print("\n".join(step.shell() for step in plan.steps))
+        print(shlex.join(["python", "-m", "dispersion_titan.paper", *_draw_argv(argv, plan, options)]))
+        return 0
+    if not a.draw_only:
+        import torch
+
+        planning.check_hub(plan)
+        planning.check_devices(plan, options, torch.cuda.is_available())
+        _run_locally(plan, a.artifact)
+    from dispersion_titan.evaluation.table import Selection
+
+    written = render(plan, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test)
+    print("written: " + ", ".join(written))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = run_paper(argv)
+    except DispersionTitanError as e:
+        fail(str(e).splitlines()[0])
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

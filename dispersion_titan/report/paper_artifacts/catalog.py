@@ -1,0 +1,132 @@
+"""The paper's models and configurations for each artifact, as the authors' Readme runs
+them (``key_observations/compute_embedding_cossim.py`` and ``plot_trend.py`` commands in
+ChenLiu-1996/LM-Dispersion's Readme.md), with their hub ids, and the compute each needs.
+
+Parameter counts here are the models' nominal sizes (for ``--list``); the numbers drawn
+use the count measured by ``analyze``. GPU-hours are estimates, never measurements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GPT2 = ("openai-community/gpt2", "openai-community/gpt2-medium", "openai-community/gpt2-large",
+        "openai-community/gpt2-xl")
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "GPT-2": GPT2,
+    "Qwen": ("Qwen/Qwen-1_8B", "Qwen/Qwen-7B", "Qwen/Qwen-14B", "Qwen/Qwen-72B"),
+    "Qwen2.5": ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B",
+                "Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-72B"),
+    "Qwen3": ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B",
+              "Qwen/Qwen3-32B"),
+    "BLOOM": ("bigscience/bloom-560m", "bigscience/bloom-1b1", "bigscience/bloom-1b7", "bigscience/bloom-3b",
+              "bigscience/bloom-7b1"),
+}
+DISTILLATION_PAIRS: tuple[tuple[str, str], ...] = (  # (base, distilled), plot_trend.py --paired's order
+    ("Qwen/Qwen2.5-Math-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
+    ("Qwen/Qwen2.5-Math-7B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"),
+    ("Qwen/Qwen2.5-14B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"),
+    ("Qwen/Qwen2.5-32B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"),
+)
+OLMO = "allenai/Olmo-3-1025-7B"
+"""Fig. 4's model; its revisions are its hub branches (listed at run time, or ``--revisions``)."""
+FIG4_REVISIONS = 8
+"""Branches analysed by default: evenly spaced from the first to the last pre-training step."""
+MLP_WIDTH_CONFIGS = tuple(f"train_configs/gpt2_small_mlp{w}.toml" for w in (768, 1536, 3072, 6144))
+CORPORA: dict[str, str | None] = {
+    # name -> our registered dataset (--dataset), or None: give a jsonl with --corpus NAME=FILE
+    "wikitext-103": "wikitext-103", "pubmed_qa": None, "imdb": None, "squad": None,
+}
+"""The robustness figure's texts (the authors' ``--dataset wikipedia|pubmed|imdb|squad``:
+wikitext-103-v1, pubmed_qa pqa_labeled, imdb, squad)."""
+
+SIZES_B = {  # nominal parameters, billions
+    "gpt2": 0.124, "gpt2-medium": 0.355, "gpt2-large": 0.774, "gpt2-xl": 1.5, "Qwen-1_8B": 1.8, "Qwen-7B": 7,
+    "Qwen-14B": 14, "Qwen-72B": 72, "Qwen2.5-0.5B": 0.5, "Qwen2.5-1.5B": 1.5, "Qwen2.5-3B": 3, "Qwen2.5-7B": 7,
+    "Qwen2.5-14B": 14, "Qwen2.5-32B": 32, "Qwen2.5-72B": 72, "Qwen3-0.6B": 0.6, "Qwen3-1.7B": 1.7, "Qwen3-4B": 4,
+    "Qwen3-8B": 8, "Qwen3-14B": 14, "Qwen3-32B": 32, "bloom-560m": 0.56, "bloom-1b1": 1.1, "bloom-1b7": 1.7,
+    "bloom-3b": 3, "bloom-7b1": 7.1, "Qwen2.5-Math-1.5B": 1.5, "Qwen2.5-Math-7B": 7,
+    "DeepSeek-R1-Distill-Qwen-1.5B": 1.5, "DeepSeek-R1-Distill-Qwen-7B": 7, "DeepSeek-R1-Distill-Qwen-14B": 14,
+    "DeepSeek-R1-Distill-Qwen-32B": 32, "Olmo-3-1025-7B": 7,
+}
+GPU_MEMORY_GB = 80
+SINGLE_GPU_B = 35
+"""Above this many billion parameters a bf16 model needs more than one 80 GB GPU (--device-map auto)."""
+
+
+def size_b(model: str) -> float:
+    return SIZES_B[model.rsplit("/", 1)[-1]]
+
+
+def analysis_gpu_hours(billions: float) -> float:
+    """Estimate for one model state at K=100, S=512: loading the bf16 weights (~2 GB per
+    billion at ~1 GB/s) dominates the forward passes (2·N·51,200 FLOPs)."""
+    return 0.02 + billions * 2 / 3600
+
+
+def _models_line(models: tuple[str, ...]) -> str:
+    return ", ".join(f"{m} ({size_b(m):g}B)" for m in models)
+
+
+def _hours(models: tuple[str, ...], states: int = 1) -> str:
+    hours = sum(analysis_gpu_hours(size_b(m)) for m in models) * states
+    biggest = max(size_b(m) for m in models)
+    gpus = (f"largest {biggest:g}B: bf16 on several GPUs (--device-map auto)" if biggest > SINGLE_GPU_B
+            else f"largest {biggest:g}B: one 80 GB GPU")
+    return f"~{hours:.1f} GPU-hours (estimate, not measured; {gpus}; plus downloading the weights)"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    name: str
+    paper: str
+    runs: str
+    defaults: str
+    compute: str
+
+
+ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
+    Artifact("fig2", "Fig. 2 and S1: larger models condense less",
+             "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
+             "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
+             "with the family statistic (Spearman of size vs last-3-layer mean cosine)",
+             "; ".join(f"{name}: {_models_line(models)}" for name, models in FAMILIES.items()),
+             _hours(tuple(m for models in FAMILIES.values() for m in models))),
+    Artifact("fig3", "Fig. 3: MLP width only",
+             "analyze RUN (its last checkpoint) per run; heatmaps and the width trend",
+             f"the four runs of {', '.join(MLP_WIDTH_CONFIGS)} (GPT-2 small shape, MLP width 768 to 6144; "
+             "trained by python -m dispersion_titan.sweep, given with --models RUN ...)",
+             "training: the four GPT-2-small runs (see docs/reproduction.md); analysis ~0.1 GPU-hours "
+             "(estimate, not measured)"),
+    Artifact("fig4", "Fig. 4: condensation from initialization",
+             "analyze hf:MODEL@REV1,...; one heatmap per revision, annotated with its tokens seen, and the "
+             "depth trend over training",
+             f"{OLMO} (7B): {FIG4_REVISIONS} of its stage-1 branches from step 0 to the last (listed from the "
+             "hub at run time; --revisions names others)",
+             f"~{analysis_gpu_hours(7) * FIG4_REVISIONS:.1f} GPU-hours (estimate, not measured; one 80 GB GPU; "
+             f"plus downloading {FIG4_REVISIONS} x 14 GB)"),
+    Artifact("fig5", "Fig. 5: distillation",
+             "analyze hf:MODEL per model; bases (top row) and distilled models (bottom row), the paired "
+             "depth-trend panel and the paired differences",
+             "; ".join(f"{a} vs {b}" for a, b in DISTILLATION_PAIRS),
+             _hours(tuple(m for pair in DISTILLATION_PAIRS for m in pair))),
+    Artifact("table2", "Table 2: downstream evaluation",
+             "evaluate RUN per run (arms x seeds), then evaluate table --select best; mean ± std per task "
+             "and average, significance against the reference arm; Markdown and LaTeX",
+             "the runs of train_configs/midtrain_gpt2_wikitext103_{baseline,dispersion}.toml (GPT-2) or "
+             "midtrain_qwen3_*.toml (Qwen3), several seeds each, given with --models [ARM=]RUN,...",
+             "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
+             "limit 500; estimate, not measured)"),
+    Artifact("robustness", "Fig. S (dataset robustness): the same trend on other texts",
+             "analyze hf:MODEL per model and corpus; fig2's panels, one row per corpus",
+             f"{_models_line(GPT2)} on {', '.join(CORPORA)}",
+             _hours(GPT2, states=len(CORPORA))),
+)}
+
+
+def listing() -> str:
+    """What ``--list`` prints."""
+    blocks = []
+    for a in ARTIFACTS.values():
+        blocks.append(f"{a.name}  ({a.paper})\n  runs:    {a.runs}\n  models:  {a.defaults}\n"
+                      f"  compute: {a.compute}")
+    return "\n\n".join(blocks)

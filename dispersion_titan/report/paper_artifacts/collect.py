@@ -1,0 +1,164 @@
+"""Every number an artifact draws, read from the analyses its plan made: per model state
+its parameters, per-layer mean cosine and density histogram, Spearman's ρ and Kendall's
+τ of mean cosine against depth with their p-values; per row the trend against size
+(or MLP width, or training step); for pairs their differences. ``numbers`` is what
+``ARTIFACT.json`` holds."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from ...analysis.condensation_schema import Condensation
+from ...analysis.inputs import differences
+from ...analysis.result_files import read_analyses
+from .plan import HF, MissingInput, Model, Plan
+
+LAST_N = 3
+"""Layers averaged at the end of depth for the row statistic (``analyze family``'s default)."""
+_TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Entry:
+    label: str
+    row: str
+    result: Condensation
+
+    @property
+    def curve(self) -> list[float]:
+        return self.result.curve
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+def rank_trend(x: list[float], y: list[float]) -> dict:
+    """Spearman's ρ and Kendall's τ (scipy) of y against x, with two-sided p-values."""
+    spearman, kendall = stats.spearmanr(x, y), stats.kendalltau(x, y)
+    return {"spearman": {"rho": _finite(spearman.statistic), "p": _finite(spearman.pvalue)},
+            "kendall": {"tau": _finite(kendall.statistic), "p": _finite(kendall.pvalue)}}
+
+
+def tokens_seen(revision: str | None) -> str | None:
+    """``stage1-step1000-tokens5B`` -> ``5B`` (OLMo's branch names)."""
+    match = _TOKENS.search(revision or "")
+    return match.group(1) if match else None
+
+
+def _missing(plan: Plan, model: Model, what: str) -> MissingInput:
+    """Names the analyze command that makes it (the plan's own step for this model)."""
+    command = next(step.shell() for step in plan.steps if step.argv[-1] == model.out)
+    return MissingInput(f"{plan.artifact}: no analysis of {what} in {model.out}; run {command} "
+                        f"(or this command without --draw-only)")
+
+
+def _entries(plan: Plan, model: Model) -> list[Entry]:
+    found = read_analyses(model.out)
+    if model.steps is not None:
+        folder = f"step-{model.steps}"
+        if folder not in found:
+            raise _missing(plan, model, f"{model.label} step {model.steps}")
+        result = found[folder]
+        if plan.artifact == "fig3":
+            return [Entry(f"MLP {result.mlp_width}", model.row or "MLP width", result)]
+        return [Entry(model.label, model.row or "runs", result)]
+    body = model.target[len(HF):]
+    revisions = body.rpartition("@")[2].split(",") if "@" in body else [None]
+    entries = []
+    for revision in revisions:
+        folder = f"rev-{revision.replace('/', '--')}" if revision else "rev-default"
+        if folder not in found:
+            raise _missing(plan, model, f"{model.label}" + (f"@{revision}" if revision else ""))
+        result = found[folder]
+        label = model.label if revision is None else (
+            f"{tokens_seen(revision)} tokens" if tokens_seen(revision) else revision)
+        entries.append(Entry(label, model.row or str(result.model_args.get("model_type")), result))
+    return entries
+
+
+def entries(plan: Plan) -> list[Entry]:
+    """Every model state of the plan, in plan order; refuses mixed inputs within a row."""
+    found = [entry for model in plan.models for entry in _entries(plan, model)]
+    for row in dict.fromkeys(e.row for e in found):
+        group = [e for e in found if e.row == row]
+        first = {k: v for k, v in group[0].result.inputs.items() if k != "tokens_sha256"}
+        for other in group[1:]:
+            options = {k: v for k, v in other.result.inputs.items() if k != "tokens_sha256"}
+            if options != first:
+                raise MissingInput(f"{plan.artifact}: {other.label} was analyzed with other inputs than "
+                                   f"{group[0].label} ({differences(first, options)}); use another --out")
+    return found
+
+
+def size_of(plan: Plan, entry: Entry) -> float:
+    """What a row's trend is taken against: MLP width (fig3), training step (fig4), else parameters."""
+    if plan.artifact == "fig3":
+        return float(entry.result.mlp_width)
+    if plan.artifact == "fig4":
+        return float(entry.result.step)
+    return float(entry.result.n_params)
+
+
+def last_n_mean(entry: Entry, n: int = LAST_N) -> float:
+    return float(np.mean(entry.curve[-n:]))
+
+
+def model_numbers(entry: Entry) -> dict:
+    r = entry.result
+    return {
+        "label": entry.label, "row": entry.row, "model": r.model or r.run, "revision": r.revision, "step": r.step,
+        "tokens_seen": tokens_seen(r.revision), "n_params": r.n_params,
+        "layers": [layer.name for layer in r.layers],
+        "mean_cos": entry.curve,
+        **rank_trend(list(range(len(entry.curve))), entry.curve),
+        f"mean_cos_last_{LAST_N}": last_n_mean(entry),
+        "tokens_sha256": r.tokens_sha256,
+    }
+
+
+def row_numbers(plan: Plan, found: list[Entry]) -> list[dict]:
+    rows = []
+    for row in dict.fromkeys(e.row for e in found):
+        group = [e for e in found if e.row == row]
+        x = [size_of(plan, e) for e in group]
+        y = [last_n_mean(e) for e in group]
+        against = {"fig3": "mlp_width", "fig4": "step"}.get(plan.artifact, "n_params")
+        rows.append({"row": row, "models": [e.label for e in group], "against": against, "x": x,
+                     f"mean_cos_last_{LAST_N}": y,
+                     **(rank_trend(x, y) if len(group) >= 2 else {"spearman": None, "kendall": None})})
+    return rows
+
+
+def pair_numbers(plan: Plan, found: list[Entry]) -> list[dict]:
+    """fig5 (one state per model, so ``found`` is in ``plan.models``' order): distilled − base
+    of the depth trend and of the last-n mean cosine."""
+    out = []
+    for a, b in plan.pairs:
+        base, distilled = model_numbers(found[a]), model_numbers(found[b])
+        out.append({"base": base["label"], "distilled": distilled["label"],
+                    "delta_spearman": _delta(distilled["spearman"]["rho"], base["spearman"]["rho"]),
+                    "delta_kendall": _delta(distilled["kendall"]["tau"], base["kendall"]["tau"]),
+                    f"delta_mean_cos_last_{LAST_N}": distilled[f"mean_cos_last_{LAST_N}"]
+                    - base[f"mean_cos_last_{LAST_N}"]})
+    return out
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def numbers(plan: Plan, found: list[Entry]) -> dict:
+    """``ARTIFACT.json``: everything drawn, and what it was measured on."""
+    inputs = {row: {k: v for k, v in next(e for e in found if e.row == row).result.inputs.items()
+                    if k != "tokens_sha256"} for row in dict.fromkeys(e.row for e in found)}
+    return {"artifact": plan.artifact, "inputs": inputs,
+            "depth_trend": "Spearman's rho and Kendall's tau of per-layer mean_cos against layer index "
+                           "(embedding = 0), two-sided p-values (scipy)",
+            "models": [model_numbers(e) for e in found], "rows": row_numbers(plan, found),
+            "pairs": pair_numbers(plan, found)}

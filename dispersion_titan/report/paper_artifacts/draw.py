@@ -1,0 +1,144 @@
+"""The paper's panels, sized for a two-column paper's full width (7 in): per row (a family,
+a corpus, base or distilled models) a depth-trend panel (Spearman's ρ and Kendall's τ of
+mean cosine against depth, per model, as ``plot_trend.py`` draws it) beside one heatmap
+per model state (x: layer fraction, y: cosine similarity, colour: density of the S×S
+entries of the sequence-averaged cosine matrix, as ``compute_embedding_cossim.py``).
+Every heatmap of a figure shares one colour scale (the authors' 0–10 density) and one
+colour bar; the y range is theirs (−0.25 to 1)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from ...analysis.figures import plt  # the Agg backend is chosen there
+from ...analysis.result_files import atomic_write
+from ...analysis.statistics import HIST_RANGE, layer_fraction
+from .collect import Entry, rank_trend
+
+WIDTH_IN = 7.0
+PER_LINE = 4
+"""Heatmaps per line of a row; rows with more models wrap."""
+DENSITY = (0.0, 10.0)
+COS_VIEW = (-0.25, 1.0)
+FONT = 7
+NUDGE = 0.06
+"""Spearman left, Kendall right of each model's x: equal values stay visible."""
+DPI = 150
+
+
+def save(fig, stem: str) -> None:
+    """``stem.png`` and ``stem.pdf``, each written whole or not at all."""
+    try:
+        for fmt in ("png", "pdf"):
+            atomic_write(f"{stem}.{fmt}", lambda f, fmt=fmt: fig.savefig(f, format=fmt, dpi=DPI), binary=True)
+    finally:
+        plt.close(fig)
+
+
+def _heatmap(ax, entry: Entry, norm):
+    layers = entry.result.layers
+    density = np.array([layer.hist for layer in layers]).T
+    x = np.array([layer_fraction(layer.index, len(layers)) for layer in layers])
+    half = 0.5 / (len(x) - 1)
+    x_edges = np.concatenate([x - half, [x[-1] + half]])
+    y_edges = np.linspace(*HIST_RANGE, density.shape[0] + 1)
+    mesh = ax.pcolormesh(x_edges, y_edges, density, cmap="Reds", norm=norm, rasterized=True)
+    ax.set(xlim=(0, 1), ylim=COS_VIEW)
+    ax.set_xticks([0, 0.5, 1], ["0", "0.5", "1"])
+    ax.set_yticks([-0.25, 0, 0.5, 1], ["−0.25", "0", "0.5", "1"])
+    ax.set_title(entry.label, fontsize=FONT)
+    ax.tick_params(labelsize=FONT - 1)
+    return mesh
+
+
+def _trend_axes(ax, labels: list[str], title: str) -> None:
+    ax.set_ylim(-1.05, 1.05)
+    ax.axhline(0, color="grey", lw=0.5)
+    upright = len(labels) > 3 or max(map(len, labels)) > 12
+    ax.set_xticks(range(len(labels)), labels, rotation=90 if upright else 45, ha="center" if upright else "right",
+                  fontsize=FONT - 1)
+    ax.tick_params(axis="y", labelsize=FONT - 1)
+    ax.set_xlim(-0.4, len(labels) - 0.6)
+    ax.set_ylabel("rank correlation with depth", fontsize=FONT)
+    ax.set_title(title, fontsize=FONT)
+    ax.grid(alpha=0.3)
+
+
+def _trend(ax, group: list[Entry], title: str) -> None:
+    x = np.arange(len(group))
+    rho = [rank_trend(list(range(len(e.curve))), e.curve) for e in group]
+    ax.plot(x - NUDGE, [r["spearman"]["rho"] for r in rho], "o-", color="tab:blue", ms=3, lw=1, label="Spearman ρ")
+    ax.plot(x + NUDGE, [r["kendall"]["tau"] for r in rho], "s--", color="tab:red", ms=3, lw=1, label="Kendall τ")
+    _trend_axes(ax, tick_labels([e.label for e in group]), title)
+
+
+def _paired_trend(ax, bases: list[Entry], distilled: list[Entry]) -> None:
+    """ρ and τ of each base (solid) and its distilled model (dashed), joined per pair."""
+    series = (("spearman", "rho", "tab:blue"), ("kendall", "tau", "tab:red"))
+    for shift, (key, stat, color) in zip((-NUDGE, NUDGE), series, strict=True):
+        x = np.arange(len(bases)) + shift
+        a = [rank_trend(list(range(len(e.curve))), e.curve)[key][stat] for e in bases]
+        b = [rank_trend(list(range(len(e.curve))), e.curve)[key][stat] for e in distilled]
+        name = "Spearman ρ" if key == "spearman" else "Kendall τ"
+        ax.plot(x, a, "o-", color=color, ms=3, lw=1, label=f"{name}, base")
+        ax.plot(x, b, "o--", color=color, ms=3, lw=1, mfc="white", label=f"{name}, distilled")
+        ax.vlines(x, a, b, color=color, lw=0.6, alpha=0.6)
+        for xi, ai, bi in zip(x, a, b, strict=True):
+            if ai is not None and bi is not None:
+                ax.annotate(f"Δ{name[-1]}={bi - ai:+.2f}", (xi, (ai + bi) / 2), xytext=(3 if shift > 0 else -3, 0),
+                            textcoords="offset points", ha="left" if shift > 0 else "right", fontsize=FONT - 2,
+                            color=color)
+    _trend_axes(ax, [f"{_short(a.label)} →\n{_short(b.label)}" for a, b in zip(bases, distilled, strict=True)],
+                "base (solid) vs distilled (dashed)")
+
+
+def tick_labels(labels: list[str]) -> list[str]:
+    """The row's labels without their shared prefix up to a dash (``Qwen2.5-0.5B`` … -> ``0.5B`` …)."""
+    prefix = os.path.commonprefix(labels) if len(labels) > 1 else ""
+    cut = prefix.rfind("-") + 1
+    return [_short(label[cut:] or label) for label in labels]
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= 22 else label[:10] + "…" + label[-10:]
+
+
+def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired: bool = False):
+    """The artifact's figure: rows of [trend panel | heatmaps]; ``paired``: one trend panel
+    for the base and distilled rows together."""
+    rows = list(dict.fromkeys(e.row for e in entries))
+    groups = {row: [e for e in entries if e.row == row] for row in rows}
+    per_line = min(PER_LINE, max(len(g) for g in groups.values()))
+    lines = {row: math.ceil(len(g) / per_line) for row, g in groups.items()}
+    total = sum(lines.values())
+    fig = plt.figure(figsize=(WIDTH_IN, 0.6 + 1.75 * total), layout="constrained")
+    grid = fig.add_gridspec(total, per_line + 1, width_ratios=[1.5] + [1] * per_line)
+    norm = plt.Normalize(*DENSITY)
+    mesh, line, heat_axes, trend_axes = None, 0, [], []
+    for row in rows:
+        group = groups[row]
+        if not paired:
+            trend_axes.append(fig.add_subplot(grid[line:line + lines[row], 0]))
+            _trend(trend_axes[-1], group, row_titles.get(row, row))
+        for i, entry in enumerate(group):
+            ax = fig.add_subplot(grid[line + i // per_line, 1 + i % per_line])
+            mesh = _heatmap(ax, entry, norm)
+            heat_axes.append(ax)
+            if i % per_line == 0:
+                ax.set_ylabel(f"{row}\ncosine similarity", fontsize=FONT)
+            if i + per_line >= len(group):
+                ax.set_xlabel("layer fraction", fontsize=FONT)
+        line += lines[row]
+    if paired:
+        trend_axes.append(fig.add_subplot(grid[:, 0]))
+        _paired_trend(trend_axes[-1], groups[rows[0]], groups[rows[1]])
+    handles, labels = trend_axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower left", ncols=len(labels), fontsize=FONT, frameon=False)
+    bar = fig.colorbar(mesh, ax=heat_axes, shrink=min(0.8, 2.5 / total), aspect=15, extend="max")
+    bar.set_label("density (shared scale)", fontsize=FONT)
+    bar.ax.tick_params(labelsize=FONT - 1)
+    fig.suptitle(title, fontsize=FONT + 1)
+    return fig

@@ -1,0 +1,270 @@
+"""What an artifact runs: its models (each an ``analyze`` target with its output folder
+and the row it is drawn in) and the ``analyze`` / ``evaluate`` command lines that make
+their results. The same plan is printed (``--dry-run``), run here in order, or submitted
+as Slurm jobs, so what is shown is what runs."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+
+from ...run_folder.checkpoints import RUN_METADATA_FILE, find_checkpoint_folder, list_checkpoints
+from ...utils.errors import ArgumentError, CheckpointError
+from . import catalog
+
+HF = "hf:"
+ANALYZE_OPTIONS = ("texts", "dataset", "dataset_path", "num_sequences", "seq_len", "seed", "protocol", "batch_size",
+                   "device", "dtype", "device_map")
+"""``analyze``'s options an analysing artifact passes on (same names)."""
+EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot", "batch_size", "device")
+"""``evaluate``'s options ``table2`` passes on."""
+
+
+ANALYSES = "analyses"
+"""``DIR/analyses/MODEL``: shared by the artifacts, so a model analysed for one is reused by
+the next (``analyze`` refuses, in one line, to mix other inputs into a folder)."""
+
+
+class MissingInput(ArgumentError):
+    """An input the artifact needs is not here; the message names it and what provides it."""
+
+
+@dataclass(frozen=True)
+class Model:
+    target: str
+    """The ``analyze`` target: ``hf:MODEL[@REVS]`` or a run's dump folder."""
+    out: str
+    """Its ``analyze --out`` folder."""
+    row: str | None
+    """The figure row it is drawn in (family, corpus, base/distilled); None: its model_type."""
+    label: str
+    size_b: float | None = None
+    """Nominal billions of parameters (the paper's models), for the GPU check."""
+    steps: str | None = None
+    """``--steps`` for a run: its last checkpoint."""
+
+
+@dataclass(frozen=True)
+class Step:
+    command: str
+    """``analyze`` or ``evaluate`` (``python -m dispersion_titan.COMMAND``)."""
+    argv: list[str]
+    label: str
+
+    def shell(self) -> str:
+        import shlex
+
+        return " ".join(["python", "-m", f"dispersion_titan.{self.command}", *map(shlex.quote, self.argv)])
+
+
+@dataclass
+class Plan:
+    artifact: str
+    out: str
+    steps: list[Step]
+    models: list[Model] = field(default_factory=list)
+    pairs: list[tuple[int, int]] = field(default_factory=list)
+    """fig5: (base, distilled) indices into ``models``."""
+    runs: list[str] = field(default_factory=list)
+    """table2: the ``evaluate table`` specs (``RUN`` or ``ARM=RUN1,RUN2``)."""
+
+
+def safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", text.strip("/")) or "model"
+
+
+def _is_run(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, RUN_METADATA_FILE)) or os.path.isdir(os.path.join(folder, "checkpoint"))
+
+
+def _last_step(run: str) -> str:
+    try:
+        checkpoints = list_checkpoints(find_checkpoint_folder(run))
+    except CheckpointError as e:
+        raise MissingInput(f"--models: {e}") from None
+    if not checkpoints:
+        raise MissingInput(f"--models: {run}: no checkpoints yet (train it: launch/train.sh CONFIG "
+                           f"--job.dump_folder {run})")
+    return str(checkpoints[-1].step)
+
+
+def model_of(text: str, analyses: str, row: str | None = None, size_b: float | None = None) -> Model:
+    """A ``--models`` entry: a hub id, a local model folder, an ``hf:`` spec, or one of our runs."""
+    if text.startswith(HF):
+        target = text
+    elif os.path.isdir(text) and _is_run(text):
+        run = os.path.abspath(text)
+        return Model(run, os.path.join(analyses, safe_name(os.path.basename(run))), row, os.path.basename(run),
+                     steps=_last_step(run))
+    elif os.path.isdir(text):
+        target = HF + os.path.abspath(text)
+    elif os.path.exists(text) or text.startswith((".", "/")) or text.count("/") > 1:
+        raise MissingInput(f"--models: {text}: no such model folder or run")
+    else:
+        target = HF + text
+    model = target[len(HF):].rpartition("@")[0] or target[len(HF):]
+    label = os.path.basename(os.path.normpath(model))
+    return Model(target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label,
+                 size_b)
+
+
+def analyze_step(model: Model, analyze_args: list[str]) -> Step:
+    steps = ["--steps", model.steps] if model.steps else []
+    return Step("analyze", [model.target, *steps, *analyze_args, "--out", model.out], model.label)
+
+
+def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
+    """``--name value`` for each option given (not None)."""
+    args = []
+    for name in names:
+        value = options.get(name)
+        if value is not None:
+            args += [f"--{name.replace('_', '-')}", str(value)]
+    return args
+
+
+def _default_models(artifact: str, analyses: str) -> tuple[list[Model], list[tuple[int, int]]]:
+    if artifact == "fig2":
+        return [model_of(m, analyses, family, catalog.size_b(m))
+                for family, models in catalog.FAMILIES.items() for m in models], []
+    if artifact == "fig5":
+        bases = [model_of(a, analyses, "base", catalog.size_b(a)) for a, _ in catalog.DISTILLATION_PAIRS]
+        distilled = [model_of(b, analyses, "distilled", catalog.size_b(b)) for _, b in catalog.DISTILLATION_PAIRS]
+        n = len(bases)
+        return bases + distilled, [(i, n + i) for i in range(n)]
+    if artifact == "robustness":
+        return [model_of(m, analyses, None, catalog.size_b(m)) for m in catalog.GPT2], []
+    if artifact == "fig3":
+        configs = ", ".join(catalog.MLP_WIDTH_CONFIGS)
+        raise MissingInput(f"fig3: give the four MLP-width runs with --models RUN ... (train them from {configs}: "
+                           "python -m dispersion_titan.sweep SPEC with those widths, or launch/train.sh CONFIG)")
+    raise MissingInput("table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
+                       "train_configs/midtrain_*.toml with launch/train.sh, several seeds each)")
+
+
+def hub_revisions(model: str, count: int) -> list[str]:
+    """``count`` of the model's ``stageN-stepM`` branches, evenly spaced by step, first and last included."""
+    try:
+        from huggingface_hub import list_repo_refs
+
+        branches = [b.name for b in list_repo_refs(model).branches]
+    except Exception as e:  # offline, no such model, no huggingface_hub: one line either way
+        raise MissingInput(f"fig4: cannot list the revisions of {model} ({type(e).__name__}): pass "
+                           "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable") from None
+    steps = sorted((int(m.group(1)), b) for b in branches if (m := re.search(r"stage1-step(\d+)", b)))
+    if len(steps) < 2:
+        raise MissingInput(f"fig4: {model} has no stage1-stepN branches; pass --revisions REV1,REV2,...")
+    picks = sorted({round(i * (len(steps) - 1) / (count - 1)) for i in range(count)})
+    return [steps[i][1] for i in picks]
+
+
+def _fig4_model(options: dict, analyses: str) -> Model:
+    models = options.get("models") or [catalog.OLMO]
+    if len(models) != 1:
+        raise ArgumentError("--models: fig4 takes one model (its revisions are the panels)")
+    base = model_of(models[0], analyses, None, catalog.SIZES_B.get(models[0].rsplit("/", 1)[-1]))
+    base = replace(base, row=base.label)  # one row: the model's revisions
+    if "@" in base.target[len(HF):] and not options.get("revisions"):
+        return base
+    if not base.target.startswith(HF):
+        raise ArgumentError("--models: fig4 takes a Hugging Face model (hub id or folder), not a run")
+    revisions = options.get("revisions") or ",".join(hub_revisions(base.target[len(HF):], catalog.FIG4_REVISIONS))
+    return replace(base, target=f"{base.target.split('@')[0]}@{revisions}")
+
+
+def corpora(options: dict) -> dict[str, list[str]]:
+    """robustness: corpus name -> analyze's input options for it (``--dataset D`` or ``--texts FILE``)."""
+    given = options.get("corpus") or []
+    chosen: dict[str, str | None] = dict(catalog.CORPORA) if not given else {}
+    for entry in given:
+        name, eq, source = entry.partition("=")
+        if not eq or not name or not source:
+            raise ArgumentError(f"--corpus: {entry!r} is not NAME=DATASET or NAME=FILE.jsonl")
+        chosen[name] = source
+    inputs = {}
+    for name, source in chosen.items():
+        if source is None:
+            raise MissingInput(f"robustness: no texts for {name} here; give --corpus {name}=FILE.jsonl (a \"text\" "
+                               f"field per line; docs/reproduction.md shows how to export it with datasets)")
+        inputs[name] = ["--texts", source] if source.endswith(".jsonl") or os.path.isfile(source) else \
+            ["--dataset", source]
+    return inputs
+
+
+def build(artifact: str, options: dict) -> Plan:
+    """The plan of ``artifact`` under ``options`` (the parsed command line, by dest)."""
+    out = options["out"]
+    analyses = os.path.join(out, ANALYSES)
+    analyze_args = passed_on(options, ANALYZE_OPTIONS)
+    if artifact == "table2":
+        specs = options.get("models") or _default_models(artifact, analyses)
+        runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
+        for run in runs:
+            if not (os.path.isdir(run) and _is_run(run)):
+                raise MissingInput(f"--models: {run}: not a run folder (train it first: launch/train.sh CONFIG "
+                                   f"--job.dump_folder {run})")
+        evaluate_args = passed_on(options, EVALUATE_OPTIONS)
+        steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
+        return Plan(artifact, out, steps, runs=list(specs))
+    if options.get("revisions") and artifact != "fig4":
+        raise ArgumentError("--revisions: only for fig4")
+    if options.get("corpus") and artifact != "robustness":
+        raise ArgumentError("--corpus: only for robustness")
+    if artifact == "fig4":
+        model = _fig4_model(options, analyses)
+        return Plan(artifact, out, [analyze_step(model, analyze_args)], [model])
+    if options.get("models"):
+        models = [model_of(m, analyses, size_b=catalog.SIZES_B.get(m.rsplit("/", 1)[-1])) for m in options["models"]]
+        pairs = []
+        if artifact == "fig5":
+            if len(models) % 2:
+                raise ArgumentError("--models: fig5 takes bases then their distilled models (an even number)")
+            n = len(models) // 2
+            models = [replace(m, row="base" if i < n else "distilled") for i, m in enumerate(models)]
+            pairs = [(i, n + i) for i in range(n)]
+    else:
+        models, pairs = _default_models(artifact, analyses)
+    if artifact == "robustness":
+        if options.get("texts") or options.get("dataset"):
+            raise ArgumentError("--texts/--dataset: robustness sets them per corpus; use --corpus NAME=SOURCE")
+        rows, steps = [], []
+        for name, inputs in corpora(options).items():
+            for m in models:
+                placed = replace(m, row=name,
+                                 out=os.path.join(analyses, f"corpus-{safe_name(name)}", os.path.basename(m.out)))
+                rows.append(placed)
+                argv = analyze_step(placed, [*inputs, *analyze_args]).argv
+                steps.append(Step("analyze", argv, f"{m.label} on {name}"))
+        return Plan(artifact, out, steps, rows)
+    return Plan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs)
+
+
+def check_devices(plan: Plan, options: dict, cuda: bool) -> None:
+    """The paper's large models refuse to start on a machine without a GPU unless asked."""
+    if cuda or options.get("device") == "cpu":
+        return
+    big = [m for m in plan.models if m.size_b is not None and m.size_b > 2]
+    if big:
+        names = ", ".join(f"{m.label} ({m.size_b:g}B)" for m in big[:3]) + (" ..." if len(big) > 3 else "")
+        raise MissingInput(f"{plan.artifact}: {names} need a GPU and there is none here: add --slurm (a cluster), "
+                           "or --device cpu to run on CPU anyway")
+
+
+def check_hub(plan: Plan) -> None:
+    """With the hub offline (HF_HUB_OFFLINE), every hub model must already be in the cache."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if not constants.HF_HUB_OFFLINE:
+        return
+    for m in plan.models:
+        body = m.target[len(HF):] if m.target.startswith(HF) else ""
+        model, at, revisions = body.rpartition("@") if "@" in body else (body, "", "")
+        if not model or os.path.isdir(model):
+            continue
+        for revision in revisions.split(",") if at else [None]:
+            if not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
+                name = model + (f"@{revision}" if revision else "")
+                get = f"hf download {model}" + (f" --revision {revision}" if revision else "")
+                raise MissingInput(f"{plan.artifact}: {name} is not in the Hugging Face cache and the hub is offline "
+                                   f"(HF_HUB_OFFLINE): run `{get}` where the hub is reachable, then again here")

@@ -1,0 +1,46 @@
+"""Draw an artifact from the results its plan made: ``ARTIFACT.png`` / ``.pdf`` and
+``ARTIFACT.json`` (every number drawn), or, for ``table2``, the table files. Nothing is
+written unless every result is there (``collect`` raises ``MissingInput`` first)."""
+
+from __future__ import annotations
+
+import os
+
+from ...analysis.result_files import ensure_writable, write_json
+from ...evaluation.table import Selection
+from . import collect, draw
+from .plan import Plan
+from .table2 import write_table2
+
+TITLES = {
+    "fig2": "Condensation by model size (Fig. 2)",
+    "fig3": "Condensation by MLP width (Fig. 3)",
+    "fig4": "Condensation over pre-training, from initialization (Fig. 4)",
+    "fig5": "Distilled models against their bases (Fig. 5)",
+    "robustness": "Condensation by model size on other texts (dataset robustness)",
+}
+
+
+def _row_title(row: dict) -> str:
+    rho = row["spearman"] and row["spearman"]["rho"]
+    against = {"n_params": "size", "mlp_width": "MLP width", "step": "step"}[row["against"]]
+    trend = "" if rho is None else f"\n{against} vs last-{collect.LAST_N} cos: ρ={rho:+.2f}"
+    return f"{row['row']}{trend}"
+
+
+def render(plan: Plan, selection: Selection = Selection("best"), reference: str | None = None,
+           test: str = "student") -> list[str]:
+    """Write the artifact; return the files written."""
+    ensure_writable(plan.out, "--out")
+    stem = os.path.join(plan.out, plan.artifact)
+    if plan.artifact == "table2":
+        print(write_table2(plan.runs, plan.out, selection, reference, test))
+        return [f"{stem}.{ext}" for ext in ("md", "tex", "json", "png", "pdf")]
+    entries = collect.entries(plan)
+    numbers = collect.numbers(plan, entries)
+    titles = {row["row"]: _row_title(row) for row in numbers["rows"]}
+    inputs = next(iter(numbers["inputs"].values()))
+    title = f"{TITLES[plan.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
+    draw.save(draw.figure(entries, titles, title, paired=bool(plan.pairs)), stem)
+    write_json(f"{stem}.json", numbers)
+    return [f"{stem}.{ext}" for ext in ("png", "pdf", "json")]

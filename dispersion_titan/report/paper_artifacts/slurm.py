@@ -1,0 +1,72 @@
+"""``--slurm``: the plan's commands as jobs of the existing sbatch scripts
+(launch/slurm/analyze.sbatch, evaluate.sbatch), and a last job (launch/slurm/paper.sbatch)
+that draws the artifact once all of them succeeded (``--dependency=afterok``)."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+from ...utils.errors import SweepError
+from . import catalog
+from .plan import Plan
+
+SCRIPTS = Path(__file__).resolve().parents[3] / "launch" / "slurm"
+
+
+def jobs(plan: Plan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[str]]:
+    """sbatch command lines, the drawing job last (its dependency is added on submission)."""
+    logs = os.path.join(plan.out, "logs")
+    common = ["sbatch", "--parsable", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
+    sizes = [m.size_b for m in plan.models] if len(plan.models) == len(plan.steps) else [None] * len(plan.steps)
+    lines = []
+    for i, (step, size) in enumerate(zip(plan.steps, sizes, strict=True), start=1):
+        gpus, argv = _spread(size, step.argv)
+        lines.append([*common, f"--job-name=paper-{plan.artifact}-{i}", *gpus, *sbatch_args,
+                      str(SCRIPTS / f"{step.command}.sbatch"), *argv])
+    lines.append([*common, f"--job-name=paper-{plan.artifact}-draw", "--gpus=0", *sbatch_args,
+                  str(SCRIPTS / "paper.sbatch"), *draw_argv])
+    return lines
+
+
+def _spread(size_b: float | None, argv: list[str]) -> tuple[list[str], list[str]]:
+    """A model too large for one 80 GB GPU in bf16 gets the GPUs its weights need (with 20%
+    headroom) and ``--device-map auto``; a later ``--sbatch-arg=--gpus=N`` overrides the count."""
+    if size_b is None or size_b <= catalog.SINGLE_GPU_B:
+        return [], argv
+    gpus = math.ceil(size_b * 2 * 1.2 / catalog.GPU_MEMORY_GB)
+    return [f"--gpus={gpus}"], argv if "--device-map" in argv else [*argv, "--device-map", "auto"]
+
+
+def _with_dependency(argv: list[str], ids: list[str]) -> list[str]:
+    return [argv[0], argv[1], f"--dependency=afterok:{':'.join(ids)}", *argv[2:]] if ids else argv
+
+
+def script(plan: Plan, lines: list[list[str]]) -> str:
+    """``--dry-run``: the submission as a bash script, each job id in a variable."""
+    out = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", f"mkdir -p {shlex.quote(plan.out)}/logs"]
+    for i, argv in enumerate(lines[:-1], start=1):
+        out.append(f"job_{i}=$({shlex.join(argv)})")
+    ids = [f"$job_{i}" for i in range(1, len(lines))]
+    draw = _with_dependency(lines[-1], ids)
+    out.append(" ".join(a if a.startswith("--dependency=") else shlex.quote(a) for a in draw))
+    return "\n".join(out)
+
+
+def submit(plan: Plan, lines: list[list[str]]) -> list[str]:
+    """Submit in order; a refused submission ends it naming what was already submitted."""
+    os.makedirs(os.path.join(plan.out, "logs"), exist_ok=True)
+    ids: list[str] = []
+    for i, argv in enumerate(lines):
+        proc = subprocess.run(_with_dependency(argv, ids) if i == len(lines) - 1 else argv,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            done = " ".join(ids)
+            raise SweepError(f"sbatch: {reason}" + (f"; submitted so far: {done} (scancel {done})" if ids else ""))
+        ids.append(proc.stdout.strip().split(";")[0])
+        print(f"{ids[-1]:>10}  {argv[argv.index('--parsable') + 3].removeprefix('--job-name=')}", flush=True)
+    return ids

@@ -1,0 +1,199 @@
+"""A run folder's fixed settings, and branching a new run from another on purpose.
+
+A run's settings (every key of its resolved job config) are recorded in ``run.json`` at
+its first launch. A relaunch may change only what leaves the training trajectory as it
+is (``ALLOWED_KEYS``, ``ALLOWED_SECTIONS``: an allow-list, so a key added later is fixed
+until it is listed here); any other difference is refused in one line, before anything
+is written. ``--job.fork_from RUN[@STEP]`` starts a new, empty run folder from another
+run's checkpoint, through TorchTitan's own ``checkpoint.initial_load_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..utils.errors import CheckpointError, ConfigError
+from .checkpoints import (
+    RUN_METADATA_FILE,
+    check_complete,
+    check_loader_layout,
+    checkpoint_identity,
+    complete_checkpoints,
+    find_checkpoint_folder,
+    is_full,
+    load_run_metadata,
+)
+from .writer_lock import LOCK_NAME
+
+ALLOWED_KEYS = frozenset({
+    # where this launch reads its config from and writes to; fork_from is checked on its own
+    "job.config_file", "job.dump_folder", "job.description", "job.print_config", "job.save_config_file",
+    "job.custom_config_module", "job.fork_from",
+    # how long to train, and how the same global batch is cut into micro-batches
+    "training.steps", "training.local_batch_size", "training.max_local_batch_size", "training.gc_freq",
+    "training.gc_debug",
+    # when and how checkpoints are saved (never which one is loaded: see checkpoints.check_resume)
+    "checkpoint.interval", "checkpoint.keep_latest_k", "checkpoint.last_save_model_only",
+    "checkpoint.last_save_in_hf", "checkpoint.export_dtype", "checkpoint.async_mode", "checkpoint.load_step",
+    "checkpoint.save_initial", "checkpoint.enable_first_step_checkpoint",
+    # validation cadence and batching (not its data)
+    "validation.enable", "validation.freq", "validation.steps", "validation.local_batch_size",
+    "validation.global_batch_size",
+    # the same dispersion term by another kernel
+    "dispersion.kernel",
+    "debug.deterministic", "debug.deterministic_warn_only",
+})  # fmt: skip
+"""Config keys a relaunch may change: none of them changes what the run computes."""
+
+ALLOWED_SECTIONS = ("metrics.", "parallelism.", "activation_checkpoint.", "compile.", "comm.", "profiling.",
+                    "memory_estimation.", "training.dataloader.", "validation.dataloader.")
+"""Whole sections a relaunch may change: logging, and how the same computation is laid out
+over processes and memory (layouts agree within float rounding, docs/reliability.md)."""
+
+
+def run_settings(job_config: Any) -> dict[str, Any]:
+    """Every key of ``job_config`` as ``section.key`` (nested sections dotted), JSON values."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    walk(json.loads(json.dumps(job_config.to_dict(), default=str)), "")
+    return flat
+
+
+def allowed(key: str) -> bool:
+    return key in ALLOWED_KEYS or key.startswith(ALLOWED_SECTIONS)
+
+
+def changed_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``key old -> new`` for every key outside the allow-list that differs (a key one side lacks included)."""
+    missing = object()
+    return [f"{key} {_shown(recorded.get(key, missing))} -> {_shown(current.get(key, missing))}"
+            for key in sorted(recorded.keys() | current.keys())
+            if not allowed(key) and recorded.get(key, missing) != current.get(key, missing)]
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if not isinstance(value, (str, int, float, bool, list, type(None))) else json.dumps(value)
+
+
+def recorded_run(dump_folder: str) -> dict[str, Any] | None:
+    """The ``run.json`` of ``dump_folder``, or None when it has none (a new run)."""
+    if not os.path.isfile(os.path.join(dump_folder, RUN_METADATA_FILE)):
+        return None
+    return load_run_metadata(dump_folder)
+
+
+def check_same_settings(dump_folder: str, job_config: Any) -> None:
+    """Refuse, in one line listing the differing keys, a relaunch whose settings are not the
+    recorded ones. A ``run.json`` written before settings were recorded is not compared."""
+    recorded = recorded_run(dump_folder)
+    if recorded is None or recorded.get("settings") is None:
+        return
+    changes = changed_settings(recorded["settings"], run_settings(job_config))
+    if changes:
+        raise ConfigError(
+            f"run folder {dump_folder} was started with other settings: {', '.join(changes)}; relaunch with the "
+            "same settings, or branch on purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
+        )
+
+
+def parse_fork(spec: str) -> tuple[str, int | None]:
+    """``RUN`` or ``RUN@STEP`` as (run folder, step or None)."""
+    run, _, step = spec.rpartition("@") if "@" in spec else (spec, "", "")
+    if step and not step.isdigit():
+        raise ConfigError(f"job.fork_from: {spec!r}: STEP must be a checkpoint step number (RUN@STEP)")
+    return os.path.abspath(run), int(step) if step else None
+
+
+def fork_source(spec: str) -> tuple[str, int, str]:
+    """(source run folder, step, checkpoint folder) that ``job.fork_from`` names: the named
+    step, else the newest full checkpoint (else the newest, which holds weights only)."""
+    run, step = parse_fork(spec)
+    try:
+        folder = find_checkpoint_folder(run)
+    except CheckpointError as e:
+        raise ConfigError(f"job.fork_from: {e}") from None
+    saved = complete_checkpoints(folder)
+    if step is not None:
+        path = os.path.join(folder, f"step-{step}")
+        if not os.path.isdir(path):
+            steps = ", ".join(str(c.step) for c in saved) or "none"
+            raise ConfigError(f"job.fork_from: {path}: no such checkpoint (complete steps: {steps})")
+        try:
+            check_complete(path)
+        except CheckpointError as e:
+            raise ConfigError(f"job.fork_from: {e}") from None
+        return os.path.dirname(os.path.abspath(folder)), step, path
+    if not saved:
+        raise ConfigError(f"job.fork_from: {folder}: no complete checkpoint to fork from")
+    chosen = ([c for c in saved if is_full(c.path)] or saved)[-1]
+    return os.path.dirname(os.path.abspath(folder)), chosen.step, chosen.path
+
+
+def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
+    """Set the checkpoint options that make TorchTitan start this run from the checkpoint
+    ``job.fork_from`` names (or the recorded one, on a relaunch of a forked run), after
+    checking that the new run folder is new or empty; whether there is a fork."""
+    dump = os.path.abspath(job_config.job.dump_folder)
+    recorded = recorded_run(dump)
+    earlier = (recorded or {}).get("forked_from")
+    spec = job_config.job.fork_from
+    if earlier is not None:  # a relaunch of a forked run goes on from the same checkpoint
+        run, step = parse_fork(spec) if spec else (earlier["run"], None)
+        if run != earlier["run"] or step not in (None, earlier["step"]):
+            raise ConfigError(f"job.fork_from: {dump} was forked from {earlier['run']}@{earlier['step']}, not {spec}; "
+                              "fork into a new --job.dump_folder")
+        source, step, path = earlier["run"], earlier["step"], earlier["checkpoint"]
+        full = not earlier["model_only"]  # the source may be gone by now: its own checkpoints go on
+    elif not spec:
+        return False
+    else:
+        source, step, path = fork_source(spec)
+        if source == dump:
+            raise ConfigError(f"job.fork_from: {spec}: a run cannot be forked into its own folder; "
+                              "give the fork a new --job.dump_folder")
+        if recorded is not None or (_looks_first() and _holds_files(dump)):
+            raise ConfigError(f"job.fork_from: {dump} is not empty; a fork starts a new run, "
+                              "so give it a new or empty --job.dump_folder")
+        full = is_full(path)
+        if full:
+            check_loader_layout(path, data_parallel_degree)
+    if not job_config.checkpoint.enable:
+        raise ConfigError("job.fork_from: needs checkpoint.enable = true (the fork is loaded as a checkpoint)")
+    if full and job_config.training.steps <= step:
+        raise ConfigError(f"training.steps: {job_config.training.steps} does not go past step {step}, "
+                          f"where the fork from {source} starts")
+    job_config.job.fork_from = f"{source}@{step}"
+    job_config.checkpoint.initial_load_path = path
+    job_config.checkpoint.initial_load_model_only = not full
+    return True
+
+
+def _looks_first() -> bool:
+    """Whether this process checks before anything of this launch is written: the launch check or
+    global rank 0. Other ranks may already see rank 0's TensorBoard files (its ``run.json`` at
+    worst, which they then read as this fork's record)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _holds_files(folder: str) -> bool:
+    """Whether ``folder`` exists with anything in it but writer-lock files."""
+    return os.path.isdir(folder) and any(not name.startswith(LOCK_NAME) for name in os.listdir(folder))
+
+
+def fork_record(job_config: Any) -> dict[str, Any] | None:
+    """What ``run.json`` records of the checkpoint this run was forked from (None: not a fork)."""
+    if not job_config.job.fork_from:
+        return None
+    run, step = parse_fork(job_config.job.fork_from)
+    path = job_config.checkpoint.initial_load_path
+    return {"run": run, "step": step, "checkpoint": path, "identity": checkpoint_identity(path),
+            "model_only": job_config.checkpoint.initial_load_model_only}

@@ -1,0 +1,275 @@
+"""``python -m dispersion_titan.paper ARTIFACT`` end to end, offline: tiny random-init
+transformers models built here drive fig2 (three sizes of one family), fig4 (local
+revision folders), fig5 (a pair) and robustness (two local corpora); tiny runs evaluated
+on the offline lm-eval tasks drive table2. Every number in each JSON is checked against
+transformers' hidden states and scipy, computed here."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import shutil
+from pathlib import Path
+
+import huggingface_hub
+import numpy as np
+import pytest
+import torch
+import transformers
+from matplotlib import image
+from scipy import stats
+
+from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis.result_files import read_analyses
+from dispersion_titan.paper import main as paper_main
+from dispersion_titan.report.paper_artifacts.plan import MissingInput, build, check_devices
+from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
+
+from support.cli import assert_one_line_error, run_cli
+from support.condensation import independent_states, plain_mean_cos
+from support.corpora import texts_jsonl
+from support.eval_tasks import absolute_lm_eval_tasks
+from support.runs import tiny_run
+
+K, S = 4, 16
+INPUTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "4", "--device", "cpu"]
+SIZES = {"gpt2-s": (16, 2), "gpt2-m": (32, 3), "gpt2-l": (64, 4)}  # width, layers
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory) -> Path:
+    """One DIR for the analysing artifacts, as a user would: a model analysed for one is reused."""
+    return tmp_path_factory.mktemp("paper")
+
+
+def paper(*args, capsys) -> tuple[int, str, str]:
+    return run_cli(paper_main, *args, capsys=capsys)
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory) -> dict[str, Path]:
+    """Tiny GPT-2 models of three sizes, three revisions of one, and a 'distilled' twin."""
+    root = tmp_path_factory.mktemp("zoo")
+    tokenizer = root / "tokenizer"
+    tokenizer.mkdir()
+    save_tokenizer(str(tokenizer), 64)
+
+    def save(folder: Path, width: int, layers: int, seed: int) -> Path:
+        torch.manual_seed(seed)
+        cfg = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=width, n_layer=layers, n_head=2)
+        transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+        for f in tokenizer.iterdir():
+            shutil.copy(f, folder / f.name)
+        return folder
+
+    models = {name: save(root / name, w, n, i) for i, (name, (w, n)) in enumerate(SIZES.items())}
+    for step, seed in ((0, 10), (100, 11), (200, 12)):
+        save(root / "olmo" / f"stage1-step{step}-tokens{step // 100}B", 32, 3, seed)
+    models["olmo"] = root / "olmo"
+    models["distilled"] = save(root / "distilled", 16, 2, 20)
+    models["texts"] = texts_jsonl(root / "texts.jsonl", documents=3, words=300)
+    models["news"] = texts_jsonl(root / "news.jsonl", documents=3, words=300, seed=1)
+    return models
+
+
+@functools.cache
+def tokenizer(folder: Path):
+    return transformers.AutoTokenizer.from_pretrained(folder)
+
+
+def expected(folder: Path, texts: Path | None) -> dict:
+    """The numbers of one model, computed here: hidden states, cosine, scipy. Every model of
+    the zoo has the same tokenizer files; ``texts`` None: the default dataset through our
+    GPT-2 encoder (what a run is analysed with)."""
+    if texts is None:
+        tokens = select_sequences(InputOptions("enwiki_sample", None, None, K, S, 0)).tokens
+    else:
+        zoo = folder.parent.parent if folder.parent.name == "olmo" else folder.parent
+        encode = tokenizer(zoo / "tokenizer")
+        tokens = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
+                                  lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"]).tokens
+    curve = [mean for mean, _ in plain_mean_cos(independent_states(folder, "gpt2", tokens))]
+    depth = list(range(len(curve)))
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    return {"mean_cos": curve, "spearman": stats.spearmanr(depth, curve), "kendall": stats.kendalltau(depth, curve),
+            "n_params": sum(p.numel() for p in model.parameters()), "last_3": float(np.mean(curve[-3:]))}
+
+
+def assert_model(got: dict, want: dict) -> None:
+    assert got["mean_cos"] == pytest.approx(want["mean_cos"], abs=1e-5)
+    assert got["n_params"] == want["n_params"]
+    for key, stat in (("spearman", "rho"), ("kendall", "tau")):
+        assert got[key][stat] == pytest.approx(want[key].statistic, abs=1e-9)
+        assert got[key]["p"] == pytest.approx(want[key].pvalue, abs=1e-9)
+
+
+def assert_figure(stem: Path) -> None:
+    png, pdf = stem.with_suffix(".png"), stem.with_suffix(".pdf")
+    assert png.stat().st_size > 20_000 and pdf.read_bytes().startswith(b"%PDF")
+    pixels = image.imread(png)
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50  # not one colour
+
+
+def test_list_names_every_artifact_with_models_and_compute(capsys):
+    code, out, _ = paper("--list", capsys=capsys)
+    assert code == 0
+    for name in ("fig2", "fig3", "fig4", "fig5", "table2", "robustness"):
+        assert f"\n{name}  (" in f"\n{out}"
+    for hub_id in ("openai-community/gpt2-xl", "Qwen/Qwen3-32B", "bigscience/bloom-7b1", "allenai/Olmo-3-1025-7B",
+                   "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "Qwen/Qwen2.5-Math-7B"):
+        assert hub_id in out
+    assert out.count("GPU-hours") >= 6 and "estimate" in out
+
+
+def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
+    models = [str(zoo[name]) for name in SIZES]
+    args = ["fig2", "--models", *models, "--texts", zoo["texts"], *INPUTS, "--out", out]
+    code, _, err = paper(*args, capsys=capsys)
+    assert code == 0, err
+    numbers = json.loads((out / "fig2.json").read_text())
+    wants = [expected(zoo[name], zoo["texts"]) for name in SIZES]
+    assert [m["label"] for m in numbers["models"]] == list(SIZES)
+    for got, want in zip(numbers["models"], wants, strict=True):
+        assert_model(got, want)
+    (row,) = numbers["rows"]
+    assert row["row"] == "gpt2" and row["x"] == [w["n_params"] for w in wants]
+    trend = stats.spearmanr([w["n_params"] for w in wants], [w["last_3"] for w in wants])
+    assert (row["spearman"]["rho"], row["spearman"]["p"]) == pytest.approx((trend.statistic, trend.pvalue))
+    assert len({m["tokens_sha256"] for m in numbers["models"]}) == 1  # one tokenizer: the same windows
+    assert_figure(out / "fig2")
+    results = {p: p.stat().st_mtime_ns for p in (out / "analyses").rglob("condensation.json")}
+    assert len(results) == 3
+    code, _, err = paper(*args, capsys=capsys)  # a rerun reuses every analysis
+    assert code == 0, err
+    assert {p: p.stat().st_mtime_ns for p in results} == results
+
+
+def test_fig4_revisions_fig5_pair_and_robustness(zoo, out, capsys):
+    revisions = sorted(os.listdir(zoo["olmo"]))
+    code, _, err = paper("fig4", "--models", zoo["olmo"], "--revisions", ",".join(revisions), "--texts", zoo["texts"],
+                         *INPUTS, "--out", out, capsys=capsys)
+    assert code == 0, err
+    fig4 = json.loads((out / "fig4.json").read_text())
+    assert [m["tokens_seen"] for m in fig4["models"]] == ["0B", "1B", "2B"]
+    assert [m["step"] for m in fig4["models"]] == [0, 100, 200] and fig4["rows"][0]["against"] == "step"
+    for got, revision in zip(fig4["models"], revisions, strict=True):
+        assert_model(got, expected(zoo["olmo"] / revision, zoo["texts"]))
+    assert_figure(out / "fig4")
+
+    code, _, err = paper("fig5", "--models", zoo["gpt2-s"], zoo["distilled"], "--texts", zoo["texts"], *INPUTS,
+                         "--out", out, capsys=capsys)
+    assert code == 0, err
+    fig5 = json.loads((out / "fig5.json").read_text())
+    base, distilled = expected(zoo["gpt2-s"], zoo["texts"]), expected(zoo["distilled"], zoo["texts"])
+    assert [m["row"] for m in fig5["models"]] == ["base", "distilled"]
+    assert_model(fig5["models"][1], distilled)
+    (pair,) = fig5["pairs"]
+    assert pair["delta_spearman"] == pytest.approx(distilled["spearman"].statistic - base["spearman"].statistic)
+    assert pair["delta_mean_cos_last_3"] == pytest.approx(distilled["last_3"] - base["last_3"], abs=1e-6)
+    assert_figure(out / "fig5")
+
+    code, _, err = paper("robustness", "--models", zoo["gpt2-s"], zoo["gpt2-m"], "--corpus", f"wiki={zoo['texts']}",
+                         "--corpus", f"news={zoo['news']}", *INPUTS, "--out", out, capsys=capsys)
+    assert code == 0, err
+    robust = json.loads((out / "robustness.json").read_text())
+    assert [m["row"] for m in robust["models"]] == ["wiki", "wiki", "news", "news"]
+    assert robust["inputs"]["news"]["texts"] == str(zoo["news"])
+    assert_model(robust["models"][3], expected(zoo["gpt2-m"], zoo["news"]))
+    assert_figure(out / "robustness")
+
+
+def width_runs(root: Path, widths: tuple[int, ...]) -> list[Path]:
+    """Tiny GPT-2 runs (no training: seeded checkpoints at steps 0 and 5) of these MLP widths."""
+    from dispersion_titan.models.gpt2.args import gpt2_flavors
+
+    return [tiny_run(root / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
+            for w in widths]
+
+
+def test_fig3_takes_each_runs_last_checkpoint(tmp_path, capsys):
+    runs = width_runs(tmp_path, (64, 512))
+    code, _, err = paper("fig3", "--models", *runs, *INPUTS, "--out", tmp_path / "out", capsys=capsys)
+    assert code == 0, err
+    numbers = json.loads((tmp_path / "out" / "fig3.json").read_text())
+    assert [m["step"] for m in numbers["models"]] == [5, 5] and numbers["rows"][0]["x"] == [64.0, 512.0]
+    for got, run in zip(numbers["models"], runs, strict=True):
+        assert list(read_analyses(str(tmp_path / "out" / "analyses" / run.name))) == ["step-5"]  # the last only
+        to_hf(str(run / "checkpoint" / "step-5"), str(tmp_path / f"{run.name}-hf"))  # transformers' GPT-2
+        assert_model(got, expected(tmp_path / f"{run.name}-hf", None))
+    assert_figure(tmp_path / "out" / "fig3")
+
+
+def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
+    code, _, err = paper("fig2", "--models", zoo["gpt2-s"], "--texts", zoo["texts"], "--out", tmp_path, "--draw-only",
+                         capsys=capsys)
+    assert_one_line_error(code, err, "no analysis of gpt2-s", "python -m dispersion_titan.analyze hf:")
+    assert not list(tmp_path.glob("fig2.*"))  # never a half figure
+    code, _, err = paper("fig3", capsys=capsys)
+    assert_one_line_error(code, err, "--models RUN", "gpt2_small_mlp768.toml")
+    code, _, err = paper("robustness", "--models", zoo["gpt2-s"], capsys=capsys)
+    assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    code, _, err = paper("fig2", "--models", "openai-community/gpt2-xl", "--out", tmp_path, capsys=capsys)
+    assert_one_line_error(code, err, "openai-community/gpt2-xl is not in the Hugging Face cache",
+                          "hf download openai-community/gpt2-xl")
+    with pytest.raises(MissingInput, match=r"Qwen2.5-Math-7B \(7B\).* need a GPU .*--slurm"):
+        check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
+    code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
+    assert code == 0 and out.count("python -m dispersion_titan.analyze hf:") == 8 and not list(tmp_path.iterdir())
+    code, out, _ = paper("fig2", "--models", zoo["gpt2-s"], zoo["gpt2-m"], "--slurm", "--dry-run",
+                         "--sbatch-arg=--partition=debug", "--out", tmp_path, capsys=capsys)
+    lines = out.strip().splitlines()
+    assert code == 0 and sum("analyze.sbatch hf:" in line for line in lines) == 2
+    assert "--dependency=afterok:$job_1:$job_2" in lines[-1] and "paper.sbatch fig2" in lines[-1]
+    assert lines[-1].endswith("--draw-only") and "--partition=debug" in lines[-1] and "--slurm" not in lines[-1]
+
+
+def test_table2_two_arms_two_seeds(tmp_path, capsys):
+    runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"), 1)}
+    tasks = absolute_lm_eval_tasks(tmp_path / "tasks")
+    code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
+                         "--include-path", tasks, "--tasks", "wiki_next_word", "--limit", "4",
+                         "--num-fewshot", "0", "--device", "cpu", "--out", tmp_path / "t2", capsys=capsys)
+    assert code == 0, err
+    table = json.loads((tmp_path / "t2" / "table2.json").read_text())
+    averages = {}
+    for arm in table["arms"]:
+        scores = []
+        for run, step in zip(arm["runs"], arm["steps"], strict=True):
+            results = json.loads((Path(run) / "evaluation" / f"step-{step}" / "results.json").read_text())["results"]
+            scores.append({f"{task}/{key.split(',')[0]}": value for task, metrics in results.items()
+                           for key, value in metrics.items() if key.split(",")[0] == "acc"})
+        columns = list(scores[0])
+        for column in columns:
+            values = [s[column] for s in scores]
+            assert arm["mean"][column] == pytest.approx(np.mean(values), rel=1e-5)
+            assert arm["std"][column] == pytest.approx(np.std(values, ddof=1), rel=1e-5, abs=1e-9)
+        averages[arm["arm"]] = [np.mean([s[c] for c in columns]) for s in scores]
+        assert arm["average_mean"] == pytest.approx(np.mean(averages[arm["arm"]]), rel=1e-5)
+    other, = (arm for arm in table["arms"] if arm["arm"] != table["reference"])
+    assert table["test"] == "student"
+    p = stats.ttest_ind(averages[other["arm"]], averages[table["reference"]], equal_var=True).pvalue
+    assert (other["p_value"] is None and np.isnan(p)) or other["p_value"] == pytest.approx(p, rel=1e-5)
+    code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
+                         "--include-path", tasks, "--tasks", "wiki_next_word", "--limit", "4", "--num-fewshot", "0",
+                         "--device", "cpu", "--test", "welch", "--reference", "base", "--out", tmp_path / "t2w",
+                         capsys=capsys)  # the evaluations are reused; only the table is made again
+    welch = json.loads((tmp_path / "t2w" / "table2.json").read_text())
+    assert code == 0 and welch["test"] == "welch" and welch["reference"] == "base"
+    p = stats.ttest_ind(averages["disp"], averages["base"], equal_var=False).pvalue
+    got = next(arm for arm in welch["arms"] if arm["arm"] == "disp")["p_value"]
+    assert (got is None and np.isnan(p)) or got == pytest.approx(p, rel=1e-5)
+    tex = (tmp_path / "t2" / "table2.tex").read_text()
+    assert tex.startswith(r"\begin{tabular}") and r"$\pm$" in tex and "disp" in tex
+    assert "| base |" in (tmp_path / "t2" / "table2.md").read_text()
+    assert_figure(tmp_path / "t2" / "table2")

@@ -1,0 +1,130 @@
+"""A run folder is a ledger (run_folder/settings.py, checkpoints.check_resume): its settings are
+fixed at the first launch, no step checkpoint is saved over, a fork branches on purpose into a
+new folder, and results derived from a checkpoint that changed since are not reused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dispersion_titan.run_folder.checkpoints import checkpoint_identity
+from support.cli import analyze, assert_one_line_error
+from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
+from support.runs import scalars
+
+pytestmark = pytest.mark.slow
+
+RUN = (*SCHEDULE, "--validation.no-enable")  # conftest's reference run: 2 processes, checkpoints 0, 2, 4, 6, 8
+FORK_STEP = 4
+ANALYSIS = ("--num-sequences", "4", "--seq-len", "32")
+
+
+def sha256_tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def relaunch(dump: Path, *overrides: str):
+    """The reference run's own command line, once more, in one process (the refusals come before any rank starts)."""
+    return python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
+                         "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, "--training.steps", str(REFERENCE_STEPS), *RUN,
+                         *overrides, timeout=300)  # fmt: skip
+
+
+def one_line(proc) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    return line
+
+
+@pytest.fixture(scope="module")
+def fork(reference_run, tmp_path_factory) -> Path:
+    """A branch of the reference run from its step 4, on 1 process, with the dispersion term
+    off (other settings, on purpose), to step 5, whose final checkpoint is full."""
+    before = sha256_tree(reference_run)
+    dump = tmp_path_factory.mktemp("ledger") / "fork"
+    torchrun(dump, 1, "--training.steps", str(FORK_STEP + 1), *RUN, "--dispersion.coeff", "0",
+             "--checkpoint.no-last_save_model_only", "--job.fork_from", f"{reference_run}@{FORK_STEP}")
+    assert sha256_tree(reference_run) == before  # the source is only read
+    return dump
+
+
+def test_changed_settings_are_refused_in_one_line_and_change_nothing(reference_run):
+    before = sha256_tree(reference_run)
+    line = one_line(relaunch(reference_run, "--dispersion.coeff", "0.5", "--debug.seed", "1",
+                             "--metrics.log_freq", "2", "--checkpoint.interval", "4"))  # the last two are allowed
+    assert line == (f"dispersion_titan: error: run folder {reference_run} was started with other settings: "
+                    "debug.seed 42 -> 1, dispersion.coeff 0.3 -> 0.5; relaunch with the same settings, or branch on "
+                    "purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder")
+    assert sha256_tree(reference_run) == before
+
+
+def test_resuming_would_save_over_a_step_checkpoint_is_refused(reference_run):
+    """The final checkpoint holds weights only: going on to step 10 would retrain from step 6
+    and save step 8 again."""
+    before = sha256_tree(reference_run)
+    line = one_line(relaunch(reference_run, "--training.steps", "10"))
+    assert line == (f"dispersion_titan: error: {reference_run}/checkpoint: resuming from step 6 (step-8 holds weights "
+                    "only) would train over step-8 and save it again, and checkpoints are never overwritten; branch "
+                    f"from step 6 into a new folder with --job.fork_from {reference_run}@6 --job.dump_folder NEW")
+    assert sha256_tree(reference_run) == before
+
+
+def test_fork_starts_from_the_source_checkpoint_and_records_it(fork, reference_run):
+    """The fork loads the whole training state of step 4 (weights, optimizer, schedule, data
+    position): its step-5 cross-entropy, computed before its own first update, is the
+    reference's (1 process against 2: float summation order)."""
+    want, got = scalars(reference_run)["loss_metrics/ce"], scalars(fork)["loss_metrics/ce"]
+    assert sorted(got) == [FORK_STEP + 1]
+    assert got[FORK_STEP + 1] == pytest.approx(want[FORK_STEP + 1], rel=1e-4)
+    source = reference_run / "checkpoint" / f"step-{FORK_STEP}"
+    recorded = json.loads((fork / "run.json").read_text())
+    assert recorded["forked_from"] == {"run": str(reference_run), "step": FORK_STEP, "checkpoint": str(source),
+                                       "identity": checkpoint_identity(str(source)), "model_only": False}
+    assert recorded["settings"]["dispersion.coeff"] == 0.0
+
+
+def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    line = one_line(relaunch(tmp_path, "--job.fork_from", str(reference_run)))
+    assert line == (f"dispersion_titan: error: job.fork_from: {tmp_path} is not empty; a fork starts a new run, "
+                    "so give it a new or empty --job.dump_folder")
+
+
+def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
+    """The fork relaunched without --job.fork_from (it is recorded), with more steps and another
+    checkpoint interval and log frequency: it resumes from its own step 5; run.json keeps the first
+    launch's settings and source, and records the new training.steps."""
+    kept = sha256_tree(fork / "checkpoint")
+    first = json.loads((fork / "run.json").read_text())
+    again = torchrun(fork, 1, "--training.steps", str(FORK_STEP + 2), *RUN, "--dispersion.coeff", "0",
+                     "--checkpoint.no-last_save_model_only", "--checkpoint.interval", "3", "--metrics.log_freq", "2")
+    assert f"Training starts at step {FORK_STEP + 2}" in again.stdout + again.stderr
+    assert {k: v for k, v in sha256_tree(fork / "checkpoint").items() if k in kept} == kept
+    assert (fork / "checkpoint" / f"step-{FORK_STEP + 2}" / ".metadata").is_file()
+    now = json.loads((fork / "run.json").read_text())
+    assert (now["settings"], now["forked_from"]) == (first["settings"], first["forked_from"])
+    assert (first["training_steps"], now["training_steps"]) == (FORK_STEP + 1, FORK_STEP + 2)
+
+
+def test_a_result_of_a_replaced_checkpoint_is_not_reused(fork, reference_run, tmp_path, capsys):
+    """condensation/step-N records its checkpoint's identity: once step-N holds other weights,
+    the rerun says so in one line instead of skipping it."""
+    run = tmp_path / "run"
+    shutil.copytree(fork, run, ignore=shutil.ignore_patterns("tb"))  # copies keep mtimes: the same identity
+    step = f"step-{FORK_STEP + 1}"
+    code, _, err = analyze(str(run), "--steps", str(FORK_STEP + 1), *ANALYSIS, capsys=capsys)
+    assert code == 0, err
+    result = run / "condensation" / step / "condensation.json"
+    assert json.loads(result.read_text())["checkpoint_identity"] == checkpoint_identity(str(run / "checkpoint" / step))
+    shutil.rmtree(run / "checkpoint" / step)  # replaced by other weights of the same shape
+    shutil.copytree(reference_run / "checkpoint" / f"step-{FORK_STEP}", run / "checkpoint" / step)
+    before = sha256_tree(run / "condensation")
+    code, _, err = analyze(str(run), "--steps", str(FORK_STEP + 1), *ANALYSIS, capsys=capsys)
+    assert_one_line_error(code, err, f"--out: {run / 'condensation'}: {step} was analyzed from another checkpoint "
+                                     f"than {run / 'checkpoint' / step} holds now", "--force recomputes it")
+    assert sha256_tree(run / "condensation") == before

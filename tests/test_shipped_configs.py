@@ -1,0 +1,78 @@
+"""The shipped training configs carry the authors' hyper-parameters where they say so:
+values recomputed here the way the authors' scripts compute them (Hugging Face's
+``warmup_ratio``, the token budget, LMEvalCallback's cadence), and every comment that
+credits the authors names a file of their repository. Parsing only: no process starts."""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+
+import pytest
+
+from dispersion_titan.evaluation.table import authors_steps
+from support.launch import REPO
+
+CONFIGS = REPO / "train_configs"
+MIDTRAIN = sorted(CONFIGS.glob("midtrain_*.toml"))
+FROM_SCRATCH_DISPERSION = sorted(CONFIGS.glob("gpt2_small_mlp*_angular_spread.toml"))
+AUTHORS_FILE = r"(lm_dispersion/[\w/]+\.py|Readme\.md)"
+
+
+def load(path) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def authors_cadence(max_steps: int, num_ckpt: int = 5) -> set[int]:
+    """Where the authors' LMEvalCallback evaluates: on_step_end at every multiple of
+    max_steps // num_ckpt + 1, and on_train_end."""
+    every = max_steps // num_ckpt + 1
+    return {step for step in range(1, max_steps + 1) if step % every == 0} | {max_steps}
+
+
+def test_midtraining_configs_match_the_authors_scripts():
+    assert len(MIDTRAIN) == 6
+    for path in MIDTRAIN:
+        c = load(path)
+        t, steps = c["training"], c["training"]["steps"]
+        qwen3 = c["model"]["name"] == "qwen3"
+        assert t["seq_len"] == (4096 if qwen3 else 1024), path.name
+        assert steps == math.ceil(200_000_000 / (t["global_batch_size"] * t["seq_len"])), path.name
+        # Hugging Face's TrainingArguments(warmup_ratio=0.2): ceil(0.2 * max_steps) warm-up steps
+        assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * steps), path.name
+        assert (c["lr_scheduler"]["decay_type"], c["lr_scheduler"]["min_lr_factor"]) == ("cosine", 0.0), path.name
+        o = c["optimizer"]
+        assert (o["lr"], o["beta1"], o["beta2"], o["weight_decay"], t["max_norm"]) == (5e-5, 0.9, 0.95, 0.1, 1.0)
+        # Checkpoints where the authors evaluate: TorchTitan saves every `interval` steps and the last one.
+        interval = c["checkpoint"]["interval"]
+        assert set(range(interval, steps + 1, interval)) | {steps} == authors_cadence(steps) == authors_steps(steps)
+        assert c["validation"]["freq"] == interval, path.name
+        assert c["baseline"] == {"method": "none", "noise_alpha": 5.0 if qwen3 else 1.0}, path.name  # NEFTune α
+        d = c["dispersion"]
+        if d["variant"] != "none":
+            assert (d["variant"], d["coeff"], d["tau"], d["layers"]) == ("angular_spread", 0.1, 1.0, "all"), path.name
+            assert d["clamp"] == (0.25 if qwen3 else 0.1), path.name  # Qwen3: DispersionLoss's default
+
+
+def test_from_scratch_configs_use_the_authors_clamp():
+    assert len(FROM_SCRATCH_DISPERSION) == 4
+    for path in FROM_SCRATCH_DISPERSION:
+        assert load(path)["dispersion"]["clamp"] == 0.25, path.name  # pretrain_toy_gpt2.py passes no clamp
+    for path in sorted(CONFIGS.glob("fineweb_gpt2_mlp*.toml")):
+        c = load(path)
+        assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * c["training"]["steps"]), path.name
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_every_credit_to_the_authors_names_their_file(path):
+    """A comment that credits the authors names the file of theirs that holds the value."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        comment = line.partition("#")[2]
+        if 'authors: FILE"' in comment:  # the header's legend
+            continue
+        for credit in re.findall(r"authors: (\S+)", comment):
+            assert re.fullmatch(AUTHORS_FILE, credit.rstrip(",;)")), (path.name, number, credit)
+        if "authors" in comment:
+            assert re.search(AUTHORS_FILE + "|github.com/ChenLiu-1996/LM-Dispersion", comment), (path.name, number)
