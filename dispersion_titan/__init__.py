@@ -2,7 +2,6 @@
 and condensation analysis of the checkpoints.
 
 The package root holds only commands (``python -m dispersion_titan.<command>``, or the
-``dispersion-titan`` console script). Kept import-free on purpose:
-``python -m dispersion_titan.train`` must adjust its arguments before TorchTitan is first
-imported (TorchTitan binds ``sys.argv`` then).
+``dispersion-titan`` console script). Kept import-free on purpose: each command pays
+only its own imports.
 """

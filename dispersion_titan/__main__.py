@@ -1,8 +1,7 @@
 """``dispersion-titan COMMAND [ARGS]`` (the console script) and ``python -m dispersion_titan
 COMMAND [ARGS]``: the same ``main`` as ``python -m dispersion_titan.COMMAND [ARGS]``.
 
-Imports nothing before it knows the command: ``train`` must adjust its arguments
-before TorchTitan is first imported."""
+Imports nothing before it knows the command, which then pays only its own imports."""
 
 from __future__ import annotations
 

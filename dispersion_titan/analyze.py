@@ -68,6 +68,8 @@ def analyze_parser() -> argparse.ArgumentParser:
                          dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)")
     p.add_argument("--device-map", choices=("auto",), help="hf: spread the model over all visible GPUs (accelerate)")
     p.add_argument("--force", action="store_true", help="recompute steps already analyzed")
+    p.add_argument("--wandb", action="store_true",
+                   help="also log the results to the run's W&B run (trained with [metrics] enable_wandb)")
     return p
 
 
@@ -131,10 +133,21 @@ def run_analyze(argv: list[str]) -> int:
     if a.run.startswith(PREFIX):
         from dispersion_titan.analysis.hf_revisions import HFAnalysis
 
+        if a.wandb:
+            fail("--wandb: only for runs (trained with [metrics] enable_wandb)")
         return 1 if HFAnalysis(options).analyze() else 0
     if a.device_map:
         fail("--device-map: only for hf: models")
-    return 1 if RunAnalysis(options).analyze() else 0
+    analysis = RunAnalysis(options)
+    if a.wandb:
+        from dispersion_titan.analysis.wandb_export import log_analysis
+        from dispersion_titan.components.wandb_run import recorded
+
+        recorded(analysis.dump)  # before the analysis: a run without one fails now, in one line
+    failed = analysis.analyze()
+    if a.wandb:
+        log_analysis(analysis.dump, analysis.out)
+    return 1 if failed else 0
 
 
 def run_compare(argv: list[str]) -> int:

@@ -59,6 +59,8 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default: RUN/evaluation)")
     add_device_arguments(p)
     p.add_argument("--force", action="store_true", help="recompute steps already evaluated")
+    p.add_argument("--wandb", action="store_true",
+                   help="also log the scores to the run's W&B run (trained with [metrics] enable_wandb)")
     return p
 
 
@@ -92,7 +94,16 @@ def run_evaluate(argv: list[str]) -> int:
     options = EvaluateOptions(run=a.run, steps=a.steps, plan=build_plan(a.tasks, a.num_fewshot, a.limit, a.protocol),
                               include_path=a.include_path, batch_size=a.batch_size, out=a.out,
                               device=a.device, dtype=a.dtype, force=a.force)
-    return 1 if RunEvaluation(options).evaluate() else 0
+    evaluation = RunEvaluation(options)
+    if a.wandb:
+        from dispersion_titan.components.wandb_run import recorded
+        from dispersion_titan.evaluation.wandb_export import log_evaluation
+
+        recorded(evaluation.dump)  # before any model loads: a run without one fails now, in one line
+    failed = evaluation.evaluate()
+    if a.wandb:
+        log_evaluation(evaluation.dump, evaluation.out)
+    return 1 if failed else 0
 
 
 def run_table(argv: list[str]) -> int:

@@ -211,7 +211,8 @@ def job_commands(plan: Plan) -> Commands:
     # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
     env = {**CPU_MALLOC_ENV, **os.environ, "OMP_NUM_THREADS": str(plan.threads), "PYTHONUNBUFFERED": "1",
            ALLOW_CPU_ENV: "1"}
-    return Commands(env, preload=["dispersion_titan.trainer.trainer", "dispersion_titan.analysis.runner"])
+    return Commands(env, preload=["dispersion_titan.trainer.trainer", "dispersion_titan.analysis.runner",
+                                  "dispersion_titan.tokenizer.bpe:gpt2_encoding"])
 
 
 def last_error(log: str) -> str:
@@ -239,8 +240,7 @@ def process(plan: Plan, run: Cell, commands: Commands, say: Progress) -> str | N
 
 
 def train_and_analyze(plan: Plan, say: Progress) -> None:
-    commands = job_commands(plan)
-    with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
+    with job_commands(plan) as commands, ThreadPoolExecutor(max_workers=plan.jobs) as pool:
         errors = [e for e in pool.map(lambda run: process(plan, run, commands, say), plan.runs) if e]
     for error in errors:
         print(f"dispersion_titan: error: {error}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Training entry point: ``torchrun … -m dispersion_titan.train --job.config_file X.toml``.
 
-Validates the whole configuration first, so bad input fails with one line naming the
-field before any process group starts; then hands over to ``torchtitan.train.main``.
+Parses and checks the whole configuration once, so bad input fails with one line naming
+the field before any process group starts; then hands that config, with its derived
+values filled in, to ``torchtitan.train.main`` (``titan_compat.train_main``).
 
 ``--check-only`` stops after the checks, in one process, for a job of ``WORLD_SIZE``
 processes (``launch/train.sh`` runs it before torchrun): exit 0 to go on, 2 for bad
@@ -48,27 +49,33 @@ def prepare() -> None:
     register_all()
 
 
-def validated_args(args: list[str], world_size: int | None = None):
-    """Parse ``args`` exactly as TorchTitan will, and check every value we depend on for a
-    job of ``world_size`` processes (default: ``WORLD_SIZE``, else 1); derived batch sizes
-    are filled in."""
+def parse_job_config(args: list[str]):
+    """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections, once per launch:
+    the TOML's types checked first, tyro's boxed errors turned into one line."""
     from torchtitan.config import ConfigManager
-
-    from torchtitan.protocols.train_spec import get_train_spec
 
     from dispersion_titan import config as custom_config
     from dispersion_titan.components import titan_compat
-    from dispersion_titan.models import FAMILIES, register_all
-    from dispersion_titan.trainer.config_checks import check_job_config
 
     toml = load_toml(args)
     check_toml_types(titan_compat.merged_job_config_class(custom_config.JobConfig), toml, config_file(args))
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-            job_config = ConfigManager().parse_args(args)
+            return ConfigManager().parse_args(args)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         raise ArgumentError(_first_message(captured.getvalue())) from e
+
+
+def check(job_config, world_size: int | None = None):
+    """Check every value of ``job_config`` we depend on for a job of ``world_size`` processes
+    (default: ``WORLD_SIZE``, else 1), filling in the derived ones the trainer reads
+    (``config_checks.check_job_config``); returns ``job_config``."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    from dispersion_titan.models import FAMILIES, register_all
+    from dispersion_titan.trainer.config_checks import check_job_config
+
     if job_config.model.name not in FAMILIES:
         raise ConfigError(f"model.name: {job_config.model.name!r} is not one of {FAMILIES}")
     register_all()
@@ -84,15 +91,22 @@ def validated_args(args: list[str], world_size: int | None = None):
     return job_config
 
 
-def with_local_assets(args: list[str], job_config) -> list[str]:
-    """``args`` naming the local snapshot of a hub id in ``model.hf_assets_path``, fetched
-    now (``hf_assets``); ``args`` itself when it is a local path already."""
+def validated_args(args: list[str], world_size: int | None = None):
+    """``args`` parsed exactly as a launch parses them, and checked for a job of ``world_size``
+    processes."""
+    return check(parse_job_config(args), world_size)
+
+
+def use_local_assets(job_config) -> bool:
+    """Point ``model.hf_assets_path`` at the local snapshot of a hub id, fetched now
+    (``hf_assets``); whether it was one (a local path is used as it is)."""
     from dispersion_titan.tokenizer.hf_assets import is_hub_id, local_assets
 
     path = job_config.model.hf_assets_path
     if not is_hub_id(path):
-        return args
-    return [*args, "--model.hf_assets_path", local_assets(path, "model.hf_assets_path")]
+        return False
+    job_config.model.hf_assets_path = local_assets(path, "model.hf_assets_path")
+    return True
 
 
 def check_run_folder(job_config) -> None:
@@ -114,11 +128,12 @@ def _data_parallel_degree(job_config) -> int:
     return data_parallel_degree(job_config, int(os.environ.get("WORLD_SIZE", "1")))
 
 
-def with_fork(args: list[str], job_config) -> list[str]:
-    """``args`` plus the checkpoint options that start a fork (``job.fork_from``) from its source."""
-    from dispersion_titan.run_folder.settings import fork_arguments
+def use_fork(job_config) -> bool:
+    """Set the checkpoint options that start a fork (``job.fork_from``) from its source; whether
+    this run is one (``settings.start_fork``)."""
+    from dispersion_titan.run_folder.settings import start_fork
 
-    return [*args, *fork_arguments(job_config, _data_parallel_degree(job_config))]
+    return start_fork(job_config, _data_parallel_degree(job_config))
 
 
 def _launch_check_process() -> bool:
@@ -167,19 +182,15 @@ def main() -> None:
     from dispersion_titan.run_folder.writer_lock import refuse_if_busy
     from dispersion_titan.utils.devices import check_gpus_usable
 
-    titan_compat.use_command_line(args)
     if HELP_ALL_FLAG in argv:
         from torchtitan.config import ConfigManager
 
         ConfigManager().parse_args([*args, "--help"])  # prints the help of every section and exits
     try:
         job_config = validated_args(args)
-        for extend in (with_local_assets, with_fork):
-            extended = extend(args, job_config)
-            if extended != args:  # now checked with the fetched tokenizer, or the fork's checkpoint
-                args = extended
-                titan_compat.use_command_line(args)
-                job_config = validated_args(args)
+        fetched, forked = use_local_assets(job_config), use_fork(job_config)
+        if fetched or forked:
+            check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
         check_gpus_usable()
         if _launch_check_process():
             refuse_if_busy(job_config.job.dump_folder)
@@ -192,14 +203,12 @@ def main() -> None:
     if check_only:
         return
 
-    import torchtitan.train
-
     from dispersion_titan.trainer.preemption import secondary_failure_status
     from dispersion_titan.trainer.trainer import DispersionTrainer
 
     _default_to_single_process()
     try:
-        torchtitan.train.main(DispersionTrainer)
+        titan_compat.train_main(DispersionTrainer, job_config)
     except DispersionTitanError as e:  # e.g. a hub dataset unreachable once the job runs
         fail_with(e)
     except Exception as e:

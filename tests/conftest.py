@@ -12,7 +12,7 @@ import pytest
 from filelock import FileLock
 
 from dispersion_titan.data.tokens import CACHE_ENV
-from helpers import REFERENCE_STEPS, SCHEDULE, torchrun
+from support.launch import REFERENCE_STEPS, SCHEDULE, torchrun
 
 
 # Under pytest-xdist (``scripts/run_tests.sh``: ``-n 3 --dist loadfile --no-loadscope-reorder``) each module's

@@ -26,7 +26,8 @@ from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 
-from helpers import REPO, analyze, assert_one_line_error, launch_env, torchrun
+from support.cli import analyze, assert_one_line_error
+from support.launch import REPO, launch_env, torchrun
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
 OPTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "3"]

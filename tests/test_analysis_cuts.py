@@ -14,7 +14,10 @@ import pytest
 from dispersion_titan.analysis import figures
 from dispersion_titan.analysis.compare import load_runs, steps_title
 
-from helpers import analyze, digests, python_module, texts_jsonl, tiny_run
+from support.cli import analyze
+from support.corpora import texts_jsonl
+from support.launch import python_module
+from support.runs import digests, tiny_run
 
 
 def error_lines(stderr: str) -> list[str]:

@@ -22,11 +22,11 @@ from dispersion_titan.config.schema import Baseline
 from dispersion_titan.models.gpt2 import GPT2, gpt2_flavors
 from dispersion_titan.trainer.baselines import ActiveForgetting, EmbeddingNoise
 from dispersion_titan.components.optimizers import (
-    baseline_settings,
     build_dispersion_lr_schedulers,
     build_dispersion_optimizers,
 )
-from helpers import load_weights, max_abs_diff, scalars, torchrun, update_rel_diff
+from support.launch import torchrun
+from support.runs import load_weights, max_abs_diff, scalars, update_rel_diff
 
 # ---------------------------------------------------------------- in one process
 
@@ -65,15 +65,27 @@ def test_noise_is_bounded_layout_invariant_and_training_only():
 AF = Baseline(method="active_forgetting", forget_every=25, embedding_lr=3e-4)
 
 
-def forgetting_model_and_optimizers(baseline: Baseline = AF):
-    from torchtitan.config import Optimizer
+def checked_job_config(baseline: Baseline):
+    """A job config with ``baseline`` as its ``[baseline]``, carried where the builders look, as
+    the launch checks leave it."""
+    from dispersion_titan import config
+    from dispersion_titan.components.titan_compat import merged_job_config_class
+    from dispersion_titan.trainer.config_checks import carry_baseline
 
+    job = merged_job_config_class(config.JobConfig)()
+    job.baseline = baseline
+    carry_baseline(job)
+    return job
+
+
+def forgetting_model_and_optimizers(baseline: Baseline = AF):
     args = gpt2_flavors["debug"]
     torch.manual_seed(1)
     model = GPT2(args)
     model.init_weights()
-    with baseline_settings(baseline):
-        optimizers = build_dispersion_optimizers([model], Optimizer(lr=1e-3, implementation="foreach"), None)
+    section = checked_job_config(baseline).optimizer
+    section.lr, section.implementation = 1e-3, "foreach"
+    optimizers = build_dispersion_optimizers([model], section, None)
     return model, optimizers
 
 
@@ -121,13 +133,12 @@ def plasticity_embedding_lr(step: int, peak: float, K: int, T: int) -> float:
 @pytest.mark.parametrize("K, T", [(25, 100), (30, 100)])  # K divides T: restarts at each reset; else not
 def test_embedding_lr_follows_the_authors_schedule_and_the_body_keeps_the_run_schedule(K, T):
     from torchtitan.components.lr_scheduler import build_lr_schedulers
-    from torchtitan.config import LRScheduler
 
-    schedule = LRScheduler(warmup_steps=5, decay_type="cosine", min_lr_factor=0.1)
     baseline = Baseline(method="active_forgetting", forget_every=K, embedding_lr=3e-4)
+    schedule = checked_job_config(baseline).lr_scheduler
+    schedule.warmup_steps, schedule.decay_type, schedule.min_lr_factor = 5, "cosine", 0.1
     _, optimizers = forgetting_model_and_optimizers(baseline)
-    with baseline_settings(baseline):
-        schedulers = build_dispersion_lr_schedulers(optimizers, schedule, training_steps=T)
+    schedulers = build_dispersion_lr_schedulers(optimizers, schedule, training_steps=T)
     _, plain = forgetting_model_and_optimizers(Baseline())
     reference = build_lr_schedulers(plain, schedule, T)
 

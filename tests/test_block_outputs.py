@@ -26,7 +26,7 @@ from dispersion_titan.models import register_all
 from dispersion_titan.train import validated_args
 from dispersion_titan.trainer.block_outputs import BlockOutputs
 from dispersion_titan.trainer.objective import DispersionObjective
-from helpers import REPO
+from support.launch import REPO
 
 QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")
 TINY = {  # two blocks of each family, small enough for a CPU test

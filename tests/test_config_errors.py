@@ -10,7 +10,7 @@ import pytest
 from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.train import validated_args
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
-from helpers import DEBUG_TOML, python_module
+from support.launch import DEBUG_TOML, python_module
 
 BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config"]
 

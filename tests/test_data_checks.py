@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from dispersion_titan.data.packed import PackedSequenceDataset, token_stream
-from helpers import (
-    REPO, python_module, scalars, texts, torchrun, wikitext_saved_dir, write_parquet,
-)
+from support.corpora import texts, wikitext_saved_dir, write_parquet
+from support.launch import REPO, python_module, torchrun
+from support.runs import scalars
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 

@@ -16,7 +16,8 @@ from dispersion_titan.data.packed import PackedSequenceDataset
 from dispersion_titan.data.sources import load_files, load_rows
 from dispersion_titan.data.streaming import StreamingPackedDataset
 from dispersion_titan.data.tokens import tokenize
-from helpers import WORDS, global_batches, loader, resumed_equals_uninterrupted, texts, write_parquet
+from support.corpora import WORDS, texts, write_parquet
+from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 

@@ -14,8 +14,14 @@ import pytest
 
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import DataConfigError, iter_documents, wikitext_articles
-from helpers import (
-    ARTICLES, EXPECTED, texts, wikitext_cache_dir, wikitext_parquet_dir, wikitext_rows, wikitext_saved_dir,
+from support.corpora import (
+    ARTICLES,
+    EXPECTED,
+    texts,
+    wikitext_cache_dir,
+    wikitext_parquet_dir,
+    wikitext_rows,
+    wikitext_saved_dir,
 )
 
 pytestmark = pytest.mark.usefixtures("private_caches")

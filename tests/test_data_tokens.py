@@ -16,7 +16,7 @@ import pytest
 from dispersion_titan.components.tokenizer import EOT_ID, GPT2Tokenizer
 from dispersion_titan.data.packed import token_stream, tokenized_documents
 from dispersion_titan.data.tokens import CACHE_ENV, cached_tokens
-from helpers import texts
+from support.corpora import texts
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 

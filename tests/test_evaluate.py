@@ -21,8 +21,9 @@ from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 
-from helpers import DEBUG_TOML, REPO, assert_one_line_error, launch_env, python_module, run_cli
-from helpers import LM_EVAL_TASKS as TASKS
+from support.cli import assert_one_line_error, run_cli
+from support.eval_tasks import LM_EVAL_TASKS as TASKS
+from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
 LIMIT = 12

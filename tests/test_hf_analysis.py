@@ -27,7 +27,10 @@ from dispersion_titan.analysis.measure import unit_tokens
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.utils.errors import ModelLoadError
 
-from helpers import analyze, assert_one_line_error, independent_states, plain_mean_cos, texts_jsonl, tiny_run
+from support.cli import analyze, assert_one_line_error
+from support.condensation import independent_states, plain_mean_cos
+from support.corpora import texts_jsonl
+from support.runs import tiny_run
 
 K, S = 4, 16
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -25,7 +25,8 @@ from dispersion_titan.models.gpt2.args import GPT2ModelArgs
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
-from helpers import load_weights, python_module, torchrun
+from support.launch import python_module, torchrun
+from support.runs import load_weights
 
 transformers = pytest.importorskip("transformers")
 

@@ -3,6 +3,7 @@ torchrun agents on localhost, and the sweep's dry run."""
 
 from __future__ import annotations
 
+import json
 import re
 import os
 import socket
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, scalars
+from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, torchrun_script
+from support.runs import scalars
 
 
 TRAIN_SH = REPO / "launch" / "train.sh"
@@ -157,3 +159,17 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         proc = sweep(toml, "--dry-run", *args, cwd=tmp_path if "missing.toml" in args else REPO)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, (args, proc.stderr)
+
+
+def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp_path):
+    """A real launch parses and checks the config once and hands that very object to the
+    trainer (debug.toml derives ``local_batch_size = 0``, which only the checks fill in),
+    without rewriting ``sys.argv`` or ``parse_args``'s default argument."""
+    out = tmp_path / "counts.json"
+    proc = torchrun_script("count_parses.py", 1, str(out), "--job.config_file", DEBUG_TOML,
+                           "--job.dump_folder", str(tmp_path / "run"), "--training.steps", "1", "--validation.no-enable",
+                           "--checkpoint.no-enable", *DEBUG_SEQ_LEN)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(out.read_text()) == {"parses": 1, "checks": 1, "trainers": 1,
+                                           "trainer_got_the_checked_config": True, "argv_kept": True,
+                                           "default_kept": True}

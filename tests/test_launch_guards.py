@@ -17,7 +17,9 @@ from dispersion_titan.train import validated_args
 from dispersion_titan.trainer.config_checks import resolve_batch_sizes
 from dispersion_titan.utils.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
 from dispersion_titan.utils.errors import ConfigError, DeviceError
-from helpers import DEBUG_TOML, REPO, assert_one_line_error, digests, launch_env, python_module
+from support.cli import assert_one_line_error
+from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.runs import digests
 
 CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))
 GPU_CONFIGS = [c for c in CONFIGS if c.name.startswith(("gpt2_small_", "fineweb_", "midtrain_"))]

@@ -27,8 +27,11 @@ from dispersion_titan.paper import main as paper_main
 from dispersion_titan.report.paper_artifacts.plan import MissingInput, build, check_devices
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 
-from helpers import LM_EVAL_TASKS, assert_one_line_error, independent_states, plain_mean_cos, run_cli, \
-    texts_jsonl, tiny_run
+from support.cli import assert_one_line_error, run_cli
+from support.condensation import independent_states, plain_mean_cos
+from support.corpora import texts_jsonl
+from support.eval_tasks import LM_EVAL_TASKS
+from support.runs import tiny_run
 
 K, S = 4, 16
 INPUTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "4", "--device", "cpu"]

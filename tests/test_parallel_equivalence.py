@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.models.qwen3 import Qwen3Args
-from helpers import DEBUG_TOML, REPO, load_weights, max_abs_diff, scalars, tiny_run, torchrun, update_rel_diff
+from support.launch import DEBUG_TOML, REPO, torchrun
+from support.runs import load_weights, max_abs_diff, scalars, tiny_run, update_rel_diff
 
 pytestmark = pytest.mark.slow
 

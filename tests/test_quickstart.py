@@ -18,7 +18,8 @@ from dispersion_titan.analysis.result_files import read_results
 from dispersion_titan.quickstart import CONFIG
 from dispersion_titan.report.paper import findings, with_dispersion
 from dispersion_titan.report.summary import load_sweep
-from helpers import REPO, digests, python_module
+from support.launch import REPO, python_module
+from support.runs import digests
 
 WIDTHS = (64, 256)
 OPTIONS = ("--widths", "64,256", "--steps", "2", "--checkpoint-interval", "1", "--num-sequences", "4",

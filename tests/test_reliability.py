@@ -29,22 +29,18 @@ from dispersion_titan.train import validated_args
 from dispersion_titan.trainer.launcher import oom_message
 from dispersion_titan.utils.errors import ArgumentError
 from dispersion_titan.utils.errors import ConfigError
-from helpers import (
+from support.cli import analyze, assert_one_line_error
+from support.launch import (
     DEBUG_SEQ_LEN,
     DEBUG_TOML,
-    REPO,
     REFERENCE_STEPS,
+    REPO,
     SCHEDULE,
-    analyze,
-    assert_one_line_error,
-    digests,
     launch_env,
-    load_weights,
-    max_abs_diff,
     python_module,
-    scalars,
     torchrun,
 )
+from support.runs import digests, load_weights, max_abs_diff, scalars
 
 
 STEPS = REFERENCE_STEPS

@@ -11,7 +11,8 @@ import pytest
 
 from dispersion_titan.run_folder.checkpoints import check_resume
 from dispersion_titan.utils.errors import CheckpointError
-from helpers import REFERENCE_STEPS, SCHEDULE, digests, load_weights, max_abs_diff, scalars, torchrun
+from support.launch import REFERENCE_STEPS, SCHEDULE, torchrun
+from support.runs import digests, load_weights, max_abs_diff, scalars
 
 pytestmark = pytest.mark.slow
 

@@ -12,17 +12,9 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.run_folder.checkpoints import checkpoint_identity
-from helpers import (
-    DEBUG_SEQ_LEN,
-    DEBUG_TOML,
-    REFERENCE_STEPS,
-    SCHEDULE,
-    analyze,
-    assert_one_line_error,
-    python_module,
-    scalars,
-    torchrun,
-)
+from support.cli import analyze, assert_one_line_error
+from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
+from support.runs import scalars
 
 pytestmark = pytest.mark.slow
 

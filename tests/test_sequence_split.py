@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import torchrun_script
+from support.launch import torchrun_script
 
 pytestmark = pytest.mark.slow
 

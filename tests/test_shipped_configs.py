@@ -12,7 +12,7 @@ import tomllib
 import pytest
 
 from dispersion_titan.evaluation.table import authors_steps
-from helpers import REPO
+from support.launch import REPO
 
 CONFIGS = REPO / "train_configs"
 MIDTRAIN = sorted(CONFIGS.glob("midtrain_*.toml"))

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DEBUG_TOML, LM_EVAL_TASKS, REPO, launch_env, scalars
+from support.eval_tasks import LM_EVAL_TASKS
+from support.launch import DEBUG_TOML, REPO, launch_env
+from support.runs import scalars
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from helpers import DEBUG_TOML, torchrun_script
+from support.launch import DEBUG_TOML, torchrun_script
 
 pytestmark = pytest.mark.slow
 

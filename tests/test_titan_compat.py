@@ -42,21 +42,26 @@ def test_other_torchtitan_version_fails_loudly(monkeypatch):
         titan_compat.check_torchtitan_version()
 
 
-def test_use_command_line_reaches_the_parse_that_train_main_does(monkeypatch):
-    """Touch ``use_command_line``: ``main`` calls ``parse_args()`` with its import-time default."""
-    from torchtitan.config import ConfigManager
-    from torchtitan.train import main
+def test_train_main_trains_on_the_config_it_is_handed():
+    """Touch ``train_main``: ``torchtitan.train.main`` builds its config with the
+    ``ConfigManager`` of its module globals, and hands that config to the trainer class."""
+    import torchtitan.train
 
-    assert re.search(r"\.parse_args\(\)", _source(main)), "torchtitan.train.main no longer calls parse_args()"
-    default = ConfigManager.parse_args.__defaults__[0]
-    assert isinstance(default, list), "ConfigManager.parse_args's default is no longer a list of arguments"
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    saved = list(default)
-    try:
-        titan_compat.use_command_line(["--training.steps", "7"])
-        assert ConfigManager().parse_args().training.steps == 7
-    finally:
-        default[:] = saved
+    from dispersion_titan import config
+
+    handed = titan_compat.merged_job_config_class(config.JobConfig)()
+    received = []
+
+    class Probe:
+        def __init__(self, job_config) -> None:
+            received.append(job_config)
+            raise KeyboardInterrupt  # stop before training: main closes no trainer it never got
+
+    stock = torchtitan.train.ConfigManager
+    with pytest.raises(KeyboardInterrupt):
+        titan_compat.train_main(Probe, handed)
+    assert len(received) == 1 and received[0] is handed
+    assert torchtitan.train.ConfigManager is stock
 
 
 def test_merged_job_config_class_has_our_sections():
@@ -335,10 +340,13 @@ def test_lr_schedulers_per_group_apply_one_factor_per_group_and_resume():
     assert resumed.schedulers[0].get_last_lr() == pytest.approx(container.schedulers[0].get_last_lr())
 
 
-def test_trainer_builds_optimizers_and_lr_schedulers_in_init():
-    """``components.optimizers.baseline_settings`` is active during ``Trainer.__init__`` only: the
-    TrainSpec's optimizer and LR-scheduler builders must be called there."""
+def test_trainer_builds_optimizers_and_lr_schedulers_from_their_sections():
+    """``components.optimizers`` reads ``[baseline]`` from the ``[optimizer]`` / ``[lr_scheduler]``
+    sections (``config.schema.BuilderInputs``): ``Trainer.__init__`` must hand the TrainSpec's
+    builders those sections of its job config."""
     from torchtitan.train import Trainer
 
     init = _source(Trainer.__init__)
-    assert "self.train_spec.build_optimizers_fn(" in init and "self.train_spec.build_lr_schedulers_fn(" in init
+    assert re.search(r"self\.train_spec\.build_optimizers_fn\(\s*self\.model_parts,\s*job_config\.optimizer,", init)
+    assert re.search(r"self\.train_spec\.build_lr_schedulers_fn\(\s*self\.optimizers,\s*job_config\.lr_scheduler,",
+                     init)

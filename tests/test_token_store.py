@@ -24,8 +24,9 @@ from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
 from dispersion_titan.data.prepare import main, parser, prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
-from helpers import DEBUG_TOML, REPO, launch_env, python_module
-from helpers import global_batches, loader, resumed_equals_uninterrupted, texts
+from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.corpora import texts
+from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
 SEQ = 16
 LAYOUTS = [(1, 2, 4), (2, 1, 4), (4, 1, 2), (2, 2, 2), (4, 2, 1)]  # (ranks, accumulation, local batch)

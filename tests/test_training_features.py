@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import scalars, torchrun
+from support.launch import torchrun
+from support.runs import scalars
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from dispersion_titan.data.packed import build_packed_validation_dataloader
 from dispersion_titan.models import family
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.train import prepare, validated_args
-from helpers import DEBUG_TOML
+from support.launch import DEBUG_TOML
 
 BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config"]
 BATCH, STEPS = 6, 2  # validation: 2 global batches of 6 sequences, on 1 process

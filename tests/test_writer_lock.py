@@ -15,7 +15,8 @@ import pytest
 
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, STALE_AFTER_S, RunFolderBusy, WriterLock, refuse_if_busy
 
-from helpers import DEBUG_TOML, REPO, digests, launch_env, python_module
+from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.runs import digests
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,7 @@
-"""What the training log and TensorBoard show beyond TorchTitan's own metrics: the two
-loss terms and each block's mean off-diagonal cosine, a live condensation curve."""
+"""What the training log, TensorBoard and W&B (``[metrics] enable_wandb``) show beyond
+TorchTitan's own metrics: the two loss terms and each block's mean off-diagonal cosine, a
+live condensation curve. Every metric goes through TorchTitan's loggers, so W&B gets what
+TensorBoard gets; the W&B run is named in the run folder (``wandb_run``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
+
+from . import wandb_run
 
 
 def global_batch_size(job_config, parallel_dims) -> int:
@@ -53,6 +57,8 @@ class DispersionMetricsProcessor(MetricsProcessor):
     def __init__(self, job_config, parallel_dims, tag: str | None = None) -> None:
         super().__init__(job_config, parallel_dims, tag)
         self.step_metrics = StepMetrics(global_batch_size(job_config, parallel_dims))
+        if job_config.metrics.enable_wandb:
+            wandb_run.record(job_config.job.dump_folder)
 
     def _global_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over data-parallel ranks (the ``loss`` mesh), as TorchTitan does for the loss."""

@@ -4,15 +4,13 @@ the language-model-plasticity schedule the authors use (``embedding_lr_factor``)
 the body keeps the run's schedule.
 
 TorchTitan calls these builders with the ``[optimizer]`` / ``[lr_scheduler]`` sections
-only; the trainer makes the run's ``[baseline]`` section visible to them for the time
-TorchTitan builds (``baseline_settings``). Built without it, they are TorchTitan's.
+only; the launch checks put the run's ``[baseline]`` section into both (their ``baseline``
+field, ``config.schema.BuilderInputs``). Without active forgetting, they are TorchTitan's.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -25,22 +23,12 @@ from . import titan_compat
 
 WARMUP_FRACTION = 0.08
 
-_settings: Baseline | None = None  # the [baseline] section while the trainer builds
 
-
-@contextmanager
-def baseline_settings(baseline: Baseline) -> Iterator[None]:
-    """Let the builders below see ``baseline`` (the ``[baseline]`` section) while TorchTitan builds."""
-    global _settings
-    _settings = baseline
-    try:
-        yield
-    finally:
-        _settings = None
-
-
-def _forgetting() -> Baseline | None:
-    return _settings if _settings is not None and _settings.method == "active_forgetting" else None
+def _forgetting(section: Any) -> Baseline | None:
+    """The ``[baseline]`` section that ``section`` (``[optimizer]`` or ``[lr_scheduler]``) carries,
+    when its method is active forgetting."""
+    baseline = section.baseline
+    return baseline if baseline is not None and baseline.method == "active_forgetting" else None
 
 
 def embedding_lr_factor(completed_steps: int, period: int, total: int) -> float:
@@ -73,7 +61,7 @@ def _separate_embedding_group(model: nn.Module, optimizer: torch.optim.Optimizer
 def build_dispersion_optimizers(model_parts: list[nn.Module], optimizer_config: Any, parallel_dims: Any,
                           ft_manager: Any = None) -> OptimizersContainer:
     optimizers = build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager)
-    forgetting = _forgetting()
+    forgetting = _forgetting(optimizer_config)
     if forgetting is not None:
         for model, optimizer in titan_compat.optimizer_per_model_part(optimizers):
             _separate_embedding_group(model, optimizer, forgetting.embedding_lr)
@@ -82,7 +70,7 @@ def build_dispersion_optimizers(model_parts: list[nn.Module], optimizer_config: 
 
 def build_dispersion_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: Any,
                              training_steps: int) -> LRSchedulersContainer:
-    forgetting = _forgetting()
+    forgetting = _forgetting(lr_scheduler_config)
     if forgetting is None:
         return build_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
     body = titan_compat.lr_lambda(lr_scheduler_config, training_steps)

@@ -4,8 +4,9 @@ Nothing else imports a private TorchTitan name or depends on how TorchTitan's co
 written inside. Each touch below has a canary test (``tests/test_titan_compat.py``)
 that fails loudly, naming the touch, when an upgrade changes what it relies on:
 
-- ``use_command_line``: ``torchtitan.train.main`` parses ``ConfigManager.parse_args``'s
-  default argument, a copy of ``sys.argv[1:]`` made when TorchTitan was imported.
+- ``train_main``: ``torchtitan.train.main`` gets its config from ``ConfigManager().parse_args()``,
+  with ``ConfigManager`` looked up in ``torchtitan.train``'s globals; the one place that
+  hands TorchTitan the config ``dispersion_titan.train`` parsed and checked.
 - ``merged_job_config_class``: ``ConfigManager._merge_configs`` builds the config class
   with our sections, for type checks before parsing.
 - ``use_cpu``: the module-level ``device_type`` / ``device_module`` bindings and the
@@ -32,8 +33,8 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
 - ``lr_lambda``: ``build_lr_schedulers`` gives every ``LambdaLR`` it builds one shared
   ``lr_lambda``; ``lr_schedulers_per_group``: ``LRSchedulersContainer`` hands its
   ``lr_lambda`` to ``LambdaLR`` unchanged (a list: one factor per param group). Both
-  builders are the TrainSpec's, called from ``Trainer.__init__`` (where
-  ``optimizers.baseline_settings`` makes ``[baseline]`` visible to them).
+  builders are the TrainSpec's, called from ``Trainer.__init__`` with the
+  ``[optimizer]`` / ``[lr_scheduler]`` sections (which carry ``[baseline]``, ``config.schema.BuilderInputs``).
 - ``trainer_class``: an after-checkpoint-load hook (``train()`` loads, then calls
   ``should_continue_training``), and TorchTitan's non-pipelined ``forward_backward_step``
   around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
@@ -45,7 +46,6 @@ import functools
 import os
 import platform
 import resource
-import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -70,17 +70,22 @@ def check_torchtitan_version() -> None:
 # ------------------------------------------------------------------------ configuration
 
 
-def use_command_line(args: list[str]) -> None:
-    """Make ``torchtitan.train.main`` parse ``args``.
+def train_main(trainer_class: type, job_config: Any) -> None:
+    """``torchtitan.train.main(trainer_class)`` on ``job_config``, already parsed and checked.
 
-    ``ConfigManager.parse_args(args=sys.argv[1:])`` binds its default when TorchTitan is
-    imported; the default list is updated in place, so the import order does not matter.
+    ``main`` builds its config with ``ConfigManager().parse_args()``, from ``sys.argv``; while
+    it runs, the ``ConfigManager`` it names returns ``job_config`` instead of parsing again.
     """
+    import torchtitan.train
     from torchtitan.config import ConfigManager
 
-    sys.argv[1:] = args
-    default = ConfigManager.parse_args.__defaults__[0]
-    default[:] = args
+    class Parsed(ConfigManager):
+        def parse_args(self, args: list[str] | None = None) -> Any:
+            self.config = job_config
+            return job_config
+
+    with _attributes_set(torchtitan.train, ConfigManager=Parsed):
+        torchtitan.train.main(trainer_class)
 
 
 def merged_job_config_class(custom: type) -> type:

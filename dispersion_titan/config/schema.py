@@ -6,10 +6,13 @@ maps them to each family's fields);
 ``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones;
 ``[dispersion]`` configures the auxiliary loss; ``[baseline]`` the methods the paper
 compares against. Every field is overridable on the
-command line as ``--section.key value``.
+command line as ``--section.key value``, except ``[optimizer]`` / ``[lr_scheduler]``'s
+``baseline`` (``BuilderInputs``), which the launch checks fill in.
 """
 
 from dataclasses import dataclass, field
+
+import tyro
 
 
 @dataclass
@@ -122,6 +125,16 @@ class Checkpoint:
 
 
 @dataclass
+class BuilderInputs:
+    """``[optimizer]`` and ``[lr_scheduler]`` gain the run's ``[baseline]`` section: TorchTitan hands
+    the TrainSpec's optimizer and LR-scheduler builders only their own section, and active
+    forgetting gives the token embeddings a param group and schedule of their own. Not a TOML
+    key or flag: the launch checks (``trainer.config_checks.check_job_config``) set it."""
+
+    baseline: tyro.conf.Suppress[Baseline | None] = field(default=None, init=False, repr=False)
+
+
+@dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
     model: Model = field(default_factory=Model)
@@ -130,3 +143,5 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     dispersion: Dispersion = field(default_factory=Dispersion)
     baseline: Baseline = field(default_factory=Baseline)
+    optimizer: BuilderInputs = field(default_factory=BuilderInputs)
+    lr_scheduler: BuilderInputs = field(default_factory=BuilderInputs)

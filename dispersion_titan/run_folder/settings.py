@@ -138,10 +138,10 @@ def fork_source(spec: str) -> tuple[str, int, str]:
     return os.path.dirname(os.path.abspath(folder)), chosen.step, chosen.path
 
 
-def fork_arguments(job_config: Any, data_parallel_degree: int) -> list[str]:
-    """The command-line arguments that make TorchTitan start this run from the checkpoint
+def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
+    """Set the checkpoint options that make TorchTitan start this run from the checkpoint
     ``job.fork_from`` names (or the recorded one, on a relaunch of a forked run), after
-    checking that the new run folder is new or empty. [] when there is no fork."""
+    checking that the new run folder is new or empty; whether there is a fork."""
     dump = os.path.abspath(job_config.job.dump_folder)
     recorded = recorded_run(dump)
     earlier = (recorded or {}).get("forked_from")
@@ -154,7 +154,7 @@ def fork_arguments(job_config: Any, data_parallel_degree: int) -> list[str]:
         source, step, path = earlier["run"], earlier["step"], earlier["checkpoint"]
         full = not earlier["model_only"]  # the source may be gone by now: its own checkpoints go on
     elif not spec:
-        return []
+        return False
     else:
         source, step, path = fork_source(spec)
         if source == dump:
@@ -171,8 +171,10 @@ def fork_arguments(job_config: Any, data_parallel_degree: int) -> list[str]:
     if full and job_config.training.steps <= step:
         raise ConfigError(f"training.steps: {job_config.training.steps} does not go past step {step}, "
                           f"where the fork from {source} starts")
-    return ["--job.fork_from", f"{source}@{step}", "--checkpoint.initial_load_path", path,
-            "--checkpoint.initial_load_model_only" if not full else "--checkpoint.no-initial_load_model_only"]
+    job_config.job.fork_from = f"{source}@{step}"
+    job_config.checkpoint.initial_load_path = path
+    job_config.checkpoint.initial_load_model_only = not full
+    return True
 
 
 def _looks_first() -> bool:

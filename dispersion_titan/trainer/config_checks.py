@@ -7,6 +7,7 @@ dump folder.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from typing import Any
@@ -249,6 +250,12 @@ def check_output_folders(config: JobConfig) -> None:
             raise ConfigError(f"{field}: {path} cannot be created: {problem}")
 
 
+def check_metrics(config: JobConfig) -> None:
+    if config.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("metrics.enable_wandb: the wandb package is not installed; "
+                          "pip install 'dispersion_titan[wandb]', or set it false")
+
+
 def check_baseline(config: JobConfig) -> None:
     b = config.baseline
     if b.method not in METHOD_SETTINGS:
@@ -272,14 +279,23 @@ def check_baseline(config: JobConfig) -> None:
                               "no reset would ever happen; make it smaller or use baseline.method = none")
 
 
+def carry_baseline(config: JobConfig) -> None:
+    """The ``[baseline]`` section also where the optimizer and LR-scheduler builders look
+    (``config.schema.BuilderInputs``)."""
+    config.optimizer.baseline = config.lr_scheduler.baseline = config.baseline
+
+
 def check_job_config(config: JobConfig, args: Any, world_size: int = 1) -> None:
     """Everything about ``config`` that can be known before any process starts, for a
-    job of ``world_size`` processes (derived batch sizes are filled in). ``args``: the
-    model family's flavor with the ``[model]`` overrides applied."""
+    job of ``world_size`` processes; derived values (batch sizes, the builders' baseline)
+    are filled in, for the trainer to read. ``args``: the model family's flavor with the
+    ``[model]`` overrides applied."""
     check_model(config, args)
     check_dispersion(config, args.n_layers)
     check_baseline(config)
+    carry_baseline(config)
     check_data(config)
     check_checkpoint(config)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
     check_output_folders(config)
+    check_metrics(config)

@@ -18,7 +18,6 @@ from torch.distributed.tensor import DTensor
 from torchtitan.tools.logging import logger
 
 from ..components import titan_compat
-from ..components.optimizers import baseline_settings
 from ..data.packed import run_encoder, run_seed
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..run_folder.settings import fork_record, run_settings
@@ -26,7 +25,6 @@ from ..run_folder.writer_lock import WriterLock
 from ..utils.errors import NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
-from .config_checks import data_parallel_degree, resolve_batch_sizes
 from .objective import DispersionObjective
 from .preemption import Preemption
 from .save_failure import save_failure
@@ -76,13 +74,11 @@ def _take_writer_lock(dump_folder: str) -> WriterLock | None:
 
 class DispersionTrainer(titan_compat.trainer_class()):
     def __init__(self, job_config) -> None:
-        # Derived per-rank batch sizes, exactly as the launch-time check computed them.
-        resolve_batch_sizes(job_config, data_parallel_degree(job_config, int(os.environ["WORLD_SIZE"])))
+        """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
         settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
         self.writer_lock = _take_writer_lock(job_config.job.dump_folder)
         try:
-            with baseline_settings(job_config.baseline):  # active forgetting's embedding param group
-                super().__init__(job_config)
+            super().__init__(job_config)
         except BaseException:
             self._release_writer_lock()
             raise

@@ -1,52 +1,243 @@
-"""Commands (``python -m MODULE ARGS``) run as children of one server process that has
-imported torch, TorchTitan and dispersion_titan once (multiprocessing's forkserver)
-rather than each in a fresh interpreter: a fresh one spends about 5 s of CPU on imports,
-a third of a short quickstart run. Linux only: elsewhere (macOS) forking a process that
-has imported torch is not safe, so each command gets its own interpreter there."""
+"""Commands (``python -m MODULE ARGS``, ``python SCRIPT.py ARGS``, or either under torchrun with
+N processes) run as children of one server process that has imported torch, TorchTitan and
+dispersion_titan once, rather than each in a fresh interpreter: a fresh one spends about
+5 s of CPU on imports, a third of a short quickstart run. The quickstart and the tests run
+their jobs through it.
+
+A training job of N processes is torchrun's own launcher (``elastic_launch``: c10d
+rendezvous, one agent, real worker processes) with forked workers that run the command as
+``python -m torch.distributed.run --nproc_per_node N`` would; only local rank 0 writes to
+the log, as with torchrun's ``--local-ranks-filter 0``.
+
+Linux only: elsewhere (macOS) forking a process that has imported torch is not safe, so
+each command gets its own interpreter there.
+
+Run as ``python -m dispersion_titan.utils.preloaded PRELOAD...``, this module is the server:
+it imports each PRELOAD (``module``, or ``module:function`` also called once, e.g. to fill
+a cache), then reads one JSON request per line on stdin and answers each with the forked
+job's pid; when the job ends, the server writes its exit status to the request's
+``status`` file.
+"""
 
 from __future__ import annotations
 
 import importlib
-import multiprocessing
+import json
 import os
+import runpy
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+import traceback
+import warnings
+
+
+def command_line(target: str, argv: list[str], nproc: int | None = None) -> list[str]:
+    """The command ``target`` stands for: ``python -m MODULE`` or ``python SCRIPT.py``, under
+    ``torch.distributed.run`` with ``nproc`` processes when given."""
+    program = [target] if target.endswith(".py") else ["-m", target]
+    if nproc is None:
+        return [sys.executable, *program, *argv]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+            "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0", "--role=rank", "--tee=3", *program, *argv]
 
 
 class Commands:
     """Runs commands with their output appended to a log file. ``env`` is every command's
-    environment on top of this process's; ``preload``, the modules the server imports;
-    ``fork=False``, a fresh interpreter per command instead."""
+    environment on top of this process's; ``preload``, what the server imports (``module``)
+    or calls once (``module:function``); ``fork=False``, a fresh interpreter per command."""
 
     def __init__(self, env: dict[str, str], preload: list[str], fork: bool = sys.platform == "linux") -> None:
-        # Set here, before the server starts: it inherits them, and glibc's allocator and
-        # OpenMP read theirs when a process starts or first loads torch.
-        os.environ.update(env)
-        self.server = multiprocessing.get_context("forkserver") if fork else None
-        if self.server is not None:
-            self.server.set_forkserver_preload(preload)
+        self.env = env
+        self.preload = preload
+        self.fork = fork
+        self.server: subprocess.Popen | None = None
+        self.status_dir = tempfile.mkdtemp(prefix="dispersion_titan-jobs-")
+        self.lock = threading.Lock()
+        self.count = 0
 
-    def run(self, module: str, argv: list[str], log: str) -> int:
-        """The exit status of ``python -m MODULE ARGV`` (negative: killed by that signal)."""
-        os.makedirs(os.path.dirname(log), exist_ok=True)
-        command = [sys.executable, "-m", module, *argv]
+    def run(self, target: str, argv: list[str], log: str, *, errors: str | None = None, nproc: int | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None, timeout: float | None = None) -> int:
+        """The exit status of ``target`` (a module, or a ``.py`` script) with ``argv``, after its
+        command line in ``log`` (negative: killed by that signal). ``errors``: its stderr's
+        file (default: the log); ``nproc``: run under torchrun's launcher with that many
+        processes; ``env``: its whole environment instead of the one given at start; ``cwd``:
+        its folder (default: this process's). After ``timeout`` seconds the command and every
+        process it started are killed (it then runs in a process group of its own, which a
+        terminal's Ctrl-C does not reach) and ``subprocess.TimeoutExpired`` is raised."""
+        os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
+        command = command_line(target, argv, nproc)
         with open(log, "a") as f:
             f.write(f"$ {' '.join(command)}\n")
-            f.flush()
-            if self.server is None:
-                return subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
-        child = self.server.Process(target=_run_main, args=(module, argv, log), name=f"{module} {log}")
-        child.start()
-        child.join()
-        return child.exitcode
+        request = {"target": target, "argv": argv, "nproc": nproc, "env": env or {**os.environ, **self.env},
+                   "cwd": cwd or os.getcwd(), "stdout": log, "stderr": errors or log, "group": timeout is not None}
+        pid = self._fresh(command, request) if not self.fork else self._forked(request)
+        return self._wait(pid, request, command, timeout)
+
+    def _fresh(self, command: list[str], request: dict) -> subprocess.Popen:
+        with open(request["stdout"], "a") as out, open(request["stderr"], "a") as err:
+            return subprocess.Popen(command, stdout=out,
+                                    stderr=subprocess.STDOUT if request["stderr"] == request["stdout"] else err,
+                                    stdin=subprocess.DEVNULL, env=request["env"], cwd=request["cwd"],
+                                    start_new_session=request["group"])
+
+    def _forked(self, request: dict) -> int:
+        with self.lock:
+            if self.server is None or self.server.poll() is not None:
+                self.server = subprocess.Popen([sys.executable, "-m", __name__, *self.preload],
+                                               env={**os.environ, **self.env},
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.count += 1
+            request["status"] = os.path.join(self.status_dir, f"{self.count}.status")
+            self.server.stdin.write(json.dumps(request) + "\n")
+            self.server.stdin.flush()
+            return int(self.server.stdout.readline())
+
+    def _wait(self, job: subprocess.Popen | int, request: dict, command: list[str], timeout: float | None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pid = job.pid if isinstance(job, subprocess.Popen) else job
+        while True:
+            if isinstance(job, subprocess.Popen):
+                if job.poll() is not None:
+                    return job.returncode
+            elif os.path.exists(request["status"]):  # renamed into place once the output is flushed
+                with open(request["status"]) as f:
+                    return int(f.read())
+            if deadline is not None and time.monotonic() > deadline:
+                os.killpg(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(command, timeout)
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Stop the server, once every command run has ended, and remove the status files."""
+        if self.server is not None and self.server.poll() is None:
+            self.server.stdin.close()
+            self.server.wait(timeout=30)
+        shutil.rmtree(self.status_dir, ignore_errors=True)
+
+    def __enter__(self) -> Commands:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
-def _run_main(module: str, argv: list[str], log: str) -> None:
-    """In the forked child: ``MODULE.main()`` with ``argv``, stdout and stderr to ``log``;
-    its ``sys.exit`` status becomes the child's exit code."""
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.argv = [module, *argv]
-    importlib.import_module(module).main()
+# ---------------------------------------------------------------- the server and its jobs
+
+
+def _run(target: str, argv: list[str]) -> None:
+    """``python -m MODULE ARGV`` or ``python SCRIPT ARGV``, in this process (``sys.path[0]``
+    as the interpreter sets it: the current folder, or the script's)."""
+    sys.argv = [target, *argv]
+    if target.endswith(".py"):
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+    else:
+        sys.path[0] = os.getcwd()
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+
+
+def _rank(target: str, argv: list[str]) -> None:
+    """One forked worker of a torchrun job; only local rank 0 writes to the job's output."""
+    if os.environ["LOCAL_RANK"] != "0":
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    _run(target, argv)
+
+
+def _exit_status(request: dict) -> int:
+    """Run the request in this (forked) process: its exit status as the interpreter's or torchrun's."""
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # as at a fresh start
+    if request["nproc"] is None:
+        try:
+            _run(request["target"], request["argv"])
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                return e.code or 0
+            print(e.code, file=sys.stderr)
+            return 1
+        return 0
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=request["nproc"], run_id="preloaded",
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+                          monitor_interval=0.1, start_method="fork")
+    try:
+        elastic_launch(config, _rank)(request["target"], request["argv"])
+        return 0
+    except ChildFailedError as e:  # torchrun prints the same summary and exits 1
+        print(e.format_msg(), file=sys.stderr, flush=True)
+        return 1
+
+
+def _job(request: dict) -> None:
+    """The forked child: output to the request's files; its exit status is the job's."""
+    status = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        if request["group"]:
+            os.setpgid(0, 0)  # the client can stop the job with all its workers
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND)
+        err = out if request["stderr"] == request["stdout"] else os.open(
+            request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        sys.stdin.close()
+        status = _exit_status(request)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def serve(preload: list[str]) -> None:
+    for entry in preload:
+        module, _, function = entry.partition(":")
+        imported = importlib.import_module(module)
+        if function:
+            getattr(imported, function)()
+    # Preloaded modules are found in sys.modules when run as __main__, which a fresh
+    # ``python -m`` never warns about.
+    warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)
+    status_files: dict[int, str] = {}
+
+    def reap(signum: int, frame: object) -> None:
+        """Each finished job's exit status (negative: killed by that signal), written whole."""
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            path = status_files.pop(pid)
+            with open(path + ".tmp", "w") as f:
+                f.write(str(os.waitstatus_to_exitcode(wait_status)))
+            os.replace(path + ".tmp", path)
+
+    signal.signal(signal.SIGCHLD, reap)
+    for line in sys.stdin:
+        request = json.loads(line)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reap no job before it is recorded
+        pid = os.fork()
+        if pid == 0:
+            _job(request)
+        status_files[pid] = request["status"]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        print(pid, flush=True)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])

@@ -34,13 +34,10 @@ class Counter(TorchDispatchMode):
 
 def main(kind: str, out: str, args: list[str]) -> None:
     from dispersion_titan.config.cli import load_toml, with_config_module
-    from dispersion_titan.train import prepare
-    from dispersion_titan.components import titan_compat
+    from dispersion_titan.train import prepare, validated_args
 
     args = with_config_module(args, load_toml(args))
     prepare()
-    titan_compat.use_command_line(args)
-    from torchtitan.config import ConfigManager
     from torchtitan.train import Trainer
 
     from dispersion_titan.trainer.trainer import DispersionTrainer
@@ -65,7 +62,7 @@ def main(kind: str, out: str, args: list[str]) -> None:
                 torch.Tensor.tolist = tolist
             counts[self.step] = [counter.collectives, counter.host_reads + reads[0]]
 
-    trainer = Counting(ConfigManager().parse_args(args))
+    trainer = Counting(validated_args(args))  # checked: derived batch sizes filled in, as a launch does
     try:
         trainer.train()
     finally:

@@ -1,0 +1,80 @@
+"""A training run's W&B run, named in its run folder (``WANDB_RUN_FILE``) when TorchTitan's
+logger started one (``[metrics] enable_wandb``), so that the analysis and evaluation log their
+tables and figures to the same run (``--wandb``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..utils.errors import ArgumentError
+
+WANDB_RUN_FILE = "wandb_run.json"  # in the dump folder: the W&B run of the latest launch
+
+
+def record(dump_folder: str) -> None:
+    """Name the W&B run TorchTitan's logger started in this process (none: nothing to do)."""
+    wandb = sys.modules.get("wandb")  # imported by TorchTitan's WandBLogger only
+    run = None if wandb is None else wandb.run
+    if run is None:
+        return
+    with open(os.path.join(dump_folder, WANDB_RUN_FILE), "w") as f:
+        json.dump({"id": run.id, "project": run.project, "entity": run.entity, "dir": run.settings.root_dir}, f)
+
+
+def recorded(dump_folder: str) -> dict[str, Any]:
+    """The W&B run named in ``dump_folder``; one-line errors for ``--wandb`` when there is none."""
+    path = os.path.join(dump_folder, WANDB_RUN_FILE)
+    if not os.path.isfile(path):
+        raise ArgumentError(f"--wandb: {dump_folder} names no W&B run ({WANDB_RUN_FILE}); "
+                            "train it with [metrics] enable_wandb = true")
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ArgumentError("--wandb: the wandb package is not installed; pip install 'dispersion_titan[wandb]'") from None
+    with open(path) as f:
+        return json.load(f)
+
+
+def resume(dump_folder: str, job_type: str) -> Any:
+    """The W&B run named in ``dump_folder``, resumed for ``job_type`` (``analyze``, ``evaluate``)."""
+    import wandb
+
+    run = recorded(dump_folder)
+    return wandb.init(id=run["id"], project=run["project"], entity=run["entity"] or None, dir=run["dir"],
+                      resume="allow", job_type=job_type)
+
+
+def files(run: Any, folder: str, prefix: str) -> None:
+    """``folder``'s tables (``*.csv``) and figures (``*.png``) into ``run``, as ``PREFIX/NAME``."""
+    import wandb
+
+    logged: dict[str, Any] = {}
+    for path in sorted(Path(folder).glob("*.csv")):
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        logged[f"{prefix}/{path.stem}"] = wandb.Table(columns=rows[0], data=rows[1:])
+    for path in sorted(Path(folder).glob("*.png")):
+        logged[f"{prefix}/{path.stem}"] = wandb.Image(str(path))
+    run.log(logged)
+
+
+def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int, dict[str, Any]],
+                folder: str) -> None:
+    """Into the W&B run named in ``dump_folder``: each checkpoint's ``per_step`` values as
+    ``PREFIX/NAME`` against ``checkpoint_step`` (a resumed run's own step is already past
+    training's last one), then ``folder``'s tables and figures."""
+    run = resume(dump_folder, job_type)
+    try:
+        run.define_metric("checkpoint_step")
+        for name in sorted({name for values in per_step.values() for name in values}):
+            run.define_metric(f"{prefix}/{name}", step_metric="checkpoint_step")
+        for step, values in sorted(per_step.items()):
+            run.log({"checkpoint_step": step, **{f"{prefix}/{name}": value for name, value in values.items()}})
+        files(run, folder, prefix)
+    finally:
+        run.finish()

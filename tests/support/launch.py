@@ -1,0 +1,103 @@
+"""Launching real jobs: torchrun training runs and ``python -m`` commands, forked from the
+product's job server (``dispersion_titan.utils.preloaded``) or run from the command line."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from dispersion_titan.utils.devices import CPU_MALLOC_ENV
+from dispersion_titan.utils.preloaded import Commands
+
+
+REPO = Path(__file__).resolve().parents[2]
+DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
+
+
+# The schedule of the session's 2-process yardstick run (conftest's ``reference_run``) and of
+# every run compared with it step for step (reliability, resume).
+REFERENCE_STEPS = 8
+SCHEDULE = ("--lr_scheduler.total_steps", "10", "--checkpoint.interval", "2",
+            "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.3", "--dispersion.max_tokens", "64")
+
+
+def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**CPU_MALLOC_ENV, **os.environ}  # the quickstart's allocator settings, for every CPU job
+    # The tests train on CPU on purpose: allowed even where GPUs are allocated but unusable.
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
+                "DISPERSION_TITAN_ALLOW_CPU": "1"})
+    env.update(extra or {})
+    return env
+
+
+# What the session's job server imports once (and GPT-2's BPE, built once) before it forks each job.
+PRELOAD = ["torch", "torchtitan.train", "torch.distributed.launcher.api", "dispersion_titan.train",
+           "dispersion_titan.tokenizer.bpe:gpt2_encoding"]
+_commands: Commands | None = None
+
+
+def _forked(target: str, argv: list[str], env: dict[str, str], timeout: float,
+            nproc: int | None = None) -> subprocess.CompletedProcess:
+    """``target`` (a module or a script) forked from the session's job server, the product's
+    (``dispersion_titan.utils.preloaded``), under torchrun's launcher with ``nproc`` processes
+    when given; its stdout and stderr apart."""
+    global _commands
+    if _commands is None:
+        _commands = Commands(launch_env(), PRELOAD)
+        atexit.register(_commands.close)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        status = _commands.run(target, argv, str(out), errors=str(err), nproc=nproc, env=env, cwd=str(REPO),
+                               timeout=timeout)
+        stdout = out.read_text().split("\n", 1)[1]  # after the command line the log starts with
+        return subprocess.CompletedProcess(argv, status, stdout, err.read_text())
+
+
+# Debug runs train on 64-token sequences (debug.toml: 128) unless a test says otherwise: a
+# step's cost is mostly the 50k-row LM head over every token, and no assertion needs more.
+DEBUG_SEQ_LEN = ("--training.seq_len", "64")
+
+
+def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_TOML,
+             check: bool = True, timeout: int = 600, env: dict[str, str] | None = None,
+             command_line: bool = False) -> subprocess.CompletedProcess:
+    """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
+
+    By default the job is forked from the session's job server (``dispersion_titan.utils.preloaded``:
+    torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs torchrun
+    as ``launch/train.sh`` does (``python -m dispersion_titan.trainer.launcher -m
+    dispersion_titan.train``: torchrun with a one-line ending), for tests that look at its
+    processes, signal them or read its prefixed output."""
+    argv = ["--job.config_file", config, "--job.dump_folder", str(dump), "--metrics.log_freq", "1",
+            *(DEBUG_SEQ_LEN if config == DEBUG_TOML else ()), *overrides]
+    if command_line:
+        cmd = [sys.executable, "-m", "dispersion_titan.trainer.launcher", f"--nproc_per_node={nproc}",
+               "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0",
+               "--role=rank", "--tee=3", "-m", "dispersion_titan.train", *argv]
+        proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
+    else:
+        proc = _forked("dispersion_titan.train", argv, launch_env(env), timeout, nproc)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def torchrun_script(script: str, nproc: int, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node NPROC tests/dist_scripts/SCRIPT ARGS``, forked from the
+    job server like ``torchrun``'s jobs (rank 0's output); never raises on failure."""
+    return _forked(str(REPO / "tests" / "dist_scripts" / script), list(args), launch_env(), timeout, nproc)
+
+
+def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None,
+                  command_line: bool = False) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` from the repository: forked from the job server (its
+    imports already paid), or with ``command_line=True`` a fresh interpreter, for commands
+    that read the environment at import time or start processes of their own."""
+    if not command_line:
+        return _forked(module, list(args), launch_env(env), timeout)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=launch_env(env),
+                          capture_output=True, text=True, timeout=timeout)

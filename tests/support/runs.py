@@ -1,0 +1,94 @@
+"""Reading what a run wrote (files, TensorBoard scalars, checkpoint weights) and making run
+folders without training."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+
+def digests(folder: Path, pattern: str = "*") -> dict[str, str]:
+    """An identity of every file under ``folder`` matching ``pattern``: equal dicts mean
+    nothing added, removed or changed. Small files by their SHA-256; files of 1 MiB and more
+    (checkpoint shards) by size and modification time in ns, which every rewrite changes:
+    hashing a sweep's checkpoints twice per test cost seconds of CPU."""
+    def identity(path: Path) -> str:
+        stat = path.stat()
+        if stat.st_size >= 1 << 20:
+            return f"{stat.st_size}@{stat.st_mtime_ns}"
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    return {str(p.relative_to(folder)): identity(p) for p in sorted(folder.rglob(pattern)) if p.is_file()}
+
+
+def scalars(dump: Path | str) -> dict[str, dict[int, float]]:
+    """TensorBoard scalars of a run: tag -> {step: value} (later files win on overlap)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for events in sorted(glob.glob(os.path.join(str(dump), "tb", "*", "events.out.tfevents.*"))):
+        acc = EventAccumulator(events, size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return out
+
+
+def load_weights(step_dir: Path | str) -> dict[str, torch.Tensor]:
+    from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
+
+    step_dir = str(step_dir)
+    args = load_model_args(os.path.dirname(step_dir))
+    return {k: v.detach().clone() for k, v in load_model(step_dir, args).state_dict().items()}
+
+
+def _flat(weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([weights[k].flatten() for k in sorted(weights)])
+
+
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return (_flat(a) - _flat(b)).abs().max().item()
+
+
+def update_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> float:
+    """‖a − b‖ / ‖a − initial‖: disagreement relative to how far training moved the weights.
+
+    Per-tensor relative errors are meaningless for parameters whose gradient is exactly
+    zero in exact arithmetic (e.g. attention key biases), where Adam amplifies rounding
+    noise; relative to the whole update, a layout bug still shows up at O(1).
+    """
+    fa, fb, f0 = _flat(a), _flat(b), _flat(initial)
+    return ((fa - fb).norm() / (fa - f0).norm()).item()
+
+
+def tiny_run(dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug", args=None,
+             tokenizer: str = "gpt2") -> Path:
+    """A run folder without training: ``run.json`` and one single-process DCP checkpoint of
+    seeded random weights per step (seconds, where a torchrun job takes a minute); of the
+    gpt2 ``flavor``, or of any family's ``args``."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    from dispersion_titan.models import family
+    from dispersion_titan.models.gpt2.args import gpt2_flavors
+    from dispersion_titan.run_folder.checkpoints import save_run_metadata
+
+    args = args if args is not None else gpt2_flavors[flavor]
+    for step in steps:
+        torch.manual_seed(step)
+        with torch.device("meta"):
+            model = family(args.FAMILY).get_train_spec().model_cls(args)
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            model.init_weights()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
+            dcp.save(model.state_dict(), checkpoint_id=str(dump / "checkpoint" / f"step-{step}"))
+    save_run_metadata(str(dump), args.FAMILY, args, tokenizer=tokenizer, training_steps=max(steps))
+    return dump

@@ -1,0 +1,103 @@
+"""W&B carries what TensorBoard gets: a real training run with ``[metrics] enable_wandb``,
+offline (``WANDB_MODE=offline``), read back from its run files; ``analyze --wandb`` adds the
+analysis to the same run."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from dispersion_titan.components.wandb_run import WANDB_RUN_FILE
+from dispersion_titan.evaluate import main as evaluate_main
+from support.cli import analyze, assert_one_line_error, run_cli
+from support.eval_tasks import LM_EVAL_TASKS
+from support.launch import torchrun
+from support.runs import scalars
+from support.wandb_files import history, logged, run_ids
+
+OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "dispersion-test"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """Two steps with W&B, checkpoints at steps 0 and 2."""
+    dump = tmp_path_factory.mktemp("wandb") / "run"
+    torchrun(dump, 1, "--training.steps", "2", "--validation.freq", "2", "--validation.steps", "1",
+             "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.3", "--dispersion.max_tokens", "64",
+             "--metrics.enable_wandb", env=OFFLINE)
+    return dump
+
+
+def test_wandb_gets_every_scalar_tensorboard_gets(trained):
+    board, wandb = scalars(trained), history(trained)
+    for tag in ("loss_metrics/dispersion", "condensation/block_2_mean_cos_offdiag", "validation_metrics/loss",
+                "validation_metrics/perplexity"):
+        assert tag in board, sorted(board)
+    assert wandb.keys() == board.keys()
+    for tag, by_step in board.items():
+        assert wandb[tag] == pytest.approx(by_step, rel=1e-6), tag  # TensorBoard keeps float32
+    recorded = json.loads((trained / WANDB_RUN_FILE).read_text())
+    assert [recorded["id"]] == run_ids(trained) and recorded["project"] == "dispersion-test"
+
+
+def test_analyze_logs_histograms_table_and_figures_to_the_training_run(trained, tmp_path, monkeypatch, capsys):
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    code, out, err = analyze(str(trained), "--num-sequences", "2", "--seq-len", "16", "--batch-size", "2", "--wandb",
+                             capsys=capsys)
+    assert code == 0, err
+    (run_id,) = set(run_ids(trained))  # the analysis resumed the training's run
+    analysis = trained / "condensation"
+    rows = [(folder, items) for folder, _, items in logged(trained) if "checkpoint_step" in items]
+    by_step = {items["checkpoint_step"]: items for _, items in rows}
+    assert sorted(by_step) == [0, 2]
+    board = scalars(trained)
+    for step, items in by_step.items():
+        result = json.loads((analysis / f"step-{step}" / "condensation.json").read_text())
+        for layer in result["layers"]:
+            histogram = items[f"analysis/cosine/{layer['name']}"]
+            assert histogram["_type"] == "histogram" and histogram["values"] == pytest.approx(layer["hist"])
+            assert len(histogram["bins"]) == result["hist_bins"] + 1
+            assert items[f"analysis/mean_cos/{layer['name']}"] == layer["mean_cos"]
+            assert board[f"analysis/mean_cos/{layer['name']}"][step] == pytest.approx(layer["mean_cos"], rel=1e-6)
+    (folder, media), = [(folder, items) for folder, _, items in logged(trained) if "analysis/summary" in items]
+    with open(analysis / "summary.csv", newline="") as f:
+        table = list(csv.reader(f))
+    logged_table = json.loads((folder / "files" / media["analysis/summary"]["path"]).read_text())
+    assert [logged_table["columns"], *logged_table["data"]] == table
+    pngs = sorted(analysis.glob("*.png"))
+    assert pngs and all(media[f"analysis/{png.stem}"]["_type"] == "image-file" for png in pngs)
+    for png in pngs:
+        assert (folder / "files" / media[f"analysis/{png.stem}"]["path"]).read_bytes() == png.read_bytes()
+
+
+def test_analyze_wandb_needs_a_run_trained_with_it(tmp_path, capsys):
+    from support.runs import tiny_run
+
+    run = tiny_run(tmp_path / "run")
+    code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
+    assert_one_line_error(code, err, f"--wandb: {run} names no W&B run ({WANDB_RUN_FILE})")
+    assert not list(run.rglob("condensation.json"))  # checked before anything is analyzed
+
+
+def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run(trained, monkeypatch, capsys):
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    code, _, err = run_cli(evaluate_main, str(trained), "--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word",
+                           "--limit", "4", "--num-fewshot", "0", "--device", "cpu", "--wandb", capsys=capsys)
+    assert code == 0, err
+    with open(trained / "evaluation" / "summary.csv", newline="") as f:
+        summary = list(csv.DictReader(f))
+    by_step = {items["checkpoint_step"]: items for _, _, items in logged(trained)
+               if "checkpoint_step" in items and any(k.startswith("evaluation/") for k in items)}
+    assert sorted(by_step) == sorted(int(row["step"]) for row in summary) == [0, 2]
+    for row in summary:
+        scores = {f"evaluation/{k}": float(v) for k, v in row.items() if k != "step" and v != ""}
+        assert scores and {k: by_step[int(row["step"])][k] for k in scores} == scores
+    (folder, media), = [(folder, items) for folder, _, items in logged(trained) if "evaluation/summary" in items]
+    logged_table = json.loads((folder / "files" / media["evaluation/summary"]["path"]).read_text())
+    with open(trained / "evaluation" / "summary.csv", newline="") as f:
+        assert [logged_table["columns"], *logged_table["data"]] == list(csv.reader(f))
