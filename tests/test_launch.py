@@ -102,7 +102,7 @@ def sweep(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
 def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
     out = tmp_path / "sweep"
     proc = sweep(str(REPO / "launch" / "sweep_example.toml"), "--out", str(out), "--widths", "128,256",
-                 "--seeds", "0,1", "--partition", "p1", "--account", "a1", "--dry-run", "--", "--training.steps", "3")
+                 "--seeds", "0,1", "--partition", "p1", "--account", "a1", "--dry-run", "--", "--training.steps", "3", "--baseline.forget_every", "2")
     assert proc.returncode == 0, proc.stderr
     assert not out.exists(), "a dry run creates nothing"
     lines = [line for line in proc.stdout.splitlines() if re.match(r"\w+=\$\(sbatch ", line)]
@@ -126,7 +126,7 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
         assert train.startswith(f"train_{i}=$(sbatch --parsable ")
         assert "--dependency" not in train and "--partition=p1" in train and "--account=a1" in train
         assert "--time=04:00:00" in train and str(REPO / "launch/slurm/train.sbatch") in train
-        assert (f"--training.steps 3 --model.mlp_hidden_dim {width} --dispersion.variant {variant} "
+        assert (f"--training.steps 3 --baseline.forget_every 2 --model.mlp_hidden_dim {width} --dispersion.variant {variant} "
                 f"--dispersion.coeff {coeff} --baseline.method {method} --debug.seed {seed} "
                 f"--job.dump_folder {out / name})") in train
         assert analyze.startswith(f"analyze_{i}=$(sbatch --parsable --dependency=afterok:$train_{i} ")
