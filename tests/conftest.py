@@ -18,10 +18,11 @@ from support.launch import REFERENCE_STEPS, SCHEDULE, torchrun
 # Under pytest-xdist (``scripts/run_tests.sh``: ``-n 3 --dist loadfile --no-loadscope-reorder``) each module's
 # tests stay on one worker, so module fixtures run once. The longest modules start first, so
 # none is left running alone at the end.
-LONGEST_FIRST = ("test_slurm", "test_quickstart", "test_reliability", "test_resume", "test_parallel_equivalence",
-                 "test_launch", "test_baselines", "test_launch_guards", "test_data_checks",
-                 "test_weight_tie_parallel", "test_decoders", "test_analysis_cuts", "test_training_features",
-                 "test_sync_free")
+LONGEST_FIRST = ("test_reliability", "test_slurm", "test_quickstart", "test_dispersion_kernel", "test_launch",
+                 "test_parallel_equivalence", "test_baselines", "test_resume", "test_evaluate", "test_hf_analysis",
+                 "test_paper", "test_data_checks", "test_training_features", "test_launch_guards", "test_decoders",
+                 "test_writer_lock", "test_analysis", "test_wandb", "test_weight_tie_parallel", "test_analysis_cuts",
+                 "test_sync_free")  # by their summed test time in one run of the suite
 
 
 def pytest_collection_modifyitems(config, items):
