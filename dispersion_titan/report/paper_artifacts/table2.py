@@ -11,7 +11,7 @@ import os
 
 from ...analysis.result_files import atomic_write, write_json
 from ...evaluation.protocol import is_accuracy
-from ...evaluation.table import Selection, table
+from ...evaluation.table import TESTS, Selection, table
 from .draw import FONT, WIDTH_IN, plt, save
 
 
@@ -55,7 +55,7 @@ def latex(columns: list[str], rows: list[dict], reference: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _figure(columns: list[str], rows: list[dict], reference: str, rule: str, stem: str) -> None:
+def _figure(columns: list[str], rows: list[dict], reference: str, rule: str, test: str, stem: str) -> None:
     header = ["arm", "seeds", *[c.replace("/", "/\n") for c in columns], "average", f"p vs\n{reference}"]
     body = [_cells(columns, row) for row in rows]
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.9 + 0.35 * len(rows)), layout="constrained")
@@ -64,7 +64,8 @@ def _figure(columns: list[str], rows: list[dict], reference: str, rule: str, ste
     shown.auto_set_font_size(False)
     shown.set_fontsize(FONT - 1)
     shown.scale(1, 2.2)
-    ax.set_title(f"Mean ± std over seeds (checkpoint per run: {rule}); * p<0.05, ** p<0.01, *** p<0.001",
+    ax.set_title(f"Mean ± std over seeds (checkpoint per run: {rule}); {TESTS[test]} t-test against {reference}: "
+                 "* p<0.05, ** p<0.01, *** p<0.001",
                  fontsize=FONT)
     save(fig, stem)
 
@@ -86,5 +87,5 @@ def write_table2(specs: list[str], out: str, selection: Selection, reference: st
                   "average_mean": _float(row["average_mean"]), "average_std": _float(row["average_std"]),
                   "avg_rank": _float(row["avg_rank"]), "p_value": _float(row["p_value"]),
                   "significance": row["significance"]} for row in rows]})
-    _figure(columns, rows, reference, rule, os.path.join(out, "table2"))
+    _figure(columns, rows, reference, rule, test, os.path.join(out, "table2"))
     return markdown
