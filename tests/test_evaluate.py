@@ -331,6 +331,24 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
     assert sorted(p.name for p in run.rglob("*")) == ["checkpoint", "run.json", "step-0"]
 
 
+def test_an_unreachable_hub_is_offline_only_while_the_tasks_load(monkeypatch):
+    """The offline switch is the libraries' process-wide constant: it must not outlive the task loading,
+    or a caller's later dataset checks in the same process would see the hub as offline."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    from dispersion_titan.evaluation.tasks import hub_offline
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    before = huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    with hub_offline() as reason:
+        assert reason.startswith("127.0.0.1:9 is unreachable from here")
+        assert huggingface_hub.constants.HF_HUB_OFFLINE and datasets.config.HF_HUB_OFFLINE
+    assert (huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE) == before
+
+
 # ---------------------------------------------------------------- table
 
 SETTINGS = {"protocol": "gpt2", "tasks": ["t_a", "t_b", "t_ppl"], "num_fewshot": {"t_a": 0, "t_b": 1, "t_ppl": 0},

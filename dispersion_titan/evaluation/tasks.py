@@ -3,8 +3,10 @@ their data loaded with the hub's offline mode on when the hub cannot be reached.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
@@ -57,42 +59,51 @@ class Tasks:
         here) and reused for every checkpoint. An unreachable hub turns its offline mode
         on first: cached data load at once, missing data fail at once (not after 30 s of
         retries)."""
-        offline = hub_offline()
         objects = {}
-        for name in self.names:
-            try:
-                loaded = self.manager.load([name])
-            except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many types
-                message = str(e).splitlines()[0] if str(e) else ""
-                why = (f"; not in the local Hugging Face cache, and the hub is not asked: {offline}"
-                       if offline and isinstance(e, ConnectionError) else "")
-                raise EvaluationError(f"--tasks: {name}: cannot be loaded{why} ({type(e).__name__}: {message})") \
-                    from None
-            top = loaded["groups"].get(name) or loaded["tasks"].get(name)
-            objects[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: its tasks
+        with hub_offline() as offline:
+            for name in self.names:
+                try:
+                    loaded = self.manager.load([name])
+                except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many types
+                    message = str(e).splitlines()[0] if str(e) else ""
+                    why = (f"; not in the local Hugging Face cache, and the hub is not asked: {offline}"
+                           if offline and isinstance(e, ConnectionError) else "")
+                    raise EvaluationError(f"--tasks: {name}: cannot be loaded{why} "
+                                          f"({type(e).__name__}: {message})") from None
+                top = loaded["groups"].get(name) or loaded["tasks"].get(name)
+                objects[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: its tasks
         return objects
 
 
-def hub_offline() -> str | None:
+@contextlib.contextmanager
+def hub_offline() -> Iterator[str | None]:
     """Why the Hugging Face hub will not be asked for data (None: it will be). Its offline
-    mode is the user's (``HF_HUB_OFFLINE``), or turned on here when no TCP connection to
-    the hub (``HF_ENDPOINT``) opens within ``HUB_PROBE_SECONDS``."""
+    mode is the user's (``HF_HUB_OFFLINE``), or turned on inside this block when no TCP
+    connection to the hub (``HF_ENDPOINT``) opens within ``HUB_PROBE_SECONDS``."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(var, "").upper() in _TRUE:
-            return f"{var} is set"
+            yield f"{var} is set"
+            return
     endpoint = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
         socket.create_connection((endpoint.hostname, port), timeout=HUB_PROBE_SECONDS).close()
-        return None
     except OSError as e:
         reason = f"{endpoint.hostname}:{port} is unreachable from here ({e.strerror or e})"
+    else:
+        yield None
+        return
     import datasets.config
     import huggingface_hub.constants
 
-    # Both libraries read HF_HUB_OFFLINE once, at import, into these: set them for this process.
+    # Both libraries read HF_HUB_OFFLINE once, at import, into these: set them for this block only
+    # (the process may go on to other work, e.g. a caller's own dataset checks).
+    saved = huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
     huggingface_hub.constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
-    return reason
+    try:
+        yield reason
+    finally:
+        huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
 
 
 def _lm_eval_version() -> str:
