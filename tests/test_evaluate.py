@@ -257,6 +257,23 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_pat
     assert tree(out) == before
 
 
+def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_path, capsys):
+    """``evaluate table`` weighs only results that still describe their checkpoint: a moved run's
+    are found relative to it, and once step-N holds other weights its row is refused in one line."""
+    moved = tmp_path / "moved"
+    shutil.copytree(run, moved)  # copies keep mtimes: the same identities, at another path
+    code, out, err = run_cli(evaluate_main, "table", str(moved), "--select", "step:2", "--out", str(tmp_path / "t1"),
+                             capsys=capsys)
+    assert code == 0, err
+    shutil.rmtree(moved / "checkpoint" / "step-2")
+    shutil.copytree(run / "checkpoint" / "step-0", moved / "checkpoint" / "step-2")
+    code, _, err = run_cli(evaluate_main, "table", str(moved), "--select", "step:2", "--out", str(tmp_path / "t2"),
+                           capsys=capsys)
+    assert_one_line_error(code, err, f"{moved / 'evaluation'}: step 2 was evaluated from another checkpoint than "
+                                     f"{moved / 'checkpoint' / 'step-2'} holds now", "--force")
+    assert not (tmp_path / "t2").exists()
+
+
 def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, capsys):
     broken = tmp_path / "broken"
     (broken / "checkpoint").mkdir(parents=True)

@@ -21,7 +21,7 @@ from scipy import stats
 
 from ..analysis.compare import dispersion_variant
 from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
-from ..run_folder.checkpoints import LEDGER_KEYS, load_run_metadata
+from ..run_folder.checkpoints import LEDGER_KEYS, identity_changed, load_run_metadata
 from . import EvaluationError
 from .arms import ArmRow, RunScores
 from .figure import average_accuracy_figure
@@ -74,10 +74,26 @@ def _training_steps(run: str, dump: str) -> int:
     return steps
 
 
+def _check_fresh(folder: str, result: dict) -> None:
+    """A result whose checkpoint now holds other weights (saved again or replaced since) is refused,
+    never tabled in silence. The checkpoint is found relative to the run, so a moved run still counts."""
+    ours = result[OURS]
+    if ours.get("checkpoint") is None:  # written before results recorded their checkpoint
+        return
+    dump = os.path.dirname(folder) if os.path.basename(folder) == "evaluation" else ours["run"]
+    here = os.path.join(dump, os.path.relpath(ours["checkpoint"], ours["run"]))
+    if identity_changed(ours.get("checkpoint_identity"), here):
+        raise EvaluationError(f"{folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
+                              "holds now (saved again or replaced since); evaluate it again with "
+                              "python -m dispersion_titan.evaluate RUN --force")
+
+
 def select(run: str, selection: Selection) -> RunScores:
     """The checkpoint ``selection`` picks: ``best`` (highest mean acc among the authors'
-    evaluated steps; the earliest of equals), ``last``, or ``step:N``."""
-    results = read_evaluations(evaluation_folder(run))
+    evaluated steps; the earliest of equals), ``last``, or ``step:N``; each result it weighs
+    must still describe its checkpoint."""
+    folder = evaluation_folder(run)
+    results = read_evaluations(folder)
     rule = selection.rule
     if rule == "last":
         result = results[max(results)]
@@ -85,6 +101,8 @@ def select(run: str, selection: Selection) -> RunScores:
         dump = next(iter(results.values()))[OURS]["run"]
         wanted = authors_steps(_training_steps(run, dump), selection.num_ckpt, selection.include_initial)
         candidates = {step: r for step, r in results.items() if step in wanted}
+        for candidate in candidates.values():
+            _check_fresh(folder, candidate)
         if not candidates:
             raise EvaluationError(f"--select best: {run} has no evaluation of the steps the authors evaluate "
                                   f"({sorted(wanted)}; have {sorted(results)}); evaluate those steps "
@@ -98,6 +116,7 @@ def select(run: str, selection: Selection) -> RunScores:
         if step not in results:
             raise EvaluationError(f"--select: {run} has no evaluation of step {step} (have {sorted(results)})")
         result = results[step]
+    _check_fresh(folder, result)
     return RunScores(run, result[OURS]["run"], result[OURS]["step"], result_scores(result), settings(result))
 
 
