@@ -12,7 +12,6 @@ model against its base): their difference in last-n condensation and depth trend
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from .compare import format_table, pick
 from .condensation_schema import Condensation
 from .inputs import differences
 from .result_files import atomic_write, ensure_writable, write_csv
+from .statistics import finite_or_none
 
 DEFAULT_LAST_N = 3
 
@@ -111,10 +111,6 @@ def model_rows(members: list[Member], n: int) -> list[dict]:
     } for m in sorted(members, key=lambda m: (m.family, m.n_params))]
 
 
-def _finite(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
-
-
 def trend_rows(members: list[Member], n: int) -> list[dict]:
     """Per family: Spearman's ρ of last-n mean cosine against parameter count."""
     rows = []
@@ -122,7 +118,7 @@ def trend_rows(members: list[Member], n: int) -> list[dict]:
         group = [m for m in members if m.family == family]
         rho = None
         if len(group) >= 2:
-            rho = _finite(stats.spearmanr([m.n_params for m in group],
+            rho = finite_or_none(stats.spearmanr([m.n_params for m in group],
                                           [last_n_mean(m.result, n) for m in group]).statistic)
         rows.append({"family": family, "models": len(group), f"spearman_params_vs_mean_cos_last_{n}": rho})
     return rows

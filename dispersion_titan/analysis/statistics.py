@@ -22,7 +22,7 @@ def layer_fraction(index: int, num_layers: int) -> float:
     return index / (num_layers - 1)
 
 
-def _finite_or_none(value: float) -> float | None:
+def finite_or_none(value: float) -> float | None:
     """JSON has no NaN: a constant curve has no rank correlation."""
     return None if math.isnan(value) else float(value)
 
@@ -49,15 +49,19 @@ def layer_statistics(measured: Measurement) -> list[LayerCondensation]:
     return layers
 
 
-def depth_trend(mean_cos: list[float]) -> dict[str, float | None]:
-    """Spearman and Kendall's tau between mean cosine and layer index (embedding = 0)."""
+def rank_trend(x: list[float], y: list[float]) -> dict[str, dict[str, float | None]]:
+    """Spearman's rho and Kendall's tau (scipy) of y against x, with their two-sided p-values."""
     from scipy import stats  # here: the module is imported by torch- and scipy-free paths
 
-    index = list(range(len(mean_cos)))
-    return {
-        "spearman": _finite_or_none(stats.spearmanr(index, mean_cos).statistic),
-        "kendall": _finite_or_none(stats.kendalltau(index, mean_cos).statistic),
-    }
+    spearman, kendall = stats.spearmanr(x, y), stats.kendalltau(x, y)
+    return {"spearman": {"rho": finite_or_none(spearman.statistic), "p": finite_or_none(spearman.pvalue)},
+            "kendall": {"tau": finite_or_none(kendall.statistic), "p": finite_or_none(kendall.pvalue)}}
+
+
+def depth_trend(mean_cos: list[float]) -> dict[str, float | None]:
+    """Spearman and Kendall's tau between mean cosine and layer index (embedding = 0)."""
+    trend = rank_trend(list(range(len(mean_cos))), mean_cos)
+    return {"spearman": trend["spearman"]["rho"], "kendall": trend["kendall"]["tau"]}
 
 
 def last_n(mean_cos: list[float]) -> list[LastN]:

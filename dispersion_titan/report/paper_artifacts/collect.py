@@ -6,20 +6,17 @@ its parameters, per-layer mean cosine and density histogram, Spearman's ρ and K
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
-
-import numpy as np
-from scipy import stats
 
 from ...analysis.condensation_schema import Condensation
 from ...analysis.inputs import differences
 from ...analysis.result_files import read_analyses
+from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
+from ...analysis.size_series import last_n_mean
+from ...analysis.statistics import rank_trend
 from .plan import HF, MissingInput, Model, Plan
 
-LAST_N = 3
-"""Layers averaged at the end of depth for the row statistic (``analyze family``'s default)."""
 _TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
 
 
@@ -32,17 +29,6 @@ class Entry:
     @property
     def curve(self) -> list[float]:
         return self.result.curve
-
-
-def _finite(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
-
-
-def rank_trend(x: list[float], y: list[float]) -> dict:
-    """Spearman's ρ and Kendall's τ (scipy) of y against x, with two-sided p-values."""
-    spearman, kendall = stats.spearmanr(x, y), stats.kendalltau(x, y)
-    return {"spearman": {"rho": _finite(spearman.statistic), "p": _finite(spearman.pvalue)},
-            "kendall": {"tau": _finite(kendall.statistic), "p": _finite(kendall.pvalue)}}
 
 
 def tokens_seen(revision: str | None) -> str | None:
@@ -105,10 +91,6 @@ def size_of(plan: Plan, entry: Entry) -> float:
     return float(entry.result.n_params)
 
 
-def last_n_mean(entry: Entry, n: int = LAST_N) -> float:
-    return float(np.mean(entry.curve[-n:]))
-
-
 def model_numbers(entry: Entry) -> dict:
     r = entry.result
     return {
@@ -117,7 +99,7 @@ def model_numbers(entry: Entry) -> dict:
         "layers": [layer.name for layer in r.layers],
         "mean_cos": entry.curve,
         **rank_trend(list(range(len(entry.curve))), entry.curve),
-        f"mean_cos_last_{LAST_N}": last_n_mean(entry),
+        f"mean_cos_last_{LAST_N}": last_n_mean(entry.result, LAST_N),
         "tokens_sha256": r.tokens_sha256,
     }
 
@@ -127,7 +109,7 @@ def row_numbers(plan: Plan, found: list[Entry]) -> list[dict]:
     for row in dict.fromkeys(e.row for e in found):
         group = [e for e in found if e.row == row]
         x = [size_of(plan, e) for e in group]
-        y = [last_n_mean(e) for e in group]
+        y = [last_n_mean(e.result, LAST_N) for e in group]
         against = {"fig3": "mlp_width", "fig4": "step"}.get(plan.artifact, "n_params")
         rows.append({"row": row, "models": [e.label for e in group], "against": against, "x": x,
                      f"mean_cos_last_{LAST_N}": y,

@@ -15,8 +15,8 @@ import numpy as np
 
 from ...analysis.figures import plt  # the Agg backend is chosen there
 from ...analysis.result_files import atomic_write
-from ...analysis.statistics import HIST_RANGE, layer_fraction
-from .collect import Entry, rank_trend
+from ...analysis.statistics import HIST_RANGE, layer_fraction, rank_trend
+from .collect import Entry
 
 WIDTH_IN = 7.0
 PER_LINE = 4
