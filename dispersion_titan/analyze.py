@@ -17,7 +17,7 @@ import sys
 
 from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS, PROTOCOLS
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.utils.errors import DispersionTitanError, fail
+from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
 
 
 def _seq_len(text: str) -> int:
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             code = run_analyze(argv)
     except DispersionTitanError as e:
-        fail(str(e).splitlines()[0])
+        fail_with(e)
     sys.exit(code)
 
 

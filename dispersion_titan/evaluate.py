@@ -16,7 +16,7 @@ import re
 import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.utils.errors import DispersionTitanError, fail
+from dispersion_titan.utils.errors import DispersionTitanError, fail_with
 
 
 def _non_negative_int(text: str) -> int:
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = run_table(argv[1:]) if argv and argv[0] == "table" else run_evaluate(argv)
     except DispersionTitanError as e:
-        fail(str(e).splitlines()[0])
+        fail_with(e)
     sys.exit(code)
 
 

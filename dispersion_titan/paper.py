@@ -17,7 +17,7 @@ import shlex
 import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.utils.errors import DispersionTitanError, fail
+from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
 
 ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "robustness")
 DEFAULT_OUT = "outputs/paper"
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = run_paper(argv)
     except DispersionTitanError as e:
-        fail(str(e).splitlines()[0])
+        fail_with(e)
     sys.exit(code)
 
 
