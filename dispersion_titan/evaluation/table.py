@@ -97,12 +97,11 @@ def select(run: str, selection: Selection) -> RunScores:
     rule = selection.rule
     if rule == "last":
         result = results[max(results)]
+        weighed = [result]
     elif rule == "best":
         dump = next(iter(results.values()))[OURS]["run"]
         wanted = authors_steps(_training_steps(run, dump), selection.num_ckpt, selection.include_initial)
         candidates = {step: r for step, r in results.items() if step in wanted}
-        for candidate in candidates.values():
-            _check_fresh(folder, candidate)
         if not candidates:
             raise EvaluationError(f"--select best: {run} has no evaluation of the steps the authors evaluate "
                                   f"({sorted(wanted)}; have {sorted(results)}); evaluate those steps "
@@ -111,12 +110,15 @@ def select(run: str, selection: Selection) -> RunScores:
         if None in averages.values():
             raise EvaluationError(f"--select best: {run} has evaluations without accuracy scores")
         result = candidates[max(averages, key=lambda step: (averages[step], -step))]
+        weighed = list(candidates.values())
     else:
         step = int(rule.removeprefix("step:"))
         if step not in results:
             raise EvaluationError(f"--select: {run} has no evaluation of step {step} (have {sorted(results)})")
         result = results[step]
-    _check_fresh(folder, result)
+        weighed = [result]
+    for weighed_result in weighed:  # each result the rule looked at, its checkpoint read once
+        _check_fresh(folder, weighed_result)
     return RunScores(run, result[OURS]["run"], result[OURS]["step"], result_scores(result), settings(result))
 
 
