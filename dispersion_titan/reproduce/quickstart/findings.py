@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..analysis.condensation_schema import Condensation
+from ...analysis.condensation_schema import Condensation
 from .summary import RunCondensation, embedding_cos, late_cos
 
 PRESENT_MARGIN = 0.1

@@ -6,10 +6,10 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-from ..analysis.condensation_schema import Condensation
-from ..analysis.figures import save_png  # first: it selects the headless Agg backend
-from ..analysis.statistics import layer_fraction
-from .paper import Finding, panel_shape
+from ...analysis.condensation_schema import Condensation
+from ...analysis.figures import save_png  # first: it selects the headless Agg backend
+from ...analysis.statistics import layer_fraction
+from .findings import Finding, panel_shape
 from .summary import RunCondensation, late_cos
 
 import matplotlib.pyplot as plt  # noqa: E402,I001

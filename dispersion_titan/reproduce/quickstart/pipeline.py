@@ -1,47 +1,38 @@
-"""The main job end to end: ``bash launch/quickstart.sh`` (which sets up .venv first), or
-``python -m dispersion_titan.quickstart [--out DIR] [--widths 64,256,1024] ...``.
-
-First measures condensation at initialization for GPT-2 small's shape at four MLP widths
-(the init panel: one forward pass each, no training). Then pre-trains the toy MLP-width
-sweep of ``dispersion_titan/configs/quickstart.toml`` with and without the angular_spread
-dispersion loss (plus a second seed at the smallest width, to measure the seed-to-seed
-spread), analyzes every checkpoint (step 0 included), sets the runs side by side with
-``analyze compare``, and sets each of the paper's findings against the measured numbers
-(``dispersion_titan.report``): ``OUT/summary.md`` and ``OUT/summary.png``.
-
-Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
-that beats one FSDP job over all cores, which pays for its collectives. On Linux each
-job is forked from a server that imported torch and TorchTitan once
-(``dispersion_titan.utils.preloaded``). A run whose
-final checkpoint exists is not trained again, a run whose every checkpoint has been
-analyzed with the same options is not analyzed again, and an interrupted run resumes
-from its last complete checkpoint, so running the command twice only redoes what is
-missing. Options that change results are recorded in ``OUT/quickstart.json``; a rerun
-with other ones is refused in one line (use another ``--out``). Training and analysis
-logs go to ``OUT/logs/``.
-"""
+"""The quickstart's work (``python -m dispersion_titan.quickstart``): the init panel, the toy
+MLP-width × dispersion sweep trained and analyzed as independent one-process jobs forked
+from one preloaded server (``utils.preloaded``), the comparisons, and ``summary.md`` /
+``summary.png``. Each step is skipped where its results already exist, so a rerun only
+redoes what is missing; the options that change results are fixed in ``OUT/quickstart.json``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib.resources import files
 
-from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int
-from dispersion_titan.config.grid import Arm, Cell, cells
-from dispersion_titan.utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
-from dispersion_titan.utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
-from dispersion_titan.utils.preloaded import Commands
+from ...analysis.compare import compare
+from ...analysis.inputs import DEFAULT_DATASET, InputOptions, select_sequences
+from ...analysis.result_files import atomic_write, ensure_writable, read_results, write_json
+from ...config.cli import load_toml
+from ...config.grid import Arm, Cell, cells
+from ...models.gpt2.args import gpt2_flavors
+from ...run_folder.checkpoints import check_complete, list_checkpoints
+from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
+from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
+from ...utils.preloaded import Commands
+from .document import summary_markdown
+from .figure import save_findings_figure
+from .findings import findings
+from .init_panel import init_panel
+from .summary import load_sweep
+from . import VARIANT
 
-CONFIG = str(files("dispersion_titan") / "configs" / "quickstart.toml")  # package data
-OUT_ENV = "QUICKSTART_OUT"
 OPTIONS_FILE = "quickstart.json"
-VARIANT = "angular_spread"
 
 
 @dataclass(frozen=True)
@@ -104,48 +95,8 @@ class Progress:
             print(f"[{minutes:2d}:{seconds:02d}] {message}", flush=True)
 
 
-def _widths(text: str) -> tuple[int, ...]:
-    widths = tuple(positive_int(part.strip()) for part in text.split(","))
-    if len(set(widths)) != len(widths):
-        raise argparse.ArgumentTypeError(f"{text!r} repeats a width")
-    return tuple(sorted(widths))
-
-
-def _coeff(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
-    return value
-
-
-def parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.quickstart",
-                description="Train, analyze and compare the toy MLP-width × dispersion sweep; summarize it.")
-    p.add_argument("--out", default=os.environ.get(OUT_ENV, "outputs/quickstart"),
-                   help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)")
-    p.add_argument("--config", default=CONFIG, help="training TOML shared by every run (default: quickstart.toml)")
-    p.add_argument("--widths", type=_widths, default=(64, 256, 1024), help="MLP widths (default 64,256,1024)")
-    p.add_argument("--coeff", type=_coeff, default=1.0, help=f"λ of the {VARIANT} runs (default 1.0)")
-    p.add_argument("--steps", type=positive_int, help="training steps (default: the TOML's)")
-    p.add_argument("--checkpoint-interval", type=positive_int, help="steps between checkpoints (default: the TOML's)")
-    p.add_argument("--num-sequences", type=positive_int, default=32, help="analysis: K sequences (default 32)")
-    p.add_argument("--seq-len", type=positive_int, default=128, help="analysis: S tokens (default 128)")
-    p.add_argument("--spread-seeds", type=int, choices=range(0, 4), default=1, metavar="N",
-                   help="extra seeds at the smallest width, for the seed-to-seed spread (0-3, default 1)")
-    p.add_argument("--init-flavor", default="small", help="model shape of the init panel (default small: GPT-2 small)")
-    p.add_argument("--init-widths", type=_widths, default=(768, 1536, 3072, 6144),
-                   help="MLP widths of the init panel (default 768,1536,3072,6144)")
-    p.add_argument("--init-num-sequences", type=positive_int, default=16,
-                   help="init panel: K sequences of --seq-len tokens (default 16)")
-    p.add_argument("--jobs", type=positive_int, help="runs at a time (default: one per CPU core, at most all runs)")
-    return p
-
-
-def make_plan(argv: list[str]) -> Plan:
-    a = parser().parse_args(argv)
+def make_plan(a: argparse.Namespace) -> Plan:
+    """The plan for the parsed command line ``a`` (``dispersion_titan.quickstart``'s parser)."""
     config = os.path.abspath(a.config)
     try:
         toml = load_toml(["--job.config_file", config])
@@ -159,8 +110,6 @@ def make_plan(argv: list[str]) -> Plan:
         raise ArgumentError(
             f"--config: {config}: needs {e.args[0]!r} (training.steps, debug.seed and checkpoint.interval)"
         ) from None
-    from dispersion_titan.models.gpt2.args import gpt2_flavors
-
     if a.init_flavor not in gpt2_flavors:
         raise ArgumentError(f"--init-flavor: {a.init_flavor!r} is not one of {sorted(gpt2_flavors)}")
     cpus = len(os.sched_getaffinity(0))
@@ -184,8 +133,6 @@ def analyze_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
 
 
 def trained(plan: Plan, run: Cell) -> bool:
-    from dispersion_titan.run_folder.checkpoints import check_complete
-
     try:
         check_complete(os.path.join(plan.dump(run), "checkpoint", f"step-{plan.steps}"))
     except CheckpointError:
@@ -195,9 +142,6 @@ def trained(plan: Plan, run: Cell) -> bool:
 
 def analyzed(plan: Plan, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences."""
-    from dispersion_titan.analysis.result_files import read_results
-    from dispersion_titan.run_folder.checkpoints import list_checkpoints
-
     results = read_results(os.path.join(plan.dump(run), "condensation"))
     return all(
         c.step in results and (results[c.step].num_sequences, results[c.step].seq_len)
@@ -262,8 +206,6 @@ def comparisons(plan: Plan) -> list[tuple[str, list[str], str]]:
 
 def compare_runs(plan: Plan, say: Progress) -> list[tuple[str, str]]:
     """Write every comparison; return (description, path) of its figure and table."""
-    from dispersion_titan.analysis.compare import compare
-
     files = []
     for name, runs, step in comparisons(plan):
         out = os.path.join(plan.out, "compare", name)
@@ -276,15 +218,11 @@ def compare_runs(plan: Plan, say: Progress) -> list[tuple[str, str]]:
 
 
 def init_sequences(plan: Plan):
-    from dispersion_titan.analysis.inputs import DEFAULT_DATASET, InputOptions, select_sequences
-
     return select_sequences(InputOptions(DEFAULT_DATASET, None, None, plan.init_num_sequences, plan.seq_len, seed=0))
 
 
 def measure_init_panel(plan: Plan, say: Progress) -> dict:
     """Condensation at initialization of ``init_flavor`` at each ``init_widths`` (cached in OUT/init_panel)."""
-    from dispersion_titan.report.init_panel import init_panel
-
     start = time.monotonic()
     panel = init_panel(os.path.join(plan.out, "init_panel"), plan.init_flavor, plan.init_widths, plan.seed,
                        init_sequences(plan))
@@ -295,12 +233,6 @@ def measure_init_panel(plan: Plan, say: Progress) -> dict:
 
 def summarize(plan: Plan, panel: dict, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
-    from dispersion_titan.analysis.result_files import atomic_write
-    from dispersion_titan.report.document import summary_markdown
-    from dispersion_titan.report.figure import save_findings_figure
-    from dispersion_titan.report.paper import findings
-    from dispersion_titan.report.summary import load_sweep
-
     runs = load_sweep([plan.dump(r) for r in plan.runs])
     found = findings(panel, runs, plan.seed)
     args = runs[0].final.model_args
@@ -325,10 +257,6 @@ def summarize(plan: Plan, panel: dict, files: list[tuple[str, str]]) -> str:
 
 def check_same_options(plan: Plan) -> None:
     """Record the options in OUT/quickstart.json, or refuse when OUT was made with others."""
-    import json
-
-    from dispersion_titan.analysis.result_files import write_json
-
     path = os.path.join(plan.out, OPTIONS_FILE)
     if os.path.isfile(path):
         with open(path) as f:
@@ -343,13 +271,10 @@ def check_same_options(plan: Plan) -> None:
     write_json(path, plan.identity())
 
 
-def main(argv: list[str] | None = None) -> None:
-    try:
-        plan = make_plan(sys.argv[1:] if argv is None else argv)
-    except ArgumentError as e:
-        fail(str(e))
-    from dispersion_titan.analysis.result_files import ensure_writable  # after parsing: --help and typos answer at once
 
+
+def run(plan: Plan) -> None:
+    """Everything the quickstart does for ``plan``, each step skipped where its results exist."""
     try:
         ensure_writable(plan.out, "--out")
         check_same_options(plan)
@@ -369,7 +294,3 @@ def main(argv: list[str] | None = None) -> None:
     print("\n" + text)
     minutes, seconds = divmod(round(say.elapsed()), 60)
     say(f"quickstart: finished in {minutes} min {seconds} s; summary: {os.path.join(plan.out, 'summary.md')}")
-
-
-if __name__ == "__main__":
-    main()

@@ -16,13 +16,13 @@ import os
 
 import torch
 
-from ..analysis.condensation_schema import Condensation
-from ..analysis.inputs import Sequences
-from ..analysis.measure import DecoderLayers, measure
-from ..analysis.result_files import RESULT_FILE, write_result
-from ..analysis.statistics import condensation
-from ..models.gpt2.args import GPT2ModelArgs, gpt2_flavors
-from ..models.gpt2.model import GPT2
+from ...analysis.condensation_schema import Condensation
+from ...analysis.inputs import Sequences
+from ...analysis.measure import DecoderLayers, measure
+from ...analysis.result_files import RESULT_FILE, write_result
+from ...analysis.statistics import condensation
+from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
+from ...models.gpt2.model import GPT2
 
 INIT_CHECKPOINT = "initialization"
 

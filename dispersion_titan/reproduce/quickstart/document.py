@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..analysis.compare import format_table
-from .paper import Finding, markdown as findings_markdown
+from ...analysis.compare import format_table
+from .findings import Finding, markdown as findings_markdown
 from .summary import RunCondensation, late_blocks, table_rows
 
 

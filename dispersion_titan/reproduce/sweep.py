@@ -1,32 +1,14 @@
-"""Submit the controlled experiment to Slurm: MLP width x variant x seed.
-
-    python -m dispersion_titan.sweep [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1,noisy_embedding]
-                                     [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
-                                     [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
-                                     [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
-                                     [-- TRAINING OVERRIDES ...]
-
-A variant is ``baseline`` (plain training), ``NAME:COEFF`` (a dispersion loss) or a
-baseline method the paper compares against (``noisy_embedding``, ``active_forgetting``).
-Every cell is a training job (launch/slurm/train.sbatch) with its own dump folder
-``OUT/<cell>``, followed by its analysis job and its evaluation job
-(launch/slurm/evaluate.sbatch), both ``--dependency=afterok:<training>``; one compare job
-over all cells runs after every training and analysis job succeeded, and one table job
-(``evaluate table``, into ``OUT/table``) after every evaluation job. Flags win over the
-SPEC file (see launch/sweep_example.toml for its keys). ``--dry-run`` prints the sbatch
-commands as a shell script instead of submitting them; a submission records the job ids
-in ``OUT/sweep.json``. Every cell's training configuration is validated first.
-"""
+"""The MLP width × variant × seed experiment on Slurm (``python -m dispersion_titan.sweep``):
+the spec read and checked, every cell's training config validated, the jobs planned with
+their dependencies, then printed (``--dry-run``) or submitted with ``sweep.json``."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import shlex
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,19 +19,20 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from dispersion_titan.config.cli import OneLineErrorParser  # light: no torch
-from dispersion_titan.config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
-from dispersion_titan.config.schema import METHOD_SETTINGS
-from dispersion_titan.utils.errors import SweepError, fail
+from ..config.cli import load_toml, with_config_module
+from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
+from ..config.schema import BASELINE_METHODS
+from ..job_config.parse import prepare, validated_args
+from ..losses import VARIANTS
+from ..utils.errors import DispersionTitanError, SweepError
 
-REPO = Path(__file__).resolve().parents[1]  # the checkout holding launch/slurm/
+REPO = Path(__file__).resolve().parents[2]  # the checkout holding launch/slurm/
 
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
 ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
 SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; train.sh's NPROC without GPUs
 
 EVALUATE_SBATCH = REPO / "launch" / "slurm" / "evaluate.sbatch"
-METHODS = [m for m in METHOD_SETTINGS if m != "none"]  # variants that are baseline methods
 
 @dataclass
 class Spec:
@@ -111,13 +94,12 @@ def parse_arm(text: str) -> Arm:
     """``baseline``, a baseline method, or ``NAME:COEFF`` with NAME a dispersion variant and COEFF > 0."""
     if text == BASELINE:
         return Arm("none", 0.0)
-    if text in METHODS:
+    if text in BASELINE_METHODS:
         return Arm("none", 0.0, method=text)
-    from dispersion_titan.losses import VARIANTS as known  # imports torch: only when needed
     name, sep, coeff = text.partition(":")
-    if name not in known:
-        raise SweepError(f"variants: {text!r}: unknown variant (use baseline, {', '.join(METHODS)} or NAME:COEFF, "
-                         f"NAME one of {', '.join(known)})")
+    if name not in VARIANTS:
+        raise SweepError(f"variants: {text!r}: unknown variant (use baseline, {', '.join(BASELINE_METHODS)} or NAME:COEFF, "
+                         f"NAME one of {', '.join(VARIANTS)})")
     try:
         value = float(coeff) if sep else None
     except ValueError:
@@ -182,10 +164,6 @@ def world_size(spec: Spec) -> int:
 def check_training_configs(spec: Spec) -> None:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
-    from dispersion_titan.config.cli import load_toml, with_config_module
-    from dispersion_titan.train import prepare, validated_args
-    from dispersion_titan.utils.errors import DispersionTitanError
-
     prepare()
     for cell in spec.cells():
         args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(str(spec.out / cell.name))]
@@ -308,47 +286,6 @@ def write_manifest(spec: Spec, jobs: list[Job], ids: dict[str, str]) -> Path:
     return path
 
 
-# ---- command line -------------------------------------------------------------------------
-
-class _Parser(OneLineErrorParser):
-    error_prefix = "sweep"
-
-
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    overrides: list[str] = []
-    if "--" in argv:
-        argv, overrides = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    p = _Parser(prog="python -m dispersion_titan.sweep", description=__doc__.split("\n\n")[0],
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000")
-    p.add_argument("spec", nargs="?", help="TOML file with the keys below (flags win)")
-    p.add_argument("--config", help="training TOML shared by every cell")
-    p.add_argument("--out", help="sweep folder (default outputs/sweep-<config>-<time>); must be new")
-    p.add_argument("--widths", help="MLP hidden widths, e.g. 256,512")
-    p.add_argument("--variants", help=f"baseline, {', '.join(METHODS)} and/or NAME:COEFF, "
-                                      "e.g. baseline,angular_spread:0.1,noisy_embedding")
-    p.add_argument("--seeds", help="seeds, e.g. 0,1,2")
-    p.add_argument("--partition")
-    p.add_argument("--account")
-    p.add_argument("--train-time", help="time limit of each training job (sbatch --time)")
-    p.add_argument("--analyze-time", help="time limit of each analysis job and of the compare job")
-    p.add_argument("--evaluate-time", help="time limit of each evaluation job and of the table job")
-    p.add_argument("--nodes", help="nodes per training job")
-    p.add_argument("--gpus-per-node", help="GPUs per node of each training job (default: train.sbatch's 8; 0: none)")
-    p.add_argument("--cpus-per-task", help="CPUs per node of each training job (default: train.sbatch's 64)")
-    p.add_argument("--analyze-gpus", help="GPUs of each analysis and compare job (default: analyze.sbatch's 1; 0: none)")
-    p.add_argument("--train-sbatch-arg", action="append", dest="train_sbatch_args", metavar="ARG",
-                   help="extra sbatch argument for training jobs, e.g. --train-sbatch-arg=--gpus-per-node=8")
-    p.add_argument("--analyze-sbatch-arg", action="append", dest="analyze_sbatch_args", metavar="ARG",
-                   help="extra sbatch argument for analysis and compare jobs, e.g. --analyze-sbatch-arg=--gpus=1")
-    p.add_argument("--evaluate-sbatch-arg", action="append", dest="evaluate_sbatch_args", metavar="ARG",
-                   help="extra sbatch argument for evaluation and table jobs, e.g. --evaluate-sbatch-arg=--mem=64G")
-    p.add_argument("--analyze-args", help='analysis options, e.g. --analyze-args="--num-sequences 100"')
-    p.add_argument("--evaluate-args", help='evaluation options, e.g. --evaluate-args="--tasks piqa --limit 100"')
-    p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
-    return p.parse_args(argv), overrides
-
-
 def load_spec_file(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
@@ -357,30 +294,3 @@ def load_spec_file(path: str) -> dict[str, Any]:
         raise SweepError(f"{path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise SweepError(f"{path}: invalid TOML: {e}") from None
-
-
-def main(argv: list[str] | None = None) -> None:
-    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        raw = load_spec_file(args.spec) if args.spec else {}
-        for key in ("config", "out", "widths", "variants", "seeds", "partition", "account", "train_time",
-                    "analyze_time", "evaluate_time", "nodes", "gpus_per_node", "cpus_per_task", "analyze_gpus",
-                    "train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args", "analyze_args", "evaluate_args"):
-            if getattr(args, key) is not None:
-                raw[key] = getattr(args, key)
-        if overrides:
-            raw["train_overrides"] = overrides
-        spec = build_spec(raw)
-        check_training_configs(spec)
-        jobs = plan(spec)
-        if args.dry_run:
-            print(dry_run(spec, jobs))
-            return
-        ids = submit(spec, jobs)
-        print(f"sweep: {len(jobs)} jobs submitted; manifest {write_manifest(spec, jobs, ids)}")
-    except SweepError as e:
-        fail(str(e), prog="sweep")
-
-
-if __name__ == "__main__":
-    main()
