@@ -15,9 +15,11 @@ COMMANDS = {
     "convert": "dispersion_titan.convert",
     "sweep": "dispersion_titan.sweep",
     "quickstart": "dispersion_titan.quickstart",
-    "data": "dispersion_titan.data.prepare",  # as python -m dispersion_titan.data
+    "data": "dispersion_titan.data.__main__",  # python -m dispersion_titan.data
     "paper": "dispersion_titan.paper",
 }
+LAUNCHER_ENTRY_POINTS = ("torchrun", "job_server")
+"""Modules at the package root that the launchers run (``launch/train.sh``, ``utils.preloaded``), not commands."""
 USAGE = f"usage: dispersion-titan {{{'|'.join(COMMANDS)}}} [ARGS ...]   (each command's --help says more)"
 
 
@@ -27,7 +29,8 @@ def main() -> None:
         print(USAGE)
         return
     if not args or args[0] not in COMMANDS:
-        print(USAGE, file=sys.stderr)
+        named = f"unknown command {args[0]!r}; " if args else "name a command; "
+        print(f"dispersion-titan: error: {named}{USAGE}", file=sys.stderr)
         sys.exit(2)
     sys.argv = [COMMANDS[args[0]], *args[1:]]  # what python -m COMMAND's main sees
     import_module(COMMANDS[args[0]]).main()

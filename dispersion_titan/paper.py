@@ -110,8 +110,8 @@ def _draw_argv(argv: list[str], plan, options: dict) -> list[str]:
 
 
 def run_paper(argv: list[str]) -> int:
-    from dispersion_titan.report.paper_artifacts import catalog, plan as planning, slurm
-    from dispersion_titan.report.paper_artifacts.render import render
+    from dispersion_titan.reproduce.paper import catalog, plan as planning, slurm
+    from dispersion_titan.reproduce.paper.render import render
 
     a = paper_parser().parse_args(argv)
     if a.list:

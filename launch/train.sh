@@ -59,9 +59,9 @@ if [ -n "${RDZV_ID:-}" ]; then rdzv_id=(--rdzv_id "$RDZV_ID"); fi
 # inherited by torchrun, while each training rank installs its own handler
 # (dispersion_titan/trainer/preemption.py), so signalling every process of the job is safe.
 # SIGINT and SIGTERM reach torchrun, which forwards them to the ranks: they save and stop.
-# torchrun runs through dispersion_titan/trainer/launcher.py, which ends it in one line.
+# torchrun runs through dispersion_titan/torchrun.py, which ends it in one line.
 trap '' "$PREEMPT_SIGNAL"
-exec "$python" -m dispersion_titan.trainer.launcher \
+exec "$python" -m dispersion_titan.torchrun \
     --nnodes "$nnodes" --nproc_per_node "$nproc" \
     --rdzv_backend c10d --rdzv_endpoint "${RDZV_ENDPOINT:-localhost:0}" "${rdzv_id[@]}" \
     "${rank_filter[@]}" --role rank --tee 3 \

@@ -70,7 +70,7 @@ def checked_job_config(baseline: Baseline):
     the launch checks leave it."""
     from dispersion_titan import config
     from dispersion_titan.components.titan_compat import merged_job_config_class
-    from dispersion_titan.trainer.config_checks import carry_baseline
+    from dispersion_titan.job_config.checks import carry_baseline
 
     job = merged_job_config_class(config.JobConfig)()
     job.baseline = baseline

@@ -23,7 +23,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 
 from dispersion_titan.config.schema import Dispersion
 from dispersion_titan.models import register_all
-from dispersion_titan.train import validated_args
+from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.trainer.block_outputs import BlockOutputs
 from dispersion_titan.trainer.objective import DispersionObjective
 from support.launch import REPO

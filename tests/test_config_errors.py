@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dispersion_titan.losses.options import resolve_layers
-from dispersion_titan.train import validated_args
+from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.launch import DEBUG_TOML, python_module
 

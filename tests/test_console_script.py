@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.__main__ import COMMANDS
+from dispersion_titan.__main__ import COMMANDS, LAUNCHER_ENTRY_POINTS
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_every_command_at_the_package_root_is_a_subcommand():
     commands = {p.stem for p in (REPO / "dispersion_titan").glob("*.py")} - {"__init__", "__main__"}
-    assert set(COMMANDS) == commands | {"data"}
+    assert set(COMMANDS) | set(LAUNCHER_ENTRY_POINTS) == commands | {"data"}
 
 
 @pytest.mark.parametrize("command, module", [("data", "dispersion_titan.data"), ("sweep", "dispersion_titan.sweep")])
@@ -33,3 +33,5 @@ def test_an_unknown_command_is_refused_with_the_list():
     proc = subprocess.run([sys.executable, "-m", "dispersion_titan", "nope"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 2 and "train|analyze|evaluate|convert|sweep|quickstart|data" in proc.stderr
+    assert proc.stderr.startswith("dispersion-titan: error: unknown command 'nope'; usage:")
+    assert len(proc.stderr.strip().splitlines()) == 1

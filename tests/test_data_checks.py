@@ -104,7 +104,7 @@ def test_validation_loss_and_perplexity_reach_tensorboard(tmp_path):
 
 def test_every_shipped_config_passes_the_checks(tmp_path):
     """In-process, never contacting the hub: hub datasets point at local copies."""
-    from dispersion_titan.train import validated_args
+    from dispersion_titan.job_config.parse import validated_args
 
     wikitext = str(wikitext_saved_dir(tmp_path))
     fineweb = str(Path(write_parquet(tmp_path / "fineweb", texts(3, seed=1), files=1)[0]).parent)

@@ -33,7 +33,7 @@ from dispersion_titan.models.llama3 import Llama3Args, llama3_flavors
 from dispersion_titan.models.qwen3 import Qwen3Args, qwen3_flavors
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
-from dispersion_titan.train import validated_args
+from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.trainer.baselines import build_baseline
 from dispersion_titan.utils.errors import ConfigError
 from support.cli import analyze
@@ -131,7 +131,7 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
     on a login node); the launch fetches it once and names the local snapshot."""
     import huggingface_hub
 
-    from dispersion_titan.train import check, use_local_assets
+    from dispersion_titan.job_config.parse import check, fetch_local_assets
 
     snapshot = tmp_path / "snapshot"
     snapshot.mkdir()
@@ -141,10 +141,10 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
     args = [*BASE, "--model.hf_assets_path", "Qwen/Qwen3-0.6B"]
     job = validated_args(args)
     assert not fetched
-    assert use_local_assets(job)
+    assert fetch_local_assets(job)
     assert fetched == ["Qwen/Qwen3-0.6B"] and job.model.hf_assets_path == str(snapshot)
     assert check(job).model.hf_assets_path == str(snapshot)
-    assert not use_local_assets(job) and fetched == ["Qwen/Qwen3-0.6B"]  # a local folder is used as it is
+    assert not fetch_local_assets(job) and fetched == ["Qwen/Qwen3-0.6B"]  # a local folder is used as it is
 
     def offline(repo: str, **_) -> str:
         raise OSError("no connection\nmore")
@@ -152,7 +152,7 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with pytest.raises(ConfigError, match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "
                                           r"Hugging Face hub \(no connection\)$"):
-        use_local_assets(validated_args(args))
+        fetch_local_assets(validated_args(args))
 
 
 QWEN3 = Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, hidden_dim=64, vocab_size=VOCAB,

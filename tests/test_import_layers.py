@@ -15,9 +15,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dispersion_titan"
 ROOT = "<root>"  # the modules at the package root: the commands and __init__
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    (ROOT,),  # entry points: train, analyze, evaluate, convert, quickstart, sweep, __main__
-    ("trainer",),  # imported only by the training command
-    ("analysis", "evaluation", "report"),
+    (ROOT,),  # entry points: the commands, torchrun, job_server, and every package's __main__
+    ("trainer",),  # imported only by the training command and its torchrun
+    ("analysis", "evaluation", "reproduce", "job_config"),
     ("run_folder",),  # run-folder I/O: checkpoint discovery, run.json, offline loading, HF export
     ("models",),
     ("components",),  # TorchTitan's extension points, as torchtitan/components
@@ -79,9 +79,10 @@ def _inside(dotted: str, package: str) -> str | None:
 
 
 def folder(package: Path, path: Path) -> str:
-    """The top-level folder holding the module at ``path``; ``ROOT`` for the package root's."""
+    """The top-level folder holding the module at ``path``; ``ROOT`` for the package root's and
+    for every ``__main__.py``, which is an entry point wherever it lives."""
     parts = path.relative_to(package).parts
-    return parts[0] if len(parts) > 1 else ROOT
+    return parts[0] if len(parts) > 1 and path.name != "__main__.py" else ROOT
 
 
 def import_graph(package: Path) -> dict[str, set[str]]:
@@ -146,11 +147,11 @@ def test_the_package_keeps_its_layers():
     assert layer_violations(PACKAGE) == []
 
 
-def test_only_the_training_command_imports_the_trainer():
+def test_only_the_training_command_and_its_torchrun_import_the_trainer():
     graph = import_graph(PACKAGE)
     importers = {source for source, targets in graph.items() if not source.startswith("trainer")
                  for target in targets if target.startswith("trainer")}
-    assert importers == {"train"}
+    assert importers == {"train", "torchrun"}
 
 
 def test_every_layer_names_a_folder_that_exists():

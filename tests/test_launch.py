@@ -162,7 +162,7 @@ def test_sweep_bad_input_is_one_line(tmp_path):
 
 
 def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp_path):
-    """A real launch parses and checks the config once and hands that very object to the
+    """A real launch reads its TOML, parses and checks the config once, and hands that very object to the
     trainer (debug.toml derives ``local_batch_size = 0``, which only the checks fill in),
     without rewriting ``sys.argv`` or ``parse_args``'s default argument."""
     out = tmp_path / "counts.json"
@@ -170,6 +170,6 @@ def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp
                            "--job.dump_folder", str(tmp_path / "run"), "--training.steps", "1", "--validation.no-enable",
                            "--checkpoint.no-enable", *DEBUG_SEQ_LEN)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads(out.read_text()) == {"parses": 1, "checks": 1, "trainers": 1,
+    assert json.loads(out.read_text()) == {"parses": 1, "checks": 1, "trainers": 1, "toml_reads": 1,
                                            "trainer_got_the_checked_config": True, "argv_kept": True,
                                            "default_kept": True}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.config.cli import load_toml
-from dispersion_titan.train import validated_args
-from dispersion_titan.trainer.config_checks import resolve_batch_sizes
+from dispersion_titan.job_config.parse import validated_args
+from dispersion_titan.job_config.checks import resolve_batch_sizes
 from dispersion_titan.utils.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
 from dispersion_titan.utils.errors import ConfigError, DeviceError
 from support.cli import assert_one_line_error

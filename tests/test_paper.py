@@ -24,7 +24,7 @@ from scipy import stats
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.result_files import read_analyses
 from dispersion_titan.paper import main as paper_main
-from dispersion_titan.report.paper_artifacts.plan import MissingInput, build, check_devices
+from dispersion_titan.reproduce.paper.plan import MissingInput, build, check_devices
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 
 from support.cli import assert_one_line_error, run_cli

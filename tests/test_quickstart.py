@@ -16,8 +16,8 @@ import pytest
 from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.result_files import read_results
 from dispersion_titan.quickstart import CONFIG
-from dispersion_titan.report.paper import findings, with_dispersion
-from dispersion_titan.report.summary import load_sweep
+from dispersion_titan.reproduce.quickstart.findings import findings, with_dispersion
+from dispersion_titan.reproduce.quickstart.summary import load_sweep
 from support.launch import REPO, python_module
 from support.runs import digests
 

@@ -25,7 +25,7 @@ import torch
 
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.run_folder.checkpoints import CheckpointError, check_complete, is_full, list_checkpoints
-from dispersion_titan.train import validated_args
+from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.trainer.launcher import oom_message
 from dispersion_titan.utils.errors import ArgumentError
 from dispersion_titan.utils.errors import ConfigError
@@ -89,7 +89,7 @@ def worker_pid(dump: Path, rank: int) -> int | None:
         except OSError:  # exited meanwhile
             continue
         if (str(dump).encode() in cmdline and b"dispersion_titan.train" in cmdline
-                and b"dispersion_titan.trainer.launcher" not in cmdline and f"RANK={rank}".encode() in environ):
+                and b"dispersion_titan.torchrun" not in cmdline and f"RANK={rank}".encode() in environ):
             return int(entry)
     return None
 
@@ -101,7 +101,7 @@ def launcher_pid(dump: Path) -> int | None:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if str(dump).encode() in cmdline and b"dispersion_titan.trainer.launcher" in cmdline:
+        if str(dump).encode() in cmdline and b"dispersion_titan.torchrun" in cmdline:
             return int(entry)
     return None
 

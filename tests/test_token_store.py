@@ -22,7 +22,8 @@ from dispersion_titan.components.tokenizer import EOT_ID
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
-from dispersion_titan.data.prepare import main, parser, prepare, write_store
+from dispersion_titan.data.__main__ import main, parser
+from dispersion_titan.data.prepare import prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.corpora import texts
@@ -299,7 +300,7 @@ def test_prepare_command_line_fails_in_one_line_and_deletes_nothing(tmp_path, en
 def test_stale_store_is_refused_before_launch(tmp_path, enwiki_store):
     """The check ``dispersion_titan.train`` runs before any process group starts (its
     ConfigError ends the command in one line, exit 2: test_data's cli_error tests)."""
-    from dispersion_titan.train import validated_args
+    from dispersion_titan.job_config.parse import validated_args
     from dispersion_titan.utils.errors import ConfigError
 
     store = tmp_path / "store"

@@ -14,7 +14,7 @@ from dispersion_titan.components.validate import PackedValidator
 from dispersion_titan.data.packed import build_packed_validation_dataloader
 from dispersion_titan.models import family
 from dispersion_titan.models.gpt2.args import gpt2_flavors
-from dispersion_titan.train import prepare, validated_args
+from dispersion_titan.job_config.parse import prepare, validated_args
 from support.launch import DEBUG_TOML
 
 BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config"]

@@ -7,6 +7,8 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
 - ``train_main``: ``torchtitan.train.main`` gets its config from ``ConfigManager().parse_args()``,
   with ``ConfigManager`` looked up in ``torchtitan.train``'s globals; the one place that
   hands TorchTitan the config ``dispersion_titan.train`` parsed and checked.
+- ``parse_job_config``: ``ConfigManager.parse_args`` reads the TOML through
+  ``_maybe_load_toml(args)`` and nowhere else.
 - ``merged_job_config_class``: ``ConfigManager._merge_configs`` builds the config class
   with our sections, for type checks before parsing.
 - ``use_cpu``: the module-level ``device_type`` / ``device_module`` bindings and the
@@ -86,6 +88,18 @@ def train_main(trainer_class: type, job_config: Any) -> None:
 
     with _attributes_set(torchtitan.train, ConfigManager=Parsed):
         torchtitan.train.main(trainer_class)
+
+
+def parse_job_config(args: list[str], toml: dict) -> Any:
+    """``ConfigManager().parse_args(args)`` on ``toml``, the file ``--job.config_file`` names,
+    already read: the TOML is read once per launch (``ConfigManager._maybe_load_toml``)."""
+    from torchtitan.config import ConfigManager
+
+    class ReadOnce(ConfigManager):
+        def _maybe_load_toml(self, args: list[str]) -> dict | None:
+            return toml or None
+
+    return ReadOnce().parse_args(args)
 
 
 def merged_job_config_class(custom: type) -> type:

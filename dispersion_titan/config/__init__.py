@@ -1,6 +1,6 @@
 """Configuration: the extra TOML schema (``schema``), the command-line helpers that run
 before TorchTitan is imported (``cli``) and the run grid (``grid``). The checks run
-before any process group starts live with the training side (``trainer.config_checks``).
+before any process group starts live with the training side (``job_config.checks``).
 
 TorchTitan loads ``job.custom_config_module`` (``dispersion_titan.config``) and reads its
 ``JobConfig``: this package is that module, so it re-exports the schema and imports

@@ -87,6 +87,8 @@ METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
     "active_forgetting": ("forget_every", "embedding_lr"),
 }
 """``baseline.method`` values and the ``[baseline]`` fields each one reads."""
+BASELINE_METHODS = tuple(m for m in METHOD_SETTINGS if m != "none")
+"""The baseline methods the paper compares against (a sweep's variants besides ``baseline``)."""
 
 
 @dataclass
@@ -129,7 +131,7 @@ class BuilderInputs:
     """``[optimizer]`` and ``[lr_scheduler]`` gain the run's ``[baseline]`` section: TorchTitan hands
     the TrainSpec's optimizer and LR-scheduler builders only their own section, and active
     forgetting gives the token embeddings a param group and schedule of their own. Not a TOML
-    key or flag: the launch checks (``trainer.config_checks.check_job_config``) set it."""
+    key or flag: the launch checks (``job_config.checks.check_job_config``) set it."""
 
     baseline: tyro.conf.Suppress[Baseline | None] = field(default=None, init=False, repr=False)
 

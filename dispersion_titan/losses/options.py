@@ -1,6 +1,6 @@
 """The dispersion options' one definition: variant names, kernels, value ranges and block
 selection, on top of what the loss itself defines (its variants, kernels and parameter
-ranges). ``trainer.config_checks`` applies them to a job config and the trainer resolves
+ranges). ``job_config.checks`` applies them to a job config and the trainer resolves
 ``layers`` with them, so a new variant or range changes only the loss and this file.
 """
 

@@ -1,6 +1,7 @@
-"""torchrun as ``launch/train.sh`` runs it, ending in at most one line of its own.
+"""torchrun as ``launch/train.sh`` runs it (``python -m dispersion_titan.torchrun``), ending
+in at most one line of its own.
 
-``python -m dispersion_titan.trainer.launcher ARGS`` takes torchrun's arguments and runs
+``run(ARGS)`` takes torchrun's arguments and runs
 torchrun's own launch (``torch.distributed.run.run``: c10d rendezvous, the elastic agent,
 the same worker processes). Only its ending differs. torchrun ends every failure in a
 Python traceback of its own; this launcher instead says:
@@ -60,7 +61,8 @@ def ending(error: ChildFailedError) -> tuple[int, str | None]:
     return 1, error.format_msg()
 
 
-def main(argv: list[str] | None = None) -> int:
+def run(argv: list[str]) -> int:
+    """torchrun on ``argv``; the exit status, the failure said in at most one line."""
     args = torchrun.parse_args(argv)
     for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
         logging.getLogger(name).addFilter(_quiet_forwarding)
@@ -76,7 +78,3 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr, flush=True)
         return status
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -67,7 +67,7 @@ PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
 def secondary_failure_status(error: BaseException) -> int | None:
     """The exit status for an error that only follows from the job being stopped, None for
     any other. When one rank fails, the others' collectives with it fail, and torchrun stops
-    them with SIGTERM; the launcher (``trainer/launcher.py``) and torchrun's error file name
+    them with SIGTERM; the launcher (``python -m dispersion_titan.torchrun``) and torchrun's error file name
     the rank that failed first, so these ranks leave without a traceback of their own."""
     if _interrupts:
         return interrupted_exit_code(_interrupts[0])

@@ -12,7 +12,7 @@ the log, as with torchrun's ``--local-ranks-filter 0``.
 Linux only: elsewhere (macOS) forking a process that has imported torch is not safe, so
 each command gets its own interpreter there.
 
-Run as ``python -m dispersion_titan.utils.preloaded PRELOAD...``, this module is the server:
+``serve`` is the server (``python -m dispersion_titan.job_server PRELOAD...``):
 it imports each PRELOAD (``module``, or ``module:function`` also called once, e.g. to fill
 a cache), then reads one JSON request per line on stdin and answers each with the forked
 job's pid; when the job ends, the server writes its exit status to the request's
@@ -34,6 +34,9 @@ import threading
 import time
 import traceback
 import warnings
+
+
+SERVER = "dispersion_titan.job_server"
 
 
 def command_line(target: str, argv: list[str], nproc: int | None = None) -> list[str]:
@@ -88,7 +91,7 @@ class Commands:
     def _forked(self, request: dict) -> int:
         with self.lock:
             if self.server is None or self.server.poll() is not None:
-                self.server = subprocess.Popen([sys.executable, "-m", __name__, *self.preload],
+                self.server = subprocess.Popen([sys.executable, "-m", SERVER, *self.preload],
                                                env={**os.environ, **self.env},
                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self.count += 1
@@ -237,7 +240,3 @@ def serve(preload: list[str]) -> None:
         status_files[pid] = request["status"]
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         print(pid, flush=True)
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1:])

@@ -1,6 +1,6 @@
 """Run under torchrun: ``python -m dispersion_titan.train TRAINING_ARGS``, watched by a
 profile hook that changes nothing. Rank 0 writes JSON: how often the job config was parsed
-(TorchTitan's ``ConfigManager.parse_args``) and checked (``check_job_config``, which fills in
+(TorchTitan's ``ConfigManager.parse_args``), its TOML read (``tomllib.load``) and checked (``check_job_config``, which fills in
 the derived values), whether the trainer got the very object that was checked, and whether
 ``sys.argv`` and ``parse_args``'s default argument are as they were.
 
@@ -15,14 +15,16 @@ import sys
 
 
 def main(out: str, args: list[str]) -> None:
+    import tomllib
+
     from torchtitan.config import ConfigManager
 
     import dispersion_titan.train
-    from dispersion_titan.trainer.config_checks import check_job_config
+    from dispersion_titan.job_config.checks import check_job_config
     from dispersion_titan.trainer.trainer import DispersionTrainer
 
     watched = {ConfigManager.parse_args.__code__: "parses", check_job_config.__code__: "checks",
-               DispersionTrainer.__init__.__code__: "trainers"}
+               DispersionTrainer.__init__.__code__: "trainers", tomllib.load.__code__: "toml_reads"}
     counts = {name: 0 for name in watched.values()}
     seen: dict[str, list[int]] = {"checks": [], "trainers": []}
 

@@ -34,7 +34,7 @@ class Counter(TorchDispatchMode):
 
 def main(kind: str, out: str, args: list[str]) -> None:
     from dispersion_titan.config.cli import load_toml, with_config_module
-    from dispersion_titan.train import prepare, validated_args
+    from dispersion_titan.job_config.parse import prepare, validated_args
 
     args = with_config_module(args, load_toml(args))
     prepare()

@@ -69,13 +69,13 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
 
     By default the job is forked from the session's job server (``dispersion_titan.utils.preloaded``:
     torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs torchrun
-    as ``launch/train.sh`` does (``python -m dispersion_titan.trainer.launcher -m
+    as ``launch/train.sh`` does (``python -m dispersion_titan.torchrun -m
     dispersion_titan.train``: torchrun with a one-line ending), for tests that look at its
     processes, signal them or read its prefixed output."""
     argv = ["--job.config_file", config, "--job.dump_folder", str(dump), "--metrics.log_freq", "1",
             *(DEBUG_SEQ_LEN if config == DEBUG_TOML else ()), *overrides]
     if command_line:
-        cmd = [sys.executable, "-m", "dispersion_titan.trainer.launcher", f"--nproc_per_node={nproc}",
+        cmd = [sys.executable, "-m", "dispersion_titan.torchrun", f"--nproc_per_node={nproc}",
                "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0",
                "--role=rank", "--tee=3", "-m", "dispersion_titan.train", *argv]
         proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)

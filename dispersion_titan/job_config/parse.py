@@ -1,0 +1,112 @@
+"""Parse and check a launch's job config once, so bad input fails with one line naming the
+field before any process group starts (``dispersion_titan.train``, the sweep's cells)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+from torchtitan.config import JobConfig
+from torchtitan.protocols.train_spec import get_train_spec
+
+from .. import config as custom_config
+from ..components import titan_compat
+from ..config.cli import config_file, load_toml
+from ..config.toml_types import check_toml_types
+from ..models import FAMILIES, register_all
+from ..run_folder.checkpoints import check_resume
+from ..run_folder.settings import check_same_settings, start_fork
+from ..tokenizer.hf_assets import is_hub_id, local_assets
+from ..utils.errors import ArgumentError, ConfigError
+from .checks import check_job_config, data_parallel_degree
+
+
+def prepare() -> None:
+    """Check the TorchTitan version, adapt it to CPU-only machines, register our models."""
+    titan_compat.apply()
+    register_all()
+
+
+def _first_message(boxed: str) -> str:
+    """The first section of tyro's boxed error (the one that names the flag), on one line."""
+    sections: list[list[str]] = [[]]
+    for raw in boxed.splitlines():
+        line = raw.strip().strip("│|╭╰╮╯").strip()
+        if line and set(line) <= set("─-"):
+            sections.append([])
+        elif line:
+            sections[-1].append(line)
+    body = sections[1] if len(sections) > 1 and sections[1] else sections[0]
+    return " ".join(body) or "invalid command-line arguments"
+
+
+def parse_job_config(args: list[str], toml: dict) -> JobConfig:
+    """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections, once per launch, on
+    ``toml`` (the file ``--job.config_file`` names, read once by the caller): its types checked
+    first, tyro's boxed errors turned into one line."""
+    check_toml_types(titan_compat.merged_job_config_class(custom_config.JobConfig), toml, config_file(args))
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
+            return titan_compat.parse_job_config(args, toml)
+    except SystemExit as e:  # tyro reports bad flags in a box of many lines
+        raise ArgumentError(_first_message(captured.getvalue())) from e
+
+
+def check(job_config: JobConfig, world_size: int | None = None) -> JobConfig:
+    """Check every value of ``job_config`` we depend on for a job of ``world_size`` processes
+    (default: ``WORLD_SIZE``, else 1), filling in the derived ones the trainer reads
+    (``checks.check_job_config``); returns ``job_config``."""
+    if job_config.model.name not in FAMILIES:
+        raise ConfigError(f"model.name: {job_config.model.name!r} is not one of {FAMILIES}")
+    register_all()
+    flavors = get_train_spec(job_config.model.name).model_args
+    if job_config.model.flavor not in flavors:
+        raise ConfigError(f"model.flavor: {job_config.model.flavor!r} is not one of {sorted(flavors)} "
+                          f"({job_config.model.name})")
+    model_args = flavors[job_config.model.flavor]
+    model_args.update_from_config(job_config)
+    check_job_config(job_config, model_args, _world_size(world_size))
+    return job_config
+
+
+def validated_args(args: list[str], world_size: int | None = None) -> JobConfig:
+    """``args`` parsed exactly as a launch parses them, and checked for a job of ``world_size``
+    processes."""
+    return check(parse_job_config(args, load_toml(args)), world_size)
+
+
+def _world_size(world_size: int | None = None) -> int:
+    return int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+
+
+def fetch_local_assets(job_config: JobConfig) -> bool:
+    """Point ``model.hf_assets_path`` at the local snapshot of a hub id, fetched now
+    (``hf_assets``); whether it was one (a local path is used as it is)."""
+    path = job_config.model.hf_assets_path
+    if not is_hub_id(path):
+        return False
+    job_config.model.hf_assets_path = local_assets(path, "model.hf_assets_path")
+    return True
+
+
+def set_fork_options(job_config: JobConfig) -> bool:
+    """Set the checkpoint options that start a fork (``job.fork_from``) from its source; whether
+    this run is one (``settings.start_fork``)."""
+    return start_fork(job_config, data_parallel_degree(job_config, _world_size()))
+
+
+def check_run_folder(job_config: JobConfig) -> None:
+    """Refuse a relaunch that changes the recorded settings or would save over a step checkpoint
+    (``run_folder.settings``, ``checkpoints.check_resume``); ``RunFinished`` when there is nothing to do."""
+    check_same_settings(job_config.job.dump_folder, job_config)
+    ckpt = job_config.checkpoint
+    if ckpt.enable:
+        check_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.training.steps,
+                     data_parallel_degree(job_config, _world_size()), ckpt.load_step)
+
+
+def print_every_key(args: list[str], toml: dict) -> None:
+    """``train --help-all``: TorchTitan's help of every section, ours included; exits."""
+    titan_compat.parse_job_config([*args, "--help"], toml)

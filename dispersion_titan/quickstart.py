@@ -1,0 +1,90 @@
+"""The main job end to end: ``bash launch/quickstart.sh`` (which sets up .venv first), or
+``python -m dispersion_titan.quickstart [--out DIR] [--widths 64,256,1024] ...``.
+
+First measures condensation at initialization for GPT-2 small's shape at four MLP widths
+(the init panel: one forward pass each, no training). Then pre-trains the toy MLP-width
+sweep of ``dispersion_titan/configs/quickstart.toml`` with and without the angular_spread
+dispersion loss (plus a second seed at the smallest width, to measure the seed-to-seed
+spread), analyzes every checkpoint (step 0 included), sets the runs side by side with
+``analyze compare``, and sets each of the paper's findings against the measured numbers
+(``dispersion_titan.reproduce.quickstart``): ``OUT/summary.md`` and ``OUT/summary.png``.
+
+Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
+that beats one FSDP job over all cores, which pays for its collectives. On Linux each
+job is forked from a server that imported torch and TorchTitan once
+(``dispersion_titan.utils.preloaded``). A run whose
+final checkpoint exists is not trained again, a run whose every checkpoint has been
+analyzed with the same options is not analyzed again, and an interrupted run resumes
+from its last complete checkpoint, so running the command twice only redoes what is
+missing. Options that change results are recorded in ``OUT/quickstart.json``; a rerun
+with other ones is refused in one line (use another ``--out``). Training and analysis
+logs go to ``OUT/logs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from dispersion_titan.config.cli import OneLineErrorParser, positive_int
+from dispersion_titan.reproduce.quickstart import CONFIG, VARIANT
+from dispersion_titan.utils.errors import ArgumentError, fail
+
+OUT_ENV = "QUICKSTART_OUT"
+
+
+def _widths(text: str) -> tuple[int, ...]:
+    widths = tuple(positive_int(part.strip()) for part in text.split(","))
+    if len(set(widths)) != len(widths):
+        raise argparse.ArgumentTypeError(f"{text!r} repeats a width")
+    return tuple(sorted(widths))
+
+
+def _coeff(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineErrorParser(prog="python -m dispersion_titan.quickstart",
+                description="Train, analyze and compare the toy MLP-width × dispersion sweep; summarize it.")
+    p.add_argument("--out", default=os.environ.get(OUT_ENV, "outputs/quickstart"),
+                   help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)")
+    p.add_argument("--config", default=CONFIG, help="training TOML shared by every run (default: quickstart.toml)")
+    p.add_argument("--widths", type=_widths, default=(64, 256, 1024), help="MLP widths (default 64,256,1024)")
+    p.add_argument("--coeff", type=_coeff, default=1.0, help=f"λ of the {VARIANT} runs (default 1.0)")
+    p.add_argument("--steps", type=positive_int, help="training steps (default: the TOML's)")
+    p.add_argument("--checkpoint-interval", type=positive_int, help="steps between checkpoints (default: the TOML's)")
+    p.add_argument("--num-sequences", type=positive_int, default=32, help="analysis: K sequences (default 32)")
+    p.add_argument("--seq-len", type=positive_int, default=128, help="analysis: S tokens (default 128)")
+    p.add_argument("--spread-seeds", type=int, choices=range(0, 4), default=1, metavar="N",
+                   help="extra seeds at the smallest width, for the seed-to-seed spread (0-3, default 1)")
+    p.add_argument("--init-flavor", default="small", help="model shape of the init panel (default small: GPT-2 small)")
+    p.add_argument("--init-widths", type=_widths, default=(768, 1536, 3072, 6144),
+                   help="MLP widths of the init panel (default 768,1536,3072,6144)")
+    p.add_argument("--init-num-sequences", type=positive_int, default=16,
+                   help="init panel: K sequences of --seq-len tokens (default 16)")
+    p.add_argument("--jobs", type=positive_int, help="runs at a time (default: one per CPU core, at most all runs)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # Imported after parsing: --help and typos answer without torch (seconds).
+    from dispersion_titan.reproduce.quickstart import pipeline
+
+    try:
+        plan = pipeline.make_plan(args)
+    except ArgumentError as e:
+        fail(str(e))
+    pipeline.run(plan)
+
+
+if __name__ == "__main__":
+    main()

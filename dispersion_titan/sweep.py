@@ -1,0 +1,97 @@
+"""Submit the controlled experiment to Slurm: MLP width x variant x seed.
+
+    python -m dispersion_titan.sweep [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1,noisy_embedding]
+                                     [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
+                                     [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
+                                     [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
+                                     [-- TRAINING OVERRIDES ...]
+
+A variant is ``baseline`` (plain training), ``NAME:COEFF`` (a dispersion loss) or a
+baseline method the paper compares against (``noisy_embedding``, ``active_forgetting``).
+Every cell is a training job (launch/slurm/train.sbatch) with its own dump folder
+``OUT/<cell>``, followed by its analysis job and its evaluation job
+(launch/slurm/evaluate.sbatch), both ``--dependency=afterok:<training>``; one compare job
+over all cells runs after every training and analysis job succeeded, and one table job
+(``evaluate table``, into ``OUT/table``) after every evaluation job. Flags win over the
+SPEC file (see launch/sweep_example.toml for its keys). ``--dry-run`` prints the sbatch
+commands as a shell script instead of submitting them; a submission records the job ids
+in ``OUT/sweep.json``. Every cell's training configuration is validated first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from dispersion_titan.config.cli import OneLineErrorParser
+from dispersion_titan.config.schema import BASELINE_METHODS
+from dispersion_titan.utils.errors import SweepError, fail
+
+SPEC_KEYS = ("config", "out", "widths", "variants", "seeds", "partition", "account", "train_time", "analyze_time",
+             "evaluate_time", "nodes", "gpus_per_node", "cpus_per_task", "analyze_gpus", "train_sbatch_args",
+             "analyze_sbatch_args", "evaluate_sbatch_args", "analyze_args", "evaluate_args")
+
+
+class _Parser(OneLineErrorParser):
+    error_prefix = "sweep"
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    overrides: list[str] = []
+    if "--" in argv:
+        argv, overrides = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    p = _Parser(prog="python -m dispersion_titan.sweep", description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000")
+    p.add_argument("spec", nargs="?", help="TOML file with the keys below (flags win)")
+    p.add_argument("--config", help="training TOML shared by every cell")
+    p.add_argument("--out", help="sweep folder (default outputs/sweep-<config>-<time>); must be new")
+    p.add_argument("--widths", help="MLP hidden widths, e.g. 256,512")
+    p.add_argument("--variants", help=f"baseline, {', '.join(BASELINE_METHODS)} and/or NAME:COEFF, "
+                                      "e.g. baseline,angular_spread:0.1,noisy_embedding")
+    p.add_argument("--seeds", help="seeds, e.g. 0,1,2")
+    p.add_argument("--partition")
+    p.add_argument("--account")
+    p.add_argument("--train-time", help="time limit of each training job (sbatch --time)")
+    p.add_argument("--analyze-time", help="time limit of each analysis job and of the compare job")
+    p.add_argument("--evaluate-time", help="time limit of each evaluation job and of the table job")
+    p.add_argument("--nodes", help="nodes per training job")
+    p.add_argument("--gpus-per-node", help="GPUs per node of each training job (default: train.sbatch's 8; 0: none)")
+    p.add_argument("--cpus-per-task", help="CPUs per node of each training job (default: train.sbatch's 64)")
+    p.add_argument("--analyze-gpus", help="GPUs of each analysis and compare job (default: analyze.sbatch's 1; 0: none)")
+    p.add_argument("--train-sbatch-arg", action="append", dest="train_sbatch_args", metavar="ARG",
+                   help="extra sbatch argument for training jobs, e.g. --train-sbatch-arg=--gpus-per-node=8")
+    p.add_argument("--analyze-sbatch-arg", action="append", dest="analyze_sbatch_args", metavar="ARG",
+                   help="extra sbatch argument for analysis and compare jobs, e.g. --analyze-sbatch-arg=--gpus=1")
+    p.add_argument("--evaluate-sbatch-arg", action="append", dest="evaluate_sbatch_args", metavar="ARG",
+                   help="extra sbatch argument for evaluation and table jobs, e.g. --evaluate-sbatch-arg=--mem=64G")
+    p.add_argument("--analyze-args", help='analysis options, e.g. --analyze-args="--num-sequences 100"')
+    p.add_argument("--evaluate-args", help='evaluation options, e.g. --evaluate-args="--tasks piqa --limit 100"')
+    p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    return p.parse_args(argv), overrides
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    # Imported after parsing: --help and typos answer without torch and TorchTitan (seconds).
+    from dispersion_titan.reproduce import sweep
+
+    try:
+        raw = sweep.load_spec_file(args.spec) if args.spec else {}
+        raw.update({key: getattr(args, key) for key in SPEC_KEYS if getattr(args, key) is not None})
+        if overrides:
+            raw["train_overrides"] = overrides
+        spec = sweep.build_spec(raw)
+        sweep.check_training_configs(spec)
+        jobs = sweep.plan(spec)
+        if args.dry_run:
+            print(sweep.dry_run(spec, jobs))
+            return
+        ids = sweep.submit(spec, jobs)
+        print(f"sweep: {len(jobs)} jobs submitted; manifest {sweep.write_manifest(spec, jobs, ids)}")
+    except SweepError as e:
+        fail(str(e), prog="sweep")
+
+
+if __name__ == "__main__":
+    main()
