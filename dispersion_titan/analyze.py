@@ -16,6 +16,8 @@ import argparse
 import sys
 
 from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS, PROTOCOLS
+from dispersion_titan.analysis.wandb_condensation import log_analysis
+from dispersion_titan.components.wandb_run import recorded
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
 from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
 
@@ -101,48 +103,41 @@ def size_series_parser() -> argparse.ArgumentParser:
 
 
 def run_size_series(argv: list[str]) -> int:
-    from dispersion_titan.analysis.size_series import write_size_series
-
     a = size_series_parser().parse_args(argv)
+    from dispersion_titan.analysis.size_series import write_size_series  # torch: after --help
+
     print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
     print(f"written: {a.out}/family.md, family.csv, family.png")
     return 0
 
 
 def run_analyze(argv: list[str]) -> int:
-    from dispersion_titan.analysis.hf_model import PREFIX
-    from dispersion_titan.analysis.inputs import DEFAULT_DATASET, InputOptions
-    from dispersion_titan.analysis.runner import DEFAULT_SEQ_LEN, AnalyzeOptions, RunAnalysis
-
     a = analyze_parser().parse_args(argv)
+    from dispersion_titan.analysis import hf_model, hf_revisions, inputs, runner  # torch: after --help
+
     if a.dataset_path and a.texts:
         fail("--dataset-path: not used with --texts")
     paper = a.protocol == "paper"
     if paper and (a.texts or a.dataset):
         fail(f"--{'texts' if a.texts else 'dataset'}: not used with --protocol paper, which reads wikitext-103-v1 "
              "(a local copy with --dataset-path)")
-    inputs = InputOptions(
-        dataset=None if a.texts or paper else (a.dataset or DEFAULT_DATASET),
+    sequences = inputs.InputOptions(
+        dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
         dataset_path=a.dataset_path, texts=a.texts,
-        num_sequences=a.num_sequences, seq_len=a.seq_len or DEFAULT_SEQ_LEN, seed=a.seed, protocol=a.protocol,
+        num_sequences=a.num_sequences, seq_len=a.seq_len or runner.DEFAULT_SEQ_LEN, seed=a.seed, protocol=a.protocol,
         layer_points=a.layer_points or ("hidden_states" if paper else "all"),
     )
-    options = AnalyzeOptions(target=a.run, steps=a.steps, inputs=inputs, seq_len_given=a.seq_len is not None,
+    options = runner.AnalyzeOptions(target=a.run, steps=a.steps, inputs=sequences, seq_len_given=a.seq_len is not None,
                              batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,
                              force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map)
-    if a.run.startswith(PREFIX):
-        from dispersion_titan.analysis.hf_revisions import HFAnalysis
-
+    if a.run.startswith(hf_model.PREFIX):
         if a.wandb:
             fail("--wandb: only for runs (trained with [metrics] enable_wandb)")
-        return 1 if HFAnalysis(options).analyze() else 0
+        return 1 if hf_revisions.HFAnalysis(options).analyze() else 0
     if a.device_map:
         fail("--device-map: only for hf: models")
-    analysis = RunAnalysis(options)
+    analysis = runner.RunAnalysis(options)
     if a.wandb:
-        from dispersion_titan.analysis.wandb_export import log_analysis
-        from dispersion_titan.components.wandb_run import recorded
-
         recorded(analysis.dump)  # before the analysis: a run without one fails now, in one line
     failed = analysis.analyze()
     if a.wandb:
@@ -151,9 +146,9 @@ def run_analyze(argv: list[str]) -> int:
 
 
 def run_compare(argv: list[str]) -> int:
-    from dispersion_titan.analysis.compare import compare
-
     a = compare_parser().parse_args(argv)
+    from dispersion_titan.analysis.compare import compare  # torch: after --help
+
     print(compare(a.runs, a.out, a.step))
     print(f"written: {a.out}/compare.csv, compare_layers.csv, compare.png")
     return 0

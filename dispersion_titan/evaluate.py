@@ -15,7 +15,10 @@ import argparse
 import re
 import sys
 
+from dispersion_titan.components.wandb_run import recorded
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
+from dispersion_titan.evaluation.protocol import DEFAULT_PROTOCOL, PRESETS, PROTOCOLS, build_plan
+from dispersion_titan.evaluation.wandb_scores import log_evaluation
 from dispersion_titan.utils.errors import DispersionTitanError, fail_with
 
 
@@ -36,8 +39,6 @@ def _selection(text: str) -> str:
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
-    from dispersion_titan.evaluation.protocol import DEFAULT_PROTOCOL, PRESETS, PROTOCOLS
-
     p = OneLineErrorParser(prog="python -m dispersion_titan.evaluate",
                 description="lm-eval scores of a run's checkpoints (default: the authors' GPT-2 protocol).",
                 epilog="The paper's Table 2 over runs: python -m dispersion_titan.evaluate table RUN... --out DIR")
@@ -87,18 +88,14 @@ def table_parser() -> argparse.ArgumentParser:
 
 
 def run_evaluate(argv: list[str]) -> int:
-    from dispersion_titan.evaluation.protocol import build_plan
-    from dispersion_titan.evaluation.runner import EvaluateOptions, RunEvaluation
-
     a = evaluate_parser().parse_args(argv)
+    from dispersion_titan.evaluation.runner import EvaluateOptions, RunEvaluation  # torch: after --help
+
     options = EvaluateOptions(run=a.run, steps=a.steps, plan=build_plan(a.tasks, a.num_fewshot, a.limit, a.protocol),
                               include_path=a.include_path, batch_size=a.batch_size, out=a.out,
                               device=a.device, dtype=a.dtype, force=a.force)
     evaluation = RunEvaluation(options)
     if a.wandb:
-        from dispersion_titan.components.wandb_run import recorded
-        from dispersion_titan.evaluation.wandb_export import log_evaluation
-
         recorded(evaluation.dump)  # before any model loads: a run without one fails now, in one line
     failed = evaluation.evaluate()
     if a.wandb:
@@ -107,9 +104,9 @@ def run_evaluate(argv: list[str]) -> int:
 
 
 def run_table(argv: list[str]) -> int:
-    from dispersion_titan.evaluation.table import Selection, table
-
     a = table_parser().parse_args(argv)
+    from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
+
     print(table(a.runs, a.out, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test))
     print(f"written: {a.out}/table.md, table.csv, table.png")
     return 0

@@ -16,7 +16,12 @@ import os
 import shlex
 import sys
 
+from dispersion_titan.analyze import _seq_len
+from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
+from dispersion_titan.evaluate import _selection
+from dispersion_titan.evaluate import main as evaluate_main
+from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
 
 ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "robustness")
@@ -24,9 +29,6 @@ DEFAULT_OUT = "outputs/paper"
 
 
 def paper_parser() -> OneLineErrorParser:
-    from dispersion_titan.analyze import _seq_len
-    from dispersion_titan.evaluate import _selection
-
     p = OneLineErrorParser(prog="python -m dispersion_titan.paper",
                            description="One of the paper's figures or Table 2: runs what it needs, then draws it.")
     p.add_argument("artifact", nargs="?", choices=ARTIFACT_NAMES, metavar="ARTIFACT",
@@ -77,9 +79,6 @@ def _run_locally(plan, artifact: str) -> None:
     """Each command in this process, in order; one that fails ends the artifact with its status."""
     from tqdm import tqdm
 
-    from dispersion_titan.analyze import main as analyze_main
-    from dispersion_titan.evaluate import main as evaluate_main
-
     mains = {"analyze": analyze_main, "evaluate": evaluate_main}
     with tqdm(plan.steps, desc=artifact, unit="model", file=sys.stderr) as bar:
         for step in bar:
@@ -110,13 +109,14 @@ def _draw_argv(argv: list[str], plan, options: dict) -> list[str]:
 
 
 def run_paper(argv: list[str]) -> int:
-    from dispersion_titan.reproduce.paper import catalog, plan as planning, slurm
-    from dispersion_titan.reproduce.paper.render import render
-
     a = paper_parser().parse_args(argv)
     if a.list:
         print(catalog.listing())
         return 0
+    from dispersion_titan.evaluation.table import Selection  # torch: after --help and --list
+    from dispersion_titan.reproduce.paper import plan as planning
+    from dispersion_titan.reproduce.paper import render, slurm
+
     if a.artifact is None:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
     options = {**vars(a), "out": os.path.abspath(a.out)}
@@ -139,9 +139,7 @@ def run_paper(argv: list[str]) -> int:
         planning.check_hub(plan)
         planning.check_devices(plan, options, torch.cuda.is_available())
         _run_locally(plan, a.artifact)
-    from dispersion_titan.evaluation.table import Selection
-
-    written = render(plan, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test)
+    written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test)
     print("written: " + ", ".join(written))
     return 0
 

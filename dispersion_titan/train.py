@@ -16,8 +16,14 @@ import signal
 import socket
 import sys
 
-from dispersion_titan.config.cli import (HELP_ALL_FLAG, HELP_FLAGS, config_file, load_toml, train_usage,
-                                         with_config_module)
+from dispersion_titan.config.cli import (
+    HELP_ALL_FLAG,
+    HELP_FLAGS,
+    config_file,
+    load_toml,
+    train_usage,
+    with_config_module,
+)
 from dispersion_titan.config.toml_types import check_own_sections
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
 
@@ -68,21 +74,12 @@ def main() -> None:
         fail_with(e)
     # Imported only now: a typo in the TOML or --help answers without TorchTitan (seconds).
     from dispersion_titan.job_config import parse
-    from dispersion_titan.run_folder.writer_lock import refuse_if_busy
-    from dispersion_titan.utils.devices import check_gpus_usable
 
     parse.prepare()
     if HELP_ALL_FLAG in argv:
         parse.print_every_key(args, toml)
     try:
-        job_config = parse.check(parse.parse_job_config(args, toml))
-        fetched, forked = parse.fetch_local_assets(job_config), parse.set_fork_options(job_config)
-        if fetched or forked:
-            parse.check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
-        check_gpus_usable()
-        if _launch_check_process():
-            refuse_if_busy(job_config.job.dump_folder)
-        parse.check_run_folder(job_config)
+        job_config = parse.check_launch(parse.parse_job_config(args, toml), take_lock=_launch_check_process())
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
         sys.exit(NOTHING_TO_DO if check_only else e.status)
@@ -90,21 +87,14 @@ def main() -> None:
         fail(str(e).splitlines()[0])
     if check_only:
         return
-    # The trainer is imported by the ranks only, not by the --check-only process of train.sh.
-    from dispersion_titan.components.titan_compat import train_main
-    from dispersion_titan.trainer.preemption import secondary_failure_status
-    from dispersion_titan.trainer.trainer import DispersionTrainer
+    # The ranks only: train.sh's --check-only process never builds the trainer.
+    from dispersion_titan.trainer.trainer import train
 
     _default_to_single_process()
     try:
-        train_main(DispersionTrainer, job_config)
+        train(job_config)
     except DispersionTitanError as e:  # e.g. a hub dataset unreachable once the job runs
         fail_with(e)
-    except Exception as e:
-        status = secondary_failure_status(e)  # another rank failed first, or the job is being stopped
-        if status is None:
-            raise
-        sys.exit(status)
 
 
 if __name__ == "__main__":

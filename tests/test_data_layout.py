@@ -3,21 +3,20 @@ per rank, exact resumption in memory and streamed, FineWeb's held-out documents.
 
 from __future__ import annotations
 
-
 import datasets
 import numpy as np
 import pytest
 import torch
+from support.corpora import WORDS, texts, write_parquet
+from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
-from dispersion_titan.components.tokenizer import EOT_ID, GPT2Tokenizer
+from dispersion_titan.components.titan_tokenizer import EOT_ID, GPT2Tokenizer
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import CORPORA, iter_documents
 from dispersion_titan.data.packed import PackedSequenceDataset
 from dispersion_titan.data.sources import load_files, load_rows
 from dispersion_titan.data.streaming import StreamingPackedDataset
 from dispersion_titan.data.tokens import tokenize
-from support.corpora import WORDS, texts, write_parquet
-from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 

@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support.corpora import texts
 
-from dispersion_titan.components.tokenizer import EOT_ID, GPT2Tokenizer
+from dispersion_titan.components.titan_tokenizer import EOT_ID, GPT2Tokenizer
 from dispersion_titan.data.packed import token_stream, tokenized_documents
 from dispersion_titan.data.tokens import CACHE_ENV, cached_tokens
-from support.corpora import texts
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 

@@ -19,14 +19,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from support.launch import python_module, torchrun
+from support.runs import load_weights
 
 from dispersion_titan import convert
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
-from support.launch import python_module, torchrun
-from support.runs import load_weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -134,7 +134,7 @@ def test_convert_to_hf_gives_identical_logits_and_weights(tmp_path, mlp, tie, vo
 def test_exported_tokenizer_works_offline(tmp_path):
     step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     convert.main(["to-hf", str(step), str(tmp_path / "hf")])
-    from dispersion_titan.components.tokenizer import GPT2Tokenizer, bpe_files
+    from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer, bpe_files
 
     assert (tmp_path / "hf" / "vocab.json").read_bytes() == open(bpe_files()[0], "rb").read()
     assert (tmp_path / "hf" / "merges.txt").read_bytes() == open(bpe_files()[1], "rb").read()

@@ -17,17 +17,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from support.corpora import texts
+from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
-from dispersion_titan.components.tokenizer import EOT_ID
+from dispersion_titan.components.titan_tokenizer import EOT_ID
 from dispersion_titan.data import corpora
+from dispersion_titan.data.__main__ import main, parser
 from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
-from dispersion_titan.data.__main__ import main, parser
 from dispersion_titan.data.prepare import prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
-from support.launch import DEBUG_TOML, REPO, launch_env, python_module
-from support.corpora import texts
-from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
 SEQ = 16
 LAYOUTS = [(1, 2, 4), (2, 1, 4), (4, 1, 2), (2, 2, 2), (4, 2, 1)]  # (ranks, accumulation, local batch)
@@ -105,7 +105,7 @@ def test_a_store_of_the_models_own_tokenizer(tmp_path):
     """A qwen3 TOML naming a Hugging Face folder prepares its ids with that folder's
     tokenizer.json; the store is stamped with it and refused for a run of another tokenizer."""
     from dispersion_titan.run_folder.hf_export import save_tokenizer
-    from dispersion_titan.tokenizer.encoders import GPT2, hf_tokenizer
+    from dispersion_titan.tokenizer.encoders import GPT2_BPE, hf_tokenizer
 
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -117,10 +117,10 @@ def test_a_store_of_the_models_own_tokenizer(tmp_path):
     own = hf_tokenizer(str(hf))
     store = open_store(str(tmp_path / "store"), "local", "train", "f", own)
     assert np.array_equal(store[:], token_stream("local", "train", path, "f", own))
-    assert np.array_equal(store[:], token_stream("local", "train", path, "f", GPT2))
+    assert np.array_equal(store[:], token_stream("local", "train", path, "f", GPT2_BPE))
     assert store.manifest["tokenizer"]["name"] == str(hf) and own.eos_id == EOT_ID
     with pytest.raises(DataConfigError, match="made with another tokenizer"):
-        open_store(str(tmp_path / "store"), "local", "train", "f", GPT2)
+        open_store(str(tmp_path / "store"), "local", "train", "f", GPT2_BPE)
 
 
 # ---------------------------------------------------------------- training reads the store

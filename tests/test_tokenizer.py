@@ -15,7 +15,7 @@ import pytest
 import tiktoken.load
 import tiktoken_ext.openai_public as openai_public
 
-from dispersion_titan.components.tokenizer import EOT_ID, EOT_TOKEN, GPT2Tokenizer, bpe_files
+from dispersion_titan.components.titan_tokenizer import EOT_ID, EOT_TOKEN, GPT2Tokenizer, bpe_files
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import ENWIKI_VALIDATION_EVERY, iter_documents
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..tokenizer.encoders import GPT2, DocumentEncoder
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils.errors import DataConfigError
 from . import AnalysisError
 
@@ -114,7 +114,7 @@ def read_texts(path: str) -> list[str]:
 def _texts(options: InputOptions) -> list[str]:
     if options.texts:
         return read_texts(options.texts)
-    from ..data.corpora import iter_documents
+    from ..data.corpora import iter_documents  # datasets: only for a registered corpus, not --texts
 
     return list(iter_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
 
@@ -126,7 +126,7 @@ def _documents(options: InputOptions, encode: Encode | DocumentEncoder) -> list[
             return [np.asarray(ids, dtype=np.int64) for ids in encode(_texts(options))]
         if options.texts:
             return [np.asarray(ids) for ids in encode.encode_batch(read_texts(options.texts), 8)]
-        from ..data.packed import tokenized_documents
+        from ..data.packed import tokenized_documents  # TorchTitan: only for a run's own tokenizer
 
         return list(tokenized_documents(options.dataset, SPLIT, options.dataset_path, "--dataset", encode))
     except DataConfigError as e:
@@ -210,7 +210,7 @@ def _paper_sequences(options: InputOptions, encode: Encode | DocumentEncoder) ->
     return np.asarray([seq[: options.seq_len] for seq in ids], dtype=np.int64)
 
 
-def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = GPT2) -> Sequences:
+def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = GPT2_BPE) -> Sequences:
     """K seeded windows of S tokens (or the paper's K texts); a one-line ``AnalysisError`` if there are too few."""
     if options.protocol == "paper":
         return _sequences(options, _paper_sequences(options, encode))

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
     find_checkpoint_folder,
@@ -28,7 +29,7 @@ from ..run_folder.checkpoints import (
     load_model_args,
     load_run_metadata,
 )
-from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
@@ -115,7 +116,7 @@ class Analysis:
     noun = "model state"
 
     def __init__(self, options: AnalyzeOptions, units: list[Unit], label: str, out: str, tb_dir: str,
-                 inputs: InputOptions, dtype: str, model: str | None = None, encode: Encode | DocumentEncoder = GPT2):
+                 inputs: InputOptions, dtype: str, model: str | None = None, encode: Encode | DocumentEncoder = GPT2_BPE):
         self.options = options
         self.units = units
         self.label = label
@@ -269,8 +270,6 @@ class RunAnalysis(Analysis):
 
 def count_parameters(args) -> int:
     """Parameter count of the family's model of shape ``args`` (a tied LM head counted once)."""
-    from ..models import family
-
     with torch.device("meta"):
         return sum(p.numel() for p in family(args.FAMILY).get_train_spec().model_cls(args).parameters())
 

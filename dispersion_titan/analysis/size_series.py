@@ -24,6 +24,7 @@ from .compare import format_table, pick
 from .condensation_schema import Condensation
 from .inputs import differences
 from .result_files import atomic_write, ensure_writable, write_csv
+from .runner import count_parameters
 from .statistics import finite_or_none
 
 DEFAULT_LAST_N = 3
@@ -48,8 +49,7 @@ def _n_params(result: Condensation) -> int:
     """Recorded with every analysis; counted from the shape for runs analysed before that."""
     if result.n_params is not None:
         return result.n_params
-    from ..models.gpt2.args import GPT2ModelArgs
-    from .runner import count_parameters
+    from ..models.gpt2.args import GPT2ModelArgs  # TorchTitan: only for analyses older than n_params
 
     return count_parameters(GPT2ModelArgs(**result.model_args))
 

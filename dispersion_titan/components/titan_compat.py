@@ -37,7 +37,7 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
   ``lr_lambda`` to ``LambdaLR`` unchanged (a list: one factor per param group). Both
   builders are the TrainSpec's, called from ``Trainer.__init__`` with the
   ``[optimizer]`` / ``[lr_scheduler]`` sections (which carry ``[baseline]``, ``config.schema.BuilderInputs``).
-- ``trainer_class``: an after-checkpoint-load hook (``train()`` loads, then calls
+- ``TrainerHooks``: an after-checkpoint-load hook (``train()`` loads, then calls
   ``should_continue_training``), and TorchTitan's non-pipelined ``forward_backward_step``
   around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
 """
@@ -55,6 +55,7 @@ from importlib.metadata import version
 from typing import Any
 
 import torch
+from torchtitan.train import Trainer  # free here: torchtitan.config and the models import it already
 
 TORCHTITAN_VERSION = "0.2.2"
 
@@ -367,43 +368,36 @@ def lr_schedulers_per_group(optimizers: Any, lr_lambdas: list[Callable[[int], fl
 # ------------------------------------------------------------------------ the trainer
 
 
-@functools.cache
-def trainer_class() -> type:
-    """``TrainerHooks``, built on first use: importing ``torchtitan.train`` is slow."""
-    from torchtitan.train import Trainer
+class TrainerHooks(Trainer):
+    """TorchTitan's Trainer with the two hooks ``DispersionTrainer`` needs."""
 
-    class TrainerHooks(Trainer):
-        """TorchTitan's Trainer with the two hooks ``DispersionTrainer`` needs."""
+    _loaded = False
 
-        _loaded = False
+    def on_checkpoint_loaded(self) -> None:
+        """Runs once, after ``train()`` has loaded (or not found) a checkpoint and before step 1."""
 
-        def on_checkpoint_loaded(self) -> None:
-            """Runs once, after ``train()`` has loaded (or not found) a checkpoint and before step 1."""
+    def should_continue_training(self) -> bool:
+        # ``train()`` calls this right after ``checkpointer.load`` and then once per step.
+        if not self._loaded:
+            self._loaded = True
+            self.on_checkpoint_loaded()
+        return super().should_continue_training()
 
-        def should_continue_training(self) -> bool:
-            # ``train()`` calls this right after ``checkpointer.load`` and then once per step.
-            if not self._loaded:
-                self._loaded = True
-                self.on_checkpoint_loaded()
-            return super().should_continue_training()
+    def forward_backward_step(self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+                              global_valid_tokens: torch.Tensor) -> torch.Tensor:
+        """TorchTitan's non-pipelined ``forward_backward_step``, with the model call, the loss
+        and the backward handed to ``model_forward_backward`` (inside the train context)."""
+        if self.parallel_dims.pp_enabled:
+            raise NotImplementedError("dispersion_titan does not support pipeline parallelism")
+        inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
+        (model,) = self.model_parts
+        with self.train_context():
+            return self.model_forward_backward(
+                model, inputs, labels, global_valid_tokens, {**extra_inputs, **extra_kwargs}
+            )
 
-        def forward_backward_step(self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-                                  global_valid_tokens: torch.Tensor) -> torch.Tensor:
-            """TorchTitan's non-pipelined ``forward_backward_step``, with the model call, the loss
-            and the backward handed to ``model_forward_backward`` (inside the train context)."""
-            if self.parallel_dims.pp_enabled:
-                raise NotImplementedError("dispersion_titan does not support pipeline parallelism")
-            inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
-            (model,) = self.model_parts
-            with self.train_context():
-                return self.model_forward_backward(
-                    model, inputs, labels, global_valid_tokens, {**extra_inputs, **extra_kwargs}
-                )
-
-        def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                                   global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
-            """Forward (under ``self.maybe_enable_amp``), loss sum / ``global_valid_tokens``,
-            backward; returns the detached loss to log."""
-            raise NotImplementedError
-
-    return TrainerHooks
+    def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
+                               global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
+        """Forward (under ``self.maybe_enable_amp``), loss sum / ``global_valid_tokens``,
+        backward; returns the detached loss to log."""
+        raise NotImplementedError

@@ -28,7 +28,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
-from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_for
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
 from .layout import RankSlice, Sample
 from .store import TokenStore, is_store, open_store
@@ -37,7 +37,7 @@ from .tokens import cached_tokens, tokenize
 
 
 @functools.cache
-def token_stream(name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2) -> np.ndarray:
+def token_stream(name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2_BPE) -> np.ndarray:
     """All documents of a split, each followed by the end-of-sequence id, as one array
     (memory-mapped from the token cache when the corpus is cached)."""
     if split == "train" and name in CORPORA and CORPORA[name].streams_training:
@@ -53,7 +53,7 @@ def token_stream(name: str, split: str, path: str | None, field: str, encoder: D
 
 
 def tokenized_documents(name: str, split: str, path: str | None, field: str,
-                        encoder: DocumentEncoder = GPT2) -> tuple[np.ndarray, ...]:
+                        encoder: DocumentEncoder = GPT2_BPE) -> tuple[np.ndarray, ...]:
     """Each document of a corpus split as token ids (no separator). Documents are
     tokenised as ordinary text, so the end-of-sequence id only ever separates them."""
     stream = token_stream(name, split, path, field, encoder)
@@ -84,7 +84,7 @@ class PackedSequenceDataset(RankSlice):
         shuffle: bool = True,
         seed: int = 0,
         field: str = "training.dataset",
-        pad_id: int = GPT2.eos_id,
+        pad_id: int = GPT2_BPE.eos_id,
     ):
         super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
         self.tokens = tokens

@@ -37,7 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..config.cli import read_toml
-from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named, hf_tokenizer, tokenizer_folder
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import local_assets
 from ..utils.errors import DataConfigError
 from .corpora import CORPORA, DOCUMENTS_VERSION, check_dataset, documents_identity, iter_documents
@@ -59,7 +59,7 @@ _IN_FLIGHT_PER_WORKER = 2  # shards read ahead per worker: bounds the texts held
 _RECORD_KEYS = ("file", "tokens", "documents", "sha256")
 
 
-def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2) -> dict[str, Any]:
+def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
     """What a store's shards depend on, each recorded under its name in the manifest."""
     return {"format": FORMAT, "version": VERSION, "source": source, "tokenizer": tokenizer_stamp(encoder),
             "documents_version": DOCUMENTS_VERSION, "dtype": token_dtype(encoder).name,
@@ -150,7 +150,7 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
 
 def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, workers: int,
                 shard_documents: int = SHARD_DOCUMENTS, progress: bool = True,
-                encoder: DocumentEncoder = GPT2) -> dict[str, Any]:
+                encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
     """Tokenise ``documents`` into the store at ``out`` (finishing a partial one there);
     return its manifest. ``source`` describes the documents (dataset, split, path, ...)."""
     inputs = key_inputs(source, shard_documents, encoder)
@@ -213,7 +213,7 @@ def resolve_source(target: str, split: str, dataset_path: str | None,
     registered dataset name and ``--tokenizer`` (GPT-2's BPE without it)."""
     chosen = None if tokenizer is None else hf_tokenizer(tokenizer, "--tokenizer")
     if target in CORPORA:
-        return target, dataset_path, "--dataset", chosen or GPT2
+        return target, dataset_path, "--dataset", chosen or GPT2_BPE
     if not (target.endswith(".toml") or os.path.isfile(target)):
         raise DataConfigError(f"CONFIG_OR_DATASET: {target!r} is neither a .toml file nor a dataset "
                               f"(choose from {sorted(CORPORA)})")
@@ -224,7 +224,7 @@ def resolve_source(target: str, split: str, dataset_path: str | None,
         raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
     model = toml.get("model", {})
     folder = tokenizer_folder(model.get("name", ""), model.get("hf_assets_path", ""))
-    encoder = chosen or (GPT2 if folder is None else hf_tokenizer(local_assets(folder, "model.hf_assets_path")))
+    encoder = chosen or (GPT2_BPE if folder is None else hf_tokenizer(local_assets(folder, "model.hf_assets_path")))
     return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset", encoder
 
 

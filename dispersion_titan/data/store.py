@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..tokenizer.encoders import GPT2, DocumentEncoder
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils.errors import DataConfigError
 from .corpora import DOCUMENTS_VERSION
 
@@ -46,7 +46,7 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.bin"
 
 
-def tokenizer_stamp(encoder: DocumentEncoder = GPT2) -> dict[str, Any]:
+def tokenizer_stamp(encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
     """What a store's token ids depend on, as recorded in its manifest."""
     return {"name": encoder.name, "sha256": encoder.fingerprint(), "n_vocab": encoder.vocab_size,
             "special_tokens": {encoder.eos_token: encoder.eos_id}}
@@ -103,7 +103,7 @@ def _well_formed(manifest: dict[str, Any]) -> bool:
                     and os.path.basename(s["file"]) == s["file"] for s in shards))
 
 
-def stale_reason(manifest: dict[str, Any], encoder: DocumentEncoder = GPT2) -> str | None:
+def stale_reason(manifest: dict[str, Any], encoder: DocumentEncoder = GPT2_BPE) -> str | None:
     """Why a store's tokens differ from what ``encoder`` would produce here, if they do."""
     made_with = manifest["tokenizer"].get("sha256")
     if made_with != encoder.fingerprint():
@@ -155,7 +155,7 @@ class TokenStore:
         return np.load(os.path.join(self.folder, DOCUMENT_INDEX), mmap_mode="r")
 
 
-def open_store(path: str, dataset: str, split: str, field: str, encoder: DocumentEncoder = GPT2) -> TokenStore:
+def open_store(path: str, dataset: str, split: str, field: str, encoder: DocumentEncoder = GPT2_BPE) -> TokenStore:
     """The store at ``path`` made from ``dataset``'s ``split`` by ``encoder``, shards
     checked by size (not hashed: that would read the whole corpus on every rank)."""
     folder = os.path.expanduser(path)

@@ -23,7 +23,7 @@ from typing import Any
 import datasets
 import numpy as np
 
-from ..tokenizer.encoders import GPT2, DocumentEncoder
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils.errors import DataConfigError
 from .layout import RankSlice, Sample
 from .tokens import tokenize
@@ -65,7 +65,7 @@ class StreamingPackedDataset(RankSlice):
         dp_world_size: int = 1,
         *,
         field: str = "training.dataset",
-        encoder: DocumentEncoder = GPT2,
+        encoder: DocumentEncoder = GPT2_BPE,
     ):
         super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
         self.rows = rows

@@ -24,19 +24,19 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from ..tokenizer.encoders import GPT2, DocumentEncoder
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 
 CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
 _TOKENIZE_BATCH = 256  # documents per tiktoken call (it tokenises a batch in threads)
 
 
-def token_dtype(encoder: DocumentEncoder = GPT2) -> np.dtype:
+def token_dtype(encoder: DocumentEncoder = GPT2_BPE) -> np.dtype:
     """The smallest unsigned type holding every id: uint16 for GPT-2's 50257, uint32 for
     Qwen3's or Llama 3's vocabularies."""
     return np.dtype(np.uint16 if encoder.vocab_size <= 1 << 16 else np.uint32)
 
 
-def tokenize(documents: Iterable[str], threads: int = 8, encoder: DocumentEncoder = GPT2) -> Iterator[np.ndarray]:
+def tokenize(documents: Iterable[str], threads: int = 8, encoder: DocumentEncoder = GPT2_BPE) -> Iterator[np.ndarray]:
     """Each document's ids (ordinary text) followed by the end-of-sequence id (GPT-2's
     ``<|endoftext|>``), as ``token_dtype()`` arrays. ``threads``: tiktoken's threads per batch."""
     dtype = token_dtype(encoder)
@@ -57,13 +57,13 @@ def cache_dir() -> str | None:
     return os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
 
 
-def cache_key(identity: dict[str, Any], encoder: DocumentEncoder = GPT2) -> str:
+def cache_key(identity: dict[str, Any], encoder: DocumentEncoder = GPT2_BPE) -> str:
     text = json.dumps({**identity, "tokenizer": encoder.fingerprint()}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def cached_tokens(identity: dict[str, Any] | None, build: Callable[[], np.ndarray],
-                  encoder: DocumentEncoder = GPT2) -> np.ndarray:
+                  encoder: DocumentEncoder = GPT2_BPE) -> np.ndarray:
     """``build()``'s tokens (made by ``encoder``), read from (or first written to) the cache."""
     folder = cache_dir()
     if identity is None or folder is None:

@@ -27,7 +27,7 @@ from ..losses.options import (
     resolve_layers,
 )
 from ..models.flavors import SHAPE_KEYS
-from ..tokenizer.encoders import GPT2, DocumentEncoder, hf_tokenizer, tokenizer_folder
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
 
@@ -70,7 +70,7 @@ def run_tokenizer(config: JobConfig) -> DocumentEncoder | None:
     is a hub id not fetched yet (``train`` fetches it before these checks run for real)."""
     folder = tokenizer_folder(config.model.name, config.model.hf_assets_path)
     if folder is None:
-        return GPT2
+        return GPT2_BPE
     if os.path.isdir(os.path.expanduser(folder)):
         return hf_tokenizer(os.path.expanduser(folder))
     if is_hub_id(folder):
@@ -113,7 +113,7 @@ def check_model(config: JobConfig, args: Any) -> None:
             )
     tokenizer = run_tokenizer(config)
     if tokenizer is not None and args.vocab_size < tokenizer.vocab_size:
-        which = "GPT-2" if tokenizer is GPT2 else config.model.hf_assets_path
+        which = "GPT-2" if tokenizer is GPT2_BPE else config.model.hf_assets_path
         raise ConfigError(
             f"model.vocab_size: {args.vocab_size} is smaller than the {which} tokenizer's {tokenizer.vocab_size} ids"
         )

@@ -17,7 +17,9 @@ from ..config.toml_types import check_toml_types
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
 from ..run_folder.settings import check_same_settings, start_fork
+from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.hf_assets import is_hub_id, local_assets
+from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
 from .checks import check_job_config, data_parallel_degree
 
@@ -110,3 +112,17 @@ def check_run_folder(job_config: JobConfig) -> None:
 def print_every_key(args: list[str], toml: dict) -> None:
     """``train --help-all``: TorchTitan's help of every section, ours included; exits."""
     titan_compat.parse_job_config([*args, "--help"], toml)
+
+
+def check_launch(job_config: JobConfig, take_lock: bool) -> JobConfig:
+    """Everything a launch checks once ``job_config`` is parsed: its values (again once the hub
+    assets are fetched or a fork's checkpoint is set), the GPUs, the run folder's writer lock
+    (``take_lock``: the one process that checks before the ranks start) and its fixed settings."""
+    check(job_config)
+    if fetch_local_assets(job_config) | set_fork_options(job_config):
+        check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
+    check_gpus_usable()
+    if take_lock:
+        refuse_if_busy(job_config.job.dump_folder)
+    check_run_folder(job_config)
+    return job_config

@@ -27,6 +27,7 @@ import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import NamedTuple, Protocol
 
 import torch
@@ -498,13 +499,19 @@ class KernelUnavailable(RuntimeError):
 
 
 @functools.cache
-def _triton_import_error() -> str | None:
-    """Why the Triton kernels do not import (triton is optional on CPU-only installs), or None."""
+def _triton_module() -> ModuleType | str:
+    """The Triton kernels' module, or why it does not import (triton is optional on CPU-only
+    installs, and importing it costs seconds where the torch path is used)."""
     try:
-        from dispersion_titan.losses import dispersion_triton  # noqa: F401
+        from dispersion_titan.losses import dispersion_triton  # optional: see above
     except ImportError as err:
         return str(err)
-    return None
+    return dispersion_triton
+
+
+def _triton_import_error() -> str | None:
+    module = _triton_module()
+    return module if isinstance(module, str) else None
 
 
 # The probe's (value, gradient) tolerances: above each precision's error on random inputs as
@@ -522,12 +529,10 @@ def check_triton_kernel(device: torch.device, variant: str, precision: str) -> N
     avoid = "set dispersion.kernel = 'torch' (kernel='torch') to use the PyTorch path"
     if (problem := _triton_import_error()) is not None:
         raise KernelUnavailable(f"the Triton dispersion kernel does not import ({problem}); {avoid}")
-    from dispersion_titan.losses.dispersion_triton import TritonTiles
-
     gen = torch.Generator().manual_seed(0)
     probe = torch.randn(2, 130, 96, generator=gen).to(device)
     results = []
-    for kernel in (TritonTiles(precision), TorchStrips()):
+    for kernel in (_triton_module().TritonTiles(precision), TorchStrips()):
         x = probe.clone().requires_grad_()
         try:
             loss = dispersion_loss(x, variant, kernel=kernel)
@@ -562,9 +567,7 @@ def _pair_kernel(kernel: str | PairKernel, device: torch.device, variant: str, p
         check_triton_kernel(device, variant, precision)
     elif (problem := _triton_import_error()) is not None:
         raise ValueError(f"kernel='triton' needs the triton package, which does not import here ({problem})")
-    from dispersion_titan.losses.dispersion_triton import TritonTiles
-
-    return TritonTiles(precision)
+    return _triton_module().TritonTiles(precision)
 
 
 def dispersion_loss(

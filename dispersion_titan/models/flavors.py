@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..utils.errors import ConfigError
+from . import family
 
 A = TypeVar("A")
 
@@ -72,8 +73,6 @@ SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidde
 def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:
     """A family's arguments from their ``dataclasses.asdict`` form (``run.json``), nested
     dataclasses (Qwen3's ``moe_args``, Llama 3's ``rope_scaling_args``) rebuilt too."""
-    from . import family
-
     cls = family(family_name).get_train_spec().model_args.cls
     values = dict(fields)
     for f in dataclasses.fields(cls):

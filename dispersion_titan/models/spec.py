@@ -7,19 +7,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.protocols.train_spec import TrainSpec
+
+from ..components.metrics import build_dispersion_metrics_processor
+from ..components.optimizers import build_dispersion_lr_schedulers, build_dispersion_optimizers
+from ..components.titan_tokenizer import build_tokenizer
+from ..components.validate import build_packed_validator
+from ..data.packed import build_packed_dataloader
 
 
 def dispersion_train_spec(model_cls: type, flavors: Mapping[str, Any], parallelize_fn: Callable[..., Any],
                           state_dict_adapter: type) -> TrainSpec:
-    from torchtitan.components.loss import build_cross_entropy_loss
-
-    from ..components.metrics import build_dispersion_metrics_processor
-    from ..components.optimizers import build_dispersion_lr_schedulers, build_dispersion_optimizers
-    from ..components.tokenizer import build_tokenizer
-    from ..components.validate import build_packed_validator
-    from ..data.packed import build_packed_dataloader
-
     return TrainSpec(
         model_cls=model_cls,
         model_args=flavors,

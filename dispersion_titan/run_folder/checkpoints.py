@@ -18,6 +18,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ..models import family
+from ..models.flavors import args_from_dict
 from ..utils.errors import CheckpointError, RunFinished
 
 RUN_METADATA_FILE = "run.json"
@@ -122,8 +124,6 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
 def load_model_args(checkpoint_dir: str) -> Any:
     """The family's arguments with the shape recorded in the run's dump folder (the
     checkpoint folder's parent); a ``run.json`` without a family is a gpt2 run's."""
-    from ..models.flavors import args_from_dict
-
     dump = os.path.dirname(os.path.abspath(checkpoint_dir))
     metadata = load_run_metadata(dump)
     try:
@@ -138,8 +138,6 @@ def load_model(step_dir: str, args: Any, device: str | torch.device = "cpu",
 
     Built on the meta device, materialised and initialised (which ties a shared LM head
     and computes buffers such as a RoPE table), then loaded in place."""
-    from ..models import family
-
     check_complete(step_dir)
     with torch.device("meta"):
         model = family(args.FAMILY).get_train_spec().model_cls(args)

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from ..models import family
 from ..tokenizer.bpe import bpe_files
-from ..tokenizer.encoders import GPT2, DocumentEncoder, encoder_named
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError, ConvertError
 from .checkpoints import (
     check_complete,
@@ -86,7 +86,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def export_tokenizer(folder: str, encoder: DocumentEncoder, max_length: int) -> None:
     """The run's tokenizer files: GPT-2's BPE, or copies of the model folder's own."""
-    if encoder == GPT2:
+    if encoder == GPT2_BPE:
         save_tokenizer(folder, max_length)
         return
     for name in TOKENIZER_FILES:
@@ -102,7 +102,7 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
         raise ConvertError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     args = load_model_args(checkpoints)
-    encoder = encoder_named(load_run_metadata(os.path.dirname(checkpoints)).get("tokenizer", GPT2.name))
+    encoder = encoder_named(load_run_metadata(os.path.dirname(checkpoints)).get("tokenizer", GPT2_BPE.name))
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
     parent = os.path.dirname(os.path.abspath(out_dir))

@@ -67,7 +67,7 @@ class GPT2BPE(DocumentEncoder):
         return gpt2_encoding().encode_ordinary_batch(texts, num_threads=threads)
 
 
-GPT2 = GPT2BPE()
+GPT2_BPE = GPT2BPE()
 
 
 class HFTokenizerFile(DocumentEncoder):
@@ -128,7 +128,7 @@ def hf_tokenizer(folder: str, field: str = "model.hf_assets_path") -> HFTokenize
 
 def encoder_named(name: str) -> DocumentEncoder:
     """The encoder whose ``name`` this is (a worker process rebuilds it from the name)."""
-    return GPT2 if name == GPT2.name else hf_tokenizer(name)
+    return GPT2_BPE if name == GPT2_BPE.name else hf_tokenizer(name)
 
 
 def tokenizer_folder(model_name: str, hf_assets_path: str | None) -> str | None:
@@ -140,4 +140,4 @@ def tokenizer_folder(model_name: str, hf_assets_path: str | None) -> str | None:
 
 def encoder_for(model_name: str, hf_assets_path: str | None) -> DocumentEncoder:
     folder = tokenizer_folder(model_name, hf_assets_path)
-    return GPT2 if folder is None else hf_tokenizer(folder)
+    return GPT2_BPE if folder is None else hf_tokenizer(folder)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import sys
 from typing import Any
 
 import torch
@@ -22,11 +23,11 @@ from ..data.packed import run_encoder, run_seed
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
-from ..utils.errors import NonFiniteLossError
+from ..utils.errors import DispersionTitanError, NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
 from .objective import DispersionObjective
-from .preemption import Preemption
+from .preemption import Preemption, secondary_failure_status
 from .save_failure import save_failure
 
 
@@ -72,7 +73,7 @@ def _take_writer_lock(dump_folder: str) -> WriterLock | None:
     return lock
 
 
-class DispersionTrainer(titan_compat.trainer_class()):
+class DispersionTrainer(titan_compat.TrainerHooks):
     def __init__(self, job_config) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
         settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
@@ -181,3 +182,18 @@ class DispersionTrainer(titan_compat.trainer_class()):
         ce_value = _local(ce.detach())
         self.step_metrics.add(ce_value, term.unweighted, term.block_cosine_sums)
         return ce_value + term.step_coeff * term.unweighted
+
+
+def train(job_config: Any) -> None:
+    """TorchTitan's ``main`` with ``DispersionTrainer`` on the checked ``job_config``. A rank that
+    fails only because another rank failed, or because the job is being stopped, exits with its
+    status and no traceback: the launcher names the rank that failed first."""
+    try:
+        titan_compat.train_main(DispersionTrainer, job_config)
+    except DispersionTitanError:  # said in one line by the command
+        raise
+    except Exception as e:
+        status = secondary_failure_status(e)
+        if status is None:
+            raise
+        sys.exit(status)

@@ -19,11 +19,12 @@ __all__ = ["GPT2", "GPT2ModelArgs", "MODEL_NAME", "get_train_spec", "gpt2_flavor
 
 
 def get_train_spec() -> TrainSpec:
-    from ..spec import dispersion_train_spec
-    from .parallelize import parallelize_gpt2
-    from .state_dict_adapter import GPT2StateDictAdapter
+    # The trainer side, imported here as TorchTitan's models/llama3 does: .args and .model load without it.
+    from .. import spec
+    from . import parallelize, state_dict_adapter
 
-    return dispersion_train_spec(GPT2, gpt2_flavors, parallelize_gpt2, GPT2StateDictAdapter)
+    return spec.dispersion_train_spec(GPT2, gpt2_flavors, parallelize.parallelize_gpt2,
+                                      state_dict_adapter.GPT2StateDictAdapter)
 
 
 def hf_config(args: GPT2ModelArgs, tokenizer: Any):

@@ -8,6 +8,7 @@ GPT-2's names.
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn

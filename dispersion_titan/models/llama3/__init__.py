@@ -15,8 +15,8 @@ from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAda
 from torchtitan.protocols.train_spec import TrainSpec
 
 from ..flavors import Flavors
-from ..parallelize import adapted
-from ..rotary import RotaryOverrides, hf_decoder_fields, offered
+from ..titan_decoder_args import RotaryOverrides, hf_decoder_fields, offered
+from ..titan_decoder_parallelize import adapted
 
 MODEL_NAME = "llama3"
 
@@ -48,7 +48,7 @@ llama3_flavors = Flavors(llama3_args, Llama3Args, offered)
 
 
 def get_train_spec() -> TrainSpec:
-    from ..spec import dispersion_train_spec
+    from ..spec import dispersion_train_spec  # the trainer side: see models/gpt2/__init__.py
 
     return dispersion_train_spec(Transformer, llama3_flavors, adapted(parallelize_llama),
                                  Llama3StateDictAdapter)

@@ -12,8 +12,8 @@ from torchtitan.protocols.train_spec import TrainSpec
 
 from ...utils.errors import ConvertError
 from ..flavors import Flavors
-from ..parallelize import adapted
-from ..rotary import RotaryOverrides, hf_decoder_fields, offered
+from ..titan_decoder_args import RotaryOverrides, hf_decoder_fields, offered
+from ..titan_decoder_parallelize import adapted
 
 MODEL_NAME = "qwen3"
 
@@ -39,7 +39,7 @@ qwen3_flavors = Flavors(qwen3_args, Qwen3Args, offered)
 
 
 def get_train_spec() -> TrainSpec:
-    from ..spec import dispersion_train_spec
+    from ..spec import dispersion_train_spec  # the trainer side: see models/gpt2/__init__.py
 
     return dispersion_train_spec(Qwen3Model, qwen3_flavors, adapted(parallelize_qwen3),
                                  Qwen3StateDictAdapter)

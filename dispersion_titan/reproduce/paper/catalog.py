@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GPT2 = ("openai-community/gpt2", "openai-community/gpt2-medium", "openai-community/gpt2-large",
-        "openai-community/gpt2-xl")
-FAMILIES: dict[str, tuple[str, ...]] = {
-    "GPT-2": GPT2,
+GPT2_HUB_IDS = ("openai-community/gpt2", "openai-community/gpt2-medium", "openai-community/gpt2-large",
+                "openai-community/gpt2-xl")
+SIZE_SERIES: dict[str, tuple[str, ...]] = {
+    "GPT-2": GPT2_HUB_IDS,
     "Qwen": ("Qwen/Qwen-1_8B", "Qwen/Qwen-7B", "Qwen/Qwen-14B", "Qwen/Qwen-72B"),
     "Qwen2.5": ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B",
                 "Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-72B"),
@@ -89,8 +89,8 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
              "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
              "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
              "with the family statistic (Spearman of size vs last-3-layer mean cosine)",
-             "; ".join(f"{name}: {_models_line(models)}" for name, models in FAMILIES.items()),
-             _hours(tuple(m for models in FAMILIES.values() for m in models))),
+             "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items()),
+             _hours(tuple(m for models in SIZE_SERIES.values() for m in models))),
     Artifact("fig3", "Fig. 3: MLP width only",
              "analyze RUN (its last checkpoint) per run; heatmaps and the width trend",
              f"the four runs of {', '.join(MLP_WIDTH_CONFIGS)} (GPT-2 small shape, MLP width 768 to 6144; "
@@ -118,8 +118,8 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
              "limit 500; estimate, not measured)"),
     Artifact("robustness", "Fig. S (dataset robustness): the same trend on other texts",
              "analyze hf:MODEL per model and corpus; fig2's panels, one row per corpus",
-             f"{_models_line(GPT2)} on {', '.join(CORPORA)}",
-             _hours(GPT2, states=len(CORPORA))),
+             f"{_models_line(GPT2_HUB_IDS)} on {', '.join(CORPORA)}",
+             _hours(GPT2_HUB_IDS, states=len(CORPORA))),
 )}
 
 

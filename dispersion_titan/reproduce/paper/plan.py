@@ -126,15 +126,15 @@ def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
 
 def _default_models(artifact: str, analyses: str) -> tuple[list[Model], list[tuple[int, int]]]:
     if artifact == "fig2":
-        return [model_of(m, analyses, family, catalog.size_b(m))
-                for family, models in catalog.FAMILIES.items() for m in models], []
+        return [model_of(m, analyses, series, catalog.size_b(m))
+                for series, models in catalog.SIZE_SERIES.items() for m in models], []
     if artifact == "fig5":
         bases = [model_of(a, analyses, "base", catalog.size_b(a)) for a, _ in catalog.DISTILLATION_PAIRS]
         distilled = [model_of(b, analyses, "distilled", catalog.size_b(b)) for _, b in catalog.DISTILLATION_PAIRS]
         n = len(bases)
         return bases + distilled, [(i, n + i) for i in range(n)]
     if artifact == "robustness":
-        return [model_of(m, analyses, None, catalog.size_b(m)) for m in catalog.GPT2], []
+        return [model_of(m, analyses, None, catalog.size_b(m)) for m in catalog.GPT2_HUB_IDS], []
     if artifact == "fig3":
         configs = ", ".join(catalog.MLP_WIDTH_CONFIGS)
         raise MissingInput(f"fig3: give the four MLP-width runs with --models RUN ... (train them from {configs}: "

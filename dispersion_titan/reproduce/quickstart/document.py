@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...analysis.compare import format_table
-from .findings import Finding, markdown as findings_markdown
+from .findings import Finding
+from .findings import markdown as findings_markdown
 from .summary import RunCondensation, late_blocks, table_rows
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
+import matplotlib.pyplot as plt  # noqa: E402,I001
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
+
 from ...analysis.condensation_schema import Condensation
 from ...analysis.figures import save_png  # first: it selects the headless Agg backend
 from ...analysis.statistics import layer_fraction
 from .findings import Finding, panel_shape
 from .summary import RunCondensation, late_cos
-
-import matplotlib.pyplot as plt  # noqa: E402,I001
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import NullLocator  # noqa: E402
 
 YLABEL = "late-block mean_cos_offdiag"
 

@@ -25,12 +25,12 @@ from ...run_folder.checkpoints import check_complete, list_checkpoints
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
 from ...utils.preloaded import Commands
+from . import VARIANT
 from .document import summary_markdown
 from .figure import save_findings_figure
 from .findings import findings
 from .init_panel import init_panel
 from .summary import load_sweep
-from . import VARIANT
 
 OPTIONS_FILE = "quickstart.json"
 
