@@ -10,9 +10,8 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torchtitan.config import JobConfig
 
 from ..config.schema import METHOD_SETTINGS
 from ..data.corpora import check_dataset
@@ -31,10 +30,14 @@ from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, tokeni
 from ..tokenizer.hf_assets import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
 
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
+
+
 SPLIT_OF = {"training": "train", "validation": "validation"}
 
 
-def check_dispersion(config: JobConfig, n_layers: int) -> None:
+def check_dispersion(config: RunConfig, n_layers: int) -> None:
     d = config.dispersion
     if d.variant not in CONFIG_VARIANTS:
         raise ConfigError(f"dispersion.variant: {d.variant!r} is not one of {CONFIG_VARIANTS}")
@@ -65,7 +68,7 @@ def _triton_device_here() -> bool:
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def run_tokenizer(config: JobConfig) -> DocumentEncoder | None:
+def run_tokenizer(config: RunConfig) -> DocumentEncoder | None:
     """The run's tokenizer (``encoders.tokenizer_folder``); None while ``model.hf_assets_path``
     is a hub id not fetched yet (``train`` fetches it before these checks run for real)."""
     folder = tokenizer_folder(config.model.name, config.model.hf_assets_path)
@@ -79,7 +82,7 @@ def run_tokenizer(config: JobConfig) -> DocumentEncoder | None:
                       "Hugging Face folder or hub id (its tokenizer.json), or \"\" for GPT-2's BPE")
 
 
-def check_model(config: JobConfig, args: Any) -> None:
+def check_model(config: RunConfig, args: Any) -> None:
     """``args``: the flavor's arguments with the ``[model]`` overrides applied."""
     name = config.model.name
     for key in SHAPE_KEYS:
@@ -124,7 +127,7 @@ def check_model(config: JobConfig, args: Any) -> None:
                           "context parallel")
 
 
-def check_data(config: JobConfig) -> None:
+def check_data(config: RunConfig) -> None:
     for section in ("training", "validation"):
         if section == "validation" and not config.validation.enable:
             continue
@@ -147,7 +150,7 @@ def check_data(config: JobConfig) -> None:
         raise ConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
 
-def check_checkpoint(config: JobConfig) -> None:
+def check_checkpoint(config: RunConfig) -> None:
     ckpt = config.checkpoint
     if ckpt.enable and ckpt.interval < 1:
         raise ConfigError(f"checkpoint.interval: must be >= 1, got {ckpt.interval}")
@@ -158,7 +161,7 @@ def check_checkpoint(config: JobConfig) -> None:
         )
 
 
-def data_parallel_degree(config: JobConfig, world_size: int) -> int:
+def data_parallel_degree(config: RunConfig, world_size: int) -> int:
     """The DP degree TorchTitan's ParallelDims will build from ``world_size`` processes."""
     p = config.parallelism
     others = p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree
@@ -178,7 +181,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def resolve_batch_sizes(config: JobConfig, dp: int) -> None:
+def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
     """Check the batch sizes against ``dp`` data-parallel ranks and fill in derived ones
     (``local_batch_size = 0``), before TorchTitan asserts them once NCCL runs.
 
@@ -236,7 +239,7 @@ def _unwritable(path: str) -> str | None:
     return None
 
 
-def check_output_folders(config: JobConfig) -> None:
+def check_output_folders(config: RunConfig) -> None:
     """Every folder the run writes to, checked before any process group starts."""
     dump = config.job.dump_folder
     folders = {"job.dump_folder": dump}
@@ -250,13 +253,13 @@ def check_output_folders(config: JobConfig) -> None:
             raise ConfigError(f"{field}: {path} cannot be created: {problem}")
 
 
-def check_metrics(config: JobConfig) -> None:
+def check_metrics(config: RunConfig) -> None:
     if config.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("metrics.enable_wandb: the wandb package is not installed; "
                           "pip install 'dispersion_titan[wandb]', or set it false")
 
 
-def check_baseline(config: JobConfig) -> None:
+def check_baseline(config: RunConfig) -> None:
     b = config.baseline
     if b.method not in METHOD_SETTINGS:
         raise ConfigError(f"baseline.method: {b.method!r} is not one of {tuple(METHOD_SETTINGS)}")
@@ -279,13 +282,13 @@ def check_baseline(config: JobConfig) -> None:
                               "no reset would ever happen; make it smaller or use baseline.method = none")
 
 
-def carry_baseline(config: JobConfig) -> None:
+def carry_baseline(config: RunConfig) -> None:
     """The ``[baseline]`` section also where the optimizer and LR-scheduler builders look
     (``config.schema.BuilderInputs``)."""
     config.optimizer.baseline = config.lr_scheduler.baseline = config.baseline
 
 
-def check_job_config(config: JobConfig, args: Any, world_size: int = 1) -> None:
+def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     """Everything about ``config`` that can be known before any process starts, for a
     job of ``world_size`` processes; derived values (batch sizes, the builders' baseline)
     are filled in, for the trainer to read. ``args``: the model family's flavor with the

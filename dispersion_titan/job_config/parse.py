@@ -3,11 +3,11 @@ field before any process group starts (``dispersion_titan.train``, the sweep's c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 import contextlib
 import io
 import os
 
-from torchtitan.config import JobConfig
 from torchtitan.protocols.train_spec import get_train_spec
 
 from .. import config as custom_config
@@ -22,6 +22,9 @@ from ..tokenizer.hf_assets import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
 from .checks import check_job_config, data_parallel_degree
+
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
 
 
 def prepare() -> None:
@@ -43,7 +46,7 @@ def _first_message(boxed: str) -> str:
     return " ".join(body) or "invalid command-line arguments"
 
 
-def parse_job_config(args: list[str], toml: dict) -> JobConfig:
+def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections, once per launch, on
     ``toml`` (the file ``--job.config_file`` names, read once by the caller): its types checked
     first, tyro's boxed errors turned into one line."""
@@ -56,7 +59,7 @@ def parse_job_config(args: list[str], toml: dict) -> JobConfig:
         raise ArgumentError(_first_message(captured.getvalue())) from e
 
 
-def check(job_config: JobConfig, world_size: int | None = None) -> JobConfig:
+def check(job_config: RunConfig, world_size: int | None = None) -> RunConfig:
     """Check every value of ``job_config`` we depend on for a job of ``world_size`` processes
     (default: ``WORLD_SIZE``, else 1), filling in the derived ones the trainer reads
     (``checks.check_job_config``); returns ``job_config``."""
@@ -73,7 +76,7 @@ def check(job_config: JobConfig, world_size: int | None = None) -> JobConfig:
     return job_config
 
 
-def validated_args(args: list[str], world_size: int | None = None) -> JobConfig:
+def validated_args(args: list[str], world_size: int | None = None) -> RunConfig:
     """``args`` parsed exactly as a launch parses them, and checked for a job of ``world_size``
     processes."""
     return check(parse_job_config(args, load_toml(args)), world_size)
@@ -83,7 +86,7 @@ def _world_size(world_size: int | None = None) -> int:
     return int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
 
 
-def fetch_local_assets(job_config: JobConfig) -> bool:
+def fetch_local_assets(job_config: RunConfig) -> bool:
     """Point ``model.hf_assets_path`` at the local snapshot of a hub id, fetched now
     (``hf_assets``); whether it was one (a local path is used as it is)."""
     path = job_config.model.hf_assets_path
@@ -93,13 +96,13 @@ def fetch_local_assets(job_config: JobConfig) -> bool:
     return True
 
 
-def set_fork_options(job_config: JobConfig) -> bool:
+def set_fork_options(job_config: RunConfig) -> bool:
     """Set the checkpoint options that start a fork (``job.fork_from``) from its source; whether
     this run is one (``settings.start_fork``)."""
     return start_fork(job_config, data_parallel_degree(job_config, _world_size()))
 
 
-def check_run_folder(job_config: JobConfig) -> None:
+def check_run_folder(job_config: RunConfig) -> None:
     """Refuse a relaunch that changes the recorded settings or would save over a step checkpoint
     (``run_folder.settings``, ``checkpoints.check_resume``); ``RunFinished`` when there is nothing to do."""
     check_same_settings(job_config.job.dump_folder, job_config)
@@ -114,7 +117,7 @@ def print_every_key(args: list[str], toml: dict) -> None:
     titan_compat.parse_job_config([*args, "--help"], toml)
 
 
-def check_launch(job_config: JobConfig, take_lock: bool) -> JobConfig:
+def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     """Everything a launch checks once ``job_config`` is parsed: its values (again once the hub
     assets are fetched or a fork's checkpoint is set), the GPUs, the run folder's writer lock
     (``take_lock``: the one process that checks before the ranks start) and its fixed settings."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..config.schema import Dispersion
 from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.dispersion import KernelUnavailable, check_triton_kernel
 from ..losses.options import resolve_layers
@@ -33,7 +34,7 @@ class MicrobatchDispersion:
 
 
 class DispersionObjective:
-    def __init__(self, cfg, n_layers: int, global_batch_size: int, seed: int, tp_group: dist.ProcessGroup | None):
+    def __init__(self, cfg: Dispersion, n_layers: int, global_batch_size: int, seed: int, tp_group: dist.ProcessGroup | None):
         self.cfg = cfg
         self.active = cfg.variant != "none"
         self.layers = resolve_layers(cfg.layers, n_layers)

@@ -11,7 +11,7 @@ import atexit
 import dataclasses
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,9 @@ from .block_outputs import BlockOutputs
 from .objective import DispersionObjective
 from .preemption import Preemption, secondary_failure_status
 from .save_failure import save_failure
+
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -74,7 +77,7 @@ def _take_writer_lock(dump_folder: str) -> WriterLock | None:
 
 
 class DispersionTrainer(titan_compat.TrainerHooks):
-    def __init__(self, job_config) -> None:
+    def __init__(self, job_config: RunConfig) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
         settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
         self.writer_lock = _take_writer_lock(job_config.job.dump_folder)
@@ -184,7 +187,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         return ce_value + term.step_coeff * term.unweighted
 
 
-def train(job_config: Any) -> None:
+def train(job_config: RunConfig) -> None:
     """TorchTitan's ``main`` with ``DispersionTrainer`` on the checked ``job_config``. A rank that
     fails only because another rank failed, or because the job is being stopped, exits with its
     status and no traceback: the launcher names the rank that failed first."""
