@@ -8,6 +8,10 @@ against the interpreter's own count) and H100 SXM's published peaks (989 TFLOP/s
 - the model's step: 6 FLOPs per parameter per token plus attention, at an assumed MFU;
 - the loss: its FLOPs at a sustained kernel rate (the rate measured on an H100 in
   docs/benchmarks.md, and at 50% of peak), its traffic at peak bandwidth, 5 µs per launch;
+  the chosen blocks go through the kernels as one batch (one set of launches per step's
+  micro-batch, whatever the number of blocks), at the price of copying them into it;
+  perplexity_entropy's pair products are split-precision tf32 (tf32x3): three tf32 dots,
+  at half the bf16 rate;
 - the step ratio, loss on against CE only. Targets: ≤ 1.10 (GPT-2 small), ≤ 1.15 (Qwen3-1.7B).
 
     python bench/h100_model.py                   # markdown table
@@ -28,7 +32,8 @@ from kernel_accounting import issued  # noqa: E402
 PEAK_BF16 = 989e12  # dense bf16 FLOP/s, H100 SXM
 PEAK_HBM = 3.35e12  # bytes/s, H100 SXM
 LAUNCH_S = 5e-6  # per kernel launch
-LAUNCHES_PER_BLOCK = 6  # rows (x2), pairs forward, pairs backward, W U, the mean for l2_repel
+LAUNCHES_PER_CALL = 6  # rows (x2), pairs forward, pairs backward, W U, the mean for l2_repel: all blocks at once
+SPLIT_PAIR_COST = 3 * 2  # tf32x3: three dots, each at half the bf16 tensor-core rate
 MEASURED_KERNEL_TFLOPS = 124.0  # this kernel at Qwen3-1.7B's shape on an H100 (docs/benchmarks.md, 2026-11-25)
 
 
@@ -60,13 +65,19 @@ def model_flops(c: Config) -> float:
     return tokens * (6 * (c.layers * per_layer + c.vocab * c.dim) + attention)
 
 
-def loss_seconds(c: Config, kernel_flops_per_s: float) -> tuple[float, float]:
-    """(seconds, issued FLOPs) of the loss on every block of one micro-batch."""
-    work = issued(c.micro_batch, c.seq_len, c.dim)
-    flops = c.layers * work["matmul_flops"] * c.micro_batch * c.seq_len**2 * c.dim
+def loss_seconds(c: Config, kernel_flops_per_s: float, pair_cost: int = 1) -> tuple[float, float]:
+    """(seconds, FLOPs of the products) of the loss on every block of one micro-batch; ``pair_cost``:
+    the pair products' time in bf16 products (SPLIT_PAIR_COST for perplexity_entropy)."""
+    work = issued(c.micro_batch * c.layers, c.seq_len, c.dim)
+    per_unit = c.layers * c.micro_batch * c.seq_len**2 * c.dim
+    flops = work["product_flops"] * per_unit
+    dz = issued(c.micro_batch * c.layers, c.seq_len, c.dim, pair_dots=0)["matmul_flops"] * per_unit
+    bf16_equivalent = dz + (flops - dz) * pair_cost
     traffic = c.layers * work["glue_traffic"] * c.micro_batch * c.seq_len * c.dim * 4
     kernel_traffic = c.layers * c.micro_batch * c.seq_len * (c.seq_len * 2 * 2 + c.dim * 2 * 8)  # W twice, rows
-    seconds = flops / kernel_flops_per_s + (traffic + kernel_traffic) / PEAK_HBM + c.layers * LAUNCHES_PER_BLOCK * LAUNCH_S
+    batching = 2 * 2 * c.layers * c.micro_batch * c.seq_len * c.dim * 2  # the blocks copied in and their grads out
+    seconds = (bf16_equivalent / kernel_flops_per_s + (traffic + kernel_traffic + batching) / PEAK_HBM
+               + LAUNCHES_PER_CALL * LAUNCH_S)
     return seconds, flops
 
 
@@ -79,16 +90,17 @@ def main() -> None:
     print(f"PREDICTION (not a measurement): H100 SXM peaks {PEAK_BF16 / 1e12:.0f} TFLOP/s bf16, "
           f"{PEAK_HBM / 1e12:.2f} TB/s; model at MFU {args.mfu:.2f}; loss kernels at {args.kernel_tflops:.0f} "
           f"TFLOP/s sustained, and at 50% of peak")  # fmt: skip
-    print("| config | micro-batch × seq | model step ms | loss FLOPs (÷ B·N²·d per block) | loss ms | ratio | "
-          "ratio at 50% peak |")
-    print("|---|---|---|---|---|---|---|")
+    print("| config | variant | micro-batch × seq | model step ms | loss FLOPs (÷ B·N²·d per block) | loss ms | "
+          "ratio | ratio at 50% peak |")
+    print("|---|---|---|---|---|---|---|---|")
     for c in SHIPPED:
         step = model_flops(c) / (args.mfu * PEAK_BF16)
-        loss, flops = loss_seconds(c, args.kernel_tflops * 1e12)
-        fast, _ = loss_seconds(c, 0.5 * PEAK_BF16)
-        units = flops / (c.layers * c.micro_batch * c.seq_len**2 * c.dim)
-        print(f"| {c.name} | {c.micro_batch} × {c.seq_len} | {step * 1e3:.1f} | {flops / 1e12:.2f} T ({units:.2f}) "
-              f"| {loss * 1e3:.1f} | {(step + loss) / step:.3f} | {(step + fast) / step:.3f} |")  # fmt: skip
+        for variant, pair_cost in (("angular_spread", 1), ("perplexity_entropy", SPLIT_PAIR_COST)):
+            loss, flops = loss_seconds(c, args.kernel_tflops * 1e12, pair_cost)
+            fast, _ = loss_seconds(c, 0.5 * PEAK_BF16, pair_cost)
+            units = flops / (c.layers * c.micro_batch * c.seq_len**2 * c.dim)
+            print(f"| {c.name} | {variant} | {c.micro_batch} × {c.seq_len} | {step * 1e3:.1f} | {flops / 1e12:.2f} T "
+                  f"({units:.2f}) | {loss * 1e3:.1f} | {(step + loss) / step:.3f} | {(step + fast) / step:.3f} |")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 Run under ``TRITON_INTERPRET=1`` (Triton's interpreter executes every program of every
 launch in Python), it counts:
 
-- matmul FLOPs: 2·M·N·K for every ``tl.dot`` where it executes (a bf16x3 product counts
-  its three dots), plus every torch matmul (mm, bmm, addmm, baddbmm);
+- matmul FLOPs: 2·M·N·K for every ``tl.dot`` where it executes (a split-precision product,
+  bf16x3 or tf32x3, counts its three tensor-core dots: the issued work), plus every torch
+  matmul (mm, bmm, addmm, baddbmm); and the products behind them (a split product once);
+- kernel launches;
 - glue traffic: the elements read and written by every aten op outside the kernel
   launches, in fp32 units (a bf16 element counts one half). Allocations without data
   (``empty``) and the interpreter's own host copies around a launch are left out.
@@ -28,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 _MATMULS = {"mm", "bmm", "addmm", "baddbmm"}
+SPLIT_PRODUCTS = ("bf16x3", "tf32x3")  # tl.dot input precisions issued as three tensor-core dots
 _NO_DATA = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "view", "_unsafe_view",
             "t", "transpose", "unsqueeze", "squeeze", "expand", "as_strided", "slice", "select", "alias", "reshape",
             "permute", "lift_fresh"}  # fmt: skip
@@ -38,6 +41,9 @@ class Counts:
 
     def __init__(self) -> None:
         self.dot_flops = 0
+        self.split_dot_flops = 0  # the part of dot_flops issued by split-precision products (3 dots each)
+        self.launches = 0
+        self.split = False
         self.torch_flops = 0
         self.glue_elements = 0.0
         self.in_launch = False
@@ -73,15 +79,18 @@ def counting() -> Iterator[Counts]:
 
     def counted_dot(self, a, b, d, *rest):
         m, k = a.data.shape[-2:]
-        counts.dot_flops += 2 * m * k * b.data.shape[-1]
+        flops = 2 * m * k * b.data.shape[-1]
+        counts.dot_flops += flops
+        counts.split_dot_flops += flops if counts.split else 0
         return create_dot(self, a, b, d, *rest)
 
     def counted_launch(self, *args, **kwargs):
-        counts.in_launch = True
+        counts.in_launch, counts.split = True, kwargs.get("DOT") in SPLIT_PRODUCTS
+        counts.launches += 1
         try:
             return launch(self, *args, **kwargs)
         finally:
-            counts.in_launch = False
+            counts.in_launch = counts.split = False
 
     interpreter.InterpreterBuilder.create_dot = counted_dot
     interpreter.GridExecutor.__call__ = counted_launch
@@ -106,6 +115,8 @@ def account(variant: str, b: int, n: int, d: int, precision: str = "auto", tiles
     square, rows = b * n * n * d, b * n * d
     return {
         "matmul_flops": (counts.dot_flops + counts.torch_flops) / square,
+        "product_flops": (counts.dot_flops - counts.split_dot_flops * 2 / 3 + counts.torch_flops) / square,
+        "launches": counts.launches,
         "triton_dot_flops": counts.dot_flops / square,
         "torch_matmul_flops": counts.torch_flops / square,
         "glue_traffic": counts.glue_elements / rows,
@@ -113,16 +124,18 @@ def account(variant: str, b: int, n: int, d: int, precision: str = "auto", tiles
 
 
 def issued(b: int, n: int, d: int, block: int = 64, block_k: int = 64, dz_tiles: tuple[int, int, int] = (128, 64, 64),
-           glue: float = 2.0) -> dict[str, float]:  # fmt: skip
+           glue: float = 2.0, pair_dots: int = 1) -> dict[str, float]:  # fmt: skip
     """The same counts from the launch geometry alone, for any shape (no interpreter): two passes over
     the T(T+1)/2 tile pairs of block x block (d padded to block_k), then W U over padded tiles.
-    ``glue`` is the counted torch traffic (l2_repel's token mean, twice; ~0 for the others)."""
+    ``glue`` is the counted torch traffic (l2_repel's token mean, twice; ~0 for the others);
+    ``pair_dots`` the tensor-core dots per pair product (3 for split-precision products)."""
     tiles = -(-n // block)
     pad = lambda size, tile: -(-size // tile) * tile  # noqa: E731
     pairs = 2 * (tiles * (tiles + 1) // 2) * 2 * block * block * pad(d, block_k)
     rows, k, feats = dz_tiles
     dz = 2 * pad(n, rows) * pad(n, k) * pad(d, feats)
-    return {"matmul_flops": (pairs + dz) / (n * n * d), "glue_traffic": glue}
+    return {"matmul_flops": (pair_dots * pairs + dz) / (n * n * d), "product_flops": (pairs + dz) / (n * n * d),
+            "glue_traffic": glue}
 
 
 def main() -> None:

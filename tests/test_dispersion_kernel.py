@@ -144,6 +144,24 @@ def probe_passes() -> bool:
     return True
 
 
+def objective_launches(layers: str, n_layers: int = 12) -> int:
+    """Kernel launches of one forward+backward of the training objective (dispersion on ``layers``
+    of ``n_layers`` blocks, the Triton kernel), counted under the interpreter."""
+    from kernel_accounting import counting
+
+    from dispersion_titan.config.schema import Dispersion
+    from dispersion_titan.trainer.objective import DispersionObjective
+
+    cfg = Dispersion(variant="angular_spread", coeff=1.0, layers=layers, kernel="triton")
+    objective = DispersionObjective(cfg, n_layers, global_batch_size=2, seed=0, tp_group=None)
+    gen = torch.Generator().manual_seed(0)
+    blocks = [torch.randn(2, 40, 32, generator=gen).requires_grad_() for _ in range(n_layers)]
+    with counting() as counts:
+        term = objective(blocks, step=1, with_stats=False)
+        torch.autograd.grad(term.weighted, [blocks[i] for i in objective.layers])
+    return counts.launches
+
+
 def child_main() -> None:
     """The interpreted checks (this file run as a script under TRITON_INTERPRET=1): JSON on stdout."""
     from kernel_accounting import account
@@ -154,6 +172,7 @@ def child_main() -> None:
         "arccos_max_error": arccos_max_error(),
         "probe_passes": probe_passes(),
         "accounting": {variant: account(variant, **ACCOUNTING) for variant in VARIANTS},
+        "objective_launches": {layers: objective_launches(layers) for layers in ("last", "all")},
         "cases": {name: run_case(c) for name, c in CASES.items()},
     }
     print(json.dumps(results))
@@ -238,7 +257,7 @@ def _compile_sm90(kernel, constexprs: dict, pointers: dict[str, str], num_warps:
 def _shipped_compilations() -> Iterator[tuple[str, object, dict, dict, int, int]]:
     """(name, kernel, constexprs, pointer types, warps, stages) of every shipped configuration at the
     default precision (bf16 rows and weights, bf16 products; perplexity_entropy: fp32 rows and weights,
-    ieee products, its names marked "ieee") and bf16 hidden states, as in training.
+    split-precision tf32x3 products, its names marked "tf32x3") and bf16 hidden states, as in training.
 
     d is a runtime argument: 768, 1024 and 2048 compile to the same code (all multiples of 16,
     Triton's one integer specialisation), except the rows kernel's BLOCK_D = next power of 2.
@@ -299,7 +318,7 @@ def test_shipped_configurations_compile_for_h100_without_spills() -> None:
     for name, got in report.items():
         assert got["spill_bytes"] == 0, (name, got)
         assert got["shared"] <= HOPPER_SHARED_BYTES, (name, got)
-        if not name.startswith("rows") and not name.endswith("ieee"):
+        if not name.startswith("rows"):  # every product kernel, perplexity_entropy's included
             assert got["wgmma"], (name, got)  # Hopper tensor cores
 
 
@@ -367,24 +386,50 @@ def test_kernel_matches_reference(interpreted: dict, name: str) -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_kernel_work_is_at_the_floor(interpreted: dict, variant: str) -> None:
-    """One forward+backward at the default precision, counted where it executes: matmul FLOPs at
-    most 6·B·N²·d (the floor is 4: Gram triangle, its recompute, W U; the rest is tile padding)
-    and at most 12·B·N·d fp32 elements of torch glue around the launches."""
+    """One forward+backward at the default precision, counted where it executes: products of at
+    most 6·B·N²·d FLOPs at this padded test shape (the floor is 4: Gram triangle, its recompute,
+    W U; the rest is tile padding), and at most 12·B·N·d fp32 elements of torch glue."""
     got = interpreted["accounting"][variant]
-    assert 4.0 <= got["matmul_flops"] <= 6.0, got
+    assert 4.0 <= got["product_flops"] <= 6.0, got
     assert got["glue_traffic"] <= 12.0, got
 
 
+def _pair_dots(variant: str) -> int:
+    """Tensor-core dots per pair product at the default precision: 3 for a split-precision product."""
+    return 3 if dispersion_triton.products("auto", SPECS[variant]).dot in ("tf32x3", "bf16x3") else 1
+
+
 def test_cost_model_counts_what_the_interpreter_counts(interpreted: dict) -> None:
-    """bench/h100_model.py predicts from kernel_accounting.issued (launch geometry); it must be the count."""
+    """bench/h100_model.py predicts from kernel_accounting.issued (launch geometry); it must be the count,
+    the products and the tensor-core dots that issue them (a split-precision product: three)."""
     from kernel_accounting import issued
 
     t = ACCOUNTING["tiles"]
     for variant in VARIANTS:
-        counted = interpreted["accounting"][variant]["matmul_flops"]
+        counted = interpreted["accounting"][variant]
         predicted = issued(ACCOUNTING["b"], ACCOUNTING["n"], ACCOUNTING["d"], t.block, t.block_k,
-                           (t.block, t.block_k, t.block_d))["matmul_flops"]  # fmt: skip
-        assert counted == pytest.approx(predicted, rel=1e-9), variant
+                           (t.block, t.block_k, t.block_d), pair_dots=_pair_dots(variant))  # fmt: skip
+        assert counted["matmul_flops"] == pytest.approx(predicted["matmul_flops"], rel=1e-9), variant
+        assert counted["product_flops"] == pytest.approx(predicted["product_flops"], rel=1e-9), variant
+
+
+@pytest.mark.parametrize("b, n, d", [(16, 1024, 768), (1, 4096, 2048)])  # GPT-2 small, Qwen3-1.7B
+def test_work_at_the_shipped_shapes_is_within_5_units(b: int, n: int, d: int) -> None:
+    """At the GPU's tiles (pair_block, the first PAIR_CONFIGS and DZ_CONFIGS), the products of one
+    forward+backward stay within 5·B·N²·d FLOPs: the geometry the interpreter's count checks above."""
+    from kernel_accounting import issued
+
+    block_k = dispersion_triton.PAIR_CONFIGS[0][0]
+    dz = dispersion_triton.DZ_CONFIGS[0][:3]
+    assert 4.0 <= issued(b, n, d, dispersion_triton.pair_block(n), block_k, dz)["product_flops"] <= 5.0
+
+
+def test_launches_per_loss_call_do_not_grow_with_the_layers(interpreted: dict) -> None:
+    """The chosen blocks go through the kernels as one batch: a step's dispersion on 12 blocks
+    issues the launches of one block (the rows, pair and W U kernels, forward and backward)."""
+    launches = interpreted["objective_launches"]
+    assert launches["last"] >= 4, launches  # not a count of nothing
+    assert launches["all"] == launches["last"], launches
 
 
 def test_auto_probe_agrees_on_the_interpreter(interpreted: dict) -> None:

@@ -72,7 +72,7 @@ def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens
         raise ValueError("hidden needs d >= 2 for decorrelation (the std divides by d - 1)")
 
 
-def _select_tokens(hidden: Tensor, max_tokens: int, generator: torch.Generator | None) -> Tensor:
+def select_tokens(hidden: Tensor, max_tokens: int, generator: torch.Generator | None) -> Tensor:
     """Subsample positions uniformly, the same subset for every sequence of the batch.
 
     The cost is quadratic in N, so long sequences are subsampled; sharing the subset
@@ -111,7 +111,7 @@ def dispersion_loss_reference(
     and ``bench/dispersion_loss.py`` compare the memory-lean version against.
     """
     _validate(hidden, variant, tau, clamp, max_tokens, form)
-    z = _select_tokens(hidden, max_tokens, generator).float()
+    z = select_tokens(hidden, max_tokens, generator).float()
     _, n, d = z.shape
     if n < 2:
         return _no_pair_loss(z, variant, lambda_norm)
@@ -620,7 +620,7 @@ def dispersion_loss(
     if problem:
         raise ValueError(f"precision {problem}")
     pair_kernel = _pair_kernel(kernel, hidden.device, variant, precision)
-    hidden = _select_tokens(hidden, max_tokens, generator)
+    hidden = select_tokens(hidden, max_tokens, generator)
     n = hidden.shape[1]
     if n < 2:
         return _no_pair_loss(hidden.float(), variant, lambda_norm)

@@ -102,9 +102,10 @@ def products(precision: str, spec: VariantSpec) -> _Products:
     """The storage and product precision of a PRECISIONS setting for a variant."""
     if precision == "auto" and spec.row_entropy:
         # Each row's softmax at sigma^2 = tau is sharp: bf16 rows put errors of ~0.5 into its
-        # logits at d 64 (15% in the gradient, as tests/test_dispersion_kernel.py's cases showed
-        # before this), so the logits are ieee fp32; W U in tf32 (its ieee form spills registers).
-        return _Products(False, "ieee", "tf32")
+        # logits at d 64 (15% in the gradient, as tests/test_dispersion_kernel.py's cases showed),
+        # so its logits are split-precision tf32 products on the tensor cores (tf32x3: about
+        # fp32's accuracy, where ieee fp32 ran on CUDA cores); W U in tf32.
+        return _Products(False, "tf32x3", "tf32")
     if precision in ("auto", "bf16"):
         return _Products(True, "bf16")
     if precision == "tf32":
@@ -149,6 +150,15 @@ def _bf16_in_fp32(x):
 
 
 @triton.jit
+def _tf32_in_fp32(x):
+    """x rounded to tf32 (10 mantissa bits, to nearest, ties away from zero), kept as fp32:
+    the operand split of tl.dot's "tf32x3" on NVIDIA GPUs (cvt.rna.tf32.f32)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x1000) & 0xFFFFE000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _stored(x, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     """fp32 x as it is stored: rounded to bf16 (to nearest even) or unchanged."""
     y = x
@@ -163,15 +173,22 @@ def _stored(x, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr):
 @triton.jit
 def _dot(a, b, acc, DOT: tl.constexpr, INTERPRET: tl.constexpr):
     """acc + a @ b with fp32 accumulation: bf16 operands for DOT "bf16", else fp32 operands
-    multiplied in tl.dot's input precision DOT ("tf32", "bf16x3", "ieee").
+    multiplied in tl.dot's input precision DOT ("tf32", "tf32x3", "bf16x3", "ieee").
 
     The interpreter multiplies in fp32: exactly the bf16 products for stored bf16
-    operands; bf16x3 emulated (hi.hi + hi.lo + lo.hi); tf32 there is plain fp32.
+    operands; bf16x3 and tf32x3 emulated as the GPU splits them (hi.hi + hi.lo + lo.hi);
+    tf32 there is plain fp32.
     """
     if INTERPRET:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
-        if DOT == "bf16x3":
+        if DOT == "tf32x3":
+            a_hi = _tf32_in_fp32(a)
+            b_hi = _tf32_in_fp32(b)
+            acc = tl.dot(_tf32_in_fp32(a - a_hi), b_hi, acc, input_precision="ieee")
+            acc = tl.dot(a_hi, _tf32_in_fp32(b - b_hi), acc, input_precision="ieee")
+            acc = tl.dot(a_hi, b_hi, acc, input_precision="ieee")
+        elif DOT == "bf16x3":
             a_hi = _bf16_in_fp32(a)
             b_hi = _bf16_in_fp32(b)
             acc = tl.dot(a_hi, b_hi, acc, input_precision="ieee")

@@ -21,7 +21,8 @@ KERNELS = ("auto", "triton", "torch")
 
 # The products of the Triton kernels (the torch strips always compute in fp32):
 #   auto  - the default: tensor-core products with fp32 accumulation (bf16 today); for
-#           perplexity_entropy ieee fp32, as its sharp row softmaxes amplify bf16 distance errors;
+#           perplexity_entropy split-precision tf32 (tf32x3) logits and a tf32 W U, as its sharp
+#           row softmaxes amplify bf16 distance errors;
 #   bf16  - rows and pair weights stored in bf16, bf16 tensor-core products;
 #   tf32  - rows and pair weights in fp32, tf32 tensor-core products;
 #   exact - fp32 rows and weights, bf16x3 products (ieee fp32 for the raw-row variants): the

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ..config.schema import Dispersion
 from ..losses import dispersion_loss, mean_offdiag_cosine
-from ..losses.dispersion import KernelUnavailable, check_triton_kernel
+from ..losses.dispersion import KernelUnavailable, check_triton_kernel, select_tokens
 from ..losses.options import resolve_layers
 from ..utils.errors import ConfigError
 from .sequence_parallel import own_sequences
@@ -83,21 +83,23 @@ class DispersionObjective:
             if owned_batch == 0:  # a TP rank with no sequence still joins the backward all-to-alls
                 mean = sum(owned[i].sum().float() for i in self.layers)
             else:
-                mean = torch.stack([
-                    dispersion_loss(
-                        owned[i],
-                        self.cfg.variant,
-                        tau=self.cfg.tau,
-                        clamp=self.cfg.clamp,
-                        lambda_norm=self.cfg.lambda_norm,
-                        max_tokens=self.cfg.max_tokens,
-                        generator=self._generator(step, i, owned[i].device),
-                        kernel=self.cfg.kernel,
-                        precision=self.cfg.precision,
-                        form=self.cfg.form,
-                    )
+                # The chosen layers as one batch of L·b sequences: one set of kernel launches
+                # whatever L, and its mean over sequences is the mean over layers of each
+                # layer's mean (every layer has the same b sequences).
+                layers = torch.cat([
+                    select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, i, owned[i].device))
                     for i in self.layers
-                ]).mean() * scale
+                ])
+                mean = dispersion_loss(
+                    layers,
+                    self.cfg.variant,
+                    tau=self.cfg.tau,
+                    clamp=self.cfg.clamp,
+                    lambda_norm=self.cfg.lambda_norm,
+                    kernel=self.cfg.kernel,
+                    precision=self.cfg.precision,
+                    form=self.cfg.form,
+                ) * scale
             weighted = mean * coeff
             unweighted = mean.detach()
         stats = None
