@@ -31,9 +31,9 @@ def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> tor
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
-def assert_close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL) -> None:
+def assert_close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL, what: str = "") -> None:
     diff = (a.float() - b.float()).abs().max().item()
-    assert diff <= tol, f"max abs diff {diff:.3g} > {tol:.1g}"
+    assert diff <= tol, f"max abs diff {diff:.3g} > {tol:.1g} {what}"
 
 
 # --------------------------------------------------------------------------- lean vs reference
@@ -283,8 +283,8 @@ def test_degenerate_inputs_lean_matches_reference(variant: str) -> None:
         ref_v, ref_g = loss_and_grad(dispersion_loss_reference, hidden, variant, tau=0.1)
         # zero rows have gradients ~1/NORM_EPS through the normalisation guard
         scale = max(1.0, ref_g.abs().max().item())
-        assert_close(lean_v, ref_v)
-        assert_close(lean_g / scale, ref_g / scale), case
+        assert_close(lean_v, ref_v, what=case)
+        assert_close(lean_g / scale, ref_g / scale, what=case)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
