@@ -39,11 +39,10 @@ from dispersion_titan.utils.errors import ConfigError
 from support.cli import analyze
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import texts_jsonl
-from support.launch import REPO, python_module
+from support.launch import QWEN3_TOML, job_args, python_module
 from support.runs import scalars, tiny_run
 
-QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")
-BASE = ["--job.config_file", QWEN3_TOML, "--job.custom_config_module", "dispersion_titan.config"]
+BASE = job_args(QWEN3_TOML)
 VOCAB = 50257  # GPT-2's BPE: the tokenizer of every tiny model here
 K, S = 4, 32
 TOKENS = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -95,21 +94,7 @@ def texts(tmp_path_factory) -> Path:
 # ---------------------------------------------------------------- in one process
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["--model.max_seq_len", "256"], "model.max_seq_len: rotary positions"),
-    (["--model.name", "llama3", "--model.mlp_hidden_dim", "512"], "model.mlp_hidden_dim: llama3 derives its MLP"),
-    (["--model.name", "llama3", "--model.head_dim", "32"], "model.head_dim: llama3's head width is dim / n_heads"),
-    (["--model.name", "llama3", "--model.tie_embeddings", "True"], "model.tie_embeddings: TorchTitan 0.2.2's llama3"),
-    (["--model.flavor", "debugmodel_moe"], "model.flavor: 'debugmodel_moe' is not one of"),
-    (["--model.name", "llama3", "--model.flavor", "debugmodel_flex_attn"], "model.flavor: 'debugmodel_flex_attn'"),
-    (["--model.n_kv_heads", "3", "--model.n_heads", "6"], "model.n_kv_heads: 3 is not divisible by"),
-    (["--model.vocab_size", "2048"], "model.vocab_size: 2048 is smaller than the GPT-2 tokenizer's 50257 ids"),
-    (["--model.hf_assets_path", "./tests/assets/tokenizer"], "model.hf_assets_path: ./tests/assets/tokenizer: no such"),
-])
-def test_family_keys_are_taken_or_refused_in_one_line(overrides, message):
-    with pytest.raises(ConfigError) as err:
-        validated_args([*BASE, "--parallelism.tensor_parallel_degree", "2", *overrides], world_size=2)
-    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+# The [model] keys each family refuses: test_config_errors.py's table.
 
 
 def test_family_keys_reach_torchtitans_arguments():

@@ -31,9 +31,9 @@ def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> tor
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
-def assert_close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL) -> None:
+def assert_close(a: torch.Tensor, b: torch.Tensor, tol: float = TOL, what: str = "") -> None:
     diff = (a.float() - b.float()).abs().max().item()
-    assert diff <= tol, f"max abs diff {diff:.3g} > {tol:.1g}"
+    assert diff <= tol, f"max abs diff {diff:.3g} > {tol:.1g} {what}"
 
 
 # --------------------------------------------------------------------------- lean vs reference
@@ -98,18 +98,18 @@ def explicit_loss(hidden: torch.Tensor, variant: str, tau: float, clamp: float, 
                 mu = sum(v) / d
                 std = math.sqrt(sum((x - mu) ** 2 for x in v) / (d - 1))
                 rows.append([(x - mu) / std for x in v])
-            terms = [sum(a * b for a, b in zip(rows[i], rows[j])) / (d - 1) for i in range(n) for j in range(n) if i != j]
+            terms = [sum(a * b for a, b in zip(rows[i], rows[j], strict=True)) / (d - 1) for i in range(n) for j in range(n) if i != j]
             per_seq.append(sum(t * t for t in terms) / len(terms))
             continue
         if variant == "perplexity_entropy":  # mean_i sum_j p log2 p, p_j|i = softmax_{j != i}(-D_ij / tau)
             total = 0.0
             for i in range(n):
-                w = [math.exp(-sum((a - b) ** 2 for a, b in zip(z[i], z[j])) / tau) for j in range(n) if j != i]
+                w = [math.exp(-sum((a - b) ** 2 for a, b in zip(z[i], z[j], strict=True)) / tau) for j in range(n) if j != i]
                 total += sum(x / sum(w) * math.log2(x / sum(w)) for x in w if x > 0)
             per_seq.append(total / n)
             continue
         if variant == "l2_repel":
-            dists = [sum((a - b) ** 2 for a, b in zip(z[i], z[j])) for i in range(n) for j in range(n) if i != j]
+            dists = [sum((a - b) ** 2 for a, b in zip(z[i], z[j], strict=True)) for i in range(n) for j in range(n) if i != j]
             mean_sq = sum(x * x for v in z for x in v) / (n * d)
             per_seq.append(math.log(sum(math.exp(-dd / tau) for dd in dists) / len(dists)) + lambda_norm * mean_sq)
             continue
@@ -118,7 +118,7 @@ def explicit_loss(hidden: torch.Tensor, variant: str, tau: float, clamp: float, 
         for i in range(n):
             for j in range(n):
                 if i != j:
-                    c = sum(a * b for a, b in zip(z[i], z[j])) / (norms[i] * norms[j])
+                    c = sum(a * b for a, b in zip(z[i], z[j], strict=True)) / (norms[i] * norms[j])
                     angles.append(math.acos(min(max(c, -1 + clamp), 1 - clamp)) / math.pi)
         if variant == "angular_spread":
             per_seq.append(math.log(sum(math.exp(-a / tau) for a in angles) / len(angles)))
@@ -283,8 +283,8 @@ def test_degenerate_inputs_lean_matches_reference(variant: str) -> None:
         ref_v, ref_g = loss_and_grad(dispersion_loss_reference, hidden, variant, tau=0.1)
         # zero rows have gradients ~1/NORM_EPS through the normalisation guard
         scale = max(1.0, ref_g.abs().max().item())
-        assert_close(lean_v, ref_v)
-        assert_close(lean_g / scale, ref_g / scale), case
+        assert_close(lean_v, ref_v, what=case)
+        assert_close(lean_g / scale, ref_g / scale, what=case)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -110,7 +110,7 @@ def test_exported_run_equals_run_analysis(tmp_path, texts, capsys):
     assert analyze(f"hf:{exported}", *options(texts), "--out", tmp_path / "hf", capsys=capsys)[0] == 0
     ours, theirs = load(run / "condensation", "step-3"), load(tmp_path / "hf")
     assert theirs.tokens_sha256 == ours.tokens_sha256
-    assert [layer.name for layer in theirs.layers] == [layer.name for layer in ours.layers]
+    assert ours.layers and [layer.name for layer in theirs.layers] == [layer.name for layer in ours.layers]
     for a, b in zip(theirs.layers, ours.layers, strict=True):
         assert (a.mean_cos, a.mean_cos_offdiag) == pytest.approx((b.mean_cos, b.mean_cos_offdiag), abs=1e-5)
         assert (a.effective_rank, a.mev) == pytest.approx((b.effective_rank, b.mev), rel=1e-4)

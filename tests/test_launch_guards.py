@@ -18,13 +18,12 @@ from dispersion_titan.job_config.checks import resolve_batch_sizes
 from dispersion_titan.utils.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
 from dispersion_titan.utils.errors import ConfigError, DeviceError
 from support.cli import assert_one_line_error
-from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.launch import DEBUG_TOML, REPO, job_args, launch_env, python_module
 from support.runs import digests
 
 CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))
 GPU_CONFIGS = [c for c in CONFIGS if c.name.startswith(("gpt2_small_", "fineweb_", "midtrain_"))]
 DP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
-BASE = ["--job.custom_config_module", "dispersion_titan.config"]
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +93,7 @@ def parsed_configs() -> dict[str, object]:
     fills in derived ones for 1 process); the DP degrees are applied to copies."""
     parsed = {}
     for config in CONFIGS:
-        job, toml = validated_args(["--job.config_file", str(config), *BASE]), load_toml(["--job.config_file", str(config)])
+        job, toml = validated_args(job_args(str(config))), load_toml(["--job.config_file", str(config)])
         for section in ("training", "validation"):
             getattr(job, section).local_batch_size = toml[section]["local_batch_size"]
         parsed[config.name] = job
@@ -131,30 +130,7 @@ def test_every_config_either_resolves_or_names_the_batch_in_one_line(parsed_conf
             assert job.training.global_batch_size % (job.training.local_batch_size * dp) == 0, (name, dp)
 
 
-@pytest.mark.parametrize("overrides, world, message", [
-    ([], 16, "training.global_batch_size: 8 sequences cannot be split over 16 data-parallel ranks; "
-             "use a multiple of 16"),
-    (["--training.local_batch_size", "3"], 2, "training.local_batch_size: 3 does not divide the 4 sequences per "
-                                              "rank (global_batch_size 8 over 2 data-parallel ranks); use one of "
-                                              "[1, 2, 4], or 0 to derive it"),
-    (["--validation.local_batch_size", "4"], 1, "validation.local_batch_size: 4 × 1 data-parallel ranks is not "
-                                                "the validation global batch of 8 sequences; use 8, or 0"),
-    (["--parallelism.tensor_parallel_degree", "2"], 3, "parallelism: 3 processes are not divisible by"),
-    (["--job.dump_folder", "/etc/hostname/run"], 1, "job.dump_folder: /etc/hostname/run cannot be created: "
-                                                    "/etc/hostname is not a directory"),
-    (["--job.dump_folder", "{file}", "--metrics.no-enable-tensorboard"], 1, "job.dump_folder: {file} cannot be "
-                                                                            "created: {file} is not a directory"),
-    (["--job.dump_folder", "{dir}", "--checkpoint.folder", "f/ck"], 1, "checkpoint.folder: {dir}/f/ck cannot be "
-                                                                       "created: {dir}/f is not a directory"),
-    (["--job.dump_folder", "{dir}", "--metrics.save_tb_folder", "f"], 1, "metrics.save_tb_folder: {dir}/f cannot "
-                                                                         "be created: {dir}/f is not a directory"),
-])
-def test_refused_before_start_in_one_line(tmp_path, overrides, world, message):
-    (tmp_path / "f").write_text("")
-    paths = {"file": str(tmp_path / "f"), "dir": str(tmp_path)}
-    with pytest.raises(ConfigError) as err:
-        validated_args(["--job.config_file", DEBUG_TOML, *BASE, *(o.format(**paths) for o in overrides)], world)
-    assert str(err.value).startswith(message.format(**paths)) and "\n" not in str(err.value)
+# A batch, a process count or an output folder refused for a given number of processes: test_config_errors.py's table.
 
 
 @pytest.mark.slow

@@ -88,7 +88,7 @@ def test_analysis_layers_are_embedding_blocks_and_final_norm():
     reported = []
     with torch.no_grad():
         DecoderLayers(model).run(tokens, lambda name, hidden: reported.append((name, hidden)))
-        names, states = zip(*reported)
+        names, states = zip(*reported, strict=True)
         hf = transformers.GPT2LMHeadModel(hf_config(args)).eval()
         hf.load_state_dict(GPT2StateDictAdapter(args, None).to_hf(model.state_dict()), strict=False)
         reference = hf(tokens, output_hidden_states=True).hidden_states

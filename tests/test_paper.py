@@ -249,6 +249,7 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
             scores.append({f"{task}/{key.split(',')[0]}": value for task, metrics in results.items()
                            for key, value in metrics.items() if key.split(",")[0] == "acc"})
         columns = list(scores[0])
+        assert columns, arm["arm"]  # at least one accuracy to average
         for column in columns:
             values = [s[column] for s in scores]
             assert arm["mean"][column] == pytest.approx(np.mean(values), rel=1e-5)

@@ -185,7 +185,7 @@ def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
 def test_other_options_are_refused_without_touching_results(sweep, change, what):
     out, _ = sweep
     before = digests(out)
-    options = dict(zip(OPTIONS[::2], OPTIONS[1::2])) | dict([change])
+    options = dict(zip(OPTIONS[::2], OPTIONS[1::2], strict=True)) | dict([change])
     proc = quickstart(out, *(item for pair in options.items() for item in pair), command_line=False)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [

@@ -60,7 +60,9 @@ def test_from_scratch_configs_use_the_authors_clamp():
     assert len(FROM_SCRATCH_DISPERSION) == 4
     for path in FROM_SCRATCH_DISPERSION:
         assert load(path)["dispersion"]["clamp"] == 0.25, path.name  # pretrain_toy_gpt2.py passes no clamp
-    for path in sorted(CONFIGS.glob("fineweb_gpt2_mlp*.toml")):
+    fineweb_mlp = sorted(CONFIGS.glob("fineweb_gpt2_mlp*.toml"))
+    assert len(fineweb_mlp) == 4
+    for path in fineweb_mlp:
         c = load(path)
         assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * c["training"]["steps"]), path.name
 

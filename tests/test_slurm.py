@@ -174,6 +174,7 @@ def test_analyze_sbatch_on_the_run(preempted_run, slurm, tmp_path):
     assert proc.returncode == 0, f"{proc.stderr}\n{log[-4000:]}"
     assert finished_state(job_id, slurm) == "COMPLETED"
     steps = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoint").iterdir())
+    assert steps, "no checkpoint to have analysed"
     for step in steps:
         assert (run / "condensation" / f"step-{step}" / "condensation.json").is_file(), (step, log[-3000:])
     assert (run / "condensation" / "summary.csv").is_file()

@@ -95,6 +95,7 @@ def test_cpu_shim_rebinds_the_device_and_the_memory_monitor():
     if torch.cuda.is_available():
         pytest.skip("the shim only acts without a GPU")
     titan_compat.apply()
+    assert titan_compat.MODULES_BINDING_DEVICE
     for name in titan_compat.MODULES_BINDING_DEVICE:
         assert sys.modules[name].device_type == "cpu", name
     from torchtitan.components.metrics import DeviceMemoryMonitor

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -180,7 +181,9 @@ def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_o
         expected = [next(it)[0]["input"] for _ in range(4)]
         resumed = loader(maker("fineweb-edu", resumed_by)(2, 1, 2), 1, 2)
         resumed.load_state_dict(state)
-        assert all(torch.equal(x[0]["input"], e) for x, e in zip(resumed, expected, strict=False))  # resumed never ends
+        got = [x[0]["input"] for x in islice(resumed, len(expected))]  # resumed never ends
+        assert len(got) == len(expected) == 4, (saved_by, len(got))
+        assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True)), (saved_by, resumed_by)
 
 
 # ---------------------------------------------------------------- interrupted prepare

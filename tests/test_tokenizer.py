@@ -63,6 +63,7 @@ def test_files_are_the_ones_tiktoken_verifies_for_gpt2(monkeypatch, tmp_path):
 def test_round_trip_on_wikipedia_text():
     tokenizer = GPT2Tokenizer()
     texts = articles("train") + articles("validation")
+    assert len(texts) == 106
     for text, ids in zip(texts, tokenizer.encode_batch(texts), strict=True):
         assert tokenizer.decode(ids) == text
 
@@ -74,7 +75,9 @@ def test_same_ids_as_huggingface_tokenizers(tmp_path):
     shutil.copy(vocab_bpe, tmp_path / "merges.txt")
     reference = transformers.GPT2TokenizerFast.from_pretrained(str(tmp_path))
     ours = GPT2Tokenizer()
-    for text in articles("validation"):
+    texts = articles("validation")
+    assert len(texts) == 10
+    for text in texts:
         assert ours.encode(text) == reference(text)["input_ids"]
 
 

@@ -15,9 +15,9 @@ from dispersion_titan.data.packed import build_packed_validation_dataloader
 from dispersion_titan.models import family
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.job_config.parse import prepare, validated_args
-from support.launch import DEBUG_TOML
+from support.launch import job_args
 
-BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config"]
+BASE = job_args()
 BATCH, STEPS = 6, 2  # validation: 2 global batches of 6 sequences, on 1 process
 
 

@@ -57,6 +57,7 @@ def test_analyze_logs_histograms_table_and_figures_to_the_training_run(trained, 
     board = scalars(trained)
     for step, items in by_step.items():
         result = json.loads((analysis / f"step-{step}" / "condensation.json").read_text())
+        assert result["layers"], step
         for layer in result["layers"]:
             histogram = items[f"analysis/cosine/{layer['name']}"]
             assert histogram["_type"] == "histogram" and histogram["values"] == pytest.approx(layer["hist"])

@@ -16,6 +16,12 @@ from dispersion_titan.utils.preloaded import Commands
 
 REPO = Path(__file__).resolve().parents[2]
 DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
+QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")
+
+
+def job_args(config: str = DEBUG_TOML) -> list[str]:
+    """The arguments a launch passes ``validated_args`` for ``config``, before any override."""
+    return ["--job.config_file", config, "--job.custom_config_module", "dispersion_titan.config"]
 
 
 # The schedule of the session's 2-process yardstick run (conftest's ``reference_run``) and of

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import islice
+
 import torch
 from torchtitan.components.dataloader import ParallelAwareDataloader
 
@@ -12,6 +14,7 @@ def loader(dataset, rank: int, world: int) -> ParallelAwareDataloader:
 
 def global_batches(make, world: int, accum: int, local: int, steps: int) -> list[torch.Tensor]:
     """What each optimizer step trains on: every rank's micro-batches, in sequence order."""
+    assert steps > 0, "no step to compare"
     iters = [iter(loader(make(local, r, world), r, world)) for r in range(world)]
     out = []
     for _ in range(steps):
@@ -31,5 +34,7 @@ def resumed_equals_uninterrupted(make, world: int, stop: int, more: int) -> None
         state = first.state_dict()
         resumed = loader(make(2, rank, world), rank, world)
         resumed.load_state_dict(state)
-        for (x, y), (ex, ey) in zip(resumed, expected, strict=False):  # resumed never ends
-            assert torch.equal(x["input"], ex["input"]) and torch.equal(y, ey)
+        got = list(islice(resumed, more))  # resumed never ends: the batches the uninterrupted one made
+        assert more > 0 and len(got) == len(expected) == more, (rank, len(got), len(expected))
+        for step, ((x, y), (ex, ey)) in enumerate(zip(got, expected, strict=True)):
+            assert torch.equal(x["input"], ex["input"]) and torch.equal(y, ey), (rank, step)
