@@ -268,18 +268,20 @@ def _shipped_compilations() -> Iterator[tuple[str, object, dict, dict, int, int]
     for variant, spec in SPECS.items():
         plan = dt.products("auto", spec)
         pointers, tag = (bf16, "") if plan.store_bf16 else (fp32_rows, f"-{plan.dot}")
-        pair = {"VARIANT": variant, "LOGSUMEXP": spec.logsumexp, "DOT": plan.dot, "INTERPRET": False}
+        pair = {"VARIANT": variant, "ROWS": spec.rows, "LOGSUMEXP": spec.logsumexp, "DOT": plan.dot, "INTERPRET": False}
         for block_k, warps, stages in dt.PAIR_CONFIGS:
             for block in sorted({dt.pair_block(n) for n in (256, 1024, 4096)}):
                 tiles = {"BLOCK": block, "BLOCK_K": block_k}
                 config = f"{variant}-{block}x{block_k}-w{warps}s{stages}{tag}"
                 if spec.row_entropy:  # its forward writes the logits, then sweeps rows (below)
                     yield (f"logits-{config}", dt._pair_logits_kernel,
-                           {"DOT": plan.dot, "INTERPRET": False, **tiles}, pointers, warps, stages)  # fmt: skip
+                           {"VARIANT": variant, "ROWS": spec.rows, "DOT": plan.dot, "INTERPRET": False, **tiles},
+                           pointers, warps, stages)  # fmt: skip
                 else:
                     yield (f"forward-{config}", dt._pairs_forward_kernel, {**pair, **tiles}, pointers, warps, stages)
                 yield (f"backward-{config}", dt._pairs_backward_kernel,
-                       {**pair, **tiles, "STORE_BF16": plan.store_bf16}, pointers, warps, stages)  # fmt: skip
+                       {**pair, **tiles, "ROW_ENTROPY": spec.row_entropy, "STORE_BF16": plan.store_bf16},
+                       pointers, warps, stages)  # fmt: skip
     rows_per_program, cols, warps = dt.ROW_ENTROPY_TILES
     yield ("rows-entropy", dt._row_entropy_kernel, {"ROWS": rows_per_program, "COLS": cols}, {}, warps, 1)
     wu_dot = dt.products("auto", SPECS["perplexity_entropy"]).wu_dot

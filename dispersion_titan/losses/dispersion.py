@@ -126,7 +126,7 @@ def dispersion_loss_reference(
     elif SPECS[variant].rows == "raw":
         sq = z.square().sum(dim=-1)
         logits = -(sq[:, :, None] + sq[:, None, :] - 2 * (z @ z.transpose(1, 2))) / tau
-        if variant == "perplexity_entropy":
+        if SPECS[variant].row_entropy:
             p = torch.softmax(logits.masked_fill(diag, -math.inf), dim=2)
             log = torch.log2(p + eps if eps else p.clamp_min(torch.finfo(p.dtype).tiny))  # 0 log 0 = 0
             per_seq = (p * log).sum(dim=2).mean(dim=1)

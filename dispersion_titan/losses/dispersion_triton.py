@@ -235,15 +235,16 @@ def _gram_tile(u_seq, rows, cols, n, d, DOT: tl.constexpr, INTERPRET: tl.constex
 
 
 @triton.jit
-def _pair_term(g, sq_sum, neg_inv_tau, clamp, VARIANT: tl.constexpr):
-    """The pair's term t(g), as dispersion.py's ``_<variant>_term_`` (logits for log-sum-exp variants).
+def _pair_term(g, sq_sum, neg_inv_tau, clamp, VARIANT: tl.constexpr, ROWS: tl.constexpr):
+    """The pair's term t(g), as dispersion.py's ``_<variant>_term_`` (logits for log-sum-exp variants);
+    for raw rows (the spec's ``rows``) the distance logit -D / tau, D = sq_sum - 2 g.
 
     Products by constants, never divisions: Triton's fp32 division is approximate, and a
     zero vector's angle pi/2 must give orthogonalization's hinge exactly 0, as in torch.
     """
     if VARIANT == "decorrelation":
         t = g * g
-    elif VARIANT == "l2_repel" or VARIANT == "perplexity_entropy":
+    elif ROWS == "raw":
         t = (sq_sum - 2.0 * g) * neg_inv_tau
     else:
         c = tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
@@ -257,7 +258,8 @@ def _pair_term(g, sq_sum, neg_inv_tau, clamp, VARIANT: tl.constexpr):
 
 
 @triton.jit
-def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT: tl.constexpr):
+def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT: tl.constexpr,
+                 ROWS: tl.constexpr):  # fmt: skip
     """W = dL/dg of the unordered pair where ``valid``, else 0; as dispersion.py's ``_<variant>_grad_``.
 
     pair_scale = 4 / pairs. Invalid logits are masked before exp: the diagonal and the
@@ -266,7 +268,7 @@ def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VAR
     if VARIANT == "decorrelation":
         w = g * pair_scale
     elif VARIANT == "l2_repel":
-        t = tl.where(valid, _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT), -float("inf"))
+        t = tl.where(valid, _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT, ROWS), -float("inf"))
         w = tl.exp((t - m) - log_s) * (-4.0 * neg_inv_tau)
     else:
         c = tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
@@ -302,10 +304,10 @@ def _entropy_weight(t, valid, m_r, ls_r, a_r, m_c, ls_c, a_c, eps, pair_scale):
 
 
 @triton.jit
-def _sq_sum(sq_seq, rows, cols, n, VARIANT: tl.constexpr):
-    """|x_i|^2 + |x_j|^2 of the tile for the raw-row variants (sq_seq: the sequence's squared norms), else 0."""
+def _sq_sum(sq_seq, rows, cols, n, ROWS: tl.constexpr):
+    """|x_i|^2 + |x_j|^2 of the tile for raw rows (sq_seq: the sequence's squared norms), else 0."""
     sq_sum = 0.0
-    if VARIANT == "l2_repel" or VARIANT == "perplexity_entropy":
+    if ROWS == "raw":
         sq_rows = tl.load(sq_seq + rows, mask=rows < n, other=0.0)
         sq_cols = tl.load(sq_seq + cols, mask=cols < n, other=0.0)
         sq_sum = sq_rows[:, None] + sq_cols[None, :]
@@ -325,7 +327,7 @@ def _rows_kernel(
     unit / centred rows: u = x / stat, x = z (minus its feature mean if centred),
     stat = max(|x|, guard) + unit_eps (the released form's |z| + 1e-2 for unit rows);
     sq = |u|^2 of the stored u (for an exact projection).
-    raw rows (l2_repel): u = z - mean token of the sequence; stat = |z|^2 (the norm
+    raw rows (l2_repel, perplexity_entropy): u = z - mean token of the sequence; stat = |z|^2 (the norm
     penalty); sq = |u|^2 of the stored u, so that D = sq_i + sq_j - 2 g is the distance
     of the stored rows themselves.
     """
@@ -352,7 +354,7 @@ def _rows_kernel(
 @triton.jit
 def _pairs_forward_kernel(
     u_ptr, sq_ptr, m_ptr, s_ptr, n, d, neg_inv_tau, clamp,
-    VARIANT: tl.constexpr, LOGSUMEXP: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
+    VARIANT: tl.constexpr, ROWS: tl.constexpr, LOGSUMEXP: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
     BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One upper-triangle tile pair of sequence b: (max, sum exp(t - max)) or the sum of t, at [b, pair]."""
@@ -362,7 +364,7 @@ def _pairs_forward_kernel(
     rows = ti * BLOCK + tl.arange(0, BLOCK)
     cols = tj * BLOCK + tl.arange(0, BLOCK)
     g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
-    t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, VARIANT), neg_inv_tau, clamp, VARIANT)
+    t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, ROWS), neg_inv_tau, clamp, VARIANT, ROWS)
     valid = (rows[:, None] < cols[None, :]) & (cols[None, :] < n)
     out = b * tl.num_programs(0) + tl.program_id(0)
     if LOGSUMEXP:
@@ -378,14 +380,14 @@ def _pairs_forward_kernel(
 @triton.jit
 def _pairs_backward_kernel(
     u_ptr, sq_ptr, m_ptr, log_s_ptr, a_ptr, w_ptr, r_ptr, n, d, neg_inv_tau, clamp, pair_scale, entropy_eps,
-    VARIANT: tl.constexpr, LOGSUMEXP: tl.constexpr, DOT: tl.constexpr, STORE_BF16: tl.constexpr,
-    INTERPRET: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    VARIANT: tl.constexpr, ROWS: tl.constexpr, ROW_ENTROPY: tl.constexpr, LOGSUMEXP: tl.constexpr,
+    DOT: tl.constexpr, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """One tile pair of sequence b recomputed: W into w[b] at (rows, cols) and (cols, rows), and
     the tile's radial partials r[b, tj, rows] and r[b, ti, cols] (sum_j W_ij g_ij, or sum_j W_ij).
 
-    m, log_s: per sequence [B] for the log-sum-exp variants; per token [B, N] (with a) for
-    perplexity_entropy, whose row softmaxes the forward's ``_row_entropy_kernel`` summarised."""
+    m, log_s: per sequence [B] for the log-sum-exp variants; per token [B, N] (with a) for the
+    row-entropy ones (perplexity_entropy), whose row softmaxes ``_row_entropy_kernel`` summarised."""
     tiles = tl.cdiv(n, BLOCK)
     ti, tj = _tile_pair(tiles)
     b = tl.program_id(1).to(tl.int64)
@@ -398,27 +400,27 @@ def _pairs_backward_kernel(
         log_s = tl.load(log_s_ptr + b)
     g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
     valid = (rows[:, None] != cols[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
-    sq_sum = _sq_sum(sq_ptr + b * n, rows, cols, n, VARIANT)
-    if VARIANT == "perplexity_entropy":
+    sq_sum = _sq_sum(sq_ptr + b * n, rows, cols, n, ROWS)
+    if ROW_ENTROPY:
         tok = b * n
         in_r = rows < n
         in_c = cols < n
         w = _entropy_weight(
-            _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT), valid,
+            _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT, ROWS), valid,
             tl.load(m_ptr + tok + rows, mask=in_r, other=0.0), tl.load(log_s_ptr + tok + rows, mask=in_r, other=0.0),
             tl.load(a_ptr + tok + rows, mask=in_r, other=0.0), tl.load(m_ptr + tok + cols, mask=in_c, other=0.0),
             tl.load(log_s_ptr + tok + cols, mask=in_c, other=0.0), tl.load(a_ptr + tok + cols, mask=in_c, other=0.0),
             entropy_eps, pair_scale,
         )  # fmt: skip
     else:
-        w = _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT)
+        w = _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT, ROWS)
     w = _stored(w, STORE_BF16, INTERPRET)
     in_tile = (rows[:, None] < n) & (cols[None, :] < n)
     w_seq = w_ptr + b * n * n
     tl.store(w_seq + rows[:, None] * n + cols[None, :], w, mask=in_tile)
     w32 = w.to(tl.float32)  # the radial terms use W as stored, as W U will
     radial = w32
-    if VARIANT != "l2_repel" and VARIANT != "perplexity_entropy":
+    if ROWS != "raw":
         radial = w32 * g
     r_seq = r_ptr + b * tiles * n
     tl.store(r_seq + tj * n + rows, tl.sum(radial, axis=1), mask=rows < n)
@@ -430,18 +432,19 @@ def _pairs_backward_kernel(
 @triton.jit
 def _pair_logits_kernel(
     u_ptr, sq_ptr, t_ptr, n, d, neg_inv_tau,
-    DOT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    VARIANT: tl.constexpr, ROWS: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """perplexity_entropy forward, one upper-triangle tile pair of sequence b: the logits -D / tau
-    (diagonal -inf) into t[b] at (rows, cols) and (cols, rows), for ``_row_entropy_kernel``."""
+    """A row-entropy variant's forward (perplexity_entropy), one upper-triangle tile pair of
+    sequence b: the logits -D / tau (diagonal -inf) into t[b] at (rows, cols) and (cols, rows),
+    for ``_row_entropy_kernel``."""
     tiles = tl.cdiv(n, BLOCK)
     ti, tj = _tile_pair(tiles)
     b = tl.program_id(1).to(tl.int64)
     rows = ti * BLOCK + tl.arange(0, BLOCK)
     cols = tj * BLOCK + tl.arange(0, BLOCK)
     g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
-    t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, "perplexity_entropy"), neg_inv_tau, 0.0,
-                   "perplexity_entropy")  # fmt: skip
+    t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, ROWS), neg_inv_tau, 0.0, VARIANT, ROWS)
     t = tl.where(rows[:, None] == cols[None, :], -float("inf"), t)
     in_tile = (rows[:, None] < n) & (cols[None, :] < n)
     t_seq = t_ptr + b * n * n
@@ -651,7 +654,7 @@ class _TritonPairLoss(torch.autograd.Function):
             rows = _make_rows(hidden, spec, hp, plan.store_bf16)
             ctx.spec, ctx.hp, ctx.lambda_norm, ctx.tiles = spec, hp, lambda_norm, tiles
             if spec.row_entropy:
-                stats = _row_entropy(rows, hidden, hp, tiles, plan)
+                stats = _row_entropy(rows, hidden, spec, hp, tiles, plan)
                 ctx.save_for_backward(hidden, stats[0], stats[1], stats[3])
                 per_seq = stats[2].mean(dim=1)
             else:
@@ -686,7 +689,8 @@ def _pair_sums(ctx, rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHype
     s_part = torch.empty(b, pair_count, device=hidden.device)
     tiles.launch(
         "forward", lambda meta: (pair_count, b), rows.u, rows.sq, m_part, s_part, n, d, -1.0 / hp.tau,
-        hp.clamp, VARIANT=spec.name, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
+        hp.clamp, VARIANT=spec.name, ROWS=spec.rows, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, INTERPRET=INTERPRETED,
+        BLOCK=block,
     )  # fmt: skip
     if not spec.logsumexp:
         ctx.save_for_backward(hidden)
@@ -698,7 +702,8 @@ def _pair_sums(ctx, rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHype
     return m + log_s - math.log(hp.pairs) + hp.constant(spec, n)
 
 
-def _row_entropy(rows: _Rows, hidden: Tensor, hp: PairHyper, tiles: TritonTiles, plan: _Products) -> tuple[Tensor, ...]:
+def _row_entropy(rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,
+                 plan: _Products) -> tuple[Tensor, ...]:  # fmt: skip
     """perplexity_entropy's per-token (m, log_s, sum_j f(p_ij), a_i), each [B, N]: the triangle's logits
     into a [sequences, N, N] fp32 buffer (in groups within max_weight_bytes), then the row sweeps."""
     b, n, d = hidden.shape
@@ -709,7 +714,7 @@ def _row_entropy(rows: _Rows, hidden: Tensor, hp: PairHyper, tiles: TritonTiles,
         logits = torch.empty(b1 - b0, n, n, device=hidden.device)
         tiles.launch(
             "logits", lambda meta: (_pairs(triton.cdiv(n, block)), b1 - b0), rows.u[b0:b1], rows.sq[b0:b1], logits,
-            n, d, -1.0 / hp.tau, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
+            n, d, -1.0 / hp.tau, VARIANT=spec.name, ROWS=spec.rows, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
         )  # fmt: skip
         _row_entropy_kernel[(triton.cdiv(n, block_rows), b1 - b0)](
             logits, *(s[b0:b1] for s in stats), n, hp.eps, ROWS=block_rows, COLS=cols, num_warps=warps,
@@ -733,8 +738,8 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, Tensor, Tensor], hidden: T
     tiles.launch(
         "backward", lambda meta: (_pairs(tile_count), count),
         u, sq, *(s[b0:b1] for s in stats), w, radial, n, d, -1.0 / hp.tau, hp.clamp, pair_scale, hp.eps,
-        VARIANT=spec.name, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, STORE_BF16=plan.store_bf16, INTERPRET=INTERPRETED,
-        BLOCK=block,
+        VARIANT=spec.name, ROWS=spec.rows, ROW_ENTROPY=spec.row_entropy, LOGSUMEXP=spec.logsumexp, DOT=plan.dot,
+        STORE_BF16=plan.store_bf16, INTERPRET=INTERPRETED, BLOCK=block,
     )  # fmt: skip
     tiles.launch(
         "dz", lambda meta: (triton.cdiv(n, meta["BLOCK"]), triton.cdiv(d, meta["BLOCK_D"]), count),

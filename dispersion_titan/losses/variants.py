@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -74,11 +74,18 @@ def range_error(name: str, value: float, ranges: dict[str, tuple[Callable[[float
     return None if valid(value) else f"must be {text}, got {value}"
 
 
+Rows = Literal["unit", "centred", "raw"]
+"""Which rows enter the Gram matrix: "unit" u = z / |z|; "centred" the same after subtracting
+the feature mean; "raw" z itself, whose pairs are squared distances D = |z_i|^2 + |z_j|^2 - 2 g."""
+
+
 class VariantSpec(NamedTuple):
-    """How one variant is computed: which rows enter the Gram matrix, how pairs reduce."""
+    """How one variant is computed: which rows enter the Gram matrix, how pairs reduce. The
+    torch strips and the Triton kernels read these fields, never the variant's name, for
+    everything but the variant's own pair term and its gradient."""
 
     name: str
-    rows: str  # "unit": u = z / |z|; "centred": the same after subtracting the feature mean; "raw": z
+    rows: Rows
     logsumexp: bool  # per sequence: log-mean-exp of the terms (True) or their mean (False)
     row_entropy: bool = False  # per token: the entropy of the softmax of its row (perplexity_entropy)
     norm_penalty: bool = False  # + lambda_norm * mean(z^2) (l2_repel)

@@ -1,0 +1,142 @@
+"""The docs stay true to the tree: ``docs/code_map.md`` names every module and folder of the
+package in its folder's row, names nothing that is not there, and gives each folder the floor
+``tests/test_import_layers.py`` declares; every relative link in the docs and the README
+points to a file, and an anchor, that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from test_import_layers import LAYERS, ROOT
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "dispersion_titan"
+CODE_MAP = REPO / "docs" / "code_map.md"
+
+MODULE_NAME = re.compile(r"`(_{0,2}[a-z][a-z0-9_]*/?)`")
+"""A module (``name``) or subfolder (``name/``) as a folder's row names it: a lowercase name in backticks."""
+
+
+class Row:
+    def __init__(self, floor: str, folder: str, names: set[str]) -> None:
+        self.floor, self.folder, self.names = floor, folder, names
+
+
+def map_rows(text: str) -> dict[str, Row]:
+    """The package's folder rows of the code map by folder (``""`` for the package root),
+    each with its floor (carried down from the row above when blank) and the names it mentions."""
+    rows: dict[str, Row] = {}
+    floor = ""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[1].startswith("`dispersion_titan/") or cells[0] == "—":
+            continue  # not a row, or one of package data (floor —)
+        floor = cells[0] or floor
+        folder = cells[1].strip("`").removeprefix("dispersion_titan/").rstrip("/")
+        assert folder not in rows, f"code_map.md: two rows for dispersion_titan/{folder}/"
+        rows[folder] = Row(floor, folder, set(MODULE_NAME.findall(cells[2])))
+    return rows
+
+
+def tree_names(folder: Path) -> set[str]:
+    """What a folder's row must name: its modules but ``__init__``, and its subfolders holding Python."""
+    modules = {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+    subfolders = {f"{p.name}/" for p in folder.iterdir() if p.is_dir() and any(p.rglob("*.py"))}
+    return modules | subfolders
+
+
+def _where(folder: str) -> str:
+    return f"dispersion_titan/{folder}/" if folder else "dispersion_titan/"
+
+
+def map_problems(text: str, package: Path) -> list[str]:
+    """Every way the code map ``text`` disagrees with ``package``'s tree and ``LAYERS``."""
+    rows = map_rows(text)
+    problems = []
+    folders = {p.parent.relative_to(package).as_posix().removeprefix(".") for p in package.rglob("*.py")}
+    for folder in sorted(folders):
+        expected = tree_names(package / folder)
+        if folder not in rows:  # a folder of only an __init__ may be named in its parent's row instead
+            parent, _, name = folder.rpartition("/")
+            if expected or f"{name}/" not in (rows[parent].names if parent in rows else set()):
+                problems.append(f"{_where(folder)} has no row")
+            continue
+        if folder == "":  # the root's subfolders have rows of their own
+            expected = {name for name in expected if not name.endswith("/")}
+        named = rows[folder].names
+        problems += [f"{_where(folder)}: `{n}` is missing" for n in sorted(expected - named)]
+        problems += [f"{_where(folder)}: `{n}` does not exist" for n in sorted(named - tree_names(package / folder))]
+    problems += [f"{_where(f)}: a row for a folder that holds no module" for f in sorted(set(rows) - folders)]
+    floors = {ROOT if not folder else folder: str(i + 1) for i, row in enumerate(LAYERS) for folder in row}
+    for folder, row in rows.items():
+        top = folder.split("/")[0] or ROOT
+        if floors.get(top) != row.floor:
+            problems.append(f"{_where(folder)}: floor {row.floor}, LAYERS says {floors.get(top)}")
+    return problems
+
+
+def test_code_map_names_every_module_and_nothing_else() -> None:
+    problems = map_problems(CODE_MAP.read_text(), PACKAGE)
+    assert problems == [], "docs/code_map.md:\n" + "\n".join(problems)
+
+
+def test_code_map_check_finds_a_missing_a_misnamed_and_a_misplaced_module() -> None:
+    """The check itself: the real map with one module dropped, one misnamed and one folder on the
+    wrong floor gives exactly those problems more than the real map does."""
+    text = CODE_MAP.read_text()
+    planted = text.replace("`writer_lock` (", "(", 1).replace("`bpe` (", "`bpee` (", 1)
+    planted = planted.replace("| 8 | `dispersion_titan/tokenizer/`", "| 7 | `dispersion_titan/tokenizer/`", 1)
+    assert planted.count("`bpee`") == 1 and "`writer_lock`" not in planted
+    found, already = map_problems(planted, PACKAGE), map_problems(text, PACKAGE)
+    assert sorted(p for p in found if p not in already) == [
+        "dispersion_titan/run_folder/: `writer_lock` is missing",
+        "dispersion_titan/tokenizer/: `bpe` is missing",
+        "dispersion_titan/tokenizer/: `bpee` does not exist",
+        "dispersion_titan/tokenizer/: floor 7, LAYERS says 8",
+    ]
+
+
+# ----------------------------------------------------------------------------- links
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+DOCS = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown page (code spans unwrapped, punctuation dropped)."""
+    found = set()
+    fenced = False
+    for line in page.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6} ", line):
+            title = line.lstrip("#").strip().replace("`", "").lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def link_problems(page: Path) -> list[str]:
+    problems = []
+    for target in LINK.findall(page.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            problems.append(f"{page.name}: {target}: no such file")
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            problems.append(f"{page.name}: {target}: no such heading")
+    return problems
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_relative_links_resolve(page: Path) -> None:
+    assert link_problems(page) == []
+
+
+def test_link_check_finds_a_broken_file_and_anchor(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# One `thing`, here\n\n[ok](#one-thing-here) [bad](#two) [gone](b.md) "
+                                   "[web](https://example.org)\n")
+    assert link_problems(tmp_path / "a.md") == ["a.md: #two: no such heading", "a.md: b.md: no such file"]
