@@ -1,7 +1,10 @@
-# Helpers shared by the launch scripts (sourced, not run). LAUNCH_DIR must be set.
+# Helpers shared by the launch scripts (sourced, not run).
 # shellcheck shell=bash
 
-REPO_DIR=$(cd "$LAUNCH_DIR/.." && pwd)
+# The scripts live in the package (dispersion_titan/launch_scripts/), which a checkout's
+# launch/ links to: with the links resolved, a checkout's root is two folders up (in an
+# installed package that is site-packages, which holds no .venv).
+REPO_DIR=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
 PREEMPT_SIGNAL=${PREEMPT_SIGNAL:-USR1}
 export PREEMPT_SIGNAL  # read by the training ranks (dispersion_titan/trainer/preemption.py)
 
@@ -16,8 +19,9 @@ positive_int() {  # positive_int NAME VALUE: VALUE, or die naming NAME
 }
 
 python_bin() {
-    # PYTHON wins; then the active virtualenv/conda environment; then the repo's .venv
-    # (scripts/setup_env.sh makes it); then python3.
+    # PYTHON wins (the sweep and paper --slurm set it to the interpreter that submits, the one
+    # with this package); then the active virtualenv/conda environment; then the checkout's
+    # .venv (scripts/setup_env.sh makes it); then python3.
     if [ -n "${PYTHON:-}" ]; then
         echo "$PYTHON"
     elif [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && command -v python >/dev/null; then

@@ -1,0 +1,1 @@
+../dispersion_titan/launch_scripts/common.sh
