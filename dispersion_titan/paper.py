@@ -38,7 +38,7 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument("--models", nargs="+", metavar="MODEL",
                    help="replace the paper's models: hub ids, local model folders, hf: specs or our runs "
                         "(fig5: the bases, then their distilled models; table2: RUN or ARM=RUN1,RUN2)")
-    p.add_argument("--slurm", action="store_true", help="submit the jobs (launch/slurm/*.sbatch) and a drawing job")
+    p.add_argument("--slurm", action="store_true", help="submit the jobs (the package's launch_scripts/slurm/*.sbatch) and a drawing job")
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
     p.add_argument("--draw-only", action="store_true", help="draw from finished results, run nothing else")
     p.add_argument("--sbatch-arg", action="append", default=[], dest="sbatch_args", metavar="ARG",

@@ -8,10 +8,10 @@
 
 A variant is ``baseline`` (plain training), ``NAME:COEFF`` (a dispersion loss) or a
 baseline method the paper compares against (``noisy_embedding``, ``active_forgetting``).
-Every cell is a training job (launch/slurm/train.sbatch) with its own dump folder
-``OUT/<cell>``, followed by its analysis job and its evaluation job
-(launch/slurm/evaluate.sbatch), both ``--dependency=afterok:<training>``; one compare job
-over all cells runs after every training and analysis job succeeded, and one table job
+Every cell is a training job (train.sbatch, shipped in the package's launch_scripts/slurm/)
+with its own dump folder ``OUT/<cell>``, followed by its analysis job and its evaluation
+job (evaluate.sbatch), both ``--dependency=afterok:<training>``; one compare job over
+all cells runs after every training and analysis job succeeded, and one table job
 (``evaluate table``, into ``OUT/table``) after every evaluation job. Flags win over the
 SPEC file (see launch/sweep_example.toml for its keys). ``--dry-run`` prints the sbatch
 commands as a shell script instead of submitting them; a submission records the job ids

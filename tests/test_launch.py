@@ -125,7 +125,7 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
         width, variant, coeff, method, seed = expected[name]
         assert train.startswith(f"train_{i}=$(sbatch --parsable ")
         assert "--dependency" not in train and "--partition=p1" in train and "--account=a1" in train
-        assert "--time=04:00:00" in train and str(REPO / "launch/slurm/train.sbatch") in train
+        assert "--time=04:00:00" in train and str(REPO / "dispersion_titan/launch_scripts/slurm/train.sbatch") in train
         assert (f"--training.steps 3 --baseline.forget_every 2 --model.mlp_hidden_dim {width} --dispersion.variant {variant} "
                 f"--dispersion.coeff {coeff} --baseline.method {method} --debug.seed {seed} "
                 f"--job.dump_folder {out / name})") in train

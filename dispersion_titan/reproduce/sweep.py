@@ -25,14 +25,11 @@ from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import prepare, validated_args
 from ..losses import VARIANTS
 from ..utils.errors import DispersionTitanError, SweepError
+from .slurm_scripts import python_line, sbatch_script, submission_env
 
-REPO = Path(__file__).resolve().parents[2]  # the checkout holding launch/slurm/
-
-TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
-ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
+TRAIN_SBATCH, ANALYZE_SBATCH, EVALUATE_SBATCH = (sbatch_script(name) for name in ("train", "analyze", "evaluate"))
 SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; train.sh's NPROC without GPUs
 
-EVALUATE_SBATCH = REPO / "launch" / "slurm" / "evaluate.sbatch"
 
 @dataclass
 class Spec:
@@ -239,7 +236,7 @@ def dry_run(spec: Spec, jobs: list[Job]) -> str:
     """The submission as a bash script: each job id lands in a variable for its dependants."""
     lines = [f"# sweep: {len(spec.cells())} cells x (train, analyze, evaluate) + compare + table = "
              f"{len(jobs)} jobs; out {spec.out}",
-             f"mkdir -p {shlex.quote(str(spec.out / 'logs'))}"]
+             python_line(), f"mkdir -p {shlex.quote(str(spec.out / 'logs'))}"]
     ids = {job.key: f"${job.key}" for job in jobs}
     for job in jobs:
         cmd = " ".join(shlex.quote(a) if not a.startswith("--dependency=") else a for a in job.command(ids))
@@ -250,8 +247,9 @@ def dry_run(spec: Spec, jobs: list[Job]) -> str:
 def submit(spec: Spec, jobs: list[Job]) -> dict[str, str]:
     (spec.out / "logs").mkdir(parents=True, exist_ok=True)
     ids: dict[str, str] = {}
+    env = submission_env()
     for job in jobs:
-        proc = subprocess.run(job.command(ids), capture_output=True, text=True)
+        proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             done = " ".join(ids.values())
             reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]

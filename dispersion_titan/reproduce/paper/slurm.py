@@ -1,5 +1,5 @@
-"""``--slurm``: the plan's commands as jobs of the existing sbatch scripts
-(launch/slurm/analyze.sbatch, evaluate.sbatch), and a last job (launch/slurm/paper.sbatch)
+"""``--slurm``: the plan's commands as jobs of the package's sbatch scripts
+(``launch_scripts/slurm/analyze.sbatch``, ``evaluate.sbatch``), and a last job (``paper.sbatch``)
 that draws the artifact once all of them succeeded (``--dependency=afterok``)."""
 
 from __future__ import annotations
@@ -8,13 +8,11 @@ import math
 import os
 import shlex
 import subprocess
-from pathlib import Path
 
 from ...utils.errors import SweepError
+from ..slurm_scripts import python_line, sbatch_script, submission_env
 from . import catalog
 from .plan import Plan
-
-SCRIPTS = Path(__file__).resolve().parents[3] / "launch" / "slurm"
 
 
 def jobs(plan: Plan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[str]]:
@@ -26,9 +24,9 @@ def jobs(plan: Plan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[
     for i, (step, size) in enumerate(zip(plan.steps, sizes, strict=True), start=1):
         gpus, argv = _spread(size, step.argv)
         lines.append([*common, f"--job-name=paper-{plan.artifact}-{i}", *gpus, *sbatch_args,
-                      str(SCRIPTS / f"{step.command}.sbatch"), *argv])
+                      str(sbatch_script(step.command)), *argv])
     lines.append([*common, f"--job-name=paper-{plan.artifact}-draw", "--gpus=0", *sbatch_args,
-                  str(SCRIPTS / "paper.sbatch"), *draw_argv])
+                  str(sbatch_script("paper")), *draw_argv])
     return lines
 
 
@@ -47,7 +45,8 @@ def _with_dependency(argv: list[str], ids: list[str]) -> list[str]:
 
 def script(plan: Plan, lines: list[list[str]]) -> str:
     """``--dry-run``: the submission as a bash script, each job id in a variable."""
-    out = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", f"mkdir -p {shlex.quote(plan.out)}/logs"]
+    out = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", python_line(),
+           f"mkdir -p {shlex.quote(plan.out)}/logs"]
     for i, argv in enumerate(lines[:-1], start=1):
         out.append(f"job_{i}=$({shlex.join(argv)})")
     ids = [f"$job_{i}" for i in range(1, len(lines))]
@@ -60,9 +59,10 @@ def submit(plan: Plan, lines: list[list[str]]) -> list[str]:
     """Submit in order; a refused submission ends it naming what was already submitted."""
     os.makedirs(os.path.join(plan.out, "logs"), exist_ok=True)
     ids: list[str] = []
+    env = submission_env()
     for i, argv in enumerate(lines):
         proc = subprocess.run(_with_dependency(argv, ids) if i == len(lines) - 1 else argv,
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
             done = " ".join(ids)

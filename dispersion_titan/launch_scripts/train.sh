@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Train on this node:  launch/train.sh CONFIG [--section.key value ...]
+# The overrides go straight to TorchTitan (python -m dispersion_titan.train --help lists
+# the keys this package adds). Runs from any directory; relative paths
+# (CONFIG, the dump folder) are relative to the current one.
+# Environment:
+#   NPROC       processes on this node (default: the GPUs this node may use, else 2 on CPU)
+#   LOG_RANK    local ranks whose output is shown, e.g. 0 (default) or 0,1; empty: all
+#   PYTHON      interpreter (default: the active environment, else the repo's .venv)
+#   OMP_NUM_THREADS  default: this node's CPUs (Slurm's CPUs per task) / NPROC
+#   NNODES, RDZV_ENDPOINT, RDZV_ID  multi-node rendezvous (slurm/train.sbatch sets them)
+#   DISPERSION_TITAN_ALLOW_CPU=1  train on CPU although this node has GPUs torch cannot use
+# The configuration is checked once, in one process, for NNODES x NPROC processes before
+# torchrun starts: bad input ends in one line and exit status 2; a run that already
+# reached training.steps ends in one line and exit status 0.
+# Exit status of a run (docs/reliability.md): 0 done; 130/143 stopped by SIGINT/SIGTERM
+# (checkpoint saved); 75 preempted (PREEMPT_SIGNAL); 74 a checkpoint write failed; 3 non-finite
+# loss; 137 a rank was SIGKILLed (most likely the OOM killer); 1 any other failure.
+set -euo pipefail
+LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+. "$LAUNCH_DIR/common.sh"
+
+[ $# -ge 1 ] || die "usage: launch/train.sh CONFIG [--section.key value ...]"
+case $1 in  # the header above, without its comment marks
+    -h|--help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; exit 0 ;;
+esac
+config=$1
+shift
+[ -f "$config" ] || die "config file not found: $config"
+
+gpus=$(gpu_count)
+if [ "$gpus" -gt 0 ]; then default_nproc=$gpus; else default_nproc=2; fi
+nproc=$(positive_int NPROC "${NPROC:-$default_nproc}")
+nnodes=$(positive_int NNODES "${NNODES:-1}")
+if [ -z "${OMP_NUM_THREADS:-}" ]; then
+    # Without this torchrun sets 1 thread per process and leaves most cores idle.
+    threads=$(($(cpu_count) / nproc))
+    export OMP_NUM_THREADS=$((threads > 0 ? threads : 1))
+fi
+python=$(python_bin)
+
+# One process checks everything first (config for this world size, output folders, GPUs,
+# checkpoints): one line instead of one error per rank inside torchrun's report.
+check=0
+WORLD_SIZE=$((nnodes * nproc)) "$python" -m dispersion_titan.train --check-only \
+    --job.config_file "$config" "$@" || check=$?
+case $check in
+    0) ;;
+    10) exit 0 ;;  # the run already reached training.steps: nothing to do (said in one line)
+    *) exit "$check" ;;
+esac
+
+rank_filter=()
+if [ -n "${LOG_RANK-0}" ]; then rank_filter=(--local-ranks-filter "${LOG_RANK-0}"); fi
+rdzv_id=()
+if [ -n "${RDZV_ID:-}" ]; then rdzv_id=(--rdzv_id "$RDZV_ID"); fi
+
+# torchrun would die of the preemption signal (default action); ignoring it here is
+# inherited by torchrun, while each training rank installs its own handler
+# (dispersion_titan/trainer/preemption.py), so signalling every process of the job is safe.
+# SIGINT and SIGTERM reach torchrun, which forwards them to the ranks: they save and stop.
+# torchrun runs through dispersion_titan/torchrun.py, which ends it in one line.
+trap '' "$PREEMPT_SIGNAL"
+exec "$python" -m dispersion_titan.torchrun \
+    --nnodes "$nnodes" --nproc_per_node "$nproc" \
+    --rdzv_backend c10d --rdzv_endpoint "${RDZV_ENDPOINT:-localhost:0}" "${rdzv_id[@]}" \
+    "${rank_filter[@]}" --role rank --tee 3 \
+    -m dispersion_titan.train --job.config_file "$config" "$@"
