@@ -21,7 +21,7 @@ from support.cli import assert_one_line_error
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.runs import digests
 
-CONFIGS = sorted((REPO / "train_configs").glob("*.toml"))
+CONFIGS = sorted((REPO / "train_configs").rglob("*.toml"))  # ours and paper/
 GPU_CONFIGS = [c for c in CONFIGS if c.name.startswith(("gpt2_small_", "fineweb_", "midtrain_"))]
 DP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 BASE = ["--job.custom_config_module", "dispersion_titan.config"]

@@ -15,7 +15,9 @@ from dispersion_titan.evaluation.table import authors_steps
 from support.launch import REPO
 
 CONFIGS = REPO / "train_configs"
-MIDTRAIN = sorted(CONFIGS.glob("midtrain_*.toml"))
+PAPER = CONFIGS / "paper"
+"""Configs that reproduce a released run; ``train_configs/*.toml`` are ours."""
+MIDTRAIN = sorted(PAPER.glob("midtrain_*.toml"))
 FROM_SCRATCH_DISPERSION = sorted(CONFIGS.glob("gpt2_small_mlp*_angular_spread.toml"))
 AUTHORS_FILE = r"(lm_dispersion/[\w/]+\.py|Readme\.md)"
 
@@ -65,7 +67,15 @@ def test_from_scratch_configs_use_the_authors_clamp():
         assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * c["training"]["steps"]), path.name
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_each_paper_config_names_the_script_it_follows():
+    assert MIDTRAIN and set(PAPER.glob("*.toml")) == set(MIDTRAIN)
+    for path in PAPER.glob("*.toml"):
+        first = path.read_text().splitlines()[0]
+        assert re.match(r"# Reproduces a released run: follows lm_dispersion/[\w/]+\.py", first), path.name
+    assert not list(CONFIGS.glob("midtrain_*.toml"))  # every mid-training config is the authors'
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.toml")), ids=lambda p: p.relative_to(CONFIGS).as_posix())
 def test_every_credit_to_the_authors_names_their_file(path):
     """A comment that credits the authors names the file of theirs that holds the value."""
     for number, line in enumerate(path.read_text().splitlines(), 1):
