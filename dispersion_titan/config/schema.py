@@ -65,9 +65,13 @@ class Dispersion:
     layers: str | list[int] = "all"
     """all | last | early_half | late_half, or 1-based block indices: [1, 2, 5] in TOML, 3 or 1,2,5 on
     the command line."""
+    points: str = "blocks"
+    """blocks | hidden_states: the n points ``layers`` indexes. blocks = every block's raw output;
+    hidden_states = blocks 1..n-1 and the final norm's output, transformers' hidden_states[1:] (the
+    authors' Hugging Face scripts, train_configs/paper/)."""
     max_tokens: int = 0
-    """0 uses all positions (exact); else a seeded random subset of this many (≥ 2) per layer and
-    step; 256 is the authors' subsampling (lm_dispersion/dispersion.py), behind the paper's numbers."""
+    """0 uses all positions (exact); else a random subset of this many (≥ 2) positions per layer and
+    micro-batch, seeded; 256 is the authors' subsampling (lm_dispersion/dispersion.py)."""
     warmup_steps: int = 0
     """Ramp λ linearly from 0 over this many steps; 0 applies it in full from step 1."""
     kernel: str = "auto"

@@ -22,6 +22,7 @@ from ..losses.options import (
     CONFIG_VARIANTS,
     FORMS,
     KERNELS,
+    POINTS,
     precision_error,
     range_error,
     resolve_layers,
@@ -49,6 +50,8 @@ def check_dispersion(config: JobConfig, n_layers: int) -> None:
         raise ConfigError(f"dispersion.precision: {problem}")
     if d.form not in FORMS:
         raise ConfigError(f"dispersion.form: {d.form!r} is not one of {FORMS}")
+    if d.points not in POINTS:
+        raise ConfigError(f"dispersion.points: {d.points!r} is not one of {POINTS}")
     if d.kernel == "triton" and d.variant != "none" and not _triton_device_here():
         raise ConfigError("dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
                           "use 'auto' (the PyTorch strips on CPU) or 'torch'")

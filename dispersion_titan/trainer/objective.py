@@ -56,16 +56,22 @@ class DispersionObjective:
             return self.cfg.coeff
         return self.cfg.coeff * min(1.0, step / self.cfg.warmup_steps)
 
-    def _generator(self, step: int, layer: int, device: torch.device) -> torch.Generator | None:
-        """Token subsampling depends only on (seed, step, layer): identical on every rank
-        and micro-batch, and reproduced exactly by a resumed run. The generator lives on
-        the hidden states' device, so the indices are drawn there without a host copy."""
+    def _generator(self, step: int, chunk: int, layer: int, device: torch.device) -> torch.Generator | None:
+        """A fresh token subset per layer and micro-batch, as the authors' ``DispersionLoss``
+        draws one per call, reproducible from (seed, step, chunk, layer). ``chunk`` numbers the
+        step's micro-batches over the data-parallel ranks (``data.layout``: micro-batch m of
+        rank r of W is chunk m·W + r), so layouts that cut the global batch into the same
+        chunks draw the same subsets, and any layout draws them from the same distribution.
+        The generator lives on the hidden states' device: the indices are drawn there, no
+        host sync."""
         if not self.cfg.max_tokens:
             return None
-        return torch.Generator(device=device).manual_seed((self.seed * 1_000_003 + step) * 10_007 + layer)
+        key = ((((self.seed * 1_000_003 + step) * 10_007 + chunk) * 10_007 + layer)) % 2**63
+        return torch.Generator(device=device).manual_seed(key)
 
-    def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool) -> MicrobatchDispersion:
-        """The micro-batch's term. Under TP each rank computes only its share of the
+    def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool,
+                 chunk: int) -> MicrobatchDispersion:
+        """The term of micro-batch ``chunk`` of the global batch (see ``_generator``). Under TP each rank computes only its share of the
         sequences (``own_sequences``) and the shares' backward adds up; at log steps
         (``with_stats``) the logged values are summed over the TP ranks, so every rank
         reports the whole term as without TP."""
@@ -90,7 +96,7 @@ class DispersionObjective:
                         clamp=self.cfg.clamp,
                         lambda_norm=self.cfg.lambda_norm,
                         max_tokens=self.cfg.max_tokens,
-                        generator=self._generator(step, i, owned[i].device),
+                        generator=self._generator(step, chunk, i, owned[i].device),
                         kernel=self.cfg.kernel,
                         precision=self.cfg.precision,
                         form=self.cfg.form,

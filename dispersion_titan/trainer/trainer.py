@@ -95,8 +95,12 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
         )
         self.dispersion.check_kernel(self.device)
+        # Micro-batch m of this rank is chunk m·W + r of the global batch (data.layout).
+        self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
+        self.microbatch = 0
         (model,) = self.model_parts
-        self.block_outputs = BlockOutputs(model.layers)  # after parallelize_fn: outside AC and compile
+        # after parallelize_fn: outside AC and compile
+        self.block_outputs = BlockOutputs(model, job_config.dispersion.points)
         self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
                                        self.model_args.tie_embeddings, run_encoder(job_config).pad_id)
         # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue; SIGINT, SIGTERM: save, exit.
@@ -147,6 +151,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         if self.writer_lock is not None:
             self.writer_lock.touch()
         self.step_metrics.reset()
+        self.microbatch = 0
         self.baseline.begin_step(self.step)
         super().train_step(data_iterator)
         self.health.record(self.step_metrics.local_loss(), self.step)
@@ -175,7 +180,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             logits = model(inputs, **model_kwargs)
             ce = self.loss_fn(logits, labels) / global_valid_tokens
             del logits
-            term = self.dispersion(self.block_outputs.take(), self.step, with_stats)
+            chunk = self.microbatch * self.chunk_stride + self.chunk_offset
+            self.microbatch += 1
+            term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
         # Backward through both terms without adding them: a loss-parallel CE is a
         # DTensor and cannot be summed with a plain tensor.
         torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])
