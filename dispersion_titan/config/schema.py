@@ -44,6 +44,13 @@ class Model:
     tie_embeddings: bool | None = None
     """Share the LM head with the token embedding matrix; unset keeps the flavor's (gpt2 and
     qwen3 up to 4B tie, larger qwen3 and llama3 do not)."""
+    attn_dropout: float | None = None
+    """gpt2: dropout on the attention probabilities (Hugging Face's attn_pdrop), training only.
+    Unset: the HF config.json's value when checkpoint.initial_load_in_hf loads a GPT-2 folder, else 0."""
+    resid_dropout: float | None = None
+    """gpt2: dropout after each block's attention and MLP output projections (resid_pdrop); unset as above."""
+    embd_dropout: float | None = None
+    """gpt2: dropout on the token + position embeddings (embd_pdrop); unset as above."""
 
 
 @dataclass

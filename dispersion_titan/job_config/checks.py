@@ -27,7 +27,7 @@ from ..losses.options import (
     range_error,
     resolve_layers,
 )
-from ..models.flavors import SHAPE_KEYS
+from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
@@ -89,6 +89,13 @@ def check_model(config: JobConfig, args: Any) -> None:
         value = getattr(config.model, key)
         if value is not None and value < 0:
             raise ConfigError(f"model.{key}: must be positive, got {value}")
+    for key in DROPOUT_KEYS:
+        value = getattr(args, key, 0.0)
+        if not 0 <= value < 1:
+            raise ConfigError(f"model.{key}: must be in [0, 1), got {value}")
+        if value and config.activation_checkpoint.mode != "none" and not config.activation_checkpoint.preserve_rng_state:
+            raise ConfigError(f"activation_checkpoint.preserve_rng_state: model.{key} = {value} needs it true "
+                              "(the recomputation must draw the same dropout masks)")
     if "head_dim" not in args.OVERRIDES and args.dim % args.n_heads:  # heads of width dim / n_heads
         raise ConfigError(f"model.dim: {args.dim} is not divisible by model.n_heads={args.n_heads}")
     tp = config.parallelism.tensor_parallel_degree

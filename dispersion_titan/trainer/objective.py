@@ -17,6 +17,7 @@ from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.dispersion import KernelUnavailable, check_triton_kernel
 from ..losses.options import resolve_layers
 from ..utils.errors import ConfigError
+from .seeds import mixed_seed
 from .sequence_parallel import own_sequences
 
 
@@ -66,8 +67,7 @@ class DispersionObjective:
         host sync."""
         if not self.cfg.max_tokens:
             return None
-        key = ((((self.seed * 1_000_003 + step) * 10_007 + chunk) * 10_007 + layer)) % 2**63
-        return torch.Generator(device=device).manual_seed(key)
+        return torch.Generator(device=device).manual_seed(mixed_seed(self.seed, step, chunk, layer))
 
     def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool,
                  chunk: int) -> MicrobatchDispersion:

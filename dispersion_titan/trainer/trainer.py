@@ -20,6 +20,7 @@ from torchtitan.tools.logging import logger
 
 from ..components import titan_compat
 from ..data.packed import run_encoder, run_seed
+from ..models.flavors import DROPOUT_KEYS
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
@@ -28,6 +29,7 @@ from .baselines import build_baseline
 from .block_outputs import BlockOutputs
 from .objective import DispersionObjective
 from .preemption import Preemption, secondary_failure_status
+from .seeds import mixed_seed
 from .save_failure import save_failure
 
 
@@ -98,6 +100,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         # Micro-batch m of this rank is chunk m·W + r of the global batch (data.layout).
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
+        self.seed = seed
+        self.tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
+        self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
         (model,) = self.model_parts
         # after parallelize_fn: outside AC and compile
         self.block_outputs = BlockOutputs(model, job_config.dispersion.points)
@@ -176,12 +181,14 @@ class DispersionTrainer(titan_compat.TrainerHooks):
     def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                                global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
         with_stats = self.metrics_processor.should_log(self.step)
+        chunk = self.microbatch * self.chunk_stride + self.chunk_offset
+        self.microbatch += 1
+        if self.has_dropout:
+            self._seed_dropout(chunk)
         with self.maybe_enable_amp:
             logits = model(inputs, **model_kwargs)
             ce = self.loss_fn(logits, labels) / global_valid_tokens
             del logits
-            chunk = self.microbatch * self.chunk_stride + self.chunk_offset
-            self.microbatch += 1
             term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
         # Backward through both terms without adding them: a loss-parallel CE is a
         # DTensor and cannot be summed with a plain tensor.
@@ -189,6 +196,15 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         ce_value = _local(ce.detach())
         self.step_metrics.add(ce_value, term.unweighted, term.block_cosine_sums)
         return ce_value + term.step_coeff * term.unweighted
+
+    def _seed_dropout(self, chunk: int) -> None:
+        """Dropout masks from the global RNG seeded by (seed, step, chunk, TP rank): a layout
+        that cuts the global batch into the same chunks draws the same masks, every other
+        one draws independent masks from the same distribution (TP ranks hold different
+        heads and sequence slices); activation checkpointing restores this RNG state for
+        its recomputation (``preserve_rng_state``, checked at launch). A host-side seed, no
+        device sync."""
+        torch.manual_seed(mixed_seed(self.seed, self.step, chunk, self.tp_rank))
 
 
 def train(job_config: Any) -> None:
