@@ -128,3 +128,29 @@ def test_step0_is_the_initialisation_under_every_layout(runs):
     for name in (*runs["family"].layouts, *(["fresh_2d"] if "fresh_2d" in runs else [])):
         step0 = load_weights(runs[name] / "checkpoint" / "step-0")
         assert max_abs_diff(step0, initial) == 0.0, name
+
+
+DROPOUT = ("--model.attn_dropout", "0.1", "--model.resid_dropout", "0.1", "--model.embd_dropout", "0.1")
+
+
+def test_dropout_masks_agree_between_one_process_and_fsdp2(runs, tmp_path):
+    """gpt2 with dropout: 1 process (accumulation 2) and FSDP=2 cut the batch into the same two
+    chunks and seed each chunk's masks alike, so losses and weights agree as without dropout
+    (other layouts draw other masks from the same distribution: TP ranks, other chunkings)."""
+    family = runs["family"]
+    if family.config != DEBUG_TOML:
+        pytest.skip("dropout is a gpt2 setting")
+    for name in ("single_accum2", "fsdp2"):
+        nproc, extra = family.layouts[name]
+        torchrun(tmp_path / name, nproc, *family.common, *extra, *DROPOUT, "--checkpoint.initial_load_path",
+                 str(runs["seed"]), config=family.config)
+    one, two, plain = scalars(tmp_path / "single_accum2"), scalars(tmp_path / "fsdp2"), scalars(runs["single_accum2"])
+    assert one["loss_metrics/ce"][1] != plain["loss_metrics/ce"][1]  # the masks changed the loss
+    for tag in TAGS:
+        for step in range(1, STEPS + 1):
+            want, have = one[tag][step], two[tag][step]
+            assert abs(have - want) <= 1e-4 * abs(want), (tag, step, have, want)
+    final = f"step-{STEPS}"
+    assert update_rel_diff(load_weights(tmp_path / "fsdp2" / "checkpoint" / final),
+                           load_weights(tmp_path / "single_accum2" / "checkpoint" / final),
+                           load_weights(runs["seed"])) <= 1e-4

@@ -147,6 +147,17 @@ class BuilderInputs:
     baseline: tyro.conf.Suppress[Baseline | None] = field(default=None, init=False, repr=False)
 
 
+DECAY_GROUPS = ("all", "hf")
+"""``[optimizer] decay_groups`` values."""
+
+
+@dataclass
+class OptimizerInputs(BuilderInputs):
+    decay_groups: str = "all"
+    """all | hf: weight decay on every parameter, or none on biases and norm weights (the Hugging Face
+    Trainer's grouping, Trainer.get_decay_parameter_names, which the authors' scripts train with)."""
+
+
 @dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
@@ -156,5 +167,5 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     dispersion: Dispersion = field(default_factory=Dispersion)
     baseline: Baseline = field(default_factory=Baseline)
-    optimizer: BuilderInputs = field(default_factory=BuilderInputs)
+    optimizer: OptimizerInputs = field(default_factory=OptimizerInputs)
     lr_scheduler: BuilderInputs = field(default_factory=BuilderInputs)

@@ -14,7 +14,7 @@ from typing import Any
 
 from torchtitan.config import JobConfig
 
-from ..config.schema import METHOD_SETTINGS
+from ..config.schema import DECAY_GROUPS, METHOD_SETTINGS
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import (
@@ -289,6 +289,14 @@ def check_baseline(config: JobConfig) -> None:
                               "no reset would ever happen; make it smaller or use baseline.method = none")
 
 
+def check_optimizer(config: JobConfig) -> None:
+    o = config.optimizer
+    if o.decay_groups not in DECAY_GROUPS:
+        raise ConfigError(f"optimizer.decay_groups: {o.decay_groups!r} is not one of {DECAY_GROUPS}")
+    if o.decay_groups == "hf" and o.early_step_in_backward:  # one optimizer per parameter: no groups to split
+        raise ConfigError("optimizer.early_step_in_backward: not supported with optimizer.decay_groups = 'hf'")
+
+
 def carry_baseline(config: JobConfig) -> None:
     """The ``[baseline]`` section also where the optimizer and LR-scheduler builders look
     (``config.schema.BuilderInputs``)."""
@@ -303,6 +311,7 @@ def check_job_config(config: JobConfig, args: Any, world_size: int = 1) -> None:
     check_model(config, args)
     check_dispersion(config, args.n_layers)
     check_baseline(config)
+    check_optimizer(config)
     carry_baseline(config)
     check_data(config)
     check_checkpoint(config)
