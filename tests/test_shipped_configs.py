@@ -51,11 +51,20 @@ def test_midtraining_configs_match_the_authors_scripts():
         interval = c["checkpoint"]["interval"]
         assert set(range(interval, steps + 1, interval)) | {steps} == authors_cadence(steps) == authors_steps(steps)
         assert c["validation"]["freq"] == interval, path.name
-        assert c["baseline"] == {"method": "none", "noise_alpha": 5.0 if qwen3 else 1.0}, path.name  # NEFTune α
+        assert c["baseline"]["noise_alpha"] == (5.0 if qwen3 else 1.0), path.name  # NEFTune α
+        # The authors' batches (Readme.md: 32 × 4 per GPU; midtrain_qwen3.py: 1 × 32 per GPU), on one GPU.
+        assert t["global_batch_size"] == (32 if qwen3 else 128) and steps == 1526, path.name
+        assert t["max_local_batch_size"] == (1 if qwen3 else 32), path.name
+        assert o["decay_groups"] == "hf", path.name  # the HF Trainer's grouping
+        dropout = {k: c["model"].get(k) for k in ("attn_dropout", "resid_dropout", "embd_dropout")}
+        assert dropout == {k: None if qwen3 else 0.1 for k in dropout}, path.name  # HF GPT-2's config
+        assert c["baseline"]["forget_every"] < steps, path.name  # active forgetting resets within the run
         d = c["dispersion"]
+        assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name  # hidden_states[1:]
         if d["variant"] != "none":
-            assert (d["variant"], d["coeff"], d["tau"], d["layers"]) == ("angular_spread", 0.1, 1.0, "all"), path.name
+            assert (d["variant"], d["coeff"], d["tau"]) == ("angular_spread", 0.1, 1.0), path.name
             assert d["clamp"] == (0.25 if qwen3 else 0.1), path.name  # Qwen3: DispersionLoss's default
+            assert d["max_tokens"] == 256, path.name  # DispersionLoss's subsampling
 
 
 def test_from_scratch_configs_use_the_authors_clamp():
@@ -65,6 +74,12 @@ def test_from_scratch_configs_use_the_authors_clamp():
     for path in sorted(CONFIGS.glob("fineweb_gpt2_mlp*.toml")):
         c = load(path)
         assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * c["training"]["steps"]), path.name
+
+
+def test_our_configs_keep_the_exact_loss():
+    """Outside train_configs/paper/, every dispersion term uses every position."""
+    for path in sorted(CONFIGS.glob("*.toml")):
+        assert load(path).get("dispersion", {}).get("max_tokens", 0) == 0, path.name
 
 
 def test_each_paper_config_names_the_script_it_follows():
