@@ -18,6 +18,7 @@ CONFIGS = REPO / "train_configs"
 PAPER = CONFIGS / "paper"
 """Configs that reproduce a released run; ``train_configs/*.toml`` are ours."""
 MIDTRAIN = sorted(PAPER.glob("midtrain_*.toml"))
+FIG3 = sorted(PAPER.glob("fig3_*.toml"))
 FROM_SCRATCH_DISPERSION = sorted(CONFIGS.glob("gpt2_small_mlp*_angular_spread.toml"))
 AUTHORS_FILE = r"(lm_dispersion/[\w/]+\.py|Readme\.md)"
 
@@ -67,6 +68,25 @@ def test_midtraining_configs_match_the_authors_scripts():
             assert d["max_tokens"] == 256, path.name  # DispersionLoss's subsampling
 
 
+def test_fig3_preset_is_the_from_scratch_scripts_defaults():
+    """pretrain_toy_gpt2.py: 16 × 8 sequences of 1024 per GPU, lr 1e-5 (× √GPUs), warmup_ratio 0.2,
+    num_ckpt 2, codelion/fineweb-edu-1B, HF GPT-2's dropout, DispersionLoss's defaults, λ 1."""
+    assert [p.name for p in FIG3] == ["fig3_gpt2_small.toml", "fig3_gpt2_small_angular_spread.toml"]
+    for path in FIG3:
+        c = load(path)
+        t, o, d, steps = c["training"], c["optimizer"], c["dispersion"], c["training"]["steps"]
+        assert (t["global_batch_size"], t["max_local_batch_size"], t["seq_len"]) == (128, 16, 1024), path.name
+        assert (o["lr"], o["decay_groups"], t["dataset"], c["validation"]["dataset"]) == (
+            1e-5, "hf", "fineweb-edu-1B", "fineweb-edu-1B"), path.name
+        assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * steps), path.name
+        assert c["checkpoint"]["interval"] == steps // 2 + 1 == c["validation"]["freq"], path.name
+        assert all(c["model"][k] == 0.1 for k in ("attn_dropout", "resid_dropout", "embd_dropout")), path.name
+        assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name
+        if d["variant"] != "none":
+            assert (d["variant"], d["coeff"], d["tau"], d["clamp"], d["max_tokens"]) == (
+                "angular_spread", 1.0, 1.0, 0.25, 256), path.name
+
+
 def test_from_scratch_configs_use_the_authors_clamp():
     assert len(FROM_SCRATCH_DISPERSION) == 4
     for path in FROM_SCRATCH_DISPERSION:
@@ -83,7 +103,7 @@ def test_our_configs_keep_the_exact_loss():
 
 
 def test_each_paper_config_names_the_script_it_follows():
-    assert MIDTRAIN and set(PAPER.glob("*.toml")) == set(MIDTRAIN)
+    assert MIDTRAIN and FIG3 and set(PAPER.glob("*.toml")) == set(MIDTRAIN) | set(FIG3)
     for path in PAPER.glob("*.toml"):
         first = path.read_text().splitlines()[0]
         assert re.match(r"# Reproduces a released run: follows lm_dispersion/[\w/]+\.py", first), path.name
