@@ -4,7 +4,9 @@ From one seed checkpoint, the total loss, CE, dispersion term and the weights af
 steps agree within 1e-4 (relative) across: 1 process with gradient accumulation 2,
 FSDP=2 (no accumulation), TP=2 (sequence parallel, loss parallel) and, for gpt2,
 FSDP2×TP2. The dispersion loss is on every block, with a token subset, so its
-gathering over sequence shards and its global-batch scaling are exercised too. The
+gathering over sequence shards and its global-batch scaling are exercised too (gpt2 at
+``points = "hidden_states"``, whose last point is the final norm's sequence-sharded
+output under TP; qwen3 at the blocks). The
 subset is drawn per micro-batch (the authors' per call), keyed by the micro-batch's
 chunk of the global batch: every layout here cuts the batch of 8 into the same two
 chunks of 4, so they draw the same subsets. Both our
@@ -65,7 +67,9 @@ SHARED = ("--training.steps", str(STEPS), "--training.global_batch_size", "8", "
           "--checkpoint.interval", "100", "--dispersion.variant", "angular_spread", "--dispersion.layers", "all",
           "--dispersion.coeff", str(COEFF), "--lr_scheduler.warmup_steps", "1")
 FAMILIES = {
-    "gpt2": Family(DEBUG_TOML, (*SHARED, "--dispersion.max_tokens", "96"), layouts(two_d=True), None),
+    # gpt2 takes the loss on hidden_states (the final norm's output under FSDP and TP), qwen3 on the blocks.
+    "gpt2": Family(DEBUG_TOML, (*SHARED, "--dispersion.max_tokens", "96", "--dispersion.points", "hidden_states"),
+                   layouts(two_d=True), None),
     "qwen3": Family(
         str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml"),
         (*SHARED, "--dispersion.max_tokens", "48", "--training.seq_len", "64",

@@ -75,7 +75,8 @@ def no_decay_parameter_names(model: nn.Module) -> set[str]:
 def _separate_no_decay_group(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Param group 0 keeps the decayed body; the exempt parameters go to a last group with
     weight decay 0 and group 0's learning rate."""
-    exempt = {id(p) for name, p in model.named_parameters() if name in no_decay_parameter_names(model)}
+    names = no_decay_parameter_names(model)
+    exempt = {id(p) for name, p in model.named_parameters() if name in names}
     group = optimizer.param_groups[0]
     body = group["params"]
     group["params"] = [p for p in body if id(p) not in exempt]

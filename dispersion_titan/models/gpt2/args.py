@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import nn
 from torchtitan.config import JobConfig
@@ -74,7 +74,7 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
         return nparams, flops_per_token(self, seq_len)
 
 
-def hf_dropout(checkpoint_config) -> dict[str, float]:
+def hf_dropout(checkpoint_config: Any) -> dict[str, float]:
     """The dropout probabilities of the GPT-2 ``config.json`` beside the weights a run starts
     from (``checkpoint.initial_load_path``), as ``[model]`` keys; {} without one."""
     path = os.path.join(checkpoint_config.initial_load_path or "", "config.json")

@@ -2,8 +2,8 @@
 
 Dropout as Hugging Face's GPT-2 (``attn_pdrop``, ``resid_pdrop``, ``embd_pdrop``), in
 training forwards only; its masks come from the global RNG, which the trainer seeds per
-micro-batch (``trainer.dropout_seed``), so that activation checkpointing's recomputation
-(``preserve_rng_state``) and every layout reproduce them.
+micro-batch (``DispersionTrainer._seed_dropout``), so that activation checkpointing's
+recomputation (``preserve_rng_state``) and layouts with the same micro-batches reproduce them.
 
 Module names follow TorchTitan's llama3 (``tok_embeddings``, ``layers``, ``norm``,
 ``output``) so the parallelisation plan reads the same; the HF adapter maps them to
