@@ -57,7 +57,7 @@ def step_time(model, blocks: BlockOutputs, optimizer, tokens, labels, objective:
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         del logits
         if objective is not None:
-            loss = loss + objective(outputs, step=1, with_stats=False).weighted
+            loss = loss + objective(outputs, step=1, with_stats=False, chunk=0).weighted
         del outputs
     loss.backward()
     optimizer.step()
@@ -126,7 +126,7 @@ def main() -> None:
     _, flops_per_token = model_args.get_nparams_and_flops(model, args.seq_len)
     if args.compile:
         apply_compile(model, Compile(enable=True))
-    blocks = BlockOutputs(model.layers)  # after compile, as the trainer registers them
+    blocks = BlockOutputs(model, "blocks")  # after compile, as the trainer registers them
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     tokens = torch.randint(0, model_args.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]

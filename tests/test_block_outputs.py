@@ -68,17 +68,17 @@ def built(family: str, wrapping: str) -> torch.nn.Module:
 def one_step(model: torch.nn.Module, coeff: float) -> dict[str, torch.Tensor]:
     """One optimizer step of CE + λ·dispersion over two micro-batches, as the trainer runs
     it; the weights after it. Checks the hooks' counts on the way."""
-    blocks = BlockOutputs(model.layers)
+    blocks = BlockOutputs(model, "blocks")
     cfg = Dispersion(variant="angular_spread", coeff=coeff)
     objective = DispersionObjective(cfg, blocks.count, MICROBATCHES * BATCH, seed=0, tp_group=None)
     tokens = torch.randint(0, 50257, (MICROBATCHES, BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    for micro in tokens:
+    for chunk, micro in enumerate(tokens):
         logits = model(micro[:, :-1])
         outputs = blocks.take()  # every block exactly once: a second firing raises in the hook
         assert len(outputs) == blocks.count and all(o.requires_grad for o in outputs)
         ce = F.cross_entropy(logits.flatten(0, 1).float(), micro[:, 1:].flatten()) / MICROBATCHES
-        torch.autograd.backward([ce, objective(outputs, step=1, with_stats=False).weighted])
+        torch.autograd.backward([ce, objective(outputs, step=1, with_stats=False, chunk=chunk).weighted])
         with pytest.raises(RuntimeError, match=f"captured 0 of {blocks.count}"):
             blocks.take()  # the recomputation in backward fired no hook
     with torch.no_grad():
@@ -100,3 +100,21 @@ def test_hooks_fire_once_per_block_and_the_dispersion_gradient_reaches_every_blo
     for block in range(2):
         inside = [name for name in without if f"layers.{block}." in name]
         assert inside and any(not torch.equal(without[n], with_dispersion[n]) for n in inside), (family, block)
+
+
+@pytest.mark.parametrize("family", list(TINY))
+def test_hidden_states_points_are_the_blocks_then_the_final_norm(family):
+    """``points = "hidden_states"``: blocks 1..n-1 and the final norm's output (transformers'
+    hidden_states[1:]), with grad; ``blocks``: every block's raw output."""
+    model = built(family, "plain")
+    tokens = torch.randint(0, 50257, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
+    hidden = BlockOutputs(model, "hidden_states")
+    model(tokens)
+    points = hidden.take()
+    raw = BlockOutputs(model, "blocks")
+    model(tokens)
+    blocks = raw.take()
+    hidden.take()  # the second forward's hidden_states points, not compared
+    assert len(points) == len(blocks) == 2 and all(p.requires_grad for p in points)
+    assert torch.equal(points[0], blocks[0])
+    assert torch.allclose(points[1], model.norm(blocks[1]), atol=1e-6) and not torch.allclose(points[1], blocks[1])

@@ -108,8 +108,8 @@ def test_every_shipped_config_passes_the_checks(tmp_path):
 
     wikitext = str(wikitext_saved_dir(tmp_path))
     fineweb = str(Path(write_parquet(tmp_path / "fineweb", texts(3, seed=1), files=1)[0]).parent)
-    copies = {"wikitext-103": wikitext, "fineweb-edu": fineweb}
-    configs = sorted(glob.glob(str(REPO / "train_configs" / "*.toml")))
+    copies = {"wikitext-103": wikitext, "fineweb-edu": fineweb, "fineweb-edu-1B": fineweb}
+    configs = sorted(glob.glob(str(REPO / "train_configs" / "**" / "*.toml"), recursive=True))
     assert {"midtrain_gpt2_wikitext103_dispersion.toml", "midtrain_gpt2_wikitext103_baseline.toml"} <= {
         os.path.basename(c) for c in configs}
     assert len([c for c in configs if os.path.basename(c).startswith("fineweb_")]) == 4

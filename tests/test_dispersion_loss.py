@@ -8,6 +8,7 @@ import statistics
 import pytest
 import torch
 
+from dispersion_titan.config.schema import Dispersion
 from dispersion_titan.losses import (
     VARIANTS,
     TorchStrips,
@@ -15,6 +16,7 @@ from dispersion_titan.losses import (
     dispersion_loss_reference,
     mean_offdiag_cosine,
 )
+from dispersion_titan.trainer.objective import DispersionObjective
 
 IMPLS = {"lean": dispersion_loss, "reference": dispersion_loss_reference}
 TOL = 1e-5
@@ -433,3 +435,27 @@ def test_perplexity_entropy_refuses_low_precision_products(precision: str) -> No
 def test_mean_offdiag_cosine_rejects_non_3d() -> None:
     with pytest.raises(ValueError, match="hidden"):
         mean_offdiag_cosine(torch.zeros(4, 8))
+
+
+def test_objective_max_tokens_draws_a_fresh_subset_per_layer_and_micro_batch() -> None:
+    """As the authors' DispersionLoss (a fresh randperm per call, so per layer and micro-batch):
+    the same hidden states give another value in another layer or micro-batch (chunk), and
+    the same one again for the same (seed, step, chunk, layer); max_tokens = 0 is exact."""
+    hidden = randn(2, 64, 8, seed=11)
+    blocks = [hidden, hidden]
+
+    def per_layer(max_tokens: int, chunk: int, step: int = 1, seed: int = 0) -> list[float]:
+        cfg = Dispersion(variant="angular_spread", coeff=1.0, max_tokens=max_tokens, layers=[1])
+        values = []
+        for layer in (1, 2):
+            cfg.layers = [layer]
+            objective = DispersionObjective(cfg, 2, global_batch_size=2, seed=seed, tp_group=None)
+            values.append(objective(blocks, step, with_stats=False, chunk=chunk).unweighted.item())
+        return values
+
+    a = per_layer(8, chunk=0)
+    assert a == per_layer(8, chunk=0)  # reproducible
+    assert a[0] != a[1]  # fresh per layer
+    assert len({a[0], *per_layer(8, chunk=1), *per_layer(8, chunk=0, step=2), *per_layer(8, chunk=0, seed=1)}) == 7
+    exact = per_layer(0, chunk=0)
+    assert exact[0] == exact[1] == per_layer(0, chunk=5)[0] == dispersion_loss(hidden, "angular_spread").item()

@@ -19,14 +19,18 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
-from support.launch import python_module, torchrun
+from support.launch import DEBUG_TOML, python_module, torchrun
 from support.runs import load_weights
 
 from dispersion_titan import convert
-from dispersion_titan.models.gpt2.args import GPT2ModelArgs
+from dispersion_titan.config.schema import Dispersion
+from dispersion_titan.job_config.parse import validated_args
+from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
+from dispersion_titan.trainer.block_outputs import BlockOutputs
+from dispersion_titan.trainer.objective import DispersionObjective
 
 transformers = pytest.importorskip("transformers")
 
@@ -194,3 +198,76 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
     assert err == [f"dispersion_titan: error: {tmp_path / 'run'}: no complete checkpoint; pass a checkpoint "
                    f"folder (e.g. {tmp_path / 'run'}/checkpoint/step-10)"]
     assert not (tmp_path / "hf").exists()
+
+
+# ---------------------------------------------------------------- dropout and dispersion points, through hf:
+
+HF_DROPOUT = dict(attn_pdrop=0.05, resid_pdrop=0.15, embd_pdrop=0.25)
+
+
+def saved_hf_gpt2(folder, **config) -> transformers.GPT2LMHeadModel:
+    """A random tiny GPT-2 (the debug flavor's shape) written by ``save_pretrained``."""
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**SHAPE, **config))
+    model.save_pretrained(str(folder))
+    return model
+
+
+def imported(folder, *overrides: str) -> GPT2:
+    """Our GPT-2 as a run that starts from ``folder`` (``checkpoint.initial_load_in_hf``) builds it:
+    the debug flavor updated from the job config, the weights through the HF adapter."""
+    job = validated_args(["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config",
+                          "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
+                          *overrides])
+    args = gpt2_flavors["debug"]
+    args.update_from_config(job)
+    model = GPT2(args)
+    model.load_state_dict(GPT2StateDictAdapter(args, None).from_hf(load_file(str(folder / "model.safetensors"))))
+    return model
+
+
+def test_dropout_comes_in_from_the_hf_config_and_goes_out_to_it(tmp_path):
+    hf = saved_hf_gpt2(tmp_path / "in", **HF_DROPOUT).eval()
+    ours = imported(tmp_path / "in")
+    assert {k: getattr(ours.model_args, k) for k in ("attn_dropout", "resid_dropout", "embd_dropout")} == {
+        "attn_dropout": 0.05, "resid_dropout": 0.15, "embd_dropout": 0.25}
+    assert imported(tmp_path / "in", "--model.resid_dropout", "0").model_args.resid_dropout == 0.0  # set: kept
+    with torch.no_grad():
+        assert max_diff(ours.eval()(TOKENS), hf(TOKENS).logits) <= 1e-5  # eval: no dropout on either side
+    step = write_dcp_checkpoint(tmp_path / "run", ours.model_args)
+    convert.main(["to-hf", str(step), str(tmp_path / "out")])
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert {k: config[k] for k in HF_DROPOUT} == HF_DROPOUT
+
+
+def authors_angular_spread(z: torch.Tensor, clamp: float = 0.25, tau: float = 1.0, eps: float = 1e-2) -> torch.Tensor:
+    """DispersionLoss(variant="angular_spread").forward of the authors' lm_dispersion/dispersion.py
+    (github.com/ChenLiu-1996/LM-Dispersion), written out here, without subsampling."""
+    B, L, _ = z.shape
+    z_norm = z / (torch.linalg.norm(z, dim=2, keepdim=True) + eps)
+    cossim = z_norm @ z_norm.transpose(1, 2)
+    cossim_clamped = torch.clamp(cossim, -1 + clamp, 1 - clamp)
+    cossim_clamped = cossim + (cossim_clamped - cossim).detach()
+    logit = -(torch.arccos(cossim_clamped) / torch.pi) / tau
+    logit = logit.masked_fill(torch.eye(L, dtype=torch.bool).unsqueeze(0), float("-inf")).reshape(B, -1)
+    return (torch.logsumexp(logit + eps, dim=1) - torch.log(torch.tensor(L * (L - 1)))).mean()
+
+
+def test_dispersion_term_equals_the_authors_loss_over_hf_hidden_states(tmp_path):
+    """The authors' midtrain scripts: mean over transformers' hidden_states[1:] of DispersionLoss.
+    Ours: ``points = "hidden_states"`` on the same GPT-2 imported through hf:, dropout off."""
+    hf = saved_hf_gpt2(tmp_path / "hf", attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0).eval()
+    with torch.no_grad():
+        hidden_states = hf(TOKENS, output_hidden_states=True).hidden_states
+    reference = torch.stack([authors_angular_spread(h) for h in hidden_states[1:]]).mean()
+    terms = {}
+    for points in ("hidden_states", "blocks"):
+        model = imported(tmp_path / "hf").train()  # the hooks capture training forwards
+        hooks = BlockOutputs(model, points)
+        model(TOKENS)
+        cfg = Dispersion(variant="angular_spread", coeff=1.0, clamp=0.25, points=points, kernel="torch")
+        objective = DispersionObjective(cfg, SHAPE["n_layer"], global_batch_size=TOKENS.shape[0], seed=0,
+                                        tp_group=None)
+        terms[points] = objective(hooks.take(), step=1, with_stats=False, chunk=0).unweighted.item()
+    assert abs(terms["hidden_states"] - reference.item()) <= 2e-6, (terms, reference)
+    assert abs(terms["blocks"] - reference.item()) > 5e-5  # the last block's raw output, before the norm, differs

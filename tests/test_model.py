@@ -142,3 +142,62 @@ def test_flops_per_token_matches_flop_counter():
         model(tokens).sum().backward()
     measured = counter.get_total_flops() / (batch * seq_len)
     assert flops_per_token(args, seq_len) == measured
+
+
+DROPOUT = dict(attn_dropout=0.1, resid_dropout=0.2, embd_dropout=0.3)
+
+
+def test_dropout_is_off_in_eval_and_on_in_training():
+    """Eval: deterministic and equal to the same weights without dropout. Train: different
+    draw to draw, reproducible from the seed."""
+    shape = dict(dim=64, n_layers=2, n_heads=4, max_seq_len=64, vocab_size=512)
+    with_dropout, without = build(GPT2ModelArgs(**shape, **DROPOUT)), build(GPT2ModelArgs(**shape))
+    assert with_dropout.state_dict().keys() == without.state_dict().keys()
+    with_dropout.load_state_dict(without.state_dict())
+    tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        with_dropout.eval(), without.eval()
+        assert torch.equal(with_dropout(tokens), without(tokens)) and torch.equal(with_dropout(tokens),
+                                                                                 with_dropout(tokens))
+        with_dropout.train(), without.train()
+        torch.manual_seed(5)
+        first = with_dropout(tokens)
+        second = with_dropout(tokens)
+        torch.manual_seed(5)
+        again = with_dropout(tokens)
+        assert torch.equal(without(tokens), without.eval()(tokens))  # no dropout: train = eval
+    assert not torch.equal(first, second) and torch.equal(first, again)
+
+
+def test_embedding_and_residual_dropout_are_inverted_dropout():
+    """Each entry is 0 or 1/(1-p) times its eval value (HF's nn.Dropout), with about p zeros."""
+    args = GPT2ModelArgs(dim=64, n_layers=1, n_heads=4, max_seq_len=256, vocab_size=512, **DROPOUT)
+    model = build(args)
+    tokens = torch.randint(0, 512, (8, 256), generator=torch.Generator().manual_seed(1))
+    x = torch.randn(8, 256, 64, generator=torch.Generator().manual_seed(2))
+    block = model.layers["0"]
+    with torch.no_grad():
+        pairs = {"embd_dropout": (model.eval().embed(tokens), model.train().embed(tokens)),
+                 "resid_dropout": (block.feed_forward.eval()(x), block.feed_forward.train()(x))}
+    for key, (reference, dropped) in pairs.items():
+        p = DROPOUT[key]
+        kept = dropped != 0
+        assert torch.allclose(dropped[kept], reference[kept] / (1 - p), rtol=1e-6, atol=0), key
+        assert abs((~kept).float().mean().item() - p) < 0.01, key
+
+
+def test_attention_dropout_keeps_the_expected_output():
+    """Dropout on the attention probabilities (SDPA's dropout_p): inverted, so the mean over
+    draws is the eval output, while single draws differ from it."""
+    args = GPT2ModelArgs(dim=16, n_layers=1, n_heads=2, max_seq_len=32, vocab_size=64, attn_dropout=0.3)
+    attention = build(args).layers["0"].attention
+    x = torch.randn(1, 12, 16, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        reference = attention.eval()(x)
+        attention.train()
+        torch.manual_seed(0)
+        draws = torch.stack([attention(x) for _ in range(4000)])
+    scale = reference.abs().max()
+    assert (draws[0] - reference).abs().max() > 0.1 * scale
+    error = (draws.mean(0) - reference).abs().max()
+    assert error < 0.02 * scale, (error, scale)

@@ -1,10 +1,15 @@
 """Every parallel layout trains the same model on the same global batch.
 
 From one seed checkpoint, the total loss, CE, dispersion term and the weights after 3
-steps agree within 1e-4 (relative) across: 1 process (no accumulation), 1 process
-with gradient accumulation 2, FSDP=2, TP=2 (sequence parallel, loss parallel) and, for
-gpt2, FSDP2×TP2. The dispersion loss is on every block, with a token subset, so its
-gathering over sequence shards and its global-batch scaling are exercised too. Both our
+steps agree within 1e-4 (relative) across: 1 process with gradient accumulation 2,
+FSDP=2 (no accumulation), TP=2 (sequence parallel, loss parallel) and, for gpt2,
+FSDP2×TP2. The dispersion loss is on every block, with a token subset, so its
+gathering over sequence shards and its global-batch scaling are exercised too (gpt2 at
+``points = "hidden_states"``, whose last point is the final norm's sequence-sharded
+output under TP; qwen3 at the blocks). The
+subset is drawn per micro-batch (the authors' per call), keyed by the micro-batch's
+chunk of the global batch: every layout here cuts the batch of 8 into the same two
+chunks of 4, so they draw the same subsets. Both our
 gpt2 and TorchTitan's own qwen3 (its debugmodel shrunk, tied LM head, GPT-2's vocabulary
 padded to 50304 rows) are checked.
 """
@@ -49,7 +54,6 @@ def qwen3_seed(dump: Path) -> Path:
 
 def layouts(two_d: bool) -> dict[str, tuple[int, tuple[str, ...]]]:
     out = {
-        "single": (1, ("--training.local_batch_size", "8")),
         "single_accum2": (1, ("--training.local_batch_size", "4")),
         "fsdp2": (2, ("--training.local_batch_size", "4")),
         "tp2": (2, ("--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2")),
@@ -63,7 +67,9 @@ SHARED = ("--training.steps", str(STEPS), "--training.global_batch_size", "8", "
           "--checkpoint.interval", "100", "--dispersion.variant", "angular_spread", "--dispersion.layers", "all",
           "--dispersion.coeff", str(COEFF), "--lr_scheduler.warmup_steps", "1")
 FAMILIES = {
-    "gpt2": Family(DEBUG_TOML, (*SHARED, "--dispersion.max_tokens", "96"), layouts(two_d=True), None),
+    # gpt2 takes the loss on hidden_states (the final norm's output under FSDP and TP), qwen3 on the blocks.
+    "gpt2": Family(DEBUG_TOML, (*SHARED, "--dispersion.max_tokens", "96", "--dispersion.points", "hidden_states"),
+                   layouts(two_d=True), None),
     "qwen3": Family(
         str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml"),
         (*SHARED, "--dispersion.max_tokens", "48", "--training.seq_len", "64",
@@ -93,7 +99,7 @@ def runs(request, tmp_path_factory):
 
 
 def test_losses_agree_across_layouts(runs):
-    reference = scalars(runs["single"])
+    reference = scalars(runs["single_accum2"])
     for tag in TAGS:
         assert sorted(reference[tag]) == list(range(1, STEPS + 1))
     assert reference["loss_metrics/dispersion"][1] != 0.0
@@ -113,7 +119,7 @@ def test_total_is_ce_plus_weighted_dispersion(runs):
 
 
 def test_weights_after_training_agree_across_layouts(runs):
-    reference = load_weights(runs["single"] / "checkpoint" / f"step-{STEPS}")
+    reference = load_weights(runs["single_accum2"] / "checkpoint" / f"step-{STEPS}")
     initial = load_weights(runs["seed"])
     assert max_abs_diff(reference, initial) > 1e-3  # training moved the weights
     for name in runs["family"].layouts:
@@ -126,3 +132,29 @@ def test_step0_is_the_initialisation_under_every_layout(runs):
     for name in (*runs["family"].layouts, *(["fresh_2d"] if "fresh_2d" in runs else [])):
         step0 = load_weights(runs[name] / "checkpoint" / "step-0")
         assert max_abs_diff(step0, initial) == 0.0, name
+
+
+DROPOUT = ("--model.attn_dropout", "0.1", "--model.resid_dropout", "0.1", "--model.embd_dropout", "0.1")
+
+
+def test_dropout_masks_agree_between_one_process_and_fsdp2(runs, tmp_path):
+    """gpt2 with dropout: 1 process (accumulation 2) and FSDP=2 cut the batch into the same two
+    chunks and seed each chunk's masks alike, so losses and weights agree as without dropout
+    (other layouts draw other masks from the same distribution: TP ranks, other chunkings)."""
+    family = runs["family"]
+    if family.config != DEBUG_TOML:
+        pytest.skip("dropout is a gpt2 setting")
+    for name in ("single_accum2", "fsdp2"):
+        nproc, extra = family.layouts[name]
+        torchrun(tmp_path / name, nproc, *family.common, *extra, *DROPOUT, "--checkpoint.initial_load_path",
+                 str(runs["seed"]), config=family.config)
+    one, two, plain = scalars(tmp_path / "single_accum2"), scalars(tmp_path / "fsdp2"), scalars(runs["single_accum2"])
+    assert one["loss_metrics/ce"][1] != plain["loss_metrics/ce"][1]  # the masks changed the loss
+    for tag in TAGS:
+        for step in range(1, STEPS + 1):
+            want, have = one[tag][step], two[tag][step]
+            assert abs(have - want) <= 1e-4 * abs(want), (tag, step, have, want)
+    final = f"step-{STEPS}"
+    assert update_rel_diff(load_weights(tmp_path / "fsdp2" / "checkpoint" / final),
+                           load_weights(tmp_path / "single_accum2" / "checkpoint" / final),
+                           load_weights(runs["seed"])) <= 1e-4

@@ -15,7 +15,10 @@ from dispersion_titan.evaluation.table import authors_steps
 from support.launch import REPO
 
 CONFIGS = REPO / "train_configs"
-MIDTRAIN = sorted(CONFIGS.glob("midtrain_*.toml"))
+PAPER = CONFIGS / "paper"
+"""Configs that reproduce a released run; ``train_configs/*.toml`` are ours."""
+MIDTRAIN = sorted(PAPER.glob("midtrain_*.toml"))
+FIG3 = sorted(PAPER.glob("fig3_*.toml"))
 FROM_SCRATCH_DISPERSION = sorted(CONFIGS.glob("gpt2_small_mlp*_angular_spread.toml"))
 AUTHORS_FILE = r"(lm_dispersion/[\w/]+\.py|Readme\.md)"
 
@@ -49,11 +52,39 @@ def test_midtraining_configs_match_the_authors_scripts():
         interval = c["checkpoint"]["interval"]
         assert set(range(interval, steps + 1, interval)) | {steps} == authors_cadence(steps) == authors_steps(steps)
         assert c["validation"]["freq"] == interval, path.name
-        assert c["baseline"] == {"method": "none", "noise_alpha": 5.0 if qwen3 else 1.0}, path.name  # NEFTune α
+        assert c["baseline"]["noise_alpha"] == (5.0 if qwen3 else 1.0), path.name  # NEFTune α
+        # The authors' batches (Readme.md: 32 × 4 per GPU; midtrain_qwen3.py: 1 × 32 per GPU), on one GPU.
+        assert t["global_batch_size"] == (32 if qwen3 else 128) and steps == 1526, path.name
+        assert t["max_local_batch_size"] == (1 if qwen3 else 32), path.name
+        assert o["decay_groups"] == "hf", path.name  # the HF Trainer's grouping
+        dropout = {k: c["model"].get(k) for k in ("attn_dropout", "resid_dropout", "embd_dropout")}
+        assert dropout == {k: None if qwen3 else 0.1 for k in dropout}, path.name  # HF GPT-2's config
+        assert c["baseline"]["forget_every"] < steps, path.name  # active forgetting resets within the run
         d = c["dispersion"]
+        assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name  # hidden_states[1:]
         if d["variant"] != "none":
-            assert (d["variant"], d["coeff"], d["tau"], d["layers"]) == ("angular_spread", 0.1, 1.0, "all"), path.name
+            assert (d["variant"], d["coeff"], d["tau"]) == ("angular_spread", 0.1, 1.0), path.name
             assert d["clamp"] == (0.25 if qwen3 else 0.1), path.name  # Qwen3: DispersionLoss's default
+            assert d["max_tokens"] == 256, path.name  # DispersionLoss's subsampling
+
+
+def test_fig3_preset_is_the_from_scratch_scripts_defaults():
+    """pretrain_toy_gpt2.py: 16 × 8 sequences of 1024 per GPU, lr 1e-5 (× √GPUs), warmup_ratio 0.2,
+    num_ckpt 2, codelion/fineweb-edu-1B, HF GPT-2's dropout, DispersionLoss's defaults, λ 1."""
+    assert [p.name for p in FIG3] == ["fig3_gpt2_small.toml", "fig3_gpt2_small_angular_spread.toml"]
+    for path in FIG3:
+        c = load(path)
+        t, o, d, steps = c["training"], c["optimizer"], c["dispersion"], c["training"]["steps"]
+        assert (t["global_batch_size"], t["max_local_batch_size"], t["seq_len"]) == (128, 16, 1024), path.name
+        assert (o["lr"], o["decay_groups"], t["dataset"], c["validation"]["dataset"]) == (
+            1e-5, "hf", "fineweb-edu-1B", "fineweb-edu-1B"), path.name
+        assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * steps), path.name
+        assert c["checkpoint"]["interval"] == steps // 2 + 1 == c["validation"]["freq"], path.name
+        assert all(c["model"][k] == 0.1 for k in ("attn_dropout", "resid_dropout", "embd_dropout")), path.name
+        assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name
+        if d["variant"] != "none":
+            assert (d["variant"], d["coeff"], d["tau"], d["clamp"], d["max_tokens"]) == (
+                "angular_spread", 1.0, 1.0, 0.25, 256), path.name
 
 
 def test_from_scratch_configs_use_the_authors_clamp():
@@ -67,7 +98,21 @@ def test_from_scratch_configs_use_the_authors_clamp():
         assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * c["training"]["steps"]), path.name
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_our_configs_keep_the_exact_loss():
+    """Outside train_configs/paper/, every dispersion term uses every position."""
+    for path in sorted(CONFIGS.glob("*.toml")):
+        assert load(path).get("dispersion", {}).get("max_tokens", 0) == 0, path.name
+
+
+def test_each_paper_config_names_the_script_it_follows():
+    assert MIDTRAIN and FIG3 and set(PAPER.glob("*.toml")) == set(MIDTRAIN) | set(FIG3)
+    for path in PAPER.glob("*.toml"):
+        first = path.read_text().splitlines()[0]
+        assert re.match(r"# Reproduces a released run: follows lm_dispersion/[\w/]+\.py", first), path.name
+    assert not list(CONFIGS.glob("midtrain_*.toml"))  # every mid-training config is the authors'
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.toml")), ids=lambda p: p.relative_to(CONFIGS).as_posix())
 def test_every_credit_to_the_authors_names_their_file(path):
     """A comment that credits the authors names the file of theirs that holds the value."""
     for number, line in enumerate(path.read_text().splitlines(), 1):

@@ -1,7 +1,9 @@
 """Every TrainSpec's optimizer and LR-scheduler builders: TorchTitan's own, except
 under active forgetting, where the token embeddings get a param group of their own with
 the language-model-plasticity schedule the authors use (``embedding_lr_factor``) while
-the body keeps the run's schedule.
+the body keeps the run's schedule, and with ``[optimizer] decay_groups = "hf"``, where
+biases and norm weights go to a param group without weight decay, as the Hugging Face
+Trainer groups them (the authors' scripts train with it).
 
 TorchTitan calls these builders with the ``[optimizer]`` / ``[lr_scheduler]`` sections
 only; the launch checks put the run's ``[baseline]`` section into both (their ``baseline``
@@ -11,6 +13,7 @@ field, ``config.schema.BuilderInputs``). Without active forgetting, they are Tor
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import torch
@@ -22,6 +25,8 @@ from ..config.schema import Baseline
 from . import titan_compat
 
 WARMUP_FRACTION = 0.08
+_NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
+"""transformers' ``Trainer.get_decay_parameter_names`` patterns, searched in the lower-cased name."""
 
 
 def _forgetting(section: Any) -> Baseline | None:
@@ -58,21 +63,44 @@ def _separate_embedding_group(model: nn.Module, optimizer: torch.optim.Optimizer
     optimizer.add_param_group({"params": [embedding], "lr": lr})
 
 
+def no_decay_parameter_names(model: nn.Module) -> set[str]:
+    """The parameters the Hugging Face Trainer exempts from weight decay: those of
+    ``nn.LayerNorm`` modules, and names that say bias or norm (``Trainer.get_decay_parameter_names``)."""
+    in_layer_norms = {f"{prefix}.{name}" if prefix else name
+                      for prefix, module in model.named_modules() if isinstance(module, nn.LayerNorm)
+                      for name, _ in module.named_parameters()}
+    return {name for name, _ in model.named_parameters() if name in in_layer_norms or _NO_DECAY_NAME.search(name.lower())}
+
+
+def _separate_no_decay_group(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Param group 0 keeps the decayed body; the exempt parameters go to a last group with
+    weight decay 0 and group 0's learning rate."""
+    names = no_decay_parameter_names(model)
+    exempt = {id(p) for name, p in model.named_parameters() if name in names}
+    group = optimizer.param_groups[0]
+    body = group["params"]
+    group["params"] = [p for p in body if id(p) not in exempt]
+    optimizer.add_param_group({"params": [p for p in body if id(p) in exempt], "weight_decay": 0.0})
+
+
 def build_dispersion_optimizers(model_parts: list[nn.Module], optimizer_config: Any, parallel_dims: Any,
                           ft_manager: Any = None) -> OptimizersContainer:
     optimizers = build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager)
     forgetting = _forgetting(optimizer_config)
-    if forgetting is not None:
-        for model, optimizer in titan_compat.optimizer_per_model_part(optimizers):
+    for model, optimizer in titan_compat.optimizer_per_model_part(optimizers):
+        if forgetting is not None:
             _separate_embedding_group(model, optimizer, forgetting.embedding_lr)
+        if optimizer_config.decay_groups == "hf":
+            _separate_no_decay_group(model, optimizer)
     return optimizers
 
 
 def build_dispersion_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: Any,
                              training_steps: int) -> LRSchedulersContainer:
     forgetting = _forgetting(lr_scheduler_config)
-    if forgetting is None:
+    if forgetting is None:  # one schedule for every param group
         return build_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
     body = titan_compat.lr_lambda(lr_scheduler_config, training_steps)
     embedding = functools.partial(embedding_lr_factor, period=forgetting.forget_every, total=training_steps)
-    return titan_compat.lr_schedulers_per_group(optimizers, [body, embedding])
+    groups = len(titan_compat.optimizer_per_model_part(optimizers)[0][1].param_groups)
+    return titan_compat.lr_schedulers_per_group(optimizers, [body, embedding] + [body] * (groups - 2))

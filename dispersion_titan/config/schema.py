@@ -44,6 +44,13 @@ class Model:
     tie_embeddings: bool | None = None
     """Share the LM head with the token embedding matrix; unset keeps the flavor's (gpt2 and
     qwen3 up to 4B tie, larger qwen3 and llama3 do not)."""
+    attn_dropout: float | None = None
+    """gpt2: dropout on the attention probabilities (Hugging Face's attn_pdrop), training only.
+    Unset: the HF config.json's value when checkpoint.initial_load_in_hf loads a GPT-2 folder, else 0."""
+    resid_dropout: float | None = None
+    """gpt2: dropout after each block's attention and MLP output projections (resid_pdrop); unset as above."""
+    embd_dropout: float | None = None
+    """gpt2: dropout on the token + position embeddings (embd_pdrop); unset as above."""
 
 
 @dataclass
@@ -65,9 +72,13 @@ class Dispersion:
     layers: str | list[int] = "all"
     """all | last | early_half | late_half, or 1-based block indices: [1, 2, 5] in TOML, 3 or 1,2,5 on
     the command line."""
+    points: str = "blocks"
+    """blocks | hidden_states: the n points ``layers`` indexes. blocks = every block's raw output;
+    hidden_states = blocks 1..n-1 and the final norm's output, transformers' hidden_states[1:] (the
+    authors' Hugging Face scripts, train_configs/paper/)."""
     max_tokens: int = 0
-    """0 uses all positions (exact); else a seeded random subset of this many (≥ 2) per layer and
-    step; 256 is the authors' subsampling (lm_dispersion/dispersion.py), behind the paper's numbers."""
+    """0 uses all positions (exact); else a random subset of this many (≥ 2) positions per layer and
+    micro-batch, seeded; 256 is the authors' subsampling (lm_dispersion/dispersion.py)."""
     warmup_steps: int = 0
     """Ramp λ linearly from 0 over this many steps; 0 applies it in full from step 1."""
     kernel: str = "auto"
@@ -136,6 +147,17 @@ class BuilderInputs:
     baseline: tyro.conf.Suppress[Baseline | None] = field(default=None, init=False, repr=False)
 
 
+DECAY_GROUPS = ("all", "hf")
+"""``[optimizer] decay_groups`` values."""
+
+
+@dataclass
+class OptimizerInputs(BuilderInputs):
+    decay_groups: str = "all"
+    """all | hf: weight decay on every parameter, or none on biases and norm weights (the Hugging Face
+    Trainer's grouping, Trainer.get_decay_parameter_names, which the authors' scripts train with)."""
+
+
 @dataclass
 class JobConfig:
     job: Job = field(default_factory=Job)
@@ -145,5 +167,5 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     dispersion: Dispersion = field(default_factory=Dispersion)
     baseline: Baseline = field(default_factory=Baseline)
-    optimizer: BuilderInputs = field(default_factory=BuilderInputs)
+    optimizer: OptimizerInputs = field(default_factory=OptimizerInputs)
     lr_scheduler: BuilderInputs = field(default_factory=BuilderInputs)

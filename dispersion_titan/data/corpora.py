@@ -155,7 +155,7 @@ class HubDataset(Corpus):
     """
 
     repo: str
-    config: str
+    config: str | None
     held_out_documents: int = 0
     streams_training: bool = False
     to_documents: Callable[[Iterable[str]], Iterator[str]] = _nonempty
@@ -198,6 +198,11 @@ CORPORA: dict[str, Corpus] = {
     "wikitext-103": HubDataset("Salesforce/wikitext", "wikitext-103-raw-v1", to_documents=wikitext_articles),
     "fineweb-edu": HubDataset(
         "HuggingFaceFW/fineweb-edu", "sample-10BT",
+        held_out_documents=FINEWEB_VALIDATION_DOCUMENTS, streams_training=True,
+    ),
+    # The default data of the authors' lm_dispersion/pretrain_toy_gpt2_change_ffn/pretrain_toy_gpt2.py.
+    "fineweb-edu-1B": HubDataset(
+        "codelion/fineweb-edu-1B", None,
         held_out_documents=FINEWEB_VALIDATION_DOCUMENTS, streams_training=True,
     ),
 }

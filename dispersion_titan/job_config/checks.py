@@ -12,8 +12,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-
-from ..config.schema import METHOD_SETTINGS
+from ..config.schema import DECAY_GROUPS, METHOD_SETTINGS
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import (
@@ -21,11 +20,12 @@ from ..losses.options import (
     CONFIG_VARIANTS,
     FORMS,
     KERNELS,
+    POINTS,
     precision_error,
     range_error,
     resolve_layers,
 )
-from ..models.flavors import SHAPE_KEYS
+from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
@@ -52,6 +52,8 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
         raise ConfigError(f"dispersion.precision: {problem}")
     if d.form not in FORMS:
         raise ConfigError(f"dispersion.form: {d.form!r} is not one of {FORMS}")
+    if d.points not in POINTS:
+        raise ConfigError(f"dispersion.points: {d.points!r} is not one of {POINTS}")
     if d.kernel == "triton" and d.variant != "none" and not _triton_device_here():
         raise ConfigError("dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
                           "use 'auto' (the PyTorch strips on CPU) or 'torch'")
@@ -89,6 +91,13 @@ def check_model(config: RunConfig, args: Any) -> None:
         value = getattr(config.model, key)
         if value is not None and value < 0:
             raise ConfigError(f"model.{key}: must be positive, got {value}")
+    for key in DROPOUT_KEYS:
+        value = getattr(args, key, 0.0)
+        if not 0 <= value < 1:
+            raise ConfigError(f"model.{key}: must be in [0, 1), got {value}")
+        if value and config.activation_checkpoint.mode != "none" and not config.activation_checkpoint.preserve_rng_state:
+            raise ConfigError(f"activation_checkpoint.preserve_rng_state: model.{key} = {value} needs it true "
+                              "(the recomputation must draw the same dropout masks)")
     if "head_dim" not in args.OVERRIDES and args.dim % args.n_heads:  # heads of width dim / n_heads
         raise ConfigError(f"model.dim: {args.dim} is not divisible by model.n_heads={args.n_heads}")
     tp = config.parallelism.tensor_parallel_degree
@@ -282,6 +291,14 @@ def check_baseline(config: RunConfig) -> None:
                               "no reset would ever happen; make it smaller or use baseline.method = none")
 
 
+def check_optimizer(config: RunConfig) -> None:
+    o = config.optimizer
+    if o.decay_groups not in DECAY_GROUPS:
+        raise ConfigError(f"optimizer.decay_groups: {o.decay_groups!r} is not one of {DECAY_GROUPS}")
+    if o.decay_groups == "hf" and o.early_step_in_backward:  # one optimizer per parameter: no groups to split
+        raise ConfigError("optimizer.early_step_in_backward: not supported with optimizer.decay_groups = 'hf'")
+
+
 def carry_baseline(config: RunConfig) -> None:
     """The ``[baseline]`` section also where the optimizer and LR-scheduler builders look
     (``config.schema.BuilderInputs``)."""
@@ -296,6 +313,7 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     check_model(config, args)
     check_dispersion(config, args.n_layers)
     check_baseline(config)
+    check_optimizer(config)
     carry_baseline(config)
     check_data(config)
     check_checkpoint(config)

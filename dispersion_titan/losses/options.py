@@ -13,6 +13,11 @@ CONFIG_VARIANTS = ("none", *VARIANTS)
 
 LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
 
+POINTS = ("blocks", "hidden_states")
+"""``dispersion.points``: where the n dispersion points sit. ``blocks``: every block's raw output
+(the authors' TorchTitan fork); ``hidden_states``: blocks 1..n-1 and the final norm's output,
+transformers' ``hidden_states[1:]`` (the authors' Hugging Face scripts). ``layers`` indexes them."""
+
 CONFIG_RANGES = {
     "coeff": (lambda v: v >= 0, ">= 0"),
     **RANGES,
@@ -20,7 +25,7 @@ CONFIG_RANGES = {
 }
 """The ``[dispersion]`` section's numeric ranges: the loss's parameters, λ and its warm-up."""
 
-__all__ = ["CONFIG_RANGES", "CONFIG_VARIANTS", "FORMS", "KERNELS", "LAYER_KEYWORDS", "PRECISIONS",
+__all__ = ["CONFIG_RANGES", "CONFIG_VARIANTS", "FORMS", "KERNELS", "LAYER_KEYWORDS", "POINTS", "PRECISIONS",
            "precision_error", "range_error",
            "resolve_layers"]
 

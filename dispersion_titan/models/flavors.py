@@ -52,7 +52,7 @@ class ShapeOverrides:
     """Why a ``[model]`` key is not available for this family (the default says it has no such field)."""
 
     def apply_overrides(self, model_config: Any) -> None:
-        for key in SHAPE_KEYS:
+        for key in (*SHAPE_KEYS, *DROPOUT_KEYS):
             value = getattr(model_config, key, None)
             if value is None or (value == 0 and not isinstance(value, bool)):
                 continue
@@ -68,6 +68,9 @@ class ShapeOverrides:
 SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden_dim", "vocab_size", "max_seq_len",
               "tie_embeddings")
 """The ``[model]`` keys that change a flavor's shape (``config.schema.Model``)."""
+
+DROPOUT_KEYS = {"attn_dropout": "attn_pdrop", "resid_dropout": "resid_pdrop", "embd_dropout": "embd_pdrop"}
+"""The ``[model]`` dropout probabilities (gpt2 only) and the Hugging Face ``GPT2Config`` fields they map to."""
 
 
 def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:

@@ -24,13 +24,7 @@ from torchtitan.tools.logging import logger
 from ..components.optimizers import token_embedding
 from ..config.schema import Baseline
 from ..models.gpt2.model import INIT_STD, copy_full_into
-
-
-def _mixed_seed(*parts: int) -> int:
-    seed = 0
-    for part in parts:
-        seed = (seed * 1_000_003 + part) % 2**63
-    return seed
+from .seeds import mixed_seed
 
 
 class NoBaseline:
@@ -61,7 +55,7 @@ class EmbeddingNoise(NoBaseline):
         self.step, self.microbatch = step, 0
 
     def _sequence_noise(self, position: int, seq_len: int, dim: int, device: torch.device) -> torch.Tensor:
-        generator = torch.Generator(device=device).manual_seed(_mixed_seed(self.seed, self.step, position))
+        generator = torch.Generator(device=device).manual_seed(mixed_seed(self.seed, self.step, position))
         return torch.rand(seq_len, dim, generator=generator, device=device) * 2 - 1
 
     def _add_noise(self, module: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor | None:
@@ -101,7 +95,7 @@ class ActiveForgetting(NoBaseline):
     def reset(self, index: int) -> None:
         """Draw the full matrix from one CPU generator (the same values whatever the layout),
         keep this rank's shard, and zero its AdamW moments and step count."""
-        generator = torch.Generator().manual_seed(_mixed_seed(self.seed, index))
+        generator = torch.Generator().manual_seed(mixed_seed(self.seed, index))
         full = torch.empty(self.embedding.shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=generator)
         if self.pad_id is not None and 0 <= self.pad_id < full.shape[0]:
             full[self.pad_id] = 0.0

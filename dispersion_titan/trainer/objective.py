@@ -18,6 +18,7 @@ from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.dispersion import KernelUnavailable, check_triton_kernel, select_tokens
 from ..losses.options import resolve_layers
 from ..utils.errors import ConfigError
+from .seeds import mixed_seed
 from .sequence_parallel import own_sequences
 
 
@@ -57,16 +58,22 @@ class DispersionObjective:
             return self.cfg.coeff
         return self.cfg.coeff * min(1.0, step / self.cfg.warmup_steps)
 
-    def _generator(self, step: int, layer: int, device: torch.device) -> torch.Generator | None:
-        """Token subsampling depends only on (seed, step, layer): identical on every rank
-        and micro-batch, and reproduced exactly by a resumed run. The generator lives on
-        the hidden states' device, so the indices are drawn there without a host copy."""
+    def _generator(self, step: int, chunk: int, layer: int, device: torch.device) -> torch.Generator | None:
+        """A fresh token subset per layer and micro-batch, as the authors' ``DispersionLoss``
+        draws one per call, reproducible from (seed, step, chunk, layer). ``chunk`` numbers the
+        step's micro-batches over the data-parallel ranks (``data.layout``: micro-batch m of
+        rank r of W is chunk m·W + r), so layouts that cut the global batch into the same
+        chunks draw the same subsets, and any layout draws them from the same distribution.
+        The generator lives on the hidden states' device: the indices are drawn there, no
+        host sync."""
         if not self.cfg.max_tokens:
             return None
-        return torch.Generator(device=device).manual_seed((self.seed * 1_000_003 + step) * 10_007 + layer)
+        return torch.Generator(device=device).manual_seed(mixed_seed(self.seed, step, chunk, layer))
 
-    def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool) -> MicrobatchDispersion:
-        """The micro-batch's term. Under TP each rank computes only its share of the
+    def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool,
+                 chunk: int) -> MicrobatchDispersion:
+        """The term of micro-batch ``chunk`` of the global batch (see ``_generator``). Under TP each
+        rank computes only its share of the
         sequences (``own_sequences``) and the shares' backward adds up; at log steps
         (``with_stats``) the logged values are summed over the TP ranks, so every rank
         reports the whole term as without TP."""
@@ -87,7 +94,7 @@ class DispersionObjective:
                 # whatever L, and its mean over sequences is the mean over layers of each
                 # layer's mean (every layer has the same b sequences).
                 layers = torch.cat([
-                    select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, i, owned[i].device))
+                    select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))
                     for i in self.layers
                 ])
                 mean = dispersion_loss(

@@ -20,6 +20,7 @@ from torchtitan.tools.logging import logger
 
 from ..components import titan_compat
 from ..data.packed import run_encoder, run_seed
+from ..models.flavors import DROPOUT_KEYS
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
@@ -28,6 +29,7 @@ from .baselines import build_baseline
 from .block_outputs import BlockOutputs
 from .objective import DispersionObjective
 from .preemption import Preemption, secondary_failure_status
+from .seeds import mixed_seed
 from .save_failure import save_failure
 
 if TYPE_CHECKING:
@@ -98,8 +100,15 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
         )
         self.dispersion.check_kernel(self.device)
+        # Micro-batch m of this rank is chunk m·W + r of the global batch (data.layout).
+        self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
+        self.microbatch = 0
+        self.seed = seed
+        self.tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
+        self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
         (model,) = self.model_parts
-        self.block_outputs = BlockOutputs(model.layers)  # after parallelize_fn: outside AC and compile
+        # after parallelize_fn: outside AC and compile
+        self.block_outputs = BlockOutputs(model, job_config.dispersion.points)
         self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
                                        self.model_args.tie_embeddings, run_encoder(job_config).pad_id)
         # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue; SIGINT, SIGTERM: save, exit.
@@ -150,6 +159,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         if self.writer_lock is not None:
             self.writer_lock.touch()
         self.step_metrics.reset()
+        self.microbatch = 0
         self.baseline.begin_step(self.step)
         super().train_step(data_iterator)
         self.health.record(self.step_metrics.local_loss(), self.step)
@@ -174,17 +184,30 @@ class DispersionTrainer(titan_compat.TrainerHooks):
     def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
                                global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
         with_stats = self.metrics_processor.should_log(self.step)
+        chunk = self.microbatch * self.chunk_stride + self.chunk_offset
+        self.microbatch += 1
+        if self.has_dropout:
+            self._seed_dropout(chunk)
         with self.maybe_enable_amp:
             logits = model(inputs, **model_kwargs)
             ce = self.loss_fn(logits, labels) / global_valid_tokens
             del logits
-            term = self.dispersion(self.block_outputs.take(), self.step, with_stats)
+            term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
         # Backward through both terms without adding them: a loss-parallel CE is a
         # DTensor and cannot be summed with a plain tensor.
         torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])
         ce_value = _local(ce.detach())
         self.step_metrics.add(ce_value, term.unweighted, term.block_cosine_sums)
         return ce_value + term.step_coeff * term.unweighted
+
+    def _seed_dropout(self, chunk: int) -> None:
+        """Dropout masks from the global RNG seeded by (seed, step, chunk, TP rank): a layout
+        that cuts the global batch into the same chunks draws the same masks, every other
+        one draws independent masks from the same distribution (TP ranks hold different
+        heads and sequence slices); activation checkpointing restores this RNG state for
+        its recomputation (``preserve_rng_state``, checked at launch). A host-side seed, no
+        device sync."""
+        torch.manual_seed(mixed_seed(self.seed, self.step, chunk, self.tp_rank))
 
 
 def train(job_config: RunConfig) -> None:

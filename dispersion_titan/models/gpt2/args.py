@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from torch import nn
 from torchtitan.config import JobConfig
 from torchtitan.protocols.model import BaseModelArgs
 
-from ..flavors import Flavors, ShapeOverrides
+from ..flavors import DROPOUT_KEYS, Flavors, ShapeOverrides
 
 GPT2_VOCAB_SIZE = 50257
 
@@ -20,7 +22,7 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
 
     FAMILY: ClassVar[str] = "gpt2"
     OVERRIDES: ClassVar[dict[str, str]] = {key: key for key in (
-        "dim", "n_layers", "n_heads", "mlp_hidden_dim", "vocab_size", "max_seq_len", "tie_embeddings")}
+        "dim", "n_layers", "n_heads", "mlp_hidden_dim", "vocab_size", "max_seq_len", "tie_embeddings", *DROPOUT_KEYS)}
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
         "head_dim": "gpt2's head width is dim / n_heads",
         "n_kv_heads": "gpt2 has one key/value head per attention head",
@@ -34,6 +36,9 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
     max_seq_len: int = 1024  # number of learned positions (GPT-2's n_positions)
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
+    attn_dropout: float = 0.0  # Hugging Face GPT-2's attn_pdrop: on the attention probabilities
+    resid_dropout: float = 0.0  # resid_pdrop: after the attention and MLP output projections
+    embd_dropout: float = 0.0  # embd_pdrop: on the token + position embeddings
 
     @property
     def hidden_dim(self) -> int:
@@ -49,8 +54,13 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
         return self.max_seq_len
 
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
-        """Apply the ``[model]`` shape overrides (0 or unset keeps the flavor's value)."""
+        """Apply the ``[model]`` overrides (0 or unset keeps the flavor's value); an unset dropout
+        takes the Hugging Face config's when the run starts from a GPT-2 folder's weights."""
         self.apply_overrides(job_config.model)
+        hf = hf_dropout(job_config.checkpoint) if job_config.checkpoint.initial_load_in_hf else {}
+        for key, value in hf.items():
+            if getattr(job_config.model, key) is None:
+                setattr(self, key, value)
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
         """Unique parameter count and training FLOPs per token (fwd + bwd, attention included).
@@ -62,6 +72,17 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
         """
         nparams = sum(p.numel() for p in model.parameters())
         return nparams, flops_per_token(self, seq_len)
+
+
+def hf_dropout(checkpoint_config: Any) -> dict[str, float]:
+    """The dropout probabilities of the GPT-2 ``config.json`` beside the weights a run starts
+    from (``checkpoint.initial_load_path``), as ``[model]`` keys; {} without one."""
+    path = os.path.join(checkpoint_config.initial_load_path or "", "config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        config = json.load(f)
+    return {ours: float(config[theirs]) for ours, theirs in DROPOUT_KEYS.items() if theirs in config}
 
 
 def flops_per_token(args: GPT2ModelArgs, seq_len: int) -> int:

@@ -1,5 +1,10 @@
 """A GPT-2-like decoder: learned positions, pre-LayerNorm blocks, GELU MLP of any width.
 
+Dropout as Hugging Face's GPT-2 (``attn_pdrop``, ``resid_pdrop``, ``embd_pdrop``), in
+training forwards only; its masks come from the global RNG, which the trainer seeds per
+micro-batch (``DispersionTrainer._seed_dropout``), so that activation checkpointing's
+recomputation (``preserve_rng_state``) and layouts with the same micro-batches reproduce them.
+
 Module names follow TorchTitan's llama3 (``tok_embeddings``, ``layers``, ``norm``,
 ``output``) so the parallelisation plan reads the same; the HF adapter maps them to
 GPT-2's names.
@@ -31,6 +36,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.dim)
         self.wv = nn.Linear(args.dim, args.dim)
         self.wo = nn.Linear(args.dim, args.dim)
+        self.attn_dropout = args.attn_dropout
+        self.resid_dropout = nn.Dropout(args.resid_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
@@ -38,8 +45,9 @@ class Attention(nn.Module):
             w(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
             for w in (self.wq, self.wk, self.wv)
         )
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+        dropout_p = self.attn_dropout if self.training else 0.0  # on the attention probabilities
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+        return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1)))
 
 
 class FeedForward(nn.Module):
@@ -47,9 +55,10 @@ class FeedForward(nn.Module):
         super().__init__()
         self.w1 = nn.Linear(args.dim, args.hidden_dim)
         self.w2 = nn.Linear(args.hidden_dim, args.dim)
+        self.resid_dropout = nn.Dropout(args.resid_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.gelu(self.w1(x), approximate="tanh"))  # GPT-2's "gelu_new"
+        return self.resid_dropout(self.w2(F.gelu(self.w1(x), approximate="tanh")))  # GPT-2's "gelu_new"
 
 
 class TransformerBlock(nn.Module):
@@ -71,6 +80,7 @@ class GPT2(ModelProtocol):
         self.model_args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.pos_embeddings = nn.Embedding(args.max_seq_len, args.dim)
+        self.embd_dropout = nn.Dropout(args.embd_dropout)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
         self.norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
@@ -112,7 +122,7 @@ class GPT2(ModelProtocol):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
-        return self.tok_embeddings(tokens) + self.pos_embeddings(positions)
+        return self.embd_dropout(self.tok_embeddings(tokens) + self.pos_embeddings(positions))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, V]. The trainer reads the blocks' outputs through forward hooks

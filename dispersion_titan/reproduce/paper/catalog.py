@@ -112,7 +112,7 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
     Artifact("table2", "Table 2: downstream evaluation",
              "evaluate RUN per run (arms x seeds), then evaluate table --select best; mean ± std per task "
              "and average, significance against the reference arm; Markdown and LaTeX",
-             "the runs of train_configs/midtrain_gpt2_wikitext103_{baseline,dispersion}.toml (GPT-2) or "
+             "the runs of train_configs/paper/midtrain_gpt2_wikitext103_{baseline,dispersion}.toml (GPT-2) or "
              "midtrain_qwen3_*.toml (Qwen3), several seeds each, given with --models [ARM=]RUN,...",
              "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
              "limit 500; estimate, not measured)"),

@@ -140,7 +140,7 @@ def _default_models(artifact: str, analyses: str) -> tuple[list[Model], list[tup
         raise MissingInput(f"fig3: give the four MLP-width runs with --models RUN ... (train them from {configs}: "
                            "python -m dispersion_titan.sweep SPEC with those widths, or launch/train.sh CONFIG)")
     raise MissingInput("table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
-                       "train_configs/midtrain_*.toml with launch/train.sh, several seeds each)")
+                       "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each)")
 
 
 def hub_revisions(model: str, count: int) -> list[str]:

@@ -1,0 +1,64 @@
+"""``[optimizer] decay_groups = "hf"``: biases and norm weights without weight decay, exactly
+the parameters transformers' ``Trainer.get_decay_parameter_names`` exempts on the same
+model in Hugging Face form (mapped through our GPT-2 adapter), and the optimizer built
+with those groups; ``"all"`` keeps TorchTitan's one group."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dispersion_titan import config
+from dispersion_titan.components.optimizers import build_dispersion_optimizers, no_decay_parameter_names
+from dispersion_titan.components.titan_compat import merged_job_config_class
+from dispersion_titan.job_config.checks import check_optimizer
+from dispersion_titan.models.gpt2 import GPT2, GPT2ModelArgs
+from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
+from dispersion_titan.utils.errors import ConfigError
+
+transformers = pytest.importorskip("transformers")
+
+ARGS = GPT2ModelArgs(dim=32, n_layers=2, n_heads=2, max_seq_len=16, vocab_size=128)
+
+
+def hf_decayed_in_our_names(args: GPT2ModelArgs) -> set[str]:
+    """Our parameter names whose Hugging Face counterparts the HF Trainer decays: each HF tensor
+    marked 1 (decayed) or 0 (exempt), carried over by the adapter."""
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=args.vocab_size, n_positions=args.max_seq_len, n_embd=args.dim, n_layer=args.n_layers,
+        n_head=args.n_heads))
+    decayed = set(transformers.Trainer.get_decay_parameter_names(None, hf))
+    marked = {name: torch.full_like(t, float(name in decayed)) for name, t in hf.state_dict().items()}
+    ours = GPT2StateDictAdapter(args, None).from_hf(marked)
+    assert all(torch.all(t == t.flatten()[0]) for t in ours.values())  # no tensor mixes the two
+    return {name for name, t in ours.items() if t.flatten()[0] == 1}
+
+
+def optimizer_section(decay_groups: str):
+    section = merged_job_config_class(config.JobConfig)().optimizer
+    section.lr, section.weight_decay, section.implementation = 1e-3, 0.1, "foreach"
+    section.decay_groups = decay_groups
+    return section
+
+
+def test_hf_grouping_exempts_what_the_hf_trainer_exempts():
+    model = GPT2(ARGS)
+    names = {name for name, _ in model.named_parameters()}
+    decayed = hf_decayed_in_our_names(ARGS) & names
+    assert names - no_decay_parameter_names(model) == decayed
+    assert "tok_embeddings.weight" in decayed and "layers.0.attention.wq.bias" not in decayed  # sanity
+    (optimizer,) = build_dispersion_optimizers([model], optimizer_section("hf"), None)
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    body, exempt = optimizer.param_groups
+    assert {by_id[id(p)] for p in body["params"]} == decayed and body["weight_decay"] == 0.1
+    assert {by_id[id(p)] for p in exempt["params"]} == names - decayed and exempt["weight_decay"] == 0.0
+    assert exempt["lr"] == body["lr"] == 1e-3
+    ((everything,),) = (o.param_groups for o in build_dispersion_optimizers([GPT2(ARGS)], optimizer_section("all"), None))
+    assert len(everything["params"]) == len(names) and everything["weight_decay"] == 0.1
+
+
+def test_an_unknown_grouping_is_refused_in_one_line():
+    job = merged_job_config_class(config.JobConfig)()
+    job.optimizer.decay_groups = "bias"
+    with pytest.raises(ConfigError, match=r"^optimizer.decay_groups: 'bias' is not one of \('all', 'hf'\)$"):
+        check_optimizer(job)
