@@ -88,13 +88,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             titan_compat.on_save_error(self.checkpointer, self._save_failed)
         self._set_aside_incomplete_checkpoints()
         self.health = StepHealth(self.device)
-        tp_group = self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
         seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
-        self.dispersion = DispersionObjective(
-            job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
-        )
-        self.dispersion.check_kernel(self.device)
+        self.dispersion = self.dispersion_objective(job_config.dispersion)
         (model,) = self.model_parts
         self.block_outputs = BlockOutputs(model.layers)  # after parallelize_fn: outside AC and compile
         self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
@@ -109,6 +105,16 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                               baseline=dataclasses.asdict(job_config.baseline),
                               tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps,
                               settings=settings, forked_from=fork_record(job_config))
+
+    def dispersion_objective(self, cfg: Any) -> DispersionObjective:
+        """The term of ``cfg`` (a ``[dispersion]`` section) for this trainer's model, global batch,
+        seed and tensor-parallel group, its kernel checked on this device (bench/train_step.py
+        swaps such objectives to time each variant on one trainer)."""
+        tp_group = self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
+        objective = DispersionObjective(cfg, self.model_args.n_layers, self.step_metrics.global_batch_size,
+                                        run_seed(self.job_config), tp_group)
+        objective.check_kernel(self.device)
+        return objective
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0

@@ -1,0 +1,54 @@
+"""bench/train_step.py times the trainer's own step (DispersionTrainer from a checked job config)
+and bench/profile_step.py groups its profile: both run here on the debug model on a CPU, a
+few steps each, through the same code a GPU run takes."""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+import sys
+
+import pytest
+from torchtitan.tools.utils import get_peak_flops
+
+from dispersion_titan.models.gpt2.args import flops_per_token, gpt2_flavors
+from support.launch import DEBUG_TOML, REPO
+
+SMALL_STEP = ["--training.global_batch_size", "4", "--training.seq_len", "64"]
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    """The torchrun variables of a 1-process job, undone after the test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    yield
+    for name in ("train_step", "profile_step"):
+        sys.modules.pop(name, None)
+
+
+def test_train_step_reports_every_variant_against_ce_with_titans_mfu(single_process, capsys):
+    import train_step
+
+    results = train_step.main([DEBUG_TOML, "--steps", "2", "--warmup", "0", "--variants", "angular_spread",
+                               "l2_repel", *SMALL_STEP])
+    out = capsys.readouterr().out
+    assert f"| {' | '.join(train_step.COLUMNS)} |" in out
+    assert list(results) == ["ce", "angular_spread", "l2_repel"]
+    assert "trainer steps run: 6" in out  # 2 optimizer steps per objective, interleaved on one trainer
+    for key, r in results.items():
+        assert r["steps"] == 2 and all(math.isfinite(v) and v > 0 for v in r.values()), (key, r)
+        assert re.search(rf"^\| {key} \| {r['step_ms']:.1f} \| {r['ratio']:.3f} \|", out, re.M), key
+    assert results["ce"]["ratio"] == 1.0
+    # MFU: the debug model's FLOP count (tests/test_flops.py checks the formula) over TorchTitan's peak
+    args = gpt2_flavors["debug"]
+    peak = get_peak_flops(re.search(r" device=(.*) model=", out).group(1))
+    assert f"RESULT train_step.debug.flops_per_token={flops_per_token(args, 64)}" in out
+    for r in results.values():
+        assert r["mfu"] == pytest.approx(flops_per_token(args, 64) * r["tokens_per_s"] / peak, rel=1e-9)
