@@ -29,12 +29,14 @@ Besides the table it prints ``RESULT key=value`` lines for bench/gpu_acceptance.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import statistics
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -95,38 +97,46 @@ def implicit_syncs(trainer: DispersionTrainer, data, objectives: dict) -> int:
     return len(syncs)
 
 
-def run(config: str, job_args: list[str], variants: list[str], precisions: list[str], coeff: float,
-        steps: int, warmup: int, sync_debug: bool = False) -> dict[str, dict[str, float]]:
-    """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE; prints the table."""
+@contextlib.contextmanager
+def bench_trainer(config: str, job_args: list[str]) -> Iterator[DispersionTrainer]:
+    """``DispersionTrainer`` of ``config`` as a 1-process launch checks it, with checkpoints,
+    validation and logging off and a temporary run folder; closed on exit."""
     default_to_single_process()
     prepare()
     with tempfile.TemporaryDirectory(prefix="train_step_") as dump:
         args = ["--job.config_file", config, *job_args, *BENCH_ONLY, "--job.dump_folder", dump,
                 "--training.steps", str(10**9)]
-        job_config = validated_args(with_config_module(args, load_toml(args)), world_size=1)
-        trainer = DispersionTrainer(job_config)
+        trainer = DispersionTrainer(validated_args(with_config_module(args, load_toml(args)), world_size=1))
         try:
-            objectives = {key: trainer.dispersion_objective(cfg) for key, cfg in
-                          objective_configs(job_config.dispersion, variants, precisions, coeff).items()}
-            data = trainer.batch_generator(trainer.dataloader)
-            times: dict[str, list[float]] = {key: [] for key in objectives}
-            peaks: dict[str, float] = dict.fromkeys(objectives, 0.0)
-            for round_ in range(warmup + steps):  # the warm-up rounds compile every path
-                for key, objective in objectives.items():
-                    trainer.dispersion = objective
-                    seconds, peak = timed_step(trainer, data)
-                    if round_ >= warmup:
-                        times[key].append(seconds)
-                        peaks[key] = max(peaks[key], peak)
-            syncs = implicit_syncs(trainer, data, objectives) if sync_debug and trainer.device.type == "cuda" else None
-            metrics = trainer.metrics_processor
-            flops_per_token, peak_flops = metrics.num_flops_per_token, metrics.gpu_peak_flops
-            device = metrics.device_memory_monitor.device_name
-            steps_run = trainer.step
+            yield trainer
         finally:
             trainer.close()
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
+
+
+def run(config: str, job_args: list[str], variants: list[str], precisions: list[str], coeff: float,
+        steps: int, warmup: int, sync_debug: bool = False) -> dict[str, dict[str, float]]:
+    """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE; prints the table."""
+    with bench_trainer(config, job_args) as trainer:
+        job_config = trainer.job_config
+        objectives = {key: trainer.dispersion_objective(cfg) for key, cfg in
+                      objective_configs(job_config.dispersion, variants, precisions, coeff).items()}
+        data = trainer.batch_generator(trainer.dataloader)
+        times: dict[str, list[float]] = {key: [] for key in objectives}
+        peaks: dict[str, float] = dict.fromkeys(objectives, 0.0)
+        for round_ in range(warmup + steps):  # the warm-up rounds compile every path
+            for key, objective in objectives.items():
+                trainer.dispersion = objective
+                seconds, peak = timed_step(trainer, data)
+                if round_ >= warmup:
+                    times[key].append(seconds)
+                    peaks[key] = max(peaks[key], peak)
+        syncs = implicit_syncs(trainer, data, objectives) if sync_debug and trainer.device.type == "cuda" else None
+        metrics = trainer.metrics_processor
+        flops_per_token, peak_flops = metrics.num_flops_per_token, metrics.gpu_peak_flops
+        device = metrics.device_memory_monitor.device_name
+        steps_run = trainer.step
     t = job_config.training
     tokens = t.global_batch_size * t.seq_len
     ce = statistics.median(times["ce"])

@@ -52,3 +52,15 @@ def test_train_step_reports_every_variant_against_ce_with_titans_mfu(single_proc
     assert f"RESULT train_step.debug.flops_per_token={flops_per_token(args, 64)}" in out
     for r in results.values():
         assert r["mfu"] == pytest.approx(flops_per_token(args, 64) * r["tokens_per_s"] / peak, rel=1e-9)
+
+
+def test_profile_step_groups_the_trainers_step(single_process, capsys):
+    import profile_step
+
+    shares = profile_step.main([DEBUG_TOML, "--steps", "1", "--warmup", "0", "--dispersion.variant", "angular_spread",
+                                "--dispersion.coeff", "0.1", *SMALL_STEP])
+    out = capsys.readouterr().out
+    assert list(shares) == ["dispersion", "optimizer", "loss", "attention", "matmul", "elementwise"]
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert all(shares[group] > 0 for group in ("dispersion", "optimizer", "loss", "attention", "matmul")), shares
+    assert re.search(r"^\| `aten::mm` \| matmul \|", out, re.M)  # the debug model's linear layers on a CPU

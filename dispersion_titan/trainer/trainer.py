@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
 from torchtitan.tools.logging import logger
 
 from ..components import titan_compat
@@ -181,7 +182,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             logits = model(inputs, **model_kwargs)
             ce = self.loss_fn(logits, labels) / global_valid_tokens
             del logits
-            term = self.dispersion(self.block_outputs.take(), self.step, with_stats)
+            with record_function("dispersion_titan.dispersion"):  # bench/profile_step.py's group
+                term = self.dispersion(self.block_outputs.take(), self.step, with_stats)
         # Backward through both terms without adding them: a loss-parallel CE is a
         # DTensor and cannot be summed with a plain tensor.
         torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])
