@@ -49,6 +49,7 @@ from dispersion_titan.losses import PRECISIONS, VARIANTS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
 from dispersion_titan.train import default_to_single_process  # noqa: E402
 from dispersion_titan.trainer.trainer import DispersionTrainer  # noqa: E402
+from dispersion_titan.utils.errors import DispersionTitanError, fail_with  # noqa: E402
 
 COLUMNS = ("objective", "step ms", "ratio", "tokens/s", "MFU", "peak GiB")
 BENCH_ONLY = ("--checkpoint.no-enable", "--validation.no-enable", "--metrics.no-enable_tensorboard",
@@ -116,7 +117,7 @@ def bench_trainer(config: str, job_args: list[str]) -> Iterator[DispersionTraine
 
 
 def run(config: str, job_args: list[str], variants: list[str], precisions: list[str], coeff: float,
-        steps: int, warmup: int, sync_debug: bool = False) -> dict[str, dict[str, float]]:
+        steps: int, warmup: int, sync_debug: bool = False, name: str = "train_step") -> dict[str, dict[str, float]]:
     """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE; prints the table."""
     with bench_trainer(config, job_args) as trainer:
         job_config = trainer.job_config
@@ -158,7 +159,6 @@ def run(config: str, job_args: list[str], variants: list[str], precisions: list[
               f"{r['peak_gib']:.2f} |")
     print(f"MFU: {flops_per_token / 1e9:.4g} GFLOP a token (the model's get_nparams_and_flops) over "
           f"{peak_flops / 1e12:.0f} TFLOP/s (TorchTitan's peak for {device})")
-    name = Path(config).stem
     lines = [f"RESULT train_step.{name}.flops_per_token={flops_per_token}"]
     lines += ["RESULT " + " ".join(f"train_step.{name}.{key}.{k}={v:.4g}" for k, v in r.items())
               for key, r in results.items()]
@@ -177,12 +177,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser.add_argument("--coeff", type=float, default=0.1, help="λ of every variant (default 0.1)")
     parser.add_argument("--steps", type=int, default=5, help="measured optimizer steps per objective")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (compile, allocator)")
+    parser.add_argument("--name", help="the RESULT lines' label (default: the config file's stem)")
     parser.add_argument("--sync-debug", action="store_true",
                         help="on CUDA, one more step of each objective under torch.cuda.set_sync_debug_mode('warn'): "
                              "prints the implicit host syncs it reports")  # fmt: skip
     args, job_args = parser.parse_known_args(argv)
-    return run(args.config, job_args, args.variants, args.precisions, args.coeff, args.steps, args.warmup,
-               args.sync_debug)
+    try:
+        return run(args.config, job_args, args.variants, args.precisions, args.coeff, args.steps, args.warmup,
+                   args.sync_debug, args.name or Path(args.config).stem)
+    except DispersionTitanError as e:  # a bad config or override: one line, as a launch says it
+        fail_with(e)
 
 
 if __name__ == "__main__":
