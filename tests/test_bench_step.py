@@ -1,6 +1,7 @@
 """bench/train_step.py times the trainer's own step (DispersionTrainer from a checked job config)
 and bench/profile_step.py groups its profile: both run here on the debug model on a CPU, a
-few steps each, through the same code a GPU run takes."""
+few steps each, through the same code a GPU run takes. bench/h100_model.py's memory estimate,
+which sized the GPU configs' micro-batches, is checked against what autograd saves."""
 
 from __future__ import annotations
 
@@ -64,3 +65,38 @@ def test_profile_step_groups_the_trainers_step(single_process, capsys):
     assert sum(shares.values()) == pytest.approx(1.0)
     assert all(shares[group] > 0 for group in ("dispersion", "optimizer", "loss", "attention", "matmul")), shares
     assert re.search(r"^\| `aten::mm` \| matmul \|", out, re.M)  # the debug model's linear layers on a CPU
+
+
+def test_memory_estimate_is_above_what_autograd_saves(monkeypatch):
+    """bench/h100_model.py's saved activations (which sized the configs' micro-batches) against
+    the tensors autograd saves in GPT-2 small's bf16-autocast forward, counted by storage: the
+    estimate may be conservative, never short; the bf16 weight copies it adds are exact."""
+    import torch
+
+    from dispersion_titan.models.gpt2.model import GPT2
+
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import h100_model
+
+    shape = next(c for c in h100_model.SHIPPED if c.name == "gpt2_small_mlp3072")
+    args = gpt2_flavors["small"]
+    args.vocab_size = shape.vocab
+    model = GPT2(args)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    weight_shapes = {s for p in model.parameters() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.t().shape))}
+    activations, weight_copies = {}, {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            (weight_copies if tuple(t.shape) in weight_shapes else activations)[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    tokens = 128
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.zeros(1, tokens, dtype=torch.long))
+    saved = sum(activations.values()) / tokens
+    estimate = shape.layers * h100_model.saved_bytes_per_token(shape) + 2 * shape.vocab  # blocks + bf16 logits
+    assert saved <= estimate <= 1.5 * saved, (saved, estimate)
+    assert sum(weight_copies.values()) == 2 * h100_model.weights(shape)
+    sys.modules.pop("h100_model", None)
