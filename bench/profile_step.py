@@ -21,16 +21,14 @@ import argparse
 import re
 from collections import defaultdict
 
-import torch
 from torch.profiler import ProfilerActivity, profile
-
 from train_step import bench_trainer, timed_step
 
 GROUPS = (
     ("dispersion", re.compile(r"dispersion|_PairLoss|_TritonPairLoss|_rows_kernel|_pairs_|_pair_logits|_row_entropy|_dz_kernel")),
-    ("optimizer", re.compile(r"Optimizer\.|adam|multi_tensor_apply|_foreach_", re.I)),
-    ("loss", re.compile(r"log_?softmax|nll_?loss|cross_?entropy|logsumexp", re.I)),
-    ("attention", re.compile(r"attention|flash|sdpa|fmha", re.I)),
+    ("optimizer", re.compile(r"Optimizer\.|adam|multi_tensor_apply|_foreach_", re.IGNORECASE)),
+    ("loss", re.compile(r"log_?softmax|nll_?loss|cross_?entropy|logsumexp", re.IGNORECASE)),
+    ("attention", re.compile(r"attention|flash|sdpa|fmha", re.IGNORECASE)),
     ("matmul", re.compile(r"aten::(mm|addmm|bmm|matmul|linear)$|(Addmm|Bmm|Mm)Backward|gemm|xmma|nvjet|cutlass")),
 )
 ELEMENTWISE = "elementwise"

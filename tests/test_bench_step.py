@@ -11,10 +11,10 @@ import socket
 import sys
 
 import pytest
+from support.launch import DEBUG_TOML, REPO
 from torchtitan.tools.utils import get_peak_flops
 
 from dispersion_titan.models.gpt2.args import flops_per_token, gpt2_flavors
-from support.launch import DEBUG_TOML, REPO
 
 SMALL_STEP = ["--training.global_batch_size", "4", "--training.seq_len", "64"]
 
@@ -45,7 +45,7 @@ def test_train_step_reports_every_variant_against_ce_with_titans_mfu(single_proc
     assert "trainer steps run: 6" in out  # 2 optimizer steps per objective, interleaved on one trainer
     for key, r in results.items():
         assert r["steps"] == 2 and all(math.isfinite(v) and v > 0 for v in r.values()), (key, r)
-        assert re.search(rf"^\| {key} \| {r['step_ms']:.1f} \| {r['ratio']:.3f} \|", out, re.M), key
+        assert re.search(rf"^\| {key} \| {r['step_ms']:.1f} \| {r['ratio']:.3f} \|", out, re.MULTILINE), key
     assert results["ce"]["ratio"] == 1.0
     # MFU: the debug model's FLOP count (tests/test_flops.py checks the formula) over TorchTitan's peak
     args = gpt2_flavors["debug"]
@@ -64,7 +64,7 @@ def test_profile_step_groups_the_trainers_step(single_process, capsys):
     assert list(shares) == ["dispersion", "optimizer", "loss", "attention", "matmul", "elementwise"]
     assert sum(shares.values()) == pytest.approx(1.0)
     assert all(shares[group] > 0 for group in ("dispersion", "optimizer", "loss", "attention", "matmul")), shares
-    assert re.search(r"^\| `aten::mm` \| matmul \|", out, re.M)  # the debug model's linear layers on a CPU
+    assert re.search(r"^\| `aten::mm` \| matmul \|", out, re.MULTILINE)  # the debug model's linear layers on a CPU
 
 
 def test_memory_estimate_is_above_what_autograd_saves(monkeypatch):
