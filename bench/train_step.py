@@ -1,82 +1,94 @@
-"""End-to-end cost of the dispersion loss: training-step time of GPT-2 small at
-seq_len 1024 with a dispersion variant on every block, against cross-entropy only.
+"""The trainer's own step, timed: what ``launch/train.sh CONFIG`` runs, CE only against each
+dispersion variant, side by side in one process.
 
-All objectives (CE, then each ``--variants`` × ``--precisions``) run in one process on
-the same model, optimizer and batch, steps interleaved (CE, dispersion, CE, ...) so
-machine noise hits all alike; the ratio of medians is reported. Target: ≤ 1.10×.
+It builds ``DispersionTrainer`` (TorchTitan's Trainer with our TrainSpec) from CONFIG as a
+launch checks it (``job_config.parse.validated_args``: the same compile, optimizer, micro-
+batches, mixed precision, loss and data path), then runs its ``train_step`` on the trainer's
+own data, the variants interleaved (CE, variant 1, variant 2, CE, ...) so machine noise hits
+all alike; only the trainer's dispersion objective is swapped between steps
+(``DispersionTrainer.dispersion_objective``). One step is one optimizer step: the config's
+global batch, in its micro-batches. Per variant it reports the median step, tokens/s, MFU,
+peak memory and the step ratio against CE only.
 
-MFU counts the model's training FLOPs per token as the training loop does
-(``GPT2ModelArgs.get_nparams_and_flops``: 6 per weight including the LM head, plus
-attention; the dispersion loss's own FLOPs are not counted, so its cost shows as a
-lower MFU) × tokens/s ÷ peak. The peak is ``--peak-tflops`` if given, else 989 dense
-bf16 TFLOP/s (H100/H200 SXM) for bf16 on an H100/H200; otherwise no MFU is printed.
-``--compile`` compiles each block as the trainer's ``--compile.enable`` does;
-``--kernel`` and ``--precisions`` set ``dispersion.kernel`` and ``dispersion.precision``.
+MFU is TorchTitan's own: ``metrics_processor.num_flops_per_token`` × tokens/s ÷
+``metrics_processor.gpu_peak_flops``, the numbers its ``mfu`` log line divides (the count is
+checked against FlopCounterMode in tests/test_flops.py; the peak is TorchTitan's table for
+the device, its A100 fallback on a CPU). The dispersion loss's own FLOPs are not counted, so
+its cost shows as a lower MFU. Peak memory: the trainer's device-memory monitor, reset
+before each step (on a CPU, the process's peak RSS, which never falls). Checkpoints,
+validation and TensorBoard are off; the run folder is a temporary one. Any other argument is
+the job config's (``--profile cpu``, ``--training.global_batch_size 8``, ...).
+
+    python bench/train_step.py train_configs/gpt2_small_mlp3072.toml --variants angular_spread l2_repel
+    python bench/train_step.py train_configs/debug.toml --steps 2 --warmup 1      # CPU, seconds
+    python bench/train_step.py train_configs/gpt2_small_mlp3072.toml --profile cpu --training.global_batch_size 1
+
 Besides the table it prints ``RESULT key=value`` lines for bench/gpu_acceptance.sh.
-
-    python bench/train_step.py                      # small, seq_len 1024, batch 1 (CPU)
-    python bench/train_step.py --device cuda --batch-size 8 --dtype bf16 --compile
-    python bench/train_step.py --device cuda --dtype bf16 --compile --variants angular_spread l2_repel \
-        --precisions auto exact
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import statistics
 import sys
+import tempfile
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torchtitan.config.job_config import Compile
-from torchtitan.models.llama3.infra.parallelize import apply_compile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dispersion_titan.config.schema import Dispersion  # noqa: E402
-from dispersion_titan.losses import KERNELS, PRECISIONS, VARIANTS  # noqa: E402
+from dispersion_titan.config.cli import load_toml, with_config_module  # noqa: E402
+from dispersion_titan.job_config.parse import prepare, validated_args  # noqa: E402
+from dispersion_titan.losses import PRECISIONS, VARIANTS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
-from dispersion_titan.models.gpt2.args import gpt2_flavors  # noqa: E402
-from dispersion_titan.models.gpt2.model import GPT2  # noqa: E402
-from dispersion_titan.trainer.block_outputs import BlockOutputs  # noqa: E402
-from dispersion_titan.trainer.objective import DispersionObjective  # noqa: E402
+from dispersion_titan.train import default_to_single_process  # noqa: E402
+from dispersion_titan.trainer.trainer import DispersionTrainer  # noqa: E402
+from dispersion_titan.utils.errors import DispersionTitanError, fail_with  # noqa: E402
 
-H100_BF16_PEAK = 989e12  # dense bf16 FLOP/s of an H100 SXM (an H200 has the same compute)
+COLUMNS = ("objective", "step ms", "ratio", "tokens/s", "MFU", "peak GiB")
+BENCH_ONLY = ("--checkpoint.no-enable", "--validation.no-enable", "--metrics.no-enable_tensorboard",
+              "--metrics.no-enable_wandb", "--metrics.log_freq", "1000000")
 
 
-def step_time(model, blocks: BlockOutputs, optimizer, tokens, labels, objective: DispersionObjective | None,
-              dtype, synchronize: bool = True) -> float:
-    device = tokens.device
-    if device.type == "cuda" and synchronize:
-        torch.cuda.synchronize()
+def objective_configs(base, variants: list[str], precisions: list[str], coeff: float) -> dict[str, object]:
+    """``[dispersion]`` sections by name: ``ce`` (no term), then each variant at each precision it takes."""
+    configs = {"ce": dataclasses.replace(base, variant="none", coeff=0.0)}
+    for variant in variants:
+        for precision in (p for p in precisions if not precision_error(variant, p)):
+            key = variant + ("" if precision == "auto" else f"_{precision}")
+            configs[key] = dataclasses.replace(base, variant=variant, coeff=coeff, precision=precision)
+    return configs
+
+
+def timed_step(trainer: DispersionTrainer, data) -> tuple[float, float]:
+    """(seconds, peak GiB) of one optimizer step, the device synchronized around it."""
+    sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
+    monitor = trainer.metrics_processor.device_memory_monitor
+    monitor.reset_peak_stats()
+    sync()
     start = time.perf_counter()
-    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-        logits = model(tokens)
-        outputs = blocks.take()  # the trainer's hooks: captured in every training forward
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-        del logits
-        if objective is not None:
-            loss = loss + objective(outputs, step=1, with_stats=False, chunk=0).weighted
-        del outputs
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    if device.type == "cuda" and synchronize:
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    trainer.step += 1
+    trainer.train_step(data)
+    sync()
+    return time.perf_counter() - start, monitor.get_peak_stats().max_active_gib
 
 
-def implicit_syncs(model, blocks, optimizer, inputs, labels, objectives: dict, dtype) -> int:
+def implicit_syncs(trainer: DispersionTrainer, data, objectives: dict) -> int:
     """Host syncs that torch.cuda's sync debug mode reports in one step of each objective (each printed)."""
-    import warnings
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            for obj in objectives.values():
-                step_time(model, blocks, optimizer, inputs, labels, obj, dtype, synchronize=False)
+            for objective in objectives.values():
+                trainer.dispersion = objective
+                trainer.step += 1
+                trainer.train_step(data)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     syncs = [w for w in caught
@@ -86,88 +98,95 @@ def implicit_syncs(model, blocks, optimizer, inputs, labels, objectives: dict, d
     return len(syncs)
 
 
-def peak_flops(args: argparse.Namespace, device: torch.device) -> tuple[float, str] | None:
-    """(peak FLOP/s, where it comes from) for the MFU, or None when there is no sound default."""
-    if args.peak_tflops:
-        return args.peak_tflops * 1e12, f"--peak-tflops {args.peak_tflops:g}"
-    if device.type == "cuda" and args.dtype == "bf16":
-        name = torch.cuda.get_device_name(device)
-        if "H100" in name or "H200" in name:
-            return H100_BF16_PEAK, f"{H100_BF16_PEAK / 1e12:.0f} TFLOP/s, dense bf16 of an H100 SXM ({name})"
-    return None
+@contextlib.contextmanager
+def bench_trainer(config: str, job_args: list[str]) -> Iterator[DispersionTrainer]:
+    """``DispersionTrainer`` of ``config`` as a 1-process launch checks it, with checkpoints,
+    validation and logging off and a temporary run folder; closed on exit."""
+    default_to_single_process()
+    prepare()
+    with tempfile.TemporaryDirectory(prefix="train_step_") as dump:
+        args = ["--job.config_file", config, *job_args, *BENCH_ONLY, "--job.dump_folder", dump,
+                "--training.steps", str(10**9)]
+        trainer = DispersionTrainer(validated_args(with_config_module(args, load_toml(args)), world_size=1))
+        try:
+            yield trainer
+        finally:
+            trainer.close()
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
 
 
-def main() -> None:
+def run(config: str, job_args: list[str], variants: list[str], precisions: list[str], coeff: float,
+        steps: int, warmup: int, sync_debug: bool = False, name: str = "train_step") -> dict[str, dict[str, float]]:
+    """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE; prints the table."""
+    with bench_trainer(config, job_args) as trainer:
+        job_config = trainer.job_config
+        objectives = {key: trainer.dispersion_objective(cfg) for key, cfg in
+                      objective_configs(job_config.dispersion, variants, precisions, coeff).items()}
+        data = trainer.batch_generator(trainer.dataloader)
+        times: dict[str, list[float]] = {key: [] for key in objectives}
+        peaks: dict[str, float] = dict.fromkeys(objectives, 0.0)
+        for round_ in range(warmup + steps):  # the warm-up rounds compile every path
+            for key, objective in objectives.items():
+                trainer.dispersion = objective
+                seconds, peak = timed_step(trainer, data)
+                if round_ >= warmup:
+                    times[key].append(seconds)
+                    peaks[key] = max(peaks[key], peak)
+        syncs = implicit_syncs(trainer, data, objectives) if sync_debug and trainer.device.type == "cuda" else None
+        metrics = trainer.metrics_processor
+        flops_per_token, peak_flops = metrics.num_flops_per_token, metrics.gpu_peak_flops
+        device = metrics.device_memory_monitor.device_name
+        steps_run = trainer.step
+    t = job_config.training
+    tokens = t.global_batch_size * t.seq_len
+    ce = statistics.median(times["ce"])
+    results = {}
+    for key, seconds in times.items():
+        median = statistics.median(seconds)
+        rate = tokens / median
+        results[key] = {"step_ms": median * 1e3, "ratio": median / ce, "tokens_per_s": rate,
+                        "mfu": flops_per_token * rate / peak_flops, "peak_gib": peaks[key], "steps": len(seconds)}
+    print(f"config={config} device={device} model={job_config.model.name}:{job_config.model.flavor} "
+          f"global_batch={t.global_batch_size} micro_batch={t.local_batch_size} seq_len={t.seq_len} "
+          f"compile={job_config.compile.enable} optimizer={job_config.optimizer.implementation} "
+          f"mixed_precision={job_config.training.mixed_precision_param} steps={steps} warmup={warmup} "
+          f"threads={torch.get_num_threads()}")
+    print(f"trainer steps run: {steps_run}")
+    print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
+    for key, r in results.items():
+        print(f"| {key} | {r['step_ms']:.1f} | {r['ratio']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | "
+              f"{r['peak_gib']:.2f} |")
+    print(f"MFU: {flops_per_token / 1e9:.4g} GFLOP a token (the model's get_nparams_and_flops) over "
+          f"{peak_flops / 1e12:.0f} TFLOP/s (TorchTitan's peak for {device})")
+    lines = [f"RESULT train_step.{name}.flops_per_token={flops_per_token}"]
+    lines += ["RESULT " + " ".join(f"train_step.{name}.{key}.{k}={v:.4g}" for k, v in r.items())
+              for key, r in results.items()]
+    if syncs is not None:
+        lines.append(f"RESULT train_step.{name}.implicit_syncs={syncs}")
+    print("\n".join(lines))
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--flavor", default="small")
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=5, help="measured steps per objective")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    parser.add_argument("--compile", action="store_true", help="torch.compile each block, as --compile.enable does")
-    parser.add_argument("--kernel", choices=KERNELS, default="auto", help="the dispersion loss's pair kernel")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=["angular_spread"])
+    parser.add_argument("config", help="a training config, e.g. train_configs/gpt2_small_mlp3072.toml")
+    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=["angular_spread"],
+                        help="dispersion variants timed against CE only (default: angular_spread)")
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["auto"])
+    parser.add_argument("--coeff", type=float, default=0.1, help="λ of every variant (default 0.1)")
+    parser.add_argument("--steps", type=int, default=5, help="measured optimizer steps per objective")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (compile, allocator)")
+    parser.add_argument("--name", help="the RESULT lines' label (default: the config file's stem)")
     parser.add_argument("--sync-debug", action="store_true",
-                        help="after timing, one more step of each objective under torch.cuda.set_sync_debug_mode('warn'): "
+                        help="on CUDA, one more step of each objective under torch.cuda.set_sync_debug_mode('warn'): "
                              "prints the implicit host syncs it reports")  # fmt: skip
-    parser.add_argument("--peak-tflops", type=float, default=0.0, help="peak TFLOP/s for the MFU (default: see above)")
-    args = parser.parse_args()
-
-    device = torch.device(args.device)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    torch.manual_seed(0)
-    model_args = gpt2_flavors[args.flavor]
-    with torch.device("meta"):
-        model = GPT2(model_args)
-    model.to_empty(device=device)
-    model.init_weights()
-    _, flops_per_token = model_args.get_nparams_and_flops(model, args.seq_len)
-    if args.compile:
-        apply_compile(model, Compile(enable=True))
-    blocks = BlockOutputs(model, "blocks")  # after compile, as the trainer registers them
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    tokens = torch.randint(0, model_args.vocab_size, (args.batch_size, args.seq_len + 1), device=device)
-    inputs, labels = tokens[:, :-1], tokens[:, 1:]
-    objectives: dict[str, DispersionObjective | None] = {"ce": None}
-    for variant in args.variants:
-        for precision in (p for p in args.precisions if not precision_error(variant, p)):
-            cfg = Dispersion(variant=variant, coeff=0.1, tau=1.0, layers="all", kernel=args.kernel,
-                             precision=precision)  # fmt: skip
-            key = f"ce_{variant}" + ("" if precision == "auto" else f"_{precision}")
-            objectives[key] = DispersionObjective(cfg, model_args.n_layers, args.batch_size, seed=0, tp_group=None)
-            objectives[key].check_kernel(device)
-
-    times: dict[str, list[float]] = {name: [] for name in objectives}
-    for i in range(args.steps + 1):  # the first round warms up every path (and compiles)
-        for name, obj in objectives.items():
-            t = step_time(model, blocks, optimizer, inputs, labels, obj, dtype)
-            if i > 0:
-                times[name].append(t)
-    medians = {name: statistics.median(t) for name, t in times.items()}
-    ce = medians["ce"]
-    print(f"device={device} dtype={args.dtype} flavor={args.flavor} batch={args.batch_size} "
-          f"seq_len={args.seq_len} layers={model_args.n_layers} steps={args.steps} compile={args.compile} "
-          f"kernel={args.kernel} threads={torch.get_num_threads()}")  # fmt: skip
-    peak = peak_flops(args, device)
-    tokens_per_step = args.batch_size * args.seq_len
-    print("| objective | median step s | ratio | tokens/s |" + (" MFU |" if peak else ""))
-    print("|---|---|---|---|" + ("---|" if peak else ""))
-    results = [f"RESULT train_step.flops_per_token={flops_per_token}"]
-    for key, seconds in medians.items():
-        label = "ce" if key == "ce" else key.replace("ce_", "ce + ", 1)
-        rate = tokens_per_step / seconds
-        mfu = f" {flops_per_token * rate / peak[0]:.3f} |" if peak else ""
-        print(f"| {label} (all {model_args.n_layers} blocks) | {seconds:.4f} | {seconds / ce:.3f} | {rate:.0f} |{mfu}")
-        results.append(f"RESULT train_step.{key}.s={seconds:.4g} train_step.{key}.ratio={seconds / ce:.3f} "
-                       f"train_step.{key}.tokens_per_s={rate:.0f}")  # fmt: skip
-        if peak:
-            results[-1] += f" train_step.{key}.mfu={flops_per_token * rate / peak[0]:.3f}"
-    print(f"MFU peak: {peak[1]}" if peak else "MFU: not printed (no --peak-tflops, and not bf16 on an H100/H200)")
-    if args.sync_debug and device.type == "cuda":
-        results.append(f"RESULT train_step.implicit_syncs={implicit_syncs(model, blocks, optimizer, inputs, labels, objectives, dtype)}")
-    print("\n".join(results))
+    args, job_args = parser.parse_known_args(argv)
+    try:
+        return run(args.config, job_args, args.variants, args.precisions, args.coeff, args.steps, args.warmup,
+                   args.sync_debug, args.name or Path(args.config).stem)
+    except DispersionTitanError as e:  # a bad config or override: one line, as a launch says it
+        fail_with(e)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def _launch_check_process() -> bool:
     return "RANK" not in os.environ and os.environ.get("NNODES", "1") in ("", "1")
 
 
-def _default_to_single_process() -> None:
+def default_to_single_process() -> None:
     """Without torchrun, run as a 1-process job instead of failing on missing env vars."""
     if "LOCAL_RANK" in os.environ:
         return
@@ -90,7 +90,7 @@ def main() -> None:
     # The ranks only: train.sh's --check-only process never builds the trainer.
     from dispersion_titan.trainer.trainer import train
 
-    _default_to_single_process()
+    default_to_single_process()
     try:
         train(job_config)
     except DispersionTitanError as e:  # e.g. a hub dataset unreachable once the job runs

@@ -11,7 +11,9 @@ import pytest
 from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
-from support.launch import DEBUG_TOML, QWEN3_TOML, job_args, python_module
+from support.launch import DEBUG_TOML, QWEN3_TOML, REPO, job_args, python_module
+
+GPU_CONFIG = str(next(REPO.glob("train_configs/**/gpt2_small_mlp3072.toml")))  # compiled, fused AdamW
 
 
 def write_toml(tmp_path, text: str) -> str:
@@ -235,3 +237,34 @@ def test_help_and_cheap_errors_come_before_torch_is_imported(tmp_path):
         else:
             assert len(said) == 1 and said[0].startswith("dispersion_titan: error: ") and message in said[0]
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- GPU configs on a CPU: --profile cpu
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_a_gpu_config_on_a_cpu_is_refused_in_one_line_naming_the_cpu_profile(tmp_path):
+    dump = tmp_path / "run"
+    args = ("--check-only", "--job.config_file", GPU_CONFIG, "--job.dump_folder", str(dump))
+    proc = python_module("dispersion_titan.train", *args, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "dispersion_titan: error: compile.enable: true compiles with inductor for GPUs and torch sees none here; "
+        "run CPU jobs with --profile cpu (docs/training.md#cpu)"]
+    assert "\n## CPU\n" in (REPO / "docs" / "training.md").read_text()  # the anchor the line names
+    proc = python_module("dispersion_titan.train", *args, "--profile", "cpu", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not dump.exists()
+
+
+def test_the_cpu_profile_changes_how_a_step_runs_never_what_it_computes():
+    gpu = validated_args(job_args(GPU_CONFIG))
+    cpu = validated_args([*job_args(GPU_CONFIG), "--profile", "cpu"])
+    assert (gpu.compile.enable, gpu.optimizer.implementation) == (True, "fused")
+    assert (cpu.compile.enable, cpu.optimizer.implementation, cpu.training.max_local_batch_size) == (False, "foreach", 1)
+    changed = {f"{section}.{key}" for section, keys in gpu.to_dict().items() if isinstance(keys, dict)
+               for key, value in keys.items() if cpu.to_dict()[section][key] != value}
+    assert changed == {"compile.enable", "optimizer.implementation", "training.max_local_batch_size",
+                       "training.local_batch_size"}  # the last derived from the one before
+    with pytest.raises(ArgumentError, match=r"^--profile: 'gpu' is not one of \('cpu',\)$"):
+        validated_args([*job_args(GPU_CONFIG), "--profile", "gpu"])

@@ -123,3 +123,20 @@ def test_every_credit_to_the_authors_names_their_file(path):
             assert re.fullmatch(AUTHORS_FILE, credit.rstrip(",;)")), (path.name, number, credit)
         if "authors" in comment:
             assert re.search(AUTHORS_FILE + "|github.com/ChenLiu-1996/LM-Dispersion", comment), (path.name, number)
+
+
+def test_gpu_configs_run_the_fast_path():
+    """Compiled blocks and loss, fused AdamW, bf16 compute; from scratch, GPT-2's vocabulary padded
+    to a multiple of 64; micro-batches sized for an 80 GB GPU (bench/h100_model.py --fast-path)."""
+    gpu = sorted(p for p in CONFIGS.rglob("*.toml") if p.name.startswith(("gpt2_small_", "fineweb_gpt2_", "midtrain_")))
+    assert len(gpu) == 18
+    for path in gpu:
+        c = load(path)
+        assert c["compile"]["enable"] and c["compile"]["components"] == ["model", "loss"], path.name
+        assert c["optimizer"]["implementation"] == "fused", path.name
+        assert c["training"]["mixed_precision_param"] == "bfloat16", path.name
+        gpt2 = c["model"]["name"] == "gpt2"
+        if gpt2 and not path.name.startswith("midtrain_"):  # mid-training keeps OpenAI's 50,257 rows
+            assert c["model"]["vocab_size"] == 50304, path.name
+        # Qwen3's paper configs: the authors' one sequence per micro-batch (their token subsets are per call)
+        assert c["training"]["max_local_batch_size"] == (32 if gpt2 else 1), path.name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 try:
     import tomllib
@@ -17,6 +18,9 @@ CONFIG_MODULE = "dispersion_titan.config"  # TorchTitan's job.custom_config_modu
 
 _CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 _CUSTOM_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
+PROFILE_FLAG = "--profile"
+PROFILES = {"cpu": "cpu_profile.toml"}
+"""``--profile NAME``: a TOML of keys laid over the config file's (``dispersion_titan/configs/``)."""
 
 
 def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
@@ -37,9 +41,33 @@ def config_file(args: list[str]) -> str | None:
 
 
 def load_toml(args: list[str]) -> dict:
-    """The TOML named by ``--job.config_file`` ({} without one), with one-line errors."""
+    """The TOML named by ``--job.config_file`` ({} without one) with the ``--profile``'s keys
+    laid over it, section by section; one-line errors."""
     path = config_file(args)
-    return {} if path is None else read_toml(path, "--job.config_file")
+    toml = {} if path is None else read_toml(path, "--job.config_file")
+    name = _flag_value(args, (PROFILE_FLAG,))
+    if name is None:
+        return toml
+    if name not in PROFILES:
+        raise ArgumentError(f"{PROFILE_FLAG}: {name!r} is not one of {tuple(PROFILES)}")
+    profile = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", PROFILES[name])
+    for section, keys in read_toml(profile, PROFILE_FLAG).items():
+        own = toml.get(section)
+        toml[section] = {**(own if isinstance(own, dict) else {}), **keys}
+    return toml
+
+
+def without_profile(args: list[str]) -> list[str]:
+    """``args`` less ``--profile NAME`` (``load_toml`` has applied it; TorchTitan has no such key)."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == PROFILE_FLAG:
+            skip = True
+        elif not arg.startswith(PROFILE_FLAG + "="):
+            out.append(arg)
+    return out
 
 
 HELP_FLAGS = ("-h", "--help")
@@ -51,13 +79,14 @@ def train_usage() -> str:
     TorchTitan (``--help-all`` shows every key, TorchTitan's too)."""
     sections = "\n".join(f"  [{section.name}] " + " ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(
         section.type)) for section in dataclasses.fields(JobConfig))
-    return f"""usage: python -m dispersion_titan.train --job.config_file FILE.toml [--SECTION.KEY VALUE ...] [--check-only]
+    return f"""usage: python -m dispersion_titan.train --job.config_file FILE.toml [--SECTION.KEY VALUE ...] [--profile cpu] [--check-only]
        bash launch/train.sh FILE.toml [--SECTION.KEY VALUE ...]   (torchrun on this node's GPUs)
 
 Trains with TorchTitan. Every key of FILE.toml, TorchTitan's and ours, can be overridden
 on the command line as --SECTION.KEY VALUE.
 
   --check-only  check the configuration for WORLD_SIZE processes and stop
+  --profile cpu the CPU settings laid over FILE.toml: no compile, foreach AdamW, micro-batches of 1
   {HELP_ALL_FLAG}    every section and key with its default and description (imports TorchTitan)
 
 Keys this package adds, with their defaults:

@@ -63,6 +63,21 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
         raise ConfigError(f"dispersion.layers: {e}") from None
 
 
+CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (docs/training.md#cpu)"
+
+
+def check_runs_here(config: RunConfig) -> None:
+    """A GPU config on a machine whose torch sees no GPU is refused in one line naming the CPU
+    profile, never changed silently. Only inductor is refused: it compiles for GPUs, and on a
+    CPU it needs a C++ toolchain and minutes per start; fused AdamW runs on CPUs too."""
+    import torch
+
+    c = config.compile
+    if c.enable and c.backend == "inductor" and not torch.cuda.is_available():
+        raise ConfigError(f"compile.enable: true compiles with inductor for GPUs and torch sees none here; "
+                          f"{CPU_PROFILE_HINT}")
+
+
 def _triton_device_here() -> bool:
     """Whether the Triton kernels can run in this job: a CUDA device, or Triton's CPU interpreter."""
     import torch

@@ -12,7 +12,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 
 from .. import config as custom_config
 from ..components import titan_compat
-from ..config.cli import config_file, load_toml
+from ..config.cli import config_file, load_toml, without_profile
 from ..config.toml_types import check_toml_types
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
@@ -21,7 +21,7 @@ from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.hf_assets import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
-from .checks import check_job_config, data_parallel_degree
+from .checks import check_job_config, check_runs_here, data_parallel_degree
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -54,7 +54,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-            return titan_compat.parse_job_config(args, toml)
+            return titan_compat.parse_job_config(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         raise ArgumentError(_first_message(captured.getvalue())) from e
 
@@ -114,17 +114,18 @@ def check_run_folder(job_config: RunConfig) -> None:
 
 def print_every_key(args: list[str], toml: dict) -> None:
     """``train --help-all``: TorchTitan's help of every section, ours included; exits."""
-    titan_compat.parse_job_config([*args, "--help"], toml)
+    titan_compat.parse_job_config([*without_profile(args), "--help"], toml)
 
 
 def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     """Everything a launch checks once ``job_config`` is parsed: its values (again once the hub
-    assets are fetched or a fork's checkpoint is set), the GPUs, the run folder's writer lock
+    assets are fetched or a fork's checkpoint is set), the GPUs and what needs one, the run folder's writer lock
     (``take_lock``: the one process that checks before the ranks start) and its fixed settings."""
     check(job_config)
     if fetch_local_assets(job_config) | set_fork_options(job_config):
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
     check_gpus_usable()
+    check_runs_here(job_config)
     if take_lock:
         refuse_if_busy(job_config.job.dump_folder)
     check_run_folder(job_config)

@@ -43,6 +43,14 @@ class RotaryOverrides(ShapeOverrides):
         self.max_seq_len = rotary_table_length(job_config)
         self.apply_overrides(job_config.model)
 
+    def get_nparams_and_flops(self, model: Any, seq_len: int) -> tuple[int, int]:
+        """TorchTitan's count (what its ``mfu`` line divides) with a tied LM head's 6·d·V
+        FLOPs a token added back: TorchTitan drops the embedding's parameters from the count,
+        and a tied head has none of its own, so Qwen3-0.6B's head (15% of its FLOPs) was
+        missing (tests/test_flops.py checks the count against FlopCounterMode)."""
+        nparams, flops = super().get_nparams_and_flops(model, seq_len)
+        return nparams, flops + (6 * self.dim * self.vocab_size if self.tie_embeddings else 0)
+
 
 def hf_decoder_fields(args: Any, tokenizer: Any) -> dict[str, Any]:
     """The ``transformers`` config fields that Qwen3's and Llama 3's share, from TorchTitan's

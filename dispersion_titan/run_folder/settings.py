@@ -41,8 +41,8 @@ ALLOWED_KEYS = frozenset({
     # validation cadence and batching (not its data)
     "validation.enable", "validation.freq", "validation.steps", "validation.local_batch_size",
     "validation.global_batch_size",
-    # the same dispersion term by another kernel
-    "dispersion.kernel",
+    # the same dispersion term, and the same AdamW update, by another kernel
+    "dispersion.kernel", "optimizer.implementation",
     "debug.deterministic", "debug.deterministic_warn_only",
 })  # fmt: skip
 """Config keys a relaunch may change: none of them changes what the run computes."""

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
 from torchtitan.tools.logging import logger
 
 from ..components import titan_compat
+from ..config.schema import Dispersion
 from ..data.packed import run_encoder, run_seed
 from ..models.flavors import DROPOUT_KEYS
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
@@ -93,18 +95,14 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             titan_compat.on_save_error(self.checkpointer, self._save_failed)
         self._set_aside_incomplete_checkpoints()
         self.health = StepHealth(self.device)
-        tp_group = self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
         seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
-        self.dispersion = DispersionObjective(
-            job_config.dispersion, self.model_args.n_layers, self.step_metrics.global_batch_size, seed, tp_group
-        )
-        self.dispersion.check_kernel(self.device)
+        self.dispersion = self.dispersion_objective(job_config.dispersion)
         # Micro-batch m of this rank is chunk m·W + r of the global batch (data.layout).
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
         self.seed = seed
-        self.tp_rank = dist.get_rank(tp_group) if tp_group is not None else 0
+        self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
         (model,) = self.model_parts
         # after parallelize_fn: outside AC and compile
@@ -121,6 +119,18 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                               baseline=dataclasses.asdict(job_config.baseline),
                               tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps,
                               settings=settings, forked_from=fork_record(job_config))
+
+    def dispersion_objective(self, cfg: Dispersion) -> DispersionObjective:
+        """The term of ``cfg`` (a ``[dispersion]`` section) for this trainer's model, global batch,
+        seed and tensor-parallel group, its kernel checked on this device (bench/train_step.py
+        swaps such objectives to time each variant on one trainer)."""
+        objective = DispersionObjective(cfg, self.model_args.n_layers, self.step_metrics.global_batch_size,
+                                        run_seed(self.job_config), self._tp_group())
+        objective.check_kernel(self.device)
+        return objective
+
+    def _tp_group(self) -> dist.ProcessGroup | None:
+        return self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
 
     def _set_aside_incomplete_checkpoints(self) -> None:
         """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0
@@ -192,7 +202,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             logits = model(inputs, **model_kwargs)
             ce = self.loss_fn(logits, labels) / global_valid_tokens
             del logits
-            term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
+            with record_function("dispersion_titan.dispersion"):  # bench/profile_step.py's group
+                term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
         # Backward through both terms without adding them: a loss-parallel CE is a
         # DTensor and cannot be summed with a plain tensor.
         torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])

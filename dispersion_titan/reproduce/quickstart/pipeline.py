@@ -120,7 +120,7 @@ def make_plan(a: argparse.Namespace) -> Plan:
 
 def train_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
     return "dispersion_titan.train", [
-        "--job.config_file", plan.config,
+        "--job.config_file", plan.config, "--profile", "cpu",  # a CPU product (docs/training.md#cpu)
         "--training.steps", str(plan.steps), "--checkpoint.interval", str(plan.interval),
         "--validation.freq", str(plan.steps),  # the summary reports the final validation loss
         *run.overrides(plan.dump(run)),
