@@ -18,12 +18,14 @@ import pytest
 from scipy import stats
 
 from dispersion_titan.evaluate import main as evaluate_main
-from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
+from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan, run_protocol
 from dispersion_titan.evaluation.runner import lm_eval_seeds
+from dispersion_titan.models.qwen3 import Qwen3Args
 
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.runs import tiny_run
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
 LIMIT = 12
@@ -68,6 +70,7 @@ def unknown_task(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
     The run folder is a stand-in (an empty step folder): the check comes before any load."""
     dump = tmp_path_factory.mktemp("unknown_task") / "run"
     (dump / "checkpoint" / "step-0").mkdir(parents=True)
+    (dump / "run.json").write_text(json.dumps({"model_name": "gpt2", "model_args": {}}))  # its protocol: gpt2
     tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
     proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(dump), "--include-path", str(TASKS),
                              "--tasks", tasks], cwd=REPO, env=launch_env(OFFLINE), stdout=subprocess.PIPE,
@@ -174,16 +177,21 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     assert float(rows[1]["mean_acc"]) == float(rows[1]["wiki_next_word/acc"])
 
 
+def named_tasks(folder: Path) -> Path:
+    """The local wiki_next_word task under the names of an authors' few-shot and zero-shot task."""
+    folder.mkdir()
+    for name in ("arc_easy", "piqa"):
+        (folder / f"{name}.yaml").write_text((TASKS / "wiki_next_word.yaml").read_text().replace(
+            "task: wiki_next_word", f"task: {name}").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
+            "test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}"))
+    return folder
+
+
 def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
     """Two local tasks under the names of an authors' few-shot and zero-shot task: lm-eval's
     own record (n-shot, each task's config) shows the preset's shots; explicit options win
     (--num-fewshot: the ``evaluated`` fixture)."""
-    named = tmp_path / "named_tasks"
-    named.mkdir()
-    for name in ("arc_easy", "piqa"):
-        (named / f"{name}.yaml").write_text((TASKS / "wiki_next_word.yaml").read_text().replace(
-            "task: wiki_next_word", f"task: {name}").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
-            "test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}"))
+    named = named_tasks(tmp_path / "named_tasks")
     common = [run, "--include-path", named, "--tasks", "arc_easy,piqa", "--steps", "2", "--batch-size", "1",
               "--device", "cpu"]
     code, _, _ = evaluate(*common, "--protocol", "qwen3", "--limit", "4", "--out", tmp_path / "q", capsys=capsys)
@@ -194,6 +202,27 @@ def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
     assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
     assert_one_line_error(*evaluate(run, "--protocol", "paper", capsys=capsys)[::2],
                           "--protocol", "invalid choice: 'paper'", "gpt2", "qwen3")
+
+
+def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
+    """A qwen3 run evaluated without --protocol gets the authors' Qwen3 protocol (5 shots for the
+    few-shot tasks, 200 examples per task) at their batch size 1, as its results record; a
+    family the authors never evaluated gets gpt2's, with a note."""
+    args = Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, hidden_dim=64, vocab_size=50257,
+                     max_seq_len=128, enable_weight_tying=True)
+    qwen3 = tiny_run(tmp_path / "qwen3", steps=(0,), args=args)
+    code, _, err = evaluate(qwen3, "--include-path", named_tasks(tmp_path / "named"), "--tasks", "arc_easy,piqa",
+                            "--device", "cpu", capsys=capsys)
+    assert code == 0, err
+    result = read_json(qwen3 / "evaluation" / "step-0" / "results.json")
+    assert result["dispersion_titan"]["settings"] == {"protocol": "qwen3", "tasks": ["arc_easy", "piqa"],
+                                                      "num_fewshot": {"arc_easy": 5, "piqa": 0}, "limit": 200,
+                                                      "dtype": "fp32"}
+    assert result["n-shot"] == {"arc_easy": 5, "piqa": 0} and result["config"]["limit"] == 200
+    assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
+    assert run_protocol("gpt2") == ("gpt2", None) and run_protocol("qwen3") == ("qwen3", None)
+    protocol, note = run_protocol("llama3")
+    assert protocol == "gpt2" and note.startswith("note: the authors evaluated no llama3 model")
 
 
 def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path, capsys):
@@ -300,7 +329,7 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     _, err = proc.communicate(timeout=300)
     # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named.
     assert_one_line_error(proc.returncode, err, "--tasks: unknown task wiki_nxt_word (")
-    assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "step-0"]
+    assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "run.json", "step-0"]
 
     before, run_files = tree(evaluated), sorted(os.listdir(run))
     new_out = tmp_path / "new"
