@@ -69,6 +69,9 @@ def analyze_parser() -> argparse.ArgumentParser:
     add_device_arguments(p, dtype_default=None,
                          dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)")
     p.add_argument("--device-map", choices=("auto",), help="hf: spread the model over all visible GPUs (accelerate)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="hf: run the modelling code a model ships (the original Qwen's), as transformers' "
+                        "trust_remote_code; without it such a model is refused in one line")
     p.add_argument("--force", action="store_true", help="recompute steps already analyzed")
     p.add_argument("--wandb", action="store_true",
                    help="also log the results to the run's W&B run (trained with [metrics] enable_wandb)")
@@ -129,13 +132,14 @@ def run_analyze(argv: list[str]) -> int:
     )
     options = runner.AnalyzeOptions(target=a.run, steps=a.steps, inputs=sequences, seq_len_given=a.seq_len is not None,
                              batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,
-                             force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map)
+                             force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map,
+                             trust_remote_code=a.trust_remote_code)
     if a.run.startswith(hf_model.PREFIX):
         if a.wandb:
             fail("--wandb: only for runs (trained with [metrics] enable_wandb)")
         return 1 if hf_revisions.HFAnalysis(options).analyze() else 0
-    if a.device_map:
-        fail("--device-map: only for hf: models")
+    if a.device_map or a.trust_remote_code:
+        fail(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
     analysis = runner.RunAnalysis(options)
     if a.wandb:
         recorded(analysis.dump)  # before the analysis: a run without one fails now, in one line

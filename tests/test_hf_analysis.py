@@ -353,3 +353,35 @@ def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer
     assert analyze(f"hf:{folder}", *options(texts), "--out", other, capsys=capsys)[0] == 0
     assert_one_line_error(*analyze("family", str(out), str(other), "--out", tmp_path / "family", "--protocol", "paper",
                                    capsys=capsys)[::2], "--protocol paper", "was not analysed with")
+
+
+def test_a_model_with_its_own_code_needs_trust_remote_code(tokenizer_files, texts, tmp_path, capsys):
+    """A model that ships its modelling code (as the original Qwen does) is refused in one line naming
+    --trust-remote-code, and measured with it; the option is refused for our runs."""
+    folder = save_model(tmp_path / "remote", config("gpt2"), tokenizer_files)
+    plain = save_model(tmp_path / "plain", config("gpt2"), tokenizer_files)  # the same weights (seed 0)
+    (folder / "configuration_tiny.py").write_text(
+        "from transformers import GPT2Config\n\n\nclass TinyConfig(GPT2Config):\n    model_type = 'tiny_remote'\n")
+    (folder / "modeling_tiny.py").write_text(
+        "from transformers import GPT2LMHeadModel\n\nfrom .configuration_tiny import TinyConfig\n\n\n"
+        "class TinyForCausalLM(GPT2LMHeadModel):\n    config_class = TinyConfig\n")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(model_type="tiny_remote", architectures=["TinyForCausalLM"],
+               auto_map={"AutoConfig": "configuration_tiny.TinyConfig",
+                         "AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert_one_line_error(*analyze(f"hf:{folder}", *options(texts), "--out", tmp_path / "no", capsys=capsys)[::2],
+                          f"hf:{folder}: ships its own modelling code", "--trust-remote-code")
+    code, _, err = analyze(f"hf:{folder}", *options(texts), "--trust-remote-code", "--out", tmp_path / "yes",
+                           capsys=capsys)
+    assert code == 0, err
+    result = load(tmp_path / "yes")
+    encode = transformers.AutoTokenizer.from_pretrained(plain)
+    tokens = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
+                              lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"]).tokens
+    want = plain_mean_cos(independent_states(plain, "gpt2", tokens))
+    assert result.model_args["model_type"] == "tiny_remote"
+    assert np.allclose([(layer.mean_cos, layer.mean_cos_offdiag) for layer in result.layers], want, rtol=0, atol=1e-5)
+    run = tiny_run(tmp_path / "run")
+    assert_one_line_error(*analyze(run, *options(texts), "--trust-remote-code", capsys=capsys)[::2],
+                          "--trust-remote-code: only for hf: models")
