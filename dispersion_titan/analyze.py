@@ -51,9 +51,9 @@ def analyze_parser() -> argparse.ArgumentParser:
                    help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
                         "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="default",
-                   help="paper: the authors' inputs: 100 wikitext-103-v1 train texts of >= 1024 words, the first "
-                        "512 tokens of each with the tokenizer's default special tokens, and "
-                        "--layer-points hidden_states (default: default)")
+                   help="paper: the authors' inputs: 100 texts of >= 1024 words, each consecutive rows of "
+                        "wikitext-103-v1 train (or of --texts FILE) concatenated, the first 512 tokens of each with "
+                        "the tokenizer's default special tokens, and --layer-points hidden_states (default: default)")
     p.add_argument("--layer-points", choices=LAYER_POINTS,
                    help="layers of the Spearman/Kendall depth trend: all (n+2, the default) or hidden_states "
                         "(transformers' n+1, the default with --protocol paper)")
@@ -121,9 +121,9 @@ def run_analyze(argv: list[str]) -> int:
     if a.dataset_path and a.texts:
         fail("--dataset-path: not used with --texts")
     paper = a.protocol == "paper"
-    if paper and (a.texts or a.dataset):
-        fail(f"--{'texts' if a.texts else 'dataset'}: not used with --protocol paper, which reads wikitext-103-v1 "
-             "(a local copy with --dataset-path)")
+    if paper and a.dataset:
+        fail("--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
+             "--dataset-path) or the rows of --texts FILE")
     sequences = inputs.InputOptions(
         dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
         dataset_path=a.dataset_path, texts=a.texts,

@@ -54,10 +54,15 @@ def paper_parser() -> OneLineErrorParser:
     analysis.add_argument("--num-sequences", type=positive_int, help="K sequences (analyze's default 100)")
     analysis.add_argument("--seq-len", type=_seq_len, help="S tokens per sequence (analyze's default 512)")
     analysis.add_argument("--seed", type=int, help="seed of the sequence choice")
-    analysis.add_argument("--protocol", help="analyze's (or, for table2, evaluate's) --protocol")
+    analysis.add_argument("--protocol",
+                          help="analyze's --protocol: paper (the default: the authors' wikitext-103 texts, or the rows "
+                               "of --texts, and transformers' n+1 hidden_states points) or default; for table2 "
+                               "evaluate's (default: each run's family)")
     analysis.add_argument("--batch-size", type=positive_int, help="sequences (or examples) per forward pass")
-    add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (analyze's default)")
+    add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (default fp32, as the authors ran)")
     analysis.add_argument("--device-map", choices=("auto",), help="hf: spread a model over all visible GPUs")
+    analysis.add_argument("--trust-remote-code", action="store_true",
+                          help="run the code the --models ship (the paper's Qwen-1 models get it without asking)")
     table = p.add_argument_group("table2")
     table.add_argument("--tasks", help="evaluate's --tasks")
     table.add_argument("--include-path", help="evaluate's --include-path")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -22,14 +21,15 @@ from scipy import stats
 from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.geometry import effective_rank, max_explainable_variance
 from dispersion_titan.analysis.hf_model import decoder_layers
-from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis import AnalysisError
+from dispersion_titan.analysis.inputs import InputOptions, paper_texts, select_sequences
 from dispersion_titan.analysis.measure import unit_tokens
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.utils.errors import ModelLoadError
 
 from support.cli import analyze, assert_one_line_error
 from support.condensation import independent_states, plain_mean_cos
-from support.corpora import texts_jsonl
+from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
 from support.runs import tiny_run
 
 K, S = 4, 16
@@ -285,37 +285,6 @@ def test_geometry_of_rank_one_and_orthogonal_tokens():
     assert effective_rank(batch).tolist() == pytest.approx([1.0, 4.0], abs=1e-5)
 
 
-def write_wikitext_copy(folder: Path, rows: int = 300) -> Path:
-    """A local copy in the hub's layout of wikitext-103-v1's train split: rows of 40 words, and headings."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rng = np.random.default_rng(0)
-    words = np.array("the of and in to a was is for on as with by at from his that it an were".split())
-    lines = [" = Heading {} = \n".format(i) if i % 10 == 0 else " ".join(rng.choice(words, 40)) + " .\n"
-             for i in range(rows)]
-    (folder / "wikitext-103-v1").mkdir(parents=True)
-    for part, chunk in enumerate((lines[: rows // 2], lines[rows // 2:])):
-        pq.write_table(pa.table({"text": chunk}), folder / "wikitext-103-v1" / f"train-0000{part}-of-00002.parquet")
-    return folder
-
-
-def authors_long_text(rows: list[str], seed: int) -> str:
-    """A transcription of the authors' get_random_long_text(min_word_count=1024, max_word_count=1280)
-    (LM-Dispersion, key_observations/utils/text_data.py), with nltk's word_tokenize (not installed
-    here) replaced by a count of words and punctuation marks."""
-    count = lambda text: len(re.findall(r"\w+|[^\w\s]", text))  # noqa: E731
-    rng = np.random.default_rng(seed=seed)
-    idx = rng.integers(0, int(len(rows) * 0.95)).item()
-    text = ""
-    while count(text) < 1024:
-        text += rows[idx]
-        idx += 1
-        if count(text) > 1280:
-            break
-    return text
-
-
 def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer_files, texts, tmp_path, capsys):
     """``--protocol paper``: the authors' texts from a local wikitext-103-v1 copy, the tokenizer's default
     special tokens (here a BOS its post-processor adds), and Spearman/Kendall over transformers' n + 1
@@ -385,3 +354,23 @@ def test_a_model_with_its_own_code_needs_trust_remote_code(tokenizer_files, text
     run = tiny_run(tmp_path / "run")
     assert_one_line_error(*analyze(run, *options(texts), "--trust-remote-code", capsys=capsys)[::2],
                           "--trust-remote-code: only for hf: models")
+
+
+def test_protocol_paper_builds_other_corpora_from_rows_as_the_authors(tmp_path):
+    """The robustness corpora (pubmed_qa's long_answer, imdb, squad rows as a --texts jsonl) under
+    --protocol paper: text r is the rows from default_rng(r).integers(0, ⌊0.95·rows⌋) on, concatenated
+    with no separator until it has >= 1024 words; hand-countable rows of 300 words take 4 rows each."""
+    rows = [" ".join(f"r{i}w{j}" for j in range(300)) + " " for i in range(40)]
+    texts = tmp_path / "rows.jsonl"
+    texts.write_text("".join(json.dumps({"text": row}) + "\n" for row in rows))
+    starts = [int(np.random.default_rng(seed).integers(0, 38)) for seed in range(3)]
+    assert paper_texts(rows, 3) == ["".join(rows[i:i + 4]) for i in starts]
+    assert paper_texts(rows, 3) == [authors_long_text(rows, seed) for seed in range(3)]
+    words = lambda batch: [[len(t.split())] * 30 for t in batch]  # noqa: E731  (a stand-in tokenizer: counts)
+    chosen = select_sequences(InputOptions(None, None, str(texts), 3, 24, 0, protocol="paper"), words)
+    assert chosen.tokens.tolist() == [[1200] * 24] * 3  # 4 rows of 300 words each, the first 24 "tokens"
+    assert chosen.record()["protocol"] == "paper" and chosen.record()["texts"] == str(texts)
+    short = tmp_path / "short.jsonl"
+    short.write_text((json.dumps({"text": "too few words"}) + "\n") * 3)
+    with pytest.raises(AnalysisError, match="the corpus ends before text 0 has 1024 words"):
+        select_sequences(InputOptions(None, None, str(short), 1, 24, 0, protocol="paper"), words)

@@ -32,12 +32,19 @@ OLMO = "allenai/Olmo-3-1025-7B"
 FIG4_REVISIONS = 8
 """Branches analysed by default: evenly spaced from the first to the last pre-training step."""
 MLP_WIDTH_CONFIGS = tuple(f"train_configs/gpt2_small_mlp{w}.toml" for w in (768, 1536, 3072, 6144))
+REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
+"""Models that ship their own modelling code: analysed with ``--trust-remote-code`` (the
+authors load every model with ``trust_remote_code=True``)."""
 CORPORA: dict[str, str | None] = {
     # name -> our registered dataset (--dataset), or None: give a jsonl with --corpus NAME=FILE
     "wikitext-103": "wikitext-103", "pubmed_qa": None, "imdb": None, "squad": None,
 }
 """The robustness figure's texts (the authors' ``--dataset wikipedia|pubmed|imdb|squad``:
-wikitext-103-v1, pubmed_qa pqa_labeled, imdb, squad)."""
+wikitext-103-v1, pubmed_qa pqa_labeled ``long_answer``, imdb ``text``, squad ``context``, train
+splits; ``key_observations/utils/text_data.py``). Under ``--protocol paper`` (the default)
+wikitext-103 is the protocol's own corpus and a jsonl's rows are concatenated as theirs."""
+PAPER_CORPUS = "wikitext-103"
+"""The corpus ``analyze --protocol paper`` reads by itself (wikitext-103-v1 train)."""
 
 SIZES_B = {  # nominal parameters, billions
     "gpt2": 0.124, "gpt2-medium": 0.355, "gpt2-large": 0.774, "gpt2-xl": 1.5, "Qwen-1_8B": 1.8, "Qwen-7B": 7,

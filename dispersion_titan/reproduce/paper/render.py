@@ -42,5 +42,7 @@ def render(plan: Plan, selection: Selection = Selection("best"), reference: str 
     inputs = next(iter(numbers["inputs"].values()))
     title = f"{TITLES[plan.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
     draw.save(draw.figure(entries, titles, title, paired=bool(plan.pairs)), stem)
+    draw.save(draw.last_n_figure(entries, f"{TITLES[plan.artifact]}: mean cosine of the last N layer points"),
+              f"{stem}_last_n")
     write_json(f"{stem}.json", numbers)
-    return [f"{stem}.{ext}" for ext in ("png", "pdf", "json")]
+    return [f"{stem}.{ext}" for ext in ("png", "pdf", "json")] + [f"{stem}_last_n.{ext}" for ext in ("png", "pdf")]
