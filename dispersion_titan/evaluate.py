@@ -2,7 +2,8 @@
 
     python -m dispersion_titan.evaluate RUN [--protocol gpt2|qwen3] [--steps 0,5,10-20] [--tasks piqa,mmlu] ...
     python -m dispersion_titan.evaluate table RUN... [ARM=RUN1,RUN2 ...] --out DIR [--select best|last|step:N]
-        [--include-initial] [--reference ARM] [--test student|welch]
+        [--best-step auto|per-seed|averaged] [--include-initial] [--pretrained auto|none|RUN,...]
+        [--reference ARM] [--test student|welch]
 
 RUN is a run's dump folder or its checkpoint folder. Bad options fail with one line
 naming the option, file or folder (exit 2) before any model loads; checkpoints that
@@ -18,7 +19,14 @@ import sys
 
 from dispersion_titan.components.wandb_run import recorded
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, PRESETS, PROTOCOLS, build_plan, run_protocol
+from dispersion_titan.evaluation.protocol import (
+    AUTHORS_BATCH_SIZE,
+    BEST_STEP,
+    PRESETS,
+    PROTOCOLS,
+    build_plan,
+    run_protocol,
+)
 from dispersion_titan.evaluation.wandb_scores import log_evaluation
 from dispersion_titan.utils.errors import DispersionTitanError, fail_with
 
@@ -82,13 +90,27 @@ def table_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-ckpt", type=positive_int, default=5,
                    help="--select best: the authors evaluate every floor(T/K)+1 steps and at the last step T; "
                         "K (their --num_ckpt, default 5)")
-    p.add_argument("--include-initial", action="store_true",
-                   help="--select best: step 0 (the model before training) is a candidate too")
+    add_table_arguments(p)
     p.add_argument("--reference", metavar="ARM",
                    help="arm the others are tested against (default: the first arm that uses a dispersion loss)")
     p.add_argument("--test", choices=("student", "welch"), default="student",
                    help="t-test of the per-seed averages: student (equal variances, the paper's; default) or welch")
     return p
+
+
+def add_table_arguments(p: argparse.ArgumentParser) -> None:
+    """The options ``evaluate table`` and ``paper table2`` share, beside --select and --num-ckpt."""
+    p.add_argument("--best-step", choices=BEST_STEP, default="auto",
+                   help="--select best: per-seed (each run its own best step, the authors' mid-training "
+                        "plot_results.py), averaged (one step per arm, best on the seed-averaged curve, their "
+                        "pre-training plot_results.py), or auto (default: averaged for from-scratch arms, per-seed "
+                        "for mid-training arms, whose runs set checkpoint.initial_load_path)")
+    p.add_argument("--include-initial", action="store_true",
+                   help="--select best: step 0 (the model before training) is a candidate too")
+    p.add_argument("--pretrained", default="auto", metavar="auto|none|RUN,...",
+                   help="the Pretrained row (the model before training) and each arm's difference from it: auto "
+                        "(default: step 0 of the first arm without a dispersion loss, when evaluated), none, or "
+                        "evaluated runs whose step 0 is that model (e.g. the base hub model imported)")
 
 
 def run_evaluate(argv: list[str]) -> int:
@@ -123,7 +145,8 @@ def run_table(argv: list[str]) -> int:
     a = table_parser().parse_args(argv)
     from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
 
-    print(table(a.runs, a.out, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test))
+    print(table(a.runs, a.out, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference, a.test,
+                a.pretrained))
     print(f"written: {a.out}/table.md, table.csv, table.png")
     return 0
 

@@ -19,7 +19,7 @@ import sys
 from dispersion_titan.analyze import _seq_len
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.evaluate import _selection
+from dispersion_titan.evaluate import _selection, add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
@@ -72,7 +72,7 @@ def paper_parser() -> OneLineErrorParser:
                        help="checkpoint per run: best (default), last or step:N")
     table.add_argument("--num-ckpt", type=positive_int, default=5,
                        help="--select best: the authors' evaluation cadence, every floor(T/K)+1 steps (default 5)")
-    table.add_argument("--include-initial", action="store_true", help="--select best: step 0 is a candidate too")
+    add_table_arguments(table)
     table.add_argument("--reference", metavar="ARM",
                        help="arm the others are tested against (default: the arm with a dispersion loss)")
     table.add_argument("--test", choices=("student", "welch"), default="student",
@@ -144,7 +144,8 @@ def run_paper(argv: list[str]) -> int:
         planning.check_hub(plan)
         planning.check_devices(plan, options, torch.cuda.is_available())
         _run_locally(plan, a.artifact)
-    written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test)
+    written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference,
+                            a.test, a.pretrained)
     print("written: " + ", ".join(written))
     return 0
 

@@ -413,17 +413,18 @@ FABRICATED = {
 }
 
 
-@pytest.fixture
-def fabricated(tmp_path) -> dict[str, Path]:
-    """Four evaluated runs (2 configurations × 2 seeds) as ``evaluate`` leaves them."""
+def fabricate(root: Path, from_scratch: bool = False) -> dict[str, Path]:
+    """Four evaluated runs (2 configurations × 2 seeds) as ``evaluate`` leaves them; mid-training
+    runs (``checkpoint.initial_load_path`` set) unless ``from_scratch``."""
     runs = {}
+    settings = {} if from_scratch else {"settings": {"checkpoint.initial_load_path": "./assets/hf/gpt2"}}
     for name, (variant, coeff, seed, by_step) in FABRICATED.items():
-        dump = tmp_path / name
+        dump = root / name
         dump.mkdir()
         (dump / "run.json").write_text(json.dumps({
             "model_name": "gpt2", "model_args": {"dim": 64, "n_layers": 4, "mlp_hidden_dim": 0},
             "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0}, "seed": seed,
-            "training_steps": TRAINING_STEPS}))
+            "training_steps": TRAINING_STEPS, **settings}))
         for step, (a, b, ppl) in by_step.items():
             result = {"results": {"t_a": {"acc,none": a}, "t_b": {"acc,none": b, "acc_norm,none": 0.9},
                                   "t_ppl": {"word_perplexity,none": ppl, "byte_perplexity,none": 2.0}},
@@ -432,6 +433,11 @@ def fabricated(tmp_path) -> dict[str, Path]:
             (dump / "evaluation" / f"step-{step}" / "results.json").write_text(json.dumps(result))
         runs[name] = dump
     return runs
+
+
+@pytest.fixture
+def fabricated(tmp_path) -> dict[str, Path]:
+    return fabricate(tmp_path)
 
 
 def authors_best(name: str, include_initial: bool = False) -> int:
@@ -449,6 +455,20 @@ def authors_best(name: str, include_initial: bool = False) -> int:
         if step in by_step and sum(by_step[step][:2]) / 2 > best_score:
             best, best_score = step, sum(by_step[step][:2]) / 2
     return best
+
+
+def authors_averaged_best(names: list[str]) -> int:
+    """The authors' from-scratch choice (pretrain_toy_gpt2_change_ffn/plot_results.py): each metric
+    averaged over the seeds that evaluated a step (aggregate_metrics_across_seeds), the mean over the
+    accuracy metrics per step, the first step of the highest (compute_best_steps' nanargmax)."""
+    every = TRAINING_STEPS // 5 + 1
+    evaluated = sorted({*range(every, TRAINING_STEPS + 1, every), TRAINING_STEPS})
+    steps = [step for step in evaluated if any(step in FABRICATED[n][3] for n in names)]
+    scores = []
+    for step in steps:
+        per_metric = [sum(FABRICATED[n][3][step][m] for n in names) / len(names) for m in (0, 1)]
+        scores.append(sum(per_metric) / 2)
+    return steps[scores.index(max(scores))]
 
 
 def averages(steps: dict[str, int], names: list[str]) -> list[float]:
@@ -469,7 +489,7 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert code == 0
     rows = read_csv(out / "table.csv")
     base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"  # the settings that differ
-    assert list(rows) == [base, disp]
+    assert list(rows) == ["Pretrained", base, disp]  # step 0 of the arm without a dispersion loss heads the table
     best = {name: authors_best(name) for name in FABRICATED}
     assert best == {"base_s1": 3, "base_s2": 10, "disp_s1": 10, "disp_s2": 3}  # steps 5 and 0 score higher, unseen
     assert rows[base]["steps"] == "3;10" and rows[disp]["steps"] == "10;3"
@@ -485,10 +505,23 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert float(rows[disp]["average_mean"]) == pytest.approx(sum(disp_avg) / 2)
     assert float(rows[disp]["t_ppl/word_perplexity_mean"]) == pytest.approx((430.0 + 470.0) / 2)
     assert (float(rows[disp]["avg_rank"]), float(rows[base]["avg_rank"])) == (1.0, 2.0)  # perplexity not ranked
+    pretrained = [FABRICATED[n][3][0] for n in BASE_RUNS]  # (t_a, t_b, t_ppl) at step 0
+    assert rows["Pretrained"]["steps"] == "0;0" and rows["Pretrained"]["p_value"] == ""
+    assert float(rows["Pretrained"]["t_a/acc_mean"]) == pytest.approx((0.30 + 0.31) / 2)
+    assert float(rows["Pretrained"]["average_mean"]) == pytest.approx((0.35 + 0.36) / 2)
+    for arm, names in ((base, BASE_RUNS), (disp, DISP_RUNS)):  # each arm's difference from the Pretrained row
+        for index, column in enumerate(("t_a/acc", "t_b/acc", "t_ppl/word_perplexity")):
+            chosen = [FABRICATED[n][3][best[n]][index] for n in names]
+            assert float(rows[arm][f"{column}_diff"]) == pytest.approx(
+                sum(chosen) / 2 - sum(p[index] for p in pretrained) / 2)
+        assert float(rows[arm]["average_diff"]) == pytest.approx(
+            sum(averages(best, names)) / 2 - sum(sum(p[:2]) / 2 for p in pretrained) / 2)
+    assert float(rows[disp]["average_diff"]) == pytest.approx(0.47 - 0.355)  # by hand
     table_md = (out / "table.md").read_text()
     assert table_md == stdout.split("written:")[0].rstrip("\n") + "\n"
     assert f"| {disp} | 2 | 0.4250 ± 0.0212 |" in table_md and f"p vs {disp}" in table_md
     assert "Student's t-test" in table_md
+    assert "Difference from Pretrained" in table_md and f"| {disp} | +0.1200 | +0.1100 | -440.00 | +0.1150 |" in table_md
     png = (out / "table.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10000
 
@@ -509,15 +542,50 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     rows = read_csv(tmp_path / "last" / "table.csv")
     last = {name: 10 for name in FABRICATED}
     p = stats.ttest_ind(averages(last, BASE_RUNS), averages(last, DISP_RUNS), equal_var=True).pvalue
-    assert code == 0 and list(rows) == ["B", "D"] and rows["B"]["steps"] == "10;10"
+    assert code == 0 and list(rows) == ["Pretrained", "B", "D"] and rows["B"]["steps"] == "10;10"
     assert float(rows["B"]["p_value"]) == pytest.approx(p, rel=1e-5) and rows["D"]["p_value"] == ""
     code, _, _ = evaluate("table", *fabricated.values(), "--select", "step:5", "--out", tmp_path / "s5", capsys=capsys)
-    assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"5;5"}
+    assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"0;0", "5;5"}
     # Named and grouped arms mixed keep the command line's order; one group is named by its variant.
     code, _, _ = evaluate("table", f"D={fabricated['disp_s1']},{fabricated['disp_s2']}", fabricated["base_s1"],
                           fabricated["base_s2"], "--out", tmp_path / "mixed", capsys=capsys)
     rows = read_csv(tmp_path / "mixed" / "table.csv")
-    assert code == 0 and list(rows) == ["D", "none"] and rows["none"]["reference"] == "D"
+    assert code == 0 and list(rows) == ["Pretrained", "D", "none"] and rows["none"]["reference"] == "D"
+
+
+def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_path, capsys):
+    """From-scratch runs (no checkpoint.initial_load_path): one step per arm, best on the seed-averaged
+    curve, as the authors' pre-training plot_results.py; --best-step per-seed chooses per seed; the
+    Pretrained row from named runs, or none."""
+    runs = fabricate(tmp_path, from_scratch=True)
+    code, _, err = evaluate("table", *runs.values(), "--out", tmp_path / "avg", capsys=capsys)
+    assert code == 0, err
+    rows = read_csv(tmp_path / "avg" / "table.csv")
+    base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"
+    assert (authors_averaged_best(BASE_RUNS), authors_averaged_best(DISP_RUNS)) == (10, 3)  # by hand: .4025, .4625
+    assert rows[base]["steps"] == "10;10" and rows[disp]["steps"] == "3;3"
+    averaged = {**dict.fromkeys(BASE_RUNS, 10), **dict.fromkeys(DISP_RUNS, 3)}
+    assert float(rows[disp]["average_mean"]) == pytest.approx(sum(averages(averaged, DISP_RUNS)) / 2)
+    p = stats.ttest_ind(averages(averaged, BASE_RUNS), averages(averaged, DISP_RUNS), equal_var=True).pvalue
+    assert float(rows[base]["p_value"]) == pytest.approx(p, rel=1e-5)
+    code, _, _ = evaluate("table", *runs.values(), "--best-step", "per-seed", "--pretrained", "none",
+                          "--out", tmp_path / "per_seed", capsys=capsys)
+    rows = read_csv(tmp_path / "per_seed" / "table.csv")
+    assert code == 0 and list(rows) == [base, disp] and rows[disp]["average_diff"] == ""
+    assert rows[base]["steps"] == "3;10" and rows[disp]["steps"] == "10;3"  # authors_best, per seed
+    code, _, _ = evaluate("table", f"D={runs['disp_s1']},{runs['disp_s2']}", "--pretrained", str(runs["disp_s2"]),
+                          "--out", tmp_path / "named", capsys=capsys)
+    rows = read_csv(tmp_path / "named" / "table.csv")
+    assert code == 0 and rows["Pretrained"]["runs"] == str(runs["disp_s2"])
+    assert rows["D"]["steps"] == "3;3" and float(rows["D"]["t_a/acc_diff"]) == pytest.approx((0.40 + 0.44) / 2 - 0.50)
+    shutil.rmtree(runs["disp_s1"] / "evaluation" / "step-3")
+    assert_one_line_error(*evaluate("table", *runs.values(), "--out", tmp_path / "bad", capsys=capsys)[::2],
+                          f"{runs['disp_s1']} has no evaluation of step", "seed-averaged curve", "--best-step per-seed")
+    shutil.rmtree(runs["disp_s1"] / "evaluation" / "step-0")
+    assert_one_line_error(*evaluate("table", *runs.values(), "--pretrained", str(runs["disp_s1"]), "--best-step",
+                                    "per-seed", "--out", tmp_path / "bad", capsys=capsys)[::2],
+                          f"--pretrained: {runs['disp_s1']} has no evaluation of step 0 (have [5, 10])")
+    assert not (tmp_path / "bad").exists()
 
 
 def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):

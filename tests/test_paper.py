@@ -287,9 +287,11 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"), 1)}
     code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
                          "--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4",
-                         "--num-fewshot", "0", "--device", "cpu", "--out", tmp_path / "t2", capsys=capsys)
+                         "--num-fewshot", "0", "--device", "cpu", "--best-step", "per-seed", "--out", tmp_path / "t2",
+                         capsys=capsys)  # each run evaluated one step of its own: per seed
     assert code == 0, err
     table = json.loads((tmp_path / "t2" / "table2.json").read_text())
+    assert table["pretrained"] is None  # no run evaluated step 0
     averages = {}
     for arm in table["arms"]:
         scores = []
@@ -310,7 +312,8 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     assert (other["p_value"] is None and np.isnan(p)) or other["p_value"] == pytest.approx(p, rel=1e-5)
     code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
                          "--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4", "--num-fewshot", "0",
-                         "--device", "cpu", "--test", "welch", "--reference", "base", "--out", tmp_path / "t2w",
+                         "--device", "cpu", "--test", "welch", "--reference", "base", "--best-step", "per-seed",
+                         "--out", tmp_path / "t2w",
                          capsys=capsys)  # the evaluations are reused; only the table is made again
     welch = json.loads((tmp_path / "t2w" / "table2.json").read_text())
     assert code == 0 and welch["test"] == "welch" and welch["reference"] == "base"

@@ -58,6 +58,11 @@ def run_protocol(model_name: str) -> tuple[str, str | None]:
     return DEFAULT_PROTOCOL, (f"note: the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
                               f"(--protocol {' or '.join(PROTOCOLS)} chooses)")
 
+BEST_STEP = ("auto", "per-seed", "averaged")
+"""``evaluate table --best-step``: ``auto`` (the default) chooses the best step per seed for
+mid-training arms and on the seed-averaged curve for from-scratch arms (the authors' two
+``plot_results.py``, mid-training and pre-training)."""
+
 # A task's score: lm-eval's `acc` where it has one, else its word perplexity.
 ACCURACY = "acc"
 WORD_PERPLEXITY = "word_perplexity"
