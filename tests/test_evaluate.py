@@ -562,6 +562,8 @@ def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_pat
     assert code == 0, err
     rows = read_csv(tmp_path / "avg" / "table.csv")
     base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"
+    assert list(rows) == [base, disp]  # step 0 of a from-scratch run is no pretrained model
+    assert "No Pretrained row: variant=none, coeff=0.0 trains from scratch" in (tmp_path / "avg" / "table.md").read_text()
     assert (authors_averaged_best(BASE_RUNS), authors_averaged_best(DISP_RUNS)) == (10, 3)  # by hand: .4025, .4625
     assert rows[base]["steps"] == "10;10" and rows[disp]["steps"] == "3;3"
     averaged = {**dict.fromkeys(BASE_RUNS, 10), **dict.fromkeys(DISP_RUNS, 3)}

@@ -274,23 +274,26 @@ def default_reference(by_arm: dict[str, list[RunScores]]) -> str:
 def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[list[RunScores], str]:
     """The "Pretrained" row's runs at step 0 and a line saying what they are. ``spec``: ``auto``
     (step 0 of the first arm without a dispersion loss, as the authors' baseline run evaluated at
-    its beginning; no row when none of its runs evaluated step 0), ``none``, or ``RUN,RUN``
+    its beginning; no row when it trains from scratch or none of its runs evaluated step 0),
+    ``none``, or ``RUN,RUN``
     (evaluated runs whose step 0 is the model before training, e.g. the base hub model imported)."""
     if spec == "none":
         return [], "No Pretrained row (--pretrained none)."
     if spec == "auto":
         arm = next((arm for arm, runs in found.items() if not _uses_dispersion(runs[0].dump)), None)
+        if arm is not None and from_scratch(found[arm][0].dump):
+            return [], f"No Pretrained row: {arm} trains from scratch (--pretrained RUN names a model before training)."
         runs = [run for run in found[arm] if 0 in run.results] if arm is not None else []
         if not runs:
             where = f"the runs of {arm} have no evaluation of step 0" if arm else "every arm uses a dispersion loss"
             return [], (f"No Pretrained row: {where} (evaluate --steps 0 adds it, or --pretrained RUN names the "
                         "model before training).")
-        return [run.scores(0) for run in runs], f"Pretrained: step 0 (the model before training) of {arm}'s runs."
+        return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 (before mid-training) of {arm}'s runs."
     runs = [evaluated(run) for run in spec.split(",")]
     for run in runs:
         if 0 not in run.results:
             raise EvaluationError(f"--pretrained: {run.run} has no evaluation of step 0 (have {sorted(run.results)})")
-    return [run.scores(0) for run in runs], f"Pretrained: step 0 of {', '.join(run.run for run in runs)}."
+    return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 of {', '.join(run.run for run in runs)}."
 
 
 def _summary(name: str, runs: list[RunScores], columns: list[str]) -> dict:
