@@ -318,6 +318,11 @@ def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer
     assert result.spearman == pytest.approx(stats.spearmanr(range(4), hidden_states).statistic, abs=1e-9)
     assert result.kendall == pytest.approx(stats.kendalltau(range(4), hidden_states).statistic, abs=1e-9)
 
+    code, _, err = analyze("family", str(out), "--out", tmp_path / "family-paper", "--protocol", "paper", capsys=capsys)
+    with open(tmp_path / "family-paper" / "family.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert code == 0 and int(row["layers"]) == 4  # the last-n of the family table: over the n + 1 points too
+    assert float(row["mean_cos_last_3"]) == pytest.approx(np.mean(hidden_states[-3:]), abs=1e-5)
     other = tmp_path / "default"
     assert analyze(f"hf:{folder}", *options(texts), "--out", other, capsys=capsys)[0] == 0
     assert_one_line_error(*analyze("family", str(out), str(other), "--out", tmp_path / "family", "--protocol", "paper",

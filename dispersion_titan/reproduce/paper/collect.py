@@ -20,7 +20,7 @@ from ...analysis.condensation_schema import Condensation, LayerCondensation
 from ...analysis.inputs import differences
 from ...analysis.result_files import read_analyses
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
-from ...analysis.statistics import depth_points, rank_trend
+from ...analysis.statistics import point_layers, rank_trend
 from .plan import HF, MissingInput, Model, Plan
 
 _TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
@@ -35,8 +35,7 @@ class Entry:
     @property
     def layers(self) -> list[LayerCondensation]:
         """The layers on the depth axis (the analysis' ``layer_points``)."""
-        names = [layer.name for layer in self.result.layers]
-        return [self.result.layers[i] for i in depth_points(names, self.result.inputs.get("layer_points", "all"))]
+        return point_layers(self.result)
 
     @property
     def curve(self) -> list[float]:
