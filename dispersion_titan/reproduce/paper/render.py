@@ -40,7 +40,9 @@ def render(plan: Plan, selection: Selection = Selection("best"), reference: str 
     numbers = collect.numbers(plan, entries)
     titles = {row["row"]: _row_title(row) for row in numbers["rows"]}
     inputs = next(iter(numbers["inputs"].values()))
-    title = f"{TITLES[plan.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
+    points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[
+        inputs.get("layer_points", "all")]
+    title = f"{TITLES[plan.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
     draw.save(draw.figure(entries, titles, title, paired=bool(plan.pairs)), stem)
     draw.save(draw.last_n_figure(entries, f"{TITLES[plan.artifact]}: mean cosine of the last N layer points"),
               f"{stem}_last_n")
