@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -271,6 +272,13 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     wiki, imdb = (line for line in out.splitlines() if "dispersion_titan.analyze" in line)
     assert f"--dataset-path {zoo['wikitext']}" in wiki and "--texts" not in wiki and "--dataset " not in wiki
     assert f"--texts {zoo['texts']}" in imdb and "--dataset-path" not in imdb and "--protocol paper" in imdb
+    code, out, _ = paper("fig2", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
+    gpus = {line.split("analyze.sbatch ")[1].split()[0]: re.findall(r"--gpus=(\d+)", line) for line in out.splitlines()
+            if "analyze.sbatch" in line}
+    assert gpus["hf:Qwen/Qwen2.5-14B"] == [] and gpus["hf:Qwen/Qwen3-32B"] == ["2"]  # fp32 with 20% headroom
+    assert gpus["hf:Qwen/Qwen2.5-72B"] == ["5"]  # ceil(72 * 4 * 1.2 / 80)
+    code, out, _ = paper("fig2", "--slurm", "--dry-run", "--dtype", "bf16", "--out", tmp_path, capsys=capsys)
+    assert "--gpus=3" in next(line for line in out.splitlines() if "hf:Qwen/Qwen2.5-72B" in line)  # bf16: half
     assert_one_line_error(*paper("fig2", "--protocol", "qwen3", "--dry-run", capsys=capsys)[::2],
                           "--protocol: 'qwen3'", "paper (the default) or default")
     assert_one_line_error(*paper("table2", "--models", "x", "--trust-remote-code", capsys=capsys)[::2],

@@ -7,6 +7,7 @@ use the count measured by ``analyze``. GPU-hours are estimates, never measuremen
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GPT2_HUB_IDS = ("openai-community/gpt2", "openai-community/gpt2-medium", "openai-community/gpt2-large",
@@ -56,8 +57,13 @@ SIZES_B = {  # nominal parameters, billions
     "DeepSeek-R1-Distill-Qwen-32B": 32, "Olmo-3-1025-7B": 7,
 }
 GPU_MEMORY_GB = 80
-SINGLE_GPU_B = 35
-"""Above this many billion parameters a bf16 model needs more than one 80 GB GPU (--device-map auto)."""
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+def gpus_needed(billions: float, dtype: str = "fp32") -> int:
+    """80 GB GPUs that hold the weights in ``dtype`` with 20% headroom (fp32, the artifacts' default:
+    one up to ~16B parameters; several, with --device-map auto, above)."""
+    return max(1, math.ceil(billions * DTYPE_BYTES[dtype] * 1.2 / GPU_MEMORY_GB))
 
 
 def size_b(model: str) -> float:
@@ -65,8 +71,8 @@ def size_b(model: str) -> float:
 
 
 def analysis_gpu_hours(billions: float) -> float:
-    """Estimate for one model state at K=100, S=512: loading the bf16 weights (~2 GB per
-    billion at ~1 GB/s) dominates the forward passes (2·N·51,200 FLOPs)."""
+    """Estimate for one model state at K=100, S=512: reading the checkpoint (~2 GB per billion,
+    the hub's bf16, at ~1 GB/s) dominates the forward passes (2·N·51,200 FLOPs)."""
     return 0.02 + billions * 2 / 3600
 
 
@@ -77,8 +83,8 @@ def _models_line(models: tuple[str, ...]) -> str:
 def _hours(models: tuple[str, ...], states: int = 1) -> str:
     hours = sum(analysis_gpu_hours(size_b(m)) for m in models) * states
     biggest = max(size_b(m) for m in models)
-    gpus = (f"largest {biggest:g}B: bf16 on several GPUs (--device-map auto)" if biggest > SINGLE_GPU_B
-            else f"largest {biggest:g}B: one 80 GB GPU")
+    gpus = (f"largest {biggest:g}B: {gpus_needed(biggest)} GPUs in fp32 (--device-map auto; --dtype bf16 halves "
+            "the memory)" if gpus_needed(biggest) > 1 else f"largest {biggest:g}B: one 80 GB GPU in fp32")
     return f"~{hours:.1f} GPU-hours (estimate, not measured; {gpus}; plus downloading the weights)"
 
 
