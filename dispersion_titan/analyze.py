@@ -51,9 +51,9 @@ def analyze_parser() -> argparse.ArgumentParser:
                    help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
                         "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="default",
-                   help="paper: the authors' inputs: 100 wikitext-103-v1 train texts of >= 1024 words, the first "
-                        "512 tokens of each with the tokenizer's default special tokens, and "
-                        "--layer-points hidden_states (default: default)")
+                   help="paper: the authors' inputs: 100 texts of >= 1024 words, each consecutive rows of "
+                        "wikitext-103-v1 train (or of --texts FILE) concatenated, the first 512 tokens of each with "
+                        "the tokenizer's default special tokens, and --layer-points hidden_states (default: default)")
     p.add_argument("--layer-points", choices=LAYER_POINTS,
                    help="layers of the Spearman/Kendall depth trend: all (n+2, the default) or hidden_states "
                         "(transformers' n+1, the default with --protocol paper)")
@@ -69,6 +69,9 @@ def analyze_parser() -> argparse.ArgumentParser:
     add_device_arguments(p, dtype_default=None,
                          dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)")
     p.add_argument("--device-map", choices=("auto",), help="hf: spread the model over all visible GPUs (accelerate)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="hf: run the modelling code a model ships (the original Qwen's), as transformers' "
+                        "trust_remote_code; without it such a model is refused in one line")
     p.add_argument("--force", action="store_true", help="recompute steps already analyzed")
     p.add_argument("--wandb", action="store_true",
                    help="also log the results to the run's W&B run (trained with [metrics] enable_wandb)")
@@ -118,9 +121,9 @@ def run_analyze(argv: list[str]) -> int:
     if a.dataset_path and a.texts:
         fail("--dataset-path: not used with --texts")
     paper = a.protocol == "paper"
-    if paper and (a.texts or a.dataset):
-        fail(f"--{'texts' if a.texts else 'dataset'}: not used with --protocol paper, which reads wikitext-103-v1 "
-             "(a local copy with --dataset-path)")
+    if paper and a.dataset:
+        fail("--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
+             "--dataset-path) or the rows of --texts FILE")
     sequences = inputs.InputOptions(
         dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
         dataset_path=a.dataset_path, texts=a.texts,
@@ -129,13 +132,14 @@ def run_analyze(argv: list[str]) -> int:
     )
     options = runner.AnalyzeOptions(target=a.run, steps=a.steps, inputs=sequences, seq_len_given=a.seq_len is not None,
                              batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,
-                             force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map)
+                             force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map,
+                             trust_remote_code=a.trust_remote_code)
     if a.run.startswith(hf_model.PREFIX):
         if a.wandb:
             fail("--wandb: only for runs (trained with [metrics] enable_wandb)")
         return 1 if hf_revisions.HFAnalysis(options).analyze() else 0
-    if a.device_map:
-        fail("--device-map: only for hf: models")
+    if a.device_map or a.trust_remote_code:
+        fail(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
     analysis = runner.RunAnalysis(options)
     if a.wandb:
         recorded(analysis.dump)  # before the analysis: a run without one fails now, in one line

@@ -2,7 +2,8 @@
 
     python -m dispersion_titan.evaluate RUN [--protocol gpt2|qwen3] [--steps 0,5,10-20] [--tasks piqa,mmlu] ...
     python -m dispersion_titan.evaluate table RUN... [ARM=RUN1,RUN2 ...] --out DIR [--select best|last|step:N]
-        [--include-initial] [--reference ARM] [--test student|welch]
+        [--best-step auto|per-seed|averaged] [--include-initial] [--pretrained auto|none|RUN,...]
+        [--reference ARM] [--test student|welch]
 
 RUN is a run's dump folder or its checkpoint folder. Bad options fail with one line
 naming the option, file or folder (exit 2) before any model loads; checkpoints that
@@ -12,12 +13,20 @@ cannot be read are reported and skipped, and the exit status is then 1.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
 from dispersion_titan.components.wandb_run import recorded
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.evaluation.protocol import DEFAULT_PROTOCOL, PRESETS, PROTOCOLS, build_plan
+from dispersion_titan.evaluation.protocol import (
+    AUTHORS_BATCH_SIZE,
+    BEST_STEP,
+    PRESETS,
+    PROTOCOLS,
+    build_plan,
+    run_protocol,
+)
 from dispersion_titan.evaluation.wandb_scores import log_evaluation
 from dispersion_titan.utils.errors import DispersionTitanError, fail_with
 
@@ -40,12 +49,14 @@ def _selection(text: str) -> str:
 
 def evaluate_parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.evaluate",
-                description="lm-eval scores of a run's checkpoints (default: the authors' GPT-2 protocol).",
+                description="lm-eval scores of a run's checkpoints (default: the authors' protocol for the run's "
+                            "model family).",
                 epilog="The paper's Table 2 over runs: python -m dispersion_titan.evaluate table RUN... --out DIR")
     p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
-    p.add_argument("--protocol", choices=PROTOCOLS, default=DEFAULT_PROTOCOL,
-                   help="the authors' tasks (10 accuracies, wikitext-103 perplexity), shots per task and limit: "
+    p.add_argument("--protocol", choices=PROTOCOLS,
+                   help="the authors' tasks (10 accuracies, wikitext-103 perplexity), shots per task and limit "
+                        "(default: the run's family from its run.json: qwen3 runs qwen3, others gpt2): "
                         + "; ".join(f"{name}: few-shot tasks {preset.few_shot} shot(s), the others 0, "
                                     f"{preset.limit} per task" for name, preset in PRESETS.items()))
     p.add_argument("--tasks", help="comma-separated lm-eval task or group names (default: the protocol's)")
@@ -55,8 +66,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
                    help="examples per task, or all (default: the protocol's)")
     p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=_non_negative_int, default=None,
                    help="shots for every task (default: the protocol's per task, else the task's own)")
-    p.add_argument("--batch-size", type=positive_int, default=8,
-                   help="lm-eval batch size (default 8; the authors ran 1)")
+    p.add_argument("--batch-size", type=positive_int, default=AUTHORS_BATCH_SIZE,
+                   help=f"lm-eval batch size (default {AUTHORS_BATCH_SIZE}, the authors'; larger batches pad, "
+                        "which moves log-likelihoods in their last digits)")
     p.add_argument("--out", help="output folder (default: RUN/evaluation)")
     add_device_arguments(p)
     p.add_argument("--force", action="store_true", help="recompute steps already evaluated")
@@ -78,8 +90,7 @@ def table_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-ckpt", type=positive_int, default=5,
                    help="--select best: the authors evaluate every floor(T/K)+1 steps and at the last step T; "
                         "K (their --num_ckpt, default 5)")
-    p.add_argument("--include-initial", action="store_true",
-                   help="--select best: step 0 (the model before training) is a candidate too")
+    add_table_arguments(p)
     p.add_argument("--reference", metavar="ARM",
                    help="arm the others are tested against (default: the first arm that uses a dispersion loss)")
     p.add_argument("--test", choices=("student", "welch"), default="student",
@@ -87,11 +98,27 @@ def table_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_table_arguments(p: argparse.ArgumentParser) -> None:
+    """The options ``evaluate table`` and ``paper table2`` share, beside --select and --num-ckpt."""
+    p.add_argument("--best-step", choices=BEST_STEP, default="auto",
+                   help="--select best: per-seed (each run its own best step, the authors' mid-training "
+                        "plot_results.py), averaged (one step per arm, best on the seed-averaged curve, their "
+                        "pre-training plot_results.py), or auto (default: averaged for from-scratch arms, per-seed "
+                        "for mid-training arms, whose runs set checkpoint.initial_load_path)")
+    p.add_argument("--include-initial", action="store_true",
+                   help="--select best: step 0 (the model before training) is a candidate too")
+    p.add_argument("--pretrained", default="auto", metavar="auto|none|RUN,...",
+                   help="the Pretrained row (the model before training) and each arm's difference from it: auto "
+                        "(default: step 0 of the first arm without a dispersion loss, when evaluated), none, or "
+                        "evaluated runs whose step 0 is that model (e.g. the base hub model imported)")
+
+
 def run_evaluate(argv: list[str]) -> int:
     a = evaluate_parser().parse_args(argv)
     from dispersion_titan.evaluation.runner import EvaluateOptions, RunEvaluation  # torch: after --help
 
-    options = EvaluateOptions(run=a.run, steps=a.steps, plan=build_plan(a.tasks, a.num_fewshot, a.limit, a.protocol),
+    protocol = a.protocol or _protocol_of(a.run)
+    options = EvaluateOptions(run=a.run, steps=a.steps, plan=build_plan(a.tasks, a.num_fewshot, a.limit, protocol),
                               include_path=a.include_path, batch_size=a.batch_size, out=a.out,
                               device=a.device, dtype=a.dtype, force=a.force)
     evaluation = RunEvaluation(options)
@@ -103,11 +130,23 @@ def run_evaluate(argv: list[str]) -> int:
     return 1 if failed else 0
 
 
+def _protocol_of(run: str) -> str:
+    """The authors' protocol for the run's model family (``run.json``), a note where they had none."""
+    from dispersion_titan.run_folder.checkpoints import find_checkpoint_folder, load_run_metadata  # torch: after --help
+
+    dump = os.path.dirname(os.path.abspath(find_checkpoint_folder(run)))
+    protocol, note = run_protocol(load_run_metadata(dump).get("model_name", "gpt2"))
+    if note:
+        print(note, file=sys.stderr)
+    return protocol
+
+
 def run_table(argv: list[str]) -> int:
     a = table_parser().parse_args(argv)
     from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
 
-    print(table(a.runs, a.out, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test))
+    print(table(a.runs, a.out, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference, a.test,
+                a.pretrained))
     print(f"written: {a.out}/table.md, table.csv, table.png")
     return 0
 

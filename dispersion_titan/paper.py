@@ -19,7 +19,7 @@ import sys
 from dispersion_titan.analyze import _seq_len
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.evaluate import _selection
+from dispersion_titan.evaluate import _selection, add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
@@ -54,10 +54,15 @@ def paper_parser() -> OneLineErrorParser:
     analysis.add_argument("--num-sequences", type=positive_int, help="K sequences (analyze's default 100)")
     analysis.add_argument("--seq-len", type=_seq_len, help="S tokens per sequence (analyze's default 512)")
     analysis.add_argument("--seed", type=int, help="seed of the sequence choice")
-    analysis.add_argument("--protocol", help="analyze's (or, for table2, evaluate's) --protocol")
+    analysis.add_argument("--protocol",
+                          help="analyze's --protocol: paper (the default: the authors' wikitext-103 texts, or the rows "
+                               "of --texts, and transformers' n+1 hidden_states points) or default; for table2 "
+                               "evaluate's (default: each run's family)")
     analysis.add_argument("--batch-size", type=positive_int, help="sequences (or examples) per forward pass")
-    add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (analyze's default)")
+    add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (default fp32, as the authors ran)")
     analysis.add_argument("--device-map", choices=("auto",), help="hf: spread a model over all visible GPUs")
+    analysis.add_argument("--trust-remote-code", action="store_true",
+                          help="run the code the --models ship (the paper's Qwen-1 models get it without asking)")
     table = p.add_argument_group("table2")
     table.add_argument("--tasks", help="evaluate's --tasks")
     table.add_argument("--include-path", help="evaluate's --include-path")
@@ -67,7 +72,7 @@ def paper_parser() -> OneLineErrorParser:
                        help="checkpoint per run: best (default), last or step:N")
     table.add_argument("--num-ckpt", type=positive_int, default=5,
                        help="--select best: the authors' evaluation cadence, every floor(T/K)+1 steps (default 5)")
-    table.add_argument("--include-initial", action="store_true", help="--select best: step 0 is a candidate too")
+    add_table_arguments(table)
     table.add_argument("--reference", metavar="ARM",
                        help="arm the others are tested against (default: the arm with a dispersion loss)")
     table.add_argument("--test", choices=("student", "welch"), default="student",
@@ -139,7 +144,8 @@ def run_paper(argv: list[str]) -> int:
         planning.check_hub(plan)
         planning.check_devices(plan, options, torch.cuda.is_available())
         _run_locally(plan, a.artifact)
-    written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial), a.reference, a.test)
+    written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference,
+                            a.test, a.pretrained)
     print("written: " + ", ".join(written))
     return 0
 

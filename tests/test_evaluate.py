@@ -18,12 +18,14 @@ import pytest
 from scipy import stats
 
 from dispersion_titan.evaluate import main as evaluate_main
-from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan
+from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan, run_protocol
 from dispersion_titan.evaluation.runner import lm_eval_seeds
+from dispersion_titan.models.qwen3 import Qwen3Args
 
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.runs import tiny_run
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
 LIMIT = 12
@@ -68,6 +70,7 @@ def unknown_task(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
     The run folder is a stand-in (an empty step folder): the check comes before any load."""
     dump = tmp_path_factory.mktemp("unknown_task") / "run"
     (dump / "checkpoint" / "step-0").mkdir(parents=True)
+    (dump / "run.json").write_text(json.dumps({"model_name": "gpt2", "model_args": {}}))  # its protocol: gpt2
     tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
     proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(dump), "--include-path", str(TASKS),
                              "--tasks", tasks], cwd=REPO, env=launch_env(OFFLINE), stdout=subprocess.PIPE,
@@ -174,16 +177,21 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     assert float(rows[1]["mean_acc"]) == float(rows[1]["wiki_next_word/acc"])
 
 
+def named_tasks(folder: Path) -> Path:
+    """The local wiki_next_word task under the names of an authors' few-shot and zero-shot task."""
+    folder.mkdir()
+    for name in ("arc_easy", "piqa"):
+        (folder / f"{name}.yaml").write_text((TASKS / "wiki_next_word.yaml").read_text().replace(
+            "task: wiki_next_word", f"task: {name}").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
+            "test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}"))
+    return folder
+
+
 def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
     """Two local tasks under the names of an authors' few-shot and zero-shot task: lm-eval's
     own record (n-shot, each task's config) shows the preset's shots; explicit options win
     (--num-fewshot: the ``evaluated`` fixture)."""
-    named = tmp_path / "named_tasks"
-    named.mkdir()
-    for name in ("arc_easy", "piqa"):
-        (named / f"{name}.yaml").write_text((TASKS / "wiki_next_word.yaml").read_text().replace(
-            "task: wiki_next_word", f"task: {name}").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
-            "test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}"))
+    named = named_tasks(tmp_path / "named_tasks")
     common = [run, "--include-path", named, "--tasks", "arc_easy,piqa", "--steps", "2", "--batch-size", "1",
               "--device", "cpu"]
     code, _, _ = evaluate(*common, "--protocol", "qwen3", "--limit", "4", "--out", tmp_path / "q", capsys=capsys)
@@ -194,6 +202,27 @@ def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
     assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
     assert_one_line_error(*evaluate(run, "--protocol", "paper", capsys=capsys)[::2],
                           "--protocol", "invalid choice: 'paper'", "gpt2", "qwen3")
+
+
+def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
+    """A qwen3 run evaluated without --protocol gets the authors' Qwen3 protocol (5 shots for the
+    few-shot tasks, 200 examples per task) at their batch size 1, as its results record; a
+    family the authors never evaluated gets gpt2's, with a note."""
+    args = Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, hidden_dim=64, vocab_size=50257,
+                     max_seq_len=128, enable_weight_tying=True)
+    qwen3 = tiny_run(tmp_path / "qwen3", steps=(0,), args=args)
+    code, _, err = evaluate(qwen3, "--include-path", named_tasks(tmp_path / "named"), "--tasks", "arc_easy,piqa",
+                            "--device", "cpu", capsys=capsys)
+    assert code == 0, err
+    result = read_json(qwen3 / "evaluation" / "step-0" / "results.json")
+    assert result["dispersion_titan"]["settings"] == {"protocol": "qwen3", "tasks": ["arc_easy", "piqa"],
+                                                      "num_fewshot": {"arc_easy": 5, "piqa": 0}, "limit": 200,
+                                                      "dtype": "fp32"}
+    assert result["n-shot"] == {"arc_easy": 5, "piqa": 0} and result["config"]["limit"] == 200
+    assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
+    assert run_protocol("gpt2") == ("gpt2", None) and run_protocol("qwen3") == ("qwen3", None)
+    protocol, note = run_protocol("llama3")
+    assert protocol == "gpt2" and note.startswith("note: the authors evaluated no llama3 model")
 
 
 def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path, capsys):
@@ -300,7 +329,7 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     _, err = proc.communicate(timeout=300)
     # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named.
     assert_one_line_error(proc.returncode, err, "--tasks: unknown task wiki_nxt_word (")
-    assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "step-0"]
+    assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "run.json", "step-0"]
 
     before, run_files = tree(evaluated), sorted(os.listdir(run))
     new_out = tmp_path / "new"
@@ -384,17 +413,18 @@ FABRICATED = {
 }
 
 
-@pytest.fixture
-def fabricated(tmp_path) -> dict[str, Path]:
-    """Four evaluated runs (2 configurations × 2 seeds) as ``evaluate`` leaves them."""
+def fabricate(root: Path, from_scratch: bool = False) -> dict[str, Path]:
+    """Four evaluated runs (2 configurations × 2 seeds) as ``evaluate`` leaves them; mid-training
+    runs (``checkpoint.initial_load_path`` set) unless ``from_scratch``."""
     runs = {}
+    settings = {} if from_scratch else {"settings": {"checkpoint.initial_load_path": "./assets/hf/gpt2"}}
     for name, (variant, coeff, seed, by_step) in FABRICATED.items():
-        dump = tmp_path / name
+        dump = root / name
         dump.mkdir()
         (dump / "run.json").write_text(json.dumps({
             "model_name": "gpt2", "model_args": {"dim": 64, "n_layers": 4, "mlp_hidden_dim": 0},
             "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0}, "seed": seed,
-            "training_steps": TRAINING_STEPS}))
+            "training_steps": TRAINING_STEPS, **settings}))
         for step, (a, b, ppl) in by_step.items():
             result = {"results": {"t_a": {"acc,none": a}, "t_b": {"acc,none": b, "acc_norm,none": 0.9},
                                   "t_ppl": {"word_perplexity,none": ppl, "byte_perplexity,none": 2.0}},
@@ -403,6 +433,11 @@ def fabricated(tmp_path) -> dict[str, Path]:
             (dump / "evaluation" / f"step-{step}" / "results.json").write_text(json.dumps(result))
         runs[name] = dump
     return runs
+
+
+@pytest.fixture
+def fabricated(tmp_path) -> dict[str, Path]:
+    return fabricate(tmp_path)
 
 
 def authors_best(name: str, include_initial: bool = False) -> int:
@@ -420,6 +455,20 @@ def authors_best(name: str, include_initial: bool = False) -> int:
         if step in by_step and sum(by_step[step][:2]) / 2 > best_score:
             best, best_score = step, sum(by_step[step][:2]) / 2
     return best
+
+
+def authors_averaged_best(names: list[str]) -> int:
+    """The authors' from-scratch choice (pretrain_toy_gpt2_change_ffn/plot_results.py): each metric
+    averaged over the seeds that evaluated a step (aggregate_metrics_across_seeds), the mean over the
+    accuracy metrics per step, the first step of the highest (compute_best_steps' nanargmax)."""
+    every = TRAINING_STEPS // 5 + 1
+    evaluated = sorted({*range(every, TRAINING_STEPS + 1, every), TRAINING_STEPS})
+    steps = [step for step in evaluated if any(step in FABRICATED[n][3] for n in names)]
+    scores = []
+    for step in steps:
+        per_metric = [sum(FABRICATED[n][3][step][m] for n in names) / len(names) for m in (0, 1)]
+        scores.append(sum(per_metric) / 2)
+    return steps[scores.index(max(scores))]
 
 
 def averages(steps: dict[str, int], names: list[str]) -> list[float]:
@@ -440,7 +489,7 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert code == 0
     rows = read_csv(out / "table.csv")
     base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"  # the settings that differ
-    assert list(rows) == [base, disp]
+    assert list(rows) == ["Pretrained", base, disp]  # step 0 of the arm without a dispersion loss heads the table
     best = {name: authors_best(name) for name in FABRICATED}
     assert best == {"base_s1": 3, "base_s2": 10, "disp_s1": 10, "disp_s2": 3}  # steps 5 and 0 score higher, unseen
     assert rows[base]["steps"] == "3;10" and rows[disp]["steps"] == "10;3"
@@ -456,10 +505,23 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert float(rows[disp]["average_mean"]) == pytest.approx(sum(disp_avg) / 2)
     assert float(rows[disp]["t_ppl/word_perplexity_mean"]) == pytest.approx((430.0 + 470.0) / 2)
     assert (float(rows[disp]["avg_rank"]), float(rows[base]["avg_rank"])) == (1.0, 2.0)  # perplexity not ranked
+    pretrained = [FABRICATED[n][3][0] for n in BASE_RUNS]  # (t_a, t_b, t_ppl) at step 0
+    assert rows["Pretrained"]["steps"] == "0;0" and rows["Pretrained"]["p_value"] == ""
+    assert float(rows["Pretrained"]["t_a/acc_mean"]) == pytest.approx((0.30 + 0.31) / 2)
+    assert float(rows["Pretrained"]["average_mean"]) == pytest.approx((0.35 + 0.36) / 2)
+    for arm, names in ((base, BASE_RUNS), (disp, DISP_RUNS)):  # each arm's difference from the Pretrained row
+        for index, column in enumerate(("t_a/acc", "t_b/acc", "t_ppl/word_perplexity")):
+            chosen = [FABRICATED[n][3][best[n]][index] for n in names]
+            assert float(rows[arm][f"{column}_diff"]) == pytest.approx(
+                sum(chosen) / 2 - sum(p[index] for p in pretrained) / 2)
+        assert float(rows[arm]["average_diff"]) == pytest.approx(
+            sum(averages(best, names)) / 2 - sum(sum(p[:2]) / 2 for p in pretrained) / 2)
+    assert float(rows[disp]["average_diff"]) == pytest.approx(0.47 - 0.355)  # by hand
     table_md = (out / "table.md").read_text()
     assert table_md == stdout.split("written:")[0].rstrip("\n") + "\n"
     assert f"| {disp} | 2 | 0.4250 ± 0.0212 |" in table_md and f"p vs {disp}" in table_md
     assert "Student's t-test" in table_md
+    assert "Difference from Pretrained" in table_md and f"| {disp} | +0.1200 | +0.1100 | -440.00 | +0.1150 |" in table_md
     png = (out / "table.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10000
 
@@ -480,15 +542,52 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     rows = read_csv(tmp_path / "last" / "table.csv")
     last = {name: 10 for name in FABRICATED}
     p = stats.ttest_ind(averages(last, BASE_RUNS), averages(last, DISP_RUNS), equal_var=True).pvalue
-    assert code == 0 and list(rows) == ["B", "D"] and rows["B"]["steps"] == "10;10"
+    assert code == 0 and list(rows) == ["Pretrained", "B", "D"] and rows["B"]["steps"] == "10;10"
     assert float(rows["B"]["p_value"]) == pytest.approx(p, rel=1e-5) and rows["D"]["p_value"] == ""
     code, _, _ = evaluate("table", *fabricated.values(), "--select", "step:5", "--out", tmp_path / "s5", capsys=capsys)
-    assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"5;5"}
+    assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"0;0", "5;5"}
     # Named and grouped arms mixed keep the command line's order; one group is named by its variant.
     code, _, _ = evaluate("table", f"D={fabricated['disp_s1']},{fabricated['disp_s2']}", fabricated["base_s1"],
                           fabricated["base_s2"], "--out", tmp_path / "mixed", capsys=capsys)
     rows = read_csv(tmp_path / "mixed" / "table.csv")
-    assert code == 0 and list(rows) == ["D", "none"] and rows["none"]["reference"] == "D"
+    assert code == 0 and list(rows) == ["Pretrained", "D", "none"] and rows["none"]["reference"] == "D"
+
+
+def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_path, capsys):
+    """From-scratch runs (no checkpoint.initial_load_path): one step per arm, best on the seed-averaged
+    curve, as the authors' pre-training plot_results.py; --best-step per-seed chooses per seed; the
+    Pretrained row from named runs, or none."""
+    runs = fabricate(tmp_path, from_scratch=True)
+    code, _, err = evaluate("table", *runs.values(), "--out", tmp_path / "avg", capsys=capsys)
+    assert code == 0, err
+    rows = read_csv(tmp_path / "avg" / "table.csv")
+    base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"
+    assert list(rows) == [base, disp]  # step 0 of a from-scratch run is no pretrained model
+    assert "No Pretrained row: variant=none, coeff=0.0 trains from scratch" in (tmp_path / "avg" / "table.md").read_text()
+    assert (authors_averaged_best(BASE_RUNS), authors_averaged_best(DISP_RUNS)) == (10, 3)  # by hand: .4025, .4625
+    assert rows[base]["steps"] == "10;10" and rows[disp]["steps"] == "3;3"
+    averaged = {**dict.fromkeys(BASE_RUNS, 10), **dict.fromkeys(DISP_RUNS, 3)}
+    assert float(rows[disp]["average_mean"]) == pytest.approx(sum(averages(averaged, DISP_RUNS)) / 2)
+    p = stats.ttest_ind(averages(averaged, BASE_RUNS), averages(averaged, DISP_RUNS), equal_var=True).pvalue
+    assert float(rows[base]["p_value"]) == pytest.approx(p, rel=1e-5)
+    code, _, _ = evaluate("table", *runs.values(), "--best-step", "per-seed", "--pretrained", "none",
+                          "--out", tmp_path / "per_seed", capsys=capsys)
+    rows = read_csv(tmp_path / "per_seed" / "table.csv")
+    assert code == 0 and list(rows) == [base, disp] and rows[disp]["average_diff"] == ""
+    assert rows[base]["steps"] == "3;10" and rows[disp]["steps"] == "10;3"  # authors_best, per seed
+    code, _, _ = evaluate("table", f"D={runs['disp_s1']},{runs['disp_s2']}", "--pretrained", str(runs["disp_s2"]),
+                          "--out", tmp_path / "named", capsys=capsys)
+    rows = read_csv(tmp_path / "named" / "table.csv")
+    assert code == 0 and rows["Pretrained"]["runs"] == str(runs["disp_s2"])
+    assert rows["D"]["steps"] == "3;3" and float(rows["D"]["t_a/acc_diff"]) == pytest.approx((0.40 + 0.44) / 2 - 0.50)
+    shutil.rmtree(runs["disp_s1"] / "evaluation" / "step-3")
+    assert_one_line_error(*evaluate("table", *runs.values(), "--out", tmp_path / "bad", capsys=capsys)[::2],
+                          f"{runs['disp_s1']} has no evaluation of step", "seed-averaged curve", "--best-step per-seed")
+    shutil.rmtree(runs["disp_s1"] / "evaluation" / "step-0")
+    assert_one_line_error(*evaluate("table", *runs.values(), "--pretrained", str(runs["disp_s1"]), "--best-step",
+                                    "per-seed", "--out", tmp_path / "bad", capsys=capsys)[::2],
+                          f"--pretrained: {runs['disp_s1']} has no evaluation of step 0 (have [5, 10])")
+    assert not (tmp_path / "bad").exists()
 
 
 def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -22,14 +21,15 @@ from scipy import stats
 from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.geometry import effective_rank, max_explainable_variance
 from dispersion_titan.analysis.hf_model import decoder_layers
-from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis import AnalysisError
+from dispersion_titan.analysis.inputs import InputOptions, paper_texts, select_sequences
 from dispersion_titan.analysis.measure import unit_tokens
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.utils.errors import ModelLoadError
 
 from support.cli import analyze, assert_one_line_error
 from support.condensation import independent_states, plain_mean_cos
-from support.corpora import texts_jsonl
+from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
 from support.runs import tiny_run
 
 K, S = 4, 16
@@ -285,37 +285,6 @@ def test_geometry_of_rank_one_and_orthogonal_tokens():
     assert effective_rank(batch).tolist() == pytest.approx([1.0, 4.0], abs=1e-5)
 
 
-def write_wikitext_copy(folder: Path, rows: int = 300) -> Path:
-    """A local copy in the hub's layout of wikitext-103-v1's train split: rows of 40 words, and headings."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rng = np.random.default_rng(0)
-    words = np.array("the of and in to a was is for on as with by at from his that it an were".split())
-    lines = [" = Heading {} = \n".format(i) if i % 10 == 0 else " ".join(rng.choice(words, 40)) + " .\n"
-             for i in range(rows)]
-    (folder / "wikitext-103-v1").mkdir(parents=True)
-    for part, chunk in enumerate((lines[: rows // 2], lines[rows // 2:])):
-        pq.write_table(pa.table({"text": chunk}), folder / "wikitext-103-v1" / f"train-0000{part}-of-00002.parquet")
-    return folder
-
-
-def authors_long_text(rows: list[str], seed: int) -> str:
-    """A transcription of the authors' get_random_long_text(min_word_count=1024, max_word_count=1280)
-    (LM-Dispersion, key_observations/utils/text_data.py), with nltk's word_tokenize (not installed
-    here) replaced by a count of words and punctuation marks."""
-    count = lambda text: len(re.findall(r"\w+|[^\w\s]", text))  # noqa: E731
-    rng = np.random.default_rng(seed=seed)
-    idx = rng.integers(0, int(len(rows) * 0.95)).item()
-    text = ""
-    while count(text) < 1024:
-        text += rows[idx]
-        idx += 1
-        if count(text) > 1280:
-            break
-    return text
-
-
 def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer_files, texts, tmp_path, capsys):
     """``--protocol paper``: the authors' texts from a local wikitext-103-v1 copy, the tokenizer's default
     special tokens (here a BOS its post-processor adds), and Spearman/Kendall over transformers' n + 1
@@ -349,7 +318,64 @@ def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer
     assert result.spearman == pytest.approx(stats.spearmanr(range(4), hidden_states).statistic, abs=1e-9)
     assert result.kendall == pytest.approx(stats.kendalltau(range(4), hidden_states).statistic, abs=1e-9)
 
+    code, _, err = analyze("family", str(out), "--out", tmp_path / "family-paper", "--protocol", "paper", capsys=capsys)
+    with open(tmp_path / "family-paper" / "family.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert code == 0 and int(row["layers"]) == 4  # the last-n of the family table: over the n + 1 points too
+    assert float(row["mean_cos_last_3"]) == pytest.approx(np.mean(hidden_states[-3:]), abs=1e-5)
     other = tmp_path / "default"
     assert analyze(f"hf:{folder}", *options(texts), "--out", other, capsys=capsys)[0] == 0
     assert_one_line_error(*analyze("family", str(out), str(other), "--out", tmp_path / "family", "--protocol", "paper",
                                    capsys=capsys)[::2], "--protocol paper", "was not analysed with")
+
+
+def test_a_model_with_its_own_code_needs_trust_remote_code(tokenizer_files, texts, tmp_path, capsys):
+    """A model that ships its modelling code (as the original Qwen does) is refused in one line naming
+    --trust-remote-code, and measured with it; the option is refused for our runs."""
+    folder = save_model(tmp_path / "remote", config("gpt2"), tokenizer_files)
+    plain = save_model(tmp_path / "plain", config("gpt2"), tokenizer_files)  # the same weights (seed 0)
+    (folder / "configuration_tiny.py").write_text(
+        "from transformers import GPT2Config\n\n\nclass TinyConfig(GPT2Config):\n    model_type = 'tiny_remote'\n")
+    (folder / "modeling_tiny.py").write_text(
+        "from transformers import GPT2LMHeadModel\n\nfrom .configuration_tiny import TinyConfig\n\n\n"
+        "class TinyForCausalLM(GPT2LMHeadModel):\n    config_class = TinyConfig\n")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(model_type="tiny_remote", architectures=["TinyForCausalLM"],
+               auto_map={"AutoConfig": "configuration_tiny.TinyConfig",
+                         "AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert_one_line_error(*analyze(f"hf:{folder}", *options(texts), "--out", tmp_path / "no", capsys=capsys)[::2],
+                          f"hf:{folder}: ships its own modelling code", "--trust-remote-code")
+    code, _, err = analyze(f"hf:{folder}", *options(texts), "--trust-remote-code", "--out", tmp_path / "yes",
+                           capsys=capsys)
+    assert code == 0, err
+    result = load(tmp_path / "yes")
+    encode = transformers.AutoTokenizer.from_pretrained(plain)
+    tokens = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
+                              lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"]).tokens
+    want = plain_mean_cos(independent_states(plain, "gpt2", tokens))
+    assert result.model_args["model_type"] == "tiny_remote"
+    assert np.allclose([(layer.mean_cos, layer.mean_cos_offdiag) for layer in result.layers], want, rtol=0, atol=1e-5)
+    run = tiny_run(tmp_path / "run")
+    assert_one_line_error(*analyze(run, *options(texts), "--trust-remote-code", capsys=capsys)[::2],
+                          "--trust-remote-code: only for hf: models")
+
+
+def test_protocol_paper_builds_other_corpora_from_rows_as_the_authors(tmp_path):
+    """The robustness corpora (pubmed_qa's long_answer, imdb, squad rows as a --texts jsonl) under
+    --protocol paper: text r is the rows from default_rng(r).integers(0, ⌊0.95·rows⌋) on, concatenated
+    with no separator until it has >= 1024 words; hand-countable rows of 300 words take 4 rows each."""
+    rows = [" ".join(f"r{i}w{j}" for j in range(300)) + " " for i in range(40)]
+    texts = tmp_path / "rows.jsonl"
+    texts.write_text("".join(json.dumps({"text": row}) + "\n" for row in rows))
+    starts = [int(np.random.default_rng(seed).integers(0, 38)) for seed in range(3)]
+    assert paper_texts(rows, 3) == ["".join(rows[i:i + 4]) for i in starts]
+    assert paper_texts(rows, 3) == [authors_long_text(rows, seed) for seed in range(3)]
+    words = lambda batch: [[len(t.split())] * 30 for t in batch]  # noqa: E731  (a stand-in tokenizer: counts)
+    chosen = select_sequences(InputOptions(None, None, str(texts), 3, 24, 0, protocol="paper"), words)
+    assert chosen.tokens.tolist() == [[1200] * 24] * 3  # 4 rows of 300 words each, the first 24 "tokens"
+    assert chosen.record()["protocol"] == "paper" and chosen.record()["texts"] == str(texts)
+    short = tmp_path / "short.jsonl"
+    short.write_text((json.dumps({"text": "too few words"}) + "\n") * 3)
+    with pytest.raises(AnalysisError, match="the corpus ends before text 0 has 1024 words"):
+        select_sequences(InputOptions(None, None, str(short), 1, 24, 0, protocol="paper"), words)

@@ -1,8 +1,10 @@
 """``python -m dispersion_titan.paper ARTIFACT`` end to end, offline: tiny random-init
-transformers models built here drive fig2 (three sizes of one family), fig4 (local
-revision folders), fig5 (a pair) and robustness (two local corpora); tiny runs evaluated
-on the offline lm-eval tasks drive table2. Every number in each JSON is checked against
-transformers' hidden states and scipy, computed here."""
+transformers models built here drive fig2 (three sizes of one family, at the paper's
+protocol, the default: the authors' texts from a local wikitext-103-v1 copy and transformers'
+n + 1 hidden_states), fig4 (local revision folders), fig5 (a pair) and robustness (two local
+corpora), those three at ``--protocol default``; tiny runs evaluated on the offline lm-eval
+tasks drive table2. Every number in each JSON is checked against transformers' hidden
+states and scipy, computed here."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import huggingface_hub
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 import transformers
@@ -29,12 +33,13 @@ from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 
 from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos
-from support.corpora import texts_jsonl
+from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
 from support.eval_tasks import LM_EVAL_TASKS
 from support.runs import tiny_run
 
 K, S = 4, 16
 INPUTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "4", "--device", "cpu"]
+OURS = [*INPUTS, "--protocol", "default"]  # our inputs and all n + 2 layer points
 SIZES = {"gpt2-s": (16, 2), "gpt2-m": (32, 3), "gpt2-l": (64, 4)}  # width, layers
 
 
@@ -78,6 +83,7 @@ def zoo(tmp_path_factory) -> dict[str, Path]:
     models["olmo"] = root / "olmo"
     models["distilled"] = save(root / "distilled", 16, 2, 20)
     models["texts"] = texts_jsonl(root / "texts.jsonl", documents=3, words=300)
+    models["wikitext"] = write_wikitext_copy(root / "wikitext", rows=600)
     models["news"] = texts_jsonl(root / "news.jsonl", documents=3, words=300, seed=1)
     return models
 
@@ -131,16 +137,43 @@ def test_list_names_every_artifact_with_models_and_compute(capsys):
     assert out.count("GPU-hours") >= 6 and "estimate" in out
 
 
+def paper_expected(folder: Path, wikitext: Path) -> dict:
+    """fig2's numbers of one model at the paper's protocol, computed as the authors do: their texts
+    (the first S tokens, the tokenizer's default special tokens), transformers' n + 1 hidden_states
+    in fp32, the sequence-averaged cosine matrix per point, scipy against the point index."""
+    rows = [r for f in sorted((wikitext / "wikitext-103-v1").iterdir()) for r in pq.read_table(f)["text"].to_pylist()]
+    encode = tokenizer(folder)
+    tokens = torch.tensor([encode(authors_long_text(rows, seed))["input_ids"][:S] for seed in range(K)])
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hidden = model(tokens, output_hidden_states=True).hidden_states
+    curve = [mean for mean, _ in plain_mean_cos(list(hidden))]
+    depth = list(range(len(curve)))
+    return {"mean_cos": curve, "spearman": stats.spearmanr(depth, curve), "kendall": stats.kendalltau(depth, curve),
+            "n_params": sum(p.numel() for p in model.parameters()), "last_3": float(np.mean(curve[-3:])),
+            "layers": len(model.transformer.h) + 1}
+
+
 def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
+    """The paper's protocol by default: every statistic and figure over transformers' n + 1 hidden_states."""
     models = [str(zoo[name]) for name in SIZES]
-    args = ["fig2", "--models", *models, "--texts", zoo["texts"], *INPUTS, "--out", out]
+    args = ["fig2", "--models", *models, "--dataset-path", zoo["wikitext"], *INPUTS, "--out", out]
     code, _, err = paper(*args, capsys=capsys)
     assert code == 0, err
     numbers = json.loads((out / "fig2.json").read_text())
-    wants = [expected(zoo[name], zoo["texts"]) for name in SIZES]
+    wants = [paper_expected(zoo[name], zoo["wikitext"]) for name in SIZES]
     assert [m["label"] for m in numbers["models"]] == list(SIZES)
+    assert numbers["inputs"]["gpt2"]["protocol"] == "paper"
     for got, want in zip(numbers["models"], wants, strict=True):
         assert_model(got, want)
+        assert len(got["mean_cos"]) == want["layers"] and got["layer_points"] == "hidden_states"
+        assert got["layers"][-2:] == [f"block_{want['layers'] - 2}", "final_norm"]  # the last block's own output: out
+        assert got["mean_cos_last_n"] == pytest.approx({str(n): np.mean(want["mean_cos"][-n:]) for n in range(1, 6)})
+        half = want["layers"] // 2 + 1
+        assert (got["half_n"], got["mean_cos_last_half"]) == (half, pytest.approx(np.mean(want["mean_cos"][-half:])))
+    analysed = [json.loads(p.read_text()) for p in sorted((out / "analyses").rglob("condensation.json"))]
+    assert {a["dtype"] for a in analysed} == {"fp32"}
+    assert_figure(out / "fig2_last_n")
     (row,) = numbers["rows"]
     assert row["row"] == "gpt2" and row["x"] == [w["n_params"] for w in wants]
     trend = stats.spearmanr([w["n_params"] for w in wants], [w["last_3"] for w in wants])
@@ -154,10 +187,11 @@ def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
     assert {p: p.stat().st_mtime_ns for p in results} == results
 
 
-def test_fig4_revisions_fig5_pair_and_robustness(zoo, out, capsys):
+def test_fig4_revisions_fig5_pair_and_robustness(zoo, tmp_path, capsys):
+    out = tmp_path  # not fig2's DIR: its analyses of gpt2-s were of the paper's inputs
     revisions = sorted(os.listdir(zoo["olmo"]))
     code, _, err = paper("fig4", "--models", zoo["olmo"], "--revisions", ",".join(revisions), "--texts", zoo["texts"],
-                         *INPUTS, "--out", out, capsys=capsys)
+                         *OURS, "--out", out, capsys=capsys)
     assert code == 0, err
     fig4 = json.loads((out / "fig4.json").read_text())
     assert [m["tokens_seen"] for m in fig4["models"]] == ["0B", "1B", "2B"]
@@ -166,7 +200,7 @@ def test_fig4_revisions_fig5_pair_and_robustness(zoo, out, capsys):
         assert_model(got, expected(zoo["olmo"] / revision, zoo["texts"]))
     assert_figure(out / "fig4")
 
-    code, _, err = paper("fig5", "--models", zoo["gpt2-s"], zoo["distilled"], "--texts", zoo["texts"], *INPUTS,
+    code, _, err = paper("fig5", "--models", zoo["gpt2-s"], zoo["distilled"], "--texts", zoo["texts"], *OURS,
                          "--out", out, capsys=capsys)
     assert code == 0, err
     fig5 = json.loads((out / "fig5.json").read_text())
@@ -179,7 +213,7 @@ def test_fig4_revisions_fig5_pair_and_robustness(zoo, out, capsys):
     assert_figure(out / "fig5")
 
     code, _, err = paper("robustness", "--models", zoo["gpt2-s"], zoo["gpt2-m"], "--corpus", f"wiki={zoo['texts']}",
-                         "--corpus", f"news={zoo['news']}", *INPUTS, "--out", out, capsys=capsys)
+                         "--corpus", f"news={zoo['news']}", *OURS, "--out", out, capsys=capsys)
     assert code == 0, err
     robust = json.loads((out / "robustness.json").read_text())
     assert [m["row"] for m in robust["models"]] == ["wiki", "wiki", "news", "news"]
@@ -198,7 +232,7 @@ def width_runs(root: Path, widths: tuple[int, ...]) -> list[Path]:
 
 def test_fig3_takes_each_runs_last_checkpoint(tmp_path, capsys):
     runs = width_runs(tmp_path, (64, 512))
-    code, _, err = paper("fig3", "--models", *runs, *INPUTS, "--out", tmp_path / "out", capsys=capsys)
+    code, _, err = paper("fig3", "--models", *runs, *OURS, "--out", tmp_path / "out", capsys=capsys)
     assert code == 0, err
     numbers = json.loads((tmp_path / "out" / "fig3.json").read_text())
     assert [m["step"] for m in numbers["models"]] == [5, 5] and numbers["rows"][0]["x"] == [64.0, 512.0]
@@ -226,6 +260,29 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
         check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and out.count("python -m dispersion_titan.analyze hf:") == 8 and not list(tmp_path.iterdir())
+    code, out, _ = paper("fig2", "--dry-run", "--out", tmp_path, capsys=capsys)  # the paper's protocol, fp32
+    analyses = [line for line in out.splitlines() if "dispersion_titan.analyze hf:" in line]
+    assert code == 0 and len(analyses) == 26
+    assert all("--protocol paper" in line and "--dtype fp32" in line for line in analyses)
+    assert [line.split()[3] for line in analyses if "--trust-remote-code" in line] == [
+        "hf:Qwen/Qwen-1_8B", "hf:Qwen/Qwen-7B", "hf:Qwen/Qwen-14B", "hf:Qwen/Qwen-72B"]  # the Qwen-1 models only
+    code, out, _ = paper("robustness", "--models", zoo["gpt2-s"], "--corpus", "wikitext-103=wikitext-103", "--corpus",
+                         f"imdb={zoo['texts']}", "--dataset-path", zoo["wikitext"], "--dry-run", "--out", tmp_path,
+                         capsys=capsys)
+    wiki, imdb = (line for line in out.splitlines() if "dispersion_titan.analyze" in line)
+    assert f"--dataset-path {zoo['wikitext']}" in wiki and "--texts" not in wiki and "--dataset " not in wiki
+    assert f"--texts {zoo['texts']}" in imdb and "--dataset-path" not in imdb and "--protocol paper" in imdb
+    code, out, _ = paper("fig2", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
+    gpus = {line.split("analyze.sbatch ")[1].split()[0]: re.findall(r"--gpus=(\d+)", line) for line in out.splitlines()
+            if "analyze.sbatch" in line}
+    assert gpus["hf:Qwen/Qwen2.5-14B"] == [] and gpus["hf:Qwen/Qwen3-32B"] == ["2"]  # fp32 with 20% headroom
+    assert gpus["hf:Qwen/Qwen2.5-72B"] == ["5"]  # ceil(72 * 4 * 1.2 / 80)
+    code, out, _ = paper("fig2", "--slurm", "--dry-run", "--dtype", "bf16", "--out", tmp_path, capsys=capsys)
+    assert "--gpus=3" in next(line for line in out.splitlines() if "hf:Qwen/Qwen2.5-72B" in line)  # bf16: half
+    assert_one_line_error(*paper("fig2", "--protocol", "qwen3", "--dry-run", capsys=capsys)[::2],
+                          "--protocol: 'qwen3'", "paper (the default) or default")
+    assert_one_line_error(*paper("table2", "--models", "x", "--trust-remote-code", capsys=capsys)[::2],
+                          "--trust-remote-code: only for the analysing artifacts")
     code, out, _ = paper("fig2", "--models", zoo["gpt2-s"], zoo["gpt2-m"], "--slurm", "--dry-run",
                          "--sbatch-arg=--partition=debug", "--out", tmp_path, capsys=capsys)
     lines = out.strip().splitlines()
@@ -238,9 +295,11 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"), 1)}
     code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
                          "--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4",
-                         "--num-fewshot", "0", "--device", "cpu", "--out", tmp_path / "t2", capsys=capsys)
+                         "--num-fewshot", "0", "--device", "cpu", "--best-step", "per-seed", "--out", tmp_path / "t2",
+                         capsys=capsys)  # each run evaluated one step of its own: per seed
     assert code == 0, err
     table = json.loads((tmp_path / "t2" / "table2.json").read_text())
+    assert table["pretrained"] is None  # no run evaluated step 0
     averages = {}
     for arm in table["arms"]:
         scores = []
@@ -262,7 +321,8 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     assert (other["p_value"] is None and np.isnan(p)) or other["p_value"] == pytest.approx(p, rel=1e-5)
     code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
                          "--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4", "--num-fewshot", "0",
-                         "--device", "cpu", "--test", "welch", "--reference", "base", "--out", tmp_path / "t2w",
+                         "--device", "cpu", "--test", "welch", "--reference", "base", "--best-step", "per-seed",
+                         "--out", tmp_path / "t2w",
                          capsys=capsys)  # the evaluations are reused; only the table is made again
     welch = json.loads((tmp_path / "t2w" / "table2.json").read_text())
     assert code == 0 and welch["test"] == "welch" and welch["reference"] == "base"

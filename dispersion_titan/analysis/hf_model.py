@@ -50,6 +50,8 @@ class HFSpec:
     model: str
     revisions: tuple[str | None, ...]
     """``(None,)``: the default revision (a hub model's main branch, or the folder itself)."""
+    trust_remote_code: bool = False
+    """``--trust-remote-code``: run the code a model ships (the original Qwen's), as transformers allows."""
 
     @property
     def local(self) -> bool:
@@ -67,7 +69,7 @@ class HFSpec:
         return f"{PREFIX}{self.model}" + (f"@{revision}" if revision else "")
 
 
-def parse_spec(text: str) -> HFSpec:
+def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
     """``hf:MODEL[@REV1,REV2,...]``; the last ``@`` separates the revisions."""
     body = text.removeprefix(PREFIX)
     model, at, revisions = body.rpartition("@") if "@" in body else (body, "", "")
@@ -81,10 +83,10 @@ def parse_spec(text: str) -> HFSpec:
         for revision in filter(None, names):
             if not os.path.isdir(os.path.join(model, revision)):
                 raise ModelLoadError(f"{text}: no such folder {os.path.join(model, revision)}")
-        return HFSpec(os.path.abspath(model), names)
+        return HFSpec(os.path.abspath(model), names, trust_remote_code)
     if _path_like(model):
         raise ModelLoadError(f"{text}: no such folder {model}")
-    return HFSpec(model, names)
+    return HFSpec(model, names, trust_remote_code)
 
 
 def _path_like(model: str) -> bool:
@@ -103,10 +105,14 @@ def revision_step(revision: str | None, position: int) -> int:
 
 @contextmanager
 def _loading(name: str) -> Iterator[None]:
-    """Anything transformers or the hub raise while loading becomes one line naming the model."""
+    """Anything transformers or the hub raise while loading becomes one line naming the model;
+    a model that ships its own code names the option that runs it."""
     try:
         yield
     except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
+        if "trust_remote_code" in str(e):
+            raise ModelLoadError(f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
+                                 "(add it if you trust that code)") from None
         cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause})") from None
 
@@ -117,7 +123,7 @@ def load_config(spec: HFSpec, revision: str | None):
 
     path, rev = spec.location(revision)
     with _loading(spec.name(revision)):
-        config = AutoConfig.from_pretrained(path, revision=rev)
+        config = AutoConfig.from_pretrained(path, revision=rev, trust_remote_code=spec.trust_remote_code)
     _check_decoder_only(config, spec.name(revision))
     return config
 
@@ -148,16 +154,19 @@ def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = Fals
 
     path, rev = spec.location(revision)
     with _loading(spec.name(revision)):
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=rev)
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=rev, trust_remote_code=spec.trust_remote_code)
     return lambda texts: tokenizer(texts, add_special_tokens=special_tokens, verbose=False)["input_ids"]
 
 
 def _auto_class(config):
-    """AutoModelForCausalLM, or AutoModel for architectures without a causal-LM head."""
+    """AutoModelForCausalLM, or AutoModel for architectures without a causal-LM head (a model
+    with its own code: the class its ``auto_map`` names)."""
     from transformers import AutoModel, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return AutoModelForCausalLM if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModel
+    causal = (config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+              or "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {}))
+    return AutoModelForCausalLM if causal else AutoModel
 
 
 def model_args(config) -> dict:
@@ -182,7 +191,8 @@ def positions(config) -> int | None:
 def count_parameters(spec: HFSpec, config) -> int:
     """Parameters of the whole model (each tied matrix once), counted on the meta device."""
     with _loading(spec.model), torch.device("meta"):
-        return sum(p.numel() for p in _auto_class(config).from_config(config).parameters())
+        model = _auto_class(config).from_config(config, trust_remote_code=spec.trust_remote_code)
+        return sum(p.numel() for p in model.parameters())
 
 
 def decoder_layers(backbone: nn.Module, count: int, name: str) -> nn.ModuleList:
@@ -257,7 +267,8 @@ def load_model(spec: HFSpec, revision: str | None, dtype: torch.dtype, device: t
     placement = {"device_map": device_map} if device_map else {}
     with _loading(spec.name(revision)), _quiet_transformers():
         model, info = _auto_class(config).from_pretrained(path, revision=rev, dtype=dtype, output_loading_info=True,
-                                                          ignore_mismatched_sizes=True, **placement)
+                                                          ignore_mismatched_sizes=True,
+                                                          trust_remote_code=spec.trust_remote_code, **placement)
     _check_complete(model, info, spec.name(revision))
     if not device_map:
         model = model.to(device)

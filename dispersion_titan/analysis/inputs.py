@@ -17,6 +17,9 @@ compute_embedding_cossim.py and utils/text_data.py in their repository): text r 
 wikitext-103-v1's train row at ``default_rng(r).integers(0, ⌊0.95·rows⌋)`` and the rows
 after it, concatenated until it has at least 1024 words; each tokenizer encodes it with its
 default special tokens (``encode`` is then given them) and keeps the first S = 512 tokens.
+With ``texts`` the rows are that jsonl file's, in order: the authors' other corpora (pubmed_qa
+pqa_labeled's ``long_answer``, imdb's ``text``, squad's ``context``, each train split) are
+built by the same rule from their rows.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ class InputOptions:
 
     def describe(self) -> str:
         if self.protocol == "paper":
-            return f"--protocol paper ({self.dataset_path or PAPER_REPO}, wikitext-103-v1 train)"
+            rows = f"--texts {self.texts}" if self.texts else f"{self.dataset_path or PAPER_REPO}, wikitext-103-v1 train"
+            return f"--protocol paper ({rows})"
         if self.texts:
             return f"--texts {self.texts}"
         path = f" ({self.dataset_path})" if self.dataset_path else ""
@@ -200,8 +204,10 @@ def paper_rows(path: str | None) -> list[str]:
 
 
 def _paper_sequences(options: InputOptions, encode: Encode | DocumentEncoder) -> np.ndarray:
-    """[K, S]: the first S tokens of each paper text, with ``encode``'s special tokens."""
-    texts = paper_texts(paper_rows(options.dataset_path), options.num_sequences)
+    """[K, S]: the first S tokens of each paper text, with ``encode``'s special tokens; the rows
+    are wikitext-103-v1's train split, or those of ``--texts``."""
+    rows = read_texts(options.texts) if options.texts else paper_rows(options.dataset_path)
+    texts = paper_texts(rows, options.num_sequences)
     ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
     short = [i for i, seq in enumerate(ids) if len(seq) < options.seq_len]
     if short:

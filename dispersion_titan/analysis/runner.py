@@ -69,6 +69,8 @@ class AnalyzeOptions:
     force: bool
     geometry_sequences: int
     device_map: str | None = None
+    trust_remote_code: bool = False
+    """hf: models that ship their own code (``--trust-remote-code``)."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .condensation_schema import Condensation
 from .inputs import differences
 from .result_files import atomic_write, ensure_writable, write_csv
 from .runner import count_parameters
-from .statistics import finite_or_none
+from .statistics import finite_or_none, point_layers
 
 DEFAULT_LAST_N = 3
 
@@ -91,8 +91,9 @@ def load_members(specs: Sequence[str], families: dict[str, str], protocol: str =
 
 
 def last_n_mean(result: Condensation, n: int, key: str = "mean_cos") -> float | None:
-    """Mean of ``key`` over the last n layers (None where it was not measured)."""
-    values = [getattr(layer, key) for layer in result.layers[-n:]]
+    """Mean of ``key`` over the last n layer points (``statistics.point_layers``: under ``--protocol
+    paper`` transformers' hidden_states; None where it was not measured)."""
+    values = [getattr(layer, key) for layer in point_layers(result)[-n:]]
     return None if None in values else float(np.mean(values))
 
 
@@ -101,7 +102,7 @@ def model_rows(members: list[Member], n: int) -> list[dict]:
         "family": m.family,
         "model": m.label,
         "n_params": m.n_params,
-        "layers": len(m.result.layers),
+        "layers": len(point_layers(m.result)),
         "spearman": m.result.spearman,
         "kendall": m.result.kendall,
         f"mean_cos_last_{n}": last_n_mean(m.result, n),
@@ -192,7 +193,7 @@ def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[s
     members = load_members([*specs, *families, *(s for pair in pair_specs for s in pair)], families, protocol)
     by_spec = {m.spec: m for m in members}
     pairs = [(by_spec[a], by_spec[b]) for a, b in pair_specs]
-    shortest = min(len(m.result.layers) for m in members)
+    shortest = min(len(point_layers(m.result)) for m in members)
     if not 1 <= last_n <= shortest:
         raise AnalysisError(f"--last-n: {last_n} is not between 1 and {shortest}, the fewest layers of these models")
     ensure_writable(out, "--out")

@@ -78,6 +78,13 @@ def depth_points(names: list[str], layer_points: str = "all") -> list[int]:
     return [i for i in range(len(names)) if i != len(names) - 2]
 
 
+def point_layers(result: Condensation) -> list[LayerCondensation]:
+    """The layers of a result on its depth axis (its ``inputs``' ``layer_points``): those its
+    Spearman, Kendall and last-n run over, and the paper artifacts draw."""
+    names = [layer.name for layer in result.layers]
+    return [result.layers[i] for i in depth_points(names, result.inputs.get("layer_points", "all"))]
+
+
 def summarize(measured: Measurement, layer_points: str = "all") -> dict:
     """``layers``, ``spearman``, ``kendall``, ``last_n`` and ``geometry_sequences`` of one
     model state (``Condensation`` fields); the trend and last-n over ``layer_points``."""

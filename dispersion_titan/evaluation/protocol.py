@@ -42,6 +42,26 @@ PRESETS = {
 }
 PROTOCOLS = tuple(PRESETS)
 DEFAULT_PROTOCOL = "gpt2"
+FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3": "qwen3"}
+"""A run's model family (``run.json``'s ``model_name``) -> the authors' protocol for it. The
+authors evaluated no Llama: a llama3 run (or any other family) gets ``DEFAULT_PROTOCOL``, said in a note."""
+AUTHORS_BATCH_SIZE = 1
+"""The authors' lm-eval batch size (``LMEvalCallback``), the default: padded batches are not
+batch-1 exactly (a tiny GPT-2 on tests/lm_eval_tasks, lm-eval 0.4.13: 2 of 40 wiki_next_word
+documents' log-likelihoods differ by ~1e-6 between batch sizes 1 and 8), so a tie can flip."""
+
+
+def run_protocol(model_name: str) -> tuple[str, str | None]:
+    """The protocol of a run of family ``model_name``, and a note when no authors' protocol matches it."""
+    if model_name in FAMILY_PROTOCOLS:
+        return FAMILY_PROTOCOLS[model_name], None
+    return DEFAULT_PROTOCOL, (f"note: the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
+                              f"(--protocol {' or '.join(PROTOCOLS)} chooses)")
+
+BEST_STEP = ("auto", "per-seed", "averaged")
+"""``evaluate table --best-step``: ``auto`` (the default) chooses the best step per seed for
+mid-training arms and on the seed-averaged curve for from-scratch arms (the authors' two
+``plot_results.py``, mid-training and pre-training)."""
 
 # A task's score: lm-eval's `acc` where it has one, else its word perplexity.
 ACCURACY = "acc"

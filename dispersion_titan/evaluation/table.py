@@ -2,11 +2,16 @@
 
 Runs are grouped into arms (one configuration, several seeds) by their ``run.json``
 without the seed, or named ``ARM=RUN1,RUN2``. Each run contributes one checkpoint
-(``--select``; ``best`` among the steps the authors' LMEvalCallback evaluates); per arm
-and task the table gives mean ± sample std over seeds, the average accuracy (perplexity
-left out, as in the paper), the arms' average rank over the accuracy columns, and a
-t-test of the per-seed averages against the reference arm (Student's, as the paper's
-Table 2, by default; Welch's on request).
+(``--select``; ``best`` among the steps the authors' LMEvalCallback evaluates: per seed for
+mid-training arms, as their mid-training ``plot_results.py``; one step for all seeds, best
+on the seed-averaged curve, for from-scratch arms, as their pre-training ``plot_results.py``;
+``--best-step`` chooses); per arm and task the table gives mean ± sample std over seeds,
+the average accuracy (perplexity left out, as in the paper), the arms' average rank over
+the accuracy columns, and a t-test of the per-seed averages against the reference arm
+(Student's, as the paper's Table 2, by default; Welch's on request). A "Pretrained" row
+(the model before mid-training: step 0 of the first arm without a dispersion loss, as
+theirs, or of ``--pretrained RUN,...``) heads the table, and each arm's difference from it
+follows.
 """
 
 from __future__ import annotations
@@ -50,12 +55,18 @@ class Selection:
     rule: str  # best | last | step:N
     num_ckpt: int = 5  # the authors' --num_ckpt: evaluations every floor(T / num_ckpt) + 1 steps
     include_initial: bool = False  # step 0 is a candidate for best (their --eval_at_begin)
+    best_step: str = "auto"  # one of protocol.BEST_STEP: per seed, on the seed-averaged curve, or by the arm's kind
 
     def __str__(self) -> str:
         if self.rule != "best":
             return self.rule
+        per = {"auto": "per seed for mid-training arms, on the seed-averaged curve for from-scratch arms",
+               "per-seed": "per seed", "averaged": "on the seed-averaged curve"}[self.best_step]
         return (f"best of the steps the authors evaluate (every floor(T/{self.num_ckpt})+1 steps and the last"
-                f"{', and step 0' if self.include_initial else ''})")
+                f"{', and step 0' if self.include_initial else ''}; {per})")
+
+
+PRETRAINED = "Pretrained"
 
 
 def authors_steps(training_steps: int, num_ckpt: int = 5, include_initial: bool = False) -> set[int]:
@@ -88,43 +99,99 @@ def _check_fresh(folder: str, result: dict) -> None:
                               "python -m dispersion_titan.evaluate RUN --force")
 
 
-def select(run: str, selection: Selection) -> RunScores:
-    """The checkpoint ``selection`` picks: ``best`` (highest mean acc among the authors'
-    evaluated steps; the earliest of equals), ``last``, or ``step:N``; each result it weighs
-    must still describe its checkpoint."""
+@dataclass(frozen=True)
+class Evaluated:
+    """One run's evaluations, read once."""
+
+    run: str
+    folder: str
+    results: dict[int, dict]
+
+    @property
+    def dump(self) -> str:
+        return next(iter(self.results.values()))[OURS]["run"]
+
+    def scores(self, step: int) -> RunScores:
+        result = self.results[step]
+        return RunScores(self.run, self.dump, step, result_scores(result), settings(result))
+
+
+def evaluated(run: str) -> Evaluated:
     folder = evaluation_folder(run)
-    results = read_evaluations(folder)
+    return Evaluated(run, folder, read_evaluations(folder))
+
+
+def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
+    """``--select best``: the mean accuracy of each of the run's evaluations at a step the authors evaluate."""
+    wanted = authors_steps(_training_steps(run.run, run.dump), selection.num_ckpt, selection.include_initial)
+    averages = {step: mean_accuracy(result_scores(r)) for step, r in run.results.items() if step in wanted}
+    if not averages:
+        raise EvaluationError(f"--select best: {run.run} has no evaluation of the steps the authors evaluate "
+                              f"({sorted(wanted)}; have {sorted(run.results)}); evaluate those steps "
+                              "(--steps), or use --select last or step:N")
+    if None in averages.values():
+        raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
+    return averages
+
+
+def _best(curve: dict[int, float]) -> int:
+    """The step of the highest value, the earliest of equals."""
+    return max(curve, key=lambda step: (curve[step], -step))
+
+
+def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
+    """``step``'s scores, once each result the rule weighed still describes its checkpoint (read once)."""
+    for weighed_step in weighed:
+        _check_fresh(run.folder, run.results[weighed_step])
+    return run.scores(step)
+
+
+def select(run: Evaluated, selection: Selection) -> RunScores:
+    """The checkpoint ``selection`` picks for one run: ``best`` (highest mean acc among the
+    authors' evaluated steps; the earliest of equals), ``last``, or ``step:N``."""
     rule = selection.rule
     if rule == "last":
-        result = results[max(results)]
-        weighed = [result]
-    elif rule == "best":
-        dump = next(iter(results.values()))[OURS]["run"]
-        wanted = authors_steps(_training_steps(run, dump), selection.num_ckpt, selection.include_initial)
-        candidates = {step: r for step, r in results.items() if step in wanted}
-        if not candidates:
-            raise EvaluationError(f"--select best: {run} has no evaluation of the steps the authors evaluate "
-                                  f"({sorted(wanted)}; have {sorted(results)}); evaluate those steps "
-                                  "(--steps), or use --select last or step:N")
-        averages = {step: mean_accuracy(result_scores(r)) for step, r in candidates.items()}
-        if None in averages.values():
-            raise EvaluationError(f"--select best: {run} has evaluations without accuracy scores")
-        result = candidates[max(averages, key=lambda step: (averages[step], -step))]
-        weighed = list(candidates.values())
-    else:
-        step = int(rule.removeprefix("step:"))
-        if step not in results:
-            raise EvaluationError(f"--select: {run} has no evaluation of step {step} (have {sorted(results)})")
-        result = results[step]
-        weighed = [result]
-    for weighed_result in weighed:  # each result the rule looked at, its checkpoint read once
-        _check_fresh(folder, weighed_result)
-    return RunScores(run, result[OURS]["run"], result[OURS]["step"], result_scores(result), settings(result))
+        return _chosen(run, max(run.results), [max(run.results)])
+    if rule == "best":
+        averages = _candidates(run, selection)
+        return _chosen(run, _best(averages), list(averages))
+    step = int(rule.removeprefix("step:"))
+    if step not in run.results:
+        raise EvaluationError(f"--select: {run.run} has no evaluation of step {step} (have {sorted(run.results)})")
+    return _chosen(run, step, [step])
 
 
-def _run_config(run: RunScores) -> dict:
+def select_averaged(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
+    """``--select best`` on the seed-averaged curve (the authors' pre-training ``plot_results.py``):
+    per step, the mean over the arm's seeds of their mean accuracy; the best step, for every seed."""
+    per_run = [_candidates(run, selection) for run in runs]
+    curve = {step: float(np.mean([c[step] for c in per_run if step in c]))
+             for step in sorted({step for c in per_run for step in c})}
+    best = _best(curve)
+    lacking = [run.run for run, c in zip(runs, per_run, strict=True) if best not in c]
+    if lacking:
+        raise EvaluationError(f"--select best: {lacking[0]} has no evaluation of step {best}, the best on its arm's "
+                              "seed-averaged curve; evaluate it (--steps), or use --best-step per-seed")
+    return [_chosen(run, best, list(c)) for run, c in zip(runs, per_run, strict=True)]
+
+
+def from_scratch(dump: str) -> bool:
+    """A run that starts from no checkpoint (``checkpoint.initial_load_path`` unset in its settings)."""
+    return not (load_run_metadata(dump).get("settings") or {}).get("checkpoint.initial_load_path")
+
+
+def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
+    """One checkpoint per run of an arm: on the seed-averaged curve for ``--best-step averaged``
+    (``auto``: a from-scratch arm), else per run."""
+    averaged = selection.best_step == "averaged" or (selection.best_step == "auto" and from_scratch(runs[0].dump))
+    if selection.rule == "best" and averaged:
+        return select_averaged(runs, selection)
+    return [select(run, selection) for run in runs]
+
+
+def _run_config(dump: str) -> dict:
     """What defines a configuration: the run's run.json but the seed and its launch record."""
-    return {key: value for key, value in load_run_metadata(run.dump).items() if key not in ("seed", *LEDGER_KEYS)}
+    return {key: value for key, value in load_run_metadata(dump).items() if key not in ("seed", *LEDGER_KEYS)}
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
@@ -137,18 +204,18 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
-def _auto_labels(groups: list[list[RunScores]]) -> list[str]:
+def _auto_labels(groups: list[list[Evaluated]]) -> list[str]:
     """Arms named by the settings in which they differ, e.g. ``variant=angular_spread, coeff=0.1``."""
-    flat = [_flatten(_run_config(group[0])) for group in groups]
+    flat = [_flatten(_run_config(group[0].dump)) for group in groups]
     differing = [key for key in flat[0] if len({json.dumps(f.get(key)) for f in flat}) > 1] if len(flat) > 1 else []
     if not differing:
         return [dispersion_variant(group[0].dump) or "runs" for group in groups]
     return [", ".join(f"{key.rsplit('.', 1)[-1]}={f.get(key)}" for key in differing) for f in flat]
 
 
-def arms(specs: list[str], selection: Selection) -> dict[str, list[RunScores]]:
-    """Arm name -> its runs' selected checkpoints, arms in the order first named."""
-    groups: dict[tuple[str, str], list[RunScores]] = {}  # (explicit name, "") or ("", configuration)
+def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
+    """Arm name -> its runs' evaluations, arms in the order first named."""
+    groups: dict[tuple[str, str], list[Evaluated]] = {}  # (explicit name, "") or ("", configuration)
     seen: set[str] = set()
     for spec in specs:
         name, _, runs = spec.partition("=") if "=" in spec else ("", "", spec)
@@ -158,16 +225,17 @@ def arms(specs: list[str], selection: Selection) -> dict[str, list[RunScores]]:
             if os.path.abspath(run) in seen:
                 raise EvaluationError(f"{run}: named twice")
             seen.add(os.path.abspath(run))
-            scores = select(run, selection)
-            key = (name, "") if name else ("", json.dumps(_run_config(scores), sort_keys=True))
-            groups.setdefault(key, []).append(scores)
+            found = evaluated(run)
+            key = (name, "") if name else ("", json.dumps(_run_config(found.dump), sort_keys=True))
+            groups.setdefault(key, []).append(found)
     grouped = [runs for (name, _), runs in groups.items() if not name]
     labels = iter(_auto_labels(grouped) if grouped else [])
-    by_arm: dict[str, list[RunScores]] = {}
+    by_arm: dict[str, list[Evaluated]] = {}
     for (name, _), runs in groups.items():
         label = name or next(labels)
-        if label in by_arm:
-            raise EvaluationError(f"arm {label!r}: named explicitly and also found by grouping; rename one")
+        if label in by_arm or label == PRETRAINED:
+            raise EvaluationError(f"arm {label!r}: named explicitly and also found by grouping (or named "
+                                  f"{PRETRAINED}, the table's own row); rename one")
         by_arm[label] = runs
     return by_arm
 
@@ -193,13 +261,46 @@ def t_test_p(values: list[float], reference: list[float], test: str) -> float | 
     return None if math.isnan(p) else float(p)
 
 
+def _uses_dispersion(dump: str) -> bool:
+    dispersion = load_run_metadata(dump).get("dispersion") or {}
+    return dispersion.get("variant", "none") != "none" and (dispersion.get("coeff") or 0) > 0
+
+
 def default_reference(by_arm: dict[str, list[RunScores]]) -> str:
     """The first arm whose runs train with a dispersion loss (the paper's reference row), else the first arm."""
-    for arm, runs in by_arm.items():
-        dispersion = load_run_metadata(runs[0].dump).get("dispersion") or {}
-        if dispersion.get("variant", "none") != "none" and (dispersion.get("coeff") or 0) > 0:
-            return arm
-    return next(iter(by_arm))
+    return next((arm for arm, runs in by_arm.items() if _uses_dispersion(runs[0].dump)), next(iter(by_arm)))
+
+
+def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[list[RunScores], str]:
+    """The "Pretrained" row's runs at step 0 and a line saying what they are. ``spec``: ``auto``
+    (step 0 of the first arm without a dispersion loss, as the authors' baseline run evaluated at
+    its beginning; no row when it trains from scratch or none of its runs evaluated step 0),
+    ``none``, or ``RUN,RUN``
+    (evaluated runs whose step 0 is the model before training, e.g. the base hub model imported)."""
+    if spec == "none":
+        return [], "No Pretrained row (--pretrained none)."
+    if spec == "auto":
+        arm = next((arm for arm, runs in found.items() if not _uses_dispersion(runs[0].dump)), None)
+        if arm is not None and from_scratch(found[arm][0].dump):
+            return [], f"No Pretrained row: {arm} trains from scratch (--pretrained RUN names a model before training)."
+        runs = [run for run in found[arm] if 0 in run.results] if arm is not None else []
+        if not runs:
+            where = f"the runs of {arm} have no evaluation of step 0" if arm else "every arm uses a dispersion loss"
+            return [], (f"No Pretrained row: {where} (evaluate --steps 0 adds it, or --pretrained RUN names the "
+                        "model before training).")
+        return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 (before mid-training) of {arm}'s runs."
+    runs = [evaluated(run) for run in spec.split(",")]
+    for run in runs:
+        if 0 not in run.results:
+            raise EvaluationError(f"--pretrained: {run.run} has no evaluation of step 0 (have {sorted(run.results)})")
+    return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 of {', '.join(run.run for run in runs)}."
+
+
+def _summary(name: str, runs: list[RunScores], columns: list[str]) -> dict:
+    averages = [r.average for r in runs]
+    return {"name": name, "runs": runs, "mean": {c: float(np.mean([r.scores[c] for r in runs])) for c in columns},
+            "std": {c: _std([r.scores[c] for r in runs]) for c in columns},
+            "average_mean": float(np.mean(averages)), "average_std": _std(averages)}
 
 
 def arm_rows(by_arm: dict[str, list[RunScores]], reference: str,
@@ -209,18 +310,27 @@ def arm_rows(by_arm: dict[str, list[RunScores]], reference: str,
     accuracy = [c for c in columns if is_accuracy(c)]
     if not accuracy:
         raise EvaluationError("the evaluations have no accuracy scores to tabulate")
-    means = {arm: {c: float(np.mean([r.scores[c] for r in runs])) for c in columns} for arm, runs in by_arm.items()}
-    ranks = np.array([stats.rankdata([-means[arm][c] for arm in by_arm]) for c in accuracy]).mean(axis=0)
+    summaries = {arm: _summary(arm, runs, columns) for arm, runs in by_arm.items()}
+    ranks = np.array([stats.rankdata([-summaries[arm]["mean"][c] for arm in by_arm]) for c in accuracy]).mean(axis=0)
     reference_averages = [r.average for r in by_arm[reference]]
     rows = []
     for (arm, runs), rank in zip(by_arm.items(), ranks, strict=True):
-        averages = [r.average for r in runs]
-        rows.append(ArmRow(
-            name=arm, runs=runs, mean=means[arm], std={c: _std([r.scores[c] for r in runs]) for c in columns},
-            average_mean=float(np.mean(averages)), average_std=_std(averages), rank=float(rank),
-            p_value=None if arm == reference else t_test_p(averages, reference_averages, test),
-        ))
+        rows.append(ArmRow(**summaries[arm], rank=float(rank), p_value=None if arm == reference else
+                           t_test_p([r.average for r in runs], reference_averages, test)))
     return columns, rows
+
+
+def pretrained_row(runs: list[RunScores], columns: list[str]) -> ArmRow:
+    """The table's first row: not ranked, not tested."""
+    return ArmRow(**_summary(PRETRAINED, runs, columns), rank=math.nan, p_value=None)
+
+
+def difference(row: ArmRow, pretrained: ArmRow | None, columns: list[str]) -> dict[str, float | None]:
+    """The row's means minus the Pretrained row's, per column and for the average (the authors'
+    second line of each Table 2 row); None without a Pretrained row."""
+    return {key: None if pretrained is None else
+            (row.average_mean - pretrained.average_mean if key == "average" else row.mean[key] - pretrained.mean[key])
+            for key in (*columns, "average")}
 
 
 def _cell(mean: float, std: float, column: str) -> str:
@@ -228,23 +338,37 @@ def _cell(mean: float, std: float, column: str) -> str:
     return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
 
 
-def markdown(columns: list[str], rows: list[ArmRow], reference: str, selection: Selection, test: str) -> str:
+def _signed(value: float, column: str) -> str:
+    return f"{value:+.{4 if is_accuracy(column) or column == 'average' else 2}f}"
+
+
+def markdown(columns: list[str], rows: list[ArmRow], reference: str, selection: Selection, test: str,
+             pretrained: ArmRow | None = None, pretrained_note: str = "") -> str:
     header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", "sig"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
+    for row in ([pretrained] if pretrained else []) + rows:
         cells = [row.name, str(len(row.runs)), *(_cell(row.mean[c], row.std[c], c) for c in columns),
-                 _cell(row.average_mean, row.average_std, "average"), f"{row.rank:.2f}",
+                 _cell(row.average_mean, row.average_std, "average"), "" if math.isnan(row.rank) else f"{row.rank:.2f}",
                  "" if row.p_value is None else f"{row.p_value:.4f}", row.significance]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Mean ± sample std over seeds. Checkpoint per run: {selection}. The average and the rank "
               f"(1 = best) are over the accuracy columns only. p: {TESTS[test]} t-test of the per-seed averages "
-              f"against {reference} (needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001.",
-              "", "| arm | run | step | average |", "|---|---|---|---|"]
-    lines += [f"| {row.name} | {r.run} | {r.step} | {r.average:.4f} |" for row in rows for r in row.runs]
+              f"against {reference} (needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001. {pretrained_note}"]
+    if pretrained:
+        lines += ["", f"Difference from {PRETRAINED} (mean − {PRETRAINED}'s mean):", "",
+                  "| arm | " + " | ".join([*columns, "average"]) + " |", "|" + "---|" * (len(columns) + 2)]
+        lines += ["| " + " | ".join([row.name, *(_signed(value, key) for key, value in
+                                                  difference(row, pretrained, columns).items())]) + " |"
+                  for row in rows]
+    lines += ["", "| arm | run | step | average |", "|---|---|---|---|"]
+    lines += [f"| {row.name} | {r.run} | {r.step} | {r.average:.4f} |"
+              for row in ([pretrained] if pretrained else []) + rows for r in row.runs]
     return "\n".join(lines) + "\n"
 
 
-def csv_rows(columns: list[str], rows: list[ArmRow], reference: str, test: str) -> list[dict]:
+def csv_rows(columns: list[str], rows: list[ArmRow], reference: str, test: str,
+             pretrained: ArmRow | None = None) -> list[dict]:
+    """One line per row, the Pretrained row first; ``*_diff``: the difference from it."""
     return [{
         "arm": row.name,
         "seeds": len(row.runs),
@@ -258,21 +382,27 @@ def csv_rows(columns: list[str], rows: list[ArmRow], reference: str, test: str) 
         "test": test,
         "p_value": row.p_value,
         "significance": row.significance,
-    } for row in rows]
+        **{f"{key}_diff": value for key, value in difference(row, None if row is pretrained else pretrained,
+                                                             columns).items()},
+    } for row in ([pretrained] if pretrained else []) + rows]
 
 
-def table(specs: list[str], out: str, selection: Selection, reference: str | None, test: str = "student") -> str:
+def table(specs: list[str], out: str, selection: Selection, reference: str | None, test: str = "student",
+          pretrained: str = "auto") -> str:
     """Write ``table.md``, ``table.csv`` and ``table.png``; return the Markdown table."""
-    by_arm = arms(specs, selection)
+    found = evaluated_arms(specs)
+    by_arm = {arm: select_arm(runs, selection) for arm, runs in found.items()}
     if reference is not None and reference not in by_arm:
         raise EvaluationError(f"--reference: no arm {reference!r} (have {', '.join(map(repr, by_arm))})")
     reference = reference or default_reference(by_arm)
-    _check_comparable([r for runs in by_arm.values() for r in runs])
+    base, note = pretrained_scores(found, pretrained)
+    _check_comparable([r for runs in by_arm.values() for r in runs] + base)
     columns, rows = arm_rows(by_arm, reference, test)
+    base_row = pretrained_row(base, columns) if base else None
     ensure_writable(out, "--out")
-    text = markdown(columns, rows, reference, selection, test)
+    text = markdown(columns, rows, reference, selection, test, base_row, note)
     atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
-    write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test))
+    write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
     average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test],
                             os.path.join(out, "table.png"))
     return text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -93,3 +94,34 @@ def wikitext_cache_dir(root: Path) -> Path:
     datasets.load_dataset_builder(str(repo), "wikitext-103-raw-v1", cache_dir=str(cache)).download_and_prepare()
     (cache / "wikitext").rename(cache / "Salesforce___wikitext")
     return cache
+
+
+# ---------------------------------------------------------------- the authors' analysis texts (--protocol paper)
+
+
+def write_wikitext_copy(folder: Path, rows: int = 300) -> Path:
+    """A local copy in the hub's layout of wikitext-103-v1's train split: rows of 40 words, and headings."""
+    rng = np.random.default_rng(0)
+    words = np.array("the of and in to a was is for on as with by at from his that it an were".split())
+    lines = [" = Heading {} = \n".format(i) if i % 10 == 0 else " ".join(rng.choice(words, 40)) + " .\n"
+             for i in range(rows)]
+    (folder / "wikitext-103-v1").mkdir(parents=True)
+    for part, chunk in enumerate((lines[: rows // 2], lines[rows // 2:])):
+        pq.write_table(pa.table({"text": chunk}), folder / "wikitext-103-v1" / f"train-0000{part}-of-00002.parquet")
+    return folder
+
+
+def authors_long_text(rows: list[str], seed: int) -> str:
+    """A transcription of the authors' get_random_long_text(min_word_count=1024, max_word_count=1280)
+    (LM-Dispersion, key_observations/utils/text_data.py), with nltk's word_tokenize (not installed
+    here) replaced by a count of words and punctuation marks."""
+    count = lambda text: len(re.findall(r"\w+|[^\w\s]", text))  # noqa: E731
+    rng = np.random.default_rng(seed=seed)
+    idx = rng.integers(0, int(len(rows) * 0.95)).item()
+    text = ""
+    while count(text) < 1024:
+        text += rows[idx]
+        idx += 1
+        if count(text) > 1280:
+            break
+    return text

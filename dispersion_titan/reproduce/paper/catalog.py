@@ -7,6 +7,7 @@ use the count measured by ``analyze``. GPU-hours are estimates, never measuremen
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 GPT2_HUB_IDS = ("openai-community/gpt2", "openai-community/gpt2-medium", "openai-community/gpt2-large",
@@ -32,12 +33,19 @@ OLMO = "allenai/Olmo-3-1025-7B"
 FIG4_REVISIONS = 8
 """Branches analysed by default: evenly spaced from the first to the last pre-training step."""
 MLP_WIDTH_CONFIGS = tuple(f"train_configs/gpt2_small_mlp{w}.toml" for w in (768, 1536, 3072, 6144))
+REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
+"""Models that ship their own modelling code: analysed with ``--trust-remote-code`` (the
+authors load every model with ``trust_remote_code=True``)."""
 CORPORA: dict[str, str | None] = {
     # name -> our registered dataset (--dataset), or None: give a jsonl with --corpus NAME=FILE
     "wikitext-103": "wikitext-103", "pubmed_qa": None, "imdb": None, "squad": None,
 }
 """The robustness figure's texts (the authors' ``--dataset wikipedia|pubmed|imdb|squad``:
-wikitext-103-v1, pubmed_qa pqa_labeled, imdb, squad)."""
+wikitext-103-v1, pubmed_qa pqa_labeled ``long_answer``, imdb ``text``, squad ``context``, train
+splits; ``key_observations/utils/text_data.py``). Under ``--protocol paper`` (the default)
+wikitext-103 is the protocol's own corpus and a jsonl's rows are concatenated as theirs."""
+PAPER_CORPUS = "wikitext-103"
+"""The corpus ``analyze --protocol paper`` reads by itself (wikitext-103-v1 train)."""
 
 SIZES_B = {  # nominal parameters, billions
     "gpt2": 0.124, "gpt2-medium": 0.355, "gpt2-large": 0.774, "gpt2-xl": 1.5, "Qwen-1_8B": 1.8, "Qwen-7B": 7,
@@ -49,8 +57,13 @@ SIZES_B = {  # nominal parameters, billions
     "DeepSeek-R1-Distill-Qwen-32B": 32, "Olmo-3-1025-7B": 7,
 }
 GPU_MEMORY_GB = 80
-SINGLE_GPU_B = 35
-"""Above this many billion parameters a bf16 model needs more than one 80 GB GPU (--device-map auto)."""
+DTYPE_BYTES = {"fp32": 4, "bf16": 2}
+
+
+def gpus_needed(billions: float, dtype: str = "fp32") -> int:
+    """80 GB GPUs that hold the weights in ``dtype`` with 20% headroom (fp32, the artifacts' default:
+    one up to ~16B parameters; several, with --device-map auto, above)."""
+    return max(1, math.ceil(billions * DTYPE_BYTES[dtype] * 1.2 / GPU_MEMORY_GB))
 
 
 def size_b(model: str) -> float:
@@ -58,8 +71,8 @@ def size_b(model: str) -> float:
 
 
 def analysis_gpu_hours(billions: float) -> float:
-    """Estimate for one model state at K=100, S=512: loading the bf16 weights (~2 GB per
-    billion at ~1 GB/s) dominates the forward passes (2·N·51,200 FLOPs)."""
+    """Estimate for one model state at K=100, S=512: reading the checkpoint (~2 GB per billion,
+    the hub's bf16, at ~1 GB/s) dominates the forward passes (2·N·51,200 FLOPs)."""
     return 0.02 + billions * 2 / 3600
 
 
@@ -70,8 +83,8 @@ def _models_line(models: tuple[str, ...]) -> str:
 def _hours(models: tuple[str, ...], states: int = 1) -> str:
     hours = sum(analysis_gpu_hours(size_b(m)) for m in models) * states
     biggest = max(size_b(m) for m in models)
-    gpus = (f"largest {biggest:g}B: bf16 on several GPUs (--device-map auto)" if biggest > SINGLE_GPU_B
-            else f"largest {biggest:g}B: one 80 GB GPU")
+    gpus = (f"largest {biggest:g}B: {gpus_needed(biggest)} GPUs in fp32 (--device-map auto; --dtype bf16 halves "
+            "the memory)" if gpus_needed(biggest) > 1 else f"largest {biggest:g}B: one 80 GB GPU in fp32")
     return f"~{hours:.1f} GPU-hours (estimate, not measured; {gpus}; plus downloading the weights)"
 
 

@@ -1,20 +1,26 @@
 """Every number an artifact draws, read from the analyses its plan made: per model state
 its parameters, per-layer mean cosine and density histogram, Spearman's ρ and Kendall's
-τ of mean cosine against depth with their p-values; per row the trend against size
-(or MLP width, or training step); for pairs their differences. ``numbers`` is what
-``ARTIFACT.json`` holds."""
+τ of mean cosine against depth with their p-values, the mean of its last N layers for
+the authors' last-n panels; per row the trend against size (or MLP width, or training
+step); for pairs their differences. ``numbers`` is what ``ARTIFACT.json`` holds.
+
+Every figure and statistic runs over the layer points the analysis was made with (its
+``layer_points``): under ``--protocol paper``, the artifacts' default, transformers' n + 1
+``hidden_states`` (embedding, blocks 1 … n−1, final-norm output), as the authors'
+``compute_embedding_cossim.py`` and ``plot_trend.py``."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from ...analysis.condensation_schema import Condensation
+import numpy as np
+
+from ...analysis.condensation_schema import Condensation, LayerCondensation
 from ...analysis.inputs import differences
 from ...analysis.result_files import read_analyses
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
-from ...analysis.size_series import last_n_mean
-from ...analysis.statistics import rank_trend
+from ...analysis.statistics import point_layers, rank_trend
 from .plan import HF, MissingInput, Model, Plan
 
 _TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
@@ -27,8 +33,25 @@ class Entry:
     result: Condensation
 
     @property
+    def layers(self) -> list[LayerCondensation]:
+        """The layers on the depth axis (the analysis' ``layer_points``)."""
+        return point_layers(self.result)
+
+    @property
     def curve(self) -> list[float]:
-        return self.result.curve
+        return [layer.mean_cos for layer in self.layers]
+
+    def last_n_mean(self, n: int) -> float:
+        return float(np.mean(self.curve[-n:]))
+
+
+LAST_N_PANELS = (1, 2, 3, 4, 5)
+"""The authors' last-n panels (``plot_trend.py --last-n``): the mean of the last N = 1 … 5 layer
+points, and of the last L//2 + 1 of a model's L points (``half_n``)."""
+
+
+def half_n(points: int) -> int:
+    return points // 2 + 1
 
 
 def tokens_seen(revision: str | None) -> str | None:
@@ -96,10 +119,14 @@ def model_numbers(entry: Entry) -> dict:
     return {
         "label": entry.label, "row": entry.row, "model": r.model or r.run, "revision": r.revision, "step": r.step,
         "tokens_seen": tokens_seen(r.revision), "n_params": r.n_params,
-        "layers": [layer.name for layer in r.layers],
+        "layer_points": r.inputs.get("layer_points", "all"),
+        "layers": [layer.name for layer in entry.layers],
         "mean_cos": entry.curve,
         **rank_trend(list(range(len(entry.curve))), entry.curve),
-        f"mean_cos_last_{LAST_N}": last_n_mean(entry.result, LAST_N),
+        f"mean_cos_last_{LAST_N}": entry.last_n_mean(LAST_N),
+        "mean_cos_last_n": {str(n): entry.last_n_mean(n) for n in LAST_N_PANELS},
+        "half_n": half_n(len(entry.curve)),
+        "mean_cos_last_half": entry.last_n_mean(half_n(len(entry.curve))),
         "tokens_sha256": r.tokens_sha256,
     }
 
@@ -109,7 +136,7 @@ def row_numbers(plan: Plan, found: list[Entry]) -> list[dict]:
     for row in dict.fromkeys(e.row for e in found):
         group = [e for e in found if e.row == row]
         x = [size_of(plan, e) for e in group]
-        y = [last_n_mean(e.result, LAST_N) for e in group]
+        y = [e.last_n_mean(LAST_N) for e in group]
         against = {"fig3": "mlp_width", "fig4": "step"}.get(plan.artifact, "n_params")
         rows.append({"row": row, "models": [e.label for e in group], "against": against, "x": x,
                      f"mean_cos_last_{LAST_N}": y,
@@ -141,6 +168,8 @@ def numbers(plan: Plan, found: list[Entry]) -> dict:
                     if k != "tokens_sha256"} for row in dict.fromkeys(e.row for e in found)}
     return {"artifact": plan.artifact, "inputs": inputs,
             "depth_trend": "Spearman's rho and Kendall's tau of per-layer mean_cos against layer index "
-                           "(embedding = 0), two-sided p-values (scipy)",
+                           "(embedding = 0) over each model's layer points, two-sided p-values (scipy)",
+            "last_n": "mean_cos_last_n: the mean of the last N layer points, N = 1..5; mean_cos_last_half: of "
+                      "the last half_n = L//2+1 of L points (the authors' plot_trend.py --last-n panels)",
             "models": [model_numbers(e) for e in found], "rows": row_numbers(plan, found),
             "pairs": pair_numbers(plan, found)}

@@ -16,7 +16,7 @@ import numpy as np
 from ...analysis.figures import plt  # the Agg backend is chosen there
 from ...analysis.result_files import atomic_write
 from ...analysis.statistics import HIST_RANGE, layer_fraction, rank_trend
-from .collect import Entry
+from .collect import LAST_N_PANELS, Entry, half_n
 
 WIDTH_IN = 7.0
 PER_LINE = 4
@@ -39,9 +39,9 @@ def save(fig, stem: str) -> None:
 
 
 def _heatmap(ax, entry: Entry, norm):
-    layers = entry.result.layers
+    layers = entry.layers
     density = np.array([layer.hist for layer in layers]).T
-    x = np.array([layer_fraction(layer.index, len(layers)) for layer in layers])
+    x = np.array([layer_fraction(i, len(layers)) for i in range(len(layers))])
     half = 0.5 / (len(x) - 1)
     x_edges = np.concatenate([x - half, [x[-1] + half]])
     y_edges = np.linspace(*HIST_RANGE, density.shape[0] + 1)
@@ -140,5 +140,28 @@ def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired:
     bar = fig.colorbar(mesh, ax=heat_axes, shrink=min(0.8, 2.5 / total), aspect=15, extend="max")
     bar.set_label("density (shared scale)", fontsize=FONT)
     bar.ax.tick_params(labelsize=FONT - 1)
+    fig.suptitle(title, fontsize=FONT + 1)
+    return fig
+
+
+def last_n_figure(entries: list[Entry], title: str):
+    """The authors' last-n panels (``plot_trend.py --last-n``), one line of panels per row: the
+    mean cosine of the last N layer points per model, N = 1 … 5 and L//2 + 1."""
+    rows = list(dict.fromkeys(e.row for e in entries))
+    panels = len(LAST_N_PANELS) + 1
+    fig, axes = plt.subplots(len(rows), panels, figsize=(WIDTH_IN, 0.6 + 1.6 * len(rows)), layout="constrained",
+                             squeeze=False, sharey=True)
+    for line, row in zip(axes, rows, strict=True):
+        group = [e for e in entries if e.row == row]
+        x = np.arange(len(group))
+        columns = [(f"last {n}", [e.last_n_mean(n) for e in group]) for n in LAST_N_PANELS]
+        columns.append(("last L//2+1", [e.last_n_mean(half_n(len(e.curve))) for e in group]))
+        for ax, (name, values) in zip(line, columns, strict=True):
+            ax.plot(x, values, "o-", color="tab:blue", ms=3, lw=1)
+            ax.set_xticks(x, tick_labels([e.label for e in group]), rotation=90, fontsize=FONT - 2)
+            ax.tick_params(axis="y", labelsize=FONT - 1)
+            ax.set_title(name, fontsize=FONT)
+            ax.grid(alpha=0.3)
+        line[0].set_ylabel(f"{row}\nmean cosine", fontsize=FONT)
     fig.suptitle(title, fontsize=FONT + 1)
     return fig

@@ -17,6 +17,10 @@ HF = "hf:"
 ANALYZE_OPTIONS = ("texts", "dataset", "dataset_path", "num_sequences", "seq_len", "seed", "protocol", "batch_size",
                    "device", "dtype", "device_map")
 """``analyze``'s options an analysing artifact passes on (same names)."""
+PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}
+"""What an analysing artifact gives ``analyze`` unless told otherwise: the authors' texts and
+n + 1 ``hidden_states`` points (``--protocol paper``), and fp32, as they ran every model."""
+ANALYSIS_PROTOCOLS = ("paper", "default")
 EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot", "batch_size", "device")
 """``evaluate``'s options ``table2`` passes on."""
 
@@ -43,6 +47,8 @@ class Model:
     """Nominal billions of parameters (the paper's models), for the GPU check."""
     steps: str | None = None
     """``--steps`` for a run: its last checkpoint."""
+    trust_remote_code: bool = False
+    """Loaded with ``--trust-remote-code`` (a model that ships its own code)."""
 
 
 @dataclass(frozen=True)
@@ -106,12 +112,13 @@ def model_of(text: str, analyses: str, row: str | None = None, size_b: float | N
     model = target[len(HF):].rpartition("@")[0] or target[len(HF):]
     label = os.path.basename(os.path.normpath(model))
     return Model(target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label,
-                 size_b)
+                 size_b, trust_remote_code=model in catalog.REMOTE_CODE)
 
 
 def analyze_step(model: Model, analyze_args: list[str]) -> Step:
     steps = ["--steps", model.steps] if model.steps else []
-    return Step("analyze", [model.target, *steps, *analyze_args, "--out", model.out], model.label)
+    remote = ["--trust-remote-code"] if model.trust_remote_code else []
+    return Step("analyze", [model.target, *steps, *analyze_args, *remote, "--out", model.out], model.label)
 
 
 def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
@@ -174,7 +181,8 @@ def _fig4_model(options: dict, analyses: str) -> Model:
 
 
 def corpora(options: dict) -> dict[str, list[str]]:
-    """robustness: corpus name -> analyze's input options for it (``--dataset D`` or ``--texts FILE``)."""
+    """robustness: corpus name -> analyze's input options for it (``--dataset D`` or ``--texts FILE``;
+    none for wikitext-103 under ``--protocol paper``, which reads it, from ``--dataset-path`` if given)."""
     given = options.get("corpus") or []
     chosen: dict[str, str | None] = dict(catalog.CORPORA) if not given else {}
     for entry in given:
@@ -183,12 +191,16 @@ def corpora(options: dict) -> dict[str, list[str]]:
             raise ArgumentError(f"--corpus: {entry!r} is not NAME=DATASET or NAME=FILE.jsonl")
         chosen[name] = source
     inputs = {}
+    paper = options.get("protocol") == "paper"
     for name, source in chosen.items():
+        if paper and source == catalog.PAPER_CORPUS:
+            inputs[name] = passed_on(options, ("dataset_path",))
+            continue
         if source is None:
             raise MissingInput(f"robustness: no texts for {name} here; give --corpus {name}=FILE.jsonl (a \"text\" "
                                f"field per line; docs/reproduction.md shows how to export it with datasets)")
         inputs[name] = ["--texts", source] if source.endswith(".jsonl") or os.path.isfile(source) else \
-            ["--dataset", source]
+            ["--dataset", source, *passed_on(options, ("dataset_path",))]
     return inputs
 
 
@@ -196,8 +208,9 @@ def build(artifact: str, options: dict) -> Plan:
     """The plan of ``artifact`` under ``options`` (the parsed command line, by dest)."""
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
-    analyze_args = passed_on(options, ANALYZE_OPTIONS)
     if artifact == "table2":
+        if options.get("trust_remote_code"):
+            raise ArgumentError("--trust-remote-code: only for the analysing artifacts (table2 evaluates our runs)")
         specs = options.get("models") or _default_models(artifact, analyses)
         runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
         for run in runs:
@@ -207,6 +220,11 @@ def build(artifact: str, options: dict) -> Plan:
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
         return Plan(artifact, out, steps, runs=list(specs))
+    options = {**options, **{k: v for k, v in PAPER_DEFAULTS.items() if options.get(k) is None}}
+    if options["protocol"] not in ANALYSIS_PROTOCOLS:
+        raise ArgumentError(f"--protocol: {options['protocol']!r} is analyze's paper (the default) or default "
+                            "for this artifact")
+    analyze_args = passed_on(options, ANALYZE_OPTIONS)
     if options.get("revisions") and artifact != "fig4":
         raise ArgumentError("--revisions: only for fig4")
     if options.get("corpus") and artifact != "robustness":
@@ -216,6 +234,8 @@ def build(artifact: str, options: dict) -> Plan:
         return Plan(artifact, out, [analyze_step(model, analyze_args)], [model])
     if options.get("models"):
         models = [model_of(m, analyses, size_b=catalog.SIZES_B.get(m.rsplit("/", 1)[-1])) for m in options["models"]]
+        if options.get("trust_remote_code"):
+            models = [replace(m, trust_remote_code=m.target.startswith(HF)) for m in models]
         pairs = []
         if artifact == "fig5":
             if len(models) % 2:
@@ -229,12 +249,13 @@ def build(artifact: str, options: dict) -> Plan:
         if options.get("texts") or options.get("dataset"):
             raise ArgumentError("--texts/--dataset: robustness sets them per corpus; use --corpus NAME=SOURCE")
         rows, steps = [], []
+        shared = passed_on({**options, "dataset_path": None}, ANALYZE_OPTIONS)  # --dataset-path: per corpus
         for name, inputs in corpora(options).items():
             for m in models:
                 placed = replace(m, row=name,
                                  out=os.path.join(analyses, f"corpus-{safe_name(name)}", os.path.basename(m.out)))
                 rows.append(placed)
-                argv = analyze_step(placed, [*inputs, *analyze_args]).argv
+                argv = analyze_step(placed, [*inputs, *shared]).argv
                 steps.append(Step("analyze", argv, f"{m.label} on {name}"))
         return Plan(artifact, out, steps, rows)
     return Plan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs)

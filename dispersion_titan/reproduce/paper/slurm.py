@@ -4,7 +4,6 @@ that draws the artifact once all of them succeeded (``--dependency=afterok``).""
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import subprocess
@@ -31,11 +30,13 @@ def jobs(plan: Plan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[
 
 
 def _spread(size_b: float | None, argv: list[str]) -> tuple[list[str], list[str]]:
-    """A model too large for one 80 GB GPU in bf16 gets the GPUs its weights need (with 20%
-    headroom) and ``--device-map auto``; a later ``--sbatch-arg=--gpus=N`` overrides the count."""
-    if size_b is None or size_b <= catalog.SINGLE_GPU_B:
+    """A model too large for one 80 GB GPU in its ``--dtype`` (fp32 unless said) gets the GPUs its
+    weights need (``catalog.gpus_needed``) and ``--device-map auto``; a later
+    ``--sbatch-arg=--gpus=N`` overrides the count."""
+    dtype = argv[argv.index("--dtype") + 1] if "--dtype" in argv else "fp32"
+    gpus = 1 if size_b is None else catalog.gpus_needed(size_b, dtype)
+    if gpus == 1:
         return [], argv
-    gpus = math.ceil(size_b * 2 * 1.2 / catalog.GPU_MEMORY_GB)
     return [f"--gpus={gpus}"], argv if "--device-map" in argv else [*argv, "--device-map", "auto"]
 
 

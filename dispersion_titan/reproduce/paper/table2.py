@@ -11,7 +11,7 @@ import os
 
 from ...analysis.result_files import atomic_write, write_json
 from ...evaluation.protocol import is_accuracy
-from ...evaluation.table import TESTS, Selection, table
+from ...evaluation.table import PRETRAINED, TESTS, Selection, table
 from .draw import FONT, WIDTH_IN, plt, save
 
 
@@ -50,9 +50,18 @@ def latex(columns: list[str], rows: list[dict], reference: str) -> str:
     header = ["arm", "seeds", *columns, "average", f"p vs {reference}"]
     lines = [r"\begin{tabular}{l" + "c" * (len(header) - 1) + "}", r"\toprule",
              " & ".join(esc(h) for h in header) + r" \\", r"\midrule"]
-    lines += [" & ".join(esc(c).replace("±", r"$\pm$") for c in _cells(columns, row)) + r" \\" for row in rows]
+    for row in rows:
+        lines.append(" & ".join(esc(c).replace("±", r"$\pm$") for c in _cells(columns, row)) + r" \\")
+        if row["arm"] != PRETRAINED and _float(row["average_diff"]) is not None:  # the authors' second line
+            lines.append(" & ".join(["", "", *_differences(columns, row), ""]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
+
+
+def _differences(columns: list[str], row: dict) -> list[str]:
+    """The row's differences from the Pretrained row, signed, as the authors' second line of each row."""
+    return [f"{_float(row[f'{c}_diff']):+.{4 if is_accuracy(c) or c == 'average' else 2}f}"
+            for c in (*columns, "average")]
 
 
 def _figure(columns: list[str], rows: list[dict], reference: str, rule: str, test: str, stem: str) -> None:
@@ -70,22 +79,30 @@ def _figure(columns: list[str], rows: list[dict], reference: str, rule: str, tes
     save(fig, stem)
 
 
-def write_table2(specs: list[str], out: str, selection: Selection, reference: str | None, test: str) -> str:
+def _numbers(columns: list[str], row: dict) -> dict:
+    return {"arm": row["arm"], "runs": row["runs"].split(";"), "steps": [int(s) for s in row["steps"].split(";")],
+            "mean": {c: _float(row[f"{c}_mean"]) for c in columns},
+            "std": {c: _float(row[f"{c}_std"]) for c in columns},
+            "average_mean": _float(row["average_mean"]), "average_std": _float(row["average_std"]),
+            "avg_rank": _float(row["avg_rank"]), "p_value": _float(row["p_value"]),
+            "significance": row["significance"],
+            "difference": {c: _float(row[f"{c}_diff"]) for c in (*columns, "average")}}
+
+
+def write_table2(specs: list[str], out: str, selection: Selection, reference: str | None, test: str,
+                 pretrained: str = "auto") -> str:
     """``out/table2.{md,tex,json,png,pdf}`` (and ``evaluate table``'s files in ``out/table2/``)."""
     folder = os.path.join(out, "table2")
-    markdown = table(specs, folder, selection, reference, test)
+    markdown = table(specs, folder, selection, reference, test, pretrained)
     rule = selection.rule
     columns, rows = _rows(os.path.join(folder, "table.csv"))
     reference = rows[0]["reference"]
     atomic_write(os.path.join(out, "table2.md"), lambda f: f.write(markdown))
     atomic_write(os.path.join(out, "table2.tex"), lambda f: f.write(latex(columns, rows, reference)))
+    base = next((row for row in rows if row["arm"] == PRETRAINED), None)
     write_json(os.path.join(out, "table2.json"), {
         "artifact": "table2", "select": str(selection), "test": test, "reference": reference, "columns": columns,
-        "arms": [{"arm": row["arm"], "runs": row["runs"].split(";"), "steps": [int(s) for s in row["steps"].split(";")],
-                  "mean": {c: _float(row[f"{c}_mean"]) for c in columns},
-                  "std": {c: _float(row[f"{c}_std"]) for c in columns},
-                  "average_mean": _float(row["average_mean"]), "average_std": _float(row["average_std"]),
-                  "avg_rank": _float(row["avg_rank"]), "p_value": _float(row["p_value"]),
-                  "significance": row["significance"]} for row in rows]})
+        "pretrained": None if base is None else _numbers(columns, base),
+        "arms": [_numbers(columns, row) for row in rows if row is not base]})
     _figure(columns, rows, reference, rule, test, os.path.join(out, "table2"))
     return markdown
