@@ -22,6 +22,7 @@ from scipy import stats
 from ..analysis.compare import dispersion_variant
 from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.checkpoints import LEDGER_KEYS, identity_changed, load_run_metadata
+from ..run_folder.writer_lock import sole_writer
 from . import EvaluationError
 from .arms import ArmRow, RunScores
 from .figure import average_accuracy_figure
@@ -88,6 +89,22 @@ def _check_fresh(folder: str, result: dict) -> None:
                               "python -m dispersion_titan.evaluate RUN --force")
 
 
+def _check_alike(folder: str, weighed: list[dict]) -> None:
+    """The results ``--select best`` weighs against each other were made with one set of
+    settings, or it is refused in one line naming the steps of each and what differs."""
+    groups: dict[str, list[int]] = {}
+    for result in sorted(weighed, key=lambda r: r[OURS]["step"]):
+        groups.setdefault(json.dumps(settings(result), sort_keys=True), []).append(result[OURS]["step"])
+    if len(groups) > 1:
+        (first, first_steps), (other, other_steps) = list(groups.items())[:2]
+        raise EvaluationError(
+            f"--select best: {folder}: steps {first_steps} and {other_steps} were evaluated with other settings "
+            f"({differences(json.loads(first), json.loads(other))}); results of other settings are not weighed "
+            "together: evaluate them alike (python -m dispersion_titan.evaluate RUN --force with one set of "
+            "settings), or use --select step:N"
+        )
+
+
 def select(run: str, selection: Selection) -> RunScores:
     """The checkpoint ``selection`` picks: ``best`` (highest mean acc among the authors'
     evaluated steps; the earliest of equals), ``last``, or ``step:N``; each result it weighs
@@ -106,6 +123,7 @@ def select(run: str, selection: Selection) -> RunScores:
             raise EvaluationError(f"--select best: {run} has no evaluation of the steps the authors evaluate "
                                   f"({sorted(wanted)}; have {sorted(results)}); evaluate those steps "
                                   "(--steps), or use --select last or step:N")
+        _check_alike(folder, list(candidates.values()))
         averages = {step: mean_accuracy(result_scores(r)) for step, r in candidates.items()}
         if None in averages.values():
             raise EvaluationError(f"--select best: {run} has evaluations without accuracy scores")
@@ -271,8 +289,9 @@ def table(specs: list[str], out: str, selection: Selection, reference: str | Non
     columns, rows = arm_rows(by_arm, reference, test)
     ensure_writable(out, "--out")
     text = markdown(columns, rows, reference, selection, test)
-    atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
-    write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test))
-    average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test],
-                            os.path.join(out, "table.png"))
+    with sole_writer(out):
+        atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
+        write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test))
+        average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test],
+                                os.path.join(out, "table.png"))
     return text
