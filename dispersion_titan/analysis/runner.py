@@ -29,7 +29,7 @@ from ..run_folder.checkpoints import (
     load_model_args,
     load_run_metadata,
 )
-from ..run_folder.writer_lock import sole_writer
+from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
@@ -128,6 +128,7 @@ class Analysis:
         self.dtype = dtype
         self.model = model
         self.device = resolve_device(options.device, dtype)
+        refuse_if_busy(out, COMMAND)  # a busy folder's owner named at once, before the inputs are read
         self.sequences = select_sequences(inputs, encode)
         self.geometry_sequences = int(geometry_mask(len(self.sequences.tokens), options.geometry_sequences).sum())
         ensure_writable(self.out, "--out")

@@ -92,14 +92,15 @@ def _check_fresh(folder: str, result: dict) -> None:
 def _check_alike(folder: str, weighed: list[dict]) -> None:
     """The results ``--select best`` weighs against each other were made with one set of
     settings, or it is refused in one line naming the steps of each and what differs."""
-    groups: dict[str, list[int]] = {}
+    groups: dict[str, tuple[dict, list[int]]] = {}  # the settings as JSON -> (the settings, their steps)
     for result in sorted(weighed, key=lambda r: r[OURS]["step"]):
-        groups.setdefault(json.dumps(settings(result), sort_keys=True), []).append(result[OURS]["step"])
+        key = json.dumps(settings(result), sort_keys=True)
+        groups.setdefault(key, (settings(result), []))[1].append(result[OURS]["step"])
     if len(groups) > 1:
-        (first, first_steps), (other, other_steps) = list(groups.items())[:2]
+        (first, first_steps), (other, other_steps) = list(groups.values())[:2]
         raise EvaluationError(
             f"--select best: {folder}: steps {first_steps} and {other_steps} were evaluated with other settings "
-            f"({differences(json.loads(first), json.loads(other))}); results of other settings are not weighed "
+            f"({differences(first, other)}); results of other settings are not weighed "
             "together: evaluate them alike (python -m dispersion_titan.evaluate RUN --force with one set of "
             "settings), or use --select step:N"
         )
