@@ -26,7 +26,7 @@ from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
-from support.launch import DEBUG_TOML, REPO, launch_env, paused_writer, python_module
+from support.launch import DEBUG_TOML, REPO, held_by_another_command, launch_env, paused_writer, python_module
 from support.runs import digests
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
@@ -551,18 +551,11 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
                           f"{tmp_path / 'absent'}: no such folder")
     # A table into a folder another live command writes: refused, naming it.
     busy = tmp_path / "busy"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from dispersion_titan.run_folder.writer_lock "
-                               "import sole_writer\nwith sole_writer(sys.argv[1]):\n    print(flush=True); "
-                               "time.sleep(120)", str(busy)], cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, text=True)
-    try:
-        holder.stdout.readline()  # it holds the lock
+    with held_by_another_command(busy) as holder:
         assert_one_line_error(*evaluate("table", *runs, "--out", busy, capsys=capsys)[::2],
-                              f"{busy}: another command is writing here (PID {holder.pid} on {socket.gethostname()}, ",
+                              f"{busy}: another command is writing here (PID {holder} on {socket.gethostname()}, ",
                               "use another --out")
         assert sorted(os.listdir(busy)) == [LOCK_NAME]
-    finally:
-        holder.kill()
-        holder.wait()
     # Results of other settings: across runs, and among the steps --select best weighs in one run.
     for step in (0, 3, 5, 10):
         other = read_json(fabricated["disp_s2"] / "evaluation" / f"step-{step}" / "results.json")

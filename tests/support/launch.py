@@ -11,7 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
@@ -127,3 +129,19 @@ def paused_writer(module: str, *args: str, folder: Path, env: dict[str, str] | N
             return owner["pid"], job
         time.sleep(0.005)
     raise AssertionError(f"{module} never held {folder}'s lock: {job.result().stderr[-3000:] if job.done() else ''}")
+
+
+@contextmanager
+def held_by_another_command(folder: Path) -> Iterator[int]:
+    """``folder``'s writer lock held, for the block, by a live process of this host that takes it
+    as every command does (``sole_writer``); yields its PID."""
+    code = ("import sys, time\nfrom dispersion_titan.run_folder.writer_lock import sole_writer\n"
+            "with sole_writer(sys.argv[1]):\n    print(flush=True)\n    time.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, env=launch_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()  # it holds the lock
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
