@@ -303,14 +303,15 @@ def test_two_analyses_at_once_one_writer(run, tmp_path):
                                "--seed", "7", "--out", str(out), "--tb-dir", str(tb), timeout=300)
         assert_one_line_error(second.returncode, second.stderr,
                               f"{out}: another command is writing here (PID {first} on {socket.gethostname()}, "
-                              f"python -m dispersion_titan.analyze {run} --num-sequences {K}", "use another --out")
+                              "python -m dispersion_titan.analyze ", "use another --out")  # its command, maybe cut
         assert digests(out) == before
     finally:
         os.kill(first, signal.SIGCONT)
     done = job.result()
     assert done.returncode == 0, done.stderr[-3000:]
     results = {p.parent.name: read_json(p) for p in out.glob("step-*/condensation.json")}
-    assert sorted(results) == ["step-0"] and (results["step-0"]["num_sequences"], results["step-0"]["inputs"]["seed"]) == (K, 0)
+    assert sorted(results) == ["step-0"]
+    assert (results["step-0"]["num_sequences"], results["step-0"]["inputs"]["seed"]) == (K, 0)
     assert not (out / LOCK_NAME).exists()
 
 
@@ -329,7 +330,7 @@ def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(r
     code, stdout, _ = analyze(run, *other, "--force", capsys=capsys)
     assert code == 0 and "note: 2 older analyses" in stdout
     assert read_json(out / "step-4" / "condensation.json")["num_sequences"] == 4
-    assert {k: v for k, v in digests(out).items() if k.startswith("step-0/") or k.startswith("step-2/")} == before
+    assert {k: v for k, v in digests(out).items() if k.startswith(("step-0/", "step-2/"))} == before
 
 
 def test_compare_runs(run, analyzed, tmp_path, capsys):

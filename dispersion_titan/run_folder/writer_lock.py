@@ -101,7 +101,7 @@ def live_owner(folder: str | os.PathLike) -> Owner | None:
     path = Path(folder) / LOCK_NAME
     try:
         age = time.time() - path.stat().st_mtime
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no lock, or no such folder (yet)
         return None
     owner = _read(path)
     me = this_process()
