@@ -69,7 +69,8 @@ def analyze_parser() -> argparse.ArgumentParser:
     add_device_arguments(p, dtype_default=None,
                          dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)")
     p.add_argument("--device-map", choices=("auto",), help="hf: spread the model over all visible GPUs (accelerate)")
-    p.add_argument("--force", action="store_true", help="recompute steps already analyzed")
+    p.add_argument("--force", action="store_true",
+                   help="analyze the selected steps anew, also into an --out holding other settings")
     p.add_argument("--wandb", action="store_true",
                    help="also log the results to the run's W&B run (trained with [metrics] enable_wandb)")
     return p

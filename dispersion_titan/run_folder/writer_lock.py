@@ -65,7 +65,7 @@ class Owner:
                 f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.since))}")
 
 
-def command_line() -> str:
+def this_command() -> str:
     """This process's command as typed (``python -m MODULE ARGS``), cut to ``COMMAND_CHARS``."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     name = getattr(spec, "name", None)
@@ -75,7 +75,7 @@ def command_line() -> str:
 
 
 def this_process() -> Owner:
-    return Owner(socket.gethostname(), os.getpid(), os.environ.get("SLURM_JOB_ID", ""), time.time(), command_line())
+    return Owner(socket.gethostname(), os.getpid(), os.environ.get("SLURM_JOB_ID", ""), time.time(), this_command())
 
 
 def _read(path: Path) -> Owner | None:
