@@ -72,7 +72,8 @@ def analyze_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="hf: run the modelling code a model ships (the original Qwen's), as transformers' "
                         "trust_remote_code; without it such a model is refused in one line")
-    p.add_argument("--force", action="store_true", help="recompute steps already analyzed")
+    p.add_argument("--force", action="store_true",
+                   help="analyze the selected steps anew, also into an --out holding other settings")
     p.add_argument("--wandb", action="store_true",
                    help="also log the results to the run's W&B run (trained with [metrics] enable_wandb)")
     return p

@@ -71,7 +71,8 @@ def evaluate_parser() -> argparse.ArgumentParser:
                         "which moves log-likelihoods in their last digits)")
     p.add_argument("--out", help="output folder (default: RUN/evaluation)")
     add_device_arguments(p)
-    p.add_argument("--force", action="store_true", help="recompute steps already evaluated")
+    p.add_argument("--force", action="store_true",
+                   help="evaluate the selected steps anew, also into an --out holding other settings")
     p.add_argument("--wandb", action="store_true",
                    help="also log the scores to the run's W&B run (trained with [metrics] enable_wandb)")
     return p

@@ -22,6 +22,7 @@ from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments
 from dispersion_titan.evaluate import _selection, add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.reproduce.paper import catalog
+from dispersion_titan.run_folder.writer_lock import sole_writer
 from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
 
 ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "robustness")
@@ -143,9 +144,11 @@ def run_paper(argv: list[str]) -> int:
 
         planning.check_hub(plan)
         planning.check_devices(plan, options, torch.cuda.is_available())
-        _run_locally(plan, a.artifact)
-    written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference,
-                            a.test, a.pretrained)
+    with sole_writer(plan.out):  # each analyze or evaluate it runs holds its own --out as well
+        if not a.draw_only:
+            _run_locally(plan, a.artifact)
+        written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference,
+                                a.test, a.pretrained)
     print("written: " + ", ".join(written))
     return 0
 

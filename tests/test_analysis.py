@@ -8,6 +8,8 @@ import csv
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +27,11 @@ from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 
 from support.cli import analyze, assert_one_line_error
-from support.launch import REPO, launch_env, torchrun
+from support.launch import REPO, launch_env, paused_writer, python_module, torchrun
+from support.runs import digests
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
 OPTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "3"]
@@ -284,6 +288,49 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
     assert_one_line_error(*analyze(run, "--num-sequences", "4", "--seq-len", str(S), capsys=capsys)[::2],
                           "--out", "num_sequences 8 vs 4")
     assert mtimes(analyzed) == before
+
+
+def test_two_analyses_at_once_one_writer(run, tmp_path):
+    """Issue 35: two real ``analyze`` processes with other settings on one run. The first is
+    paused while it holds the output folder; the second is refused in one line naming it and
+    changes nothing; the first then ends with its own results only."""
+    out, tb = tmp_path / "condensation", tmp_path / "tb"
+    first, job = paused_writer("dispersion_titan.analyze", str(run), *OPTS, "--steps", "0", "--out", str(out),
+                               "--tb-dir", str(tb), folder=out)
+    try:
+        before = digests(out)
+        second = python_module("dispersion_titan.analyze", str(run), "--num-sequences", "4", "--seq-len", str(S),
+                               "--seed", "7", "--out", str(out), "--tb-dir", str(tb), timeout=300)
+        assert_one_line_error(second.returncode, second.stderr,
+                              f"{out}: another command is writing here (PID {first} on {socket.gethostname()}, "
+                              "python -m dispersion_titan.analyze ", "use another --out")  # its command, maybe cut
+        assert digests(out) == before
+    finally:
+        os.kill(first, signal.SIGCONT)
+    done = job.result()
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {p.parent.name: read_json(p) for p in out.glob("step-*/condensation.json")}
+    assert sorted(results) == ["step-0"]
+    assert (results["step-0"]["num_sequences"], results["step-0"]["inputs"]["seed"]) == (K, 0)
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(run, analyzed, tmp_path, capsys):
+    """Settings that differ from the results a folder holds are refused even for steps it does not
+    hold yet, naming the settings; --force computes the selected steps and keeps the others."""
+    out, tb = tmp_path / "out", tmp_path / "tb"
+    for step in (0, 2):
+        shutil.copytree(analyzed / f"step-{step}", out / f"step-{step}")
+    before = digests(out)
+    other = ["--steps", "4", "--num-sequences", "4", "--seq-len", str(S), "--seed", "7", "--out", out, "--tb-dir", tb]
+    assert_one_line_error(*analyze(run, *other, capsys=capsys)[::2],
+                          f"--out: {out}: step-0, step-2 were analyzed with other settings (num_sequences 8 vs 4, "
+                          "seed 0 vs 7); use another --out, or --force to recompute")
+    assert digests(out) == before
+    code, stdout, _ = analyze(run, *other, "--force", capsys=capsys)
+    assert code == 0 and "note: 2 older analyses" in stdout
+    assert read_json(out / "step-4" / "condensation.json")["num_sequences"] == 4
+    assert {k: v for k, v in digests(out).items() if k.startswith(("step-0/", "step-2/"))} == before
 
 
 def test_compare_runs(run, analyzed, tmp_path, capsys):

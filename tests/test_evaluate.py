@@ -10,6 +10,8 @@ import csv
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,11 +23,12 @@ from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan, run_protocol
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 from dispersion_titan.models.qwen3 import Qwen3Args
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
-from support.launch import DEBUG_TOML, REPO, launch_env, python_module
-from support.runs import tiny_run
+from support.launch import DEBUG_TOML, REPO, held_by_another_command, launch_env, paused_writer, python_module
+from support.runs import digests, tiny_run
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
 LIMIT = 12
@@ -244,21 +247,30 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path
 
     # Other settings into an existing folder: refused in one line, nothing touched.
     code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--limit", "6", capsys=capsys)
-    assert_one_line_error(code, err, "--out", "step 0 was evaluated with other settings", "limit 12 vs 6", "--force")
+    assert_one_line_error(code, err, f"--out: {evaluated}: steps 0, 2 were evaluated with other settings "
+                                     "(limit 12 vs 6)",
+                          "use another --out, or --force to recompute")
     assert tree(evaluated) == after
 
 
-def test_other_tasks_on_other_steps_add_to_the_summary(run, evaluated, tmp_path, capsys):
-    """Step 2 scored again on wiki_text alone: step 0's row (both tasks) stays in summary.csv,
-    step 0's results are untouched."""
+def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, tmp_path, capsys):
+    """Issue 35: a folder holding step 0's results refuses step 2 scored with other settings
+    (here wiki_text alone) in one line, changing nothing. With --force step 2 is scored, step 0's
+    results and row stay; ``evaluate table`` then refuses to weigh the two steps against each other."""
     out = tmp_path / "out"
     shutil.copytree(evaluated / "step-0", out / "step-0")
     shutil.copy(evaluated / "summary.csv", out / "summary.csv")
-    before = tree(out / "step-0")
+    before = digests(out)
     with open(evaluated / "summary.csv") as f:
         step0 = next(csv.DictReader(f))
     options = [*OPTS[2:], "--tasks", "wiki_text", "--steps", "2", "--out", out]
-    code, stdout, _ = evaluate(run, "--include-path", TASKS, *options, capsys=capsys)
+    code, _, err = evaluate(run, "--include-path", TASKS, *options, capsys=capsys)
+    assert_one_line_error(code, err, f"--out: {out}: step 0 was evaluated with other settings (tasks "
+                                     "['wiki_next_word', 'wiki_text'] vs ['wiki_text'], num_fewshot ",
+                          "); use another --out, or --force to recompute")
+    assert digests(out) == before
+
+    code, stdout, _ = evaluate(run, "--include-path", TASKS, *options, "--force", capsys=capsys)
     assert code == 0 and "note: step(s) [0]" in stdout
     with open(out / "summary.csv") as f:
         rows = list(csv.DictReader(f))
@@ -267,7 +279,40 @@ def test_other_tasks_on_other_steps_add_to_the_summary(run, evaluated, tmp_path,
     step2 = read_json(out / "step-2" / "results.json")["results"]["wiki_text"]
     assert rows[1] == {"step": "2", "wiki_next_word/acc": "", "mean_acc": "",
                        "wiki_text/word_perplexity": f"{step2['word_perplexity,none']:.6g}"}
-    assert tree(out / "step-0") == before
+    assert {k: v for k, v in digests(out).items() if k.startswith("step-0/")} == \
+        {k: v for k, v in before.items() if k.startswith("step-0/")}
+
+    table_out = tmp_path / "table"
+    code, _, err = run_cli(evaluate_main, "table", str(out), "--include-initial", "--out", str(table_out),
+                           capsys=capsys)
+    assert_one_line_error(code, err, f"--select best: {out}: steps [0] and [2] were evaluated with other settings "
+                                     "(tasks ['wiki_next_word', 'wiki_text'] vs ['wiki_text'], num_fewshot ",
+                          "--force")
+    assert not table_out.exists()
+
+
+def test_two_evaluations_at_once_one_writer(run, tmp_path):
+    """Issue 35: two real ``evaluate`` processes with other settings into one folder. The first
+    is paused while it holds the folder; the second is refused in one line naming it and changes
+    nothing; the first then ends with its own results only."""
+    out = tmp_path / "evaluation"
+    first, job = paused_writer("dispersion_titan.evaluate", str(run), "--include-path", str(TASKS), *OPTS,
+                               "--steps", "0", "--out", str(out), folder=out, env=OFFLINE)
+    try:
+        before = digests(out)
+        second = python_module("dispersion_titan.evaluate", str(run), "--include-path", str(TASKS), *OPTS,
+                               "--limit", "6", "--out", str(out), env=OFFLINE, timeout=300)
+        assert_one_line_error(second.returncode, second.stderr,
+                              f"{out}: another command is writing here (PID {first} on {socket.gethostname()}, "
+                              "python -m dispersion_titan.evaluate ", "use another --out")  # its command, maybe cut
+        assert digests(out) == before
+    finally:
+        os.kill(first, signal.SIGCONT)
+    done = job.result()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.parent.name for p in out.glob("step-*/results.json")) == ["step-0"]
+    assert read_json(out / "step-0" / "results.json")["dispersion_titan"]["settings"]["limit"] == LIMIT
+    assert not (out / LOCK_NAME).exists()
 
 
 def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_path, capsys):
@@ -604,11 +649,25 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")
     assert_one_line_error(*evaluate("table", str(tmp_path / "absent"), "--out", out, capsys=capsys)[::2],
                           f"{tmp_path / 'absent'}: no such folder")
-    other = read_json(fabricated["disp_s2"] / "evaluation" / "step-3" / "results.json")
-    other["dispersion_titan"]["settings"] = {**SETTINGS, "limit": 100}
-    (fabricated["disp_s2"] / "evaluation" / "step-3" / "results.json").write_text(json.dumps(other))
+    # A table into a folder another live command writes: refused, naming it.
+    busy = tmp_path / "busy"
+    with held_by_another_command(busy) as holder:
+        assert_one_line_error(*evaluate("table", *runs, "--out", busy, capsys=capsys)[::2],
+                              f"{busy}: another command is writing here (PID {holder} on {socket.gethostname()}, ",
+                              "use another --out")
+        assert sorted(os.listdir(busy)) == [LOCK_NAME]
+    # Results of other settings: across runs, and among the steps --select best weighs in one run.
+    for step in (0, 3, 5, 10):
+        other = read_json(fabricated["disp_s2"] / "evaluation" / f"step-{step}" / "results.json")
+        other["dispersion_titan"]["settings"] = {**SETTINGS, "limit": 100}
+        (fabricated["disp_s2"] / "evaluation" / f"step-{step}" / "results.json").write_text(json.dumps(other))
     assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
                           "other settings", "limit 500 vs 100")
+    (fabricated["disp_s2"] / "evaluation" / "step-10" / "results.json").write_text(json.dumps(
+        {**other, "dispersion_titan": {**other["dispersion_titan"], "settings": SETTINGS, "step": 10}}))
+    assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
+                          f"--select best: {fabricated['disp_s2'] / 'evaluation'}: steps [3] and [10] were evaluated "
+                          "with other settings (limit 100 vs 500)")
     for step in (3, 10):  # none of the steps the authors evaluate left
         shutil.rmtree(fabricated["base_s2"] / "evaluation" / f"step-{step}")
     assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],

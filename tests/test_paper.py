@@ -333,3 +333,18 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     assert tex.startswith(r"\begin{tabular}") and r"$\pm$" in tex and "disp" in tex
     assert "| base |" in (tmp_path / "t2" / "table2.md").read_text()
     assert_figure(tmp_path / "t2" / "table2")
+    # Other settings: evaluate refuses the runs' folders, and table2 refuses to weigh a result made so.
+    models = ["--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}"]
+    options = ["--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--num-fewshot", "0", "--device", "cpu"]
+    code, _, err = paper("table2", *models, *options, "--limit", "5", "--out", tmp_path / "t3", capsys=capsys)
+    assert code == 2 and err.count("dispersion_titan: error: ") == 1  # after the progress bar, as it runs evaluate
+    assert f"error: --out: {runs['a1'] / 'evaluation'}: step 1 was evaluated with other settings (limit 4 vs 5); " \
+           "use another --out, or --force to recompute\n" in err
+    result = runs["b2"] / "evaluation" / "step-4" / "results.json"
+    changed = json.loads(result.read_text())
+    changed["dispersion_titan"]["settings"]["limit"] = 5
+    result.write_text(json.dumps(changed))
+    code, _, err = paper("table2", *models, *options, "--limit", "4", "--out", tmp_path / "t3", "--draw-only",
+                         capsys=capsys)
+    assert_one_line_error(code, err, f"{runs['b2']} was evaluated with other settings than {runs['a1']} (limit 4 vs 5)")
+    assert not list((tmp_path / "t3").glob("table2*"))

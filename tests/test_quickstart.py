@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from dispersion_titan.analysis.result_files import read_results
 from dispersion_titan.quickstart import CONFIG
 from dispersion_titan.reproduce.quickstart.findings import findings, with_dispersion
 from dispersion_titan.reproduce.quickstart.summary import load_sweep
-from support.launch import REPO, python_module
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
+from support.launch import REPO, held_by_another_command, python_module
 from support.runs import digests
 
 WIDTHS = (64, 256)
@@ -220,6 +222,17 @@ def test_bad_options_fail_with_one_line(tmp_path, options, message):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"dispersion_titan: error: {message.format(file=blocker)}"]
     assert not (tmp_path / "q").exists()
+
+
+def test_a_second_quickstart_into_a_busy_out_is_refused_naming_the_owner(tmp_path):
+    out = tmp_path / "q"
+    with held_by_another_command(out) as owner:
+        proc = quickstart(out, *OPTIONS, command_line=False)
+        assert proc.returncode == 2
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith(f"dispersion_titan: error: {out}: another command is writing here (PID {owner} on ")
+        assert line.endswith("; wait for it to end, or use another --out")
+        assert os.listdir(out) == [LOCK_NAME]
 
 
 def test_a_failing_job_is_named_with_its_exit_status_error_and_log(tmp_path):

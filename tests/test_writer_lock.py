@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.run_folder.writer_lock import LOCK_NAME, STALE_AFTER_S, RunFolderBusy, WriterLock, refuse_if_busy
+from dispersion_titan.run_folder import writer_lock
+from dispersion_titan.run_folder.writer_lock import (
+    LOCK_NAME,
+    STALE_AFTER_S,
+    RunFolderBusy,
+    WriterLock,
+    refuse_if_busy,
+    sole_writer,
+)
 
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.runs import digests
@@ -72,6 +80,22 @@ def test_a_requeued_slurm_job_takes_its_own_lock_over(tmp_path, live_pid, monkey
     owner = json.loads((tmp_path / LOCK_NAME).read_text())
     assert (owner["job_id"], owner["pid"]) == ("4242", os.getpid())
     lock.release()
+
+
+def test_a_commands_lock_names_its_command_and_stays_fresh_for_other_hosts(tmp_path, monkeypatch):
+    """``sole_writer`` (analyze's, evaluate's, the tables' --out): the owner's command line is
+    recorded; the lock is touched while held, so a long command on one node is never taken
+    for abandoned by another; it is gone afterwards."""
+    monkeypatch.setattr(writer_lock, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(sys, "argv", ["/somewhere/analyze.py", "RUN", "--num-sequences", "40"])
+    with sole_writer(tmp_path):
+        path = tmp_path / LOCK_NAME
+        assert json.loads(path.read_text())["command"].endswith(" RUN --num-sequences 40")
+        old = time.time() - STALE_AFTER_S - 60
+        os.utime(path, (old, old))
+        time.sleep(0.5)
+        assert path.stat().st_mtime > old + 60  # the heartbeat touched it
+    assert not path.exists()
 
 
 def test_a_relaunch_into_a_busy_folder_is_one_line_and_changes_nothing(tmp_path, live_pid):

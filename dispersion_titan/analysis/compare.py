@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..run_folder.checkpoints import load_run_metadata
+from ..run_folder.writer_lock import sole_writer
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
@@ -156,10 +157,11 @@ def compare(runs: list[str], out: str, step: str) -> str:
     loaded = load_runs(runs, step)
     ensure_writable(out, "--out")
     rows = table_rows(loaded)
-    write_csv(os.path.join(out, "compare.csv"), rows)
-    write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
     inputs = loaded[0].result.inputs
     title = f"{steps_title(loaded)}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
-    figures.save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
-                     os.path.join(out, "compare.png"))
+    with sole_writer(out):
+        write_csv(os.path.join(out, "compare.csv"), rows)
+        write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
+        figures.save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
+                         os.path.join(out, "compare.png"))
     return format_table(rows)

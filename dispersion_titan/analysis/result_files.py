@@ -66,6 +66,12 @@ def ensure_writable(folder: str, option: str) -> None:
         raise AnalysisError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
 
 
+def listed(names: list, shown: int = 6) -> str:
+    """``a, b, c`` for one-line messages; past ``shown`` names, ``a, b, … and N more``."""
+    head = ", ".join(map(str, names[:shown]))
+    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
+
+
 def result_path(out: str, folder: str, file: str = RESULT_FILE) -> str:
     """``folder``: ``step-N`` (a checkpoint of a run) or ``rev-NAME`` (a Hugging Face revision)."""
     return os.path.join(out, folder, file)

@@ -29,15 +29,17 @@ from ..run_folder.checkpoints import (
     load_model_args,
     load_run_metadata,
 )
+from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
-from .measure import DecoderLayers, LayeredModel, Measurement, measure
+from .measure import DecoderLayers, LayeredModel, Measurement, geometry_mask, measure
 from .result_files import (
     SUMMARY_FILE,
     ensure_writable,
+    listed,
     read_analyses,
     result_path,
     summary_rows,
@@ -128,10 +130,11 @@ class Analysis:
         self.dtype = dtype
         self.model = model
         self.device = resolve_device(options.device, dtype)
+        refuse_if_busy(out, COMMAND)  # a busy folder's owner named at once, before the inputs are read
+        self.sequences = select_sequences(inputs, encode)
+        self.geometry_sequences = int(geometry_mask(len(self.sequences.tokens), options.geometry_sequences).sum())
         ensure_writable(self.out, "--out")
         ensure_writable(self.tb_dir, "--tb-dir")
-        self.sequences = select_sequences(inputs, encode)
-        self.existing = read_analyses(self.out)
 
     def load(self, unit: Unit) -> LayeredModel:
         raise NotImplementedError
@@ -141,33 +144,41 @@ class Analysis:
         raise NotImplementedError
 
     def _same_analysis(self, result: Condensation) -> bool:
-        return (result.tokens_sha256 == self.sequences.sha256 and result.dtype == self.dtype
-                and result.model == self.model)
+        return not self._differences(result)
 
-    def _mismatch(self, unit: Unit, result: Condensation) -> str:
+    def _differences(self, result: Condensation) -> str:
+        """The settings ``result`` was measured with that differ from this analysis's ("" if none)."""
+        changed = []
         if result.model != self.model:
-            return f"{unit.folder} holds an analysis of {result.model or result.run}, not {self.model}"
+            changed.append(f"model {result.model or result.run!r} vs {self.model!r}")
         if result.dtype != self.dtype:
-            return f"{unit.folder} was analyzed in {result.dtype}, not {self.dtype}"
-        return f"{unit.folder} was analyzed with other inputs ({differences(result.inputs, self.sequences.record())})"
+            changed.append(f"dtype {result.dtype!r} vs {self.dtype!r}")
+        if result.geometry_sequences != self.geometry_sequences:
+            changed.append(f"geometry_sequences {result.geometry_sequences} vs {self.geometry_sequences}")
+        if result.tokens_sha256 != self.sequences.sha256:
+            changed.append(differences(result.inputs, self.sequences.record()))
+        return ", ".join(changed)
 
     def stale(self, unit: Unit, result: Condensation) -> bool:
         """Whether ``result`` was measured on other weights than ``unit`` holds now."""
         return False
 
     def pending(self) -> list[Unit]:
-        """Units still to analyze; refuses to mix inputs, or to keep a result of weights saved
-        over or replaced since, unless --force."""
+        """Units still to analyze. Unless --force, refuses a folder holding results of other
+        settings (of any unit, selected or not), or a result of weights saved over or replaced since."""
+        existing = read_analyses(self.out)
         if self.options.force:
             return self.units
+        other = [name for name, result in existing.items() if not self._same_analysis(result)]
+        if other:
+            raise AnalysisError(f"--out: {self.out}: {listed(other)} {'was' if len(other) == 1 else 'were'} "
+                                f"analyzed with other settings ({self._differences(existing[other[0]])}); "
+                                "use another --out, or --force to recompute")
         todo = []
         for unit in self.units:
-            result = self.existing.get(unit.folder)
+            result = existing.get(unit.folder)
             if result is None:
                 todo.append(unit)
-            elif not self._same_analysis(result):
-                raise AnalysisError(f"--out: {self.out}: {self._mismatch(unit, result)}; "
-                                    "use another --out, or --force to recompute")
             elif self.stale(unit, result):
                 raise AnalysisError(f"--out: {self.out}: {unit.folder} was analyzed from another checkpoint than "
                                     f"{unit.source} holds now (saved again or replaced since); --force recomputes it")
@@ -181,8 +192,12 @@ class Analysis:
                             checkpoint=unit.source, revision=unit.revision, **self.metadata(unit)), measured
 
     def analyze(self) -> int:
-        """Analyze pending units, then refresh the summary and evolution figure.
-        Returns the number of units that could not be analyzed."""
+        """Analyze pending units, then refresh the summary and evolution figure, as the output
+        folder's one writer. Returns the number of units that could not be analyzed."""
+        with sole_writer(self.out):
+            return self._analyze_pending()
+
+    def _analyze_pending(self) -> int:
         todo = self.pending()
         per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
         skipped = len(self.units) - len(todo)
@@ -221,8 +236,8 @@ class Analysis:
         results = read_analyses(self.out)
         matching = sorted((r for r in results.values() if self._same_analysis(r)), key=lambda r: r.step)
         if len(matching) < len(results):
-            print(f"note: {len(results) - len(matching)} older analyses in {self.out} used another model, inputs "
-                  f"or dtype and are left out of {SUMMARY_FILE} and evolution.png")
+            print(f"note: {len(results) - len(matching)} older analyses in {self.out} used other settings (kept by "
+                  f"--force) and are left out of {SUMMARY_FILE} and evolution.png")
         if not matching:
             return
         write_csv(os.path.join(self.out, SUMMARY_FILE), summary_rows(matching))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from ..run_folder.writer_lock import sole_writer
 from . import AnalysisError, figures
 from .compare import format_table, pick
 from .condensation_schema import Condensation
@@ -200,11 +201,12 @@ def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[s
     inputs = members[0].result.inputs
     title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
-    write_csv(os.path.join(out, "family.csv"),
-              [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)])
-    if pairs:
-        write_csv(os.path.join(out, "family_paired.csv"), paired_rows(pairs, last_n))
     text = markdown(members, pairs, last_n, title)
-    atomic_write(os.path.join(out, "family.md"), lambda f: f.write(text))
-    figures.save_png(family_figure(members, pairs, title), os.path.join(out, "family.png"))
+    with sole_writer(out):
+        write_csv(os.path.join(out, "family.csv"),
+                  [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)])
+        if pairs:
+            write_csv(os.path.join(out, "family_paired.csv"), paired_rows(pairs, last_n))
+        atomic_write(os.path.join(out, "family.md"), lambda f: f.write(text))
+        figures.save_png(family_figure(members, pairs, title), os.path.join(out, "family.png"))
     return text

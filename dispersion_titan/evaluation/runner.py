@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..analysis.result_files import ensure_writable
+from ..analysis.result_files import ensure_writable, listed
 from ..analysis.runner import resolve_device
 from ..analysis.steps import select_steps
 from ..run_folder.checkpoints import (
@@ -20,6 +20,7 @@ from ..run_folder.checkpoints import (
     list_checkpoints,
     load_run_metadata,
 )
+from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
 from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
@@ -54,7 +55,8 @@ class EvaluateOptions:
 
 class RunEvaluation:
     """The state of one ``evaluate RUN`` invocation. Everything a user can get wrong is
-    checked here, and the tasks' data loaded, before anything is written or any model loads."""
+    checked here, and the tasks' data loaded, before anything is written or any model loads;
+    ``evaluate`` checks the output folder again as its one writer."""
 
     def __init__(self, options: EvaluateOptions):
         self.options = options
@@ -69,25 +71,30 @@ class RunEvaluation:
         self.device = resolve_device(options.device, options.dtype)
         self.settings = {**options.plan.settings(), "dtype": options.dtype}
         self.out = options.out or os.path.join(self.dump, "evaluation")
-        self.todo = self._pending(read_evaluations(self.out) if os.path.isdir(self.out) else {})
-        self.objects = self.tasks.load() if self.todo else {}
+        refuse_if_busy(self.out, COMMAND)  # a busy folder's owner named first, before its results are read
+        self.objects = self.tasks.load() if self._pending() else {}
         ensure_writable(self.out, "--out")
 
-    def _pending(self, existing: dict[int, dict]) -> list[StepCheckpoint]:
-        """Selected checkpoints still to evaluate; refuses to mix settings, or to keep a result of
-        weights saved over or replaced since, unless --force."""
+    def _pending(self) -> list[StepCheckpoint]:
+        """Selected checkpoints still to evaluate. Unless --force, refuses a folder holding results
+        of other settings (of any step, selected or not), or a result of weights saved over or
+        replaced since."""
+        existing = read_evaluations(self.out) if os.path.isdir(self.out) else {}
         if self.options.force:
             return self.selected
+        other = sorted(step for step, result in existing.items() if settings(result) != self.settings)
+        if other:
+            raise EvaluationError(
+                f"--out: {self.out}: step{'s' if len(other) > 1 else ''} {listed(other)} "
+                f"{'were' if len(other) > 1 else 'was'} evaluated with other settings "
+                f"({differences(settings(existing[other[0]]), self.settings)}); use another --out, "
+                "or --force to recompute"
+            )
         todo = []
         for checkpoint in self.selected:
             result = existing.get(checkpoint.step)
             if result is None:
                 todo.append(checkpoint)
-            elif settings(result) != self.settings:
-                raise EvaluationError(
-                    f"--out: {self.out}: step {checkpoint.step} was evaluated with other settings "
-                    f"({differences(settings(result), self.settings)}); use another --out, or --force to recompute"
-                )
             elif identity_changed(result[OURS].get("checkpoint_identity"), checkpoint.path):
                 raise EvaluationError(
                     f"--out: {self.out}: step {checkpoint.step} was evaluated from another checkpoint than "
@@ -96,14 +103,21 @@ class RunEvaluation:
         return todo
 
     def evaluate(self) -> int:
-        """Evaluate pending checkpoints, then refresh the summary. Returns the number
-        of checkpoints that could not be evaluated."""
-        skipped = len(self.selected) - len(self.todo)
+        """Evaluate pending checkpoints, then refresh the summary, as the output folder's one
+        writer. Returns the number of checkpoints that could not be evaluated."""
+        with sole_writer(self.out):
+            todo = self._pending()  # again: another writer may have finished since __init__ looked
+            if todo and not self.objects:
+                self.objects = self.tasks.load()
+            return self._evaluate(todo)
+
+    def _evaluate(self, todo: list[StepCheckpoint]) -> int:
+        skipped = len(self.selected) - len(todo)
         if skipped:
             print(f"{skipped} step(s) already evaluated in {self.out} (--force recomputes them)")
         failed = []
-        for index, checkpoint in enumerate(self.todo, 1):
-            print(f"step {checkpoint.step} ({index} of {len(self.todo)} checkpoints)", flush=True)
+        for index, checkpoint in enumerate(todo, 1):
+            print(f"step {checkpoint.step} ({index} of {len(todo)} checkpoints)", flush=True)
             try:
                 result = self._evaluate_step(checkpoint)
             except CheckpointError as e:
@@ -162,8 +176,8 @@ class RunEvaluation:
         results = read_evaluations(self.out)
         other = sorted(step for step, result in results.items() if settings(result) != self.settings)
         if other:
-            print(f"note: step(s) {other} in {self.out} were evaluated with other settings (tasks, shots, limit "
-                  "or dtype); summary.csv keeps their rows, and each step-N/results.json its settings")
+            print(f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
+                  "summary.csv keeps their rows, and each step-N/results.json its settings")
         if results:
             print(f"results: {write_summary(self.out, list(results.values()))}")
 

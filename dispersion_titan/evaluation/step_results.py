@@ -59,7 +59,7 @@ def summary_row(result: dict) -> dict:
 
 def write_summary(out: str, results: list[dict]) -> str:
     """One row per step, in step order; a column for every task any step was scored on
-    (empty where a step was not), so evaluating other tasks on other steps adds to it."""
+    (empty where a step was not: steps of other tasks kept by ``--force``)."""
     rows = [summary_row(result) for result in sorted(results, key=lambda r: r[OURS]["step"])]
     tasks = dict.fromkeys(key for row in rows for key in row if key not in ("step", "mean_acc"))
     path = os.path.join(out, SUMMARY_FILE)

@@ -27,6 +27,7 @@ from scipy import stats
 from ..analysis.compare import dispersion_variant
 from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.checkpoints import LEDGER_KEYS, identity_changed, load_run_metadata
+from ..run_folder.writer_lock import sole_writer
 from . import EvaluationError
 from .arms import ArmRow, RunScores
 from .figure import average_accuracy_figure
@@ -121,6 +122,23 @@ def evaluated(run: str) -> Evaluated:
     return Evaluated(run, folder, read_evaluations(folder))
 
 
+def _check_alike(folder: str, weighed: list[dict]) -> None:
+    """The results ``--select best`` weighs against each other were made with one set of
+    settings, or it is refused in one line naming the steps of each and what differs."""
+    groups: dict[str, tuple[dict, list[int]]] = {}  # the settings as JSON -> (the settings, their steps)
+    for result in sorted(weighed, key=lambda r: r[OURS]["step"]):
+        key = json.dumps(settings(result), sort_keys=True)
+        groups.setdefault(key, (settings(result), []))[1].append(result[OURS]["step"])
+    if len(groups) > 1:
+        (first, first_steps), (other, other_steps) = list(groups.values())[:2]
+        raise EvaluationError(
+            f"--select best: {folder}: steps {first_steps} and {other_steps} were evaluated with other settings "
+            f"({differences(first, other)}); results of other settings are not weighed "
+            "together: evaluate them alike (python -m dispersion_titan.evaluate RUN --force with one set of "
+            "settings), or use --select step:N"
+        )
+
+
 def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     """``--select best``: the mean accuracy of each of the run's evaluations at a step the authors evaluate."""
     wanted = authors_steps(_training_steps(run.run, run.dump), selection.num_ckpt, selection.include_initial)
@@ -129,6 +147,7 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
         raise EvaluationError(f"--select best: {run.run} has no evaluation of the steps the authors evaluate "
                               f"({sorted(wanted)}; have {sorted(run.results)}); evaluate those steps "
                               "(--steps), or use --select last or step:N")
+    _check_alike(run.folder, [run.results[step] for step in averages])
     if None in averages.values():
         raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
     return averages
@@ -401,8 +420,9 @@ def table(specs: list[str], out: str, selection: Selection, reference: str | Non
     base_row = pretrained_row(base, columns) if base else None
     ensure_writable(out, "--out")
     text = markdown(columns, rows, reference, selection, test, base_row, note)
-    atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
-    write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
-    average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test],
-                            os.path.join(out, "table.png"))
+    with sole_writer(out):
+        atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
+        write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
+        average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test],
+                                os.path.join(out, "table.png"))
     return text

@@ -1,20 +1,28 @@
-"""One writer per run folder: a lock file created with O_EXCL, so it holds on NFS and Lustre.
+"""One writer per folder: a lock file created with O_EXCL, so it holds on NFS and Lustre.
 
-The training job's rank 0 takes it before TorchTitan writes anything (checkpoints,
-TensorBoard files, ``run.json``) and keeps it for the run's life; the launch-time check
-looks first, so a second launch into a busy folder ends in one line with nothing written.
-The file names its owner (host, PID, Slurm job id). A lock is stale when its owner is gone:
-on this host, its PID no longer runs; on another host, the owner has not touched the file
-(every training step does) for ``STALE_AFTER_S``. A Slurm requeue of the same job takes its
-own lock over.
+The training job's rank 0 takes it in its run folder before TorchTitan writes anything
+(checkpoints, TensorBoard files, ``run.json``) and keeps it for the run's life; the
+launch-time check looks first, so a second launch into a busy folder ends in one line with
+nothing written. Every other command takes it in the folder it writes (``sole_writer``:
+``analyze``'s and ``evaluate``'s ``--out``, the tables', the quickstart's, ``paper``'s) before
+it reads what the folder holds, so the settings it checks cannot change under it.
+The file names its owner (host, PID, Slurm job id, command line). A lock is stale when its
+owner is gone: on this host, its PID no longer runs; on another host, the owner has not
+touched the file (every training step does; ``sole_writer`` every minute) for
+``STALE_AFTER_S``. A Slurm requeue of the same job takes its own lock over.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,10 +30,24 @@ from ..utils.errors import DispersionTitanError
 
 LOCK_NAME = ".writer.lock"
 STALE_AFTER_S = 900.0
+HEARTBEAT_S = 60.0
+COMMAND_CHARS = 160
+
+
+@dataclass(frozen=True)
+class Writers:
+    """Who writes a kind of folder, and where a refused writer goes instead (for the message)."""
+
+    noun: str
+    way_out: str
+
+
+TRAINING = Writers("run", "give this run its own --job.dump_folder")
+COMMAND = Writers("command", "use another --out")
 
 
 class RunFolderBusy(DispersionTitanError):
-    """Another live run writes into this run folder."""
+    """Another live writer (a training run, a command) writes into this folder."""
 
 
 @dataclass(frozen=True)
@@ -34,14 +56,26 @@ class Owner:
     pid: int
     job_id: str  # SLURM_JOB_ID, or "" outside Slurm
     since: float
+    command: str = ""  # the owner's command line, shortened ("" in locks written before it was recorded)
 
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
-        return f"PID {self.pid} on {self.host}{job}, since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.since))}"
+        command = f", {self.command}" if self.command else ""
+        return (f"PID {self.pid} on {self.host}{job}{command}, "
+                f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.since))}")
+
+
+def this_command() -> str:
+    """This process's command as typed (``python -m MODULE ARGS``), cut to ``COMMAND_CHARS``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None)
+    program = ["python", "-m", name.removesuffix(".__main__")] if name else [os.path.basename(sys.argv[0])]
+    text = shlex.join([*program, *sys.argv[1:]])
+    return text if len(text) <= COMMAND_CHARS else text[: COMMAND_CHARS - 1] + "…"
 
 
 def this_process() -> Owner:
-    return Owner(socket.gethostname(), os.getpid(), os.environ.get("SLURM_JOB_ID", ""), time.time())
+    return Owner(socket.gethostname(), os.getpid(), os.environ.get("SLURM_JOB_ID", ""), time.time(), this_command())
 
 
 def _read(path: Path) -> Owner | None:
@@ -67,7 +101,7 @@ def live_owner(folder: str | os.PathLike) -> Owner | None:
     path = Path(folder) / LOCK_NAME
     try:
         age = time.time() - path.stat().st_mtime
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no lock, or no such folder (yet)
         return None
     owner = _read(path)
     me = this_process()
@@ -80,26 +114,27 @@ def live_owner(folder: str | os.PathLike) -> Owner | None:
     return owner if age < STALE_AFTER_S else None
 
 
-def busy_error(folder: str | os.PathLike, owner: Owner) -> RunFolderBusy:
-    return RunFolderBusy(f"{folder}: another run is writing here ({owner.describe()}); wait for it to end, "
-                         "or give this run its own --job.dump_folder")  # fmt: skip
+def busy_error(folder: str | os.PathLike, owner: Owner, writers: Writers = TRAINING) -> RunFolderBusy:
+    return RunFolderBusy(f"{folder}: another {writers.noun} is writing here ({owner.describe()}); wait for it to end, "
+                         f"or {writers.way_out}")
 
 
-def refuse_if_busy(folder: str | os.PathLike) -> None:
-    """The launch-time look: one line if a live run owns ``folder``; takes nothing."""
+def refuse_if_busy(folder: str | os.PathLike, writers: Writers = TRAINING) -> None:
+    """The look before the work: one line if a live writer owns ``folder``; takes nothing."""
     owner = live_owner(folder)
     if owner is not None:
-        raise busy_error(folder, owner)
+        raise busy_error(folder, owner, writers)
 
 
 class WriterLock:
-    """The lock of one run folder, held by this process from ``acquire`` to ``release``."""
+    """The lock of one folder, held by this process from ``acquire`` to ``release``."""
 
-    def __init__(self, folder: str | os.PathLike) -> None:
+    def __init__(self, folder: str | os.PathLike, writers: Writers = TRAINING) -> None:
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
         self.owner = this_process()
         self.held = False
+        self.writers = writers
 
     def acquire(self) -> None:
         """Create the lock file with O_EXCL; a stale lock is moved aside first. RunFolderBusy if live."""
@@ -110,7 +145,7 @@ class WriterLock:
             except FileExistsError:
                 owner = live_owner(self.folder)
                 if owner is not None:
-                    raise busy_error(self.folder, owner) from None
+                    raise busy_error(self.folder, owner, self.writers) from None
                 # Stale: rename is atomic, so of two launches breaking it only one succeeds.
                 try:
                     os.replace(self.path, self.path.with_name(f"{LOCK_NAME}.stale-{self.owner.pid}"))
@@ -121,7 +156,7 @@ class WriterLock:
                 json.dump(asdict(self.owner), f)
             self.held = True
             return
-        raise busy_error(self.folder, _read(self.path) or Owner("unknown host", 0, "", time.time()))
+        raise busy_error(self.folder, _read(self.path) or Owner("unknown host", 0, "", time.time()), self.writers)
 
     def touch(self) -> None:
         """Say this owner is alive (for hosts that cannot see its PID)."""
@@ -133,3 +168,29 @@ class WriterLock:
         if self.held and _read(self.path) == self.owner:
             self.path.unlink(missing_ok=True)
         self.held = False
+
+
+@contextmanager
+def sole_writer(folder: str | os.PathLike) -> Iterator[WriterLock]:
+    """Hold the lock of a command's output folder (its ``--out``) for the block, touching it every
+    ``HEARTBEAT_S`` so that other hosts see a long command alive; a second writer is refused
+    in one line naming this one."""
+    lock = WriterLock(folder, COMMAND)
+    lock.acquire()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            try:
+                lock.touch()
+            except OSError:  # the folder went away: the command's own writes will say so
+                return
+
+    heart = threading.Thread(target=beat, name="writer-lock-heartbeat", daemon=True)
+    heart.start()
+    try:
+        yield lock
+    finally:
+        done.set()
+        heart.join()
+        lock.release()

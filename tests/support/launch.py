@@ -4,12 +4,19 @@ product's job server (``dispersion_titan.utils.preloaded``) or run from the comm
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.devices import CPU_MALLOC_ENV
 from dispersion_titan.utils.preloaded import Commands
 
@@ -107,3 +114,40 @@ def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, st
         return _forked(module, list(args), launch_env(env), timeout)
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=launch_env(env),
                           capture_output=True, text=True, timeout=timeout)
+
+
+
+def paused_writer(module: str, *args: str, folder: Path, env: dict[str, str] | None = None,
+                  timeout: float = 300) -> tuple[int, Future]:
+    """``python -m MODULE ARGS`` started in the background (forked from the job server, as
+    ``python_module``) and paused (SIGSTOP) the moment it holds ``folder``'s writer lock, so that
+    a second writer provably meets it inside. Returns its PID (SIGCONT resumes it) and the
+    future of its completed process."""
+    job = ThreadPoolExecutor(1).submit(python_module, module, *args, env=env, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while not job.done() and time.monotonic() < deadline:
+        try:
+            owner = json.loads((folder / LOCK_NAME).read_text())
+        except (OSError, ValueError):  # not yet there, or being written
+            owner = None
+        if owner is not None and f"-m {module} " in owner["command"]:
+            os.kill(owner["pid"], signal.SIGSTOP)
+            return owner["pid"], job
+        time.sleep(0.005)
+    raise AssertionError(f"{module} never held {folder}'s lock: {job.result().stderr[-3000:] if job.done() else ''}")
+
+
+@contextmanager
+def held_by_another_command(folder: Path) -> Iterator[int]:
+    """``folder``'s writer lock held, for the block, by a live process of this host that takes it
+    as every command does (``sole_writer``); yields its PID."""
+    code = ("import sys, time\nfrom dispersion_titan.run_folder.writer_lock import sole_writer\n"
+            "with sole_writer(sys.argv[1]):\n    print(flush=True)\n    time.sleep(300)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, env=launch_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        holder.stdout.readline()  # it holds the lock
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()

@@ -22,6 +22,7 @@ from ...config.cli import load_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import gpt2_flavors
 from ...run_folder.checkpoints import check_complete, list_checkpoints
+from ...run_folder.writer_lock import sole_writer
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
 from ...utils.preloaded import Commands
@@ -274,12 +275,19 @@ def check_same_options(plan: Plan) -> None:
 
 
 def run(plan: Plan) -> None:
-    """Everything the quickstart does for ``plan``, each step skipped where its results exist."""
+    """Everything the quickstart does for ``plan``, as the one writer of OUT (a second
+    quickstart into it is refused in one line)."""
     try:
         ensure_writable(plan.out, "--out")
-        check_same_options(plan)
+        with sole_writer(plan.out):
+            _run(plan)
     except DispersionTitanError as e:
         fail(str(e))
+
+
+def _run(plan: Plan) -> None:
+    """Each step skipped where its results exist."""
+    check_same_options(plan)
     say = Progress()
     say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
         f"λ={plan.peak_coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
