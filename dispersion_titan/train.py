@@ -26,6 +26,7 @@ from dispersion_titan.config.cli import (
 )
 from dispersion_titan.config.toml_types import check_own_sections
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
+from dispersion_titan.utils.launcher_death import end_with_launcher
 
 CHECK_ONLY = "--check-only"
 NOTHING_TO_DO = 10
@@ -59,6 +60,7 @@ def _stop_before_training(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    end_with_launcher()  # a rank never outlives torchrun's launcher
     for signum in (signal.SIGINT, signal.SIGTERM):  # also where a background job inherited SIG_IGN
         signal.signal(signum, _stop_before_training)
     argv = sys.argv[1:]

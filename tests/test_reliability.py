@@ -165,6 +165,41 @@ def test_sigkilled_rank_resumes_from_last_complete_checkpoint_bit_for_bit(refere
                         load_weights(reference / "checkpoint" / f"step-{STEPS}")) == 0.0
 
 
+def runs(pid: int) -> bool:
+    """Whether ``pid`` still runs: neither gone nor a zombie (exited, never reaped by its new parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_sigkilled_launcher_takes_its_ranks_down_and_the_relaunch_resumes(tmp_path):
+    """SIGKILL to the launcher alone (``python -m dispersion_titan.torchrun``, as launch/train.sh
+    runs it): its ranks, in sessions of their own, end within seconds instead of training on as
+    orphans; the same command relaunched resumes from the last complete checkpoint, taking over
+    the dead rank 0's writer lock."""
+    dump = tmp_path / "orphaned"
+    ranks: list[int] = []
+
+    def launcher_and_its_ranks(d: Path) -> int | None:
+        ranks.extend(pid for pid in (worker_pid(d, 0), worker_pid(d, 1)) if pid is not None)
+        return launcher_pid(d)
+
+    killed, kept = launch_and_signal(dump, 2, signal.SIGKILL, launcher_and_its_ranks)
+    assert killed.returncode == -signal.SIGKILL and len(ranks) == 2
+    deadline = time.monotonic() + 5
+    while any(map(runs, ranks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(runs, ranks)), "ranks outlived their launcher"
+    resume_from = max(complete_steps(dump))
+    assert 2 <= resume_from < STEPS
+    again = torchrun(dump, 2, "--training.steps", str(STEPS), *SCHEDULE)  # the same command
+    assert f"Training starts at step {resume_from + 1}" in output(again)
+    assert complete_steps(dump)[-1] == STEPS
+    assert {step: digests(dump / "checkpoint" / f"step-{step}") for step in kept} == kept
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, background", [(signal.SIGINT, True), (signal.SIGTERM, False)],
                          ids=["SIGINT-background-train.sh", "SIGTERM"])

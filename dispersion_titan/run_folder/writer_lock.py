@@ -4,7 +4,7 @@ The training job's rank 0 takes it before TorchTitan writes anything (checkpoint
 TensorBoard files, ``run.json``) and keeps it for the run's life; the launch-time check
 looks first, so a second launch into a busy folder ends in one line with nothing written.
 The file names its owner (host, PID, Slurm job id). A lock is stale when its owner is gone:
-on this host, its PID no longer runs; on another host, the owner has not touched the file
+on this host, its PID no longer runs or is a zombie; on another host, the owner has not touched the file
 (every training step does) for ``STALE_AFTER_S``. A Slurm requeue of the same job takes its
 own lock over.
 """
@@ -53,13 +53,22 @@ def _read(path: Path) -> Owner | None:
 
 
 def _pid_runs(pid: int) -> bool:
+    """Whether ``pid`` is a live process of this host. A zombie (state ``Z``: exited, not yet
+    reaped, as under a container's PID 1 that never reaps) is dead, though ``kill(pid, 0)``
+    still finds it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's live process
+    except PermissionError:  # another user's process: its state below
+        pass
+    if not os.path.exists("/proc/self/stat"):  # no /proc (macOS): kill's answer stands
         return True
-    return True
+    try:  # "PID (comm) STATE ...": comm may hold spaces and parentheses, the state follows the last ")"
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):  # exited meanwhile
+        return False
+    return state not in ("Z", "X")
 
 
 def live_owner(folder: str | os.PathLike) -> Owner | None:
