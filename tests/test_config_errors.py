@@ -36,6 +36,14 @@ def write_toml(tmp_path, text: str) -> str:
         (["--training.dataset", "local", "--training.dataset_path", "/nonexistent/*.jsonl"], "training.dataset_path"),
         (["--dispersion.variant", "spread"], "dispersion.variant"),
         (["--dispersion.coeff", "-0.1"], "dispersion.coeff"),
+        (["--dispersion.coeff", "inf"], "dispersion.coeff"),
+        (["--dispersion.coeff", "nan"], "dispersion.coeff"),
+        (["--dispersion.tau", "inf"], "dispersion.tau"),
+        (["--dispersion.lambda_norm", "inf"], "dispersion.lambda_norm"),
+        (["--optimizer.lr", "inf"], "optimizer.lr"),
+        (["--optimizer.weight_decay", "nan"], "optimizer.weight_decay"),
+        (["--training.max_norm", "nan"], "training.max_norm"),
+        (["--baseline.noise_alpha", "inf"], "baseline.noise_alpha"),
         (["--dispersion.tau", "0"], "dispersion.tau"),
         (["--dispersion.clamp", "1.0"], "dispersion.clamp"),
         (["--dispersion.clamp", "0"], "dispersion.clamp"),
@@ -85,6 +93,15 @@ def test_unknown_keys_and_wrong_types_name_their_field(tmp_path, toml, field):
     assert str(err.value).startswith(field + ":")
 
 
+def test_infinity_is_accepted_where_it_has_a_meaning(tmp_path):
+    """``training.max_norm = inf``: no gradient clipping; a TOML ``inf`` elsewhere is refused."""
+    assert validated_args([*BASE, "--training.max_norm", "inf"]).training.max_norm == float("inf")
+    text = open(DEBUG_TOML).read().replace("\nlr = 1e-3 ", "\nlr = inf ", 1)
+    path = write_toml(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"^optimizer.lr: must be a finite number, got inf$"):
+        validated_args(["--job.config_file", path, *BASE[2:]])
+
+
 @pytest.mark.parametrize("flag, blocks", [("3", [2]), ("1,2,4", [0, 1, 3]), (" 4 , 1", [0, 3]), ("late_half", [2, 3])])
 def test_dispersion_layers_from_the_command_line(flag, blocks):
     """One index or a comma-separated list, as a user types them (the debug model has 4 blocks)."""
@@ -111,6 +128,7 @@ def test_malformed_toml_names_the_file(tmp_path):
     [
         (["--parallelism.tensor_parallel_degree", "3"], "dispersion_titan: error: model.n_heads: 4 is not divisible by parallelism.tensor_parallel_degree=3"),
         (["--training.seq_len", "300"], "dispersion_titan: error: training.seq_len: 300 must be in 1..256 (model.max_seq_len positions)"),
+        (["--dispersion.variant", "angular_spread", "--dispersion.coeff", "inf"], "dispersion_titan: error: dispersion.coeff: must be a finite number, got inf"),
         (["--training.dataset", "local", "--training.dataset_path", "missing.jsonl"], "dispersion_titan: error: training.dataset_path: no file matches 'missing.jsonl'"),
         (["--dispersion.variant", "angular_spread", "--dispersion.kernel", "triton"], "dispersion_titan: error: dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; use 'auto' (the PyTorch strips on CPU) or 'torch'"),
     ],

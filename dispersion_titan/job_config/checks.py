@@ -7,9 +7,11 @@ dump folder.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
+import typing
 from typing import Any
 
 from torchtitan.config import JobConfig
@@ -32,6 +34,28 @@ from ..tokenizer.hf_assets import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
+
+
+# Float settings for which infinity has a meaning: no clipping.
+INFINITY_MEANS = {"training.max_norm": "no gradient clipping"}
+
+
+def check_finite(config: JobConfig) -> None:
+    """Every float setting, ours and TorchTitan's, is a finite number (``inf`` only where
+    ``INFINITY_MEANS`` gives it a meaning): ``--dispersion.coeff inf`` would train on an
+    infinite loss, ``--optimizer.lr nan`` on NaN weights."""
+    for section in dataclasses.fields(config):
+        values = getattr(config, section.name)
+        if not dataclasses.is_dataclass(values):
+            continue
+        hints = typing.get_type_hints(type(values))
+        for field in dataclasses.fields(values):
+            value, key = getattr(values, field.name), f"{section.name}.{field.name}"
+            hint = hints.get(field.name)
+            if not (hint is float or float in typing.get_args(hint)) or not isinstance(value, float):
+                continue
+            if math.isnan(value) or (math.isinf(value) and key not in INFINITY_MEANS):
+                raise ConfigError(f"{key}: must be a finite number, got {value}")
 
 
 def check_dispersion(config: JobConfig, n_layers: int) -> None:
@@ -290,6 +314,7 @@ def check_job_config(config: JobConfig, args: Any, world_size: int = 1) -> None:
     job of ``world_size`` processes; derived values (batch sizes, the builders' baseline)
     are filled in, for the trainer to read. ``args``: the model family's flavor with the
     ``[model]`` overrides applied."""
+    check_finite(config)
     check_model(config, args)
     check_dispersion(config, args.n_layers)
     check_baseline(config)
