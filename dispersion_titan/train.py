@@ -76,6 +76,7 @@ def main() -> None:
         fail_with(e)
     # Imported only now: a typo in the TOML or --help answers without TorchTitan (seconds).
     from dispersion_titan.job_config import parse
+    from dispersion_titan.job_config.checks import launch_notes  # with parse: TorchTitan's import
 
     parse.prepare()
     if HELP_ALL_FLAG in argv:
@@ -89,6 +90,9 @@ def main() -> None:
         fail(str(e).splitlines()[0])
     if check_only:
         return
+    if os.environ.get("RANK", "0") == "0":  # once per launch: the ranks' rank 0, or the one process
+        for note in launch_notes(job_config):
+            print(f"dispersion_titan: note: {note}", file=sys.stderr, flush=True)
     # The ranks only: train.sh's --check-only process never builds the trainer.
     from dispersion_titan.trainer.trainer import train
 

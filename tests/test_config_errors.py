@@ -10,6 +10,7 @@ import pytest
 from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
+from support.cli import analyze, assert_one_line_error
 from support.launch import DEBUG_TOML, python_module
 
 BASE = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config"]
@@ -50,6 +51,7 @@ def write_toml(tmp_path, text: str) -> str:
         (["--dispersion.layers", "0", "2"], "dispersion.layers"),
         (["--dispersion.layers", "5"], "dispersion.layers"),
         (["--dispersion.layers", "middle"], "dispersion.layers"),
+        (["--dispersion.layers", "1,1,2"], "dispersion.layers"),
         (["--dispersion.max_tokens", "1"], "dispersion.max_tokens"),
         (["--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps"),
         (["--dispersion.precision", "fp8"], "dispersion.precision"),
@@ -128,6 +130,7 @@ def test_malformed_toml_names_the_file(tmp_path):
     [
         (["--parallelism.tensor_parallel_degree", "3"], "dispersion_titan: error: model.n_heads: 4 is not divisible by parallelism.tensor_parallel_degree=3"),
         (["--training.seq_len", "300"], "dispersion_titan: error: training.seq_len: 300 must be in 1..256 (model.max_seq_len positions)"),
+        (["--dispersion.layers", "1,1,2"], "dispersion_titan: error: dispersion.layers: block 1 named twice in 1,1,2; name each block once"),
         (["--dispersion.variant", "angular_spread", "--dispersion.coeff", "inf"], "dispersion_titan: error: dispersion.coeff: must be a finite number, got inf"),
         (["--training.dataset", "local", "--training.dataset_path", "missing.jsonl"], "dispersion_titan: error: training.dataset_path: no file matches 'missing.jsonl'"),
         (["--dispersion.variant", "angular_spread", "--dispersion.kernel", "triton"], "dispersion_titan: error: dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; use 'auto' (the PyTorch strips on CPU) or 'torch'"),
@@ -186,3 +189,43 @@ def test_help_and_cheap_errors_come_before_torch_is_imported(tmp_path):
         else:
             assert len(said) == 1 and said[0].startswith("dispersion_titan: error: ") and message in said[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_toml_that_is_not_utf8_or_names_no_model_is_one_line(tmp_path):
+    """A byte that is not UTF-8 (once an 18-line UnicodeDecodeError traceback) and an empty TOML
+    (once a message about TorchTitan's default model's model.hf_assets_path): one line naming
+    the file and what to do, exit 2, nothing written."""
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(open(DEBUG_TOML, "rb").read().replace(b"# TorchTitan optimizer name", b"# caf\xe9", 1))
+    empty = write_toml(tmp_path, "")
+    for path, message in [
+        (latin1, f"--job.config_file: {latin1}: not UTF-8 text (byte 0xe9 at offset "),
+        (empty, f"model.name: no model named ({empty}); add [model] name = one of ('gpt2', 'qwen3', 'llama3')"),
+    ]:
+        proc = python_module("dispersion_titan.train", "--job.config_file", str(path), "--job.dump_folder",
+                             str(tmp_path / "run"), timeout=120)
+        assert proc.returncode == 2
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"dispersion_titan: error: {message}"), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_variant_with_coeff_0_is_noted_once_at_launch(tmp_path):
+    """``coeff`` left at 0 with a variant: valid (the term is still logged), but said in one line."""
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
+                         str(tmp_path / "run"), "--training.seq_len", "64", "--training.steps", "1",
+                         "--checkpoint.no-enable", "--validation.no-enable", "--dispersion.variant", "angular_spread",
+                         timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [line for line in proc.stderr.splitlines() if "note:" in line]
+    assert notes == ["dispersion_titan: note: dispersion.coeff is 0: the angular_spread term is logged but adds "
+                     "nothing to the loss; set dispersion.coeff > 0, or dispersion.variant = \"none\""]
+
+
+def test_analyze_texts_not_utf8_leaves_no_out_folder(tmp_path, capsys):
+    texts = tmp_path / "latin1.jsonl"
+    texts.write_bytes(b'{"text": "caf\xe9"}\n')
+    out = tmp_path / "out"
+    result = analyze(str(tmp_path / "run"), "--texts", str(texts), "--out", str(out), capsys=capsys)
+    assert_one_line_error(*result[::2], f"--texts: {texts}: cannot be read", "can't decode byte 0xe9")
+    assert not out.exists()

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,25 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path
     code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--limit", "6", capsys=capsys)
     assert_one_line_error(code, err, "--out", "step 0 was evaluated with other settings", "limit 12 vs 6", "--force")
     assert tree(evaluated) == after
+
+
+def test_a_killed_evaluations_export_is_removed_by_the_next_run(run, tmp_path, capsys):
+    """SIGKILL while a checkpoint's temporary Hugging Face export exists: the folder stays
+    (no ``finally`` runs); the next evaluation into that folder removes it."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(run), "--include-path", str(TASKS),
+                             *OPTS, "--out", str(out)], cwd=REPO, env=launch_env(OFFLINE),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list(out.glob(".hf-step-*/config.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    (left,) = out.glob(".hf-step-*")
+    assert left.name.startswith(f".hf-step-0.pid{proc.pid}@")
+    code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    assert code == 0, err
+    assert not list(out.glob(".hf-*")) and (out / "step-2" / "results.json").exists()
 
 
 def test_other_tasks_on_other_steps_add_to_the_summary(run, evaluated, tmp_path, capsys):

@@ -309,6 +309,16 @@ def carry_baseline(config: JobConfig) -> None:
     config.optimizer.baseline = config.lr_scheduler.baseline = config.baseline
 
 
+def launch_notes(config: JobConfig) -> list[str]:
+    """Settings that are valid but probably not meant, said once at launch: a variant with
+    ``coeff`` left at 0 computes its term and trains on cross-entropy alone."""
+    d = config.dispersion
+    if d.variant != "none" and d.coeff == 0:
+        return [f"dispersion.coeff is 0: the {d.variant} term is logged but adds nothing to the loss; "
+                "set dispersion.coeff > 0, or dispersion.variant = \"none\""]
+    return []
+
+
 def check_job_config(config: JobConfig, args: Any, world_size: int = 1) -> None:
     """Everything about ``config`` that can be known before any process starts, for a
     job of ``world_size`` processes; derived values (batch sizes, the builders' baseline)

@@ -52,7 +52,7 @@ def _read(path: Path) -> Owner | None:
         return None
 
 
-def _pid_runs(pid: int) -> bool:
+def pid_runs(pid: int) -> bool:
     """Whether ``pid`` is a live process of this host. A zombie (state ``Z``: exited, not yet
     reaped, as under a container's PID 1 that never reaps) is dead, though ``kill(pid, 0)``
     still finds it."""
@@ -85,7 +85,7 @@ def live_owner(folder: str | os.PathLike) -> Owner | None:
     if owner.job_id and owner.job_id == me.job_id:  # the same Slurm job, requeued
         return None
     if owner.host == me.host:
-        return owner if _pid_runs(owner.pid) and owner.pid != me.pid else None
+        return owner if pid_runs(owner.pid) and owner.pid != me.pid else None
     return owner if age < STALE_AFTER_S else None
 
 
