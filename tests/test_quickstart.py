@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.result_files import read_results
 from dispersion_titan.quickstart import CONFIG
 from dispersion_titan.reproduce.quickstart.findings import findings, with_dispersion
+from dispersion_titan.reproduce.quickstart.step_progress import StepProgress
 from dispersion_titan.reproduce.quickstart.summary import load_sweep
 from support.launch import REPO, python_module
 from support.runs import digests
@@ -237,3 +239,21 @@ def test_a_failing_job_is_named_with_its_exit_status_error_and_log(tmp_path):
         assert len(error) == 1 and "no_such_corpus" in error[0], log.read_text()[-2000:]
         assert f"dispersion_titan: error: train {name} failed (exit 2): {error[0]} (log: {log})" in proc.stderr.splitlines()
         assert not (out / "logs" / f"{name}.analyze.log").exists()
+
+
+def test_training_progress_says_steps_and_time_left(tmp_path):
+    """The watcher on a log that a job appends to: each new step once, with the time left at
+    the rate since the first step seen; a half-written line waits for its end."""
+    log = tmp_path / "train.log"
+    said: list[str] = []
+    with StepProgress(str(log), 60, "w64-baseline-s42", said.append, every_s=0.05):
+        time.sleep(0.2)  # no log yet: nothing said
+        with open(log, "ab", buffering=0) as f:
+            f.write(b"[titan] step: 10  loss: 4.0  grad_norm: 1.0\n[titan] step: 2")
+            time.sleep(0.3)
+            f.write(b"0  loss: 3.9  grad_norm: 1.0\n")
+            time.sleep(0.3)
+    assert said[0] == "train    w64-baseline-s42: step 10/60"
+    match = re.fullmatch(r"train    w64-baseline-s42: step 20/60, ~(\d+) s left", said[1])
+    assert len(said) == 2 and match, said
+    assert 0 <= int(match[1]) <= 4  # 10 steps in about 0.3 s: 40 more in about 1.2 s
