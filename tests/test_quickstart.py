@@ -249,7 +249,8 @@ def test_training_progress_says_steps_and_time_left(tmp_path):
     with StepProgress(str(log), 60, "w64-baseline-s42", said.append, every_s=0.05):
         time.sleep(0.2)  # no log yet: nothing said
         with open(log, "ab", buffering=0) as f:
-            f.write(b"[titan] step: 10  loss: 4.0  grad_norm: 1.0\n[titan] step: 2")
+            f.write(b"[titan] step: 10  loss: 4.0  grad_norm: 1.0\n[titan] validate step: 15  loss: 4.1\n"
+                    b"[titan] step: 2")
             time.sleep(0.3)
             f.write(b"0  loss: 3.9  grad_norm: 1.0\n")
             time.sleep(0.3)

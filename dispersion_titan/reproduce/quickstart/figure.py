@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import matplotlib.pyplot as plt  # noqa: E402,I001
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import NullLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
 from ...analysis.condensation_schema import Condensation
 from ...analysis.figures import save_png  # first: it selects the headless Agg backend
@@ -84,6 +84,7 @@ def _training(ax: plt.Axes, toy: Sequence[RunCondensation]) -> None:
         steps = sorted(run.trajectory)
         ax.plot(steps, [run.trajectory[s] for s in steps], marker=".", label=f"toy MLP {run.width}")
     ax.set(xlabel="training step (baseline runs)", ylabel=YLABEL)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.legend(**BESIDE)
 
 

@@ -8,8 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 
-# TorchTitan's log line of a step: "step: 30  loss: 4.1234 ..."
-STEP_LINE = re.compile(rb"step:\s*(\d+)\s+loss:")
+# TorchTitan's log line of a training step, "step: 30  loss: 4.1234 ...", not of a validation.
+STEP_LINE = re.compile(rb"(?<!validate )step:\s*(\d+)\s+loss:")
 EVERY_S = 15.0
 
 
