@@ -210,7 +210,8 @@ def test_time_budget_is_measured_and_written_down():
 @pytest.mark.parametrize("options, message", [
     (("--out", "{file}/out"), "--out: {file}/out: not writable (Not a directory)"),
     (("--widths", "64,64"), "argument --widths: '64,64' repeats a width"),
-    (("--coeff", "0"), "argument --coeff: '0' is not a positive number"),
+    (("--coeff", "0"), "argument --coeff: '0' is not a finite positive number"),
+    (("--coeff", "inf"), "argument --coeff: 'inf' is not a finite positive number"),
     (("--config", "{file}x"), "--config: {file}x: no such file"),
     (("--config", "{file}"), "--config: {file}: needs 'training' (training.steps, debug.seed and checkpoint.interval)"),
     (("--init-flavor", "huge"), "--init-flavor: 'huge' is not one of ['debug', 'large', 'medium', 'small', 'xl']"),
