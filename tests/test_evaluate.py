@@ -225,7 +225,7 @@ def test_a_killed_evaluations_export_is_removed_by_the_next_run(run, tmp_path, c
     (no ``finally`` runs); the next evaluation into that folder removes it."""
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(run), "--include-path", str(TASKS),
-                             *OPTS, "--out", str(out)], cwd=REPO, env=launch_env(OFFLINE),
+                             *OPTS, "--steps", "0", "--out", str(out)], cwd=REPO, env=launch_env(OFFLINE),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not list(out.glob(".hf-step-*/config.json")) and proc.poll() is None and time.monotonic() < deadline:
@@ -234,9 +234,9 @@ def test_a_killed_evaluations_export_is_removed_by_the_next_run(run, tmp_path, c
     proc.wait()
     (left,) = out.glob(".hf-step-*")
     assert left.name.startswith(f".hf-step-0.pid{proc.pid}@")
-    code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--steps", "0", "--out", out, capsys=capsys)
     assert code == 0, err
-    assert not list(out.glob(".hf-*")) and (out / "step-2" / "results.json").exists()
+    assert not list(out.glob(".hf-*")) and (out / "step-0" / "results.json").exists()
 
 
 def test_other_tasks_on_other_steps_add_to_the_summary(run, evaluated, tmp_path, capsys):
