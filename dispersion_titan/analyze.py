@@ -131,6 +131,8 @@ def run_analyze(argv: list[str]) -> int:
         num_sequences=a.num_sequences, seq_len=a.seq_len or runner.DEFAULT_SEQ_LEN, seed=a.seed, protocol=a.protocol,
         layer_points=a.layer_points or ("hidden_states" if paper else "all"),
     )
+    if a.texts:  # read once before --out is created, so a bad file leaves no empty folder behind
+        inputs.read_texts(a.texts)
     options = runner.AnalyzeOptions(target=a.run, steps=a.steps, inputs=sequences, seq_len_given=a.seq_len is not None,
                              batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,
                              force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map,

@@ -46,8 +46,8 @@ def _coeff(text: str) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite positive number")
     return value
 
 

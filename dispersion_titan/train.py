@@ -26,6 +26,7 @@ from dispersion_titan.config.cli import (
 )
 from dispersion_titan.config.toml_types import check_own_sections
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
+from dispersion_titan.utils.launcher_death import end_with_launcher
 
 CHECK_ONLY = "--check-only"
 NOTHING_TO_DO = 10
@@ -59,6 +60,7 @@ def _stop_before_training(signum: int, frame: object) -> None:
 
 
 def main() -> None:
+    end_with_launcher()  # a rank never outlives torchrun's launcher
     for signum in (signal.SIGINT, signal.SIGTERM):  # also where a background job inherited SIG_IGN
         signal.signal(signum, _stop_before_training)
     argv = sys.argv[1:]
@@ -74,6 +76,7 @@ def main() -> None:
         fail_with(e)
     # Imported only now: a typo in the TOML or --help answers without TorchTitan (seconds).
     from dispersion_titan.job_config import parse
+    from dispersion_titan.job_config.checks import launch_notes  # with parse: TorchTitan's import
 
     parse.prepare()
     if HELP_ALL_FLAG in argv:
@@ -87,6 +90,9 @@ def main() -> None:
         fail(str(e).splitlines()[0])
     if check_only:
         return
+    if os.environ.get("RANK", "0") == "0":  # once per launch: the ranks' rank 0, or the one process
+        for note in launch_notes(job_config):
+            print(f"dispersion_titan: note: {note}", file=sys.stderr, flush=True)
     # The ranks only: train.sh's --check-only process never builds the trainer.
     from dispersion_titan.trainer.trainer import train
 

@@ -11,6 +11,7 @@ import pytest
 from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
+from support.cli import analyze, assert_one_line_error
 from support.launch import DEBUG_TOML, QWEN3_TOML, REPO, job_args, python_module
 
 GPU_CONFIG = str(next(REPO.glob("train_configs/**/gpt2_small_mlp3072.toml")))  # compiled, fused AdamW
@@ -77,6 +78,17 @@ REFUSALS = [
             "dispersion.precision:"),
     Refusal([*DEBUG, "--dispersion.form", "authors"], "dispersion.form:"),
     Refusal([*DEBUG, "--dispersion.points", "norm"], "dispersion.points:"),
+    # non-finite floats: refused wherever infinity has no meaning
+    Refusal([*DEBUG, "--dispersion.coeff", "inf"], "dispersion.coeff: must be a finite number, got inf", how="is"),
+    Refusal([*DEBUG, "--dispersion.coeff", "nan"], "dispersion.coeff:"),
+    Refusal([*DEBUG, "--dispersion.tau", "inf"], "dispersion.tau:"),
+    Refusal([*DEBUG, "--dispersion.lambda_norm", "inf"], "dispersion.lambda_norm:"),
+    Refusal([*DEBUG, "--optimizer.lr", "inf"], "optimizer.lr:"),
+    Refusal([*DEBUG, "--optimizer.weight_decay", "nan"], "optimizer.weight_decay:"),
+    Refusal([*DEBUG, "--training.max_norm", "nan"], "training.max_norm:"),
+    Refusal([*DEBUG, "--baseline.noise_alpha", "inf"], "baseline.noise_alpha:"),
+    Refusal([*DEBUG, "--dispersion.layers", "1,1,2"],
+            "dispersion.layers: block 1 named twice in 1,1,2; name each block once", how="is"),
     Refusal([*DEBUG, "--optimizer.decay_groups", "bias"], "optimizer.decay_groups:"),
     Refusal([*DEBUG, "--model.attn_dropout", "1.0"], "model.attn_dropout:"),
     Refusal([*DEBUG, "--model.embd_dropout", "-0.1"], "model.embd_dropout:"),
@@ -172,7 +184,6 @@ def test_refused_in_one_line_naming_the_field(tmp_path, refusal):
         assert message.startswith(says), message
 
 
-@pytest.mark.parametrize("flag, blocks", [("3", [2]), ("1,2,4", [0, 1, 3]), (" 4 , 1", [0, 3]), ("late_half", [2, 3])])
 def test_dispersion_layers_from_the_command_line(flag, blocks):
     """One index or a comma-separated list, as a user types them (the debug model has 4 blocks)."""
     config = validated_args([*DEBUG, "--dispersion.layers", flag])
@@ -199,7 +210,9 @@ EXTRA = "\n[extra]\nfoo = 1\n"  # appended to debug.toml: a section of nobody's
      "dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; use 'auto' (the PyTorch strips on CPU) "
      "or 'torch'"),
     (EXTRA, [], "extra: unknown section in {toml}"),
-], ids=["tp-degree", "seq-len", "missing-dataset", "triton-on-cpu", "unknown-section"])
+    ("", ["--dispersion.variant", "angular_spread", "--dispersion.coeff", "inf"],
+     "dispersion.coeff: must be a finite number, got inf"),
+], ids=["tp-degree", "seq-len", "missing-dataset", "triton-on-cpu", "unknown-section", "coeff-inf"])
 def test_cli_exits_2_with_one_line_before_starting(tmp_path, extra, args, expected):
     """The same refusals through ``python -m dispersion_titan.train``: status 2, the one line, no dump folder."""
     config = write_toml(tmp_path, open(DEBUG_TOML).read() + extra) if extra else DEBUG_TOML
@@ -268,3 +281,52 @@ def test_the_cpu_profile_changes_how_a_step_runs_never_what_it_computes():
                        "training.local_batch_size"}  # the last derived from the one before
     with pytest.raises(ArgumentError, match=r"^--profile: 'gpu' is not one of \('cpu',\)$"):
         validated_args([*job_args(GPU_CONFIG), "--profile", "gpu"])
+
+
+def test_infinity_is_accepted_where_it_has_a_meaning(tmp_path):
+    """``training.max_norm = inf``: no gradient clipping; a TOML ``inf`` elsewhere is refused."""
+    assert validated_args([*DEBUG, "--training.max_norm", "inf"]).training.max_norm == float("inf")
+    text = open(DEBUG_TOML).read().replace("\nlr = 1e-3 ", "\nlr = inf ", 1)
+    path = write_toml(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"^optimizer.lr: must be a finite number, got inf$"):
+        validated_args(job_args(path))
+
+
+def test_a_toml_that_is_not_utf8_or_names_no_model_is_one_line(tmp_path):
+    """A byte that is not UTF-8 (once an 18-line UnicodeDecodeError traceback) and an empty TOML
+    (once a message about TorchTitan's default model's model.hf_assets_path): one line naming
+    the file and what to do, exit 2, nothing written."""
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes(open(DEBUG_TOML, "rb").read().replace(b"# TorchTitan optimizer name", b"# caf\xe9", 1))
+    empty = write_toml(tmp_path, "")
+    for path, message in [
+        (latin1, f"--job.config_file: {latin1}: not UTF-8 text (byte 0xe9 at offset "),
+        (empty, f"model.name: no model named ({empty}); add [model] name = one of ('gpt2', 'qwen3', 'llama3')"),
+    ]:
+        proc = python_module("dispersion_titan.train", "--job.config_file", str(path), "--job.dump_folder",
+                             str(tmp_path / "run"), timeout=120)
+        assert proc.returncode == 2
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"dispersion_titan: error: {message}"), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_variant_with_coeff_0_is_noted_once_at_launch(tmp_path):
+    """``coeff`` left at 0 with a variant: valid (the term is still logged), but said in one line."""
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
+                         str(tmp_path / "run"), "--training.seq_len", "64", "--training.steps", "1",
+                         "--checkpoint.no-enable", "--validation.no-enable", "--dispersion.variant", "angular_spread",
+                         timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    notes = [line for line in proc.stderr.splitlines() if "note:" in line]
+    assert notes == ["dispersion_titan: note: dispersion.coeff is 0: the angular_spread term is logged but adds "
+                     "nothing to the loss; set dispersion.coeff > 0, or dispersion.variant = \"none\""]
+
+
+def test_analyze_texts_not_utf8_leaves_no_out_folder(tmp_path, capsys):
+    texts = tmp_path / "latin1.jsonl"
+    texts.write_bytes(b'{"text": "caf\xe9"}\n')
+    out = tmp_path / "out"
+    result = analyze(str(tmp_path / "run"), "--texts", str(texts), "--out", str(out), capsys=capsys)
+    assert_one_line_error(*result[::2], f"--texts: {texts}: cannot be read", "can't decode byte 0xe9")
+    assert not out.exists()

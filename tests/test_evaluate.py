@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,25 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path
                                      "(limit 12 vs 6)",
                           "use another --out, or --force to recompute")
     assert tree(evaluated) == after
+
+
+def test_a_killed_evaluations_export_is_removed_by_the_next_run(run, tmp_path, capsys):
+    """SIGKILL while a checkpoint's temporary Hugging Face export exists: the folder stays
+    (no ``finally`` runs); the next evaluation into that folder removes it."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(run), "--include-path", str(TASKS),
+                             *OPTS, "--steps", "0", "--out", str(out)], cwd=REPO, env=launch_env(OFFLINE),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list(out.glob(".hf-step-*/config.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    (left,) = out.glob(".hf-step-*")
+    assert left.name.startswith(f".hf-step-0.pid{proc.pid}@")
+    code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--steps", "0", "--out", out, capsys=capsys)
+    assert code == 0, err
+    assert not list(out.glob(".hf-*")) and (out / "step-0" / "results.json").exists()
 
 
 def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, tmp_path, capsys):

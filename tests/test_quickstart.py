@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.result_files import read_results
 from dispersion_titan.quickstart import CONFIG
 from dispersion_titan.reproduce.quickstart.findings import findings, with_dispersion
+from dispersion_titan.reproduce.quickstart.step_progress import StepProgress
 from dispersion_titan.reproduce.quickstart.summary import load_sweep
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from support.launch import REPO, held_by_another_command, python_module
@@ -210,7 +212,8 @@ def test_time_budget_is_measured_and_written_down():
 @pytest.mark.parametrize("options, message", [
     (("--out", "{file}/out"), "--out: {file}/out: not writable (Not a directory)"),
     (("--widths", "64,64"), "argument --widths: '64,64' repeats a width"),
-    (("--coeff", "0"), "argument --coeff: '0' is not a positive number"),
+    (("--coeff", "0"), "argument --coeff: '0' is not a finite positive number"),
+    (("--coeff", "inf"), "argument --coeff: 'inf' is not a finite positive number"),
     (("--config", "{file}x"), "--config: {file}x: no such file"),
     (("--config", "{file}"), "--config: {file}: needs 'training' (training.steps, debug.seed and checkpoint.interval)"),
     (("--init-flavor", "huge"), "--init-flavor: 'huge' is not one of ['debug', 'large', 'medium', 'small', 'xl']"),
@@ -250,3 +253,22 @@ def test_a_failing_job_is_named_with_its_exit_status_error_and_log(tmp_path):
         assert len(error) == 1 and "no_such_corpus" in error[0], log.read_text()[-2000:]
         assert f"dispersion_titan: error: train {name} failed (exit 2): {error[0]} (log: {log})" in proc.stderr.splitlines()
         assert not (out / "logs" / f"{name}.analyze.log").exists()
+
+
+def test_training_progress_says_steps_and_time_left(tmp_path):
+    """The watcher on a log that a job appends to: each new step once, with the time left at
+    the rate since the first step seen; a half-written line waits for its end."""
+    log = tmp_path / "train.log"
+    said: list[str] = []
+    with StepProgress(str(log), 60, "w64-baseline-s42", said.append, every_s=0.05):
+        time.sleep(0.2)  # no log yet: nothing said
+        with open(log, "ab", buffering=0) as f:
+            f.write(b"[titan] step: 10  loss: 4.0  grad_norm: 1.0\n[titan] validate step: 15  loss: 4.1\n"
+                    b"[titan] step: 2")
+            time.sleep(0.3)
+            f.write(b"0  loss: 3.9  grad_norm: 1.0\n")
+            time.sleep(0.3)
+    assert said[0] == "train    w64-baseline-s42: step 10/60"
+    match = re.fullmatch(r"train    w64-baseline-s42: step 20/60, ~(\d+) s left", said[1])
+    assert len(said) == 2 and match, said
+    assert 0 <= int(match[1]) <= 4  # 10 steps in about 0.3 s: 40 more in about 1.2 s

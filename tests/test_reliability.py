@@ -162,6 +162,41 @@ def test_sigkilled_rank_resumes_from_last_complete_checkpoint_bit_for_bit(refere
                         load_weights(reference / "checkpoint" / f"step-{STEPS}")) == 0.0
 
 
+def runs(pid: int) -> bool:
+    """Whether ``pid`` still runs: neither gone nor a zombie (exited, never reaped by its new parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_sigkilled_launcher_takes_its_ranks_down_and_the_relaunch_resumes(tmp_path):
+    """SIGKILL to the launcher alone (``python -m dispersion_titan.torchrun``, as launch/train.sh
+    runs it): its ranks, in sessions of their own, end within seconds instead of training on as
+    orphans; the same command relaunched resumes from the last complete checkpoint, taking over
+    the dead rank 0's writer lock."""
+    dump = tmp_path / "orphaned"
+    ranks: list[int] = []
+
+    def launcher_and_its_ranks(d: Path) -> int | None:
+        ranks.extend(pid for pid in (worker_pid(d, 0), worker_pid(d, 1)) if pid is not None)
+        return launcher_pid(d)
+
+    killed, kept = launch_and_signal(dump, 2, signal.SIGKILL, launcher_and_its_ranks)
+    assert killed.returncode == -signal.SIGKILL and len(ranks) == 2
+    deadline = time.monotonic() + 5
+    while any(map(runs, ranks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(runs, ranks)), "ranks outlived their launcher"
+    resume_from = max(complete_steps(dump))
+    assert 2 <= resume_from < STEPS
+    again = torchrun(dump, 2, "--training.steps", str(STEPS), *SCHEDULE)  # the same command
+    assert f"Training starts at step {resume_from + 1}" in output(again)
+    assert complete_steps(dump)[-1] == STEPS
+    assert {step: digests(dump / "checkpoint" / f"step-{step}") for step in kept} == kept
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, background", [(signal.SIGINT, True), (signal.SIGTERM, False)],
                          ids=["SIGINT-background-train.sh", "SIGTERM"])
@@ -292,23 +327,49 @@ def test_half_written_checkpoint_is_never_loaded(reference, tmp_path, capsys, co
 
 
 @pytest.mark.slow
-def test_non_finite_loss_stops_every_rank_and_keeps_the_last_good_checkpoint(tmp_path):
+def test_non_finite_loss_ends_the_same_way_every_time_and_keeps_the_last_good_checkpoint(tmp_path):
+    """A loss that turns NaN at step 2 on 2 processes, launched 5 times. Through launch/train.sh's
+    launcher (the first and the last launch): exit status 3 and the ranks' one line, never
+    torchrun's report (which a rank killed by torchrun's closing SIGTERM, exit -15, brought
+    back). Through the job server's torchrun (the three between, cheaper): the same step, the
+    first rank to leave exits 3. Each relaunch resumes from step 1 and changes no checkpoint."""
     dump = tmp_path / "diverged"
     args = ("--training.steps", "4", "--checkpoint.interval", "1", "--validation.no-enable", "--optimizer.lr", "1e30")
-    first = torchrun(dump, 2, *args, check=False)
     message = (f"dispersion_titan: error: loss is not finite at step 2; training stopped before saving step 2, "
                f"earlier checkpoints in {dump / 'checkpoint'} are intact")
-    assert first.returncode != 0
-    assert message in output(first) and re.search(r"exitcode\s*: 3", output(first))
-    assert complete_steps(dump) == [0, 1] and sorted(os.listdir(dump / "checkpoint")) == ["step-0", "step-1"]
-    weights = load_weights(dump / "checkpoint" / "step-1")
-    assert weights and all(torch.isfinite(w).all() for w in weights.values())
-    good = digests(dump / "checkpoint")
+    good = None
+    for launch in range(5):
+        through_launcher = launch in (0, 4)
+        proc = torchrun(dump, 2, *args, check=False, command_line=through_launcher)
+        if through_launcher:
+            assert proc.returncode == 3 and last_line(proc) == f"[rank0]:{message}", output(proc)[-3000:]
+            assert "Traceback" not in output(proc) and "exitcode" not in output(proc)
+        else:
+            assert message in proc.stderr.splitlines()
+            assert re.findall(r"exitcode\s+: (\S+)", output(proc)) == ["3"], output(proc)[-3000:]
+        if good is None:
+            assert complete_steps(dump) == [0, 1] and sorted(os.listdir(dump / "checkpoint")) == ["step-0", "step-1"]
+            weights = load_weights(dump / "checkpoint" / "step-1")
+            assert weights and all(torch.isfinite(w).all() for w in weights.values())
+            good = digests(dump / "checkpoint")
+        else:
+            assert "Training starts at step 2" in output(proc)
+            assert digests(dump / "checkpoint") == good
 
-    # Relaunching resumes from the last good checkpoint, hits the same step, touches nothing.
-    second = torchrun(dump, 2, *args, check=False)
-    assert "Training starts at step 2" in output(second) and message in output(second)
-    assert digests(dump / "checkpoint") == good
+
+def test_an_infinite_term_is_caught_at_its_own_step(tmp_path):
+    """λ·term beyond float32 (λ = 1e39: finite as a setting) makes step 1's loss -inf: the run
+    stops at step 1, the step TorchTitan logs as -inf, before its update is saved."""
+    dump = tmp_path / "overflow"
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
+                         *DEBUG_SEQ_LEN, "--training.steps", "3", "--checkpoint.interval", "1",
+                         "--validation.no-enable", "--dispersion.variant", "angular_spread",
+                         "--dispersion.coeff", "1e39")
+    assert proc.returncode == 3
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "dispersion_titan: error: loss is not finite at step 1; training stopped before saving step 1, "
+        f"earlier checkpoints in {dump / 'checkpoint'} are intact")
+    assert complete_steps(dump) == [0]
 
 
 # ---------------------------------------------------------------- bad input

@@ -61,6 +61,26 @@ def test_a_live_owner_on_this_host_is_refused_and_a_dead_one_taken_over(tmp_path
     assert not path.exists()
 
 
+def test_a_zombie_owner_is_dead(tmp_path):
+    """An owner that exited and was never reaped (a container whose PID 1 does not reap) is a
+    zombie: ``kill(pid, 0)`` still finds it, but its lock is stale and the next run takes it."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])  # exits at once; not waited for
+    stat = Path(f"/proc/{child.pid}/stat")
+    deadline = time.monotonic() + 30
+    while stat.read_text().rpartition(")")[2].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stat.read_text().rpartition(")")[2].split()[0] == "Z"
+    os.kill(child.pid, 0)  # what the old liveness test saw: no error, "alive"
+    write_lock(tmp_path, socket.gethostname(), child.pid)
+    refuse_if_busy(tmp_path)  # free
+    lock = WriterLock(tmp_path)
+    lock.acquire()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert list(tmp_path.glob(f"{LOCK_NAME}.stale-*"))
+    lock.release()
+    child.wait()
+
+
 def test_another_hosts_lock_is_live_until_it_stops_being_touched(tmp_path):
     write_lock(tmp_path, "other-node", 12345)
     with pytest.raises(RunFolderBusy, match="PID 12345 on other-node"):

@@ -37,17 +37,22 @@ class StepMetrics:
     def reset(self) -> None:
         self.ce: torch.Tensor | None = None
         self.dispersion: torch.Tensor | None = None
+        self.loss: torch.Tensor | None = None
         self.cosine_sums: torch.Tensor | None = None
 
-    def add(self, ce: torch.Tensor, dispersion: torch.Tensor, cosine_sums: torch.Tensor | None) -> None:
+    def add(self, ce: torch.Tensor, dispersion: torch.Tensor, loss: torch.Tensor,
+            cosine_sums: torch.Tensor | None) -> None:
+        """One micro-batch: its CE, unweighted dispersion term, the loss it trains on (CE + λ·term)."""
         self.ce = ce if self.ce is None else self.ce + ce
         self.dispersion = dispersion if self.dispersion is None else self.dispersion + dispersion
+        self.loss = loss if self.loss is None else self.loss + loss
         if cosine_sums is not None:
             self.cosine_sums = cosine_sums if self.cosine_sums is None else self.cosine_sums + cosine_sums
 
     def local_loss(self) -> torch.Tensor:
-        """This rank's share of the step's loss (CE + unweighted dispersion)."""
-        return self.ce + self.dispersion
+        """This rank's share of the step's loss, CE + λ·dispersion, as TorchTitan logs it: an
+        infinite λ·term is caught at its own step, before its update poisons the weights."""
+        return self.loss
 
 
 class DispersionMetricsProcessor(MetricsProcessor):

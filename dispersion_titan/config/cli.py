@@ -21,6 +21,7 @@ _CUSTOM_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-modul
 PROFILE_FLAG = "--profile"
 PROFILES = {"cpu": "cpu_profile.toml"}
 """``--profile NAME``: a TOML of keys laid over the config file's (``dispersion_titan/configs/``)."""
+_MODEL_NAME_FLAGS = ("--model.name",)
 
 
 def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
@@ -106,6 +107,16 @@ def read_toml(path: str, field: str) -> dict:
         raise ArgumentError(f"{field}: {path}: is a directory") from None
     except tomllib.TOMLDecodeError as e:
         raise ArgumentError(f"{field}: {path}: invalid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ArgumentError(f"{field}: {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+                            "save the TOML file as UTF-8") from None
+
+
+def names_model(args: list[str], toml: dict) -> bool:
+    """Whether ``[model] name`` is in the TOML or ``--model.name`` on the command line: without
+    it TorchTitan's default model (llama3 with a test tokenizer folder) would train."""
+    model = toml.get("model")
+    return _flag_value(args, _MODEL_NAME_FLAGS) is not None or (isinstance(model, dict) and "name" in model)
 
 
 def with_config_module(args: list[str], toml: dict) -> list[str]:

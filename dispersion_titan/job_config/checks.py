@@ -7,9 +7,11 @@ dump folder.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
+import typing
 from typing import TYPE_CHECKING, Any
 
 from ..config.schema import DECAY_GROUPS, METHOD_SETTINGS
@@ -35,6 +37,28 @@ if TYPE_CHECKING:
 
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
+
+
+# Float settings for which infinity has a meaning: no clipping.
+INFINITY_MEANS = {"training.max_norm": "no gradient clipping"}
+
+
+def check_finite(config: RunConfig) -> None:
+    """Every float setting, ours and TorchTitan's, is a finite number (``inf`` only where
+    ``INFINITY_MEANS`` gives it a meaning): ``--dispersion.coeff inf`` would train on an
+    infinite loss, ``--optimizer.lr nan`` on NaN weights."""
+    for section in dataclasses.fields(config):
+        values = getattr(config, section.name)
+        if not dataclasses.is_dataclass(values):
+            continue
+        hints = typing.get_type_hints(type(values))
+        for field in dataclasses.fields(values):
+            value, key = getattr(values, field.name), f"{section.name}.{field.name}"
+            hint = hints.get(field.name)
+            if not (hint is float or float in typing.get_args(hint)) or not isinstance(value, float):
+                continue
+            if math.isnan(value) or (math.isinf(value) and key not in INFINITY_MEANS):
+                raise ConfigError(f"{key}: must be a finite number, got {value}")
 
 
 def check_dispersion(config: RunConfig, n_layers: int) -> None:
@@ -320,11 +344,22 @@ def carry_baseline(config: RunConfig) -> None:
     config.optimizer.baseline = config.lr_scheduler.baseline = config.baseline
 
 
+def launch_notes(config: RunConfig) -> list[str]:
+    """Settings that are valid but probably not meant, said once at launch: a variant with
+    ``coeff`` left at 0 computes its term and trains on cross-entropy alone."""
+    d = config.dispersion
+    if d.variant != "none" and d.coeff == 0:
+        return [f"dispersion.coeff is 0: the {d.variant} term is logged but adds nothing to the loss; "
+                "set dispersion.coeff > 0, or dispersion.variant = \"none\""]
+    return []
+
+
 def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     """Everything about ``config`` that can be known before any process starts, for a
     job of ``world_size`` processes; derived values (batch sizes, the builders' baseline)
     are filled in, for the trainer to read. ``args``: the model family's flavor with the
     ``[model]`` overrides applied."""
+    check_finite(config)
     check_model(config, args)
     check_dispersion(config, args.n_layers)
     check_baseline(config)

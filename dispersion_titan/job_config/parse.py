@@ -12,7 +12,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 
 from .. import config as custom_config
 from ..components import titan_compat
-from ..config.cli import config_file, load_toml, without_profile
+from ..config.cli import config_file, load_toml, names_model, without_profile
 from ..config.toml_types import check_toml_types
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
@@ -54,9 +54,14 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-            return titan_compat.parse_job_config(without_profile(args), toml)
+            job_config = titan_compat.parse_job_config(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         raise ArgumentError(_first_message(captured.getvalue())) from e
+    if not names_model(args, toml):
+        source = config_file(args) or "no --job.config_file given"
+        raise ConfigError(f"model.name: no model named ({source}); add [model] name = one of {FAMILIES} "
+                          "(e.g. train_configs/debug.toml's \"gpt2\"), or pass --model.name")
+    return job_config
 
 
 def check(job_config: RunConfig, world_size: int | None = None) -> RunConfig:

@@ -55,7 +55,7 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "lambda_norm": (lambda v: v >= 0, ">= 0"),
     "max_tokens": (lambda v: v == 0 or v >= 2, "0 (all positions) or >= 2"),
 }
-"""Each numeric parameter's valid range: a predicate and how to say it (NaN fails every one)."""
+"""Each numeric parameter's valid range: a predicate and how to say it (``range_error`` refuses inf and NaN first)."""
 
 
 def precision_error(variant: str, precision: str) -> str | None:
@@ -71,6 +71,8 @@ def precision_error(variant: str, precision: str) -> str | None:
 def range_error(name: str, value: float, ranges: dict[str, tuple[Callable[[float], bool], str]] = RANGES) -> str | None:
     """``"must be <range>, got <value>"`` when ``value`` is outside parameter ``name``'s range."""
     valid, text = ranges[name]
+    if not math.isfinite(value):
+        return f"must be a finite number {text}, got {value}"
     return None if valid(value) else f"must be {text}, got {value}"
 
 

@@ -7,7 +7,7 @@ nothing written. Every other command takes it in the folder it writes (``sole_wr
 ``analyze``'s and ``evaluate``'s ``--out``, the tables', the quickstart's, ``paper``'s) before
 it reads what the folder holds, so the settings it checks cannot change under it.
 The file names its owner (host, PID, Slurm job id, command line). A lock is stale when its
-owner is gone: on this host, its PID no longer runs; on another host, the owner has not
+owner is gone: on this host, its PID no longer runs or is a zombie; on another host, the owner has not
 touched the file (every training step does; ``sole_writer`` every minute) for
 ``STALE_AFTER_S``. A Slurm requeue of the same job takes its own lock over.
 """
@@ -86,14 +86,23 @@ def _read(path: Path) -> Owner | None:
         return None
 
 
-def _pid_runs(pid: int) -> bool:
+def pid_runs(pid: int) -> bool:
+    """Whether ``pid`` is a live process of this host. A zombie (state ``Z``: exited, not yet
+    reaped, as under a container's PID 1 that never reaps) is dead, though ``kill(pid, 0)``
+    still finds it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's live process
+    except PermissionError:  # another user's process: its state below
+        pass
+    if not os.path.exists("/proc/self/stat"):  # no /proc (macOS): kill's answer stands
         return True
-    return True
+    try:  # "PID (comm) STATE ...": comm may hold spaces and parentheses, the state follows the last ")"
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):  # exited meanwhile
+        return False
+    return state not in ("Z", "X")
 
 
 def live_owner(folder: str | os.PathLike) -> Owner | None:
@@ -110,7 +119,7 @@ def live_owner(folder: str | os.PathLike) -> Owner | None:
     if owner.job_id and owner.job_id == me.job_id:  # the same Slurm job, requeued
         return None
     if owner.host == me.host:
-        return owner if _pid_runs(owner.pid) and owner.pid != me.pid else None
+        return owner if pid_runs(owner.pid) and owner.pid != me.pid else None
     return owner if age < STALE_AFTER_S else None
 
 

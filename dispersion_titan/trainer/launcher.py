@@ -40,7 +40,11 @@ FORWARDING_NOISE = ("death signal, shutting down workers", "closing signal")
 
 
 def _quiet_forwarding(record: logging.LogRecord) -> bool:
-    return not any(text in record.getMessage() for text in FORWARDING_NOISE)
+    """Drop the forwarding warnings, and torchrun's "failed (exitcode: N)" line when the ranks
+    said why in one line of their own (N in ``SAID_BY_THE_RANKS``)."""
+    said = (isinstance(record.msg, str) and record.msg.startswith("failed (exitcode: ") and bool(record.args)
+            and record.args[0] in SAID_BY_THE_RANKS)
+    return not said and not any(text in record.getMessage() for text in FORWARDING_NOISE)
 
 
 def oom_message(rank: int) -> str:

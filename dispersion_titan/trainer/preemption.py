@@ -75,6 +75,16 @@ def secondary_failure_status(error: BaseException) -> int | None:
     return 1 if lost and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
 
 
+def leave_with_own_status() -> None:
+    """Once every rank agreed to stop with a status of its own (a non-finite loss: 3): ignore
+    SIGINT and SIGTERM from here on. torchrun sends SIGTERM to the other ranks as soon as one
+    exits, and a rank already shutting down has Python's default handlers back: it would die
+    of the signal (-15), and the launcher would print torchrun's report instead of the ranks'
+    one line. Ignored signals stay ignored through shutdown."""
+    for signum in INTERRUPT_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def interrupted_exit_code(signum: int) -> int:
     return 128 + signum
 

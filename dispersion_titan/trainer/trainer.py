@@ -30,7 +30,7 @@ from ..utils.errors import DispersionTitanError, NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
 from .objective import DispersionObjective
-from .preemption import Preemption, secondary_failure_status
+from .preemption import Preemption, leave_with_own_status, secondary_failure_status
 from .seeds import mixed_seed
 from .save_failure import save_failure
 
@@ -183,6 +183,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         last checkpoint on disk is a good one; save and exit when some rank was signalled."""
         bad_step, signum = self.health.agree(self.preemption.requested)
         if bad_step is not None:
+            leave_with_own_status()
             where = f" in {self.checkpoint_folder}" if self.checkpoint_folder is not None else ""
             raise NonFiniteLossError(
                 f"loss is not finite at step {bad_step}; training stopped before saving step {self.step}, "
@@ -208,8 +209,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         # DTensor and cannot be summed with a plain tensor.
         torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])
         ce_value = _local(ce.detach())
-        self.step_metrics.add(ce_value, term.unweighted, term.block_cosine_sums)
-        return ce_value + term.step_coeff * term.unweighted
+        loss = ce_value + term.step_coeff * term.unweighted
+        self.step_metrics.add(ce_value, term.unweighted, loss, term.block_cosine_sums)
+        return loss
 
     def _seed_dropout(self, chunk: int) -> None:
         """Dropout masks from the global RNG seeded by (seed, step, chunk, TP rank): a layout

@@ -7,6 +7,7 @@ redoes what is missing; the options that change results are fixed in ``OUT/quick
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ from .document import summary_markdown
 from .figure import save_findings_figure
 from .findings import findings
 from .init_panel import init_panel
+from .step_progress import StepProgress
 from .summary import load_sweep
 
 OPTIONS_FILE = "quickstart.json"
@@ -177,7 +179,8 @@ def process(plan: Plan, run: Cell, commands: Commands, say: Progress) -> str | N
         log = plan.log(run, phase)
         say(f"{phase:8} {run.name}: started (log: {log})")
         start = time.monotonic()
-        status = commands.run(*command(plan, run), log)
+        with StepProgress(log, plan.steps, run.name, say) if phase == "train" else contextlib.nullcontext():
+            status = commands.run(*command(plan, run), log)
         if status:
             return f"{phase} {run.name} failed (exit {status}): {last_error(log)} (log: {log})"
         say(f"{phase:8} {run.name}: done in {time.monotonic() - start:.0f} s")
