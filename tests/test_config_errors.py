@@ -184,6 +184,7 @@ def test_refused_in_one_line_naming_the_field(tmp_path, refusal):
         assert message.startswith(says), message
 
 
+@pytest.mark.parametrize("flag, blocks", [("3", [2]), ("1,2,4", [0, 1, 3]), (" 4 , 1", [0, 3]), ("late_half", [2, 3])])
 def test_dispersion_layers_from_the_command_line(flag, blocks):
     """One index or a comma-separated list, as a user types them (the debug model has 4 blocks)."""
     config = validated_args([*DEBUG, "--dispersion.layers", flag])
