@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import socket
 import sys
 
@@ -29,7 +30,12 @@ def single_process(monkeypatch):
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.syspath_prepend(str(REPO / "bench"))
+    # The trainer installs its stop handlers (trainer/preemption.py) in this process: put the
+    # old ones back, or a later multiprocessing.Pool's SIGTERM would no longer end its workers.
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
     yield
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
     for name in ("train_step", "profile_step"):
         sys.modules.pop(name, None)
 

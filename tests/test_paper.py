@@ -336,6 +336,7 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     # Other settings: evaluate refuses the runs' folders, and table2 refuses to weigh a result made so.
     models = ["--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}"]
     options = ["--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--num-fewshot", "0", "--device", "cpu"]
+    options += ["--best-step", "per-seed"]  # each run evaluated one step of its own
     code, _, err = paper("table2", *models, *options, "--limit", "5", "--out", tmp_path / "t3", capsys=capsys)
     assert code == 2 and err.count("dispersion_titan: error: ") == 1  # after the progress bar, as it runs evaluate
     assert f"error: --out: {runs['a1'] / 'evaluation'}: step 1 was evaluated with other settings (limit 4 vs 5); " \
