@@ -8,8 +8,6 @@ import csv
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +25,9 @@ from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
-from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 
 from support.cli import analyze, assert_one_line_error
-from support.launch import REPO, launch_env, paused_writer, python_module, torchrun
+from support.launch import REPO, launch_env, second_writer_is_refused, torchrun
 from support.runs import digests
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
@@ -295,24 +292,13 @@ def test_two_analyses_at_once_one_writer(run, tmp_path):
     paused while it holds the output folder; the second is refused in one line naming it and
     changes nothing; the first then ends with its own results only."""
     out, tb = tmp_path / "condensation", tmp_path / "tb"
-    first, job = paused_writer("dispersion_titan.analyze", str(run), *OPTS, "--steps", "0", "--out", str(out),
-                               "--tb-dir", str(tb), folder=out)
-    try:
-        before = digests(out)
-        second = python_module("dispersion_titan.analyze", str(run), "--num-sequences", "4", "--seq-len", str(S),
-                               "--seed", "7", "--out", str(out), "--tb-dir", str(tb), timeout=300)
-        assert_one_line_error(second.returncode, second.stderr,
-                              f"{out}: another command is writing here (PID {first} on {socket.gethostname()}, "
-                              "python -m dispersion_titan.analyze ", "use another --out")  # its command, maybe cut
-        assert digests(out) == before
-    finally:
-        os.kill(first, signal.SIGCONT)
-    done = job.result()
-    assert done.returncode == 0, done.stderr[-3000:]
+    second_writer_is_refused("dispersion_titan.analyze",
+                             [str(run), *OPTS, "--steps", "0", "--out", str(out), "--tb-dir", str(tb)],
+                             [str(run), "--num-sequences", "4", "--seq-len", str(S), "--seed", "7", "--out", str(out),
+                              "--tb-dir", str(tb)], out)
     results = {p.parent.name: read_json(p) for p in out.glob("step-*/condensation.json")}
     assert sorted(results) == ["step-0"]
     assert (results["step-0"]["num_sequences"], results["step-0"]["inputs"]["seed"]) == (K, 0)
-    assert not (out / LOCK_NAME).exists()
 
 
 def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(run, analyzed, tmp_path, capsys):

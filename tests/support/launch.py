@@ -7,6 +7,7 @@ import atexit
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,9 @@ from pathlib import Path
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.devices import CPU_MALLOC_ENV
 from dispersion_titan.utils.preloaded import Commands
+
+from support.cli import assert_one_line_error
+from support.runs import digests
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -135,6 +139,28 @@ def paused_writer(module: str, *args: str, folder: Path, env: dict[str, str] | N
             return owner["pid"], job
         time.sleep(0.005)
     raise AssertionError(f"{module} never held {folder}'s lock: {job.result().stderr[-3000:] if job.done() else ''}")
+
+
+def second_writer_is_refused(module: str, first: list[str], second: list[str], folder: Path,
+                             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m MODULE FIRST`` paused while it holds ``folder`` (``paused_writer``), then
+    ``python -m MODULE SECOND`` into the same folder: refused in one line naming the first's PID,
+    host and command, with nothing in ``folder`` changed. The first then ends, exit 0, releasing
+    the lock; its completed process is returned."""
+    pid, job = paused_writer(module, *first, folder=folder, env=env)
+    try:
+        before = digests(folder)
+        refused = python_module(module, *second, env=env, timeout=300)
+        assert_one_line_error(refused.returncode, refused.stderr,
+                              f"{folder}: another command is writing here (PID {pid} on {socket.gethostname()}, "
+                              f"python -m {module} ", "use another --out")  # its command, maybe cut
+        assert digests(folder) == before
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    done = job.result()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (folder / LOCK_NAME).exists()
+    return done
 
 
 @contextmanager
