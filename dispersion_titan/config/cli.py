@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 
 try:
     import tomllib
@@ -12,6 +11,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from ..utils.errors import ArgumentError, fail
+from ..utils.package_data import package_file
 from .schema import JobConfig
 
 CONFIG_MODULE = "dispersion_titan.config"  # TorchTitan's job.custom_config_module: our JobConfig
@@ -51,7 +51,7 @@ def load_toml(args: list[str]) -> dict:
         return toml
     if name not in PROFILES:
         raise ArgumentError(f"{PROFILE_FLAG}: {name!r} is not one of {tuple(PROFILES)}")
-    profile = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", PROFILES[name])
+    profile = package_file("dispersion_titan", "configs", PROFILES[name])
     for section, keys in read_toml(profile, PROFILE_FLAG).items():
         own = toml.get(section)
         toml[section] = {**(own if isinstance(own, dict) else {}), **keys}
