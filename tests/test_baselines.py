@@ -68,11 +68,11 @@ AF = Baseline(method="active_forgetting", forget_every=25, embedding_lr=3e-4)
 def checked_job_config(baseline: Baseline):
     """A job config with ``baseline`` as its ``[baseline]``, carried where the builders look, as
     the launch checks leave it."""
-    from dispersion_titan import config
     from dispersion_titan.components.titan_compat import merged_job_config_class
+    from dispersion_titan.config.cli import CONFIG_MODULE
     from dispersion_titan.job_config.checks import carry_baseline
 
-    job = merged_job_config_class(config.JobConfig)()
+    job = merged_job_config_class(CONFIG_MODULE)()
     job.baseline = baseline
     carry_baseline(job)
     return job

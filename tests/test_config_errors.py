@@ -98,6 +98,8 @@ REFUSALS = [
             "model.resid_dropout:"),  # gpt2 only
     Refusal([*DEBUG, "--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k:"),
     Refusal([*DEBUG, "--checkpoint.interval", "0"], "checkpoint.interval:"),
+    Refusal([*DEBUG, "--checkpoint.create_seed_checkpoint"], "checkpoint.create_seed_checkpoint: needs one process",
+            world=2),
     Refusal([*DEBUG, "--baseline.method", "neftune"], "baseline.method:"),
     Refusal([*DEBUG, "--baseline.noise_alpha", "-1"], "baseline.noise_alpha:"),
     Refusal([*DEBUG, "--baseline.forget_every", "0"], "baseline.forget_every:"),

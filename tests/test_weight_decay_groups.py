@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dispersion_titan import config
 from dispersion_titan.components.optimizers import build_dispersion_optimizers, no_decay_parameter_names
 from dispersion_titan.components.titan_compat import merged_job_config_class
+from dispersion_titan.config.cli import CONFIG_MODULE
 from dispersion_titan.job_config.checks import check_optimizer
 from dispersion_titan.models.gpt2 import GPT2, GPT2ModelArgs
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
@@ -35,7 +35,7 @@ def hf_decayed_in_our_names(args: GPT2ModelArgs) -> set[str]:
 
 
 def optimizer_section(decay_groups: str):
-    section = merged_job_config_class(config.JobConfig)().optimizer
+    section = merged_job_config_class(CONFIG_MODULE)().optimizer
     section.lr, section.weight_decay, section.implementation = 1e-3, 0.1, "foreach"
     section.decay_groups = decay_groups
     return section
@@ -58,7 +58,7 @@ def test_hf_grouping_exempts_what_the_hf_trainer_exempts():
 
 
 def test_an_unknown_grouping_is_refused_in_one_line():
-    job = merged_job_config_class(config.JobConfig)()
+    job = merged_job_config_class(CONFIG_MODULE)()
     job.optimizer.decay_groups = "bias"
     with pytest.raises(ConfigError, match=r"^optimizer.decay_groups: 'bias' is not one of \('all', 'hf'\)$"):
         check_optimizer(job)

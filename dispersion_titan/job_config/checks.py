@@ -198,8 +198,11 @@ def check_data(config: RunConfig) -> None:
         raise ConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
 
-def check_checkpoint(config: RunConfig) -> None:
+def check_checkpoint(config: RunConfig, world_size: int) -> None:
     ckpt = config.checkpoint
+    if ckpt.create_seed_checkpoint and (world_size != 1 or not ckpt.enable):
+        raise ConfigError("checkpoint.create_seed_checkpoint: needs one process (NPROC=1) and checkpoint.enable, "
+                          f"got {world_size} processes and enable = {ckpt.enable}")
     if ckpt.enable and ckpt.interval < 1:
         raise ConfigError(f"checkpoint.interval: must be >= 1, got {ckpt.interval}")
     if ckpt.save_initial and ckpt.keep_latest_k > 0:
@@ -366,7 +369,7 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     check_optimizer(config)
     carry_baseline(config)
     check_data(config)
-    check_checkpoint(config)
+    check_checkpoint(config, world_size)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
     check_output_folders(config)
     check_metrics(config)

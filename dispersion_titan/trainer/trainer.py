@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
-from torchtitan.tools.logging import logger
+from torchtitan.tools.logging import init_logger, logger
 
 from ..components import titan_compat
 from ..config.schema import Dispersion
@@ -223,12 +223,30 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         torch.manual_seed(mixed_seed(self.seed, self.step, chunk, self.tp_rank))
 
 
+def _main(job_config: RunConfig) -> None:
+    """What ``torchtitan.train.main(DispersionTrainer)`` does, on the config already parsed and
+    checked (its own ``main`` would parse ``sys.argv`` again): build, train (or write the seed
+    checkpoint), close, leave the process group. Only the Trainer's public API."""
+    init_logger()
+    trainer = DispersionTrainer(job_config)
+    try:
+        if job_config.checkpoint.create_seed_checkpoint:  # checks.check_checkpoint: one process, enabled
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    finally:
+        trainer.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def train(job_config: RunConfig) -> None:
-    """TorchTitan's ``main`` with ``DispersionTrainer`` on the checked ``job_config``. A rank that
-    fails only because another rank failed, or because the job is being stopped, exits with its
+    """TorchTitan's training ``main`` with ``DispersionTrainer`` on the checked ``job_config``. A rank
+    that fails only because another rank failed, or because the job is being stopped, exits with its
     status and no traceback: the launcher names the rank that failed first."""
     try:
-        titan_compat.train_main(DispersionTrainer, job_config)
+        _main(job_config)
     except DispersionTitanError:  # said in one line by the command
         raise
     except Exception as e:
