@@ -63,7 +63,8 @@ def paper_parser() -> OneLineErrorParser:
     add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (default fp32, as the authors ran)")
     analysis.add_argument("--device-map", choices=("auto",), help="hf: spread a model over all visible GPUs")
     analysis.add_argument("--trust-remote-code", action="store_true",
-                          help="run the code the --models ship (the paper's Qwen-1 models get it without asking)")
+                          help="run the code the models ship; without it the paper's models that need it (the "
+                               "original Qwen) are left out, and given --models that need it are refused")
     table = p.add_argument_group("table2")
     table.add_argument("--tasks", help="evaluate's --tasks")
     table.add_argument("--include-path", help="evaluate's --include-path")
@@ -127,6 +128,9 @@ def run_paper(argv: list[str]) -> int:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)
+    if plan.left_out:
+        print(f"{a.artifact}: left out {', '.join(plan.left_out)}: they run their own modelling code; add "
+              "--trust-remote-code to include them", file=sys.stderr)
     if a.slurm and not a.draw_only:
         jobs = slurm.jobs(plan, _draw_argv(argv, plan, options), a.sbatch_args)
         if a.dry_run:

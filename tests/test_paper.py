@@ -260,12 +260,12 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
         check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and out.count("python -m dispersion_titan.analyze hf:") == 8 and not list(tmp_path.iterdir())
-    code, out, _ = paper("fig2", "--dry-run", "--out", tmp_path, capsys=capsys)  # the paper's protocol, fp32
+    code, out, _ = paper("fig2", "--dry-run", "--trust-remote-code", "--out", tmp_path, capsys=capsys)
     analyses = [line for line in out.splitlines() if "dispersion_titan.analyze hf:" in line]
     assert code == 0 and len(analyses) == 26
-    assert all("--protocol paper" in line and "--dtype fp32" in line for line in analyses)
+    assert all("--protocol paper" in line and "--dtype fp32" in line for line in analyses)  # the paper's, fp32
     assert [line.split()[3] for line in analyses if "--trust-remote-code" in line] == [
-        "hf:Qwen/Qwen-1_8B", "hf:Qwen/Qwen-7B", "hf:Qwen/Qwen-14B", "hf:Qwen/Qwen-72B"]  # the Qwen-1 models only
+        "hf:" + m for m in QWEN_1]  # asked for: the models that ship code get it, the others need none
     code, out, _ = paper("robustness", "--models", zoo["gpt2-s"], "--corpus", "wikitext-103=wikitext-103", "--corpus",
                          f"imdb={zoo['texts']}", "--dataset-path", zoo["wikitext"], "--dry-run", "--out", tmp_path,
                          capsys=capsys)
@@ -289,6 +289,28 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert code == 0 and sum("analyze.sbatch hf:" in line for line in lines) == 2
     assert "--dependency=afterok:$job_1:$job_2" in lines[-1] and "paper.sbatch fig2" in lines[-1]
     assert lines[-1].endswith("--draw-only") and "--partition=debug" in lines[-1] and "--slurm" not in lines[-1]
+
+
+QWEN_1 = ["Qwen/Qwen-1_8B", "Qwen/Qwen-7B", "Qwen/Qwen-14B", "Qwen/Qwen-72B"]
+
+
+def test_remote_code_runs_only_when_asked(tmp_path, capsys):
+    """Without --trust-remote-code, fig2 plans the paper's models that need none and names those
+    it left out in one line, also for the drawing job of --slurm; a given model that needs it is refused."""
+    for slurm in ([], ["--slurm"]):
+        code, out, err = paper("fig2", "--dry-run", *slurm, "--out", tmp_path, capsys=capsys)
+        assert code == 0 and "--trust-remote-code" not in out
+        assert err.splitlines() == [f"fig2: left out {', '.join(QWEN_1)}: they run their own modelling code; "
+                                    "add --trust-remote-code to include them"]
+        analysed = re.findall(r"analyze(?:\.sbatch)? hf:(\S+)", out)
+        assert len(analysed) == 22 and not set(QWEN_1) & set(analysed)
+    assert len(build("fig2", {"out": str(tmp_path)}).models) == 22
+    code, _, err = paper("fig2", "--models", "openai-community/gpt2", QWEN_1[1], "--dry-run", capsys=capsys)
+    assert_one_line_error(code, err, f"--models: {QWEN_1[1]} run only with their own modelling code",
+                          "add --trust-remote-code")
+    code, out, _ = paper("fig2", "--models", QWEN_1[1], "--dry-run", "--trust-remote-code", capsys=capsys)
+    assert code == 0 and f"hf:{QWEN_1[1]} " in out and "--trust-remote-code" in out
+    assert not list(tmp_path.iterdir())
 
 
 def test_table2_two_arms_two_seeds(tmp_path, capsys):

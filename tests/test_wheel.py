@@ -1,7 +1,8 @@
 """The package as a user installs it: the wheel built from this checkout, installed into a
 fresh venv, outside the checkout. Its ``dispersion-titan`` plans a sweep and ``paper fig3
 --slurm`` from another folder, and every sbatch script those name is the installed
-package's own, run by the installed interpreter."""
+package's own, run by the installed interpreter. ``dispersion-titan init`` writes the
+shipped configs, which then train and sweep there without a clone."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from support.launch import DEBUG_TOML, REPO
-from support.runs import tiny_run
+from support.runs import digests, tiny_run
 
 pytestmark = pytest.mark.slow
 
@@ -106,3 +107,31 @@ def test_the_installed_console_script_plans_a_sweep_and_paper_jobs_with_its_own_
     analyze = run(["bash", slurm / "analyze.sbatch", "--help"], cwd=tmp_path,
                   env={**installed_env(), "PYTHON": str(venv / "bin" / "python")})
     assert analyze.returncode == 0 and "usage: python -m dispersion_titan.analyze" in analyze.stdout, analyze.stderr
+
+
+def test_init_writes_the_shipped_configs_which_check_and_plan_without_a_clone(venv, tmp_path):
+    command, env = venv / "bin" / "dispersion-titan", installed_env()
+    init = run([command, "init", "cfg"], cwd=tmp_path, env=env)
+    assert init.returncode == 0, init.stderr
+    cfg = tmp_path / "cfg"
+    written = digests(cfg)
+    repo = {f"train_configs/{name}": digest for name, digest in digests(REPO / "train_configs").items()}
+    example = {f"launch/{name}": digest for name, digest in digests(REPO / "launch", "sweep_example.toml").items()}
+    assert written == {**repo, **example} and len(repo) > 20 and len(example) == 1
+    checked = run([command, "train", "--job.config_file", "train_configs/debug.toml", "--check-only"], cwd=cfg, env=env)
+    assert checked.returncode == 0, checked.stderr
+    planned = run([command, "sweep", "launch/sweep_example.toml", "--dry-run"], cwd=cfg, env=env)
+    assert planned.returncode == 0 and job_python(planned.stdout) == str(venv / "bin" / "python"), planned.stderr
+    # Again into its own folder: nothing overwritten, a user's edit kept.
+    (cfg / "train_configs" / "debug.toml").write_text("# mine\n")
+    again = run([command, "init", cfg], cwd=tmp_path, env=env)
+    assert again.returncode == 0 and f"kept {len(written)} already there" in again.stdout, again.stderr
+    assert (cfg / "train_configs" / "debug.toml").read_text() == "# mine\n"
+    # A folder holding anything else is refused in one line, left as it was.
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("x")
+    refused = run([command, "init", "busy"], cwd=tmp_path, env=env)
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        f"dispersion_titan: error: DIR: {tmp_path / 'busy'} holds other files (notes.txt); init writes only into a new "
+        "or empty folder, or one it wrote: name another DIR"]
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == ["notes.txt"]

@@ -34,8 +34,8 @@ FIG4_REVISIONS = 8
 """Branches analysed by default: evenly spaced from the first to the last pre-training step."""
 MLP_WIDTH_CONFIGS = tuple(f"train_configs/gpt2_small_mlp{w}.toml" for w in (768, 1536, 3072, 6144))
 REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
-"""Models that ship their own modelling code: analysed with ``--trust-remote-code`` (the
-authors load every model with ``trust_remote_code=True``)."""
+"""Models that ship their own modelling code: analysed only when the user passes
+``--trust-remote-code`` (the authors load every model with ``trust_remote_code=True``)."""
 CORPORA: dict[str, str | None] = {
     # name -> our registered dataset (--dataset), or None: give a jsonl with --corpus NAME=FILE
     "wikitext-103": "wikitext-103", "pubmed_qa": None, "imdb": None, "squad": None,
@@ -102,7 +102,8 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
              "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
              "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
              "with the family statistic (Spearman of size vs last-3-layer mean cosine)",
-             "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items()),
+             "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items())
+             + " (Qwen only with --trust-remote-code: it ships its own modelling code)",
              _hours(tuple(m for models in SIZE_SERIES.values() for m in models))),
     Artifact("fig3", "Fig. 3: MLP width only",
              "analyze RUN (its last checkpoint) per run; heatmaps and the width trend",

@@ -48,7 +48,7 @@ class Model:
     steps: str | None = None
     """``--steps`` for a run: its last checkpoint."""
     trust_remote_code: bool = False
-    """Loaded with ``--trust-remote-code`` (a model that ships its own code)."""
+    """Loaded with ``--trust-remote-code``: only when the user passed it."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,8 @@ class Plan:
     """fig5: (base, distilled) indices into ``models``."""
     runs: list[str] = field(default_factory=list)
     """table2: the ``evaluate table`` specs (``RUN`` or ``ARM=RUN1,RUN2``)."""
+    left_out: list[str] = field(default_factory=list)
+    """The paper's models left out because they ship their own code and ``--trust-remote-code`` was not given."""
 
 
 def safe_name(text: str) -> str:
@@ -112,7 +114,29 @@ def model_of(text: str, analyses: str, row: str | None = None, size_b: float | N
     model = target[len(HF):].rpartition("@")[0] or target[len(HF):]
     label = os.path.basename(os.path.normpath(model))
     return Model(target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label,
-                 size_b, trust_remote_code=model in catalog.REMOTE_CODE)
+                 size_b)
+
+
+def ships_code(model: Model) -> bool:
+    """One of the paper's models that runs only with its own modelling code (``catalog.REMOTE_CODE``)."""
+    return model.target.startswith(HF) and model.target[len(HF):].partition("@")[0] in catalog.REMOTE_CODE
+
+
+def with_remote_code(models: list[Model], pairs: list[tuple[int, int]], options: dict, given: bool
+                     ) -> tuple[list[Model], list[tuple[int, int]], list[str]]:
+    """Remote code runs only when asked (``--trust-remote-code``): then every given ``hf:`` model, or
+    the paper's models that ship code, get it. Without it, given models that ship code are refused
+    in one line; the paper's own are left out (returned last, with ``pairs`` renumbered)."""
+    if options.get("trust_remote_code"):
+        return [replace(m, trust_remote_code=m.target.startswith(HF) if given else ships_code(m))
+                for m in models], pairs, []
+    needing = [m.target[len(HF):] for m in models if ships_code(m)]
+    if needing and given:
+        raise ArgumentError(f"--models: {', '.join(needing)} run only with their own modelling code: add "
+                            "--trust-remote-code to run it, or leave them out")
+    kept = {i: n for n, i in enumerate(i for i, m in enumerate(models) if not ships_code(m))}
+    return ([models[i] for i in kept], [(kept[a], kept[b]) for a, b in pairs if a in kept and b in kept],
+            needing)
 
 
 def analyze_step(model: Model, analyze_args: list[str]) -> Step:
@@ -230,12 +254,10 @@ def build(artifact: str, options: dict) -> Plan:
     if options.get("corpus") and artifact != "robustness":
         raise ArgumentError("--corpus: only for robustness")
     if artifact == "fig4":
-        model = _fig4_model(options, analyses)
+        (model,), _, _ = with_remote_code([_fig4_model(options, analyses)], [], options, given=True)
         return Plan(artifact, out, [analyze_step(model, analyze_args)], [model])
     if options.get("models"):
         models = [model_of(m, analyses, size_b=catalog.SIZES_B.get(m.rsplit("/", 1)[-1])) for m in options["models"]]
-        if options.get("trust_remote_code"):
-            models = [replace(m, trust_remote_code=m.target.startswith(HF)) for m in models]
         pairs = []
         if artifact == "fig5":
             if len(models) % 2:
@@ -245,6 +267,7 @@ def build(artifact: str, options: dict) -> Plan:
             pairs = [(i, n + i) for i in range(n)]
     else:
         models, pairs = _default_models(artifact, analyses)
+    models, pairs, left_out = with_remote_code(models, pairs, options, given=bool(options.get("models")))
     if artifact == "robustness":
         if options.get("texts") or options.get("dataset"):
             raise ArgumentError("--texts/--dataset: robustness sets them per corpus; use --corpus NAME=SOURCE")
@@ -257,8 +280,8 @@ def build(artifact: str, options: dict) -> Plan:
                 rows.append(placed)
                 argv = analyze_step(placed, [*inputs, *shared]).argv
                 steps.append(Step("analyze", argv, f"{m.label} on {name}"))
-        return Plan(artifact, out, steps, rows)
-    return Plan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs)
+        return Plan(artifact, out, steps, rows, left_out=left_out)
+    return Plan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs, left_out=left_out)
 
 
 def check_devices(plan: Plan, options: dict, cuda: bool) -> None:
