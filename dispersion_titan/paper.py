@@ -71,8 +71,6 @@ def paper_parser() -> OneLineErrorParser:
     table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
     table.add_argument("--select", type=_selection, default="best",
                        help="checkpoint per run: best (default), last or step:N")
-    table.add_argument("--num-ckpt", type=positive_int, default=5,
-                       help="--select best: the authors' evaluation cadence, every floor(T/K)+1 steps (default 5)")
     add_table_arguments(table)
     table.add_argument("--reference", metavar="ARM",
                        help="arm the others are tested against (default: the arm with a dispersion loss)")

@@ -3,7 +3,8 @@
 In: a ``GPT2LMHeadModel`` built from a config (random weights, nothing downloaded) is
 saved with ``save_pretrained`` and loaded by a real training run through TorchTitan's
 ``initial_load_in_hf`` path (1 process, and FSDP=2 with the original OpenAI file layout);
-the saved step-0 weights give the HF model's logits.
+the saved step-0 weights give the HF model's logits, and its run.json records that start, so
+Table 2 treats it as mid-training.
 Out: ``last_save_in_hf`` and ``python -m dispersion_titan.convert to-hf`` write
 directories that ``transformers`` loads offline with identical logits; the round trip
 back through the adapter gives identical weights.
@@ -11,6 +12,7 @@ back through the adapter gives identical weights.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -19,11 +21,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from support.cli import run_cli
+from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, python_module, torchrun
 from support.runs import load_weights
 
 from dispersion_titan import convert
 from dispersion_titan.config.schema import Dispersion
+from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
@@ -82,10 +87,26 @@ def openai_layout(hf_model, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_hf_checkpoint_loads_for_real_in_one_process(hf_model, tmp_path):
-    torchrun(tmp_path / "run", 1, *NO_VALIDATION, "--checkpoint.initial_load_path", str(hf_model),
+def test_hf_checkpoint_loads_for_real_in_one_process(hf_model, tmp_path, capsys):
+    """The run records that it started from the HF folder: ``evaluate table`` over evaluated copies of
+    it (support.eval_tasks.PEAKS) takes each seed's best step under a Pretrained row, as the authors'
+    mid-training plot_results.py; the same copies recorded as from scratch take the best step of the
+    seed-averaged curve among the steps pretrain_toy_gpt2.py evaluates (--num_ckpt 2), and no such row."""
+    run = tmp_path / "run"
+    torchrun(run, 1, *NO_VALIDATION, "--training.steps", "3", "--checkpoint.initial_load_path", str(hf_model),
              "--checkpoint.initial_load_in_hf")
-    assert max_diff(our_logits(tmp_path / "run" / "checkpoint" / "step-0"), hf_logits(hf_model)) <= 1e-5
+    assert max_diff(our_logits(run / "checkpoint" / "step-0"), hf_logits(hf_model)) <= 1e-5
+    record = json.loads((run / "run.json").read_text())["started_from"]
+    assert record == {"pretrained": True, "source": "hf", "path": str(hf_model)}
+    for name, start, steps, pretrained in (("mid", None, "1;3", "0;0"),
+                                           ("scratch", {"pretrained": False, "source": "init", "path": None}, "2;2",
+                                            None)):
+        code, _, err = run_cli(evaluate_main, "table", *evaluated_arms(run, tmp_path / name, start), "--out",
+                               tmp_path / f"{name}-table", capsys=capsys)
+        assert code == 0, err
+        with open(tmp_path / f"{name}-table" / "table.csv") as f:
+            rows = {row["arm"]: row["steps"] for row in csv.DictReader(f)}
+        assert rows == {**({"Pretrained": pretrained} if pretrained else {}), "base": steps, "disp": steps}
 
 
 @pytest.mark.slow

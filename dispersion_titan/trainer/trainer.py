@@ -24,6 +24,7 @@ from ..config.schema import Dispersion
 from ..data.packed import run_encoder, run_seed
 from ..models.flavors import DROPOUT_KEYS
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
+from ..run_folder.origin import start_record
 from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
@@ -118,7 +119,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                               dataclasses.asdict(job_config.dispersion), seed,
                               baseline=dataclasses.asdict(job_config.baseline),
                               tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps,
-                              settings=settings, forked_from=fork_record(job_config))
+                              settings=settings, forked_from=fork_record(job_config),
+                              started_from=start_record(job_config))
 
     def dispersion_objective(self, cfg: Dispersion) -> DispersionObjective:
         """The term of ``cfg`` (a ``[dispersion]`` section) for this trainer's model, global batch,
