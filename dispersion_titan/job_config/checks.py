@@ -209,11 +209,35 @@ def check_checkpoint(config: RunConfig) -> None:
         )
 
 
+def resolve_replicate_degree(config: RunConfig, world_size: int) -> None:
+    """``data_parallel_replicate_degree = -1``: every data-parallel process holds the whole model
+    (DDP, the authors' layout), resolved to a count here, as TorchTitan takes only counts. Replicated
+    without sharding, TorchTitan computes under autocast, which it turns off beside tensor, context or
+    pipeline parallelism: that combination is refused."""
+    p = config.parallelism
+    others = p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree
+    if p.data_parallel_replicate_degree == -1:
+        if p.data_parallel_shard_degree != 1:
+            raise ConfigError(f"parallelism.data_parallel_replicate_degree: -1 (replicate over every process) "
+                              f"needs data_parallel_shard_degree = 1, not {p.data_parallel_shard_degree}")
+        if world_size % others:
+            raise ConfigError(f"parallelism: {world_size} processes are not divisible by "
+                              f"tensor × context × pipeline parallel degrees = {others}")
+        p.data_parallel_replicate_degree = world_size // others
+    elif p.data_parallel_replicate_degree < 1:
+        raise ConfigError(f"parallelism.data_parallel_replicate_degree: {p.data_parallel_replicate_degree}; "
+                          "use a count >= 1, or -1 for every process")
+    if p.data_parallel_replicate_degree > 1 and p.data_parallel_shard_degree == 1 and others > 1:
+        raise ConfigError("parallelism.data_parallel_replicate_degree: replicated parameters (DDP) with tensor, "
+                          "context or pipeline parallelism train without mixed precision in TorchTitan 0.2.2; "
+                          "shard instead (data_parallel_shard_degree = -1)")
+
+
 def data_parallel_degree(config: RunConfig, world_size: int) -> int:
     """The DP degree TorchTitan's ParallelDims will build from ``world_size`` processes."""
     p = config.parallelism
     others = p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree
-    if p.data_parallel_shard_degree == -1:
+    if p.data_parallel_shard_degree == -1 or p.data_parallel_replicate_degree == -1:
         if world_size % others:
             raise ConfigError(f"parallelism: {world_size} processes are not divisible by "
                               f"tensor × context × pipeline parallel degrees = {others}")
@@ -367,6 +391,7 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     carry_baseline(config)
     check_data(config)
     check_checkpoint(config)
+    resolve_replicate_degree(config, world_size)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
     check_output_folders(config)
     check_metrics(config)

@@ -23,6 +23,7 @@ from ..components import titan_compat
 from ..config.schema import Dispersion
 from ..data.packed import run_encoder, run_seed
 from ..models.flavors import DROPOUT_KEYS
+from ..models.fsdp import sync_last_microbatch
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..run_folder.origin import start_record
 from ..run_folder.settings import fork_record, run_settings
@@ -102,6 +103,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         # Micro-batch m of this rank is chunk m·W + r of the global batch (data.layout).
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
+        self.microbatches = self.step_metrics.global_batch_size // (
+            job_config.training.local_batch_size * self.chunk_stride)
         self.seed = seed
         self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
@@ -199,6 +202,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         with_stats = self.metrics_processor.should_log(self.step)
         chunk = self.microbatch * self.chunk_stride + self.chunk_offset
         self.microbatch += 1
+        sync_last_microbatch(model, self.microbatch, self.microbatches)
         if self.has_dropout:
             self._seed_dropout(chunk)
         with self.maybe_enable_amp:
