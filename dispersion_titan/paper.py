@@ -45,6 +45,9 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument("--sbatch-arg", action="append", default=[], dest="sbatch_args", metavar="ARG",
                    help="extra sbatch argument for every job, e.g. --sbatch-arg=--partition=gpu")
     p.add_argument("--revisions", metavar="REV1,REV2", help="fig4: the revisions (default: listed from the hub)")
+    p.add_argument("--preset", choices=("paper", "ours"),
+                   help="fig3: the runs to train and draw: paper (default: train_configs/paper/fig3_gpt2_small*.toml, "
+                        "the authors' pretrain_toy_gpt2.py) or ours (train_configs/gpt2_small_mlp*.toml)")
     p.add_argument("--corpus", action="append", metavar="NAME=DATASET|FILE",
                    help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four")
     analysis = p.add_argument_group("analyze's input options, passed on (analysing artifacts)")
@@ -125,6 +128,8 @@ def run_paper(argv: list[str]) -> int:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)
+    for note in plan.notes:
+        print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
         jobs = slurm.jobs(plan, _draw_argv(argv, plan, options), a.sbatch_args)
         if a.dry_run:
