@@ -116,6 +116,11 @@ REFUSALS = [
             "ranks is not the validation global batch of 8 sequences; use 8, or 0", world=1),
     Refusal([*DEBUG, "--parallelism.tensor_parallel_degree", "2"], "parallelism: 3 processes are not divisible by",
             world=3),
+    Refusal([*DEBUG, "--training.loss_scale", "sum"], "training.loss_scale: 'sum' is not one of ('mean', "
+            "'as_released')", world=1),
+    Refusal([*DEBUG, "--lr_scheduler.form", "as_released", "--lr_scheduler.decay_type", "linear"],
+            "lr_scheduler.form: 'as_released' is transformers' cosine schedule", world=1),
+    Refusal([*DEBUG, "--lr_scheduler.form", "hf"], "lr_scheduler.form: 'hf' is not one of", world=1),
     Refusal([*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1"], "parallelism.data_parallel_replicate_"
             "degree: -1 (replicate over every process) needs data_parallel_shard_degree = 1, not -1", world=2),
     Refusal([*DEBUG, "--parallelism.data_parallel_replicate_degree", "0"], "parallelism.data_parallel_replicate_"

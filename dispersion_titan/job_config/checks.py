@@ -14,7 +14,7 @@ import os
 import typing
 from typing import TYPE_CHECKING, Any
 
-from ..config.schema import DECAY_GROUPS, METHOD_SETTINGS
+from ..config.schema import DECAY_GROUPS, LOSS_SCALES, LR_FORMS, METHOD_SETTINGS
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import (
@@ -358,8 +358,18 @@ def check_optimizer(config: RunConfig) -> None:
     o = config.optimizer
     if o.decay_groups not in DECAY_GROUPS:
         raise ConfigError(f"optimizer.decay_groups: {o.decay_groups!r} is not one of {DECAY_GROUPS}")
-    if o.decay_groups == "hf" and o.early_step_in_backward:  # one optimizer per parameter: no groups to split
-        raise ConfigError("optimizer.early_step_in_backward: not supported with optimizer.decay_groups = 'hf'")
+    if o.decay_groups != "all" and o.early_step_in_backward:  # one optimizer per parameter: no groups to split
+        raise ConfigError(f"optimizer.early_step_in_backward: not supported with optimizer.decay_groups = "
+                          f"{o.decay_groups!r}")
+    lr = config.lr_scheduler
+    if lr.form not in LR_FORMS:
+        raise ConfigError(f"lr_scheduler.form: {lr.form!r} is not one of {LR_FORMS}")
+    if lr.form == "as_released" and (lr.decay_type != "cosine" or lr.decay_ratio is not None):
+        raise ConfigError(f"lr_scheduler.form: 'as_released' is transformers' cosine schedule, decaying over every "
+                          f"step after the warm-up; set decay_type = 'cosine' (not {lr.decay_type!r}) and leave "
+                          "decay_ratio unset")
+    if config.training.loss_scale not in LOSS_SCALES:
+        raise ConfigError(f"training.loss_scale: {config.training.loss_scale!r} is not one of {LOSS_SCALES}")
 
 
 def carry_baseline(config: RunConfig) -> None:

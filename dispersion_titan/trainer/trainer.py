@@ -31,6 +31,7 @@ from ..run_folder.writer_lock import WriterLock
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
+from .loss_scale import released_scales
 from .objective import DispersionObjective
 from .preemption import Preemption, leave_with_own_status, secondary_failure_status
 from .seeds import mixed_seed
@@ -207,13 +208,19 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self._seed_dropout(chunk)
         with self.maybe_enable_amp:
             logits = model(inputs, **model_kwargs)
-            ce = self.loss_fn(logits, labels) / global_valid_tokens
+            ce_sum = self.loss_fn(logits, labels)
+            ce = ce_sum / global_valid_tokens
             del logits
             with record_function("dispersion_titan.dispersion"):  # bench/profile_step.py's group
                 term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
         # Backward through both terms without adding them: a loss-parallel CE is a
         # DTensor and cannot be summed with a plain tensor.
-        torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])
+        if self.job_config.training.loss_scale == "as_released":  # logged as the mean all the same
+            tokens, factor = released_scales(labels, self.chunk_stride, self.step_metrics.global_batch_size)
+            terms = [ce_sum / tokens] + ([] if term.weighted is None else [term.weighted * factor])
+        else:
+            terms = [ce] + ([] if term.weighted is None else [term.weighted])
+        torch.autograd.backward(terms)
         ce_value = _local(ce.detach())
         loss = ce_value + term.step_coeff * term.unweighted
         self.step_metrics.add(ce_value, term.unweighted, loss, term.block_cosine_sums)
