@@ -286,6 +286,7 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
         f"$job_{i}" for i in range(1, 13)) in lines[-1]
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
+    assert_one_line_error(*paper("fig2", "--preset", "ours", "--dry-run", capsys=capsys)[::2], "--preset: only for fig3")
 
 
 def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):

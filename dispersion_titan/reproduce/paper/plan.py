@@ -209,6 +209,8 @@ def build(artifact: str, options: dict) -> Plan:
     """The plan of ``artifact`` under ``options`` (the parsed command line, by dest)."""
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
+    if options.get("preset") and artifact != "fig3":
+        raise ArgumentError("--preset: only for fig3")
     if artifact == "table2":
         if options.get("trust_remote_code"):
             raise ArgumentError("--trust-remote-code: only for the analysing artifacts (table2 evaluates our runs)")
@@ -236,8 +238,6 @@ def build(artifact: str, options: dict) -> Plan:
         return Plan(artifact, out, [analyze_step(model, analyze_args)], [model])
     if artifact == "fig3":
         return _fig3_plan(options, analyses, analyze_args)
-    if options.get("preset"):
-        raise ArgumentError("--preset: only for fig3")
     if options.get("models"):
         models = [model_of(m, analyses, size_b=catalog.SIZES_B.get(m.rsplit("/", 1)[-1])) for m in options["models"]]
         if options.get("trust_remote_code"):
