@@ -45,6 +45,9 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument("--sbatch-arg", action="append", default=[], dest="sbatch_args", metavar="ARG",
                    help="extra sbatch argument for every job, e.g. --sbatch-arg=--partition=gpu")
     p.add_argument("--revisions", metavar="REV1,REV2", help="fig4: the revisions (default: listed from the hub)")
+    p.add_argument("--preset", choices=("paper", "ours"),
+                   help="fig3: the runs to train and draw: paper (default: train_configs/paper/fig3_gpt2_small*.toml, "
+                        "the authors' pretrain_toy_gpt2.py) or ours (train_configs/gpt2_small_mlp*.toml)")
     p.add_argument("--corpus", action="append", metavar="NAME=DATASET|FILE",
                    help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four")
     analysis = p.add_argument_group("analyze's input options, passed on (analysing artifacts)")
@@ -72,8 +75,6 @@ def paper_parser() -> OneLineErrorParser:
     table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
     table.add_argument("--select", type=_selection, default="best",
                        help="checkpoint per run: best (default), last or step:N")
-    table.add_argument("--num-ckpt", type=positive_int, default=5,
-                       help="--select best: the authors' evaluation cadence, every floor(T/K)+1 steps (default 5)")
     add_table_arguments(table)
     table.add_argument("--reference", metavar="ARM",
                        help="arm the others are tested against (default: the arm with a dispersion loss)")
@@ -131,6 +132,8 @@ def run_paper(argv: list[str]) -> int:
     if plan.left_out:
         print(f"{a.artifact}: left out {', '.join(plan.left_out)}: they run their own modelling code; add "
               "--trust-remote-code to include them", file=sys.stderr)
+    for note in plan.notes:
+        print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
         jobs = slurm.jobs(plan, _draw_argv(argv, plan, options), a.sbatch_args)
         if a.dry_run:

@@ -6,6 +6,7 @@ shipped configs, which then train and sweep there without a clone."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from support.launch import DEBUG_TOML, REPO
+from dispersion_titan.models.gpt2.args import gpt2_flavors
 from support.runs import digests, tiny_run
 
 pytestmark = pytest.mark.slow
@@ -94,7 +96,8 @@ def test_the_installed_console_script_plans_a_sweep_and_paper_jobs_with_its_own_
     assert {s.name for s in scripts} == {"train.sbatch", "analyze.sbatch", "evaluate.sbatch"}
     assert all(s.parent == slurm and s.is_file() for s in scripts), scripts
 
-    runs = [tiny_run(tmp_path / f"mlp{w}", steps=(5,)) for w in (1, 2)]
+    runs = [tiny_run(tmp_path / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
+            for w in (64, 128)]  # two widths: fig3 analyses one run per width
     paper = run([command, "paper", "fig3", "--models", *runs, "--out", tmp_path / "paper", "--slurm", "--dry-run"],
                 cwd=tmp_path, env=installed_env())
     assert paper.returncode == 0, paper.stderr

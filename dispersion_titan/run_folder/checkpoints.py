@@ -23,9 +23,9 @@ from ..models.flavors import args_from_dict
 from ..utils.errors import CheckpointError, RunFinished
 
 RUN_METADATA_FILE = "run.json"
-LEDGER_KEYS = ("settings", "forked_from")
+LEDGER_KEYS = ("settings", "forked_from", "started_from")
 """``run.json`` entries that record one run's launch (every config key, paths and seed included;
-its source), not what makes runs one configuration."""
+the fork it came from; the weights it started from, ``origin``), not what makes runs one configuration."""
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -82,15 +82,16 @@ def save_run_metadata(folder: str, model_name: str, args: Any,
                       dispersion: dict[str, Any] | None = None, seed: int | None = None,
                       baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2",
                       training_steps: int | None = None, settings: dict[str, Any] | None = None,
-                      forked_from: dict[str, Any] | None = None) -> None:
+                      forked_from: dict[str, Any] | None = None,
+                      started_from: dict[str, Any] | None = None) -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
     the model family and shape (head count cannot be read off weights), the tokenizer
     (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
     settings it trained with (None: not trained by dispersion_titan.train), and its
     ``training.steps`` (``evaluate table --select best`` derives the authors' evaluation
     cadence from it); ``evaluate table`` groups runs into arms by all of it but the seed.
-    ``settings`` (every config key, ``run_folder.settings``) and ``forked_from`` are the
-    run's ledger: recorded at its first launch and kept by every later one, whose other
+    ``settings`` (every config key, ``run_folder.settings``), ``forked_from`` and ``started_from``
+    (``run_folder.origin``) are the run's ledger: recorded at its first launch and kept by every later one, whose other
     entries can differ only in ``training_steps`` (the settings check allows nothing else)."""
     path = os.path.join(folder, RUN_METADATA_FILE)
     first = load_run_metadata(folder) if os.path.isfile(path) else {}
@@ -99,7 +100,7 @@ def save_run_metadata(folder: str, model_name: str, args: Any,
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     metadata = {"model_name": model_name, "model_args": fields, "tokenizer": tokenizer, "dispersion": dispersion,
                 "baseline": baseline, "seed": seed, "training_steps": training_steps, "forked_from": forked_from,
-                "settings": settings, **ledger}
+                "started_from": started_from, "settings": settings, **ledger}
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)
