@@ -33,6 +33,10 @@ OLMO = "allenai/Olmo-3-1025-7B"
 FIG4_REVISIONS = 8
 """Branches analysed by default: evenly spaced from the first to the last pre-training step."""
 MLP_WIDTH_CONFIGS = tuple(f"train_configs/gpt2_small_mlp{w}.toml" for w in (768, 1536, 3072, 6144))
+TABLE2_CONFIGS = tuple(f"train_configs/paper/midtrain_{arm}.toml" for arm in (
+    "gpt2_wikitext103_baseline", "gpt2_wikitext103_dispersion", "qwen3_0.6b_baseline", "qwen3_0.6b_angular_spread",
+    "qwen3_1.7b_baseline", "qwen3_1.7b_angular_spread"))
+"""Table 2's arms, one training run per seed each."""
 REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
 """Models that ship their own modelling code: analysed with ``--trust-remote-code`` (the
 authors load every model with ``trust_remote_code=True``)."""

@@ -150,6 +150,15 @@ def _default_models(artifact: str, analyses: str) -> tuple[list[Model], list[tup
                        "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each)")
 
 
+def training_configs(artifact: str) -> tuple[str, ...]:
+    """The training configs of the runs ``artifact`` analyses or evaluates (``paper --plan``)."""
+    if artifact == "fig3":
+        return catalog.MLP_WIDTH_CONFIGS
+    if artifact == "table2":
+        return catalog.TABLE2_CONFIGS
+    raise ArgumentError(f"--plan: {artifact} analyses released models and trains nothing; fig3 and table2 train runs")
+
+
 def hub_revisions(model: str, count: int) -> list[str]:
     """``count`` of the model's ``stageN-stepM`` branches, evenly spaced by step, first and last included."""
     try:
