@@ -50,7 +50,6 @@ def _planning() -> ModuleType:
     # torch and TorchTitan: only once the arguments are parsed (--help and typos answer without them)
     from dispersion_titan.trainer import resource_plan
 
-    resource_plan.prepare()
     return resource_plan
 
 

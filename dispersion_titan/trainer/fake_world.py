@@ -19,6 +19,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -58,14 +59,25 @@ def rank_zero_config(job_config: RunConfig, dump_folder: str) -> RunConfig:
     return c
 
 
+def _fake_trunc_normal_(tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
+                        generator: torch.Generator | None = None) -> torch.Tensor:
+    """``torch.nn.init.trunc_normal_`` without its resampling loop, which reads values back: under
+    ``FakeTensorMode`` there are no values, only the shapes and the memory."""
+    return tensor.normal_(mean, std, generator=generator).clamp_(a, b)
+
+
 @contextlib.contextmanager
-def _built_outside(fake: FakeTensorMode | None, model_name: str) -> Iterator[None]:
-    """The model family builds and parallelizes its meta-device model without ``fake``, as
-    TorchTitan always does, on meta tensors: a fake meta parameter cannot be swapped for its
-    CPU one by ``to_empty`` (PyTorch refuses tensors with weak references), and the device
-    meshes FSDP2 builds over tensor-parallel ones read values back."""
+def _fake_build(fake: FakeTensorMode | None, model_name: str) -> Iterator[None]:
+    """Under ``fake``, the model family builds and parallelizes its meta-device model outside it,
+    on meta tensors as TorchTitan always does (a fake meta parameter cannot be swapped for its CPU
+    one by ``to_empty``: PyTorch refuses tensors with weak references; the device meshes FSDP2
+    builds over tensor-parallel ones read values back), and initialises the fake weights without
+    reading them back."""
+    if fake is None:
+        yield
+        return
     spec = get_train_spec(model_name)
-    model_cls, parallelize_fn = spec.model_cls, spec.parallelize_fn
+    saved = spec.model_cls, spec.parallelize_fn, torch.nn.init.trunc_normal_
 
     def outside(fn):
         def call(*args, **kwargs):
@@ -73,12 +85,12 @@ def _built_outside(fake: FakeTensorMode | None, model_name: str) -> Iterator[Non
                 return fn(*args, **kwargs)
         return call
 
-    if fake is not None:
-        spec.model_cls, spec.parallelize_fn = outside(model_cls), outside(parallelize_fn)
+    spec.model_cls, spec.parallelize_fn = outside(saved[0]), outside(saved[1])
+    torch.nn.init.trunc_normal_ = _fake_trunc_normal_
     try:
         yield
     finally:
-        spec.model_cls, spec.parallelize_fn = model_cls, parallelize_fn
+        spec.model_cls, spec.parallelize_fn, torch.nn.init.trunc_normal_ = saved
 
 
 class _RankZero(DispersionTrainer):
@@ -93,13 +105,14 @@ class _RankZero(DispersionTrainer):
 
 @contextlib.contextmanager
 def _process_state(world: int) -> Iterator[None]:
-    """The environment of rank 0 of ``world`` ranks, restored on exit with the signal handlers
-    and the garbage collector."""
+    """The environment of rank 0 of ``world`` ranks, restored on exit with the signal handlers,
+    the exception hook (each process group's start prefixes it with the rank) and the garbage
+    collector."""
     names = {"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "1"}
     saved_env = {key: os.environ.get(key) for key in names}
     signals = {signal.SIGINT, signal.SIGTERM, parse_signal(os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))}
     saved_handlers = {s: signal.getsignal(s) for s in signals}
-    collecting = gc.isenabled()
+    collecting, excepthook = gc.isenabled(), sys.excepthook
     os.environ.update(names)
     try:
         yield
@@ -111,6 +124,7 @@ def _process_state(world: int) -> Iterator[None]:
                 os.environ[key] = value
         for s, handler in saved_handlers.items():
             signal.signal(s, handler)
+        sys.excepthook = excepthook
         if collecting:
             gc.enable()
 
@@ -125,7 +139,7 @@ def rank_zero_trainer(job_config: RunConfig, world: int, fake: FakeTensorMode | 
         config = rank_zero_config(job_config, dump)
         trainer = None
         try:
-            with _built_outside(fake, config.model.name), fake or contextlib.nullcontext():
+            with _fake_build(fake, config.model.name), fake or contextlib.nullcontext():
                 trainer = _RankZero(config)
             yield trainer
         finally:

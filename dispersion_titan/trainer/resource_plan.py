@@ -2,8 +2,8 @@
 one ends in one line before anything is built), its step measured on rank 0 of that world
 (``step_measure``), priced and tabled (``planning.report``). Steps whose measurement would be
 the same (sweep cells differing in seed, λ or run folder) are measured once per process.
-The one module ``plan`` imports (``prepare``, ``plan_table``, ``runs_table``,
-``refuse_if_too_big`` and ``dry_run_step`` are here for it)."""
+The one module ``plan`` imports (``plan_table``, ``runs_table``, ``refuse_if_too_big`` and
+``dry_run_step`` are here for it)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ from .step_measure import MEASURED_DEPTHS, extrapolates, measure_step
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
-__all__ = ["dry_run_step", "plan_table", "planned", "prepare", "refuse_if_too_big", "runs_table"]
+__all__ = ["dry_run_step", "plan_table", "planned", "refuse_if_too_big", "runs_table"]
 NOT_MEASURED = {"job": None, "checkpoint": None, "metrics": None, "validation": None, "lr_scheduler": None,
-                "debug": ("seed",), "training": ("steps",), "dispersion": ("coeff", "warmup_steps")}
-"""Settings that change neither a step's memory nor its operators (None: the whole section)."""
+                "debug": ("seed",), "training": ("steps", "dataset", "dataset_path"),
+                "dispersion": ("coeff", "warmup_steps")}
+"""Settings that change neither a step's memory nor its operators (None: the whole section; the
+data is a stand-in, ``fake_world``)."""
 _measured: dict[str, StepMeasurement] = {}
 
 
@@ -51,6 +53,7 @@ def depth_note(job_config: RunConfig, depth: int) -> str:
 
 def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: str) -> ResourcePlan:
     """The plan of the run that ``args`` (a launch's command line) make on ``gpus`` × ``gpu_key``."""
+    prepare()
     gpu = GPUS[gpu_key]
     job_config = checked_config(args, gpus)
     layout = resolve_layout(job_config, gpus, nodes_of(gpus, nodes, gpu))

@@ -4,7 +4,7 @@ of the planned world without allocating anything: ``DispersionTrainer`` built un
 gradients, then one optimizer step (the dispersion term included) under PyTorch's
 ``FSDPMemTracker`` (``MemTracker`` without FSDP) and ``planning.roofline``. Two of the step's
 micro-batches are run where it accumulates: the second one's backward meets the first one's
-gradients.
+gradients. Attention dropout is measured as a GPU's fused kernels run it (see ``measure_at``).
 
 Every block is alike, so memory and time are linear in the depth: a deep model is measured at
 ``MEASURED_DEPTHS`` blocks and extrapolated, exactly while the dispersion term takes every block
@@ -38,6 +38,13 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
     """One step of ``job_config`` (checked for ``world`` processes) with ``depth`` blocks."""
     config = copy.deepcopy(job_config)
     config.model.n_layers = depth
+    # On a GPU, SDPA's flash and memory-efficient kernels apply attention dropout inside the
+    # kernel (a Philox seed, no mask); on a CPU only the math kernel takes dropout, keeping the
+    # B × heads × N × N probabilities, their mask and the dropped product, which a GPU never
+    # allocates. Measured at attention dropout 0: the flash kernel, as the GPU runs it (residual
+    # and embedding dropout, elementwise, stay).
+    if getattr(config.model, "attn_dropout", None):
+        config.model.attn_dropout = 0.0
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with rank_zero_trainer(config, world, fake) as trainer:
         accumulation = trainer.gradient_accumulation_steps
@@ -56,8 +63,13 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
                 tracker.track_external(model, optimizer)
             roofline = Roofline(gpu)
             marks: list[float] = []
+
+            def after_each() -> None:  # the trackers keep per-module stats of one forward at a time
+                marks.append(roofline.seconds)
+                tracker.reset_mod_stats()
+
             with tracker, roofline:
-                optimizer_step(trainer, batches, tokens, after_each=lambda: marks.append(roofline.seconds))
+                optimizer_step(trainer, batches, tokens, after_each=after_each)
         local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
         total = sum(p.numel() for p in model.parameters())
     (peak,) = tracker.get_tracker_snapshot("peak").values()  # one device
@@ -66,10 +78,11 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
 
 
 def extrapolates(job_config: RunConfig, depth: int) -> bool:
-    """Whether the step at ``depth`` blocks is the line through ``MEASURED_DEPTHS``: deeper, and the
-    dispersion term (if any) on every block."""
+    """Whether the step at ``depth`` blocks is taken on the line through ``MEASURED_DEPTHS``: the
+    dispersion term (if any) on every block, and deep enough that two shallow models cost less
+    than the model itself."""
     d = job_config.dispersion
-    return depth > MEASURED_DEPTHS[-1] and (d.variant == "none" or d.layers == "all")
+    return depth >= sum(MEASURED_DEPTHS) and (d.variant == "none" or d.layers == "all")
 
 
 def measure_step(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepMeasurement:
