@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 GB = 1e9
+STAND_IN_TERM = ("with its dispersion term priced by the CPU stand-in (the torch strips, not the GPU's Triton "
+                 "kernel): 1.5-1.75× the measured GPT-2 small steps with a term (docs/benchmarks.md)")
 TIGHT = 0.9
 """Share of a GPU's memory above which a plan says the peak is tight: the CUDA context, the
 allocator's fragmentation and what ``FakeTensorMode`` cannot see take a few GB."""
@@ -34,6 +36,8 @@ class ResourcePlan:
     disk: CheckpointDisk
     steps: int
     depth_note: str
+    dispersion: bool
+    """Whether the step has a dispersion term (``STAND_IN_TERM``)."""
 
     @property
     def memory_share(self) -> float:
@@ -55,7 +59,8 @@ def resource_plan(name: str, job_config: RunConfig, layout: ResourceLayout, step
                   gpu: GPU, depth_note: str) -> ResourcePlan:
     return ResourcePlan(name, gpu_key, gpu, layout, step,
                         step_time(job_config, layout, step, gpu, calibration(gpu_key)),
-                        checkpoint_disk(job_config, step.params_total), job_config.training.steps, depth_note)
+                        checkpoint_disk(job_config, step.params_total), job_config.training.steps, depth_note,
+                        job_config.dispersion.variant != "none")
 
 
 def refuse_if_too_big(plan: ResourcePlan) -> None:
@@ -91,7 +96,8 @@ def plan_table(plan: ResourcePlan) -> str:
         ("peak memory per GPU", _memory(plan) + " (FSDPMemTracker under FakeTensorMode, eager, "
                                               f"{plan.depth_note})"),
         ("step time", f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}); FSDP collectives "
-                      f"{_ms(t.fsdp_s)} (overlapped), TP collectives {_ms(t.tp_s)}"),
+                      f"{_ms(t.fsdp_s)} (overlapped), TP collectives {_ms(t.tp_s)}"
+                      + (f"; {STAND_IN_TERM}" if plan.dispersion else "")),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
         ("GPU-hours", f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"),
         ("checkpoint disk", f"**{_gb(plan.disk.bytes)} GB**: {plan.disk.full} full + {plan.disk.model_only} "
@@ -111,10 +117,11 @@ def runs_table(plans: list[ResourcePlan]) -> str:
         lay = p.layout
         lines.append(f"| {p.name} | {lay.gpus} × {p.gpu_key.upper()} | {lay.dp} × {lay.tp} | {lay.micro_batch} × "
                      f"{lay.accumulation} | {p.step.params_local / 1e6:,.2f} | {_gb(p.step.peak)} "
-                     f"({p.memory_share:.0%}) | {p.time.step_s * 1e3:.3g} | {p.tokens_per_s:,.0f} | {p.gpu_hours:,.3g} | "
-                     f"{_gb(p.disk.bytes)} |")
+                     f"({p.memory_share:.0%}) | {p.time.step_s * 1e3:.3g} | {p.tokens_per_s:,.0f} | "
+                     f"{p.gpu_hours:,.3g} | {_gb(p.disk.bytes)} |")
     hours, disk = sum(p.gpu_hours for p in plans), sum(p.disk.bytes for p in plans)
     lines.append(f"| **total ({len(plans)} runs)** | | | | | | | | **{hours:,.3g}** | **{_gb(disk)}** |")
     labels = sorted({p.time.calibration.label for p in plans})
     notes = [f"step time: {label}" for label in labels] + sorted({f"memory: {p.depth_note}" for p in plans})
+    notes += [f"step time of the runs with a term: {STAND_IN_TERM}"] if any(p.dispersion for p in plans) else []
     return "\n".join(lines + [""] + notes)
