@@ -34,10 +34,25 @@ if TYPE_CHECKING:
 MEASURED_DEPTHS = (2, 3)
 
 
+def _one_replica(config: RunConfig, world: int) -> tuple[int, bool]:
+    """A replicated layout (DDP: every process holds the whole model) measured as one of its
+    replicas, a 1-process job of the same micro-batches (DDP's lazy init reads parameter values,
+    which fake tensors lack): the world to build, and whether it was replicated."""
+    p, t = config.parallelism, config.training
+    replicas = p.data_parallel_replicate_degree
+    if replicas <= 1 or p.data_parallel_shard_degree != 1:
+        return world, False
+    p.data_parallel_replicate_degree = 1
+    if t.global_batch_size > 0:
+        t.global_batch_size //= replicas
+    return world // replicas, True
+
+
 def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepMeasurement:
     """One step of ``job_config`` (checked for ``world`` processes) with ``depth`` blocks."""
     config = copy.deepcopy(job_config)
     config.model.n_layers = depth
+    world, replicated = _one_replica(config, world)
     # On a GPU, SDPA's flash and memory-efficient kernels apply attention dropout inside the
     # kernel (a Philox seed, no mask); on a CPU only the math kernel takes dropout, keeping the
     # B × heads × N × N probabilities, their mask and the dropped product, which a GPU never
@@ -73,7 +88,10 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
         local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
         total = sum(p.numel() for p in model.parameters())
     (peak,) = tracker.get_tracker_snapshot("peak").values()  # one device
-    return StepMeasurement(categorised(peak), marks[0],
+    memory = categorised(peak)
+    if replicated:  # DDP's gradient buckets (gradient_as_bucket_view off): a second copy of the fp32 gradients
+        memory["gradients"] += 4.0 * total
+    return StepMeasurement(memory, marks[0],
                            roofline.seconds - marks[-1], float(local), float(total), depth)
 
 
