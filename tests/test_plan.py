@@ -56,6 +56,10 @@ def test_every_config_lays_out_or_refuses_in_one_line(parsed):
         for gpus, tp in SIZES:
             c = copy.deepcopy(job)
             c.parallelism.tensor_parallel_degree = tp or c.parallelism.tensor_parallel_degree
+            if tp and c.parallelism.data_parallel_replicate_degree == -1:  # DDP beside TP is refused (checks)
+                with pytest.raises(ConfigError, match="^parallelism.data_parallel_replicate_degree: replicated"):
+                    check(copy.deepcopy(c), gpus)
+                c.parallelism.data_parallel_replicate_degree, c.parallelism.data_parallel_shard_degree = 1, -1
             dp = gpus // c.parallelism.tensor_parallel_degree
             try:
                 check(c, gpus)
@@ -201,7 +205,7 @@ def test_depth_extrapolation_is_the_measured_step():
 DRY_RUNS = [
     ("gpt2_small_mlp3072_angular_spread.toml", 64, None, (), "mesh: fsdp 64 of 64 ranks"),
     ("gpt2_small_mlp3072_angular_spread.toml", 8, 4, (), "mesh: fsdp 2 × tp 4 of 8 ranks"),
-    ("paper/midtrain_qwen3_0.6b_angular_spread.toml", 8, None, (), "mesh: fsdp 8 of 8 ranks"),
+    ("paper/midtrain_qwen3_0.6b_angular_spread.toml", 8, None, (), "mesh: dp_replicate 8 of 8 ranks"),  # DDP
     ("debug_angular_spread.toml", 64, 2, ("--training.global_batch_size", "32"), "mesh: fsdp 32 × tp 2 of 64 ranks"),
 ]
 
@@ -218,7 +222,8 @@ def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, 
     text = "\n".join(lines)
     assert lines[0].startswith(f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, 2 of ")
     assert lines[1].startswith(mesh) and ": as planned" in lines[1], text
-    assert "each holding rank 0's shard of its placements" in lines[2], text
+    assert ("replicated by DDP" if "dp_replicate" in mesh else "each holding rank 0's shard of its placements") \
+        in lines[2], text
     assert ("sharded over tp" in lines[2]) == bool(tp), text
     assert re.search(r": the sum over ranks is the global-batch mean$", lines[3]), text
     if not tp:  # the term checked against rank 0's own mean on random hidden states

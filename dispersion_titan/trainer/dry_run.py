@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+from torch.distributed._composable.replicate import DDP
 from torch.distributed.tensor import DTensor, Placement
 
 from ..job_config.parse import prepare
@@ -95,6 +96,11 @@ def check_mesh(trainer: DispersionTrainer, layout: ResourceLayout) -> str:
 def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> tuple[str, int]:
     """The parallelize plan applied as planned; the line and rank 0's parameter count."""
     mesh = _expected_mesh(layout)
+    replicated = mesh == ("dp_replicate",)  # DDP: whole parameters as plain tensors, the module wrapped
+    if replicated:
+        if not isinstance(model, DDP):
+            raise DryRunFailed("parallelize: the model is not replicated by DDP over dp_replicate")
+        mesh = ()
     params = list(model.named_parameters())
     on_tp = 0
     for name, p in params:
@@ -114,7 +120,8 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> t
     if layout.tp > 1 and not on_tp:
         raise DryRunFailed("parallelize: tensor parallelism sharded no parameter")
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for _, p in params)
-    where = f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements" if mesh else "whole"
+    where = (f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements" if mesh else
+             "whole, replicated by DDP over dp_replicate" if replicated else "whole")
     tp = f", {on_tp} sharded over tp" if layout.tp > 1 else ""
     tie = "; the LM head still the token embeddings" if tied else ""
     return f"parallelize: {len(params)} parameters, {where}{tp}{tie}; rank 0 holds {local:,}", local
