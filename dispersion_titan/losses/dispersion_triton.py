@@ -162,6 +162,14 @@ def _tf32_in_fp32(x):
 
 
 @triton.jit
+def _tf32_truncated(x):
+    """x as the tensor cores read an fp32 operand of a plain "tf32" product: its 13 low mantissa bits
+    dropped (truncated toward zero, not rounded: tl.dot's documentation warns of the bias), kept as fp32."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return (bits & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _stored(x, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     """fp32 x as it is stored: rounded to bf16 (to nearest even) or unchanged."""
     y = x
@@ -180,7 +188,7 @@ def _dot(a, b, acc, DOT: tl.constexpr, INTERPRET: tl.constexpr):
 
     The interpreter multiplies in fp32: exactly the bf16 products for stored bf16
     operands; bf16x3 and tf32x3 emulated as the GPU splits them (hi.hi + hi.lo + lo.hi);
-    tf32 there is plain fp32.
+    tf32 with its operands truncated to tf32, as the GPU's tensor cores read them.
     """
     if INTERPRET:
         a = a.to(tl.float32)
@@ -197,6 +205,8 @@ def _dot(a, b, acc, DOT: tl.constexpr, INTERPRET: tl.constexpr):
             acc = tl.dot(a_hi, b_hi, acc, input_precision="ieee")
             acc = tl.dot(a_hi, _bf16_in_fp32(b - b_hi), acc, input_precision="ieee")
             acc = tl.dot(_bf16_in_fp32(a - a_hi), b_hi, acc, input_precision="ieee")
+        elif DOT == "tf32":
+            acc = tl.dot(_tf32_truncated(a), _tf32_truncated(b), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc, input_precision="ieee")
     elif DOT == "bf16":
