@@ -26,6 +26,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from dispersion_titan.losses import VARIANTS  # noqa: E402
 from dispersion_titan.losses import PRECISIONS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
+from dispersion_titan.utils.errors import cause  # noqa: E402
 from test_dispersion_kernel import case_table, condensed_errors, run_case, tolerances, within_yardstick  # noqa: E402
 
 GPT2_SMALL = {"B": 2, "N": 1024, "d": 768, "tau": 1.0, "inputs": "gpt2_small"}
@@ -45,12 +46,6 @@ def cases(quick: bool = False) -> dict[str, dict]:
     return table
 
 
-def one_line(err: BaseException) -> str:
-    """An exception as one table cell: its type and last line."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[-1] if lines else ''}".replace("|", "/")[:200]
-
-
 def main() -> None:
     quick = "--quick" in sys.argv[1:]
     if not torch.cuda.is_available():
@@ -65,7 +60,7 @@ def main() -> None:
             got = run_case(case, device="cuda")
         except Exception as err:  # one case's failure is its row's; the others still run
             failures += 1
-            print(f"| {name} | {case['precision']} | — | — | — | NO: {one_line(err)} |", flush=True)
+            print(f"| {name} | {case['precision']} | — | — | — | NO: {type(err).__name__}: {cause(err)} |", flush=True)
             continue
         value_tol, grad_tol = tolerances(case)
         ok = got["finite"] and got["value_rel"] <= value_tol and got["grad_rel"] <= grad_tol
@@ -81,7 +76,7 @@ def main() -> None:
             got = condensed_errors(variant, GPT2_SHAPE, device="cuda")
         except Exception as err:
             failures += 1
-            print(f"| {name} | auto | — | — | — | NO: {one_line(err)} |", flush=True)
+            print(f"| {name} | auto | — | — | — | NO: {type(err).__name__}: {cause(err)} |", flush=True)
             continue
         ok = within_yardstick(got)
         failures += not ok

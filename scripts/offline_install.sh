@@ -26,4 +26,5 @@ print("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in site.getsit
 EOF
 "$env/bin/python" -m pip --version >/dev/null 2>&1 || "$env/bin/python" -m ensurepip -q  # the node's pip, else one
 "$env/bin/python" -m pip install -q --no-index --disable-pip-version-check --find-links "$wheelhouse" dispersion-titan
-echo "installed into $env: $("$env/bin/python" -c 'import torch, dispersion_titan; print("dispersion_titan", "beside torch", torch.__version__)')"
+check='import torch, dispersion_titan; print("beside torch", torch.__version__)'
+echo "installed into $env: $("$env/bin/python" -c "$check")"

@@ -4,17 +4,17 @@
 #
 #   bash scripts/wheelhouse.sh OUT_DIR [--python-version X.Y] [--have FILE]
 #
-# then on the node (Python X.Y, manylinux x86_64, torch preinstalled):
+# then on the node (Python X.Y, manylinux x86_64, torch preinstalled), a venv that sees its packages:
 #
-#   python3 -m venv --system-site-packages ENV
-#   ENV/bin/pip install --no-index --find-links OUT_DIR dispersion-titan
+#   bash scripts/offline_install.sh OUT_DIR ENV    # python3 -m venv, pip install --no-index --find-links OUT_DIR
 #
 # OUT_DIR (new or empty) gets the project's own wheel and one wheel of each package it needs,
 # resolved for CPython X.Y (default 3.12) on manylinux_2_28 x86_64 (torch's own wheels need
 # glibc 2.28), never torch, triton, nvidia-* or cuda-* (the node's CUDA torch brings those).
 # --have FILE: a `pip freeze` of the node; its packages are left out, and the resolution keeps
-# their versions, so what is added fits what is there. Sdist-only packages are built into wheels
-# here, if pure Python. Needs uv (installed into a temporary venv when absent) and pip.
+# their versions, so what is added fits what is there (a line with a bare name: held, version
+# unknown). Sdist-only packages are built into wheels here, if pure Python. Needs pip and uv
+# (installed into a temporary venv when absent).
 # Environment: PYTHON (default python3) runs pip; uv and pip read their usual configuration.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,7 +25,7 @@ fail() { echo "wheelhouse.sh: $*" >&2; exit 2; }
 out="" version=3.12 have=""
 while [ $# -gt 0 ]; do
     case $1 in
-        --python-version) [ $# -ge 2 ] || fail "--python-version needs a value like 3.12; $usage"; version=$2; shift 2 ;;
+        --python-version) [ $# -ge 2 ] || fail "--python-version needs a value like 3.12"; version=$2; shift 2 ;;
         --have) [ $# -ge 2 ] || fail "--have needs a file (the node's pip freeze); $usage"; have=$2; shift 2 ;;
         -h|--help) echo "$usage"; exit 0 ;;
         -*) fail "unknown option $1; $usage" ;;
@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || fail "OUT_DIR is missing; $usage"
 [[ $version =~ ^3\.[0-9]+$ ]] || fail "--python-version must look like 3.12, got '$version'"
-[ -z "$have" ] || [ -f "$have" ] || fail "--have: no file $have (write it on the node with: python3 -m pip freeze > FILE)"
+[ -z "$have" ] || [ -f "$have" ] || fail "--have: no file $have (on the node: python3 -m pip freeze > FILE)"
 if [ -e "$out" ] && { [ ! -d "$out" ] || [ -n "$(ls -A "$out")" ]; }; then
     fail "OUT_DIR $out exists and is not an empty folder: give a new one (nothing in it is replaced)"
 fi
@@ -56,7 +56,7 @@ fi
 : >"$tmp/held.txt"
 if [ -n "$have" ]; then
     sed -nE 's/^([A-Za-z0-9][A-Za-z0-9._-]*)==([^ ;+#]+).*/\1==\2/p' "$have" >"$tmp/constraints.txt"
-    sed -nE 's/^([A-Za-z0-9][A-Za-z0-9._-]*) *(==| @ ).*/\1/p' "$have" | tr 'A-Z_.' 'a-z--' >"$tmp/held.txt"
+    sed -nE 's/^([A-Za-z0-9][A-Za-z0-9._-]*) *(==.*| @ .*)?$/\1/p' "$have" | tr 'A-Z_.' 'a-z--' >"$tmp/held.txt"
 fi
 
 # The project's wheel, built from a copy (setuptools writes build/ and *.egg-info into its source).
@@ -95,7 +95,7 @@ for file in "$tmp"/dl/*; do
             "${UV[@]}" build -q --wheel --out-dir "$tmp/built" "$file"
             for wheel in "$tmp"/built/*.whl; do
                 case $wheel in *-none-any.whl) mv "$wheel" "$out/" ;;
-                    *) fail "$(basename "$file") has no wheel for CPython $version manylinux x86_64 and is not pure Python" ;;
+                    *) fail "$(basename "$file") has no wheel for CPython $version manylinux and is not pure Python" ;;
                 esac
             done ;;
     esac
@@ -103,6 +103,6 @@ done
 
 dupes=$(ls "$out" | sed -E 's/-[0-9][^-]*-.*//' | tr 'A-Z_.' 'a-z--' | sort | uniq -d)
 [ -z "$dupes" ] || fail "more than one version of: $dupes"
-echo "wheelhouse: $(ls "$out" | wc -l) wheels, $(du -sm "$out" | cut -f1) MiB in $out" \
+echo "wheelhouse: $(ls "$out" | wc -l) wheels, $(du -sb "$out" | awk '{printf "%.1f", $1 / 1048576}') MiB in $out" \
     "(CPython $version, manylinux x86_64${have:+; left out what $have holds})"
-echo "on the node: python3 -m venv --system-site-packages ENV && ENV/bin/pip install --no-index --find-links $out dispersion-titan"
+echo "on the node: bash scripts/offline_install.sh $out ENV (a venv over python3; pip install --no-index)"
