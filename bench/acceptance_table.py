@@ -5,6 +5,7 @@ tests/test_dispersion_kernel.py).
     python bench/acceptance_table.py results RESULTS_FILE STEP_LOG...   # key=value lines from logs
     python bench/acceptance_table.py train TRAIN_LOG                    # the last logged step's figures
     python bench/acceptance_table.py table RESULTS_FILE TABLE_FILE FAILED
+    python bench/acceptance_table.py numerics FAST_LOG EAGER_LOG FP32_LOG   # exit 1 outside the yardstick
 """
 
 from __future__ import annotations
@@ -40,6 +41,24 @@ def train_lines(log_text: str) -> list[str]:
     return out
 
 
+def step_losses(log_text: str) -> dict[int, float]:
+    """Each logged training step's loss (the last line of a step wins)."""
+    return {int(step): float(loss) for step, loss, *_ in _STEP.findall(log_text)}
+
+
+def numerics(fast: dict[int, float], eager: dict[int, float], fp32: dict[int, float]) -> tuple[list[str], bool]:
+    """The fast path's per-step losses against the eager fp32-weight path's, beside what bf16 moves
+    (eager bf16 against fp32 training): key=value lines, and whether |fast - eager| stays within."""
+    steps = sorted(fast.keys() & eager.keys() & fp32.keys())
+    if not steps:
+        return ["numerics.steps=0"], False
+    gap = max(abs(fast[s] - eager[s]) for s in steps)
+    yardstick = max(abs(eager[s] - fp32[s]) for s in steps)
+    within = gap <= yardstick
+    return [f"numerics.steps={len(steps)} numerics.max_gap_fast_vs_eager={gap:.3g} numerics.max_gap_bf16_vs_fp32="
+            f"{yardstick:.3g} numerics.within_yardstick={'yes' if within else 'no'}"], within
+
+
 def table(results_text: str, failed: bool) -> str:
     """One row per key=value item, in order, and whether every step passed."""
     rows = ["| quantity | value |", "|---|---|"]
@@ -58,6 +77,10 @@ def main(argv: list[str]) -> None:
             print("\n".join(result_lines(Path(log).read_text(errors="replace"))))
     elif command == "train":
         print("\n".join(train_lines(Path(rest[0]).read_text(errors="replace"))))
+    elif command == "numerics":
+        lines, within = numerics(*(step_losses(Path(log).read_text(errors="replace")) for log in rest))
+        print("\n".join(f"RESULT {line}" for line in lines))
+        sys.exit(0 if within else 1)
     elif command == "table":
         results, table_file, failed = rest
         text = table(Path(results).read_text(), failed == "1")

@@ -3,8 +3,10 @@
 Runs the cases of tests/test_dispersion_kernel.py (which CI runs under Triton's CPU
 interpreter, with tiny tiles) on the GPU with the default tile sizes, plus GPT-2
 small's shape (B=2, N=1024, d=768) for every variant with fp32 and bf16 inputs and
-at every precision (auto, bf16, tf32, exact), against the same tolerances. Prints
-one table row per case, then ``RESULT key=value`` lines for bench/gpu_acceptance.sh;
+at every precision (auto, bf16, tf32, exact), against the same tolerances; then every variant
+at precision auto on condensed inputs (cosines above 0.9, as in deep layers) at that shape,
+against the fp64 reference within twice the bf16 yardstick (tests' ``condensed_errors``).
+Prints one table row per case, then ``RESULT key=value`` lines for bench/gpu_acceptance.sh;
 exits 1 if any case is outside its tolerance.
 
     python bench/check_kernel_cuda.py
@@ -24,9 +26,11 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 from dispersion_titan.losses import VARIANTS  # noqa: E402
 from dispersion_titan.losses import PRECISIONS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
-from test_dispersion_kernel import case_table, run_case, tolerances  # noqa: E402
+from dispersion_titan.utils.errors import cause  # noqa: E402
+from test_dispersion_kernel import case_table, condensed_errors, run_case, tolerances, within_yardstick  # noqa: E402
 
 GPT2_SMALL = {"B": 2, "N": 1024, "d": 768, "tau": 1.0, "inputs": "gpt2_small"}
+GPT2_SHAPE = (GPT2_SMALL["B"], GPT2_SMALL["N"], GPT2_SMALL["d"])
 DEFAULT_TILES = {"tiles": None}  # autotuned
 
 
@@ -52,7 +56,12 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     table = cases(quick)
     for name, case in table.items():
-        got = run_case(case, device="cuda")
+        try:
+            got = run_case(case, device="cuda")
+        except Exception as err:  # one case's failure is its row's; the others still run
+            failures += 1
+            print(f"| {name} | {case['precision']} | — | — | — | NO: {type(err).__name__}: {cause(err)} |", flush=True)
+            continue
         value_tol, grad_tol = tolerances(case)
         ok = got["finite"] and got["value_rel"] <= value_tol and got["grad_rel"] <= grad_tol
         failures += not ok
@@ -61,7 +70,22 @@ def main() -> None:
             worst[f"{precision}.{key}"] = max(worst.get(f"{precision}.{key}", 0.0), got[key])
         print(f"| {name} | {precision} | {got['value_rel']:.1e} | {got['grad_rel']:.1e} "
               f"| {value_tol:g}, {grad_tol:g} | {'yes' if ok else 'NO'} |", flush=True)  # fmt: skip
-    print(f"RESULT kernel_check.cases={len(table)} kernel_check.failures={failures}")
+    for variant in VARIANTS:  # condensed: against the fp64 reference, within twice the bf16 yardstick
+        name = f"{variant}-gpt2_small-condensed-auto"
+        try:
+            got = condensed_errors(variant, GPT2_SHAPE, device="cuda")
+        except Exception as err:
+            failures += 1
+            print(f"| {name} | auto | — | — | — | NO: {type(err).__name__}: {cause(err)} |", flush=True)
+            continue
+        ok = within_yardstick(got)
+        failures += not ok
+        print(f"| {name} | auto | {got['value_rel']:.1e} | {got['grad_rel']:.1e} "
+              f"| 2x yardstick {got['yardstick_value']:.1e}, {got['yardstick_grad']:.1e} | {'yes' if ok else 'NO'} |",
+              flush=True)  # fmt: skip
+        print(f"RESULT kernel_check.condensed.{variant}.grad_rel={got['grad_rel']:.2g} "
+              f"kernel_check.condensed.{variant}.yardstick_grad={got['yardstick_grad']:.2g}")
+    print(f"RESULT kernel_check.cases={len(table) + len(VARIANTS)} kernel_check.failures={failures}")
     print("RESULT " + " ".join(f"kernel_check.worst.{key}={value:.2g}" for key, value in sorted(worst.items())))
     sys.exit(1 if failures else 0)
 

@@ -26,6 +26,9 @@ bench/gpu_acceptance.sh.
     python bench/dispersion_loss.py                 # B=8 N=1024 d=768, 12 layers
     python bench/dispersion_loss.py --device cuda --variants angular_spread
     python bench/dispersion_loss.py --impls naive lean --B 2 --N 512 --d 256 --layers 2
+
+``floor_tflops`` in the RESULT lines: the exact loss's FLOP floor, 4·B·N²·d a layer (Gram
+triangle, its recompute, W U), over the measured time: the kernels' sustained rate.
 """
 
 from __future__ import annotations
@@ -183,6 +186,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--impls", nargs="+", default=["triton", "lean", "naive"], choices=IMPLS,
                    help="implementations to run; the first is the baseline of the ratios and gaps")  # fmt: skip
+    p.add_argument("--no-memory", action="store_true", help="skip the extra-memory subprocesses (time only)")
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "VARIANT"), help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -223,7 +227,7 @@ def main() -> None:
         # A precision the variant refuses (losses.variants.precision_error) is left out of its rows.
         runs = argparse.Namespace(**{**vars(args), "impls": [
             impl for impl in args.impls if not precision_error(variant, IMPL_PRECISIONS.get(impl, "auto"))]})
-        mem = {impl: measure_memory(impl, variant, runs) for impl in runs.impls}
+        mem = {impl: float("nan") if args.no_memory else measure_memory(impl, variant, runs) for impl in runs.impls}
         results = compare(variant, runs)
         for impl, r in results.items():
             print(
@@ -233,8 +237,10 @@ def main() -> None:
                 flush=True,
             )
             key = f"dispersion_loss.{variant}.{impl}"
-            result_lines.append(f"RESULT {key}.s={r['s']:.4g} {key}.extra_mib={mem[impl]:.0f} "
-                                f"{key}.value_rel={r['value_rel']:.2g} {key}.grad_rel={r['grad_rel']:.2g}")  # fmt: skip
+            floor = 4 * args.B * args.N**2 * args.d * args.layers / r["s"] / 1e12  # the exact loss's FLOP floor
+            result_lines.append(f"RESULT {key}.s={r['s']:.4g} {key}.floor_tflops={floor:.4g} "
+                                f"{key}.extra_mib={mem[impl]:.0f} {key}.value_rel={r['value_rel']:.2g} "
+                                f"{key}.grad_rel={r['grad_rel']:.2g}")  # fmt: skip
     print("\n".join(result_lines))
 
 

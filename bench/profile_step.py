@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for name, group, seconds in ops[:args.top]:
         print(f"| `{name[:80]}` | {group} | {seconds / args.steps * 1e3:.2f} | {seconds / total:.1%} |")
     shares = {group: groups.get(group, 0.0) / total for group in [g for g, _ in GROUPS] + [ELEMENTWISE]}
-    print("RESULT " + " ".join(f"profile_step.{group}.share={share:.3f}" for group, share in shares.items()))
+    print("RESULT " + " ".join(f"profile_step.{group}.share={share:.3f} "
+                               f"profile_step.{group}.ms_per_step={groups.get(group, 0.0) / args.steps * 1e3:.3g}"
+                               for group, share in shares.items()))  # fmt: skip
     return shares
 
 

@@ -23,7 +23,9 @@ the job config's (``--profile cpu``, ``--training.global_batch_size 8``, ...).
     python bench/train_step.py train_configs/debug.toml --steps 2 --warmup 1      # CPU, seconds
     python bench/train_step.py train_configs/gpt2_small_mlp3072.toml --profile cpu --training.global_batch_size 1
 
-Besides the table it prints ``RESULT key=value`` lines for bench/gpu_acceptance.sh.
+Besides the table it prints ``RESULT key=value`` lines for bench/gpu_acceptance.sh. A variant whose
+objective (its kernel self-check) or step fails is marked failed in its row, and the others go on;
+the exit status is then 1. CE only never depends on a variant: its failure ends the bench.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from dispersion_titan.losses import PRECISIONS, VARIANTS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
 from dispersion_titan.train import default_to_single_process  # noqa: E402
 from dispersion_titan.trainer.trainer import DispersionTrainer  # noqa: E402
-from dispersion_titan.utils.errors import DispersionTitanError, fail_with  # noqa: E402
+from dispersion_titan.utils.errors import DispersionTitanError, cause, fail_with  # noqa: E402
 
 COLUMNS = ("objective", "step ms", "ratio", "tokens/s", "MFU", "peak GiB")
 BENCH_ONLY = ("--checkpoint.no-enable", "--validation.no-enable", "--metrics.no-enable_tensorboard",
@@ -117,23 +119,39 @@ def bench_trainer(config: str, job_args: list[str]) -> Iterator[DispersionTraine
 
 
 def run(config: str, job_args: list[str], variants: list[str], precisions: list[str], coeff: float,
-        steps: int, warmup: int, sync_debug: bool = False, name: str = "train_step") -> dict[str, dict[str, float]]:
-    """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE; prints the table."""
+        steps: int, warmup: int, sync_debug: bool = False, name: str = "train_step") -> dict[str, dict]:
+    """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE, or why it failed; prints the table."""
+    failed: dict[str, str] = {}
     with bench_trainer(config, job_args) as trainer:
         job_config = trainer.job_config
-        objectives = {key: trainer.dispersion_objective(cfg) for key, cfg in
-                      objective_configs(job_config.dispersion, variants, precisions, coeff).items()}
+        objectives = {}
+        for key, cfg in objective_configs(job_config.dispersion, variants, precisions, coeff).items():
+            try:
+                objectives[key] = trainer.dispersion_objective(cfg)
+            except Exception as err:  # a variant's kernel self-check: its row fails, the rest go on
+                if key == "ce":
+                    raise
+                failed[key] = f"{type(err).__name__}: {cause(err)}"
         data = trainer.batch_generator(trainer.dataloader)
         times: dict[str, list[float]] = {key: [] for key in objectives}
         peaks: dict[str, float] = dict.fromkeys(objectives, 0.0)
         for round_ in range(warmup + steps):  # the warm-up rounds compile every path
             for key, objective in objectives.items():
+                if key in failed:
+                    continue
                 trainer.dispersion = objective
-                seconds, peak = timed_step(trainer, data)
+                try:
+                    seconds, peak = timed_step(trainer, data)
+                except Exception as err:
+                    if key == "ce":
+                        raise
+                    failed[key] = f"{type(err).__name__}: {cause(err)}"
+                    continue
                 if round_ >= warmup:
                     times[key].append(seconds)
                     peaks[key] = max(peaks[key], peak)
-        syncs = implicit_syncs(trainer, data, objectives) if sync_debug and trainer.device.type == "cuda" else None
+        working = {key: objective for key, objective in objectives.items() if key not in failed}
+        syncs = implicit_syncs(trainer, data, working) if sync_debug and trainer.device.type == "cuda" else None
         metrics = trainer.metrics_processor
         flops_per_token, peak_flops = metrics.num_flops_per_token, metrics.gpu_peak_flops
         device = metrics.device_memory_monitor.device_name
@@ -141,12 +159,15 @@ def run(config: str, job_args: list[str], variants: list[str], precisions: list[
     t = job_config.training
     tokens = t.global_batch_size * t.seq_len
     ce = statistics.median(times["ce"])
-    results = {}
-    for key, seconds in times.items():
-        median = statistics.median(seconds)
+    results: dict[str, dict] = {}
+    for key in [*times, *(k for k in failed if k not in times)]:
+        if key in failed:
+            results[key] = {"failed": failed[key]}
+            continue
+        median = statistics.median(times[key])
         rate = tokens / median
         results[key] = {"step_ms": median * 1e3, "ratio": median / ce, "tokens_per_s": rate,
-                        "mfu": flops_per_token * rate / peak_flops, "peak_gib": peaks[key], "steps": len(seconds)}
+                        "mfu": flops_per_token * rate / peak_flops, "peak_gib": peaks[key], "steps": len(times[key])}
     print(f"config={config} device={device} model={job_config.model.name}:{job_config.model.flavor} "
           f"global_batch={t.global_batch_size} micro_batch={t.local_batch_size} seq_len={t.seq_len} "
           f"compile={job_config.compile.enable} optimizer={job_config.optimizer.implementation} "
@@ -155,20 +176,24 @@ def run(config: str, job_args: list[str], variants: list[str], precisions: list[
     print(f"trainer steps run: {steps_run}")
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
     for key, r in results.items():
+        if "failed" in r:
+            print(f"| {key} | failed: {r['failed']} |" + " |" * (len(COLUMNS) - 2))
+            continue
         print(f"| {key} | {r['step_ms']:.1f} | {r['ratio']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | "
               f"{r['peak_gib']:.2f} |")
     print(f"MFU: {flops_per_token / 1e9:.4g} GFLOP a token (the model's get_nparams_and_flops) over "
           f"{peak_flops / 1e12:.0f} TFLOP/s (TorchTitan's peak for {device})")
     lines = [f"RESULT train_step.{name}.flops_per_token={flops_per_token}"]
-    lines += ["RESULT " + " ".join(f"train_step.{name}.{key}.{k}={v:.4g}" for k, v in r.items())
-              for key, r in results.items()]
+    lines += ["RESULT " + (f"train_step.{name}.{key}.failed=1" if "failed" in r else
+                           " ".join(f"train_step.{name}.{key}.{k}={v:.4g}" for k, v in r.items()))
+              for key, r in results.items()]  # fmt: skip
     if syncs is not None:
         lines.append(f"RESULT train_step.{name}.implicit_syncs={syncs}")
     print("\n".join(lines))
     return results
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="a training config, e.g. train_configs/gpt2_small_mlp3072.toml")
     parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=["angular_spread"],
@@ -190,4 +215,4 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if any("failed" in r for r in main().values()) else 0)

@@ -5,11 +5,16 @@ which sized the GPU configs' micro-batches, is checked against what autograd sav
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from support.launch import DEBUG_TOML, REPO
@@ -106,3 +111,105 @@ def test_memory_estimate_is_above_what_autograd_saves(monkeypatch):
     assert saved <= estimate <= 1.5 * saved, (saved, estimate)
     assert sum(weight_copies.values()) == 2 * h100_model.weights(shape)
     sys.modules.pop("h100_model", None)
+
+
+PLANT = '''\
+import sys
+if sys.argv and sys.argv[0].endswith("train_step.py"):  # planted failures, in bench/train_step.py only
+    from dispersion_titan.losses.dispersion import KernelUnavailable
+    from dispersion_titan.trainer.objective import DispersionObjective
+    check, call = DispersionObjective.check_kernel, DispersionObjective.__call__
+
+    def check_kernel(self, device):
+        if self.cfg.variant == "l2_repel":
+            raise KernelUnavailable("planted: the probe disagrees")
+        return check(self, device)
+
+    def failing_call(self, *args, **kwargs):
+        if self.cfg.variant == "decorrelation":
+            raise RuntimeError("planted: the step fails")
+        return call(self, *args, **kwargs)
+
+    DispersionObjective.check_kernel, DispersionObjective.__call__ = check_kernel, failing_call
+'''
+
+
+def test_gpu_acceptance_reports_every_figure_past_failing_variants_with_python3(tmp_path):
+    """bench/gpu_acceptance.sh --part 2 on a CPU (ACCEPTANCE_DEVICE=cpu: the debug configs), from a checkout
+    without .venv where only ``python3`` is on PATH: one variant's kernel check and another's step fail
+    (planted), a step fails outright (the kernel bench wants CUDA); every other figure is still in the one
+    table, on stdout and in the file, and the exit status says something failed."""
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO, repo, symlinks=True, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "outputs", "__pycache__", "*.egg-info", "build", ".pytest_cache"))  # fmt: skip
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    (tmp_path / "plant").mkdir()
+    (tmp_path / "plant" / "sitecustomize.py").write_text(PLANT)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV", "PYTHONPATH")}
+    env |= {"PATH": f"{bin_dir}:/usr/bin:/bin", "ACCEPTANCE_DEVICE": "cpu", "OUT_DIR": str(out),
+            "PYTHONPATH": str(tmp_path / "plant")}  # fmt: skip
+    assert not any((Path(d) / "python").exists() for d in env["PATH"].split(":")), "a python on PATH"
+    proc = subprocess.run(["bash", repo / "bench" / "gpu_acceptance.sh", "--part", "2"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = (out / "gpu_acceptance.md").read_text()
+    assert table in proc.stdout
+    rows = dict([c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()[2:])
+    assert rows["python"] == str(bin_dir / "python3"), rows
+    for key in ("ce", "angular_spread", "orthogonalization", "perplexity_entropy"):
+        for figure in ("step_ms", "ratio", "tokens_per_s", "mfu", "peak_gib"):
+            assert float(rows[f"train_step.gpt2_small.{key}.{figure}"]) > 0, (key, figure)
+    assert rows["train_step.gpt2_small.l2_repel.failed"] == rows["train_step.gpt2_small.decorrelation.failed"] == "1"
+    assert "l2_repel | failed: KernelUnavailable: planted: the probe disagrees" in proc.stdout
+    assert "decorrelation | failed: RuntimeError: planted: the step fails" in proc.stdout
+    assert rows["train_step_gpt2.exit"] == "1"
+    groups = ("dispersion", "optimizer", "loss", "attention", "matmul", "elementwise")
+    assert sum(float(rows[f"profile_step.{g}.share"]) for g in groups) == pytest.approx(1.0, abs=0.01)
+    assert rows["profile_gpt2.exit"] == rows["train_step_qwen3_ce.exit"] == "0"
+    assert float(rows["train_step.qwen3_0.6b.ce.tokens_per_s"]) > 0
+    assert rows["kernel_rate_qwen3_1.7b.exit"] != "0"  # no CUDA here: its row says so, and the table goes on
+    assert rows["all steps passed"] == "no"
+
+
+def test_numerics_compare_the_fast_path_within_the_bf16_yardstick():
+    """bench/acceptance_table.py's numerics: the largest per-step loss gap of the fast path against the eager
+    one, beside bf16 against fp32 training's; only steps all three logged count."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import acceptance_table as at
+
+    line = "[rank0]:[titan] - step: {}  loss: {}  grad_norm:  0.9  memory:  0.54GiB(0.68%)  tps: 24,751  mfu: 0.05%"
+    fast, eager, fp32 = ({s: v for s, v in enumerate(values, 1)} for values in
+                         ((10.0, 9.50, 9.0), (10.0, 9.49, 9.2), (10.01, 9.52, 8.9)))  # fmt: skip
+    logs = ["\n".join(line.format(s, v) for s, v in run.items()) for run in (fast, eager, fp32)]
+    assert at.step_losses(logs[0]) == fast
+    lines, within = at.numerics(*map(at.step_losses, logs))
+    assert within and lines == ["numerics.steps=3 numerics.max_gap_fast_vs_eager=0.2 numerics.max_gap_bf16_vs_fp32=0.3 "
+                                "numerics.within_yardstick=yes"]  # fmt: skip
+    lines, within = at.numerics({1: 10.0, 2: 9.0}, {1: 10.0, 2: 9.5}, {1: 10.0, 2: 9.4})
+    assert not within and "numerics.within_yardstick=no" in lines[0]
+    assert at.numerics({1: 1.0}, {2: 1.0}, {1: 1.0}) == (["numerics.steps=0"], False)
+    sys.modules.pop("acceptance_table", None)
+
+
+def test_gpu_acceptance_quick_stops_each_part_at_its_limit_and_still_writes_the_table(tmp_path):
+    """--quick runs parts 1 and 2 each under PART_LIMIT_S: a part that overruns is ended with the step it
+    runs (its process group), marked in the table, and the next part starts."""
+    env = {**os.environ, "PYTHON": sys.executable, "ACCEPTANCE_DEVICE": "cpu", "OUT_DIR": str(tmp_path),
+           "PART_LIMIT_S": "3"}  # fmt: skip
+    proc = subprocess.run(["bash", REPO / "bench" / "gpu_acceptance.sh", "--quick"], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    table = (tmp_path / "gpu_acceptance.md").read_text()
+    assert "| part1.timed_out | 1 |" in table and "| part2.timed_out | 1 |" in table, table
+    assert table in proc.stdout and table.count("| device |") == 1
+    marker = f"OUT_DIR={tmp_path}".encode()
+    left = []  # nothing of the run left running (the steps inherit its OUT_DIR)
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if marker in environ.read_bytes().split(b"\0"):
+                left.append(environ.parent.name)
+    assert not left, left

@@ -354,3 +354,20 @@ def test_analyze_texts_not_utf8_leaves_no_out_folder(tmp_path, capsys):
     result = analyze(str(tmp_path / "run"), "--texts", str(texts), "--out", str(out), capsys=capsys)
     assert_one_line_error(*result[::2], f"--texts: {texts}: cannot be read", "can't decode byte 0xe9")
     assert not out.exists()
+
+
+def test_gpt2_tensor_parallel_on_an_older_torch_is_refused_in_one_line(monkeypatch):
+    """torch 2.11 trains GPT-2 under TP with norm updates off one process's (docs/cluster.md#offline-nodes):
+    refused there, before any process starts; data parallelism and Qwen3's TP stay allowed."""
+    from dispersion_titan.job_config import checks
+
+    monkeypatch.setattr(checks, "torch_release", lambda: (2, 11))
+    with pytest.raises(ConfigError) as err:
+        validated_args([*DEBUG, "--parallelism.tensor_parallel_degree", "2"], 2)
+    assert str(err.value) == ("parallelism.tensor_parallel_degree: GPT-2's tensor parallel needs torch 2.13 or later, "
+                              "this is 2.11 (its norms' updates drift from one process's); use data parallelism or "
+                              "a newer torch")  # fmt: skip
+    validated_args(DEBUG, 2)
+    validated_args(QWEN3_TP2, 2)
+    monkeypatch.undo()
+    assert checks.torch_release() >= checks.GPT2_TP_TORCH  # this machine's torch: GPT-2's TP runs in the suite

@@ -8,6 +8,7 @@ dump folder.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import importlib.util
 import math
 import os
@@ -34,6 +35,16 @@ from ..utils.errors import ConfigError, DataConfigError
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
+
+# torch 2.11 (the lent GPU nodes') trains GPT-2 under tensor parallel with LayerNorm updates 7-10% off
+# one process's (tests/test_parallel_equivalence.py, docs/cluster.md#offline-nodes); 2.13 agrees.
+GPT2_TP_TORCH = (2, 13)
+
+
+def torch_release() -> tuple[int, int]:
+    """The installed torch's (major, minor), read from its metadata (torch itself not imported)."""
+    major, minor = importlib.metadata.version("torch").split(".")[:2]
+    return int(major), int(minor)
 
 
 SPLIT_OF = {"training": "train", "validation": "validation"}
@@ -142,6 +153,12 @@ def check_model(config: RunConfig, args: Any) -> None:
     tp = config.parallelism.tensor_parallel_degree
     if tp < 1:
         raise ConfigError(f"parallelism.tensor_parallel_degree: must be >= 1, got {tp}")
+    if tp > 1 and config.model.name == "gpt2" and torch_release() < GPT2_TP_TORCH:
+        need, have = (".".join(map(str, v)) for v in (GPT2_TP_TORCH, torch_release()))
+        raise ConfigError(
+            f"parallelism.tensor_parallel_degree: GPT-2's tensor parallel needs torch {need} or later, this is "
+            f"{have} (its norms' updates drift from one process's); use data parallelism or a newer torch"
+        )
     kv_heads = getattr(args, "n_kv_heads", None) or args.n_heads
     for key, value in (("n_heads", args.n_heads), ("n_kv_heads", kv_heads), ("mlp_hidden_dim", args.hidden_dim)):
         if value % tp:

@@ -33,6 +33,7 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor
 
+from ..utils.errors import cause
 from .variants import (
     FORMS,
     KERNELS,
@@ -540,8 +541,7 @@ def check_triton_kernel(device: torch.device, variant: str, precision: str) -> N
         except Exception as err:  # a missing C compiler or Python.h surfaces here, at the first build
             if isinstance(kernel, TorchStrips):
                 raise
-            cause = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-            raise KernelUnavailable(f"the Triton dispersion kernel does not build or run on {device}: {cause}; "
+            raise KernelUnavailable(f"the Triton dispersion kernel does not build or run on {device}: {cause(err)}; "
                                     f"{avoid}") from err  # fmt: skip
         results.append((loss.detach().double(), grad.double()))
     (value, grad), (ref_value, ref_grad) = results

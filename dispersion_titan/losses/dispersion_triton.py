@@ -59,8 +59,10 @@ class TileConfig(NamedTuple):
 
 
 def pair_block(n: int) -> int:
-    """The GPU's square pair tile: 64 (128 x 128 tiles spill registers in the backward's
-    elementwise math at 8 warps, as the sm_90 compile test reads from ptxas).
+    """The GPU's square pair tile: 64. Compiled for sm_90 as a launch specialises it (pointers and
+    sizes divisible by 16), the 128 x 128 backward spills registers in its elementwise math at 8 warps
+    (angular_spread, orthogonalization: 0.4-0.5 KB; perplexity_entropy: 5 KB), while every 64 x 64
+    build stays within 45-180 registers, spill-free (tests/test_dispersion_kernel.py, docs/benchmarks.md).
 
     One size for the forward and backward pair kernels, chosen here rather than by
     autotune: the triangle's indexing and the radial slots depend on it.
@@ -68,15 +70,16 @@ def pair_block(n: int) -> int:
     return 64
 
 
-# What autotune tries on a GPU, per (N, d): K steps and warps of the pair kernels, and the
-# W U pass's tiles. Every configuration is compiled for sm_90 in
-# tests/test_dispersion_kernel.py, which asserts no register spills and reads shared memory.
-PAIR_CONFIGS = (  # (BLOCK_K, num_warps, num_stages); at 4 warps the backward's math spills
+# What autotune tries on a GPU, per (N, d): K steps, warps and stages of the pair kernels, and the
+# W U pass's tiles. Every configuration is compiled for sm_90 as a launch builds it in
+# tests/test_dispersion_kernel.py, which asserts no register spills, wgmma fed by async copies
+# (cp.async) and shared memory within the limit (32-96 KiB here).
+PAIR_CONFIGS = (  # (BLOCK_K, num_warps, num_stages); at 4 warps perplexity_entropy's backward spills
     (64, 8, 3),
     (32, 8, 4),
     (64, 8, 2),
 )
-DZ_CONFIGS = (  # (BLOCK, BLOCK_K, BLOCK_D, num_warps, num_stages); 128 x 128 outputs spill in the epilogue
+DZ_CONFIGS = (  # (BLOCK, BLOCK_K, BLOCK_D, num_warps, num_stages); 128 x 128 outputs spill at 4 warps
     (128, 64, 64, 8, 3),
     (64, 64, 64, 4, 3),
     (64, 64, 128, 8, 3),
@@ -159,6 +162,14 @@ def _tf32_in_fp32(x):
 
 
 @triton.jit
+def _tf32_truncated(x):
+    """x as the tensor cores read an fp32 operand of a plain "tf32" product: its 13 low mantissa bits
+    dropped (truncated toward zero, not rounded: tl.dot's documentation warns of the bias), kept as fp32."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return (bits & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _stored(x, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr):
     """fp32 x as it is stored: rounded to bf16 (to nearest even) or unchanged."""
     y = x
@@ -177,7 +188,7 @@ def _dot(a, b, acc, DOT: tl.constexpr, INTERPRET: tl.constexpr):
 
     The interpreter multiplies in fp32: exactly the bf16 products for stored bf16
     operands; bf16x3 and tf32x3 emulated as the GPU splits them (hi.hi + hi.lo + lo.hi);
-    tf32 there is plain fp32.
+    tf32 with its operands truncated to tf32, as the GPU's tensor cores read them.
     """
     if INTERPRET:
         a = a.to(tl.float32)
@@ -194,6 +205,8 @@ def _dot(a, b, acc, DOT: tl.constexpr, INTERPRET: tl.constexpr):
             acc = tl.dot(a_hi, b_hi, acc, input_precision="ieee")
             acc = tl.dot(a_hi, _bf16_in_fp32(b - b_hi), acc, input_precision="ieee")
             acc = tl.dot(_bf16_in_fp32(a - a_hi), b_hi, acc, input_precision="ieee")
+        elif DOT == "tf32":
+            acc = tl.dot(_tf32_truncated(a), _tf32_truncated(b), acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc, input_precision="ieee")
     elif DOT == "bf16":

@@ -76,6 +76,13 @@ class CheckpointSaveError(DispersionTitanError):
     status = 74
 
 
+def cause(error: BaseException) -> str:
+    """What an exception says in one line: its message's last line (where tracebacks and compiler logs
+    put the cause), else its type's name."""
+    text = str(error).strip()
+    return text.splitlines()[-1] if text else type(error).__name__
+
+
 def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoReturn:
     """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
