@@ -16,7 +16,8 @@
 # Part 2: GPT-2 small's step ratio for every variant against CE only; its grouped profile
 # (bench/profile_step.py, angular_spread); Qwen3-0.6B CE only (random weights: nothing downloaded;
 # GPT-2's tokenizer and the embedded corpus stand in); the loss kernels' sustained TFLOP/s (FLOP
-# floor over time) at Qwen3-1.7B's shape (bench/dispersion_loss.py). Part 2 reuses part 1's
+# floor over time) at Qwen3-1.7B's shape (bench/dispersion_loss.py); last, the plan's peak memory and
+# step time of GPT-2 small against the measured ones (bench/plan_gpu_check.py). Part 2 reuses part 1's
 # Triton and inductor caches: run on a cold machine it takes about 2 minutes more [estimate].
 # Estimated on one H100, cold [E, not measured]: part 1: versions 10 s, GPT-2 CE 120 s (start 25 s,
 # inductor 60-90 s), kernel check 90 s (~60 Triton builds), numerics 60 s (three debug runs at once,
@@ -176,6 +177,7 @@ part2() {
     run_step kernel_rate_qwen3_1.7b "$PYTHON" bench/dispersion_loss.py --device cuda --B 1 --N 4096 --d 2048 \
         --layers 28 --dtype bf16 --variants angular_spread l2_repel perplexity_entropy --impls triton --repeats 3 \
         --no-memory
+    [ "$cpu" = 1 ] || run_step plan_gpu_gpt2 "$PYTHON" bench/plan_gpu_check.py "$GPT2_CONFIG"  # issue 42: plan vs GPU
 }
 
 table() {  # the table of every figure so far (not in a part that --quick runs: it prints the table itself)
