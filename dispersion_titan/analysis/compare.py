@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..run_folder.checkpoints import load_run_metadata
+from ..run_folder.outputs import ensure_writable, format_table, save_png, write_csv
 from ..run_folder.writer_lock import sole_writer
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import differences
-from .result_files import RESULT_FILE, ensure_writable, read_analyses, shown, write_csv
+from .result_files import RESULT_FILE, read_analyses
 from .statistics import layer_fraction
 
 
@@ -136,16 +137,6 @@ def layer_rows(runs: list[RunResult]) -> list[dict]:
     ]
 
 
-def format_table(rows: list[dict]) -> str:
-    """Aligned plain-text table; floats with 6 significant digits."""
-    cells = [["-" if v is None else str(shown(v)) for v in row.values()] for row in rows]
-    header = list(rows[0])
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
 def steps_title(runs: list[RunResult]) -> str:
     """What is compared, by number (``step 4``; ``step 4 / step 8`` when runs end apart),
     or by revision name for ``hf:`` models."""
@@ -162,6 +153,6 @@ def compare(runs: list[str], out: str, step: str) -> str:
     with sole_writer(out):
         write_csv(os.path.join(out, "compare.csv"), rows)
         write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
-        figures.save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
+        save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
                          os.path.join(out, "compare.png"))
     return format_table(rows)

@@ -29,6 +29,7 @@ from ..run_folder.checkpoints import (
     load_model_args,
     load_run_metadata,
 )
+from ..run_folder.outputs import ensure_writable, listed, result_path, save_png, write_csv
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError
@@ -36,16 +37,7 @@ from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, geometry_mask, measure
-from .result_files import (
-    SUMMARY_FILE,
-    ensure_writable,
-    listed,
-    read_analyses,
-    result_path,
-    summary_rows,
-    write_csv,
-    write_result,
-)
+from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, summary_rows, write_result
 from .statistics import condensation
 from .steps import select_steps
 from .tensorboard import CondensationWriter
@@ -218,10 +210,10 @@ class Analysis:
                         continue
                     result, measured = self._result(unit, model, lambda: bar.update(1))
                     del model
-                    figures.save_png(figures.heatmap(result, f"{self.label}: {result.label}"),
+                    save_png(figures.heatmap(result, f"{self.label}: {result.label}"),
                                      os.path.join(self.out, f"heatmap_{unit.folder}.png"))
                     writer.add_step(unit.step, measured.names, measured.means, result.curve)
-                    write_result(result_path(self.out, unit.folder), result)
+                    write_result(result_path(self.out, unit.folder, RESULT_FILE), result)
                     tqdm.write(_one_line(result))
         finally:
             writer.close()
@@ -242,7 +234,7 @@ class Analysis:
             return
         write_csv(os.path.join(self.out, SUMMARY_FILE), summary_rows(matching))
         title = f"{self.label}: K={self.inputs.num_sequences}, S={self.inputs.seq_len}"
-        figures.save_png(figures.evolution(matching, title), os.path.join(self.out, "evolution.png"))
+        save_png(figures.evolution(matching, title), os.path.join(self.out, "evolution.png"))
         print(f"results: {self.out} (TensorBoard histograms: {self.tb_dir})")
 
 

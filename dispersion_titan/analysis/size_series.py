@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from ..run_folder.outputs import atomic_write, ensure_writable, format_table, save_png, write_csv
 from ..run_folder.writer_lock import sole_writer
 from . import AnalysisError, figures
-from .compare import format_table, pick
+from .compare import pick
 from .condensation_schema import Condensation
 from .inputs import differences
-from .result_files import atomic_write, ensure_writable, write_csv
 from .runner import count_parameters
 from .statistics import finite_or_none, point_layers
 
@@ -208,5 +208,5 @@ def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[s
         if pairs:
             write_csv(os.path.join(out, "family_paired.csv"), paired_rows(pairs, last_n))
         atomic_write(os.path.join(out, "family.md"), lambda f: f.write(text))
-        figures.save_png(family_figure(members, pairs, title), os.path.join(out, "family.png"))
+        save_png(family_figure(members, pairs, title), os.path.join(out, "family.png"))
     return text

@@ -25,8 +25,8 @@ import numpy as np
 from scipy import stats
 
 from ..analysis.compare import dispersion_variant
-from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.checkpoints import LEDGER_KEYS, identity_changed, load_run_metadata
+from ..run_folder.outputs import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.writer_lock import sole_writer
 from . import EvaluationError
 from .arms import ArmRow, RunScores

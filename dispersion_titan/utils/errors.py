@@ -37,6 +37,11 @@ class AnalysisError(DispersionTitanError):
     """Bad analysis options or inputs."""
 
 
+class OutputError(DispersionTitanError):
+    """An output folder a command cannot use (not writable, a result file unreadable), or a
+    folder that belongs to another owner; raised by every command that writes results."""
+
+
 class EvaluationError(DispersionTitanError):
     """Bad evaluation or table options or inputs."""
 

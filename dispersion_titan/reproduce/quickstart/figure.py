@@ -6,15 +6,16 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-import matplotlib.pyplot as plt  # noqa: E402,I001
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from ...analysis.condensation_schema import Condensation
-from ...analysis.figures import save_png  # first: it selects the headless Agg backend
 from ...analysis.statistics import layer_fraction
+from ...run_folder.outputs import headless_pyplot, save_png
 from .findings import Finding, panel_shape
 from .summary import RunCondensation, late_cos
+
+plt = headless_pyplot()
 
 YLABEL = "late-block mean_cos_offdiag"
 # Cosines lie in [-0.05, 1]; the space above 1 holds the verdict box, which so never covers a curve.

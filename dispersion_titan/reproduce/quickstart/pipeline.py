@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 from ...analysis.compare import compare
 from ...analysis.inputs import DEFAULT_DATASET, InputOptions, select_sequences
-from ...analysis.result_files import atomic_write, ensure_writable, read_results, write_json
+from ...analysis.result_files import read_results
 from ...config.cli import load_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import gpt2_flavors
 from ...run_folder.checkpoints import check_complete, list_checkpoints
+from ...run_folder.outputs import atomic_write, ensure_writable, write_json
 from ...run_folder.writer_lock import sole_writer
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
