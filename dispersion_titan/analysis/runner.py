@@ -30,6 +30,7 @@ from ..run_folder.checkpoints import (
     load_run_metadata,
 )
 from ..run_folder.outputs import ensure_writable, listed, result_path, save_png, write_csv
+from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.errors import CheckpointError
@@ -39,7 +40,6 @@ from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, geometry_mask, measure
 from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, summary_rows, write_result
 from .statistics import condensation
-from .steps import select_steps
 from .tensorboard import CondensationWriter
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 
 from ..analysis.runner import resolve_device
-from ..analysis.steps import select_steps
 from ..run_folder.checkpoints import (
     StepCheckpoint,
     checkpoint_identity,
@@ -20,6 +19,7 @@ from ..run_folder.checkpoints import (
     load_run_metadata,
 )
 from ..run_folder.outputs import ensure_writable, listed
+from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
 from ..utils.errors import CheckpointError
 from . import EvaluationError
