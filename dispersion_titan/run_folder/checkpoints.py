@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import pickle
-import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -21,12 +20,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..models import family
 from ..models.flavors import args_from_dict
 from ..utils.errors import CheckpointError, RunFinished
+from .outputs import STEP_FOLDER
 
 RUN_METADATA_FILE = "run.json"
 LEDGER_KEYS = ("settings", "forked_from")
 """``run.json`` entries that record one run's launch (every config key, paths and seed included;
 its source), not what makes runs one configuration."""
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ def find_checkpoint_folder(run: str) -> str:
     """``run`` may be a dump folder (holding ``checkpoint/``) or the checkpoint folder."""
     if not os.path.isdir(run):
         raise CheckpointError(f"{run}: no such directory")
-    if any(_STEP_DIR.match(name) for name in os.listdir(run)):
+    if any(STEP_FOLDER.match(name) for name in os.listdir(run)):
         return run
     nested = os.path.join(run, "checkpoint")
     if os.path.isdir(nested):
@@ -50,7 +49,7 @@ def find_checkpoint_folder(run: str) -> str:
 def list_checkpoints(folder: str) -> list[StepCheckpoint]:
     found = []
     for name in os.listdir(folder):
-        match = _STEP_DIR.match(name)
+        match = STEP_FOLDER.match(name)
         if match and os.path.isdir(os.path.join(folder, name)):
             found.append(StepCheckpoint(int(match.group(1)), os.path.join(folder, name)))
     return sorted(found, key=lambda c: c.step)

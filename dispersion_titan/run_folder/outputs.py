@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 STEP_FOLDER = re.compile(r"^step-(\d+)$")
 """A checkpoint's folder (``checkpoint/step-N``) and its results' (``OUT/step-N``)."""
-RESULT_FOLDER = re.compile(r"^(step-\d+|rev-.+)$")
+RESULT_FOLDER = re.compile(rf"{STEP_FOLDER.pattern}|^rev-.+$")
+"""A result folder: a checkpoint's, or a Hugging Face revision's (``rev-NAME``)."""
 SIGNIFICANT_DIGITS = 6
 
 
