@@ -33,6 +33,7 @@ from ..run_folder.outputs import ensure_writable, listed, result_path, save_png,
 from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
+from ..utils.devices import resolve_device
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
@@ -77,19 +78,6 @@ class Unit:
     source: str
     """The checkpoint folder, or the model id or folder (recorded as ``checkpoint``)."""
     revision: str | None = None
-
-
-def resolve_device(device: str | None, dtype: str) -> torch.device:
-    """CUDA when available unless ``--device`` says otherwise; bf16 only where supported."""
-    try:
-        resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError as e:
-        raise AnalysisError(f"--device: {e}") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise AnalysisError(f"--device: {device}: CUDA is not available here")
-    if dtype == "bf16" and resolved.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise AnalysisError(f"--dtype: bf16 is not supported by {torch.cuda.get_device_name(resolved)}")
-    return resolved
 
 
 def fitted_inputs(options: AnalyzeOptions, positions: int | None, where: str) -> InputOptions:

@@ -9,7 +9,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..analysis.runner import resolve_device
 from ..run_folder.checkpoints import (
     StepCheckpoint,
     checkpoint_identity,
@@ -21,6 +20,7 @@ from ..run_folder.checkpoints import (
 from ..run_folder.outputs import ensure_writable, listed
 from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
+from ..utils.devices import resolve_device
 from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export

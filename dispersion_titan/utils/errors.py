@@ -59,7 +59,8 @@ class SweepError(DispersionTitanError):
 
 
 class DeviceError(DispersionTitanError):
-    """GPUs were allocated to the job but torch cannot use them."""
+    """GPUs were allocated to the job but torch cannot use them, or a ``--device`` or ``--dtype``
+    this machine does not have."""
 
 
 class RunFinished(DispersionTitanError):
