@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..run_folder.checkpoints import load_run_metadata
+from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import ensure_writable, format_table, save_png, write_csv
 from ..run_folder.writer_lock import sole_writer
-from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import differences
@@ -56,18 +55,6 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
     if results[0].model is None:
         raise AnalysisError(f"{option}: {run} has no analysis of step {step} (have {sorted(r.step for r in results)})")
     raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {[r.label for r in results]})")
-
-
-def dispersion_variant(run_dir: str) -> str | None:
-    """The dispersion settings recorded in the run's ``run.json``; None when it has none."""
-    try:
-        dispersion = load_run_metadata(run_dir).get("dispersion")
-    except CheckpointError:
-        return None
-    if not isinstance(dispersion, dict) or "variant" not in dispersion:
-        return None
-    variant = dispersion["variant"]
-    return variant if variant == "none" else f"{variant} λ={dispersion.get('coeff')}"
 
 
 def _details(result: Condensation) -> str:

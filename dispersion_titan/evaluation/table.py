@@ -24,8 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..analysis.compare import dispersion_variant
-from ..run_folder.checkpoints import LEDGER_KEYS, identity_changed, load_run_metadata
+from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, identity_changed, load_run_metadata
 from ..run_folder.outputs import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.writer_lock import sole_writer
 from . import EvaluationError

@@ -120,6 +120,18 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
     return metadata
 
 
+def dispersion_variant(run_dir: str) -> str | None:
+    """The dispersion settings recorded in the run's ``run.json``; None when it has none."""
+    try:
+        dispersion = load_run_metadata(run_dir).get("dispersion")
+    except CheckpointError:
+        return None
+    if not isinstance(dispersion, dict) or "variant" not in dispersion:
+        return None
+    variant = dispersion["variant"]
+    return variant if variant == "none" else f"{variant} λ={dispersion.get('coeff')}"
+
+
 def load_model_args(checkpoint_dir: str) -> Any:
     """The family's arguments with the shape recorded in the run's dump folder (the
     checkpoint folder's parent); a ``run.json`` without a family is a gpt2 run's."""
