@@ -140,6 +140,5 @@ def compare(runs: list[str], out: str, step: str) -> str:
     with sole_writer(out):
         write_csv(os.path.join(out, "compare.csv"), rows)
         write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
-        save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
-                         os.path.join(out, "compare.png"))
+        save_png(figures.comparison([(r.label, r.result) for r in loaded], title), os.path.join(out, "compare.png"))
     return format_table(rows)
