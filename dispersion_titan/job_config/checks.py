@@ -85,6 +85,12 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
         resolve_layers(d.layers, n_layers)
     except ValueError as e:
         raise ConfigError(f"dispersion.layers: {e}") from None
+    # Every layout hands each rank whole sequences for the term (TP ranks exchange them:
+    # trainer/sequence_parallel.py), so a rank's sequences hold seq_len tokens each.
+    if d.variant != "none" and config.training.seq_len < 2:
+        raise ConfigError(f"training.seq_len: {config.training.seq_len} token per sequence leaves no pair of tokens "
+                          f"for the {d.variant} term (as dispersion.max_tokens, it needs >= 2); use a longer "
+                          "sequence, or dispersion.variant = \"none\"")
 
 
 CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (docs/training.md#cpu)"
