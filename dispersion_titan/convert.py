@@ -21,7 +21,7 @@ import argparse
 import sys
 
 from .run_folder.hf_export import to_hf
-from .utils.errors import DispersionTitanError, fail
+from .utils.errors import DispersionTitanError, fail, run_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,4 +43,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

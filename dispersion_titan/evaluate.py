@@ -28,7 +28,7 @@ from dispersion_titan.evaluation.protocol import (
     run_protocol,
 )
 from dispersion_titan.evaluation.wandb_scores import log_evaluation
-from dispersion_titan.utils.errors import DispersionTitanError, fail_with
+from dispersion_titan.utils.errors import DispersionTitanError, fail_with, run_command
 
 
 def _non_negative_int(text: str) -> int:
@@ -162,4 +162,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -23,7 +23,7 @@ from dispersion_titan.evaluate import _selection, add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.run_folder.writer_lock import sole_writer
-from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
+from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
 
 ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "robustness")
 DEFAULT_OUT = "outputs/paper"
@@ -163,4 +163,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)
