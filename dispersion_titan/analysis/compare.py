@@ -66,7 +66,14 @@ def _details(result: Condensation) -> str:
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
-    """Each run's analysis at ``step``; refuses analyses of different sequences."""
+    """Each run's analysis at ``step``; refuses a run named twice and analyses of different sequences."""
+    named: dict[str, str] = {}
+    for run in runs:
+        folder = os.path.realpath(analyses_folder(run))
+        if folder in named:
+            raise AnalysisError(f"compare: {named[folder]} and {run} are the same run's analyses ({folder}); "
+                                "name each run once")
+        named[folder] = run
     loaded = [RunResult(run, "", pick(run, step)) for run in runs]
     first = loaded[0]
     for other in loaded[1:]:
