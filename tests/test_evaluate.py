@@ -53,16 +53,7 @@ def tree(folder: Path) -> dict[str, int]:
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for the in-process evaluations, as launch_env gives subprocesses:
-    on a shared 2-core machine two threads per process oversubscribe it (5x slower)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
