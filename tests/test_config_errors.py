@@ -74,6 +74,8 @@ REFUSALS = [
     Refusal([*DEBUG, "--dispersion.max_tokens", "1"], "dispersion.max_tokens:"),
     Refusal([*DEBUG, "--dispersion.variant", "l2_repel", "--training.seq_len", "1"],
             "training.seq_len: 1 token per sequence leaves no pair of tokens for the l2_repel term"),
+    Refusal([*DEBUG, "--job.save_config_file", "../other/run.json"], "job.save_config_file: ../other/run.json lands "
+            "outside job.dump_folder"),
     Refusal([*DEBUG, "--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps:"),
     Refusal([*DEBUG, "--dispersion.precision", "fp8"], "dispersion.precision:"),
     Refusal([*DEBUG, "--dispersion.variant", "perplexity_entropy", "--dispersion.precision", "tf32"],

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import ensure_writable, format_table, save_png, write_csv
-from ..run_folder.writer_lock import sole_writer
+from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import differences
@@ -140,11 +140,13 @@ def steps_title(runs: list[RunResult]) -> str:
 def compare(runs: list[str], out: str, step: str) -> str:
     """Write ``compare.csv``, ``compare_layers.csv`` and ``compare.png``; return the table."""
     loaded = load_runs(runs, step)
+    owner = FolderOwner("comparison")
+    refuse_unless_ours(out, owner, "--out", "use another --out")
     ensure_writable(out, "--out")
     rows = table_rows(loaded)
     inputs = loaded[0].result.inputs
     title = f"{steps_title(loaded)}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
-    with sole_writer(out):
+    with owned(out, owner):
         write_csv(os.path.join(out, "compare.csv"), rows)
         write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
         save_png(figures.comparison([(r.label, r.result) for r in loaded], title), os.path.join(out, "compare.png"))

@@ -20,7 +20,7 @@ import numpy as np
 from scipy import stats
 
 from ..run_folder.outputs import atomic_write, ensure_writable, format_table, save_png, write_csv
-from ..run_folder.writer_lock import sole_writer
+from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import AnalysisError, figures
 from .compare import pick
 from .condensation_schema import Condensation
@@ -197,12 +197,14 @@ def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[s
     shortest = min(len(point_layers(m.result)) for m in members)
     if not 1 <= last_n <= shortest:
         raise AnalysisError(f"--last-n: {last_n} is not between 1 and {shortest}, the fewest layers of these models")
+    owner = FolderOwner("family")
+    refuse_unless_ours(out, owner, "--out", "use another --out")
     ensure_writable(out, "--out")
     inputs = members[0].result.inputs
     title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
     text = markdown(members, pairs, last_n, title)
-    with sole_writer(out):
+    with owned(out, owner):
         write_csv(os.path.join(out, "family.csv"),
                   [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)])
         if pairs:
