@@ -44,7 +44,7 @@ if [ "${1:-}" = "--quick" ]; then quick=1; elif [ -n "${1:-}" ]; then
     echo "gpu_acceptance.sh: unknown argument $1 (the only one is --quick)"; exit 2
 fi
 config() {  # config NAME: the shipped config NAME.toml wherever under train_configs/ it lives
-    find train_configs -name "$1.toml" | head -n 1
+    find train_configs/ -name "$1.toml" | head -n 1
 }
 GPT2_CONFIG=$(config gpt2_small_mlp3072)
 QWEN3_CONFIG=$(config midtrain_qwen3_0.6b_baseline)

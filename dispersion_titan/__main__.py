@@ -19,6 +19,7 @@ COMMANDS = {
     "quickstart": "dispersion_titan.quickstart",
     "data": "dispersion_titan.data.__main__",  # python -m dispersion_titan.data
     "paper": "dispersion_titan.paper",
+    "init": "dispersion_titan.init",
 }
 LAUNCHER_ENTRY_POINTS = ("torchrun", "job_server")
 """Modules at the package root that the launchers run (``launch/train.sh``, ``utils.preloaded``), not commands."""

@@ -42,7 +42,7 @@ def analyze_parser() -> argparse.ArgumentParser:
                        "models of several sizes: python -m dispersion_titan.analyze family SPEC ... --out DIR")
     p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder, or "
                                               "hf:MODEL[@REV1,REV2,...] (hub id or local folder)")
-    p.add_argument("--steps", help="all (default), or steps and ranges such as 0,5,10-20 (runs only)")
+    p.add_argument("--steps", help="all (default), or steps and ranges such as 0,5,10-20, first, last (runs only)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--dataset", default=None,
                         help="registered dataset whose validation split is used (default: enwiki_sample)")

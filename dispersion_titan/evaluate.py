@@ -88,9 +88,6 @@ def table_parser() -> argparse.ArgumentParser:
     p.add_argument("--select", type=_selection, default="best",
                    help="checkpoint per run: best (highest mean acc among the steps the authors evaluate, "
                         "default), last, or step:N")
-    p.add_argument("--num-ckpt", type=positive_int, default=5,
-                   help="--select best: the authors evaluate every floor(T/K)+1 steps and at the last step T; "
-                        "K (their --num_ckpt, default 5)")
     add_table_arguments(p)
     p.add_argument("--reference", metavar="ARM",
                    help="arm the others are tested against (default: the first arm that uses a dispersion loss)")
@@ -100,12 +97,15 @@ def table_parser() -> argparse.ArgumentParser:
 
 
 def add_table_arguments(p: argparse.ArgumentParser) -> None:
-    """The options ``evaluate table`` and ``paper table2`` share, beside --select and --num-ckpt."""
+    """The options ``evaluate table`` and ``paper table2`` share, beside --select."""
+    p.add_argument("--num-ckpt", type=positive_int,
+                   help="--select best: the authors evaluate every floor(T/K)+1 steps and at the last step T; K (their "
+                        "--num_ckpt; default: their scripts' own, 5 for mid-training runs, 2 from scratch)")
     p.add_argument("--best-step", choices=BEST_STEP, default="auto",
                    help="--select best: per-seed (each run its own best step, the authors' mid-training "
                         "plot_results.py), averaged (one step per arm, best on the seed-averaged curve, their "
                         "pre-training plot_results.py), or auto (default: averaged for from-scratch arms, per-seed "
-                        "for mid-training arms, whose runs set checkpoint.initial_load_path)")
+                        "for mid-training arms, whose runs started from pretrained weights: run.json's started_from)")
     p.add_argument("--include-initial", action="store_true",
                    help="--select best: step 0 (the model before training) is a candidate too")
     p.add_argument("--pretrained", default="auto", metavar="auto|none|RUN,...",

@@ -46,6 +46,9 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument("--sbatch-arg", action="append", default=[], dest="sbatch_args", metavar="ARG",
                    help="extra sbatch argument for every job, e.g. --sbatch-arg=--partition=gpu")
     p.add_argument("--revisions", metavar="REV1,REV2", help="fig4: the revisions (default: listed from the hub)")
+    p.add_argument("--preset", choices=("paper", "ours"),
+                   help="fig3: the runs to train and draw: paper (default: train_configs/paper/fig3_gpt2_small*.toml, "
+                        "the authors' pretrain_toy_gpt2.py) or ours (train_configs/gpt2_small_mlp*.toml)")
     p.add_argument("--corpus", action="append", metavar="NAME=DATASET|FILE",
                    help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four")
     analysis = p.add_argument_group("analyze's input options, passed on (analysing artifacts)")
@@ -64,7 +67,8 @@ def paper_parser() -> OneLineErrorParser:
     add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (default fp32, as the authors ran)")
     analysis.add_argument("--device-map", choices=("auto",), help="hf: spread a model over all visible GPUs")
     analysis.add_argument("--trust-remote-code", action="store_true",
-                          help="run the code the --models ship (the paper's Qwen-1 models get it without asking)")
+                          help="run the code the models ship; without it the paper's models that need it (the "
+                               "original Qwen) are left out, and given --models that need it are refused")
     table = p.add_argument_group("table2")
     table.add_argument("--tasks", help="evaluate's --tasks")
     table.add_argument("--include-path", help="evaluate's --include-path")
@@ -72,8 +76,6 @@ def paper_parser() -> OneLineErrorParser:
     table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
     table.add_argument("--select", type=_selection, default="best",
                        help="checkpoint per run: best (default), last or step:N")
-    table.add_argument("--num-ckpt", type=positive_int, default=5,
-                       help="--select best: the authors' evaluation cadence, every floor(T/K)+1 steps (default 5)")
     add_table_arguments(table)
     table.add_argument("--reference", metavar="ARM",
                        help="arm the others are tested against (default: the arm with a dispersion loss)")
@@ -128,6 +130,11 @@ def run_paper(argv: list[str]) -> int:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)
+    if plan.left_out:
+        print(f"{a.artifact}: left out {', '.join(plan.left_out)}: they run their own modelling code; add "
+              "--trust-remote-code to include them", file=sys.stderr)
+    for note in plan.notes:
+        print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
         jobs = slurm.jobs(plan, _draw_argv(argv, plan, options), a.sbatch_args)
         if a.dry_run:

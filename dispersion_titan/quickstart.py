@@ -2,7 +2,8 @@
 ``python -m dispersion_titan.quickstart [--out DIR] [--widths 64,256,1024] ...``.
 
 First measures condensation at initialization for GPT-2 small's shape at four MLP widths
-(the init panel: one forward pass each, no training). Then pre-trains the toy MLP-width
+(the init panel: one forward pass each, no training; the narrowest also at the extra seeds),
+a line as each is done. Then pre-trains the toy MLP-width
 sweep of ``dispersion_titan/configs/quickstart.toml`` with and without the angular_spread
 dispersion loss (plus a second seed at the smallest width, to measure the seed-to-seed
 spread), analyzes every checkpoint (step 0 included), sets the runs side by side with
@@ -64,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-sequences", type=positive_int, default=32, help="analysis: K sequences (default 32)")
     p.add_argument("--seq-len", type=positive_int, default=128, help="analysis: S tokens (default 128)")
     p.add_argument("--spread-seeds", type=int, choices=range(0, 4), default=1, metavar="N",
-                   help="extra seeds at the smallest width, for the seed-to-seed spread (0-3, default 1)")
+                   help="extra seeds at the smallest width of the sweep and of the init panel, for the "
+                        "seed-to-seed spread the verdicts weigh (0-3, default 1)")
     p.add_argument("--init-flavor", default="small", help="model shape of the init panel (default small: GPT-2 small)")
     p.add_argument("--init-widths", type=_widths, default=(768, 1536, 3072, 6144),
                    help="MLP widths of the init panel (default 768,1536,3072,6144)")

@@ -1,8 +1,8 @@
 """Training entry point: ``torchrun … -m dispersion_titan.train --job.config_file X.toml``.
 
 Parses and checks the whole configuration once, so bad input fails with one line naming
-the field before any process group starts; then hands that config, with its derived
-values filled in, to ``torchtitan.train.main`` (``titan_compat.train_main``).
+the field before any process group starts; then trains on that config, with its derived
+values filled in, as ``torchtitan.train.main`` would (``trainer.trainer.train``).
 
 ``--check-only`` stops after the checks, in one process, for a job of ``WORLD_SIZE``
 processes (``launch/train.sh`` runs it before torchrun): exit 0 to go on, 2 for bad

@@ -68,11 +68,11 @@ AF = Baseline(method="active_forgetting", forget_every=25, embedding_lr=3e-4)
 def checked_job_config(baseline: Baseline):
     """A job config with ``baseline`` as its ``[baseline]``, carried where the builders look, as
     the launch checks leave it."""
-    from dispersion_titan import config
     from dispersion_titan.components.titan_compat import merged_job_config_class
+    from dispersion_titan.config.cli import CONFIG_MODULE
     from dispersion_titan.job_config.checks import carry_baseline
 
-    job = merged_job_config_class(config.JobConfig)()
+    job = merged_job_config_class(CONFIG_MODULE)()
     job.baseline = baseline
     carry_baseline(job)
     return job
@@ -155,6 +155,29 @@ def test_embedding_lr_follows_the_authors_schedule_and_the_body_keeps_the_run_sc
         assert all(seen[k - 1] == 0.0 and seen[k] > 0 for k in range(K, T, K))
     else:  # e.g. K 30, T 100: speed 3, so step 34 has index 2 (3·34 = 102 mod 100): no restart at the reset
         assert seen[33] == pytest.approx(3e-4 * 2 / 8) and seen[29] == pytest.approx(3e-4 * (100 - 90) / 92)
+
+
+@pytest.mark.parametrize("baseline", [Baseline(), Baseline(method="active_forgetting", forget_every=25)],
+                         ids=["plain", "active_forgetting"])
+def test_as_released_schedule_is_transformers_cosine_schedule(baseline):
+    """``lr_scheduler.form = "as_released"``: every update's LR is that of transformers'
+    get_cosine_schedule_with_warmup, the first at 0, over W = the run's warm-up (⌈0.2·T⌉, the Trainer's
+    warmup_ratio) or, under active forgetting, ⌊0.2·T⌋ (the authors' ActiveForgettingLRScheduler)."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    T = 101
+    schedule = checked_job_config(baseline).lr_scheduler
+    schedule.form, schedule.warmup_steps, schedule.decay_type, schedule.min_lr_factor = "as_released", 21, "cosine", 0
+    _, optimizers = forgetting_model_and_optimizers(baseline)
+    schedulers = build_dispersion_lr_schedulers(optimizers, schedule, training_steps=T)
+    probe = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=1e-3)
+    reference = get_cosine_schedule_with_warmup(probe, 20 if baseline.method == "active_forgetting" else 21, T)
+    (optimizer,) = optimizers
+    assert optimizer.param_groups[0]["lr"] == 0.0  # the first update
+    for step in range(T):
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(probe.param_groups[0]["lr"], rel=1e-12, abs=1e-18), step
+        for s in (optimizers, schedulers, probe, reference):
+            s.step()
 
 
 # ---------------------------------------------------------------- torchrun

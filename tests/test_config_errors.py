@@ -102,6 +102,8 @@ REFUSALS = [
             "model.resid_dropout:"),  # gpt2 only
     Refusal([*DEBUG, "--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k:"),
     Refusal([*DEBUG, "--checkpoint.interval", "0"], "checkpoint.interval:"),
+    Refusal([*DEBUG, "--checkpoint.create_seed_checkpoint"], "checkpoint.create_seed_checkpoint: needs one process",
+            world=2),
     Refusal([*DEBUG, "--baseline.method", "neftune"], "baseline.method:"),
     Refusal([*DEBUG, "--baseline.noise_alpha", "-1"], "baseline.noise_alpha:"),
     Refusal([*DEBUG, "--baseline.forget_every", "0"], "baseline.forget_every:"),
@@ -120,6 +122,18 @@ REFUSALS = [
             "ranks is not the validation global batch of 8 sequences; use 8, or 0", world=1),
     Refusal([*DEBUG, "--parallelism.tensor_parallel_degree", "2"], "parallelism: 3 processes are not divisible by",
             world=3),
+    Refusal([*DEBUG, "--training.loss_scale", "sum"], "training.loss_scale: 'sum' is not one of ('mean', "
+            "'as_released')", world=1),
+    Refusal([*DEBUG, "--lr_scheduler.form", "as_released", "--lr_scheduler.decay_type", "linear"],
+            "lr_scheduler.form: 'as_released' is transformers' cosine schedule", world=1),
+    Refusal([*DEBUG, "--lr_scheduler.form", "hf"], "lr_scheduler.form: 'hf' is not one of", world=1),
+    Refusal([*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1"], "parallelism.data_parallel_replicate_"
+            "degree: -1 (replicate over every process) needs data_parallel_shard_degree = 1, not -1", world=2),
+    Refusal([*DEBUG, "--parallelism.data_parallel_replicate_degree", "0"], "parallelism.data_parallel_replicate_"
+            "degree: 0; use a count >= 1, or -1", world=2),
+    Refusal([*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1", "--parallelism.data_parallel_shard_degree",
+             "1", "--parallelism.tensor_parallel_degree", "2"], "parallelism.data_parallel_replicate_degree: "
+            "replicated parameters (DDP) with tensor", world=4),
     Refusal([*DEBUG, "--job.dump_folder", "/etc/hostname/run"], "job.dump_folder: /etc/hostname/run cannot be "
             "created: /etc/hostname is not a directory", world=1),
     Refusal([*DEBUG, "--job.dump_folder", "{file}", "--metrics.no-enable-tensorboard"], "job.dump_folder: {file} "
@@ -186,6 +200,15 @@ def test_refused_in_one_line_naming_the_field(tmp_path, refusal):
         assert says in message, message
     else:
         assert message.startswith(says), message
+
+
+def test_replicating_over_every_process_derives_the_batch_per_replica():
+    """``data_parallel_replicate_degree = -1`` (the paper configs': DDP) resolves to the process count,
+    and the global batch is split over the replicas as over FSDP ranks."""
+    config = validated_args([*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1",
+                             "--parallelism.data_parallel_shard_degree", "1", "--training.max_local_batch_size", "2"], 4)
+    assert config.parallelism.data_parallel_replicate_degree == 4
+    assert (config.training.global_batch_size, config.training.local_batch_size) == (8, 2)
 
 
 @pytest.mark.parametrize("flag, blocks", [("3", [2]), ("1,2,4", [0, 1, 3]), (" 4 , 1", [0, 3]), ("late_half", [2, 3])])

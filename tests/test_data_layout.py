@@ -21,6 +21,29 @@ from dispersion_titan.data.tokens import tokenize
 pytestmark = pytest.mark.usefixtures("private_caches")
 
 
+def test_predict_last_false_ignores_each_training_sequences_last_label():
+    """``training.predict_last = false`` (the paper configs): seq_len − 1 scored positions per training
+    sequence, transformers' shifted cross-entropy on a block of seq_len tokens; the inputs, the other
+    labels and validation stay as they are."""
+    from dispersion_titan.data.packed import build_packed_dataloader, build_packed_validation_dataloader
+    from dispersion_titan.job_config.parse import validated_args
+    from support.launch import job_args
+
+    def first(build, *flags: str) -> tuple[torch.Tensor, torch.Tensor]:
+        job = validated_args([*job_args(), "--training.seq_len", str(SEQ), "--validation.seq_len", str(SEQ), *flags])
+        inputs, labels = next(iter(build(1, 0, job) if build is build_packed_validation_dataloader
+                                    else build(1, 0, None, job)))
+        return inputs["input"], labels
+
+    for build in (build_packed_dataloader, build_packed_validation_dataloader):
+        (x, y), (x_off, y_off) = first(build), first(build, "--training.no-predict_last")
+        assert torch.equal(x, x_off) and torch.equal(y[:, :-1], y_off[:, :-1]) and torch.equal(y[:, :-1], x[:, 1:])
+        if build is build_packed_dataloader:
+            assert (y_off[:, -1] == -100).all() and (y[:, -1] != -100).all()  # TorchTitan's IGNORE_INDEX
+        else:
+            assert torch.equal(y, y_off)
+
+
 # ---------------------------------------------------------------- layout invariance and resume
 
 SEQ = 16

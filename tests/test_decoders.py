@@ -8,7 +8,8 @@ saved locally with its GPT-2-BPE tokenizer (``initial_load_in_hf`` through the m
 state-dict adapter; the tokenizer is the folder's own), with the dispersion loss, live
 condensation, gradient accumulation, ``save_initial`` and ``last_save_in_hf``. Its
 weights match ``transformers``' logits, export back, analyse like ``transformers`` on
-the exports, and resume exactly. One short llama3 run trains through the same entry point.
+the exports, and resume exactly; its run.json records the weights it started from, so Table 2
+(``paper table2``) treats it as mid-training. One short llama3 run trains through the same entry point.
 """
 
 from __future__ import annotations
@@ -30,15 +31,17 @@ from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.config.schema import Baseline
 from dispersion_titan.models.llama3 import Llama3Args, llama3_flavors
+from dispersion_titan.paper import main as paper_main
 from dispersion_titan.models.qwen3 import Qwen3Args, qwen3_flavors
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.trainer.baselines import build_baseline
 from dispersion_titan.utils.errors import ConfigError
-from support.cli import analyze
+from support.cli import analyze, run_cli
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import texts_jsonl
+from support.eval_tasks import evaluated_arms
 from support.launch import QWEN3_TOML, job_args, python_module
 from support.runs import scalars, tiny_run
 
@@ -251,6 +254,24 @@ def test_qwen3_run_analyses_like_transformers_on_its_exports(qwen3_run, texts, c
     assert code == 0, err
     for step in (0, 2):
         assert_analysis_matches_transformers(load_result(run, step), qwen3_run[f"export-{step}"], "qwen3", texts)
+
+
+@pytest.mark.slow
+def test_qwen3_mid_training_gets_per_seed_steps_and_a_pretrained_row(qwen3_run, tmp_path, capsys):
+    """Started from the HF folder's safetensors (model.hf_assets_path, no initial_load_path), the run
+    records it; ``paper table2`` over evaluated copies of it (support.eval_tasks.PEAKS) then takes
+    each seed's best step, as the authors' mid-training plot_results.py, under a Pretrained row."""
+    run = qwen3_run["run"]
+    record = json.loads((run / "run.json").read_text())["started_from"]
+    assert record == {"pretrained": True, "source": "hf", "path": str(qwen3_run["hf"])}
+    code, _, err = run_cli(paper_main, "table2", "--models", *evaluated_arms(run, tmp_path / "runs"), "--draw-only",
+                           "--out", tmp_path / "t2", capsys=capsys)
+    assert code == 0, err
+    table = json.loads((tmp_path / "t2" / "table2.json").read_text())
+    assert table["pretrained"]["steps"] == [0, 0] and table["pretrained"]["average_mean"] == pytest.approx(0.2)
+    assert {arm["arm"]: arm["steps"] for arm in table["arms"]} == {"base": [1, 3], "disp": [1, 3]}
+    assert {arm["arm"]: arm["difference"]["average"] for arm in table["arms"]} == pytest.approx(
+        {"base": (0.6 + 0.65) / 2 - 0.2, "disp": (0.7 + 0.75) / 2 - 0.2})
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
+from support.eval_tasks import write_evaluation
 from support.launch import DEBUG_TOML, REPO, held_by_another_command, launch_env, python_module, second_writer_is_refused
 from support.runs import digests, tiny_run
 
@@ -459,24 +460,25 @@ FABRICATED = {
 }
 
 
-def fabricate(root: Path, from_scratch: bool = False) -> dict[str, Path]:
-    """Four evaluated runs (2 configurations × 2 seeds) as ``evaluate`` leaves them; mid-training
-    runs (``checkpoint.initial_load_path`` set) unless ``from_scratch``."""
+MID_TRAINING = {"started_from": {"pretrained": True, "source": "hf", "path": "/assets/hf/gpt2"}}
+
+
+def fabricate(root: Path, start: dict | None = None) -> dict[str, Path]:
+    """Four evaluated runs (2 configurations × 2 seeds) as ``evaluate`` leaves them; ``start``: what
+    their run.json records of where they started (default mid-training; {}: a run.json written before
+    it was recorded, with no settings: from scratch)."""
     runs = {}
-    settings = {} if from_scratch else {"settings": {"checkpoint.initial_load_path": "./assets/hf/gpt2"}}
     for name, (variant, coeff, seed, by_step) in FABRICATED.items():
         dump = root / name
         dump.mkdir()
         (dump / "run.json").write_text(json.dumps({
             "model_name": "gpt2", "model_args": {"dim": 64, "n_layers": 4, "mlp_hidden_dim": 0},
             "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0}, "seed": seed,
-            "training_steps": TRAINING_STEPS, **settings}))
+            "training_steps": TRAINING_STEPS, **(MID_TRAINING if start is None else start)}))
         for step, (a, b, ppl) in by_step.items():
-            result = {"results": {"t_a": {"acc,none": a}, "t_b": {"acc,none": b, "acc_norm,none": 0.9},
-                                  "t_ppl": {"word_perplexity,none": ppl, "byte_perplexity,none": 2.0}},
-                      "dispersion_titan": {"settings": SETTINGS, "step": step, "run": str(dump)}}
-            (dump / "evaluation" / f"step-{step}").mkdir(parents=True)
-            (dump / "evaluation" / f"step-{step}" / "results.json").write_text(json.dumps(result))
+            write_evaluation(dump, step, {"t_a": {"acc,none": a}, "t_b": {"acc,none": b, "acc_norm,none": 0.9},
+                                          "t_ppl": {"word_perplexity,none": ppl, "byte_perplexity,none": 2.0}},
+                             SETTINGS)
         runs[name] = dump
     return runs
 
@@ -600,11 +602,16 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
 
 
 def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_path, capsys):
-    """From-scratch runs (no checkpoint.initial_load_path): one step per arm, best on the seed-averaged
-    curve, as the authors' pre-training plot_results.py; --best-step per-seed chooses per seed; the
-    Pretrained row from named runs, or none."""
-    runs = fabricate(tmp_path, from_scratch=True)
-    code, _, err = evaluate("table", *runs.values(), "--out", tmp_path / "avg", capsys=capsys)
+    """From-scratch runs (run.json without a start record or settings: written before either was
+    recorded): one step per arm, best on the seed-averaged curve, as the authors' pre-training
+    plot_results.py, among the steps their pretrain_toy_gpt2.py evaluates (--num_ckpt 2 by default:
+    every 10 // 2 + 1 = 6 steps and the last, so step 10 here); --best-step per-seed chooses per seed;
+    the Pretrained row from named runs, or none."""
+    runs = fabricate(tmp_path, start={})
+    code, _, err = evaluate("table", *runs.values(), "--out", tmp_path / "k2", capsys=capsys)
+    assert code == 0, err
+    assert {row["steps"] for row in read_csv(tmp_path / "k2" / "table.csv").values()} == {"10;10"}
+    code, _, err = evaluate("table", *runs.values(), "--num-ckpt", "5", "--out", tmp_path / "avg", capsys=capsys)
     assert code == 0, err
     rows = read_csv(tmp_path / "avg" / "table.csv")
     base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"
@@ -616,18 +623,19 @@ def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_pat
     assert float(rows[disp]["average_mean"]) == pytest.approx(sum(averages(averaged, DISP_RUNS)) / 2)
     p = stats.ttest_ind(averages(averaged, BASE_RUNS), averages(averaged, DISP_RUNS), equal_var=True).pvalue
     assert float(rows[base]["p_value"]) == pytest.approx(p, rel=1e-5)
-    code, _, _ = evaluate("table", *runs.values(), "--best-step", "per-seed", "--pretrained", "none",
+    code, _, _ = evaluate("table", *runs.values(), "--best-step", "per-seed", "--pretrained", "none", "--num-ckpt", "5",
                           "--out", tmp_path / "per_seed", capsys=capsys)
     rows = read_csv(tmp_path / "per_seed" / "table.csv")
     assert code == 0 and list(rows) == [base, disp] and rows[disp]["average_diff"] == ""
     assert rows[base]["steps"] == "3;10" and rows[disp]["steps"] == "10;3"  # authors_best, per seed
     code, _, _ = evaluate("table", f"D={runs['disp_s1']},{runs['disp_s2']}", "--pretrained", str(runs["disp_s2"]),
-                          "--out", tmp_path / "named", capsys=capsys)
+                          "--num-ckpt", "5", "--out", tmp_path / "named", capsys=capsys)
     rows = read_csv(tmp_path / "named" / "table.csv")
     assert code == 0 and rows["Pretrained"]["runs"] == str(runs["disp_s2"])
     assert rows["D"]["steps"] == "3;3" and float(rows["D"]["t_a/acc_diff"]) == pytest.approx((0.40 + 0.44) / 2 - 0.50)
     shutil.rmtree(runs["disp_s1"] / "evaluation" / "step-3")
-    assert_one_line_error(*evaluate("table", *runs.values(), "--out", tmp_path / "bad", capsys=capsys)[::2],
+    assert_one_line_error(*evaluate("table", *runs.values(), "--num-ckpt", "5", "--out", tmp_path / "bad",
+                                    capsys=capsys)[::2],
                           f"{runs['disp_s1']} has no evaluation of step", "seed-averaged curve", "--best-step per-seed")
     shutil.rmtree(runs["disp_s1"] / "evaluation" / "step-0")
     assert_one_line_error(*evaluate("table", *runs.values(), "--pretrained", str(runs["disp_s1"]), "--best-step",

@@ -3,7 +3,8 @@
 In: a ``GPT2LMHeadModel`` built from a config (random weights, nothing downloaded) is
 saved with ``save_pretrained`` and loaded by a real training run through TorchTitan's
 ``initial_load_in_hf`` path (1 process, and FSDP=2 with the original OpenAI file layout);
-the saved step-0 weights give the HF model's logits.
+the saved step-0 weights give the HF model's logits, and its run.json records that start, so
+Table 2 treats it as mid-training.
 Out: ``last_save_in_hf`` and ``python -m dispersion_titan.convert to-hf`` write
 directories that ``transformers`` loads offline with identical logits; the round trip
 back through the adapter gives identical weights.
@@ -11,6 +12,7 @@ back through the adapter gives identical weights.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -19,11 +21,14 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from support.cli import run_cli
+from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, python_module, torchrun
 from support.runs import load_weights
 
 from dispersion_titan import convert
 from dispersion_titan.config.schema import Dispersion
+from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
@@ -82,10 +87,26 @@ def openai_layout(hf_model, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_hf_checkpoint_loads_for_real_in_one_process(hf_model, tmp_path):
-    torchrun(tmp_path / "run", 1, *NO_VALIDATION, "--checkpoint.initial_load_path", str(hf_model),
+def test_hf_checkpoint_loads_for_real_in_one_process(hf_model, tmp_path, capsys):
+    """The run records that it started from the HF folder: ``evaluate table`` over evaluated copies of
+    it (support.eval_tasks.PEAKS) takes each seed's best step under a Pretrained row, as the authors'
+    mid-training plot_results.py; the same copies recorded as from scratch take the best step of the
+    seed-averaged curve among the steps pretrain_toy_gpt2.py evaluates (--num_ckpt 2), and no such row."""
+    run = tmp_path / "run"
+    torchrun(run, 1, *NO_VALIDATION, "--training.steps", "3", "--checkpoint.initial_load_path", str(hf_model),
              "--checkpoint.initial_load_in_hf")
-    assert max_diff(our_logits(tmp_path / "run" / "checkpoint" / "step-0"), hf_logits(hf_model)) <= 1e-5
+    assert max_diff(our_logits(run / "checkpoint" / "step-0"), hf_logits(hf_model)) <= 1e-5
+    record = json.loads((run / "run.json").read_text())["started_from"]
+    assert record == {"pretrained": True, "source": "hf", "path": str(hf_model)}
+    for name, start, steps, pretrained in (("mid", None, "1;3", "0;0"),
+                                           ("scratch", {"pretrained": False, "source": "init", "path": None}, "2;2",
+                                            None)):
+        code, _, err = run_cli(evaluate_main, "table", *evaluated_arms(run, tmp_path / name, start), "--out",
+                               tmp_path / f"{name}-table", capsys=capsys)
+        assert code == 0, err
+        with open(tmp_path / f"{name}-table" / "table.csv") as f:
+            rows = {row["arm"]: row["steps"] for row in csv.DictReader(f)}
+        assert rows == {**({"Pretrained": pretrained} if pretrained else {}), "base": steps, "disp": steps}
 
 
 @pytest.mark.slow
@@ -282,3 +303,70 @@ def test_dispersion_term_equals_the_authors_loss_over_hf_hidden_states(tmp_path)
         terms[points] = objective(hooks.take(), step=1, with_stats=False, chunk=0).unweighted.item()
     assert abs(terms["hidden_states"] - reference.item()) <= 2e-6, (terms, reference)
     assert abs(terms["blocks"] - reference.item()) > 5e-5  # the last block's raw output, before the norm, differs
+
+
+def authors_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """CausalLMLoss.forward of the authors' lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2.py:
+    the shifted cross-entropy, the mean over the micro-batch's B·(S−1) predictions."""
+    return torch.nn.functional.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]),
+                                             labels[..., 1:].reshape(-1), ignore_index=-100)
+
+
+def test_as_released_loss_scale_is_the_authors_trainer_step(tmp_path):
+    """``training.loss_scale = "as_released"`` with ``predict_last = false``: one step of two micro-batches
+    gives, before clipping, the gradient of transformers' Trainer (gradient_accumulation_steps 2) with the
+    authors' compute_loss (CustomLossTrainer: its micro-batch's mean CE + λ · the mean over
+    hidden_states[1:] of DispersionLoss, num_items_in_batch ignored): the Trainer does not divide by
+    the accumulation count for a model whose forward takes **kwargs, so it is twice the mean's."""
+    from torchtitan.components.loss import cross_entropy_loss
+
+    from dispersion_titan.data.packed import PackedSequenceDataset
+    from dispersion_titan.trainer.loss_scale import released_scales
+
+    coeff, b, S = 0.5, 2, 24
+    hf = saved_hf_gpt2(tmp_path / "hf", attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    tokens = torch.randint(0, SHAPE["vocab_size"], (2 * b, S + 1), generator=torch.Generator().manual_seed(3))
+    seen = {}
+
+    class AuthorsTrainer(transformers.Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+            outputs = model(**inputs, output_hidden_states=True)
+            disp = torch.stack([authors_angular_spread(h) for h in outputs.hidden_states[1:]]).mean()
+            return authors_causal_lm_loss(outputs.logits, inputs["labels"]) + coeff * disp
+
+    class Gradients(transformers.TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            seen.update({name: p.grad.detach().clone() for name, p in model.named_parameters()})
+
+    rows = [{"input_ids": t[:S], "labels": t[:S]} for t in tokens]  # the authors' blocks of S tokens
+    args = transformers.TrainingArguments(str(tmp_path / "trainer"), per_device_train_batch_size=b,
+                                          gradient_accumulation_steps=2, max_steps=1, max_grad_norm=0,
+                                          report_to=[], use_cpu=True, save_strategy="no", seed=0)
+    AuthorsTrainer(model=hf, args=args, train_dataset=rows, callbacks=[Gradients()]).train()
+
+    sample = PackedSequenceDataset(tokens.flatten().numpy(), S, b)
+    sample.predict_last = False  # S − 1 scored positions, as theirs
+    grads = {}
+    for scale in ("mean", "as_released"):
+        model = imported(tmp_path / "hf").train()
+        hooks = BlockOutputs(model, "hidden_states")
+        cfg = Dispersion(variant="angular_spread", coeff=coeff, clamp=0.25, points="hidden_states", kernel="torch")
+        objective = DispersionObjective(cfg, SHAPE["n_layer"], global_batch_size=2 * b, seed=0, tp_group=None)
+        batches = [[sample.sample(t.numpy()) for t in tokens[m * b:(m + 1) * b]] for m in range(2)]
+        total_tokens = sum(int((y != -100).sum()) for batch in batches for _, y in batch)
+        for m, batch in enumerate(batches):
+            inputs, labels = torch.stack([x["input"] for x, _ in batch]), torch.stack([y for _, y in batch])
+            ce_sum = cross_entropy_loss(model(inputs), labels)
+            term = objective(hooks.take(), step=1, with_stats=False, chunk=m)
+            if scale == "mean":
+                (ce_sum / total_tokens + term.weighted).backward()
+            else:
+                denominator, factor = released_scales(labels, dp_degree=1, global_batch=2 * b)
+                (ce_sum / denominator + term.weighted * factor).backward()
+        grads[scale] = GPT2StateDictAdapter(model.model_args, None).to_hf(
+            {name: p.grad for name, p in model.named_parameters()})
+    hf_names = {name.removeprefix("transformer."): name for name in seen}
+    for name, grad in grads["as_released"].items():
+        want = seen[hf_names[name.removeprefix("transformer.")]]
+        assert (grad - want).abs().max() <= 1e-5 * want.abs().max(), name
+        assert torch.allclose(grad, 2 * grads["mean"][name], rtol=1e-4, atol=1e-9), name

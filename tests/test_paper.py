@@ -35,6 +35,7 @@ from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
 from support.eval_tasks import LM_EVAL_TASKS
+from support.launch import REPO
 from support.runs import tiny_run
 
 K, S = 4, 16
@@ -225,17 +226,62 @@ def width_runs(root: Path, widths: tuple[int, ...]) -> list[Path]:
             for w in widths]
 
 
-def test_fig3_takes_each_runs_last_checkpoint(tmp_path, capsys):
-    runs = width_runs(tmp_path, (64, 512))
-    code, _, err = paper("fig3", "--models", *runs, *OURS, "--out", tmp_path / "out", capsys=capsys)
+def test_fig3_draws_each_widths_first_and_last_checkpoint_as_plot_heatmaps(zoo, tmp_path, capsys):
+    """Per width one run, the authors' pick (a dispersion run before a cross-entropy-only one), analysed at
+    its first and last checkpoints at the paper's protocol: two rows, every number as transformers'
+    hidden states and scipy give it."""
+    ce_64, run_512 = width_runs(tmp_path, (64, 512))
+    disp_64 = tmp_path / "mlp64_angular_spread"
+    shutil.copytree(ce_64, disp_64)
+    metadata = json.loads((disp_64 / "run.json").read_text())
+    (disp_64 / "run.json").write_text(json.dumps({**metadata, "dispersion": {"variant": "angular_spread", "coeff": 1}}))
+    code, _, err = paper("fig3", "--models", ce_64, run_512, disp_64, "--dataset-path", zoo["wikitext"], *INPUTS,
+                         "--out", tmp_path / "out", capsys=capsys)
     assert code == 0, err
+    assert f"fig3: MLP 64: takes {disp_64} (a dispersion run) over {ce_64}" in err
     numbers = json.loads((tmp_path / "out" / "fig3.json").read_text())
-    assert [m["step"] for m in numbers["models"]] == [5, 5] and numbers["rows"][0]["x"] == [64.0, 512.0]
-    for got, run in zip(numbers["models"], runs, strict=True):
-        assert list(read_analyses(str(tmp_path / "out" / "analyses" / run.name))) == ["step-5"]  # the last only
-        to_hf(str(run / "checkpoint" / "step-5"), str(tmp_path / f"{run.name}-hf"))  # transformers' GPT-2
-        assert_model(got, expected(tmp_path / f"{run.name}-hf", None))
+    assert [(m["row"], m["label"], m["step"]) for m in numbers["models"]] == [
+        ("first checkpoint", "MLP 64", 0), ("last checkpoint", "MLP 64", 5),
+        ("first checkpoint", "MLP 512", 0), ("last checkpoint", "MLP 512", 5)]
+    assert [m["model"] for m in numbers["models"]] == [str(disp_64)] * 2 + [str(run_512)] * 2
+    assert [row["row"] for row in numbers["rows"]] == ["first checkpoint", "last checkpoint"]
+    assert all(row["x"] == [64.0, 512.0] and row["against"] == "mlp_width" for row in numbers["rows"])
+    for got in numbers["models"]:
+        export = tmp_path / f"{Path(got['model']).name}-{got['step']}"
+        if not export.exists():
+            to_hf(str(Path(got["model"]) / "checkpoint" / f"step-{got['step']}"), str(export))  # transformers' GPT-2
+        want = paper_expected(export, zoo["wikitext"])
+        assert_model(got, want)
+        assert len(got["mean_cos"]) == want["layers"] and got["layer_points"] == "hidden_states"
     assert_figure(tmp_path / "out" / "fig3")
+
+
+def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
+    """Without runs: locally one line naming the training; --slurm trains both arms of the paper preset
+    at every width, then analyses each width's dispersion run at 1024 tokens after its training job."""
+    monkeypatch.chdir(REPO)  # the presets' configs live in the repository
+    code, _, err = paper("fig3", "--out", tmp_path, capsys=capsys)
+    assert_one_line_error(code, err, "fig3: no run of MLP width 768", "--slurm",
+                          "launch/train.sh train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim 768")
+    code, out, _ = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
+    lines = out.strip().splitlines()
+    train = [line for line in lines if "train.sbatch" in line]
+    assert code == 0 and len(train) == 8 and not list(tmp_path.iterdir())
+    for i, width in enumerate((768, 1536, 3072, 6144)):
+        ce, disp = train[2 * i], train[2 * i + 1]
+        assert f"train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim {width} --job.dump_folder " \
+               f"{tmp_path}/runs/fig3_gpt2_small_mlp{width}" in ce
+        assert f"train_configs/paper/fig3_gpt2_small_angular_spread.toml --model.mlp_hidden_dim {width} " \
+               f"--job.dump_folder {tmp_path}/runs/fig3_gpt2_small_mlp{width}_angular_spread" in disp
+        analysis = next(line for line in lines if line.startswith(f"job_{9 + i}="))  # after the eight trainings
+        assert f"--dependency=afterok:$job_{2 * i + 2} " in analysis and "--steps first,last" in analysis
+        assert f"analyze.sbatch {tmp_path}/runs/fig3_gpt2_small_mlp{width}_angular_spread" in analysis
+        assert "--seq-len 1024" in analysis and "--protocol paper" in analysis
+    assert "paper.sbatch fig3" in lines[-1] and "--dependency=afterok:" + ":".join(
+        f"$job_{i}" for i in range(1, 13)) in lines[-1]
+    code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
+    assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
+    assert_one_line_error(*paper("fig2", "--preset", "ours", "--dry-run", capsys=capsys)[::2], "--preset: only for fig3")
 
 
 def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
@@ -243,8 +289,6 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
                          capsys=capsys)
     assert_one_line_error(code, err, "no analysis of gpt2-s", "python -m dispersion_titan.analyze hf:")
     assert not list(tmp_path.glob("fig2.*"))  # never a half figure
-    code, _, err = paper("fig3", capsys=capsys)
-    assert_one_line_error(code, err, "--models RUN", "gpt2_small_mlp768.toml")
     code, _, err = paper("robustness", "--models", zoo["gpt2-s"], capsys=capsys)
     assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
@@ -255,12 +299,12 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
         check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and out.count("python -m dispersion_titan.analyze hf:") == 8 and not list(tmp_path.iterdir())
-    code, out, _ = paper("fig2", "--dry-run", "--out", tmp_path, capsys=capsys)  # the paper's protocol, fp32
+    code, out, _ = paper("fig2", "--dry-run", "--trust-remote-code", "--out", tmp_path, capsys=capsys)
     analyses = [line for line in out.splitlines() if "dispersion_titan.analyze hf:" in line]
     assert code == 0 and len(analyses) == 26
-    assert all("--protocol paper" in line and "--dtype fp32" in line for line in analyses)
+    assert all("--protocol paper" in line and "--dtype fp32" in line for line in analyses)  # the paper's, fp32
     assert [line.split()[3] for line in analyses if "--trust-remote-code" in line] == [
-        "hf:Qwen/Qwen-1_8B", "hf:Qwen/Qwen-7B", "hf:Qwen/Qwen-14B", "hf:Qwen/Qwen-72B"]  # the Qwen-1 models only
+        "hf:" + m for m in QWEN_1]  # asked for: the models that ship code get it, the others need none
     code, out, _ = paper("robustness", "--models", zoo["gpt2-s"], "--corpus", "wikitext-103=wikitext-103", "--corpus",
                          f"imdb={zoo['texts']}", "--dataset-path", zoo["wikitext"], "--dry-run", "--out", tmp_path,
                          capsys=capsys)
@@ -284,6 +328,28 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert code == 0 and sum("analyze.sbatch hf:" in line for line in lines) == 2
     assert "--dependency=afterok:$job_1:$job_2" in lines[-1] and "paper.sbatch fig2" in lines[-1]
     assert lines[-1].endswith("--draw-only") and "--partition=debug" in lines[-1] and "--slurm" not in lines[-1]
+
+
+QWEN_1 = ["Qwen/Qwen-1_8B", "Qwen/Qwen-7B", "Qwen/Qwen-14B", "Qwen/Qwen-72B"]
+
+
+def test_remote_code_runs_only_when_asked(tmp_path, capsys):
+    """Without --trust-remote-code, fig2 plans the paper's models that need none and names those
+    it left out in one line, also for the drawing job of --slurm; a given model that needs it is refused."""
+    for slurm in ([], ["--slurm"]):
+        code, out, err = paper("fig2", "--dry-run", *slurm, "--out", tmp_path, capsys=capsys)
+        assert code == 0 and "--trust-remote-code" not in out
+        assert err.splitlines() == [f"fig2: left out {', '.join(QWEN_1)}: they run their own modelling code; "
+                                    "add --trust-remote-code to include them"]
+        analysed = re.findall(r"analyze(?:\.sbatch)? hf:(\S+)", out)
+        assert len(analysed) == 22 and not set(QWEN_1) & set(analysed)
+    assert len(build("fig2", {"out": str(tmp_path)}).models) == 22
+    code, _, err = paper("fig2", "--models", "openai-community/gpt2", QWEN_1[1], "--dry-run", capsys=capsys)
+    assert_one_line_error(code, err, f"--models: {QWEN_1[1]} run only with their own modelling code",
+                          "add --trust-remote-code")
+    code, out, _ = paper("fig2", "--models", QWEN_1[1], "--dry-run", "--trust-remote-code", capsys=capsys)
+    assert code == 0 and f"hf:{QWEN_1[1]} " in out and "--trust-remote-code" in out
+    assert not list(tmp_path.iterdir())
 
 
 def test_table2_two_arms_two_seeds(tmp_path, capsys):

@@ -1,12 +1,16 @@
-"""``docs/reproduction.md``'s table of the authors' protocol, line by line: every default its
+"""``docs/reproduction.md`` line by line. Its table of the authors' protocol: every default its
 "this project's default" column cites in code form is checked against what it names:
 ``section.key = VALUE`` against ``config/schema.py``'s default, ``NAME.toml: section.key = VALUE``
 against that config under ``train_configs/``, ``COMMAND --option VALUE`` against the command's
-default (``paper``'s analysing defaults included), ``COMMAND --option`` that the option exists."""
+default (``paper``'s analysing defaults included), ``COMMAND --option`` that the option exists;
+every row cites one, or names a count checked here; every option it names exists. The page's
+counts are recomputed from the code and configs, and every command it shows parses."""
 
 from __future__ import annotations
 
+import math
 import re
+import shlex
 import tomllib
 from pathlib import Path
 
@@ -16,6 +20,13 @@ from dispersion_titan.analyze import analyze_parser, size_series_parser
 from dispersion_titan.config.schema import JobConfig
 from dispersion_titan.evaluate import evaluate_parser, table_parser
 from dispersion_titan.paper import paper_parser
+from dispersion_titan import config
+from dispersion_titan.analysis.inputs import PAPER_SEQ_LEN, PAPER_TEXTS
+from dispersion_titan.components.titan_compat import merged_job_config_class
+from dispersion_titan.evaluation.protocol import FEW_SHOT, PAPER_TASKS, PERPLEXITY, PRESETS
+from dispersion_titan.evaluation.runner import lm_eval_seeds
+from dispersion_titan.evaluation.table import MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT
+from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.paper.plan import PAPER_DEFAULTS
 
 from support.launch import REPO
@@ -89,3 +100,118 @@ def test_every_cited_default_matches_what_it_names():
 def test_a_false_citation_fails(citation):
     with pytest.raises(AssertionError):
         check(citation)
+
+
+def citations(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def config_file(name: str) -> dict:
+    (path,) = (Path(REPO) / "train_configs").rglob(name)
+    return tomllib.loads(path.read_text())
+
+
+def accumulation(name: str) -> int:
+    """Micro-batches per GPU of a paper config on one GPU: the authors' gradient_accumulation_steps."""
+    training = config_file(name)["training"]
+    return training["global_batch_size"] // training["max_local_batch_size"]
+
+
+def eight_gpus(name: str) -> str:
+    """The overrides that make ``name`` the authors' run on 8 GPUs: 8× the batch, ⌈T/8⌉ steps, lr·√8,
+    HF's ⌈0.2·T⌉ warm-up and the ⌊T/5⌋+1 cadence."""
+    c = config_file(name)
+    steps = math.ceil(c["training"]["steps"] / 8)
+    return (f"--training.global_batch_size {8 * c['training']['global_batch_size']} --training.steps {steps} "
+            f"--optimizer.lr {c['optimizer']['lr'] * math.sqrt(8):.3e} --lr_scheduler.warmup_steps "
+            f"{math.ceil(0.2 * steps)} --checkpoint.interval {steps // 5 + 1} --validation.freq {steps // 5 + 1}"
+            ).replace("e-04", "e-4")
+
+
+QWEN3, GPT2 = "midtrain_qwen3_0.6b_baseline.toml", "midtrain_gpt2_wikitext103_dispersion.toml"
+ROW_COUNTS = {
+    # a row whose default is a count: the phrase its default cell holds, recomputed from the code
+    "evaluation tasks": f"the {len(PAPER_TASKS) - len(PERPLEXITY)} reported accuracies + {PERPLEXITY[0]}",
+    "shots per task": f"`gpt2` runs 0 / {PRESETS['gpt2'].few_shot}, `qwen3` runs 0 / {PRESETS['qwen3'].few_shot}",
+    "examples per task": f"{PRESETS['gpt2'].limit} (`gpt2`), {PRESETS['qwen3'].limit} (`qwen3`)",
+    "lm-eval seeds": "the run's training seed" if set(lm_eval_seeds(7).values()) == {7} else "(seeds differ)",
+    "evaluated steps": f"{MIDTRAIN_NUM_CKPT} mid-training, {SCRATCH_NUM_CKPT} from scratch",
+    "mid-training schedule": eight_gpus(QWEN3),
+    "Fig. 3 analysis": f"at {catalog.FIG3_SEQ_LEN} tokens",
+}
+PAGE_COUNTS = [
+    # counts in the page's prose, recomputed
+    f"{sum(len(models) for models in catalog.SIZE_SERIES.values())} models",
+    f"analyses {catalog.FIG4_REVISIONS} of them",
+    f"K × S = {PAPER_TEXTS * PAPER_SEQ_LEN:,}",
+    f"A = {accumulation(GPT2)} (GPT-2 mid-training), {accumulation(QWEN3)} (Qwen3), "
+    f"{accumulation('fig3_gpt2_small.toml')} (Fig. 3)",
+    f"W = ⌊0.2·T⌋ = {int(0.2 * config_file(QWEN3)['training']['steps'])}",
+    f"MLP width {', '.join(map(str, catalog.FIG3_WIDTHS[:-1]))} and {catalog.FIG3_WIDTHS[-1]}",
+    f"the first {PAPER_SEQ_LEN} tokens of each (fig3: {catalog.FIG3_SEQ_LEN}",
+    f"the authors' {PAPER_TEXTS} wikitext-103-v1 texts",
+]
+
+
+def test_every_row_cites_a_default_or_names_a_checked_count():
+    rows = {row[0]: row for row in table()}
+    assert len(FEW_SHOT) and set(ROW_COUNTS) <= set(rows)
+    for item, row in rows.items():
+        if item in ROW_COUNTS:
+            assert ROW_COUNTS[item] in row[2], (item, ROW_COUNTS[item])
+        else:
+            assert any(check(c) for c in citations(row[2])), f"{item}: its default cites no code or config"
+
+
+def option_exists(option: str) -> bool:
+    """``COMMAND --option`` of our commands, or a training flag ``--section.key``."""
+    if CLI_CITE.match(option):
+        return check(option)
+    if match := re.match(r"^--(\w+)\.(\w+)(?: \S+)?$", option):
+        section, key = match.groups()
+        return hasattr(getattr(merged_job_config_class(config.JobConfig)(), section, None), key)
+    return False
+
+
+def test_every_option_the_table_names_exists():
+    for row in table():
+        for option in citations(row[3]):
+            if option.startswith("--") or CLI_CITE.match(option):
+                assert option_exists(option), f"{row[0]}: {option} is no option"
+
+
+def test_the_pages_counts_are_the_codes():
+    text = " ".join(DOC.read_text().split())
+    for phrase in PAGE_COUNTS:
+        assert phrase in text, phrase
+
+
+COMMAND = re.compile(r"python -m dispersion_titan\.(\w+)(?: (table|family))? (.*)")
+
+
+def commands() -> list[str]:
+    """Every command line the page shows: in code blocks, and in code spans (across line breaks); a
+    module named without arguments is a reference, not a command."""
+    text = DOC.read_text()
+    blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S)
+    lines = [line.split("  #")[0] for block in blocks for line in block.splitlines()]
+    spans = [" ".join(span.split()) for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", re.sub(r"```.*?```", "", text,
+                                                                                          flags=re.S))]
+    return [c.strip() for c in lines + spans if c.strip().startswith(("python -m dispersion_titan.", "python bench/",
+                                                                      "launch/", "bash launch/"))]
+
+
+def test_every_command_the_page_shows_parses():
+    found = commands()
+    assert len(found) >= 8, found
+    for line in found:
+        argv = shlex.split(line)
+        if line.startswith("python bench/"):
+            source = (Path(REPO) / argv[1]).read_text()
+            assert all(f'"{a}"' in source for a in argv[2:] if a.startswith("--")), line
+        elif argv[0] in ("launch/train.sh", "bash"):
+            assert all((Path(REPO) / a).exists() for a in argv if a.endswith((".sh", ".toml"))), line
+        elif match := COMMAND.match(line):
+            name, sub, rest = match.groups()
+            parser = PARSERS[f"{name} {sub}" if sub else name]()
+            parser.parse_args(shlex.split(rest.replace("ARTIFACT", "fig2")))  # the page's placeholder for one

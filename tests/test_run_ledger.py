@@ -63,6 +63,21 @@ def test_changed_settings_are_refused_in_one_line_and_change_nothing(reference_r
     assert sha256_tree(reference_run) == before
 
 
+def test_a_key_added_after_a_run_started_counts_as_its_default():
+    """A run recorded before a config key existed relaunches where the key keeps its default
+    (which computes what the run computed), and is refused where it does not."""
+    from dispersion_titan.components.titan_compat import merged_job_config_class
+    from dispersion_titan.config.cli import CONFIG_MODULE
+    from dispersion_titan.run_folder.settings import changed_settings, run_settings
+
+    defaults = run_settings(merged_job_config_class(CONFIG_MODULE)())
+    old_record = {k: v for k, v in defaults.items() if k != "training.loss_scale"}
+    assert changed_settings(old_record, defaults, defaults) == []
+    assert changed_settings(old_record, {**defaults, "training.loss_scale": "as_released"}, defaults) == [
+        'training.loss_scale "mean" -> "as_released"']
+    assert changed_settings(old_record, defaults) == ['training.loss_scale (unset) -> "mean"']  # no defaults given
+
+
 def test_resuming_would_save_over_a_step_checkpoint_is_refused(reference_run):
     """The final checkpoint holds weights only: going on to step 10 would retrain from step 6
     and save step 8 again."""

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from dispersion_titan.components import titan_compat
+from dispersion_titan.config.cli import CONFIG_MODULE
 
 TORCHTITAN = pathlib.Path(importlib.import_module("torchtitan").__file__).parent
 
@@ -42,35 +43,31 @@ def test_other_torchtitan_version_fails_loudly(monkeypatch):
         titan_compat.check_torchtitan_version()
 
 
-def test_train_main_trains_on_the_config_it_is_handed():
-    """Touch ``train_main``: ``torchtitan.train.main`` builds its config with the
-    ``ConfigManager`` of its module globals, and hands that config to the trainer class."""
+TITAN_MAIN_SHA256 = "0d01bcc4e9ab533e88f021ef088e0015eaf7e9550fb0008fbbabce230f215bf9"
+
+
+def test_our_main_follows_torchtitans_main():
+    """``trainer._main`` re-implements ``torchtitan.train.main`` on a config parsed once (its
+    ``main`` parses ``sys.argv`` itself): any change to that body must be re-read, and no
+    TorchTitan attribute is reassigned to hand it our config."""
     import torchtitan.train
 
-    from dispersion_titan import config
+    from dispersion_titan.trainer import trainer
 
-    handed = titan_compat.merged_job_config_class(config.JobConfig)()
-    received = []
-
-    class Probe:
-        def __init__(self, job_config) -> None:
-            received.append(job_config)
-            raise KeyboardInterrupt  # stop before training: main closes no trainer it never got
-
-    stock = torchtitan.train.ConfigManager
-    with pytest.raises(KeyboardInterrupt):
-        titan_compat.train_main(Probe, handed)
-    assert len(received) == 1 and received[0] is handed
-    assert torchtitan.train.ConfigManager is stock
+    digest = hashlib.sha256(_source(torchtitan.train.main).encode()).hexdigest()
+    assert digest == TITAN_MAIN_SHA256, "torchtitan.train.main changed: re-read it against trainer._main"
+    ours = _source(trainer._main)
+    for step in ("init_logger()", "create_seed_checkpoint", "checkpointer.save(curr_step=0, last_step=True)",
+                 ".train()", ".close()", "destroy_process_group()"):
+        assert step in ours, step
+    assert not re.search(r"(import|from)\s+torchtitan\.train\b", _source(trainer)) and "setattr" not in ours
 
 
 def test_merged_job_config_class_has_our_sections():
-    """Touch ``merged_job_config_class``: ``ConfigManager._merge_configs``."""
+    """``merged_job_config_class``: the class ``ConfigManager.parse_args`` builds with our module."""
     from torchtitan.config import JobConfig
 
-    from dispersion_titan import config
-
-    merged = titan_compat.merged_job_config_class(config.JobConfig)
+    merged = titan_compat.merged_job_config_class(CONFIG_MODULE)
     assert issubclass(merged, JobConfig)
     names = {f.name for f in dataclasses.fields(merged)}
     assert {"dispersion", "training", "model"} <= names

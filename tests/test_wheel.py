@@ -1,10 +1,12 @@
 """The package as a user installs it: the wheel built from this checkout, installed into a
 fresh venv, outside the checkout. Its ``dispersion-titan`` plans a sweep and ``paper fig3
 --slurm`` from another folder, and every sbatch script those name is the installed
-package's own, run by the installed interpreter."""
+package's own, run by the installed interpreter. ``dispersion-titan init`` writes the
+shipped configs, which then train and sweep there without a clone."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -17,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from support.launch import DEBUG_TOML, REPO
-from support.runs import tiny_run
+from dispersion_titan.models.gpt2.args import gpt2_flavors
+from support.runs import digests, tiny_run
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +96,8 @@ def test_the_installed_console_script_plans_a_sweep_and_paper_jobs_with_its_own_
     assert {s.name for s in scripts} == {"train.sbatch", "analyze.sbatch", "evaluate.sbatch"}
     assert all(s.parent == slurm and s.is_file() for s in scripts), scripts
 
-    runs = [tiny_run(tmp_path / f"mlp{w}", steps=(5,)) for w in (1, 2)]
+    runs = [tiny_run(tmp_path / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
+            for w in (64, 128)]  # two widths: fig3 analyses one run per width
     paper = run([command, "paper", "fig3", "--models", *runs, "--out", tmp_path / "paper", "--slurm", "--dry-run"],
                 cwd=tmp_path, env=installed_env())
     assert paper.returncode == 0, paper.stderr
@@ -106,3 +110,31 @@ def test_the_installed_console_script_plans_a_sweep_and_paper_jobs_with_its_own_
     analyze = run(["bash", slurm / "analyze.sbatch", "--help"], cwd=tmp_path,
                   env={**installed_env(), "PYTHON": str(venv / "bin" / "python")})
     assert analyze.returncode == 0 and "usage: python -m dispersion_titan.analyze" in analyze.stdout, analyze.stderr
+
+
+def test_init_writes_the_shipped_configs_which_check_and_plan_without_a_clone(venv, tmp_path):
+    command, env = venv / "bin" / "dispersion-titan", installed_env()
+    init = run([command, "init", "cfg"], cwd=tmp_path, env=env)
+    assert init.returncode == 0, init.stderr
+    cfg = tmp_path / "cfg"
+    written = digests(cfg)
+    repo = {f"train_configs/{name}": digest for name, digest in digests(REPO / "train_configs").items()}
+    example = {f"launch/{name}": digest for name, digest in digests(REPO / "launch", "sweep_example.toml").items()}
+    assert written == {**repo, **example} and len(repo) > 20 and len(example) == 1
+    checked = run([command, "train", "--job.config_file", "train_configs/debug.toml", "--check-only"], cwd=cfg, env=env)
+    assert checked.returncode == 0, checked.stderr
+    planned = run([command, "sweep", "launch/sweep_example.toml", "--dry-run"], cwd=cfg, env=env)
+    assert planned.returncode == 0 and job_python(planned.stdout) == str(venv / "bin" / "python"), planned.stderr
+    # Again into its own folder: nothing overwritten, a user's edit kept.
+    (cfg / "train_configs" / "debug.toml").write_text("# mine\n")
+    again = run([command, "init", cfg], cwd=tmp_path, env=env)
+    assert again.returncode == 0 and f"kept {len(written)} already there" in again.stdout, again.stderr
+    assert (cfg / "train_configs" / "debug.toml").read_text() == "# mine\n"
+    # A folder holding anything else is refused in one line, left as it was.
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("x")
+    refused = run([command, "init", "busy"], cwd=tmp_path, env=env)
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        f"dispersion_titan: error: DIR: {tmp_path / 'busy'} holds other files (notes.txt); init writes only into a new "
+        "or empty folder, or one it wrote: name another DIR"]
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == ["notes.txt"]

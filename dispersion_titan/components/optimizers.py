@@ -1,9 +1,11 @@
 """Every TrainSpec's optimizer and LR-scheduler builders: TorchTitan's own, except
 under active forgetting, where the token embeddings get a param group of their own with
 the language-model-plasticity schedule the authors use (``embedding_lr_factor``) while
-the body keeps the run's schedule, and with ``[optimizer] decay_groups = "hf"``, where
+the body keeps the run's schedule; with ``[optimizer] decay_groups = "hf"``, where
 biases and norm weights go to a param group without weight decay, as the Hugging Face
-Trainer groups them (the authors' scripts train with it).
+Trainer groups them (the authors' scripts train with it; ``as_released``: under active
+forgetting only LayerNorm weights and biases, as their active-forgetting optimizer); and with
+``[lr_scheduler] form = "as_released"``, transformers' cosine schedule (``released_lr_factor``).
 
 TorchTitan calls these builders with the ``[optimizer]`` / ``[lr_scheduler]`` sections
 only; the launch checks put the run's ``[baseline]`` section into both (their ``baseline``
@@ -13,6 +15,7 @@ field, ``config.schema.BuilderInputs``). Without active forgetting, they are Tor
 from __future__ import annotations
 
 import functools
+import math
 import re
 from typing import Any
 
@@ -25,6 +28,8 @@ from ..config.schema import Baseline
 from . import titan_compat
 
 WARMUP_FRACTION = 0.08
+BODY_WARMUP_FRACTION = 0.2
+"""The authors' ActiveForgettingLRScheduler: the body's warm-up is ⌊0.2·T⌋ steps (their af_body_warmup_ratio)."""
 _NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
 """transformers' ``Trainer.get_decay_parameter_names`` patterns, searched in the lower-cased name."""
 
@@ -63,19 +68,33 @@ def _separate_embedding_group(model: nn.Module, optimizer: torch.optim.Optimizer
     optimizer.add_param_group({"params": [embedding], "lr": lr})
 
 
-def no_decay_parameter_names(model: nn.Module) -> set[str]:
+def released_lr_factor(step: int, warmup: int, total: int, min_lr_factor: float = 0.0) -> float:
+    """transformers' ``get_cosine_schedule_with_warmup`` at ``LambdaLR`` step ``step`` (0 for the first
+    update): s/W during the W warm-up steps, then half a cosine from 1 to 0 over the T − W steps after,
+    scaled into [min_lr_factor, 1] as TorchTitan's."""
+    if step < warmup:
+        return step / max(1, warmup)
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_lr_factor + (1 - min_lr_factor) * max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def no_decay_parameter_names(model: nn.Module, hf: bool = True) -> set[str]:
     """The parameters the Hugging Face Trainer exempts from weight decay: those of
-    ``nn.LayerNorm`` modules, and names that say bias or norm (``Trainer.get_decay_parameter_names``)."""
+    ``nn.LayerNorm`` modules, and names that say bias or norm (``Trainer.get_decay_parameter_names``).
+    ``hf`` False: LayerNorm's and names that say bias only, as the authors' active-forgetting
+    optimizer (``get_parameter_names(model, ALL_LAYERNORM_LAYERS)`` less "bias", transformers 4.51)."""
     in_layer_norms = {f"{prefix}.{name}" if prefix else name
                       for prefix, module in model.named_modules() if isinstance(module, nn.LayerNorm)
                       for name, _ in module.named_parameters()}
-    return {name for name, _ in model.named_parameters() if name in in_layer_norms or _NO_DECAY_NAME.search(name.lower())}
+    exempt_name = _NO_DECAY_NAME.search if hf else re.compile("bias").search
+    return {name for name, _ in model.named_parameters()
+            if name in in_layer_norms or exempt_name(name.lower() if hf else name)}
 
 
-def _separate_no_decay_group(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Param group 0 keeps the decayed body; the exempt parameters go to a last group with
-    weight decay 0 and group 0's learning rate."""
-    names = no_decay_parameter_names(model)
+def _separate_no_decay_group(model: nn.Module, optimizer: torch.optim.Optimizer, hf: bool) -> None:
+    """Param group 0 keeps the decayed body; the exempt parameters (``no_decay_parameter_names``) go
+    to a last group with weight decay 0 and group 0's learning rate."""
+    names = no_decay_parameter_names(model, hf)
     exempt = {id(p) for name, p in model.named_parameters() if name in names}
     group = optimizer.param_groups[0]
     body = group["params"]
@@ -90,17 +109,27 @@ def build_dispersion_optimizers(model_parts: list[nn.Module], optimizer_config: 
     for model, optimizer in titan_compat.optimizer_per_model_part(optimizers):
         if forgetting is not None:
             _separate_embedding_group(model, optimizer, forgetting.embedding_lr)
-        if optimizer_config.decay_groups == "hf":
-            _separate_no_decay_group(model, optimizer)
+        if optimizer_config.decay_groups != "all":
+            _separate_no_decay_group(model, optimizer,
+                                     hf=optimizer_config.decay_groups == "hf" or forgetting is None)
     return optimizers
 
 
 def build_dispersion_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: Any,
                              training_steps: int) -> LRSchedulersContainer:
     forgetting = _forgetting(lr_scheduler_config)
-    if forgetting is None:  # one schedule for every param group
+    released = lr_scheduler_config.form == "as_released"
+    if forgetting is None and not released:  # TorchTitan's schedule for every param group
         return build_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
-    body = titan_compat.lr_lambda(lr_scheduler_config, training_steps)
-    embedding = functools.partial(embedding_lr_factor, period=forgetting.forget_every, total=training_steps)
+    if released:
+        total = lr_scheduler_config.total_steps or training_steps
+        warmup = int(BODY_WARMUP_FRACTION * total) if forgetting else lr_scheduler_config.warmup_steps
+        body = functools.partial(released_lr_factor, warmup=warmup, total=total,
+                                 min_lr_factor=lr_scheduler_config.min_lr_factor)
+    else:
+        body = titan_compat.lr_lambda(lr_scheduler_config, training_steps)
     groups = len(titan_compat.optimizer_per_model_part(optimizers)[0][1].param_groups)
+    if forgetting is None:
+        return titan_compat.lr_schedulers_per_group(optimizers, [body] * groups)
+    embedding = functools.partial(embedding_lr_factor, period=forgetting.forget_every, total=training_steps)
     return titan_compat.lr_schedulers_per_group(optimizers, [body, embedding] + [body] * (groups - 2))

@@ -4,13 +4,9 @@ Nothing else imports a private TorchTitan name or depends on how TorchTitan's co
 written inside. Each touch below has a canary test (``tests/test_titan_compat.py``)
 that fails loudly, naming the touch, when an upgrade changes what it relies on:
 
-- ``train_main``: ``torchtitan.train.main`` gets its config from ``ConfigManager().parse_args()``,
-  with ``ConfigManager`` looked up in ``torchtitan.train``'s globals; the one place that
-  hands TorchTitan the config ``dispersion_titan.train`` parsed and checked.
 - ``parse_job_config``: ``ConfigManager.parse_args`` reads the TOML through
-  ``_maybe_load_toml(args)`` and nowhere else.
-- ``merged_job_config_class``: ``ConfigManager._merge_configs`` builds the config class
-  with our sections, for type checks before parsing.
+  ``_maybe_load_toml(args)`` and nowhere else (the one private method overridden: our
+  checks and TorchTitan's parse must see the same bytes, read once).
 - ``use_cpu``: the module-level ``device_type`` / ``device_module`` bindings and the
   memory monitor's default device, which assume CUDA.
 - ``SAC_SAVE_LIST``: llama3's private per-op activation-checkpointing save list.
@@ -73,24 +69,6 @@ def check_torchtitan_version() -> None:
 # ------------------------------------------------------------------------ configuration
 
 
-def train_main(trainer_class: type, job_config: Any) -> None:
-    """``torchtitan.train.main(trainer_class)`` on ``job_config``, already parsed and checked.
-
-    ``main`` builds its config with ``ConfigManager().parse_args()``, from ``sys.argv``; while
-    it runs, the ``ConfigManager`` it names returns ``job_config`` instead of parsing again.
-    """
-    import torchtitan.train
-    from torchtitan.config import ConfigManager
-
-    class Parsed(ConfigManager):
-        def parse_args(self, args: list[str] | None = None) -> Any:
-            self.config = job_config
-            return job_config
-
-    with _attributes_set(torchtitan.train, ConfigManager=Parsed):
-        torchtitan.train.main(trainer_class)
-
-
 def parse_job_config(args: list[str], toml: dict) -> Any:
     """``ConfigManager().parse_args(args)`` on ``toml``, the file ``--job.config_file`` names,
     already read: the TOML is read once per launch (``ConfigManager._maybe_load_toml``)."""
@@ -103,11 +81,14 @@ def parse_job_config(args: list[str], toml: dict) -> Any:
     return ReadOnce().parse_args(args)
 
 
-def merged_job_config_class(custom: type) -> type:
-    """TorchTitan's JobConfig class merged with ``custom``'s sections, as ``parse_args`` merges them."""
-    from torchtitan.config import ConfigManager, JobConfig
+@functools.cache
+def merged_job_config_class(custom_module: str) -> type:
+    """TorchTitan's JobConfig class merged with the sections of ``custom_module`` (a
+    ``job.custom_config_module``), as its public ``parse_args`` builds it: the type of a
+    config parsed from no TOML, for type checks before the real parse."""
+    from torchtitan.config import ConfigManager
 
-    return ConfigManager._merge_configs(JobConfig, custom)
+    return type(ConfigManager().parse_args(["--job.custom_config_module", custom_module]))
 
 
 # ------------------------------------------------------------------------ CPU devices

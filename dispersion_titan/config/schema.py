@@ -3,7 +3,8 @@
 ``[job]`` gains ``fork_from`` (branch a new run from another run's checkpoint);
 ``[model]`` gains shape overrides (0 or unset keeps the flavor's value; ``models.flavors``
 maps them to each family's fields);
-``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones;
+``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones,
+and ``[training]`` how a micro-batch's loss is scaled and which positions it scores;
 ``[dispersion]`` configures the auxiliary loss; ``[baseline]`` the methods the paper
 compares against. Every field is overridable on the
 command line as ``--section.key value``, except ``[optimizer]`` / ``[lr_scheduler]``'s
@@ -116,11 +117,23 @@ class Baseline:
     linear decay, restarting at every reset)."""
 
 
+LOSS_SCALES = ("mean", "as_released")
+"""``[training] loss_scale`` values (``trainer.loss_scale``)."""
+
+
 @dataclass
 class Training:
     max_local_batch_size: int = 0
     """With ``local_batch_size = 0``: the largest micro-batch per rank (0: no limit); the
     derived micro-batch is the largest divisor of global_batch_size / DP degree up to it."""
+    loss_scale: str = "mean"
+    """mean | as_released: the gradient of the global batch's mean loss, whatever the layout; or, as the
+    authors' released runs (transformers' Trainer with their compute_loss), the sum over a rank's
+    micro-batches of each one's own mean, averaged over data-parallel ranks: the accumulation count
+    times the mean's gradient, before clipping."""
+    predict_last: bool = True
+    """False: the last position of each training sequence scores nothing (its label ignored), seq_len − 1
+    predictions a sequence, as transformers' shifted cross-entropy on blocks of seq_len tokens."""
 
 
 @dataclass
@@ -147,15 +160,29 @@ class BuilderInputs:
     baseline: tyro.conf.Suppress[Baseline | None] = field(default=None, init=False, repr=False)
 
 
-DECAY_GROUPS = ("all", "hf")
+DECAY_GROUPS = ("all", "hf", "as_released")
 """``[optimizer] decay_groups`` values."""
 
 
 @dataclass
 class OptimizerInputs(BuilderInputs):
     decay_groups: str = "all"
-    """all | hf: weight decay on every parameter, or none on biases and norm weights (the Hugging Face
-    Trainer's grouping, Trainer.get_decay_parameter_names, which the authors' scripts train with)."""
+    """all | hf | as_released: weight decay on every parameter; none on biases and norm weights (the
+    Hugging Face Trainer's grouping, Trainer.get_decay_parameter_names, which the authors' scripts train
+    with); or hf's, but under active forgetting none only on LayerNorm weights and biases (their
+    active-forgetting optimizer, which decays RMSNorm weights)."""
+
+
+LR_FORMS = ("torchtitan", "as_released")
+"""``[lr_scheduler] form`` values."""
+
+
+@dataclass
+class LRSchedulerInputs(BuilderInputs):
+    form: str = "torchtitan"
+    """torchtitan | as_released: TorchTitan's warm-up ((s+1)/W at step s), or transformers'
+    get_cosine_schedule_with_warmup (s/W: the first step at lr 0), the authors' schedule; under
+    active forgetting with W = ⌊0.2·T⌋, as their ActiveForgettingLRScheduler."""
 
 
 @dataclass
@@ -168,4 +195,4 @@ class JobConfig:
     dispersion: Dispersion = field(default_factory=Dispersion)
     baseline: Baseline = field(default_factory=Baseline)
     optimizer: OptimizerInputs = field(default_factory=OptimizerInputs)
-    lr_scheduler: BuilderInputs = field(default_factory=BuilderInputs)
+    lr_scheduler: LRSchedulerInputs = field(default_factory=LRSchedulerInputs)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
+from torchtitan.components.loss import IGNORE_INDEX
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..utils.errors import DataConfigError
@@ -41,11 +42,15 @@ class RankSlice(IterableDataset, Stateful):
         if get_worker_info() is not None:
             raise DataConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
-    @staticmethod
-    def sample(window: np.ndarray) -> Sample:
+    predict_last = True
+    """False: the last position's label is ignored, seq_len − 1 predictions a sequence
+    (``training.predict_last``)."""
+
+    def sample(self, window: np.ndarray) -> Sample:
         """``seq_len + 1`` tokens → ``({"input": x}, y)`` with ``y`` = ``x`` shifted by one."""
         tokens = torch.from_numpy(np.asarray(window, dtype=np.int64))
-        return {"input": tokens[:-1]}, tokens[1:]
+        labels = tokens[1:] if self.predict_last else torch.cat([tokens[1:-1], tokens.new_full((1,), IGNORE_INDEX)])
+        return {"input": tokens[:-1]}, labels
 
     def state_dict(self) -> dict[str, Any]:
         return {"samples_yielded": self.samples_yielded}

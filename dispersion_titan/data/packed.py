@@ -2,7 +2,8 @@
 
 Documents are tokenised by the run's tokenizer (``encoders``: GPT-2's BPE, or the model's
 own), each followed by its end-of-sequence id (GPT-2's ``<|endoftext|>``), concatenated, and cut into
-sequences of ``seq_len`` inputs (labels are the inputs shifted by one token): sequence
+sequences of ``seq_len`` inputs (labels are the inputs shifted by one token; with
+``training.predict_last = false`` a training sequence's last label is ignored): sequence
 ``g`` is tokens ``[g·seq_len, (g+1)·seq_len + 1)``. Which sequences a rank reads is
 ``layout.RankSlice``'s rule, the same for every dataset.
 
@@ -226,8 +227,10 @@ GLOBAL_POSITION = "sequences_consumed"
 
 def _loader(section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig) -> ParallelAwareDataloader:
     cfg = getattr(job_config, section)
+    dataset = build_dataset(section, split, dp_world_size, dp_rank, job_config)
+    dataset.predict_last = section != "training" or job_config.training.predict_last
     return PackedDataloader(
-        build_dataset(section, split, dp_world_size, dp_rank, job_config),
+        dataset,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
         **{**asdict(cfg.dataloader), "batch_size": cfg.local_batch_size},

@@ -25,6 +25,7 @@ import numpy as np
 from scipy import stats
 
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, identity_changed, load_run_metadata
+from ..run_folder.origin import from_scratch
 from ..run_folder.outputs import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import EvaluationError
@@ -56,7 +57,8 @@ class Selection:
     """``--select`` and, for ``best``, the authors' evaluation cadence."""
 
     rule: str  # best | last | step:N
-    num_ckpt: int = 5  # the authors' --num_ckpt: evaluations every floor(T / num_ckpt) + 1 steps
+    num_ckpt: int | None = None  # the authors' --num_ckpt: evaluations every floor(T / num_ckpt) + 1 steps
+    """None: their scripts' default for the run's start, ``MIDTRAIN_NUM_CKPT`` or ``SCRATCH_NUM_CKPT``."""
     include_initial: bool = False  # step 0 is a candidate for best (their --eval_at_begin)
     best_step: str = "auto"  # one of protocol.BEST_STEP: per seed, on the seed-averaged curve, or by the arm's kind
 
@@ -65,11 +67,14 @@ class Selection:
             return self.rule
         per = {"auto": "per seed for mid-training arms, on the seed-averaged curve for from-scratch arms",
                "per-seed": "per seed", "averaged": "on the seed-averaged curve"}[self.best_step]
-        return (f"best of the steps the authors evaluate (every floor(T/{self.num_ckpt})+1 steps and the last"
+        k = self.num_ckpt or f"{MIDTRAIN_NUM_CKPT} mid-training, {SCRATCH_NUM_CKPT} from scratch"
+        return (f"best of the steps the authors evaluate (every floor(T/K)+1 steps, K = {k}, and the last"
                 f"{', and step 0' if self.include_initial else ''}; {per})")
 
 
 PRETRAINED = "Pretrained"
+MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT = 5, 2
+"""``--num_ckpt``'s defaults in the authors' midtrain_gpt2.py / midtrain_qwen3.py and pretrain_toy_gpt2.py."""
 
 
 def authors_steps(training_steps: int, num_ckpt: int = 5, include_initial: bool = False) -> set[int]:
@@ -143,7 +148,8 @@ def _check_alike(folder: str, weighed: list[dict]) -> None:
 
 def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     """``--select best``: the mean accuracy of each of the run's evaluations at a step the authors evaluate."""
-    wanted = authors_steps(_training_steps(run.run, run.dump), selection.num_ckpt, selection.include_initial)
+    num_ckpt = selection.num_ckpt or (SCRATCH_NUM_CKPT if from_scratch(run.dump) else MIDTRAIN_NUM_CKPT)
+    wanted = authors_steps(_training_steps(run.run, run.dump), num_ckpt, selection.include_initial)
     averages = {step: mean_accuracy(result_scores(r)) for step, r in run.results.items() if step in wanted}
     if not averages:
         raise EvaluationError(f"--select best: {run.run} has no evaluation of the steps the authors evaluate "
@@ -194,11 +200,6 @@ def select_averaged(runs: list[Evaluated], selection: Selection) -> list[RunScor
         raise EvaluationError(f"--select best: {lacking[0]} has no evaluation of step {best}, the best on its arm's "
                               "seed-averaged curve; evaluate it (--steps), or use --best-step per-seed")
     return [_chosen(run, best, list(c)) for run, c in zip(runs, per_run, strict=True)]
-
-
-def from_scratch(dump: str) -> bool:
-    """A run that starts from no checkpoint (``checkpoint.initial_load_path`` unset in its settings)."""
-    return not (load_run_metadata(dump).get("settings") or {}).get("checkpoint.initial_load_path")
 
 
 def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:

@@ -14,7 +14,7 @@ import os
 import typing
 from typing import TYPE_CHECKING, Any
 
-from ..config.schema import DECAY_GROUPS, METHOD_SETTINGS
+from ..config.schema import DECAY_GROUPS, LOSS_SCALES, LR_FORMS, METHOD_SETTINGS
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import (
@@ -205,8 +205,11 @@ def check_data(config: RunConfig) -> None:
         raise ConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
 
-def check_checkpoint(config: RunConfig) -> None:
+def check_checkpoint(config: RunConfig, world_size: int) -> None:
     ckpt = config.checkpoint
+    if ckpt.create_seed_checkpoint and (world_size != 1 or not ckpt.enable):
+        raise ConfigError("checkpoint.create_seed_checkpoint: needs one process (NPROC=1) and checkpoint.enable, "
+                          f"got {world_size} processes and enable = {ckpt.enable}")
     if ckpt.enable and ckpt.interval < 1:
         raise ConfigError(f"checkpoint.interval: must be >= 1, got {ckpt.interval}")
     if ckpt.save_initial and ckpt.keep_latest_k > 0:
@@ -216,11 +219,35 @@ def check_checkpoint(config: RunConfig) -> None:
         )
 
 
+def resolve_replicate_degree(config: RunConfig, world_size: int) -> None:
+    """``data_parallel_replicate_degree = -1``: every data-parallel process holds the whole model
+    (DDP, the authors' layout), resolved to a count here, as TorchTitan takes only counts. Replicated
+    without sharding, TorchTitan computes under autocast, which it turns off beside tensor, context or
+    pipeline parallelism: that combination is refused."""
+    p = config.parallelism
+    others = p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree
+    if p.data_parallel_replicate_degree == -1:
+        if p.data_parallel_shard_degree != 1:
+            raise ConfigError(f"parallelism.data_parallel_replicate_degree: -1 (replicate over every process) "
+                              f"needs data_parallel_shard_degree = 1, not {p.data_parallel_shard_degree}")
+        if world_size % others:
+            raise ConfigError(f"parallelism: {world_size} processes are not divisible by "
+                              f"tensor × context × pipeline parallel degrees = {others}")
+        p.data_parallel_replicate_degree = world_size // others
+    elif p.data_parallel_replicate_degree < 1:
+        raise ConfigError(f"parallelism.data_parallel_replicate_degree: {p.data_parallel_replicate_degree}; "
+                          "use a count >= 1, or -1 for every process")
+    if p.data_parallel_replicate_degree > 1 and p.data_parallel_shard_degree == 1 and others > 1:
+        raise ConfigError("parallelism.data_parallel_replicate_degree: replicated parameters (DDP) with tensor, "
+                          "context or pipeline parallelism train without mixed precision in TorchTitan 0.2.2; "
+                          "shard instead (data_parallel_shard_degree = -1)")
+
+
 def data_parallel_degree(config: RunConfig, world_size: int) -> int:
     """The DP degree TorchTitan's ParallelDims will build from ``world_size`` processes."""
     p = config.parallelism
     others = p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree
-    if p.data_parallel_shard_degree == -1:
+    if p.data_parallel_shard_degree == -1 or p.data_parallel_replicate_degree == -1:
         if world_size % others:
             raise ConfigError(f"parallelism: {world_size} processes are not divisible by "
                               f"tensor × context × pipeline parallel degrees = {others}")
@@ -358,8 +385,18 @@ def check_optimizer(config: RunConfig) -> None:
     o = config.optimizer
     if o.decay_groups not in DECAY_GROUPS:
         raise ConfigError(f"optimizer.decay_groups: {o.decay_groups!r} is not one of {DECAY_GROUPS}")
-    if o.decay_groups == "hf" and o.early_step_in_backward:  # one optimizer per parameter: no groups to split
-        raise ConfigError("optimizer.early_step_in_backward: not supported with optimizer.decay_groups = 'hf'")
+    if o.decay_groups != "all" and o.early_step_in_backward:  # one optimizer per parameter: no groups to split
+        raise ConfigError(f"optimizer.early_step_in_backward: not supported with optimizer.decay_groups = "
+                          f"{o.decay_groups!r}")
+    lr = config.lr_scheduler
+    if lr.form not in LR_FORMS:
+        raise ConfigError(f"lr_scheduler.form: {lr.form!r} is not one of {LR_FORMS}")
+    if lr.form == "as_released" and (lr.decay_type != "cosine" or lr.decay_ratio is not None):
+        raise ConfigError(f"lr_scheduler.form: 'as_released' is transformers' cosine schedule, decaying over every "
+                          f"step after the warm-up; set decay_type = 'cosine' (not {lr.decay_type!r}) and leave "
+                          "decay_ratio unset")
+    if config.training.loss_scale not in LOSS_SCALES:
+        raise ConfigError(f"training.loss_scale: {config.training.loss_scale!r} is not one of {LOSS_SCALES}")
 
 
 def carry_baseline(config: RunConfig) -> None:
@@ -390,7 +427,8 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     check_optimizer(config)
     carry_baseline(config)
     check_data(config)
-    check_checkpoint(config)
+    check_checkpoint(config, world_size)
+    resolve_replicate_degree(config, world_size)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
     check_output_folders(config)
     check_metrics(config)

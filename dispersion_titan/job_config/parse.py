@@ -10,9 +10,8 @@ import os
 
 from torchtitan.protocols.train_spec import get_train_spec
 
-from .. import config as custom_config
 from ..components import titan_compat
-from ..config.cli import config_file, load_toml, names_model, without_profile
+from ..config.cli import CONFIG_MODULE, config_file, load_toml, names_model, without_profile
 from ..config.toml_types import check_toml_types
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
@@ -51,7 +50,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections, once per launch, on
     ``toml`` (the file ``--job.config_file`` names, read once by the caller): its types checked
     first, tyro's boxed errors turned into one line."""
-    check_toml_types(titan_compat.merged_job_config_class(custom_config.JobConfig), toml, config_file(args))
+    check_toml_types(titan_compat.merged_job_config_class(CONFIG_MODULE), toml, config_file(args))
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):

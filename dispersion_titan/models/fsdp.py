@@ -1,12 +1,15 @@
-"""FSDP2 as every family needs it: gradients summed over data-parallel ranks (on NCCL and
-on gloo alike), and a tied LM head kept one parameter (one unit per block, and the
-embeddings, final norm and head in the root unit, so the shared parameter is managed once).
+"""Data parallelism as every family needs it: gradients summed over data-parallel ranks, by
+FSDP2 (on NCCL and on gloo alike) and by DDP (replicated parameters, TorchTitan's
+``apply_ddp``), and under FSDP2 a tied LM head kept one parameter (one unit per block, and
+the embeddings, final norm and head in the root unit, so the shared parameter is managed once).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed._composable.replicate import DDP
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torchtitan.config import TORCH_DTYPE_MAP, JobConfig
@@ -16,16 +19,40 @@ from torchtitan.tools.logging import logger
 from ..components import titan_compat
 
 
-def sum_gradients(model: nn.Module) -> None:
-    """TorchTitan normalises the loss by the global token count itself, so FSDP must sum
-    gradients (divide factor 1); gloo lacks the PREMUL_SUM that FSDP2 then uses for its
-    reduce-scatter, so there the sum is a plain SUM."""
+def sum_gradients(model: nn.Module, parallel_dims: ParallelDims) -> None:
+    """TorchTitan normalises the loss by the global token count itself, so data parallelism
+    must sum gradients: FSDP's units (``_sum_sharded_gradients``), and DDP, which averages,
+    through an all-reduce SUM as its communication hook. DDP all-reduces what a parameter's
+    gradient holds, so under gradient accumulation only the step's last micro-batch may
+    synchronise (``sync_last_microbatch``), or earlier sums would be summed again."""
+    _sum_sharded_gradients(model)
+    if isinstance(model, DDP):
+        model.register_comm_hook(parallel_dims.get_mesh("dp_replicate").get_group(), _summed)
+
+
+def sync_last_microbatch(model: nn.Module, microbatch: int, count: int) -> None:
+    """Before micro-batch ``microbatch`` (1-based) of ``count``: a replicated (DDP) model
+    all-reduces its gradients in the last one's backward only."""
+    if isinstance(model, DDP):
+        model.set_requires_gradient_sync(microbatch == count)
+
+
+def _sum_sharded_gradients(model: nn.Module) -> None:
+    """Divide factor 1 in every FSDP unit; gloo lacks the PREMUL_SUM that FSDP2 then uses for
+    its reduce-scatter, so there the sum is a plain SUM."""
     force_sum = titan_compat.backend_needs_sum_reduction()
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             if force_sum:
                 module.set_force_sum_reduction_for_comms(True)
+
+
+def _summed(group, bucket):  # noqa: ANN001 - DDP checks the annotations, which this module's are strings
+    """DDP's default hook without its division by the group size: ``group`` a process group,
+    ``bucket`` a ``dist.GradBucket``; the future of the summed bucket."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype,
@@ -38,7 +65,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype, 
     for block in model.layers.values():
         fully_shard(block, **config, reshard_after_forward=reshard_after_forward)
     fully_shard(model, **config)
-    sum_gradients(model)
+    _sum_sharded_gradients(model)
 
 
 def shard_keeping_the_tie(model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig) -> None:

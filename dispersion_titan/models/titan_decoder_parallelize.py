@@ -5,7 +5,8 @@ what they get wrong here:
   FSDP units, which FSDP2 refuses when the two share their matrix (the small Qwen3
   flavors tie it). For a tied model the data parallelism is ours (``fsdp``), as for GPT-2;
   tensor parallelism, activation checkpointing and compile stay TorchTitan's.
-- Gradients are summed over data-parallel ranks, on gloo too (``fsdp.sum_gradients``).
+- Gradients are summed over data-parallel ranks, by FSDP (on gloo too) and by DDP
+  (``fsdp.sum_gradients``); TorchTitan's DDP would average them.
 - Their tensor-parallel attention hands DTensors to SDPA, which DTensor cannot run on a
   CPU: there each rank computes its own heads (``titan_compat.attention_on_local_shards``).
 """
@@ -34,7 +35,7 @@ def adapted(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module
             shard_keeping_the_tie(model, parallel_dims, job_config)
         else:
             model = parallelize_fn(model, parallel_dims, job_config)
-            sum_gradients(model)
+            sum_gradients(model, parallel_dims)
         if parallel_dims.tp_enabled and titan_compat.uses_cpu():
             titan_compat.attention_on_local_shards(model)
         return model

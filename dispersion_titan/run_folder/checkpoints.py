@@ -23,9 +23,9 @@ from ..utils.errors import CheckpointError, RunFinished
 from .outputs import STEP_FOLDER
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
 
-LEDGER_KEYS = ("settings", "forked_from")
+LEDGER_KEYS = ("settings", "forked_from", "started_from")
 """``run.json`` entries that record one run's launch (every config key, paths and seed included;
-its source), not what makes runs one configuration."""
+the fork it came from; the weights it started from, ``origin``), not what makes runs one configuration."""
 
 
 @dataclass(frozen=True)
@@ -100,17 +100,18 @@ def save_run_metadata(folder: str, model_name: str, args: Any,
                       dispersion: dict[str, Any] | None = None, seed: int | None = None,
                       baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2",
                       training_steps: int | None = None, settings: dict[str, Any] | None = None,
-                      forked_from: dict[str, Any] | None = None, paths: dict[str, str] | None = None) -> None:
+                      forked_from: dict[str, Any] | None = None, started_from: dict[str, Any] | None = None,
+                      paths: dict[str, str] | None = None) -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
     the model family and shape (head count cannot be read off weights), the tokenizer
     (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
     settings it trained with (None: not trained by dispersion_titan.train), and its
     ``training.steps`` (``evaluate table --select best`` derives the authors' evaluation
     cadence from it); ``evaluate table`` groups runs into arms by all of it but the seed.
-    ``settings`` (every config key, ``run_folder.settings``) and ``forked_from`` are the
-    run's ledger: recorded at its first launch and kept by every later one, whose other
-    entries can differ only in ``training_steps`` (the settings check allows nothing else). ``paths``:
-    the run's folders outside its dump folder, by config key (real paths), added to those recorded before."""
+    ``settings`` (every config key, ``run_folder.settings``), ``forked_from`` and ``started_from``
+    (``run_folder.origin``) are the run's ledger: recorded at its first launch and kept by every later one, whose other
+    entries can differ only in ``training_steps`` (the settings check allows nothing else). ``paths``: the run's
+    folders outside its dump folder, by config key (real paths), added to those recorded before."""
     path = os.path.join(folder, RUN_METADATA_FILE)
     first = load_run_metadata(folder) if os.path.isfile(path) else {}
     ledger = {key: first.get(key) for key in LEDGER_KEYS} if first.get("settings") is not None else {}
@@ -119,7 +120,7 @@ def save_run_metadata(folder: str, model_name: str, args: Any,
     paths = {**(first.get("paths") or {}), **(paths or {})}
     metadata = {"model_name": model_name, "model_args": fields, "tokenizer": tokenizer, "dispersion": dispersion,
                 "baseline": baseline, "seed": seed, "training_steps": training_steps, "forked_from": forked_from,
-                "settings": settings, **ledger, **({"paths": paths} if paths else {})}
+                "started_from": started_from, "settings": settings, **ledger, **({"paths": paths} if paths else {})}
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)

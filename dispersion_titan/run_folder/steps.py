@@ -1,4 +1,5 @@
-"""``--steps``: ``all``, or a comma list of steps and inclusive ranges such as ``0,5,10-20``."""
+"""``--steps``: ``all``, or a comma list of steps, inclusive ranges such as ``0,5,10-20``, and
+``first`` / ``last`` (the run's earliest and latest checkpoints, known only once it has trained)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
     by_step = {c.step: c for c in available}
     wanted: set[int] = set()
     for part in (p.strip() for p in spec.split(",")):
-        if part.isdigit():
+        if part in ("first", "last") and by_step:
+            wanted.add(min(by_step) if part == "first" else max(by_step))
+        elif part.isdigit():
             if int(part) not in by_step:
                 raise ArgumentError(f"--steps: no checkpoint for step {part} (have {sorted(by_step)})")
             wanted.add(int(part))
@@ -28,7 +31,7 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
                 raise ArgumentError(f"--steps: empty range {part!r}")
             wanted.update(s for s in by_step if low <= s <= high)
         else:
-            raise ArgumentError(f"--steps: {part!r} is not a step, a range A-B, or 'all'")
+            raise ArgumentError(f"--steps: {part!r} is not a step, a range A-B, first, last, or 'all'")
     if not wanted:
         raise ArgumentError(f"--steps: {spec!r} selects no checkpoint (have {sorted(by_step)})")
     return [by_step[s] for s in sorted(wanted)]

@@ -17,20 +17,23 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
-from torchtitan.tools.logging import logger
+from torchtitan.tools.logging import init_logger, logger
 
 from ..components import titan_compat
 from ..config.schema import Dispersion
 from ..data.packed import run_encoder, run_seed
 from ..job_config.checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
+from ..models.fsdp import sync_last_microbatch
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
+from ..run_folder.origin import start_record
 from ..run_folder.owners import outside_folders, record_run_folders
 from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
+from .loss_scale import released_scales
 from .objective import DispersionObjective
 from .preemption import Preemption, leave_with_own_status, secondary_failure_status
 from .seeds import mixed_seed
@@ -113,6 +116,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         # Micro-batch m of this rank is chunk m·W + r of the global batch (data.layout).
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
+        self.microbatches = self.step_metrics.global_batch_size // (
+            job_config.training.local_batch_size * self.chunk_stride)
         self.seed = seed
         self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
@@ -130,7 +135,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                               dataclasses.asdict(job_config.dispersion), seed,
                               baseline=dataclasses.asdict(job_config.baseline),
                               tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps,
-                              settings=settings, forked_from=fork_record(job_config), paths=self.outside_folders)
+                              settings=settings, forked_from=fork_record(job_config),
+                              started_from=start_record(job_config), paths=self.outside_folders)
 
     def dispersion_objective(self, cfg: Dispersion) -> DispersionObjective:
         """The term of ``cfg`` (a ``[dispersion]`` section) for this trainer's model, global batch,
@@ -215,17 +221,24 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         with_stats = self.metrics_processor.should_log(self.step)
         chunk = self.microbatch * self.chunk_stride + self.chunk_offset
         self.microbatch += 1
+        sync_last_microbatch(model, self.microbatch, self.microbatches)
         if self.has_dropout:
             self._seed_dropout(chunk)
         with self.maybe_enable_amp:
             logits = model(inputs, **model_kwargs)
-            ce = self.loss_fn(logits, labels) / global_valid_tokens
+            ce_sum = self.loss_fn(logits, labels)
+            ce = ce_sum / global_valid_tokens
             del logits
             with record_function("dispersion_titan.dispersion"):  # bench/profile_step.py's group
                 term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
         # Backward through both terms without adding them: a loss-parallel CE is a
         # DTensor and cannot be summed with a plain tensor.
-        torch.autograd.backward([ce] if term.weighted is None else [ce, term.weighted])
+        if self.job_config.training.loss_scale == "as_released":  # logged as the mean all the same
+            tokens, factor = released_scales(labels, self.chunk_stride, self.step_metrics.global_batch_size)
+            terms = [ce_sum / tokens] + ([] if term.weighted is None else [term.weighted * factor])
+        else:
+            terms = [ce] + ([] if term.weighted is None else [term.weighted])
+        torch.autograd.backward(terms)
         ce_value = _local(ce.detach())
         loss = ce_value + term.step_coeff * term.unweighted
         self.step_metrics.add(ce_value, term.unweighted, loss, term.block_cosine_sums)
@@ -241,12 +254,30 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         torch.manual_seed(mixed_seed(self.seed, self.step, chunk, self.tp_rank))
 
 
+def _main(job_config: RunConfig) -> None:
+    """What ``torchtitan.train.main(DispersionTrainer)`` does, on the config already parsed and
+    checked (its own ``main`` would parse ``sys.argv`` again): build, train (or write the seed
+    checkpoint), close, leave the process group. Only the Trainer's public API."""
+    init_logger()
+    trainer = DispersionTrainer(job_config)
+    try:
+        if job_config.checkpoint.create_seed_checkpoint:  # checks.check_checkpoint: one process, enabled
+            trainer.checkpointer.save(curr_step=0, last_step=True)
+            logger.info("Created seed checkpoint")
+        else:
+            trainer.train()
+    finally:
+        trainer.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def train(job_config: RunConfig) -> None:
-    """TorchTitan's ``main`` with ``DispersionTrainer`` on the checked ``job_config``. A rank that
-    fails only because another rank failed, or because the job is being stopped, exits with its
+    """TorchTitan's training ``main`` with ``DispersionTrainer`` on the checked ``job_config``. A rank
+    that fails only because another rank failed, or because the job is being stopped, exits with its
     status and no traceback: the launcher names the rank that failed first."""
     try:
-        titan_compat.train_main(DispersionTrainer, job_config)
+        _main(job_config)
     except DispersionTitanError:  # said in one line by the command
         raise
     except Exception as e:

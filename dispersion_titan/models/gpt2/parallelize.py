@@ -1,5 +1,5 @@
 """Tensor parallel (with sequence parallel), activation checkpointing, torch.compile and
-FSDP2 for GPT-2, in the order TorchTitan's llama3 applies them.
+FSDP2 (or DDP, its gradients summed) for GPT-2, in the order TorchTitan's llama3 applies them.
 
 Differences from llama3 that matter: the learned position embedding, LayerNorm biases
 and Linear biases are all covered by the TP plan, and the weight tie between token
@@ -26,7 +26,7 @@ from torchtitan.models.llama3.infra.parallelize import apply_compile, apply_ddp
 from torchtitan.tools.logging import logger
 
 from ...components import titan_compat
-from ..fsdp import shard_keeping_the_tie
+from ..fsdp import shard_keeping_the_tie, sum_gradients
 from .model import GPT2
 
 
@@ -52,8 +52,9 @@ def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobCo
 
     if parallel_dims.fsdp_enabled:
         shard_keeping_the_tie(model, parallel_dims, job_config)
-    elif parallel_dims.dp_replicate_enabled:
+    elif parallel_dims.dp_replicate_enabled:  # replicated parameters: TorchTitan computes under autocast
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
+        sum_gradients(model, parallel_dims)
     return model
 
 

@@ -32,10 +32,22 @@ OLMO = "allenai/Olmo-3-1025-7B"
 """Fig. 4's model; its revisions are its hub branches (listed at run time, or ``--revisions``)."""
 FIG4_REVISIONS = 8
 """Branches analysed by default: evenly spaced from the first to the last pre-training step."""
-MLP_WIDTH_CONFIGS = tuple(f"train_configs/gpt2_small_mlp{w}.toml" for w in (768, 1536, 3072, 6144))
+FIG3_WIDTHS = (768, 1536, 3072, 6144)
+"""fig3's MLP widths (ours: the paper records none)."""
+FIG3_PRESETS: dict[str, tuple[tuple[str, str], bool]] = {
+    # name -> ((cross-entropy config, angular_spread config), one config per width ({width}) or --model.mlp_hidden_dim)
+    "paper": (("train_configs/paper/fig3_gpt2_small.toml", "train_configs/paper/fig3_gpt2_small_angular_spread.toml"),
+              False),
+    "ours": (("train_configs/gpt2_small_mlp{width}.toml", "train_configs/gpt2_small_mlp{width}_angular_spread.toml"),
+             True),
+}
+"""``paper fig3 --preset``: the authors' pretrain_toy_gpt2.py defaults (the paper's), or our sweep on the
+embedded Wikipedia sample."""
+FIG3_SEQ_LEN = 1024
+"""fig3's tokens per text: ``plot_heatmaps.py --max_length 1024`` (the other figures: 512)."""
 REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
-"""Models that ship their own modelling code: analysed with ``--trust-remote-code`` (the
-authors load every model with ``trust_remote_code=True``)."""
+"""Models that ship their own modelling code: analysed only when the user passes
+``--trust-remote-code`` (the authors load every model with ``trust_remote_code=True``)."""
 CORPORA: dict[str, str | None] = {
     # name -> our registered dataset (--dataset), or None: give a jsonl with --corpus NAME=FILE
     "wikitext-103": "wikitext-103", "pubmed_qa": None, "imdb": None, "squad": None,
@@ -102,13 +114,16 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
              "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
              "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
              "with the family statistic (Spearman of size vs last-3-layer mean cosine)",
-             "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items()),
+             "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items())
+             + " (Qwen only with --trust-remote-code: it ships its own modelling code)",
              _hours(tuple(m for models in SIZE_SERIES.values() for m in models))),
     Artifact("fig3", "Fig. 3: MLP width only",
-             "analyze RUN (its last checkpoint) per run; heatmaps and the width trend",
-             f"the four runs of {', '.join(MLP_WIDTH_CONFIGS)} (GPT-2 small shape, MLP width 768 to 6144; "
-             "trained by python -m dispersion_titan.sweep, given with --models RUN ...)",
-             "training: the four GPT-2-small runs (see docs/reproduction.md); analysis ~0.1 GPU-hours "
+             "train the preset (--slurm), then analyze RUN --steps first,last per width at 1024 tokens; a row of "
+             "heatmaps and the width trend for the first and for the last checkpoint (plot_heatmaps.py)",
+             f"{' and '.join(FIG3_PRESETS['paper'][0])} at MLP width {', '.join(map(str, FIG3_WIDTHS))} (GPT-2 "
+             "small shape; per width the dispersion run, as the authors' pick); --preset ours: "
+             "train_configs/gpt2_small_mlp*.toml; --models RUN ... for runs trained elsewhere",
+             "training: eight GPT-2-small runs of 2.5B tokens (see docs/reproduction.md); analysis ~0.1 GPU-hours "
              "(estimate, not measured)"),
     Artifact("fig4", "Fig. 4: condensation from initialization",
              "analyze hf:MODEL@REV1,...; one heatmap per revision, annotated with its tokens seen, and the "

@@ -67,16 +67,23 @@ def _missing(plan: Plan, model: Model, what: str) -> MissingInput:
                         f"(or this command without --draw-only)")
 
 
+FIG3_ROWS = ("first checkpoint", "last checkpoint")
+"""fig3's rows, as the authors' plot_heatmaps.py draws them."""
+
+
 def _entries(plan: Plan, model: Model) -> list[Entry]:
     found = read_analyses(model.out)
+    if plan.artifact == "fig3":  # its first and last checkpoints: the earliest and latest step analysed
+        steps = sorted(found[name].step for name in found if name.startswith("step-"))
+        if len(steps) < 2:
+            raise _missing(plan, model, f"{model.label}'s first and last checkpoints")
+        return [Entry(f"MLP {found[f'step-{step}'].mlp_width}", row, found[f"step-{step}"])
+                for row, step in zip(FIG3_ROWS, (steps[0], steps[-1]), strict=True)]
     if model.steps is not None:
         folder = f"step-{model.steps}"
         if folder not in found:
             raise _missing(plan, model, f"{model.label} step {model.steps}")
-        result = found[folder]
-        if plan.artifact == "fig3":
-            return [Entry(f"MLP {result.mlp_width}", model.row or "MLP width", result)]
-        return [Entry(model.label, model.row or "runs", result)]
+        return [Entry(model.label, model.row or "runs", found[folder])]
     body = model.target[len(HF):]
     revisions = body.rpartition("@")[2].split(",") if "@" in body else [None]
     entries = []

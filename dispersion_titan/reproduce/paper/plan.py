@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from ...run_folder.checkpoints import RUN_METADATA_FILE, find_checkpoint_folder, list_checkpoints
 from ...utils.errors import ArgumentError, CheckpointError
-from . import catalog
+from . import catalog, fig3
 
 HF = "hf:"
 ANALYZE_OPTIONS = ("texts", "dataset", "dataset_path", "num_sequences", "seq_len", "seed", "protocol", "batch_size",
@@ -48,20 +48,23 @@ class Model:
     steps: str | None = None
     """``--steps`` for a run: its last checkpoint."""
     trust_remote_code: bool = False
-    """Loaded with ``--trust-remote-code`` (a model that ships its own code)."""
+    """Loaded with ``--trust-remote-code``: only when the user passed it."""
 
 
 @dataclass(frozen=True)
 class Step:
     command: str
-    """``analyze`` or ``evaluate`` (``python -m dispersion_titan.COMMAND``)."""
+    """``analyze`` or ``evaluate`` (``python -m dispersion_titan.COMMAND``), or ``train`` (``launch/train.sh``)."""
     argv: list[str]
     label: str
+    after: tuple[int, ...] = ()
+    """Indices of the plan's steps this one waits for (a Slurm dependency)."""
 
     def shell(self) -> str:
         import shlex
 
-        return " ".join(["python", "-m", f"dispersion_titan.{self.command}", *map(shlex.quote, self.argv)])
+        command = ["launch/train.sh"] if self.command == "train" else ["python", "-m", f"dispersion_titan.{self.command}"]
+        return " ".join([*command, *map(shlex.quote, self.argv)])
 
 
 @dataclass
@@ -74,6 +77,10 @@ class Plan:
     """fig5: (base, distilled) indices into ``models``."""
     runs: list[str] = field(default_factory=list)
     """table2: the ``evaluate table`` specs (``RUN`` or ``ARM=RUN1,RUN2``)."""
+    left_out: list[str] = field(default_factory=list)
+    """The paper's models left out because they ship their own code and ``--trust-remote-code`` was not given."""
+    notes: list[str] = field(default_factory=list)
+    """What the command says before it runs (fig3: which run it takes of a width)."""
 
 
 def safe_name(text: str) -> str:
@@ -112,7 +119,29 @@ def model_of(text: str, analyses: str, row: str | None = None, size_b: float | N
     model = target[len(HF):].rpartition("@")[0] or target[len(HF):]
     label = os.path.basename(os.path.normpath(model))
     return Model(target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label,
-                 size_b, trust_remote_code=model in catalog.REMOTE_CODE)
+                 size_b)
+
+
+def ships_code(model: Model) -> bool:
+    """One of the paper's models that runs only with its own modelling code (``catalog.REMOTE_CODE``)."""
+    return model.target.startswith(HF) and model.target[len(HF):].partition("@")[0] in catalog.REMOTE_CODE
+
+
+def with_remote_code(models: list[Model], pairs: list[tuple[int, int]], options: dict, given: bool
+                     ) -> tuple[list[Model], list[tuple[int, int]], list[str]]:
+    """Remote code runs only when asked (``--trust-remote-code``): then every given ``hf:`` model, or
+    the paper's models that ship code, get it. Without it, given models that ship code are refused
+    in one line; the paper's own are left out (returned last, with ``pairs`` renumbered)."""
+    if options.get("trust_remote_code"):
+        return [replace(m, trust_remote_code=m.target.startswith(HF) if given else ships_code(m))
+                for m in models], pairs, []
+    needing = [m.target[len(HF):] for m in models if ships_code(m)]
+    if needing and given:
+        raise ArgumentError(f"--models: {', '.join(needing)} run only with their own modelling code: add "
+                            "--trust-remote-code to run it, or leave them out")
+    kept = {i: n for n, i in enumerate(i for i, m in enumerate(models) if not ships_code(m))}
+    return ([models[i] for i in kept], [(kept[a], kept[b]) for a, b in pairs if a in kept and b in kept],
+            needing)
 
 
 def analyze_step(model: Model, analyze_args: list[str]) -> Step:
@@ -142,10 +171,6 @@ def _default_models(artifact: str, analyses: str) -> tuple[list[Model], list[tup
         return bases + distilled, [(i, n + i) for i in range(n)]
     if artifact == "robustness":
         return [model_of(m, analyses, None, catalog.size_b(m)) for m in catalog.GPT2_HUB_IDS], []
-    if artifact == "fig3":
-        configs = ", ".join(catalog.MLP_WIDTH_CONFIGS)
-        raise MissingInput(f"fig3: give the four MLP-width runs with --models RUN ... (train them from {configs}: "
-                           "python -m dispersion_titan.sweep SPEC with those widths, or launch/train.sh CONFIG)")
     raise MissingInput("table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
                        "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each)")
 
@@ -208,6 +233,8 @@ def build(artifact: str, options: dict) -> Plan:
     """The plan of ``artifact`` under ``options`` (the parsed command line, by dest)."""
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
+    if options.get("preset") and artifact != "fig3":
+        raise ArgumentError("--preset: only for fig3")
     if artifact == "table2":
         if options.get("trust_remote_code"):
             raise ArgumentError("--trust-remote-code: only for the analysing artifacts (table2 evaluates our runs)")
@@ -220,7 +247,8 @@ def build(artifact: str, options: dict) -> Plan:
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
         return Plan(artifact, out, steps, runs=list(specs))
-    options = {**options, **{k: v for k, v in PAPER_DEFAULTS.items() if options.get(k) is None}}
+    defaults = {**PAPER_DEFAULTS, **({"seq_len": catalog.FIG3_SEQ_LEN} if artifact == "fig3" else {})}
+    options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
         raise ArgumentError(f"--protocol: {options['protocol']!r} is analyze's paper (the default) or default "
                             "for this artifact")
@@ -230,12 +258,12 @@ def build(artifact: str, options: dict) -> Plan:
     if options.get("corpus") and artifact != "robustness":
         raise ArgumentError("--corpus: only for robustness")
     if artifact == "fig4":
-        model = _fig4_model(options, analyses)
+        (model,), _, _ = with_remote_code([_fig4_model(options, analyses)], [], options, given=True)
         return Plan(artifact, out, [analyze_step(model, analyze_args)], [model])
+    if artifact == "fig3":
+        return _fig3_plan(options, analyses, analyze_args)
     if options.get("models"):
         models = [model_of(m, analyses, size_b=catalog.SIZES_B.get(m.rsplit("/", 1)[-1])) for m in options["models"]]
-        if options.get("trust_remote_code"):
-            models = [replace(m, trust_remote_code=m.target.startswith(HF)) for m in models]
         pairs = []
         if artifact == "fig5":
             if len(models) % 2:
@@ -245,6 +273,7 @@ def build(artifact: str, options: dict) -> Plan:
             pairs = [(i, n + i) for i in range(n)]
     else:
         models, pairs = _default_models(artifact, analyses)
+    models, pairs, left_out = with_remote_code(models, pairs, options, given=bool(options.get("models")))
     if artifact == "robustness":
         if options.get("texts") or options.get("dataset"):
             raise ArgumentError("--texts/--dataset: robustness sets them per corpus; use --corpus NAME=SOURCE")
@@ -257,8 +286,51 @@ def build(artifact: str, options: dict) -> Plan:
                 rows.append(placed)
                 argv = analyze_step(placed, [*inputs, *shared]).argv
                 steps.append(Step("analyze", argv, f"{m.label} on {name}"))
-        return Plan(artifact, out, steps, rows)
-    return Plan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs)
+        return Plan(artifact, out, steps, rows, left_out=left_out)
+    return Plan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs, left_out=left_out)
+
+
+def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> Plan:
+    """fig3: per MLP width one run (the authors' pick among ``--models``, or among the preset's runs
+    under ``DIR/runs``), analysed at its first and last checkpoints. With ``--slurm`` the preset's
+    runs not trained yet are trained first, and each width's dispersion run is the one analysed."""
+    out, preset = options["out"], options.get("preset") or "paper"
+    if options.get("models"):
+        runs = [model_of(m, analyses).target for m in options["models"]]
+        for run in runs:
+            if not fig3.checkpoint_steps(run):
+                raise MissingInput(f"--models: {run}: not a run with checkpoints")
+        return _fig3_analyses(out, fig3.authors_pick(runs), analyze_args)
+    sweep = fig3.preset_runs(preset, os.path.join(out, "runs"))
+    if options.get("slurm") and not options.get("draw_only"):
+        steps = [Step("train", run.train_argv, os.path.basename(run.folder)) for run in sweep
+                 if not fig3.is_trained(run)]
+        for step in steps:
+            if not os.path.isfile(step.argv[0]):
+                raise MissingInput(f"fig3: {step.argv[0]}: not here; run from the repository's root, which holds "
+                                   "the preset's configs")
+        trained_by = {step.argv[-1]: i for i, step in enumerate(steps)}  # the run folder -> its training step
+        plan = _fig3_analyses(out, {run.width: (run.folder, []) for run in sweep if run.dispersion}, analyze_args)
+        plan.steps = [*steps, *(replace(step, after=(trained_by[step.argv[0]],) if step.argv[0] in trained_by else ())
+                                for step in plan.steps)]
+        return plan
+    found = [run.folder for run in sweep if fig3.checkpoint_steps(run.folder)]
+    missing = sorted({run.width for run in sweep} - {fig3.mlp_width(run) for run in found})
+    if missing:
+        run = next(run for run in sweep if run.width == missing[0])
+        raise MissingInput(f"fig3: no run of MLP width {missing[0]} in {os.path.dirname(run.folder)}: add --slurm to "
+                           f"train the preset first, or train it: {Step('train', run.train_argv, '').shell()} "
+                           "(or give runs with --models)")
+    return _fig3_analyses(out, fig3.authors_pick(found), analyze_args)
+
+
+def _fig3_analyses(out: str, chosen: dict[int, tuple[str, list[str]]], analyze_args: list[str]) -> Plan:
+    """The analyses of the runs ``chosen`` per width (width -> (run, the others of its width))."""
+    analyses = os.path.join(out, ANALYSES)
+    models = [Model(run, os.path.join(analyses, safe_name(os.path.basename(run))), None, f"MLP {width}",
+                    steps="first,last") for width, (run, _) in chosen.items()]
+    notes = [fig3.pick_note(width, run, others) for width, (run, others) in chosen.items() if others]
+    return Plan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes)
 
 
 def check_devices(plan: Plan, options: dict, cuda: bool) -> None:

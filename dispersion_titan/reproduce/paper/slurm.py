@@ -1,6 +1,7 @@
 """``--slurm``: the plan's commands as jobs of the package's sbatch scripts
-(``launch_scripts/slurm/analyze.sbatch``, ``evaluate.sbatch``), and a last job (``paper.sbatch``)
-that draws the artifact once all of them succeeded (``--dependency=afterok``)."""
+(``launch_scripts/slurm/analyze.sbatch``, ``evaluate.sbatch``, fig3's ``train.sbatch``; a job
+waits for the ones its step names, ``Step.after``), and a last job (``paper.sbatch``) that draws
+the artifact once all of them succeeded (``--dependency=afterok``)."""
 
 from __future__ import annotations
 
@@ -48,8 +49,9 @@ def script(plan: Plan, lines: list[list[str]]) -> str:
     """``--dry-run``: the submission as a bash script, each job id in a variable."""
     out = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", python_line(),
            f"mkdir -p {shlex.quote(plan.out)}/logs"]
-    for i, argv in enumerate(lines[:-1], start=1):
-        out.append(f"job_{i}=$({shlex.join(argv)})")
+    for i, (argv, step) in enumerate(zip(lines[:-1], plan.steps, strict=True), start=1):
+        waits = _with_dependency(argv, [f"$job_{j + 1}" for j in step.after])
+        out.append(f"job_{i}=$({' '.join(a if a.startswith('--dependency=') else shlex.quote(a) for a in waits)})")
     ids = [f"$job_{i}" for i in range(1, len(lines))]
     draw = _with_dependency(lines[-1], ids)
     out.append(" ".join(a if a.startswith("--dependency=") else shlex.quote(a) for a in draw))
@@ -62,8 +64,8 @@ def submit(plan: Plan, lines: list[list[str]]) -> list[str]:
     ids: list[str] = []
     env = submission_env()
     for i, argv in enumerate(lines):
-        proc = subprocess.run(_with_dependency(argv, ids) if i == len(lines) - 1 else argv,
-                              capture_output=True, text=True, env=env)
+        waits = ids if i == len(lines) - 1 else [ids[j] for j in plan.steps[i].after]
+        proc = subprocess.run(_with_dependency(argv, waits), capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
             done = " ".join(ids)

@@ -3,10 +3,11 @@ measurements (``paper``), what the numbers are, and where every file is."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from ...run_folder.outputs import format_table
-from .findings import Finding
+from .findings import AGREES, DISAGREES, NOISE, Finding
 from .findings import markdown as findings_markdown
 from .summary import RunCondensation, late_blocks, table_rows
 
@@ -15,7 +16,8 @@ def summary_markdown(runs: list[RunCondensation], found: Sequence[Finding], setu
                      files: Sequence[tuple[str, str]]) -> str:
     first = runs[0].final
     late = ", ".join(layer.name for layer in late_blocks(first))
-    agree = sum(f.agrees for f in found)
+    counts = Counter(f.verdict for f in found)
+    tally = ", ".join(f"{counts[v]} {v}" for v in (NOISE, DISAGREES) if counts[v])
     lines = [
         "# Embedding condensation: MLP width × dispersion loss, against the paper",
         "",
@@ -25,7 +27,8 @@ def summary_markdown(runs: list[RunCondensation], found: Sequence[Finding], setu
         format_table(table_rows(runs)),
         "```",
         "",
-        f"## The paper's findings, measured here: {agree} of {len(found)} agree",
+        f"## The paper's findings, measured here: {counts[AGREES]} of {len(found)} agree"
+        + (f"; {tally}" if tally else ""),
         "",
         *findings_markdown(found),
         f"late cos = off-diagonal mean cosine (mean_cos_offdiag) between the tokens of one sequence, averaged "

@@ -1,120 +1,225 @@
-"""``summary.png``: one panel per finding of the paper, the measurement drawn and the
-paper's expected direction and the verdict written beside it."""
+"""``summary.png``: the measurements behind the paper's four findings, in two rows that never
+share an axis: the init panel (GPT-2 small's shape at step 0) above, the trained toy models
+below, each row with one key. Each panel's title gives the verdict of what it draws; the
+top right panel writes every verdict with its effect and seed spread. Colour and marker
+are the MLP width; solid lines and filled markers the baseline, dashed and open the
+dispersion loss; the extra seeds are dotted, the band or bar between the seeds shaded."""
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Sequence
 
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator, NullLocator
+import numpy as np
+from matplotlib.figure import Figure, SubFigure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter
 
 from ...analysis.condensation_schema import Condensation
 from ...analysis.statistics import layer_fraction
 from ...run_folder.outputs import headless_pyplot, save_png
-from .findings import Finding, panel_shape
+from .findings import AGREES, DISAGREES, Finding, Part, panel_shape
+from .init_panel import InitPanel
 from .summary import RunCondensation, late_cos
 
 plt = headless_pyplot()
 
-YLABEL = "late-block mean_cos_offdiag"
-# Cosines lie in [-0.05, 1]; the space above 1 holds the verdict box, which so never covers a curve.
-YLIM = (-0.05, 1.75)
-YTICKS = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-# Every legend right of its panel: never on a curve.
-BESIDE = {"fontsize": "x-small", "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}
-# A measurement this short (the validation losses) is written in the box; longer ones are the curves.
-WRITTEN_CHARS = 70
+LATE = "late-block mean_cos_offdiag"
+VERDICT_COLOURS = {AGREES: "tab:green", DISAGREES: "tab:red"}  # else: within noise
+NOISE_COLOUR = "darkorange"
+MARKERS = "osD^vP"
+DODGE = 0.07
+"""Blocks are categories: each width's points sit this far apart, so equal values stay visible."""
 
 
-def _verdict(agrees: bool) -> str:
-    return "agrees" if agrees else "disagrees"
+def _colours(widths: Sequence[int]) -> dict[int, tuple]:
+    """One colour per width, in order of width."""
+    shades = plt.cm.viridis(np.linspace(0.0, 0.85, len(widths)))
+    return {w: tuple(c) for w, c in zip(sorted(widths), shades)}
 
 
-def _annotate(ax: plt.Axes, finding: Finding) -> None:
-    """The question, and above the curves the paper's direction and the verdict, with each
-    deciding measurement's own verdict where there are several."""
-    ax.set_title("\n".join(textwrap.wrap(finding.question, 40)), fontsize="medium")
-    lines = textwrap.wrap(f"paper: {finding.paper}", 56) + [f"here: {_verdict(finding.agrees)}"]
-    deciding = [part for part in finding.parts if part.decides]
-    if len(deciding) > 1:
-        for part in deciding:
-            detail = f" ({part.measured})" if len(part.measured) <= WRITTEN_CHARS else ""
-            lines += textwrap.wrap(f"- {part.scope}{detail}: {_verdict(part.agrees)}", 56, subsequent_indent="  ")
-    ax.text(0.02, 0.98, "\n".join(lines), transform=ax.transAxes, va="top", fontsize="x-small",
-            bbox={"boxstyle": "round", "facecolor": "honeydew" if finding.agrees else "mistyrose", "alpha": 0.9})
-    ax.set_ylim(*YLIM)
-    ax.set_yticks(YTICKS)
-    ax.grid(alpha=0.3)
+def _style(widths: Sequence[int]) -> dict[int, dict]:
+    colours = _colours(widths)
+    return {w: {"color": colours[w], "marker": MARKERS[i % len(MARKERS)]} for i, w in enumerate(sorted(widths))}
 
 
-def _tick_labels(ticks: Sequence[int]) -> list[str]:
-    """Width labels on a log2 axis; a label less than an octave from the one before drops a line
-    (768 and 1024 side by side would overlap)."""
-    labels, lowered = [], False
-    for i, tick in enumerate(ticks):
-        lowered = i > 0 and tick < 2 * ticks[i - 1] and not lowered
-        labels.append(("\n" if lowered else "") + str(tick))
-    return labels
+def _title(ax: plt.Axes, number: int, finding: Finding, part: Part, when: str) -> None:
+    """The finding, and the verdict of the part the panel draws, in its colour."""
+    ax.set_title(f"{number}. {finding.question}\n{when}: {part.verdict}", fontsize="medium",
+                 color=VERDICT_COLOURS.get(part.verdict, NOISE_COLOUR))
 
 
-def _depth(ax: plt.Axes, panel: dict[int, Condensation]) -> None:
-    for width, result in sorted(panel.items()):
-        fractions = [layer_fraction(layer.index, len(result.layers)) for layer in result.layers]
-        ax.plot(fractions, [layer.mean_cos_offdiag for layer in result.layers], marker=".", label=f"MLP {width}")
-    ax.set(xlabel=f"layer fraction ({panel_shape(panel)}, step 0)", ylabel="mean_cos_offdiag")
-    ax.legend(**BESIDE)
-
-
-def _widths(ax: plt.Axes, panel: dict[int, Condensation], toy: Sequence[RunCondensation]) -> None:
-    widths = sorted(panel)
-    ax.plot(widths, [late_cos(panel[w]) for w in widths], marker="o", label=f"{panel_shape(panel)}, step 0")
-    if toy:
-        ax.plot([r.width for r in toy], [late_cos(r.final) for r in toy], marker="s",
-                label=f"toy, step {toy[0].final.step}")
+def _width_axis(ax: plt.Axes, widths: Sequence[int]) -> None:
     ax.set_xscale("log", base=2)
-    ticks = sorted(set(widths) | {r.width for r in toy})
-    ax.set_xticks(ticks, _tick_labels(ticks))
+    ax.set_xticks(list(widths), [str(w) for w in widths])
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set(xlabel="MLP hidden width", ylabel=YLABEL)
-    ax.legend(**BESIDE)
+    ax.set_xlabel("MLP hidden width")
+    ax.margins(x=0.08)
 
 
-def _training(ax: plt.Axes, toy: Sequence[RunCondensation]) -> None:
-    for run in toy:
-        steps = sorted(run.trajectory)
-        ax.plot(steps, [run.trajectory[s] for s in steps], marker=".", label=f"toy MLP {run.width}")
-    ax.set(xlabel="training step (baseline runs)", ylabel=YLABEL)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
-    ax.legend(**BESIDE)
+def _seed_range(ax: plt.Axes, x: float, values: Sequence[float], colour) -> None:
+    """The values of several seeds at one point: a bar from the lowest to the highest."""
+    ax.errorbar([x], [np.mean(values)], yerr=[[np.mean(values) - min(values)], [max(values) - np.mean(values)]],
+                fmt="none", ecolor=colour, elinewidth=2, capsize=5, zorder=3)
 
 
-def _dispersion(ax: plt.Axes, runs: Sequence[RunCondensation], seed: int) -> None:
-    for run in (r for r in runs if r.seed == seed):
-        blocks = [layer for layer in run.final.layers if layer.name.startswith("block_")]
-        ax.plot(range(1, len(blocks) + 1), [b.mean_cos_offdiag for b in blocks], marker=".",
-                linestyle="-" if run.is_baseline else "--",
-                label=f"MLP {run.width}, {'baseline' if run.is_baseline else run.dispersion}")
-    ax.set(xlabel=f"block (toy, step {runs[0].final.step})", ylabel="mean_cos_offdiag")
-    ax.set_xticks(range(1, len(blocks) + 1))  # blocks are whole numbers
-    ax.legend(**BESIDE)
+def _init_depth(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
+    """Finding 1: the cosine against depth at step 0, per width (the extra seeds dotted)."""
+    def draw(result: Condensation, **kwargs) -> None:
+        fractions = [layer_fraction(layer.index, len(result.layers)) for layer in result.layers]
+        ax.plot(fractions, [layer.mean_cos_offdiag for layer in result.layers], markersize=4, **kwargs)
+
+    for width, result in sorted(panel.widths.items()):
+        draw(result, label=f"MLP {width}", **style[width])
+    narrowest, seeds = min(panel.widths), list(panel.seeds)
+    for seed in seeds[1:]:
+        draw(panel.seeds[seed], linestyle=":", **style[narrowest])
+    ax.set(xlabel="layer fraction (0: embedding, 1: final norm)", ylabel="mean_cos_offdiag")
 
 
-def findings_figure(panel: dict[int, Condensation], runs: Sequence[RunCondensation], found: Sequence[Finding],
+def _init_width(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
+    """Finding 2 at initialization: the late-block cosine against width, the seed spread as a bar."""
+    widths = sorted(panel.widths)
+    ax.plot(widths, [late_cos(panel.widths[w]) for w in widths], color="0.4", zorder=1)
+    for w in widths:
+        ax.plot([w], [late_cos(panel.widths[w])], linestyle="", markersize=7, **style[w])
+    if len(panel.seeds) > 1:
+        _seed_range(ax, widths[0], [late_cos(r) for r in panel.seeds.values()], style[widths[0]]["color"])
+    _width_axis(ax, widths)
+    ax.set_ylabel(LATE)
+
+
+def _verdicts(ax: plt.Axes, found: Sequence[Finding], key: str) -> None:
+    """Every finding's verdict, each deciding measurement's effect against its seed spread, and
+    below them the key to the panels."""
+    ax.axis("off")
+    y = 1.0
+    for number, finding in enumerate(found, start=1):
+        head = textwrap.fill(f"{number}. {finding.question} {finding.verdict}", 58)
+        ax.text(0.0, y, head, transform=ax.transAxes, va="top", fontsize="small", weight="bold",
+                color=VERDICT_COLOURS.get(finding.verdict, NOISE_COLOUR))
+        y -= 0.065 * (head.count("\n") + 1)
+        for part in (p for p in finding.parts if p.decides):
+            line = textwrap.fill(f"{part.scope}: {part.verdict} ({part.noise})", 68, initial_indent="  ",
+                                 subsequent_indent="    ")
+            ax.text(0.0, y, line, transform=ax.transAxes, va="top", fontsize="x-small")
+            y -= 0.055 * (line.count("\n") + 1)
+        y -= 0.03
+    ax.text(0.0, y, textwrap.fill(key, 80), transform=ax.transAxes, va="top", fontsize="x-small", color="0.3")
+
+
+def _toy_width(ax: plt.Axes, runs: Sequence[RunCondensation], toy: Sequence[RunCondensation],
+               style: dict[int, dict]) -> None:
+    """Finding 2 after training: the baselines' final late-block cosine against width."""
+    widths = [r.width for r in toy]
+    ax.plot(widths, [late_cos(r.final) for r in toy], color="0.4", zorder=1)
+    for r in toy:
+        ax.plot([r.width], [late_cos(r.final)], linestyle="", markersize=7, **style[r.width])
+    same = [late_cos(r.final) for r in runs if r.is_baseline and r.width == widths[0]]
+    if len(same) > 1:
+        _seed_range(ax, widths[0], same, style[widths[0]]["color"])
+    _width_axis(ax, widths)
+    ax.set_ylabel(f"{LATE}, step {toy[0].final.step}")
+
+
+def _band(ax: plt.Axes, x: Sequence[float], curves: Sequence[Sequence[float]], colour) -> None:
+    """The band between several seeds' curves."""
+    ax.fill_between(x, np.min(curves, axis=0), np.max(curves, axis=0), color=colour, alpha=0.2, linewidth=0)
+
+
+def _toy_training(ax: plt.Axes, runs: Sequence[RunCondensation], toy: Sequence[RunCondensation],
+                  style: dict[int, dict]) -> None:
+    """Finding 3: the baselines' late-block cosine at every checkpoint; ticks at the checkpoints."""
+    steps = sorted(toy[0].trajectory)
+    for r in toy:
+        ax.plot(steps, [r.trajectory[s] for s in steps], markersize=4, **style[r.width])
+    first = toy[0]
+    others = [r for r in runs if r.is_baseline and r.width == first.width and r.seed != first.seed]
+    for r in others:
+        ax.plot(steps, [r.trajectory[s] for s in steps], linestyle=":", markersize=3, **style[r.width])
+    if others:
+        _band(ax, steps, [[r.trajectory[s] for s in steps] for r in (first, *others)], style[first.width]["color"])
+    ax.set_xticks(steps)
+    ax.set(xlabel="training step (checkpoints; baselines)", ylabel=LATE)
+
+
+def _blocks(result: Condensation) -> list[float]:
+    return [layer.mean_cos_offdiag for layer in result.layers if layer.name.startswith("block_")]
+
+
+def _toy_dispersion(ax: plt.Axes, runs: Sequence[RunCondensation], seed: int, style: dict[int, dict]) -> None:
+    """Finding 4: the final cosine per block, baseline (solid) and dispersion (dashed) per width;
+    the widths dodged apart, the extra seeds' band shaded."""
+    widths = sorted({r.width for r in runs})
+    drawn = []
+    for i, width in enumerate(widths):
+        for run in (r for r in runs if r.width == width and r.seed == seed):
+            values = _blocks(run.final)
+            drawn += values
+            x = np.arange(1, len(values) + 1) + DODGE * (i - (len(widths) - 1) / 2)
+            ax.plot(x, values, linestyle="-" if run.is_baseline else "--", markersize=5,
+                    markerfacecolor=style[width]["color"] if run.is_baseline else "none", **style[width])
+            seeds = [r for r in runs if (r.width, r.dispersion) == (width, run.dispersion) and r.seed != seed]
+            if seeds:
+                _band(ax, x, [_blocks(r.final) for r in (run, *seeds)], style[width]["color"])
+    ax.set_xticks(range(1, len(values) + 1))
+    # A dispersed block sits near 0 at every width (the loss's floor): on a linear axis its
+    # widths' small differences vanish under one line; a log axis keeps them apart.
+    if min(drawn) > 0:
+        ax.set_yscale("log")
+        ax.set_ylim(min(drawn) / 1.5, max(drawn) * 1.5)
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_locator(NullLocator())
+    ax.set(xlabel=f"block (step {runs[0].final.step})",
+           ylabel="mean_cos_offdiag" + (" (log scale)" if min(drawn) > 0 else ""))
+
+
+def _key(row: SubFigure, title: str, style: dict[int, dict], extra: list[tuple[str, dict]]) -> None:
+    """The row's title over its key, in one line: the widths, then ``extra`` (label, line style)."""
+    handles = [Line2D([], [], label=f"MLP {w}", **s) for w, s in style.items()]
+    handles += [Line2D([], [], color="0.3", label=label, **kwargs) for label, kwargs in extra]
+    key = row.legend(handles=handles, loc="outside upper center", ncols=len(handles), fontsize="small",
+                     frameon=False, title=title)
+    key.get_title().set_fontweight("bold")
+
+
+def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Sequence[Finding],
                     seed: int) -> Figure:
     toy = sorted((r for r in runs if r.is_baseline and r.seed == seed), key=lambda r: r.width)
-    fig, axes = plt.subplots(2, 2, figsize=(13.5, 8.5), layout="constrained")
-    _depth(axes[0, 0], panel)
-    _widths(axes[0, 1], panel, toy)
-    _training(axes[1, 0], toy)
-    _dispersion(axes[1, 1], runs, seed)
-    for ax, finding in zip(axes.flat, found):
-        _annotate(ax, finding)
-    fig.suptitle("Embedding condensation: the paper's findings, measured")
+    fig = plt.figure(figsize=(16, 9.5), layout="constrained")
+    top, bottom = fig.subfigures(2, 1)
+    init_axes, toy_axes = top.subplots(1, 3), bottom.subplots(1, 3)
+    args = toy[0].final.model_args
+    init_style, toy_style = _style(sorted(panel.widths)), _style(sorted({r.width for r in runs}))
+    trained = f"after {toy[0].final.step} steps"
+    _init_depth(init_axes[0], panel, init_style)
+    _title(init_axes[0], 1, found[0], found[0].parts[0], "at step 0")
+    _init_width(init_axes[1], panel, init_style)
+    _title(init_axes[1], 2, found[1], found[1].parts[0], "at step 0")
+    _verdicts(init_axes[2], found, "A verdict agrees only where the effect exceeds the seed-to-seed spread of "
+              "the same quantity (the bar or band between the seeds at the smallest width).")
+    extra = [f"seed {s}" for s in list(panel.seeds)[1:]]
+    _key(top, f"Init panel, step 0: GPT-2 {panel_shape(panel).removeprefix('init panel: ')}", init_style,
+         [(f"{', '.join(extra)} (MLP {min(panel.widths)})", {"linestyle": ":"})] if extra else [])
+    others = sorted({r.seed for r in runs if r.seed not in (seed, None)})
+    dispersion = next((r.dispersion for r in runs if not r.is_baseline), None)
+    _key(bottom, f"Toy models, trained: dim {args['dim']}, {args['n_layers']} blocks", toy_style,
+         [("baseline", {"marker": "o"}),
+          *([(dispersion, {"marker": "o", "linestyle": "--", "markerfacecolor": "none"})] if dispersion else []),
+          *([(f"seed {', '.join(map(str, others))} (MLP {toy[0].width})", {"linestyle": ":"})] if others else [])])
+    _toy_width(toy_axes[0], runs, toy, toy_style)
+    _title(toy_axes[0], 2, found[1], found[1].parts[-1], trained)
+    _toy_training(toy_axes[1], runs, toy, toy_style)
+    _title(toy_axes[1], 3, found[2], found[2].parts[0], f"steps 0 to {toy[0].final.step}")
+    _toy_dispersion(toy_axes[2], runs, seed, toy_style)
+    _title(toy_axes[2], 4, found[3], found[3].parts[0], trained)
+    for ax in (*init_axes[:2], *toy_axes):
+        ax.grid(alpha=0.3)
     return fig
 
 
-def save_findings_figure(panel: dict[int, Condensation], runs: Sequence[RunCondensation],
-                         found: Sequence[Finding], seed: int, path: str) -> None:
+def save_findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Sequence[Finding],
+                         seed: int, path: str) -> None:
     """Written atomically, like every analysis figure."""
     save_png(findings_figure(panel, runs, found, seed), path)

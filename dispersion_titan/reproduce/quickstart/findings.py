@@ -1,9 +1,11 @@
 """The paper's four findings, each set against what the quickstart measured.
 
 Every ``Finding`` states the direction the paper reports, the direction measured here
-with its numbers, and whether they agree, computed from those numbers only (so a
-changed number changes the verdict). Where a measurement disagrees, ``scale`` says what
-is known to be needed and which config and command test it at that scale.
+with its numbers, and a verdict computed from those numbers only (so a changed number
+changes the verdict): **agrees** only where the effect exceeds the measured seed-to-seed
+spread of the same quantity, **within noise at this scale** where it does not, with both
+numbers. Where a measurement does not agree, ``scale`` says what is known to be needed
+and which config and command test it at that scale.
 
 Two sources of numbers: the init panel (freshly initialised models of GPT-2 small's
 shape, ``init_panel``) and the trained toy sweep (``summary.RunCondensation``).
@@ -11,13 +13,20 @@ shape, ``init_panel``) and the trained toy sweep (``summary.RunCondensation``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...analysis.condensation_schema import Condensation
+from .init_panel import InitPanel
 from .summary import RunCondensation, embedding_cos, late_cos
+
+AGREES, DISAGREES, NOISE = "agrees", "disagrees", "within noise at this scale"
+DIGITS = 3
+"""Effects and spreads are written, and so compared, to this many decimals: the verdict
+follows the numbers a reader sees (an effect of 0.076 against a spread of 0.076 is noise)."""
 
 PRESENT_MARGIN = 0.1
 """Condensation is "present" when the late blocks' off-diagonal cosine exceeds the
@@ -33,9 +42,24 @@ class Part:
     """What was measured, e.g. "GPT-2 small shape, step 0"."""
     measured: str
     """The measured direction with its numbers."""
-    agrees: bool
+    verdict: str
+    """``AGREES``, ``DISAGREES`` or ``NOISE``."""
+    effect: float
+    """Signed so that positive is the paper's direction."""
+    spread: float | None
+    """The seed-to-seed spread of the same quantity; None where unmeasured."""
     decides: bool = True
     """False for context (e.g. the toy model at step 0): shown, but not part of the verdict."""
+
+    @property
+    def agrees(self) -> bool:
+        return self.verdict == AGREES
+
+    @property
+    def noise(self) -> str:
+        """Both numbers, as every verdict is written."""
+        against = "seed spread unmeasured" if self.spread is None else f"seed spread {self.spread:.{DIGITS}f}"
+        return f"effect {self.effect:+.{DIGITS}f}, {against}"
 
 
 @dataclass(frozen=True)
@@ -48,32 +72,76 @@ class Finding:
     """What a disagreement needs, and the config and command that test it at that scale."""
 
     @property
+    def verdict(self) -> str:
+        return combined(part.verdict for part in self.parts if part.decides)
+
+    @property
     def agrees(self) -> bool:
-        return all(part.agrees for part in self.parts if part.decides)
+        return self.verdict == AGREES
+
+
+def judge(effect: float, spread: float | None, threshold: float = 0.0) -> str:
+    """The verdict on ``effect``, signed so that positive is the paper's direction: within noise
+    when no larger than the seed ``spread`` (None: not measured, the sign alone decides),
+    otherwise agrees when above ``threshold``."""
+    if spread is not None and round(abs(effect), DIGITS) <= round(spread, DIGITS):
+        return NOISE
+    return AGREES if effect > threshold else DISAGREES
+
+
+def combined(verdicts: Iterable[str]) -> str:
+    """Several measurements: any disagreement disagrees; agrees only when all agree."""
+    verdicts = list(verdicts)
+    if not verdicts or DISAGREES in verdicts:
+        return DISAGREES
+    return AGREES if all(v == AGREES for v in verdicts) else NOISE
+
+
+def width_steps(values: Sequence[float]) -> list[float]:
+    """How much each widening lowers the cosine (``values`` ordered by width)."""
+    return [a - b for a, b in zip(values, values[1:])]
+
+
+def seed_spread(runs: Sequence[RunCondensation], value: Callable[[RunCondensation], float | None]) -> float | None:
+    """The largest difference in ``value`` between two seeds of the same width and arm; None
+    without a second seed."""
+    groups = defaultdict(list)
+    for run in runs:
+        if (v := value(run)) is not None:
+            groups[run.width, run.dispersion].append(v)
+    gaps = [max(g) - min(g) for g in groups.values() if len(g) > 1]
+    return max(gaps) if gaps else None
+
+
+def init_spread(panel: InitPanel) -> float | None:
+    """The init panel's seed-to-seed spread of the late-block cosine (its narrowest width)."""
+    values = [late_cos(r) for r in panel.seeds.values()]
+    return max(values) - min(values) if len(values) > 1 else None
 
 
 def _values(values: Sequence[float]) -> str:
     return " / ".join(f"{v:.3f}" for v in values)
 
 
-def _decreasing(values: Sequence[float]) -> bool:
-    return len(values) > 1 and bool((np.diff(values) < 0).all())
-
-
 def _trend(values: Sequence[float]) -> str:
-    if _decreasing(values):
+    if len(values) > 1 and (np.diff(values) < 0).all():
         return "wider MLPs condense less"
     if len(values) > 1 and (np.diff(values) > 0).all():
         return "wider MLPs condense more"
     return "no monotone trend with width"
 
 
-def _present(result: Condensation) -> bool:
-    return late_cos(result) - embedding_cos(result) >= PRESENT_MARGIN and (result.spearman or 0) > 0
+def _present(results: Sequence[Condensation], spread: float | None) -> tuple[str, float]:
+    """Condensation present in every one of ``results``: the smallest rise from the embedding to the
+    late blocks, judged against the spread and ``PRESENT_MARGIN``, with the cosine rising with depth."""
+    rise = min(late_cos(r) - embedding_cos(r) for r in results)
+    if not all((r.spearman or 0) > 0 for r in results):
+        return DISAGREES, rise
+    return judge(rise, spread, PRESENT_MARGIN), rise
 
 
-def panel_shape(panel: dict[int, Condensation]) -> str:
-    args = next(iter(panel.values())).model_args
+def panel_shape(panel: InitPanel) -> str:
+    args = next(iter(panel.widths.values())).model_args
     return f"init panel: dim {args['dim']}, {args['n_layers']} blocks"
 
 
@@ -81,23 +149,33 @@ def _baselines(runs: Sequence[RunCondensation], seed: int) -> list[RunCondensati
     return sorted((r for r in runs if r.is_baseline and r.seed == seed), key=lambda r: r.width)
 
 
-def at_initialization(panel: dict[int, Condensation], runs: Sequence[RunCondensation], seed: int) -> Finding:
-    widths = sorted(panel)
-    toy = _baselines(runs, seed)
+def final_spread(runs: Sequence[RunCondensation]) -> float | None:
+    """The toy sweep's seed spread of the final late-block cosine."""
+    return seed_spread(runs, lambda r: late_cos(r.final))
+
+
+def at_initialization(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> Finding:
+    widths = sorted(panel.widths)
+    results = [panel.widths[w] for w in widths]
+    spread = init_spread(panel)
+    verdict, rise = _present(results, spread)
     parts = [Part(
         f"{panel_shape(panel)}, step 0",
-        f"late-block cosine {_values([late_cos(panel[w]) for w in widths])} vs embedding "
-        f"{_values([embedding_cos(panel[w]) for w in widths])} at MLP width {' / '.join(map(str, widths))}; "
-        f"Spearman with depth {_values([panel[w].spearman or 0.0 for w in widths])}",
-        all(_present(panel[w]) for w in widths),
+        f"late-block cosine {_values([late_cos(r) for r in results])} vs embedding "
+        f"{_values([embedding_cos(r) for r in results])} at MLP width {' / '.join(map(str, widths))}; "
+        f"Spearman with depth {_values([r.spearman or 0.0 for r in results])}; the smallest rise from the embedding",
+        verdict, rise, spread,
     )]
+    toy = _baselines(runs, seed)
     if toy:
         args = toy[0].init.model_args
+        toy_spread = seed_spread(runs, lambda r: late_cos(r.init))
+        verdict, rise = _present([r.init for r in toy], toy_spread)
         parts.append(Part(
             f"trained toy model (dim {args['dim']}, {args['n_layers']} blocks), step 0",
             f"late-block cosine {_values([late_cos(r.init) for r in toy])} vs embedding "
-            f"{_values([embedding_cos(r.init) for r in toy])}",
-            all(_present(r.init) for r in toy),
+            f"{_values([embedding_cos(r.init) for r in toy])}; the smallest rise from the embedding",
+            verdict, rise, toy_spread,
             decides=False,
         ))
     return Finding(
@@ -110,19 +188,22 @@ def at_initialization(panel: dict[int, Condensation], runs: Sequence[RunCondensa
     )
 
 
-def with_width(panel: dict[int, Condensation], runs: Sequence[RunCondensation], seed: int) -> Finding:
-    widths = sorted(panel)
-    init = [late_cos(panel[w]) for w in widths]
-    toy = _baselines(runs, seed)
-    final = [late_cos(r.final) for r in toy]
+def with_width(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> Finding:
+    widths = sorted(panel.widths)
+    init = [late_cos(panel.widths[w]) for w in widths]
+    spread = init_spread(panel)
     parts = [Part(f"{panel_shape(panel)}, step 0",
-                  f"{_trend(init)}: late-block cosine {_values(init)} at MLP width {' / '.join(map(str, widths))}",
-                  _decreasing(init))]
+                  f"{_trend(init)}: late-block cosine {_values(init)} at MLP width {' / '.join(map(str, widths))}; "
+                  "the smallest step",
+                  combined(judge(x, spread) for x in width_steps(init)), min(width_steps(init), default=0.0), spread)]
+    toy = _baselines(runs, seed)
     if len({r.width for r in toy}) > 1:
+        final, spread = [late_cos(r.final) for r in toy], final_spread(runs)
         parts.append(Part(
             f"trained toy model, step {toy[0].final.step}",
-            f"{_trend(final)}: {_values(final)} at MLP width {' / '.join(str(r.width) for r in toy)}",
-            _decreasing(final),
+            f"{_trend(final)}: {_values(final)} at MLP width {' / '.join(str(r.width) for r in toy)}; "
+            "the smallest step",
+            combined(judge(x, spread) for x in width_steps(final)), min(width_steps(final)), spread,
         ))
     return Finding(
         "How does it change with MLP width?",
@@ -135,7 +216,8 @@ def with_width(panel: dict[int, Condensation], runs: Sequence[RunCondensation], 
 
 def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
     toy = _baselines(runs, seed)
-    down = [late_cos(r.final) < late_cos(r.init) for r in toy]
+    spread = final_spread(runs)
+    drops = [late_cos(r.init) - late_cos(r.final) for r in toy]
     peaks = [max(r.trajectory.items(), key=lambda item: item[1]) for r in toy]
     return Finding(
         "How does it change with training?",
@@ -145,9 +227,9 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
             f"trained toy model, step 0 → {toy[0].final.step}",
             f"late-block cosine {_values([late_cos(r.init) for r in toy])} → "
             f"{_values([late_cos(r.final) for r in toy])} at MLP width {' / '.join(str(r.width) for r in toy)} "
-            f"(down in {sum(down)} of {len(toy)}; peak {_values([v for _, v in peaks])} at step "
-            f"{'/'.join(str(s) for s, _ in peaks)})",
-            all(down),
+            f"(down in {sum(d > 0 for d in drops)} of {len(toy)}; peak {_values([v for _, v in peaks])} at step "
+            f"{'/'.join(str(s) for s, _ in peaks)}); the smallest fall",
+            combined(judge(d, spread) for d in drops), min(drops), spread,
         ),),
         "a model that condenses at initialization (GPT-2 small's shape, the init panel) and a long pre-training past "
         f"the early collapse onto the unigram distribution: {GPU_TRAINING}; or published checkpoints, "
@@ -155,39 +237,28 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
     )
 
 
-def seed_spread(runs: Sequence[RunCondensation]) -> float | None:
-    """The largest validation-loss difference between two seeds of the same width and arm."""
-    gaps = []
-    for a in runs:
-        for b in runs:
-            same = (a.width, a.dispersion) == (b.width, b.dispersion) and a.seed < b.seed
-            if same and a.val_loss is not None and b.val_loss is not None:
-                gaps.append(abs(a.val_loss - b.val_loss))
-    return max(gaps) if gaps else None
-
-
 def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
     baseline = {r.width: r for r in _baselines(runs, seed)}
     pairs = [(baseline[r.width], r) for r in sorted(runs, key=lambda r: r.width)
              if not r.is_baseline and r.seed == seed and r.width in baseline]
-    lower = [late_cos(d.final) < late_cos(b.final) for b, d in pairs]
+    spread = final_spread(runs)
+    lowered = [late_cos(b.final) - late_cos(d.final) for b, d in pairs]
     last = [(b.final.layers[-2].mean_cos_offdiag, d.final.layers[-2].mean_cos_offdiag) for b, d in pairs]
     parts = [Part(
         f"trained toy model, step {pairs[0][1].final.step}" if pairs else "trained toy model",
         "late-block cosine baseline → dispersion: "
         + ", ".join(f"{late_cos(b.final):.3f} → {late_cos(d.final):.3f} at width {b.width}" for b, d in pairs)
-        + f"; the last block alone: {', '.join(f'{x:.3f} → {y:.3f}' for x, y in last)}",
-        bool(pairs) and all(lower),
+        + f"; the last block alone: {', '.join(f'{x:.3f} → {y:.3f}' for x, y in last)}; the smallest fall",
+        combined(judge(x, spread) for x in lowered), min(lowered, default=0.0), spread,
     )]
     losses = [(b.val_loss, d.val_loss) for b, d in pairs if b.val_loss is not None and d.val_loss is not None]
-    spread = seed_spread(runs)
     if losses:
         base_loss, disp_loss = np.mean(losses, axis=0)
-        noise = f"seed-to-seed spread {spread:.3f}" if spread is not None else "seed-to-seed spread unmeasured"
+        loss_spread = seed_spread(runs, lambda r: r.val_loss)
         parts.append(Part(
             "validation loss (mean over widths)",
-            f"{base_loss:.3f} → {disp_loss:.3f} ({disp_loss - base_loss:+.3f}; {noise})",
-            spread is not None and disp_loss - base_loss <= spread,
+            f"{base_loss:.3f} → {disp_loss:.3f}; the fall",
+            judge(base_loss - disp_loss, loss_spread), base_loss - disp_loss, loss_spread,
         ))
     return Finding(
         "What does the dispersion loss do to it?",
@@ -199,7 +270,7 @@ def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
     )
 
 
-def findings(panel: dict[int, Condensation], runs: Sequence[RunCondensation], seed: int) -> list[Finding]:
+def findings(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> list[Finding]:
     return [at_initialization(panel, runs, seed), with_width(panel, runs, seed), with_training(runs, seed),
             with_dispersion(runs, seed)]
 
@@ -208,9 +279,8 @@ def markdown(found: Sequence[Finding]) -> list[str]:
     """One block per finding: the question, the paper, each measurement and its verdict."""
     lines = []
     for number, finding in enumerate(found, start=1):
-        verdict = "agrees" if finding.agrees else "disagrees"
-        lines += [f"### {number}. {finding.question} — **{verdict}**", "", f"- Paper: {finding.paper}."]
-        lines += [f"- Measured ({part.scope}): {part.measured} — **{'agrees' if part.agrees else 'disagrees'}**"
+        lines += [f"### {number}. {finding.question} — **{finding.verdict}**", "", f"- Paper: {finding.paper}."]
+        lines += [f"- Measured ({part.scope}): {part.measured} ({part.noise}) — **{part.verdict}**"
                   + ("." if part.decides else " (context, not part of the verdict).") for part in finding.parts]
         if not all(part.agrees for part in finding.parts):
             lines.append(f"- Scale needed: {finding.scale}.")

@@ -5,7 +5,8 @@ properties of GPT-2-small-sized models: a toy model (dim 64, 4 blocks) shows nei
 step 0. Measuring a freshly initialised model costs one forward pass and no checkpoint,
 so the quickstart measures GPT-2 small's shape (dim 768, 12 blocks) at several MLP
 widths here, with the same sequences, statistics and ``condensation.json`` format as
-the analysis of a run (step 0, ``checkpoint`` = ``"initialization"``).
+the analysis of a run (step 0, ``checkpoint`` = ``"initialization"``). The narrowest width
+is also measured at the extra seeds, for the seed-to-seed spread the verdicts weigh.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -45,21 +49,35 @@ def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_
                         model_args=dataclasses.asdict(args), n_params=sum(p.numel() for p in model.parameters()))
 
 
-def init_panel(out: str, flavor: str, widths: tuple[int, ...], seed: int, sequences: Sequences,
-               batch_size: int = 4) -> dict[int, Condensation]:
-    """Step-0 condensation of ``flavor`` at each MLP width, as ``out/w{width}/condensation.json``;
-    a width already measured on the same sequences is read back, not measured again."""
+@dataclass(frozen=True)
+class InitPanel:
+    widths: dict[int, Condensation]
+    """Per MLP width, at the main seed."""
+    seeds: dict[int, Condensation]
+    """The narrowest width per seed, the main one first."""
+
+
+def init_panel(out: str, flavor: str, widths: tuple[int, ...], seeds: Sequence[int], sequences: Sequences,
+               say: Callable[[str], None], batch_size: int = 4) -> InitPanel:
+    """Step-0 condensation of ``flavor`` at each MLP width (``out/w{width}/condensation.json``) and
+    at the narrowest width for each extra seed (``out/w{width}-s{seed}/``), one progress line each;
+    a shape already measured on the same sequences is read back, not measured again."""
+    jobs = [(w, seeds[0]) for w in widths] + [(widths[0], s) for s in seeds[1:]]
     results = {}
-    for width in widths:
-        folder = os.path.join(out, f"w{width}")
+    for i, (width, seed) in enumerate(jobs, start=1):
+        folder = os.path.join(out, f"w{width}" if seed == seeds[0] else f"w{width}-s{seed}")
         path = os.path.join(folder, RESULT_FILE)
         args = dataclasses.replace(gpt2_flavors[flavor], mlp_hidden_dim=width)
+        start = time.monotonic()
         if os.path.isfile(path):
             with open(path) as f:
                 cached = Condensation.from_json(json.load(f), path)
             if cached.tokens_sha256 == sequences.sha256 and cached.model_args == dataclasses.asdict(args):
-                results[width] = cached
+                results[width, seed] = cached
+                say(f"init     MLP width {width}, seed {seed}: read back ({i} of {len(jobs)})")
                 continue
-        results[width] = measure_at_init(args, seed, sequences, batch_size, folder)
-        write_result(path, results[width])
-    return results
+        results[width, seed] = measure_at_init(args, seed, sequences, batch_size, folder)
+        write_result(path, results[width, seed])
+        took = time.monotonic() - start
+        say(f"init     MLP width {width}, seed {seed}: measured in {took:.0f} s ({i} of {len(jobs)})")
+    return InitPanel({w: results[w, seeds[0]] for w in widths}, {s: results[widths[0], s] for s in seeds})

@@ -32,7 +32,7 @@ from . import VARIANT
 from .document import summary_markdown
 from .figure import save_findings_figure
 from .findings import findings
-from .init_panel import init_panel
+from .init_panel import InitPanel, init_panel
 from .step_progress import StepProgress
 from .summary import load_sweep
 
@@ -65,10 +65,14 @@ class Plan:
         return Arm("none", 0.0), Arm(VARIANT, self.peak_coeff)
 
     @property
+    def seeds(self) -> tuple[int, ...]:
+        """The main seed, then the extra ones measured at the smallest width for the seed spread."""
+        return tuple(self.seed + i for i in range(self.spread_seeds + 1))
+
+    @property
     def runs(self) -> list[Cell]:
-        extra = tuple(self.seed + i for i in range(1, self.spread_seeds + 1))
         return (cells(self.widths, self.arms, (self.seed,))
-                + cells(self.widths[:1], self.arms, extra))
+                + cells(self.widths[:1], self.arms, self.seeds[1:]))
 
     def identity(self) -> dict:
         """The options that change results: a rerun must have the same ones."""
@@ -228,24 +232,28 @@ def init_sequences(plan: Plan):
     return select_sequences(InputOptions(DEFAULT_DATASET, None, None, plan.init_num_sequences, plan.seq_len, seed=0))
 
 
-def measure_init_panel(plan: Plan, say: Progress) -> dict:
-    """Condensation at initialization of ``init_flavor`` at each ``init_widths`` (cached in OUT/init_panel)."""
+def measure_init_panel(plan: Plan, say: Progress) -> InitPanel:
+    """Condensation at initialization of ``init_flavor`` at each ``init_widths``, and at the smallest
+    for each extra seed (cached in OUT/init_panel), a line as each is done."""
     start = time.monotonic()
-    panel = init_panel(os.path.join(plan.out, "init_panel"), plan.init_flavor, plan.init_widths, plan.seed,
-                       init_sequences(plan))
-    say(f"init     {plan.init_flavor} shape at MLP width {', '.join(map(str, plan.init_widths))}: "
-        f"done in {time.monotonic() - start:.0f} s")
+    extra = f"; seed {', '.join(map(str, plan.seeds[1:]))} at {plan.init_widths[0]}" if plan.seeds[1:] else ""
+    say(f"init     condensation at initialization, {plan.init_flavor} shape, MLP width "
+        f"{', '.join(map(str, plan.init_widths))} at seed {plan.seed}{extra}: one forward pass each")
+    panel = init_panel(os.path.join(plan.out, "init_panel"), plan.init_flavor, plan.init_widths, plan.seeds,
+                       init_sequences(plan), say)
+    say(f"init     done in {time.monotonic() - start:.0f} s")
     return panel
 
 
-def summarize(plan: Plan, panel: dict, files: list[tuple[str, str]]) -> str:
+def summarize(plan: Plan, panel: InitPanel, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
     runs = load_sweep([plan.dump(r) for r in plan.runs])
     found = findings(panel, runs, plan.seed)
     args = runs[0].final.model_args
-    init = panel[plan.init_widths[0]].model_args
+    init = panel.widths[plan.init_widths[0]].model_args
     setup = (f"Init panel: GPT-2 ({plan.init_flavor}: dim {init['dim']}, {init['n_layers']} blocks) freshly "
-             f"initialised at MLP width {' / '.join(map(str, plan.init_widths))}. Trained sweep: {len(runs)} runs "
+             f"initialised at MLP width {' / '.join(map(str, plan.init_widths))} (and {plan.spread_seeds} more "
+             f"seed(s) at {plan.init_widths[0]}). Trained sweep: {len(runs)} runs "
              f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
              f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
              f"without and with {VARIANT} λ={plan.peak_coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "

@@ -1,0 +1,69 @@
+"""The configs the package ships as data (the training TOMLs, the paper's, the sweep example),
+laid out as in the repository, and ``init``'s copy of them into a user's folder: an
+installed package then trains, sweeps and reproduces without a clone."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from ..utils.errors import ArgumentError
+from ..utils.package_data import package_file
+
+SHIPPED = {"train_configs": ("train_configs",), os.path.join("launch", "sweep_example.toml"):
+           ("launch_scripts", "sweep_example.toml")}
+"""Where each lands in the user's folder (the repository's path) -> its place in the package."""
+
+
+def shipped_files() -> dict[str, str]:
+    """Relative destination -> installed source, for every shipped config."""
+    files = {}
+    for dest, parts in SHIPPED.items():
+        source = package_file("dispersion_titan", *parts)
+        if os.path.isfile(source):
+            files[dest] = source
+            continue
+        for folder, _, names in os.walk(source):
+            for name in sorted(n for n in names if n.endswith(".toml")):
+                path = os.path.join(folder, name)
+                files[os.path.join(dest, os.path.relpath(path, source))] = path
+    return dict(sorted(files.items()))
+
+
+def _foreign(out: str, files: dict[str, str]) -> str | None:
+    """The first entry of ``out`` that ``init`` would not write, or None."""
+    folders = {os.path.dirname(dest) for dest in files}
+    for folder, dirs, names in os.walk(out):
+        for name in sorted(dirs) + sorted(names):
+            rel = os.path.relpath(os.path.join(folder, name), out)
+            if rel not in files and rel not in folders:
+                return rel
+    return None
+
+
+def write_shipped(out: str) -> tuple[list[str], list[str]]:
+    """Copy every shipped config under ``out``; (written, kept) relative paths. A file already
+    there is kept as it is, never overwritten; a folder holding anything else is refused."""
+    files = shipped_files()
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ArgumentError(f"DIR: {out} is a file; name a new or empty folder")
+    if os.path.isdir(out) and (other := _foreign(out, files)):
+        raise ArgumentError(f"DIR: {out} holds other files ({other}); init writes only into a new or empty folder, "
+                            "or one it wrote: name another DIR")
+    written, kept = [], []
+    for dest, source in files.items():
+        path = os.path.join(out, dest)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            dst = open(path, "xb")  # "x": never overwrite
+        except FileExistsError:
+            kept.append(dest)
+            continue
+        with dst, open(source, "rb") as src:
+            try:
+                shutil.copyfileobj(src, dst)
+            except OSError:
+                os.unlink(path)  # never a half file that a rerun would keep
+                raise
+        written.append(dest)
+    return written, kept

@@ -1,0 +1,40 @@
+"""``python -m dispersion_titan.init DIR`` (``dispersion-titan init DIR``): the configs the
+package ships, written into DIR as the repository lays them out (``train_configs/``,
+``train_configs/paper/``, ``launch/sweep_example.toml``), so that an installed package trains,
+sweeps and reproduces the paper without a clone. DIR must be new, empty, or hold only
+what init writes; a file already there is kept, never overwritten."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from dispersion_titan.config.cli import OneLineErrorParser
+from dispersion_titan.config.shipped import write_shipped
+from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineErrorParser(prog="python -m dispersion_titan.init",
+                           description="Write the shipped training configs, the paper's configs and the sweep "
+                                       "example into DIR.")
+    p.add_argument("dir", metavar="DIR", help="a new or empty folder")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    out = os.path.abspath(a.dir)
+    try:
+        written, kept = write_shipped(out)
+    except DispersionTitanError as e:
+        fail_with(e)
+    except OSError as e:
+        fail(f"DIR: {out}: not writable ({e.strerror})")
+    print(f"{out}: wrote {len(written)} configs" + (f", kept {len(kept)} already there" if kept else "")
+          + f"; next: cd {a.dir} && dispersion-titan train --job.config_file train_configs/debug.toml --profile cpu")
+
+
+if __name__ == "__main__":
+    run_command(main)

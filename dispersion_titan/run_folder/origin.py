@@ -1,0 +1,69 @@
+"""Where a run started: pretrained weights (Hugging Face safetensors, a DCP checkpoint of trained
+weights) or an initialisation (its own, or a seed checkpoint). ``run.json`` records it at the
+run's first launch (``started_from``); Table 2 reads it, as the authors' two ``plot_results.py``
+tell mid-training (best step per seed, a Pretrained row) from training from scratch (best step
+on the seed-averaged curve). A ``run.json`` written before the record existed is read from its
+settings: ``checkpoint.initial_load_path`` or ``checkpoint.initial_load_in_hf`` means pretrained."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from ..utils.errors import CheckpointError
+from .checkpoints import load_run_metadata
+
+START_KEY = "started_from"
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+def start_record(job_config: Any) -> dict[str, Any]:
+    """What the run loads before its first step, as TorchTitan's checkpointer decides it for a new
+    run folder: ``source`` hf (safetensors from ``initial_load_path`` or ``model.hf_assets_path``),
+    checkpoint (a DCP ``initial_load_path`` of trained weights), seed_checkpoint (a DCP checkpoint
+    holding an initialisation) or init (nothing: the model's own initialisation)."""
+    checkpoint = job_config.checkpoint
+    if checkpoint.enable and checkpoint.initial_load_in_hf:
+        path = checkpoint.initial_load_path or job_config.model.hf_assets_path
+        return {"pretrained": True, "source": "hf", "path": _shown(path)}
+    if checkpoint.enable and checkpoint.initial_load_path:
+        seed = holds_an_initialisation(checkpoint.initial_load_path)
+        return {"pretrained": not seed, "source": "seed_checkpoint" if seed else "checkpoint",
+                "path": os.path.abspath(checkpoint.initial_load_path)}
+    return {"pretrained": False, "source": "init", "path": None}
+
+
+def _shown(path: str) -> str:
+    """A local folder as an absolute path, a hub id as it is."""
+    return os.path.abspath(path) if os.path.isdir(path) else path
+
+
+def holds_an_initialisation(step_dir: str) -> bool:
+    """Whether a DCP checkpoint ``RUN/checkpoint/step-N`` holds an initialisation rather than trained
+    weights: its run made it with ``checkpoint.create_seed_checkpoint``, or it is step 0 of a run that
+    did not start pretrained. A checkpoint without a ``run.json`` of ours counts as trained."""
+    step_dir = os.path.abspath(step_dir)
+    run = os.path.dirname(os.path.dirname(step_dir))
+    try:
+        metadata = load_run_metadata(run)
+    except CheckpointError:
+        return False
+    if (metadata.get("settings") or {}).get("checkpoint.create_seed_checkpoint"):
+        return True
+    match = _STEP.match(os.path.basename(step_dir))
+    return match is not None and int(match.group(1)) == 0 and not started_pretrained(metadata)
+
+
+def started_pretrained(metadata: dict[str, Any]) -> bool:
+    """Whether the run of this ``run.json`` began from pretrained weights (mid-training)."""
+    record = metadata.get(START_KEY)
+    if isinstance(record, dict):
+        return bool(record.get("pretrained"))
+    settings = metadata.get("settings") or {}
+    return bool(settings.get("checkpoint.initial_load_path") or settings.get("checkpoint.initial_load_in_hf"))
+
+
+def from_scratch(dump: str) -> bool:
+    """A run that trains from an initialisation, not from pretrained weights."""
+    return not started_pretrained(load_run_metadata(dump))
