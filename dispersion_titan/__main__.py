@@ -20,6 +20,7 @@ COMMANDS = {
     "data": "dispersion_titan.data.__main__",  # python -m dispersion_titan.data
     "paper": "dispersion_titan.paper",
     "init": "dispersion_titan.init",
+    "plan": "dispersion_titan.plan",
 }
 LAUNCHER_ENTRY_POINTS = ("torchrun", "job_server")
 """Modules at the package root that the launchers run (``launch/train.sh``, ``utils.preloaded``), not commands."""

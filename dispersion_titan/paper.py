@@ -2,6 +2,7 @@
 
     python -m dispersion_titan.paper --list
     python -m dispersion_titan.paper ARTIFACT [--out DIR] [--models ...] [--slurm] [--dry-run] [analyze options]
+    python -m dispersion_titan.paper fig3|table2 --plan [--plan-gpus N] [--plan-gpu h100|h200|a100]
 
 ARTIFACT is fig2, fig3, fig4, fig5, table2 or robustness (``--list`` says what each
 runs, on which models, at what cost). It runs ``analyze`` (or ``evaluate``) per model,
@@ -21,6 +22,7 @@ from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
 from dispersion_titan.evaluate import _selection, add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
+from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
@@ -42,6 +44,11 @@ def paper_parser() -> OneLineErrorParser:
                         "(fig5: the bases, then their distilled models; table2: RUN or ARM=RUN1,RUN2)")
     p.add_argument("--slurm", action="store_true", help="submit the jobs (the package's launch_scripts/slurm/*.sbatch) and a drawing job")
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
+    p.add_argument("--plan", action="store_true",
+                   help="fig3, table2: the resource plan of the training runs they need (dispersion-titan plan), "
+                        "one row per config with the totals; runs nothing")
+    p.add_argument("--plan-gpus", type=positive_int, default=8, help="--plan: GPUs per training run (default 8)")
+    p.add_argument("--plan-gpu", choices=GPU_CHOICES, default="h100", help="--plan: the GPU (default h100)")
     p.add_argument("--draw-only", action="store_true", help="draw from finished results, run nothing else")
     p.add_argument("--sbatch-arg", action="append", default=[], dest="sbatch_args", metavar="ARG",
                    help="extra sbatch argument for every job, e.g. --sbatch-arg=--partition=gpu")
@@ -128,6 +135,10 @@ def run_paper(argv: list[str]) -> int:
 
     if a.artifact is None:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
+    if a.plan:
+        runs = planning.training_runs(a.artifact, a.preset or "paper")
+        plan_runs([(name, plan_args(c, overrides=o)) for name, c, o in runs], a.plan_gpus, None, a.plan_gpu)
+        return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)
     if plan.left_out:

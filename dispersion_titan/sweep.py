@@ -4,6 +4,7 @@
                                      [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
                                      [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
                                      [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
+                                     [--plan [h100|h200|a100]]
                                      [-- TRAINING OVERRIDES ...]
 
 A variant is ``baseline`` (plain training), ``NAME:COEFF`` (a dispersion loss) or a
@@ -15,7 +16,9 @@ all cells runs after every training and analysis job succeeded, and one table jo
 (``evaluate table``, into ``OUT/table``) after every evaluation job. Flags win over the
 SPEC file (see launch/sweep_example.toml for its keys). ``--dry-run`` prints the sbatch
 commands as a shell script instead of submitting them; a submission records the job ids
-in ``OUT/sweep.json``. Every cell's training configuration is validated first.
+in ``OUT/sweep.json``. Every cell's training configuration is validated first. ``--plan``
+prints instead each training job's resource plan (layout, memory per GPU, GPU-hours, disk; the
+GPUs of ``--nodes`` × ``--gpus-per-node``) and the sweep's totals, and submits nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.schema import BASELINE_METHODS
-from dispersion_titan.utils.errors import SweepError, fail, run_command
+from dispersion_titan.plan import GPU_CHOICES, plan_runs
+from dispersion_titan.utils.errors import DispersionTitanError, SweepError, fail, run_command
 
 SPEC_KEYS = ("config", "out", "widths", "variants", "seeds", "partition", "account", "train_time", "analyze_time",
              "evaluate_time", "nodes", "gpus_per_node", "cpus_per_task", "analyze_gpus", "train_sbatch_args",
@@ -68,7 +72,18 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--analyze-args", help='analysis options, e.g. --analyze-args="--num-sequences 100"')
     p.add_argument("--evaluate-args", help='evaluation options, e.g. --evaluate-args="--tasks piqa --limit 100"')
     p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    p.add_argument("--plan", nargs="?", const="h100", choices=GPU_CHOICES, metavar="GPU",
+                   help="print every training job's resource plan on GPU (default h100) and the totals; "
+                        "submit nothing")
     return p.parse_args(argv), overrides
+
+
+def _plan(sweep, spec, gpu: str) -> None:
+    """``--plan``: the cells' training jobs (``sweep``: ``reproduce.sweep``) planned on their GPUs."""
+    if spec.gpus_per_node == 0:
+        raise SweepError("--plan: plans GPU jobs, and gpus_per_node is 0")
+    runs = [(cell.name, sweep.cell_args(spec, cell)) for cell in spec.cells()]
+    plan_runs(runs, sweep.world_size(spec), spec.nodes or 1, gpu)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,14 +98,17 @@ def main(argv: list[str] | None = None) -> None:
             raw["train_overrides"] = overrides
         spec = sweep.build_spec(raw)
         sweep.check_training_configs(spec)
+        if args.plan:
+            _plan(sweep, spec, args.plan)
+            return
         jobs = sweep.plan(spec)
         if args.dry_run:
             print(sweep.dry_run(spec, jobs))
             return
         ids = sweep.submit(spec, jobs)
         print(f"sweep: {len(jobs)} jobs submitted; manifest {sweep.write_manifest(spec, jobs, ids)}")
-    except SweepError as e:
-        fail(str(e), prog="sweep")
+    except DispersionTitanError as e:
+        fail(str(e).splitlines()[0], prog="sweep")
 
 
 if __name__ == "__main__":

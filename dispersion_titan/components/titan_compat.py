@@ -41,12 +41,13 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
 from __future__ import annotations
 
 import functools
+import io
 import os
 import platform
 import resource
 import types
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from importlib.metadata import version
 from typing import Any
 
@@ -88,7 +89,8 @@ def merged_job_config_class(custom_module: str) -> type:
     config parsed from no TOML, for type checks before the real parse."""
     from torchtitan.config import ConfigManager
 
-    return type(ConfigManager().parse_args(["--job.custom_config_module", custom_module]))
+    with redirect_stderr(io.StringIO()):  # its warning that the default hf_assets_path does not exist
+        return type(ConfigManager().parse_args(["--job.custom_config_module", custom_module]))
 
 
 # ------------------------------------------------------------------------ CPU devices

@@ -68,6 +68,12 @@ def check(job_config: RunConfig, world_size: int | None = None) -> RunConfig:
     """Check every value of ``job_config`` we depend on for a job of ``world_size`` processes
     (default: ``WORLD_SIZE``, else 1), filling in the derived ones the trainer reads
     (``checks.check_job_config``); returns ``job_config``."""
+    check_job_config(job_config, model_args(job_config), _world_size(world_size))
+    return job_config
+
+
+def model_args(job_config: RunConfig):
+    """The model family's flavor arguments with the ``[model]`` overrides applied."""
     if job_config.model.name not in FAMILIES:
         raise ConfigError(f"model.name: {job_config.model.name!r} is not one of {FAMILIES}")
     register_all()
@@ -75,10 +81,9 @@ def check(job_config: RunConfig, world_size: int | None = None) -> RunConfig:
     if job_config.model.flavor not in flavors:
         raise ConfigError(f"model.flavor: {job_config.model.flavor!r} is not one of {sorted(flavors)} "
                           f"({job_config.model.name})")
-    model_args = flavors[job_config.model.flavor]
-    model_args.update_from_config(job_config)
-    check_job_config(job_config, model_args, _world_size(world_size))
-    return job_config
+    args = flavors[job_config.model.flavor]
+    args.update_from_config(job_config)
+    return args
 
 
 def validated_args(args: list[str], world_size: int | None = None) -> RunConfig:

@@ -159,14 +159,20 @@ def world_size(spec: Spec) -> int:
     return (spec.nodes or 1) * (per_node or CPU_PROCESSES_PER_NODE)
 
 
+def cell_args(spec: Spec, cell: Cell) -> list[str]:
+    """The training command line of ``cell``, as its job runs it."""
+    run = str(spec.out / cell.name)
+    args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(run)]
+    return with_config_module(args, load_toml(args))
+
+
 def check_training_configs(spec: Spec) -> None:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
     prepare()
     for cell in spec.cells():
-        args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(str(spec.out / cell.name))]
         try:
-            validated_args(with_config_module(args, load_toml(args)), world_size(spec))
+            validated_args(cell_args(spec, cell), world_size(spec))
         except (DispersionTitanError, ValueError) as e:
             raise SweepError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
 

@@ -7,7 +7,7 @@ checked there. A command writes only into an empty folder or one it owns: of its
 its run. Anything else is refused in one line naming the owner, before anything is written:
 a run's root, a folder inside a run's checkpoint or TensorBoard folder, another run's folder
 or results, another kind's results, a folder inside another command's results, or a
-folder of files nobody recorded. Runs may sit inside a quickstart's or paper's folder, and a
+folder of files nobody recorded. Runs may sit inside a quickstart's, paper's or sweep's folder, and a
 run's own results inside the run. A folder written before owners were recorded is read
 from its files, as they were laid out then (``LAYOUTS``).
 """

@@ -45,6 +45,10 @@ FIG3_PRESETS: dict[str, tuple[tuple[str, str], bool]] = {
 embedded Wikipedia sample."""
 FIG3_SEQ_LEN = 1024
 """fig3's tokens per text: ``plot_heatmaps.py --max_length 1024`` (the other figures: 512)."""
+TABLE2_CONFIGS = tuple(f"train_configs/paper/midtrain_{arm}.toml" for arm in (
+    "gpt2_wikitext103_baseline", "gpt2_wikitext103_dispersion", "qwen3_0.6b_baseline", "qwen3_0.6b_angular_spread",
+    "qwen3_1.7b_baseline", "qwen3_1.7b_angular_spread"))
+"""Table 2's arms, one training run per seed each."""
 REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
 """Models that ship their own modelling code: analysed only when the user passes
 ``--trust-remote-code`` (the authors load every model with ``trust_remote_code=True``)."""

@@ -175,6 +175,16 @@ def _default_models(artifact: str, analyses: str) -> tuple[list[Model], list[tup
                        "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each)")
 
 
+def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(name, config, overrides) of each run ``artifact`` trains before it analyses or evaluates
+    (``paper --plan``): fig3's ``--preset`` sweep, every width in both arms, or Table 2's arms."""
+    if artifact == "fig3":
+        return [(os.path.basename(r.folder), r.config, r.overrides) for r in fig3.preset_runs(preset, "runs")]
+    if artifact == "table2":
+        return [(os.path.basename(c), c, ()) for c in catalog.TABLE2_CONFIGS]
+    raise ArgumentError(f"--plan: {artifact} analyses released models and trains nothing; fig3 and table2 train runs")
+
+
 def hub_revisions(model: str, count: int) -> list[str]:
     """``count`` of the model's ``stageN-stepM`` branches, evenly spaced by step, first and last included."""
     try:

@@ -1,0 +1,79 @@
+"""Which cost model predicts the measured GPU steps better: ``plan``'s roofline (PyTorch's
+``RuntimeEstimator`` roofline of the trainer's own step, ``dispersion_titan.planning.roofline``)
+or the hand-written ``bench/h100_model.py`` (its fast-path terms, and its model step at an
+assumed MFU plus its loss-kernel terms). Each against the GPU steps measured in
+docs/benchmarks.md (GPT-2 small, 8 × 1024 tokens, bf16, compiled), uncalibrated and calibrated
+on the CE-only step of the same GPU (as ``plan`` calibrates). Prints the roofline values that
+``dispersion_titan/planning/figures.py`` stores. CPU only, about a minute.
+
+    python bench/plan_accuracy.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent),
+                str(Path(__file__).resolve().parents[1] / "tests")]
+
+import h100_model  # noqa: E402
+
+from dispersion_titan.plan import plan_args  # noqa: E402
+from dispersion_titan.planning.figures import GPT2_8X1024  # noqa: E402
+from dispersion_titan.trainer.resource_plan import planned  # noqa: E402
+
+STEPS = [  # (GPU, variant, measured ms, docs/benchmarks.md row)
+    ("h100", "none", 52.7, "step ratio, GPT-2 small + angular_spread (H100, 2026-11-25)"),
+    ("h100", "angular_spread", 55.6, "same row"),
+    ("h200", "none", 47.9, "step ratio at the released form's default (H200, 2026-11-25)"),
+    ("h200", "angular_spread", 51.0, "same row"),
+    ("h200", "perplexity_entropy", 75.5, "same row"),
+]
+SHAPE = h100_model.Config("gpt2_small_8x1024", 12, 768, 3072, 768, 768, 50257, 1024, 8, 2, global_batch=8)
+
+
+def roofline_ms(gpu: str, variant: str) -> float:
+    coeff = "0.1" if variant != "none" else "0"
+    overrides = (*GPT2_8X1024[1:], "--dispersion.variant", variant, "--dispersion.coeff", coeff)
+    plan = planned(variant, plan_args(GPT2_8X1024[0], None, overrides), 1, None, gpu)
+    return (plan.step.micro_batch_s + plan.step.optimizer_s) * 1e3
+
+
+def hand_ms(variant: str) -> tuple[float, float]:
+    """bench/h100_model.py's step of SHAPE (H100 only): its fast-path terms, and its model step at
+    its default MFU; each plus its loss-kernel terms for a dispersion variant."""
+    loss = 0.0
+    if variant != "none":
+        cost = h100_model.SPLIT_PAIR_COST if variant == "perplexity_entropy" else 1
+        loss = h100_model.loss_seconds(SHAPE, h100_model.MEASURED_KERNEL_TFLOPS * 1e12, cost)[0]
+    fast = h100_model.fast_path_step(SHAPE)["step"] + loss
+    mfu = h100_model.model_flops(SHAPE) / (0.40 * h100_model.PEAK_BF16) + loss
+    return fast * 1e3, mfu * 1e3
+
+
+def _cell(pred: float | None, measured: float, factor: float = 1.0) -> str:
+    return "—" if pred is None else f"{pred * factor:.1f} ({(pred * factor - measured) / measured:+.1%})"
+
+
+def main() -> None:
+    rows = []
+    for gpu, variant, measured, _source in STEPS:
+        fast, mfu = hand_ms(variant) if gpu == "h100" else (None, None)
+        rows.append((gpu, variant, measured, roofline_ms(gpu, variant), fast, mfu))
+    ce = {row[0]: row for row in rows if row[1] == "none"}  # each GPU's calibration step
+    print("| GPU | variant | measured ms | roofline ms | h100_model fast path ms | h100_model MFU 0.40 ms | "
+          "roofline, calibrated | fast path, calibrated | MFU 0.40, calibrated |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for gpu, variant, measured, *predicted in rows:
+        base = ce[gpu]
+        factors = [base[2] / p if p else 1.0 for p in base[3:]]
+        raw = " | ".join(_cell(p, measured) for p in predicted)
+        calibrated = " | ".join(_cell(p, measured, f) for p, f in zip(predicted, factors, strict=True))
+        print(f"| {gpu.upper()} | {variant} | {measured} | {raw} | {calibrated} |")
+    for gpu, row in ce.items():
+        print(f"figures.py roofline_s for {gpu}: {row[3] / 1e3:.5g}")
+
+
+if __name__ == "__main__":
+    main()

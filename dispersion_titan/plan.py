@@ -1,0 +1,82 @@
+"""Plan a run before a GPU-hour is spent: its layout on N GPUs, parameters per rank, peak memory
+per GPU by category against the GPU's, step time, tokens/s, GPU-hours and checkpoint disk.
+
+    python -m dispersion_titan.plan CONFIG [--gpus N] [--nodes M] [--tp T] [--gpu h100|h200|a100]
+                                    [--dry-run-step] [--section.key value ...]
+
+An impossible layout (TP 8 over 12 heads, a batch that does not split over the GPUs, a
+micro-batch that does not fit the GPU) ends in one line naming the field, exit status 2.
+``--dry-run-step`` then builds the real trainer as rank 0 of the N ranks, shrunk, and checks
+its mesh, parallelize plan and dispersion accounting in one optimizer step (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, with_config_module
+from dispersion_titan.utils.errors import DispersionTitanError, fail_with, run_command
+
+GPU_CHOICES = ("h100", "h200", "a100")  # planning.gpus.GPUS, named here to answer --help without torch
+
+
+class _Parser(OneLineErrorParser):
+    error_prefix = "plan"
+
+
+def plan_parser() -> OneLineErrorParser:
+    p = _Parser(prog="python -m dispersion_titan.plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("config", help="a training TOML, e.g. train_configs/gpt2_small_mlp3072.toml")
+    p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of the run, all nodes together (default 1)")
+    p.add_argument("--nodes", type=positive_int, help="nodes they are on (default: 8 GPUs a node)")
+    p.add_argument("--tp", type=positive_int, help="tensor-parallel degree (default: the config's)")
+    p.add_argument("--gpu", choices=GPU_CHOICES, default="h100", help="the GPU (default h100)")
+    p.add_argument("--dry-run-step", action="store_true",
+                   help="also build the real trainer as rank 0 of the GPUs (fake collectives, CPU, shrunk) and take "
+                        "one step: checks the mesh, the parallelize plan and the dispersion accounting")
+    return p
+
+
+def plan_args(config: str, tp: int | None = None, overrides: tuple[str, ...] = ()) -> list[str]:
+    """A launch's command line for ``config`` with the ``overrides`` and ``--tp``."""
+    args = ["--job.config_file", config, *overrides]
+    if tp is not None:
+        args += ["--parallelism.tensor_parallel_degree", str(tp)]
+    return with_config_module(args, load_toml(args))
+
+
+def _planning() -> ModuleType:
+    # torch and TorchTitan: only once the arguments are parsed (--help and typos answer without them)
+    from dispersion_titan.trainer import resource_plan
+
+    return resource_plan
+
+
+def plan_runs(runs: list[tuple[str, list[str]]], gpus: int, nodes: int | None, gpu: str) -> None:
+    """``sweep --plan``, ``paper --plan``: each run (a name and a launch's arguments) planned on
+    ``gpus`` × ``gpu``, one table with the totals; a run that does not fit is refused in one line
+    (``DispersionTitanError``) after the table."""
+    work = _planning()
+    plans = [work.planned(name, args, gpus, nodes, gpu) for name, args in runs]
+    print(work.runs_table(plans), flush=True)
+    for plan in plans:
+        work.refuse_if_too_big(plan)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args, overrides = plan_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        launch = plan_args(args.config, args.tp, tuple(overrides))
+        work = _planning()
+        plan = work.planned(args.config, launch, args.gpus, args.nodes, args.gpu)
+        print(work.plan_table(plan), flush=True)
+        work.refuse_if_too_big(plan)
+        if args.dry_run_step:
+            print("\n".join(["", *work.dry_run_step(launch, plan.layout)]))
+    except DispersionTitanError as e:
+        fail_with(e)
+
+
+if __name__ == "__main__":
+    run_command(main)

@@ -1,0 +1,75 @@
+"""The layout a config resolves to on N GPUs, checked as a launch checks it: every impossible
+layout (TP 8 over 12 heads, a batch that does not split over the GPUs) ends in the one line
+``job_config.checks`` says, naming the field, before anything is built."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..config.cli import load_toml
+from ..job_config.checks import data_parallel_degree
+from ..job_config.parse import check, model_args, parse_job_config
+from ..utils.errors import ArgumentError
+from .gpus import GPU
+
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
+
+
+@dataclass(frozen=True)
+class ResourceLayout:
+    gpus: int
+    nodes: int
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    micro_batch: int
+    """Sequences per GPU per forward (``training.local_batch_size`` as derived for this layout)."""
+    accumulation: int
+    global_batch: int
+    seq_len: int
+    n_layers: int
+    dim: int
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def describe(self) -> str:
+        replicas = f"{self.dp_replicate} replicas × " if self.dp_replicate > 1 else ""
+        return (f"{replicas}DP shard {self.dp_shard} × TP {self.tp} on {self.gpus} GPUs ({self.nodes} "
+                f"node{'s' if self.nodes > 1 else ''}); micro-batch {self.micro_batch} × {self.seq_len} tokens, "
+                f"{self.accumulation} accumulation step{'s' if self.accumulation > 1 else ''}; "
+                f"{self.tokens_per_step:,} tokens per step")
+
+
+def checked_config(args: list[str], gpus: int) -> RunConfig:
+    """``args`` parsed and checked as a launch of ``gpus`` processes parses and checks them."""
+    if gpus < 1:
+        raise ArgumentError(f"--gpus: must be >= 1, got {gpus}")
+    return check(parse_job_config(args, load_toml(args)), gpus)
+
+
+def nodes_of(gpus: int, nodes: int | None, gpu: GPU) -> int:
+    """``--nodes``, or as few as hold ``gpus`` at ``gpu.gpus_per_node`` each; the GPUs split evenly."""
+    count = nodes or math.ceil(gpus / gpu.gpus_per_node)
+    if count < 1 or gpus % count:
+        raise ArgumentError(f"--nodes: {gpus} GPUs do not split evenly over {count} nodes")
+    return count
+
+
+def resolve_layout(job_config: RunConfig, gpus: int, nodes: int) -> ResourceLayout:
+    """The layout ``job_config`` (checked for ``gpus`` processes) takes on ``nodes`` nodes."""
+    p, t = job_config.parallelism, job_config.training
+    dp = data_parallel_degree(job_config, gpus)
+    replicate = p.data_parallel_replicate_degree
+    args: Any = model_args(job_config)
+    batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp
+    return ResourceLayout(gpus, nodes, replicate, dp // replicate, p.tensor_parallel_degree, t.local_batch_size,
+                          batch // (t.local_batch_size * dp), batch, t.seq_len, args.n_layers, args.dim)

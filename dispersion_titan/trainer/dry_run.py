@@ -1,0 +1,191 @@
+"""``plan --dry-run-step``: the real trainer built as rank 0 of the planned world (TorchTitan's
+``fake_backend``, ``fake_world``) on the CPU profile, shrunk to ``DRY_RUN_BLOCKS`` blocks and
+``DRY_RUN_TOKENS`` tokens where it is larger (the mesh, the parallelize plan and the batch
+accounting do not depend on either), and one optimizer step taken with the dispersion term.
+
+It checks what a cluster would otherwise find out: the mesh is the planned one; every
+parameter is a DTensor on the planned mesh dimensions holding the shard its placements give
+rank 0 (and a tied LM head is still the token embeddings); the dispersion term's global-batch
+accounting (each rank's share of sequences, tokens and pairs, and the division by the global
+batch that makes the sum over ranks and micro-batches the global mean). A failed check is one
+line naming it. The collectives move nothing, so the step's values mean nothing: only that it
+runs, and the shapes and scales it uses, are checked."""
+
+from __future__ import annotations
+
+import math
+import time
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.distributed._composable.replicate import DDP
+from torch.distributed.tensor import DTensor, Placement
+
+from ..job_config.parse import prepare
+from ..losses.options import resolve_layers
+from ..planning.layout import ResourceLayout, checked_config, resolve_layout
+from ..utils.errors import DispersionTitanError
+from .fake_world import micro_batches, optimizer_step, quiet, rank_zero_trainer
+from .objective import DispersionObjective
+from .sequence_parallel import own_sequences, shares
+from .trainer import DispersionTrainer
+
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
+
+DRY_RUN_BLOCKS = 2
+DRY_RUN_TOKENS = 128
+
+
+class DryRunFailed(DispersionTitanError):
+    """A check of ``plan --dry-run-step`` failed."""
+
+
+def shrunk_args(args: list[str], layout: ResourceLayout) -> tuple[list[str], str]:
+    """``args`` on the CPU profile, at most ``DRY_RUN_BLOCKS`` blocks and ``DRY_RUN_TOKENS`` tokens
+    (a multiple of the TP degree), and what was shrunk."""
+    blocks, tokens = min(layout.n_layers, DRY_RUN_BLOCKS), min(layout.seq_len, DRY_RUN_TOKENS)
+    tokens -= tokens % layout.tp
+    said = [f"{blocks} of {layout.n_layers} blocks" if blocks < layout.n_layers else "",
+            f"{tokens} of {layout.seq_len} tokens" if tokens < layout.seq_len else ""]
+    shrunk = [*args, "--profile", "cpu", "--model.n_layers", str(blocks), "--training.seq_len", str(tokens),
+              "--validation.no-enable"]
+    return shrunk, ", ".join(s for s in said if s) or "not shrunk"
+
+
+def _expected_mesh(layout: ResourceLayout) -> tuple[str, ...]:
+    return tuple(name for name, size in (("dp_replicate", layout.dp_replicate), ("fsdp", layout.dp_shard),
+                                         ("tp", layout.tp)) if size > 1)
+
+
+def _sharded_dim(placement: Placement) -> int | None:
+    """The tensor dimension a placement shards (``Shard``, and FSDP2's strided shard of a
+    tensor-parallel shard); None for a replicated one."""
+    return getattr(placement, "dim", None)
+
+
+def _rank_zero_shape(p: DTensor) -> tuple[int, ...]:
+    """Rank 0's shard of ``p``: the first chunk along each sharded dimension, innermost mesh
+    dimension first (FSDP2 shards a tensor-parallel shard)."""
+    shape = list(p.shape)
+    for placement, size in reversed(list(zip(p.placements, p.device_mesh.mesh.shape, strict=True))):
+        dim = _sharded_dim(placement)
+        if dim is not None:
+            shape[dim] = math.ceil(shape[dim] / size)
+    return tuple(shape)
+
+
+def check_mesh(trainer: DispersionTrainer, layout: ResourceLayout) -> str:
+    pd = trainer.parallel_dims
+    found = {"dp_replicate": pd.dp_replicate, "fsdp": pd.dp_shard, "tp": pd.tp, "world": pd.world_size}
+    wanted = {"dp_replicate": layout.dp_replicate, "fsdp": layout.dp_shard, "tp": layout.tp, "world": layout.gpus}
+    if found != wanted:
+        raise DryRunFailed(f"mesh: the trainer built {found}, the plan is {wanted}")
+    sizes = {name: pd.get_mesh(name).size() for name in _expected_mesh(layout)}
+    if any(sizes[name] != wanted[name] for name in sizes):
+        raise DryRunFailed(f"mesh: dimension sizes {sizes}, the plan is {wanted}")
+    loader = (trainer.dataloader.dp_world_size, trainer.dataloader.dp_rank)
+    if loader != (layout.dp, 0):
+        raise DryRunFailed(f"mesh: the data loader reads as rank {loader[1]} of {loader[0]}, not 0 of {layout.dp}")
+    dims = " × ".join(f"{name} {size}" for name, size in sizes.items()) or "one rank"
+    return f"mesh: {dims} of {layout.gpus} ranks, the data loader rank 0 of {layout.dp}: as planned"
+
+
+def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> tuple[str, int]:
+    """The parallelize plan applied as planned; the line and rank 0's parameter count."""
+    mesh = _expected_mesh(layout)
+    replicated = mesh == ("dp_replicate",)  # DDP: whole parameters as plain tensors, the module wrapped
+    if replicated:
+        if not isinstance(model, DDP):
+            raise DryRunFailed("parallelize: the model is not replicated by DDP over dp_replicate")
+        mesh = ()
+    params = list(model.named_parameters())
+    on_tp = 0
+    for name, p in params:
+        if not mesh:
+            continue
+        if not isinstance(p, DTensor) or p.device_mesh.mesh_dim_names != mesh:
+            where = p.device_mesh.mesh_dim_names if isinstance(p, DTensor) else "a plain tensor"
+            raise DryRunFailed(f"parallelize: {name} is on {where}, not a DTensor on {mesh}")
+        if "fsdp" in mesh and _sharded_dim(p.placements[mesh.index("fsdp")]) != 0:
+            raise DryRunFailed(f"parallelize: {name} is not sharded by FSDP ({p.placements})")
+        if tuple(p.to_local().shape) != _rank_zero_shape(p):
+            raise DryRunFailed(f"parallelize: {name}'s shard on rank 0 is {tuple(p.to_local().shape)}, its placements "
+                               f"{p.placements} give {_rank_zero_shape(p)}")
+        on_tp += "tp" in mesh and _sharded_dim(p.placements[mesh.index("tp")]) is not None
+    if tied and model.output.weight is not model.tok_embeddings.weight:
+        raise DryRunFailed("parallelize: the LM head is no longer the token embeddings (model.tie_embeddings)")
+    if layout.tp > 1 and not on_tp:
+        raise DryRunFailed("parallelize: tensor parallelism sharded no parameter")
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for _, p in params)
+    where = (f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements" if mesh else
+             "whole, replicated by DDP over dp_replicate" if replicated else "whole")
+    tp = f", {on_tp} sharded over tp" if layout.tp > 1 else ""
+    tie = "; the LM head still the token embeddings" if tied else ""
+    return f"parallelize: {len(params)} parameters, {where}{tp}{tie}; rank 0 holds {local:,}", local
+
+
+def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len: int) -> str:
+    """Each rank's share of the term, and the division that makes the sum the global mean."""
+    objective, g = trainer.dispersion, layout.global_batch
+    if objective.global_batch_size != g:
+        raise DryRunFailed(f"dispersion: the term divides by {objective.global_batch_size}, the global batch is {g}")
+    if trainer.gradient_accumulation_steps != layout.accumulation:
+        raise DryRunFailed(f"dispersion: {trainer.gradient_accumulation_steps} micro-batches per step, "
+                           f"the plan has {layout.accumulation}")
+    owned = shares(layout.micro_batch, layout.tp)
+    total = Fraction(layout.dp * layout.accumulation * sum(owned), g)
+    if total != 1:
+        raise DryRunFailed(f"dispersion: the ranks' shares add up to {total} of the global batch, not 1")
+    cfg = trainer.job_config.dispersion
+    if cfg.variant == "none":
+        return (f"dispersion: none; the ranks' sequences add up to the global batch ({layout.dp} × "
+                f"{layout.accumulation} × {layout.micro_batch} = {g})")
+    dim, n_points = trainer.model_args.dim, trainer.block_outputs.count
+    chosen = len(resolve_layers(cfg.layers, trainer.model_args.n_layers))
+    generator = torch.Generator().manual_seed(0)
+    slice_len = seq_len // layout.tp
+    hidden = [torch.randn(layout.micro_batch, slice_len, dim, generator=generator) for _ in range(n_points)]
+    if layout.tp > 1:  # the collectives are fake: the shape of rank 0's whole sequences, not their values
+        got = tuple(own_sequences(hidden[0], objective.tp_group).shape)
+        if got != (owned[0], seq_len, dim):
+            raise DryRunFailed(f"dispersion: rank 0 of TP {layout.tp} gets {got}, not {(owned[0], seq_len, dim)}")
+        ratio_note = "its term's values ride on the fake all-to-all and are not checked"
+    else:
+        term = objective(hidden, 1, False, 0).unweighted
+        own_mean = DispersionObjective(cfg, trainer.model_args.n_layers, owned[0], objective.seed, None)(
+            hidden, 1, False, 0).unweighted
+        ratio = (term / own_mean).item()
+        if not math.isclose(ratio, owned[0] / g, rel_tol=1e-6):
+            raise DryRunFailed(f"dispersion: rank 0's term is {ratio:.6g} × its own mean, not {owned[0]}/{g}")
+        ratio_note = f"its term is {owned[0]}/{g} × its own mean (on random hidden states: {ratio:.6g})"
+    tokens = min(seq_len, cfg.max_tokens or seq_len)
+    return (f"dispersion: rank 0 owns {owned[0]} of each micro-batch's {layout.micro_batch} sequences "
+            f"({layout.accumulation} per step), {tokens} tokens and {tokens * (tokens - 1):,} ordered pairs each, "
+            f"on {chosen} blocks; {ratio_note}; {layout.dp} DP ranks × {layout.accumulation} micro-batches × "
+            f"{sum(owned)} sequences / {g} = 1: the sum over ranks is the global-batch mean")
+
+
+def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
+    """The checks' lines for the run ``args`` make in the layout ``full`` (``DryRunFailed`` on the
+    first failing check)."""
+    prepare()
+    shrunk, said = shrunk_args(args, full)
+    gpus = full.gpus
+    job_config: RunConfig = checked_config(shrunk, gpus)
+    layout = resolve_layout(job_config, gpus, full.nodes)
+    start = time.perf_counter()
+    with quiet(), rank_zero_trainer(job_config, gpus) as trainer:
+        lines = [f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, {said}",
+                 check_mesh(trainer, layout)]
+        (model,) = trainer.model_parts
+        lines.append(check_parallelize(model, layout, trainer.model_args.tie_embeddings)[0])
+        lines.append(check_dispersion(trainer, layout, job_config.training.seq_len))
+        t = job_config.training
+        optimizer_step(trainer, micro_batches(trainer, 1), torch.tensor(float(t.global_batch_size * t.seq_len)))
+    lines.append(f"step: one micro-batch's forward and backward ({job_config.dispersion.variant}), clipping and the "
+                 f"optimizer step ran "
+                 f"({time.perf_counter() - start:.1f} s with the build)")
+    return lines

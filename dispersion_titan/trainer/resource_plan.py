@@ -1,0 +1,65 @@
+"""One run's resource plan: its layout checked for the GPUs (``planning.layout``: an impossible
+one ends in one line before anything is built), its step measured on rank 0 of that world
+(``step_measure``), priced and tabled (``planning.report``). Steps whose measurement would be
+the same (sweep cells differing in seed, λ or run folder) are measured once per process.
+The one module ``plan`` imports (``plan_table``, ``runs_table``, ``refuse_if_too_big`` and
+``dry_run_step`` are here for it)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from typing import TYPE_CHECKING
+
+from ..job_config.parse import prepare
+from ..planning.gpus import GPUS
+from ..planning.layout import checked_config, nodes_of, resolve_layout
+from ..planning.measurement import StepMeasurement
+from ..planning.report import ResourcePlan, plan_table, refuse_if_too_big, resource_plan, runs_table
+from .dry_run import dry_run_step
+from .fake_world import quiet
+from .step_measure import MEASURED_DEPTHS, extrapolates, measure_step
+
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
+
+__all__ = ["dry_run_step", "plan_table", "planned", "refuse_if_too_big", "runs_table"]
+NOT_MEASURED = {"job": None, "checkpoint": None, "metrics": None, "validation": None, "lr_scheduler": None,
+                "debug": ("seed",), "training": ("steps", "dataset", "dataset_path"),
+                "dispersion": ("coeff", "warmup_steps")}
+"""Settings that change neither a step's memory nor its operators (None: the whole section; the
+data is a stand-in, ``fake_world``)."""
+_measured: dict[str, StepMeasurement] = {}
+
+
+def _measurement_key(job_config: RunConfig, world: int, gpu: str) -> str:
+    values = dataclasses.asdict(job_config)
+    for section, keys in NOT_MEASURED.items():
+        if keys is None:
+            values.pop(section, None)
+        else:
+            for key in keys:
+                values.get(section, {}).pop(key, None)
+    return json.dumps([values, world, gpu], sort_keys=True, default=str)
+
+
+def depth_note(job_config: RunConfig, depth: int) -> str:
+    if extrapolates(job_config, depth):
+        blocks = " and ".join(map(str, MEASURED_DEPTHS))
+        return f"measured at {blocks} blocks, extrapolated to {depth} (linear in depth)"
+    return f"measured at all {depth} blocks"
+
+
+def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: str) -> ResourcePlan:
+    """The plan of the run that ``args`` (a launch's command line) make on ``gpus`` × ``gpu_key``."""
+    prepare()
+    gpu = GPUS[gpu_key]
+    job_config = checked_config(args, gpus)
+    layout = resolve_layout(job_config, gpus, nodes_of(gpus, nodes, gpu))
+    key = _measurement_key(job_config, gpus, gpu_key)
+    if key not in _measured:
+        with quiet():
+            _measured[key] = measure_step(copy.deepcopy(job_config), gpus, gpu, layout.n_layers)
+    note = depth_note(job_config, layout.n_layers)
+    return resource_plan(name, job_config, layout, _measured[key], gpu_key, gpu, note)

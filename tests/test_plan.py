@@ -1,0 +1,278 @@
+"""``dispersion-titan plan``: every shipped config laid out (or refused in one line) at 1, 8 and 64
+GPUs and 8 × TP 2; the memory of the configs that bound all others measured at their largest
+share (one GPU) and under an 80 GB GPU; the memory model against a real CPU step at 1 and 2
+gloo ranks; the dry-run step of a representative set at the largest world they claim; the
+sweep's totals; the roofline that calibrates the step time against its measured GPU figure.
+
+Cost: the plans measure under ``FakeTensorMode`` (a few seconds a model, at 2 and 3 blocks
+where deeper: memory and time are linear in depth); measurements are shared within the module
+(``trainer.resource_plan``'s cache)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from dispersion_titan.config.cli import load_toml
+from dispersion_titan.job_config.parse import check, model_args, parse_job_config
+from dispersion_titan.plan import main as plan_main
+from dispersion_titan.plan import plan_args
+from dispersion_titan.planning.disk import FULL_BYTES_PER_PARAM, checkpoint_disk
+from dispersion_titan.losses.dispersion import MAX_BLOCK_BYTES
+from dispersion_titan.planning.figures import MEASURED_STEPS
+from dispersion_titan.planning.gpus import GPUS
+from dispersion_titan.planning.layout import checked_config, nodes_of, resolve_layout
+from dispersion_titan.trainer import resource_plan
+from dispersion_titan.trainer.step_measure import measure_at
+from dispersion_titan.utils.errors import ArgumentError, ConfigError
+from support.cli import assert_one_line_error
+from support.launch import REPO, torchrun_script
+
+CONFIGS = sorted((REPO / "train_configs").rglob("*.toml"))
+SIZES = ((1, None), (8, None), (64, None), (8, 2))
+GB = 1e9
+
+
+def gpus_claimed(job) -> int:
+    """The largest data-parallel world a shipped config claims: its global batch, one sequence
+    per GPU (1 to 64 for the GPU configs, 32 for the paper's Qwen3 ones)."""
+    return job.training.global_batch_size
+
+
+@pytest.fixture(scope="module")
+def parsed() -> dict[Path, object]:
+    """Each shipped config parsed once, as a launch parses it; layouts are checked on copies."""
+    resource_plan.prepare()
+    return {c: parse_job_config(plan_args(str(c)), load_toml(plan_args(str(c)))) for c in CONFIGS}
+
+
+def test_every_config_lays_out_or_refuses_in_one_line(parsed):
+    assert len(CONFIGS) == 26
+    for config, job in parsed.items():
+        for gpus, tp in SIZES:
+            c = copy.deepcopy(job)
+            c.parallelism.tensor_parallel_degree = tp or c.parallelism.tensor_parallel_degree
+            if tp and c.parallelism.data_parallel_replicate_degree == -1:  # DDP beside TP is refused (checks)
+                with pytest.raises(ConfigError, match="^parallelism.data_parallel_replicate_degree: replicated"):
+                    check(copy.deepcopy(c), gpus)
+                c.parallelism.data_parallel_replicate_degree, c.parallelism.data_parallel_shard_degree = 1, -1
+            dp = gpus // c.parallelism.tensor_parallel_degree
+            try:
+                check(c, gpus)
+            except ConfigError as e:
+                assert "\n" not in str(e) and dp > gpus_claimed(job), (config.name, gpus, tp, str(e))
+                assert str(e).startswith(("training.global_batch_size:", "validation.global_batch_size:")), str(e)
+                continue
+            layout = resolve_layout(c, gpus, nodes_of(gpus, None, GPUS["h100"]))
+            t = c.training
+            assert layout.micro_batch * layout.accumulation * layout.dp == t.global_batch_size, (config.name, gpus)
+            assert layout.micro_batch <= (t.max_local_batch_size or t.global_batch_size), (config.name, gpus)
+            assert (layout.dp * layout.tp, layout.tokens_per_step) == (gpus, t.global_batch_size * t.seq_len)
+            assert layout.nodes == math.ceil(gpus / 8) and layout.n_layers == model_args(c).n_layers
+
+
+def test_impossible_layouts_are_refused_before_anything_is_built(capsys):
+    config = str(REPO / "train_configs" / "gpt2_small_mlp3072.toml")
+    for args, message in (
+        (("--gpus", "64", "--tp", "8"), "model.n_heads: 12 is not divisible by parallelism.tensor_parallel_degree=8"),
+        (("--gpus", "64", "--nodes", "3"), "--nodes: 64 GPUs do not split evenly over 3 nodes"),
+        (("--gpus", "128"), "training.global_batch_size: 64 sequences cannot be split over 128 data-parallel ranks"),
+    ):
+        with pytest.raises(SystemExit) as done:
+            plan_main([config, *args])
+        out, err = capsys.readouterr()
+        assert_one_line_error(done.value.code, err, message)
+        assert out == "", out
+
+
+STRIP_MARGIN = 4 * MAX_BLOCK_BYTES
+"""What one dispersion variant may need beyond another: every variant runs through the same
+strips (``losses.dispersion.TorchStrips``), saving only its input, with temporaries of at most
+``MAX_BLOCK_BYTES`` each; the bounding plans keep this much room."""
+
+
+def _dominates(big, small) -> bool:
+    """Whether ``small``'s step needs at most ``big``'s memory on one GPU (within ``STRIP_MARGIN``):
+    the same family and precision, every size at most ``big``'s, its dispersion term (if any) on
+    as many blocks and at most as many tokens, no more dropout, no less activation checkpointing."""
+    a, b = copy.copy(model_args(big)), copy.copy(model_args(small))  # a flavor's instance is shared
+    sizes = ("dim", "n_layers", "n_heads", "hidden_dim", "vocab_size")
+    same = (big.model.name == small.model.name
+            and big.training.mixed_precision_param == small.training.mixed_precision_param
+            and big.activation_checkpoint.mode in ("none", small.activation_checkpoint.mode))
+    dropout = all(getattr(b, k, 0) <= getattr(a, k, 0) for k in ("attn_dropout", "resid_dropout", "embd_dropout"))
+    bt, st = big.training, small.training
+    batch = (st.max_local_batch_size or st.global_batch_size) <= (bt.max_local_batch_size or bt.global_batch_size)
+    d, e = big.dispersion, small.dispersion
+    term = e.variant == "none" or (d.variant != "none" and e.layers == d.layers  # either points: n of [B, N, d]
+                                   and (d.max_tokens == 0 or 0 < e.max_tokens <= d.max_tokens))
+    return (same and dropout and batch and term and st.seq_len <= bt.seq_len
+            and all(getattr(b, k) <= getattr(a, k) for k in sizes))
+
+
+BOUNDS = {
+    "GPT-2 small": ("gpt2_small_mlp6144_angular_spread.toml",  # the widest MLP, with the paper's dropout
+                    ("--model.attn_dropout", "0.1", "--model.resid_dropout", "0.1", "--model.embd_dropout", "0.1")),
+    "Qwen3": ("paper/midtrain_qwen3_1.7b_angular_spread.toml", ()),
+    "debug GPT-2": ("debug_angular_spread.toml", ()),
+    "debug Qwen3": ("debug_qwen3_angular_spread.toml", ()),
+}
+"""Steps that bound every shipped config's, each a shipped config (with the largest dropout any
+of its family has)."""
+
+
+@pytest.fixture(scope="module")
+def bounds(parsed) -> dict[str, tuple[object, object]]:
+    """Each bound's job config and its plan on one GPU: the largest share of any layout (the
+    largest micro-batch, nothing sharded)."""
+    out = {}
+    for name, (config, overrides) in BOUNDS.items():
+        args = plan_args(str(REPO / "train_configs" / config), None, overrides)
+        out[name] = (checked_config(args, 1), resource_plan.planned(name, args, 1, None, "h100"))
+    return out
+
+
+def test_every_shipped_config_fits_an_80_gb_gpu_at_every_size_it_claims(parsed, bounds):
+    """One GPU holds the largest share of every layout (a micro-batch at least as large, every
+    state unsharded), and every shipped config's step is bounded by one of ``BOUNDS``: their
+    measured peaks under 80 GB, with room to spare, bound them all."""
+    for name, (_, plan) in bounds.items():
+        assert plan.step.peak + STRIP_MARGIN < 0.9 * 80 * GB, (name, plan.step.peak / GB)
+        assert plan.memory_share == pytest.approx(plan.step.peak / (80 * GB)) and plan.layout.gpus == 1
+    for c in CONFIGS:
+        assert any(_dominates(job, parsed[c]) for job, _ in bounds.values()), c.name
+    qwen = bounds["Qwen3"][1]
+    assert qwen.layout.micro_batch == 1 and qwen.layout.accumulation == 32
+    assert 1.7e9 < qwen.step.params_total < 2.1e9 and qwen.step.params_local == qwen.step.params_total
+
+
+def test_a_micro_batch_that_does_not_fit_is_refused_in_one_line():
+    plan = resource_plan.planned("big", plan_args(str(REPO / "train_configs" / "gpt2_small_mlp3072.toml"), None,
+                                                  ("--training.max_local_batch_size", "512",
+                                                   "--training.global_batch_size", "512")), 1, None, "a100")
+    assert plan.layout.micro_batch == 512 and not plan.fits()
+    with pytest.raises(ConfigError, match=r"^training\.max_local_batch_size: big's micro-batch of 512 sequences "
+                                          r"needs [\d.]+ GB per GPU at its peak, more than the A100 SXM 80GB's 80 GB"):
+        resource_plan.refuse_if_too_big(plan)
+
+
+def test_checkpoint_disk_is_counted_from_the_config():
+    """gpt2_small_mlp3072: steps 0, 500, ..., 4500 full (weights and AdamW's two moments, fp32),
+    5000 weights only: the ~15 GB its comment states."""
+    args = plan_args(str(REPO / "train_configs" / "gpt2_small_mlp3072.toml"))
+    job = checked_config(args, 64)
+    params = 124_475_904  # GPT-2 small with MLP 3072 and 50,304 rows, the tie counted once
+    disk = checkpoint_disk(job, params)
+    assert (disk.full, disk.model_only) == (10, 1)
+    assert disk.bytes == params * (10 * FULL_BYTES_PER_PARAM + 4) and 14e9 < disk.bytes < 16e9
+
+
+DEBUG_ACCUMULATING = ("--training.max_local_batch_size", "2")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_memory_plan_holds_a_real_cpu_step_within_10_percent(ranks):
+    """The plan under FakeTensorMode against the real step (TorchTitan's train_step, gloo, real
+    tensors) counted by the same PyTorch tracker, accumulation included (4 micro-batches on 1
+    rank, 2 on 2)."""
+    config = str(REPO / "train_configs" / "debug_angular_spread.toml")
+    plan = resource_plan.planned("debug", plan_args(config, None, DEBUG_ACCUMULATING), ranks, None, "h100")
+    assert plan.layout.accumulation == 4 // ranks
+    proc = torchrun_script("step_memory.py", ranks, "--job.config_file", config, *DEBUG_ACCUMULATING)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    real = float(re.search(r"^PEAK (\d+)", proc.stdout, re.M).group(1))
+    assert abs(plan.step.peak - real) <= 0.10 * real, (plan.step.peak, real)
+
+
+def test_depth_extrapolation_is_the_measured_step():
+    """Memory and time are linear in depth: the step measured at 2 and 3 blocks and taken to 6
+    is the step measured at 6."""
+    args = plan_args(str(REPO / "train_configs" / "debug_angular_spread.toml"), None, ("--model.n_layers", "6"))
+    planned = resource_plan.planned("debug6", args, 1, None, "h100")
+    assert planned.depth_note.startswith("measured at 2 and 3 blocks")
+    with resource_plan.quiet():
+        measured = measure_at(checked_config(args, 1), 1, GPUS["h100"], 6)
+    assert planned.step.params_local == measured.params_local
+    for key, value in measured.memory.items():
+        assert planned.step.memory[key] == pytest.approx(value, rel=0.01, abs=2e4), key
+    assert planned.step.micro_batch_s == pytest.approx(measured.micro_batch_s, rel=5e-3)
+
+
+DRY_RUNS = [
+    ("gpt2_small_mlp3072_angular_spread.toml", 64, None, (), "mesh: fsdp 64 of 64 ranks"),
+    ("gpt2_small_mlp3072_angular_spread.toml", 8, 4, (), "mesh: fsdp 2 × tp 4 of 8 ranks"),
+    ("paper/midtrain_qwen3_0.6b_angular_spread.toml", 8, None, (), "mesh: dp_replicate 8 of 8 ranks"),  # DDP
+    ("debug_angular_spread.toml", 64, 2, ("--training.global_batch_size", "32"), "mesh: fsdp 32 × tp 2 of 64 ranks"),
+]
+
+
+@pytest.mark.parametrize("config, gpus, tp, overrides, mesh", DRY_RUNS,
+                         ids=[f"{c}-{g}-tp{t}" for c, g, t, *_ in DRY_RUNS])
+def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, mesh):
+    """The real trainer as rank 0 of the world (fake collectives), 2 blocks and 128 tokens (the
+    mesh, the parallelize plan and the accounting do not depend on depth or length): its checks
+    pass and say what they found."""
+    args = plan_args(str(REPO / "train_configs" / config), tp, overrides)
+    full = resolve_layout(checked_config(args, gpus), gpus, nodes_of(gpus, None, GPUS["h100"]))
+    lines = resource_plan.dry_run_step(args, full)
+    text = "\n".join(lines)
+    assert lines[0].startswith(f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, 2 of ")
+    assert lines[1].startswith(mesh) and ": as planned" in lines[1], text
+    assert ("replicated by DDP" if "dp_replicate" in mesh else "each holding rank 0's shard of its placements") \
+        in lines[2], text
+    assert ("sharded over tp" in lines[2]) == bool(tp), text
+    assert re.search(r": the sum over ranks is the global-batch mean$", lines[3]), text
+    if not tp:  # the term checked against rank 0's own mean on random hidden states
+        assert re.search(r"its term is 1/\d+ × its own mean", lines[3]), text
+    assert lines[4].startswith("step: one micro-batch's forward and backward (angular_spread)"), text
+
+
+def test_sweep_plan_sums_the_sweep(capsys):
+    from dispersion_titan.sweep import main
+
+    main([str(REPO / "launch" / "sweep_example.toml"), "--widths", "256", "--variants", "baseline,angular_spread:0.1",
+          "--plan"])
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| w256-")]
+    assert [r[0] for r in rows] == ["| w256-baseline-s0", "| w256-baseline-s1", "| w256-angular_spread-c0.1-s0",
+                                    "| w256-angular_spread-c0.1-s1"]
+    assert rows[0][1:] == rows[1][1:] and rows[2][1:] == rows[3][1:]  # seeds: the same step
+    total = next(line for line in out.splitlines() if line.startswith("| **total (4 runs)**")).split(" | ")
+    hours, disk = (float(x.strip("* |")) for x in total[-2:])
+    assert hours == pytest.approx(sum(float(r[-2]) for r in rows), rel=0.01)
+    assert disk == pytest.approx(sum(float(r[-1].strip(" |")) for r in rows), abs=0.006 * len(rows))  # rounded
+
+
+def test_paper_plans_only_the_artifacts_that_train():
+    from dispersion_titan.paper import run_paper
+
+    with pytest.raises(ArgumentError, match="^--plan: fig2 analyses released models and trains nothing"):
+        run_paper(["fig2", "--plan"])
+
+
+def test_paper_fig3_plans_the_preset_it_trains():
+    """``paper fig3 --slurm --plan`` plans the runs ``--slurm`` trains: the paper preset by default."""
+    from dispersion_titan.reproduce.paper.plan import training_runs
+
+    runs = training_runs("fig3", "paper")
+    assert len(runs) == 8 and {c for _, c, _ in runs} == {"train_configs/paper/fig3_gpt2_small.toml",
+                                                          "train_configs/paper/fig3_gpt2_small_angular_spread.toml"}
+    assert ("fig3_gpt2_small_mlp6144_angular_spread", "train_configs/paper/fig3_gpt2_small_angular_spread.toml",
+            ("--model.mlp_hidden_dim", "6144")) in runs
+    assert {c for _, c, _ in training_runs("fig3", "ours")} >= {"train_configs/gpt2_small_mlp768.toml"}
+
+
+def test_the_calibrating_roofline_is_the_plans_own():
+    """The roofline stored with the measured H100 step is what plan computes for that step now
+    (bench/plan_accuracy.py prints both GPUs'), and docs/benchmarks.md has the measured figure."""
+    (figure,) = (f for f in MEASURED_STEPS if f.gpu == "h100")
+    plan = resource_plan.planned("figure", plan_args(figure.args[0], None, figure.args[1:]), 1, None, "h100")
+    assert plan.layout.accumulation == 1
+    assert plan.step.micro_batch_s + plan.step.optimizer_s == pytest.approx(figure.roofline_s, rel=2e-3)
+    benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
+    for f in MEASURED_STEPS:
+        assert f"{f.measured_s * 1e3:.1f}" in benchmarks, f.source
