@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
+from dispersion_titan.utils.errors import run_command
+
 COMMANDS = {
     "train": "dispersion_titan.train",
     "analyze": "dispersion_titan.analyze",
@@ -35,7 +37,7 @@ def main() -> None:
         print(f"dispersion-titan: error: {named}{USAGE}", file=sys.stderr)
         sys.exit(2)
     sys.argv = [COMMANDS[args[0]], *args[1:]]  # what python -m COMMAND's main sees
-    import_module(COMMANDS[args[0]]).main()
+    run_command(import_module(COMMANDS[args[0]]).main)
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -19,7 +19,7 @@ from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS, 
 from dispersion_titan.analysis.wandb_condensation import log_analysis
 from dispersion_titan.components.wandb_run import recorded
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
+from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
 
 
 def _seq_len(text: str) -> int:
@@ -176,4 +176,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -12,7 +12,8 @@ for gpt2 ``n_inner`` for MLP widths other than 4·dim and a vocabulary padded pa
 GPT-2's 50257 ids trimmed back to them), ``model.safetensors`` and the run's tokenizer
 files (GPT-2's BPE, or those of the model's own folder). Everything is written to a
 temporary directory first, so a failed conversion leaves ``OUT_DIR`` as it was; a
-non-empty ``OUT_DIR`` is refused unless ``--force``.
+non-empty ``OUT_DIR`` is refused unless ``--force`` and it holds an export of the same run
+(a folder of any other owner is refused even so: ``run_folder/owners.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import argparse
 import sys
 
 from .run_folder.hf_export import to_hf
-from .utils.errors import DispersionTitanError, fail
+from .utils.errors import DispersionTitanError, fail, run_command
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     export = commands.add_parser("to-hf", help="checkpoint step directory -> Hugging Face model directory")
     export.add_argument("step_dir", metavar="CHECKPOINT_OR_RUN", help="a step-N folder, or a run (its newest complete checkpoint)")
     export.add_argument("out_dir", metavar="OUT_DIR")
-    export.add_argument("--force", action="store_true", help="write into a non-empty OUT_DIR")
+    export.add_argument("--force", action="store_true", help="replace an export of the same run in OUT_DIR")
     options = parser.parse_args(argv)
     try:
         to_hf(options.step_dir, options.out_dir, options.force)
@@ -43,4 +44,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

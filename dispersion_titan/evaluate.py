@@ -28,7 +28,7 @@ from dispersion_titan.evaluation.protocol import (
     run_protocol,
 )
 from dispersion_titan.evaluation.wandb_scores import log_evaluation
-from dispersion_titan.utils.errors import DispersionTitanError, fail_with
+from dispersion_titan.utils.errors import DispersionTitanError, fail_with, run_command
 
 
 def _non_negative_int(text: str) -> int:
@@ -133,9 +133,10 @@ def run_evaluate(argv: list[str]) -> int:
 
 def _protocol_of(run: str) -> str:
     """The authors' protocol for the run's model family (``run.json``), a note where they had none."""
-    from dispersion_titan.run_folder.checkpoints import find_checkpoint_folder, load_run_metadata  # torch: after --help
+    # torch: after --help
+    from dispersion_titan.run_folder.checkpoints import find_checkpoint_folder, load_run_metadata, run_of
 
-    dump = os.path.dirname(os.path.abspath(find_checkpoint_folder(run)))
+    dump = run_of(find_checkpoint_folder(run))
     protocol, note = run_protocol(load_run_metadata(dump).get("model_name", "gpt2"))
     if note:
         print(note, file=sys.stderr)
@@ -162,4 +163,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

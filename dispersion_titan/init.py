@@ -12,7 +12,7 @@ import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.shipped import write_shipped
-from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
+from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,4 +37,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -24,11 +24,12 @@ from dispersion_titan.evaluate import _selection, add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
-from dispersion_titan.run_folder.writer_lock import sole_writer
-from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with
+from dispersion_titan.run_folder.owners import FolderOwner, owned
+from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
 
 ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "robustness")
 DEFAULT_OUT = "outputs/paper"
+PAPER = FolderOwner("paper")
 
 
 def paper_parser() -> OneLineErrorParser:
@@ -150,7 +151,8 @@ def run_paper(argv: list[str]) -> int:
         if a.dry_run:
             print(slurm.script(plan, jobs))
             return 0
-        slurm.submit(plan, jobs)
+        with owned(plan.out, PAPER):  # its logs/ are the first files the folder holds
+            slurm.submit(plan, jobs)
         print(f"submitted; the drawing job writes {plan.out}/{a.artifact}.* (logs: {plan.out}/logs)")
         return 0
     if a.dry_run:
@@ -162,7 +164,7 @@ def run_paper(argv: list[str]) -> int:
 
         planning.check_hub(plan)
         planning.check_devices(plan, options, torch.cuda.is_available())
-    with sole_writer(plan.out):  # each analyze or evaluate it runs holds its own --out as well
+    with owned(plan.out, PAPER):  # each analyze or evaluate it runs holds its own --out as well
         if not a.draw_only:
             _run_locally(plan, a.artifact)
         written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference,
@@ -181,4 +183,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

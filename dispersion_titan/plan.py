@@ -16,7 +16,7 @@ import sys
 from types import ModuleType
 
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, with_config_module
-from dispersion_titan.utils.errors import DispersionTitanError, fail_with
+from dispersion_titan.utils.errors import DispersionTitanError, fail_with, run_command
 
 GPU_CHOICES = ("h100", "h200", "a100")  # planning.gpus.GPUS, named here to answer --help without torch
 
@@ -79,4 +79,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

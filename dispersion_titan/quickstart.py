@@ -30,7 +30,7 @@ import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser, positive_int
 from dispersion_titan.reproduce.quickstart import CONFIG, VARIANT
-from dispersion_titan.utils.errors import ArgumentError, fail
+from dispersion_titan.utils.errors import ArgumentError, fail, run_command
 
 OUT_ENV = "QUICKSTART_OUT"
 
@@ -89,4 +89,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -29,7 +29,7 @@ import sys
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
-from dispersion_titan.utils.errors import DispersionTitanError, SweepError, fail
+from dispersion_titan.utils.errors import DispersionTitanError, SweepError, fail, run_command
 
 SPEC_KEYS = ("config", "out", "widths", "variants", "seeds", "partition", "account", "train_time", "analyze_time",
              "evaluate_time", "nodes", "gpus_per_node", "cpus_per_task", "analyze_gpus", "train_sbatch_args",
@@ -112,4 +112,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -25,7 +25,15 @@ from dispersion_titan.config.cli import (
     with_config_module,
 )
 from dispersion_titan.config.toml_types import check_own_sections
-from dispersion_titan.utils.errors import ArgumentError, ConfigError, DispersionTitanError, RunFinished, fail, fail_with
+from dispersion_titan.utils.errors import (
+    ArgumentError,
+    ConfigError,
+    DispersionTitanError,
+    RunFinished,
+    fail,
+    fail_with,
+    run_command,
+)
 from dispersion_titan.utils.launcher_death import end_with_launcher
 
 CHECK_ONLY = "--check-only"
@@ -104,4 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -46,6 +46,18 @@ def session_token_cache(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's in-process analyses and evaluations, as launch_env gives
+    subprocesses: on a shared 2-core machine two threads per process oversubscribe it (5x slower)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def private_caches(tmp_path, monkeypatch):
     """Keep datasets' Arrow cache and our token cache inside the test's folder."""

@@ -348,3 +348,14 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
     assert_one_line_error(*analyze("compare", run, tmp_path / "s32", "--out", tmp_path / "bad", capsys=capsys)[::2],
                           "different inputs", "seq_len 64 vs 32")
     assert not (tmp_path / "bad").exists()
+
+
+def test_compare_refuses_a_run_named_twice(run, analyzed, tmp_path, capsys):
+    """``analyze compare RUN RUN`` would draw two identical rows: refused, as the sweep, the
+    quickstart and ``evaluate table`` refuse duplicates; also when named by its dump and its
+    condensation folder."""
+    for twice in ([run, run], [run, analyzed]):
+        code, _, err = analyze("compare", *twice, "--out", tmp_path / "cmp", capsys=capsys)
+        assert_one_line_error(code, err, f"compare: {twice[0]} and {twice[1]} are the same run's analyses "
+                                         f"({analyzed}); name each run once")
+    assert not (tmp_path / "cmp").exists()

@@ -72,6 +72,10 @@ REFUSALS = [
     Refusal([*DEBUG, "--dispersion.layers", "5"], "dispersion.layers:"),
     Refusal([*DEBUG, "--dispersion.layers", "middle"], "dispersion.layers:"),
     Refusal([*DEBUG, "--dispersion.max_tokens", "1"], "dispersion.max_tokens:"),
+    Refusal([*DEBUG, "--dispersion.variant", "l2_repel", "--training.seq_len", "1"],
+            "training.seq_len: 1 token per sequence leaves no pair of tokens for the l2_repel term"),
+    Refusal([*DEBUG, "--job.save_config_file", "../other/run.json"], "job.save_config_file: ../other/run.json lands "
+            "outside job.dump_folder"),
     Refusal([*DEBUG, "--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps:"),
     Refusal([*DEBUG, "--dispersion.precision", "fp8"], "dispersion.precision:"),
     Refusal([*DEBUG, "--dispersion.variant", "perplexity_entropy", "--dispersion.precision", "tf32"],
@@ -236,7 +240,10 @@ EXTRA = "\n[extra]\nfoo = 1\n"  # appended to debug.toml: a section of nobody's
     (EXTRA, [], "extra: unknown section in {toml}"),
     ("", ["--dispersion.variant", "angular_spread", "--dispersion.coeff", "inf"],
      "dispersion.coeff: must be a finite number, got inf"),
-], ids=["tp-degree", "seq-len", "missing-dataset", "triton-on-cpu", "unknown-section", "coeff-inf"])
+    ("", ["--dispersion.variant", "angular_spread", "--training.seq_len", "1"],
+     "training.seq_len: 1 token per sequence leaves no pair of tokens for the angular_spread term (as "
+     'dispersion.max_tokens, it needs >= 2); use a longer sequence, or dispersion.variant = "none"'),
+], ids=["tp-degree", "seq-len", "missing-dataset", "triton-on-cpu", "unknown-section", "coeff-inf", "seq-len-1"])
 def test_cli_exits_2_with_one_line_before_starting(tmp_path, extra, args, expected):
     """The same refusals through ``python -m dispersion_titan.train``: status 2, the one line, no dump folder."""
     config = write_toml(tmp_path, open(DEBUG_TOML).read() + extra) if extra else DEBUG_TOML

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -35,3 +37,21 @@ def test_an_unknown_command_is_refused_with_the_list():
     assert proc.returncode == 2 and "train|analyze|evaluate|convert|sweep|quickstart|data" in proc.stderr
     assert proc.stderr.startswith("dispersion-titan: error: unknown command 'nope'; usage:")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["paper", "--list"], ["analyze", "--help"], ["train", "--help"]])
+def test_a_reader_that_goes_away_ends_a_command_quietly(argv):
+    """``dispersion-titan paper --list | head -3``: a closed pipe ends the command without a
+    traceback, as a shell reports a tool SIGPIPE ended (141). The reader closes before the
+    command writes, so the pipe is closed every time, not only when the output outgrows it."""
+    script = shutil.which("dispersion-titan", path=str(Path(sys.executable).parent))
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([script, *argv], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.stderr == "" and proc.returncode in (0, 141)
+    shell = subprocess.run(f"{shlex.quote(script)} {shlex.join(argv)} | head -3", shell=True, capture_output=True,
+                           text=True, timeout=120)
+    assert shell.returncode == 0 and shell.stderr == "" and len(shell.stdout.splitlines()) == 3

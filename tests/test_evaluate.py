@@ -23,6 +23,7 @@ from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan, run_protocol
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 from dispersion_titan.models.qwen3 import Qwen3Args
+from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 
 from support.cli import assert_one_line_error, run_cli
@@ -54,16 +55,7 @@ def tree(folder: Path) -> dict[str, int]:
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread for the in-process evaluations, as launch_env gives subprocesses:
-    on a shared 2-core machine two threads per process oversubscribe it (5x slower)."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +161,7 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     assert seed == 42 and mine["seeds"] == lm_eval_seeds(seed)
     assert {key: ours["config"][key] for key in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")} == \
         dict.fromkeys(("random_seed", "numpy_seed", "torch_seed", "fewshot_seed"), seed)
-    assert not [p for p in os.listdir(evaluated) if p.startswith(".")]  # the temporary export is gone
+    assert not [p for p in os.listdir(evaluated) if p.startswith(".") and p != OWNER_FILE]  # the export is gone
 
     with open(evaluated / "summary.csv") as f:
         rows = list(csv.DictReader(f))
@@ -327,7 +319,8 @@ def test_two_evaluations_at_once_one_writer(run, tmp_path):
 def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_path, capsys):
     """step-N/results.json records its checkpoint's identity: once step-N holds other weights,
     the rerun says so in one line instead of skipping it, and changes nothing."""
-    replaced, out = tmp_path / "run", tmp_path / "out"
+    replaced = tmp_path / "run"
+    out = replaced / "evaluation"  # a copy of the run, its results with it
     shutil.copytree(run / "checkpoint", replaced / "checkpoint")  # copies keep mtimes: the same identity
     shutil.copy(run / "run.json", replaced)
     shutil.copytree(evaluated, out)
@@ -367,7 +360,7 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, cap
     shard = next(corrupt.glob("*.distcp"))
     with open(shard, "r+b") as f:
         f.truncate(1000)
-    out = tmp_path / "out"  # step 0 already done there: only the broken step is attempted
+    out = broken / "evaluation"  # step 0 already done there: only the broken step is attempted
     shutil.copytree(evaluated / "step-0", out / "step-0")
     code, stdout, err = evaluate(broken, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert code == 1
@@ -375,7 +368,7 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, cap
     assert "1 of 2 checkpoints could not be evaluated" in err
     assert "1 step(s) already evaluated" in stdout
     assert sorted(p.parent.name for p in out.glob("step-*/results.json")) == ["step-0"]
-    assert not [p for p in os.listdir(out) if p.startswith(".")]
+    assert not [p for p in os.listdir(out) if p.startswith(".") and p != OWNER_FILE]  # no export left behind
 
 
 def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, evaluated, tmp_path, capsys):

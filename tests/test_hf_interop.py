@@ -171,18 +171,29 @@ def test_exported_tokenizer_works_offline(tmp_path):
 
 
 def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path):
+    """A folder of a user's files is refused, with --force too; an earlier export of the same run
+    needs --force."""
     step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     out = tmp_path / "hf"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
+    for force in ((), ("--force",)):
+        proc = python_module("dispersion_titan.convert", "to-hf", str(step), str(out), *force)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines() == [
+            f"dispersion_titan: error: OUT_DIR: {out} holds files no dispersion_titan command recorded as its own "
+            "(notes.txt); use another OUT_DIR"]
+        assert os.listdir(out) == ["notes.txt"]
+    out = tmp_path / "export"
+    convert.main(["to-hf", str(step), str(out)])
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     proc = python_module("dispersion_titan.convert", "to-hf", str(step), str(out))
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         f"dispersion_titan: error: OUT_DIR: {out} is not empty (pass --force to overwrite its files)"]
-    assert os.listdir(out) == ["notes.txt"]
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     convert.main(["to-hf", str(step), str(out), "--force"])
-    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").exists()
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".hf.")]  # no staging left behind
+    assert (out / "model.safetensors").stat().st_mtime_ns != before["model.safetensors"]
+    assert not [p for p in os.listdir(tmp_path) if p.startswith((".hf.", ".export."))]  # no staging left behind
 
 
 def test_convert_names_a_missing_checkpoint(tmp_path, capsys):

@@ -156,6 +156,15 @@ def test_only_the_commands_that_build_the_trainer_import_it():
     assert importers == {"train", "torchrun", "plan"}
 
 
+def test_evaluation_and_analysis_share_only_what_sits_below_them():
+    """Siblings: the output I/O, ``--steps``, ``--device`` and ``run.json`` readers both use live
+    in ``run_folder/`` and ``utils/``, so neither imports the other."""
+    graph = import_graph(PACKAGE)
+    crossing = {f"{source} imports {target}" for source, targets in graph.items() for target in targets
+                if {source.partition(".")[0], target.partition(".")[0]} == {"analysis", "evaluation"}}
+    assert crossing == set()
+
+
 def test_every_layer_names_a_folder_that_exists():
     folders = {folder(PACKAGE, path) for path in module_names(PACKAGE).values()}
     declared = {name for row in LAYERS for name in row}

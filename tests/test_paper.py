@@ -44,12 +44,7 @@ OURS = [*INPUTS, "--protocol", "default"]  # our inputs and all n + 2 layer poin
 SIZES = {"gpt2-s": (16, 2), "gpt2-m": (32, 3), "gpt2-l": (64, 4)}  # width, layers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

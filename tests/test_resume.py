@@ -68,7 +68,7 @@ def test_model_only_run_cannot_continue_and_says_why(elastic, tmp_path):
     with pytest.raises(CheckpointError, match=rf"{final} holds weights only .* cannot continue to step 10; "
                                               rf"start a new job.dump_folder from its weights with "
                                               rf"--job.fork_from {tmp_path}@8"):
-        check_resume(str(tmp_path / "checkpoint"), 10, 1)
+        check_resume(str(tmp_path / "checkpoint"), str(tmp_path), 10, 1)
 
 
 def test_validation_loss_does_not_depend_on_the_layout(elastic):

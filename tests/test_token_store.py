@@ -273,6 +273,21 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_row_without_text_is_refused_naming_file_and_line(capsys, tmp_path):
+    """``data prepare local`` on a jsonl whose second row lacks ``"text"`` (and another whose row is
+    null): refused naming the file and line, exit 2, before --out is created; a row dropped in
+    silence would make a store of fewer documents than the file holds."""
+    for name, second in (("lacks.jsonl", {"title": "two"}), ("null.jsonl", {"text": None})):
+        path = tmp_path / name
+        path.write_text("\n".join(json.dumps(row) for row in ({"text": "one"}, second, {"text": "three"})) + "\n")
+        with pytest.raises(SystemExit) as exit_:
+            main(["prepare", "local", "--dataset-path", str(path), "--out", str(tmp_path / "out")])
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dispersion_titan:")]
+        assert exit_.value.code == 2 and errors == [
+            f'dispersion_titan: error: --dataset_path: {path}: line 2 has no "text"; give every row a "text" string']
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- the real command lines
 
 def test_prepare_job_script_runs_the_command_line(tmp_path):

@@ -3,9 +3,9 @@
 One module per job: ``inputs`` picks the token sequences, ``measure`` reduces hidden
 states to per-layer mean cosine matrices (and ``geometry`` to effective rank and MEV),
 ``statistics`` turns those into the paper's numbers (typed by ``condensation_schema``),
-``result_files`` / ``figures`` / ``tensorboard`` write them, ``runner`` analyses one run,
-``hf_model`` / ``hf_revisions`` a Hugging Face model, ``compare`` sets several runs side
-by side and ``size_series`` models of several sizes.
+``result_files`` / ``figures`` / ``tensorboard`` write them (through ``run_folder.outputs``),
+``runner`` analyses one run, ``hf_model`` / ``hf_revisions`` a Hugging Face model,
+``compare`` sets several runs side by side and ``size_series`` models of several sizes.
 """
 
 from dispersion_titan.utils.errors import AnalysisError

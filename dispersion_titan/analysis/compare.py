@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..run_folder.checkpoints import load_run_metadata
-from ..run_folder.writer_lock import sole_writer
-from ..utils.errors import CheckpointError
+from ..run_folder.checkpoints import dispersion_variant
+from ..run_folder.outputs import ensure_writable, format_table, save_png, write_csv
+from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import differences
-from .result_files import RESULT_FILE, ensure_writable, read_analyses, shown, write_csv
+from .result_files import RESULT_FILE, read_analyses
 from .statistics import layer_fraction
 
 
@@ -57,18 +57,6 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
     raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {[r.label for r in results]})")
 
 
-def dispersion_variant(run_dir: str) -> str | None:
-    """The dispersion settings recorded in the run's ``run.json``; None when it has none."""
-    try:
-        dispersion = load_run_metadata(run_dir).get("dispersion")
-    except CheckpointError:
-        return None
-    if not isinstance(dispersion, dict) or "variant" not in dispersion:
-        return None
-    variant = dispersion["variant"]
-    return variant if variant == "none" else f"{variant} λ={dispersion.get('coeff')}"
-
-
 def _details(result: Condensation) -> str:
     parts = [f"mlp {result.mlp_width}"]
     variant = dispersion_variant(result.run)
@@ -78,7 +66,14 @@ def _details(result: Condensation) -> str:
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
-    """Each run's analysis at ``step``; refuses analyses of different sequences."""
+    """Each run's analysis at ``step``; refuses a run named twice and analyses of different sequences."""
+    named: dict[str, str] = {}
+    for run in runs:
+        folder = os.path.realpath(analyses_folder(run))
+        if folder in named:
+            raise AnalysisError(f"compare: {named[folder]} and {run} are the same run's analyses ({folder}); "
+                                "name each run once")
+        named[folder] = run
     loaded = [RunResult(run, "", pick(run, step)) for run in runs]
     first = loaded[0]
     for other in loaded[1:]:
@@ -136,16 +131,6 @@ def layer_rows(runs: list[RunResult]) -> list[dict]:
     ]
 
 
-def format_table(rows: list[dict]) -> str:
-    """Aligned plain-text table; floats with 6 significant digits."""
-    cells = [["-" if v is None else str(shown(v)) for v in row.values()] for row in rows]
-    header = list(rows[0])
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
-
-
 def steps_title(runs: list[RunResult]) -> str:
     """What is compared, by number (``step 4``; ``step 4 / step 8`` when runs end apart),
     or by revision name for ``hf:`` models."""
@@ -155,13 +140,14 @@ def steps_title(runs: list[RunResult]) -> str:
 def compare(runs: list[str], out: str, step: str) -> str:
     """Write ``compare.csv``, ``compare_layers.csv`` and ``compare.png``; return the table."""
     loaded = load_runs(runs, step)
+    owner = FolderOwner("comparison")
+    refuse_unless_ours(out, owner, "--out", "use another --out")
     ensure_writable(out, "--out")
     rows = table_rows(loaded)
     inputs = loaded[0].result.inputs
     title = f"{steps_title(loaded)}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
-    with sole_writer(out):
+    with owned(out, owner):
         write_csv(os.path.join(out, "compare.csv"), rows)
         write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
-        figures.save_png(figures.comparison([(r.label, r.result) for r in loaded], title),
-                         os.path.join(out, "compare.png"))
+        save_png(figures.comparison([(r.label, r.result) for r in loaded], title), os.path.join(out, "compare.png"))
     return format_table(rows)

@@ -7,25 +7,15 @@ diagonal's constant 1/S share would otherwise lift every curve), and say so on t
 
 from __future__ import annotations
 
-import matplotlib
+import numpy as np
+from matplotlib.colors import Normalize, PowerNorm
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
+from ..run_folder.outputs import headless_pyplot
+from .condensation_schema import Condensation
+from .statistics import HIST_RANGE, layer_fraction
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.colors import Normalize, PowerNorm  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from .condensation_schema import Condensation  # noqa: E402
-from .result_files import atomic_write  # noqa: E402
-from .statistics import HIST_RANGE, layer_fraction  # noqa: E402
-
-
-def save_png(fig: Figure, path: str) -> None:
-    try:
-        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
-    finally:
-        plt.close(fig)
+plt = headless_pyplot()
 
 
 def _fractions(result: Condensation) -> np.ndarray:

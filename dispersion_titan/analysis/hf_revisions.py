@@ -8,6 +8,7 @@ import importlib.util
 import os
 from typing import Any
 
+from ..run_folder.owners import FolderOwner
 from ..utils.errors import ArgumentError, ModelLoadError
 from . import hf_model
 from .measure import LayeredModel
@@ -42,7 +43,8 @@ class HFAnalysis(Analysis):
         units = [Unit(hf_model.revision_step(rev, i), _folder(rev), self.spec.location(rev)[0], rev)
                  for i, rev in enumerate(self.spec.revisions)]
         super().__init__(options, units, os.path.basename(os.path.normpath(self.spec.model)), options.out,
-                         options.tb_dir or os.path.join(options.out, "tb"), inputs, dtype, model=self.spec.model,
+                         options.tb_dir or os.path.join(options.out, "tb"), inputs, dtype,
+                         FolderOwner("analysis", self.spec.model), model=self.spec.model,
                          encode=hf_model.load_encoder(self.spec, first, inputs.protocol == "paper"))
 
     def load(self, unit: Unit) -> LayeredModel:

@@ -28,26 +28,21 @@ from ..run_folder.checkpoints import (
     load_model,
     load_model_args,
     load_run_metadata,
+    run_of,
 )
-from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
+from ..run_folder.outputs import ensure_writable, listed, result_path, save_png, write_csv
+from ..run_folder.steps import select_steps
+from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
+from ..utils.devices import resolve_device
 from ..utils.errors import CheckpointError
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, geometry_mask, measure
-from .result_files import (
-    SUMMARY_FILE,
-    ensure_writable,
-    listed,
-    read_analyses,
-    result_path,
-    summary_rows,
-    write_csv,
-    write_result,
-)
+from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, summary_rows, write_result
 from .statistics import condensation
-from .steps import select_steps
 from .tensorboard import CondensationWriter
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -87,19 +82,6 @@ class Unit:
     revision: str | None = None
 
 
-def resolve_device(device: str | None, dtype: str) -> torch.device:
-    """CUDA when available unless ``--device`` says otherwise; bf16 only where supported."""
-    try:
-        resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError as e:
-        raise AnalysisError(f"--device: {e}") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise AnalysisError(f"--device: {device}: CUDA is not available here")
-    if dtype == "bf16" and resolved.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise AnalysisError(f"--dtype: bf16 is not supported by {torch.cuda.get_device_name(resolved)}")
-    return resolved
-
-
 def fitted_inputs(options: AnalyzeOptions, positions: int | None, where: str) -> InputOptions:
     """The inputs with S at most the model's ``positions`` (None: unlimited). The default S
     is lowered with a note; an explicit ``--seq-len`` above them is refused."""
@@ -120,7 +102,8 @@ class Analysis:
     noun = "model state"
 
     def __init__(self, options: AnalyzeOptions, units: list[Unit], label: str, out: str, tb_dir: str,
-                 inputs: InputOptions, dtype: str, model: str | None = None, encode: Encode | DocumentEncoder = GPT2_BPE):
+                 inputs: InputOptions, dtype: str, owner: FolderOwner, model: str | None = None,
+                 encode: Encode | DocumentEncoder = GPT2_BPE):
         self.options = options
         self.units = units
         self.label = label
@@ -129,8 +112,10 @@ class Analysis:
         self.inputs = inputs
         self.dtype = dtype
         self.model = model
+        self.owner = owner
         self.device = resolve_device(options.device, dtype)
         refuse_if_busy(out, COMMAND)  # a busy folder's owner named at once, before the inputs are read
+        refuse_unless_ours(out, owner, "--out", "use another --out")
         self.sequences = select_sequences(inputs, encode)
         self.geometry_sequences = int(geometry_mask(len(self.sequences.tokens), options.geometry_sequences).sum())
         ensure_writable(self.out, "--out")
@@ -194,7 +179,7 @@ class Analysis:
     def analyze(self) -> int:
         """Analyze pending units, then refresh the summary and evolution figure, as the output
         folder's one writer. Returns the number of units that could not be analyzed."""
-        with sole_writer(self.out):
+        with owned(self.out, self.owner):
             return self._analyze_pending()
 
     def _analyze_pending(self) -> int:
@@ -218,10 +203,10 @@ class Analysis:
                         continue
                     result, measured = self._result(unit, model, lambda: bar.update(1))
                     del model
-                    figures.save_png(figures.heatmap(result, f"{self.label}: {result.label}"),
-                                     os.path.join(self.out, f"heatmap_{unit.folder}.png"))
+                    save_png(figures.heatmap(result, f"{self.label}: {result.label}"),
+                             os.path.join(self.out, f"heatmap_{unit.folder}.png"))
                     writer.add_step(unit.step, measured.names, measured.means, result.curve)
-                    write_result(result_path(self.out, unit.folder), result)
+                    write_result(result_path(self.out, unit.folder, RESULT_FILE), result)
                     tqdm.write(_one_line(result))
         finally:
             writer.close()
@@ -242,7 +227,7 @@ class Analysis:
             return
         write_csv(os.path.join(self.out, SUMMARY_FILE), summary_rows(matching))
         title = f"{self.label}: K={self.inputs.num_sequences}, S={self.inputs.seq_len}"
-        figures.save_png(figures.evolution(matching, title), os.path.join(self.out, "evolution.png"))
+        save_png(figures.evolution(matching, title), os.path.join(self.out, "evolution.png"))
         print(f"results: {self.out} (TensorBoard histograms: {self.tb_dir})")
 
 
@@ -258,7 +243,7 @@ class RunAnalysis(Analysis):
         if not checkpoints:
             raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
         selected = select_steps(options.steps or "all", checkpoints)
-        self.dump = os.path.dirname(os.path.abspath(folder))
+        self.dump = run_of(folder)
         self.model_args = load_model_args(folder)
         inputs = fitted_inputs(options, self.model_args.positions, f"max_seq_len in {self.dump}/run.json")
         if self.model_args.positions is None:  # rotary: a RoPE table for the analysed length
@@ -267,7 +252,8 @@ class RunAnalysis(Analysis):
         super().__init__(options, units, os.path.basename(self.dump),
                          options.out or os.path.join(self.dump, "condensation"),
                          options.tb_dir or os.path.join(self.dump, "tb", "condensation"),
-                         inputs, options.dtype or "fp32", encode=encoder_named(load_run_metadata(self.dump).get("tokenizer", "gpt2")))
+                         inputs, options.dtype or "fp32", FolderOwner("analysis", self.dump),
+                         encode=encoder_named(load_run_metadata(self.dump).get("tokenizer", "gpt2")))
         self.n_params = count_parameters(self.model_args)
 
     def load(self, unit: Unit) -> LayeredModel:

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..run_folder.writer_lock import sole_writer
+from ..run_folder.outputs import atomic_write, ensure_writable, format_table, save_png, write_csv
+from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import AnalysisError, figures
-from .compare import format_table, pick
+from .compare import pick
 from .condensation_schema import Condensation
 from .inputs import differences
-from .result_files import atomic_write, ensure_writable, write_csv
 from .runner import count_parameters
 from .statistics import finite_or_none, point_layers
 
@@ -197,16 +197,18 @@ def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[s
     shortest = min(len(point_layers(m.result)) for m in members)
     if not 1 <= last_n <= shortest:
         raise AnalysisError(f"--last-n: {last_n} is not between 1 and {shortest}, the fewest layers of these models")
+    owner = FolderOwner("family")
+    refuse_unless_ours(out, owner, "--out", "use another --out")
     ensure_writable(out, "--out")
     inputs = members[0].result.inputs
     title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
     text = markdown(members, pairs, last_n, title)
-    with sole_writer(out):
+    with owned(out, owner):
         write_csv(os.path.join(out, "family.csv"),
                   [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)])
         if pairs:
             write_csv(os.path.join(out, "family_paired.csv"), paired_rows(pairs, last_n))
         atomic_write(os.path.join(out, "family.md"), lambda f: f.write(text))
-        figures.save_png(family_figure(members, pairs, title), os.path.join(out, "family.png"))
+        save_png(family_figure(members, pairs, title), os.path.join(out, "family.png"))
     return text

@@ -145,6 +145,6 @@ def positive_int(text: str) -> int:
 
 def add_device_arguments(parser: argparse.ArgumentParser, dtype_default: str | None = "fp32",
                          dtype_help: str = "model dtype (default fp32)") -> None:
-    """``--device`` and ``--dtype`` of the commands that load checkpoints (``analysis.runner.resolve_device``)."""
+    """``--device`` and ``--dtype`` of the commands that load checkpoints (``utils.devices.resolve_device``)."""
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=dtype_default, help=dtype_help)

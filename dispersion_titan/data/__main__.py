@@ -7,7 +7,7 @@ import argparse
 import os
 
 from ..config.cli import OneLineErrorParser, positive_int
-from ..utils.errors import DispersionTitanError, fail_with
+from ..utils.errors import DispersionTitanError, fail_with, run_command
 from . import prepare as preparing
 from .corpora import SPLITS
 from .prepare import SHARD_DOCUMENTS, prepare
@@ -47,4 +47,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

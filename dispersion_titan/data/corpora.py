@@ -30,9 +30,9 @@ from ..utils.package_data import package_file
 from .sources import (
     check_local_copy,
     file_identity,
+    file_texts,
     in_default_cache,
     iter_text,
-    load_files,
     load_rows,
     resolve_local_files,
     source_files,
@@ -136,7 +136,7 @@ class LocalFiles(Corpus):
 
     def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
         del split
-        return _nonempty(iter_text(load_files(resolve_local_files(path or "", path_field), path_field, False)))
+        return _nonempty(file_texts(resolve_local_files(path or "", path_field), path_field))
 
     def check_path(self, path: str | None, path_field: str) -> None:
         resolve_local_files(path or "", path_field)

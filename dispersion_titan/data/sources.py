@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import glob
 import itertools
+import json
 import os
 from collections.abc import Iterator
 from typing import Any, Union
 
 import datasets
+import pyarrow.compute
 
 from ..utils.errors import DataConfigError
 
@@ -142,6 +144,35 @@ def iter_text(rows: Rows) -> Iterator[str]:
     """The ``text`` values of ``rows`` in order, read in batches (bounded memory)."""
     for batch in rows.iter(batch_size=1024):
         yield from batch["text"]
+
+
+def file_texts(files: list[str], field: str) -> Iterator[str]:
+    """The ``text`` of every row of ``files`` (``load_files``), in order. A row without one (a
+    jsonl line lacking the field, or null) is refused in one line naming its file and line,
+    before any is read: dropping it would train on fewer documents than the files hold."""
+    rows = load_files(files, field, False)
+    column = rows.data.column("text")
+    if column.null_count:
+        index = pyarrow.compute.index(pyarrow.compute.is_null(column), True).as_py()
+        raise DataConfigError(f"{field}: {_row_without_text(files, index)}; give every row a \"text\" string")
+    return iter_text(rows)
+
+
+def _row_without_text(files: list[str], index: int) -> str:
+    """Where the first row without a text is: ``FILE: line N has no "text"`` for JSON Lines
+    (read again only now, on the error path), else the row's number among all rows."""
+    for path in files:
+        if BUILDERS[os.path.splitext(path)[1]] != "json":
+            continue
+        with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    row = json.loads(line) if line.strip() else {"text": ""}
+                except ValueError:
+                    continue
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    return f"{path}: line {number} has no \"text\""
+    return f"row {index + 1} of {', '.join(files)} has no \"text\""
 
 
 def check_local_copy(path: str, field: str) -> None:

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..run_folder.hf_export import to_hf
+from ..run_folder.hf_export import export_checkpoint
 from ..run_folder.writer_lock import pid_runs
 
 # ``.hf-step-N.pidPID@HOST.RANDOM``: the owner is named, so a later run knows an abandoned one.
@@ -39,7 +39,7 @@ def hf_export(step_dir: str, parent: str) -> Iterator[str]:
     step = os.path.basename(step_dir.rstrip("/"))
     folder = tempfile.mkdtemp(prefix=f".hf-{step}.pid{os.getpid()}@{socket.gethostname()}.", dir=parent)
     try:
-        to_hf(step_dir, folder)
+        export_checkpoint(step_dir, folder)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)

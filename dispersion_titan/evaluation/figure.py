@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..analysis.figures import plt, save_png  # the Agg backend is chosen there
+from ..run_folder.outputs import headless_pyplot, save_png
 from .arms import ArmRow
+
+plt = headless_pyplot()
 
 
 def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule: str, test: str,

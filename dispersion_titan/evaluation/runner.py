@@ -9,9 +9,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..analysis.result_files import ensure_writable, listed
-from ..analysis.runner import resolve_device
-from ..analysis.steps import select_steps
 from ..run_folder.checkpoints import (
     StepCheckpoint,
     checkpoint_identity,
@@ -19,8 +16,13 @@ from ..run_folder.checkpoints import (
     identity_changed,
     list_checkpoints,
     load_run_metadata,
+    run_of,
 )
-from ..run_folder.writer_lock import COMMAND, refuse_if_busy, sole_writer
+from ..run_folder.outputs import ensure_writable, listed
+from ..run_folder.steps import select_steps
+from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.writer_lock import COMMAND, refuse_if_busy
+from ..utils.devices import resolve_device
 from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
@@ -65,13 +67,15 @@ class RunEvaluation:
         if not checkpoints:
             raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
         self.selected = select_steps(options.steps, checkpoints)
-        self.dump = os.path.dirname(os.path.abspath(folder))
+        self.dump = run_of(folder)
         self.tasks = Tasks(options.plan.tasks, options.include_path)
         self.seeds = lm_eval_seeds(load_run_metadata(self.dump).get("seed"))
         self.device = resolve_device(options.device, options.dtype)
         self.settings = {**options.plan.settings(), "dtype": options.dtype}
         self.out = options.out or os.path.join(self.dump, "evaluation")
         refuse_if_busy(self.out, COMMAND)  # a busy folder's owner named first, before its results are read
+        self.owner = FolderOwner("evaluation", self.dump)
+        refuse_unless_ours(self.out, self.owner, "--out", "use another --out")
         self.objects = self.tasks.load() if self._pending() else {}
         ensure_writable(self.out, "--out")
 
@@ -105,7 +109,7 @@ class RunEvaluation:
     def evaluate(self) -> int:
         """Evaluate pending checkpoints, then refresh the summary, as the output folder's one
         writer. Returns the number of checkpoints that could not be evaluated."""
-        with sole_writer(self.out):
+        with owned(self.out, self.owner):
             todo = self._pending()  # again: another writer may have finished since __init__ looked
             if todo and not self.objects:
                 self.objects = self.tasks.load()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..analysis.result_files import read_step_files, result_path, write_csv, write_json
+from ..run_folder.outputs import read_step_files, result_path, write_csv, write_json
 from .protocol import mean_accuracy, task_scores
 
 RESULT_FILE = "results.json"

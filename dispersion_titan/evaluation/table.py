@@ -24,16 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..analysis.compare import dispersion_variant
-from ..analysis.result_files import atomic_write, ensure_writable, find_results_folder, write_csv
-from ..run_folder.checkpoints import LEDGER_KEYS, identity_changed, load_run_metadata
+from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, identity_changed, load_run_metadata
 from ..run_folder.origin import from_scratch
-from ..run_folder.writer_lock import sole_writer
+from ..run_folder.outputs import atomic_write, ensure_writable, find_results_folder, write_csv
+from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import EvaluationError
 from .arms import ArmRow, RunScores
 from .figure import average_accuracy_figure
 from .protocol import is_accuracy, mean_accuracy
 from .step_results import OURS, RESULT_FILE, differences, read_evaluations, result_scores, settings
+
+TABLE = FolderOwner("table")
+"""Who ``--out`` belongs to: tables of several runs, rewritten whole at each call."""
 
 
 def evaluation_folder(run: str) -> str:
@@ -419,9 +421,10 @@ def table(specs: list[str], out: str, selection: Selection, reference: str | Non
     _check_comparable([r for runs in by_arm.values() for r in runs] + base)
     columns, rows = arm_rows(by_arm, reference, test)
     base_row = pretrained_row(base, columns) if base else None
+    refuse_unless_ours(out, TABLE, "--out", "use another --out")
     ensure_writable(out, "--out")
     text = markdown(columns, rows, reference, selection, test, base_row, note)
-    with sole_writer(out):
+    with owned(out, TABLE):
         atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
         average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test],

@@ -29,6 +29,7 @@ from ..losses.options import (
     resolve_layers,
 )
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
+from ..run_folder.owners import inside
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
@@ -96,6 +97,12 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
         resolve_layers(d.layers, n_layers)
     except ValueError as e:
         raise ConfigError(f"dispersion.layers: {e}") from None
+    # Every layout hands each rank whole sequences for the term (TP ranks exchange them:
+    # trainer/sequence_parallel.py), so a rank's sequences hold seq_len tokens each.
+    if d.variant != "none" and config.training.seq_len < 2:
+        raise ConfigError(f"training.seq_len: {config.training.seq_len} token per sequence leaves no pair of tokens "
+                          f"for the {d.variant} term (as dispersion.max_tokens, it needs >= 2); use a longer "
+                          "sequence, or dispersion.variant = \"none\"")
 
 
 CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (docs/training.md#cpu)"
@@ -331,18 +338,35 @@ def _unwritable(path: str) -> str | None:
     return None
 
 
+def run_folders(config: RunConfig) -> dict[str, str]:
+    """Every folder TorchTitan writes for this run, by config key (``owners.RUN_PATH_KEYS``), as
+    it resolves them: joined to ``job.dump_folder`` (an absolute one stays as it is)."""
+    written = {"checkpoint.folder": config.checkpoint.enable,
+               "metrics.save_tb_folder": config.metrics.enable_tensorboard or config.metrics.enable_wandb,
+               "comm.save_traces_folder": config.comm.trace_buf_size > 0,
+               "profiling.save_traces_folder": config.profiling.enable_profiling,
+               "profiling.save_memory_snapshot_folder": config.profiling.enable_memory_snapshot}
+    return {key: os.path.join(config.job.dump_folder, _value(config, key)) for key, on in written.items() if on}
+
+
+def _value(config: RunConfig, key: str) -> Any:
+    section, _, name = key.partition(".")
+    return getattr(getattr(config, section), name)
+
+
 def check_output_folders(config: RunConfig) -> None:
-    """Every folder the run writes to, checked before any process group starts."""
+    """Every folder the run writes to, checked before any process group starts; the config file
+    TorchTitan saves stays inside the run (it could replace another run's ``run.json``)."""
     dump = config.job.dump_folder
-    folders = {"job.dump_folder": dump}
-    if config.checkpoint.enable:
-        folders["checkpoint.folder"] = os.path.join(dump, config.checkpoint.folder)
-    if config.metrics.enable_tensorboard:
-        folders["metrics.save_tb_folder"] = os.path.join(dump, config.metrics.save_tb_folder)
+    folders = {"job.dump_folder": dump, **run_folders(config)}
     for field, path in folders.items():
         problem = _unwritable(path)
         if problem:
             raise ConfigError(f"{field}: {path} cannot be created: {problem}")
+    saved = config.job.save_config_file
+    if saved and not inside(os.path.join(dump, saved), dump):
+        raise ConfigError(f"job.save_config_file: {saved} lands outside job.dump_folder {dump}; "
+                          "give a file name inside the run folder (the default job_config.json)")
 
 
 def check_metrics(config: RunConfig) -> None:

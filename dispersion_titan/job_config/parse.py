@@ -15,12 +15,13 @@ from ..config.cli import CONFIG_MODULE, config_file, load_toml, names_model, wit
 from ..config.toml_types import check_toml_types
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
+from ..run_folder.owners import refuse_other_owners
 from ..run_folder.settings import check_same_settings, start_fork
 from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.hf_assets import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
-from .checks import check_job_config, check_runs_here, data_parallel_degree
+from .checks import check_job_config, check_runs_here, data_parallel_degree, run_folders
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -117,7 +118,8 @@ def check_run_folder(job_config: RunConfig) -> None:
     check_same_settings(job_config.job.dump_folder, job_config)
     ckpt = job_config.checkpoint
     if ckpt.enable:
-        check_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.training.steps,
+        check_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.job.dump_folder,
+                     job_config.training.steps,
                      data_parallel_degree(job_config, _world_size()), ckpt.load_step)
 
 
@@ -129,7 +131,8 @@ def print_every_key(args: list[str], toml: dict) -> None:
 def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     """Everything a launch checks once ``job_config`` is parsed: its values (again once the hub
     assets are fetched or a fork's checkpoint is set), the GPUs and what needs one, the run folder's writer lock
-    (``take_lock``: the one process that checks before the ranks start) and its fixed settings."""
+    (``take_lock``: the one process that checks before the ranks start), that the run's folders are its own
+    (``owners``) and its fixed settings."""
     check(job_config)
     if fetch_local_assets(job_config) | set_fork_options(job_config):
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
@@ -137,5 +140,6 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     check_runs_here(job_config)
     if take_lock:
         refuse_if_busy(job_config.job.dump_folder)
+    refuse_other_owners(job_config.job.dump_folder, run_folders(job_config))
     check_run_folder(job_config)
     return job_config

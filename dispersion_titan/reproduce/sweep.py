@@ -24,6 +24,7 @@ from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import prepare, validated_args
 from ..losses import VARIANTS
+from ..run_folder.owners import FolderOwner, record_owner
 from ..utils.errors import DispersionTitanError, SweepError
 from .slurm_scripts import python_line, sbatch_script, submission_env
 
@@ -287,6 +288,7 @@ def write_manifest(spec: Spec, jobs: list[Job], ids: dict[str, str]) -> Path:
     }
     path = spec.out / "sweep.json"
     path.write_text(json.dumps(manifest, indent=2) + "\n")
+    record_owner(str(spec.out), FolderOwner("sweep"))  # its runs, comparison and table go inside
     return path
 
 

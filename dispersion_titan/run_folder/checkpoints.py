@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import pickle
-import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -21,12 +20,12 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..models import family
 from ..models.flavors import args_from_dict
 from ..utils.errors import CheckpointError, RunFinished
+from .outputs import STEP_FOLDER
+from .owners import RUN_METADATA_FILE, read_owner, run_paths
 
-RUN_METADATA_FILE = "run.json"
 LEDGER_KEYS = ("settings", "forked_from", "started_from")
 """``run.json`` entries that record one run's launch (every config key, paths and seed included;
 the fork it came from; the weights it started from, ``origin``), not what makes runs one configuration."""
-_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -36,21 +35,40 @@ class StepCheckpoint:
 
 
 def find_checkpoint_folder(run: str) -> str:
-    """``run`` may be a dump folder (holding ``checkpoint/``) or the checkpoint folder."""
+    """``run`` may be a dump folder or the checkpoint folder; a dump folder's checkpoints are
+    where its ``run.json`` says (``checkpoint.folder``, inside the run or not), else ``checkpoint/``."""
     if not os.path.isdir(run):
         raise CheckpointError(f"{run}: no such directory")
-    if any(_STEP_DIR.match(name) for name in os.listdir(run)):
+    if any(STEP_FOLDER.match(name) for name in os.listdir(run)):
         return run
-    nested = os.path.join(run, "checkpoint")
+    nested = run_paths(run)["checkpoint.folder"]
     if os.path.isdir(nested):
         return nested
     raise CheckpointError(f"{run}: no checkpoints (no step-N folders here or in {nested})")
 
 
+def run_of(checkpoint_folder: str) -> str:
+    """The dump folder of the run whose checkpoints ``checkpoint_folder`` holds: the run its
+    record names (a checkpoint folder outside its run), else the nearest folder above whose
+    ``run.json`` puts its checkpoints there, else the folder above it."""
+    folder = os.path.abspath(checkpoint_folder)
+    holder = read_owner(folder, ())
+    if holder is not None and holder.kind == "run" and holder.run is not None:
+        return holder.run
+    real = os.path.realpath(folder)
+    parent = os.path.dirname(folder)
+    while parent != os.path.dirname(parent):
+        if os.path.isfile(os.path.join(parent, RUN_METADATA_FILE)) and \
+                os.path.realpath(run_paths(parent)["checkpoint.folder"]) == real:
+            return parent
+        parent = os.path.dirname(parent)
+    return os.path.dirname(folder)
+
+
 def list_checkpoints(folder: str) -> list[StepCheckpoint]:
     found = []
     for name in os.listdir(folder):
-        match = _STEP_DIR.match(name)
+        match = STEP_FOLDER.match(name)
         if match and os.path.isdir(os.path.join(folder, name)):
             found.append(StepCheckpoint(int(match.group(1)), os.path.join(folder, name)))
     return sorted(found, key=lambda c: c.step)
@@ -82,8 +100,8 @@ def save_run_metadata(folder: str, model_name: str, args: Any,
                       dispersion: dict[str, Any] | None = None, seed: int | None = None,
                       baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2",
                       training_steps: int | None = None, settings: dict[str, Any] | None = None,
-                      forked_from: dict[str, Any] | None = None,
-                      started_from: dict[str, Any] | None = None) -> None:
+                      forked_from: dict[str, Any] | None = None, started_from: dict[str, Any] | None = None,
+                      paths: dict[str, str] | None = None) -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
     the model family and shape (head count cannot be read off weights), the tokenizer
     (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
@@ -92,15 +110,17 @@ def save_run_metadata(folder: str, model_name: str, args: Any,
     cadence from it); ``evaluate table`` groups runs into arms by all of it but the seed.
     ``settings`` (every config key, ``run_folder.settings``), ``forked_from`` and ``started_from``
     (``run_folder.origin``) are the run's ledger: recorded at its first launch and kept by every later one, whose other
-    entries can differ only in ``training_steps`` (the settings check allows nothing else)."""
+    entries can differ only in ``training_steps`` (the settings check allows nothing else). ``paths``: the run's
+    folders outside its dump folder, by config key (real paths), added to those recorded before."""
     path = os.path.join(folder, RUN_METADATA_FILE)
     first = load_run_metadata(folder) if os.path.isfile(path) else {}
     ledger = {key: first.get(key) for key in LEDGER_KEYS} if first.get("settings") is not None else {}
     os.makedirs(folder, exist_ok=True)
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
+    paths = {**(first.get("paths") or {}), **(paths or {})}
     metadata = {"model_name": model_name, "model_args": fields, "tokenizer": tokenizer, "dispersion": dispersion,
                 "baseline": baseline, "seed": seed, "training_steps": training_steps, "forked_from": forked_from,
-                "started_from": started_from, "settings": settings, **ledger}
+                "started_from": started_from, "settings": settings, **ledger, **({"paths": paths} if paths else {})}
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)
@@ -122,10 +142,22 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
     return metadata
 
 
+def dispersion_variant(run_dir: str) -> str | None:
+    """The dispersion settings recorded in the run's ``run.json``; None when it has none."""
+    try:
+        dispersion = load_run_metadata(run_dir).get("dispersion")
+    except CheckpointError:
+        return None
+    if not isinstance(dispersion, dict) or "variant" not in dispersion:
+        return None
+    variant = dispersion["variant"]
+    return variant if variant == "none" else f"{variant} λ={dispersion.get('coeff')}"
+
+
 def load_model_args(checkpoint_dir: str) -> Any:
-    """The family's arguments with the shape recorded in the run's dump folder (the
-    checkpoint folder's parent); a ``run.json`` without a family is a gpt2 run's."""
-    dump = os.path.dirname(os.path.abspath(checkpoint_dir))
+    """The family's arguments with the shape recorded in the run's dump folder (``run_of``);
+    a ``run.json`` without a family is a gpt2 run's."""
+    dump = run_of(checkpoint_dir)
     metadata = load_run_metadata(dump)
     try:
         return args_from_dict(metadata.get("model_name", "gpt2"), metadata["model_args"])
@@ -264,8 +296,9 @@ def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
         )
 
 
-def check_resume(folder: str, steps: int, data_parallel_degree: int, load_step: int = -1) -> None:
-    """Decide, before any process group starts, whether a relaunch into ``folder`` can go on.
+def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, load_step: int = -1) -> None:
+    """Decide, before any process group starts, whether a relaunch of the run ``dump`` (its
+    checkpoints in ``folder``) can go on; a refusal's ``--job.fork_from`` names ``dump``.
 
     TorchTitan resumes from the newest checkpoint (or ``load_step``). Raises ``RunFinished``
     when the newest is already at ``steps``, and ``CheckpointError`` when no checkpoint can
@@ -284,7 +317,7 @@ def check_resume(folder: str, steps: int, data_parallel_degree: int, load_step: 
         done = "finished" if newest.step == steps else f"past training.steps = {steps},"
         raise RunFinished(f"run already {done} at step {newest.step}; nothing to do")
     full = [c for c in chosen if is_full(c.path)]
-    dump = os.path.dirname(os.path.abspath(folder))
+    dump = os.path.abspath(dump)
     if not full:
         raise CheckpointError(
             f"{newest.path} holds weights only (checkpoint.last_save_model_only) and no earlier checkpoint is "

@@ -26,7 +26,9 @@ from .checkpoints import (
     load_model,
     load_model_args,
     load_run_metadata,
+    run_of,
 )
+from .owners import FolderOwner, record_owner, refuse_unless_ours
 
 
 def _is_step_dir(path: str) -> bool:
@@ -35,7 +37,7 @@ def _is_step_dir(path: str) -> bool:
 
 def resolve_step_dir(path: str) -> str:
     """``path`` itself when it is one checkpoint; for a run (dump or checkpoint folder), its
-    newest complete checkpoint, announced on stderr."""
+    newest complete checkpoint."""
     path = path.rstrip("/")
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: no such folder (pass a run folder or one of its checkpoint/step-N)")
@@ -47,7 +49,6 @@ def resolve_step_dir(path: str) -> str:
                 check_complete(checkpoint.path)
         except CheckpointError:
             continue
-        print(f"converting step {checkpoint.step}: {checkpoint.path}", file=sys.stderr)
         return checkpoint.path
     raise CheckpointError(f"{path}: no complete checkpoint; pass a checkpoint folder (e.g. {path}/checkpoint/step-10)")
 
@@ -95,14 +96,30 @@ def export_tokenizer(folder: str, encoder: DocumentEncoder, max_length: int) -> 
 
 
 def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
-    step_dir = resolve_step_dir(step_dir)
+    """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``: a new or empty
+    folder, or with ``force`` an HF export of the same run (``owners``), never a run's own."""
+    given, step_dir = step_dir, resolve_step_dir(step_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConvertError(f"OUT_DIR: {out_dir} exists and is not a directory")
+    checkpoints = os.path.dirname(os.path.abspath(step_dir))
+    dump = run_of(checkpoints)
+    owner = FolderOwner("HF export", dump)
+    refuse_unless_ours(out_dir, owner, "OUT_DIR", "use another OUT_DIR")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
         raise ConvertError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
+    if step_dir != given.rstrip("/"):
+        print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}: {step_dir}", file=sys.stderr)
+    export_checkpoint(step_dir, out_dir)
+    record_owner(out_dir, owner)
+
+
+def export_checkpoint(step_dir: str, out_dir: str) -> None:
+    """Write the checkpoint ``step_dir`` as a Hugging Face folder ``out_dir``, through a staging
+    folder beside it, so a failure leaves ``out_dir`` as it was (the evaluation's own export
+    into its output folder, and ``to_hf``'s)."""
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     args = load_model_args(checkpoints)
-    encoder = encoder_named(load_run_metadata(os.path.dirname(checkpoints)).get("tokenizer", GPT2_BPE.name))
+    encoder = encoder_named(load_run_metadata(run_of(checkpoints)).get("tokenizer", GPT2_BPE.name))
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
     parent = os.path.dirname(os.path.abspath(out_dir))

@@ -24,7 +24,9 @@ from .checkpoints import (
     find_checkpoint_folder,
     is_full,
     load_run_metadata,
+    run_of,
 )
+from .owners import OWNER_FILE
 from .writer_lock import LOCK_NAME
 
 ALLOWED_KEYS = frozenset({
@@ -135,11 +137,11 @@ def fork_source(spec: str) -> tuple[str, int, str]:
             check_complete(path)
         except CheckpointError as e:
             raise ConfigError(f"job.fork_from: {e}") from None
-        return os.path.dirname(os.path.abspath(folder)), step, path
+        return run_of(folder), step, path
     if not saved:
         raise ConfigError(f"job.fork_from: {folder}: no complete checkpoint to fork from")
     chosen = ([c for c in saved if is_full(c.path)] or saved)[-1]
-    return os.path.dirname(os.path.abspath(folder)), chosen.step, chosen.path
+    return run_of(folder), chosen.step, chosen.path
 
 
 def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
@@ -189,8 +191,8 @@ def _looks_first() -> bool:
 
 
 def _holds_files(folder: str) -> bool:
-    """Whether ``folder`` exists with anything in it but writer-lock files."""
-    return os.path.isdir(folder) and any(not name.startswith(LOCK_NAME) for name in os.listdir(folder))
+    """Whether ``folder`` exists with anything in it but writer-lock files and its owner record."""
+    return os.path.isdir(folder) and any(not name.startswith((LOCK_NAME, OWNER_FILE)) for name in os.listdir(folder))
 
 
 def fork_record(job_config: Any) -> dict[str, Any] | None:

@@ -22,10 +22,12 @@ from torchtitan.tools.logging import init_logger, logger
 from ..components import titan_compat
 from ..config.schema import Dispersion
 from ..data.packed import run_encoder, run_seed
+from ..job_config.checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
 from ..models.fsdp import sync_last_microbatch
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..run_folder.origin import start_record
+from ..run_folder.owners import outside_folders, record_run_folders
 from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
@@ -39,6 +41,9 @@ from .save_failure import save_failure
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
+
+
+CHECKPOINT_KEY = "checkpoint.folder"
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -72,14 +77,16 @@ class StepHealth:
         return (self._NONE - bad if bad else None), agreed_signum
 
 
-def _take_writer_lock(dump_folder: str) -> WriterLock | None:
+def _take_writer_lock(dump_folder: str, folders: dict[str, str]) -> WriterLock | None:
     """Global rank 0 owns the run folder before TorchTitan writes into it, until this process exits;
-    a live owner already there ends this run in one line (``RunFolderBusy``) with nothing written."""
+    a live owner already there ends this run in one line (``RunFolderBusy``) with nothing written.
+    The folder, and each of ``folders`` outside it, then records this run as its owner."""
     if os.environ.get("RANK", "0") != "0":
         return None
     lock = WriterLock(dump_folder)
     lock.acquire()
     atexit.register(lock.release)
+    record_run_folders(dump_folder, folders)
     return lock
 
 
@@ -87,7 +94,12 @@ class DispersionTrainer(titan_compat.TrainerHooks):
     def __init__(self, job_config: RunConfig) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
         settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
-        self.writer_lock = _take_writer_lock(job_config.job.dump_folder)
+        folders = run_folders(job_config)
+        dump = job_config.job.dump_folder
+        self.outside_folders = outside_folders(dump, folders)
+        # TorchTitan loads a fork's checkpoint only where the checkpoint folder does not exist yet:
+        # one outside the run is recorded (and so created) once it has loaded (on_checkpoint_loaded).
+        self.writer_lock = _take_writer_lock(dump, {k: v for k, v in folders.items() if k != CHECKPOINT_KEY})
         try:
             super().__init__(job_config)
         except BaseException:
@@ -124,7 +136,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                               baseline=dataclasses.asdict(job_config.baseline),
                               tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps,
                               settings=settings, forked_from=fork_record(job_config),
-                              started_from=start_record(job_config))
+                              started_from=start_record(job_config), paths=self.outside_folders)
 
     def dispersion_objective(self, cfg: Dispersion) -> DispersionObjective:
         """The term of ``cfg`` (a ``[dispersion]`` section) for this trainer's model, global batch,
@@ -150,7 +162,13 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         raise save_failure(self.checkpoint_folder, step, error, self.model_parts[0]) from error
 
     def on_checkpoint_loaded(self) -> None:
-        """A fresh run saves its initialisation as step 0 here, before any update."""
+        """A checkpoint folder outside the run is recorded as the run's once every rank has
+        loaded; a fresh run saves its initialisation as step 0 here, before any update."""
+        if CHECKPOINT_KEY in self.outside_folders:
+            dist.barrier()  # every rank has looked whether the folder exists
+            if dist.get_rank() == 0:
+                record_run_folders(self.job_config.job.dump_folder,
+                                   {CHECKPOINT_KEY: self.outside_folders[CHECKPOINT_KEY]})
         if self.step == 0 and self.job_config.checkpoint.save_initial and self.checkpoint_folder is not None:
             # Every rank must take the same decision, and all must look before any rank's
             # save creates the folder: agree on it with a collective first.

@@ -6,6 +6,7 @@ fault or hidden devices that is false, and a job would train on CPU without a wo
 Here the environment's own signals of allocated GPUs are read first; where any is
 present and torch sees no GPU, training stops in one line. ``DISPERSION_TITAN_ALLOW_CPU=1``
 allows CPU anyway (the tests, the quickstart, a local Slurm without GPUs).
+``resolve_device`` picks the device of the commands that load checkpoints (``--device``).
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .errors import DeviceError
+
+if TYPE_CHECKING:
+    import torch
 
 ALLOW_CPU_ENV = "DISPERSION_TITAN_ALLOW_CPU"
 # For processes that train on CPU (the quickstart's jobs, the tests'). glibc hands every
@@ -77,3 +82,19 @@ def check_gpus_usable(env: Mapping[str, str] = os.environ) -> None:
         cause, fix = (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU",
                       "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES")
     raise DeviceError(f"{cause} on {where}: {fix}, or set {ALLOW_CPU_ENV}=1 to train on CPU anyway")
+
+
+def resolve_device(device: str | None, dtype: str) -> torch.device:
+    """The device of a command that loads checkpoints (``--device``, ``--dtype``): CUDA when
+    available unless ``--device`` says otherwise; bf16 only where supported."""
+    import torch
+
+    try:
+        resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        raise DeviceError(f"--device: {e}") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise DeviceError(f"--device: {device}: CUDA is not available here")
+    if dtype == "bf16" and resolved.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DeviceError(f"--dtype: bf16 is not supported by {torch.cuda.get_device_name(resolved)}")
+    return resolved

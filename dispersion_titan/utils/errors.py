@@ -7,8 +7,12 @@ heavy imports: ``train`` must use it before TorchTitan is imported.
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import IO, NoReturn
 
 
 class DispersionTitanError(ValueError):
@@ -37,6 +41,11 @@ class AnalysisError(DispersionTitanError):
     """Bad analysis options or inputs."""
 
 
+class OutputError(DispersionTitanError):
+    """An output folder a command cannot use (not writable, a result file unreadable), or a
+    folder that belongs to another owner; raised by every command that writes results."""
+
+
 class EvaluationError(DispersionTitanError):
     """Bad evaluation or table options or inputs."""
 
@@ -54,7 +63,8 @@ class SweepError(DispersionTitanError):
 
 
 class DeviceError(DispersionTitanError):
-    """GPUs were allocated to the job but torch cannot use them."""
+    """GPUs were allocated to the job but torch cannot use them, or a ``--device`` or ``--dtype``
+    this machine does not have."""
 
 
 class RunFinished(DispersionTitanError):
@@ -92,3 +102,35 @@ def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoRet
 def fail_with(error: DispersionTitanError, status: int | None = None) -> NoReturn:
     """``fail`` with the first line of ``error`` and its own status unless one is given."""
     fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status if status is None else status)
+
+
+CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
+"""A command whose reader went away ends as a shell reports a tool SIGPIPE killed (141)."""
+
+
+def run_command(main: Callable[[], object]) -> None:
+    """A command's ``main`` as its entry point. A reader that went away (``dispersion-titan paper
+    --list | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``: no traceback, and no
+    "Exception ignored" from the flush at exit. Any other broken pipe (a socket) is raised."""
+    try:
+        try:
+            main()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not any(map(_reader_gone, (sys.stdout, sys.stderr))):
+            raise
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            os.dup2(devnull, stream.fileno())
+        sys.exit(CLOSED_PIPE_STATUS)
+
+
+def _reader_gone(stream: IO) -> bool:
+    """Whether ``stream`` is a pipe whose reading end is closed (poll reports an error)."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False

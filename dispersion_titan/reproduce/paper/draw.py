@@ -13,10 +13,11 @@ import os
 
 import numpy as np
 
-from ...analysis.figures import plt  # the Agg backend is chosen there
-from ...analysis.result_files import atomic_write
 from ...analysis.statistics import HIST_RANGE, layer_fraction, rank_trend
+from ...run_folder.outputs import atomic_write, headless_pyplot
 from .collect import LAST_N_PANELS, Entry, half_n
+
+plt = headless_pyplot()
 
 WIDTH_IN = 7.0
 PER_LINE = 4

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 
-from ...analysis.result_files import ensure_writable, write_json
 from ...evaluation.table import Selection
+from ...run_folder.outputs import ensure_writable, write_json
 from . import collect, draw
 from .plan import Plan
 from .table2 import write_table2

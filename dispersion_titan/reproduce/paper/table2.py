@@ -9,9 +9,9 @@ import csv
 import math
 import os
 
-from ...analysis.result_files import atomic_write, write_json
 from ...evaluation.protocol import is_accuracy
 from ...evaluation.table import PRETRAINED, TESTS, Selection, table
+from ...run_folder.outputs import atomic_write, write_json
 from .draw import FONT, WIDTH_IN, plt, save
 
 

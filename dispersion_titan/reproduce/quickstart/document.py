@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from ...analysis.compare import format_table
+from ...run_folder.outputs import format_table
 from .findings import AGREES, DISAGREES, NOISE, Finding
 from .findings import markdown as findings_markdown
 from .summary import RunCondensation, late_blocks, table_rows

@@ -10,18 +10,19 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 
-import matplotlib.pyplot as plt  # noqa: E402,I001
 import numpy as np
-from matplotlib.figure import Figure, SubFigure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter  # noqa: E402
+from matplotlib.figure import Figure, SubFigure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter
 
 from ...analysis.condensation_schema import Condensation
-from ...analysis.figures import save_png  # first: it selects the headless Agg backend
 from ...analysis.statistics import layer_fraction
+from ...run_folder.outputs import headless_pyplot, save_png
 from .findings import AGREES, DISAGREES, Finding, Part, panel_shape
 from .init_panel import InitPanel
 from .summary import RunCondensation, late_cos
+
+plt = headless_pyplot()
 
 LATE = "late-block mean_cos_offdiag"
 VERDICT_COLOURS = {AGREES: "tab:green", DISAGREES: "tab:red"}  # else: within noise

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 from ...analysis.compare import compare
 from ...analysis.inputs import DEFAULT_DATASET, InputOptions, select_sequences
-from ...analysis.result_files import atomic_write, ensure_writable, read_results, write_json
+from ...analysis.result_files import read_results
 from ...config.cli import load_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import gpt2_flavors
 from ...run_folder.checkpoints import check_complete, list_checkpoints
-from ...run_folder.writer_lock import sole_writer
+from ...run_folder.outputs import atomic_write, ensure_writable, write_json
+from ...run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
 from ...utils.preloaded import Commands
@@ -36,6 +37,8 @@ from .step_progress import StepProgress
 from .summary import load_sweep
 
 OPTIONS_FILE = "quickstart.json"
+
+QUICKSTART = FolderOwner("quickstart")
 
 
 @dataclass(frozen=True)
@@ -289,8 +292,9 @@ def run(plan: Plan) -> None:
     """Everything the quickstart does for ``plan``, as the one writer of OUT (a second
     quickstart into it is refused in one line)."""
     try:
+        refuse_unless_ours(plan.out, QUICKSTART, "--out", "use another --out")
         ensure_writable(plan.out, "--out")
-        with sole_writer(plan.out):
+        with owned(plan.out, QUICKSTART):
             _run(plan)
     except DispersionTitanError as e:
         fail(str(e))

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...analysis.compare import analyses_folder, dispersion_variant, load_runs
+from ...analysis.compare import analyses_folder, load_runs
 from ...analysis.condensation_schema import Condensation, LayerCondensation
 from ...analysis.result_files import read_results
-from ...run_folder.checkpoints import load_run_metadata
+from ...run_folder.checkpoints import dispersion_variant, load_run_metadata
 from ...utils.errors import AnalysisError
 
 VALIDATION_TAG = "validation_metrics/loss"

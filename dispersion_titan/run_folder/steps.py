@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from ..run_folder.checkpoints import StepCheckpoint
-from . import AnalysisError
+from ..utils.errors import ArgumentError
+from .checkpoints import StepCheckpoint
 
 _RANGE = re.compile(r"^(\d+)-(\d+)$")
 
@@ -23,15 +23,15 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
             wanted.add(min(by_step) if part == "first" else max(by_step))
         elif part.isdigit():
             if int(part) not in by_step:
-                raise AnalysisError(f"--steps: no checkpoint for step {part} (have {sorted(by_step)})")
+                raise ArgumentError(f"--steps: no checkpoint for step {part} (have {sorted(by_step)})")
             wanted.add(int(part))
         elif match := _RANGE.match(part):
             low, high = int(match.group(1)), int(match.group(2))
             if low > high:
-                raise AnalysisError(f"--steps: empty range {part!r}")
+                raise ArgumentError(f"--steps: empty range {part!r}")
             wanted.update(s for s in by_step if low <= s <= high)
         else:
-            raise AnalysisError(f"--steps: {part!r} is not a step, a range A-B, first, last, or 'all'")
+            raise ArgumentError(f"--steps: {part!r} is not a step, a range A-B, first, last, or 'all'")
     if not wanted:
-        raise AnalysisError(f"--steps: {spec!r} selects no checkpoint (have {sorted(by_step)})")
+        raise ArgumentError(f"--steps: {spec!r} selects no checkpoint (have {sorted(by_step)})")
     return [by_step[s] for s in sorted(wanted)]

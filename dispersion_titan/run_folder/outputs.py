@@ -1,0 +1,153 @@
+"""How every command writes its outputs: each file goes to a temporary name in the same
+folder and is renamed into place, so an interrupted command leaves either the previous
+file or the new one, never half of one. Results of a run live in one folder per model
+state (``step-N``, or ``rev-NAME`` for a Hugging Face revision); a step's result file is
+written last and marks that step as done. JSON, CSV, PNG and plain-text tables."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from types import ModuleType
+from typing import IO, TYPE_CHECKING
+
+from ..utils.errors import OutputError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+STEP_FOLDER = re.compile(r"^step-(\d+)$")
+"""A checkpoint's folder (``checkpoint/step-N``) and its results' (``OUT/step-N``)."""
+RESULT_FOLDER = re.compile(rf"{STEP_FOLDER.pattern}|^rev-.+$")
+"""A result folder: a checkpoint's, or a Hugging Face revision's (``rev-NAME``)."""
+SIGNIFICANT_DIGITS = 6
+
+
+def _file_mode() -> int:
+    """What ``open`` would give a new file (``mkstemp`` makes it private to the owner)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False) -> None:
+    """Call ``write`` on a temporary file next to ``path``, then rename it to ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
+            write(f)
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_json(path: str, data: dict, default: Callable[[object], object] | None = None) -> None:
+    """``default`` converts what ``json`` cannot (as in ``json.dump``)."""
+    atomic_write(path, lambda f: json.dump(data, f, indent=1, default=default))
+
+
+def ensure_writable(folder: str, option: str) -> None:
+    """Create ``folder`` and prove a file can be written there, or fail naming it."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise OutputError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
+
+
+def listed(names: list, shown: int = 6) -> str:
+    """``a, b, c`` for one-line messages; past ``shown`` names, ``a, b, … and N more``."""
+    head = ", ".join(map(str, names[:shown]))
+    return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
+
+
+def result_path(out: str, folder: str, file: str) -> str:
+    """``folder``: ``step-N`` (a checkpoint of a run) or ``rev-NAME`` (a Hugging Face revision)."""
+    return os.path.join(out, folder, file)
+
+
+def find_results_folder(run: str, name: str, file: str) -> str | None:
+    """``run`` when it holds ``step-N/{file}`` results, else ``run/{name}`` when that does."""
+    for folder in (run, os.path.join(run, name)):
+        if glob.glob(os.path.join(folder, "step-*", file)):
+            return folder
+    return None
+
+
+def read_step_files(out: str, file: str) -> dict[int, dict]:
+    """Every step's JSON stored in ``out`` as ``step-N/{file}``, by step (results other than
+    condensation analyses, e.g. evaluations)."""
+    return {int(m.group(1)): data for name, data in read_json_files(out, file).items()
+            if (m := STEP_FOLDER.match(name))}
+
+
+def read_json_files(out: str, file: str) -> dict[str, dict]:
+    """``out/*/{file}`` parsed, by folder name, in name order."""
+    results = {}
+    if not os.path.isdir(out):
+        return results
+    for name in sorted(os.listdir(out)):
+        path = result_path(out, name, file)
+        if os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    data = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                raise OutputError(f"{path}: unreadable ({e})") from None
+            results[name] = data
+    return results
+
+
+def shown(value: object) -> object:
+    """Floats as shown in CSVs and tables: 6 significant digits (JSON keeps them whole)."""
+    return f"{value:.{SIGNIFICANT_DIGITS}g}" if isinstance(value, float) else value
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    def write(f: IO) -> None:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({key: shown(value) for key, value in row.items()} for row in rows)
+
+    atomic_write(path, write)
+
+
+def format_table(rows: list[dict]) -> str:
+    """Aligned plain-text table; floats with 6 significant digits."""
+    cells = [["-" if v is None else str(shown(v)) for v in row.values()] for row in rows]
+    header = list(rows[0])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def headless_pyplot() -> ModuleType:
+    """matplotlib's pyplot on the Agg backend, so figures render on cluster nodes without a
+    display; loaded by the modules that draw, not by every reader of this one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_png(fig: Figure, path: str) -> None:
+    """Write ``fig`` atomically, then close it (pyplot keeps every figure until closed)."""
+    import matplotlib.pyplot as plt  # already loaded by whoever drew ``fig``
+
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
+    finally:
+        plt.close(fig)

@@ -1,0 +1,286 @@
+"""Every folder has one owner: a run, or the results of one command for one run.
+
+Each folder a command creates records its owner in ``.owner.json`` (the kind of folder, the
+run it belongs to) next to the writer lock (``writer_lock``); the settings stay where each
+kind has always recorded them (``run.json``, each step's result, ``quickstart.json``) and are
+checked there. A command writes only into an empty folder or one it owns: of its kind and
+its run. Anything else is refused in one line naming the owner, before anything is written:
+a run's root, a folder inside a run's checkpoint or TensorBoard folder, another run's folder
+or results, another kind's results, a folder inside another command's results, or a
+folder of files nobody recorded. Runs may sit inside a quickstart's, paper's or sweep's folder, and a
+run's own results inside the run. A folder written before owners were recorded is read
+from its files, as they were laid out then (``LAYOUTS``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ..utils.errors import OutputError
+from .outputs import STEP_FOLDER, listed
+from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
+
+OWNER_FILE = ".owner.json"
+RUN_METADATA_FILE = "run.json"
+RUN_PATH_KEYS = {
+    "checkpoint.folder": "checkpoint folder",
+    "metrics.save_tb_folder": "TensorBoard folder",
+    "comm.save_traces_folder": "flight-recorder folder",
+    "profiling.save_traces_folder": "profiler folder",
+    "profiling.save_memory_snapshot_folder": "memory-snapshot folder",
+}
+"""The folders TorchTitan writes, each resolved against ``job.dump_folder`` (an absolute one
+lands outside it); their defaults are the names a run's root reserves when its ``run.json``
+has no settings."""
+DEFAULT_RUN_PATHS = {"checkpoint.folder": "checkpoint", "metrics.save_tb_folder": "tb",
+                     "comm.save_traces_folder": "comm_traces", "profiling.save_traces_folder": "profile_traces",
+                     "profiling.save_memory_snapshot_folder": "memory_snapshot"}
+CONTAINERS = ("paper", "quickstart", "sweep")
+"""Kinds whose folders hold other owners' folders: the runs and analyses they make."""
+LAYOUTS = (
+    ("run", (RUN_METADATA_FILE, "job_config.json")),
+    ("run", ("step-*/.metadata",)),  # a checkpoint folder of a run that recorded none
+    ("analysis", ("step-*/condensation.json", "rev-*/condensation.json")),
+    ("evaluation", ("step-*/results.json",)),
+    ("quickstart", ("quickstart.json",)),
+    ("sweep", ("sweep.json",)),
+    ("HF export", ("model.safetensors",)),
+    ("comparison", ("compare.csv",)),
+    ("family", ("family.csv",)),
+    ("table", ("table.csv",)),
+    ("paper", ("analyses", "table2.json", "fig[2-5].json", "robustness.json")),
+)
+"""How each kind's folder looked before ``.owner.json`` existed: the files that tell it. Above a
+folder only a run's ``run.json`` counts: a ``config.json`` or ``table.csv`` higher up may be anyone's."""
+ANCESTOR_LAYOUTS = (("run", (RUN_METADATA_FILE,)),)
+
+
+def _canonical(run: str | None) -> str | None:
+    """A run folder as one path (symlinks resolved); a Hugging Face model id as it is."""
+    return os.path.realpath(run) if run is not None and os.path.isdir(run) else run
+
+
+@dataclass(frozen=True)
+class FolderOwner:
+    """Who a folder belongs to: ``kind`` (a run, or one command's results) and ``run``, the run's
+    dump folder (for a run, its own; for an ``hf:`` analysis, the model); None for a folder
+    of several runs' results (tables, comparisons, a paper's or quickstart's folder)."""
+
+    kind: str
+    run: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "run", _canonical(self.run))
+
+    def describe(self) -> str:
+        if self.kind == "run":
+            return f"run {self.run}" if self.run else "a run (its checkpoints)"
+        return f"the {self.kind} of {self.run}" if self.run else f"a {self.kind} folder"
+
+
+def read_owner(folder: str, layouts: tuple = LAYOUTS) -> FolderOwner | None:
+    """The owner ``folder`` records, or the one its files show (``layouts``); None when it
+    records none and holds nothing recognisable. A folder holding a ``run.json`` is that run's
+    root, wherever it was moved since its record was written."""
+    if os.path.isfile(os.path.join(folder, RUN_METADATA_FILE)):
+        return FolderOwner("run", folder)
+    try:
+        with open(os.path.join(folder, OWNER_FILE)) as f:
+            record = json.load(f)
+        return FolderOwner(record["kind"], record.get("run"))
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # none; or not a folder: its writer says so
+        pass
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise OutputError(f"{os.path.join(folder, OWNER_FILE)}: unreadable ({e})") from None
+    for kind, markers in layouts:
+        found = next((hit for marker in markers for hit in glob.glob(os.path.join(folder, marker))), None)
+        if found is not None:
+            return FolderOwner(kind, _layout_run(kind, folder, found))
+    return None
+
+
+def _layout_run(kind: str, folder: str, found: str) -> str | None:
+    """The run an unrecorded folder of ``kind`` belongs to, from the file that showed its kind."""
+    if kind == "run":
+        return folder if os.path.basename(found) != ".metadata" else None
+    if kind not in ("analysis", "evaluation"):
+        return None
+    try:
+        with open(found) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data.get("run") if kind == "analysis" else data.get("dispersion_titan", {}).get("run")
+
+
+def run_paths(root: str) -> dict[str, str]:
+    """The run's folders (``RUN_PATH_KEYS``) by key: where its ``run.json`` recorded them, else
+    its settings' values resolved against ``root``, else the defaults."""
+    try:
+        with open(os.path.join(root, RUN_METADATA_FILE)) as f:
+            metadata = json.load(f)
+    except (OSError, ValueError):
+        metadata = {}
+    metadata = metadata if isinstance(metadata, dict) else {}
+    recorded = metadata.get("paths") or {}
+    settings = metadata.get("settings") or {}
+    return {key: os.path.normpath(os.path.join(root, recorded.get(key) or settings.get(key) or default))
+            for key, default in DEFAULT_RUN_PATHS.items()}
+
+
+def _empty(folder: str) -> bool:
+    """Whether ``folder`` holds no files: nothing, lock files, or empty folders (a command's
+    ``ensure_writable`` of its subfolders)."""
+    if not os.path.isdir(folder):
+        return True
+    return all(name.startswith((LOCK_NAME, OWNER_FILE)) or _empty_folder(os.path.join(folder, name))
+               for name in os.listdir(folder))
+
+
+def _empty_folder(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def inside(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or below it, symlinks resolved."""
+    return _within(os.path.realpath(path), os.path.realpath(folder))
+
+
+def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] | None:
+    """Why ``owner`` may not write into ``folder`` (a real path), and who holds it; None when it may.
+    Results inside a run's root are that run's, whatever run path they recorded (the run may have moved)."""
+    home = None
+    for ancestor in _ancestors(folder):
+        holder = read_owner(ancestor, ANCESTOR_LAYOUTS)
+        if holder is None or holder.kind in CONTAINERS:
+            continue
+        if holder.kind != "run":
+            return f"is inside {ancestor}, {holder.describe()}", holder
+        if holder.run != ancestor:  # a run's folder outside its root: its checkpoints, its TensorBoard files
+            return f"is inside {ancestor}, a folder of {holder.describe()}", holder
+        for key, path in run_paths(ancestor).items():
+            path = os.path.realpath(path)
+            if _within(folder, path):
+                return f"is {'' if folder == path else 'inside '}{holder.describe()}'s {RUN_PATH_KEYS[key]}", holder
+        first = os.path.relpath(folder, ancestor).split(os.sep)[0]
+        if STEP_FOLDER.match(first):
+            return f"would make {holder.describe()}'s root look like a checkpoint folder ({first})", holder
+        if owner.kind == "run":
+            return f"is inside {holder.describe()}", holder
+        if owner.run != holder.run:
+            return f"is inside {holder.describe()}, which holds only its own results", holder
+        home = holder  # a run's own results, in its root
+        break
+    holder = read_owner(folder)
+    if holder is not None and home is not None and holder.kind != "run":
+        holder = FolderOwner(holder.kind, home.run)
+    if holder is None:
+        if _empty(folder):
+            return None
+        names = listed(sorted(os.listdir(folder)), 3)
+        return f"holds files no dispersion_titan command recorded as its own ({names})", None
+    if holder.kind == "run" and (owner.kind != "run" or holder.run != owner.run):
+        if holder.run is None:
+            return "holds checkpoints no run recorded as its own", holder
+        return f"is {'the' if holder.run == folder else 'a'} folder of {holder.describe()}", holder
+    if holder.kind != owner.kind or None not in (holder.run, owner.run) and holder.run != owner.run:
+        return f"holds {holder.describe()}", holder
+    return None
+
+
+def _ancestors(folder: str) -> Iterator[str]:
+    parent = os.path.dirname(folder)
+    while parent != folder:
+        yield parent
+        folder, parent = parent, os.path.dirname(parent)
+
+
+def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: str) -> None:
+    """One line naming the owner if ``owner`` may not write into ``folder``; looks only. A run
+    refused another run's folder is told how to branch from that run on purpose."""
+    problem = _problem(os.path.realpath(folder), owner)
+    if problem is None:
+        return
+    text, holder = problem
+    if owner.kind == "run" and holder is not None and holder.kind == "run" and holder.run \
+            and os.path.isfile(os.path.join(holder.run, RUN_METADATA_FILE)):
+        way_out += f", or branch from that run on purpose with --job.fork_from {holder.run}[@STEP]"
+    raise OutputError(f"{option}: {folder} {text}; {way_out}")
+
+
+def record_owner(folder: str, owner: FolderOwner) -> bool:
+    """Write ``folder``'s record unless it has one, created with O_EXCL (atomic on NFS and
+    Lustre too), so of two runs racing to one new folder the second finds the first's record
+    and is refused in one line; whether it wrote it."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, OWNER_FILE)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        holder = read_owner(folder, ())
+        if holder is not None and holder != owner and holder.run is not None:
+            raise OutputError(f"{folder}: {holder.describe()} took this folder just now; use another one") from None
+        return False
+    with os.fdopen(fd, "w") as f:
+        json.dump({"kind": owner.kind, "run": owner.run, "command": this_command(), "since": time.time()}, f)
+    return True
+
+
+@contextmanager
+def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[WriterLock]:
+    """``folder`` held as its one writer (``sole_writer``) by ``owner``: refused in one line
+    if another owns it (looked at before the lock is taken, so nothing is written, and again
+    under it); its record written when it has none yet, and taken back if the command then
+    fails (a refusal of its settings changes nothing)."""
+    way_out = f"use another {option}"
+    refuse_unless_ours(folder, owner, option, way_out)
+    with sole_writer(folder) as lock:
+        refuse_unless_ours(folder, owner, option, way_out)
+        recorded = record_owner(folder, owner)
+        try:
+            yield lock
+        except BaseException:
+            if recorded:
+                os.unlink(os.path.join(folder, OWNER_FILE))
+            raise
+
+
+def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:
+    """A launch's look before anything is written: its ``job.dump_folder`` and each of its
+    ``folders`` (by config key) outside it are new, empty or this run's own (recorded so, or,
+    for a run from before records, where its ``run.json`` puts them)."""
+    owner = FolderOwner("run", dump)
+    refuse_unless_ours(dump, owner, "job.dump_folder", "give this run its own --job.dump_folder")
+    earlier = run_paths(dump) if os.path.isfile(os.path.join(dump, RUN_METADATA_FILE)) else {}
+    for key, path in folders.items():
+        if inside(path, dump):
+            continue
+        holder = read_owner(path, ())
+        if key in earlier and os.path.realpath(earlier[key]) == os.path.realpath(path) \
+                and (holder is None or holder.run == owner.run):
+            continue
+        refuse_unless_ours(path, owner, key, f"give this run a {key} of its own (inside its --job.dump_folder, "
+                                             "or a new folder)")
+
+
+def outside_folders(dump: str, folders: dict[str, str]) -> dict[str, str]:
+    """Those of ``folders`` (by config key) outside ``dump``, as real paths: what ``run.json``
+    records as ``paths``."""
+    return {key: os.path.realpath(path) for key, path in folders.items() if not inside(path, dump)}
+
+
+def record_run_folders(dump: str, folders: dict[str, str]) -> None:
+    """Record the run ``dump`` as the owner of its dump folder and of each of ``folders`` outside it."""
+    owner = FolderOwner("run", dump)
+    for path in (dump, *outside_folders(dump, folders).values()):
+        record_owner(path, owner)
