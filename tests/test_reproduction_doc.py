@@ -20,9 +20,9 @@ from dispersion_titan.analyze import analyze_parser, size_series_parser
 from dispersion_titan.config.schema import JobConfig
 from dispersion_titan.evaluate import evaluate_parser, table_parser
 from dispersion_titan.paper import paper_parser
-from dispersion_titan import config
 from dispersion_titan.analysis.inputs import PAPER_SEQ_LEN, PAPER_TEXTS
 from dispersion_titan.components.titan_compat import merged_job_config_class
+from dispersion_titan.config.cli import CONFIG_MODULE
 from dispersion_titan.evaluation.protocol import FEW_SHOT, PAPER_TASKS, PERPLEXITY, PRESETS
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 from dispersion_titan.evaluation.table import MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT
@@ -169,7 +169,7 @@ def option_exists(option: str) -> bool:
         return check(option)
     if match := re.match(r"^--(\w+)\.(\w+)(?: \S+)?$", option):
         section, key = match.groups()
-        return hasattr(getattr(merged_job_config_class(config.JobConfig)(), section, None), key)
+        return hasattr(getattr(merged_job_config_class(CONFIG_MODULE)(), section, None), key)
     return False
 
 
