@@ -69,7 +69,8 @@ def map_problems(text: str, package: Path) -> list[str]:
         problems += [f"{_where(folder)}: `{n}` is missing" for n in sorted(expected - named)]
         problems += [f"{_where(folder)}: `{n}` does not exist" for n in sorted(named - tree_names(package / folder))]
     problems += [f"{_where(f)}: a row for a folder that holds no module" for f in sorted(set(rows) - folders)]
-    floors = {ROOT if not folder else folder: str(i + 1) for i, row in enumerate(LAYERS) for folder in row}
+    floors = {ROOT if not folder else folder: str(len(LAYERS) - i)  # floor 1: the ground, LAYERS' last row
+              for i, row in enumerate(LAYERS) for folder in row}
     for folder, row in rows.items():
         top = folder.split("/")[0] or ROOT
         if floors.get(top) != row.floor:
@@ -87,14 +88,14 @@ def test_code_map_check_finds_a_missing_a_misnamed_and_a_misplaced_module() -> N
     wrong floor gives exactly those problems more than the real map does."""
     text = CODE_MAP.read_text()
     planted = text.replace("`writer_lock` (", "(", 1).replace("`bpe` (", "`bpee` (", 1)
-    planted = planted.replace("| 8 | `dispersion_titan/tokenizer/`", "| 7 | `dispersion_titan/tokenizer/`", 1)
+    planted = planted.replace("| 2 | `dispersion_titan/tokenizer/`", "| 3 | `dispersion_titan/tokenizer/`", 1)
     assert planted.count("`bpee`") == 1 and "`writer_lock`" not in planted
     found, already = map_problems(planted, PACKAGE), map_problems(text, PACKAGE)
     assert sorted(p for p in found if p not in already) == [
         "dispersion_titan/run_folder/: `writer_lock` is missing",
         "dispersion_titan/tokenizer/: `bpe` is missing",
         "dispersion_titan/tokenizer/: `bpee` does not exist",
-        "dispersion_titan/tokenizer/: floor 7, LAYERS says 8",
+        "dispersion_titan/tokenizer/: floor 3, LAYERS says 2",
     ]
 
 

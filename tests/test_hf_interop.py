@@ -20,6 +20,7 @@ import shutil
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import transformers
 from safetensors.torch import load_file, save_file
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
@@ -36,8 +37,6 @@ from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
 from dispersion_titan.trainer.block_outputs import BlockOutputs
 from dispersion_titan.trainer.objective import DispersionObjective
-
-transformers = pytest.importorskip("transformers")
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
 SHAPE = dict(n_embd=64, n_layer=4, n_head=4, n_positions=256, vocab_size=50257)

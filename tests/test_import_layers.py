@@ -25,7 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tokenizer",),
     ("utils",),
 )
-"""Top to bottom: a folder imports from its own row or the rows below it, never above."""
+"""Top to bottom: a folder imports from its own row or the rows below it, never above. Floors are
+numbered from the ground: the last row (``utils``) is floor 1, as ``docs/code_map.md`` numbers them."""
 
 KNOWN_FILE_CIRCLES: set[frozenset[str]] = set()
 

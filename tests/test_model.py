@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -11,8 +12,6 @@ from dispersion_titan.analysis.measure import DecoderLayers
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs, flops_per_token, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
-
-transformers = pytest.importorskip("transformers")
 
 
 def build(args: GPT2ModelArgs, seed: int = 0) -> GPT2:

@@ -11,9 +11,9 @@ import inspect
 import re
 import shutil
 
-import pytest
 import tiktoken.load
 import tiktoken_ext.openai_public as openai_public
+import transformers
 
 from dispersion_titan.components.titan_tokenizer import EOT_ID, EOT_TOKEN, GPT2Tokenizer, bpe_files
 from dispersion_titan.data import corpora
@@ -69,7 +69,6 @@ def test_round_trip_on_wikipedia_text():
 
 
 def test_same_ids_as_huggingface_tokenizers(tmp_path):
-    transformers = pytest.importorskip("transformers")
     encoder_json, vocab_bpe = bpe_files()
     shutil.copy(encoder_json, tmp_path / "vocab.json")
     shutil.copy(vocab_bpe, tmp_path / "merges.txt")

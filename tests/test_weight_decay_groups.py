@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from torchtitan.models.qwen3 import Qwen3Model
 
 from dispersion_titan.components.optimizers import build_dispersion_optimizers, no_decay_parameter_names
@@ -19,8 +20,6 @@ from dispersion_titan.models.gpt2 import GPT2, GPT2ModelArgs
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.models.qwen3 import Qwen3Args
 from dispersion_titan.utils.errors import ConfigError
-
-transformers = pytest.importorskip("transformers")
 
 ARGS = GPT2ModelArgs(dim=32, n_layers=2, n_heads=2, max_seq_len=16, vocab_size=128)
 
