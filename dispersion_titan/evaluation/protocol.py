@@ -40,7 +40,7 @@ PRESETS = {
     "gpt2": Protocol("gpt2", 1, 500, "lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2.py"),
     "qwen3": Protocol("qwen3", 5, 200, "lm_dispersion/midtrain_qwen3_huggingface/midtrain_qwen3.py"),
 }
-PROTOCOLS = tuple(PRESETS)
+EVALUATION_PROTOCOLS = tuple(PRESETS)
 DEFAULT_PROTOCOL = "gpt2"
 FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3": "qwen3"}
 """A run's model family (``run.json``'s ``model_name``) -> the authors' protocol for it. The
@@ -56,7 +56,7 @@ def run_protocol(model_name: str) -> tuple[str, str | None]:
     if model_name in FAMILY_PROTOCOLS:
         return FAMILY_PROTOCOLS[model_name], None
     return DEFAULT_PROTOCOL, (f"note: the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
-                              f"(--protocol {' or '.join(PROTOCOLS)} chooses)")
+                              f"(--protocol {' or '.join(EVALUATION_PROTOCOLS)} chooses)")
 
 BEST_STEP = ("auto", "per-seed", "averaged")
 """``evaluate table --best-step``: ``auto`` (the default) chooses the best step per seed for

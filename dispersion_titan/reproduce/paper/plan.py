@@ -9,6 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 
+from ...analysis import ANALYSIS_PROTOCOLS
 from ...run_folder.checkpoints import RUN_METADATA_FILE, find_checkpoint_folder, list_checkpoints
 from ...utils.errors import ArgumentError, CheckpointError
 from . import catalog, fig3
@@ -20,7 +21,6 @@ ANALYZE_OPTIONS = ("texts", "dataset", "dataset_path", "num_sequences", "seq_len
 PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}
 """What an analysing artifact gives ``analyze`` unless told otherwise: the authors' texts and
 n + 1 ``hidden_states`` points (``--protocol paper``), and fp32, as they ran every model."""
-ANALYSIS_PROTOCOLS = ("paper", "default")
 EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot", "batch_size", "device")
 """``evaluate``'s options ``table2`` passes on."""
 
