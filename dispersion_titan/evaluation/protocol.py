@@ -70,7 +70,7 @@ _FILTER = "none"  # lm-eval keys metrics as "metric,filter"; loglikelihood tasks
 
 
 @dataclass(frozen=True)
-class Plan:
+class EvaluationPlan:
     """Tasks in order, shots per task (None: the task's own default) and the limit."""
 
     protocol: str
@@ -95,14 +95,14 @@ def task_names(spec: str) -> tuple[str, ...]:
 
 
 def build_plan(tasks: str | None, num_fewshot: int | None, limit: int | None | str,
-               protocol: str = DEFAULT_PROTOCOL) -> Plan:
+               protocol: str = DEFAULT_PROTOCOL) -> EvaluationPlan:
     """The protocol's plan, with --tasks / --num-fewshot / --limit replacing its parts.
     Tasks outside the protocol keep their own few-shot default unless --num-fewshot;
     ``limit`` "all" evaluates every example."""
     preset = PRESETS[protocol]
     names = task_names(tasks) if tasks is not None else PAPER_TASKS
     shots = {name: num_fewshot if num_fewshot is not None else preset.shots(name) for name in names}
-    return Plan(protocol, names, shots, None if limit == "all" else limit or preset.limit)
+    return EvaluationPlan(protocol, names, shots, None if limit == "all" else limit or preset.limit)
 
 
 def task_scores(metrics_by_task: dict[str, dict], tasks: list[str]) -> dict[str, float]:
