@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 
-def prepare() -> None:
+def setup_torchtitan() -> None:
     """Check the TorchTitan version, adapt it to CPU-only machines, register our models."""
     titan_compat.apply()
     register_all()
@@ -54,7 +54,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-            job_config = titan_compat.parse_job_config(without_profile(args), toml)
+            job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         raise ArgumentError(_first_message(captured.getvalue())) from e
     if not names_model(args, toml):
@@ -125,7 +125,7 @@ def check_run_folder(job_config: RunConfig) -> None:
 
 def print_every_key(args: list[str], toml: dict) -> None:
     """``train --help-all``: TorchTitan's help of every section, ours included; exits."""
-    titan_compat.parse_job_config([*without_profile(args), "--help"], toml)
+    titan_compat.config_manager_parse([*without_profile(args), "--help"], toml)
 
 
 def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:

@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
 from ..config.cli import load_toml, with_config_module
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
-from ..job_config.parse import prepare, validated_args
+from ..job_config.parse import setup_torchtitan, validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, record_owner
 from ..utils.errors import DispersionTitanError, SweepError
@@ -169,7 +169,7 @@ def cell_args(spec: Spec, cell: Cell) -> list[str]:
 def check_training_configs(spec: Spec) -> None:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
-    prepare()
+    setup_torchtitan()
     for cell in spec.cells():
         try:
             validated_args(cell_args(spec, cell), world_size(spec))
