@@ -163,7 +163,7 @@ def family_figure(members: list[Member], pairs: list[tuple[Member, Member]], tit
     return fig
 
 
-def markdown(members: list[Member], pairs: list[tuple[Member, Member]], n: int, title: str) -> str:
+def family_markdown(members: list[Member], pairs: list[tuple[Member, Member]], n: int, title: str) -> str:
     lines = [f"# Condensation by model size ({title})", "", "```", format_table(model_rows(members, n)), "```", "",
              f"Trend: Spearman's ρ between parameter count and the mean `mean_cos` of the last {n} layers, "
              "per family (negative: larger models condense less; needs 2 or more models).", "",
@@ -203,7 +203,7 @@ def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[s
     inputs = members[0].result.inputs
     title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
-    text = markdown(members, pairs, last_n, title)
+    text = family_markdown(members, pairs, last_n, title)
     with owned(out, owner):
         write_csv(os.path.join(out, "family.csv"),
                   [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)])
