@@ -219,7 +219,7 @@ def corpora(options: dict) -> dict[str, list[str]]:
     """robustness: corpus name -> analyze's input options for it (``--dataset D`` or ``--texts FILE``;
     none for wikitext-103 under ``--protocol paper``, which reads it, from ``--dataset-path`` if given)."""
     given = options.get("corpus") or []
-    chosen: dict[str, str | None] = dict(catalog.CORPORA) if not given else {}
+    chosen: dict[str, str | None] = dict(catalog.ROBUSTNESS_CORPORA) if not given else {}
     for entry in given:
         name, eq, source = entry.partition("=")
         if not eq or not name or not source:
