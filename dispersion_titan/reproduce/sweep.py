@@ -269,7 +269,7 @@ def submit(spec: Spec, jobs: list[SlurmJob]) -> dict[str, str]:
 
 def _arm_json(arm: Arm) -> dict[str, Any]:
     """An arm as ``sweep.json`` has always written it (``variant``: name, coeff, method)."""
-    return {"name": arm.name, "coeff": arm.peak_coeff, "method": arm.method}
+    return {"name": arm.name, "coeff": arm.coeff, "method": arm.method}
 
 
 def write_manifest(spec: Spec, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:

@@ -46,7 +46,7 @@ class QuickstartPlan:
     out: str
     config: str
     widths: tuple[int, ...]
-    peak_coeff: float
+    coeff: float
     """λ of the dispersion runs (``--coeff``)."""
     steps: int
     interval: int
@@ -62,7 +62,7 @@ class QuickstartPlan:
 
     @property
     def arms(self) -> tuple[Arm, Arm]:
-        return Arm("none", 0.0), Arm(VARIANT, self.peak_coeff)
+        return Arm("none", 0.0), Arm(VARIANT, self.coeff)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -76,7 +76,7 @@ class QuickstartPlan:
 
     def identity(self) -> dict:
         """The options that change results: a rerun must have the same ones."""
-        return {"config": self.config, "widths": list(self.widths), "coeff": self.peak_coeff, "steps": self.steps,
+        return {"config": self.config, "widths": list(self.widths), "coeff": self.coeff, "steps": self.steps,
                 "checkpoint_interval": self.interval, "num_sequences": self.num_sequences,
                 "seq_len": self.seq_len, "seed": self.seed, "spread_seeds": self.spread_seeds,
                 "init_flavor": self.init_flavor, "init_widths": list(self.init_widths),
@@ -257,7 +257,7 @@ def summarize(plan: QuickstartPlan, panel: InitPanel, files: list[tuple[str, str
              f"seed(s) at {plan.init_widths[0]}). Trained sweep: {len(runs)} runs "
              f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
              f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
-             f"without and with {VARIANT} λ={plan.peak_coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
+             f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
              f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every {plan.interval} steps.")
     figure = os.path.join(plan.out, "summary.png")
     save_findings_figure(panel, runs, found, plan.seed, figure)
@@ -306,7 +306,7 @@ def _run(plan: QuickstartPlan) -> None:
     check_same_options(plan)
     say = Progress()
     say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
-        f"λ={plan.peak_coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
+        f"λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
         f"output: {plan.out}")
     panel = measure_init_panel(plan, say)
     train_and_analyze(plan, say)
