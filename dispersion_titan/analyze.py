@@ -96,7 +96,8 @@ def size_series_parser() -> argparse.ArgumentParser:
                    help="an analysed hf: model's output folder[@REVISION], or a run's folder[@STEP]")
     p.add_argument("--out", required=True, help="folder for family.md, family.csv and family.png")
     p.add_argument("--family", action="append", default=[], metavar="NAME=SPEC,SPEC",
-                   help="put these models in family NAME (default: HF model_type, 'gpt2 run' ('qwen3 run', ...) for our runs)")
+                   help="put these models in family NAME (default: HF model_type, 'gpt2 run' "
+                        "('qwen3_dispersion run', ...) for our runs)")
     p.add_argument("--paired", action="append", default=[], metavar="A=B",
                    help="compare model A with model B (e.g. distilled with its base)")
     p.add_argument("--last-n", type=positive_int, default=3, help="layers averaged at the end of depth (default 3)")

@@ -56,7 +56,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
     p.add_argument("--protocol", choices=EVALUATION_PROTOCOLS,
                    help="the authors' tasks (10 accuracies, wikitext-103 perplexity), shots per task and limit "
-                        "(default: the run's family from its run.json: qwen3 runs qwen3, others gpt2): "
+                        "(default: the run's family from its run.json: qwen3_dispersion runs qwen3, others gpt2): "
                         + "; ".join(f"{name}: few-shot tasks {preset.few_shot} shot(s), the others 0, "
                                     f"{preset.limit} per task" for name, preset in PRESETS.items()))
     p.add_argument("--tasks", help="comma-separated lm-eval task or group names (default: the protocol's)")

@@ -42,9 +42,9 @@ PRESETS = {
 }
 EVALUATION_PROTOCOLS = tuple(PRESETS)
 DEFAULT_PROTOCOL = "gpt2"
-FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3": "qwen3"}
+FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3_dispersion": "qwen3"}
 """A run's model family (``run.json``'s ``model_name``) -> the authors' protocol for it. The
-authors evaluated no Llama: a llama3 run (or any other family) gets ``DEFAULT_PROTOCOL``, said in a note."""
+authors evaluated no Llama: a llama3_dispersion run (or any other family) gets ``DEFAULT_PROTOCOL``, said in a note."""
 AUTHORS_BATCH_SIZE = 1
 """The authors' lm-eval batch size (``LMEvalCallback``), the default: padded batches are not
 batch-1 exactly (a tiny GPT-2 on tests/lm_eval_tasks, lm-eval 0.4.13: 2 of 40 wiki_next_word
