@@ -46,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dispersion_titan.config.cli import load_toml, with_config_module  # noqa: E402
-from dispersion_titan.job_config.parse import prepare, validated_args  # noqa: E402
+from dispersion_titan.job_config.parse import setup_torchtitan, validated_args  # noqa: E402
 from dispersion_titan.losses import PRECISIONS, VARIANTS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
 from dispersion_titan.train import default_to_single_process  # noqa: E402
@@ -105,7 +105,7 @@ def bench_trainer(config: str, job_args: list[str]) -> Iterator[DispersionTraine
     """``DispersionTrainer`` of ``config`` as a 1-process launch checks it, with checkpoints,
     validation and logging off and a temporary run folder; closed on exit."""
     default_to_single_process()
-    prepare()
+    setup_torchtitan()
     with tempfile.TemporaryDirectory(prefix="train_step_") as dump:
         args = ["--job.config_file", config, *job_args, *BENCH_ONLY, "--job.dump_folder", dump,
                 "--training.steps", str(10**9)]

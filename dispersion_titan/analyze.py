@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS, PROTOCOLS
+from dispersion_titan.analysis import ANALYSIS_PROTOCOLS, DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS
 from dispersion_titan.analysis.wandb_condensation import log_analysis
 from dispersion_titan.components.wandb_run import recorded
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
@@ -50,7 +50,7 @@ def analyze_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-path", "--dataset_path", dest="dataset_path",
                    help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
                         "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="default",
+    p.add_argument("--protocol", choices=ANALYSIS_PROTOCOLS, default="default",
                    help="paper: the authors' inputs: 100 texts of >= 1024 words, each consecutive rows of "
                         "wikitext-103-v1 train (or of --texts FILE) concatenated, the first 512 tokens of each with "
                         "the tokenizer's default special tokens, and --layer-points hidden_states (default: default)")
@@ -96,11 +96,12 @@ def size_series_parser() -> argparse.ArgumentParser:
                    help="an analysed hf: model's output folder[@REVISION], or a run's folder[@STEP]")
     p.add_argument("--out", required=True, help="folder for family.md, family.csv and family.png")
     p.add_argument("--family", action="append", default=[], metavar="NAME=SPEC,SPEC",
-                   help="put these models in family NAME (default: HF model_type, 'gpt2 run' ('qwen3 run', ...) for our runs)")
+                   help="put these models in family NAME (default: HF model_type, 'gpt2 run' "
+                        "('qwen3_dispersion run', ...) for our runs)")
     p.add_argument("--paired", action="append", default=[], metavar="A=B",
                    help="compare model A with model B (e.g. distilled with its base)")
     p.add_argument("--last-n", type=positive_int, default=3, help="layers averaged at the end of depth (default 3)")
-    p.add_argument("--protocol", choices=PROTOCOLS, default="default",
+    p.add_argument("--protocol", choices=ANALYSIS_PROTOCOLS, default="default",
                    help="paper: require every model analysed with analyze --protocol paper (the authors' inputs "
                         "and hidden_states layer points)")
     return p

@@ -22,8 +22,8 @@ from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments
 from dispersion_titan.evaluation.protocol import (
     AUTHORS_BATCH_SIZE,
     BEST_STEP,
+    EVALUATION_PROTOCOLS,
     PRESETS,
-    PROTOCOLS,
     build_plan,
     run_protocol,
 )
@@ -54,9 +54,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
                 epilog="The paper's Table 2 over runs: python -m dispersion_titan.evaluate table RUN... --out DIR")
     p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
-    p.add_argument("--protocol", choices=PROTOCOLS,
+    p.add_argument("--protocol", choices=EVALUATION_PROTOCOLS,
                    help="the authors' tasks (10 accuracies, wikitext-103 perplexity), shots per task and limit "
-                        "(default: the run's family from its run.json: qwen3 runs qwen3, others gpt2): "
+                        "(default: the run's family from its run.json: qwen3_dispersion runs qwen3, others gpt2): "
                         + "; ".join(f"{name}: few-shot tasks {preset.few_shot} shot(s), the others 0, "
                                     f"{preset.limit} per task" for name, preset in PRESETS.items()))
     p.add_argument("--tasks", help="comma-separated lm-eval task or group names (default: the protocol's)")

@@ -86,7 +86,7 @@ def main() -> None:
     from dispersion_titan.job_config import parse
     from dispersion_titan.job_config.checks import launch_notes  # with parse: TorchTitan's import
 
-    parse.prepare()
+    parse.setup_torchtitan()
     if HELP_ALL_FLAG in argv:
         parse.print_every_key(args, toml)
     try:

@@ -33,8 +33,8 @@ TINY = {  # two blocks of each family, small enough for a CPU test
     "gpt2": ["--job.config_file", str(REPO / "train_configs" / "debug_angular_spread.toml"), "--model.n_layers", "2"],
     "qwen3": ["--job.config_file", QWEN3_TOML, "--model.dim", "32", "--model.n_layers", "2", "--model.n_heads", "2",
               "--model.n_kv_heads", "1", "--model.head_dim", "16", "--model.mlp_hidden_dim", "64"],
-    "llama3": ["--job.config_file", QWEN3_TOML, "--model.name", "llama3", "--model.dim", "32", "--model.n_layers", "2",
-               "--model.n_heads", "2", "--model.n_kv_heads", "1"],
+    "llama3": ["--job.config_file", QWEN3_TOML, "--model.name", "llama3_dispersion", "--model.dim", "32",
+               "--model.n_layers", "2", "--model.n_heads", "2", "--model.n_kv_heads", "1"],
 }
 WRAPPING = {
     "plain": [],

@@ -98,7 +98,8 @@ REFUSALS = [
     Refusal([*DEBUG, "--model.embd_dropout", "-0.1"], "model.embd_dropout:"),
     Refusal([*DEBUG, "--model.resid_dropout", "0.1", "--activation_checkpoint.mode", "full",
              "--activation_checkpoint.no-preserve-rng-state"], "activation_checkpoint.preserve_rng_state:"),
-    Refusal([*DEBUG, "--model.name", "qwen3", "--model.flavor", "debugmodel", "--model.resid_dropout", "0.1"],
+    Refusal([*DEBUG, "--model.name", "qwen3_dispersion", "--model.flavor", "debugmodel", "--model.resid_dropout",
+             "0.1"],
             "model.resid_dropout:"),  # gpt2 only
     Refusal([*DEBUG, "--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k:"),
     Refusal([*DEBUG, "--checkpoint.interval", "0"], "checkpoint.interval:"),
@@ -144,15 +145,15 @@ REFUSALS = [
             "{dir}/f cannot be created: {dir}/f is not a directory", world=1),
     # TorchTitan's decoders (qwen3, llama3): the [model] keys each family refuses, on 2 processes
     Refusal([*QWEN3_TP2, "--model.max_seq_len", "256"], "model.max_seq_len: rotary positions", world=2),
-    Refusal([*QWEN3_TP2, "--model.name", "llama3", "--model.mlp_hidden_dim", "512"],
+    Refusal([*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.mlp_hidden_dim", "512"],
             "model.mlp_hidden_dim: llama3 derives its MLP", world=2),
-    Refusal([*QWEN3_TP2, "--model.name", "llama3", "--model.head_dim", "32"],
+    Refusal([*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.head_dim", "32"],
             "model.head_dim: llama3's head width is dim / n_heads", world=2),
-    Refusal([*QWEN3_TP2, "--model.name", "llama3", "--model.tie_embeddings", "True"],
+    Refusal([*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.tie_embeddings", "True"],
             "model.tie_embeddings: TorchTitan 0.2.2's llama3", world=2),
     Refusal([*QWEN3_TP2, "--model.flavor", "debugmodel_moe"], "model.flavor: 'debugmodel_moe' is not one of",
             world=2),
-    Refusal([*QWEN3_TP2, "--model.name", "llama3", "--model.flavor", "debugmodel_flex_attn"],
+    Refusal([*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.flavor", "debugmodel_flex_attn"],
             "model.flavor: 'debugmodel_flex_attn'", world=2),
     Refusal([*QWEN3_TP2, "--model.n_kv_heads", "3", "--model.n_heads", "6"], "model.n_kv_heads: 3 is not divisible by",
             world=2),
@@ -162,6 +163,10 @@ REFUSALS = [
             "model.hf_assets_path: ./tests/assets/tokenizer: no such", world=2),
     # the TOML: unknown keys and sections (with the closest match), wrong types, malformed files
     Refusal(TOML, "model.flavour:", toml='[model]\nname = "gpt2"\nflavour = "debug"\n'),
+    # TorchTitan's own qwen3 / llama3 would train without our data, tokenizer or dispersion term
+    Refusal(TOML, "model.name: 'qwen3' is TorchTitan's own spec, which trains without dispersion_titan's data, "
+            "tokenizer or dispersion term; use 'qwen3_dispersion'", toml='[model]\nname = "qwen3"\n', how="is"),
+    Refusal([*DEBUG, "--model.name", "llama3"], "model.name: 'llama3' is TorchTitan's own spec", how="starts"),
     Refusal(TOML, "dispersion.coef:", toml='[dispersion]\nvariant = "angular_spread"\ncoef = 0.1\n'),
     Refusal(TOML, "trainning:", toml="[trainning]\nsteps = 3\n"),
     Refusal(TOML, "trainning: unknown section in {toml}; did you mean training?", toml="[trainning]\nsteps = 3\n",
@@ -332,7 +337,8 @@ def test_a_toml_that_is_not_utf8_or_names_no_model_is_one_line(tmp_path):
     empty = write_toml(tmp_path, "")
     for path, message in [
         (latin1, f"--job.config_file: {latin1}: not UTF-8 text (byte 0xe9 at offset "),
-        (empty, f"model.name: no model named ({empty}); add [model] name = one of ('gpt2', 'qwen3', 'llama3')"),
+        (empty, f"model.name: no model named ({empty}); add [model] name = one of "
+                "('gpt2', 'qwen3_dispersion', 'llama3_dispersion')"),
     ]:
         proc = python_module("dispersion_titan.train", "--job.config_file", str(path), "--job.dump_folder",
                              str(tmp_path / "run"), timeout=120)

@@ -1,4 +1,5 @@
-"""TorchTitan's own decoders, qwen3 and llama3, as dispersion_titan families.
+"""TorchTitan's own decoders, Qwen3 and Llama 3, as dispersion_titan families (``qwen3_dispersion``,
+``llama3_dispersion``).
 
 In one process: the ``[model]`` keys each family takes or refuses, the baselines on
 their token embeddings, and llama3's Hugging Face export and analysis against
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from importlib import import_module
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +28,19 @@ import transformers
 from safetensors.torch import load_file
 from torchtitan.distributed import ParallelDims
 from torchtitan.models.qwen3 import qwen3_args
+from torchtitan.protocols.train_spec import get_train_spec
 
 from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis.size_series import load_member
 from dispersion_titan.config.schema import Baseline
-from dispersion_titan.models.llama3 import Llama3Args, llama3_flavors
+from dispersion_titan.data.packed import build_packed_dataloader
+from dispersion_titan.evaluation.protocol import run_protocol
+from dispersion_titan.models import register_all
+from dispersion_titan.models.llama3_dispersion import Llama3Args, llama3_flavors
 from dispersion_titan.paper import main as paper_main
-from dispersion_titan.models.qwen3 import Qwen3Args, qwen3_flavors
-from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
+from dispersion_titan.models.qwen3_dispersion import Qwen3Args, qwen3_flavors
+from dispersion_titan.run_folder.checkpoints import load_model, load_model_args, load_run_metadata
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.trainer.baselines import build_baseline
@@ -108,7 +115,7 @@ def test_family_keys_reach_torchtitans_arguments():
     assert (args.hidden_dim, args.enable_weight_tying, args.tie_embeddings, args.head_dim) == (512, False, False, 32)
     assert args.max_seq_len == 256  # the RoPE table covers validation's longer sequences
     assert qwen3_args["debugmodel"].hidden_dim == 3072 and qwen3_args["debugmodel"].enable_weight_tying  # untouched
-    llama = validated_args([*BASE, "--model.name", "llama3", "--model.n_kv_heads", "4"])
+    llama = validated_args([*BASE, "--model.name", "llama3_dispersion", "--model.n_kv_heads", "4"])
     args = llama3_flavors["debugmodel"]
     args.update_from_config(llama)
     assert (args.n_kv_heads, args.hidden_dim, args.tie_embeddings) == (4, 768, False)
@@ -178,6 +185,42 @@ def test_llama3_exports_and_analyses_like_transformers(tmp_path, texts, capsys):
                            capsys=capsys)
     assert code == 0, err
     assert_analysis_matches_transformers(load_result(run, 0), export, "llama", texts)
+    # an analysis recorded when the family was registered as TorchTitan's llama3 is in the same family
+    path = run / "condensation" / "step-0" / "condensation.json"
+    result = json.loads(path.read_text())
+    assert result["model_args"]["model_type"] == "llama3_dispersion"
+    result["model_args"]["model_type"] = "llama3"
+    path.write_text(json.dumps(result))
+    assert load_member(str(run), {}).family == "llama3_dispersion run"
+
+
+def test_torchtitans_own_qwen3_and_llama3_stay_torchtitans_after_register_all():
+    """Ours are registered under names of our own: TorchTitan's ``qwen3`` / ``llama3`` keep its
+    own data loader and tokenizer (a registered spec would take precedence over them)."""
+    register_all()
+    for titan_name, ours in (("qwen3", "qwen3_dispersion"), ("llama3", "llama3_dispersion")):
+        titans = import_module(f"torchtitan.models.{titan_name}").get_train_spec()
+        spec = get_train_spec(titan_name)
+        assert (spec.build_dataloader_fn, spec.build_tokenizer_fn) == (titans.build_dataloader_fn,
+                                                                       titans.build_tokenizer_fn), titan_name
+        assert spec.build_dataloader_fn is not build_packed_dataloader, titan_name
+        assert get_train_spec(ours).build_dataloader_fn is build_packed_dataloader, ours
+        assert get_train_spec(ours).model_cls is titans.model_cls, ours
+
+
+def test_a_run_recorded_under_the_former_names_reads_as_ours(tmp_path):
+    """A run.json written when our families were registered as ``qwen3`` / ``llama3``: read under
+    the current names by the run's readers (analysis, ``evaluate``'s protocol, ``convert``)."""
+    run = tiny_run(tmp_path / "run", steps=(0,), args=QWEN3)
+    record = json.loads((run / "run.json").read_text())
+    assert record["model_name"] == "qwen3_dispersion"
+    (run / "run.json").write_text(json.dumps({**record, "model_name": "qwen3", "settings": {"model.name": "qwen3"}}))
+    metadata = load_run_metadata(str(run))
+    assert (metadata["model_name"], metadata["settings"]) == ("qwen3_dispersion", {"model.name": "qwen3_dispersion"})
+    assert run_protocol(metadata["model_name"]) == ("qwen3", None)
+    assert type(load_model_args(str(run / "checkpoint"))) is Qwen3Args
+    to_hf(str(run / "checkpoint" / "step-0"), str(tmp_path / "hf"))
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
 
 
 # ---------------------------------------------------------------- one qwen3 run, for real
@@ -227,7 +270,7 @@ def qwen3_run(tmp_path_factory) -> dict[str, Path]:
 def test_qwen3_mid_trains_from_hf_weights_and_exports_back(qwen3_run):
     run, hf = qwen3_run["run"], qwen3_run["hf"]
     metadata = json.loads((run / "run.json").read_text())
-    assert (metadata["model_name"], metadata["tokenizer"]) == ("qwen3", str(hf))  # the folder's own tokenizer
+    assert (metadata["model_name"], metadata["tokenizer"]) == ("qwen3_dispersion", str(hf))  # its own tokenizer
     initial = hf_logits(hf)
     assert max_diff(our_logits(run / "checkpoint" / "step-0"), initial) <= 1e-4  # initial_load_in_hf
     trained = our_logits(run / "checkpoint" / "step-2")
@@ -276,10 +319,16 @@ def test_qwen3_mid_training_gets_per_seed_steps_and_a_pretrained_row(qwen3_run, 
 
 @pytest.mark.slow
 def test_qwen3_run_resumes_exactly(qwen3_run, tmp_path):
-    """Stopped after step 2 (its full checkpoint), the run continues to the same step 3."""
+    """Stopped after step 2 (its full checkpoint), the run continues to the same step 3, also when its
+    run.json was written when the family was registered as ``qwen3`` (then recorded under the current name)."""
     resumed = tmp_path / "resumed"
     shutil.copytree(qwen3_run["run"], resumed, ignore=shutil.ignore_patterns("step-3", "tb", "condensation"))
+    record = json.loads((resumed / "run.json").read_text())
+    record["model_name"] = record["settings"]["model.name"] = "qwen3"
+    (resumed / "run.json").write_text(json.dumps(record))
     assert "Training starts at step 3" in train(resumed, qwen3_run["hf"])
+    record = json.loads((resumed / "run.json").read_text())
+    assert record["model_name"] == record["settings"]["model.name"] == "qwen3_dispersion"
     want, got = scalars(qwen3_run["run"]), scalars(resumed)
     for tag in ("loss_metrics/global_avg_loss", "loss_metrics/dispersion", "grad_norm"):
         assert got[tag][3] == want[tag][3], tag
@@ -287,9 +336,10 @@ def test_qwen3_run_resumes_exactly(qwen3_run, tmp_path):
 
 @pytest.mark.slow
 def test_llama3_trains_through_the_entry_point(tmp_path):
-    proc = python_module("dispersion_titan.train", *BASE, "--job.dump_folder", str(tmp_path), "--model.name", "llama3",
-                         "--model.dim", "32", "--model.n_layers", "2", "--model.n_heads", "2", "--training.seq_len",
-                         "32", "--training.steps", "1", "--validation.no-enable", "--checkpoint.no-enable")
+    proc = python_module("dispersion_titan.train", *BASE, "--job.dump_folder", str(tmp_path), "--model.name",
+                         "llama3_dispersion", "--model.dim", "32", "--model.n_layers", "2", "--model.n_heads", "2",
+                         "--training.seq_len", "32", "--training.steps", "1", "--validation.no-enable",
+                         "--checkpoint.no-enable")
     assert proc.returncode == 0, proc.stderr[-6000:]
     live = scalars(tmp_path)
     assert sorted(live["condensation/block_2_mean_cos_offdiag"]) == [1] and live["loss_metrics/dispersion"][1] != 0

@@ -22,7 +22,7 @@ from scipy import stats
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan, run_protocol
 from dispersion_titan.evaluation.runner import lm_eval_seeds
-from dispersion_titan.models.qwen3 import Qwen3Args
+from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 
@@ -216,9 +216,9 @@ def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
                                                       "dtype": "fp32"}
     assert result["n-shot"] == {"arc_easy": 5, "piqa": 0} and result["config"]["limit"] == 200
     assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
-    assert run_protocol("gpt2") == ("gpt2", None) and run_protocol("qwen3") == ("qwen3", None)
-    protocol, note = run_protocol("llama3")
-    assert protocol == "gpt2" and note.startswith("note: the authors evaluated no llama3 model")
+    assert run_protocol("gpt2") == ("gpt2", None) and run_protocol("qwen3_dispersion") == ("qwen3", None)
+    protocol, note = run_protocol("llama3_dispersion")
+    assert protocol == "gpt2" and note.startswith("note: the authors evaluated no llama3_dispersion model")
 
 
 def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path, capsys):

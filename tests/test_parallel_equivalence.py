@@ -29,7 +29,7 @@ from torch import nn
 
 from dispersion_titan.models import family
 from dispersion_titan.models.gpt2.args import gpt2_flavors
-from dispersion_titan.models.qwen3 import Qwen3Args
+from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from support.launch import DEBUG_TOML, REPO, torchrun
 from support.runs import load_weights, max_abs_diff, scalars, tiny_run, update_rel_diff
 
@@ -226,6 +226,6 @@ def test_autocast_keeps_norms_and_the_residual_stream_fp32(args):
         block.register_forward_hook(record("block"))
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
         model(torch.randint(0, 1000, (2, 16)))
-    heads = {torch.bfloat16} if args.FAMILY == "qwen3" else set()
+    heads = {torch.bfloat16} if args.FAMILY == "qwen3_dispersion" else set()
     assert dtypes == {"norm": {torch.float32}, "head_norm": heads, "block": {torch.float32},
                       "linear": {torch.bfloat16}}

@@ -46,7 +46,7 @@ def gpus_claimed(job) -> int:
 @pytest.fixture(scope="module")
 def parsed() -> dict[Path, object]:
     """Each shipped config parsed once, as a launch parses it; layouts are checked on copies."""
-    resource_plan.prepare()
+    resource_plan.setup_torchtitan()
     return {c: parse_job_config(plan_args(str(c)), load_toml(plan_args(str(c)))) for c in CONFIGS}
 
 

@@ -23,7 +23,7 @@ from dispersion_titan.reproduce.quickstart.findings import (
     DISAGREES,
     NOISE,
     findings,
-    markdown,
+    findings_markdown,
     with_dispersion,
     with_width,
 )
@@ -244,7 +244,7 @@ def test_a_verdict_agrees_only_beyond_the_measured_seed_spread():
     assert with_dispersion(sweep((0.60, 0.45, 0.30), 0.2), 42).parts[1].verdict == AGREES
     assert with_dispersion(sweep((0.60, 0.45, 0.30), -0.2), 42).parts[1].verdict == DISAGREES
     # Written with both numbers in summary.md.
-    text = "\n".join(markdown([with_dispersion(sweep((0.60, 0.45, 0.30), 0.076), 42)]))
+    text = "\n".join(findings_markdown([with_dispersion(sweep((0.60, 0.45, 0.30), 0.076), 42)]))
     assert "(effect +0.076, seed spread 0.076) — **within noise at this scale**." in text
     assert text.startswith("### 1. What does the dispersion loss do to it? — **within noise at this scale**")
     # Without a second seed nothing is measured to weigh against: the sign decides, and says so.

@@ -40,7 +40,7 @@ def test_midtraining_configs_match_the_authors_scripts():
     for path in MIDTRAIN:
         c = load(path)
         t, steps = c["training"], c["training"]["steps"]
-        qwen3 = c["model"]["name"] == "qwen3"
+        qwen3 = c["model"]["name"] == "qwen3_dispersion"
         assert t["seq_len"] == (4096 if qwen3 else 1024), path.name
         assert steps == math.ceil(200_000_000 / (t["global_batch_size"] * t["seq_len"])), path.name
         # Hugging Face's TrainingArguments(warmup_ratio=0.2): ceil(0.2 * max_steps) warm-up steps

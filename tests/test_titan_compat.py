@@ -123,7 +123,7 @@ def test_without_data_parallel_leaves_data_parallelism_to_the_caller(family):
 
     job = ConfigManager().parse_args(["--model.name", family, "--activation_checkpoint.mode", "full",
                                       "--job.dump_folder", "/nonexistent"])
-    spec = get_train_spec(family)  # TorchTitan's own (dispersion_titan's are registered only by the entry points)
+    spec = get_train_spec(family)  # TorchTitan's own (ours are registered as qwen3_dispersion, llama3_dispersion)
     args = spec.model_args["debugmodel"]
     with torch.device("meta"):
         model = spec.model_cls(args)

@@ -112,7 +112,7 @@ def test_a_store_of_the_models_own_tokenizer(tmp_path):
     hf.mkdir()
     save_tokenizer(str(hf), 64)  # GPT-2's BPE as a tokenizer.json: the same ids through `tokenizers`
     path = jsonl(tmp_path / "t.jsonl", texts(12, seed=1))
-    (tmp_path / "run.toml").write_text(f'[model]\nname = "qwen3"\nhf_assets_path = "{hf}"\n'
+    (tmp_path / "run.toml").write_text(f'[model]\nname = "qwen3_dispersion"\nhf_assets_path = "{hf}"\n'
                                        f'[training]\ndataset = "local"\ndataset_path = "{path}"\n')
     run_prepare(str(tmp_path / "run.toml"), "--out", str(tmp_path / "store"))
     own = hf_tokenizer(str(hf))

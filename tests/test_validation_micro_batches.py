@@ -14,7 +14,7 @@ from dispersion_titan.components.validate import PackedValidator
 from dispersion_titan.data.packed import build_packed_validation_dataloader
 from dispersion_titan.models import family
 from dispersion_titan.models.gpt2.args import gpt2_flavors
-from dispersion_titan.job_config.parse import prepare, validated_args
+from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from support.launch import job_args
 
 BASE = job_args()
@@ -31,7 +31,7 @@ class LoggedValidation:
 
 
 def test_validation_is_micro_batched_like_training_with_the_unsplit_loss():
-    prepare()
+    setup_torchtitan()
     config = validated_args([*BASE, "--training.global_batch_size", "8", "--training.max_local_batch_size", "4",
                              "--validation.global_batch_size", str(BATCH), "--validation.steps", str(STEPS),
                              "--validation.seq_len", "32"])

@@ -18,7 +18,7 @@ from dispersion_titan.config.schema import Baseline
 from dispersion_titan.job_config.checks import check_optimizer
 from dispersion_titan.models.gpt2 import GPT2, GPT2ModelArgs
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
-from dispersion_titan.models.qwen3 import Qwen3Args
+from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from dispersion_titan.utils.errors import ConfigError
 
 ARGS = GPT2ModelArgs(dim=32, n_layers=2, n_heads=2, max_seq_len=16, vocab_size=128)

@@ -13,7 +13,7 @@ from dispersion_titan.utils.errors import AnalysisError
 DEFAULT_GEOMETRY_SEQUENCES = 2
 """Sequences of the K whose effective rank and MEV are averaged (see ``measure``)."""
 
-PROTOCOLS = ("default", "paper")
+ANALYSIS_PROTOCOLS = ("default", "paper")
 """``--protocol``: our inputs, or the authors' (see ``inputs``)."""
 
 LAYER_POINTS = ("all", "hidden_states")
@@ -21,4 +21,4 @@ LAYER_POINTS = ("all", "hidden_states")
 final norm: n + 2 points) or ``hidden_states``, transformers' n + 1 (the last block's own output
 left out, as the authors' ``output_hidden_states`` gives them); see ``statistics.depth_points``."""
 
-__all__ = ["DEFAULT_GEOMETRY_SEQUENCES", "LAYER_POINTS", "PROTOCOLS", "AnalysisError"]
+__all__ = ["ANALYSIS_PROTOCOLS", "DEFAULT_GEOMETRY_SEQUENCES", "LAYER_POINTS", "AnalysisError"]

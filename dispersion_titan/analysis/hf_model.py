@@ -259,8 +259,8 @@ def _check_complete(model: nn.Module, info: dict, name: str) -> None:
                              f"causal language models whose checkpoint holds every weight they use")
 
 
-def load_model(spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device,
-               device_map: str | None) -> HFLayers:
+def load_pretrained(spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device,
+                    device_map: str | None) -> HFLayers:
     """The model's weights in ``dtype``, on ``device`` or spread by ``device_map``, in eval mode."""
     path, rev = spec.location(revision)
     config = load_config(spec, revision)

@@ -48,7 +48,8 @@ class HFAnalysis(Analysis):
                          encode=hf_model.load_encoder(self.spec, first, inputs.protocol == "paper"))
 
     def load(self, unit: Unit) -> LayeredModel:
-        return hf_model.load_model(self.spec, unit.revision, DTYPES[self.dtype], self.device, self.options.device_map)
+        return hf_model.load_pretrained(self.spec, unit.revision, DTYPES[self.dtype], self.device,
+                                        self.options.device_map)
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
         return {"run": self.spec.model, "model_args": self.args, "n_params": self.n_params, "model": self.spec.model}

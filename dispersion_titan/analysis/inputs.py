@@ -64,7 +64,7 @@ class InputOptions:
     num_sequences: int
     seq_len: int
     seed: int
-    protocol: str = "default"  # one of PROTOCOLS
+    protocol: str = "default"  # one of ANALYSIS_PROTOCOLS
     layer_points: str = "all"  # one of LAYER_POINTS
 
     def describe(self) -> str:

@@ -3,9 +3,9 @@ family (the paper's Figure 2), and "larger model, less condensation" as a number
 
 A SPEC is an analysed ``hf:`` model (its ``--out`` folder, optionally ``@REVISION``) or
 one of our runs (its dump or condensation folder: its last analysed step, or
-``RUN@STEP``). A model's family is its Hugging Face ``model_type``, ``gpt2 run`` (``qwen3
-run``, ``llama3 run``) for our runs, or what ``--family NAME=SPEC,SPEC`` says. Per family, the trend is Spearman's ρ
-between parameter count and the mean ``mean_cos`` of the last n layers: negative when
+``RUN@STEP``). A model's family is its Hugging Face ``model_type``, ``gpt2 run`` (``qwen3_dispersion
+run``, ``llama3_dispersion run``) for our runs, or what ``--family NAME=SPEC,SPEC`` says. Per family,
+the trend is Spearman's ρ between parameter count and the mean ``mean_cos`` of the last n layers: negative when
 larger models condense less. ``--paired A=B`` sets two models side by side (a distilled
 model against its base): their difference in last-n condensation and depth trend.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from ..models import recorded_family
 from ..run_folder.outputs import atomic_write, ensure_writable, format_table, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import AnalysisError, figures
@@ -56,8 +57,9 @@ def _n_params(result: Condensation) -> int:
 
 
 def run_family(result: Condensation) -> str:
-    """``gpt2 run`` for our runs of gpt2 (also those analysed before the family was recorded)."""
-    return f"{result.model_args.get('model_type', 'gpt2')} run"
+    """``gpt2 run`` for our runs of gpt2 (also those analysed before the family was recorded), a family's
+    former name read as its current one (``qwen3`` as ``qwen3_dispersion``)."""
+    return f"{recorded_family(result.model_args.get('model_type', 'gpt2'))} run"
 
 
 def load_member(spec: str, families: dict[str, str]) -> Member:
@@ -163,7 +165,7 @@ def family_figure(members: list[Member], pairs: list[tuple[Member, Member]], tit
     return fig
 
 
-def markdown(members: list[Member], pairs: list[tuple[Member, Member]], n: int, title: str) -> str:
+def family_markdown(members: list[Member], pairs: list[tuple[Member, Member]], n: int, title: str) -> str:
     lines = [f"# Condensation by model size ({title})", "", "```", format_table(model_rows(members, n)), "```", "",
              f"Trend: Spearman's ρ between parameter count and the mean `mean_cos` of the last {n} layers, "
              "per family (negative: larger models condense less; needs 2 or more models).", "",
@@ -203,7 +205,7 @@ def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[s
     inputs = members[0].result.inputs
     title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
-    text = markdown(members, pairs, last_n, title)
+    text = family_markdown(members, pairs, last_n, title)
     with owned(out, owner):
         write_csv(os.path.join(out, "family.csv"),
                   [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)])

@@ -4,7 +4,7 @@ Nothing else imports a private TorchTitan name or depends on how TorchTitan's co
 written inside. Each touch below has a canary test (``tests/test_titan_compat.py``)
 that fails loudly, naming the touch, when an upgrade changes what it relies on:
 
-- ``parse_job_config``: ``ConfigManager.parse_args`` reads the TOML through
+- ``config_manager_parse``: ``ConfigManager.parse_args`` reads the TOML through
   ``_maybe_load_toml(args)`` and nowhere else (the one private method overridden: our
   checks and TorchTitan's parse must see the same bytes, read once).
 - ``use_cpu``: the module-level ``device_type`` / ``device_module`` bindings and the
@@ -70,7 +70,7 @@ def check_torchtitan_version() -> None:
 # ------------------------------------------------------------------------ configuration
 
 
-def parse_job_config(args: list[str], toml: dict) -> Any:
+def config_manager_parse(args: list[str], toml: dict) -> Any:
     """``ConfigManager().parse_args(args)`` on ``toml``, the file ``--job.config_file`` names,
     already read: the TOML is read once per launch (``ConfigManager._maybe_load_toml``)."""
     from torchtitan.config import ConfigManager

@@ -24,7 +24,7 @@ class Arm:
 
     name: str
     """A dispersion variant, or ``none``."""
-    peak_coeff: float
+    coeff: float
     """``[dispersion] coeff``: λ after its warm-up."""
     method: str = "none"
     """``baseline.method``: a baseline method instead of a dispersion loss, or ``none``."""
@@ -33,7 +33,7 @@ class Arm:
     def label(self) -> str:
         if self.method != "none":
             return self.method
-        return BASELINE if self.name == "none" else f"{self.name}-c{self.peak_coeff:g}"
+        return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff:g}"
 
     @property
     def is_baseline(self) -> bool:
@@ -54,7 +54,7 @@ class Cell:
     def overrides(self, dump_folder: str) -> list[str]:
         """The training command line's grid part, writing into ``dump_folder``."""
         return ["--model.mlp_hidden_dim", str(self.width), "--dispersion.variant", self.arm.name,
-                "--dispersion.coeff", f"{self.arm.peak_coeff:g}", "--baseline.method", self.arm.method,
+                "--dispersion.coeff", f"{self.arm.coeff:g}", "--baseline.method", self.arm.method,
                 "--debug.seed", str(self.seed),
                 "--job.dump_folder", dump_folder]
 

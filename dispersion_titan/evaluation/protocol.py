@@ -40,11 +40,11 @@ PRESETS = {
     "gpt2": Protocol("gpt2", 1, 500, "lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2.py"),
     "qwen3": Protocol("qwen3", 5, 200, "lm_dispersion/midtrain_qwen3_huggingface/midtrain_qwen3.py"),
 }
-PROTOCOLS = tuple(PRESETS)
+EVALUATION_PROTOCOLS = tuple(PRESETS)
 DEFAULT_PROTOCOL = "gpt2"
-FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3": "qwen3"}
+FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3_dispersion": "qwen3"}
 """A run's model family (``run.json``'s ``model_name``) -> the authors' protocol for it. The
-authors evaluated no Llama: a llama3 run (or any other family) gets ``DEFAULT_PROTOCOL``, said in a note."""
+authors evaluated no Llama: a llama3_dispersion run (or any other family) gets ``DEFAULT_PROTOCOL``, said in a note."""
 AUTHORS_BATCH_SIZE = 1
 """The authors' lm-eval batch size (``LMEvalCallback``), the default: padded batches are not
 batch-1 exactly (a tiny GPT-2 on tests/lm_eval_tasks, lm-eval 0.4.13: 2 of 40 wiki_next_word
@@ -56,7 +56,7 @@ def run_protocol(model_name: str) -> tuple[str, str | None]:
     if model_name in FAMILY_PROTOCOLS:
         return FAMILY_PROTOCOLS[model_name], None
     return DEFAULT_PROTOCOL, (f"note: the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
-                              f"(--protocol {' or '.join(PROTOCOLS)} chooses)")
+                              f"(--protocol {' or '.join(EVALUATION_PROTOCOLS)} chooses)")
 
 BEST_STEP = ("auto", "per-seed", "averaged")
 """``evaluate table --best-step``: ``auto`` (the default) chooses the best step per seed for
@@ -70,7 +70,7 @@ _FILTER = "none"  # lm-eval keys metrics as "metric,filter"; loglikelihood tasks
 
 
 @dataclass(frozen=True)
-class Plan:
+class EvaluationPlan:
     """Tasks in order, shots per task (None: the task's own default) and the limit."""
 
     protocol: str
@@ -95,14 +95,14 @@ def task_names(spec: str) -> tuple[str, ...]:
 
 
 def build_plan(tasks: str | None, num_fewshot: int | None, limit: int | None | str,
-               protocol: str = DEFAULT_PROTOCOL) -> Plan:
+               protocol: str = DEFAULT_PROTOCOL) -> EvaluationPlan:
     """The protocol's plan, with --tasks / --num-fewshot / --limit replacing its parts.
     Tasks outside the protocol keep their own few-shot default unless --num-fewshot;
     ``limit`` "all" evaluates every example."""
     preset = PRESETS[protocol]
     names = task_names(tasks) if tasks is not None else PAPER_TASKS
     shots = {name: num_fewshot if num_fewshot is not None else preset.shots(name) for name in names}
-    return Plan(protocol, names, shots, None if limit == "all" else limit or preset.limit)
+    return EvaluationPlan(protocol, names, shots, None if limit == "all" else limit or preset.limit)
 
 
 def task_scores(metrics_by_task: dict[str, dict], tasks: list[str]) -> dict[str, float]:

@@ -26,7 +26,7 @@ from ..utils.devices import resolve_device
 from ..utils.errors import CheckpointError
 from . import EvaluationError
 from .export import hf_export
-from .protocol import Plan, mean_accuracy
+from .protocol import EvaluationPlan, mean_accuracy
 from .step_results import (
     OURS,
     differences,
@@ -46,7 +46,7 @@ HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 class EvaluateOptions:
     run: str
     steps: str
-    plan: Plan
+    plan: EvaluationPlan
     include_path: str | None
     batch_size: int
     out: str | None

@@ -364,8 +364,8 @@ def _signed(value: float, column: str) -> str:
     return f"{value:+.{4 if is_accuracy(column) or column == 'average' else 2}f}"
 
 
-def markdown(columns: list[str], rows: list[ArmRow], reference: str, selection: Selection, test: str,
-             pretrained: ArmRow | None = None, pretrained_note: str = "") -> str:
+def table_markdown(columns: list[str], rows: list[ArmRow], reference: str, selection: Selection, test: str,
+                   pretrained: ArmRow | None = None, pretrained_note: str = "") -> str:
     header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", "sig"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in ([pretrained] if pretrained else []) + rows:
@@ -423,7 +423,7 @@ def table(specs: list[str], out: str, selection: Selection, reference: str | Non
     base_row = pretrained_row(base, columns) if base else None
     refuse_unless_ours(out, TABLE, "--out", "use another --out")
     ensure_writable(out, "--out")
-    text = markdown(columns, rows, reference, selection, test, base_row, note)
+    text = table_markdown(columns, rows, reference, selection, test, base_row, note)
     with owned(out, TABLE):
         atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))

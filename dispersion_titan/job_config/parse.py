@@ -13,7 +13,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 from ..components import titan_compat
 from ..config.cli import CONFIG_MODULE, config_file, load_toml, names_model, without_profile
 from ..config.toml_types import check_toml_types
-from ..models import FAMILIES, register_all
+from ..models import FAMILIES, FORMER_NAMES, register_all
 from ..run_folder.checkpoints import check_resume
 from ..run_folder.owners import refuse_other_owners
 from ..run_folder.settings import check_same_settings, start_fork
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 
-def prepare() -> None:
+def setup_torchtitan() -> None:
     """Check the TorchTitan version, adapt it to CPU-only machines, register our models."""
     titan_compat.apply()
     register_all()
@@ -54,7 +54,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
-            job_config = titan_compat.parse_job_config(without_profile(args), toml)
+            job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         raise ArgumentError(_first_message(captured.getvalue())) from e
     if not names_model(args, toml):
@@ -74,6 +74,10 @@ def check(job_config: RunConfig, world_size: int | None = None) -> RunConfig:
 
 def model_args(job_config: RunConfig):
     """The model family's flavor arguments with the ``[model]`` overrides applied."""
+    if job_config.model.name in FORMER_NAMES:  # TorchTitan's own spec: without our data, tokenizer or loss
+        raise ConfigError(f"model.name: {job_config.model.name!r} is TorchTitan's own spec, which trains without "
+                          f"dispersion_titan's data, tokenizer or dispersion term; use "
+                          f"{FORMER_NAMES[job_config.model.name]!r}")
     if job_config.model.name not in FAMILIES:
         raise ConfigError(f"model.name: {job_config.model.name!r} is not one of {FAMILIES}")
     register_all()
@@ -125,7 +129,7 @@ def check_run_folder(job_config: RunConfig) -> None:
 
 def print_every_key(args: list[str], toml: dict) -> None:
     """``train --help-all``: TorchTitan's help of every section, ours included; exits."""
-    titan_compat.parse_job_config([*without_profile(args), "--help"], toml)
+    titan_compat.config_manager_parse([*without_profile(args), "--help"], toml)
 
 
 def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:

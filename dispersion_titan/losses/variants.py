@@ -76,7 +76,7 @@ def range_error(name: str, value: float, ranges: dict[str, tuple[Callable[[float
     return None if valid(value) else f"must be {text}, got {value}"
 
 
-Rows = Literal["unit", "centred", "raw"]
+GramRows = Literal["unit", "centred", "raw"]
 """Which rows enter the Gram matrix: "unit" u = z / |z|; "centred" the same after subtracting
 the feature mean; "raw" z itself, whose pairs are squared distances D = |z_i|^2 + |z_j|^2 - 2 g."""
 
@@ -87,7 +87,7 @@ class VariantSpec(NamedTuple):
     everything but the variant's own pair term and its gradient."""
 
     name: str
-    rows: Rows
+    rows: GramRows
     logsumexp: bool  # per sequence: log-mean-exp of the terms (True) or their mean (False)
     row_entropy: bool = False  # per token: the entropy of the softmax of its row (perplexity_entropy)
     norm_penalty: bool = False  # + lambda_norm * mean(z^2) (l2_repel)

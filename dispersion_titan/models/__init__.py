@@ -1,6 +1,7 @@
-"""Model families registered into TorchTitan, each under its own name: our ``gpt2``
+"""Model families registered into TorchTitan, each under a name of its own: our ``gpt2``
 (laid out as TorchTitan's own families: ``args`` / ``model`` / ``parallelize`` /
-``state_dict_adapter``), and TorchTitan's ``qwen3`` and ``llama3`` as they are. Every
+``state_dict_adapter``), and TorchTitan's Qwen3 and Llama 3 as they are, as ``qwen3_dispersion``
+and ``llama3_dispersion`` (TorchTitan's ``qwen3`` and ``llama3`` stay TorchTitan's). Every
 family's ``get_train_spec`` (in its ``__init__``) pairs its model with dispersion_titan's
 data, tokenizer and trainer-side builders (``spec``)."""
 
@@ -10,7 +11,10 @@ import functools
 from importlib import import_module
 from types import ModuleType
 
-FAMILIES = ("gpt2", "qwen3", "llama3")
+FAMILIES = ("gpt2", "qwen3_dispersion", "llama3_dispersion")
+FORMER_NAMES = {"qwen3": "qwen3_dispersion", "llama3": "llama3_dispersion"}
+"""The names our TorchTitan families were registered under before they had their own (TorchTitan's):
+read as the new ones in a run's record (``run.json``, a run's analysis), refused in a config."""
 
 
 def family(name: str) -> ModuleType:
@@ -18,11 +22,16 @@ def family(name: str) -> ModuleType:
     return import_module(f"{__name__}.{name}")
 
 
+def recorded_family(name: str) -> str:
+    """The family a run's record names, under its current name."""
+    return FORMER_NAMES.get(name, name)
+
+
 @functools.cache
 def register_all() -> None:
-    """Register every family's TrainSpec with TorchTitan, once per process. Registered
-    specs take precedence over TorchTitan's built-in ones of the same name (``qwen3``,
-    ``llama3``); registering a name twice raises, so a clash is loud."""
+    """Register every family's TrainSpec with TorchTitan, once per process, under names TorchTitan
+    does not use (registered specs would take precedence over its built-in ones of the same name);
+    registering a name twice raises, so a clash is loud."""
     from torchtitan.protocols.train_spec import register_train_spec
 
     for name in FAMILIES:

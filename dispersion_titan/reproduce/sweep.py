@@ -22,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
 from ..config.cli import load_toml, with_config_module
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
-from ..job_config.parse import prepare, validated_args
+from ..job_config.parse import setup_torchtitan, validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, record_owner
 from ..utils.errors import DispersionTitanError, SweepError
@@ -169,7 +169,7 @@ def cell_args(spec: Spec, cell: Cell) -> list[str]:
 def check_training_configs(spec: Spec) -> None:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
-    prepare()
+    setup_torchtitan()
     for cell in spec.cells():
         try:
             validated_args(cell_args(spec, cell), world_size(spec))
@@ -196,7 +196,7 @@ def _common_sbatch(spec: Spec, name: str, time_limit: str | None, extra: list[st
 
 
 @dataclass
-class Job:
+class SlurmJob:
     key: str  # shell variable holding its id in the dry-run script
     label: str
     argv: list[str]  # the sbatch command, without its --dependency
@@ -209,37 +209,37 @@ class Job:
                 *self.argv[2:]]
 
 
-def plan(spec: Spec) -> list[Job]:
+def plan(spec: Spec) -> list[SlurmJob]:
     """Per cell: train, then analyze and evaluate; then compare (after every train and
     analyze job) and the table (after every evaluate job)."""
-    jobs: list[Job] = []
+    jobs: list[SlurmJob] = []
     for i, cell in enumerate(spec.cells(), start=1):
         resources = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task")
         run = str(spec.out / cell.name)
-        train = Job(f"train_{i}", f"{cell.name} train", [
+        train = SlurmJob(f"train_{i}", f"{cell.name} train", [
             *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, resources + spec.train_sbatch_args),
             str(TRAIN_SBATCH), str(spec.config), *spec.train_overrides, *cell.overrides(run)])
-        analyze = Job(f"analyze_{i}", f"{cell.name} analyze", [
+        analyze = SlurmJob(f"analyze_{i}", f"{cell.name} analyze", [
             *_common_sbatch(spec, f"{cell.name}-analyze", spec.analyze_time,
                             _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args),
             str(ANALYZE_SBATCH), run, *spec.analyze_args], after=[train.key])
-        evaluate = Job(f"evaluate_{i}", f"{cell.name} evaluate", [
+        evaluate = SlurmJob(f"evaluate_{i}", f"{cell.name} evaluate", [
             *_common_sbatch(spec, f"{cell.name}-evaluate", spec.evaluate_time, spec.evaluate_sbatch_args),
             str(EVALUATE_SBATCH), run, *spec.evaluate_args], after=[train.key])
         jobs += [train, analyze, evaluate]
     runs = [str(spec.out / cell.name) for cell in spec.cells()]
-    jobs.append(Job("compare", "compare", [
+    jobs.append(SlurmJob("compare", "compare", [
         *_common_sbatch(spec, "compare", spec.analyze_time, _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args),
         str(ANALYZE_SBATCH), "compare", *runs, "--out", str(spec.out / "compare")],
         after=[job.key for job in jobs if job.key.startswith(("train_", "analyze_"))]))
-    jobs.append(Job("table", "table", [  # no GPU needed (a later --gpus in evaluate_sbatch_args wins)
+    jobs.append(SlurmJob("table", "table", [  # no GPU needed (a later --gpus in evaluate_sbatch_args wins)
         *_common_sbatch(spec, "table", spec.evaluate_time, ["--gpus=0", *spec.evaluate_sbatch_args]),
         str(EVALUATE_SBATCH), "table", *runs, "--out", str(spec.out / "table")],
         after=[job.key for job in jobs if job.key.startswith("evaluate_")]))
     return jobs
 
 
-def dry_run(spec: Spec, jobs: list[Job]) -> str:
+def dry_run(spec: Spec, jobs: list[SlurmJob]) -> str:
     """The submission as a bash script: each job id lands in a variable for its dependants."""
     lines = [f"# sweep: {len(spec.cells())} cells x (train, analyze, evaluate) + compare + table = "
              f"{len(jobs)} jobs; out {spec.out}",
@@ -251,7 +251,7 @@ def dry_run(spec: Spec, jobs: list[Job]) -> str:
     return "\n".join(lines)
 
 
-def submit(spec: Spec, jobs: list[Job]) -> dict[str, str]:
+def submit(spec: Spec, jobs: list[SlurmJob]) -> dict[str, str]:
     (spec.out / "logs").mkdir(parents=True, exist_ok=True)
     ids: dict[str, str] = {}
     env = submission_env()
@@ -269,10 +269,10 @@ def submit(spec: Spec, jobs: list[Job]) -> dict[str, str]:
 
 def _arm_json(arm: Arm) -> dict[str, Any]:
     """An arm as ``sweep.json`` has always written it (``variant``: name, coeff, method)."""
-    return {"name": arm.name, "coeff": arm.peak_coeff, "method": arm.method}
+    return {"name": arm.name, "coeff": arm.coeff, "method": arm.method}
 
 
-def write_manifest(spec: Spec, jobs: list[Job], ids: dict[str, str]) -> Path:
+def write_manifest(spec: Spec, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:
     cells = spec.cells()
     manifest = {
         "config": str(spec.config), "out": str(spec.out),

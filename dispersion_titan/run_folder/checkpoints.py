@@ -17,7 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ..models import family
+from ..models import family, recorded_family
 from ..models.flavors import args_from_dict
 from ..utils.errors import CheckpointError, RunFinished
 from .outputs import STEP_FOLDER
@@ -139,6 +139,17 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
         raise CheckpointError(f"{path}: unreadable ({e})") from None
     if not isinstance(metadata, dict) or not isinstance(metadata.get("model_args"), dict):
         raise CheckpointError(f"{path}: invalid (no model_args)")
+    return _current_family_names(metadata)
+
+
+def _current_family_names(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A record that names a family by its former name (``models.FORMER_NAMES``: TorchTitan's ``qwen3``,
+    ``llama3``), its ``model_name`` and ``model.name`` setting read as the current one."""
+    if isinstance(metadata.get("model_name"), str):
+        metadata["model_name"] = recorded_family(metadata["model_name"])
+    settings = metadata.get("settings")
+    if isinstance(settings, dict) and isinstance(settings.get("model.name"), str):
+        settings["model.name"] = recorded_family(settings["model.name"])
     return metadata
 
 

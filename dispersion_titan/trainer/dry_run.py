@@ -23,7 +23,7 @@ from torch import nn
 from torch.distributed._composable.replicate import DDP
 from torch.distributed.tensor import DTensor, Placement
 
-from ..job_config.parse import prepare
+from ..job_config.parse import setup_torchtitan
 from ..losses.options import resolve_layers
 from ..planning.layout import ResourceLayout, checked_config, resolve_layout
 from ..utils.errors import DispersionTitanError
@@ -171,7 +171,7 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
 def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
     """The checks' lines for the run ``args`` make in the layout ``full`` (``DryRunFailed`` on the
     first failing check)."""
-    prepare()
+    setup_torchtitan()
     shrunk, said = shrunk_args(args, full)
     gpus = full.gpus
     job_config: RunConfig = checked_config(shrunk, gpus)

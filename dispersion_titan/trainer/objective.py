@@ -25,13 +25,14 @@ from .sequence_parallel import own_sequences
 @dataclass
 class MicrobatchDispersion:
     weighted: torch.Tensor | None
-    """λ·(b/G)·mean_ℓ L_disp, with grad; None when the variant is ``none``."""
+    """λ·(b/G)·mean_ℓ L_disp, with grad: the loss's second addend (λ: ``coeff_at(step)``); None when the
+    variant is ``none``."""
+    weighted_value: torch.Tensor
+    """``weighted``'s value, detached (0 for ``none``): what the logged loss adds to the cross-entropy."""
     unweighted: torch.Tensor
     """(b/G)·mean_ℓ L_disp, detached (0 for ``none``)."""
     block_cosine_sums: torch.Tensor | None
     """Σ over this micro-batch's sequences of each block's mean off-diagonal cosine."""
-    step_coeff: float
-    """λ at this step, after the warm-up (0 for ``none``)."""
 
 
 class DispersionObjective:
@@ -84,8 +85,8 @@ class DispersionObjective:
         # it is the global-batch mean, whatever the layout.
         scale = owned_batch / self.global_batch_size
         weighted = None
-        coeff = self.coeff_at(step) if self.active else 0.0
         unweighted = torch.zeros((), device=block_outputs[0].device)
+        weighted_value = unweighted
         if self.active:
             if owned_batch == 0:  # a TP rank with no sequence still joins the backward all-to-alls
                 mean = sum(owned[i].sum().float() for i in self.layers)
@@ -107,8 +108,8 @@ class DispersionObjective:
                     precision=self.cfg.precision,
                     form=self.cfg.form,
                 ) * scale
-            weighted = mean * coeff
-            unweighted = mean.detach()
+            weighted = mean * self.coeff_at(step)
+            unweighted, weighted_value = mean.detach(), weighted.detach()
         stats = None
         if with_stats:
             with torch.no_grad():
@@ -117,7 +118,7 @@ class DispersionObjective:
                     for i in range(len(block_outputs))
                 ])
                 if self.tp_group is not None:
-                    both = torch.cat([unweighted.reshape(1), stats])
-                    dist.all_reduce(both, group=self.tp_group)
-                    unweighted, stats = both[0], both[1:]
-        return MicrobatchDispersion(weighted, unweighted, stats, coeff)
+                    logged = torch.cat([unweighted.reshape(1), weighted_value.reshape(1), stats])
+                    dist.all_reduce(logged, group=self.tp_group)
+                    unweighted, weighted_value, stats = logged[0], logged[1], logged[2:]
+        return MicrobatchDispersion(weighted, weighted_value, unweighted, stats)

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING
 
-from ..job_config.parse import prepare
+from ..job_config.parse import setup_torchtitan
 from ..planning.gpus import GPUS
 from ..planning.layout import checked_config, nodes_of, resolve_layout
 from ..planning.measurement import StepMeasurement
@@ -53,7 +53,7 @@ def depth_note(job_config: RunConfig, depth: int) -> str:
 
 def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: str) -> ResourcePlan:
     """The plan of the run that ``args`` (a launch's command line) make on ``gpus`` × ``gpu_key``."""
-    prepare()
+    setup_torchtitan()
     gpu = GPUS[gpu_key]
     job_config = checked_config(args, gpus)
     layout = resolve_layout(job_config, gpus, nodes_of(gpus, nodes, gpu))

@@ -231,8 +231,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             del logits
             with record_function("dispersion_titan.dispersion"):  # bench/profile_step.py's group
                 term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
-        # Backward through both terms without adding them: a loss-parallel CE is a
-        # DTensor and cannot be summed with a plain tensor.
+        # L = CE + λ·L_disp (the objective's ``weighted``), backpropagated as its two addends without adding
+        # them: a loss-parallel CE is a DTensor and cannot be summed with a plain tensor.
         if self.job_config.training.loss_scale == "as_released":  # logged as the mean all the same
             tokens, factor = released_scales(labels, self.chunk_stride, self.step_metrics.global_batch_size)
             terms = [ce_sum / tokens] + ([] if term.weighted is None else [term.weighted * factor])
@@ -240,7 +240,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             terms = [ce] + ([] if term.weighted is None else [term.weighted])
         torch.autograd.backward(terms)
         ce_value = _local(ce.detach())
-        loss = ce_value + term.step_coeff * term.unweighted
+        loss = ce_value + term.weighted_value  # L from the addends above (as_released: its mean all the same)
         self.step_metrics.add(ce_value, term.unweighted, loss, term.block_cosine_sums)
         return loss
 

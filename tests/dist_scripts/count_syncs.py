@@ -34,10 +34,10 @@ class Counter(TorchDispatchMode):
 
 def main(kind: str, out: str, args: list[str]) -> None:
     from dispersion_titan.config.cli import load_toml, with_config_module
-    from dispersion_titan.job_config.parse import prepare, validated_args
+    from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 
     args = with_config_module(args, load_toml(args))
-    prepare()
+    setup_torchtitan()
     from torchtitan.train import Trainer
 
     from dispersion_titan.trainer.trainer import DispersionTrainer

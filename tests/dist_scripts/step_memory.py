@@ -20,12 +20,12 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from dispersion_titan.config.cli import load_toml, with_config_module
-from dispersion_titan.job_config.parse import prepare, validated_args
+from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from dispersion_titan.trainer.trainer import DispersionTrainer
 
 
 def main() -> None:
-    prepare()
+    setup_torchtitan()
     with tempfile.TemporaryDirectory() as dump:
         args = [*sys.argv[1:], "--checkpoint.no-enable", "--validation.no-enable", "--metrics.no-enable_tensorboard",
                 "--metrics.log_freq", "1000000", "--job.dump_folder", os.path.join(dump, str(os.environ["RANK"]))]

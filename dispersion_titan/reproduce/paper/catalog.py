@@ -52,7 +52,7 @@ TABLE2_CONFIGS = tuple(f"train_configs/paper/midtrain_{arm}.toml" for arm in (
 REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
 """Models that ship their own modelling code: analysed only when the user passes
 ``--trust-remote-code`` (the authors load every model with ``trust_remote_code=True``)."""
-CORPORA: dict[str, str | None] = {
+ROBUSTNESS_CORPORA: dict[str, str | None] = {
     # name -> our registered dataset (--dataset), or None: give a jsonl with --corpus NAME=FILE
     "wikitext-103": "wikitext-103", "pubmed_qa": None, "imdb": None, "squad": None,
 }
@@ -150,8 +150,8 @@ ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
              "limit 500; estimate, not measured)"),
     Artifact("robustness", "Fig. S (dataset robustness): the same trend on other texts",
              "analyze hf:MODEL per model and corpus; fig2's panels, one row per corpus",
-             f"{_models_line(GPT2_HUB_IDS)} on {', '.join(CORPORA)}",
-             _hours(GPT2_HUB_IDS, states=len(CORPORA))),
+             f"{_models_line(GPT2_HUB_IDS)} on {', '.join(ROBUSTNESS_CORPORA)}",
+             _hours(GPT2_HUB_IDS, states=len(ROBUSTNESS_CORPORA))),
 )}
 
 

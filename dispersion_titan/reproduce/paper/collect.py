@@ -21,7 +21,7 @@ from ...analysis.inputs import differences
 from ...analysis.result_files import read_analyses
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
 from ...analysis.statistics import point_layers, rank_trend
-from .plan import HF, MissingInput, Model, Plan
+from .plan import HF, MissingInput, PaperModel, PaperPlan
 
 _TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
 
@@ -60,7 +60,7 @@ def tokens_seen(revision: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def _missing(plan: Plan, model: Model, what: str) -> MissingInput:
+def _missing(plan: PaperPlan, model: PaperModel, what: str) -> MissingInput:
     """Names the analyze command that makes it (the plan's own step for this model)."""
     command = next(step.shell() for step in plan.steps if step.argv[-1] == model.out)
     return MissingInput(f"{plan.artifact}: no analysis of {what} in {model.out}; run {command} "
@@ -71,7 +71,7 @@ FIG3_ROWS = ("first checkpoint", "last checkpoint")
 """fig3's rows, as the authors' plot_heatmaps.py draws them."""
 
 
-def _entries(plan: Plan, model: Model) -> list[Entry]:
+def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
     found = read_analyses(model.out)
     if plan.artifact == "fig3":  # its first and last checkpoints: the earliest and latest step analysed
         steps = sorted(found[name].step for name in found if name.startswith("step-"))
@@ -98,7 +98,7 @@ def _entries(plan: Plan, model: Model) -> list[Entry]:
     return entries
 
 
-def entries(plan: Plan) -> list[Entry]:
+def entries(plan: PaperPlan) -> list[Entry]:
     """Every model state of the plan, in plan order; refuses mixed inputs within a row."""
     found = [entry for model in plan.models for entry in _entries(plan, model)]
     for row in dict.fromkeys(e.row for e in found):
@@ -112,7 +112,7 @@ def entries(plan: Plan) -> list[Entry]:
     return found
 
 
-def size_of(plan: Plan, entry: Entry) -> float:
+def size_of(plan: PaperPlan, entry: Entry) -> float:
     """What a row's trend is taken against: MLP width (fig3), training step (fig4), else parameters."""
     if plan.artifact == "fig3":
         return float(entry.result.mlp_width)
@@ -138,7 +138,7 @@ def model_numbers(entry: Entry) -> dict:
     }
 
 
-def row_numbers(plan: Plan, found: list[Entry]) -> list[dict]:
+def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
     rows = []
     for row in dict.fromkeys(e.row for e in found):
         group = [e for e in found if e.row == row]
@@ -151,7 +151,7 @@ def row_numbers(plan: Plan, found: list[Entry]) -> list[dict]:
     return rows
 
 
-def pair_numbers(plan: Plan, found: list[Entry]) -> list[dict]:
+def pair_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
     """fig5 (one state per model, so ``found`` is in ``plan.models``' order): distilled − base
     of the depth trend and of the last-n mean cosine."""
     out = []
@@ -169,7 +169,7 @@ def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def numbers(plan: Plan, found: list[Entry]) -> dict:
+def numbers(plan: PaperPlan, found: list[Entry]) -> dict:
     """``ARTIFACT.json``: everything drawn, and what it was measured on."""
     inputs = {row: {k: v for k, v in next(e for e in found if e.row == row).result.inputs.items()
                     if k != "tokens_sha256"} for row in dict.fromkeys(e.row for e in found)}

@@ -9,6 +9,7 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 
+from ...analysis import ANALYSIS_PROTOCOLS
 from ...run_folder.checkpoints import RUN_METADATA_FILE, find_checkpoint_folder, list_checkpoints
 from ...utils.errors import ArgumentError, CheckpointError
 from . import catalog, fig3
@@ -20,7 +21,6 @@ ANALYZE_OPTIONS = ("texts", "dataset", "dataset_path", "num_sequences", "seq_len
 PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}
 """What an analysing artifact gives ``analyze`` unless told otherwise: the authors' texts and
 n + 1 ``hidden_states`` points (``--protocol paper``), and fp32, as they ran every model."""
-ANALYSIS_PROTOCOLS = ("paper", "default")
 EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot", "batch_size", "device")
 """``evaluate``'s options ``table2`` passes on."""
 
@@ -35,7 +35,7 @@ class MissingInput(ArgumentError):
 
 
 @dataclass(frozen=True)
-class Model:
+class PaperModel:
     target: str
     """The ``analyze`` target: ``hf:MODEL[@REVS]`` or a run's dump folder."""
     out: str
@@ -68,11 +68,11 @@ class Step:
 
 
 @dataclass
-class Plan:
+class PaperPlan:
     artifact: str
     out: str
     steps: list[Step]
-    models: list[Model] = field(default_factory=list)
+    models: list[PaperModel] = field(default_factory=list)
     pairs: list[tuple[int, int]] = field(default_factory=list)
     """fig5: (base, distilled) indices into ``models``."""
     runs: list[str] = field(default_factory=list)
@@ -102,13 +102,13 @@ def _last_step(run: str) -> str:
     return str(checkpoints[-1].step)
 
 
-def model_of(text: str, analyses: str, row: str | None = None, size_b: float | None = None) -> Model:
+def model_of(text: str, analyses: str, row: str | None = None, size_b: float | None = None) -> PaperModel:
     """A ``--models`` entry: a hub id, a local model folder, an ``hf:`` spec, or one of our runs."""
     if text.startswith(HF):
         target = text
     elif os.path.isdir(text) and _is_run(text):
         run = os.path.abspath(text)
-        return Model(run, os.path.join(analyses, safe_name(os.path.basename(run))), row, os.path.basename(run),
+        return PaperModel(run, os.path.join(analyses, safe_name(os.path.basename(run))), row, os.path.basename(run),
                      steps=_last_step(run))
     elif os.path.isdir(text):
         target = HF + os.path.abspath(text)
@@ -118,17 +118,17 @@ def model_of(text: str, analyses: str, row: str | None = None, size_b: float | N
         target = HF + text
     model = target[len(HF):].rpartition("@")[0] or target[len(HF):]
     label = os.path.basename(os.path.normpath(model))
-    return Model(target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label,
+    return PaperModel(target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label,
                  size_b)
 
 
-def ships_code(model: Model) -> bool:
+def ships_code(model: PaperModel) -> bool:
     """One of the paper's models that runs only with its own modelling code (``catalog.REMOTE_CODE``)."""
     return model.target.startswith(HF) and model.target[len(HF):].partition("@")[0] in catalog.REMOTE_CODE
 
 
-def with_remote_code(models: list[Model], pairs: list[tuple[int, int]], options: dict, given: bool
-                     ) -> tuple[list[Model], list[tuple[int, int]], list[str]]:
+def with_remote_code(models: list[PaperModel], pairs: list[tuple[int, int]], options: dict, given: bool
+                     ) -> tuple[list[PaperModel], list[tuple[int, int]], list[str]]:
     """Remote code runs only when asked (``--trust-remote-code``): then every given ``hf:`` model, or
     the paper's models that ship code, get it. Without it, given models that ship code are refused
     in one line; the paper's own are left out (returned last, with ``pairs`` renumbered)."""
@@ -144,7 +144,7 @@ def with_remote_code(models: list[Model], pairs: list[tuple[int, int]], options:
             needing)
 
 
-def analyze_step(model: Model, analyze_args: list[str]) -> Step:
+def analyze_step(model: PaperModel, analyze_args: list[str]) -> Step:
     steps = ["--steps", model.steps] if model.steps else []
     remote = ["--trust-remote-code"] if model.trust_remote_code else []
     return Step("analyze", [model.target, *steps, *analyze_args, *remote, "--out", model.out], model.label)
@@ -160,7 +160,7 @@ def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
     return args
 
 
-def _default_models(artifact: str, analyses: str) -> tuple[list[Model], list[tuple[int, int]]]:
+def _default_models(artifact: str, analyses: str) -> tuple[list[PaperModel], list[tuple[int, int]]]:
     if artifact == "fig2":
         return [model_of(m, analyses, series, catalog.size_b(m))
                 for series, models in catalog.SIZE_SERIES.items() for m in models], []
@@ -201,7 +201,7 @@ def hub_revisions(model: str, count: int) -> list[str]:
     return [steps[i][1] for i in picks]
 
 
-def _fig4_model(options: dict, analyses: str) -> Model:
+def _fig4_model(options: dict, analyses: str) -> PaperModel:
     models = options.get("models") or [catalog.OLMO]
     if len(models) != 1:
         raise ArgumentError("--models: fig4 takes one model (its revisions are the panels)")
@@ -219,7 +219,7 @@ def corpora(options: dict) -> dict[str, list[str]]:
     """robustness: corpus name -> analyze's input options for it (``--dataset D`` or ``--texts FILE``;
     none for wikitext-103 under ``--protocol paper``, which reads it, from ``--dataset-path`` if given)."""
     given = options.get("corpus") or []
-    chosen: dict[str, str | None] = dict(catalog.CORPORA) if not given else {}
+    chosen: dict[str, str | None] = dict(catalog.ROBUSTNESS_CORPORA) if not given else {}
     for entry in given:
         name, eq, source = entry.partition("=")
         if not eq or not name or not source:
@@ -239,7 +239,7 @@ def corpora(options: dict) -> dict[str, list[str]]:
     return inputs
 
 
-def build(artifact: str, options: dict) -> Plan:
+def build(artifact: str, options: dict) -> PaperPlan:
     """The plan of ``artifact`` under ``options`` (the parsed command line, by dest)."""
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
@@ -256,7 +256,7 @@ def build(artifact: str, options: dict) -> Plan:
                                    f"--job.dump_folder {run})")
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
-        return Plan(artifact, out, steps, runs=list(specs))
+        return PaperPlan(artifact, out, steps, runs=list(specs))
     defaults = {**PAPER_DEFAULTS, **({"seq_len": catalog.FIG3_SEQ_LEN} if artifact == "fig3" else {})}
     options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
@@ -269,7 +269,7 @@ def build(artifact: str, options: dict) -> Plan:
         raise ArgumentError("--corpus: only for robustness")
     if artifact == "fig4":
         (model,), _, _ = with_remote_code([_fig4_model(options, analyses)], [], options, given=True)
-        return Plan(artifact, out, [analyze_step(model, analyze_args)], [model])
+        return PaperPlan(artifact, out, [analyze_step(model, analyze_args)], [model])
     if artifact == "fig3":
         return _fig3_plan(options, analyses, analyze_args)
     if options.get("models"):
@@ -296,11 +296,11 @@ def build(artifact: str, options: dict) -> Plan:
                 rows.append(placed)
                 argv = analyze_step(placed, [*inputs, *shared]).argv
                 steps.append(Step("analyze", argv, f"{m.label} on {name}"))
-        return Plan(artifact, out, steps, rows, left_out=left_out)
-    return Plan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs, left_out=left_out)
+        return PaperPlan(artifact, out, steps, rows, left_out=left_out)
+    return PaperPlan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs, left_out=left_out)
 
 
-def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> Plan:
+def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPlan:
     """fig3: per MLP width one run (the authors' pick among ``--models``, or among the preset's runs
     under ``DIR/runs``), analysed at its first and last checkpoints. With ``--slurm`` the preset's
     runs not trained yet are trained first, and each width's dispersion run is the one analysed."""
@@ -334,16 +334,16 @@ def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> Plan:
     return _fig3_analyses(out, fig3.authors_pick(found), analyze_args)
 
 
-def _fig3_analyses(out: str, chosen: dict[int, tuple[str, list[str]]], analyze_args: list[str]) -> Plan:
+def _fig3_analyses(out: str, chosen: dict[int, tuple[str, list[str]]], analyze_args: list[str]) -> PaperPlan:
     """The analyses of the runs ``chosen`` per width (width -> (run, the others of its width))."""
     analyses = os.path.join(out, ANALYSES)
-    models = [Model(run, os.path.join(analyses, safe_name(os.path.basename(run))), None, f"MLP {width}",
+    models = [PaperModel(run, os.path.join(analyses, safe_name(os.path.basename(run))), None, f"MLP {width}",
                     steps="first,last") for width, (run, _) in chosen.items()]
     notes = [fig3.pick_note(width, run, others) for width, (run, others) in chosen.items() if others]
-    return Plan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes)
+    return PaperPlan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes)
 
 
-def check_devices(plan: Plan, options: dict, cuda: bool) -> None:
+def check_devices(plan: PaperPlan, options: dict, cuda: bool) -> None:
     """The paper's large models refuse to start on a machine without a GPU unless asked."""
     if cuda or options.get("device") == "cpu":
         return
@@ -354,7 +354,7 @@ def check_devices(plan: Plan, options: dict, cuda: bool) -> None:
                            "or --device cpu to run on CPU anyway")
 
 
-def check_hub(plan: Plan) -> None:
+def check_hub(plan: PaperPlan) -> None:
     """With the hub offline (HF_HUB_OFFLINE), every hub model must already be in the cache."""
     from huggingface_hub import constants, try_to_load_from_cache
 

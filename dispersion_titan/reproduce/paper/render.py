@@ -9,7 +9,7 @@ import os
 from ...evaluation.table import Selection
 from ...run_folder.outputs import ensure_writable, write_json
 from . import collect, draw
-from .plan import Plan
+from .plan import PaperPlan
 from .table2 import write_table2
 
 TITLES = {
@@ -28,7 +28,7 @@ def _row_title(row: dict) -> str:
     return f"{row['row']}{trend}"
 
 
-def render(plan: Plan, selection: Selection = Selection("best"), reference: str | None = None,
+def render(plan: PaperPlan, selection: Selection = Selection("best"), reference: str | None = None,
            test: str = "student", pretrained: str = "auto") -> list[str]:
     """Write the artifact; return the files written."""
     ensure_writable(plan.out, "--out")

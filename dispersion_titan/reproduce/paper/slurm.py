@@ -12,10 +12,10 @@ import subprocess
 from ...utils.errors import SweepError
 from ..slurm_scripts import python_line, sbatch_script, submission_env
 from . import catalog
-from .plan import Plan
+from .plan import PaperPlan
 
 
-def jobs(plan: Plan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[str]]:
+def jobs(plan: PaperPlan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[str]]:
     """sbatch command lines, the drawing job last (its dependency is added on submission)."""
     logs = os.path.join(plan.out, "logs")
     common = ["sbatch", "--parsable", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
@@ -45,7 +45,7 @@ def _with_dependency(argv: list[str], ids: list[str]) -> list[str]:
     return [argv[0], argv[1], f"--dependency=afterok:{':'.join(ids)}", *argv[2:]] if ids else argv
 
 
-def script(plan: Plan, lines: list[list[str]]) -> str:
+def script(plan: PaperPlan, lines: list[list[str]]) -> str:
     """``--dry-run``: the submission as a bash script, each job id in a variable."""
     out = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", python_line(),
            f"mkdir -p {shlex.quote(plan.out)}/logs"]
@@ -58,7 +58,7 @@ def script(plan: Plan, lines: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def submit(plan: Plan, lines: list[list[str]]) -> list[str]:
+def submit(plan: PaperPlan, lines: list[list[str]]) -> list[str]:
     """Submit in order; a refused submission ends it naming what was already submitted."""
     os.makedirs(os.path.join(plan.out, "logs"), exist_ok=True)
     ids: list[str] = []

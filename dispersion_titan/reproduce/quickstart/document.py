@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from ...run_folder.outputs import format_table
 from .findings import AGREES, DISAGREES, NOISE, Finding
-from .findings import markdown as findings_markdown
+from .findings import findings_markdown
 from .summary import RunCondensation, late_blocks, table_rows
 
 

@@ -275,7 +275,7 @@ def findings(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> li
             with_dispersion(runs, seed)]
 
 
-def markdown(found: Sequence[Finding]) -> list[str]:
+def findings_markdown(found: Sequence[Finding]) -> list[str]:
     """One block per finding: the question, the paper, each measurement and its verdict."""
     lines = []
     for number, finding in enumerate(found, start=1):

@@ -42,11 +42,11 @@ QUICKSTART = FolderOwner("quickstart")
 
 
 @dataclass(frozen=True)
-class Plan:
+class QuickstartPlan:
     out: str
     config: str
     widths: tuple[int, ...]
-    peak_coeff: float
+    coeff: float
     """λ of the dispersion runs (``--coeff``)."""
     steps: int
     interval: int
@@ -62,7 +62,7 @@ class Plan:
 
     @property
     def arms(self) -> tuple[Arm, Arm]:
-        return Arm("none", 0.0), Arm(VARIANT, self.peak_coeff)
+        return Arm("none", 0.0), Arm(VARIANT, self.coeff)
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -76,7 +76,7 @@ class Plan:
 
     def identity(self) -> dict:
         """The options that change results: a rerun must have the same ones."""
-        return {"config": self.config, "widths": list(self.widths), "coeff": self.peak_coeff, "steps": self.steps,
+        return {"config": self.config, "widths": list(self.widths), "coeff": self.coeff, "steps": self.steps,
                 "checkpoint_interval": self.interval, "num_sequences": self.num_sequences,
                 "seq_len": self.seq_len, "seed": self.seed, "spread_seeds": self.spread_seeds,
                 "init_flavor": self.init_flavor, "init_widths": list(self.init_widths),
@@ -105,7 +105,7 @@ class Progress:
             print(f"[{minutes:2d}:{seconds:02d}] {message}", flush=True)
 
 
-def make_plan(a: argparse.Namespace) -> Plan:
+def make_plan(a: argparse.Namespace) -> QuickstartPlan:
     """The plan for the parsed command line ``a`` (``dispersion_titan.quickstart``'s parser)."""
     config = os.path.abspath(a.config)
     try:
@@ -124,11 +124,12 @@ def make_plan(a: argparse.Namespace) -> Plan:
         raise ArgumentError(f"--init-flavor: {a.init_flavor!r} is not one of {sorted(gpt2_flavors)}")
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths) + 2 * a.spread_seeds)
-    return Plan(os.path.abspath(a.out), config, a.widths, a.coeff, steps, interval, a.num_sequences, a.seq_len,
-                jobs, max(1, cpus // jobs), seed, a.spread_seeds, a.init_flavor, a.init_widths, a.init_num_sequences)
+    return QuickstartPlan(os.path.abspath(a.out), config, a.widths, a.coeff, steps, interval, a.num_sequences,
+                          a.seq_len, jobs, max(1, cpus // jobs), seed, a.spread_seeds, a.init_flavor, a.init_widths,
+                          a.init_num_sequences)
 
 
-def train_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
+def train_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
     return "dispersion_titan.train", [
         "--job.config_file", plan.config, "--profile", "cpu",  # a CPU product (docs/training.md#cpu)
         "--training.steps", str(plan.steps), "--checkpoint.interval", str(plan.interval),
@@ -137,12 +138,12 @@ def train_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
     ]
 
 
-def analyze_command(plan: Plan, run: Cell) -> tuple[str, list[str]]:
+def analyze_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
     return "dispersion_titan.analyze", [plan.dump(run), "--num-sequences", str(plan.num_sequences),
                                         "--seq-len", str(plan.seq_len)]
 
 
-def trained(plan: Plan, run: Cell) -> bool:
+def trained(plan: QuickstartPlan, run: Cell) -> bool:
     try:
         check_complete(os.path.join(plan.dump(run), "checkpoint", f"step-{plan.steps}"))
     except CheckpointError:
@@ -150,7 +151,7 @@ def trained(plan: Plan, run: Cell) -> bool:
     return True
 
 
-def analyzed(plan: Plan, run: Cell) -> bool:
+def analyzed(plan: QuickstartPlan, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences."""
     results = read_results(os.path.join(plan.dump(run), "condensation"))
     return all(
@@ -160,7 +161,7 @@ def analyzed(plan: Plan, run: Cell) -> bool:
     )
 
 
-def job_commands(plan: Plan) -> Commands:
+def job_commands(plan: QuickstartPlan) -> Commands:
     """Training and analysis commands, forked from one server that imported them once."""
     # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
     env = {**CPU_MALLOC_ENV, **os.environ, "OMP_NUM_THREADS": str(plan.threads), "PYTHONUNBUFFERED": "1",
@@ -177,7 +178,7 @@ def last_error(log: str) -> str:
     return (errors or lines or ["(empty log)"])[-1]
 
 
-def process(plan: Plan, run: Cell, commands: Commands, say: Progress) -> str | None:
+def process(plan: QuickstartPlan, run: Cell, commands: Commands, say: Progress) -> str | None:
     """Train (unless done) then analyze (unless done) one run; an error line or None."""
     for phase, done, command in (("train", trained, train_command), ("analyze", analyzed, analyze_command)):
         if done(plan, run):
@@ -194,7 +195,7 @@ def process(plan: Plan, run: Cell, commands: Commands, say: Progress) -> str | N
     return None
 
 
-def train_and_analyze(plan: Plan, say: Progress) -> None:
+def train_and_analyze(plan: QuickstartPlan, say: Progress) -> None:
     with job_commands(plan) as commands, ThreadPoolExecutor(max_workers=plan.jobs) as pool:
         errors = [e for e in pool.map(lambda run: process(plan, run, commands, say), plan.runs) if e]
     for error in errors:
@@ -203,7 +204,7 @@ def train_and_analyze(plan: Plan, say: Progress) -> None:
         sys.exit(1)
 
 
-def comparisons(plan: Plan) -> list[tuple[str, list[str], str]]:
+def comparisons(plan: QuickstartPlan) -> list[tuple[str, list[str], str]]:
     """(folder name, runs, step) of each ``analyze compare``."""
     main_seed = [r for r in plan.runs if r.seed == plan.seed]
     everything = [plan.dump(r) for r in main_seed]
@@ -215,7 +216,7 @@ def comparisons(plan: Plan) -> list[tuple[str, list[str], str]]:
     ]
 
 
-def compare_runs(plan: Plan, say: Progress) -> list[tuple[str, str]]:
+def compare_runs(plan: QuickstartPlan, say: Progress) -> list[tuple[str, str]]:
     """Write every comparison; return (description, path) of its figure and table."""
     files = []
     for name, runs, step in comparisons(plan):
@@ -228,11 +229,11 @@ def compare_runs(plan: Plan, say: Progress) -> list[tuple[str, str]]:
     return files
 
 
-def init_sequences(plan: Plan):
+def init_sequences(plan: QuickstartPlan):
     return select_sequences(InputOptions(DEFAULT_DATASET, None, None, plan.init_num_sequences, plan.seq_len, seed=0))
 
 
-def measure_init_panel(plan: Plan, say: Progress) -> InitPanel:
+def measure_init_panel(plan: QuickstartPlan, say: Progress) -> InitPanel:
     """Condensation at initialization of ``init_flavor`` at each ``init_widths``, and at the smallest
     for each extra seed (cached in OUT/init_panel), a line as each is done."""
     start = time.monotonic()
@@ -245,7 +246,7 @@ def measure_init_panel(plan: Plan, say: Progress) -> InitPanel:
     return panel
 
 
-def summarize(plan: Plan, panel: InitPanel, files: list[tuple[str, str]]) -> str:
+def summarize(plan: QuickstartPlan, panel: InitPanel, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
     runs = load_sweep([plan.dump(r) for r in plan.runs])
     found = findings(panel, runs, plan.seed)
@@ -256,7 +257,7 @@ def summarize(plan: Plan, panel: InitPanel, files: list[tuple[str, str]]) -> str
              f"seed(s) at {plan.init_widths[0]}). Trained sweep: {len(runs)} runs "
              f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
              f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
-             f"without and with {VARIANT} λ={plan.peak_coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
+             f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
              f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every {plan.interval} steps.")
     figure = os.path.join(plan.out, "summary.png")
     save_findings_figure(panel, runs, found, plan.seed, figure)
@@ -270,7 +271,7 @@ def summarize(plan: Plan, panel: InitPanel, files: list[tuple[str, str]]) -> str
     return text
 
 
-def check_same_options(plan: Plan) -> None:
+def check_same_options(plan: QuickstartPlan) -> None:
     """Record the options in OUT/quickstart.json, or refuse when OUT was made with others."""
     path = os.path.join(plan.out, OPTIONS_FILE)
     if os.path.isfile(path):
@@ -288,7 +289,7 @@ def check_same_options(plan: Plan) -> None:
 
 
 
-def run(plan: Plan) -> None:
+def run(plan: QuickstartPlan) -> None:
     """Everything the quickstart does for ``plan``, as the one writer of OUT (a second
     quickstart into it is refused in one line)."""
     try:
@@ -300,12 +301,12 @@ def run(plan: Plan) -> None:
         fail(str(e))
 
 
-def _run(plan: Plan) -> None:
+def _run(plan: QuickstartPlan) -> None:
     """Each step skipped where its results exist."""
     check_same_options(plan)
     say = Progress()
     say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
-        f"λ={plan.peak_coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
+        f"λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
         f"output: {plan.out}")
     panel = measure_init_panel(plan, say)
     train_and_analyze(plan, say)

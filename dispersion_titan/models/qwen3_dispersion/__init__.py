@@ -1,6 +1,6 @@
 """Qwen3 (TorchTitan's ``qwen3``: model, flavors ``debugmodel``, ``0.6B``, ``1.7B`` … as
 TorchTitan defines them, parallelize function and HF state-dict adapter), registered
-under the same name with dispersion_titan's data, tokenizer and trainer-side builders."""
+as ``qwen3_dispersion`` with dispersion_titan's data, tokenizer and trainer-side builders."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..flavors import Flavors
 from ..titan_decoder_args import RotaryOverrides, hf_decoder_fields, offered
 from ..titan_decoder_parallelize import adapted
 
-MODEL_NAME = "qwen3"
+MODEL_NAME = "qwen3_dispersion"
 
 
 class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):

@@ -1,6 +1,6 @@
 """Llama 3 (TorchTitan's ``llama3``: model, flavors ``debugmodel``, ``8B``, ``70B``,
 ``405B`` as TorchTitan defines them, parallelize function and HF state-dict adapter),
-registered under the same name with dispersion_titan's data, tokenizer and trainer-side
+registered as ``llama3_dispersion`` with dispersion_titan's data, tokenizer and trainer-side
 builders. Its MLP width follows from ``dim``, ``multiple_of`` and ``ffn_dim_multiplier``,
 and TorchTitan 0.2.2's Llama 3 never ties its LM head."""
 
@@ -18,7 +18,7 @@ from ..flavors import Flavors
 from ..titan_decoder_args import RotaryOverrides, hf_decoder_fields, offered
 from ..titan_decoder_parallelize import adapted
 
-MODEL_NAME = "llama3"
+MODEL_NAME = "llama3_dispersion"
 
 
 class Llama3Args(RotaryOverrides, TransformerModelArgs):
