@@ -23,7 +23,7 @@ _DISPERSION = re.compile(r"step:\s*(\d+)\s+ce:\s*([-\d.]+)\s+dispersion:\s*(-?[\
 
 def result_lines(log_text: str) -> list[str]:
     """The ``key=value ...`` payloads of a bench's ``RESULT`` lines."""
-    return [line[len("RESULT "):].strip() for line in log_text.splitlines() if line.startswith("RESULT ")]
+    return [line[len("RESULT ") :].strip() for line in log_text.splitlines() if line.startswith("RESULT ")]
 
 
 def train_lines(log_text: str) -> list[str]:
@@ -55,8 +55,10 @@ def numerics(fast: dict[int, float], eager: dict[int, float], fp32: dict[int, fl
     gap = max(abs(fast[s] - eager[s]) for s in steps)
     yardstick = max(abs(eager[s] - fp32[s]) for s in steps)
     within = gap <= yardstick
-    return [f"numerics.steps={len(steps)} numerics.max_gap_fast_vs_eager={gap:.3g} numerics.max_gap_bf16_vs_fp32="
-            f"{yardstick:.3g} numerics.within_yardstick={'yes' if within else 'no'}"], within
+    return [
+        f"numerics.steps={len(steps)} numerics.max_gap_fast_vs_eager={gap:.3g} numerics.max_gap_bf16_vs_fp32="
+        f"{yardstick:.3g} numerics.within_yardstick={'yes' if within else 'no'}"
+    ], within
 
 
 def table(results_text: str, failed: bool) -> str:

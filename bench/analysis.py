@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dispersion_loss import extra_peak_bytes  # noqa: E402  (bench/ is the script's folder)
 
-from dispersion_titan.analysis.inputs import InputOptions, select_sequences  # noqa: E402
 from dispersion_titan.analysis import DEFAULT_GEOMETRY_SEQUENCES  # noqa: E402
+from dispersion_titan.analysis.inputs import InputOptions, select_sequences  # noqa: E402
 from dispersion_titan.analysis.measure import (  # noqa: E402
     NORM_CLAMP,
     DecoderLayers,
@@ -87,8 +87,9 @@ def bare_forward(model: GPT2, batch: torch.Tensor) -> None:
 
 
 def layer_sums(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> LayerSums:
-    return LayerSums(model.model_args.n_layers + 2, args.seq_len, args.device,
-                     geometry_mask(len(tokens), args.geometry_sequences))
+    return LayerSums(
+        model.model_args.n_layers + 2, args.seq_len, args.device, geometry_mask(len(tokens), args.geometry_sequences)
+    )
 
 
 def analysis(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tuple[LayerSums, dict]:
@@ -115,9 +116,17 @@ def hf_model(model: GPT2, args: GPT2ModelArgs, device: str):
     import transformers
 
     config = transformers.GPT2Config(
-        vocab_size=args.vocab_size, n_positions=args.max_seq_len, n_embd=args.dim, n_layer=args.n_layers,
-        n_head=args.n_heads, n_inner=args.mlp_hidden_dim or None, activation_function="gelu_new",
-        layer_norm_epsilon=args.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        vocab_size=args.vocab_size,
+        n_positions=args.max_seq_len,
+        n_embd=args.dim,
+        n_layer=args.n_layers,
+        n_head=args.n_heads,
+        n_inner=args.mlp_hidden_dim or None,
+        activation_function="gelu_new",
+        layer_norm_epsilon=args.norm_eps,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     hf = transformers.GPT2Model(config)
     ours = {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -134,7 +143,9 @@ def straightforward(hf, tokens: torch.Tensor, device: str) -> torch.Tensor:
     HF's ``hidden_states`` are the embedding, blocks 1…n-1 and ln_f(block n); a hook
     supplies block n's own output."""
     last_block: list[torch.Tensor] = []
-    hook = hf.h[-1].register_forward_hook(lambda _m, _i, out: last_block.append(out[0] if isinstance(out, tuple) else out))
+    hook = hf.h[-1].register_forward_hook(
+        lambda _m, _i, out: last_block.append(out[0] if isinstance(out, tuple) else out)
+    )
     per_sequence = []
     for sequence in tokens:
         last_block.clear()
@@ -161,10 +172,26 @@ def memory_worker(args: argparse.Namespace) -> None:
 
 def measure_memory(k: int, args: argparse.Namespace) -> float:
     """Peak memory growth of (b) at K = k, in MiB, in a fresh subprocess."""
-    cmd = [sys.executable, __file__, "--memory-worker", str(k), "--flavor", args.flavor,
-           "--num-sequences", str(args.num_sequences), "--seq-len", str(args.seq_len),
-           "--geometry-sequences", str(args.geometry_sequences),
-           "--batch-size", str(args.batch_size), "--device", args.device, "--seed", str(args.seed)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--memory-worker",
+        str(k),
+        "--flavor",
+        args.flavor,
+        "--num-sequences",
+        str(args.num_sequences),
+        "--seq-len",
+        str(args.seq_len),
+        "--geometry-sequences",
+        str(args.geometry_sequences),
+        "--batch-size",
+        str(args.batch_size),
+        "--device",
+        args.device,
+        "--seed",
+        str(args.seed),
+    ]
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])["extra_bytes"] / 2**20
@@ -176,8 +203,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-sequences", type=int, default=100)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--geometry-sequences", type=int, default=DEFAULT_GEOMETRY_SEQUENCES,
-                   help="sequences whose effective rank and MEV (b) computes (0: none)")
+    p.add_argument(
+        "--geometry-sequences",
+        type=int,
+        default=DEFAULT_GEOMETRY_SEQUENCES,
+        help="sequences whose effective rank and MEV (b) computes (0: none)",
+    )
     p.add_argument("--memory-k", default="10,100", help="two K values for the peak-memory runs of (b)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -191,9 +222,12 @@ def main() -> None:
         memory_worker(args)
         return
     k_values = [int(k) for k in args.memory_k.split(",")]
-    print(f"flavor={args.flavor} K={args.num_sequences} S={args.seq_len} batch={args.batch_size} "
-          f"geometry_sequences={args.geometry_sequences} "
-          f"device={args.device} threads={torch.get_num_threads()}", flush=True)
+    print(
+        f"flavor={args.flavor} K={args.num_sequences} S={args.seq_len} batch={args.batch_size} "
+        f"geometry_sequences={args.geometry_sequences} "
+        f"device={args.device} threads={torch.get_num_threads()}",
+        flush=True,
+    )
     memory = {k: measure_memory(k, args) for k in k_values}
     model = build_model(args)
     tokens = input_tokens(args, args.num_sequences)
@@ -212,14 +246,20 @@ def main() -> None:
     k_seq = args.num_sequences
     print("| measurement | seconds | s / sequence | vs (a) |")
     print("|---|---|---|---|")
-    for name, t in (("(a) bare forward to final norm", time_a), ("(b) analysis", time_b),
-                    ("(c) per-sequence HF, all matrices kept", time_c)):
+    for name, t in (
+        ("(a) bare forward to final norm", time_a),
+        ("(b) analysis", time_b),
+        ("(c) per-sequence HF, all matrices kept", time_c),
+    ):
         print(f"| {name} | {t:.2f} | {t / k_seq:.3f} | {t / time_a:.2f}x |")
     print(f"(b) / (a) = {time_b / time_a:.3f} (target <= 1.15)")
     print(f"(c) / (b) = {time_c / time_b:.2f} (target >= 1.5)")
     print(f"max |(b) - (c)| over all averaged matrix entries = {gap:.1e} (target <= 1e-5)")
-    print("peak memory growth of (b): " + ", ".join(f"K={k}: {memory[k]:.0f} MiB" for k in k_values)
-          + " (target: independent of K)")
+    print(
+        "peak memory growth of (b): "
+        + ", ".join(f"K={k}: {memory[k]:.0f} MiB" for k in k_values)
+        + " (target: independent of K)"
+    )
 
 
 if __name__ == "__main__":

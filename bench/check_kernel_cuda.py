@@ -10,7 +10,7 @@ Prints one table row per case, then ``RESULT key=value`` lines for bench/gpu_acc
 exits 1 if any case is outside its tolerance.
 
     python bench/check_kernel_cuda.py
-    python bench/check_kernel_cuda.py --quick   # GPT-2 small's shape, each variant at precision auto (what training runs)
+    python bench/check_kernel_cuda.py --quick   # GPT-2 small's shape, each variant at precision auto (as trained)
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from dispersion_titan.losses import VARIANTS  # noqa: E402
-from dispersion_titan.losses import PRECISIONS  # noqa: E402
+from test_dispersion_kernel import case_table, condensed_errors, run_case, tolerances, within_yardstick  # noqa: E402
+
+from dispersion_titan.losses import PRECISIONS, VARIANTS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
 from dispersion_titan.utils.errors import cause  # noqa: E402
-from test_dispersion_kernel import case_table, condensed_errors, run_case, tolerances, within_yardstick  # noqa: E402
 
 GPT2_SMALL = {"B": 2, "N": 1024, "d": 768, "tau": 1.0, "inputs": "gpt2_small"}
 GPT2_SHAPE = (GPT2_SMALL["B"], GPT2_SMALL["N"], GPT2_SMALL["d"])
@@ -83,8 +83,10 @@ def main() -> None:
         print(f"| {name} | auto | {got['value_rel']:.1e} | {got['grad_rel']:.1e} "
               f"| 2x yardstick {got['yardstick_value']:.1e}, {got['yardstick_grad']:.1e} | {'yes' if ok else 'NO'} |",
               flush=True)  # fmt: skip
-        print(f"RESULT kernel_check.condensed.{variant}.grad_rel={got['grad_rel']:.2g} "
-              f"kernel_check.condensed.{variant}.yardstick_grad={got['yardstick_grad']:.2g}")
+        print(
+            f"RESULT kernel_check.condensed.{variant}.grad_rel={got['grad_rel']:.2g} "
+            f"kernel_check.condensed.{variant}.yardstick_grad={got['yardstick_grad']:.2g}"
+        )
     print(f"RESULT kernel_check.cases={len(table) + len(VARIANTS)} kernel_check.failures={failures}")
     print("RESULT " + " ".join(f"kernel_check.worst.{key}={value:.2g}" for key, value in sorted(worst.items())))
     sys.exit(1 if failures else 0)

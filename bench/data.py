@@ -64,13 +64,19 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--batches", type=int, default=300, help="timed batches per store-backed loader")
-    p.add_argument("--streamed-batches", type=int, default=100,
-                   help="timed batches of the streamed loader (it tokenises ranks× as many)")
+    p.add_argument(
+        "--streamed-batches",
+        type=int,
+        default=100,
+        help="timed batches of the streamed loader (it tokenises ranks× as many)",
+    )
     a = p.parse_args()
 
     docs = list(iter_documents("enwiki_sample", "train", None, "bench")) * a.repeat
-    print(f"cpus={len(os.sched_getaffinity(0))} load_average_1min={os.getloadavg()[0]:.1f} documents={len(docs)} "
-          f"ranks={a.ranks} seq_len={a.seq_len} batch={a.batch}")
+    print(
+        f"cpus={len(os.sched_getaffinity(0))} load_average_1min={os.getloadavg()[0]:.1f} documents={len(docs)} "
+        f"ranks={a.ranks} seq_len={a.seq_len} batch={a.batch}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for workers in sorted({1, a.workers}):
@@ -79,14 +85,26 @@ def main() -> None:
         store = open_store(os.path.join(tmp, f"w{a.workers}"), "enwiki_sample", "train", "bench")
         shuffled = PackedSequenceDataset(store, a.seq_len, a.batch, 0, a.ranks, seed=0)
         ordered = ContinuousPackedDataset(store, a.seq_len, a.batch, 0, a.ranks)
-        rows.append(("(b) store loader, rank 0, shuffled (in-memory corpora's order)",
-                     loader_rate(shuffled, 0, a.ranks, a.batches)))
-        rows.append(("(b) store loader, rank 0, in order (streamed corpora's order)",
-                     loader_rate(ordered, 0, a.ranks, a.batches)))
+        rows.append(
+            (
+                "(b) store loader, rank 0, shuffled (in-memory corpora's order)",
+                loader_rate(shuffled, 0, a.ranks, a.batches),
+            )
+        )
+        rows.append(
+            (
+                "(b) store loader, rank 0, in order (streamed corpora's order)",
+                loader_rate(ordered, 0, a.ranks, a.batches),
+            )
+        )
         text = datasets.Dataset.from_dict({"text": docs})
         streamed = StreamingPackedDataset(lambda: text.to_iterable_dataset(), a.seq_len, a.batch, 0, a.ranks)
-        rows.append(("(c) streamed loader without a store, rank 0 (tokenises the global stream)",
-                     loader_rate(streamed, 0, a.ranks, a.streamed_batches)))
+        rows.append(
+            (
+                "(c) streamed loader without a store, rank 0 (tokenises the global stream)",
+                loader_rate(streamed, 0, a.ranks, a.streamed_batches),
+            )
+        )
     print("| measurement | tokens/s | vs 0.5 M tokens/s |")
     print("|---|---|---|")
     for name, rate in rows:

@@ -209,7 +209,10 @@ def main() -> None:
         return
     skipped = [impl for impl in args.impls if impl.startswith("triton")]
     if skipped and not triton_runs_here(args.device):
-        print(f"note: skipping {', '.join(skipped)}: it needs CUDA (or TRITON_INTERPRET=1) and triton, device={args.device}")
+        print(
+            f"note: skipping {', '.join(skipped)}: it needs CUDA (or TRITON_INTERPRET=1) and triton, "
+            f"device={args.device}"
+        )
         args.impls = [impl for impl in args.impls if impl not in skipped]
     print(
         f"device={args.device} dtype={args.dtype} B={args.B} N={args.N} d={args.d} "
@@ -225,8 +228,14 @@ def main() -> None:
     result_lines = []
     for variant in args.variants:
         # A precision the variant refuses (losses.variants.precision_error) is left out of its rows.
-        runs = argparse.Namespace(**{**vars(args), "impls": [
-            impl for impl in args.impls if not precision_error(variant, IMPL_PRECISIONS.get(impl, "auto"))]})
+        runs = argparse.Namespace(
+            **{
+                **vars(args),
+                "impls": [
+                    impl for impl in args.impls if not precision_error(variant, IMPL_PRECISIONS.get(impl, "auto"))
+                ],
+            }
+        )
         mem = {impl: float("nan") if args.no_memory else measure_memory(impl, variant, runs) for impl in runs.impls}
         results = compare(variant, runs)
         for impl, r in results.items():

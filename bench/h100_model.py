@@ -123,17 +123,25 @@ def fast_path_step(c: Config) -> dict[str, float]:
 
 
 def print_fast_path() -> None:
-    print(f"PREDICTION (not a measurement): the model's step on the fast path, one H100 SXM; GEMMs at "
-          f"{GEMM_EFFICIENCY:.0%} of {PEAK_BF16 / 1e12:.0f} TFLOP/s, attention at {ATTENTION_FLOPS / 1e12:.0f} "
-          f"TFLOP/s, memory traffic at {HBM_EFFICIENCY:.0%} of {PEAK_HBM / 1e12:.2f} TB/s")
-    print("| config | micro-batch × seq | est. peak GiB | GEMM ms | attention ms | activations ms | LM head ms | "
-          "AdamW ms | step ms | tokens/s | MFU |")
+    print(
+        f"PREDICTION (not a measurement): the model's step on the fast path, one H100 SXM; GEMMs at "
+        f"{GEMM_EFFICIENCY:.0%} of {PEAK_BF16 / 1e12:.0f} TFLOP/s, attention at {ATTENTION_FLOPS / 1e12:.0f} "
+        f"TFLOP/s, memory traffic at {HBM_EFFICIENCY:.0%} of {PEAK_HBM / 1e12:.2f} TB/s"
+    )
+    print(
+        "| config | micro-batch × seq | est. peak GiB | GEMM ms | attention ms | activations ms | LM head ms | "
+        "AdamW ms | step ms | tokens/s | MFU |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in SHIPPED:
         t = fast_path_step(c)
-        ms = " | ".join(f"{t[k] * 1e3:.1f}" for k in ("gemm", "attention", "activations", "lm_head", "optimizer", "step"))
-        print(f"| {c.name} | {c.micro_batch} × {c.seq_len} | {peak_memory_bytes(c) / 2**30:.0f} | {ms} | "
-              f"{c.global_batch * c.seq_len / t['step']:,.0f} | {t['mfu']:.0%} |")
+        ms = " | ".join(
+            f"{t[k] * 1e3:.1f}" for k in ("gemm", "attention", "activations", "lm_head", "optimizer", "step")
+        )
+        print(
+            f"| {c.name} | {c.micro_batch} × {c.seq_len} | {peak_memory_bytes(c) / 2**30:.0f} | {ms} | "
+            f"{c.global_batch * c.seq_len / t['step']:,.0f} | {t['mfu']:.0%} |"
+        )
 
 
 def loss_seconds(c: Config, kernel_flops_per_s: float, pair_cost: int = 1) -> tuple[float, float]:
@@ -147,16 +155,23 @@ def loss_seconds(c: Config, kernel_flops_per_s: float, pair_cost: int = 1) -> tu
     traffic = c.layers * work["glue_traffic"] * c.micro_batch * c.seq_len * c.dim * 4
     kernel_traffic = c.layers * c.micro_batch * c.seq_len * (c.seq_len * 2 * 2 + c.dim * 2 * 8)  # W twice, rows
     batching = 2 * 2 * c.layers * c.micro_batch * c.seq_len * c.dim * 2  # the blocks copied in and their grads out
-    seconds = (bf16_equivalent / kernel_flops_per_s + (traffic + kernel_traffic + batching) / PEAK_HBM
-               + LAUNCHES_PER_CALL * LAUNCH_S)
+    seconds = (
+        bf16_equivalent / kernel_flops_per_s
+        + (traffic + kernel_traffic + batching) / PEAK_HBM
+        + LAUNCHES_PER_CALL * LAUNCH_S
+    )
     return seconds, flops
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mfu", type=float, default=0.40, help="assumed MFU of the model's own step")
-    p.add_argument("--kernel-tflops", type=float, default=MEASURED_KERNEL_TFLOPS,
-                   help="sustained rate of the loss kernels (default: measured on an H100)")
+    p.add_argument(
+        "--kernel-tflops",
+        type=float,
+        default=MEASURED_KERNEL_TFLOPS,
+        help="sustained rate of the loss kernels (default: measured on an H100)",
+    )
     p.add_argument("--fast-path", action="store_true", help="the model's own step and memory instead (see above)")
     args = p.parse_args()
     if args.fast_path:
@@ -165,8 +180,10 @@ def main() -> None:
     print(f"PREDICTION (not a measurement): H100 SXM peaks {PEAK_BF16 / 1e12:.0f} TFLOP/s bf16, "
           f"{PEAK_HBM / 1e12:.2f} TB/s; model at MFU {args.mfu:.2f}; loss kernels at {args.kernel_tflops:.0f} "
           f"TFLOP/s sustained, and at 50% of peak")  # fmt: skip
-    print("| config | variant | micro-batch × seq | model step ms | loss FLOPs (÷ B·N²·d per block) | loss ms | "
-          "ratio | ratio at 50% peak |")
+    print(
+        "| config | variant | micro-batch × seq | model step ms | loss FLOPs (÷ B·N²·d per block) | loss ms | "
+        "ratio | ratio at 50% peak |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for c in SHIPPED:
         step = model_flops(c) / (args.mfu * PEAK_BF16)
@@ -174,8 +191,10 @@ def main() -> None:
             loss, flops = loss_seconds(c, args.kernel_tflops * 1e12, pair_cost)
             fast, _ = loss_seconds(c, 0.5 * PEAK_BF16, pair_cost)
             units = flops / (c.layers * c.micro_batch * c.seq_len**2 * c.dim)
-            print(f"| {c.name} | {variant} | {c.micro_batch} × {c.seq_len} | {step * 1e3:.1f} | {flops / 1e12:.2f} T "
-                  f"({units:.2f}) | {loss * 1e3:.1f} | {(step + loss) / step:.3f} | {(step + fast) / step:.3f} |")
+            print(
+                f"| {c.name} | {variant} | {c.micro_batch} × {c.seq_len} | {step * 1e3:.1f} | {flops / 1e12:.2f} T "
+                f"({units:.2f}) | {loss * 1e3:.1f} | {(step + loss) / step:.3f} | {(step + fast) / step:.3f} |"
+            )
 
 
 if __name__ == "__main__":

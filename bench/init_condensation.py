@@ -29,7 +29,9 @@ from dispersion_titan.reproduce.quickstart.summary import embedding_cos, late_co
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="64x4,128x12,256x12,768x12", help="dim x blocks, comma-separated")
-    p.add_argument("--widths", default="1,4,8", help="MLP widths as multiples of dim (1,4,8) or, with --absolute, sizes")
+    p.add_argument(
+        "--widths", default="1,4,8", help="MLP widths as multiples of dim (1,4,8) or, with --absolute, sizes"
+    )
     p.add_argument("--absolute", action="store_true", help="--widths are MLP sizes, not multiples of dim")
     p.add_argument("--seeds", default="42,43")
     p.add_argument("--num-sequences", type=int, default=16)
@@ -45,9 +47,11 @@ def main() -> None:
                 args = GPT2ModelArgs(dim=dim, n_layers=blocks, n_heads=max(1, dim // 64), mlp_hidden_dim=width)
                 start = time.perf_counter()
                 r = measure_at_init(dataclasses.replace(args), seed, sequences, 4, run="bench")
-                print(f"| {dim} × {blocks} | {width} | {seed} | {embedding_cos(r):.3f} | {late_cos(r):.3f} | "
-                      f"{r.layers[-2].mean_cos_offdiag:.3f} | {r.spearman:+.2f} | {time.perf_counter() - start:.1f} |",
-                      flush=True)
+                print(
+                    f"| {dim} × {blocks} | {width} | {seed} | {embedding_cos(r):.3f} | {late_cos(r):.3f} | "
+                    f"{r.layers[-2].mean_cos_offdiag:.3f} | {r.spearman:+.2f} | {time.perf_counter() - start:.1f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

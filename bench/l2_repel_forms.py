@@ -16,8 +16,9 @@ from dispersion_titan.losses import dispersion_loss
 def main() -> None:
     torch.manual_seed(0)
     base = torch.randn(4, 256, 64) / 64**0.5  # unit-norm-ish tokens: squared distances ~2 at scale 1
-    print("| scale | median D_ij/τ | released value | paper value | released |grad| | paper |grad| "
-          "| paper / released |")
+    print(
+        "| scale | median D_ij/τ | released value | paper value | released |grad| | paper |grad| | paper / released |"
+    )
     print("|---|---|---|---|---|---|---|")
     for scale in (0.1, 0.5, 1.0, 2.0, 4.0, 8.0):
         z = scale * base

@@ -14,8 +14,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent),
-                str(Path(__file__).resolve().parents[1] / "tests")]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[1]),
+    str(Path(__file__).resolve().parent),
+    str(Path(__file__).resolve().parents[1] / "tests"),
+]
 
 import h100_model  # noqa: E402
 
@@ -62,8 +65,10 @@ def main() -> None:
         fast, mfu = hand_ms(variant) if gpu == "h100" else (None, None)
         rows.append((gpu, variant, measured, roofline_ms(gpu, variant), fast, mfu))
     ce = {row[0]: row for row in rows if row[1] == "none"}  # each GPU's calibration step
-    print("| GPU | variant | measured ms | roofline ms | h100_model fast path ms | h100_model MFU 0.40 ms | "
-          "roofline, calibrated | fast path, calibrated | MFU 0.40, calibrated |")
+    print(
+        "| GPU | variant | measured ms | roofline ms | h100_model fast path ms | h100_model MFU 0.40 ms | "
+        "roofline, calibrated | fast path, calibrated | MFU 0.40, calibrated |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for gpu, variant, measured, *predicted in rows:
         base = ce[gpu]

@@ -54,14 +54,22 @@ def main(argv: list[str] | None = None) -> None:
         seconds = statistics.median(timed_step(trainer, data)[0] for _ in range(args.steps))
         peak = torch.cuda.max_memory_allocated()
     rows = {"peak_gb": (plan.step.peak / 1e9, peak / 1e9), "step_ms": (plan.time.step_s * 1e3, seconds * 1e3)}
-    print(f"config={args.config} device={torch.cuda.get_device_name()} plan_gpu={key} "
-          f"micro_batch={plan.layout.micro_batch} accumulation={plan.layout.accumulation}")
+    print(
+        f"config={args.config} device={torch.cuda.get_device_name()} plan_gpu={key} "
+        f"micro_batch={plan.layout.micro_batch} accumulation={plan.layout.accumulation}"
+    )
     print("| quantity | planned | measured | planned / measured |\n|---|---|---|---|")
     for quantity, (planned_value, measured) in rows.items():
         print(f"| {quantity} | {planned_value:.3f} | {measured:.3f} | {planned_value / measured:.3f} |")
     print(f"step time: {plan.time.calibration.label}")
-    print("RESULT " + " ".join(f"plan_gpu.{name}.{quantity}.{which}={value:.4g}" for quantity, values in rows.items()
-                               for which, value in zip(("planned", "measured"), values, strict=True)))
+    print(
+        "RESULT "
+        + " ".join(
+            f"plan_gpu.{name}.{quantity}.{which}={value:.4g}"
+            for quantity, values in rows.items()
+            for which, value in zip(("planned", "measured"), values, strict=True)
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ device (CPU time on a CPU) summed into groups, and the top ops listed.
 
 Groups, the first that matches an op's name or a range around it: dispersion (the trainer's
 ``dispersion_titan.dispersion`` range, the loss's autograd Functions and Triton kernels),
-optimizer (``Optimizer.step``, AdamW's kernels, the gradient-norm clipping's foreach norms), loss (log-softmax, NLL, cross-entropy),
-attention (SDPA, flash kernels), matmul (mm, addmm, bmm, GEMM kernels); the rest is
+optimizer (``Optimizer.step``, AdamW's kernels, the gradient-norm clipping's foreach norms), loss
+(log-softmax, NLL, cross-entropy), attention (SDPA, flash kernels), matmul (mm, addmm, bmm, GEMM kernels); the rest is
 elementwise (norms, activations, casts, copies, inductor's fused pointwise kernels).
 
     python bench/profile_step.py train_configs/gpt2_small_mlp3072_angular_spread.toml
@@ -25,7 +25,10 @@ from torch.profiler import ProfilerActivity, profile
 from train_step import bench_trainer, timed_step
 
 GROUPS = (
-    ("dispersion", re.compile(r"dispersion|_PairLoss|_TritonPairLoss|_rows_kernel|_pairs_|_pair_logits|_row_entropy|_dz_kernel")),
+    (
+        "dispersion",
+        re.compile(r"dispersion|_PairLoss|_TritonPairLoss|_rows_kernel|_pairs_|_pair_logits|_row_entropy|_dz_kernel"),
+    ),
     ("optimizer", re.compile(r"Optimizer\.|adam|multi_tensor_apply|_foreach_", re.IGNORECASE)),
     ("loss", re.compile(r"log_?softmax|nll_?loss|cross_?entropy|logsumexp", re.IGNORECASE)),
     ("attention", re.compile(r"attention|flash|sdpa|fmha", re.IGNORECASE)),
@@ -81,15 +84,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     groups, ops = grouped(prof, on_device)
     total = sum(groups.values())
     clock = "device" if on_device else "CPU"
-    print(f"config={args.config} device={device} variant={job.dispersion.variant} "
-          f"global_batch={job.training.global_batch_size} micro_batch={job.training.local_batch_size} "
-          f"seq_len={job.training.seq_len} compile={job.compile.enable} steps={args.steps} ({clock} self time)")
+    print(
+        f"config={args.config} device={device} variant={job.dispersion.variant} "
+        f"global_batch={job.training.global_batch_size} micro_batch={job.training.local_batch_size} "
+        f"seq_len={job.training.seq_len} compile={job.compile.enable} steps={args.steps} ({clock} self time)"
+    )
     print("| group | ms per step | share |\n|---|---|---|")
     for group in [g for g, _ in GROUPS] + [ELEMENTWISE]:
         seconds = groups.get(group, 0.0)
         print(f"| {group} | {seconds / args.steps * 1e3:.2f} | {seconds / total:.1%} |")
     print(f"\n| top op ({clock} self time) | group | ms per step | share |\n|---|---|---|---|")
-    for name, group, seconds in ops[:args.top]:
+    for name, group, seconds in ops[: args.top]:
         print(f"| `{name[:80]}` | {group} | {seconds / args.steps * 1e3:.2f} | {seconds / total:.1%} |")
     shares = {group: groups.get(group, 0.0) / total for group in [g for g, _ in GROUPS] + [ELEMENTWISE]}
     print("RESULT " + " ".join(f"profile_step.{group}.share={share:.3f} "

@@ -54,8 +54,14 @@ from dispersion_titan.trainer.trainer import DispersionTrainer  # noqa: E402
 from dispersion_titan.utils.errors import DispersionTitanError, cause, fail_with  # noqa: E402
 
 COLUMNS = ("objective", "step ms", "ratio", "tokens/s", "MFU", "peak GiB")
-BENCH_ONLY = ("--checkpoint.no-enable", "--validation.no-enable", "--metrics.no-enable_tensorboard",
-              "--metrics.no-enable_wandb", "--metrics.log_freq", "1000000")
+BENCH_ONLY = (
+    "--checkpoint.no-enable",
+    "--validation.no-enable",
+    "--metrics.no-enable_tensorboard",
+    "--metrics.no-enable_wandb",
+    "--metrics.log_freq",
+    "1000000",
+)
 
 
 def objective_configs(base, variants: list[str], precisions: list[str], coeff: float) -> dict[str, object]:
@@ -93,8 +99,11 @@ def implicit_syncs(trainer: DispersionTrainer, data, objectives: dict) -> int:
                 trainer.train_step(data)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught
-             if "synchroniz" in str(w.message).lower() and "debug mode is a prototype" not in str(w.message)]
+    syncs = [
+        w
+        for w in caught
+        if "synchroniz" in str(w.message).lower() and "debug mode is a prototype" not in str(w.message)
+    ]
     for w in syncs:
         print(f"implicit sync: {w.filename}:{w.lineno}: {str(w.message).splitlines()[0]}")
     return len(syncs)
@@ -107,8 +116,16 @@ def bench_trainer(config: str, job_args: list[str]) -> Iterator[DispersionTraine
     default_to_single_process()
     setup_torchtitan()
     with tempfile.TemporaryDirectory(prefix="train_step_") as dump:
-        args = ["--job.config_file", config, *job_args, *BENCH_ONLY, "--job.dump_folder", dump,
-                "--training.steps", str(10**9)]
+        args = [
+            "--job.config_file",
+            config,
+            *job_args,
+            *BENCH_ONLY,
+            "--job.dump_folder",
+            dump,
+            "--training.steps",
+            str(10**9),
+        ]
         trainer = DispersionTrainer(validated_args(with_config_module(args, load_toml(args)), world_size=1))
         try:
             yield trainer
@@ -118,8 +135,17 @@ def bench_trainer(config: str, job_args: list[str]) -> Iterator[DispersionTraine
                 torch.distributed.destroy_process_group()
 
 
-def run(config: str, job_args: list[str], variants: list[str], precisions: list[str], coeff: float,
-        steps: int, warmup: int, sync_debug: bool = False, name: str = "train_step") -> dict[str, dict]:
+def run(
+    config: str,
+    job_args: list[str],
+    variants: list[str],
+    precisions: list[str],
+    coeff: float,
+    steps: int,
+    warmup: int,
+    sync_debug: bool = False,
+    name: str = "train_step",
+) -> dict[str, dict]:
     """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE, or why it failed; prints the table."""
     failed: dict[str, str] = {}
     with bench_trainer(config, job_args) as trainer:
@@ -166,23 +192,35 @@ def run(config: str, job_args: list[str], variants: list[str], precisions: list[
             continue
         median = statistics.median(times[key])
         rate = tokens / median
-        results[key] = {"step_ms": median * 1e3, "ratio": median / ce, "tokens_per_s": rate,
-                        "mfu": flops_per_token * rate / peak_flops, "peak_gib": peaks[key], "steps": len(times[key])}
-    print(f"config={config} device={device} model={job_config.model.name}:{job_config.model.flavor} "
-          f"global_batch={t.global_batch_size} micro_batch={t.local_batch_size} seq_len={t.seq_len} "
-          f"compile={job_config.compile.enable} optimizer={job_config.optimizer.implementation} "
-          f"mixed_precision={job_config.training.mixed_precision_param} steps={steps} warmup={warmup} "
-          f"threads={torch.get_num_threads()}")
+        results[key] = {
+            "step_ms": median * 1e3,
+            "ratio": median / ce,
+            "tokens_per_s": rate,
+            "mfu": flops_per_token * rate / peak_flops,
+            "peak_gib": peaks[key],
+            "steps": len(times[key]),
+        }
+    print(
+        f"config={config} device={device} model={job_config.model.name}:{job_config.model.flavor} "
+        f"global_batch={t.global_batch_size} micro_batch={t.local_batch_size} seq_len={t.seq_len} "
+        f"compile={job_config.compile.enable} optimizer={job_config.optimizer.implementation} "
+        f"mixed_precision={job_config.training.mixed_precision_param} steps={steps} warmup={warmup} "
+        f"threads={torch.get_num_threads()}"
+    )
     print(f"trainer steps run: {steps_run}")
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
     for key, r in results.items():
         if "failed" in r:
             print(f"| {key} | failed: {r['failed']} |" + " |" * (len(COLUMNS) - 2))
             continue
-        print(f"| {key} | {r['step_ms']:.1f} | {r['ratio']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | "
-              f"{r['peak_gib']:.2f} |")
-    print(f"MFU: {flops_per_token / 1e9:.4g} GFLOP a token (the model's get_nparams_and_flops) over "
-          f"{peak_flops / 1e12:.0f} TFLOP/s (TorchTitan's peak for {device})")
+        print(
+            f"| {key} | {r['step_ms']:.1f} | {r['ratio']:.3f} | {r['tokens_per_s']:.0f} | {r['mfu']:.1%} | "
+            f"{r['peak_gib']:.2f} |"
+        )
+    print(
+        f"MFU: {flops_per_token / 1e9:.4g} GFLOP a token (the model's get_nparams_and_flops) over "
+        f"{peak_flops / 1e12:.0f} TFLOP/s (TorchTitan's peak for {device})"
+    )
     lines = [f"RESULT train_step.{name}.flops_per_token={flops_per_token}"]
     lines += ["RESULT " + (f"train_step.{name}.{key}.failed=1" if "failed" in r else
                            " ".join(f"train_step.{name}.{key}.{k}={v:.4g}" for k, v in r.items()))
@@ -196,8 +234,13 @@ def run(config: str, job_args: list[str], variants: list[str], precisions: list[
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="a training config, e.g. train_configs/gpt2_small_mlp3072.toml")
-    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=["angular_spread"],
-                        help="dispersion variants timed against CE only (default: angular_spread)")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        choices=VARIANTS,
+        default=["angular_spread"],
+        help="dispersion variants timed against CE only (default: angular_spread)",
+    )
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=["auto"])
     parser.add_argument("--coeff", type=float, default=0.1, help="λ of every variant (default 0.1)")
     parser.add_argument("--steps", type=int, default=5, help="measured optimizer steps per objective")
@@ -208,8 +251,17 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                              "prints the implicit host syncs it reports")  # fmt: skip
     args, job_args = parser.parse_known_args(argv)
     try:
-        return run(args.config, job_args, args.variants, args.precisions, args.coeff, args.steps, args.warmup,
-                   args.sync_debug, args.name or Path(args.config).stem)
+        return run(
+            args.config,
+            job_args,
+            args.variants,
+            args.precisions,
+            args.coeff,
+            args.steps,
+            args.warmup,
+            args.sync_debug,
+            args.name or Path(args.config).stem,
+        )
     except DispersionTitanError as e:  # a bad config or override: one line, as a launch says it
         fail_with(e)
 

@@ -39,5 +39,6 @@ def main() -> None:
     sys.argv = [COMMANDS[args[0]], *args[1:]]  # what python -m COMMAND's main sees
     run_command(import_module(COMMANDS[args[0]]).main)
 
+
 if __name__ == "__main__":
     run_command(main)

@@ -35,53 +35,87 @@ def _count(text: str) -> int:
 
 
 def analyze_parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.analyze",
-                description="Embedding condensation (pairwise token cosine similarity by layer) of a run's "
-                            "checkpoints or of a Hugging Face model's revisions.",
-                epilog="Compare analyzed runs: python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR; "
-                       "models of several sizes: python -m dispersion_titan.analyze family SPEC ... --out DIR")
-    p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder, or "
-                                              "hf:MODEL[@REV1,REV2,...] (hub id or local folder)")
+    p = OneLineErrorParser(
+        prog="python -m dispersion_titan.analyze",
+        description="Embedding condensation (pairwise token cosine similarity by layer) of a run's "
+        "checkpoints or of a Hugging Face model's revisions.",
+        epilog="Compare analyzed runs: python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR; "
+        "models of several sizes: python -m dispersion_titan.analyze family SPEC ... --out DIR",
+    )
+    p.add_argument(
+        "run",
+        metavar="RUN",
+        help="the run's dump folder or its checkpoint folder, or hf:MODEL[@REV1,REV2,...] (hub id or local folder)",
+    )
     p.add_argument("--steps", help="all (default), or steps and ranges such as 0,5,10-20, first, last (runs only)")
     source = p.add_mutually_exclusive_group()
-    source.add_argument("--dataset", default=None,
-                        help="registered dataset whose validation split is used (default: enwiki_sample)")
-    source.add_argument("--texts", metavar="FILE", help="jsonl file with a \"text\" field per line")
-    p.add_argument("--dataset-path", "--dataset_path", dest="dataset_path",
-                   help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
-                        "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)")
-    p.add_argument("--protocol", choices=ANALYSIS_PROTOCOLS, default="default",
-                   help="paper: the authors' inputs: 100 texts of >= 1024 words, each consecutive rows of "
-                        "wikitext-103-v1 train (or of --texts FILE) concatenated, the first 512 tokens of each with "
-                        "the tokenizer's default special tokens, and --layer-points hidden_states (default: default)")
-    p.add_argument("--layer-points", choices=LAYER_POINTS,
-                   help="layers of the Spearman/Kendall depth trend: all (n+2, the default) or hidden_states "
-                        "(transformers' n+1, the default with --protocol paper)")
+    source.add_argument(
+        "--dataset", default=None, help="registered dataset whose validation split is used (default: enwiki_sample)"
+    )
+    source.add_argument("--texts", metavar="FILE", help='jsonl file with a "text" field per line')
+    p.add_argument(
+        "--dataset-path",
+        "--dataset_path",
+        dest="dataset_path",
+        help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
+        "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)",
+    )
+    p.add_argument(
+        "--protocol",
+        choices=ANALYSIS_PROTOCOLS,
+        default="default",
+        help="paper: the authors' inputs: 100 texts of >= 1024 words, each consecutive rows of "
+        "wikitext-103-v1 train (or of --texts FILE) concatenated, the first 512 tokens of each with "
+        "the tokenizer's default special tokens, and --layer-points hidden_states (default: default)",
+    )
+    p.add_argument(
+        "--layer-points",
+        choices=LAYER_POINTS,
+        help="layers of the Spearman/Kendall depth trend: all (n+2, the default) or hidden_states "
+        "(transformers' n+1, the default with --protocol paper)",
+    )
     p.add_argument("--num-sequences", type=positive_int, default=100, help="K sequences (default 100)")
-    p.add_argument("--seq-len", type=_seq_len,
-                   help="S tokens per sequence (default 512, or the model's positions if fewer)")
+    p.add_argument(
+        "--seq-len", type=_seq_len, help="S tokens per sequence (default 512, or the model's positions if fewer)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the sequence choice (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per forward pass (default 8)")
-    p.add_argument("--geometry-sequences", type=_count, default=DEFAULT_GEOMETRY_SEQUENCES,
-                   help=f"sequences averaged for effective rank and MEV (default {DEFAULT_GEOMETRY_SEQUENCES})")
+    p.add_argument(
+        "--geometry-sequences",
+        type=_count,
+        default=DEFAULT_GEOMETRY_SEQUENCES,
+        help=f"sequences averaged for effective rank and MEV (default {DEFAULT_GEOMETRY_SEQUENCES})",
+    )
     p.add_argument("--out", help="output folder (default: RUN/condensation; required for hf:)")
     p.add_argument("--tb-dir", help="TensorBoard folder (default: RUN/tb/condensation, OUT/tb for hf:)")
-    add_device_arguments(p, dtype_default=None,
-                         dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)")
+    add_device_arguments(
+        p, dtype_default=None, dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)"
+    )
     p.add_argument("--device-map", choices=("auto",), help="hf: spread the model over all visible GPUs (accelerate)")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="hf: run the modelling code a model ships (the original Qwen's), as transformers' "
-                        "trust_remote_code; without it such a model is refused in one line")
-    p.add_argument("--force", action="store_true",
-                   help="analyze the selected steps anew, also into an --out holding other settings")
-    p.add_argument("--wandb", action="store_true",
-                   help="also log the results to the run's W&B run (trained with [metrics] enable_wandb)")
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="hf: run the modelling code a model ships (the original Qwen's), as transformers' "
+        "trust_remote_code; without it such a model is refused in one line",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="analyze the selected steps anew, also into an --out holding other settings",
+    )
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log the results to the run's W&B run (trained with [metrics] enable_wandb)",
+    )
     return p
 
 
 def compare_parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.analyze compare",
-                description="Condensation of several analyzed runs side by side (table, CSV, figure).")
+    p = OneLineErrorParser(
+        prog="python -m dispersion_titan.analyze compare",
+        description="Condensation of several analyzed runs side by side (table, CSV, figure).",
+    )
     p.add_argument("runs", nargs="+", metavar="RUN", help="dump folders or their condensation folders")
     p.add_argument("--out", required=True, help="folder for compare.csv, compare_layers.csv and compare.png")
     p.add_argument("--step", default="last", help="checkpoint step to compare, or last (default)")
@@ -89,21 +123,41 @@ def compare_parser() -> argparse.ArgumentParser:
 
 
 def size_series_parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.analyze family",
-                description="Condensation against relative depth for models of several sizes, by family "
-                            "(paper Fig. 2), and the size trend per family.")
-    p.add_argument("specs", nargs="+", metavar="SPEC",
-                   help="an analysed hf: model's output folder[@REVISION], or a run's folder[@STEP]")
+    p = OneLineErrorParser(
+        prog="python -m dispersion_titan.analyze family",
+        description="Condensation against relative depth for models of several sizes, by family "
+        "(paper Fig. 2), and the size trend per family.",
+    )
+    p.add_argument(
+        "specs",
+        nargs="+",
+        metavar="SPEC",
+        help="an analysed hf: model's output folder[@REVISION], or a run's folder[@STEP]",
+    )
     p.add_argument("--out", required=True, help="folder for family.md, family.csv and family.png")
-    p.add_argument("--family", action="append", default=[], metavar="NAME=SPEC,SPEC",
-                   help="put these models in family NAME (default: HF model_type, 'gpt2 run' "
-                        "('qwen3_dispersion run', ...) for our runs)")
-    p.add_argument("--paired", action="append", default=[], metavar="A=B",
-                   help="compare model A with model B (e.g. distilled with its base)")
+    p.add_argument(
+        "--family",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC,SPEC",
+        help="put these models in family NAME (default: HF model_type, 'gpt2 run' "
+        "('qwen3_dispersion run', ...) for our runs)",
+    )
+    p.add_argument(
+        "--paired",
+        action="append",
+        default=[],
+        metavar="A=B",
+        help="compare model A with model B (e.g. distilled with its base)",
+    )
     p.add_argument("--last-n", type=positive_int, default=3, help="layers averaged at the end of depth (default 3)")
-    p.add_argument("--protocol", choices=ANALYSIS_PROTOCOLS, default="default",
-                   help="paper: require every model analysed with analyze --protocol paper (the authors' inputs "
-                        "and hidden_states layer points)")
+    p.add_argument(
+        "--protocol",
+        choices=ANALYSIS_PROTOCOLS,
+        default="default",
+        help="paper: require every model analysed with analyze --protocol paper (the authors' inputs "
+        "and hidden_states layer points)",
+    )
     return p
 
 
@@ -124,20 +178,37 @@ def run_analyze(argv: list[str]) -> int:
         fail("--dataset-path: not used with --texts")
     paper = a.protocol == "paper"
     if paper and a.dataset:
-        fail("--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
-             "--dataset-path) or the rows of --texts FILE")
+        fail(
+            "--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
+            "--dataset-path) or the rows of --texts FILE"
+        )
     sequences = inputs.InputOptions(
         dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
-        dataset_path=a.dataset_path, texts=a.texts,
-        num_sequences=a.num_sequences, seq_len=a.seq_len or runner.DEFAULT_SEQ_LEN, seed=a.seed, protocol=a.protocol,
+        dataset_path=a.dataset_path,
+        texts=a.texts,
+        num_sequences=a.num_sequences,
+        seq_len=a.seq_len or runner.DEFAULT_SEQ_LEN,
+        seed=a.seed,
+        protocol=a.protocol,
         layer_points=a.layer_points or ("hidden_states" if paper else "all"),
     )
     if a.texts:  # read once before --out is created, so a bad file leaves no empty folder behind
         inputs.read_texts(a.texts)
-    options = runner.AnalyzeOptions(target=a.run, steps=a.steps, inputs=sequences, seq_len_given=a.seq_len is not None,
-                             batch_size=a.batch_size, out=a.out, tb_dir=a.tb_dir, device=a.device, dtype=a.dtype,
-                             force=a.force, geometry_sequences=a.geometry_sequences, device_map=a.device_map,
-                             trust_remote_code=a.trust_remote_code)
+    options = runner.AnalyzeOptions(
+        target=a.run,
+        steps=a.steps,
+        inputs=sequences,
+        seq_len_given=a.seq_len is not None,
+        batch_size=a.batch_size,
+        out=a.out,
+        tb_dir=a.tb_dir,
+        device=a.device,
+        dtype=a.dtype,
+        force=a.force,
+        geometry_sequences=a.geometry_sequences,
+        device_map=a.device_map,
+        trust_remote_code=a.trust_remote_code,
+    )
     if a.run.startswith(hf_model.PREFIX):
         if a.wandb:
             fail("--wandb: only for runs (trained with [metrics] enable_wandb)")

@@ -26,11 +26,16 @@ from .utils.errors import DispersionTitanError, fail, run_command
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dispersion_titan.convert", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m dispersion_titan.convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("to-hf", help="checkpoint step directory -> Hugging Face model directory")
-    export.add_argument("step_dir", metavar="CHECKPOINT_OR_RUN", help="a step-N folder, or a run (its newest complete checkpoint)")
+    export.add_argument(
+        "step_dir", metavar="CHECKPOINT_OR_RUN", help="a step-N folder, or a run (its newest complete checkpoint)"
+    )
     export.add_argument("out_dir", metavar="OUT_DIR")
     export.add_argument("--force", action="store_true", help="replace an export of the same run in OUT_DIR")
     options = parser.parse_args(argv)

@@ -13,7 +13,6 @@ cannot be read are reported and skipped, and the exit status is then 1.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
 
@@ -48,70 +47,128 @@ def _selection(text: str) -> str:
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.evaluate",
-                description="lm-eval scores of a run's checkpoints (default: the authors' protocol for the run's "
-                            "model family).",
-                epilog="The paper's Table 2 over runs: python -m dispersion_titan.evaluate table RUN... --out DIR")
+    p = OneLineErrorParser(
+        prog="python -m dispersion_titan.evaluate",
+        description="lm-eval scores of a run's checkpoints (default: the authors' protocol for the run's "
+        "model family).",
+        epilog="The paper's Table 2 over runs: python -m dispersion_titan.evaluate table RUN... --out DIR",
+    )
     p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
-    p.add_argument("--protocol", choices=EVALUATION_PROTOCOLS,
-                   help="the authors' tasks (10 accuracies, wikitext-103 perplexity), shots per task and limit "
-                        "(default: the run's family from its run.json: qwen3_dispersion runs qwen3, others gpt2): "
-                        + "; ".join(f"{name}: few-shot tasks {preset.few_shot} shot(s), the others 0, "
-                                    f"{preset.limit} per task" for name, preset in PRESETS.items()))
+    p.add_argument(
+        "--protocol",
+        choices=EVALUATION_PROTOCOLS,
+        help="the authors' tasks (10 accuracies, wikitext-103 perplexity), shots per task and limit "
+        "(default: the run's family from its run.json: qwen3_dispersion runs qwen3, others gpt2): "
+        + "; ".join(
+            f"{name}: few-shot tasks {preset.few_shot} shot(s), the others 0, {preset.limit} per task"
+            for name, preset in PRESETS.items()
+        ),
+    )
     p.add_argument("--tasks", help="comma-separated lm-eval task or group names (default: the protocol's)")
-    p.add_argument("--include-path", "--include_path", dest="include_path", metavar="DIR",
-                   help="folder of your own lm-eval task YAMLs")
-    p.add_argument("--limit", type=_limit, default=None,
-                   help="examples per task, or all (default: the protocol's)")
-    p.add_argument("--num-fewshot", "--num_fewshot", dest="num_fewshot", type=_non_negative_int, default=None,
-                   help="shots for every task (default: the protocol's per task, else the task's own)")
-    p.add_argument("--batch-size", type=positive_int, default=AUTHORS_BATCH_SIZE,
-                   help=f"lm-eval batch size (default {AUTHORS_BATCH_SIZE}, the authors'; larger batches pad, "
-                        "which moves log-likelihoods in their last digits)")
+    p.add_argument(
+        "--include-path",
+        "--include_path",
+        dest="include_path",
+        metavar="DIR",
+        help="folder of your own lm-eval task YAMLs",
+    )
+    p.add_argument("--limit", type=_limit, default=None, help="examples per task, or all (default: the protocol's)")
+    p.add_argument(
+        "--num-fewshot",
+        "--num_fewshot",
+        dest="num_fewshot",
+        type=_non_negative_int,
+        default=None,
+        help="shots for every task (default: the protocol's per task, else the task's own)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=AUTHORS_BATCH_SIZE,
+        help=f"lm-eval batch size (default {AUTHORS_BATCH_SIZE}, the authors'; larger batches pad, "
+        "which moves log-likelihoods in their last digits)",
+    )
     p.add_argument("--out", help="output folder (default: RUN/evaluation)")
     add_device_arguments(p)
-    p.add_argument("--force", action="store_true",
-                   help="evaluate the selected steps anew, also into an --out holding other settings")
-    p.add_argument("--wandb", action="store_true",
-                   help="also log the scores to the run's W&B run (trained with [metrics] enable_wandb)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="evaluate the selected steps anew, also into an --out holding other settings",
+    )
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log the scores to the run's W&B run (trained with [metrics] enable_wandb)",
+    )
     return p
 
 
 def table_parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.evaluate table",
-                description="The paper's Table 2: arms x tasks, mean ± std over seeds, average, rank, t-test.")
-    p.add_argument("runs", nargs="+", metavar="RUN|ARM=RUN1,RUN2",
-                   help="evaluated runs (dump or evaluation folders), grouped into arms by their run.json "
-                        "settings but the seed; or arms named explicitly")
+    p = OneLineErrorParser(
+        prog="python -m dispersion_titan.evaluate table",
+        description="The paper's Table 2: arms x tasks, mean ± std over seeds, average, rank, t-test.",
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN|ARM=RUN1,RUN2",
+        help="evaluated runs (dump or evaluation folders), grouped into arms by their run.json "
+        "settings but the seed; or arms named explicitly",
+    )
     p.add_argument("--out", required=True, help="folder for table.md, table.csv and table.png")
-    p.add_argument("--select", type=_selection, default="best",
-                   help="checkpoint per run: best (highest mean acc among the steps the authors evaluate, "
-                        "default), last, or step:N")
+    p.add_argument(
+        "--select",
+        type=_selection,
+        default="best",
+        help="checkpoint per run: best (highest mean acc among the steps the authors evaluate, "
+        "default), last, or step:N",
+    )
     add_table_arguments(p)
-    p.add_argument("--reference", metavar="ARM",
-                   help="arm the others are tested against (default: the first arm that uses a dispersion loss)")
-    p.add_argument("--test", choices=("student", "welch"), default="student",
-                   help="t-test of the per-seed averages: student (equal variances, the paper's; default) or welch")
+    p.add_argument(
+        "--reference",
+        metavar="ARM",
+        help="arm the others are tested against (default: the first arm that uses a dispersion loss)",
+    )
+    p.add_argument(
+        "--test",
+        choices=("student", "welch"),
+        default="student",
+        help="t-test of the per-seed averages: student (equal variances, the paper's; default) or welch",
+    )
     return p
 
 
 def add_table_arguments(p: argparse.ArgumentParser) -> None:
     """The options ``evaluate table`` and ``paper table2`` share, beside --select."""
-    p.add_argument("--num-ckpt", type=positive_int,
-                   help="--select best: the authors evaluate every floor(T/K)+1 steps and at the last step T; K (their "
-                        "--num_ckpt; default: their scripts' own, 5 for mid-training runs, 2 from scratch)")
-    p.add_argument("--best-step", choices=BEST_STEP, default="auto",
-                   help="--select best: per-seed (each run its own best step, the authors' mid-training "
-                        "plot_results.py), averaged (one step per arm, best on the seed-averaged curve, their "
-                        "pre-training plot_results.py), or auto (default: averaged for from-scratch arms, per-seed "
-                        "for mid-training arms, whose runs started from pretrained weights: run.json's started_from)")
-    p.add_argument("--include-initial", action="store_true",
-                   help="--select best: step 0 (the model before training) is a candidate too")
-    p.add_argument("--pretrained", default="auto", metavar="auto|none|RUN,...",
-                   help="the Pretrained row (the model before training) and each arm's difference from it: auto "
-                        "(default: step 0 of the first arm without a dispersion loss, when evaluated), none, or "
-                        "evaluated runs whose step 0 is that model (e.g. the base hub model imported)")
+    p.add_argument(
+        "--num-ckpt",
+        type=positive_int,
+        help="--select best: the authors evaluate every floor(T/K)+1 steps and at the last step T; K (their "
+        "--num_ckpt; default: their scripts' own, 5 for mid-training runs, 2 from scratch)",
+    )
+    p.add_argument(
+        "--best-step",
+        choices=BEST_STEP,
+        default="auto",
+        help="--select best: per-seed (each run its own best step, the authors' mid-training "
+        "plot_results.py), averaged (one step per arm, best on the seed-averaged curve, their "
+        "pre-training plot_results.py), or auto (default: averaged for from-scratch arms, per-seed "
+        "for mid-training arms, whose runs started from pretrained weights: run.json's started_from)",
+    )
+    p.add_argument(
+        "--include-initial",
+        action="store_true",
+        help="--select best: step 0 (the model before training) is a candidate too",
+    )
+    p.add_argument(
+        "--pretrained",
+        default="auto",
+        metavar="auto|none|RUN,...",
+        help="the Pretrained row (the model before training) and each arm's difference from it: auto "
+        "(default: step 0 of the first arm without a dispersion loss, when evaluated), none, or "
+        "evaluated runs whose step 0 is that model (e.g. the base hub model imported)",
+    )
 
 
 def run_evaluate(argv: list[str]) -> int:
@@ -119,9 +176,17 @@ def run_evaluate(argv: list[str]) -> int:
     from dispersion_titan.evaluation.runner import EvaluateOptions, RunEvaluation  # torch: after --help
 
     protocol = a.protocol or _protocol_of(a.run)
-    options = EvaluateOptions(run=a.run, steps=a.steps, plan=build_plan(a.tasks, a.num_fewshot, a.limit, protocol),
-                              include_path=a.include_path, batch_size=a.batch_size, out=a.out,
-                              device=a.device, dtype=a.dtype, force=a.force)
+    options = EvaluateOptions(
+        run=a.run,
+        steps=a.steps,
+        plan=build_plan(a.tasks, a.num_fewshot, a.limit, protocol),
+        include_path=a.include_path,
+        batch_size=a.batch_size,
+        out=a.out,
+        device=a.device,
+        dtype=a.dtype,
+        force=a.force,
+    )
     evaluation = RunEvaluation(options)
     if a.wandb:
         recorded(evaluation.dump)  # before any model loads: a run without one fails now, in one line
@@ -147,8 +212,16 @@ def run_table(argv: list[str]) -> int:
     a = table_parser().parse_args(argv)
     from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
 
-    print(table(a.runs, a.out, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference, a.test,
-                a.pretrained))
+    print(
+        table(
+            a.runs,
+            a.out,
+            Selection(a.select, a.num_ckpt, a.include_initial, a.best_step),
+            a.reference,
+            a.test,
+            a.pretrained,
+        )
+    )
     print(f"written: {a.out}/table.md, table.csv, table.png")
     return 0
 

@@ -16,9 +16,10 @@ from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with,
 
 
 def parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.init",
-                           description="Write the shipped training configs, the paper's configs and the sweep "
-                                       "example into DIR.")
+    p = OneLineErrorParser(
+        prog="python -m dispersion_titan.init",
+        description="Write the shipped training configs, the paper's configs and the sweep example into DIR.",
+    )
     p.add_argument("dir", metavar="DIR", help="a new or empty folder")
     return p
 
@@ -32,8 +33,11 @@ def main(argv: list[str] | None = None) -> None:
         fail_with(e)
     except OSError as e:
         fail(f"DIR: {out}: not writable ({e.strerror})")
-    print(f"{out}: wrote {len(written)} configs" + (f", kept {len(kept)} already there" if kept else "")
-          + f"; next: cd {a.dir} && dispersion-titan train --job.config_file train_configs/debug.toml --profile cpu")
+    print(
+        f"{out}: wrote {len(written)} configs"
+        + (f", kept {len(kept)} already there" if kept else "")
+        + f"; next: cd {a.dir} && dispersion-titan train --job.config_file train_configs/debug.toml --profile cpu"
+    )
 
 
 if __name__ == "__main__":

@@ -33,61 +33,103 @@ PAPER = FolderOwner("paper")
 
 
 def paper_parser() -> OneLineErrorParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.paper",
-                           description="One of the paper's figures or Table 2: runs what it needs, then draws it.")
-    p.add_argument("artifact", nargs="?", choices=ARTIFACT_NAMES, metavar="ARTIFACT",
-                   help=f"one of {', '.join(ARTIFACT_NAMES)} (--list describes them)")
+    p = OneLineErrorParser(
+        prog="python -m dispersion_titan.paper",
+        description="One of the paper's figures or Table 2: runs what it needs, then draws it.",
+    )
+    p.add_argument(
+        "artifact",
+        nargs="?",
+        choices=ARTIFACT_NAMES,
+        metavar="ARTIFACT",
+        help=f"one of {', '.join(ARTIFACT_NAMES)} (--list describes them)",
+    )
     p.add_argument("--list", action="store_true", help="each artifact: what it runs, the paper's models, the compute")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    p.add_argument("--models", nargs="+", metavar="MODEL",
-                   help="replace the paper's models: hub ids, local model folders, hf: specs or our runs "
-                        "(fig5: the bases, then their distilled models; table2: RUN or ARM=RUN1,RUN2)")
-    p.add_argument("--slurm", action="store_true", help="submit the jobs (the package's launch_scripts/slurm/*.sbatch) and a drawing job")
+    p.add_argument(
+        "--models",
+        nargs="+",
+        metavar="MODEL",
+        help="replace the paper's models: hub ids, local model folders, hf: specs or our runs "
+        "(fig5: the bases, then their distilled models; table2: RUN or ARM=RUN1,RUN2)",
+    )
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit the jobs (the package's launch_scripts/slurm/*.sbatch) and a drawing job",
+    )
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
-    p.add_argument("--plan", action="store_true",
-                   help="fig3, table2: the resource plan of the training runs they need (dispersion-titan plan), "
-                        "one row per config with the totals; runs nothing")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="fig3, table2: the resource plan of the training runs they need (dispersion-titan plan), "
+        "one row per config with the totals; runs nothing",
+    )
     p.add_argument("--plan-gpus", type=positive_int, default=8, help="--plan: GPUs per training run (default 8)")
     p.add_argument("--plan-gpu", choices=GPU_CHOICES, default="h100", help="--plan: the GPU (default h100)")
     p.add_argument("--draw-only", action="store_true", help="draw from finished results, run nothing else")
-    p.add_argument("--sbatch-arg", action="append", default=[], dest="sbatch_args", metavar="ARG",
-                   help="extra sbatch argument for every job, e.g. --sbatch-arg=--partition=gpu")
+    p.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        dest="sbatch_args",
+        metavar="ARG",
+        help="extra sbatch argument for every job, e.g. --sbatch-arg=--partition=gpu",
+    )
     p.add_argument("--revisions", metavar="REV1,REV2", help="fig4: the revisions (default: listed from the hub)")
-    p.add_argument("--preset", choices=("paper", "ours"),
-                   help="fig3: the runs to train and draw: paper (default: train_configs/paper/fig3_gpt2_small*.toml, "
-                        "the authors' pretrain_toy_gpt2.py) or ours (train_configs/gpt2_small_mlp*.toml)")
-    p.add_argument("--corpus", action="append", metavar="NAME=DATASET|FILE",
-                   help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four")
+    p.add_argument(
+        "--preset",
+        choices=("paper", "ours"),
+        help="fig3: the runs to train and draw: paper (default: train_configs/paper/fig3_gpt2_small*.toml, "
+        "the authors' pretrain_toy_gpt2.py) or ours (train_configs/gpt2_small_mlp*.toml)",
+    )
+    p.add_argument(
+        "--corpus",
+        action="append",
+        metavar="NAME=DATASET|FILE",
+        help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four",
+    )
     analysis = p.add_argument_group("analyze's input options, passed on (analysing artifacts)")
     source = analysis.add_mutually_exclusive_group()
     source.add_argument("--dataset", help="registered dataset whose validation split is used")
-    source.add_argument("--texts", metavar="FILE", help="jsonl file with a \"text\" field per line")
+    source.add_argument("--texts", metavar="FILE", help='jsonl file with a "text" field per line')
     analysis.add_argument("--dataset-path", help="files for --dataset local")
     analysis.add_argument("--num-sequences", type=positive_int, help="K sequences (analyze's default 100)")
     analysis.add_argument("--seq-len", type=_seq_len, help="S tokens per sequence (analyze's default 512)")
     analysis.add_argument("--seed", type=int, help="seed of the sequence choice")
-    analysis.add_argument("--protocol",
-                          help="analyze's --protocol: paper (the default: the authors' wikitext-103 texts, or the rows "
-                               "of --texts, and transformers' n+1 hidden_states points) or default; for table2 "
-                               "evaluate's (default: each run's family)")
+    analysis.add_argument(
+        "--protocol",
+        help="analyze's --protocol: paper (the default: the authors' wikitext-103 texts, or the rows "
+        "of --texts, and transformers' n+1 hidden_states points) or default; for table2 "
+        "evaluate's (default: each run's family)",
+    )
     analysis.add_argument("--batch-size", type=positive_int, help="sequences (or examples) per forward pass")
     add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (default fp32, as the authors ran)")
     analysis.add_argument("--device-map", choices=("auto",), help="hf: spread a model over all visible GPUs")
-    analysis.add_argument("--trust-remote-code", action="store_true",
-                          help="run the code the models ship; without it the paper's models that need it (the "
-                               "original Qwen) are left out, and given --models that need it are refused")
+    analysis.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the code the models ship; without it the paper's models that need it (the "
+        "original Qwen) are left out, and given --models that need it are refused",
+    )
     table = p.add_argument_group("table2")
     table.add_argument("--tasks", help="evaluate's --tasks")
     table.add_argument("--include-path", help="evaluate's --include-path")
     table.add_argument("--limit", help="evaluate's --limit")
     table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
-    table.add_argument("--select", type=_selection, default="best",
-                       help="checkpoint per run: best (default), last or step:N")
+    table.add_argument(
+        "--select", type=_selection, default="best", help="checkpoint per run: best (default), last or step:N"
+    )
     add_table_arguments(table)
-    table.add_argument("--reference", metavar="ARM",
-                       help="arm the others are tested against (default: the arm with a dispersion loss)")
-    table.add_argument("--test", choices=("student", "welch"), default="student",
-                       help="t-test against the reference: student (equal variances, the paper's) or welch")
+    table.add_argument(
+        "--reference", metavar="ARM", help="arm the others are tested against (default: the arm with a dispersion loss)"
+    )
+    table.add_argument(
+        "--test",
+        choices=("student", "welch"),
+        default="student",
+        help="t-test against the reference: student (equal variances, the paper's) or welch",
+    )
     return p
 
 
@@ -142,8 +184,11 @@ def run_paper(argv: list[str]) -> int:
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)
     if plan.left_out:
-        print(f"{a.artifact}: left out {', '.join(plan.left_out)}: they run their own modelling code; add "
-              "--trust-remote-code to include them", file=sys.stderr)
+        print(
+            f"{a.artifact}: left out {', '.join(plan.left_out)}: they run their own modelling code; add "
+            "--trust-remote-code to include them",
+            file=sys.stderr,
+        )
     for note in plan.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
@@ -167,8 +212,9 @@ def run_paper(argv: list[str]) -> int:
     with owned(plan.out, PAPER):  # each analyze or evaluate it runs holds its own --out as well
         if not a.draw_only:
             _run_locally(plan, a.artifact)
-        written = render.render(plan, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference,
-                                a.test, a.pretrained)
+        written = render.render(
+            plan, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference, a.test, a.pretrained
+        )
     print("written: " + ", ".join(written))
     return 0
 

@@ -32,9 +32,12 @@ def plan_parser() -> OneLineErrorParser:
     p.add_argument("--nodes", type=positive_int, help="nodes they are on (default: 8 GPUs a node)")
     p.add_argument("--tp", type=positive_int, help="tensor-parallel degree (default: the config's)")
     p.add_argument("--gpu", choices=GPU_CHOICES, default="h100", help="the GPU (default h100)")
-    p.add_argument("--dry-run-step", action="store_true",
-                   help="also build the real trainer as rank 0 of the GPUs (fake collectives, CPU, shrunk) and take "
-                        "one step: checks the mesh, the parallelize plan and the dispersion accounting")
+    p.add_argument(
+        "--dry-run-step",
+        action="store_true",
+        help="also build the real trainer as rank 0 of the GPUs (fake collectives, CPU, shrunk) and take "
+        "one step: checks the mesh, the parallelize plan and the dispersion accounting",
+    )
     return p
 
 

@@ -53,10 +53,15 @@ def _coeff(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="python -m dispersion_titan.quickstart",
-                description="Train, analyze and compare the toy MLP-width × dispersion sweep; summarize it.")
-    p.add_argument("--out", default=os.environ.get(OUT_ENV, "outputs/quickstart"),
-                   help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)")
+    p = OneLineErrorParser(
+        prog="python -m dispersion_titan.quickstart",
+        description="Train, analyze and compare the toy MLP-width × dispersion sweep; summarize it.",
+    )
+    p.add_argument(
+        "--out",
+        default=os.environ.get(OUT_ENV, "outputs/quickstart"),
+        help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)",
+    )
     p.add_argument("--config", default=CONFIG, help="training TOML shared by every run (default: quickstart.toml)")
     p.add_argument("--widths", type=_widths, default=(64, 256, 1024), help="MLP widths (default 64,256,1024)")
     p.add_argument("--coeff", type=_coeff, default=1.0, help=f"λ of the {VARIANT} runs (default 1.0)")
@@ -64,14 +69,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-interval", type=positive_int, help="steps between checkpoints (default: the TOML's)")
     p.add_argument("--num-sequences", type=positive_int, default=32, help="analysis: K sequences (default 32)")
     p.add_argument("--seq-len", type=positive_int, default=128, help="analysis: S tokens (default 128)")
-    p.add_argument("--spread-seeds", type=int, choices=range(0, 4), default=1, metavar="N",
-                   help="extra seeds at the smallest width of the sweep and of the init panel, for the "
-                        "seed-to-seed spread the verdicts weigh (0-3, default 1)")
+    p.add_argument(
+        "--spread-seeds",
+        type=int,
+        choices=range(0, 4),
+        default=1,
+        metavar="N",
+        help="extra seeds at the smallest width of the sweep and of the init panel, for the "
+        "seed-to-seed spread the verdicts weigh (0-3, default 1)",
+    )
     p.add_argument("--init-flavor", default="small", help="model shape of the init panel (default small: GPT-2 small)")
-    p.add_argument("--init-widths", type=_widths, default=(768, 1536, 3072, 6144),
-                   help="MLP widths of the init panel (default 768,1536,3072,6144)")
-    p.add_argument("--init-num-sequences", type=positive_int, default=16,
-                   help="init panel: K sequences of --seq-len tokens (default 16)")
+    p.add_argument(
+        "--init-widths",
+        type=_widths,
+        default=(768, 1536, 3072, 6144),
+        help="MLP widths of the init panel (default 768,1536,3072,6144)",
+    )
+    p.add_argument(
+        "--init-num-sequences",
+        type=positive_int,
+        default=16,
+        help="init panel: K sequences of --seq-len tokens (default 16)",
+    )
     p.add_argument("--jobs", type=positive_int, help="runs at a time (default: one per CPU core, at most all runs)")
     return p
 

@@ -1,7 +1,8 @@
 """Submit the controlled experiment to Slurm: MLP width x variant x seed.
 
-    python -m dispersion_titan.sweep [SPEC.toml] [--widths 256,512] [--variants baseline,angular_spread:0.1,noisy_embedding]
-                                     [--seeds 0,1] [--config C] [--out DIR] [--partition P] [--account A]
+    python -m dispersion_titan.sweep [SPEC.toml] [--widths 256,512]
+                                     [--variants baseline,angular_spread:0.1,noisy_embedding] [--seeds 0,1]
+                                     [--config C] [--out DIR] [--partition P] [--account A]
                                      [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
                                      [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
                                      [--plan [h100|h200|a100]]
@@ -31,9 +32,27 @@ from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
 from dispersion_titan.utils.errors import DispersionTitanError, SweepError, fail, run_command
 
-SPEC_KEYS = ("config", "out", "widths", "variants", "seeds", "partition", "account", "train_time", "analyze_time",
-             "evaluate_time", "nodes", "gpus_per_node", "cpus_per_task", "analyze_gpus", "train_sbatch_args",
-             "analyze_sbatch_args", "evaluate_sbatch_args", "analyze_args", "evaluate_args")
+SPEC_KEYS = (
+    "config",
+    "out",
+    "widths",
+    "variants",
+    "seeds",
+    "partition",
+    "account",
+    "train_time",
+    "analyze_time",
+    "evaluate_time",
+    "nodes",
+    "gpus_per_node",
+    "cpus_per_task",
+    "analyze_gpus",
+    "train_sbatch_args",
+    "analyze_sbatch_args",
+    "evaluate_sbatch_args",
+    "analyze_args",
+    "evaluate_args",
+)
 
 
 class _Parser(OneLineErrorParser):
@@ -43,16 +62,22 @@ class _Parser(OneLineErrorParser):
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     overrides: list[str] = []
     if "--" in argv:
-        argv, overrides = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    p = _Parser(prog="python -m dispersion_titan.sweep", description=__doc__.split("\n\n")[0],
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000")
+        argv, overrides = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    p = _Parser(
+        prog="python -m dispersion_titan.sweep",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000",
+    )
     p.add_argument("spec", nargs="?", help="TOML file with the keys below (flags win)")
     p.add_argument("--config", help="training TOML shared by every cell")
     p.add_argument("--out", help="sweep folder (default outputs/sweep-<config>-<time>); must be new")
     p.add_argument("--widths", help="MLP hidden widths, e.g. 256,512")
-    p.add_argument("--variants", help=f"baseline, {', '.join(BASELINE_METHODS)} and/or NAME:COEFF, "
-                                      "e.g. baseline,angular_spread:0.1,noisy_embedding")
+    p.add_argument(
+        "--variants",
+        help=f"baseline, {', '.join(BASELINE_METHODS)} and/or NAME:COEFF, "
+        "e.g. baseline,angular_spread:0.1,noisy_embedding",
+    )
     p.add_argument("--seeds", help="seeds, e.g. 0,1,2")
     p.add_argument("--partition")
     p.add_argument("--account")
@@ -62,19 +87,41 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--nodes", help="nodes per training job")
     p.add_argument("--gpus-per-node", help="GPUs per node of each training job (default: train.sbatch's 8; 0: none)")
     p.add_argument("--cpus-per-task", help="CPUs per node of each training job (default: train.sbatch's 64)")
-    p.add_argument("--analyze-gpus", help="GPUs of each analysis and compare job (default: analyze.sbatch's 1; 0: none)")
-    p.add_argument("--train-sbatch-arg", action="append", dest="train_sbatch_args", metavar="ARG",
-                   help="extra sbatch argument for training jobs, e.g. --train-sbatch-arg=--gpus-per-node=8")
-    p.add_argument("--analyze-sbatch-arg", action="append", dest="analyze_sbatch_args", metavar="ARG",
-                   help="extra sbatch argument for analysis and compare jobs, e.g. --analyze-sbatch-arg=--gpus=1")
-    p.add_argument("--evaluate-sbatch-arg", action="append", dest="evaluate_sbatch_args", metavar="ARG",
-                   help="extra sbatch argument for evaluation and table jobs, e.g. --evaluate-sbatch-arg=--mem=64G")
+    p.add_argument(
+        "--analyze-gpus", help="GPUs of each analysis and compare job (default: analyze.sbatch's 1; 0: none)"
+    )
+    p.add_argument(
+        "--train-sbatch-arg",
+        action="append",
+        dest="train_sbatch_args",
+        metavar="ARG",
+        help="extra sbatch argument for training jobs, e.g. --train-sbatch-arg=--gpus-per-node=8",
+    )
+    p.add_argument(
+        "--analyze-sbatch-arg",
+        action="append",
+        dest="analyze_sbatch_args",
+        metavar="ARG",
+        help="extra sbatch argument for analysis and compare jobs, e.g. --analyze-sbatch-arg=--gpus=1",
+    )
+    p.add_argument(
+        "--evaluate-sbatch-arg",
+        action="append",
+        dest="evaluate_sbatch_args",
+        metavar="ARG",
+        help="extra sbatch argument for evaluation and table jobs, e.g. --evaluate-sbatch-arg=--mem=64G",
+    )
     p.add_argument("--analyze-args", help='analysis options, e.g. --analyze-args="--num-sequences 100"')
     p.add_argument("--evaluate-args", help='evaluation options, e.g. --evaluate-args="--tasks piqa --limit 100"')
     p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
-    p.add_argument("--plan", nargs="?", const="h100", choices=GPU_CHOICES, metavar="GPU",
-                   help="print every training job's resource plan on GPU (default h100) and the totals; "
-                        "submit nothing")
+    p.add_argument(
+        "--plan",
+        nargs="?",
+        const="h100",
+        choices=GPU_CHOICES,
+        metavar="GPU",
+        help="print every training job's resource plan on GPU (default h100) and the totals; submit nothing",
+    )
     return p.parse_args(argv), overrides
 
 

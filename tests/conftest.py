@@ -14,15 +14,32 @@ from filelock import FileLock
 from dispersion_titan.data.tokens import CACHE_ENV
 from support.launch import REFERENCE_STEPS, SCHEDULE, torchrun
 
-
 # Under pytest-xdist (``scripts/run_tests.sh``: ``-n 3 --dist loadfile --no-loadscope-reorder``) each module's
 # tests stay on one worker, so module fixtures run once. The longest modules start first, so
 # none is left running alone at the end.
-LONGEST_FIRST = ("test_reliability", "test_slurm", "test_quickstart", "test_dispersion_kernel", "test_launch",
-                 "test_parallel_equivalence", "test_baselines", "test_resume", "test_evaluate", "test_hf_analysis",
-                 "test_paper", "test_data_checks", "test_training_features", "test_launch_guards", "test_decoders",
-                 "test_writer_lock", "test_analysis", "test_wandb", "test_weight_tie_parallel", "test_analysis_cuts",
-                 "test_sync_free")  # by their summed test time in one run of the suite
+LONGEST_FIRST = (
+    "test_reliability",
+    "test_slurm",
+    "test_quickstart",
+    "test_dispersion_kernel",
+    "test_launch",
+    "test_parallel_equivalence",
+    "test_baselines",
+    "test_resume",
+    "test_evaluate",
+    "test_hf_analysis",
+    "test_paper",
+    "test_data_checks",
+    "test_training_features",
+    "test_launch_guards",
+    "test_decoders",
+    "test_writer_lock",
+    "test_analysis",
+    "test_wandb",
+    "test_weight_tie_parallel",
+    "test_analysis_cuts",
+    "test_sync_free",
+)  # by their summed test time in one run of the suite
 
 
 def pytest_collection_modifyitems(config, items):
@@ -82,14 +99,20 @@ def made_once(tmp_path_factory, name: str, make: Callable[[Path], object]) -> Pa
 def reference_run(tmp_path_factory) -> Path:
     """The uninterrupted 2-process run (checkpoints 0, 2, 4, 6 and the final weights-only 8) that the crash,
     corruption and resume tests reproduce step for step."""
-    return made_once(tmp_path_factory, "reference", lambda dump: torchrun(
-        dump, 2, "--training.steps", str(REFERENCE_STEPS), *SCHEDULE, "--validation.no-enable"))
+    return made_once(
+        tmp_path_factory,
+        "reference",
+        lambda dump: torchrun(dump, 2, "--training.steps", str(REFERENCE_STEPS), *SCHEDULE, "--validation.no-enable"),
+    )
 
 
 @pytest.fixture(scope="session")
 def debug_seed_checkpoint(tmp_path_factory) -> Path:
     """debug.toml's seed checkpoint (TorchTitan's ``create_seed_checkpoint``, 1 process), the
     common start of the layout-equivalence and baseline runs: its step-0 folder."""
-    run = made_once(tmp_path_factory, "debug_seed", lambda dump: torchrun(
-        dump, 1, "--checkpoint.create_seed_checkpoint", "--training.steps", "0"))
+    run = made_once(
+        tmp_path_factory,
+        "debug_seed",
+        lambda dump: torchrun(dump, 1, "--checkpoint.create_seed_checkpoint", "--training.steps", "0"),
+    )
     return run / "checkpoint" / "step-0"

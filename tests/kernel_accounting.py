@@ -134,8 +134,11 @@ def issued(b: int, n: int, d: int, block: int = 64, block_k: int = 64, dz_tiles:
     pairs = 2 * (tiles * (tiles + 1) // 2) * 2 * block * block * pad(d, block_k)
     rows, k, feats = dz_tiles
     dz = 2 * pad(n, rows) * pad(n, k) * pad(d, feats)
-    return {"matmul_flops": (pair_dots * pairs + dz) / (n * n * d), "product_flops": (pairs + dz) / (n * n * d),
-            "glue_traffic": glue}
+    return {
+        "matmul_flops": (pair_dots * pairs + dz) / (n * n * d),
+        "product_flops": (pairs + dz) / (n * n * d),
+        "glue_traffic": glue,
+    }
 
 
 def main() -> None:

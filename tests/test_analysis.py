@@ -25,7 +25,6 @@ from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
-
 from support.cli import analyze, assert_one_line_error
 from support.launch import REPO, launch_env, second_writer_is_refused, torchrun
 from support.runs import digests
@@ -74,12 +73,14 @@ def plain_reference(model: GPT2, tokens: torch.Tensor) -> dict:
         counts = np.zeros(128)
         for value in entries:
             counts[min(int((value + 1.0) / (2.0 / 128)), 127)] += 1
-        layers.append({
-            "entries": n * n,
-            "mean_cos": entries.sum() / n**2,
-            "mean_cos_offdiag": (entries.sum() - sum(avg[i, i] for i in range(n))) / (n * n - n),
-            "hist": counts / (n * n * (2.0 / 128)),
-        })
+        layers.append(
+            {
+                "entries": n * n,
+                "mean_cos": entries.sum() / n**2,
+                "mean_cos_offdiag": (entries.sum() - sum(avg[i, i] for i in range(n))) / (n * n - n),
+                "hist": counts / (n * n * (2.0 / 128)),
+            }
+        )
     curve = [layer["mean_cos"] for layer in layers]
     x, y = np.arange(len(curve)), np.array(plain_ranks(curve))
     spearman = np.corrcoef(x, y)[0, 1]
@@ -160,8 +161,13 @@ def run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def analyzed(run, tmp_path_factory) -> Path:
     """``run`` analyzed once by the CLI; the tests below read or re-run it."""
-    code = subprocess.run([sys.executable, "-m", "dispersion_titan.analyze", str(run), *OPTS],
-                          cwd=REPO, env=launch_env(), capture_output=True, text=True)
+    code = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan.analyze", str(run), *OPTS],
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+    )
     assert code.returncode == 0, code.stderr[-3000:]
     return run / "condensation"
 
@@ -180,8 +186,15 @@ def test_end_to_end_outputs(run, analyzed):
         assert {"step", "num_sequences", "seq_len", "layers", "spearman", "kendall", "last_n", "inputs"} <= set(result)
         assert (result["step"], result["num_sequences"], result["seq_len"]) == (step, K, S)
         assert [layer["name"] for layer in result["layers"]] == debug_names()
-        assert set(result["layers"][0]) == {"index", "name", "mean_cos", "mean_cos_offdiag", "hist",
-                                            "effective_rank", "mev"}
+        assert set(result["layers"][0]) == {
+            "index",
+            "name",
+            "mean_cos",
+            "mean_cos_offdiag",
+            "hist",
+            "effective_rank",
+            "mev",
+        }
         png = (analyzed / f"heatmap_step-{step}.png").read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 5000
     assert (analyzed / "evolution.png").read_bytes().startswith(PNG_MAGIC)
@@ -274,16 +287,20 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
 
     short = tmp_path / "short.jsonl"
     short.write_text(json.dumps({"text": "Too short."}) + "\n" + json.dumps({"text": "Also short."}) + "\n")
-    assert_one_line_error(*analyze(run, "--texts", short, "--seq-len", "64", "--out", tmp_path / "o",
-                                   capsys=capsys)[::2], str(short), "64")
+    assert_one_line_error(
+        *analyze(run, "--texts", short, "--seq-len", "64", "--out", tmp_path / "o", capsys=capsys)[::2],
+        str(short),
+        "64",
+    )
 
     before = mtimes(analyzed)
     assert_one_line_error(*analyze(run, "--seq-len", "300", capsys=capsys)[::2], "--seq-len", "256")
     assert_one_line_error(*analyze(run, *OPTS, "--out", short / "sub", capsys=capsys)[::2], "--out", str(short))
     assert_one_line_error(*analyze(run, *OPTS, "--steps", "3", capsys=capsys)[::2], "--steps", "[0, 2, 4]")
     # Different inputs into an existing output folder: refused, nothing touched.
-    assert_one_line_error(*analyze(run, "--num-sequences", "4", "--seq-len", str(S), capsys=capsys)[::2],
-                          "--out", "num_sequences 8 vs 4")
+    assert_one_line_error(
+        *analyze(run, "--num-sequences", "4", "--seq-len", str(S), capsys=capsys)[::2], "--out", "num_sequences 8 vs 4"
+    )
     assert mtimes(analyzed) == before
 
 
@@ -292,10 +309,12 @@ def test_two_analyses_at_once_one_writer(run, tmp_path):
     paused while it holds the output folder; the second is refused in one line naming it and
     changes nothing; the first then ends with its own results only."""
     out, tb = tmp_path / "condensation", tmp_path / "tb"
-    second_writer_is_refused("dispersion_titan.analyze",
-                             [str(run), *OPTS, "--steps", "0", "--out", str(out), "--tb-dir", str(tb)],
-                             [str(run), "--num-sequences", "4", "--seq-len", str(S), "--seed", "7", "--out", str(out),
-                              "--tb-dir", str(tb)], out)
+    second_writer_is_refused(
+        "dispersion_titan.analyze",
+        [str(run), *OPTS, "--steps", "0", "--out", str(out), "--tb-dir", str(tb)],
+        [str(run), "--num-sequences", "4", "--seq-len", str(S), "--seed", "7", "--out", str(out), "--tb-dir", str(tb)],
+        out,
+    )
     results = {p.parent.name: read_json(p) for p in out.glob("step-*/condensation.json")}
     assert sorted(results) == ["step-0"]
     assert (results["step-0"]["num_sequences"], results["step-0"]["inputs"]["seed"]) == (K, 0)
@@ -309,9 +328,11 @@ def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(r
         shutil.copytree(analyzed / f"step-{step}", out / f"step-{step}")
     before = digests(out)
     other = ["--steps", "4", "--num-sequences", "4", "--seq-len", str(S), "--seed", "7", "--out", out, "--tb-dir", tb]
-    assert_one_line_error(*analyze(run, *other, capsys=capsys)[::2],
-                          f"--out: {out}: step-0, step-2 were analyzed with other settings (num_sequences 8 vs 4, "
-                          "seed 0 vs 7); use another --out, or --force to recompute")
+    assert_one_line_error(
+        *analyze(run, *other, capsys=capsys)[::2],
+        f"--out: {out}: step-0, step-2 were analyzed with other settings (num_sequences 8 vs 4, "
+        "seed 0 vs 7); use another --out, or --force to recompute",
+    )
     assert digests(out) == before
     code, stdout, _ = analyze(run, *other, "--force", capsys=capsys)
     assert code == 0 and "note: 2 older analyses" in stdout
@@ -343,10 +364,26 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
     assert len((out / "compare_layers.csv").read_text().splitlines()) == 1 + 2 * 6
     assert (out / "compare.png").read_bytes().startswith(PNG_MAGIC)
 
-    assert analyze(other, "--num-sequences", str(K), "--seq-len", "32", "--steps", "4",
-                   "--out", tmp_path / "s32", capsys=capsys)[0] == 0
-    assert_one_line_error(*analyze("compare", run, tmp_path / "s32", "--out", tmp_path / "bad", capsys=capsys)[::2],
-                          "different inputs", "seq_len 64 vs 32")
+    assert (
+        analyze(
+            other,
+            "--num-sequences",
+            str(K),
+            "--seq-len",
+            "32",
+            "--steps",
+            "4",
+            "--out",
+            tmp_path / "s32",
+            capsys=capsys,
+        )[0]
+        == 0
+    )
+    assert_one_line_error(
+        *analyze("compare", run, tmp_path / "s32", "--out", tmp_path / "bad", capsys=capsys)[::2],
+        "different inputs",
+        "seq_len 64 vs 32",
+    )
     assert not (tmp_path / "bad").exists()
 
 
@@ -356,6 +393,9 @@ def test_compare_refuses_a_run_named_twice(run, analyzed, tmp_path, capsys):
     condensation folder."""
     for twice in ([run, run], [run, analyzed]):
         code, _, err = analyze("compare", *twice, "--out", tmp_path / "cmp", capsys=capsys)
-        assert_one_line_error(code, err, f"compare: {twice[0]} and {twice[1]} are the same run's analyses "
-                                         f"({analyzed}); name each run once")
+        assert_one_line_error(
+            code,
+            err,
+            f"compare: {twice[0]} and {twice[1]} are the same run's analyses ({analyzed}); name each run once",
+        )
     assert not (tmp_path / "cmp").exists()

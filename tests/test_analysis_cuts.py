@@ -13,7 +13,6 @@ import pytest
 
 from dispersion_titan.analysis import figures
 from dispersion_titan.analysis.compare import load_runs, steps_title
-
 from support.cli import analyze
 from support.corpora import texts_jsonl
 from support.launch import python_module
@@ -39,11 +38,13 @@ def test_default_seq_len_is_the_models_positions(tmp_path, long_texts):
     assert json.loads((run / "condensation" / "step-0" / "condensation.json").read_text())["seq_len"] == 256
 
     before = digests(run)
-    proc = python_module("dispersion_titan.analyze", str(run), "--texts", str(long_texts), "--seq-len", "300",
-                         "--force")
+    proc = python_module(
+        "dispersion_titan.analyze", str(run), "--texts", str(long_texts), "--seq-len", "300", "--force"
+    )
     assert proc.returncode == 2
     assert error_lines(proc.stderr) == [
-        f"dispersion_titan: error: --seq-len: 300 exceeds the model's 256 positions (max_seq_len in {run}/run.json)"]
+        f"dispersion_titan: error: --seq-len: 300 exceeds the model's 256 positions (max_seq_len in {run}/run.json)"
+    ]
     assert digests(run) == before
 
 
@@ -52,8 +53,9 @@ def test_checkpoint_of_zeros_is_skipped_in_one_line(tmp_path, long_texts):
     shard = run / "checkpoint" / "step-2" / "__0_0.distcp"
     shard.write_bytes(bytes(shard.stat().st_size))  # zeros, at its original size
     checkpoints = digests(run / "checkpoint")
-    proc = python_module("dispersion_titan.analyze", str(run), "--texts", str(long_texts), "--num-sequences", "2",
-                         "--seq-len", "32")
+    proc = python_module(
+        "dispersion_titan.analyze", str(run), "--texts", str(long_texts), "--num-sequences", "2", "--seq-len", "32"
+    )
     assert proc.returncode == 1
     lines = error_lines(proc.stderr)
     assert lines == [

@@ -18,13 +18,13 @@ import pytest
 import torch
 from torch import nn
 
-from dispersion_titan.config.schema import Baseline
-from dispersion_titan.models.gpt2 import GPT2, gpt2_flavors
-from dispersion_titan.trainer.baselines import ActiveForgetting, EmbeddingNoise
 from dispersion_titan.components.optimizers import (
     build_dispersion_lr_schedulers,
     build_dispersion_optimizers,
 )
+from dispersion_titan.config.schema import Baseline
+from dispersion_titan.models.gpt2 import GPT2, gpt2_flavors
+from dispersion_titan.trainer.baselines import ActiveForgetting, EmbeddingNoise
 from support.launch import torchrun
 from support.runs import load_weights, max_abs_diff, scalars, update_rel_diff
 
@@ -157,8 +157,9 @@ def test_embedding_lr_follows_the_authors_schedule_and_the_body_keeps_the_run_sc
         assert seen[33] == pytest.approx(3e-4 * 2 / 8) and seen[29] == pytest.approx(3e-4 * (100 - 90) / 92)
 
 
-@pytest.mark.parametrize("baseline", [Baseline(), Baseline(method="active_forgetting", forget_every=25)],
-                         ids=["plain", "active_forgetting"])
+@pytest.mark.parametrize(
+    "baseline", [Baseline(), Baseline(method="active_forgetting", forget_every=25)], ids=["plain", "active_forgetting"]
+)
 def test_as_released_schedule_is_transformers_cosine_schedule(baseline):
     """``lr_scheduler.form = "as_released"``: every update's LR is that of transformers'
     get_cosine_schedule_with_warmup, the first at 0, over W = the run's warm-up (⌈0.2·T⌉, the Trainer's
@@ -183,12 +184,27 @@ def test_as_released_schedule_is_transformers_cosine_schedule(baseline):
 # ---------------------------------------------------------------- torchrun
 
 STEPS = {"noisy_embedding": 3, "active_forgetting": 5}
-COMMON = ("--training.global_batch_size", "8", "--validation.no-enable", "--lr_scheduler.warmup_steps", "1",
-          "--lr_scheduler.total_steps", "5", "--checkpoint.interval", "100")
+COMMON = (
+    "--training.global_batch_size",
+    "8",
+    "--validation.no-enable",
+    "--lr_scheduler.warmup_steps",
+    "1",
+    "--lr_scheduler.total_steps",
+    "5",
+    "--checkpoint.interval",
+    "100",
+)
 METHODS = {
     "noisy_embedding": ("--baseline.method", "noisy_embedding", "--baseline.noise_alpha", "5"),
-    "active_forgetting": ("--baseline.method", "active_forgetting", "--baseline.forget_every", "2",
-                          "--baseline.embedding_lr", "1e-3"),
+    "active_forgetting": (
+        "--baseline.method",
+        "active_forgetting",
+        "--baseline.forget_every",
+        "2",
+        "--baseline.embedding_lr",
+        "1e-3",
+    ),
 }
 LAYOUTS = {  # FSDP2 with local batch 2: two data-parallel ranks and two accumulation micro-batches
     "single": (1, ("--training.local_batch_size", "8")),
@@ -205,9 +221,18 @@ SAVE_STEP_3 = ("--checkpoint.interval", "3", "--checkpoint.no-last-save-model-on
 def train(dump, method: str, layout: str, seed_step: str) -> str:
     """One run from the seed checkpoint; its log. Active forgetting also saves step 3 in full."""
     nproc, extra = LAYOUTS[layout]
-    proc = torchrun(dump, nproc, *COMMON, *METHODS[method], *extra, "--training.steps", str(STEPS[method]),
-                    "--checkpoint.initial_load_path", seed_step,
-                    *(SAVE_STEP_3 if method == "active_forgetting" else ()))
+    proc = torchrun(
+        dump,
+        nproc,
+        *COMMON,
+        *METHODS[method],
+        *extra,
+        "--training.steps",
+        str(STEPS[method]),
+        "--checkpoint.initial_load_path",
+        seed_step,
+        *(SAVE_STEP_3 if method == "active_forgetting" else ()),
+    )
     return proc.stdout + proc.stderr
 
 
@@ -270,5 +295,9 @@ def test_resumed_active_forgetting_run_reproduces_the_uninterrupted_one(runs):
         assert sorted(got[tag]) == [4, 5]
         for step in (4, 5):
             assert got[tag][step] == want[tag][step], (tag, step)
-    assert max_abs_diff(load_weights(runs["resumed"] / "checkpoint" / "step-5"),
-                        load_weights(straight / "checkpoint" / "step-5")) == 0.0
+    assert (
+        max_abs_diff(
+            load_weights(runs["resumed"] / "checkpoint" / "step-5"), load_weights(straight / "checkpoint" / "step-5")
+        )
+        == 0.0
+    )

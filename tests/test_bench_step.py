@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.launch import DEBUG_TOML, REPO
 from torchtitan.tools.utils import get_peak_flops
 
 from dispersion_titan.models.gpt2.args import flops_per_token, gpt2_flavors
+from support.launch import DEBUG_TOML, REPO
 
 SMALL_STEP = ["--training.global_batch_size", "4", "--training.seq_len", "64"]
 
@@ -31,8 +31,14 @@ def single_process(monkeypatch):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():
+    for key, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+    }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     # The trainer installs its stop handlers (trainer/preemption.py) in this process: put the
@@ -48,8 +54,9 @@ def single_process(monkeypatch):
 def test_train_step_reports_every_variant_against_ce_with_titans_mfu(single_process, capsys):
     import train_step
 
-    results = train_step.main([DEBUG_TOML, "--steps", "2", "--warmup", "0", "--variants", "angular_spread",
-                               "l2_repel", *SMALL_STEP])
+    results = train_step.main(
+        [DEBUG_TOML, "--steps", "2", "--warmup", "0", "--variants", "angular_spread", "l2_repel", *SMALL_STEP]
+    )
     out = capsys.readouterr().out
     assert f"| {' | '.join(train_step.COLUMNS)} |" in out
     assert list(results) == ["ce", "angular_spread", "l2_repel"]
@@ -69,8 +76,20 @@ def test_train_step_reports_every_variant_against_ce_with_titans_mfu(single_proc
 def test_profile_step_groups_the_trainers_step(single_process, capsys):
     import profile_step
 
-    shares = profile_step.main([DEBUG_TOML, "--steps", "1", "--warmup", "0", "--dispersion.variant", "angular_spread",
-                                "--dispersion.coeff", "0.1", *SMALL_STEP])
+    shares = profile_step.main(
+        [
+            DEBUG_TOML,
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--dispersion.variant",
+            "angular_spread",
+            "--dispersion.coeff",
+            "0.1",
+            *SMALL_STEP,
+        ]
+    )
     out = capsys.readouterr().out
     assert list(shares) == ["dispersion", "optimizer", "loss", "attention", "matmul", "elementwise"]
     assert sum(shares.values()) == pytest.approx(1.0)
@@ -113,7 +132,7 @@ def test_memory_estimate_is_above_what_autograd_saves(monkeypatch):
     sys.modules.pop("h100_model", None)
 
 
-PLANT = '''\
+PLANT = """\
 import sys
 if sys.argv and sys.argv[0].endswith("train_step.py"):  # planted failures, in bench/train_step.py only
     from dispersion_titan.losses.dispersion import KernelUnavailable
@@ -131,7 +150,7 @@ if sys.argv and sys.argv[0].endswith("train_step.py"):  # planted failures, in b
         return call(self, *args, **kwargs)
 
     DispersionObjective.check_kernel, DispersionObjective.__call__ = check_kernel, failing_call
-'''
+"""
 
 
 def test_gpu_acceptance_reports_every_figure_past_failing_variants_with_python3(tmp_path):

@@ -22,8 +22,8 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.protocols.train_spec import get_train_spec
 
 from dispersion_titan.config.schema import Dispersion
-from dispersion_titan.models import register_all
 from dispersion_titan.job_config.parse import validated_args
+from dispersion_titan.models import register_all
 from dispersion_titan.trainer.block_outputs import BlockOutputs
 from dispersion_titan.trainer.objective import DispersionObjective
 from support.launch import REPO
@@ -31,10 +31,36 @@ from support.launch import REPO
 QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")
 TINY = {  # two blocks of each family, small enough for a CPU test
     "gpt2": ["--job.config_file", str(REPO / "train_configs" / "debug_angular_spread.toml"), "--model.n_layers", "2"],
-    "qwen3": ["--job.config_file", QWEN3_TOML, "--model.dim", "32", "--model.n_layers", "2", "--model.n_heads", "2",
-              "--model.n_kv_heads", "1", "--model.head_dim", "16", "--model.mlp_hidden_dim", "64"],
-    "llama3": ["--job.config_file", QWEN3_TOML, "--model.name", "llama3_dispersion", "--model.dim", "32",
-               "--model.n_layers", "2", "--model.n_heads", "2", "--model.n_kv_heads", "1"],
+    "qwen3": [
+        "--job.config_file",
+        QWEN3_TOML,
+        "--model.dim",
+        "32",
+        "--model.n_layers",
+        "2",
+        "--model.n_heads",
+        "2",
+        "--model.n_kv_heads",
+        "1",
+        "--model.head_dim",
+        "16",
+        "--model.mlp_hidden_dim",
+        "64",
+    ],
+    "llama3": [
+        "--job.config_file",
+        QWEN3_TOML,
+        "--model.name",
+        "llama3_dispersion",
+        "--model.dim",
+        "32",
+        "--model.n_layers",
+        "2",
+        "--model.n_heads",
+        "2",
+        "--model.n_kv_heads",
+        "1",
+    ],
 }
 WRAPPING = {
     "plain": [],
@@ -48,8 +74,17 @@ MICROBATCHES, BATCH, SEQ = 2, 2, 16
 
 def built(family: str, wrapping: str) -> torch.nn.Module:
     """The family's tiny model as the trainer builds it on one process, seeded."""
-    job = validated_args([*TINY[family], "--job.custom_config_module", "dispersion_titan.config",
-                          "--training.seq_len", str(SEQ), "--validation.no-enable", *WRAPPING[wrapping]])
+    job = validated_args(
+        [
+            *TINY[family],
+            "--job.custom_config_module",
+            "dispersion_titan.config",
+            "--training.seq_len",
+            str(SEQ),
+            "--validation.no-enable",
+            *WRAPPING[wrapping],
+        ]
+    )
     register_all()
     spec = get_train_spec(job.model.name)
     args = spec.model_args[job.model.flavor]

@@ -69,8 +69,11 @@ def map_problems(text: str, package: Path) -> list[str]:
         problems += [f"{_where(folder)}: `{n}` is missing" for n in sorted(expected - named)]
         problems += [f"{_where(folder)}: `{n}` does not exist" for n in sorted(named - tree_names(package / folder))]
     problems += [f"{_where(f)}: a row for a folder that holds no module" for f in sorted(set(rows) - folders)]
-    floors = {ROOT if not folder else folder: str(len(LAYERS) - i)  # floor 1: the ground, LAYERS' last row
-              for i, row in enumerate(LAYERS) for folder in row}
+    floors = {
+        ROOT if not folder else folder: str(len(LAYERS) - i)  # floor 1: the ground, LAYERS' last row
+        for i, row in enumerate(LAYERS)
+        for folder in row
+    }
     for folder, row in rows.items():
         top = folder.split("/")[0] or ROOT
         if floors.get(top) != row.floor:
@@ -138,6 +141,7 @@ def test_relative_links_resolve(page: Path) -> None:
 
 
 def test_link_check_finds_a_broken_file_and_anchor(tmp_path: Path) -> None:
-    (tmp_path / "a.md").write_text("# One `thing`, here\n\n[ok](#one-thing-here) [bad](#two) [gone](b.md) "
-                                   "[web](https://example.org)\n")
+    (tmp_path / "a.md").write_text(
+        "# One `thing`, here\n\n[ok](#one-thing-here) [bad](#two) [gone](b.md) [web](https://example.org)\n"
+    )
     assert link_problems(tmp_path / "a.md") == ["a.md: #two: no such heading", "a.md: b.md: no such file"]

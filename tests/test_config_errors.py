@@ -8,8 +8,8 @@ from typing import NamedTuple
 
 import pytest
 
-from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.job_config.parse import validated_args
+from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.cli import analyze, assert_one_line_error
 from support.launch import DEBUG_TOML, QWEN3_TOML, REPO, job_args, python_module
@@ -41,8 +41,9 @@ TOML = job_args("{toml}")
 REFUSALS = [
     # invalid values, named by their field
     Refusal([*DEBUG, "--model.mlp_hidden_dim", "250", "--parallelism.tensor_parallel_degree", "3"], "model.n_heads:"),
-    Refusal([*DEBUG, "--model.mlp_hidden_dim", "255", "--parallelism.tensor_parallel_degree", "2"],
-            "model.mlp_hidden_dim:"),
+    Refusal(
+        [*DEBUG, "--model.mlp_hidden_dim", "255", "--parallelism.tensor_parallel_degree", "2"], "model.mlp_hidden_dim:"
+    ),
     Refusal([*DEBUG, "--model.n_heads", "3", "--parallelism.tensor_parallel_degree", "3"], "model.dim:"),
     Refusal([*DEBUG, "--model.dim", "66"], "model.dim:"),
     Refusal([*DEBUG, "--model.dim", "-8"], "model.dim:"),
@@ -58,10 +59,13 @@ REFUSALS = [
     Refusal([*DEBUG, "--validation.seq_len", "512"], "validation.seq_len:"),  # the model has 256 positions
     Refusal([*DEBUG, "--training.local_batch_size", "-1"], "training.local_batch_size:"),
     Refusal([*DEBUG, "--training.dataset", "nope"], "training.dataset:"),
-    Refusal([*DEBUG, "--training.dataset", "local", "--training.dataset_path", "/nonexistent/*.jsonl"],
-            "training.dataset_path:"),
-    Refusal([*DEBUG, "--validation.dataset", "local", "--validation.dataset_path", "{empty}"],
-            "validation.dataset_path:"),
+    Refusal(
+        [*DEBUG, "--training.dataset", "local", "--training.dataset_path", "/nonexistent/*.jsonl"],
+        "training.dataset_path:",
+    ),
+    Refusal(
+        [*DEBUG, "--validation.dataset", "local", "--validation.dataset_path", "{empty}"], "validation.dataset_path:"
+    ),
     Refusal([*DEBUG, "--dispersion.variant", "spread"], "dispersion.variant:"),
     Refusal([*DEBUG, "--dispersion.coeff", "-0.1"], "dispersion.coeff:"),
     Refusal([*DEBUG, "--dispersion.tau", "0"], "dispersion.tau:"),
@@ -72,14 +76,20 @@ REFUSALS = [
     Refusal([*DEBUG, "--dispersion.layers", "5"], "dispersion.layers:"),
     Refusal([*DEBUG, "--dispersion.layers", "middle"], "dispersion.layers:"),
     Refusal([*DEBUG, "--dispersion.max_tokens", "1"], "dispersion.max_tokens:"),
-    Refusal([*DEBUG, "--dispersion.variant", "l2_repel", "--training.seq_len", "1"],
-            "training.seq_len: 1 token per sequence leaves no pair of tokens for the l2_repel term"),
-    Refusal([*DEBUG, "--job.save_config_file", "../other/run.json"], "job.save_config_file: ../other/run.json lands "
-            "outside job.dump_folder"),
+    Refusal(
+        [*DEBUG, "--dispersion.variant", "l2_repel", "--training.seq_len", "1"],
+        "training.seq_len: 1 token per sequence leaves no pair of tokens for the l2_repel term",
+    ),
+    Refusal(
+        [*DEBUG, "--job.save_config_file", "../other/run.json"],
+        "job.save_config_file: ../other/run.json lands outside job.dump_folder",
+    ),
     Refusal([*DEBUG, "--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps:"),
     Refusal([*DEBUG, "--dispersion.precision", "fp8"], "dispersion.precision:"),
-    Refusal([*DEBUG, "--dispersion.variant", "perplexity_entropy", "--dispersion.precision", "tf32"],
-            "dispersion.precision:"),
+    Refusal(
+        [*DEBUG, "--dispersion.variant", "perplexity_entropy", "--dispersion.precision", "tf32"],
+        "dispersion.precision:",
+    ),
     Refusal([*DEBUG, "--dispersion.form", "authors"], "dispersion.form:"),
     Refusal([*DEBUG, "--dispersion.points", "norm"], "dispersion.points:"),
     # non-finite floats: refused wherever infinity has no meaning
@@ -91,88 +101,183 @@ REFUSALS = [
     Refusal([*DEBUG, "--optimizer.weight_decay", "nan"], "optimizer.weight_decay:"),
     Refusal([*DEBUG, "--training.max_norm", "nan"], "training.max_norm:"),
     Refusal([*DEBUG, "--baseline.noise_alpha", "inf"], "baseline.noise_alpha:"),
-    Refusal([*DEBUG, "--dispersion.layers", "1,1,2"],
-            "dispersion.layers: block 1 named twice in 1,1,2; name each block once", how="is"),
+    Refusal(
+        [*DEBUG, "--dispersion.layers", "1,1,2"],
+        "dispersion.layers: block 1 named twice in 1,1,2; name each block once",
+        how="is",
+    ),
     Refusal([*DEBUG, "--optimizer.decay_groups", "bias"], "optimizer.decay_groups:"),
     Refusal([*DEBUG, "--model.attn_dropout", "1.0"], "model.attn_dropout:"),
     Refusal([*DEBUG, "--model.embd_dropout", "-0.1"], "model.embd_dropout:"),
-    Refusal([*DEBUG, "--model.resid_dropout", "0.1", "--activation_checkpoint.mode", "full",
-             "--activation_checkpoint.no-preserve-rng-state"], "activation_checkpoint.preserve_rng_state:"),
-    Refusal([*DEBUG, "--model.name", "qwen3_dispersion", "--model.flavor", "debugmodel", "--model.resid_dropout",
-             "0.1"],
-            "model.resid_dropout:"),  # gpt2 only
+    Refusal(
+        [
+            *DEBUG,
+            "--model.resid_dropout",
+            "0.1",
+            "--activation_checkpoint.mode",
+            "full",
+            "--activation_checkpoint.no-preserve-rng-state",
+        ],
+        "activation_checkpoint.preserve_rng_state:",
+    ),
+    Refusal(
+        [*DEBUG, "--model.name", "qwen3_dispersion", "--model.flavor", "debugmodel", "--model.resid_dropout", "0.1"],
+        "model.resid_dropout:",
+    ),  # gpt2 only
     Refusal([*DEBUG, "--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k:"),
     Refusal([*DEBUG, "--checkpoint.interval", "0"], "checkpoint.interval:"),
-    Refusal([*DEBUG, "--checkpoint.create_seed_checkpoint"], "checkpoint.create_seed_checkpoint: needs one process",
-            world=2),
+    Refusal(
+        [*DEBUG, "--checkpoint.create_seed_checkpoint"], "checkpoint.create_seed_checkpoint: needs one process", world=2
+    ),
     Refusal([*DEBUG, "--baseline.method", "neftune"], "baseline.method:"),
     Refusal([*DEBUG, "--baseline.noise_alpha", "-1"], "baseline.noise_alpha:"),
     Refusal([*DEBUG, "--baseline.forget_every", "0"], "baseline.forget_every:"),
     Refusal([*DEBUG, "--baseline.embedding_lr", "0"], "baseline.embedding_lr:"),
-    Refusal([*DEBUG, "--baseline.method", "active_forgetting", "--optimizer.early_step_in_backward"],
-            "optimizer.early_step_in_backward:"),
-    Refusal([*DEBUG, "--baseline.method", "active_forgetting", "--baseline.forget_every", "10",
-             "--training.steps", "10"], "baseline.forget_every:"),  # no reset would ever happen
+    Refusal(
+        [*DEBUG, "--baseline.method", "active_forgetting", "--optimizer.early_step_in_backward"],
+        "optimizer.early_step_in_backward:",
+    ),
+    Refusal(
+        [*DEBUG, "--baseline.method", "active_forgetting", "--baseline.forget_every", "10", "--training.steps", "10"],
+        "baseline.forget_every:",
+    ),  # no reset would ever happen
     # batch sizes, process counts and output folders, for a job of `world` processes
-    Refusal([*DEBUG], "training.global_batch_size: 8 sequences cannot be split over 16 data-parallel ranks; "
-                      "use a multiple of 16", world=16),
-    Refusal([*DEBUG, "--training.local_batch_size", "3"], "training.local_batch_size: 3 does not divide the 4 "
-            "sequences per rank (global_batch_size 8 over 2 data-parallel ranks); use one of [1, 2, 4], or 0 to "
-            "derive it", world=2),
-    Refusal([*DEBUG, "--validation.local_batch_size", "4"], "validation.local_batch_size: 4 × 1 data-parallel "
-            "ranks is not the validation global batch of 8 sequences; use 8, or 0", world=1),
-    Refusal([*DEBUG, "--parallelism.tensor_parallel_degree", "2"], "parallelism: 3 processes are not divisible by",
-            world=3),
-    Refusal([*DEBUG, "--training.loss_scale", "sum"], "training.loss_scale: 'sum' is not one of ('mean', "
-            "'as_released')", world=1),
-    Refusal([*DEBUG, "--lr_scheduler.form", "as_released", "--lr_scheduler.decay_type", "linear"],
-            "lr_scheduler.form: 'as_released' is transformers' cosine schedule", world=1),
+    Refusal(
+        [*DEBUG],
+        "training.global_batch_size: 8 sequences cannot be split over 16 data-parallel ranks; use a multiple of 16",
+        world=16,
+    ),
+    Refusal(
+        [*DEBUG, "--training.local_batch_size", "3"],
+        "training.local_batch_size: 3 does not divide the 4 "
+        "sequences per rank (global_batch_size 8 over 2 data-parallel ranks); use one of [1, 2, 4], or 0 to "
+        "derive it",
+        world=2,
+    ),
+    Refusal(
+        [*DEBUG, "--validation.local_batch_size", "4"],
+        "validation.local_batch_size: 4 × 1 data-parallel "
+        "ranks is not the validation global batch of 8 sequences; use 8, or 0",
+        world=1,
+    ),
+    Refusal(
+        [*DEBUG, "--parallelism.tensor_parallel_degree", "2"], "parallelism: 3 processes are not divisible by", world=3
+    ),
+    Refusal(
+        [*DEBUG, "--training.loss_scale", "sum"],
+        "training.loss_scale: 'sum' is not one of ('mean', 'as_released')",
+        world=1,
+    ),
+    Refusal(
+        [*DEBUG, "--lr_scheduler.form", "as_released", "--lr_scheduler.decay_type", "linear"],
+        "lr_scheduler.form: 'as_released' is transformers' cosine schedule",
+        world=1,
+    ),
     Refusal([*DEBUG, "--lr_scheduler.form", "hf"], "lr_scheduler.form: 'hf' is not one of", world=1),
-    Refusal([*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1"], "parallelism.data_parallel_replicate_"
-            "degree: -1 (replicate over every process) needs data_parallel_shard_degree = 1, not -1", world=2),
-    Refusal([*DEBUG, "--parallelism.data_parallel_replicate_degree", "0"], "parallelism.data_parallel_replicate_"
-            "degree: 0; use a count >= 1, or -1", world=2),
-    Refusal([*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1", "--parallelism.data_parallel_shard_degree",
-             "1", "--parallelism.tensor_parallel_degree", "2"], "parallelism.data_parallel_replicate_degree: "
-            "replicated parameters (DDP) with tensor", world=4),
-    Refusal([*DEBUG, "--job.dump_folder", "/etc/hostname/run"], "job.dump_folder: /etc/hostname/run cannot be "
-            "created: /etc/hostname is not a directory", world=1),
-    Refusal([*DEBUG, "--job.dump_folder", "{file}", "--metrics.no-enable-tensorboard"], "job.dump_folder: {file} "
-            "cannot be created: {file} is not a directory", world=1),
-    Refusal([*DEBUG, "--job.dump_folder", "{dir}", "--checkpoint.folder", "f/ck"], "checkpoint.folder: {dir}/f/ck "
-            "cannot be created: {dir}/f is not a directory", world=1),
-    Refusal([*DEBUG, "--job.dump_folder", "{dir}", "--metrics.save_tb_folder", "f"], "metrics.save_tb_folder: "
-            "{dir}/f cannot be created: {dir}/f is not a directory", world=1),
+    Refusal(
+        [*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1"],
+        "parallelism.data_parallel_replicate_"
+        "degree: -1 (replicate over every process) needs data_parallel_shard_degree = 1, not -1",
+        world=2,
+    ),
+    Refusal(
+        [*DEBUG, "--parallelism.data_parallel_replicate_degree", "0"],
+        "parallelism.data_parallel_replicate_degree: 0; use a count >= 1, or -1",
+        world=2,
+    ),
+    Refusal(
+        [
+            *DEBUG,
+            "--parallelism.data_parallel_replicate_degree",
+            "-1",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+        ],
+        "parallelism.data_parallel_replicate_degree: replicated parameters (DDP) with tensor",
+        world=4,
+    ),
+    Refusal(
+        [*DEBUG, "--job.dump_folder", "/etc/hostname/run"],
+        "job.dump_folder: /etc/hostname/run cannot be created: /etc/hostname is not a directory",
+        world=1,
+    ),
+    Refusal(
+        [*DEBUG, "--job.dump_folder", "{file}", "--metrics.no-enable-tensorboard"],
+        "job.dump_folder: {file} cannot be created: {file} is not a directory",
+        world=1,
+    ),
+    Refusal(
+        [*DEBUG, "--job.dump_folder", "{dir}", "--checkpoint.folder", "f/ck"],
+        "checkpoint.folder: {dir}/f/ck cannot be created: {dir}/f is not a directory",
+        world=1,
+    ),
+    Refusal(
+        [*DEBUG, "--job.dump_folder", "{dir}", "--metrics.save_tb_folder", "f"],
+        "metrics.save_tb_folder: {dir}/f cannot be created: {dir}/f is not a directory",
+        world=1,
+    ),
     # TorchTitan's decoders (qwen3, llama3): the [model] keys each family refuses, on 2 processes
     Refusal([*QWEN3_TP2, "--model.max_seq_len", "256"], "model.max_seq_len: rotary positions", world=2),
-    Refusal([*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.mlp_hidden_dim", "512"],
-            "model.mlp_hidden_dim: llama3 derives its MLP", world=2),
-    Refusal([*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.head_dim", "32"],
-            "model.head_dim: llama3's head width is dim / n_heads", world=2),
-    Refusal([*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.tie_embeddings", "True"],
-            "model.tie_embeddings: TorchTitan 0.2.2's llama3", world=2),
-    Refusal([*QWEN3_TP2, "--model.flavor", "debugmodel_moe"], "model.flavor: 'debugmodel_moe' is not one of",
-            world=2),
-    Refusal([*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.flavor", "debugmodel_flex_attn"],
-            "model.flavor: 'debugmodel_flex_attn'", world=2),
-    Refusal([*QWEN3_TP2, "--model.n_kv_heads", "3", "--model.n_heads", "6"], "model.n_kv_heads: 3 is not divisible by",
-            world=2),
-    Refusal([*QWEN3_TP2, "--model.vocab_size", "2048"],
-            "model.vocab_size: 2048 is smaller than the GPT-2 tokenizer's 50257 ids", world=2),
-    Refusal([*QWEN3_TP2, "--model.hf_assets_path", "./tests/assets/tokenizer"],
-            "model.hf_assets_path: ./tests/assets/tokenizer: no such", world=2),
+    Refusal(
+        [*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.mlp_hidden_dim", "512"],
+        "model.mlp_hidden_dim: llama3 derives its MLP",
+        world=2,
+    ),
+    Refusal(
+        [*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.head_dim", "32"],
+        "model.head_dim: llama3's head width is dim / n_heads",
+        world=2,
+    ),
+    Refusal(
+        [*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.tie_embeddings", "True"],
+        "model.tie_embeddings: TorchTitan 0.2.2's llama3",
+        world=2,
+    ),
+    Refusal([*QWEN3_TP2, "--model.flavor", "debugmodel_moe"], "model.flavor: 'debugmodel_moe' is not one of", world=2),
+    Refusal(
+        [*QWEN3_TP2, "--model.name", "llama3_dispersion", "--model.flavor", "debugmodel_flex_attn"],
+        "model.flavor: 'debugmodel_flex_attn'",
+        world=2,
+    ),
+    Refusal(
+        [*QWEN3_TP2, "--model.n_kv_heads", "3", "--model.n_heads", "6"],
+        "model.n_kv_heads: 3 is not divisible by",
+        world=2,
+    ),
+    Refusal(
+        [*QWEN3_TP2, "--model.vocab_size", "2048"],
+        "model.vocab_size: 2048 is smaller than the GPT-2 tokenizer's 50257 ids",
+        world=2,
+    ),
+    Refusal(
+        [*QWEN3_TP2, "--model.hf_assets_path", "./tests/assets/tokenizer"],
+        "model.hf_assets_path: ./tests/assets/tokenizer: no such",
+        world=2,
+    ),
     # the TOML: unknown keys and sections (with the closest match), wrong types, malformed files
     Refusal(TOML, "model.flavour:", toml='[model]\nname = "gpt2"\nflavour = "debug"\n'),
     # TorchTitan's own qwen3 / llama3 would train without our data, tokenizer or dispersion term
-    Refusal(TOML, "model.name: 'qwen3' is TorchTitan's own spec, which trains without dispersion_titan's data, "
-            "tokenizer or dispersion term; use 'qwen3_dispersion'", toml='[model]\nname = "qwen3"\n', how="is"),
+    Refusal(
+        TOML,
+        "model.name: 'qwen3' is TorchTitan's own spec, which trains without dispersion_titan's data, "
+        "tokenizer or dispersion term; use 'qwen3_dispersion'",
+        toml='[model]\nname = "qwen3"\n',
+        how="is",
+    ),
     Refusal([*DEBUG, "--model.name", "llama3"], "model.name: 'llama3' is TorchTitan's own spec", how="starts"),
     Refusal(TOML, "dispersion.coef:", toml='[dispersion]\nvariant = "angular_spread"\ncoef = 0.1\n'),
     Refusal(TOML, "trainning:", toml="[trainning]\nsteps = 3\n"),
-    Refusal(TOML, "trainning: unknown section in {toml}; did you mean training?", toml="[trainning]\nsteps = 3\n",
-            how="is"),
-    Refusal(TOML, "model.flavour: unknown key in {toml}; did you mean model.flavor?",
-            toml='[model]\nflavour = "debug"\n', how="is"),
+    Refusal(
+        TOML, "trainning: unknown section in {toml}; did you mean training?", toml="[trainning]\nsteps = 3\n", how="is"
+    ),
+    Refusal(
+        TOML,
+        "model.flavour: unknown key in {toml}; did you mean model.flavor?",
+        toml='[model]\nflavour = "debug"\n',
+        how="is",
+    ),
     Refusal(TOML, "model.mlp_hidden_dim:", toml='[model]\nmlp_hidden_dim = "wide"\n'),
     Refusal(TOML, "model.tie_embeddings:", toml='[model]\ntie_embeddings = "yes"\n'),
     Refusal(TOML, "dispersion.coeff:", toml='[dispersion]\ncoeff = "a lot"\n'),
@@ -181,8 +286,12 @@ REFUSALS = [
     Refusal(TOML, "dispersion.layers:", toml="[dispersion]\nlayers = 2\n"),
     Refusal(TOML, "training.steps:", toml="[training]\nsteps = 2.5\n"),
     Refusal(TOML, "model:", toml="model = 3\n"),
-    Refusal(["--job.config_file", "{toml}"], "--job.config_file: {toml}: invalid TOML", toml="[model\nname = 'gpt2'\n",
-            error=ArgumentError),
+    Refusal(
+        ["--job.config_file", "{toml}"],
+        "--job.config_file: {toml}: invalid TOML",
+        toml="[model\nname = 'gpt2'\n",
+        error=ArgumentError,
+    ),
     # command-line flags: unknown, or of the wrong type
     Refusal([*DEBUG, "--training.steps", "many"], "--training.steps", error=ArgumentError, how="holds"),
     Refusal([*DEBUG, "--training.stepz", "3"], "--training.stepz", error=ArgumentError, how="holds"),
@@ -210,8 +319,18 @@ def test_refused_in_one_line_naming_the_field(tmp_path, refusal):
 def test_replicating_over_every_process_derives_the_batch_per_replica():
     """``data_parallel_replicate_degree = -1`` (the paper configs': DDP) resolves to the process count,
     and the global batch is split over the replicas as over FSDP ranks."""
-    config = validated_args([*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1",
-                             "--parallelism.data_parallel_shard_degree", "1", "--training.max_local_batch_size", "2"], 4)
+    config = validated_args(
+        [
+            *DEBUG,
+            "--parallelism.data_parallel_replicate_degree",
+            "-1",
+            "--parallelism.data_parallel_shard_degree",
+            "1",
+            "--training.max_local_batch_size",
+            "2",
+        ],
+        4,
+    )
     assert config.parallelism.data_parallel_replicate_degree == 4
     assert (config.training.global_batch_size, config.training.local_batch_size) == (8, 2)
 
@@ -233,28 +352,48 @@ def test_dispersion_layers_list_in_toml(tmp_path):
 EXTRA = "\n[extra]\nfoo = 1\n"  # appended to debug.toml: a section of nobody's
 
 
-@pytest.mark.parametrize("extra, args, expected", [
-    ("", ["--parallelism.tensor_parallel_degree", "3"],
-     "model.n_heads: 4 is not divisible by parallelism.tensor_parallel_degree=3"),
-    ("", ["--training.seq_len", "300"], "training.seq_len: 300 must be in 1..256 (model.max_seq_len positions)"),
-    ("", ["--training.dataset", "local", "--training.dataset_path", "missing.jsonl"],
-     "training.dataset_path: no file matches 'missing.jsonl'"),
-    ("", ["--dispersion.variant", "angular_spread", "--dispersion.kernel", "triton"],
-     "dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; use 'auto' (the PyTorch strips on CPU) "
-     "or 'torch'"),
-    (EXTRA, [], "extra: unknown section in {toml}"),
-    ("", ["--dispersion.variant", "angular_spread", "--dispersion.coeff", "inf"],
-     "dispersion.coeff: must be a finite number, got inf"),
-    ("", ["--dispersion.variant", "angular_spread", "--training.seq_len", "1"],
-     "training.seq_len: 1 token per sequence leaves no pair of tokens for the angular_spread term (as "
-     'dispersion.max_tokens, it needs >= 2); use a longer sequence, or dispersion.variant = "none"'),
-], ids=["tp-degree", "seq-len", "missing-dataset", "triton-on-cpu", "unknown-section", "coeff-inf", "seq-len-1"])
+@pytest.mark.parametrize(
+    "extra, args, expected",
+    [
+        (
+            "",
+            ["--parallelism.tensor_parallel_degree", "3"],
+            "model.n_heads: 4 is not divisible by parallelism.tensor_parallel_degree=3",
+        ),
+        ("", ["--training.seq_len", "300"], "training.seq_len: 300 must be in 1..256 (model.max_seq_len positions)"),
+        (
+            "",
+            ["--training.dataset", "local", "--training.dataset_path", "missing.jsonl"],
+            "training.dataset_path: no file matches 'missing.jsonl'",
+        ),
+        (
+            "",
+            ["--dispersion.variant", "angular_spread", "--dispersion.kernel", "triton"],
+            "dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; use 'auto' "
+            "(the PyTorch strips on CPU) or 'torch'",
+        ),
+        (EXTRA, [], "extra: unknown section in {toml}"),
+        (
+            "",
+            ["--dispersion.variant", "angular_spread", "--dispersion.coeff", "inf"],
+            "dispersion.coeff: must be a finite number, got inf",
+        ),
+        (
+            "",
+            ["--dispersion.variant", "angular_spread", "--training.seq_len", "1"],
+            "training.seq_len: 1 token per sequence leaves no pair of tokens for the angular_spread term (as "
+            'dispersion.max_tokens, it needs >= 2); use a longer sequence, or dispersion.variant = "none"',
+        ),
+    ],
+    ids=["tp-degree", "seq-len", "missing-dataset", "triton-on-cpu", "unknown-section", "coeff-inf", "seq-len-1"],
+)
 def test_cli_exits_2_with_one_line_before_starting(tmp_path, extra, args, expected):
     """The same refusals through ``python -m dispersion_titan.train``: status 2, the one line, no dump folder."""
     config = write_toml(tmp_path, open(DEBUG_TOML).read() + extra) if extra else DEBUG_TOML
     dump = tmp_path / "run"
-    proc = python_module("dispersion_titan.train", "--job.config_file", config,
-                         "--job.dump_folder", str(dump), *args, timeout=120)
+    proc = python_module(
+        "dispersion_titan.train", "--job.config_file", config, "--job.dump_folder", str(dump), *args, timeout=120
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["dispersion_titan: error: " + expected.format(toml=config)]
     assert not dump.exists()
@@ -272,17 +411,34 @@ def test_help_and_cheap_errors_come_before_torch_is_imported(tmp_path):
     (tmp_path / "malformed.toml").write_text("[model\n")
     for args, status, message in [
         (["--help"], 0, None),
-        (["--job.config_file", unknown], 2, f"dispersion.coef: unknown key in {unknown}; did you mean dispersion.coeff?"),
-        (["--job.config_file", str(tmp_path / "absent.toml")], 2, f"--job.config_file: {tmp_path / 'absent.toml'}: no such file"),
+        (
+            ["--job.config_file", unknown],
+            2,
+            f"dispersion.coef: unknown key in {unknown}; did you mean dispersion.coeff?",
+        ),
+        (
+            ["--job.config_file", str(tmp_path / "absent.toml")],
+            2,
+            f"--job.config_file: {tmp_path / 'absent.toml'}: no such file",
+        ),
         (["--job.config_file", str(tmp_path / "malformed.toml")], 2, "invalid TOML"),
     ]:
-        proc = python_module("dispersion_titan.train", *args, "--job.dump_folder", str(tmp_path / "run"),
-                             env={"PYTHONPROFILEIMPORTTIME": "1"}, command_line=True, timeout=120)
+        proc = python_module(
+            "dispersion_titan.train",
+            *args,
+            "--job.dump_folder",
+            str(tmp_path / "run"),
+            env={"PYTHONPROFILEIMPORTTIME": "1"},
+            command_line=True,
+            timeout=120,
+        )
         assert proc.returncode == status, proc.stderr[-2000:]
         assert not {"torch", "torchtitan"} & imported_modules(proc.stderr)
         said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
         if message is None:
-            assert said == [] and "--dispersion.coeff" not in proc.stdout and "[dispersion] variant='none'" in proc.stdout
+            assert (
+                said == [] and "--dispersion.coeff" not in proc.stdout and "[dispersion] variant='none'" in proc.stdout
+            )
         else:
             assert len(said) == 1 and said[0].startswith("dispersion_titan: error: ") and message in said[0]
     assert not (tmp_path / "run").exists()
@@ -299,7 +455,8 @@ def test_a_gpu_config_on_a_cpu_is_refused_in_one_line_naming_the_cpu_profile(tmp
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "dispersion_titan: error: compile.enable: true compiles with inductor for GPUs and torch sees none here; "
-        "run CPU jobs with --profile cpu (docs/training.md#cpu)"]
+        "run CPU jobs with --profile cpu (docs/training.md#cpu)"
+    ]
     assert "\n## CPU\n" in (REPO / "docs" / "training.md").read_text()  # the anchor the line names
     proc = python_module("dispersion_titan.train", *args, "--profile", "cpu", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -310,11 +467,24 @@ def test_the_cpu_profile_changes_how_a_step_runs_never_what_it_computes():
     gpu = validated_args(job_args(GPU_CONFIG))
     cpu = validated_args([*job_args(GPU_CONFIG), "--profile", "cpu"])
     assert (gpu.compile.enable, gpu.optimizer.implementation) == (True, "fused")
-    assert (cpu.compile.enable, cpu.optimizer.implementation, cpu.training.max_local_batch_size) == (False, "foreach", 1)
-    changed = {f"{section}.{key}" for section, keys in gpu.to_dict().items() if isinstance(keys, dict)
-               for key, value in keys.items() if cpu.to_dict()[section][key] != value}
-    assert changed == {"compile.enable", "optimizer.implementation", "training.max_local_batch_size",
-                       "training.local_batch_size"}  # the last derived from the one before
+    assert (cpu.compile.enable, cpu.optimizer.implementation, cpu.training.max_local_batch_size) == (
+        False,
+        "foreach",
+        1,
+    )
+    changed = {
+        f"{section}.{key}"
+        for section, keys in gpu.to_dict().items()
+        if isinstance(keys, dict)
+        for key, value in keys.items()
+        if cpu.to_dict()[section][key] != value
+    }
+    assert changed == {
+        "compile.enable",
+        "optimizer.implementation",
+        "training.max_local_batch_size",
+        "training.local_batch_size",
+    }  # the last derived from the one before
     with pytest.raises(ArgumentError, match=r"^--profile: 'gpu' is not one of \('cpu',\)$"):
         validated_args([*job_args(GPU_CONFIG), "--profile", "gpu"])
 
@@ -337,11 +507,20 @@ def test_a_toml_that_is_not_utf8_or_names_no_model_is_one_line(tmp_path):
     empty = write_toml(tmp_path, "")
     for path, message in [
         (latin1, f"--job.config_file: {latin1}: not UTF-8 text (byte 0xe9 at offset "),
-        (empty, f"model.name: no model named ({empty}); add [model] name = one of "
-                "('gpt2', 'qwen3_dispersion', 'llama3_dispersion')"),
+        (
+            empty,
+            f"model.name: no model named ({empty}); add [model] name = one of "
+            "('gpt2', 'qwen3_dispersion', 'llama3_dispersion')",
+        ),
     ]:
-        proc = python_module("dispersion_titan.train", "--job.config_file", str(path), "--job.dump_folder",
-                             str(tmp_path / "run"), timeout=120)
+        proc = python_module(
+            "dispersion_titan.train",
+            "--job.config_file",
+            str(path),
+            "--job.dump_folder",
+            str(tmp_path / "run"),
+            timeout=120,
+        )
         assert proc.returncode == 2
         (line,) = proc.stderr.strip().splitlines()
         assert line.startswith(f"dispersion_titan: error: {message}"), line
@@ -350,14 +529,28 @@ def test_a_toml_that_is_not_utf8_or_names_no_model_is_one_line(tmp_path):
 
 def test_a_variant_with_coeff_0_is_noted_once_at_launch(tmp_path):
     """``coeff`` left at 0 with a variant: valid (the term is still logged), but said in one line."""
-    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
-                         str(tmp_path / "run"), "--training.seq_len", "64", "--training.steps", "1",
-                         "--checkpoint.no-enable", "--validation.no-enable", "--dispersion.variant", "angular_spread",
-                         timeout=300)
+    proc = python_module(
+        "dispersion_titan.train",
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(tmp_path / "run"),
+        "--training.seq_len",
+        "64",
+        "--training.steps",
+        "1",
+        "--checkpoint.no-enable",
+        "--validation.no-enable",
+        "--dispersion.variant",
+        "angular_spread",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     notes = [line for line in proc.stderr.splitlines() if "note:" in line]
-    assert notes == ["dispersion_titan: note: dispersion.coeff is 0: the angular_spread term is logged but adds "
-                     "nothing to the loss; set dispersion.coeff > 0, or dispersion.variant = \"none\""]
+    assert notes == [
+        "dispersion_titan: note: dispersion.coeff is 0: the angular_spread term is logged but adds "
+        'nothing to the loss; set dispersion.coeff > 0, or dispersion.variant = "none"'
+    ]
 
 
 def test_analyze_texts_not_utf8_leaves_no_out_folder(tmp_path, capsys):

@@ -32,8 +32,9 @@ def test_a_subcommand_answers_as_python_m(command, module):
 
 
 def test_an_unknown_command_is_refused_with_the_list():
-    proc = subprocess.run([sys.executable, "-m", "dispersion_titan", "nope"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan", "nope"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2 and "train|analyze|evaluate|convert|sweep|quickstart|data" in proc.stderr
     assert proc.stderr.startswith("dispersion-titan: error: unknown command 'nope'; usage:")
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -52,6 +53,7 @@ def test_a_reader_that_goes_away_ends_a_command_quietly(argv):
     finally:
         os.close(write)
     assert proc.stderr == "" and proc.returncode in (0, 141)
-    shell = subprocess.run(f"{shlex.quote(script)} {shlex.join(argv)} | head -3", shell=True, capture_output=True,
-                           text=True, timeout=120)
+    shell = subprocess.run(
+        f"{shlex.quote(script)} {shlex.join(argv)} | head -3", shell=True, capture_output=True, text=True, timeout=120
+    )
     assert shell.returncode == 0 and shell.stderr == "" and len(shell.stdout.splitlines()) == 3

@@ -27,8 +27,16 @@ def cli_error(tmp_path: Path, *overrides: str, env: dict[str, str] | None = None
     """The one error line; a fresh interpreter when ``env`` is given (datasets and the hub
     read HF_HUB_OFFLINE and HF_HOME at import)."""
     dump = tmp_path / "dump"
-    proc = python_module("dispersion_titan.train", "--job.config_file", str(REPO / "train_configs" / "debug.toml"),
-                         "--job.dump_folder", str(dump), *overrides, env=env, command_line=env is not None)
+    proc = python_module(
+        "dispersion_titan.train",
+        "--job.config_file",
+        str(REPO / "train_configs" / "debug.toml"),
+        "--job.dump_folder",
+        str(dump),
+        *overrides,
+        env=env,
+        command_line=env is not None,
+    )
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -41,13 +49,15 @@ def test_missing_and_empty_paths_fail_before_launch(tmp_path):
     """(A missing 'local' file is test_config_errors.py's case.)"""
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "empty_dir").mkdir()
-    line = cli_error(tmp_path, "--training.dataset", "wikitext-103", "--training.dataset_path",
-                     str(tmp_path / "no_copy_here"))
+    line = cli_error(
+        tmp_path, "--training.dataset", "wikitext-103", "--training.dataset_path", str(tmp_path / "no_copy_here")
+    )
     assert line.startswith("dispersion_titan: error: training.dataset_path: no file matches")
     line = cli_error(tmp_path, "--training.dataset", "local", "--training.dataset_path", str(tmp_path / "empty.jsonl"))
     assert "training.dataset_path:" in line and "is empty" in line
-    line = cli_error(tmp_path, "--validation.dataset", "wikitext-103", "--validation.dataset_path",
-                     str(tmp_path / "empty_dir"))
+    line = cli_error(
+        tmp_path, "--validation.dataset", "wikitext-103", "--validation.dataset_path", str(tmp_path / "empty_dir")
+    )
     assert "validation.dataset_path:" in line and "empty directory" in line
 
 
@@ -60,6 +70,7 @@ def test_offline_hub_dataset_without_copy_fails_before_launch(tmp_path):
 
 
 # ---------------------------------------------------------------- validation metrics
+
 
 def test_validation_pass_gives_every_rank_the_same_number_of_batches():
     """TorchTitan's validator runs collectives per batch: uneven counts would hang it."""
@@ -81,8 +92,20 @@ def test_validation_loss_and_perplexity_reach_tensorboard(tmp_path):
     held_out = tmp_path / "validation.jsonl"
     held_out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(40, seed=11, max_words=120)))
     run = tmp_path / "run"
-    torchrun(run, 2, "--training.steps", "1", "--validation.freq", "1", "--validation.steps", "-1",
-             "--validation.dataset", "local", "--validation.dataset_path", str(held_out))
+    torchrun(
+        run,
+        2,
+        "--training.steps",
+        "1",
+        "--validation.freq",
+        "1",
+        "--validation.steps",
+        "-1",
+        "--validation.dataset",
+        "local",
+        "--validation.dataset_path",
+        str(held_out),
+    )
     s = scalars(run)
     assert sorted(s["validation_metrics/loss"]) == [1]
     loss = s["validation_metrics/loss"][1]
@@ -94,13 +117,17 @@ def test_validation_loss_and_perplexity_reach_tensorboard(tmp_path):
     assert n > global_batch and n % global_batch  # several batches, the last one partial
     inputs, labels = tokens[: n * seq].view(n, seq), tokens[1 : n * seq + 1].view(n, seq)
     with torch.no_grad():
-        per_batch = [torch.nn.functional.cross_entropy(model(inputs[i : i + global_batch]).flatten(0, 1),
-                                                       labels[i : i + global_batch].flatten())
-                     for i in range(0, n, global_batch)]
+        per_batch = [
+            torch.nn.functional.cross_entropy(
+                model(inputs[i : i + global_batch]).flatten(0, 1), labels[i : i + global_batch].flatten()
+            )
+            for i in range(0, n, global_batch)
+        ]
     assert loss == pytest.approx(torch.stack(per_batch).mean().item(), rel=1e-5)
 
 
 # ---------------------------------------------------------------- shipped configs
+
 
 def test_every_shipped_config_passes_the_checks(tmp_path):
     """In-process, never contacting the hub: hub datasets point at local copies."""
@@ -111,7 +138,8 @@ def test_every_shipped_config_passes_the_checks(tmp_path):
     copies = {"wikitext-103": wikitext, "fineweb-edu": fineweb, "fineweb-edu-1B": fineweb}
     configs = sorted(glob.glob(str(REPO / "train_configs" / "**" / "*.toml"), recursive=True))
     assert {"midtrain_gpt2_wikitext103_dispersion.toml", "midtrain_gpt2_wikitext103_baseline.toml"} <= {
-        os.path.basename(c) for c in configs}
+        os.path.basename(c) for c in configs
+    }
     assert len([c for c in configs if os.path.basename(c).startswith("fineweb_")]) == 4
     import tomllib
 
@@ -125,8 +153,9 @@ def test_every_shipped_config_passes_the_checks(tmp_path):
                 overrides += [f"--{section}.dataset_path", copies[name]]
         if toml.get("checkpoint", {}).get("initial_load_in_hf"):
             overrides += ["--checkpoint.initial_load_path", str(tmp_path)]
-        job = validated_args(["--job.config_file", config, "--job.custom_config_module", "dispersion_titan.config",
-                              *overrides])
+        job = validated_args(
+            ["--job.config_file", config, "--job.custom_config_module", "dispersion_titan.config", *overrides]
+        )
         if os.path.basename(config).startswith(("midtrain_", "fineweb_")):
             assert job.checkpoint.save_initial and job.checkpoint.keep_latest_k == 0, config
             assert job.validation.enable, config

@@ -7,8 +7,6 @@ import datasets
 import numpy as np
 import pytest
 import torch
-from support.corpora import WORDS, texts, write_parquet
-from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
 from dispersion_titan.components.titan_tokenizer import EOT_ID, GPT2Tokenizer
 from dispersion_titan.data import corpora
@@ -17,6 +15,8 @@ from dispersion_titan.data.packed import PackedSequenceDataset
 from dispersion_titan.data.sources import load_files, load_rows
 from dispersion_titan.data.streaming import StreamingPackedDataset
 from dispersion_titan.data.tokens import tokenize
+from support.corpora import WORDS, texts, write_parquet
+from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 
@@ -31,8 +31,9 @@ def test_predict_last_false_ignores_each_training_sequences_last_label():
 
     def first(build, *flags: str) -> tuple[torch.Tensor, torch.Tensor]:
         job = validated_args([*job_args(), "--training.seq_len", str(SEQ), "--validation.seq_len", str(SEQ), *flags])
-        inputs, labels = next(iter(build(1, 0, job) if build is build_packed_validation_dataloader
-                                    else build(1, 0, None, job)))
+        inputs, labels = next(
+            iter(build(1, 0, job) if build is build_packed_validation_dataloader else build(1, 0, None, job))
+        )
         return inputs["input"], labels
 
     for build in (build_packed_dataloader, build_packed_validation_dataloader):
@@ -59,7 +60,9 @@ def in_memory(tokens):
 
 
 def streamed(files):
-    return lambda local, rank, world: StreamingPackedDataset(lambda: load_files(files, "f", True), SEQ, local, rank, world)
+    return lambda local, rank, world: StreamingPackedDataset(
+        lambda: load_files(files, "f", True), SEQ, local, rank, world
+    )
 
 
 @pytest.mark.parametrize("kind", ["in_memory", "streamed"])
@@ -113,6 +116,7 @@ def test_streamed_resume_mid_file_and_across_epochs(tmp_path, copy):
 
 
 # ---------------------------------------------------------------- fineweb-edu held-out slice
+
 
 def test_fineweb_validation_is_the_first_documents_and_training_skips_them(tmp_path):
     held_out = corpora.FINEWEB_VALIDATION_DOCUMENTS

@@ -74,6 +74,7 @@ def test_unreachable_hub_error_names_the_override(tmp_path):
 
 # ---------------------------------------------------------------- local files
 
+
 def test_local_jsonl_txt_parquet_in_order(tmp_path):
     docs = texts(7, seed=3)
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t, "id": i}) + "\n" for i, t in enumerate(docs[:3])))

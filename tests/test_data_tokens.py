@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from support.corpora import texts
 
 from dispersion_titan.components.titan_tokenizer import EOT_ID, GPT2Tokenizer
 from dispersion_titan.data.packed import token_stream, tokenized_documents
 from dispersion_titan.data.tokens import CACHE_ENV, cached_tokens
+from support.corpora import texts
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 
@@ -33,6 +33,7 @@ def test_token_stream_is_the_documents_separated_by_endoftext(tmp_path):
 
 
 # ---------------------------------------------------------------- token cache
+
 
 def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path):
     path = tmp_path / "d.parquet"
@@ -53,8 +54,10 @@ def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path):
 
 def test_embedded_corpus_is_cached_per_split_and_reads_back_the_same_tokens(tmp_path):
     token_stream.cache_clear()
-    first = {split: np.array(token_stream("enwiki_sample", split, None, "training.dataset"))
-             for split in ("train", "validation")}
+    first = {
+        split: np.array(token_stream("enwiki_sample", split, None, "training.dataset"))
+        for split in ("train", "validation")
+    }
     descriptions = [json.loads(Path(p).read_text()) for p in glob.glob(str(tmp_path / "token_cache" / "*.json"))]
     assert sorted(d["split"] for d in descriptions) == ["train", "validation"]
     assert all(d["dataset"] == "enwiki_sample" and d["gensim"] for d in descriptions)

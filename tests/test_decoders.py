@@ -36,13 +36,13 @@ from dispersion_titan.analysis.size_series import load_member
 from dispersion_titan.config.schema import Baseline
 from dispersion_titan.data.packed import build_packed_dataloader
 from dispersion_titan.evaluation.protocol import run_protocol
+from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.models import register_all
 from dispersion_titan.models.llama3_dispersion import Llama3Args, llama3_flavors
-from dispersion_titan.paper import main as paper_main
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args, qwen3_flavors
+from dispersion_titan.paper import main as paper_main
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args, load_run_metadata
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
-from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.trainer.baselines import build_baseline
 from dispersion_titan.utils.errors import ConfigError
 from support.cli import analyze, run_cli
@@ -85,12 +85,17 @@ def assert_analysis_matches_transformers(result: Condensation, export: Path, fam
     """The run's analysis of one checkpoint against ``transformers`` on its export: the same
     token windows (the export's own tokenizer), layers mapped as ``analysis.hf_model`` maps them."""
     encode = transformers.AutoTokenizer.from_pretrained(str(export))
-    sequences = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
-                                 lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"])
+    sequences = select_sequences(
+        InputOptions(None, None, str(texts), K, S, 0),
+        lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"],
+    )
     assert result.tokens_sha256 == sequences.sha256
     n_blocks = len(result.layers) - 2
-    assert [layer.name for layer in result.layers] == ["embedding", *(f"block_{i}" for i in range(1, n_blocks + 1)),
-                                                      "final_norm"]
+    assert [layer.name for layer in result.layers] == [
+        "embedding",
+        *(f"block_{i}" for i in range(1, n_blocks + 1)),
+        "final_norm",
+    ]
     want = plain_mean_cos(independent_states(export, family, sequences.tokens))
     got = [(layer.mean_cos, layer.mean_cos_offdiag) for layer in result.layers]
     assert np.allclose(got, want, rtol=0, atol=1e-5), (got, want)
@@ -108,8 +113,19 @@ def texts(tmp_path_factory) -> Path:
 
 
 def test_family_keys_reach_torchtitans_arguments():
-    job = validated_args([*BASE, "--model.mlp_hidden_dim", "512", "--model.tie_embeddings", "False",
-                          "--model.head_dim", "32", "--validation.seq_len", "256"])
+    job = validated_args(
+        [
+            *BASE,
+            "--model.mlp_hidden_dim",
+            "512",
+            "--model.tie_embeddings",
+            "False",
+            "--model.head_dim",
+            "32",
+            "--validation.seq_len",
+            "256",
+        ]
+    )
     args = qwen3_flavors["debugmodel"]
     args.update_from_config(job)
     assert (args.hidden_dim, args.enable_weight_tying, args.tie_embeddings, args.head_dim) == (512, False, False, 32)
@@ -145,13 +161,25 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
         raise OSError("no connection\nmore")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(ConfigError, match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "
-                                          r"Hugging Face hub \(no connection\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "
+        r"Hugging Face hub \(no connection\)$",
+    ):
         fetch_local_assets(validated_args(args))
 
 
-QWEN3 = Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, hidden_dim=64, vocab_size=VOCAB,
-                  max_seq_len=64, enable_weight_tying=True)
+QWEN3 = Qwen3Args(
+    dim=32,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=16,
+    hidden_dim=64,
+    vocab_size=VOCAB,
+    max_seq_len=64,
+    enable_weight_tying=True,
+)
 LLAMA3 = Llama3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=VOCAB, max_seq_len=64)
 
 
@@ -167,8 +195,9 @@ def test_baselines_act_on_the_token_embeddings(args, tmp_path):
     assert torch.equal(logits_of(model), clean)  # eval: none
     assert not torch.allclose(logits_of(model.train()), clean)
     before = model.tok_embeddings.weight.detach().clone()
-    forgetting = build_baseline(Baseline(method="active_forgetting", forget_every=1), model, [], world, seed=0,
-                                tied=args.tie_embeddings)
+    forgetting = build_baseline(
+        Baseline(method="active_forgetting", forget_every=1), model, [], world, seed=0, tied=args.tie_embeddings
+    )
     forgetting.begin_step(2)
     after = model.tok_embeddings.weight
     assert not torch.allclose(after, before) and after.std().item() == pytest.approx(0.02, rel=0.05)
@@ -181,8 +210,9 @@ def test_llama3_exports_and_analyses_like_transformers(tmp_path, texts, capsys):
     to_hf(str(run / "checkpoint" / "step-0"), str(export))
     assert json.loads((export / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     assert max_diff(hf_logits(export), our_logits(run / "checkpoint" / "step-0")) <= 1e-4
-    code, _, err = analyze(str(run), "--texts", str(texts), "--num-sequences", str(K), "--seq-len", str(S),
-                           capsys=capsys)
+    code, _, err = analyze(
+        str(run), "--texts", str(texts), "--num-sequences", str(K), "--seq-len", str(S), capsys=capsys
+    )
     assert code == 0, err
     assert_analysis_matches_transformers(load_result(run, 0), export, "llama", texts)
     # an analysis recorded when the family was registered as TorchTitan's llama3 is in the same family
@@ -201,8 +231,10 @@ def test_torchtitans_own_qwen3_and_llama3_stay_torchtitans_after_register_all():
     for titan_name, ours in (("qwen3", "qwen3_dispersion"), ("llama3", "llama3_dispersion")):
         titans = import_module(f"torchtitan.models.{titan_name}").get_train_spec()
         spec = get_train_spec(titan_name)
-        assert (spec.build_dataloader_fn, spec.build_tokenizer_fn) == (titans.build_dataloader_fn,
-                                                                       titans.build_tokenizer_fn), titan_name
+        assert (spec.build_dataloader_fn, spec.build_tokenizer_fn) == (
+            titans.build_dataloader_fn,
+            titans.build_tokenizer_fn,
+        ), titan_name
         assert spec.build_dataloader_fn is not build_packed_dataloader, titan_name
         assert get_train_spec(ours).build_dataloader_fn is build_packed_dataloader, ours
         assert get_train_spec(ours).model_cls is titans.model_cls, ours
@@ -225,12 +257,42 @@ def test_a_run_recorded_under_the_former_names_reads_as_ours(tmp_path):
 
 # ---------------------------------------------------------------- one qwen3 run, for real
 
-TRAIN = ("--model.dim", "64", "--model.n_layers", "2", "--model.n_heads", "4", "--model.n_kv_heads", "2",
-         "--model.head_dim", "16", "--model.mlp_hidden_dim", "128", "--model.vocab_size", str(VOCAB),
-         "--training.seq_len", "64", "--validation.seq_len", "64", "--training.global_batch_size", "4",
-         "--training.max_local_batch_size", "2", "--training.steps", "3", "--checkpoint.interval", "2",
-         "--checkpoint.initial_load_in_hf", "--checkpoint.last_save_in_hf", "--validation.freq", "3",
-         "--validation.steps", "1", "--dispersion.coeff", "0.5")
+TRAIN = (
+    "--model.dim",
+    "64",
+    "--model.n_layers",
+    "2",
+    "--model.n_heads",
+    "4",
+    "--model.n_kv_heads",
+    "2",
+    "--model.head_dim",
+    "16",
+    "--model.mlp_hidden_dim",
+    "128",
+    "--model.vocab_size",
+    str(VOCAB),
+    "--training.seq_len",
+    "64",
+    "--validation.seq_len",
+    "64",
+    "--training.global_batch_size",
+    "4",
+    "--training.max_local_batch_size",
+    "2",
+    "--training.steps",
+    "3",
+    "--checkpoint.interval",
+    "2",
+    "--checkpoint.initial_load_in_hf",
+    "--checkpoint.last_save_in_hf",
+    "--validation.freq",
+    "3",
+    "--validation.steps",
+    "1",
+    "--dispersion.coeff",
+    "0.5",
+)
 
 
 def hf_qwen3(folder: Path) -> Path:
@@ -238,17 +300,27 @@ def hf_qwen3(folder: Path) -> Path:
     ε), with GPT-2's BPE as its own tokenizer files."""
     torch.manual_seed(0)
     config = transformers.Qwen3Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True)
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        tie_word_embeddings=True,
+    )
     transformers.Qwen3ForCausalLM(config).save_pretrained(str(folder))
     save_tokenizer(str(folder), 64)
     return folder
 
 
 def train(dump: Path, hf: Path) -> str:
-    proc = python_module("dispersion_titan.train", *BASE, "--job.dump_folder", str(dump),
-                         "--model.hf_assets_path", str(hf), *TRAIN)
+    proc = python_module(
+        "dispersion_titan.train", *BASE, "--job.dump_folder", str(dump), "--model.hf_assets_path", str(hf), *TRAIN
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     return proc.stdout + proc.stderr
 
@@ -277,13 +349,17 @@ def test_qwen3_mid_trains_from_hf_weights_and_exports_back(qwen3_run):
     assert max_diff(trained, initial) > 1e-3
     assert max_diff(hf_logits(qwen3_run["export-2"]), trained) <= 1e-4  # convert to-hf of a DCP checkpoint
     last = run / "checkpoint" / "step-3"  # last_save_in_hf: safetensors under HF names, tied head left out
-    assert not (last / ".metadata").exists() and "lm_head.weight" not in load_file(str(last / next(
-        p.name for p in last.glob("*.safetensors"))))
+    assert not (last / ".metadata").exists() and "lm_head.weight" not in load_file(
+        str(last / next(p.name for p in last.glob("*.safetensors")))
+    )
     final = hf_logits(qwen3_run["export-3"])
     assert torch.isfinite(final).all() and max_diff(final, trained) > 1e-4
     live = scalars(run)
-    for tag in ("condensation/block_1_mean_cos_offdiag", "condensation/block_2_mean_cos_offdiag",
-                "loss_metrics/dispersion"):
+    for tag in (
+        "condensation/block_1_mean_cos_offdiag",
+        "condensation/block_2_mean_cos_offdiag",
+        "loss_metrics/dispersion",
+    ):
         assert sorted(live[tag]) == [1, 2, 3], tag
     assert all(v != 0.0 and math.isfinite(v) for v in live["loss_metrics/dispersion"].values())
     assert sorted(live["validation_metrics/loss"]) == [1, 3]  # TorchTitan validates at step 1 too
@@ -292,8 +368,9 @@ def test_qwen3_mid_trains_from_hf_weights_and_exports_back(qwen3_run):
 @pytest.mark.slow
 def test_qwen3_run_analyses_like_transformers_on_its_exports(qwen3_run, texts, capsys):
     run = qwen3_run["run"]
-    code, _, err = analyze(str(run), "--steps", "0,2", "--texts", str(texts), "--num-sequences", str(K),
-                           "--seq-len", str(S), capsys=capsys)
+    code, _, err = analyze(
+        str(run), "--steps", "0,2", "--texts", str(texts), "--num-sequences", str(K), "--seq-len", str(S), capsys=capsys
+    )
     assert code == 0, err
     for step in (0, 2):
         assert_analysis_matches_transformers(load_result(run, step), qwen3_run[f"export-{step}"], "qwen3", texts)
@@ -307,14 +384,23 @@ def test_qwen3_mid_training_gets_per_seed_steps_and_a_pretrained_row(qwen3_run, 
     run = qwen3_run["run"]
     record = json.loads((run / "run.json").read_text())["started_from"]
     assert record == {"pretrained": True, "source": "hf", "path": str(qwen3_run["hf"])}
-    code, _, err = run_cli(paper_main, "table2", "--models", *evaluated_arms(run, tmp_path / "runs"), "--draw-only",
-                           "--out", tmp_path / "t2", capsys=capsys)
+    code, _, err = run_cli(
+        paper_main,
+        "table2",
+        "--models",
+        *evaluated_arms(run, tmp_path / "runs"),
+        "--draw-only",
+        "--out",
+        tmp_path / "t2",
+        capsys=capsys,
+    )
     assert code == 0, err
     table = json.loads((tmp_path / "t2" / "table2.json").read_text())
     assert table["pretrained"]["steps"] == [0, 0] and table["pretrained"]["average_mean"] == pytest.approx(0.2)
     assert {arm["arm"]: arm["steps"] for arm in table["arms"]} == {"base": [1, 3], "disp": [1, 3]}
     assert {arm["arm"]: arm["difference"]["average"] for arm in table["arms"]} == pytest.approx(
-        {"base": (0.6 + 0.65) / 2 - 0.2, "disp": (0.7 + 0.75) / 2 - 0.2})
+        {"base": (0.6 + 0.65) / 2 - 0.2, "disp": (0.7 + 0.75) / 2 - 0.2}
+    )
 
 
 @pytest.mark.slow
@@ -336,10 +422,26 @@ def test_qwen3_run_resumes_exactly(qwen3_run, tmp_path):
 
 @pytest.mark.slow
 def test_llama3_trains_through_the_entry_point(tmp_path):
-    proc = python_module("dispersion_titan.train", *BASE, "--job.dump_folder", str(tmp_path), "--model.name",
-                         "llama3_dispersion", "--model.dim", "32", "--model.n_layers", "2", "--model.n_heads", "2",
-                         "--training.seq_len", "32", "--training.steps", "1", "--validation.no-enable",
-                         "--checkpoint.no-enable")
+    proc = python_module(
+        "dispersion_titan.train",
+        *BASE,
+        "--job.dump_folder",
+        str(tmp_path),
+        "--model.name",
+        "llama3_dispersion",
+        "--model.dim",
+        "32",
+        "--model.n_layers",
+        "2",
+        "--model.n_heads",
+        "2",
+        "--training.seq_len",
+        "32",
+        "--training.steps",
+        "1",
+        "--validation.no-enable",
+        "--checkpoint.no-enable",
+    )
     assert proc.returncode == 0, proc.stderr[-6000:]
     live = scalars(tmp_path)
     assert sorted(live["condensation/block_2_mean_cos_offdiag"]) == [1] and live["loss_metrics/dispersion"][1] != 0

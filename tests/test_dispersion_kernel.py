@@ -207,10 +207,9 @@ def probe_passes() -> bool:
 def objective_launches(layers: str, n_layers: int = 12) -> int:
     """Kernel launches of one forward+backward of the training objective (dispersion on ``layers``
     of ``n_layers`` blocks, the Triton kernel), counted under the interpreter."""
-    from kernel_accounting import counting
-
     from dispersion_titan.config.schema import Dispersion
     from dispersion_titan.trainer.objective import DispersionObjective
+    from kernel_accounting import counting
 
     cfg = Dispersion(variant="angular_spread", coeff=1.0, layers=layers, kernel="triton")
     objective = DispersionObjective(cfg, n_layers, global_batch_size=2, seed=0, tp_group=None)
@@ -301,8 +300,11 @@ def recorded_launches() -> Iterator[list[tuple[object, tuple, dict, list]]]:
     def tuned_run(self, *args, grid=None, warmup=False, **kwargs):
         launches.append((self.fn, args, kwargs, [c.all_kwargs() for c in self.configs]))
 
-    with mock.patch.object(JITFunction, "run", jit_run), mock.patch.object(Autotuner, "run", tuned_run), \
-            mock.patch.object(dispersion_triton, "_check_device", lambda device: None):
+    with (
+        mock.patch.object(JITFunction, "run", jit_run),
+        mock.patch.object(Autotuner, "run", tuned_run),
+        mock.patch.object(dispersion_triton, "_check_device", lambda device: None),
+    ):
         yield launches
 
 
@@ -412,7 +414,9 @@ def test_acceptance_table_reads_canned_bench_and_titan_lines(tmp_path: Path) -> 
     sys.path.insert(0, str(REPO / "bench"))
     import acceptance_table as at
 
-    bench_log = "| table | row |\nRESULT a.s=0.013 a.ratio=1.054\nnoise RESULT b=2\nRESULT train_step.implicit_syncs=0\n"
+    bench_log = (
+        "| table | row |\nRESULT a.s=0.013 a.ratio=1.054\nnoise RESULT b=2\nRESULT train_step.implicit_syncs=0\n"
+    )
     assert at.result_lines(bench_log) == ["a.s=0.013 a.ratio=1.054", "train_step.implicit_syncs=0"]
     titan = ("[rank0]:[titan] 2026-11-25 10:14:21,574 - root - INFO - step: 20  ce: 10.22044  dispersion: -0.29168  "
              "mean_cos_offdiag by block: 0.061 0.337\n"
@@ -427,7 +431,11 @@ def test_acceptance_table_reads_canned_bench_and_titan_lines(tmp_path: Path) -> 
     results.write_text("device=H100x1 torch=2.11\nkernel_check.exit=1\n")
     at.main(["table", str(results), str(tmp_path / "t.md"), "1"])
     assert (tmp_path / "t.md").read_text().splitlines() == [
-        "| quantity | value |", "|---|---|", "| device | H100x1 |", "| torch | 2.11 |", "| kernel_check.exit | 1 |",
+        "| quantity | value |",
+        "|---|---|",
+        "| device | H100x1 |",
+        "| torch | 2.11 |",
+        "| kernel_check.exit | 1 |",
         "| all steps passed | no |",
     ]
 
@@ -536,8 +544,10 @@ def test_probe_refuses_a_disagreeing_kernel_in_one_line() -> None:
     def one_percent_off(self, hidden, spec, hp, lambda_norm):
         return dispersion_loss(hidden, spec.name, kernel="torch") * 1.1
 
-    with mock.patch.object(dispersion_triton.TritonTiles, "loss", one_percent_off), \
-            pytest.raises(KernelUnavailable, match="disagrees with the torch path.*dispersion.kernel = 'torch'") as err:
+    with (
+        mock.patch.object(dispersion_triton.TritonTiles, "loss", one_percent_off),
+        pytest.raises(KernelUnavailable, match="disagrees with the torch path.*dispersion.kernel = 'torch'") as err,
+    ):
         check_triton_kernel(torch.device("cpu"), "orthogonalization", "auto")
     assert "\n" not in str(err.value)
     check_triton_kernel.cache_clear()
@@ -546,8 +556,10 @@ def test_probe_refuses_a_disagreeing_kernel_in_one_line() -> None:
 def test_probe_names_a_failed_build_and_the_way_out() -> None:
     check_triton_kernel.cache_clear()
     broken = mock.Mock(side_effect=RuntimeError("Failed to compile.\nfatal error: Python.h: No such file or directory"))
-    with mock.patch.object(dispersion_triton.TritonTiles, "loss", broken), \
-            pytest.raises(KernelUnavailable, match="does not build or run.*Python.h.*dispersion.kernel = 'torch'"):
+    with (
+        mock.patch.object(dispersion_triton.TritonTiles, "loss", broken),
+        pytest.raises(KernelUnavailable, match="does not build or run.*Python.h.*dispersion.kernel = 'torch'"),
+    ):
         check_triton_kernel(torch.device("cpu"), "l2_repel", "auto")
     check_triton_kernel.cache_clear()
 

@@ -79,7 +79,9 @@ def test_lean_saves_nothing_quadratic() -> None:
     for variant in VARIANTS:
         saved: dict[str, list[int]] = {"lean": [], "reference": []}
         for name, fn in IMPLS.items():
-            with torch.autograd.graph.saved_tensors_hooks(lambda t, s=saved[name]: s.append(t.numel()) or t, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(
+                lambda t, s=saved[name]: s.append(t.numel()) or t, lambda t: t
+            ):
                 fn(hidden, variant)
         assert max(saved["reference"]) >= b * n * n  # the hook does see the naive matrices
         assert max(saved["lean"]) <= b * n * d, variant
@@ -100,18 +102,29 @@ def explicit_loss(hidden: torch.Tensor, variant: str, tau: float, clamp: float, 
                 mu = sum(v) / d
                 std = math.sqrt(sum((x - mu) ** 2 for x in v) / (d - 1))
                 rows.append([(x - mu) / std for x in v])
-            terms = [sum(a * b for a, b in zip(rows[i], rows[j], strict=True)) / (d - 1) for i in range(n) for j in range(n) if i != j]
+            terms = [
+                sum(a * b for a, b in zip(rows[i], rows[j], strict=True)) / (d - 1)
+                for i in range(n)
+                for j in range(n)
+                if i != j
+            ]
             per_seq.append(sum(t * t for t in terms) / len(terms))
             continue
         if variant == "perplexity_entropy":  # mean_i sum_j p log2 p, p_j|i = softmax_{j != i}(-D_ij / tau)
             total = 0.0
             for i in range(n):
-                w = [math.exp(-sum((a - b) ** 2 for a, b in zip(z[i], z[j], strict=True)) / tau) for j in range(n) if j != i]
+                w = [
+                    math.exp(-sum((a - b) ** 2 for a, b in zip(z[i], z[j], strict=True)) / tau)
+                    for j in range(n)
+                    if j != i
+                ]
                 total += sum(x / sum(w) * math.log2(x / sum(w)) for x in w if x > 0)
             per_seq.append(total / n)
             continue
         if variant == "l2_repel":
-            dists = [sum((a - b) ** 2 for a, b in zip(z[i], z[j], strict=True)) for i in range(n) for j in range(n) if i != j]
+            dists = [
+                sum((a - b) ** 2 for a, b in zip(z[i], z[j], strict=True)) for i in range(n) for j in range(n) if i != j
+            ]
             mean_sq = sum(x * x for v in z for x in v) / (n * d)
             per_seq.append(math.log(sum(math.exp(-dd / tau) for dd in dists) / len(dists)) + lambda_norm * mean_sq)
             continue

@@ -25,11 +25,17 @@ from dispersion_titan.evaluation.runner import lm_eval_seeds
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
-
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
 from support.eval_tasks import write_evaluation
-from support.launch import DEBUG_TOML, REPO, held_by_another_command, launch_env, python_module, second_writer_is_refused
+from support.launch import (
+    DEBUG_TOML,
+    REPO,
+    held_by_another_command,
+    launch_env,
+    python_module,
+    second_writer_is_refused,
+)
 from support.runs import digests, tiny_run
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
@@ -68,9 +74,14 @@ def unknown_task(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
     (dump / "checkpoint" / "step-0").mkdir(parents=True)
     (dump / "run.json").write_text(json.dumps({"model_name": "gpt2", "model_args": {}}))  # its protocol: gpt2
     tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
-    proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(dump), "--include-path", str(TASKS),
-                             "--tasks", tasks], cwd=REPO, env=launch_env(OFFLINE), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dispersion_titan.evaluate", str(dump), "--include-path", str(TASKS), "--tasks", tasks],
+        cwd=REPO,
+        env=launch_env(OFFLINE),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     yield proc, dump
     proc.kill()
     proc.wait()
@@ -80,9 +91,20 @@ def unknown_task(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
 def run(tmp_path_factory, unknown_task) -> Path:
     """A real 1-process debug training run with checkpoints at steps 0 and 2."""
     dump = tmp_path_factory.mktemp("evaluate") / "baseline"
-    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
-                         "--training.steps", "2", "--checkpoint.interval", "2", "--validation.no-enable",
-                         env=OFFLINE, command_line=True)
+    proc = python_module(
+        "dispersion_titan.train",
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(dump),
+        "--training.steps",
+        "2",
+        "--checkpoint.interval",
+        "2",
+        "--validation.no-enable",
+        env=OFFLINE,
+        command_line=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(dump / "checkpoint")) == ["step-0", "step-2"]
     return dump
@@ -133,9 +155,18 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     convert.main(["to-hf", str(run / "checkpoint" / "step-2"), str(tmp_path / "hf")])
     seed = read_json(run / "run.json")["seed"]  # the authors seed all four of lm-eval's generators with it
     reference = lm_eval.simple_evaluate(
-        model="hf", model_args=f"pretrained={tmp_path / 'hf'}", tasks=LOCAL_TASKS.split(","),
-        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False), num_fewshot=1, limit=LIMIT, batch_size=8,
-        device="cpu", log_samples=False, random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+        model="hf",
+        model_args=f"pretrained={tmp_path / 'hf'}",
+        tasks=LOCAL_TASKS.split(","),
+        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
+        num_fewshot=1,
+        limit=LIMIT,
+        batch_size=8,
+        device="cpu",
+        log_samples=False,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
         fewshot_random_seed=seed,
     )
     ours = read_json(evaluated / "step-2" / "results.json")
@@ -155,12 +186,18 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     assert "samples" not in ours
     mine = ours["dispersion_titan"]
     assert mine["lm_eval_version"] == lm_eval.__version__ == "0.4.13"
-    assert mine["settings"] == {"protocol": "gpt2", "tasks": ["wiki_next_word", "wiki_text"],
-                                "num_fewshot": {"wiki_next_word": 1, "wiki_text": 1}, "limit": LIMIT, "dtype": "fp32"}
+    assert mine["settings"] == {
+        "protocol": "gpt2",
+        "tasks": ["wiki_next_word", "wiki_text"],
+        "num_fewshot": {"wiki_next_word": 1, "wiki_text": 1},
+        "limit": LIMIT,
+        "dtype": "fp32",
+    }
     assert (mine["step"], mine["run"]) == (2, str(run))
     assert seed == 42 and mine["seeds"] == lm_eval_seeds(seed)
-    assert {key: ours["config"][key] for key in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")} == \
-        dict.fromkeys(("random_seed", "numpy_seed", "torch_seed", "fewshot_seed"), seed)
+    assert {
+        key: ours["config"][key] for key in ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")
+    } == dict.fromkeys(("random_seed", "numpy_seed", "torch_seed", "fewshot_seed"), seed)
     assert not [p for p in os.listdir(evaluated) if p.startswith(".") and p != OWNER_FILE]  # the export is gone
 
     with open(evaluated / "summary.csv") as f:
@@ -168,8 +205,9 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     assert list(rows[0]) == ["step", "wiki_next_word/acc", "wiki_text/word_perplexity", "mean_acc"]
     assert [r["step"] for r in rows] == ["0", "2"]
     # summary.csv shows 6 significant digits
-    assert float(rows[1]["wiki_next_word/acc"]) == pytest.approx(reference["results"]["wiki_next_word"]["acc,none"],
-                                                                 rel=1e-5)
+    assert float(rows[1]["wiki_next_word/acc"]) == pytest.approx(
+        reference["results"]["wiki_next_word"]["acc,none"], rel=1e-5
+    )
     assert float(rows[1]["mean_acc"]) == float(rows[1]["wiki_next_word/acc"])
 
 
@@ -177,9 +215,13 @@ def named_tasks(folder: Path) -> Path:
     """The local wiki_next_word task under the names of an authors' few-shot and zero-shot task."""
     folder.mkdir()
     for name in ("arc_easy", "piqa"):
-        (folder / f"{name}.yaml").write_text((TASKS / "wiki_next_word.yaml").read_text().replace(
-            "task: wiki_next_word", f"task: {name}").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
-            "test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}"))
+        (folder / f"{name}.yaml").write_text(
+            (TASKS / "wiki_next_word.yaml")
+            .read_text()
+            .replace("task: wiki_next_word", f"task: {name}")
+            .replace("custom_dataset: !function local_files.jsonl\n", "")
+            .replace("test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}")
+        )
     return folder
 
 
@@ -188,32 +230,69 @@ def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
     own record (n-shot, each task's config) shows the preset's shots; explicit options win
     (--num-fewshot: the ``evaluated`` fixture)."""
     named = named_tasks(tmp_path / "named_tasks")
-    common = [run, "--include-path", named, "--tasks", "arc_easy,piqa", "--steps", "2", "--batch-size", "1",
-              "--device", "cpu"]
+    common = [
+        run,
+        "--include-path",
+        named,
+        "--tasks",
+        "arc_easy,piqa",
+        "--steps",
+        "2",
+        "--batch-size",
+        "1",
+        "--device",
+        "cpu",
+    ]
     code, _, _ = evaluate(*common, "--protocol", "qwen3", "--limit", "4", "--out", tmp_path / "q", capsys=capsys)
     result = read_json(tmp_path / "q" / "step-2" / "results.json")
     assert code == 0 and result["n-shot"] == {"arc_easy": 5, "piqa": 0}
     assert {name: result["configs"][name]["num_fewshot"] for name in ("arc_easy", "piqa")} == {"arc_easy": 5, "piqa": 0}
     assert result["n-samples"]["arc_easy"]["effective"] == 4  # --limit overrides the preset's 200
     assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
-    assert_one_line_error(*evaluate(run, "--protocol", "paper", capsys=capsys)[::2],
-                          "--protocol", "invalid choice: 'paper'", "gpt2", "qwen3")
+    assert_one_line_error(
+        *evaluate(run, "--protocol", "paper", capsys=capsys)[::2],
+        "--protocol",
+        "invalid choice: 'paper'",
+        "gpt2",
+        "qwen3",
+    )
 
 
 def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
     """A qwen3 run evaluated without --protocol gets the authors' Qwen3 protocol (5 shots for the
     few-shot tasks, 200 examples per task) at their batch size 1, as its results record; a
     family the authors never evaluated gets gpt2's, with a note."""
-    args = Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, hidden_dim=64, vocab_size=50257,
-                     max_seq_len=128, enable_weight_tying=True)
+    args = Qwen3Args(
+        dim=32,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        hidden_dim=64,
+        vocab_size=50257,
+        max_seq_len=128,
+        enable_weight_tying=True,
+    )
     qwen3 = tiny_run(tmp_path / "qwen3", steps=(0,), args=args)
-    code, _, err = evaluate(qwen3, "--include-path", named_tasks(tmp_path / "named"), "--tasks", "arc_easy,piqa",
-                            "--device", "cpu", capsys=capsys)
+    code, _, err = evaluate(
+        qwen3,
+        "--include-path",
+        named_tasks(tmp_path / "named"),
+        "--tasks",
+        "arc_easy,piqa",
+        "--device",
+        "cpu",
+        capsys=capsys,
+    )
     assert code == 0, err
     result = read_json(qwen3 / "evaluation" / "step-0" / "results.json")
-    assert result["dispersion_titan"]["settings"] == {"protocol": "qwen3", "tasks": ["arc_easy", "piqa"],
-                                                      "num_fewshot": {"arc_easy": 5, "piqa": 0}, "limit": 200,
-                                                      "dtype": "fp32"}
+    assert result["dispersion_titan"]["settings"] == {
+        "protocol": "qwen3",
+        "tasks": ["arc_easy", "piqa"],
+        "num_fewshot": {"arc_easy": 5, "piqa": 0},
+        "limit": 200,
+        "dtype": "fp32",
+    }
     assert result["n-shot"] == {"arc_easy": 5, "piqa": 0} and result["config"]["limit"] == 200
     assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
     assert run_protocol("gpt2") == ("gpt2", None) and run_protocol("qwen3_dispersion") == ("qwen3", None)
@@ -240,9 +319,12 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path
 
     # Other settings into an existing folder: refused in one line, nothing touched.
     code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--limit", "6", capsys=capsys)
-    assert_one_line_error(code, err, f"--out: {evaluated}: steps 0, 2 were evaluated with other settings "
-                                     "(limit 12 vs 6)",
-                          "use another --out, or --force to recompute")
+    assert_one_line_error(
+        code,
+        err,
+        f"--out: {evaluated}: steps 0, 2 were evaluated with other settings (limit 12 vs 6)",
+        "use another --out, or --force to recompute",
+    )
     assert tree(evaluated) == after
 
 
@@ -250,9 +332,25 @@ def test_a_killed_evaluations_export_is_removed_by_the_next_run(run, tmp_path, c
     """SIGKILL while a checkpoint's temporary Hugging Face export exists: the folder stays
     (no ``finally`` runs); the next evaluation into that folder removes it."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "dispersion_titan.evaluate", str(run), "--include-path", str(TASKS),
-                             *OPTS, "--steps", "0", "--out", str(out)], cwd=REPO, env=launch_env(OFFLINE),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dispersion_titan.evaluate",
+            str(run),
+            "--include-path",
+            str(TASKS),
+            *OPTS,
+            "--steps",
+            "0",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=launch_env(OFFLINE),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 300
     while not list(out.glob(".hf-step-*/config.json")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -277,9 +375,13 @@ def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, 
         step0 = next(csv.DictReader(f))
     options = [*OPTS[2:], "--tasks", "wiki_text", "--steps", "2", "--out", out]
     code, _, err = evaluate(run, "--include-path", TASKS, *options, capsys=capsys)
-    assert_one_line_error(code, err, f"--out: {out}: step 0 was evaluated with other settings (tasks "
-                                     "['wiki_next_word', 'wiki_text'] vs ['wiki_text'], num_fewshot ",
-                          "); use another --out, or --force to recompute")
+    assert_one_line_error(
+        code,
+        err,
+        f"--out: {out}: step 0 was evaluated with other settings (tasks "
+        "['wiki_next_word', 'wiki_text'] vs ['wiki_text'], num_fewshot ",
+        "); use another --out, or --force to recompute",
+    )
     assert digests(out) == before
 
     code, stdout, _ = evaluate(run, "--include-path", TASKS, *options, "--force", capsys=capsys)
@@ -289,17 +391,27 @@ def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, 
     assert list(rows[0]) == ["step", "wiki_next_word/acc", "wiki_text/word_perplexity", "mean_acc"]
     assert rows[0] == step0
     step2 = read_json(out / "step-2" / "results.json")["results"]["wiki_text"]
-    assert rows[1] == {"step": "2", "wiki_next_word/acc": "", "mean_acc": "",
-                       "wiki_text/word_perplexity": f"{step2['word_perplexity,none']:.6g}"}
-    assert {k: v for k, v in digests(out).items() if k.startswith("step-0/")} == \
-        {k: v for k, v in before.items() if k.startswith("step-0/")}
+    assert rows[1] == {
+        "step": "2",
+        "wiki_next_word/acc": "",
+        "mean_acc": "",
+        "wiki_text/word_perplexity": f"{step2['word_perplexity,none']:.6g}",
+    }
+    assert {k: v for k, v in digests(out).items() if k.startswith("step-0/")} == {
+        k: v for k, v in before.items() if k.startswith("step-0/")
+    }
 
     table_out = tmp_path / "table"
-    code, _, err = run_cli(evaluate_main, "table", str(out), "--include-initial", "--out", str(table_out),
-                           capsys=capsys)
-    assert_one_line_error(code, err, f"--select best: {out}: steps [0] and [2] were evaluated with other settings "
-                                     "(tasks ['wiki_next_word', 'wiki_text'] vs ['wiki_text'], num_fewshot ",
-                          "--force")
+    code, _, err = run_cli(
+        evaluate_main, "table", str(out), "--include-initial", "--out", str(table_out), capsys=capsys
+    )
+    assert_one_line_error(
+        code,
+        err,
+        f"--select best: {out}: steps [0] and [2] were evaluated with other settings "
+        "(tasks ['wiki_next_word', 'wiki_text'] vs ['wiki_text'], num_fewshot ",
+        "--force",
+    )
     assert not table_out.exists()
 
 
@@ -308,10 +420,13 @@ def test_two_evaluations_at_once_one_writer(run, tmp_path):
     is paused while it holds the folder; the second is refused in one line naming it and changes
     nothing; the first then ends with its own results only."""
     out = tmp_path / "evaluation"
-    second_writer_is_refused("dispersion_titan.evaluate",
-                             [str(run), "--include-path", str(TASKS), *OPTS, "--steps", "0", "--out", str(out)],
-                             [str(run), "--include-path", str(TASKS), *OPTS, "--limit", "6", "--out", str(out)], out,
-                             env=OFFLINE)
+    second_writer_is_refused(
+        "dispersion_titan.evaluate",
+        [str(run), "--include-path", str(TASKS), *OPTS, "--steps", "0", "--out", str(out)],
+        [str(run), "--include-path", str(TASKS), *OPTS, "--limit", "6", "--out", str(out)],
+        out,
+        env=OFFLINE,
+    )
     assert sorted(p.parent.name for p in out.glob("step-*/results.json")) == ["step-0"]
     assert read_json(out / "step-0" / "results.json")["dispersion_titan"]["settings"]["limit"] == LIMIT
 
@@ -328,8 +443,13 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_pat
     shutil.copytree(run / "checkpoint" / "step-0", replaced / "checkpoint" / "step-2")
     before = tree(out)
     code, _, err = evaluate(replaced, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
-    assert_one_line_error(code, err, f"--out: {out}: step 2 was evaluated from another checkpoint than "
-                                     f"{replaced / 'checkpoint' / 'step-2'} holds now", "--force recomputes it")
+    assert_one_line_error(
+        code,
+        err,
+        f"--out: {out}: step 2 was evaluated from another checkpoint than "
+        f"{replaced / 'checkpoint' / 'step-2'} holds now",
+        "--force recomputes it",
+    )
     assert tree(out) == before
 
 
@@ -338,15 +458,22 @@ def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_pat
     are found relative to it, and once step-N holds other weights its row is refused in one line."""
     moved = tmp_path / "moved"
     shutil.copytree(run, moved)  # copies keep mtimes: the same identities, at another path
-    code, out, err = run_cli(evaluate_main, "table", str(moved), "--select", "step:2", "--out", str(tmp_path / "t1"),
-                             capsys=capsys)
+    code, out, err = run_cli(
+        evaluate_main, "table", str(moved), "--select", "step:2", "--out", str(tmp_path / "t1"), capsys=capsys
+    )
     assert code == 0, err
     shutil.rmtree(moved / "checkpoint" / "step-2")
     shutil.copytree(run / "checkpoint" / "step-0", moved / "checkpoint" / "step-2")
-    code, _, err = run_cli(evaluate_main, "table", str(moved), "--select", "step:2", "--out", str(tmp_path / "t2"),
-                           capsys=capsys)
-    assert_one_line_error(code, err, f"{moved / 'evaluation'}: step 2 was evaluated from another checkpoint than "
-                                     f"{moved / 'checkpoint' / 'step-2'} holds now", "--force")
+    code, _, err = run_cli(
+        evaluate_main, "table", str(moved), "--select", "step:2", "--out", str(tmp_path / "t2"), capsys=capsys
+    )
+    assert_one_line_error(
+        code,
+        err,
+        f"{moved / 'evaluation'}: step 2 was evaluated from another checkpoint than "
+        f"{moved / 'checkpoint' / 'step-2'} holds now",
+        "--force",
+    )
     assert not (tmp_path / "t2").exists()
 
 
@@ -380,26 +507,43 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
 
     before, run_files = tree(evaluated), sorted(os.listdir(run))
     new_out = tmp_path / "new"
-    assert_one_line_error(*evaluate(run, "--include-path", tmp_path / "nope", *OPTS, "--out", new_out,
-                                    capsys=capsys)[::2], "--include-path", "nope: no such directory")
+    assert_one_line_error(
+        *evaluate(run, "--include-path", tmp_path / "nope", *OPTS, "--out", new_out, capsys=capsys)[::2],
+        "--include-path",
+        "nope: no such directory",
+    )
     a_file = tmp_path / "tasks.yaml"
     a_file.write_text("task: x\n")
-    assert_one_line_error(*evaluate(run, "--include-path", a_file, *OPTS, "--out", new_out, capsys=capsys)[::2],
-                          "--include-path", "not a directory")
+    assert_one_line_error(
+        *evaluate(run, "--include-path", a_file, *OPTS, "--out", new_out, capsys=capsys)[::2],
+        "--include-path",
+        "not a directory",
+    )
     missing = tmp_path / "missing_data"
     missing.mkdir()
-    (missing / "wiki_missing.yaml").write_text((TASKS / "wiki_text.yaml").read_text().replace(
-        "task: wiki_text", "task: wiki_missing").replace("custom_dataset: !function local_files.jsonl\n", "").replace(
-        "test: wiki_text.jsonl", f"test: {tmp_path / 'nope.jsonl'}"))
-    assert_one_line_error(*evaluate(run, "--include-path", missing, "--tasks", "wiki_missing", "--out", new_out,
-                                    capsys=capsys)[::2], "--tasks: wiki_missing: cannot be loaded", "nope.jsonl")
-    assert_one_line_error(*evaluate(run, "--tasks", "piqa,,mmlu", "--out", new_out, capsys=capsys)[::2],
-                          "--tasks", "empty task name")
+    (missing / "wiki_missing.yaml").write_text(
+        (TASKS / "wiki_text.yaml")
+        .read_text()
+        .replace("task: wiki_text", "task: wiki_missing")
+        .replace("custom_dataset: !function local_files.jsonl\n", "")
+        .replace("test: wiki_text.jsonl", f"test: {tmp_path / 'nope.jsonl'}")
+    )
+    assert_one_line_error(
+        *evaluate(run, "--include-path", missing, "--tasks", "wiki_missing", "--out", new_out, capsys=capsys)[::2],
+        "--tasks: wiki_missing: cannot be loaded",
+        "nope.jsonl",
+    )
+    assert_one_line_error(
+        *evaluate(run, "--tasks", "piqa,,mmlu", "--out", new_out, capsys=capsys)[::2], "--tasks", "empty task name"
+    )
     assert_one_line_error(*evaluate(run, "--limit", "0", capsys=capsys)[::2], "--limit")
-    assert_one_line_error(*evaluate(run, *OPTS, "--steps", "3", "--out", new_out, capsys=capsys)[::2],
-                          "--steps: no checkpoint for step 3 (have [0, 2])")
-    assert_one_line_error(*evaluate(run, *OPTS, "--steps", "2-x", "--out", new_out, capsys=capsys)[::2],
-                          "--steps: '2-x' is not a step")
+    assert_one_line_error(
+        *evaluate(run, *OPTS, "--steps", "3", "--out", new_out, capsys=capsys)[::2],
+        "--steps: no checkpoint for step 3 (have [0, 2])",
+    )
+    assert_one_line_error(
+        *evaluate(run, *OPTS, "--steps", "2-x", "--out", new_out, capsys=capsys)[::2], "--steps: '2-x' is not a step"
+    )
     assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
 
 
@@ -408,18 +552,38 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
     HF_ENDPOINT) and an empty cache: one line saying why, no retries, nothing written."""
     tasks = tmp_path / "tasks"
     tasks.mkdir()
-    (tasks / "hub_task.yaml").write_text((TASKS / "wiki_text.yaml").read_text().replace(
-        "task: wiki_text", "task: hub_task").replace("dataset_path: json", "dataset_path: nobody/no-such-dataset").replace(
-        "custom_dataset: !function local_files.jsonl\n", ""))
+    (tasks / "hub_task.yaml").write_text(
+        (TASKS / "wiki_text.yaml")
+        .read_text()
+        .replace("task: wiki_text", "task: hub_task")
+        .replace("dataset_path: json", "dataset_path: nobody/no-such-dataset")
+        .replace("custom_dataset: !function local_files.jsonl\n", "")
+    )
     run = tmp_path / "run"
     (run / "checkpoint" / "step-0").mkdir(parents=True)
     (run / "run.json").write_text('{"model_args": {}}')
-    proc = python_module("dispersion_titan.evaluate", str(run), "--include-path", str(tasks), "--tasks", "hub_task",
-                         env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"),
-                              "HF_HUB_OFFLINE": "", "HF_DATASETS_OFFLINE": ""},
-                         command_line=True, timeout=300)
-    assert_one_line_error(proc.returncode, proc.stderr, "--tasks: hub_task: cannot be loaded; not in the local Hugging "
-                          "Face cache, and the hub is not asked: 127.0.0.1:9 is unreachable from here")
+    proc = python_module(
+        "dispersion_titan.evaluate",
+        str(run),
+        "--include-path",
+        str(tasks),
+        "--tasks",
+        "hub_task",
+        env={
+            "HF_ENDPOINT": "http://127.0.0.1:9",
+            "HF_HOME": str(tmp_path / "hf"),
+            "HF_HUB_OFFLINE": "",
+            "HF_DATASETS_OFFLINE": "",
+        },
+        command_line=True,
+        timeout=300,
+    )
+    assert_one_line_error(
+        proc.returncode,
+        proc.stderr,
+        "--tasks: hub_task: cannot be loaded; not in the local Hugging "
+        "Face cache, and the hub is not asked: 127.0.0.1:9 is unreachable from here",
+    )
     assert "Retry" not in proc.stderr
     assert sorted(p.name for p in run.rglob("*")) == ["checkpoint", "run.json", "step-0"]
 
@@ -444,19 +608,40 @@ def test_an_unreachable_hub_is_offline_only_while_the_tasks_load(monkeypatch):
 
 # ---------------------------------------------------------------- table
 
-SETTINGS = {"protocol": "gpt2", "tasks": ["t_a", "t_b", "t_ppl"], "num_fewshot": {"t_a": 0, "t_b": 1, "t_ppl": 0},
-            "limit": 500, "dtype": "fp32"}
+SETTINGS = {
+    "protocol": "gpt2",
+    "tasks": ["t_a", "t_b", "t_ppl"],
+    "num_fewshot": {"t_a": 0, "t_b": 1, "t_ppl": 0},
+    "limit": 500,
+    "dtype": "fp32",
+}
 TRAINING_STEPS = 10  # the authors evaluate at 3, 6, 9 (every 10 // 5 + 1) and 10; step 5 is off their cadence
 # run -> (dispersion variant, coeff, seed, {step: (t_a acc, t_b acc, t_ppl word perplexity)})
 FABRICATED = {
-    "base_s1": ("none", 0.0, 1, {0: (0.30, 0.40, 900.0), 3: (0.36, 0.44, 500.0), 5: (0.38, 0.47, 480.0),
-                                 10: (0.35, 0.43, 450.0)}),
-    "base_s2": ("none", 0.0, 2, {0: (0.31, 0.41, 880.0), 3: (0.35, 0.45, 520.0), 5: (0.34, 0.44, 500.0),
-                                 10: (0.37, 0.46, 470.0)}),
-    "disp_s1": ("angular_spread", 0.1, 1, {0: (0.30, 0.40, 900.0), 3: (0.40, 0.50, 480.0), 5: (0.45, 0.55, 470.0),
-                                           10: (0.41, 0.52, 430.0)}),
-    "disp_s2": ("angular_spread", 0.1, 2, {0: (0.50, 0.60, 890.0), 3: (0.44, 0.51, 470.0), 5: (0.39, 0.49, 460.0),
-                                           10: (0.40, 0.50, 440.0)}),
+    "base_s1": (
+        "none",
+        0.0,
+        1,
+        {0: (0.30, 0.40, 900.0), 3: (0.36, 0.44, 500.0), 5: (0.38, 0.47, 480.0), 10: (0.35, 0.43, 450.0)},
+    ),
+    "base_s2": (
+        "none",
+        0.0,
+        2,
+        {0: (0.31, 0.41, 880.0), 3: (0.35, 0.45, 520.0), 5: (0.34, 0.44, 500.0), 10: (0.37, 0.46, 470.0)},
+    ),
+    "disp_s1": (
+        "angular_spread",
+        0.1,
+        1,
+        {0: (0.30, 0.40, 900.0), 3: (0.40, 0.50, 480.0), 5: (0.45, 0.55, 470.0), 10: (0.41, 0.52, 430.0)},
+    ),
+    "disp_s2": (
+        "angular_spread",
+        0.1,
+        2,
+        {0: (0.50, 0.60, 890.0), 3: (0.44, 0.51, 470.0), 5: (0.39, 0.49, 460.0), 10: (0.40, 0.50, 440.0)},
+    ),
 }
 
 
@@ -471,14 +656,29 @@ def fabricate(root: Path, start: dict | None = None) -> dict[str, Path]:
     for name, (variant, coeff, seed, by_step) in FABRICATED.items():
         dump = root / name
         dump.mkdir()
-        (dump / "run.json").write_text(json.dumps({
-            "model_name": "gpt2", "model_args": {"dim": 64, "n_layers": 4, "mlp_hidden_dim": 0},
-            "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0}, "seed": seed,
-            "training_steps": TRAINING_STEPS, **(MID_TRAINING if start is None else start)}))
+        (dump / "run.json").write_text(
+            json.dumps(
+                {
+                    "model_name": "gpt2",
+                    "model_args": {"dim": 64, "n_layers": 4, "mlp_hidden_dim": 0},
+                    "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0},
+                    "seed": seed,
+                    "training_steps": TRAINING_STEPS,
+                    **(MID_TRAINING if start is None else start),
+                }
+            )
+        )
         for step, (a, b, ppl) in by_step.items():
-            write_evaluation(dump, step, {"t_a": {"acc,none": a}, "t_b": {"acc,none": b, "acc_norm,none": 0.9},
-                                          "t_ppl": {"word_perplexity,none": ppl, "byte_perplexity,none": 2.0}},
-                             SETTINGS)
+            write_evaluation(
+                dump,
+                step,
+                {
+                    "t_a": {"acc,none": a},
+                    "t_b": {"acc,none": b, "acc_norm,none": 0.9},
+                    "t_ppl": {"word_perplexity,none": ppl, "byte_perplexity,none": 2.0},
+                },
+                SETTINGS,
+            )
         runs[name] = dump
     return runs
 
@@ -561,21 +761,35 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
         for index, column in enumerate(("t_a/acc", "t_b/acc", "t_ppl/word_perplexity")):
             chosen = [FABRICATED[n][3][best[n]][index] for n in names]
             assert float(rows[arm][f"{column}_diff"]) == pytest.approx(
-                sum(chosen) / 2 - sum(p[index] for p in pretrained) / 2)
+                sum(chosen) / 2 - sum(p[index] for p in pretrained) / 2
+            )
         assert float(rows[arm]["average_diff"]) == pytest.approx(
-            sum(averages(best, names)) / 2 - sum(sum(p[:2]) / 2 for p in pretrained) / 2)
+            sum(averages(best, names)) / 2 - sum(sum(p[:2]) / 2 for p in pretrained) / 2
+        )
     assert float(rows[disp]["average_diff"]) == pytest.approx(0.47 - 0.355)  # by hand
     table_md = (out / "table.md").read_text()
     assert table_md == stdout.split("written:")[0].rstrip("\n") + "\n"
     assert f"| {disp} | 2 | 0.4250 ± 0.0212 |" in table_md and f"p vs {disp}" in table_md
     assert "Student's t-test" in table_md
-    assert "Difference from Pretrained" in table_md and f"| {disp} | +0.1200 | +0.1100 | -440.00 | +0.1150 |" in table_md
+    assert (
+        "Difference from Pretrained" in table_md and f"| {disp} | +0.1200 | +0.1100 | -440.00 | +0.1150 |" in table_md
+    )
     png = (out / "table.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10000
 
     # Step 0 a candidate; Welch's test; another reference.
-    code, _, _ = evaluate("table", *fabricated.values(), "--include-initial", "--test", "welch", "--reference", base,
-                          "--out", tmp_path / "initial", capsys=capsys)
+    code, _, _ = evaluate(
+        "table",
+        *fabricated.values(),
+        "--include-initial",
+        "--test",
+        "welch",
+        "--reference",
+        base,
+        "--out",
+        tmp_path / "initial",
+        capsys=capsys,
+    )
     rows = read_csv(tmp_path / "initial" / "table.csv")
     best = {name: authors_best(name, include_initial=True) for name in FABRICATED}
     assert code == 0 and best["disp_s2"] == 0 and rows[disp]["steps"] == f"{best['disp_s1']};0"
@@ -584,9 +798,16 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert rows[disp]["test"] == "welch"
 
     # Other selections, explicit arms.
-    code, _, _ = evaluate("table", f"B={fabricated['base_s1']},{fabricated['base_s2']}",
-                          f"D={fabricated['disp_s1']},{fabricated['disp_s2']}", "--select", "last",
-                          "--out", tmp_path / "last", capsys=capsys)
+    code, _, _ = evaluate(
+        "table",
+        f"B={fabricated['base_s1']},{fabricated['base_s2']}",
+        f"D={fabricated['disp_s1']},{fabricated['disp_s2']}",
+        "--select",
+        "last",
+        "--out",
+        tmp_path / "last",
+        capsys=capsys,
+    )
     rows = read_csv(tmp_path / "last" / "table.csv")
     last = {name: 10 for name in FABRICATED}
     p = stats.ttest_ind(averages(last, BASE_RUNS), averages(last, DISP_RUNS), equal_var=True).pvalue
@@ -595,8 +816,15 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     code, _, _ = evaluate("table", *fabricated.values(), "--select", "step:5", "--out", tmp_path / "s5", capsys=capsys)
     assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"0;0", "5;5"}
     # Named and grouped arms mixed keep the command line's order; one group is named by its variant.
-    code, _, _ = evaluate("table", f"D={fabricated['disp_s1']},{fabricated['disp_s2']}", fabricated["base_s1"],
-                          fabricated["base_s2"], "--out", tmp_path / "mixed", capsys=capsys)
+    code, _, _ = evaluate(
+        "table",
+        f"D={fabricated['disp_s1']},{fabricated['disp_s2']}",
+        fabricated["base_s1"],
+        fabricated["base_s2"],
+        "--out",
+        tmp_path / "mixed",
+        capsys=capsys,
+    )
     rows = read_csv(tmp_path / "mixed" / "table.csv")
     assert code == 0 and list(rows) == ["Pretrained", "D", "none"] and rows["none"]["reference"] == "D"
 
@@ -616,70 +844,127 @@ def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_pat
     rows = read_csv(tmp_path / "avg" / "table.csv")
     base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"
     assert list(rows) == [base, disp]  # step 0 of a from-scratch run is no pretrained model
-    assert "No Pretrained row: variant=none, coeff=0.0 trains from scratch" in (tmp_path / "avg" / "table.md").read_text()
+    assert (
+        "No Pretrained row: variant=none, coeff=0.0 trains from scratch" in (tmp_path / "avg" / "table.md").read_text()
+    )
     assert (authors_averaged_best(BASE_RUNS), authors_averaged_best(DISP_RUNS)) == (10, 3)  # by hand: .4025, .4625
     assert rows[base]["steps"] == "10;10" and rows[disp]["steps"] == "3;3"
     averaged = {**dict.fromkeys(BASE_RUNS, 10), **dict.fromkeys(DISP_RUNS, 3)}
     assert float(rows[disp]["average_mean"]) == pytest.approx(sum(averages(averaged, DISP_RUNS)) / 2)
     p = stats.ttest_ind(averages(averaged, BASE_RUNS), averages(averaged, DISP_RUNS), equal_var=True).pvalue
     assert float(rows[base]["p_value"]) == pytest.approx(p, rel=1e-5)
-    code, _, _ = evaluate("table", *runs.values(), "--best-step", "per-seed", "--pretrained", "none", "--num-ckpt", "5",
-                          "--out", tmp_path / "per_seed", capsys=capsys)
+    code, _, _ = evaluate(
+        "table",
+        *runs.values(),
+        "--best-step",
+        "per-seed",
+        "--pretrained",
+        "none",
+        "--num-ckpt",
+        "5",
+        "--out",
+        tmp_path / "per_seed",
+        capsys=capsys,
+    )
     rows = read_csv(tmp_path / "per_seed" / "table.csv")
     assert code == 0 and list(rows) == [base, disp] and rows[disp]["average_diff"] == ""
     assert rows[base]["steps"] == "3;10" and rows[disp]["steps"] == "10;3"  # authors_best, per seed
-    code, _, _ = evaluate("table", f"D={runs['disp_s1']},{runs['disp_s2']}", "--pretrained", str(runs["disp_s2"]),
-                          "--num-ckpt", "5", "--out", tmp_path / "named", capsys=capsys)
+    code, _, _ = evaluate(
+        "table",
+        f"D={runs['disp_s1']},{runs['disp_s2']}",
+        "--pretrained",
+        str(runs["disp_s2"]),
+        "--num-ckpt",
+        "5",
+        "--out",
+        tmp_path / "named",
+        capsys=capsys,
+    )
     rows = read_csv(tmp_path / "named" / "table.csv")
     assert code == 0 and rows["Pretrained"]["runs"] == str(runs["disp_s2"])
     assert rows["D"]["steps"] == "3;3" and float(rows["D"]["t_a/acc_diff"]) == pytest.approx((0.40 + 0.44) / 2 - 0.50)
     shutil.rmtree(runs["disp_s1"] / "evaluation" / "step-3")
-    assert_one_line_error(*evaluate("table", *runs.values(), "--num-ckpt", "5", "--out", tmp_path / "bad",
-                                    capsys=capsys)[::2],
-                          f"{runs['disp_s1']} has no evaluation of step", "seed-averaged curve", "--best-step per-seed")
+    assert_one_line_error(
+        *evaluate("table", *runs.values(), "--num-ckpt", "5", "--out", tmp_path / "bad", capsys=capsys)[::2],
+        f"{runs['disp_s1']} has no evaluation of step",
+        "seed-averaged curve",
+        "--best-step per-seed",
+    )
     shutil.rmtree(runs["disp_s1"] / "evaluation" / "step-0")
-    assert_one_line_error(*evaluate("table", *runs.values(), "--pretrained", str(runs["disp_s1"]), "--best-step",
-                                    "per-seed", "--out", tmp_path / "bad", capsys=capsys)[::2],
-                          f"--pretrained: {runs['disp_s1']} has no evaluation of step 0 (have [5, 10])")
+    assert_one_line_error(
+        *evaluate(
+            "table",
+            *runs.values(),
+            "--pretrained",
+            str(runs["disp_s1"]),
+            "--best-step",
+            "per-seed",
+            "--out",
+            tmp_path / "bad",
+            capsys=capsys,
+        )[::2],
+        f"--pretrained: {runs['disp_s1']} has no evaluation of step 0 (have [5, 10])",
+    )
     assert not (tmp_path / "bad").exists()
 
 
 def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     out = tmp_path / "bad"
     runs = list(map(str, fabricated.values()))
-    assert_one_line_error(*evaluate("table", *runs, "--select", "step:7", "--out", out, capsys=capsys)[::2],
-                          "--select", "no evaluation of step 7 (have [0, 3, 5, 10])")
-    assert_one_line_error(*evaluate("table", *runs, "--select", "first", "--out", out, capsys=capsys)[::2],
-                          "--select", "best, last or step:N")
-    assert_one_line_error(*evaluate("table", *runs, "--reference", "X", "--out", out, capsys=capsys)[::2],
-                          "--reference", "no arm 'X'", "have 'variant=none, coeff=0.0', 'variant=angular_spread")
+    assert_one_line_error(
+        *evaluate("table", *runs, "--select", "step:7", "--out", out, capsys=capsys)[::2],
+        "--select",
+        "no evaluation of step 7 (have [0, 3, 5, 10])",
+    )
+    assert_one_line_error(
+        *evaluate("table", *runs, "--select", "first", "--out", out, capsys=capsys)[::2],
+        "--select",
+        "best, last or step:N",
+    )
+    assert_one_line_error(
+        *evaluate("table", *runs, "--reference", "X", "--out", out, capsys=capsys)[::2],
+        "--reference",
+        "no arm 'X'",
+        "have 'variant=none, coeff=0.0', 'variant=angular_spread",
+    )
     assert_one_line_error(*evaluate("table", *runs, "--test", "z", "--out", out, capsys=capsys)[::2], "--test")
     assert_one_line_error(*evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2], "named twice")
     assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")
-    assert_one_line_error(*evaluate("table", str(tmp_path / "absent"), "--out", out, capsys=capsys)[::2],
-                          f"{tmp_path / 'absent'}: no such folder")
+    assert_one_line_error(
+        *evaluate("table", str(tmp_path / "absent"), "--out", out, capsys=capsys)[::2],
+        f"{tmp_path / 'absent'}: no such folder",
+    )
     # A table into a folder another live command writes: refused, naming it.
     busy = tmp_path / "busy"
     with held_by_another_command(busy) as holder:
-        assert_one_line_error(*evaluate("table", *runs, "--out", busy, capsys=capsys)[::2],
-                              f"{busy}: another command is writing here (PID {holder} on {socket.gethostname()}, ",
-                              "use another --out")
+        assert_one_line_error(
+            *evaluate("table", *runs, "--out", busy, capsys=capsys)[::2],
+            f"{busy}: another command is writing here (PID {holder} on {socket.gethostname()}, ",
+            "use another --out",
+        )
         assert sorted(os.listdir(busy)) == [LOCK_NAME]
     # Results of other settings: across runs, and among the steps --select best weighs in one run.
     for step in (0, 3, 5, 10):
         other = read_json(fabricated["disp_s2"] / "evaluation" / f"step-{step}" / "results.json")
         other["dispersion_titan"]["settings"] = {**SETTINGS, "limit": 100}
         (fabricated["disp_s2"] / "evaluation" / f"step-{step}" / "results.json").write_text(json.dumps(other))
-    assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
-                          "other settings", "limit 500 vs 100")
-    (fabricated["disp_s2"] / "evaluation" / "step-10" / "results.json").write_text(json.dumps(
-        {**other, "dispersion_titan": {**other["dispersion_titan"], "settings": SETTINGS, "step": 10}}))
-    assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
-                          f"--select best: {fabricated['disp_s2'] / 'evaluation'}: steps [3] and [10] were evaluated "
-                          "with other settings (limit 100 vs 500)")
+    assert_one_line_error(
+        *evaluate("table", *runs, "--out", out, capsys=capsys)[::2], "other settings", "limit 500 vs 100"
+    )
+    (fabricated["disp_s2"] / "evaluation" / "step-10" / "results.json").write_text(
+        json.dumps({**other, "dispersion_titan": {**other["dispersion_titan"], "settings": SETTINGS, "step": 10}})
+    )
+    assert_one_line_error(
+        *evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
+        f"--select best: {fabricated['disp_s2'] / 'evaluation'}: steps [3] and [10] were evaluated "
+        "with other settings (limit 100 vs 500)",
+    )
     for step in (3, 10):  # none of the steps the authors evaluate left
         shutil.rmtree(fabricated["base_s2"] / "evaluation" / f"step-{step}")
-    assert_one_line_error(*evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
-                          "--select best", "no evaluation of the steps the authors evaluate",
-                          "([3, 6, 9, 10]; have [0, 5])")
+    assert_one_line_error(
+        *evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
+        "--select best",
+        "no evaluation of the steps the authors evaluate",
+        "([3, 6, 9, 10]; have [0, 5])",
+    )
     assert not out.exists()

@@ -22,11 +22,14 @@ from dispersion_titan.models import register_all
 TOLERANCE = 0.02  # relative; the counts differ only by norm weights (6 FLOPs each a token, < 0.01%)
 
 
-@pytest.mark.parametrize("family, flavor, seq_len, overrides", [
-    ("gpt2", "small", 1024, {"vocab_size": 50304, "mlp_hidden_dim": 3072}),  # gpt2_small_mlp3072.toml
-    ("gpt2", "small", 1024, {"vocab_size": 50304, "mlp_hidden_dim": 768}),
-    ("qwen3_dispersion", "0.6B", 4096, {}),  # midtrain_qwen3_0.6b_*.toml: tied LM head of 151936 rows
-])
+@pytest.mark.parametrize(
+    "family, flavor, seq_len, overrides",
+    [
+        ("gpt2", "small", 1024, {"vocab_size": 50304, "mlp_hidden_dim": 3072}),  # gpt2_small_mlp3072.toml
+        ("gpt2", "small", 1024, {"vocab_size": 50304, "mlp_hidden_dim": 768}),
+        ("qwen3_dispersion", "0.6B", 4096, {}),  # midtrain_qwen3_0.6b_*.toml: tied LM head of 151936 rows
+    ],
+)
 def test_the_mfu_flop_count_is_what_the_model_computes(family, flavor, seq_len, overrides):
     register_all()
     spec = get_train_spec(family)

@@ -18,15 +18,14 @@ import torch
 import transformers
 from scipy import stats
 
+from dispersion_titan.analysis import AnalysisError
 from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.geometry import effective_rank, max_explainable_variance
 from dispersion_titan.analysis.hf_model import decoder_layers
-from dispersion_titan.analysis import AnalysisError
 from dispersion_titan.analysis.inputs import InputOptions, paper_texts, select_sequences
 from dispersion_titan.analysis.measure import unit_tokens
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.utils.errors import ModelLoadError
-
 from support.cli import analyze, assert_one_line_error
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
@@ -59,8 +58,13 @@ def tokenizer_files(tmp_path_factory) -> Path:
     return folder
 
 
-def save_model(folder: Path, cfg: transformers.PretrainedConfig, tokenizer_files: Path, seed: int = 0,
-               auto=transformers.AutoModelForCausalLM) -> Path:
+def save_model(
+    folder: Path,
+    cfg: transformers.PretrainedConfig,
+    tokenizer_files: Path,
+    seed: int = 0,
+    auto=transformers.AutoModelForCausalLM,
+) -> Path:
     torch.manual_seed(seed)
     auto.from_config(cfg).save_pretrained(folder)
     for f in tokenizer_files.iterdir():
@@ -89,16 +93,23 @@ def test_hf_model_matches_independent_computation(family, tokenizer_files, texts
     assert code == 0, err
     result = load(tmp_path / "out")
     assert [layer.name for layer in result.layers] == ["embedding", "block_1", "block_2", "block_3", "final_norm"]
-    assert (result.model, result.revision, result.model_args["model_type"]) == (str(folder), None, config(family).model_type)
+    assert (result.model, result.revision, result.model_args["model_type"]) == (
+        str(folder),
+        None,
+        config(family).model_type,
+    )
     encode = transformers.AutoTokenizer.from_pretrained(folder)
-    sequences = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
-                                 lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"])
+    sequences = select_sequences(
+        InputOptions(None, None, str(texts), K, S, 0),
+        lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"],
+    )
     assert result.tokens_sha256 == sequences.sha256
     want = plain_mean_cos(independent_states(folder, family, sequences.tokens))
     got = [(layer.mean_cos, layer.mean_cos_offdiag) for layer in result.layers]
     assert np.allclose(got, want, rtol=0, atol=1e-5)
-    assert result.n_params == sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(
-        config(family, layers=3)).parameters())
+    assert result.n_params == sum(
+        p.numel() for p in transformers.AutoModelForCausalLM.from_config(config(family, layers=3)).parameters()
+    )
     assert (tmp_path / "out" / "heatmap_rev-default.png").read_bytes().startswith(PNG_MAGIC)
 
 
@@ -123,8 +134,7 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
     for seed, revision in enumerate(("stage1-step100", "stage1-step200")):
         save_model(model / revision, config("llama"), tokenizer_files, seed=seed)
     out = tmp_path / "out"
-    code, stdout, _ = analyze(f"hf:{model}@stage1-step100,stage1-step200", *options(texts), "--out", out,
-                              capsys=capsys)
+    code, stdout, _ = analyze(f"hf:{model}@stage1-step100,stage1-step200", *options(texts), "--out", out, capsys=capsys)
     assert code == 0
     both = [load(out, f"rev-stage1-step{step}") for step in (100, 200)]
     assert [(r.step, r.revision) for r in both] == [(100, "stage1-step100"), (200, "stage1-step200")]
@@ -133,11 +143,11 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
     with open(out / "summary.csv") as f:
         assert [r["revision"] for r in csv.DictReader(f)][::4] == ["stage1-step100", "stage1-step200"]
     # The same as analysing the revision's folder alone; a rerun skips both.
-    assert analyze(f"hf:{model / 'stage1-step200'}", *options(texts), "--out", tmp_path / "alone",
-                   capsys=capsys)[0] == 0
+    assert (
+        analyze(f"hf:{model / 'stage1-step200'}", *options(texts), "--out", tmp_path / "alone", capsys=capsys)[0] == 0
+    )
     assert load(tmp_path / "alone").curve == both[1].curve
-    code, stdout, _ = analyze(f"hf:{model}@stage1-step100,stage1-step200", *options(texts), "--out", out,
-                              capsys=capsys)
+    code, stdout, _ = analyze(f"hf:{model}@stage1-step100,stage1-step200", *options(texts), "--out", out, capsys=capsys)
     assert code == 0 and "2 revision(s) already analyzed" in stdout
 
 
@@ -151,13 +161,18 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys)
     run = tiny_run(tmp_path / "ours", steps=(0,))
     assert analyze(run, *options(texts), capsys=capsys)[0] == 0
     out = tmp_path / "family"
-    code, stdout, err = analyze("family", *specs, f"{run}@0", "--out", out, "--paired", f"{specs[2]}={specs[0]}",
-                                "--last-n", "2", capsys=capsys)
+    code, stdout, err = analyze(
+        "family", *specs, f"{run}@0", "--out", out, "--paired", f"{specs[2]}={specs[0]}", "--last-n", "2", capsys=capsys
+    )
     assert code == 0, err
     with open(out / "family.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["family"], r["model"]) for r in rows] == [
-        ("gpt2", "gpt2-16"), ("gpt2", "gpt2-32"), ("gpt2", "gpt2-64"), ("gpt2 run", "ours@0")]
+        ("gpt2", "gpt2-16"),
+        ("gpt2", "gpt2-32"),
+        ("gpt2", "gpt2-64"),
+        ("gpt2 run", "ours@0"),
+    ]
     members = [load(Path(spec)) for spec in specs]
     last2 = [np.mean([layer.mean_cos for layer in r.layers[-2:]]) for r in members]
     assert [float(r["mean_cos_last_2"]) for r in rows[:3]] == pytest.approx(last2, rel=1e-5)
@@ -175,16 +190,20 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys)
     png = (out / "family.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 20000
     absent = tmp_path / "absent"
-    assert_one_line_error(*analyze("family", *specs, str(absent), "--out", tmp_path / "family2", capsys=capsys)[::2],
-                          f"{absent}: no such folder")
+    assert_one_line_error(
+        *analyze("family", *specs, str(absent), "--out", tmp_path / "family2", capsys=capsys)[::2],
+        f"{absent}: no such folder",
+    )
     assert not (tmp_path / "family2").exists()
 
 
 def test_default_seq_len_is_the_models_positions(tokenizer_files, texts, tmp_path, capsys):
     folder = save_model(tmp_path / "llama", config("llama"), tokenizer_files)  # 64 positions
     common = ["--texts", str(texts), "--num-sequences", str(K), "--out", str(tmp_path / "out")]
-    assert_one_line_error(*analyze(f"hf:{folder}", *common, "--seq-len", "65", capsys=capsys)[::2],
-                          f"--seq-len: 65 exceeds the model's 64 positions (max_position_embeddings of {folder})")
+    assert_one_line_error(
+        *analyze(f"hf:{folder}", *common, "--seq-len", "65", capsys=capsys)[::2],
+        f"--seq-len: 65 exceeds the model's 64 positions (max_position_embeddings of {folder})",
+    )
     assert not (tmp_path / "out" / "rev-default").exists()
     code, stdout, _ = analyze(f"hf:{folder}", *common, capsys=capsys)
     assert code == 0 and "note: --seq-len 64 (the model's positions" in stdout
@@ -196,22 +215,33 @@ def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, 
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at import
     out = tmp_path / "out"
-    assert_one_line_error(*analyze("hf:nobody/no-such-model", *options(texts), "--out", out, capsys=capsys)[::2],
-                          "hf:nobody/no-such-model: cannot be loaded")
+    assert_one_line_error(
+        *analyze("hf:nobody/no-such-model", *options(texts), "--out", out, capsys=capsys)[::2],
+        "hf:nobody/no-such-model: cannot be loaded",
+    )
     unknown = tmp_path / "unknown"
     unknown.mkdir()
     (unknown / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
-    assert_one_line_error(*analyze(f"hf:{unknown}", *options(texts), "--out", out, capsys=capsys)[::2],
-                          f"hf:{unknown}: cannot be loaded", "no-such-architecture")
+    assert_one_line_error(
+        *analyze(f"hf:{unknown}", *options(texts), "--out", out, capsys=capsys)[::2],
+        f"hf:{unknown}: cannot be loaded",
+        "no-such-architecture",
+    )
     no_weights = save_model(tmp_path / "no_weights", config("gpt2"), tokenizer_files)
     (no_weights / "model.safetensors").unlink()
-    assert_one_line_error(*analyze(f"hf:{no_weights}", *options(texts), "--out", out, capsys=capsys)[::2],
-                          f"hf:{no_weights}: cannot be loaded")
-    assert_one_line_error(*analyze(f"hf:{no_weights}@missing", *options(texts), "--out", out, capsys=capsys)[::2],
-                          f"hf:{no_weights}@missing: no such folder {no_weights / 'missing'}")
+    assert_one_line_error(
+        *analyze(f"hf:{no_weights}", *options(texts), "--out", out, capsys=capsys)[::2],
+        f"hf:{no_weights}: cannot be loaded",
+    )
+    assert_one_line_error(
+        *analyze(f"hf:{no_weights}@missing", *options(texts), "--out", out, capsys=capsys)[::2],
+        f"hf:{no_weights}@missing: no such folder {no_weights / 'missing'}",
+    )
     for folder in (str(tmp_path / "absent"), "./absent", "absent/a/b"):  # folders, not hub ids
-        assert_one_line_error(*analyze(f"hf:{folder}", *options(texts), "--out", out, capsys=capsys)[::2],
-                              f"hf:{folder}: no such folder {folder}")
+        assert_one_line_error(
+            *analyze(f"hf:{folder}", *options(texts), "--out", out, capsys=capsys)[::2],
+            f"hf:{folder}: no such folder {folder}",
+        )
     assert not list(out.glob("rev-*"))
     with pytest.raises(ModelLoadError, match=r"^hf:odd: unsupported architecture \(Sequential has no list of 2 "):
         decoder_layers(torch.nn.Sequential(torch.nn.Linear(2, 2)), 2, "hf:odd")
@@ -221,28 +251,52 @@ def test_models_it_cannot_measure_are_refused(tokenizer_files, texts, tmp_path, 
     """Encoders, encoder-decoders and checkpoints missing backbone weights: one line naming
     the architecture and what is measured, nothing written; a checkpoint without an LM head
     (which never runs) is measured."""
-    small = {"vocab_size": VOCAB, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
-             "intermediate_size": 32, "max_position_embeddings": 64}
+    small = {
+        "vocab_size": VOCAB,
+        "hidden_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "intermediate_size": 32,
+        "max_position_embeddings": 64,
+    }
     bert = save_model(tmp_path / "bert", transformers.BertConfig(**small), tokenizer_files, auto=transformers.AutoModel)
-    bart = save_model(tmp_path / "bart", transformers.BartConfig(
-        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64),
-        tokenizer_files, auto=transformers.AutoModelForSeq2SeqLM)
+    bart = save_model(
+        tmp_path / "bart",
+        transformers.BartConfig(
+            vocab_size=VOCAB,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=64,
+        ),
+        tokenizer_files,
+        auto=transformers.AutoModelForSeq2SeqLM,
+    )
     partial = save_model(tmp_path / "partial", config("gpt2", width=16, layers=1), tokenizer_files)
     weights = safetensors.torch.load_file(partial / "model.safetensors")
     del weights["transformer.h.0.mlp.c_fc.weight"]
     safetensors.torch.save_file(weights, partial / "model.safetensors", metadata={"format": "pt"})
     out = tmp_path / "out"
     supported = "analyze measures decoder-only causal language models"
-    for folder, said in ((bert, "BertModel (bert) is an encoder-only model"),
-                         (bart, "BartForConditionalGeneration (bart) is an encoder-decoder model"),
-                         (partial, "its weights do not load completely into GPT2LMHeadModel (gpt2): 1 weight(s) "
-                                   "missing from the checkpoint (e.g. transformer.h.0.mlp.c_fc.weight)")):
+    for folder, said in (
+        (bert, "BertModel (bert) is an encoder-only model"),
+        (bart, "BartForConditionalGeneration (bart) is an encoder-decoder model"),
+        (
+            partial,
+            "its weights do not load completely into GPT2LMHeadModel (gpt2): 1 weight(s) "
+            "missing from the checkpoint (e.g. transformer.h.0.mlp.c_fc.weight)",
+        ),
+    ):
         code, _, err = analyze(f"hf:{folder}", *options(texts), "--out", out, capsys=capsys)
         assert_one_line_error(code, err, f"hf:{folder}: {said}", supported)
         assert not [p for p in out.rglob("*") if p.is_file()]
-    headless = save_model(tmp_path / "headless", config("llama", width=16, layers=1), tokenizer_files,
-                          auto=transformers.AutoModel)
+    headless = save_model(
+        tmp_path / "headless", config("llama", width=16, layers=1), tokenizer_files, auto=transformers.AutoModel
+    )
     assert analyze(f"hf:{headless}", *options(texts), "--out", out, capsys=capsys)[0] == 0
     assert load(out).layers[-1].name == "final_norm"
 
@@ -298,8 +352,20 @@ def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer
     tokenizer.save(str(folder / "tokenizer.json"))
     corpus = write_wikitext_copy(tmp_path / "wikitext")
     out = tmp_path / "paper"
-    code, _, err = analyze(f"hf:{folder}", "--protocol", "paper", "--dataset-path", corpus, "--num-sequences", "3",
-                           "--seq-len", "24", "--out", out, capsys=capsys)
+    code, _, err = analyze(
+        f"hf:{folder}",
+        "--protocol",
+        "paper",
+        "--dataset-path",
+        corpus,
+        "--num-sequences",
+        "3",
+        "--seq-len",
+        "24",
+        "--out",
+        out,
+        capsys=capsys,
+    )
     assert code == 0, err
     result = load(out)
     assert result.inputs["protocol"] == "paper" and result.inputs["layer_points"] == "hidden_states"
@@ -310,8 +376,10 @@ def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer
     encode = transformers.AutoTokenizer.from_pretrained(folder)
     tokens = torch.tensor([encode(authors_long_text(rows, seed))["input_ids"][:24] for seed in range(3)])
     assert (tokens[:, 0] == 50256).all()  # the default special token is there
-    assert result.tokens_sha256 == hashlib.sha256(tokens.numpy().astype("<i8").tobytes()
-                                                  + repr(tuple(tokens.shape)).encode()).hexdigest()
+    assert (
+        result.tokens_sha256
+        == hashlib.sha256(tokens.numpy().astype("<i8").tobytes() + repr(tuple(tokens.shape)).encode()).hexdigest()
+    )
     curve = [mean for mean, _ in plain_mean_cos(independent_states(folder, "llama", tokens))]
     hidden_states = curve[:-2] + curve[-1:]  # embedding, blocks 1..n-1, final norm
     assert len(hidden_states) == 4 and [layer.mean_cos for layer in result.layers] == pytest.approx(curve, abs=1e-5)
@@ -325,8 +393,13 @@ def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer
     assert float(row["mean_cos_last_3"]) == pytest.approx(np.mean(hidden_states[-3:]), abs=1e-5)
     other = tmp_path / "default"
     assert analyze(f"hf:{folder}", *options(texts), "--out", other, capsys=capsys)[0] == 0
-    assert_one_line_error(*analyze("family", str(out), str(other), "--out", tmp_path / "family", "--protocol", "paper",
-                                   capsys=capsys)[::2], "--protocol paper", "was not analysed with")
+    assert_one_line_error(
+        *analyze("family", str(out), str(other), "--out", tmp_path / "family", "--protocol", "paper", capsys=capsys)[
+            ::2
+        ],
+        "--protocol paper",
+        "was not analysed with",
+    )
 
 
 def test_a_model_with_its_own_code_needs_trust_remote_code(tokenizer_files, texts, tmp_path, capsys):
@@ -335,30 +408,45 @@ def test_a_model_with_its_own_code_needs_trust_remote_code(tokenizer_files, text
     folder = save_model(tmp_path / "remote", config("gpt2"), tokenizer_files)
     plain = save_model(tmp_path / "plain", config("gpt2"), tokenizer_files)  # the same weights (seed 0)
     (folder / "configuration_tiny.py").write_text(
-        "from transformers import GPT2Config\n\n\nclass TinyConfig(GPT2Config):\n    model_type = 'tiny_remote'\n")
+        "from transformers import GPT2Config\n\n\nclass TinyConfig(GPT2Config):\n    model_type = 'tiny_remote'\n"
+    )
     (folder / "modeling_tiny.py").write_text(
         "from transformers import GPT2LMHeadModel\n\nfrom .configuration_tiny import TinyConfig\n\n\n"
-        "class TinyForCausalLM(GPT2LMHeadModel):\n    config_class = TinyConfig\n")
+        "class TinyForCausalLM(GPT2LMHeadModel):\n    config_class = TinyConfig\n"
+    )
     cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(model_type="tiny_remote", architectures=["TinyForCausalLM"],
-               auto_map={"AutoConfig": "configuration_tiny.TinyConfig",
-                         "AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"})
+    cfg.update(
+        model_type="tiny_remote",
+        architectures=["TinyForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_tiny.TinyConfig",
+            "AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM",
+        },
+    )
     (folder / "config.json").write_text(json.dumps(cfg))
-    assert_one_line_error(*analyze(f"hf:{folder}", *options(texts), "--out", tmp_path / "no", capsys=capsys)[::2],
-                          f"hf:{folder}: ships its own modelling code", "--trust-remote-code")
-    code, _, err = analyze(f"hf:{folder}", *options(texts), "--trust-remote-code", "--out", tmp_path / "yes",
-                           capsys=capsys)
+    assert_one_line_error(
+        *analyze(f"hf:{folder}", *options(texts), "--out", tmp_path / "no", capsys=capsys)[::2],
+        f"hf:{folder}: ships its own modelling code",
+        "--trust-remote-code",
+    )
+    code, _, err = analyze(
+        f"hf:{folder}", *options(texts), "--trust-remote-code", "--out", tmp_path / "yes", capsys=capsys
+    )
     assert code == 0, err
     result = load(tmp_path / "yes")
     encode = transformers.AutoTokenizer.from_pretrained(plain)
-    tokens = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
-                              lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"]).tokens
+    tokens = select_sequences(
+        InputOptions(None, None, str(texts), K, S, 0),
+        lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"],
+    ).tokens
     want = plain_mean_cos(independent_states(plain, "gpt2", tokens))
     assert result.model_args["model_type"] == "tiny_remote"
     assert np.allclose([(layer.mean_cos, layer.mean_cos_offdiag) for layer in result.layers], want, rtol=0, atol=1e-5)
     run = tiny_run(tmp_path / "run")
-    assert_one_line_error(*analyze(run, *options(texts), "--trust-remote-code", capsys=capsys)[::2],
-                          "--trust-remote-code: only for hf: models")
+    assert_one_line_error(
+        *analyze(run, *options(texts), "--trust-remote-code", capsys=capsys)[::2],
+        "--trust-remote-code: only for hf: models",
+    )
 
 
 def test_protocol_paper_builds_other_corpora_from_rows_as_the_authors(tmp_path):
@@ -369,7 +457,7 @@ def test_protocol_paper_builds_other_corpora_from_rows_as_the_authors(tmp_path):
     texts = tmp_path / "rows.jsonl"
     texts.write_text("".join(json.dumps({"text": row}) + "\n" for row in rows))
     starts = [int(np.random.default_rng(seed).integers(0, 38)) for seed in range(3)]
-    assert paper_texts(rows, 3) == ["".join(rows[i:i + 4]) for i in starts]
+    assert paper_texts(rows, 3) == ["".join(rows[i : i + 4]) for i in starts]
     assert paper_texts(rows, 3) == [authors_long_text(rows, seed) for seed in range(3)]
     words = lambda batch: [[len(t.split())] * 30 for t in batch]  # noqa: E731  (a stand-in tokenizer: counts)
     chosen = select_sequences(InputOptions(None, None, str(texts), 3, 24, 0, protocol="paper"), words)

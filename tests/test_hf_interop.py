@@ -22,10 +22,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 import transformers
 from safetensors.torch import load_file, save_file
-from support.cli import run_cli
-from support.eval_tasks import evaluated_arms
-from support.launch import DEBUG_TOML, python_module, torchrun
-from support.runs import load_weights
 
 from dispersion_titan import convert
 from dispersion_titan.config.schema import Dispersion
@@ -37,6 +33,10 @@ from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
 from dispersion_titan.trainer.block_outputs import BlockOutputs
 from dispersion_titan.trainer.objective import DispersionObjective
+from support.cli import run_cli
+from support.eval_tasks import evaluated_arms
+from support.launch import DEBUG_TOML, python_module, torchrun
+from support.runs import load_weights
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
 SHAPE = dict(n_embd=64, n_layer=4, n_head=4, n_positions=256, vocab_size=50257)
@@ -92,16 +92,31 @@ def test_hf_checkpoint_loads_for_real_in_one_process(hf_model, tmp_path, capsys)
     mid-training plot_results.py; the same copies recorded as from scratch take the best step of the
     seed-averaged curve among the steps pretrain_toy_gpt2.py evaluates (--num_ckpt 2), and no such row."""
     run = tmp_path / "run"
-    torchrun(run, 1, *NO_VALIDATION, "--training.steps", "3", "--checkpoint.initial_load_path", str(hf_model),
-             "--checkpoint.initial_load_in_hf")
+    torchrun(
+        run,
+        1,
+        *NO_VALIDATION,
+        "--training.steps",
+        "3",
+        "--checkpoint.initial_load_path",
+        str(hf_model),
+        "--checkpoint.initial_load_in_hf",
+    )
     assert max_diff(our_logits(run / "checkpoint" / "step-0"), hf_logits(hf_model)) <= 1e-5
     record = json.loads((run / "run.json").read_text())["started_from"]
     assert record == {"pretrained": True, "source": "hf", "path": str(hf_model)}
-    for name, start, steps, pretrained in (("mid", None, "1;3", "0;0"),
-                                           ("scratch", {"pretrained": False, "source": "init", "path": None}, "2;2",
-                                            None)):
-        code, _, err = run_cli(evaluate_main, "table", *evaluated_arms(run, tmp_path / name, start), "--out",
-                               tmp_path / f"{name}-table", capsys=capsys)
+    for name, start, steps, pretrained in (
+        ("mid", None, "1;3", "0;0"),
+        ("scratch", {"pretrained": False, "source": "init", "path": None}, "2;2", None),
+    ):
+        code, _, err = run_cli(
+            evaluate_main,
+            "table",
+            *evaluated_arms(run, tmp_path / name, start),
+            "--out",
+            tmp_path / f"{name}-table",
+            capsys=capsys,
+        )
         assert code == 0, err
         with open(tmp_path / f"{name}-table" / "table.csv") as f:
             rows = {row["arm"]: row["steps"] for row in csv.DictReader(f)}
@@ -112,8 +127,17 @@ def test_hf_checkpoint_loads_for_real_in_one_process(hf_model, tmp_path, capsys)
 def test_openai_layout_loads_under_fsdp_and_last_save_in_hf_round_trips(hf_model, openai_layout, tmp_path):
     """FSDP=2 (DTensor state dicts) in; with lr 0 the HF-format last save must equal the input."""
     run = tmp_path / "run"
-    torchrun(run, 2, *NO_VALIDATION, "--checkpoint.initial_load_path", str(openai_layout),
-             "--checkpoint.initial_load_in_hf", "--checkpoint.last_save_in_hf", "--optimizer.lr", "0")
+    torchrun(
+        run,
+        2,
+        *NO_VALIDATION,
+        "--checkpoint.initial_load_path",
+        str(openai_layout),
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.last_save_in_hf",
+        "--optimizer.lr",
+        "0",
+    )
     reference = hf_logits(hf_model)
     assert max_diff(our_logits(run / "checkpoint" / "step-0"), reference) <= 1e-5
     last = run / "checkpoint" / "step-1"
@@ -135,12 +159,14 @@ def write_dcp_checkpoint(dump, args: GPT2ModelArgs):
     return step
 
 
-@pytest.mark.parametrize("mlp, tie, vocab", [(0, True, 50257), (96, False, 50257), (0, False, 50304)],
-                         ids=["tied", "untied", "padded-vocab"])
+@pytest.mark.parametrize(
+    "mlp, tie, vocab", [(0, True, 50257), (96, False, 50257), (0, False, 50304)], ids=["tied", "untied", "padded-vocab"]
+)
 def test_convert_to_hf_gives_identical_logits_and_weights(tmp_path, mlp, tie, vocab):
     """A padded vocabulary (the GPU configs' 50304) comes out trimmed to GPT-2's 50257 ids."""
-    args = GPT2ModelArgs(dim=64, n_layers=3, n_heads=4, mlp_hidden_dim=mlp, max_seq_len=128, tie_embeddings=tie,
-                         vocab_size=vocab)
+    args = GPT2ModelArgs(
+        dim=64, n_layers=3, n_heads=4, mlp_hidden_dim=mlp, max_seq_len=128, tie_embeddings=tie, vocab_size=vocab
+    )
     step = write_dcp_checkpoint(tmp_path / "run", args)
     out = tmp_path / "hf"
     convert.main(["to-hf", str(step), str(out)])
@@ -181,14 +207,16 @@ def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path):
         assert proc.returncode == 2
         assert proc.stderr.strip().splitlines() == [
             f"dispersion_titan: error: OUT_DIR: {out} holds files no dispersion_titan command recorded as its own "
-            "(notes.txt); use another OUT_DIR"]
+            "(notes.txt); use another OUT_DIR"
+        ]
         assert os.listdir(out) == ["notes.txt"]
     out = tmp_path / "export"
     convert.main(["to-hf", str(step), str(out)])
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     proc = python_module("dispersion_titan.convert", "to-hf", str(step), str(out))
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        f"dispersion_titan: error: OUT_DIR: {out} is not empty (pass --force to overwrite its files)"]
+        f"dispersion_titan: error: OUT_DIR: {out} is not empty (pass --force to overwrite its files)"
+    ]
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     convert.main(["to-hf", str(step), str(out), "--force"])
     assert (out / "model.safetensors").stat().st_mtime_ns != before["model.safetensors"]
@@ -201,7 +229,8 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
         convert.main(["to-hf", str(missing), str(tmp_path / "out")])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"dispersion_titan: error: {missing}: no such folder (pass a run folder or one of its checkpoint/step-N)"]
+        f"dispersion_titan: error: {missing}: no such folder (pass a run folder or one of its checkpoint/step-N)"
+    ]
     assert not (tmp_path / "out").exists()
 
 
@@ -226,8 +255,10 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
         convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"dispersion_titan: error: {tmp_path / 'run'}: no complete checkpoint; pass a checkpoint "
-                   f"folder (e.g. {tmp_path / 'run'}/checkpoint/step-10)"]
+    assert err == [
+        f"dispersion_titan: error: {tmp_path / 'run'}: no complete checkpoint; pass a checkpoint "
+        f"folder (e.g. {tmp_path / 'run'}/checkpoint/step-10)"
+    ]
     assert not (tmp_path / "hf").exists()
 
 
@@ -247,9 +278,18 @@ def saved_hf_gpt2(folder, **config) -> transformers.GPT2LMHeadModel:
 def imported(folder, *overrides: str) -> GPT2:
     """Our GPT-2 as a run that starts from ``folder`` (``checkpoint.initial_load_in_hf``) builds it:
     the debug flavor updated from the job config, the weights through the HF adapter."""
-    job = validated_args(["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config",
-                          "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
-                          *overrides])
+    job = validated_args(
+        [
+            "--job.config_file",
+            DEBUG_TOML,
+            "--job.custom_config_module",
+            "dispersion_titan.config",
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+            *overrides,
+        ]
+    )
     args = gpt2_flavors["debug"]
     args.update_from_config(job)
     model = GPT2(args)
@@ -261,7 +301,10 @@ def test_dropout_comes_in_from_the_hf_config_and_goes_out_to_it(tmp_path):
     hf = saved_hf_gpt2(tmp_path / "in", **HF_DROPOUT).eval()
     ours = imported(tmp_path / "in")
     assert {k: getattr(ours.model_args, k) for k in ("attn_dropout", "resid_dropout", "embd_dropout")} == {
-        "attn_dropout": 0.05, "resid_dropout": 0.15, "embd_dropout": 0.25}
+        "attn_dropout": 0.05,
+        "resid_dropout": 0.15,
+        "embd_dropout": 0.25,
+    }
     assert imported(tmp_path / "in", "--model.resid_dropout", "0").model_args.resid_dropout == 0.0  # set: kept
     with torch.no_grad():
         assert max_diff(ours.eval()(TOKENS), hf(TOKENS).logits) <= 1e-5  # eval: no dropout on either side
@@ -297,8 +340,7 @@ def test_dispersion_term_equals_the_authors_loss_over_hf_hidden_states(tmp_path)
         hooks = BlockOutputs(model, points)
         model(TOKENS)
         cfg = Dispersion(variant="angular_spread", coeff=1.0, clamp=0.25, points=points, kernel="torch")
-        objective = DispersionObjective(cfg, SHAPE["n_layer"], global_batch_size=TOKENS.shape[0], seed=0,
-                                        tp_group=None)
+        objective = DispersionObjective(cfg, SHAPE["n_layer"], global_batch_size=TOKENS.shape[0], seed=0, tp_group=None)
         terms[points] = objective(hooks.take(), step=1, with_stats=False, chunk=0).unweighted.item()
     assert abs(terms["hidden_states"] - reference.item()) <= 2e-6, (terms, reference)
     assert abs(terms["blocks"] - reference.item()) > 5e-5  # the last block's raw output, before the norm, differs
@@ -307,8 +349,9 @@ def test_dispersion_term_equals_the_authors_loss_over_hf_hidden_states(tmp_path)
 def authors_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """CausalLMLoss.forward of the authors' lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2.py:
     the shifted cross-entropy, the mean over the micro-batch's B·(S−1) predictions."""
-    return torch.nn.functional.cross_entropy(logits[..., :-1, :].reshape(-1, logits.shape[-1]),
-                                             labels[..., 1:].reshape(-1), ignore_index=-100)
+    return torch.nn.functional.cross_entropy(
+        logits[..., :-1, :].reshape(-1, logits.shape[-1]), labels[..., 1:].reshape(-1), ignore_index=-100
+    )
 
 
 def test_as_released_loss_scale_is_the_authors_trainer_step(tmp_path):
@@ -338,9 +381,17 @@ def test_as_released_loss_scale_is_the_authors_trainer_step(tmp_path):
             seen.update({name: p.grad.detach().clone() for name, p in model.named_parameters()})
 
     rows = [{"input_ids": t[:S], "labels": t[:S]} for t in tokens]  # the authors' blocks of S tokens
-    args = transformers.TrainingArguments(str(tmp_path / "trainer"), per_device_train_batch_size=b,
-                                          gradient_accumulation_steps=2, max_steps=1, max_grad_norm=0,
-                                          report_to=[], use_cpu=True, save_strategy="no", seed=0)
+    args = transformers.TrainingArguments(
+        str(tmp_path / "trainer"),
+        per_device_train_batch_size=b,
+        gradient_accumulation_steps=2,
+        max_steps=1,
+        max_grad_norm=0,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+    )
     AuthorsTrainer(model=hf, args=args, train_dataset=rows, callbacks=[Gradients()]).train()
 
     sample = PackedSequenceDataset(tokens.flatten().numpy(), S, b)
@@ -351,7 +402,7 @@ def test_as_released_loss_scale_is_the_authors_trainer_step(tmp_path):
         hooks = BlockOutputs(model, "hidden_states")
         cfg = Dispersion(variant="angular_spread", coeff=coeff, clamp=0.25, points="hidden_states", kernel="torch")
         objective = DispersionObjective(cfg, SHAPE["n_layer"], global_batch_size=2 * b, seed=0, tp_group=None)
-        batches = [[sample.sample(t.numpy()) for t in tokens[m * b:(m + 1) * b]] for m in range(2)]
+        batches = [[sample.sample(t.numpy()) for t in tokens[m * b : (m + 1) * b]] for m in range(2)]
         total_tokens = sum(int((y != -100).sum()) for batch in batches for _, y in batch)
         for m, batch in enumerate(batches):
             inputs, labels = torch.stack([x["input"] for x, _ in batch]), torch.stack([y for _, y in batch])
@@ -363,7 +414,8 @@ def test_as_released_loss_scale_is_the_authors_trainer_step(tmp_path):
                 denominator, factor = released_scales(labels, dp_degree=1, global_batch=2 * b)
                 (ce_sum / denominator + term.weighted * factor).backward()
         grads[scale] = GPT2StateDictAdapter(model.model_args, None).to_hf(
-            {name: p.grad for name, p in model.named_parameters()})
+            {name: p.grad for name, p in model.named_parameters()}
+        )
     hf_names = {name.removeprefix("transformer."): name for name in seen}
     for name, grad in grads["as_released"].items():
         want = seen[hf_names[name.removeprefix("transformer.")]]

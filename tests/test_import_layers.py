@@ -76,7 +76,7 @@ def imported_modules(name: str, path: Path, modules: Iterable[str], package: str
 def _inside(dotted: str, package: str) -> str | None:
     if dotted == package:
         return ""
-    return dotted[len(package) + 1:] if dotted.startswith(package + ".") else None
+    return dotted[len(package) + 1 :] if dotted.startswith(package + ".") else None
 
 
 def folder(package: Path, path: Path) -> str:
@@ -139,8 +139,9 @@ def layer_violations(package: Path, layers: tuple[tuple[str, ...], ...] = LAYERS
             if rank[b] < rank[a]:
                 problems.append(f"{source or ROOT} imports {target or ROOT}: {b} is above {a}")
     problems += [f"folder loop: {' <-> '.join(sorted(loop))}" for loop in cycles(folder_graph)]
-    problems += [f"file circle: {' <-> '.join(sorted(loop))}" for loop in cycles(graph)
-                 if loop not in KNOWN_FILE_CIRCLES]
+    problems += [
+        f"file circle: {' <-> '.join(sorted(loop))}" for loop in cycles(graph) if loop not in KNOWN_FILE_CIRCLES
+    ]
     return problems
 
 
@@ -152,8 +153,13 @@ def test_only_the_commands_that_build_the_trainer_import_it():
     """Training, its torchrun, and plan, which builds it as rank 0 of the planned world
     (``sweep --plan`` and ``paper --plan`` go through plan)."""
     graph = import_graph(PACKAGE)
-    importers = {source for source, targets in graph.items() if not source.startswith("trainer")
-                 for target in targets if target.startswith("trainer")}
+    importers = {
+        source
+        for source, targets in graph.items()
+        if not source.startswith("trainer")
+        for target in targets
+        if target.startswith("trainer")
+    }
     assert importers == {"train", "torchrun", "plan"}
 
 
@@ -161,8 +167,12 @@ def test_evaluation_and_analysis_share_only_what_sits_below_them():
     """Siblings: the output I/O, ``--steps``, ``--device`` and ``run.json`` readers both use live
     in ``run_folder/`` and ``utils/``, so neither imports the other."""
     graph = import_graph(PACKAGE)
-    crossing = {f"{source} imports {target}" for source, targets in graph.items() for target in targets
-                if {source.partition(".")[0], target.partition(".")[0]} == {"analysis", "evaluation"}}
+    crossing = {
+        f"{source} imports {target}"
+        for source, targets in graph.items()
+        for target in targets
+        if {source.partition(".")[0], target.partition(".")[0]} == {"analysis", "evaluation"}
+    }
     assert crossing == set()
 
 
@@ -189,28 +199,35 @@ TWO_FLOORS = ((ROOT,), ("high",), ("low",))
 
 
 def test_a_clean_package_passes(tmp_path):
-    package = plant(tmp_path, {"cmd.py": "from pkg.high import a", "high/a.py": "from ..low import b",
-                               "low/b.py": "import os"})
+    package = plant(
+        tmp_path, {"cmd.py": "from pkg.high import a", "high/a.py": "from ..low import b", "low/b.py": "import os"}
+    )
     assert layer_violations(package, TWO_FLOORS) == []
 
 
-@pytest.mark.parametrize("files, problem", [
-    ({"low/b.py": "from ..high.a import x"}, "low.b imports high.a: high is above low"),
-    ({"low/b.py": "def f():\n    from pkg.high import a"}, "low.b imports high.a: high is above low"),
-    ({"low/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.high.a"},
-     "low.b imports high.a: high is above low"),
-    ({"low/b.py": "from pkg import cmd"}, "low.b imports cmd: <root> is above low"),
-    ({"high/a.py": "from . import c", "high/c.py": "from .a import x"}, "file circle: high.a <-> high.c"),
-    ({"other/x.py": ""}, "other/ is in no layer: add it to LAYERS"),
-])
+@pytest.mark.parametrize(
+    "files, problem",
+    [
+        ({"low/b.py": "from ..high.a import x"}, "low.b imports high.a: high is above low"),
+        ({"low/b.py": "def f():\n    from pkg.high import a"}, "low.b imports high.a: high is above low"),
+        (
+            {"low/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.high.a"},
+            "low.b imports high.a: high is above low",
+        ),
+        ({"low/b.py": "from pkg import cmd"}, "low.b imports cmd: <root> is above low"),
+        ({"high/a.py": "from . import c", "high/c.py": "from .a import x"}, "file circle: high.a <-> high.c"),
+        ({"other/x.py": ""}, "other/ is in no layer: add it to LAYERS"),
+    ],
+)
 def test_a_planted_violation_fails(tmp_path, files, problem):
     package = plant(tmp_path, {"cmd.py": "", "high/a.py": "", "low/b.py": "", **files})
     assert problem in layer_violations(package, TWO_FLOORS)
 
 
 def test_a_folder_loop_among_peers_fails(tmp_path):
-    package = plant(tmp_path, {"left/a.py": "from ..right import b", "right/b.py": "from ..left import c",
-                               "left/c.py": ""})
+    package = plant(
+        tmp_path, {"left/a.py": "from ..right import b", "right/b.py": "from ..left import c", "left/c.py": ""}
+    )
     assert layer_violations(package, ((ROOT,), ("left", "right"))) == ["folder loop: left <-> right"]
 
 
@@ -227,8 +244,12 @@ def local_imports(package: Path) -> list[tuple[Path, int, bool]]:
             if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(function):
-                own = (isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith(package.name))
-                       or isinstance(node, ast.Import) and any(a.name.startswith(package.name) for a in node.names))
+                own = (
+                    isinstance(node, ast.ImportFrom)
+                    and (node.level or (node.module or "").startswith(package.name))
+                    or isinstance(node, ast.Import)
+                    and any(a.name.startswith(package.name) for a in node.names)
+                )
                 if not own:
                     continue
                 first, last = node.lineno - 1, node.end_lineno  # the block of import lines it is in
@@ -237,7 +258,8 @@ def local_imports(package: Path) -> list[tuple[Path, int, bool]]:
                 while last < len(lines) and lines[last].lstrip().startswith(("from ", "import ")):
                     last += 1
                 said = any("#" in line for line in lines[first:last]) or (
-                    first > 0 and lines[first - 1].lstrip().startswith("#"))
+                    first > 0 and lines[first - 1].lstrip().startswith("#")
+                )
                 found.append((path, node.lineno, said))
     return found
 
@@ -252,7 +274,12 @@ def test_function_local_imports_are_few_and_each_says_why():
 
 
 def test_the_reason_check_catches_a_silent_local_import(tmp_path):
-    package = plant(tmp_path, {"a.py": "def f():\n    from pkg import b\n", "b.py": "",
-                               "c.py": "def g():\n    # optional: slow to import\n    from pkg import b\n"})
-    assert [(p.name, line, said) for p, line, said in local_imports(package)] == [("a.py", 2, False),
-                                                                                  ("c.py", 3, True)]
+    package = plant(
+        tmp_path,
+        {
+            "a.py": "def f():\n    from pkg import b\n",
+            "b.py": "",
+            "c.py": "def g():\n    # optional: slow to import\n    from pkg import b\n",
+        },
+    )
+    assert [(p.name, line, said) for p, line, said in local_imports(package)] == [("a.py", 2, False), ("c.py", 3, True)]

@@ -4,8 +4,8 @@ torchrun agents on localhost, and the sweep's dry run."""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,7 +16,6 @@ import pytest
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, torchrun_script
 from support.runs import scalars
 
-
 TRAIN_SH = REPO / "launch" / "train.sh"
 SWEEP = ("-m", "dispersion_titan.sweep")
 STEPS = 4
@@ -26,8 +25,14 @@ LOSS = "loss_metrics/global_avg_loss"
 
 def train_sh(dump: Path, *overrides: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
     """Start launch/train.sh on the debug config (absolute path: cwd is not the repo)."""
-    return subprocess.Popen([str(TRAIN_SH), DEBUG_TOML, "--job.dump_folder", str(dump), *COMMON, *overrides],
-                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [str(TRAIN_SH), DEBUG_TOML, "--job.dump_folder", str(dump), *COMMON, *overrides],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: int = 300) -> str:
@@ -52,8 +57,10 @@ def one_node(tmp_path_factory) -> tuple[Path, str]:
     del env["OMP_NUM_THREADS"]  # train.sh sets it: CPUs / processes (1 on a 2-core machine)
     # The interpreter train.sh starts torchrun with records the environment it was given.
     recorder = elsewhere / "python"
-    recorder.write_text(f'#!/bin/sh\necho "OMP_NUM_THREADS=${{OMP_NUM_THREADS-unset}}" >> {elsewhere}/env.txt\n'
-                        f'exec {sys.executable} "$@"\n')
+    recorder.write_text(
+        f'#!/bin/sh\necho "OMP_NUM_THREADS=${{OMP_NUM_THREADS-unset}}" >> {elsewhere}/env.txt\n'
+        f'exec {sys.executable} "$@"\n'
+    )
     recorder.chmod(0o755)
     env["PYTHON"] = str(recorder)
     log = finish(train_sh(dump, cwd=elsewhere, env=env))
@@ -74,8 +81,9 @@ def test_train_sh_trains_from_any_directory(one_node):
 def test_train_sh_bad_input_is_one_line(tmp_path):
     missing = subprocess.run([str(TRAIN_SH), "nope.toml"], cwd=tmp_path, capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.strip() == "train.sh: error: config file not found: nope.toml"
-    bad = subprocess.run([str(TRAIN_SH), DEBUG_TOML], cwd=tmp_path, capture_output=True, text=True,
-                         env=launch_env({"NPROC": "two"}))
+    bad = subprocess.run(
+        [str(TRAIN_SH), DEBUG_TOML], cwd=tmp_path, capture_output=True, text=True, env=launch_env({"NPROC": "two"})
+    )
     assert bad.returncode == 2 and bad.stderr.strip() == "train.sh: error: NPROC must be a positive integer, got 'two'"
 
 
@@ -95,25 +103,45 @@ def test_two_agents_on_localhost_match_one_node(one_node, tmp_path):
 
 
 def sweep(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *SWEEP, *args], cwd=cwd, env=launch_env(),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, *SWEEP, *args], cwd=cwd, env=launch_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
     out = tmp_path / "sweep"
-    proc = sweep(str(REPO / "launch" / "sweep_example.toml"), "--out", str(out), "--widths", "128,256",
-                 "--seeds", "0,1", "--partition", "p1", "--account", "a1", "--dry-run", "--", "--training.steps", "3", "--baseline.forget_every", "2")
+    proc = sweep(
+        str(REPO / "launch" / "sweep_example.toml"),
+        "--out",
+        str(out),
+        "--widths",
+        "128,256",
+        "--seeds",
+        "0,1",
+        "--partition",
+        "p1",
+        "--account",
+        "a1",
+        "--dry-run",
+        "--",
+        "--training.steps",
+        "3",
+        "--baseline.forget_every",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     assert not out.exists(), "a dry run creates nothing"
     lines = [line for line in proc.stdout.splitlines() if re.match(r"\w+=\$\(sbatch ", line)]
-    jobs = {kind: [line for line in lines if line.startswith(f"{kind}_")]
-            for kind in ("train", "analyze", "evaluate")}
+    jobs = {kind: [line for line in lines if line.startswith(f"{kind}_")] for kind in ("train", "analyze", "evaluate")}
     compare = [line for line in lines if line.startswith("compare=")]
     table = [line for line in lines if line.startswith("table=")]
-    variants = {"baseline": ("none", "0", "none"), "angular_spread-c0.1": ("angular_spread", "0.1", "none"),
-                "decorrelation-c0.05": ("decorrelation", "0.05", "none"),
-                "noisy_embedding": ("none", "0", "noisy_embedding"),
-                "active_forgetting": ("none", "0", "active_forgetting")}
+    variants = {
+        "baseline": ("none", "0", "none"),
+        "angular_spread-c0.1": ("angular_spread", "0.1", "none"),
+        "decorrelation-c0.05": ("decorrelation", "0.05", "none"),
+        "noisy_embedding": ("none", "0", "noisy_embedding"),
+        "active_forgetting": ("none", "0", "active_forgetting"),
+    }
     expected = {f"w{w}-{v}-s{s}": (w, *variants[v], s) for w in (128, 256) for v in variants for s in (0, 1)}
     assert len(expected) == 20 and all(len(found) == 20 for found in jobs.values())
     assert len(compare) == len(table) == 1 and len(lines) == 62
@@ -126,9 +154,12 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
         assert train.startswith(f"train_{i}=$(sbatch --parsable ")
         assert "--dependency" not in train and "--partition=p1" in train and "--account=a1" in train
         assert "--time=04:00:00" in train and str(REPO / "dispersion_titan/launch_scripts/slurm/train.sbatch") in train
-        assert (f"--training.steps 3 --baseline.forget_every 2 --model.mlp_hidden_dim {width} --dispersion.variant {variant} "
-                f"--dispersion.coeff {coeff} --baseline.method {method} --debug.seed {seed} "
-                f"--job.dump_folder {out / name})") in train
+        assert (
+            f"--training.steps 3 --baseline.forget_every 2 --model.mlp_hidden_dim {width} "
+            f"--dispersion.variant {variant} "
+            f"--dispersion.coeff {coeff} --baseline.method {method} --debug.seed {seed} "
+            f"--job.dump_folder {out / name})"
+        ) in train
         assert analyze.startswith(f"analyze_{i}=$(sbatch --parsable --dependency=afterok:$train_{i} ")
         assert f"analyze.sbatch {out / name} --num-sequences 100 --seq-len 128)" in analyze
         assert evaluate.startswith(f"evaluate_{i}=$(sbatch --parsable --dependency=afterok:$train_{i} ")
@@ -166,10 +197,27 @@ def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp
     trainer (debug.toml derives ``local_batch_size = 0``, which only the checks fill in),
     without rewriting ``sys.argv`` or ``parse_args``'s default argument."""
     out = tmp_path / "counts.json"
-    proc = torchrun_script("count_parses.py", 1, str(out), "--job.config_file", DEBUG_TOML,
-                           "--job.dump_folder", str(tmp_path / "run"), "--training.steps", "1", "--validation.no-enable",
-                           "--checkpoint.no-enable", *DEBUG_SEQ_LEN)
+    proc = torchrun_script(
+        "count_parses.py",
+        1,
+        str(out),
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(tmp_path / "run"),
+        "--training.steps",
+        "1",
+        "--validation.no-enable",
+        "--checkpoint.no-enable",
+        *DEBUG_SEQ_LEN,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert json.loads(out.read_text()) == {"parses": 1, "checks": 1, "trainers": 1, "toml_reads": 1,
-                                           "trainer_got_the_checked_config": True, "argv_kept": True,
-                                           "default_kept": True}
+    assert json.loads(out.read_text()) == {
+        "parses": 1,
+        "checks": 1,
+        "trainers": 1,
+        "toml_reads": 1,
+        "trainer_got_the_checked_config": True,
+        "argv_kept": True,
+        "default_kept": True,
+    }

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.config.cli import load_toml
-from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.job_config.checks import resolve_batch_sizes
+from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.utils.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
 from dispersion_titan.utils.errors import ConfigError, DeviceError
 from support.cli import assert_one_line_error
@@ -30,8 +30,16 @@ DP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 def finished_run(tmp_path_factory) -> Path:
     """A small run folder that refused commands must leave byte-identical."""
     dump = tmp_path_factory.mktemp("guards") / "run"
-    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
-                         "--training.steps", "2", "--validation.no-enable")
+    proc = python_module(
+        "dispersion_titan.train",
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(dump),
+        "--training.steps",
+        "2",
+        "--validation.no-enable",
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dump
 
@@ -49,28 +57,50 @@ def fake_nvidia_smi(folder: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signal, count", [("slurm", "8 allocated GPUs (SLURM_GPUS_ON_NODE)"),
-                                           ("nvidia-smi", "2 allocated GPUs (nvidia-smi -L)")])
+@pytest.mark.parametrize(
+    "signal, count",
+    [("slurm", "8 allocated GPUs (SLURM_GPUS_ON_NODE)"), ("nvidia-smi", "2 allocated GPUs (nvidia-smi -L)")],
+)
 def test_gpus_torch_cannot_use_are_refused_in_one_line(finished_run, tmp_path, signal, count):
-    env = {ALLOW_CPU_ENV: "", "SLURM_GPUS_ON_NODE": "8"} if signal == "slurm" else \
-        {ALLOW_CPU_ENV: "", "PATH": fake_nvidia_smi(tmp_path / "bin")}
+    env = (
+        {ALLOW_CPU_ENV: "", "SLURM_GPUS_ON_NODE": "8"}
+        if signal == "slurm"
+        else {ALLOW_CPU_ENV: "", "PATH": fake_nvidia_smi(tmp_path / "bin")}
+    )
     before = digests(finished_run)
-    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
-                         str(finished_run), "--training.steps", "4", "--validation.no-enable", env=env)
-    assert_one_line_error(proc.returncode, proc.stderr, "is a CPU-only build on a node with " + count,
-                          "install a CUDA build of torch", f"{ALLOW_CPU_ENV}=1")
+    proc = python_module(
+        "dispersion_titan.train",
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(finished_run),
+        "--training.steps",
+        "4",
+        "--validation.no-enable",
+        env=env,
+    )
+    assert_one_line_error(
+        proc.returncode,
+        proc.stderr,
+        "is a CPU-only build on a node with " + count,
+        "install a CUDA build of torch",
+        f"{ALLOW_CPU_ENV}=1",
+    )
     assert digests(finished_run) == before
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"SLURM_GPUS_ON_NODE": "8"}, (8, "SLURM_GPUS_ON_NODE")),
-    ({"SLURM_JOB_GPUS": "0-3,6"}, (5, "SLURM_JOB_GPUS")),
-    ({"SLURM_STEP_GPUS": "2"}, (1, "SLURM_STEP_GPUS")),
-    ({"CUDA_VISIBLE_DEVICES": "0,1"}, (2, "CUDA_VISIBLE_DEVICES")),
-    ({"CUDA_VISIBLE_DEVICES": ""}, None),
-    ({"CUDA_VISIBLE_DEVICES": "-1"}, None),
-    ({"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_GPUS_ON_NODE": "0"}, None),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"SLURM_GPUS_ON_NODE": "8"}, (8, "SLURM_GPUS_ON_NODE")),
+        ({"SLURM_JOB_GPUS": "0-3,6"}, (5, "SLURM_JOB_GPUS")),
+        ({"SLURM_STEP_GPUS": "2"}, (1, "SLURM_STEP_GPUS")),
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, (2, "CUDA_VISIBLE_DEVICES")),
+        ({"CUDA_VISIBLE_DEVICES": ""}, None),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, None),
+        ({"CUDA_VISIBLE_DEVICES": "NoDevFiles", "SLURM_GPUS_ON_NODE": "0"}, None),
+    ],
+)
 def test_allocated_gpu_signals(monkeypatch, env, expected):
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi
     assert allocated_gpus(env) == expected
@@ -124,8 +154,14 @@ def test_every_config_either_resolves_or_names_the_batch_in_one_line(parsed_conf
         try:
             resolve_batch_sizes(job, dp)
         except ConfigError as e:
-            assert str(e).startswith(("training.global_batch_size: ", "validation.global_batch_size: ",
-                                      "training.local_batch_size: ", "validation.local_batch_size: ")), (name, dp)
+            assert str(e).startswith(
+                (
+                    "training.global_batch_size: ",
+                    "validation.global_batch_size: ",
+                    "training.local_batch_size: ",
+                    "validation.local_batch_size: ",
+                )
+            ), (name, dp)
             assert "\n" not in str(e), (name, dp)
             assert name not in [c.name for c in GPU_CONFIGS] or dp > parsed.training.global_batch_size, (name, dp)
             assert f"{dp} data-parallel ranks" in str(e)
@@ -138,10 +174,14 @@ def test_every_config_either_resolves_or_names_the_batch_in_one_line(parsed_conf
 
 @pytest.mark.slow
 def test_unwritable_dump_folder_is_one_line_without_traceback():
-    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML,
-                         "--job.dump_folder", "/etc/hostname/run")
-    assert_one_line_error(proc.returncode, proc.stderr,
-                          "job.dump_folder: /etc/hostname/run cannot be created: /etc/hostname is not a directory")
+    proc = python_module(
+        "dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", "/etc/hostname/run"
+    )
+    assert_one_line_error(
+        proc.returncode,
+        proc.stderr,
+        "job.dump_folder: /etc/hostname/run cannot be created: /etc/hostname is not a directory",
+    )
 
 
 # ---------------------------------------------------------------- launch/train.sh checks once
@@ -150,17 +190,33 @@ def test_unwritable_dump_folder_is_one_line_without_traceback():
 @pytest.mark.slow
 def test_train_sh_checks_the_config_once_before_torchrun(finished_run):
     before = digests(finished_run)
-    proc = subprocess.run([str(REPO / "launch" / "train.sh"), DEBUG_TOML, "--job.dump_folder", str(finished_run),
-                           "--dispersion.variant", "angular"], capture_output=True, text=True,
-                          env=launch_env({"PYTHON": sys.executable}), timeout=300)
+    proc = subprocess.run(
+        [
+            str(REPO / "launch" / "train.sh"),
+            DEBUG_TOML,
+            "--job.dump_folder",
+            str(finished_run),
+            "--dispersion.variant",
+            "angular",
+        ],
+        capture_output=True,
+        text=True,
+        env=launch_env({"PYTHON": sys.executable}),
+        timeout=300,
+    )
     assert_one_line_error(proc.returncode, proc.stderr, "dispersion.variant: 'angular' is not one of")
     assert "torch.distributed" not in proc.stdout + proc.stderr and not proc.stdout.strip()
     assert digests(finished_run) == before
 
 
 def test_train_sh_help_prints_its_usage():
-    proc = subprocess.run([str(REPO / "launch" / "train.sh"), "--help"], capture_output=True, text=True,
-                          env=launch_env({"PYTHON": sys.executable}), timeout=60)
+    proc = subprocess.run(
+        [str(REPO / "launch" / "train.sh"), "--help"],
+        capture_output=True,
+        text=True,
+        env=launch_env({"PYTHON": sys.executable}),
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "Train on this node:  launch/train.sh CONFIG [--section.key value ...]"

@@ -25,10 +25,18 @@ def build(args: GPT2ModelArgs, seed: int = 0) -> GPT2:
 
 def hf_config(args: GPT2ModelArgs):
     return transformers.GPT2Config(
-        vocab_size=args.vocab_size, n_positions=args.max_seq_len, n_embd=args.dim,
-        n_layer=args.n_layers, n_head=args.n_heads, n_inner=args.mlp_hidden_dim or None,
-        activation_function="gelu_new", layer_norm_epsilon=args.norm_eps,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=args.tie_embeddings,
+        vocab_size=args.vocab_size,
+        n_positions=args.max_seq_len,
+        n_embd=args.dim,
+        n_layer=args.n_layers,
+        n_head=args.n_heads,
+        n_inner=args.mlp_hidden_dim or None,
+        activation_function="gelu_new",
+        layer_norm_epsilon=args.norm_eps,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=args.tie_embeddings,
     )
 
 
@@ -156,8 +164,9 @@ def test_dropout_is_off_in_eval_and_on_in_training():
     tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         with_dropout.eval(), without.eval()
-        assert torch.equal(with_dropout(tokens), without(tokens)) and torch.equal(with_dropout(tokens),
-                                                                                 with_dropout(tokens))
+        assert torch.equal(with_dropout(tokens), without(tokens)) and torch.equal(
+            with_dropout(tokens), with_dropout(tokens)
+        )
         with_dropout.train(), without.train()
         torch.manual_seed(5)
         first = with_dropout(tokens)
@@ -176,8 +185,10 @@ def test_embedding_and_residual_dropout_are_inverted_dropout():
     x = torch.randn(8, 256, 64, generator=torch.Generator().manual_seed(2))
     block = model.layers["0"]
     with torch.no_grad():
-        pairs = {"embd_dropout": (model.eval().embed(tokens), model.train().embed(tokens)),
-                 "resid_dropout": (block.feed_forward.eval()(x), block.feed_forward.train()(x))}
+        pairs = {
+            "embd_dropout": (model.eval().embed(tokens), model.train().embed(tokens)),
+            "resid_dropout": (block.feed_forward.eval()(x), block.feed_forward.train()(x)),
+        }
     for key, (reference, dropped) in pairs.items():
         p = DROPOUT[key]
         kept = dropped != 0

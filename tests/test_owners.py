@@ -16,7 +16,6 @@ from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.convert import main as convert_main
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.run_folder.owners import OWNER_FILE
-
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import DEBUG_TOML, python_module, torchrun
@@ -47,23 +46,47 @@ def refused(code: int, err: str, base: Path, before: dict[str, str], *says: str)
     assert digests(base) == before
 
 
-@pytest.mark.parametrize("command, target, out, says", [
-    ("analyze", "A", "A", "--out: {A} is the folder of run {A}; use another --out"),  # the natural slip
-    ("analyze", "B", "A", "--out: {A} is the folder of run {A}; use another --out"),
-    ("analyze", "B", "A/condensation", "--out: {A}/condensation is inside run {A}, which holds only its own results"),
-    ("analyze", "A", "A/checkpoint/mine", "is inside run {A}'s checkpoint folder"),
-    ("analyze", "A", "A/step-9", "would make run {A}'s root look like a checkpoint folder (step-9)"),
-    ("evaluate", "A", "A/condensation", "--out: {A}/condensation holds the analysis of {A}; use another --out"),
-    ("convert", "A", "A/checkpoint/step-99", "OUT_DIR: {A}/checkpoint/step-99 is inside run {A}'s checkpoint folder"),
-    ("convert", "A", "A/condensation", "OUT_DIR: {A}/condensation holds the analysis of {A}; use another OUT_DIR"),
-], ids=["run-root", "another-run", "inside-another-run", "checkpoint-folder", "fake-step", "another-kind",
-        "convert-into-checkpoints", "convert-into-results"])
+@pytest.mark.parametrize(
+    "command, target, out, says",
+    [
+        ("analyze", "A", "A", "--out: {A} is the folder of run {A}; use another --out"),  # the natural slip
+        ("analyze", "B", "A", "--out: {A} is the folder of run {A}; use another --out"),
+        (
+            "analyze",
+            "B",
+            "A/condensation",
+            "--out: {A}/condensation is inside run {A}, which holds only its own results",
+        ),
+        ("analyze", "A", "A/checkpoint/mine", "is inside run {A}'s checkpoint folder"),
+        ("analyze", "A", "A/step-9", "would make run {A}'s root look like a checkpoint folder (step-9)"),
+        ("evaluate", "A", "A/condensation", "--out: {A}/condensation holds the analysis of {A}; use another --out"),
+        (
+            "convert",
+            "A",
+            "A/checkpoint/step-99",
+            "OUT_DIR: {A}/checkpoint/step-99 is inside run {A}'s checkpoint folder",
+        ),
+        ("convert", "A", "A/condensation", "OUT_DIR: {A}/condensation holds the analysis of {A}; use another OUT_DIR"),
+    ],
+    ids=[
+        "run-root",
+        "another-run",
+        "inside-another-run",
+        "checkpoint-folder",
+        "fake-step",
+        "another-kind",
+        "convert-into-checkpoints",
+        "convert-into-results",
+    ],
+)
 def test_a_command_never_writes_into_a_folder_of_another_owner(runs, capsys, command, target, out, says):
     """Each refused in one line naming the owner, exit 2, nothing under the runs changed."""
     before = digests(runs)
-    argv = {"analyze": [runs / target, "--out", runs / out, *OPTS],
-            "evaluate": [runs / target, "--out", runs / out, *EVAL_OPTS],
-            "convert": ["to-hf", runs / target, runs / out]}[command]
+    argv = {
+        "analyze": [runs / target, "--out", runs / out, *OPTS],
+        "evaluate": [runs / target, "--out", runs / out, *EVAL_OPTS],
+        "convert": ["to-hf", runs / target, runs / out],
+    }[command]
     main = {"analyze": analyze_main, "evaluate": evaluate_main, "convert": convert_main}[command]
     code, _, err = run_cli(main, *argv, capsys=capsys)
     refused(code, err, runs, before, says.format(A=runs / "A"))
@@ -88,8 +111,13 @@ def test_a_folder_of_files_nobody_recorded_is_refused(runs, capsys, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     before = digests(tmp_path)
     code, _, err = analyze(runs / "A", "--out", tmp_path, *OPTS, capsys=capsys)
-    refused(code, err, tmp_path, before, f"--out: {tmp_path} holds files no dispersion_titan command recorded as "
-                                         "its own (notes.txt); use another --out")
+    refused(
+        code,
+        err,
+        tmp_path,
+        before,
+        f"--out: {tmp_path} holds files no dispersion_titan command recorded as its own (notes.txt); use another --out",
+    )
 
 
 def test_an_hf_export_belongs_to_its_run(runs, capsys, tmp_path):
@@ -112,12 +140,30 @@ def test_a_second_run_on_another_runs_checkpoints_is_refused(runs, tmp_path):
     """Another dump folder, another seed and λ, given A's checkpoint folder: refused at launch in one
     line that names A and the fork to branch from it on purpose; nothing of A changes."""
     before = digests(runs)
-    proc = python_module("dispersion_titan.train", *CHECK, "--job.dump_folder", str(tmp_path / "second"),
-                         "--checkpoint.folder", str(runs / "A" / "checkpoint"), "--debug.seed", "7",
-                         "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.5", timeout=120)
-    refused(proc.returncode, proc.stderr, runs, before,
-            f"checkpoint.folder: {runs / 'A' / 'checkpoint'} is run {runs / 'A'}'s checkpoint folder; give this run "
-            "a checkpoint.folder of its own", f"--job.fork_from {runs / 'A'}[@STEP]")
+    proc = python_module(
+        "dispersion_titan.train",
+        *CHECK,
+        "--job.dump_folder",
+        str(tmp_path / "second"),
+        "--checkpoint.folder",
+        str(runs / "A" / "checkpoint"),
+        "--debug.seed",
+        "7",
+        "--dispersion.variant",
+        "angular_spread",
+        "--dispersion.coeff",
+        "0.5",
+        timeout=120,
+    )
+    refused(
+        proc.returncode,
+        proc.stderr,
+        runs,
+        before,
+        f"checkpoint.folder: {runs / 'A' / 'checkpoint'} is run {runs / 'A'}'s checkpoint folder; give this run "
+        "a checkpoint.folder of its own",
+        f"--job.fork_from {runs / 'A'}[@STEP]",
+    )
     assert not (tmp_path / "second").exists()
     for dump in (runs / "A" / "condensation", runs / "A" / "checkpoint"):
         proc = python_module("dispersion_titan.train", *CHECK, "--job.dump_folder", str(dump), timeout=120)
@@ -129,16 +175,29 @@ def scattered(tmp_path_factory) -> Path:
     """A real 1-process run whose checkpoint folder (``../ckpt``) and TensorBoard folder (an
     absolute path) lie outside its dump folder."""
     base = tmp_path_factory.mktemp("scattered")
-    torchrun(base / "run", 1, "--training.steps", "2", "--checkpoint.interval", "2", "--validation.no-enable",
-             "--checkpoint.folder", "../ckpt", "--metrics.save_tb_folder", str(base / "tb"))
+    torchrun(
+        base / "run",
+        1,
+        "--training.steps",
+        "2",
+        "--checkpoint.interval",
+        "2",
+        "--validation.no-enable",
+        "--checkpoint.folder",
+        "../ckpt",
+        "--metrics.save_tb_folder",
+        str(base / "tb"),
+    )
     return base
 
 
 def test_run_paths_outside_the_dump_folder_are_recorded_and_found(scattered, capsys):
     run, ckpt, tb = (Path(os.path.realpath(scattered / name)) for name in ("run", "ckpt", "tb"))
     assert sorted(p.name for p in ckpt.iterdir() if p.name != OWNER_FILE) == ["step-0", "step-2"]
-    assert json.loads((run / "run.json").read_text())["paths"] == {"checkpoint.folder": str(ckpt),
-                                                                   "metrics.save_tb_folder": str(tb)}
+    assert json.loads((run / "run.json").read_text())["paths"] == {
+        "checkpoint.folder": str(ckpt),
+        "metrics.save_tb_folder": str(tb),
+    }
     for folder in (run, ckpt, tb):
         assert json.loads((folder / OWNER_FILE).read_text())["run"] == str(run)
     code, stdout, _ = analyze(run, *OPTS, capsys=capsys)
@@ -154,16 +213,45 @@ def test_another_run_or_command_on_a_runs_outside_folders_is_refused(scattered, 
     run, and branching from it passes the launch checks."""
     run, ckpt = (Path(os.path.realpath(scattered / name)) for name in ("run", "ckpt"))
     before = digests(scattered)
-    proc = python_module("dispersion_titan.train", *CHECK, "--job.dump_folder", str(tmp_path / "second"),
-                         "--checkpoint.folder", str(ckpt), timeout=120)
-    refused(proc.returncode, proc.stderr, scattered, before, f"checkpoint.folder: {ckpt} is a folder of run {run}",
-            f"--job.fork_from {run}[@STEP]")
-    proc = python_module("dispersion_titan.train", *CHECK, "--job.dump_folder", str(tmp_path / "second"),
-                         "--metrics.save_tb_folder", str(scattered / "tb" / "mine"), timeout=120)
+    proc = python_module(
+        "dispersion_titan.train",
+        *CHECK,
+        "--job.dump_folder",
+        str(tmp_path / "second"),
+        "--checkpoint.folder",
+        str(ckpt),
+        timeout=120,
+    )
+    refused(
+        proc.returncode,
+        proc.stderr,
+        scattered,
+        before,
+        f"checkpoint.folder: {ckpt} is a folder of run {run}",
+        f"--job.fork_from {run}[@STEP]",
+    )
+    proc = python_module(
+        "dispersion_titan.train",
+        *CHECK,
+        "--job.dump_folder",
+        str(tmp_path / "second"),
+        "--metrics.save_tb_folder",
+        str(scattered / "tb" / "mine"),
+        timeout=120,
+    )
     refused(proc.returncode, proc.stderr, scattered, before, f"is inside {scattered / 'tb'}, a folder of run {run}")
     code, _, err = analyze(run, "--out", ckpt / "mine", *OPTS, capsys=capsys)
     refused(code, err, scattered, before, f"--out: {ckpt / 'mine'} is inside {ckpt}, a folder of run {run}")
-    fork = python_module("dispersion_titan.train", *CHECK, "--job.dump_folder", str(tmp_path / "fork"),
-                         "--job.fork_from", str(run), "--training.steps", "3", timeout=120)
+    fork = python_module(
+        "dispersion_titan.train",
+        *CHECK,
+        "--job.dump_folder",
+        str(tmp_path / "fork"),
+        "--job.fork_from",
+        str(run),
+        "--training.steps",
+        "3",
+        timeout=120,
+    )
     assert fork.returncode == 0, fork.stderr[-2000:]
     assert digests(scattered) == before and not (tmp_path / "fork").exists()

@@ -26,11 +26,9 @@ from matplotlib import image
 from scipy import stats
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
-from dispersion_titan.analysis.result_files import read_analyses
 from dispersion_titan.paper import main as paper_main
 from dispersion_titan.reproduce.paper.plan import MissingInput, build, check_devices
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
-
 from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
@@ -98,13 +96,20 @@ def expected(folder: Path, texts: Path | None) -> dict:
     else:
         zoo = folder.parent.parent if folder.parent.name == "olmo" else folder.parent
         encode = tokenizer(zoo / "tokenizer")
-        tokens = select_sequences(InputOptions(None, None, str(texts), K, S, 0),
-                                  lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"]).tokens
+        tokens = select_sequences(
+            InputOptions(None, None, str(texts), K, S, 0),
+            lambda t: encode(t, add_special_tokens=False, verbose=False)["input_ids"],
+        ).tokens
     curve = [mean for mean, _ in plain_mean_cos(independent_states(folder, "gpt2", tokens))]
     depth = list(range(len(curve)))
     model = transformers.AutoModelForCausalLM.from_pretrained(folder)
-    return {"mean_cos": curve, "spearman": stats.spearmanr(depth, curve), "kendall": stats.kendalltau(depth, curve),
-            "n_params": sum(p.numel() for p in model.parameters()), "last_3": float(np.mean(curve[-3:]))}
+    return {
+        "mean_cos": curve,
+        "spearman": stats.spearmanr(depth, curve),
+        "kendall": stats.kendalltau(depth, curve),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "last_3": float(np.mean(curve[-3:])),
+    }
 
 
 def assert_model(got: dict, want: dict) -> None:
@@ -127,8 +132,14 @@ def test_list_names_every_artifact_with_models_and_compute(capsys):
     assert code == 0
     for name in ("fig2", "fig3", "fig4", "fig5", "table2", "robustness"):
         assert f"\n{name}  (" in f"\n{out}"
-    for hub_id in ("openai-community/gpt2-xl", "Qwen/Qwen3-32B", "bigscience/bloom-7b1", "allenai/Olmo-3-1025-7B",
-                   "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "Qwen/Qwen2.5-Math-7B"):
+    for hub_id in (
+        "openai-community/gpt2-xl",
+        "Qwen/Qwen3-32B",
+        "bigscience/bloom-7b1",
+        "allenai/Olmo-3-1025-7B",
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B",
+        "Qwen/Qwen2.5-Math-7B",
+    ):
         assert hub_id in out
     assert out.count("GPU-hours") >= 6 and "estimate" in out
 
@@ -145,9 +156,14 @@ def paper_expected(folder: Path, wikitext: Path) -> dict:
         hidden = model(tokens, output_hidden_states=True).hidden_states
     curve = [mean for mean, _ in plain_mean_cos(list(hidden))]
     depth = list(range(len(curve)))
-    return {"mean_cos": curve, "spearman": stats.spearmanr(depth, curve), "kendall": stats.kendalltau(depth, curve),
-            "n_params": sum(p.numel() for p in model.parameters()), "last_3": float(np.mean(curve[-3:])),
-            "layers": len(model.transformer.h) + 1}
+    return {
+        "mean_cos": curve,
+        "spearman": stats.spearmanr(depth, curve),
+        "kendall": stats.kendalltau(depth, curve),
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "last_3": float(np.mean(curve[-3:])),
+        "layers": len(model.transformer.h) + 1,
+    }
 
 
 def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
@@ -186,8 +202,19 @@ def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
 def test_fig4_revisions_fig5_pair_and_robustness(zoo, tmp_path, capsys):
     out = tmp_path  # not fig2's DIR: its analyses of gpt2-s were of the paper's inputs
     revisions = sorted(os.listdir(zoo["olmo"]))
-    code, _, err = paper("fig4", "--models", zoo["olmo"], "--revisions", ",".join(revisions), "--texts", zoo["texts"],
-                         *OURS, "--out", out, capsys=capsys)
+    code, _, err = paper(
+        "fig4",
+        "--models",
+        zoo["olmo"],
+        "--revisions",
+        ",".join(revisions),
+        "--texts",
+        zoo["texts"],
+        *OURS,
+        "--out",
+        out,
+        capsys=capsys,
+    )
     assert code == 0, err
     fig4 = json.loads((out / "fig4.json").read_text())
     assert [m["tokens_seen"] for m in fig4["models"]] == ["0B", "1B", "2B"]
@@ -196,8 +223,9 @@ def test_fig4_revisions_fig5_pair_and_robustness(zoo, tmp_path, capsys):
         assert_model(got, expected(zoo["olmo"] / revision, zoo["texts"]))
     assert_figure(out / "fig4")
 
-    code, _, err = paper("fig5", "--models", zoo["gpt2-s"], zoo["distilled"], "--texts", zoo["texts"], *OURS,
-                         "--out", out, capsys=capsys)
+    code, _, err = paper(
+        "fig5", "--models", zoo["gpt2-s"], zoo["distilled"], "--texts", zoo["texts"], *OURS, "--out", out, capsys=capsys
+    )
     assert code == 0, err
     fig5 = json.loads((out / "fig5.json").read_text())
     base, distilled = expected(zoo["gpt2-s"], zoo["texts"]), expected(zoo["distilled"], zoo["texts"])
@@ -208,8 +236,20 @@ def test_fig4_revisions_fig5_pair_and_robustness(zoo, tmp_path, capsys):
     assert pair["delta_mean_cos_last_3"] == pytest.approx(distilled["last_3"] - base["last_3"], abs=1e-6)
     assert_figure(out / "fig5")
 
-    code, _, err = paper("robustness", "--models", zoo["gpt2-s"], zoo["gpt2-m"], "--corpus", f"wiki={zoo['texts']}",
-                         "--corpus", f"news={zoo['news']}", *OURS, "--out", out, capsys=capsys)
+    code, _, err = paper(
+        "robustness",
+        "--models",
+        zoo["gpt2-s"],
+        zoo["gpt2-m"],
+        "--corpus",
+        f"wiki={zoo['texts']}",
+        "--corpus",
+        f"news={zoo['news']}",
+        *OURS,
+        "--out",
+        out,
+        capsys=capsys,
+    )
     assert code == 0, err
     robust = json.loads((out / "robustness.json").read_text())
     assert [m["row"] for m in robust["models"]] == ["wiki", "wiki", "news", "news"]
@@ -222,8 +262,10 @@ def width_runs(root: Path, widths: tuple[int, ...]) -> list[Path]:
     """Tiny GPT-2 runs (no training: seeded checkpoints at steps 0 and 5) of these MLP widths."""
     from dispersion_titan.models.gpt2.args import gpt2_flavors
 
-    return [tiny_run(root / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
-            for w in widths]
+    return [
+        tiny_run(root / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
+        for w in widths
+    ]
 
 
 def test_fig3_draws_each_widths_first_and_last_checkpoint_as_plot_heatmaps(zoo, tmp_path, capsys):
@@ -235,14 +277,28 @@ def test_fig3_draws_each_widths_first_and_last_checkpoint_as_plot_heatmaps(zoo, 
     shutil.copytree(ce_64, disp_64)
     metadata = json.loads((disp_64 / "run.json").read_text())
     (disp_64 / "run.json").write_text(json.dumps({**metadata, "dispersion": {"variant": "angular_spread", "coeff": 1}}))
-    code, _, err = paper("fig3", "--models", ce_64, run_512, disp_64, "--dataset-path", zoo["wikitext"], *INPUTS,
-                         "--out", tmp_path / "out", capsys=capsys)
+    code, _, err = paper(
+        "fig3",
+        "--models",
+        ce_64,
+        run_512,
+        disp_64,
+        "--dataset-path",
+        zoo["wikitext"],
+        *INPUTS,
+        "--out",
+        tmp_path / "out",
+        capsys=capsys,
+    )
     assert code == 0, err
     assert f"fig3: MLP 64: takes {disp_64} (a dispersion run) over {ce_64}" in err
     numbers = json.loads((tmp_path / "out" / "fig3.json").read_text())
     assert [(m["row"], m["label"], m["step"]) for m in numbers["models"]] == [
-        ("first checkpoint", "MLP 64", 0), ("last checkpoint", "MLP 64", 5),
-        ("first checkpoint", "MLP 512", 0), ("last checkpoint", "MLP 512", 5)]
+        ("first checkpoint", "MLP 64", 0),
+        ("last checkpoint", "MLP 64", 5),
+        ("first checkpoint", "MLP 512", 0),
+        ("last checkpoint", "MLP 512", 5),
+    ]
     assert [m["model"] for m in numbers["models"]] == [str(disp_64)] * 2 + [str(run_512)] * 2
     assert [row["row"] for row in numbers["rows"]] == ["first checkpoint", "last checkpoint"]
     assert all(row["x"] == [64.0, 512.0] and row["against"] == "mlp_width" for row in numbers["rows"])
@@ -261,40 +317,55 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
     at every width, then analyses each width's dispersion run at 1024 tokens after its training job."""
     monkeypatch.chdir(REPO)  # the presets' configs live in the repository
     code, _, err = paper("fig3", "--out", tmp_path, capsys=capsys)
-    assert_one_line_error(code, err, "fig3: no run of MLP width 768", "--slurm",
-                          "launch/train.sh train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim 768")
+    assert_one_line_error(
+        code,
+        err,
+        "fig3: no run of MLP width 768",
+        "--slurm",
+        "launch/train.sh train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim 768",
+    )
     code, out, _ = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     lines = out.strip().splitlines()
     train = [line for line in lines if "train.sbatch" in line]
     assert code == 0 and len(train) == 8 and not list(tmp_path.iterdir())
     for i, width in enumerate((768, 1536, 3072, 6144)):
         ce, disp = train[2 * i], train[2 * i + 1]
-        assert f"train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim {width} --job.dump_folder " \
-               f"{tmp_path}/runs/fig3_gpt2_small_mlp{width}" in ce
-        assert f"train_configs/paper/fig3_gpt2_small_angular_spread.toml --model.mlp_hidden_dim {width} " \
-               f"--job.dump_folder {tmp_path}/runs/fig3_gpt2_small_mlp{width}_angular_spread" in disp
+        assert (
+            f"train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim {width} --job.dump_folder "
+            f"{tmp_path}/runs/fig3_gpt2_small_mlp{width}" in ce
+        )
+        assert (
+            f"train_configs/paper/fig3_gpt2_small_angular_spread.toml --model.mlp_hidden_dim {width} "
+            f"--job.dump_folder {tmp_path}/runs/fig3_gpt2_small_mlp{width}_angular_spread" in disp
+        )
         analysis = next(line for line in lines if line.startswith(f"job_{9 + i}="))  # after the eight trainings
         assert f"--dependency=afterok:$job_{2 * i + 2} " in analysis and "--steps first,last" in analysis
         assert f"analyze.sbatch {tmp_path}/runs/fig3_gpt2_small_mlp{width}_angular_spread" in analysis
         assert "--seq-len 1024" in analysis and "--protocol paper" in analysis
-    assert "paper.sbatch fig3" in lines[-1] and "--dependency=afterok:" + ":".join(
-        f"$job_{i}" for i in range(1, 13)) in lines[-1]
+    assert (
+        "paper.sbatch fig3" in lines[-1]
+        and "--dependency=afterok:" + ":".join(f"$job_{i}" for i in range(1, 13)) in lines[-1]
+    )
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
-    assert_one_line_error(*paper("fig2", "--preset", "ours", "--dry-run", capsys=capsys)[::2], "--preset: only for fig3")
+    assert_one_line_error(
+        *paper("fig2", "--preset", "ours", "--dry-run", capsys=capsys)[::2], "--preset: only for fig3"
+    )
 
 
 def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
-    code, _, err = paper("fig2", "--models", zoo["gpt2-s"], "--texts", zoo["texts"], "--out", tmp_path, "--draw-only",
-                         capsys=capsys)
+    code, _, err = paper(
+        "fig2", "--models", zoo["gpt2-s"], "--texts", zoo["texts"], "--out", tmp_path, "--draw-only", capsys=capsys
+    )
     assert_one_line_error(code, err, "no analysis of gpt2-s", "python -m dispersion_titan.analyze hf:")
     assert not list(tmp_path.glob("fig2.*"))  # never a half figure
     code, _, err = paper("robustness", "--models", zoo["gpt2-s"], capsys=capsys)
     assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     code, _, err = paper("fig2", "--models", "openai-community/gpt2-xl", "--out", tmp_path, capsys=capsys)
-    assert_one_line_error(code, err, "openai-community/gpt2-xl is not in the Hugging Face cache",
-                          "hf download openai-community/gpt2-xl")
+    assert_one_line_error(
+        code, err, "openai-community/gpt2-xl is not in the Hugging Face cache", "hf download openai-community/gpt2-xl"
+    )
     with pytest.raises(MissingInput, match=r"Qwen2.5-Math-7B \(7B\).* need a GPU .*--slurm"):
         check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
@@ -304,26 +375,57 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert code == 0 and len(analyses) == 26
     assert all("--protocol paper" in line and "--dtype fp32" in line for line in analyses)  # the paper's, fp32
     assert [line.split()[3] for line in analyses if "--trust-remote-code" in line] == [
-        "hf:" + m for m in QWEN_1]  # asked for: the models that ship code get it, the others need none
-    code, out, _ = paper("robustness", "--models", zoo["gpt2-s"], "--corpus", "wikitext-103=wikitext-103", "--corpus",
-                         f"imdb={zoo['texts']}", "--dataset-path", zoo["wikitext"], "--dry-run", "--out", tmp_path,
-                         capsys=capsys)
+        "hf:" + m for m in QWEN_1
+    ]  # asked for: the models that ship code get it, the others need none
+    code, out, _ = paper(
+        "robustness",
+        "--models",
+        zoo["gpt2-s"],
+        "--corpus",
+        "wikitext-103=wikitext-103",
+        "--corpus",
+        f"imdb={zoo['texts']}",
+        "--dataset-path",
+        zoo["wikitext"],
+        "--dry-run",
+        "--out",
+        tmp_path,
+        capsys=capsys,
+    )
     wiki, imdb = (line for line in out.splitlines() if "dispersion_titan.analyze" in line)
     assert f"--dataset-path {zoo['wikitext']}" in wiki and "--texts" not in wiki and "--dataset " not in wiki
     assert f"--texts {zoo['texts']}" in imdb and "--dataset-path" not in imdb and "--protocol paper" in imdb
     code, out, _ = paper("fig2", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
-    gpus = {line.split("analyze.sbatch ")[1].split()[0]: re.findall(r"--gpus=(\d+)", line) for line in out.splitlines()
-            if "analyze.sbatch" in line}
+    gpus = {
+        line.split("analyze.sbatch ")[1].split()[0]: re.findall(r"--gpus=(\d+)", line)
+        for line in out.splitlines()
+        if "analyze.sbatch" in line
+    }
     assert gpus["hf:Qwen/Qwen2.5-14B"] == [] and gpus["hf:Qwen/Qwen3-32B"] == ["2"]  # fp32 with 20% headroom
     assert gpus["hf:Qwen/Qwen2.5-72B"] == ["5"]  # ceil(72 * 4 * 1.2 / 80)
     code, out, _ = paper("fig2", "--slurm", "--dry-run", "--dtype", "bf16", "--out", tmp_path, capsys=capsys)
     assert "--gpus=3" in next(line for line in out.splitlines() if "hf:Qwen/Qwen2.5-72B" in line)  # bf16: half
-    assert_one_line_error(*paper("fig2", "--protocol", "qwen3", "--dry-run", capsys=capsys)[::2],
-                          "--protocol: 'qwen3'", "paper (the default) or default")
-    assert_one_line_error(*paper("table2", "--models", "x", "--trust-remote-code", capsys=capsys)[::2],
-                          "--trust-remote-code: only for the analysing artifacts")
-    code, out, _ = paper("fig2", "--models", zoo["gpt2-s"], zoo["gpt2-m"], "--slurm", "--dry-run",
-                         "--sbatch-arg=--partition=debug", "--out", tmp_path, capsys=capsys)
+    assert_one_line_error(
+        *paper("fig2", "--protocol", "qwen3", "--dry-run", capsys=capsys)[::2],
+        "--protocol: 'qwen3'",
+        "paper (the default) or default",
+    )
+    assert_one_line_error(
+        *paper("table2", "--models", "x", "--trust-remote-code", capsys=capsys)[::2],
+        "--trust-remote-code: only for the analysing artifacts",
+    )
+    code, out, _ = paper(
+        "fig2",
+        "--models",
+        zoo["gpt2-s"],
+        zoo["gpt2-m"],
+        "--slurm",
+        "--dry-run",
+        "--sbatch-arg=--partition=debug",
+        "--out",
+        tmp_path,
+        capsys=capsys,
+    )
     lines = out.strip().splitlines()
     assert code == 0 and sum("analyze.sbatch hf:" in line for line in lines) == 2
     assert "--dependency=afterok:$job_1:$job_2" in lines[-1] and "paper.sbatch fig2" in lines[-1]
@@ -339,14 +441,17 @@ def test_remote_code_runs_only_when_asked(tmp_path, capsys):
     for slurm in ([], ["--slurm"]):
         code, out, err = paper("fig2", "--dry-run", *slurm, "--out", tmp_path, capsys=capsys)
         assert code == 0 and "--trust-remote-code" not in out
-        assert err.splitlines() == [f"fig2: left out {', '.join(QWEN_1)}: they run their own modelling code; "
-                                    "add --trust-remote-code to include them"]
+        assert err.splitlines() == [
+            f"fig2: left out {', '.join(QWEN_1)}: they run their own modelling code; "
+            "add --trust-remote-code to include them"
+        ]
         analysed = re.findall(r"analyze(?:\.sbatch)? hf:(\S+)", out)
         assert len(analysed) == 22 and not set(QWEN_1) & set(analysed)
     assert len(build("fig2", {"out": str(tmp_path)}).models) == 22
     code, _, err = paper("fig2", "--models", "openai-community/gpt2", QWEN_1[1], "--dry-run", capsys=capsys)
-    assert_one_line_error(code, err, f"--models: {QWEN_1[1]} run only with their own modelling code",
-                          "add --trust-remote-code")
+    assert_one_line_error(
+        code, err, f"--models: {QWEN_1[1]} run only with their own modelling code", "add --trust-remote-code"
+    )
     code, out, _ = paper("fig2", "--models", QWEN_1[1], "--dry-run", "--trust-remote-code", capsys=capsys)
     assert code == 0 and f"hf:{QWEN_1[1]} " in out and "--trust-remote-code" in out
     assert not list(tmp_path.iterdir())
@@ -354,10 +459,27 @@ def test_remote_code_runs_only_when_asked(tmp_path, capsys):
 
 def test_table2_two_arms_two_seeds(tmp_path, capsys):
     runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"), 1)}
-    code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
-                         "--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4",
-                         "--num-fewshot", "0", "--device", "cpu", "--best-step", "per-seed", "--out", tmp_path / "t2",
-                         capsys=capsys)  # each run evaluated one step of its own: per seed
+    code, _, err = paper(
+        "table2",
+        "--models",
+        f"base={runs['a1']},{runs['a2']}",
+        f"disp={runs['b1']},{runs['b2']}",
+        "--include-path",
+        LM_EVAL_TASKS,
+        "--tasks",
+        "wiki_next_word",
+        "--limit",
+        "4",
+        "--num-fewshot",
+        "0",
+        "--device",
+        "cpu",
+        "--best-step",
+        "per-seed",
+        "--out",
+        tmp_path / "t2",
+        capsys=capsys,
+    )  # each run evaluated one step of its own: per seed
     assert code == 0, err
     table = json.loads((tmp_path / "t2" / "table2.json").read_text())
     assert table["pretrained"] is None  # no run evaluated step 0
@@ -366,8 +488,14 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
         scores = []
         for run, step in zip(arm["runs"], arm["steps"], strict=True):
             results = json.loads((Path(run) / "evaluation" / f"step-{step}" / "results.json").read_text())["results"]
-            scores.append({f"{task}/{key.split(',')[0]}": value for task, metrics in results.items()
-                           for key, value in metrics.items() if key.split(",")[0] == "acc"})
+            scores.append(
+                {
+                    f"{task}/{key.split(',')[0]}": value
+                    for task, metrics in results.items()
+                    for key, value in metrics.items()
+                    if key.split(",")[0] == "acc"
+                }
+            )
         columns = list(scores[0])
         assert columns, arm["arm"]  # at least one accuracy to average
         for column in columns:
@@ -376,15 +504,35 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
             assert arm["std"][column] == pytest.approx(np.std(values, ddof=1), rel=1e-5, abs=1e-9)
         averages[arm["arm"]] = [np.mean([s[c] for c in columns]) for s in scores]
         assert arm["average_mean"] == pytest.approx(np.mean(averages[arm["arm"]]), rel=1e-5)
-    other, = (arm for arm in table["arms"] if arm["arm"] != table["reference"])
+    (other,) = (arm for arm in table["arms"] if arm["arm"] != table["reference"])
     assert table["test"] == "student"
     p = stats.ttest_ind(averages[other["arm"]], averages[table["reference"]], equal_var=True).pvalue
     assert (other["p_value"] is None and np.isnan(p)) or other["p_value"] == pytest.approx(p, rel=1e-5)
-    code, _, err = paper("table2", "--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}",
-                         "--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4", "--num-fewshot", "0",
-                         "--device", "cpu", "--test", "welch", "--reference", "base", "--best-step", "per-seed",
-                         "--out", tmp_path / "t2w",
-                         capsys=capsys)  # the evaluations are reused; only the table is made again
+    code, _, err = paper(
+        "table2",
+        "--models",
+        f"base={runs['a1']},{runs['a2']}",
+        f"disp={runs['b1']},{runs['b2']}",
+        "--include-path",
+        LM_EVAL_TASKS,
+        "--tasks",
+        "wiki_next_word",
+        "--limit",
+        "4",
+        "--num-fewshot",
+        "0",
+        "--device",
+        "cpu",
+        "--test",
+        "welch",
+        "--reference",
+        "base",
+        "--best-step",
+        "per-seed",
+        "--out",
+        tmp_path / "t2w",
+        capsys=capsys,
+    )  # the evaluations are reused; only the table is made again
     welch = json.loads((tmp_path / "t2w" / "table2.json").read_text())
     assert code == 0 and welch["test"] == "welch" and welch["reference"] == "base"
     p = stats.ttest_ind(averages["disp"], averages["base"], equal_var=False).pvalue
@@ -400,13 +548,16 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     options += ["--best-step", "per-seed"]  # each run evaluated one step of its own
     code, _, err = paper("table2", *models, *options, "--limit", "5", "--out", tmp_path / "t3", capsys=capsys)
     assert code == 2 and err.count("dispersion_titan: error: ") == 1  # after the progress bar, as it runs evaluate
-    assert f"error: --out: {runs['a1'] / 'evaluation'}: step 1 was evaluated with other settings (limit 4 vs 5); " \
-           "use another --out, or --force to recompute\n" in err
+    assert (
+        f"error: --out: {runs['a1'] / 'evaluation'}: step 1 was evaluated with other settings (limit 4 vs 5); "
+        "use another --out, or --force to recompute\n" in err
+    )
     result = runs["b2"] / "evaluation" / "step-4" / "results.json"
     changed = json.loads(result.read_text())
     changed["dispersion_titan"]["settings"]["limit"] = 5
     result.write_text(json.dumps(changed))
-    code, _, err = paper("table2", *models, *options, "--limit", "4", "--out", tmp_path / "t3", "--draw-only",
-                         capsys=capsys)
+    code, _, err = paper(
+        "table2", *models, *options, "--limit", "4", "--out", tmp_path / "t3", "--draw-only", capsys=capsys
+    )
     assert_one_line_error(code, err, f"{runs['b2']} was evaluated with other settings than {runs['a1']} (limit 4 vs 5)")
     assert not list((tmp_path / "t3").glob("table2*"))

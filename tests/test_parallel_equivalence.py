@@ -70,19 +70,48 @@ def layouts(two_d: bool) -> dict[str, tuple[int, tuple[str, ...]]]:
     return out
 
 
-SHARED = ("--training.steps", str(STEPS), "--training.global_batch_size", "8", "--validation.no-enable",
-          "--checkpoint.interval", "100", "--dispersion.variant", "angular_spread", "--dispersion.layers", "all",
-          "--dispersion.coeff", str(COEFF), "--lr_scheduler.warmup_steps", "1")
+SHARED = (
+    "--training.steps",
+    str(STEPS),
+    "--training.global_batch_size",
+    "8",
+    "--validation.no-enable",
+    "--checkpoint.interval",
+    "100",
+    "--dispersion.variant",
+    "angular_spread",
+    "--dispersion.layers",
+    "all",
+    "--dispersion.coeff",
+    str(COEFF),
+    "--lr_scheduler.warmup_steps",
+    "1",
+)
 FAMILIES = {
     # gpt2 takes the loss on hidden_states (the final norm's output under FSDP and TP), qwen3 on the blocks.
-    "gpt2": Family(DEBUG_TOML, (*SHARED, "--dispersion.max_tokens", "96", "--dispersion.points", "hidden_states"),
-                   layouts(two_d=True), None),
+    "gpt2": Family(
+        DEBUG_TOML,
+        (*SHARED, "--dispersion.max_tokens", "96", "--dispersion.points", "hidden_states"),
+        layouts(two_d=True),
+        None,
+    ),
     "qwen3": Family(
         str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml"),
-        (*SHARED, "--dispersion.max_tokens", "48", "--training.seq_len", "64",
-         *(arg for key, value in QWEN3_SHAPE.items()
-           for arg in (f"--model.{'mlp_hidden_dim' if key == 'hidden_dim' else key}", str(value)))),
-        layouts(two_d=False), qwen3_seed),
+        (
+            *SHARED,
+            "--dispersion.max_tokens",
+            "48",
+            "--training.seq_len",
+            "64",
+            *(
+                arg
+                for key, value in QWEN3_SHAPE.items()
+                for arg in (f"--model.{'mlp_hidden_dim' if key == 'hidden_dim' else key}", str(value))
+            ),
+        ),
+        layouts(two_d=False),
+        qwen3_seed,
+    ),
 }
 
 
@@ -93,14 +122,28 @@ def runs(request, tmp_path_factory):
     seed_step = request.getfixturevalue("debug_seed_checkpoint") if family.seed is None else family.seed(root / "seed")
     out = {"family": family, "seed": seed_step}
     for name, (nproc, extra) in family.layouts.items():
-        torchrun(root / name, nproc, *family.common, *extra, "--checkpoint.initial_load_path", str(seed_step),
-                 config=family.config)
+        torchrun(
+            root / name,
+            nproc,
+            *family.common,
+            *extra,
+            "--checkpoint.initial_load_path",
+            str(seed_step),
+            config=family.config,
+        )
         out[name] = root / name
     if request.param == "gpt2":
         # A fresh 2-D run with no seed checkpoint: its step 0 must equal the 1-process init
         # (our GPT-2 draws its init layout-invariantly; TorchTitan's Qwen3 does not).
-        torchrun(root / "fresh_2d", 4, "--training.steps", "1", "--validation.no-enable",
-                 "--parallelism.tensor_parallel_degree", "2")
+        torchrun(
+            root / "fresh_2d",
+            4,
+            "--training.steps",
+            "1",
+            "--validation.no-enable",
+            "--parallelism.tensor_parallel_degree",
+            "2",
+        )
         out["fresh_2d"] = root / "fresh_2d"
     return out
 
@@ -153,8 +196,16 @@ def test_dropout_masks_agree_between_one_process_and_fsdp2(runs, tmp_path):
         pytest.skip("dropout is a gpt2 setting")
     for name in ("single_accum2", "fsdp2"):
         nproc, extra = family.layouts[name]
-        torchrun(tmp_path / name, nproc, *family.common, *extra, *DROPOUT, "--checkpoint.initial_load_path",
-                 str(runs["seed"]), config=family.config)
+        torchrun(
+            tmp_path / name,
+            nproc,
+            *family.common,
+            *extra,
+            *DROPOUT,
+            "--checkpoint.initial_load_path",
+            str(runs["seed"]),
+            config=family.config,
+        )
     one, two, plain = scalars(tmp_path / "single_accum2"), scalars(tmp_path / "fsdp2"), scalars(runs["single_accum2"])
     assert one["loss_metrics/ce"][1] != plain["loss_metrics/ce"][1]  # the masks changed the loss
     for tag in TAGS:
@@ -162,18 +213,45 @@ def test_dropout_masks_agree_between_one_process_and_fsdp2(runs, tmp_path):
             want, have = one[tag][step], two[tag][step]
             assert abs(have - want) <= 1e-4 * abs(want), (tag, step, have, want)
     final = f"step-{STEPS}"
-    assert update_rel_diff(load_weights(tmp_path / "fsdp2" / "checkpoint" / final),
-                           load_weights(tmp_path / "single_accum2" / "checkpoint" / final),
-                           load_weights(runs["seed"])) <= 1e-4
+    assert (
+        update_rel_diff(
+            load_weights(tmp_path / "fsdp2" / "checkpoint" / final),
+            load_weights(tmp_path / "single_accum2" / "checkpoint" / final),
+            load_weights(runs["seed"]),
+        )
+        <= 1e-4
+    )
 
 
 PAPER_GPT2 = str(REPO / "train_configs" / "paper" / "midtrain_gpt2_wikitext103_dispersion.toml")
-PAPER_SHRUNK = ("--profile", "cpu", "--model.flavor", "debug", "--model.hf_assets_path", ".",
-                "--checkpoint.initial_load_path", "", "--checkpoint.no-initial_load_in_hf",
-                "--training.dataset", "enwiki_sample", "--validation.no-enable", "--training.seq_len", "64",
-                "--training.global_batch_size", "8", "--training.max_local_batch_size", "2",
-                "--training.steps", str(STEPS), "--optimizer.lr", "1e-3",
-                "--lr_scheduler.warmup_steps", "1", "--checkpoint.interval", "1")
+PAPER_SHRUNK = (
+    "--profile",
+    "cpu",
+    "--model.flavor",
+    "debug",
+    "--model.hf_assets_path",
+    ".",
+    "--checkpoint.initial_load_path",
+    "",
+    "--checkpoint.no-initial_load_in_hf",
+    "--training.dataset",
+    "enwiki_sample",
+    "--validation.no-enable",
+    "--training.seq_len",
+    "64",
+    "--training.global_batch_size",
+    "8",
+    "--training.max_local_batch_size",
+    "2",
+    "--training.steps",
+    str(STEPS),
+    "--optimizer.lr",
+    "1e-3",
+    "--lr_scheduler.warmup_steps",
+    "1",
+    "--checkpoint.interval",
+    "1",
+)
 """midtrain_gpt2_wikitext103_dispersion.toml on the debug shape, from our layout-invariant init (with
 its dropout, λ and token subsets), its parallelism as shipped: replicated over every rank; micro-batches
 of 2, so each of 2 ranks accumulates 2 (DDP must all-reduce once, after the last)."""
@@ -196,12 +274,19 @@ def test_paper_config_replicates_under_autocast_and_matches_one_process(tmp_path
     initial = load_weights(tmp_path / "ranks1" / "checkpoint" / "step-0")
     for n in (1, 2):
         assert max_abs_diff(load_weights(tmp_path / f"ranks{n}" / "checkpoint" / "step-1"), initial) == 0.0
-    assert update_rel_diff(load_weights(tmp_path / "ranks2" / "checkpoint" / "step-2"),
-                           load_weights(tmp_path / "ranks1" / "checkpoint" / "step-2"), initial) <= 1e-4
+    assert (
+        update_rel_diff(
+            load_weights(tmp_path / "ranks2" / "checkpoint" / "step-2"),
+            load_weights(tmp_path / "ranks1" / "checkpoint" / "step-2"),
+            initial,
+        )
+        <= 1e-4
+    )
 
 
-@pytest.mark.parametrize("args", [gpt2_flavors["debug"], Qwen3Args(**QWEN3_SHAPE, max_seq_len=64)],
-                         ids=["gpt2", "qwen3"])
+@pytest.mark.parametrize(
+    "args", [gpt2_flavors["debug"], Qwen3Args(**QWEN3_SHAPE, max_seq_len=64)], ids=["gpt2", "qwen3"]
+)
 def test_autocast_keeps_norms_and_the_residual_stream_fp32(args):
     """Under the bf16 autocast of replicated parameters, matmuls run in bf16 while the norms of the
     residual stream and every block's output (the residual stream) are fp32, as under the authors' bf16
@@ -227,5 +312,4 @@ def test_autocast_keeps_norms_and_the_residual_stream_fp32(args):
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
         model(torch.randint(0, 1000, (2, 16)))
     heads = {torch.bfloat16} if args.FAMILY == "qwen3_dispersion" else set()
-    assert dtypes == {"norm": {torch.float32}, "head_norm": heads, "block": {torch.float32},
-                      "linear": {torch.bfloat16}}
+    assert dtypes == {"norm": {torch.float32}, "head_norm": heads, "block": {torch.float32}, "linear": {torch.bfloat16}}

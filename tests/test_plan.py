@@ -19,10 +19,10 @@ import pytest
 
 from dispersion_titan.config.cli import load_toml
 from dispersion_titan.job_config.parse import check, model_args, parse_job_config
+from dispersion_titan.losses.dispersion import MAX_BLOCK_BYTES
 from dispersion_titan.plan import main as plan_main
 from dispersion_titan.plan import plan_args
 from dispersion_titan.planning.disk import FULL_BYTES_PER_PARAM, checkpoint_disk
-from dispersion_titan.losses.dispersion import MAX_BLOCK_BYTES
 from dispersion_titan.planning.figures import MEASURED_STEPS
 from dispersion_titan.planning.gpus import GPUS
 from dispersion_titan.planning.layout import checked_config, nodes_of, resolve_layout
@@ -101,22 +101,35 @@ def _dominates(big, small) -> bool:
     as many blocks and at most as many tokens, no more dropout, no less activation checkpointing."""
     a, b = copy.copy(model_args(big)), copy.copy(model_args(small))  # a flavor's instance is shared
     sizes = ("dim", "n_layers", "n_heads", "hidden_dim", "vocab_size")
-    same = (big.model.name == small.model.name
-            and big.training.mixed_precision_param == small.training.mixed_precision_param
-            and big.activation_checkpoint.mode in ("none", small.activation_checkpoint.mode))
+    same = (
+        big.model.name == small.model.name
+        and big.training.mixed_precision_param == small.training.mixed_precision_param
+        and big.activation_checkpoint.mode in ("none", small.activation_checkpoint.mode)
+    )
     dropout = all(getattr(b, k, 0) <= getattr(a, k, 0) for k in ("attn_dropout", "resid_dropout", "embd_dropout"))
     bt, st = big.training, small.training
     batch = (st.max_local_batch_size or st.global_batch_size) <= (bt.max_local_batch_size or bt.global_batch_size)
     d, e = big.dispersion, small.dispersion
-    term = e.variant == "none" or (d.variant != "none" and e.layers == d.layers  # either points: n of [B, N, d]
-                                   and (d.max_tokens == 0 or 0 < e.max_tokens <= d.max_tokens))
-    return (same and dropout and batch and term and st.seq_len <= bt.seq_len
-            and all(getattr(b, k) <= getattr(a, k) for k in sizes))
+    term = e.variant == "none" or (
+        d.variant != "none"
+        and e.layers == d.layers  # either points: n of [B, N, d]
+        and (d.max_tokens == 0 or 0 < e.max_tokens <= d.max_tokens)
+    )
+    return (
+        same
+        and dropout
+        and batch
+        and term
+        and st.seq_len <= bt.seq_len
+        and all(getattr(b, k) <= getattr(a, k) for k in sizes)
+    )
 
 
 BOUNDS = {
-    "GPT-2 small": ("gpt2_small_mlp6144_angular_spread.toml",  # the widest MLP, with the paper's dropout
-                    ("--model.attn_dropout", "0.1", "--model.resid_dropout", "0.1", "--model.embd_dropout", "0.1")),
+    "GPT-2 small": (
+        "gpt2_small_mlp6144_angular_spread.toml",  # the widest MLP, with the paper's dropout
+        ("--model.attn_dropout", "0.1", "--model.resid_dropout", "0.1", "--model.embd_dropout", "0.1"),
+    ),
     "Qwen3": ("paper/midtrain_qwen3_1.7b_angular_spread.toml", ()),
     "debug GPT-2": ("debug_angular_spread.toml", ()),
     "debug Qwen3": ("debug_qwen3_angular_spread.toml", ()),
@@ -151,12 +164,23 @@ def test_every_shipped_config_fits_an_80_gb_gpu_at_every_size_it_claims(parsed, 
 
 
 def test_a_micro_batch_that_does_not_fit_is_refused_in_one_line():
-    plan = resource_plan.planned("big", plan_args(str(REPO / "train_configs" / "gpt2_small_mlp3072.toml"), None,
-                                                  ("--training.max_local_batch_size", "512",
-                                                   "--training.global_batch_size", "512")), 1, None, "a100")
+    plan = resource_plan.planned(
+        "big",
+        plan_args(
+            str(REPO / "train_configs" / "gpt2_small_mlp3072.toml"),
+            None,
+            ("--training.max_local_batch_size", "512", "--training.global_batch_size", "512"),
+        ),
+        1,
+        None,
+        "a100",
+    )
     assert plan.layout.micro_batch == 512 and not plan.fits()
-    with pytest.raises(ConfigError, match=r"^training\.max_local_batch_size: big's micro-batch of 512 sequences "
-                                          r"needs [\d.]+ GB per GPU at its peak, more than the A100 SXM 80GB's 80 GB"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^training\.max_local_batch_size: big's micro-batch of 512 sequences "
+        r"needs [\d.]+ GB per GPU at its peak, more than the A100 SXM 80GB's 80 GB",
+    ):
         resource_plan.refuse_if_too_big(plan)
 
 
@@ -210,8 +234,9 @@ DRY_RUNS = [
 ]
 
 
-@pytest.mark.parametrize("config, gpus, tp, overrides, mesh", DRY_RUNS,
-                         ids=[f"{c}-{g}-tp{t}" for c, g, t, *_ in DRY_RUNS])
+@pytest.mark.parametrize(
+    "config, gpus, tp, overrides, mesh", DRY_RUNS, ids=[f"{c}-{g}-tp{t}" for c, g, t, *_ in DRY_RUNS]
+)
 def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, mesh):
     """The real trainer as rank 0 of the world (fake collectives), 2 blocks and 128 tokens (the
     mesh, the parallelize plan and the accounting do not depend on depth or length): its checks
@@ -222,8 +247,9 @@ def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, 
     text = "\n".join(lines)
     assert lines[0].startswith(f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, 2 of ")
     assert lines[1].startswith(mesh) and ": as planned" in lines[1], text
-    assert ("replicated by DDP" if "dp_replicate" in mesh else "each holding rank 0's shard of its placements") \
-        in lines[2], text
+    assert (
+        "replicated by DDP" if "dp_replicate" in mesh else "each holding rank 0's shard of its placements"
+    ) in lines[2], text
     assert ("sharded over tp" in lines[2]) == bool(tp), text
     assert re.search(r": the sum over ranks is the global-batch mean$", lines[3]), text
     if not tp:  # the term checked against rank 0's own mean on random hidden states
@@ -234,12 +260,24 @@ def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, 
 def test_sweep_plan_sums_the_sweep(capsys):
     from dispersion_titan.sweep import main
 
-    main([str(REPO / "launch" / "sweep_example.toml"), "--widths", "256", "--variants", "baseline,angular_spread:0.1",
-          "--plan"])
+    main(
+        [
+            str(REPO / "launch" / "sweep_example.toml"),
+            "--widths",
+            "256",
+            "--variants",
+            "baseline,angular_spread:0.1",
+            "--plan",
+        ]
+    )
     out = capsys.readouterr().out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| w256-")]
-    assert [r[0] for r in rows] == ["| w256-baseline-s0", "| w256-baseline-s1", "| w256-angular_spread-c0.1-s0",
-                                    "| w256-angular_spread-c0.1-s1"]
+    assert [r[0] for r in rows] == [
+        "| w256-baseline-s0",
+        "| w256-baseline-s1",
+        "| w256-angular_spread-c0.1-s0",
+        "| w256-angular_spread-c0.1-s1",
+    ]
     assert rows[0][1:] == rows[1][1:] and rows[2][1:] == rows[3][1:]  # seeds: the same step
     total = next(line for line in out.splitlines() if line.startswith("| **total (4 runs)**")).split(" | ")
     hours, disk = (float(x.strip("* |")) for x in total[-2:])
@@ -259,10 +297,15 @@ def test_paper_fig3_plans_the_preset_it_trains():
     from dispersion_titan.reproduce.paper.plan import training_runs
 
     runs = training_runs("fig3", "paper")
-    assert len(runs) == 8 and {c for _, c, _ in runs} == {"train_configs/paper/fig3_gpt2_small.toml",
-                                                          "train_configs/paper/fig3_gpt2_small_angular_spread.toml"}
-    assert ("fig3_gpt2_small_mlp6144_angular_spread", "train_configs/paper/fig3_gpt2_small_angular_spread.toml",
-            ("--model.mlp_hidden_dim", "6144")) in runs
+    assert len(runs) == 8 and {c for _, c, _ in runs} == {
+        "train_configs/paper/fig3_gpt2_small.toml",
+        "train_configs/paper/fig3_gpt2_small_angular_spread.toml",
+    }
+    assert (
+        "fig3_gpt2_small_mlp6144_angular_spread",
+        "train_configs/paper/fig3_gpt2_small_angular_spread.toml",
+        ("--model.mlp_hidden_dim", "6144"),
+    ) in runs
     assert {c for _, c, _ in training_runs("fig3", "ours")} >= {"train_configs/gpt2_small_mlp768.toml"}
 
 

@@ -19,7 +19,8 @@ def test_exit_status_output_and_environment_match_a_fresh_interpreter(tmp_path, 
     assert status == 2
     assert log.read_text().splitlines() == [
         f"$ {sys.executable} -m dispersion_titan.analyze {tmp_path} --num-sequences 0",
-        "dispersion_titan: error: argument --num-sequences: '0' is not a positive integer"]
+        "dispersion_titan: error: argument --num-sequences: '0' is not a positive integer",
+    ]
     # A second command appends to the same log; its module reads the environment given.
     probe = "import os, sys; sys.exit(0 if os.environ['DISPERSION_TITAN_PROBE'] == 'set by Commands' else 5)"
     (tmp_path / "probe_env.py").write_text(f"def main():\n    {probe}\n\nif __name__ == '__main__':\n    main()\n")

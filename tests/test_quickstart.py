@@ -35,9 +35,26 @@ from support.launch import REPO, held_by_another_command, python_module
 from support.runs import digests
 
 WIDTHS = (64, 256)
-OPTIONS = ("--widths", "64,256", "--steps", "2", "--checkpoint-interval", "1", "--num-sequences", "4",
-           "--seq-len", "32", "--coeff", "2.0", "--init-flavor", "debug", "--init-widths", "64,256",
-           "--init-num-sequences", "4")
+OPTIONS = (
+    "--widths",
+    "64,256",
+    "--steps",
+    "2",
+    "--checkpoint-interval",
+    "1",
+    "--num-sequences",
+    "4",
+    "--seq-len",
+    "32",
+    "--coeff",
+    "2.0",
+    "--init-flavor",
+    "debug",
+    "--init-widths",
+    "64,256",
+    "--init-num-sequences",
+    "4",
+)
 MAIN = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spread-c2")]
 NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
@@ -45,14 +62,16 @@ NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 def quickstart(out: Path, *options: str, command_line: bool = True):
     """The command in a fresh interpreter (it starts its own jobs); refusals, which stop
     before any job, fork from the launch server instead."""
-    return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900,
-                         command_line=command_line)
+    return python_module(
+        "dispersion_titan.quickstart", "--out", str(out), *options, timeout=900, command_line=command_line
+    )
 
 
 def late_offdiag(result: dict) -> float:
     """Independent restatement of the summary's measure: blocks 3 and 4 of 4."""
-    return float(np.mean([layer["mean_cos_offdiag"] for layer in result["layers"]
-                          if layer["name"] in ("block_3", "block_4")]))
+    return float(
+        np.mean([layer["mean_cos_offdiag"] for layer in result["layers"] if layer["name"] in ("block_3", "block_4")])
+    )
 
 
 def analysis(out: Path, name: str, step: int) -> dict:
@@ -81,8 +100,9 @@ def test_every_run_trained_analyzed_and_compared(sweep):
     out, stdout = sweep
     for name in NAMES:
         assert sorted(p.name for p in (out / "runs" / name / "checkpoint").iterdir()) == ["step-0", "step-1", "step-2"]
-        assert sorted(p.parent.name for p in (out / "runs" / name / "condensation").glob("step-*/condensation.json")) \
-            == ["step-0", "step-1", "step-2"]
+        assert sorted(
+            p.parent.name for p in (out / "runs" / name / "condensation").glob("step-*/condensation.json")
+        ) == ["step-0", "step-1", "step-2"]
         assert f"train    {name}: started (log: {out / 'logs' / name}.train.log)" in stdout
     for comparison in ("final_width_sweep", "final_baseline_vs_dispersion", "init_width_sweep"):
         assert (out / "compare" / comparison / "compare.png").read_bytes().startswith(b"\x89PNG")
@@ -96,7 +116,10 @@ def test_every_run_trained_analyzed_and_compared(sweep):
         analysis = read_results(str(out / "runs" / f"w64-baseline-s{seed}" / "condensation"))[0]
         assert panel.seeds[seed].layers == analysis.layers
     assert re.findall(r"init     MLP width (\d+), seed (\d+): measured in \d+ s \((\d) of 3\)", stdout) == [
-        ("64", "42", "1"), ("256", "42", "2"), ("64", "43", "3")]
+        ("64", "42", "1"),
+        ("256", "42", "2"),
+        ("64", "43", "3"),
+    ]
     assert (out / "summary.png").read_bytes().startswith(b"\x89PNG")
     assert json.loads((out / "quickstart.json").read_text())["widths"] == list(WIDTHS)
     assert stdout.count("already done") == 0
@@ -115,23 +138,37 @@ def test_summary_restates_the_measured_numbers(sweep):
         assert f" {trajectory[peak]:.3f} ({peak}) " in row, row
     # Same seed: a baseline and its dispersion run start from identical weights.
     for w in WIDTHS:
-        assert analysis(out, f"w{w}-baseline-s42", 0)["layers"] == analysis(out, f"w{w}-angular_spread-c2-s42", 0)["layers"]
+        assert (
+            analysis(out, f"w{w}-baseline-s42", 0)["layers"]
+            == analysis(out, f"w{w}-angular_spread-c2-s42", 0)["layers"]
+        )
     base = {w: late_offdiag(analysis(out, f"w{w}-baseline-s42", 2)) for w in WIDTHS}
     disp = {w: late_offdiag(analysis(out, f"w{w}-angular_spread-c2-s42", 2)) for w in WIDTHS}
     expected = ", ".join(f"{base[w]:.3f} → {disp[w]:.3f} at width {w}" for w in WIDTHS)
     line = next(line for line in summary.splitlines() if "late-block cosine baseline → dispersion" in line)
     assert expected in line
     # The rule restated: the smallest fall against the largest gap between the two seeds at width 64.
-    final = {(arm, seed): late_offdiag(analysis(out, f"w64-{arm}-s{seed}", 2))
-             for arm in ("baseline", "angular_spread-c2") for seed in (42, 43)}
-    spread = max(abs(final[arm, 42] - final[arm, 43])
-                 for arm in ("baseline", "angular_spread-c2"))
+    final = {
+        (arm, seed): late_offdiag(analysis(out, f"w64-{arm}-s{seed}", 2))
+        for arm in ("baseline", "angular_spread-c2")
+        for seed in (42, 43)
+    }
+    spread = max(abs(final[arm, 42] - final[arm, 43]) for arm in ("baseline", "angular_spread-c2"))
     fall = min(base[w] - disp[w] for w in WIDTHS)
-    verdict = ("within noise at this scale" if round(abs(fall), 3) <= round(spread, 3)
-               else "agrees" if fall > 0 else "disagrees")
+    verdict = (
+        "within noise at this scale"
+        if round(abs(fall), 3) <= round(spread, 3)
+        else "agrees"
+        if fall > 0
+        else "disagrees"
+    )
     assert line.endswith(f"(effect {fall:+.3f}, seed spread {spread:.3f}) — **{verdict}**."), line
-    for heading in ("Is condensation present at initialization?", "How does it change with MLP width?",
-                    "How does it change with training?", "What does the dispersion loss do to it?"):
+    for heading in (
+        "Is condensation present at initialization?",
+        "How does it change with MLP width?",
+        "How does it change with training?",
+        "What does the dispersion loss do to it?",
+    ):
         verdicts = "agrees|disagrees|within noise at this scale"
         assert re.search(rf"^### \d\. {re.escape(heading)} — \*\*({verdicts})\*\*$", summary, re.M), heading
     assert "Scale needed:" in summary  # the toy model disagrees somewhere, and says what it would need
@@ -139,8 +176,12 @@ def test_summary_restates_the_measured_numbers(sweep):
 
 def shifted(result, delta: float, blocks_only: bool = True):
     """``result`` with every block's (or every layer's) off-diagonal cosine moved by ``delta``."""
-    layers = [dataclasses.replace(layer, mean_cos_offdiag=layer.mean_cos_offdiag + delta)
-              if layer.name.startswith("block_") or not blocks_only else layer for layer in result.layers]
+    layers = [
+        dataclasses.replace(layer, mean_cos_offdiag=layer.mean_cos_offdiag + delta)
+        if layer.name.startswith("block_") or not blocks_only
+        else layer
+        for layer in result.layers
+    ]
     return dataclasses.replace(result, layers=layers)
 
 
@@ -151,7 +192,13 @@ def test_verdicts_follow_the_numbers(sweep):
     runs = load_sweep([str(out / "runs" / name) for name in NAMES])
     panel = init_panel(out)
     assert [(r.width, r.is_baseline, r.seed) for r in runs] == [
-        (64, True, 42), (64, True, 43), (64, False, 42), (64, False, 43), (256, True, 42), (256, False, 42)]
+        (64, True, 42),
+        (64, True, 43),
+        (64, False, 42),
+        (64, False, 43),
+        (256, True, 42),
+        (256, False, 42),
+    ]
     assert all(r.val_loss is not None and r.final.step == 2 for r in runs)
     far = 1.0  # beyond any seed spread of cosines in [-1, 1] at this size
 
@@ -179,8 +226,10 @@ def test_verdicts_follow_the_numbers(sweep):
     base = {r.width: r for r in runs if r.is_baseline and r.seed == 42}
 
     def dispersed(delta_by_width):
-        return [r if r.is_baseline else dataclasses.replace(r, final=shifted(base[r.width].final, delta_by_width[r.width]))
-                for r in runs]
+        return [
+            r if r.is_baseline else dataclasses.replace(r, final=shifted(base[r.width].final, delta_by_width[r.width]))
+            for r in runs
+        ]
 
     assert with_dispersion(dispersed({64: -far, 256: -far}), 42).parts[0].agrees
     assert with_dispersion(dispersed({64: -far, 256: +far}), 42).parts[0].verdict == DISAGREES
@@ -204,29 +253,56 @@ def layers(cosines: list[float]) -> list[LayerCondensation]:
 
 def constructed(step: int, late: float, width: int) -> Condensation:
     """A 4-block toy model's condensation whose late blocks (3 and 4) average ``late``."""
-    return Condensation(step, 4, 16, layers([0.0, 0.1, 0.2, late - 0.05, late + 0.05, late]), 1.0, None, [], 10,
-                        [-1.0, 1.0], {"tokens_sha256": "x"}, "fp32", "cpu", "c", "r",
-                        {"dim": 64, "n_layers": 4, "n_heads": 4, "mlp_hidden_dim": width})
+    return Condensation(
+        step,
+        4,
+        16,
+        layers([0.0, 0.1, 0.2, late - 0.05, late + 0.05, late]),
+        1.0,
+        None,
+        [],
+        10,
+        [-1.0, 1.0],
+        {"tokens_sha256": "x"},
+        "fp32",
+        "cpu",
+        "c",
+        "r",
+        {"dim": 64, "n_layers": 4, "n_heads": 4, "mlp_hidden_dim": width},
+    )
 
 
 def toy_run(width: int, seed: int, final: float, val_loss: float, dispersion: str | None = None) -> RunCondensation:
-    return RunCondensation(f"w{width}-s{seed}", width, seed, dispersion, constructed(0, 0.9, width),
-                           constructed(100, final, width), {0: 0.9, 100: final}, val_loss)
+    return RunCondensation(
+        f"w{width}-s{seed}",
+        width,
+        seed,
+        dispersion,
+        constructed(0, 0.9, width),
+        constructed(100, final, width),
+        {0: 0.9, 100: final},
+        val_loss,
+    )
 
 
 def test_a_verdict_agrees_only_beyond_the_measured_seed_spread():
     """Constructed numbers, noisy as the issue found them: the second seed at width 64 moves the
     late-block cosine by 0.13 and the validation loss by 0.076."""
+
     def sweep(finals: tuple[float, float, float], gain: float, second_seed: bool = True) -> list[RunCondensation]:
         runs = [toy_run(w, 42, final, 9.0) for w, final in zip((64, 256, 1024), finals, strict=True)]
         runs += [toy_run(w, 42, 0.1, 9.0 - gain, "angular_spread λ=1.0") for w in (64, 256, 1024)]
         if second_seed:
-            runs += [toy_run(64, 43, finals[0] - 0.13, 9.076),
-                     toy_run(64, 43, 0.1, 9.076 - gain, "angular_spread λ=1.0")]
+            runs += [
+                toy_run(64, 43, finals[0] - 0.13, 9.076),
+                toy_run(64, 43, 0.1, 9.076 - gain, "angular_spread λ=1.0"),
+            ]
         return runs
 
-    panel = InitPanel({768: constructed(0, 0.80, 768), 1536: constructed(0, 0.75, 1536)},
-                      {42: constructed(0, 0.80, 768), 43: constructed(0, 0.86, 768)})
+    panel = InitPanel(
+        {768: constructed(0, 0.80, 768), 1536: constructed(0, 0.75, 1536)},
+        {42: constructed(0, 0.80, 768), 43: constructed(0, 0.86, 768)},
+    )
     # Width: every widening must lower the cosine by more than the spread (0.13).
     toy = with_width(panel, sweep((0.60, 0.45, 0.30), 0.0), 42).parts[1]
     assert (toy.verdict, toy.noise) == (AGREES, "effect +0.150, seed spread 0.130")
@@ -269,11 +345,14 @@ def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("change, what", [
-    (("--steps", "3"), "steps 2 → 3"),
-    (("--seq-len", "16"), "seq_len 32 → 16"),
-    (("--widths", "64"), "widths [64, 256] → [64]"),
-])
+@pytest.mark.parametrize(
+    "change, what",
+    [
+        (("--steps", "3"), "steps 2 → 3"),
+        (("--seq-len", "16"), "seq_len 32 → 16"),
+        (("--widths", "64"), "widths [64, 256] → [64]"),
+    ],
+)
 def test_other_options_are_refused_without_touching_results(sweep, change, what):
     out, _ = sweep
     before = digests(out)
@@ -281,7 +360,8 @@ def test_other_options_are_refused_without_touching_results(sweep, change, what)
     proc = quickstart(out, *(item for pair in options.items() for item in pair), command_line=False)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
-        f"dispersion_titan: error: --out: {out} holds results made with other options ({what}); use another --out"]
+        f"dispersion_titan: error: --out: {out} holds results made with other options ({what}); use another --out"
+    ]
     assert digests(out) == before
 
 
@@ -289,22 +369,30 @@ def test_time_budget_is_measured_and_written_down():
     """docs/benchmarks.md records the main command's wall time from a fresh clone, under the
     15-minute budget, with its command, and the README quotes that same figure."""
     benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
-    (row,) = [line for line in benchmarks.splitlines() if line.startswith("| quickstart from a fresh clone, no `.venv`")]
+    (row,) = [
+        line for line in benchmarks.splitlines() if line.startswith("| quickstart from a fresh clone, no `.venv`")
+    ]
     assert "bash launch/quickstart.sh" in row
     minutes, seconds = map(int, re.search(r"\*\*(\d+) min (\d+) s\*\*", row).groups())
     assert 60 * minutes + seconds < 15 * 60
     assert f"{minutes} min {seconds} s" in (REPO / "README.md").read_text()
 
 
-@pytest.mark.parametrize("options, message", [
-    (("--out", "{file}/out"), "--out: {file}/out: not writable (Not a directory)"),
-    (("--widths", "64,64"), "argument --widths: '64,64' repeats a width"),
-    (("--coeff", "0"), "argument --coeff: '0' is not a finite positive number"),
-    (("--coeff", "inf"), "argument --coeff: 'inf' is not a finite positive number"),
-    (("--config", "{file}x"), "--config: {file}x: no such file"),
-    (("--config", "{file}"), "--config: {file}: needs 'training' (training.steps, debug.seed and checkpoint.interval)"),
-    (("--init-flavor", "huge"), "--init-flavor: 'huge' is not one of ['debug', 'large', 'medium', 'small', 'xl']"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (("--out", "{file}/out"), "--out: {file}/out: not writable (Not a directory)"),
+        (("--widths", "64,64"), "argument --widths: '64,64' repeats a width"),
+        (("--coeff", "0"), "argument --coeff: '0' is not a finite positive number"),
+        (("--coeff", "inf"), "argument --coeff: 'inf' is not a finite positive number"),
+        (("--config", "{file}x"), "--config: {file}x: no such file"),
+        (
+            ("--config", "{file}"),
+            "--config: {file}: needs 'training' (training.steps, debug.seed and checkpoint.interval)",
+        ),
+        (("--init-flavor", "huge"), "--init-flavor: 'huge' is not one of ['debug', 'large', 'medium', 'small', 'xl']"),
+    ],
+)
 def test_bad_options_fail_with_one_line(tmp_path, options, message):
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -331,14 +419,34 @@ def test_a_failing_job_is_named_with_its_exit_status_error_and_log(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text(Path(CONFIG).read_text().replace('dataset = "enwiki_sample"', 'dataset = "no_such_corpus"', 1))
     out = tmp_path / "q"
-    proc = quickstart(out, "--config", str(config), "--widths", "64", "--spread-seeds", "0", "--steps", "1",
-                      "--init-flavor", "debug", "--init-widths", "64", "--init-num-sequences", "2", "--seq-len", "16")
+    proc = quickstart(
+        out,
+        "--config",
+        str(config),
+        "--widths",
+        "64",
+        "--spread-seeds",
+        "0",
+        "--steps",
+        "1",
+        "--init-flavor",
+        "debug",
+        "--init-widths",
+        "64",
+        "--init-num-sequences",
+        "2",
+        "--seq-len",
+        "16",
+    )
     assert proc.returncode == 1, proc.stderr
     for name in ("w64-baseline-s42", "w64-angular_spread-c1-s42"):
         log = out / "logs" / f"{name}.train.log"
         error = [line for line in log.read_text().splitlines() if line.startswith("dispersion_titan: error:")]
         assert len(error) == 1 and "no_such_corpus" in error[0], log.read_text()[-2000:]
-        assert f"dispersion_titan: error: train {name} failed (exit 2): {error[0]} (log: {log})" in proc.stderr.splitlines()
+        assert (
+            f"dispersion_titan: error: train {name} failed (exit 2): {error[0]} (log: {log})"
+            in proc.stderr.splitlines()
+        )
         assert not (out / "logs" / f"{name}.analyze.log").exists()
 
 
@@ -350,8 +458,9 @@ def test_training_progress_says_steps_and_time_left(tmp_path):
     with StepProgress(str(log), 60, "w64-baseline-s42", said.append, every_s=0.05):
         time.sleep(0.2)  # no log yet: nothing said
         with open(log, "ab", buffering=0) as f:
-            f.write(b"[titan] step: 10  loss: 4.0  grad_norm: 1.0\n[titan] validate step: 15  loss: 4.1\n"
-                    b"[titan] step: 2")
+            f.write(
+                b"[titan] step: 10  loss: 4.0  grad_norm: 1.0\n[titan] validate step: 15  loss: 4.1\n[titan] step: 2"
+            )
             time.sleep(0.3)
             f.write(b"0  loss: 3.9  grad_norm: 1.0\n")
             time.sleep(0.3)

@@ -39,7 +39,6 @@ from support.launch import (
 )
 from support.runs import digests, load_weights, max_abs_diff, scalars
 
-
 STEPS = REFERENCE_STEPS
 # Every launch below shares the reference run's schedule, so losses compare step for step.
 SCHEDULE = (*SCHEDULE, "--validation.no-enable")
@@ -85,8 +84,12 @@ def worker_pid(dump: Path, rank: int) -> int | None:
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
         except OSError:  # exited meanwhile
             continue
-        if (str(dump).encode() in cmdline and b"dispersion_titan.train" in cmdline
-                and b"dispersion_titan.torchrun" not in cmdline and f"RANK={rank}".encode() in environ):
+        if (
+            str(dump).encode() in cmdline
+            and b"dispersion_titan.train" in cmdline
+            and b"dispersion_titan.torchrun" not in cmdline
+            and f"RANK={rank}".encode() in environ
+        ):
             return int(entry)
     return None
 
@@ -107,11 +110,25 @@ def in_the_background_of_a_script(dump: Path) -> subprocess.CompletedProcess:
     """``launch/train.sh`` on 2 processes as a script's background job (job control off: bash
     starts it with SIGINT ignored, which its first line of output shows), with the settings
     of ``torchrun(dump, 2, ...)``."""
-    argv = ["--job.dump_folder", str(dump), "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, "--training.steps",
-            str(STEPS), *SCHEDULE]
+    argv = [
+        "--job.dump_folder",
+        str(dump),
+        "--metrics.log_freq",
+        "1",
+        *DEBUG_SEQ_LEN,
+        "--training.steps",
+        str(STEPS),
+        *SCHEDULE,
+    ]
     script = '{ grep SigIgn /proc/$BASHPID/status; exec launch/train.sh "$@"; } & wait $!'
-    return subprocess.run(["bash", "-c", script, "script", DEBUG_TOML, *argv], cwd=REPO,
-                          env=launch_env({"NPROC": "2"}), capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["bash", "-c", script, "script", DEBUG_TOML, *argv],
+        cwd=REPO,
+        env=launch_env({"NPROC": "2"}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def launch_and_signal(dump: Path, after_step: int, signum: int, target, run=None):
@@ -120,8 +137,7 @@ def launch_and_signal(dump: Path, after_step: int, signum: int, target, run=None
     and the digests of the checkpoints complete at that moment."""
     result = {}
     # The command line itself: the workers are found by their command line.
-    run = run or (lambda d: torchrun(d, 2, "--training.steps", str(STEPS), *SCHEDULE, check=False,
-                                     command_line=True))
+    run = run or (lambda d: torchrun(d, 2, "--training.steps", str(STEPS), *SCHEDULE, check=False, command_line=True))
     job = threading.Thread(target=lambda: result.update(proc=run(dump)))
     job.start()
     marker = dump / "checkpoint" / f"step-{after_step}" / ".metadata"
@@ -130,8 +146,11 @@ def launch_and_signal(dump: Path, after_step: int, signum: int, target, run=None
         time.sleep(0.02)
     pid = target(dump) if job.is_alive() else None
     assert pid is not None, f"the run ended before step {after_step} was saved: {result}"
-    kept = {step: digests(dump / "checkpoint" / f"step-{step}") for step in range(after_step + 1)
-            if (dump / "checkpoint" / f"step-{step}" / ".metadata").exists()}
+    kept = {
+        step: digests(dump / "checkpoint" / f"step-{step}")
+        for step in range(after_step + 1)
+        if (dump / "checkpoint" / f"step-{step}" / ".metadata").exists()
+    }
     os.kill(pid, signum)
     job.join()
     return result["proc"], kept
@@ -158,8 +177,13 @@ def test_sigkilled_rank_resumes_from_last_complete_checkpoint_bit_for_bit(refere
     want, got = scalars(reference), scalars(dump)
     for tag in TAGS:
         assert [got[tag][s] for s in range(1, STEPS + 1)] == [want[tag][s] for s in range(1, STEPS + 1)], tag
-    assert max_abs_diff(load_weights(dump / "checkpoint" / f"step-{STEPS}"),
-                        load_weights(reference / "checkpoint" / f"step-{STEPS}")) == 0.0
+    assert (
+        max_abs_diff(
+            load_weights(dump / "checkpoint" / f"step-{STEPS}"),
+            load_weights(reference / "checkpoint" / f"step-{STEPS}"),
+        )
+        == 0.0
+    )
 
 
 def runs(pid: int) -> bool:
@@ -198,20 +222,27 @@ def test_sigkilled_launcher_takes_its_ranks_down_and_the_relaunch_resumes(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum, background", [(signal.SIGINT, True), (signal.SIGTERM, False)],
-                         ids=["SIGINT-background-train.sh", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum, background",
+    [(signal.SIGINT, True), (signal.SIGTERM, False)],
+    ids=["SIGINT-background-train.sh", "SIGTERM"],
+)
 def test_interrupt_saves_says_one_line_and_resumes_exactly(reference, tmp_path, signum, background):
     """``kill -INT`` to launch/train.sh started in the background of a script (which inherits
     SIGINT as ignored), or SIGTERM to torchrun: it forwards the signal, the ranks agree, save a
     full checkpoint of the step they are at, and say so in one line; the same command again
     continues exactly like the uninterrupted run, touching no checkpoint."""
     dump = tmp_path / "interrupted"
-    stopped, kept = launch_and_signal(dump, 2, signum, launcher_pid,
-                                      in_the_background_of_a_script if background else None)
+    stopped, kept = launch_and_signal(
+        dump, 2, signum, launcher_pid, in_the_background_of_a_script if background else None
+    )
     if background:
         assert int(stopped.stdout.split()[1], 16) & 1 << (signal.SIGINT - 1), "started with SIGINT ignored"
-    match = re.fullmatch(r"\[rank0\]:dispersion_titan: interrupted at step (\d+); checkpoint step-(\d+) saved; "
-                         r"relaunch the same command to resume", last_line(stopped))
+    match = re.fullmatch(
+        r"\[rank0\]:dispersion_titan: interrupted at step (\d+); checkpoint step-(\d+) saved; "
+        r"relaunch the same command to resume",
+        last_line(stopped),
+    )
     assert match and match[1] == match[2], stopped.stderr[-3000:]
     step = int(match[1])
     assert stopped.returncode == 128 + signum and "Traceback" not in output(stopped)
@@ -234,17 +265,37 @@ def test_interrupt_without_checkpointing_says_so(tmp_path):
     """Ctrl-C of a one-process run without checkpointing: it stops at the next step in one line."""
     dump, log = tmp_path / "nockpt", tmp_path / "stdout"
     with open(log, "w") as stdout:
-        job = subprocess.Popen([sys.executable, "-m", "dispersion_titan.train", "--job.config_file", DEBUG_TOML,
-                                "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--training.steps", "100",
-                                "--metrics.log_freq", "1", "--checkpoint.no-enable", "--validation.no-enable"],
-                               cwd=REPO, env=launch_env(), stdout=stdout, stderr=subprocess.PIPE, text=True)
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "dispersion_titan.train",
+                "--job.config_file",
+                DEBUG_TOML,
+                "--job.dump_folder",
+                str(dump),
+                *DEBUG_SEQ_LEN,
+                "--training.steps",
+                "100",
+                "--metrics.log_freq",
+                "1",
+                "--checkpoint.no-enable",
+                "--validation.no-enable",
+            ],
+            cwd=REPO,
+            env=launch_env(),
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         while not re.search(r"step:\s+2\s", log.read_text()) and job.poll() is None:
             time.sleep(0.05)
         job.send_signal(signal.SIGINT)
         _, err = job.communicate(timeout=300)
     assert job.returncode == 130 and "Traceback" not in err + log.read_text()
-    assert re.fullmatch(r"dispersion_titan: interrupted at step \d+; checkpointing is off, nothing saved",
-                        err.strip().splitlines()[-1]), err[-2000:]
+    assert re.fullmatch(
+        r"dispersion_titan: interrupted at step \d+; checkpointing is off, nothing saved", err.strip().splitlines()[-1]
+    ), err[-2000:]
     assert not (dump / "checkpoint").exists()
 
 
@@ -255,12 +306,27 @@ def test_failed_checkpoint_write_is_one_line_and_keeps_earlier_checkpoints(tmp_p
     in one line naming the cause, the folder, the space needed and the last good checkpoint;
     the half-written step-4 is moved aside and step-0 and step-2 are untouched."""
     dump = tmp_path / "full"
-    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--training.steps", "4",
-            "--checkpoint.interval", "2", "--validation.no-enable"]
+    argv = [
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(dump),
+        *DEBUG_SEQ_LEN,
+        "--training.steps",
+        "4",
+        "--checkpoint.interval",
+        "2",
+        "--validation.no-enable",
+    ]
     # A process over the limit also gets SIGXFSZ, whose default is to die: ignored, the write fails.
-    job = subprocess.Popen(["bash", "-c", 'trap "" XFSZ; exec "$0" -m dispersion_titan.train "$@"', sys.executable,
-                            *argv], cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+    job = subprocess.Popen(
+        ["bash", "-c", 'trap "" XFSZ; exec "$0" -m dispersion_titan.train "$@"', sys.executable, *argv],
+        cwd=REPO,
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     marker = dump / "checkpoint" / "step-2" / ".metadata"
     while not marker.exists() and job.poll() is None:
         time.sleep(0.02)
@@ -269,10 +335,13 @@ def test_failed_checkpoint_write_is_one_line_and_keeps_earlier_checkpoints(tmp_p
     out, err = job.communicate(timeout=600)
 
     step_2 = sum(p.stat().st_size for p in (dump / "checkpoint" / "step-2").iterdir())
-    match = re.fullmatch(rf"dispersion_titan: error: file size limit exceeded \(ulimit -f: 1.0 MB\) saving step-4 to "
-                         rf"{dump / 'checkpoint' / 'step-4'} \(needs about (\d+) MB, the size of step-2; \d+ MB free\); "
-                         r"the last good checkpoint is step-2; raise the file size limit \(ulimit -f\) and relaunch "
-                         r"the same command to resume", err.strip().splitlines()[-1])
+    match = re.fullmatch(
+        rf"dispersion_titan: error: file size limit exceeded \(ulimit -f: 1.0 MB\) saving step-4 to "
+        rf"{dump / 'checkpoint' / 'step-4'} \(needs about (\d+) MB, the size of step-2; \d+ MB free\); "
+        r"the last good checkpoint is step-2; raise the file size limit \(ulimit -f\) and relaunch "
+        r"the same command to resume",
+        err.strip().splitlines()[-1],
+    )
     assert match and int(match[1]) == round(step_2 / 1e6), err[-3000:]
     assert job.returncode == 74 and "Traceback" not in out + err
     assert {step: digests(dump / "checkpoint" / f"step-{step}") for step in (0, 2)} == kept
@@ -292,9 +361,11 @@ def drop_metadata(step_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("corrupt, problem", [(truncate_shard, "__1_0.distcp: truncated"),
-                                              (drop_metadata, "missing .metadata")],
-                         ids=["truncated-distcp", "missing-metadata"])
+@pytest.mark.parametrize(
+    "corrupt, problem",
+    [(truncate_shard, "__1_0.distcp: truncated"), (drop_metadata, "missing .metadata")],
+    ids=["truncated-distcp", "missing-metadata"],
+)
 def test_half_written_checkpoint_is_never_loaded(reference, tmp_path, capsys, corrupt, problem):
     dump = tmp_path / "run"
     shutil.copytree(reference, dump)
@@ -313,14 +384,16 @@ def test_half_written_checkpoint_is_never_loaded(reference, tmp_path, capsys, co
     resumed = torchrun(dump, 2, "--training.steps", "10", *SCHEDULE)
     assert f"Training starts at step {STEPS - 1}" in output(resumed)
     (moved,) = (dump / "checkpoint" / "incomplete").iterdir()
-    assert moved.name.startswith(f"step-{STEPS}.") and f"Incomplete checkpoint moved aside, not loaded: {moved}" \
-        in output(resumed)
+    assert moved.name.startswith(
+        f"step-{STEPS}."
+    ) and f"Incomplete checkpoint moved aside, not loaded: {moved}" in output(resumed)
     assert digests(moved) == broken
     assert {step: digests(dump / "checkpoint" / f"step-{step}") for step in (0, 2, 4, 6)} == earlier
     assert complete_steps(dump) == [0, 2, 4, 6, 8, 10]
     want, got = scalars(reference), scalars(dump)
-    assert [got["loss_metrics/global_avg_loss"][s] for s in (7, 8)] == \
-        [want["loss_metrics/global_avg_loss"][s] for s in (7, 8)]
+    assert [got["loss_metrics/global_avg_loss"][s] for s in (7, 8)] == [
+        want["loss_metrics/global_avg_loss"][s] for s in (7, 8)
+    ]
 
 
 # ---------------------------------------------------------------- non-finite loss
@@ -335,8 +408,10 @@ def test_non_finite_loss_ends_the_same_way_every_time_and_keeps_the_last_good_ch
     first rank to leave exits 3. Each relaunch resumes from step 1 and changes no checkpoint."""
     dump = tmp_path / "diverged"
     args = ("--training.steps", "4", "--checkpoint.interval", "1", "--validation.no-enable", "--optimizer.lr", "1e30")
-    message = (f"dispersion_titan: error: loss is not finite at step 2; training stopped before saving step 2, "
-               f"earlier checkpoints in {dump / 'checkpoint'} are intact")
+    message = (
+        f"dispersion_titan: error: loss is not finite at step 2; training stopped before saving step 2, "
+        f"earlier checkpoints in {dump / 'checkpoint'} are intact"
+    )
     good = None
     for launch in range(5):
         through_launcher = launch in (0, 4)
@@ -361,14 +436,28 @@ def test_an_infinite_term_is_caught_at_its_own_step(tmp_path):
     """λ·term beyond float32 (λ = 1e39: finite as a setting) makes step 1's loss -inf: the run
     stops at step 1, the step TorchTitan logs as -inf, before its update is saved."""
     dump = tmp_path / "overflow"
-    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
-                         *DEBUG_SEQ_LEN, "--training.steps", "3", "--checkpoint.interval", "1",
-                         "--validation.no-enable", "--dispersion.variant", "angular_spread",
-                         "--dispersion.coeff", "1e39")
+    proc = python_module(
+        "dispersion_titan.train",
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.dump_folder",
+        str(dump),
+        *DEBUG_SEQ_LEN,
+        "--training.steps",
+        "3",
+        "--checkpoint.interval",
+        "1",
+        "--validation.no-enable",
+        "--dispersion.variant",
+        "angular_spread",
+        "--dispersion.coeff",
+        "1e39",
+    )
     assert proc.returncode == 3
     assert proc.stderr.strip().splitlines()[-1] == (
         "dispersion_titan: error: loss is not finite at step 1; training stopped before saving step 1, "
-        f"earlier checkpoints in {dump / 'checkpoint'} are intact")
+        f"earlier checkpoints in {dump / 'checkpoint'} are intact"
+    )
     assert complete_steps(dump) == [0]
 
 
@@ -384,20 +473,31 @@ def write(path: Path, text: str) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, expected", [
-    (["--job.config_file", "{bad_toml}"], "--job.config_file: {bad_toml}: invalid TOML"),
-    (["--job.config_file", DEBUG_TOML, "--training.dataset", "local", "--training.dataset_path", "{empty}"],
-     "training.dataset_path: '{empty}' is empty"),
-    (["--job.config_file", DEBUG_TOML, "--dispersion.lambda_norm", "-1"],
-     "dispersion.lambda_norm: must be >= 0, got -1.0"),
-    (["--job.config_file", DEBUG_TOML, "--training.steps", "many"], "Error parsing --training.steps"),
-], ids=["malformed-toml", "empty-dataset", "negative-lambda-norm", "cli-wrong-type"])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--job.config_file", "{bad_toml}"], "--job.config_file: {bad_toml}: invalid TOML"),
+        (
+            ["--job.config_file", DEBUG_TOML, "--training.dataset", "local", "--training.dataset_path", "{empty}"],
+            "training.dataset_path: '{empty}' is empty",
+        ),
+        (
+            ["--job.config_file", DEBUG_TOML, "--dispersion.lambda_norm", "-1"],
+            "dispersion.lambda_norm: must be >= 0, got -1.0",
+        ),
+        (["--job.config_file", DEBUG_TOML, "--training.steps", "many"], "Error parsing --training.steps"),
+    ],
+    ids=["malformed-toml", "empty-dataset", "negative-lambda-norm", "cli-wrong-type"],
+)
 def test_bad_input_against_an_existing_run_changes_nothing(reference, tmp_path, args, expected):
-    paths = {"bad_toml": write(tmp_path / "bad.toml", "[training\nsteps = 3\n"),
-             "empty": write(tmp_path / "empty.jsonl", "")}
+    paths = {
+        "bad_toml": write(tmp_path / "bad.toml", "[training\nsteps = 3\n"),
+        "empty": write(tmp_path / "empty.jsonl", ""),
+    }
     before = digests(reference)
-    proc = python_module("dispersion_titan.train", "--job.dump_folder", str(reference),
-                         *(a.format(**paths) for a in args), timeout=120)
+    proc = python_module(
+        "dispersion_titan.train", "--job.dump_folder", str(reference), *(a.format(**paths) for a in args), timeout=120
+    )
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"dispersion_titan: error: {expected.format(**paths)}")
@@ -405,25 +505,31 @@ def test_bad_input_against_an_existing_run_changes_nothing(reference, tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args, fragments", [
-    (["--texts", "{missing}"], ["--texts: {missing}: cannot be read"]),
-    (["--texts", "{not_json}"], ["--texts: {not_json}:2: invalid JSON"]),
-    (["--texts", "{no_text}"], ["--texts: {no_text}:1: needs a \"text\" string field"]),
-    (["--texts", "{no_text}", "--dataset-path", "{missing}"], ["--dataset-path: not used with --texts"]),
-    (["--dataset", "nope"], ["--dataset", "nope"]),
-    (["--dataset", "local", "--dataset-path", "{empty}"], ["{empty}", "empty"]),
-    (["--num-sequences", "100000"], ["--num-sequences 100000 needs more"]),
-    (["--steps", "2-x"], ["--steps", "2-x"]),
-    (["--steps", "7"], ["--steps", "[0, 2, 4, 6, 8]"]),
-    (["--tb-dir", "{file}/tb"], ["--tb-dir: {file}/tb: not writable"]),
-    (["--batch-size", "0"], ["--batch-size", "'0' is not a positive integer"]),
-    (["--dtype", "fp8"], ["--dtype", "fp8"]),
-])
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--texts", "{missing}"], ["--texts: {missing}: cannot be read"]),
+        (["--texts", "{not_json}"], ["--texts: {not_json}:2: invalid JSON"]),
+        (["--texts", "{no_text}"], ['--texts: {no_text}:1: needs a "text" string field']),
+        (["--texts", "{no_text}", "--dataset-path", "{missing}"], ["--dataset-path: not used with --texts"]),
+        (["--dataset", "nope"], ["--dataset", "nope"]),
+        (["--dataset", "local", "--dataset-path", "{empty}"], ["{empty}", "empty"]),
+        (["--num-sequences", "100000"], ["--num-sequences 100000 needs more"]),
+        (["--steps", "2-x"], ["--steps", "2-x"]),
+        (["--steps", "7"], ["--steps", "[0, 2, 4, 6, 8]"]),
+        (["--tb-dir", "{file}/tb"], ["--tb-dir: {file}/tb: not writable"]),
+        (["--batch-size", "0"], ["--batch-size", "'0' is not a positive integer"]),
+        (["--dtype", "fp8"], ["--dtype", "fp8"]),
+    ],
+)
 def test_bad_analysis_input_fails_with_one_line_and_changes_nothing(reference, tmp_path, capsys, args, fragments):
-    paths = {"missing": str(tmp_path / "missing.jsonl"), "file": write(tmp_path / "file", ""),
-             "not_json": write(tmp_path / "not_json.jsonl", '{"text": "ok"}\n{"text": \n'),
-             "no_text": write(tmp_path / "no_text.jsonl", '{"body": "x"}\n'),
-             "empty": write(tmp_path / "empty.jsonl", "")}
+    paths = {
+        "missing": str(tmp_path / "missing.jsonl"),
+        "file": write(tmp_path / "file", ""),
+        "not_json": write(tmp_path / "not_json.jsonl", '{"text": "ok"}\n{"text": \n'),
+        "no_text": write(tmp_path / "no_text.jsonl", '{"body": "x"}\n'),
+        "empty": write(tmp_path / "empty.jsonl", ""),
+    }
     before = digests(reference)
     result = analyze(reference, *ANALYSIS, *(a.format(**paths) for a in args), capsys=capsys)
     assert_one_line_error(*result[::2], *(f.format(**paths) for f in fragments))
@@ -433,8 +539,10 @@ def test_bad_analysis_input_fails_with_one_line_and_changes_nothing(reference, t
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.slow
 def test_analysis_on_a_missing_device_fails_with_one_line(reference, capsys):
-    assert_one_line_error(*analyze(reference, *ANALYSIS, "--device", "cuda", capsys=capsys)[::2],
-                          "--device: cuda: CUDA is not available here")
+    assert_one_line_error(
+        *analyze(reference, *ANALYSIS, "--device", "cuda", capsys=capsys)[::2],
+        "--device: cuda: CUDA is not available here",
+    )
 
 
 @pytest.mark.slow
@@ -449,10 +557,14 @@ def test_analysis_needs_the_recorded_model_shape(reference, tmp_path, capsys):
 def test_bad_compare_input_fails_with_one_line_and_writes_nothing(reference, tmp_path, capsys):
     out = tmp_path / "cmp"
     before = digests(reference)
-    assert_one_line_error(*analyze("compare", reference, "--out", out, "--step", "7", capsys=capsys)[::2],
-                          "--step", "no analysis of step 7")
+    assert_one_line_error(
+        *analyze("compare", reference, "--out", out, "--step", "7", capsys=capsys)[::2],
+        "--step",
+        "no analysis of step 7",
+    )
     empty = tmp_path / "unanalysed"
     empty.mkdir()
-    assert_one_line_error(*analyze("compare", reference, empty, "--out", out, capsys=capsys)[::2],
-                          f"{empty}: no condensation analyses")
+    assert_one_line_error(
+        *analyze("compare", reference, empty, "--out", out, capsys=capsys)[::2], f"{empty}: no condensation analyses"
+    )
     assert not out.exists() and digests(reference) == before

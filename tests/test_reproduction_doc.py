@@ -11,30 +11,34 @@ from __future__ import annotations
 import math
 import re
 import shlex
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
-from dispersion_titan.analyze import analyze_parser, size_series_parser
-from dispersion_titan.config.schema import JobConfig
-from dispersion_titan.evaluate import evaluate_parser, table_parser
-from dispersion_titan.paper import paper_parser
 from dispersion_titan.analysis.inputs import PAPER_SEQ_LEN, PAPER_TEXTS
+from dispersion_titan.analyze import analyze_parser, size_series_parser
 from dispersion_titan.components.titan_compat import merged_job_config_class
 from dispersion_titan.config.cli import CONFIG_MODULE
+from dispersion_titan.config.schema import JobConfig
+from dispersion_titan.evaluate import evaluate_parser, table_parser
 from dispersion_titan.evaluation.protocol import FEW_SHOT, PAPER_TASKS, PERPLEXITY, PRESETS
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 from dispersion_titan.evaluation.table import MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT
+from dispersion_titan.paper import paper_parser
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.paper.plan import PAPER_DEFAULTS
-
 from support.launch import REPO
 
 DOC = Path(REPO) / "docs" / "reproduction.md"
 HEADER = "| protocol item | paper / released code | this project's default | option | the authors' file |"
-PARSERS = {"evaluate table": table_parser, "evaluate": evaluate_parser, "analyze family": size_series_parser,
-           "analyze": analyze_parser, "paper": paper_parser}
+PARSERS = {
+    "evaluate table": table_parser,
+    "evaluate": evaluate_parser,
+    "analyze family": size_series_parser,
+    "analyze": analyze_parser,
+    "paper": paper_parser,
+}
 TOML_CITE = re.compile(r"^([\w.\-]+\.toml): (\w+)\.(\w+) = (.+)$")
 SCHEMA_CITE = re.compile(r"^(\w+)\.(\w+) = (.+)$")
 CLI_CITE = re.compile(r"^(" + "|".join(PARSERS) + r") (--[\w-]+)(?: (\S+))?$")
@@ -49,7 +53,7 @@ def table() -> list[list[str]]:
     lines = DOC.read_text().splitlines()
     start = lines.index(HEADER)
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append(cells(line))
@@ -95,8 +99,14 @@ def test_every_cited_default_matches_what_it_names():
     assert len(checked) >= 15, checked  # the table cites its defaults in code form; each one was checked
 
 
-@pytest.mark.parametrize("citation", ["dispersion.form = \"paper\"", "evaluate --batch-size 8",
-                                      "midtrain_gpt2_wikitext103_dispersion.toml: dispersion.coeff = 1"])
+@pytest.mark.parametrize(
+    "citation",
+    [
+        'dispersion.form = "paper"',
+        "evaluate --batch-size 8",
+        "midtrain_gpt2_wikitext103_dispersion.toml: dispersion.coeff = 1",
+    ],
+)
 def test_a_false_citation_fails(citation):
     with pytest.raises(AssertionError):
         check(citation)
@@ -122,10 +132,11 @@ def eight_gpus(name: str) -> str:
     HF's ⌈0.2·T⌉ warm-up and the ⌊T/5⌋+1 cadence."""
     c = config_file(name)
     steps = math.ceil(c["training"]["steps"] / 8)
-    return (f"--training.global_batch_size {8 * c['training']['global_batch_size']} --training.steps {steps} "
-            f"--optimizer.lr {c['optimizer']['lr'] * math.sqrt(8):.3e} --lr_scheduler.warmup_steps "
-            f"{math.ceil(0.2 * steps)} --checkpoint.interval {steps // 5 + 1} --validation.freq {steps // 5 + 1}"
-            ).replace("e-04", "e-4")
+    return (
+        f"--training.global_batch_size {8 * c['training']['global_batch_size']} --training.steps {steps} "
+        f"--optimizer.lr {c['optimizer']['lr'] * math.sqrt(8):.3e} --lr_scheduler.warmup_steps "
+        f"{math.ceil(0.2 * steps)} --checkpoint.interval {steps // 5 + 1} --validation.freq {steps // 5 + 1}"
+    ).replace("e-04", "e-4")
 
 
 QWEN3, GPT2 = "midtrain_qwen3_0.6b_baseline.toml", "midtrain_gpt2_wikitext103_dispersion.toml"
@@ -195,10 +206,15 @@ def commands() -> list[str]:
     text = DOC.read_text()
     blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S)
     lines = [line.split("  #")[0] for block in blocks for line in block.splitlines()]
-    spans = [" ".join(span.split()) for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", re.sub(r"```.*?```", "", text,
-                                                                                          flags=re.S))]
-    return [c.strip() for c in lines + spans if c.strip().startswith(("python -m dispersion_titan.", "python bench/",
-                                                                      "launch/", "bash launch/"))]
+    spans = [
+        " ".join(span.split())
+        for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", re.sub(r"```.*?```", "", text, flags=re.S))
+    ]
+    return [
+        c.strip()
+        for c in lines + spans
+        if c.strip().startswith(("python -m dispersion_titan.", "python bench/", "launch/", "bash launch/"))
+    ]
 
 
 def test_every_command_the_page_shows_parses():

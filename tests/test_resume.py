@@ -47,8 +47,13 @@ def test_resumed_run_reproduces_uninterrupted_losses(elastic):
     for tag in TAGS:
         for step in range(1, REFERENCE_STEPS + 1):
             assert got[tag][step] == want[tag][step], (tag, step)
-    assert max_abs_diff(load_weights(dump / "checkpoint" / f"step-{REFERENCE_STEPS}"),
-                        load_weights(elastic["straight"] / "checkpoint" / f"step-{REFERENCE_STEPS}")) == 0.0
+    assert (
+        max_abs_diff(
+            load_weights(dump / "checkpoint" / f"step-{REFERENCE_STEPS}"),
+            load_weights(elastic["straight"] / "checkpoint" / f"step-{REFERENCE_STEPS}"),
+        )
+        == 0.0
+    )
 
 
 def test_finished_run_relaunched_does_nothing(elastic):
@@ -65,9 +70,12 @@ def test_model_only_run_cannot_continue_and_says_why(elastic, tmp_path):
     continue from, one line."""
     final = f"step-{REFERENCE_STEPS}"
     shutil.copytree(elastic["straight"] / "checkpoint" / final, tmp_path / "checkpoint" / final)
-    with pytest.raises(CheckpointError, match=rf"{final} holds weights only .* cannot continue to step 10; "
-                                              rf"start a new job.dump_folder from its weights with "
-                                              rf"--job.fork_from {tmp_path}@8"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{final} holds weights only .* cannot continue to step 10; "
+        rf"start a new job.dump_folder from its weights with "
+        rf"--job.fork_from {tmp_path}@8",
+    ):
         check_resume(str(tmp_path / "checkpoint"), str(tmp_path), 10, 1)
 
 

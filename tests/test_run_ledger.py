@@ -24,8 +24,11 @@ ANALYSIS = ("--num-sequences", "4", "--seq-len", "32")
 
 
 def sha256_tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def relaunch(dump: Path, *overrides: str):
@@ -47,19 +50,42 @@ def fork(reference_run, tmp_path_factory) -> Path:
     off (other settings, on purpose), to step 5, whose final checkpoint is full."""
     before = sha256_tree(reference_run)
     dump = tmp_path_factory.mktemp("ledger") / "fork"
-    torchrun(dump, 1, "--training.steps", str(FORK_STEP + 1), *RUN, "--dispersion.coeff", "0",
-             "--checkpoint.no-last_save_model_only", "--job.fork_from", f"{reference_run}@{FORK_STEP}")
+    torchrun(
+        dump,
+        1,
+        "--training.steps",
+        str(FORK_STEP + 1),
+        *RUN,
+        "--dispersion.coeff",
+        "0",
+        "--checkpoint.no-last_save_model_only",
+        "--job.fork_from",
+        f"{reference_run}@{FORK_STEP}",
+    )
     assert sha256_tree(reference_run) == before  # the source is only read
     return dump
 
 
 def test_changed_settings_are_refused_in_one_line_and_change_nothing(reference_run):
     before = sha256_tree(reference_run)
-    line = one_line(relaunch(reference_run, "--dispersion.coeff", "0.5", "--debug.seed", "1",
-                             "--metrics.log_freq", "2", "--checkpoint.interval", "4"))  # the last two are allowed
-    assert line == (f"dispersion_titan: error: run folder {reference_run} was started with other settings: "
-                    "debug.seed 42 -> 1, dispersion.coeff 0.3 -> 0.5; relaunch with the same settings, or branch on "
-                    "purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder")
+    line = one_line(
+        relaunch(
+            reference_run,
+            "--dispersion.coeff",
+            "0.5",
+            "--debug.seed",
+            "1",
+            "--metrics.log_freq",
+            "2",
+            "--checkpoint.interval",
+            "4",
+        )
+    )  # the last two are allowed
+    assert line == (
+        f"dispersion_titan: error: run folder {reference_run} was started with other settings: "
+        "debug.seed 42 -> 1, dispersion.coeff 0.3 -> 0.5; relaunch with the same settings, or branch on "
+        "purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
+    )
     assert sha256_tree(reference_run) == before
 
 
@@ -74,7 +100,8 @@ def test_a_key_added_after_a_run_started_counts_as_its_default():
     old_record = {k: v for k, v in defaults.items() if k != "training.loss_scale"}
     assert changed_settings(old_record, defaults, defaults) == []
     assert changed_settings(old_record, {**defaults, "training.loss_scale": "as_released"}, defaults) == [
-        'training.loss_scale "mean" -> "as_released"']
+        'training.loss_scale "mean" -> "as_released"'
+    ]
     assert changed_settings(old_record, defaults) == ['training.loss_scale (unset) -> "mean"']  # no defaults given
 
 
@@ -83,9 +110,11 @@ def test_resuming_would_save_over_a_step_checkpoint_is_refused(reference_run):
     and save step 8 again."""
     before = sha256_tree(reference_run)
     line = one_line(relaunch(reference_run, "--training.steps", "10"))
-    assert line == (f"dispersion_titan: error: {reference_run}/checkpoint: resuming from step 6 (step-8 holds weights "
-                    "only) would train over step-8 and save it again, and checkpoints are never overwritten; branch "
-                    f"from step 6 into a new folder with --job.fork_from {reference_run}@6 --job.dump_folder NEW")
+    assert line == (
+        f"dispersion_titan: error: {reference_run}/checkpoint: resuming from step 6 (step-8 holds weights "
+        "only) would train over step-8 and save it again, and checkpoints are never overwritten; branch "
+        f"from step 6 into a new folder with --job.fork_from {reference_run}@6 --job.dump_folder NEW"
+    )
     assert sha256_tree(reference_run) == before
 
 
@@ -98,16 +127,23 @@ def test_fork_starts_from_the_source_checkpoint_and_records_it(fork, reference_r
     assert got[FORK_STEP + 1] == pytest.approx(want[FORK_STEP + 1], rel=1e-4)
     source = reference_run / "checkpoint" / f"step-{FORK_STEP}"
     recorded = json.loads((fork / "run.json").read_text())
-    assert recorded["forked_from"] == {"run": str(reference_run), "step": FORK_STEP, "checkpoint": str(source),
-                                       "identity": checkpoint_identity(str(source)), "model_only": False}
+    assert recorded["forked_from"] == {
+        "run": str(reference_run),
+        "step": FORK_STEP,
+        "checkpoint": str(source),
+        "identity": checkpoint_identity(str(source)),
+        "model_only": False,
+    }
     assert recorded["settings"]["dispersion.coeff"] == 0.0
 
 
 def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     line = one_line(relaunch(tmp_path, "--job.fork_from", str(reference_run)))
-    assert line == (f"dispersion_titan: error: job.fork_from: {tmp_path} is not empty; a fork starts a new run, "
-                    "so give it a new or empty --job.dump_folder")
+    assert line == (
+        f"dispersion_titan: error: job.fork_from: {tmp_path} is not empty; a fork starts a new run, "
+        "so give it a new or empty --job.dump_folder"
+    )
 
 
 def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
@@ -116,8 +152,20 @@ def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
     launch's settings and source, and records the new training.steps."""
     kept = sha256_tree(fork / "checkpoint")
     first = json.loads((fork / "run.json").read_text())
-    again = torchrun(fork, 1, "--training.steps", str(FORK_STEP + 2), *RUN, "--dispersion.coeff", "0",
-                     "--checkpoint.no-last_save_model_only", "--checkpoint.interval", "3", "--metrics.log_freq", "2")
+    again = torchrun(
+        fork,
+        1,
+        "--training.steps",
+        str(FORK_STEP + 2),
+        *RUN,
+        "--dispersion.coeff",
+        "0",
+        "--checkpoint.no-last_save_model_only",
+        "--checkpoint.interval",
+        "3",
+        "--metrics.log_freq",
+        "2",
+    )
     assert f"Training starts at step {FORK_STEP + 2}" in again.stdout + again.stderr
     assert {k: v for k, v in sha256_tree(fork / "checkpoint").items() if k in kept} == kept
     assert (fork / "checkpoint" / f"step-{FORK_STEP + 2}" / ".metadata").is_file()
@@ -140,6 +188,11 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(fork, reference_run, tm
     shutil.copytree(reference_run / "checkpoint" / f"step-{FORK_STEP}", run / "checkpoint" / step)
     before = sha256_tree(run / "condensation")
     code, _, err = analyze(str(run), "--steps", str(FORK_STEP + 1), *ANALYSIS, capsys=capsys)
-    assert_one_line_error(code, err, f"--out: {run / 'condensation'}: {step} was analyzed from another checkpoint "
-                                     f"than {run / 'checkpoint' / step} holds now", "--force recomputes it")
+    assert_one_line_error(
+        code,
+        err,
+        f"--out: {run / 'condensation'}: {step} was analyzed from another checkpoint "
+        f"than {run / 'checkpoint' / step} holds now",
+        "--force recomputes it",
+    )
     assert sha256_tree(run / "condensation") == before

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 import re
-import tomllib
 
 import pytest
+import tomllib
 
 from dispersion_titan.evaluation.table import authors_steps
 from support.launch import REPO
@@ -77,14 +77,23 @@ def test_fig3_preset_is_the_from_scratch_scripts_defaults():
         t, o, d, steps = c["training"], c["optimizer"], c["dispersion"], c["training"]["steps"]
         assert (t["global_batch_size"], t["max_local_batch_size"], t["seq_len"]) == (128, 16, 1024), path.name
         assert (o["lr"], o["decay_groups"], t["dataset"], c["validation"]["dataset"]) == (
-            1e-5, "hf", "fineweb-edu-1B", "fineweb-edu-1B"), path.name
+            1e-5,
+            "hf",
+            "fineweb-edu-1B",
+            "fineweb-edu-1B",
+        ), path.name
         assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * steps), path.name
         assert c["checkpoint"]["interval"] == steps // 2 + 1 == c["validation"]["freq"], path.name
         assert all(c["model"][k] == 0.1 for k in ("attn_dropout", "resid_dropout", "embd_dropout")), path.name
         assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name
         if d["variant"] != "none":
             assert (d["variant"], d["coeff"], d["tau"], d["clamp"], d["max_tokens"]) == (
-                "angular_spread", 1.0, 1.0, 0.25, 256), path.name
+                "angular_spread",
+                1.0,
+                1.0,
+                0.25,
+                256,
+            ), path.name
 
 
 def test_paper_configs_run_as_the_released_code():
@@ -95,8 +104,11 @@ def test_paper_configs_run_as_the_released_code():
         c = load(path)
         p, t = c["parallelism"], c["training"]
         assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == (-1, 1), path.name
-        assert (t["loss_scale"], t["predict_last"], c["lr_scheduler"]["form"]) == ("as_released", False,
-                                                                                    "as_released"), path.name
+        assert (t["loss_scale"], t["predict_last"], c["lr_scheduler"]["form"]) == (
+            "as_released",
+            False,
+            "as_released",
+        ), path.name
     for path in CONFIGS.glob("*.toml"):
         c = load(path)
         assert c.get("parallelism", {}).get("data_parallel_replicate_degree", 1) == 1, path.name

@@ -66,15 +66,22 @@ def slurm(tmp_path_factory) -> Iterator[dict[str, str]]:
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
         subprocess.run(["bash", str(REPO / "scripts" / "ci_system_deps.sh")], capture_output=True, text=True)
     if shutil.which("slurmctld") is None or shutil.which("munged") is None:
-        unavailable("slurm-wlm and munge are not installed and apt-get could not install them "
-                    "(scripts/ci_system_deps.sh needs root and apt)")
+        unavailable(
+            "slurm-wlm and munge are not installed and apt-get could not install them "
+            "(scripts/ci_system_deps.sh needs root and apt)"
+        )
     if os.geteuid() != 0:
         unavailable("the local Slurm cluster needs root (munged, slurmd)")
     # Its own state dir and free ports: another Slurm on the machine (the system's, or a
     # concurrent test session's) is neither used nor clashed with.
     ctld_port, slurmd_port = free_ports(2)
-    env = launch_env({"LOCAL_SLURM_DIR": str(tmp_path_factory.mktemp("slurm-state")),
-                      "LOCAL_SLURM_CTLD_PORT": str(ctld_port), "LOCAL_SLURM_SLURMD_PORT": str(slurmd_port)})
+    env = launch_env(
+        {
+            "LOCAL_SLURM_DIR": str(tmp_path_factory.mktemp("slurm-state")),
+            "LOCAL_SLURM_CTLD_PORT": str(ctld_port),
+            "LOCAL_SLURM_SLURMD_PORT": str(slurmd_port),
+        }
+    )
     try:
         start = subprocess.run([str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True, timeout=120)
         if start.returncode != 0:
@@ -110,7 +117,9 @@ def wait_for_line(path: Path, pattern: str, timeout: float = 240) -> re.Match:
         if path.exists() and (m := re.search(pattern, path.read_text(errors="replace"))):
             return m
         time.sleep(0.5)
-    raise AssertionError(f"{pattern!r} not in {path} after {timeout} s:\n{path.read_text()[-4000:] if path.exists() else ''}")
+    raise AssertionError(
+        f"{pattern!r} not in {path} after {timeout} s:\n{path.read_text()[-4000:] if path.exists() else ''}"
+    )
 
 
 def checkpoint_states(step_dir: Path) -> set[str]:
@@ -127,9 +136,25 @@ def preempted_run(slurm, tmp_path_factory) -> dict:
     batch-shell signal Slurm sends for --signal=B:USR1@T), left to requeue and finish."""
     submit_dir = tmp_path_factory.mktemp("submit")
     waiter = subprocess.Popen(
-        ["sbatch", "--wait", "--parsable", *NO_GPUS, str(TRAIN_SBATCH), DEBUG_TOML, "--training.steps", str(STEPS),
-         "--validation.no-enable", "--metrics.log_freq", "1"],
-        cwd=submit_dir, env=slurm, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            *NO_GPUS,
+            str(TRAIN_SBATCH),
+            DEBUG_TOML,
+            "--training.steps",
+            str(STEPS),
+            "--validation.no-enable",
+            "--metrics.log_freq",
+            "1",
+        ],
+        cwd=submit_dir,
+        env=slurm,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     job_id = waiter.stdout.readline().strip().split(";")[0]
     log = submit_dir / f"dispersion-train-{job_id}.out"
     try:
@@ -140,8 +165,14 @@ def preempted_run(slurm, tmp_path_factory) -> dict:
         if waiter.poll() is None:
             subprocess.run(["scancel", job_id], env=slurm)
             waiter.kill()
-    return {"job": job_id, "rc": waiter.returncode, "stderr": err, "log": log,
-            "dump": submit_dir / "outputs" / f"debug-{job_id}", "records": job_records(job_id, slurm)}
+    return {
+        "job": job_id,
+        "rc": waiter.returncode,
+        "stderr": err,
+        "log": log,
+        "dump": submit_dir / "outputs" / f"debug-{job_id}",
+        "records": job_records(job_id, slurm),
+    }
 
 
 def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
@@ -166,9 +197,23 @@ def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
 
 def test_analyze_sbatch_on_the_run(preempted_run, slurm, tmp_path):
     run = preempted_run["dump"]
-    proc = subprocess.run(["sbatch", "--wait", "--parsable", "--gpus=0", f"--output={tmp_path}/analyze-%j.out",
-                           str(ANALYZE_SBATCH), str(run), *TINY_ANALYSIS],
-                          cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            "--gpus=0",
+            f"--output={tmp_path}/analyze-%j.out",
+            str(ANALYZE_SBATCH),
+            str(run),
+            *TINY_ANALYSIS,
+        ],
+        cwd=tmp_path,
+        env=slurm,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     job_id = proc.stdout.strip().split(";")[0]
     log = (tmp_path / f"analyze-{job_id}.out").read_text()
     assert proc.returncode == 0, f"{proc.stderr}\n{log[-4000:]}"
@@ -184,26 +229,64 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     """A plain and a noisy-embedding cell; the evaluation jobs score the offline test
     tasks on CPU (this cluster has no GPU: --gpus=0 overrides evaluate.sbatch's --gpus=1)."""
     out = tmp_path / "sweep"
-    evaluate_args = f"--tasks wiki_next_word,wiki_text --include-path {LM_EVAL_TASKS} --limit 8 --num-fewshot 1 --device cpu"
+    evaluate_args = (
+        f"--tasks wiki_next_word,wiki_text --include-path {LM_EVAL_TASKS} --limit 8 --num-fewshot 1 --device cpu"
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "dispersion_titan.sweep", "--config", DEBUG_TOML, "--out", str(out),
-         "--widths", "128", "--variants", "baseline,noisy_embedding", "--seeds", "0",
-         "--partition", "debug", "--train-time", "00:10:00", "--analyze-time", "00:10:00",
-         "--gpus-per-node", "0", "--cpus-per-task", "1", "--analyze-gpus", "0",
-         "--evaluate-time", "00:10:00", "--evaluate-sbatch-arg=--gpus=0",
-         f"--analyze-args={' '.join(TINY_ANALYSIS)}", f"--evaluate-args={evaluate_args}",
-         "--", "--training.steps", "3", "--validation.no-enable"],
-        cwd=tmp_path, env={**slurm, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "dispersion_titan.sweep",
+            "--config",
+            DEBUG_TOML,
+            "--out",
+            str(out),
+            "--widths",
+            "128",
+            "--variants",
+            "baseline,noisy_embedding",
+            "--seeds",
+            "0",
+            "--partition",
+            "debug",
+            "--train-time",
+            "00:10:00",
+            "--analyze-time",
+            "00:10:00",
+            "--gpus-per-node",
+            "0",
+            "--cpus-per-task",
+            "1",
+            "--analyze-gpus",
+            "0",
+            "--evaluate-time",
+            "00:10:00",
+            "--evaluate-sbatch-arg=--gpus=0",
+            f"--analyze-args={' '.join(TINY_ANALYSIS)}",
+            f"--evaluate-args={evaluate_args}",
+            "--",
+            "--training.steps",
+            "3",
+            "--validation.no-enable",
+        ],
+        cwd=tmp_path,
+        env={**slurm, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "sweep.json").read_text())
     jobs = [manifest["compare_job"], manifest["table_job"]] + [
-        c[k] for c in manifest["cells"] for k in ("train_job", "analyze_job", "evaluate_job")]
+        c[k] for c in manifest["cells"] for k in ("train_job", "analyze_job", "evaluate_job")
+    ]
     assert len(jobs) == 8 and [c["name"] for c in manifest["cells"]] == ["w128-baseline-s0", "w128-noisy_embedding-s0"]
     for cell in manifest["cells"]:
         for after_training in ("analyze_job", "evaluate_job"):
             assert job_fields(cell[after_training], slurm)["Dependency"] in (
-                f"afterok:{cell['train_job']}(unfulfilled)", "(null)")
+                f"afterok:{cell['train_job']}(unfulfilled)",
+                "(null)",
+            )
     deadline = time.monotonic() + 600  # 8 jobs, two at a time on a 2-CPU node
     while time.monotonic() < deadline:
         states = {j: finished_state(j, slurm) for j in jobs}
@@ -229,5 +312,6 @@ def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_pa
     assert proc.returncode != 0
     assert proc.stderr.strip() == (
         f"local_slurm: port {slurm['LOCAL_SLURM_CTLD_PORT']} is already in use (another Slurm on this machine?): "
-        "set LOCAL_SLURM_CTLD_PORT and LOCAL_SLURM_SLURMD_PORT to free ports")
+        "set LOCAL_SLURM_CTLD_PORT and LOCAL_SLURM_SLURMD_PORT to free ports"
+    )
     assert not (tmp_path / "second" / "slurmctld.pid").exists()

@@ -28,8 +28,12 @@ def vacuous_checks(source: str, filename: str = "<source>") -> list[str]:
             strict = [k.value for k in node.keywords if k.arg == "strict"]
             if not (len(strict) == 1 and isinstance(strict[0], ast.Constant) and strict[0].value is True):
                 found.append(f"{where}: zip without strict=True")
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Tuple) and node.value.elts \
-                and is_check_call(node.value.elts[0]):
+        elif (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Tuple)
+            and node.value.elts
+            and is_check_call(node.value.elts[0])
+        ):
             found.append(f"{where}: a tuple whose first element is a check; its message is never used")
         elif isinstance(node, ast.Assert) and isinstance(node.test, ast.Tuple) and node.test.elts:
             found.append(f"{where}: assert of a non-empty tuple is always true")

@@ -15,18 +15,41 @@ pytestmark = pytest.mark.slow
 
 # Steps 1 (TorchTitan always logs it) and 4 (the last: checked) check; 2 and 3 neither log nor save.
 # TorchTitan's own Trainer needs an explicit micro-batch (it does not derive local_batch_size = 0).
-ARGS = ("--job.config_file", DEBUG_TOML, "--training.local_batch_size", "4", "--training.steps", "4",
-        "--metrics.log_freq", "10",
-        "--checkpoint.no-enable", "--validation.no-enable", "--metrics.no-enable-tensorboard",
-        "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.1", "--dispersion.max_tokens", "64")
+ARGS = (
+    "--job.config_file",
+    DEBUG_TOML,
+    "--training.local_batch_size",
+    "4",
+    "--training.steps",
+    "4",
+    "--metrics.log_freq",
+    "10",
+    "--checkpoint.no-enable",
+    "--validation.no-enable",
+    "--metrics.no-enable-tensorboard",
+    "--dispersion.variant",
+    "angular_spread",
+    "--dispersion.coeff",
+    "0.1",
+    "--dispersion.max_tokens",
+    "64",
+)
 QUIET_STEPS = ("2", "3")
 
 
 def test_quiet_steps_sync_no_more_than_torchtitans_trainer(tmp_path):
     kinds = ("stock", "dispersion")
     for kind in kinds:  # each a 2-process count of one trainer class, written to {kind}.json
-        proc = torchrun_script("count_syncs.py", 2, kind, str(tmp_path / f"{kind}.json"), *ARGS,
-                               "--job.dump_folder", str(tmp_path / kind), timeout=600)
+        proc = torchrun_script(
+            "count_syncs.py",
+            2,
+            kind,
+            str(tmp_path / f"{kind}.json"),
+            *ARGS,
+            "--job.dump_folder",
+            str(tmp_path / kind),
+            timeout=600,
+        )
         assert proc.returncode == 0, (kind, proc.stderr[-6000:])
     stock, ours = (json.loads((tmp_path / f"{kind}.json").read_text()) for kind in kinds)
     for step in QUIET_STEPS:

@@ -57,8 +57,14 @@ def test_our_main_follows_torchtitans_main():
     digest = hashlib.sha256(_source(torchtitan.train.main).encode()).hexdigest()
     assert digest == TITAN_MAIN_SHA256, "torchtitan.train.main changed: re-read it against trainer._main"
     ours = _source(trainer._main)
-    for step in ("init_logger()", "create_seed_checkpoint", "checkpointer.save(curr_step=0, last_step=True)",
-                 ".train()", ".close()", "destroy_process_group()"):
+    for step in (
+        "init_logger()",
+        "create_seed_checkpoint",
+        "checkpointer.save(curr_step=0, last_step=True)",
+        ".train()",
+        ".close()",
+        "destroy_process_group()",
+    ):
         assert step in ours, step
     assert not re.search(r"(import|from)\s+torchtitan\.train\b", _source(trainer)) and "setattr" not in ours
 
@@ -81,8 +87,9 @@ def test_every_module_that_binds_the_device_is_rebound():
     for path in TORCHTITAN.rglob("*.py"):
         if "experiments" in path.parts:
             continue
-        if re.search(r"^from torchtitan\.tools\.utils import .*\b(device_type|device_module)\b",
-                     path.read_text(), flags=re.M):
+        if re.search(
+            r"^from torchtitan\.tools\.utils import .*\b(device_type|device_module)\b", path.read_text(), flags=re.M
+        ):
             binding.add(".".join(path.relative_to(TORCHTITAN.parent).with_suffix("").parts))
     assert binding | {"torchtitan.tools.utils"} == set(titan_compat.MODULES_BINDING_DEVICE)
 
@@ -121,8 +128,9 @@ def test_without_data_parallel_leaves_data_parallelism_to_the_caller(family):
     from torchtitan.distributed import ParallelDims
     from torchtitan.protocols.train_spec import get_train_spec
 
-    job = ConfigManager().parse_args(["--model.name", family, "--activation_checkpoint.mode", "full",
-                                      "--job.dump_folder", "/nonexistent"])
+    job = ConfigManager().parse_args(
+        ["--model.name", family, "--activation_checkpoint.mode", "full", "--job.dump_folder", "/nonexistent"]
+    )
     spec = get_train_spec(family)  # TorchTitan's own (ours are registered as qwen3_dispersion, llama3_dispersion)
     args = spec.model_args["debugmodel"]
     with torch.device("meta"):
@@ -257,10 +265,13 @@ def test_validate_calls_the_model_then_the_loss_inside_its_contexts():
     from torchtitan.components.validate import Validator
 
     body = _source(Validator.validate)
-    path = body[body.index("assert len(model_parts) == 1"):]
+    path = body[body.index("assert len(model_parts) == 1") :]
     assert body.rindex("with self.validation_context():", 0, body.index("assert len(model_parts) == 1")) > 0
-    assert path.index("with self.maybe_enable_amp:") < path.index("predictions = model_parts[0](") \
+    assert (
+        path.index("with self.maybe_enable_amp:")
+        < path.index("predictions = model_parts[0](")
         < path.index("loss_sum = self.loss_fn(predictions, labels)")
+    )
 
 
 # The source of the TorchTitan method that TrainerHooks.forward_backward_step re-implements.
@@ -277,7 +288,11 @@ def test_trainer_hooks_match_the_trainer_they_rely_on():
     assert train.index("self.checkpointer.load(") < train.index("while self.should_continue_training()")
     assert "self.forward_backward_step(" in _source(Trainer.train_step)
     assert list(inspect.signature(Trainer.forward_backward_step).parameters) == [
-        "self", "input_dict", "labels", "global_valid_tokens"]
+        "self",
+        "input_dict",
+        "labels",
+        "global_valid_tokens",
+    ]
     digest = hashlib.sha256(_source(Trainer.forward_backward_step).encode()).hexdigest()
     assert digest == FORWARD_BACKWARD_STEP_SHA256, (
         "Trainer.forward_backward_step changed: re-read it against TrainerHooks.forward_backward_step"
@@ -346,5 +361,6 @@ def test_trainer_builds_optimizers_and_lr_schedulers_from_their_sections():
 
     init = _source(Trainer.__init__)
     assert re.search(r"self\.train_spec\.build_optimizers_fn\(\s*self\.model_parts,\s*job_config\.optimizer,", init)
-    assert re.search(r"self\.train_spec\.build_lr_schedulers_fn\(\s*self\.optimizers,\s*job_config\.lr_scheduler,",
-                     init)
+    assert re.search(
+        r"self\.train_spec\.build_lr_schedulers_fn\(\s*self\.optimizers,\s*job_config\.lr_scheduler,", init
+    )

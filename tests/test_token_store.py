@@ -18,9 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from support.corpora import texts
-from support.launch import DEBUG_TOML, REPO, launch_env, python_module
-from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
 from dispersion_titan.components.titan_tokenizer import EOT_ID
 from dispersion_titan.data import corpora
@@ -29,6 +26,9 @@ from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
 from dispersion_titan.data.prepare import prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
+from support.corpora import texts
+from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
 SEQ = 16
 LAYOUTS = [(1, 2, 4), (2, 1, 4), (4, 1, 2), (2, 2, 2), (4, 2, 1)]  # (ranks, accumulation, local batch)
@@ -51,8 +51,12 @@ def jsonl(path: Path, docs: list[str]) -> str:
 
 def job(dataset: str, path: str | None, local: int, seq_len: int = SEQ) -> SimpleNamespace:
     section = SimpleNamespace(dataset=dataset, dataset_path=path, seq_len=seq_len, local_batch_size=local)
-    return SimpleNamespace(training=section, validation=section, debug=SimpleNamespace(seed=3),
-                           model=SimpleNamespace(name="gpt2", hf_assets_path=""))  # the run's tokenizer: GPT-2's BPE
+    return SimpleNamespace(
+        training=section,
+        validation=section,
+        debug=SimpleNamespace(seed=3),
+        model=SimpleNamespace(name="gpt2", hf_assets_path=""),
+    )  # the run's tokenizer: GPT-2's BPE
 
 
 def maker(dataset: str, path: str | None, split: str = "train"):
@@ -69,6 +73,7 @@ def enwiki_store(tmp_path_factory) -> Path:
 
 # ---------------------------------------------------------------- what prepare writes
 
+
 def test_store_holds_exactly_the_token_stream(enwiki_store):
     store = open_store(str(enwiki_store), "enwiki_sample", "train", "f")
     expected = token_stream("enwiki_sample", "train", None, "training.dataset")
@@ -76,9 +81,12 @@ def test_store_holds_exactly_the_token_stream(enwiki_store):
     assert store[5:5].size == 0 and np.array_equal(store[102_000:102_100], expected[102_000:102_100])  # spans shards
     manifest = store.manifest
     assert manifest["documents"] == 96 and len(manifest["shards"]) == 10 and manifest["dtype"] == "uint16"
-    assert manifest["source"] == {"dataset": "enwiki_sample", "split": "train", "path": None,
-                                  "identity": json.loads(json.dumps(
-                                      documents_identity("enwiki_sample", "train", None, "training.dataset")))}
+    assert manifest["source"] == {
+        "dataset": "enwiki_sample",
+        "split": "train",
+        "path": None,
+        "identity": json.loads(json.dumps(documents_identity("enwiki_sample", "train", None, "training.dataset"))),
+    }
     assert manifest["source"]["identity"]["files"][0][0].endswith(".bz2")
     starts = store.document_starts()
     assert starts[0] == 0 and np.array_equal(starts[1:], np.flatnonzero(expected == EOT_ID)[:-1] + 1)
@@ -93,7 +101,8 @@ def test_prepare_from_a_training_toml_reads_its_sections(tmp_path):
     train, held_out = texts(12, seed=1), texts(5, seed=2)
     (tmp_path / "run.toml").write_text(
         f'[training]\ndataset = "local"\ndataset_path = "{jsonl(tmp_path / "t.jsonl", train)}"\n'
-        f'[validation]\ndataset = "local"\ndataset_path = "{jsonl(tmp_path / "v.jsonl", held_out)}"\n')
+        f'[validation]\ndataset = "local"\ndataset_path = "{jsonl(tmp_path / "v.jsonl", held_out)}"\n'
+    )
     for split, docs in (("train", train), ("validation", held_out)):
         out = tmp_path / split
         run_prepare(str(tmp_path / "run.toml"), "--split", split, "--out", str(out))
@@ -112,8 +121,10 @@ def test_a_store_of_the_models_own_tokenizer(tmp_path):
     hf.mkdir()
     save_tokenizer(str(hf), 64)  # GPT-2's BPE as a tokenizer.json: the same ids through `tokenizers`
     path = jsonl(tmp_path / "t.jsonl", texts(12, seed=1))
-    (tmp_path / "run.toml").write_text(f'[model]\nname = "qwen3_dispersion"\nhf_assets_path = "{hf}"\n'
-                                       f'[training]\ndataset = "local"\ndataset_path = "{path}"\n')
+    (tmp_path / "run.toml").write_text(
+        f'[model]\nname = "qwen3_dispersion"\nhf_assets_path = "{hf}"\n'
+        f'[training]\ndataset = "local"\ndataset_path = "{path}"\n'
+    )
     run_prepare(str(tmp_path / "run.toml"), "--out", str(tmp_path / "store"))
     own = hf_tokenizer(str(hf))
     store = open_store(str(tmp_path / "store"), "local", "train", "f", own)
@@ -125,6 +136,7 @@ def test_a_store_of_the_models_own_tokenizer(tmp_path):
 
 
 # ---------------------------------------------------------------- training reads the store
+
 
 @pytest.fixture
 def local_corpus(tmp_path) -> tuple[str, Path]:
@@ -155,8 +167,11 @@ def test_store_backed_training_resumes_exactly(local_corpus):
 def few_held_out(monkeypatch):
     """FineWeb-Edu's rules with 5 held-out documents instead of 10,000 (fast)."""
     fineweb = corpora.CORPORA["fineweb-edu"]
-    monkeypatch.setitem(corpora.CORPORA, "fineweb-edu", corpora.HubDataset(
-        fineweb.repo, fineweb.config, held_out_documents=5, streams_training=True))
+    monkeypatch.setitem(
+        corpora.CORPORA,
+        "fineweb-edu",
+        corpora.HubDataset(fineweb.repo, fineweb.config, held_out_documents=5, streams_training=True),
+    )
 
 
 def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_out):
@@ -187,6 +202,7 @@ def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_o
 
 
 # ---------------------------------------------------------------- interrupted prepare
+
 
 def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path):
     docs = texts(30, seed=4)
@@ -221,6 +237,7 @@ def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path):
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, nothing deleted
 
+
 def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):
     store = tmp_path / "store"
     shutil.copytree(enwiki_store, store)
@@ -253,8 +270,9 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     line = cli_failure(capsys, "nope", "--out", out)
     assert "CONFIG_OR_DATASET: 'nope' is neither a .toml file nor a dataset" in line
     assert "--dataset_path: dataset 'local' needs a path" in cli_failure(capsys, "local", "--out", out)
-    assert "--dataset_path: no file matches" in cli_failure(capsys, "local", "--dataset-path", "/no/such.jsonl",
-                                                             "--out", out)
+    assert "--dataset_path: no file matches" in cli_failure(
+        capsys, "local", "--dataset-path", "/no/such.jsonl", "--out", out
+    )
     assert "CONFIG_OR_DATASET: /no/such.toml: no such file" in cli_failure(capsys, "/no/such.toml", "--out", out)
     line = cli_failure(capsys, "enwiki_sample", "--out", str(tmp_path / "file" / "store"))
     assert line.startswith("dispersion_titan: error: --out: cannot create") and "Not a directory" in line
@@ -262,14 +280,17 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     store = tmp_path / "store"
     shutil.copytree(enwiki_store, store)
     before = folder_bytes(store)
-    assert (f"--out: {store} holds a token store of 'enwiki_sample' train made from other inputs "
-            "(shard_documents 10 there vs 16384 here); choose another folder") in cli_failure(
-        capsys, "enwiki_sample", "--out", str(store))
+    assert (
+        f"--out: {store} holds a token store of 'enwiki_sample' train made from other inputs "
+        "(shard_documents 10 there vs 16384 here); choose another folder"
+    ) in cli_failure(capsys, "enwiki_sample", "--out", str(store))
     assert folder_bytes(store) == before
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path / "absent"), "--out", out) == (
-        f"dispersion_titan: error: --tokenizer: {tmp_path / 'absent'}: no such folder")
+        f"dispersion_titan: error: --tokenizer: {tmp_path / 'absent'}: no such folder"
+    )
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path), "--out", out) == (
-        f"dispersion_titan: error: --tokenizer: {tmp_path} has no tokenizer.json (the model's tokenizer)")
+        f"dispersion_titan: error: --tokenizer: {tmp_path} has no tokenizer.json (the model's tokenizer)"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -284,23 +305,40 @@ def test_a_row_without_text_is_refused_naming_file_and_line(capsys, tmp_path):
             main(["prepare", "local", "--dataset-path", str(path), "--out", str(tmp_path / "out")])
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dispersion_titan:")]
         assert exit_.value.code == 2 and errors == [
-            f'dispersion_titan: error: --dataset_path: {path}: line 2 has no "text"; give every row a "text" string']
+            f'dispersion_titan: error: --dataset_path: {path}: line 2 has no "text"; give every row a "text" string'
+        ]
     assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- the real command lines
 
+
 def test_prepare_job_script_runs_the_command_line(tmp_path):
     """launch/slurm/prepare.sbatch outside Slurm: the real ``python -m dispersion_titan.data prepare``."""
     path = jsonl(tmp_path / "c.jsonl", texts(9, seed=5))
-    proc = subprocess.run(["bash", str(REPO / "launch" / "slurm" / "prepare.sbatch"), "local", "--dataset-path", path,
-                           "--out", str(tmp_path / "store"), "--workers", "2"],
-                          cwd=tmp_path, env=launch_env({"PYTHON": sys.executable}), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            "bash",
+            str(REPO / "launch" / "slurm" / "prepare.sbatch"),
+            "local",
+            "--dataset-path",
+            path,
+            "--out",
+            str(tmp_path / "store"),
+            "--workers",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=launch_env({"PYTHON": sys.executable}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"--training.dataset local --training.dataset_path {tmp_path / 'store'}" in proc.stdout
-    assert np.array_equal(open_store(str(tmp_path / "store"), "local", "train", "f")[:],
-                          token_stream("local", "train", path, "f"))
+    assert np.array_equal(
+        open_store(str(tmp_path / "store"), "local", "train", "f")[:], token_stream("local", "train", path, "f")
+    )
 
 
 def test_prepare_command_line_fails_in_one_line_and_deletes_nothing(tmp_path, enwiki_store):
@@ -308,7 +346,9 @@ def test_prepare_command_line_fails_in_one_line_and_deletes_nothing(tmp_path, en
     shutil.copytree(enwiki_store, store)
     (store / MANIFEST).write_text("{not json")
     before = folder_bytes(store)
-    proc = python_module("dispersion_titan.data", "prepare", "enwiki_sample", "--out", str(store), timeout=300, command_line=True)
+    proc = python_module(
+        "dispersion_titan.data", "prepare", "enwiki_sample", "--out", str(store), timeout=300, command_line=True
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"dispersion_titan: error: --out: {store / MANIFEST}: corrupt manifest")
@@ -323,8 +363,14 @@ def test_stale_store_is_refused_before_launch(tmp_path, enwiki_store):
 
     store = tmp_path / "store"
     shutil.copytree(enwiki_store, store)
-    args = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config",
-            "--training.dataset_path", str(store)]
+    args = [
+        "--job.config_file",
+        DEBUG_TOML,
+        "--job.custom_config_module",
+        "dispersion_titan.config",
+        "--training.dataset_path",
+        str(store),
+    ]
     assert validated_args(args).training.dataset_path == str(store)
     manifest = json.loads((store / MANIFEST).read_text())
     manifest["tokenizer"]["sha256"] = "0" * 64  # as if made with another tokenizer
@@ -332,5 +378,6 @@ def test_stale_store_is_refused_before_launch(tmp_path, enwiki_store):
     with pytest.raises(ConfigError) as error:
         validated_args(args)
     assert len(str(error.value).splitlines()) == 1
-    assert str(error.value).startswith(f"training.dataset_path: token store {store / MANIFEST} is stale: "
-                                       "made with another tokenizer")
+    assert str(error.value).startswith(
+        f"training.dataset_path: token store {store / MANIFEST} is stale: made with another tokenizer"
+    )

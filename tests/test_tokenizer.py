@@ -45,7 +45,9 @@ def test_vocabulary_and_endoftext():
 def test_files_are_the_ones_tiktoken_verifies_for_gpt2(monkeypatch, tmp_path):
     """tiktoken's own gpt2 definition, fed our files instead of its download, checks their
     SHA-256 (it raises on a mismatch) and must tokenise exactly as we do."""
-    expected = dict(re.findall(r'(vocab_bpe|encoder_json)_hash="([0-9a-f]{64})"', inspect.getsource(openai_public.gpt2)))
+    expected = dict(
+        re.findall(r'(vocab_bpe|encoder_json)_hash="([0-9a-f]{64})"', inspect.getsource(openai_public.gpt2))
+    )
     encoder_json, vocab_bpe = bpe_files()
     assert sha256(encoder_json) == expected["encoder_json"]
     assert sha256(vocab_bpe) == expected["vocab_bpe"]

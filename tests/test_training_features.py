@@ -11,8 +11,16 @@ from support.runs import scalars
 
 pytestmark = pytest.mark.slow
 
-COMMON = ("--training.steps", "2", "--validation.no-enable", "--checkpoint.no-enable",
-          "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.1")
+COMMON = (
+    "--training.steps",
+    "2",
+    "--validation.no-enable",
+    "--checkpoint.no-enable",
+    "--dispersion.variant",
+    "angular_spread",
+    "--dispersion.coeff",
+    "0.1",
+)
 LOSS = "loss_metrics/global_avg_loss"
 
 
@@ -31,8 +39,16 @@ def test_activation_checkpointing_is_exact(tmp_path, reference, mode):
 
 def test_compile_with_bf16_mixed_precision_trains_close_to_fp32(tmp_path, reference):
     # aot_eager: on a CPU inductor is refused (it compiles for GPUs; docs/training.md#cpu)
-    torchrun(tmp_path, 2, *COMMON, "--compile.enable", "--compile.backend", "aot_eager",
-             "--training.mixed_precision_param", "bfloat16")
+    torchrun(
+        tmp_path,
+        2,
+        *COMMON,
+        "--compile.enable",
+        "--compile.backend",
+        "aot_eager",
+        "--training.mixed_precision_param",
+        "bfloat16",
+    )
     got = scalars(tmp_path)[LOSS]
     assert reference[LOSS] and got != reference[LOSS]  # bf16 compute really changed the numbers...
     for step, want in reference[LOSS].items():

@@ -12,9 +12,9 @@ from torchtitan.distributed.parallel_dims import ParallelDims
 
 from dispersion_titan.components.validate import PackedValidator
 from dispersion_titan.data.packed import build_packed_validation_dataloader
+from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from dispersion_titan.models import family
 from dispersion_titan.models.gpt2.args import gpt2_flavors
-from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from support.launch import job_args
 
 BASE = job_args()
@@ -32,9 +32,21 @@ class LoggedValidation:
 
 def test_validation_is_micro_batched_like_training_with_the_unsplit_loss():
     setup_torchtitan()
-    config = validated_args([*BASE, "--training.global_batch_size", "8", "--training.max_local_batch_size", "4",
-                             "--validation.global_batch_size", str(BATCH), "--validation.steps", str(STEPS),
-                             "--validation.seq_len", "32"])
+    config = validated_args(
+        [
+            *BASE,
+            "--training.global_batch_size",
+            "8",
+            "--training.max_local_batch_size",
+            "4",
+            "--validation.global_batch_size",
+            str(BATCH),
+            "--validation.steps",
+            str(STEPS),
+            "--validation.seq_len",
+            "32",
+        ]
+    )
     assert config.training.local_batch_size == 4 and config.validation.local_batch_size == BATCH
     torch.manual_seed(0)
     model = family("gpt2").get_train_spec().model_cls(gpt2_flavors["debug"])
@@ -44,10 +56,16 @@ def test_validation_is_micro_batched_like_training_with_the_unsplit_loss():
 
     logged = LoggedValidation()
     validator = PackedValidator(
-        job_config=config, dp_world_size=1, dp_rank=0, tokenizer=None,
+        job_config=config,
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=None,
         parallel_dims=ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1),
-        loss_fn=cross_entropy_loss, validation_context=contextlib.nullcontext,
-        maybe_enable_amp=contextlib.nullcontext(), metrics_processor=logged)
+        loss_fn=cross_entropy_loss,
+        validation_context=contextlib.nullcontext,
+        maybe_enable_amp=contextlib.nullcontext(),
+        metrics_processor=logged,
+    )
     validator.validate([model], step=7)
     assert seen == [4, 2] * STEPS  # micro-batches of the training micro-batch, never the whole batch
     assert model.training and logged.step == 7

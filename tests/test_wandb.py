@@ -25,16 +25,35 @@ OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "di
 def trained(tmp_path_factory) -> Path:
     """Two steps with W&B, checkpoints at steps 0 and 2."""
     dump = tmp_path_factory.mktemp("wandb") / "run"
-    torchrun(dump, 1, "--training.steps", "2", "--validation.freq", "2", "--validation.steps", "1",
-             "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.3", "--dispersion.max_tokens", "64",
-             "--metrics.enable_wandb", env=OFFLINE)
+    torchrun(
+        dump,
+        1,
+        "--training.steps",
+        "2",
+        "--validation.freq",
+        "2",
+        "--validation.steps",
+        "1",
+        "--dispersion.variant",
+        "angular_spread",
+        "--dispersion.coeff",
+        "0.3",
+        "--dispersion.max_tokens",
+        "64",
+        "--metrics.enable_wandb",
+        env=OFFLINE,
+    )
     return dump
 
 
 def test_wandb_gets_every_scalar_tensorboard_gets(trained):
     board, wandb = scalars(trained), history(trained)
-    for tag in ("loss_metrics/dispersion", "condensation/block_2_mean_cos_offdiag", "validation_metrics/loss",
-                "validation_metrics/perplexity"):
+    for tag in (
+        "loss_metrics/dispersion",
+        "condensation/block_2_mean_cos_offdiag",
+        "validation_metrics/loss",
+        "validation_metrics/perplexity",
+    ):
         assert tag in board, sorted(board)
     assert wandb.keys() == board.keys()
     for tag, by_step in board.items():
@@ -46,8 +65,9 @@ def test_wandb_gets_every_scalar_tensorboard_gets(trained):
 def test_analyze_logs_histograms_table_and_figures_to_the_training_run(trained, tmp_path, monkeypatch, capsys):
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
-    code, out, err = analyze(str(trained), "--num-sequences", "2", "--seq-len", "16", "--batch-size", "2", "--wandb",
-                             capsys=capsys)
+    code, out, err = analyze(
+        str(trained), "--num-sequences", "2", "--seq-len", "16", "--batch-size", "2", "--wandb", capsys=capsys
+    )
     assert code == 0, err
     (run_id,) = set(run_ids(trained))  # the analysis resumed the training's run
     analysis = trained / "condensation"
@@ -64,7 +84,7 @@ def test_analyze_logs_histograms_table_and_figures_to_the_training_run(trained, 
             assert len(histogram["bins"]) == result["hist_bins"] + 1
             assert items[f"analysis/mean_cos/{layer['name']}"] == layer["mean_cos"]
             assert board[f"analysis/mean_cos/{layer['name']}"][step] == pytest.approx(layer["mean_cos"], rel=1e-6)
-    (folder, media), = [(folder, items) for folder, _, items in logged(trained) if "analysis/summary" in items]
+    ((folder, media),) = [(folder, items) for folder, _, items in logged(trained) if "analysis/summary" in items]
     with open(analysis / "summary.csv", newline="") as f:
         table = list(csv.reader(f))
     logged_table = json.loads((folder / "files" / media["analysis/summary"]["path"]).read_text())
@@ -87,18 +107,35 @@ def test_analyze_wandb_needs_a_run_trained_with_it(tmp_path, capsys):
 def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run(trained, monkeypatch, capsys):
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
-    code, _, err = run_cli(evaluate_main, str(trained), "--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word",
-                           "--limit", "4", "--num-fewshot", "0", "--device", "cpu", "--wandb", capsys=capsys)
+    code, _, err = run_cli(
+        evaluate_main,
+        str(trained),
+        "--include-path",
+        str(LM_EVAL_TASKS),
+        "--tasks",
+        "wiki_next_word",
+        "--limit",
+        "4",
+        "--num-fewshot",
+        "0",
+        "--device",
+        "cpu",
+        "--wandb",
+        capsys=capsys,
+    )
     assert code == 0, err
     with open(trained / "evaluation" / "summary.csv", newline="") as f:
         summary = list(csv.DictReader(f))
-    by_step = {items["checkpoint_step"]: items for _, _, items in logged(trained)
-               if "checkpoint_step" in items and any(k.startswith("evaluation/") for k in items)}
+    by_step = {
+        items["checkpoint_step"]: items
+        for _, _, items in logged(trained)
+        if "checkpoint_step" in items and any(k.startswith("evaluation/") for k in items)
+    }
     assert sorted(by_step) == sorted(int(row["step"]) for row in summary) == [0, 2]
     for row in summary:
         scores = {f"evaluation/{k}": float(v) for k, v in row.items() if k != "step" and v != ""}
         assert scores and {k: by_step[int(row["step"])][k] for k in scores} == scores
-    (folder, media), = [(folder, items) for folder, _, items in logged(trained) if "evaluation/summary" in items]
+    ((folder, media),) = [(folder, items) for folder, _, items in logged(trained) if "evaluation/summary" in items]
     logged_table = json.loads((folder / "files" / media["evaluation/summary"]["path"]).read_text())
     with open(trained / "evaluation" / "summary.csv", newline="") as f:
         assert [logged_table["columns"], *logged_table["data"]] == list(csv.reader(f))

@@ -27,9 +27,15 @@ ARGS = GPT2ModelArgs(dim=32, n_layers=2, n_heads=2, max_seq_len=16, vocab_size=1
 def hf_decayed_in_our_names(args: GPT2ModelArgs) -> set[str]:
     """Our parameter names whose Hugging Face counterparts the HF Trainer decays: each HF tensor
     marked 1 (decayed) or 0 (exempt), carried over by the adapter."""
-    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=args.vocab_size, n_positions=args.max_seq_len, n_embd=args.dim, n_layer=args.n_layers,
-        n_head=args.n_heads))
+    hf = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=args.vocab_size,
+            n_positions=args.max_seq_len,
+            n_embd=args.dim,
+            n_layer=args.n_layers,
+            n_head=args.n_heads,
+        )
+    )
     decayed = set(transformers.Trainer.get_decay_parameter_names(None, hf))
     marked = {name: torch.full_like(t, float(name in decayed)) for name, t in hf.state_dict().items()}
     ours = GPT2StateDictAdapter(args, None).from_hf(marked)
@@ -56,13 +62,20 @@ def test_hf_grouping_exempts_what_the_hf_trainer_exempts():
     assert {by_id[id(p)] for p in body["params"]} == decayed and body["weight_decay"] == 0.1
     assert {by_id[id(p)] for p in exempt["params"]} == names - decayed and exempt["weight_decay"] == 0.0
     assert exempt["lr"] == body["lr"] == 1e-3
-    ((everything,),) = (o.param_groups for o in build_dispersion_optimizers([GPT2(ARGS)], optimizer_section("all"), None))
+    ((everything,),) = (
+        o.param_groups for o in build_dispersion_optimizers([GPT2(ARGS)], optimizer_section("all"), None)
+    )
     assert len(everything["params"]) == len(names) and everything["weight_decay"] == 0.1
 
 
-@pytest.mark.parametrize("model", [GPT2(ARGS), Qwen3Model(Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1,
-                                                                 head_dim=16, hidden_dim=64, vocab_size=128))],
-                         ids=["gpt2", "qwen3"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        GPT2(ARGS),
+        Qwen3Model(Qwen3Args(dim=32, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=16, hidden_dim=64, vocab_size=128)),
+    ],
+    ids=["gpt2", "qwen3"],
+)
 def test_as_released_under_active_forgetting_exempts_layernorms_and_biases_only(model):
     """The authors' midtrain_*_other_counter_condensation.py (PerturbationTrainer.create_optimizer): decay
     on get_parameter_names(model, ALL_LAYERNORM_LAYERS) less names with "bias" (transformers' own function,
@@ -88,6 +101,9 @@ def test_as_released_under_active_forgetting_exempts_layernorms_and_biases_only(
 def test_an_unknown_grouping_is_refused_in_one_line():
     job = merged_job_config_class(CONFIG_MODULE)()
     job.optimizer.decay_groups = "bias"
-    with pytest.raises(ConfigError, match=r"^optimizer.decay_groups: 'bias' is not one of \('all', 'hf', "
-                                          r"'as_released'\)$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^optimizer.decay_groups: 'bias' is not one of \('all', 'hf', "
+        r"'as_released'\)$",
+    ):
         check_optimizer(job)

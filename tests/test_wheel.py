@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from support.launch import DEBUG_TOML, REPO
 from dispersion_titan.models.gpt2.args import gpt2_flavors
+from support.launch import DEBUG_TOML, REPO
 from support.runs import digests, tiny_run
 
 pytestmark = pytest.mark.slow
@@ -42,12 +42,27 @@ def venv(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
     # The build writes build/ and *.egg-info into its source tree: build a copy.
     source = root / "source"
-    shutil.copytree(REPO / "dispersion_titan", source / "dispersion_titan",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "dispersion_titan", source / "dispersion_titan", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    build = run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                 "-w", root / "dist", source], cwd=root)
+    build = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            root / "dist",
+            source,
+        ],
+        cwd=root,
+    )
     assert build.returncode == 0, build.stderr
     (wheel,) = (root / "dist").glob("dispersion_titan-*.whl")
     venv = root / "venv"
@@ -55,15 +70,33 @@ def venv(tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root)
     (Path(purelib.stdout.strip()) / "dependencies.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    install = run([python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "--no-compile",
-                   "--disable-pip-version-check", "-q", wheel], cwd=root, env=installed_env())
+    install = run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            "--no-compile",
+            "--disable-pip-version-check",
+            "-q",
+            wheel,
+        ],
+        cwd=root,
+        env=installed_env(),
+    )
     assert install.returncode == 0, install.stderr
     return venv
 
 
 def package_dir(venv: Path, cwd: Path) -> Path:
-    proc = run([venv / "bin" / "python", "-c", "import dispersion_titan; print(dispersion_titan.__file__)"],
-               cwd=cwd, env=installed_env())
+    proc = run(
+        [venv / "bin" / "python", "-c", "import dispersion_titan; print(dispersion_titan.__file__)"],
+        cwd=cwd,
+        env=installed_env(),
+    )
     assert proc.returncode == 0, proc.stderr
     return Path(proc.stdout.strip()).parent
 
@@ -87,8 +120,25 @@ def test_the_installed_console_script_plans_a_sweep_and_paper_jobs_with_its_own_
 
     config = tmp_path / "debug.toml"
     shutil.copy(DEBUG_TOML, config)
-    sweep = run([command, "sweep", "--config", config, "--out", tmp_path / "sweep", "--widths", "64",
-                 "--variants", "baseline", "--seeds", "0", "--dry-run"], cwd=tmp_path, env=installed_env())
+    sweep = run(
+        [
+            command,
+            "sweep",
+            "--config",
+            config,
+            "--out",
+            tmp_path / "sweep",
+            "--widths",
+            "64",
+            "--variants",
+            "baseline",
+            "--seeds",
+            "0",
+            "--dry-run",
+        ],
+        cwd=tmp_path,
+        env=installed_env(),
+    )
     assert sweep.returncode == 0, sweep.stderr
     assert job_python(sweep.stdout) == str(venv / "bin" / "python")
     scripts = sbatch_scripts(sweep.stdout)
@@ -96,10 +146,15 @@ def test_the_installed_console_script_plans_a_sweep_and_paper_jobs_with_its_own_
     assert {s.name for s in scripts} == {"train.sbatch", "analyze.sbatch", "evaluate.sbatch"}
     assert all(s.parent == slurm and s.is_file() for s in scripts), scripts
 
-    runs = [tiny_run(tmp_path / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
-            for w in (64, 128)]  # two widths: fig3 analyses one run per width
-    paper = run([command, "paper", "fig3", "--models", *runs, "--out", tmp_path / "paper", "--slurm", "--dry-run"],
-                cwd=tmp_path, env=installed_env())
+    runs = [
+        tiny_run(tmp_path / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
+        for w in (64, 128)
+    ]  # two widths: fig3 analyses one run per width
+    paper = run(
+        [command, "paper", "fig3", "--models", *runs, "--out", tmp_path / "paper", "--slurm", "--dry-run"],
+        cwd=tmp_path,
+        env=installed_env(),
+    )
     assert paper.returncode == 0, paper.stderr
     assert job_python(paper.stdout) == str(venv / "bin" / "python")
     scripts = sbatch_scripts(paper.stdout)
@@ -107,8 +162,11 @@ def test_the_installed_console_script_plans_a_sweep_and_paper_jobs_with_its_own_
     assert all(s.parent == slurm and s.is_file() for s in scripts), scripts
 
     # An installed script finds its common.sh and runs the interpreter the submission names.
-    analyze = run(["bash", slurm / "analyze.sbatch", "--help"], cwd=tmp_path,
-                  env={**installed_env(), "PYTHON": str(venv / "bin" / "python")})
+    analyze = run(
+        ["bash", slurm / "analyze.sbatch", "--help"],
+        cwd=tmp_path,
+        env={**installed_env(), "PYTHON": str(venv / "bin" / "python")},
+    )
     assert analyze.returncode == 0 and "usage: python -m dispersion_titan.analyze" in analyze.stdout, analyze.stderr
 
 
@@ -136,5 +194,6 @@ def test_init_writes_the_shipped_configs_which_check_and_plan_without_a_clone(ve
     refused = run([command, "init", "busy"], cwd=tmp_path, env=env)
     assert refused.returncode == 2 and refused.stderr.splitlines() == [
         f"dispersion_titan: error: DIR: {tmp_path / 'busy'} holds other files (notes.txt); init writes only into a new "
-        "or empty folder, or one it wrote: name another DIR"]
+        "or empty folder, or one it wrote: name another DIR"
+    ]
     assert [p.name for p in (tmp_path / "busy").iterdir()] == ["notes.txt"]

@@ -78,13 +78,22 @@ def test_wheelhouse_installs_offline_beside_the_nodes_torch_and_trains(tmp_path)
                     {**offline, "PYTHON": str(node / "bin" / "python")})  # fmt: skip
     assert "beside torch" in installed.stdout
     python = venv / "bin" / "python"
-    where = run([python, "-c", "import importlib.util as u; "
-                 "print(*(u.find_spec(n).origin for n in ('dispersion_titan', 'torch', 'torchtitan')))"], offline)
+    where = run(
+        [
+            python,
+            "-c",
+            "import importlib.util as u; "
+            "print(*(u.find_spec(n).origin for n in ('dispersion_titan', 'torch', 'torchtitan')))",
+        ],
+        offline,
+    )
     ours, torch_file, titan_file = map(Path, where.stdout.split())
     assert ours.is_relative_to(venv) and titan_file.is_relative_to(venv), where.stdout  # from the wheelhouse
     assert torch_file.is_relative_to(tmp_path / "node-packages"), where.stdout  # the node's own torch
-    checkout = run([python, "-c", "import importlib.util as u; print(u.find_spec('dispersion_titan').origin)"],
-                   {**offline, "PYTHONPATH": str(REPO)})  # a checkout on PYTHONPATH wins
+    checkout = run(
+        [python, "-c", "import importlib.util as u; print(u.find_spec('dispersion_titan').origin)"],
+        {**offline, "PYTHONPATH": str(REPO)},
+    )  # a checkout on PYTHONPATH wins
     assert Path(checkout.stdout.strip()).is_relative_to(REPO), checkout.stdout
     check = subprocess.run([python, "-m", "dispersion_titan.train", "--check-only", "--job.config_file", DEBUG_TOML,
                             "--job.dump_folder", tmp_path / "run"], env={**offline, "WORLD_SIZE": "1"},

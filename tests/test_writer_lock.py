@@ -22,7 +22,6 @@ from dispersion_titan.run_folder.writer_lock import (
     refuse_if_busy,
     sole_writer,
 )
-
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.runs import digests
 

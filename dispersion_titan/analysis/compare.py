@@ -2,8 +2,8 @@
 
 Only analyses of the same token sequences are comparable; anything else is refused.
 Runs are labelled by their folder name plus MLP width (from the recorded model args)
-and dispersion variant (from the ``run.json`` the trainer writes into the run folder), which is what MLP-width sweeps and dispersion-vs-baseline
-plots need.
+and dispersion variant (from the ``run.json`` the trainer writes into the run folder), which is what
+MLP-width sweeps and dispersion-vs-baseline plots need.
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ def analyses_folder(run: str) -> str:
     for folder in (run, os.path.join(run, "condensation")):
         if any(glob.glob(os.path.join(folder, pattern, RESULT_FILE)) for pattern in ("step-*", "rev-*")):
             return folder
-    raise AnalysisError(f"{run}: no condensation analyses here or in {os.path.join(run, 'condensation')} "
-                        f"(run python -m dispersion_titan.analyze {run} first)")
+    raise AnalysisError(
+        f"{run}: no condensation analyses here or in {os.path.join(run, 'condensation')} "
+        f"(run python -m dispersion_titan.analyze {run} first)"
+    )
 
 
 def pick(run: str, step: str, option: str = "--step") -> Condensation:
@@ -71,16 +73,19 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
     for run in runs:
         folder = os.path.realpath(analyses_folder(run))
         if folder in named:
-            raise AnalysisError(f"compare: {named[folder]} and {run} are the same run's analyses ({folder}); "
-                                "name each run once")
+            raise AnalysisError(
+                f"compare: {named[folder]} and {run} are the same run's analyses ({folder}); name each run once"
+            )
         named[folder] = run
     loaded = [RunResult(run, "", pick(run, step)) for run in runs]
     first = loaded[0]
     for other in loaded[1:]:
         a, b = first.result.inputs, other.result.inputs
         if first.result.tokens_sha256 != other.result.tokens_sha256:
-            raise AnalysisError(f"compare: {other.source} was analyzed with different inputs than {first.source} "
-                                f"({differences(a, b)}); re-analyze with the same options")
+            raise AnalysisError(
+                f"compare: {other.source} was analyzed with different inputs than {first.source} "
+                f"({differences(a, b)}); re-analyze with the same options"
+            )
     names = [os.path.basename(os.path.normpath(r.result.run)) for r in loaded]
     if len(set(names)) < len(names):  # same folder names in different places
         names = [r.source for r in loaded]
@@ -94,21 +99,23 @@ def table_rows(runs: list[RunResult]) -> list[dict]:
     for run in runs:
         curve = run.result.curve
         last_block = run.result.layers[-2]
-        rows.append({
-            "run": run.label,
-            "step": run.result.step,
-            "dtype": run.result.dtype,
-            "layers": len(curve),
-            "mlp_hidden_dim": run.result.mlp_width,
-            "mean_cos_embedding": curve[0],
-            "mean_cos_last_block": curve[-2],
-            "mean_cos_final_norm": curve[-1],
-            "mean_cos_all_layers": float(np.mean(curve)),
-            "spearman": run.result.spearman,
-            "kendall": run.result.kendall,
-            "effective_rank_last_block": last_block.effective_rank,
-            "mev_last_block": last_block.mev,
-        })
+        rows.append(
+            {
+                "run": run.label,
+                "step": run.result.step,
+                "dtype": run.result.dtype,
+                "layers": len(curve),
+                "mlp_hidden_dim": run.result.mlp_width,
+                "mean_cos_embedding": curve[0],
+                "mean_cos_last_block": curve[-2],
+                "mean_cos_final_norm": curve[-1],
+                "mean_cos_all_layers": float(np.mean(curve)),
+                "spearman": run.result.spearman,
+                "kendall": run.result.kendall,
+                "effective_rank_last_block": last_block.effective_rank,
+                "mev_last_block": last_block.mev,
+            }
+        )
     return rows
 
 

@@ -111,10 +111,12 @@ class Condensation:
     def from_json(cls, data: dict[str, Any], source: str) -> Condensation:
         """Parse a ``condensation.json``; ``AnalysisError`` naming ``source`` when fields are missing."""
         try:
-            return cls(**{
-                **data,
-                "layers": [LayerCondensation(**layer) for layer in data["layers"]],
-                "last_n": [LastN(**entry) for entry in data["last_n"]],
-            })
+            return cls(
+                **{
+                    **data,
+                    "layers": [LayerCondensation(**layer) for layer in data["layers"]],
+                    "last_n": [LastN(**entry) for entry in data["last_n"]],
+                }
+            )
         except (KeyError, TypeError) as e:
             raise AnalysisError(f"{source}: not a condensation result of this version ({e})") from None

@@ -34,8 +34,13 @@ def heatmap(result: Condensation, title: str) -> Figure:
     # Square-root colour scale: the diagonal's mass and the bulk both stay visible.
     mesh = ax.pcolormesh(x_edges, y_edges, density, cmap="magma", norm=PowerNorm(0.5, vmin=0))
     fig.colorbar(mesh, ax=ax, label="density")
-    ax.set(xlabel="layer fraction (embedding = 0, final norm = 1)", ylabel="cosine similarity",
-           title=title, xlim=(x_edges[0], x_edges[-1]), ylim=HIST_RANGE)
+    ax.set(
+        xlabel="layer fraction (embedding = 0, final norm = 1)",
+        ylabel="cosine similarity",
+        title=title,
+        xlim=(x_edges[0], x_edges[-1]),
+        ylim=HIST_RANGE,
+    )
     return fig
 
 

@@ -92,8 +92,11 @@ def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
 def _path_like(model: str) -> bool:
     """A folder, not a hub id (``namespace/name``): absolute or relative by its first
     character, more than one ``/``, or under a folder that exists here."""
-    return (model.startswith(("/", ".", "~")) or model.count("/") > 1
-            or ("/" in model and os.path.isdir(model.split("/")[0])))
+    return (
+        model.startswith(("/", ".", "~"))
+        or model.count("/") > 1
+        or ("/" in model and os.path.isdir(model.split("/")[0]))
+    )
 
 
 def revision_step(revision: str | None, position: int) -> int:
@@ -111,8 +114,10 @@ def _loading(name: str) -> Iterator[None]:
         yield
     except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
         if "trust_remote_code" in str(e):
-            raise ModelLoadError(f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
-                                 "(add it if you trust that code)") from None
+            raise ModelLoadError(
+                f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
+                "(add it if you trust that code)"
+            ) from None
         cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause})") from None
 
@@ -143,8 +148,10 @@ def _check_decoder_only(config, name: str) -> None:
         kind = "an encoder-only"
     else:
         return
-    raise ModelLoadError(f"{name}: {_architecture(config)} is {kind} model; "
-                         f"analyze measures decoder-only causal language models (GPT-2, Llama, Qwen, OLMo, …)")
+    raise ModelLoadError(
+        f"{name}: {_architecture(config)} is {kind} model; "
+        f"analyze measures decoder-only causal language models (GPT-2, Llama, Qwen, OLMo, …)"
+    )
 
 
 def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = False) -> Encode:
@@ -164,8 +171,9 @@ def _auto_class(config):
     from transformers import AutoModel, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    causal = (config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-              or "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {}))
+    causal = config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or "AutoModelForCausalLM" in (
+        getattr(config, "auto_map", None) or {}
+    )
     return AutoModelForCausalLM if causal else AutoModel
 
 
@@ -199,8 +207,9 @@ def decoder_layers(backbone: nn.Module, count: int, name: str) -> nn.ModuleList:
     """The ModuleList of ``count`` decoder layers holding the most parameters."""
     candidates = [m for m in backbone.modules() if isinstance(m, nn.ModuleList) and len(m) == count]
     if not candidates:
-        raise ModelLoadError(f"{name}: unsupported architecture ({type(backbone).__name__} has no list of "
-                             f"{count} decoder layers)")
+        raise ModelLoadError(
+            f"{name}: unsupported architecture ({type(backbone).__name__} has no list of {count} decoder layers)"
+        )
     return max(candidates, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
@@ -218,8 +227,9 @@ class HFLayers:
             sink("embedding", args[0] if args else kwargs["hidden_states"])
 
         def block(index: int):
-            return lambda _module, _args, output: sink(f"block_{index}",
-                                                       output[0] if isinstance(output, tuple) else output)
+            return lambda _module, _args, output: sink(
+                f"block_{index}", output[0] if isinstance(output, tuple) else output
+            )
 
         hooks = [self.layers[0].register_forward_pre_hook(embedding, with_kwargs=True)]
         hooks += [layer.register_forward_hook(block(i)) for i, layer in enumerate(self.layers, start=1)]
@@ -249,26 +259,37 @@ def _check_complete(model: nn.Module, info: dict, name: str) -> None:
     weight was used (a missing LM head is fine: it never runs)."""
     backbone = {id(t) for t in model.base_model.state_dict(keep_vars=True).values()}
     needed = {key for key, t in model.state_dict(keep_vars=True).items() if id(t) in backbone}
-    problems = {"missing from the checkpoint": sorted(set(info["missing_keys"]) & needed),
-                "in the checkpoint but not in the model": sorted(info["unexpected_keys"]),
-                "of another shape": sorted(key for key, *_shapes in info["mismatched_keys"])}
+    problems = {
+        "missing from the checkpoint": sorted(set(info["missing_keys"]) & needed),
+        "in the checkpoint but not in the model": sorted(info["unexpected_keys"]),
+        "of another shape": sorted(key for key, *_shapes in info["mismatched_keys"]),
+    }
     said = [f"{len(keys)} weight(s) {what} (e.g. {keys[0]})" for what, keys in problems.items() if keys]
     if said:
-        raise ModelLoadError(f"{name}: its weights do not load completely into {type(model).__name__} "
-                             f"({model.config.model_type}): {'; '.join(said)}; analyze measures decoder-only "
-                             f"causal language models whose checkpoint holds every weight they use")
+        raise ModelLoadError(
+            f"{name}: its weights do not load completely into {type(model).__name__} "
+            f"({model.config.model_type}): {'; '.join(said)}; analyze measures decoder-only "
+            f"causal language models whose checkpoint holds every weight they use"
+        )
 
 
-def load_pretrained(spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device,
-                    device_map: str | None) -> HFLayers:
+def load_pretrained(
+    spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device, device_map: str | None
+) -> HFLayers:
     """The model's weights in ``dtype``, on ``device`` or spread by ``device_map``, in eval mode."""
     path, rev = spec.location(revision)
     config = load_config(spec, revision)
     placement = {"device_map": device_map} if device_map else {}
     with _loading(spec.name(revision)), _quiet_transformers():
-        model, info = _auto_class(config).from_pretrained(path, revision=rev, dtype=dtype, output_loading_info=True,
-                                                          ignore_mismatched_sizes=True,
-                                                          trust_remote_code=spec.trust_remote_code, **placement)
+        model, info = _auto_class(config).from_pretrained(
+            path,
+            revision=rev,
+            dtype=dtype,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+            trust_remote_code=spec.trust_remote_code,
+            **placement,
+        )
     _check_complete(model, info, spec.name(revision))
     if not device_map:
         model = model.to(device)

@@ -40,16 +40,27 @@ class HFAnalysis(Analysis):
         self.n_params = hf_model.count_parameters(self.spec, config)
         dtype = options.dtype or ("bf16" if self.n_params > hf_model.BF16_ABOVE_PARAMS else "fp32")
         inputs = fitted_inputs(options, self.args["max_seq_len"], f"max_position_embeddings of {self.spec.model}")
-        units = [Unit(hf_model.revision_step(rev, i), _folder(rev), self.spec.location(rev)[0], rev)
-                 for i, rev in enumerate(self.spec.revisions)]
-        super().__init__(options, units, os.path.basename(os.path.normpath(self.spec.model)), options.out,
-                         options.tb_dir or os.path.join(options.out, "tb"), inputs, dtype,
-                         FolderOwner("analysis", self.spec.model), model=self.spec.model,
-                         encode=hf_model.load_encoder(self.spec, first, inputs.protocol == "paper"))
+        units = [
+            Unit(hf_model.revision_step(rev, i), _folder(rev), self.spec.location(rev)[0], rev)
+            for i, rev in enumerate(self.spec.revisions)
+        ]
+        super().__init__(
+            options,
+            units,
+            os.path.basename(os.path.normpath(self.spec.model)),
+            options.out,
+            options.tb_dir or os.path.join(options.out, "tb"),
+            inputs,
+            dtype,
+            FolderOwner("analysis", self.spec.model),
+            model=self.spec.model,
+            encode=hf_model.load_encoder(self.spec, first, inputs.protocol == "paper"),
+        )
 
     def load(self, unit: Unit) -> LayeredModel:
-        return hf_model.load_pretrained(self.spec, unit.revision, DTYPES[self.dtype], self.device,
-                                        self.options.device_map)
+        return hf_model.load_pretrained(
+            self.spec, unit.revision, DTYPES[self.dtype], self.device, self.options.device_map
+        )
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
         return {"run": self.spec.model, "model_args": self.args, "n_params": self.n_params, "model": self.spec.model}

@@ -69,7 +69,9 @@ class InputOptions:
 
     def describe(self) -> str:
         if self.protocol == "paper":
-            rows = f"--texts {self.texts}" if self.texts else f"{self.dataset_path or PAPER_REPO}, wikitext-103-v1 train"
+            rows = (
+                f"--texts {self.texts}" if self.texts else f"{self.dataset_path or PAPER_REPO}, wikitext-103-v1 train"
+            )
             return f"--protocol paper ({rows})"
         if self.texts:
             return f"--texts {self.texts}"
@@ -106,7 +108,7 @@ def read_texts(path: str) -> list[str]:
                 except json.JSONDecodeError as e:
                     raise AnalysisError(f"--texts: {path}:{number}: invalid JSON ({e.msg})") from None
                 if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise AnalysisError(f"--texts: {path}:{number}: needs a \"text\" string field")
+                    raise AnalysisError(f'--texts: {path}:{number}: needs a "text" string field')
                 texts.append(row["text"])
     except (OSError, UnicodeDecodeError) as e:
         raise AnalysisError(f"--texts: {path}: cannot be read ({e})") from None
@@ -139,11 +141,7 @@ def _documents(options: InputOptions, encode: Encode | DocumentEncoder) -> list[
 
 def _windows(documents: list[np.ndarray], seq_len: int) -> np.ndarray:
     """All aligned non-overlapping windows of ``seq_len`` tokens, [N, S]."""
-    windows = [
-        doc[: len(doc) // seq_len * seq_len].reshape(-1, seq_len)
-        for doc in documents
-        if len(doc) >= seq_len
-    ]
+    windows = [doc[: len(doc) // seq_len * seq_len].reshape(-1, seq_len) for doc in documents if len(doc) >= seq_len]
     return np.concatenate(windows).astype(np.int64) if windows else np.empty((0, seq_len), np.int64)
 
 
@@ -160,8 +158,10 @@ def paper_texts(rows: Sequence[str], count: int) -> list[str]:
         text = ""
         while word_count(text) < PAPER_MIN_WORDS:
             if index >= len(rows):
-                raise AnalysisError(f"--protocol paper: the corpus ends before text {seed} has "
-                                    f"{PAPER_MIN_WORDS} words ({len(rows)} rows)")
+                raise AnalysisError(
+                    f"--protocol paper: the corpus ends before text {seed} has "
+                    f"{PAPER_MIN_WORDS} words ({len(rows)} rows)"
+                )
             text += rows[index]
             index += 1
             if word_count(text) > PAPER_MAX_WORDS:
@@ -174,20 +174,26 @@ def _paper_files(path: str | None) -> list[str]:
     """wikitext-103-v1's train parquet files: under ``path`` (a copy in the hub's layout, or one
     .parquet file), else from the hub."""
     if path:
-        files = [path] if os.path.isfile(path) else sorted(
-            glob.glob(os.path.join(path, PAPER_FILES)) or glob.glob(os.path.join(path, "*.parquet")))
+        files = (
+            [path]
+            if os.path.isfile(path)
+            else sorted(glob.glob(os.path.join(path, PAPER_FILES)) or glob.glob(os.path.join(path, "*.parquet")))
+        )
         if not files:
             raise AnalysisError(f"--dataset-path: {path}: no {PAPER_FILES} (nor *.parquet) there")
         return files
     from huggingface_hub import HfApi, hf_hub_download
 
     try:
-        names = sorted(f for f in HfApi().list_repo_files(PAPER_REPO, repo_type="dataset")
-                       if fnmatch.fnmatch(f, PAPER_FILES))
+        names = sorted(
+            f for f in HfApi().list_repo_files(PAPER_REPO, repo_type="dataset") if fnmatch.fnmatch(f, PAPER_FILES)
+        )
         return [hf_hub_download(PAPER_REPO, name, repo_type="dataset") for name in names]
     except Exception as e:  # offline, or the hub refused
-        raise AnalysisError(f"--protocol paper: cannot fetch {PAPER_REPO} {PAPER_FILES} ({type(e).__name__}); "
-                            "give a local copy with --dataset-path") from None
+        raise AnalysisError(
+            f"--protocol paper: cannot fetch {PAPER_REPO} {PAPER_FILES} ({type(e).__name__}); "
+            "give a local copy with --dataset-path"
+        ) from None
 
 
 def paper_rows(path: str | None) -> list[str]:
@@ -211,8 +217,10 @@ def _paper_sequences(options: InputOptions, encode: Encode | DocumentEncoder) ->
     ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
     short = [i for i, seq in enumerate(ids) if len(seq) < options.seq_len]
     if short:
-        raise AnalysisError(f"--protocol paper: text {short[0]} has only {len(ids[short[0]])} tokens, "
-                            f"fewer than --seq-len {options.seq_len}")
+        raise AnalysisError(
+            f"--protocol paper: text {short[0]} has only {len(ids[short[0]])} tokens, "
+            f"fewer than --seq-len {options.seq_len}"
+        )
     return np.asarray([seq[: options.seq_len] for seq in ids], dtype=np.int64)
 
 

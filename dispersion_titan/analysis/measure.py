@@ -69,8 +69,10 @@ class DecoderLayers:
             raise _FinalNormReached
 
         hooks = [self.blocks[0].register_forward_pre_hook(lambda _module, args: sink("embedding", args[0]))]
-        hooks += [block.register_forward_hook(functools.partial(report, f"block_{i}"))
-                  for i, block in enumerate(self.blocks, start=1)]
+        hooks += [
+            block.register_forward_hook(functools.partial(report, f"block_{i}"))
+            for i, block in enumerate(self.blocks, start=1)
+        ]
         hooks.append(self.model.norm.register_forward_hook(final_norm))
         try:
             self.model(tokens)
@@ -150,13 +152,19 @@ class LayerSums:
     def result(self) -> Measurement:
         chosen = int(self.geometry[: self.count].sum())
         per_layer = (lambda sums: (sums / chosen).tolist()) if chosen else (lambda sums: [None] * len(sums))
-        return Measurement(self.names, self.sums / self.count, per_layer(self.rank_sums), per_layer(self.mev_sums),
-                           chosen)
+        return Measurement(
+            self.names, self.sums / self.count, per_layer(self.rank_sums), per_layer(self.mev_sums), chosen
+        )
 
 
-def measure(model: LayeredModel, tokens: torch.Tensor, batch_size: int, device: torch.device | str,
-            geometry_sequences: int = DEFAULT_GEOMETRY_SEQUENCES,
-            on_batch: Callable[[], None] = lambda: None) -> Measurement:
+def measure(
+    model: LayeredModel,
+    tokens: torch.Tensor,
+    batch_size: int,
+    device: torch.device | str,
+    geometry_sequences: int = DEFAULT_GEOMETRY_SEQUENCES,
+    on_batch: Callable[[], None] = lambda: None,
+) -> Measurement:
     """Mean cosine matrices over the K sequences of ``tokens`` [K, S], and mean geometry."""
     sums = LayerSums(model.num_layers, tokens.shape[1], device, geometry_mask(len(tokens), geometry_sequences))
     for batch in tokens.split(batch_size):

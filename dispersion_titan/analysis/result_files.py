@@ -18,8 +18,11 @@ def write_result(path: str, result: Condensation) -> None:
 
 def read_analyses(out: str) -> dict[str, Condensation]:
     """Every analysis stored in ``out``, by result folder name, in name order."""
-    return {name: Condensation.from_json(data, result_path(out, name, RESULT_FILE))
-            for name, data in read_json_files(out, RESULT_FILE).items() if RESULT_FOLDER.match(name)}
+    return {
+        name: Condensation.from_json(data, result_path(out, name, RESULT_FILE))
+        for name, data in read_json_files(out, RESULT_FILE).items()
+        if RESULT_FOLDER.match(name)
+    }
 
 
 def read_results(out: str) -> dict[int, Condensation]:
@@ -34,17 +37,19 @@ def summary_rows(results: list[Condensation]) -> list[dict]:
     for result in results:
         count = len(result.layers)
         for layer in result.layers:
-            rows.append({
-                "step": result.step,
-                **({"revision": result.revision} if result.model else {}),
-                "layer_index": layer.index,
-                "layer": layer.name,
-                "layer_fraction": layer_fraction(layer.index, count),
-                "mean_cos": layer.mean_cos,
-                "mean_cos_offdiag": layer.mean_cos_offdiag,
-                "effective_rank": layer.effective_rank,
-                "mev": layer.mev,
-                "spearman": result.spearman,
-                "kendall": result.kendall,
-            })
+            rows.append(
+                {
+                    "step": result.step,
+                    **({"revision": result.revision} if result.model else {}),
+                    "layer_index": layer.index,
+                    "layer": layer.name,
+                    "layer_fraction": layer_fraction(layer.index, count),
+                    "mean_cos": layer.mean_cos,
+                    "mean_cos_offdiag": layer.mean_cos_offdiag,
+                    "effective_rank": layer.effective_rank,
+                    "mev": layer.mev,
+                    "spearman": result.spearman,
+                    "kendall": result.kendall,
+                }
+            )
     return rows

@@ -31,8 +31,8 @@ from ..run_folder.checkpoints import (
     run_of,
 )
 from ..run_folder.outputs import ensure_writable, listed, result_path, save_png, write_csv
-from ..run_folder.steps import select_steps
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.devices import resolve_device
@@ -101,9 +101,19 @@ class Analysis:
     """Load errors that skip a unit (exit status 1) rather than end the analysis."""
     noun = "model state"
 
-    def __init__(self, options: AnalyzeOptions, units: list[Unit], label: str, out: str, tb_dir: str,
-                 inputs: InputOptions, dtype: str, owner: FolderOwner, model: str | None = None,
-                 encode: Encode | DocumentEncoder = GPT2_BPE):
+    def __init__(
+        self,
+        options: AnalyzeOptions,
+        units: list[Unit],
+        label: str,
+        out: str,
+        tb_dir: str,
+        inputs: InputOptions,
+        dtype: str,
+        owner: FolderOwner,
+        model: str | None = None,
+        encode: Encode | DocumentEncoder = GPT2_BPE,
+    ):
         self.options = options
         self.units = units
         self.label = label
@@ -156,25 +166,44 @@ class Analysis:
             return self.units
         other = [name for name, result in existing.items() if not self._same_analysis(result)]
         if other:
-            raise AnalysisError(f"--out: {self.out}: {listed(other)} {'was' if len(other) == 1 else 'were'} "
-                                f"analyzed with other settings ({self._differences(existing[other[0]])}); "
-                                "use another --out, or --force to recompute")
+            raise AnalysisError(
+                f"--out: {self.out}: {listed(other)} {'was' if len(other) == 1 else 'were'} "
+                f"analyzed with other settings ({self._differences(existing[other[0]])}); "
+                "use another --out, or --force to recompute"
+            )
         todo = []
         for unit in self.units:
             result = existing.get(unit.folder)
             if result is None:
                 todo.append(unit)
             elif self.stale(unit, result):
-                raise AnalysisError(f"--out: {self.out}: {unit.folder} was analyzed from another checkpoint than "
-                                    f"{unit.source} holds now (saved again or replaced since); --force recomputes it")
+                raise AnalysisError(
+                    f"--out: {self.out}: {unit.folder} was analyzed from another checkpoint than "
+                    f"{unit.source} holds now (saved again or replaced since); --force recomputes it"
+                )
         return todo
 
-    def _result(self, unit: Unit, model: LayeredModel,
-                on_batch: Callable[[], None]) -> tuple[Condensation, Measurement]:
-        measured = measure(model, self.sequences.tokens, self.options.batch_size, self.device,
-                           self.options.geometry_sequences, on_batch)
-        return condensation(unit.step, self.sequences, measured, dtype=self.dtype, device=self.device.type,
-                            checkpoint=unit.source, revision=unit.revision, **self.metadata(unit)), measured
+    def _result(
+        self, unit: Unit, model: LayeredModel, on_batch: Callable[[], None]
+    ) -> tuple[Condensation, Measurement]:
+        measured = measure(
+            model,
+            self.sequences.tokens,
+            self.options.batch_size,
+            self.device,
+            self.options.geometry_sequences,
+            on_batch,
+        )
+        return condensation(
+            unit.step,
+            self.sequences,
+            measured,
+            dtype=self.dtype,
+            device=self.device.type,
+            checkpoint=unit.source,
+            revision=unit.revision,
+            **self.metadata(unit),
+        ), measured
 
     def analyze(self) -> int:
         """Analyze pending units, then refresh the summary and evolution figure, as the output
@@ -203,8 +232,10 @@ class Analysis:
                         continue
                     result, measured = self._result(unit, model, lambda: bar.update(1))
                     del model
-                    save_png(figures.heatmap(result, f"{self.label}: {result.label}"),
-                             os.path.join(self.out, f"heatmap_{unit.folder}.png"))
+                    save_png(
+                        figures.heatmap(result, f"{self.label}: {result.label}"),
+                        os.path.join(self.out, f"heatmap_{unit.folder}.png"),
+                    )
                     writer.add_step(unit.step, measured.names, measured.means, result.curve)
                     write_result(result_path(self.out, unit.folder, RESULT_FILE), result)
                     tqdm.write(_one_line(result))
@@ -212,8 +243,11 @@ class Analysis:
             writer.close()
         self._write_summary()
         if failed:
-            print(f"dispersion_titan: error: {len(failed)} of {len(self.units)} {self.noun}s could not be "
-                  f"analyzed: {', '.join(failed)}", file=sys.stderr)
+            print(
+                f"dispersion_titan: error: {len(failed)} of {len(self.units)} {self.noun}s could not be "
+                f"analyzed: {', '.join(failed)}",
+                file=sys.stderr,
+            )
         return len(failed)
 
     def _write_summary(self) -> None:
@@ -221,8 +255,10 @@ class Analysis:
         results = read_analyses(self.out)
         matching = sorted((r for r in results.values() if self._same_analysis(r)), key=lambda r: r.step)
         if len(matching) < len(results):
-            print(f"note: {len(results) - len(matching)} older analyses in {self.out} used other settings (kept by "
-                  f"--force) and are left out of {SUMMARY_FILE} and evolution.png")
+            print(
+                f"note: {len(results) - len(matching)} older analyses in {self.out} used other settings (kept by "
+                f"--force) and are left out of {SUMMARY_FILE} and evolution.png"
+            )
         if not matching:
             return
         write_csv(os.path.join(self.out, SUMMARY_FILE), summary_rows(matching))
@@ -249,11 +285,17 @@ class RunAnalysis(Analysis):
         if self.model_args.positions is None:  # rotary: a RoPE table for the analysed length
             self.model_args.max_seq_len = inputs.seq_len
         units = [Unit(c.step, f"step-{c.step}", os.path.abspath(c.path)) for c in selected]
-        super().__init__(options, units, os.path.basename(self.dump),
-                         options.out or os.path.join(self.dump, "condensation"),
-                         options.tb_dir or os.path.join(self.dump, "tb", "condensation"),
-                         inputs, options.dtype or "fp32", FolderOwner("analysis", self.dump),
-                         encode=encoder_named(load_run_metadata(self.dump).get("tokenizer", "gpt2")))
+        super().__init__(
+            options,
+            units,
+            os.path.basename(self.dump),
+            options.out or os.path.join(self.dump, "condensation"),
+            options.tb_dir or os.path.join(self.dump, "tb", "condensation"),
+            inputs,
+            options.dtype or "fp32",
+            FolderOwner("analysis", self.dump),
+            encode=encoder_named(load_run_metadata(self.dump).get("tokenizer", "gpt2")),
+        )
         self.n_params = count_parameters(self.model_args)
 
     def load(self, unit: Unit) -> LayeredModel:
@@ -262,10 +304,17 @@ class RunAnalysis(Analysis):
     def metadata(self, unit: Unit) -> dict[str, Any]:
         """The run's full arguments, plus its family and resolved MLP width under the keys
         Hugging Face analyses use (``model_type``, ``mlp_hidden_dim``)."""
-        shape = {**dataclasses.asdict(self.model_args), "model_type": self.model_args.FAMILY,
-                 "mlp_hidden_dim": self.model_args.hidden_dim}
-        return {"run": self.dump, "model_args": shape, "n_params": self.n_params,
-                "checkpoint_identity": checkpoint_identity(unit.source)}
+        shape = {
+            **dataclasses.asdict(self.model_args),
+            "model_type": self.model_args.FAMILY,
+            "mlp_hidden_dim": self.model_args.hidden_dim,
+        }
+        return {
+            "run": self.dump,
+            "model_args": shape,
+            "n_params": self.n_params,
+            "checkpoint_identity": checkpoint_identity(unit.source),
+        }
 
     def stale(self, unit: Unit, result: Condensation) -> bool:
         return identity_changed(result.checkpoint_identity, unit.source)
@@ -279,7 +328,9 @@ def count_parameters(args) -> int:
 
 def _one_line(result: Condensation) -> str:
     first, last = result.layers[0], result.layers[-1]
-    trend = ", ".join(f"{key} {value:.3f}" for key, value in
-                      (("spearman", result.spearman), ("kendall", result.kendall)) if value is not None)
-    return (f"{result.label}: mean_cos {first.name} {first.mean_cos:.4f} -> "
-            f"{last.name} {last.mean_cos:.4f}; {trend}")
+    trend = ", ".join(
+        f"{key} {value:.3f}"
+        for key, value in (("spearman", result.spearman), ("kendall", result.kendall))
+        if value is not None
+    )
+    return f"{result.label}: mean_cos {first.name} {first.mean_cos:.4f} -> {last.name} {last.mean_cos:.4f}; {trend}"

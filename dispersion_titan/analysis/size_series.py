@@ -88,8 +88,10 @@ def load_members(specs: Sequence[str], families: dict[str, str], protocol: str =
     first = members[0]
     for other in members[1:]:
         if _options(other.result) != _options(first.result):
-            raise AnalysisError(f"family: {other.spec} was analyzed with other inputs than {first.spec} "
-                                f"({differences(_options(first.result), _options(other.result))})")
+            raise AnalysisError(
+                f"family: {other.spec} was analyzed with other inputs than {first.spec} "
+                f"({differences(_options(first.result), _options(other.result))})"
+            )
     return members
 
 
@@ -101,18 +103,21 @@ def last_n_mean(result: Condensation, n: int, key: str = "mean_cos") -> float | 
 
 
 def model_rows(members: list[Member], n: int) -> list[dict]:
-    return [{
-        "family": m.family,
-        "model": m.label,
-        "n_params": m.n_params,
-        "layers": len(point_layers(m.result)),
-        "spearman": m.result.spearman,
-        "kendall": m.result.kendall,
-        f"mean_cos_last_{n}": last_n_mean(m.result, n),
-        f"mean_cos_offdiag_last_{n}": last_n_mean(m.result, n, "mean_cos_offdiag"),
-        f"effective_rank_last_{n}": last_n_mean(m.result, n, "effective_rank"),
-        f"mev_last_{n}": last_n_mean(m.result, n, "mev"),
-    } for m in sorted(members, key=lambda m: (m.family, m.n_params))]
+    return [
+        {
+            "family": m.family,
+            "model": m.label,
+            "n_params": m.n_params,
+            "layers": len(point_layers(m.result)),
+            "spearman": m.result.spearman,
+            "kendall": m.result.kendall,
+            f"mean_cos_last_{n}": last_n_mean(m.result, n),
+            f"mean_cos_offdiag_last_{n}": last_n_mean(m.result, n, "mean_cos_offdiag"),
+            f"effective_rank_last_{n}": last_n_mean(m.result, n, "effective_rank"),
+            f"mev_last_{n}": last_n_mean(m.result, n, "mev"),
+        }
+        for m in sorted(members, key=lambda m: (m.family, m.n_params))
+    ]
 
 
 def trend_rows(members: list[Member], n: int) -> list[dict]:
@@ -122,23 +127,28 @@ def trend_rows(members: list[Member], n: int) -> list[dict]:
         group = [m for m in members if m.family == family]
         rho = None
         if len(group) >= 2:
-            rho = finite_or_none(stats.spearmanr([m.n_params for m in group],
-                                          [last_n_mean(m.result, n) for m in group]).statistic)
+            rho = finite_or_none(
+                stats.spearmanr([m.n_params for m in group], [last_n_mean(m.result, n) for m in group]).statistic
+            )
         rows.append({"family": family, "models": len(group), f"spearman_params_vs_mean_cos_last_{n}": rho})
     return rows
 
 
 def paired_rows(pairs: list[tuple[Member, Member]], n: int) -> list[dict]:
     """A − B of last-n mean cosine and of the depth trend."""
-    return [{
-        "A": a.label,
-        "B": b.label,
-        f"mean_cos_last_{n}_A": last_n_mean(a.result, n),
-        f"mean_cos_last_{n}_B": last_n_mean(b.result, n),
-        f"delta_mean_cos_last_{n}": last_n_mean(a.result, n) - last_n_mean(b.result, n),
-        "delta_spearman": None if None in (a.result.spearman, b.result.spearman)
-        else a.result.spearman - b.result.spearman,
-    } for a, b in pairs]
+    return [
+        {
+            "A": a.label,
+            "B": b.label,
+            f"mean_cos_last_{n}_A": last_n_mean(a.result, n),
+            f"mean_cos_last_{n}_B": last_n_mean(b.result, n),
+            f"delta_mean_cos_last_{n}": last_n_mean(a.result, n) - last_n_mean(b.result, n),
+            "delta_spearman": None
+            if None in (a.result.spearman, b.result.spearman)
+            else a.result.spearman - b.result.spearman,
+        }
+        for a, b in pairs
+    ]
 
 
 def family_figure(members: list[Member], pairs: list[tuple[Member, Member]], title: str) -> figures.Figure:
@@ -150,8 +160,12 @@ def family_figure(members: list[Member], pairs: list[tuple[Member, Member]], tit
     for ax, family in zip(axes[0], families):
         group = sorted((m for m in members if m.family == family), key=lambda m: m.n_params)
         for rank, m in enumerate(group):
-            figures.plot_curve(ax, m.result, color=cmap(rank / max(len(group) - 1, 1) * 0.9),
-                               label=f"{m.label} ({m.n_params / 1e6:.3g}M)")
+            figures.plot_curve(
+                ax,
+                m.result,
+                color=cmap(rank / max(len(group) - 1, 1) * 0.9),
+                label=f"{m.label} ({m.n_params / 1e6:.3g}M)",
+            )
         figures.curve_axes(ax, f"{family}: {title}")
         figures.outside_legend(ax)
     if pairs:
@@ -166,10 +180,20 @@ def family_figure(members: list[Member], pairs: list[tuple[Member, Member]], tit
 
 
 def family_markdown(members: list[Member], pairs: list[tuple[Member, Member]], n: int, title: str) -> str:
-    lines = [f"# Condensation by model size ({title})", "", "```", format_table(model_rows(members, n)), "```", "",
-             f"Trend: Spearman's ρ between parameter count and the mean `mean_cos` of the last {n} layers, "
-             "per family (negative: larger models condense less; needs 2 or more models).", "",
-             "```", format_table(trend_rows(members, n)), "```"]
+    lines = [
+        f"# Condensation by model size ({title})",
+        "",
+        "```",
+        format_table(model_rows(members, n)),
+        "```",
+        "",
+        f"Trend: Spearman's ρ between parameter count and the mean `mean_cos` of the last {n} layers, "
+        "per family (negative: larger models condense less; needs 2 or more models).",
+        "",
+        "```",
+        format_table(trend_rows(members, n)),
+        "```",
+    ]
     if pairs:
         lines += ["", "Paired (A − B):", "", "```", format_table(paired_rows(pairs, n)), "```"]
     return "\n".join(lines) + "\n"
@@ -186,12 +210,19 @@ def parse_assignments(values: Sequence[str], option: str) -> list[tuple[str, str
     return parsed
 
 
-def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[str] = (),
-                      paired: Sequence[str] = (), last_n: int = DEFAULT_LAST_N, protocol: str = "default") -> str:
+def write_size_series(
+    specs: Sequence[str],
+    out: str,
+    family_options: Sequence[str] = (),
+    paired: Sequence[str] = (),
+    last_n: int = DEFAULT_LAST_N,
+    protocol: str = "default",
+) -> str:
     """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown. ``protocol``
     "paper" refuses models not analysed with ``analyze --protocol paper``."""
-    families = {spec: name for name, listed in parse_assignments(family_options, "--family")
-                for spec in listed.split(",")}
+    families = {
+        spec: name for name, listed in parse_assignments(family_options, "--family") for spec in listed.split(",")
+    }
     pair_specs = parse_assignments(paired, "--paired")
     members = load_members([*specs, *families, *(s for pair in pair_specs for s in pair)], families, protocol)
     by_spec = {m.spec: m for m in members}
@@ -207,8 +238,10 @@ def write_size_series(specs: Sequence[str], out: str, family_options: Sequence[s
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
     text = family_markdown(members, pairs, last_n, title)
     with owned(out, owner):
-        write_csv(os.path.join(out, "family.csv"),
-                  [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)])
+        write_csv(
+            os.path.join(out, "family.csv"),
+            [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)],
+        )
         if pairs:
             write_csv(os.path.join(out, "family_paired.csv"), paired_rows(pairs, last_n))
         atomic_write(os.path.join(out, "family.md"), lambda f: f.write(text))

@@ -37,15 +37,17 @@ def layer_statistics(measured: Measurement) -> list[LayerCondensation]:
     for index, (name, matrix, rank, mev) in enumerate(rows):
         total, trace = matrix.sum(), np.trace(matrix)
         density, _ = np.histogram(np.clip(matrix, *HIST_RANGE), bins=HIST_BINS, range=HIST_RANGE, density=True)
-        layers.append(LayerCondensation(
-            index=index,
-            name=name,
-            mean_cos=float(total / seq_len**2),
-            mean_cos_offdiag=float((total - trace) / (seq_len**2 - seq_len)),
-            hist=density.tolist(),
-            effective_rank=rank,
-            mev=mev,
-        ))
+        layers.append(
+            LayerCondensation(
+                index=index,
+                name=name,
+                mean_cos=float(total / seq_len**2),
+                mean_cos_offdiag=float((total - trace) / (seq_len**2 - seq_len)),
+                hist=density.tolist(),
+                effective_rank=rank,
+                mev=mev,
+            )
+        )
     return layers
 
 
@@ -54,8 +56,10 @@ def rank_trend(x: list[float], y: list[float]) -> dict[str, dict[str, float | No
     from scipy import stats  # here: the module is imported by torch- and scipy-free paths
 
     spearman, kendall = stats.spearmanr(x, y), stats.kendalltau(x, y)
-    return {"spearman": {"rho": finite_or_none(spearman.statistic), "p": finite_or_none(spearman.pvalue)},
-            "kendall": {"tau": finite_or_none(kendall.statistic), "p": finite_or_none(kendall.pvalue)}}
+    return {
+        "spearman": {"rho": finite_or_none(spearman.statistic), "p": finite_or_none(spearman.pvalue)},
+        "kendall": {"tau": finite_or_none(kendall.statistic), "p": finite_or_none(kendall.pvalue)},
+    }
 
 
 def depth_trend(mean_cos: list[float]) -> dict[str, float | None]:
@@ -90,12 +94,17 @@ def summarize(measured: Measurement, layer_points: str = "all") -> dict:
     model state (``Condensation`` fields); the trend and last-n over ``layer_points``."""
     layers = layer_statistics(measured)
     curve = [layers[i].mean_cos for i in depth_points([layer.name for layer in layers], layer_points)]
-    return {"layers": layers, **depth_trend(curve), "last_n": last_n(curve),
-            "geometry_sequences": measured.geometry_sequences}
+    return {
+        "layers": layers,
+        **depth_trend(curve),
+        "last_n": last_n(curve),
+        "geometry_sequences": measured.geometry_sequences,
+    }
 
 
-def condensation(step: int, sequences: Sequences, measured: Measurement, *, dtype: str, device: str,
-                 checkpoint: str, **metadata: Any) -> Condensation:
+def condensation(
+    step: int, sequences: Sequences, measured: Measurement, *, dtype: str, device: str, checkpoint: str, **metadata: Any
+) -> Condensation:
     """The full result of one measured model state: its statistics plus what they were
     measured on; ``metadata``: the target's fields (``run``, ``model_args``, ``revision``, …)."""
     return Condensation(

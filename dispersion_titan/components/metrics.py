@@ -40,8 +40,9 @@ class StepMetrics:
         self.loss: torch.Tensor | None = None
         self.cosine_sums: torch.Tensor | None = None
 
-    def add(self, ce: torch.Tensor, dispersion: torch.Tensor, loss: torch.Tensor,
-            cosine_sums: torch.Tensor | None) -> None:
+    def add(
+        self, ce: torch.Tensor, dispersion: torch.Tensor, loss: torch.Tensor, cosine_sums: torch.Tensor | None
+    ) -> None:
         """One micro-batch: its CE, unweighted dispersion term, the loss it trains on (CE + λ·term)."""
         self.ce = ce if self.ce is None else self.ce + ce
         self.dispersion = dispersion if self.dispersion is None else self.dispersion + dispersion
@@ -73,8 +74,14 @@ class DispersionMetricsProcessor(MetricsProcessor):
         dist.all_reduce(t, group=self.parallel_dims.get_mesh("loss").get_group())
         return t
 
-    def log(self, step: int, global_avg_loss: float, global_max_loss: float, grad_norm: float,
-            extra_metrics: dict[str, Any] | None = None) -> None:
+    def log(
+        self,
+        step: int,
+        global_avg_loss: float,
+        global_max_loss: float,
+        grad_norm: float,
+        extra_metrics: dict[str, Any] | None = None,
+    ) -> None:
         extra = dict(extra_metrics or {})
         m = self.step_metrics
         if m.ce is not None:
@@ -95,7 +102,8 @@ class DispersionMetricsProcessor(MetricsProcessor):
         super().log_validation(loss, step, extra_metrics=extra)
 
 
-def build_dispersion_metrics_processor(job_config, parallel_dims, model_args=None,
-                                       tag: str | None = None) -> DispersionMetricsProcessor:
+def build_dispersion_metrics_processor(
+    job_config, parallel_dims, model_args=None, tag: str | None = None
+) -> DispersionMetricsProcessor:
     del model_args
     return DispersionMetricsProcessor(job_config, parallel_dims, tag)

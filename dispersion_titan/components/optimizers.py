@@ -83,12 +83,18 @@ def no_decay_parameter_names(model: nn.Module, hf: bool = True) -> set[str]:
     ``nn.LayerNorm`` modules, and names that say bias or norm (``Trainer.get_decay_parameter_names``).
     ``hf`` False: LayerNorm's and names that say bias only, as the authors' active-forgetting
     optimizer (``get_parameter_names(model, ALL_LAYERNORM_LAYERS)`` less "bias", transformers 4.51)."""
-    in_layer_norms = {f"{prefix}.{name}" if prefix else name
-                      for prefix, module in model.named_modules() if isinstance(module, nn.LayerNorm)
-                      for name, _ in module.named_parameters()}
+    in_layer_norms = {
+        f"{prefix}.{name}" if prefix else name
+        for prefix, module in model.named_modules()
+        if isinstance(module, nn.LayerNorm)
+        for name, _ in module.named_parameters()
+    }
     exempt_name = _NO_DECAY_NAME.search if hf else re.compile("bias").search
-    return {name for name, _ in model.named_parameters()
-            if name in in_layer_norms or exempt_name(name.lower() if hf else name)}
+    return {
+        name
+        for name, _ in model.named_parameters()
+        if name in in_layer_norms or exempt_name(name.lower() if hf else name)
+    }
 
 
 def _separate_no_decay_group(model: nn.Module, optimizer: torch.optim.Optimizer, hf: bool) -> None:
@@ -102,21 +108,22 @@ def _separate_no_decay_group(model: nn.Module, optimizer: torch.optim.Optimizer,
     optimizer.add_param_group({"params": [p for p in body if id(p) in exempt], "weight_decay": 0.0})
 
 
-def build_dispersion_optimizers(model_parts: list[nn.Module], optimizer_config: Any, parallel_dims: Any,
-                          ft_manager: Any = None) -> OptimizersContainer:
+def build_dispersion_optimizers(
+    model_parts: list[nn.Module], optimizer_config: Any, parallel_dims: Any, ft_manager: Any = None
+) -> OptimizersContainer:
     optimizers = build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager)
     forgetting = _forgetting(optimizer_config)
     for model, optimizer in titan_compat.optimizer_per_model_part(optimizers):
         if forgetting is not None:
             _separate_embedding_group(model, optimizer, forgetting.embedding_lr)
         if optimizer_config.decay_groups != "all":
-            _separate_no_decay_group(model, optimizer,
-                                     hf=optimizer_config.decay_groups == "hf" or forgetting is None)
+            _separate_no_decay_group(model, optimizer, hf=optimizer_config.decay_groups == "hf" or forgetting is None)
     return optimizers
 
 
-def build_dispersion_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler_config: Any,
-                             training_steps: int) -> LRSchedulersContainer:
+def build_dispersion_lr_schedulers(
+    optimizers: OptimizersContainer, lr_scheduler_config: Any, training_steps: int
+) -> LRSchedulersContainer:
     forgetting = _forgetting(lr_scheduler_config)
     released = lr_scheduler_config.form == "as_released"
     if forgetting is None and not released:  # TorchTitan's schedule for every param group
@@ -124,8 +131,9 @@ def build_dispersion_lr_schedulers(optimizers: OptimizersContainer, lr_scheduler
     if released:
         total = lr_scheduler_config.total_steps or training_steps
         warmup = int(BODY_WARMUP_FRACTION * total) if forgetting else lr_scheduler_config.warmup_steps
-        body = functools.partial(released_lr_factor, warmup=warmup, total=total,
-                                 min_lr_factor=lr_scheduler_config.min_lr_factor)
+        body = functools.partial(
+            released_lr_factor, warmup=warmup, total=total, min_lr_factor=lr_scheduler_config.min_lr_factor
+        )
     else:
         body = titan_compat.lr_lambda(lr_scheduler_config, training_steps)
     groups = len(titan_compat.optimizer_per_model_part(optimizers)[0][1].param_groups)

@@ -240,8 +240,17 @@ def attention_on_local_shards(model: torch.nn.Module) -> None:
 # The attributes ``Validator.__init__`` sets, besides the data loader built from its own
 # C4 text loader; ``init_validator`` sets the same ones.
 VALIDATOR_FIELDS = (
-    "job_config", "tokenizer", "parallel_dims", "loss_fn", "validation_dataloader", "validation_context",
-    "maybe_enable_amp", "metrics_processor", "pp_schedule", "pp_has_first_stage", "pp_has_last_stage",
+    "job_config",
+    "tokenizer",
+    "parallel_dims",
+    "loss_fn",
+    "validation_dataloader",
+    "validation_context",
+    "maybe_enable_amp",
+    "metrics_processor",
+    "pp_schedule",
+    "pp_has_first_stage",
+    "pp_has_last_stage",
 )
 
 
@@ -366,8 +375,9 @@ class TrainerHooks(Trainer):
             self.on_checkpoint_loaded()
         return super().should_continue_training()
 
-    def forward_backward_step(self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-                              global_valid_tokens: torch.Tensor) -> torch.Tensor:
+    def forward_backward_step(
+        self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor, global_valid_tokens: torch.Tensor
+    ) -> torch.Tensor:
         """TorchTitan's non-pipelined ``forward_backward_step``, with the model call, the loss
         and the backward handed to ``model_forward_backward`` (inside the train context)."""
         if self.parallel_dims.pp_enabled:
@@ -379,8 +389,14 @@ class TrainerHooks(Trainer):
                 model, inputs, labels, global_valid_tokens, {**extra_inputs, **extra_kwargs}
             )
 
-    def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                               global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
+    def model_forward_backward(
+        self,
+        model: torch.nn.Module,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        global_valid_tokens: torch.Tensor,
+        model_kwargs: dict[str, Any],
+    ) -> torch.Tensor:
         """Forward (under ``self.maybe_enable_amp``), loss sum / ``global_valid_tokens``,
         backward; returns the detached loss to log."""
         raise NotImplementedError

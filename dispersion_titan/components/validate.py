@@ -24,16 +24,24 @@ from .titan_compat import init_validator
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def loss_sum_by_micro_batch(model: torch.nn.Module, loss_fn: LossFn, micro_batch: int, inputs: torch.Tensor,
-                            labels: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
+def loss_sum_by_micro_batch(
+    model: torch.nn.Module,
+    loss_fn: LossFn,
+    micro_batch: int,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    model_kwargs: dict[str, Any],
+) -> torch.Tensor:
     """``loss_fn(model(inputs), labels)`` (a sum over tokens) computed ``micro_batch``
     sequences at a time; per-sequence keyword tensors are cut along with the inputs."""
     batch = inputs.shape[0]
     total = None
     for start in range(0, batch, micro_batch):
         part = slice(start, start + micro_batch)
-        kwargs = {k: v[part] if isinstance(v, torch.Tensor) and v.shape[:1] == (batch,) else v
-                  for k, v in model_kwargs.items()}
+        kwargs = {
+            k: v[part] if isinstance(v, torch.Tensor) and v.shape[:1] == (batch,) else v
+            for k, v in model_kwargs.items()
+        }
         loss = loss_fn(model(inputs[part], **kwargs), labels[part])
         total = loss if total is None else total + loss
     return total
@@ -58,14 +66,17 @@ class PackedValidator(Validator):
         init_validator(
             self,
             build_packed_validation_dataloader(dp_world_size, dp_rank, job_config),
-            job_config=job_config, dp_world_size=dp_world_size, dp_rank=dp_rank,
+            job_config=job_config,
+            dp_world_size=dp_world_size,
+            dp_rank=dp_rank,
             **{"pp_schedule": None, "pp_has_first_stage": None, "pp_has_last_stage": None, **fields},
         )
         # The trainer has resolved a derived (0) local batch size before building this.
         self.micro_batch = job_config.training.local_batch_size
 
-    def post_dataloading_process(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-                                 model_parts) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]:
+    def post_dataloading_process(
+        self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor, model_parts
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor], dict[str, Any]]:
         """GPT-2 attends causally with SDPA: no attention masks to build."""
         del model_parts
         return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k != "input"}, {}

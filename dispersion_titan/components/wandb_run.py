@@ -30,12 +30,15 @@ def recorded(dump_folder: str) -> dict[str, Any]:
     """The W&B run named in ``dump_folder``; one-line errors for ``--wandb`` when there is none."""
     path = os.path.join(dump_folder, WANDB_RUN_FILE)
     if not os.path.isfile(path):
-        raise ArgumentError(f"--wandb: {dump_folder} names no W&B run ({WANDB_RUN_FILE}); "
-                            "train it with [metrics] enable_wandb = true")
+        raise ArgumentError(
+            f"--wandb: {dump_folder} names no W&B run ({WANDB_RUN_FILE}); train it with [metrics] enable_wandb = true"
+        )
     try:
         import wandb  # noqa: F401
     except ImportError:
-        raise ArgumentError("--wandb: the wandb package is not installed; pip install 'dispersion_titan[wandb]'") from None
+        raise ArgumentError(
+            "--wandb: the wandb package is not installed; pip install 'dispersion_titan[wandb]'"
+        ) from None
     with open(path) as f:
         return json.load(f)
 
@@ -45,8 +48,14 @@ def resume(dump_folder: str, job_type: str) -> Any:
     import wandb
 
     run = recorded(dump_folder)
-    return wandb.init(id=run["id"], project=run["project"], entity=run["entity"] or None, dir=run["dir"],
-                      resume="allow", job_type=job_type)
+    return wandb.init(
+        id=run["id"],
+        project=run["project"],
+        entity=run["entity"] or None,
+        dir=run["dir"],
+        resume="allow",
+        job_type=job_type,
+    )
 
 
 def files(run: Any, folder: str, prefix: str) -> None:
@@ -63,8 +72,7 @@ def files(run: Any, folder: str, prefix: str) -> None:
     run.log(logged)
 
 
-def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int, dict[str, Any]],
-                folder: str) -> None:
+def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int, dict[str, Any]], folder: str) -> None:
     """Into the W&B run named in ``dump_folder``: each checkpoint's ``per_step`` values as
     ``PREFIX/NAME`` against ``checkpoint_step`` (a resumed run's own step is already past
     training's last one), then ``folder``'s tables and figures."""

@@ -78,9 +78,12 @@ HELP_ALL_FLAG = "--help-all"
 def train_usage() -> str:
     """``train --help``: how to call it and the keys this package adds, without importing
     TorchTitan (``--help-all`` shows every key, TorchTitan's too)."""
-    sections = "\n".join(f"  [{section.name}] " + " ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(
-        section.type)) for section in dataclasses.fields(JobConfig))
-    return f"""usage: python -m dispersion_titan.train --job.config_file FILE.toml [--SECTION.KEY VALUE ...] [--profile cpu] [--check-only]
+    sections = "\n".join(
+        f"  [{section.name}] " + " ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(section.type))
+        for section in dataclasses.fields(JobConfig)
+    )
+    return f"""usage: python -m dispersion_titan.train --job.config_file FILE.toml [--SECTION.KEY VALUE ...]
+                                       [--profile cpu] [--check-only]
        bash launch/train.sh FILE.toml [--SECTION.KEY VALUE ...]   (torchrun on this node's GPUs)
 
 Trains with TorchTitan. Every key of FILE.toml, TorchTitan's and ours, can be overridden
@@ -108,8 +111,10 @@ def read_toml(path: str, field: str) -> dict:
     except tomllib.TOMLDecodeError as e:
         raise ArgumentError(f"{field}: {path}: invalid TOML: {e}") from None
     except UnicodeDecodeError as e:
-        raise ArgumentError(f"{field}: {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
-                            "save the TOML file as UTF-8") from None
+        raise ArgumentError(
+            f"{field}: {path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+            "save the TOML file as UTF-8"
+        ) from None
 
 
 def names_model(args: list[str], toml: dict) -> bool:
@@ -143,8 +148,9 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def add_device_arguments(parser: argparse.ArgumentParser, dtype_default: str | None = "fp32",
-                         dtype_help: str = "model dtype (default fp32)") -> None:
+def add_device_arguments(
+    parser: argparse.ArgumentParser, dtype_default: str | None = "fp32", dtype_help: str = "model dtype (default fp32)"
+) -> None:
     """``--device`` and ``--dtype`` of the commands that load checkpoints (``utils.devices.resolve_device``)."""
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=dtype_default, help=dtype_help)

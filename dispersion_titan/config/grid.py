@@ -13,8 +13,14 @@ from dataclasses import dataclass
 
 BASELINE = "baseline"
 
-GRID_KEYS = ("--model.mlp_hidden_dim", "--dispersion.variant", "--dispersion.coeff", "--baseline.method",
-             "--debug.seed", "--job.dump_folder")
+GRID_KEYS = (
+    "--model.mlp_hidden_dim",
+    "--dispersion.variant",
+    "--dispersion.coeff",
+    "--baseline.method",
+    "--debug.seed",
+    "--job.dump_folder",
+)
 """Training overrides the grid sets for each cell; given by hand they would fight it."""
 
 
@@ -53,13 +59,24 @@ class Cell:
 
     def overrides(self, dump_folder: str) -> list[str]:
         """The training command line's grid part, writing into ``dump_folder``."""
-        return ["--model.mlp_hidden_dim", str(self.width), "--dispersion.variant", self.arm.name,
-                "--dispersion.coeff", f"{self.arm.coeff:g}", "--baseline.method", self.arm.method,
-                "--debug.seed", str(self.seed),
-                "--job.dump_folder", dump_folder]
+        return [
+            "--model.mlp_hidden_dim",
+            str(self.width),
+            "--dispersion.variant",
+            self.arm.name,
+            "--dispersion.coeff",
+            f"{self.arm.coeff:g}",
+            "--baseline.method",
+            self.arm.method,
+            "--debug.seed",
+            str(self.seed),
+            "--job.dump_folder",
+            dump_folder,
+        ]
 
 
-def cells(widths: list[int] | tuple[int, ...], arms: list[Arm] | tuple[Arm, ...],
-          seeds: list[int] | tuple[int, ...]) -> list[Cell]:
+def cells(
+    widths: list[int] | tuple[int, ...], arms: list[Arm] | tuple[Arm, ...], seeds: list[int] | tuple[int, ...]
+) -> list[Cell]:
     """Every combination, width-major (the order of the folders, jobs and tables)."""
     return [Cell(w, a, s) for w in widths for a in arms for s in seeds]

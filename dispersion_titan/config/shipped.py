@@ -10,8 +10,10 @@ import shutil
 from ..utils.errors import ArgumentError
 from ..utils.package_data import package_file
 
-SHIPPED = {"train_configs": ("train_configs",), os.path.join("launch", "sweep_example.toml"):
-           ("launch_scripts", "sweep_example.toml")}
+SHIPPED = {
+    "train_configs": ("train_configs",),
+    os.path.join("launch", "sweep_example.toml"): ("launch_scripts", "sweep_example.toml"),
+}
 """Where each lands in the user's folder (the repository's path) -> its place in the package."""
 
 
@@ -48,8 +50,10 @@ def write_shipped(out: str) -> tuple[list[str], list[str]]:
     if os.path.exists(out) and not os.path.isdir(out):
         raise ArgumentError(f"DIR: {out} is a file; name a new or empty folder")
     if os.path.isdir(out) and (other := _foreign(out, files)):
-        raise ArgumentError(f"DIR: {out} holds other files ({other}); init writes only into a new or empty folder, "
-                            "or one it wrote: name another DIR")
+        raise ArgumentError(
+            f"DIR: {out} holds other files ({other}); init writes only into a new or empty folder, "
+            "or one it wrote: name another DIR"
+        )
     written, kept = [], []
     for dest, source in files.items():
         path = os.path.join(out, dest)

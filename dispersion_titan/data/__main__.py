@@ -16,21 +16,40 @@ from .prepare import SHARD_DOCUMENTS, prepare
 def parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.data", description="Data tools.")
     commands = p.add_subparsers(dest="command", required=True)
-    prep = commands.add_parser("prepare", description=preparing.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                               help="tokenise a corpus split into a token store")
+    prep = commands.add_parser(
+        "prepare",
+        description=preparing.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="tokenise a corpus split into a token store",
+    )
     prep.add_argument("target", metavar="CONFIG_OR_DATASET", help="training TOML or dataset name")
     prep.add_argument("--out", required=True, help="the store's folder (created; a partial store there is resumed)")
-    prep.add_argument("--split", choices=SPLITS, default="train",
-                      help="split (with a TOML: its section) to prepare; default train")
-    prep.add_argument("--dataset-path", "--dataset_path", dest="dataset_path",
-                      help="the corpus path (overrides the TOML's dataset_path)")
-    prep.add_argument("--tokenizer", metavar="FOLDER",
-                      help="a Hugging Face folder whose tokenizer.json to use (default: the TOML's model's, else "
-                           "GPT-2's BPE)")
-    prep.add_argument("--workers", type=positive_int, default=len(os.sched_getaffinity(0)),
-                      help="tokenising processes (default: the CPUs this process may use)")
-    prep.add_argument("--shard-documents", type=positive_int, default=SHARD_DOCUMENTS,
-                      help=f"documents per shard (default {SHARD_DOCUMENTS})")
+    prep.add_argument(
+        "--split", choices=SPLITS, default="train", help="split (with a TOML: its section) to prepare; default train"
+    )
+    prep.add_argument(
+        "--dataset-path",
+        "--dataset_path",
+        dest="dataset_path",
+        help="the corpus path (overrides the TOML's dataset_path)",
+    )
+    prep.add_argument(
+        "--tokenizer",
+        metavar="FOLDER",
+        help="a Hugging Face folder whose tokenizer.json to use (default: the TOML's model's, else GPT-2's BPE)",
+    )
+    prep.add_argument(
+        "--workers",
+        type=positive_int,
+        default=len(os.sched_getaffinity(0)),
+        help="tokenising processes (default: the CPUs this process may use)",
+    )
+    prep.add_argument(
+        "--shard-documents",
+        type=positive_int,
+        default=SHARD_DOCUMENTS,
+        help=f"documents per shard (default {SHARD_DOCUMENTS})",
+    )
     return p
 
 
@@ -41,9 +60,11 @@ def main(argv: list[str] | None = None) -> None:
     except DispersionTitanError as e:
         fail_with(e)
     section = "training" if options.split == "train" else "validation"
-    print(f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "
-          f"{len(manifest['shards'])} shards ({manifest['dtype']}); train on it with "
-          f"--{section}.dataset {manifest['source']['dataset']} --{section}.dataset_path {options.out}")
+    print(
+        f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "
+        f"{len(manifest['shards'])} shards ({manifest['dtype']}); train on it with "
+        f"--{section}.dataset {manifest['source']['dataset']} --{section}.dataset_path {options.out}"
+    )
 
 
 if __name__ == "__main__":

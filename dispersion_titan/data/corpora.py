@@ -98,7 +98,9 @@ class EmbeddedWikipedia(Corpus):
 
     def check_path(self, path: str | None, path_field: str) -> None:
         if path:
-            raise DataConfigError(f"{path_field}: 'enwiki_sample' is embedded and takes no path (did you mean 'local'?)")
+            raise DataConfigError(
+                f"{path_field}: 'enwiki_sample' is embedded and takes no path (did you mean 'local'?)"
+            )
 
     def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
         """Cached: stripping the markup takes gensim about 5 s per process, every launch.
@@ -109,7 +111,9 @@ class EmbeddedWikipedia(Corpus):
 
 def enwiki_sample_path() -> str:
     """The dump inside gensim's wheel (located without importing gensim)."""
-    return package_file("gensim", "test", "test_data", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+    return package_file(
+        "gensim", "test", "test_data", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+    )
 
 
 @functools.cache
@@ -188,8 +192,13 @@ class HubDataset(Corpus):
 
     def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
         source = source_files(path, path_field) if path else "hub"
-        return {"repo": self.repo, "config": self.config, "split": split,
-                "held_out_documents": self.held_out_documents, "source": source}
+        return {
+            "repo": self.repo,
+            "config": self.config,
+            "split": split,
+            "held_out_documents": self.held_out_documents,
+            "source": source,
+        }
 
 
 CORPORA: dict[str, Corpus] = {
@@ -197,13 +206,17 @@ CORPORA: dict[str, Corpus] = {
     "local": LocalFiles(),
     "wikitext-103": HubDataset("Salesforce/wikitext", "wikitext-103-raw-v1", to_documents=wikitext_articles),
     "fineweb-edu": HubDataset(
-        "HuggingFaceFW/fineweb-edu", "sample-10BT",
-        held_out_documents=FINEWEB_VALIDATION_DOCUMENTS, streams_training=True,
+        "HuggingFaceFW/fineweb-edu",
+        "sample-10BT",
+        held_out_documents=FINEWEB_VALIDATION_DOCUMENTS,
+        streams_training=True,
     ),
     # The default data of the authors' lm_dispersion/pretrain_toy_gpt2_change_ffn/pretrain_toy_gpt2.py.
     "fineweb-edu-1B": HubDataset(
-        "codelion/fineweb-edu-1B", None,
-        held_out_documents=FINEWEB_VALIDATION_DOCUMENTS, streams_training=True,
+        "codelion/fineweb-edu-1B",
+        None,
+        held_out_documents=FINEWEB_VALIDATION_DOCUMENTS,
+        streams_training=True,
     ),
 }
 
@@ -238,4 +251,3 @@ def documents_identity(name: str, split: str, path: str | None, field: str) -> d
     if identity is None:
         return None
     return {"dataset": name, "split": split, "documents_version": DOCUMENTS_VERSION, **identity}
-

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch.distributed.checkpoint.stateful import Stateful
-from torchtitan.components.loss import IGNORE_INDEX
 from torch.utils.data import IterableDataset, get_worker_info
+from torchtitan.components.loss import IGNORE_INDEX
 
 from ..utils.errors import DataConfigError
 

@@ -38,7 +38,9 @@ from .tokens import cached_tokens, tokenize
 
 
 @functools.cache
-def token_stream(name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2_BPE) -> np.ndarray:
+def token_stream(
+    name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2_BPE
+) -> np.ndarray:
     """All documents of a split, each followed by the end-of-sequence id, as one array
     (memory-mapped from the token cache when the corpus is cached)."""
     if split == "train" and name in CORPORA and CORPORA[name].streams_training:
@@ -53,8 +55,9 @@ def token_stream(name: str, split: str, path: str | None, field: str, encoder: D
     return cached_tokens(documents_identity(name, split, path, field), build, encoder)
 
 
-def tokenized_documents(name: str, split: str, path: str | None, field: str,
-                        encoder: DocumentEncoder = GPT2_BPE) -> tuple[np.ndarray, ...]:
+def tokenized_documents(
+    name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2_BPE
+) -> tuple[np.ndarray, ...]:
     """Each document of a corpus split as token ids (no separator). Documents are
     tokenised as ordinary text, so the end-of-sequence id only ever separates them."""
     stream = token_stream(name, split, path, field, encoder)
@@ -92,9 +95,7 @@ class PackedSequenceDataset(RankSlice):
         self.pad_id = pad_id
         self.num_sequences = (len(tokens) - 1) // seq_len
         if self.num_sequences < 1:
-            raise DataConfigError(
-                f"{field}: {len(tokens)} tokens are too few for one sequence of seq_len {seq_len}"
-            )
+            raise DataConfigError(f"{field}: {len(tokens)} tokens are too few for one sequence of seq_len {seq_len}")
         self.infinite = infinite
         self.shuffle = shuffle
         self.seed = seed
@@ -142,8 +143,16 @@ class ContinuousPackedDataset(PackedSequenceDataset):
     ``StreamingPackedDataset`` reads it. The state is the samples yielded, as for every
     ``RankSlice``, so a streamed run's checkpoint resumes on the store too."""
 
-    def __init__(self, tokens: TokenStore, seq_len: int, local_batch_size: int, dp_rank: int = 0,
-                 dp_world_size: int = 1, *, field: str = "training.dataset"):
+    def __init__(
+        self,
+        tokens: TokenStore,
+        seq_len: int,
+        local_batch_size: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        *,
+        field: str = "training.dataset",
+    ):
         super().__init__(tokens, seq_len, local_batch_size, dp_rank, dp_world_size, shuffle=False, field=field)
 
     def sequence(self, g: int) -> np.ndarray:
@@ -174,12 +183,14 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
     if is_store(cfg.dataset_path):
         tokens = open_store(cfg.dataset_path, cfg.dataset, split, f"{field}_path", encoder)
         if streamed:
-            return ContinuousPackedDataset(tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size,
-                                           field=field)
+            return ContinuousPackedDataset(
+                tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field
+            )
     elif streamed:
         rows = functools.partial(CORPORA[cfg.dataset].training_rows, cfg.dataset_path, f"{field}_path")
-        return StreamingPackedDataset(rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field,
-                                      encoder=encoder)
+        return StreamingPackedDataset(
+            rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field, encoder=encoder
+        )
     else:
         tokens = token_stream(cfg.dataset, split, cfg.dataset_path, field, encoder)
     return PackedSequenceDataset(
@@ -216,8 +227,9 @@ class PackedDataloader(ParallelAwareDataloader):
             return
         consumed = state_dict[GLOBAL_POSITION]
         if consumed % self.dp_world_size:
-            raise DataConfigError(f"training: {consumed} sequences consumed cannot be split over "
-                                  f"{self.dp_world_size} data-parallel ranks")
+            raise DataConfigError(
+                f"training: {consumed} sequences consumed cannot be split over {self.dp_world_size} data-parallel ranks"
+            )
         self.dataset.load_state_dict({"samples_yielded": consumed // self.dp_world_size})
 
 
@@ -225,7 +237,9 @@ GLOBAL_POSITION = "sequences_consumed"
 """The loader state's key (``dataloader.sequences_consumed`` in a checkpoint)."""
 
 
-def _loader(section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig) -> ParallelAwareDataloader:
+def _loader(
+    section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig
+) -> ParallelAwareDataloader:
     cfg = getattr(job_config, section)
     dataset = build_dataset(section, split, dp_world_size, dp_rank, job_config)
     dataset.predict_last = section != "training" or job_config.training.predict_last

@@ -61,9 +61,15 @@ _RECORD_KEYS = ("file", "tokens", "documents", "sha256")
 
 def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
     """What a store's shards depend on, each recorded under its name in the manifest."""
-    return {"format": FORMAT, "version": VERSION, "source": source, "tokenizer": tokenizer_stamp(encoder),
-            "documents_version": DOCUMENTS_VERSION, "dtype": token_dtype(encoder).name,
-            "shard_documents": shard_documents}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "source": source,
+        "tokenizer": tokenizer_stamp(encoder),
+        "documents_version": DOCUMENTS_VERSION,
+        "dtype": token_dtype(encoder).name,
+        "shard_documents": shard_documents,
+    }
 
 
 def prepare_key(inputs: dict[str, Any]) -> str:
@@ -80,8 +86,11 @@ def _flat(value: Any, name: str = "") -> dict[str, Any]:
 def _differing(manifest: dict[str, Any], inputs: dict[str, Any]) -> str:
     """``key value there vs value here`` for each input in which the store differs."""
     there, here = _flat({k: manifest.get(k) for k in inputs}), _flat(json.loads(json.dumps(inputs, default=str)))
-    return "; ".join(f"{k} {there.get(k)!r} there vs {here.get(k)!r} here"
-                     for k in sorted(there.keys() | here.keys()) if there.get(k) != here.get(k))
+    return "; ".join(
+        f"{k} {there.get(k)!r} there vs {here.get(k)!r} here"
+        for k in sorted(there.keys() | here.keys())
+        if there.get(k) != here.get(k)
+    )
 
 
 def _record_path(out: str, index: int) -> str:
@@ -94,8 +103,12 @@ def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: 
     sent: each worker loads it once."""
     encoder = encoder_named(encoder_name)
     data = np.concatenate(list(tokenize(texts, threads=1, encoder=encoder))).tobytes()
-    record = {"file": shard_name(index), "tokens": len(data) // token_dtype(encoder).itemsize, "documents": len(texts),
-              "sha256": hashlib.sha256(data).hexdigest()}
+    record = {
+        "file": shard_name(index),
+        "tokens": len(data) // token_dtype(encoder).itemsize,
+        "documents": len(texts),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     write_atomically(os.path.join(out, record["file"]), data)
     write_atomically(_record_path(out, index), json.dumps({**record, "key": key}).encode())
     return record
@@ -134,9 +147,11 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
         manifest = read_manifest(out, "--out")
         if manifest.get("key") != key:
             source = manifest["source"]
-            raise DataConfigError(f"--out: {out} holds a token store of {source.get('dataset')!r} "
-                                  f"{source.get('split')} made from other inputs ({_differing(manifest, inputs)}); "
-                                  "choose another folder")
+            raise DataConfigError(
+                f"--out: {out} holds a token store of {source.get('dataset')!r} "
+                f"{source.get('split')} made from other inputs ({_differing(manifest, inputs)}); "
+                "choose another folder"
+            )
     for path in sorted(glob.glob(os.path.join(out, "shard-*.json"))):
         try:
             with open(path, "rb") as f:
@@ -144,13 +159,22 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
         except (OSError, ValueError, AttributeError):
             continue  # unreadable: that shard is rewritten
         if found != key:
-            raise DataConfigError(f"--out: {path} belongs to a prepare from other inputs "
-                                  "(source, tokenizer or --shard-documents); choose another folder")
+            raise DataConfigError(
+                f"--out: {path} belongs to a prepare from other inputs "
+                "(source, tokenizer or --shard-documents); choose another folder"
+            )
 
 
-def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, workers: int,
-                shard_documents: int = SHARD_DOCUMENTS, progress: bool = True,
-                encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
+def write_store(
+    documents: Iterable[str],
+    out: str,
+    source: dict[str, Any],
+    *,
+    workers: int,
+    shard_documents: int = SHARD_DOCUMENTS,
+    progress: bool = True,
+    encoder: DocumentEncoder = GPT2_BPE,
+) -> dict[str, Any]:
     """Tokenise ``documents`` into the store at ``out`` (finishing a partial one there);
     return its manifest. ``source`` describes the documents (dataset, split, path, ...)."""
     inputs = key_inputs(source, shard_documents, encoder)
@@ -161,9 +185,16 @@ def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, w
     records: list[dict[str, Any] | AsyncResult] = []
     waiting: collections.deque[int] = collections.deque()
     # Forked workers only tokenise and write; the pool starts before the documents are read.
-    with multiprocessing.get_context("fork").Pool(workers) as pool, \
-            tqdm(desc=f"prepare {source['dataset']} {source['split']}", unit="tok", unit_scale=True,
-                 file=sys.stderr, disable=not progress) as bar:
+    with (
+        multiprocessing.get_context("fork").Pool(workers) as pool,
+        tqdm(
+            desc=f"prepare {source['dataset']} {source['split']}",
+            unit="tok",
+            unit_scale=True,
+            file=sys.stderr,
+            disable=not progress,
+        ) as bar,
+    ):
 
         def settle(i: int) -> None:
             records[i] = records[i].get()
@@ -186,8 +217,14 @@ def write_store(documents: Iterable[str], out: str, source: dict[str, Any], *, w
     return _finish(out, records, source, key, shard_documents, encoder)
 
 
-def _finish(out: str, records: list[dict[str, Any]], source: dict[str, Any], key: str,
-            shard_documents: int, encoder: DocumentEncoder) -> dict[str, Any]:
+def _finish(
+    out: str,
+    records: list[dict[str, Any]],
+    source: dict[str, Any],
+    key: str,
+    shard_documents: int,
+    encoder: DocumentEncoder,
+) -> dict[str, Any]:
     """Write the document index (from the separators in the shards), then the manifest."""
     dtype, starts, offset = token_dtype(encoder), [], 0
     for record in records:
@@ -198,16 +235,27 @@ def _finish(out: str, records: list[dict[str, Any]], source: dict[str, Any], key
     index = io.BytesIO()
     np.save(index, np.concatenate(starts))
     write_atomically(os.path.join(out, DOCUMENT_INDEX), index.getvalue())
-    manifest = {"format": FORMAT, "version": VERSION, "key": key, "tokenizer": tokenizer_stamp(encoder),
-                "documents_version": DOCUMENTS_VERSION, "source": source, "dtype": dtype.name, "tokens": offset,
-                "documents": sum(r["documents"] for r in records), "shard_documents": shard_documents,
-                "document_index": DOCUMENT_INDEX, "shards": records}
+    manifest = {
+        "format": FORMAT,
+        "version": VERSION,
+        "key": key,
+        "tokenizer": tokenizer_stamp(encoder),
+        "documents_version": DOCUMENTS_VERSION,
+        "source": source,
+        "dtype": dtype.name,
+        "tokens": offset,
+        "documents": sum(r["documents"] for r in records),
+        "shard_documents": shard_documents,
+        "document_index": DOCUMENT_INDEX,
+        "shards": records,
+    }
     write_atomically(os.path.join(out, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
 
 
-def resolve_source(target: str, split: str, dataset_path: str | None,
-                   tokenizer: str | None) -> tuple[str, str | None, str, DocumentEncoder]:
+def resolve_source(
+    target: str, split: str, dataset_path: str | None, tokenizer: str | None
+) -> tuple[str, str | None, str, DocumentEncoder]:
     """(dataset, path, config field, encoder) named by CONFIG_OR_DATASET: a training TOML's
     ``[training]`` (train) or ``[validation]`` section and its ``[model]``'s tokenizer, or a
     registered dataset name and ``--tokenizer`` (GPT-2's BPE without it)."""
@@ -215,8 +263,9 @@ def resolve_source(target: str, split: str, dataset_path: str | None,
     if target in CORPORA:
         return target, dataset_path, "--dataset", chosen or GPT2_BPE
     if not (target.endswith(".toml") or os.path.isfile(target)):
-        raise DataConfigError(f"CONFIG_OR_DATASET: {target!r} is neither a .toml file nor a dataset "
-                              f"(choose from {sorted(CORPORA)})")
+        raise DataConfigError(
+            f"CONFIG_OR_DATASET: {target!r} is neither a .toml file nor a dataset (choose from {sorted(CORPORA)})"
+        )
     section = "training" if split == "train" else "validation"
     toml = read_toml(target, "CONFIG_OR_DATASET")
     table = toml.get(section, {})
@@ -230,17 +279,27 @@ def resolve_source(target: str, split: str, dataset_path: str | None,
 
 def prepare(options: argparse.Namespace) -> dict[str, Any]:
     """Check the source, then write (or finish) the store; its manifest."""
-    dataset, path, field, encoder = resolve_source(options.target, options.split, options.dataset_path,
-                                                   options.tokenizer)
+    dataset, path, field, encoder = resolve_source(
+        options.target, options.split, options.dataset_path, options.tokenizer
+    )
     if is_store(path):
         raise DataConfigError(f"{field}_path: {path} is a token store already; name the corpus it was made from")
     check_dataset(dataset, path, field)
-    source = {"dataset": dataset, "split": options.split,
-              "path": os.path.abspath(os.path.expanduser(path)) if path else None,
-              "identity": documents_identity(dataset, options.split, path, field)}
+    source = {
+        "dataset": dataset,
+        "split": options.split,
+        "path": os.path.abspath(os.path.expanduser(path)) if path else None,
+        "identity": documents_identity(dataset, options.split, path, field),
+    }
     try:
-        return write_store(iter_documents(dataset, options.split, path, field), options.out, source,
-                           workers=options.workers, shard_documents=options.shard_documents, encoder=encoder)
+        return write_store(
+            iter_documents(dataset, options.split, path, field),
+            options.out,
+            source,
+            workers=options.workers,
+            shard_documents=options.shard_documents,
+            encoder=encoder,
+        )
     except OSError as e:  # e.g. a full disk; "--out" names the culprit when the file is the store's
         where = str(e.filename or options.out)
         inside = os.path.abspath(where).startswith(os.path.abspath(options.out))

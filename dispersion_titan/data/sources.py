@@ -92,8 +92,14 @@ def _cached(path: str, repo: str, config: str, split: str, field: str) -> datase
     from datasets.packaged_modules.cache.cache import Cache
 
     try:
-        builder = Cache(cache_dir=path, repo_id=repo, dataset_name=repo.split("/")[1],
-                        config_name=config, version="auto", hash="auto")
+        builder = Cache(
+            cache_dir=path,
+            repo_id=repo,
+            dataset_name=repo.split("/")[1],
+            config_name=config,
+            version="auto",
+            hash="auto",
+        )
     except ValueError as e:  # the cache holds other configs only
         raise DataConfigError(f"{field}: {path}: {str(e).splitlines()[0]}") from None
     _split_of(builder.info.splits or {}, split, path, field)
@@ -154,7 +160,7 @@ def file_texts(files: list[str], field: str) -> Iterator[str]:
     column = rows.data.column("text")
     if column.null_count:
         index = pyarrow.compute.index(pyarrow.compute.is_null(column), True).as_py()
-        raise DataConfigError(f"{field}: {_row_without_text(files, index)}; give every row a \"text\" string")
+        raise DataConfigError(f'{field}: {_row_without_text(files, index)}; give every row a "text" string')
     return iter_text(rows)
 
 
@@ -171,8 +177,8 @@ def _row_without_text(files: list[str], index: int) -> str:
                 except ValueError:
                     continue
                 if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    return f"{path}: line {number} has no \"text\""
-    return f"row {index + 1} of {', '.join(files)} has no \"text\""
+                    return f'{path}: line {number} has no "text"'
+    return f'row {index + 1} of {", ".join(files)} has no "text"'
 
 
 def check_local_copy(path: str, field: str) -> None:

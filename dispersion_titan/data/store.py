@@ -38,8 +38,16 @@ DOCUMENT_INDEX = "documents.npy"
 PREPARE = "python -m dispersion_titan.data prepare"
 _MAPPED_SHARDS = 64
 _DTYPES = ("uint16", "uint32")
-_MANIFEST_KEYS = ("tokenizer", "documents_version", "source", "dtype", "tokens", "documents",
-                  "shard_documents", "shards")
+_MANIFEST_KEYS = (
+    "tokenizer",
+    "documents_version",
+    "source",
+    "dtype",
+    "tokens",
+    "documents",
+    "shard_documents",
+    "shards",
+)
 
 
 def shard_name(index: int) -> str:
@@ -48,8 +56,12 @@ def shard_name(index: int) -> str:
 
 def tokenizer_stamp(encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
     """What a store's token ids depend on, as recorded in its manifest."""
-    return {"name": encoder.name, "sha256": encoder.fingerprint(), "n_vocab": encoder.vocab_size,
-            "special_tokens": {encoder.eos_token: encoder.eos_id}}
+    return {
+        "name": encoder.name,
+        "sha256": encoder.fingerprint(),
+        "n_vocab": encoder.vocab_size,
+        "special_tokens": {encoder.eos_token: encoder.eos_id},
+    }
 
 
 def is_store(path: str | None) -> bool:
@@ -75,8 +87,9 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
     is a one-line ``DataConfigError`` naming ``field`` and the file."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.exists(path):
-        raise DataConfigError(f"{field}: {path}: missing: the token store is unfinished; "
-                              f"rerun {PREPARE} with --out {folder}")
+        raise DataConfigError(
+            f"{field}: {path}: missing: the token store is unfinished; rerun {PREPARE} with --out {folder}"
+        )
     try:
         with open(path, "rb") as f:
             manifest = json.load(f)
@@ -85,8 +98,10 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataConfigError(f"{field}: {path}: corrupt manifest (not a {FORMAT} manifest)")
     if manifest.get("version") != VERSION:
-        raise DataConfigError(f"{field}: {path}: format version {manifest.get('version')!r}, this code reads "
-                              f"{VERSION}; rebuild it with {PREPARE}")
+        raise DataConfigError(
+            f"{field}: {path}: format version {manifest.get('version')!r}, this code reads "
+            f"{VERSION}; rebuild it with {PREPARE}"
+        )
     missing = [k for k in _MANIFEST_KEYS if k not in manifest]
     if missing:
         raise DataConfigError(f"{field}: {path}: corrupt manifest (no {', '.join(missing)})")
@@ -97,21 +112,33 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
 
 def _well_formed(manifest: dict[str, Any]) -> bool:
     shards = manifest["shards"]
-    return (isinstance(manifest["source"], dict) and isinstance(manifest["tokenizer"], dict)
-            and isinstance(manifest["tokens"], int) and isinstance(shards, list)
-            and all(isinstance(s, dict) and isinstance(s.get("tokens"), int) and isinstance(s.get("file"), str)
-                    and os.path.basename(s["file"]) == s["file"] for s in shards))
+    return (
+        isinstance(manifest["source"], dict)
+        and isinstance(manifest["tokenizer"], dict)
+        and isinstance(manifest["tokens"], int)
+        and isinstance(shards, list)
+        and all(
+            isinstance(s, dict)
+            and isinstance(s.get("tokens"), int)
+            and isinstance(s.get("file"), str)
+            and os.path.basename(s["file"]) == s["file"]
+            for s in shards
+        )
+    )
 
 
 def stale_reason(manifest: dict[str, Any], encoder: DocumentEncoder = GPT2_BPE) -> str | None:
     """Why a store's tokens differ from what ``encoder`` would produce here, if they do."""
     made_with = manifest["tokenizer"].get("sha256")
     if made_with != encoder.fingerprint():
-        return (f"made with another tokenizer (sha256 {str(made_with)[:12]}…, "
-                f"this run's is {encoder.fingerprint()[:12]}…)")
+        return (
+            f"made with another tokenizer (sha256 {str(made_with)[:12]}…, this run's is {encoder.fingerprint()[:12]}…)"
+        )
     if manifest["documents_version"] != DOCUMENTS_VERSION:
-        return (f"made with text → documents rules version {manifest['documents_version']}, "
-                f"this installation's is {DOCUMENTS_VERSION}")
+        return (
+            f"made with text → documents rules version {manifest['documents_version']}, "
+            f"this installation's is {DOCUMENTS_VERSION}"
+        )
     return None
 
 
@@ -176,8 +203,9 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
     for shard in manifest["shards"]:
         _check_shard(folder, shard, dtype, field)
     if not manifest["shards"] or sum(shard["tokens"] for shard in manifest["shards"]) != manifest["tokens"]:
-        raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (its shards do not hold "
-                              f"its {manifest['tokens']} tokens)")
+        raise DataConfigError(
+            f"{field}: {manifest_path}: corrupt manifest (its shards do not hold its {manifest['tokens']} tokens)"
+        )
     return TokenStore(folder, manifest, dtype)
 
 
@@ -189,6 +217,8 @@ def _check_shard(folder: str, shard: dict[str, Any], dtype: np.dtype, field: str
     except OSError:
         raise DataConfigError(f"{field}: {path}: missing (listed in {os.path.join(folder, MANIFEST)})") from None
     if size != expected:
-        raise DataConfigError(f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
-                              f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
-                              f"with --out {folder}")
+        raise DataConfigError(
+            f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
+            f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
+            f"with --out {folder}"
+        )

@@ -124,21 +124,29 @@ class StreamingPackedDataset(RankSlice):
                 if covered > start:
                     pending.append(document)
             self.resume = pending[0].point
-            window = np.concatenate([
-                d.tokens[max(start - d.point.position, 0) : end - d.point.position]
-                for d in pending if d.point.position < end
-            ])
+            window = np.concatenate(
+                [
+                    d.tokens[max(start - d.point.position, 0) : end - d.point.position]
+                    for d in pending
+                    if d.point.position < end
+                ]
+            )
             self.samples_yielded += 1
             yield self.sample(window)
 
     def state_dict(self) -> dict[str, Any]:
         point = self.resume
-        return {**super().state_dict(), "epoch": point.epoch, "rows_state": point.rows_state,
-                "position": point.position}
+        return {
+            **super().state_dict(),
+            "epoch": point.epoch,
+            "rows_state": point.rows_state,
+            "position": point.position,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """A state without a resume point (saved by a token-store run of this corpus)
         resumes too, by reading the stream from its start up to the samples yielded."""
         super().load_state_dict(state_dict)
-        self.resume = ResumePoint(state_dict.get("epoch", 0), state_dict.get("rows_state"),
-                                  state_dict.get("position", 0))
+        self.resume = ResumePoint(
+            state_dict.get("epoch", 0), state_dict.get("rows_state"), state_dict.get("position", 0)
+        )

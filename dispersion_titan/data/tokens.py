@@ -62,8 +62,9 @@ def cache_key(identity: dict[str, Any], encoder: DocumentEncoder = GPT2_BPE) -> 
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def cached_tokens(identity: dict[str, Any] | None, build: Callable[[], np.ndarray],
-                  encoder: DocumentEncoder = GPT2_BPE) -> np.ndarray:
+def cached_tokens(
+    identity: dict[str, Any] | None, build: Callable[[], np.ndarray], encoder: DocumentEncoder = GPT2_BPE
+) -> np.ndarray:
     """``build()``'s tokens (made by ``encoder``), read from (or first written to) the cache."""
     folder = cache_dir()
     if identity is None or folder is None:

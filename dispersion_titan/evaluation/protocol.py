@@ -55,8 +55,11 @@ def run_protocol(model_name: str) -> tuple[str, str | None]:
     """The protocol of a run of family ``model_name``, and a note when no authors' protocol matches it."""
     if model_name in FAMILY_PROTOCOLS:
         return FAMILY_PROTOCOLS[model_name], None
-    return DEFAULT_PROTOCOL, (f"note: the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
-                              f"(--protocol {' or '.join(EVALUATION_PROTOCOLS)} chooses)")
+    return DEFAULT_PROTOCOL, (
+        f"note: the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
+        f"(--protocol {' or '.join(EVALUATION_PROTOCOLS)} chooses)"
+    )
+
 
 BEST_STEP = ("auto", "per-seed", "averaged")
 """``evaluate table --best-step``: ``auto`` (the default) chooses the best step per seed for
@@ -80,8 +83,12 @@ class EvaluationPlan:
 
     def settings(self) -> dict:
         """What makes two evaluations of one checkpoint comparable (stored with each)."""
-        return {"protocol": self.protocol, "tasks": list(self.tasks), "num_fewshot": self.num_fewshot,
-                "limit": self.limit}
+        return {
+            "protocol": self.protocol,
+            "tasks": list(self.tasks),
+            "num_fewshot": self.num_fewshot,
+            "limit": self.limit,
+        }
 
 
 def task_names(spec: str) -> tuple[str, ...]:
@@ -94,8 +101,9 @@ def task_names(spec: str) -> tuple[str, ...]:
     return names
 
 
-def build_plan(tasks: str | None, num_fewshot: int | None, limit: int | None | str,
-               protocol: str = DEFAULT_PROTOCOL) -> EvaluationPlan:
+def build_plan(
+    tasks: str | None, num_fewshot: int | None, limit: int | None | str, protocol: str = DEFAULT_PROTOCOL
+) -> EvaluationPlan:
     """The protocol's plan, with --tasks / --num-fewshot / --limit replacing its parts.
     Tasks outside the protocol keep their own few-shot default unless --num-fewshot;
     ``limit`` "all" evaluates every example."""

@@ -19,8 +19,8 @@ from ..run_folder.checkpoints import (
     run_of,
 )
 from ..run_folder.outputs import ensure_writable, listed
-from ..run_folder.steps import select_steps
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import resolve_device
 from ..utils.errors import CheckpointError
@@ -130,12 +130,18 @@ class RunEvaluation:
                 continue
             write_result(self.out, checkpoint.step, result)
             mean = mean_accuracy(result_scores(result))
-            print(f"step {checkpoint.step}: mean acc {'-' if mean is None else f'{mean:.4f}'} "
-                  f"({result[OURS]['seconds']:.1f} s)", flush=True)
+            print(
+                f"step {checkpoint.step}: mean acc {'-' if mean is None else f'{mean:.4f}'} "
+                f"({result[OURS]['seconds']:.1f} s)",
+                flush=True,
+            )
         self._write_summary()
         if failed:
-            print(f"dispersion_titan: error: {len(failed)} of {len(self.selected)} checkpoints could not be "
-                  f"evaluated: {', '.join(failed)}", file=sys.stderr)
+            print(
+                f"dispersion_titan: error: {len(failed)} of {len(self.selected)} checkpoints could not be "
+                f"evaluated: {', '.join(failed)}",
+                file=sys.stderr,
+            )
         return len(failed)
 
     def _evaluate_step(self, checkpoint: StepCheckpoint) -> dict:
@@ -148,18 +154,31 @@ class RunEvaluation:
         plan = self.options.plan
         merged: dict = {}
         with hf_export(checkpoint.path, self.out) as folder:
-            lm = HFLM(pretrained=folder, device=str(self.device), dtype=HF_DTYPES[self.options.dtype],
-                      batch_size=self.options.batch_size)
+            lm = HFLM(
+                pretrained=folder,
+                device=str(self.device),
+                dtype=HF_DTYPES[self.options.dtype],
+                batch_size=self.options.batch_size,
+            )
             for index, name in enumerate(plan.tasks, 1):
                 task_start = time.time()
-                result = simple_evaluate(model=lm, tasks=self.objects[name], task_manager=self.tasks.manager,
-                                         num_fewshot=plan.num_fewshot[name], limit=plan.limit,
-                                         batch_size=self.options.batch_size, device=str(self.device),
-                                         log_samples=False, **self.seeds)
+                result = simple_evaluate(
+                    model=lm,
+                    tasks=self.objects[name],
+                    task_manager=self.tasks.manager,
+                    num_fewshot=plan.num_fewshot[name],
+                    limit=plan.limit,
+                    batch_size=self.options.batch_size,
+                    device=str(self.device),
+                    log_samples=False,
+                    **self.seeds,
+                )
                 merge(merged, result)
-                print(f"step {checkpoint.step} [{index}/{len(plan.tasks)}] {name}: "
-                      f"{_metrics_line(result['results'].get(name, {}))} ({time.time() - task_start:.1f} s)",
-                      flush=True)
+                print(
+                    f"step {checkpoint.step} [{index}/{len(plan.tasks)}] {name}: "
+                    f"{_metrics_line(result['results'].get(name, {}))} ({time.time() - task_start:.1f} s)",
+                    flush=True,
+                )
         merged[OURS] = {
             "settings": self.settings,
             "lm_eval_version": merged.get("lm_eval_version"),
@@ -180,8 +199,10 @@ class RunEvaluation:
         results = read_evaluations(self.out)
         other = sorted(step for step, result in results.items() if settings(result) != self.settings)
         if other:
-            print(f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
-                  "summary.csv keeps their rows, and each step-N/results.json its settings")
+            print(
+                f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
+                "summary.csv keeps their rows, and each step-N/results.json its settings"
+            )
         if results:
             print(f"results: {write_summary(self.out, list(results.values()))}")
 
@@ -191,12 +212,16 @@ def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
     LMEvalCallback; none (lm-eval's defaults, in its ``config``) for a run that recorded none."""
     if training_seed is None:
         return {}
-    return dict.fromkeys(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"),
-                         int(training_seed))
+    return dict.fromkeys(
+        ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), int(training_seed)
+    )
 
 
 def _metrics_line(metrics: dict) -> str:
     """lm-eval's main numbers of one task, e.g. ``acc 0.2500, acc_norm 0.3000``."""
-    shown = [f"{key.split(',')[0]} {value:.4f}" for key, value in metrics.items()
-             if isinstance(value, float) and "_stderr" not in key]
+    shown = [
+        f"{key.split(',')[0]} {value:.4f}"
+        for key, value in metrics.items()
+        if isinstance(value, float) and "_stderr" not in key
+    ]
     return ", ".join(shown) or "no metrics"

@@ -44,8 +44,10 @@ def evaluation_folder(run: str) -> str:
         raise EvaluationError(f"{run}: no such folder")
     folder = find_results_folder(run, "evaluation", RESULT_FILE)
     if folder is None:
-        raise EvaluationError(f"{run}: no evaluations here or in {os.path.join(run, 'evaluation')} "
-                              f"(run python -m dispersion_titan.evaluate {run} first)")
+        raise EvaluationError(
+            f"{run}: no evaluations here or in {os.path.join(run, 'evaluation')} "
+            f"(run python -m dispersion_titan.evaluate {run} first)"
+        )
     return folder
 
 
@@ -65,11 +67,16 @@ class Selection:
     def __str__(self) -> str:
         if self.rule != "best":
             return self.rule
-        per = {"auto": "per seed for mid-training arms, on the seed-averaged curve for from-scratch arms",
-               "per-seed": "per seed", "averaged": "on the seed-averaged curve"}[self.best_step]
+        per = {
+            "auto": "per seed for mid-training arms, on the seed-averaged curve for from-scratch arms",
+            "per-seed": "per seed",
+            "averaged": "on the seed-averaged curve",
+        }[self.best_step]
         k = self.num_ckpt or f"{MIDTRAIN_NUM_CKPT} mid-training, {SCRATCH_NUM_CKPT} from scratch"
-        return (f"best of the steps the authors evaluate (every floor(T/K)+1 steps, K = {k}, and the last"
-                f"{', and step 0' if self.include_initial else ''}; {per})")
+        return (
+            f"best of the steps the authors evaluate (every floor(T/K)+1 steps, K = {k}, and the last"
+            f"{', and step 0' if self.include_initial else ''}; {per})"
+        )
 
 
 PRETRAINED = "Pretrained"
@@ -88,8 +95,10 @@ def authors_steps(training_steps: int, num_ckpt: int = 5, include_initial: bool 
 def _training_steps(run: str, dump: str) -> int:
     steps = load_run_metadata(dump).get("training_steps")
     if not isinstance(steps, int):
-        raise EvaluationError(f"--select best: {run}: {dump}/run.json records no training_steps (a run trained "
-                              "before it was recorded); use --select last or step:N")
+        raise EvaluationError(
+            f"--select best: {run}: {dump}/run.json records no training_steps (a run trained "
+            "before it was recorded); use --select last or step:N"
+        )
     return steps
 
 
@@ -102,9 +111,11 @@ def _check_fresh(folder: str, result: dict) -> None:
     dump = os.path.dirname(folder) if os.path.basename(folder) == "evaluation" else ours["run"]
     here = os.path.join(dump, os.path.relpath(ours["checkpoint"], ours["run"]))
     if identity_changed(ours.get("checkpoint_identity"), here):
-        raise EvaluationError(f"{folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
-                              "holds now (saved again or replaced since); evaluate it again with "
-                              "python -m dispersion_titan.evaluate RUN --force")
+        raise EvaluationError(
+            f"{folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
+            "holds now (saved again or replaced since); evaluate it again with "
+            "python -m dispersion_titan.evaluate RUN --force"
+        )
 
 
 @dataclass(frozen=True)
@@ -152,9 +163,11 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     wanted = authors_steps(_training_steps(run.run, run.dump), num_ckpt, selection.include_initial)
     averages = {step: mean_accuracy(result_scores(r)) for step, r in run.results.items() if step in wanted}
     if not averages:
-        raise EvaluationError(f"--select best: {run.run} has no evaluation of the steps the authors evaluate "
-                              f"({sorted(wanted)}; have {sorted(run.results)}); evaluate those steps "
-                              "(--steps), or use --select last or step:N")
+        raise EvaluationError(
+            f"--select best: {run.run} has no evaluation of the steps the authors evaluate "
+            f"({sorted(wanted)}; have {sorted(run.results)}); evaluate those steps "
+            "(--steps), or use --select last or step:N"
+        )
     _check_alike(run.folder, [run.results[step] for step in averages])
     if None in averages.values():
         raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
@@ -192,13 +205,17 @@ def select_averaged(runs: list[Evaluated], selection: Selection) -> list[RunScor
     """``--select best`` on the seed-averaged curve (the authors' pre-training ``plot_results.py``):
     per step, the mean over the arm's seeds of their mean accuracy; the best step, for every seed."""
     per_run = [_candidates(run, selection) for run in runs]
-    curve = {step: float(np.mean([c[step] for c in per_run if step in c]))
-             for step in sorted({step for c in per_run for step in c})}
+    curve = {
+        step: float(np.mean([c[step] for c in per_run if step in c]))
+        for step in sorted({step for c in per_run for step in c})
+    }
     best = _best(curve)
     lacking = [run.run for run, c in zip(runs, per_run, strict=True) if best not in c]
     if lacking:
-        raise EvaluationError(f"--select best: {lacking[0]} has no evaluation of step {best}, the best on its arm's "
-                              "seed-averaged curve; evaluate it (--steps), or use --best-step per-seed")
+        raise EvaluationError(
+            f"--select best: {lacking[0]} has no evaluation of step {best}, the best on its arm's "
+            "seed-averaged curve; evaluate it (--steps), or use --best-step per-seed"
+        )
     return [_chosen(run, best, list(c)) for run, c in zip(runs, per_run, strict=True)]
 
 
@@ -256,8 +273,10 @@ def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
     for (name, _), runs in groups.items():
         label = name or next(labels)
         if label in by_arm or label == PRETRAINED:
-            raise EvaluationError(f"arm {label!r}: named explicitly and also found by grouping (or named "
-                                  f"{PRETRAINED}, the table's own row); rename one")
+            raise EvaluationError(
+                f"arm {label!r}: named explicitly and also found by grouping (or named "
+                f"{PRETRAINED}, the table's own row); rename one"
+            )
         by_arm[label] = runs
     return by_arm
 
@@ -266,8 +285,10 @@ def _check_comparable(runs: list[RunScores]) -> None:
     first = runs[0]
     for other in runs[1:]:
         if other.settings != first.settings:
-            raise EvaluationError(f"{other.run} was evaluated with other settings than {first.run} "
-                                  f"({differences(first.settings, other.settings)}); evaluate both alike")
+            raise EvaluationError(
+                f"{other.run} was evaluated with other settings than {first.run} "
+                f"({differences(first.settings, other.settings)}); evaluate both alike"
+            )
 
 
 def _std(values: list[float]) -> float:
@@ -308,8 +329,10 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
         runs = [run for run in found[arm] if 0 in run.results] if arm is not None else []
         if not runs:
             where = f"the runs of {arm} have no evaluation of step 0" if arm else "every arm uses a dispersion loss"
-            return [], (f"No Pretrained row: {where} (evaluate --steps 0 adds it, or --pretrained RUN names the "
-                        "model before training).")
+            return [], (
+                f"No Pretrained row: {where} (evaluate --steps 0 adds it, or --pretrained RUN names the "
+                "model before training)."
+            )
         return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 (before mid-training) of {arm}'s runs."
     runs = [evaluated(run) for run in spec.split(",")]
     for run in runs:
@@ -320,13 +343,19 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
 
 def _summary(name: str, runs: list[RunScores], columns: list[str]) -> dict:
     averages = [r.average for r in runs]
-    return {"name": name, "runs": runs, "mean": {c: float(np.mean([r.scores[c] for r in runs])) for c in columns},
-            "std": {c: _std([r.scores[c] for r in runs]) for c in columns},
-            "average_mean": float(np.mean(averages)), "average_std": _std(averages)}
+    return {
+        "name": name,
+        "runs": runs,
+        "mean": {c: float(np.mean([r.scores[c] for r in runs])) for c in columns},
+        "std": {c: _std([r.scores[c] for r in runs]) for c in columns},
+        "average_mean": float(np.mean(averages)),
+        "average_std": _std(averages),
+    }
 
 
-def arm_rows(by_arm: dict[str, list[RunScores]], reference: str,
-             test: str = "student") -> tuple[list[str], list[ArmRow]]:
+def arm_rows(
+    by_arm: dict[str, list[RunScores]], reference: str, test: str = "student"
+) -> tuple[list[str], list[ArmRow]]:
     """The table's columns (``task/metric``) and one row per arm."""
     columns = list(next(iter(by_arm.values()))[0].scores)
     accuracy = [c for c in columns if is_accuracy(c)]
@@ -337,8 +366,13 @@ def arm_rows(by_arm: dict[str, list[RunScores]], reference: str,
     reference_averages = [r.average for r in by_arm[reference]]
     rows = []
     for (arm, runs), rank in zip(by_arm.items(), ranks, strict=True):
-        rows.append(ArmRow(**summaries[arm], rank=float(rank), p_value=None if arm == reference else
-                           t_test_p([r.average for r in runs], reference_averages, test)))
+        rows.append(
+            ArmRow(
+                **summaries[arm],
+                rank=float(rank),
+                p_value=None if arm == reference else t_test_p([r.average for r in runs], reference_averages, test),
+            )
+        )
     return columns, rows
 
 
@@ -350,9 +384,12 @@ def pretrained_row(runs: list[RunScores], columns: list[str]) -> ArmRow:
 def difference(row: ArmRow, pretrained: ArmRow | None, columns: list[str]) -> dict[str, float | None]:
     """The row's means minus the Pretrained row's, per column and for the average (the authors'
     second line of each Table 2 row); None without a Pretrained row."""
-    return {key: None if pretrained is None else
-            (row.average_mean - pretrained.average_mean if key == "average" else row.mean[key] - pretrained.mean[key])
-            for key in (*columns, "average")}
+    return {
+        key: None
+        if pretrained is None
+        else (row.average_mean - pretrained.average_mean if key == "average" else row.mean[key] - pretrained.mean[key])
+        for key in (*columns, "average")
+    }
 
 
 def _cell(mean: float, std: float, column: str) -> str:
@@ -364,53 +401,94 @@ def _signed(value: float, column: str) -> str:
     return f"{value:+.{4 if is_accuracy(column) or column == 'average' else 2}f}"
 
 
-def table_markdown(columns: list[str], rows: list[ArmRow], reference: str, selection: Selection, test: str,
-                   pretrained: ArmRow | None = None, pretrained_note: str = "") -> str:
+def table_markdown(
+    columns: list[str],
+    rows: list[ArmRow],
+    reference: str,
+    selection: Selection,
+    test: str,
+    pretrained: ArmRow | None = None,
+    pretrained_note: str = "",
+) -> str:
     header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", "sig"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in ([pretrained] if pretrained else []) + rows:
-        cells = [row.name, str(len(row.runs)), *(_cell(row.mean[c], row.std[c], c) for c in columns),
-                 _cell(row.average_mean, row.average_std, "average"), "" if math.isnan(row.rank) else f"{row.rank:.2f}",
-                 "" if row.p_value is None else f"{row.p_value:.4f}", row.significance]
+        cells = [
+            row.name,
+            str(len(row.runs)),
+            *(_cell(row.mean[c], row.std[c], c) for c in columns),
+            _cell(row.average_mean, row.average_std, "average"),
+            "" if math.isnan(row.rank) else f"{row.rank:.2f}",
+            "" if row.p_value is None else f"{row.p_value:.4f}",
+            row.significance,
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Mean ± sample std over seeds. Checkpoint per run: {selection}. The average and the rank "
-              f"(1 = best) are over the accuracy columns only. p: {TESTS[test]} t-test of the per-seed averages "
-              f"against {reference} (needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001. {pretrained_note}"]
+    lines += [
+        "",
+        f"Mean ± sample std over seeds. Checkpoint per run: {selection}. The average and the rank "
+        f"(1 = best) are over the accuracy columns only. p: {TESTS[test]} t-test of the per-seed averages "
+        f"against {reference} (needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001. {pretrained_note}",
+    ]
     if pretrained:
-        lines += ["", f"Difference from {PRETRAINED} (mean − {PRETRAINED}'s mean):", "",
-                  "| arm | " + " | ".join([*columns, "average"]) + " |", "|" + "---|" * (len(columns) + 2)]
-        lines += ["| " + " | ".join([row.name, *(_signed(value, key) for key, value in
-                                                  difference(row, pretrained, columns).items())]) + " |"
-                  for row in rows]
+        lines += [
+            "",
+            f"Difference from {PRETRAINED} (mean − {PRETRAINED}'s mean):",
+            "",
+            "| arm | " + " | ".join([*columns, "average"]) + " |",
+            "|" + "---|" * (len(columns) + 2),
+        ]
+        lines += [
+            "| "
+            + " | ".join(
+                [row.name, *(_signed(value, key) for key, value in difference(row, pretrained, columns).items())]
+            )
+            + " |"
+            for row in rows
+        ]
     lines += ["", "| arm | run | step | average |", "|---|---|---|---|"]
-    lines += [f"| {row.name} | {r.run} | {r.step} | {r.average:.4f} |"
-              for row in ([pretrained] if pretrained else []) + rows for r in row.runs]
+    lines += [
+        f"| {row.name} | {r.run} | {r.step} | {r.average:.4f} |"
+        for row in ([pretrained] if pretrained else []) + rows
+        for r in row.runs
+    ]
     return "\n".join(lines) + "\n"
 
 
-def csv_rows(columns: list[str], rows: list[ArmRow], reference: str, test: str,
-             pretrained: ArmRow | None = None) -> list[dict]:
+def csv_rows(
+    columns: list[str], rows: list[ArmRow], reference: str, test: str, pretrained: ArmRow | None = None
+) -> list[dict]:
     """One line per row, the Pretrained row first; ``*_diff``: the difference from it."""
-    return [{
-        "arm": row.name,
-        "seeds": len(row.runs),
-        "runs": ";".join(r.run for r in row.runs),
-        "steps": ";".join(str(r.step) for r in row.runs),
-        **{f"{c}_{kind}": getattr(row, kind)[c] for c in columns for kind in ("mean", "std")},
-        "average_mean": row.average_mean,
-        "average_std": row.average_std,
-        "avg_rank": row.rank,
-        "reference": reference,
-        "test": test,
-        "p_value": row.p_value,
-        "significance": row.significance,
-        **{f"{key}_diff": value for key, value in difference(row, None if row is pretrained else pretrained,
-                                                             columns).items()},
-    } for row in ([pretrained] if pretrained else []) + rows]
+    return [
+        {
+            "arm": row.name,
+            "seeds": len(row.runs),
+            "runs": ";".join(r.run for r in row.runs),
+            "steps": ";".join(str(r.step) for r in row.runs),
+            **{f"{c}_{kind}": getattr(row, kind)[c] for c in columns for kind in ("mean", "std")},
+            "average_mean": row.average_mean,
+            "average_std": row.average_std,
+            "avg_rank": row.rank,
+            "reference": reference,
+            "test": test,
+            "p_value": row.p_value,
+            "significance": row.significance,
+            **{
+                f"{key}_diff": value
+                for key, value in difference(row, None if row is pretrained else pretrained, columns).items()
+            },
+        }
+        for row in ([pretrained] if pretrained else []) + rows
+    ]
 
 
-def table(specs: list[str], out: str, selection: Selection, reference: str | None, test: str = "student",
-          pretrained: str = "auto") -> str:
+def table(
+    specs: list[str],
+    out: str,
+    selection: Selection,
+    reference: str | None,
+    test: str = "student",
+    pretrained: str = "auto",
+) -> str:
     """Write ``table.md``, ``table.csv`` and ``table.png``; return the Markdown table."""
     found = evaluated_arms(specs)
     by_arm = {arm: select_arm(runs, selection) for arm, runs in found.items()}
@@ -427,6 +505,7 @@ def table(specs: list[str], out: str, selection: Selection, reference: str | Non
     with owned(out, TABLE):
         atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
-        average_accuracy_figure(rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test],
-                                os.path.join(out, "table.png"))
+        average_accuracy_figure(
+            rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test], os.path.join(out, "table.png")
+        )
     return text

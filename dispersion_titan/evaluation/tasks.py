@@ -51,8 +51,9 @@ class Tasks:
         unknown = [name for name in names if name not in self.manager.all_tasks]
         if unknown:
             where = f"lm-eval {_lm_eval_version()}" + (f" or {self.include_path}" if self.include_path else "")
-            raise EvaluationError(f"--tasks: unknown task {', '.join(unknown)} (not in {where}; "
-                                  "lm-eval --tasks list shows the names)")
+            raise EvaluationError(
+                f"--tasks: unknown task {', '.join(unknown)} (not in {where}; lm-eval --tasks list shows the names)"
+            )
 
     def load(self) -> dict[str, list[Any]]:
         """Each name's lm-eval Task or Group objects, built once (datasets are fetched
@@ -66,10 +67,14 @@ class Tasks:
                     loaded = self.manager.load([name])
                 except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many types
                     message = str(e).splitlines()[0] if str(e) else ""
-                    why = (f"; not in the local Hugging Face cache, and the hub is not asked: {offline}"
-                           if offline and isinstance(e, ConnectionError) else "")
-                    raise EvaluationError(f"--tasks: {name}: cannot be loaded{why} "
-                                          f"({type(e).__name__}: {message})") from None
+                    why = (
+                        f"; not in the local Hugging Face cache, and the hub is not asked: {offline}"
+                        if offline and isinstance(e, ConnectionError)
+                        else ""
+                    )
+                    raise EvaluationError(
+                        f"--tasks: {name}: cannot be loaded{why} ({type(e).__name__}: {message})"
+                    ) from None
                 top = loaded["groups"].get(name) or loaded["tasks"].get(name)
                 objects[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: its tasks
         return objects

@@ -91,8 +91,10 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
     if d.points not in POINTS:
         raise ConfigError(f"dispersion.points: {d.points!r} is not one of {POINTS}")
     if d.kernel == "triton" and d.variant != "none" and not _triton_device_here():
-        raise ConfigError("dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
-                          "use 'auto' (the PyTorch strips on CPU) or 'torch'")
+        raise ConfigError(
+            "dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
+            "use 'auto' (the PyTorch strips on CPU) or 'torch'"
+        )
     try:
         resolve_layers(d.layers, n_layers)
     except ValueError as e:
@@ -100,9 +102,11 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
     # Every layout hands each rank whole sequences for the term (TP ranks exchange them:
     # trainer/sequence_parallel.py), so a rank's sequences hold seq_len tokens each.
     if d.variant != "none" and config.training.seq_len < 2:
-        raise ConfigError(f"training.seq_len: {config.training.seq_len} token per sequence leaves no pair of tokens "
-                          f"for the {d.variant} term (as dispersion.max_tokens, it needs >= 2); use a longer "
-                          "sequence, or dispersion.variant = \"none\"")
+        raise ConfigError(
+            f"training.seq_len: {config.training.seq_len} token per sequence leaves no pair of tokens "
+            f"for the {d.variant} term (as dispersion.max_tokens, it needs >= 2); use a longer "
+            'sequence, or dispersion.variant = "none"'
+        )
 
 
 CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (docs/training.md#cpu)"
@@ -116,8 +120,9 @@ def check_runs_here(config: RunConfig) -> None:
 
     c = config.compile
     if c.enable and c.backend == "inductor" and not torch.cuda.is_available():
-        raise ConfigError(f"compile.enable: true compiles with inductor for GPUs and torch sees none here; "
-                          f"{CPU_PROFILE_HINT}")
+        raise ConfigError(
+            f"compile.enable: true compiles with inductor for GPUs and torch sees none here; {CPU_PROFILE_HINT}"
+        )
 
 
 def _triton_device_here() -> bool:
@@ -137,8 +142,10 @@ def run_tokenizer(config: RunConfig) -> DocumentEncoder | None:
         return hf_tokenizer(os.path.expanduser(folder))
     if is_hub_id(folder):
         return None
-    raise ConfigError(f"model.hf_assets_path: {folder}: no such folder; give the {config.model.name} model's "
-                      "Hugging Face folder or hub id (its tokenizer.json), or \"\" for GPT-2's BPE")
+    raise ConfigError(
+        f"model.hf_assets_path: {folder}: no such folder; give the {config.model.name} model's "
+        'Hugging Face folder or hub id (its tokenizer.json), or "" for GPT-2\'s BPE'
+    )
 
 
 def check_model(config: RunConfig, args: Any) -> None:
@@ -152,9 +159,15 @@ def check_model(config: RunConfig, args: Any) -> None:
         value = getattr(args, key, 0.0)
         if not 0 <= value < 1:
             raise ConfigError(f"model.{key}: must be in [0, 1), got {value}")
-        if value and config.activation_checkpoint.mode != "none" and not config.activation_checkpoint.preserve_rng_state:
-            raise ConfigError(f"activation_checkpoint.preserve_rng_state: model.{key} = {value} needs it true "
-                              "(the recomputation must draw the same dropout masks)")
+        if (
+            value
+            and config.activation_checkpoint.mode != "none"
+            and not config.activation_checkpoint.preserve_rng_state
+        ):
+            raise ConfigError(
+                f"activation_checkpoint.preserve_rng_state: model.{key} = {value} needs it true "
+                "(the recomputation must draw the same dropout masks)"
+            )
     if "head_dim" not in args.OVERRIDES and args.dim % args.n_heads:  # heads of width dim / n_heads
         raise ConfigError(f"model.dim: {args.dim} is not divisible by model.n_heads={args.n_heads}")
     tp = config.parallelism.tensor_parallel_degree
@@ -193,10 +206,13 @@ def check_model(config: RunConfig, args: Any) -> None:
             f"model.vocab_size: {args.vocab_size} is smaller than the {which} tokenizer's {tokenizer.vocab_size} ids"
         )
     if config.parallelism.pipeline_parallel_degree != 1:
-        raise ConfigError(f"parallelism.pipeline_parallel_degree: dispersion_titan's {name} does not support pipelining")
+        raise ConfigError(
+            f"parallelism.pipeline_parallel_degree: dispersion_titan's {name} does not support pipelining"
+        )
     if config.parallelism.context_parallel_degree != 1:
-        raise ConfigError(f"parallelism.context_parallel_degree: dispersion_titan's {name} does not support "
-                          "context parallel")
+        raise ConfigError(
+            f"parallelism.context_parallel_degree: dispersion_titan's {name} does not support context parallel"
+        )
 
 
 def check_data(config: RunConfig) -> None:
@@ -208,8 +224,7 @@ def check_data(config: RunConfig) -> None:
             tokenizer = run_tokenizer(config)
             if is_store(cfg.dataset_path):  # a stale or damaged token store fails here, before any rank starts
                 if tokenizer is not None:
-                    open_store(cfg.dataset_path, cfg.dataset, SPLIT_OF[section], f"{section}.dataset_path",
-                               tokenizer)
+                    open_store(cfg.dataset_path, cfg.dataset, SPLIT_OF[section], f"{section}.dataset_path", tokenizer)
             else:
                 check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
         except DataConfigError as e:
@@ -225,8 +240,10 @@ def check_data(config: RunConfig) -> None:
 def check_checkpoint(config: RunConfig, world_size: int) -> None:
     ckpt = config.checkpoint
     if ckpt.create_seed_checkpoint and (world_size != 1 or not ckpt.enable):
-        raise ConfigError("checkpoint.create_seed_checkpoint: needs one process (NPROC=1) and checkpoint.enable, "
-                          f"got {world_size} processes and enable = {ckpt.enable}")
+        raise ConfigError(
+            "checkpoint.create_seed_checkpoint: needs one process (NPROC=1) and checkpoint.enable, "
+            f"got {world_size} processes and enable = {ckpt.enable}"
+        )
     if ckpt.enable and ckpt.interval < 1:
         raise ConfigError(f"checkpoint.interval: must be >= 1, got {ckpt.interval}")
     if ckpt.save_initial and ckpt.keep_latest_k > 0:
@@ -245,19 +262,27 @@ def resolve_replicate_degree(config: RunConfig, world_size: int) -> None:
     others = p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree
     if p.data_parallel_replicate_degree == -1:
         if p.data_parallel_shard_degree != 1:
-            raise ConfigError(f"parallelism.data_parallel_replicate_degree: -1 (replicate over every process) "
-                              f"needs data_parallel_shard_degree = 1, not {p.data_parallel_shard_degree}")
+            raise ConfigError(
+                f"parallelism.data_parallel_replicate_degree: -1 (replicate over every process) "
+                f"needs data_parallel_shard_degree = 1, not {p.data_parallel_shard_degree}"
+            )
         if world_size % others:
-            raise ConfigError(f"parallelism: {world_size} processes are not divisible by "
-                              f"tensor × context × pipeline parallel degrees = {others}")
+            raise ConfigError(
+                f"parallelism: {world_size} processes are not divisible by "
+                f"tensor × context × pipeline parallel degrees = {others}"
+            )
         p.data_parallel_replicate_degree = world_size // others
     elif p.data_parallel_replicate_degree < 1:
-        raise ConfigError(f"parallelism.data_parallel_replicate_degree: {p.data_parallel_replicate_degree}; "
-                          "use a count >= 1, or -1 for every process")
+        raise ConfigError(
+            f"parallelism.data_parallel_replicate_degree: {p.data_parallel_replicate_degree}; "
+            "use a count >= 1, or -1 for every process"
+        )
     if p.data_parallel_replicate_degree > 1 and p.data_parallel_shard_degree == 1 and others > 1:
-        raise ConfigError("parallelism.data_parallel_replicate_degree: replicated parameters (DDP) with tensor, "
-                          "context or pipeline parallelism train without mixed precision in TorchTitan 0.2.2; "
-                          "shard instead (data_parallel_shard_degree = -1)")
+        raise ConfigError(
+            "parallelism.data_parallel_replicate_degree: replicated parameters (DDP) with tensor, "
+            "context or pipeline parallelism train without mixed precision in TorchTitan 0.2.2; "
+            "shard instead (data_parallel_shard_degree = -1)"
+        )
 
 
 def data_parallel_degree(config: RunConfig, world_size: int) -> int:
@@ -266,13 +291,17 @@ def data_parallel_degree(config: RunConfig, world_size: int) -> int:
     others = p.tensor_parallel_degree * p.context_parallel_degree * p.pipeline_parallel_degree
     if p.data_parallel_shard_degree == -1 or p.data_parallel_replicate_degree == -1:
         if world_size % others:
-            raise ConfigError(f"parallelism: {world_size} processes are not divisible by "
-                              f"tensor × context × pipeline parallel degrees = {others}")
+            raise ConfigError(
+                f"parallelism: {world_size} processes are not divisible by "
+                f"tensor × context × pipeline parallel degrees = {others}"
+            )
         return world_size // others
     dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
     if dp * others != world_size:
-        raise ConfigError(f"parallelism: data_parallel_replicate_degree × data_parallel_shard_degree × "
-                          f"tensor × context × pipeline = {dp * others}, but there are {world_size} processes")
+        raise ConfigError(
+            f"parallelism: data_parallel_replicate_degree × data_parallel_shard_degree × "
+            f"tensor × context × pipeline = {dp * others}, but there are {world_size} processes"
+        )
     return dp
 
 
@@ -298,8 +327,10 @@ def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
     else:
         raise ConfigError("training.local_batch_size: 0 (derive it) needs a training.global_batch_size > 0")
     if size % dp:
-        raise ConfigError(f"training.global_batch_size: {size} sequences cannot be split over {dp} "
-                          f"data-parallel ranks; use a multiple of {dp}")
+        raise ConfigError(
+            f"training.global_batch_size: {size} sequences cannot be split over {dp} "
+            f"data-parallel ranks; use a multiple of {dp}"
+        )
     share = size // dp
     if t.local_batch_size == 0:
         t.local_batch_size = max(d for d in _divisors(share) if d <= (t.max_local_batch_size or share))
@@ -314,8 +345,10 @@ def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
         return
     size = v.global_batch_size if v.global_batch_size > 0 else size
     if size % dp:
-        raise ConfigError(f"validation.global_batch_size: {size} sequences cannot be split over {dp} "
-                          f"data-parallel ranks; use a multiple of {dp}")
+        raise ConfigError(
+            f"validation.global_batch_size: {size} sequences cannot be split over {dp} "
+            f"data-parallel ranks; use a multiple of {dp}"
+        )
     if v.local_batch_size == 0:
         v.local_batch_size = size // dp
     elif v.local_batch_size * dp != size:
@@ -341,11 +374,13 @@ def _unwritable(path: str) -> str | None:
 def run_folders(config: RunConfig) -> dict[str, str]:
     """Every folder TorchTitan writes for this run, by config key (``owners.RUN_PATH_KEYS``), as
     it resolves them: joined to ``job.dump_folder`` (an absolute one stays as it is)."""
-    written = {"checkpoint.folder": config.checkpoint.enable,
-               "metrics.save_tb_folder": config.metrics.enable_tensorboard or config.metrics.enable_wandb,
-               "comm.save_traces_folder": config.comm.trace_buf_size > 0,
-               "profiling.save_traces_folder": config.profiling.enable_profiling,
-               "profiling.save_memory_snapshot_folder": config.profiling.enable_memory_snapshot}
+    written = {
+        "checkpoint.folder": config.checkpoint.enable,
+        "metrics.save_tb_folder": config.metrics.enable_tensorboard or config.metrics.enable_wandb,
+        "comm.save_traces_folder": config.comm.trace_buf_size > 0,
+        "profiling.save_traces_folder": config.profiling.enable_profiling,
+        "profiling.save_memory_snapshot_folder": config.profiling.enable_memory_snapshot,
+    }
     return {key: os.path.join(config.job.dump_folder, _value(config, key)) for key, on in written.items() if on}
 
 
@@ -365,14 +400,18 @@ def check_output_folders(config: RunConfig) -> None:
             raise ConfigError(f"{field}: {path} cannot be created: {problem}")
     saved = config.job.save_config_file
     if saved and not inside(os.path.join(dump, saved), dump):
-        raise ConfigError(f"job.save_config_file: {saved} lands outside job.dump_folder {dump}; "
-                          "give a file name inside the run folder (the default job_config.json)")
+        raise ConfigError(
+            f"job.save_config_file: {saved} lands outside job.dump_folder {dump}; "
+            "give a file name inside the run folder (the default job_config.json)"
+        )
 
 
 def check_metrics(config: RunConfig) -> None:
     if config.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("metrics.enable_wandb: the wandb package is not installed; "
-                          "pip install 'dispersion_titan[wandb]', or set it false")
+        raise ConfigError(
+            "metrics.enable_wandb: the wandb package is not installed; "
+            "pip install 'dispersion_titan[wandb]', or set it false"
+        )
 
 
 def check_baseline(config: RunConfig) -> None:
@@ -394,8 +433,10 @@ def check_baseline(config: RunConfig) -> None:
         if config.fault_tolerance.enable:
             raise ConfigError("fault_tolerance.enable: not supported with baseline.method = active_forgetting")
         if b.forget_every >= config.training.steps:
-            raise ConfigError(f"baseline.forget_every: {b.forget_every} >= training.steps ({config.training.steps}): "
-                              "no reset would ever happen; make it smaller or use baseline.method = none")
+            raise ConfigError(
+                f"baseline.forget_every: {b.forget_every} >= training.steps ({config.training.steps}): "
+                "no reset would ever happen; make it smaller or use baseline.method = none"
+            )
 
 
 def check_optimizer(config: RunConfig) -> None:
@@ -403,15 +444,18 @@ def check_optimizer(config: RunConfig) -> None:
     if o.decay_groups not in DECAY_GROUPS:
         raise ConfigError(f"optimizer.decay_groups: {o.decay_groups!r} is not one of {DECAY_GROUPS}")
     if o.decay_groups != "all" and o.early_step_in_backward:  # one optimizer per parameter: no groups to split
-        raise ConfigError(f"optimizer.early_step_in_backward: not supported with optimizer.decay_groups = "
-                          f"{o.decay_groups!r}")
+        raise ConfigError(
+            f"optimizer.early_step_in_backward: not supported with optimizer.decay_groups = {o.decay_groups!r}"
+        )
     lr = config.lr_scheduler
     if lr.form not in LR_FORMS:
         raise ConfigError(f"lr_scheduler.form: {lr.form!r} is not one of {LR_FORMS}")
     if lr.form == "as_released" and (lr.decay_type != "cosine" or lr.decay_ratio is not None):
-        raise ConfigError(f"lr_scheduler.form: 'as_released' is transformers' cosine schedule, decaying over every "
-                          f"step after the warm-up; set decay_type = 'cosine' (not {lr.decay_type!r}) and leave "
-                          "decay_ratio unset")
+        raise ConfigError(
+            f"lr_scheduler.form: 'as_released' is transformers' cosine schedule, decaying over every "
+            f"step after the warm-up; set decay_type = 'cosine' (not {lr.decay_type!r}) and leave "
+            "decay_ratio unset"
+        )
     if config.training.loss_scale not in LOSS_SCALES:
         raise ConfigError(f"training.loss_scale: {config.training.loss_scale!r} is not one of {LOSS_SCALES}")
 
@@ -427,8 +471,10 @@ def launch_notes(config: RunConfig) -> list[str]:
     ``coeff`` left at 0 computes its term and trains on cross-entropy alone."""
     d = config.dispersion
     if d.variant != "none" and d.coeff == 0:
-        return [f"dispersion.coeff is 0: the {d.variant} term is logged but adds nothing to the loss; "
-                "set dispersion.coeff > 0, or dispersion.variant = \"none\""]
+        return [
+            f"dispersion.coeff is 0: the {d.variant} term is logged but adds nothing to the loss; "
+            'set dispersion.coeff > 0, or dispersion.variant = "none"'
+        ]
     return []
 
 

@@ -3,10 +3,10 @@ field before any process group starts (``dispersion_titan.train``, the sweep's c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 import contextlib
 import io
 import os
+from typing import TYPE_CHECKING
 
 from torchtitan.protocols.train_spec import get_train_spec
 
@@ -59,8 +59,10 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
         raise ArgumentError(_first_message(captured.getvalue())) from e
     if not names_model(args, toml):
         source = config_file(args) or "no --job.config_file given"
-        raise ConfigError(f"model.name: no model named ({source}); add [model] name = one of {FAMILIES} "
-                          "(e.g. train_configs/debug.toml's \"gpt2\"), or pass --model.name")
+        raise ConfigError(
+            f"model.name: no model named ({source}); add [model] name = one of {FAMILIES} "
+            '(e.g. train_configs/debug.toml\'s "gpt2"), or pass --model.name'
+        )
     return job_config
 
 
@@ -75,16 +77,19 @@ def check(job_config: RunConfig, world_size: int | None = None) -> RunConfig:
 def model_args(job_config: RunConfig):
     """The model family's flavor arguments with the ``[model]`` overrides applied."""
     if job_config.model.name in FORMER_NAMES:  # TorchTitan's own spec: without our data, tokenizer or loss
-        raise ConfigError(f"model.name: {job_config.model.name!r} is TorchTitan's own spec, which trains without "
-                          f"dispersion_titan's data, tokenizer or dispersion term; use "
-                          f"{FORMER_NAMES[job_config.model.name]!r}")
+        raise ConfigError(
+            f"model.name: {job_config.model.name!r} is TorchTitan's own spec, which trains without "
+            f"dispersion_titan's data, tokenizer or dispersion term; use "
+            f"{FORMER_NAMES[job_config.model.name]!r}"
+        )
     if job_config.model.name not in FAMILIES:
         raise ConfigError(f"model.name: {job_config.model.name!r} is not one of {FAMILIES}")
     register_all()
     flavors = get_train_spec(job_config.model.name).model_args
     if job_config.model.flavor not in flavors:
-        raise ConfigError(f"model.flavor: {job_config.model.flavor!r} is not one of {sorted(flavors)} "
-                          f"({job_config.model.name})")
+        raise ConfigError(
+            f"model.flavor: {job_config.model.flavor!r} is not one of {sorted(flavors)} ({job_config.model.name})"
+        )
     args = flavors[job_config.model.flavor]
     args.update_from_config(job_config)
     return args
@@ -122,9 +127,13 @@ def check_run_folder(job_config: RunConfig) -> None:
     check_same_settings(job_config.job.dump_folder, job_config)
     ckpt = job_config.checkpoint
     if ckpt.enable:
-        check_resume(os.path.join(job_config.job.dump_folder, ckpt.folder), job_config.job.dump_folder,
-                     job_config.training.steps,
-                     data_parallel_degree(job_config, _world_size()), ckpt.load_step)
+        check_resume(
+            os.path.join(job_config.job.dump_folder, ckpt.folder),
+            job_config.job.dump_folder,
+            job_config.training.steps,
+            data_parallel_degree(job_config, _world_size()),
+            ckpt.load_step,
+        )
 
 
 def print_every_key(args: list[str], toml: dict) -> None:

@@ -55,6 +55,7 @@ MAX_BLOCK_BYTES = 32 * 2**20
 # Default upper bound on the rows per strip of TorchStrips.
 MAX_BLOCK_ROWS = 128
 
+
 def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens: int, form: str) -> None:
     """Reject arguments that would silently give a meaningless loss."""
     if variant not in VARIANTS:
@@ -452,7 +453,9 @@ class _PairLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, kernel: TorchStrips) -> Tensor:
+    def forward(
+        ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, kernel: TorchStrips
+    ) -> Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
             x, _, _ = _rows(hidden, spec, hp)
             n = x.shape[1]

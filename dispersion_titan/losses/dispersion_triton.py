@@ -660,7 +660,9 @@ class _TritonPairLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles) -> Tensor:
+    def forward(
+        ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles
+    ) -> Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
             b, n, d = hidden.shape
             plan = products(tiles.precision, spec)

@@ -25,9 +25,18 @@ CONFIG_RANGES = {
 }
 """The ``[dispersion]`` section's numeric ranges: the loss's parameters, λ and its warm-up."""
 
-__all__ = ["CONFIG_RANGES", "CONFIG_VARIANTS", "FORMS", "KERNELS", "LAYER_KEYWORDS", "POINTS", "PRECISIONS",
-           "precision_error", "range_error",
-           "resolve_layers"]
+__all__ = [
+    "CONFIG_RANGES",
+    "CONFIG_VARIANTS",
+    "FORMS",
+    "KERNELS",
+    "LAYER_KEYWORDS",
+    "POINTS",
+    "PRECISIONS",
+    "precision_error",
+    "range_error",
+    "resolve_layers",
+]
 
 
 def _block_indices(spec: str | list[int]) -> list[int] | None:

@@ -63,8 +63,10 @@ def precision_error(variant: str, precision: str) -> str | None:
     if precision not in PRECISIONS:
         return f"must be one of {PRECISIONS}, got {precision!r}"
     if variant in SPECS and SPECS[variant].row_entropy and precision not in ROW_ENTROPY_PRECISIONS:
-        return (f"{variant} runs at {' or '.join(ROW_ENTROPY_PRECISIONS)} only ({precision} products put up to "
-                f"22% into its gradient), got {precision!r}")
+        return (
+            f"{variant} runs at {' or '.join(ROW_ENTROPY_PRECISIONS)} only ({precision} products put up to "
+            f"22% into its gradient), got {precision!r}"
+        )
     return None
 
 

@@ -26,8 +26,9 @@ A = TypeVar("A")
 class Flavors(Mapping[str, A], Generic[A]):
     """``table``'s flavors as fresh ``cls`` instances, only those ``offered`` accepts."""
 
-    def __init__(self, table: Mapping[str, Any], cls: type[A],
-                 offered: Callable[[Any], bool] = lambda args: True) -> None:
+    def __init__(
+        self, table: Mapping[str, Any], cls: type[A], offered: Callable[[Any], bool] = lambda args: True
+    ) -> None:
         self.table = {name: args for name, args in table.items() if offered(args)}
         self.cls = cls
 
@@ -65,8 +66,17 @@ class ShapeOverrides:
             setattr(self, field, value)
 
 
-SHAPE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "mlp_hidden_dim", "vocab_size", "max_seq_len",
-              "tie_embeddings")
+SHAPE_KEYS = (
+    "dim",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "mlp_hidden_dim",
+    "vocab_size",
+    "max_seq_len",
+    "tie_embeddings",
+)
 """The ``[model]`` keys that change a flavor's shape (``config.schema.Model``)."""
 
 DROPOUT_KEYS = {"attn_dropout": "attn_pdrop", "resid_dropout": "resid_pdrop", "embd_dropout": "embd_pdrop"}

@@ -55,11 +55,20 @@ def _summed(group, bucket):  # noqa: ANN001 - DDP checks the annotations, which 
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype,
-               cpu_offload: bool, reshard_after_forward: bool) -> None:
+def apply_fsdp(
+    model: nn.Module,
+    dp_mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    reduce_dtype: torch.dtype,
+    cpu_offload: bool,
+    reshard_after_forward: bool,
+) -> None:
     """One FSDP unit per block; the embeddings, final norm and the (tied) head stay in the
     root unit, so the shared parameter is managed once. Gradients are summed."""
-    config: dict = {"mesh": dp_mesh, "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)}
+    config: dict = {
+        "mesh": dp_mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+    }
     if cpu_offload:
         config["offload_policy"] = CPUOffloadPolicy()
     for block in model.layers.values():

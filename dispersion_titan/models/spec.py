@@ -17,8 +17,9 @@ from ..components.validate import build_packed_validator
 from ..data.packed import build_packed_dataloader
 
 
-def dispersion_train_spec(model_cls: type, flavors: Mapping[str, Any], parallelize_fn: Callable[..., Any],
-                          state_dict_adapter: type) -> TrainSpec:
+def dispersion_train_spec(
+    model_cls: type, flavors: Mapping[str, Any], parallelize_fn: Callable[..., Any], state_dict_adapter: type
+) -> TrainSpec:
     return TrainSpec(
         model_cls=model_cls,
         model_args=flavors,

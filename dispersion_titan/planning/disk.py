@@ -29,7 +29,7 @@ def saved_steps(job_config: RunConfig) -> list[int]:
     if not c.enable:
         return []
     saved = sorted(({0} if c.save_initial else set()) | set(range(c.interval, steps, c.interval)) | {steps})
-    return saved[-c.keep_latest_k:] if c.keep_latest_k > 0 else saved
+    return saved[-c.keep_latest_k :] if c.keep_latest_k > 0 else saved
 
 
 def checkpoint_disk(job_config: RunConfig, params: float) -> CheckpointDisk:

@@ -25,15 +25,36 @@ class MeasuredStep:
     """Where ``docs/benchmarks.md`` has it."""
 
 
-GPT2_8X1024 = ("train_configs/gpt2_small_mlp3072.toml", "--model.vocab_size", "50257", "--training.global_batch_size",
-               "8", "--training.max_local_batch_size", "8", "--optimizer.implementation", "foreach")
+GPT2_8X1024 = (
+    "train_configs/gpt2_small_mlp3072.toml",
+    "--model.vocab_size",
+    "50257",
+    "--training.global_batch_size",
+    "8",
+    "--training.max_local_batch_size",
+    "8",
+    "--optimizer.implementation",
+    "foreach",
+)
 """The step ``bench/train_step.py`` timed in 2026-11: GPT-2 small (MLP 3072, raw vocabulary), 8 × 1024 tokens, bf16."""
 
 MEASURED_STEPS = (
-    MeasuredStep("h100", "GPT-2 small, 8 × 1024 tokens, bf16, compiled, CE only", 52.7e-3, 17.347e-3, GPT2_8X1024,
-                 "docs/benchmarks.md: step ratio, GPT-2 small (H100, 2026-11-25): 52.7 ms"),
-    MeasuredStep("h200", "GPT-2 small, 8 × 1024 tokens, bf16, compiled, CE only", 47.9e-3, 13.365e-3, GPT2_8X1024,
-                 "docs/benchmarks.md: step ratio at the released form's default (H200, 2026-11-25): 47.9 ms"),
+    MeasuredStep(
+        "h100",
+        "GPT-2 small, 8 × 1024 tokens, bf16, compiled, CE only",
+        52.7e-3,
+        17.347e-3,
+        GPT2_8X1024,
+        "docs/benchmarks.md: step ratio, GPT-2 small (H100, 2026-11-25): 52.7 ms",
+    ),
+    MeasuredStep(
+        "h200",
+        "GPT-2 small, 8 × 1024 tokens, bf16, compiled, CE only",
+        47.9e-3,
+        13.365e-3,
+        GPT2_8X1024,
+        "docs/benchmarks.md: step ratio at the released form's default (H200, 2026-11-25): 47.9 ms",
+    ),
 )
 
 
@@ -48,6 +69,9 @@ def calibration(gpu: str) -> Calibration:
     for figure in MEASURED_STEPS:
         if figure.gpu == gpu:
             factor = figure.measured_s / figure.roofline_s
-            return Calibration(factor, f"roofline × {factor:.2f}, calibrated on the measured {figure.what} "
-                                       f"({figure.measured_s * 1e3:.1f} ms, {figure.source.split(': ', 1)[0]})")
+            return Calibration(
+                factor,
+                f"roofline × {factor:.2f}, calibrated on the measured {figure.what} "
+                f"({figure.measured_s * 1e3:.1f} ms, {figure.source.split(': ', 1)[0]})",
+            )
     return Calibration(1.0, f"roofline, uncalibrated: a prediction (no {gpu.upper()} step measured yet)")

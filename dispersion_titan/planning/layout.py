@@ -43,10 +43,12 @@ class ResourceLayout:
 
     def describe(self) -> str:
         replicas = f"{self.dp_replicate} replicas × " if self.dp_replicate > 1 else ""
-        return (f"{replicas}DP shard {self.dp_shard} × TP {self.tp} on {self.gpus} GPUs ({self.nodes} "
-                f"node{'s' if self.nodes > 1 else ''}); micro-batch {self.micro_batch} × {self.seq_len} tokens, "
-                f"{self.accumulation} accumulation step{'s' if self.accumulation > 1 else ''}; "
-                f"{self.tokens_per_step:,} tokens per step")
+        return (
+            f"{replicas}DP shard {self.dp_shard} × TP {self.tp} on {self.gpus} GPUs ({self.nodes} "
+            f"node{'s' if self.nodes > 1 else ''}); micro-batch {self.micro_batch} × {self.seq_len} tokens, "
+            f"{self.accumulation} accumulation step{'s' if self.accumulation > 1 else ''}; "
+            f"{self.tokens_per_step:,} tokens per step"
+        )
 
 
 def checked_config(args: list[str], gpus: int) -> RunConfig:
@@ -71,5 +73,16 @@ def resolve_layout(job_config: RunConfig, gpus: int, nodes: int) -> ResourceLayo
     replicate = p.data_parallel_replicate_degree
     args: Any = model_args(job_config)
     batch = t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * dp
-    return ResourceLayout(gpus, nodes, replicate, dp // replicate, p.tensor_parallel_degree, t.local_batch_size,
-                          batch // (t.local_batch_size * dp), batch, t.seq_len, args.n_layers, args.dim)
+    return ResourceLayout(
+        gpus,
+        nodes,
+        replicate,
+        dp // replicate,
+        p.tensor_parallel_degree,
+        t.local_batch_size,
+        batch // (t.local_batch_size * dp),
+        batch,
+        t.seq_len,
+        args.n_layers,
+        args.dim,
+    )

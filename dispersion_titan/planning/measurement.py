@@ -50,6 +50,11 @@ def on_the_line(a: StepMeasurement, b: StepMeasurement, depth: int) -> StepMeasu
     def at(x: float, y: float) -> float:
         return x + (y - x) * w
 
-    return StepMeasurement({k: at(a.memory[k], b.memory[k]) for k in a.memory},
-                           at(a.micro_batch_s, b.micro_batch_s), at(a.optimizer_s, b.optimizer_s),
-                           at(a.params_local, b.params_local), at(a.params_total, b.params_total), depth)
+    return StepMeasurement(
+        {k: at(a.memory[k], b.memory[k]) for k in a.memory},
+        at(a.micro_batch_s, b.micro_batch_s),
+        at(a.optimizer_s, b.optimizer_s),
+        at(a.params_local, b.params_local),
+        at(a.params_total, b.params_total),
+        depth,
+    )

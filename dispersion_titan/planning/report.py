@@ -18,8 +18,10 @@ if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 GB = 1e9
-STAND_IN_TERM = ("with its dispersion term priced by the CPU stand-in (the torch strips, not the GPU's Triton "
-                 "kernel): 1.5-1.75× the measured GPT-2 small steps with a term (docs/benchmarks.md)")
+STAND_IN_TERM = (
+    "with its dispersion term priced by the CPU stand-in (the torch strips, not the GPU's Triton "
+    "kernel): 1.5-1.75× the measured GPT-2 small steps with a term (docs/benchmarks.md)"
+)
 TIGHT = 0.9
 """Share of a GPU's memory above which a plan says the peak is tight: the CUDA context, the
 allocator's fragmentation and what ``FakeTensorMode`` cannot see take a few GB."""
@@ -55,12 +57,27 @@ class ResourcePlan:
         return self.memory_share <= 1
 
 
-def resource_plan(name: str, job_config: RunConfig, layout: ResourceLayout, step: StepMeasurement, gpu_key: str,
-                  gpu: GPU, depth_note: str) -> ResourcePlan:
-    return ResourcePlan(name, gpu_key, gpu, layout, step,
-                        step_time(job_config, layout, step, gpu, calibration(gpu_key)),
-                        checkpoint_disk(job_config, step.params_total), job_config.training.steps, depth_note,
-                        job_config.dispersion.variant != "none")
+def resource_plan(
+    name: str,
+    job_config: RunConfig,
+    layout: ResourceLayout,
+    step: StepMeasurement,
+    gpu_key: str,
+    gpu: GPU,
+    depth_note: str,
+) -> ResourcePlan:
+    return ResourcePlan(
+        name,
+        gpu_key,
+        gpu,
+        layout,
+        step,
+        step_time(job_config, layout, step, gpu, calibration(gpu_key)),
+        checkpoint_disk(job_config, step.params_total),
+        job_config.training.steps,
+        depth_note,
+        job_config.dispersion.variant != "none",
+    )
 
 
 def refuse_if_too_big(plan: ResourcePlan) -> None:
@@ -69,7 +86,8 @@ def refuse_if_too_big(plan: ResourcePlan) -> None:
         raise ConfigError(
             f"training.max_local_batch_size: {plan.name}'s micro-batch of {plan.layout.micro_batch} sequences needs "
             f"{plan.step.peak / GB:.1f} GB per GPU at its peak, more than the {plan.gpu.name}'s "
-            f"{plan.gpu.memory_gb:g} GB; lower it, or set activation_checkpoint.mode")
+            f"{plan.gpu.memory_gb:g} GB; lower it, or set activation_checkpoint.mode"
+        )
 
 
 def _ms(seconds: float) -> str:
@@ -83,8 +101,7 @@ def _gb(x: float) -> str:
 def _memory(plan: ResourcePlan) -> str:
     parts = ", ".join(f"{name} {_gb(plan.step.memory[name])}" for name in CATEGORIES if plan.step.memory[name])
     verdict = "does not fit" if not plan.fits() else "tight" if plan.memory_share > TIGHT else "fits"
-    return (f"**{_gb(plan.step.peak)} GB** of {plan.gpu.memory_gb:g} GB ({plan.memory_share:.0%}, {verdict}): "
-            f"{parts}")
+    return f"**{_gb(plan.step.peak)} GB** of {plan.gpu.memory_gb:g} GB ({plan.memory_share:.0%}, {verdict}): {parts}"
 
 
 def plan_table(plan: ResourcePlan) -> str:
@@ -93,21 +110,35 @@ def plan_table(plan: ResourcePlan) -> str:
     rows = [
         ("layout", lay.describe()),
         ("parameters per rank", f"{plan.step.params_local / 1e6:,.2f} M of {plan.step.params_total / 1e6:,.1f} M"),
-        ("peak memory per GPU", _memory(plan) + " (FSDPMemTracker under FakeTensorMode, eager, "
-                                              f"{plan.depth_note})"),
-        ("step time", f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}); FSDP collectives "
-                      f"{_ms(t.fsdp_s)} (overlapped), TP collectives {_ms(t.tp_s)}"
-                      + (f"; {STAND_IN_TERM}" if plan.dispersion else "")),
+        ("peak memory per GPU", _memory(plan) + f" (FSDPMemTracker under FakeTensorMode, eager, {plan.depth_note})"),
+        (
+            "step time",
+            f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}); FSDP collectives "
+            f"{_ms(t.fsdp_s)} (overlapped), TP collectives {_ms(t.tp_s)}"
+            + (f"; {STAND_IN_TERM}" if plan.dispersion else ""),
+        ),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
         ("GPU-hours", f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"),
-        ("checkpoint disk", f"**{_gb(plan.disk.bytes)} GB**: {plan.disk.full} full + {plan.disk.model_only} "
-                            "weights-only checkpoints"),
+        (
+            "checkpoint disk",
+            f"**{_gb(plan.disk.bytes)} GB**: {plan.disk.full} full + {plan.disk.model_only} weights-only checkpoints",
+        ),
     ]
     return "\n".join([f"plan: {plan.name}", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
 
 
-RUN_COLUMNS = ("run", "GPUs", "DP × TP", "micro-batch × accumulation", "params/rank M", "peak GB", "step ms",
-               "tokens/s", "GPU-hours", "disk GB")
+RUN_COLUMNS = (
+    "run",
+    "GPUs",
+    "DP × TP",
+    "micro-batch × accumulation",
+    "params/rank M",
+    "peak GB",
+    "step ms",
+    "tokens/s",
+    "GPU-hours",
+    "disk GB",
+)
 
 
 def runs_table(plans: list[ResourcePlan]) -> str:
@@ -115,10 +146,12 @@ def runs_table(plans: list[ResourcePlan]) -> str:
     lines = ["| " + " | ".join(RUN_COLUMNS) + " |", "|" + "---|" * len(RUN_COLUMNS)]
     for p in plans:
         lay = p.layout
-        lines.append(f"| {p.name} | {lay.gpus} × {p.gpu_key.upper()} | {lay.dp} × {lay.tp} | {lay.micro_batch} × "
-                     f"{lay.accumulation} | {p.step.params_local / 1e6:,.2f} | {_gb(p.step.peak)} "
-                     f"({p.memory_share:.0%}) | {p.time.step_s * 1e3:.3g} | {p.tokens_per_s:,.0f} | "
-                     f"{p.gpu_hours:,.3g} | {_gb(p.disk.bytes)} |")
+        lines.append(
+            f"| {p.name} | {lay.gpus} × {p.gpu_key.upper()} | {lay.dp} × {lay.tp} | {lay.micro_batch} × "
+            f"{lay.accumulation} | {p.step.params_local / 1e6:,.2f} | {_gb(p.step.peak)} "
+            f"({p.memory_share:.0%}) | {p.time.step_s * 1e3:.3g} | {p.tokens_per_s:,.0f} | "
+            f"{p.gpu_hours:,.3g} | {_gb(p.disk.bytes)} |"
+        )
     hours, disk = sum(p.gpu_hours for p in plans), sum(p.disk.bytes for p in plans)
     lines.append(f"| **total ({len(plans)} runs)** | | | | | | | | **{hours:,.3g}** | **{_gb(disk)}** |")
     labels = sorted({p.time.calibration.label for p in plans})

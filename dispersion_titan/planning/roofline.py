@@ -28,8 +28,9 @@ aten = torch.ops.aten
 FLOPS = {
     **flop_registry,
     aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[aten._scaled_dot_product_flash_attention],
-    aten._scaled_dot_product_flash_attention_for_cpu_backward:
-        flop_registry[aten._scaled_dot_product_flash_attention_backward],
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: flop_registry[
+        aten._scaled_dot_product_flash_attention_backward
+    ],
 }
 COLLECTIVES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor")
 COMPUTE_SHARE = 0.75

@@ -35,8 +35,9 @@ class StepTime:
         return max(self.compute_s, self.fsdp_s) + self.tp_s
 
 
-def step_time(job_config: RunConfig, layout: ResourceLayout, m: StepMeasurement, gpu: GPU,
-              calibration: Calibration) -> StepTime:
+def step_time(
+    job_config: RunConfig, layout: ResourceLayout, m: StepMeasurement, gpu: GPU, calibration: Calibration
+) -> StepTime:
     """One optimizer step of ``layout`` on ``gpu``, from ``m`` (one micro-batch and the optimizer)."""
     t = job_config.training
     param_bytes, reduce_bytes = DTYPE_BYTES[t.mixed_precision_param], DTYPE_BYTES[t.mixed_precision_reduce]
@@ -49,8 +50,17 @@ def step_time(job_config: RunConfig, layout: ResourceLayout, m: StepMeasurement,
         r = layout.dp_replicate
         fsdp_bytes += 2 * (r - 1) / r * per_tp_rank / layout.dp_shard * reduce_bytes
     fsdp_link = gpu.network_bytes_per_s if layout.nodes > 1 else gpu.node_link_bytes_per_s
-    tp_bytes = (TP_COLLECTIVES_PER_BLOCK * layout.n_layers * (layout.tp - 1) / layout.tp
-                * layout.micro_batch * layout.seq_len * layout.dim * param_bytes)
+    tp_bytes = (
+        TP_COLLECTIVES_PER_BLOCK
+        * layout.n_layers
+        * (layout.tp - 1)
+        / layout.tp
+        * layout.micro_batch
+        * layout.seq_len
+        * layout.dim
+        * param_bytes
+    )
     tp_link = gpu.node_link_bytes_per_s if layout.tp <= gpu.gpus_per_node else gpu.network_bytes_per_s
-    return StepTime(compute, layout.accumulation * fsdp_bytes / fsdp_link, layout.accumulation * tp_bytes / tp_link,
-                    calibration)
+    return StepTime(
+        compute, layout.accumulation * fsdp_bytes / fsdp_link, layout.accumulation * tp_bytes / tp_link, calibration
+    )

@@ -68,6 +68,7 @@ RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "analyze_gpus":
 
 # ---- parsing and validation -------------------------------------------------------------
 
+
 def _items(key: str, value: Any) -> list[Any]:
     """A TOML list, or a comma-separated string from the command line."""
     if isinstance(value, str):
@@ -96,8 +97,10 @@ def parse_arm(text: str) -> Arm:
         return Arm("none", 0.0, method=text)
     name, sep, coeff = text.partition(":")
     if name not in VARIANTS:
-        raise SweepError(f"variants: {text!r}: unknown variant (use baseline, {', '.join(BASELINE_METHODS)} or NAME:COEFF, "
-                         f"NAME one of {', '.join(VARIANTS)})")
+        raise SweepError(
+            f"variants: {text!r}: unknown variant (use baseline, {', '.join(BASELINE_METHODS)} or NAME:COEFF, "
+            f"NAME one of {', '.join(VARIANTS)})"
+        )
     try:
         value = float(coeff) if sep else None
     except ValueError:
@@ -138,14 +141,29 @@ def build_spec(raw: dict[str, Any]) -> Spec:
             raise SweepError(f"training overrides: {arg} is set by the sweep for each cell")
     arms = [parse_arm(str(v)) for v in _items("variants", raw["variants"])]
     spec = Spec(
-        config=config, out=out, widths=widths, variants=arms, seeds=seeds, train_overrides=train_overrides,
-        partition=raw.get("partition"), account=raw.get("account"),
-        train_time=raw.get("train_time"), analyze_time=raw.get("analyze_time"),
+        config=config,
+        out=out,
+        widths=widths,
+        variants=arms,
+        seeds=seeds,
+        train_overrides=train_overrides,
+        partition=raw.get("partition"),
+        account=raw.get("account"),
+        train_time=raw.get("train_time"),
+        analyze_time=raw.get("analyze_time"),
         **{key: _int(key, raw[key], minimum) for key, minimum in RESOURCES.items() if raw.get(key) is not None},
         evaluate_time=raw.get("evaluate_time"),
-        **{k: _strings(k, raw[k]) for k in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args",
-                                            "analyze_args", "evaluate_args")
-           if raw.get(k) is not None},
+        **{
+            k: _strings(k, raw[k])
+            for k in (
+                "train_sbatch_args",
+                "analyze_sbatch_args",
+                "evaluate_sbatch_args",
+                "analyze_args",
+                "evaluate_args",
+            )
+            if raw.get(k) is not None
+        },
     )
     for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [a.label for a in arms])):
         if len(set(values)) != len(values):
@@ -179,16 +197,23 @@ def check_training_configs(spec: Spec) -> None:
 
 # ---- the jobs -----------------------------------------------------------------------------
 
+
 def _resources(spec: Spec, *keys: str) -> list[str]:
     """sbatch options for the resources the spec sets (``analyze_gpus`` is ``--gpus``)."""
     flags = {"analyze_gpus": "--gpus"}
-    return [f"{flags.get(k, '--' + k.replace('_', '-'))}={getattr(spec, k)}" for k in keys
-            if getattr(spec, k) is not None]
+    return [
+        f"{flags.get(k, '--' + k.replace('_', '-'))}={getattr(spec, k)}" for k in keys if getattr(spec, k) is not None
+    ]
 
 
 def _common_sbatch(spec: Spec, name: str, time_limit: str | None, extra: list[str]) -> list[str]:
-    args = ["sbatch", "--parsable", f"--job-name={spec.out.name}-{name}",
-            f"--output={spec.out / 'logs'}/%x-%j.out", "--kill-on-invalid-dep=yes"]
+    args = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={spec.out.name}-{name}",
+        f"--output={spec.out / 'logs'}/%x-%j.out",
+        "--kill-on-invalid-dep=yes",
+    ]
     args += [f"--partition={spec.partition}"] if spec.partition else []
     args += [f"--account={spec.account}"] if spec.account else []
     args += [f"--time={time_limit}"] if time_limit else []
@@ -205,8 +230,12 @@ class SlurmJob:
     def command(self, ids: dict[str, str]) -> list[str]:
         if not self.after:
             return self.argv
-        return [self.argv[0], self.argv[1], f"--dependency=afterok:{':'.join(ids[k] for k in self.after)}",
-                *self.argv[2:]]
+        return [
+            self.argv[0],
+            self.argv[1],
+            f"--dependency=afterok:{':'.join(ids[k] for k in self.after)}",
+            *self.argv[2:],
+        ]
 
 
 def plan(spec: Spec) -> list[SlurmJob]:
@@ -216,34 +245,89 @@ def plan(spec: Spec) -> list[SlurmJob]:
     for i, cell in enumerate(spec.cells(), start=1):
         resources = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task")
         run = str(spec.out / cell.name)
-        train = SlurmJob(f"train_{i}", f"{cell.name} train", [
-            *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, resources + spec.train_sbatch_args),
-            str(TRAIN_SBATCH), str(spec.config), *spec.train_overrides, *cell.overrides(run)])
-        analyze = SlurmJob(f"analyze_{i}", f"{cell.name} analyze", [
-            *_common_sbatch(spec, f"{cell.name}-analyze", spec.analyze_time,
-                            _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args),
-            str(ANALYZE_SBATCH), run, *spec.analyze_args], after=[train.key])
-        evaluate = SlurmJob(f"evaluate_{i}", f"{cell.name} evaluate", [
-            *_common_sbatch(spec, f"{cell.name}-evaluate", spec.evaluate_time, spec.evaluate_sbatch_args),
-            str(EVALUATE_SBATCH), run, *spec.evaluate_args], after=[train.key])
+        train = SlurmJob(
+            f"train_{i}",
+            f"{cell.name} train",
+            [
+                *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, resources + spec.train_sbatch_args),
+                str(TRAIN_SBATCH),
+                str(spec.config),
+                *spec.train_overrides,
+                *cell.overrides(run),
+            ],
+        )
+        analyze = SlurmJob(
+            f"analyze_{i}",
+            f"{cell.name} analyze",
+            [
+                *_common_sbatch(
+                    spec,
+                    f"{cell.name}-analyze",
+                    spec.analyze_time,
+                    _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args,
+                ),
+                str(ANALYZE_SBATCH),
+                run,
+                *spec.analyze_args,
+            ],
+            after=[train.key],
+        )
+        evaluate = SlurmJob(
+            f"evaluate_{i}",
+            f"{cell.name} evaluate",
+            [
+                *_common_sbatch(spec, f"{cell.name}-evaluate", spec.evaluate_time, spec.evaluate_sbatch_args),
+                str(EVALUATE_SBATCH),
+                run,
+                *spec.evaluate_args,
+            ],
+            after=[train.key],
+        )
         jobs += [train, analyze, evaluate]
     runs = [str(spec.out / cell.name) for cell in spec.cells()]
-    jobs.append(SlurmJob("compare", "compare", [
-        *_common_sbatch(spec, "compare", spec.analyze_time, _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args),
-        str(ANALYZE_SBATCH), "compare", *runs, "--out", str(spec.out / "compare")],
-        after=[job.key for job in jobs if job.key.startswith(("train_", "analyze_"))]))
-    jobs.append(SlurmJob("table", "table", [  # no GPU needed (a later --gpus in evaluate_sbatch_args wins)
-        *_common_sbatch(spec, "table", spec.evaluate_time, ["--gpus=0", *spec.evaluate_sbatch_args]),
-        str(EVALUATE_SBATCH), "table", *runs, "--out", str(spec.out / "table")],
-        after=[job.key for job in jobs if job.key.startswith("evaluate_")]))
+    jobs.append(
+        SlurmJob(
+            "compare",
+            "compare",
+            [
+                *_common_sbatch(
+                    spec, "compare", spec.analyze_time, _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args
+                ),
+                str(ANALYZE_SBATCH),
+                "compare",
+                *runs,
+                "--out",
+                str(spec.out / "compare"),
+            ],
+            after=[job.key for job in jobs if job.key.startswith(("train_", "analyze_"))],
+        )
+    )
+    jobs.append(
+        SlurmJob(
+            "table",
+            "table",
+            [  # no GPU needed (a later --gpus in evaluate_sbatch_args wins)
+                *_common_sbatch(spec, "table", spec.evaluate_time, ["--gpus=0", *spec.evaluate_sbatch_args]),
+                str(EVALUATE_SBATCH),
+                "table",
+                *runs,
+                "--out",
+                str(spec.out / "table"),
+            ],
+            after=[job.key for job in jobs if job.key.startswith("evaluate_")],
+        )
+    )
     return jobs
 
 
 def dry_run(spec: Spec, jobs: list[SlurmJob]) -> str:
     """The submission as a bash script: each job id lands in a variable for its dependants."""
-    lines = [f"# sweep: {len(spec.cells())} cells x (train, analyze, evaluate) + compare + table = "
-             f"{len(jobs)} jobs; out {spec.out}",
-             python_line(), f"mkdir -p {shlex.quote(str(spec.out / 'logs'))}"]
+    lines = [
+        f"# sweep: {len(spec.cells())} cells x (train, analyze, evaluate) + compare + table = "
+        f"{len(jobs)} jobs; out {spec.out}",
+        python_line(),
+        f"mkdir -p {shlex.quote(str(spec.out / 'logs'))}",
+    ]
     ids = {job.key: f"${job.key}" for job in jobs}
     for job in jobs:
         cmd = " ".join(shlex.quote(a) if not a.startswith("--dependency=") else a for a in job.command(ids))
@@ -275,15 +359,26 @@ def _arm_json(arm: Arm) -> dict[str, Any]:
 def write_manifest(spec: Spec, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:
     cells = spec.cells()
     manifest = {
-        "config": str(spec.config), "out": str(spec.out),
+        "config": str(spec.config),
+        "out": str(spec.out),
         "grid": {"widths": spec.widths, "variants": [_arm_json(a) for a in spec.variants], "seeds": spec.seeds},
-        "cells": [{"name": c.name, "width": c.width, "variant": _arm_json(c.arm), "seed": c.seed,
-                   "run": str(spec.out / c.name),
-                   "train_job": ids[f"train_{i}"], "analyze_job": ids[f"analyze_{i}"],
-                   "evaluate_job": ids[f"evaluate_{i}"]}
-                  for i, c in enumerate(cells, start=1)],
-        "compare_job": ids["compare"], "compare_out": str(spec.out / "compare"),
-        "table_job": ids["table"], "table_out": str(spec.out / "table"),
+        "cells": [
+            {
+                "name": c.name,
+                "width": c.width,
+                "variant": _arm_json(c.arm),
+                "seed": c.seed,
+                "run": str(spec.out / c.name),
+                "train_job": ids[f"train_{i}"],
+                "analyze_job": ids[f"analyze_{i}"],
+                "evaluate_job": ids[f"evaluate_{i}"],
+            }
+            for i, c in enumerate(cells, start=1)
+        ],
+        "compare_job": ids["compare"],
+        "compare_out": str(spec.out / "compare"),
+        "table_job": ids["table"],
+        "table_out": str(spec.out / "table"),
         "commands": {job.key: job.command(ids) for job in jobs},
     }
     path = spec.out / "sweep.json"

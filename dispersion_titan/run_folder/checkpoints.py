@@ -58,8 +58,10 @@ def run_of(checkpoint_folder: str) -> str:
     real = os.path.realpath(folder)
     parent = os.path.dirname(folder)
     while parent != os.path.dirname(parent):
-        if os.path.isfile(os.path.join(parent, RUN_METADATA_FILE)) and \
-                os.path.realpath(run_paths(parent)["checkpoint.folder"]) == real:
+        if (
+            os.path.isfile(os.path.join(parent, RUN_METADATA_FILE))
+            and os.path.realpath(run_paths(parent)["checkpoint.folder"]) == real
+        ):
             return parent
         parent = os.path.dirname(parent)
     return os.path.dirname(folder)
@@ -96,12 +98,20 @@ def check_complete(step_dir: str) -> None:
             )
 
 
-def save_run_metadata(folder: str, model_name: str, args: Any,
-                      dispersion: dict[str, Any] | None = None, seed: int | None = None,
-                      baseline: dict[str, Any] | None = None, tokenizer: str = "gpt2",
-                      training_steps: int | None = None, settings: dict[str, Any] | None = None,
-                      forked_from: dict[str, Any] | None = None, started_from: dict[str, Any] | None = None,
-                      paths: dict[str, str] | None = None) -> None:
+def save_run_metadata(
+    folder: str,
+    model_name: str,
+    args: Any,
+    dispersion: dict[str, Any] | None = None,
+    seed: int | None = None,
+    baseline: dict[str, Any] | None = None,
+    tokenizer: str = "gpt2",
+    training_steps: int | None = None,
+    settings: dict[str, Any] | None = None,
+    forked_from: dict[str, Any] | None = None,
+    started_from: dict[str, Any] | None = None,
+    paths: dict[str, str] | None = None,
+) -> None:
     """Record what the analysis, the converter and the reports need to know of a run:
     the model family and shape (head count cannot be read off weights), the tokenizer
     (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
@@ -118,9 +128,20 @@ def save_run_metadata(folder: str, model_name: str, args: Any,
     os.makedirs(folder, exist_ok=True)
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     paths = {**(first.get("paths") or {}), **(paths or {})}
-    metadata = {"model_name": model_name, "model_args": fields, "tokenizer": tokenizer, "dispersion": dispersion,
-                "baseline": baseline, "seed": seed, "training_steps": training_steps, "forked_from": forked_from,
-                "started_from": started_from, "settings": settings, **ledger, **({"paths": paths} if paths else {})}
+    metadata = {
+        "model_name": model_name,
+        "model_args": fields,
+        "tokenizer": tokenizer,
+        "dispersion": dispersion,
+        "baseline": baseline,
+        "seed": seed,
+        "training_steps": training_steps,
+        "forked_from": forked_from,
+        "started_from": started_from,
+        "settings": settings,
+        **ledger,
+        **({"paths": paths} if paths else {}),
+    }
     tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
     with open(tmp, "w") as f:
         json.dump(metadata, f, indent=2)
@@ -176,8 +197,9 @@ def load_model_args(checkpoint_dir: str) -> Any:
         raise CheckpointError(f"{os.path.join(dump, RUN_METADATA_FILE)}: invalid ({e})") from None
 
 
-def load_model(step_dir: str, args: Any, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def load_model(
+    step_dir: str, args: Any, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
     """A plain (unsharded) model of ``args``' family holding the weights of ``step_dir``.
 
     Built on the meta device, materialised and initialised (which ties a shared LM head
@@ -337,8 +359,11 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
         )
     resume = full[-1]
     if resume.step < newest.step:
-        why = (f"step-{newest.step} holds weights only" if load_step < 0
-               else f"checkpoint.load_step = {load_step} is older than step-{newest.step}")
+        why = (
+            f"step-{newest.step} holds weights only"
+            if load_step < 0
+            else f"checkpoint.load_step = {load_step} is older than step-{newest.step}"
+        )
         raise CheckpointError(
             f"{folder}: resuming from step {resume.step} ({why}) would train over step-{newest.step} and save "
             f"it again, and checkpoints are never overwritten; branch from step {resume.step} into a new folder "

@@ -81,8 +81,14 @@ def save_tokenizer(folder: str, max_length: int) -> None:
     GPT2TokenizerFast.from_pretrained(folder, model_max_length=max_length).save_pretrained(folder)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
 
 
 def export_tokenizer(folder: str, encoder: DocumentEncoder, max_length: int) -> None:

@@ -29,8 +29,11 @@ def start_record(job_config: Any) -> dict[str, Any]:
         return {"pretrained": True, "source": "hf", "path": _shown(path)}
     if checkpoint.enable and checkpoint.initial_load_path:
         seed = holds_an_initialisation(checkpoint.initial_load_path)
-        return {"pretrained": not seed, "source": "seed_checkpoint" if seed else "checkpoint",
-                "path": os.path.abspath(checkpoint.initial_load_path)}
+        return {
+            "pretrained": not seed,
+            "source": "seed_checkpoint" if seed else "checkpoint",
+            "path": os.path.abspath(checkpoint.initial_load_path),
+        }
     return {"pretrained": False, "source": "init", "path": None}
 
 

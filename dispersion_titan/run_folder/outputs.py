@@ -87,8 +87,9 @@ def find_results_folder(run: str, name: str, file: str) -> str | None:
 def read_step_files(out: str, file: str) -> dict[int, dict]:
     """Every step's JSON stored in ``out`` as ``step-N/{file}``, by step (results other than
     condensation analyses, e.g. evaluations)."""
-    return {int(m.group(1)): data for name, data in read_json_files(out, file).items()
-            if (m := STEP_FOLDER.match(name))}
+    return {
+        int(m.group(1)): data for name, data in read_json_files(out, file).items() if (m := STEP_FOLDER.match(name))
+    }
 
 
 def read_json_files(out: str, file: str) -> dict[str, dict]:

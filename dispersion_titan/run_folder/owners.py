@@ -38,9 +38,13 @@ RUN_PATH_KEYS = {
 """The folders TorchTitan writes, each resolved against ``job.dump_folder`` (an absolute one
 lands outside it); their defaults are the names a run's root reserves when its ``run.json``
 has no settings."""
-DEFAULT_RUN_PATHS = {"checkpoint.folder": "checkpoint", "metrics.save_tb_folder": "tb",
-                     "comm.save_traces_folder": "comm_traces", "profiling.save_traces_folder": "profile_traces",
-                     "profiling.save_memory_snapshot_folder": "memory_snapshot"}
+DEFAULT_RUN_PATHS = {
+    "checkpoint.folder": "checkpoint",
+    "metrics.save_tb_folder": "tb",
+    "comm.save_traces_folder": "comm_traces",
+    "profiling.save_traces_folder": "profile_traces",
+    "profiling.save_memory_snapshot_folder": "memory_snapshot",
+}
 CONTAINERS = ("paper", "quickstart", "sweep")
 """Kinds whose folders hold other owners' folders: the runs and analyses they make."""
 LAYOUTS = (
@@ -130,8 +134,10 @@ def run_paths(root: str) -> dict[str, str]:
     metadata = metadata if isinstance(metadata, dict) else {}
     recorded = metadata.get("paths") or {}
     settings = metadata.get("settings") or {}
-    return {key: os.path.normpath(os.path.join(root, recorded.get(key) or settings.get(key) or default))
-            for key, default in DEFAULT_RUN_PATHS.items()}
+    return {
+        key: os.path.normpath(os.path.join(root, recorded.get(key) or settings.get(key) or default))
+        for key, default in DEFAULT_RUN_PATHS.items()
+    }
 
 
 def _empty(folder: str) -> bool:
@@ -139,8 +145,10 @@ def _empty(folder: str) -> bool:
     ``ensure_writable`` of its subfolders)."""
     if not os.path.isdir(folder):
         return True
-    return all(name.startswith((LOCK_NAME, OWNER_FILE)) or _empty_folder(os.path.join(folder, name))
-               for name in os.listdir(folder))
+    return all(
+        name.startswith((LOCK_NAME, OWNER_FILE)) or _empty_folder(os.path.join(folder, name))
+        for name in os.listdir(folder)
+    )
 
 
 def _empty_folder(path: str) -> bool:
@@ -212,8 +220,13 @@ def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: st
     if problem is None:
         return
     text, holder = problem
-    if owner.kind == "run" and holder is not None and holder.kind == "run" and holder.run \
-            and os.path.isfile(os.path.join(holder.run, RUN_METADATA_FILE)):
+    if (
+        owner.kind == "run"
+        and holder is not None
+        and holder.kind == "run"
+        and holder.run
+        and os.path.isfile(os.path.join(holder.run, RUN_METADATA_FILE))
+    ):
         way_out += f", or branch from that run on purpose with --job.fork_from {holder.run}[@STEP]"
     raise OutputError(f"{option}: {folder} {text}; {way_out}")
 
@@ -266,11 +279,15 @@ def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:
         if inside(path, dump):
             continue
         holder = read_owner(path, ())
-        if key in earlier and os.path.realpath(earlier[key]) == os.path.realpath(path) \
-                and (holder is None or holder.run == owner.run):
+        if (
+            key in earlier
+            and os.path.realpath(earlier[key]) == os.path.realpath(path)
+            and (holder is None or holder.run == owner.run)
+        ):
             continue
-        refuse_unless_ours(path, owner, key, f"give this run a {key} of its own (inside its --job.dump_folder, "
-                                             "or a new folder)")
+        refuse_unless_ours(
+            path, owner, key, f"give this run a {key} of its own (inside its --job.dump_folder, or a new folder)"
+        )
 
 
 def outside_folders(dump: str, folders: dict[str, str]) -> dict[str, str]:

@@ -49,8 +49,17 @@ ALLOWED_KEYS = frozenset({
 })  # fmt: skip
 """Config keys a relaunch may change: none of them changes what the run computes."""
 
-ALLOWED_SECTIONS = ("metrics.", "parallelism.", "activation_checkpoint.", "compile.", "comm.", "profiling.",
-                    "memory_estimation.", "training.dataloader.", "validation.dataloader.")
+ALLOWED_SECTIONS = (
+    "metrics.",
+    "parallelism.",
+    "activation_checkpoint.",
+    "compile.",
+    "comm.",
+    "profiling.",
+    "memory_estimation.",
+    "training.dataloader.",
+    "validation.dataloader.",
+)
 """Whole sections a relaunch may change: logging, and how the same computation is laid out
 over processes and memory (layouts agree within float rounding, docs/reliability.md)."""
 
@@ -74,16 +83,19 @@ def allowed(key: str) -> bool:
     return key in ALLOWED_KEYS or key.startswith(ALLOWED_SECTIONS)
 
 
-def changed_settings(recorded: dict[str, Any], current: dict[str, Any],
-                     defaults: dict[str, Any] | None = None) -> list[str]:
+def changed_settings(
+    recorded: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[str]:
     """``key old -> new`` for every key outside the allow-list that differs (a key one side lacks
     included). A key the record lacks because it was added to the config later counts as its
     value in ``defaults``: a new key's default keeps what runs computed before it existed."""
     missing = object()
     recorded = {**{k: v for k, v in (defaults or {}).items() if k in current}, **recorded}
-    return [f"{key} {_shown(recorded.get(key, missing))} -> {_shown(current.get(key, missing))}"
-            for key in sorted(recorded.keys() | current.keys())
-            if not allowed(key) and recorded.get(key, missing) != current.get(key, missing)]
+    return [
+        f"{key} {_shown(recorded.get(key, missing))} -> {_shown(current.get(key, missing))}"
+        for key in sorted(recorded.keys() | current.keys())
+        if not allowed(key) and recorded.get(key, missing) != current.get(key, missing)
+    ]
 
 
 def _shown(value: Any) -> str:
@@ -155,8 +167,10 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
     if earlier is not None:  # a relaunch of a forked run goes on from the same checkpoint
         run, step = parse_fork(spec) if spec else (earlier["run"], None)
         if run != earlier["run"] or step not in (None, earlier["step"]):
-            raise ConfigError(f"job.fork_from: {dump} was forked from {earlier['run']}@{earlier['step']}, not {spec}; "
-                              "fork into a new --job.dump_folder")
+            raise ConfigError(
+                f"job.fork_from: {dump} was forked from {earlier['run']}@{earlier['step']}, not {spec}; "
+                "fork into a new --job.dump_folder"
+            )
         source, step, path = earlier["run"], earlier["step"], earlier["checkpoint"]
         full = not earlier["model_only"]  # the source may be gone by now: its own checkpoints go on
     elif not spec:
@@ -164,19 +178,25 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
     else:
         source, step, path = fork_source(spec)
         if source == dump:
-            raise ConfigError(f"job.fork_from: {spec}: a run cannot be forked into its own folder; "
-                              "give the fork a new --job.dump_folder")
+            raise ConfigError(
+                f"job.fork_from: {spec}: a run cannot be forked into its own folder; "
+                "give the fork a new --job.dump_folder"
+            )
         if recorded is not None or (_looks_first() and _holds_files(dump)):
-            raise ConfigError(f"job.fork_from: {dump} is not empty; a fork starts a new run, "
-                              "so give it a new or empty --job.dump_folder")
+            raise ConfigError(
+                f"job.fork_from: {dump} is not empty; a fork starts a new run, "
+                "so give it a new or empty --job.dump_folder"
+            )
         full = is_full(path)
         if full:
             check_loader_layout(path, data_parallel_degree)
     if not job_config.checkpoint.enable:
         raise ConfigError("job.fork_from: needs checkpoint.enable = true (the fork is loaded as a checkpoint)")
     if full and job_config.training.steps <= step:
-        raise ConfigError(f"training.steps: {job_config.training.steps} does not go past step {step}, "
-                          f"where the fork from {source} starts")
+        raise ConfigError(
+            f"training.steps: {job_config.training.steps} does not go past step {step}, "
+            f"where the fork from {source} starts"
+        )
     job_config.job.fork_from = f"{source}@{step}"
     job_config.checkpoint.initial_load_path = path
     job_config.checkpoint.initial_load_model_only = not full
@@ -201,5 +221,10 @@ def fork_record(job_config: Any) -> dict[str, Any] | None:
         return None
     run, step = parse_fork(job_config.job.fork_from)
     path = job_config.checkpoint.initial_load_path
-    return {"run": run, "step": step, "checkpoint": path, "identity": checkpoint_identity(path),
-            "model_only": job_config.checkpoint.initial_load_model_only}
+    return {
+        "run": run,
+        "step": step,
+        "checkpoint": path,
+        "identity": checkpoint_identity(path),
+        "model_only": job_config.checkpoint.initial_load_model_only,
+    }

@@ -61,8 +61,10 @@ class Owner:
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
         command = f", {self.command}" if self.command else ""
-        return (f"PID {self.pid} on {self.host}{job}{command}, "
-                f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.since))}")
+        return (
+            f"PID {self.pid} on {self.host}{job}{command}, "
+            f"since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(self.since))}"
+        )
 
 
 def this_command() -> str:
@@ -124,8 +126,10 @@ def live_owner(folder: str | os.PathLike) -> Owner | None:
 
 
 def busy_error(folder: str | os.PathLike, owner: Owner, writers: Writers = TRAINING) -> RunFolderBusy:
-    return RunFolderBusy(f"{folder}: another {writers.noun} is writing here ({owner.describe()}); wait for it to end, "
-                         f"or {writers.way_out}")
+    return RunFolderBusy(
+        f"{folder}: another {writers.noun} is writing here ({owner.describe()}); wait for it to end, "
+        f"or {writers.way_out}"
+    )
 
 
 def refuse_if_busy(folder: str | os.PathLike, writers: Writers = TRAINING) -> None:

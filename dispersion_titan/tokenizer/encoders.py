@@ -90,8 +90,10 @@ class HFTokenizerFile(DocumentEncoder):
         eos = _special_token(config, "eos_token")
         eos_id = self.tokenizer.token_to_id(eos) if eos else None
         if eos_id is None:
-            raise ConfigError(f"{field}: {os.path.join(folder, TOKENIZER_CONFIG)} names no eos_token of the "
-                              "tokenizer (the document separator)")
+            raise ConfigError(
+                f"{field}: {os.path.join(folder, TOKENIZER_CONFIG)} names no eos_token of the "
+                "tokenizer (the document separator)"
+            )
         self.eos_token, self.eos_id = eos, eos_id
         pad = _special_token(config, "pad_token")
         pad_id = self.tokenizer.token_to_id(pad) if pad else None

@@ -43,8 +43,15 @@ class EmbeddingNoise(NoBaseline):
     Validation and analysis run the model in eval mode and get none.
     """
 
-    def __init__(self, embedding: nn.Module, alpha: float, seed: int, dp_rank: int, dp_degree: int,
-                 tp_group: dist.ProcessGroup | None) -> None:
+    def __init__(
+        self,
+        embedding: nn.Module,
+        alpha: float,
+        seed: int,
+        dp_rank: int,
+        dp_degree: int,
+        tp_group: dist.ProcessGroup | None,
+    ) -> None:
         self.alpha, self.seed = alpha, seed
         self.dp_rank, self.dp_degree = dp_rank, dp_degree
         self.tp_group = tp_group
@@ -88,8 +95,10 @@ class ActiveForgetting(NoBaseline):
     def begin_step(self, step: int) -> None:
         if step > 1 and (step - 1) % self.period == 0:
             self.reset((step - 1) // self.period)
-            logger.info(f"active forgetting: before step {step}: {self.what} re-initialised N(0, {INIT_STD}), "
-                        "AdamW state cleared")
+            logger.info(
+                f"active forgetting: before step {step}: {self.what} re-initialised N(0, {INIT_STD}), "
+                "AdamW state cleared"
+            )
 
     @torch.no_grad()
     def reset(self, index: int) -> None:
@@ -113,14 +122,20 @@ def data_parallel_rank(parallel_dims: Any) -> tuple[int, int]:
     return mesh.get_local_rank(), mesh.size()
 
 
-def build_baseline(cfg: Baseline, model: nn.Module, optimizers: Any, parallel_dims: Any, seed: int,
-                   tied: bool, pad_id: int | None = None) -> NoBaseline:
+def build_baseline(
+    cfg: Baseline,
+    model: nn.Module,
+    optimizers: Any,
+    parallel_dims: Any,
+    seed: int,
+    tied: bool,
+    pad_id: int | None = None,
+) -> NoBaseline:
     """The ``[baseline]`` method's per-step behaviour for this trainer's model part (``pad_id``: the
     tokenizer's padding row, zeroed by each active-forgetting reset)."""
     if cfg.method == "noisy_embedding":
         tp_group = parallel_dims.get_mesh("tp").get_group() if parallel_dims.tp_enabled else None
-        return EmbeddingNoise(model.tok_embeddings, cfg.noise_alpha, seed, *data_parallel_rank(parallel_dims),
-                              tp_group)
+        return EmbeddingNoise(model.tok_embeddings, cfg.noise_alpha, seed, *data_parallel_rank(parallel_dims), tp_group)
     if cfg.method == "active_forgetting":
         return ActiveForgetting(model, optimizers, cfg.forget_every, seed, tied, pad_id)
     return NoBaseline()

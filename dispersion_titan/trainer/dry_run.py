@@ -48,16 +48,29 @@ def shrunk_args(args: list[str], layout: ResourceLayout) -> tuple[list[str], str
     (a multiple of the TP degree), and what was shrunk."""
     blocks, tokens = min(layout.n_layers, DRY_RUN_BLOCKS), min(layout.seq_len, DRY_RUN_TOKENS)
     tokens -= tokens % layout.tp
-    said = [f"{blocks} of {layout.n_layers} blocks" if blocks < layout.n_layers else "",
-            f"{tokens} of {layout.seq_len} tokens" if tokens < layout.seq_len else ""]
-    shrunk = [*args, "--profile", "cpu", "--model.n_layers", str(blocks), "--training.seq_len", str(tokens),
-              "--validation.no-enable"]
+    said = [
+        f"{blocks} of {layout.n_layers} blocks" if blocks < layout.n_layers else "",
+        f"{tokens} of {layout.seq_len} tokens" if tokens < layout.seq_len else "",
+    ]
+    shrunk = [
+        *args,
+        "--profile",
+        "cpu",
+        "--model.n_layers",
+        str(blocks),
+        "--training.seq_len",
+        str(tokens),
+        "--validation.no-enable",
+    ]
     return shrunk, ", ".join(s for s in said if s) or "not shrunk"
 
 
 def _expected_mesh(layout: ResourceLayout) -> tuple[str, ...]:
-    return tuple(name for name, size in (("dp_replicate", layout.dp_replicate), ("fsdp", layout.dp_shard),
-                                         ("tp", layout.tp)) if size > 1)
+    return tuple(
+        name
+        for name, size in (("dp_replicate", layout.dp_replicate), ("fsdp", layout.dp_shard), ("tp", layout.tp))
+        if size > 1
+    )
 
 
 def _sharded_dim(placement: Placement) -> int | None:
@@ -112,16 +125,23 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> t
         if "fsdp" in mesh and _sharded_dim(p.placements[mesh.index("fsdp")]) != 0:
             raise DryRunFailed(f"parallelize: {name} is not sharded by FSDP ({p.placements})")
         if tuple(p.to_local().shape) != _rank_zero_shape(p):
-            raise DryRunFailed(f"parallelize: {name}'s shard on rank 0 is {tuple(p.to_local().shape)}, its placements "
-                               f"{p.placements} give {_rank_zero_shape(p)}")
+            raise DryRunFailed(
+                f"parallelize: {name}'s shard on rank 0 is {tuple(p.to_local().shape)}, its placements "
+                f"{p.placements} give {_rank_zero_shape(p)}"
+            )
         on_tp += "tp" in mesh and _sharded_dim(p.placements[mesh.index("tp")]) is not None
     if tied and model.output.weight is not model.tok_embeddings.weight:
         raise DryRunFailed("parallelize: the LM head is no longer the token embeddings (model.tie_embeddings)")
     if layout.tp > 1 and not on_tp:
         raise DryRunFailed("parallelize: tensor parallelism sharded no parameter")
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for _, p in params)
-    where = (f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements" if mesh else
-             "whole, replicated by DDP over dp_replicate" if replicated else "whole")
+    where = (
+        f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements"
+        if mesh
+        else "whole, replicated by DDP over dp_replicate"
+        if replicated
+        else "whole"
+    )
     tp = f", {on_tp} sharded over tp" if layout.tp > 1 else ""
     tie = "; the LM head still the token embeddings" if tied else ""
     return f"parallelize: {len(params)} parameters, {where}{tp}{tie}; rank 0 holds {local:,}", local
@@ -133,16 +153,20 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
     if objective.global_batch_size != g:
         raise DryRunFailed(f"dispersion: the term divides by {objective.global_batch_size}, the global batch is {g}")
     if trainer.gradient_accumulation_steps != layout.accumulation:
-        raise DryRunFailed(f"dispersion: {trainer.gradient_accumulation_steps} micro-batches per step, "
-                           f"the plan has {layout.accumulation}")
+        raise DryRunFailed(
+            f"dispersion: {trainer.gradient_accumulation_steps} micro-batches per step, "
+            f"the plan has {layout.accumulation}"
+        )
     owned = shares(layout.micro_batch, layout.tp)
     total = Fraction(layout.dp * layout.accumulation * sum(owned), g)
     if total != 1:
         raise DryRunFailed(f"dispersion: the ranks' shares add up to {total} of the global batch, not 1")
     cfg = trainer.job_config.dispersion
     if cfg.variant == "none":
-        return (f"dispersion: none; the ranks' sequences add up to the global batch ({layout.dp} × "
-                f"{layout.accumulation} × {layout.micro_batch} = {g})")
+        return (
+            f"dispersion: none; the ranks' sequences add up to the global batch ({layout.dp} × "
+            f"{layout.accumulation} × {layout.micro_batch} = {g})"
+        )
     dim, n_points = trainer.model_args.dim, trainer.block_outputs.count
     chosen = len(resolve_layers(cfg.layers, trainer.model_args.n_layers))
     generator = torch.Generator().manual_seed(0)
@@ -156,16 +180,19 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
     else:
         term = objective(hidden, 1, False, 0).unweighted
         own_mean = DispersionObjective(cfg, trainer.model_args.n_layers, owned[0], objective.seed, None)(
-            hidden, 1, False, 0).unweighted
+            hidden, 1, False, 0
+        ).unweighted
         ratio = (term / own_mean).item()
         if not math.isclose(ratio, owned[0] / g, rel_tol=1e-6):
             raise DryRunFailed(f"dispersion: rank 0's term is {ratio:.6g} × its own mean, not {owned[0]}/{g}")
         ratio_note = f"its term is {owned[0]}/{g} × its own mean (on random hidden states: {ratio:.6g})"
     tokens = min(seq_len, cfg.max_tokens or seq_len)
-    return (f"dispersion: rank 0 owns {owned[0]} of each micro-batch's {layout.micro_batch} sequences "
-            f"({layout.accumulation} per step), {tokens} tokens and {tokens * (tokens - 1):,} ordered pairs each, "
-            f"on {chosen} blocks; {ratio_note}; {layout.dp} DP ranks × {layout.accumulation} micro-batches × "
-            f"{sum(owned)} sequences / {g} = 1: the sum over ranks is the global-batch mean")
+    return (
+        f"dispersion: rank 0 owns {owned[0]} of each micro-batch's {layout.micro_batch} sequences "
+        f"({layout.accumulation} per step), {tokens} tokens and {tokens * (tokens - 1):,} ordered pairs each, "
+        f"on {chosen} blocks; {ratio_note}; {layout.dp} DP ranks × {layout.accumulation} micro-batches × "
+        f"{sum(owned)} sequences / {g} = 1: the sum over ranks is the global-batch mean"
+    )
 
 
 def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
@@ -178,14 +205,15 @@ def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
     layout = resolve_layout(job_config, gpus, full.nodes)
     start = time.perf_counter()
     with quiet(), rank_zero_trainer(job_config, gpus) as trainer:
-        lines = [f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, {said}",
-                 check_mesh(trainer, layout)]
+        lines = [f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, {said}", check_mesh(trainer, layout)]
         (model,) = trainer.model_parts
         lines.append(check_parallelize(model, layout, trainer.model_args.tie_embeddings)[0])
         lines.append(check_dispersion(trainer, layout, job_config.training.seq_len))
         t = job_config.training
         optimizer_step(trainer, micro_batches(trainer, 1), torch.tensor(float(t.global_batch_size * t.seq_len)))
-    lines.append(f"step: one micro-batch's forward and backward ({job_config.dispersion.variant}), clipping and the "
-                 f"optimizer step ran "
-                 f"({time.perf_counter() - start:.1f} s with the build)")
+    lines.append(
+        f"step: one micro-batch's forward and backward ({job_config.dispersion.variant}), clipping and the "
+        f"optimizer step ran "
+        f"({time.perf_counter() - start:.1f} s with the build)"
+    )
     return lines

@@ -59,8 +59,14 @@ def rank_zero_config(job_config: RunConfig, dump_folder: str) -> RunConfig:
     return c
 
 
-def _fake_trunc_normal_(tensor: torch.Tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0, b: float = 2.0,
-                        generator: torch.Generator | None = None) -> torch.Tensor:
+def _fake_trunc_normal_(
+    tensor: torch.Tensor,
+    mean: float = 0.0,
+    std: float = 1.0,
+    a: float = -2.0,
+    b: float = 2.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """``torch.nn.init.trunc_normal_`` without its resampling loop, which reads values back: under
     ``FakeTensorMode`` there are no values, only the shapes and the memory."""
     return tensor.normal_(mean, std, generator=generator).clamp_(a, b)
@@ -83,6 +89,7 @@ def _fake_build(fake: FakeTensorMode | None, model_name: str) -> Iterator[None]:
         def call(*args, **kwargs):
             with unset_fake_temporarily():
                 return fn(*args, **kwargs)
+
         return call
 
     spec.model_cls, spec.parallelize_fn = outside(saved[0]), outside(saved[1])
@@ -130,8 +137,9 @@ def _process_state(world: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def rank_zero_trainer(job_config: RunConfig, world: int, fake: FakeTensorMode | None = None
-                      ) -> Iterator[DispersionTrainer]:
+def rank_zero_trainer(
+    job_config: RunConfig, world: int, fake: FakeTensorMode | None = None
+) -> Iterator[DispersionTrainer]:
     """``DispersionTrainer`` as rank 0 of ``world`` ranks; built under ``fake`` when given (its
     parameters and optimizer state then take no memory). Closed, and the process group
     destroyed, on exit."""
@@ -168,8 +176,12 @@ def micro_batches(trainer: DispersionTrainer, count: int) -> list[tuple[dict[str
     return [next(data) for _ in range(count)]
 
 
-def optimizer_step(trainer: DispersionTrainer, batches: list, global_valid_tokens: torch.Tensor,
-                   after_each: Callable[[], None] = lambda: None) -> None:
+def optimizer_step(
+    trainer: DispersionTrainer,
+    batches: list,
+    global_valid_tokens: torch.Tensor,
+    after_each: Callable[[], None] = lambda: None,
+) -> None:
     """One optimizer step as TorchTitan's ``train_step`` takes it, on ``batches`` (its
     micro-batches): gradients cleared, each micro-batch's forward and backward through
     ``forward_backward_step`` (the dispersion term included), the gradients clipped, the
@@ -178,9 +190,11 @@ def optimizer_step(trainer: DispersionTrainer, batches: list, global_valid_token
     each micro-batch's backward."""
     trainer.optimizers.zero_grad()
     for input_dict, labels in batches:
-        trainer.forward_backward_step(input_dict=dict(input_dict), labels=labels,
-                                      global_valid_tokens=global_valid_tokens)
+        trainer.forward_backward_step(
+            input_dict=dict(input_dict), labels=labels, global_valid_tokens=global_valid_tokens
+        )
         after_each()
-    dist_utils.clip_grad_norm_([p for m in trainer.model_parts for p in m.parameters()],
-                               trainer.job_config.training.max_norm, foreach=True)
+    dist_utils.clip_grad_norm_(
+        [p for m in trainer.model_parts for p in m.parameters()], trainer.job_config.training.max_norm, foreach=True
+    )
     trainer.optimizers.step()

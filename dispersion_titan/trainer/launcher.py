@@ -29,7 +29,10 @@ from ..utils.errors import CheckpointSaveError, DispersionTitanError, NonFiniteL
 from .preemption import INTERRUPT_SIGNALS, PREEMPTED_EXIT_CODE, interrupted_exit_code
 
 SAID_BY_THE_RANKS = {
-    PREEMPTED_EXIT_CODE, CheckpointSaveError.status, NonFiniteLossError.status, DispersionTitanError.status,
+    PREEMPTED_EXIT_CODE,
+    CheckpointSaveError.status,
+    NonFiniteLossError.status,
+    DispersionTitanError.status,
     *(interrupted_exit_code(s) for s in INTERRUPT_SIGNALS),
 }
 
@@ -42,15 +45,21 @@ FORWARDING_NOISE = ("death signal, shutting down workers", "closing signal")
 def _quiet_forwarding(record: logging.LogRecord) -> bool:
     """Drop the forwarding warnings, and torchrun's "failed (exitcode: N)" line when the ranks
     said why in one line of their own (N in ``SAID_BY_THE_RANKS``)."""
-    said = (isinstance(record.msg, str) and record.msg.startswith("failed (exitcode: ") and bool(record.args)
-            and record.args[0] in SAID_BY_THE_RANKS)
+    said = (
+        isinstance(record.msg, str)
+        and record.msg.startswith("failed (exitcode: ")
+        and bool(record.args)
+        and record.args[0] in SAID_BY_THE_RANKS
+    )
     return not said and not any(text in record.getMessage() for text in FORWARDING_NOISE)
 
 
 def oom_message(rank: int) -> str:
-    return (f"dispersion_titan: error: rank {rank} was killed by SIGKILL — most likely out of memory (the kernel's "
-            "OOM killer); lower training.local_batch_size (or training.max_local_batch_size), or use more "
-            "processes; the last complete checkpoint stands: relaunch the same command to resume")
+    return (
+        f"dispersion_titan: error: rank {rank} was killed by SIGKILL — most likely out of memory (the kernel's "
+        "OOM killer); lower training.local_batch_size (or training.max_local_batch_size), or use more "
+        "processes; the last complete checkpoint stands: relaunch the same command to resume"
+    )
 
 
 def ending(error: ChildFailedError) -> tuple[int, str | None]:

@@ -36,7 +36,9 @@ class MicrobatchDispersion:
 
 
 class DispersionObjective:
-    def __init__(self, cfg: Dispersion, n_layers: int, global_batch_size: int, seed: int, tp_group: dist.ProcessGroup | None):
+    def __init__(
+        self, cfg: Dispersion, n_layers: int, global_batch_size: int, seed: int, tp_group: dist.ProcessGroup | None
+    ):
         self.cfg = cfg
         self.active = cfg.variant != "none"
         self.layers = resolve_layers(cfg.layers, n_layers)
@@ -71,8 +73,9 @@ class DispersionObjective:
             return None
         return torch.Generator(device=device).manual_seed(mixed_seed(self.seed, step, chunk, layer))
 
-    def __call__(self, block_outputs: list[torch.Tensor], step: int, with_stats: bool,
-                 chunk: int) -> MicrobatchDispersion:
+    def __call__(
+        self, block_outputs: list[torch.Tensor], step: int, with_stats: bool, chunk: int
+    ) -> MicrobatchDispersion:
         """The term of micro-batch ``chunk`` of the global batch (see ``_generator``). Under TP each
         rank computes only its share of the
         sequences (``own_sequences``) and the shares' backward adds up; at log steps
@@ -94,29 +97,36 @@ class DispersionObjective:
                 # The chosen layers as one batch of L·b sequences: one set of kernel launches
                 # whatever L, and its mean over sequences is the mean over layers of each
                 # layer's mean (every layer has the same b sequences).
-                layers = torch.cat([
-                    select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))
-                    for i in self.layers
-                ])
-                mean = dispersion_loss(
-                    layers,
-                    self.cfg.variant,
-                    tau=self.cfg.tau,
-                    clamp=self.cfg.clamp,
-                    lambda_norm=self.cfg.lambda_norm,
-                    kernel=self.cfg.kernel,
-                    precision=self.cfg.precision,
-                    form=self.cfg.form,
-                ) * scale
+                layers = torch.cat(
+                    [
+                        select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))
+                        for i in self.layers
+                    ]
+                )
+                mean = (
+                    dispersion_loss(
+                        layers,
+                        self.cfg.variant,
+                        tau=self.cfg.tau,
+                        clamp=self.cfg.clamp,
+                        lambda_norm=self.cfg.lambda_norm,
+                        kernel=self.cfg.kernel,
+                        precision=self.cfg.precision,
+                        form=self.cfg.form,
+                    )
+                    * scale
+                )
             weighted = mean * self.coeff_at(step)
             unweighted, weighted_value = mean.detach(), weighted.detach()
         stats = None
         if with_stats:
             with torch.no_grad():
-                stats = torch.stack([
-                    mean_offdiag_cosine(owned[i].detach()) * owned_batch if owned_batch else unweighted * 0
-                    for i in range(len(block_outputs))
-                ])
+                stats = torch.stack(
+                    [
+                        mean_offdiag_cosine(owned[i].detach()) * owned_batch if owned_batch else unweighted * 0
+                        for i in range(len(block_outputs))
+                    ]
+                )
                 if self.tp_group is not None:
                     logged = torch.cat([unweighted.reshape(1), weighted_value.reshape(1), stats])
                     dist.all_reduce(logged, group=self.tp_group)

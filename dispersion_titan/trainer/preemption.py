@@ -52,7 +52,11 @@ def parse_signal(name: str) -> signal.Signals:
     """``USR1``, ``SIGUSR1`` or ``10`` -> ``signal.SIGUSR1``; anything else is a ValueError."""
     text = name.strip().upper()
     try:
-        return signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+        return (
+            signal.Signals(int(text))
+            if text.isdigit()
+            else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+        )
     except (KeyError, ValueError):
         raise ValueError(f"{SIGNAL_ENV}: {name!r} is not a signal name such as USR1") from None
 
@@ -125,8 +129,10 @@ class Preemption:
         """A second Ctrl-C: leave now. A save in progress stays incomplete (no ``.metadata``)
         and is moved aside by the next launch, which resumes from the previous checkpoint."""
         if self._saving is None:
-            say("interrupted again before the checkpoint was saved; nothing saved; "
-                "relaunch the same command to resume from the last checkpoint")
+            say(
+                "interrupted again before the checkpoint was saved; nothing saved; "
+                "relaunch the same command to resume from the last checkpoint"
+            )
         else:
             step, folder = self._saving
             last = last_complete_step(folder)
@@ -134,8 +140,10 @@ class Preemption:
                 say(f"interrupted at step {step}; checkpoint step-{step} saved; relaunch the same command to resume")
             else:
                 previous = f"step-{last}" if last is not None else "none"
-                say(f"interrupted again while saving step-{step}: the save was abandoned, the last good checkpoint "
-                    f"is {previous}; relaunch the same command to resume")
+                say(
+                    f"interrupted again while saving step-{step}: the save was abandoned, the last good checkpoint "
+                    f"is {previous}; relaunch the same command to resume"
+                )
         os._exit(interrupted_exit_code(signum))
 
     def stop(self, trainer: Any, signum: int) -> None:
@@ -161,13 +169,17 @@ class Preemption:
             logger.warning(f"Stopping at step {step} for a restart; exit status {PREEMPTED_EXIT_CODE}")
             self._exit(trainer, PREEMPTED_EXIT_CODE, None)
         if folder is None:
-            self._exit(trainer, interrupted_exit_code(sig), f"interrupted at step {step}; checkpointing is off, "
-                                                            "nothing saved")
+            self._exit(
+                trainer, interrupted_exit_code(sig), f"interrupted at step {step}; checkpointing is off, nothing saved"
+            )
         self._saving = (step, folder)
         save_full_checkpoint(ckpt, step)
         self._saving = None
-        self._exit(trainer, interrupted_exit_code(sig), f"interrupted at step {step}; checkpoint step-{step} saved; "
-                                                        "relaunch the same command to resume")
+        self._exit(
+            trainer,
+            interrupted_exit_code(sig),
+            f"interrupted at step {step}; checkpoint step-{step} saved; relaunch the same command to resume",
+        )
 
     @staticmethod
     def _exit(trainer: Any, status: int, message: str | None) -> None:

@@ -25,9 +25,16 @@ if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 __all__ = ["dry_run_step", "plan_table", "planned", "refuse_if_too_big", "runs_table"]
-NOT_MEASURED = {"job": None, "checkpoint": None, "metrics": None, "validation": None, "lr_scheduler": None,
-                "debug": ("seed",), "training": ("steps", "dataset", "dataset_path"),
-                "dispersion": ("coeff", "warmup_steps")}
+NOT_MEASURED = {
+    "job": None,
+    "checkpoint": None,
+    "metrics": None,
+    "validation": None,
+    "lr_scheduler": None,
+    "debug": ("seed",),
+    "training": ("steps", "dataset", "dataset_path"),
+    "dispersion": ("coeff", "warmup_steps"),
+}
 """Settings that change neither a step's memory nor its operators (None: the whole section; the
 data is a stand-in, ``fake_world``)."""
 _measured: dict[str, StepMeasurement] = {}

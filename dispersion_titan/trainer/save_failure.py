@@ -88,5 +88,7 @@ def save_failure(folder: str, step: int, error: BaseException, model: torch.nn.M
     free = shutil.disk_usage(folder).free
     reason, advice = _cause(error, needed, largest, free)
     good = f"the last good checkpoint is step-{last}" if last is not None else "no earlier checkpoint was saved"
-    return CheckpointSaveError(f"{reason} saving step-{step} to {os.path.join(folder, f'step-{step}')} "
-                               f"({estimate}; {_mb(free)} free); {good}; {advice}")
+    return CheckpointSaveError(
+        f"{reason} saving step-{step} to {os.path.join(folder, f'step-{step}')} "
+        f"({estimate}; {_mb(free)} free); {good}; {advice}"
+    )

@@ -19,8 +19,9 @@ def shares(batch: int, world: int) -> list[int]:
     return [batch // world + (r < batch % world) for r in range(world)]
 
 
-def _all_to_all(x: torch.Tensor, out_rows: int, out_splits: list[int], in_splits: list[int],
-                group: dist.ProcessGroup) -> torch.Tensor:
+def _all_to_all(
+    x: torch.Tensor, out_rows: int, out_splits: list[int], in_splits: list[int], group: dist.ProcessGroup
+) -> torch.Tensor:
     out = x.new_empty((out_rows, *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
     return out
@@ -46,8 +47,13 @@ class _OwnSequences(torch.autograd.Function):
         world = len(ctx.splits)
         slice_len = grad.shape[1] // world
         by_source = grad.reshape(ctx.owned, world, slice_len, *grad.shape[2:]).transpose(0, 1)
-        back = _all_to_all(by_source.reshape(ctx.owned * world, slice_len, *grad.shape[2:]),
-                           sum(ctx.splits), ctx.splits, [ctx.owned] * world, ctx.group)
+        back = _all_to_all(
+            by_source.reshape(ctx.owned * world, slice_len, *grad.shape[2:]),
+            sum(ctx.splits),
+            ctx.splits,
+            [ctx.owned] * world,
+            ctx.group,
+        )
         return back, None
 
 

@@ -91,8 +91,7 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
     memory = categorised(peak)
     if replicated:  # DDP's gradient buckets (gradient_as_bucket_view off): a second copy of the fp32 gradients
         memory["gradients"] += 4.0 * total
-    return StepMeasurement(memory, marks[0],
-                           roofline.seconds - marks[-1], float(local), float(total), depth)
+    return StepMeasurement(memory, marks[0], roofline.seconds - marks[-1], float(local), float(total), depth)
 
 
 def extrapolates(job_config: RunConfig, depth: int) -> bool:

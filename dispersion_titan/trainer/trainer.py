@@ -36,8 +36,8 @@ from .block_outputs import BlockOutputs
 from .loss_scale import released_scales
 from .objective import DispersionObjective
 from .preemption import Preemption, leave_with_own_status, secondary_failure_status
-from .seeds import mixed_seed
 from .save_failure import save_failure
+from .seeds import mixed_seed
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -117,33 +117,54 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
         self.microbatches = self.step_metrics.global_batch_size // (
-            job_config.training.local_batch_size * self.chunk_stride)
+            job_config.training.local_batch_size * self.chunk_stride
+        )
         self.seed = seed
         self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
         (model,) = self.model_parts
         # after parallelize_fn: outside AC and compile
         self.block_outputs = BlockOutputs(model, job_config.dispersion.points)
-        self.baseline = build_baseline(job_config.baseline, model, self.optimizers, self.parallel_dims, seed,
-                                       self.model_args.tie_embeddings, run_encoder(job_config).pad_id)
+        self.baseline = build_baseline(
+            job_config.baseline,
+            model,
+            self.optimizers,
+            self.parallel_dims,
+            seed,
+            self.model_args.tie_embeddings,
+            run_encoder(job_config).pad_id,
+        )
         # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue; SIGINT, SIGTERM: save, exit.
         self.preemption = Preemption()
         if dist.get_rank() == 0:
             # In the dump folder, not the checkpoint folder: TorchTitan decides whether to
             # resume by whether that folder exists, and every rank must see the same answer.
-            save_run_metadata(job_config.job.dump_folder, job_config.model.name, self.model_args,
-                              dataclasses.asdict(job_config.dispersion), seed,
-                              baseline=dataclasses.asdict(job_config.baseline),
-                              tokenizer=run_encoder(job_config).name, training_steps=job_config.training.steps,
-                              settings=settings, forked_from=fork_record(job_config),
-                              started_from=start_record(job_config), paths=self.outside_folders)
+            save_run_metadata(
+                job_config.job.dump_folder,
+                job_config.model.name,
+                self.model_args,
+                dataclasses.asdict(job_config.dispersion),
+                seed,
+                baseline=dataclasses.asdict(job_config.baseline),
+                tokenizer=run_encoder(job_config).name,
+                training_steps=job_config.training.steps,
+                settings=settings,
+                forked_from=fork_record(job_config),
+                started_from=start_record(job_config),
+                paths=self.outside_folders,
+            )
 
     def dispersion_objective(self, cfg: Dispersion) -> DispersionObjective:
         """The term of ``cfg`` (a ``[dispersion]`` section) for this trainer's model, global batch,
         seed and tensor-parallel group, its kernel checked on this device (bench/train_step.py
         swaps such objectives to time each variant on one trainer)."""
-        objective = DispersionObjective(cfg, self.model_args.n_layers, self.step_metrics.global_batch_size,
-                                        run_seed(self.job_config), self._tp_group())
+        objective = DispersionObjective(
+            cfg,
+            self.model_args.n_layers,
+            self.step_metrics.global_batch_size,
+            run_seed(self.job_config),
+            self._tp_group(),
+        )
         objective.check_kernel(self.device)
         return objective
 
@@ -167,13 +188,15 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         if CHECKPOINT_KEY in self.outside_folders:
             dist.barrier()  # every rank has looked whether the folder exists
             if dist.get_rank() == 0:
-                record_run_folders(self.job_config.job.dump_folder,
-                                   {CHECKPOINT_KEY: self.outside_folders[CHECKPOINT_KEY]})
+                record_run_folders(
+                    self.job_config.job.dump_folder, {CHECKPOINT_KEY: self.outside_folders[CHECKPOINT_KEY]}
+                )
         if self.step == 0 and self.job_config.checkpoint.save_initial and self.checkpoint_folder is not None:
             # Every rank must take the same decision, and all must look before any rank's
             # save creates the folder: agree on it with a collective first.
-            missing = torch.tensor(int(not os.path.exists(os.path.join(self.checkpoint_folder, "step-0"))),
-                                   device=self.device)
+            missing = torch.tensor(
+                int(not os.path.exists(os.path.join(self.checkpoint_folder, "step-0"))), device=self.device
+            )
             dist.all_reduce(missing, op=dist.ReduceOp.MIN)
             if missing.item():
                 self.checkpointer.save(curr_step=0)
@@ -198,8 +221,11 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         super().train_step(data_iterator)
         self.health.record(self.step_metrics.local_loss(), self.step)
         last = self.step == self.job_config.training.steps
-        if last or self.metrics_processor.should_log(self.step) or titan_compat.will_save(
-                self.checkpointer, self.step, last_step=last):
+        if (
+            last
+            or self.metrics_processor.should_log(self.step)
+            or titan_compat.will_save(self.checkpointer, self.step, last_step=last)
+        ):
             self._check_health()
 
     def _check_health(self) -> None:
@@ -216,8 +242,14 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         if signum:
             self.preemption.stop(self, signum)  # saves this step and exits, unless it is the last one
 
-    def model_forward_backward(self, model: torch.nn.Module, inputs: torch.Tensor, labels: torch.Tensor,
-                               global_valid_tokens: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor:
+    def model_forward_backward(
+        self,
+        model: torch.nn.Module,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        global_valid_tokens: torch.Tensor,
+        model_kwargs: dict[str, Any],
+    ) -> torch.Tensor:
         with_stats = self.metrics_processor.should_log(self.step)
         chunk = self.microbatch * self.chunk_stride + self.chunk_offset
         self.microbatch += 1

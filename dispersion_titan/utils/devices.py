@@ -79,8 +79,10 @@ def check_gpus_usable(env: Mapping[str, str] = os.environ) -> None:
     if torch.version.cuda is None:
         cause, fix = f"torch {torch.__version__} is a CPU-only build", "install a CUDA build of torch"
     else:
-        cause, fix = (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU",
-                      "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES")
+        cause, fix = (
+            f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU",
+            "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES",
+        )
     raise DeviceError(f"{cause} on {where}: {fix}, or set {ALLOW_CPU_ENV}=1 to train on CPU anyway")
 
 

@@ -35,7 +35,6 @@ import time
 import traceback
 import warnings
 
-
 SERVER = "dispersion_titan.job_server"
 
 
@@ -45,8 +44,19 @@ def command_line(target: str, argv: list[str], nproc: int | None = None) -> list
     program = [target] if target.endswith(".py") else ["-m", target]
     if nproc is None:
         return [sys.executable, *program, *argv]
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
-            "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0", "--role=rank", "--tee=3", *program, *argv]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=localhost:0",
+        "--local-ranks-filter=0",
+        "--role=rank",
+        "--tee=3",
+        *program,
+        *argv,
+    ]
 
 
 class Commands:
@@ -63,8 +73,18 @@ class Commands:
         self.lock = threading.Lock()
         self.count = 0
 
-    def run(self, target: str, argv: list[str], log: str, *, errors: str | None = None, nproc: int | None = None,
-            env: dict[str, str] | None = None, cwd: str | None = None, timeout: float | None = None) -> int:
+    def run(
+        self,
+        target: str,
+        argv: list[str],
+        log: str,
+        *,
+        errors: str | None = None,
+        nproc: int | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
         """The exit status of ``target`` (a module, or a ``.py`` script) with ``argv``, after its
         command line in ``log`` (negative: killed by that signal). ``errors``: its stderr's
         file (default: the log); ``nproc``: run under torchrun's launcher with that many
@@ -76,24 +96,41 @@ class Commands:
         command = command_line(target, argv, nproc)
         with open(log, "a") as f:
             f.write(f"$ {' '.join(command)}\n")
-        request = {"target": target, "argv": argv, "nproc": nproc, "env": env or {**os.environ, **self.env},
-                   "cwd": cwd or os.getcwd(), "stdout": log, "stderr": errors or log, "group": timeout is not None}
+        request = {
+            "target": target,
+            "argv": argv,
+            "nproc": nproc,
+            "env": env or {**os.environ, **self.env},
+            "cwd": cwd or os.getcwd(),
+            "stdout": log,
+            "stderr": errors or log,
+            "group": timeout is not None,
+        }
         pid = self._fresh(command, request) if not self.fork else self._forked(request)
         return self._wait(pid, request, command, timeout)
 
     def _fresh(self, command: list[str], request: dict) -> subprocess.Popen:
         with open(request["stdout"], "a") as out, open(request["stderr"], "a") as err:
-            return subprocess.Popen(command, stdout=out,
-                                    stderr=subprocess.STDOUT if request["stderr"] == request["stdout"] else err,
-                                    stdin=subprocess.DEVNULL, env=request["env"], cwd=request["cwd"],
-                                    start_new_session=request["group"])
+            return subprocess.Popen(
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT if request["stderr"] == request["stdout"] else err,
+                stdin=subprocess.DEVNULL,
+                env=request["env"],
+                cwd=request["cwd"],
+                start_new_session=request["group"],
+            )
 
     def _forked(self, request: dict) -> int:
         with self.lock:
             if self.server is None or self.server.poll() is not None:
-                self.server = subprocess.Popen([sys.executable, "-m", SERVER, *self.preload],
-                                               env={**os.environ, **self.env},
-                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                self.server = subprocess.Popen(
+                    [sys.executable, "-m", SERVER, *self.preload],
+                    env={**os.environ, **self.env},
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
             self.count += 1
             request["status"] = os.path.join(self.status_dir, f"{self.count}.status")
             self.server.stdin.write(json.dumps(request) + "\n")
@@ -171,9 +208,17 @@ def _exit_status(request: dict) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=request["nproc"], run_id="preloaded",
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                          monitor_interval=0.1, start_method="fork")
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=request["nproc"],
+        run_id="preloaded",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="fork",
+    )
     try:
         elastic_launch(config, _rank)(request["target"], request["argv"])
         return 0
@@ -191,8 +236,11 @@ def _job(request: dict) -> None:
         if request["group"]:
             os.setpgid(0, 0)  # the client can stop the job with all its workers
         out = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND)
-        err = out if request["stderr"] == request["stdout"] else os.open(
-            request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        err = (
+            out
+            if request["stderr"] == request["stdout"]
+            else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        )
         os.dup2(out, 1)
         os.dup2(err, 2)
         sys.stdin.close()

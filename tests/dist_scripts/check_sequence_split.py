@@ -22,14 +22,15 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(list(range(world)))
     for batch in (1, world, world + 1, 2 * world + 1):
-        full = torch.randn(batch, SLICE * world, DIM, generator=torch.Generator().manual_seed(batch),
-                           requires_grad=True)
+        full = torch.randn(
+            batch, SLICE * world, DIM, generator=torch.Generator().manual_seed(batch), requires_grad=True
+        )
         dispersion_loss(full, "angular_spread", tau=0.5).backward()
 
-        local = full.detach()[:, rank * SLICE:(rank + 1) * SLICE].clone().requires_grad_()
+        local = full.detach()[:, rank * SLICE : (rank + 1) * SLICE].clone().requires_grad_()
         owned = own_sequences(local, group)
         first = sum(shares(batch, world)[:rank])
-        assert torch.equal(owned.detach(), full.detach()[first:first + owned.shape[0]]), (batch, rank)
+        assert torch.equal(owned.detach(), full.detach()[first : first + owned.shape[0]]), (batch, rank)
         if owned.shape[0]:
             part = dispersion_loss(owned, "angular_spread", tau=0.5) * owned.shape[0] / batch
         else:
@@ -37,9 +38,10 @@ def main() -> None:
         part.backward()
         value = part.detach().clone()
         dist.all_reduce(value, group=group)
-        torch.testing.assert_close(value, dispersion_loss(full.detach(), "angular_spread", tau=0.5),
-                                   rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(local.grad, full.grad[:, rank * SLICE:(rank + 1) * SLICE], rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(
+            value, dispersion_loss(full.detach(), "angular_spread", tau=0.5), rtol=1e-6, atol=1e-7
+        )
+        torch.testing.assert_close(local.grad, full.grad[:, rank * SLICE : (rank + 1) * SLICE], rtol=1e-5, atol=1e-7)
     if rank == 0:
         print(f"sequence split OK on {world} ranks")
     dist.destroy_process_group()

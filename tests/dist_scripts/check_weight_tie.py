@@ -15,9 +15,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from dispersion_titan.components import titan_compat
+from dispersion_titan.models.fsdp import apply_fsdp
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
-from dispersion_titan.models.fsdp import apply_fsdp
 from dispersion_titan.models.gpt2.parallelize import apply_tp
 
 
@@ -48,8 +48,10 @@ def main(dp: int, tp: int) -> None:
     # The shared parameter's gradient is exactly the embedding's plus the head's, summed
     # over the DP ranks' different batches (TorchTitan normalises the loss itself, so FSDP
     # sums), as computed by an unsharded untied twin holding the same values.
-    batches = [torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1 + rank))
-               for rank in range(dp)]
+    batches = [
+        torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1 + rank))
+        for rank in range(dp)
+    ]
     logits = model(batches[mesh["dp"].get_local_rank()])
     (logits.full_tensor() if isinstance(logits, DTensor) else logits).logsumexp(-1).sum().backward()
     tied = full(model.tok_embeddings.weight.grad)

@@ -1,8 +1,8 @@
 """Run under torchrun: ``python -m dispersion_titan.train TRAINING_ARGS``, watched by a
 profile hook that changes nothing. Rank 0 writes JSON: how often the job config was parsed
-(TorchTitan's ``ConfigManager.parse_args`` of the launch's arguments), its TOML read (``tomllib.load``) and checked (``check_job_config``, which fills in
-the derived values), whether the trainer got the very object that was checked, and whether
-``sys.argv`` and ``parse_args``'s default argument are as they were.
+(TorchTitan's ``ConfigManager.parse_args`` of the launch's arguments), its TOML read (``tomllib.load``)
+and checked (``check_job_config``, which fills in the derived values), whether the trainer got the very
+object that was checked, and whether ``sys.argv`` and ``parse_args``'s default argument are as they were.
 
     torchrun --nproc_per_node 1 tests/dist_scripts/count_parses.py OUT.json TRAINING_ARGS...
 """
@@ -16,15 +16,18 @@ import sys
 
 def main(out: str, args: list[str]) -> None:
     import tomllib
-
     from torchtitan.config import ConfigManager
 
     import dispersion_titan.train
     from dispersion_titan.job_config.checks import check_job_config
     from dispersion_titan.trainer.trainer import DispersionTrainer
 
-    watched = {ConfigManager.parse_args.__code__: "parses", check_job_config.__code__: "checks",
-               DispersionTrainer.__init__.__code__: "trainers", tomllib.load.__code__: "toml_reads"}
+    watched = {
+        ConfigManager.parse_args.__code__: "parses",
+        check_job_config.__code__: "checks",
+        DispersionTrainer.__init__.__code__: "trainers",
+        tomllib.load.__code__: "toml_reads",
+    }
     counts = {name: 0 for name in watched.values()}
     seen: dict[str, list[int]] = {"checks": [], "trainers": []}
 
@@ -46,9 +49,15 @@ def main(out: str, args: list[str]) -> None:
         sys.setprofile(None)
         if os.environ["RANK"] == "0":
             with open(out, "w") as f:
-                json.dump({**counts, "trainer_got_the_checked_config": seen["trainers"] == seen["checks"][-1:],
-                           "argv_kept": sys.argv == argv,
-                           "default_kept": ConfigManager.parse_args.__defaults__[0] == default}, f)
+                json.dump(
+                    {
+                        **counts,
+                        "trainer_got_the_checked_config": seen["trainers"] == seen["checks"][-1:],
+                        "argv_kept": sys.argv == argv,
+                        "default_kept": ConfigManager.parse_args.__defaults__[0] == default,
+                    },
+                    f,
+                )
 
 
 if __name__ == "__main__":

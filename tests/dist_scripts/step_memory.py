@@ -27,8 +27,16 @@ from dispersion_titan.trainer.trainer import DispersionTrainer
 def main() -> None:
     setup_torchtitan()
     with tempfile.TemporaryDirectory() as dump:
-        args = [*sys.argv[1:], "--checkpoint.no-enable", "--validation.no-enable", "--metrics.no-enable_tensorboard",
-                "--metrics.log_freq", "1000000", "--job.dump_folder", os.path.join(dump, str(os.environ["RANK"]))]
+        args = [
+            *sys.argv[1:],
+            "--checkpoint.no-enable",
+            "--validation.no-enable",
+            "--metrics.no-enable_tensorboard",
+            "--metrics.log_freq",
+            "1000000",
+            "--job.dump_folder",
+            os.path.join(dump, str(os.environ["RANK"])),
+        ]
         trainer = DispersionTrainer(validated_args(with_config_module(args, load_toml(args))))
         data = trainer.batch_generator(trainer.dataloader)
         (model,), (optimizer,) = trainer.model_parts, trainer.optimizers.optimizers
@@ -41,7 +49,8 @@ def main() -> None:
             tracker.track_external(model, optimizer)
         # The trackers keep per-module stats of one forward at a time: cleared as each micro-batch's starts.
         hook = register_module_forward_pre_hook(
-            lambda module, args: tracker.reset_mod_stats() if module is model else None)
+            lambda module, args: tracker.reset_mod_stats() if module is model else None
+        )
         trainer.step = 2
         with tracker:
             trainer.train_step(data)

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import torch
 
-
 # Where each family keeps its decoder layers: spelled out here, found generically by the code.
-LAYERS = {"gpt2": "transformer.h", "llama": "model.layers", "qwen3": "model.layers", "bloom": "transformer.h",
-          "neox": "gpt_neox.layers"}
+LAYERS = {
+    "gpt2": "transformer.h",
+    "llama": "model.layers",
+    "qwen3": "model.layers",
+    "bloom": "transformer.h",
+    "neox": "gpt_neox.layers",
+}
 
 
 def plain_mean_cos(states: list[torch.Tensor]) -> list[tuple[float, float]]:
@@ -34,8 +38,9 @@ def independent_states(folder: Path, family: str, tokens: torch.Tensor) -> list[
     for name in LAYERS[family].split("."):
         layers = getattr(layers, name)
     captured = []
-    hook = layers[-1].register_forward_hook(lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple)
-                                                                                else out))
+    hook = layers[-1].register_forward_hook(
+        lambda _m, _i, out: captured.append(out[0] if isinstance(out, tuple) else out)
+    )
     with torch.no_grad():
         hidden = model(tokens, output_hidden_states=True).hidden_states
     hook.remove()

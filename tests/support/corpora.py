@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
@@ -45,11 +44,21 @@ def write_parquet(folder: Path, docs: list[str], files: int, row_group: int = 17
 
 # ---------------------------------------------------------------- wikitext-103 local copies (data tests)
 
+
 def wikitext_article(title: str, seed: int) -> list[str]:
     """Rows of one article in WikiText's raw layout: heading, blank, paragraph lines, sections."""
     body = texts(3, seed, 25)
-    return ["", f" = {title} = \n", "", f" {body[0]} \n", "", f" = = Section {seed} = = \n", "",
-            f" {body[1]} \n", f" {body[2]} \n"]
+    return [
+        "",
+        f" = {title} = \n",
+        "",
+        f" {body[0]} \n",
+        "",
+        f" = = Section {seed} = = \n",
+        "",
+        f" {body[1]} \n",
+        f" {body[2]} \n",
+    ]
 
 
 ARTICLES = {
@@ -103,10 +112,11 @@ def write_wikitext_copy(folder: Path, rows: int = 300) -> Path:
     """A local copy in the hub's layout of wikitext-103-v1's train split: rows of 40 words, and headings."""
     rng = np.random.default_rng(0)
     words = np.array("the of and in to a was is for on as with by at from his that it an were".split())
-    lines = [" = Heading {} = \n".format(i) if i % 10 == 0 else " ".join(rng.choice(words, 40)) + " .\n"
-             for i in range(rows)]
+    lines = [
+        " = Heading {} = \n".format(i) if i % 10 == 0 else " ".join(rng.choice(words, 40)) + " .\n" for i in range(rows)
+    ]
     (folder / "wikitext-103-v1").mkdir(parents=True)
-    for part, chunk in enumerate((lines[: rows // 2], lines[rows // 2:])):
+    for part, chunk in enumerate((lines[: rows // 2], lines[rows // 2 :])):
         pq.write_table(pa.table({"text": chunk}), folder / "wikitext-103-v1" / f"train-0000{part}-of-00002.parquet")
     return folder
 

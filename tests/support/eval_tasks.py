@@ -17,8 +17,9 @@ def write_evaluation(dump: Path, step: int, results: dict, settings: dict) -> No
     and ours), for Table 2 tests that need scores of known value, not a real evaluation."""
     folder = dump / "evaluation" / f"step-{step}"
     folder.mkdir(parents=True)
-    (folder / "results.json").write_text(json.dumps(
-        {"results": results, "dispersion_titan": {"settings": settings, "step": step, "run": str(dump)}}))
+    (folder / "results.json").write_text(
+        json.dumps({"results": results, "dispersion_titan": {"settings": settings, "step": step, "run": str(dump)}})
+    )
 
 
 PEAKS = {1: {0: 0.2, 1: 0.6, 2: 0.5, 3: 0.3}, 2: {0: 0.2, 1: 0.3, 2: 0.5, 3: 0.65}}

@@ -20,10 +20,8 @@ from pathlib import Path
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.devices import CPU_MALLOC_ENV
 from dispersion_titan.utils.preloaded import Commands
-
 from support.cli import assert_one_line_error
 from support.runs import digests
-
 
 REPO = Path(__file__).resolve().parents[2]
 DEBUG_TOML = str(REPO / "train_configs" / "debug.toml")
@@ -38,27 +36,49 @@ def job_args(config: str = DEBUG_TOML) -> list[str]:
 # The schedule of the session's 2-process yardstick run (conftest's ``reference_run``) and of
 # every run compared with it step for step (reliability, resume).
 REFERENCE_STEPS = 8
-SCHEDULE = ("--lr_scheduler.total_steps", "10", "--checkpoint.interval", "2",
-            "--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.3", "--dispersion.max_tokens", "64")
+SCHEDULE = (
+    "--lr_scheduler.total_steps",
+    "10",
+    "--checkpoint.interval",
+    "2",
+    "--dispersion.variant",
+    "angular_spread",
+    "--dispersion.coeff",
+    "0.3",
+    "--dispersion.max_tokens",
+    "64",
+)
 
 
 def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**CPU_MALLOC_ENV, **os.environ}  # the quickstart's allocator settings, for every CPU job
     # The tests train on CPU on purpose: allowed even where GPUs are allocated but unusable.
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR",
-                "DISPERSION_TITAN_ALLOW_CPU": "1"})
+    env.update(
+        {
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "TORCH_CPP_LOG_LEVEL": "ERROR",
+            "DISPERSION_TITAN_ALLOW_CPU": "1",
+        }
+    )
     env.update(extra or {})
     return env
 
 
 # What the session's job server imports once (and GPT-2's BPE, built once) before it forks each job.
-PRELOAD = ["torch", "torchtitan.train", "torch.distributed.launcher.api", "dispersion_titan.train",
-           "dispersion_titan.tokenizer.bpe:gpt2_encoding"]
+PRELOAD = [
+    "torch",
+    "torchtitan.train",
+    "torch.distributed.launcher.api",
+    "dispersion_titan.train",
+    "dispersion_titan.tokenizer.bpe:gpt2_encoding",
+]
 _commands: Commands | None = None
 
 
-def _forked(target: str, argv: list[str], env: dict[str, str], timeout: float,
-            nproc: int | None = None) -> subprocess.CompletedProcess:
+def _forked(
+    target: str, argv: list[str], env: dict[str, str], timeout: float, nproc: int | None = None
+) -> subprocess.CompletedProcess:
     """``target`` (a module or a script) forked from the session's job server, the product's
     (``dispersion_titan.utils.preloaded``), under torchrun's launcher with ``nproc`` processes
     when given; its stdout and stderr apart."""
@@ -68,8 +88,9 @@ def _forked(target: str, argv: list[str], env: dict[str, str], timeout: float,
         atexit.register(_commands.close)
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        status = _commands.run(target, argv, str(out), errors=str(err), nproc=nproc, env=env, cwd=str(REPO),
-                               timeout=timeout)
+        status = _commands.run(
+            target, argv, str(out), errors=str(err), nproc=nproc, env=env, cwd=str(REPO), timeout=timeout
+        )
         stdout = out.read_text().split("\n", 1)[1]  # after the command line the log starts with
         return subprocess.CompletedProcess(argv, status, stdout, err.read_text())
 
@@ -79,9 +100,16 @@ def _forked(target: str, argv: list[str], env: dict[str, str], timeout: float,
 DEBUG_SEQ_LEN = ("--training.seq_len", "64")
 
 
-def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_TOML,
-             check: bool = True, timeout: int = 600, env: dict[str, str] | None = None,
-             command_line: bool = False) -> subprocess.CompletedProcess:
+def torchrun(
+    dump: Path | str,
+    nproc: int,
+    *overrides: str,
+    config: str = DEBUG_TOML,
+    check: bool = True,
+    timeout: int = 600,
+    env: dict[str, str] | None = None,
+    command_line: bool = False,
+) -> subprocess.CompletedProcess:
     """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
 
     By default the job is forked from the session's job server (``dispersion_titan.utils.preloaded``:
@@ -89,12 +117,31 @@ def torchrun(dump: Path | str, nproc: int, *overrides: str, config: str = DEBUG_
     as ``launch/train.sh`` does (``python -m dispersion_titan.torchrun -m
     dispersion_titan.train``: torchrun with a one-line ending), for tests that look at its
     processes, signal them or read its prefixed output."""
-    argv = ["--job.config_file", config, "--job.dump_folder", str(dump), "--metrics.log_freq", "1",
-            *(DEBUG_SEQ_LEN if config == DEBUG_TOML else ()), *overrides]
+    argv = [
+        "--job.config_file",
+        config,
+        "--job.dump_folder",
+        str(dump),
+        "--metrics.log_freq",
+        "1",
+        *(DEBUG_SEQ_LEN if config == DEBUG_TOML else ()),
+        *overrides,
+    ]
     if command_line:
-        cmd = [sys.executable, "-m", "dispersion_titan.torchrun", f"--nproc_per_node={nproc}",
-               "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--local-ranks-filter=0",
-               "--role=rank", "--tee=3", "-m", "dispersion_titan.train", *argv]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dispersion_titan.torchrun",
+            f"--nproc_per_node={nproc}",
+            "--rdzv_backend=c10d",
+            "--rdzv_endpoint=localhost:0",
+            "--local-ranks-filter=0",
+            "--role=rank",
+            "--tee=3",
+            "-m",
+            "dispersion_titan.train",
+            *argv,
+        ]
         proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
     else:
         proc = _forked("dispersion_titan.train", argv, launch_env(env), timeout, nproc)
@@ -109,20 +156,27 @@ def torchrun_script(script: str, nproc: int, *args: str, timeout: int = 300) -> 
     return _forked(str(REPO / "tests" / "dist_scripts" / script), list(args), launch_env(), timeout, nproc)
 
 
-def python_module(module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None,
-                  command_line: bool = False) -> subprocess.CompletedProcess:
+def python_module(
+    module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None, command_line: bool = False
+) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` from the repository: forked from the job server (its
     imports already paid), or with ``command_line=True`` a fresh interpreter, for commands
     that read the environment at import time or start processes of their own."""
     if not command_line:
         return _forked(module, list(args), launch_env(env), timeout)
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=launch_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env=launch_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
-
-def paused_writer(module: str, *args: str, folder: Path, env: dict[str, str] | None = None,
-                  timeout: float = 300) -> tuple[int, Future]:
+def paused_writer(
+    module: str, *args: str, folder: Path, env: dict[str, str] | None = None, timeout: float = 300
+) -> tuple[int, Future]:
     """``python -m MODULE ARGS`` started in the background (forked from the job server, as
     ``python_module``) and paused (SIGSTOP) the moment it holds ``folder``'s writer lock, so that
     a second writer provably meets it inside. Returns its PID (SIGCONT resumes it) and the
@@ -141,8 +195,9 @@ def paused_writer(module: str, *args: str, folder: Path, env: dict[str, str] | N
     raise AssertionError(f"{module} never held {folder}'s lock: {job.result().stderr[-3000:] if job.done() else ''}")
 
 
-def second_writer_is_refused(module: str, first: list[str], second: list[str], folder: Path,
-                             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def second_writer_is_refused(
+    module: str, first: list[str], second: list[str], folder: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``python -m MODULE FIRST`` paused while it holds ``folder`` (``paused_writer``), then
     ``python -m MODULE SECOND`` into the same folder: refused in one line naming the first's PID,
     host and command, with nothing in ``folder`` changed. The first then ends, exit 0, releasing
@@ -151,9 +206,12 @@ def second_writer_is_refused(module: str, first: list[str], second: list[str], f
     try:
         before = digests(folder)
         refused = python_module(module, *second, env=env, timeout=300)
-        assert_one_line_error(refused.returncode, refused.stderr,
-                              f"{folder}: another command is writing here (PID {pid} on {socket.gethostname()}, "
-                              f"python -m {module} ", "use another --out")  # its command, maybe cut
+        assert_one_line_error(
+            refused.returncode,
+            refused.stderr,
+            f"{folder}: another command is writing here (PID {pid} on {socket.gethostname()}, python -m {module} ",
+            "use another --out",
+        )  # its command, maybe cut
         assert digests(folder) == before
     finally:
         os.kill(pid, signal.SIGCONT)
@@ -167,10 +225,13 @@ def second_writer_is_refused(module: str, first: list[str], second: list[str], f
 def held_by_another_command(folder: Path) -> Iterator[int]:
     """``folder``'s writer lock held, for the block, by a live process of this host that takes it
     as every command does (``sole_writer``); yields its PID."""
-    code = ("import sys, time\nfrom dispersion_titan.run_folder.writer_lock import sole_writer\n"
-            "with sole_writer(sys.argv[1]):\n    print(flush=True)\n    time.sleep(300)")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, env=launch_env(),
-                              stdout=subprocess.PIPE, text=True)
+    code = (
+        "import sys, time\nfrom dispersion_titan.run_folder.writer_lock import sole_writer\n"
+        "with sole_writer(sys.argv[1]):\n    print(flush=True)\n    time.sleep(300)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(folder)], cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, text=True
+    )
     try:
         holder.stdout.readline()  # it holds the lock
         yield holder.pid

@@ -16,6 +16,7 @@ def digests(folder: Path, pattern: str = "*") -> dict[str, str]:
     nothing added, removed or changed. Small files by their SHA-256; files of 1 MiB and more
     (checkpoint shards) by size and modification time in ns, which every rewrite changes:
     hashing a sweep's checkpoints twice per test cost seconds of CPU."""
+
     def identity(path: Path) -> str:
         stat = path.stat()
         if stat.st_size >= 1 << 20:
@@ -66,8 +67,9 @@ def update_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], init
     return ((fa - fb).norm() / (fa - f0).norm()).item()
 
 
-def tiny_run(dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug", args=None,
-             tokenizer: str = "gpt2") -> Path:
+def tiny_run(
+    dump: Path, steps: tuple[int, ...] = (0,), flavor: str = "debug", args=None, tokenizer: str = "gpt2"
+) -> Path:
     """A run folder without training: ``run.json`` and one single-process DCP checkpoint of
     seeded random weights per step (seconds, where a torchrun job takes a minute); of the
     gpt2 ``flavor``, or of any family's ``args``."""

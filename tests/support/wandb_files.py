@@ -22,16 +22,16 @@ def records(path: Path) -> list:
     from wandb.proto import wandb_internal_pb2
 
     data = path.read_bytes()
-    assert data[:len(HEADER)] == HEADER, f"{path}: not a W&B transaction log"
+    assert data[: len(HEADER)] == HEADER, f"{path}: not a W&B transaction log"
     out, pos, pending = [], len(HEADER), b""
     while pos + 7 <= len(data):
         if BLOCK - pos % BLOCK < 7:  # a block's tail too short for a chunk header is padding
             pos += BLOCK - pos % BLOCK
             continue
-        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        length, kind = struct.unpack("<HB", data[pos + 4 : pos + 7])
         if kind == 0:  # zero padding at the end of the file
             break
-        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
         pending = chunk if kind in (FULL, FIRST) else pending + chunk
         if kind in (FULL, LAST):
             record = wandb_internal_pb2.Record()
@@ -54,8 +54,9 @@ def logged(folder: Path) -> list[tuple[Path, int, dict]]:
                     for parent in parents:
                         into = into.setdefault(parent, {})
                     into[key] = json.loads(item.value_json)
-                out.append((path.parent, record.history.step.num,
-                            {k: v for k, v in items.items() if not k.startswith("_")}))  # not wandb's _step, _runtime
+                out.append(
+                    (path.parent, record.history.step.num, {k: v for k, v in items.items() if not k.startswith("_")})
+                )  # not wandb's _step, _runtime
     return out
 
 

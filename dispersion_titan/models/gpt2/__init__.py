@@ -23,8 +23,9 @@ def get_train_spec() -> TrainSpec:
     from .. import spec
     from . import parallelize, state_dict_adapter
 
-    return spec.dispersion_train_spec(GPT2, gpt2_flavors, parallelize.parallelize_gpt2,
-                                      state_dict_adapter.GPT2StateDictAdapter)
+    return spec.dispersion_train_spec(
+        GPT2, gpt2_flavors, parallelize.parallelize_gpt2, state_dict_adapter.GPT2StateDictAdapter
+    )
 
 
 def hf_config(args: GPT2ModelArgs, tokenizer: Any):

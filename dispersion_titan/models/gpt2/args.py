@@ -21,8 +21,19 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
     """Shape of a GPT-2-like model. ``mlp_hidden_dim=0`` means the GPT-2 default, 4·dim."""
 
     FAMILY: ClassVar[str] = "gpt2"
-    OVERRIDES: ClassVar[dict[str, str]] = {key: key for key in (
-        "dim", "n_layers", "n_heads", "mlp_hidden_dim", "vocab_size", "max_seq_len", "tie_embeddings", *DROPOUT_KEYS)}
+    OVERRIDES: ClassVar[dict[str, str]] = {
+        key: key
+        for key in (
+            "dim",
+            "n_layers",
+            "n_heads",
+            "mlp_hidden_dim",
+            "vocab_size",
+            "max_seq_len",
+            "tie_embeddings",
+            *DROPOUT_KEYS,
+        )
+    }
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
         "head_dim": "gpt2's head width is dim / n_heads",
         "n_kv_heads": "gpt2 has one key/value head per attention head",

@@ -41,10 +41,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
-        q, k, v = (
-            w(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2)
-            for w in (self.wq, self.wk, self.wv)
-        )
+        q, k, v = (w(x).view(bsz, seqlen, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         dropout_p = self.attn_dropout if self.training else 0.0  # on the attention probabilities
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
         return self.resid_dropout(self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1)))

@@ -118,9 +118,9 @@ class GPT2StateDictAdapter(StateDictAdapter):
             hf[theirs] = state_dict[ours].t().contiguous()
         for i in range(self.model_args.n_layers):
             prefix = f"layers.{i}.attention"
-            hf[f"transformer.h.{i}.attn.c_attn.weight"] = torch.cat(
-                [state_dict[f"{prefix}.{w}.weight"] for w in _QKV], dim=0
-            ).t().contiguous()
+            hf[f"transformer.h.{i}.attn.c_attn.weight"] = (
+                torch.cat([state_dict[f"{prefix}.{w}.weight"] for w in _QKV], dim=0).t().contiguous()
+            )
             hf[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(
                 [state_dict[f"{prefix}.{w}.bias"] for w in _QKV], dim=0
             )
@@ -129,9 +129,7 @@ class GPT2StateDictAdapter(StateDictAdapter):
         return hf
 
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
-        hf = {
-            _canonical_hf_key(k): v for k, v in hf_state_dict.items() if not _HF_BUFFERS.search(k)
-        }
+        hf = {_canonical_hf_key(k): v for k, v in hf_state_dict.items() if not _HF_BUFFERS.search(k)}
         ours: dict[str, Any] = {}
         for mine, theirs in self._pairs(_DIRECT):
             ours[mine] = hf[theirs]

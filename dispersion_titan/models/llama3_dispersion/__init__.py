@@ -26,7 +26,10 @@ class Llama3Args(RotaryOverrides, TransformerModelArgs):
 
     FAMILY: ClassVar[str] = MODEL_NAME
     OVERRIDES: ClassVar[dict[str, str]] = {
-        "dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
+        "dim": "dim",
+        "n_layers": "n_layers",
+        "n_heads": "n_heads",
+        "n_kv_heads": "n_kv_heads",
         "vocab_size": "vocab_size",
     }
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
@@ -50,8 +53,7 @@ llama3_flavors = Flavors(llama3_args, Llama3Args, offered)
 def get_train_spec() -> TrainSpec:
     from ..spec import dispersion_train_spec  # the trainer side: see models/gpt2/__init__.py
 
-    return dispersion_train_spec(Transformer, llama3_flavors, adapted(parallelize_llama),
-                                 Llama3StateDictAdapter)
+    return dispersion_train_spec(Transformer, llama3_flavors, adapted(parallelize_llama), Llama3StateDictAdapter)
 
 
 def hf_config(args: Llama3Args, tokenizer: Any):
@@ -63,10 +65,14 @@ def hf_config(args: Llama3Args, tokenizer: Any):
     return LlamaConfig(
         **hf_decoder_fields(args, tokenizer),
         max_position_embeddings=max(args.max_seq_len, scaling.original_max_position_embeddings),
-        rope_parameters={"rope_type": "llama3", "rope_theta": float(args.rope_theta),
-                         "factor": scaling.scaling_factor, "low_freq_factor": scaling.low_freq_factor,
-                         "high_freq_factor": scaling.high_freq_factor,
-                         "original_max_position_embeddings": scaling.original_max_position_embeddings},
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": float(args.rope_theta),
+            "factor": scaling.scaling_factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        },
         tie_word_embeddings=False,
         architectures=["LlamaForCausalLM"],
     )

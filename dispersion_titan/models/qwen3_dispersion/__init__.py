@@ -24,8 +24,13 @@ class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
 
     FAMILY: ClassVar[str] = MODEL_NAME
     OVERRIDES: ClassVar[dict[str, str]] = {
-        "dim": "dim", "n_layers": "n_layers", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads",
-        "head_dim": "head_dim", "mlp_hidden_dim": "hidden_dim", "vocab_size": "vocab_size",
+        "dim": "dim",
+        "n_layers": "n_layers",
+        "n_heads": "n_heads",
+        "n_kv_heads": "n_kv_heads",
+        "head_dim": "head_dim",
+        "mlp_hidden_dim": "hidden_dim",
+        "vocab_size": "vocab_size",
         "tie_embeddings": "enable_weight_tying",
     }
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = RotaryOverrides.ROTARY_REFUSED
@@ -41,8 +46,7 @@ qwen3_flavors = Flavors(qwen3_args, Qwen3Args, offered)
 def get_train_spec() -> TrainSpec:
     from ..spec import dispersion_train_spec  # the trainer side: see models/gpt2/__init__.py
 
-    return dispersion_train_spec(Qwen3Model, qwen3_flavors, adapted(parallelize_qwen3),
-                                 Qwen3StateDictAdapter)
+    return dispersion_train_spec(Qwen3Model, qwen3_flavors, adapted(parallelize_qwen3), Qwen3StateDictAdapter)
 
 
 def hf_config(args: Qwen3Args, tokenizer: Any):

@@ -10,17 +10,39 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-GPT2_HUB_IDS = ("openai-community/gpt2", "openai-community/gpt2-medium", "openai-community/gpt2-large",
-                "openai-community/gpt2-xl")
+GPT2_HUB_IDS = (
+    "openai-community/gpt2",
+    "openai-community/gpt2-medium",
+    "openai-community/gpt2-large",
+    "openai-community/gpt2-xl",
+)
 SIZE_SERIES: dict[str, tuple[str, ...]] = {
     "GPT-2": GPT2_HUB_IDS,
     "Qwen": ("Qwen/Qwen-1_8B", "Qwen/Qwen-7B", "Qwen/Qwen-14B", "Qwen/Qwen-72B"),
-    "Qwen2.5": ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B",
-                "Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-32B", "Qwen/Qwen2.5-72B"),
-    "Qwen3": ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-1.7B", "Qwen/Qwen3-4B", "Qwen/Qwen3-8B", "Qwen/Qwen3-14B",
-              "Qwen/Qwen3-32B"),
-    "BLOOM": ("bigscience/bloom-560m", "bigscience/bloom-1b1", "bigscience/bloom-1b7", "bigscience/bloom-3b",
-              "bigscience/bloom-7b1"),
+    "Qwen2.5": (
+        "Qwen/Qwen2.5-0.5B",
+        "Qwen/Qwen2.5-1.5B",
+        "Qwen/Qwen2.5-3B",
+        "Qwen/Qwen2.5-7B",
+        "Qwen/Qwen2.5-14B",
+        "Qwen/Qwen2.5-32B",
+        "Qwen/Qwen2.5-72B",
+    ),
+    "Qwen3": (
+        "Qwen/Qwen3-0.6B",
+        "Qwen/Qwen3-1.7B",
+        "Qwen/Qwen3-4B",
+        "Qwen/Qwen3-8B",
+        "Qwen/Qwen3-14B",
+        "Qwen/Qwen3-32B",
+    ),
+    "BLOOM": (
+        "bigscience/bloom-560m",
+        "bigscience/bloom-1b1",
+        "bigscience/bloom-1b7",
+        "bigscience/bloom-3b",
+        "bigscience/bloom-7b1",
+    ),
 }
 DISTILLATION_PAIRS: tuple[tuple[str, str], ...] = (  # (base, distilled), plot_trend.py --paired's order
     ("Qwen/Qwen2.5-Math-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
@@ -36,25 +58,40 @@ FIG3_WIDTHS = (768, 1536, 3072, 6144)
 """fig3's MLP widths (ours: the paper records none)."""
 FIG3_PRESETS: dict[str, tuple[tuple[str, str], bool]] = {
     # name -> ((cross-entropy config, angular_spread config), one config per width ({width}) or --model.mlp_hidden_dim)
-    "paper": (("train_configs/paper/fig3_gpt2_small.toml", "train_configs/paper/fig3_gpt2_small_angular_spread.toml"),
-              False),
-    "ours": (("train_configs/gpt2_small_mlp{width}.toml", "train_configs/gpt2_small_mlp{width}_angular_spread.toml"),
-             True),
+    "paper": (
+        ("train_configs/paper/fig3_gpt2_small.toml", "train_configs/paper/fig3_gpt2_small_angular_spread.toml"),
+        False,
+    ),
+    "ours": (
+        ("train_configs/gpt2_small_mlp{width}.toml", "train_configs/gpt2_small_mlp{width}_angular_spread.toml"),
+        True,
+    ),
 }
 """``paper fig3 --preset``: the authors' pretrain_toy_gpt2.py defaults (the paper's), or our sweep on the
 embedded Wikipedia sample."""
 FIG3_SEQ_LEN = 1024
 """fig3's tokens per text: ``plot_heatmaps.py --max_length 1024`` (the other figures: 512)."""
-TABLE2_CONFIGS = tuple(f"train_configs/paper/midtrain_{arm}.toml" for arm in (
-    "gpt2_wikitext103_baseline", "gpt2_wikitext103_dispersion", "qwen3_0.6b_baseline", "qwen3_0.6b_angular_spread",
-    "qwen3_1.7b_baseline", "qwen3_1.7b_angular_spread"))
+TABLE2_CONFIGS = tuple(
+    f"train_configs/paper/midtrain_{arm}.toml"
+    for arm in (
+        "gpt2_wikitext103_baseline",
+        "gpt2_wikitext103_dispersion",
+        "qwen3_0.6b_baseline",
+        "qwen3_0.6b_angular_spread",
+        "qwen3_1.7b_baseline",
+        "qwen3_1.7b_angular_spread",
+    )
+)
 """Table 2's arms, one training run per seed each."""
 REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
 """Models that ship their own modelling code: analysed only when the user passes
 ``--trust-remote-code`` (the authors load every model with ``trust_remote_code=True``)."""
 ROBUSTNESS_CORPORA: dict[str, str | None] = {
     # name -> our registered dataset (--dataset), or None: give a jsonl with --corpus NAME=FILE
-    "wikitext-103": "wikitext-103", "pubmed_qa": None, "imdb": None, "squad": None,
+    "wikitext-103": "wikitext-103",
+    "pubmed_qa": None,
+    "imdb": None,
+    "squad": None,
 }
 """The robustness figure's texts (the authors' ``--dataset wikipedia|pubmed|imdb|squad``:
 wikitext-103-v1, pubmed_qa pqa_labeled ``long_answer``, imdb ``text``, squad ``context``, train
@@ -64,13 +101,39 @@ PAPER_CORPUS = "wikitext-103"
 """The corpus ``analyze --protocol paper`` reads by itself (wikitext-103-v1 train)."""
 
 SIZES_B = {  # nominal parameters, billions
-    "gpt2": 0.124, "gpt2-medium": 0.355, "gpt2-large": 0.774, "gpt2-xl": 1.5, "Qwen-1_8B": 1.8, "Qwen-7B": 7,
-    "Qwen-14B": 14, "Qwen-72B": 72, "Qwen2.5-0.5B": 0.5, "Qwen2.5-1.5B": 1.5, "Qwen2.5-3B": 3, "Qwen2.5-7B": 7,
-    "Qwen2.5-14B": 14, "Qwen2.5-32B": 32, "Qwen2.5-72B": 72, "Qwen3-0.6B": 0.6, "Qwen3-1.7B": 1.7, "Qwen3-4B": 4,
-    "Qwen3-8B": 8, "Qwen3-14B": 14, "Qwen3-32B": 32, "bloom-560m": 0.56, "bloom-1b1": 1.1, "bloom-1b7": 1.7,
-    "bloom-3b": 3, "bloom-7b1": 7.1, "Qwen2.5-Math-1.5B": 1.5, "Qwen2.5-Math-7B": 7,
-    "DeepSeek-R1-Distill-Qwen-1.5B": 1.5, "DeepSeek-R1-Distill-Qwen-7B": 7, "DeepSeek-R1-Distill-Qwen-14B": 14,
-    "DeepSeek-R1-Distill-Qwen-32B": 32, "Olmo-3-1025-7B": 7,
+    "gpt2": 0.124,
+    "gpt2-medium": 0.355,
+    "gpt2-large": 0.774,
+    "gpt2-xl": 1.5,
+    "Qwen-1_8B": 1.8,
+    "Qwen-7B": 7,
+    "Qwen-14B": 14,
+    "Qwen-72B": 72,
+    "Qwen2.5-0.5B": 0.5,
+    "Qwen2.5-1.5B": 1.5,
+    "Qwen2.5-3B": 3,
+    "Qwen2.5-7B": 7,
+    "Qwen2.5-14B": 14,
+    "Qwen2.5-32B": 32,
+    "Qwen2.5-72B": 72,
+    "Qwen3-0.6B": 0.6,
+    "Qwen3-1.7B": 1.7,
+    "Qwen3-4B": 4,
+    "Qwen3-8B": 8,
+    "Qwen3-14B": 14,
+    "Qwen3-32B": 32,
+    "bloom-560m": 0.56,
+    "bloom-1b1": 1.1,
+    "bloom-1b7": 1.7,
+    "bloom-3b": 3,
+    "bloom-7b1": 7.1,
+    "Qwen2.5-Math-1.5B": 1.5,
+    "Qwen2.5-Math-7B": 7,
+    "DeepSeek-R1-Distill-Qwen-1.5B": 1.5,
+    "DeepSeek-R1-Distill-Qwen-7B": 7,
+    "DeepSeek-R1-Distill-Qwen-14B": 14,
+    "DeepSeek-R1-Distill-Qwen-32B": 32,
+    "Olmo-3-1025-7B": 7,
 }
 GPU_MEMORY_GB = 80
 DTYPE_BYTES = {"fp32": 4, "bf16": 2}
@@ -99,8 +162,11 @@ def _models_line(models: tuple[str, ...]) -> str:
 def _hours(models: tuple[str, ...], states: int = 1) -> str:
     hours = sum(analysis_gpu_hours(size_b(m)) for m in models) * states
     biggest = max(size_b(m) for m in models)
-    gpus = (f"largest {biggest:g}B: {gpus_needed(biggest)} GPUs in fp32 (--device-map auto; --dtype bf16 halves "
-            "the memory)" if gpus_needed(biggest) > 1 else f"largest {biggest:g}B: one 80 GB GPU in fp32")
+    gpus = (
+        f"largest {biggest:g}B: {gpus_needed(biggest)} GPUs in fp32 (--device-map auto; --dtype bf16 halves the memory)"
+        if gpus_needed(biggest) > 1
+        else f"largest {biggest:g}B: one 80 GB GPU in fp32"
+    )
     return f"~{hours:.1f} GPU-hours (estimate, not measured; {gpus}; plus downloading the weights)"
 
 
@@ -113,52 +179,72 @@ class Artifact:
     compute: str
 
 
-ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (
-    Artifact("fig2", "Fig. 2 and S1: larger models condense less",
-             "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
-             "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
-             "with the family statistic (Spearman of size vs last-3-layer mean cosine)",
-             "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items())
-             + " (Qwen only with --trust-remote-code: it ships its own modelling code)",
-             _hours(tuple(m for models in SIZE_SERIES.values() for m in models))),
-    Artifact("fig3", "Fig. 3: MLP width only",
-             "train the preset (--slurm), then analyze RUN --steps first,last per width at 1024 tokens; a row of "
-             "heatmaps and the width trend for the first and for the last checkpoint (plot_heatmaps.py)",
-             f"{' and '.join(FIG3_PRESETS['paper'][0])} at MLP width {', '.join(map(str, FIG3_WIDTHS))} (GPT-2 "
-             "small shape; per width the dispersion run, as the authors' pick); --preset ours: "
-             "train_configs/gpt2_small_mlp*.toml; --models RUN ... for runs trained elsewhere",
-             "training: eight GPT-2-small runs of 2.5B tokens (see docs/reproduction.md); analysis ~0.1 GPU-hours "
-             "(estimate, not measured)"),
-    Artifact("fig4", "Fig. 4: condensation from initialization",
-             "analyze hf:MODEL@REV1,...; one heatmap per revision, annotated with its tokens seen, and the "
-             "depth trend over training",
-             f"{OLMO} (7B): {FIG4_REVISIONS} of its stage-1 branches from step 0 to the last (listed from the "
-             "hub at run time; --revisions names others)",
-             f"~{analysis_gpu_hours(7) * FIG4_REVISIONS:.1f} GPU-hours (estimate, not measured; one 80 GB GPU; "
-             f"plus downloading {FIG4_REVISIONS} x 14 GB)"),
-    Artifact("fig5", "Fig. 5: distillation",
-             "analyze hf:MODEL per model; bases (top row) and distilled models (bottom row), the paired "
-             "depth-trend panel and the paired differences",
-             "; ".join(f"{a} vs {b}" for a, b in DISTILLATION_PAIRS),
-             _hours(tuple(m for pair in DISTILLATION_PAIRS for m in pair))),
-    Artifact("table2", "Table 2: downstream evaluation",
-             "evaluate RUN per run (arms x seeds), then evaluate table --select best; mean ± std per task "
-             "and average, significance against the reference arm; Markdown and LaTeX",
-             "the runs of train_configs/paper/midtrain_gpt2_wikitext103_{baseline,dispersion}.toml (GPT-2) or "
-             "midtrain_qwen3_*.toml (Qwen3), several seeds each, given with --models [ARM=]RUN,...",
-             "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
-             "limit 500; estimate, not measured)"),
-    Artifact("robustness", "Fig. S (dataset robustness): the same trend on other texts",
-             "analyze hf:MODEL per model and corpus; fig2's panels, one row per corpus",
-             f"{_models_line(GPT2_HUB_IDS)} on {', '.join(ROBUSTNESS_CORPORA)}",
-             _hours(GPT2_HUB_IDS, states=len(ROBUSTNESS_CORPORA))),
-)}
+ARTIFACTS: dict[str, Artifact] = {
+    a.name: a
+    for a in (
+        Artifact(
+            "fig2",
+            "Fig. 2 and S1: larger models condense less",
+            "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
+            "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
+            "with the family statistic (Spearman of size vs last-3-layer mean cosine)",
+            "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items())
+            + " (Qwen only with --trust-remote-code: it ships its own modelling code)",
+            _hours(tuple(m for models in SIZE_SERIES.values() for m in models)),
+        ),
+        Artifact(
+            "fig3",
+            "Fig. 3: MLP width only",
+            "train the preset (--slurm), then analyze RUN --steps first,last per width at 1024 tokens; a row of "
+            "heatmaps and the width trend for the first and for the last checkpoint (plot_heatmaps.py)",
+            f"{' and '.join(FIG3_PRESETS['paper'][0])} at MLP width {', '.join(map(str, FIG3_WIDTHS))} (GPT-2 "
+            "small shape; per width the dispersion run, as the authors' pick); --preset ours: "
+            "train_configs/gpt2_small_mlp*.toml; --models RUN ... for runs trained elsewhere",
+            "training: eight GPT-2-small runs of 2.5B tokens (see docs/reproduction.md); analysis ~0.1 GPU-hours "
+            "(estimate, not measured)",
+        ),
+        Artifact(
+            "fig4",
+            "Fig. 4: condensation from initialization",
+            "analyze hf:MODEL@REV1,...; one heatmap per revision, annotated with its tokens seen, and the "
+            "depth trend over training",
+            f"{OLMO} (7B): {FIG4_REVISIONS} of its stage-1 branches from step 0 to the last (listed from the "
+            "hub at run time; --revisions names others)",
+            f"~{analysis_gpu_hours(7) * FIG4_REVISIONS:.1f} GPU-hours (estimate, not measured; one 80 GB GPU; "
+            f"plus downloading {FIG4_REVISIONS} x 14 GB)",
+        ),
+        Artifact(
+            "fig5",
+            "Fig. 5: distillation",
+            "analyze hf:MODEL per model; bases (top row) and distilled models (bottom row), the paired "
+            "depth-trend panel and the paired differences",
+            "; ".join(f"{a} vs {b}" for a, b in DISTILLATION_PAIRS),
+            _hours(tuple(m for pair in DISTILLATION_PAIRS for m in pair)),
+        ),
+        Artifact(
+            "table2",
+            "Table 2: downstream evaluation",
+            "evaluate RUN per run (arms x seeds), then evaluate table --select best; mean ± std per task "
+            "and average, significance against the reference arm; Markdown and LaTeX",
+            "the runs of train_configs/paper/midtrain_gpt2_wikitext103_{baseline,dispersion}.toml (GPT-2) or "
+            "midtrain_qwen3_*.toml (Qwen3), several seeds each, given with --models [ARM=]RUN,...",
+            "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
+            "limit 500; estimate, not measured)",
+        ),
+        Artifact(
+            "robustness",
+            "Fig. S (dataset robustness): the same trend on other texts",
+            "analyze hf:MODEL per model and corpus; fig2's panels, one row per corpus",
+            f"{_models_line(GPT2_HUB_IDS)} on {', '.join(ROBUSTNESS_CORPORA)}",
+            _hours(GPT2_HUB_IDS, states=len(ROBUSTNESS_CORPORA)),
+        ),
+    )
+}
 
 
 def listing() -> str:
     """What ``--list`` prints."""
     blocks = []
     for a in ARTIFACTS.values():
-        blocks.append(f"{a.name}  ({a.paper})\n  runs:    {a.runs}\n  models:  {a.defaults}\n"
-                      f"  compute: {a.compute}")
+        blocks.append(f"{a.name}  ({a.paper})\n  runs:    {a.runs}\n  models:  {a.defaults}\n  compute: {a.compute}")
     return "\n\n".join(blocks)

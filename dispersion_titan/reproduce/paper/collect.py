@@ -63,8 +63,9 @@ def tokens_seen(revision: str | None) -> str | None:
 def _missing(plan: PaperPlan, model: PaperModel, what: str) -> MissingInput:
     """Names the analyze command that makes it (the plan's own step for this model)."""
     command = next(step.shell() for step in plan.steps if step.argv[-1] == model.out)
-    return MissingInput(f"{plan.artifact}: no analysis of {what} in {model.out}; run {command} "
-                        f"(or this command without --draw-only)")
+    return MissingInput(
+        f"{plan.artifact}: no analysis of {what} in {model.out}; run {command} (or this command without --draw-only)"
+    )
 
 
 FIG3_ROWS = ("first checkpoint", "last checkpoint")
@@ -77,14 +78,16 @@ def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
         steps = sorted(found[name].step for name in found if name.startswith("step-"))
         if len(steps) < 2:
             raise _missing(plan, model, f"{model.label}'s first and last checkpoints")
-        return [Entry(f"MLP {found[f'step-{step}'].mlp_width}", row, found[f"step-{step}"])
-                for row, step in zip(FIG3_ROWS, (steps[0], steps[-1]), strict=True)]
+        return [
+            Entry(f"MLP {found[f'step-{step}'].mlp_width}", row, found[f"step-{step}"])
+            for row, step in zip(FIG3_ROWS, (steps[0], steps[-1]), strict=True)
+        ]
     if model.steps is not None:
         folder = f"step-{model.steps}"
         if folder not in found:
             raise _missing(plan, model, f"{model.label} step {model.steps}")
         return [Entry(model.label, model.row or "runs", found[folder])]
-    body = model.target[len(HF):]
+    body = model.target[len(HF) :]
     revisions = body.rpartition("@")[2].split(",") if "@" in body else [None]
     entries = []
     for revision in revisions:
@@ -92,8 +95,11 @@ def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
         if folder not in found:
             raise _missing(plan, model, f"{model.label}" + (f"@{revision}" if revision else ""))
         result = found[folder]
-        label = model.label if revision is None else (
-            f"{tokens_seen(revision)} tokens" if tokens_seen(revision) else revision)
+        label = (
+            model.label
+            if revision is None
+            else (f"{tokens_seen(revision)} tokens" if tokens_seen(revision) else revision)
+        )
         entries.append(Entry(label, model.row or str(result.model_args.get("model_type")), result))
     return entries
 
@@ -107,8 +113,10 @@ def entries(plan: PaperPlan) -> list[Entry]:
         for other in group[1:]:
             options = {k: v for k, v in other.result.inputs.items() if k != "tokens_sha256"}
             if options != first:
-                raise MissingInput(f"{plan.artifact}: {other.label} was analyzed with other inputs than "
-                                   f"{group[0].label} ({differences(first, options)}); use another --out")
+                raise MissingInput(
+                    f"{plan.artifact}: {other.label} was analyzed with other inputs than "
+                    f"{group[0].label} ({differences(first, options)}); use another --out"
+                )
     return found
 
 
@@ -124,8 +132,13 @@ def size_of(plan: PaperPlan, entry: Entry) -> float:
 def model_numbers(entry: Entry) -> dict:
     r = entry.result
     return {
-        "label": entry.label, "row": entry.row, "model": r.model or r.run, "revision": r.revision, "step": r.step,
-        "tokens_seen": tokens_seen(r.revision), "n_params": r.n_params,
+        "label": entry.label,
+        "row": entry.row,
+        "model": r.model or r.run,
+        "revision": r.revision,
+        "step": r.step,
+        "tokens_seen": tokens_seen(r.revision),
+        "n_params": r.n_params,
         "layer_points": r.inputs.get("layer_points", "all"),
         "layers": [layer.name for layer in entry.layers],
         "mean_cos": entry.curve,
@@ -145,9 +158,16 @@ def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
         x = [size_of(plan, e) for e in group]
         y = [e.last_n_mean(LAST_N) for e in group]
         against = {"fig3": "mlp_width", "fig4": "step"}.get(plan.artifact, "n_params")
-        rows.append({"row": row, "models": [e.label for e in group], "against": against, "x": x,
-                     f"mean_cos_last_{LAST_N}": y,
-                     **(rank_trend(x, y) if len(group) >= 2 else {"spearman": None, "kendall": None})})
+        rows.append(
+            {
+                "row": row,
+                "models": [e.label for e in group],
+                "against": against,
+                "x": x,
+                f"mean_cos_last_{LAST_N}": y,
+                **(rank_trend(x, y) if len(group) >= 2 else {"spearman": None, "kendall": None}),
+            }
+        )
     return rows
 
 
@@ -157,11 +177,15 @@ def pair_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
     out = []
     for a, b in plan.pairs:
         base, distilled = model_numbers(found[a]), model_numbers(found[b])
-        out.append({"base": base["label"], "distilled": distilled["label"],
-                    "delta_spearman": _delta(distilled["spearman"]["rho"], base["spearman"]["rho"]),
-                    "delta_kendall": _delta(distilled["kendall"]["tau"], base["kendall"]["tau"]),
-                    f"delta_mean_cos_last_{LAST_N}": distilled[f"mean_cos_last_{LAST_N}"]
-                    - base[f"mean_cos_last_{LAST_N}"]})
+        out.append(
+            {
+                "base": base["label"],
+                "distilled": distilled["label"],
+                "delta_spearman": _delta(distilled["spearman"]["rho"], base["spearman"]["rho"]),
+                "delta_kendall": _delta(distilled["kendall"]["tau"], base["kendall"]["tau"]),
+                f"delta_mean_cos_last_{LAST_N}": distilled[f"mean_cos_last_{LAST_N}"] - base[f"mean_cos_last_{LAST_N}"],
+            }
+        )
     return out
 
 
@@ -171,12 +195,18 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 def numbers(plan: PaperPlan, found: list[Entry]) -> dict:
     """``ARTIFACT.json``: everything drawn, and what it was measured on."""
-    inputs = {row: {k: v for k, v in next(e for e in found if e.row == row).result.inputs.items()
-                    if k != "tokens_sha256"} for row in dict.fromkeys(e.row for e in found)}
-    return {"artifact": plan.artifact, "inputs": inputs,
-            "depth_trend": "Spearman's rho and Kendall's tau of per-layer mean_cos against layer index "
-                           "(embedding = 0) over each model's layer points, two-sided p-values (scipy)",
-            "last_n": "mean_cos_last_n: the mean of the last N layer points, N = 1..5; mean_cos_last_half: of "
-                      "the last half_n = L//2+1 of L points (the authors' plot_trend.py --last-n panels)",
-            "models": [model_numbers(e) for e in found], "rows": row_numbers(plan, found),
-            "pairs": pair_numbers(plan, found)}
+    inputs = {
+        row: {k: v for k, v in next(e for e in found if e.row == row).result.inputs.items() if k != "tokens_sha256"}
+        for row in dict.fromkeys(e.row for e in found)
+    }
+    return {
+        "artifact": plan.artifact,
+        "inputs": inputs,
+        "depth_trend": "Spearman's rho and Kendall's tau of per-layer mean_cos against layer index "
+        "(embedding = 0) over each model's layer points, two-sided p-values (scipy)",
+        "last_n": "mean_cos_last_n: the mean of the last N layer points, N = 1..5; mean_cos_last_half: of "
+        "the last half_n = L//2+1 of L points (the authors' plot_trend.py --last-n panels)",
+        "models": [model_numbers(e) for e in found],
+        "rows": row_numbers(plan, found),
+        "pairs": pair_numbers(plan, found),
+    }

@@ -59,8 +59,13 @@ def _trend_axes(ax, labels: list[str], title: str) -> None:
     ax.set_ylim(-1.05, 1.05)
     ax.axhline(0, color="grey", lw=0.5)
     upright = len(labels) > 3 or max(map(len, labels)) > 12
-    ax.set_xticks(range(len(labels)), labels, rotation=90 if upright else 45, ha="center" if upright else "right",
-                  fontsize=FONT - 1)
+    ax.set_xticks(
+        range(len(labels)),
+        labels,
+        rotation=90 if upright else 45,
+        ha="center" if upright else "right",
+        fontsize=FONT - 1,
+    )
     ax.tick_params(axis="y", labelsize=FONT - 1)
     ax.set_xlim(-0.4, len(labels) - 0.6)
     ax.set_ylabel("rank correlation with depth", fontsize=FONT)
@@ -89,11 +94,20 @@ def _paired_trend(ax, bases: list[Entry], distilled: list[Entry]) -> None:
         ax.vlines(x, a, b, color=color, lw=0.6, alpha=0.6)
         for xi, ai, bi in zip(x, a, b, strict=True):
             if ai is not None and bi is not None:
-                ax.annotate(f"Δ{name[-1]}={bi - ai:+.2f}", (xi, (ai + bi) / 2), xytext=(3 if shift > 0 else -3, 0),
-                            textcoords="offset points", ha="left" if shift > 0 else "right", fontsize=FONT - 2,
-                            color=color)
-    _trend_axes(ax, [f"{_short(a.label)} →\n{_short(b.label)}" for a, b in zip(bases, distilled, strict=True)],
-                "base (solid) vs distilled (dashed)")
+                ax.annotate(
+                    f"Δ{name[-1]}={bi - ai:+.2f}",
+                    (xi, (ai + bi) / 2),
+                    xytext=(3 if shift > 0 else -3, 0),
+                    textcoords="offset points",
+                    ha="left" if shift > 0 else "right",
+                    fontsize=FONT - 2,
+                    color=color,
+                )
+    _trend_axes(
+        ax,
+        [f"{_short(a.label)} →\n{_short(b.label)}" for a, b in zip(bases, distilled, strict=True)],
+        "base (solid) vs distilled (dashed)",
+    )
 
 
 def tick_labels(labels: list[str]) -> list[str]:
@@ -122,7 +136,7 @@ def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired:
     for row in rows:
         group = groups[row]
         if not paired:
-            trend_axes.append(fig.add_subplot(grid[line:line + lines[row], 0]))
+            trend_axes.append(fig.add_subplot(grid[line : line + lines[row], 0]))
             _trend(trend_axes[-1], group, row_titles.get(row, row))
         for i, entry in enumerate(group):
             ax = fig.add_subplot(grid[line + i // per_line, 1 + i % per_line])
@@ -150,8 +164,9 @@ def last_n_figure(entries: list[Entry], title: str):
     mean cosine of the last N layer points per model, N = 1 … 5 and L//2 + 1."""
     rows = list(dict.fromkeys(e.row for e in entries))
     panels = len(LAST_N_PANELS) + 1
-    fig, axes = plt.subplots(len(rows), panels, figsize=(WIDTH_IN, 0.6 + 1.6 * len(rows)), layout="constrained",
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        len(rows), panels, figsize=(WIDTH_IN, 0.6 + 1.6 * len(rows)), layout="constrained", squeeze=False, sharey=True
+    )
     for line, row in zip(axes, rows, strict=True):
         group = [e for e in entries if e.row == row]
         x = np.arange(len(group))

@@ -90,5 +90,7 @@ def authors_pick(runs: list[str]) -> dict[int, tuple[str, list[str]]]:
 def pick_note(width: int, taken: str, others: list[str]) -> str:
     """What ``paper fig3`` says of a width with several runs."""
     arm = "a dispersion run" if _authors_key(taken)[0] else "a cross-entropy-only run"
-    return (f"fig3: MLP {width}: takes {taken} ({arm}) over {', '.join(others)}, as the authors' "
-            "plot_heatmaps.py: a dispersion run first, then the lowest seed, the fewest steps")
+    return (
+        f"fig3: MLP {width}: takes {taken} ({arm}) over {', '.join(others)}, as the authors' "
+        "plot_heatmaps.py: a dispersion run first, then the lowest seed, the fewest steps"
+    )

@@ -15,8 +15,19 @@ from ...utils.errors import ArgumentError, CheckpointError
 from . import catalog, fig3
 
 HF = "hf:"
-ANALYZE_OPTIONS = ("texts", "dataset", "dataset_path", "num_sequences", "seq_len", "seed", "protocol", "batch_size",
-                   "device", "dtype", "device_map")
+ANALYZE_OPTIONS = (
+    "texts",
+    "dataset",
+    "dataset_path",
+    "num_sequences",
+    "seq_len",
+    "seed",
+    "protocol",
+    "batch_size",
+    "device",
+    "dtype",
+    "device_map",
+)
 """``analyze``'s options an analysing artifact passes on (same names)."""
 PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}
 """What an analysing artifact gives ``analyze`` unless told otherwise: the authors' texts and
@@ -63,7 +74,9 @@ class Step:
     def shell(self) -> str:
         import shlex
 
-        command = ["launch/train.sh"] if self.command == "train" else ["python", "-m", f"dispersion_titan.{self.command}"]
+        command = (
+            ["launch/train.sh"] if self.command == "train" else ["python", "-m", f"dispersion_titan.{self.command}"]
+        )
         return " ".join([*command, *map(shlex.quote, self.argv)])
 
 
@@ -97,8 +110,9 @@ def _last_step(run: str) -> str:
     except CheckpointError as e:
         raise MissingInput(f"--models: {e}") from None
     if not checkpoints:
-        raise MissingInput(f"--models: {run}: no checkpoints yet (train it: launch/train.sh CONFIG "
-                           f"--job.dump_folder {run})")
+        raise MissingInput(
+            f"--models: {run}: no checkpoints yet (train it: launch/train.sh CONFIG --job.dump_folder {run})"
+        )
     return str(checkpoints[-1].step)
 
 
@@ -108,40 +122,51 @@ def model_of(text: str, analyses: str, row: str | None = None, size_b: float | N
         target = text
     elif os.path.isdir(text) and _is_run(text):
         run = os.path.abspath(text)
-        return PaperModel(run, os.path.join(analyses, safe_name(os.path.basename(run))), row, os.path.basename(run),
-                     steps=_last_step(run))
+        return PaperModel(
+            run,
+            os.path.join(analyses, safe_name(os.path.basename(run))),
+            row,
+            os.path.basename(run),
+            steps=_last_step(run),
+        )
     elif os.path.isdir(text):
         target = HF + os.path.abspath(text)
     elif os.path.exists(text) or text.startswith((".", "/")) or text.count("/") > 1:
         raise MissingInput(f"--models: {text}: no such model folder or run")
     else:
         target = HF + text
-    model = target[len(HF):].rpartition("@")[0] or target[len(HF):]
+    model = target[len(HF) :].rpartition("@")[0] or target[len(HF) :]
     label = os.path.basename(os.path.normpath(model))
-    return PaperModel(target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label,
-                 size_b)
+    return PaperModel(
+        target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label, size_b
+    )
 
 
 def ships_code(model: PaperModel) -> bool:
     """One of the paper's models that runs only with its own modelling code (``catalog.REMOTE_CODE``)."""
-    return model.target.startswith(HF) and model.target[len(HF):].partition("@")[0] in catalog.REMOTE_CODE
+    return model.target.startswith(HF) and model.target[len(HF) :].partition("@")[0] in catalog.REMOTE_CODE
 
 
-def with_remote_code(models: list[PaperModel], pairs: list[tuple[int, int]], options: dict, given: bool
-                     ) -> tuple[list[PaperModel], list[tuple[int, int]], list[str]]:
+def with_remote_code(
+    models: list[PaperModel], pairs: list[tuple[int, int]], options: dict, given: bool
+) -> tuple[list[PaperModel], list[tuple[int, int]], list[str]]:
     """Remote code runs only when asked (``--trust-remote-code``): then every given ``hf:`` model, or
     the paper's models that ship code, get it. Without it, given models that ship code are refused
     in one line; the paper's own are left out (returned last, with ``pairs`` renumbered)."""
     if options.get("trust_remote_code"):
-        return [replace(m, trust_remote_code=m.target.startswith(HF) if given else ships_code(m))
-                for m in models], pairs, []
-    needing = [m.target[len(HF):] for m in models if ships_code(m)]
+        return (
+            [replace(m, trust_remote_code=m.target.startswith(HF) if given else ships_code(m)) for m in models],
+            pairs,
+            [],
+        )
+    needing = [m.target[len(HF) :] for m in models if ships_code(m)]
     if needing and given:
-        raise ArgumentError(f"--models: {', '.join(needing)} run only with their own modelling code: add "
-                            "--trust-remote-code to run it, or leave them out")
+        raise ArgumentError(
+            f"--models: {', '.join(needing)} run only with their own modelling code: add "
+            "--trust-remote-code to run it, or leave them out"
+        )
     kept = {i: n for n, i in enumerate(i for i, m in enumerate(models) if not ships_code(m))}
-    return ([models[i] for i in kept], [(kept[a], kept[b]) for a, b in pairs if a in kept and b in kept],
-            needing)
+    return ([models[i] for i in kept], [(kept[a], kept[b]) for a, b in pairs if a in kept and b in kept], needing)
 
 
 def analyze_step(model: PaperModel, analyze_args: list[str]) -> Step:
@@ -162,8 +187,11 @@ def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
 
 def _default_models(artifact: str, analyses: str) -> tuple[list[PaperModel], list[tuple[int, int]]]:
     if artifact == "fig2":
-        return [model_of(m, analyses, series, catalog.size_b(m))
-                for series, models in catalog.SIZE_SERIES.items() for m in models], []
+        return [
+            model_of(m, analyses, series, catalog.size_b(m))
+            for series, models in catalog.SIZE_SERIES.items()
+            for m in models
+        ], []
     if artifact == "fig5":
         bases = [model_of(a, analyses, "base", catalog.size_b(a)) for a, _ in catalog.DISTILLATION_PAIRS]
         distilled = [model_of(b, analyses, "distilled", catalog.size_b(b)) for _, b in catalog.DISTILLATION_PAIRS]
@@ -171,8 +199,10 @@ def _default_models(artifact: str, analyses: str) -> tuple[list[PaperModel], lis
         return bases + distilled, [(i, n + i) for i in range(n)]
     if artifact == "robustness":
         return [model_of(m, analyses, None, catalog.size_b(m)) for m in catalog.GPT2_HUB_IDS], []
-    raise MissingInput("table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
-                       "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each)")
+    raise MissingInput(
+        "table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
+        "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each)"
+    )
 
 
 def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -192,8 +222,10 @@ def hub_revisions(model: str, count: int) -> list[str]:
 
         branches = [b.name for b in list_repo_refs(model).branches]
     except Exception as e:  # offline, no such model, no huggingface_hub: one line either way
-        raise MissingInput(f"fig4: cannot list the revisions of {model} ({type(e).__name__}): pass "
-                           "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable") from None
+        raise MissingInput(
+            f"fig4: cannot list the revisions of {model} ({type(e).__name__}): pass "
+            "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable"
+        ) from None
     steps = sorted((int(m.group(1)), b) for b in branches if (m := re.search(r"stage1-step(\d+)", b)))
     if len(steps) < 2:
         raise MissingInput(f"fig4: {model} has no stage1-stepN branches; pass --revisions REV1,REV2,...")
@@ -207,11 +239,11 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
         raise ArgumentError("--models: fig4 takes one model (its revisions are the panels)")
     base = model_of(models[0], analyses, None, catalog.SIZES_B.get(models[0].rsplit("/", 1)[-1]))
     base = replace(base, row=base.label)  # one row: the model's revisions
-    if "@" in base.target[len(HF):] and not options.get("revisions"):
+    if "@" in base.target[len(HF) :] and not options.get("revisions"):
         return base
     if not base.target.startswith(HF):
         raise ArgumentError("--models: fig4 takes a Hugging Face model (hub id or folder), not a run")
-    revisions = options.get("revisions") or ",".join(hub_revisions(base.target[len(HF):], catalog.FIG4_REVISIONS))
+    revisions = options.get("revisions") or ",".join(hub_revisions(base.target[len(HF) :], catalog.FIG4_REVISIONS))
     return replace(base, target=f"{base.target.split('@')[0]}@{revisions}")
 
 
@@ -232,10 +264,15 @@ def corpora(options: dict) -> dict[str, list[str]]:
             inputs[name] = passed_on(options, ("dataset_path",))
             continue
         if source is None:
-            raise MissingInput(f"robustness: no texts for {name} here; give --corpus {name}=FILE.jsonl (a \"text\" "
-                               f"field per line; docs/reproduction.md shows how to export it with datasets)")
-        inputs[name] = ["--texts", source] if source.endswith(".jsonl") or os.path.isfile(source) else \
-            ["--dataset", source, *passed_on(options, ("dataset_path",))]
+            raise MissingInput(
+                f'robustness: no texts for {name} here; give --corpus {name}=FILE.jsonl (a "text" '
+                f"field per line; docs/reproduction.md shows how to export it with datasets)"
+            )
+        inputs[name] = (
+            ["--texts", source]
+            if source.endswith(".jsonl") or os.path.isfile(source)
+            else ["--dataset", source, *passed_on(options, ("dataset_path",))]
+        )
     return inputs
 
 
@@ -252,16 +289,19 @@ def build(artifact: str, options: dict) -> PaperPlan:
         runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
         for run in runs:
             if not (os.path.isdir(run) and _is_run(run)):
-                raise MissingInput(f"--models: {run}: not a run folder (train it first: launch/train.sh CONFIG "
-                                   f"--job.dump_folder {run})")
+                raise MissingInput(
+                    f"--models: {run}: not a run folder (train it first: launch/train.sh CONFIG "
+                    f"--job.dump_folder {run})"
+                )
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
         return PaperPlan(artifact, out, steps, runs=list(specs))
     defaults = {**PAPER_DEFAULTS, **({"seq_len": catalog.FIG3_SEQ_LEN} if artifact == "fig3" else {})}
     options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
-        raise ArgumentError(f"--protocol: {options['protocol']!r} is analyze's paper (the default) or default "
-                            "for this artifact")
+        raise ArgumentError(
+            f"--protocol: {options['protocol']!r} is analyze's paper (the default) or default for this artifact"
+        )
     analyze_args = passed_on(options, ANALYZE_OPTIONS)
     if options.get("revisions") and artifact != "fig4":
         raise ArgumentError("--revisions: only for fig4")
@@ -291,8 +331,9 @@ def build(artifact: str, options: dict) -> PaperPlan:
         shared = passed_on({**options, "dataset_path": None}, ANALYZE_OPTIONS)  # --dataset-path: per corpus
         for name, inputs in corpora(options).items():
             for m in models:
-                placed = replace(m, row=name,
-                                 out=os.path.join(analyses, f"corpus-{safe_name(name)}", os.path.basename(m.out)))
+                placed = replace(
+                    m, row=name, out=os.path.join(analyses, f"corpus-{safe_name(name)}", os.path.basename(m.out))
+                )
                 rows.append(placed)
                 argv = analyze_step(placed, [*inputs, *shared]).argv
                 steps.append(Step("analyze", argv, f"{m.label} on {name}"))
@@ -313,32 +354,45 @@ def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPl
         return _fig3_analyses(out, fig3.authors_pick(runs), analyze_args)
     sweep = fig3.preset_runs(preset, os.path.join(out, "runs"))
     if options.get("slurm") and not options.get("draw_only"):
-        steps = [Step("train", run.train_argv, os.path.basename(run.folder)) for run in sweep
-                 if not fig3.is_trained(run)]
+        steps = [
+            Step("train", run.train_argv, os.path.basename(run.folder)) for run in sweep if not fig3.is_trained(run)
+        ]
         for step in steps:
             if not os.path.isfile(step.argv[0]):
-                raise MissingInput(f"fig3: {step.argv[0]}: not here; run from the repository's root, which holds "
-                                   "the preset's configs")
+                raise MissingInput(
+                    f"fig3: {step.argv[0]}: not here; run from the repository's root, which holds the preset's configs"
+                )
         trained_by = {step.argv[-1]: i for i, step in enumerate(steps)}  # the run folder -> its training step
         plan = _fig3_analyses(out, {run.width: (run.folder, []) for run in sweep if run.dispersion}, analyze_args)
-        plan.steps = [*steps, *(replace(step, after=(trained_by[step.argv[0]],) if step.argv[0] in trained_by else ())
-                                for step in plan.steps)]
+        plan.steps = [
+            *steps,
+            *(
+                replace(step, after=(trained_by[step.argv[0]],) if step.argv[0] in trained_by else ())
+                for step in plan.steps
+            ),
+        ]
         return plan
     found = [run.folder for run in sweep if fig3.checkpoint_steps(run.folder)]
     missing = sorted({run.width for run in sweep} - {fig3.mlp_width(run) for run in found})
     if missing:
         run = next(run for run in sweep if run.width == missing[0])
-        raise MissingInput(f"fig3: no run of MLP width {missing[0]} in {os.path.dirname(run.folder)}: add --slurm to "
-                           f"train the preset first, or train it: {Step('train', run.train_argv, '').shell()} "
-                           "(or give runs with --models)")
+        raise MissingInput(
+            f"fig3: no run of MLP width {missing[0]} in {os.path.dirname(run.folder)}: add --slurm to "
+            f"train the preset first, or train it: {Step('train', run.train_argv, '').shell()} "
+            "(or give runs with --models)"
+        )
     return _fig3_analyses(out, fig3.authors_pick(found), analyze_args)
 
 
 def _fig3_analyses(out: str, chosen: dict[int, tuple[str, list[str]]], analyze_args: list[str]) -> PaperPlan:
     """The analyses of the runs ``chosen`` per width (width -> (run, the others of its width))."""
     analyses = os.path.join(out, ANALYSES)
-    models = [PaperModel(run, os.path.join(analyses, safe_name(os.path.basename(run))), None, f"MLP {width}",
-                    steps="first,last") for width, (run, _) in chosen.items()]
+    models = [
+        PaperModel(
+            run, os.path.join(analyses, safe_name(os.path.basename(run))), None, f"MLP {width}", steps="first,last"
+        )
+        for width, (run, _) in chosen.items()
+    ]
     notes = [fig3.pick_note(width, run, others) for width, (run, others) in chosen.items() if others]
     return PaperPlan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes)
 
@@ -350,8 +404,10 @@ def check_devices(plan: PaperPlan, options: dict, cuda: bool) -> None:
     big = [m for m in plan.models if m.size_b is not None and m.size_b > 2]
     if big:
         names = ", ".join(f"{m.label} ({m.size_b:g}B)" for m in big[:3]) + (" ..." if len(big) > 3 else "")
-        raise MissingInput(f"{plan.artifact}: {names} need a GPU and there is none here: add --slurm (a cluster), "
-                           "or --device cpu to run on CPU anyway")
+        raise MissingInput(
+            f"{plan.artifact}: {names} need a GPU and there is none here: add --slurm (a cluster), "
+            "or --device cpu to run on CPU anyway"
+        )
 
 
 def check_hub(plan: PaperPlan) -> None:
@@ -361,7 +417,7 @@ def check_hub(plan: PaperPlan) -> None:
     if not constants.HF_HUB_OFFLINE:
         return
     for m in plan.models:
-        body = m.target[len(HF):] if m.target.startswith(HF) else ""
+        body = m.target[len(HF) :] if m.target.startswith(HF) else ""
         model, at, revisions = body.rpartition("@") if "@" in body else (body, "", "")
         if not model or os.path.isdir(model):
             continue
@@ -369,5 +425,7 @@ def check_hub(plan: PaperPlan) -> None:
             if not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
                 name = model + (f"@{revision}" if revision else "")
                 get = f"hf download {model}" + (f" --revision {revision}" if revision else "")
-                raise MissingInput(f"{plan.artifact}: {name} is not in the Hugging Face cache and the hub is offline "
-                                   f"(HF_HUB_OFFLINE): run `{get}` where the hub is reachable, then again here")
+                raise MissingInput(
+                    f"{plan.artifact}: {name} is not in the Hugging Face cache and the hub is offline "
+                    f"(HF_HUB_OFFLINE): run `{get}` where the hub is reachable, then again here"
+                )

@@ -28,8 +28,13 @@ def _row_title(row: dict) -> str:
     return f"{row['row']}{trend}"
 
 
-def render(plan: PaperPlan, selection: Selection = Selection("best"), reference: str | None = None,
-           test: str = "student", pretrained: str = "auto") -> list[str]:
+def render(
+    plan: PaperPlan,
+    selection: Selection = Selection("best"),
+    reference: str | None = None,
+    test: str = "student",
+    pretrained: str = "auto",
+) -> list[str]:
     """Write the artifact; return the files written."""
     ensure_writable(plan.out, "--out")
     stem = os.path.join(plan.out, plan.artifact)
@@ -41,10 +46,13 @@ def render(plan: PaperPlan, selection: Selection = Selection("best"), reference:
     titles = {row["row"]: _row_title(row) for row in numbers["rows"]}
     inputs = next(iter(numbers["inputs"].values()))
     points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[
-        inputs.get("layer_points", "all")]
+        inputs.get("layer_points", "all")
+    ]
     title = f"{TITLES[plan.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
     draw.save(draw.figure(entries, titles, title, paired=bool(plan.pairs)), stem)
-    draw.save(draw.last_n_figure(entries, f"{TITLES[plan.artifact]}: mean cosine of the last N layer points"),
-              f"{stem}_last_n")
+    draw.save(
+        draw.last_n_figure(entries, f"{TITLES[plan.artifact]}: mean cosine of the last N layer points"),
+        f"{stem}_last_n",
+    )
     write_json(f"{stem}.json", numbers)
     return [f"{stem}.{ext}" for ext in ("png", "pdf", "json")] + [f"{stem}_last_n.{ext}" for ext in ("png", "pdf")]

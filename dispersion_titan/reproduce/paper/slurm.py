@@ -23,10 +23,26 @@ def jobs(plan: PaperPlan, draw_argv: list[str], sbatch_args: list[str]) -> list[
     lines = []
     for i, (step, size) in enumerate(zip(plan.steps, sizes, strict=True), start=1):
         gpus, argv = _spread(size, step.argv)
-        lines.append([*common, f"--job-name=paper-{plan.artifact}-{i}", *gpus, *sbatch_args,
-                      str(sbatch_script(step.command)), *argv])
-    lines.append([*common, f"--job-name=paper-{plan.artifact}-draw", "--gpus=0", *sbatch_args,
-                  str(sbatch_script("paper")), *draw_argv])
+        lines.append(
+            [
+                *common,
+                f"--job-name=paper-{plan.artifact}-{i}",
+                *gpus,
+                *sbatch_args,
+                str(sbatch_script(step.command)),
+                *argv,
+            ]
+        )
+    lines.append(
+        [
+            *common,
+            f"--job-name=paper-{plan.artifact}-draw",
+            "--gpus=0",
+            *sbatch_args,
+            str(sbatch_script("paper")),
+            *draw_argv,
+        ]
+    )
     return lines
 
 
@@ -47,8 +63,11 @@ def _with_dependency(argv: list[str], ids: list[str]) -> list[str]:
 
 def script(plan: PaperPlan, lines: list[list[str]]) -> str:
     """``--dry-run``: the submission as a bash script, each job id in a variable."""
-    out = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", python_line(),
-           f"mkdir -p {shlex.quote(plan.out)}/logs"]
+    out = [
+        f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job",
+        python_line(),
+        f"mkdir -p {shlex.quote(plan.out)}/logs",
+    ]
     for i, (argv, step) in enumerate(zip(lines[:-1], plan.steps, strict=True), start=1):
         waits = _with_dependency(argv, [f"$job_{j + 1}" for j in step.after])
         out.append(f"job_{i}=$({' '.join(a if a.startswith('--dependency=') else shlex.quote(a) for a in waits)})")

@@ -7,13 +7,13 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ...run_folder.outputs import format_table
-from .findings import AGREES, DISAGREES, NOISE, Finding
-from .findings import findings_markdown
+from .findings import AGREES, DISAGREES, NOISE, Finding, findings_markdown
 from .summary import RunCondensation, late_blocks, table_rows
 
 
-def summary_markdown(runs: list[RunCondensation], found: Sequence[Finding], setup: str,
-                     files: Sequence[tuple[str, str]]) -> str:
+def summary_markdown(
+    runs: list[RunCondensation], found: Sequence[Finding], setup: str, files: Sequence[tuple[str, str]]
+) -> str:
     first = runs[0].final
     late = ", ".join(layer.name for layer in late_blocks(first))
     counts = Counter(f.verdict for f in found)
@@ -41,4 +41,3 @@ def summary_markdown(runs: list[RunCondensation], found: Sequence[Finding], setu
         *(f"- {description}: {path}" for description, path in files),
     ]
     return "\n".join(lines) + "\n"
-

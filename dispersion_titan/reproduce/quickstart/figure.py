@@ -45,8 +45,11 @@ def _style(widths: Sequence[int]) -> dict[int, dict]:
 
 def _title(ax: plt.Axes, number: int, finding: Finding, part: Part, when: str) -> None:
     """The finding, and the verdict of the part the panel draws, in its colour."""
-    ax.set_title(f"{number}. {finding.question}\n{when}: {part.verdict}", fontsize="medium",
-                 color=VERDICT_COLOURS.get(part.verdict, NOISE_COLOUR))
+    ax.set_title(
+        f"{number}. {finding.question}\n{when}: {part.verdict}",
+        fontsize="medium",
+        color=VERDICT_COLOURS.get(part.verdict, NOISE_COLOUR),
+    )
 
 
 def _width_axis(ax: plt.Axes, widths: Sequence[int]) -> None:
@@ -59,12 +62,21 @@ def _width_axis(ax: plt.Axes, widths: Sequence[int]) -> None:
 
 def _seed_range(ax: plt.Axes, x: float, values: Sequence[float], colour) -> None:
     """The values of several seeds at one point: a bar from the lowest to the highest."""
-    ax.errorbar([x], [np.mean(values)], yerr=[[np.mean(values) - min(values)], [max(values) - np.mean(values)]],
-                fmt="none", ecolor=colour, elinewidth=2, capsize=5, zorder=3)
+    ax.errorbar(
+        [x],
+        [np.mean(values)],
+        yerr=[[np.mean(values) - min(values)], [max(values) - np.mean(values)]],
+        fmt="none",
+        ecolor=colour,
+        elinewidth=2,
+        capsize=5,
+        zorder=3,
+    )
 
 
 def _init_depth(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
     """Finding 1: the cosine against depth at step 0, per width (the extra seeds dotted)."""
+
     def draw(result: Condensation, **kwargs) -> None:
         fractions = [layer_fraction(layer.index, len(result.layers)) for layer in result.layers]
         ax.plot(fractions, [layer.mean_cos_offdiag for layer in result.layers], markersize=4, **kwargs)
@@ -96,20 +108,30 @@ def _verdicts(ax: plt.Axes, found: Sequence[Finding], key: str) -> None:
     y = 1.0
     for number, finding in enumerate(found, start=1):
         head = textwrap.fill(f"{number}. {finding.question} {finding.verdict}", 58)
-        ax.text(0.0, y, head, transform=ax.transAxes, va="top", fontsize="small", weight="bold",
-                color=VERDICT_COLOURS.get(finding.verdict, NOISE_COLOUR))
+        ax.text(
+            0.0,
+            y,
+            head,
+            transform=ax.transAxes,
+            va="top",
+            fontsize="small",
+            weight="bold",
+            color=VERDICT_COLOURS.get(finding.verdict, NOISE_COLOUR),
+        )
         y -= 0.065 * (head.count("\n") + 1)
         for part in (p for p in finding.parts if p.decides):
-            line = textwrap.fill(f"{part.scope}: {part.verdict} ({part.noise})", 68, initial_indent="  ",
-                                 subsequent_indent="    ")
+            line = textwrap.fill(
+                f"{part.scope}: {part.verdict} ({part.noise})", 68, initial_indent="  ", subsequent_indent="    "
+            )
             ax.text(0.0, y, line, transform=ax.transAxes, va="top", fontsize="x-small")
             y -= 0.055 * (line.count("\n") + 1)
         y -= 0.03
     ax.text(0.0, y, textwrap.fill(key, 80), transform=ax.transAxes, va="top", fontsize="x-small", color="0.3")
 
 
-def _toy_width(ax: plt.Axes, runs: Sequence[RunCondensation], toy: Sequence[RunCondensation],
-               style: dict[int, dict]) -> None:
+def _toy_width(
+    ax: plt.Axes, runs: Sequence[RunCondensation], toy: Sequence[RunCondensation], style: dict[int, dict]
+) -> None:
     """Finding 2 after training: the baselines' final late-block cosine against width."""
     widths = [r.width for r in toy]
     ax.plot(widths, [late_cos(r.final) for r in toy], color="0.4", zorder=1)
@@ -127,8 +149,9 @@ def _band(ax: plt.Axes, x: Sequence[float], curves: Sequence[Sequence[float]], c
     ax.fill_between(x, np.min(curves, axis=0), np.max(curves, axis=0), color=colour, alpha=0.2, linewidth=0)
 
 
-def _toy_training(ax: plt.Axes, runs: Sequence[RunCondensation], toy: Sequence[RunCondensation],
-                  style: dict[int, dict]) -> None:
+def _toy_training(
+    ax: plt.Axes, runs: Sequence[RunCondensation], toy: Sequence[RunCondensation], style: dict[int, dict]
+) -> None:
     """Finding 3: the baselines' late-block cosine at every checkpoint; ticks at the checkpoints."""
     steps = sorted(toy[0].trajectory)
     for r in toy:
@@ -157,8 +180,14 @@ def _toy_dispersion(ax: plt.Axes, runs: Sequence[RunCondensation], seed: int, st
             values = _blocks(run.final)
             drawn += values
             x = np.arange(1, len(values) + 1) + DODGE * (i - (len(widths) - 1) / 2)
-            ax.plot(x, values, linestyle="-" if run.is_baseline else "--", markersize=5,
-                    markerfacecolor=style[width]["color"] if run.is_baseline else "none", **style[width])
+            ax.plot(
+                x,
+                values,
+                linestyle="-" if run.is_baseline else "--",
+                markersize=5,
+                markerfacecolor=style[width]["color"] if run.is_baseline else "none",
+                **style[width],
+            )
             seeds = [r for r in runs if (r.width, r.dispersion) == (width, run.dispersion) and r.seed != seed]
             if seeds:
                 _band(ax, x, [_blocks(r.final) for r in (run, *seeds)], style[width]["color"])
@@ -171,21 +200,23 @@ def _toy_dispersion(ax: plt.Axes, runs: Sequence[RunCondensation], seed: int, st
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_locator(NullLocator())
-    ax.set(xlabel=f"block (step {runs[0].final.step})",
-           ylabel="mean_cos_offdiag" + (" (log scale)" if min(drawn) > 0 else ""))
+    ax.set(
+        xlabel=f"block (step {runs[0].final.step})",
+        ylabel="mean_cos_offdiag" + (" (log scale)" if min(drawn) > 0 else ""),
+    )
 
 
 def _key(row: SubFigure, title: str, style: dict[int, dict], extra: list[tuple[str, dict]]) -> None:
     """The row's title over its key, in one line: the widths, then ``extra`` (label, line style)."""
     handles = [Line2D([], [], label=f"MLP {w}", **s) for w, s in style.items()]
     handles += [Line2D([], [], color="0.3", label=label, **kwargs) for label, kwargs in extra]
-    key = row.legend(handles=handles, loc="outside upper center", ncols=len(handles), fontsize="small",
-                     frameon=False, title=title)
+    key = row.legend(
+        handles=handles, loc="outside upper center", ncols=len(handles), fontsize="small", frameon=False, title=title
+    )
     key.get_title().set_fontweight("bold")
 
 
-def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Sequence[Finding],
-                    seed: int) -> Figure:
+def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Sequence[Finding], seed: int) -> Figure:
     toy = sorted((r for r in runs if r.is_baseline and r.seed == seed), key=lambda r: r.width)
     fig = plt.figure(figsize=(16, 9.5), layout="constrained")
     top, bottom = fig.subfigures(2, 1)
@@ -197,17 +228,31 @@ def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Se
     _title(init_axes[0], 1, found[0], found[0].parts[0], "at step 0")
     _init_width(init_axes[1], panel, init_style)
     _title(init_axes[1], 2, found[1], found[1].parts[0], "at step 0")
-    _verdicts(init_axes[2], found, "A verdict agrees only where the effect exceeds the seed-to-seed spread of "
-              "the same quantity (the bar or band between the seeds at the smallest width).")
+    _verdicts(
+        init_axes[2],
+        found,
+        "A verdict agrees only where the effect exceeds the seed-to-seed spread of "
+        "the same quantity (the bar or band between the seeds at the smallest width).",
+    )
     extra = [f"seed {s}" for s in list(panel.seeds)[1:]]
-    _key(top, f"Init panel, step 0: GPT-2 {panel_shape(panel).removeprefix('init panel: ')}", init_style,
-         [(f"{', '.join(extra)} (MLP {min(panel.widths)})", {"linestyle": ":"})] if extra else [])
+    _key(
+        top,
+        f"Init panel, step 0: GPT-2 {panel_shape(panel).removeprefix('init panel: ')}",
+        init_style,
+        [(f"{', '.join(extra)} (MLP {min(panel.widths)})", {"linestyle": ":"})] if extra else [],
+    )
     others = sorted({r.seed for r in runs if r.seed not in (seed, None)})
     dispersion = next((r.dispersion for r in runs if not r.is_baseline), None)
-    _key(bottom, f"Toy models, trained: dim {args['dim']}, {args['n_layers']} blocks", toy_style,
-         [("baseline", {"marker": "o"}),
-          *([(dispersion, {"marker": "o", "linestyle": "--", "markerfacecolor": "none"})] if dispersion else []),
-          *([(f"seed {', '.join(map(str, others))} (MLP {toy[0].width})", {"linestyle": ":"})] if others else [])])
+    _key(
+        bottom,
+        f"Toy models, trained: dim {args['dim']}, {args['n_layers']} blocks",
+        toy_style,
+        [
+            ("baseline", {"marker": "o"}),
+            *([(dispersion, {"marker": "o", "linestyle": "--", "markerfacecolor": "none"})] if dispersion else []),
+            *([(f"seed {', '.join(map(str, others))} (MLP {toy[0].width})", {"linestyle": ":"})] if others else []),
+        ],
+    )
     _toy_width(toy_axes[0], runs, toy, toy_style)
     _title(toy_axes[0], 2, found[1], found[1].parts[-1], trained)
     _toy_training(toy_axes[1], runs, toy, toy_style)
@@ -219,7 +264,8 @@ def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Se
     return fig
 
 
-def save_findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Sequence[Finding],
-                         seed: int, path: str) -> None:
+def save_findings_figure(
+    panel: InitPanel, runs: Sequence[RunCondensation], found: Sequence[Finding], seed: int, path: str
+) -> None:
     """Written atomically, like every analysis figure."""
     save_png(findings_figure(panel, runs, found, seed), path)

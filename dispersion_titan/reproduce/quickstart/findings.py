@@ -32,8 +32,10 @@ PRESENT_MARGIN = 0.1
 """Condensation is "present" when the late blocks' off-diagonal cosine exceeds the
 embedding's by at least this much (random token vectors in d dimensions give ≈ 0)."""
 
-GPU_TRAINING = ("launch/train.sh train_configs/gpt2_small_mlp3072.toml (a GPU node), then "
-                "python -m dispersion_titan.analyze on its step-0 … final checkpoints")
+GPU_TRAINING = (
+    "launch/train.sh train_configs/gpt2_small_mlp3072.toml (a GPU node), then "
+    "python -m dispersion_titan.analyze on its step-0 … final checkpoints"
+)
 
 
 @dataclass(frozen=True)
@@ -159,25 +161,34 @@ def at_initialization(panel: InitPanel, runs: Sequence[RunCondensation], seed: i
     results = [panel.widths[w] for w in widths]
     spread = init_spread(panel)
     verdict, rise = _present(results, spread)
-    parts = [Part(
-        f"{panel_shape(panel)}, step 0",
-        f"late-block cosine {_values([late_cos(r) for r in results])} vs embedding "
-        f"{_values([embedding_cos(r) for r in results])} at MLP width {' / '.join(map(str, widths))}; "
-        f"Spearman with depth {_values([r.spearman or 0.0 for r in results])}; the smallest rise from the embedding",
-        verdict, rise, spread,
-    )]
+    parts = [
+        Part(
+            f"{panel_shape(panel)}, step 0",
+            f"late-block cosine {_values([late_cos(r) for r in results])} vs embedding "
+            f"{_values([embedding_cos(r) for r in results])} at MLP width {' / '.join(map(str, widths))}; "
+            f"Spearman with depth {_values([r.spearman or 0.0 for r in results])}; "
+            "the smallest rise from the embedding",
+            verdict,
+            rise,
+            spread,
+        )
+    ]
     toy = _baselines(runs, seed)
     if toy:
         args = toy[0].init.model_args
         toy_spread = seed_spread(runs, lambda r: late_cos(r.init))
         verdict, rise = _present([r.init for r in toy], toy_spread)
-        parts.append(Part(
-            f"trained toy model (dim {args['dim']}, {args['n_layers']} blocks), step 0",
-            f"late-block cosine {_values([late_cos(r.init) for r in toy])} vs embedding "
-            f"{_values([embedding_cos(r.init) for r in toy])}; the smallest rise from the embedding",
-            verdict, rise, toy_spread,
-            decides=False,
-        ))
+        parts.append(
+            Part(
+                f"trained toy model (dim {args['dim']}, {args['n_layers']} blocks), step 0",
+                f"late-block cosine {_values([late_cos(r.init) for r in toy])} vs embedding "
+                f"{_values([embedding_cos(r.init) for r in toy])}; the smallest rise from the embedding",
+                verdict,
+                rise,
+                toy_spread,
+                decides=False,
+            )
+        )
     return Finding(
         "Is condensation present at initialization?",
         "yes: already at initialization the cosine rises with depth (Feature 2, Fig. 3; Feature 3)",
@@ -192,19 +203,29 @@ def with_width(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> 
     widths = sorted(panel.widths)
     init = [late_cos(panel.widths[w]) for w in widths]
     spread = init_spread(panel)
-    parts = [Part(f"{panel_shape(panel)}, step 0",
-                  f"{_trend(init)}: late-block cosine {_values(init)} at MLP width {' / '.join(map(str, widths))}; "
-                  "the smallest step",
-                  combined(judge(x, spread) for x in width_steps(init)), min(width_steps(init), default=0.0), spread)]
+    parts = [
+        Part(
+            f"{panel_shape(panel)}, step 0",
+            f"{_trend(init)}: late-block cosine {_values(init)} at MLP width {' / '.join(map(str, widths))}; "
+            "the smallest step",
+            combined(judge(x, spread) for x in width_steps(init)),
+            min(width_steps(init), default=0.0),
+            spread,
+        )
+    ]
     toy = _baselines(runs, seed)
     if len({r.width for r in toy}) > 1:
         final, spread = [late_cos(r.final) for r in toy], final_spread(runs)
-        parts.append(Part(
-            f"trained toy model, step {toy[0].final.step}",
-            f"{_trend(final)}: {_values(final)} at MLP width {' / '.join(str(r.width) for r in toy)}; "
-            "the smallest step",
-            combined(judge(x, spread) for x in width_steps(final)), min(width_steps(final)), spread,
-        ))
+        parts.append(
+            Part(
+                f"trained toy model, step {toy[0].final.step}",
+                f"{_trend(final)}: {_values(final)} at MLP width {' / '.join(str(r.width) for r in toy)}; "
+                "the smallest step",
+                combined(judge(x, spread) for x in width_steps(final)),
+                min(width_steps(final)),
+                spread,
+            )
+        )
     return Finding(
         "How does it change with MLP width?",
         "wider MLPs condense less, at initialization and after training (Feature 2)",
@@ -223,14 +244,18 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
         "How does it change with training?",
         "pre-training gradually mitigates it: the cosine falls from its level at initialization "
         "(Feature 3, OLMo's checkpoints)",
-        (Part(
-            f"trained toy model, step 0 → {toy[0].final.step}",
-            f"late-block cosine {_values([late_cos(r.init) for r in toy])} → "
-            f"{_values([late_cos(r.final) for r in toy])} at MLP width {' / '.join(str(r.width) for r in toy)} "
-            f"(down in {sum(d > 0 for d in drops)} of {len(toy)}; peak {_values([v for _, v in peaks])} at step "
-            f"{'/'.join(str(s) for s, _ in peaks)}); the smallest fall",
-            combined(judge(d, spread) for d in drops), min(drops), spread,
-        ),),
+        (
+            Part(
+                f"trained toy model, step 0 → {toy[0].final.step}",
+                f"late-block cosine {_values([late_cos(r.init) for r in toy])} → "
+                f"{_values([late_cos(r.final) for r in toy])} at MLP width {' / '.join(str(r.width) for r in toy)} "
+                f"(down in {sum(d > 0 for d in drops)} of {len(toy)}; peak {_values([v for _, v in peaks])} at step "
+                f"{'/'.join(str(s) for s, _ in peaks)}); the smallest fall",
+                combined(judge(d, spread) for d in drops),
+                min(drops),
+                spread,
+            ),
+        ),
         "a model that condenses at initialization (GPT-2 small's shape, the init panel) and a long pre-training past "
         f"the early collapse onto the unigram distribution: {GPU_TRAINING}; or published checkpoints, "
         "python -m dispersion_titan.analyze on a model's intermediate revisions",
@@ -239,31 +264,41 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
 
 def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
     baseline = {r.width: r for r in _baselines(runs, seed)}
-    pairs = [(baseline[r.width], r) for r in sorted(runs, key=lambda r: r.width)
-             if not r.is_baseline and r.seed == seed and r.width in baseline]
+    pairs = [
+        (baseline[r.width], r)
+        for r in sorted(runs, key=lambda r: r.width)
+        if not r.is_baseline and r.seed == seed and r.width in baseline
+    ]
     spread = final_spread(runs)
     lowered = [late_cos(b.final) - late_cos(d.final) for b, d in pairs]
     last = [(b.final.layers[-2].mean_cos_offdiag, d.final.layers[-2].mean_cos_offdiag) for b, d in pairs]
-    parts = [Part(
-        f"trained toy model, step {pairs[0][1].final.step}" if pairs else "trained toy model",
-        "late-block cosine baseline → dispersion: "
-        + ", ".join(f"{late_cos(b.final):.3f} → {late_cos(d.final):.3f} at width {b.width}" for b, d in pairs)
-        + f"; the last block alone: {', '.join(f'{x:.3f} → {y:.3f}' for x, y in last)}; the smallest fall",
-        combined(judge(x, spread) for x in lowered), min(lowered, default=0.0), spread,
-    )]
+    parts = [
+        Part(
+            f"trained toy model, step {pairs[0][1].final.step}" if pairs else "trained toy model",
+            "late-block cosine baseline → dispersion: "
+            + ", ".join(f"{late_cos(b.final):.3f} → {late_cos(d.final):.3f} at width {b.width}" for b, d in pairs)
+            + f"; the last block alone: {', '.join(f'{x:.3f} → {y:.3f}' for x, y in last)}; the smallest fall",
+            combined(judge(x, spread) for x in lowered),
+            min(lowered, default=0.0),
+            spread,
+        )
+    ]
     losses = [(b.val_loss, d.val_loss) for b, d in pairs if b.val_loss is not None and d.val_loss is not None]
     if losses:
         base_loss, disp_loss = np.mean(losses, axis=0)
         loss_spread = seed_spread(runs, lambda r: r.val_loss)
-        parts.append(Part(
-            "validation loss (mean over widths)",
-            f"{base_loss:.3f} → {disp_loss:.3f}; the fall",
-            judge(base_loss - disp_loss, loss_spread), base_loss - disp_loss, loss_spread,
-        ))
+        parts.append(
+            Part(
+                "validation loss (mean over widths)",
+                f"{base_loss:.3f} → {disp_loss:.3f}; the fall",
+                judge(base_loss - disp_loss, loss_spread),
+                base_loss - disp_loss,
+                loss_spread,
+            )
+        )
     return Finding(
         "What does the dispersion loss do to it?",
-        "it spreads tokens apart (lower cosine) without hurting, and at scale improving, generalization "
-        "(Table 2)",
+        "it spreads tokens apart (lower cosine) without hurting, and at scale improving, generalization (Table 2)",
         tuple(parts),
         f"downstream accuracy needs GPT-2-small-sized runs and lm-eval: {GPU_TRAINING}, then "
         "python -m dispersion_titan.evaluate on baseline and dispersion runs over several seeds",
@@ -271,8 +306,12 @@ def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
 
 
 def findings(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> list[Finding]:
-    return [at_initialization(panel, runs, seed), with_width(panel, runs, seed), with_training(runs, seed),
-            with_dispersion(runs, seed)]
+    return [
+        at_initialization(panel, runs, seed),
+        with_width(panel, runs, seed),
+        with_training(runs, seed),
+        with_dispersion(runs, seed),
+    ]
 
 
 def findings_markdown(found: Sequence[Finding]) -> list[str]:
@@ -280,8 +319,11 @@ def findings_markdown(found: Sequence[Finding]) -> list[str]:
     lines = []
     for number, finding in enumerate(found, start=1):
         lines += [f"### {number}. {finding.question} — **{finding.verdict}**", "", f"- Paper: {finding.paper}."]
-        lines += [f"- Measured ({part.scope}): {part.measured} ({part.noise}) — **{part.verdict}**"
-                  + ("." if part.decides else " (context, not part of the verdict).") for part in finding.parts]
+        lines += [
+            f"- Measured ({part.scope}): {part.measured} ({part.noise}) — **{part.verdict}**"
+            + ("." if part.decides else " (context, not part of the verdict).")
+            for part in finding.parts
+        ]
         if not all(part.agrees for part in finding.parts):
             lines.append(f"- Scale needed: {finding.scale}.")
         lines.append("")

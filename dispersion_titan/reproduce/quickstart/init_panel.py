@@ -45,8 +45,17 @@ def initialized_model(args: GPT2ModelArgs, seed: int) -> GPT2:
 def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_size: int, run: str) -> Condensation:
     model = initialized_model(args, seed)
     measured = measure(DecoderLayers(model), sequences.tokens, batch_size, "cpu")
-    return condensation(0, sequences, measured, dtype="fp32", device="cpu", checkpoint=INIT_CHECKPOINT, run=run,
-                        model_args=dataclasses.asdict(args), n_params=sum(p.numel() for p in model.parameters()))
+    return condensation(
+        0,
+        sequences,
+        measured,
+        dtype="fp32",
+        device="cpu",
+        checkpoint=INIT_CHECKPOINT,
+        run=run,
+        model_args=dataclasses.asdict(args),
+        n_params=sum(p.numel() for p in model.parameters()),
+    )
 
 
 @dataclass(frozen=True)
@@ -57,8 +66,15 @@ class InitPanel:
     """The narrowest width per seed, the main one first."""
 
 
-def init_panel(out: str, flavor: str, widths: tuple[int, ...], seeds: Sequence[int], sequences: Sequences,
-               say: Callable[[str], None], batch_size: int = 4) -> InitPanel:
+def init_panel(
+    out: str,
+    flavor: str,
+    widths: tuple[int, ...],
+    seeds: Sequence[int],
+    sequences: Sequences,
+    say: Callable[[str], None],
+    batch_size: int = 4,
+) -> InitPanel:
     """Step-0 condensation of ``flavor`` at each MLP width (``out/w{width}/condensation.json``) and
     at the narrowest width for each extra seed (``out/w{width}-s{seed}/``), one progress line each;
     a shape already measured on the same sequences is read back, not measured again."""

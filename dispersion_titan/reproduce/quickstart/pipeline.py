@@ -71,16 +71,24 @@ class QuickstartPlan:
 
     @property
     def runs(self) -> list[Cell]:
-        return (cells(self.widths, self.arms, (self.seed,))
-                + cells(self.widths[:1], self.arms, self.seeds[1:]))
+        return cells(self.widths, self.arms, (self.seed,)) + cells(self.widths[:1], self.arms, self.seeds[1:])
 
     def identity(self) -> dict:
         """The options that change results: a rerun must have the same ones."""
-        return {"config": self.config, "widths": list(self.widths), "coeff": self.coeff, "steps": self.steps,
-                "checkpoint_interval": self.interval, "num_sequences": self.num_sequences,
-                "seq_len": self.seq_len, "seed": self.seed, "spread_seeds": self.spread_seeds,
-                "init_flavor": self.init_flavor, "init_widths": list(self.init_widths),
-                "init_num_sequences": self.init_num_sequences}
+        return {
+            "config": self.config,
+            "widths": list(self.widths),
+            "coeff": self.coeff,
+            "steps": self.steps,
+            "checkpoint_interval": self.interval,
+            "num_sequences": self.num_sequences,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "spread_seeds": self.spread_seeds,
+            "init_flavor": self.init_flavor,
+            "init_widths": list(self.init_widths),
+            "init_num_sequences": self.init_num_sequences,
+        }
 
     def dump(self, run: Cell) -> str:
         return os.path.join(self.out, "runs", run.name)
@@ -124,23 +132,49 @@ def make_plan(a: argparse.Namespace) -> QuickstartPlan:
         raise ArgumentError(f"--init-flavor: {a.init_flavor!r} is not one of {sorted(gpt2_flavors)}")
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths) + 2 * a.spread_seeds)
-    return QuickstartPlan(os.path.abspath(a.out), config, a.widths, a.coeff, steps, interval, a.num_sequences,
-                          a.seq_len, jobs, max(1, cpus // jobs), seed, a.spread_seeds, a.init_flavor, a.init_widths,
-                          a.init_num_sequences)
+    return QuickstartPlan(
+        os.path.abspath(a.out),
+        config,
+        a.widths,
+        a.coeff,
+        steps,
+        interval,
+        a.num_sequences,
+        a.seq_len,
+        jobs,
+        max(1, cpus // jobs),
+        seed,
+        a.spread_seeds,
+        a.init_flavor,
+        a.init_widths,
+        a.init_num_sequences,
+    )
 
 
 def train_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
     return "dispersion_titan.train", [
-        "--job.config_file", plan.config, "--profile", "cpu",  # a CPU product (docs/training.md#cpu)
-        "--training.steps", str(plan.steps), "--checkpoint.interval", str(plan.interval),
-        "--validation.freq", str(plan.steps),  # the summary reports the final validation loss
+        "--job.config_file",
+        plan.config,
+        "--profile",
+        "cpu",  # a CPU product (docs/training.md#cpu)
+        "--training.steps",
+        str(plan.steps),
+        "--checkpoint.interval",
+        str(plan.interval),
+        "--validation.freq",
+        str(plan.steps),  # the summary reports the final validation loss
         *run.overrides(plan.dump(run)),
     ]
 
 
 def analyze_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
-    return "dispersion_titan.analyze", [plan.dump(run), "--num-sequences", str(plan.num_sequences),
-                                        "--seq-len", str(plan.seq_len)]
+    return "dispersion_titan.analyze", [
+        plan.dump(run),
+        "--num-sequences",
+        str(plan.num_sequences),
+        "--seq-len",
+        str(plan.seq_len),
+    ]
 
 
 def trained(plan: QuickstartPlan, run: Cell) -> bool:
@@ -155,8 +189,8 @@ def analyzed(plan: QuickstartPlan, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences."""
     results = read_results(os.path.join(plan.dump(run), "condensation"))
     return all(
-        c.step in results and (results[c.step].num_sequences, results[c.step].seq_len)
-        == (plan.num_sequences, plan.seq_len)
+        c.step in results
+        and (results[c.step].num_sequences, results[c.step].seq_len) == (plan.num_sequences, plan.seq_len)
         for c in list_checkpoints(os.path.join(plan.dump(run), "checkpoint"))
     )
 
@@ -164,10 +198,21 @@ def analyzed(plan: QuickstartPlan, run: Cell) -> bool:
 def job_commands(plan: QuickstartPlan) -> Commands:
     """Training and analysis commands, forked from one server that imported them once."""
     # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
-    env = {**CPU_MALLOC_ENV, **os.environ, "OMP_NUM_THREADS": str(plan.threads), "PYTHONUNBUFFERED": "1",
-           ALLOW_CPU_ENV: "1"}
-    return Commands(env, preload=["dispersion_titan.trainer.trainer", "dispersion_titan.analysis.runner",
-                                  "dispersion_titan.tokenizer.bpe:gpt2_encoding"])
+    env = {
+        **CPU_MALLOC_ENV,
+        **os.environ,
+        "OMP_NUM_THREADS": str(plan.threads),
+        "PYTHONUNBUFFERED": "1",
+        ALLOW_CPU_ENV: "1",
+    }
+    return Commands(
+        env,
+        preload=[
+            "dispersion_titan.trainer.trainer",
+            "dispersion_titan.analysis.runner",
+            "dispersion_titan.tokenizer.bpe:gpt2_encoding",
+        ],
+    )
 
 
 def last_error(log: str) -> str:
@@ -224,8 +269,10 @@ def compare_runs(plan: QuickstartPlan, say: Progress) -> list[tuple[str, str]]:
         compare(runs, out, step)
         say(f"compare  {name}: {out}")
         what = name.replace("_", " ")
-        files += [(f"{what}, depth profiles", os.path.join(out, "compare.png")),
-                  (f"{what}, table", os.path.join(out, "compare.csv"))]
+        files += [
+            (f"{what}, depth profiles", os.path.join(out, "compare.png")),
+            (f"{what}, table", os.path.join(out, "compare.csv")),
+        ]
     return files
 
 
@@ -238,10 +285,13 @@ def measure_init_panel(plan: QuickstartPlan, say: Progress) -> InitPanel:
     for each extra seed (cached in OUT/init_panel), a line as each is done."""
     start = time.monotonic()
     extra = f"; seed {', '.join(map(str, plan.seeds[1:]))} at {plan.init_widths[0]}" if plan.seeds[1:] else ""
-    say(f"init     condensation at initialization, {plan.init_flavor} shape, MLP width "
-        f"{', '.join(map(str, plan.init_widths))} at seed {plan.seed}{extra}: one forward pass each")
-    panel = init_panel(os.path.join(plan.out, "init_panel"), plan.init_flavor, plan.init_widths, plan.seeds,
-                       init_sequences(plan), say)
+    say(
+        f"init     condensation at initialization, {plan.init_flavor} shape, MLP width "
+        f"{', '.join(map(str, plan.init_widths))} at seed {plan.seed}{extra}: one forward pass each"
+    )
+    panel = init_panel(
+        os.path.join(plan.out, "init_panel"), plan.init_flavor, plan.init_widths, plan.seeds, init_sequences(plan), say
+    )
     say(f"init     done in {time.monotonic() - start:.0f} s")
     return panel
 
@@ -252,20 +302,25 @@ def summarize(plan: QuickstartPlan, panel: InitPanel, files: list[tuple[str, str
     found = findings(panel, runs, plan.seed)
     args = runs[0].final.model_args
     init = panel.widths[plan.init_widths[0]].model_args
-    setup = (f"Init panel: GPT-2 ({plan.init_flavor}: dim {init['dim']}, {init['n_layers']} blocks) freshly "
-             f"initialised at MLP width {' / '.join(map(str, plan.init_widths))} (and {plan.spread_seeds} more "
-             f"seed(s) at {plan.init_widths[0]}). Trained sweep: {len(runs)} runs "
-             f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
-             f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
-             f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
-             f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every {plan.interval} steps.")
+    setup = (
+        f"Init panel: GPT-2 ({plan.init_flavor}: dim {init['dim']}, {init['n_layers']} blocks) freshly "
+        f"initialised at MLP width {' / '.join(map(str, plan.init_widths))} (and {plan.spread_seeds} more "
+        f"seed(s) at {plan.init_widths[0]}). Trained sweep: {len(runs)} runs "
+        f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
+        f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
+        f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
+        f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every {plan.interval} steps."
+    )
     figure = os.path.join(plan.out, "summary.png")
     save_findings_figure(panel, runs, found, plan.seed, figure)
     per_run = os.path.join(plan.out, "runs", "*", "condensation")
-    all_files = [("the paper's findings beside the measurements, one panel each", figure),
-                 ("init panel, condensation.json per width", os.path.join(plan.out, "init_panel")), *files,
-                 ("per run: evolution.png, heatmap_step-N.png, summary.csv", per_run),
-                 ("training and analysis logs", os.path.join(plan.out, "logs"))]
+    all_files = [
+        ("the paper's findings beside the measurements, one panel each", figure),
+        ("init panel, condensation.json per width", os.path.join(plan.out, "init_panel")),
+        *files,
+        ("per run: evolution.png, heatmap_step-N.png, summary.csv", per_run),
+        ("training and analysis logs", os.path.join(plan.out, "logs")),
+    ]
     text = summary_markdown(runs, found, setup, all_files)
     atomic_write(os.path.join(plan.out, "summary.md"), lambda f: f.write(text))
     return text
@@ -277,16 +332,18 @@ def check_same_options(plan: QuickstartPlan) -> None:
     if os.path.isfile(path):
         with open(path) as f:
             recorded = json.load(f)
-        changed = [f"{key} {recorded.get(key)!r} → {value!r}" for key, value in plan.identity().items()
-                   if recorded.get(key) != value]
+        changed = [
+            f"{key} {recorded.get(key)!r} → {value!r}"
+            for key, value in plan.identity().items()
+            if recorded.get(key) != value
+        ]
         if changed:
-            raise ArgumentError(f"--out: {plan.out} holds results made with other options ({'; '.join(changed)}); "
-                                "use another --out")
+            raise ArgumentError(
+                f"--out: {plan.out} holds results made with other options ({'; '.join(changed)}); use another --out"
+            )
     elif os.path.isdir(os.path.join(plan.out, "runs")):
         raise ArgumentError(f"--out: {plan.out} holds runs without {OPTIONS_FILE}; use another --out")
     write_json(path, plan.identity())
-
-
 
 
 def run(plan: QuickstartPlan) -> None:
@@ -305,9 +362,11 @@ def _run(plan: QuickstartPlan) -> None:
     """Each step skipped where its results exist."""
     check_same_options(plan)
     say = Progress()
-    say(f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
+    say(
+        f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
         f"λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
-        f"output: {plan.out}")
+        f"output: {plan.out}"
+    )
     panel = measure_init_panel(plan, say)
     train_and_analyze(plan, say)
     try:

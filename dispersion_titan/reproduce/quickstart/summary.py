@@ -46,7 +46,7 @@ class RunCondensation:
 def late_blocks(result: Condensation) -> list[LayerCondensation]:
     """The late half of the transformer blocks (block_3 and block_4 of 4)."""
     blocks = [layer for layer in result.layers if layer.name.startswith("block_")]
-    return blocks[len(blocks) // 2:]
+    return blocks[len(blocks) // 2 :]
 
 
 def late_cos(result: Condensation) -> float:
@@ -84,20 +84,24 @@ def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
     for dump, first, last in zip(dumps, init, final):
         variant = dispersion_variant(dump)
         if variant is None:  # never guess "baseline" for a run whose settings are unknown
-            raise AnalysisError(f"{os.path.join(dump, 'run.json')}: no dispersion settings recorded; "
-                                "runs must be trained by dispersion_titan.train")
+            raise AnalysisError(
+                f"{os.path.join(dump, 'run.json')}: no dispersion settings recorded; "
+                "runs must be trained by dispersion_titan.train"
+            )
         same_inputs = last.result.tokens_sha256
         analyses = read_results(analyses_folder(dump)).values()
-        runs.append(RunCondensation(
-            name=os.path.basename(os.path.normpath(dump)),
-            width=last.result.mlp_width,
-            seed=load_run_metadata(dump).get("seed"),
-            dispersion=None if variant == "none" else variant,
-            init=first.result,
-            final=last.result,
-            trajectory={r.step: late_cos(r) for r in analyses if r.tokens_sha256 == same_inputs},
-            val_loss=final_validation_loss(dump, last.result.step),
-        ))
+        runs.append(
+            RunCondensation(
+                name=os.path.basename(os.path.normpath(dump)),
+                width=last.result.mlp_width,
+                seed=load_run_metadata(dump).get("seed"),
+                dispersion=None if variant == "none" else variant,
+                init=first.result,
+                final=last.result,
+                trajectory={r.step: late_cos(r) for r in analyses if r.tokens_sha256 == same_inputs},
+                val_loss=final_validation_loss(dump, last.result.step),
+            )
+        )
     return sorted(runs, key=lambda r: (r.width, not r.is_baseline, r.dispersion or "", r.seed or 0))
 
 
