@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine (venv, Python packages, Slurm/munge from apt where possible)
-# and runs the whole test suite. Extra arguments go to pytest.
+# checks lint and format (ruff) and runs the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # apt (Slurm, munge) and the Python packages install side by side; apt's output follows.
@@ -17,6 +17,9 @@ if [ "$apt_status" -ne 0 ]; then
     exit "$apt_status"
 fi
 . .venv/bin/activate
+# Lint and format first (seconds): pyproject.toml's [tool.ruff].
+ruff check .
+ruff format --check .
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # The suite trains on CPU: the quickstart's glibc allocator settings (dispersion_titan.utils.devices),
 # for every process it starts, Slurm jobs included; values already set win.
