@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine (venv, Python packages, Slurm/munge from apt where possible)
+# Sets up a fresh machine (venv, Python packages, Slurm/munge from apt where possible),
 # checks lint and format (ruff) and runs the whole test suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
