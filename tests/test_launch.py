@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, torchrun_script
+from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, python_module, torchrun_script
 from support.runs import scalars
 
 TRAIN_SH = REPO / "launch" / "train.sh"
-SWEEP = ("-m", "dispersion_titan.sweep")
 STEPS = 4
 COMMON = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1", *DEBUG_SEQ_LEN)
 LOSS = "loss_metrics/global_avg_loss"
@@ -102,10 +101,9 @@ def test_two_agents_on_localhost_match_one_node(one_node, tmp_path):
         assert got[step] == pytest.approx(want[step], rel=1e-6), step
 
 
-def sweep(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *SWEEP, *args], cwd=cwd, env=launch_env(), capture_output=True, text=True, timeout=300
-    )
+def sweep(*args: str) -> subprocess.CompletedProcess:
+    """``python -m dispersion_titan.sweep ARGS`` from the repository, forked from the job server."""
+    return python_module("dispersion_titan.sweep", *args, timeout=300)
 
 
 def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
@@ -182,12 +180,12 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--variants", "nope:1"): "variants: 'nope:1': unknown variant",
         ("--variants", "noisy_embedding:1"): "'noisy_embedding:1': unknown variant (use baseline, noisy_embedding",
         ("--widths", "0"): "widths: '0' is not an integer >= 1",
-        ("--config", "missing.toml"): "config: missing.toml: no such file",
+        ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
         ("--out", str(REPO / "launch")): "exists and is not empty",
     }
     for args, message in cases.items():
-        proc = sweep(toml, "--dry-run", *args, cwd=tmp_path if "missing.toml" in args else REPO)
+        proc = sweep(toml, "--dry-run", *args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, (args, proc.stderr)
 
