@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 HEADER = b":W&B" + struct.pack("<HB", 0xBEE1, 0)
@@ -40,12 +41,25 @@ def records(path: Path) -> list:
     return out
 
 
+def finished_records(path: Path, timeout: float = 120) -> list:
+    """The records of a finished run's ``.wandb`` file. ``run.finish()`` can return before
+    wandb's core has written the file's last block (a record crossing a 32 KiB boundary is
+    then cut short): wait for the run's ``exit`` record."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = records(path)
+        if found and found[-1].WhichOneof("record_type") == "exit":
+            return found
+        assert time.monotonic() < deadline, f"{path}: no exit record after {timeout} s"
+        time.sleep(0.2)
+
+
 def logged(folder: Path) -> list[tuple[Path, int, dict]]:
     """(run folder, W&B step, metric -> value) of each ``wandb.log`` call of every offline run
     under ``folder``; media (tables, images, histograms) as the JSON that stands for them."""
     out = []
     for path in sorted(folder.rglob("run-*.wandb")):
-        for record in records(path):
+        for record in finished_records(path):
             if record.WhichOneof("record_type") == "history":
                 items: dict = {}
                 for item in record.history.item:  # a dict logged (media) comes as one item per nested key
