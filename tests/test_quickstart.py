@@ -59,9 +59,9 @@ MAIN = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spr
 NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
 
-def quickstart(out: Path, *options: str, command_line: bool = True):
-    """The command in a fresh interpreter (it starts its own jobs); refusals, which stop
-    before any job, fork from the launch server instead."""
+def quickstart(out: Path, *options: str, command_line: bool = False):
+    """The command forked from the launch server (it starts its own job server, as from a shell);
+    ``command_line=True``: in a fresh interpreter, as the sweep the other tests read is made."""
     return python_module(
         "dispersion_titan.quickstart", "--out", str(out), *options, timeout=900, command_line=command_line
     )
@@ -81,7 +81,7 @@ def analysis(out: Path, name: str, step: int) -> dict:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("quickstart") / "out"
-    proc = quickstart(out, *OPTIONS)
+    proc = quickstart(out, *OPTIONS, command_line=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout
 
@@ -357,7 +357,7 @@ def test_other_options_are_refused_without_touching_results(sweep, change, what)
     out, _ = sweep
     before = digests(out)
     options = dict(zip(OPTIONS[::2], OPTIONS[1::2], strict=True)) | dict([change])
-    proc = quickstart(out, *(item for pair in options.items() for item in pair), command_line=False)
+    proc = quickstart(out, *(item for pair in options.items() for item in pair))
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
         f"dispersion_titan: error: --out: {out} holds results made with other options ({what}); use another --out"
@@ -396,7 +396,7 @@ def test_time_budget_is_measured_and_written_down():
 def test_bad_options_fail_with_one_line(tmp_path, options, message):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    proc = quickstart(tmp_path / "q", *(o.format(file=blocker) for o in options), command_line=False)
+    proc = quickstart(tmp_path / "q", *(o.format(file=blocker) for o in options))
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"dispersion_titan: error: {message.format(file=blocker)}"]
     assert not (tmp_path / "q").exists()
@@ -405,7 +405,7 @@ def test_bad_options_fail_with_one_line(tmp_path, options, message):
 def test_a_second_quickstart_into_a_busy_out_is_refused_naming_the_owner(tmp_path):
     out = tmp_path / "q"
     with held_by_another_command(out) as owner:
-        proc = quickstart(out, *OPTIONS, command_line=False)
+        proc = quickstart(out, *OPTIONS)
         assert proc.returncode == 2
         (line,) = proc.stderr.splitlines()
         assert line.startswith(f"dispersion_titan: error: {out}: another command is writing here (PID {owner} on ")
