@@ -1,19 +1,18 @@
-"""Launchers without a cluster: launch/train.sh on one node, a two-"node" run through two
-torchrun agents on localhost, and the sweep's dry run."""
+"""Launchers without a cluster: launch/train.sh's refusals, a two-"node" run through two
+torchrun agents on localhost (train.sh from another folder), and the sweep's dry run. train.sh's
+one-node defaults are checked by test_reliability.py's background SIGINT run."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, python_module, torchrun_script
+from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, python_module, torchrun, torchrun_script
 from support.runs import scalars
 
 TRAIN_SH = REPO / "launch" / "train.sh"
@@ -46,37 +45,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def one_node(tmp_path_factory) -> tuple[Path, str]:
-    """The debug config through launch/train.sh with its defaults (2 CPU processes),
-    started from a directory that is not the repository."""
-    elsewhere = tmp_path_factory.mktemp("elsewhere")
-    dump = elsewhere / "one_node"
-    env = launch_env()
-    del env["OMP_NUM_THREADS"]  # train.sh sets it: CPUs / processes (1 on a 2-core machine)
-    # The interpreter train.sh starts torchrun with records the environment it was given.
-    recorder = elsewhere / "python"
-    recorder.write_text(
-        f'#!/bin/sh\necho "OMP_NUM_THREADS=${{OMP_NUM_THREADS-unset}}" >> {elsewhere}/env.txt\n'
-        f'exec {sys.executable} "$@"\n'
-    )
-    recorder.chmod(0o755)
-    env["PYTHON"] = str(recorder)
-    log = finish(train_sh(dump, cwd=elsewhere, env=env))
-    return dump, log + (elsewhere / "env.txt").read_text()
-
-
-@pytest.mark.slow
-def test_train_sh_trains_from_any_directory(one_node):
-    dump, log = one_node
-    assert sorted(scalars(dump)[LOSS]) == list(range(1, STEPS + 1))
-    assert sorted(p.name for p in (dump / "checkpoint").iterdir()) == ["step-0", f"step-{STEPS}"]
-    assert "dp_shard=2," in log, "2 processes by default on CPU"
-    threads = max(1, len(os.sched_getaffinity(0)) // 2)
-    assert f"OMP_NUM_THREADS={threads}\n" in log, "train.sh gives each of its 2 CPU processes half the CPUs"
-    assert "[rank0]:" in log and "[rank1]:" not in log, "LOG_RANK=0 shows rank 0 only"
-
-
 def test_train_sh_bad_input_is_one_line(tmp_path):
     missing = subprocess.run([str(TRAIN_SH), "nope.toml"], cwd=tmp_path, capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.strip() == "train.sh: error: config file not found: nope.toml"
@@ -87,15 +55,20 @@ def test_train_sh_bad_input_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_agents_on_localhost_match_one_node(one_node, tmp_path):
+def test_two_agents_on_localhost_match_one_node(tmp_path):
     """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and
-    id) train with FSDP across the two "nodes", exactly like one node with 2 processes."""
+    id), launch/train.sh started from a folder that is not the repository, train with FSDP
+    across the two "nodes", exactly like one node with 2 processes. (train.sh's one-node
+    defaults: the background SIGINT test of test_reliability.py.)"""
+    one_node = tmp_path / "one_node"
+    torchrun(one_node, 2, *COMMON)
     dump = tmp_path / "two_nodes"
     env = {"NNODES": "2", "NPROC": "1", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "two-nodes"}
     agents = [train_sh(dump, cwd=tmp_path, env=launch_env(env)) for _ in range(2)]
     logs = [finish(agent) for agent in agents]
     assert all("dp_shard=2," in log for log in logs)
-    want, got = scalars(one_node[0])[LOSS], scalars(dump)[LOSS]
+    assert sorted(p.name for p in (dump / "checkpoint").iterdir()) == ["step-0", f"step-{STEPS}"]
+    want, got = scalars(one_node)[LOSS], scalars(dump)[LOSS]
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
         assert got[step] == pytest.approx(want[step], rel=1e-6), step

@@ -107,9 +107,11 @@ def launcher_pid(dump: Path) -> int | None:
 
 
 def in_the_background_of_a_script(dump: Path) -> subprocess.CompletedProcess:
-    """``launch/train.sh`` on 2 processes as a script's background job (job control off: bash
-    starts it with SIGINT ignored, which its first line of output shows), with the settings
-    of ``torchrun(dump, 2, ...)``."""
+    """``launch/train.sh`` with its defaults (2 CPU processes, half the CPUs each) as a script's
+    background job (job control off: bash starts it with SIGINT ignored, which its first line of
+    output shows), started from a folder that is not the repository, with the settings of
+    ``torchrun(dump, 2, ...)``. The interpreter train.sh starts torchrun with records the
+    environment it was given in ``threads.txt`` beside ``dump``."""
     argv = [
         "--job.dump_folder",
         str(dump),
@@ -120,11 +122,20 @@ def in_the_background_of_a_script(dump: Path) -> subprocess.CompletedProcess:
         str(STEPS),
         *SCHEDULE,
     ]
-    script = '{ grep SigIgn /proc/$BASHPID/status; exec launch/train.sh "$@"; } & wait $!'
+    elsewhere = dump.parent
+    recorder = elsewhere / "python"
+    recorder.write_text(
+        f'#!/bin/sh\necho "OMP_NUM_THREADS=${{OMP_NUM_THREADS-unset}}" >> {elsewhere}/threads.txt\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    recorder.chmod(0o755)
+    env = launch_env({"PYTHON": str(recorder)})
+    del env["OMP_NUM_THREADS"]  # train.sh sets it: CPUs / processes
+    script = '{ grep SigIgn /proc/$BASHPID/status; exec "$0" "$@"; } & wait $!'
     return subprocess.run(
-        ["bash", "-c", script, "script", DEBUG_TOML, *argv],
-        cwd=REPO,
-        env=launch_env({"NPROC": "2"}),
+        ["bash", "-c", script, str(REPO / "launch" / "train.sh"), DEBUG_TOML, *argv],
+        cwd=elsewhere,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
@@ -228,16 +239,20 @@ def test_sigkilled_launcher_takes_its_ranks_down_and_the_relaunch_resumes(tmp_pa
     ids=["SIGINT-background-train.sh", "SIGTERM"],
 )
 def test_interrupt_saves_says_one_line_and_resumes_exactly(reference, tmp_path, signum, background):
-    """``kill -INT`` to launch/train.sh started in the background of a script (which inherits
-    SIGINT as ignored), or SIGTERM to torchrun: it forwards the signal, the ranks agree, save a
-    full checkpoint of the step they are at, and say so in one line; the same command again
-    continues exactly like the uninterrupted run, touching no checkpoint."""
+    """``kill -INT`` to launch/train.sh (its defaults, from another folder) started in the background
+    of a script (which inherits SIGINT as ignored), or SIGTERM to torchrun: it forwards the signal,
+    the ranks agree, save a full checkpoint of the step they are at, and say so in one line; the
+    same command again continues exactly like the uninterrupted run, touching no checkpoint."""
     dump = tmp_path / "interrupted"
     stopped, kept = launch_and_signal(
         dump, 2, signum, launcher_pid, in_the_background_of_a_script if background else None
     )
     if background:
         assert int(stopped.stdout.split()[1], 16) & 1 << (signal.SIGINT - 1), "started with SIGINT ignored"
+        assert "dp_shard=2," in output(stopped), "2 processes by default on CPU"
+        threads = max(1, len(os.sched_getaffinity(0)) // 2)
+        assert f"OMP_NUM_THREADS={threads}\n" in (tmp_path / "threads.txt").read_text(), "half the CPUs each"
+        assert "[rank0]:" in output(stopped) and "[rank1]:" not in output(stopped), "LOG_RANK=0 shows rank 0 only"
     match = re.fullmatch(
         r"\[rank0\]:dispersion_titan: interrupted at step (\d+); checkpoint step-(\d+) saved; "
         r"relaunch the same command to resume",
