@@ -459,7 +459,7 @@ def test_remote_code_runs_only_when_asked(tmp_path, capsys):
 
 def test_table2_two_arms_two_seeds(tmp_path, capsys):
     runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"), 1)}
-    code, _, err = paper(
+    table2 = (
         "table2",
         "--models",
         f"base={runs['a1']},{runs['a2']}",
@@ -474,6 +474,9 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
         "0",
         "--device",
         "cpu",
+    )
+    code, _, err = paper(
+        *table2,
         "--best-step",
         "per-seed",
         "--out",
@@ -509,20 +512,7 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     p = stats.ttest_ind(averages[other["arm"]], averages[table["reference"]], equal_var=True).pvalue
     assert (other["p_value"] is None and np.isnan(p)) or other["p_value"] == pytest.approx(p, rel=1e-5)
     code, _, err = paper(
-        "table2",
-        "--models",
-        f"base={runs['a1']},{runs['a2']}",
-        f"disp={runs['b1']},{runs['b2']}",
-        "--include-path",
-        LM_EVAL_TASKS,
-        "--tasks",
-        "wiki_next_word",
-        "--limit",
-        "4",
-        "--num-fewshot",
-        "0",
-        "--device",
-        "cpu",
+        *table2,
         "--test",
         "welch",
         "--reference",
