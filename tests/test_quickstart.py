@@ -59,12 +59,9 @@ MAIN = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spr
 NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
 
-def quickstart(out: Path, *options: str, command_line: bool = False):
-    """The command forked from the launch server (it starts its own job server, as from a shell);
-    ``command_line=True``: in a fresh interpreter, as the sweep the other tests read is made."""
-    return python_module(
-        "dispersion_titan.quickstart", "--out", str(out), *options, timeout=900, command_line=command_line
-    )
+def quickstart(out: Path, *options: str):
+    """The command forked from the launch server; it starts its own job server, as from a shell."""
+    return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900)
 
 
 def late_offdiag(result: dict) -> float:
@@ -81,7 +78,7 @@ def analysis(out: Path, name: str, step: int) -> dict:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("quickstart") / "out"
-    proc = quickstart(out, *OPTIONS, command_line=True)
+    proc = quickstart(out, *OPTIONS)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout
 
