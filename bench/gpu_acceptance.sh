@@ -4,6 +4,7 @@
 #   bash bench/gpu_acceptance.sh --quick    # parts 1 and 2, each stopped after PART_LIMIT_S (255 s): < 9.5 min
 #   bash bench/gpu_acceptance.sh --part 1   # ~5 min cold on one H100 [estimate]
 #   bash bench/gpu_acceptance.sh --part 2   # ~5 min [estimate], right after part 1 on the same machine
+#   bash bench/gpu_acceptance.sh --part 3   # issue 39's point 6, one candidate at a time, after part 1
 #   bash bench/gpu_acceptance.sh            # everything (tens of minutes)
 #
 # Part 1: versions; GPT-2 small (gpt2_small_mlp3072.toml as shipped: compiled, fused AdamW,
@@ -19,6 +20,8 @@
 # floor over time) at Qwen3-1.7B's shape (bench/dispersion_loss.py); last, the plan's peak memory and
 # step time of GPT-2 small against the measured ones (bench/plan_gpu_check.py). Part 2 reuses part 1's
 # Triton and inductor caches: run on a cold machine it takes about 2 minutes more [estimate].
+# Part 3: point 6's candidates, each against part 1's CE-only step on the same machine: cuDNN attention
+# (bench/train_step.py --sdpa-backend cudnn, CE only).
 # Estimated on one H100, cold [E, not measured]: part 1: versions 10 s, GPT-2 CE 120 s (start 25 s,
 # inductor 60-90 s), kernel check 90 s (~60 Triton builds), numerics 60 s (three debug runs at once,
 # one compiled); wheelhouse install 30 s before the parts when there is one; part 2: variants 90 s,
@@ -44,15 +47,15 @@
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
-usage="bench/gpu_acceptance.sh [--part 1 | --part 2 | --quick]"
+usage="bench/gpu_acceptance.sh [--part 1 | --part 2 | --part 3 | --quick]"
 mode=full
 case "${1:-}" in
     "") ;;
     --quick) mode=quick ;;
     --part)
         case "${2:-}" in
-            1|2) mode=part$2 ;;
-            *) echo "gpu_acceptance.sh: --part takes 1 or 2 ($usage)"; exit 2 ;;
+            1|2|3) mode=part$2 ;;
+            *) echo "gpu_acceptance.sh: --part takes 1, 2 or 3 ($usage)"; exit 2 ;;
         esac ;;
     *) echo "gpu_acceptance.sh: unknown argument $1 ($usage)"; exit 2 ;;
 esac
@@ -180,6 +183,11 @@ part2() {
     [ "$cpu" = 1 ] || run_step plan_gpu_gpt2 "$PYTHON" bench/plan_gpu_check.py "$GPT2_CONFIG"  # issue 42: plan vs GPU
 }
 
+part3() {
+    run_step train_step_gpt2_ce_cudnn "$PYTHON" bench/train_step.py "$GPT2_CONFIG" --name gpt2_small_cudnn \
+        --variants "${STEPS[@]}" --sdpa-backend "$( [ "$cpu" = 0 ] && echo cudnn || echo math )"
+}
+
 table() {  # the table of every figure so far (not in a part that --quick runs: it prints the table itself)
     [ -n "${ACCEPTANCE_IN_QUICK:-}" ] || "$PYTHON" bench/acceptance_table.py table "$RESULTS" \
         "$OUT_DIR/gpu_acceptance.md" "$failed"
@@ -189,6 +197,7 @@ table() {  # the table of every figure so far (not in a part that --quick runs: 
 case $mode in
     part1) [ -n "${ACCEPTANCE_IN_QUICK:-}" ] || : >"$RESULTS"; [ -s "$RESULTS" ] || versions; part1; table ;;
     part2) [ -s "$RESULTS" ] || versions; part2; table ;;
+    part3) [ -s "$RESULTS" ] || versions; part3; table ;;
     quick)
         : >"$RESULTS"
         versions
@@ -207,6 +216,7 @@ esac
 versions
 part1
 part2
+part3
 gpus=$("$PYTHON" -c 'import torch; print(max(torch.cuda.device_count(), 1))')
 run_step kernel_check_all "$PYTHON" bench/check_kernel_cuda.py
 run_step dispersion_loss "$PYTHON" bench/dispersion_loss.py --device cuda --B 16 --N 1024 --d 768 --layers 12 \

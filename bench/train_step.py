@@ -8,7 +8,9 @@ own data, the variants interleaved (CE, variant 1, variant 2, CE, ...) so machin
 all alike; only the trainer's dispersion objective is swapped between steps
 (``DispersionTrainer.dispersion_objective``). One step is one optimizer step: the config's
 global batch, in its micro-batches. Per variant it reports the median step, tokens/s, MFU,
-peak memory and the step ratio against CE only.
+peak memory and the step ratio against CE only. ``--sdpa-backend`` pins the attention kernel
+(cudnn, flash, efficient, math) for the whole run, as ``torch.nn.attention.sdpa_kernel`` does;
+the default lets SDPA choose.
 
 MFU is TorchTitan's own: ``metrics_processor.num_flops_per_token`` × tokens/s ÷
 ``metrics_processor.gpu_peak_flops``, the numbers its ``mfu`` log line divides (the count is
@@ -42,6 +44,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -53,6 +56,12 @@ from dispersion_titan.train import default_to_single_process  # noqa: E402
 from dispersion_titan.trainer.trainer import DispersionTrainer  # noqa: E402
 from dispersion_titan.utils.errors import DispersionTitanError, cause, fail_with  # noqa: E402
 
+SDPA_BACKENDS = {
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
 COLUMNS = ("objective", "step ms", "ratio", "tokens/s", "MFU", "peak GiB")
 BENCH_ONLY = (
     "--checkpoint.no-enable",
@@ -145,10 +154,12 @@ def run(
     warmup: int,
     sync_debug: bool = False,
     name: str = "train_step",
+    sdpa_backend: str = "default",
 ) -> dict[str, dict]:
     """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE, or why it failed; prints the table."""
     failed: dict[str, str] = {}
-    with bench_trainer(config, job_args) as trainer:
+    backend = contextlib.nullcontext() if sdpa_backend == "default" else sdpa_kernel([SDPA_BACKENDS[sdpa_backend]])
+    with backend, bench_trainer(config, job_args) as trainer:  # compiled at the first step, under the backend
         job_config = trainer.job_config
         objectives = {}
         for key, cfg in objective_configs(job_config.dispersion, variants, precisions, coeff).items():
@@ -205,7 +216,7 @@ def run(
         f"global_batch={t.global_batch_size} micro_batch={t.local_batch_size} seq_len={t.seq_len} "
         f"compile={job_config.compile.enable} optimizer={job_config.optimizer.implementation} "
         f"mixed_precision={job_config.training.mixed_precision_param} steps={steps} warmup={warmup} "
-        f"threads={torch.get_num_threads()}"
+        f"threads={torch.get_num_threads()} sdpa_backend={sdpa_backend}"
     )
     print(f"trainer steps run: {steps_run}")
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
@@ -246,6 +257,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--steps", type=int, default=5, help="measured optimizer steps per objective")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured rounds first (compile, allocator)")
     parser.add_argument("--name", help="the RESULT lines' label (default: the config file's stem)")
+    parser.add_argument("--sdpa-backend", choices=["default", *SDPA_BACKENDS], default="default",
+                        help="the only attention kernel SDPA may use (default: SDPA's own choice)")  # fmt: skip
     parser.add_argument("--sync-debug", action="store_true",
                         help="on CUDA, one more step of each objective under torch.cuda.set_sync_debug_mode('warn'): "
                              "prints the implicit host syncs it reports")  # fmt: skip
@@ -261,6 +274,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             args.warmup,
             args.sync_debug,
             args.name or Path(args.config).stem,
+            args.sdpa_backend,
         )
     except DispersionTitanError as e:  # a bad config or override: one line, as a launch says it
         fail_with(e)

@@ -55,9 +55,11 @@ def test_train_step_reports_every_variant_against_ce_with_titans_mfu(single_proc
     import train_step
 
     results = train_step.main(
-        [DEBUG_TOML, "--steps", "2", "--warmup", "0", "--variants", "angular_spread", "l2_repel", *SMALL_STEP]
-    )
+        [DEBUG_TOML, "--steps", "2", "--warmup", "0", "--variants", "angular_spread", "l2_repel", *SMALL_STEP,
+         "--sdpa-backend", "math"]
+    )  # fmt: skip
     out = capsys.readouterr().out
+    assert " sdpa_backend=math" in out
     assert f"| {' | '.join(train_step.COLUMNS)} |" in out
     assert list(results) == ["ce", "angular_spread", "l2_repel"]
     assert "trainer steps run: 6" in out  # 2 optimizer steps per objective, interleaved on one trainer
@@ -71,6 +73,16 @@ def test_train_step_reports_every_variant_against_ce_with_titans_mfu(single_proc
     assert f"RESULT train_step.debug.flops_per_token={flops_per_token(args, 64)}" in out
     for r in results.values():
         assert r["mfu"] == pytest.approx(flops_per_token(args, 64) * r["tokens_per_s"] / peak, rel=1e-9)
+
+
+def test_train_step_pins_the_attention_kernel_it_is_given(single_process):
+    """--sdpa-backend reaches the model's attention: cuDNN's kernel does not exist on a CPU."""
+    import train_step
+
+    with pytest.raises(RuntimeError, match="No viable backend for scaled_dot_product_attention"):
+        train_step.main(
+            [DEBUG_TOML, "--steps", "1", "--warmup", "0", "--variants", *SMALL_STEP, "--sdpa-backend", "cudnn"]
+        )
 
 
 def test_profile_step_groups_the_trainers_step(single_process, capsys):
