@@ -187,11 +187,14 @@ def optimizer_step(
     ``forward_backward_step`` (the dispersion term included), the gradients clipped, the
     optimizer stepped. The global token count is given (its all-reduce would read a fake
     value back); logging and the learning-rate schedule are left out. ``after_each`` runs after
-    each micro-batch's backward."""
+    each micro-batch's backward. As ``train_step``, each micro-batch moves to the trainer's device
+    first (under ``FakeTensorMode`` on a GPU: a fake CUDA copy)."""
+    device = trainer.device if trainer.device.type != "cpu" else torch.device("cpu")  # a fake "cpu:0" is not "cpu"
     trainer.optimizers.zero_grad()
     for input_dict, labels in batches:
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
         trainer.forward_backward_step(
-            input_dict=dict(input_dict), labels=labels, global_valid_tokens=global_valid_tokens
+            input_dict=inputs, labels=labels.to(device), global_valid_tokens=global_valid_tokens.to(device)
         )
         after_each()
     dist_utils.clip_grad_norm_(
