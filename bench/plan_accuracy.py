@@ -2,7 +2,7 @@
 ``RuntimeEstimator`` roofline of the trainer's own step, ``dispersion_titan.planning.roofline``)
 or the hand-written ``bench/h100_model.py`` (its fast-path terms, and its model step at an
 assumed MFU plus its loss-kernel terms). Each against the GPU steps measured in
-docs/benchmarks.md (GPT-2 small, 8 × 1024 tokens, bf16, compiled), uncalibrated and calibrated
+docs/benchmarks.md (GPT-2 small as shipped: 64 × 1024 tokens, bf16, compiled), uncalibrated and calibrated
 on the CE-only step of the same GPU (as ``plan`` calibrates). Prints the roofline values that
 ``dispersion_titan/planning/figures.py`` stores. CPU only, about a minute.
 
@@ -23,35 +23,36 @@ sys.path[:0] = [
 import h100_model  # noqa: E402
 
 from dispersion_titan.plan import plan_args  # noqa: E402
-from dispersion_titan.planning.figures import GPT2_8X1024  # noqa: E402
+from dispersion_titan.planning.figures import GPT2_SHIPPED  # noqa: E402
 from dispersion_titan.trainer.resource_plan import planned  # noqa: E402
 
 STEPS = [  # (GPU, variant, measured ms, docs/benchmarks.md row)
-    ("h100", "none", 52.7, "step ratio, GPT-2 small + angular_spread (H100, 2026-11-25)"),
-    ("h100", "angular_spread", 55.6, "same row"),
-    ("h200", "none", 47.9, "step ratio at the released form's default (H200, 2026-11-25)"),
-    ("h200", "angular_spread", 51.0, "same row"),
-    ("h200", "perplexity_entropy", 75.5, "same row"),
+    ("h100", "none", 139.4, "GPT-2 small as shipped, CE only (H100, 2026-11-26)"),
+    ("h200", "none", 130.6, "GPT-2 small as shipped, step ratio per variant (H200, 2026-11-26)"),
+    ("h200", "angular_spread", 147.4, "same row"),
+    ("h200", "l2_repel", 148.0, "same row"),
+    ("h200", "perplexity_entropy", 210.8, "same row"),
 ]
-SHAPE = h100_model.Config("gpt2_small_8x1024", 12, 768, 3072, 768, 768, 50257, 1024, 8, 2, global_batch=8)
+(SHAPE,) = (c for c in h100_model.SHIPPED if c.name == "gpt2_small_mlp3072")
 
 
 def roofline_ms(gpu: str, variant: str) -> float:
     coeff = "0.1" if variant != "none" else "0"
-    overrides = (*GPT2_8X1024[1:], "--dispersion.variant", variant, "--dispersion.coeff", coeff)
-    plan = planned(variant, plan_args(GPT2_8X1024[0], None, overrides), 1, None, gpu)
-    return (plan.step.micro_batch_s + plan.step.optimizer_s) * 1e3
+    overrides = (*GPT2_SHIPPED[1:], "--dispersion.variant", variant, "--dispersion.coeff", coeff)
+    plan = planned(variant, plan_args(GPT2_SHIPPED[0], None, overrides), 1, None, gpu)
+    return (plan.layout.accumulation * plan.step.micro_batch_s + plan.step.optimizer_s) * 1e3
 
 
 def hand_ms(variant: str) -> tuple[float, float]:
     """bench/h100_model.py's step of SHAPE (H100 only): its fast-path terms, and its model step at
     its default MFU; each plus its loss-kernel terms for a dispersion variant."""
+    accumulation = SHAPE.global_batch // SHAPE.micro_batch  # model_flops and loss_seconds: one micro-batch
     loss = 0.0
     if variant != "none":
         cost = h100_model.SPLIT_PAIR_COST if variant == "perplexity_entropy" else 1
-        loss = h100_model.loss_seconds(SHAPE, h100_model.MEASURED_KERNEL_TFLOPS * 1e12, cost)[0]
+        loss = accumulation * h100_model.loss_seconds(SHAPE, h100_model.MEASURED_KERNEL_TFLOPS * 1e12, cost)[0]
     fast = h100_model.fast_path_step(SHAPE)["step"] + loss
-    mfu = h100_model.model_flops(SHAPE) / (0.40 * h100_model.PEAK_BF16) + loss
+    mfu = accumulation * h100_model.model_flops(SHAPE) / (0.40 * h100_model.PEAK_BF16) + loss
     return fast * 1e3, mfu * 1e3
 
 

@@ -20,7 +20,11 @@ if TYPE_CHECKING:
 GB = 1e9
 STAND_IN_TERM = (
     "with its dispersion term priced by the CPU stand-in (the torch strips, not the GPU's Triton "
-    "kernel): 1.5-1.75× the measured GPT-2 small steps with a term (docs/benchmarks.md)"
+    "kernel): 1.8-2.1× the measured GPT-2 small steps with a term (H200, docs/benchmarks.md)"
+)
+EAGER_MEMORY = (
+    "FSDPMemTracker under FakeTensorMode, eager: a compiled step holds less, GPT-2 small's measured "
+    "peak 0.57× its plan (H200, docs/benchmarks.md)"
 )
 TIGHT = 0.9
 """Share of a GPU's memory above which a plan says the peak is tight: the CUDA context, the
@@ -110,7 +114,7 @@ def plan_table(plan: ResourcePlan) -> str:
     rows = [
         ("layout", lay.describe()),
         ("parameters per rank", f"{plan.step.params_local / 1e6:,.2f} M of {plan.step.params_total / 1e6:,.1f} M"),
-        ("peak memory per GPU", _memory(plan) + f" (FSDPMemTracker under FakeTensorMode, eager, {plan.depth_note})"),
+        ("peak memory per GPU", _memory(plan) + f" ({EAGER_MEMORY}; {plan.depth_note})"),
         (
             "step time",
             f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}); FSDP collectives "
