@@ -2,8 +2,8 @@
 # The first minutes on any CUDA machine: issue 39's point-5 figures, in one markdown table.
 #
 #   bash bench/gpu_acceptance.sh --quick    # parts 1 and 2, each stopped after PART_LIMIT_S (255 s): < 9.5 min
-#   bash bench/gpu_acceptance.sh --part 1   # ~5 min cold on one H100 [estimate]
-#   bash bench/gpu_acceptance.sh --part 2   # ~5 min [estimate], right after part 1 on the same machine
+#   bash bench/gpu_acceptance.sh --part 1   # 143 s cold on one H200 (2026-11-26), the install 30 s before it
+#   bash bench/gpu_acceptance.sh --part 2   # 158 s right after part 1 on the same machine (same run)
 #   bash bench/gpu_acceptance.sh --part 3   # issue 39's point 6, one candidate at a time, after part 1
 #   bash bench/gpu_acceptance.sh            # everything (tens of minutes)
 #
@@ -19,16 +19,16 @@
 # GPT-2's tokenizer and the embedded corpus stand in); the loss kernels' sustained TFLOP/s (FLOP
 # floor over time) at Qwen3-1.7B's shape (bench/dispersion_loss.py); last, the plan's peak memory and
 # step time of GPT-2 small against the measured ones (bench/plan_gpu_check.py). Part 2 reuses part 1's
-# Triton and inductor caches: run on a cold machine it takes about 2 minutes more [estimate].
-# Part 3: point 6's candidates, each against part 1's CE-only step on the same machine: cuDNN attention
-# (bench/train_step.py --sdpa-backend cudnn, CE only).
-# Estimated on one H100, cold [E, not measured]: part 1: versions 10 s, GPT-2 CE 120 s (start 25 s,
-# inductor 60-90 s), kernel check 90 s (~60 Triton builds), numerics 60 s (three debug runs at once,
-# one compiled); wheelhouse install 30 s before the parts when there is one; part 2: variants 90 s,
-# profile 60 s, Qwen3-0.6B 100 s (its own inductor compile), kernel rate 40 s. So a part may be cut
-# at its limit: run it again alone on the warm machine (its caches make it faster).
+# Triton and inductor caches: run on a cold machine it takes longer.
+# Part 3: point 6's candidates, each against part 2's CE-only step on the same machine: Qwen3-0.6B with
+# SDPA pinned to cuDNN's attention (bench/train_step.py --sdpa-backend cudnn; 1.25x faster on an H200;
+# GPT-2 small's default already runs cuDNN's kernels).
+# Measured on one H200, cold (2026-11-26, docs/benchmarks.md), each step's wall time: part 1: GPT-2 CE
+# 41 s, kernel check 30 s, numerics 72 s; part 2: variants 45 s, profile 33 s, Qwen3-0.6B 38 s, kernel
+# rate 21 s, plan check 21 s. A slower machine may cut a part: run it again alone on the warm machine
+# (its caches make it faster).
 #
-# Everything (no option), in order: parts 1 and 2; the Triton kernels at every precision
+# Everything (no option), in order: parts 1, 2 and 3; the Triton kernels at every precision
 # (bench/check_kernel_cuda.py); bench/dispersion_loss.py at GPT-2 small's and Qwen3-1.7B's shapes
 # against the torch paths; angular_spread, l2_repel and perplexity_entropy at each precision with
 # the implicit host syncs of one step; 20 debug steps through launch/train.sh on all GPUs (>= 2:
@@ -184,8 +184,8 @@ part2() {
 }
 
 part3() {
-    run_step train_step_gpt2_ce_cudnn "$PYTHON" bench/train_step.py "$GPT2_CONFIG" --name gpt2_small_cudnn \
-        --variants "${STEPS[@]}" --sdpa-backend "$( [ "$cpu" = 0 ] && echo cudnn || echo math )"
+    run_step train_step_qwen3_ce_cudnn "$PYTHON" bench/train_step.py "$QWEN3_CONFIG" --name qwen3_0.6b_cudnn \
+        --variants "${STEPS[@]}" "${QWEN3_ARGS[@]}" --sdpa-backend "$( [ "$cpu" = 0 ] && echo cudnn || echo math )"
 }
 
 table() {  # the table of every figure so far (not in a part that --quick runs: it prints the table itself)

@@ -10,7 +10,9 @@ all alike; only the trainer's dispersion objective is swapped between steps
 global batch, in its micro-batches. Per variant it reports the median step, tokens/s, MFU,
 peak memory and the step ratio against CE only. ``--sdpa-backend`` pins the attention kernel
 (cudnn, flash, efficient, math) for the whole run, as ``torch.nn.attention.sdpa_kernel`` does;
-the default lets SDPA choose.
+the default lets SDPA choose. TorchTitan's Qwen3 and Llama 3 attention sets its own list inside
+each call, which overrides the pin when eager (a CPU runs them under any pin); compiled on a GPU,
+Qwen3-0.6B's step changed with it (docs/benchmarks.md), for a reason not yet profiled.
 
 MFU is TorchTitan's own: ``metrics_processor.num_flops_per_token`` × tokens/s ÷
 ``metrics_processor.gpu_peak_flops``, the numbers its ``mfu`` log line divides (the count is
