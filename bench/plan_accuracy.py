@@ -3,7 +3,8 @@
 or the hand-written ``bench/h100_model.py`` (its fast-path terms, and its model step at an
 assumed MFU plus its loss-kernel terms). Each against the GPU steps measured in
 docs/benchmarks.md (GPT-2 small as shipped: 64 × 1024 tokens, bf16, compiled), uncalibrated and calibrated
-on the CE-only step of the same GPU (as ``plan`` calibrates). Prints the roofline values that
+on the CE-only step of the same GPU (as ``plan`` calibrates; its dispersion term priced apart, at the
+kernels' rate measured in that step, ``planning.figures.term_seconds``). Prints the roofline values that
 ``dispersion_titan/planning/figures.py`` stores. CPU only, about a minute.
 
     python bench/plan_accuracy.py
@@ -36,11 +37,15 @@ STEPS = [  # (GPU, variant, measured ms, docs/benchmarks.md row)
 (SHAPE,) = (c for c in h100_model.SHIPPED if c.name == "gpt2_small_mlp3072")
 
 
-def roofline_ms(gpu: str, variant: str) -> float:
+def plan_ms(gpu: str, variant: str) -> tuple[float, float, float]:
+    """The plan of the step: its roofline (uncalibrated), its dispersion term at the kernels'
+    measured rate, and the compute time it prints (the roofline calibrated, plus the term)."""
     coeff = "0.1" if variant != "none" else "0"
     overrides = (*GPT2_SHIPPED[1:], "--dispersion.variant", variant, "--dispersion.coeff", coeff)
     plan = planned(variant, plan_args(GPT2_SHIPPED[0], None, overrides), 1, None, gpu)
-    return (plan.layout.accumulation * plan.step.micro_batch_s + plan.step.optimizer_s) * 1e3
+    accumulation = plan.layout.accumulation
+    roofline = accumulation * plan.step.micro_batch_s + plan.step.optimizer_s
+    return roofline * 1e3, accumulation * plan.step.term_s * 1e3, plan.time.compute_s * 1e3
 
 
 def hand_ms(variant: str) -> tuple[float, float]:
@@ -64,19 +69,19 @@ def main() -> None:
     rows = []
     for gpu, variant, measured, _source in STEPS:
         fast, mfu = hand_ms(variant) if gpu == "h100" else (None, None)
-        rows.append((gpu, variant, measured, roofline_ms(gpu, variant), fast, mfu))
+        rows.append((gpu, variant, measured, *plan_ms(gpu, variant), fast, mfu))
     ce = {row[0]: row for row in rows if row[1] == "none"}  # each GPU's calibration step
     print(
-        "| GPU | variant | measured ms | roofline ms | h100_model fast path ms | h100_model MFU 0.40 ms | "
-        "roofline, calibrated | fast path, calibrated | MFU 0.40, calibrated |"
+        "| GPU | variant | measured ms | roofline + term ms | plan ms | h100_model fast path ms | "
+        "h100_model MFU 0.40 ms | fast path, calibrated | MFU 0.40, calibrated |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
-    for gpu, variant, measured, *predicted in rows:
-        base = ce[gpu]
-        factors = [base[2] / p if p else 1.0 for p in base[3:]]
-        raw = " | ".join(_cell(p, measured) for p in predicted)
-        calibrated = " | ".join(_cell(p, measured, f) for p, f in zip(predicted, factors, strict=True))
-        print(f"| {gpu.upper()} | {variant} | {measured} | {raw} | {calibrated} |")
+    for gpu, variant, measured, roofline, term, plan, fast, mfu in rows:
+        factors = [ce[gpu][2] / p if p else 1.0 for p in ce[gpu][6:]]
+        hand = [fast, mfu]
+        cells = [_cell(roofline + term, measured), _cell(plan, measured), *(_cell(p, measured) for p in hand)]
+        cells += [_cell(p, measured, f) for p, f in zip(hand, factors, strict=True)]
+        print(f"| {gpu.upper()} | {variant} | {measured} | {' | '.join(cells)} |")
     for gpu, row in ce.items():
         print(f"figures.py roofline_s for {gpu}: {row[3] / 1e3:.5g}")
 

@@ -23,7 +23,7 @@ from dispersion_titan.losses.dispersion import MAX_BLOCK_BYTES
 from dispersion_titan.plan import main as plan_main
 from dispersion_titan.plan import plan_args
 from dispersion_titan.planning.disk import FULL_BYTES_PER_PARAM, checkpoint_disk
-from dispersion_titan.planning.figures import MEASURED_STEPS
+from dispersion_titan.planning.figures import MEASURED_STEPS, term_seconds
 from dispersion_titan.planning.gpus import GPUS
 from dispersion_titan.planning.layout import checked_config, nodes_of, resolve_layout
 from dispersion_titan.trainer import resource_plan
@@ -193,6 +193,19 @@ def test_checkpoint_disk_is_counted_from_the_config():
     disk = checkpoint_disk(job, params)
     assert (disk.full, disk.model_only) == (10, 1)
     assert disk.bytes == params * (10 * FULL_BYTES_PER_PARAM + 4) and 14e9 < disk.bytes < 16e9
+
+
+def test_a_dispersion_term_is_priced_at_its_kernels_measured_rate():
+    """GPT-2 small as shipped with angular_spread (λ 0.1, every block) on an H200, as
+    bench/train_step.py measured it (147.4 ms, docs/benchmarks.md): the plan's step within 10%,
+    its term 4·rows·N²·d at the rate the kernels reached (rows: 32 sequences × 12 blocks a
+    micro-batch), not the torch path's roofline (1.8-2.1× the measured step)."""
+    overrides = ("--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.1")
+    config = str(REPO / "train_configs" / "gpt2_small_mlp3072.toml")
+    plan = resource_plan.planned("term", plan_args(config, None, overrides), 1, None, "h200")
+    assert plan.layout.accumulation == 2
+    assert plan.step.term_s == pytest.approx(term_seconds("angular_spread", 32 * 12, 1024, 768, 989e12), rel=1e-6)
+    assert plan.time.compute_s == pytest.approx(147.4e-3, rel=0.10)
 
 
 DEBUG_ACCUMULATING = ("--training.max_local_batch_size", "2")

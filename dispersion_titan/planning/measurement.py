@@ -31,6 +31,9 @@ class StepMeasurement:
     params_total: float
     depth: int
     """Blocks of the model measured (or extrapolated to)."""
+    term_s: float = 0.0
+    """Seconds of one micro-batch's dispersion term at its kernels' measured rate (``figures.term_seconds``),
+    outside the roofline and its calibration."""
 
     @property
     def peak(self) -> float:
@@ -57,4 +60,5 @@ def on_the_line(a: StepMeasurement, b: StepMeasurement, depth: int) -> StepMeasu
         at(a.params_local, b.params_local),
         at(a.params_total, b.params_total),
         depth,
+        at(a.term_s, b.term_s),
     )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..utils.errors import ConfigError
 from .disk import CheckpointDisk, checkpoint_disk
-from .figures import calibration
+from .figures import TERM_LABEL, calibration
 from .gpus import GPU
 from .layout import ResourceLayout
 from .measurement import CATEGORIES, StepMeasurement
@@ -18,10 +18,6 @@ if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 GB = 1e9
-STAND_IN_TERM = (
-    "with its dispersion term priced by the CPU stand-in (the torch strips, not the GPU's Triton "
-    "kernel): 1.8-2.1× the measured GPT-2 small steps with a term (H200, docs/benchmarks.md)"
-)
 EAGER_MEMORY = (
     "FSDPMemTracker under FakeTensorMode, eager: a compiled step holds less, GPT-2 small's measured "
     "peak 0.57× its plan (H200, docs/benchmarks.md)"
@@ -43,7 +39,7 @@ class ResourcePlan:
     steps: int
     depth_note: str
     dispersion: bool
-    """Whether the step has a dispersion term (``STAND_IN_TERM``)."""
+    """Whether the step has a dispersion term (``TERM_LABEL``)."""
 
     @property
     def memory_share(self) -> float:
@@ -119,7 +115,7 @@ def plan_table(plan: ResourcePlan) -> str:
             "step time",
             f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}); FSDP collectives "
             f"{_ms(t.fsdp_s)} (overlapped), TP collectives {_ms(t.tp_s)}"
-            + (f"; {STAND_IN_TERM}" if plan.dispersion else ""),
+            + (f"; {TERM_LABEL}" if plan.dispersion else ""),
         ),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
         ("GPU-hours", f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"),
@@ -160,5 +156,5 @@ def runs_table(plans: list[ResourcePlan]) -> str:
     lines.append(f"| **total ({len(plans)} runs)** | | | | | | | | **{hours:,.3g}** | **{_gb(disk)}** |")
     labels = sorted({p.time.calibration.label for p in plans})
     notes = [f"step time: {label}" for label in labels] + sorted({f"memory: {p.depth_note}" for p in plans})
-    notes += [f"step time of the runs with a term: {STAND_IN_TERM}"] if any(p.dispersion for p in plans) else []
+    notes += [f"step time of the runs with a term: {TERM_LABEL}"] if any(p.dispersion for p in plans) else []
     return "\n".join(lines + [""] + notes)

@@ -1,8 +1,8 @@
 """A step's time on the planned GPUs: the roofline of its compute (``planning.roofline``, scaled by
-the calibration of ``planning.figures``), FSDP's collectives overlapped with it (TorchTitan
-prefetches the next block's all-gather), tensor parallelism's on the critical path. The
-collectives' bytes follow from the layout, each sent at its link's bandwidth: NVLink inside a
-node, InfiniBand between nodes. A prediction, never a measurement."""
+the calibration of ``planning.figures``) plus its dispersion term (``figures.term_seconds``), FSDP's
+collectives overlapped with it (TorchTitan prefetches the next block's all-gather), tensor
+parallelism's on the critical path. The collectives' bytes follow from the layout, each sent at its
+link's bandwidth: NVLink inside a node, InfiniBand between nodes. A prediction, never a measurement."""
 
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def step_time(
     """One optimizer step of ``layout`` on ``gpu``, from ``m`` (one micro-batch and the optimizer)."""
     t = job_config.training
     param_bytes, reduce_bytes = DTYPE_BYTES[t.mixed_precision_param], DTYPE_BYTES[t.mixed_precision_reduce]
-    compute = (layout.accumulation * m.micro_batch_s + m.optimizer_s) * calibration.factor
+    roofline = (layout.accumulation * m.micro_batch_s + m.optimizer_s) * calibration.factor
+    compute = roofline + layout.accumulation * m.term_s
     per_tp_rank = m.params_total / layout.tp
     fsdp_bytes = 0.0
     if layout.dp_shard > 1:  # all-gather forward and again in backward, reduce-scatter the gradients

@@ -50,6 +50,7 @@ def rank_zero_config(job_config: RunConfig, dump_folder: str) -> RunConfig:
     c.checkpoint.enable = False
     c.validation.enable = False
     c.compile.enable = False
+    c.dispersion.kernel = "torch"  # no Triton probe on fake tensors; plan prices the kernels (step_measure)
     c.metrics.enable_tensorboard = c.metrics.enable_wandb = False
     c.metrics.log_freq = STEPS_NEVER_LOGGED
     c.job.dump_folder = dump_folder

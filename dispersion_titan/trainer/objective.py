@@ -45,6 +45,7 @@ class DispersionObjective:
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.tp_group = tp_group
+        self.loss = dispersion_loss  # what ``plan`` prices in its place: trainer.step_measure.PricedTerm
 
     def check_kernel(self, device: torch.device) -> None:
         """Before the first step, probe the Triton kernel that ``kernel = "auto"`` takes on CUDA: a
@@ -104,7 +105,7 @@ class DispersionObjective:
                     ]
                 )
                 mean = (
-                    dispersion_loss(
+                    self.loss(
                         layers,
                         self.cfg.variant,
                         tau=self.cfg.tau,

@@ -5,6 +5,8 @@ gradients, then one optimizer step (the dispersion term included) under PyTorch'
 ``FSDPMemTracker`` (``MemTracker`` without FSDP) and ``planning.roofline``. Two of the step's
 micro-batches are run where it accumulates: the second one's backward meets the first one's
 gradients. Attention dropout is measured as a GPU's fused kernels run it (see ``measure_at``).
+The dispersion term is priced as the GPU runs it, by its fused kernels (``PricedTerm``), not by
+the torch path a CPU would take.
 
 Every block is alike, so memory and time are linear in the depth: a deep model is measured at
 ``MEASURED_DEPTHS`` blocks and extrapolated, exactly while the dispersion term takes every block
@@ -23,6 +25,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..components.titan_compat import optimizer_per_model_part
+from ..planning.figures import term_seconds
 from ..planning.gpus import GPU
 from ..planning.measurement import StepMeasurement, categorised, on_the_line
 from ..planning.roofline import Roofline
@@ -32,6 +35,35 @@ if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 MEASURED_DEPTHS = (2, 3)
+
+
+class _KernelStandIn(torch.autograd.Function):
+    """What the fused kernels hold and write: the rows saved for the backward, a scalar forward,
+    a gradient of the rows' shape."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(rows)
+        return rows.new_zeros((), dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (rows,) = ctx.saved_tensors
+        return torch.empty_like(rows)
+
+
+class PricedTerm:
+    """The objective's loss during a planned step: the fused kernels' time at their measured rate
+    (``planning.figures.term_seconds``) summed in ``seconds``, their memory by ``_KernelStandIn``."""
+
+    def __init__(self, gpu: GPU) -> None:
+        self.gpu = gpu
+        self.seconds = 0.0
+
+    def __call__(self, rows: torch.Tensor, variant: str, **_options) -> torch.Tensor:
+        b, n, d = rows.shape
+        self.seconds += term_seconds(variant, b, n, d, self.gpu.bf16_flops)
+        return _KernelStandIn.apply(rows)
 
 
 def _one_replica(config: RunConfig, world: int) -> tuple[int, bool]:
@@ -77,6 +109,7 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
                 tracker = MemTracker()
                 tracker.track_external(model, optimizer)
             roofline = Roofline(gpu)
+            term = trainer.dispersion.loss = PricedTerm(gpu)
             marks: list[float] = []
 
             def after_each() -> None:  # the trackers keep per-module stats of one forward at a time
@@ -91,7 +124,8 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
     memory = categorised(peak)
     if replicated:  # DDP's gradient buckets (gradient_as_bucket_view off): a second copy of the fp32 gradients
         memory["gradients"] += 4.0 * total
-    return StepMeasurement(memory, marks[0], roofline.seconds - marks[-1], float(local), float(total), depth)
+    term_s = term.seconds / len(batches)
+    return StepMeasurement(memory, marks[0], roofline.seconds - marks[-1], float(local), float(total), depth, term_s)
 
 
 def extrapolates(job_config: RunConfig, depth: int) -> bool:
