@@ -27,8 +27,8 @@ bench/gpu_acceptance.sh.
     python bench/dispersion_loss.py --device cuda --variants angular_spread
     python bench/dispersion_loss.py --impls naive lean --B 2 --N 512 --d 256 --layers 2
 
-``floor_tflops`` in the RESULT lines: the exact loss's FLOP floor, 4·B·N²·d a layer (Gram
-triangle, its recompute, W U), over the measured time: the kernels' sustained rate.
+``floor_tflops`` in the RESULT lines: the exact loss's FLOP floor, 4·B·N²·d a layer
+(``planning.figures.term_floor_flops``), over the measured time: the kernels' sustained rate.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dispersion_titan.losses import VARIANTS, dispersion_loss, dispersion_loss_reference  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
+from dispersion_titan.planning.figures import term_floor_flops  # noqa: E402
 
 IMPL_PRECISIONS = {"triton_tf32": "tf32", "triton_exact": "exact"}
 IMPLS: dict[str, Callable[..., torch.Tensor]] = {
@@ -246,7 +247,7 @@ def main() -> None:
                 flush=True,
             )
             key = f"dispersion_loss.{variant}.{impl}"
-            floor = 4 * args.B * args.N**2 * args.d * args.layers / r["s"] / 1e12  # the exact loss's FLOP floor
+            floor = term_floor_flops(args.B * args.layers, args.N, args.d) / r["s"] / 1e12
             result_lines.append(f"RESULT {key}.s={r['s']:.4g} {key}.floor_tflops={floor:.4g} "
                                 f"{key}.extra_mib={mem[impl]:.0f} {key}.value_rel={r['value_rel']:.2g} "
                                 f"{key}.grad_rel={r['grad_rel']:.2g}")  # fmt: skip

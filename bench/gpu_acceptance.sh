@@ -103,6 +103,7 @@ GPT2_PROFILE_CONFIG=$(config gpt2_small_mlp3072_angular_spread)
 QWEN3_CONFIG=$(config midtrain_qwen3_0.6b_baseline)
 QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --training.global_batch_size 4)
 STEPS=(--steps 3 --warmup 1)
+SDPA_PIN=cudnn
 NUMERICS_STEPS=50
 RESULTS=$OUT_DIR/results.txt
 if [ "$cpu" = 1 ]; then  # the plumbing on a CPU: debug models, the CPU profile, one step
@@ -111,6 +112,7 @@ if [ "$cpu" = 1 ]; then  # the plumbing on a CPU: debug models, the CPU profile,
     QWEN3_ARGS=()
     STEPS=(--steps 1 --warmup 0 --profile cpu --training.global_batch_size 2 --training.seq_len 64)
     NUMERICS_STEPS=3
+    SDPA_PIN=math  # no cuDNN on a CPU
 fi
 failed=0
 
@@ -185,7 +187,7 @@ part2() {
 
 part3() {
     run_step train_step_qwen3_ce_cudnn "$PYTHON" bench/train_step.py "$QWEN3_CONFIG" --name qwen3_0.6b_cudnn \
-        --variants "${STEPS[@]}" "${QWEN3_ARGS[@]}" --sdpa-backend "$( [ "$cpu" = 0 ] && echo cudnn || echo math )"
+        --variants "${STEPS[@]}" "${QWEN3_ARGS[@]}" --sdpa-backend "$SDPA_PIN"
 }
 
 table() {  # the table of every figure so far (not in a part that --quick runs: it prints the table itself)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .gpus import GPUS
+
 
 @dataclass(frozen=True)
 class MeasuredStep:
@@ -52,14 +54,13 @@ MEASURED_STEPS = (
 TERM_STEP = (2 * 32 * 12, 1024, 768)
 """The dispersion term in GPT-2 small's shipped step: rows (2 micro-batches × 32 sequences × 12 blocks),
 tokens and width."""
-TERM_SECONDS_H200 = {  # the variant's step less CE only's, one run (docs/benchmarks.md, H200, 2026-11-26)
-    "angular_spread": 147.4e-3 - 130.6e-3,
-    "orthogonalization": 149.8e-3 - 130.6e-3,
-    "l2_repel": 148.0e-3 - 130.6e-3,
-    "decorrelation": 148.2e-3 - 130.6e-3,
-    "perplexity_entropy": 210.8e-3 - 130.6e-3,
+TERM_STEPS_H200 = {  # each variant's step in the run of MEASURED_STEPS' H200 CE step (docs/benchmarks.md)
+    "angular_spread": 147.4e-3,
+    "orthogonalization": 149.8e-3,
+    "l2_repel": 148.0e-3,
+    "decorrelation": 148.2e-3,
+    "perplexity_entropy": 210.8e-3,
 }
-H200_BF16_FLOPS = 989e12
 TERM_LABEL = (
     "its dispersion term at the FLOP rate its kernels reached in GPT-2 small's step on an H200 "
     "(docs/benchmarks.md), scaled by the GPU's bf16 peak: a prediction"
@@ -68,14 +69,16 @@ TERM_LABEL = (
 
 def term_floor_flops(rows: int, tokens: int, width: int) -> float:
     """The exact term's FLOP floor, forward and backward: 4·rows·N²·d (the Gram triangle, its
-    recompute and W U, as ``bench/dispersion_loss.py`` counts it)."""
+    recompute and W U; ``bench/dispersion_loss.py``'s ``floor_tflops`` divides it by the time)."""
     return 4.0 * rows * tokens**2 * width
 
 
 def term_seconds(variant: str, rows: int, tokens: int, width: int, bf16_flops: float) -> float:
     """Seconds of the fused kernels' forward and backward over ``rows`` sequences of ``tokens`` ×
     ``width``, at the rate measured for ``variant`` (its glue included) on a GPU of ``bf16_flops``."""
-    rate = term_floor_flops(*TERM_STEP) / TERM_SECONDS_H200[variant] * bf16_flops / H200_BF16_FLOPS
+    (ce,) = (f for f in MEASURED_STEPS if f.gpu == "h200")
+    measured = TERM_STEPS_H200[variant] - ce.measured_s  # the variant's step less CE only's
+    rate = term_floor_flops(*TERM_STEP) / measured * bf16_flops / GPUS["h200"].bf16_flops
     return term_floor_flops(rows, tokens, width) / rate
 
 
