@@ -119,11 +119,15 @@ def test_cpu_is_allowed_with_the_opt_in_or_without_any_gpu_signal(monkeypatch):
 
 @pytest.fixture(scope="module")
 def parsed_configs() -> dict[str, object]:
-    """Every shipped config parsed once, with its TOML's own local batch sizes (parsing
-    fills in derived ones for 1 process); the DP degrees are applied to copies."""
+    """Every shipped config but the paper's (whose global batch follows the GPU count, [released]) parsed
+    once, with its TOML's own local batch sizes (parsing fills in derived ones for 1 process); the DP
+    degrees are applied to copies."""
     parsed = {}
     for config in CONFIGS:
-        job, toml = validated_args(job_args(str(config))), load_toml(["--job.config_file", str(config)])
+        toml = load_toml(["--job.config_file", str(config)])
+        if "released" in toml:
+            continue
+        job = validated_args(job_args(str(config)))
         for section in ("training", "validation"):
             getattr(job, section).local_batch_size = toml[section]["local_batch_size"]
         parsed[config.name] = job
@@ -131,12 +135,13 @@ def parsed_configs() -> dict[str, object]:
 
 
 def test_gpu_configs_are_valid_unchanged_from_1_to_64_gpus(parsed_configs):
-    """local_batch_size = 0: global / DP, in micro-batches of at most max_local_batch_size. The paper's
-    Qwen3 configs hold the authors' 32 sequences per step: up to 32 GPUs (more take their √GPUs overrides)."""
-    assert len(GPU_CONFIGS) == 20
-    for config in GPU_CONFIGS:
+    """local_batch_size = 0: global / DP, in micro-batches of at most max_local_batch_size. A paper config
+    holds the authors' per-GPU batch on every GPU count ([released]: test_shipped_configs.py)."""
+    ours = [c for c in GPU_CONFIGS if c.name in parsed_configs]
+    assert len(GPU_CONFIGS) == 20 and len(ours) == 12
+    for config in ours:
         parsed = parsed_configs[config.name]
-        assert parsed.training.global_batch_size >= (32 if "qwen3" in config.name else 64), config.name
+        assert parsed.training.global_batch_size >= 64, config.name
         for dp in (dp for dp in DP_DEGREES if dp <= parsed.training.global_batch_size):
             job = copy.deepcopy(parsed)
             resolve_batch_sizes(job, dp)
@@ -144,7 +149,14 @@ def test_gpu_configs_are_valid_unchanged_from_1_to_64_gpus(parsed_configs):
             assert t.local_batch_size <= t.max_local_batch_size, (config.name, dp)
             assert t.global_batch_size % (t.local_batch_size * dp) == 0, (config.name, dp)  # TorchTitan's assertion
             assert v.local_batch_size * dp == v.global_batch_size, (config.name, dp)
-        assert parsed.model.vocab_size == (0 if "midtrain" in config.name else 50304), config.name  # 0: GPT-2's own
+        assert parsed.model.vocab_size == 50304, config.name
+    for config in GPU_CONFIGS:
+        for dp in DP_DEGREES:
+            job = validated_args(job_args(str(config)), dp) if config.name not in parsed_configs else None
+            if job is not None:
+                t = job.training
+                assert t.global_batch_size == dp * t.local_batch_size * job.released.gradient_accumulation_steps
+                assert job.model.vocab_size == (0 if "midtrain" in config.name else 50304), config.name  # 0: GPT-2's
 
 
 @pytest.mark.parametrize("dp", DP_DEGREES)

@@ -268,67 +268,81 @@ def width_runs(root: Path, widths: tuple[int, ...]) -> list[Path]:
     ]
 
 
-def test_fig3_draws_each_widths_first_and_last_checkpoint_as_plot_heatmaps(zoo, tmp_path, capsys):
-    """Per width one run, the authors' pick (a dispersion run before a cross-entropy-only one), analysed at
-    its first and last checkpoints at the paper's protocol: two rows, every number as transformers'
-    hidden states and scipy give it."""
+def test_fig3_draws_each_widths_cross_entropy_run_or_the_authors_pick(zoo, tmp_path, capsys):
+    """Per width one run analysed at its first and last checkpoints at the paper's protocol. By default the
+    cross-entropy-only run at its last checkpoint, one row titled by width and parameters (the paper's
+    figure); ``--pick authors --rows first,last``: a dispersion run first, two rows (plot_heatmaps.py).
+    Every number as transformers' hidden states and scipy give it."""
     ce_64, run_512 = width_runs(tmp_path, (64, 512))
     disp_64 = tmp_path / "mlp64_angular_spread"
     shutil.copytree(ce_64, disp_64)
     metadata = json.loads((disp_64 / "run.json").read_text())
     (disp_64 / "run.json").write_text(json.dumps({**metadata, "dispersion": {"variant": "angular_spread", "coeff": 1}}))
-    code, _, err = paper(
-        "fig3",
-        "--models",
-        ce_64,
-        run_512,
-        disp_64,
-        "--dataset-path",
-        zoo["wikitext"],
-        *INPUTS,
-        "--out",
-        tmp_path / "out",
-        capsys=capsys,
-    )
+    common = ("fig3", "--models", ce_64, run_512, disp_64, "--dataset-path", zoo["wikitext"], *INPUTS)
+    code, _, err = paper(*common, "--out", tmp_path / "out", capsys=capsys)
     assert code == 0, err
-    assert f"fig3: MLP 64: takes {disp_64} (a dispersion run) over {ce_64}" in err
+    assert f"fig3: MLP 64: takes {ce_64} (a cross-entropy-only run) over {disp_64}, --pick ce" in err
     numbers = json.loads((tmp_path / "out" / "fig3.json").read_text())
-    assert [(m["row"], m["label"], m["step"]) for m in numbers["models"]] == [
-        ("first checkpoint", "MLP 64", 0),
-        ("last checkpoint", "MLP 64", 5),
-        ("first checkpoint", "MLP 512", 0),
-        ("last checkpoint", "MLP 512", 5),
+    exports = {}
+    for got in numbers["models"]:
+        export = exports.setdefault((got["model"], got["step"]), tmp_path / f"{Path(got['model']).name}-{got['step']}")
+        if not export.exists():
+            to_hf(str(Path(got["model"]) / "checkpoint" / f"step-{got['step']}"), str(export))  # transformers' GPT-2
+    params = {
+        m: transformers.GPT2LMHeadModel.from_pretrained(exports[(m, 5)]).num_parameters()
+        for m in (str(ce_64), str(run_512))
+    }
+    assert [(m["row"], m["label"], m["step"], m["model"]) for m in numbers["models"]] == [
+        ("last checkpoint", f"MLP 64 ({params[str(ce_64)] / 1e6:.0f} M params)", 5, str(ce_64)),
+        ("last checkpoint", f"MLP 512 ({params[str(run_512)] / 1e6:.0f} M params)", 5, str(run_512)),
+    ]
+    assert [m["n_params"] for m in numbers["models"]] == list(params.values())
+    assert [row["row"] for row in numbers["rows"]] == ["last checkpoint"]
+    assert_figure(tmp_path / "out" / "fig3")
+    code, _, err = paper(*common, "--pick", "authors", "--rows", "first,last", "--out", tmp_path / "two", capsys=capsys)
+    assert code == 0, err
+    assert f"fig3: MLP 64: takes {disp_64} (a dispersion run) over {ce_64}, as the authors' plot_heatmaps.py" in err
+    numbers = json.loads((tmp_path / "two" / "fig3.json").read_text())
+    assert [(m["row"], m["step"]) for m in numbers["models"]] == [
+        ("first checkpoint", 0),
+        ("last checkpoint", 5),
+        ("first checkpoint", 0),
+        ("last checkpoint", 5),
     ]
     assert [m["model"] for m in numbers["models"]] == [str(disp_64)] * 2 + [str(run_512)] * 2
     assert [row["row"] for row in numbers["rows"]] == ["first checkpoint", "last checkpoint"]
     assert all(row["x"] == [64.0, 512.0] and row["against"] == "mlp_width" for row in numbers["rows"])
     for got in numbers["models"]:
-        export = tmp_path / f"{Path(got['model']).name}-{got['step']}"
+        export = exports.setdefault((got["model"], got["step"]), tmp_path / f"{Path(got['model']).name}-{got['step']}")
         if not export.exists():
-            to_hf(str(Path(got["model"]) / "checkpoint" / f"step-{got['step']}"), str(export))  # transformers' GPT-2
+            to_hf(str(Path(got["model"]) / "checkpoint" / f"step-{got['step']}"), str(export))
         want = paper_expected(export, zoo["wikitext"])
         assert_model(got, want)
         assert len(got["mean_cos"]) == want["layers"] and got["layer_points"] == "hidden_states"
-    assert_figure(tmp_path / "out" / "fig3")
+    assert_figure(tmp_path / "two" / "fig3")
+    shutil.rmtree(ce_64 / "checkpoint")  # a width with dispersion runs only has nothing to draw under --pick ce
+    code, _, err = paper("fig3", "--models", disp_64, "--out", tmp_path / "none", "--dry-run", capsys=capsys)
+    assert_one_line_error(code, err, "fig3: MLP 64: no cross-entropy-only run among", "--pick authors")
 
 
 def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
     """Without runs: locally one line naming the training; --slurm trains both arms of the paper preset
-    at every width, then analyses each width's dispersion run at 1024 tokens after its training job."""
+    at the paper's widths, each on train.sbatch's 8 GPUs as the authors' 8-GPU run ([released]), then
+    analyses each width's cross-entropy run at 1024 tokens after its training job."""
     monkeypatch.chdir(REPO)  # the presets' configs live in the repository
     code, _, err = paper("fig3", "--out", tmp_path, capsys=capsys)
     assert_one_line_error(
         code,
         err,
-        "fig3: no run of MLP width 768",
+        "fig3: no run of MLP width 64",
         "--slurm",
-        "launch/train.sh train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim 768",
+        "launch/train.sh train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim 64",
     )
     code, out, _ = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     lines = out.strip().splitlines()
     train = [line for line in lines if "train.sbatch" in line]
     assert code == 0 and len(train) == 8 and not list(tmp_path.iterdir())
-    for i, width in enumerate((768, 1536, 3072, 6144)):
+    for i, width in enumerate((64, 256, 1024, 4096)):
         ce, disp = train[2 * i], train[2 * i + 1]
         assert (
             f"train_configs/paper/fig3_gpt2_small.toml --model.mlp_hidden_dim {width} --job.dump_folder "
@@ -338,19 +352,29 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
             f"train_configs/paper/fig3_gpt2_small_angular_spread.toml --model.mlp_hidden_dim {width} "
             f"--job.dump_folder {tmp_path}/runs/fig3_gpt2_small_mlp{width}_angular_spread" in disp
         )
+        for name in (f"fig3_gpt2_small_mlp{width}", f"fig3_gpt2_small_mlp{width}_angular_spread"):
+            assert (
+                f"# fig3: {name}: [released] on 8 GPUs: 16 × 8 sequences per GPU, global batch 1024, 2385 steps" in out
+            )
         analysis = next(line for line in lines if line.startswith(f"job_{9 + i}="))  # after the eight trainings
-        assert f"--dependency=afterok:$job_{2 * i + 2} " in analysis and "--steps first,last" in analysis
-        assert f"analyze.sbatch {tmp_path}/runs/fig3_gpt2_small_mlp{width}_angular_spread" in analysis
+        assert f"--dependency=afterok:$job_{2 * i + 1} " in analysis and "--steps first,last" in analysis
+        assert f"analyze.sbatch {tmp_path}/runs/fig3_gpt2_small_mlp{width} " in analysis
         assert "--seq-len 1024" in analysis and "--protocol paper" in analysis
     assert (
         "paper.sbatch fig3" in lines[-1]
         and "--dependency=afterok:" + ":".join(f"$job_{i}" for i in range(1, 13)) in lines[-1]
     )
+    code, out, _ = paper(
+        "fig3", "--slurm", "--dry-run", "--sbatch-arg=--gpus-per-node=4", "--out", tmp_path, capsys=capsys
+    )
+    assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
-    assert_one_line_error(
-        *paper("fig2", "--preset", "ours", "--dry-run", capsys=capsys)[::2], "--preset: only for fig3"
-    )
+    for option in ("--preset", "--pick", "--rows"):
+        value = {"--preset": "ours", "--pick": "authors", "--rows": "last"}[option]
+        assert_one_line_error(
+            *paper("fig2", option, value, "--dry-run", capsys=capsys)[::2], f"{option}: only for fig3"
+        )
 
 
 def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):

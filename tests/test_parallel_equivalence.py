@@ -19,6 +19,8 @@ both under bf16 autocast, whose norms and residual stream stay fp32 (checked in 
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +226,8 @@ def test_dropout_masks_agree_between_one_process_and_fsdp2(runs, tmp_path):
 
 
 PAPER_GPT2 = str(REPO / "train_configs" / "paper" / "midtrain_gpt2_wikitext103_dispersion.toml")
+ACCUMULATION = 2
+MEAN = ("--released.gpus", "2", "--training.loss_scale", "mean", "--checkpoint.no-enable")
 PAPER_SHRUNK = (
     "--profile",
     "cpu",
@@ -239,38 +243,50 @@ PAPER_SHRUNK = (
     "--validation.no-enable",
     "--training.seq_len",
     "64",
-    "--training.global_batch_size",
-    "8",
     "--training.max_local_batch_size",
     "2",
-    "--training.steps",
-    str(STEPS),
-    "--optimizer.lr",
+    "--released.per_device_train_batch_size",
+    "2",
+    "--released.gradient_accumulation_steps",
+    str(ACCUMULATION),
+    "--released.train_tokens",
+    str(STEPS * 2 * 2 * ACCUMULATION * 64 - 100),
+    "--released.lr",
     "1e-3",
-    "--lr_scheduler.warmup_steps",
-    "1",
-    "--checkpoint.interval",
-    "1",
 )
 """midtrain_gpt2_wikitext103_dispersion.toml on the debug shape, from our layout-invariant init (with
-its dropout, λ and token subsets), its parallelism as shipped: replicated over every rank; micro-batches
-of 2, so each of 2 ranks accumulates 2 (DDP must all-reduce once, after the last)."""
+its dropout, λ and token subsets), its parallelism as shipped: replicated over every rank. Its [released]
+layout shrunk: 2 sequences per GPU and micro-batch, accumulation 2, a token budget of 3 steps on 2 GPUs."""
 
 
 def test_paper_config_replicates_under_autocast_and_matches_one_process(tmp_path):
     """On 2 ranks TorchTitan applies DDP (gradients summed, all-reduced at the last micro-batch) and
-    bf16 autocast, as on 1 process with accumulation: the losses of every step and the weights after
-    the first update agree within 1e-4 (the config's as_released schedule makes step 1 at lr 0). Later
-    weights drift further apart: a weight an fp32 rounding apart can round to another bf16 value (in
-    fp32 a whole 3-step run agreed within 4e-7)."""
-    logs = {n: torchrun(tmp_path / f"ranks{n}", n, *PAPER_SHRUNK, config=PAPER_GPT2) for n in (1, 2)}
-    for log in (logs[1].stdout + logs[1].stderr, logs[2].stdout + logs[2].stderr):
+    bf16 autocast. One process training the authors' 2-GPU run (``released.gpus = 2``: twice the
+    accumulation) gets the same layout, the same gradients before clipping (A = 2 times the mean's: a
+    third run with ``training.loss_scale = "mean"``) and the same losses every step; the weights after
+    the first update agree within 1e-4 (the as_released schedule makes step 1 at lr 0). Later weights
+    drift further apart: a weight an fp32 rounding apart can round to another bf16 value (in fp32 a
+    whole 3-step run agreed within 4e-7)."""
+    runs = {"ranks1": (1, ("--released.gpus", "2")), "ranks2": (2, ()), "mean": (1, MEAN)}
+    logs = {
+        name: torchrun(tmp_path / name, n, *PAPER_SHRUNK, *extra, config=PAPER_GPT2)
+        for name, (n, extra) in runs.items()
+    }
+    for log in (logs["ranks1"].stdout + logs["ranks1"].stderr, logs["ranks2"].stdout + logs["ranks2"].stderr):
         assert "Mixed precision training is handled by AMP" in log and "handled by fully_shard" not in log
-    assert "Applied DDP" in logs[2].stdout + logs[2].stderr
-    one, two = scalars(tmp_path / "ranks1"), scalars(tmp_path / "ranks2")
-    for tag in TAGS:
+        assert f"[released] on 2 GPUs: 2 × {ACCUMULATION} sequences per GPU, global batch 8, {STEPS} steps" in log
+    assert "Applied DDP" in logs["ranks2"].stdout + logs["ranks2"].stderr
+    # The authors' T and W for 2 GPUs, recomputed here as their script computes them.
+    saved = json.loads((tmp_path / "ranks2" / "job_config.json").read_text())
+    tokens = STEPS * 2 * 2 * ACCUMULATION * 64 - 100
+    steps = math.ceil(tokens / (2 * 64 * ACCUMULATION * 2))
+    assert (saved["training"]["steps"], saved["lr_scheduler"]["warmup_steps"]) == (steps, math.ceil(0.2 * steps))
+    assert saved["optimizer"]["lr"] == pytest.approx(1e-3 * math.sqrt(2)) and steps == STEPS
+    one, two, mean = scalars(tmp_path / "ranks1"), scalars(tmp_path / "ranks2"), scalars(tmp_path / "mean")
+    for tag in (*TAGS, "grad_norm"):
         for step in range(1, STEPS + 1):
             assert abs(two[tag][step] - one[tag][step]) <= 1e-4 * abs(one[tag][step]), (tag, step)
+    assert one["grad_norm"][1] == pytest.approx(ACCUMULATION * mean["grad_norm"][1], rel=1e-4)
     initial = load_weights(tmp_path / "ranks1" / "checkpoint" / "step-0")
     for n in (1, 2):
         assert max_abs_diff(load_weights(tmp_path / f"ranks{n}" / "checkpoint" / "step-1"), initial) == 0.0

@@ -16,10 +16,13 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
 from dispersion_titan.config.cli import load_toml
 from dispersion_titan.job_config.parse import check, model_args, parse_job_config
 from dispersion_titan.losses.dispersion import MAX_BLOCK_BYTES
+from dispersion_titan.models import family
 from dispersion_titan.plan import main as plan_main
 from dispersion_titan.plan import plan_args
 from dispersion_titan.planning.disk import FULL_BYTES_PER_PARAM, checkpoint_disk
@@ -37,10 +40,10 @@ SIZES = ((1, None), (8, None), (64, None), (8, 2))
 GB = 1e9
 
 
-def gpus_claimed(job) -> int:
+def gpus_claimed(job) -> float:
     """The largest data-parallel world a shipped config claims: its global batch, one sequence
-    per GPU (1 to 64 for the GPU configs, 32 for the paper's Qwen3 ones)."""
-    return job.training.global_batch_size
+    per GPU (1 to 64 for the GPU configs); a paper config's batch grows with the GPUs ([released])."""
+    return math.inf if job.released.per_device_train_batch_size else job.training.global_batch_size
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,10 @@ def test_every_config_lays_out_or_refuses_in_one_line(parsed):
                 with pytest.raises(ConfigError, match="^parallelism.data_parallel_replicate_degree: replicated"):
                     check(copy.deepcopy(c), gpus)
                 c.parallelism.data_parallel_replicate_degree, c.parallelism.data_parallel_shard_degree = 1, -1
+                if c.released.per_device_train_batch_size:  # the authors' script has DDP only ([released])
+                    with pytest.raises(ConfigError, match="^parallelism: the authors' script replicates"):
+                        check(c, gpus)
+                    continue
             dp = gpus // c.parallelism.tensor_parallel_degree
             try:
                 check(c, gpus)
@@ -315,11 +322,21 @@ def test_paper_fig3_plans_the_preset_it_trains():
         "train_configs/paper/fig3_gpt2_small_angular_spread.toml",
     }
     assert (
-        "fig3_gpt2_small_mlp6144_angular_spread",
+        "fig3_gpt2_small_mlp4096_angular_spread",
         "train_configs/paper/fig3_gpt2_small_angular_spread.toml",
-        ("--model.mlp_hidden_dim", "6144"),
+        ("--model.mlp_hidden_dim", "4096"),
     ) in runs
     assert {c for _, c, _ in training_runs("fig3", "ours")} >= {"train_configs/gpt2_small_mlp768.toml"}
+    # The models of the authors' figure (assets/controlled_experiment.png: "69 M" ... "143 M params"), as ours
+    # and as transformers' GPT-2 with that n_inner count them
+    for (name, config, overrides), paper_m in zip(runs[::2], (69, 73, 87, 143), strict=True):
+        args = plan_args(config, overrides=overrides)
+        job = parse_job_config(args, load_toml(args))
+        with torch.device("meta"):
+            ours = family("gpt2").get_train_spec().model_cls(model_args(job))
+            hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_inner=int(overrides[-1])))
+        counts = [sum(p.numel() for p in m.parameters()) for m in (ours, hf)]
+        assert [round(c / 1e6) for c in counts] == [paper_m, paper_m], (name, counts)
 
 
 def test_the_calibrating_roofline_is_the_plans_own():

@@ -8,7 +8,6 @@ counts are recomputed from the code and configs, and every command it shows pars
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 from pathlib import Path
@@ -25,11 +24,13 @@ from dispersion_titan.evaluate import evaluate_parser, table_parser
 from dispersion_titan.evaluation.protocol import FEW_SHOT, PAPER_TASKS, PERPLEXITY, PRESETS
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 from dispersion_titan.evaluation.table import MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT
+from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from dispersion_titan.paper import paper_parser
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.paper.plan import PAPER_DEFAULTS
 from support.launch import REPO
 
+setup_torchtitan()
 DOC = Path(REPO) / "docs" / "reproduction.md"
 HEADER = "| protocol item | paper / released code | this project's default | option | the authors' file |"
 PARSERS = {
@@ -122,21 +123,23 @@ def config_file(name: str) -> dict:
 
 
 def accumulation(name: str) -> int:
-    """Micro-batches per GPU of a paper config on one GPU: the authors' gradient_accumulation_steps."""
-    training = config_file(name)["training"]
-    return training["global_batch_size"] // training["max_local_batch_size"]
+    """A paper config's accumulation count: the authors' gradient_accumulation_steps ([released])."""
+    return config_file(name)["released"]["gradient_accumulation_steps"]
+
+
+def on_gpus(name: str, gpus: int):
+    """``name`` as a launch on ``gpus`` ranks derives it ([released])."""
+    (path,) = (Path(REPO) / "train_configs").rglob(name)
+    return validated_args(["--job.config_file", str(path), "--job.custom_config_module", CONFIG_MODULE], gpus)
 
 
 def eight_gpus(name: str) -> str:
-    """The overrides that make ``name`` the authors' run on 8 GPUs: 8× the batch, ⌈T/8⌉ steps, lr·√8,
-    HF's ⌈0.2·T⌉ warm-up and the ⌊T/5⌋+1 cadence."""
-    c = config_file(name)
-    steps = math.ceil(c["training"]["steps"] / 8)
+    """What the page says ``name`` trains on 8 GPUs, from the launch's own derivation."""
+    c = on_gpus(name, 8)
     return (
-        f"--training.global_batch_size {8 * c['training']['global_batch_size']} --training.steps {steps} "
-        f"--optimizer.lr {c['optimizer']['lr'] * math.sqrt(8):.3e} --lr_scheduler.warmup_steps "
-        f"{math.ceil(0.2 * steps)} --checkpoint.interval {steps // 5 + 1} --validation.freq {steps // 5 + 1}"
-    ).replace("e-04", "e-4")
+        f"on 8 GPUs {c.training.global_batch_size} sequences a step, T = {c.training.steps}, "
+        f"W = {c.lr_scheduler.warmup_steps}, lr {c.optimizer.lr:.4g}, every {c.checkpoint.interval}"
+    )
 
 
 QWEN3, GPT2 = "midtrain_qwen3_0.6b_baseline.toml", "midtrain_gpt2_wikitext103_dispersion.toml"
@@ -157,8 +160,10 @@ PAGE_COUNTS = [
     f"K × S = {PAPER_TEXTS * PAPER_SEQ_LEN:,}",
     f"A = {accumulation(GPT2)} (GPT-2 mid-training), {accumulation(QWEN3)} (Qwen3), "
     f"{accumulation('fig3_gpt2_small.toml')} (Fig. 3)",
-    f"W = ⌊0.2·T⌋ = {int(0.2 * config_file(QWEN3)['training']['steps'])}",
-    f"MLP width {', '.join(map(str, catalog.FIG3_WIDTHS[:-1]))} and {catalog.FIG3_WIDTHS[-1]}",
+    f"W = ⌊0.2·T⌋ = {int(0.2 * on_gpus(QWEN3, 1).training.steps)}",
+    "MLP width "
+    + ", ".join(map(str, catalog.FIG3_PRESETS["paper"].widths[:-1]))
+    + f" and {catalog.FIG3_PRESETS['paper'].widths[-1]}",
     f"the first {PAPER_SEQ_LEN} tokens of each (fig3: {catalog.FIG3_SEQ_LEN}",
     f"the authors' {PAPER_TEXTS} wikitext-103-v1 texts",
 ]

@@ -1,5 +1,5 @@
 """The shipped training configs carry the authors' hyper-parameters where they say so:
-values recomputed here the way the authors' scripts compute them (Hugging Face's
+values recomputed here the way the authors' scripts compute them on N GPUs (Hugging Face's
 ``warmup_ratio``, the token budget, LMEvalCallback's cadence), and every comment that
 credits the authors names a file of their repository. Parsing only: no process starts."""
 
@@ -12,7 +12,12 @@ import pytest
 import tomllib
 
 from dispersion_titan.evaluation.table import authors_steps
+from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
+from dispersion_titan.utils.errors import ConfigError
 from support.launch import REPO
+
+setup_torchtitan()
+CONFIG_MODULE = ("--job.custom_config_module", "dispersion_titan.config")
 
 CONFIGS = REPO / "train_configs"
 PAPER = CONFIGS / "paper"
@@ -35,31 +40,96 @@ def authors_cadence(max_steps: int, num_ckpt: int = 5) -> set[int]:
     return {step for step in range(1, max_steps + 1) if step % every == 0} | {max_steps}
 
 
+def authors_layout(b: int, accumulation: int, tokens: int, lr: float, num_ckpt: int, seq_len: int, gpus: int) -> dict:
+    """What the authors' scripts compute from their arguments on ``gpus`` GPUs (midtrain_gpt2.py's
+    tokens_per_step, max_steps, learning_rate, log_every_n_steps; TrainingArguments' warmup_ratio 0.2)."""
+    max_steps = math.ceil(tokens / (b * seq_len * accumulation * gpus))
+    return {
+        "global_batch_size": b * accumulation * gpus,
+        "steps": max_steps,
+        "lr": lr * math.sqrt(gpus),
+        "warmup_steps": math.ceil(max_steps * 0.2),
+        "every": max_steps // num_ckpt + 1,
+    }
+
+
+def derived(path, gpus: int, *overrides: str) -> dict:
+    """The layout a launch of ``path`` on ``gpus`` ranks trains (``[released]``, as the launch checks derive it)."""
+    c = validated_args(["--job.config_file", str(path), *CONFIG_MODULE, *overrides], gpus)
+    return {
+        "global_batch_size": c.training.global_batch_size,
+        "steps": c.training.steps,
+        "lr": c.optimizer.lr,
+        "warmup_steps": c.lr_scheduler.warmup_steps,
+        "every": c.checkpoint.interval,
+        "validation_every": c.validation.freq,
+        "micro_batch": c.training.local_batch_size,
+    }
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 8])
+def test_paper_configs_train_the_authors_run_on_n_gpus(gpus):
+    """GPT-2 mid-training 32 × 4 per GPU, 200M tokens, lr 5e-5 (Readme.md); Qwen3 1 × 32 per GPU of 4096
+    tokens, lr 5e-5 (midtrain_qwen3.py); Fig. 3 16 × 8 per GPU, lr 1e-5 (pretrain_toy_gpt2.py): on N GPUs
+    N times one GPU's batch, with the steps, lr, warm-up and cadence their scripts compute for N."""
+    for path in [*MIDTRAIN, *FIG3]:
+        qwen3, fig3 = "qwen3" in path.name, path.name.startswith("fig3")
+        b, a, lr, seq_len = (1, 32, 5e-5, 4096) if qwen3 else (16, 8, 1e-5, 1024) if fig3 else (32, 4, 5e-5, 1024)
+        tokens, num_ckpt = (2_500_000_000, 2) if fig3 else (200_000_000, 5)
+        expected = authors_layout(b, a, tokens, lr, num_ckpt, seq_len, gpus)
+        got = derived(path, gpus)
+        assert got.pop("micro_batch") == b and got.pop("validation_every") == got["every"], path.name
+        assert got == pytest.approx(expected, rel=1e-12), path.name
+        # Checkpoints where the authors evaluate: TorchTitan saves every `interval` steps and the last one.
+        steps, every = got["steps"], got["every"]
+        assert set(range(every, steps + 1, every)) | {steps} == authors_cadence(steps, num_ckpt), path.name
+        if not fig3:
+            assert authors_cadence(steps) == authors_steps(steps), path.name
+    assert derived(MIDTRAIN[0], 8)["steps"] == 191 and derived(MIDTRAIN[0], 8)["warmup_steps"] == 39  # their T, W
+
+
+def test_a_paper_config_trains_another_gpu_counts_run_and_refuses_what_their_script_cannot():
+    """``released.gpus = 8`` on 2 ranks trains the 8-GPU run (4 × the micro-batches per rank); a smaller
+    micro-batch keeps the step; the keys [released] derives are refused by hand, and so are layouts
+    their script has no form of."""
+    gpt2 = PAPER / "midtrain_gpt2_wikitext103_dispersion.toml"
+    eight = derived(gpt2, 8)
+    assert derived(gpt2, 2, "--released.gpus", "8") == eight
+    assert derived(gpt2, 8, "--training.max_local_batch_size", "8") == {**eight, "micro_batch": 8}
+    refusals = {
+        ("--training.steps", "100"): "training.steps: set from [released]",
+        ("--optimizer.lr=1e-3",): "optimizer.lr: set from [released]",
+        ("--training.global_batch_size", "32"): "training.global_batch_size: set from [released]",
+        ("--released.gpus", "8", "--parallelism.data_parallel_replicate_degree", "3"): "released.gpus: the authors' "
+        "8-GPU step of 1024 sequences cannot be split over 3 ranks",
+        ("--parallelism.data_parallel_shard_degree", "-1", "--parallelism.data_parallel_replicate_degree", "1"): (
+            "parallelism: the authors' script replicates the whole model on every GPU (DDP)"
+        ),
+    }
+    for overrides, message in refusals.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            derived(gpt2, 3 if "3" in overrides else 2, *overrides)
+    # Switched off, the config's own keys are the layout again.
+    own = derived(gpt2, 2, "--released.per_device_train_batch_size", "0", "--training.steps", "7")
+    assert (own["steps"], own["lr"]) == (7, 8e-4), own  # TorchTitan's default lr otherwise
+
+
 def test_midtraining_configs_match_the_authors_scripts():
     assert len(MIDTRAIN) == 6
     for path in MIDTRAIN:
         c = load(path)
-        t, steps = c["training"], c["training"]["steps"]
+        t, o, r = c["training"], c["optimizer"], c["released"]
         qwen3 = c["model"]["name"] == "qwen3_dispersion"
         assert t["seq_len"] == (4096 if qwen3 else 1024), path.name
-        assert steps == math.ceil(200_000_000 / (t["global_batch_size"] * t["seq_len"])), path.name
-        # Hugging Face's TrainingArguments(warmup_ratio=0.2): ceil(0.2 * max_steps) warm-up steps
-        assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * steps), path.name
+        assert (r["train_tokens"], r["lr"], r["warmup_ratio"], r["num_ckpt"]) == (200_000_000, 5e-5, 0.2, 5), path.name
+        assert (r["per_device_train_batch_size"], r["gradient_accumulation_steps"]) == ((1, 32) if qwen3 else (32, 4))
         assert (c["lr_scheduler"]["decay_type"], c["lr_scheduler"]["min_lr_factor"]) == ("cosine", 0.0), path.name
-        o = c["optimizer"]
-        assert (o["lr"], o["beta1"], o["beta2"], o["weight_decay"], t["max_norm"]) == (5e-5, 0.9, 0.95, 0.1, 1.0)
-        # Checkpoints where the authors evaluate: TorchTitan saves every `interval` steps and the last one.
-        interval = c["checkpoint"]["interval"]
-        assert set(range(interval, steps + 1, interval)) | {steps} == authors_cadence(steps) == authors_steps(steps)
-        assert c["validation"]["freq"] == interval, path.name
+        assert (o["beta1"], o["beta2"], o["weight_decay"], t["max_norm"]) == (0.9, 0.95, 0.1, 1.0)
         assert c["baseline"]["noise_alpha"] == (5.0 if qwen3 else 1.0), path.name  # NEFTune α
-        # The authors' batches (Readme.md: 32 × 4 per GPU; midtrain_qwen3.py: 1 × 32 per GPU), on one GPU.
-        assert t["global_batch_size"] == (32 if qwen3 else 128) and steps == 1526, path.name
-        assert t["max_local_batch_size"] == (1 if qwen3 else 32), path.name
         assert o["decay_groups"] == "as_released", path.name  # the HF Trainer's; active forgetting's own
         dropout = {k: c["model"].get(k) for k in ("attn_dropout", "resid_dropout", "embd_dropout")}
         assert dropout == {k: None if qwen3 else 0.1 for k in dropout}, path.name  # HF GPT-2's config
-        assert c["baseline"]["forget_every"] < steps, path.name  # active forgetting resets within the run
+        assert c["baseline"]["forget_every"] == 1000, path.name  # K: their default, fixed whatever T
         d = c["dispersion"]
         assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name  # hidden_states[1:]
         if d["variant"] != "none":
@@ -74,16 +144,15 @@ def test_fig3_preset_is_the_from_scratch_scripts_defaults():
     assert [p.name for p in FIG3] == ["fig3_gpt2_small.toml", "fig3_gpt2_small_angular_spread.toml"]
     for path in FIG3:
         c = load(path)
-        t, o, d, steps = c["training"], c["optimizer"], c["dispersion"], c["training"]["steps"]
-        assert (t["global_batch_size"], t["max_local_batch_size"], t["seq_len"]) == (128, 16, 1024), path.name
-        assert (o["lr"], o["decay_groups"], t["dataset"], c["validation"]["dataset"]) == (
+        t, o, d, r = c["training"], c["optimizer"], c["dispersion"], c["released"]
+        assert (r["per_device_train_batch_size"], r["gradient_accumulation_steps"], t["seq_len"]) == (16, 8, 1024)
+        assert (r["lr"], r["num_ckpt"], o["decay_groups"], t["dataset"], c["validation"]["dataset"]) == (
             1e-5,
+            2,
             "hf",
             "fineweb-edu-1B",
             "fineweb-edu-1B",
         ), path.name
-        assert c["lr_scheduler"]["warmup_steps"] == math.ceil(0.2 * steps), path.name
-        assert c["checkpoint"]["interval"] == steps // 2 + 1 == c["validation"]["freq"], path.name
         assert all(c["model"][k] == 0.1 for k in ("attn_dropout", "resid_dropout", "embd_dropout")), path.name
         assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name
         if d["variant"] != "none":
@@ -167,4 +236,7 @@ def test_gpu_configs_run_the_fast_path():
         if gpt2 and not path.name.startswith("midtrain_"):  # mid-training keeps OpenAI's 50,257 rows
             assert c["model"]["vocab_size"] == 50304, path.name
         # Qwen3's paper configs: the authors' one sequence per micro-batch (their token subsets are per call)
-        assert c["training"]["max_local_batch_size"] == (32 if gpt2 else 1), path.name
+        micro_batch = (
+            c["released"]["per_device_train_batch_size"] if "released" in c else c["training"]["max_local_batch_size"]
+        )
+        assert micro_batch == (32 if gpt2 else 1), path.name

@@ -6,9 +6,9 @@ maps them to each family's fields);
 ``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones,
 and ``[training]`` how a micro-batch's loss is scaled and which positions it scores;
 ``[dispersion]`` configures the auxiliary loss; ``[baseline]`` the methods the paper
-compares against. Every field is overridable on the
-command line as ``--section.key value``, except ``[optimizer]`` / ``[lr_scheduler]``'s
-``baseline`` (``BuilderInputs``), which the launch checks fill in.
+compares against; ``[released]`` the launch arguments of the authors' script a paper config
+follows. Every field is overridable on the command line as ``--section.key value``, except
+``[optimizer]`` / ``[lr_scheduler]``'s ``baseline`` (``BuilderInputs``), which the launch checks fill in.
 """
 
 from dataclasses import dataclass, field
@@ -137,6 +137,34 @@ class Training:
 
 
 @dataclass
+class Released:
+    """The authors' script's own launch arguments (their names), from which a paper config's layout
+    follows for its GPU count N, as their script computes it: per GPU ``per_device_train_batch_size``
+    sequences × ``gradient_accumulation_steps`` micro-batches, so N times one GPU's global batch;
+    ⌈``train_tokens`` / tokens per step⌉ steps; lr ``lr``·√N; warm-up ⌈``warmup_ratio``·T⌉;
+    checkpoints and validation every ⌊T/``num_ckpt``⌋ + 1 steps; and under ``training.loss_scale =
+    "as_released"`` each micro-batch's mean scaled by their accumulation count. Off while
+    ``per_device_train_batch_size`` is 0. The keys it derives are refused in the TOML and on the
+    command line (``job_config.released``)."""
+
+    per_device_train_batch_size: int = 0
+    """Sequences per GPU and micro-batch in the authors' run; 0: no released layout (the config's own keys)."""
+    gradient_accumulation_steps: int = 0
+    """Their accumulation count A: micro-batches per GPU and step."""
+    train_tokens: int = 0
+    """Their token budget, which fixes the step count for N GPUs."""
+    lr: float = 0.0
+    """Their base learning rate; the run's peak lr is lr·√N."""
+    warmup_ratio: float = 0.2
+    """transformers' TrainingArguments.warmup_ratio: ⌈ratio·T⌉ warm-up steps."""
+    num_ckpt: int = 0
+    """Their ``--num_ckpt``: checkpoints (and validation) every ⌊T/num_ckpt⌋ + 1 steps and at the last."""
+    gpus: int = 0
+    """N, the authors' GPU count whose run this one trains; 0: this run's data-parallel degree. Another N
+    trains that run on this layout (the same global batch, more micro-batches per rank, the same scale)."""
+
+
+@dataclass
 class Validation:
     global_batch_size: int = -1
     """Sequences per validation batch over all data-parallel ranks (-1: training's global
@@ -194,5 +222,6 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     dispersion: Dispersion = field(default_factory=Dispersion)
     baseline: Baseline = field(default_factory=Baseline)
+    released: Released = field(default_factory=Released)
     optimizer: OptimizerInputs = field(default_factory=OptimizerInputs)
     lr_scheduler: LRSchedulerInputs = field(default_factory=LRSchedulerInputs)

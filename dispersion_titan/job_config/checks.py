@@ -33,6 +33,7 @@ from ..run_folder.owners import inside
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
+from . import released
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -432,7 +433,7 @@ def check_baseline(config: RunConfig) -> None:
             )
         if config.fault_tolerance.enable:
             raise ConfigError("fault_tolerance.enable: not supported with baseline.method = active_forgetting")
-        if b.forget_every >= config.training.steps:
+        if b.forget_every >= config.training.steps and not released.is_on(config):  # theirs: a note
             raise ConfigError(
                 f"baseline.forget_every: {b.forget_every} >= training.steps ({config.training.steps}): "
                 "no reset would ever happen; make it smaller or use baseline.method = none"
@@ -469,13 +470,19 @@ def carry_baseline(config: RunConfig) -> None:
 def launch_notes(config: RunConfig) -> list[str]:
     """Settings that are valid but probably not meant, said once at launch: a variant with
     ``coeff`` left at 0 computes its term and trains on cross-entropy alone."""
-    d = config.dispersion
+    notes = [released.summary(config)] if released.is_on(config) else []
+    d, b = config.dispersion, config.baseline
     if d.variant != "none" and d.coeff == 0:
-        return [
+        notes.append(
             f"dispersion.coeff is 0: the {d.variant} term is logged but adds nothing to the loss; "
             'set dispersion.coeff > 0, or dispersion.variant = "none"'
-        ]
-    return []
+        )
+    if b.method == "active_forgetting" and b.forget_every >= config.training.steps:
+        notes.append(
+            f"baseline.forget_every: {b.forget_every} >= the {config.training.steps} steps of [released]'s layout: "
+            "no reset happens, as in the authors' script at this GPU count (their K is fixed)"
+        )
+    return notes
 
 
 def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
@@ -486,12 +493,13 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     check_finite(config)
     check_model(config, args)
     check_dispersion(config, args.n_layers)
+    resolve_replicate_degree(config, world_size)
+    released.resolve(config, data_parallel_degree(config, world_size))  # before what reads the steps
     check_baseline(config)
     check_optimizer(config)
     carry_baseline(config)
     check_data(config)
     check_checkpoint(config, world_size)
-    resolve_replicate_degree(config, world_size)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
     check_output_folders(config)
     check_metrics(config)

@@ -22,6 +22,7 @@ from ..tokenizer.hf_assets import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
 from .checks import check_job_config, check_runs_here, data_parallel_degree, run_folders
+from .released import refuse_derived_keys
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -63,6 +64,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
             f"model.name: no model named ({source}); add [model] name = one of {FAMILIES} "
             '(e.g. train_configs/debug.toml\'s "gpt2"), or pass --model.name'
         )
+    refuse_derived_keys(job_config, without_profile(args), toml)
     return job_config
 
 

@@ -119,6 +119,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.microbatches = self.step_metrics.global_batch_size // (
             job_config.training.local_batch_size * self.chunk_stride
         )
+        # as_released: each micro-batch's mean scaled as by the authors' accumulation count (``loss_scale``)
+        self.released_accumulation = job_config.released.gradient_accumulation_steps or self.microbatches
         self.seed = seed
         self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
@@ -266,7 +268,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         # L = CE + λ·L_disp (the objective's ``weighted``), backpropagated as its two addends without adding
         # them: a loss-parallel CE is a DTensor and cannot be summed with a plain tensor.
         if self.job_config.training.loss_scale == "as_released":  # logged as the mean all the same
-            tokens, factor = released_scales(labels, self.chunk_stride, self.step_metrics.global_batch_size)
+            tokens, factor = released_scales(
+                labels, self.chunk_stride, self.step_metrics.global_batch_size, self.released_accumulation
+            )
             terms = [ce_sum / tokens] + ([] if term.weighted is None else [term.weighted * factor])
         else:
             terms = [ce] + ([] if term.weighted is None else [term.weighted])

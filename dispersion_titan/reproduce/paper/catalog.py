@@ -10,6 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...utils.errors import ArgumentError
+
+
+class MissingInput(ArgumentError):
+    """An input an artifact needs is not here; the message names it and what provides it."""
+
+
 GPT2_HUB_IDS = (
     "openai-community/gpt2",
     "openai-community/gpt2-medium",
@@ -54,21 +61,39 @@ OLMO = "allenai/Olmo-3-1025-7B"
 """Fig. 4's model; its revisions are its hub branches (listed at run time, or ``--revisions``)."""
 FIG4_REVISIONS = 8
 """Branches analysed by default: evenly spaced from the first to the last pre-training step."""
-FIG3_WIDTHS = (768, 1536, 3072, 6144)
-"""fig3's MLP widths (ours: the paper records none)."""
-FIG3_PRESETS: dict[str, tuple[tuple[str, str], bool]] = {
-    # name -> ((cross-entropy config, angular_spread config), one config per width ({width}) or --model.mlp_hidden_dim)
-    "paper": (
+
+
+@dataclass(frozen=True)
+class Fig3Preset:
+    configs: tuple[str, str]
+    """(cross-entropy config, angular_spread config), ``{width}`` in the name when there is one per width."""
+    widths: tuple[int, ...]
+    per_width: bool
+    """One config per width (``{width}``), else ``--model.mlp_hidden_dim W`` on the command line."""
+
+
+FIG3_PRESETS: dict[str, Fig3Preset] = {
+    # the authors' pretrain_toy_gpt2.py defaults at the widths of their figure (assets/controlled_experiment.png:
+    # MLP 64, 256, 1024 and 4096, 69 M to 143 M parameters)
+    "paper": Fig3Preset(
         ("train_configs/paper/fig3_gpt2_small.toml", "train_configs/paper/fig3_gpt2_small_angular_spread.toml"),
+        (64, 256, 1024, 4096),
         False,
     ),
-    "ours": (
+    # ours on the embedded Wikipedia sample, GPT-2 small's widths 1/4 to 2x its own
+    "ours": Fig3Preset(
         ("train_configs/gpt2_small_mlp{width}.toml", "train_configs/gpt2_small_mlp{width}_angular_spread.toml"),
+        (768, 1536, 3072, 6144),
         True,
     ),
 }
-"""``paper fig3 --preset``: the authors' pretrain_toy_gpt2.py defaults (the paper's), or our sweep on the
-embedded Wikipedia sample."""
+"""``paper fig3 --preset``: the runs trained for the figure, both arms at each width."""
+FIG3_PICKS = ("ce", "authors")
+"""``paper fig3 --pick``: per width the cross-entropy-only run (the paper's claim is about plain pre-training),
+or the authors' plot_heatmaps.py pick (a dispersion run first)."""
+FIG3_ROWS = {"last": ("last",), "first,last": ("first", "last")}
+"""``paper fig3 --rows``: the last checkpoint (the paper's one row), or the first and the last
+(plot_heatmaps.py's two rows)."""
 FIG3_SEQ_LEN = 1024
 """fig3's tokens per text: ``plot_heatmaps.py --max_length 1024`` (the other figures: 512)."""
 TABLE2_CONFIGS = tuple(
@@ -196,12 +221,14 @@ ARTIFACTS: dict[str, Artifact] = {
             "fig3",
             "Fig. 3: MLP width only",
             "train the preset (--slurm), then analyze RUN --steps first,last per width at 1024 tokens; a row of "
-            "heatmaps and the width trend for the first and for the last checkpoint (plot_heatmaps.py)",
-            f"{' and '.join(FIG3_PRESETS['paper'][0])} at MLP width {', '.join(map(str, FIG3_WIDTHS))} (GPT-2 "
-            "small shape; per width the dispersion run, as the authors' pick); --preset ours: "
-            "train_configs/gpt2_small_mlp*.toml; --models RUN ... for runs trained elsewhere",
-            "training: eight GPT-2-small runs of 2.5B tokens (see docs/reproduction.md); analysis ~0.1 GPU-hours "
-            "(estimate, not measured)",
+            "heatmaps titled by width and parameters, and the width trend (Spearman, Kendall)",
+            f"{' and '.join(FIG3_PRESETS['paper'].configs)} at MLP width "
+            f"{', '.join(map(str, FIG3_PRESETS['paper'].widths))} (GPT-2 small's other shapes, 69 M to 143 M "
+            "parameters; drawn: each width's cross-entropy run at its last checkpoint, --pick authors and --rows "
+            "first,last as plot_heatmaps.py); --preset ours: train_configs/gpt2_small_mlp*.toml at "
+            f"{', '.join(map(str, FIG3_PRESETS['ours'].widths))}; --models RUN ... for runs trained elsewhere",
+            "training: eight GPT-2-small-shaped runs of 2.5B tokens (paper fig3 --plan; see docs/reproduction.md); "
+            "analysis ~0.1 GPU-hours (estimate, not measured)",
         ),
         Artifact(
             "fig4",

@@ -68,8 +68,9 @@ def _missing(plan: PaperPlan, model: PaperModel, what: str) -> MissingInput:
     )
 
 
-FIG3_ROWS = ("first checkpoint", "last checkpoint")
-"""fig3's rows, as the authors' plot_heatmaps.py draws them."""
+def fig3_label(result) -> str:
+    """A fig3 panel's title, as the authors' figure: the MLP width and the model's parameters."""
+    return f"MLP {result.mlp_width}" + (f" ({result.n_params / 1e6:.0f} M params)" if result.n_params else "")
 
 
 def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
@@ -78,9 +79,10 @@ def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
         steps = sorted(found[name].step for name in found if name.startswith("step-"))
         if len(steps) < 2:
             raise _missing(plan, model, f"{model.label}'s first and last checkpoints")
+        drawn = {"first": steps[0], "last": steps[-1]}
         return [
-            Entry(f"MLP {found[f'step-{step}'].mlp_width}", row, found[f"step-{step}"])
-            for row, step in zip(FIG3_ROWS, (steps[0], steps[-1]), strict=True)
+            Entry(fig3_label(found[f"step-{drawn[row]}"]), f"{row} checkpoint", found[f"step-{drawn[row]}"])
+            for row in plan.rows
         ]
     if model.steps is not None:
         folder = f"step-{model.steps}"

@@ -1,8 +1,10 @@
 """fig3's runs: a preset's MLP-width sweep (the paper's ``train_configs/paper/fig3_gpt2_small*.toml``
-by default, ours ``train_configs/gpt2_small_mlp*.toml`` with ``--preset ours``), each width in both
-arms (cross-entropy only, angular_spread), trained under ``DIR/runs/``; and per width the one run the
-authors' ``pretrain_toy_gpt2_change_ffn/plot_heatmaps.py`` draws (``pick_one_folder_per_ninner``):
-a dispersion run before a cross-entropy-only one, then the lowest seed, the fewest steps, the last path."""
+at widths 64 to 4096 by default, ours ``train_configs/gpt2_small_mlp*.toml`` with ``--preset ours``),
+each width in both arms (cross-entropy only, angular_spread), trained under ``DIR/runs/``; and per
+width the one run drawn (``--pick``): its cross-entropy-only run (``ce``, the default: the paper's
+claim is about plain pre-training, which a dispersion term would hide), or the one the authors'
+``pretrain_toy_gpt2_change_ffn/plot_heatmaps.py`` draws (``authors``, ``pick_one_folder_per_ninner``:
+a dispersion run before a cross-entropy-only one). Then the lowest seed, the fewest steps, the last path."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from ...run_folder.checkpoints import find_checkpoint_folder, list_checkpoints, load_run_metadata
 from ...utils.errors import CheckpointError
 from . import catalog
+from .catalog import MissingInput
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,14 @@ class SweepRun:
 
 def preset_runs(preset: str, runs_dir: str) -> list[SweepRun]:
     """Every run of ``preset`` (``catalog.FIG3_PRESETS``), by width, the cross-entropy arm first."""
-    configs, per_width = catalog.FIG3_PRESETS[preset]
+    spec = catalog.FIG3_PRESETS[preset]
     runs = []
-    for width in catalog.FIG3_WIDTHS:
-        for dispersion, config in zip((False, True), configs, strict=True):
+    for width in spec.widths:
+        for dispersion, config in zip((False, True), spec.configs, strict=True):
             config = config.format(width=width)
-            overrides = () if per_width else ("--model.mlp_hidden_dim", str(width))
+            overrides = () if spec.per_width else ("--model.mlp_hidden_dim", str(width))
             name = os.path.basename(config).removesuffix(".toml").replace("_angular_spread", "")
-            name = (name if per_width else f"{name}_mlp{width}") + ("_angular_spread" if dispersion else "")
+            name = (name if spec.per_width else f"{name}_mlp{width}") + ("_angular_spread" if dispersion else "")
             runs.append(SweepRun(width, dispersion, config, overrides, os.path.join(runs_dir, name)))
     return runs
 
@@ -66,7 +69,7 @@ def mlp_width(run: str) -> int:
     return args.get("mlp_hidden_dim") or 4 * args["dim"]
 
 
-def _authors_key(run: str) -> tuple:
+def _key(run: str) -> tuple:
     """``plot_heatmaps.py``'s ``sort_key``: (dispersion run, −seed, −last step, path); the largest wins."""
     metadata = load_run_metadata(run)
     variant = (metadata.get("dispersion") or {}).get("variant", "none")
@@ -75,22 +78,36 @@ def _authors_key(run: str) -> tuple:
     return (variant != "none", -(seed if isinstance(seed, int) else -1), -(max(steps) if steps else -1), run)
 
 
-def authors_pick(runs: list[str]) -> dict[int, tuple[str, list[str]]]:
-    """Width -> (the run the authors' figure takes, the others of that width), widths ascending."""
+def pick(runs: list[str], rule: str) -> dict[int, tuple[str, list[str]]]:
+    """Width -> (the run drawn under ``rule``, the others of that width), widths ascending; ``ce``
+    refuses a width without a cross-entropy-only run in one line."""
     by_width: dict[int, list[str]] = {}
     for run in runs:
         by_width.setdefault(mlp_width(run), []).append(run)
     picked = {}
     for width in sorted(by_width):
-        ordered = sorted(by_width[width], key=_authors_key)
-        picked[width] = (ordered[-1], ordered[:-1])
+        ordered = sorted(by_width[width], key=_key)
+        if rule == "ce":
+            ordered = [run for run in ordered if not _key(run)[0]] + [run for run in ordered if _key(run)[0]]
+            ce = [run for run in ordered if not _key(run)[0]]
+            if not ce:
+                raise MissingInput(
+                    f"fig3: MLP {width}: no cross-entropy-only run among {', '.join(ordered)}; give one, or "
+                    "--pick authors to draw a dispersion run as plot_heatmaps.py does"
+                )
+            taken = ce[-1]
+        else:
+            taken = ordered[-1]
+        picked[width] = (taken, [run for run in ordered if run != taken])
     return picked
 
 
-def pick_note(width: int, taken: str, others: list[str]) -> str:
+def pick_note(width: int, taken: str, others: list[str], rule: str) -> str:
     """What ``paper fig3`` says of a width with several runs."""
-    arm = "a dispersion run" if _authors_key(taken)[0] else "a cross-entropy-only run"
-    return (
-        f"fig3: MLP {width}: takes {taken} ({arm}) over {', '.join(others)}, as the authors' "
-        "plot_heatmaps.py: a dispersion run first, then the lowest seed, the fewest steps"
+    arm = "a dispersion run" if _key(taken)[0] else "a cross-entropy-only run"
+    why = (
+        "--pick ce: the cross-entropy run, then the lowest seed, the fewest steps"
+        if rule == "ce"
+        else "as the authors' plot_heatmaps.py: a dispersion run first, then the lowest seed, the fewest steps"
     )
+    return f"fig3: MLP {width}: takes {taken} ({arm}) over {', '.join(others)}, {why}"

@@ -13,6 +13,7 @@ from ...analysis import ANALYSIS_PROTOCOLS
 from ...run_folder.checkpoints import RUN_METADATA_FILE, find_checkpoint_folder, list_checkpoints
 from ...utils.errors import ArgumentError, CheckpointError
 from . import catalog, fig3
+from .catalog import MissingInput
 
 HF = "hf:"
 ANALYZE_OPTIONS = (
@@ -39,10 +40,6 @@ EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot",
 ANALYSES = "analyses"
 """``DIR/analyses/MODEL``: shared by the artifacts, so a model analysed for one is reused by
 the next (``analyze`` refuses, in one line, to mix other inputs into a folder)."""
-
-
-class MissingInput(ArgumentError):
-    """An input the artifact needs is not here; the message names it and what provides it."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +91,8 @@ class PaperPlan:
     """The paper's models left out because they ship their own code and ``--trust-remote-code`` was not given."""
     notes: list[str] = field(default_factory=list)
     """What the command says before it runs (fig3: which run it takes of a width)."""
+    rows: tuple[str, ...] = ()
+    """fig3: the checkpoints drawn, one row each (``catalog.FIG3_ROWS``)."""
 
 
 def safe_name(text: str) -> str:
@@ -280,8 +279,9 @@ def build(artifact: str, options: dict) -> PaperPlan:
     """The plan of ``artifact`` under ``options`` (the parsed command line, by dest)."""
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
-    if options.get("preset") and artifact != "fig3":
-        raise ArgumentError("--preset: only for fig3")
+    for fig3_only in ("preset", "pick", "rows"):
+        if options.get(fig3_only) and artifact != "fig3":
+            raise ArgumentError(f"--{fig3_only}: only for fig3")
     if artifact == "table2":
         if options.get("trust_remote_code"):
             raise ArgumentError("--trust-remote-code: only for the analysing artifacts (table2 evaluates our runs)")
@@ -342,16 +342,17 @@ def build(artifact: str, options: dict) -> PaperPlan:
 
 
 def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPlan:
-    """fig3: per MLP width one run (the authors' pick among ``--models``, or among the preset's runs
-    under ``DIR/runs``), analysed at its first and last checkpoints. With ``--slurm`` the preset's
-    runs not trained yet are trained first, and each width's dispersion run is the one analysed."""
+    """fig3: per MLP width one run (``--pick``: the cross-entropy run, or the authors' pick, among
+    ``--models`` or the preset's runs under ``DIR/runs``), analysed at its first and last checkpoints
+    and drawn at ``--rows``. With ``--slurm`` the preset's runs not trained yet are trained first."""
     out, preset = options["out"], options.get("preset") or "paper"
+    rule, rows = options.get("pick") or "ce", catalog.FIG3_ROWS[options.get("rows") or "last"]
     if options.get("models"):
         runs = [model_of(m, analyses).target for m in options["models"]]
         for run in runs:
             if not fig3.checkpoint_steps(run):
                 raise MissingInput(f"--models: {run}: not a run with checkpoints")
-        return _fig3_analyses(out, fig3.authors_pick(runs), analyze_args)
+        return _fig3_analyses(out, fig3.pick(runs, rule), analyze_args, rule, rows)
     sweep = fig3.preset_runs(preset, os.path.join(out, "runs"))
     if options.get("slurm") and not options.get("draw_only"):
         steps = [
@@ -363,7 +364,8 @@ def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPl
                     f"fig3: {step.argv[0]}: not here; run from the repository's root, which holds the preset's configs"
                 )
         trained_by = {step.argv[-1]: i for i, step in enumerate(steps)}  # the run folder -> its training step
-        plan = _fig3_analyses(out, {run.width: (run.folder, []) for run in sweep if run.dispersion}, analyze_args)
+        drawn = {run.width: (run.folder, []) for run in sweep if run.dispersion == (rule == "authors")}
+        plan = _fig3_analyses(out, drawn, analyze_args, rule, rows)
         plan.steps = [
             *steps,
             *(
@@ -381,10 +383,12 @@ def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPl
             f"train the preset first, or train it: {Step('train', run.train_argv, '').shell()} "
             "(or give runs with --models)"
         )
-    return _fig3_analyses(out, fig3.authors_pick(found), analyze_args)
+    return _fig3_analyses(out, fig3.pick(found, rule), analyze_args, rule, rows)
 
 
-def _fig3_analyses(out: str, chosen: dict[int, tuple[str, list[str]]], analyze_args: list[str]) -> PaperPlan:
+def _fig3_analyses(
+    out: str, chosen: dict[int, tuple[str, list[str]]], analyze_args: list[str], rule: str, rows: tuple[str, ...]
+) -> PaperPlan:
     """The analyses of the runs ``chosen`` per width (width -> (run, the others of its width))."""
     analyses = os.path.join(out, ANALYSES)
     models = [
@@ -393,8 +397,8 @@ def _fig3_analyses(out: str, chosen: dict[int, tuple[str, list[str]]], analyze_a
         )
         for width, (run, _) in chosen.items()
     ]
-    notes = [fig3.pick_note(width, run, others) for width, (run, others) in chosen.items() if others]
-    return PaperPlan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes)
+    notes = [fig3.pick_note(width, run, others, rule) for width, (run, others) in chosen.items() if others]
+    return PaperPlan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes, rows=rows)
 
 
 def check_devices(plan: PaperPlan, options: dict, cuda: bool) -> None:

@@ -65,6 +65,7 @@ def script(plan: PaperPlan, lines: list[list[str]]) -> str:
     """``--dry-run``: the submission as a bash script, each job id in a variable."""
     out = [
         f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job",
+        *(f"# {note}" for note in plan.notes),
         python_line(),
         f"mkdir -p {shlex.quote(plan.out)}/logs",
     ]

@@ -1,0 +1,117 @@
+"""``[released]``: a paper config's layout for N GPUs, as the authors' scripts compute it.
+
+Their scripts (``midtrain_gpt2.py``, ``midtrain_qwen3.py``, ``pretrain_toy_gpt2.py`` and the
+``*_other_counter_condensation.py`` twins) fix the per-GPU batch b and the accumulation count A, so on
+N GPUs the step holds N·b·A sequences, the token budget takes ⌈tokens / (N·b·A·S)⌉ steps, the lr is
+lr·√N, the warm-up ⌈0.2·T⌉ (``TrainingArguments.warmup_ratio``) and the evaluation cadence
+⌊T/num_ckpt⌋ + 1. Those keys are derived here from the run's GPU count; a config or command line
+that sets one is refused, so no launch trains a layout their script never ran by accident.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import TYPE_CHECKING
+
+from ..utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
+
+DERIVED = (
+    "training.global_batch_size",
+    "training.local_batch_size",
+    "training.steps",
+    "optimizer.lr",
+    "lr_scheduler.warmup_steps",
+    "checkpoint.interval",
+    "validation.freq",
+)
+"""The keys ``[released]`` sets for the run's GPU count."""
+REQUIRED = ("gradient_accumulation_steps", "train_tokens", "num_ckpt")
+"""``[released]`` keys that must be positive once ``per_device_train_batch_size`` is."""
+
+
+def is_on(config: RunConfig) -> bool:
+    return config.released.per_device_train_batch_size > 0
+
+
+def given_keys(args: list[str], toml: dict) -> set[str]:
+    """``section.key`` of every key the TOML sets or the command line passes (``--s.k V``, ``--s.k=V``,
+    ``--s.no-k``, dashes or underscores)."""
+    keys = {f"{s}.{k}" for s, values in toml.items() if isinstance(values, dict) for k in values}
+    for arg in args:
+        match = re.fullmatch(r"--([\w-]+)\.([\w-]+)(=.*)?", arg)
+        if match:
+            section, key = match.group(1).replace("-", "_"), match.group(2).replace("-", "_")
+            keys.add(f"{section}.{key.removeprefix('no_')}")
+    return keys
+
+
+def refuse_derived_keys(config: RunConfig, args: list[str], toml: dict) -> None:
+    """A key ``[released]`` derives, set by hand, is refused in one line naming what to change instead."""
+    if not is_on(config):
+        return
+    for key in DERIVED:
+        if key in given_keys(args, toml):
+            raise ConfigError(
+                f"{key}: set from [released] for the run's GPU count, as the authors' script does "
+                "(docs/reproduction.md#a-paper-config-on-n-gpus); remove it, change [released]'s keys "
+                "(fewer steps: --released.train_tokens), or set released.per_device_train_batch_size = 0 "
+                "and give the whole layout yourself"
+            )
+
+
+def resolve(config: RunConfig, dp: int) -> None:
+    """Fill in the keys of ``DERIVED`` for ``dp`` data-parallel ranks replicating the model, the
+    authors' DDP; their script's other layouts do not exist and are refused in one line."""
+    r, p = config.released, config.parallelism
+    if not is_on(config):
+        return
+    for key in REQUIRED:
+        if getattr(r, key) < 1:
+            raise ConfigError(f"released.{key}: must be >= 1 with released.per_device_train_batch_size, got 0")
+    if r.gpus < 0:
+        raise ConfigError(f"released.gpus: must be >= 0 (0: this run's data-parallel degree), got {r.gpus}")
+    if not (r.lr > 0 and 0 <= r.warmup_ratio <= 1):
+        raise ConfigError(
+            f"released.lr, released.warmup_ratio: need lr > 0 and a ratio in [0, 1], got {r.lr}, {r.warmup_ratio}"
+        )
+    if p.data_parallel_replicate_degree != dp or p.tensor_parallel_degree * p.context_parallel_degree > 1:
+        raise ConfigError(
+            "parallelism: the authors' script replicates the whole model on every GPU (DDP); set "
+            "data_parallel_replicate_degree = -1 and leave the shard, tensor, context and pipeline degrees at 1"
+        )
+    gpus = r.gpus or dp
+    per_gpu = r.per_device_train_batch_size * r.gradient_accumulation_steps
+    t = config.training
+    if gpus * per_gpu % dp:
+        raise ConfigError(
+            f"released.gpus: the authors' {gpus}-GPU step of {gpus * per_gpu} sequences cannot be split over "
+            f"{dp} ranks; launch {gpus} (or a divisor of {gpus * per_gpu}), or set released.gpus = {dp}"
+        )
+    t.global_batch_size = gpus * per_gpu
+    t.local_batch_size = 0
+    t.max_local_batch_size = min(t.max_local_batch_size or r.per_device_train_batch_size, r.per_device_train_batch_size)
+    t.steps = math.ceil(r.train_tokens / (t.global_batch_size * t.seq_len))
+    config.optimizer.lr = r.lr * math.sqrt(gpus)
+    config.lr_scheduler.warmup_steps = math.ceil(r.warmup_ratio * t.steps)
+    config.checkpoint.interval = config.validation.freq = t.steps // r.num_ckpt + 1
+
+
+def summary(config: RunConfig) -> str:
+    """The derived layout, said once at launch."""
+    r, t = config.released, config.training
+    gpus = t.global_batch_size // (r.per_device_train_batch_size * r.gradient_accumulation_steps)
+    return (
+        f"[released] on {gpus} GPU{'s' * (gpus > 1)}: {r.per_device_train_batch_size} × "
+        f"{r.gradient_accumulation_steps} sequences per GPU, global batch {t.global_batch_size}, {t.steps} steps "
+        f"({r.train_tokens:,} tokens), lr {config.optimizer.lr:.4g}, warm-up {config.lr_scheduler.warmup_steps}, "
+        f"checkpoints every {config.checkpoint.interval}"
+        + (
+            f"; loss scaled by their accumulation {r.gradient_accumulation_steps}"
+            if t.loss_scale == "as_released"
+            else ""
+        )
+    )
