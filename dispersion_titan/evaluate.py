@@ -2,7 +2,7 @@
 
     python -m dispersion_titan.evaluate RUN [--protocol gpt2|qwen3] [--steps 0,5,10-20] [--tasks piqa,mmlu] ...
     python -m dispersion_titan.evaluate table RUN... [ARM=RUN1,RUN2 ...] --out DIR [--select best|last|step:N]
-        [--best-step auto|per-seed|averaged] [--include-initial] [--pretrained auto|none|RUN,...]
+        [--best-step auto|per-seed|averaged] [--exclude-initial] [--pretrained auto|none|RUN,...]
         [--reference ARM] [--test student|welch]
 
 RUN is a run's dump folder or its checkpoint folder. Bad options fail with one line
@@ -128,7 +128,8 @@ def table_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reference",
         metavar="ARM",
-        help="arm the others are tested against (default: the first arm that uses a dispersion loss)",
+        help="arm the others are tested against (default: the arm training with angular_spread, the paper's "
+        "reference row; else the first with a dispersion loss)",
     )
     p.add_argument(
         "--test",
@@ -157,9 +158,10 @@ def add_table_arguments(p: argparse.ArgumentParser) -> None:
         "for mid-training arms, whose runs started from pretrained weights: run.json's started_from)",
     )
     p.add_argument(
-        "--include-initial",
+        "--exclude-initial",
         action="store_true",
-        help="--select best: step 0 (the model before training) is a candidate too",
+        help="--select best: step 0 (the model before training) is no candidate, even where evaluated "
+        "(default: a candidate where evaluated, as the authors' --eval_at_begin makes it one)",
     )
     p.add_argument(
         "--pretrained",
@@ -216,7 +218,7 @@ def run_table(argv: list[str]) -> int:
         table(
             a.runs,
             a.out,
-            Selection(a.select, a.num_ckpt, a.include_initial, a.best_step),
+            Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step),
             a.reference,
             a.test,
             a.pretrained,

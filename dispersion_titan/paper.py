@@ -133,7 +133,9 @@ def paper_parser() -> OneLineErrorParser:
     )
     add_table_arguments(table)
     table.add_argument(
-        "--reference", metavar="ARM", help="arm the others are tested against (default: the arm with a dispersion loss)"
+        "--reference",
+        metavar="ARM",
+        help="arm the others are tested against (default: the arm training with angular_spread)",
     )
     table.add_argument(
         "--test",
@@ -251,7 +253,7 @@ def run_paper(argv: list[str]) -> int:
         if not a.draw_only:
             _run_locally(plan, a.artifact)
         written = render.render(
-            plan, Selection(a.select, a.num_ckpt, a.include_initial, a.best_step), a.reference, a.test, a.pretrained
+            plan, Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step), a.reference, a.test, a.pretrained
         )
     print("written: " + ", ".join(written))
     return 0

@@ -22,6 +22,7 @@ from scipy import stats
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan, run_protocol
 from dispersion_titan.evaluation.runner import lm_eval_seeds
+from dispersion_titan.evaluation.table import min_ranks
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
@@ -402,9 +403,7 @@ def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, 
     }
 
     table_out = tmp_path / "table"
-    code, _, err = run_cli(
-        evaluate_main, "table", str(out), "--include-initial", "--out", str(table_out), capsys=capsys
-    )
+    code, _, err = run_cli(evaluate_main, "table", str(out), "--out", str(table_out), capsys=capsys)
     assert_one_line_error(
         code,
         err,
@@ -731,9 +730,25 @@ def read_csv(path: Path) -> dict[str, dict]:
 BASE_RUNS, DISP_RUNS = ["base_s1", "base_s2"], ["disp_s1", "disp_s2"]
 
 
+def by_hand_min_ranks(means: dict[str, list[float]]) -> dict[str, float]:
+    """Each row's rank per column, 1 + the rows strictly better on the 4-digit cells (ties share the
+    smallest), averaged over the columns: the paper's Table 2 ranks."""
+    columns = len(next(iter(means.values())))
+    return {
+        row: sum(1 + sum(round(o[c], 4) > round(m[c], 4) for o in means.values()) for c in range(columns)) / columns
+        for row, m in means.items()
+    }
+
+
+def test_min_ranks_share_the_smallest_on_the_printed_cells():
+    means = {"a": [0.45671, 0.3], "b": [0.45669, 0.5], "c": [0.40, 0.5], "d": [0.5, 0.1]}
+    got = min_ranks([{"x": m[0], "y": m[1]} for m in means.values()], ["x", "y"])
+    assert got == list(by_hand_min_ranks(means).values()) == [(2 + 3) / 2, (2 + 1) / 2, (4 + 1) / 2, (1 + 4) / 2]
+
+
 def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_path, capsys):
     out = tmp_path / "table"
-    code, stdout, _ = evaluate("table", *fabricated.values(), "--out", out, capsys=capsys)
+    code, stdout, _ = evaluate("table", *fabricated.values(), "--exclude-initial", "--out", out, capsys=capsys)
     assert code == 0
     rows = read_csv(out / "table.csv")
     base, disp = "variant=none, coeff=0.0", "variant=angular_spread, coeff=0.1"  # the settings that differ
@@ -752,9 +767,27 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert float(rows[base]["t_a/acc_std"]) == pytest.approx(stats.tstd(t_a))
     assert float(rows[disp]["average_mean"]) == pytest.approx(sum(disp_avg) / 2)
     assert float(rows[disp]["t_ppl/word_perplexity_mean"]) == pytest.approx((430.0 + 470.0) / 2)
-    assert (float(rows[disp]["avg_rank"]), float(rows[base]["avg_rank"])) == (1.0, 2.0)  # perplexity not ranked
     pretrained = [FABRICATED[n][3][0] for n in BASE_RUNS]  # (t_a, t_b, t_ppl) at step 0
-    assert rows["Pretrained"]["steps"] == "0;0" and rows["Pretrained"]["p_value"] == ""
+    means = {  # the accuracy columns' means (perplexity is not ranked), the Pretrained row ranked too
+        "Pretrained": [sum(p[i] for p in pretrained) / 2 for i in (0, 1)],
+        **{
+            arm: [sum(FABRICATED[n][3][best[n]][i] for n in names) / 2 for i in (0, 1)]
+            for arm, names in ((base, BASE_RUNS), (disp, DISP_RUNS))
+        },
+    }
+    assert (
+        {arm: float(rows[arm]["avg_rank"]) for arm in rows}
+        == by_hand_min_ranks(means)
+        == {
+            "Pretrained": 3.0,
+            base: 2.0,
+            disp: 1.0,
+        }
+    )
+    pretrained_avg = [sum(p[:2]) / 2 for p in pretrained]
+    assert rows["Pretrained"]["steps"] == "0;0"  # tested against the reference like the arms
+    p_pre = stats.ttest_ind(pretrained_avg, disp_avg, equal_var=True).pvalue
+    assert float(rows["Pretrained"]["p_value"]) == pytest.approx(p_pre, rel=1e-5)
     assert float(rows["Pretrained"]["t_a/acc_mean"]) == pytest.approx((0.30 + 0.31) / 2)
     assert float(rows["Pretrained"]["average_mean"]) == pytest.approx((0.35 + 0.36) / 2)
     for arm, names in ((base, BASE_RUNS), (disp, DISP_RUNS)):  # each arm's difference from the Pretrained row
@@ -770,18 +803,22 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     table_md = (out / "table.md").read_text()
     assert table_md == stdout.split("written:")[0].rstrip("\n") + "\n"
     assert f"| {disp} | 2 | 0.4250 ± 0.0212 |" in table_md and f"p vs {disp}" in table_md
-    assert "Student's t-test" in table_md
+    assert (
+        "Student's t-test" in table_md and "its runs train with angular_spread, the paper's reference row" in table_md
+    )
+    assert "Pretrained included; ties share the smallest, on the means rounded to the 4 digits printed" in table_md
+    assert "and the last; per seed" in table_md  # --exclude-initial: step 0 no candidate
     assert (
         "Difference from Pretrained" in table_md and f"| {disp} | +0.1200 | +0.1100 | -440.00 | +0.1150 |" in table_md
     )
     png = (out / "table.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10000
 
-    # Step 0 a candidate; Welch's test; another reference.
+    # By default step 0 is a candidate where evaluated (the authors' --eval_at_begin); Welch's test; another
+    # reference.
     code, _, _ = evaluate(
         "table",
         *fabricated.values(),
-        "--include-initial",
         "--test",
         "welch",
         "--reference",
@@ -795,7 +832,8 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert code == 0 and best["disp_s2"] == 0 and rows[disp]["steps"] == f"{best['disp_s1']};0"
     p = stats.ttest_ind(averages(best, DISP_RUNS), averages(best, BASE_RUNS), equal_var=False).pvalue
     assert float(rows[disp]["p_value"]) == pytest.approx(p, rel=1e-5) and rows[base]["p_value"] == ""
-    assert rows[disp]["test"] == "welch"
+    assert rows[disp]["test"] == "welch" and "given with --reference" in (tmp_path / "initial" / "table.md").read_text()
+    assert "and the last, and step 0 where evaluated" in (tmp_path / "initial" / "table.md").read_text()
 
     # Other selections, explicit arms.
     code, _, _ = evaluate(
@@ -827,6 +865,22 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     )
     rows = read_csv(tmp_path / "mixed" / "table.csv")
     assert code == 0 and list(rows) == ["Pretrained", "D", "none"] and rows["none"]["reference"] == "D"
+    # The reference is the angular_spread arm by its variant, not the first arm with a dispersion loss.
+    for name in BASE_RUNS:
+        shutil.copytree(fabricated[name], tmp_path / f"l2_{name}")
+        metadata = json.loads((tmp_path / f"l2_{name}" / "run.json").read_text())
+        metadata["dispersion"] = {"variant": "l2_repel", "coeff": 0.1, "tau": 1.0}
+        (tmp_path / f"l2_{name}" / "run.json").write_text(json.dumps(metadata))
+    code, _, err = evaluate(
+        "table",
+        f"L={tmp_path / 'l2_base_s1'},{tmp_path / 'l2_base_s2'}",
+        f"D={fabricated['disp_s1']},{fabricated['disp_s2']}",
+        "--out",
+        tmp_path / "by_name",
+        capsys=capsys,
+    )
+    assert code == 0, err
+    assert {row["reference"] for row in read_csv(tmp_path / "by_name" / "table.csv").values()} == {"D"}
 
 
 def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_path, capsys):
@@ -862,6 +916,7 @@ def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_pat
         "none",
         "--num-ckpt",
         "5",
+        "--exclude-initial",
         "--out",
         tmp_path / "per_seed",
         capsys=capsys,
@@ -876,6 +931,7 @@ def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_pat
         str(runs["disp_s2"]),
         "--num-ckpt",
         "5",
+        "--exclude-initial",
         "--out",
         tmp_path / "named",
         capsys=capsys,
@@ -956,15 +1012,15 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     )
     assert_one_line_error(
         *evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
-        f"--select best: {fabricated['disp_s2'] / 'evaluation'}: steps [3] and [10] were evaluated "
+        f"--select best: {fabricated['disp_s2'] / 'evaluation'}: steps [0, 3] and [10] were evaluated "
         "with other settings (limit 100 vs 500)",
     )
-    for step in (3, 10):  # none of the steps the authors evaluate left
+    for step in (0, 3, 10):  # none of the steps the authors evaluate left (step 0: a candidate where evaluated)
         shutil.rmtree(fabricated["base_s2"] / "evaluation" / f"step-{step}")
     assert_one_line_error(
         *evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
         "--select best",
         "no evaluation of the steps the authors evaluate",
-        "([3, 6, 9, 10]; have [0, 5])",
+        "([0, 3, 6, 9, 10]; have [5])",
     )
     assert not out.exists()

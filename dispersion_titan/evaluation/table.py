@@ -5,13 +5,14 @@ without the seed, or named ``ARM=RUN1,RUN2``. Each run contributes one checkpoin
 (``--select``; ``best`` among the steps the authors' LMEvalCallback evaluates: per seed for
 mid-training arms, as their mid-training ``plot_results.py``; one step for all seeds, best
 on the seed-averaged curve, for from-scratch arms, as their pre-training ``plot_results.py``;
-``--best-step`` chooses); per arm and task the table gives mean ± sample std over seeds,
-the average accuracy (perplexity left out, as in the paper), the arms' average rank over
-the accuracy columns, and a t-test of the per-seed averages against the reference arm
-(Student's, as the paper's Table 2, by default; Welch's on request). A "Pretrained" row
-(the model before mid-training: step 0 of the first arm without a dispersion loss, as
-theirs, or of ``--pretrained RUN,...``) heads the table, and each arm's difference from it
-follows.
+``--best-step`` chooses; step 0 is a candidate wherever it was evaluated, as theirs); per arm
+and task the table gives mean ± sample std over seeds, the average accuracy (perplexity left
+out, as in the paper), each row's average rank over the accuracy columns, and a t-test of the
+per-seed averages against the reference arm (Student's, as the paper's Table 2, by default;
+Welch's on request). A "Pretrained" row (the model before mid-training: step 0 of the first
+arm without a dispersion loss, as theirs, or of ``--pretrained RUN,...``) heads the table, is
+ranked and tested like the arms, and each arm's difference from it follows. Ranks are the
+paper's: the smallest rank for ties (``min``), on the means as printed (``DIGITS``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class Selection:
     rule: str  # best | last | step:N
     num_ckpt: int | None = None  # the authors' --num_ckpt: evaluations every floor(T / num_ckpt) + 1 steps
     """None: their scripts' default for the run's start, ``MIDTRAIN_NUM_CKPT`` or ``SCRATCH_NUM_CKPT``."""
-    include_initial: bool = False  # step 0 is a candidate for best (their --eval_at_begin)
+    exclude_initial: bool = False  # step 0 is no candidate for best, even where evaluated (their runs' --eval_at_begin)
     best_step: str = "auto"  # one of protocol.BEST_STEP: per seed, on the seed-averaged curve, or by the arm's kind
 
     def __str__(self) -> str:
@@ -75,7 +76,7 @@ class Selection:
         k = self.num_ckpt or f"{MIDTRAIN_NUM_CKPT} mid-training, {SCRATCH_NUM_CKPT} from scratch"
         return (
             f"best of the steps the authors evaluate (every floor(T/K)+1 steps, K = {k}, and the last"
-            f"{', and step 0' if self.include_initial else ''}; {per})"
+            f"{'' if self.exclude_initial else ', and step 0 where evaluated'}; {per})"
         )
 
 
@@ -160,7 +161,7 @@ def _check_alike(folder: str, weighed: list[dict]) -> None:
 def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     """``--select best``: the mean accuracy of each of the run's evaluations at a step the authors evaluate."""
     num_ckpt = selection.num_ckpt or (SCRATCH_NUM_CKPT if from_scratch(run.dump) else MIDTRAIN_NUM_CKPT)
-    wanted = authors_steps(_training_steps(run.run, run.dump), num_ckpt, selection.include_initial)
+    wanted = authors_steps(_training_steps(run.run, run.dump), num_ckpt, not selection.exclude_initial)
     averages = {step: mean_accuracy(result_scores(r)) for step, r in run.results.items() if step in wanted}
     if not averages:
         raise EvaluationError(
@@ -304,14 +305,31 @@ def t_test_p(values: list[float], reference: list[float], test: str) -> float | 
     return None if math.isnan(p) else float(p)
 
 
-def _uses_dispersion(dump: str) -> bool:
+def _dispersion(dump: str) -> str | None:
+    """The variant of the run's dispersion loss; None when it trains without one."""
     dispersion = load_run_metadata(dump).get("dispersion") or {}
-    return dispersion.get("variant", "none") != "none" and (dispersion.get("coeff") or 0) > 0
+    variant = dispersion.get("variant", "none")
+    return variant if variant != "none" and (dispersion.get("coeff") or 0) > 0 else None
 
 
-def default_reference(by_arm: dict[str, list[RunScores]]) -> str:
-    """The first arm whose runs train with a dispersion loss (the paper's reference row), else the first arm."""
-    return next((arm for arm, runs in by_arm.items() if _uses_dispersion(runs[0].dump)), next(iter(by_arm)))
+def _uses_dispersion(dump: str) -> bool:
+    return _dispersion(dump) is not None
+
+
+REFERENCE_VARIANT = "angular_spread"
+"""The paper's reference row: the dispersion loss it proposes."""
+
+
+def default_reference(by_arm: dict[str, list[RunScores]]) -> tuple[str, str]:
+    """The arm the others are tested against, and why: the arm training with ``angular_spread`` (the
+    paper's reference row), else the first arm with a dispersion loss, else the first arm."""
+    for arm, runs in by_arm.items():
+        if _dispersion(runs[0].dump) == REFERENCE_VARIANT:
+            return arm, f"its runs train with {REFERENCE_VARIANT}, the paper's reference row"
+    for arm, runs in by_arm.items():
+        if _uses_dispersion(runs[0].dump):
+            return arm, f"no arm trains with {REFERENCE_VARIANT}; the first arm with a dispersion loss"
+    return next(iter(by_arm)), "no arm trains with a dispersion loss; the first arm"
 
 
 def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[list[RunScores], str]:
@@ -353,32 +371,40 @@ def _summary(name: str, runs: list[RunScores], columns: list[str]) -> dict:
     }
 
 
-def arm_rows(
-    by_arm: dict[str, list[RunScores]], reference: str, test: str = "student"
-) -> tuple[list[str], list[ArmRow]]:
-    """The table's columns (``task/metric``) and one row per arm."""
+DIGITS = 4
+"""Digits of the printed accuracy cells (the paper's percentages to 2 decimals); ranks are taken on them."""
+
+
+def min_ranks(means: list[dict[str, float]], accuracy: list[str]) -> list[float]:
+    """Each row's rank per accuracy column (1 = best; ties share the smallest, on the means rounded as
+    printed), averaged over the columns: the paper's Table 2 ranks."""
+    per_column = [stats.rankdata([-round(m[c], DIGITS) for m in means], method="min") for c in accuracy]
+    return [float(r) for r in np.mean(per_column, axis=0)]
+
+
+def table_rows(
+    by_arm: dict[str, list[RunScores]], reference: str, test: str = "student", pretrained: list[RunScores] = ()
+) -> tuple[list[str], list[ArmRow], ArmRow | None]:
+    """The table's columns (``task/metric``), one row per arm, and the Pretrained row (None without its
+    runs), ranked together and each tested against the reference arm."""
     columns = list(next(iter(by_arm.values()))[0].scores)
     accuracy = [c for c in columns if is_accuracy(c)]
     if not accuracy:
         raise EvaluationError("the evaluations have no accuracy scores to tabulate")
-    summaries = {arm: _summary(arm, runs, columns) for arm, runs in by_arm.items()}
-    ranks = np.array([stats.rankdata([-summaries[arm]["mean"][c] for arm in by_arm]) for c in accuracy]).mean(axis=0)
+    named = {**({PRETRAINED: list(pretrained)} if pretrained else {}), **by_arm}
+    summaries = {name: _summary(name, runs, columns) for name, runs in named.items()}
+    ranks = min_ranks([s["mean"] for s in summaries.values()], accuracy)
     reference_averages = [r.average for r in by_arm[reference]]
-    rows = []
-    for (arm, runs), rank in zip(by_arm.items(), ranks, strict=True):
-        rows.append(
-            ArmRow(
-                **summaries[arm],
-                rank=float(rank),
-                p_value=None if arm == reference else t_test_p([r.average for r in runs], reference_averages, test),
-            )
+    rows = {
+        name: ArmRow(
+            **summaries[name],
+            rank=rank,
+            p_value=None if name == reference else t_test_p([r.average for r in runs], reference_averages, test),
         )
-    return columns, rows
-
-
-def pretrained_row(runs: list[RunScores], columns: list[str]) -> ArmRow:
-    """The table's first row: not ranked, not tested."""
-    return ArmRow(**_summary(PRETRAINED, runs, columns), rank=math.nan, p_value=None)
+        for (name, runs), rank in zip(named.items(), ranks, strict=True)
+    }
+    base = rows.pop(PRETRAINED, None)
+    return columns, list(rows.values()), base
 
 
 def difference(row: ArmRow, pretrained: ArmRow | None, columns: list[str]) -> dict[str, float | None]:
@@ -409,6 +435,7 @@ def table_markdown(
     test: str,
     pretrained: ArmRow | None = None,
     pretrained_note: str = "",
+    reference_note: str = "given with --reference",
 ) -> str:
     header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", "sig"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -425,9 +452,11 @@ def table_markdown(
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"Mean ± sample std over seeds. Checkpoint per run: {selection}. The average and the rank "
-        f"(1 = best) are over the accuracy columns only. p: {TESTS[test]} t-test of the per-seed averages "
-        f"against {reference} (needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001. {pretrained_note}",
+        f"Mean ± sample std over seeds. Checkpoint per run: {selection}. The average and the rank are over "
+        f"the accuracy columns only; the rank is each row's per column (1 = best, every row ranked, "
+        f"{PRETRAINED} included; ties share the smallest, on the means rounded to the {DIGITS} digits printed), "
+        f"averaged, as the paper's. p: {TESTS[test]} t-test of the per-seed averages against {reference} "
+        f"({reference_note}; needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001. {pretrained_note}",
     ]
     if pretrained:
         lines += [
@@ -494,14 +523,13 @@ def table(
     by_arm = {arm: select_arm(runs, selection) for arm, runs in found.items()}
     if reference is not None and reference not in by_arm:
         raise EvaluationError(f"--reference: no arm {reference!r} (have {', '.join(map(repr, by_arm))})")
-    reference = reference or default_reference(by_arm)
+    reference, why = (reference, "given with --reference") if reference else default_reference(by_arm)
     base, note = pretrained_scores(found, pretrained)
     _check_comparable([r for runs in by_arm.values() for r in runs] + base)
-    columns, rows = arm_rows(by_arm, reference, test)
-    base_row = pretrained_row(base, columns) if base else None
+    columns, rows, base_row = table_rows(by_arm, reference, test, base)
     refuse_unless_ours(out, TABLE, "--out", "use another --out")
     ensure_writable(out, "--out")
-    text = table_markdown(columns, rows, reference, selection, test, base_row, note)
+    text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
     with owned(out, TABLE):
         atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
