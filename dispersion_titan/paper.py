@@ -218,6 +218,10 @@ def run_paper(argv: list[str]) -> int:
     if a.plan:
         runs = planning.training_runs(a.artifact, a.preset or "paper")
         plan_runs([(name, plan_args(c, overrides=o)) for name, c, o in runs], a.plan_gpus, None, a.plan_gpu)
+        if a.artifact == "table2":
+            pretrained = [row for row in catalog.TABLE2_ROWS if row.model]
+            print(f"\nand {len(pretrained)} Pretrained rows, evaluated as published (no training, 0 GPU-hours):")
+            print("\n".join(f"| {row.block}: {row.label} | {row.model} |" for row in pretrained))
         return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)

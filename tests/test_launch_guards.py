@@ -138,7 +138,7 @@ def test_gpu_configs_are_valid_unchanged_from_1_to_64_gpus(parsed_configs):
     """local_batch_size = 0: global / DP, in micro-batches of at most max_local_batch_size. A paper config
     holds the authors' per-GPU batch on every GPU count ([released]: test_shipped_configs.py)."""
     ours = [c for c in GPU_CONFIGS if c.name in parsed_configs]
-    assert len(GPU_CONFIGS) == 20 and len(ours) == 12
+    assert len(GPU_CONFIGS) == 27 and len(ours) == 12
     for config in ours:
         parsed = parsed_configs[config.name]
         assert parsed.training.global_batch_size >= 64, config.name

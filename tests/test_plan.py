@@ -54,7 +54,7 @@ def parsed() -> dict[Path, object]:
 
 
 def test_every_config_lays_out_or_refuses_in_one_line(parsed):
-    assert len(CONFIGS) == 26
+    assert len(CONFIGS) == 33
     for config, job in parsed.items():
         for gpus, tp in SIZES:
             c = copy.deepcopy(job)
@@ -137,6 +137,7 @@ BOUNDS = {
         "gpt2_small_mlp6144_angular_spread.toml",  # the widest MLP, with the paper's dropout
         ("--model.attn_dropout", "0.1", "--model.resid_dropout", "0.1", "--model.embd_dropout", "0.1"),
     ),
+    "GPT2-medium": ("paper/midtrain_gpt2-medium_wikitext103_dispersion.toml", ()),
     "Qwen3": ("paper/midtrain_qwen3_1.7b_angular_spread.toml", ()),
     "debug GPT-2": ("debug_angular_spread.toml", ()),
     "debug Qwen3": ("debug_qwen3_angular_spread.toml", ()),

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 import tomllib
 
 from dispersion_titan.evaluation.table import authors_steps
 from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
+from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.utils.errors import ConfigError
 from support.launch import REPO
 
@@ -114,8 +116,40 @@ def test_a_paper_config_trains_another_gpu_counts_run_and_refuses_what_their_scr
     assert (own["steps"], own["lr"]) == (7, 8e-4), own  # TorchTitan's default lr otherwise
 
 
+VARIANTS = {  # a mid-training config's file name -> its dispersion loss, as the authors' --dispersion
+    "dispersion": "angular_spread",
+    "angular_spread": "angular_spread",
+    "decorrelation": "decorrelation",
+    "l2_repel": "l2_repel",
+    "orthogonalization": "orthogonalization",
+}
+METHODS = {"neftune": "noisy_embedding", "active_forgetting": "active_forgetting"}
+
+
+def test_every_table2_row_has_its_config_or_hub_model():
+    """Table 2: per block the Pretrained row (a hub model) and the mid-trained rows, each a config here."""
+    rows = [(row.block, row.label) for row in catalog.TABLE2_ROWS]
+    assert len(rows) == len(set(rows)) == 19
+    assert {row.config for row in catalog.TABLE2_ROWS if row.config} == {
+        f"train_configs/paper/{p.name}" for p in MIDTRAIN
+    }
+    assert [row.model for row in catalog.TABLE2_ROWS if row.model] == [
+        *catalog.GPT2_HUB_IDS,
+        "Qwen/Qwen3-0.6B",
+        "Qwen/Qwen3-1.7B",
+    ]
+    for row in catalog.TABLE2_ROWS:
+        if row.config:
+            c = load(REPO / row.config)
+            arm = Path(row.config).stem.rsplit("wikitext103_", 1)[-1].rsplit("b_", 1)[-1]
+            assert c["dispersion"]["variant"] == VARIANTS.get(arm, "none"), row
+            assert c["baseline"]["method"] == METHODS.get(arm, "none"), row
+            flavor = {"GPT2": "small", "GPT2-medium": "medium"}.get(row.block, row.block.removeprefix("Qwen3-"))
+            assert c["model"]["flavor"] == flavor, row
+
+
 def test_midtraining_configs_match_the_authors_scripts():
-    assert len(MIDTRAIN) == 6
+    assert len(MIDTRAIN) == 13
     for path in MIDTRAIN:
         c = load(path)
         t, o, r = c["training"], c["optimizer"], c["released"]
@@ -133,8 +167,8 @@ def test_midtraining_configs_match_the_authors_scripts():
         d = c["dispersion"]
         assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name  # hidden_states[1:]
         if d["variant"] != "none":
-            assert (d["variant"], d["coeff"], d["tau"]) == ("angular_spread", 0.1, 1.0), path.name
-            assert d["clamp"] == (0.25 if qwen3 else 0.1), path.name  # Qwen3: DispersionLoss's default
+            assert (d["coeff"], d.get("tau", 1.0), d["precision"]) == (0.1, 1.0, "exact"), path.name  # fp32 as theirs
+            assert d.get("clamp", 0.1) == (0.25 if qwen3 else 0.1), path.name  # Qwen3: DispersionLoss's default
             assert d["max_tokens"] == 256, path.name  # DispersionLoss's subsampling
 
 
@@ -226,7 +260,7 @@ def test_gpu_configs_run_the_fast_path():
     """Compiled blocks and loss, fused AdamW, bf16 compute; from scratch, GPT-2's vocabulary padded
     to a multiple of 64; micro-batches sized for an 80 GB GPU (bench/h100_model.py --fast-path)."""
     gpu = sorted(p for p in CONFIGS.rglob("*.toml") if p.name.startswith(("gpt2_small_", "fineweb_gpt2_", "midtrain_")))
-    assert len(gpu) == 18
+    assert len(gpu) == 25
     for path in gpu:
         c = load(path)
         assert c["compile"]["enable"] and c["compile"]["components"] == ["model", "loss"], path.name

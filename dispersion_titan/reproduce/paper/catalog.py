@@ -96,18 +96,56 @@ FIG3_ROWS = {"last": ("last",), "first,last": ("first", "last")}
 (plot_heatmaps.py's two rows)."""
 FIG3_SEQ_LEN = 1024
 """fig3's tokens per text: ``plot_heatmaps.py --max_length 1024`` (the other figures: 512)."""
-TABLE2_CONFIGS = tuple(
-    f"train_configs/paper/midtrain_{arm}.toml"
-    for arm in (
-        "gpt2_wikitext103_baseline",
-        "gpt2_wikitext103_dispersion",
-        "qwen3_0.6b_baseline",
-        "qwen3_0.6b_angular_spread",
-        "qwen3_1.7b_baseline",
-        "qwen3_1.7b_angular_spread",
+
+
+@dataclass(frozen=True)
+class Table2Row:
+    """One row of the paper's Table 2: a mid-training config, or (the Pretrained row) the hub model it starts from."""
+
+    block: str
+    label: str
+    config: str | None = None
+    """``train_configs/paper/`` config that trains it; None for the Pretrained row (no training)."""
+    model: str | None = None
+    """The hub id of the Pretrained row's model (evaluated as it is)."""
+
+
+def _midtrain_block(block: str, hub_id: str, stem: str, rows: tuple[tuple[str, str], ...]) -> tuple[Table2Row, ...]:
+    return (
+        Table2Row(block, "Pretrained", model=hub_id),
+        *(Table2Row(block, label, config=f"train_configs/paper/midtrain_{stem}_{arm}.toml") for label, arm in rows),
     )
+
+
+_GPT2_ROWS = (
+    ("Default loss", "baseline"),
+    ("NEFTune", "neftune"),
+    ("Active forgetting", "active_forgetting"),
+    ("Decorrelation", "decorrelation"),
+    ("ℓ2-repel", "l2_repel"),
+    ("Angular spread", "dispersion"),
+    ("Orthogonalization", "orthogonalization"),
 )
-"""Table 2's arms, one training run per seed each."""
+TABLE2_ROWS: tuple[Table2Row, ...] = (
+    *_midtrain_block("GPT2", GPT2_HUB_IDS[0], "gpt2_wikitext103", _GPT2_ROWS),
+    *_midtrain_block("GPT2-medium", GPT2_HUB_IDS[1], "gpt2-medium_wikitext103", (_GPT2_ROWS[0], _GPT2_ROWS[5])),
+    Table2Row("GPT2-large", "Pretrained", model=GPT2_HUB_IDS[2]),
+    Table2Row("GPT2-xl", "Pretrained", model=GPT2_HUB_IDS[3]),
+    *(
+        row
+        for size in ("0.6b", "1.7b")
+        for row in _midtrain_block(
+            f"Qwen3-{size.upper()}",
+            f"Qwen/Qwen3-{size.upper()}",
+            f"qwen3_{size}",
+            (("Default loss", "baseline"), ("Angular spread", "angular_spread")),
+        )
+    ),
+)
+"""The paper's Table 2, block by block: each model's Pretrained row (the hub model, evaluated as it is) and its
+mid-trained rows (one config each, several seeds); GPT2-large and -xl are Pretrained rows only."""
+TABLE2_CONFIGS = tuple(row.config for row in TABLE2_ROWS if row.config)
+"""Table 2's trained rows, one training run per seed each."""
 REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
 """Models that ship their own modelling code: analysed only when the user passes
 ``--trust-remote-code`` (the authors load every model with ``trust_remote_code=True``)."""
@@ -253,8 +291,10 @@ ARTIFACTS: dict[str, Artifact] = {
             "Table 2: downstream evaluation",
             "evaluate RUN per run (arms x seeds), then evaluate table --select best; mean ± std per task "
             "and average, significance against the reference arm; Markdown and LaTeX",
-            "the runs of train_configs/paper/midtrain_gpt2_wikitext103_{baseline,dispersion}.toml (GPT-2) or "
-            "midtrain_qwen3_*.toml (Qwen3), several seeds each, given with --models [ARM=]RUN,...",
+            f"the runs of the {len(TABLE2_CONFIGS)} train_configs/paper/midtrain_*.toml (GPT2: the baseline, NEFTune, "
+            "active forgetting and four dispersion losses; GPT2-medium, Qwen3-0.6B and -1.7B: baseline and "
+            "angular_spread), several seeds each, given with --models [ARM=]RUN,...; the Pretrained rows of GPT2 "
+            "small to xl and Qwen3 from hub ids (--plan lists every row)",
             "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
             "limit 500; estimate, not measured)",
         ),

@@ -210,7 +210,7 @@ def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str,
     if artifact == "fig3":
         return [(os.path.basename(r.folder), r.config, r.overrides) for r in fig3.preset_runs(preset, "runs")]
     if artifact == "table2":
-        return [(os.path.basename(c), c, ()) for c in catalog.TABLE2_CONFIGS]
+        return [(f"{row.block}: {row.label}", row.config, ()) for row in catalog.TABLE2_ROWS if row.config]
     raise ArgumentError(f"--plan: {artifact} analyses released models and trains nothing; fig3 and table2 train runs")
 
 
