@@ -4,7 +4,7 @@
     python -m dispersion_titan.paper ARTIFACT [--out DIR] [--models ...] [--slurm] [--dry-run] [analyze options]
     python -m dispersion_titan.paper fig3|table2 --plan [--plan-gpus N] [--plan-gpu h100|h200|a100]
 
-ARTIFACT is fig2, fig3, fig4, fig5, table2 or robustness (``--list`` says what each
+ARTIFACT is fig2, fig3, fig4, fig5, table2, counteract or robustness (``--list`` says what each
 runs, on which models, at what cost). It runs ``analyze`` (or ``evaluate``) per model,
 here in order or as Slurm jobs, reusing finished results, then draws
 ``DIR/ARTIFACT.png``, ``.pdf`` and ``DIR/ARTIFACT.json``. An input that is not here ends
@@ -27,7 +27,7 @@ from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
 
-ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "robustness")
+ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "counteract", "robustness")
 DEFAULT_OUT = "outputs/paper"
 PAPER = FolderOwner("paper")
 

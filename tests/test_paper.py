@@ -27,7 +27,9 @@ from scipy import stats
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.paper import main as paper_main
-from dispersion_titan.reproduce.paper.plan import MissingInput, build, check_devices
+from dispersion_titan.reproduce.paper import catalog
+from dispersion_titan.reproduce.paper.collect import revision_label
+from dispersion_titan.reproduce.paper.plan import MissingInput, build, check_devices, pick_revisions
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos
@@ -199,6 +201,24 @@ def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
     assert {p: p.stat().st_mtime_ns for p in results} == results
 
 
+def test_fig4_takes_four_branches_of_each_stage_and_the_final_model():
+    """The paper's 13 points (S1-0 … S1-1059k, S2-1k … S2-37k, S3-1k … S3-10k, Main): per stage the first, the
+    last and two evenly spaced between, by step, whatever the branches' other fields."""
+    stage1 = [f"stage1-step{s}-tokens{s // 1000}B" for s in range(0, 1_059_001, 1000)]
+    stage2 = [f"stage2-ingredient1-step{s}-tokens{s}M" for s in range(1000, 37_001, 1000)]
+    stage2 += [f"stage2-ingredient2-step{s}-tokens{s}M" for s in range(1000, 99_001, 1000)]  # a second run of it
+    stage3 = [f"stage3-step{s}" for s in range(1000, 10_001, 1000)]
+    picked = pick_revisions(["main", "stage1-note", *stage3, *stage2, *stage1])
+    assert [revision_label(r) for r in picked] == [
+        "S1-0", "S1-353k", "S1-706k", "S1-1059k", "S2-1k", "S2-13k", "S2-25k", "S2-37k",
+        "S3-1k", "S3-4k", "S3-7k", "S3-10k", "Main",
+    ]  # fmt: skip
+    assert picked[4] == "stage2-ingredient1-step1000-tokens1000M" and len(picked) == catalog.FIG4_REVISIONS
+    assert pick_revisions(["main", "stage1-step0", "stage1-step5"]) == ["stage1-step0", "stage1-step5", "main"]
+    with pytest.raises(MissingInput, match="no stageN-stepM branches"):
+        pick_revisions(["main"])
+
+
 def test_fig4_revisions_fig5_pair_and_robustness(zoo, tmp_path, capsys):
     out = tmp_path  # not fig2's DIR: its analyses of gpt2-s were of the paper's inputs
     revisions = sorted(os.listdir(zoo["olmo"]))
@@ -218,7 +238,8 @@ def test_fig4_revisions_fig5_pair_and_robustness(zoo, tmp_path, capsys):
     assert code == 0, err
     fig4 = json.loads((out / "fig4.json").read_text())
     assert [m["tokens_seen"] for m in fig4["models"]] == ["0B", "1B", "2B"]
-    assert [m["step"] for m in fig4["models"]] == [0, 100, 200] and fig4["rows"][0]["against"] == "step"
+    assert [m["step"] for m in fig4["models"]] == [0, 100, 200] and fig4["rows"][0]["against"] == "training_order"
+    assert [m["label"] for m in fig4["models"]] == ["S1-0", "S1-100", "S1-200"]
     for got, revision in zip(fig4["models"], revisions, strict=True):
         assert_model(got, expected(zoo["olmo"] / revision, zoo["texts"]))
     assert_figure(out / "fig4")
@@ -323,6 +344,40 @@ def test_fig3_draws_each_widths_cross_entropy_run_or_the_authors_pick(zoo, tmp_p
     shutil.rmtree(ce_64 / "checkpoint")  # a width with dispersion runs only has nothing to draw under --pick ce
     code, _, err = paper("fig3", "--models", disp_64, "--out", tmp_path / "none", "--dry-run", capsys=capsys)
     assert_one_line_error(code, err, "fig3: MLP 64: no cross-entropy-only run among", "--pick authors")
+
+
+def test_counteract_draws_both_runs_at_every_checkpoint(zoo, tmp_path, capsys, monkeypatch):
+    """The default loss's run and the dispersion run, a row each, every checkpoint a heatmap titled by its step,
+    at plot_heatmaps.py's 10 texts of 1024 tokens unless told otherwise; without runs, one line naming the
+    training of each config."""
+    base, disp = width_runs(tmp_path, (64, 65))
+    metadata = json.loads((disp / "run.json").read_text())
+    (disp / "run.json").write_text(json.dumps({**metadata, "dispersion": {"variant": "angular_spread", "coeff": 0.1}}))
+    monkeypatch.chdir(REPO)
+    code, out, _ = paper("counteract", "--models", base, disp, "--out", tmp_path / "dry", "--dry-run", capsys=capsys)
+    assert code == 0 and out.count("--steps all") == 2 and "--num-sequences 10 --seq-len 1024" in out
+    code, _, err = paper(
+        "counteract", "--models", base, disp, "--dataset-path", zoo["wikitext"], *INPUTS, "--out", tmp_path / "out",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    numbers = json.loads((tmp_path / "out" / "counteract.json").read_text())
+    assert [(m["row"], m["label"]) for m in numbers["models"]] == [
+        ("default loss", "step 0"),
+        ("default loss", "step 5"),
+        ("angular_spread λ=0.1", "step 0"),
+        ("angular_spread λ=0.1", "step 5"),
+    ]
+    assert all(row["x"] == [0.0, 5.0] and row["against"] == "step" for row in numbers["rows"])
+    export = tmp_path / "disp-5"
+    to_hf(str(disp / "checkpoint" / "step-5"), str(export))
+    assert_model(numbers["models"][3], paper_expected(export, zoo["wikitext"]))
+    assert_figure(tmp_path / "out" / "counteract")
+    assert_one_line_error(
+        *paper("counteract", "--out", tmp_path / "none", "--dry-run", capsys=capsys)[::2],
+        "counteract: no checkpoints in ./outputs/midtrain_gpt2_wikitext103_baseline",
+        "launch/train.sh train_configs/paper/midtrain_gpt2_wikitext103_baseline.toml",
+    )
 
 
 def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):

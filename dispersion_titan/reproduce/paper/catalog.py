@@ -59,8 +59,10 @@ DISTILLATION_PAIRS: tuple[tuple[str, str], ...] = (  # (base, distilled), plot_t
 )
 OLMO = "allenai/Olmo-3-1025-7B"
 """Fig. 4's model; its revisions are its hub branches (listed at run time, or ``--revisions``)."""
-FIG4_REVISIONS = 8
-"""Branches analysed by default: evenly spaced from the first to the last pre-training step."""
+FIG4_STAGES, FIG4_PER_STAGE = (1, 2, 3), 4
+"""Fig. 4's points (``assets/observation_training.png``): per pre-training stage 4 of its ``stageN-...stepM`` branches,
+evenly spaced from its first to its last, then the final model (``main``): 13 by default."""
+FIG4_REVISIONS = len(FIG4_STAGES) * FIG4_PER_STAGE + 1
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,14 @@ TABLE2_ROWS: tuple[Table2Row, ...] = (
 mid-trained rows (one config each, several seeds); GPT2-large and -xl are Pretrained rows only."""
 TABLE2_CONFIGS = tuple(row.config for row in TABLE2_ROWS if row.config)
 """Table 2's trained rows, one training run per seed each."""
+COUNTERACT_CONFIGS = (
+    "train_configs/paper/midtrain_gpt2_wikitext103_baseline.toml",
+    "train_configs/paper/midtrain_gpt2_wikitext103_dispersion.toml",
+)
+"""The counteract figure's two runs (``assets/results_condensation_counteract.png``: a, the default loss; b,
+angular_spread), drawn at every checkpoint."""
+COUNTERACT_TEXTS, COUNTERACT_SEQ_LEN = 10, 1024
+"""Its inputs: ``midtrain_gpt2_huggingface/plot_heatmaps.py``'s ``repetitions = 10`` texts of ``max_length = 1024``."""
 REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
 """Models that ship their own modelling code: analysed only when the user passes
 ``--trust-remote-code`` (the authors load every model with ``trust_remote_code=True``)."""
@@ -273,7 +283,8 @@ ARTIFACTS: dict[str, Artifact] = {
             "Fig. 4: condensation from initialization",
             "analyze hf:MODEL@REV1,...; one heatmap per revision, annotated with its tokens seen, and the "
             "depth trend over training",
-            f"{OLMO} (7B): {FIG4_REVISIONS} of its stage-1 branches from step 0 to the last (listed from the "
+            f"{OLMO} (7B): {FIG4_REVISIONS} states, {FIG4_PER_STAGE} branches of each of stages 1-3 from its "
+            "first to its last and the final model (listed from the "
             "hub at run time; --revisions names others)",
             f"~{analysis_gpu_hours(7) * FIG4_REVISIONS:.1f} GPU-hours (estimate, not measured; one 80 GB GPU; "
             f"plus downloading {FIG4_REVISIONS} x 14 GB)",
@@ -297,6 +308,15 @@ ARTIFACTS: dict[str, Artifact] = {
             "small to xl and Qwen3 from hub ids (--plan lists every row)",
             "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
             "limit 500; estimate, not measured)",
+        ),
+        Artifact(
+            "counteract",
+            "Fig. (dispersion counteracts condensation): mid-training with and without the loss, step by step",
+            "analyze RUN --steps all for the two runs at 10 texts of 1024 tokens (plot_heatmaps.py); a row per "
+            "run of heatmaps titled by step, and the depth trend against step",
+            f"the runs of {' and '.join(COUNTERACT_CONFIGS)} (their dump folders, or --models BASE DISPERSION)",
+            "training: the two GPT-2 mid-training runs (paper table2 --plan); analysis ~0.05 GPU-hours for 12 "
+            "checkpoints (estimate, not measured)",
         ),
         Artifact(
             "robustness",

@@ -54,6 +54,15 @@ def half_n(points: int) -> int:
     return points // 2 + 1
 
 
+def revision_label(revision: str) -> str:
+    """Fig. 4's point names, as the paper's axis: ``stage2-step13000-...`` -> ``S2-13k``, ``main`` -> ``Main``."""
+    match = re.match(r"^stage(\d+)-(?:.*-)?step(\d+)(?:-|$)", revision)
+    if match:
+        step = int(match.group(2))
+        return f"S{match.group(1)}-{step // 1000}k" if step >= 1000 else f"S{match.group(1)}-{step}"
+    return "Main" if revision == "main" else revision
+
+
 def tokens_seen(revision: str | None) -> str | None:
     """``stage1-step1000-tokens5B`` -> ``5B`` (OLMo's branch names)."""
     match = _TOKENS.search(revision or "")
@@ -84,6 +93,11 @@ def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
             Entry(fig3_label(found[f"step-{drawn[row]}"]), f"{row} checkpoint", found[f"step-{drawn[row]}"])
             for row in plan.rows
         ]
+    if plan.artifact == "counteract":  # every checkpoint, titled by its step (plot_heatmaps.py)
+        steps = sorted(found[name].step for name in found if name.startswith("step-"))
+        if not steps:
+            raise _missing(plan, model, f"{model.label}'s checkpoints")
+        return [Entry(f"step {step}", model.row, found[f"step-{step}"]) for step in steps]
     if model.steps is not None:
         folder = f"step-{model.steps}"
         if folder not in found:
@@ -97,11 +111,7 @@ def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
         if folder not in found:
             raise _missing(plan, model, f"{model.label}" + (f"@{revision}" if revision else ""))
         result = found[folder]
-        label = (
-            model.label
-            if revision is None
-            else (f"{tokens_seen(revision)} tokens" if tokens_seen(revision) else revision)
-        )
+        label = model.label if revision is None else revision_label(revision)
         entries.append(Entry(label, model.row or str(result.model_args.get("model_type")), result))
     return entries
 
@@ -123,10 +133,11 @@ def entries(plan: PaperPlan) -> list[Entry]:
 
 
 def size_of(plan: PaperPlan, entry: Entry) -> float:
-    """What a row's trend is taken against: MLP width (fig3), training step (fig4), else parameters."""
+    """What a row's trend is taken against: MLP width (fig3), training step (counteract), else parameters
+    (fig4: the revisions' order, ``row_numbers``)."""
     if plan.artifact == "fig3":
         return float(entry.result.mlp_width)
-    if plan.artifact == "fig4":
+    if plan.artifact == "counteract":
         return float(entry.result.step)
     return float(entry.result.n_params)
 
@@ -157,9 +168,10 @@ def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
     rows = []
     for row in dict.fromkeys(e.row for e in found):
         group = [e for e in found if e.row == row]
-        x = [size_of(plan, e) for e in group]
+        # fig4: the revisions in training order (a stage's steps restart from 0)
+        x = [float(i) for i in range(len(group))] if plan.artifact == "fig4" else [size_of(plan, e) for e in group]
         y = [e.last_n_mean(LAST_N) for e in group]
-        against = {"fig3": "mlp_width", "fig4": "step"}.get(plan.artifact, "n_params")
+        against = {"fig3": "mlp_width", "fig4": "training_order", "counteract": "step"}.get(plan.artifact, "n_params")
         rows.append(
             {
                 "row": row,

@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass, field, replace
 
 from ...analysis import ANALYSIS_PROTOCOLS
-from ...run_folder.checkpoints import RUN_METADATA_FILE, find_checkpoint_folder, list_checkpoints
+from ...config.cli import read_toml
+from ...run_folder.checkpoints import RUN_METADATA_FILE, dispersion_variant, find_checkpoint_folder, list_checkpoints
 from ...utils.errors import ArgumentError, CheckpointError
 from . import catalog, fig3
 from .catalog import MissingInput
@@ -214,8 +215,35 @@ def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str,
     raise ArgumentError(f"--plan: {artifact} analyses released models and trains nothing; fig3 and table2 train runs")
 
 
-def hub_revisions(model: str, count: int) -> list[str]:
-    """``count`` of the model's ``stageN-stepM`` branches, evenly spaced by step, first and last included."""
+STAGE_BRANCH = re.compile(r"^stage(\d+)-(?:.*-)?step(\d+)(?:-|$)")
+"""OLMo's checkpoint branches, ``stage1-step353000-tokens1481B``; a stage's several runs differ before the step."""
+
+
+def pick_revisions(branches: list[str]) -> list[str]:
+    """Fig. 4's revisions among a model's hub ``branches``: per stage of ``catalog.FIG4_STAGES`` its
+    ``FIG4_PER_STAGE`` branches evenly spaced by step (first and last included; of a stage's several runs,
+    the first named), then ``main``. Stages it lacks are left out; fewer than two branches are refused."""
+    picked = []
+    for stage in catalog.FIG4_STAGES:
+        runs: dict[str, dict[int, str]] = {}  # the name before the step -> step -> branch
+        for branch in sorted(branches):
+            match = STAGE_BRANCH.match(branch)
+            if match and int(match.group(1)) == stage:
+                runs.setdefault(branch[: match.start(2)], {})[int(match.group(2))] = branch
+        found = runs[min(runs)] if runs else {}
+        steps = sorted(found)
+        if steps:
+            n = min(catalog.FIG4_PER_STAGE, len(steps))
+            picks = sorted({round(i * (len(steps) - 1) / max(n - 1, 1)) for i in range(n)})
+            picked += [found[steps[i]] for i in picks]
+    picked += ["main"] if "main" in branches else []
+    if len(picked) < 2:
+        raise MissingInput("fig4: the model has no stageN-stepM branches; pass --revisions REV1,REV2,...")
+    return picked
+
+
+def hub_revisions(model: str) -> list[str]:
+    """Fig. 4's revisions of ``model`` (``pick_revisions``), its branches listed from the hub."""
     try:
         from huggingface_hub import list_repo_refs
 
@@ -225,11 +253,7 @@ def hub_revisions(model: str, count: int) -> list[str]:
             f"fig4: cannot list the revisions of {model} ({type(e).__name__}): pass "
             "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable"
         ) from None
-    steps = sorted((int(m.group(1)), b) for b in branches if (m := re.search(r"stage1-step(\d+)", b)))
-    if len(steps) < 2:
-        raise MissingInput(f"fig4: {model} has no stage1-stepN branches; pass --revisions REV1,REV2,...")
-    picks = sorted({round(i * (len(steps) - 1) / (count - 1)) for i in range(count)})
-    return [steps[i][1] for i in picks]
+    return pick_revisions(branches)
 
 
 def _fig4_model(options: dict, analyses: str) -> PaperModel:
@@ -242,7 +266,7 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
         return base
     if not base.target.startswith(HF):
         raise ArgumentError("--models: fig4 takes a Hugging Face model (hub id or folder), not a run")
-    revisions = options.get("revisions") or ",".join(hub_revisions(base.target[len(HF) :], catalog.FIG4_REVISIONS))
+    revisions = options.get("revisions") or ",".join(hub_revisions(base.target[len(HF) :]))
     return replace(base, target=f"{base.target.split('@')[0]}@{revisions}")
 
 
@@ -296,7 +320,15 @@ def build(artifact: str, options: dict) -> PaperPlan:
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
         return PaperPlan(artifact, out, steps, runs=list(specs))
-    defaults = {**PAPER_DEFAULTS, **({"seq_len": catalog.FIG3_SEQ_LEN} if artifact == "fig3" else {})}
+    defaults = {
+        **PAPER_DEFAULTS,
+        **({"seq_len": catalog.FIG3_SEQ_LEN} if artifact == "fig3" else {}),
+        **(
+            {"num_sequences": catalog.COUNTERACT_TEXTS, "seq_len": catalog.COUNTERACT_SEQ_LEN}
+            if artifact == "counteract"
+            else {}
+        ),
+    }
     options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
         raise ArgumentError(
@@ -312,6 +344,9 @@ def build(artifact: str, options: dict) -> PaperPlan:
         return PaperPlan(artifact, out, [analyze_step(model, analyze_args)], [model])
     if artifact == "fig3":
         return _fig3_plan(options, analyses, analyze_args)
+    if artifact == "counteract":
+        models = [_counteract_model(run, analyses) for run in _counteract_runs(options)]
+        return PaperPlan(artifact, options["out"], [analyze_step(m, analyze_args) for m in models], models)
     if options.get("models"):
         models = [model_of(m, analyses, size_b=catalog.SIZES_B.get(m.rsplit("/", 1)[-1])) for m in options["models"]]
         pairs = []
@@ -399,6 +434,37 @@ def _fig3_analyses(
     ]
     notes = [fig3.pick_note(width, run, others, rule) for width, (run, others) in chosen.items() if others]
     return PaperPlan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes, rows=rows)
+
+
+def _counteract_runs(options: dict) -> list[str]:
+    """The two runs: ``--models BASE DISPERSION``, or the dump folders of ``catalog.COUNTERACT_CONFIGS``."""
+    if options.get("models"):
+        if len(options["models"]) != 2:
+            raise ArgumentError("--models: counteract takes two runs, the default loss's and the dispersion run")
+        return options["models"]
+    runs = []
+    for config in catalog.COUNTERACT_CONFIGS:
+        if not os.path.isfile(config):
+            raise MissingInput(f"counteract: {config}: not here; run from the repository's root, or give --models")
+        run = read_toml(config, "counteract")["job"]["dump_folder"]
+        if not fig3.checkpoint_steps(run):
+            raise MissingInput(
+                f"counteract: no checkpoints in {run}: train it first (launch/train.sh {config}), or give "
+                "--models BASE_RUN DISPERSION_RUN"
+            )
+        runs.append(run)
+    return runs
+
+
+def _counteract_model(run: str, analyses: str) -> PaperModel:
+    """One run analysed at every checkpoint, its row named by its loss (the default loss, or the variant and λ)."""
+    if not (os.path.isdir(run) and _is_run(run)) or not fig3.checkpoint_steps(run):
+        raise MissingInput(f"--models: {run}: not a run with checkpoints")
+    variant = dispersion_variant(run)
+    row = "default loss" if variant in (None, "none") else variant
+    return PaperModel(
+        os.path.abspath(run), os.path.join(analyses, safe_name(os.path.basename(run))), row, row, steps="all"
+    )
 
 
 def check_devices(plan: PaperPlan, options: dict, cuda: bool) -> None:

@@ -17,13 +17,16 @@ TITLES = {
     "fig3": "Condensation by MLP width (Fig. 3)",
     "fig4": "Condensation over pre-training, from initialization (Fig. 4)",
     "fig5": "Distilled models against their bases (Fig. 5)",
+    "counteract": "Mid-training with and without the dispersion loss, checkpoint by checkpoint",
     "robustness": "Condensation by model size on other texts (dataset robustness)",
 }
 
 
 def _row_title(row: dict) -> str:
     rho = row["spearman"] and row["spearman"]["rho"]
-    against = {"n_params": "size", "mlp_width": "MLP width", "step": "step"}[row["against"]]
+    against = {"n_params": "size", "mlp_width": "MLP width", "step": "step", "training_order": "training"}[
+        row["against"]
+    ]
     trend = "" if rho is None else f"\n{against} vs last-{collect.LAST_N} cos: ρ={rho:+.2f}"
     return f"{row['row']}{trend}"
 
