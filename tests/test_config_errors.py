@@ -4,11 +4,15 @@ exit code 2, and nothing written to the dump folder. Every configuration refused
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import NamedTuple
 
 import pytest
 
+from dispersion_titan.config import schema
 from dispersion_titan.job_config.parse import validated_args
+from dispersion_titan.losses import variants
 from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.cli import analyze, assert_one_line_error
@@ -66,7 +70,11 @@ REFUSALS = [
     Refusal(
         [*DEBUG, "--validation.dataset", "local", "--validation.dataset_path", "{empty}"], "validation.dataset_path:"
     ),
-    Refusal([*DEBUG, "--dispersion.variant", "spread"], "dispersion.variant:"),
+    Refusal(
+        [*DEBUG, "--dispersion.variant", "spread"],
+        "dispersion.variant: 'spread' is not one of ('none', 'angular_spread'",
+        error=ArgumentError,
+    ),
     Refusal([*DEBUG, "--dispersion.coeff", "-0.1"], "dispersion.coeff:"),
     Refusal([*DEBUG, "--dispersion.tau", "0"], "dispersion.tau:"),
     Refusal([*DEBUG, "--dispersion.clamp", "1.0"], "dispersion.clamp:"),
@@ -85,13 +93,23 @@ REFUSALS = [
         "job.save_config_file: ../other/run.json lands outside job.dump_folder",
     ),
     Refusal([*DEBUG, "--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps:"),
-    Refusal([*DEBUG, "--dispersion.precision", "fp8"], "dispersion.precision:"),
+    Refusal(
+        [*DEBUG, "--dispersion.precision", "fp8"], "dispersion.precision: 'fp8' is not one of (", error=ArgumentError
+    ),
     Refusal(
         [*DEBUG, "--dispersion.variant", "perplexity_entropy", "--dispersion.precision", "tf32"],
         "dispersion.precision:",
     ),
-    Refusal([*DEBUG, "--dispersion.form", "authors"], "dispersion.form:"),
-    Refusal([*DEBUG, "--dispersion.points", "norm"], "dispersion.points:"),
+    Refusal(
+        [*DEBUG, "--dispersion.form", "authors"],
+        "dispersion.form: 'authors' is not one of ('released', 'paper')",
+        error=ArgumentError,
+    ),
+    Refusal(
+        [*DEBUG, "--dispersion.points", "norm"],
+        "dispersion.points: 'norm' is not one of ('blocks', 'hidden_states')",
+        error=ArgumentError,
+    ),
     # non-finite floats: refused wherever infinity has no meaning
     Refusal([*DEBUG, "--dispersion.coeff", "inf"], "dispersion.coeff: must be a finite number, got inf", how="is"),
     Refusal([*DEBUG, "--dispersion.coeff", "nan"], "dispersion.coeff:"),
@@ -106,7 +124,11 @@ REFUSALS = [
         "dispersion.layers: block 1 named twice in 1,1,2; name each block once",
         how="is",
     ),
-    Refusal([*DEBUG, "--optimizer.decay_groups", "bias"], "optimizer.decay_groups:"),
+    Refusal(
+        [*DEBUG, "--optimizer.decay_groups", "bias"],
+        "optimizer.decay_groups: 'bias' is not one of ('all', 'hf', 'as_released')",
+        error=ArgumentError,
+    ),
     Refusal([*DEBUG, "--model.attn_dropout", "1.0"], "model.attn_dropout:"),
     Refusal([*DEBUG, "--model.embd_dropout", "-0.1"], "model.embd_dropout:"),
     Refusal(
@@ -129,7 +151,11 @@ REFUSALS = [
     Refusal(
         [*DEBUG, "--checkpoint.create_seed_checkpoint"], "checkpoint.create_seed_checkpoint: needs one process", world=2
     ),
-    Refusal([*DEBUG, "--baseline.method", "neftune"], "baseline.method:"),
+    Refusal(
+        [*DEBUG, "--baseline.method", "neftune"],
+        "baseline.method: 'neftune' is not one of ('none', 'noisy_embedding', 'active_forgetting')",
+        error=ArgumentError,
+    ),
     Refusal([*DEBUG, "--baseline.noise_alpha", "-1"], "baseline.noise_alpha:"),
     Refusal([*DEBUG, "--baseline.forget_every", "0"], "baseline.forget_every:"),
     Refusal([*DEBUG, "--baseline.embedding_lr", "0"], "baseline.embedding_lr:"),
@@ -166,14 +192,18 @@ REFUSALS = [
     Refusal(
         [*DEBUG, "--training.loss_scale", "sum"],
         "training.loss_scale: 'sum' is not one of ('mean', 'as_released')",
-        world=1,
+        error=ArgumentError,
     ),
     Refusal(
         [*DEBUG, "--lr_scheduler.form", "as_released", "--lr_scheduler.decay_type", "linear"],
         "lr_scheduler.form: 'as_released' is transformers' cosine schedule",
         world=1,
     ),
-    Refusal([*DEBUG, "--lr_scheduler.form", "hf"], "lr_scheduler.form: 'hf' is not one of", world=1),
+    Refusal(
+        [*DEBUG, "--lr_scheduler.form", "hf"],
+        "lr_scheduler.form: 'hf' is not one of ('torchtitan', 'as_released')",
+        error=ArgumentError,
+    ),
     Refusal(
         [*DEBUG, "--parallelism.data_parallel_replicate_degree", "-1"],
         "parallelism.data_parallel_replicate_"
@@ -282,6 +312,16 @@ REFUSALS = [
     Refusal(TOML, "model.tie_embeddings:", toml='[model]\ntie_embeddings = "yes"\n'),
     Refusal(TOML, "dispersion.coeff:", toml='[dispersion]\ncoeff = "a lot"\n'),
     Refusal(TOML, "dispersion.variant:", toml="[dispersion]\nvariant = 3\n"),
+    Refusal(
+        TOML,
+        "dispersion.variant: 'spread' is not one of ('none', 'angular_spread',",
+        toml='[dispersion]\nvariant = "spread"\n',
+    ),
+    Refusal(
+        TOML,
+        "optimizer.decay_groups: 'bias' is not one of ('all', 'hf', 'as_released') (in",
+        toml='[optimizer]\ndecay_groups = "bias"\n',
+    ),
     Refusal(TOML, "dispersion.layers:", toml='[dispersion]\nlayers = [1, "two"]\n'),
     Refusal(TOML, "dispersion.layers:", toml="[dispersion]\nlayers = 2\n"),
     Refusal(TOML, "training.steps:", toml="[training]\nsteps = 2.5\n"),
@@ -577,3 +617,15 @@ def test_gpt2_tensor_parallel_on_an_older_torch_is_refused_in_one_line(monkeypat
     validated_args(QWEN3_TP2, 2)
     monkeypatch.undo()
     assert checks.torch_release() >= checks.GPT2_TP_TORCH  # this machine's torch: GPT-2's TP runs in the suite
+
+
+def test_the_schemas_choices_are_the_losss():
+    """``config/schema.py``'s ``Literal`` choices, which the parser enforces, name what the loss implements."""
+    fields = {f.name: f.type for f in dataclasses.fields(schema.Dispersion)}
+    hints = typing.get_type_hints(schema.Dispersion)
+    assert typing.get_args(hints["variant"]) == ("none", *variants.VARIANTS)
+    assert typing.get_args(hints["kernel"]) == variants.KERNELS
+    assert typing.get_args(hints["form"]) == variants.FORMS
+    assert typing.get_args(hints["precision"]) == variants.PRECISIONS
+    assert set(fields) >= {"variant", "kernel", "form", "points", "precision"}
+    assert typing.get_args(typing.get_type_hints(schema.Baseline)["method"]) == tuple(schema.METHOD_SETTINGS)

@@ -15,11 +15,12 @@ from dispersion_titan.components.optimizers import build_dispersion_optimizers, 
 from dispersion_titan.components.titan_compat import merged_job_config_class
 from dispersion_titan.config.cli import CONFIG_MODULE
 from dispersion_titan.config.schema import Baseline
-from dispersion_titan.job_config.checks import check_optimizer
+from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.models.gpt2 import GPT2, GPT2ModelArgs
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args
-from dispersion_titan.utils.errors import ConfigError
+from dispersion_titan.utils.errors import ArgumentError
+from support.launch import job_args
 
 ARGS = GPT2ModelArgs(dim=32, n_layers=2, n_heads=2, max_seq_len=16, vocab_size=128)
 
@@ -99,11 +100,10 @@ def test_as_released_under_active_forgetting_exempts_layernorms_and_biases_only(
 
 
 def test_an_unknown_grouping_is_refused_in_one_line():
-    job = merged_job_config_class(CONFIG_MODULE)()
-    job.optimizer.decay_groups = "bias"
+    """The parser refuses it, with the choices (``config/schema.py``'s ``Literal``)."""
     with pytest.raises(
-        ConfigError,
+        ArgumentError,
         match=r"^optimizer.decay_groups: 'bias' is not one of \('all', 'hf', "
         r"'as_released'\)$",
     ):
-        check_optimizer(job)
+        validated_args([*job_args(), "--optimizer.decay_groups", "bias"])

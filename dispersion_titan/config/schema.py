@@ -12,8 +12,14 @@ follows. Every field is overridable on the command line as ``--section.key value
 """
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import tyro
+
+Variant = Literal["none", "angular_spread", "orthogonalization", "l2_repel", "decorrelation", "perplexity_entropy"]
+"""``dispersion.variant``: none, or a loss of ``losses.variants`` (tests/test_config_errors.py checks they agree)."""
+Method = Literal["none", "noisy_embedding", "active_forgetting"]
+"""``baseline.method``: none, or the paper's baselines."""
 
 
 @dataclass
@@ -56,8 +62,8 @@ class Model:
 
 @dataclass
 class Dispersion:
-    variant: str = "none"
-    """none | angular_spread | orthogonalization | l2_repel | decorrelation | perplexity_entropy"""
+    variant: Variant = "none"
+    """none (cross-entropy only), or the term's variant."""
     coeff: float = 0.0
     """λ, the weight of the dispersion term in L = L_CE + λ·mean_ℓ L_disp(Z_ℓ); ≥ 0."""
     tau: float = 1.0
@@ -66,14 +72,14 @@ class Dispersion:
     """ε in (0, 1): cosines are clamped to [−1+ε, 1−ε] before arccos (straight-through)."""
     lambda_norm: float = 0.1
     """Weight of the mean(z²) penalty of l2_repel (0.1 in the authors' lm_dispersion/dispersion.py)."""
-    form: str = "released"
+    form: Literal["released", "paper"] = "released"
     """released | paper: the authors' lm_dispersion/dispersion.py, which made the paper's numbers
     (l2_repel's normaliser includes its N pairs i = j; z / (|z| + 1e-2); logits + 1e-2; log2(p + 1e-2)),
     or the paper's equations (pairs i ≠ j only, z / |z|). docs/training.md compares them."""
     layers: str | list[int] = "all"
     """all | last | early_half | late_half, or 1-based block indices: [1, 2, 5] in TOML, 3 or 1,2,5 on
     the command line."""
-    points: str = "blocks"
+    points: Literal["blocks", "hidden_states"] = "blocks"
     """blocks | hidden_states: the n points ``layers`` indexes. blocks = every block's raw output;
     hidden_states = blocks 1..n-1 and the final norm's output, transformers' hidden_states[1:] (the
     authors' Hugging Face scripts, train_configs/paper/)."""
@@ -82,18 +88,18 @@ class Dispersion:
     micro-batch, seeded; 256 is the authors' subsampling (lm_dispersion/dispersion.py)."""
     warmup_steps: int = 0
     """Ramp λ linearly from 0 over this many steps; 0 applies it in full from step 1."""
-    kernel: str = "auto"
+    kernel: Literal["auto", "triton", "torch"] = "auto"
     """auto | triton | torch: the pair kernel; auto = the fused Triton kernel on CUDA (probed once
     against torch at start: a disagreement or a failed build stops the run in one line), else the
     memory-lean PyTorch strips."""
-    precision: str = "auto"
+    precision: Literal["auto", "bf16", "tf32", "exact"] = "auto"
     """auto | bf16 | tf32 | exact: the Triton kernel's products. auto (bf16 tensor-core products,
     fp32 accumulation; perplexity_entropy: split-precision tf32x3 logits, tf32 W·U) for training; exact (bf16x3,
     ieee fp32 for l2_repel and perplexity_entropy) equals the reference
     within 1e-4 in value. The torch strips always compute in fp32."""
 
 
-METHOD_SETTINGS: dict[str, tuple[str, ...]] = {
+METHOD_SETTINGS: dict[Method, tuple[str, ...]] = {
     "none": (),
     "noisy_embedding": ("noise_alpha",),
     "active_forgetting": ("forget_every", "embedding_lr"),
@@ -105,7 +111,7 @@ BASELINE_METHODS = tuple(m for m in METHOD_SETTINGS if m != "none")
 
 @dataclass
 class Baseline:
-    method: str = "none"
+    method: Method = "none"
     """none | noisy_embedding (NEFTune) | active_forgetting (Chen et al. 2023)"""
     noise_alpha: float = 1.0
     """noisy_embedding: α ≥ 0; uniform noise in ±α/√(S·d) on the token embeddings, training only."""
@@ -117,16 +123,12 @@ class Baseline:
     linear decay, restarting at every reset)."""
 
 
-LOSS_SCALES = ("mean", "as_released")
-"""``[training] loss_scale`` values (``trainer.loss_scale``)."""
-
-
 @dataclass
 class Training:
     max_local_batch_size: int = 0
     """With ``local_batch_size = 0``: the largest micro-batch per rank (0: no limit); the
     derived micro-batch is the largest divisor of global_batch_size / DP degree up to it."""
-    loss_scale: str = "mean"
+    loss_scale: Literal["mean", "as_released"] = "mean"
     """mean | as_released: the gradient of the global batch's mean loss, whatever the layout; or, as the
     authors' released runs (transformers' Trainer with their compute_loss), the sum over a rank's
     micro-batches of each one's own mean, averaged over data-parallel ranks: the accumulation count
@@ -188,26 +190,18 @@ class BuilderInputs:
     baseline: tyro.conf.Suppress[Baseline | None] = field(default=None, init=False, repr=False)
 
 
-DECAY_GROUPS = ("all", "hf", "as_released")
-"""``[optimizer] decay_groups`` values."""
-
-
 @dataclass
 class OptimizerInputs(BuilderInputs):
-    decay_groups: str = "all"
+    decay_groups: Literal["all", "hf", "as_released"] = "all"
     """all | hf | as_released: weight decay on every parameter; none on biases and norm weights (the
     Hugging Face Trainer's grouping, Trainer.get_decay_parameter_names, which the authors' scripts train
     with); or hf's, but under active forgetting none only on LayerNorm weights and biases (their
     active-forgetting optimizer, which decays RMSNorm weights)."""
 
 
-LR_FORMS = ("torchtitan", "as_released")
-"""``[lr_scheduler] form`` values."""
-
-
 @dataclass
 class LRSchedulerInputs(BuilderInputs):
-    form: str = "torchtitan"
+    form: Literal["torchtitan", "as_released"] = "torchtitan"
     """torchtitan | as_released: TorchTitan's warm-up ((s+1)/W at step s), or transformers'
     get_cosine_schedule_with_warmup (s/W: the first step at lr 0), the authors' schedule; under
     active forgetting with W = ⌊0.2·T⌋, as their ActiveForgettingLRScheduler."""

@@ -57,6 +57,8 @@ def check_toml_types(config_cls: type, values: dict[str, Any], source: str, pref
                 raise ConfigError(f"{name}: expected a [{name}] table, got {value!r} (in {source})")
             check_toml_types(annotation, value, source, prefix=f"{name}.")
         elif not _matches(value, annotation):
+            if typing.get_origin(annotation) is Literal:
+                raise ConfigError(f"{name}: {value!r} is not one of {typing.get_args(annotation)} (in {source})")
             expected = getattr(annotation, "__name__", str(annotation))
             raise ConfigError(f"{name}: expected {expected}, got {value!r} (in {source})")
 

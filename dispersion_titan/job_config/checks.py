@@ -15,15 +15,10 @@ import os
 import typing
 from typing import TYPE_CHECKING, Any
 
-from ..config.schema import DECAY_GROUPS, LOSS_SCALES, LR_FORMS, METHOD_SETTINGS
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import (
     CONFIG_RANGES,
-    CONFIG_VARIANTS,
-    FORMS,
-    KERNELS,
-    POINTS,
     precision_error,
     range_error,
     resolve_layers,
@@ -76,21 +71,13 @@ def check_finite(config: RunConfig) -> None:
 
 def check_dispersion(config: RunConfig, n_layers: int) -> None:
     d = config.dispersion
-    if d.variant not in CONFIG_VARIANTS:
-        raise ConfigError(f"dispersion.variant: {d.variant!r} is not one of {CONFIG_VARIANTS}")
     for name in CONFIG_RANGES:
         problem = range_error(name, getattr(d, name), CONFIG_RANGES)
         if problem:
             raise ConfigError(f"dispersion.{name}: {problem}")
-    if d.kernel not in KERNELS:
-        raise ConfigError(f"dispersion.kernel: {d.kernel!r} is not one of {KERNELS}")
     problem = precision_error(d.variant, d.precision)
     if problem:
         raise ConfigError(f"dispersion.precision: {problem}")
-    if d.form not in FORMS:
-        raise ConfigError(f"dispersion.form: {d.form!r} is not one of {FORMS}")
-    if d.points not in POINTS:
-        raise ConfigError(f"dispersion.points: {d.points!r} is not one of {POINTS}")
     if d.kernel == "triton" and d.variant != "none" and not _triton_device_here():
         raise ConfigError(
             "dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
@@ -417,8 +404,6 @@ def check_metrics(config: RunConfig) -> None:
 
 def check_baseline(config: RunConfig) -> None:
     b = config.baseline
-    if b.method not in METHOD_SETTINGS:
-        raise ConfigError(f"baseline.method: {b.method!r} is not one of {tuple(METHOD_SETTINGS)}")
     if not (math.isfinite(b.noise_alpha) and b.noise_alpha >= 0):
         raise ConfigError(f"baseline.noise_alpha: must be a finite number >= 0, got {b.noise_alpha}")
     if b.forget_every < 1:
@@ -442,23 +427,17 @@ def check_baseline(config: RunConfig) -> None:
 
 def check_optimizer(config: RunConfig) -> None:
     o = config.optimizer
-    if o.decay_groups not in DECAY_GROUPS:
-        raise ConfigError(f"optimizer.decay_groups: {o.decay_groups!r} is not one of {DECAY_GROUPS}")
     if o.decay_groups != "all" and o.early_step_in_backward:  # one optimizer per parameter: no groups to split
         raise ConfigError(
             f"optimizer.early_step_in_backward: not supported with optimizer.decay_groups = {o.decay_groups!r}"
         )
     lr = config.lr_scheduler
-    if lr.form not in LR_FORMS:
-        raise ConfigError(f"lr_scheduler.form: {lr.form!r} is not one of {LR_FORMS}")
     if lr.form == "as_released" and (lr.decay_type != "cosine" or lr.decay_ratio is not None):
         raise ConfigError(
             f"lr_scheduler.form: 'as_released' is transformers' cosine schedule, decaying over every "
             f"step after the warm-up; set decay_type = 'cosine' (not {lr.decay_type!r}) and leave "
             "decay_ratio unset"
         )
-    if config.training.loss_scale not in LOSS_SCALES:
-        raise ConfigError(f"training.loss_scale: {config.training.loss_scale!r} is not one of {LOSS_SCALES}")
 
 
 def carry_baseline(config: RunConfig) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 from typing import TYPE_CHECKING
 
 from torchtitan.protocols.train_spec import get_train_spec
@@ -47,6 +48,19 @@ def _first_message(boxed: str) -> str:
     return " ".join(body) or "invalid command-line arguments"
 
 
+_CHOICE = re.compile(r"invalid choice (.*) for argument '--([\w-]+)\.([\w-]+)'\. Expected one of (\(.*\))")
+
+
+def _choice_message(message: str) -> str:
+    """tyro's refusal of a ``Literal`` value, said as the TOML check says it: the key as typed in a
+    config (``optimizer.decay_groups``, where tyro writes ``--optimizer.decay-groups``) and its choices."""
+    match = _CHOICE.search(message)
+    if match is None:
+        return message
+    value, section, key, choices = match.groups()
+    return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value} is not one of {choices}"
+
+
 def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections, once per launch, on
     ``toml`` (the file ``--job.config_file`` names, read once by the caller): its types checked
@@ -57,7 +71,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
             job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
-        raise ArgumentError(_first_message(captured.getvalue())) from e
+        raise ArgumentError(_choice_message(_first_message(captured.getvalue()))) from e
     if not names_model(args, toml):
         source = config_file(args) or "no --job.config_file given"
         raise ConfigError(

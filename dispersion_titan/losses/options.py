@@ -1,22 +1,13 @@
-"""The dispersion options' one definition: variant names, kernels, value ranges and block
-selection, on top of what the loss itself defines (its variants, kernels and parameter
-ranges). ``job_config.checks`` applies them to a job config and the trainer resolves
-``layers`` with them, so a new variant or range changes only the loss and this file.
+"""The dispersion options' value ranges and block selection, on top of what the loss itself
+defines (its variants, kernels and parameter ranges; ``config/schema.py`` types the choices).
+``job_config.checks`` applies them to a job config and the trainer resolves ``layers`` with them.
 """
 
 from __future__ import annotations
 
-from .variants import FORMS, KERNELS, PRECISIONS, RANGES, VARIANTS, precision_error, range_error
-
-CONFIG_VARIANTS = ("none", *VARIANTS)
-"""``dispersion.variant`` values: ``none`` (cross-entropy only) or a loss variant."""
+from .variants import FORMS, KERNELS, PRECISIONS, RANGES, precision_error, range_error
 
 LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
-
-POINTS = ("blocks", "hidden_states")
-"""``dispersion.points``: where the n dispersion points sit. ``blocks``: every block's raw output
-(the authors' TorchTitan fork); ``hidden_states``: blocks 1..n-1 and the final norm's output,
-transformers' ``hidden_states[1:]`` (the authors' Hugging Face scripts). ``layers`` indexes them."""
 
 CONFIG_RANGES = {
     "coeff": (lambda v: v >= 0, ">= 0"),
@@ -27,11 +18,9 @@ CONFIG_RANGES = {
 
 __all__ = [
     "CONFIG_RANGES",
-    "CONFIG_VARIANTS",
     "FORMS",
     "KERNELS",
     "LAYER_KEYWORDS",
-    "POINTS",
     "PRECISIONS",
     "precision_error",
     "range_error",
