@@ -179,31 +179,6 @@ def _draw_argv(argv: list[str], plan, options: dict) -> list[str]:
     return [*kept, "--out", options["out"], "--draw-only"]
 
 
-def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
-    """The last ``--option=N`` among ``--sbatch-arg`` values (sbatch's own rule: the last wins)."""
-    counts = [arg.partition("=")[2] for arg in sbatch_args if arg.startswith(f"{option}=")]
-    return int(counts[-1]) if counts and counts[-1].isdigit() else default
-
-
-def _training_layouts(plan, sbatch_args: list[str]) -> list[str]:
-    """What each training job trains on the GPUs ``train.sbatch`` gets (8 a node unless the
-    ``--sbatch-arg`` values say otherwise): a paper config's ``[released]`` layout for that count."""
-    from dispersion_titan.job_config import released
-    from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
-    from dispersion_titan.reproduce.sweep import SBATCH_GPUS_PER_NODE
-
-    gpus = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE) * _sbatch_count(
-        sbatch_args, "--nodes", 1
-    )
-    notes = []
-    for step in (step for step in plan.steps if step.command == "train"):
-        setup_torchtitan()
-        config = validated_args(plan_args(step.argv[0], overrides=tuple(step.argv[1:])), gpus)
-        if released.is_on(config):
-            notes.append(f"{plan.artifact}: {step.label}: {released.summary(config)}")
-    return notes
-
-
 def run_paper(argv: list[str]) -> int:
     a = paper_parser().parse_args(argv)
     if a.list:
@@ -232,7 +207,7 @@ def run_paper(argv: list[str]) -> int:
             file=sys.stderr,
         )
     if a.slurm and not a.draw_only:
-        plan.notes += _training_layouts(plan, a.sbatch_args)
+        plan.notes += slurm.training_layouts(plan, a.sbatch_args)
     for note in plan.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:

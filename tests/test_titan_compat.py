@@ -110,15 +110,6 @@ def test_cpu_shim_rebinds_the_device_and_the_memory_monitor():
     assert monitor.get_peak_stats().max_reserved_gib > 0
 
 
-def test_sac_save_list_extends_llama3s_with_addmm():
-    """Touch ``SAC_SAVE_LIST``: llama3's private ``_op_sac_save_list``."""
-    from torchtitan.models.llama3.infra import parallelize
-
-    stock = parallelize._op_sac_save_list
-    assert torch.ops.aten.mm.default in stock
-    assert titan_compat.SAC_SAVE_LIST == set(stock) | {torch.ops.aten.addmm.default}
-
-
 @pytest.mark.parametrize("family", ["qwen3", "llama3"])
 def test_without_data_parallel_leaves_data_parallelism_to_the_caller(family):
     """Touch ``without_data_parallel``: TorchTitan's parallelize functions gate FSDP and DDP

@@ -9,7 +9,6 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
   checks and TorchTitan's parse must see the same bytes, read once).
 - ``use_cpu``: the module-level ``device_type`` / ``device_module`` bindings and the
   memory monitor's default device, which assume CUDA.
-- ``SAC_SAVE_LIST``: llama3's private per-op activation-checkpointing save list.
 - ``without_data_parallel``: TorchTitan's parallelize functions (qwen3's, llama3's) apply
   FSDP exactly when ``parallel_dims.fsdp_enabled`` and DDP when ``dp_replicate_enabled``;
   it exists because their FSDP shards a tied Qwen3's embeddings and head apart.
@@ -168,20 +167,6 @@ def apply() -> None:
 def backend_needs_sum_reduction() -> bool:
     """gloo has no PREMUL_SUM, which FSDP2 uses for its reduce-scatter."""
     return torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
-
-
-# ------------------------------------------------------------------------ activation checkpointing
-
-
-def _sac_save_list() -> set:
-    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
-
-    # Linear layers with a bias (all of GPT-2's) run as addmm: without it every matmul
-    # would be recomputed under selective_ac_option = "op".
-    return set(_op_sac_save_list) | {torch.ops.aten.addmm.default}
-
-
-SAC_SAVE_LIST = _sac_save_list()
 
 
 # ------------------------------------------------------------------------ data parallelism

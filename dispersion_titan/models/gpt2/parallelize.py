@@ -9,6 +9,7 @@ embeddings, final norm and head in the root FSDP unit (``models.fsdp``).
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -25,9 +26,21 @@ from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.llama3.infra.parallelize import apply_compile, apply_ddp
 from torchtitan.tools.logging import logger
 
-from ...components import titan_compat
 from ..fsdp import shard_keeping_the_tie, sum_gradients
 from .model import GPT2
+
+SAC_SAVE_LIST = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten.addmm.default,  # Linear layers with a bias (all of GPT-2's); else every matmul is recomputed
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+    torch.ops.aten._scaled_dot_product_attention_math.default,  # CPU's attention
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    torch.ops.aten.max.default,
+}
+"""What ``selective_ac_option = "op"`` keeps: the matmuls, attention and the reduce-scatters, as TorchTitan's
+own models keep them, and ``addmm``."""
 
 
 def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobConfig) -> nn.Module:
@@ -44,7 +57,7 @@ def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobCo
             model,
             job_config.activation_checkpoint,
             model_compile_enabled=compile_model,
-            op_sac_save_list=titan_compat.SAC_SAVE_LIST,
+            op_sac_save_list=SAC_SAVE_LIST,
             base_folder=job_config.job.dump_folder,
         )
     if compile_model:

@@ -9,8 +9,12 @@ import os
 import shlex
 import subprocess
 
+from ...config.cli import load_toml, with_config_module
+from ...job_config import released
+from ...job_config.parse import setup_torchtitan, validated_args
 from ...utils.errors import SweepError
 from ..slurm_scripts import python_line, sbatch_script, submission_env
+from ..sweep import SBATCH_GPUS_PER_NODE
 from . import catalog
 from .plan import PaperPlan
 
@@ -55,6 +59,28 @@ def _spread(size_b: float | None, argv: list[str]) -> tuple[list[str], list[str]
     if gpus == 1:
         return [], argv
     return [f"--gpus={gpus}"], argv if "--device-map" in argv else [*argv, "--device-map", "auto"]
+
+
+def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
+    """The last ``--option=N`` among ``--sbatch-arg`` values (sbatch's own rule: the last wins)."""
+    counts = [arg.partition("=")[2] for arg in sbatch_args if arg.startswith(f"{option}=")]
+    return int(counts[-1]) if counts and counts[-1].isdigit() else default
+
+
+def training_layouts(plan: PaperPlan, sbatch_args: list[str]) -> list[str]:
+    """What each training job trains on the GPUs ``train.sbatch`` gets (8 a node unless the
+    ``--sbatch-arg`` values say otherwise): a paper config's ``[released]`` layout for that count."""
+    gpus = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE) * _sbatch_count(
+        sbatch_args, "--nodes", 1
+    )
+    notes = []
+    for step in (step for step in plan.steps if step.command == "train"):
+        setup_torchtitan()
+        args = ["--job.config_file", *step.argv]
+        config = validated_args(with_config_module(args, load_toml(args)), gpus)
+        if released.is_on(config):
+            notes.append(f"{plan.artifact}: {step.label}: {released.summary(config)}")
+    return notes
 
 
 def _with_dependency(argv: list[str], ids: list[str]) -> list[str]:
