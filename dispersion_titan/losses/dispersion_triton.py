@@ -2,27 +2,33 @@
 
 The loss is a function of each sequence's Gram matrix g = U U^T; its gradient is
 dU = W U with W = dL/dg symmetric. The floor is the Gram triangle forward (N²d), its
-recompute backward (N²d) and W U (2N²d). Four kernels, in the style of flash attention:
+recompute backward (N²d) and W U (2N²d). In the style of flash attention:
 
 - ``_rows_kernel`` (forward, and again backward: recomputed, not saved): one program per
-  token: u = z / |z| (centred over features for decorrelation; for l2_repel the sequence's
-  mean token subtracted, which leaves distances unchanged and keeps low-precision
-  products safe), cast to the product dtype, with the per-token scalars the epilogue needs;
-- ``_pairs_forward_kernel``: one program per upper-triangle tile pair (ti <= tj) of a
-  sequence: the Gram tile by ``tl.dot``, the variant's term in registers, one partial
-  (max, sum exp) or sum per tile, combined by torch (online log-sum-exp, no atomics);
-- ``_pairs_backward_kernel``: the same tiles recomputed once; W written once per tile pair
-  into a [B, N, N] buffer (the tile and its transpose), plus per-token partials of the
-  radial term r_i = sum_j W_ij g_ij (sum_j W_ij for l2_repel), one slot per tile: no atomics;
-- ``_dz_kernel``: dU = W U in one pass, whose epilogue is the backward through the rows
-  (the radial projection, 1/|z|, the loss's scale, the cast to the hidden states' dtype).
+  token: u = z / |z| (centred over features for decorrelation; for l2_repel and
+  perplexity_entropy the sequence's mean token subtracted, which leaves distances unchanged
+  and keeps low-precision products safe), stored as the products read it (bf16, bf16 hi and
+  lo parts, or fp32), with the per-token scalars the rest needs;
+- ``_pairs_forward_kernel``: a persistent grid over every sequence's upper-triangle tile
+  pairs (ti <= tj): the Gram tile from TMA loads by ``tl.dot``, the variant's term in two
+  column halves (fewer live registers), one partial (max, sum exp) or sum per tile pair,
+  combined by torch (online log-sum-exp, no atomics);
+- ``_pairs_backward_kernel``: the same tiles recomputed; W stored by TMA once per tile pair
+  (the tile and its transpose) into a [sequences, N, N] buffer, plus per-token partials of
+  the radial term r_i = sum_j W_ij g_ij (sum_j W_ij for raw rows), one slot per tile: no atomics;
+- dU = W U by cuBLAS (``torch.bmm`` with an fp32 result: bf16 operands, three products for
+  hi and lo parts), then ``_radial_kernel``: per token, the backward through the rows (the
+  radial projection, 1/|z|, the loss's scale, the cast to the hidden states' dtype).
 
-Under ``TRITON_INTERPRET=1`` (CPU) the same kernels run in Triton's interpreter, with bf16
-products emulated exactly in fp32 (its own bf16 casts and dots are not IEEE).
+perplexity_entropy's forward writes the triangle's logits (``_pair_logits_kernel``) for the
+per-row sweeps of ``_row_entropy_kernel``. Under ``TRITON_INTERPRET=1`` (CPU) the same kernels
+run in Triton's interpreter, with bf16 products emulated exactly in fp32 (its own bf16 casts and
+dots are not IEEE), and W U in fp32 torch products of the bf16 values.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -32,6 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from triton import knobs
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from dispersion_titan.losses.variants import NORM_EPS, PRECISIONS, OnlineLogSumExp, PairHyper, VariantSpec
 
@@ -52,68 +59,63 @@ _LN2 = tl.constexpr(math.log(2.0))
 class TileConfig(NamedTuple):
     """Fixed tiles for every kernel (the interpreter's, or a test's): no autotune."""
 
-    block: int  # pair tiles are block x block; rows of dU per program of the W U pass
-    block_k: int  # features per Gram step; tokens per step of W U
-    block_d: int  # features of dU per program of the W U pass
+    block: int  # pair tiles are block x block
+    block_k: int  # features per Gram step
+    slices: int  # the epilogue's column slices per tile (1, 2 or 4)
     num_warps: int
 
 
-def pair_block(n: int) -> int:
-    """The GPU's square pair tile: 64. Compiled for sm_90 as a launch specialises it (pointers and
-    sizes divisible by 16), the 128 x 128 backward spills registers in its elementwise math at 8 warps
-    (angular_spread, orthogonalization: 0.4-0.5 KB; perplexity_entropy: 5 KB), while every 64 x 64
-    build stays within 45-180 registers, spill-free (tests/test_dispersion_kernel.py, docs/benchmarks.md).
+# The GPU's square pair tile: 128 x 128 (64 FLOP per byte loaded, twice 64 x 64's), its epilogue
+# in GPU_SLICES column slices so that the arccos and exp math does not spill (compiled for sm_90 as
+# a launch binds it in tests/test_dispersion_kernel.py). One size for the forward and backward:
+# the triangle's indexing and the radial slots depend on it.
+GPU_BLOCK = 128
+GPU_SLICES = 4
+# exact's fp32 products of raw rows run on the CUDA cores, whose 128 x 128 accumulator spills: 64 x 64.
+IEEE_BLOCK = 64
+# A Gram step loads 128 bytes of each row and part (64 bf16 or 32 fp32 features; bf16x3's hi and lo:
+# 32 each): one TMA box of the 128-byte swizzle that wgmma reads without bank conflicts.
+STEP_BYTES = 128
+# Persistent programs per multiprocessor: two, so that one's epilogue can overlap the other's
+# products where registers and shared memory let two stay resident.
+PROGRAMS_PER_SM = 2
 
-    One size for the forward and backward pair kernels, chosen here rather than by
-    autotune: the triangle's indexing and the radial slots depend on it.
-    """
-    return 64
+# What autotune tries on a GPU, per (N, d, variant, products): (num_warps, num_stages) of the pair
+# kernels. Every configuration is compiled for sm_90 as a launch builds it in
+# tests/test_dispersion_kernel.py, which asserts no register spills, wgmma fed by TMA and shared
+# memory within the limit: 4 stages spill perplexity_entropy's backward, and a 128-register cap (two
+# programs per multiprocessor) spills three backwards. No warp specialisation: Triton 3.6 and 3.9
+# build no partitions for sm_90 from tl.range(warp_specialize=True), not even for a plain matmul.
+PAIR_CONFIGS = ((8, 3), (8, 2))
+# Token rows per program of the per-token kernels (rows, radial): memory-bound on a GPU, and the
+# interpreter's cost is per program.
+ROWS_PER_PROGRAM = 16 if INTERPRETED else 2
 
-
-# What autotune tries on a GPU, per (N, d): K steps, warps and stages of the pair kernels, and the
-# W U pass's tiles. Every configuration is compiled for sm_90 as a launch builds it in
-# tests/test_dispersion_kernel.py, which asserts no register spills, wgmma fed by async copies
-# (cp.async) and shared memory within the limit (32-96 KiB here).
-PAIR_CONFIGS = (  # (BLOCK_K, num_warps, num_stages); at 4 warps perplexity_entropy's backward spills
-    (64, 8, 3),
-    (32, 8, 4),
-    (64, 8, 2),
-)
-DZ_CONFIGS = (  # (BLOCK, BLOCK_K, BLOCK_D, num_warps, num_stages); 128 x 128 outputs spill at 4 warps
-    (128, 64, 64, 8, 3),
-    (64, 64, 64, 4, 3),
-    (64, 64, 128, 8, 3),
-)
 # Under the interpreter each tl op costs about the same whatever its size: small tiles
 # exercise the masking of partial tiles at test sizes.
-INTERPRETER_TILES = TileConfig(16, 32, 32, 1)
+INTERPRETER_TILES = TileConfig(16, 32, 2, 1)
 
 
 class _Products(NamedTuple):
-    """How one precision setting computes: storage of U and W, and the tl.dot input precisions."""
+    """How one precision setting computes: storage of U, the pair products, and W."""
 
-    store_bf16: bool
-    dot: str  # "bf16" (bf16 operands), or tl.dot's input_precision for fp32 operands
-    dz_dot: str = ""  # the W U pass's, when it differs from the pair passes'
-
-    @property
-    def wu_dot(self) -> str:
-        return self.dz_dot or self.dot
+    rows: str  # U stored as "bf16", "split" (bf16 hi and lo parts, hi + lo = U to 16 bits) or "fp32"
+    dot: str  # the pair products: "bf16", "bf16x3" (lo.hi + hi.lo + hi.hi of the stored parts), "tf32", "ieee"
+    split_weights: bool  # W stored as bf16 hi and lo parts and W U as four bf16 products, else one
 
 
 def products(precision: str, spec: VariantSpec) -> _Products:
     """The storage and product precision of a PRECISIONS setting for a variant."""
     if precision == "auto" and spec.row_entropy:
         # Each row's softmax at sigma^2 = tau is sharp: bf16 rows put errors of ~0.5 into its
-        # logits at d 64 (15% in the gradient, as tests/test_dispersion_kernel.py's cases showed),
-        # so its logits are split-precision tf32 products on the tensor cores (tf32x3: about
-        # fp32's accuracy, where ieee fp32 ran on CUDA cores); W U in tf32.
-        return _Products(False, "tf32x3", "tf32")
+        # logits at d 64 (15% in the gradient), so its Gram products are bf16x3 on the rows
+        # centred on their sequence's mean token (about 16 bits of each row); W and W U in bf16.
+        return _Products("split", "bf16x3", False)
     if precision in ("auto", "bf16"):
-        return _Products(True, "bf16")
+        return _Products("bf16", "bf16", False)
     if precision == "tf32":
-        return _Products(False, "tf32")
-    return _Products(False, "ieee" if spec.rows == "raw" else "bf16x3")
+        return _Products("fp32", "tf32", True)
+    return _Products("fp32", "ieee", True) if spec.rows == "raw" else _Products("split", "bf16x3", True)
 
 
 # ----------------------------------------------------------------------------- shared device code
@@ -125,10 +127,9 @@ def _arccos(x):
 
     arccos(|x|) = sqrt(1 - |x|) * P7(|x|), |error| <= 2e-8 in exact arithmetic; in
     fp32 the max abs error against float64 arccos is below 5e-7 on [-1, 1]
-    (tests/test_dispersion_kernel.py measures it on a dense grid). P7(0) is pi/2
-    rounded like torch's arccos(0), so a zero vector's pairs get D = 1/2 exactly, as in
-    the torch paths: orthogonalization's hinge relu(1/2 - D) has its kink there, and
-    the normalisation guard scales that row's gradient by 1e6.
+    (tests/test_dispersion_kernel.py measures it on a dense grid). The square root is the
+    GPU's approximate one (its argument is at least the clamp); P7(0) is pi/2 rounded like
+    torch's arccos(0).
     """
     a = tl.abs(x)
     p = -0.0012624911
@@ -139,7 +140,7 @@ def _arccos(x):
     p = p * a + 0.0889789874
     p = p * a - 0.2145988016
     p = p * a + _HALF_PI
-    r = tl.sqrt_rn(1.0 - a) * p
+    r = tl.sqrt(1.0 - a) * p
     return tl.where(x < 0, _PI - r, r)
 
 
@@ -153,15 +154,6 @@ def _bf16_in_fp32(x):
 
 
 @triton.jit
-def _tf32_in_fp32(x):
-    """x rounded to tf32 (10 mantissa bits, to nearest, ties away from zero), kept as fp32:
-    the operand split of tl.dot's "tf32x3" on NVIDIA GPUs (cvt.rna.tf32.f32)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x1000) & 0xFFFFE000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _tf32_truncated(x):
     """x as the tensor cores read an fp32 operand of a plain "tf32" product: its 13 low mantissa bits
     dropped (truncated toward zero, not rounded: tl.dot's documentation warns of the bias), kept as fp32."""
@@ -170,45 +162,28 @@ def _tf32_truncated(x):
 
 
 @triton.jit
-def _stored(x, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr):
-    """fp32 x as it is stored: rounded to bf16 (to nearest even) or unchanged."""
-    y = x
-    if STORE_BF16:
-        if INTERPRET:
-            y = _bf16_in_fp32(x).to(tl.bfloat16)
-        else:
-            y = x.to(tl.bfloat16)
-    return y
+def _bf16(x, INTERPRET: tl.constexpr):
+    """fp32 x rounded to bf16 (to nearest even)."""
+    if INTERPRET:
+        return _bf16_in_fp32(x).to(tl.bfloat16)
+    return x.to(tl.bfloat16)
 
 
 @triton.jit
 def _dot(a, b, acc, DOT: tl.constexpr, INTERPRET: tl.constexpr):
     """acc + a @ b with fp32 accumulation: bf16 operands for DOT "bf16", else fp32 operands
-    multiplied in tl.dot's input precision DOT ("tf32", "tf32x3", "bf16x3", "ieee").
+    multiplied in tl.dot's input precision DOT ("tf32", "ieee").
 
-    The interpreter multiplies in fp32: exactly the bf16 products for stored bf16
-    operands; bf16x3 and tf32x3 emulated as the GPU splits them (hi.hi + hi.lo + lo.hi);
+    The interpreter multiplies in fp32: exactly the bf16 products for stored bf16 operands;
     tf32 with its operands truncated to tf32, as the GPU's tensor cores read them.
     """
     if INTERPRET:
         a = a.to(tl.float32)
         b = b.to(tl.float32)
-        if DOT == "tf32x3":
-            a_hi = _tf32_in_fp32(a)
-            b_hi = _tf32_in_fp32(b)
-            acc = tl.dot(_tf32_in_fp32(a - a_hi), b_hi, acc, input_precision="ieee")
-            acc = tl.dot(a_hi, _tf32_in_fp32(b - b_hi), acc, input_precision="ieee")
-            acc = tl.dot(a_hi, b_hi, acc, input_precision="ieee")
-        elif DOT == "bf16x3":
-            a_hi = _bf16_in_fp32(a)
-            b_hi = _bf16_in_fp32(b)
-            acc = tl.dot(a_hi, b_hi, acc, input_precision="ieee")
-            acc = tl.dot(a_hi, _bf16_in_fp32(b - b_hi), acc, input_precision="ieee")
-            acc = tl.dot(_bf16_in_fp32(a - a_hi), b_hi, acc, input_precision="ieee")
-        elif DOT == "tf32":
-            acc = tl.dot(_tf32_truncated(a), _tf32_truncated(b), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc, input_precision="ieee")
+        if DOT == "tf32":
+            a = _tf32_truncated(a)
+            b = _tf32_truncated(b)
+        acc = tl.dot(a, b, acc, input_precision="ieee")
     elif DOT == "bf16":
         acc = tl.dot(a, b, acc)
     else:
@@ -217,34 +192,65 @@ def _dot(a, b, acc, DOT: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _tile_pair(tiles):
-    """The program's upper-triangle tile pair (ti, tj), ti <= tj, of ``tiles`` row tiles.
-
-    Programs run row tile 0's pairs first (the longest row); q counts them in reverse.
-    """
-    total = tiles * (tiles + 1) // 2
-    q = total - 1 - tl.program_id(0)
-    k = ((tl.sqrt_rn((8 * q + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+def _work_item(item, pairs, tiles):
+    """Work item -> (sequence, ti, tj), ti <= tj: each sequence's tile pairs in turn, row tile 0's first."""
+    b = item // pairs
+    q = pairs - 1 - item % pairs  # counts the sequence's pairs in reverse
+    k = ((tl.sqrt((8 * q + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
     k = tl.where((k + 1) * (k + 2) // 2 <= q, k + 1, k)  # the float root may be one off
     k = tl.where(k * (k + 1) // 2 > q, k - 1, k)
     ti = tiles - 1 - k
-    tj = ti + (q - k * (k + 1) // 2)
-    return ti, tj
+    return b, ti, ti + (q - k * (k + 1) // 2)
 
 
 @triton.jit
-def _gram_tile(u_seq, rows, cols, n, d, DOT: tl.constexpr, INTERPRET: tl.constexpr,
-               BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """g = u_rows . u_cols^T [BLOCK, BLOCK] of one sequence (u_seq: its first row); rows >= n give 0."""
-    ks = tl.arange(0, BLOCK_K)
-    a_ptrs = u_seq + rows[:, None] * d + ks[None, :]
-    b_ptrs = u_seq + cols[None, :] * d + ks[:, None]  # u_cols^T, [BLOCK_K, BLOCK]
+def _gram_tile(u_desc, b, r0, c0, d, DOT: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
+               BLOCK_K: tl.constexpr):  # fmt: skip
+    """g = u_rows . u_cols^T [BLOCK, BLOCK] of sequence b, rows from r0 and columns from c0; TMA
+    fills rows >= n and features >= d with 0. u_desc: [parts, sequences, N, d], bf16x3's hi and lo."""
     g = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
     for k0 in range(0, d, BLOCK_K):
-        a = tl.load(a_ptrs + k0, mask=(rows[:, None] < n) & (ks[None, :] < d - k0), other=0.0)
-        b = tl.load(b_ptrs + k0, mask=(cols[None, :] < n) & (ks[:, None] < d - k0), other=0.0)
-        g = _dot(a, b, g, DOT, INTERPRET)
+        a = u_desc.load([0, b, r0, k0]).reshape(BLOCK, BLOCK_K)
+        c = tl.trans(u_desc.load([0, b, c0, k0]).reshape(BLOCK, BLOCK_K))
+        if DOT == "bf16x3":  # the small products first
+            a_lo = u_desc.load([1, b, r0, k0]).reshape(BLOCK, BLOCK_K)
+            c_lo = tl.trans(u_desc.load([1, b, c0, k0]).reshape(BLOCK, BLOCK_K))
+            g = _dot(a_lo, c, g, "bf16", INTERPRET)
+            g = _dot(a, c_lo, g, "bf16", INTERPRET)
+            g = _dot(a, c, g, "bf16", INTERPRET)
+        else:
+            g = _dot(a, c, g, DOT, INTERPRET)
     return g
+
+
+@triton.jit
+def _halves(x, ROWS: tl.constexpr, HALF: tl.constexpr):
+    """x's left and right column halves."""
+    return tl.split(tl.permute(tl.reshape(x, (ROWS, 2, HALF)), (0, 2, 1)))
+
+
+@triton.jit
+def _column_slices(x, ROWS: tl.constexpr, COLS: tl.constexpr, SLICES: tl.constexpr):
+    """x [ROWS, COLS] as SLICES (1, 2 or 4) column slices, left to right: the epilogue runs on one at a time."""
+    slices = (x,)
+    if SLICES == 2:
+        slices = _halves(x, ROWS, COLS // 2)
+    elif SLICES == 4:
+        left, right = _halves(x, ROWS, COLS // 2)
+        slices = _halves(left, ROWS, COLS // 4) + _halves(right, ROWS, COLS // 4)
+    return slices
+
+
+@triton.jit
+def _clamped(g, clamp):
+    return tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
+
+
+@triton.jit
+def _hinge(c, angle):
+    """orthogonalization's relu(1/2 - D) = relu(arcsin(c)) / pi: exactly 0 for c <= 0, so that a zero
+    vector's pairs (c = 0, the hinge's kink) give 0 as in torch, whatever the rounding of the root."""
+    return tl.where(c > 0, (_HALF_PI - angle) * _INV_PI, 0.0)
 
 
 @triton.jit
@@ -252,20 +258,19 @@ def _pair_term(g, sq_sum, neg_inv_tau, clamp, VARIANT: tl.constexpr, ROWS: tl.co
     """The pair's term t(g), as dispersion.py's ``_<variant>_term_`` (logits for log-sum-exp variants);
     for raw rows (the spec's ``rows``) the distance logit -D / tau, D = sq_sum - 2 g.
 
-    Products by constants, never divisions: Triton's fp32 division is approximate, and a
-    zero vector's angle pi/2 must give orthogonalization's hinge exactly 0, as in torch.
+    Products by constants, never divisions: Triton's fp32 division is approximate.
     """
     if VARIANT == "decorrelation":
         t = g * g
     elif ROWS == "raw":
         t = (sq_sum - 2.0 * g) * neg_inv_tau
     else:
-        c = tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
+        c = _clamped(g, clamp)
         angle = _arccos(c)
         if VARIANT == "angular_spread":
             t = angle * (_INV_PI * neg_inv_tau)
         else:
-            h = tl.maximum((_HALF_PI - angle) * _INV_PI, 0.0)
+            h = _hinge(c, angle)
             t = h * h
     return t
 
@@ -277,6 +282,8 @@ def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VAR
 
     pair_scale = 4 / pairs. Invalid logits are masked before exp: the diagonal and the
     padding of l2_repel have logits far above the maximum m, whose exp would overflow.
+    The arccos slope 1 / (pi sqrt(1 - c^2)) is an approximate reciprocal root: the clamp keeps
+    1 - c^2 >= clamp (2 - clamp).
     """
     if VARIANT == "decorrelation":
         w = g * pair_scale
@@ -284,13 +291,13 @@ def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VAR
         t = tl.where(valid, _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT, ROWS), -float("inf"))
         w = tl.exp((t - m) - log_s) * (-4.0 * neg_inv_tau)
     else:
-        c = tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
+        c = _clamped(g, clamp)
         angle = _arccos(c)
-        slope = tl.div_rn(_INV_PI, tl.sqrt_rn(1.0 - c * c))  # -dD/dc at the clamped c: straight-through
+        slope = tl.rsqrt(1.0 - c * c) * _INV_PI  # -dD/dc at the clamped c: straight-through
         if VARIANT == "angular_spread":
             w = tl.exp((angle * (_INV_PI * neg_inv_tau) - m) - log_s) * slope * (-2.0 * neg_inv_tau)
         else:
-            w = tl.maximum((_HALF_PI - angle) * _INV_PI, 0.0) * slope * pair_scale
+            w = _hinge(c, angle) * slope * pair_scale
     return tl.where(valid, w, 0.0)
 
 
@@ -299,7 +306,7 @@ def _entropy_terms(p, eps):
     """perplexity_entropy's f(p) = p log2(p + eps) and p f'(p), 0 where p = 0 (variants.row_entropy_terms)."""
     log = tl.log2(p + eps)
     f = tl.where(p > 0, p * log, 0.0)
-    pf = tl.where(p > 0, p * (log + tl.div_rn(p, (p + eps) * _LN2)), 0.0)
+    pf = tl.where(p > 0, p * (log + p / ((p + eps) * _LN2)), 0.0)
     return f, pf
 
 
@@ -332,143 +339,207 @@ def _sq_sum(sq_seq, rows, cols, n, ROWS: tl.constexpr):
 
 @triton.jit
 def _rows_kernel(
-    z_ptr, mean_ptr, u_ptr, stat_ptr, sq_ptr, n, d, guard, unit_eps,
-    ROWS: tl.constexpr, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_D: tl.constexpr,
+    z_ptr, mean_ptr, u_ptr, stat_ptr, sq_ptr, tokens, n, d, row_stride, part_stride, guard, unit_eps,
+    ROWS: tl.constexpr, STORE: tl.constexpr, INTERPRET: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """One token row: the stored row u and two scalars.
+    """BLOCK_ROWS token rows: the stored rows u and two scalars each.
 
     unit / centred rows: u = x / stat, x = z (minus its feature mean if centred),
     stat = max(|x|, guard) + unit_eps (the released form's |z| + 1e-2 for unit rows);
     sq = |u|^2 of the stored u (for an exact projection).
     raw rows (l2_repel, perplexity_entropy): u = z - mean token of the sequence; stat = |z|^2 (the norm
     penalty); sq = |u|^2 of the stored u, so that D = sq_i + sq_j - 2 g is the distance
-    of the stored rows themselves.
+    of the stored rows themselves. STORE "split": u = hi + lo, both bf16, lo at part_stride.
     """
-    row = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     feats = tl.arange(0, BLOCK_D)
-    inside = feats < d
-    z = tl.load(z_ptr + row * d + feats, mask=inside, other=0.0).to(tl.float32)
+    inside = (row < tokens)[:, None] & (feats < d)[None, :]
+    z = tl.load(z_ptr + row[:, None] * d + feats[None, :], mask=inside, other=0.0).to(tl.float32)
     if ROWS == "raw":
-        x = z - tl.load(mean_ptr + (row // n) * d + feats, mask=inside, other=0.0)
-        stat = tl.sum(z * z)
+        x = z - tl.load(mean_ptr + (row // n)[:, None] * d + feats[None, :], mask=inside, other=0.0)
+        stat = tl.sum(z * z, axis=1)
     else:
         x = z
         if ROWS == "centred":
-            x = tl.where(inside, z - tl.sum(z) / d, 0.0)
-        stat = tl.maximum(tl.sqrt_rn(tl.sum(x * x)), guard) + unit_eps
-        x = tl.div_rn(x, stat)
-    u = _stored(x, STORE_BF16, INTERPRET)
-    tl.store(u_ptr + row * d + feats, u, mask=inside)
-    u32 = u.to(tl.float32)
-    tl.store(stat_ptr + row, stat)
-    tl.store(sq_ptr + row, tl.sum(u32 * u32))
+            x = tl.where(inside, z - (tl.sum(z, axis=1) / d)[:, None], 0.0)
+        stat = tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), guard) + unit_eps
+        x = tl.div_rn(x, stat[:, None])
+    out = u_ptr + row[:, None] * row_stride + feats[None, :]
+    if STORE == "fp32":
+        tl.store(out, x, mask=inside)
+        u32 = x
+    else:
+        hi = _bf16(x, INTERPRET)
+        tl.store(out, hi, mask=inside)
+        u32 = hi.to(tl.float32)
+        if STORE == "split":
+            lo = _bf16(x - u32, INTERPRET)
+            tl.store(out + part_stride, lo, mask=inside)
+            u32 += lo.to(tl.float32)
+    tl.store(stat_ptr + row, stat, mask=row < tokens)
+    tl.store(sq_ptr + row, tl.sum(u32 * u32, axis=1), mask=row < tokens)
+
+
+@triton.jit
+def _forward_slice(g, rows, cols, sq_seq, n, neg_inv_tau, clamp, m, s, VARIANT: tl.constexpr, ROWS: tl.constexpr,
+                  LOGSUMEXP: tl.constexpr):  # fmt: skip
+    """(m, s) updated with one column slice's pairs i < j: running max and sum exp(t - max), or the sum of t."""
+    t = _pair_term(g, _sq_sum(sq_seq, rows, cols, n, ROWS), neg_inv_tau, clamp, VARIANT, ROWS)
+    valid = (rows[:, None] < cols[None, :]) & (cols[None, :] < n)
+    if LOGSUMEXP:
+        t = tl.where(valid, t, -float("inf"))
+        m_new = tl.maximum(m, tl.max(tl.max(t, axis=1), axis=0))
+        shift = tl.where(m_new == -float("inf"), 0.0, m_new)  # a tile without pairs sums to 0
+        s = s * tl.exp(m - shift) + tl.sum(tl.sum(tl.exp(t - shift), axis=1), axis=0)
+        m = m_new
+    else:
+        s += tl.sum(tl.sum(tl.where(valid, t, 0.0), axis=1), axis=0)
+    return m, s
 
 
 @triton.jit
 def _pairs_forward_kernel(
-    u_ptr, sq_ptr, m_ptr, s_ptr, n, d, neg_inv_tau, clamp,
+    u_desc, sq_ptr, m_ptr, s_ptr, n, d, items, neg_inv_tau, clamp,
     VARIANT: tl.constexpr, ROWS: tl.constexpr, LOGSUMEXP: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, SLICES: tl.constexpr,
 ):  # fmt: skip
-    """One upper-triangle tile pair of sequence b: (max, sum exp(t - max)) or the sum of t, at [b, pair]."""
+    """Per upper-triangle tile pair (work item): (max, sum exp(t - max)) or the sum of t, at [item]."""
+    SLICE: tl.constexpr = BLOCK // SLICES
     tiles = tl.cdiv(n, BLOCK)
-    ti, tj = _tile_pair(tiles)
-    b = tl.program_id(1).to(tl.int64)
-    rows = ti * BLOCK + tl.arange(0, BLOCK)
-    cols = tj * BLOCK + tl.arange(0, BLOCK)
-    g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
-    t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, ROWS), neg_inv_tau, clamp, VARIANT, ROWS)
-    valid = (rows[:, None] < cols[None, :]) & (cols[None, :] < n)
-    out = b * tl.num_programs(0) + tl.program_id(0)
-    if LOGSUMEXP:
-        t = tl.where(valid, t, -float("inf"))
-        tile_max = tl.max(tl.max(t, axis=1), axis=0)
-        shift = tl.where(tile_max == -float("inf"), 0.0, tile_max)  # a tile without pairs sums to 0
-        tl.store(m_ptr + out, tile_max)
-        tl.store(s_ptr + out, tl.sum(tl.sum(tl.exp(t - shift), axis=1), axis=0))
+    pairs = tiles * (tiles + 1) // 2
+    for item in tl.range(tl.program_id(0), items, tl.num_programs(0), flatten=True):
+        b, ti, tj = _work_item(item, pairs, tiles)
+        rows = ti * BLOCK + tl.arange(0, BLOCK)
+        sq_seq = sq_ptr + b.to(tl.int64) * n
+        g = _column_slices(_gram_tile(u_desc, b, ti * BLOCK, tj * BLOCK, d, DOT, INTERPRET, BLOCK, BLOCK_K), BLOCK,
+                           BLOCK, SLICES)  # fmt: skip
+        m = -float("inf")
+        s = 0.0
+        for k in tl.static_range(SLICES):
+            cols = tj * BLOCK + k * SLICE + tl.arange(0, SLICE)
+            m, s = _forward_slice(g[k], rows, cols, sq_seq, n, neg_inv_tau, clamp, m, s, VARIANT, ROWS, LOGSUMEXP)
+        tl.store(s_ptr + item, s)
+        if LOGSUMEXP:
+            tl.store(m_ptr + item, m)
+
+
+@triton.jit
+def _backward_slice(
+    g, b, ti, tj, rows, c0, w_desc, wt_desc, r_ptr, sq_seq, stat_seq, m, log_s, m_r, ls_r, a_r, n, tiles,
+    neg_inv_tau, clamp, pair_scale, entropy_eps,
+    VARIANT: tl.constexpr, ROWS: tl.constexpr, ROW_ENTROPY: tl.constexpr, SPLIT_WEIGHTS: tl.constexpr,
+    INTERPRET: tl.constexpr, BLOCK: tl.constexpr, SLICE: tl.constexpr,
+):  # fmt: skip
+    """One column slice of a tile (columns c0 ...): W stored at (rows, cols) and (cols, rows), the columns' radial
+    partials at slot ti; returns the rows' partials (sum_j W_ij g_ij, or sum_j W_ij for raw rows)."""
+    cols = c0 + tl.arange(0, SLICE)
+    in_c = cols < n
+    valid = (rows[:, None] != cols[None, :]) & (rows[:, None] < n) & in_c[None, :]
+    sq_sum = _sq_sum(sq_seq, rows, cols, n, ROWS)
+    if ROW_ENTROPY:
+        w = _entropy_weight(
+            _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT, ROWS), valid, m_r, ls_r, a_r,
+            tl.load(stat_seq + cols, mask=in_c, other=0.0), tl.load(stat_seq + n + cols, mask=in_c, other=0.0),
+            tl.load(stat_seq + 2 * n + cols, mask=in_c, other=0.0), entropy_eps, pair_scale,
+        )  # fmt: skip
     else:
-        tl.store(s_ptr + out, tl.sum(tl.sum(tl.where(valid, t, 0.0), axis=1), axis=0))
+        w = _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT, ROWS)
+    r0 = ti * BLOCK
+    hi = _bf16(w, INTERPRET)
+    w_desc.store([0, b, r0, c0], hi.reshape(1, 1, BLOCK, SLICE))
+    stored = hi.to(tl.float32)  # the radial terms use W as stored, as W U will
+    if SPLIT_WEIGHTS:
+        lo = _bf16(w - stored, INTERPRET)
+        w_desc.store([1, b, r0, c0], lo.reshape(1, 1, BLOCK, SLICE))
+        stored += lo.to(tl.float32)
+    radial = stored
+    if ROWS != "raw":
+        radial = stored * g
+    if ti != tj:
+        wt_desc.store([0, b, c0, r0], tl.trans(hi).reshape(1, 1, SLICE, BLOCK))
+        if SPLIT_WEIGHTS:
+            wt_desc.store([1, b, c0, r0], tl.trans(lo).reshape(1, 1, SLICE, BLOCK))
+        tl.store(r_ptr + (b.to(tl.int64) * tiles + ti) * n + cols, tl.sum(radial, axis=0), mask=in_c)
+    return tl.sum(radial, axis=1)
 
 
 @triton.jit
 def _pairs_backward_kernel(
-    u_ptr, sq_ptr, m_ptr, log_s_ptr, a_ptr, w_ptr, r_ptr, n, d, neg_inv_tau, clamp, pair_scale, entropy_eps,
+    u_desc, w_desc, wt_desc, sq_ptr, m_ptr, log_s_ptr, stats_ptr, r_ptr, n, d, items, neg_inv_tau, clamp,
+    pair_scale, entropy_eps,
     VARIANT: tl.constexpr, ROWS: tl.constexpr, ROW_ENTROPY: tl.constexpr, LOGSUMEXP: tl.constexpr,
-    DOT: tl.constexpr, STORE_BF16: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT: tl.constexpr, SPLIT_WEIGHTS: tl.constexpr, INTERPRET: tl.constexpr, BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr, SLICES: tl.constexpr,
 ):  # fmt: skip
-    """One tile pair of sequence b recomputed: W into w[b] at (rows, cols) and (cols, rows), and
-    the tile's radial partials r[b, tj, rows] and r[b, ti, cols] (sum_j W_ij g_ij, or sum_j W_ij).
+    """Per tile pair, recomputed: W into w[:, b] at (rows, cols) and (cols, rows), and the tile's
+    radial partials r[b, tj, rows] and r[b, ti, cols].
 
-    m, log_s: per sequence [B] for the log-sum-exp variants; per token [B, N] (with a) for the
-    row-entropy ones (perplexity_entropy), whose row softmaxes ``_row_entropy_kernel`` summarised."""
+    m, log_s: per sequence [B] for the log-sum-exp variants. stats: perplexity_entropy's per-token
+    (m, log_s, a), [3, B, N], which ``_row_entropy_kernel`` summarised from its row softmaxes."""
+    SLICE: tl.constexpr = BLOCK // SLICES
     tiles = tl.cdiv(n, BLOCK)
-    ti, tj = _tile_pair(tiles)
-    b = tl.program_id(1).to(tl.int64)
-    rows = ti * BLOCK + tl.arange(0, BLOCK)
-    cols = tj * BLOCK + tl.arange(0, BLOCK)
-    m = 0.0
-    log_s = 0.0
-    if LOGSUMEXP:
-        m = tl.load(m_ptr + b)
-        log_s = tl.load(log_s_ptr + b)
-    g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
-    valid = (rows[:, None] != cols[None, :]) & (rows[:, None] < n) & (cols[None, :] < n)
-    sq_sum = _sq_sum(sq_ptr + b * n, rows, cols, n, ROWS)
-    if ROW_ENTROPY:
-        tok = b * n
+    pairs = tiles * (tiles + 1) // 2
+    for item in tl.range(tl.program_id(0), items, tl.num_programs(0), flatten=True):
+        b, ti, tj = _work_item(item, pairs, tiles)
+        rows = ti * BLOCK + tl.arange(0, BLOCK)
         in_r = rows < n
-        in_c = cols < n
-        w = _entropy_weight(
-            _pair_term(g, sq_sum, neg_inv_tau, 0.0, VARIANT, ROWS), valid,
-            tl.load(m_ptr + tok + rows, mask=in_r, other=0.0), tl.load(log_s_ptr + tok + rows, mask=in_r, other=0.0),
-            tl.load(a_ptr + tok + rows, mask=in_r, other=0.0), tl.load(m_ptr + tok + cols, mask=in_c, other=0.0),
-            tl.load(log_s_ptr + tok + cols, mask=in_c, other=0.0), tl.load(a_ptr + tok + cols, mask=in_c, other=0.0),
-            entropy_eps, pair_scale,
-        )  # fmt: skip
-    else:
-        w = _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT, ROWS)
-    w = _stored(w, STORE_BF16, INTERPRET)
-    in_tile = (rows[:, None] < n) & (cols[None, :] < n)
-    w_seq = w_ptr + b * n * n
-    tl.store(w_seq + rows[:, None] * n + cols[None, :], w, mask=in_tile)
-    w32 = w.to(tl.float32)  # the radial terms use W as stored, as W U will
-    radial = w32
-    if ROWS != "raw":
-        radial = w32 * g
-    r_seq = r_ptr + b * tiles * n
-    tl.store(r_seq + tj * n + rows, tl.sum(radial, axis=1), mask=rows < n)
-    if ti != tj:
-        tl.store(w_seq + cols[:, None] * n + rows[None, :], tl.trans(w), mask=tl.trans(in_tile))
-        tl.store(r_seq + ti * n + cols, tl.sum(radial, axis=0), mask=cols < n)
+        m = 0.0
+        log_s = 0.0
+        if LOGSUMEXP:
+            m = tl.load(m_ptr + b)
+            log_s = tl.load(log_s_ptr + b)
+        stat_seq = stats_ptr + b.to(tl.int64) * 3 * n
+        m_r = 0.0
+        ls_r = 0.0
+        a_r = 0.0
+        if ROW_ENTROPY:
+            m_r = tl.load(stat_seq + rows, mask=in_r, other=0.0)
+            ls_r = tl.load(stat_seq + n + rows, mask=in_r, other=0.0)
+            a_r = tl.load(stat_seq + 2 * n + rows, mask=in_r, other=0.0)
+        sq_seq = sq_ptr + b.to(tl.int64) * n
+        g = _column_slices(_gram_tile(u_desc, b, ti * BLOCK, tj * BLOCK, d, DOT, INTERPRET, BLOCK, BLOCK_K), BLOCK,
+                           BLOCK, SLICES)  # fmt: skip
+        r = tl.zeros((BLOCK,), dtype=tl.float32)
+        for k in tl.static_range(SLICES):
+            r += _backward_slice(g[k], b, ti, tj, rows, tj * BLOCK + k * SLICE, w_desc, wt_desc, r_ptr, sq_seq,
+                                 stat_seq, m, log_s, m_r, ls_r, a_r, n, tiles, neg_inv_tau, clamp, pair_scale,
+                                 entropy_eps, VARIANT, ROWS, ROW_ENTROPY, SPLIT_WEIGHTS, INTERPRET, BLOCK,
+                                 SLICE)  # fmt: skip
+        tl.store(r_ptr + (b.to(tl.int64) * tiles + tj) * n + rows, r, mask=in_r)
 
 
 @triton.jit
 def _pair_logits_kernel(
-    u_ptr, sq_ptr, t_ptr, n, d, neg_inv_tau,
+    u_desc, t_desc, tt_desc, sq_ptr, n, d, items, neg_inv_tau,
     VARIANT: tl.constexpr, ROWS: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, SLICES: tl.constexpr,
 ):  # fmt: skip
-    """A row-entropy variant's forward (perplexity_entropy), one upper-triangle tile pair of
-    sequence b: the logits -D / tau (diagonal -inf) into t[b] at (rows, cols) and (cols, rows),
-    for ``_row_entropy_kernel``."""
+    """A row-entropy variant's forward (perplexity_entropy), per tile pair: the logits -D / tau
+    (diagonal -inf) into t[0, b] at (rows, cols) and (cols, rows), for ``_row_entropy_kernel``."""
+    SLICE: tl.constexpr = BLOCK // SLICES
     tiles = tl.cdiv(n, BLOCK)
-    ti, tj = _tile_pair(tiles)
-    b = tl.program_id(1).to(tl.int64)
-    rows = ti * BLOCK + tl.arange(0, BLOCK)
-    cols = tj * BLOCK + tl.arange(0, BLOCK)
-    g = _gram_tile(u_ptr + b * n * d, rows, cols, n, d, DOT, INTERPRET, BLOCK, BLOCK_K)
-    t = _pair_term(g, _sq_sum(sq_ptr + b * n, rows, cols, n, ROWS), neg_inv_tau, 0.0, VARIANT, ROWS)
-    t = tl.where(rows[:, None] == cols[None, :], -float("inf"), t)
-    in_tile = (rows[:, None] < n) & (cols[None, :] < n)
-    t_seq = t_ptr + b * n * n
-    tl.store(t_seq + rows[:, None] * n + cols[None, :], t, mask=in_tile)
-    if ti != tj:
-        tl.store(t_seq + cols[:, None] * n + rows[None, :], tl.trans(t), mask=tl.trans(in_tile))
+    pairs = tiles * (tiles + 1) // 2
+    for item in tl.range(tl.program_id(0), items, tl.num_programs(0), flatten=True):
+        b, ti, tj = _work_item(item, pairs, tiles)
+        r0 = ti * BLOCK
+        rows = r0 + tl.arange(0, BLOCK)
+        sq_seq = sq_ptr + b.to(tl.int64) * n
+        g = _column_slices(_gram_tile(u_desc, b, r0, tj * BLOCK, d, DOT, INTERPRET, BLOCK, BLOCK_K), BLOCK, BLOCK,
+                           SLICES)  # fmt: skip
+        for k in tl.static_range(SLICES):
+            c0 = tj * BLOCK + k * SLICE
+            cols = c0 + tl.arange(0, SLICE)
+            t = _pair_term(g[k], _sq_sum(sq_seq, rows, cols, n, ROWS), neg_inv_tau, 0.0, VARIANT, ROWS)
+            t = tl.where(rows[:, None] == cols[None, :], -float("inf"), t)
+            t_desc.store([0, b, r0, c0], t.reshape(1, 1, BLOCK, SLICE))
+            if ti != tj:
+                tt_desc.store([0, b, c0, r0], tl.trans(t).reshape(1, 1, SLICE, BLOCK))
 
 
 @triton.jit
 def _row_entropy_kernel(
-    t_ptr, m_ptr, log_s_ptr, e_ptr, a_ptr, n, entropy_eps, ROWS: tl.constexpr, COLS: tl.constexpr,
+    t_ptr, m_ptr, log_s_ptr, e_ptr, a_ptr, n, row_stride, entropy_eps, ROWS: tl.constexpr, COLS: tl.constexpr,
 ):  # fmt: skip
     """ROWS token rows of sequence b from their logits t: the row's softmax max m and log-sum log_s
     (one sweep, online), then (a second sweep) sum_j f(p_ij) and a_i = sum_j p_ij f'(p_ij).
@@ -479,7 +550,7 @@ def _row_entropy_kernel(
     b = tl.program_id(1).to(tl.int64)
     ks = tl.arange(0, COLS)
     in_rows = rows < n
-    row_ptrs = t_ptr + b * n * n + rows[:, None] * n
+    row_ptrs = t_ptr + (b * n + rows[:, None]) * row_stride
     m = tl.full((ROWS,), -float("inf"), tl.float32)
     s = tl.zeros((ROWS,), dtype=tl.float32)
     for k0 in range(0, n, COLS):
@@ -504,59 +575,53 @@ def _row_entropy_kernel(
 
 
 @triton.jit
-def _dz_kernel(
-    w_ptr, u_ptr, r_ptr, stat_ptr, sq_ptr, z_ptr, dz_ptr, grad_ptr, n, d, tiles, inv_batch, guard, unit_eps,
-    norm_coeff,
-    ROWS: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
-    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+def _radial_kernel(
+    du_ptr, u_ptr, r_ptr, stat_ptr, sq_ptr, z_ptr, dz_ptr, grad_ptr, tokens, n, d, row_stride, part_stride, tiles,
+    inv_batch, guard, unit_eps, norm_coeff,
+    ROWS: tl.constexpr, U_PARTS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    TILES: tl.constexpr,
 ):  # fmt: skip
-    """dz[b, rows, feats] from du = W u (one pass over the sequence's tokens) and the row scalars.
+    """dz of BLOCK_ROWS token rows from du = (W U)_i (cuBLAS) and each row's scalars.
 
     unit / centred rows, u = x / stat, stat = |x| + unit_eps: dz_i = s (du_i - u_i r_i
     |x_i| / (|u_i|^2 stat_i)) / stat_i (for unit_eps = 0 the projection on the stored u),
     the radial part dropped where |x_i| was clamped (for centred rows the centring's
     backward is a no-op: du and u are combinations of centred rows). raw rows:
-    dz_i = s (du_i - u_i r_i + norm_coeff z_i). s = grad_out / B.
+    dz_i = s (du_i - u_i r_i + norm_coeff z_i). s = grad_out / B. u: the rows W U multiplied
+    (hi + lo for U_PARTS 2), r: the sum of the row's TILES slots.
     """
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    feats = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    b = tl.program_id(2).to(tl.int64)
-    ks = tl.arange(0, BLOCK_K)
-    w_seq = w_ptr + b * n * n
-    u_seq = u_ptr + b * n * d
-    in_rows = rows < n
-    in_feats = feats < d
-    du = tl.zeros((BLOCK, BLOCK_D), dtype=tl.float32)
-    for k0 in range(0, n, BLOCK_K):
-        w = tl.load(w_seq + rows[:, None] * n + (k0 + ks)[None, :], mask=in_rows[:, None] & (ks[None, :] < n - k0),
-                    other=0.0)  # fmt: skip
-        u = tl.load(u_seq + (k0 + ks)[:, None] * d + feats[None, :], mask=(ks[:, None] < n - k0) & in_feats[None, :],
-                    other=0.0)  # fmt: skip
-        du = _dot(w, u, du, DOT, INTERPRET)
-    r = tl.zeros((BLOCK,), dtype=tl.float32)
-    for slot in range(0, tiles):
-        r += tl.load(r_ptr + (b * tiles + slot) * n + rows, mask=in_rows, other=0.0)
-    here = in_rows[:, None] & in_feats[None, :]
-    offsets = b * n * d + rows[:, None] * d + feats[None, :]
-    u_rows = tl.load(u_ptr + offsets, mask=here, other=0.0).to(tl.float32)
-    stat = tl.load(stat_ptr + b * n + rows, mask=in_rows, other=1.0)
+    row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    feats = tl.arange(0, BLOCK_D)
+    slots = tl.arange(0, TILES)
+    in_row = row < tokens
+    inside = in_row[:, None] & (feats < d)[None, :]
+    r_slots = r_ptr + ((row // n) * tiles)[:, None] * n + slots[None, :] * n + (row % n)[:, None]
+    r = tl.sum(tl.load(r_slots, mask=in_row[:, None] & (slots < tiles)[None, :], other=0.0), axis=1)[:, None]
+    offsets = row[:, None] * d + feats[None, :]
+    du = tl.load(du_ptr + offsets, mask=inside, other=0.0)
+    u_rows = u_ptr + row[:, None] * row_stride + feats[None, :]
+    u = tl.load(u_rows, mask=inside, other=0.0).to(tl.float32)
+    if U_PARTS == 2:
+        u += tl.load(u_rows + part_stride, mask=inside, other=0.0).to(tl.float32)
+    stat = tl.load(stat_ptr + row, mask=in_row, other=1.0)[:, None]
     scale = tl.load(grad_ptr) * inv_batch
     if ROWS == "raw":
-        z = tl.load(z_ptr + offsets, mask=here, other=0.0).to(tl.float32)
-        dz = (du - u_rows * r[:, None] + norm_coeff * z) * scale
+        z = tl.load(z_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        dz = (du - u * r + norm_coeff * z) * scale
     else:
-        sq = tl.load(sq_ptr + b * n + rows, mask=in_rows, other=1.0)
         norm = stat - unit_eps
-        radial = tl.where(norm <= guard, 0.0, tl.div_rn(r * norm, tl.maximum(sq, 1e-30) * stat))
-        dz = (du - u_rows * radial[:, None]) * tl.div_rn(scale, stat)[:, None]
-    tl.store(dz_ptr + offsets, dz.to(dz_ptr.dtype.element_ty), mask=here)
+        sq = tl.maximum(tl.load(sq_ptr + row, mask=in_row, other=1.0), 1e-30)[:, None]
+        radial = tl.where(norm <= guard, 0.0, tl.div_rn(r * norm, sq * stat))
+        dz = (du - u * radial) * tl.div_rn(scale, stat)
+    tl.store(dz_ptr + offsets, dz.to(dz_ptr.dtype.element_ty), mask=inside)
 
 
 # ----------------------------------------------------------------------------- host side
 
 
 class _Rows(NamedTuple):
-    """The stored rows of a batch and their per-token scalars (see ``_rows_kernel``)."""
+    """The stored rows of a batch, [parts, B, N, d] (a view of rows padded for TMA), and their
+    per-token scalars (see ``_rows_kernel``)."""
 
     u: Tensor
     stat: Tensor
@@ -568,38 +633,41 @@ def _guard(spec: VariantSpec, d: int) -> float:
     return NORM_EPS * math.sqrt(d - 1) if spec.rows == "centred" else NORM_EPS
 
 
-def _make_rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper, store_bf16: bool) -> _Rows:
+def _padded(size: int) -> int:
+    """A row length whose stride TMA accepts: a multiple of 16 bytes in bf16 and fp32."""
+    return -(-size // 8) * 8
+
+
+def _tma(t: Tensor, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor of ``t`` (a view of a padded buffer) loading or storing ``block`` boxes."""
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
+
+
+def _make_rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper, plan: _Products) -> _Rows:
     b, n, d = hidden.shape
-    u = torch.empty(b, n, d, device=hidden.device, dtype=torch.bfloat16 if store_bf16 else torch.float32)
+    dtype = torch.float32 if plan.rows == "fp32" else torch.bfloat16
+    buf = torch.empty(2 if plan.rows == "split" else 1, b, n, _padded(d), device=hidden.device, dtype=dtype)
     stat = torch.empty(b, n, device=hidden.device)
     sq = torch.empty(b, n, device=hidden.device)
     mean = hidden.mean(dim=1, dtype=torch.float32) if spec.rows == "raw" else stat
-    _rows_kernel[(b * n,)](
-        hidden, mean, u, stat, sq, n, d, _guard(spec, d), hp.unit_eps(spec),
-        ROWS=spec.rows, STORE_BF16=store_bf16, INTERPRET=INTERPRETED,
+    _rows_kernel[(triton.cdiv(b * n, ROWS_PER_PROGRAM),)](
+        hidden, mean, buf, stat, sq, b * n, n, d, buf.stride(2), buf.stride(0), _guard(spec, d), hp.unit_eps(spec),
+        ROWS=spec.rows, STORE=plan.rows, INTERPRET=INTERPRETED, BLOCK_ROWS=ROWS_PER_PROGRAM,
         BLOCK_D=triton.next_power_of_2(d), num_warps=1 if INTERPRETED else 4,
     )  # fmt: skip
-    return _Rows(u, stat, sq)
+    return _Rows(buf[..., :d], stat, sq)
 
 
-def _pair_autotune(kernel: triton.JITFunction) -> triton.runtime.Autotuner:
-    """A pair kernel autotuned over PAIR_CONFIGS (its square tile stays the caller's BLOCK)."""
-    configs = [triton.Config({"BLOCK_K": k}, num_warps=w, num_stages=st) for k, w, st in PAIR_CONFIGS]
-    return triton.autotune(configs=configs, key=["n", "d"])(kernel)
+def _autotuned(kernel: triton.JITFunction) -> triton.runtime.Autotuner:
+    """A pair kernel autotuned over PAIR_CONFIGS, per shape, variant and products: one variant's
+    or precision's tuned configuration never serves another (its tiles stay the caller's)."""
+    configs = [triton.Config({}, num_warps=w, num_stages=st) for w, st in PAIR_CONFIGS]
+    key = ["n", "d", "VARIANT", "ROWS", "DOT", "SPLIT_WEIGHTS"]
+    return triton.autotune(configs=configs, key=[k for k in key if k in kernel.arg_names])(kernel)
 
 
-_TUNED = {
-    "forward": _pair_autotune(_pairs_forward_kernel),
-    "backward": _pair_autotune(_pairs_backward_kernel),
-    "dz": triton.autotune(
-        [triton.Config({"BLOCK": b, "BLOCK_K": k, "BLOCK_D": bd}, num_warps=w, num_stages=st)
-         for b, k, bd, w, st in DZ_CONFIGS],
-        key=["n", "d"],
-    )(_dz_kernel),
-}  # fmt: skip
-_TUNED["logits"] = _pair_autotune(_pair_logits_kernel)
-_JIT = {"forward": _pairs_forward_kernel, "backward": _pairs_backward_kernel, "dz": _dz_kernel,
-        "logits": _pair_logits_kernel}  # fmt: skip
+_JIT = {"forward": _pairs_forward_kernel, "backward": _pairs_backward_kernel, "logits": _pair_logits_kernel}
+_TUNED = {name: _autotuned(kernel) for name, kernel in _JIT.items()}
 
 # _row_entropy_kernel's (ROWS, COLS, num_warps): no products, so one fixed shape; the
 # interpreter's is small so that test sizes have partial row and column blocks.
@@ -610,12 +678,17 @@ def _pairs(tiles: int) -> int:
     return tiles * (tiles + 1) // 2
 
 
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 @dataclass(frozen=True)
 class TritonTiles:
     """The exact loss in the fused kernels above; a ``PairKernel`` of dispersion.py.
 
-    ``precision``: one of PRECISIONS. ``tiles``: a fixed TileConfig instead of autotune
-    over PAIR_CONFIGS and DZ_CONFIGS (under the interpreter, INTERPRETER_TILES unless given).
+    ``precision``: one of PRECISIONS. ``tiles``: a fixed TileConfig instead of GPU_BLOCK
+    tiles in GPU_SLICES, autotuned over PAIR_CONFIGS (under the interpreter, INTERPRETER_TILES unless given).
     ``max_weight_bytes`` bounds the backward's [sequences, N, N] weight buffer.
     """
 
@@ -634,21 +707,31 @@ class TritonTiles:
     def fixed_tiles(self) -> TileConfig | None:
         return self.tiles or (INTERPRETER_TILES if INTERPRETED else None)
 
-    def block(self, n: int) -> int:
-        """The pair tile of every kernel for sequences of n tokens."""
+    def block(self, plan: _Products) -> int:
+        """The pair tile of every kernel."""
         fixed = self.fixed_tiles()
-        return fixed.block if fixed else pair_block(n)
+        return fixed.block if fixed else IEEE_BLOCK if plan.dot == "ieee" else GPU_BLOCK
 
-    def launch(self, name: str, grid, *args, **constexprs) -> None:
-        """Launch kernel ``name``: with fixed tiles, or autotuned; ``grid`` maps the tile sizes to the grid."""
+    def slice(self, plan: _Products) -> int:
+        """Columns per epilogue slice."""
+        fixed = self.fixed_tiles()
+        return self.block(plan) // (fixed.slices if fixed else GPU_SLICES)
+
+    def block_k(self, rows: Tensor) -> int:
+        """Features per Gram step."""
+        fixed = self.fixed_tiles()
+        return fixed.block_k if fixed else STEP_BYTES // (rows.element_size() * len(rows))
+
+    def launch(self, name: str, items: int, plan: _Products, device: torch.device, *args, **constexprs) -> None:
+        """Launch pair kernel ``name`` over ``items`` tile pairs: a persistent grid of PROGRAMS_PER_SM
+        programs per multiprocessor (one per item off the GPU), with fixed tiles or autotuned."""
+        programs = min(items, PROGRAMS_PER_SM * _multiprocessors(device)) if device.type == "cuda" else items
+        constexprs["SLICES"] = self.block(plan) // self.slice(plan)
         fixed = self.fixed_tiles()
         if fixed is None:
-            _TUNED[name][grid](*args, **constexprs)
-            return
-        meta = {"BLOCK": fixed.block, "BLOCK_K": fixed.block_k}
-        if name == "dz":
-            meta["BLOCK_D"] = fixed.block_d
-        _JIT[name][grid({**constexprs, **meta})](*args, **{**constexprs, **meta}, num_warps=fixed.num_warps)
+            _TUNED[name][(programs,)](*args, **constexprs)
+        else:
+            _JIT[name][(programs,)](*args, **constexprs, num_warps=fixed.num_warps)
 
 
 class _TritonPairLoss(torch.autograd.Function):
@@ -666,12 +749,12 @@ class _TritonPairLoss(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             b, n, d = hidden.shape
             plan = products(tiles.precision, spec)
-            rows = _make_rows(hidden, spec, hp, plan.store_bf16)
+            rows = _make_rows(hidden, spec, hp, plan)
             ctx.spec, ctx.hp, ctx.lambda_norm, ctx.tiles = spec, hp, lambda_norm, tiles
             if spec.row_entropy:
-                stats = _row_entropy(rows, hidden, spec, hp, tiles, plan)
-                ctx.save_for_backward(hidden, stats[0], stats[1], stats[3])
-                per_seq = stats[2].mean(dim=1)
+                m, log_s, entropy, a = _row_entropy(rows, hidden, spec, hp, tiles, plan)
+                ctx.save_for_backward(hidden, torch.stack([m, log_s, a], dim=1))
+                per_seq = entropy.mean(dim=1)
             else:
                 per_seq = _pair_sums(ctx, rows, hidden, spec, hp, tiles, plan)
             if spec.norm_penalty:
@@ -685,12 +768,14 @@ class _TritonPairLoss(torch.autograd.Function):
         spec, hp, tiles = ctx.spec, ctx.hp, ctx.tiles
         with torch.autocast(hidden.device.type, enabled=False):
             plan = products(tiles.precision, spec)
-            rows = _make_rows(hidden, spec, hp, plan.store_bf16)
+            rows = _make_rows(hidden, spec, hp, plan)
             dz = torch.empty_like(hidden)
             grad = grad_out.reshape(1).float()
-            stats = (*saved, rows.stat)[:3] if saved else (rows.stat, rows.stat, rows.stat)  # (m, log_s, a)
-            for b0, b1 in _sequence_groups(hidden, rows.u.element_size(), tiles.max_weight_bytes):
-                _weights_and_dz(rows, stats, hidden, dz, grad, b0, b1, spec, hp, ctx.lambda_norm, tiles, plan)
+            m, log_s = saved if spec.logsumexp else (rows.stat, rows.stat)  # placeholders where unread
+            per_token = saved[0] if spec.row_entropy else rows.sq
+            for b0, b1 in _sequence_groups(hidden, 4 if plan.split_weights else 2, tiles.max_weight_bytes):
+                _weights_and_dz(rows, (m[b0:b1], log_s[b0:b1], per_token[b0:b1]), hidden, dz, grad, b0, b1, spec, hp,
+                                ctx.lambda_norm, tiles, plan)  # fmt: skip
         return dz, None, None, None, None
 
 
@@ -698,14 +783,15 @@ def _pair_sums(ctx, rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHype
                plan: _Products) -> Tensor:  # fmt: skip
     """The per-sequence loss of the pair-sum variants from the triangle's partials; saves what backward needs."""
     b, n, d = hidden.shape
-    block = tiles.block(n)
-    pair_count = _pairs(triton.cdiv(n, block))
-    m_part = torch.empty(b, pair_count, device=hidden.device)
-    s_part = torch.empty(b, pair_count, device=hidden.device)
+    block = tiles.block(plan)
+    items = b * _pairs(triton.cdiv(n, block))
+    m_part = torch.empty(b, items // b, device=hidden.device)
+    s_part = torch.empty(b, items // b, device=hidden.device)
+    block_k = tiles.block_k(rows.u)
     tiles.launch(
-        "forward", lambda meta: (pair_count, b), rows.u, rows.sq, m_part, s_part, n, d, -1.0 / hp.tau,
-        hp.clamp, VARIANT=spec.name, ROWS=spec.rows, LOGSUMEXP=spec.logsumexp, DOT=plan.dot, INTERPRET=INTERPRETED,
-        BLOCK=block,
+        "forward", items, plan, hidden.device, _tma(rows.u, [1, 1, block, block_k]), rows.sq, m_part, s_part, n, d,
+        items, -1.0 / hp.tau, hp.clamp, VARIANT=spec.name, ROWS=spec.rows, LOGSUMEXP=spec.logsumexp, DOT=plan.dot,
+        INTERPRET=INTERPRETED, BLOCK=block, BLOCK_K=block_k,
     )  # fmt: skip
     if not spec.logsumexp:
         ctx.save_for_backward(hidden)
@@ -717,55 +803,97 @@ def _pair_sums(ctx, rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHype
     return m + log_s - math.log(hp.pairs) + hp.constant(spec, n)
 
 
+def _square_buffer(parts: int, count: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A [parts, count, N, N] view of a buffer whose rows are padded for TMA."""
+    return torch.empty(parts, count, n, _padded(n), device=device, dtype=dtype)[..., :n]
+
+
 def _row_entropy(rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,
                  plan: _Products) -> tuple[Tensor, ...]:  # fmt: skip
     """perplexity_entropy's per-token (m, log_s, sum_j f(p_ij), a_i), each [B, N]: the triangle's logits
     into a [sequences, N, N] fp32 buffer (in groups within max_weight_bytes), then the row sweeps."""
     b, n, d = hidden.shape
-    block = tiles.block(n)
+    block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(rows.u)
     block_rows, cols, warps = ROW_ENTROPY_TILES
     stats = tuple(torch.empty(b, n, device=hidden.device) for _ in range(4))
     for b0, b1 in _sequence_groups(hidden, 4, tiles.max_weight_bytes):
-        logits = torch.empty(b1 - b0, n, n, device=hidden.device)
+        logits = _square_buffer(1, b1 - b0, n, torch.float32, hidden.device)
+        items = (b1 - b0) * _pairs(triton.cdiv(n, block))
         tiles.launch(
-            "logits", lambda meta: (_pairs(triton.cdiv(n, block)), b1 - b0), rows.u[b0:b1], rows.sq[b0:b1], logits,
-            n, d, -1.0 / hp.tau, VARIANT=spec.name, ROWS=spec.rows, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
+            "logits", items, plan, hidden.device, _tma(rows.u[:, b0:b1], [1, 1, block, block_k]),
+            _tma(logits, [1, 1, block, cut]), _tma(logits, [1, 1, cut, block]), rows.sq[b0:b1], n, d, items,
+            -1.0 / hp.tau, VARIANT=spec.name, ROWS=spec.rows, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
+            BLOCK_K=block_k,
         )  # fmt: skip
         _row_entropy_kernel[(triton.cdiv(n, block_rows), b1 - b0)](
-            logits, *(s[b0:b1] for s in stats), n, hp.eps, ROWS=block_rows, COLS=cols, num_warps=warps,
+            logits, *(s[b0:b1] for s in stats), n, logits.stride(2), hp.eps, ROWS=block_rows, COLS=cols,
+            num_warps=warps,
         )  # fmt: skip
     return stats
 
 
-def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, Tensor, Tensor], hidden: Tensor, dz: Tensor, grad: Tensor,
+def _product(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b of bf16 batches in fp32 products and an fp32 result: cuBLAS on a GPU (torch.bmm's
+    out_dtype), the same values from fp32 copies elsewhere."""
+    if a.is_cuda:
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float())
+
+
+def _bf16_parts(u: Tensor, w: Tensor) -> Tensor:
+    """The rows W U multiplies, [parts, B, N, d] in bf16: as stored (bf16, or hi and lo), their hi part
+    for a W of one part, fp32 rows split into hi and lo for a W of two (the same rows as the radial term)."""
+    if u.dtype == torch.float32:
+        hi = u[0].bfloat16()
+        return torch.stack([hi, (u[0] - hi.float()).bfloat16()])
+    return u[: len(w)]
+
+
+def _weights_times_rows(w: Tensor, u: Tensor) -> Tensor:
+    """du = W U in fp32 [B, N, d] from bf16 products: W U for a W of one part; for W and U in hi and lo
+    parts, every product of parts, small first: (W_hi + W_lo)(U_hi + U_lo) to fp32's accumulation, so
+    that du - u r cancels as exactly as the radial term r, which sees the same W and u."""
+    du = None
+    for i, j in ((1, 1), (1, 0), (0, 1), (0, 0)) if len(w) == 2 else ((0, 0),):
+        du = _product(w[i], u[j]) if du is None else du.add_(_product(w[i], u[j]))
+    return du
+
+
+def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], hidden: Tensor, dz: Tensor, grad: Tensor,
                     b0: int, b1: int, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles,
                     plan: _Products) -> None:  # fmt: skip
-    """Sequences [b0, b1): W and the radial partials, then dz (in place). ``stats``: (m, log_s, a),
-    per sequence or per token (perplexity_entropy), placeholders for the variants without."""
+    """Sequences [b0, b1): W and the radial partials, then du = W U and dz (in place). ``stats``:
+    the group's (m, log_s) per sequence (log-sum-exp variants) and perplexity_entropy's per-token
+    (m, log_s, a) [group, 3, N]; placeholders where a variant reads none."""
     n, d = hidden.shape[1:]
     count = b1 - b0
-    block = tiles.block(n)
+    block, cut = tiles.block(plan), tiles.slice(plan)
     tile_count = triton.cdiv(n, block)
-    w = torch.empty(count, n, n, device=hidden.device, dtype=rows.u.dtype)
+    items = count * _pairs(tile_count)
+    w = _square_buffer(2 if plan.split_weights else 1, count, n, torch.bfloat16, hidden.device)
     radial = torch.empty(count, tile_count, n, device=hidden.device)
-    u, sq = rows.u[b0:b1], rows.sq[b0:b1]
+    u, sq = rows.u[:, b0:b1], rows.sq[b0:b1]
     pair_scale = 2.0 / (hp.tau * n) if spec.row_entropy else 4.0 / hp.pairs
     tiles.launch(
-        "backward", lambda meta: (_pairs(tile_count), count),
-        u, sq, *(s[b0:b1] for s in stats), w, radial, n, d, -1.0 / hp.tau, hp.clamp, pair_scale, hp.eps,
-        VARIANT=spec.name, ROWS=spec.rows, ROW_ENTROPY=spec.row_entropy, LOGSUMEXP=spec.logsumexp, DOT=plan.dot,
-        STORE_BF16=plan.store_bf16, INTERPRET=INTERPRETED, BLOCK=block,
+        "backward", items, plan, hidden.device, _tma(u, [1, 1, block, tiles.block_k(u)]), _tma(w, [1, 1, block, cut]),
+        _tma(w, [1, 1, cut, block]), sq, *stats, radial, n, d, items, -1.0 / hp.tau,
+        hp.clamp, pair_scale, hp.eps, VARIANT=spec.name, ROWS=spec.rows, ROW_ENTROPY=spec.row_entropy,
+        LOGSUMEXP=spec.logsumexp, DOT=plan.dot, SPLIT_WEIGHTS=plan.split_weights, INTERPRET=INTERPRETED, BLOCK=block,
+        BLOCK_K=tiles.block_k(u),
     )  # fmt: skip
-    tiles.launch(
-        "dz", lambda meta: (triton.cdiv(n, meta["BLOCK"]), triton.cdiv(d, meta["BLOCK_D"]), count),
-        w, u, radial, rows.stat[b0:b1], sq, hidden[b0:b1], dz[b0:b1], grad, n, d, tile_count,
-        1.0 / hidden.shape[0], _guard(spec, d), hp.unit_eps(spec), 2.0 * lambda_norm * spec.norm_penalty / (n * d),
-        ROWS=spec.rows, DOT=plan.wu_dot, INTERPRET=INTERPRETED,
+    u = _bf16_parts(u, w)
+    _radial_kernel[(triton.cdiv(count * n, ROWS_PER_PROGRAM),)](
+        _weights_times_rows(w, u), u, radial, rows.stat[b0:b1], sq, hidden[b0:b1], dz[b0:b1], grad, count * n, n, d,
+        u.stride(2), u.stride(0), tile_count, 1.0 / hidden.shape[0], _guard(spec, d), hp.unit_eps(spec),
+        2.0 * lambda_norm * spec.norm_penalty / (n * d), ROWS=spec.rows, U_PARTS=len(u),
+        BLOCK_ROWS=ROWS_PER_PROGRAM, BLOCK_D=triton.next_power_of_2(d), TILES=triton.next_power_of_2(tile_count),
+        num_warps=1 if INTERPRETED else 4,
     )  # fmt: skip
 
 
 def _sequence_groups(hidden: Tensor, element_bytes: int, max_bytes: int) -> list[tuple[int, int]]:
-    """[b0, b1) groups of sequences whose [group, N, N] weight buffer fits ``max_bytes`` (at least one)."""
+    """[b0, b1) groups of sequences whose [group, N, N] buffer of ``element_bytes`` fits ``max_bytes`` (at least
+    one)."""
     b, n = hidden.shape[:2]
     per_group = max(1, max_bytes // (n * n * element_bytes))
     return [(b0, min(b0 + per_group, b)) for b0 in range(0, b, per_group)]
