@@ -71,7 +71,8 @@ class TileConfig(NamedTuple):
 # the triangle's indexing and the radial slots depend on it.
 GPU_BLOCK = 128
 GPU_SLICES = 4
-# exact's fp32 products of raw rows run on the CUDA cores, whose 128 x 128 accumulator spills: 64 x 64.
+# exact's fp32 products of raw rows run on the CUDA cores, whose 128 x 128 accumulator spills: 64 x 64
+# tiles, 64-byte Gram steps.
 IEEE_BLOCK = 64
 # A Gram step loads 128 bytes of each row and part (64 bf16 or 32 fp32 features; bf16x3's hi and lo:
 # 32 each): one TMA box of the 128-byte swizzle that wgmma reads without bank conflicts.
@@ -520,7 +521,8 @@ def _pair_logits_kernel(
     SLICE: tl.constexpr = BLOCK // SLICES
     tiles = tl.cdiv(n, BLOCK)
     pairs = tiles * (tiles + 1) // 2
-    for item in tl.range(tl.program_id(0), items, tl.num_programs(0), flatten=True):
+    # not flattened: Triton 3.6's loop fusion fails on this loop's conditional store (3.9 builds it)
+    for item in tl.range(tl.program_id(0), items, tl.num_programs(0)):
         b, ti, tj = _work_item(item, pairs, tiles)
         r0 = ti * BLOCK
         rows = r0 + tl.arange(0, BLOCK)
@@ -717,10 +719,13 @@ class TritonTiles:
         fixed = self.fixed_tiles()
         return self.block(plan) // (fixed.slices if fixed else GPU_SLICES)
 
-    def block_k(self, rows: Tensor) -> int:
-        """Features per Gram step."""
+    def block_k(self, plan: _Products) -> int:
+        """Features per Gram step: STEP_BYTES of each stored part (half for exact's CUDA-core products)."""
         fixed = self.fixed_tiles()
-        return fixed.block_k if fixed else STEP_BYTES // (rows.element_size() * len(rows))
+        if fixed:
+            return fixed.block_k
+        step = STEP_BYTES // 2 if plan.dot == "ieee" else STEP_BYTES
+        return step // (4 if plan.rows == "fp32" else 2 * 2 if plan.rows == "split" else 2)
 
     def launch(self, name: str, items: int, plan: _Products, device: torch.device, *args, **constexprs) -> None:
         """Launch pair kernel ``name`` over ``items`` tile pairs: a persistent grid of PROGRAMS_PER_SM
@@ -787,7 +792,7 @@ def _pair_sums(ctx, rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHype
     items = b * _pairs(triton.cdiv(n, block))
     m_part = torch.empty(b, items // b, device=hidden.device)
     s_part = torch.empty(b, items // b, device=hidden.device)
-    block_k = tiles.block_k(rows.u)
+    block_k = tiles.block_k(plan)
     tiles.launch(
         "forward", items, plan, hidden.device, _tma(rows.u, [1, 1, block, block_k]), rows.sq, m_part, s_part, n, d,
         items, -1.0 / hp.tau, hp.clamp, VARIANT=spec.name, ROWS=spec.rows, LOGSUMEXP=spec.logsumexp, DOT=plan.dot,
@@ -813,7 +818,7 @@ def _row_entropy(rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHyper, 
     """perplexity_entropy's per-token (m, log_s, sum_j f(p_ij), a_i), each [B, N]: the triangle's logits
     into a [sequences, N, N] fp32 buffer (in groups within max_weight_bytes), then the row sweeps."""
     b, n, d = hidden.shape
-    block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(rows.u)
+    block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(plan)
     block_rows, cols, warps = ROW_ENTROPY_TILES
     stats = tuple(torch.empty(b, n, device=hidden.device) for _ in range(4))
     for b0, b1 in _sequence_groups(hidden, 4, tiles.max_weight_bytes):
@@ -867,7 +872,7 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], hidden: Tensor, dz: 
     (m, log_s, a) [group, 3, N]; placeholders where a variant reads none."""
     n, d = hidden.shape[1:]
     count = b1 - b0
-    block, cut = tiles.block(plan), tiles.slice(plan)
+    block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(plan)
     tile_count = triton.cdiv(n, block)
     items = count * _pairs(tile_count)
     w = _square_buffer(2 if plan.split_weights else 1, count, n, torch.bfloat16, hidden.device)
@@ -875,11 +880,11 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], hidden: Tensor, dz: 
     u, sq = rows.u[:, b0:b1], rows.sq[b0:b1]
     pair_scale = 2.0 / (hp.tau * n) if spec.row_entropy else 4.0 / hp.pairs
     tiles.launch(
-        "backward", items, plan, hidden.device, _tma(u, [1, 1, block, tiles.block_k(u)]), _tma(w, [1, 1, block, cut]),
+        "backward", items, plan, hidden.device, _tma(u, [1, 1, block, block_k]), _tma(w, [1, 1, block, cut]),
         _tma(w, [1, 1, cut, block]), sq, *stats, radial, n, d, items, -1.0 / hp.tau,
         hp.clamp, pair_scale, hp.eps, VARIANT=spec.name, ROWS=spec.rows, ROW_ENTROPY=spec.row_entropy,
         LOGSUMEXP=spec.logsumexp, DOT=plan.dot, SPLIT_WEIGHTS=plan.split_weights, INTERPRET=INTERPRETED, BLOCK=block,
-        BLOCK_K=tiles.block_k(u),
+        BLOCK_K=block_k,
     )  # fmt: skip
     u = _bf16_parts(u, w)
     _radial_kernel[(triton.cdiv(count * n, ROWS_PER_PROGRAM),)](
