@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
@@ -45,6 +46,7 @@ class Counts:
         self.dot_flops = 0
         self.split_dot_flops = 0  # the part of dot_flops issued by split-precision products (3 dots each)
         self.launches = 0
+        self.kernels: Counter[str] = Counter()  # launches per kernel
         self.split = False
         self.torch_flops = 0
         self.glue_elements = 0.0
@@ -89,6 +91,7 @@ def counting() -> Iterator[Counts]:
     def counted_launch(self, *args, **kwargs):
         counts.in_launch, counts.split = True, kwargs.get("DOT") in SPLIT_PRODUCTS
         counts.launches += 1
+        counts.kernels[self.fn.__name__.strip("_")] += 1
         try:
             return launch(self, *args, **kwargs)
         finally:

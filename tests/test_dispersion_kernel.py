@@ -204,9 +204,9 @@ def probe_passes() -> bool:
     return True
 
 
-def objective_launches(layers: str, n_layers: int = 4) -> int:
-    """Kernel launches of one forward+backward of the training objective (dispersion on ``layers``
-    of ``n_layers`` blocks, the Triton kernel), counted under the interpreter."""
+def objective_launches(layers: str, n_layers: int = 4) -> dict[str, int]:
+    """Kernel launches per kernel of one forward+backward of the training objective (dispersion on
+    ``layers`` of ``n_layers`` blocks, the Triton kernel), counted under the interpreter."""
     from dispersion_titan.config.schema import Dispersion
     from dispersion_titan.trainer.objective import DispersionObjective
     from kernel_accounting import counting
@@ -218,7 +218,21 @@ def objective_launches(layers: str, n_layers: int = 4) -> int:
     with counting() as counts:
         term = objective(blocks, step=1, with_stats=False, chunk=0)
         torch.autograd.grad(term.weighted, [blocks[i] for i in objective.layers])
-    return counts.launches
+    return dict(counts.kernels)
+
+
+def layers_match_their_concatenation(variant: str) -> bool:
+    """Three layers passed as they are give bitwise the loss and gradients of their concatenation,
+    with the backward's weight buffer in groups of two sequences (groups that straddle layers)."""
+    gen = torch.Generator().manual_seed(1)
+    layers = [torch.randn(3, 21, 24, generator=gen).requires_grad_() for _ in range(3)]
+    kernel = dispersion_triton.TritonTiles("auto", max_weight_bytes=2 * 21 * 21 * 2)
+    value = dispersion_loss(layers, variant, kernel=kernel)
+    grads = torch.autograd.grad(value, layers)
+    joined = torch.cat([layer.detach() for layer in layers]).requires_grad_()
+    joined_value = dispersion_loss(joined, variant, kernel=kernel)
+    (joined_grad,) = torch.autograd.grad(joined_value, joined)
+    return value.item() == joined_value.item() and torch.equal(torch.cat(grads), joined_grad)
 
 
 def child_main() -> None:
@@ -232,6 +246,7 @@ def child_main() -> None:
         "probe_passes": probe_passes(),
         "accounting": {variant: account(variant, **ACCOUNTING) for variant in VARIANTS},
         "objective_launches": {layers: objective_launches(layers) for layers in ("last", "all")},
+        "layers_match": {v: layers_match_their_concatenation(v) for v in ("l2_repel", "angular_spread")},
         "cases": {name: run_case(c) for name, c in CASES.items()},
         "tf32_dot": tf32_dot_gap(),
         "condensed_auto": {variant: condensed_errors(variant) for variant in VARIANTS},
@@ -535,12 +550,16 @@ def test_work_at_the_shipped_shapes_is_within_4_5_units(b: int, n: int, d: int) 
     assert 4.0 <= issued(b, n, d, dispersion_triton.GPU_BLOCK, block_k)["product_flops"] <= 4.5
 
 
-def test_launches_per_loss_call_do_not_grow_with_the_layers(interpreted: dict) -> None:
-    """The chosen blocks go through the kernels as one batch: a step's dispersion on 4 blocks
-    issues the launches of one block (the rows, pair and W U kernels, forward and backward)."""
-    launches = interpreted["objective_launches"]
-    assert launches["last"] >= 4, launches  # not a count of nothing
-    assert launches["all"] == launches["last"], launches
+def test_layers_go_through_the_pair_kernels_as_one_batch_where_they_lie(interpreted: dict) -> None:
+    """The chosen blocks go through the pair kernels as one batch: a step's dispersion on 4 blocks
+    issues the pair-kernel launches of one block (forward and backward), and reads each block where it
+    lies (no concatenated copy): the per-token kernels run once per block (rows: forward and backward),
+    and the loss and gradients equal bitwise those of the blocks' concatenation (l2_repel: its token
+    mean and norm penalty read from each block)."""
+    last, every = interpreted["objective_launches"]["last"], interpreted["objective_launches"]["all"]
+    assert last == {"rows_kernel": 2, "pairs_forward_kernel": 1, "pairs_backward_kernel": 1, "radial_kernel": 1}, last
+    assert every == {**last, "rows_kernel": 4 * 2, "radial_kernel": 4}, every
+    assert all(interpreted["layers_match"].values()), interpreted["layers_match"]
 
 
 def test_auto_probe_agrees_on_the_interpreter(interpreted: dict) -> None:

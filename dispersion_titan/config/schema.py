@@ -94,7 +94,7 @@ class Dispersion:
     memory-lean PyTorch strips."""
     precision: Literal["auto", "bf16", "tf32", "exact"] = "auto"
     """auto | bf16 | tf32 | exact: the Triton kernel's products. auto (bf16 tensor-core products,
-    fp32 accumulation; perplexity_entropy: split-precision tf32x3 logits, tf32 W·U) for training; exact (bf16x3,
+    fp32 accumulation; perplexity_entropy: split-precision bf16x3 logits) for training; exact (bf16x3,
     ieee fp32 for l2_repel and perplexity_entropy) equals the reference
     within 1e-4 in value. The torch strips always compute in fp32."""
 

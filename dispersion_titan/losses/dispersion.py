@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import NamedTuple, Protocol
@@ -80,12 +80,17 @@ def select_tokens(hidden: Tensor, max_tokens: int, generator: torch.Generator | 
     The cost is quadratic in N, so long sequences are subsampled; sharing the subset
     keeps the draw a single ``randperm`` the caller can make reproducible.
     """
-    n = hidden.shape[1]
+    return _select_tokens([hidden], max_tokens, generator)[0]
+
+
+def _select_tokens(layers: list[Tensor], max_tokens: int, generator: torch.Generator | None) -> list[Tensor]:
+    """``select_tokens`` with one subset for every sequence of every layer."""
+    n = layers[0].shape[1]
     if max_tokens == 0 or max_tokens >= n:
-        return hidden
-    device = generator.device if generator is not None else hidden.device
+        return layers
+    device = generator.device if generator is not None else layers[0].device
     idx = torch.randperm(n, generator=generator, device=device)[:max_tokens]
-    return hidden.index_select(1, idx.to(hidden.device))  # a no-op unless the generator is elsewhere
+    return [h.index_select(1, idx.to(h.device)) for h in layers]  # .to: a no-op unless the generator is elsewhere
 
 
 def _no_pair_loss(z: Tensor, variant: str, lambda_norm: float) -> Tensor:
@@ -347,8 +352,8 @@ class TorchStrips:
     max_block_bytes: int = MAX_BLOCK_BYTES
     max_block_rows: int = MAX_BLOCK_ROWS
 
-    def loss(self, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
-        return _PairLoss.apply(hidden, spec, hp, lambda_norm, self)
+    def loss(self, layers: list[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
+        return _PairLoss.apply(torch.cat(layers) if len(layers) > 1 else layers[0], spec, hp, lambda_norm, self)
 
     def strips(self, n: int, batch: int) -> Iterator[tuple[int, int]]:
         return _strips(n, batch, self.max_block_bytes, self.max_block_rows)
@@ -493,9 +498,10 @@ class _PairLoss(torch.autograd.Function):
 
 
 class PairKernel(Protocol):
-    """One implementation of the exact loss: TorchStrips here, TritonTiles in dispersion_triton.py."""
+    """One implementation of the exact loss: TorchStrips here, TritonTiles in dispersion_triton.py. ``layers``:
+    hidden states [B, N, d] of the same shape and dtype, whose loss is that of their concatenation."""
 
-    def loss(self, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor: ...
+    def loss(self, layers: list[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor: ...
 
 
 class KernelUnavailable(RuntimeError):
@@ -574,7 +580,7 @@ def _pair_kernel(kernel: str | PairKernel, device: torch.device, variant: str, p
 
 
 def dispersion_loss(
-    hidden: Tensor,
+    hidden: Tensor | Sequence[Tensor],
     variant: str,
     *,
     tau: float = 1.0,
@@ -606,6 +612,10 @@ def dispersion_loss(
       - ``perplexity_entropy``: mean_i sum_{j!=i} p_j|i log2(p_j|i + eps), p_j|i the softmax
         over j != i of -D_ij / tau (tau = sigma^2): the negative mean entropy.
 
+    ``hidden`` may also be a sequence of such tensors of one shape and dtype (say, several blocks'
+    outputs): the loss of their concatenation along the batch, which the Triton kernel computes
+    from the tensors as they are, without a concatenated copy.
+
     ``max_tokens`` > 0 restricts the loss to a random subset of that many positions
     (``torch.randperm(N, generator=generator)``, shared by the batch); 0 or >= N uses
     all. With N < 2 there are no pairs: the loss is 0 (only the lambda_norm term for
@@ -618,17 +628,26 @@ def dispersion_loss(
     or a configured kernel object. ``precision`` (see PRECISIONS) sets the Triton
     kernel's products; the torch strips always compute in fp32.
     """
-    _validate(hidden, variant, tau, clamp, max_tokens, form)
+    layers = [hidden] if isinstance(hidden, Tensor) else list(hidden)
+    if not layers:
+        raise ValueError("hidden must be a tensor or a non-empty sequence of tensors, got an empty sequence")
+    for layer in layers:
+        _validate(layer, variant, tau, clamp, max_tokens, form)
+        if (layer.shape, layer.dtype, layer.device) != (layers[0].shape, layers[0].dtype, layers[0].device):
+            raise ValueError(
+                f"hidden's tensors must share shape, dtype and device, got {tuple(layers[0].shape)} "
+                f"{layers[0].dtype} {layers[0].device} and {tuple(layer.shape)} {layer.dtype} {layer.device}"
+            )
     problem = precision_error(variant, precision)
     if problem:
         raise ValueError(f"precision {problem}")
-    pair_kernel = _pair_kernel(kernel, hidden.device, variant, precision)
-    hidden = select_tokens(hidden, max_tokens, generator)
-    n = hidden.shape[1]
+    pair_kernel = _pair_kernel(kernel, layers[0].device, variant, precision)
+    layers = _select_tokens(layers, max_tokens, generator)
+    n = layers[0].shape[1]
     if n < 2:
-        return _no_pair_loss(hidden.float(), variant, lambda_norm)
+        return _no_pair_loss(torch.cat(layers).float(), variant, lambda_norm)
     hp = PairHyper(float(tau), float(clamp), n * (n - 1), form)
-    return pair_kernel.loss(hidden, SPECS[variant], hp, float(lambda_norm))
+    return pair_kernel.loss(layers, SPECS[variant], hp, float(lambda_norm))
 
 
 @torch.no_grad()

@@ -645,18 +645,22 @@ def _tma(t: Tensor, block: list[int]) -> TensorDescriptor:
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block)
 
 
-def _make_rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper, plan: _Products) -> _Rows:
-    b, n, d = hidden.shape
+def _make_rows(layers: tuple[Tensor, ...], spec: VariantSpec, hp: PairHyper, plan: _Products) -> _Rows:
+    """The rows of every layer's sequences, layer after layer: one launch per layer, read where it lies."""
+    b, n, d = layers[0].shape
+    device = layers[0].device
     dtype = torch.float32 if plan.rows == "fp32" else torch.bfloat16
-    buf = torch.empty(2 if plan.rows == "split" else 1, b, n, _padded(d), device=hidden.device, dtype=dtype)
-    stat = torch.empty(b, n, device=hidden.device)
-    sq = torch.empty(b, n, device=hidden.device)
-    mean = hidden.mean(dim=1, dtype=torch.float32) if spec.rows == "raw" else stat
-    _rows_kernel[(triton.cdiv(b * n, ROWS_PER_PROGRAM),)](
-        hidden, mean, buf, stat, sq, b * n, n, d, buf.stride(2), buf.stride(0), _guard(spec, d), hp.unit_eps(spec),
-        ROWS=spec.rows, STORE=plan.rows, INTERPRET=INTERPRETED, BLOCK_ROWS=ROWS_PER_PROGRAM,
-        BLOCK_D=triton.next_power_of_2(d), num_warps=1 if INTERPRETED else 4,
-    )  # fmt: skip
+    buf = torch.empty(2 if plan.rows == "split" else 1, len(layers) * b, n, _padded(d), device=device, dtype=dtype)
+    stat = torch.empty(len(layers) * b, n, device=device)
+    sq = torch.empty(len(layers) * b, n, device=device)
+    for layer, z in enumerate(layers):
+        seqs = slice(layer * b, (layer + 1) * b)
+        mean = z.mean(dim=1, dtype=torch.float32) if spec.rows == "raw" else stat
+        _rows_kernel[(triton.cdiv(b * n, ROWS_PER_PROGRAM),)](
+            z, mean, buf[:, seqs], stat[seqs], sq[seqs], b * n, n, d, buf.stride(2), buf.stride(0), _guard(spec, d),
+            hp.unit_eps(spec), ROWS=spec.rows, STORE=plan.rows, INTERPRET=INTERPRETED, BLOCK_ROWS=ROWS_PER_PROGRAM,
+            BLOCK_D=triton.next_power_of_2(d), num_warps=1 if INTERPRETED else 4,
+        )  # fmt: skip
     return _Rows(buf[..., :d], stat, sq)
 
 
@@ -702,9 +706,9 @@ class TritonTiles:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
 
-    def loss(self, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
-        _check_device(hidden.device)
-        return _TritonPairLoss.apply(hidden.contiguous(), spec, hp, lambda_norm, self)
+    def loss(self, layers: list[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
+        _check_device(layers[0].device)
+        return _TritonPairLoss.apply(spec, hp, lambda_norm, self, *(z.contiguous() for z in layers))
 
     def fixed_tiles(self) -> TileConfig | None:
         return self.tiles or (INTERPRETER_TILES if INTERPRETED else None)
@@ -741,27 +745,29 @@ class TritonTiles:
 
 class _TritonPairLoss(torch.autograd.Function):
     """Forward: rows, then the triangle's partials (perplexity_entropy: its logits, then per-row sweeps).
-    Backward: rows and triangle again, W once, dz = f(W U).
+    Backward: rows and triangle again, W once, dz = f(W U). The layers' sequences go through the pair
+    kernels as one batch; each layer's rows are read, and its gradient written, where it lies.
 
-    Saves only ``hidden`` and two scalars per sequence (perplexity_entropy: three per token);
+    Saves only the layers and two scalars per sequence (perplexity_entropy: three per token);
     autocast is off inside.
     """
 
     @staticmethod
     def forward(
-        ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles
+        ctx, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles, *layers: Tensor
     ) -> Tensor:
-        with torch.autocast(hidden.device.type, enabled=False):
-            b, n, d = hidden.shape
+        with torch.autocast(layers[0].device.type, enabled=False):
+            n, d = layers[0].shape[1:]
             plan = products(tiles.precision, spec)
-            rows = _make_rows(hidden, spec, hp, plan)
-            ctx.spec, ctx.hp, ctx.lambda_norm, ctx.tiles = spec, hp, lambda_norm, tiles
+            rows = _make_rows(layers, spec, hp, plan)
+            ctx.spec, ctx.hp, ctx.lambda_norm, ctx.tiles, ctx.layers = spec, hp, lambda_norm, tiles, len(layers)
             if spec.row_entropy:
-                m, log_s, entropy, a = _row_entropy(rows, hidden, spec, hp, tiles, plan)
-                ctx.save_for_backward(hidden, torch.stack([m, log_s, a], dim=1))
+                m, log_s, entropy, a = _row_entropy(rows, spec, hp, tiles, plan)
+                saved = (torch.stack([m, log_s, a], dim=1),)
                 per_seq = entropy.mean(dim=1)
             else:
-                per_seq = _pair_sums(ctx, rows, hidden, spec, hp, tiles, plan)
+                per_seq, saved = _pair_sums(rows, spec, hp, tiles, plan)
+            ctx.save_for_backward(*layers, *saved)
             if spec.norm_penalty:
                 per_seq = per_seq + rows.stat.sum(dim=1) * (lambda_norm / (n * d))
             return per_seq.mean()
@@ -769,43 +775,41 @@ class _TritonPairLoss(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        hidden, *saved = ctx.saved_tensors
+        layers, saved = ctx.saved_tensors[: ctx.layers], ctx.saved_tensors[ctx.layers :]
         spec, hp, tiles = ctx.spec, ctx.hp, ctx.tiles
-        with torch.autocast(hidden.device.type, enabled=False):
+        with torch.autocast(layers[0].device.type, enabled=False):
             plan = products(tiles.precision, spec)
-            rows = _make_rows(hidden, spec, hp, plan)
-            dz = torch.empty_like(hidden)
+            rows = _make_rows(layers, spec, hp, plan)
+            dz = tuple(torch.empty_like(z) for z in layers)
             grad = grad_out.reshape(1).float()
             m, log_s = saved if spec.logsumexp else (rows.stat, rows.stat)  # placeholders where unread
             per_token = saved[0] if spec.row_entropy else rows.sq
-            for b0, b1 in _sequence_groups(hidden, 4 if plan.split_weights else 2, tiles.max_weight_bytes):
-                _weights_and_dz(rows, (m[b0:b1], log_s[b0:b1], per_token[b0:b1]), hidden, dz, grad, b0, b1, spec, hp,
+            for b0, b1 in _sequence_groups(rows.sq.shape, 4 if plan.split_weights else 2, tiles.max_weight_bytes):
+                _weights_and_dz(rows, (m[b0:b1], log_s[b0:b1], per_token[b0:b1]), layers, dz, grad, b0, b1, spec, hp,
                                 ctx.lambda_norm, tiles, plan)  # fmt: skip
-        return dz, None, None, None, None
+        return None, None, None, None, *dz
 
 
-def _pair_sums(ctx, rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,
-               plan: _Products) -> Tensor:  # fmt: skip
-    """The per-sequence loss of the pair-sum variants from the triangle's partials; saves what backward needs."""
-    b, n, d = hidden.shape
+def _pair_sums(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,
+               plan: _Products) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
+    """The per-sequence loss of the pair-sum variants from the triangle's partials, and what backward needs."""
+    _, b, n, d = rows.u.shape
     block = tiles.block(plan)
     items = b * _pairs(triton.cdiv(n, block))
-    m_part = torch.empty(b, items // b, device=hidden.device)
-    s_part = torch.empty(b, items // b, device=hidden.device)
+    m_part = torch.empty(b, items // b, device=rows.u.device)
+    s_part = torch.empty(b, items // b, device=rows.u.device)
     block_k = tiles.block_k(plan)
     tiles.launch(
-        "forward", items, plan, hidden.device, _tma(rows.u, [1, 1, block, block_k]), rows.sq, m_part, s_part, n, d,
+        "forward", items, plan, rows.u.device, _tma(rows.u, [1, 1, block, block_k]), rows.sq, m_part, s_part, n, d,
         items, -1.0 / hp.tau, hp.clamp, VARIANT=spec.name, ROWS=spec.rows, LOGSUMEXP=spec.logsumexp, DOT=plan.dot,
         INTERPRET=INTERPRETED, BLOCK=block, BLOCK_K=block_k,
     )  # fmt: skip
     if not spec.logsumexp:
-        ctx.save_for_backward(hidden)
-        return s_part.sum(dim=1) * (2.0 / hp.pairs)
-    lse = OnlineLogSumExp(b, hidden.device)
+        return s_part.sum(dim=1) * (2.0 / hp.pairs), ()
+    lse = OnlineLogSumExp(b, rows.u.device)
     lse.add_partials(m_part, s_part)
     m, log_s = lse.finish(hp.diagonal_terms(spec, n))
-    ctx.save_for_backward(hidden, m, log_s)
-    return m + log_s - math.log(hp.pairs) + hp.constant(spec, n)
+    return m + log_s - math.log(hp.pairs) + hp.constant(spec, n), (m, log_s)
 
 
 def _square_buffer(parts: int, count: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -813,19 +817,20 @@ def _square_buffer(parts: int, count: int, n: int, dtype: torch.dtype, device: t
     return torch.empty(parts, count, n, _padded(n), device=device, dtype=dtype)[..., :n]
 
 
-def _row_entropy(rows: _Rows, hidden: Tensor, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,
+def _row_entropy(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,
                  plan: _Products) -> tuple[Tensor, ...]:  # fmt: skip
     """perplexity_entropy's per-token (m, log_s, sum_j f(p_ij), a_i), each [B, N]: the triangle's logits
     into a [sequences, N, N] fp32 buffer (in groups within max_weight_bytes), then the row sweeps."""
-    b, n, d = hidden.shape
+    _, b, n, d = rows.u.shape
+    device = rows.u.device
     block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(plan)
     block_rows, cols, warps = ROW_ENTROPY_TILES
-    stats = tuple(torch.empty(b, n, device=hidden.device) for _ in range(4))
-    for b0, b1 in _sequence_groups(hidden, 4, tiles.max_weight_bytes):
-        logits = _square_buffer(1, b1 - b0, n, torch.float32, hidden.device)
+    stats = tuple(torch.empty(b, n, device=device) for _ in range(4))
+    for b0, b1 in _sequence_groups(rows.sq.shape, 4, tiles.max_weight_bytes):
+        logits = _square_buffer(1, b1 - b0, n, torch.float32, device)
         items = (b1 - b0) * _pairs(triton.cdiv(n, block))
         tiles.launch(
-            "logits", items, plan, hidden.device, _tma(rows.u[:, b0:b1], [1, 1, block, block_k]),
+            "logits", items, plan, device, _tma(rows.u[:, b0:b1], [1, 1, block, block_k]),
             _tma(logits, [1, 1, block, cut]), _tma(logits, [1, 1, cut, block]), rows.sq[b0:b1], n, d, items,
             -1.0 / hp.tau, VARIANT=spec.name, ROWS=spec.rows, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
             BLOCK_K=block_k,
@@ -864,42 +869,49 @@ def _weights_times_rows(w: Tensor, u: Tensor) -> Tensor:
     return du
 
 
-def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], hidden: Tensor, dz: Tensor, grad: Tensor,
-                    b0: int, b1: int, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles,
-                    plan: _Products) -> None:  # fmt: skip
-    """Sequences [b0, b1): W and the radial partials, then du = W U and dz (in place). ``stats``:
-    the group's (m, log_s) per sequence (log-sum-exp variants) and perplexity_entropy's per-token
-    (m, log_s, a) [group, 3, N]; placeholders where a variant reads none."""
-    n, d = hidden.shape[1:]
+def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor, ...], dz: tuple[Tensor, ...],
+                    grad: Tensor, b0: int, b1: int, spec: VariantSpec, hp: PairHyper, lambda_norm: float,
+                    tiles: TritonTiles, plan: _Products) -> None:  # fmt: skip
+    """Sequences [b0, b1) of the layers' batch: W and the radial partials, then du = W U and each
+    layer's dz (in place). ``stats``: the group's (m, log_s) per sequence (log-sum-exp variants) and
+    perplexity_entropy's per-token (m, log_s, a) [group, 3, N]; placeholders where a variant reads none."""
+    _, total, n, d = rows.u.shape
     count = b1 - b0
     block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(plan)
     tile_count = triton.cdiv(n, block)
     items = count * _pairs(tile_count)
-    w = _square_buffer(2 if plan.split_weights else 1, count, n, torch.bfloat16, hidden.device)
-    radial = torch.empty(count, tile_count, n, device=hidden.device)
-    u, sq = rows.u[:, b0:b1], rows.sq[b0:b1]
+    w = _square_buffer(2 if plan.split_weights else 1, count, n, torch.bfloat16, rows.u.device)
+    radial = torch.empty(count, tile_count, n, device=rows.u.device)
+    u = rows.u[:, b0:b1]
     pair_scale = 2.0 / (hp.tau * n) if spec.row_entropy else 4.0 / hp.pairs
     tiles.launch(
-        "backward", items, plan, hidden.device, _tma(u, [1, 1, block, block_k]), _tma(w, [1, 1, block, cut]),
-        _tma(w, [1, 1, cut, block]), sq, *stats, radial, n, d, items, -1.0 / hp.tau,
-        hp.clamp, pair_scale, hp.eps, VARIANT=spec.name, ROWS=spec.rows, ROW_ENTROPY=spec.row_entropy,
-        LOGSUMEXP=spec.logsumexp, DOT=plan.dot, SPLIT_WEIGHTS=plan.split_weights, INTERPRET=INTERPRETED, BLOCK=block,
-        BLOCK_K=block_k,
+        "backward", items, plan, rows.u.device, _tma(u, [1, 1, block, block_k]), _tma(w, [1, 1, block, cut]),
+        _tma(w, [1, 1, cut, block]), rows.sq[b0:b1], *stats, radial, n, d, items, -1.0 / hp.tau, hp.clamp,
+        pair_scale, hp.eps, VARIANT=spec.name, ROWS=spec.rows, ROW_ENTROPY=spec.row_entropy,
+        LOGSUMEXP=spec.logsumexp, DOT=plan.dot, SPLIT_WEIGHTS=plan.split_weights, INTERPRET=INTERPRETED,
+        BLOCK=block, BLOCK_K=block_k,
     )  # fmt: skip
     u = _bf16_parts(u, w)
-    _radial_kernel[(triton.cdiv(count * n, ROWS_PER_PROGRAM),)](
-        _weights_times_rows(w, u), u, radial, rows.stat[b0:b1], sq, hidden[b0:b1], dz[b0:b1], grad, count * n, n, d,
-        u.stride(2), u.stride(0), tile_count, 1.0 / hidden.shape[0], _guard(spec, d), hp.unit_eps(spec),
-        2.0 * lambda_norm * spec.norm_penalty / (n * d), ROWS=spec.rows, U_PARTS=len(u),
-        BLOCK_ROWS=ROWS_PER_PROGRAM, BLOCK_D=triton.next_power_of_2(d), TILES=triton.next_power_of_2(tile_count),
-        num_warps=1 if INTERPRETED else 4,
-    )  # fmt: skip
+    du = _weights_times_rows(w, u)
+    b = layers[0].shape[0]
+    for layer, (z, dz_layer) in enumerate(zip(layers, dz, strict=True)):
+        s0, s1 = max(b0, layer * b), min(b1, (layer + 1) * b)  # the group's sequences in this layer
+        if s0 >= s1:
+            continue
+        here, there = slice(s0 - b0, s1 - b0), slice(s0 - layer * b, s1 - layer * b)
+        _radial_kernel[(triton.cdiv((s1 - s0) * n, ROWS_PER_PROGRAM),)](
+            du[here], u[:, here], radial[here], rows.stat[s0:s1], rows.sq[s0:s1], z[there], dz_layer[there], grad,
+            (s1 - s0) * n, n, d, u.stride(2), u.stride(0), tile_count, 1.0 / total, _guard(spec, d),
+            hp.unit_eps(spec), 2.0 * lambda_norm * spec.norm_penalty / (n * d), ROWS=spec.rows, U_PARTS=len(u),
+            BLOCK_ROWS=ROWS_PER_PROGRAM, BLOCK_D=triton.next_power_of_2(d), TILES=triton.next_power_of_2(tile_count),
+            num_warps=1 if INTERPRETED else 4,
+        )  # fmt: skip
 
 
-def _sequence_groups(hidden: Tensor, element_bytes: int, max_bytes: int) -> list[tuple[int, int]]:
-    """[b0, b1) groups of sequences whose [group, N, N] buffer of ``element_bytes`` fits ``max_bytes`` (at least
-    one)."""
-    b, n = hidden.shape[:2]
+def _sequence_groups(shape: torch.Size, element_bytes: int, max_bytes: int) -> list[tuple[int, int]]:
+    """[b0, b1) groups of the [sequences, N] shape's sequences whose [group, N, N] buffer of ``element_bytes``
+    fits ``max_bytes`` (at least one)."""
+    b, n = shape
     per_group = max(1, max_bytes // (n * n * element_bytes))
     return [(b0, min(b0 + per_group, b)) for b0 in range(0, b, per_group)]
 

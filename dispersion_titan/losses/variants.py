@@ -21,12 +21,14 @@ KERNELS = ("auto", "triton", "torch")
 
 # The products of the Triton kernels (the torch strips always compute in fp32):
 #   auto  - the default: tensor-core products with fp32 accumulation (bf16 today); for
-#           perplexity_entropy split-precision tf32 (tf32x3) logits and a tf32 W U, as its sharp
-#           row softmaxes amplify bf16 distance errors;
+#           perplexity_entropy split-precision bf16x3 logits (rows stored as bf16 hi and lo parts),
+#           as its sharp row softmaxes amplify bf16 distance errors, and a bf16 W U;
 #   bf16  - rows and pair weights stored in bf16, bf16 tensor-core products;
-#   tf32  - rows and pair weights in fp32, tf32 tensor-core products;
-#   exact - fp32 rows and weights, bf16x3 products (ieee fp32 for the raw-row variants): the
-#           reference's values within 1e-4 (value) and 2e-3 (gradient), relative.
+#   tf32  - rows in fp32, tf32 tensor-core pair products; W in bf16 hi and lo parts, W U exact
+#           to fp32 accumulation (four bf16 products);
+#   exact - rows in bf16 hi and lo parts and bf16x3 pair products (fp32 rows and ieee fp32
+#           products for the raw-row variants), W U as for tf32: the reference's values within
+#           1e-4 (value) and 2e-3 (gradient), relative.
 PRECISIONS = ("auto", "bf16", "tf32", "exact")
 
 # perplexity_entropy's sharp row softmaxes need fp32 logits: bf16 and tf32 products put 22% and

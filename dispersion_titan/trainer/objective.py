@@ -95,15 +95,14 @@ class DispersionObjective:
             if owned_batch == 0:  # a TP rank with no sequence still joins the backward all-to-alls
                 mean = sum(owned[i].sum().float() for i in self.layers)
             else:
-                # The chosen layers as one batch of L·b sequences: one set of kernel launches
-                # whatever L, and its mean over sequences is the mean over layers of each
-                # layer's mean (every layer has the same b sequences).
-                layers = torch.cat(
-                    [
-                        select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))
-                        for i in self.layers
-                    ]
-                )
+                # The chosen layers as one batch of L·b sequences, passed as they are (the Triton
+                # kernel reads them in place, no concatenated copy): one set of pair-kernel launches
+                # whatever L, and its mean over sequences is the mean over layers of each layer's
+                # mean (every layer has the same b sequences).
+                layers = [
+                    select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))
+                    for i in self.layers
+                ]
                 mean = (
                     self.loss(
                         layers,

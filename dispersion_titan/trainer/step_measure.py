@@ -38,18 +38,17 @@ MEASURED_DEPTHS = (2, 3)
 
 
 class _KernelStandIn(torch.autograd.Function):
-    """What the fused kernels hold and write: the rows saved for the backward, a scalar forward,
-    a gradient of the rows' shape."""
+    """What the fused kernels hold and write: the layers saved for the backward (as they are, no
+    copy), a scalar forward, a gradient of each layer's shape."""
 
     @staticmethod
-    def forward(ctx, rows: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(rows)
-        return rows.new_zeros((), dtype=torch.float32)
+    def forward(ctx, *layers: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(*layers)
+        return layers[0].new_zeros((), dtype=torch.float32)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (rows,) = ctx.saved_tensors
-        return torch.empty_like(rows)
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.empty_like(layer) for layer in ctx.saved_tensors)
 
 
 class PricedTerm:
@@ -60,10 +59,10 @@ class PricedTerm:
         self.gpu = gpu
         self.seconds = 0.0
 
-    def __call__(self, rows: torch.Tensor, variant: str, **_options) -> torch.Tensor:
-        b, n, d = rows.shape
-        self.seconds += term_seconds(variant, b, n, d, self.gpu.bf16_flops)
-        return _KernelStandIn.apply(rows)
+    def __call__(self, layers: list[torch.Tensor], variant: str, **_options) -> torch.Tensor:
+        b, n, d = layers[0].shape
+        self.seconds += term_seconds(variant, b * len(layers), n, d, self.gpu.bf16_flops)
+        return _KernelStandIn.apply(*layers)
 
 
 def _one_replica(config: RunConfig, world: int) -> tuple[int, bool]:
