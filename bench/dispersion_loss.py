@@ -23,9 +23,16 @@ fragmentation (run to run) instead of live tensors. On CUDA it is
 Besides the markdown table it prints ``RESULT key=value`` lines for
 bench/gpu_acceptance.sh.
 
+``--batched`` passes the layers to one call, as training does (the objective's chosen blocks as
+one batch; the naive loss gets their concatenation). ``--baseline-kernel PATH`` adds the impl
+``triton_baseline``: the ``dispersion_triton.py`` at PATH (an earlier commit's, e.g. ``git show
+REV:dispersion_titan/losses/dispersion_triton.py > PATH``) at precision auto, timed beside ``triton``.
+
     python bench/dispersion_loss.py                 # B=8 N=1024 d=768, 12 layers
     python bench/dispersion_loss.py --device cuda --variants angular_spread
     python bench/dispersion_loss.py --impls naive lean --B 2 --N 512 --d 256 --layers 2
+    python bench/dispersion_loss.py --device cuda --B 32 --dtype bf16 --batched --impls triton triton_baseline \
+        --baseline-kernel baseline_kernel.py --no-memory
 
 ``floor_tflops`` in the RESULT lines: the exact loss's FLOP floor, 4·B·N²·d a layer
 (``planning.figures.term_floor_flops``), over the measured time: the kernels' sustained rate.
@@ -34,6 +41,7 @@ bench/gpu_acceptance.sh.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -78,8 +86,28 @@ def make_hidden(args: argparse.Namespace) -> list[torch.Tensor]:
     return hidden
 
 
-def step(impl: str, variant: str, hidden: list[torch.Tensor], tau: float) -> torch.Tensor:
-    """Forward + backward of the layer-mean loss; returns the per-layer losses (detached)."""
+class BaselineKernel:
+    """An earlier commit's TritonTiles (loaded from a file) as a kernel object of today's
+    dispersion_loss, which hands kernels a list of layers: its loss takes their concatenation."""
+
+    def __init__(self, path: str) -> None:
+        spec = importlib.util.spec_from_file_location("baseline_dispersion_triton", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+        self.tiles = module.TritonTiles("auto")
+
+    def loss(self, layers: list[torch.Tensor], *args) -> torch.Tensor:
+        return self.tiles.loss(torch.cat(layers) if len(layers) > 1 else layers[0], *args)
+
+
+def step(impl: str, variant: str, hidden: list[torch.Tensor], tau: float, batched: bool = False) -> torch.Tensor:
+    """Forward + backward of the layer-mean loss; returns the per-layer losses (detached), or with
+    ``batched`` the loss of all layers in one call (the naive loss on their concatenation)."""
+    if batched:
+        loss = IMPLS[impl](torch.cat(hidden) if impl == "naive" else hidden, variant, tau=tau)
+        loss.backward()
+        return loss.detach().reshape(1)
     per_layer = torch.stack([IMPLS[impl](h, variant, tau=tau) for h in hidden])
     per_layer.mean().backward()
     return per_layer.detach()
@@ -97,7 +125,7 @@ def memory_worker(args: argparse.Namespace) -> None:
     for name in args.impls:  # load kernels/thread pools before the baseline
         IMPLS[name](small, variant, tau=args.tau).backward()
     hidden = make_hidden(args)
-    extra = extra_peak_bytes(lambda: step(impl, variant, hidden, args.tau), args.device)
+    extra = extra_peak_bytes(lambda: step(impl, variant, hidden, args.tau, args.batched), args.device)
     print(json.dumps({"extra_bytes": extra}))
 
 
@@ -133,6 +161,8 @@ def measure_memory(impl: str, variant: str, args: argparse.Namespace) -> float:
         "--B", str(args.B), "--N", str(args.N), "--d", str(args.d),
         "--layers", str(args.layers), "--device", args.device, "--dtype", args.dtype,
         "--tau", str(args.tau), "--seed", str(args.seed), "--impls", *args.impls,
+        *(["--batched"] if args.batched else []),
+        *(["--baseline-kernel", args.baseline_kernel] if args.baseline_kernel else []),
     ]  # fmt: skip
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(2**20)}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
@@ -151,7 +181,7 @@ def compare(variant: str, args: argparse.Namespace) -> dict[str, dict[str, float
                 h.grad.zero_()
             sync(args.device)
             start = time.perf_counter()
-            values[impl] = step(impl, variant, hidden, args.tau)
+            values[impl] = step(impl, variant, hidden, args.tau, args.batched)
             sync(args.device)
             if rep > 0:
                 times[impl].append(time.perf_counter() - start)
@@ -185,9 +215,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--dtype", default="fp32", choices=DTYPES)
     p.add_argument("--tau", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--impls", nargs="+", default=["triton", "lean", "naive"], choices=IMPLS,
+    p.add_argument("--impls", nargs="+", default=["triton", "lean", "naive"], choices=[*IMPLS, "triton_baseline"],
                    help="implementations to run; the first is the baseline of the ratios and gaps")  # fmt: skip
     p.add_argument("--no-memory", action="store_true", help="skip the extra-memory subprocesses (time only)")
+    p.add_argument("--batched", action="store_true", help="all layers in one call, as training passes them")
+    p.add_argument("--baseline-kernel", metavar="PATH",
+                   help="an earlier dispersion_triton.py, timed as impl triton_baseline")  # fmt: skip
     p.add_argument("--memory-worker", nargs=2, metavar=("IMPL", "VARIANT"), help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -205,6 +238,13 @@ def triton_runs_here(device: str) -> bool:
 
 def main() -> None:
     args = parse_args()
+    if "triton_baseline" in args.impls:
+        if not args.baseline_kernel:
+            sys.exit("dispersion_loss.py: --impls triton_baseline needs --baseline-kernel PATH")
+        if not Path(args.baseline_kernel).is_file():
+            sys.exit(f"dispersion_loss.py: --baseline-kernel {args.baseline_kernel}: no such file")
+        if triton_runs_here(args.device):
+            IMPLS["triton_baseline"] = partial(dispersion_loss, kernel=BaselineKernel(args.baseline_kernel))
     if args.memory_worker:
         memory_worker(args)
         return

@@ -17,9 +17,11 @@
 # Part 2: GPT-2 small's step ratio for every variant against CE only; its grouped profile
 # (bench/profile_step.py, angular_spread); Qwen3-0.6B CE only (random weights: nothing downloaded;
 # GPT-2's tokenizer and the embedded corpus stand in); the loss kernels' sustained TFLOP/s (FLOP
-# floor over time) at Qwen3-1.7B's shape (bench/dispersion_loss.py); last, the plan's peak memory and
-# step time of GPT-2 small against the measured ones (bench/plan_gpu_check.py). Part 2 reuses part 1's
-# Triton and inductor caches: run on a cold machine it takes longer.
+# floor over time) at Qwen3-1.7B's shape, one call per layer, and at GPT-2 small's training shape (its
+# 12 blocks of a micro-batch of 32 in one call, bf16), each beside KERNEL_BASELINE's kernel where set
+# (bench/dispersion_loss.py); last, the plan's peak memory and step time of GPT-2 small against the
+# measured ones (bench/plan_gpu_check.py). Part 2 reuses part 1's Triton and inductor caches: run on a
+# cold machine it takes longer.
 # Part 3: point 6's candidates, each against part 2's CE-only step on the same machine: Qwen3-0.6B with
 # SDPA pinned to cuDNN's attention (bench/train_step.py --sdpa-backend cudnn; 1.25x faster on an H200;
 # GPT-2 small's default already runs cuDNN's kernels).
@@ -39,7 +41,9 @@
 # Each step's output is kept in $OUT_DIR/<step>.log, its figures appended to $OUT_DIR/results.txt
 # (--quick, --part 1 and a full run start it anew); the table of every figure so far goes to stdout
 # and $OUT_DIR/gpu_acceptance.md (bench/acceptance_table.py parses; tested on CPU).
-# Environment: OUT_DIR (default outputs/gpu_acceptance); PYTHON, else a venv installed offline from
+# Environment: KERNEL_BASELINE, an earlier commit's dispersion_triton.py to time beside today's
+# (`git show REV:dispersion_titan/losses/dispersion_triton.py > baseline_kernel.py` before the tree
+# is copied to the GPU machine); OUT_DIR (default outputs/gpu_acceptance); PYTHON, else a venv installed offline from
 # WHEELHOUSE (default ./wheelhouse, made by scripts/wheelhouse.sh) into ACCEPTANCE_VENV (default
 # outputs/gpu_acceptance_venv) when that folder exists, else .venv, else python3, else python.
 # ACCEPTANCE_DEVICE=cpu runs the same steps on a CPU with the debug configs (--profile cpu, a few
@@ -179,9 +183,14 @@ part2() {
     run_step profile_gpt2 "$PYTHON" bench/profile_step.py "$GPT2_PROFILE_CONFIG" "${STEPS[@]}"
     run_step train_step_qwen3_ce "$PYTHON" bench/train_step.py "$QWEN3_CONFIG" --name qwen3_0.6b --variants \
         "${STEPS[@]}" "${QWEN3_ARGS[@]}"
+    local kernels=(--impls triton)
+    [ -z "${KERNEL_BASELINE:-}" ] || kernels=(--impls triton triton_baseline --baseline-kernel "$KERNEL_BASELINE")
     run_step kernel_rate_qwen3_1.7b "$PYTHON" bench/dispersion_loss.py --device cuda --B 1 --N 4096 --d 2048 \
-        --layers 28 --dtype bf16 --variants angular_spread l2_repel perplexity_entropy --impls triton --repeats 3 \
+        --layers 28 --dtype bf16 --variants angular_spread l2_repel perplexity_entropy "${kernels[@]}" --repeats 3 \
         --no-memory
+    run_step kernel_rate_gpt2 "$PYTHON" bench/dispersion_loss.py --device cuda --B 32 --N 1024 --d 768 \
+        --layers 12 --dtype bf16 --batched --variants angular_spread l2_repel perplexity_entropy "${kernels[@]}" \
+        --repeats 3 --no-memory
     [ "$cpu" = 1 ] || run_step plan_gpu_gpt2 "$PYTHON" bench/plan_gpu_check.py "$GPT2_CONFIG"  # issue 42: plan vs GPU
 }
 

@@ -437,6 +437,25 @@ def test_bad_arguments_name_the_parameter(name: str, kwargs: dict, param: str) -
         assert all(v in str(err.value) for v in VARIANTS)
 
 
+def test_layers_give_the_loss_of_their_concatenation_with_one_token_subset() -> None:
+    """A sequence of blocks' outputs is the loss of their concatenation along the batch, value and each
+    block's gradient, max_tokens drawing one subset for all; blocks of different shapes, or none, are
+    refused in one line."""
+    layers = [randn(2, 12, 6, seed=s).requires_grad_() for s in range(3)]
+    value = dispersion_loss(layers, "l2_repel", max_tokens=7, generator=seeded(3))
+    grads = torch.autograd.grad(value, layers)
+    joined = torch.cat([layer.detach() for layer in layers]).requires_grad_()
+    joined_value = dispersion_loss(joined, "l2_repel", max_tokens=7, generator=seeded(3))
+    (joined_grad,) = torch.autograd.grad(joined_value, joined)
+    assert value.item() == joined_value.item()
+    assert torch.equal(torch.cat(grads), joined_grad)
+    assert (joined_grad != 0).any(dim=2).sum().item() == 6 * 7  # 7 positions of each of the 6 sequences
+    for bad, says in (([layers[0], randn(2, 11, 6)], "share shape"), ([], "non-empty sequence")):
+        with pytest.raises(ValueError, match=says) as err:
+            dispersion_loss(bad, "l2_repel")
+        assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "tf32"])
 def test_perplexity_entropy_refuses_low_precision_products(precision: str) -> None:
     """Its sharp row softmaxes need fp32 logits: bf16/tf32 products were 22% / 7% off on an H200."""
