@@ -420,6 +420,14 @@ def test_shipped_configurations_compile_for_h100_without_spills() -> None:
         assert report[name]["wgmma"] and report[name]["tma"], (name, report[name])  # pipelined tensor cores
 
 
+def test_autotune_is_keyed_on_the_variant_and_the_products() -> None:
+    """A pair kernel's tuned configuration is found per shape, variant and products (the precision):
+    one variant's or precision's never serves another's launch."""
+    for name, tuner in dispersion_triton._TUNED.items():
+        assert {"n", "d", "VARIANT", "ROWS", "DOT"} <= set(tuner.keys), (name, tuner.keys)
+    assert "SPLIT_WEIGHTS" in dispersion_triton._TUNED["backward"].keys
+
+
 def test_gpu_acceptance_without_cuda_exits_2_with_one_line() -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is visible: the script would run the whole acceptance")
