@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,19 @@ def refused(code: int, err: str, base: Path, before: dict[str, str], *says: str)
             "OUT_DIR: {A}/checkpoint/step-99 is inside run {A}'s checkpoint folder",
         ),
         ("convert", "A", "A/condensation", "OUT_DIR: {A}/condensation holds the analysis of {A}; use another OUT_DIR"),
+        ("analyze --tb-dir", "B", "A/tb/condensation", "--tb-dir: {A}/tb/condensation is inside run {A}'s TensorBoard"),
+        (
+            "analyze --tb-dir",
+            "B",
+            "A/checkpoint/step-2",
+            "--tb-dir: {A}/checkpoint/step-2 is inside run {A}'s checkpoint",
+        ),
+        (
+            "analyze --tb-dir",
+            "B",
+            "A/condensation",
+            "--tb-dir: {A}/condensation is inside run {A}, which holds only its own results; use another --tb-dir",
+        ),
     ],
     ids=[
         "run-root",
@@ -77,6 +91,9 @@ def refused(code: int, err: str, base: Path, before: dict[str, str], *says: str)
         "another-kind",
         "convert-into-checkpoints",
         "convert-into-results",
+        "histograms-beside-another-runs",
+        "histograms-into-checkpoints",
+        "histograms-into-another-runs-results",
     ],
 )
 def test_a_command_never_writes_into_a_folder_of_another_owner(runs, capsys, command, target, out, says):
@@ -86,8 +103,9 @@ def test_a_command_never_writes_into_a_folder_of_another_owner(runs, capsys, com
         "analyze": [runs / target, "--out", runs / out, *OPTS],
         "evaluate": [runs / target, "--out", runs / out, *EVAL_OPTS],
         "convert": ["to-hf", runs / target, runs / out],
+        "analyze --tb-dir": [runs / target, "--out", runs / target / "mine", "--tb-dir", runs / out, *OPTS],
     }[command]
-    main = {"analyze": analyze_main, "evaluate": evaluate_main, "convert": convert_main}[command]
+    main = {"evaluate": evaluate_main, "convert": convert_main}.get(command, analyze_main)
     code, _, err = run_cli(main, *argv, capsys=capsys)
     refused(code, err, runs, before, says.format(A=runs / "A"))
 
@@ -105,6 +123,46 @@ def test_results_written_before_owners_were_recorded_keep_working(runs, capsys, 
     before = digests(tmp_path)
     code, _, err = run_cli(evaluate_main, old, "--out", old / "condensation", *EVAL_OPTS, capsys=capsys)
     refused(code, err, tmp_path, before, f"{old}/condensation holds the analysis of {old}")
+
+
+def test_a_copied_run_analyzes_into_its_own_folder(runs, capsys, tmp_path):
+    """``cp -a A COPY``: the copy's analysis, recorded relative to its run (or, written before, naming
+    the original's path), is the copy's own; a second analysis with other settings gets its own
+    TensorBoard folder, and one given the first's is refused."""
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(runs / "A"), str(copy)], check=True)
+    code, stdout, err = analyze(copy, *OPTS, capsys=capsys)
+    assert code == 0 and "2 checkpoint(s) already analyzed" in stdout, err
+    record = copy / "condensation" / OWNER_FILE
+    record.write_text(json.dumps({"kind": "analysis", "run": str(runs / "A")}))  # as records were written before
+    code, stdout, err = analyze(copy, *OPTS, "--force", "--steps", "0", capsys=capsys)
+    assert code == 0 and f"TensorBoard histograms: {copy}/tb/condensation)" in stdout, err
+    histograms = digests(copy / "tb" / "condensation")
+    code, stdout, err = analyze(
+        copy, *OPTS, "--num-sequences", "3", "--steps", "0", "--out", copy / "k3", capsys=capsys
+    )
+    (own,) = [p for p in (copy / "tb").iterdir() if p.name.startswith("condensation-")]
+    assert code == 0 and f"TensorBoard histograms: {own})" in stdout, err
+    assert list(own.glob("events.out.tfevents.*")) and digests(copy / "tb" / "condensation") == histograms
+    before = digests(tmp_path)
+    code, _, err = analyze(
+        copy,
+        *OPTS,
+        "--out",
+        copy / "k3",
+        "--num-sequences",
+        "3",
+        "--tb-dir",
+        copy / "tb" / "condensation",
+        capsys=capsys,
+    )
+    refused(
+        code,
+        err,
+        tmp_path,
+        before,
+        f"--tb-dir: {copy}/tb/condensation holds the histograms of an analysis with other settings; use another",
+    )
 
 
 def test_a_folder_of_files_nobody_recorded_is_refused(runs, capsys, tmp_path):
@@ -183,6 +241,7 @@ def scattered(tmp_path_factory) -> Path:
         "--checkpoint.interval",
         "2",
         "--validation.no-enable",
+        "--checkpoint.no-last_save_model_only",
         "--checkpoint.folder",
         "../ckpt",
         "--metrics.save_tb_folder",
@@ -194,14 +253,15 @@ def scattered(tmp_path_factory) -> Path:
 def test_run_paths_outside_the_dump_folder_are_recorded_and_found(scattered, capsys):
     run, ckpt, tb = (Path(os.path.realpath(scattered / name)) for name in ("run", "ckpt", "tb"))
     assert sorted(p.name for p in ckpt.iterdir() if p.name != OWNER_FILE) == ["step-0", "step-2"]
-    assert json.loads((run / "run.json").read_text())["paths"] == {
-        "checkpoint.folder": str(ckpt),
-        "metrics.save_tb_folder": str(tb),
+    assert json.loads((run / "run.json").read_text())["paths"] == {  # relative: the run moves with them
+        "checkpoint.folder": "../ckpt",
+        "metrics.save_tb_folder": "../tb",
     }
     for folder in (run, ckpt, tb):
-        assert json.loads((folder / OWNER_FILE).read_text())["run"] == str(run)
+        assert json.loads((folder / OWNER_FILE).read_text())["run_relative"] == os.path.relpath(run, folder)
     code, stdout, _ = analyze(run, *OPTS, capsys=capsys)
     assert code == 0 and (run / "condensation" / "step-2" / "condensation.json").exists(), stdout
+    assert list((tb / "condensation").glob("events.out.tfevents.*"))  # beside the run's training curves
     code, _, err = run_cli(evaluate_main, run, "--steps", "7", *EVAL_OPTS, capsys=capsys)
     assert_one_line_error(code, err, "--steps: no checkpoint for step 7 (have [0, 2])")
     convert_main(["to-hf", str(run), str(scattered / "hf")])
@@ -255,3 +315,36 @@ def test_another_run_or_command_on_a_runs_outside_folders_is_refused(scattered, 
     )
     assert fork.returncode == 0, fork.stderr[-2000:]
     assert digests(scattered) == before and not (tmp_path / "fork").exists()
+
+
+def test_a_copied_or_moved_run_works_as_the_original(scattered, capsys, tmp_path):
+    """Runs are folders that can be copied and moved (issue 49). ``cp -a`` of the run with its outside
+    folders analyzes, evaluates, relaunches and forks as the original would, the original unchanged;
+    ``mv`` to another parent folder, it relaunches and trains on, in the folders that moved with it."""
+    before = digests(scattered)
+    copy = tmp_path / "copy"
+    subprocess.run(["cp", "-a", str(scattered), str(copy)], check=True)
+    run = copy / "run"
+    code, _, err = analyze(run, *OPTS, "--steps", "2", capsys=capsys)
+    assert code == 0 and (copy / "tb" / "condensation").is_dir(), err
+    code, _, err = run_cli(evaluate_main, run, "--steps", "2", *EVAL_OPTS, capsys=capsys)
+    assert code == 0 and (run / "evaluation" / "step-2" / "results.json").is_file(), err
+    same = ("--checkpoint.folder", "../ckpt", "--checkpoint.no-last_save_model_only", "--training.steps", "3")
+    for dump, how in ((run, ()), (tmp_path / "fork", ("--job.fork_from", str(run)))):
+        proc = python_module("dispersion_titan.train", *CHECK, "--job.dump_folder", str(dump), *same, *how, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert digests(scattered) == before
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    subprocess.run(["mv", str(copy), str(moved)], check=True)
+    torchrun(
+        moved / "run",
+        1,
+        *same,
+        "--checkpoint.interval",
+        "2",
+        "--validation.no-enable",
+        "--metrics.save_tb_folder",
+        str(moved / "tb"),
+    )
+    assert (moved / "ckpt" / "step-3" / ".metadata").is_file() and not copy.exists()

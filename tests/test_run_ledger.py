@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,8 @@ def test_fork_starts_from_the_source_checkpoint_and_records_it(fork, reference_r
         "model_only": False,
     }
     assert recorded["settings"]["dispersion.coeff"] == 0.0
+    parent = json.loads((reference_run / "run.json").read_text())["started_from"]
+    assert recorded["started_from"] == parent and parent["pretrained"] is False  # a branch of a run from scratch
 
 
 def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
@@ -196,3 +199,20 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(fork, reference_run, tm
         "--force recomputes it",
     )
     assert sha256_tree(run / "condensation") == before
+
+
+def test_a_fork_relaunched_from_its_source_moved_elsewhere_goes_on(fork, reference_run, tmp_path):
+    """The source a fork recorded is recognised by its checkpoint's identity, not its path: named where
+    it was copied (``cp -a`` keeps what the identity reads), the fork's relaunch passes the launch checks."""
+    moved = tmp_path / "moved"
+    (moved / "checkpoint").mkdir(parents=True)
+    subprocess.run(["cp", "-a", str(reference_run / "run.json"), str(moved)], check=True)
+    subprocess.run(
+        ["cp", "-a", str(reference_run / "checkpoint" / f"step-{FORK_STEP}"), str(moved / "checkpoint")], check=True
+    )
+    proc = python_module("dispersion_titan.train", "--check-only", "--job.config_file", DEBUG_TOML,
+                         "--job.dump_folder", str(fork), "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, *RUN,
+                         "--training.steps", str(FORK_STEP + 3), "--dispersion.coeff", "0",
+                         "--checkpoint.no-last_save_model_only", "--job.fork_from", f"{moved}@{FORK_STEP}",
+                         timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]

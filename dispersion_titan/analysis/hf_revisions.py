@@ -49,7 +49,7 @@ class HFAnalysis(Analysis):
             units,
             os.path.basename(os.path.normpath(self.spec.model)),
             options.out,
-            options.tb_dir or os.path.join(options.out, "tb"),
+            os.path.join(options.out, "tb"),
             inputs,
             dtype,
             FolderOwner("analysis", self.spec.model),

@@ -9,6 +9,8 @@ summary); ``RunAnalysis`` feeds it the checkpoints of one of our runs, and
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import sys
@@ -31,12 +33,22 @@ from ..run_folder.checkpoints import (
     run_of,
 )
 from ..run_folder.outputs import ensure_writable, listed, result_path, save_png, write_csv
-from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.owners import (
+    TB_KEY,
+    FolderOwner,
+    inside,
+    owned,
+    owner_record,
+    refuse_histograms_unless_ours,
+    refuse_unless_ours,
+    run_paths,
+    write_record,
+)
 from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.devices import resolve_device
-from ..utils.errors import CheckpointError
+from ..utils.errors import CheckpointError, OutputError
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
@@ -107,7 +119,7 @@ class Analysis:
         units: list[Unit],
         label: str,
         out: str,
-        tb_dir: str,
+        tb_default: str,
         inputs: InputOptions,
         dtype: str,
         owner: FolderOwner,
@@ -118,7 +130,6 @@ class Analysis:
         self.units = units
         self.label = label
         self.out = out
-        self.tb_dir = tb_dir
         self.inputs = inputs
         self.dtype = dtype
         self.model = model
@@ -128,8 +139,29 @@ class Analysis:
         refuse_unless_ours(out, owner, "--out", "use another --out")
         self.sequences = select_sequences(inputs, encode)
         self.geometry_sequences = int(geometry_mask(len(self.sequences.tokens), options.geometry_sequences).sum())
+        self.settings = hashlib.sha256(
+            json.dumps([self.model, self.dtype, self.geometry_sequences, self.sequences.sha256]).encode()
+        ).hexdigest()[:12]
+        self.tb_dir = self._histogram_folder(options.tb_dir, tb_default)
         ensure_writable(self.out, "--out")
         ensure_writable(self.tb_dir, "--tb-dir")
+
+    def _histogram_folder(self, given: str | None, default: str) -> str:
+        """``--tb-dir`` if ``given``, else ``default``, or ``default-SETTINGS`` where ``default`` holds the
+        histograms of other settings: one folder never mixes two analyses (refused for a given one)."""
+        for folder in [given] if given else [default, f"{default}-{self.settings}"]:
+            if not inside(folder, self.out):  # the output folder's owner is checked already
+                refuse_histograms_unless_ours(folder, self.owner)
+            try:
+                recorded = (owner_record(folder) or {}).get("settings")
+            except (OSError, ValueError, AttributeError):  # not a folder, or an unreadable record: written over
+                recorded = None
+            if recorded in (None, self.settings):
+                return folder
+        raise OutputError(
+            f"--tb-dir: {folder} holds the histograms of an analysis with other settings; use another "
+            "--tb-dir, or leave it out (each analysis's settings get a folder of their own)"
+        )
 
     def load(self, unit: Unit) -> LayeredModel:
         raise NotImplementedError
@@ -236,6 +268,7 @@ class Analysis:
                         figures.heatmap(result, f"{self.label}: {result.label}"),
                         os.path.join(self.out, f"heatmap_{unit.folder}.png"),
                     )
+                    write_record(self.tb_dir, self.owner, settings=self.settings)  # for the next analysis to find
                     writer.add_step(unit.step, measured.names, measured.means, result.curve)
                     write_result(result_path(self.out, unit.folder, RESULT_FILE), result)
                     tqdm.write(_one_line(result))
@@ -290,7 +323,7 @@ class RunAnalysis(Analysis):
             units,
             os.path.basename(self.dump),
             options.out or os.path.join(self.dump, "condensation"),
-            options.tb_dir or os.path.join(self.dump, "tb", "condensation"),
+            os.path.join(run_paths(self.dump)[TB_KEY], "condensation"),
             inputs,
             options.dtype or "fp32",
             FolderOwner("analysis", self.dump),

@@ -121,7 +121,8 @@ def save_run_metadata(
     ``settings`` (every config key, ``run_folder.settings``), ``forked_from`` and ``started_from``
     (``run_folder.origin``) are the run's ledger: recorded at its first launch and kept by every later one, whose other
     entries can differ only in ``training_steps`` (the settings check allows nothing else). ``paths``: the run's
-    folders outside its dump folder, by config key (real paths), added to those recorded before."""
+    folders outside its dump folder, by config key (relative to its real path, ``owners.outside_folders``),
+    added to those recorded before."""
     path = os.path.join(folder, RUN_METADATA_FILE)
     first = load_run_metadata(folder) if os.path.isfile(path) else {}
     ledger = {key: first.get(key) for key in LEDGER_KEYS} if first.get("settings") is not None else {}

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..utils.errors import CheckpointError
 from .checkpoints import load_run_metadata
+from .settings import parse_fork
 
 START_KEY = "started_from"
 _STEP = re.compile(r"^step-(\d+)$")
@@ -22,7 +23,15 @@ def start_record(job_config: Any) -> dict[str, Any]:
     """What the run loads before its first step, as TorchTitan's checkpointer decides it for a new
     run folder: ``source`` hf (safetensors from ``initial_load_path`` or ``model.hf_assets_path``),
     checkpoint (a DCP ``initial_load_path`` of trained weights), seed_checkpoint (a DCP checkpoint
-    holding an initialisation) or init (nothing: the model's own initialisation)."""
+    holding an initialisation) or init (nothing: the model's own initialisation). A fork (``job.fork_from``)
+    started where its parent did: a branch of a run from scratch is from scratch too."""
+    if job_config.job.fork_from:
+        try:
+            parent = load_run_metadata(parse_fork(job_config.job.fork_from)[0])
+        except CheckpointError:  # a parent not of ours: its checkpoint tells
+            parent = None
+        if parent is not None:
+            return recorded_start(parent)
     checkpoint = job_config.checkpoint
     if checkpoint.enable and checkpoint.initial_load_in_hf:
         path = checkpoint.initial_load_path or job_config.model.hf_assets_path
@@ -58,13 +67,23 @@ def holds_an_initialisation(step_dir: str) -> bool:
     return match is not None and int(match.group(1)) == 0 and not started_pretrained(metadata)
 
 
-def started_pretrained(metadata: dict[str, Any]) -> bool:
-    """Whether the run of this ``run.json`` began from pretrained weights (mid-training)."""
+def recorded_start(metadata: dict[str, Any]) -> dict[str, Any]:
+    """The ``started_from`` of the run of this ``run.json``: its record, or for a record written before
+    there was one, what its settings say (``pretrained`` only)."""
     record = metadata.get(START_KEY)
     if isinstance(record, dict):
-        return bool(record.get("pretrained"))
+        return record
     settings = metadata.get("settings") or {}
-    return bool(settings.get("checkpoint.initial_load_path") or settings.get("checkpoint.initial_load_in_hf"))
+    return {
+        "pretrained": bool(
+            settings.get("checkpoint.initial_load_path") or settings.get("checkpoint.initial_load_in_hf")
+        )
+    }
+
+
+def started_pretrained(metadata: dict[str, Any]) -> bool:
+    """Whether the run of this ``run.json`` began from pretrained weights (mid-training)."""
+    return bool(recorded_start(metadata).get("pretrained"))
 
 
 def from_scratch(dump: str) -> bool:

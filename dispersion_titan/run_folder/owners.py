@@ -8,7 +8,8 @@ its run. Anything else is refused in one line naming the owner, before anything 
 a run's root, a folder inside a run's checkpoint or TensorBoard folder, another run's folder
 or results, another kind's results, a folder inside another command's results, or a
 folder of files nobody recorded. Runs may sit inside a quickstart's, paper's or sweep's folder, and a
-run's own results inside the run. A folder written before owners were recorded is read
+run's own results inside the run. A record names its run's folder also relative to its own (``RUN_RELATIVE``),
+so a run copied or moved with its folders stays their owner. A folder written before owners were recorded is read
 from its files, as they were laid out then (``LAYOUTS``).
 """
 
@@ -27,7 +28,10 @@ from .outputs import STEP_FOLDER, listed
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
 OWNER_FILE = ".owner.json"
+RUN_RELATIVE = "run_relative"
+"""The record's key for its run's folder as a path relative to the recorded folder (``run``: as it was given)."""
 RUN_METADATA_FILE = "run.json"
+TB_KEY = "metrics.save_tb_folder"
 RUN_PATH_KEYS = {
     "checkpoint.folder": "checkpoint folder",
     "metrics.save_tb_folder": "TensorBoard folder",
@@ -95,9 +99,9 @@ def read_owner(folder: str, layouts: tuple = LAYOUTS) -> FolderOwner | None:
     if os.path.isfile(os.path.join(folder, RUN_METADATA_FILE)):
         return FolderOwner("run", folder)
     try:
-        with open(os.path.join(folder, OWNER_FILE)) as f:
-            record = json.load(f)
-        return FolderOwner(record["kind"], record.get("run"))
+        record = owner_record(folder)
+        if record is not None:
+            return FolderOwner(record["kind"], _recorded_run(folder, record))
     except (FileNotFoundError, NotADirectoryError, PermissionError):  # none; or not a folder: its writer says so
         pass
     except (OSError, ValueError, KeyError, TypeError) as e:
@@ -107,6 +111,26 @@ def read_owner(folder: str, layouts: tuple = LAYOUTS) -> FolderOwner | None:
         if found is not None:
             return FolderOwner(kind, _layout_run(kind, folder, found))
     return None
+
+
+def owner_record(folder: str) -> dict | None:
+    """``folder``'s ``.owner.json`` as written (None: it has none); raises what reading it raised."""
+    try:
+        with open(os.path.join(folder, OWNER_FILE)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _recorded_run(folder: str, record: dict) -> str | None:
+    """The run a record names: the run its folder relative to ``folder`` holds (the two copied or moved
+    together), else as recorded (a hub id, a model's folder, or a run's results copied away from it)."""
+    relative = record.get(RUN_RELATIVE)
+    if relative is not None:
+        run = os.path.normpath(os.path.join(os.path.realpath(folder), relative))
+        if os.path.isfile(os.path.join(run, RUN_METADATA_FILE)):
+            return run
+    return record.get("run")
 
 
 def _layout_run(kind: str, folder: str, found: str) -> str | None:
@@ -134,8 +158,9 @@ def run_paths(root: str) -> dict[str, str]:
     metadata = metadata if isinstance(metadata, dict) else {}
     recorded = metadata.get("paths") or {}
     settings = metadata.get("settings") or {}
+    real = os.path.realpath(root)  # recorded paths are relative to it (``outside_folders``), as the OS joins them
     return {
-        key: os.path.normpath(os.path.join(root, recorded.get(key) or settings.get(key) or default))
+        key: os.path.normpath(os.path.join(real, recorded.get(key) or settings.get(key) or default))
         for key, default in DEFAULT_RUN_PATHS.items()
     }
 
@@ -213,6 +238,20 @@ def _ancestors(folder: str) -> Iterator[str]:
         folder, parent = parent, os.path.dirname(parent)
 
 
+def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
+    """``refuse_unless_ours`` for ``--tb-dir`` of ``owner``, an analysis: a folder inside its run's own
+    TensorBoard folder is the run's too (histograms beside its training curves) unless another kind recorded it."""
+    real = os.path.realpath(folder)
+    if owner.run is not None and os.path.isfile(os.path.join(owner.run, RUN_METADATA_FILE)):
+        tb = os.path.realpath(run_paths(owner.run)[TB_KEY])
+        if real != tb and _within(real, tb):
+            holder = read_owner(real, ())
+            if holder is None or holder.kind == owner.kind:
+                return
+            raise OutputError(f"--tb-dir: {folder} holds {holder.describe()}; use another --tb-dir")
+    refuse_unless_ours(folder, owner, "--tb-dir", "use another --tb-dir")
+
+
 def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: str) -> None:
     """One line naming the owner if ``owner`` may not write into ``folder``; looks only. A run
     refused another run's folder is told how to branch from that run on purpose."""
@@ -232,20 +271,29 @@ def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: st
 
 
 def record_owner(folder: str, owner: FolderOwner) -> bool:
-    """Write ``folder``'s record unless it has one, created with O_EXCL (atomic on NFS and
-    Lustre too), so of two runs racing to one new folder the second finds the first's record
-    and is refused in one line; whether it wrote it."""
+    """Write ``folder``'s record unless it has one (``write_record``), so of two runs racing to one new
+    folder the second finds the first's record and is refused in one line; whether it wrote it."""
+    if write_record(folder, owner):
+        return True
+    problem = _problem(os.path.realpath(folder), owner)  # by the rules, not the record's text: a copy's results
+    if problem is not None and problem[1] is not None and problem[1].run is not None:
+        raise OutputError(f"{folder}: {problem[1].describe()} took this folder just now; use another one")
+    return False
+
+
+def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
+    """Write ``folder``'s record, with ``extra`` entries, unless it has one: created with O_EXCL (atomic
+    on NFS and Lustre too); whether it wrote it. A run's folder is recorded also relative to ``folder``."""
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, OWNER_FILE)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = os.open(os.path.join(folder, OWNER_FILE), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
-        holder = read_owner(folder, ())
-        if holder is not None and holder != owner and holder.run is not None:
-            raise OutputError(f"{folder}: {holder.describe()} took this folder just now; use another one") from None
         return False
+    local = owner.run is not None and os.path.isdir(owner.run)
+    relative = {RUN_RELATIVE: os.path.relpath(owner.run, os.path.realpath(folder))} if local else {}
     with os.fdopen(fd, "w") as f:
-        json.dump({"kind": owner.kind, "run": owner.run, "command": this_command(), "since": time.time()}, f)
+        record = {"kind": owner.kind, "run": owner.run, **relative, "command": this_command(), "since": time.time()}
+        json.dump({**record, **extra}, f)
     return True
 
 
@@ -291,13 +339,16 @@ def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:
 
 
 def outside_folders(dump: str, folders: dict[str, str]) -> dict[str, str]:
-    """Those of ``folders`` (by config key) outside ``dump``, as real paths: what ``run.json``
-    records as ``paths``."""
-    return {key: os.path.realpath(path) for key, path in folders.items() if not inside(path, dump)}
+    """Those of ``folders`` (by config key) outside ``dump``, as paths relative to its real path: what
+    ``run.json`` records as ``paths``, which a run moved with its folders still finds (``run_paths``)."""
+    real = os.path.realpath(dump)
+    return {
+        key: os.path.relpath(os.path.realpath(path), real) for key, path in folders.items() if not inside(path, dump)
+    }
 
 
 def record_run_folders(dump: str, folders: dict[str, str]) -> None:
     """Record the run ``dump`` as the owner of its dump folder and of each of ``folders`` outside it."""
     owner = FolderOwner("run", dump)
-    for path in (dump, *outside_folders(dump, folders).values()):
+    for path in (dump, *(os.path.join(os.path.realpath(dump), p) for p in outside_folders(dump, folders).values())):
         record_owner(path, owner)

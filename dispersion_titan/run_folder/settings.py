@@ -166,7 +166,7 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
     spec = job_config.job.fork_from
     if earlier is not None:  # a relaunch of a forked run goes on from the same checkpoint
         run, step = parse_fork(spec) if spec else (earlier["run"], None)
-        if run != earlier["run"] or step not in (None, earlier["step"]):
+        if not _same_source(run, earlier) or step not in (None, earlier["step"]):
             raise ConfigError(
                 f"job.fork_from: {dump} was forked from {earlier['run']}@{earlier['step']}, not {spec}; "
                 "fork into a new --job.dump_folder"
@@ -201,6 +201,18 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
     job_config.checkpoint.initial_load_path = path
     job_config.checkpoint.initial_load_model_only = not full
     return True
+
+
+def _same_source(run: str, earlier: dict[str, Any]) -> bool:
+    """Whether ``run`` is the run a fork recorded as its source: that folder, or one holding the same
+    checkpoint (by its identity: the source copied or moved since)."""
+    if run == earlier["run"]:
+        return True
+    try:
+        path = os.path.join(find_checkpoint_folder(run), f"step-{earlier['step']}")
+        return checkpoint_identity(path) == earlier["identity"]
+    except (CheckpointError, OSError):
+        return False
 
 
 def _looks_first() -> bool:

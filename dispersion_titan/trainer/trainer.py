@@ -96,6 +96,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
         folders = run_folders(job_config)
         dump = job_config.job.dump_folder
+        self.folders = folders
         self.outside_folders = outside_folders(dump, folders)
         # TorchTitan loads a fork's checkpoint only where the checkpoint folder does not exist yet:
         # one outside the run is recorded (and so created) once it has loaded (on_checkpoint_loaded).
@@ -190,9 +191,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         if CHECKPOINT_KEY in self.outside_folders:
             dist.barrier()  # every rank has looked whether the folder exists
             if dist.get_rank() == 0:
-                record_run_folders(
-                    self.job_config.job.dump_folder, {CHECKPOINT_KEY: self.outside_folders[CHECKPOINT_KEY]}
-                )
+                record_run_folders(self.job_config.job.dump_folder, {CHECKPOINT_KEY: self.folders[CHECKPOINT_KEY]})
         if self.step == 0 and self.job_config.checkpoint.save_initial and self.checkpoint_folder is not None:
             # Every rank must take the same decision, and all must look before any rank's
             # save creates the folder: agree on it with a collective first.
