@@ -4,6 +4,7 @@ exit code 2, and nothing written to the dump folder. Every configuration refused
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from typing import NamedTuple
@@ -11,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 from dispersion_titan.config import schema
-from dispersion_titan.job_config.parse import validated_args
+from dispersion_titan.job_config.parse import check, validated_args
 from dispersion_titan.losses import variants
 from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
@@ -42,6 +43,7 @@ class Refusal(NamedTuple):
 
 DEBUG, QWEN3_TP2 = job_args(), [*job_args(QWEN3_TOML), "--parallelism.tensor_parallel_degree", "2"]
 TOML = job_args("{toml}")
+MIDTRAIN_TOML = str(REPO / "train_configs" / "paper" / "midtrain_gpt2_wikitext103_baseline.toml")
 REFUSALS = [
     # invalid values, named by their field
     Refusal([*DEBUG, "--model.mlp_hidden_dim", "250", "--parallelism.tensor_parallel_degree", "3"], "model.n_heads:"),
@@ -286,6 +288,15 @@ REFUSALS = [
         "model.hf_assets_path: ./tests/assets/tokenizer: no such",
         world=2,
     ),
+    # what TorchTitan 0.2.2 (or torch's AdamW) would crash on once the job runs (issue 49)
+    Refusal(
+        [*job_args(MIDTRAIN_TOML), "--job.dump_folder", "{dir}/run", "--checkpoint.initial_load_path", ""],
+        "checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path ./assets/hf/gpt2 "
+        "when checkpoint.initial_load_path is empty (no such folder); give initial_load_path the model's folder, or "
+        "set initial_load_in_hf = false to train from scratch",
+        how="is",
+    ),  # a paper config whose start from GPT-2 was cleared
+    Refusal([*DEBUG, "--validation.steps", "0"], "validation.steps:", error=ArgumentError),  # TorchTitan's assert
     # the TOML: unknown keys and sections (with the closest match), wrong types, malformed files
     Refusal(TOML, "model.flavour:", toml='[model]\nname = "gpt2"\nflavour = "debug"\n'),
     # TorchTitan's own qwen3 / llama3 would train without our data, tokenizer or dispersion term
@@ -356,6 +367,57 @@ def test_refused_in_one_line_naming_the_field(tmp_path, refusal):
         assert message.startswith(says), message
 
 
+CRASHES = [
+    # (settings of debug.toml changed, the line); TorchTitan 0.2.2 or torch's AdamW would assert or raise on each
+    ({"checkpoint.initial_load_path": "{dir}"}, "checkpoint.initial_load_path: {dir}: no .metadata in it"),
+    (
+        {"checkpoint.initial_load_in_hf": True, "checkpoint.initial_load_path": "{dir}/nope"},
+        "checkpoint.initial_load_path: {dir}/nope: no such folder; give a Hugging Face model's folder",
+    ),
+    (
+        {"checkpoint.initial_load_in_hf": True, "checkpoint.initial_load_model_only": False},
+        "checkpoint.initial_load_model_only: must be true with checkpoint.initial_load_in_hf",
+    ),
+    ({"checkpoint.initial_load_in_hf_quantized": True}, "checkpoint.initial_load_in_hf_quantized: needs"),
+    (
+        {"checkpoint.last_save_in_hf": True, "checkpoint.last_save_model_only": False},
+        "checkpoint.last_save_model_only: must be true with checkpoint.last_save_in_hf",
+    ),
+    ({"checkpoint.save_initial": False, "checkpoint.keep_latest_k": 1}, "checkpoint.keep_latest_k: 1 is refused"),
+    ({"metrics.log_freq": 0}, "metrics.log_freq: must be >= 1, got 0"),
+    ({"validation.freq": 0}, "validation.freq: must be >= 1, got 0"),
+    ({"training.gc_freq": 0}, "training.gc_freq: must be >= 1, got 0"),
+    ({"comm.init_timeout_seconds": 0}, "comm.init_timeout_seconds: must be >= 1, got 0"),
+    ({"lr_scheduler.total_steps": 0}, "lr_scheduler.total_steps: must be >= 1, got 0"),
+    ({"training.steps": -1}, "training.steps: must be >= 0, got -1"),
+    ({"profiling.enable_profiling": True, "profiling.profile_freq": 1}, "profiling.profile_freq: 1 is less than"),
+    (
+        {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "2x"},
+        "activation_checkpoint.selective_ac_option: '2x'; use 'op' or a number of layers",
+    ),
+    ({"optimizer.name": "SGD"}, "optimizer.name: 'SGD' is not one of TorchTitan's ('Adam', 'AdamW')"),
+    ({"optimizer.lr": -1e-3}, "optimizer.lr: must be >= 0, got -0.001"),
+    ({"optimizer.beta2": 1.0}, "optimizer.beta2: must be in [0, 1), got 1.0"),
+    ({"model.converters": ["float8"]}, "model.converters: 'float8' is not one of TorchTitan 0.2.2's"),
+]
+
+
+def test_what_torchtitan_would_crash_on_is_refused_in_one_line(tmp_path):
+    """Each value TorchTitan asserts or raises on mid-launch (a traceback of 50 to 120 lines), or after
+    training (last_save_in_hf), refused by the launch checks in one line naming the key; the config
+    parsed once, each case checked on a copy of it."""
+    parsed = validated_args([*DEBUG, "--job.dump_folder", str(tmp_path / "run")])
+    for changes, says in CRASHES:
+        config = copy.deepcopy(parsed)
+        for key, value in changes.items():
+            section, name = key.split(".")
+            setattr(getattr(config, section), name, value.format(dir=tmp_path) if isinstance(value, str) else value)
+        with pytest.raises(ConfigError) as err:
+            check(config)
+        assert str(err.value).startswith(says.format(dir=tmp_path)) and "\n" not in str(err.value), str(err.value)
+    check(copy.deepcopy(parsed))  # the unchanged config passes
+
+
 def test_replicating_over_every_process_derives_the_batch_per_replica():
     """``data_parallel_replicate_degree = -1`` (the paper configs': DDP) resolves to the process count,
     and the global batch is split over the replicas as over FSDP ranks."""
@@ -424,8 +486,24 @@ EXTRA = "\n[extra]\nfoo = 1\n"  # appended to debug.toml: a section of nobody's
             "training.seq_len: 1 token per sequence leaves no pair of tokens for the angular_spread term (as "
             'dispersion.max_tokens, it needs >= 2); use a longer sequence, or dispersion.variant = "none"',
         ),
+        (
+            "",
+            ["--checkpoint.initial_load_in_hf"],
+            "checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path . when "
+            "checkpoint.initial_load_path is empty (no *.safetensors in it); give initial_load_path the model's "
+            "folder, or set initial_load_in_hf = false to train from scratch",
+        ),  # TorchTitan's checkpointer: a 57-line [rank0] ValueError
     ],
-    ids=["tp-degree", "seq-len", "missing-dataset", "triton-on-cpu", "unknown-section", "coeff-inf", "seq-len-1"],
+    ids=[
+        "tp-degree",
+        "seq-len",
+        "missing-dataset",
+        "triton-on-cpu",
+        "unknown-section",
+        "coeff-inf",
+        "seq-len-1",
+        "hf-weights-from-nowhere",
+    ],
 )
 def test_cli_exits_2_with_one_line_before_starting(tmp_path, extra, args, expected):
     """The same refusals through ``python -m dispersion_titan.train``: status 2, the one line, no dump folder."""

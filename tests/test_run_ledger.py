@@ -116,6 +116,11 @@ def test_resuming_would_save_over_a_step_checkpoint_is_refused(reference_run):
         "only) would train over step-8 and save it again, and checkpoints are never overwritten; branch "
         f"from step 6 into a new folder with --job.fork_from {reference_run}@6 --job.dump_folder NEW"
     )
+    line = one_line(relaunch(reference_run, "--training.steps", "10", "--checkpoint.load_step", "3"))
+    assert line == (  # TorchTitan: a FileNotFoundError traceback once the ranks load
+        f"dispersion_titan: error: checkpoint.load_step: 3: {reference_run}/checkpoint holds no complete step-3 "
+        "(complete steps: 0, 2, 4, 6, 8); name one of them, or -1 for the newest"
+    )
     assert sha256_tree(reference_run) == before
 
 

@@ -200,6 +200,16 @@ def test_checkpointer_attributes_used_exist():
     assert list(inspect.signature(CheckpointManager.save).parameters)[:3] == ["self", "curr_step", "last_step"]
 
 
+def test_model_converter_names_are_the_registry_the_converters_are_looked_up_in():
+    """``model_converter_names``: ``ModelConvertersContainer`` looks each of ``model.converters`` up in the
+    private registry, which holds TorchTitan's float8 and MX converters."""
+    from torchtitan.protocols.model_converter import ModelConvertersContainer
+
+    lookup = "_registry_model_converter_cls[name] for name in job_config.model.converters"
+    assert lookup in " ".join(_source(ModelConvertersContainer.__init__).split())
+    assert {"quantize.linear.float8", "quantize.linear.mx"} <= titan_compat.model_converter_names()
+
+
 def test_checkpoint_folder_of_a_disabled_checkpointer_is_none():
     class Disabled:
         enable = False

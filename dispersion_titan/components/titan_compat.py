@@ -21,6 +21,8 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
   ``self.loss_fn(predictions, labels)`` (a sum over tokens), both inside its contexts.
 - ``save_full_checkpoint``: the checkpointer's last-step save path and its
   ``last_save_model_only`` / ``last_save_in_hf`` attributes.
+- ``model_converter_names``: ``ModelConvertersContainer`` looks ``model.converters`` up in the private
+  registry ``_registry_model_converter_cls``.
 - ``checkpointer_folder``: a disabled checkpointer has no ``folder`` attribute.
 - ``will_save``: the checkpointer's private ``_should_save(step, last_step)`` rule.
 - ``on_save_error``: every checkpoint TorchTitan writes goes through the checkpointer's
@@ -252,6 +254,14 @@ def init_validator(validator: Any, validation_dataloader: Any, **fields: Any) ->
     validator.validation_dataloader = validation_dataloader
     for name, value in fields.items():
         setattr(validator, name, value)
+
+
+def model_converter_names() -> set[str]:
+    """The names ``model.converters`` may hold: the keys of the registry ``ModelConvertersContainer``
+    looks each up in (an unknown one is a ``KeyError`` once the model is built)."""
+    from torchtitan.protocols import model_converter
+
+    return set(model_converter._registry_model_converter_cls)
 
 
 # ------------------------------------------------------------------------ checkpointing

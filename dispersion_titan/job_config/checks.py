@@ -8,6 +8,7 @@ dump folder.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib.metadata
 import importlib.util
 import math
@@ -15,6 +16,7 @@ import os
 import typing
 from typing import TYPE_CHECKING, Any
 
+from ..components.titan_compat import model_converter_names
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import (
@@ -238,6 +240,94 @@ def check_checkpoint(config: RunConfig, world_size: int) -> None:
         raise ConfigError(
             "checkpoint.keep_latest_k: must be 0 with checkpoint.save_initial, "
             "or TorchTitan deletes the step-0 checkpoint"
+        )
+
+
+def check_initial_load(config: RunConfig) -> None:
+    """What TorchTitan's checkpointer loads before a new run's first step (``checkpoint.initial_load_*``),
+    looked at as it will look: it asserts or raises mid-launch, in a traceback, otherwise. A relaunch
+    (its checkpoint folder exists) loads its own checkpoints instead; a hub id is looked at once fetched."""
+    c = config.checkpoint
+    if not c.enable or os.path.exists(os.path.join(config.job.dump_folder, c.folder)):
+        return
+    if c.initial_load_in_hf_quantized and not c.initial_load_in_hf:
+        raise ConfigError("checkpoint.initial_load_in_hf_quantized: needs checkpoint.initial_load_in_hf = true")
+    if c.initial_load_in_hf and not c.initial_load_model_only:
+        raise ConfigError(
+            "checkpoint.initial_load_model_only: must be true with checkpoint.initial_load_in_hf "
+            "(Hugging Face safetensors hold weights only)"
+        )
+    hf = c.initial_load_in_hf
+    if c.initial_load_path:
+        key, path = "checkpoint.initial_load_path", c.initial_load_path
+    elif hf and not is_hub_id(config.model.hf_assets_path):
+        key, path = "checkpoint.initial_load_in_hf", config.model.hf_assets_path
+    else:
+        return
+    if glob.glob(os.path.join(path, "*.safetensors" if hf else ".metadata")):
+        return
+    problem = "no such folder" if not os.path.isdir(path) else f"no {'*.safetensors' if hf else '.metadata'} in it"
+    if key == "checkpoint.initial_load_in_hf":
+        raise ConfigError(
+            f"checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path {path} "
+            f"when checkpoint.initial_load_path is empty ({problem}); give initial_load_path the model's folder, "
+            "or set initial_load_in_hf = false to train from scratch"
+        )
+    what = "a Hugging Face model's folder (its *.safetensors)" if hf else "a checkpoint's step-N folder"
+    raise ConfigError(f'{key}: {path}: {problem}; give {what}, or "" to train from scratch')
+
+
+def check_titan_settings(config: RunConfig) -> None:
+    """Values TorchTitan 0.2.2 (or torch's AdamW) asserts or raises on only once the job runs, some after
+    training (``last_save_in_hf``): each refused here in one line naming the key."""
+    c = config.checkpoint
+    if c.enable and c.keep_latest_k == 1:
+        raise ConfigError(
+            "checkpoint.keep_latest_k: 1 is refused by TorchTitan (the newest may still be saving); "
+            "use 0 to keep every checkpoint, or 2 or more"
+        )
+    if c.enable and c.last_save_in_hf and not c.last_save_model_only:
+        raise ConfigError(
+            "checkpoint.last_save_model_only: must be true with checkpoint.last_save_in_hf (TorchTitan saves "
+            "weights only as safetensors)"
+        )
+    positive = {
+        "metrics.log_freq": config.metrics.log_freq,
+        "training.gc_freq": config.training.gc_freq,
+        "comm.init_timeout_seconds": config.comm.init_timeout_seconds,
+        "comm.train_timeout_seconds": config.comm.train_timeout_seconds,
+        **({"validation.freq": config.validation.freq} if config.validation.enable else {}),
+        "lr_scheduler.total_steps": 1 if config.lr_scheduler.total_steps is None else config.lr_scheduler.total_steps,
+    }
+    for key, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {value}")
+    if config.training.steps < 0:
+        raise ConfigError(f"training.steps: must be >= 0, got {config.training.steps}")
+    p = config.profiling
+    if p.enable_profiling and p.profile_freq < p.profiler_warmup + p.profiler_active:
+        raise ConfigError(
+            f"profiling.profile_freq: {p.profile_freq} is less than profiler_warmup + profiler_active = "
+            f"{p.profiler_warmup + p.profiler_active} steps"
+        )
+    ac = config.activation_checkpoint
+    if ac.mode == "selective" and ac.selective_ac_option != "op" and not ac.selective_ac_option.isdigit():
+        raise ConfigError(
+            f"activation_checkpoint.selective_ac_option: {ac.selective_ac_option!r}; use 'op' or a number of layers"
+        )
+    o = config.optimizer
+    if o.name not in ("Adam", "AdamW"):
+        raise ConfigError(f"optimizer.name: {o.name!r} is not one of TorchTitan's ('Adam', 'AdamW')")
+    for key in ("lr", "eps", "weight_decay"):
+        if getattr(o, key) < 0:
+            raise ConfigError(f"optimizer.{key}: must be >= 0, got {getattr(o, key)}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(o, key) < 1:
+            raise ConfigError(f"optimizer.{key}: must be in [0, 1), got {getattr(o, key)}")
+    unknown = [name for name in config.model.converters if name not in model_converter_names()]
+    if unknown:
+        raise ConfigError(
+            f"model.converters: {unknown[0]!r} is not one of TorchTitan 0.2.2's {sorted(model_converter_names())}"
         )
 
 
@@ -479,6 +569,8 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     carry_baseline(config)
     check_data(config)
     check_checkpoint(config, world_size)
+    check_initial_load(config)
+    check_titan_settings(config)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
     check_output_folders(config)
     check_metrics(config)

@@ -72,6 +72,8 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
             job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         raise ArgumentError(_choice_message(_first_message(captured.getvalue()))) from e
+    except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
+        raise ArgumentError(f"validation.steps: {e}") from None
     if not names_model(args, toml):
         source = config_file(args) or "no --job.config_file given"
         raise ConfigError(

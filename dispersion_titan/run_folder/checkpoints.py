@@ -341,12 +341,16 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     older than the newest. Such a run is branched on purpose with ``--job.fork_from``.
     """
     saved = complete_checkpoints(folder)
+    if load_step >= 0 and os.path.isdir(folder) and load_step not in [c.step for c in saved]:
+        have = ", ".join(str(c.step) for c in saved) or "none"
+        raise CheckpointError(
+            f"checkpoint.load_step: {load_step}: {folder} holds no complete step-{load_step} (complete steps: "
+            f"{have}); name one of them, or -1 for the newest"
+        )
     if not saved:
         return
     newest = saved[-1]
     chosen = [c for c in saved if c.step == load_step] if load_step >= 0 else saved
-    if not chosen:
-        return
     if load_step < 0 and newest.step >= steps:
         done = "finished" if newest.step == steps else f"past training.steps = {steps},"
         raise RunFinished(f"run already {done} at step {newest.step}; nothing to do")

@@ -200,6 +200,7 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
     job_config.job.fork_from = f"{source}@{step}"
     job_config.checkpoint.initial_load_path = path
     job_config.checkpoint.initial_load_model_only = not full
+    job_config.checkpoint.initial_load_in_hf = False  # a DCP checkpoint, whatever the parent started from
     return True
 
 
