@@ -19,7 +19,7 @@ from dispersion_titan.analysis import ANALYSIS_PROTOCOLS, DEFAULT_GEOMETRY_SEQUE
 from dispersion_titan.analysis.wandb_condensation import log_analysis
 from dispersion_titan.components.wandb_run import recorded
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
+from dispersion_titan.utils.errors import command, fail, run_command
 
 
 def _seq_len(text: str) -> int:
@@ -233,17 +233,15 @@ def run_compare(argv: list[str]) -> int:
     return 0
 
 
+@command("each model state analyzed so far is kept in its folder; the same command analyzes the rest")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        if argv and argv[0] == "compare":
-            code = run_compare(argv[1:])
-        elif argv and argv[0] == "family":
-            code = run_size_series(argv[1:])
-        else:
-            code = run_analyze(argv)
-    except DispersionTitanError as e:
-        fail_with(e)
+    if argv and argv[0] == "compare":
+        code = run_compare(argv[1:])
+    elif argv and argv[0] == "family":
+        code = run_size_series(argv[1:])
+    else:
+        code = run_analyze(argv)
     sys.exit(code)
 
 

@@ -22,9 +22,10 @@ import argparse
 import sys
 
 from .run_folder.hf_export import to_hf
-from .utils.errors import DispersionTitanError, fail, run_command
+from .utils.errors import command, fail, run_command
 
 
+@command("OUT_DIR is as it was (the export is written beside it first); run it again")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m dispersion_titan.convert",
@@ -41,8 +42,6 @@ def main(argv: list[str] | None = None) -> None:
     options = parser.parse_args(argv)
     try:
         to_hf(options.step_dir, options.out_dir, options.force)
-    except DispersionTitanError as e:
-        fail(str(e))
     except ImportError as e:
         fail(f"transformers is needed to write config and tokenizer files ({e}); pip install transformers")
     print(f"wrote {options.out_dir}", file=sys.stderr)

@@ -27,7 +27,7 @@ from dispersion_titan.evaluation.protocol import (
     run_protocol,
 )
 from dispersion_titan.evaluation.wandb_scores import log_evaluation
-from dispersion_titan.utils.errors import DispersionTitanError, fail_with, run_command
+from dispersion_titan.utils.errors import command, run_command
 
 
 def _non_negative_int(text: str) -> int:
@@ -228,13 +228,10 @@ def run_table(argv: list[str]) -> int:
     return 0
 
 
+@command("each step evaluated so far is kept in its folder; the same command evaluates the rest")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        code = run_table(argv[1:]) if argv and argv[0] == "table" else run_evaluate(argv)
-    except DispersionTitanError as e:
-        fail_with(e)
-    sys.exit(code)
+    sys.exit(run_table(argv[1:]) if argv and argv[0] == "table" else run_evaluate(argv))
 
 
 if __name__ == "__main__":

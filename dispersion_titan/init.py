@@ -12,7 +12,7 @@ import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.shipped import write_shipped
-from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
+from dispersion_titan.utils.errors import command, fail, run_command
 
 
 def parser() -> argparse.ArgumentParser:
@@ -24,13 +24,12 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("the configs written so far are kept; run it again to write the others")
 def main(argv: list[str] | None = None) -> None:
     a = parser().parse_args(sys.argv[1:] if argv is None else argv)
     out = os.path.abspath(a.dir)
     try:
         written, kept = write_shipped(out)
-    except DispersionTitanError as e:
-        fail_with(e)
     except OSError as e:
         fail(f"DIR: {out}: not writable ({e.strerror})")
     print(

@@ -25,7 +25,7 @@ from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.run_folder.owners import FolderOwner, owned
-from dispersion_titan.utils.errors import DispersionTitanError, fail, fail_with, run_command
+from dispersion_titan.utils.errors import command, fail, run_command
 
 ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "counteract", "robustness")
 DEFAULT_OUT = "outputs/paper"
@@ -238,13 +238,9 @@ def run_paper(argv: list[str]) -> int:
     return 0
 
 
+@command("each analysis and evaluation finished so far is kept in --out; the same command goes on from there")
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        code = run_paper(argv)
-    except DispersionTitanError as e:
-        fail_with(e)
-    sys.exit(code)
+    sys.exit(run_paper(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":

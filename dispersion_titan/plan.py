@@ -16,7 +16,7 @@ import sys
 from types import ModuleType
 
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, with_config_module
-from dispersion_titan.utils.errors import DispersionTitanError, fail_with, run_command
+from dispersion_titan.utils.errors import command, run_command
 
 GPU_CHOICES = ("h100", "h200", "a100")  # planning.gpus.GPUS, named here to answer --help without torch
 
@@ -67,18 +67,16 @@ def plan_runs(runs: list[tuple[str, list[str]]], gpus: int, nodes: int | None, g
         work.refuse_if_too_big(plan)
 
 
+@command("nothing was written")
 def main(argv: list[str] | None = None) -> None:
     args, overrides = plan_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
-    try:
-        launch = plan_args(args.config, args.tp, tuple(overrides))
-        work = _planning()
-        plan = work.planned(args.config, launch, args.gpus, args.nodes, args.gpu)
-        print(work.plan_table(plan), flush=True)
-        work.refuse_if_too_big(plan)
-        if args.dry_run_step:
-            print("\n".join(["", *work.dry_run_step(launch, plan.layout)]))
-    except DispersionTitanError as e:
-        fail_with(e)
+    launch = plan_args(args.config, args.tp, tuple(overrides))
+    work = _planning()
+    plan = work.planned(args.config, launch, args.gpus, args.nodes, args.gpu)
+    print(work.plan_table(plan), flush=True)
+    work.refuse_if_too_big(plan)
+    if args.dry_run_step:
+        print("\n".join(["", *work.dry_run_step(launch, plan.layout)]))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser, positive_int
 from dispersion_titan.reproduce.quickstart import CONFIG, VARIANT
-from dispersion_titan.utils.errors import ArgumentError, fail, run_command
+from dispersion_titan.utils.errors import command, run_command
 
 OUT_ENV = "QUICKSTART_OUT"
 
@@ -95,16 +95,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("each stage finished so far is kept in --out; the same command goes on from there")
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing: --help and typos answer without torch (seconds).
     from dispersion_titan.reproduce.quickstart import pipeline
 
-    try:
-        plan = pipeline.make_plan(args)
-    except ArgumentError as e:
-        fail(str(e))
-    pipeline.run(plan)
+    pipeline.run(pipeline.make_plan(args))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
-from dispersion_titan.utils.errors import DispersionTitanError, SweepError, fail, run_command
+from dispersion_titan.utils.errors import SweepError, command, run_command
 
 SPEC_KEYS = (
     "config",
@@ -133,29 +133,27 @@ def _plan(sweep, spec, gpu: str) -> None:
     plan_runs(runs, sweep.world_size(spec), spec.nodes or 1, gpu)
 
 
+@command("the jobs submitted so far stay queued (their ids are above; scancel them to start over)", prog="sweep")
 def main(argv: list[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing: --help and typos answer without torch and TorchTitan (seconds).
     from dispersion_titan.reproduce import sweep
 
-    try:
-        raw = sweep.load_spec_file(args.spec) if args.spec else {}
-        raw.update({key: getattr(args, key) for key in SPEC_KEYS if getattr(args, key) is not None})
-        if overrides:
-            raw["train_overrides"] = overrides
-        spec = sweep.build_spec(raw)
-        sweep.check_training_configs(spec)
-        if args.plan:
-            _plan(sweep, spec, args.plan)
-            return
-        jobs = sweep.plan(spec)
-        if args.dry_run:
-            print(sweep.dry_run(spec, jobs))
-            return
-        ids = sweep.submit(spec, jobs)
-        print(f"sweep: {len(jobs)} jobs submitted; manifest {sweep.write_manifest(spec, jobs, ids)}")
-    except DispersionTitanError as e:
-        fail(str(e).splitlines()[0], prog="sweep")
+    raw = sweep.load_spec_file(args.spec) if args.spec else {}
+    raw.update({key: getattr(args, key) for key in SPEC_KEYS if getattr(args, key) is not None})
+    if overrides:
+        raw["train_overrides"] = overrides
+    spec = sweep.build_spec(raw)
+    sweep.check_training_configs(spec)
+    if args.plan:
+        _plan(sweep, spec, args.plan)
+        return
+    jobs = sweep.plan(spec)
+    if args.dry_run:
+        print(sweep.dry_run(spec, jobs))
+        return
+    ids = sweep.submit(spec, jobs)
+    print(f"sweep: {len(jobs)} jobs submitted; manifest {sweep.write_manifest(spec, jobs, ids)}")
 
 
 if __name__ == "__main__":

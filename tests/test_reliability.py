@@ -9,6 +9,7 @@ See docs/reliability.md for the guarantees these tests stand for.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,10 @@ import torch
 
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.run_folder.checkpoints import CheckpointError, check_complete, is_full, list_checkpoints
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.trainer.launcher import oom_message
 from support.cli import analyze, assert_one_line_error
+from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import (
     DEBUG_SEQ_LEN,
     DEBUG_TOML,
@@ -312,6 +316,51 @@ def test_interrupt_without_checkpointing_says_so(tmp_path):
         r"dispersion_titan: interrupted at step \d+; checkpointing is off, nothing saved", err.strip().splitlines()[-1]
     ), err[-2000:]
     assert not (dump / "checkpoint").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "module, options, result, kept",
+    [
+        (
+            "dispersion_titan.analyze",
+            (*ANALYSIS, "--tb-dir", "{tmp}/tb"),
+            "condensation.json",
+            "each model state analyzed so far is kept in its folder; the same command analyzes the rest",
+        ),
+        (
+            "dispersion_titan.evaluate",
+            ("--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word", "--limit", "2", "--device", "cpu"),
+            "results.json",
+            "each step evaluated so far is kept in its folder; the same command evaluates the rest",
+        ),
+    ],
+    ids=["analyze", "evaluate"],
+)
+def test_ctrl_c_is_one_line_keeps_what_is_done_and_the_rerun_goes_on(
+    reference, tmp_path, module, options, result, kept
+):
+    """Ctrl-C once step 0's result is written: one line saying what is kept and how to go on, exit 130 (a
+    59-62-line KeyboardInterrupt traceback before, exit 1 in analyze); step 0's result unchanged, and the same
+    command then does step 2 alone."""
+    out = tmp_path / "out"
+    argv = [str(reference), "--steps", "0,2", *(o.format(tmp=tmp_path) for o in options), "--out", str(out)]
+    job = ThreadPoolExecutor(1).submit(python_module, module, *argv, timeout=300)
+    while not (out / "step-0" / result).exists() and not job.done():
+        time.sleep(0.005)
+    assert not job.done(), job.result().stderr[-3000:]
+    os.kill(json.loads((out / LOCK_NAME).read_text())["pid"], signal.SIGINT)
+    done = job.result()
+    assert done.returncode == 130, done.stderr[-3000:]
+    # the interrupt's one line ends what the command said while it worked (lm-eval's notes, progress bars)
+    assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: interrupted; {kept}"
+    ), done.stderr
+    step_0 = digests(out / "step-0")
+    assert not (out / "step-2" / result).exists()
+    again = python_module(module, *argv, timeout=300)
+    assert again.returncode == 0 and (out / "step-2" / result).is_file(), again.stderr[-2000:]
+    assert digests(out / "step-0") == step_0
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import argparse
 import os
 
 from ..config.cli import OneLineErrorParser, positive_int
-from ..utils.errors import DispersionTitanError, fail_with, run_command
+from ..utils.errors import command, run_command
 from . import prepare as preparing
 from .corpora import SPLITS
 from .prepare import SHARD_DOCUMENTS, prepare
@@ -53,12 +53,10 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@command("the shards written so far are kept; the same command resumes where it stopped")
 def main(argv: list[str] | None = None) -> None:
     options = parser().parse_args(argv)
-    try:
-        manifest = prepare(options)
-    except DispersionTitanError as e:
-        fail_with(e)
+    manifest = prepare(options)
     section = "training" if options.split == "train" else "validation"
     print(
         f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "

@@ -1,18 +1,21 @@
 """Every error a user can cause, and the one way it ends a command: one line, an exit status.
 
 Each subclass names the kind of input at fault (its message names the field, flag or
-file); entry points catch ``DispersionTitanError`` once and call ``fail``. Kept free of
+file); each command's ``main`` is wrapped by ``command``, which ends it in one line. Kept free of
 heavy imports: ``train`` must use it before TorchTitan is imported.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
 import sys
 from collections.abc import Callable
-from typing import IO, NoReturn
+from typing import IO, Any, NoReturn, TypeVar
+
+Main = TypeVar("Main", bound=Callable[..., Any])
 
 
 class DispersionTitanError(ValueError):
@@ -102,6 +105,31 @@ def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoRet
 def fail_with(error: DispersionTitanError, status: int | None = None) -> NoReturn:
     """``fail`` with the first line of ``error`` and its own status unless one is given."""
     fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status if status is None else status)
+
+
+INTERRUPTED_STATUS = 128 + signal.SIGINT
+"""Ctrl-C ends a command as a shell reports a tool SIGINT killed (130), as ``train`` does."""
+
+
+def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main], Main]:
+    """The one error handling of a command's ``main``: a ``DispersionTitanError`` ends it in one line with
+    its status (``fail_with``), and Ctrl-C in one line saying ``interrupted``, what is kept and how to go
+    on, exit ``INTERRUPTED_STATUS``; never a traceback."""
+
+    def wrap(main: Main) -> Main:
+        @functools.wraps(main)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return main(*args, **kwargs)
+            except DispersionTitanError as e:
+                fail(str(e).splitlines()[0] if str(e) else type(e).__name__, e.status, prog)
+            except KeyboardInterrupt:
+                print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
+                sys.exit(INTERRUPTED_STATUS)
+
+        return run
+
+    return wrap
 
 
 CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
