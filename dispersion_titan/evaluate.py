@@ -27,7 +27,7 @@ from dispersion_titan.evaluation.protocol import (
     run_protocol,
 )
 from dispersion_titan.evaluation.wandb_scores import log_evaluation
-from dispersion_titan.utils.errors import command, run_command
+from dispersion_titan.utils.errors import ArgumentError, command, run_command
 
 
 def _non_negative_int(text: str) -> int:
@@ -175,6 +175,12 @@ def add_table_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_evaluate(argv: list[str]) -> int:
     a = evaluate_parser().parse_args(argv)
+    if a.run.startswith("hf:"):
+        raise ArgumentError(
+            f"RUN: {a.run} is a Hugging Face model, and evaluate takes a run's dump or checkpoint folder (a model "
+            f"before training: its run's step 0, evaluate RUN --steps 0); evaluate the model itself with "
+            f"lm_eval --model hf --model_args pretrained={a.run.removeprefix('hf:')}"
+        )
     from dispersion_titan.evaluation.runner import EvaluateOptions, RunEvaluation  # torch: after --help
 
     protocol = a.protocol or _protocol_of(a.run)

@@ -192,7 +192,9 @@ def run_paper(argv: list[str]) -> int:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
     if a.plan:
         runs = planning.training_runs(a.artifact, a.preset or "paper")
-        plan_runs([(name, plan_args(c, overrides=o)) for name, c, o in runs], a.plan_gpus, None, a.plan_gpu)
+        plan_runs(
+            [(name, plan_args(c, overrides=o)) for name, c, o in runs], a.plan_gpus, None, a.plan_gpu, "--plan-gpus"
+        )
         if a.artifact == "table2":
             pretrained = [row for row in catalog.TABLE2_ROWS if row.model]
             print(f"\nand {len(pretrained)} Pretrained rows, evaluated as published (no training, 0 GPU-hours):")

@@ -12,11 +12,12 @@ its mesh, parallelize plan and dispersion accounting in one optimizer step (docs
 
 from __future__ import annotations
 
+import os
 import sys
 from types import ModuleType
 
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, with_config_module
-from dispersion_titan.utils.errors import command, run_command
+from dispersion_titan.utils.errors import ArgumentError, ConfigError, command, run_command
 
 GPU_CHOICES = ("h100", "h200", "a100")  # planning.gpus.GPUS, named here to answer --help without torch
 
@@ -56,20 +57,47 @@ def _planning() -> ModuleType:
     return resource_plan
 
 
-def plan_runs(runs: list[tuple[str, list[str]]], gpus: int, nodes: int | None, gpu: str) -> None:
+def plan_runs(
+    runs: list[tuple[str, list[str]]], gpus: int, nodes: int | None, gpu: str, gpus_option: str | None = None
+) -> None:
     """``sweep --plan``, ``paper --plan``: each run (a name and a launch's arguments) planned on
     ``gpus`` × ``gpu``, one table with the totals; a run that does not fit is refused in one line
-    (``DispersionTitanError``) after the table."""
+    (``DispersionTitanError``) after the table. ``gpus_option``: the option the user chose ``gpus``
+    with, named by the refusal of a run that one GPU could lay out (the run's settings are not the user's)."""
     work = _planning()
-    plans = [work.planned(name, args, gpus, nodes, gpu) for name, args in runs]
+    plans = []
+    for name, args in runs:
+        try:
+            plans.append(work.planned(name, args, gpus, nodes, gpu))
+        except ConfigError as e:
+            if gpus_option is None:
+                raise
+            work.checked_config(args, 1)  # a run no layout fits says so itself
+            raise ArgumentError(
+                f"{gpus_option}: {name} cannot be laid out on {gpus} GPUs ({str(e).split('; ')[0]}); "
+                f"give a {gpus_option} that fits it"
+            ) from None
     print(work.runs_table(plans), flush=True)
     for plan in plans:
         work.refuse_if_too_big(plan)
 
 
+def _config_first(config: str, argv: list[str]) -> None:
+    """``plan --training.steps 100 CONFIG`` reads 100 as CONFIG (an override's value is the first
+    word argparse cannot place): said so, with the order that works."""
+    before = argv[argv.index(config) - 1] if argv.index(config) else ""
+    if not os.path.isfile(config) and before.startswith("--") and "." in before:
+        raise ArgumentError(
+            f"CONFIG: {config!r} was read as the config file, as {before} comes before it; give the config "
+            f"first: plan CONFIG {before} {config} ..."
+        )
+
+
 @command("nothing was written")
 def main(argv: list[str] | None = None) -> None:
-    args, overrides = plan_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args, overrides = plan_parser().parse_known_args(argv)
+    _config_first(args.config, argv)
     launch = plan_args(args.config, args.tp, tuple(overrides))
     work = _planning()
     plan = work.planned(args.config, launch, args.gpus, args.nodes, args.gpu)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 import typing
 from typing import NamedTuple
 
 import pytest
 
 from dispersion_titan.config import schema
-from dispersion_titan.job_config.parse import check, validated_args
+from dispersion_titan.job_config.parse import check_launch, validated_args
 from dispersion_titan.losses import variants
 from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
@@ -44,6 +45,7 @@ class Refusal(NamedTuple):
 DEBUG, QWEN3_TP2 = job_args(), [*job_args(QWEN3_TOML), "--parallelism.tensor_parallel_degree", "2"]
 TOML = job_args("{toml}")
 MIDTRAIN_TOML = str(REPO / "train_configs" / "paper" / "midtrain_gpt2_wikitext103_baseline.toml")
+QWEN3_MIDTRAIN_TOML = str(REPO / "train_configs" / "paper" / "midtrain_qwen3_0.6b_baseline.toml")
 REFUSALS = [
     # invalid values, named by their field
     Refusal([*DEBUG, "--model.mlp_hidden_dim", "250", "--parallelism.tensor_parallel_degree", "3"], "model.n_heads:"),
@@ -288,15 +290,15 @@ REFUSALS = [
         "model.hf_assets_path: ./tests/assets/tokenizer: no such",
         world=2,
     ),
-    # what TorchTitan 0.2.2 (or torch's AdamW) would crash on once the job runs (issue 49)
-    Refusal(
-        [*job_args(MIDTRAIN_TOML), "--job.dump_folder", "{dir}/run", "--checkpoint.initial_load_path", ""],
-        "checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path ./assets/hf/gpt2 "
-        "when checkpoint.initial_load_path is empty (no such folder); give initial_load_path the model's folder, or "
-        "set initial_load_in_hf = false to train from scratch",
-        how="is",
-    ),  # a paper config whose start from GPT-2 was cleared
+    # what TorchTitan 0.2.2 would crash on once the job runs (issue 49; the others: CRASHES)
     Refusal([*DEBUG, "--validation.steps", "0"], "validation.steps:", error=ArgumentError),  # TorchTitan's assert
+    Refusal(
+        [*DEBUG, "--training.predict_last", "false"],
+        "--training.predict_last false: training.predict_last is a switch and takes no value; write "
+        "--training.predict-last for true, --training.no-predict-last for false",
+        error=ArgumentError,
+        how="is",
+    ),  # tyro: "Unrecognized options: false"
     # the TOML: unknown keys and sections (with the closest match), wrong types, malformed files
     Refusal(TOML, "model.flavour:", toml='[model]\nname = "gpt2"\nflavour = "debug"\n'),
     # TorchTitan's own qwen3 / llama3 would train without our data, tokenizer or dispersion term
@@ -406,16 +408,26 @@ def test_what_torchtitan_would_crash_on_is_refused_in_one_line(tmp_path):
     """Each value TorchTitan asserts or raises on mid-launch (a traceback of 50 to 120 lines), or after
     training (last_save_in_hf), refused by the launch checks in one line naming the key; the config
     parsed once, each case checked on a copy of it."""
-    parsed = validated_args([*DEBUG, "--job.dump_folder", str(tmp_path / "run")])
+    dump = ["--job.dump_folder", str(tmp_path / "run")]
+    parsed = validated_args([*DEBUG, *dump])
     for changes, says in CRASHES:
         config = copy.deepcopy(parsed)
         for key, value in changes.items():
             section, name = key.split(".")
             setattr(getattr(config, section), name, value.format(dir=tmp_path) if isinstance(value, str) else value)
         with pytest.raises(ConfigError) as err:
-            check(config)
+            check_launch(config, take_lock=False)
         assert str(err.value).startswith(says.format(dir=tmp_path)) and "\n" not in str(err.value), str(err.value)
-    check(copy.deepcopy(parsed))  # the unchanged config passes
+    check_launch(copy.deepcopy(parsed), take_lock=False)  # the unchanged config passes
+    cleared = [*job_args(MIDTRAIN_TOML), *dump, "--profile", "cpu", "--checkpoint.initial_load_path", ""]
+    with pytest.raises(ConfigError) as err:
+        check_launch(validated_args(cleared), take_lock=False)
+    assert str(err.value) == (
+        "checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path ./assets/hf/gpt2 "
+        "when checkpoint.initial_load_path is empty (no such folder); give initial_load_path the model's folder, or "
+        "set initial_load_in_hf = false to train from scratch"
+    )
+    assert not (tmp_path / "run").exists()
 
 
 def test_replicating_over_every_process_derives_the_batch_per_replica():
@@ -707,3 +719,26 @@ def test_the_schemas_choices_are_the_losss():
     assert typing.get_args(hints["precision"]) == variants.PRECISIONS
     assert set(fields) >= {"variant", "kernel", "form", "points", "precision"}
     assert typing.get_args(typing.get_type_hints(schema.Baseline)["method"]) == tuple(schema.METHOD_SETTINGS)
+
+
+def test_an_offline_start_of_a_hub_model_is_one_line_before_any_folder(tmp_path, monkeypatch):
+    """A paper config whose model is a hub id (Qwen/Qwen3-0.6B), started where the hub cannot be reached
+    (a closed local port as HF_ENDPOINT) with an empty cache: the launch check says so in one line at once
+    (once 22 lines of retry warnings over 23 s), and no run folder is made."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    dump = tmp_path / "run"
+    config = validated_args([*job_args(QWEN3_MIDTRAIN_TOML), "--profile", "cpu", "--job.dump_folder", str(dump)])
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        check_launch(config, take_lock=False)
+    assert str(err.value) == (
+        "model.hf_assets_path: Qwen/Qwen3-0.6B: not in the local Hugging Face cache, and the hub is not asked: "
+        "127.0.0.1:9 is unreachable from here (Connection refused); fetch it where the hub is reachable "
+        "(hf download Qwen/Qwen3-0.6B), or give a local folder"
+    )
+    assert time.monotonic() - started < 5 and not dump.exists()

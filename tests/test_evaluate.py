@@ -543,6 +543,11 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     assert_one_line_error(
         *evaluate(run, *OPTS, "--steps", "2-x", "--out", new_out, capsys=capsys)[::2], "--steps: '2-x' is not a step"
     )
+    assert_one_line_error(  # a folder that exists, but a Hugging Face model's: evaluate takes runs only
+        *evaluate(f"hf:{run}", *OPTS, "--out", new_out, capsys=capsys)[::2],
+        f"RUN: hf:{run} is a Hugging Face model, and evaluate takes a run's dump or checkpoint folder",
+        f"lm_eval --model hf --model_args pretrained={run}",
+    )
     assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
 
 
@@ -593,7 +598,7 @@ def test_an_unreachable_hub_is_offline_only_while_the_tasks_load(monkeypatch):
     import datasets.config
     import huggingface_hub.constants
 
-    from dispersion_titan.evaluation.tasks import hub_offline
+    from dispersion_titan.utils.hub import hub_offline
 
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):

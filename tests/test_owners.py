@@ -253,6 +253,7 @@ def scattered(tmp_path_factory) -> Path:
 def test_run_paths_outside_the_dump_folder_are_recorded_and_found(scattered, capsys):
     run, ckpt, tb = (Path(os.path.realpath(scattered / name)) for name in ("run", "ckpt", "tb"))
     assert sorted(p.name for p in ckpt.iterdir() if p.name != OWNER_FILE) == ["step-0", "step-2"]
+    assert not (run / "comm_traces").exists()  # the flight recorder dumps NCCL's collectives, not gloo's
     assert json.loads((run / "run.json").read_text())["paths"] == {  # relative: the run moves with them
         "checkpoint.folder": "../ckpt",
         "metrics.save_tb_folder": "../tb",

@@ -32,7 +32,7 @@ from dispersion_titan.planning.layout import checked_config, nodes_of, resolve_l
 from dispersion_titan.trainer import resource_plan
 from dispersion_titan.trainer.step_measure import measure_at
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
-from support.cli import assert_one_line_error
+from support.cli import assert_one_line_error, run_cli
 from support.launch import REPO, torchrun_script
 
 CONFIGS = sorted((REPO / "train_configs").rglob("*.toml"))
@@ -85,12 +85,17 @@ def test_every_config_lays_out_or_refuses_in_one_line(parsed):
 def test_impossible_layouts_are_refused_before_anything_is_built(capsys):
     config = str(REPO / "train_configs" / "gpt2_small_mlp3072.toml")
     for args, message in (
-        (("--gpus", "64", "--tp", "8"), "model.n_heads: 12 is not divisible by parallelism.tensor_parallel_degree=8"),
-        (("--gpus", "64", "--nodes", "3"), "--nodes: 64 GPUs do not split evenly over 3 nodes"),
-        (("--gpus", "128"), "training.global_batch_size: 64 sequences cannot be split over 128 data-parallel ranks"),
+        ((config, "--gpus", "64", "--tp", "8"), "model.n_heads: 12 is not divisible by parallelism.tensor_parallel_"),
+        ((config, "--gpus", "64", "--nodes", "3"), "--nodes: 64 GPUs do not split evenly over 3 nodes"),
+        ((config, "--gpus", "128"), "training.global_batch_size: 64 sequences cannot be split over 128 data-parall"),
+        (
+            ("--training.steps", "100", config),
+            "CONFIG: '100' was read as the config file, as --training.steps comes before it; give the config first: "
+            "plan CONFIG --training.steps 100 ...",
+        ),  # an override before the config: once "--job.config_file: 100: no such file"
     ):
         with pytest.raises(SystemExit) as done:
-            plan_main([config, *args])
+            plan_main(list(args))
         out, err = capsys.readouterr()
         assert_one_line_error(done.value.code, err, message)
         assert out == "", out
@@ -306,11 +311,17 @@ def test_sweep_plan_sums_the_sweep(capsys):
     assert disk == pytest.approx(sum(float(r[-1].strip(" |")) for r in rows), abs=0.006 * len(rows))  # rounded
 
 
-def test_paper_plans_only_the_artifacts_that_train():
+def test_paper_plans_only_the_artifacts_that_train(capsys):
+    from dispersion_titan.paper import main as paper_main
     from dispersion_titan.paper import run_paper
 
     with pytest.raises(ArgumentError, match="^--plan: fig2 analyses released models and trains nothing"):
         run_paper(["fig2", "--plan"])
+    assert_one_line_error(  # the GPUs the user chose, not a key of a config paper takes as it is
+        *run_cli(paper_main, "fig3", "--plan", "--plan-gpus", "3", capsys=capsys)[::2],
+        "--plan-gpus: fig3_gpt2_small_mlp768 cannot be laid out on 3 GPUs (training.global_batch_size: 128 "
+        "sequences cannot be split over 3 data-parallel ranks); give a --plan-gpus that fits it",
+    )
 
 
 def test_paper_fig3_plans_the_preset_it_trains():

@@ -280,13 +280,19 @@ FORWARD_BACKWARD_STEP_SHA256 = "d66c2dd178723d3a492c93eb352b37b9ca68fd3807363210
 
 
 def test_trainer_hooks_match_the_trainer_they_rely_on():
-    """Touch ``TrainerHooks``: ``train()`` loads a checkpoint, then asks
+    """Touch ``TrainerHooks``: the flight recorder's folder is made from ``job_config.comm`` only when its
+    buffer is on; ``train()`` loads a checkpoint, then asks
     ``should_continue_training``; ``train_step`` calls ``forward_backward_step``, whose
     non-pipelined body TrainerHooks re-implements (any change to it must be re-read)."""
     from torchtitan.train import Trainer
 
     train = _source(Trainer.train)
     assert train.index("self.checkpointer.load(") < train.index("while self.should_continue_training()")
+    from torchtitan.distributed import utils as dist_utils
+
+    assert "dist_utils.init_distributed( job_config.comm," in " ".join(_source(Trainer.init_distributed).split())
+    flight_recorder = _source(dist_utils.init_distributed)
+    assert flight_recorder.index("if comm_config.trace_buf_size > 0:") < flight_recorder.index("os.makedirs(dump_dir")
     assert "self.forward_backward_step(" in _source(Trainer.train_step)
     assert list(inspect.signature(Trainer.forward_backward_step).parameters) == [
         "self",

@@ -34,9 +34,10 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
   ``lr_lambda`` to ``LambdaLR`` unchanged (a list: one factor per param group). Both
   builders are the TrainSpec's, called from ``Trainer.__init__`` with the
   ``[optimizer]`` / ``[lr_scheduler]`` sections (which carry ``[baseline]``, ``config.schema.BuilderInputs``).
-- ``TrainerHooks``: an after-checkpoint-load hook (``train()`` loads, then calls
-  ``should_continue_training``), and TorchTitan's non-pipelined ``forward_backward_step``
-  around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
+- ``TrainerHooks``: ``init_distributed`` hands ``job_config.comm`` to ``dist_utils.init_distributed``,
+  which makes the flight recorder's folder only when ``trace_buf_size > 0``; an after-checkpoint-load
+  hook (``train()`` loads, then calls ``should_continue_training``), and TorchTitan's non-pipelined
+  ``forward_backward_step`` around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
 """
 
 from __future__ import annotations
@@ -356,9 +357,17 @@ def lr_schedulers_per_group(optimizers: Any, lr_lambdas: list[Callable[[int], fl
 
 
 class TrainerHooks(Trainer):
-    """TorchTitan's Trainer with the two hooks ``DispersionTrainer`` needs."""
+    """TorchTitan's Trainer with the two hooks ``DispersionTrainer`` needs, and no flight-recorder folder
+    on a CPU."""
 
     _loaded = False
+
+    def init_distributed(self) -> Any:
+        """TorchTitan's, without a flight-recorder folder on a CPU: its dumps are NCCL's, on a GPU
+        collective's timeout, and gloo writes none (``comm.save_traces_folder`` stayed an empty folder)."""
+        if uses_cpu():
+            self.job_config.comm.trace_buf_size = 0
+        return super().init_distributed()
 
     def on_checkpoint_loaded(self) -> None:
         """Runs once, after ``train()`` has loaded (or not found) a checkpoint and before step 1."""

@@ -245,8 +245,9 @@ def check_checkpoint(config: RunConfig, world_size: int) -> None:
 
 def check_initial_load(config: RunConfig) -> None:
     """What TorchTitan's checkpointer loads before a new run's first step (``checkpoint.initial_load_*``),
-    looked at as it will look: it asserts or raises mid-launch, in a traceback, otherwise. A relaunch
-    (its checkpoint folder exists) loads its own checkpoints instead; a hub id is looked at once fetched."""
+    looked at as it will look: it asserts or raises mid-launch, in a traceback, otherwise. At launch only
+    (``parse.check_launch``; a plan needs no weights). A relaunch (its checkpoint folder exists) loads its
+    own checkpoints instead; a hub id is looked at once fetched."""
     c = config.checkpoint
     if not c.enable or os.path.exists(os.path.join(config.job.dump_folder, c.folder)):
         return
@@ -569,7 +570,6 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     carry_baseline(config)
     check_data(config)
     check_checkpoint(config, world_size)
-    check_initial_load(config)
     check_titan_settings(config)
     resolve_batch_sizes(config, data_parallel_degree(config, world_size))
     check_output_folders(config)

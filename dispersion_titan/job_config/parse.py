@@ -4,6 +4,7 @@ field before any process group starts (``dispersion_titan.train``, the sweep's c
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -22,11 +23,13 @@ from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.hf_assets import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
-from .checks import check_job_config, check_runs_here, data_parallel_degree, run_folders
+from .checks import check_initial_load, check_job_config, check_runs_here, data_parallel_degree, run_folders
 from .released import refuse_derived_keys
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
+
+SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
 
 def setup_torchtitan() -> None:
@@ -61,6 +64,24 @@ def _choice_message(message: str) -> str:
     return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value} is not one of {choices}"
 
 
+def _switch_given_a_value(args: list[str]) -> str | None:
+    """``--training.predict_last false``: a bool key is a switch that takes no value (tyro then reports
+    only the stray word); the message names the key and both of its switches."""
+    fields = {
+        f"{section.name}.{field.name}": field.type
+        for section in dataclasses.fields(titan_compat.merged_job_config_class(CONFIG_MODULE))
+        if dataclasses.is_dataclass(section.type)
+        for field in dataclasses.fields(section.type)
+    }
+    for flag, value in zip(args, args[1:]):
+        key = flag.removeprefix("--").replace("-", "_")
+        if flag.startswith("--") and fields.get(key) in (bool, "bool") and value.lower() in SWITCH_WORDS:
+            section, name = key.split(".", 1)
+            on, off = f"--{section}.{name.replace('_', '-')}", f"--{section}.no-{name.replace('_', '-')}"
+            return f"{flag} {value}: {key} is a switch and takes no value; write {on} for true, {off} for false"
+    return None
+
+
 def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections, once per launch, on
     ``toml`` (the file ``--job.config_file`` names, read once by the caller): its types checked
@@ -71,7 +92,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
             job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
-        raise ArgumentError(_choice_message(_first_message(captured.getvalue()))) from e
+        raise ArgumentError(_switch_given_a_value(args) or _choice_message(_first_message(captured.getvalue()))) from e
     except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
         raise ArgumentError(f"validation.steps: {e}") from None
     if not names_model(args, toml):
@@ -169,6 +190,7 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
     check_gpus_usable()
     check_runs_here(job_config)
+    check_initial_load(job_config)
     if take_lock:
         refuse_if_busy(job_config.job.dump_folder)
     refuse_other_owners(job_config.job.dump_folder, run_folders(job_config))

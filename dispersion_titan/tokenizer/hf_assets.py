@@ -1,6 +1,7 @@
 """``model.hf_assets_path`` as a local folder. A hub id (``Qwen/Qwen3-0.6B``) is fetched
 once into the Hugging Face cache (config, tokenizer and safetensors weights; a cached
-snapshot is reused) and its snapshot folder is what TorchTitan and the tokenizer read."""
+snapshot is reused; an unreachable hub is not retried: ``utils.hub``) and its snapshot folder is
+what TorchTitan and the tokenizer read."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 
 from ..utils.errors import ConfigError
+from ..utils.hub import hub_offline
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ASSET_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
@@ -26,8 +28,14 @@ def local_assets(path: str, field: str) -> str:
         raise ConfigError(f"{field}: {path}: no such folder (nor a Hugging Face hub id such as Qwen/Qwen3-0.6B)")
     from huggingface_hub import snapshot_download
 
-    try:
-        return snapshot_download(path, allow_patterns=ASSET_PATTERNS)
-    except Exception as e:  # noqa: BLE001 - the hub raises many types; the user needs one line
-        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ConfigError(f"{field}: {path}: cannot be fetched from the Hugging Face hub ({cause})") from None
+    with hub_offline() as offline:  # an unreachable hub: the cache at once, not retries
+        try:
+            return snapshot_download(path, allow_patterns=ASSET_PATTERNS, local_files_only=offline is not None)
+        except Exception as e:  # noqa: BLE001 - the hub raises many types; the user needs one line
+            if offline:
+                raise ConfigError(
+                    f"{field}: {path}: not in the local Hugging Face cache, and the hub is not asked: {offline}; "
+                    f"fetch it where the hub is reachable (hf download {path}), or give a local folder"
+                ) from None
+            cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"{field}: {path}: cannot be fetched from the Hugging Face hub ({cause})") from None

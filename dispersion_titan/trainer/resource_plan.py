@@ -2,8 +2,8 @@
 one ends in one line before anything is built), its step measured on rank 0 of that world
 (``step_measure``), priced and tabled (``planning.report``). Steps whose measurement would be
 the same (sweep cells differing in seed, λ or run folder) are measured once per process.
-The one module ``plan`` imports (``plan_table``, ``runs_table``, ``refuse_if_too_big`` and
-``dry_run_step`` are here for it)."""
+The one module ``plan`` imports (``checked_config``, ``plan_table``, ``runs_table``, ``refuse_if_too_big``
+and ``dry_run_step`` are here for it)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from .step_measure import MEASURED_DEPTHS, extrapolates, measure_step
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
-__all__ = ["dry_run_step", "plan_table", "planned", "refuse_if_too_big", "runs_table"]
+__all__ = ["checked_config", "dry_run_step", "plan_table", "planned", "refuse_if_too_big", "runs_table"]
 NOT_MEASURED = {
     "job": None,
     "checkpoint": None,
