@@ -11,6 +11,7 @@ where deeper: memory and time are linear in depth); measurements are shared with
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -29,6 +30,7 @@ from dispersion_titan.planning.disk import FULL_BYTES_PER_PARAM, checkpoint_disk
 from dispersion_titan.planning.figures import MEASURED_STEPS, term_seconds
 from dispersion_titan.planning.gpus import GPUS
 from dispersion_titan.planning.layout import checked_config, nodes_of, resolve_layout
+from dispersion_titan.planning.timing import step_time
 from dispersion_titan.trainer import resource_plan
 from dispersion_titan.trainer.step_measure import measure_at
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
@@ -362,3 +364,29 @@ def test_the_calibrating_roofline_is_the_plans_own():
     benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
     for f in MEASURED_STEPS:
         assert f"{f.measured_s * 1e3:.1f}" in benchmarks, f.source
+
+
+def test_a_step_knows_its_floors():
+    """GPT-2 small as shipped on 8 H100s does a token in no fewer GPU-seconds than one H100 (issue 49:
+    it planned 8 × 15.5 ms for the 65,536 tokens one GPU does in 139 ms); the data-parallel collectives'
+    latency grows with the ranks, by NCCL's ring model (FSDP over 4,096 GPUs planned as over 64 before);
+    a DDP layout's collectives are one bucketed all-reduce a step, and named so."""
+    (figure,) = (f for f in MEASURED_STEPS if f.gpu == "h100")
+    args = plan_args(figure.args[0], None, figure.args[1:])
+    one, eight = (resource_plan.planned("gpt2", args, gpus, None, "h100") for gpus in (1, 8))
+    assert eight.time.bounded and 8 * eight.time.step_s == pytest.approx(one.time.step_s, rel=1e-9)
+    assert eight.tokens_per_s / 8 == pytest.approx(one.tokens_per_s, rel=1e-9)
+    job, m, gpu, calibration = checked_config(args, 8), eight.step, GPUS["h100"], eight.time.calibration
+
+    def at(**layout):
+        return step_time(job, dataclasses.replace(eight.layout, **layout), m, gpu, calibration)
+
+    t64, t4096 = at(gpus=64, nodes=8, dp_shard=64), at(gpus=4096, nodes=512, dp_shard=4096)
+    assert t4096.latency_s == pytest.approx(3 * 13 * (8.4e-6 + 3584 * 3.4e-6 + 511 * 14e-6))  # 13 FSDP units
+    assert t4096.latency_s > 60 * t64.latency_s and t4096.data_parallel_s > t64.data_parallel_s
+    assert (t64.data_parallel, t4096.data_parallel) == ("FSDP collectives", "FSDP collectives")
+    ddp = [at(dp_shard=1, dp_replicate=8, accumulation=k) for k in (1, 4)]
+    assert [t.data_parallel for t in ddp] == ["DDP all-reduce"] * 2
+    assert ddp[0].data_parallel_s == ddp[1].data_parallel_s  # once a step, whatever the accumulation
+    buckets = math.ceil(m.params_total * 4 / (25 * 2**20))
+    assert ddp[0].latency_s == pytest.approx(buckets * (8.4e-6 + 14 * 3.4e-6))

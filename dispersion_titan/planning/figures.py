@@ -25,6 +25,8 @@ class MeasuredStep:
     """The config and overrides of the same step (one GPU)."""
     source: str
     """Where ``docs/benchmarks.md`` has it."""
+    measured_on: str
+    """The card and the date, as a plan names them (a wheel has no docs/)."""
 
 
 GPT2_SHIPPED = ("train_configs/gpt2_small_mlp3072.toml",)
@@ -39,6 +41,7 @@ MEASURED_STEPS = (
         131.03e-3,
         GPT2_SHIPPED,
         "docs/benchmarks.md: GPT-2 small as shipped, CE only (H100, 2026-11-26): 139.4 ms",
+        "an H100, 2026-11-26",
     ),
     MeasuredStep(
         "h200",
@@ -47,6 +50,7 @@ MEASURED_STEPS = (
         101.73e-3,
         GPT2_SHIPPED,
         "docs/benchmarks.md: GPT-2 small as shipped, step ratio per variant (H200, 2026-11-26): 130.6 ms",
+        "an H200, 2026-11-26",
     ),
 )
 
@@ -63,7 +67,7 @@ TERM_STEPS_H200 = {  # each variant's step in the run of MEASURED_STEPS' H200 CE
 }
 TERM_LABEL = (
     "its dispersion term at the FLOP rate its kernels reached in GPT-2 small's step on an H200 "
-    "(docs/benchmarks.md), scaled by the GPU's bf16 peak: a prediction"
+    "(measured 2026-11-26), scaled by the GPU's bf16 peak: a prediction"
 )
 
 
@@ -96,6 +100,6 @@ def calibration(gpu: str) -> Calibration:
             return Calibration(
                 factor,
                 f"roofline × {factor:.2f}, calibrated on the measured {figure.what} "
-                f"({figure.measured_s * 1e3:.1f} ms, {figure.source.split(': ', 1)[0]})",
+                f"({figure.measured_s * 1e3:.1f} ms on {figure.measured_on})",
             )
     return Calibration(1.0, f"roofline, uncalibrated: a prediction (no {gpu.upper()} step measured yet)")

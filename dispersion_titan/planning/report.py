@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 GB = 1e9
 EAGER_MEMORY = (
     "FSDPMemTracker under FakeTensorMode, eager: a compiled step holds less, GPT-2 small's measured "
-    "peak 0.57× its plan (H200, docs/benchmarks.md)"
+    "peak 0.57× its plan (measured on an H200, 2026-11-26)"
 )
+LATENCY_LABEL = "NCCL's own model of a ring: a prediction"
 TIGHT = 0.9
 """Share of a GPU's memory above which a plan says the peak is tight: the CUDA context, the
 allocator's fragmentation and what ``FakeTensorMode`` cannot see take a few GB."""
@@ -65,14 +66,19 @@ def resource_plan(
     gpu_key: str,
     gpu: GPU,
     depth_note: str,
+    one_gpu: ResourcePlan | None = None,
 ) -> ResourcePlan:
+    """``one_gpu``: the same run's plan on one GPU, whose GPU-seconds per token no layout beats."""
+    least = (
+        one_gpu.time.step_s * layout.tokens_per_step / one_gpu.layout.tokens_per_step / layout.gpus if one_gpu else 0
+    )
     return ResourcePlan(
         name,
         gpu_key,
         gpu,
         layout,
         step,
-        step_time(job_config, layout, step, gpu, calibration(gpu_key)),
+        step_time(job_config, layout, step, gpu, calibration(gpu_key), least),
         checkpoint_disk(job_config, step.params_total),
         job_config.training.steps,
         depth_note,
@@ -104,19 +110,34 @@ def _memory(plan: ResourcePlan) -> str:
     return f"**{_gb(plan.step.peak)} GB** of {plan.gpu.memory_gb:g} GB ({plan.memory_share:.0%}, {verdict}): {parts}"
 
 
+def _step_time(plan: ResourcePlan) -> str:
+    t = plan.time
+    gpus = plan.layout.gpus
+    bound = (
+        f"; at least {_ms(t.one_gpu_s)}, one GPU's {_ms(t.one_gpu_s * gpus)} for as many tokens over {gpus} GPUs "
+        "(no layout does a token in fewer GPU-seconds)"
+        if t.bounded
+        else ""
+    )
+    data_parallel = (
+        f"; {t.data_parallel} {_ms(t.data_parallel_s)} (overlapped; {_ms(t.latency_s)} of it latency, {LATENCY_LABEL})"
+        if plan.layout.dp > 1
+        else ""
+    )
+    return (
+        f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}){data_parallel}, "
+        f"TP collectives {_ms(t.tp_s)}" + bound + (f"; {TERM_LABEL}" if plan.dispersion else "")
+    )
+
+
 def plan_table(plan: ResourcePlan) -> str:
     """One run's plan as a Markdown table of its fields."""
-    t, lay = plan.time, plan.layout
+    lay = plan.layout
     rows = [
         ("layout", lay.describe()),
         ("parameters per rank", f"{plan.step.params_local / 1e6:,.2f} M of {plan.step.params_total / 1e6:,.1f} M"),
         ("peak memory per GPU", _memory(plan) + f" ({EAGER_MEMORY}; {plan.depth_note})"),
-        (
-            "step time",
-            f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}); FSDP collectives "
-            f"{_ms(t.fsdp_s)} (overlapped), TP collectives {_ms(t.tp_s)}"
-            + (f"; {TERM_LABEL}" if plan.dispersion else ""),
-        ),
+        ("step time", _step_time(plan)),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
         ("GPU-hours", f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"),
         (
@@ -157,4 +178,7 @@ def runs_table(plans: list[ResourcePlan]) -> str:
     labels = sorted({p.time.calibration.label for p in plans})
     notes = [f"step time: {label}" for label in labels] + sorted({f"memory: {p.depth_note}" for p in plans})
     notes += [f"step time of the runs with a term: {TERM_LABEL}"] if any(p.dispersion for p in plans) else []
+    notes += [f"collectives' latency: {LATENCY_LABEL}"]
+    bounded = [p.name for p in plans if p.time.bounded]
+    notes += [f"step time of {', '.join(bounded)}: one GPU's per token (no layout beats it)"] if bounded else []
     return "\n".join(lines + [""] + notes)

@@ -1,11 +1,15 @@
 """A step's time on the planned GPUs: the roofline of its compute (``planning.roofline``, scaled by
-the calibration of ``planning.figures``) plus its dispersion term (``figures.term_seconds``), FSDP's
-collectives overlapped with it (TorchTitan prefetches the next block's all-gather), tensor
-parallelism's on the critical path. The collectives' bytes follow from the layout, each sent at its
-link's bandwidth: NVLink inside a node, InfiniBand between nodes. A prediction, never a measurement."""
+the calibration of ``planning.figures``) plus its dispersion term (``figures.term_seconds``), the
+data-parallel collectives overlapped with it (FSDP: TorchTitan prefetches the next block's
+all-gather; DDP: its buckets' all-reduce runs beside the last backward), tensor parallelism's on the
+critical path. Each collective costs its bytes at its link's bandwidth (NVLink inside a node,
+InfiniBand between nodes) plus a latency that grows with its ranks, by NCCL's own model of a ring
+(``ring_latency_s``). And no layout does a token in fewer GPU-seconds than one GPU does
+(``StepTime.one_gpu_s``). A prediction, never a measurement."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,36 +25,79 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TP_COLLECTIVES_PER_BLOCK = 8
 """Sequence parallel: an all-gather before and a reduce-scatter after attention and the MLP,
 forward, and the same in backward."""
+RING_BASE_S, RING_HOP_NVLINK_S, RING_HOP_NETWORK_S = 8.4e-6, 3.4e-6, 14.0e-6
+"""NCCL's tuning model of a ring collective (Simple protocol; ``baseLat`` and ``hwLat`` in NCCL's
+``src/graph/tuning.cc``): a base latency, then one per ring step, an NVLink's or the network's: what
+NCCL itself predicts, not a measurement of ours."""
+DDP_BUCKET_BYTES = 25 * 2**20
+"""DDP's default ``bucket_cap_mb``: gradients are all-reduced in buckets of 25 MiB."""
+
+
+def ring_latency_s(ranks: int, nodes: int, all_reduce: bool = False) -> float:
+    """NCCL's model of one ring all-gather or reduce-scatter (``ranks`` - 1 steps, ``nodes`` - 1 of
+    them between nodes), or all-reduce (twice the steps): linear in the ranks."""
+    if ranks <= 1:
+        return 0.0
+    steps, between = (ranks - 1, nodes - 1) if not all_reduce else (2 * (ranks - 1), 2 * nodes if nodes > 1 else 0)
+    return RING_BASE_S + (steps - between) * RING_HOP_NVLINK_S + between * RING_HOP_NETWORK_S
 
 
 @dataclass(frozen=True)
 class StepTime:
     compute_s: float
-    fsdp_s: float
+    data_parallel_s: float
+    """The data-parallel collectives, overlapped with the compute (``data_parallel`` names them)."""
+    latency_s: float
+    """Of ``data_parallel_s``, the collectives' latency."""
     tp_s: float
     calibration: Calibration
+    data_parallel: str = "FSDP collectives"
+    one_gpu_s: float = 0.0
+    """One GPU's step of the same run scaled to this layout's tokens per GPU: the least a step can take."""
 
     @property
     def step_s(self) -> float:
-        return max(self.compute_s, self.fsdp_s) + self.tp_s
+        return max(max(self.compute_s, self.data_parallel_s) + self.tp_s, self.one_gpu_s)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the step is one GPU's per-token time, not this layout's own prediction."""
+        return self.one_gpu_s > max(self.compute_s, self.data_parallel_s) + self.tp_s
 
 
 def step_time(
-    job_config: RunConfig, layout: ResourceLayout, m: StepMeasurement, gpu: GPU, calibration: Calibration
+    job_config: RunConfig,
+    layout: ResourceLayout,
+    m: StepMeasurement,
+    gpu: GPU,
+    calibration: Calibration,
+    one_gpu_s: float = 0.0,
 ) -> StepTime:
-    """One optimizer step of ``layout`` on ``gpu``, from ``m`` (one micro-batch and the optimizer)."""
+    """One optimizer step of ``layout`` on ``gpu``, from ``m`` (one micro-batch and the optimizer);
+    ``one_gpu_s``: its least time, one GPU's per-token time (0: none)."""
     t = job_config.training
     param_bytes, reduce_bytes = DTYPE_BYTES[t.mixed_precision_param], DTYPE_BYTES[t.mixed_precision_reduce]
     roofline = (layout.accumulation * m.micro_batch_s + m.optimizer_s) * calibration.factor
     compute = roofline + layout.accumulation * m.term_s
     per_tp_rank = m.params_total / layout.tp
-    fsdp_bytes = 0.0
-    if layout.dp_shard > 1:  # all-gather forward and again in backward, reduce-scatter the gradients
-        fsdp_bytes += (layout.dp_shard - 1) / layout.dp_shard * per_tp_rank * (2 * param_bytes + reduce_bytes)
-    if layout.dp_replicate > 1:  # HSDP: the shards' gradients all-reduced over the replicas
-        r = layout.dp_replicate
-        fsdp_bytes += 2 * (r - 1) / r * per_tp_rank / layout.dp_shard * reduce_bytes
-    fsdp_link = gpu.network_bytes_per_s if layout.nodes > 1 else gpu.node_link_bytes_per_s
+    units = layout.n_layers + 1  # an FSDP unit per block and the root's (embeddings, norm, head)
+    link = gpu.network_bytes_per_s if layout.nodes > 1 else gpu.node_link_bytes_per_s
+    r, shard = layout.dp_replicate, layout.dp_shard
+    shard_nodes = min(layout.nodes, math.ceil(shard * layout.tp / gpu.gpus_per_node))
+    if shard == 1 and r > 1:  # DDP: the gradients all-reduced once a step, in buckets
+        size = per_tp_rank * reduce_bytes
+        latency = math.ceil(size / DDP_BUCKET_BYTES) * ring_latency_s(r, layout.nodes, all_reduce=True)
+        data_parallel = latency + 2 * (r - 1) / r * size / link
+        name = "DDP all-reduce"
+    else:  # FSDP, each micro-batch: all-gather forward and again in backward, reduce-scatter the gradients
+        per_micro_batch = units * 3 * ring_latency_s(shard, shard_nodes)
+        size = (shard - 1) / shard * per_tp_rank * (2 * param_bytes + reduce_bytes) if shard > 1 else 0.0
+        if r > 1:  # HSDP: the shards' gradients all-reduced over the replicas
+            per_micro_batch += units * ring_latency_s(r, min(r, layout.nodes), all_reduce=True)
+            size += 2 * (r - 1) / r * per_tp_rank / shard * reduce_bytes
+        latency = layout.accumulation * per_micro_batch
+        data_parallel = latency + layout.accumulation * size / link
+        name = "HSDP collectives" if r > 1 else "FSDP collectives"
     tp_bytes = (
         TP_COLLECTIVES_PER_BLOCK
         * layout.n_layers
@@ -62,6 +109,7 @@ def step_time(
         * param_bytes
     )
     tp_link = gpu.node_link_bytes_per_s if layout.tp <= gpu.gpus_per_node else gpu.network_bytes_per_s
-    return StepTime(
-        compute, layout.accumulation * fsdp_bytes / fsdp_link, layout.accumulation * tp_bytes / tp_link, calibration
-    )
+    tp_nodes = math.ceil(layout.tp / gpu.gpus_per_node)
+    tp_latency = TP_COLLECTIVES_PER_BLOCK * layout.n_layers * ring_latency_s(layout.tp, tp_nodes)
+    tp = layout.accumulation * (tp_bytes / tp_link + tp_latency)
+    return StepTime(compute, data_parallel, latency, tp, calibration, name, one_gpu_s)

@@ -17,6 +17,7 @@ from ..planning.gpus import GPUS
 from ..planning.layout import checked_config, nodes_of, resolve_layout
 from ..planning.measurement import StepMeasurement
 from ..planning.report import ResourcePlan, plan_table, refuse_if_too_big, resource_plan, runs_table
+from ..utils.errors import ConfigError
 from .dry_run import dry_run_step
 from .fake_world import quiet
 from .step_measure import MEASURED_DEPTHS, extrapolates, measure_step
@@ -38,6 +39,8 @@ NOT_MEASURED = {
 """Settings that change neither a step's memory nor its operators (None: the whole section; the
 data is a stand-in, ``fake_world``)."""
 _measured: dict[str, StepMeasurement] = {}
+ONE_GPU = ("--parallelism.tensor_parallel_degree", "1", "--parallelism.data_parallel_shard_degree", "-1")
+"""A run's overrides as one GPU trains it."""
 
 
 def _measurement_key(job_config: RunConfig, world: int, gpu: str) -> str:
@@ -59,7 +62,8 @@ def depth_note(job_config: RunConfig, depth: int) -> str:
 
 
 def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: str) -> ResourcePlan:
-    """The plan of the run that ``args`` (a launch's command line) make on ``gpus`` × ``gpu_key``."""
+    """The plan of the run that ``args`` (a launch's command line) make on ``gpus`` × ``gpu_key``; on
+    several GPUs its step takes at least one GPU's per-token time (that plan too is measured)."""
     setup_torchtitan()
     gpu = GPUS[gpu_key]
     job_config = checked_config(args, gpus)
@@ -69,4 +73,10 @@ def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: s
         with quiet():
             _measured[key] = measure_step(copy.deepcopy(job_config), gpus, gpu, layout.n_layers)
     note = depth_note(job_config, layout.n_layers)
-    return resource_plan(name, job_config, layout, _measured[key], gpu_key, gpu, note)
+    one_gpu = None
+    if gpus > 1:
+        try:
+            one_gpu = planned(name, [*args, *ONE_GPU], 1, None, gpu_key)
+        except ConfigError:  # a run one GPU cannot lay out (its batch): no bound
+            pass
+    return resource_plan(name, job_config, layout, _measured[key], gpu_key, gpu, note, one_gpu)
