@@ -162,17 +162,17 @@ def _run_locally(plan, artifact: str) -> None:
 
 
 def _draw_argv(argv: list[str], plan, options: dict) -> list[str]:
-    """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, and with
-    the revisions fig4 listed from the hub."""
+    """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, its --out as
+    an absolute path (once), and with the revisions fig4 listed from the hub."""
     kept, skip = [], False
     for arg in argv:
         if skip:
             skip = False
         elif arg in ("--slurm", "--dry-run"):
             continue
-        elif arg == "--sbatch-arg":
+        elif arg in ("--sbatch-arg", "--out"):
             skip = True
-        elif not arg.startswith("--sbatch-arg="):
+        elif not arg.startswith(("--sbatch-arg=", "--out=")):
             kept.append(arg)
     if plan.artifact == "fig4" and not options["revisions"]:
         kept += ["--revisions", plan.models[0].target.rpartition("@")[2]]

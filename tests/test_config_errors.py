@@ -585,7 +585,7 @@ def test_a_gpu_config_on_a_cpu_is_refused_in_one_line_naming_the_cpu_profile(tmp
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "dispersion_titan: error: compile.enable: true compiles with inductor for GPUs and torch sees none here; "
-        "run CPU jobs with --profile cpu (docs/training.md#cpu)"
+        "run CPU jobs with --profile cpu (compile off, foreach AdamW: the same computation)"
     ]
     assert "\n## CPU\n" in (REPO / "docs" / "training.md").read_text()  # the anchor the line names
     proc = python_module("dispersion_titan.train", *args, "--profile", "cpu", timeout=120)

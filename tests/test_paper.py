@@ -456,6 +456,9 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert [line.split()[3] for line in analyses if "--trust-remote-code" in line] == [
         "hf:" + m for m in QWEN_1
     ]  # asked for: the models that ship code get it, the others need none
+    assert out.splitlines()[-1] == (  # the drawing line names its --out once
+        f"python -m dispersion_titan.paper fig2 --trust-remote-code --out {tmp_path} --draw-only"
+    )
     code, out, _ = paper(
         "robustness",
         "--models",

@@ -18,6 +18,7 @@ import pytest
 from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation
 from dispersion_titan.analysis.result_files import read_results
 from dispersion_titan.quickstart import CONFIG
+from dispersion_titan.reproduce.quickstart.figure import findings_figure
 from dispersion_titan.reproduce.quickstart.findings import (
     AGREES,
     DISAGREES,
@@ -323,6 +324,22 @@ def test_a_verdict_agrees_only_beyond_the_measured_seed_spread():
     # Without a second seed nothing is measured to weigh against: the sign decides, and says so.
     alone = with_dispersion(sweep((0.60, 0.45, 0.30), 0.076, second_seed=False), 42).parts[1]
     assert (alone.verdict, alone.noise) == (AGREES, "effect +0.076, seed spread unmeasured")
+    # summary.png says what summary.md says: each panel's title opens with its finding's verdict, then
+    # the verdict of what it draws and of the finding's other measurements (issue 49: finding 4's panel
+    # said "agrees" of a finding within noise, finding 2's two panels two verdicts).
+    runs = sweep((0.60, 0.45, 0.30), 0.076)
+    found = findings(panel, runs, 42)
+    headings = {f"{n}. {f.question} — {f.verdict}" for n, f in enumerate(found, start=1)}
+    titles = [" ".join(ax.get_title().split()) for ax in findings_figure(panel, runs, found, 42).axes]
+    panels = [title for title in titles if title[:1].isdigit()]
+    assert len(panels) == 5 and all(any(title.startswith(h) for h in headings) for title in panels), panels
+    (fourth,) = [title for title in panels if title.startswith("4.")]
+    assert fourth.startswith(
+        "4. What does the dispersion loss do to it? — within noise at this scale after 100 steps: agrees;"
+    )
+    assert fourth.endswith("validation loss (mean over widths): within noise at this scale")
+    width = [title for title in panels if title.startswith("2.")]
+    assert [t.split("— ", 1)[1].split(" ")[0] for t in width] == [found[1].verdict.split()[0]] * 2
 
 
 @pytest.mark.slow

@@ -141,7 +141,7 @@ def load_rows(repo: str, config: str, split: str, path: str | None, field: str, 
     except ConnectionError as e:
         raise DataConfigError(
             f"{field}: cannot reach the Hugging Face hub for {repo} ({config}): {str(e).splitlines()[0]}; "
-            f"set {field} to a local copy (see docs/data.md)"
+            f"set {field} to a local copy (its jsonl, parquet or txt files: paths or globs)"
         ) from None
     return _require_text(rows, repo, field)
 

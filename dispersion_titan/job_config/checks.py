@@ -99,7 +99,7 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
         )
 
 
-CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (docs/training.md#cpu)"
+CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (compile off, foreach AdamW: the same computation)"
 
 
 def check_runs_here(config: RunConfig) -> None:

@@ -326,7 +326,7 @@ def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
         raise CheckpointError(
             f"parallelism: {step_dir} holds the per-rank positions of a streamed corpus for {saved} "
             f"data-parallel ranks and this run has {data_parallel_degree}; resume it with {saved}, or train "
-            "from a token store (docs/data.md), whose position any number of ranks resumes"
+            "from a token store (python -m dispersion_titan.data), whose position any number of ranks resumes"
         )
 
 

@@ -1,7 +1,8 @@
 """``summary.png``: the measurements behind the paper's four findings, in two rows that never
 share an axis: the init panel (GPT-2 small's shape at step 0) above, the trained toy models
-below, each row with one key. Each panel's title gives the verdict of what it draws; the
-top right panel writes every verdict with its effect and seed spread. Colour and marker
+below, each row with one key. Each panel's title gives its finding's verdict, as ``summary.md`` does,
+then the verdict of what it draws and of the finding's other measurements; the top right panel writes
+every verdict with its effect and seed spread. Colour and marker
 are the MLP width; solid lines and filled markers the baseline, dashed and open the
 dispersion loss; the extra seeds are dotted, the band or bar between the seeds shaded."""
 
@@ -44,11 +45,17 @@ def _style(widths: Sequence[int]) -> dict[int, dict]:
 
 
 def _title(ax: plt.Axes, number: int, finding: Finding, part: Part, when: str) -> None:
-    """The finding, and the verdict of the part the panel draws, in its colour."""
+    """The finding with its verdict as ``summary.md`` gives it, in its colour; then the verdict of the
+    measurement the panel draws, and of each other one that decides the finding (drawn elsewhere, or not)."""
+    drawn = f"{when}: {part.verdict}" + ("" if part.decides else " (context, not part of the verdict)")
+    others = [f"{p.scope}: {p.verdict}" for p in finding.parts if p.decides and p is not part]
     ax.set_title(
-        f"{number}. {finding.question}\n{when}: {part.verdict}",
+        "\n".join(
+            textwrap.wrap(f"{number}. {finding.question} — {finding.verdict}", 60)
+            + textwrap.wrap("; ".join([drawn, *others]), 64)
+        ),
         fontsize="medium",
-        color=VERDICT_COLOURS.get(part.verdict, NOISE_COLOUR),
+        color=VERDICT_COLOURS.get(finding.verdict, NOISE_COLOUR),
     )
 
 
@@ -107,7 +114,7 @@ def _verdicts(ax: plt.Axes, found: Sequence[Finding], key: str) -> None:
     ax.axis("off")
     y = 1.0
     for number, finding in enumerate(found, start=1):
-        head = textwrap.fill(f"{number}. {finding.question} {finding.verdict}", 58)
+        head = textwrap.fill(f"{number}. {finding.question} — {finding.verdict}", 58)
         ax.text(
             0.0,
             y,
