@@ -57,3 +57,25 @@ def test_a_reader_that_goes_away_ends_a_command_quietly(argv):
         f"{shlex.quote(script)} {shlex.join(argv)} | head -3", shell=True, capture_output=True, text=True, timeout=120
     )
     assert shell.returncode == 0 and shell.stderr == "" and len(shell.stdout.splitlines()) == 3
+
+
+def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command():
+    """A SIGINT that arrives while a ``__del__`` runs is swallowed by Python ("Exception ignored in"), and
+    evaluate once finished its work, exit 0: the command's handler delivers it again, one line, exit 130."""
+    code = (
+        "import os, signal\n"
+        "from dispersion_titan.utils.errors import command\n"
+        "class Finalized:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        sum(range(1000))\n"
+        "@command('what is kept; how to go on')\n"
+        "def main():\n"
+        "    Finalized()\n"
+        "    sum(range(10**8))\n"
+        "    print('finished')\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (130, "")
+    assert proc.stderr == "dispersion_titan: interrupted; what is kept; how to go on\n"

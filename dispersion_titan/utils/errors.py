@@ -12,6 +12,7 @@ import os
 import select
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import IO, Any, NoReturn, TypeVar
 
@@ -108,6 +109,7 @@ def fail_with(error: DispersionTitanError, status: int | None = None) -> NoRetur
 
 
 INTERRUPTED_STATUS = 128 + signal.SIGINT
+REDELIVERY_S = 0.01
 """Ctrl-C ends a command as a shell reports a tool SIGINT killed (130), as ``train`` does."""
 
 
@@ -119,6 +121,8 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
     def wrap(main: Main) -> Main:
         @functools.wraps(main)
         def run(*args: Any, **kwargs: Any) -> Any:
+            hook = sys.unraisablehook
+            sys.unraisablehook = functools.partial(_interrupt_again, hook)
             try:
                 return main(*args, **kwargs)
             except DispersionTitanError as e:
@@ -126,10 +130,22 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
                 sys.exit(INTERRUPTED_STATUS)
+            finally:
+                sys.unraisablehook = hook
 
         return run
 
     return wrap
+
+
+def _interrupt_again(hook: Callable[[Any], object], unraisable: Any) -> None:
+    """A Ctrl-C that landed in a finalizer (a ``__del__``), which cannot raise it and would let the
+    command run on: delivered again once the finalizer is done, to the code it interrupted. Anything
+    else to ``hook``."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        threading.Timer(REDELIVERY_S, os.kill, (os.getpid(), signal.SIGINT)).start()
+    else:
+        hook(unraisable)
 
 
 CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
