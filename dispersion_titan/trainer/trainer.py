@@ -264,10 +264,13 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         if self.has_dropout:
             self._seed_dropout(chunk)
         with self.maybe_enable_amp:
-            logits = model(inputs, **model_kwargs)
-            ce_sum = self.loss_fn(logits, labels)
+            if self.job_config.training.head_loss == "torch":
+                logits = model(inputs, **model_kwargs)
+                ce_sum = self.loss_fn(logits, labels)
+                del logits
+            else:  # the head and the CE fused in the model (GPT2.forward)
+                ce_sum = model(inputs, labels=labels, **model_kwargs)
             ce = ce_sum / global_valid_tokens
-            del logits
             with record_function("dispersion_titan.dispersion"):  # bench/profile_step.py's group
                 term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
         # L = CE + λ·L_disp (the objective's ``weighted``), backpropagated as its two addends without adding

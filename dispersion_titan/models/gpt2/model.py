@@ -132,13 +132,23 @@ class GPT2(ModelProtocol):
         positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
         return self.embd_dropout(self.tok_embeddings(tokens) + self.pos_embeddings(positions))
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits [B, T, V]. The trainer reads the blocks' outputs through forward hooks
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, V]; given ``labels``, the cross-entropy summed over them (ignoring -100) by
+        Liger-Kernel's fused linear cross-entropy, which never holds the whole logits
+        (``training.head_loss = "liger"``). The trainer reads the blocks' outputs through forward hooks
         (``trainer.block_outputs``), as for every model."""
         h = self.embed(tokens)
         for layer in self.layers.values():
             h = layer(h)
-        return self.output(self.norm(h))
+        h = self.norm(h)
+        if labels is None:
+            return self.output(h)
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        # fp32 weight-gradient sums over the chunks, as the torch path's one bf16 GEMM accumulates in fp32
+        return liger_fused_linear_cross_entropy(
+            h.flatten(0, 1), self.output.weight, labels.flatten(), reduction="sum", accum_dtype=torch.float32
+        )
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

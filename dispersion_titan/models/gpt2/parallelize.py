@@ -60,7 +60,8 @@ def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobCo
             op_sac_save_list=SAC_SAVE_LIST,
             base_folder=job_config.job.dump_folder,
         )
-    if compile_model:
+    whole_model = compile_model and job_config.compile.whole_model
+    if compile_model and not whole_model:
         apply_compile(model, job_config.compile)
 
     if parallel_dims.fsdp_enabled or shards_one_rank(parallel_dims, job_config):
@@ -68,6 +69,9 @@ def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobCo
     elif parallel_dims.dp_replicate_enabled:  # replicated parameters: TorchTitan computes under autocast
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
         sum_gradients(model, parallel_dims)
+    if whole_model:  # after data parallelism, as TorchTitan advises; in place: the state dict keeps its keys
+        model.compile(backend=job_config.compile.backend)
+        logger.info("Compiling the whole model with torch.compile")
     return model
 
 
