@@ -272,3 +272,33 @@ def test_gpu_acceptance_quick_stops_each_part_at_its_limit_and_still_writes_the_
             if marker in environ.read_bytes().split(b"\0"):
                 left.append(environ.parent.name)
     assert not left, left
+
+
+def test_gpu_levers_writes_freeze_logs_and_one_table_under_out_and_stops_at_its_limit(tmp_path):
+    """bench/gpu_levers.sh on a CPU (LEVERS_DEVICE=cpu: tiny shapes): the node's pip freeze, the install log, one
+    log, the results and the table, all in OUT and no more files than the device tool brings back; the autocast
+    baseline against the whole-model compile of the bf16-parameter path, the q/k/v and SDPA-pin checks. Run
+    again with its time spent, every step is marked skipped and the table still written."""
+    env = {**os.environ, "PYTHON": sys.executable, "LEVERS_DEVICE": "cpu", "OUT": str(tmp_path / "out"),
+           "ONLY": "baseline,whole_model,qkv,sdpa_pin"}  # fmt: skip
+    proc = subprocess.run(["bash", REPO / "bench" / "gpu_levers.sh"], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["caches.tar.gz", "freeze.txt", "install.log", "levers.log", "levers.md", "results.txt"], files
+    assert "torch==" in (tmp_path / "out" / "freeze.txt").read_text()
+    table = (tmp_path / "out" / "levers.md").read_text()
+    assert table in proc.stdout
+    rows = dict([c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()[2:])
+    for name in ("baseline", "whole_model"):
+        assert float(rows[f"train_step.{name}.ce.step_ms"]) > 0 and rows[f"{name}.exit"] == "0", name
+    log = (tmp_path / "out" / "levers.log").read_text()
+    assert "mixed_precision=bfloat16 (autocast)" in log and "(parameters)" in log and "whole_model=True" in log
+    assert float(rows["qkv.one_gemm_ms"]) > 0 and float(rows["sdpa.math.dq_err"]) < 0.05
+    assert "liger.exit" not in rows and rows["all steps passed"] == "yes"
+
+    env |= {"OUT": str(tmp_path / "late"), "LEVERS_LIMIT_S": "10", "ONLY": ""}
+    proc = subprocess.run(["bash", REPO / "bench" / "gpu_levers.sh"], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    rows = (tmp_path / "late" / "levers.md").read_text()
+    assert proc.returncode == 0 and rows.count("| time |") == 12, rows
