@@ -156,7 +156,8 @@ numerics() {  # the fast path's first steps against the eager fp32-weight path, 
     local common=(--training.steps "$NUMERICS_STEPS" --training.global_batch_size 4 --dispersion.variant angular_spread
         --dispersion.coeff 0.1 --checkpoint.no-enable --validation.no-enable --metrics.log_freq 1)
     local fast=(--training.mixed_precision_param bfloat16 --compile.enable --optimizer.implementation fused)
-    local eager=(--training.mixed_precision_param bfloat16) fp32=(--training.mixed_precision_param float32)
+    local eager=(--training.mixed_precision_param bfloat16 --parallelism.data_parallel_shard_degree 1)  # autocast
+    local fp32=(--training.mixed_precision_param float32)
     [ "$cpu" = 0 ] || { common+=(--profile cpu); fast=(--training.mixed_precision_param bfloat16); }
     local run pids=() rc=0
     for run in fast eager fp32; do
