@@ -146,7 +146,11 @@ REFUSALS = [
         [*DEBUG, "--model.name", "qwen3_dispersion", "--model.flavor", "debugmodel", "--model.resid_dropout", "0.1"],
         "model.resid_dropout:",
     ),  # gpt2 only
-    Refusal([*DEBUG, "--training.head_loss", "cce"], "training.head_loss: 'cce'; use one of torch, liger", how="is"),
+    Refusal(
+        [*DEBUG, "--training.head_loss", "cce"],
+        "training.head_loss: 'cce' is not one of ('torch', 'liger')",
+        error=ArgumentError,
+    ),
     Refusal([*QWEN3_TP2[:-2], "--training.head_loss", "liger"], 'training.head_loss: "liger" takes gpt2 without'),
     Refusal([*QWEN3_TP2[:-2], "--compile.whole_model"], "compile.whole_model: gpt2 only"),
     Refusal([*DEBUG, "--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k:"),
