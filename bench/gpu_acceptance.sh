@@ -105,7 +105,8 @@ config() {  # config NAME: the shipped config NAME.toml wherever under train_con
 GPT2_CONFIG=$(config gpt2_small_mlp3072)
 GPT2_PROFILE_CONFIG=$(config gpt2_small_mlp3072_angular_spread)
 QWEN3_CONFIG=$(config midtrain_qwen3_0.6b_baseline)
-QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --training.global_batch_size 4)
+QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --released.per_device_train_batch_size 0
+    --training.global_batch_size 4 --training.local_batch_size 1)  # 4 × 4096 tokens, not [released]'s layout
 STEPS=(--steps 3 --warmup 1)
 SDPA_PIN=cudnn
 NUMERICS_STEPS=50

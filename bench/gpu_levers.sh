@@ -70,7 +70,8 @@ cache=${CACHE:-$REPO/gpu_cache/caches.tar.gz}
 [ ! -f "$cache" ] || tar -xzf "$cache" -C "$work/cache" || echo "gpu_levers.sh: $cache does not unpack; compiling afresh"
 
 GPT2=train_configs/gpt2_small_mlp3072.toml QWEN3=train_configs/paper/midtrain_qwen3_0.6b_baseline.toml
-GPT2_ARGS=() QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --training.global_batch_size 4)
+GPT2_ARGS=() QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --released.per_device_train_batch_size 0
+    --training.global_batch_size 4 --training.local_batch_size 1)  # 4 × 4096 tokens as measured before, random weights
 STEPS=(--steps 10 --warmup 2) WHOLE=(--compile.whole_model) PIN=cudnn NUMERICS_STEPS=200
 QKV=() SDPA=() LIGER_ENV=()
 if [ "$cpu" = 1 ]; then  # the plumbing on a CPU: debug models, a few tokens, one step
