@@ -67,10 +67,11 @@ export PYTHON  # launch/train.sh uses it too
 export TORCHINDUCTOR_CACHE_DIR=$work/cache/inductor TRITON_CACHE_DIR=$work/cache/triton
 mkdir -p "$TORCHINDUCTOR_CACHE_DIR" "$TRITON_CACHE_DIR"
 cache=${CACHE:-$REPO/gpu_cache/caches.tar.gz}
-[ ! -f "$cache" ] || tar -xzf "$cache" -C "$work/cache" || echo "gpu_levers.sh: $cache does not unpack; compiling afresh"
+[ ! -f "$cache" ] || tar -xzf "$cache" -C "$work/cache" || echo "gpu_levers.sh: $cache does not unpack; compiling anew"
 
 GPT2=train_configs/gpt2_small_mlp3072.toml QWEN3=train_configs/paper/midtrain_qwen3_0.6b_baseline.toml
-GPT2_ARGS=() QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --released.per_device_train_batch_size 0
+GPT2_ARGS=()
+QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --released.per_device_train_batch_size 0
     --training.global_batch_size 4 --training.local_batch_size 1)  # 4 × 4096 tokens as measured before, random weights
 STEPS=(--steps 10 --warmup 2) WHOLE=(--compile.whole_model) PIN=cudnn NUMERICS_STEPS=200
 QKV=() SDPA=() LIGER_ENV=()
@@ -106,7 +107,8 @@ numerics() {  # bf16 parameters (compiled, fused) | autocast fp32 weights | fp32
     local common=(--training.steps "$NUMERICS_STEPS" --training.global_batch_size 4 --dispersion.variant angular_spread
         --dispersion.coeff 0.1 --checkpoint.no-enable --validation.no-enable --metrics.log_freq 1
         --training.mixed_precision_param bfloat16)
-    local params=(--compile.enable --optimizer.implementation fused) autocast=(--parallelism.data_parallel_shard_degree 1)
+    local params=(--compile.enable --optimizer.implementation fused)
+    local autocast=(--parallelism.data_parallel_shard_degree 1)
     local fp32=(--training.mixed_precision_param float32) run pids=() rc=0
     [ "$cpu" = 0 ] || { common+=(--profile cpu); params=(); }
     for run in params autocast fp32; do
