@@ -222,7 +222,7 @@ def test_attention_dropout_keeps_the_expected_output():
         reference = attention.eval()(x)
         attention.train()
         torch.manual_seed(0)
-        draws = torch.stack([attention(x) for _ in range(4000)])
+        draws = attention(x.expand(4000, -1, -1))  # one mask per batch row: 4000 draws in one call
     scale = reference.abs().max()
     assert (draws[0] - reference).abs().max() > 0.1 * scale
     error = (draws.mean(0) - reference).abs().max()
