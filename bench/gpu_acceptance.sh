@@ -105,7 +105,8 @@ config() {  # config NAME: the shipped config NAME.toml wherever under train_con
 GPT2_CONFIG=$(config gpt2_small_mlp3072)
 GPT2_PROFILE_CONFIG=$(config gpt2_small_mlp3072_angular_spread)
 QWEN3_CONFIG=$(config midtrain_qwen3_0.6b_baseline)
-QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --training.global_batch_size 4)
+QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --released.per_device_train_batch_size 0
+    --training.global_batch_size 4 --training.local_batch_size 1)  # 4 × 4096 tokens, not [released]'s layout
 STEPS=(--steps 3 --warmup 1)
 SDPA_PIN=cudnn
 NUMERICS_STEPS=50
@@ -156,7 +157,8 @@ numerics() {  # the fast path's first steps against the eager fp32-weight path, 
     local common=(--training.steps "$NUMERICS_STEPS" --training.global_batch_size 4 --dispersion.variant angular_spread
         --dispersion.coeff 0.1 --checkpoint.no-enable --validation.no-enable --metrics.log_freq 1)
     local fast=(--training.mixed_precision_param bfloat16 --compile.enable --optimizer.implementation fused)
-    local eager=(--training.mixed_precision_param bfloat16) fp32=(--training.mixed_precision_param float32)
+    local eager=(--training.mixed_precision_param bfloat16 --parallelism.data_parallel_shard_degree 1)  # autocast
+    local fp32=(--training.mixed_precision_param float32)
     [ "$cpu" = 0 ] || { common+=(--profile cpu); fast=(--training.mixed_precision_param bfloat16); }
     local run pids=() rc=0
     for run in fast eager fp32; do

@@ -8,7 +8,9 @@ own data, the variants interleaved (CE, variant 1, variant 2, CE, ...) so machin
 all alike; only the trainer's dispersion objective is swapped between steps
 (``DispersionTrainer.dispersion_objective``). One step is one optimizer step: the config's
 global batch, in its micro-batches. Per variant it reports the median step, tokens/s, MFU,
-peak memory and the step ratio against CE only. ``--sdpa-backend`` pins the attention kernel
+peak memory and the step ratio against CE only. ``--autocast`` runs a sharding config on one GPU as
+TorchTitan would without our one-rank FSDP2 (bf16 autocast over fp32 weights: the numerics before
+issue 48), to compare with its bf16 parameters. ``--sdpa-backend`` pins the attention kernel
 (cudnn, flash, efficient, math) for the whole run, as ``torch.nn.attention.sdpa_kernel`` does;
 the default lets SDPA choose. TorchTitan's Qwen3 and Llama 3 attention sets its own list inside
 each call, which overrides the pin when eager (a CPU runs them under any pin); compiled on a GPU,
@@ -85,6 +87,11 @@ def objective_configs(base, variants: list[str], precisions: list[str], coeff: f
     return configs
 
 
+def sdpa_pin(backend: str) -> contextlib.AbstractContextManager:
+    """The only attention kernel SDPA may use (``default``: SDPA's own choice)."""
+    return contextlib.nullcontext() if backend == "default" else sdpa_kernel([SDPA_BACKENDS[backend]])
+
+
 def timed_step(trainer: DispersionTrainer, data) -> tuple[float, float]:
     """(seconds, peak GiB) of one optimizer step, the device synchronized around it."""
     sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
@@ -157,11 +164,13 @@ def run(
     sync_debug: bool = False,
     name: str = "train_step",
     sdpa_backend: str = "default",
+    autocast: bool = False,
 ) -> dict[str, dict]:
     """Per objective: median step seconds, tokens/s, MFU, peak GiB, ratio to CE, or why it failed; prints the table."""
     failed: dict[str, str] = {}
-    backend = contextlib.nullcontext() if sdpa_backend == "default" else sdpa_kernel([SDPA_BACKENDS[sdpa_backend]])
-    with backend, bench_trainer(config, job_args) as trainer:  # compiled at the first step, under the backend
+    if autocast:  # replicated parameters: TorchTitan's bf16 autocast over fp32 weights on one process
+        job_args = [*job_args, "--parallelism.data_parallel_shard_degree", "1"]
+    with sdpa_pin(sdpa_backend), bench_trainer(config, job_args) as trainer:  # compiled at the first step, pinned
         job_config = trainer.job_config
         objectives = {}
         for key, cfg in objective_configs(job_config.dispersion, variants, precisions, coeff).items():
@@ -195,6 +204,7 @@ def run(
         flops_per_token, peak_flops = metrics.num_flops_per_token, metrics.gpu_peak_flops
         device = metrics.device_memory_monitor.device_name
         steps_run = trainer.step
+        numerics = "autocast" if isinstance(trainer.maybe_enable_amp, torch.autocast) else "parameters"
     t = job_config.training
     tokens = t.global_batch_size * t.seq_len
     ce = statistics.median(times["ce"])
@@ -217,8 +227,9 @@ def run(
         f"config={config} device={device} model={job_config.model.name}:{job_config.model.flavor} "
         f"global_batch={t.global_batch_size} micro_batch={t.local_batch_size} seq_len={t.seq_len} "
         f"compile={job_config.compile.enable} optimizer={job_config.optimizer.implementation} "
-        f"mixed_precision={job_config.training.mixed_precision_param} steps={steps} warmup={warmup} "
-        f"threads={torch.get_num_threads()} sdpa_backend={sdpa_backend}"
+        f"mixed_precision={job_config.training.mixed_precision_param} ({numerics}) steps={steps} warmup={warmup} "
+        f"threads={torch.get_num_threads()} sdpa_backend={sdpa_backend} head_loss={t.head_loss} "
+        f"whole_model={job_config.compile.whole_model}"
     )
     print(f"trainer steps run: {steps_run}")
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
@@ -261,6 +272,9 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser.add_argument("--name", help="the RESULT lines' label (default: the config file's stem)")
     parser.add_argument("--sdpa-backend", choices=["default", *SDPA_BACKENDS], default="default",
                         help="the only attention kernel SDPA may use (default: SDPA's own choice)")  # fmt: skip
+    parser.add_argument("--autocast", action="store_true",
+                        help="a sharding config on one process under TorchTitan's bf16 autocast over fp32 weights "
+                             "(data_parallel_shard_degree 1), not FSDP2's bf16 parameters")  # fmt: skip
     parser.add_argument("--sync-debug", action="store_true",
                         help="on CUDA, one more step of each objective under torch.cuda.set_sync_debug_mode('warn'): "
                              "prints the implicit host syncs it reports")  # fmt: skip
@@ -277,6 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             args.sync_debug,
             args.name or Path(args.config).stem,
             args.sdpa_backend,
+            args.autocast,
         )
     except DispersionTitanError as e:  # a bad config or override: one line, as a launch says it
         fail_with(e)

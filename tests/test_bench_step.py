@@ -85,28 +85,55 @@ def test_train_step_pins_the_attention_kernel_it_is_given(single_process):
         )
 
 
-def test_profile_step_groups_the_trainers_step(single_process, capsys):
+def test_profile_step_counts_each_op_once_and_sums_to_the_measured_step(single_process, capsys):
+    """On a CPU each op's self time once: the groups take what the ops ran, never more than the measured step
+    (one thread), and with idle they sum to it; the top table lists the debug model's linear layers."""
     import profile_step
 
-    shares = profile_step.main(
-        [
-            DEBUG_TOML,
-            "--steps",
-            "1",
-            "--warmup",
-            "0",
-            "--dispersion.variant",
-            "angular_spread",
-            "--dispersion.coeff",
-            "0.1",
-            *SMALL_STEP,
-        ]
-    )
+    ms = profile_step.main(
+        [DEBUG_TOML, "--steps", "1", "--warmup", "0", "--dispersion.variant", "angular_spread", "--dispersion.coeff",
+         "0.1", *SMALL_STEP]
+    )  # fmt: skip
     out = capsys.readouterr().out
-    assert list(shares) == ["dispersion", "optimizer", "loss", "attention", "matmul", "elementwise"]
-    assert sum(shares.values()) == pytest.approx(1.0)
-    assert all(shares[group] > 0 for group in ("dispersion", "optimizer", "loss", "attention", "matmul")), shares
-    assert re.search(r"^\| `aten::mm` \| matmul \|", out, re.MULTILINE)  # the debug model's linear layers on a CPU
+    step, idle = ms.pop("step"), ms[profile_step.IDLE]
+    assert list(ms) == list(profile_step.ROWS) and sum(ms.values()) == pytest.approx(step)
+    assert 0 <= idle < step and ms[profile_step.UNATTRIBUTED] == 0.0  # a CPU's ops are all attributed
+    assert all(ms[group] > 0 for group in ("dispersion", "optimizer", "loss", "attention", "matmul")), ms
+    assert re.search(r"^\| `aten::(add)?mm` \| matmul \| [\d.]+ \| \d+ \|", out, re.MULTILINE), out
+    assert f"profile_step.counted_over_step={1 - idle / step:.3f}" in out
+
+
+def test_profile_counts_a_device_kernel_once_under_the_op_that_launched_it():
+    """A GPU profile lists a kernel twice: as a device event and in its launching op's device time. Counted
+    once, by its duration, in the group of its op and the ranges around it; device work no op launched is
+    unattributed."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import profile_step
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def event(id_, name, start, end, device=DeviceType.CPU, annotation=False):
+        return FunctionEvent(id_, name, thread=0, start_us=start, end_us=end, device_type=device, use_device="cuda",
+                             is_user_annotation=annotation)  # fmt: skip
+
+    ranged = event(1, "dispersion_titan.dispersion", 0, 100, annotation=True)
+    bmm, mm = event(2, "aten::bmm", 10, 20), event(3, "aten::mm", 200, 210)
+    bmm.set_cpu_parent(ranged)
+    bmm.append_kernel("cutlass_80_gemm", 0, 300)
+    mm.append_kernel("sm90_xmma_gemm", 0, 1000)
+    cuda = DeviceType.CUDA
+    kernels = [event(4, "cutlass_80_gemm", 30, 330, cuda), event(5, "sm90_xmma_gemm", 400, 1400, cuda),
+               event(6, "Memcpy HtoD", 1500, 1550, cuda)]  # fmt: skip
+    events = [ranged, bmm, mm, *kernels]
+    assert mm.self_device_time_total == kernels[1].self_device_time_total == 1000  # the double count
+    assert list(profile_step.counted(events, on_device=True)) == [
+        ("cutlass_80_gemm", "dispersion", 300e-6), ("sm90_xmma_gemm", "matmul", 1000e-6)
+    ]  # fmt: skip
+    ms, top = profile_step.table(events, True, step_seconds=2e-3, steps=1)
+    assert ms["dispersion"] == pytest.approx(0.3) and ms["matmul"] == pytest.approx(1.0)
+    assert ms["unattributed"] == pytest.approx(0.05) and ms["idle"] == pytest.approx(0.65)
+    assert top[0] == ("sm90_xmma_gemm", "matmul", 1.0, 1)
+    sys.modules.pop("profile_step", None)
 
 
 def test_memory_estimate_is_above_what_autograd_saves(monkeypatch):
@@ -126,6 +153,7 @@ def test_memory_estimate_is_above_what_autograd_saves(monkeypatch):
     model = GPT2(args)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     weight_shapes = {s for p in model.parameters() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.t().shape))}
+    weight_shapes |= {(3 * args.dim, args.dim), (args.dim, 3 * args.dim)}  # q, k, v's rows as one GEMM's weight
     activations, weight_copies = {}, {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -198,8 +226,9 @@ def test_gpu_acceptance_reports_every_figure_past_failing_variants_with_python3(
     assert "l2_repel | failed: KernelUnavailable: planted: the probe disagrees" in proc.stdout
     assert "decorrelation | failed: RuntimeError: planted: the step fails" in proc.stdout
     assert rows["train_step_gpt2.exit"] == "1"
-    groups = ("dispersion", "optimizer", "loss", "attention", "matmul", "elementwise")
-    assert sum(float(rows[f"profile_step.{g}.share"]) for g in groups) == pytest.approx(1.0, abs=0.01)
+    groups = ("dispersion", "optimizer", "loss", "attention", "matmul", "elementwise", "unattributed", "idle")
+    step = float(rows["profile_step.step_ms"])
+    assert sum(float(rows[f"profile_step.{g}.ms_per_step"]) for g in groups) == pytest.approx(step, rel=0.01)
     assert rows["profile_gpt2.exit"] == rows["train_step_qwen3_ce.exit"] == "0"
     assert float(rows["train_step.qwen3_0.6b.ce.tokens_per_s"]) > 0
     assert rows["kernel_rate_qwen3_1.7b.exit"] != "0"  # no CUDA here: its row says so, and the table goes on
@@ -244,3 +273,33 @@ def test_gpu_acceptance_quick_stops_each_part_at_its_limit_and_still_writes_the_
             if marker in environ.read_bytes().split(b"\0"):
                 left.append(environ.parent.name)
     assert not left, left
+
+
+def test_gpu_levers_writes_freeze_logs_and_one_table_under_out_and_stops_at_its_limit(tmp_path):
+    """bench/gpu_levers.sh on a CPU (LEVERS_DEVICE=cpu: tiny shapes): the node's pip freeze, the install log, one
+    log, the results and the table, all in OUT and no more files than the device tool brings back; the autocast
+    baseline against the whole-model compile of the bf16-parameter path, the q/k/v and SDPA-pin checks. Run
+    again with its time spent, every step is marked skipped and the table still written."""
+    env = {**os.environ, "PYTHON": sys.executable, "LEVERS_DEVICE": "cpu", "OUT": str(tmp_path / "out"),
+           "ONLY": "baseline,whole_model,qkv,sdpa_pin"}  # fmt: skip
+    proc = subprocess.run(["bash", REPO / "bench" / "gpu_levers.sh"], env=env, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["caches.tar.gz", "freeze.txt", "install.log", "levers.log", "levers.md", "results.txt"], files
+    assert "torch==" in (tmp_path / "out" / "freeze.txt").read_text()
+    table = (tmp_path / "out" / "levers.md").read_text()
+    assert table in proc.stdout
+    rows = dict([c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()[2:])
+    for name in ("baseline", "whole_model"):
+        assert float(rows[f"train_step.{name}.ce.step_ms"]) > 0 and rows[f"{name}.exit"] == "0", name
+    log = (tmp_path / "out" / "levers.log").read_text()
+    assert "mixed_precision=bfloat16 (autocast)" in log and "(parameters)" in log and "whole_model=True" in log
+    assert float(rows["qkv.one_gemm_ms"]) > 0 and float(rows["sdpa.math.dq_err"]) < 0.05
+    assert "liger.exit" not in rows and rows["all steps passed"] == "yes"
+
+    env |= {"OUT": str(tmp_path / "late"), "LEVERS_LIMIT_S": "10", "ONLY": ""}
+    proc = subprocess.run(["bash", REPO / "bench" / "gpu_levers.sh"], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    rows = (tmp_path / "late" / "levers.md").read_text()
+    assert proc.returncode == 0 and rows.count("| time |") == 12, rows

@@ -150,6 +150,13 @@ REFUSALS = [
         [*DEBUG, "--model.name", "qwen3_dispersion", "--model.flavor", "debugmodel", "--model.resid_dropout", "0.1"],
         "model.resid_dropout:",
     ),  # gpt2 only
+    Refusal(
+        [*DEBUG, "--training.head_loss", "cce"],
+        "training.head_loss: 'cce' is not one of ('torch', 'liger')",
+        error=ArgumentError,
+    ),
+    Refusal([*QWEN3_TP2[:-2], "--training.head_loss", "liger"], 'training.head_loss: "liger" takes gpt2 without'),
+    Refusal([*QWEN3_TP2[:-2], "--compile.whole_model"], "compile.whole_model: gpt2 only"),
     Refusal([*DEBUG, "--checkpoint.keep_latest_k", "3"], "checkpoint.keep_latest_k:"),
     Refusal([*DEBUG, "--checkpoint.interval", "0"], "checkpoint.interval:"),
     Refusal(
@@ -591,6 +598,15 @@ def test_a_gpu_config_on_a_cpu_is_refused_in_one_line_naming_the_cpu_profile(tmp
     proc = python_module("dispersion_titan.train", *args, "--profile", "cpu", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not dump.exists()
+
+
+def test_liger_head_loss_without_a_gpu_is_refused_at_launch(monkeypatch):
+    """Liger's Triton kernels need a GPU (or Triton's interpreter, as tests/test_head_loss.py runs them)."""
+    from dispersion_titan.job_config.checks import check_runs_here
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match='^training.head_loss: "liger" runs Triton kernels, and torch sees no GPU'):
+        check_runs_here(validated_args([*DEBUG, "--training.head_loss", "liger"]))
 
 
 def test_the_cpu_profile_changes_how_a_step_runs_never_what_it_computes():

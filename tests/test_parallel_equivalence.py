@@ -14,7 +14,8 @@ gpt2 and TorchTitan's own qwen3 (its debugmodel shrunk, tied LM head, GPT-2's vo
 padded to 50304 rows) are checked.
 
 A paper config (replicated parameters, the authors' DDP) trains alike on 1 and 2 gloo ranks,
-both under bf16 autocast, whose norms and residual stream stay fp32 (checked in process).
+both under bf16 autocast, whose norms and residual stream stay fp32 (checked in process). Our configs
+shard: in bf16 they compute as FSDP2 does on any number of ranks, one included (``fsdp.shards_one_rank``).
 """
 
 from __future__ import annotations
@@ -223,6 +224,23 @@ def test_dropout_masks_agree_between_one_process_and_fsdp2(runs, tmp_path):
         )
         <= 1e-4
     )
+
+
+def test_one_rank_computes_with_fsdp2s_bf16_parameters_as_two_ranks_do(tmp_path):
+    """Our sharding config in bf16: one process (FSDP2 on a one-rank mesh, accumulation 2) and FSDP=2 train
+    alike within the layout tolerance; the same process under autocast (replicated parameters, fp32 norms
+    and residual stream) computes other numbers from the first step on."""
+    common = ("--training.steps", str(STEPS), "--training.global_batch_size", "8", "--training.local_batch_size",
+              "4", "--validation.no-enable", "--checkpoint.no-enable", "--training.mixed_precision_param",
+              "bfloat16", "--dispersion.variant", "angular_spread", "--dispersion.coeff", str(COEFF))  # fmt: skip
+    runs = {"one": (1, ()), "two": (2, ()), "autocast": (1, ("--parallelism.data_parallel_shard_degree", "1"))}
+    logs = {name: torchrun(tmp_path / name, n, *common, *extra) for name, (n, extra) in runs.items()}
+    assert "Applied FSDP2 on one rank" in logs["one"].stdout + logs["one"].stderr
+    one, two, autocast = (scalars(tmp_path / name) for name in runs)
+    for tag in TAGS:
+        for step in range(1, STEPS + 1):
+            assert abs(one[tag][step] - two[tag][step]) <= 1e-4 * abs(two[tag][step]), (tag, step)
+    assert autocast[TAGS[0]][1] != two[TAGS[0]][1] == one[TAGS[0]][1]
 
 
 PAPER_GPT2 = str(REPO / "train_configs" / "paper" / "midtrain_gpt2_wikitext103_dispersion.toml")

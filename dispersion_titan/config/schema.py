@@ -4,7 +4,8 @@
 ``[model]`` gains shape overrides (0 or unset keeps the flavor's value; ``models.flavors``
 maps them to each family's fields);
 ``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones,
-and ``[training]`` how a micro-batch's loss is scaled and which positions it scores;
+and ``[training]`` how a micro-batch's loss is scaled, which positions it scores and what computes it;
+``[compile]`` whether the whole model is one compiled region;
 ``[dispersion]`` configures the auxiliary loss; ``[baseline]`` the methods the paper
 compares against; ``[released]`` the launch arguments of the authors' script a paper config
 follows. Every field is overridable on the command line as ``--section.key value``, except
@@ -136,6 +137,17 @@ class Training:
     predict_last: bool = True
     """False: the last position of each training sequence scores nothing (its label ignored), seq_len − 1
     predictions a sequence, as transformers' shifted cross-entropy on blocks of seq_len tokens."""
+    head_loss: Literal["torch", "liger"] = "torch"
+    """torch | liger: the training forward's LM head and cross-entropy as two ops (the logits written whole),
+    or Liger-Kernel's fused linear cross-entropy (chunks of logits, the gradient taken in the forward); gpt2,
+    without tensor parallelism; Triton kernels (a GPU). Validation always computes the logits."""
+
+
+@dataclass
+class Compile:
+    whole_model: bool = False
+    """With ``enable`` and "model" in ``components`` (gpt2): compile the whole model in place, embeddings,
+    blocks, final norm and head (cut where FSDP2's units begin), instead of TorchTitan's region per block."""
 
 
 @dataclass
@@ -213,6 +225,7 @@ class JobConfig:
     model: Model = field(default_factory=Model)
     training: Training = field(default_factory=Training)
     validation: Validation = field(default_factory=Validation)
+    compile: Compile = field(default_factory=Compile)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     dispersion: Dispersion = field(default_factory=Dispersion)
     baseline: Baseline = field(default_factory=Baseline)

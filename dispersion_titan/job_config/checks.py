@@ -113,6 +113,8 @@ def check_runs_here(config: RunConfig) -> None:
         raise ConfigError(
             f"compile.enable: true compiles with inductor for GPUs and torch sees none here; {CPU_PROFILE_HINT}"
         )
+    if config.training.head_loss == "liger" and not _triton_device_here():
+        raise ConfigError('training.head_loss: "liger" runs Triton kernels, and torch sees no GPU here; use "torch"')
 
 
 def _triton_device_here() -> bool:
@@ -141,6 +143,11 @@ def run_tokenizer(config: RunConfig) -> DocumentEncoder | None:
 def check_model(config: RunConfig, args: Any) -> None:
     """``args``: the flavor's arguments with the ``[model]`` overrides applied."""
     name = config.model.name
+    head_loss = config.training.head_loss
+    if head_loss != "torch" and (name != "gpt2" or config.parallelism.tensor_parallel_degree > 1):
+        raise ConfigError(f'training.head_loss: "{head_loss}" takes gpt2 without tensor parallelism; use "torch"')
+    if config.compile.whole_model and name != "gpt2":
+        raise ConfigError("compile.whole_model: gpt2 only (TorchTitan compiles the other families per block)")
     for key in SHAPE_KEYS:
         value = getattr(config.model, key)
         if value is not None and value < 0:

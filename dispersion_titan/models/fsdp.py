@@ -2,6 +2,9 @@
 FSDP2 (on NCCL and on gloo alike) and by DDP (replicated parameters, TorchTitan's
 ``apply_ddp``), and under FSDP2 a tied LM head kept one parameter (one unit per block, and
 the embeddings, final norm and head in the root unit, so the shared parameter is managed once).
+
+A config that shards (``data_parallel_shard_degree`` -1 or > 1) computes as FSDP2's
+``MixedPrecisionPolicy`` says on any number of ranks, one included (``shards_one_rank``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,21 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
 from ..components import titan_compat
+
+
+def shards_one_rank(parallel_dims: ParallelDims, job_config: JobConfig) -> bool:
+    """Whether FSDP2 goes on a one-rank mesh: a sharding config with mixed precision on one process.
+
+    There TorchTitan applies no FSDP and computes under autocast (``maybe_enable_amp``): fp32 weights,
+    norms and residual stream, while the same config on 2 to 64 ranks computes with bf16 parameters and
+    activations (fp32 master weights and gradient reduction). FSDP2 on the one-rank world mesh gives one
+    process those numerics too; the trainer then runs without autocast. Replicating configs
+    (``data_parallel_shard_degree = 1``, the authors' DDP) keep autocast; in fp32 both paths are one."""
+    return (
+        parallel_dims.world_size == 1
+        and job_config.parallelism.data_parallel_shard_degree != 1
+        and job_config.training.mixed_precision_param != "float32"
+    )
 
 
 def sum_gradients(model: nn.Module, parallel_dims: ParallelDims) -> None:
@@ -78,15 +96,19 @@ def apply_fsdp(
 
 
 def shard_keeping_the_tie(model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig) -> None:
-    """``apply_fsdp`` (HSDP with replicas) as the job's ``[training]`` and ``[parallelism]`` configure it."""
+    """``apply_fsdp`` (HSDP with replicas) as the job's ``[training]`` and ``[parallelism]`` configure it;
+    on one rank (``shards_one_rank``) over the world mesh, parameters kept unsharded after the forward
+    (resharding would free nothing and cast them again for the backward)."""
     training = job_config.training
+    one_rank = not parallel_dims.fsdp_enabled
     names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
     apply_fsdp(
         model,
-        parallel_dims.get_mesh(names),
+        parallel_dims.world_mesh if one_rank else parallel_dims.get_mesh(names),
         param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
         reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
         cpu_offload=training.enable_cpu_offload,
-        reshard_after_forward=job_config.parallelism.fsdp_reshard_after_forward != "never",
+        reshard_after_forward=not one_rank and job_config.parallelism.fsdp_reshard_after_forward != "never",
     )
-    logger.info(f"Applied FSDP2 to {job_config.model.name}, the embeddings and the LM head in the root unit")
+    where = " on one rank (its mixed precision, no autocast)" if one_rank else ""
+    logger.info(f"Applied FSDP2{where} to {job_config.model.name}, the embeddings and the LM head in the root unit")

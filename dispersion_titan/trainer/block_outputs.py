@@ -9,7 +9,8 @@ llama3), captured by forward hooks.
 The hooks are registered after ``parallelize_fn`` has wrapped the blocks, so each sits on
 the outermost wrapper of ``model.layers[i]``: outside activation checkpointing (whose
 recomputation in backward runs the inner module, not the wrapper) and outside
-``torch.compile`` (dynamo never traces the hook). It therefore fires exactly once per
+``torch.compile`` (dynamo never traces the hook; under ``compile.whole_model`` it does, and
+the hook still fires once, tests/test_block_outputs.py). It therefore fires exactly once per
 block and forward, and what it keeps is the very tensor the next module consumes, not
 detached: the dispersion gradient flows back through it. Under tensor parallelism the
 final norm's output is a sequence-sharded DTensor; its local shard is kept, like a

@@ -8,6 +8,7 @@ works inside goes through ``titan_compat``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import sys
@@ -24,7 +25,7 @@ from ..config.schema import Dispersion
 from ..data.packed import run_encoder, run_seed
 from ..job_config.checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
-from ..models.fsdp import sync_last_microbatch
+from ..models.fsdp import shards_one_rank, sync_last_microbatch
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..run_folder.origin import start_record
 from ..run_folder.owners import outside_folders, record_run_folders
@@ -106,6 +107,10 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         except BaseException:
             self._release_writer_lock()
             raise
+        if shards_one_rank(self.parallel_dims, job_config):  # FSDP2 casts; autocast would recast norms to fp32
+            self.maybe_enable_amp = contextlib.nullcontext()
+            if job_config.validation.enable:
+                self.validator.maybe_enable_amp = self.maybe_enable_amp
         self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
         if self.checkpoint_folder is not None:  # a failed write ends the run in one line
             titan_compat.on_save_error(self.checkpointer, self._save_failed)
@@ -258,10 +263,13 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         if self.has_dropout:
             self._seed_dropout(chunk)
         with self.maybe_enable_amp:
-            logits = model(inputs, **model_kwargs)
-            ce_sum = self.loss_fn(logits, labels)
+            if self.job_config.training.head_loss == "torch":
+                logits = model(inputs, **model_kwargs)
+                ce_sum = self.loss_fn(logits, labels)
+                del logits
+            else:  # the head and the CE fused in the model (GPT2.forward)
+                ce_sum = model(inputs, labels=labels, **model_kwargs)
             ce = ce_sum / global_valid_tokens
-            del logits
             with record_function("dispersion_titan.dispersion"):  # bench/profile_step.py's group
                 term = self.dispersion(self.block_outputs.take(), self.step, with_stats, chunk)
         # L = CE + λ·L_disp (the objective's ``weighted``), backpropagated as its two addends without adding

@@ -26,7 +26,7 @@ from torchtitan.distributed.activation_checkpoint import apply_ac
 from torchtitan.models.llama3.infra.parallelize import apply_compile, apply_ddp
 from torchtitan.tools.logging import logger
 
-from ..fsdp import shard_keeping_the_tie, sum_gradients
+from ..fsdp import shard_keeping_the_tie, shards_one_rank, sum_gradients
 from .model import GPT2
 
 SAC_SAVE_LIST = {
@@ -60,14 +60,18 @@ def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobCo
             op_sac_save_list=SAC_SAVE_LIST,
             base_folder=job_config.job.dump_folder,
         )
-    if compile_model:
+    whole_model = compile_model and job_config.compile.whole_model
+    if compile_model and not whole_model:
         apply_compile(model, job_config.compile)
 
-    if parallel_dims.fsdp_enabled:
+    if parallel_dims.fsdp_enabled or shards_one_rank(parallel_dims, job_config):
         shard_keeping_the_tie(model, parallel_dims, job_config)
     elif parallel_dims.dp_replicate_enabled:  # replicated parameters: TorchTitan computes under autocast
         apply_ddp(model, parallel_dims.get_mesh("dp_replicate"), enable_compile=compile_model)
         sum_gradients(model, parallel_dims)
+    if whole_model:  # after data parallelism, as TorchTitan advises; in place: the state dict keeps its keys
+        model.compile(backend=job_config.compile.backend)
+        logger.info("Compiling the whole model with torch.compile")
     return model
 
 
