@@ -15,6 +15,7 @@ the exports, and resume exactly; its run.json records the weights it started fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -143,6 +144,7 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
     import huggingface_hub
 
     from dispersion_titan.job_config.parse import check, fetch_local_assets
+    from dispersion_titan.tokenizer import hf_assets
 
     snapshot = tmp_path / "snapshot"
     snapshot.mkdir()
@@ -161,10 +163,19 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
         raise OSError("no connection\nmore")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with monkeypatch.context() as reachable:  # the hub answers, the download fails: its first line
+        reachable.setattr(hf_assets, "hub_offline", lambda: contextlib.nullcontext(None))
+        with pytest.raises(
+            ConfigError,
+            match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "
+            r"Hugging Face hub \(no connection\)$",
+        ):
+            fetch_local_assets(validated_args(args))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # no hub: the cache at once, no retries
     with pytest.raises(
         ConfigError,
-        match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "
-        r"Hugging Face hub \(no connection\)$",
+        match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: not in the local Hugging Face cache, and the hub is not "
+        r"asked: 127\.0\.0\.1:9 is unreachable from here",
     ):
         fetch_local_assets(validated_args(args))
 
