@@ -11,6 +11,8 @@
 #   baseline       today's numerics on one GPU: TorchTitan's bf16 autocast over fp32 weights (--autocast)
 #   bf16_params    the shipped path now: FSDP2 on a one-rank mesh, bf16 parameters and activations; beside
 #                  it angular_spread at λ 0.1 on every block (its step ratio)
+#   floor          the debug config's step (compiled, bf16, 20 timed after 5): the per-step floor of launches,
+#                  Python and the optimizer that `plan` has no measurement of yet (issue 49)
 #   whole_model    bf16_params + compile.whole_model
 #   liger          bf16_params + training.head_loss = "liger" (the head and CE fused)
 #   qkv            q, k, v in one GEMM against three, one micro-batch (bench/levers_check.py qkv)
@@ -74,6 +76,7 @@ GPT2_ARGS=()
 QWEN3_ARGS=(--model.hf_assets_path "" --training.dataset enwiki_sample --released.per_device_train_batch_size 0
     --training.global_batch_size 4 --training.local_batch_size 1)  # 4 × 4096 tokens as measured before, random weights
 STEPS=(--steps 10 --warmup 2) WHOLE=(--compile.whole_model) PIN=cudnn NUMERICS_STEPS=200
+FLOOR_ARGS=(--training.mixed_precision_param bfloat16 --compile.enable --steps 20 --warmup 5)
 QKV=() SDPA=() LIGER_ENV=()
 if [ "$cpu" = 1 ]; then  # the plumbing on a CPU: debug models, a few tokens, one step
     GPT2=train_configs/debug.toml QWEN3=train_configs/debug_qwen3_angular_spread.toml QWEN3_ARGS=()
@@ -81,6 +84,7 @@ if [ "$cpu" = 1 ]; then  # the plumbing on a CPU: debug models, a few tokens, on
     STEPS=(--steps 1 --warmup 0 --profile cpu --training.global_batch_size 2 --training.seq_len 16)
     WHOLE=(--compile.whole_model --compile.enable --compile.backend aot_eager) PIN=math NUMERICS_STEPS=3
     QKV=(--tokens 2x16 --dim 64) SDPA=(--seq 64 --head-dim 16) LIGER_ENV=(TRITON_INTERPRET=1)
+    FLOOR_ARGS=(--steps 1 --warmup 0 --profile cpu)
 fi
 start=$SECONDS failed=0
 : >"$OUT/results.txt"
@@ -132,6 +136,7 @@ print(f"device={name} torch={torch.__version__} triton={triton.__version__} cuda
 EOF
 run_step baseline "${TRAIN_STEP[@]}" baseline --variants --autocast
 run_step bf16_params "${TRAIN_STEP[@]}" bf16_params --variants angular_spread
+run_step floor "$PYTHON" bench/train_step.py train_configs/debug.toml "${FLOOR_ARGS[@]}" --name floor --variants
 run_step whole_model "${TRAIN_STEP[@]}" whole_model --variants "${WHOLE[@]}"
 run_step liger env "${LIGER_ENV[@]}" "${TRAIN_STEP[@]}" liger --variants --training.head_loss liger
 run_step qkv "$PYTHON" bench/levers_check.py qkv "${QKV[@]}"
