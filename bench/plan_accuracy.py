@@ -25,7 +25,7 @@ import h100_model  # noqa: E402
 
 from dispersion_titan.plan import plan_args  # noqa: E402
 from dispersion_titan.planning.figures import GPT2_SHIPPED  # noqa: E402
-from dispersion_titan.trainer.resource_plan import planned  # noqa: E402
+from dispersion_titan.planning.resource_plan import planned  # noqa: E402
 
 STEPS = [  # (GPU, variant, measured ms, docs/benchmarks.md row)
     ("h100", "none", 139.4, "GPT-2 small as shipped, CE only (H100, 2026-11-26)"),

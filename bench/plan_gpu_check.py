@@ -26,7 +26,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from train_step import bench_trainer, timed_step  # noqa: E402
 
 from dispersion_titan.plan import plan_args  # noqa: E402
-from dispersion_titan.trainer.resource_plan import planned  # noqa: E402
+from dispersion_titan.planning.resource_plan import planned  # noqa: E402
 
 GPU_NAMES = {"H100": "h100", "H200": "h200", "A100": "a100"}
 

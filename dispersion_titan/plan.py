@@ -19,7 +19,7 @@ from types import ModuleType
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, with_config_module
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, command, run_command
 
-GPU_CHOICES = ("h100", "h200", "a100")  # planning.gpus.GPUS, named here to answer --help without torch
+GPU_CHOICES = ("h100", "h200", "a100")  # planning.figures.GPUS, named here to answer --help without torch
 
 
 class _Parser(OneLineErrorParser):
@@ -52,7 +52,7 @@ def plan_args(config: str, tp: int | None = None, overrides: tuple[str, ...] = (
 
 def _planning() -> ModuleType:
     # torch and TorchTitan: only once the arguments are parsed (--help and typos answer without them)
-    from dispersion_titan.trainer import resource_plan
+    from dispersion_titan.planning import resource_plan
 
     return resource_plan
 

@@ -16,8 +16,9 @@ ROOT = "<root>"  # the modules at the package root: the commands and __init__
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     (ROOT,),  # entry points: the commands, torchrun, job_server, and every package's __main__
-    ("trainer",),  # imported only by the training command, its torchrun and plan (which measures its step)
-    ("analysis", "evaluation", "reproduce", "job_config", "planning"),
+    ("planning",),  # plan's work: its layout, its step measured on the trainer as rank 0 of N, its tables
+    ("trainer",),  # imported only by the training command, its torchrun and planning (which measures its step)
+    ("analysis", "evaluation", "reproduce", "job_config"),
     ("run_folder",),  # run-folder I/O: checkpoint discovery, run.json, offline loading, HF export
     ("models",),
     ("components",),  # TorchTitan's extension points, as torchtitan/components
@@ -150,17 +151,17 @@ def test_the_package_keeps_its_layers():
 
 
 def test_only_the_commands_that_build_the_trainer_import_it():
-    """Training, its torchrun, and plan, which builds it as rank 0 of the planned world
-    (``sweep --plan`` and ``paper --plan`` go through plan)."""
+    """Training, its torchrun, and planning, which builds it as rank 0 of the planned world
+    (``plan``, ``sweep --plan`` and ``paper --plan``)."""
     graph = import_graph(PACKAGE)
     importers = {
-        source
+        source.partition(".")[0]
         for source, targets in graph.items()
         if not source.startswith("trainer")
         for target in targets
         if target.startswith("trainer")
     }
-    assert importers == {"train", "torchrun", "plan"}
+    assert importers == {"train", "torchrun", "planning"}
 
 
 def test_evaluation_and_analysis_share_only_what_sits_below_them():

@@ -6,7 +6,7 @@ sweep's totals; the roofline that calibrates the step time against its measured 
 
 Cost: the plans measure under ``FakeTensorMode`` (a few seconds a model, at 2 and 3 blocks
 where deeper: memory and time are linear in depth); measurements are shared within the module
-(``trainer.resource_plan``'s cache)."""
+(``planning.resource_plan``'s cache)."""
 
 from __future__ import annotations
 
@@ -21,18 +21,17 @@ import torch
 import transformers
 
 from dispersion_titan.config.cli import load_toml
-from dispersion_titan.job_config.parse import check, model_args, parse_job_config
+from dispersion_titan.job_config.parse import check, model_args, parse_job_config, setup_torchtitan
 from dispersion_titan.losses.dispersion import MAX_BLOCK_BYTES
 from dispersion_titan.models import family
 from dispersion_titan.plan import main as plan_main
 from dispersion_titan.plan import plan_args
-from dispersion_titan.planning.disk import FULL_BYTES_PER_PARAM, checkpoint_disk
-from dispersion_titan.planning.figures import MEASURED_STEPS, term_seconds
-from dispersion_titan.planning.gpus import GPUS
+from dispersion_titan.planning import resource_plan
+from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, term_seconds
 from dispersion_titan.planning.layout import checked_config, nodes_of, resolve_layout
+from dispersion_titan.planning.report import FULL_BYTES_PER_PARAM, checkpoint_disk
+from dispersion_titan.planning.step_measure import measure_at
 from dispersion_titan.planning.timing import step_time
-from dispersion_titan.trainer import resource_plan
-from dispersion_titan.trainer.step_measure import measure_at
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.cli import assert_one_line_error, run_cli
 from support.launch import REPO, torchrun_script
@@ -51,7 +50,7 @@ def gpus_claimed(job) -> float:
 @pytest.fixture(scope="module")
 def parsed() -> dict[Path, object]:
     """Each shipped config parsed once, as a launch parses it; layouts are checked on copies."""
-    resource_plan.setup_torchtitan()
+    setup_torchtitan()
     return {c: parse_job_config(plan_args(str(c)), load_toml(plan_args(str(c)))) for c in CONFIGS}
 
 
@@ -245,9 +244,8 @@ def test_depth_extrapolation_is_the_measured_step():
     is the step measured at 6."""
     args = plan_args(str(REPO / "train_configs" / "debug_angular_spread.toml"), None, ("--model.n_layers", "6"))
     planned = resource_plan.planned("debug6", args, 1, None, "h100")
-    assert planned.depth_note.startswith("measured at 2 and 3 blocks")
-    with resource_plan.quiet():
-        measured = measure_at(checked_config(args, 1), 1, GPUS["h100"], 6)
+    assert planned.step.depth_note.startswith("measured at 2 and 3 blocks")
+    measured = measure_at(checked_config(args, 1), 1, GPUS["h100"], 6)
     assert planned.step.params_local == measured.params_local
     for key, value in measured.memory.items():
         assert planned.step.memory[key] == pytest.approx(value, rel=0.01, abs=2e4), key

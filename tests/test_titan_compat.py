@@ -371,3 +371,53 @@ def test_trainer_builds_optimizers_and_lr_schedulers_from_their_sections():
     assert re.search(
         r"self\.train_spec\.build_lr_schedulers_fn\(\s*self\.optimizers,\s*job_config\.lr_scheduler,", init
     )
+
+
+def test_fake_world_family_is_built_as_the_trainer_builds_its_model():
+    """Touch ``fake_world_family``: ``Trainer.__init__`` looks its TrainSpec up by ``model.name``, builds
+    ``model_cls(model_args)`` on the meta device, parallelizes it, then moves it off the meta device
+    and initialises it; the family's own entry is left as it was, and one of ours is registered once."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torchtitan.protocols.train_spec import get_train_spec
+    from torchtitan.train import Trainer
+
+    init = " ".join(_source(Trainer.__init__).split())
+    steps = [
+        "train_spec_module.get_train_spec(job_config.model.name)",
+        'torch.device("meta")',
+        "self.train_spec.model_cls(model_args)",
+        "self.train_spec.parallelize_fn(model, parallel_dims, job_config)",
+        "model.to_empty(device=init_device)",
+        "model).init_weights(buffer_device=buffer_device)",
+    ]
+    assert [init.index(step) for step in steps] == sorted(init.index(step) for step in steps)
+    from dispersion_titan.job_config.parse import setup_torchtitan
+
+    setup_torchtitan()
+    name = titan_compat.fake_world_family("qwen3_dispersion")
+    assert titan_compat.fake_world_family("qwen3_dispersion") == name == "qwen3_dispersion.fake_world"
+    ours, theirs = get_train_spec(name), get_train_spec("qwen3_dispersion")
+    assert ours.model_args is theirs.model_args and ours.model_cls is not theirs.model_cls
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake, torch.device("meta"):  # trunc_normal_'s resampling reads values back
+        model = ours.model_cls(theirs.model_args["debugmodel"])
+    assert not isinstance(model.tok_embeddings.weight, FakeTensor)
+    with fake, torch.no_grad():
+        model.to_empty(device="cpu")
+        model.init_weights(buffer_device=torch.device("cpu"))
+    assert isinstance(model.output.weight, FakeTensor)
+
+
+def test_optimizer_step_is_train_steps_body():
+    """Touch ``optimizer_step``: ``Trainer.train_step`` clears the gradients, calls ``forward_backward_step``
+    per micro-batch, clips the gradients with ``dist_utils.clip_grad_norm_`` and steps the optimizers."""
+    from torchtitan.train import Trainer
+
+    body = _source(Trainer.train_step)
+    steps = [
+        "self.optimizers.zero_grad()",
+        "self.forward_backward_step(",
+        "dist_utils.clip_grad_norm_(",
+        "self.optimizers.step()",
+    ]
+    assert [body.index(step) for step in steps] == sorted(body.index(step) for step in steps)

@@ -38,10 +38,16 @@ that fails loudly, naming the touch, when an upgrade changes what it relies on:
   which makes the flight recorder's folder only when ``trace_buf_size > 0``; an after-checkpoint-load
   hook (``train()`` loads, then calls ``should_continue_training``), and TorchTitan's non-pipelined
   ``forward_backward_step`` around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
+- ``fake_world_family`` (``plan``'s trainer under ``FakeTensorMode``): ``Trainer.__init__`` looks its TrainSpec
+  up by ``model.name``, builds ``model_cls(model_args)`` on the meta device, hands it to ``parallelize_fn``,
+  then moves it off the meta device (``to_empty``) and calls its ``init_weights``.
+- ``optimizer_step``: ``Trainer.train_step`` clears the gradients, runs ``forward_backward_step`` per
+  micro-batch, clips the gradients and steps the optimizers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import os
@@ -54,6 +60,8 @@ from importlib.metadata import version
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, unset_fake_temporarily
+from torch.utils._python_dispatch import TorchDispatchMode
 from torchtitan.train import Trainer  # free here: torchtitan.config and the models import it already
 
 TORCHTITAN_VERSION = "0.2.2"
@@ -404,3 +412,75 @@ class TrainerHooks(Trainer):
         """Forward (under ``self.maybe_enable_amp``), loss sum / ``global_valid_tokens``,
         backward; returns the detached loss to log."""
         raise NotImplementedError
+
+
+# ------------------------------------------------------------------------ plan's fake world
+
+
+class _NoValues(TorchDispatchMode):
+    """A read of a value that no fake tensor holds answers 0: the one such read of an init,
+    ``torch.nn.init.trunc_normal_``'s (whether a draw fell outside the bounds), ends its
+    resampling loop at the first draw (the values do not exist)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        try:
+            return func(*args, **(kwargs or {}))
+        except DataDependentOutputException:
+            return 0
+
+
+def _outside_fake_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
+
+    return call
+
+
+@functools.cache
+def fake_world_family(name: str) -> str:
+    """The name of a TrainSpec of our own, ``name``'s as a trainer built under ``FakeTensorMode``
+    needs it: the model built and parallelized outside the mode, from real meta tensors (a fake
+    meta parameter cannot be swapped for its CPU one by ``to_empty``: PyTorch refuses tensors
+    with weak references; the meshes FSDP2 builds over tensor-parallel ones read values back),
+    then moved off the meta device in the mode and initialised under ``_NoValues``."""
+    from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
+
+    spec = get_train_spec(name)
+
+    def model_cls(model_args: Any) -> torch.nn.Module:
+        model = _outside_fake_mode(spec.model_cls)(model_args)
+        init_weights = model.init_weights
+
+        def fake_init(*args: Any, **kwargs: Any) -> None:
+            with _NoValues():
+                init_weights(*args, **kwargs)
+
+        model.init_weights = fake_init
+        return model
+
+    fake = f"{name}.fake_world"
+    register_train_spec(
+        fake, dataclasses.replace(spec, model_cls=model_cls, parallelize_fn=_outside_fake_mode(spec.parallelize_fn))
+    )
+    return fake
+
+
+def optimizer_step(trainer: Trainer, batches: list, after_each: Callable[[], None] = lambda: None) -> None:
+    """One optimizer step as ``Trainer.train_step`` takes it, on ``batches`` (its micro-batches), each
+    moved to the trainer's device first (under ``FakeTensorMode`` on a GPU: a fake CUDA copy): gradients
+    cleared, each micro-batch's ``forward_backward_step``, the gradients clipped, the optimizers
+    stepped. The global token count is the global batch's (its all-reduce would read a fake value back);
+    logging and the learning-rate schedule are left out. ``after_each`` runs after each backward."""
+    from torchtitan.distributed import utils as dist_utils
+
+    t = trainer.job_config.training
+    device = trainer.device if trainer.device.type != "cpu" else torch.device("cpu")  # a fake "cpu:0" is not "cpu"
+    tokens = torch.tensor(float(t.global_batch_size * t.seq_len), device=device)
+    trainer.optimizers.zero_grad()
+    for input_dict, labels in batches:
+        inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}
+        trainer.forward_backward_step(input_dict=inputs, labels=labels.to(device), global_valid_tokens=tokens)
+        after_each()
+    dist_utils.clip_grad_norm_([p for m in trainer.model_parts for p in m.parameters()], t.max_norm, foreach=True)
+    trainer.optimizers.step()

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..config.cli import load_toml
 from ..job_config.checks import data_parallel_degree
-from ..job_config.parse import check, model_args, parse_job_config
+from ..job_config.parse import check, model_args, parse_job_config, setup_torchtitan
 from ..utils.errors import ArgumentError
-from .gpus import GPU
+from .figures import GPU
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -53,15 +53,14 @@ class ResourceLayout:
 
 def checked_config(args: list[str], gpus: int) -> RunConfig:
     """``args`` parsed and checked as a launch of ``gpus`` processes parses and checks them."""
-    if gpus < 1:
-        raise ArgumentError(f"--gpus: must be >= 1, got {gpus}")
+    setup_torchtitan()
     return check(parse_job_config(args, load_toml(args)), gpus)
 
 
 def nodes_of(gpus: int, nodes: int | None, gpu: GPU) -> int:
     """``--nodes``, or as few as hold ``gpus`` at ``gpu.gpus_per_node`` each; the GPUs split evenly."""
     count = nodes or math.ceil(gpus / gpu.gpus_per_node)
-    if count < 1 or gpus % count:
+    if gpus % count:
         raise ArgumentError(f"--nodes: {gpus} GPUs do not split evenly over {count} nodes")
     return count
 

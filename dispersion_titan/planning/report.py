@@ -1,5 +1,8 @@
 """A run's resource plan and the tables ``plan``, ``sweep --plan`` and ``paper --plan`` print:
-one plan as a table of its fields, several as one row each with the totals."""
+one plan as a table of its fields, several as one row each with the totals. The checkpoints'
+disk is counted when the run ends: the steps TorchTitan saves and keeps (``[checkpoint]``), each a
+full checkpoint (fp32 weights and AdamW's two fp32 moments) or, the last one with
+``last_save_model_only``, the weights alone (``export_dtype``)."""
 
 from __future__ import annotations
 
@@ -7,12 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..utils.errors import ConfigError
-from .disk import CheckpointDisk, checkpoint_disk
-from .figures import TERM_LABEL, calibration
-from .gpus import GPU
+from .figures import GPU, GPUS, TERM_LABEL
 from .layout import ResourceLayout
-from .measurement import CATEGORIES, StepMeasurement
-from .timing import StepTime, step_time
+from .step_measure import CATEGORIES, StepMeasurement
+from .timing import DTYPE_BYTES, StepTime
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -26,21 +27,48 @@ LATENCY_LABEL = "NCCL's own model of a ring: a prediction"
 TIGHT = 0.9
 """Share of a GPU's memory above which a plan says the peak is tight: the CUDA context, the
 allocator's fragmentation and what ``FakeTensorMode`` cannot see take a few GB."""
+FULL_BYTES_PER_PARAM = 4 + 2 * 4
+
+
+@dataclass(frozen=True)
+class CheckpointDisk:
+    full: int
+    """Full checkpoints kept."""
+    model_only: int
+    """Weights-only checkpoints kept."""
+    bytes: float
+
+
+def checkpoint_disk(job_config: RunConfig, params: float) -> CheckpointDisk:
+    """The checkpoints a run of ``job_config`` keeps from scratch to ``training.steps``, its model
+    of ``params`` parameters."""
+    c, steps = job_config.checkpoint, job_config.training.steps
+    kept = sorted(({0} if c.save_initial else set()) | set(range(c.interval, steps, c.interval)) | {steps})
+    if not c.enable:
+        kept = []
+    elif c.keep_latest_k > 0:
+        kept = kept[-c.keep_latest_k :]
+    model_only = int(bool(kept) and c.last_save_model_only)
+    full = len(kept) - model_only
+    per_param = full * FULL_BYTES_PER_PARAM + model_only * DTYPE_BYTES[c.export_dtype]
+    return CheckpointDisk(full, model_only, params * per_param)
 
 
 @dataclass(frozen=True)
 class ResourcePlan:
     name: str
     gpu_key: str
-    gpu: GPU
     layout: ResourceLayout
     step: StepMeasurement
     time: StepTime
     disk: CheckpointDisk
     steps: int
-    depth_note: str
     dispersion: bool
     """Whether the step has a dispersion term (``TERM_LABEL``)."""
+
+    @property
+    def gpu(self) -> GPU:
+        return GPUS[self.gpu_key]
 
     @property
     def memory_share(self) -> float:
@@ -56,34 +84,6 @@ class ResourcePlan:
 
     def fits(self) -> bool:
         return self.memory_share <= 1
-
-
-def resource_plan(
-    name: str,
-    job_config: RunConfig,
-    layout: ResourceLayout,
-    step: StepMeasurement,
-    gpu_key: str,
-    gpu: GPU,
-    depth_note: str,
-    one_gpu: ResourcePlan | None = None,
-) -> ResourcePlan:
-    """``one_gpu``: the same run's plan on one GPU, whose GPU-seconds per token no layout beats."""
-    least = (
-        one_gpu.time.step_s * layout.tokens_per_step / one_gpu.layout.tokens_per_step / layout.gpus if one_gpu else 0
-    )
-    return ResourcePlan(
-        name,
-        gpu_key,
-        gpu,
-        layout,
-        step,
-        step_time(job_config, layout, step, gpu, calibration(gpu_key), least),
-        checkpoint_disk(job_config, step.params_total),
-        job_config.training.steps,
-        depth_note,
-        job_config.dispersion.variant != "none",
-    )
 
 
 def refuse_if_too_big(plan: ResourcePlan) -> None:
@@ -136,7 +136,7 @@ def plan_table(plan: ResourcePlan) -> str:
     rows = [
         ("layout", lay.describe()),
         ("parameters per rank", f"{plan.step.params_local / 1e6:,.2f} M of {plan.step.params_total / 1e6:,.1f} M"),
-        ("peak memory per GPU", _memory(plan) + f" ({EAGER_MEMORY}; {plan.depth_note})"),
+        ("peak memory per GPU", _memory(plan) + f" ({EAGER_MEMORY}; {plan.step.depth_note})"),
         ("step time", _step_time(plan)),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
         ("GPU-hours", f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"),
@@ -176,7 +176,7 @@ def runs_table(plans: list[ResourcePlan]) -> str:
     hours, disk = sum(p.gpu_hours for p in plans), sum(p.disk.bytes for p in plans)
     lines.append(f"| **total ({len(plans)} runs)** | | | | | | | | **{hours:,.3g}** | **{_gb(disk)}** |")
     labels = sorted({p.time.calibration.label for p in plans})
-    notes = [f"step time: {label}" for label in labels] + sorted({f"memory: {p.depth_note}" for p in plans})
+    notes = [f"step time: {label}" for label in labels] + sorted({f"memory: {p.step.depth_note}" for p in plans})
     notes += [f"step time of the runs with a term: {TERM_LABEL}"] if any(p.dispersion for p in plans) else []
     notes += [f"collectives' latency: {LATENCY_LABEL}"]
     bounded = [p.name for p in plans if p.time.bounded]

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils._runtime_estimation import _FLOAT_TYPES, _IGNORE_OPS, get_num_bytes
 from torch.utils.flop_counter import flop_registry
 
-from .gpus import GPU
+from .figures import GPU
 
 aten = torch.ops.aten
 FLOPS = {

@@ -13,13 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .figures import Calibration
-from .gpus import GPU
+from .figures import GPU, Calibration
 from .layout import ResourceLayout
-from .measurement import StepMeasurement
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
+    from .step_measure import StepMeasurement
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TP_COLLECTIVES_PER_BLOCK = 8

@@ -45,7 +45,7 @@ class DispersionObjective:
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.tp_group = tp_group
-        self.loss = dispersion_loss  # what ``plan`` prices in its place: trainer.step_measure.PricedTerm
+        self.loss = dispersion_loss  # what ``plan`` prices in its place: planning.step_measure.PricedTerm
 
     def check_kernel(self, device: torch.device) -> None:
         """Before the first step, probe the Triton kernel that ``kernel = "auto"`` takes on CUDA: a

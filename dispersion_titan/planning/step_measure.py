@@ -15,6 +15,7 @@ Every block is alike, so memory and time are linear in the depth: a deep model i
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,17 +25,74 @@ from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from ..components.titan_compat import optimizer_per_model_part
-from ..planning.figures import term_seconds
-from ..planning.gpus import GPU
-from ..planning.measurement import StepMeasurement, categorised, on_the_line
-from ..planning.roofline import Roofline
-from .fake_world import micro_batches, optimizer_step, rank_zero_trainer
+from ..components.titan_compat import optimizer_per_model_part, optimizer_step
+from .fake_world import micro_batches, rank_zero_trainer
+from .figures import GPU, term_seconds
+from .roofline import Roofline
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 MEASURED_DEPTHS = (2, 3)
+CATEGORIES = {
+    "parameters": ("Sharded Param", "Unsharded Param", "Parameter", "Buffer"),
+    "gradients": ("Sharded Grad", "Unsharded Grad", "Gradient"),
+    "optimizer": ("OptState", "Optstate"),
+    "activations": ("Activation",),
+    "temporaries": ("Temp",),
+    "collectives": ("All Gather", "Reduce Scatter"),
+    "other": ("Inputs", "Other"),
+}
+"""PyTorch's memory trackers' categories (``FSDPMemTracker``'s, ``MemTracker``'s) as a plan shows them."""
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    memory: dict[str, float]
+    """Bytes per ``CATEGORIES`` key at the step's peak."""
+    micro_batch_s: float
+    """Roofline seconds of one micro-batch's forward and backward."""
+    optimizer_s: float
+    """Roofline seconds of clipping and the optimizer step."""
+    params_local: float
+    """Parameters this rank holds (its shards)."""
+    params_total: float
+    depth: int
+    """Blocks of the model measured (or extrapolated to)."""
+    term_s: float
+    """Seconds of one micro-batch's dispersion term at its kernels' measured rate (``figures.term_seconds``),
+    outside the roofline and its calibration."""
+    extrapolated: bool = False
+
+    @property
+    def peak(self) -> float:
+        return sum(self.memory.values())
+
+    @property
+    def depth_note(self) -> str:
+        if self.extrapolated:
+            blocks = " and ".join(map(str, MEASURED_DEPTHS))
+            return f"measured at {blocks} blocks, extrapolated to {self.depth} (linear in depth)"
+        return f"measured at all {self.depth} blocks"
+
+
+def on_the_line(a: StepMeasurement, b: StepMeasurement, depth: int) -> StepMeasurement:
+    """The measurement at ``depth`` blocks on the line through ``a`` and ``b``."""
+    w = (depth - a.depth) / (b.depth - a.depth)
+
+    def at(x: float, y: float) -> float:
+        return x + (y - x) * w
+
+    return StepMeasurement(
+        {k: at(a.memory[k], b.memory[k]) for k in a.memory},
+        at(a.micro_batch_s, b.micro_batch_s),
+        at(a.optimizer_s, b.optimizer_s),
+        at(a.params_local, b.params_local),
+        at(a.params_total, b.params_total),
+        depth,
+        at(a.term_s, b.term_s),
+        extrapolated=True,
+    )
 
 
 class _KernelStandIn(torch.autograd.Function):
@@ -93,10 +151,7 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
         config.model.attn_dropout = 0.0
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with rank_zero_trainer(config, world, fake) as trainer:
-        accumulation = trainer.gradient_accumulation_steps
-        batches = micro_batches(trainer, min(accumulation, 2))
-        t = trainer.job_config.training
-        tokens = torch.tensor(float(t.global_batch_size * t.seq_len))
+        batches = micro_batches(trainer, min(trainer.gradient_accumulation_steps, 2))
         ((model, optimizer),) = optimizer_per_model_part(trainer.optimizers)
         with fake:
             for p in model.parameters():  # the optimizer's state exists from the first step on
@@ -116,28 +171,24 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
                 tracker.reset_mod_stats()
 
             with tracker, roofline:
-                optimizer_step(trainer, batches, tokens, after_each=after_each)
+                optimizer_step(trainer, batches, after_each)
         local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
         total = sum(p.numel() for p in model.parameters())
     (peak,) = tracker.get_tracker_snapshot("peak").values()  # one device
-    memory = categorised(peak)
+    named = {getattr(key, "value", key): value for key, value in peak.items()}  # by the trackers' enums
+    memory = {name: float(sum(named.get(k, 0) for k in keys)) for name, keys in CATEGORIES.items()}
     if replicated:  # DDP's gradient buckets (gradient_as_bucket_view off): a second copy of the fp32 gradients
         memory["gradients"] += 4.0 * total
     term_s = term.seconds / len(batches)
     return StepMeasurement(memory, marks[0], roofline.seconds - marks[-1], float(local), float(total), depth, term_s)
 
 
-def extrapolates(job_config: RunConfig, depth: int) -> bool:
-    """Whether the step at ``depth`` blocks is taken on the line through ``MEASURED_DEPTHS``: the
-    dispersion term (if any) on every block, and deep enough that two shallow models cost less
-    than the model itself."""
-    d = job_config.dispersion
-    return depth >= sum(MEASURED_DEPTHS) and (d.variant == "none" or d.layers == "all")
-
-
 def measure_step(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepMeasurement:
-    """The step of ``job_config`` at ``depth`` blocks (the model's), measured or extrapolated."""
-    if not extrapolates(job_config, depth):
+    """The step of ``job_config`` at ``depth`` blocks (the model's): taken on the line through
+    ``MEASURED_DEPTHS`` where the dispersion term (if any) is on every block and two shallow models
+    cost less than the model itself, else measured."""
+    d = job_config.dispersion
+    if depth < sum(MEASURED_DEPTHS) or (d.variant != "none" and d.layers != "all"):
         return measure_at(job_config, world, gpu, depth)
     low, high = (measure_at(job_config, world, gpu, d) for d in MEASURED_DEPTHS)
     return on_the_line(low, high, depth)

@@ -1,26 +1,23 @@
 """One run's resource plan: its layout checked for the GPUs (``planning.layout``: an impossible
 one ends in one line before anything is built), its step measured on rank 0 of that world
-(``step_measure``), priced and tabled (``planning.report``). Steps whose measurement would be
-the same (sweep cells differing in seed, λ or run folder) are measured once per process.
-The one module ``plan`` imports (``checked_config``, ``plan_table``, ``runs_table``, ``refuse_if_too_big``
-and ``dry_run_step`` are here for it)."""
+(``step_measure``), priced (``planning.timing``) and tabled (``planning.report``). Steps whose
+measurement would be the same (sweep cells differing in seed, λ or run folder) are measured once
+per process. The one module ``plan`` imports (``checked_config``, ``plan_table``, ``runs_table``,
+``refuse_if_too_big`` and ``dry_run_step`` are here for it)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from typing import TYPE_CHECKING
 
-from ..job_config.parse import setup_torchtitan
-from ..planning.gpus import GPUS
-from ..planning.layout import checked_config, nodes_of, resolve_layout
-from ..planning.measurement import StepMeasurement
-from ..planning.report import ResourcePlan, plan_table, refuse_if_too_big, resource_plan, runs_table
 from ..utils.errors import ConfigError
 from .dry_run import dry_run_step
-from .fake_world import quiet
-from .step_measure import MEASURED_DEPTHS, extrapolates, measure_step
+from .figures import GPUS, calibration
+from .layout import checked_config, nodes_of, resolve_layout
+from .report import ResourcePlan, checkpoint_disk, plan_table, refuse_if_too_big, runs_table
+from .step_measure import StepMeasurement, measure_step
+from .timing import step_time
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -54,29 +51,30 @@ def _measurement_key(job_config: RunConfig, world: int, gpu: str) -> str:
     return json.dumps([values, world, gpu], sort_keys=True, default=str)
 
 
-def depth_note(job_config: RunConfig, depth: int) -> str:
-    if extrapolates(job_config, depth):
-        blocks = " and ".join(map(str, MEASURED_DEPTHS))
-        return f"measured at {blocks} blocks, extrapolated to {depth} (linear in depth)"
-    return f"measured at all {depth} blocks"
-
-
 def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: str) -> ResourcePlan:
     """The plan of the run that ``args`` (a launch's command line) make on ``gpus`` × ``gpu_key``; on
     several GPUs its step takes at least one GPU's per-token time (that plan too is measured)."""
-    setup_torchtitan()
     gpu = GPUS[gpu_key]
     job_config = checked_config(args, gpus)
     layout = resolve_layout(job_config, gpus, nodes_of(gpus, nodes, gpu))
     key = _measurement_key(job_config, gpus, gpu_key)
     if key not in _measured:
-        with quiet():
-            _measured[key] = measure_step(copy.deepcopy(job_config), gpus, gpu, layout.n_layers)
-    note = depth_note(job_config, layout.n_layers)
-    one_gpu = None
+        _measured[key] = measure_step(job_config, gpus, gpu, layout.n_layers)
+    step = _measured[key]
+    least = 0.0
     if gpus > 1:
         try:
-            one_gpu = planned(name, [*args, *ONE_GPU], 1, None, gpu_key)
+            one = planned(name, [*args, *ONE_GPU], 1, None, gpu_key)
+            least = one.time.step_s * layout.tokens_per_step / one.layout.tokens_per_step / gpus
         except ConfigError:  # a run one GPU cannot lay out (its batch): no bound
             pass
-    return resource_plan(name, job_config, layout, _measured[key], gpu_key, gpu, note, one_gpu)
+    return ResourcePlan(
+        name,
+        gpu_key,
+        layout,
+        step,
+        step_time(job_config, layout, step, gpu, calibration(gpu_key), least),
+        checkpoint_disk(job_config, step.params_total),
+        job_config.training.steps,
+        job_config.dispersion.variant != "none",
+    )

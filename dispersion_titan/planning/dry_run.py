@@ -23,14 +23,14 @@ from torch import nn
 from torch.distributed._composable.replicate import DDP
 from torch.distributed.tensor import DTensor, Placement
 
-from ..job_config.parse import setup_torchtitan
+from ..components.titan_compat import optimizer_step
 from ..losses.options import resolve_layers
-from ..planning.layout import ResourceLayout, checked_config, resolve_layout
+from ..trainer.objective import DispersionObjective
+from ..trainer.sequence_parallel import own_sequences, shares
+from ..trainer.trainer import DispersionTrainer
 from ..utils.errors import DispersionTitanError
-from .fake_world import micro_batches, optimizer_step, quiet, rank_zero_trainer
-from .objective import DispersionObjective
-from .sequence_parallel import own_sequences, shares
-from .trainer import DispersionTrainer
+from .fake_world import micro_batches, rank_zero_trainer
+from .layout import ResourceLayout, checked_config, resolve_layout
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -106,8 +106,8 @@ def check_mesh(trainer: DispersionTrainer, layout: ResourceLayout) -> str:
     return f"mesh: {dims} of {layout.gpus} ranks, the data loader rank 0 of {layout.dp}: as planned"
 
 
-def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> tuple[str, int]:
-    """The parallelize plan applied as planned; the line and rank 0's parameter count."""
+def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> str:
+    """The parallelize plan applied as planned."""
     mesh = _expected_mesh(layout)
     replicated = mesh == ("dp_replicate",)  # DDP: whole parameters as plain tensors, the module wrapped
     if replicated:
@@ -116,9 +116,7 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> t
         mesh = ()
     params = list(model.named_parameters())
     on_tp = 0
-    for name, p in params:
-        if not mesh:
-            continue
+    for name, p in params if mesh else ():
         if not isinstance(p, DTensor) or p.device_mesh.mesh_dim_names != mesh:
             where = p.device_mesh.mesh_dim_names if isinstance(p, DTensor) else "a plain tensor"
             raise DryRunFailed(f"parallelize: {name} is on {where}, not a DTensor on {mesh}")
@@ -144,7 +142,7 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> t
     )
     tp = f", {on_tp} sharded over tp" if layout.tp > 1 else ""
     tie = "; the LM head still the token embeddings" if tied else ""
-    return f"parallelize: {len(params)} parameters, {where}{tp}{tie}; rank 0 holds {local:,}", local
+    return f"parallelize: {len(params)} parameters, {where}{tp}{tie}; rank 0 holds {local:,}"
 
 
 def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len: int) -> str:
@@ -198,22 +196,19 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
 def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
     """The checks' lines for the run ``args`` make in the layout ``full`` (``DryRunFailed`` on the
     first failing check)."""
-    setup_torchtitan()
     shrunk, said = shrunk_args(args, full)
     gpus = full.gpus
     job_config: RunConfig = checked_config(shrunk, gpus)
     layout = resolve_layout(job_config, gpus, full.nodes)
     start = time.perf_counter()
-    with quiet(), rank_zero_trainer(job_config, gpus) as trainer:
+    with rank_zero_trainer(job_config, gpus) as trainer:
         lines = [f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, {said}", check_mesh(trainer, layout)]
         (model,) = trainer.model_parts
-        lines.append(check_parallelize(model, layout, trainer.model_args.tie_embeddings)[0])
+        lines.append(check_parallelize(model, layout, trainer.model_args.tie_embeddings))
         lines.append(check_dispersion(trainer, layout, job_config.training.seq_len))
-        t = job_config.training
-        optimizer_step(trainer, micro_batches(trainer, 1), torch.tensor(float(t.global_batch_size * t.seq_len)))
+        optimizer_step(trainer, micro_batches(trainer, 1))
     lines.append(
         f"step: one micro-batch's forward and backward ({job_config.dispersion.variant}), clipping and the "
-        f"optimizer step ran "
-        f"({time.perf_counter() - start:.1f} s with the build)"
+        f"optimizer step ran ({time.perf_counter() - start:.1f} s with the build)"
     )
     return lines

@@ -1,0 +1,131 @@
+"""``DispersionTrainer`` built in this one process as rank 0 of an N-rank job, through
+TorchTitan's ``--comm.mode fake_backend`` (``NGPU=N``: a fake process group whose collectives
+move nothing), for ``plan``: its step measured under ``FakeTensorMode`` (``step_measure``) or run
+for real, shrunk (``dry_run``).
+
+The job config is the launch's, as ``job_config.parse`` checked it for N processes, less what
+needs the run's own files or a GPU: no checkpoints, validation, TensorBoard, W&B or compile;
+the data is the embedded ``enwiki_sample`` (token values change neither the layout nor the
+memory) and a tokenizer that is not a local folder gives way to GPT-2's BPE; the run folder is
+a temporary one. The process's environment, signal handlers, exception hook and garbage
+collector are left as they were found (the trainer installs its own, TorchTitan disables the
+collector).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import logging
+import os
+import signal
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torchtitan.tools.logging import logger
+
+from ..components.titan_compat import fake_world_family
+from ..tokenizer.encoders import tokenizer_folder
+from ..trainer.preemption import DEFAULT_SIGNAL, SIGNAL_ENV, parse_signal
+from ..trainer.trainer import DispersionTrainer
+
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
+
+
+def rank_zero_config(job_config: RunConfig, dump_folder: str, fake: bool) -> RunConfig:
+    """A copy of ``job_config`` as rank 0 of a fake world runs it (see the module's docstring);
+    ``fake``: its model family the one built under ``FakeTensorMode``."""
+    c = copy.deepcopy(job_config)
+    c.comm.mode = "fake_backend"
+    c.checkpoint.enable = c.validation.enable = c.compile.enable = False
+    c.dispersion.kernel = "torch"  # no Triton probe on fake tensors; plan prices the kernels (step_measure)
+    c.metrics.enable_tensorboard = c.metrics.enable_wandb = False
+    c.metrics.log_freq = 10**9  # never a log step
+    c.job.dump_folder = dump_folder
+    c.training.dataset, c.training.dataset_path = "enwiki_sample", None
+    folder = os.path.expanduser(tokenizer_folder(c.model.name, c.model.hf_assets_path) or "")
+    c.model.hf_assets_path = folder if os.path.isdir(folder) else ""
+    if fake:
+        c.model.name = fake_world_family(c.model.name)
+    return c
+
+
+class _RankZero(DispersionTrainer):
+    def init_distributed(self):
+        """The fake process group and every mesh built with real tensors: ``DeviceMesh`` reads
+        values back, which fake tensors cannot do."""
+        with unset_fake_temporarily():
+            parallel_dims = super().init_distributed()
+            parallel_dims.build_mesh()
+        return parallel_dims
+
+
+@contextlib.contextmanager
+def _process_state(world: int) -> Iterator[None]:
+    """The environment of rank 0 of ``world`` ranks, restored on exit with the signal handlers,
+    the exception hook (each process group's start prefixes it with the rank) and the garbage
+    collector."""
+    names = {"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "1"}
+    saved_env = dict(os.environ)
+    signals = {signal.SIGINT, signal.SIGTERM, parse_signal(os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))}
+    saved_handlers = {s: signal.getsignal(s) for s in signals}
+    collecting, excepthook = gc.isenabled(), sys.excepthook
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for s, handler in saved_handlers.items():
+            signal.signal(s, handler)
+        sys.excepthook = excepthook
+        if collecting:
+            gc.enable()
+
+
+@contextlib.contextmanager
+def rank_zero_trainer(
+    job_config: RunConfig, world: int, fake: FakeTensorMode | None = None
+) -> Iterator[DispersionTrainer]:
+    """``DispersionTrainer`` as rank 0 of ``world`` ranks, its log lines and warnings unsaid;
+    built under ``fake`` when given (its parameters and optimizer state then take no memory).
+    Closed, and the process group destroyed, on exit."""
+    with _process_state(world), quiet(), tempfile.TemporaryDirectory(prefix="plan_") as dump:
+        config = rank_zero_config(job_config, dump, fake is not None)
+        trainer = None
+        try:
+            with fake or contextlib.nullcontext():
+                trainer = _RankZero(config)
+            yield trainer
+        finally:
+            if trainer is not None:
+                trainer.close()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """TorchTitan's log lines and PyTorch's warnings of the trainer built for measuring, unsaid."""
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def micro_batches(trainer: DispersionTrainer, count: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    """The trainer's first ``count`` micro-batches from its own data loader, as real tensors."""
+    data = trainer.batch_generator(trainer.dataloader)
+    return [next(data) for _ in range(count)]
