@@ -22,8 +22,8 @@ COMMANDS = {
     "init": "dispersion_titan.init",
     "plan": "dispersion_titan.plan",
 }
-LAUNCHER_ENTRY_POINTS = ("torchrun", "job_server")
-"""Modules at the package root that the launchers run (``launch/train.sh``, ``utils.preloaded``), not commands."""
+LAUNCHER_ENTRY_POINTS = ("torchrun",)
+"""Modules at the package root that the launchers run (``launch/train.sh``), not commands."""
 USAGE = f"usage: dispersion-titan {{{'|'.join(COMMANDS)}}} [ARGS ...]   (each command's --help says more)"
 
 

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dispersion_titan"
 ROOT = "<root>"  # the modules at the package root: the commands and __init__
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    (ROOT,),  # entry points: the commands, torchrun, job_server, and every package's __main__
+    (ROOT,),  # entry points: the commands, torchrun, and every package's __main__
     ("planning",),  # plan's work: its layout, its step measured on the trainer as rank 0 of N, its tables
     ("trainer",),  # imported only by the training command, its torchrun and planning (which measures its step)
     ("analysis", "evaluation", "reproduce", "job_config"),

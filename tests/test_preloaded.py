@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dispersion_titan.utils.preloaded import Commands
+from dispersion_titan.reproduce.quickstart.jobs import Commands
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh"])

@@ -1,5 +1,5 @@
 """Launching real jobs: torchrun training runs and ``python -m`` commands, forked from the
-product's job server (``dispersion_titan.utils.preloaded``) or run from the command line."""
+product's job server (``dispersion_titan.reproduce.quickstart.jobs``) or run from the command line."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from dispersion_titan.reproduce.quickstart.jobs import Commands
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.devices import CPU_MALLOC_ENV
-from dispersion_titan.utils.preloaded import Commands
 from support.cli import assert_one_line_error
 from support.runs import digests
 
@@ -80,7 +80,7 @@ def _forked(
     target: str, argv: list[str], env: dict[str, str], timeout: float, nproc: int | None = None
 ) -> subprocess.CompletedProcess:
     """``target`` (a module or a script) forked from the session's job server, the product's
-    (``dispersion_titan.utils.preloaded``), under torchrun's launcher with ``nproc`` processes
+    (``dispersion_titan.reproduce.quickstart.jobs``), under torchrun's launcher with ``nproc`` processes
     when given; its stdout and stderr apart."""
     global _commands
     if _commands is None:
@@ -112,7 +112,7 @@ def torchrun(
 ) -> subprocess.CompletedProcess:
     """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
 
-    By default the job is forked from the session's job server (``dispersion_titan.utils.preloaded``:
+    By default the job is forked from the session's job server (``reproduce.quickstart.jobs``:
     torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs torchrun
     as ``launch/train.sh`` does (``python -m dispersion_titan.torchrun -m
     dispersion_titan.train``: torchrun with a one-line ending), for tests that look at its

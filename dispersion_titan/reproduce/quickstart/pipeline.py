@@ -1,6 +1,6 @@
 """The quickstart's work (``python -m dispersion_titan.quickstart``): the init panel, the toy
 MLP-width × dispersion sweep trained and analyzed as independent one-process jobs forked
-from one preloaded server (``utils.preloaded``), the comparisons, and ``summary.md`` /
+from one preloaded server (``jobs``), the comparisons, and ``summary.md`` /
 ``summary.png``. Each step is skipped where its results already exist, so a rerun only
 redoes what is missing; the options that change results are fixed in ``OUT/quickstart.json``."""
 
@@ -27,12 +27,12 @@ from ...run_folder.outputs import atomic_write, ensure_writable, write_json
 from ...run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
-from ...utils.preloaded import Commands
 from . import VARIANT
 from .document import summary_markdown
 from .figure import save_findings_figure
 from .findings import findings
 from .init_panel import InitPanel, init_panel
+from .jobs import Commands
 from .step_progress import StepProgress
 from .summary import load_sweep
 

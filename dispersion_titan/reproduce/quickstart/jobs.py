@@ -1,22 +1,17 @@
-"""Commands (``python -m MODULE ARGS``, ``python SCRIPT.py ARGS``, or either under torchrun with
-N processes) run as children of one server process that has imported torch, TorchTitan and
-dispersion_titan once, rather than each in a fresh interpreter: a fresh one spends about
-5 s of CPU on imports, a third of a short quickstart run. The quickstart and the tests run
-their jobs through it.
+"""The quickstart's jobs (and the tests'): commands (``python -m MODULE ARGS``, ``python SCRIPT.py
+ARGS``, or either under torchrun with N processes) forked from one server process that imported
+torch, TorchTitan and dispersion_titan once, where a fresh interpreter spends about 5 s of CPU on
+imports (the default quickstart: 3 min 42 s forked, 4 min 20 s fresh; measured 2026-11-28).
 
-A training job of N processes is torchrun's own launcher (``elastic_launch``: c10d
-rendezvous, one agent, real worker processes) with forked workers that run the command as
-``python -m torch.distributed.run --nproc_per_node N`` would; only local rank 0 writes to
-the log, as with torchrun's ``--local-ranks-filter 0``.
+A job of N processes is torchrun's own launcher (``elastic_launch``: c10d rendezvous, real worker
+processes) with forked workers; only local rank 0 writes to the log, as with torchrun's
+``--local-ranks-filter 0``. Linux only: elsewhere (macOS) forking a process that has imported
+torch is not safe, so each command gets its own interpreter there.
 
-Linux only: elsewhere (macOS) forking a process that has imported torch is not safe, so
-each command gets its own interpreter there.
-
-``serve`` is the server (``python -m dispersion_titan.job_server PRELOAD...``):
-it imports each PRELOAD (``module``, or ``module:function`` also called once, e.g. to fill
-a cache), then reads one JSON request per line on stdin and answers each with the forked
-job's pid; when the job ends, the server writes its exit status to the request's
-``status`` file.
+The server (``python -m dispersion_titan.reproduce.quickstart.jobs PRELOAD...``) imports each
+PRELOAD (``module``, or ``module:function`` also called once, e.g. to fill a cache), then reads
+one JSON request per line on stdin and answers each with the forked job's pid; when the job
+ends, it writes the job's exit status to the request's ``status`` file.
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ import time
 import traceback
 import warnings
 
-SERVER = "dispersion_titan.job_server"
+SERVER = "dispersion_titan.reproduce.quickstart.jobs"
 
 
 def command_line(target: str, argv: list[str], nproc: int | None = None) -> list[str]:
@@ -288,3 +283,7 @@ def serve(preload: list[str]) -> None:
         status_files[pid] = request["status"]
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         print(pid, flush=True)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])
