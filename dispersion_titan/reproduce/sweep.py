@@ -14,12 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
-from ..config.cli import load_toml, with_config_module
+from ..config.cli import load_toml, read_toml, with_config_module
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import setup_torchtitan, validated_args
@@ -206,20 +201,6 @@ def _resources(spec: Spec, *keys: str) -> list[str]:
     ]
 
 
-def _common_sbatch(spec: Spec, name: str, time_limit: str | None, extra: list[str]) -> list[str]:
-    args = [
-        "sbatch",
-        "--parsable",
-        f"--job-name={spec.out.name}-{name}",
-        f"--output={spec.out / 'logs'}/%x-%j.out",
-        "--kill-on-invalid-dep=yes",
-    ]
-    args += [f"--partition={spec.partition}"] if spec.partition else []
-    args += [f"--account={spec.account}"] if spec.account else []
-    args += [f"--time={time_limit}"] if time_limit else []
-    return args + extra
-
-
 @dataclass
 class SlurmJob:
     key: str  # shell variable holding its id in the dry-run script
@@ -241,83 +222,55 @@ class SlurmJob:
 def plan(spec: Spec) -> list[SlurmJob]:
     """Per cell: train, then analyze and evaluate; then compare (after every train and
     analyze job) and the table (after every evaluate job)."""
+
+    def job(label: str, time: str | None, extra: list[str], *command: str | Path) -> list[str]:
+        argv = ["sbatch", "--parsable", f"--job-name={spec.out.name}-{label.replace(' ', '-')}"]
+        argv += [f"--output={spec.out / 'logs'}/%x-%j.out", "--kill-on-invalid-dep=yes"]
+        argv += [f"--partition={spec.partition}"] if spec.partition else []
+        argv += [f"--account={spec.account}"] if spec.account else []
+        argv += [f"--time={time}"] if time else []
+        return [*argv, *extra, *map(str, command)]
+
+    train_extra = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task") + spec.train_sbatch_args
+    analyze_extra = _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args
     jobs: list[SlurmJob] = []
     for i, cell in enumerate(spec.cells(), start=1):
-        resources = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task")
-        run = str(spec.out / cell.name)
+        run, name = str(spec.out / cell.name), cell.name
+        overrides = [*spec.train_overrides, *cell.overrides(run)]
         train = SlurmJob(
             f"train_{i}",
-            f"{cell.name} train",
-            [
-                *_common_sbatch(spec, f"{cell.name}-train", spec.train_time, resources + spec.train_sbatch_args),
-                str(TRAIN_SBATCH),
-                str(spec.config),
-                *spec.train_overrides,
-                *cell.overrides(run),
-            ],
+            f"{name} train",
+            job(f"{name} train", spec.train_time, train_extra, TRAIN_SBATCH, spec.config, *overrides),
         )
-        analyze = SlurmJob(
-            f"analyze_{i}",
-            f"{cell.name} analyze",
-            [
-                *_common_sbatch(
-                    spec,
-                    f"{cell.name}-analyze",
-                    spec.analyze_time,
-                    _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args,
-                ),
-                str(ANALYZE_SBATCH),
-                run,
-                *spec.analyze_args,
-            ],
-            after=[train.key],
+        analyze = job(f"{name} analyze", spec.analyze_time, analyze_extra, ANALYZE_SBATCH, run, *spec.analyze_args)
+        evaluate = job(
+            f"{name} evaluate", spec.evaluate_time, spec.evaluate_sbatch_args, EVALUATE_SBATCH, run, *spec.evaluate_args
         )
-        evaluate = SlurmJob(
-            f"evaluate_{i}",
-            f"{cell.name} evaluate",
-            [
-                *_common_sbatch(spec, f"{cell.name}-evaluate", spec.evaluate_time, spec.evaluate_sbatch_args),
-                str(EVALUATE_SBATCH),
-                run,
-                *spec.evaluate_args,
-            ],
-            after=[train.key],
-        )
-        jobs += [train, analyze, evaluate]
+        jobs += [
+            train,
+            SlurmJob(f"analyze_{i}", f"{name} analyze", analyze, after=[train.key]),
+            SlurmJob(f"evaluate_{i}", f"{name} evaluate", evaluate, after=[train.key]),
+        ]
     runs = [str(spec.out / cell.name) for cell in spec.cells()]
-    jobs.append(
-        SlurmJob(
-            "compare",
-            "compare",
-            [
-                *_common_sbatch(
-                    spec, "compare", spec.analyze_time, _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args
-                ),
-                str(ANALYZE_SBATCH),
-                "compare",
-                *runs,
-                "--out",
-                str(spec.out / "compare"),
-            ],
-            after=[job.key for job in jobs if job.key.startswith(("train_", "analyze_"))],
-        )
+    compare = job(
+        "compare", spec.analyze_time, analyze_extra, ANALYZE_SBATCH, "compare", *runs, "--out", spec.out / "compare"
     )
-    jobs.append(
-        SlurmJob(
-            "table",
-            "table",
-            [  # no GPU needed (a later --gpus in evaluate_sbatch_args wins)
-                *_common_sbatch(spec, "table", spec.evaluate_time, ["--gpus=0", *spec.evaluate_sbatch_args]),
-                str(EVALUATE_SBATCH),
-                "table",
-                *runs,
-                "--out",
-                str(spec.out / "table"),
-            ],
-            after=[job.key for job in jobs if job.key.startswith("evaluate_")],
-        )
+    # the table needs no GPU (a later --gpus in evaluate_sbatch_args wins)
+    table = job(
+        "table",
+        spec.evaluate_time,
+        ["--gpus=0", *spec.evaluate_sbatch_args],
+        EVALUATE_SBATCH,
+        "table",
+        *runs,
+        "--out",
+        spec.out / "table",
     )
-    return jobs
+    return [
+        *jobs,
+        SlurmJob("compare", "compare", compare, [j.key for j in jobs if j.key.startswith(("train_", "analyze_"))]),
+        SlurmJob("table", "table", table, [j.key for j in jobs if j.key.startswith("evaluate_")]),
+    ]
 
 
 def dry_run(spec: Spec, jobs: list[SlurmJob]) -> str:
@@ -388,10 +341,4 @@ def write_manifest(spec: Spec, jobs: list[SlurmJob], ids: dict[str, str]) -> Pat
 
 
 def load_spec_file(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as e:
-        raise SweepError(f"{path}: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise SweepError(f"{path}: invalid TOML: {e}") from None
+    return read_toml(path, "SPEC")
