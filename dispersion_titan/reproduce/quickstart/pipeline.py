@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -49,7 +50,7 @@ class QuickstartPlan:
     coeff: float
     """λ of the dispersion runs (``--coeff``)."""
     steps: int
-    interval: int
+    checkpoint_interval: int
     num_sequences: int
     seq_len: int
     jobs: int
@@ -74,21 +75,9 @@ class QuickstartPlan:
         return cells(self.widths, self.arms, (self.seed,)) + cells(self.widths[:1], self.arms, self.seeds[1:])
 
     def identity(self) -> dict:
-        """The options that change results: a rerun must have the same ones."""
-        return {
-            "config": self.config,
-            "widths": list(self.widths),
-            "coeff": self.coeff,
-            "steps": self.steps,
-            "checkpoint_interval": self.interval,
-            "num_sequences": self.num_sequences,
-            "seq_len": self.seq_len,
-            "seed": self.seed,
-            "spread_seeds": self.spread_seeds,
-            "init_flavor": self.init_flavor,
-            "init_widths": list(self.init_widths),
-            "init_num_sequences": self.init_num_sequences,
-        }
+        """The options that change results (lists, as JSON reads them back): a rerun must have the same ones."""
+        kept = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("out", "jobs", "threads")}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in kept.items()}
 
     def dump(self, run: Cell) -> str:
         return os.path.join(self.out, "runs", run.name)
@@ -160,7 +149,7 @@ def train_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
         "--training.steps",
         str(plan.steps),
         "--checkpoint.interval",
-        str(plan.interval),
+        str(plan.checkpoint_interval),
         "--validation.freq",
         str(plan.steps),  # the summary reports the final validation loss
         *run.overrides(plan.dump(run)),
@@ -309,7 +298,8 @@ def summarize(plan: QuickstartPlan, panel: InitPanel, files: list[tuple[str, str
         f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
         f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
         f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
-        f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every {plan.interval} steps."
+        f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every "
+        f"{plan.checkpoint_interval} steps."
     )
     figure = os.path.join(plan.out, "summary.png")
     save_findings_figure(panel, runs, found, plan.seed, figure)

@@ -57,11 +57,6 @@ def embedding_cos(result: Condensation) -> float:
     return result.layers[0].mean_cos_offdiag
 
 
-def rises_with_depth(result: Condensation) -> bool:
-    """Condensation in one checkpoint: cosine grows with depth, late blocks above the embedding."""
-    return result.spearman is not None and result.spearman > 0 and late_cos(result) > embedding_cos(result)
-
-
 def final_validation_loss(dump: str, step: int) -> float | None:
     """The validation loss TensorBoard recorded at ``step`` (later event files win)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
