@@ -36,13 +36,12 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.size_series import load_member
 from dispersion_titan.config.schema import Baseline
 from dispersion_titan.data.packed import build_packed_dataloader
-from dispersion_titan.evaluation.protocol import run_protocol
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.models import register_all
 from dispersion_titan.models.llama3_dispersion import Llama3Args, llama3_flavors
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args, qwen3_flavors
 from dispersion_titan.paper import main as paper_main
-from dispersion_titan.run_folder.checkpoints import load_model, load_model_args, load_run_metadata
+from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.trainer.baselines import build_baseline
 from dispersion_titan.utils.errors import ConfigError
@@ -226,12 +225,6 @@ def test_llama3_exports_and_analyses_like_transformers(tmp_path, texts, capsys):
     )
     assert code == 0, err
     assert_analysis_matches_transformers(load_result(run, 0), export, "llama", texts)
-    # an analysis recorded when the family was registered as TorchTitan's llama3 is in the same family
-    path = run / "condensation" / "step-0" / "condensation.json"
-    result = json.loads(path.read_text())
-    assert result["model_args"]["model_type"] == "llama3_dispersion"
-    result["model_args"]["model_type"] = "llama3"
-    path.write_text(json.dumps(result))
     assert load_member(str(run), {}).family == "llama3_dispersion run"
 
 
@@ -249,21 +242,6 @@ def test_torchtitans_own_qwen3_and_llama3_stay_torchtitans_after_register_all():
         assert spec.build_dataloader_fn is not build_packed_dataloader, titan_name
         assert get_train_spec(ours).build_dataloader_fn is build_packed_dataloader, ours
         assert get_train_spec(ours).model_cls is titans.model_cls, ours
-
-
-def test_a_run_recorded_under_the_former_names_reads_as_ours(tmp_path):
-    """A run.json written when our families were registered as ``qwen3`` / ``llama3``: read under
-    the current names by the run's readers (analysis, ``evaluate``'s protocol, ``convert``)."""
-    run = tiny_run(tmp_path / "run", steps=(0,), args=QWEN3)
-    record = json.loads((run / "run.json").read_text())
-    assert record["model_name"] == "qwen3_dispersion"
-    (run / "run.json").write_text(json.dumps({**record, "model_name": "qwen3", "settings": {"model.name": "qwen3"}}))
-    metadata = load_run_metadata(str(run))
-    assert (metadata["model_name"], metadata["settings"]) == ("qwen3_dispersion", {"model.name": "qwen3_dispersion"})
-    assert run_protocol(metadata["model_name"]) == ("qwen3", None)
-    assert type(load_model_args(str(run / "checkpoint"))) is Qwen3Args
-    to_hf(str(run / "checkpoint" / "step-0"), str(tmp_path / "hf"))
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
 
 
 # ---------------------------------------------------------------- one qwen3 run, for real

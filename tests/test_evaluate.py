@@ -73,7 +73,9 @@ def unknown_task(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
     The run folder is a stand-in (an empty step folder): the check comes before any load."""
     dump = tmp_path_factory.mktemp("unknown_task") / "run"
     (dump / "checkpoint" / "step-0").mkdir(parents=True)
-    (dump / "run.json").write_text(json.dumps({"model_name": "gpt2", "model_args": {}}))  # its protocol: gpt2
+    (dump / "run.json").write_text(
+        json.dumps({"format": 1, "model_name": "gpt2", "model_args": {}})
+    )  # its protocol: gpt2
     tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
     proc = subprocess.Popen(
         [sys.executable, "-m", "dispersion_titan.evaluate", str(dump), "--include-path", str(TASKS), "--tasks", tasks],
@@ -565,7 +567,7 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
     )
     run = tmp_path / "run"
     (run / "checkpoint" / "step-0").mkdir(parents=True)
-    (run / "run.json").write_text('{"model_args": {}}')
+    (run / "run.json").write_text('{"format": 1, "model_name": "gpt2", "model_args": {}}')
     proc = python_module(
         "dispersion_titan.evaluate",
         str(run),
@@ -650,12 +652,12 @@ FABRICATED = {
 
 
 MID_TRAINING = {"started_from": {"pretrained": True, "source": "hf", "path": "/assets/hf/gpt2"}}
+FROM_SCRATCH = {"started_from": {"pretrained": False, "source": "init", "path": None}}
 
 
 def fabricate(root: Path, start: dict | None = None) -> dict[str, Path]:
     """Four evaluated runs (2 configurations × 2 seeds) as ``evaluate`` leaves them; ``start``: what
-    their run.json records of where they started (default mid-training; {}: a run.json written before
-    it was recorded, with no settings: from scratch)."""
+    their run.json records of where they started (default mid-training)."""
     runs = {}
     for name, (variant, coeff, seed, by_step) in FABRICATED.items():
         dump = root / name
@@ -663,6 +665,7 @@ def fabricate(root: Path, start: dict | None = None) -> dict[str, Path]:
         (dump / "run.json").write_text(
             json.dumps(
                 {
+                    "format": 1,
                     "model_name": "gpt2",
                     "model_args": {"dim": 64, "n_layers": 4, "mlp_hidden_dim": 0},
                     "dispersion": {"variant": variant, "coeff": coeff, "tau": 1.0},
@@ -889,12 +892,11 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
 
 
 def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_path, capsys):
-    """From-scratch runs (run.json without a start record or settings: written before either was
-    recorded): one step per arm, best on the seed-averaged curve, as the authors' pre-training
+    """From-scratch runs: one step per arm, best on the seed-averaged curve, as the authors' pre-training
     plot_results.py, among the steps their pretrain_toy_gpt2.py evaluates (--num_ckpt 2 by default:
     every 10 // 2 + 1 = 6 steps and the last, so step 10 here); --best-step per-seed chooses per seed;
     the Pretrained row from named runs, or none."""
-    runs = fabricate(tmp_path, start={})
+    runs = fabricate(tmp_path, start=FROM_SCRATCH)
     code, _, err = evaluate("table", *runs.values(), "--out", tmp_path / "k2", capsys=capsys)
     assert code == 0, err
     assert {row["steps"] for row in read_csv(tmp_path / "k2" / "table.csv").values()} == {"10;10"}

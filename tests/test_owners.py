@@ -110,31 +110,13 @@ def test_a_command_never_writes_into_a_folder_of_another_owner(runs, capsys, com
     refused(code, err, runs, before, says.format(A=runs / "A"))
 
 
-def test_results_written_before_owners_were_recorded_keep_working(runs, capsys, tmp_path):
-    """A copy of A whose analysis has no ``.owner.json`` (written by an older version): read from
-    its files, so the same analysis goes on and another kind is still refused."""
-    import shutil
-
-    old = tmp_path / "old"
-    shutil.copytree(runs / "A", old)
-    (old / "condensation" / OWNER_FILE).unlink()
-    code, stdout, _ = analyze(old, *OPTS, capsys=capsys)
-    assert code == 0 and "2 checkpoint(s) already analyzed" in stdout
-    before = digests(tmp_path)
-    code, _, err = run_cli(evaluate_main, old, "--out", old / "condensation", *EVAL_OPTS, capsys=capsys)
-    refused(code, err, tmp_path, before, f"{old}/condensation holds the analysis of {old}")
-
-
 def test_a_copied_run_analyzes_into_its_own_folder(runs, capsys, tmp_path):
-    """``cp -a A COPY``: the copy's analysis, recorded relative to its run (or, written before, naming
-    the original's path), is the copy's own; a second analysis with other settings gets its own
-    TensorBoard folder, and one given the first's is refused."""
+    """``cp -a A COPY``: the copy's analysis, recorded relative to its run, is the copy's own; a second
+    analysis with other settings gets its own TensorBoard folder, and one given the first's is refused."""
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-a", str(runs / "A"), str(copy)], check=True)
     code, stdout, err = analyze(copy, *OPTS, capsys=capsys)
     assert code == 0 and "2 checkpoint(s) already analyzed" in stdout, err
-    record = copy / "condensation" / OWNER_FILE
-    record.write_text(json.dumps({"kind": "analysis", "run": str(runs / "A")}))  # as records were written before
     code, stdout, err = analyze(copy, *OPTS, "--force", "--steps", "0", capsys=capsys)
     assert code == 0 and f"TensorBoard histograms: {copy}/tb/condensation)" in stdout, err
     histograms = digests(copy / "tb" / "condensation")

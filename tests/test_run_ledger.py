@@ -90,20 +90,24 @@ def test_changed_settings_are_refused_in_one_line_and_change_nothing(reference_r
     assert sha256_tree(reference_run) == before
 
 
-def test_a_key_added_after_a_run_started_counts_as_its_default():
-    """A run recorded before a config key existed relaunches where the key keeps its default
-    (which computes what the run computed), and is refused where it does not."""
-    from dispersion_titan.components.titan_compat import merged_job_config_class
-    from dispersion_titan.config.cli import CONFIG_MODULE
-    from dispersion_titan.run_folder.settings import changed_settings, run_settings
-
-    defaults = run_settings(merged_job_config_class(CONFIG_MODULE)())
-    old_record = {k: v for k, v in defaults.items() if k != "training.loss_scale"}
-    assert changed_settings(old_record, defaults, defaults) == []
-    assert changed_settings(old_record, {**defaults, "training.loss_scale": "as_released"}, defaults) == [
-        'training.loss_scale "mean" -> "as_released"'
-    ]
-    assert changed_settings(old_record, defaults) == ['training.loss_scale (unset) -> "mean"']  # no defaults given
+def test_records_of_another_format_are_refused(reference_run, tmp_path, capsys):
+    """A ``run.json`` or ``.owner.json`` of another format, or of none (written before formats were
+    numbered), is refused in one line naming the file and what to do, never read as this one."""
+    record = json.loads((reference_run / "run.json").read_text())
+    old = tmp_path / "old_run"
+    old.mkdir()
+    (old / "checkpoint").symlink_to(reference_run / "checkpoint")
+    for shape in ({k: v for k, v in record.items() if k != "format"}, {**record, "format": 0}):
+        (old / "run.json").write_text(json.dumps(shape))
+        code, _, err = analyze(str(old), *ANALYSIS, capsys=capsys)
+        assert_one_line_error(code, err, f"{old}/run.json: format ", "reads format 1 only", "make it anew in a new")
+    out = tmp_path / "old_analysis"
+    out.mkdir()
+    (out / ".owner.json").write_text(json.dumps({"kind": "analysis", "run": str(reference_run)}))
+    code, _, err = analyze(str(reference_run), "--out", str(out), *ANALYSIS, capsys=capsys)
+    assert_one_line_error(code, err, f"{out}/.owner.json: format unnumbered")
+    assert [p.name for p in out.iterdir()] == [".owner.json"]  # nothing written
+    assert sorted(p.name for p in old.iterdir()) == ["checkpoint", "run.json"]
 
 
 def test_resuming_would_save_over_a_step_checkpoint_is_refused(reference_run):

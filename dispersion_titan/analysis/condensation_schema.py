@@ -10,8 +10,7 @@ entries of the mean cosine matrix, the diagonal (1) included, as the paper does;
 measures per layer (``analysis.geometry``): ``effective_rank`` and ``mev``.
 
 Results of our runs and of Hugging Face models share the schema: a Hugging Face result
-names its ``model`` and ``revision``; fields added after the first version default to
-``None`` so older files still load.
+names its ``model`` and ``revision``. The file carries its ``format`` (``run_folder.outputs.FORMAT``).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..run_folder.outputs import FORMAT, FORMAT_KEY, check_format
 from ..utils.errors import AnalysisError
 
 
@@ -81,8 +81,7 @@ class Condensation:
     geometry_sequences: int = 0
     """How many of the K sequences ``effective_rank`` and ``mev`` average over."""
     checkpoint_identity: str | None = None
-    """``checkpoints.checkpoint_identity`` of the checkpoint analysed (None: a Hugging Face
-    model, or a result written before identities were recorded)."""
+    """``checkpoints.checkpoint_identity`` of the checkpoint analysed (None: a Hugging Face model)."""
 
     @property
     def label(self) -> str:
@@ -105,15 +104,16 @@ class Condensation:
         return self.inputs["tokens_sha256"]
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {FORMAT_KEY: FORMAT, **dataclasses.asdict(self)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str) -> Condensation:
         """Parse a ``condensation.json``; ``AnalysisError`` naming ``source`` when fields are missing."""
+        check_format(data, source)
         try:
             return cls(
                 **{
-                    **data,
+                    **{key: value for key, value in data.items() if key != FORMAT_KEY},
                     "layers": [LayerCondensation(**layer) for layer in data["layers"]],
                     "last_n": [LastN(**entry) for entry in data["last_n"]],
                 }

@@ -19,14 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..models import recorded_family
 from ..run_folder.outputs import atomic_write, ensure_writable, format_table, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import AnalysisError, figures
 from .compare import pick
 from .condensation_schema import Condensation
 from .inputs import differences
-from .runner import count_parameters
 from .statistics import finite_or_none, point_layers
 
 DEFAULT_LAST_N = 3
@@ -47,19 +45,9 @@ def _split(spec: str) -> tuple[str, str]:
     return (folder, which) if at and os.path.isdir(folder) else (spec, "last")
 
 
-def _n_params(result: Condensation) -> int:
-    """Recorded with every analysis; counted from the shape for runs analysed before that."""
-    if result.n_params is not None:
-        return result.n_params
-    from ..models.gpt2.args import GPT2ModelArgs  # TorchTitan: only for analyses older than n_params
-
-    return count_parameters(GPT2ModelArgs(**result.model_args))
-
-
 def run_family(result: Condensation) -> str:
-    """``gpt2 run`` for our runs of gpt2 (also those analysed before the family was recorded), a family's
-    former name read as its current one (``qwen3`` as ``qwen3_dispersion``)."""
-    return f"{recorded_family(result.model_args.get('model_type', 'gpt2'))} run"
+    """``gpt2 run`` for our runs of gpt2, ``qwen3_dispersion run`` for those of qwen3_dispersion, …"""
+    return f"{result.model_args['model_type']} run"
 
 
 def load_member(spec: str, families: dict[str, str]) -> Member:
@@ -70,7 +58,7 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
     else:
         name = os.path.basename(os.path.normpath(result.model)) + (f"@{result.revision}" if result.revision else "")
     family = families.get(spec) or (result.model_args.get("model_type") if result.model else run_family(result))
-    return Member(spec, name, family, _n_params(result), result)
+    return Member(spec, name, family, result.n_params, result)
 
 
 def _options(result: Condensation) -> dict:

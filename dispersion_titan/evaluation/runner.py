@@ -18,7 +18,7 @@ from ..run_folder.checkpoints import (
     load_run_metadata,
     run_of,
 )
-from ..run_folder.outputs import ensure_writable, listed
+from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, listed
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
@@ -99,7 +99,7 @@ class RunEvaluation:
             result = existing.get(checkpoint.step)
             if result is None:
                 todo.append(checkpoint)
-            elif identity_changed(result[OURS].get("checkpoint_identity"), checkpoint.path):
+            elif identity_changed(result[OURS]["checkpoint_identity"], checkpoint.path):
                 raise EvaluationError(
                     f"--out: {self.out}: step {checkpoint.step} was evaluated from another checkpoint than "
                     f"{checkpoint.path} holds now (saved again or replaced since); --force recomputes it"
@@ -180,6 +180,7 @@ class RunEvaluation:
                     flush=True,
                 )
         merged[OURS] = {
+            FORMAT_KEY: FORMAT,
             "settings": self.settings,
             "lm_eval_version": merged.get("lm_eval_version"),
             "step": checkpoint.step,

@@ -2,14 +2,14 @@
 
 ``OUT/step-N/results.json`` is lm-eval's own results dictionary (its per-sample records
 left out), the dictionaries of the per-task calls merged, plus a ``dispersion_titan``
-entry: the settings that make evaluations comparable, the lm-eval version, the
-checkpoint and timings. It is written last, atomically, and marks the step as done."""
+entry: its ``format`` (``run_folder.outputs.FORMAT``), the settings that make evaluations comparable,
+the lm-eval version, the checkpoint and timings. It is written last, atomically, and marks the step as done."""
 
 from __future__ import annotations
 
 import os
 
-from ..run_folder.outputs import read_step_files, result_path, write_csv, write_json
+from ..run_folder.outputs import check_format, read_step_files, result_path, write_csv, write_json
 from .protocol import mean_accuracy, task_scores
 
 RESULT_FILE = "results.json"
@@ -36,8 +36,11 @@ def write_result(out: str, step: int, result: dict) -> None:
 
 
 def read_evaluations(out: str) -> dict[int, dict]:
-    """Every step evaluated in ``out`` (``{}`` when there is none), by step."""
-    return read_step_files(out, RESULT_FILE)
+    """Every step evaluated in ``out`` (``{}`` when there is none), by step; each of this ``FORMAT``."""
+    results = read_step_files(out, RESULT_FILE)
+    for step, result in results.items():
+        check_format(result.get(OURS), result_path(out, f"step-{step}", RESULT_FILE))
+    return results
 
 
 def settings(result: dict) -> dict:

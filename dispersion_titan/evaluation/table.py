@@ -93,25 +93,13 @@ def authors_steps(training_steps: int, num_ckpt: int = 5, include_initial: bool 
     return {*range(every, training_steps + 1, every), training_steps, *([0] if include_initial else [])}
 
 
-def _training_steps(run: str, dump: str) -> int:
-    steps = load_run_metadata(dump).get("training_steps")
-    if not isinstance(steps, int):
-        raise EvaluationError(
-            f"--select best: {run}: {dump}/run.json records no training_steps (a run trained "
-            "before it was recorded); use --select last or step:N"
-        )
-    return steps
-
-
 def _check_fresh(folder: str, result: dict) -> None:
     """A result whose checkpoint now holds other weights (saved again or replaced since) is refused,
     never tabled in silence. The checkpoint is found relative to the run, so a moved run still counts."""
     ours = result[OURS]
-    if ours.get("checkpoint") is None:  # written before results recorded their checkpoint
-        return
     dump = os.path.dirname(folder) if os.path.basename(folder) == "evaluation" else ours["run"]
     here = os.path.join(dump, os.path.relpath(ours["checkpoint"], ours["run"]))
-    if identity_changed(ours.get("checkpoint_identity"), here):
+    if identity_changed(ours["checkpoint_identity"], here):
         raise EvaluationError(
             f"{folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
             "holds now (saved again or replaced since); evaluate it again with "
@@ -161,7 +149,7 @@ def _check_alike(folder: str, weighed: list[dict]) -> None:
 def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     """``--select best``: the mean accuracy of each of the run's evaluations at a step the authors evaluate."""
     num_ckpt = selection.num_ckpt or (SCRATCH_NUM_CKPT if from_scratch(run.dump) else MIDTRAIN_NUM_CKPT)
-    wanted = authors_steps(_training_steps(run.run, run.dump), num_ckpt, not selection.exclude_initial)
+    wanted = authors_steps(load_run_metadata(run.dump)["training_steps"], num_ckpt, not selection.exclude_initial)
     averages = {step: mean_accuracy(result_scores(r)) for step, r in run.results.items() if step in wanted}
     if not averages:
         raise EvaluationError(

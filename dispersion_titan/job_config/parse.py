@@ -15,7 +15,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 from ..components import titan_compat
 from ..config.cli import CONFIG_MODULE, config_file, load_toml, names_model, without_profile
 from ..config.toml_types import check_toml_types
-from ..models import FAMILIES, FORMER_NAMES, register_all
+from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
 from ..run_folder.owners import refuse_other_owners
 from ..run_folder.settings import check_same_settings, start_fork
@@ -115,11 +115,11 @@ def check(job_config: RunConfig, world_size: int | None = None) -> RunConfig:
 
 def model_args(job_config: RunConfig):
     """The model family's flavor arguments with the ``[model]`` overrides applied."""
-    if job_config.model.name in FORMER_NAMES:  # TorchTitan's own spec: without our data, tokenizer or loss
+    ours = f"{job_config.model.name}_dispersion"
+    if ours in FAMILIES:  # TorchTitan's own spec: without our data, tokenizer or loss
         raise ConfigError(
             f"model.name: {job_config.model.name!r} is TorchTitan's own spec, which trains without "
-            f"dispersion_titan's data, tokenizer or dispersion term; use "
-            f"{FORMER_NAMES[job_config.model.name]!r}"
+            f"dispersion_titan's data, tokenizer or dispersion term; use {ours!r}"
         )
     if job_config.model.name not in FAMILIES:
         raise ConfigError(f"model.name: {job_config.model.name!r} is not one of {FAMILIES}")

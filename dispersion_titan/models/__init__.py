@@ -12,19 +12,11 @@ from importlib import import_module
 from types import ModuleType
 
 FAMILIES = ("gpt2", "qwen3_dispersion", "llama3_dispersion")
-FORMER_NAMES = {"qwen3": "qwen3_dispersion", "llama3": "llama3_dispersion"}
-"""The names our TorchTitan families were registered under before they had their own (TorchTitan's):
-read as the new ones in a run's record (``run.json``, a run's analysis), refused in a config."""
 
 
 def family(name: str) -> ModuleType:
     """The family's package (``get_train_spec``, ``MODEL_NAME``)."""
     return import_module(f"{__name__}.{name}")
-
-
-def recorded_family(name: str) -> str:
-    """The family a run's record names, under its current name."""
-    return FORMER_NAMES.get(name, name)
 
 
 @functools.cache

@@ -17,10 +17,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ..models import family, recorded_family
+from ..models import family
 from ..models.flavors import args_from_dict
 from ..utils.errors import CheckpointError, RunFinished
-from .outputs import STEP_FOLDER
+from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
 
 LEDGER_KEYS = ("settings", "forked_from", "started_from")
@@ -52,7 +52,7 @@ def run_of(checkpoint_folder: str) -> str:
     record names (a checkpoint folder outside its run), else the nearest folder above whose
     ``run.json`` puts its checkpoints there, else the folder above it."""
     folder = os.path.abspath(checkpoint_folder)
-    holder = read_owner(folder, ())
+    holder = read_owner(folder)
     if holder is not None and holder.kind == "run" and holder.run is not None:
         return holder.run
     real = os.path.realpath(folder)
@@ -125,11 +125,12 @@ def save_run_metadata(
     added to those recorded before."""
     path = os.path.join(folder, RUN_METADATA_FILE)
     first = load_run_metadata(folder) if os.path.isfile(path) else {}
-    ledger = {key: first.get(key) for key in LEDGER_KEYS} if first.get("settings") is not None else {}
+    ledger = {key: first[key] for key in LEDGER_KEYS} if first else {}
     os.makedirs(folder, exist_ok=True)
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     paths = {**(first.get("paths") or {}), **(paths or {})}
     metadata = {
+        FORMAT_KEY: FORMAT,
         "model_name": model_name,
         "model_args": fields,
         "tokenizer": tokenizer,
@@ -159,19 +160,8 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
         raise CheckpointError(f"{path}: missing; it is written by dispersion_titan.train at start") from None
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: unreadable ({e})") from None
-    if not isinstance(metadata, dict) or not isinstance(metadata.get("model_args"), dict):
+    if not isinstance(check_format(metadata, path).get("model_args"), dict):
         raise CheckpointError(f"{path}: invalid (no model_args)")
-    return _current_family_names(metadata)
-
-
-def _current_family_names(metadata: dict[str, Any]) -> dict[str, Any]:
-    """A record that names a family by its former name (``models.FORMER_NAMES``: TorchTitan's ``qwen3``,
-    ``llama3``), its ``model_name`` and ``model.name`` setting read as the current one."""
-    if isinstance(metadata.get("model_name"), str):
-        metadata["model_name"] = recorded_family(metadata["model_name"])
-    settings = metadata.get("settings")
-    if isinstance(settings, dict) and isinstance(settings.get("model.name"), str):
-        settings["model.name"] = recorded_family(settings["model.name"])
     return metadata
 
 
@@ -188,13 +178,12 @@ def dispersion_variant(run_dir: str) -> str | None:
 
 
 def load_model_args(checkpoint_dir: str) -> Any:
-    """The family's arguments with the shape recorded in the run's dump folder (``run_of``);
-    a ``run.json`` without a family is a gpt2 run's."""
+    """The family's arguments with the shape recorded in the run's dump folder (``run_of``)."""
     dump = run_of(checkpoint_dir)
     metadata = load_run_metadata(dump)
     try:
-        return args_from_dict(metadata.get("model_name", "gpt2"), metadata["model_args"])
-    except (TypeError, ValueError, ModuleNotFoundError) as e:
+        return args_from_dict(metadata["model_name"], metadata["model_args"])
+    except (KeyError, TypeError, ValueError, ModuleNotFoundError) as e:
         raise CheckpointError(f"{os.path.join(dump, RUN_METADATA_FILE)}: invalid ({e})") from None
 
 
@@ -297,12 +286,9 @@ def checkpoint_identity(step_dir: str) -> str:
     return digest.hexdigest()
 
 
-def identity_changed(recorded: str | None, step_dir: str) -> bool:
+def identity_changed(recorded: str, step_dir: str) -> bool:
     """Whether a result that recorded the identity ``recorded`` of ``step_dir`` now describes
-    weights that are no longer there. False when either is unknown: a result written before
-    identities were recorded, or a checkpoint that cannot be read (its load says why)."""
-    if recorded is None:
-        return False
+    weights that are no longer there. False for a checkpoint that cannot be read (its load says why)."""
     try:
         return checkpoint_identity(step_dir) != recorded
     except OSError:

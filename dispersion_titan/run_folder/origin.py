@@ -2,8 +2,7 @@
 weights) or an initialisation (its own, or a seed checkpoint). ``run.json`` records it at the
 run's first launch (``started_from``); Table 2 reads it, as the authors' two ``plot_results.py``
 tell mid-training (best step per seed, a Pretrained row) from training from scratch (best step
-on the seed-averaged curve). A ``run.json`` written before the record existed is read from its
-settings: ``checkpoint.initial_load_path`` or ``checkpoint.initial_load_in_hf`` means pretrained."""
+on the seed-averaged curve)."""
 
 from __future__ import annotations
 
@@ -31,7 +30,7 @@ def start_record(job_config: Any) -> dict[str, Any]:
         except CheckpointError:  # a parent not of ours: its checkpoint tells
             parent = None
         if parent is not None:
-            return recorded_start(parent)
+            return parent[START_KEY]
     checkpoint = job_config.checkpoint
     if checkpoint.enable and checkpoint.initial_load_in_hf:
         path = checkpoint.initial_load_path or job_config.model.hf_assets_path
@@ -67,23 +66,9 @@ def holds_an_initialisation(step_dir: str) -> bool:
     return match is not None and int(match.group(1)) == 0 and not started_pretrained(metadata)
 
 
-def recorded_start(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The ``started_from`` of the run of this ``run.json``: its record, or for a record written before
-    there was one, what its settings say (``pretrained`` only)."""
-    record = metadata.get(START_KEY)
-    if isinstance(record, dict):
-        return record
-    settings = metadata.get("settings") or {}
-    return {
-        "pretrained": bool(
-            settings.get("checkpoint.initial_load_path") or settings.get("checkpoint.initial_load_in_hf")
-        )
-    }
-
-
 def started_pretrained(metadata: dict[str, Any]) -> bool:
     """Whether the run of this ``run.json`` began from pretrained weights (mid-training)."""
-    return bool(recorded_start(metadata).get("pretrained"))
+    return metadata[START_KEY]["pretrained"]
 
 
 def from_scratch(dump: str) -> bool:

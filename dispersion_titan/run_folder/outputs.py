@@ -2,7 +2,8 @@
 folder and is renamed into place, so an interrupted command leaves either the previous
 file or the new one, never half of one. Results of a run live in one folder per model
 state (``step-N``, or ``rev-NAME`` for a Hugging Face revision); a step's result file is
-written last and marks that step as done. JSON, CSV, PNG and plain-text tables."""
+written last and marks that step as done. JSON, CSV, PNG and plain-text tables. Every record
+(``run.json``, ``.owner.json``, each step's result) carries the one ``FORMAT`` it was written in."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ STEP_FOLDER = re.compile(r"^step-(\d+)$")
 RESULT_FOLDER = re.compile(rf"{STEP_FOLDER.pattern}|^rev-.+$")
 """A result folder: a checkpoint's, or a Hugging Face revision's (``rev-NAME``)."""
 SIGNIFICANT_DIGITS = 6
+FORMAT = 1
+"""The shape of every record this package writes; raised when one changes. A record of another
+(or of none: written before the number existed) is refused (``check_format``), never read as this one."""
+FORMAT_KEY = "format"
 
 
 def _file_mode() -> int:
@@ -53,6 +58,17 @@ def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False) -
 def write_json(path: str, data: dict, default: Callable[[object], object] | None = None) -> None:
     """``default`` converts what ``json`` cannot (as in ``json.dump``)."""
     atomic_write(path, lambda f: json.dump(data, f, indent=1, default=default))
+
+
+def check_format(record: object, path: str) -> dict:
+    """``record`` (read from ``path``) if it is a dict of this ``FORMAT``; else one line saying what to do."""
+    found = record.get(FORMAT_KEY) if isinstance(record, dict) else None
+    if found != FORMAT:
+        raise OutputError(
+            f"{path}: format {found or 'unnumbered'}, and this dispersion_titan reads format {FORMAT} only; "
+            "read it with the dispersion_titan that wrote it, or make it anew in a new folder"
+        )
+    return record
 
 
 def ensure_writable(folder: str, option: str) -> None:

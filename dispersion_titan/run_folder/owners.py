@@ -9,13 +9,11 @@ a run's root, a folder inside a run's checkpoint or TensorBoard folder, another 
 or results, another kind's results, a folder inside another command's results, or a
 folder of files nobody recorded. Runs may sit inside a quickstart's, paper's or sweep's folder, and a
 run's own results inside the run. A record names its run's folder also relative to its own (``RUN_RELATIVE``),
-so a run copied or moved with its folders stays their owner. A folder written before owners were recorded is read
-from its files, as they were laid out then (``LAYOUTS``).
+so a run copied or moved with its folders stays their owner. A record of another ``outputs.FORMAT`` is refused.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import time
@@ -24,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..utils.errors import OutputError
-from .outputs import STEP_FOLDER, listed
+from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, listed
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
 OWNER_FILE = ".owner.json"
@@ -51,22 +49,6 @@ DEFAULT_RUN_PATHS = {
 }
 CONTAINERS = ("paper", "quickstart", "sweep")
 """Kinds whose folders hold other owners' folders: the runs and analyses they make."""
-LAYOUTS = (
-    ("run", (RUN_METADATA_FILE, "job_config.json")),
-    ("run", ("step-*/.metadata",)),  # a checkpoint folder of a run that recorded none
-    ("analysis", ("step-*/condensation.json", "rev-*/condensation.json")),
-    ("evaluation", ("step-*/results.json",)),
-    ("quickstart", ("quickstart.json",)),
-    ("sweep", ("sweep.json",)),
-    ("HF export", ("model.safetensors",)),
-    ("comparison", ("compare.csv",)),
-    ("family", ("family.csv",)),
-    ("table", ("table.csv",)),
-    ("paper", ("analyses", "table2.json", "fig[2-5].json", "robustness.json")),
-)
-"""How each kind's folder looked before ``.owner.json`` existed: the files that tell it. Above a
-folder only a run's ``run.json`` counts: a ``config.json`` or ``table.csv`` higher up may be anyone's."""
-ANCESTOR_LAYOUTS = (("run", (RUN_METADATA_FILE,)),)
 
 
 def _canonical(run: str | None) -> str | None:
@@ -92,10 +74,9 @@ class FolderOwner:
         return f"the {self.kind} of {self.run}" if self.run else f"a {self.kind} folder"
 
 
-def read_owner(folder: str, layouts: tuple = LAYOUTS) -> FolderOwner | None:
-    """The owner ``folder`` records, or the one its files show (``layouts``); None when it
-    records none and holds nothing recognisable. A folder holding a ``run.json`` is that run's
-    root, wherever it was moved since its record was written."""
+def read_owner(folder: str) -> FolderOwner | None:
+    """The owner ``folder`` records; None when it records none. A folder holding a ``run.json`` is
+    that run's root, wherever it was moved since its record was written."""
     if os.path.isfile(os.path.join(folder, RUN_METADATA_FILE)):
         return FolderOwner("run", folder)
     try:
@@ -104,20 +85,19 @@ def read_owner(folder: str, layouts: tuple = LAYOUTS) -> FolderOwner | None:
             return FolderOwner(record["kind"], _recorded_run(folder, record))
     except (FileNotFoundError, NotADirectoryError, PermissionError):  # none; or not a folder: its writer says so
         pass
+    except OutputError:  # of another format
+        raise
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise OutputError(f"{os.path.join(folder, OWNER_FILE)}: unreadable ({e})") from None
-    for kind, markers in layouts:
-        found = next((hit for marker in markers for hit in glob.glob(os.path.join(folder, marker))), None)
-        if found is not None:
-            return FolderOwner(kind, _layout_run(kind, folder, found))
     return None
 
 
 def owner_record(folder: str) -> dict | None:
     """``folder``'s ``.owner.json`` as written (None: it has none); raises what reading it raised."""
+    path = os.path.join(folder, OWNER_FILE)
     try:
-        with open(os.path.join(folder, OWNER_FILE)) as f:
-            return json.load(f)
+        with open(path) as f:
+            return check_format(json.load(f), path)
     except FileNotFoundError:
         return None
 
@@ -131,20 +111,6 @@ def _recorded_run(folder: str, record: dict) -> str | None:
         if os.path.isfile(os.path.join(run, RUN_METADATA_FILE)):
             return run
     return record.get("run")
-
-
-def _layout_run(kind: str, folder: str, found: str) -> str | None:
-    """The run an unrecorded folder of ``kind`` belongs to, from the file that showed its kind."""
-    if kind == "run":
-        return folder if os.path.basename(found) != ".metadata" else None
-    if kind not in ("analysis", "evaluation"):
-        return None
-    try:
-        with open(found) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data.get("run") if kind == "analysis" else data.get("dispersion_titan", {}).get("run")
 
 
 def run_paths(root: str) -> dict[str, str]:
@@ -194,7 +160,7 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
     Results inside a run's root are that run's, whatever run path they recorded (the run may have moved)."""
     home = None
     for ancestor in _ancestors(folder):
-        holder = read_owner(ancestor, ANCESTOR_LAYOUTS)
+        holder = read_owner(ancestor)
         if holder is None or holder.kind in CONTAINERS:
             continue
         if holder.kind != "run":
@@ -245,7 +211,7 @@ def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
     if owner.run is not None and os.path.isfile(os.path.join(owner.run, RUN_METADATA_FILE)):
         tb = os.path.realpath(run_paths(owner.run)[TB_KEY])
         if real != tb and _within(real, tb):
-            holder = read_owner(real, ())
+            holder = read_owner(real)
             if holder is None or holder.kind == owner.kind:
                 return
             raise OutputError(f"--tb-dir: {folder} holds {holder.describe()}; use another --tb-dir")
@@ -292,7 +258,14 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
     local = owner.run is not None and os.path.isdir(owner.run)
     relative = {RUN_RELATIVE: os.path.relpath(owner.run, os.path.realpath(folder))} if local else {}
     with os.fdopen(fd, "w") as f:
-        record = {"kind": owner.kind, "run": owner.run, **relative, "command": this_command(), "since": time.time()}
+        record = {
+            FORMAT_KEY: FORMAT,
+            "kind": owner.kind,
+            "run": owner.run,
+            **relative,
+            "command": this_command(),
+            "since": time.time(),
+        }
         json.dump({**record, **extra}, f)
     return True
 
@@ -326,7 +299,7 @@ def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:
     for key, path in folders.items():
         if inside(path, dump):
             continue
-        holder = read_owner(path, ())
+        holder = read_owner(path)
         if (
             key in earlier
             and os.path.realpath(earlier[key]) == os.path.realpath(path)

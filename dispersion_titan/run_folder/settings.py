@@ -83,14 +83,9 @@ def allowed(key: str) -> bool:
     return key in ALLOWED_KEYS or key.startswith(ALLOWED_SECTIONS)
 
 
-def changed_settings(
-    recorded: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any] | None = None
-) -> list[str]:
-    """``key old -> new`` for every key outside the allow-list that differs (a key one side lacks
-    included). A key the record lacks because it was added to the config later counts as its
-    value in ``defaults``: a new key's default keeps what runs computed before it existed."""
+def changed_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``key old -> new`` for every key outside the allow-list that differs (a key one side lacks included)."""
     missing = object()
-    recorded = {**{k: v for k, v in (defaults or {}).items() if k in current}, **recorded}
     return [
         f"{key} {_shown(recorded.get(key, missing))} -> {_shown(current.get(key, missing))}"
         for key in sorted(recorded.keys() | current.keys())
@@ -110,12 +105,11 @@ def recorded_run(dump_folder: str) -> dict[str, Any] | None:
 
 
 def check_same_settings(dump_folder: str, job_config: Any) -> None:
-    """Refuse, in one line listing the differing keys, a relaunch whose settings are not the
-    recorded ones. A ``run.json`` written before settings were recorded is not compared."""
+    """Refuse, in one line listing the differing keys, a relaunch whose settings are not the recorded ones."""
     recorded = recorded_run(dump_folder)
-    if recorded is None or recorded.get("settings") is None:
+    if recorded is None:
         return
-    changes = changed_settings(recorded["settings"], run_settings(job_config), run_settings(type(job_config)()))
+    changes = changed_settings(recorded["settings"], run_settings(job_config))
     if changes:
         raise ConfigError(
             f"run folder {dump_folder} was started with other settings: {', '.join(changes)}; relaunch with the "

@@ -56,7 +56,7 @@ class Owner:
     pid: int
     job_id: str  # SLURM_JOB_ID, or "" outside Slurm
     since: float
-    command: str = ""  # the owner's command line, shortened ("" in locks written before it was recorded)
+    command: str  # the owner's command line, shortened
 
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
@@ -117,7 +117,7 @@ def live_owner(folder: str | os.PathLike) -> Owner | None:
     owner = _read(path)
     me = this_process()
     if owner is None:  # half-written by a launch racing ours: live unless old
-        return Owner("unknown host", 0, "", time.time() - age) if age < STALE_AFTER_S else None
+        return Owner("unknown host", 0, "", time.time() - age, "") if age < STALE_AFTER_S else None
     if owner.job_id and owner.job_id == me.job_id:  # the same Slurm job, requeued
         return None
     if owner.host == me.host:
@@ -169,7 +169,7 @@ class WriterLock:
                 json.dump(asdict(self.owner), f)
             self.held = True
             return
-        raise busy_error(self.folder, _read(self.path) or Owner("unknown host", 0, "", time.time()), self.writers)
+        raise busy_error(self.folder, _read(self.path) or Owner("unknown host", 0, "", time.time(), ""), self.writers)
 
     def touch(self) -> None:
         """Say this owner is alive (for hosts that cannot see its PID)."""

@@ -17,8 +17,10 @@ def write_evaluation(dump: Path, step: int, results: dict, settings: dict) -> No
     and ours), for Table 2 tests that need scores of known value, not a real evaluation."""
     folder = dump / "evaluation" / f"step-{step}"
     folder.mkdir(parents=True)
+    checkpoint = dump / "checkpoint" / f"step-{step}"  # a fabricated run's: none there, so never changed since
+    ours = {"format": 1, "settings": settings, "step": step, "run": str(dump), "checkpoint": str(checkpoint)}
     (folder / "results.json").write_text(
-        json.dumps({"results": results, "dispersion_titan": {"settings": settings, "step": step, "run": str(dump)}})
+        json.dumps({"results": results, "dispersion_titan": {**ours, "checkpoint_identity": "fabricated"}})
     )
 
 

@@ -92,5 +92,6 @@ def tiny_run(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
             dcp.save(model.state_dict(), checkpoint_id=str(dump / "checkpoint" / f"step-{step}"))
-    save_run_metadata(str(dump), args.FAMILY, args, tokenizer=tokenizer, training_steps=max(steps))
+    start = {"pretrained": False, "source": "init", "path": None}
+    save_run_metadata(str(dump), args.FAMILY, args, tokenizer=tokenizer, training_steps=max(steps), started_from=start)
     return dump
