@@ -210,7 +210,7 @@ def _protocol_of(run: str) -> str:
     from dispersion_titan.run_folder.checkpoints import find_checkpoint_folder, load_run_metadata, run_of
 
     dump = run_of(find_checkpoint_folder(run))
-    protocol, note = run_protocol(load_run_metadata(dump).get("model_name", "gpt2"))
+    protocol, note = run_protocol(load_run_metadata(dump)["model_name"])
     if note:
         print(note, file=sys.stderr)
     return protocol

@@ -90,13 +90,15 @@ def main() -> None:
         fail_with(e)
     # Imported only now: a typo in the TOML or --help answers without TorchTitan (seconds).
     from dispersion_titan.job_config import parse
-    from dispersion_titan.job_config.checks import launch_notes  # with parse: TorchTitan's import
+    from dispersion_titan.job_config.checks import derivable, launch_notes  # with parse: TorchTitan's import
 
     parse.setup_torchtitan()
     if HELP_ALL_FLAG in argv:
         parse.print_every_key(args, toml)
     try:
-        job_config = parse.check_launch(parse.parse_job_config(args, toml), take_lock=_launch_check_process())
+        job_config = parse.parse_job_config(args, toml)
+        parsed = derivable(job_config)
+        job_config = parse.check_launch(job_config, take_lock=_launch_check_process())
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
         sys.exit(NOTHING_TO_DO if check_only else e.status)
@@ -105,7 +107,7 @@ def main() -> None:
     if check_only:
         return
     if os.environ.get("RANK", "0") == "0":  # once per launch: the ranks' rank 0, or the one process
-        for note in launch_notes(job_config):
+        for note in launch_notes(job_config, parsed):
             print(f"dispersion_titan: note: {note}", file=sys.stderr, flush=True)
     # The ranks only: train.sh's --check-only process never builds the trainer.
     from dispersion_titan.trainer.trainer import train

@@ -602,7 +602,7 @@ def test_a_gpu_config_on_a_cpu_is_refused_in_one_line_naming_the_cpu_profile(tmp
 
 def test_liger_head_loss_without_a_gpu_is_refused_at_launch(monkeypatch):
     """Liger's Triton kernels need a GPU (or Triton's interpreter, as tests/test_head_loss.py runs them)."""
-    from dispersion_titan.job_config.checks import check_runs_here
+    from dispersion_titan.job_config.titan_checks import check_runs_here
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ConfigError, match='^training.head_loss: "liger" runs Triton kernels, and torch sees no GPU'):
@@ -673,8 +673,9 @@ def test_a_toml_that_is_not_utf8_or_names_no_model_is_one_line(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_variant_with_coeff_0_is_noted_once_at_launch(tmp_path):
-    """``coeff`` left at 0 with a variant: valid (the term is still logged), but said in one line."""
+def test_derived_values_and_a_variant_with_coeff_0_are_noted_once_at_launch(tmp_path):
+    """What the checks derived (debug.toml's micro-batch: 8 sequences on 1 rank, at most 4 at a time) is said
+    once; and ``coeff`` left at 0 with a variant: valid (the term is still logged), but said in one line."""
     proc = python_module(
         "dispersion_titan.train",
         "--job.config_file",
@@ -694,6 +695,7 @@ def test_a_variant_with_coeff_0_is_noted_once_at_launch(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     notes = [line for line in proc.stderr.splitlines() if "note:" in line]
     assert notes == [
+        "dispersion_titan: note: derived: training.local_batch_size = 4",
         "dispersion_titan: note: dispersion.coeff is 0: the angular_spread term is logged but adds "
         'nothing to the loss; set dispersion.coeff > 0, or dispersion.variant = "none"'
     ]

@@ -327,7 +327,7 @@ class RunAnalysis(Analysis):
             inputs,
             options.dtype or "fp32",
             FolderOwner("analysis", self.dump),
-            encode=encoder_named(load_run_metadata(self.dump).get("tokenizer", "gpt2")),
+            encode=encoder_named(load_run_metadata(self.dump)["tokenizer"]),
         )
         self.n_params = count_parameters(self.model_args)
 

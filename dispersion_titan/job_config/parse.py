@@ -23,8 +23,9 @@ from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.hf_assets import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
-from .checks import check_initial_load, check_job_config, check_runs_here, data_parallel_degree, run_folders
+from .checks import check_job_config, data_parallel_degree
 from .released import refuse_derived_keys
+from .titan_checks import check_initial_load, check_runs_here, run_folders
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig

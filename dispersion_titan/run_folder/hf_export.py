@@ -125,7 +125,7 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
     into its output folder, and ``to_hf``'s)."""
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     args = load_model_args(checkpoints)
-    encoder = encoder_named(load_run_metadata(run_of(checkpoints)).get("tokenizer", GPT2_BPE.name))
+    encoder = encoder_named(load_run_metadata(run_of(checkpoints))["tokenizer"])
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
     parent = os.path.dirname(os.path.abspath(out_dir))

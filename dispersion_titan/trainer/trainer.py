@@ -23,7 +23,7 @@ from torchtitan.tools.logging import init_logger, logger
 from ..components import titan_compat
 from ..config.schema import Dispersion
 from ..data.packed import run_encoder, run_seed
-from ..job_config.checks import run_folders
+from ..job_config.titan_checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
 from ..models.fsdp import shards_one_rank, sync_last_microbatch
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
@@ -304,7 +304,7 @@ def _main(job_config: RunConfig) -> None:
     init_logger()
     trainer = DispersionTrainer(job_config)
     try:
-        if job_config.checkpoint.create_seed_checkpoint:  # checks.check_checkpoint: one process, enabled
+        if job_config.checkpoint.create_seed_checkpoint:  # titan_checks.check_checkpoint: one process, enabled
             trainer.checkpointer.save(curr_step=0, last_step=True)
             logger.info("Created seed checkpoint")
         else:

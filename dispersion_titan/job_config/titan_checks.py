@@ -1,0 +1,182 @@
+"""What TorchTitan 0.2.2 (or torch's AdamW) would assert, raise or crash on only once the job runs, some of it
+after training (``last_save_in_hf``), refused before any process group starts in one line naming the key
+(``ConfigError``): checkpoint options, settings TorchTitan takes as free text, the folders it writes, and at
+launch only (a plan made elsewhere skips them) what a new run loads first and what this machine cannot run."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from typing import TYPE_CHECKING, Any
+
+from ..components.titan_compat import model_converter_names
+from ..run_folder.owners import inside
+from ..tokenizer.hf_assets import is_hub_id
+from ..utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.run_config import RunConfig
+
+
+def check_checkpoint(config: RunConfig, world_size: int) -> None:
+    c = config.checkpoint
+    if c.create_seed_checkpoint and (world_size != 1 or not c.enable):
+        raise ConfigError(
+            "checkpoint.create_seed_checkpoint: needs one process (NPROC=1) and checkpoint.enable, "
+            f"got {world_size} processes and enable = {c.enable}"
+        )
+    if c.save_initial and c.keep_latest_k > 0:
+        raise ConfigError(
+            "checkpoint.keep_latest_k: must be 0 with checkpoint.save_initial, "
+            "or TorchTitan deletes the step-0 checkpoint"
+        )
+    if c.enable and c.keep_latest_k == 1:
+        raise ConfigError(
+            "checkpoint.keep_latest_k: 1 is refused by TorchTitan (the newest may still be saving); "
+            "use 0 to keep every checkpoint, or 2 or more"
+        )
+    if c.enable and c.last_save_in_hf and not c.last_save_model_only:
+        raise ConfigError(
+            "checkpoint.last_save_model_only: must be true with checkpoint.last_save_in_hf (TorchTitan saves "
+            "weights only as safetensors)"
+        )
+
+
+def check_initial_load(config: RunConfig) -> None:
+    """What TorchTitan's checkpointer loads before a new run's first step (``checkpoint.initial_load_*``),
+    looked at as it will look: it asserts or raises mid-launch, in a traceback, otherwise. At launch only
+    (``parse.check_launch``; a plan needs no weights). A relaunch (its checkpoint folder exists) loads its
+    own checkpoints instead; a hub id is looked at once fetched."""
+    c = config.checkpoint
+    if not c.enable or os.path.exists(os.path.join(config.job.dump_folder, c.folder)):
+        return
+    if c.initial_load_in_hf_quantized and not c.initial_load_in_hf:
+        raise ConfigError("checkpoint.initial_load_in_hf_quantized: needs checkpoint.initial_load_in_hf = true")
+    if c.initial_load_in_hf and not c.initial_load_model_only:
+        raise ConfigError(
+            "checkpoint.initial_load_model_only: must be true with checkpoint.initial_load_in_hf "
+            "(Hugging Face safetensors hold weights only)"
+        )
+    hf = c.initial_load_in_hf
+    if c.initial_load_path:
+        key, path = "checkpoint.initial_load_path", c.initial_load_path
+    elif hf and not is_hub_id(config.model.hf_assets_path):
+        key, path = "checkpoint.initial_load_in_hf", config.model.hf_assets_path
+    else:
+        return
+    if glob.glob(os.path.join(path, "*.safetensors" if hf else ".metadata")):
+        return
+    problem = "no such folder" if not os.path.isdir(path) else f"no {'*.safetensors' if hf else '.metadata'} in it"
+    if key == "checkpoint.initial_load_in_hf":
+        raise ConfigError(
+            f"checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path {path} "
+            f"when checkpoint.initial_load_path is empty ({problem}); give initial_load_path the model's folder, "
+            "or set initial_load_in_hf = false to train from scratch"
+        )
+    what = "a Hugging Face model's folder (its *.safetensors)" if hf else "a checkpoint's step-N folder"
+    raise ConfigError(f'{key}: {path}: {problem}; give {what}, or "" to train from scratch')
+
+
+CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (compile off, foreach AdamW: the same computation)"
+
+
+def check_runs_here(config: RunConfig) -> None:
+    """A GPU config on a machine whose torch sees no GPU is refused in one line naming the CPU
+    profile, never changed silently. Only inductor is refused: it compiles for GPUs, and on a
+    CPU it needs a C++ toolchain and minutes per start; fused AdamW runs on CPUs too."""
+    import torch
+
+    c = config.compile
+    if c.enable and c.backend == "inductor" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"compile.enable: true compiles with inductor for GPUs and torch sees none here; {CPU_PROFILE_HINT}"
+        )
+    if config.training.head_loss == "liger" and not triton_device_here():
+        raise ConfigError('training.head_loss: "liger" runs Triton kernels, and torch sees no GPU here; use "torch"')
+
+
+def triton_device_here() -> bool:
+    """Whether the Triton kernels can run in this job: a CUDA device, or Triton's CPU interpreter."""
+    import torch
+
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_titan_settings(config: RunConfig) -> None:
+    """Settings TorchTitan types as free text or numbers and takes apart only once the job runs."""
+    p = config.profiling
+    if p.enable_profiling and p.profile_freq < p.profiler_warmup + p.profiler_active:
+        raise ConfigError(
+            f"profiling.profile_freq: {p.profile_freq} is less than profiler_warmup + profiler_active = "
+            f"{p.profiler_warmup + p.profiler_active} steps"
+        )
+    ac = config.activation_checkpoint
+    if ac.mode == "selective" and ac.selective_ac_option != "op" and not ac.selective_ac_option.isdigit():
+        raise ConfigError(
+            f"activation_checkpoint.selective_ac_option: {ac.selective_ac_option!r}; use 'op' or a number of layers"
+        )
+    o = config.optimizer
+    if o.name not in ("Adam", "AdamW"):
+        raise ConfigError(f"optimizer.name: {o.name!r} is not one of TorchTitan's ('Adam', 'AdamW')")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(o, key) < 1:
+            raise ConfigError(f"optimizer.{key}: must be in [0, 1), got {getattr(o, key)}")
+    unknown = [name for name in config.model.converters if name not in model_converter_names()]
+    if unknown:
+        raise ConfigError(
+            f"model.converters: {unknown[0]!r} is not one of TorchTitan 0.2.2's {sorted(model_converter_names())}"
+        )
+    if config.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(
+            "metrics.enable_wandb: the wandb package is not installed; "
+            "pip install 'dispersion_titan[wandb]', or set it false"
+        )
+
+
+def run_folders(config: RunConfig) -> dict[str, str]:
+    """Every folder TorchTitan writes for this run, by config key (``owners.RUN_PATH_KEYS``), as
+    it resolves them: joined to ``job.dump_folder`` (an absolute one stays as it is)."""
+    written = {
+        "checkpoint.folder": config.checkpoint.enable,
+        "metrics.save_tb_folder": config.metrics.enable_tensorboard or config.metrics.enable_wandb,
+        "comm.save_traces_folder": config.comm.trace_buf_size > 0,
+        "profiling.save_traces_folder": config.profiling.enable_profiling,
+        "profiling.save_memory_snapshot_folder": config.profiling.enable_memory_snapshot,
+    }
+    return {key: os.path.join(config.job.dump_folder, value_of(config, key)) for key, on in written.items() if on}
+
+
+def value_of(config: RunConfig, key: str) -> Any:
+    """The value of ``section.key`` in ``config``."""
+    section, _, name = key.partition(".")
+    return getattr(getattr(config, section), name)
+
+
+def _unwritable(path: str) -> str | None:
+    """Why a folder could not be created or written at ``path`` (None: it can), without
+    creating anything: the nearest existing ancestor decides."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+def check_output_folders(config: RunConfig) -> None:
+    """Every folder the run writes to; the config file TorchTitan saves stays inside the run (it could
+    replace another run's ``run.json``)."""
+    dump = config.job.dump_folder
+    for field, path in {"job.dump_folder": dump, **run_folders(config)}.items():
+        problem = _unwritable(path)
+        if problem:
+            raise ConfigError(f"{field}: {path} cannot be created: {problem}")
+    saved = config.job.save_config_file
+    if saved and not inside(os.path.join(dump, saved), dump):
+        raise ConfigError(
+            f"job.save_config_file: {saved} lands outside job.dump_folder {dump}; "
+            "give a file name inside the run folder (the default job_config.json)"
+        )
