@@ -326,6 +326,7 @@ def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(r
     out, tb = tmp_path / "out", tmp_path / "tb"
     for step in (0, 2):
         shutil.copytree(analyzed / f"step-{step}", out / f"step-{step}")
+    shutil.copy(analyzed / ".owner.json", out)  # the analysis's record: the folder is its own
     before = digests(out)
     other = ["--steps", "4", "--num-sequences", "4", "--seq-len", str(S), "--seed", "7", "--out", out, "--tb-dir", tb]
     assert_one_line_error(

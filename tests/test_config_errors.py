@@ -697,7 +697,7 @@ def test_derived_values_and_a_variant_with_coeff_0_are_noted_once_at_launch(tmp_
     assert notes == [
         "dispersion_titan: note: derived: training.local_batch_size = 4",
         "dispersion_titan: note: dispersion.coeff is 0: the angular_spread term is logged but adds "
-        'nothing to the loss; set dispersion.coeff > 0, or dispersion.variant = "none"'
+        'nothing to the loss; set dispersion.coeff > 0, or dispersion.variant = "none"',
     ]
 
 

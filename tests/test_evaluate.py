@@ -325,7 +325,7 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path
     assert_one_line_error(
         code,
         err,
-        f"--out: {evaluated}: steps 0, 2 were evaluated with other settings (limit 12 vs 6)",
+        f"--out: {evaluated}: step-0, step-2 were evaluated with other settings (limit 12 vs 6)",
         "use another --out, or --force to recompute",
     )
     assert tree(evaluated) == after
@@ -373,6 +373,7 @@ def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, 
     out = tmp_path / "out"
     shutil.copytree(evaluated / "step-0", out / "step-0")
     shutil.copy(evaluated / "summary.csv", out / "summary.csv")
+    shutil.copy(evaluated / ".owner.json", out)  # the evaluation's record: the folder is its own
     before = digests(out)
     with open(evaluated / "summary.csv") as f:
         step0 = next(csv.DictReader(f))
@@ -381,7 +382,7 @@ def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, 
     assert_one_line_error(
         code,
         err,
-        f"--out: {out}: step 0 was evaluated with other settings (tasks "
+        f"--out: {out}: step-0 was evaluated with other settings (tasks "
         "['wiki_next_word', 'wiki_text'] vs ['wiki_text'], num_fewshot ",
         "); use another --out, or --force to recompute",
     )
@@ -447,7 +448,7 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_pat
     assert_one_line_error(
         code,
         err,
-        f"--out: {out}: step 2 was evaluated from another checkpoint than "
+        f"--out: {out}: step-2 was evaluated from another checkpoint than "
         f"{replaced / 'checkpoint' / 'step-2'} holds now",
         "--force recomputes it",
     )
@@ -490,6 +491,7 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, cap
         f.truncate(1000)
     out = broken / "evaluation"  # step 0 already done there: only the broken step is attempted
     shutil.copytree(evaluated / "step-0", out / "step-0")
+    shutil.copy(evaluated / ".owner.json", out)
     code, stdout, err = evaluate(broken, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert code == 1
     assert f"skipped checkpoint: {shard}: truncated" in err

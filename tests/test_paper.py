@@ -621,7 +621,7 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     code, _, err = paper("table2", *models, *options, "--limit", "5", "--out", tmp_path / "t3", capsys=capsys)
     assert code == 2 and err.count("dispersion_titan: error: ") == 1  # after the progress bar, as it runs evaluate
     assert (
-        f"error: --out: {runs['a1'] / 'evaluation'}: step 1 was evaluated with other settings (limit 4 vs 5); "
+        f"error: --out: {runs['a1'] / 'evaluation'}: step-1 was evaluated with other settings (limit 4 vs 5); "
         "use another --out, or --force to recompute\n" in err
     )
     result = runs["b2"] / "evaluation" / "step-4" / "results.json"

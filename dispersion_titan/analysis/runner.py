@@ -32,7 +32,7 @@ from ..run_folder.checkpoints import (
     load_run_metadata,
     run_of,
 )
-from ..run_folder.outputs import ensure_writable, listed, result_path, save_png, write_csv
+from ..run_folder.outputs import ensure_writable, result_path, save_png, still_to_do, write_csv
 from ..run_folder.owners import (
     TB_KEY,
     FolderOwner,
@@ -186,34 +186,19 @@ class Analysis:
             changed.append(differences(result.inputs, self.sequences.record()))
         return ", ".join(changed)
 
-    def stale(self, unit: Unit, result: Condensation) -> bool:
-        """Whether ``result`` was measured on other weights than ``unit`` holds now."""
+    def stale(self, source: str, result: Condensation) -> bool:
+        """Whether ``result`` was measured on other weights than ``source`` holds now."""
         return False
 
     def pending(self) -> list[Unit]:
-        """Units still to analyze. Unless --force, refuses a folder holding results of other
-        settings (of any unit, selected or not), or a result of weights saved over or replaced since."""
-        existing = read_analyses(self.out)
+        """Units still to analyze: all with --force, else ``outputs.still_to_do``."""
         if self.options.force:
             return self.units
-        other = [name for name, result in existing.items() if not self._same_analysis(result)]
-        if other:
-            raise AnalysisError(
-                f"--out: {self.out}: {listed(other)} {'was' if len(other) == 1 else 'were'} "
-                f"analyzed with other settings ({self._differences(existing[other[0]])}); "
-                "use another --out, or --force to recompute"
-            )
-        todo = []
-        for unit in self.units:
-            result = existing.get(unit.folder)
-            if result is None:
-                todo.append(unit)
-            elif self.stale(unit, result):
-                raise AnalysisError(
-                    f"--out: {self.out}: {unit.folder} was analyzed from another checkpoint than "
-                    f"{unit.source} holds now (saved again or replaced since); --force recomputes it"
-                )
-        return todo
+        sources = {unit.folder: unit.source for unit in self.units}
+        todo = still_to_do(
+            self.out, sources, read_analyses(self.out), self._differences, self.stale, "analyzed", AnalysisError
+        )
+        return [unit for unit in self.units if unit.folder in todo]
 
     def _result(
         self, unit: Unit, model: LayeredModel, on_batch: Callable[[], None]
@@ -349,8 +334,8 @@ class RunAnalysis(Analysis):
             "checkpoint_identity": checkpoint_identity(unit.source),
         }
 
-    def stale(self, unit: Unit, result: Condensation) -> bool:
-        return identity_changed(result.checkpoint_identity, unit.source)
+    def stale(self, source: str, result: Condensation) -> bool:
+        return identity_changed(result.checkpoint_identity, source)
 
 
 def count_parameters(args) -> int:

@@ -18,7 +18,7 @@ from ..run_folder.checkpoints import (
     load_run_metadata,
     run_of,
 )
-from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, listed
+from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, still_to_do
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
@@ -80,31 +80,20 @@ class RunEvaluation:
         ensure_writable(self.out, "--out")
 
     def _pending(self) -> list[StepCheckpoint]:
-        """Selected checkpoints still to evaluate. Unless --force, refuses a folder holding results
-        of other settings (of any step, selected or not), or a result of weights saved over or
-        replaced since."""
-        existing = read_evaluations(self.out) if os.path.isdir(self.out) else {}
+        """Selected checkpoints still to evaluate: all with --force, else ``outputs.still_to_do``."""
         if self.options.force:
             return self.selected
-        other = sorted(step for step, result in existing.items() if settings(result) != self.settings)
-        if other:
-            raise EvaluationError(
-                f"--out: {self.out}: step{'s' if len(other) > 1 else ''} {listed(other)} "
-                f"{'were' if len(other) > 1 else 'was'} evaluated with other settings "
-                f"({differences(settings(existing[other[0]]), self.settings)}); use another --out, "
-                "or --force to recompute"
-            )
-        todo = []
-        for checkpoint in self.selected:
-            result = existing.get(checkpoint.step)
-            if result is None:
-                todo.append(checkpoint)
-            elif identity_changed(result[OURS]["checkpoint_identity"], checkpoint.path):
-                raise EvaluationError(
-                    f"--out: {self.out}: step {checkpoint.step} was evaluated from another checkpoint than "
-                    f"{checkpoint.path} holds now (saved again or replaced since); --force recomputes it"
-                )
-        return todo
+        existing = {f"step-{step}": result for step, result in read_evaluations(self.out).items()}
+        todo = still_to_do(
+            self.out,
+            {f"step-{c.step}": c.path for c in self.selected},
+            existing,
+            lambda result: differences(settings(result), self.settings),
+            lambda path, result: identity_changed(result[OURS]["checkpoint_identity"], path),
+            "evaluated",
+            EvaluationError,
+        )
+        return [c for c in self.selected if f"step-{c.step}" in todo]
 
     def evaluate(self) -> int:
         """Evaluate pending checkpoints, then refresh the summary, as the output folder's one

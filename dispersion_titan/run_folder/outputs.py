@@ -15,7 +15,7 @@ import re
 import tempfile
 from collections.abc import Callable
 from types import ModuleType
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from ..utils.errors import OutputError
 
@@ -27,6 +27,7 @@ STEP_FOLDER = re.compile(r"^step-(\d+)$")
 RESULT_FOLDER = re.compile(rf"{STEP_FOLDER.pattern}|^rev-.+$")
 """A result folder: a checkpoint's, or a Hugging Face revision's (``rev-NAME``)."""
 SIGNIFICANT_DIGITS = 6
+Result = TypeVar("Result")
 FORMAT = 1
 """The shape of every record this package writes; raised when one changes. A record of another
 (or of none: written before the number existed) is refused (``check_format``), never read as this one."""
@@ -85,6 +86,34 @@ def listed(names: list, shown: int = 6) -> str:
     """``a, b, c`` for one-line messages; past ``shown`` names, ``a, b, … and N more``."""
     head = ", ".join(map(str, names[:shown]))
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
+
+
+def still_to_do(
+    out: str,
+    sources: dict[str, str],
+    existing: dict[str, Result],
+    differs: Callable[[Result], str],
+    stale: Callable[[str, Result], bool],
+    done: str,
+    error: type[Exception],
+) -> list[str]:
+    """A command resumed into ``--out``: the result folders of ``sources`` (folder -> the checkpoint or model it
+    measures) that ``out`` holds no result of yet (``existing``, by folder). Refused in one line: a folder holding
+    results of other settings (``differs``: what differs, "" for none), of any folder, selected or not; or a result
+    of a checkpoint saved over or replaced since (``stale(source, result)``). ``done``: "analyzed", "evaluated"."""
+    other = [name for name, result in existing.items() if differs(result)]
+    if other:
+        raise error(
+            f"--out: {out}: {listed(other)} {'was' if len(other) == 1 else 'were'} {done} with other settings "
+            f"({differs(existing[other[0]])}); use another --out, or --force to recompute"
+        )
+    for name, source in sources.items():
+        if name in existing and stale(source, existing[name]):
+            raise error(
+                f"--out: {out}: {name} was {done} from another checkpoint than {source} holds now (saved again "
+                "or replaced since); --force recomputes it"
+            )
+    return [name for name in sources if name not in existing]
 
 
 def result_path(out: str, folder: str, file: str) -> str:
