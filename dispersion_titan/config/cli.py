@@ -148,6 +148,25 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
+    return int(text)
+
+
+def add_results_arguments(parser: argparse.ArgumentParser, verb: str, results: str) -> None:
+    """``--force`` and ``--wandb`` of the commands that write a run's results step by step (``analyze``,
+    ``evaluate``): ``verb`` them anew; log the ``results`` to the run's W&B run."""
+    parser.add_argument(
+        "--force", action="store_true", help=f"{verb} the selected steps anew, also into an --out holding other settings"
+    )
+    parser.add_argument(
+        "--wandb",
+        action="store_true",
+        help=f"also log the {results} to the run's W&B run (trained with [metrics] enable_wandb)",
+    )
+
+
 def add_device_arguments(
     parser: argparse.ArgumentParser, dtype_default: str | None = "fp32", dtype_help: str = "model dtype (default fp32)"
 ) -> None:
