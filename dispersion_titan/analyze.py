@@ -16,10 +16,14 @@ import argparse
 import sys
 
 from dispersion_titan.analysis import ANALYSIS_PROTOCOLS, DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS
-from dispersion_titan.analysis.wandb_condensation import log_analysis
-from dispersion_titan.components.wandb_run import recorded
-from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.utils.errors import command, fail, run_command
+from dispersion_titan.config.cli import (
+    OneLineErrorParser,
+    add_device_arguments,
+    add_results_arguments,
+    non_negative_int,
+    positive_int,
+)
+from dispersion_titan.utils.errors import command, run_command
 
 
 def _seq_len(text: str) -> int:
@@ -28,10 +32,25 @@ def _seq_len(text: str) -> int:
     return int(text)
 
 
-def _count(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
-    return int(text)
+def add_input_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, defaults: bool = True) -> None:
+    """The options that choose analyze's input sequences; ``paper`` passes them on (no ``defaults``: unset)."""
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--dataset", help="registered dataset whose validation split is used (default: enwiki_sample)")
+    source.add_argument("--texts", metavar="FILE", help='jsonl file with a "text" field per line')
+    p.add_argument(
+        "--dataset-path",
+        "--dataset_path",
+        dest="dataset_path",
+        help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
+        "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)",
+    )
+    p.add_argument(
+        "--num-sequences", type=positive_int, default=100 if defaults else None, help="K sequences (default 100)"
+    )
+    p.add_argument(
+        "--seq-len", type=_seq_len, help="S tokens per sequence (default 512, or the model's positions if fewer)"
+    )
+    p.add_argument("--seed", type=int, default=0 if defaults else None, help="seed of the sequence choice (default 0)")
 
 
 def analyze_parser() -> argparse.ArgumentParser:
@@ -48,18 +67,7 @@ def analyze_parser() -> argparse.ArgumentParser:
         help="the run's dump folder or its checkpoint folder, or hf:MODEL[@REV1,REV2,...] (hub id or local folder)",
     )
     p.add_argument("--steps", help="all (default), or steps and ranges such as 0,5,10-20, first, last (runs only)")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument(
-        "--dataset", default=None, help="registered dataset whose validation split is used (default: enwiki_sample)"
-    )
-    source.add_argument("--texts", metavar="FILE", help='jsonl file with a "text" field per line')
-    p.add_argument(
-        "--dataset-path",
-        "--dataset_path",
-        dest="dataset_path",
-        help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
-        "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)",
-    )
+    add_input_arguments(p)
     p.add_argument(
         "--protocol",
         choices=ANALYSIS_PROTOCOLS,
@@ -74,15 +82,10 @@ def analyze_parser() -> argparse.ArgumentParser:
         help="layers of the Spearman/Kendall depth trend: all (n+2, the default) or hidden_states "
         "(transformers' n+1, the default with --protocol paper)",
     )
-    p.add_argument("--num-sequences", type=positive_int, default=100, help="K sequences (default 100)")
-    p.add_argument(
-        "--seq-len", type=_seq_len, help="S tokens per sequence (default 512, or the model's positions if fewer)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the sequence choice (default 0)")
     p.add_argument("--batch-size", type=positive_int, default=8, help="sequences per forward pass (default 8)")
     p.add_argument(
         "--geometry-sequences",
-        type=_count,
+        type=non_negative_int,
         default=DEFAULT_GEOMETRY_SEQUENCES,
         help=f"sequences averaged for effective rank and MEV (default {DEFAULT_GEOMETRY_SEQUENCES})",
     )
@@ -98,16 +101,7 @@ def analyze_parser() -> argparse.ArgumentParser:
         help="hf: run the modelling code a model ships (the original Qwen's), as transformers' "
         "trust_remote_code; without it such a model is refused in one line",
     )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="analyze the selected steps anew, also into an --out holding other settings",
-    )
-    p.add_argument(
-        "--wandb",
-        action="store_true",
-        help="also log the results to the run's W&B run (trained with [metrics] enable_wandb)",
-    )
+    add_results_arguments(p, "analyze", "results")
     return p
 
 
@@ -172,56 +166,11 @@ def run_size_series(argv: list[str]) -> int:
 
 def run_analyze(argv: list[str]) -> int:
     a = analyze_parser().parse_args(argv)
-    from dispersion_titan.analysis import hf_model, hf_revisions, inputs, runner  # torch: after --help
+    from dispersion_titan.analysis import hf_model, hf_revisions, runner  # torch: after --help
 
-    if a.dataset_path and a.texts:
-        fail("--dataset-path: not used with --texts")
-    paper = a.protocol == "paper"
-    if paper and a.dataset:
-        fail(
-            "--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
-            "--dataset-path) or the rows of --texts FILE"
-        )
-    sequences = inputs.InputOptions(
-        dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
-        dataset_path=a.dataset_path,
-        texts=a.texts,
-        num_sequences=a.num_sequences,
-        seq_len=a.seq_len or runner.DEFAULT_SEQ_LEN,
-        seed=a.seed,
-        protocol=a.protocol,
-        layer_points=a.layer_points or ("hidden_states" if paper else "all"),
-    )
-    if a.texts:  # read once before --out is created, so a bad file leaves no empty folder behind
-        inputs.read_texts(a.texts)
-    options = runner.AnalyzeOptions(
-        target=a.run,
-        steps=a.steps,
-        inputs=sequences,
-        seq_len_given=a.seq_len is not None,
-        batch_size=a.batch_size,
-        out=a.out,
-        tb_dir=a.tb_dir,
-        device=a.device,
-        dtype=a.dtype,
-        force=a.force,
-        geometry_sequences=a.geometry_sequences,
-        device_map=a.device_map,
-        trust_remote_code=a.trust_remote_code,
-    )
-    if a.run.startswith(hf_model.PREFIX):
-        if a.wandb:
-            fail("--wandb: only for runs (trained with [metrics] enable_wandb)")
-        return 1 if hf_revisions.HFAnalysis(options).analyze() else 0
-    if a.device_map or a.trust_remote_code:
-        fail(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
-    analysis = runner.RunAnalysis(options)
-    if a.wandb:
-        recorded(analysis.dump)  # before the analysis: a run without one fails now, in one line
-    failed = analysis.analyze()
-    if a.wandb:
-        log_analysis(analysis.dump, analysis.out)
-    return 1 if failed else 0
+    options = runner.AnalyzeOptions.from_args(a)
+    analysis = hf_revisions.HFAnalysis if a.run.startswith(hf_model.PREFIX) else runner.RunAnalysis
+    return 1 if analysis(options).analyze() else 0
 
 
 def run_compare(argv: list[str]) -> int:

@@ -16,24 +16,15 @@ import argparse
 import re
 import sys
 
-from dispersion_titan.components.wandb_run import recorded
-from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.evaluation.protocol import (
-    AUTHORS_BATCH_SIZE,
-    BEST_STEP,
-    EVALUATION_PROTOCOLS,
-    PRESETS,
-    build_plan,
-    run_protocol,
+from dispersion_titan.config.cli import (
+    OneLineErrorParser,
+    add_device_arguments,
+    add_results_arguments,
+    non_negative_int,
+    positive_int,
 )
-from dispersion_titan.evaluation.wandb_scores import log_evaluation
-from dispersion_titan.utils.errors import ArgumentError, command, run_command
-
-
-def _non_negative_int(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a non-negative integer")
-    return int(text)
+from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, EVALUATION_PROTOCOLS, PRESETS
+from dispersion_titan.utils.errors import command, run_command
 
 
 def _limit(text: str) -> int | str:
@@ -78,7 +69,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
         "--num-fewshot",
         "--num_fewshot",
         dest="num_fewshot",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=None,
         help="shots for every task (default: the protocol's per task, else the task's own)",
     )
@@ -91,16 +82,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="output folder (default: RUN/evaluation)")
     add_device_arguments(p)
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="evaluate the selected steps anew, also into an --out holding other settings",
-    )
-    p.add_argument(
-        "--wandb",
-        action="store_true",
-        help="also log the scores to the run's W&B run (trained with [metrics] enable_wandb)",
-    )
+    add_results_arguments(p, "evaluate", "scores")
     return p
 
 
@@ -117,6 +99,12 @@ def table_parser() -> argparse.ArgumentParser:
         "settings but the seed; or arms named explicitly",
     )
     p.add_argument("--out", required=True, help="folder for table.md, table.csv and table.png")
+    add_table_arguments(p)
+    return p
+
+
+def add_table_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The options ``evaluate table`` and ``paper table2`` share."""
     p.add_argument(
         "--select",
         type=_selection,
@@ -124,7 +112,6 @@ def table_parser() -> argparse.ArgumentParser:
         help="checkpoint per run: best (highest mean acc among the steps the authors evaluate, "
         "default), last, or step:N",
     )
-    add_table_arguments(p)
     p.add_argument(
         "--reference",
         metavar="ARM",
@@ -137,11 +124,6 @@ def table_parser() -> argparse.ArgumentParser:
         default="student",
         help="t-test of the per-seed averages: student (equal variances, the paper's; default) or welch",
     )
-    return p
-
-
-def add_table_arguments(p: argparse.ArgumentParser) -> None:
-    """The options ``evaluate table`` and ``paper table2`` share, beside --select."""
     p.add_argument(
         "--num-ckpt",
         type=positive_int,
@@ -175,45 +157,9 @@ def add_table_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_evaluate(argv: list[str]) -> int:
     a = evaluate_parser().parse_args(argv)
-    if a.run.startswith("hf:"):
-        raise ArgumentError(
-            f"RUN: {a.run} is a Hugging Face model, and evaluate takes a run's dump or checkpoint folder (a model "
-            f"before training: its run's step 0, evaluate RUN --steps 0); evaluate the model itself with "
-            f"lm_eval --model hf --model_args pretrained={a.run.removeprefix('hf:')}"
-        )
     from dispersion_titan.evaluation.runner import EvaluateOptions, RunEvaluation  # torch: after --help
 
-    protocol = a.protocol or _protocol_of(a.run)
-    options = EvaluateOptions(
-        run=a.run,
-        steps=a.steps,
-        plan=build_plan(a.tasks, a.num_fewshot, a.limit, protocol),
-        include_path=a.include_path,
-        batch_size=a.batch_size,
-        out=a.out,
-        device=a.device,
-        dtype=a.dtype,
-        force=a.force,
-    )
-    evaluation = RunEvaluation(options)
-    if a.wandb:
-        recorded(evaluation.dump)  # before any model loads: a run without one fails now, in one line
-    failed = evaluation.evaluate()
-    if a.wandb:
-        log_evaluation(evaluation.dump, evaluation.out)
-    return 1 if failed else 0
-
-
-def _protocol_of(run: str) -> str:
-    """The authors' protocol for the run's model family (``run.json``), a note where they had none."""
-    # torch: after --help
-    from dispersion_titan.run_folder.checkpoints import find_checkpoint_folder, load_run_metadata, run_of
-
-    dump = run_of(find_checkpoint_folder(run))
-    protocol, note = run_protocol(load_run_metadata(dump)["model_name"])
-    if note:
-        print(note, file=sys.stderr)
-    return protocol
+    return 1 if RunEvaluation(EvaluateOptions.from_args(a)).evaluate() else 0
 
 
 def run_table(argv: list[str]) -> int:

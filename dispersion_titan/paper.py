@@ -17,10 +17,10 @@ import os
 import shlex
 import sys
 
-from dispersion_titan.analyze import _seq_len
+from dispersion_titan.analyze import add_input_arguments
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, positive_int
-from dispersion_titan.evaluate import _selection, add_table_arguments
+from dispersion_titan.evaluate import add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
@@ -100,14 +100,8 @@ def paper_parser() -> OneLineErrorParser:
         metavar="NAME=DATASET|FILE",
         help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four",
     )
-    analysis = p.add_argument_group("analyze's input options, passed on (analysing artifacts)")
-    source = analysis.add_mutually_exclusive_group()
-    source.add_argument("--dataset", help="registered dataset whose validation split is used")
-    source.add_argument("--texts", metavar="FILE", help='jsonl file with a "text" field per line')
-    analysis.add_argument("--dataset-path", help="files for --dataset local")
-    analysis.add_argument("--num-sequences", type=positive_int, help="K sequences (analyze's default 100)")
-    analysis.add_argument("--seq-len", type=_seq_len, help="S tokens per sequence (analyze's default 512)")
-    analysis.add_argument("--seed", type=int, help="seed of the sequence choice")
+    analysis = p.add_argument_group("analyze's input options, passed on (analysing artifacts; analyze's defaults)")
+    add_input_arguments(analysis, defaults=False)
     analysis.add_argument(
         "--protocol",
         help="analyze's --protocol: paper (the default: the authors' wikitext-103 texts, or the rows "
@@ -128,55 +122,8 @@ def paper_parser() -> OneLineErrorParser:
     table.add_argument("--include-path", help="evaluate's --include-path")
     table.add_argument("--limit", help="evaluate's --limit")
     table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
-    table.add_argument(
-        "--select", type=_selection, default="best", help="checkpoint per run: best (default), last or step:N"
-    )
     add_table_arguments(table)
-    table.add_argument(
-        "--reference",
-        metavar="ARM",
-        help="arm the others are tested against (default: the arm training with angular_spread)",
-    )
-    table.add_argument(
-        "--test",
-        choices=("student", "welch"),
-        default="student",
-        help="t-test against the reference: student (equal variances, the paper's) or welch",
-    )
     return p
-
-
-def _run_locally(plan, artifact: str) -> None:
-    """Each command in this process, in order; one that fails ends the artifact with its status."""
-    from tqdm import tqdm
-
-    mains = {"analyze": analyze_main, "evaluate": evaluate_main}
-    with tqdm(plan.steps, desc=artifact, unit="model", file=sys.stderr) as bar:
-        for step in bar:
-            bar.set_postfix_str(step.label)
-            try:
-                mains[step.command](step.argv)
-            except SystemExit as done:
-                if done.code not in (0, None):
-                    sys.exit(done.code)  # the command said why, in one line
-
-
-def _draw_argv(argv: list[str], plan, options: dict) -> list[str]:
-    """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, its --out as
-    an absolute path (once), and with the revisions fig4 listed from the hub."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--slurm", "--dry-run"):
-            continue
-        elif arg in ("--sbatch-arg", "--out"):
-            skip = True
-        elif not arg.startswith(("--sbatch-arg=", "--out=")):
-            kept.append(arg)
-    if plan.artifact == "fig4" and not options["revisions"]:
-        kept += ["--revisions", plan.models[0].target.rpartition("@")[2]]
-    return [*kept, "--out", options["out"], "--draw-only"]
 
 
 def run_paper(argv: list[str]) -> int:
@@ -213,7 +160,7 @@ def run_paper(argv: list[str]) -> int:
     for note in plan.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
-        jobs = slurm.jobs(plan, _draw_argv(argv, plan, options), a.sbatch_args)
+        jobs = slurm.jobs(plan, slurm.draw_argv(argv, plan, options), a.sbatch_args)
         if a.dry_run:
             print(slurm.script(plan, jobs))
             return 0
@@ -223,7 +170,7 @@ def run_paper(argv: list[str]) -> int:
         return 0
     if a.dry_run:
         print("\n".join(step.shell() for step in plan.steps))
-        print(shlex.join(["python", "-m", "dispersion_titan.paper", *_draw_argv(argv, plan, options)]))
+        print(shlex.join(["python", "-m", "dispersion_titan.paper", *slurm.draw_argv(argv, plan, options)]))
         return 0
     if not a.draw_only:
         import torch
@@ -232,7 +179,7 @@ def run_paper(argv: list[str]) -> int:
         planning.check_devices(plan, options, torch.cuda.is_available())
     with owned(plan.out, PAPER):  # each analyze or evaluate it runs holds its own --out as well
         if not a.draw_only:
-            _run_locally(plan, a.artifact)
+            planning.run_locally(plan, {"analyze": analyze_main, "evaluate": evaluate_main})
         written = render.render(
             plan, Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step), a.reference, a.test, a.pretrained
         )

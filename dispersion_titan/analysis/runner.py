@@ -8,6 +8,7 @@ summary); ``RunAnalysis`` feeds it the checkpoints of one of our runs, and
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import json
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..components.wandb_run import recorded
 from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
@@ -48,14 +50,15 @@ from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.devices import resolve_device
-from ..utils.errors import CheckpointError, OutputError
-from . import AnalysisError, figures
+from ..utils.errors import ArgumentError, CheckpointError, OutputError
+from . import AnalysisError, figures, hf_model, inputs
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, geometry_mask, measure
 from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, summary_rows, write_result
 from .statistics import condensation
 from .tensorboard import CondensationWriter
+from .wandb_condensation import log_analysis
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_SEQ_LEN = 512
@@ -80,6 +83,47 @@ class AnalyzeOptions:
     device_map: str | None = None
     trust_remote_code: bool = False
     """hf: models that ship their own code (``--trust-remote-code``)."""
+    wandb: bool = False
+    """Runs: log the results to the run's W&B run too (``--wandb``)."""
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> AnalyzeOptions:
+        """``analyze``'s command line, its combinations checked (one line naming the option), a
+        ``--texts`` file read once before any folder is created."""
+        hf, paper = a.run.startswith(hf_model.PREFIX), a.protocol == "paper"
+        if a.dataset_path and a.texts:
+            raise ArgumentError("--dataset-path: not used with --texts")
+        if paper and a.dataset:
+            raise ArgumentError(
+                "--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
+                "--dataset-path) or the rows of --texts FILE"
+            )
+        if hf and a.wandb:
+            raise ArgumentError("--wandb: only for runs (trained with [metrics] enable_wandb)")
+        if not hf and (a.device_map or a.trust_remote_code):
+            raise ArgumentError(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
+        if a.texts:
+            inputs.read_texts(a.texts)
+        sequences = inputs.InputOptions(
+            dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
+            dataset_path=a.dataset_path,
+            texts=a.texts,
+            num_sequences=a.num_sequences,
+            seq_len=a.seq_len or DEFAULT_SEQ_LEN,
+            seed=a.seed,
+            protocol=a.protocol,
+            layer_points=a.layer_points or ("hidden_states" if paper else "all"),
+        )
+        given = ("steps", "batch_size", "out", "tb_dir", "device", "dtype", "force", "wandb")
+        return cls(
+            target=a.run,
+            inputs=sequences,
+            seq_len_given=a.seq_len is not None,
+            geometry_sequences=a.geometry_sequences,
+            device_map=a.device_map,
+            trust_remote_code=a.trust_remote_code,
+            **{key: getattr(a, key) for key in given},
+        )
 
 
 @dataclass(frozen=True)
@@ -336,6 +380,14 @@ class RunAnalysis(Analysis):
 
     def stale(self, source: str, result: Condensation) -> bool:
         return identity_changed(result.checkpoint_identity, source)
+
+    def analyze(self) -> int:
+        if self.options.wandb:
+            recorded(self.dump)  # before the analysis: a run without one fails now, in one line
+        failed = super().analyze()
+        if self.options.wandb:
+            log_analysis(self.dump, self.out)
+        return failed
 
 
 def count_parameters(args) -> int:

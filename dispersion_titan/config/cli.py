@@ -158,7 +158,9 @@ def add_results_arguments(parser: argparse.ArgumentParser, verb: str, results: s
     """``--force`` and ``--wandb`` of the commands that write a run's results step by step (``analyze``,
     ``evaluate``): ``verb`` them anew; log the ``results`` to the run's W&B run."""
     parser.add_argument(
-        "--force", action="store_true", help=f"{verb} the selected steps anew, also into an --out holding other settings"
+        "--force",
+        action="store_true",
+        help=f"{verb} the selected steps anew, also into an --out holding other settings",
     )
     parser.add_argument(
         "--wandb",

@@ -4,11 +4,13 @@ go on with the rest (as ``analyze`` does)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
 from dataclasses import dataclass
 
+from ..components.wandb_run import recorded
 from ..run_folder.checkpoints import (
     StepCheckpoint,
     checkpoint_identity,
@@ -23,10 +25,10 @@ from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import resolve_device
-from ..utils.errors import CheckpointError
+from ..utils.errors import ArgumentError, CheckpointError
 from . import EvaluationError
 from .export import hf_export
-from .protocol import EvaluationPlan, mean_accuracy
+from .protocol import EvaluationPlan, build_plan, mean_accuracy, run_protocol
 from .step_results import (
     OURS,
     differences,
@@ -38,6 +40,7 @@ from .step_results import (
     write_summary,
 )
 from .tasks import Tasks
+from .wandb_scores import log_evaluation
 
 HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -53,6 +56,28 @@ class EvaluateOptions:
     device: str | None
     dtype: str
     force: bool
+    wandb: bool = False
+    """Log the scores to the run's W&B run too (``--wandb``)."""
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> EvaluateOptions:
+        """``evaluate``'s command line; its protocol, unless given, the authors' for the run's family."""
+        if a.run.startswith("hf:"):
+            raise ArgumentError(
+                f"RUN: {a.run} is a Hugging Face model, and evaluate takes a run's dump or checkpoint folder (a "
+                f"model before training: its run's step 0, evaluate RUN --steps 0); evaluate the model itself "
+                f"with lm_eval --model hf --model_args pretrained={a.run.removeprefix('hf:')}"
+            )
+        protocol, note = (a.protocol, None) if a.protocol else run_protocol(_model_name(a.run))
+        if note:
+            print(note, file=sys.stderr)
+        given = ("run", "steps", "include_path", "batch_size", "out", "device", "dtype", "force", "wandb")
+        return cls(plan=build_plan(a.tasks, a.num_fewshot, a.limit, protocol), **{k: getattr(a, k) for k in given})
+
+
+def _model_name(run: str) -> str:
+    """The model family of ``run`` (a dump or checkpoint folder), as its ``run.json`` records it."""
+    return load_run_metadata(run_of(find_checkpoint_folder(run)))["model_name"]
 
 
 class RunEvaluation:
@@ -97,12 +122,18 @@ class RunEvaluation:
 
     def evaluate(self) -> int:
         """Evaluate pending checkpoints, then refresh the summary, as the output folder's one
-        writer. Returns the number of checkpoints that could not be evaluated."""
+        writer (then log the scores to W&B with ``wandb``). Returns the number of checkpoints that
+        could not be evaluated."""
+        if self.options.wandb:
+            recorded(self.dump)  # before any model loads: a run without one fails now, in one line
         with owned(self.out, self.owner):
             todo = self._pending()  # again: another writer may have finished since __init__ looked
             if todo and not self.objects:
                 self.objects = self.tasks.load()
-            return self._evaluate(todo)
+            failed = self._evaluate(todo)
+        if self.options.wandb:
+            log_evaluation(self.dump, self.out)
+        return failed
 
     def _evaluate(self, todo: list[StepCheckpoint]) -> int:
         skipped = len(self.selected) - len(todo)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ...analysis import ANALYSIS_PROTOCOLS
@@ -94,6 +96,21 @@ class PaperPlan:
     """What the command says before it runs (fig3: which run it takes of a width)."""
     rows: tuple[str, ...] = ()
     """fig3: the checkpoints drawn, one row each (``catalog.FIG3_ROWS``)."""
+
+
+def run_locally(plan: PaperPlan, mains: dict[str, Callable[[list[str]], None]]) -> None:
+    """Each step in this process, by its command's ``main``, in order; one that fails ends the artifact
+    with its status."""
+    from tqdm import tqdm
+
+    with tqdm(plan.steps, desc=plan.artifact, unit="model", file=sys.stderr) as bar:
+        for step in bar:
+            bar.set_postfix_str(step.label)
+            try:
+                mains[step.command](step.argv)
+            except SystemExit as done:
+                if done.code not in (0, None):
+                    sys.exit(done.code)  # the command said why, in one line
 
 
 def safe_name(text: str) -> str:

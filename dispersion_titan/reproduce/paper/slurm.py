@@ -119,3 +119,21 @@ def submit(plan: PaperPlan, lines: list[list[str]]) -> list[str]:
         ids.append(proc.stdout.strip().split(";")[0])
         print(f"{ids[-1]:>10}  {argv[argv.index('--parsable') + 3].removeprefix('--job-name=')}", flush=True)
     return ids
+
+
+def draw_argv(argv: list[str], plan: PaperPlan, options: dict) -> list[str]:
+    """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, its --out as
+    an absolute path (once), and with the revisions fig4 listed from the hub."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--slurm", "--dry-run"):
+            continue
+        elif arg in ("--sbatch-arg", "--out"):
+            skip = True
+        elif not arg.startswith(("--sbatch-arg=", "--out=")):
+            kept.append(arg)
+    if plan.artifact == "fig4" and not options["revisions"]:
+        kept += ["--revisions", plan.models[0].target.rpartition("@")[2]]
+    return [*kept, "--out", options["out"], "--draw-only"]
