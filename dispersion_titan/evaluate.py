@@ -166,16 +166,8 @@ def run_table(argv: list[str]) -> int:
     a = table_parser().parse_args(argv)
     from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
 
-    print(
-        table(
-            a.runs,
-            a.out,
-            Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step),
-            a.reference,
-            a.test,
-            a.pretrained,
-        )
-    )
+    selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
+    print(table(a.runs, a.out, selection, a.reference, a.test, a.pretrained).markdown)
     print(f"written: {a.out}/table.md, table.csv, table.png")
     return 0
 

@@ -40,7 +40,8 @@ def live_pid():
 def write_lock(folder: Path, host: str, pid: int, job_id: str = "", age_s: float = 0.0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
-    path.write_text(json.dumps({"host": host, "pid": pid, "job_id": job_id, "since": time.time() - age_s}))
+    owner = {"host": host, "pid": pid, "job_id": job_id, "since": time.time() - age_s, "command": ""}
+    path.write_text(json.dumps(owner))
     os.utime(path, (time.time() - age_s, time.time() - age_s))
     return path
 

@@ -406,12 +406,13 @@ def difference(row: ArmRow, pretrained: ArmRow | None, columns: list[str]) -> di
     }
 
 
-def _cell(mean: float, std: float, column: str) -> str:
+def cell(mean: float, std: float, column: str) -> str:
+    """``mean ± std`` as printed: 4 digits for accuracies and their average, else 2; no ± for one seed."""
     digits = 4 if is_accuracy(column) or column == "average" else 2
     return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
 
 
-def _signed(value: float, column: str) -> str:
+def signed(value: float, column: str) -> str:
     return f"{value:+.{4 if is_accuracy(column) or column == 'average' else 2}f}"
 
 
@@ -431,8 +432,8 @@ def table_markdown(
         cells = [
             row.name,
             str(len(row.runs)),
-            *(_cell(row.mean[c], row.std[c], c) for c in columns),
-            _cell(row.average_mean, row.average_std, "average"),
+            *(cell(row.mean[c], row.std[c], c) for c in columns),
+            cell(row.average_mean, row.average_std, "average"),
             "" if math.isnan(row.rank) else f"{row.rank:.2f}",
             "" if row.p_value is None else f"{row.p_value:.4f}",
             row.significance,
@@ -457,7 +458,7 @@ def table_markdown(
         lines += [
             "| "
             + " | ".join(
-                [row.name, *(_signed(value, key) for key, value in difference(row, pretrained, columns).items())]
+                [row.name, *(signed(value, key) for key, value in difference(row, pretrained, columns).items())]
             )
             + " |"
             for row in rows
@@ -498,6 +499,17 @@ def csv_rows(
     ]
 
 
+@dataclass(frozen=True)
+class Table:
+    """A table as written: its columns, arm rows, Pretrained row (None: none), reference arm and Markdown."""
+
+    columns: list[str]
+    rows: list[ArmRow]
+    pretrained: ArmRow | None
+    reference: str
+    markdown: str
+
+
 def table(
     specs: list[str],
     out: str,
@@ -505,8 +517,8 @@ def table(
     reference: str | None,
     test: str = "student",
     pretrained: str = "auto",
-) -> str:
-    """Write ``table.md``, ``table.csv`` and ``table.png``; return the Markdown table."""
+) -> Table:
+    """Write ``table.md``, ``table.csv`` and ``table.png``; return the table."""
     found = evaluated_arms(specs)
     by_arm = {arm: select_arm(runs, selection) for arm, runs in found.items()}
     if reference is not None and reference not in by_arm:
@@ -524,4 +536,4 @@ def table(
         average_accuracy_figure(
             rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test], os.path.join(out, "table.png")
         )
-    return text
+    return Table(columns, rows, base_row, reference, text)

@@ -291,24 +291,13 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
 
 def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:
     """A launch's look before anything is written: its ``job.dump_folder`` and each of its
-    ``folders`` (by config key) outside it are new, empty or this run's own (recorded so, or,
-    for a run from before records, where its ``run.json`` puts them)."""
+    ``folders`` (by config key) outside it are new, empty or this run's own."""
     owner = FolderOwner("run", dump)
     refuse_unless_ours(dump, owner, "job.dump_folder", "give this run its own --job.dump_folder")
-    earlier = run_paths(dump) if os.path.isfile(os.path.join(dump, RUN_METADATA_FILE)) else {}
     for key, path in folders.items():
-        if inside(path, dump):
-            continue
-        holder = read_owner(path)
-        if (
-            key in earlier
-            and os.path.realpath(earlier[key]) == os.path.realpath(path)
-            and (holder is None or holder.run == owner.run)
-        ):
-            continue
-        refuse_unless_ours(
-            path, owner, key, f"give this run a {key} of its own (inside its --job.dump_folder, or a new folder)"
-        )
+        if not inside(path, dump):
+            way_out = f"give this run a {key} of its own (inside its --job.dump_folder, or a new folder)"
+            refuse_unless_ours(path, owner, key, way_out)
 
 
 def outside_folders(dump: str, folders: dict[str, str]) -> dict[str, str]:

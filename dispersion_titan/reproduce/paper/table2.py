@@ -5,50 +5,31 @@ figure and ``table2.json``."""
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 
-from ...evaluation.protocol import is_accuracy
-from ...evaluation.table import PRETRAINED, TESTS, Selection, table
+from ...evaluation.arms import ArmRow
+from ...evaluation.table import TESTS, Selection, cell, difference, signed, table
 from ...run_folder.outputs import atomic_write, write_json
 from .draw import FONT, WIDTH_IN, plt, save
 
 
-def _float(text: str) -> float | None:
-    return None if text in ("", "nan") else float(text)
+def _finite(value: float | None) -> float | None:
+    """JSON's view of a number: None where there is none (one seed's std, an untested p)."""
+    return None if value is None or math.isnan(value) else value
 
 
-def _columns(header: list[str]) -> list[str]:
-    return [h.removesuffix("_mean") for h in header if h.endswith("_mean") and h != "average_mean"]
-
-
-def _cell(mean: float | None, std: float | None, digits: int) -> str:
-    if mean is None:
-        return ""
-    return f"{mean:.{digits}f}" + ("" if std is None or math.isnan(std) else f" ± {std:.{digits}f}")
-
-
-def _rows(path: str) -> tuple[list[str], list[dict]]:
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-        return _columns(reader.fieldnames or []), rows
-
-
-def _cells(columns: list[str], row: dict) -> list[str]:
-    cells = [_cell(_float(row[f"{c}_mean"]), _float(row[f"{c}_std"]), 4 if is_accuracy(c) else 2) for c in columns]
-    p = _float(row["p_value"])
+def _cells(columns: list[str], row: ArmRow) -> list[str]:
     return [
-        row["arm"],
-        row["seeds"],
-        *cells,
-        _cell(_float(row["average_mean"]), _float(row["average_std"]), 4),
-        "" if p is None else f"{p:.3g}{row['significance']}",
+        row.name,
+        str(len(row.runs)),
+        *(cell(row.mean[c], row.std[c], c) for c in columns),
+        cell(row.average_mean, row.average_std, "average"),
+        "" if row.p_value is None else f"{row.p_value:.3g}{row.significance}",
     ]
 
 
-def latex(columns: list[str], rows: list[dict], reference: str) -> str:
+def latex(columns: list[str], rows: list[ArmRow], reference: str, pretrained: ArmRow | None) -> str:
     def esc(text: str) -> str:
         return text.replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
 
@@ -61,20 +42,14 @@ def latex(columns: list[str], rows: list[dict], reference: str) -> str:
     ]
     for row in rows:
         lines.append(" & ".join(esc(c).replace("±", r"$\pm$") for c in _cells(columns, row)) + r" \\")
-        if row["arm"] != PRETRAINED and _float(row["average_diff"]) is not None:  # the authors' second line
-            lines.append(" & ".join(["", "", *_differences(columns, row), ""]) + r" \\")
+        if pretrained is not None and row is not pretrained:  # the authors' second line: the difference
+            shown = [signed(value, key) for key, value in difference(row, pretrained, columns).items()]
+            lines.append(" & ".join(["", "", *shown, ""]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
 
-def _differences(columns: list[str], row: dict) -> list[str]:
-    """The row's differences from the Pretrained row, signed, as the authors' second line of each row."""
-    return [
-        f"{_float(row[f'{c}_diff']):+.{4 if is_accuracy(c) or c == 'average' else 2}f}" for c in (*columns, "average")
-    ]
-
-
-def _figure(columns: list[str], rows: list[dict], reference: str, rule: str, test: str, stem: str) -> None:
+def _figure(columns: list[str], rows: list[ArmRow], reference: str, rule: str, test: str, stem: str) -> None:
     header = ["arm", "seeds", *[c.replace("/", "/\n") for c in columns], "average", f"p vs\n{reference}"]
     body = [_cells(columns, row) for row in rows]
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.9 + 0.35 * len(rows)), layout="constrained")
@@ -91,19 +66,19 @@ def _figure(columns: list[str], rows: list[dict], reference: str, rule: str, tes
     save(fig, stem)
 
 
-def _numbers(columns: list[str], row: dict) -> dict:
+def _numbers(columns: list[str], row: ArmRow, pretrained: ArmRow | None) -> dict:
     return {
-        "arm": row["arm"],
-        "runs": row["runs"].split(";"),
-        "steps": [int(s) for s in row["steps"].split(";")],
-        "mean": {c: _float(row[f"{c}_mean"]) for c in columns},
-        "std": {c: _float(row[f"{c}_std"]) for c in columns},
-        "average_mean": _float(row["average_mean"]),
-        "average_std": _float(row["average_std"]),
-        "avg_rank": _float(row["avg_rank"]),
-        "p_value": _float(row["p_value"]),
-        "significance": row["significance"],
-        "difference": {c: _float(row[f"{c}_diff"]) for c in (*columns, "average")},
+        "arm": row.name,
+        "runs": [r.run for r in row.runs],
+        "steps": [r.step for r in row.runs],
+        "mean": {c: _finite(row.mean[c]) for c in columns},
+        "std": {c: _finite(row.std[c]) for c in columns},
+        "average_mean": _finite(row.average_mean),
+        "average_std": _finite(row.average_std),
+        "avg_rank": _finite(row.rank),
+        "p_value": _finite(row.p_value),
+        "significance": row.significance,
+        "difference": {k: _finite(v) for k, v in difference(row, pretrained, columns).items()},
     }
 
 
@@ -111,25 +86,22 @@ def write_table2(
     specs: list[str], out: str, selection: Selection, reference: str | None, test: str, pretrained: str = "auto"
 ) -> str:
     """``out/table2.{md,tex,json,png,pdf}`` (and ``evaluate table``'s files in ``out/table2/``)."""
-    folder = os.path.join(out, "table2")
-    markdown = table(specs, folder, selection, reference, test, pretrained)
-    rule = selection.rule
-    columns, rows = _rows(os.path.join(folder, "table.csv"))
-    reference = rows[0]["reference"]
-    atomic_write(os.path.join(out, "table2.md"), lambda f: f.write(markdown))
-    atomic_write(os.path.join(out, "table2.tex"), lambda f: f.write(latex(columns, rows, reference)))
-    base = next((row for row in rows if row["arm"] == PRETRAINED), None)
+    made = table(specs, os.path.join(out, "table2"), selection, reference, test, pretrained)
+    base, columns = made.pretrained, made.columns
+    rows = ([base] if base else []) + made.rows
+    atomic_write(os.path.join(out, "table2.md"), lambda f: f.write(made.markdown))
+    atomic_write(os.path.join(out, "table2.tex"), lambda f: f.write(latex(columns, rows, made.reference, base)))
     write_json(
         os.path.join(out, "table2.json"),
         {
             "artifact": "table2",
             "select": str(selection),
             "test": test,
-            "reference": reference,
+            "reference": made.reference,
             "columns": columns,
-            "pretrained": None if base is None else _numbers(columns, base),
-            "arms": [_numbers(columns, row) for row in rows if row is not base],
+            "pretrained": None if base is None else _numbers(columns, base, None),
+            "arms": [_numbers(columns, row, base) for row in made.rows],
         },
     )
-    _figure(columns, rows, reference, rule, test, os.path.join(out, "table2"))
-    return markdown
+    _figure(columns, rows, made.reference, selection.rule, test, os.path.join(out, "table2"))
+    return made.markdown
