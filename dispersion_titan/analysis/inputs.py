@@ -86,13 +86,8 @@ class Sequences:
     sha256: str
 
     def record(self) -> dict:
-        """The JSON form stored in each analysis (what ``compare`` checks); the protocol and layer
-        points only where not the defaults, so earlier analyses keep matching."""
-        record = {**asdict(self.options), "tokens_sha256": self.sha256}
-        for key, default in (("protocol", "default"), ("layer_points", "all")):
-            if record[key] == default:
-                del record[key]
-        return record
+        """The JSON form stored in each analysis (what ``compare`` checks)."""
+        return {**asdict(self.options), "tokens_sha256": self.sha256}
 
 
 def read_texts(path: str) -> list[str]:

@@ -70,7 +70,7 @@ def load_members(specs: Sequence[str], families: dict[str, str], protocol: str =
     """Every SPEC's analysis; refuses analyses of different texts, K, S or seed, and with ``protocol``
     "paper" any not made with ``analyze --protocol paper``."""
     members = [load_member(spec, families) for spec in dict.fromkeys(specs)]
-    if protocol == "paper" and (other := next((m for m in members if m.result.inputs.get("protocol") != "paper"),
+    if protocol == "paper" and (other := next((m for m in members if m.result.inputs["protocol"] != "paper"),
                                               None)):  # fmt: skip
         raise AnalysisError(f"--protocol paper: {other.spec} was not analysed with analyze --protocol paper")
     first = members[0]

@@ -86,7 +86,7 @@ def point_layers(result: Condensation) -> list[LayerCondensation]:
     """The layers of a result on its depth axis (its ``inputs``' ``layer_points``): those its
     Spearman, Kendall and last-n run over, and the paper artifacts draw."""
     names = [layer.name for layer in result.layers]
-    return [result.layers[i] for i in depth_points(names, result.inputs.get("layer_points", "all"))]
+    return [result.layers[i] for i in depth_points(names, result.inputs["layer_points"])]
 
 
 def summarize(measured: Measurement, layer_points: str = "all") -> dict:

@@ -21,7 +21,7 @@ from ...analysis.inputs import differences
 from ...analysis.result_files import read_analyses
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
 from ...analysis.statistics import point_layers, rank_trend
-from .plan import HF, MissingInput, PaperModel, PaperPlan
+from .plan import HF, STAGE_BRANCH, MissingInput, PaperModel, PaperPlan
 
 _TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
 
@@ -56,7 +56,7 @@ def half_n(points: int) -> int:
 
 def revision_label(revision: str) -> str:
     """Fig. 4's point names, as the paper's axis: ``stage2-step13000-...`` -> ``S2-13k``, ``main`` -> ``Main``."""
-    match = re.match(r"^stage(\d+)-(?:.*-)?step(\d+)(?:-|$)", revision)
+    match = STAGE_BRANCH.match(revision)
     if match:
         step = int(match.group(2))
         return f"S{match.group(1)}-{step // 1000}k" if step >= 1000 else f"S{match.group(1)}-{step}"
@@ -152,7 +152,7 @@ def model_numbers(entry: Entry) -> dict:
         "step": r.step,
         "tokens_seen": tokens_seen(r.revision),
         "n_params": r.n_params,
-        "layer_points": r.inputs.get("layer_points", "all"),
+        "layer_points": r.inputs["layer_points"],
         "layers": [layer.name for layer in entry.layers],
         "mean_cos": entry.curve,
         **rank_trend(list(range(len(entry.curve))), entry.curve),

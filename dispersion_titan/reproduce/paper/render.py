@@ -48,9 +48,7 @@ def render(
     numbers = collect.numbers(plan, entries)
     titles = {row["row"]: _row_title(row) for row in numbers["rows"]}
     inputs = next(iter(numbers["inputs"].values()))
-    points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[
-        inputs.get("layer_points", "all")
-    ]
+    points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
     title = f"{TITLES[plan.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
     draw.save(draw.figure(entries, titles, title, paired=bool(plan.pairs)), stem)
     draw.save(
