@@ -129,6 +129,11 @@ REFUSALS = [
         how="is",
     ),
     Refusal(
+        [*DEBUG, "--optimizer.name", "SGD"],
+        "optimizer.name: 'SGD' is not one of ('Adam', 'AdamW')",
+        error=ArgumentError,
+    ),
+    Refusal(
         [*DEBUG, "--optimizer.decay_groups", "bias"],
         "optimizer.decay_groups: 'bias' is not one of ('all', 'hf', 'as_released')",
         error=ArgumentError,
@@ -404,7 +409,6 @@ CRASHES = [
         {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "2x"},
         "activation_checkpoint.selective_ac_option: '2x'; use 'op' or a number of layers",
     ),
-    ({"optimizer.name": "SGD"}, "optimizer.name: 'SGD' is not one of TorchTitan's ('Adam', 'AdamW')"),
     ({"optimizer.lr": -1e-3}, "optimizer.lr: must be >= 0, got -0.001"),
     ({"optimizer.beta2": 1.0}, "optimizer.beta2: must be in [0, 1), got 1.0"),
     ({"model.converters": ["float8"]}, "model.converters: 'float8' is not one of TorchTitan 0.2.2's"),

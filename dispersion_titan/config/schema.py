@@ -204,6 +204,8 @@ class BuilderInputs:
 
 @dataclass
 class OptimizerInputs(BuilderInputs):
+    name: Literal["Adam", "AdamW"] = "AdamW"
+    """Adam | AdamW: TorchTitan's optimizers (its own field, typed here as its choices)."""
     decay_groups: Literal["all", "hf", "as_released"] = "all"
     """all | hf | as_released: weight decay on every parameter; none on biases and norm weights (the
     Hugging Face Trainer's grouping, Trainer.get_decay_parameter_names, which the authors' scripts train

@@ -300,10 +300,6 @@ def _dispersion(dump: str) -> str | None:
     return variant if variant != "none" and (dispersion.get("coeff") or 0) > 0 else None
 
 
-def _uses_dispersion(dump: str) -> bool:
-    return _dispersion(dump) is not None
-
-
 REFERENCE_VARIANT = "angular_spread"
 """The paper's reference row: the dispersion loss it proposes."""
 
@@ -315,7 +311,7 @@ def default_reference(by_arm: dict[str, list[RunScores]]) -> tuple[str, str]:
         if _dispersion(runs[0].dump) == REFERENCE_VARIANT:
             return arm, f"its runs train with {REFERENCE_VARIANT}, the paper's reference row"
     for arm, runs in by_arm.items():
-        if _uses_dispersion(runs[0].dump):
+        if _dispersion(runs[0].dump) is not None:
             return arm, f"no arm trains with {REFERENCE_VARIANT}; the first arm with a dispersion loss"
     return next(iter(by_arm)), "no arm trains with a dispersion loss; the first arm"
 
@@ -329,7 +325,7 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
     if spec == "none":
         return [], "No Pretrained row (--pretrained none)."
     if spec == "auto":
-        arm = next((arm for arm, runs in found.items() if not _uses_dispersion(runs[0].dump)), None)
+        arm = next((arm for arm, runs in found.items() if _dispersion(runs[0].dump) is None), None)
         if arm is not None and from_scratch(found[arm][0].dump):
             return [], f"No Pretrained row: {arm} trains from scratch (--pretrained RUN names a model before training)."
         runs = [run for run in found[arm] if 0 in run.results] if arm is not None else []

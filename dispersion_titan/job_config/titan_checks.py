@@ -116,12 +116,9 @@ def check_titan_settings(config: RunConfig) -> None:
         raise ConfigError(
             f"activation_checkpoint.selective_ac_option: {ac.selective_ac_option!r}; use 'op' or a number of layers"
         )
-    o = config.optimizer
-    if o.name not in ("Adam", "AdamW"):
-        raise ConfigError(f"optimizer.name: {o.name!r} is not one of TorchTitan's ('Adam', 'AdamW')")
     for key in ("beta1", "beta2"):
-        if not 0 <= getattr(o, key) < 1:
-            raise ConfigError(f"optimizer.{key}: must be in [0, 1), got {getattr(o, key)}")
+        if not 0 <= getattr(config.optimizer, key) < 1:
+            raise ConfigError(f"optimizer.{key}: must be in [0, 1), got {getattr(config.optimizer, key)}")
     unknown = [name for name in config.model.converters if name not in model_converter_names()]
     if unknown:
         raise ConfigError(
