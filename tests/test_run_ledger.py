@@ -100,7 +100,9 @@ def test_records_of_another_format_are_refused(reference_run, tmp_path, capsys):
     for shape in ({k: v for k, v in record.items() if k != "format"}, {**record, "format": 0}):
         (old / "run.json").write_text(json.dumps(shape))
         code, _, err = analyze(str(old), *ANALYSIS, capsys=capsys)
-        assert_one_line_error(code, err, f"{old}/run.json: format ", "reads format 1 only", "make it anew in a new")
+        found = shape.get("format", "unnumbered")
+        says = f"{old}/run.json: format {found}, and this dispersion_titan reads format 1 only; read it with the "
+        assert_one_line_error(code, err, says, "dispersion_titan that wrote it, or make it anew in a new folder")
     out = tmp_path / "old_analysis"
     out.mkdir()
     (out / ".owner.json").write_text(json.dumps({"kind": "analysis", "run": str(reference_run)}))

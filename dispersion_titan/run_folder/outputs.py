@@ -66,8 +66,8 @@ def check_format(record: object, path: str) -> dict:
     found = record.get(FORMAT_KEY) if isinstance(record, dict) else None
     if found != FORMAT:
         raise OutputError(
-            f"{path}: format {found or 'unnumbered'}, and this dispersion_titan reads format {FORMAT} only; "
-            "read it with the dispersion_titan that wrote it, or make it anew in a new folder"
+            f"{path}: format {'unnumbered' if found is None else found}, and this dispersion_titan reads format "
+            f"{FORMAT} only; read it with the dispersion_titan that wrote it, or make it anew in a new folder"
         )
     return record
 
