@@ -394,16 +394,10 @@ def test_qwen3_mid_training_gets_per_seed_steps_and_a_pretrained_row(qwen3_run, 
 
 @pytest.mark.slow
 def test_qwen3_run_resumes_exactly(qwen3_run, tmp_path):
-    """Stopped after step 2 (its full checkpoint), the run continues to the same step 3, also when its
-    run.json was written when the family was registered as ``qwen3`` (then recorded under the current name)."""
+    """Stopped after step 2 (its full checkpoint), the run continues to the same step 3."""
     resumed = tmp_path / "resumed"
     shutil.copytree(qwen3_run["run"], resumed, ignore=shutil.ignore_patterns("step-3", "tb", "condensation"))
-    record = json.loads((resumed / "run.json").read_text())
-    record["model_name"] = record["settings"]["model.name"] = "qwen3"
-    (resumed / "run.json").write_text(json.dumps(record))
     assert "Training starts at step 3" in train(resumed, qwen3_run["hf"])
-    record = json.loads((resumed / "run.json").read_text())
-    assert record["model_name"] == record["settings"]["model.name"] == "qwen3_dispersion"
     want, got = scalars(qwen3_run["run"]), scalars(resumed)
     for tag in ("loss_metrics/global_avg_loss", "loss_metrics/dispersion", "grad_norm"):
         assert got[tag][3] == want[tag][3], tag
