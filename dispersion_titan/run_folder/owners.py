@@ -275,7 +275,8 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
     """``folder`` held as its one writer (``sole_writer``) by ``owner``: refused in one line
     if another owns it (looked at before the lock is taken, so nothing is written, and again
     under it); its record written when it has none yet, and taken back if the command then
-    fails (a refusal of its settings changes nothing)."""
+    fails before writing anything (a refusal of its settings changes nothing; an interrupted
+    command's results stay its own, for the rerun to go on)."""
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
     with sole_writer(folder) as lock:
@@ -284,7 +285,7 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
         try:
             yield lock
         except BaseException:
-            if recorded:
+            if recorded and not set(os.listdir(folder)) - {OWNER_FILE, LOCK_NAME}:
                 os.unlink(os.path.join(folder, OWNER_FILE))
             raise
 
