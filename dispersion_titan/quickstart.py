@@ -13,7 +13,7 @@ spread), analyzes every checkpoint (step 0 included), sets the runs side by side
 Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
 that beats one FSDP job over all cores, which pays for its collectives. On Linux each
 job is forked from a server that imported torch and TorchTitan once
-(``dispersion_titan.utils.preloaded``). A run whose
+(``dispersion_titan.reproduce.quickstart.jobs``). A run whose
 final checkpoint exists is not trained again, a run whose every checkpoint has been
 analyzed with the same options is not analyzed again, and an interrupted run resumes
 from its last complete checkpoint, so running the command twice only redoes what is
