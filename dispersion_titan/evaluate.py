@@ -5,7 +5,8 @@
         [--best-step auto|per-seed|averaged] [--exclude-initial] [--pretrained auto|none|RUN,...]
         [--reference ARM] [--test student|welch]
 
-RUN is a run's dump folder or its checkpoint folder. Bad options fail with one line
+RUN is a run's dump folder or its checkpoint folder, or ``hf:MODEL[@REV]`` (a hub id or a
+Hugging Face folder, evaluated as published: step 0 of ``--out``, a Pretrained row). Bad options fail with one line
 naming the option, file or folder (exit 2) before any model loads; checkpoints that
 cannot be read are reported and skipped, and the exit status is then 1.
 """
@@ -44,7 +45,12 @@ def evaluate_parser() -> argparse.ArgumentParser:
         "model family).",
         epilog="The paper's Table 2 over runs: python -m dispersion_titan.evaluate table RUN... --out DIR",
     )
-    p.add_argument("run", metavar="RUN", help="the run's dump folder or its checkpoint folder")
+    p.add_argument(
+        "run",
+        metavar="RUN",
+        help="the run's dump folder or its checkpoint folder; or hf:MODEL[@REV] (a hub id or Hugging Face "
+        "folder, as published: step 0 of --out, which it needs)",
+    )
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
     p.add_argument(
         "--protocol",
@@ -93,10 +99,10 @@ def table_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "runs",
-        nargs="+",
+        nargs="*",
         metavar="RUN|ARM=RUN1,RUN2",
         help="evaluated runs (dump or evaluation folders), grouped into arms by their run.json "
-        "settings but the seed; or arms named explicitly",
+        "settings but the seed; or arms named explicitly (none: the --pretrained row alone)",
     )
     p.add_argument("--out", required=True, help="folder for table.md, table.csv and table.png")
     add_table_arguments(p)
@@ -151,7 +157,8 @@ def add_table_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
         metavar="auto|none|RUN,...",
         help="the Pretrained row (the model before training) and each arm's difference from it: auto "
         "(default: step 0 of the first arm without a dispersion loss, when evaluated), none, or "
-        "evaluated runs whose step 0 is that model (e.g. the base hub model imported)",
+        "evaluated runs or folders whose step 0 is that model (evaluate hf:MODEL --out DIR writes one; "
+        "paper table2 --pretrained hf:MODEL evaluates it first)",
     )
 
 

@@ -144,8 +144,19 @@ def run_paper(argv: list[str]) -> int:
         )
         if a.artifact == "table2":
             pretrained = [row for row in catalog.TABLE2_ROWS if row.model]
-            print(f"\nand {len(pretrained)} Pretrained rows, evaluated as published (no training, 0 GPU-hours):")
-            print("\n".join(f"| {row.block}: {row.label} | {row.model} |" for row in pretrained))
+            trained = {row.block for row in catalog.TABLE2_ROWS if row.config}
+            print(
+                f"\nand {len(pretrained)} Pretrained rows, no training (0 GPU-hours): step 0 of the block's "
+                "baseline runs, or (GPT2-large, -xl) the hub model evaluated as published:"
+            )
+            print(
+                "\n".join(
+                    f"| {row.block}: {row.label} | {row.model} | "
+                    + ("--pretrained auto" if row.block in trained else f"--pretrained hf:{row.model}")
+                    + " |"
+                    for row in pretrained
+                )
+            )
         return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)
@@ -181,7 +192,7 @@ def run_paper(argv: list[str]) -> int:
         if not a.draw_only:
             planning.run_locally(plan, {"analyze": analyze_main, "evaluate": evaluate_main})
         written = render.render(
-            plan, Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step), a.reference, a.test, a.pretrained
+            plan, Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step), a.reference, a.test
         )
     print("written: " + ", ".join(written))
     return 0

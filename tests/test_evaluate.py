@@ -37,7 +37,7 @@ from support.launch import (
     python_module,
     second_writer_is_refused,
 )
-from support.runs import digests, tiny_run
+from support.runs import digests, tiny_hub_model, tiny_run
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
 LIMIT = 12
@@ -226,6 +226,90 @@ def named_tasks(folder: Path) -> Path:
             .replace("test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}")
         )
     return folder
+
+
+def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path, capsys):
+    """``evaluate hf:MODEL --out DIR``: the model as published, one result at step 0, scored as lm-eval's own
+    HFLM scores that folder (lm-eval's default seeds: no training seed), under the protocol of its config's
+    model_type; a rerun skips it, a replaced folder is refused; ``evaluate table --pretrained DIR`` makes
+    it the Pretrained row, above arms or alone (the paper's GPT2-large and -xl blocks)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from dispersion_titan.run_folder.checkpoints import folder_identity
+
+    model = tiny_hub_model(tmp_path / "gpt2-tiny")
+    out = tmp_path / "gpt2-tiny-eval"
+    code, printed, err = evaluate(f"hf:{model}", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    assert code == 0, err
+    reference = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={model}",
+        tasks=LOCAL_TASKS.split(","),
+        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
+        num_fewshot=1,
+        limit=LIMIT,
+        batch_size=8,
+        device="cpu",
+        log_samples=False,
+    )
+    ours = read_json(out / "step-0" / "results.json")
+    for task in ("wiki_next_word", "wiki_text"):
+        for key, value in reference["results"][task].items():
+            if isinstance(value, float):
+                assert ours["results"][task][key] == pytest.approx(value, rel=1e-6), (task, key)
+    assert ours["results"]["wiki_text"]["word_perplexity,none"] > 1000  # random weights: a real, poor score
+    mine = ours["dispersion_titan"]
+    assert (mine["step"], mine["run"], mine["checkpoint"]) == (0, f"hf:{model}", f"hf:{model}")
+    assert mine["settings"]["protocol"] == "gpt2" and mine["seeds"] == {}
+    assert mine["checkpoint_identity"] == folder_identity(str(model))
+    assert sorted(os.listdir(out)) == [OWNER_FILE, "step-0", "summary.csv"]
+
+    code, printed, _ = evaluate(f"hf:{model}", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    assert code == 0 and "1 step(s) already evaluated" in printed
+
+    code, printed, err = run_cli(
+        evaluate_main, "table", "--pretrained", out, "--out", tmp_path / "alone", capsys=capsys
+    )
+    assert code == 0, err
+    assert "| Pretrained | 1 |" in printed and "the Pretrained row alone" in printed
+    code, printed, err = run_cli(
+        evaluate_main,
+        "table",
+        f"baseline={run}",
+        "--pretrained",
+        out,
+        "--select",
+        "last",
+        "--out",
+        tmp_path / "both",
+        capsys=capsys,
+    )
+    assert code == 0, err
+    rows = read_csv(tmp_path / "both" / "table.csv")
+    assert list(rows) == ["Pretrained", "baseline"]
+    assert float(rows["baseline"]["average_diff"]) == pytest.approx(
+        float(rows["baseline"]["average_mean"]) - float(rows["Pretrained"]["average_mean"])
+    )
+    code, _, err = run_cli(
+        evaluate_main, "table", "--pretrained", f"hf:{model}", "--out", tmp_path / "t", capsys=capsys
+    )
+    assert_one_line_error(code, err, f"--pretrained: hf:{model} is a model, not its evaluation", "--out DIR")
+
+    for args, fragments in (
+        ([], ("--out", "give --out DIR")),
+        (["--out", tmp_path / "o", "--steps", "2"], ("--steps", "evaluated once, as step 0")),
+    ):
+        code, _, err = evaluate(f"hf:{model}", "--include-path", TASKS, *OPTS, *args, capsys=capsys)
+        assert_one_line_error(code, err, *fragments)
+    code, _, err = evaluate(f"hf:{model}@a,b", *OPTS, "--out", tmp_path / "o", capsys=capsys)
+    assert_one_line_error(code, err, f"hf:{model}@a,b")
+
+    before = tree(out)
+    (model / "config.json").write_text((model / "config.json").read_text() + "\n")  # the folder replaced
+    code, _, err = evaluate(f"hf:{model}", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    assert_one_line_error(code, err, f"--out: {out}: step-0 was evaluated from another checkpoint", "--force")
+    assert tree(out) == before
 
 
 def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):

@@ -36,7 +36,7 @@ from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import REPO
-from support.runs import tiny_run
+from support.runs import tiny_hub_model, tiny_run
 
 K, S = 4, 16
 INPUTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "4", "--device", "cpu"]
@@ -122,9 +122,9 @@ def assert_model(got: dict, want: dict) -> None:
         assert got[key]["p"] == pytest.approx(want[key].pvalue, abs=1e-9)
 
 
-def assert_figure(stem: Path) -> None:
+def assert_figure(stem: Path, least_bytes: int = 20_000) -> None:
     png, pdf = stem.with_suffix(".png"), stem.with_suffix(".pdf")
-    assert png.stat().st_size > 20_000 and pdf.read_bytes().startswith(b"%PDF")
+    assert png.stat().st_size > least_bytes and pdf.read_bytes().startswith(b"%PDF")
     pixels = image.imread(png)
     assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50  # not one colour
 
@@ -537,6 +537,29 @@ def test_remote_code_runs_only_when_asked(tmp_path, capsys):
     code, out, _ = paper("fig2", "--models", QWEN_1[1], "--dry-run", "--trust-remote-code", capsys=capsys)
     assert code == 0 and f"hf:{QWEN_1[1]} " in out and "--trust-remote-code" in out
     assert not list(tmp_path.iterdir())
+
+
+def test_table2_a_hub_models_block_is_its_pretrained_row(tmp_path, capsys):
+    """GPT2-large's and -xl's blocks: ``--pretrained hf:MODEL`` evaluates the model as published into
+    ``OUT/pretrained/`` first and tables it alone (no arms); its cells are that evaluation's scores."""
+    model = tiny_hub_model(tmp_path / "gpt2-tiny")
+    options = ["--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--limit", "4", "--num-fewshot", "0"]
+    args = ["table2", "--pretrained", f"hf:{model}", *options, "--device", "cpu", "--out", tmp_path / "t"]
+    code, out, err = paper(*args, "--dry-run", capsys=capsys)
+    evaluation = tmp_path / "t" / "pretrained" / str(model).strip("/").replace("/", "--")
+    assert code == 0 and f"dispersion_titan.evaluate hf:{model} --out " in out, err
+    assert not (tmp_path / "t").exists()
+    code, out, err = paper(*args, capsys=capsys)
+    assert code == 0, err
+    found = list((tmp_path / "t" / "pretrained").glob("*/step-0/results.json"))
+    assert len(found) == 1, found
+    results = json.loads(found[0].read_text())
+    table = json.loads((tmp_path / "t" / "table2.json").read_text())
+    assert table["arms"] == [] and table["pretrained"]["runs"] == [str(found[0].parent.parent)]
+    assert table["pretrained"]["mean"]["wiki_next_word/acc"] == results["results"]["wiki_next_word"]["acc,none"]
+    assert results["dispersion_titan"]["run"] == f"hf:{model}"
+    assert_figure(tmp_path / "t" / "table2", 10_000)  # one row
+    assert found[0].parent.parent == evaluation
 
 
 def test_table2_two_arms_two_seeds(tmp_path, capsys):

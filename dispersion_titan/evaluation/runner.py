@@ -10,12 +10,11 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ..analysis.hf_model import PREFIX, HFSpec, load_config, parse_spec
 from ..components.wandb_run import recorded
 from ..run_folder.checkpoints import (
     StepCheckpoint,
-    checkpoint_identity,
     find_checkpoint_folder,
-    identity_changed,
     list_checkpoints,
     load_run_metadata,
     run_of,
@@ -27,7 +26,7 @@ from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError
 from . import EvaluationError
-from .export import hf_export
+from .export import hflm_location, source_changed, source_identity
 from .protocol import EvaluationPlan, build_plan, mean_accuracy, run_protocol
 from .step_results import (
     OURS,
@@ -62,12 +61,6 @@ class EvaluateOptions:
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> EvaluateOptions:
         """``evaluate``'s command line; its protocol, unless given, the authors' for the run's family."""
-        if a.run.startswith("hf:"):
-            raise ArgumentError(
-                f"RUN: {a.run} is a Hugging Face model, and evaluate takes a run's dump or checkpoint folder (a "
-                f"model before training: its run's step 0, evaluate RUN --steps 0); evaluate the model itself "
-                f"with lm_eval --model hf --model_args pretrained={a.run.removeprefix('hf:')}"
-            )
         protocol, note = (a.protocol, None) if a.protocol else run_protocol(_model_name(a.run))
         if note:
             print(note, file=sys.stderr)
@@ -76,8 +69,24 @@ class EvaluateOptions:
 
 
 def _model_name(run: str) -> str:
-    """The model family of ``run`` (a dump or checkpoint folder), as its ``run.json`` records it."""
+    """The model family of ``run`` (a dump or checkpoint folder), as its ``run.json`` records it; of a
+    Hugging Face model (``hf:MODEL[@REV]``), the family its config's ``model_type`` would train as."""
+    if run.startswith(PREFIX):
+        spec = hub_model(run)
+        return HF_FAMILIES.get(load_config(spec, spec.revisions[0]).model_type, "")
     return load_run_metadata(run_of(find_checkpoint_folder(run)))["model_name"]
+
+
+HF_FAMILIES = {"gpt2": "gpt2", "qwen3": "qwen3_dispersion"}
+"""A Hugging Face config's ``model_type`` -> our family of that architecture (so, its authors' protocol)."""
+
+
+def hub_model(run: str) -> HFSpec:
+    """``evaluate hf:MODEL[@REV]``: one revision of a hub model or local Hugging Face folder."""
+    spec = parse_spec(run)
+    if len(spec.revisions) > 1:
+        raise ArgumentError(f"RUN: {run}: evaluate takes one revision of a model (hf:MODEL or hf:MODEL@REV)")
+    return spec
 
 
 class RunEvaluation:
@@ -87,14 +96,24 @@ class RunEvaluation:
 
     def __init__(self, options: EvaluateOptions):
         self.options = options
-        folder = find_checkpoint_folder(options.run)
-        checkpoints = list_checkpoints(folder)
-        if not checkpoints:
-            raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
-        self.selected = select_steps(options.steps, checkpoints)
-        self.dump = run_of(folder)
+        self.hub = hub_model(options.run) if options.run.startswith(PREFIX) else None
+        if self.hub:  # the model as published: one result, step 0, as a run's model before training
+            if not options.out:
+                raise ArgumentError(f"--out: {options.run} has no run folder to write into; give --out DIR")
+            if options.steps not in ("all", "0"):
+                raise ArgumentError(f"--steps: {options.run} is evaluated once, as step 0 (the model as published)")
+            self.selected = [StepCheckpoint(0, self.hub.name(self.hub.revisions[0]))]
+            self.dump, seed = self.selected[0].path, None
+        else:
+            folder = find_checkpoint_folder(options.run)
+            checkpoints = list_checkpoints(folder)
+            if not checkpoints:
+                raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
+            self.selected = select_steps(options.steps, checkpoints)
+            self.dump = run_of(folder)
+            seed = load_run_metadata(self.dump).get("seed")
         self.tasks = Tasks(options.plan.tasks, options.include_path)
-        self.seeds = lm_eval_seeds(load_run_metadata(self.dump).get("seed"))
+        self.seeds = lm_eval_seeds(seed)
         self.device = resolve_device(options.device, options.dtype)
         self.settings = {**options.plan.settings(), "dtype": options.dtype}
         self.out = options.out or os.path.join(self.dump, "evaluation")
@@ -114,7 +133,7 @@ class RunEvaluation:
             {f"step-{c.step}": c.path for c in self.selected},
             existing,
             lambda result: differences(settings(result), self.settings),
-            lambda path, result: identity_changed(result[OURS]["checkpoint_identity"], path),
+            lambda path, result: source_changed(result[OURS], path),
             "evaluated",
             EvaluationError,
         )
@@ -173,13 +192,15 @@ class RunEvaluation:
         start = time.time()
         plan = self.options.plan
         merged: dict = {}
-        with hf_export(checkpoint.path, self.out) as folder:
+        with hflm_location(checkpoint.path, self.out) as (folder, revision):
             lm = HFLM(
                 pretrained=folder,
+                revision=revision,
                 device=str(self.device),
                 dtype=HF_DTYPES[self.options.dtype],
                 batch_size=self.options.batch_size,
             )
+            identity = source_identity(checkpoint.path, folder, lm.config)
             for index, name in enumerate(plan.tasks, 1):
                 task_start = time.time()
                 result = simple_evaluate(
@@ -204,8 +225,8 @@ class RunEvaluation:
             "settings": self.settings,
             "lm_eval_version": merged.get("lm_eval_version"),
             "step": checkpoint.step,
-            "checkpoint": os.path.abspath(checkpoint.path),
-            "checkpoint_identity": checkpoint_identity(checkpoint.path),
+            "checkpoint": checkpoint.path if self.hub else os.path.abspath(checkpoint.path),
+            "checkpoint_identity": identity,
             "run": self.dump,
             "include_path": self.tasks.include_path,
             "device": self.device.type,

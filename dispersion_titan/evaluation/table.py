@@ -25,12 +25,14 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, identity_changed, load_run_metadata
+from ..analysis.hf_model import PREFIX
+from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.origin import from_scratch
 from ..run_folder.outputs import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from . import EvaluationError
 from .arms import ArmRow, RunScores
+from .export import source_changed
 from .figure import average_accuracy_figure
 from .protocol import is_accuracy, mean_accuracy
 from .step_results import OURS, RESULT_FILE, differences, read_evaluations, result_scores, settings
@@ -97,9 +99,12 @@ def _check_fresh(folder: str, result: dict) -> None:
     """A result whose checkpoint now holds other weights (saved again or replaced since) is refused,
     never tabled in silence. The checkpoint is found relative to the run, so a moved run still counts."""
     ours = result[OURS]
-    dump = os.path.dirname(folder) if os.path.basename(folder) == "evaluation" else ours["run"]
-    here = os.path.join(dump, os.path.relpath(ours["checkpoint"], ours["run"]))
-    if identity_changed(ours["checkpoint_identity"], here):
+    if ours["run"].startswith(PREFIX):  # a Hugging Face model, evaluated as published
+        here = ours["checkpoint"]
+    else:
+        dump = os.path.dirname(folder) if os.path.basename(folder) == "evaluation" else ours["run"]
+        here = os.path.join(dump, os.path.relpath(ours["checkpoint"], ours["run"]))
+    if source_changed(ours, here):
         raise EvaluationError(
             f"{folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
             "holds now (saved again or replaced since); evaluate it again with "
@@ -336,6 +341,11 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
                 "model before training)."
             )
         return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 (before mid-training) of {arm}'s runs."
+    if spec.startswith(PREFIX):
+        raise EvaluationError(
+            f"--pretrained: {spec} is a model, not its evaluation: evaluate it first "
+            f"(python -m dispersion_titan.evaluate {spec} --out DIR), then --pretrained DIR"
+        )
     runs = [evaluated(run) for run in spec.split(",")]
     for run in runs:
         if 0 not in run.results:
@@ -371,14 +381,14 @@ def table_rows(
 ) -> tuple[list[str], list[ArmRow], ArmRow | None]:
     """The table's columns (``task/metric``), one row per arm, and the Pretrained row (None without its
     runs), ranked together and each tested against the reference arm."""
-    columns = list(next(iter(by_arm.values()))[0].scores)
+    named = {**({PRETRAINED: list(pretrained)} if pretrained else {}), **by_arm}
+    columns = list(next(iter(named.values()))[0].scores)
     accuracy = [c for c in columns if is_accuracy(c)]
     if not accuracy:
         raise EvaluationError("the evaluations have no accuracy scores to tabulate")
-    named = {**({PRETRAINED: list(pretrained)} if pretrained else {}), **by_arm}
     summaries = {name: _summary(name, runs, columns) for name, runs in named.items()}
     ranks = min_ranks([s["mean"] for s in summaries.values()], accuracy)
-    reference_averages = [r.average for r in by_arm[reference]]
+    reference_averages = [r.average for r in named[reference]]
     rows = {
         name: ArmRow(
             **summaries[name],
@@ -519,8 +529,13 @@ def table(
     by_arm = {arm: select_arm(runs, selection) for arm, runs in found.items()}
     if reference is not None and reference not in by_arm:
         raise EvaluationError(f"--reference: no arm {reference!r} (have {', '.join(map(repr, by_arm))})")
-    reference, why = (reference, "given with --reference") if reference else default_reference(by_arm)
     base, note = pretrained_scores(found, pretrained)
+    if not by_arm and not base:
+        raise EvaluationError("RUN: no runs to tabulate (or --pretrained FOLDER: the Pretrained row alone)")
+    if reference:
+        why = "given with --reference"
+    else:  # a block of the paper's table without mid-trained arms (GPT2-large, -xl): its Pretrained row alone
+        reference, why = default_reference(by_arm) if by_arm else (PRETRAINED, "no arms: the Pretrained row alone")
     _check_comparable([r for runs in by_arm.values() for r in runs] + base)
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
     refuse_unless_ours(out, TABLE, "--out", "use another --out")
@@ -529,7 +544,12 @@ def table(
     with owned(out, TABLE):
         atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
-        average_accuracy_figure(
-            rows, reference, sum(map(is_accuracy, columns)), selection.rule, TESTS[test], os.path.join(out, "table.png")
+        average_accuracy_figure(  # the arms; without any, the Pretrained row alone
+            rows or [base_row],
+            reference,
+            sum(map(is_accuracy, columns)),
+            selection.rule,
+            TESTS[test],
+            os.path.join(out, "table.png"),
         )
     return Table(columns, rows, base_row, reference, text)

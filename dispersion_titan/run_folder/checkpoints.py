@@ -280,8 +280,15 @@ def checkpoint_identity(step_dir: str) -> str:
     digest = hashlib.sha256()
     with open(os.path.join(step_dir, ".metadata"), "rb") as f:
         digest.update(f.read())
-    for name in sorted(os.listdir(step_dir)):
-        stat = os.stat(os.path.join(step_dir, name))
+    return folder_identity(step_dir, digest)
+
+
+def folder_identity(folder: str, digest=None) -> str:
+    """``checkpoint_identity`` of any folder of weights (a Hugging Face model's): SHA-256 over the name,
+    size and modification time of each of its files."""
+    digest = digest or hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        stat = os.stat(os.path.join(folder, name))
         digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -95,3 +96,19 @@ def tiny_run(
     start = {"pretrained": False, "source": "init", "path": None}
     save_run_metadata(str(dump), args.FAMILY, args, tokenizer=tokenizer, training_steps=max(steps), started_from=start)
     return dump
+
+
+def tiny_hub_model(folder: Path) -> Path:
+    """A random-init GPT-2 built with transformers (no weight of it made by our code) and GPT-2's BPE from
+    the offline package: a Hugging Face folder as the hub serves one."""
+    from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+
+    from dispersion_titan.tokenizer.bpe import bpe_files
+
+    torch.manual_seed(3)
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=128)).save_pretrained(folder)
+    encoder_json, vocab_bpe = bpe_files()
+    shutil.copyfile(encoder_json, folder / "vocab.json")  # the hub's gpt2 files, by other names
+    shutil.copyfile(vocab_bpe, folder / "merges.txt")
+    GPT2TokenizerFast.from_pretrained(folder, model_max_length=128).save_pretrained(folder)
+    return folder

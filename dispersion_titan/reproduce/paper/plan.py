@@ -40,6 +40,8 @@ EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot",
 """``evaluate``'s options ``table2`` passes on."""
 
 
+PRETRAINED = "pretrained"
+"""table2: ``DIR/pretrained/MODEL``, the evaluation of ``--pretrained hf:MODEL``."""
 ANALYSES = "analyses"
 """``DIR/analyses/MODEL``: shared by the artifacts, so a model analysed for one is reused by
 the next (``analyze`` refuses, in one line, to mix other inputs into a folder)."""
@@ -96,6 +98,8 @@ class PaperPlan:
     """What the command says before it runs (fig3: which run it takes of a width)."""
     rows: tuple[str, ...] = ()
     """fig3: the checkpoints drawn, one row each (``catalog.FIG3_ROWS``)."""
+    pretrained: str = "auto"
+    """table2: the table's ``--pretrained``; for ``hf:MODEL``, the folder its evaluation step writes."""
 
 
 def run_locally(plan: PaperPlan, mains: dict[str, Callable[[list[str]], None]]) -> None:
@@ -218,7 +222,8 @@ def _default_models(artifact: str, analyses: str) -> tuple[list[PaperModel], lis
         return [model_of(m, analyses, None, catalog.size_b(m)) for m in catalog.GPT2_HUB_IDS], []
     raise MissingInput(
         "table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
-        "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each)"
+        "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each), or --pretrained "
+        "hf:MODEL for a block of the Pretrained row alone (GPT2-large, -xl)"
     )
 
 
@@ -326,7 +331,13 @@ def build(artifact: str, options: dict) -> PaperPlan:
     if artifact == "table2":
         if options.get("trust_remote_code"):
             raise ArgumentError("--trust-remote-code: only for the analysing artifacts (table2 evaluates our runs)")
-        specs = options.get("models") or _default_models(artifact, analyses)
+        evaluate_args = passed_on(options, EVALUATE_OPTIONS)
+        pretrained, first = options.get("pretrained") or "auto", []
+        if pretrained.startswith(HF):  # a hub model as published (GPT2-large's row): evaluated first
+            folder = os.path.join(out, PRETRAINED, safe_name(pretrained[len(HF) :]))
+            first = [Step("evaluate", [pretrained, "--out", folder, *evaluate_args], pretrained)]
+            pretrained = folder
+        specs = options.get("models") or ([] if first else _default_models(artifact, analyses))
         runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
         for run in runs:
             if not (os.path.isdir(run) and _is_run(run)):
@@ -334,9 +345,8 @@ def build(artifact: str, options: dict) -> PaperPlan:
                     f"--models: {run}: not a run folder (train it first: launch/train.sh CONFIG "
                     f"--job.dump_folder {run})"
                 )
-        evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
-        return PaperPlan(artifact, out, steps, runs=list(specs))
+        return PaperPlan(artifact, out, first + steps, runs=list(specs), pretrained=pretrained)
     defaults = {
         **PAPER_DEFAULTS,
         **({"seq_len": catalog.FIG3_SEQ_LEN} if artifact == "fig3" else {}),

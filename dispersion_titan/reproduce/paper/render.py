@@ -36,13 +36,12 @@ def render(
     selection: Selection = Selection("best"),
     reference: str | None = None,
     test: str = "student",
-    pretrained: str = "auto",
 ) -> list[str]:
     """Write the artifact; return the files written."""
     ensure_writable(plan.out, "--out")
     stem = os.path.join(plan.out, plan.artifact)
     if plan.artifact == "table2":
-        print(write_table2(plan.runs, plan.out, selection, reference, test, pretrained))
+        print(write_table2(plan.runs, plan.out, selection, reference, test, plan.pretrained))
         return [f"{stem}.{ext}" for ext in ("md", "tex", "json", "png", "pdf")]
     entries = collect.entries(plan)
     numbers = collect.numbers(plan, entries)
