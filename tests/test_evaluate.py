@@ -631,10 +631,9 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     assert_one_line_error(
         *evaluate(run, *OPTS, "--steps", "2-x", "--out", new_out, capsys=capsys)[::2], "--steps: '2-x' is not a step"
     )
-    assert_one_line_error(  # a folder that exists, but a Hugging Face model's: evaluate takes runs only
+    assert_one_line_error(  # one of our runs named as a Hugging Face model
         *evaluate(f"hf:{run}", *OPTS, "--out", new_out, capsys=capsys)[::2],
-        f"RUN: hf:{run} is a Hugging Face model, and evaluate takes a run's dump or checkpoint folder",
-        f"lm_eval --model hf --model_args pretrained={run}",
+        f"RUN: hf:{run} is one of our runs, not a Hugging Face model: evaluate {run}",
     )
     assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
 

@@ -27,76 +27,20 @@ subfolders, ``hf:/path/olmo@stage1-step1000,stage1-step2000`` meaning
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..utils.errors import ModelLoadError
+from ..utils.hub import HFSpec, loading
 from .inputs import Encode
 from .measure import LayerSink
 
-PREFIX = "hf:"
 BF16_ABOVE_PARAMS = 10**9
 _STEP_IN_NAME = re.compile(r"step(\d+)")
-
-
-@dataclass(frozen=True)
-class HFSpec:
-    model: str
-    revisions: tuple[str | None, ...]
-    """``(None,)``: the default revision (a hub model's main branch, or the folder itself)."""
-    trust_remote_code: bool = False
-    """``--trust-remote-code``: run the code a model ships (the original Qwen's), as transformers allows."""
-
-    @property
-    def local(self) -> bool:
-        return os.path.isdir(self.model)
-
-    def location(self, revision: str | None) -> tuple[str, str | None]:
-        """(``from_pretrained`` path or id, its ``revision=``) of one revision."""
-        if revision is None:
-            return self.model, None
-        if self.local:
-            return os.path.join(self.model, revision), None
-        return self.model, revision
-
-    def name(self, revision: str | None) -> str:
-        return f"{PREFIX}{self.model}" + (f"@{revision}" if revision else "")
-
-
-def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
-    """``hf:MODEL[@REV1,REV2,...]``; the last ``@`` separates the revisions."""
-    body = text.removeprefix(PREFIX)
-    model, at, revisions = body.rpartition("@") if "@" in body else (body, "", "")
-    names = tuple(r.strip() for r in revisions.split(",")) if at else (None,)
-    if not model or any(r == "" for r in names):
-        raise ModelLoadError(f"{text}: expected hf:MODEL or hf:MODEL@REV1,REV2,...")
-    if len(set(names)) < len(names):
-        raise ModelLoadError(f"{text}: a revision is listed twice")
-    model = os.path.expanduser(model)
-    if os.path.isdir(model):
-        for revision in filter(None, names):
-            if not os.path.isdir(os.path.join(model, revision)):
-                raise ModelLoadError(f"{text}: no such folder {os.path.join(model, revision)}")
-        return HFSpec(os.path.abspath(model), names, trust_remote_code)
-    if _path_like(model):
-        raise ModelLoadError(f"{text}: no such folder {model}")
-    return HFSpec(model, names, trust_remote_code)
-
-
-def _path_like(model: str) -> bool:
-    """A folder, not a hub id (``namespace/name``): absolute or relative by its first
-    character, more than one ``/``, or under a folder that exists here."""
-    return (
-        model.startswith(("/", ".", "~"))
-        or model.count("/") > 1
-        or ("/" in model and os.path.isdir(model.split("/")[0]))
-    )
 
 
 def revision_step(revision: str | None, position: int) -> int:
@@ -106,28 +50,12 @@ def revision_step(revision: str | None, position: int) -> int:
     return int(match.group(1)) if match else position
 
 
-@contextmanager
-def _loading(name: str) -> Iterator[None]:
-    """Anything transformers or the hub raise while loading becomes one line naming the model;
-    a model that ships its own code names the option that runs it."""
-    try:
-        yield
-    except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
-        if "trust_remote_code" in str(e):
-            raise ModelLoadError(
-                f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
-                "(add it if you trust that code)"
-            ) from None
-        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause})") from None
-
-
 def load_config(spec: HFSpec, revision: str | None):
     """The model's config, refused unless it describes a decoder-only causal LM."""
     from transformers import AutoConfig
 
     path, rev = spec.location(revision)
-    with _loading(spec.name(revision)):
+    with loading(spec.name(revision)):
         config = AutoConfig.from_pretrained(path, revision=rev, trust_remote_code=spec.trust_remote_code)
     _check_decoder_only(config, spec.name(revision))
     return config
@@ -160,7 +88,7 @@ def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = Fals
     from transformers import AutoTokenizer
 
     path, rev = spec.location(revision)
-    with _loading(spec.name(revision)):
+    with loading(spec.name(revision)):
         tokenizer = AutoTokenizer.from_pretrained(path, revision=rev, trust_remote_code=spec.trust_remote_code)
     return lambda texts: tokenizer(texts, add_special_tokens=special_tokens, verbose=False)["input_ids"]
 
@@ -198,7 +126,7 @@ def positions(config) -> int | None:
 
 def count_parameters(spec: HFSpec, config) -> int:
     """Parameters of the whole model (each tied matrix once), counted on the meta device."""
-    with _loading(spec.model), torch.device("meta"):
+    with loading(spec.model), torch.device("meta"):
         model = _auto_class(config).from_config(config, trust_remote_code=spec.trust_remote_code)
         return sum(p.numel() for p in model.parameters())
 
@@ -280,7 +208,7 @@ def load_pretrained(
     path, rev = spec.location(revision)
     config = load_config(spec, revision)
     placement = {"device_map": device_map} if device_map else {}
-    with _loading(spec.name(revision)), _quiet_transformers():
+    with loading(spec.name(revision)), _quiet_transformers():
         model, info = _auto_class(config).from_pretrained(
             path,
             revision=rev,

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..run_folder.owners import FolderOwner
 from ..utils.errors import ArgumentError, ModelLoadError
+from ..utils.hub import parse_spec
 from . import hf_model
 from .measure import LayeredModel
 from .runner import DTYPES, Analysis, AnalyzeOptions, Unit, fitted_inputs
@@ -33,7 +34,7 @@ class HFAnalysis(Analysis):
             raise ArgumentError(f"--device-map: {options.device_map!r}; only 'auto' is supported")
         if options.device_map and importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError("--device-map auto needs accelerate: pip install 'dispersion_titan[hf]'")
-        self.spec = hf_model.parse_spec(options.target, options.trust_remote_code)
+        self.spec = parse_spec(options.target, options.trust_remote_code)
         first = self.spec.revisions[0]
         config = hf_model.load_config(self.spec, first)
         self.args = hf_model.model_args(config)

@@ -51,7 +51,8 @@ from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, OutputError
-from . import AnalysisError, figures, hf_model, inputs
+from ..utils.hub import PREFIX
+from . import AnalysisError, figures, inputs
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, Measurement, geometry_mask, measure
@@ -90,7 +91,7 @@ class AnalyzeOptions:
     def from_args(cls, a: argparse.Namespace) -> AnalyzeOptions:
         """``analyze``'s command line, its combinations checked (one line naming the option), a
         ``--texts`` file read once before any folder is created."""
-        hf, paper = a.run.startswith(hf_model.PREFIX), a.protocol == "paper"
+        hf, paper = a.run.startswith(PREFIX), a.protocol == "paper"
         if a.dataset_path and a.texts:
             raise ArgumentError("--dataset-path: not used with --texts")
         if paper and a.dataset:

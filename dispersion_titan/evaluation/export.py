@@ -13,11 +13,11 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..analysis.hf_model import PREFIX, parse_spec
 from ..run_folder.checkpoints import checkpoint_identity, folder_identity, identity_changed
 from ..run_folder.hf_export import export_checkpoint
 from ..run_folder.writer_lock import pid_runs
 from ..utils.errors import ModelLoadError
+from ..utils.hub import PREFIX, parse_spec
 
 # ``.hf-step-N.pidPID@HOST.RANDOM``: the owner is named, so a later run knows an abandoned one.
 _EXPORT = re.compile(r"^\.hf-.+\.pid(\d+)@(.+)\.[^.]+$")

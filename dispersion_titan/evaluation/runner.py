@@ -10,7 +10,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ..analysis.hf_model import PREFIX, HFSpec, load_config, parse_spec
 from ..components.wandb_run import recorded
 from ..run_folder.checkpoints import (
     StepCheckpoint,
@@ -20,11 +19,12 @@ from ..run_folder.checkpoints import (
     run_of,
 )
 from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, still_to_do
-from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_unless_ours
 from ..run_folder.steps import select_steps
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError
+from ..utils.hub import PREFIX, HFSpec, loading, parse_spec
 from . import EvaluationError
 from .export import hflm_location, source_changed, source_identity
 from .protocol import EvaluationPlan, build_plan, mean_accuracy, run_protocol
@@ -72,8 +72,12 @@ def _model_name(run: str) -> str:
     """The model family of ``run`` (a dump or checkpoint folder), as its ``run.json`` records it; of a
     Hugging Face model (``hf:MODEL[@REV]``), the family its config's ``model_type`` would train as."""
     if run.startswith(PREFIX):
+        from transformers import AutoConfig
+
         spec = hub_model(run)
-        return HF_FAMILIES.get(load_config(spec, spec.revisions[0]).model_type, "")
+        path, revision = spec.location(spec.revisions[0])
+        with loading(run):
+            return HF_FAMILIES.get(AutoConfig.from_pretrained(path, revision=revision).model_type, "")
     return load_run_metadata(run_of(find_checkpoint_folder(run)))["model_name"]
 
 
@@ -84,6 +88,8 @@ HF_FAMILIES = {"gpt2": "gpt2", "qwen3": "qwen3_dispersion"}
 def hub_model(run: str) -> HFSpec:
     """``evaluate hf:MODEL[@REV]``: one revision of a hub model or local Hugging Face folder."""
     spec = parse_spec(run)
+    if spec.local and os.path.isfile(os.path.join(spec.model, RUN_METADATA_FILE)):
+        raise ArgumentError(f"RUN: {run} is one of our runs, not a Hugging Face model: evaluate {spec.model}")
     if len(spec.revisions) > 1:
         raise ArgumentError(f"RUN: {run}: evaluate takes one revision of a model (hf:MODEL or hf:MODEL@REV)")
     return spec

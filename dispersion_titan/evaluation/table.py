@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..analysis.hf_model import PREFIX
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.origin import from_scratch
 from ..run_folder.outputs import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..utils.hub import PREFIX
 from . import EvaluationError
 from .arms import ArmRow, RunScores
 from .export import source_changed

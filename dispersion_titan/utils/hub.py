@@ -1,6 +1,7 @@
 """The Hugging Face hub's reachability, looked at once before anything is fetched: an unreachable hub
 turns its offline mode on, so cached files load at once and missing ones fail at once, in one line,
-instead of after retries (lm-eval's task data, ``model.hf_assets_path``)."""
+instead of after retries (lm-eval's task data, ``model.hf_assets_path``). And ``hf:MODEL[@REV1,REV2,...]``,
+how ``analyze`` and ``evaluate`` name a hub model or a local Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import contextlib
 import os
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from urllib.parse import urlparse
+
+from .errors import ModelLoadError
 
 HUB_PROBE_SECONDS = 3.0
 """How long to wait for a TCP connection to the hub before treating it as unreachable."""
@@ -44,3 +48,76 @@ def hub_offline() -> Iterator[str | None]:
         yield reason
     finally:
         huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
+
+
+PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class HFSpec:
+    model: str
+    revisions: tuple[str | None, ...]
+    """``(None,)``: the default revision (a hub model's main branch, or the folder itself)."""
+    trust_remote_code: bool = False
+    """``--trust-remote-code``: run the code a model ships (the original Qwen's), as transformers allows."""
+
+    @property
+    def local(self) -> bool:
+        return os.path.isdir(self.model)
+
+    def location(self, revision: str | None) -> tuple[str, str | None]:
+        """(``from_pretrained`` path or id, its ``revision=``) of one revision."""
+        if revision is None:
+            return self.model, None
+        if self.local:
+            return os.path.join(self.model, revision), None
+        return self.model, revision
+
+    def name(self, revision: str | None) -> str:
+        return f"{PREFIX}{self.model}" + (f"@{revision}" if revision else "")
+
+
+def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
+    """``hf:MODEL[@REV1,REV2,...]``; the last ``@`` separates the revisions."""
+    body = text.removeprefix(PREFIX)
+    model, at, revisions = body.rpartition("@") if "@" in body else (body, "", "")
+    names = tuple(r.strip() for r in revisions.split(",")) if at else (None,)
+    if not model or any(r == "" for r in names):
+        raise ModelLoadError(f"{text}: expected hf:MODEL or hf:MODEL@REV1,REV2,...")
+    if len(set(names)) < len(names):
+        raise ModelLoadError(f"{text}: a revision is listed twice")
+    model = os.path.expanduser(model)
+    if os.path.isdir(model):
+        for revision in filter(None, names):
+            if not os.path.isdir(os.path.join(model, revision)):
+                raise ModelLoadError(f"{text}: no such folder {os.path.join(model, revision)}")
+        return HFSpec(os.path.abspath(model), names, trust_remote_code)
+    if _path_like(model):
+        raise ModelLoadError(f"{text}: no such folder {model}")
+    return HFSpec(model, names, trust_remote_code)
+
+
+def _path_like(model: str) -> bool:
+    """A folder, not a hub id (``namespace/name``): absolute or relative by its first
+    character, more than one ``/``, or under a folder that exists here."""
+    return (
+        model.startswith(("/", ".", "~"))
+        or model.count("/") > 1
+        or ("/" in model and os.path.isdir(model.split("/")[0]))
+    )
+
+
+@contextlib.contextmanager
+def loading(name: str) -> Iterator[None]:
+    """Anything transformers or the hub raise while loading becomes one line naming the model;
+    a model that ships its own code names the option that runs it."""
+    try:
+        yield
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
+        if "trust_remote_code" in str(e):
+            raise ModelLoadError(
+                f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
+                "(add it if you trust that code)"
+            ) from None
+        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause})") from None
