@@ -1,10 +1,5 @@
-"""``analyze compare RUN_A RUN_B … --out DIR``: several runs' condensation side by side.
-
-Only analyses of the same token sequences are comparable; anything else is refused.
-Runs are labelled by their folder name plus MLP width (from the recorded model args)
-and dispersion variant (from the ``run.json`` the trainer writes into the run folder), which is what
-MLP-width sweeps and dispersion-vs-baseline plots need.
-"""
+"""``analyze compare RUN_A RUN_B … --out DIR``: several runs' condensation side by side, analyses of the
+same token sequences only; each run labelled by folder, MLP width and dispersion variant."""
 
 from __future__ import annotations
 
@@ -32,8 +27,7 @@ class RunResult:
 
 
 def analyses_folder(run: str) -> str:
-    """``run`` is a condensation folder (of a run or of an ``hf:`` model), or a dump
-    folder holding ``condensation/``."""
+    """``run``: a condensation folder, or a dump folder holding ``condensation/``."""
     if not os.path.isdir(run):
         raise AnalysisError(f"{run}: no such folder")
     for folder in (run, os.path.join(run, "condensation")):
@@ -46,8 +40,7 @@ def analyses_folder(run: str) -> str:
 
 
 def pick(run: str, step: str, option: str = "--step") -> Condensation:
-    """``run``'s analysis at ``step`` (a step number, a revision name, or ``last``: the
-    latest step or revision)."""
+    """``run``'s analysis at ``step``: a step number, a revision name, or ``last``."""
     results = list(read_analyses(analyses_folder(run)).values())
     if step == "last":
         return max(results, key=lambda r: r.step)
@@ -93,8 +86,7 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
 
 
 def table_rows(runs: list[RunResult]) -> list[dict]:
-    """One row per run: the depth trend, where the curve starts and ends, and the last
-    block's geometry."""
+    """One row per run: the depth trend, the curve's ends, and the last block's geometry."""
     rows = []
     for run in runs:
         curve = run.result.curve
@@ -139,8 +131,7 @@ def layer_rows(runs: list[RunResult]) -> list[dict]:
 
 
 def steps_title(runs: list[RunResult]) -> str:
-    """What is compared, by number (``step 4``; ``step 4 / step 8`` when runs end apart),
-    or by revision name for ``hf:`` models."""
+    """What is compared: ``step 4``, ``step 4 / step 8`` when runs end apart, or revision names."""
     return " / ".join(sorted({r.result.label for r in runs}))
 
 

@@ -1,16 +1,5 @@
-"""The analysis result of one checkpoint: the schema of ``condensation.json``.
-
-Every reader (compare, the quickstart's summary, the figures) uses these classes, never
-string keys, so a field renamed or added is one change here. JSON is the serialisation:
-``to_json`` / ``from_json`` round-trip exactly.
-
-Two cosine means per layer, named apart everywhere: ``mean_cos`` averages all S²
-entries of the mean cosine matrix, the diagonal (1) included, as the paper does;
-``mean_cos_offdiag`` averages the S(S−1) pairs of distinct tokens. Two geometry
-measures per layer (``analysis.geometry``): ``effective_rank`` and ``mev``.
-
-Results of our runs and of Hugging Face models share the schema: a Hugging Face result
-names its ``model`` and ``revision``. The file carries its ``format`` (``run_folder.outputs.FORMAT``).
+"""The analysis result of one model state, the schema of ``condensation.json``: every reader uses these
+classes, never string keys, so a field renamed or added is one change here.
 """
 
 from __future__ import annotations
@@ -36,11 +25,9 @@ class LayerCondensation:
     hist: list[float]
     """Density histogram of the S² entries on ``hist_range`` in ``hist_bins`` bins."""
     effective_rank: float | None = None
-    """exp(entropy of the normalised singular values) of one sequence's unit-token matrix,
-    averaged over ``geometry_sequences`` sequences (None: not measured)."""
+    """``geometry.effective_rank`` averaged over ``geometry_sequences`` sequences (None: not measured)."""
     mev: float | None = None
-    """Share of the variance of one sequence's mean-centred unit-token matrix on its first
-    principal component, averaged like ``effective_rank``."""
+    """``geometry.max_explainable_variance``, averaged likewise."""
 
 
 @dataclass(frozen=True)
@@ -70,8 +57,7 @@ class Condensation:
     run: str
     """The run's dump folder; for a Hugging Face model, the model id or folder."""
     model_args: dict[str, Any] = field(default_factory=dict)
-    """The run's GPT-2 shape; for a Hugging Face model ``model_type``, ``dim``, ``n_layers``,
-    ``mlp_hidden_dim`` and ``max_seq_len`` read from its config."""
+    """The model's shape (``hf_model.model_args`` for a Hugging Face model)."""
     model: str | None = None
     """The Hugging Face model id or folder (None for our runs)."""
     revision: str | None = None

@@ -1,9 +1,5 @@
-"""Figures: the per-checkpoint cosine-density heatmap (paper Fig. 2a), the evolution of
-mean cosine over training, and runs side by side (paper Fig. 3b). Agg backend, so they
-render on headless cluster nodes.
-
-The curves show ``mean_cos_offdiag``, the mean over pairs of distinct tokens (the
-diagonal's constant 1/S share would otherwise lift every curve), and say so on the axis."""
+"""Figures: the cosine-density heatmap (paper Fig. 2a), mean cosine over training, runs side by side
+(Fig. 3b). The curves show ``mean_cos_offdiag``: the diagonal's constant share would lift every curve."""
 
 from __future__ import annotations
 

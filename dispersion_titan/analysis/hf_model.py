@@ -1,28 +1,6 @@
-"""Any Hugging Face causal LM as a ``LayeredModel``: loaded through ``transformers``, its
-hidden states captured with forward hooks so that the layers mean what they mean for
-our runs.
-
-transformers' ``output_hidden_states`` gives n + 1 entries: the input of each decoder
-layer, then the output of the final norm in place of the last layer's output. So:
-
-- ``embedding`` = the input of the first decoder layer (``hidden_states[0]``: token
-  embeddings, plus positions / embedding norm / scaling where the model has them);
-- ``block_i`` = the output of decoder layer i (residual included), from a forward hook
-  on it; ``block_n`` is therefore the last layer's own output, as in our runs;
-- ``final_norm`` = the backbone's ``last_hidden_state`` (``hidden_states[-1]``).
-
-The decoder layers are found generically: the ``nn.ModuleList`` of ``num_hidden_layers``
-modules holding the most parameters (``model.layers``, ``transformer.h``,
-``gpt_neox.layers``, …). Only the backbone runs; the LM head never does.
-
-Only decoder-only causal LMs are measured: an encoder-only (BERT) or encoder-decoder (T5,
-BART) model is refused from its config, and a checkpoint whose backbone weights do not
-all load (transformers would fill the gaps at random) is refused after loading.
-
-``hf:MODEL[@REV1,REV2,...]``: MODEL is a hub id or a local folder. Revisions of a hub
-model are hub revisions (branches, tags, commits); revisions of a local folder are its
-subfolders, ``hf:/path/olmo@stage1-step1000,stage1-step2000`` meaning
-``/path/olmo/stage1-step1000/`` and ``/path/olmo/stage1-step2000/``.
+"""Any Hugging Face decoder-only causal LM as a ``LayeredModel``, its hidden states captured with forward
+hooks so that the layers mean what they mean for our runs: ``block_n`` is the last layer's own output,
+which transformers' ``output_hidden_states`` replaces by the final norm's. Only the backbone runs.
 """
 
 from __future__ import annotations
@@ -44,8 +22,7 @@ _STEP_IN_NAME = re.compile(r"step(\d+)")
 
 
 def revision_step(revision: str | None, position: int) -> int:
-    """A revision's place in training: the number after ``step`` in its name (OLMo's
-    ``stage1-step1000-tokens5B``, Pythia's ``step1000``), else its position in the list."""
+    """A revision's place in training: the number after ``step`` in its name, else its position."""
     match = _STEP_IN_NAME.search(revision or "")
     return int(match.group(1)) if match else position
 
@@ -66,8 +43,7 @@ def _architecture(config) -> str:
 
 
 def _check_decoder_only(config, name: str) -> None:
-    """Encoders see every position at once: their layers are not what a causal LM's are,
-    and ``AutoModelForCausalLM`` would put a random head on a BERT (``is_decoder`` off)."""
+    """Encoders see every position at once: their layers are not what a causal LM's are."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     if config.is_encoder_decoder:
@@ -83,8 +59,7 @@ def _check_decoder_only(config, name: str) -> None:
 
 
 def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = False) -> Encode:
-    """The model's own tokenizer, adding no special tokens (no BOS), as for our runs; or, with
-    ``special_tokens``, its default ones, as the authors' analysis does (``--protocol paper``)."""
+    """The model's own tokenizer, adding no special tokens unless ``special_tokens`` (``--protocol paper``)."""
     from transformers import AutoTokenizer
 
     path, rev = spec.location(revision)
@@ -94,8 +69,7 @@ def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = Fals
 
 
 def _auto_class(config):
-    """AutoModelForCausalLM, or AutoModel for architectures without a causal-LM head (a model
-    with its own code: the class its ``auto_map`` names)."""
+    """AutoModelForCausalLM, or AutoModel for architectures without a causal-LM head."""
     from transformers import AutoModel, AutoModelForCausalLM
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -142,7 +116,7 @@ def decoder_layers(backbone: nn.Module, count: int, name: str) -> nn.ModuleList:
 
 
 class HFLayers:
-    """A loaded Hugging Face model as a ``LayeredModel`` (see the module docstring)."""
+    """A loaded Hugging Face model as a ``LayeredModel``: its decoder layers found generically."""
 
     def __init__(self, model: nn.Module, name: str):
         self.backbone = model.base_model
@@ -183,8 +157,7 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def _check_complete(model: nn.Module, info: dict, name: str) -> None:
-    """Every backbone weight came from the checkpoint in its shape, and every checkpoint
-    weight was used (a missing LM head is fine: it never runs)."""
+    """Refuse a checkpoint whose backbone weights do not all load (transformers would fill them at random)."""
     backbone = {id(t) for t in model.base_model.state_dict(keep_vars=True).values()}
     needed = {key for key, t in model.state_dict(keep_vars=True).items() if id(t) in backbone}
     problems = {

@@ -1,25 +1,7 @@
-"""The K×S token sequences every checkpoint is measured on.
-
-Each sequence is an aligned, non-overlapping window of exactly S tokens cut from a
-document at least S tokens long (no BOS or separator is added, as in GPT-2 and the
-paper). The validation slice of the embedded corpus has only ten articles, so one
-document gives several windows. K windows are drawn from all of them with a seeded
-generator, so the same options give the same sequences for every checkpoint and run;
-their SHA-256 is recorded with each analysis, and ``compare`` refuses to set side by
-side analyses whose sequences differ.
-
-The same texts and windowing serve every tokenizer: a run's (``encoders``: GPT-2's BPE,
-the default, or the model's own; read from the token cache for corpora), or a Hugging
-Face model's own tokenizer passed as ``encode`` (no special tokens added either way).
-
-``protocol = "paper"`` takes the authors' inputs instead (key_observations/
-compute_embedding_cossim.py and utils/text_data.py in their repository): text r of 100 is
-wikitext-103-v1's train row at ``default_rng(r).integers(0, ⌊0.95·rows⌋)`` and the rows
-after it, concatenated until it has at least 1024 words; each tokenizer encodes it with its
-default special tokens (``encode`` is then given them) and keeps the first S = 512 tokens.
-With ``texts`` the rows are that jsonl file's, in order: the authors' other corpora (pubmed_qa
-pqa_labeled's ``long_answer``, imdb's ``text``, squad's ``context``, each train split) are
-built by the same rule from their rows.
+"""The K×S token sequences every checkpoint is measured on: K seeded, aligned, non-overlapping windows
+of S tokens of documents at least S long (no BOS or separator), their SHA-256 recorded with each
+analysis; or, with ``protocol = "paper"``, the authors' texts (``paper_texts``), from wikitext-103-v1
+or the rows of ``texts``, with the tokenizer's default special tokens.
 """
 
 from __future__ import annotations
@@ -43,8 +25,7 @@ from . import AnalysisError
 DEFAULT_DATASET = "enwiki_sample"
 SPLIT = "validation"
 
-# The authors' corpus: load_dataset("wikitext", "wikitext-103-v1") (key_observations/utils/text_data.py);
-# "wikitext" is now the hub's Salesforce/wikitext, whose train split is these parquet files.
+# The authors' load_dataset("wikitext", "wikitext-103-v1"): now the hub's Salesforce/wikitext.
 PAPER_REPO = "Salesforce/wikitext"
 PAPER_FILES = "wikitext-103-v1/train-*.parquet"
 PAPER_MIN_WORDS, PAPER_MAX_WORDS, PAPER_TEXTS, PAPER_SEQ_LEN = 1024, 1280, 100, 512
@@ -166,8 +147,7 @@ def paper_texts(rows: Sequence[str], count: int) -> list[str]:
 
 
 def _paper_files(path: str | None) -> list[str]:
-    """wikitext-103-v1's train parquet files: under ``path`` (a copy in the hub's layout, or one
-    .parquet file), else from the hub."""
+    """wikitext-103-v1's train parquet files: under ``path`` (or that one file), else from the hub."""
     if path:
         files = (
             [path]
@@ -205,8 +185,7 @@ def paper_rows(path: str | None) -> list[str]:
 
 
 def _paper_sequences(options: InputOptions, encode: Encode | DocumentEncoder) -> np.ndarray:
-    """[K, S]: the first S tokens of each paper text, with ``encode``'s special tokens; the rows
-    are wikitext-103-v1's train split, or those of ``--texts``."""
+    """[K, S]: the first S tokens of each paper text, with ``encode``'s special tokens."""
     rows = read_texts(options.texts) if options.texts else paper_rows(options.dataset_path)
     texts = paper_texts(rows, options.num_sequences)
     ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)

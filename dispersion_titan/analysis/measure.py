@@ -1,18 +1,6 @@
-"""Per-layer S×S cosine matrices, averaged over sequences while the forward pass runs,
-and the per-sequence geometry (``geometry``) of a fixed subset of the sequences.
-
-A model reports each layer's hidden states to a sink as soon as it has computed them
-(``LayeredModel``: a run's model, gpt2, qwen3 or llama3, through forward hooks on its
-blocks and final norm (``DecoderLayers``), a Hugging Face model through forward hooks,
-``analysis.hf_model``). Each is reduced at once (one batched matmul per
-layer and batch) into running sums, so memory is L×S×S plus one batch's activations
-whatever the number of sequences K, and no LM head is ever computed.
-
-Effective rank and MEV need each sequence's full singular spectrum, which costs about
-as much as a forward pass through the layer at S = 512 on a CPU; they are therefore
-averaged over ``geometry_sequences`` evenly spaced sequences of the K (all of them when
-K is smaller), which keeps the whole analysis within 1.15× a bare forward pass
-(docs/benchmarks.md).
+"""Per-layer S×S cosine matrices, reduced into running sums as each layer's hidden states arrive (memory
+L×S×S whatever K; no LM head), and the geometry of ``geometry_sequences`` evenly spaced sequences:
+each costs about a forward pass (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -48,11 +36,8 @@ class _FinalNormReached(Exception):
 
 
 class DecoderLayers:
-    """A run's model (gpt2, qwen3, llama3: blocks in ``model.layers``, then ``model.norm``)
-    as a ``LayeredModel``, through forward hooks: ``embedding`` is the first block's input
-    (token embeddings, plus learned positions for gpt2), ``block_i`` block i's output
-    (after its residual add), ``final_norm`` the final norm's output. The forward stops
-    there, so no LM head is ever computed."""
+    """A run's model as a ``LayeredModel``, through forward hooks: ``embedding`` is the first block's input,
+    ``block_i`` block i's output, ``final_norm`` the final norm's, where the forward stops."""
 
     def __init__(self, model: nn.Module):
         self.model = model

@@ -1,10 +1,10 @@
-"""Where condensation results live: ``OUT/step-N/condensation.json`` (or ``rev-NAME/``),
-written last and atomically (``run_folder.outputs``), so it marks that state as done; and
-``summary.csv``, one row per state and layer."""
+"""Condensation results: ``OUT/step-N/condensation.json`` (or ``rev-NAME/``) and ``summary.csv``."""
 
 from __future__ import annotations
 
-from ..run_folder.outputs import RESULT_FOLDER, STEP_FOLDER, read_json_files, result_path, write_json
+import os
+
+from ..run_folder.outputs import RESULT_FOLDER, STEP_FOLDER, read_json_files, write_json
 from .condensation_schema import Condensation
 from .statistics import layer_fraction
 
@@ -19,7 +19,7 @@ def write_result(path: str, result: Condensation) -> None:
 def read_analyses(out: str) -> dict[str, Condensation]:
     """Every analysis stored in ``out``, by result folder name, in name order."""
     return {
-        name: Condensation.from_json(data, result_path(out, name, RESULT_FILE))
+        name: Condensation.from_json(data, os.path.join(out, name, RESULT_FILE))
         for name, data in read_json_files(out, RESULT_FILE).items()
         if RESULT_FOLDER.match(name)
     }

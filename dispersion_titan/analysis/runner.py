@@ -1,10 +1,6 @@
-"""Analyze model states one at a time: load each once, measure, write its results; skip
-those already done; report unreadable ones and go on with the rest.
-
-``Analysis`` holds what every target shares (caching, skipping, atomic writes, the
-summary); ``RunAnalysis`` feeds it the checkpoints of one of our runs, and
-``hf_revisions.HFAnalysis`` the revisions of a Hugging Face model.
-"""
+"""Analyze model states one at a time: load each once, measure, write its results; skip those
+already done; report unreadable ones and go on. ``Analysis`` is what every target shares;
+``RunAnalysis`` feeds it a run's checkpoints, ``hf_revisions.HFAnalysis`` a hub model's revisions."""
 
 from __future__ import annotations
 
@@ -26,15 +22,12 @@ from ..components.wandb_run import recorded
 from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
-    find_checkpoint_folder,
     identity_changed,
-    list_checkpoints,
     load_model,
     load_model_args,
     load_run_metadata,
-    run_of,
 )
-from ..run_folder.outputs import ensure_writable, result_path, save_png, still_to_do, write_csv
+from ..run_folder.outputs import ensure_writable, save_png, still_to_do, write_csv
 from ..run_folder.owners import (
     TB_KEY,
     FolderOwner,
@@ -46,7 +39,7 @@ from ..run_folder.owners import (
     run_paths,
     write_record,
 )
-from ..run_folder.steps import select_steps
+from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.devices import resolve_device
@@ -89,8 +82,7 @@ class AnalyzeOptions:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> AnalyzeOptions:
-        """``analyze``'s command line, its combinations checked (one line naming the option), a
-        ``--texts`` file read once before any folder is created."""
+        """``analyze``'s command line, its combinations checked; ``--texts`` read before any folder is made."""
         hf, paper = a.run.startswith(PREFIX), a.protocol == "paper"
         if a.dataset_path and a.texts:
             raise ArgumentError("--dataset-path: not used with --texts")
@@ -140,8 +132,7 @@ class Unit:
 
 
 def fitted_inputs(options: AnalyzeOptions, positions: int | None, where: str) -> InputOptions:
-    """The inputs with S at most the model's ``positions`` (None: unlimited). The default S
-    is lowered with a note; an explicit ``--seq-len`` above them is refused."""
+    """The inputs with S at most the model's ``positions``: the default lowered, a given one refused."""
     inputs = options.inputs
     if positions is None or inputs.seq_len <= positions:
         return inputs
@@ -192,8 +183,7 @@ class Analysis:
         ensure_writable(self.tb_dir, "--tb-dir")
 
     def _histogram_folder(self, given: str | None, default: str) -> str:
-        """``--tb-dir`` if ``given``, else ``default``, or ``default-SETTINGS`` where ``default`` holds the
-        histograms of other settings: one folder never mixes two analyses (refused for a given one)."""
+        """``--tb-dir``, else ``default`` or, where that holds other settings' histograms, ``default-SETTINGS``."""
         for folder in [given] if given else [default, f"{default}-{self.settings}"]:
             if not inside(folder, self.out):  # the output folder's owner is checked already
                 refuse_histograms_unless_ours(folder, self.owner)
@@ -214,9 +204,6 @@ class Analysis:
     def metadata(self, unit: Unit) -> dict[str, Any]:
         """``Condensation`` fields that depend on the target: ``run``, ``model_args``, …"""
         raise NotImplementedError
-
-    def _same_analysis(self, result: Condensation) -> bool:
-        return not self._differences(result)
 
     def _differences(self, result: Condensation) -> str:
         """The settings ``result`` was measured with that differ from this analysis's ("" if none)."""
@@ -268,8 +255,7 @@ class Analysis:
         ), measured
 
     def analyze(self) -> int:
-        """Analyze pending units, then refresh the summary and evolution figure, as the output
-        folder's one writer. Returns the number of units that could not be analyzed."""
+        """Analyze pending units and refresh the summary, as ``--out``'s one writer; the count that failed."""
         with owned(self.out, self.owner):
             return self._analyze_pending()
 
@@ -300,7 +286,7 @@ class Analysis:
                     )
                     write_record(self.tb_dir, self.owner, settings=self.settings)  # for the next analysis to find
                     writer.add_step(unit.step, measured.names, measured.means, result.curve)
-                    write_result(result_path(self.out, unit.folder, RESULT_FILE), result)
+                    write_result(os.path.join(self.out, unit.folder, RESULT_FILE), result)
                     tqdm.write(_one_line(result))
         finally:
             writer.close()
@@ -316,7 +302,7 @@ class Analysis:
     def _write_summary(self) -> None:
         """``summary.csv`` and ``evolution.png`` over every state analyzed with these inputs."""
         results = read_analyses(self.out)
-        matching = sorted((r for r in results.values() if self._same_analysis(r)), key=lambda r: r.step)
+        matching = sorted((r for r in results.values() if not self._differences(r)), key=lambda r: r.step)
         if len(matching) < len(results):
             print(
                 f"note: {len(results) - len(matching)} older analyses in {self.out} used other settings (kept by "
@@ -337,12 +323,7 @@ class RunAnalysis(Analysis):
     noun = "checkpoint"
 
     def __init__(self, options: AnalyzeOptions):
-        folder = find_checkpoint_folder(options.target)
-        checkpoints = list_checkpoints(folder)
-        if not checkpoints:
-            raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
-        selected = select_steps(options.steps or "all", checkpoints)
-        self.dump = run_of(folder)
+        self.dump, folder, selected = run_checkpoints(options.target, options.steps or "all")
         self.model_args = load_model_args(folder)
         inputs = fitted_inputs(options, self.model_args.positions, f"max_seq_len in {self.dump}/run.json")
         if self.model_args.positions is None:  # rotary: a RoPE table for the analysed length
@@ -365,8 +346,7 @@ class RunAnalysis(Analysis):
         return DecoderLayers(load_model(unit.source, self.model_args, self.device, DTYPES[self.dtype]))
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
-        """The run's full arguments, plus its family and resolved MLP width under the keys
-        Hugging Face analyses use (``model_type``, ``mlp_hidden_dim``)."""
+        """The run's arguments, its family and MLP width under the keys Hugging Face analyses use."""
         shape = {
             **dataclasses.asdict(self.model_args),
             "model_type": self.model_args.FAMILY,

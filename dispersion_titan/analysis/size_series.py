@@ -1,13 +1,6 @@
-"""``analyze family SPEC ... --out DIR``: where models of several sizes sit, family by
-family (the paper's Figure 2), and "larger model, less condensation" as a number.
-
-A SPEC is an analysed ``hf:`` model (its ``--out`` folder, optionally ``@REVISION``) or
-one of our runs (its dump or condensation folder: its last analysed step, or
-``RUN@STEP``). A model's family is its Hugging Face ``model_type``, ``gpt2 run`` (``qwen3_dispersion
-run``, ``llama3_dispersion run``) for our runs, or what ``--family NAME=SPEC,SPEC`` says. Per family,
-the trend is Spearman's ρ between parameter count and the mean ``mean_cos`` of the last n layers: negative when
-larger models condense less. ``--paired A=B`` sets two models side by side (a distilled
-model against its base): their difference in last-n condensation and depth trend.
+"""``analyze family SPEC ... --out DIR``: where models of several sizes sit, family by family (the
+paper's Figure 2), and per family Spearman's ρ between parameter count and last-n ``mean_cos``:
+negative when larger models condense less. The command's help describes SPEC, ``--family``, ``--paired``.
 """
 
 from __future__ import annotations
@@ -46,7 +39,7 @@ def _split(spec: str) -> tuple[str, str]:
 
 
 def run_family(result: Condensation) -> str:
-    """``gpt2 run`` for our runs of gpt2, ``qwen3_dispersion run`` for those of qwen3_dispersion, …"""
+    """``gpt2 run`` for our runs of gpt2, …"""
     return f"{result.model_args['model_type']} run"
 
 
@@ -84,8 +77,7 @@ def load_members(specs: Sequence[str], families: dict[str, str], protocol: str =
 
 
 def last_n_mean(result: Condensation, n: int, key: str = "mean_cos") -> float | None:
-    """Mean of ``key`` over the last n layer points (``statistics.point_layers``: under ``--protocol
-    paper`` transformers' hidden_states; None where it was not measured)."""
+    """Mean of ``key`` over the last n layer points (``statistics.point_layers``; None: not measured)."""
     values = [getattr(layer, key) for layer in point_layers(result)[-n:]]
     return None if None in values else float(np.mean(values))
 
@@ -206,8 +198,7 @@ def write_size_series(
     last_n: int = DEFAULT_LAST_N,
     protocol: str = "default",
 ) -> str:
-    """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown. ``protocol``
-    "paper" refuses models not analysed with ``analyze --protocol paper``."""
+    """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown."""
     families = {
         spec: name for name, listed in parse_assignments(family_options, "--family") for spec in listed.split(",")
     }

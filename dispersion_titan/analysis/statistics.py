@@ -28,9 +28,7 @@ def finite_or_none(value: float) -> float | None:
 
 
 def layer_statistics(measured: Measurement) -> list[LayerCondensation]:
-    """Per layer: mean cosine over all S² entries (diagonal included), over the
-    off-diagonal ones, the 128-bin density histogram of all S² entries on [-1, 1], and
-    the mean effective rank and MEV."""
+    """Per layer: mean cosine with and without the diagonal, the density histogram, the geometry."""
     seq_len = measured.means.shape[-1]
     layers = []
     rows = zip(measured.names, measured.means.double().cpu().numpy(), measured.effective_rank, measured.mev)
@@ -74,24 +72,21 @@ def last_n(mean_cos: list[float]) -> list[LastN]:
 
 
 def depth_points(names: list[str], layer_points: str = "all") -> list[int]:
-    """Indices of the layers on the depth axis (``inputs.LAYER_POINTS``): all of them, or
-    transformers' ``hidden_states`` (n + 1: the last block's own output left out, the final
-    norm in its place), the points of the authors' Spearman and Kendall."""
+    """Indices of the layers on the depth axis: all of them, or transformers' ``hidden_states`` (the last
+    block's own output left out, the final norm in its place), the authors' points."""
     if layer_points == "all" or len(names) < 3 or names[-1] != "final_norm":
         return list(range(len(names)))
     return [i for i in range(len(names)) if i != len(names) - 2]
 
 
 def point_layers(result: Condensation) -> list[LayerCondensation]:
-    """The layers of a result on its depth axis (its ``inputs``' ``layer_points``): those its
-    Spearman, Kendall and last-n run over, and the paper artifacts draw."""
+    """The layers of a result on its depth axis (its ``inputs``' ``layer_points``)."""
     names = [layer.name for layer in result.layers]
     return [result.layers[i] for i in depth_points(names, result.inputs["layer_points"])]
 
 
 def summarize(measured: Measurement, layer_points: str = "all") -> dict:
-    """``layers``, ``spearman``, ``kendall``, ``last_n`` and ``geometry_sequences`` of one
-    model state (``Condensation`` fields); the trend and last-n over ``layer_points``."""
+    """The ``Condensation`` fields of one measured state; the trend and last-n over ``layer_points``."""
     layers = layer_statistics(measured)
     curve = [layers[i].mean_cos for i in depth_points([layer.name for layer in layers], layer_points)]
     return {
@@ -105,8 +100,7 @@ def summarize(measured: Measurement, layer_points: str = "all") -> dict:
 def condensation(
     step: int, sequences: Sequences, measured: Measurement, *, dtype: str, device: str, checkpoint: str, **metadata: Any
 ) -> Condensation:
-    """The full result of one measured model state: its statistics plus what they were
-    measured on; ``metadata``: the target's fields (``run``, ``model_args``, ``revision``, …)."""
+    """The result of one measured state; ``metadata``: the target's fields (``run``, ``model_args``, …)."""
     return Condensation(
         step=step,
         num_sequences=sequences.options.num_sequences,

@@ -1,6 +1,5 @@
-"""``analyze RUN --wandb``: the analysis into the training run's W&B run. Each checkpoint's
-per-layer cosine histogram and ``mean_cos`` (what the analysis writes to TensorBoard), then
-the summary table and the figures."""
+"""``analyze RUN --wandb``: what the analysis writes to TensorBoard, its summary and figures, into the
+training run's W&B run."""
 
 from __future__ import annotations
 

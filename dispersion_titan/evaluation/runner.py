@@ -1,6 +1,4 @@
-"""Evaluate every selected checkpoint of one run: export it, score each task with
-lm-eval, write its results; skip steps already done; report unreadable checkpoints and
-go on with the rest (as ``analyze`` does)."""
+"""Evaluate every selected checkpoint of one run with lm-eval, as ``analyze`` analyzes them."""
 
 from __future__ import annotations
 
@@ -11,16 +9,10 @@ import time
 from dataclasses import dataclass
 
 from ..components.wandb_run import recorded
-from ..run_folder.checkpoints import (
-    StepCheckpoint,
-    find_checkpoint_folder,
-    list_checkpoints,
-    load_run_metadata,
-    run_of,
-)
+from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_of
 from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, still_to_do
 from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_unless_ours
-from ..run_folder.steps import select_steps
+from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError
@@ -69,8 +61,7 @@ class EvaluateOptions:
 
 
 def _model_name(run: str) -> str:
-    """The model family of ``run`` (a dump or checkpoint folder), as its ``run.json`` records it; of a
-    Hugging Face model (``hf:MODEL[@REV]``), the family its config's ``model_type`` would train as."""
+    """The model family of ``run``, or the one a hub model's ``model_type`` would train as."""
     if run.startswith(PREFIX):
         from transformers import AutoConfig
 
@@ -96,9 +87,8 @@ def hub_model(run: str) -> HFSpec:
 
 
 class RunEvaluation:
-    """The state of one ``evaluate RUN`` invocation. Everything a user can get wrong is
-    checked here, and the tasks' data loaded, before anything is written or any model loads;
-    ``evaluate`` checks the output folder again as its one writer."""
+    """One ``evaluate RUN``: what a user can get wrong is checked, and the tasks loaded, before
+    anything is written or any model loads."""
 
     def __init__(self, options: EvaluateOptions):
         self.options = options
@@ -111,12 +101,7 @@ class RunEvaluation:
             self.selected = [StepCheckpoint(0, self.hub.name(self.hub.revisions[0]))]
             self.dump, seed = self.selected[0].path, None
         else:
-            folder = find_checkpoint_folder(options.run)
-            checkpoints = list_checkpoints(folder)
-            if not checkpoints:
-                raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
-            self.selected = select_steps(options.steps, checkpoints)
-            self.dump = run_of(folder)
+            self.dump, _, self.selected = run_checkpoints(options.run, options.steps)
             seed = load_run_metadata(self.dump).get("seed")
         self.tasks = Tasks(options.plan.tasks, options.include_path)
         self.seeds = lm_eval_seeds(seed)
@@ -130,7 +115,7 @@ class RunEvaluation:
         ensure_writable(self.out, "--out")
 
     def _pending(self) -> list[StepCheckpoint]:
-        """Selected checkpoints still to evaluate: all with --force, else ``outputs.still_to_do``."""
+        """Selected checkpoints still to evaluate (``outputs.still_to_do``)."""
         if self.options.force:
             return self.selected
         existing = {f"step-{step}": result for step, result in read_evaluations(self.out).items()}
@@ -146,9 +131,7 @@ class RunEvaluation:
         return [c for c in self.selected if f"step-{c.step}" in todo]
 
     def evaluate(self) -> int:
-        """Evaluate pending checkpoints, then refresh the summary, as the output folder's one
-        writer (then log the scores to W&B with ``wandb``). Returns the number of checkpoints that
-        could not be evaluated."""
+        """Evaluate pending checkpoints and refresh the summary, as ``--out``'s one writer; the count that failed."""
         if self.options.wandb:
             recorded(self.dump)  # before any model loads: a run without one fails now, in one line
         with owned(self.out, self.owner):
@@ -190,8 +173,7 @@ class RunEvaluation:
         return len(failed)
 
     def _evaluate_step(self, checkpoint: StepCheckpoint) -> dict:
-        """lm-eval's HFLM on the exported checkpoint, one ``simple_evaluate`` per task
-        so that progress shows per task; the results are merged."""
+        """lm-eval's HFLM on the exported checkpoint, one ``simple_evaluate`` per task (progress per task)."""
         from lm_eval import simple_evaluate
         from lm_eval.models.huggingface import HFLM
 
@@ -256,8 +238,7 @@ class RunEvaluation:
 
 
 def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
-    """``simple_evaluate``'s four seeds, each the run's training seed as in the authors'
-    LMEvalCallback; none (lm-eval's defaults, in its ``config``) for a run that recorded none."""
+    """``simple_evaluate``'s four seeds, each the training seed as in the authors' LMEvalCallback."""
     if training_seed is None:
         return {}
     return dict.fromkeys(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..run_folder.outputs import check_format, read_step_files, result_path, write_csv, write_json
+from ..run_folder.outputs import check_format, read_step_files, write_csv, write_json
 from .protocol import mean_accuracy, task_scores
 
 RESULT_FILE = "results.json"
@@ -32,14 +32,14 @@ def merge(merged: dict, result: dict) -> dict:
 def write_result(out: str, step: int, result: dict) -> None:
     from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
 
-    write_json(result_path(out, f"step-{step}", RESULT_FILE), result, default=handle_non_serializable)
+    write_json(os.path.join(out, f"step-{step}", RESULT_FILE), result, default=handle_non_serializable)
 
 
 def read_evaluations(out: str) -> dict[int, dict]:
     """Every step evaluated in ``out`` (``{}`` when there is none), by step; each of this ``FORMAT``."""
     results = read_step_files(out, RESULT_FILE)
     for step, result in results.items():
-        check_format(result.get(OURS), result_path(out, f"step-{step}", RESULT_FILE))
+        check_format(result.get(OURS), os.path.join(out, f"step-{step}", RESULT_FILE))
     return results
 
 

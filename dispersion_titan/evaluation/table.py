@@ -1,18 +1,6 @@
-"""``evaluate table``: the paper's Table 2 over evaluated runs.
-
-Runs are grouped into arms (one configuration, several seeds) by their ``run.json``
-without the seed, or named ``ARM=RUN1,RUN2``. Each run contributes one checkpoint
-(``--select``; ``best`` among the steps the authors' LMEvalCallback evaluates: per seed for
-mid-training arms, as their mid-training ``plot_results.py``; one step for all seeds, best
-on the seed-averaged curve, for from-scratch arms, as their pre-training ``plot_results.py``;
-``--best-step`` chooses; step 0 is a candidate wherever it was evaluated, as theirs); per arm
-and task the table gives mean ± sample std over seeds, the average accuracy (perplexity left
-out, as in the paper), each row's average rank over the accuracy columns, and a t-test of the
-per-seed averages against the reference arm (Student's, as the paper's Table 2, by default;
-Welch's on request). A "Pretrained" row (the model before mid-training: step 0 of the first
-arm without a dispersion loss, as theirs, or of ``--pretrained RUN,...``) heads the table, is
-ranked and tested like the arms, and each arm's difference from it follows. Ranks are the
-paper's: the smallest rank for ties (``min``), on the means as printed (``DIGITS``).
+"""``evaluate table``: the paper's Table 2 over evaluated runs, grouped into arms (one configuration,
+several seeds) by their ``run.json`` without the seed, or named ``ARM=RUN1,RUN2``; one checkpoint per
+run (``--select``), a Pretrained row above the arms. The options' help says how each is chosen.
 """
 
 from __future__ import annotations
@@ -29,6 +17,7 @@ from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_m
 from ..run_folder.origin import from_scratch
 from ..run_folder.outputs import atomic_write, ensure_writable, find_results_folder, write_csv
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.settings import flatten
 from ..utils.hub import PREFIX
 from . import EvaluationError
 from .arms import ArmRow, RunScores
@@ -42,7 +31,7 @@ TABLE = FolderOwner("table")
 
 
 def evaluation_folder(run: str) -> str:
-    """``run`` is an evaluation folder, or a dump folder holding ``evaluation/``."""
+    """``run``: an evaluation folder, or a dump folder holding ``evaluation/``."""
     if not os.path.isdir(run):
         raise EvaluationError(f"{run}: no such folder")
     folder = find_results_folder(run, "evaluation", RESULT_FILE)
@@ -62,10 +51,9 @@ class Selection:
     """``--select`` and, for ``best``, the authors' evaluation cadence."""
 
     rule: str  # best | last | step:N
-    num_ckpt: int | None = None  # the authors' --num_ckpt: evaluations every floor(T / num_ckpt) + 1 steps
-    """None: their scripts' default for the run's start, ``MIDTRAIN_NUM_CKPT`` or ``SCRATCH_NUM_CKPT``."""
-    exclude_initial: bool = False  # step 0 is no candidate for best, even where evaluated (their runs' --eval_at_begin)
-    best_step: str = "auto"  # one of protocol.BEST_STEP: per seed, on the seed-averaged curve, or by the arm's kind
+    num_ckpt: int | None = None  # the authors' --num_ckpt (None: their default for the run's start)
+    exclude_initial: bool = False  # step 0 is no candidate for best
+    best_step: str = "auto"  # one of protocol.BEST_STEP
 
     def __str__(self) -> str:
         if self.rule != "best":
@@ -88,16 +76,13 @@ MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT = 5, 2
 
 
 def authors_steps(training_steps: int, num_ckpt: int = 5, include_initial: bool = False) -> set[int]:
-    """The steps at which the authors' LMEvalCallback evaluates a run of ``training_steps``
-    steps: every ``training_steps // num_ckpt + 1`` steps (``on_step_end``), the last step
-    (``on_train_end``), and step 0 only with ``--eval_at_begin``."""
+    """The steps at which the authors' LMEvalCallback evaluates a run of ``training_steps`` steps."""
     every = training_steps // num_ckpt + 1
     return {*range(every, training_steps + 1, every), training_steps, *([0] if include_initial else [])}
 
 
 def _check_fresh(folder: str, result: dict) -> None:
-    """A result whose checkpoint now holds other weights (saved again or replaced since) is refused,
-    never tabled in silence. The checkpoint is found relative to the run, so a moved run still counts."""
+    """Refuse a result whose checkpoint (found relative to its run, which may have moved) changed since."""
     ours = result[OURS]
     if ours["run"].startswith(PREFIX):  # a Hugging Face model, evaluated as published
         here = ours["checkpoint"]
@@ -135,8 +120,7 @@ def evaluated(run: str) -> Evaluated:
 
 
 def _check_alike(folder: str, weighed: list[dict]) -> None:
-    """The results ``--select best`` weighs against each other were made with one set of
-    settings, or it is refused in one line naming the steps of each and what differs."""
+    """Refuse to weigh against each other results of other settings."""
     groups: dict[str, tuple[dict, list[int]]] = {}  # the settings as JSON -> (the settings, their steps)
     for result in sorted(weighed, key=lambda r: r[OURS]["step"]):
         key = json.dumps(settings(result), sort_keys=True)
@@ -174,15 +158,14 @@ def _best(curve: dict[int, float]) -> int:
 
 
 def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
-    """``step``'s scores, once each result the rule weighed still describes its checkpoint (read once)."""
+    """``step``'s scores, once each result the rule weighed still describes its checkpoint."""
     for weighed_step in weighed:
         _check_fresh(run.folder, run.results[weighed_step])
     return run.scores(step)
 
 
 def select(run: Evaluated, selection: Selection) -> RunScores:
-    """The checkpoint ``selection`` picks for one run: ``best`` (highest mean acc among the
-    authors' evaluated steps; the earliest of equals), ``last``, or ``step:N``."""
+    """The checkpoint ``selection`` picks for one run: ``best`` (the earliest of equals), ``last``, ``step:N``."""
     rule = selection.rule
     if rule == "last":
         return _chosen(run, max(run.results), [max(run.results)])
@@ -196,8 +179,7 @@ def select(run: Evaluated, selection: Selection) -> RunScores:
 
 
 def select_averaged(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
-    """``--select best`` on the seed-averaged curve (the authors' pre-training ``plot_results.py``):
-    per step, the mean over the arm's seeds of their mean accuracy; the best step, for every seed."""
+    """``--select best`` on the seed-averaged curve: one step for every seed."""
     per_run = [_candidates(run, selection) for run in runs]
     curve = {
         step: float(np.mean([c[step] for c in per_run if step in c]))
@@ -214,8 +196,7 @@ def select_averaged(runs: list[Evaluated], selection: Selection) -> list[RunScor
 
 
 def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
-    """One checkpoint per run of an arm: on the seed-averaged curve for ``--best-step averaged``
-    (``auto``: a from-scratch arm), else per run."""
+    """One checkpoint per run of an arm (``--best-step``)."""
     averaged = selection.best_step == "averaged" or (selection.best_step == "auto" and from_scratch(runs[0].dump))
     if selection.rule == "best" and averaged:
         return select_averaged(runs, selection)
@@ -227,19 +208,9 @@ def _run_config(dump: str) -> dict:
     return {key: value for key, value in load_run_metadata(dump).items() if key not in ("seed", *LEDGER_KEYS)}
 
 
-def _flatten(config: dict, prefix: str = "") -> dict[str, object]:
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _auto_labels(groups: list[list[Evaluated]]) -> list[str]:
     """Arms named by the settings in which they differ, e.g. ``variant=angular_spread, coeff=0.1``."""
-    flat = [_flatten(_run_config(group[0].dump)) for group in groups]
+    flat = [flatten(_run_config(group[0].dump)) for group in groups]
     differing = [key for key in flat[0] if len({json.dumps(f.get(key)) for f in flat}) > 1] if len(flat) > 1 else []
     if not differing:
         return [dispersion_variant(group[0].dump) or "runs" for group in groups]
@@ -310,8 +281,7 @@ REFERENCE_VARIANT = "angular_spread"
 
 
 def default_reference(by_arm: dict[str, list[RunScores]]) -> tuple[str, str]:
-    """The arm the others are tested against, and why: the arm training with ``angular_spread`` (the
-    paper's reference row), else the first arm with a dispersion loss, else the first arm."""
+    """The arm the others are tested against, and why."""
     for arm, runs in by_arm.items():
         if _dispersion(runs[0].dump) == REFERENCE_VARIANT:
             return arm, f"its runs train with {REFERENCE_VARIANT}, the paper's reference row"
@@ -322,11 +292,7 @@ def default_reference(by_arm: dict[str, list[RunScores]]) -> tuple[str, str]:
 
 
 def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[list[RunScores], str]:
-    """The "Pretrained" row's runs at step 0 and a line saying what they are. ``spec``: ``auto``
-    (step 0 of the first arm without a dispersion loss, as the authors' baseline run evaluated at
-    its beginning; no row when it trains from scratch or none of its runs evaluated step 0),
-    ``none``, or ``RUN,RUN``
-    (evaluated runs whose step 0 is the model before training, e.g. the base hub model imported)."""
+    """The Pretrained row's runs at step 0 (``--pretrained``) and a line saying what they are."""
     if spec == "none":
         return [], "No Pretrained row (--pretrained none)."
     if spec == "auto":
@@ -370,8 +336,7 @@ DIGITS = 4
 
 
 def min_ranks(means: list[dict[str, float]], accuracy: list[str]) -> list[float]:
-    """Each row's rank per accuracy column (1 = best; ties share the smallest, on the means rounded as
-    printed), averaged over the columns: the paper's Table 2 ranks."""
+    """The paper's ranks: per accuracy column on the means as printed, ties the smallest, averaged."""
     per_column = [stats.rankdata([-round(m[c], DIGITS) for m in means], method="min") for c in accuracy]
     return [float(r) for r in np.mean(per_column, axis=0)]
 
@@ -379,8 +344,7 @@ def min_ranks(means: list[dict[str, float]], accuracy: list[str]) -> list[float]
 def table_rows(
     by_arm: dict[str, list[RunScores]], reference: str, test: str = "student", pretrained: list[RunScores] = ()
 ) -> tuple[list[str], list[ArmRow], ArmRow | None]:
-    """The table's columns (``task/metric``), one row per arm, and the Pretrained row (None without its
-    runs), ranked together and each tested against the reference arm."""
+    """The columns (``task/metric``), the arms' rows and the Pretrained row (None: none), ranked together."""
     named = {**({PRETRAINED: list(pretrained)} if pretrained else {}), **by_arm}
     columns = list(next(iter(named.values()))[0].scores)
     accuracy = [c for c in columns if is_accuracy(c)]
@@ -402,8 +366,7 @@ def table_rows(
 
 
 def difference(row: ArmRow, pretrained: ArmRow | None, columns: list[str]) -> dict[str, float | None]:
-    """The row's means minus the Pretrained row's, per column and for the average (the authors'
-    second line of each Table 2 row); None without a Pretrained row."""
+    """The row's means minus the Pretrained row's (the authors' second line of each row)."""
     return {
         key: None
         if pretrained is None
@@ -412,14 +375,17 @@ def difference(row: ArmRow, pretrained: ArmRow | None, columns: list[str]) -> di
     }
 
 
+def _digits(column: str) -> int:
+    return 4 if is_accuracy(column) or column == "average" else 2
+
+
 def cell(mean: float, std: float, column: str) -> str:
-    """``mean ± std`` as printed: 4 digits for accuracies and their average, else 2; no ± for one seed."""
-    digits = 4 if is_accuracy(column) or column == "average" else 2
-    return f"{mean:.{digits}f}" + ("" if math.isnan(std) else f" ± {std:.{digits}f}")
+    """``mean ± std`` as printed; no ± for one seed."""
+    return f"{mean:.{_digits(column)}f}" + ("" if math.isnan(std) else f" ± {std:.{_digits(column)}f}")
 
 
 def signed(value: float, column: str) -> str:
-    return f"{value:+.{4 if is_accuracy(column) or column == 'average' else 2}f}"
+    return f"{value:+.{_digits(column)}f}"
 
 
 def table_markdown(

@@ -20,12 +20,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..models import family
 from ..models.flavors import args_from_dict
 from ..utils.errors import CheckpointError, RunFinished
-from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format
+from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
 
 LEDGER_KEYS = ("settings", "forked_from", "started_from")
-"""``run.json`` entries that record one run's launch (every config key, paths and seed included;
-the fork it came from; the weights it started from, ``origin``), not what makes runs one configuration."""
+"""``run.json`` entries that record one run's first launch, not what makes runs one configuration."""
 
 
 @dataclass(frozen=True)
@@ -35,8 +34,7 @@ class StepCheckpoint:
 
 
 def find_checkpoint_folder(run: str) -> str:
-    """``run`` may be a dump folder or the checkpoint folder; a dump folder's checkpoints are
-    where its ``run.json`` says (``checkpoint.folder``, inside the run or not), else ``checkpoint/``."""
+    """``run``, a dump folder or a checkpoint folder, to its checkpoint folder (``owners.run_paths``)."""
     if not os.path.isdir(run):
         raise CheckpointError(f"{run}: no such directory")
     if any(STEP_FOLDER.match(name) for name in os.listdir(run)):
@@ -48,9 +46,8 @@ def find_checkpoint_folder(run: str) -> str:
 
 
 def run_of(checkpoint_folder: str) -> str:
-    """The dump folder of the run whose checkpoints ``checkpoint_folder`` holds: the run its
-    record names (a checkpoint folder outside its run), else the nearest folder above whose
-    ``run.json`` puts its checkpoints there, else the folder above it."""
+    """The dump folder of the run whose checkpoints ``checkpoint_folder`` holds: the run its record
+    names, else the nearest folder above whose ``run.json`` puts them there, else its parent."""
     folder = os.path.abspath(checkpoint_folder)
     holder = read_owner(folder)
     if holder is not None and holder.kind == "run" and holder.run is not None:
@@ -77,8 +74,8 @@ def list_checkpoints(folder: str) -> list[StepCheckpoint]:
 
 
 def check_complete(step_dir: str) -> None:
-    """Raise ``CheckpointError`` unless ``.metadata`` parses and every byte range it
-    references exists: this catches crashes mid-save and truncated ``.distcp`` files."""
+    """``CheckpointError`` unless ``.metadata`` parses and every byte range it references exists
+    (a crash mid-save, a truncated ``.distcp``)."""
     if not os.path.isfile(os.path.join(step_dir, ".metadata")):
         raise CheckpointError(f"{step_dir}: missing .metadata (partial or corrupt checkpoint)")
     try:
@@ -112,21 +109,12 @@ def save_run_metadata(
     started_from: dict[str, Any] | None = None,
     paths: dict[str, str] | None = None,
 ) -> None:
-    """Record what the analysis, the converter and the reports need to know of a run:
-    the model family and shape (head count cannot be read off weights), the tokenizer
-    (``gpt2`` or the model's folder, ``encoders``) and the dispersion and baseline
-    settings it trained with (None: not trained by dispersion_titan.train), and its
-    ``training.steps`` (``evaluate table --select best`` derives the authors' evaluation
-    cadence from it); ``evaluate table`` groups runs into arms by all of it but the seed.
-    ``settings`` (every config key, ``run_folder.settings``), ``forked_from`` and ``started_from``
-    (``run_folder.origin``) are the run's ledger: recorded at its first launch and kept by every later one, whose other
-    entries can differ only in ``training_steps`` (the settings check allows nothing else). ``paths``: the run's
-    folders outside its dump folder, by config key (relative to its real path, ``owners.outside_folders``),
-    added to those recorded before."""
+    """Write ``run.json``: what the analysis, the converter and the reports need to know of a run
+    (head count cannot be read off weights). The ledger (``LEDGER_KEYS``) is kept from the first
+    launch; ``paths`` (``owners.outside_folders``) is added to those recorded before."""
     path = os.path.join(folder, RUN_METADATA_FILE)
     first = load_run_metadata(folder) if os.path.isfile(path) else {}
     ledger = {key: first[key] for key in LEDGER_KEYS} if first else {}
-    os.makedirs(folder, exist_ok=True)
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     paths = {**(first.get("paths") or {}), **(paths or {})}
     metadata = {
@@ -144,10 +132,7 @@ def save_run_metadata(
         **ledger,
         **({"paths": paths} if paths else {}),
     }
-    tmp = os.path.join(folder, f".{RUN_METADATA_FILE}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(metadata, f, indent=2)
-    os.replace(tmp, path)
+    write_json(path, metadata)
 
 
 def load_run_metadata(dump_folder: str) -> dict[str, Any]:
@@ -190,10 +175,8 @@ def load_model_args(checkpoint_dir: str) -> Any:
 def load_model(
     step_dir: str, args: Any, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
 ) -> torch.nn.Module:
-    """A plain (unsharded) model of ``args``' family holding the weights of ``step_dir``.
-
-    Built on the meta device, materialised and initialised (which ties a shared LM head
-    and computes buffers such as a RoPE table), then loaded in place."""
+    """A plain (unsharded) model of ``args``' family holding the weights of ``step_dir``; initialised
+    before loading, which ties a shared LM head and computes buffers such as a RoPE table."""
     check_complete(step_dir)
     with torch.device("meta"):
         model = family(args.FAMILY).get_train_spec().model_cls(args)
@@ -215,10 +198,8 @@ def load_model(
 
 
 def _load_failure(error: BaseException) -> str:
-    """One line on why DCP could not load a checkpoint. ``CheckpointException`` (a
-    ``BaseException``) wraps each rank's error; a shard whose bytes are not a tensor
-    record fails to unpickle, and torch's message then advises ``weights_only=False``,
-    which must never be taken on a file nobody vouches for: name the corruption instead."""
+    """One line on why DCP could not load a checkpoint. A corrupt shard fails to unpickle, and torch
+    then advises ``weights_only=False``, never to be taken on a file nobody vouches for."""
     if isinstance(error, CheckpointException) and error.failures:
         error = next(iter(error.failures.values()))[0]
     if isinstance(error, pickle.UnpicklingError):
@@ -230,13 +211,8 @@ QUARANTINE_DIR = "incomplete"
 
 
 def quarantine_incomplete(folder: str) -> list[str]:
-    """Move every step-N folder that fails ``check_complete`` into ``folder/incomplete/``.
-
-    TorchTitan resumes from the newest ``step-N`` holding a ``.metadata`` file; a folder
-    left half-written by a crash (or truncated later) must never be that one. Moving it
-    aside (never deleting) keeps the bytes for inspection and lets the resumed run save
-    that step again. Complete checkpoints are not touched. Returns the new paths.
-    """
+    """Move every step-N folder that fails ``check_complete`` into ``folder/incomplete/`` (never
+    deleted), so TorchTitan never resumes from a half-written one; the new paths."""
     moved = []
     for ckpt in list_checkpoints(folder) if os.path.isdir(folder) else []:
         try:
@@ -251,9 +227,7 @@ def quarantine_incomplete(folder: str) -> list[str]:
 
 
 def saved_data_parallel_degree(step_dir: str) -> int | None:
-    """How many data-parallel ranks saved per-rank loader states (a streamed corpus's; None
-    for a global loader position or a model-only checkpoint): one ``dataloader.dp_rank_<r>``
-    entry per rank."""
+    """How many data-parallel ranks saved per-rank loader states (a streamed corpus's), else None."""
     keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
     ranks = sum(1 for key in keys if key.startswith("dataloader.dp_rank_"))
     return ranks or None
@@ -274,9 +248,8 @@ def _is_complete(step_dir: str) -> bool:
 
 
 def checkpoint_identity(step_dir: str) -> str:
-    """A cheap fingerprint of one saved checkpoint: SHA-256 over its ``.metadata`` bytes and
-    the name, size and modification time of each of its files. Results derived from a
-    checkpoint record it; a checkpoint saved again or replaced since has another one."""
+    """A cheap fingerprint of a checkpoint (``.metadata`` bytes, each file's name, size and mtime),
+    recorded by its results: one saved again or replaced since has another."""
     digest = hashlib.sha256()
     with open(os.path.join(step_dir, ".metadata"), "rb") as f:
         digest.update(f.read())
@@ -284,8 +257,7 @@ def checkpoint_identity(step_dir: str) -> str:
 
 
 def folder_identity(folder: str, digest=None) -> str:
-    """``checkpoint_identity`` of any folder of weights (a Hugging Face model's): SHA-256 over the name,
-    size and modification time of each of its files."""
+    """``checkpoint_identity`` of any folder of weights (a Hugging Face model's)."""
     digest = digest or hashlib.sha256()
     for name in sorted(os.listdir(folder)):
         stat = os.stat(os.path.join(folder, name))
@@ -294,8 +266,8 @@ def folder_identity(folder: str, digest=None) -> str:
 
 
 def identity_changed(recorded: str, step_dir: str) -> bool:
-    """Whether a result that recorded the identity ``recorded`` of ``step_dir`` now describes
-    weights that are no longer there. False for a checkpoint that cannot be read (its load says why)."""
+    """Whether ``step_dir`` no longer holds the weights of identity ``recorded`` (False if unreadable:
+    its load says why)."""
     try:
         return checkpoint_identity(step_dir) != recorded
     except OSError:
@@ -324,15 +296,9 @@ def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
 
 
 def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, load_step: int = -1) -> None:
-    """Decide, before any process group starts, whether a relaunch of the run ``dump`` (its
-    checkpoints in ``folder``) can go on; a refusal's ``--job.fork_from`` names ``dump``.
-
-    TorchTitan resumes from the newest checkpoint (or ``load_step``). Raises ``RunFinished``
-    when the newest is already at ``steps``, and ``CheckpointError`` when no checkpoint can
-    continue the run, or when going on would save over an existing step checkpoint: the
-    newest holding weights only (``checkpoint.last_save_model_only``), or a ``load_step``
-    older than the newest. Such a run is branched on purpose with ``--job.fork_from``.
-    """
+    """Before any process group starts: ``RunFinished`` when the run ``dump`` is done, and
+    ``CheckpointError`` when no checkpoint continues it or going on would save over an existing
+    checkpoint (a weights-only newest one, an older ``load_step``): fork such a run on purpose."""
     saved = complete_checkpoints(folder)
     if load_step >= 0 and os.path.isdir(folder) and load_step not in [c.step for c in saved]:
         have = ", ".join(str(c.step) for c in saved) or "none"

@@ -1,9 +1,6 @@
-"""How every command writes its outputs: each file goes to a temporary name in the same
-folder and is renamed into place, so an interrupted command leaves either the previous
-file or the new one, never half of one. Results of a run live in one folder per model
-state (``step-N``, or ``rev-NAME`` for a Hugging Face revision); a step's result file is
-written last and marks that step as done. JSON, CSV, PNG and plain-text tables. Every record
-(``run.json``, ``.owner.json``, each step's result) carries the one ``FORMAT`` it was written in."""
+"""How every command writes its outputs: to a temporary name, renamed into place, so an interrupted
+command leaves the previous file or the new one. Results live in one folder per model state
+(``step-N``, ``rev-NAME``); its result file, written last, marks it done."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ RESULT_FOLDER = re.compile(rf"{STEP_FOLDER.pattern}|^rev-.+$")
 SIGNIFICANT_DIGITS = 6
 Result = TypeVar("Result")
 FORMAT = 1
-"""The shape of every record this package writes; raised when one changes. A record of another
-(or of none: written before the number existed) is refused (``check_format``), never read as this one."""
+"""The shape of every record this package writes; raised when one changes (``check_format``)."""
 FORMAT_KEY = "format"
 
 
@@ -97,10 +93,9 @@ def still_to_do(
     done: str,
     error: type[Exception],
 ) -> list[str]:
-    """A command resumed into ``--out``: the result folders of ``sources`` (folder -> the checkpoint or model it
-    measures) that ``out`` holds no result of yet (``existing``, by folder). Refused in one line: a folder holding
-    results of other settings (``differs``: what differs, "" for none), of any folder, selected or not; or a result
-    of a checkpoint saved over or replaced since (``stale(source, result)``). ``done``: "analyzed", "evaluated"."""
+    """A command resumed into ``--out``: the result folders of ``sources`` (folder -> what it measures)
+    without a result in ``existing`` yet. Refused in one line: results of other settings (``differs``), or
+    of a checkpoint saved over since (``stale``). ``done``: "analyzed", "evaluated"."""
     other = [name for name, result in existing.items() if differs(result)]
     if other:
         raise error(
@@ -116,11 +111,6 @@ def still_to_do(
     return [name for name in sources if name not in existing]
 
 
-def result_path(out: str, folder: str, file: str) -> str:
-    """``folder``: ``step-N`` (a checkpoint of a run) or ``rev-NAME`` (a Hugging Face revision)."""
-    return os.path.join(out, folder, file)
-
-
 def find_results_folder(run: str, name: str, file: str) -> str | None:
     """``run`` when it holds ``step-N/{file}`` results, else ``run/{name}`` when that does."""
     for folder in (run, os.path.join(run, name)):
@@ -130,8 +120,7 @@ def find_results_folder(run: str, name: str, file: str) -> str | None:
 
 
 def read_step_files(out: str, file: str) -> dict[int, dict]:
-    """Every step's JSON stored in ``out`` as ``step-N/{file}``, by step (results other than
-    condensation analyses, e.g. evaluations)."""
+    """Every step's JSON stored in ``out`` as ``step-N/{file}``, by step."""
     return {
         int(m.group(1)): data for name, data in read_json_files(out, file).items() if (m := STEP_FOLDER.match(name))
     }
@@ -143,7 +132,7 @@ def read_json_files(out: str, file: str) -> dict[str, dict]:
     if not os.path.isdir(out):
         return results
     for name in sorted(os.listdir(out)):
-        path = result_path(out, name, file)
+        path = os.path.join(out, name, file)
         if os.path.isfile(path):
             try:
                 with open(path) as f:
@@ -179,8 +168,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def headless_pyplot() -> ModuleType:
-    """matplotlib's pyplot on the Agg backend, so figures render on cluster nodes without a
-    display; loaded by the modules that draw, not by every reader of this one."""
+    """matplotlib's pyplot on the Agg backend, so figures render on nodes without a display."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,15 +1,6 @@
-"""Every folder has one owner: a run, or the results of one command for one run.
-
-Each folder a command creates records its owner in ``.owner.json`` (the kind of folder, the
-run it belongs to) next to the writer lock (``writer_lock``); the settings stay where each
-kind has always recorded them (``run.json``, each step's result, ``quickstart.json``) and are
-checked there. A command writes only into an empty folder or one it owns: of its kind and
-its run. Anything else is refused in one line naming the owner, before anything is written:
-a run's root, a folder inside a run's checkpoint or TensorBoard folder, another run's folder
-or results, another kind's results, a folder inside another command's results, or a
-folder of files nobody recorded. Runs may sit inside a quickstart's, paper's or sweep's folder, and a
-run's own results inside the run. A record names its run's folder also relative to its own (``RUN_RELATIVE``),
-so a run copied or moved with its folders stays their owner. A record of another ``outputs.FORMAT`` is refused.
+"""Every folder has one owner: a run, or the results of one command for one run, recorded in
+``.owner.json``. A command writes only into an empty folder or one it owns; anything else is
+refused in one line naming the owner, before anything is written (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
 OWNER_FILE = ".owner.json"
 RUN_RELATIVE = "run_relative"
-"""The record's key for its run's folder as a path relative to the recorded folder (``run``: as it was given)."""
+"""The record's key for its run's folder relative to its own, so a run moved with its folders stays their owner."""
 RUN_METADATA_FILE = "run.json"
 TB_KEY = "metrics.save_tb_folder"
 RUN_PATH_KEYS = {
@@ -37,9 +28,7 @@ RUN_PATH_KEYS = {
     "profiling.save_traces_folder": "profiler folder",
     "profiling.save_memory_snapshot_folder": "memory-snapshot folder",
 }
-"""The folders TorchTitan writes, each resolved against ``job.dump_folder`` (an absolute one
-lands outside it); their defaults are the names a run's root reserves when its ``run.json``
-has no settings."""
+"""The folders TorchTitan writes, each resolved against ``job.dump_folder``."""
 DEFAULT_RUN_PATHS = {
     "checkpoint.folder": "checkpoint",
     "metrics.save_tb_folder": "tb",
@@ -58,9 +47,8 @@ def _canonical(run: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class FolderOwner:
-    """Who a folder belongs to: ``kind`` (a run, or one command's results) and ``run``, the run's
-    dump folder (for a run, its own; for an ``hf:`` analysis, the model); None for a folder
-    of several runs' results (tables, comparisons, a paper's or quickstart's folder)."""
+    """Who a folder belongs to: ``kind`` (a run, or one command's results) and ``run`` (a dump folder,
+    an ``hf:`` model; None for results of several runs)."""
 
     kind: str
     run: str | None = None
@@ -75,8 +63,7 @@ class FolderOwner:
 
 
 def read_owner(folder: str) -> FolderOwner | None:
-    """The owner ``folder`` records; None when it records none. A folder holding a ``run.json`` is
-    that run's root, wherever it was moved since its record was written."""
+    """The owner ``folder`` records (None: none); a folder holding a ``run.json`` is that run's root."""
     if os.path.isfile(os.path.join(folder, RUN_METADATA_FILE)):
         return FolderOwner("run", folder)
     try:
@@ -103,8 +90,7 @@ def owner_record(folder: str) -> dict | None:
 
 
 def _recorded_run(folder: str, record: dict) -> str | None:
-    """The run a record names: the run its folder relative to ``folder`` holds (the two copied or moved
-    together), else as recorded (a hub id, a model's folder, or a run's results copied away from it)."""
+    """The run a record names: at ``RUN_RELATIVE`` from ``folder`` if a run is there, else as recorded."""
     relative = record.get(RUN_RELATIVE)
     if relative is not None:
         run = os.path.normpath(os.path.join(os.path.realpath(folder), relative))
@@ -114,8 +100,7 @@ def _recorded_run(folder: str, record: dict) -> str | None:
 
 
 def run_paths(root: str) -> dict[str, str]:
-    """The run's folders (``RUN_PATH_KEYS``) by key: where its ``run.json`` recorded them, else
-    its settings' values resolved against ``root``, else the defaults."""
+    """The run's folders (``RUN_PATH_KEYS``): as its ``run.json`` records them, else the defaults."""
     try:
         with open(os.path.join(root, RUN_METADATA_FILE)) as f:
             metadata = json.load(f)
@@ -132,8 +117,7 @@ def run_paths(root: str) -> dict[str, str]:
 
 
 def _empty(folder: str) -> bool:
-    """Whether ``folder`` holds no files: nothing, lock files, or empty folders (a command's
-    ``ensure_writable`` of its subfolders)."""
+    """Whether ``folder`` holds nothing but lock files, its record and empty folders."""
     if not os.path.isdir(folder):
         return True
     return all(
@@ -156,8 +140,7 @@ def inside(path: str, folder: str) -> bool:
 
 
 def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] | None:
-    """Why ``owner`` may not write into ``folder`` (a real path), and who holds it; None when it may.
-    Results inside a run's root are that run's, whatever run path they recorded (the run may have moved)."""
+    """Why ``owner`` may not write into ``folder`` (a real path), and who holds it; None when it may."""
     home = None
     for ancestor in _ancestors(folder):
         holder = read_owner(ancestor)
@@ -205,8 +188,7 @@ def _ancestors(folder: str) -> Iterator[str]:
 
 
 def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
-    """``refuse_unless_ours`` for ``--tb-dir`` of ``owner``, an analysis: a folder inside its run's own
-    TensorBoard folder is the run's too (histograms beside its training curves) unless another kind recorded it."""
+    """``refuse_unless_ours`` for an analysis's ``--tb-dir``, which may sit inside its run's TensorBoard folder."""
     real = os.path.realpath(folder)
     if owner.run is not None and os.path.isfile(os.path.join(owner.run, RUN_METADATA_FILE)):
         tb = os.path.realpath(run_paths(owner.run)[TB_KEY])
@@ -219,8 +201,7 @@ def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
 
 
 def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: str) -> None:
-    """One line naming the owner if ``owner`` may not write into ``folder``; looks only. A run
-    refused another run's folder is told how to branch from that run on purpose."""
+    """One line naming the owner if ``owner`` may not write into ``folder``; looks only."""
     problem = _problem(os.path.realpath(folder), owner)
     if problem is None:
         return
@@ -237,8 +218,7 @@ def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: st
 
 
 def record_owner(folder: str, owner: FolderOwner) -> bool:
-    """Write ``folder``'s record unless it has one (``write_record``), so of two runs racing to one new
-    folder the second finds the first's record and is refused in one line; whether it wrote it."""
+    """``write_record``, refusing a run that lost the race to a new folder; whether it wrote it."""
     if write_record(folder, owner):
         return True
     problem = _problem(os.path.realpath(folder), owner)  # by the rules, not the record's text: a copy's results
@@ -248,8 +228,7 @@ def record_owner(folder: str, owner: FolderOwner) -> bool:
 
 
 def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
-    """Write ``folder``'s record, with ``extra`` entries, unless it has one: created with O_EXCL (atomic
-    on NFS and Lustre too); whether it wrote it. A run's folder is recorded also relative to ``folder``."""
+    """Write ``folder``'s record, with ``extra`` entries, unless it has one (O_EXCL); whether it wrote it."""
     os.makedirs(folder, exist_ok=True)
     try:
         fd = os.open(os.path.join(folder, OWNER_FILE), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -272,11 +251,8 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
 
 @contextmanager
 def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[WriterLock]:
-    """``folder`` held as its one writer (``sole_writer``) by ``owner``: refused in one line
-    if another owns it (looked at before the lock is taken, so nothing is written, and again
-    under it); its record written when it has none yet, and taken back if the command then
-    fails before writing anything (a refusal of its settings changes nothing; an interrupted
-    command's results stay its own, for the rerun to go on)."""
+    """``folder`` held as its one writer (``sole_writer``) by ``owner``, refused if another owns it; its
+    new record is taken back if the command fails before writing anything else."""
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
     with sole_writer(folder) as lock:
@@ -292,8 +268,7 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
 
 
 def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:
-    """A launch's look before anything is written: its ``job.dump_folder`` and each of its
-    ``folders`` (by config key) outside it are new, empty or this run's own."""
+    """A launch's look: its ``job.dump_folder`` and ``folders`` (by config key) are new, empty or its own."""
     owner = FolderOwner("run", dump)
     refuse_unless_ours(dump, owner, "job.dump_folder", "give this run its own --job.dump_folder")
     for key, path in folders.items():
@@ -303,8 +278,7 @@ def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:
 
 
 def outside_folders(dump: str, folders: dict[str, str]) -> dict[str, str]:
-    """Those of ``folders`` (by config key) outside ``dump``, as paths relative to its real path: what
-    ``run.json`` records as ``paths``, which a run moved with its folders still finds (``run_paths``)."""
+    """Those of ``folders`` outside ``dump``, relative to its real path: ``run.json``'s ``paths``."""
     real = os.path.realpath(dump)
     return {
         key: os.path.relpath(os.path.realpath(path), real) for key, path in folders.items() if not inside(path, dump)

@@ -1,11 +1,6 @@
-"""A run folder's fixed settings, and branching a new run from another on purpose.
-
-A run's settings (every key of its resolved job config) are recorded in ``run.json`` at
-its first launch. A relaunch may change only what leaves the training trajectory as it
-is (``ALLOWED_KEYS``, ``ALLOWED_SECTIONS``: an allow-list, so a key added later is fixed
-until it is listed here); any other difference is refused in one line, before anything
-is written. ``--job.fork_from RUN[@STEP]`` starts a new, empty run folder from another
-run's checkpoint, through TorchTitan's own ``checkpoint.initial_load_path``.
+"""A run folder's fixed settings, and branching a new run from another on purpose
+(``--job.fork_from RUN[@STEP]``, through TorchTitan's ``checkpoint.initial_load_path``). A relaunch
+may change only what leaves the trajectory as it is: an allow-list, so a key added later is fixed.
 """
 
 from __future__ import annotations
@@ -60,23 +55,20 @@ ALLOWED_SECTIONS = (
     "training.dataloader.",
     "validation.dataloader.",
 )
-"""Whole sections a relaunch may change: logging, and how the same computation is laid out
-over processes and memory (layouts agree within float rounding, docs/reliability.md)."""
+"""Whole sections a relaunch may change: logging, and how the same computation is laid out."""
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one, their keys dotted (``section.key``)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
 
 
 def run_settings(job_config: Any) -> dict[str, Any]:
-    """Every key of ``job_config`` as ``section.key`` (nested sections dotted), JSON values."""
-    flat: dict[str, Any] = {}
-
-    def walk(node: dict[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            if isinstance(value, dict):
-                walk(value, f"{prefix}{key}.")
-            else:
-                flat[f"{prefix}{key}"] = value
-
-    walk(json.loads(json.dumps(job_config.to_dict(), default=str)), "")
-    return flat
+    """Every key of ``job_config`` as ``section.key``, JSON values."""
+    return flatten(json.loads(json.dumps(job_config.to_dict(), default=str)))
 
 
 def allowed(key: str) -> bool:
@@ -126,8 +118,7 @@ def parse_fork(spec: str) -> tuple[str, int | None]:
 
 
 def fork_source(spec: str) -> tuple[str, int, str]:
-    """(source run folder, step, checkpoint folder) that ``job.fork_from`` names: the named
-    step, else the newest full checkpoint (else the newest, which holds weights only)."""
+    """(source run, step, checkpoint) ``job.fork_from`` names: its step, else the newest full (or any) one."""
     run, step = parse_fork(spec)
     try:
         folder = find_checkpoint_folder(run)
@@ -151,9 +142,8 @@ def fork_source(spec: str) -> tuple[str, int, str]:
 
 
 def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
-    """Set the checkpoint options that make TorchTitan start this run from the checkpoint
-    ``job.fork_from`` names (or the recorded one, on a relaunch of a forked run), after
-    checking that the new run folder is new or empty; whether there is a fork."""
+    """Set the checkpoint options that start this run from the one ``job.fork_from`` names (or the
+    recorded one, on a relaunch), the run folder checked new or empty; whether there is a fork."""
     dump = os.path.abspath(job_config.job.dump_folder)
     recorded = recorded_run(dump)
     earlier = (recorded or {}).get("forked_from")
@@ -199,8 +189,7 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
 
 
 def _same_source(run: str, earlier: dict[str, Any]) -> bool:
-    """Whether ``run`` is the run a fork recorded as its source: that folder, or one holding the same
-    checkpoint (by its identity: the source copied or moved since)."""
+    """Whether ``run`` is the fork's recorded source: that folder, or one holding the same checkpoint."""
     if run == earlier["run"]:
         return True
     try:
@@ -211,9 +200,7 @@ def _same_source(run: str, earlier: dict[str, Any]) -> bool:
 
 
 def _looks_first() -> bool:
-    """Whether this process checks before anything of this launch is written: the launch check or
-    global rank 0. Other ranks may already see rank 0's TensorBoard files (its ``run.json`` at
-    worst, which they then read as this fork's record)."""
+    """Whether this process checks before anything of this launch is written (other ranks may see rank 0's)."""
     return os.environ.get("RANK", "0") == "0"
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from ..utils.errors import ArgumentError
-from .checkpoints import StepCheckpoint
+from ..utils.errors import ArgumentError, CheckpointError
+from .checkpoints import StepCheckpoint, find_checkpoint_folder, list_checkpoints, run_of
 
 _RANGE = re.compile(r"^(\d+)-(\d+)$")
 
@@ -35,3 +35,13 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
     if not wanted:
         raise ArgumentError(f"--steps: {spec!r} selects no checkpoint (have {sorted(by_step)})")
     return [by_step[s] for s in sorted(wanted)]
+
+
+def run_checkpoints(run: str, spec: str) -> tuple[str, str, list[StepCheckpoint]]:
+    """The dump and checkpoint folders of ``run`` (either of them), and the checkpoints ``spec`` selects."""
+    folder = find_checkpoint_folder(run)
+    checkpoints = list_checkpoints(folder)
+    if not checkpoints:
+        raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
+    selected = select_steps(spec, checkpoints)
+    return run_of(folder), folder, selected

@@ -1,15 +1,6 @@
-"""One writer per folder: a lock file created with O_EXCL, so it holds on NFS and Lustre.
-
-The training job's rank 0 takes it in its run folder before TorchTitan writes anything
-(checkpoints, TensorBoard files, ``run.json``) and keeps it for the run's life; the
-launch-time check looks first, so a second launch into a busy folder ends in one line with
-nothing written. Every other command takes it in the folder it writes (``sole_writer``:
-``analyze``'s and ``evaluate``'s ``--out``, the tables', the quickstart's, ``paper``'s) before
-it reads what the folder holds, so the settings it checks cannot change under it.
-The file names its owner (host, PID, Slurm job id, command line). A lock is stale when its
-owner is gone: on this host, its PID no longer runs or is a zombie; on another host, the owner has not
-touched the file (every training step does; ``sole_writer`` every minute) for
-``STALE_AFTER_S``. A Slurm requeue of the same job takes its own lock over.
+"""One writer per folder: a lock file created with O_EXCL (it holds on NFS and Lustre), naming its
+owner. Training holds it in its run folder, every other command in the folder it writes, before
+reading what the folder holds. A lock whose owner is gone is stale (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -89,9 +80,8 @@ def _read(path: Path) -> Owner | None:
 
 
 def pid_runs(pid: int) -> bool:
-    """Whether ``pid`` is a live process of this host. A zombie (state ``Z``: exited, not yet
-    reaped, as under a container's PID 1 that never reaps) is dead, though ``kill(pid, 0)``
-    still finds it."""
+    """Whether ``pid`` is a live process of this host; a zombie (as under a container's PID 1 that
+    never reaps) is dead, though ``kill(pid, 0)`` finds it."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -185,9 +175,8 @@ class WriterLock:
 
 @contextmanager
 def sole_writer(folder: str | os.PathLike) -> Iterator[WriterLock]:
-    """Hold the lock of a command's output folder (its ``--out``) for the block, touching it every
-    ``HEARTBEAT_S`` so that other hosts see a long command alive; a second writer is refused
-    in one line naming this one."""
+    """Hold the lock of a command's output folder for the block, touching it every ``HEARTBEAT_S``
+    so that other hosts see a long command alive."""
     lock = WriterLock(folder, COMMAND)
     lock.acquire()
     done = threading.Event()
