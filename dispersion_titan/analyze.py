@@ -1,14 +1,5 @@
-"""Condensation analysis of saved checkpoints and of Hugging Face models.
-
-    python -m dispersion_titan.analyze RUN [--steps 0,5,10-20] [--num-sequences 100] [--seq-len 512] ...
-    python -m dispersion_titan.analyze hf:MODEL[@REV1,REV2,...] --out DIR [...]
-    python -m dispersion_titan.analyze compare RUN_A RUN_B ... --out DIR [--step N|last]
-    python -m dispersion_titan.analyze family SPEC ... --out DIR [--family NAME=SPEC,SPEC] [--paired A=B]
-
-RUN is a run's dump folder or its checkpoint folder. Bad options fail with one line
-naming the option, file or folder (exit 2); checkpoints that cannot be read are
-reported and skipped, and the exit status is then 1.
-"""
+"""``python -m dispersion_titan.analyze RUN|hf:MODEL`` and its ``compare`` and ``family`` commands:
+arguments and dispatch. Checkpoints that cannot be read are reported and skipped (exit status 1)."""
 
 from __future__ import annotations
 

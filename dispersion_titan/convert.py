@@ -6,14 +6,10 @@
     python -m dispersion_titan.convert to-hf DUMP OUT_DIR     # the run's newest complete checkpoint
 
 ``step-N`` may be a DCP checkpoint or a ``last_save_in_hf`` one; the model family, shape
-and tokenizer come from the run's ``run.json``, the weights' names from the family's
-state-dict adapter. ``OUT_DIR`` receives ``config.json`` (the family's ``hf_config``:
-for gpt2 ``n_inner`` for MLP widths other than 4·dim and a vocabulary padded past
-GPT-2's 50257 ids trimmed back to them), ``model.safetensors`` and the run's tokenizer
-files (GPT-2's BPE, or those of the model's own folder). Everything is written to a
-temporary directory first, so a failed conversion leaves ``OUT_DIR`` as it was; a
-non-empty ``OUT_DIR`` is refused unless ``--force`` and it holds an export of the same run
-(a folder of any other owner is refused even so: ``run_folder/owners.py``).
+and tokenizer come from the run's ``run.json``. ``OUT_DIR`` receives ``config.json``,
+``model.safetensors`` and the run's tokenizer files, written beside it first, so a failed
+conversion leaves ``OUT_DIR`` as it was; a non-empty ``OUT_DIR`` is refused unless ``--force``
+and it holds an export of the same run.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Downstream evaluation of saved checkpoints with lm-eval, and the paper's Table 2.
-
-    python -m dispersion_titan.evaluate RUN [--protocol gpt2|qwen3] [--steps 0,5,10-20] [--tasks piqa,mmlu] ...
-    python -m dispersion_titan.evaluate table RUN... [ARM=RUN1,RUN2 ...] --out DIR [--select best|last|step:N]
-        [--best-step auto|per-seed|averaged] [--exclude-initial] [--pretrained auto|none|RUN,...]
-        [--reference ARM] [--test student|welch]
-
-RUN is a run's dump folder or its checkpoint folder, or ``hf:MODEL[@REV]`` (a hub id or a
-Hugging Face folder, evaluated as published: step 0 of ``--out``, a Pretrained row). Bad options fail with one line
-naming the option, file or folder (exit 2) before any model loads; checkpoints that
-cannot be read are reported and skipped, and the exit status is then 1.
-"""
+"""``python -m dispersion_titan.evaluate RUN|hf:MODEL`` (lm-eval) and its ``table`` command (the paper's
+Table 2): arguments and dispatch. Checkpoints that cannot be read are reported and skipped (exit status 1)."""
 
 from __future__ import annotations
 

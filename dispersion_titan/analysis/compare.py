@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant
-from ..run_folder.outputs import ensure_writable, format_table, save_png, write_csv
-from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.outputs import format_table, save_png, write_csv
+from ..run_folder.owners import FolderOwner, owned
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import differences
@@ -139,8 +139,6 @@ def compare(runs: list[str], out: str, step: str) -> str:
     """Write ``compare.csv``, ``compare_layers.csv`` and ``compare.png``; return the table."""
     loaded = load_runs(runs, step)
     owner = FolderOwner("comparison")
-    refuse_unless_ours(out, owner, "--out", "use another --out")
-    ensure_writable(out, "--out")
     rows = table_rows(loaded)
     inputs = loaded[0].result.inputs
     title = f"{steps_title(loaded)}: K={inputs['num_sequences']}, S={inputs['seq_len']}"

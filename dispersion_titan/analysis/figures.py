@@ -49,8 +49,8 @@ def curve_axes(ax: plt.Axes, title: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def _curve_axes(title: str) -> tuple[Figure, plt.Axes]:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+def _curve_axes(title: str, width: float = 6.4) -> tuple[Figure, plt.Axes]:
+    fig, ax = plt.subplots(figsize=(width, 4.2), layout="constrained")
     curve_axes(ax, title)
     return fig, ax
 
@@ -80,8 +80,7 @@ def evolution(results: list[Condensation], title: str) -> Figure:
 
 def comparison(labelled: list[tuple[str, Condensation]], title: str) -> Figure:
     """One mean-cosine line per run, the legend outside the axes."""
-    fig, ax = plt.subplots(figsize=(9.6, 4.2), layout="constrained")
-    curve_axes(ax, title)
+    fig, ax = _curve_axes(title, 9.6)
     for label, result in labelled:
         plot_curve(ax, result, label=label)
     outside_legend(ax)

@@ -38,10 +38,6 @@ def load_config(spec: HFSpec, revision: str | None):
     return config
 
 
-def _architecture(config) -> str:
-    return f"{(config.architectures or [type(config).__name__])[0]} ({config.model_type})"
-
-
 def _check_decoder_only(config, name: str) -> None:
     """Encoders see every position at once: their layers are not what a causal LM's are."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
@@ -52,8 +48,9 @@ def _check_decoder_only(config, name: str) -> None:
         kind = "an encoder-only"
     else:
         return
+    architecture = (config.architectures or [type(config).__name__])[0]
     raise ModelLoadError(
-        f"{name}: {_architecture(config)} is {kind} model; "
+        f"{name}: {architecture} ({config.model_type}) is {kind} model; "
         f"analyze measures decoder-only causal language models (GPT-2, Llama, Qwen, OLMo, …)"
     )
 

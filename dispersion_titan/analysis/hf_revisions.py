@@ -30,8 +30,6 @@ class HFAnalysis(Analysis):
             raise ArgumentError("--steps: not used with hf: models (list revisions: hf:MODEL@REV1,REV2)")
         if not options.out:
             raise ArgumentError("--out: required with hf: models")
-        if options.device_map and options.device_map != "auto":
-            raise ArgumentError(f"--device-map: {options.device_map!r}; only 'auto' is supported")
         if options.device_map and importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError("--device-map auto needs accelerate: pip install 'dispersion_titan[hf]'")
         self.spec = parse_spec(options.target, options.trust_remote_code)

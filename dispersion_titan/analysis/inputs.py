@@ -6,7 +6,6 @@ or the rows of ``texts``, with the tokenizer's default special tokens.
 
 from __future__ import annotations
 
-import fnmatch
 import glob
 import hashlib
 import json
@@ -18,6 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from ..run_folder import outputs
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils.errors import DataConfigError
 from . import AnalysisError
@@ -148,27 +148,24 @@ def paper_texts(rows: Sequence[str], count: int) -> list[str]:
 
 def _paper_files(path: str | None) -> list[str]:
     """wikitext-103-v1's train parquet files: under ``path`` (or that one file), else from the hub."""
-    if path:
-        files = (
-            [path]
-            if os.path.isfile(path)
-            else sorted(glob.glob(os.path.join(path, PAPER_FILES)) or glob.glob(os.path.join(path, "*.parquet")))
-        )
-        if not files:
-            raise AnalysisError(f"--dataset-path: {path}: no {PAPER_FILES} (nor *.parquet) there")
-        return files
-    from huggingface_hub import HfApi, hf_hub_download
+    if not path:
+        from huggingface_hub import snapshot_download
 
-    try:
-        names = sorted(
-            f for f in HfApi().list_repo_files(PAPER_REPO, repo_type="dataset") if fnmatch.fnmatch(f, PAPER_FILES)
-        )
-        return [hf_hub_download(PAPER_REPO, name, repo_type="dataset") for name in names]
-    except Exception as e:  # offline, or the hub refused
-        raise AnalysisError(
-            f"--protocol paper: cannot fetch {PAPER_REPO} {PAPER_FILES} ({type(e).__name__}); "
-            "give a local copy with --dataset-path"
-        ) from None
+        try:
+            path = snapshot_download(PAPER_REPO, repo_type="dataset", allow_patterns=PAPER_FILES)
+        except Exception as e:  # offline, or the hub refused
+            raise AnalysisError(
+                f"--protocol paper: cannot fetch {PAPER_REPO} {PAPER_FILES} ({type(e).__name__}); "
+                "give a local copy with --dataset-path"
+            ) from None
+    files = (
+        [path]
+        if os.path.isfile(path)
+        else sorted(glob.glob(os.path.join(path, PAPER_FILES)) or glob.glob(os.path.join(path, "*.parquet")))
+    )
+    if not files:
+        raise AnalysisError(f"--dataset-path: {path}: no {PAPER_FILES} (nor *.parquet) there")
+    return files
 
 
 def paper_rows(path: str | None) -> list[str]:
@@ -229,9 +226,5 @@ def _sequences(options: InputOptions, tokens: np.ndarray) -> Sequences:
 
 def differences(recorded: dict, current: dict) -> str:
     """What differs between two ``Sequences.record()``s, for one-line refusals."""
-    changed = [
-        f"{key} {recorded.get(key)!r} vs {current.get(key)!r}"
-        for key in sorted(set(recorded) | set(current))
-        if key != "tokens_sha256" and recorded.get(key) != current.get(key)
-    ]
-    return ", ".join(changed) or "same options, different token sequences"
+    options = [{k: v for k, v in sorted(record.items()) if k != "tokens_sha256"} for record in (recorded, current)]
+    return outputs.differences(*options) or "same options, different token sequences"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..run_folder.outputs import atomic_write, ensure_writable, format_table, save_png, write_csv
-from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.outputs import atomic_write, format_table, save_png, write_csv
+from ..run_folder.owners import FolderOwner, owned
 from . import AnalysisError, figures
 from .compare import pick
 from .condensation_schema import Condensation
@@ -38,11 +38,6 @@ def _split(spec: str) -> tuple[str, str]:
     return (folder, which) if at and os.path.isdir(folder) else (spec, "last")
 
 
-def run_family(result: Condensation) -> str:
-    """``gpt2 run`` for our runs of gpt2, …"""
-    return f"{result.model_args['model_type']} run"
-
-
 def load_member(spec: str, families: dict[str, str]) -> Member:
     folder, which = _split(spec)
     result = pick(folder, which, option=spec)
@@ -50,7 +45,8 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
         name = f"{os.path.basename(os.path.normpath(result.run))}@{result.step}"
     else:
         name = os.path.basename(os.path.normpath(result.model)) + (f"@{result.revision}" if result.revision else "")
-    family = families.get(spec) or (result.model_args.get("model_type") if result.model else run_family(result))
+    kind = result.model_args.get("model_type")  # ``gpt2 run`` for our runs of gpt2
+    family = families.get(spec) or (kind if result.model else f"{kind} run")
     return Member(spec, name, family, result.n_params, result)
 
 
@@ -210,8 +206,6 @@ def write_size_series(
     if not 1 <= last_n <= shortest:
         raise AnalysisError(f"--last-n: {last_n} is not between 1 and {shortest}, the fewest layers of these models")
     owner = FolderOwner("family")
-    refuse_unless_ours(out, owner, "--out", "use another --out")
-    ensure_writable(out, "--out")
     inputs = members[0].result.inputs
     title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}

@@ -1,15 +1,5 @@
-"""Named document sources (``[training] dataset`` / ``[validation] dataset``).
-
-- ``enwiki_sample``: the offline default, the 106 real Wikipedia articles that ship in
-  gensim's wheel, markup stripped by gensim's own wikicorpus utilities; every 10th
-  article is the validation split.
-- ``local``: the user's jsonl / parquet / txt files through ``datasets`` builders.
-- ``wikitext-103``: ``Salesforce/wikitext``, config ``wikitext-103-raw-v1``; its
-  ``train`` and ``validation`` splits, rows (lines) joined back into articles.
-- ``fineweb-edu``: ``HuggingFaceFW/fineweb-edu``, config ``sample-10BT``, streamed; the
-  first 10,000 documents are the validation split and training starts after them.
-
-Hub datasets accept a local copy as ``<section>.dataset_path`` (see ``sources``).
+"""Named document sources (``[training] dataset`` / ``[validation] dataset``, ``CORPORA``); hub datasets
+accept a local copy as ``<section>.dataset_path`` (``sources``). docs/data.md describes each.
 """
 
 from __future__ import annotations
@@ -68,10 +58,7 @@ def wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
 
 
 class Corpus(ABC):
-    """A named source of plain-text documents for the ``train`` and ``validation`` splits.
-
-    ``path_field`` arguments name the path option (``training.dataset_path``) for errors.
-    """
+    """A named source of plain-text documents; ``path_field`` names the path option for errors."""
 
     needs_path = False
     streams_training = False  # the train split is streamed, never held in memory
@@ -103,8 +90,7 @@ class EmbeddedWikipedia(Corpus):
             )
 
     def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
-        """Cached: stripping the markup takes gensim about 5 s per process, every launch.
-        The articles depend on the dump file and on gensim's filter rules (its version)."""
+        """Cached: stripping the markup takes gensim about 5 s per process."""
         del split, path, path_field
         return {"files": [file_identity(enwiki_sample_path())], "gensim": version("gensim")}
 
@@ -151,12 +137,8 @@ class LocalFiles(Corpus):
 
 @dataclass(frozen=True)
 class HubDataset(Corpus):
-    """A Hugging Face hub dataset, or a local copy of it at ``dataset_path``.
-
-    With ``held_out_documents`` N > 0 the dataset's ``train`` split is the only one read:
-    its first N documents are the validation split and training starts at document N.
-    ``streams_training`` reads the training documents as a stream (``StreamingPackedDataset``).
-    """
+    """A Hugging Face hub dataset, or a local copy; with ``held_out_documents`` N, the first N documents
+    of its train split are the validation split."""
 
     repo: str
     config: str | None
@@ -221,33 +203,30 @@ CORPORA: dict[str, Corpus] = {
 }
 
 
-def corpus(name: str, field: str) -> Corpus:
+def corpus(name: str, field: str, path: str | None = None) -> Corpus:
+    """The corpus ``<field>`` names, refused without the ``<field>_path`` it needs."""
     if name not in CORPORA:
         raise DataConfigError(f"{field}: unknown dataset {name!r}; choose from {sorted(CORPORA)}")
+    if CORPORA[name].needs_path and not path:
+        raise DataConfigError(f"{field}_path: dataset {name!r} needs a path")
     return CORPORA[name]
 
 
 def check_dataset(name: str, path: str | None, field: str) -> None:
     """Pre-launch check of ``<field>`` and ``<field>_path`` that never contacts the hub."""
-    found = corpus(name, field)
-    if found.needs_path and not path:
-        raise DataConfigError(f"{field}_path: dataset {name!r} needs a path")
-    found.check_path(path, f"{field}_path")
+    corpus(name, field, path).check_path(path, f"{field}_path")
 
 
 def iter_documents(name: str, split: str, path: str | None, field: str) -> Iterator[str]:
     """Documents of ``name``'s ``split``. ``field`` names the config key for errors."""
-    found = corpus(name, field)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if found.needs_path and not path:
-        raise DataConfigError(f"{field}_path: dataset {name!r} needs a path")
-    return found.documents(split, path, f"{field}_path")
+    return corpus(name, field, path).documents(split, path, f"{field}_path")
 
 
 def documents_identity(name: str, split: str, path: str | None, field: str) -> dict[str, Any] | None:
     """The token-cache identity of a split (None: not worth caching)."""
-    identity = corpus(name, field).identity(split, path, f"{field}_path")
+    identity = corpus(name, field, path).identity(split, path, f"{field}_path")
     if identity is None:
         return None
     return {"dataset": name, "split": split, "documents_version": DOCUMENTS_VERSION, **identity}

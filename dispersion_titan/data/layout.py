@@ -1,10 +1,6 @@
-"""Which sequences of the global packed stream a data-parallel rank reads.
-
-Rank ``r`` of ``W``, with local batch ``b``, reads chunks of ``b`` consecutive sequences
-``r, r+W, r+2W, …``. Global step ``s`` with ``A`` accumulation steps then consumes
-chunks ``[s·A·W, (s+1)·A·W)``, i.e. exactly the sequences ``[s·G, (s+1)·G)`` for global
-batch ``G = A·W·b``, whatever ``W`` and ``A`` are: an experiment keeps its data when it
-moves between 8 and 64 GPUs. Every dataset, in memory or streamed, uses this rule.
+"""Which sequences of the global packed stream a data-parallel rank reads: rank ``r`` of ``W`` reads
+chunks ``r, r+W, …`` of ``b`` sequences, so global step ``s`` consumes sequences ``[s·G, (s+1)·G)``
+whatever ``W`` and the accumulation steps: a run keeps its data across GPU counts.
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ class RankSlice(IterableDataset, Stateful):
             raise DataConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
     predict_last = True
-    """False: the last position's label is ignored, seq_len − 1 predictions a sequence
-    (``training.predict_last``)."""
+    """``training.predict_last``; False: the last position's label is ignored."""
 
     def sample(self, window: np.ndarray) -> Sample:
         """``seq_len + 1`` tokens → ``({"input": x}, y)`` with ``y`` = ``x`` shifted by one."""

@@ -1,17 +1,7 @@
-"""A deterministic global stream of packed sequences, sliced per data-parallel rank.
-
-Documents are tokenised by the run's tokenizer (``encoders``: GPT-2's BPE, or the model's
-own), each followed by its end-of-sequence id (GPT-2's ``<|endoftext|>``), concatenated, and cut into
-sequences of ``seq_len`` inputs (labels are the inputs shifted by one token; with
-``training.predict_last = false`` a training sequence's last label is ignored): sequence
-``g`` is tokens ``[g·seq_len, (g+1)·seq_len + 1)``. Which sequences a rank reads is
-``layout.RankSlice``'s rule, the same for every dataset.
-
-Corpora that fit in memory (all but ``fineweb-edu``'s training split) are tokenised once
-into a uint16 array (cached on disk, see ``tokens``), and every training epoch
-visits their sequences in a seeded random order. Streamed corpora are read in order by
-``streaming.StreamingPackedDataset``. A ``dataset_path`` that is a token store
-(``store``) replaces the tokenising with its memory-mapped shards, in the same order.
+"""A deterministic global stream of packed sequences, sliced per data-parallel rank (``layout``):
+documents, each followed by the end-of-sequence id, concatenated; sequence ``g`` is tokens
+``[g·seq_len, (g+1)·seq_len + 1)``. Corpora that fit in memory are tokenised once (``tokens``) and
+shuffled per epoch; streamed ones are read in order (``streaming``); a token store replaces both.
 """
 
 from __future__ import annotations
@@ -58,8 +48,7 @@ def token_stream(
 def tokenized_documents(
     name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2_BPE
 ) -> tuple[np.ndarray, ...]:
-    """Each document of a corpus split as token ids (no separator). Documents are
-    tokenised as ordinary text, so the end-of-sequence id only ever separates them."""
+    """Each document of a corpus split as token ids (no separator)."""
     stream = token_stream(name, split, path, field, encoder)
     ends = np.flatnonzero(stream == encoder.eos_id)
     starts = np.concatenate([[0], ends[:-1] + 1])
@@ -67,14 +56,8 @@ def tokenized_documents(
 
 
 class PackedSequenceDataset(RankSlice):
-    """Yields this rank's ``({"input": x}, y)`` samples of an in-memory (or memory-mapped)
-    packed stream.
-
-    ``infinite`` streams repeat the data in epochs; with ``shuffle`` every epoch visits
-    the sequences in a seeded random order. The state is the number of samples this
-    rank has yielded, so a resumed run continues exactly, mid-epoch included. A finite
-    stream (validation) is one ordered pass per iteration.
-    """
+    """This rank's samples of an in-memory (or memory-mapped) packed stream: ``infinite`` in epochs,
+    each in a seeded random order with ``shuffle``; else one ordered pass (validation)."""
 
     def __init__(
         self,
@@ -123,10 +106,8 @@ class PackedSequenceDataset(RankSlice):
             yield self.sample(window)
 
     def _one_pass(self) -> Iterator[Sample]:
-        """Every sequence once, and the same number of batches on every rank: TorchTitan's
-        validator runs collectives per batch, so a rank with one batch fewer would hang.
-        Places past the end of the stream are padding whose labels are all ignored, so
-        the loss is still exactly the mean over the real tokens of each global batch."""
+        """Every sequence once, and the same number of batches on every rank (TorchTitan's validator runs
+        collectives per batch): places past the end are padding whose labels are ignored."""
         rounds = math.ceil(self.num_sequences / (self.dp_world_size * self.local_batch_size))
         for sample in range(rounds * self.local_batch_size):
             g = self.global_index(sample)
@@ -137,11 +118,8 @@ class PackedSequenceDataset(RankSlice):
 
 
 class ContinuousPackedDataset(PackedSequenceDataset):
-    """A streamed corpus's training order over its token store: sequence ``g`` is tokens
-    ``[g·seq_len, (g+1)·seq_len + 1)`` of the stream repeated end to end, so a window may
-    span the end of one pass and the start of the next, exactly as
-    ``StreamingPackedDataset`` reads it. The state is the samples yielded, as for every
-    ``RankSlice``, so a streamed run's checkpoint resumes on the store too."""
+    """A streamed corpus's training order over its token store: the stream repeated end to end, a window
+    spanning two passes, exactly as ``StreamingPackedDataset`` reads it."""
 
     def __init__(
         self,
@@ -173,8 +151,7 @@ def run_encoder(job_config: JobConfig) -> DocumentEncoder:
 
 
 def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig) -> RankSlice:
-    """The dataset of ``[section]`` for this rank: streamed or in memory, per corpus, and
-    read from a token store when ``dataset_path`` is one."""
+    """The dataset of ``[section]`` for this rank."""
     cfg = getattr(job_config, section)
     encoder = run_encoder(job_config)
     field = f"{section}.dataset"
@@ -208,13 +185,8 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
 
 
 class PackedDataloader(ParallelAwareDataloader):
-    """A loader whose checkpointed state is global: the number of sequences of the global
-    stream consumed, the same on every rank. Any data-parallel degree resumes from it (each
-    of W ranks has yielded 1/W of them), so a run may move between GPU counts.
-
-    Streamed hub corpora keep TorchTitan's per-rank state (a resume point in the rows of
-    each rank), which only the same degree can resume.
-    """
+    """A loader whose checkpointed state is global (sequences consumed), so any data-parallel degree
+    resumes it; streamed hub corpora keep TorchTitan's per-rank state."""
 
     def state_dict(self) -> dict[str, Any]:
         if isinstance(self.dataset, StreamingPackedDataset):

@@ -10,11 +10,9 @@ tokenizer its ``[model]`` trains with) or a dataset name (``enwiki_sample``, ``l
 ``wikitext-103``, ``fineweb-edu``; GPT-2's BPE, or ``--tokenizer``: a Hugging Face
 folder with the model's ``tokenizer.json``).
 
-Documents are read in order in this process and tokenised by a pool of ``--workers``
-processes, one shard of ``--shard-documents`` documents per task; each shard is written
-atomically, then its ``.json`` record. A rerun skips the shards whose record and bytes
-verify, so an interrupted prepare resumes where it stopped (run one prepare per folder at
-a time). The document index and the manifest are written last.
+Documents are tokenised by ``--workers`` processes, one shard of ``--shard-documents`` documents
+each. A rerun skips the shards whose record and bytes verify, so an interrupted prepare resumes
+where it stopped (run one prepare per folder at a time).
 """
 
 from __future__ import annotations
@@ -98,9 +96,8 @@ def _record_path(out: str, index: int) -> str:
 
 
 def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: str) -> dict[str, Any]:
-    """Tokenise one shard's documents and write the shard, then its record (in a worker:
-    tiktoken single-threaded, the pool is the parallelism). The encoder is named, not
-    sent: each worker loads it once."""
+    """Tokenise one shard's documents and write the shard, then its record (in a worker, which loads
+    the named encoder once)."""
     encoder = encoder_named(encoder_name)
     data = np.concatenate(list(tokenize(texts, threads=1, encoder=encoder))).tobytes()
     record = {
@@ -115,8 +112,7 @@ def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: 
 
 
 def verified_shard(out: str, index: int, documents: int, key: str, itemsize: int) -> dict[str, Any] | None:
-    """Shard ``index``'s record if an earlier run completed it with ``key`` for these
-    ``documents`` and its bytes still match; None if it must be (re)written."""
+    """Shard ``index``'s record if an earlier run completed it alike and its bytes match; else None."""
     try:
         with open(_record_path(out, index), "rb") as f:
             record = json.load(f)
@@ -134,9 +130,7 @@ def verified_shard(out: str, index: int, documents: int, key: str, itemsize: int
 
 
 def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
-    """Create ``out``; refuse a folder holding another prepare's store (naming the inputs
-    that differ) or shards (a different source, tokenizer or shard size): nothing is ever
-    deleted."""
+    """Create ``out``; refuse a folder holding another prepare's store or shards (nothing is deleted)."""
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as e:
@@ -175,8 +169,7 @@ def write_store(
     progress: bool = True,
     encoder: DocumentEncoder = GPT2_BPE,
 ) -> dict[str, Any]:
-    """Tokenise ``documents`` into the store at ``out`` (finishing a partial one there);
-    return its manifest. ``source`` describes the documents (dataset, split, path, ...)."""
+    """Tokenise ``documents`` (described by ``source``) into the store at ``out``; its manifest."""
     inputs = key_inputs(source, shard_documents, encoder)
     key = prepare_key(inputs)
     _claim(out, inputs, key)
@@ -214,16 +207,11 @@ def write_store(
             settle(waiting.popleft())
     if not records:
         raise DataConfigError(f"{source['dataset']}: no {source['split']} documents")
-    return _finish(out, records, source, key, shard_documents, encoder)
+    return _finish(out, records, inputs, key, encoder)
 
 
 def _finish(
-    out: str,
-    records: list[dict[str, Any]],
-    source: dict[str, Any],
-    key: str,
-    shard_documents: int,
-    encoder: DocumentEncoder,
+    out: str, records: list[dict[str, Any]], inputs: dict[str, Any], key: str, encoder: DocumentEncoder
 ) -> dict[str, Any]:
     """Write the document index (from the separators in the shards), then the manifest."""
     dtype, starts, offset = token_dtype(encoder), [], 0
@@ -236,16 +224,10 @@ def _finish(
     np.save(index, np.concatenate(starts))
     write_atomically(os.path.join(out, DOCUMENT_INDEX), index.getvalue())
     manifest = {
-        "format": FORMAT,
-        "version": VERSION,
+        **inputs,
         "key": key,
-        "tokenizer": tokenizer_stamp(encoder),
-        "documents_version": DOCUMENTS_VERSION,
-        "source": source,
-        "dtype": dtype.name,
         "tokens": offset,
         "documents": sum(r["documents"] for r in records),
-        "shard_documents": shard_documents,
         "document_index": DOCUMENT_INDEX,
         "shards": records,
     }
@@ -256,9 +238,7 @@ def _finish(
 def resolve_source(
     target: str, split: str, dataset_path: str | None, tokenizer: str | None
 ) -> tuple[str, str | None, str, DocumentEncoder]:
-    """(dataset, path, config field, encoder) named by CONFIG_OR_DATASET: a training TOML's
-    ``[training]`` (train) or ``[validation]`` section and its ``[model]``'s tokenizer, or a
-    registered dataset name and ``--tokenizer`` (GPT-2's BPE without it)."""
+    """(dataset, path, config field, encoder) named by CONFIG_OR_DATASET."""
     chosen = None if tokenizer is None else hf_tokenizer(tokenizer, "--tokenizer")
     if target in CORPORA:
         return target, dataset_path, "--dataset", chosen or GPT2_BPE

@@ -1,14 +1,6 @@
-"""Rows with a ``text`` column, loaded by Hugging Face ``datasets`` from the hub, from a
-local copy of a hub dataset, or from the user's own files.
-
-A local copy (``training.dataset_path`` / ``validation.dataset_path``) may be
-- a directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``;
-- a ``datasets`` cache directory that holds the dataset (``HF_DATASETS_CACHE`` of a
-  machine that loaded it), read with datasets' own cache builder, never the network;
-- a directory of data files, e.g. a config folder of ``hf download --repo-type dataset``
-  (splits are inferred from file names such as ``train-*.parquet``);
-- jsonl / json / parquet / txt files or globs, comma-separated: they are the split of
-  the section that names them.
+"""Rows with a ``text`` column, loaded by Hugging Face ``datasets`` from the hub, a local copy (a
+``save_to_disk`` folder, a ``datasets`` cache, a folder of data files) or the user's own files
+(docs/data.md).
 """
 
 from __future__ import annotations
@@ -126,11 +118,7 @@ def _from_directory(path: str, repo: str, config: str, split: str, field: str, s
 
 
 def load_rows(repo: str, config: str, split: str, path: str | None, field: str, streaming: bool) -> Rows:
-    """``split`` of hub dataset ``repo``/``config``, or of the local copy at ``path``.
-
-    ``field`` names the path option (e.g. ``training.dataset_path``) in errors. Failing
-    to reach the hub is a one-line ``DataConfigError`` naming that option.
-    """
+    """``split`` of hub dataset ``repo``/``config``, or of the local copy at ``path`` (``field``)."""
     if path and os.path.isdir(os.path.expanduser(path)):
         path = os.path.expanduser(path)
         return _require_text(_from_directory(path, repo, config, split, field, streaming), path, field)
@@ -153,9 +141,7 @@ def iter_text(rows: Rows) -> Iterator[str]:
 
 
 def file_texts(files: list[str], field: str) -> Iterator[str]:
-    """The ``text`` of every row of ``files`` (``load_files``), in order. A row without one (a
-    jsonl line lacking the field, or null) is refused in one line naming its file and line,
-    before any is read: dropping it would train on fewer documents than the files hold."""
+    """The ``text`` of every row of ``files``, in order; a row without one is refused, not dropped."""
     rows = load_files(files, field, False)
     column = rows.data.column("text")
     if column.null_count:
@@ -165,8 +151,7 @@ def file_texts(files: list[str], field: str) -> Iterator[str]:
 
 
 def _row_without_text(files: list[str], index: int) -> str:
-    """Where the first row without a text is: ``FILE: line N has no "text"`` for JSON Lines
-    (read again only now, on the error path), else the row's number among all rows."""
+    """Where the first row without a text is: its file and line for JSON Lines, else its number."""
     for path in files:
         if BUILDERS[os.path.splitext(path)[1]] != "json":
             continue

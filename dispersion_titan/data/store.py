@@ -1,19 +1,7 @@
-"""The token store: a corpus split tokenised once (``python -m dispersion_titan.data
-prepare``) and read by training from memory-mapped shards, so no rank tokenises at
-train time.
-
-A store is a directory:
-
-- ``shard-NNNNN.bin``: flat token ids (``dtype``, uint16 for GPT-2) of documents
-  ``[N·K, (N+1)·K)`` of the split (``K`` = ``shard_documents``), each followed by
-  the end-of-sequence id (GPT-2's ``<|endoftext|>``). Concatenated in order, the shards are exactly the split's packed
-  token stream (``packed.token_stream``, ``streaming.StreamingPackedDataset``).
-- ``shard-NNNNN.json``: written once its shard is complete (token and document counts,
-  SHA-256, the prepare key): an interrupted prepare resumes from these.
-- ``documents.npy``: int64 offset of every document's first token in the stream.
-- ``manifest.json``: written last; its presence makes the directory a finished store.
-  It records the format version, the tokenizer (name and fingerprint), the source
-  (dataset, split, path and their identity), counts, dtype and the shard list.
+"""The token store: a corpus split tokenised once (``python -m dispersion_titan.data prepare``) into
+shards that, concatenated, are exactly its packed token stream, read memory-mapped by training.
+Each ``shard-N.bin`` gets a ``shard-N.json`` once complete; ``manifest.json``, written last, makes the
+folder a finished store (docs/data.md).
 """
 
 from __future__ import annotations
@@ -83,8 +71,7 @@ def write_atomically(path: str, data: bytes) -> None:
 
 
 def read_manifest(folder: str, field: str) -> dict[str, Any]:
-    """The manifest of the store at ``folder``; a missing, corrupt or other-version one
-    is a one-line ``DataConfigError`` naming ``field`` and the file."""
+    """The manifest of the store at ``folder``, else one line naming ``field`` and the file."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.exists(path):
         raise DataConfigError(
@@ -143,10 +130,8 @@ def stale_reason(manifest: dict[str, Any], encoder: DocumentEncoder = GPT2_BPE) 
 
 
 class TokenStore:
-    """A store's token stream as one read-only sequence (``len`` and slices) over its
-    shards, memory-mapped on first use. At most ``_MAPPED_SHARDS`` stay mapped: each map
-    holds a file descriptor, and a 10B-token corpus has hundreds of shards. A slice that
-    spans shards is copied, any other is a view."""
+    """A store's token stream as one read-only sequence over its shards, at most ``_MAPPED_SHARDS``
+    memory-mapped at a time (each holds a file descriptor). A slice across shards is a copy."""
 
     def __init__(self, folder: str, manifest: dict[str, Any], dtype: np.dtype):
         self.folder = folder
@@ -183,8 +168,7 @@ class TokenStore:
 
 
 def open_store(path: str, dataset: str, split: str, field: str, encoder: DocumentEncoder = GPT2_BPE) -> TokenStore:
-    """The store at ``path`` made from ``dataset``'s ``split`` by ``encoder``, shards
-    checked by size (not hashed: that would read the whole corpus on every rank)."""
+    """The store at ``path`` made from ``dataset``'s ``split`` by ``encoder``, shards checked by size only."""
     folder = os.path.expanduser(path)
     manifest = read_manifest(folder, field)
     manifest_path = os.path.join(folder, MANIFEST)

@@ -1,16 +1,6 @@
-"""The packed stream of a corpus too large for memory (FineWeb-Edu), read in order.
-
-The global stream is defined exactly as for in-memory corpora (documents, each followed
-by the end-of-sequence id, cut into ``seq_len`` windows; sequence ``g`` starts at token
-``g·seq_len``) but without shuffling, and each rank takes its sequences by the same
-``RankSlice`` rule. Token positions depend on every earlier document, so every rank reads
-and tokenises the whole global stream and keeps only its own windows.
-
-Resuming is exact: the state holds the samples this rank has yielded and a resume point
-at a document boundary, the ``datasets`` ``IterableDataset.state_dict()`` taken just
-before the first document still needed plus that document's global token position. A
-resumed stream continues from there through ``load_state_dict`` (``datasets`` skips whole
-shards), not by re-reading the corpus. At the end of the rows a new pass (epoch) begins.
+"""The packed stream of a corpus too large for memory, read in order: every rank tokenises the whole
+stream (positions depend on every earlier document) and keeps its own windows. The state holds a
+resume point at a document boundary (``datasets``' own state), so a resume skips, not re-reads.
 """
 
 from __future__ import annotations
@@ -49,12 +39,8 @@ class _Document:
 
 
 class StreamingPackedDataset(RankSlice):
-    """This rank's ``({"input": x}, y)`` samples of a streamed packed corpus.
-
-    ``rows`` returns a fresh ``datasets.IterableDataset`` with a ``text`` column each
-    time it is called (one call per pass); it is called once here, so an unreachable
-    hub fails when the loader is built rather than at the first step.
-    """
+    """This rank's samples of a streamed packed corpus; ``rows()`` gives a fresh pass (called once here,
+    so an unreachable hub fails when the loader is built)."""
 
     def __init__(
         self,
@@ -75,8 +61,7 @@ class StreamingPackedDataset(RankSlice):
         rows()  # fail now if the rows cannot be opened (e.g. an unreachable hub)
 
     def _texts(self, start: ResumePoint) -> Iterator[tuple[ResumePoint, str]]:
-        """(resume point, text) of every document from ``start`` on, pass after pass.
-        Positions are filled in by the caller, which knows the token counts."""
+        """(resume point without position, text) of every document from ``start`` on, pass after pass."""
         epoch, state = start.epoch, start.rows_state
         resumed_mid_pass = state is not None
         while True:
@@ -144,8 +129,7 @@ class StreamingPackedDataset(RankSlice):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """A state without a resume point (saved by a token-store run of this corpus)
-        resumes too, by reading the stream from its start up to the samples yielded."""
+        """A state without a resume point (a token-store run's) is read from the stream's start."""
         super().load_state_dict(state_dict)
         self.resume = ResumePoint(
             state_dict.get("epoch", 0), state_dict.get("rows_state"), state_dict.get("position", 0)

@@ -1,14 +1,6 @@
-"""Tokenising documents, and token streams cached on disk so that 8+ ranks (and later
-runs) do not each spend minutes tokenising the same corpus.
-
-The cache file is keyed by the corpus identity (dataset, split, source files with their
-sizes and mtimes, or the hub id) and the tokenizer's fingerprint (``encoders``: GPT-2's
-BPE by default, or the model's own tokenizer). The first process to
-take the key's file lock tokenises and writes ``<key>.npy`` atomically (temporary file +
-rename); the others wait for the lock, then memory-map the result, so ranks on one node
-share one copy in the page cache. The directory is ``$DISPERSION_TITAN_TOKEN_CACHE`` or
-``<datasets cache>/dispersion_titan_tokens``; set the variable to ``off`` to tokenise in
-every process instead (also the fallback when the directory is not writable).
+"""Tokenising documents, and token streams cached on disk (keyed by corpus identity and tokenizer) so
+that ranks and later runs do not each tokenise the same corpus: the first process to take the key's
+file lock writes it, the others memory-map it. ``$DISPERSION_TITAN_TOKEN_CACHE`` (``off``: none).
 """
 
 from __future__ import annotations
@@ -31,14 +23,12 @@ _TOKENIZE_BATCH = 256  # documents per tiktoken call (it tokenises a batch in th
 
 
 def token_dtype(encoder: DocumentEncoder = GPT2_BPE) -> np.dtype:
-    """The smallest unsigned type holding every id: uint16 for GPT-2's 50257, uint32 for
-    Qwen3's or Llama 3's vocabularies."""
+    """The smallest unsigned type holding every id."""
     return np.dtype(np.uint16 if encoder.vocab_size <= 1 << 16 else np.uint32)
 
 
 def tokenize(documents: Iterable[str], threads: int = 8, encoder: DocumentEncoder = GPT2_BPE) -> Iterator[np.ndarray]:
-    """Each document's ids (ordinary text) followed by the end-of-sequence id (GPT-2's
-    ``<|endoftext|>``), as ``token_dtype()`` arrays. ``threads``: tiktoken's threads per batch."""
+    """Each document's ids (ordinary text) followed by the end-of-sequence id, as ``token_dtype()`` arrays."""
     dtype = token_dtype(encoder)
     documents = iter(documents)
     while batch := list(itertools.islice(documents, _TOKENIZE_BATCH)):

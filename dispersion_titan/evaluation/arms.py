@@ -1,6 +1,4 @@
-"""The rows of the paper's Table 2: one run's selected checkpoint (``RunScores``) and one
-arm's seeds summarized (``ArmRow``), shared by ``table`` (which builds them) and ``figure``
-(which draws them)."""
+"""The rows of the paper's Table 2, which ``table`` builds and ``figure`` draws."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A checkpoint as lm-eval's own HFLM sees it: exported by ``convert to-hf`` into a
-temporary folder. Scoring that folder is by construction what a user gets from
-``lm_eval --model hf --model_args pretrained=<convert to-hf output>``. A Hugging Face model
-(``hf:MODEL[@REV]``, a hub id or a local folder) is handed to HFLM as it is."""
+"""A checkpoint as lm-eval's own HFLM sees it: exported as ``convert to-hf`` does, so its scores are what
+``lm_eval --model hf`` gives on that export; a Hugging Face model is handed to HFLM as it is."""
 
 from __future__ import annotations
 
@@ -24,8 +22,7 @@ _EXPORT = re.compile(r"^\.hf-.+\.pid(\d+)@(.+)\.[^.]+$")
 
 
 def remove_abandoned_exports(parent: str) -> None:
-    """Remove the exports in ``parent`` whose evaluation died before removing them (SIGKILL, the
-    OOM killer): made on this host by a process that no longer runs."""
+    """Remove the exports in ``parent`` left by an evaluation of this host that died (SIGKILL, OOM)."""
     host = socket.gethostname()
     for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
         match = _EXPORT.match(name)
@@ -35,24 +32,19 @@ def remove_abandoned_exports(parent: str) -> None:
 
 @contextmanager
 def hf_export(step_dir: str, parent: str) -> Iterator[str]:
-    """The Hugging Face folder of ``step_dir``, inside ``parent`` (the output folder, so
-    no small /tmp has to hold GPT-2 xl), removed afterwards, as are those a killed
-    evaluation left there. Raises ``CheckpointError`` before yielding when the checkpoint
-    cannot be read."""
+    """The Hugging Face folder of ``step_dir``, inside ``parent`` (no small /tmp has to hold GPT-2 xl),
+    removed afterwards; ``CheckpointError`` before yielding for an unreadable checkpoint."""
     remove_abandoned_exports(parent)
     step = os.path.basename(step_dir.rstrip("/"))
-    folder = tempfile.mkdtemp(prefix=f".hf-{step}.pid{os.getpid()}@{socket.gethostname()}.", dir=parent)
-    try:
+    prefix = f".hf-{step}.pid{os.getpid()}@{socket.gethostname()}."
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=parent, ignore_cleanup_errors=True) as folder:
         export_checkpoint(step_dir, folder)
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager
 def hflm_location(source: str, parent: str) -> Iterator[tuple[str, str]]:
-    """HFLM's ``pretrained`` and ``revision`` for ``source``: a checkpoint folder (exported into
-    ``parent`` by ``hf_export``) or ``hf:MODEL[@REV]``."""
+    """HFLM's ``pretrained`` and ``revision`` for ``source``: a checkpoint folder or ``hf:MODEL[@REV]``."""
     if not source.startswith(PREFIX):
         with hf_export(source, parent) as folder:
             yield folder, "main"
@@ -63,17 +55,15 @@ def hflm_location(source: str, parent: str) -> Iterator[tuple[str, str]]:
 
 
 def source_identity(source: str, pretrained: str, config) -> str | None:
-    """What a result records of the weights it scored: a checkpoint's or a local folder's identity, a hub
-    model's commit (as transformers resolved it)."""
+    """What a result records of the weights it scored: their identity, or a hub model's commit."""
     if not source.startswith(PREFIX):
         return checkpoint_identity(source)
     return folder_identity(pretrained) if os.path.isdir(pretrained) else getattr(config, "_commit_hash", None)
 
 
 def source_changed(record: dict, source: str) -> bool:
-    """Whether ``source`` now holds other weights than the result ``record`` (its ``dispersion_titan``
-    entry) scored: a checkpoint saved again, a local Hugging Face folder replaced. A hub revision is
-    taken as it was (pin one with ``hf:MODEL@COMMIT``; ``--force`` evaluates it again)."""
+    """Whether ``source`` now holds other weights than the result ``record`` scored (a hub revision is
+    taken as it was: pin one with ``hf:MODEL@COMMIT``)."""
     if not source.startswith(PREFIX):
         return identity_changed(record["checkpoint_identity"], source)
     try:

@@ -1,6 +1,5 @@
-"""What is evaluated and how it is scored: the authors' two evaluation protocols (Table 2
-of arXiv 2602.00217, as their released ``midtrain_*_huggingface`` scripts run lm-eval)
-and user overrides of them."""
+"""What is evaluated and how it is scored: the authors' two protocols (Table 2 of arXiv 2602.00217) and
+user overrides of them."""
 
 from __future__ import annotations
 
@@ -8,11 +7,8 @@ from dataclasses import dataclass
 
 from . import EvaluationError
 
-# The authors' LMEvalCallback runs two simple_evaluate calls: the zero-shot tasks with 0 shots
-# and the few-shot tasks with --num_fewshot (1 for GPT-2, 5 for Qwen3); their zero-shot list
-# names groups (anli, lambada) of which Table 2 scores one task (anli_r2, lambada_openai), and
-# hellaswag is computed but not tabulated. The presets evaluate what Table 2 reports; the
-# authors' other names get their shots too when asked for with --tasks.
+# What Table 2 reports of the authors' two simple_evaluate calls (zero-shot, few-shot); their other
+# zero-shot names (groups, hellaswag) get their shots too when asked for with --tasks.
 ZERO_SHOT = ("anli_r2", "lambada_openai", "openbookqa", "piqa", "truthfulqa_mc2", "winogrande")
 FEW_SHOT = ("arc_easy", "arc_challenge", "medmcqa", "mmlu")
 PERPLEXITY = ("paloma_wikitext_103",)
@@ -43,12 +39,9 @@ PRESETS = {
 EVALUATION_PROTOCOLS = tuple(PRESETS)
 DEFAULT_PROTOCOL = "gpt2"
 FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3_dispersion": "qwen3"}
-"""A run's model family (``run.json``'s ``model_name``) -> the authors' protocol for it. The
-authors evaluated no Llama: a llama3_dispersion run (or any other family) gets ``DEFAULT_PROTOCOL``, said in a note."""
+"""A run's model family -> the authors' protocol for it (others: ``DEFAULT_PROTOCOL``, with a note)."""
 AUTHORS_BATCH_SIZE = 1
-"""The authors' lm-eval batch size (``LMEvalCallback``), the default: padded batches are not
-batch-1 exactly (a tiny GPT-2 on tests/lm_eval_tasks, lm-eval 0.4.13: 2 of 40 wiki_next_word
-documents' log-likelihoods differ by ~1e-6 between batch sizes 1 and 8), so a tie can flip."""
+"""The authors' lm-eval batch size: padded batches move log-likelihoods by ~1e-6, so a tie can flip."""
 
 
 def run_protocol(model_name: str) -> tuple[str, str | None]:
@@ -62,9 +55,7 @@ def run_protocol(model_name: str) -> tuple[str, str | None]:
 
 
 BEST_STEP = ("auto", "per-seed", "averaged")
-"""``evaluate table --best-step``: ``auto`` (the default) chooses the best step per seed for
-mid-training arms and on the seed-averaged curve for from-scratch arms (the authors' two
-``plot_results.py``, mid-training and pre-training)."""
+"""``evaluate table --best-step`` (its help says what each does)."""
 
 # A task's score: lm-eval's `acc` where it has one, else its word perplexity.
 ACCURACY = "acc"
@@ -104,9 +95,7 @@ def task_names(spec: str) -> tuple[str, ...]:
 def build_plan(
     tasks: str | None, num_fewshot: int | None, limit: int | None | str, protocol: str = DEFAULT_PROTOCOL
 ) -> EvaluationPlan:
-    """The protocol's plan, with --tasks / --num-fewshot / --limit replacing its parts.
-    Tasks outside the protocol keep their own few-shot default unless --num-fewshot;
-    ``limit`` "all" evaluates every example."""
+    """The protocol's plan, with --tasks / --num-fewshot / --limit replacing its parts."""
     preset = PRESETS[protocol]
     names = task_names(tasks) if tasks is not None else PAPER_TASKS
     shots = {name: num_fewshot if num_fewshot is not None else preset.shots(name) for name in names}
@@ -114,8 +103,7 @@ def build_plan(
 
 
 def task_scores(metrics_by_task: dict[str, dict], tasks: list[str]) -> dict[str, float]:
-    """``{"task/metric": value}`` for each of ``tasks`` (or groups) that lm-eval's
-    ``results`` entry gives ``acc`` or ``word_perplexity``, in the order of ``tasks``."""
+    """``{"task/metric": value}``, ``acc`` else ``word_perplexity``, for each of ``tasks`` that has one."""
     scores = {}
     for name in tasks:
         metrics = metrics_by_task.get(name, {})

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..components.wandb_run import recorded
 from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_of
-from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, still_to_do
+from ..run_folder.outputs import FORMAT, FORMAT_KEY, differences, ensure_writable, still_to_do
 from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_unless_ours
 from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
@@ -22,7 +22,6 @@ from .export import hflm_location, source_changed, source_identity
 from .protocol import EvaluationPlan, build_plan, mean_accuracy, run_protocol
 from .step_results import (
     OURS,
-    differences,
     merge,
     read_evaluations,
     result_scores,

@@ -1,9 +1,5 @@
-"""Per-step result files and the summary over steps.
-
-``OUT/step-N/results.json`` is lm-eval's own results dictionary (its per-sample records
-left out), the dictionaries of the per-task calls merged, plus a ``dispersion_titan``
-entry: its ``format`` (``run_folder.outputs.FORMAT``), the settings that make evaluations comparable,
-the lm-eval version, the checkpoint and timings. It is written last, atomically, and marks the step as done."""
+"""Per-step result files, ``OUT/step-N/results.json`` (lm-eval's results of the per-task calls merged,
+plus our ``dispersion_titan`` entry), and the summary over steps."""
 
 from __future__ import annotations
 
@@ -47,10 +43,6 @@ def settings(result: dict) -> dict:
     return result[OURS]["settings"]
 
 
-def differences(old: dict, new: dict) -> str:
-    return ", ".join(f"{key} {old.get(key)!r} vs {new.get(key)!r}" for key in new if old.get(key) != new[key])
-
-
 def result_scores(result: dict) -> dict[str, float]:
     return task_scores(result["results"], settings(result)["tasks"])
 
@@ -61,8 +53,7 @@ def summary_row(result: dict) -> dict:
 
 
 def write_summary(out: str, results: list[dict]) -> str:
-    """One row per step, in step order; a column for every task any step was scored on
-    (empty where a step was not: steps of other tasks kept by ``--force``)."""
+    """One row per step; a column for every task any step was scored on."""
     rows = [summary_row(result) for result in sorted(results, key=lambda r: r[OURS]["step"])]
     tasks = dict.fromkeys(key for row in rows for key in row if key not in ("step", "mean_acc"))
     path = os.path.join(out, SUMMARY_FILE)

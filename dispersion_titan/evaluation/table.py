@@ -15,8 +15,8 @@ from scipy import stats
 
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.origin import from_scratch
-from ..run_folder.outputs import atomic_write, ensure_writable, find_results_folder, write_csv
-from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ..run_folder.outputs import atomic_write, differences, find_results_folder, write_csv
+from ..run_folder.owners import FolderOwner, owned
 from ..run_folder.settings import flatten
 from ..utils.hub import PREFIX
 from . import EvaluationError
@@ -24,7 +24,7 @@ from .arms import ArmRow, RunScores
 from .export import source_changed
 from .figure import average_accuracy_figure
 from .protocol import is_accuracy, mean_accuracy
-from .step_results import OURS, RESULT_FILE, differences, read_evaluations, result_scores, settings
+from .step_results import OURS, RESULT_FILE, read_evaluations, result_scores, settings
 
 TABLE = FolderOwner("table")
 """Who ``--out`` belongs to: tables of several runs, rewritten whole at each call."""
@@ -398,19 +398,23 @@ def table_markdown(
     pretrained_note: str = "",
     reference_note: str = "given with --reference",
 ) -> str:
+    everyone = ([pretrained] if pretrained else []) + rows
     header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", "sig"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in ([pretrained] if pretrained else []) + rows:
-        cells = [
-            row.name,
-            str(len(row.runs)),
-            *(cell(row.mean[c], row.std[c], c) for c in columns),
-            cell(row.average_mean, row.average_std, "average"),
-            "" if math.isnan(row.rank) else f"{row.rank:.2f}",
-            "" if row.p_value is None else f"{row.p_value:.4f}",
-            row.significance,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
+    lines = _markdown(
+        header,
+        [
+            [
+                row.name,
+                str(len(row.runs)),
+                *(cell(row.mean[c], row.std[c], c) for c in columns),
+                cell(row.average_mean, row.average_std, "average"),
+                "" if math.isnan(row.rank) else f"{row.rank:.2f}",
+                "" if row.p_value is None else f"{row.p_value:.4f}",
+                row.significance,
+            ]
+            for row in everyone
+        ],
+    )
     lines += [
         "",
         f"Mean ± sample std over seeds. Checkpoint per run: {selection}. The average and the rank are over "
@@ -420,28 +424,18 @@ def table_markdown(
         f"({reference_note}; needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001. {pretrained_note}",
     ]
     if pretrained:
-        lines += [
-            "",
-            f"Difference from {PRETRAINED} (mean − {PRETRAINED}'s mean):",
-            "",
-            "| arm | " + " | ".join([*columns, "average"]) + " |",
-            "|" + "---|" * (len(columns) + 2),
-        ]
-        lines += [
-            "| "
-            + " | ".join(
-                [row.name, *(signed(value, key) for key, value in difference(row, pretrained, columns).items())]
-            )
-            + " |"
+        diff_rows = [
+            [row.name, *(signed(value, key) for key, value in difference(row, pretrained, columns).items())]
             for row in rows
         ]
-    lines += ["", "| arm | run | step | average |", "|---|---|---|---|"]
-    lines += [
-        f"| {row.name} | {r.run} | {r.step} | {r.average:.4f} |"
-        for row in ([pretrained] if pretrained else []) + rows
-        for r in row.runs
-    ]
-    return "\n".join(lines) + "\n"
+        lines += ["", f"Difference from {PRETRAINED} (mean − {PRETRAINED}'s mean):", ""]
+        lines += _markdown(["arm", *columns, "average"], diff_rows)
+    runs = [[row.name, r.run, str(r.step), f"{r.average:.4f}"] for row in everyone for r in row.runs]
+    return "\n".join([*lines, "", *_markdown(["arm", "run", "step", "average"], runs)]) + "\n"
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def csv_rows(
@@ -504,8 +498,6 @@ def table(
         reference, why = default_reference(by_arm) if by_arm else (PRETRAINED, "no arms: the Pretrained row alone")
     _check_comparable([r for runs in by_arm.values() for r in runs] + base)
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
-    refuse_unless_ours(out, TABLE, "--out", "use another --out")
-    ensure_writable(out, "--out")
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
     with owned(out, TABLE):
         atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))

@@ -4,6 +4,7 @@ their data loaded with the hub's offline mode on when the hub cannot be reached.
 from __future__ import annotations
 
 import os
+from importlib.metadata import version
 from typing import Any
 
 from ..utils.hub import hub_offline
@@ -24,11 +25,8 @@ def check_include_path(path: str) -> str:
 
 
 class Tasks:
-    """The requested tasks in one TaskManager.
-
-    Indexing lm-eval's ~13,000 built-in task YAMLs takes 20-30 s on 2 CPU cores, so when
-    every name is a plain task of --include-path that folder alone is indexed. Groups
-    and tags always get the full index: they may name built-in tasks."""
+    """The requested tasks in one TaskManager: only --include-path's when each is a plain task there (indexing
+    lm-eval's ~13,000 built-in task YAMLs takes 20-30 s on 2 cores)."""
 
     def __init__(self, names: tuple[str, ...], include_path: str | None):
         from lm_eval.tasks import TaskManager
@@ -43,16 +41,14 @@ class Tasks:
         self.manager = manager or TaskManager(include_path=self.include_path)
         unknown = [name for name in names if name not in self.manager.all_tasks]
         if unknown:
-            where = f"lm-eval {_lm_eval_version()}" + (f" or {self.include_path}" if self.include_path else "")
+            where = f"lm-eval {version('lm_eval')}" + (f" or {self.include_path}" if self.include_path else "")
             raise EvaluationError(
                 f"--tasks: unknown task {', '.join(unknown)} (not in {where}; lm-eval --tasks list shows the names)"
             )
 
     def load(self) -> dict[str, list[Any]]:
-        """Each name's lm-eval Task or Group objects, built once (datasets are fetched
-        here) and reused for every checkpoint. An unreachable hub turns its offline mode
-        on first: cached data load at once, missing data fail at once (not after 30 s of
-        retries)."""
+        """Each name's lm-eval Task or Group objects, built once; an unreachable hub's offline mode on first,
+        so missing data fail at once (not after 30 s of retries)."""
         objects = {}
         with hub_offline() as offline:
             for name in self.names:
@@ -71,9 +67,3 @@ class Tasks:
                 top = loaded["groups"].get(name) or loaded["tasks"].get(name)
                 objects[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: its tasks
         return objects
-
-
-def _lm_eval_version() -> str:
-    import lm_eval
-
-    return lm_eval.__version__

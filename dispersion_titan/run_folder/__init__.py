@@ -1,4 +1,1 @@
-"""A run's dump folder read and written offline, one process, no process group:
-checkpoint discovery, ``run.json`` and model loading (``checkpoints``). Analysis,
-evaluation, reporting, conversion and the quickstart use it without the trainer.
-"""
+"""A run's folder read and written offline (one process, no process group), and the folders commands write."""

@@ -226,13 +226,6 @@ def quarantine_incomplete(folder: str) -> list[str]:
     return moved
 
 
-def saved_data_parallel_degree(step_dir: str) -> int | None:
-    """How many data-parallel ranks saved per-rank loader states (a streamed corpus's), else None."""
-    keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
-    ranks = sum(1 for key in keys if key.startswith("dataloader.dp_rank_"))
-    return ranks or None
-
-
 def is_full(step_dir: str) -> bool:
     """Whether a checkpoint can be resumed from: it holds the train state, not only weights."""
     keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
@@ -286,8 +279,9 @@ def last_complete_step(folder: str, before: int | None = None) -> int | None:
 
 def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
     """Refuse to load a streamed corpus's per-rank positions on another number of data-parallel ranks."""
-    saved = saved_data_parallel_degree(step_dir)
-    if saved is not None and saved != data_parallel_degree:
+    keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    saved = sum(1 for key in keys if key.startswith("dataloader.dp_rank_"))  # a streamed corpus's, one per rank
+    if saved and saved != data_parallel_degree:
         raise CheckpointError(
             f"parallelism: {step_dir} holds the per-rank positions of a streamed corpus for {saved} "
             f"data-parallel ranks and this run has {data_parallel_degree}; resume it with {saved}, or train "

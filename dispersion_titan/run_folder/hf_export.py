@@ -1,7 +1,5 @@
-"""A checkpoint written as a Hugging Face model directory (``GPT2LMHeadModel``,
-``Qwen3ForCausalLM`` or ``LlamaForCausalLM`` by the run's family): what
-``python -m dispersion_titan.convert to-hf`` and the evaluation's lm-eval export write.
-The command's help (``convert``) describes the output folder."""
+"""A checkpoint written as a Hugging Face model directory, for ``convert to-hf`` and the evaluation;
+``convert``'s help describes it."""
 
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ def _is_step_dir(path: str) -> bool:
 
 
 def resolve_step_dir(path: str) -> str:
-    """``path`` itself when it is one checkpoint; for a run (dump or checkpoint folder), its
-    newest complete checkpoint."""
+    """``path`` when it is one checkpoint; for a run, its newest complete checkpoint."""
     path = path.rstrip("/")
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: no such folder (pass a run folder or one of its checkpoint/step-N)")
@@ -54,8 +51,7 @@ def resolve_step_dir(path: str) -> str:
 
 
 def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.Tensor]:
-    """The checkpoint's weights under the family's HF names (no ``lm_head`` when tied);
-    embedding rows past ``vocab_size`` (a padded vocabulary's, never targets) are cut."""
+    """The checkpoint's weights under the family's HF names, rows past ``vocab_size`` (padding) cut."""
     adapter = family(args.FAMILY).get_train_spec().state_dict_adapter(args, None)
     if os.path.isfile(os.path.join(step_dir, ".metadata")):
         state = load_model(step_dir, args).state_dict()
@@ -71,8 +67,7 @@ def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.
 
 
 def save_tokenizer(folder: str, max_length: int) -> None:
-    """GPT-2's BPE: vocab.json (= encoder.json) and merges.txt (= vocab.bpe), plus the
-    tokenizer.json and tokenizer_config.json that ``transformers`` derives from them."""
+    """GPT-2's BPE files, plus those ``transformers`` derives from them."""
     from transformers import GPT2TokenizerFast
 
     encoder_json, vocab_bpe = bpe_files()
@@ -102,8 +97,8 @@ def export_tokenizer(folder: str, encoder: DocumentEncoder, max_length: int) -> 
 
 
 def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
-    """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``: a new or empty
-    folder, or with ``force`` an HF export of the same run (``owners``), never a run's own."""
+    """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``: new or empty, or with
+    ``force`` an export of the same run."""
     given, step_dir = step_dir, resolve_step_dir(step_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConvertError(f"OUT_DIR: {out_dir} exists and is not a directory")
@@ -120,9 +115,8 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
 
 
 def export_checkpoint(step_dir: str, out_dir: str) -> None:
-    """Write the checkpoint ``step_dir`` as a Hugging Face folder ``out_dir``, through a staging
-    folder beside it, so a failure leaves ``out_dir`` as it was (the evaluation's own export
-    into its output folder, and ``to_hf``'s)."""
+    """Write ``step_dir`` as a Hugging Face folder ``out_dir``, through a staging folder beside it, so a
+    failure leaves ``out_dir`` as it was."""
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     args = load_model_args(checkpoints)
     encoder = encoder_named(load_run_metadata(run_of(checkpoints))["tokenizer"])
@@ -130,8 +124,8 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
     weights = hf_state_dict(step_dir, args, config.vocab_size)
     parent = os.path.dirname(os.path.abspath(out_dir))
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out_dir))}.", dir=parent)
-    try:
+    prefix = f".{os.path.basename(os.path.abspath(out_dir))}."
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=parent, ignore_cleanup_errors=True) as staging:
         save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
         os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
         config.save_pretrained(staging)
@@ -139,5 +133,3 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
         os.makedirs(out_dir, exist_ok=True)
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -1,8 +1,5 @@
-"""Where a run started: pretrained weights (Hugging Face safetensors, a DCP checkpoint of trained
-weights) or an initialisation (its own, or a seed checkpoint). ``run.json`` records it at the
-run's first launch (``started_from``); Table 2 reads it, as the authors' two ``plot_results.py``
-tell mid-training (best step per seed, a Pretrained row) from training from scratch (best step
-on the seed-averaged curve)."""
+"""Where a run started, pretrained weights or an initialisation, as ``run.json``'s ``started_from``:
+Table 2 tells mid-training from training from scratch by it, as the authors' two scripts do."""
 
 from __future__ import annotations
 
@@ -19,11 +16,8 @@ _STEP = re.compile(r"^step-(\d+)$")
 
 
 def start_record(job_config: Any) -> dict[str, Any]:
-    """What the run loads before its first step, as TorchTitan's checkpointer decides it for a new
-    run folder: ``source`` hf (safetensors from ``initial_load_path`` or ``model.hf_assets_path``),
-    checkpoint (a DCP ``initial_load_path`` of trained weights), seed_checkpoint (a DCP checkpoint
-    holding an initialisation) or init (nothing: the model's own initialisation). A fork (``job.fork_from``)
-    started where its parent did: a branch of a run from scratch is from scratch too."""
+    """What the run loads before its first step, as TorchTitan's checkpointer decides it: ``source`` hf,
+    checkpoint, seed_checkpoint or init; a fork started where its parent did."""
     if job_config.job.fork_from:
         try:
             parent = load_run_metadata(parse_fork(job_config.job.fork_from)[0])
@@ -51,9 +45,8 @@ def _shown(path: str) -> str:
 
 
 def holds_an_initialisation(step_dir: str) -> bool:
-    """Whether a DCP checkpoint ``RUN/checkpoint/step-N`` holds an initialisation rather than trained
-    weights: its run made it with ``checkpoint.create_seed_checkpoint``, or it is step 0 of a run that
-    did not start pretrained. A checkpoint without a ``run.json`` of ours counts as trained."""
+    """Whether ``RUN/checkpoint/step-N`` holds an initialisation (a seed checkpoint, or step 0 of a run
+    not started pretrained) rather than trained weights (also: not one of our runs)."""
     step_dir = os.path.abspath(step_dir)
     run = os.path.dirname(os.path.dirname(step_dir))
     try:

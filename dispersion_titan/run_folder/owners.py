@@ -11,9 +11,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..utils.errors import OutputError
-from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, listed
+from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
 OWNER_FILE = ".owner.json"
@@ -22,20 +23,13 @@ RUN_RELATIVE = "run_relative"
 RUN_METADATA_FILE = "run.json"
 TB_KEY = "metrics.save_tb_folder"
 RUN_PATH_KEYS = {
-    "checkpoint.folder": "checkpoint folder",
-    "metrics.save_tb_folder": "TensorBoard folder",
-    "comm.save_traces_folder": "flight-recorder folder",
-    "profiling.save_traces_folder": "profiler folder",
-    "profiling.save_memory_snapshot_folder": "memory-snapshot folder",
+    "checkpoint.folder": ("checkpoint folder", "checkpoint"),
+    "metrics.save_tb_folder": ("TensorBoard folder", "tb"),
+    "comm.save_traces_folder": ("flight-recorder folder", "comm_traces"),
+    "profiling.save_traces_folder": ("profiler folder", "profile_traces"),
+    "profiling.save_memory_snapshot_folder": ("memory-snapshot folder", "memory_snapshot"),
 }
-"""The folders TorchTitan writes, each resolved against ``job.dump_folder``."""
-DEFAULT_RUN_PATHS = {
-    "checkpoint.folder": "checkpoint",
-    "metrics.save_tb_folder": "tb",
-    "comm.save_traces_folder": "comm_traces",
-    "profiling.save_traces_folder": "profile_traces",
-    "profiling.save_memory_snapshot_folder": "memory_snapshot",
-}
+"""The folders TorchTitan writes, each resolved against ``job.dump_folder``: what each is, its default."""
 CONTAINERS = ("paper", "quickstart", "sweep")
 """Kinds whose folders hold other owners' folders: the runs and analyses they make."""
 
@@ -112,7 +106,7 @@ def run_paths(root: str) -> dict[str, str]:
     real = os.path.realpath(root)  # recorded paths are relative to it (``outside_folders``), as the OS joins them
     return {
         key: os.path.normpath(os.path.join(real, recorded.get(key) or settings.get(key) or default))
-        for key, default in DEFAULT_RUN_PATHS.items()
+        for key, (_, default) in RUN_PATH_KEYS.items()
     }
 
 
@@ -142,7 +136,7 @@ def inside(path: str, folder: str) -> bool:
 def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] | None:
     """Why ``owner`` may not write into ``folder`` (a real path), and who holds it; None when it may."""
     home = None
-    for ancestor in _ancestors(folder):
+    for ancestor in map(str, Path(folder).parents):
         holder = read_owner(ancestor)
         if holder is None or holder.kind in CONTAINERS:
             continue
@@ -153,7 +147,7 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
         for key, path in run_paths(ancestor).items():
             path = os.path.realpath(path)
             if _within(folder, path):
-                return f"is {'' if folder == path else 'inside '}{holder.describe()}'s {RUN_PATH_KEYS[key]}", holder
+                return f"is {'' if folder == path else 'inside '}{holder.describe()}'s {RUN_PATH_KEYS[key][0]}", holder
         first = os.path.relpath(folder, ancestor).split(os.sep)[0]
         if STEP_FOLDER.match(first):
             return f"would make {holder.describe()}'s root look like a checkpoint folder ({first})", holder
@@ -178,13 +172,6 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
     if holder.kind != owner.kind or None not in (holder.run, owner.run) and holder.run != owner.run:
         return f"holds {holder.describe()}", holder
     return None
-
-
-def _ancestors(folder: str) -> Iterator[str]:
-    parent = os.path.dirname(folder)
-    while parent != folder:
-        yield parent
-        folder, parent = parent, os.path.dirname(parent)
 
 
 def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
@@ -251,10 +238,11 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
 
 @contextmanager
 def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[WriterLock]:
-    """``folder`` held as its one writer (``sole_writer``) by ``owner``, refused if another owns it; its
-    new record is taken back if the command fails before writing anything else."""
+    """``folder`` held as its one writer (``sole_writer``) by ``owner``, refused if another owns it or it is
+    not writable; its new record is taken back if the command fails before writing anything else."""
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
+    ensure_writable(folder, option)
     with sole_writer(folder) as lock:
         refuse_unless_ours(folder, owner, option, way_out)
         recorded = record_owner(folder, owner)
