@@ -15,8 +15,7 @@ from ..run_folder.owners import FolderOwner, owned
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
 from .inputs import differences
-from .result_files import RESULT_FILE, read_analyses
-from .statistics import layer_fraction
+from .result_files import RESULT_FILE, layer_row, read_analyses
 
 
 @dataclass(frozen=True)
@@ -114,17 +113,7 @@ def table_rows(runs: list[RunResult]) -> list[dict]:
 def layer_rows(runs: list[RunResult]) -> list[dict]:
     """One row per run × layer, for plotting elsewhere."""
     return [
-        {
-            "run": run.label,
-            "step": run.result.step,
-            "layer_index": layer.index,
-            "layer": layer.name,
-            "layer_fraction": layer_fraction(layer.index, len(run.result.layers)),
-            "mean_cos": layer.mean_cos,
-            "mean_cos_offdiag": layer.mean_cos_offdiag,
-            "effective_rank": layer.effective_rank,
-            "mev": layer.mev,
-        }
+        {"run": run.label, "step": run.result.step, **layer_row(run.result, layer)}
         for run in runs
         for layer in run.result.layers
     ]

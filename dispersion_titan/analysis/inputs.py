@@ -126,8 +126,7 @@ def word_count(text: str) -> int:
 
 
 def paper_texts(rows: Sequence[str], count: int) -> list[str]:
-    """The authors' ``get_random_long_text(min_word_count=1024, max_word_count=1280, random_seed=r)``
-    for r = 0 … count−1, on the corpus rows ``rows``."""
+    """The authors' ``get_random_long_text(random_seed=r)`` for r = 0 … count−1, on ``rows``."""
     texts = []
     for seed in range(count):
         index = int(np.random.default_rng(seed).integers(0, int(len(rows) * 0.95)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..run_folder.outputs import RESULT_FOLDER, STEP_FOLDER, read_json_files, write_json
-from .condensation_schema import Condensation
+from .condensation_schema import Condensation, LayerCondensation
 from .statistics import layer_fraction
 
 RESULT_FILE = "condensation.json"
@@ -31,25 +31,29 @@ def read_results(out: str) -> dict[int, Condensation]:
     return dict(sorted(steps.items()))
 
 
+def layer_row(result: Condensation, layer: LayerCondensation) -> dict:
+    """One layer's numbers, as ``summary.csv`` and ``compare_layers.csv`` give them."""
+    return {
+        "layer_index": layer.index,
+        "layer": layer.name,
+        "layer_fraction": layer_fraction(layer.index, len(result.layers)),
+        "mean_cos": layer.mean_cos,
+        "mean_cos_offdiag": layer.mean_cos_offdiag,
+        "effective_rank": layer.effective_rank,
+        "mev": layer.mev,
+    }
+
+
 def summary_rows(results: list[Condensation]) -> list[dict]:
     """One row per step (or revision) × layer."""
-    rows = []
-    for result in results:
-        count = len(result.layers)
-        for layer in result.layers:
-            rows.append(
-                {
-                    "step": result.step,
-                    **({"revision": result.revision} if result.model else {}),
-                    "layer_index": layer.index,
-                    "layer": layer.name,
-                    "layer_fraction": layer_fraction(layer.index, count),
-                    "mean_cos": layer.mean_cos,
-                    "mean_cos_offdiag": layer.mean_cos_offdiag,
-                    "effective_rank": layer.effective_rank,
-                    "mev": layer.mev,
-                    "spearman": result.spearman,
-                    "kendall": result.kendall,
-                }
-            )
-    return rows
+    return [
+        {
+            "step": result.step,
+            **({"revision": result.revision} if result.model else {}),
+            **layer_row(result, layer),
+            "spearman": result.spearman,
+            "kendall": result.kendall,
+        }
+        for result in results
+        for layer in result.layers
+    ]

@@ -60,25 +60,22 @@ DEFAULT_SEQ_LEN = 512
 
 @dataclass(frozen=True)
 class AnalyzeOptions:
+    """``analyze``'s options (their help says what each means)."""
+
     target: str
-    """A run's dump or checkpoint folder, or ``hf:MODEL[@REV,...]``."""
     steps: str | None
     inputs: InputOptions
-    seq_len_given: bool
-    """False: ``inputs.seq_len`` is the default, lowered to the model's positions if fewer."""
+    seq_len_given: bool  # False: ``inputs.seq_len`` is the default, which ``fitted_inputs`` may lower
     batch_size: int
     out: str | None
     tb_dir: str | None
     device: str | None
     dtype: str | None
-    """None: fp32, or bf16 for Hugging Face models over 1B parameters."""
     force: bool
     geometry_sequences: int
     device_map: str | None = None
     trust_remote_code: bool = False
-    """hf: models that ship their own code (``--trust-remote-code``)."""
     wandb: bool = False
-    """Runs: log the results to the run's W&B run too (``--wandb``)."""
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> AnalyzeOptions:

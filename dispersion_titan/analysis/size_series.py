@@ -56,8 +56,7 @@ def _options(result: Condensation) -> dict:
 
 
 def load_members(specs: Sequence[str], families: dict[str, str], protocol: str = "default") -> list[Member]:
-    """Every SPEC's analysis; refuses analyses of different texts, K, S or seed, and with ``protocol``
-    "paper" any not made with ``analyze --protocol paper``."""
+    """Every SPEC's analysis, all of the same inputs (and ``protocol``)."""
     members = [load_member(spec, families) for spec in dict.fromkeys(specs)]
     if protocol == "paper" and (other := next((m for m in members if m.result.inputs["protocol"] != "paper"),
                                               None)):  # fmt: skip

@@ -119,8 +119,7 @@ def _enwiki_articles() -> tuple[str, ...]:
 
 
 class LocalFiles(Corpus):
-    """jsonl/parquet rows (``text`` field) or txt files (one document per file). The user
-    points each split at its own files."""
+    """jsonl/parquet rows (``text`` field) or txt files (one document each), per split."""
 
     needs_path = True
 

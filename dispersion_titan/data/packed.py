@@ -31,8 +31,7 @@ from .tokens import cached_tokens, tokenize
 def token_stream(
     name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2_BPE
 ) -> np.ndarray:
-    """All documents of a split, each followed by the end-of-sequence id, as one array
-    (memory-mapped from the token cache when the corpus is cached)."""
+    """All documents of a split, each followed by the end-of-sequence id, as one (cached) array."""
     if split == "train" and name in CORPORA and CORPORA[name].streams_training:
         raise DataConfigError(f"{field}: dataset {name!r} is streamed; its train split is never held in memory")
 
@@ -185,8 +184,7 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
 
 
 class PackedDataloader(ParallelAwareDataloader):
-    """A loader whose checkpointed state is global (sequences consumed), so any data-parallel degree
-    resumes it; streamed hub corpora keep TorchTitan's per-rank state."""
+    """A loader whose state is global (sequences consumed), so any data-parallel degree resumes it."""
 
     def state_dict(self) -> dict[str, Any]:
         if isinstance(self.dataset, StreamingPackedDataset):

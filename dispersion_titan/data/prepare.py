@@ -96,8 +96,7 @@ def _record_path(out: str, index: int) -> str:
 
 
 def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: str) -> dict[str, Any]:
-    """Tokenise one shard's documents and write the shard, then its record (in a worker, which loads
-    the named encoder once)."""
+    """Tokenise one shard's documents and write the shard, then its record (in a worker)."""
     encoder = encoder_named(encoder_name)
     data = np.concatenate(list(tokenize(texts, threads=1, encoder=encoder))).tobytes()
     record = {

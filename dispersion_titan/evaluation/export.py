@@ -32,8 +32,7 @@ def remove_abandoned_exports(parent: str) -> None:
 
 @contextmanager
 def hf_export(step_dir: str, parent: str) -> Iterator[str]:
-    """The Hugging Face folder of ``step_dir``, inside ``parent`` (no small /tmp has to hold GPT-2 xl),
-    removed afterwards; ``CheckpointError`` before yielding for an unreadable checkpoint."""
+    """The Hugging Face folder of ``step_dir``, inside ``parent`` (no small /tmp has to hold GPT-2 xl)."""
     remove_abandoned_exports(parent)
     step = os.path.basename(step_dir.rstrip("/"))
     prefix = f".hf-{step}.pid{os.getpid()}@{socket.gethostname()}."

@@ -47,7 +47,6 @@ class EvaluateOptions:
     dtype: str
     force: bool
     wandb: bool = False
-    """Log the scores to the run's W&B run too (``--wandb``)."""
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> EvaluateOptions:

@@ -261,8 +261,7 @@ def _std(values: list[float]) -> float:
 
 
 def t_test_p(values: list[float], reference: list[float], test: str) -> float | None:
-    """The two-sided t-test (``student``: equal variances; ``welch``); None when a side
-    has fewer than two seeds or there is no spread."""
+    """The two-sided t-test (``student``: equal variances; ``welch``); None without two seeds or spread."""
     if len(values) < 2 or len(reference) < 2:
         return None
     p = stats.ttest_ind(values, reference, equal_var=test == "student").pvalue

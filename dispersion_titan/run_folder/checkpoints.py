@@ -46,8 +46,7 @@ def find_checkpoint_folder(run: str) -> str:
 
 
 def run_of(checkpoint_folder: str) -> str:
-    """The dump folder of the run whose checkpoints ``checkpoint_folder`` holds: the run its record
-    names, else the nearest folder above whose ``run.json`` puts them there, else its parent."""
+    """The dump folder of the run whose checkpoints ``checkpoint_folder`` holds (it may lie outside it)."""
     folder = os.path.abspath(checkpoint_folder)
     holder = read_owner(folder)
     if holder is not None and holder.kind == "run" and holder.run is not None:
@@ -74,8 +73,7 @@ def list_checkpoints(folder: str) -> list[StepCheckpoint]:
 
 
 def check_complete(step_dir: str) -> None:
-    """``CheckpointError`` unless ``.metadata`` parses and every byte range it references exists
-    (a crash mid-save, a truncated ``.distcp``)."""
+    """``CheckpointError`` unless ``.metadata`` parses and every byte range it references exists."""
     if not os.path.isfile(os.path.join(step_dir, ".metadata")):
         raise CheckpointError(f"{step_dir}: missing .metadata (partial or corrupt checkpoint)")
     try:
@@ -241,8 +239,7 @@ def _is_complete(step_dir: str) -> bool:
 
 
 def checkpoint_identity(step_dir: str) -> str:
-    """A cheap fingerprint of a checkpoint (``.metadata`` bytes, each file's name, size and mtime),
-    recorded by its results: one saved again or replaced since has another."""
+    """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another."""
     digest = hashlib.sha256()
     with open(os.path.join(step_dir, ".metadata"), "rb") as f:
         digest.update(f.read())
@@ -259,8 +256,7 @@ def folder_identity(folder: str, digest=None) -> str:
 
 
 def identity_changed(recorded: str, step_dir: str) -> bool:
-    """Whether ``step_dir`` no longer holds the weights of identity ``recorded`` (False if unreadable:
-    its load says why)."""
+    """Whether ``step_dir`` no longer holds the weights ``recorded`` (False if unreadable: its load says why)."""
     try:
         return checkpoint_identity(step_dir) != recorded
     except OSError:

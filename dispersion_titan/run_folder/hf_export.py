@@ -97,8 +97,7 @@ def export_tokenizer(folder: str, encoder: DocumentEncoder, max_length: int) -> 
 
 
 def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
-    """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``: new or empty, or with
-    ``force`` an export of the same run."""
+    """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``, new or empty."""
     given, step_dir = step_dir, resolve_step_dir(step_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConvertError(f"OUT_DIR: {out_dir} exists and is not a directory")

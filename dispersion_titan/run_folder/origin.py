@@ -45,8 +45,7 @@ def _shown(path: str) -> str:
 
 
 def holds_an_initialisation(step_dir: str) -> bool:
-    """Whether ``RUN/checkpoint/step-N`` holds an initialisation (a seed checkpoint, or step 0 of a run
-    not started pretrained) rather than trained weights (also: not one of our runs)."""
+    """Whether ``RUN/checkpoint/step-N`` holds an initialisation rather than trained weights."""
     step_dir = os.path.abspath(step_dir)
     run = os.path.dirname(os.path.dirname(step_dir))
     try:

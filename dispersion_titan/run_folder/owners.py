@@ -41,8 +41,7 @@ def _canonical(run: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class FolderOwner:
-    """Who a folder belongs to: ``kind`` (a run, or one command's results) and ``run`` (a dump folder,
-    an ``hf:`` model; None for results of several runs)."""
+    """Who a folder belongs to: ``kind`` and ``run`` (None for results of several runs)."""
 
     kind: str
     run: str | None = None

@@ -12,8 +12,7 @@ _RANGE = re.compile(r"^(\d+)-(\d+)$")
 
 
 def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpoint]:
-    """The checkpoints ``spec`` names. A listed single step must exist; a range takes
-    the checkpoints inside it and may be empty, but the selection may not."""
+    """The checkpoints ``spec`` names; a listed step must exist, a range may be empty, the selection not."""
     if spec.strip() == "all":
         return available
     by_step = {c.step: c for c in available}

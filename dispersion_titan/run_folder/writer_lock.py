@@ -175,8 +175,7 @@ class WriterLock:
 
 @contextmanager
 def sole_writer(folder: str | os.PathLike) -> Iterator[WriterLock]:
-    """Hold the lock of a command's output folder for the block, touching it every ``HEARTBEAT_S``
-    so that other hosts see a long command alive."""
+    """Hold the lock of a command's output folder, touched so that other hosts see a long command alive."""
     lock = WriterLock(folder, COMMAND)
     lock.acquire()
     done = threading.Event()
