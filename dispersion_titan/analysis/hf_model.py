@@ -85,14 +85,9 @@ def model_args(config) -> dict:
         "dim": dim,
         "n_layers": text.num_hidden_layers,
         "mlp_hidden_dim": getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * dim,
-        "max_seq_len": positions(config),
+        # learned or rotary positions the model was built for; None when unbounded (ALiBi)
+        "max_seq_len": getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None),
     }
-
-
-def positions(config) -> int | None:
-    """Learned or rotary positions the model was built for; None when unbounded (ALiBi)."""
-    text = config.get_text_config()
-    return getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
 
 
 def count_parameters(spec: HFSpec, config) -> int:

@@ -220,13 +220,10 @@ class Analysis:
         return False
 
     def pending(self) -> list[Unit]:
-        """Units still to analyze: all with --force, else ``outputs.still_to_do``."""
-        if self.options.force:
-            return self.units
+        """Units still to analyze (``outputs.still_to_do``; all with ``--force``)."""
         sources = {unit.folder: unit.source for unit in self.units}
-        todo = still_to_do(
-            self.out, sources, read_analyses(self.out), self._differences, self.stale, "analyzed", AnalysisError
-        )
+        found = {} if self.options.force else read_analyses(self.out)
+        todo = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
         return [unit for unit in self.units if unit.folder in todo]
 
     def _result(

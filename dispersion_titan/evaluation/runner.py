@@ -113,14 +113,12 @@ class RunEvaluation:
         ensure_writable(self.out, "--out")
 
     def _pending(self) -> list[StepCheckpoint]:
-        """Selected checkpoints still to evaluate (``outputs.still_to_do``)."""
-        if self.options.force:
-            return self.selected
-        existing = {f"step-{step}": result for step, result in read_evaluations(self.out).items()}
+        """Selected checkpoints still to evaluate (``outputs.still_to_do``; all with ``--force``)."""
+        found = {} if self.options.force else read_evaluations(self.out)
         todo = still_to_do(
             self.out,
             {f"step-{c.step}": c.path for c in self.selected},
-            existing,
+            {f"step-{step}": result for step, result in found.items()},
             lambda result: differences(settings(result), self.settings),
             lambda path, result: source_changed(result[OURS], path),
             "evaluated",

@@ -71,17 +71,15 @@ def run_settings(job_config: Any) -> dict[str, Any]:
     return flatten(json.loads(json.dumps(job_config.to_dict(), default=str)))
 
 
-def allowed(key: str) -> bool:
-    return key in ALLOWED_KEYS or key.startswith(ALLOWED_SECTIONS)
-
-
 def changed_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``key old -> new`` for every key outside the allow-list that differs (a key one side lacks included)."""
     missing = object()
     return [
         f"{key} {_shown(recorded.get(key, missing))} -> {_shown(current.get(key, missing))}"
         for key in sorted(recorded.keys() | current.keys())
-        if not allowed(key) and recorded.get(key, missing) != current.get(key, missing)
+        if key not in ALLOWED_KEYS
+        and not key.startswith(ALLOWED_SECTIONS)
+        and recorded.get(key, missing) != current.get(key, missing)
     ]
 
 
