@@ -1,13 +1,5 @@
-"""Flavor tables and the ``[model]`` shape overrides, shared by every model family.
-
-A family's flavors are a fixed table (ours for gpt2, TorchTitan's own ``qwen3_args`` /
-``llama3_args`` for qwen3 and llama3, values untouched); every lookup returns a fresh
-copy as the family's argument class, so overrides applied to it never leak into the
-table (TorchTitan hands out its shared instances).
-
-The ``[model]`` keys (``dim``, ``n_layers``, ``mlp_hidden_dim`` …; 0 or unset keeps the
-flavor's value) map to each family's own field names; a key a family has no field for
-is refused in one line rather than ignored.
+"""Flavor tables and the ``[model]`` shape overrides, shared by every family. A lookup returns a fresh
+copy (TorchTitan hands out shared instances); a key a family has no field for is refused, not ignored.
 """
 
 from __future__ import annotations
@@ -84,8 +76,7 @@ DROPOUT_KEYS = {"attn_dropout": "attn_pdrop", "resid_dropout": "resid_pdrop", "e
 
 
 def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:
-    """A family's arguments from their ``dataclasses.asdict`` form (``run.json``), nested
-    dataclasses (Qwen3's ``moe_args``, Llama 3's ``rope_scaling_args``) rebuilt too."""
+    """A family's arguments from their ``dataclasses.asdict`` form (``run.json``), nested ones too."""
     cls = family(family_name).get_train_spec().model_args.cls
     values = dict(fields)
     for f in dataclasses.fields(cls):

@@ -1,10 +1,5 @@
-"""Data parallelism as every family needs it: gradients summed over data-parallel ranks, by
-FSDP2 (on NCCL and on gloo alike) and by DDP (replicated parameters, TorchTitan's
-``apply_ddp``), and under FSDP2 a tied LM head kept one parameter (one unit per block, and
-the embeddings, final norm and head in the root unit, so the shared parameter is managed once).
-
-A config that shards (``data_parallel_shard_degree`` -1 or > 1) computes as FSDP2's
-``MixedPrecisionPolicy`` says on any number of ranks, one included (``shards_one_rank``).
+"""Data parallelism as every family needs it: gradients summed by FSDP2 and DDP, a tied LM head kept
+one parameter under FSDP2, and a sharding config's mixed precision on one rank too.
 """
 
 from __future__ import annotations
@@ -23,13 +18,8 @@ from ..components import titan_compat
 
 
 def shards_one_rank(parallel_dims: ParallelDims, job_config: JobConfig) -> bool:
-    """Whether FSDP2 goes on a one-rank mesh: a sharding config with mixed precision on one process.
-
-    There TorchTitan applies no FSDP and computes under autocast (``maybe_enable_amp``): fp32 weights,
-    norms and residual stream, while the same config on 2 to 64 ranks computes with bf16 parameters and
-    activations (fp32 master weights and gradient reduction). FSDP2 on the one-rank world mesh gives one
-    process those numerics too; the trainer then runs without autocast. Replicating configs
-    (``data_parallel_shard_degree = 1``, the authors' DDP) keep autocast; in fp32 both paths are one."""
+    """Whether FSDP2 goes on a one-rank mesh: a sharding config with mixed precision on one process,
+    where TorchTitan would compute under autocast, not in bf16 as the same config on more ranks."""
     return (
         parallel_dims.world_size == 1
         and job_config.parallelism.data_parallel_shard_degree != 1
@@ -38,26 +28,21 @@ def shards_one_rank(parallel_dims: ParallelDims, job_config: JobConfig) -> bool:
 
 
 def sum_gradients(model: nn.Module, parallel_dims: ParallelDims) -> None:
-    """TorchTitan normalises the loss by the global token count itself, so data parallelism
-    must sum gradients: FSDP's units (``_sum_sharded_gradients``), and DDP, which averages,
-    through an all-reduce SUM as its communication hook. DDP all-reduces what a parameter's
-    gradient holds, so under gradient accumulation only the step's last micro-batch may
-    synchronise (``sync_last_microbatch``), or earlier sums would be summed again."""
+    """Sum gradients over data-parallel ranks (TorchTitan divides the loss by the global token count):
+    FSDP's units, and DDP through a SUM communication hook."""
     _sum_sharded_gradients(model)
     if isinstance(model, DDP):
         model.register_comm_hook(parallel_dims.get_mesh("dp_replicate").get_group(), _summed)
 
 
 def sync_last_microbatch(model: nn.Module, microbatch: int, count: int) -> None:
-    """Before micro-batch ``microbatch`` (1-based) of ``count``: a replicated (DDP) model
-    all-reduces its gradients in the last one's backward only."""
+    """DDP all-reduces in the last micro-batch's backward only (else it would sum the sums again)."""
     if isinstance(model, DDP):
         model.set_requires_gradient_sync(microbatch == count)
 
 
 def _sum_sharded_gradients(model: nn.Module) -> None:
-    """Divide factor 1 in every FSDP unit; gloo lacks the PREMUL_SUM that FSDP2 then uses for
-    its reduce-scatter, so there the sum is a plain SUM."""
+    """Divide factor 1 in every FSDP unit (a plain SUM on gloo, which lacks PREMUL_SUM)."""
     force_sum = titan_compat.backend_needs_sum_reduction()
     for module in model.modules():
         if isinstance(module, FSDPModule):
@@ -67,8 +52,7 @@ def _sum_sharded_gradients(model: nn.Module) -> None:
 
 
 def _summed(group, bucket):  # noqa: ANN001 - DDP checks the annotations, which this module's are strings
-    """DDP's default hook without its division by the group size: ``group`` a process group,
-    ``bucket`` a ``dist.GradBucket``; the future of the summed bucket."""
+    """DDP's default hook without its division by the group size."""
     work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])
 
@@ -81,8 +65,7 @@ def apply_fsdp(
     cpu_offload: bool,
     reshard_after_forward: bool,
 ) -> None:
-    """One FSDP unit per block; the embeddings, final norm and the (tied) head stay in the
-    root unit, so the shared parameter is managed once. Gradients are summed."""
+    """One FSDP unit per block, the embeddings, norm and (tied) head in the root unit; gradients summed."""
     config: dict = {
         "mesh": dp_mesh,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
@@ -96,9 +79,7 @@ def apply_fsdp(
 
 
 def shard_keeping_the_tie(model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig) -> None:
-    """``apply_fsdp`` (HSDP with replicas) as the job's ``[training]`` and ``[parallelism]`` configure it;
-    on one rank (``shards_one_rank``) over the world mesh, parameters kept unsharded after the forward
-    (resharding would free nothing and cast them again for the backward)."""
+    """``apply_fsdp`` as the job configures it; on one rank over the world mesh, without resharding."""
     training = job_config.training
     one_rank = not parallel_dims.fsdp_enabled
     names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]

@@ -1,6 +1,4 @@
-"""The TrainSpec every family registers: the family's model class, flavors,
-parallelize function and state-dict adapter, around dispersion_titan's own tokenizer,
-layout-invariant packed data, validator, metrics and optimizer builders."""
+"""The TrainSpec every family registers: its model around our data, tokenizer and builders."""
 
 from __future__ import annotations
 

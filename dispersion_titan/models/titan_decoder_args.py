@@ -1,10 +1,5 @@
-"""What TorchTitan's own decoders (qwen3, llama3) share as dispersion_titan families:
-which of their flavors are offered, and how their arguments take ``[model]``.
-
-Their model classes, flavor values, parallelize functions and state-dict adapters are
-TorchTitan's, used as they are. Offered are the dense flavors with SDPA attention
-(causal, no masks to build): the MoE flavors and the flex/varlen-attention ones are not.
-"""
+"""What TorchTitan's decoders (qwen3, llama3) share as our families: the flavors offered and how their
+arguments take ``[model]``."""
 
 from __future__ import annotations
 
@@ -16,21 +11,12 @@ from .flavors import ShapeOverrides
 
 
 def offered(args: Any) -> bool:
-    """A dense flavor with SDPA attention."""
+    """A dense flavor with SDPA attention (causal, no masks to build)."""
     return not getattr(args, "moe_enabled", False) and args.attn_type == "sdpa"
 
 
-def rotary_table_length(job_config: JobConfig) -> int:
-    """Positions the RoPE table must cover: the longest training or validation sequence."""
-    lengths = [job_config.training.seq_len]
-    if job_config.validation.enable:
-        lengths.append(job_config.validation.seq_len)
-    return max(lengths)
-
-
 class RotaryOverrides(ShapeOverrides):
-    """``update_from_config`` of a TorchTitan decoder with rotary positions: TorchTitan's
-    own, then the RoPE table sized for validation too, then the ``[model]`` keys."""
+    """TorchTitan's ``update_from_config``, the RoPE table sized for validation too, the ``[model]`` keys."""
 
     positions: ClassVar[None] = None
     """No learned positions: any sequence length is accepted."""
@@ -40,21 +26,19 @@ class RotaryOverrides(ShapeOverrides):
 
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
         super().update_from_config(job_config, **kwargs)
-        self.max_seq_len = rotary_table_length(job_config)
+        validation = job_config.validation.seq_len if job_config.validation.enable else 0
+        self.max_seq_len = max(job_config.training.seq_len, validation)
         self.apply_overrides(job_config.model)
 
     def get_nparams_and_flops(self, model: Any, seq_len: int) -> tuple[int, int]:
-        """TorchTitan's count (what its ``mfu`` line divides) with a tied LM head's 6·d·V
-        FLOPs a token added back: TorchTitan drops the embedding's parameters from the count,
-        and a tied head has none of its own, so Qwen3-0.6B's head (15% of its FLOPs) was
-        missing (tests/test_flops.py checks the count against FlopCounterMode)."""
+        """TorchTitan's count with a tied LM head's 6·d·V FLOPs a token added back (it drops the
+        embedding's parameters, and a tied head has none of its own)."""
         nparams, flops = super().get_nparams_and_flops(model, seq_len)
         return nparams, flops + (6 * self.dim * self.vocab_size if self.tie_embeddings else 0)
 
 
 def hf_decoder_fields(args: Any, tokenizer: Any) -> dict[str, Any]:
-    """The ``transformers`` config fields that Qwen3's and Llama 3's share, from TorchTitan's
-    arguments; the tokenizer's end-of-sequence id is also the BOS id."""
+    """The ``transformers`` config fields Qwen3's and Llama 3's share (EOS also as BOS)."""
     return {
         "vocab_size": args.vocab_size,
         "hidden_size": args.dim,

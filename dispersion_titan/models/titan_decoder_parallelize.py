@@ -1,15 +1,6 @@
-"""TorchTitan's own parallelize functions (qwen3's, llama3's), used as they are but for
-what they get wrong here:
-
-- TorchTitan 0.2.2 shards Qwen3's token embeddings and its ``[norm, output]`` as separate
-  FSDP units, which FSDP2 refuses when the two share their matrix (the small Qwen3
-  flavors tie it). For a tied model the data parallelism is ours (``fsdp``), as for GPT-2;
-  tensor parallelism, activation checkpointing and compile stay TorchTitan's. So is it on one
-  process with mixed precision (``fsdp.shards_one_rank``), where TorchTitan applies none.
-- Gradients are summed over data-parallel ranks, by FSDP (on gloo too) and by DDP
-  (``fsdp.sum_gradients``); TorchTitan's DDP would average them.
-- Their tensor-parallel attention hands DTensors to SDPA, which DTensor cannot run on a
-  CPU: there each rank computes its own heads (``titan_compat.attention_on_local_shards``).
+"""TorchTitan's parallelize functions (qwen3's, llama3's), but: a tied model's FSDP is ours (theirs
+shards the embeddings and the head apart), as on one process with mixed precision; gradients are
+summed, not averaged; on a CPU, TP attention runs on local shards.
 """
 
 from __future__ import annotations

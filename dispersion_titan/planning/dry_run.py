@@ -1,15 +1,8 @@
-"""``plan --dry-run-step``: the real trainer built as rank 0 of the planned world (TorchTitan's
-``fake_backend``, ``fake_world``) on the CPU profile, shrunk to ``DRY_RUN_BLOCKS`` blocks and
-``DRY_RUN_TOKENS`` tokens where it is larger (the mesh, the parallelize plan and the batch
-accounting do not depend on either), and one optimizer step taken with the dispersion term.
-
-It checks what a cluster would otherwise find out: the mesh is the planned one; every
-parameter is a DTensor on the planned mesh dimensions holding the shard its placements give
-rank 0 (and a tied LM head is still the token embeddings); the dispersion term's global-batch
-accounting (each rank's share of sequences, tokens and pairs, and the division by the global
-batch that makes the sum over ranks and micro-batches the global mean). A failed check is one
-line naming it. The collectives move nothing, so the step's values mean nothing: only that it
-runs, and the shapes and scales it uses, are checked."""
+"""``plan --dry-run-step``: the real trainer as rank 0 of the planned world (``fake_world``) on the CPU
+profile, shrunk in depth and tokens (which the checks do not depend on), one optimizer step taken.
+It checks what a cluster would otherwise find out: the mesh, every parameter's placement and shard,
+and the dispersion term's global-batch accounting; a failure is one line. The collectives move
+nothing, so only shapes and scales are checked, not values."""
 
 from __future__ import annotations
 
@@ -25,6 +18,7 @@ from torch.distributed.tensor import DTensor, Placement
 
 from ..components.titan_compat import optimizer_step
 from ..losses.options import resolve_layers
+from ..models.gpt2.model import local_tensor
 from ..trainer.objective import DispersionObjective
 from ..trainer.sequence_parallel import own_sequences, shares
 from ..trainer.trainer import DispersionTrainer
@@ -44,8 +38,7 @@ class DryRunFailed(DispersionTitanError):
 
 
 def shrunk_args(args: list[str], layout: ResourceLayout) -> tuple[list[str], str]:
-    """``args`` on the CPU profile, at most ``DRY_RUN_BLOCKS`` blocks and ``DRY_RUN_TOKENS`` tokens
-    (a multiple of the TP degree), and what was shrunk."""
+    """``args`` on the CPU profile, shrunk (tokens a multiple of the TP degree), and what was shrunk."""
     blocks, tokens = min(layout.n_layers, DRY_RUN_BLOCKS), min(layout.seq_len, DRY_RUN_TOKENS)
     tokens -= tokens % layout.tp
     said = [
@@ -74,14 +67,12 @@ def _expected_mesh(layout: ResourceLayout) -> tuple[str, ...]:
 
 
 def _sharded_dim(placement: Placement) -> int | None:
-    """The tensor dimension a placement shards (``Shard``, and FSDP2's strided shard of a
-    tensor-parallel shard); None for a replicated one."""
+    """The tensor dimension a placement shards (FSDP2's strided shard too); None if replicated."""
     return getattr(placement, "dim", None)
 
 
 def _rank_zero_shape(p: DTensor) -> tuple[int, ...]:
-    """Rank 0's shard of ``p``: the first chunk along each sharded dimension, innermost mesh
-    dimension first (FSDP2 shards a tensor-parallel shard)."""
+    """Rank 0's shard of ``p``: the first chunk along each sharded dimension, innermost first."""
     shape = list(p.shape)
     for placement, size in reversed(list(zip(p.placements, p.device_mesh.mesh.shape, strict=True))):
         dim = _sharded_dim(placement)
@@ -132,7 +123,7 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> s
         raise DryRunFailed("parallelize: the LM head is no longer the token embeddings (model.tie_embeddings)")
     if layout.tp > 1 and not on_tp:
         raise DryRunFailed("parallelize: tensor parallelism sharded no parameter")
-    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for _, p in params)
+    local = sum(local_tensor(p).numel() for _, p in params)
     where = (
         f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements"
         if mesh
@@ -194,8 +185,7 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
 
 
 def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
-    """The checks' lines for the run ``args`` make in the layout ``full`` (``DryRunFailed`` on the
-    first failing check)."""
+    """The checks' lines for ``args`` in the layout ``full`` (``DryRunFailed`` on the first failure)."""
     shrunk, said = shrunk_args(args, full)
     gpus = full.gpus
     job_config: RunConfig = checked_config(shrunk, gpus)

@@ -1,15 +1,6 @@
-"""``DispersionTrainer`` built in this one process as rank 0 of an N-rank job, through
-TorchTitan's ``--comm.mode fake_backend`` (``NGPU=N``: a fake process group whose collectives
-move nothing), for ``plan``: its step measured under ``FakeTensorMode`` (``step_measure``) or run
-for real, shrunk (``dry_run``).
-
-The job config is the launch's, as ``job_config.parse`` checked it for N processes, less what
-needs the run's own files or a GPU: no checkpoints, validation, TensorBoard, W&B or compile;
-the data is the embedded ``enwiki_sample`` (token values change neither the layout nor the
-memory) and a tokenizer that is not a local folder gives way to GPT-2's BPE; the run folder is
-a temporary one. The process's environment, signal handlers, exception hook and garbage
-collector are left as they were found (the trainer installs its own, TorchTitan disables the
-collector).
+"""``DispersionTrainer`` in this process as rank 0 of an N-rank job (TorchTitan's ``fake_backend``:
+collectives move nothing), for ``plan``. The checked config less what needs the run's files or a
+GPU (``rank_zero_config``); the process's state is restored on exit (``_process_state``).
 """
 
 from __future__ import annotations
@@ -41,8 +32,9 @@ if TYPE_CHECKING:
 
 
 def rank_zero_config(job_config: RunConfig, dump_folder: str, fake: bool) -> RunConfig:
-    """A copy of ``job_config`` as rank 0 of a fake world runs it (see the module's docstring);
-    ``fake``: its model family the one built under ``FakeTensorMode``."""
+    """``job_config`` for rank 0 of a fake world: no checkpoints, validation, loggers or compile; the
+    embedded ``enwiki_sample`` (token values change neither layout nor memory); a temporary run
+    folder. ``fake``: the model family built under ``FakeTensorMode``."""
     c = copy.deepcopy(job_config)
     c.comm.mode = "fake_backend"
     c.checkpoint.enable = c.validation.enable = c.compile.enable = False
@@ -60,8 +52,7 @@ def rank_zero_config(job_config: RunConfig, dump_folder: str, fake: bool) -> Run
 
 class _RankZero(DispersionTrainer):
     def init_distributed(self):
-        """The fake process group and every mesh built with real tensors: ``DeviceMesh`` reads
-        values back, which fake tensors cannot do."""
+        """Meshes built with real tensors: ``DeviceMesh`` reads values back."""
         with unset_fake_temporarily():
             parallel_dims = super().init_distributed()
             parallel_dims.build_mesh()
@@ -70,9 +61,8 @@ class _RankZero(DispersionTrainer):
 
 @contextlib.contextmanager
 def _process_state(world: int) -> Iterator[None]:
-    """The environment of rank 0 of ``world`` ranks, restored on exit with the signal handlers,
-    the exception hook (each process group's start prefixes it with the rank) and the garbage
-    collector."""
+    """Rank 0's environment; on exit the environment, signal handlers, exception hook and garbage
+    collector as they were (the trainer installs its own)."""
     names = {"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "1"}
     saved_env = dict(os.environ)
     signals = {signal.SIGINT, signal.SIGTERM, parse_signal(os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))}
@@ -95,9 +85,8 @@ def _process_state(world: int) -> Iterator[None]:
 def rank_zero_trainer(
     job_config: RunConfig, world: int, fake: FakeTensorMode | None = None
 ) -> Iterator[DispersionTrainer]:
-    """``DispersionTrainer`` as rank 0 of ``world`` ranks, its log lines and warnings unsaid;
-    built under ``fake`` when given (its parameters and optimizer state then take no memory).
-    Closed, and the process group destroyed, on exit."""
+    """``DispersionTrainer`` as rank 0 of ``world`` ranks, quiet, built under ``fake`` when given;
+    closed on exit."""
     with _process_state(world), quiet(), tempfile.TemporaryDirectory(prefix="plan_") as dump:
         config = rank_zero_config(job_config, dump, fake is not None)
         trainer = None
@@ -114,7 +103,7 @@ def rank_zero_trainer(
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """TorchTitan's log lines and PyTorch's warnings of the trainer built for measuring, unsaid."""
+    """TorchTitan's log lines and PyTorch's warnings unsaid."""
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:

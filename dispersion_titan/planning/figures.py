@@ -1,12 +1,6 @@
-"""The GPUs a plan is made for: their memory and published peaks (NVIDIA's data sheets, SXM
-parts, dense bf16) and the links their collectives cross; and the GPU steps measured in
-``docs/benchmarks.md`` that a plan's time is calibrated on.
-
-Each measured step is a step time on one GPU, with the arguments that make the same step of
-a shipped config and the roofline ``plan`` gives that step (``bench/plan_accuracy.py`` prints
-it; ``tests/test_plan.py`` recomputes it and finds the figure in docs/benchmarks.md). A plan on
-a GPU with a figure scales its roofline compute by measured / roofline of that GPU's figure and
-says so; on a GPU without one it is the roofline alone, labelled a prediction."""
+"""The GPUs a plan is made for (NVIDIA's data sheets: SXM, dense bf16) and the GPU steps measured in
+``docs/benchmarks.md`` that calibrate its roofline (measured / roofline of the same step; a GPU
+without one gets the roofline alone, labelled a prediction)."""
 
 from __future__ import annotations
 
@@ -55,10 +49,7 @@ class MeasuredStep:
 
 
 GPT2_SHIPPED = ("train_configs/gpt2_small_mlp3072.toml", "--parallelism.data_parallel_shard_degree", "1")
-"""The step ``bench/gpu_acceptance.sh`` timed: GPT-2 small as shipped (64 × 1024 tokens, micro-batches
-of 32, padded vocabulary, compiled, fused AdamW, bf16), CE only, as one GPU computed it then: under
-autocast over fp32 weights (since issue 48 one GPU runs FSDP2's bf16 parameters, a plan of which is
-this calibration applied to its own roofline: a prediction)."""
+"""The step ``bench/gpu_acceptance.sh`` timed: GPT-2 small as shipped, CE only, on one GPU."""
 
 MEASURED_STEPS = (
     MeasuredStep(
@@ -99,14 +90,13 @@ TERM_LABEL = (
 
 
 def term_floor_flops(rows: int, tokens: int, width: int) -> float:
-    """The exact term's FLOP floor, forward and backward: 4·rows·N²·d (the Gram triangle, its
-    recompute and W U; ``bench/dispersion_loss.py``'s ``floor_tflops`` divides it by the time)."""
+    """The exact term's FLOP floor, forward and backward: 4·rows·N²·d."""
     return 4.0 * rows * tokens**2 * width
 
 
 def term_seconds(variant: str, rows: int, tokens: int, width: int, bf16_flops: float) -> float:
-    """Seconds of the fused kernels' forward and backward over ``rows`` sequences of ``tokens`` ×
-    ``width``, at the rate measured for ``variant`` (its glue included) on a GPU of ``bf16_flops``."""
+    """Seconds of the fused kernels over ``rows`` × ``tokens`` × ``width`` at ``variant``'s measured
+    rate, scaled to a GPU of ``bf16_flops``."""
     (ce,) = (f for f in MEASURED_STEPS if f.gpu == "h200")
     measured = TERM_STEPS_H200[variant] - ce.measured_s  # the variant's step less CE only's
     rate = term_floor_flops(*TERM_STEP) / measured * bf16_flops / GPUS["h200"].bf16_flops

@@ -1,6 +1,5 @@
-"""The layout a config resolves to on N GPUs, checked as a launch checks it: every impossible
-layout (TP 8 over 12 heads, a batch that does not split over the GPUs) ends in the one line
-``job_config.checks`` says, naming the field, before anything is built."""
+"""The layout a config resolves to on N GPUs, checked as a launch checks it (an impossible one ends in
+the launch's one line)."""
 
 from __future__ import annotations
 
@@ -8,9 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..config.cli import load_toml
 from ..job_config.checks import data_parallel_degree
-from ..job_config.parse import check, model_args, parse_job_config, setup_torchtitan
+from ..job_config.parse import model_args, setup_torchtitan, validated_args
 from ..utils.errors import ArgumentError
 from .figures import GPU
 
@@ -52,9 +50,9 @@ class ResourceLayout:
 
 
 def checked_config(args: list[str], gpus: int) -> RunConfig:
-    """``args`` parsed and checked as a launch of ``gpus`` processes parses and checks them."""
+    """``args`` checked as a launch of ``gpus`` processes checks them."""
     setup_torchtitan()
-    return check(parse_job_config(args, load_toml(args)), gpus)
+    return validated_args(args, gpus)
 
 
 def nodes_of(gpus: int, nodes: int | None, gpu: GPU) -> int:

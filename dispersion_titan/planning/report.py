@@ -1,8 +1,5 @@
-"""A run's resource plan and the tables ``plan``, ``sweep --plan`` and ``paper --plan`` print:
-one plan as a table of its fields, several as one row each with the totals. The checkpoints'
-disk is counted when the run ends: the steps TorchTitan saves and keeps (``[checkpoint]``), each a
-full checkpoint (fp32 weights and AdamW's two fp32 moments) or, the last one with
-``last_save_model_only``, the weights alone (``export_dtype``)."""
+"""A run's resource plan and the tables ``plan``, ``sweep --plan`` and ``paper --plan`` print: one
+plan as a table, several as one row each with the totals."""
 
 from __future__ import annotations
 
@@ -24,9 +21,7 @@ EAGER_MEMORY = (
     "peak 0.57× its plan (measured on an H200, 2026-11-26)"
 )
 LATENCY_LABEL = "NCCL's own model of a ring: a prediction"
-TIGHT = 0.9
-"""Share of a GPU's memory above which a plan says the peak is tight: the CUDA context, the
-allocator's fragmentation and what ``FakeTensorMode`` cannot see take a few GB."""
+TIGHT = 0.9  # share of a GPU's memory above which a peak is tight: the CUDA context, fragmentation
 FULL_BYTES_PER_PARAM = 4 + 2 * 4
 
 
@@ -40,8 +35,8 @@ class CheckpointDisk:
 
 
 def checkpoint_disk(job_config: RunConfig, params: float) -> CheckpointDisk:
-    """The checkpoints a run of ``job_config`` keeps from scratch to ``training.steps``, its model
-    of ``params`` parameters."""
+    """The checkpoints a run keeps at its end: full ones (fp32 weights and AdamW moments) and a
+    weights-only last one (``last_save_model_only``)."""
     c, steps = job_config.checkpoint, job_config.training.steps
     kept = sorted(({0} if c.save_initial else set()) | set(range(c.interval, steps, c.interval)) | {steps})
     if not c.enable:
@@ -87,7 +82,7 @@ class ResourcePlan:
 
 
 def refuse_if_too_big(plan: ResourcePlan) -> None:
-    """A micro-batch whose step does not fit the GPU, in one line naming the field."""
+    """A step that does not fit the GPU, in one line."""
     if not plan.fits():
         raise ConfigError(
             f"training.max_local_batch_size: {plan.name}'s micro-batch of {plan.layout.micro_batch} sequences needs "

@@ -1,9 +1,5 @@
-"""One run's resource plan: its layout checked for the GPUs (``planning.layout``: an impossible
-one ends in one line before anything is built), its step measured on rank 0 of that world
-(``step_measure``), priced (``planning.timing``) and tabled (``planning.report``). Steps whose
-measurement would be the same (sweep cells differing in seed, λ or run folder) are measured once
-per process. The one module ``plan`` imports (``checked_config``, ``plan_table``, ``runs_table``,
-``refuse_if_too_big`` and ``dry_run_step`` are here for it)."""
+"""One run's resource plan: layout, measured step, time and disk; the one module ``plan`` imports.
+Steps measured alike (sweep cells differing in seed, λ or folder) are measured once per process."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ NOT_MEASURED = {
     "training": ("steps", "dataset", "dataset_path"),
     "dispersion": ("coeff", "warmup_steps"),
 }
-"""Settings that change neither a step's memory nor its operators (None: the whole section; the
-data is a stand-in, ``fake_world``)."""
+"""Settings that change neither a step's memory nor its operators (None: the whole section)."""
 _measured: dict[str, StepMeasurement] = {}
 ONE_GPU = ("--parallelism.tensor_parallel_degree", "1", "--parallelism.data_parallel_shard_degree", "-1")
 """A run's overrides as one GPU trains it."""
@@ -52,8 +47,8 @@ def _measurement_key(job_config: RunConfig, world: int, gpu: str) -> str:
 
 
 def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: str) -> ResourcePlan:
-    """The plan of the run that ``args`` (a launch's command line) make on ``gpus`` × ``gpu_key``; on
-    several GPUs its step takes at least one GPU's per-token time (that plan too is measured)."""
+    """The plan of a launch's ``args`` on ``gpus`` × ``gpu_key``; on several GPUs a step takes at
+    least one GPU's per-token time."""
     gpu = GPUS[gpu_key]
     job_config = checked_config(args, gpus)
     layout = resolve_layout(job_config, gpus, nodes_of(gpus, nodes, gpu))

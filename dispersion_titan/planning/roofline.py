@@ -1,16 +1,7 @@
-"""The time of a step on a GPU this machine need not have: PyTorch's
-``RuntimeEstimator`` roofline (``torch.distributed._tools.runtime_estimator``, mode
-``operator-level-cost-model``) with the chosen GPU's published peaks in place of the CUDA
-device it would query.
-
-Per operator, as ``RuntimeEstimator._roofline_estimate`` prices it: the larger of its compute
-time (FlopCounter's FLOPs, halved to multiply-adds, at 75% of the output dtype's peak) and its
-transfer time (the bytes of its tensor inputs and outputs at the HBM bandwidth); views, tensor
-factories and queries that return no tensor are free. Departures, all for this project's steps
-on a CPU stand-in: a DTensor is priced by its local shard (``RuntimeEstimator`` prices the
-global tensor); collectives are left to the communication terms (``planning.timing``) instead
-of being priced as memory traffic; PyTorch's CPU flash attention is priced by the formula of
-CUDA's.
+"""A step's time on a GPU this machine need not have: PyTorch's ``RuntimeEstimator`` roofline with the
+chosen GPU's published peaks. Per operator the larger of its compute time (FLOPs at 75% of peak) and
+its bytes at the HBM bandwidth. Unlike it: a DTensor is priced by its local shard, collectives are
+left to ``planning.timing``, CPU flash attention is priced as CUDA's.
 """
 
 from __future__ import annotations
@@ -37,10 +28,6 @@ COMPUTE_SHARE = 0.75
 """``torch.utils._runtime_estimation.flops_to_ns``: the share of peak a roofline operator reaches."""
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 class Roofline(TorchDispatchMode):
     """Sums ``seconds``, the roofline time of every operator run under it, on ``gpu``."""
 
@@ -58,7 +45,7 @@ class Roofline(TorchDispatchMode):
         packet = func._overloadpacket
         if packet in _IGNORE_OPS or func.namespace in COLLECTIVES:
             return out
-        args, kwargs, local_out = tree_map_only(DTensor, _local, (args, kwargs, out))
+        args, kwargs, local_out = tree_map_only(DTensor, DTensor.to_local, (args, kwargs, out))
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_flatten(local_out)[0] if isinstance(t, torch.Tensor)]
         if not outputs:  # a query (prim.device, sym sizes) moves no data

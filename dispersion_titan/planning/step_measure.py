@@ -1,16 +1,8 @@
-"""A training step's peak memory per GPU by category, and its roofline time, measured on rank 0
-of the planned world without allocating anything: ``DispersionTrainer`` built under
-``FakeTensorMode`` (``fake_world``), its optimizer state created by a first step on zero
-gradients, then one optimizer step (the dispersion term included) under PyTorch's
-``FSDPMemTracker`` (``MemTracker`` without FSDP) and ``planning.roofline``. Two of the step's
-micro-batches are run where it accumulates: the second one's backward meets the first one's
-gradients. Attention dropout is measured as a GPU's fused kernels run it (see ``measure_at``).
-The dispersion term is priced as the GPU runs it, by its fused kernels (``PricedTerm``), not by
-the torch path a CPU would take.
-
-Every block is alike, so memory and time are linear in the depth: a deep model is measured at
-``MEASURED_DEPTHS`` blocks and extrapolated, exactly while the dispersion term takes every block
-(a selection such as ``late_half`` is measured at full depth)."""
+"""A step's peak memory per GPU by category and its roofline time, measured on rank 0 of the planned
+world without allocating: the trainer under ``FakeTensorMode``, one optimizer step (two micro-batches
+where it accumulates) under PyTorch's memory trackers and ``planning.roofline``, the dispersion term
+priced as its GPU kernels run (``PricedTerm``). Blocks are alike, so a deep model is measured at
+``MEASURED_DEPTHS`` and extrapolated (exact while the term takes every block)."""
 
 from __future__ import annotations
 
@@ -23,9 +15,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from ..components.titan_compat import optimizer_per_model_part, optimizer_step
+from ..models.gpt2.model import local_tensor
 from .fake_world import micro_batches, rank_zero_trainer
 from .figures import GPU, term_seconds
 from .roofline import Roofline
@@ -43,7 +35,7 @@ CATEGORIES = {
     "collectives": ("All Gather", "Reduce Scatter"),
     "other": ("Inputs", "Other"),
 }
-"""PyTorch's memory trackers' categories (``FSDPMemTracker``'s, ``MemTracker``'s) as a plan shows them."""
+"""PyTorch's memory trackers' categories as a plan shows them."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +52,7 @@ class StepMeasurement:
     depth: int
     """Blocks of the model measured (or extrapolated to)."""
     term_s: float
-    """Seconds of one micro-batch's dispersion term at its kernels' measured rate (``figures.term_seconds``),
-    outside the roofline and its calibration."""
+    """Seconds of one micro-batch's dispersion term (``figures.term_seconds``), outside the roofline."""
     extrapolated: bool = False
 
     @property
@@ -96,8 +87,7 @@ def on_the_line(a: StepMeasurement, b: StepMeasurement, depth: int) -> StepMeasu
 
 
 class _KernelStandIn(torch.autograd.Function):
-    """What the fused kernels hold and write: the layers saved for the backward (as they are, no
-    copy), a scalar forward, a gradient of each layer's shape."""
+    """What the fused kernels hold and write: the layers saved, a scalar, a gradient per layer."""
 
     @staticmethod
     def forward(ctx, *layers: torch.Tensor) -> torch.Tensor:
@@ -110,8 +100,8 @@ class _KernelStandIn(torch.autograd.Function):
 
 
 class PricedTerm:
-    """The objective's loss during a planned step: the fused kernels' time at their measured rate
-    (``planning.figures.term_seconds``) summed in ``seconds``, their memory by ``_KernelStandIn``."""
+    """The objective's loss in a planned step: the kernels' time summed in ``seconds``, their memory
+    by ``_KernelStandIn``."""
 
     def __init__(self, gpu: GPU) -> None:
         self.gpu = gpu
@@ -124,9 +114,8 @@ class PricedTerm:
 
 
 def _one_replica(config: RunConfig, world: int) -> tuple[int, bool]:
-    """A replicated layout (DDP: every process holds the whole model) measured as one of its
-    replicas, a 1-process job of the same micro-batches (DDP's lazy init reads parameter values,
-    which fake tensors lack): the world to build, and whether it was replicated."""
+    """A replicated (DDP) layout measured as one replica (DDP's lazy init reads values): the world
+    to build, and whether it was replicated."""
     p, t = config.parallelism, config.training
     replicas = p.data_parallel_replicate_degree
     if replicas <= 1 or p.data_parallel_shard_degree != 1:
@@ -142,11 +131,8 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
     config = copy.deepcopy(job_config)
     config.model.n_layers = depth
     world, replicated = _one_replica(config, world)
-    # On a GPU, SDPA's flash and memory-efficient kernels apply attention dropout inside the
-    # kernel (a Philox seed, no mask); on a CPU only the math kernel takes dropout, keeping the
-    # B × heads × N × N probabilities, their mask and the dropped product, which a GPU never
-    # allocates. Measured at attention dropout 0: the flash kernel, as the GPU runs it (residual
-    # and embedding dropout, elementwise, stay).
+    # A GPU's flash kernel applies attention dropout inside (no mask); a CPU's math kernel would keep
+    # the N × N probabilities and mask. Measured at attention dropout 0, as the GPU runs it.
     if getattr(config.model, "attn_dropout", None):
         config.model.attn_dropout = 0.0
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -172,7 +158,7 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
 
             with tracker, roofline:
                 optimizer_step(trainer, batches, after_each)
-        local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+        local = sum(local_tensor(p).numel() for p in model.parameters())
         total = sum(p.numel() for p in model.parameters())
     (peak,) = tracker.get_tracker_snapshot("peak").values()  # one device
     named = {getattr(key, "value", key): value for key, value in peak.items()}  # by the trackers' enums
@@ -184,9 +170,8 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
 
 
 def measure_step(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepMeasurement:
-    """The step of ``job_config`` at ``depth`` blocks (the model's): taken on the line through
-    ``MEASURED_DEPTHS`` where the dispersion term (if any) is on every block and two shallow models
-    cost less than the model itself, else measured."""
+    """The step at ``depth`` blocks: on the line through ``MEASURED_DEPTHS`` where the term (if any)
+    takes every block and that is cheaper, else measured."""
     d = job_config.dispersion
     if depth < sum(MEASURED_DEPTHS) or (d.variant != "none" and d.layers != "all"):
         return measure_at(job_config, world, gpu, depth)

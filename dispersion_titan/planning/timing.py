@@ -1,11 +1,6 @@
-"""A step's time on the planned GPUs: the roofline of its compute (``planning.roofline``, scaled by
-the calibration of ``planning.figures``) plus its dispersion term (``figures.term_seconds``), the
-data-parallel collectives overlapped with it (FSDP: TorchTitan prefetches the next block's
-all-gather; DDP: its buckets' all-reduce runs beside the last backward), tensor parallelism's on the
-critical path. Each collective costs its bytes at its link's bandwidth (NVLink inside a node,
-InfiniBand between nodes) plus a latency that grows with its ranks, by NCCL's own model of a ring
-(``ring_latency_s``). And no layout does a token in fewer GPU-seconds than one GPU does
-(``StepTime.one_gpu_s``). A prediction, never a measurement."""
+"""A step's predicted time: its calibrated roofline compute plus the dispersion term, the data-parallel
+collectives overlapped with it, tensor parallelism's on the critical path. A collective costs its
+bytes at its link's bandwidth plus NCCL's ring latency; no layout beats one GPU's per-token time."""
 
 from __future__ import annotations
 
@@ -25,16 +20,13 @@ TP_COLLECTIVES_PER_BLOCK = 8
 """Sequence parallel: an all-gather before and a reduce-scatter after attention and the MLP,
 forward, and the same in backward."""
 RING_BASE_S, RING_HOP_NVLINK_S, RING_HOP_NETWORK_S = 8.4e-6, 3.4e-6, 14.0e-6
-"""NCCL's tuning model of a ring collective (Simple protocol; ``baseLat`` and ``hwLat`` in NCCL's
-``src/graph/tuning.cc``): a base latency, then one per ring step, an NVLink's or the network's: what
-NCCL itself predicts, not a measurement of ours."""
+"""NCCL's tuning model of a ring (``baseLat``, ``hwLat`` in its ``src/graph/tuning.cc``), not ours."""
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's default ``bucket_cap_mb``: gradients are all-reduced in buckets of 25 MiB."""
 
 
 def ring_latency_s(ranks: int, nodes: int, all_reduce: bool = False) -> float:
-    """NCCL's model of one ring all-gather or reduce-scatter (``ranks`` - 1 steps, ``nodes`` - 1 of
-    them between nodes), or all-reduce (twice the steps): linear in the ranks."""
+    """NCCL's model of one ring all-gather or reduce-scatter, or all-reduce (twice the steps)."""
     if ranks <= 1:
         return 0.0
     steps, between = (ranks - 1, nodes - 1) if not all_reduce else (2 * (ranks - 1), 2 * nodes if nodes > 1 else 0)
@@ -72,8 +64,7 @@ def step_time(
     calibration: Calibration,
     one_gpu_s: float = 0.0,
 ) -> StepTime:
-    """One optimizer step of ``layout`` on ``gpu``, from ``m`` (one micro-batch and the optimizer);
-    ``one_gpu_s``: its least time, one GPU's per-token time (0: none)."""
+    """One optimizer step of ``layout`` on ``gpu`` from ``m``; ``one_gpu_s``: its least time (0: none)."""
     t = job_config.training
     param_bytes, reduce_bytes = DTYPE_BYTES[t.mixed_precision_param], DTYPE_BYTES[t.mixed_precision_reduce]
     roofline = (layout.accumulation * m.micro_batch_s + m.optimizer_s) * calibration.factor

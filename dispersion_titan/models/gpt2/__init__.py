@@ -1,8 +1,4 @@
-"""GPT-2: flavors and the TrainSpec that plugs the model into TorchTitan's training loop.
-
-Import-light like TorchTitan's ``models/llama3``: the trainer-side builders are imported
-when the spec is built, so ``models.gpt2.args`` / ``.model`` load without the trainer.
-"""
+"""GPT-2: flavors and its TrainSpec; the trainer side is imported only when the spec is built."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ __all__ = ["GPT2", "GPT2ModelArgs", "MODEL_NAME", "get_train_spec", "gpt2_flavor
 
 
 def get_train_spec() -> TrainSpec:
-    # The trainer side, imported here as TorchTitan's models/llama3 does: .args and .model load without it.
-    from .. import spec
+    from .. import spec  # the trainer side, as TorchTitan's llama3: .args and .model load without it
     from . import parallelize, state_dict_adapter
 
     return spec.dispersion_train_spec(
@@ -29,8 +24,7 @@ def get_train_spec() -> TrainSpec:
 
 
 def hf_config(args: GPT2ModelArgs, tokenizer: Any):
-    """transformers' ``GPT2Config`` of this shape; the vocabulary is the tokenizer's (a
-    padded one is trimmed back to it by the export)."""
+    """transformers' ``GPT2Config`` of this shape, the tokenizer's vocabulary (the export trims a pad)."""
     from transformers import GPT2Config
 
     return GPT2Config(

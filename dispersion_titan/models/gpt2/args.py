@@ -11,9 +11,13 @@ from torch import nn
 from torchtitan.config import JobConfig
 from torchtitan.protocols.model import BaseModelArgs
 
-from ..flavors import DROPOUT_KEYS, Flavors, ShapeOverrides
+from ..flavors import DROPOUT_KEYS, SHAPE_KEYS, Flavors, ShapeOverrides
 
 GPT2_VOCAB_SIZE = 50257
+_REFUSED = {
+    "head_dim": "gpt2's head width is dim / n_heads",
+    "n_kv_heads": "gpt2 has one key/value head per attention head",
+}
 
 
 @dataclass
@@ -21,23 +25,8 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
     """Shape of a GPT-2-like model. ``mlp_hidden_dim=0`` means the GPT-2 default, 4·dim."""
 
     FAMILY: ClassVar[str] = "gpt2"
-    OVERRIDES: ClassVar[dict[str, str]] = {
-        key: key
-        for key in (
-            "dim",
-            "n_layers",
-            "n_heads",
-            "mlp_hidden_dim",
-            "vocab_size",
-            "max_seq_len",
-            "tie_embeddings",
-            *DROPOUT_KEYS,
-        )
-    }
-    REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
-        "head_dim": "gpt2's head width is dim / n_heads",
-        "n_kv_heads": "gpt2 has one key/value head per attention head",
-    }
+    REFUSED_BECAUSE: ClassVar[dict[str, str]] = _REFUSED
+    OVERRIDES: ClassVar[dict[str, str]] = {k: k for k in (*SHAPE_KEYS, *DROPOUT_KEYS) if k not in _REFUSED}
 
     dim: int = 768
     n_layers: int = 12
@@ -65,8 +54,7 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
         return self.max_seq_len
 
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
-        """Apply the ``[model]`` overrides (0 or unset keeps the flavor's value); an unset dropout
-        takes the Hugging Face config's when the run starts from a GPT-2 folder's weights."""
+        """Apply the ``[model]`` overrides; an unset dropout takes a GPT-2 folder's config.json's."""
         self.apply_overrides(job_config.model)
         hf = hf_dropout(job_config.checkpoint) if job_config.checkpoint.initial_load_in_hf else {}
         for key, value in hf.items():
@@ -74,20 +62,14 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
                 setattr(self, key, value)
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
-        """Unique parameter count and training FLOPs per token (fwd + bwd, attention included).
-
-        Matmul FLOPs: 6 per weight (QKV, output projection, MLP and the LM head, which
-        costs d·V whether or not it is tied). Attention scores and value mixing add
-        12·L·d·T per token (PaLM convention, no causal discount). Biases, norms and
-        the softmax are negligible and not counted.
-        """
+        """Unique parameter count and training FLOPs per token: 6 per matmul weight (the LM head's d·V
+        even when tied) plus 12·L·d·T for attention (PaLM's convention)."""
         nparams = sum(p.numel() for p in model.parameters())
         return nparams, flops_per_token(self, seq_len)
 
 
 def hf_dropout(checkpoint_config: Any) -> dict[str, float]:
-    """The dropout probabilities of the GPT-2 ``config.json`` beside the weights a run starts
-    from (``checkpoint.initial_load_path``), as ``[model]`` keys; {} without one."""
+    """The dropout of the ``config.json`` at ``checkpoint.initial_load_path``, as ``[model]`` keys."""
     path = os.path.join(checkpoint_config.initial_load_path or "", "config.json")
     if not os.path.isfile(path):
         return {}

@@ -1,13 +1,6 @@
-"""A GPT-2-like decoder: learned positions, pre-LayerNorm blocks, GELU MLP of any width.
-
-Dropout as Hugging Face's GPT-2 (``attn_pdrop``, ``resid_pdrop``, ``embd_pdrop``), in
-training forwards only; its masks come from the global RNG, which the trainer seeds per
-micro-batch (``DispersionTrainer._seed_dropout``), so that activation checkpointing's
-recomputation (``preserve_rng_state``) and layouts with the same micro-batches reproduce them.
-
-Module names follow TorchTitan's llama3 (``tok_embeddings``, ``layers``, ``norm``,
-``output``) so the parallelisation plan reads the same; the HF adapter maps them to
-GPT-2's names.
+"""A GPT-2-like decoder: learned positions, pre-LayerNorm blocks, GELU MLP of any width, Hugging
+Face's dropouts (masks from the global RNG, which the trainer seeds). Module names follow TorchTitan's
+llama3, so the parallelisation plan reads the same.
 """
 
 from __future__ import annotations
@@ -26,13 +19,9 @@ INIT_STD = 0.02
 
 
 class Attention(nn.Module):
-    """Causal multi-head self-attention with biases. Head count is read from the
-    projected width, so the same code runs on tensor-parallel shards.
-
-    q, k and v are one GEMM over the three projections' weights concatenated: their parameters
-    (and so every checkpoint and HF's ``c_attn`` split) stay ``wq``, ``wk``, ``wv``; the copy costs
-    3·dim² elements a forward, against two GEMM launches over the whole batch saved. Under tensor
-    parallelism each rank concatenates its own heads' rows (local shards)."""
+    """Causal multi-head self-attention with biases, its heads counted from the projected width (so
+    it runs on TP shards). q, k, v are one GEMM over ``wq``, ``wk``, ``wv`` concatenated (a 3·dim²
+    copy against two GEMM launches)."""
 
     def __init__(self, args: GPT2ModelArgs):
         super().__init__()
@@ -47,8 +36,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         projections = (self.wq, self.wk, self.wv)
-        weight = torch.cat([_local(w.weight) for w in projections])
-        bias = torch.cat([_local(w.bias) for w in projections])
+        weight = torch.cat([local_tensor(w.weight) for w in projections])
+        bias = torch.cat([local_tensor(w.bias) for w in projections])
         if isinstance(x, DTensor):  # tensor parallel: the replicated input; each rank's heads give a partial gradient
             x = x.to_local(grad_placements=[Partial()])
         qkv = F.linear(x, weight, bias).view(bsz, seqlen, 3, -1, self.head_dim)
@@ -95,24 +84,14 @@ class GPT2(ModelProtocol):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        """(Re-)share the LM head with the token embeddings.
-
-        Moving off the meta device (``to_empty``) and tensor-parallel sharding each
-        create separate tensors for the two uses; calling this afterwards restores one
-        parameter, so both uses accumulate their gradients into it.
-        """
+        """(Re-)share the LM head with the token embeddings, after ``to_empty`` or TP made two tensors."""
         if self.model_args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
-        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2L).
-
-        Values are drawn for the full (unsharded) tensors from one CPU generator seeded
-        with ``torch.initial_seed()``, in parameter order, and each rank keeps its own
-        shard. The initialisation, and so the step-0 checkpoint, is therefore identical
-        under every FSDP/TP layout and on every device.
-        """
+        """GPT-2 init: N(0, 0.02), zero biases, residual projections scaled by 1/sqrt(2L); full tensors
+        drawn from one CPU generator, each rank keeping its shard: the same under every layout."""
         del buffer_device  # no buffers
         self.tie_weights()
         generator = torch.Generator().manual_seed(torch.initial_seed())
@@ -133,10 +112,8 @@ class GPT2(ModelProtocol):
         return self.embd_dropout(self.tok_embeddings(tokens) + self.pos_embeddings(positions))
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, T, V]; given ``labels``, the cross-entropy summed over them (ignoring -100) by
-        Liger-Kernel's fused linear cross-entropy, which never holds the whole logits
-        (``training.head_loss = "liger"``). The trainer reads the blocks' outputs through forward hooks
-        (``trainer.block_outputs``), as for every model."""
+        """Logits [B, T, V]; given ``labels``, their summed cross-entropy by Liger-Kernel's fused linear
+        cross-entropy (``training.head_loss = "liger"``)."""
         h = self.embed(tokens)
         for layer in self.layers.values():
             h = layer(h)
@@ -151,14 +128,13 @@ class GPT2(ModelProtocol):
         )
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A tensor-parallel shard's local tensor (differentiable); a plain tensor as it is."""
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (differentiable); a plain tensor as it is."""
     return t.to_local() if isinstance(t, DTensor) else t
 
 
 def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy a full-size value into a parameter, keeping only this rank's shard of a DTensor
-    (every rank holds the same ``full``, so slicing locally needs no communication)."""
+    """Copy a full-size value into a parameter, only this rank's shard of a DTensor (no communication)."""
     if isinstance(param, DTensor):
         shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
         param.to_local().copy_(shard.to_local())

@@ -1,10 +1,5 @@
-"""Tensor parallel (with sequence parallel), activation checkpointing, torch.compile and
-FSDP2 (or DDP, its gradients summed) for GPT-2, in the order TorchTitan's llama3 applies them.
-
-Differences from llama3 that matter: the learned position embedding, LayerNorm biases
-and Linear biases are all covered by the TP plan, and the weight tie between token
-embeddings and LM head is restored after TP and kept valid under FSDP2 by keeping
-embeddings, final norm and head in the root FSDP unit (``models.fsdp``).
+"""TP (with sequence parallel), activation checkpointing, compile and FSDP2 or DDP for GPT-2, in
+llama3's order; the TP plan covers positions and biases, and the weight tie survives TP and FSDP2.
 """
 
 from __future__ import annotations
@@ -76,10 +71,8 @@ def parallelize_gpt2(model: GPT2, parallel_dims: ParallelDims, job_config: JobCo
 
 
 def apply_tp(model: GPT2, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
-    """Megatron-style TP with sequence parallel: activations between blocks are sharded
-    along the sequence (``Shard(1)``), LayerNorms run sequence-parallel with replicated
-    weight and bias, column-parallel Linears shard their bias, row-parallel keep it
-    replicated. Both embeddings reduce-scatter straight into the sequence shard."""
+    """Megatron-style TP with sequence parallel: activations between blocks sharded along the sequence,
+    both embeddings reduce-scattering straight into it."""
     parallelize_module(
         model,
         tp_mesh,
@@ -111,7 +104,6 @@ def apply_tp(model: GPT2, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
                 "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
             },
         )
-    # Embedding (RowwiseParallel) and head (ColwiseParallel) both shard the [V, d]
-    # matrix along V, so one DTensor serves both uses.
+    # embedding and head both shard [V, d] along V: one DTensor serves both
     model.tie_weights()
     logger.info("Applied tensor parallelism (sequence parallel) to GPT-2")

@@ -1,10 +1,5 @@
-"""Hugging Face GPT-2 <-> dispersion_titan state dicts.
-
-HF GPT-2 stores Linear layers as ``Conv1D`` with [in, out] weights, and fuses Q, K and
-V into one ``c_attn``. Our model uses ``nn.Linear`` ([out, in]) with separate
-``wq/wk/wv`` (simpler tensor parallelism), so the adapter transposes and splits/joins.
-It works on plain tensors and on DTensors (FSDP/TP state dicts), which is what
-TorchTitan's ``initial_load_in_hf`` and ``last_save_in_hf`` hand it.
+"""Hugging Face GPT-2 <-> our state dicts: HF's ``Conv1D`` weights transposed, its fused ``c_attn``
+split into ``wq/wk/wv``; plain tensors and DTensors alike.
 """
 
 from __future__ import annotations
@@ -56,13 +51,8 @@ def _canonical_hf_key(key: str) -> str:
 
 
 class GPT2StorageReader(HuggingFaceStorageReader):
-    """Reads HF GPT-2 safetensors under canonical key names.
-
-    TorchTitan loads by key: it asks for ``to_hf(model_state_dict)``'s keys. Original
-    GPT-2 files name them without ``transformer.`` and carry ``attn.bias`` mask buffers;
-    this reader presents every file's tensors under the canonical names, hides the
-    buffers, and reads each requested slice from the file's own key.
-    """
+    """Reads HF GPT-2 safetensors under canonical key names (original files lack ``transformer.`` and
+    carry ``attn.bias`` buffers, which are hidden), each slice from the file's own key."""
 
     def read_metadata(self) -> Metadata:
         metadata = super().read_metadata()
