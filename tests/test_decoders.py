@@ -27,7 +27,6 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
-from torchtitan.distributed import ParallelDims
 from torchtitan.models.qwen3 import qwen3_args
 from torchtitan.protocols.train_spec import get_train_spec
 
@@ -198,15 +197,14 @@ def test_baselines_act_on_the_token_embeddings(args, tmp_path):
     """Noise in training forwards only; a reset re-draws the token embeddings (and so
     Qwen3's tied LM head, the same parameter)."""
     model = load_model(str(tiny_run(tmp_path, args=args) / "checkpoint" / "step-0"), args)
-    world = ParallelDims(dp_shard=1, dp_replicate=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1)
     clean = logits_of(model)
-    noise = build_baseline(Baseline(method="noisy_embedding"), model, [], world, seed=0, tied=args.tie_embeddings)
+    noise = build_baseline(Baseline(method="noisy_embedding"), model, [], seed=0, tied=args.tie_embeddings)
     noise.begin_step(1)
     assert torch.equal(logits_of(model), clean)  # eval: none
     assert not torch.allclose(logits_of(model.train()), clean)
     before = model.tok_embeddings.weight.detach().clone()
     forgetting = build_baseline(
-        Baseline(method="active_forgetting", forget_every=1), model, [], world, seed=0, tied=args.tie_embeddings
+        Baseline(method="active_forgetting", forget_every=1), model, [], seed=0, tied=args.tie_embeddings
     )
     forgetting.begin_step(2)
     after = model.tok_embeddings.weight

@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from dispersion_titan.components.titan_tokenizer import EOT_ID
 from dispersion_titan.data import corpora
 from dispersion_titan.data.__main__ import main, parser
 from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
 from dispersion_titan.data.prepare import prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
+from dispersion_titan.tokenizer.bpe import EOT_ID
 from support.corpora import texts
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted

@@ -1,7 +1,5 @@
-"""What the training log, TensorBoard and W&B (``[metrics] enable_wandb``) show beyond
-TorchTitan's own metrics: the two loss terms and each block's mean off-diagonal cosine, a
-live condensation curve. Every metric goes through TorchTitan's loggers, so W&B gets what
-TensorBoard gets; the W&B run is named in the run folder (``wandb_run``)."""
+"""Beyond TorchTitan's metrics, through its loggers: the two loss terms and each block's mean
+off-diagonal cosine (a live condensation curve); the W&B run is named in the run folder."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from . import wandb_run
 
 
 def global_batch_size(job_config, parallel_dims) -> int:
-    """Sequences per optimizer step over all data-parallel ranks (TorchTitan's -1 default
-    means one local batch per rank)."""
+    """Sequences per optimizer step over all data-parallel ranks (-1: one local batch per rank)."""
     size = job_config.training.global_batch_size
     if size < 0:
         degree = parallel_dims.get_mesh("batch").size() if parallel_dims.dp_enabled else 1
@@ -27,8 +24,7 @@ def global_batch_size(job_config, parallel_dims) -> int:
 
 
 class StepMetrics:
-    """Per-step sums that TorchTitan's loop does not know about, kept on the device and
-    reduced only at log time."""
+    """Per-step sums TorchTitan does not keep, on the device, reduced only at log steps."""
 
     def __init__(self, global_batch_size: int) -> None:
         self.global_batch_size = global_batch_size
@@ -50,15 +46,9 @@ class StepMetrics:
         if cosine_sums is not None:
             self.cosine_sums = cosine_sums if self.cosine_sums is None else self.cosine_sums + cosine_sums
 
-    def local_loss(self) -> torch.Tensor:
-        """This rank's share of the step's loss, CE + λ·dispersion, as TorchTitan logs it: an
-        infinite λ·term is caught at its own step, before its update poisons the weights."""
-        return self.loss
-
 
 class DispersionMetricsProcessor(MetricsProcessor):
-    """Adds ``ce``, ``dispersion`` and each block's ``mean_cos_offdiag`` to the training
-    log and TensorBoard, and perplexity to validation. Owns the step's ``StepMetrics``."""
+    """Logs ``ce``, ``dispersion``, each block's ``mean_cos_offdiag`` and validation perplexity."""
 
     def __init__(self, job_config, parallel_dims, tag: str | None = None) -> None:
         super().__init__(job_config, parallel_dims, tag)

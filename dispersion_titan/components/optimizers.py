@@ -1,16 +1,8 @@
-"""Every TrainSpec's optimizer and LR-scheduler builders: TorchTitan's own, except
-under active forgetting, where the token embeddings get a param group of their own with
-the language-model-plasticity schedule the authors use (``embedding_lr_factor``) while
-the body keeps the run's schedule; with ``[optimizer] decay_groups = "hf"``, where
-biases and norm weights go to a param group without weight decay, as the Hugging Face
-Trainer groups them (the authors' scripts train with it; ``as_released``: under active
-forgetting only LayerNorm weights and biases, as their active-forgetting optimizer); and with
-``[lr_scheduler] form = "as_released"``, transformers' cosine schedule (``released_lr_factor``).
-
-TorchTitan calls these builders with the ``[optimizer]`` / ``[lr_scheduler]`` sections
-only; the launch checks put the run's ``[baseline]`` section into both (their ``baseline``
-field, ``config.schema.BuilderInputs``). Without active forgetting, they are TorchTitan's.
-"""
+"""Every TrainSpec's optimizer and LR-scheduler builders: TorchTitan's own, plus the token
+embeddings' own param group and schedule under active forgetting (``embedding_lr_factor``), a
+no-decay group (``optimizer.decay_groups``) and transformers' cosine schedule
+(``lr_scheduler.form = "as_released"``). TorchTitan hands them only their own section; the launch
+checks put ``[baseline]`` into both (``config.schema.BuilderInputs``)."""
 
 from __future__ import annotations
 
@@ -35,19 +27,15 @@ _NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(
 
 
 def _forgetting(section: Any) -> Baseline | None:
-    """The ``[baseline]`` section that ``section`` (``[optimizer]`` or ``[lr_scheduler]``) carries,
-    when its method is active forgetting."""
+    """The ``[baseline]`` that ``section`` carries, when its method is active forgetting."""
     baseline = section.baseline
     return baseline if baseline is not None and baseline.method == "active_forgetting" else None
 
 
 def embedding_lr_factor(completed_steps: int, period: int, total: int) -> float:
-    """Factor of ``embedding_lr`` for step g = ``completed_steps`` + 1 (``LambdaLR``'s epoch + 1) of
-    ``total`` steps T with resets every ``period`` steps K, as the authors' ``ActiveForgettingLRScheduler``
-    (lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2_other_counter_condensation.py:
-    ``_plasticity_emb_schedule_step`` and ``_linear_warmup_decay_mult``): index e = min((g·⌊T/K⌋) mod T,
-    T−1) on one linear warm-up over W = ⌊0.08·T⌋ steps then linear decay to 0 at T. It restarts at
-    every reset only when K divides T."""
+    """Factor of ``embedding_lr`` at step g = ``completed_steps`` + 1 of T = ``total``, resets every K =
+    ``period``, as the authors' ``ActiveForgettingLRScheduler``: index min((g·⌊T/K⌋) mod T, T−1) on a
+    linear warm-up over ⌊0.08·T⌋ steps then linear decay to 0 at T."""
     index = min(((completed_steps + 1) * (total // period)) % total, total - 1)
     warmup = int(total * WARMUP_FRACTION)
     if index < warmup:
@@ -69,9 +57,8 @@ def _separate_embedding_group(model: nn.Module, optimizer: torch.optim.Optimizer
 
 
 def released_lr_factor(step: int, warmup: int, total: int, min_lr_factor: float = 0.0) -> float:
-    """transformers' ``get_cosine_schedule_with_warmup`` at ``LambdaLR`` step ``step`` (0 for the first
-    update): s/W during the W warm-up steps, then half a cosine from 1 to 0 over the T − W steps after,
-    scaled into [min_lr_factor, 1] as TorchTitan's."""
+    """transformers' ``get_cosine_schedule_with_warmup`` at ``LambdaLR`` step ``step`` (0 first): s/W
+    over W warm-up steps, then half a cosine to 0 at T, scaled into [min_lr_factor, 1] as TorchTitan's."""
     if step < warmup:
         return step / max(1, warmup)
     progress = (step - warmup) / max(1, total - warmup)
@@ -79,10 +66,9 @@ def released_lr_factor(step: int, warmup: int, total: int, min_lr_factor: float 
 
 
 def no_decay_parameter_names(model: nn.Module, hf: bool = True) -> set[str]:
-    """The parameters the Hugging Face Trainer exempts from weight decay: those of
-    ``nn.LayerNorm`` modules, and names that say bias or norm (``Trainer.get_decay_parameter_names``).
-    ``hf`` False: LayerNorm's and names that say bias only, as the authors' active-forgetting
-    optimizer (``get_parameter_names(model, ALL_LAYERNORM_LAYERS)`` less "bias", transformers 4.51)."""
+    """What the Hugging Face Trainer exempts from weight decay (``get_decay_parameter_names``): LayerNorm
+    parameters and names saying bias or norm; ``hf`` False: LayerNorm's and bias only, as the authors'
+    active-forgetting optimizer."""
     in_layer_norms = {
         f"{prefix}.{name}" if prefix else name
         for prefix, module in model.named_modules()
@@ -98,8 +84,7 @@ def no_decay_parameter_names(model: nn.Module, hf: bool = True) -> set[str]:
 
 
 def _separate_no_decay_group(model: nn.Module, optimizer: torch.optim.Optimizer, hf: bool) -> None:
-    """Param group 0 keeps the decayed body; the exempt parameters (``no_decay_parameter_names``) go
-    to a last group with weight decay 0 and group 0's learning rate."""
+    """The exempt parameters (``no_decay_parameter_names``) to a last group with weight decay 0."""
     names = no_decay_parameter_names(model, hf)
     exempt = {id(p) for name, p in model.named_parameters() if name in names}
     group = optimizer.param_groups[0]

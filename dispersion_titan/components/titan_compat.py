@@ -1,48 +1,8 @@
 """Every place dispersion_titan relies on TorchTitan 0.2.2 internals, in one module.
 
-Nothing else imports a private TorchTitan name or depends on how TorchTitan's code is
-written inside. Each touch below has a canary test (``tests/test_titan_compat.py``)
-that fails loudly, naming the touch, when an upgrade changes what it relies on:
-
-- ``config_manager_parse``: ``ConfigManager.parse_args`` reads the TOML through
-  ``_maybe_load_toml(args)`` and nowhere else (the one private method overridden: our
-  checks and TorchTitan's parse must see the same bytes, read once).
-- ``use_cpu``: the module-level ``device_type`` / ``device_module`` bindings and the
-  memory monitor's default device, which assume CUDA.
-- ``without_data_parallel``: TorchTitan's parallelize functions (qwen3's, llama3's) apply
-  FSDP exactly when ``parallel_dims.fsdp_enabled`` and DDP when ``dp_replicate_enabled``;
-  it exists because their FSDP shards a tied Qwen3's embeddings and head apart.
-- ``attention_on_local_shards``: TorchTitan's ``ScaledDotProductAttentionWrapper`` takes
-  q, k, v positionally and returns SDPA's output (the qwen3 and llama3 TP plans make them
-  DTensors sharded by heads).
-- ``init_validator``: ``Validator.__init__`` builds TorchTitan's own text loader, so
-  its fields are set here instead. ``PackedValidator.validate`` (``components/validate.py``)
-  relies on ``Validator.validate`` calling ``model_parts[0](inputs, **extra)`` and then
-  ``self.loss_fn(predictions, labels)`` (a sum over tokens), both inside its contexts.
-- ``save_full_checkpoint``: the checkpointer's last-step save path and its
-  ``last_save_model_only`` / ``last_save_in_hf`` attributes.
-- ``model_converter_names``: ``ModelConvertersContainer`` looks ``model.converters`` up in the private
-  registry ``_registry_model_converter_cls``.
-- ``checkpointer_folder``: a disabled checkpointer has no ``folder`` attribute.
-- ``will_save``: the checkpointer's private ``_should_save(step, last_step)`` rule.
-- ``on_save_error``: every checkpoint TorchTitan writes goes through the checkpointer's
-  ``save(curr_step, ...)`` method, and a failed synchronous write raises there.
-- ``optimizer_per_model_part``: ``OptimizersContainer`` holds one torch optimizer per
-  model part (``model_parts`` / ``optimizers``), each with one param group.
-- ``lr_lambda``: ``build_lr_schedulers`` gives every ``LambdaLR`` it builds one shared
-  ``lr_lambda``; ``lr_schedulers_per_group``: ``LRSchedulersContainer`` hands its
-  ``lr_lambda`` to ``LambdaLR`` unchanged (a list: one factor per param group). Both
-  builders are the TrainSpec's, called from ``Trainer.__init__`` with the
-  ``[optimizer]`` / ``[lr_scheduler]`` sections (which carry ``[baseline]``, ``config.schema.BuilderInputs``).
-- ``TrainerHooks``: ``init_distributed`` hands ``job_config.comm`` to ``dist_utils.init_distributed``,
-  which makes the flight recorder's folder only when ``trace_buf_size > 0``; an after-checkpoint-load
-  hook (``train()`` loads, then calls ``should_continue_training``), and TorchTitan's non-pipelined
-  ``forward_backward_step`` around a ``model_forward_backward`` hook where ``DispersionTrainer`` adds its term.
-- ``fake_world_family`` (``plan``'s trainer under ``FakeTensorMode``): ``Trainer.__init__`` looks its TrainSpec
-  up by ``model.name``, builds ``model_cls(model_args)`` on the meta device, hands it to ``parallelize_fn``,
-  then moves it off the meta device (``to_empty``) and calls its ``init_weights``.
-- ``optimizer_step``: ``Trainer.train_step`` clears the gradients, runs ``forward_backward_step`` per
-  micro-batch, clips the gradients and steps the optimizers.
+Nothing else imports a private TorchTitan name or depends on how TorchTitan's code is written
+inside. Each function says what it relies on, and ``tests/test_titan_compat.py`` has a canary per
+touch that fails, naming it, when an upgrade changes that.
 """
 
 from __future__ import annotations
@@ -54,8 +14,8 @@ import os
 import platform
 import resource
 import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, redirect_stderr
+from collections.abc import Callable
+from contextlib import redirect_stderr
 from importlib.metadata import version
 from typing import Any
 
@@ -81,8 +41,8 @@ def check_torchtitan_version() -> None:
 
 
 def config_manager_parse(args: list[str], toml: dict) -> Any:
-    """``ConfigManager().parse_args(args)`` on ``toml``, the file ``--job.config_file`` names,
-    already read: the TOML is read once per launch (``ConfigManager._maybe_load_toml``)."""
+    """``ConfigManager().parse_args(args)`` on ``toml`` already read, so our checks and TorchTitan's
+    parse see the same bytes: ``parse_args`` reads the TOML only through ``_maybe_load_toml``."""
     from torchtitan.config import ConfigManager
 
     class ReadOnce(ConfigManager):
@@ -94,9 +54,8 @@ def config_manager_parse(args: list[str], toml: dict) -> Any:
 
 @functools.cache
 def merged_job_config_class(custom_module: str) -> type:
-    """TorchTitan's JobConfig class merged with the sections of ``custom_module`` (a
-    ``job.custom_config_module``), as its public ``parse_args`` builds it: the type of a
-    config parsed from no TOML, for type checks before the real parse."""
+    """TorchTitan's JobConfig class merged with ``custom_module``'s sections, as ``parse_args`` builds
+    it, for type checks before the real parse."""
     from torchtitan.config import ConfigManager
 
     with redirect_stderr(io.StringIO()):  # its warning that the default hf_assets_path does not exist
@@ -154,8 +113,9 @@ def uses_cpu() -> bool:
 
 
 def apply() -> None:
-    """Check the version and, without a GPU, point TorchTitan at the CPU. Idempotent; run
-    before a Trainer is built. On CUDA the device selection is left as TorchTitan made it."""
+    """Check the version and, without a GPU, point TorchTitan at the CPU: the module-level
+    ``device_type`` / ``device_module`` bindings and the memory monitor's default device assume
+    CUDA. Idempotent; on CUDA nothing changes."""
     global _cpu_applied
     check_torchtitan_version()
     if _cpu_applied or not uses_cpu():
@@ -197,21 +157,17 @@ class _WithoutDataParallel:
 
 
 def without_data_parallel(parallel_dims: Any) -> Any:
-    """A view of ``parallel_dims`` under which TorchTitan's ``parallelize_qwen3`` /
-    ``parallelize_llama`` apply tensor parallelism, activation checkpointing and compile
-    but neither FSDP nor DDP, which the caller then applies itself."""
+    """``parallel_dims`` under which TorchTitan's parallelize functions, which apply FSDP exactly when
+    ``fsdp_enabled`` and DDP when ``dp_replicate_enabled``, apply neither (their FSDP shards a tied
+    Qwen3's embeddings and head apart): the caller applies its own."""
     return _WithoutDataParallel(parallel_dims)
 
 
 def attention_on_local_shards(model: torch.nn.Module) -> None:
-    """Run the SDPA of TorchTitan's attention modules on each rank's own heads, as plain
-    tensors, and hand the result on as the DTensor it would have been.
-
-    Their tensor-parallel plan gives SDPA DTensors; on a CPU DTensor has no sharding rule
-    for the fused CPU kernel, and the math backend adds a plain causal mask to DTensor
-    scores. Attention heads are independent (and grouped key/value heads are sharded
-    with their query heads), so the local computation is the exact one.
-    """
+    """Run the SDPA of TorchTitan's ``ScaledDotProductAttentionWrapper`` (q, k, v positional, DTensors
+    sharded by heads under TP) on each rank's own heads as plain tensors, and hand the result on as
+    the DTensor it would have been: on a CPU DTensor cannot run SDPA. Heads are independent, so the
+    local computation is the exact one."""
     from torch.distributed.tensor import DTensor
     from torchtitan.models.attention import ScaledDotProductAttentionWrapper
 
@@ -233,8 +189,6 @@ def attention_on_local_shards(model: torch.nn.Module) -> None:
 
 # ------------------------------------------------------------------------ validation
 
-# The attributes ``Validator.__init__`` sets, besides the data loader built from its own
-# C4 text loader; ``init_validator`` sets the same ones.
 VALIDATOR_FIELDS = (
     "job_config",
     "tokenizer",
@@ -251,7 +205,9 @@ VALIDATOR_FIELDS = (
 
 
 def init_validator(validator: Any, validation_dataloader: Any, **fields: Any) -> None:
-    """What ``Validator.__init__`` does, with our data loader instead of TorchTitan's."""
+    """What ``Validator.__init__`` does (it sets ``VALIDATOR_FIELDS``), with our data loader instead
+    of its C4 text loader. ``PackedValidator`` relies on ``Validator.validate`` calling
+    ``model_parts[0](inputs, **extra)`` then ``self.loss_fn(predictions, labels)`` in its contexts."""
     from torchtitan.components.validate import BaseValidator
 
     BaseValidator.__init__(validator, fields.pop("job_config"))
@@ -266,8 +222,8 @@ def init_validator(validator: Any, validation_dataloader: Any, **fields: Any) ->
 
 
 def model_converter_names() -> set[str]:
-    """The names ``model.converters`` may hold: the keys of the registry ``ModelConvertersContainer``
-    looks each up in (an unknown one is a ``KeyError`` once the model is built)."""
+    """The names ``model.converters`` may hold: the keys of the private registry
+    ``ModelConvertersContainer`` looks each up in."""
     from torchtitan.protocols import model_converter
 
     return set(model_converter._registry_model_converter_cls)
@@ -277,49 +233,31 @@ def model_converter_names() -> set[str]:
 
 
 def checkpointer_folder(checkpointer: Any) -> str | None:
-    """The checkpoint folder, or None when checkpointing is disabled (then the
-    CheckpointManager never sets ``folder``)."""
+    """The checkpoint folder, or None when disabled (a disabled checkpointer has no ``folder``)."""
     return checkpointer.folder if checkpointer.enable else None
 
 
 def will_save(checkpointer: Any, step: int, last_step: bool) -> bool:
-    """Whether ``checkpointer.save(step, last_step)`` will write a checkpoint: the rule
-    TorchTitan applies (enabled, not load-only, first step if asked, last step, interval)."""
+    """Whether ``checkpointer.save(step, last_step)`` will write: its private ``_should_save`` rule."""
     return checkpointer._should_save(step, last_step=last_step)
 
 
-@contextmanager
-def _attributes_set(obj: Any, **values: Any) -> Iterator[None]:
-    old = {name: getattr(obj, name) for name in values}
-    for name, value in values.items():
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for name, value in old.items():
-            setattr(obj, name, value)
-
-
 def save_full_checkpoint(checkpointer: Any, step: int) -> None:
-    """Save every state of ``step`` now, synchronously, whatever the interval.
-
-    TorchTitan's ``save`` writes only on interval steps, except for the last step, which
-    it writes synchronously after waiting for any asynchronous save still in flight.
-    That last-step path is the one wanted here, with the full state instead of the
-    weights-only export that ``last_save_model_only`` makes of a finished run.
-    """
-    with _attributes_set(checkpointer, last_save_model_only=False, last_save_in_hf=False):
+    """Save every state of ``step`` now, synchronously, whatever the interval: the checkpointer's
+    last-step path (which waits for an asynchronous save in flight), with the full state instead of
+    the weights-only export ``last_save_model_only`` / ``last_save_in_hf`` would make."""
+    saved = checkpointer.last_save_model_only, checkpointer.last_save_in_hf
+    checkpointer.last_save_model_only = checkpointer.last_save_in_hf = False
+    try:
         checkpointer.save(curr_step=step, last_step=True)
+    finally:
+        checkpointer.last_save_model_only, checkpointer.last_save_in_hf = saved
 
 
 def on_save_error(checkpointer: Any, handler: Callable[[int, BaseException], None]) -> None:
-    """Call ``handler(step, error)`` when a save of ``checkpointer`` fails, before the error
-    goes on (the handler may raise another in its place).
-
-    Every save goes through the instance's ``save(curr_step, ...)``: TorchTitan's ``train()``
-    (interval and last step) and ``main()`` (seed checkpoint), and ours; the method is
-    wrapped on this instance only, synchronous saves raise there.
-    """
+    """Call ``handler(step, error)`` when a save fails, before the error goes on (the handler may
+    raise another instead). Every save TorchTitan makes goes through this instance's ``save``,
+    wrapped here; a synchronous write raises there."""
     from torch.distributed.checkpoint.api import CheckpointException  # DCP's, a BaseException
 
     save = checkpointer.save
@@ -339,13 +277,13 @@ def on_save_error(checkpointer: Any, handler: Callable[[int, BaseException], Non
 
 
 def optimizer_per_model_part(optimizers: Any) -> list[tuple[torch.nn.Module, torch.optim.Optimizer]]:
-    """Each model part with the torch optimizer TorchTitan built over its parameters."""
+    """Each model part with its torch optimizer (``OptimizersContainer``: one per part, one param group)."""
     return list(zip(optimizers.model_parts, optimizers.optimizers, strict=True))
 
 
 def lr_lambda(lr_scheduler_config: Any, training_steps: int) -> Callable[[int], float]:
-    """TorchTitan's warm-up / stable / decay factor for these settings, as
-    ``build_lr_schedulers`` gives it to every ``LambdaLR`` (built here on a probe optimizer)."""
+    """TorchTitan's warm-up / stable / decay factor: the one ``lr_lambda`` ``build_lr_schedulers`` gives
+    every ``LambdaLR`` (built here on a probe optimizer)."""
     from torchtitan.components.lr_scheduler import build_lr_schedulers
 
     probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
@@ -354,8 +292,8 @@ def lr_lambda(lr_scheduler_config: Any, training_steps: int) -> Callable[[int], 
 
 
 def lr_schedulers_per_group(optimizers: Any, lr_lambdas: list[Callable[[int], float]]) -> Any:
-    """TorchTitan's ``LRSchedulersContainer`` (so checkpoints and logging stay TorchTitan's)
-    whose ``LambdaLR``s apply ``lr_lambdas[i]`` to param group ``i``."""
+    """TorchTitan's ``LRSchedulersContainer``, which hands ``lr_lambdas`` (one per param group) to
+    ``LambdaLR`` unchanged."""
     from torchtitan.components.lr_scheduler import LRSchedulersContainer
 
     return LRSchedulersContainer(optimizers, lr_lambdas)
@@ -365,14 +303,13 @@ def lr_schedulers_per_group(optimizers: Any, lr_lambdas: list[Callable[[int], fl
 
 
 class TrainerHooks(Trainer):
-    """TorchTitan's Trainer with the two hooks ``DispersionTrainer`` needs, and no flight-recorder folder
-    on a CPU."""
+    """TorchTitan's Trainer with the two hooks ``DispersionTrainer`` needs."""
 
     _loaded = False
 
     def init_distributed(self) -> Any:
-        """TorchTitan's, without a flight-recorder folder on a CPU: its dumps are NCCL's, on a GPU
-        collective's timeout, and gloo writes none (``comm.save_traces_folder`` stayed an empty folder)."""
+        """TorchTitan's, without a flight-recorder folder on a CPU (gloo writes no traces); it makes the
+        folder only when ``comm.trace_buf_size > 0``."""
         if uses_cpu():
             self.job_config.comm.trace_buf_size = 0
         return super().init_distributed()
@@ -390,8 +327,8 @@ class TrainerHooks(Trainer):
     def forward_backward_step(
         self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor, global_valid_tokens: torch.Tensor
     ) -> torch.Tensor:
-        """TorchTitan's non-pipelined ``forward_backward_step``, with the model call, the loss
-        and the backward handed to ``model_forward_backward`` (inside the train context)."""
+        """TorchTitan's non-pipelined ``forward_backward_step``, with the model call, loss and backward
+        handed to ``model_forward_backward``."""
         if self.parallel_dims.pp_enabled:
             raise NotImplementedError("dispersion_titan does not support pipeline parallelism")
         inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
@@ -418,9 +355,7 @@ class TrainerHooks(Trainer):
 
 
 class _NoValues(TorchDispatchMode):
-    """A read of a value that no fake tensor holds answers 0: the one such read of an init,
-    ``torch.nn.init.trunc_normal_``'s (whether a draw fell outside the bounds), ends its
-    resampling loop at the first draw (the values do not exist)."""
+    """A value no fake tensor holds reads as 0: ``trunc_normal_``'s resampling loop ends at once."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         try:
@@ -439,11 +374,10 @@ def _outside_fake_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @functools.cache
 def fake_world_family(name: str) -> str:
-    """The name of a TrainSpec of our own, ``name``'s as a trainer built under ``FakeTensorMode``
-    needs it: the model built and parallelized outside the mode, from real meta tensors (a fake
-    meta parameter cannot be swapped for its CPU one by ``to_empty``: PyTorch refuses tensors
-    with weak references; the meshes FSDP2 builds over tensor-parallel ones read values back),
-    then moved off the meta device in the mode and initialised under ``_NoValues``."""
+    """A TrainSpec of our own, ``name``'s as a trainer under ``FakeTensorMode`` needs it: the model built
+    and parallelized outside the mode (``to_empty`` refuses fake meta parameters; FSDP2's meshes read
+    values back), then initialised under ``_NoValues``. Relies on ``Trainer.__init__`` building
+    ``model_cls(model_args)`` on meta, ``parallelize_fn``, ``to_empty`` then ``init_weights``."""
     from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
     spec = get_train_spec(name)
@@ -467,11 +401,10 @@ def fake_world_family(name: str) -> str:
 
 
 def optimizer_step(trainer: Trainer, batches: list, after_each: Callable[[], None] = lambda: None) -> None:
-    """One optimizer step as ``Trainer.train_step`` takes it, on ``batches`` (its micro-batches), each
-    moved to the trainer's device first (under ``FakeTensorMode`` on a GPU: a fake CUDA copy): gradients
-    cleared, each micro-batch's ``forward_backward_step``, the gradients clipped, the optimizers
-    stepped. The global token count is the global batch's (its all-reduce would read a fake value back);
-    logging and the learning-rate schedule are left out. ``after_each`` runs after each backward."""
+    """One optimizer step as ``Trainer.train_step`` takes it on ``batches``, less logging and the LR
+    schedule: gradients cleared, each micro-batch's ``forward_backward_step`` (then ``after_each``),
+    clipping, the optimizers stepped. The token count is the global batch's (an all-reduce would read
+    a fake value)."""
     from torchtitan.distributed import utils as dist_utils
 
     t = trainer.job_config.training

@@ -1,24 +1,17 @@
-"""The run's tokenizer as TorchTitan's interface: GPT-2 BPE (the encoding itself lives in
-``bpe``), or TorchTitan's HuggingFaceTokenizer over the model's own folder, as
-``encoders.tokenizer_folder`` chooses."""
+"""The run's tokenizer as TorchTitan's interface: GPT-2's BPE or TorchTitan's HuggingFaceTokenizer
+over the model's folder (``encoders.tokenizer_folder`` chooses)."""
 
 from __future__ import annotations
 
 from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.config import JobConfig
 
-from ..tokenizer.bpe import EOT_ID, EOT_TOKEN, bpe_files, gpt2_encoding
+from ..tokenizer.bpe import EOT_ID, gpt2_encoding
 from ..tokenizer.encoders import tokenizer_folder
-
-__all__ = ["EOT_ID", "EOT_TOKEN", "GPT2Tokenizer", "bpe_files", "build_tokenizer", "gpt2_encoding"]
 
 
 class GPT2Tokenizer(BaseTokenizer):
-    """TorchTitan tokenizer interface over the exact ``gpt2`` encoding (50257 tokens).
-
-    GPT-2 has no BOS; ``<|endoftext|>`` separates documents. ``add_bos`` therefore adds
-    nothing and ``add_eos`` appends ``<|endoftext|>``.
-    """
+    """The exact ``gpt2`` encoding; no BOS (``add_bos`` adds nothing), ``<|endoftext|>`` as EOS."""
 
     def __init__(self) -> None:
         super().__init__()

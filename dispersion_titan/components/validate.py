@@ -1,13 +1,6 @@
-"""TorchTitan's Validator, fed by the packed held-out split instead of its C4 loader, and
-run micro-batch by micro-batch.
-
-A validation batch is ``validation.global_batch_size`` sequences (by default training's
-global batch) split over the data-parallel ranks, with no accumulation: run whole, its
-logits alone can exhaust memory (64 × 1024 tokens × 50257 fp32 logits are 13 GB) on a
-machine that trains fine in small micro-batches. So each rank's validation batch is cut
-into micro-batches of the training micro-batch (``training.local_batch_size``, derived
-from ``training.max_local_batch_size``), and only one micro-batch's logits exist at a time.
-The loss is the same sum of token losses, over the same global token count.
+"""TorchTitan's Validator, fed by the packed held-out split instead of its C4 loader, and run in
+micro-batches of the training micro-batch: a whole validation batch's logits alone can exhaust
+memory (64 × 1024 × 50257 fp32 logits are 13 GB). The loss is the same sum over the same tokens.
 """
 
 from __future__ import annotations
@@ -32,8 +25,8 @@ def loss_sum_by_micro_batch(
     labels: torch.Tensor,
     model_kwargs: dict[str, Any],
 ) -> torch.Tensor:
-    """``loss_fn(model(inputs), labels)`` (a sum over tokens) computed ``micro_batch``
-    sequences at a time; per-sequence keyword tensors are cut along with the inputs."""
+    """``loss_fn(model(inputs), labels)`` (a sum) ``micro_batch`` sequences at a time, per-sequence
+    keyword tensors cut along."""
     batch = inputs.shape[0]
     total = None
     for start in range(0, batch, micro_batch):
@@ -48,9 +41,8 @@ def loss_sum_by_micro_batch(
 
 
 class _Deferred(torch.nn.Module):
-    """The model as TorchTitan's validation loop calls it: the call only hands its inputs on
-    to the loss, which runs the model micro-batch by micro-batch (``eval``/``train`` reach
-    the model, a submodule)."""
+    """The model as the validation loop calls it: its inputs handed on to the loss, which runs the
+    model in micro-batches."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
@@ -62,7 +54,6 @@ class _Deferred(torch.nn.Module):
 
 class PackedValidator(Validator):
     def __init__(self, job_config, dp_world_size: int, dp_rank: int, **fields: Any) -> None:
-        # Validator.__init__ would build TorchTitan's own text loader.
         init_validator(
             self,
             build_packed_validation_dataloader(dp_world_size, dp_rank, job_config),
@@ -71,7 +62,6 @@ class PackedValidator(Validator):
             dp_rank=dp_rank,
             **{"pp_schedule": None, "pp_has_first_stage": None, "pp_has_last_stage": None, **fields},
         )
-        # The trainer has resolved a derived (0) local batch size before building this.
         self.micro_batch = job_config.training.local_batch_size
 
     def post_dataloading_process(
@@ -82,8 +72,7 @@ class PackedValidator(Validator):
         return input_dict["input"], labels, {k: v for k, v in input_dict.items() if k != "input"}, {}
 
     def validate(self, model_parts: list[torch.nn.Module], step: int) -> None:
-        """TorchTitan's validation loop (token counts, averaging, logging), whose model call and
-        loss run micro-batch by micro-batch."""
+        """TorchTitan's validation loop, its model call and loss run in micro-batches."""
         (model,) = model_parts
         whole_batch_loss = self.loss_fn
 

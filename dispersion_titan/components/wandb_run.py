@@ -1,6 +1,5 @@
-"""A training run's W&B run, named in its run folder (``WANDB_RUN_FILE``) when TorchTitan's
-logger started one (``[metrics] enable_wandb``), so that the analysis and evaluation log their
-tables and figures to the same run (``--wandb``)."""
+"""A training run's W&B run, named in its run folder (``WANDB_RUN_FILE``), so that ``analyze`` and
+``evaluate --wandb`` log to the same run."""
 
 from __future__ import annotations
 
@@ -73,9 +72,8 @@ def files(run: Any, folder: str, prefix: str) -> None:
 
 
 def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int, dict[str, Any]], folder: str) -> None:
-    """Into the W&B run named in ``dump_folder``: each checkpoint's ``per_step`` values as
-    ``PREFIX/NAME`` against ``checkpoint_step`` (a resumed run's own step is already past
-    training's last one), then ``folder``'s tables and figures."""
+    """Into the W&B run of ``dump_folder``: ``per_step`` values as ``PREFIX/NAME`` against
+    ``checkpoint_step`` (the resumed run's own step is past training's), then ``folder``'s files."""
     run = resume(dump_folder, job_type)
     try:
         run.define_metric("checkpoint_step")

@@ -1,14 +1,7 @@
-"""The baselines the paper compares against, at training time (``[baseline]``).
-
-- ``noisy_embedding`` (NEFTune): uniform noise in ±α/√(S·d) on the token embeddings,
-  before the position embeddings are added, in training forwards only.
-- ``active_forgetting`` (Chen et al. 2023): after every K steps the token embedding
-  matrix is re-initialised N(0, 0.02), its padding row zeroed and its AdamW state cleared;
-  its param group and LR schedule are built with the optimizer (``optimizers``).
-
-Both are layout-invariant and resume exactly: every random draw is seeded by the run's
-seed and the step (and for the noise the sequence's position in the global batch), never
-by a rank or by how many steps this process has run.
+"""The paper's baselines at training time (``[baseline]``): ``noisy_embedding`` (NEFTune) and
+``active_forgetting`` (Chen et al. 2023; its param group and schedule: ``components.optimizers``).
+Every draw is seeded by the run's seed and the step (and a sequence's place in the global batch),
+never by a rank: both are layout-invariant and resume exactly.
 """
 
 from __future__ import annotations
@@ -33,15 +26,9 @@ class NoBaseline:
 
 
 class EmbeddingNoise(NoBaseline):
-    """NEFTune as a forward hook on the token embedding.
-
-    The noise of a sequence depends only on (seed, step, its position in the global
-    batch): the position of row ``i`` of this rank's ``a``-th micro-batch is
-    ``(a·W + r)·b + i`` for data-parallel rank ``r`` of ``W`` with ``b`` rows, the order in
-    which ``data.layout`` hands out a step's sequences. Under tensor parallelism the hook
-    sees this rank's sequence shard (``Shard(1)``) and adds its slice of the full noise.
-    Validation and analysis run the model in eval mode and get none.
-    """
+    """NEFTune, uniform noise in ±α/√(S·d) on the token embeddings in training forwards: a forward
+    hook. Row ``i`` of micro-batch ``a`` on DP rank ``r`` of ``W`` is sequence ``(a·W + r)·b + i`` of
+    the global batch (``data.layout``); under TP the hook adds its sequence shard's slice."""
 
     def __init__(
         self,
@@ -80,11 +67,9 @@ class EmbeddingNoise(NoBaseline):
 
 
 class ActiveForgetting(NoBaseline):
-    """Re-initialises the token embeddings after every ``period`` steps, before the next
-    step: checkpoints, validation and the final model hold trained embeddings, and a run
-    resumed from step K makes the same reset at step K+1. The row of ``pad_id`` is zeroed
-    after each draw, as the authors' ``_reinit_input_token_embeddings_synced`` zeroes the
-    tokenizer's pad row (GPT-2: its end-of-text token, which they set as pad)."""
+    """Re-initialises the token embeddings N(0, 0.02) before the step after every ``period`` steps (so
+    checkpoints hold trained ones), zeroing the ``pad_id`` row as the authors' reset does, and clears
+    their AdamW state."""
 
     def __init__(self, model: nn.Module, optimizers: Any, period: int, seed: int, tied: bool,
                  pad_id: int | None = None) -> None:  # fmt: skip
@@ -102,8 +87,7 @@ class ActiveForgetting(NoBaseline):
 
     @torch.no_grad()
     def reset(self, index: int) -> None:
-        """Draw the full matrix from one CPU generator (the same values whatever the layout),
-        keep this rank's shard, and zero its AdamW moments and step count."""
+        """One CPU draw of the full matrix (layout-free), this rank's shard kept; AdamW state zeroed."""
         generator = torch.Generator().manual_seed(mixed_seed(self.seed, index))
         full = torch.empty(self.embedding.shape, dtype=torch.float32).normal_(0.0, INIT_STD, generator=generator)
         if self.pad_id is not None and 0 <= self.pad_id < full.shape[0]:
@@ -114,28 +98,21 @@ class ActiveForgetting(NoBaseline):
                 value.zero_()
 
 
-def data_parallel_rank(parallel_dims: Any) -> tuple[int, int]:
-    """(rank, degree) of this process among the ranks that read different data."""
-    if not parallel_dims.dp_enabled:
-        return 0, 1
-    mesh = parallel_dims.get_mesh("batch")
-    return mesh.get_local_rank(), mesh.size()
-
-
 def build_baseline(
     cfg: Baseline,
     model: nn.Module,
     optimizers: Any,
-    parallel_dims: Any,
     seed: int,
     tied: bool,
     pad_id: int | None = None,
+    dp_rank: int = 0,
+    dp_degree: int = 1,
+    tp_group: dist.ProcessGroup | None = None,
 ) -> NoBaseline:
     """The ``[baseline]`` method's per-step behaviour for this trainer's model part (``pad_id``: the
     tokenizer's padding row, zeroed by each active-forgetting reset)."""
     if cfg.method == "noisy_embedding":
-        tp_group = parallel_dims.get_mesh("tp").get_group() if parallel_dims.tp_enabled else None
-        return EmbeddingNoise(model.tok_embeddings, cfg.noise_alpha, seed, *data_parallel_rank(parallel_dims), tp_group)
+        return EmbeddingNoise(model.tok_embeddings, cfg.noise_alpha, seed, dp_rank, dp_degree, tp_group)
     if cfg.method == "active_forgetting":
         return ActiveForgetting(model, optimizers, cfg.forget_every, seed, tied, pad_id)
     return NoBaseline()

@@ -1,23 +1,7 @@
-"""The dispersion points of a training forward, for any model that keeps its blocks in
-``model.layers`` and its final norm in ``model.norm`` (our GPT-2, TorchTitan's qwen3 and
-llama3), captured by forward hooks.
-
-``dispersion.points`` says which n tensors: ``blocks``, every block's output; or
-``hidden_states``, blocks 1..n-1 and the final norm's output, which is what transformers'
-``hidden_states[1:]`` holds (the authors' Hugging Face scripts take the loss there).
-
-The hooks are registered after ``parallelize_fn`` has wrapped the blocks, so each sits on
-the outermost wrapper of ``model.layers[i]``: outside activation checkpointing (whose
-recomputation in backward runs the inner module, not the wrapper) and outside
-``torch.compile`` (dynamo never traces the hook; under ``compile.whole_model`` it does, and
-the hook still fires once, tests/test_block_outputs.py). It therefore fires exactly once per
-block and forward, and what it keeps is the very tensor the next module consumes, not
-detached: the dispersion gradient flows back through it. Under tensor parallelism the
-final norm's output is a sequence-sharded DTensor; its local shard is kept, like a
-block's output.
-
-Only training forwards are captured (module in train mode and grad enabled); validation,
-which runs under ``no_grad``, keeps nothing.
+"""The dispersion points of a training forward (``dispersion.points``), captured by forward hooks on
+``model.layers`` and ``model.norm``. Registered after ``parallelize_fn``, each sits outside activation
+checkpointing's recomputation and ``torch.compile``: it fires once per forward and keeps the very
+tensor the next module consumes, so the gradient flows through it (under TP its local shard).
 """
 
 from __future__ import annotations
@@ -31,13 +15,13 @@ from torch.distributed.tensor import DTensor
 
 
 def point_modules(model: nn.Module, points: str) -> list[nn.Module]:
-    """The modules whose outputs are the dispersion points, first block first."""
+    """The modules whose outputs are the dispersion points (``hidden_states``: the last is the norm)."""
     blocks = list(model.layers.values())
     return blocks if points == "blocks" else [*blocks[:-1], model.norm]
 
 
 class BlockOutputs:
-    """Hooks on the dispersion points of ``model``; ``take()`` hands over one forward's outputs."""
+    """Hooks on the dispersion points; ``take()`` hands over one training forward's outputs."""
 
     def __init__(self, model: nn.Module, points: str) -> None:
         modules = point_modules(model, points)

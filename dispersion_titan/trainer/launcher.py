@@ -1,18 +1,7 @@
-"""torchrun as ``launch/train.sh`` runs it (``python -m dispersion_titan.torchrun``), ending
-in at most one line of its own.
-
-``run(ARGS)`` takes torchrun's arguments and runs
-torchrun's own launch (``torch.distributed.run.run``: c10d rendezvous, the elastic agent,
-the same worker processes). Only its ending differs. torchrun ends every failure in a
-Python traceback of its own; this launcher instead says:
-
-- nothing, when the ranks already said why in one line: an interrupt (SIGINT, SIGTERM,
-  which torchrun forwards to the ranks; they save and exit 130 or 143), a preemption
-  (75), a failed checkpoint write (74), a non-finite loss (3), bad input (2). It exits
-  with that status;
-- one line naming the rank, when a rank was killed by SIGKILL: on a training node that is
-  almost always the kernel's OOM killer (exit status 137);
-- torchrun's failure summary, without the traceback, for anything else (exit status 1).
+"""torchrun's own launch (``torch.distributed.run.run``) as ``launch/train.sh`` runs it, ending not in
+a traceback but: nothing when the ranks said why in one line (``SAID_BY_THE_RANKS``: their status);
+one line naming a rank killed by SIGKILL, almost always the OOM killer (137); else torchrun's
+failure summary (1).
 """
 
 from __future__ import annotations
@@ -37,8 +26,7 @@ SAID_BY_THE_RANKS = {
 }
 
 
-# torchrun's warnings while it forwards a signal ("Received 2 death signal, shutting down
-# workers", "Sending process N closing signal SIGINT"): the ranks' line says what happened.
+# torchrun's warnings while it forwards a signal: the ranks' line says what happened.
 FORWARDING_NOISE = ("death signal, shutting down workers", "closing signal")
 
 
@@ -82,9 +70,7 @@ def run(argv: list[str]) -> int:
     try:
         torchrun.run(args)
     except SignalException as e:
-        # This launcher was signalled and has forwarded the signal to the ranks, which have
-        # saved and said so (or were stopped after torchrun's shutdown timeout).
-        return 128 + int(e.sigval)
+        return 128 + int(e.sigval)  # forwarded to the ranks, which saved and said so
     except ChildFailedError as e:
         status, line = ending(e)
         if line is not None:

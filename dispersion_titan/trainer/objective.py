@@ -1,9 +1,6 @@
-"""The dispersion term of L = L_CE + λ·mean_ℓ L_disp(Z_ℓ), with global-batch semantics.
-
-TorchTitan sums gradients over data-parallel ranks and gradient-accumulation
-micro-batches (FSDP divide factor 1). A micro-batch of ``b`` sequences out of a global
-batch of ``G`` therefore contributes ``(b/G)·mean_local``: the sum over ranks and
-micro-batches is the mean over the global batch, whatever the layout.
+"""The dispersion term of L = L_CE + λ·mean_ℓ L_disp(Z_ℓ). Gradients are summed over ranks and
+micro-batches, so a micro-batch of ``b`` of ``G`` sequences contributes ``(b/G)·mean_local``: the
+global batch's mean, whatever the layout.
 """
 
 from __future__ import annotations
@@ -25,10 +22,9 @@ from .sequence_parallel import own_sequences
 @dataclass
 class MicrobatchDispersion:
     weighted: torch.Tensor | None
-    """λ·(b/G)·mean_ℓ L_disp, with grad: the loss's second addend (λ: ``coeff_at(step)``); None when the
-    variant is ``none``."""
+    """λ·(b/G)·mean_ℓ L_disp, with grad; None for ``none``."""
     weighted_value: torch.Tensor
-    """``weighted``'s value, detached (0 for ``none``): what the logged loss adds to the cross-entropy."""
+    """``weighted``'s value, detached (0 for ``none``)."""
     unweighted: torch.Tensor
     """(b/G)·mean_ℓ L_disp, detached (0 for ``none``)."""
     block_cosine_sums: torch.Tensor | None
@@ -48,8 +44,7 @@ class DispersionObjective:
         self.loss = dispersion_loss  # what ``plan`` prices in its place: planning.step_measure.PricedTerm
 
     def check_kernel(self, device: torch.device) -> None:
-        """Before the first step, probe the Triton kernel that ``kernel = "auto"`` takes on CUDA: a
-        failed build or a disagreement with torch is one line naming ``dispersion.kernel = "torch"``."""
+        """Probe the Triton kernel ``kernel = "auto"`` takes on CUDA: a failure is one line."""
         if self.active and self.cfg.kernel == "auto" and device.type == "cuda":
             try:
                 check_triton_kernel(device, self.cfg.variant, self.cfg.precision)
@@ -63,13 +58,9 @@ class DispersionObjective:
         return self.cfg.coeff * min(1.0, step / self.cfg.warmup_steps)
 
     def _generator(self, step: int, chunk: int, layer: int, device: torch.device) -> torch.Generator | None:
-        """A fresh token subset per layer and micro-batch, as the authors' ``DispersionLoss``
-        draws one per call, reproducible from (seed, step, chunk, layer). ``chunk`` numbers the
-        step's micro-batches over the data-parallel ranks (``data.layout``: micro-batch m of
-        rank r of W is chunk m·W + r), so layouts that cut the global batch into the same
-        chunks draw the same subsets, and any layout draws them from the same distribution.
-        The generator lives on the hidden states' device: the indices are drawn there, no
-        host sync."""
+        """A fresh token subset per layer and micro-batch, as the authors' ``DispersionLoss`` draws, seeded
+        by (seed, step, chunk, layer) on the hidden states' device (no host sync); chunk m·W + r is
+        micro-batch m of DP rank r of W."""
         if not self.cfg.max_tokens:
             return None
         return torch.Generator(device=device).manual_seed(mixed_seed(self.seed, step, chunk, layer))
@@ -77,16 +68,11 @@ class DispersionObjective:
     def __call__(
         self, block_outputs: list[torch.Tensor], step: int, with_stats: bool, chunk: int
     ) -> MicrobatchDispersion:
-        """The term of micro-batch ``chunk`` of the global batch (see ``_generator``). Under TP each
-        rank computes only its share of the
-        sequences (``own_sequences``) and the shares' backward adds up; at log steps
-        (``with_stats``) the logged values are summed over the TP ranks, so every rank
-        reports the whole term as without TP."""
+        """The term of micro-batch ``chunk``. Under TP each rank computes its share of the sequences
+        (``own_sequences``); logged values (``with_stats``) are summed over TP ranks."""
         wanted = range(len(block_outputs)) if with_stats else self.layers if self.active else ()
         owned = {i: own_sequences(block_outputs[i], self.tp_group) for i in wanted}
         owned_batch = next(iter(owned.values())).shape[0] if owned else 0
-        # Σ over this rank's sequences / G: summed over TP ranks, DP ranks and micro-batches
-        # it is the global-batch mean, whatever the layout.
         scale = owned_batch / self.global_batch_size
         weighted = None
         unweighted = torch.zeros((), device=block_outputs[0].device)
@@ -95,10 +81,8 @@ class DispersionObjective:
             if owned_batch == 0:  # a TP rank with no sequence still joins the backward all-to-alls
                 mean = sum(owned[i].sum().float() for i in self.layers)
             else:
-                # The chosen layers as one batch of L·b sequences, passed as they are (the Triton
-                # kernel reads them in place, no concatenated copy): one set of pair-kernel launches
-                # whatever L, and its mean over sequences is the mean over layers of each layer's
-                # mean (every layer has the same b sequences).
+                # The chosen layers as one batch of L·b sequences (read in place): its mean is the
+                # mean over layers of each layer's mean.
                 layers = [
                     select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))
                     for i in self.layers

@@ -1,28 +1,15 @@
-"""Checkpoint and exit on a signal: Slurm's time-limit warning, Ctrl-C, ``kill``.
+"""Checkpoint and exit at the next step boundary on a signal.
 
-Two kinds of signal stop a run at the next step boundary:
+- The *preemption* signal (SIGUSR1 unless ``PREEMPT_SIGNAL`` names another; Slurm sends it before
+  the time limit, ``launch/slurm/train.sbatch`` requeues): save a full checkpoint, exit
+  ``PREEMPTED_EXIT_CODE``. Ignored without checkpointing.
+- An *interrupt* (SIGINT, SIGTERM): save where checkpointing is on, say so in one line, exit 128 +
+  the signal. A second SIGINT after ``REPEAT_WINDOW_S`` abandons the save; a repeated SIGTERM is
+  ignored (its sender grants a grace period).
 
-- the *preemption* signal (SIGUSR1 unless ``PREEMPT_SIGNAL`` names another):
-  ``launch/slurm/train.sbatch`` asks Slurm for it a few minutes before the limit
-  (``#SBATCH --signal=B:USR1@300``), forwards it to the training ranks, and requeues the
-  job when training then ends with an error status. The ranks save a full checkpoint and
-  exit with ``PREEMPTED_EXIT_CODE``; the requeued job keeps its job id, hence its dump
-  folder, and TorchTitan resumes from that checkpoint. Without checkpointing it is ignored.
-- an *interrupt*, SIGINT (Ctrl-C) or SIGTERM (``kill``, torchrun forwarding either): the
-  ranks save a full checkpoint where checkpointing is on, global rank 0 says so in one
-  line, and every rank exits with 128 + the signal number (130, 143), as a shell reports a
-  process killed by that signal. A second SIGINT at least ``REPEAT_WINDOW_S`` after the
-  first abandons the save at once (the half-written folder is moved aside at the next
-  launch; the previous checkpoint stands); a repeated SIGTERM is ignored, since whoever
-  sends it (Slurm, a container runtime) grants a grace period before SIGKILL.
-
-Each rank only records the signal in the handler. The ranks agree on it at every log step
-and before every checkpoint save, in the one small device all-reduce that also carries the
-non-finite-loss flag (``trainer.StepHealth``: a signal seen by some ranks stops all of them
-at the same step). The handlers are installed whatever the inherited disposition: a job
-started in the background of a script inherits SIGINT as ignored, and ``kill -INT`` must
-still stop it. A signal that arrives when training has already done its last step changes
-nothing: the run ends normally, with status 0.
+Handlers only record the signal; the ranks agree on it in ``trainer.StepHealth``'s all-reduce, so
+all stop at the same step. They are installed whatever the inherited disposition (a background
+job inherits SIGINT ignored). After the last step a signal changes nothing.
 """
 
 from __future__ import annotations
@@ -43,9 +30,7 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try a
 SIGNAL_ENV = "PREEMPT_SIGNAL"
 DEFAULT_SIGNAL = "USR1"
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# One signal delivered twice (``pkill`` reaching torchrun and the ranks, which torchrun then
-# forwards to again; Slurm signalling every process of a step) is not a second signal.
-REPEAT_WINDOW_S = 2.0
+REPEAT_WINDOW_S = 2.0  # one signal delivered twice (to torchrun and the ranks) is not a second one
 
 
 def parse_signal(name: str) -> signal.Signals:
@@ -62,17 +47,12 @@ def parse_signal(name: str) -> signal.Signals:
 
 
 _interrupts: list[int] = []  # the SIGINT and SIGTERM this process's handlers saw, in order
-
-
-# What gloo says in the collectives of a rank whose peer process is gone.
-PEER_GONE = ("Connection reset by peer", "Connection closed by peer")
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer")  # gloo, a peer process gone
 
 
 def secondary_failure_status(error: BaseException) -> int | None:
-    """The exit status for an error that only follows from the job being stopped, None for
-    any other. When one rank fails, the others' collectives with it fail, and torchrun stops
-    them with SIGTERM; the launcher (``python -m dispersion_titan.torchrun``) and torchrun's error file name
-    the rank that failed first, so these ranks leave without a traceback of their own."""
+    """The exit status for an error that only follows from the job being stopped (another rank
+    failed, or a signal), None for any other: the launcher names the rank that failed first."""
     if _interrupts:
         return interrupted_exit_code(_interrupts[0])
     lost = isinstance(error, dist.DistError) or any(text in str(error) for text in PEER_GONE)
@@ -80,11 +60,8 @@ def secondary_failure_status(error: BaseException) -> int | None:
 
 
 def leave_with_own_status() -> None:
-    """Once every rank agreed to stop with a status of its own (a non-finite loss: 3): ignore
-    SIGINT and SIGTERM from here on. torchrun sends SIGTERM to the other ranks as soon as one
-    exits, and a rank already shutting down has Python's default handlers back: it would die
-    of the signal (-15), and the launcher would print torchrun's report instead of the ranks'
-    one line. Ignored signals stay ignored through shutdown."""
+    """Once the ranks agreed to stop with a status of their own: ignore SIGINT and SIGTERM, or torchrun's
+    SIGTERM would kill a rank shutting down (-15) and the launcher print its report, not our line."""
     for signum in INTERRUPT_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
 
@@ -126,8 +103,7 @@ class Preemption:
             self._abandon(signum)
 
     def _abandon(self, signum: int) -> None:
-        """A second Ctrl-C: leave now. A save in progress stays incomplete (no ``.metadata``)
-        and is moved aside by the next launch, which resumes from the previous checkpoint."""
+        """A second Ctrl-C: leave now; an incomplete save is moved aside by the next launch."""
         if self._saving is None:
             say(
                 "interrupted again before the checkpoint was saved; nothing saved; "
@@ -147,12 +123,7 @@ class Preemption:
         os._exit(interrupted_exit_code(signum))
 
     def stop(self, trainer: Any, signum: int) -> None:
-        """Once the ranks agreed that some rank received ``signum``, after a training step:
-        save this step and exit the process (every rank calls it at the same step).
-
-        Called where TorchTitan saves its interval checkpoints (after the optimizer
-        step, before validation).
-        """
+        """Once the ranks agreed some rank received ``signum``, after a step: save it and exit."""
         step, steps = trainer.step, trainer.job_config.training.steps
         if step >= steps:
             return  # the last step: the normal end, and its final save, follow
@@ -184,9 +155,7 @@ class Preemption:
     @staticmethod
     def _exit(trainer: Any, status: int, message: str | None) -> None:
         trainer.close()  # flush metrics (TensorBoard) and stop the checkpoint helpers
-        # No rank leaves before all have saved and flushed: torchrun stops the others as
-        # soon as one rank exits with an error status.
-        dist.barrier()
+        dist.barrier()  # torchrun stops the others as soon as one rank exits with an error status
         dist.destroy_process_group()
         if message is not None:
             say(message)

@@ -1,13 +1,7 @@
-"""A checkpoint save that failed (disk full, quota, file size limit, I/O error), said in one line.
-
-DCP reports a failed write as a ``CheckpointException`` holding each rank's error, and a
-short write inside ``torch.save`` (a full disk, a file size limit) only as ``RuntimeError:
-unexpected pos``, without the OS error. The user needs the cause, where, how much space it
-takes, and which checkpoint still stands: the cause is the OS error where there is one,
-else what the free space and the file size limit (``ulimit -f``) against the space needed
-show. The half-written ``step-N`` (it has no ``.metadata``) is moved aside to
-``incomplete/`` at once, so the folder holds only complete checkpoints; earlier ones are
-never touched.
+"""A failed checkpoint save said in one line: the cause, where, the space needed, the checkpoint that
+stands. DCP wraps each rank's error, and a short write in ``torch.save`` says only ``unexpected
+pos``, so without an OS error the free space and ``ulimit -f`` name the cause. The half-written
+``step-N`` is moved aside at once; earlier checkpoints are never touched.
 """
 
 from __future__ import annotations
@@ -73,8 +67,7 @@ def _cause(error: BaseException, needed: int, largest_file: int, free: int) -> t
 
 
 def save_failure(folder: str, step: int, error: BaseException, model: torch.nn.Module) -> CheckpointSaveError:
-    """The one-line error for a failed save of ``step`` into checkpoint ``folder``; on global
-    rank 0, the half-written step folder is moved aside first."""
+    """The one-line error for a failed save of ``step`` into ``folder`` (rank 0 moves it aside first)."""
     if os.environ.get("RANK", "0") == "0":
         quarantine_incomplete(folder)
     last = last_complete_step(folder, before=step)

@@ -1,5 +1,4 @@
-"""Seeds of the training-time random draws, mixed from integers that do not depend on the
-parallel layout (the run's seed, the step, a micro-batch's chunk of the global batch, ...)."""
+"""Seeds of training-time draws, mixed from layout-free integers (seed, step, chunk, ...)."""
 
 from __future__ import annotations
 

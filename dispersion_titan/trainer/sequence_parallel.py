@@ -1,10 +1,6 @@
-"""Splitting losses over token pairs across tensor-parallel ranks.
-
-Under sequence parallelism each TP rank holds every sequence's slice of tokens, but a
-pairwise loss needs whole sequences. Rather than gather everything everywhere and
-compute the same loss TP-fold, one all-to-all hands each rank whole sequences of its
-own share of the batch: each rank computes the loss of its share only, and the shares'
-partial sums add up to the whole.
+"""Under sequence parallelism a TP rank holds a slice of every sequence, but a pairwise loss needs
+whole ones: one all-to-all hands each rank whole sequences of its own share, whose partial sums add
+up to the whole (no TP-fold recomputation).
 """
 
 from __future__ import annotations
@@ -14,8 +10,7 @@ import torch.distributed as dist
 
 
 def shares(batch: int, world: int) -> list[int]:
-    """Sequences owned by each TP rank: contiguous blocks, the first ``batch % world``
-    ranks one more (a rank owns none when the batch is smaller than the TP degree)."""
+    """Sequences owned by each TP rank: contiguous blocks, the first ``batch % world`` one more."""
     return [batch // world + (r < batch % world) for r in range(world)]
 
 
@@ -58,8 +53,7 @@ class _OwnSequences(torch.autograd.Function):
 
 
 def own_sequences(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Whole sequences [b_r, N, d] of this TP rank's share of a sequence-sharded
-    [B, N/tp, d] activation (all of them, unchanged, without TP)."""
+    """Whole sequences [b_r, N, d] of this TP rank's share of [B, N/tp, d] (unchanged without TP)."""
     if group is None:
         return local
     return _OwnSequences.apply(local, group)

@@ -1,9 +1,5 @@
-"""TorchTitan's Trainer with the dispersion term added to the loss.
-
-Only the model's forward/backward changes (plus per-step bookkeeping); the training
-loop, checkpointing and logging remain TorchTitan's. Every reliance on how TorchTitan
-works inside goes through ``titan_compat``.
-"""
+"""TorchTitan's Trainer with the dispersion term added to the loss; its loop, checkpointing and
+logging stay TorchTitan's (internals through ``titan_compat``)."""
 
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 from torchtitan.tools.logging import init_logger, logger
 
@@ -26,6 +21,7 @@ from ..data.packed import run_encoder, run_seed
 from ..job_config.titan_checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
 from ..models.fsdp import shards_one_rank, sync_last_microbatch
+from ..models.gpt2.model import local_tensor
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
 from ..run_folder.origin import start_record
 from ..run_folder.owners import outside_folders, record_run_folders
@@ -47,18 +43,9 @@ if TYPE_CHECKING:
 CHECKPOINT_KEY = "checkpoint.folder"
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A loss-parallel CE is a replicated DTensor; its local value is the whole value."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
 class StepHealth:
-    """The non-finite-loss and preemption flags, agreed on in one small device all-reduce.
-
-    Every step records on the device whether its loss was finite (no host read); only
-    at log steps and before checkpoint saves do the ranks all-reduce the two flags and
-    read them back, so other steps pay no extra synchronisation.
-    """
+    """The non-finite-loss and preemption flags, recorded on the device every step and all-reduced
+    only at log steps and before saves (no other synchronisation)."""
 
     _NONE = 2**40  # flags[0] = _NONE - first bad step, so MAX picks the earliest one
 
@@ -70,8 +57,7 @@ class StepHealth:
         self.bad = torch.maximum(self.bad, not_finite * (self._NONE - step))
 
     def agree(self, signum: int) -> tuple[int | None, int]:
-        """(first step with a non-finite loss on any rank or None, the largest signal number
-        some rank received or 0): this rank's ``signum`` (0: none) goes into the MAX."""
+        """(first step with a non-finite loss on any rank or None, the largest signal received or 0)."""
         flags = torch.stack([self.bad, self.bad.new_full((), signum)])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         bad, agreed_signum = flags.tolist()
@@ -79,9 +65,8 @@ class StepHealth:
 
 
 def _take_writer_lock(dump_folder: str, folders: dict[str, str]) -> WriterLock | None:
-    """Global rank 0 owns the run folder before TorchTitan writes into it, until this process exits;
-    a live owner already there ends this run in one line (``RunFolderBusy``) with nothing written.
-    The folder, and each of ``folders`` outside it, then records this run as its owner."""
+    """Global rank 0 owns the run folder (and records it owner of ``folders``) before TorchTitan writes,
+    until this process exits; a live owner ends this run in one line, nothing written."""
     if os.environ.get("RANK", "0") != "0":
         return None
     lock = WriterLock(dump_folder)
@@ -137,10 +122,12 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             job_config.baseline,
             model,
             self.optimizers,
-            self.parallel_dims,
             seed,
             self.model_args.tie_embeddings,
             run_encoder(job_config).pad_id,
+            self.chunk_offset,
+            self.chunk_stride,
+            self._tp_group(),
         )
         # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue; SIGINT, SIGTERM: save, exit.
         self.preemption = Preemption()
@@ -163,9 +150,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             )
 
     def dispersion_objective(self, cfg: Dispersion) -> DispersionObjective:
-        """The term of ``cfg`` (a ``[dispersion]`` section) for this trainer's model, global batch,
-        seed and tensor-parallel group, its kernel checked on this device (bench/train_step.py
-        swaps such objectives to time each variant on one trainer)."""
+        """The term of ``cfg`` for this trainer, its kernel checked (bench/train_step.py swaps them)."""
         objective = DispersionObjective(
             cfg,
             self.model_args.n_layers,
@@ -180,8 +165,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         return self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
 
     def _set_aside_incomplete_checkpoints(self) -> None:
-        """Before TorchTitan picks a checkpoint to resume from (in ``train()``), rank 0
-        moves half-written ones aside; the barrier keeps other ranks from looking earlier."""
+        """Rank 0 moves half-written checkpoints aside before TorchTitan picks one to resume from."""
         if self.checkpoint_folder is not None and dist.get_rank() == 0:
             for path in quarantine_incomplete(self.checkpoint_folder):
                 logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
@@ -191,15 +175,13 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         raise save_failure(self.checkpoint_folder, step, error, self.model_parts[0]) from error
 
     def on_checkpoint_loaded(self) -> None:
-        """A checkpoint folder outside the run is recorded as the run's once every rank has
-        loaded; a fresh run saves its initialisation as step 0 here, before any update."""
+        """Record a checkpoint folder outside the run once every rank loaded; save step 0 if asked."""
         if CHECKPOINT_KEY in self.outside_folders:
             dist.barrier()  # every rank has looked whether the folder exists
             if dist.get_rank() == 0:
                 record_run_folders(self.job_config.job.dump_folder, {CHECKPOINT_KEY: self.folders[CHECKPOINT_KEY]})
         if self.step == 0 and self.job_config.checkpoint.save_initial and self.checkpoint_folder is not None:
-            # Every rank must take the same decision, and all must look before any rank's
-            # save creates the folder: agree on it with a collective first.
+            # all ranks look before any rank's save creates the folder
             missing = torch.tensor(
                 int(not os.path.exists(os.path.join(self.checkpoint_folder, "step-0"))), device=self.device
             )
@@ -225,7 +207,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.microbatch = 0
         self.baseline.begin_step(self.step)
         super().train_step(data_iterator)
-        self.health.record(self.step_metrics.local_loss(), self.step)
+        self.health.record(self.step_metrics.loss, self.step)  # CE + λ·term: an infinite term stops its own step
         last = self.step == self.job_config.training.steps
         if (
             last
@@ -235,8 +217,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self._check_health()
 
     def _check_health(self) -> None:
-        """Stop every rank at a non-finite loss before TorchTitan saves this step, so the
-        last checkpoint on disk is a good one; save and exit when some rank was signalled."""
+        """Stop every rank at a non-finite loss before this step is saved; save and exit on a signal."""
         bad_step, signum = self.health.agree(self.preemption.requested)
         if bad_step is not None:
             leave_with_own_status()
@@ -282,25 +263,20 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         else:
             terms = [ce] + ([] if term.weighted is None else [term.weighted])
         torch.autograd.backward(terms)
-        ce_value = _local(ce.detach())
+        ce_value = local_tensor(ce.detach())  # a loss-parallel CE: replicated, its local value whole
         loss = ce_value + term.weighted_value  # L from the addends above (as_released: its mean all the same)
         self.step_metrics.add(ce_value, term.unweighted, loss, term.block_cosine_sums)
         return loss
 
     def _seed_dropout(self, chunk: int) -> None:
-        """Dropout masks from the global RNG seeded by (seed, step, chunk, TP rank): a layout
-        that cuts the global batch into the same chunks draws the same masks, every other
-        one draws independent masks from the same distribution (TP ranks hold different
-        heads and sequence slices); activation checkpointing restores this RNG state for
-        its recomputation (``preserve_rng_state``, checked at launch). A host-side seed, no
-        device sync."""
+        """Dropout masks from the global RNG seeded by (seed, step, chunk, TP rank), host-side: the same
+        chunks draw the same masks whatever the layout (AC recomputes them: ``preserve_rng_state``)."""
         torch.manual_seed(mixed_seed(self.seed, self.step, chunk, self.tp_rank))
 
 
 def _main(job_config: RunConfig) -> None:
-    """What ``torchtitan.train.main(DispersionTrainer)`` does, on the config already parsed and
-    checked (its own ``main`` would parse ``sys.argv`` again): build, train (or write the seed
-    checkpoint), close, leave the process group. Only the Trainer's public API."""
+    """``torchtitan.train.main(DispersionTrainer)`` on the config already checked (its ``main`` would
+    parse ``sys.argv`` again)."""
     init_logger()
     trainer = DispersionTrainer(job_config)
     try:
@@ -316,9 +292,8 @@ def _main(job_config: RunConfig) -> None:
 
 
 def train(job_config: RunConfig) -> None:
-    """TorchTitan's training ``main`` with ``DispersionTrainer`` on the checked ``job_config``. A rank
-    that fails only because another rank failed, or because the job is being stopped, exits with its
-    status and no traceback: the launcher names the rank that failed first."""
+    """Train on the checked ``job_config``; a rank failing only because another did, or the job is
+    stopping, exits without a traceback."""
     try:
         _main(job_config)
     except DispersionTitanError:  # said in one line by the command
