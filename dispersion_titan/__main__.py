@@ -1,7 +1,5 @@
-"""``dispersion-titan COMMAND [ARGS]`` (the console script) and ``python -m dispersion_titan
-COMMAND [ARGS]``: the same ``main`` as ``python -m dispersion_titan.COMMAND [ARGS]``.
-
-Imports nothing before it knows the command, which then pays only its own imports."""
+"""``dispersion-titan COMMAND [ARGS]``: the ``main`` of ``python -m dispersion_titan.COMMAND``, importing
+nothing before it knows the command."""
 
 from __future__ import annotations
 

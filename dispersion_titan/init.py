@@ -1,8 +1,5 @@
-"""``python -m dispersion_titan.init DIR`` (``dispersion-titan init DIR``): the configs the
-package ships, written into DIR as the repository lays them out (``train_configs/``,
-``train_configs/paper/``, ``launch/sweep_example.toml``), so that an installed package trains,
-sweeps and reproduces the paper without a clone. DIR must be new, empty, or hold only
-what init writes; a file already there is kept, never overwritten."""
+"""``dispersion-titan init DIR``: the shipped configs written into DIR as the repository lays them out,
+so an installed package works without a clone; a file already there is kept."""
 
 from __future__ import annotations
 

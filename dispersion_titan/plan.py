@@ -1,13 +1,7 @@
 """Plan a run before a GPU-hour is spent: its layout on N GPUs, parameters per rank, peak memory
 per GPU by category against the GPU's, step time, tokens/s, GPU-hours and checkpoint disk.
 
-    python -m dispersion_titan.plan CONFIG [--gpus N] [--nodes M] [--tp T] [--gpu h100|h200|a100]
-                                    [--dry-run-step] [--section.key value ...]
-
-An impossible layout (TP 8 over 12 heads, a batch that does not split over the GPUs, a
-micro-batch that does not fit the GPU) ends in one line naming the field, exit status 2.
-``--dry-run-step`` then builds the real trainer as rank 0 of the N ranks, shrunk, and checks
-its mesh, parallelize plan and dispersion accounting in one optimizer step (docs/cluster.md).
+An impossible layout ends in one line naming the field, exit status 2 (docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -60,10 +54,9 @@ def _planning() -> ModuleType:
 def plan_runs(
     runs: list[tuple[str, list[str]]], gpus: int, nodes: int | None, gpu: str, gpus_option: str | None = None
 ) -> None:
-    """``sweep --plan``, ``paper --plan``: each run (a name and a launch's arguments) planned on
-    ``gpus`` × ``gpu``, one table with the totals; a run that does not fit is refused in one line
-    (``DispersionTitanError``) after the table. ``gpus_option``: the option the user chose ``gpus``
-    with, named by the refusal of a run that one GPU could lay out (the run's settings are not the user's)."""
+    """``sweep --plan``, ``paper --plan``: each (name, launch arguments) planned on ``gpus`` × ``gpu``, one
+    table with the totals, then a run that does not fit refused. ``gpus_option``: the option that chose
+    ``gpus``, named when a run cannot be laid out on them."""
     work = _planning()
     plans = []
     for name, args in runs:
@@ -83,8 +76,7 @@ def plan_runs(
 
 
 def _config_first(config: str, argv: list[str]) -> None:
-    """``plan --training.steps 100 CONFIG`` reads 100 as CONFIG (an override's value is the first
-    word argparse cannot place): said so, with the order that works."""
+    """``plan --training.steps 100 CONFIG`` reads 100 as CONFIG: said so, with the order that works."""
     before = argv[argv.index(config) - 1] if argv.index(config) else ""
     if not os.path.isfile(config) and before.startswith("--") and "." in before:
         raise ArgumentError(

@@ -1,12 +1,8 @@
-"""Training entry point: ``torchrun … -m dispersion_titan.train --job.config_file X.toml``.
+"""``torchrun … -m dispersion_titan.train --job.config_file X.toml``: the config parsed and checked once
+(bad input in one line before any process group starts), then trained on.
 
-Parses and checks the whole configuration once, so bad input fails with one line naming
-the field before any process group starts; then trains on that config, with its derived
-values filled in, as ``torchtitan.train.main`` would (``trainer.trainer.train``).
-
-``--check-only`` stops after the checks, in one process, for a job of ``WORLD_SIZE``
-processes (``launch/train.sh`` runs it before torchrun): exit 0 to go on, 2 for bad
-input, ``NOTHING_TO_DO`` when the run already reached ``training.steps``.
+``--check-only`` (``launch/train.sh``, before torchrun) stops after the checks: exit 0 to go on, 2 for
+bad input, ``NOTHING_TO_DO`` when the run already reached ``training.steps``.
 """
 
 from __future__ import annotations
@@ -41,9 +37,8 @@ NOTHING_TO_DO = 10
 
 
 def _launch_check_process() -> bool:
-    """Whether this is the one process that checks a launch before its ranks start: not a torchrun
-    rank (rank 0 takes the run folder's lock itself), and not one node of several, each of which
-    checks the same folder while another node's rank 0 may already own it."""
+    """Whether this is the one process that checks a launch before its ranks start: not a rank (rank
+    0 takes the lock itself), not one node of several (another's rank 0 may own the folder)."""
     return "RANK" not in os.environ and os.environ.get("NNODES", "1") in ("", "1")
 
 
@@ -66,8 +61,7 @@ def default_to_single_process() -> None:
 
 
 def _stop_before_training(signum: int, frame: object) -> None:
-    """Ctrl-C or SIGTERM before the trainer installs its own handlers (``trainer/preemption.py``):
-    one line instead of a KeyboardInterrupt traceback; nothing was saved yet."""
+    """Ctrl-C or SIGTERM before the trainer's own handlers: one line, not a traceback."""
     if os.environ.get("RANK", "0") == "0":
         print("dispersion_titan: interrupted before training started; nothing saved", file=sys.stderr, flush=True)
     raise SystemExit(128 + signum)
@@ -88,7 +82,6 @@ def main() -> None:
         check_own_sections(toml, config_file(argv))
     except (ArgumentError, ConfigError) as e:
         fail_with(e)
-    # Imported only now: a typo in the TOML or --help answers without TorchTitan (seconds).
     from dispersion_titan.job_config import parse
     from dispersion_titan.job_config.checks import derivable, launch_notes  # with parse: TorchTitan's import
 
@@ -109,8 +102,7 @@ def main() -> None:
     if os.environ.get("RANK", "0") == "0":  # once per launch: the ranks' rank 0, or the one process
         for note in launch_notes(job_config, parsed):
             print(f"dispersion_titan: note: {note}", file=sys.stderr, flush=True)
-    # The ranks only: train.sh's --check-only process never builds the trainer.
-    from dispersion_titan.trainer.trainer import train
+    from dispersion_titan.trainer.trainer import train  # the ranks only: --check-only never builds it
 
     default_to_single_process()
     try:

@@ -740,7 +740,8 @@ def test_the_schemas_choices_are_the_losss():
     assert typing.get_args(hints["form"]) == variants.FORMS
     assert typing.get_args(hints["precision"]) == variants.PRECISIONS
     assert set(fields) >= {"variant", "kernel", "form", "points", "precision"}
-    assert typing.get_args(typing.get_type_hints(schema.Baseline)["method"]) == tuple(schema.METHOD_SETTINGS)
+    assert typing.get_args(typing.get_type_hints(schema.Baseline)["method"]) == ("none", *schema.BASELINE_METHODS)
+    assert schema.BASELINE_METHODS == ("noisy_embedding", "active_forgetting")
 
 
 def test_an_offline_start_of_a_hub_model_is_one_line_before_any_folder(tmp_path, monkeypatch):

@@ -76,8 +76,7 @@ HELP_ALL_FLAG = "--help-all"
 
 
 def train_usage() -> str:
-    """``train --help``: how to call it and the keys this package adds, without importing
-    TorchTitan (``--help-all`` shows every key, TorchTitan's too)."""
+    """``train --help``, without importing TorchTitan."""
     sections = "\n".join(
         f"  [{section.name}] " + " ".join(f"{f.name}={f.default!r}" for f in dataclasses.fields(section.type))
         for section in dataclasses.fields(JobConfig)
@@ -118,15 +117,13 @@ def read_toml(path: str, field: str) -> dict:
 
 
 def names_model(args: list[str], toml: dict) -> bool:
-    """Whether ``[model] name`` is in the TOML or ``--model.name`` on the command line: without
-    it TorchTitan's default model (llama3 with a test tokenizer folder) would train."""
+    """Whether a model is named (else TorchTitan's default llama3 would train)."""
     model = toml.get("model")
     return _flag_value(args, _MODEL_NAME_FLAGS) is not None or (isinstance(model, dict) and "name" in model)
 
 
 def with_config_module(args: list[str], toml: dict) -> list[str]:
-    """Add ``--job.custom_config_module dispersion_titan.config`` unless CLI or TOML names one,
-    so users' TOMLs may use ``[dispersion]`` and the extra ``[model]`` keys directly."""
+    """Add ``--job.custom_config_module dispersion_titan.config`` unless CLI or TOML names one."""
     job = toml.get("job", {})
     if _flag_value(args, _CUSTOM_MODULE_FLAGS) or (isinstance(job, dict) and job.get("custom_config_module")):
         return args
@@ -155,8 +152,7 @@ def non_negative_int(text: str) -> int:
 
 
 def add_results_arguments(parser: argparse.ArgumentParser, verb: str, results: str) -> None:
-    """``--force`` and ``--wandb`` of the commands that write a run's results step by step (``analyze``,
-    ``evaluate``): ``verb`` them anew; log the ``results`` to the run's W&B run."""
+    """``--force`` and ``--wandb`` of ``analyze`` and ``evaluate``."""
     parser.add_argument(
         "--force",
         action="store_true",

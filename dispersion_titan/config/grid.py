@@ -1,10 +1,5 @@
-"""The MLP-width × variant × seed experiment grid, and its one naming scheme.
-
-The quickstart and ``python -m dispersion_titan.sweep`` both train this grid; each cell is a set of
-training overrides and a run folder named ``w{width}-{variant}-s{seed}``, the variant
-``baseline`` (plain training), ``{name}-c{coeff}`` (a dispersion loss) or a baseline
-method the paper compares against (``noisy_embedding``, ``active_forgetting``). Light:
-no torch, so the sweep's dry run is fast.
+"""The MLP-width × variant × seed grid the quickstart and ``sweep`` train, and its run names
+``w{width}-{label}-s{seed}`` (``baseline``, ``{variant}-c{coeff}`` or a baseline method). No torch.
 """
 
 from __future__ import annotations
@@ -58,21 +53,9 @@ class Cell:
         return f"w{self.width}-{self.arm.label}-s{self.seed}"
 
     def overrides(self, dump_folder: str) -> list[str]:
-        """The training command line's grid part, writing into ``dump_folder``."""
-        return [
-            "--model.mlp_hidden_dim",
-            str(self.width),
-            "--dispersion.variant",
-            self.arm.name,
-            "--dispersion.coeff",
-            f"{self.arm.coeff:g}",
-            "--baseline.method",
-            self.arm.method,
-            "--debug.seed",
-            str(self.seed),
-            "--job.dump_folder",
-            dump_folder,
-        ]
+        """The training command line's grid part (``GRID_KEYS``), writing into ``dump_folder``."""
+        values = (str(self.width), self.arm.name, f"{self.arm.coeff:g}", self.arm.method, str(self.seed), dump_folder)
+        return [word for pair in zip(GRID_KEYS, values, strict=True) for word in pair]
 
 
 def cells(

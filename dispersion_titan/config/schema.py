@@ -1,19 +1,9 @@
-"""Extra TOML fields, merged by TorchTitan into its JobConfig via ``job.custom_config_module``.
-
-``[job]`` gains ``fork_from`` (branch a new run from another run's checkpoint);
-``[model]`` gains shape overrides (0 or unset keeps the flavor's value; ``models.flavors``
-maps them to each family's fields);
-``[training]`` and ``[validation]`` the keys that derive per-rank batches from global ones,
-and ``[training]`` how a micro-batch's loss is scaled, which positions it scores and what computes it;
-``[compile]`` whether the whole model is one compiled region;
-``[dispersion]`` configures the auxiliary loss; ``[baseline]`` the methods the paper
-compares against; ``[released]`` the launch arguments of the authors' script a paper config
-follows. Every field is overridable on the command line as ``--section.key value``, except
-``[optimizer]`` / ``[lr_scheduler]``'s ``baseline`` (``BuilderInputs``), which the launch checks fill in.
+"""Our TOML sections and keys, merged by TorchTitan into its JobConfig (``job.custom_config_module``);
+each is ``--section.key value`` on the command line, except ``BuilderInputs.baseline``.
 """
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 import tyro
 
@@ -26,8 +16,8 @@ Method = Literal["none", "noisy_embedding", "active_forgetting"]
 @dataclass
 class Job:
     fork_from: str = ""
-    """RUN[@STEP]: start this new, empty job.dump_folder from run folder RUN's checkpoint at STEP
-    (default: its newest full checkpoint), with settings of its own; RUN is never written."""
+    """RUN[@STEP]: start this new job.dump_folder from run RUN's checkpoint at STEP (default: its newest);
+    RUN is never written."""
 
 
 @dataclass
@@ -47,14 +37,11 @@ class Model:
     vocab_size: int = 0
     """Vocabulary size (embedding rows); 0 keeps the flavor's. At least the tokenizer's ids."""
     max_seq_len: int = 0
-    """Number of learned positions (gpt2); 0 keeps the flavor's (1024). Rotary models size their
-    position table from training.seq_len and validation.seq_len."""
+    """Number of learned positions (gpt2); 0 keeps the flavor's (1024)."""
     tie_embeddings: bool | None = None
-    """Share the LM head with the token embedding matrix; unset keeps the flavor's (gpt2 and
-    qwen3 up to 4B tie, larger qwen3 and llama3 do not)."""
+    """Share the LM head with the token embeddings; unset keeps the flavor's."""
     attn_dropout: float | None = None
-    """gpt2: dropout on the attention probabilities (Hugging Face's attn_pdrop), training only.
-    Unset: the HF config.json's value when checkpoint.initial_load_in_hf loads a GPT-2 folder, else 0."""
+    """gpt2: dropout on the attention probabilities (attn_pdrop); unset: a loaded GPT-2 folder's, else 0."""
     resid_dropout: float | None = None
     """gpt2: dropout after each block's attention and MLP output projections (resid_pdrop); unset as above."""
     embd_dropout: float | None = None
@@ -74,39 +61,27 @@ class Dispersion:
     lambda_norm: float = 0.1
     """Weight of the mean(z²) penalty of l2_repel (0.1 in the authors' lm_dispersion/dispersion.py)."""
     form: Literal["released", "paper"] = "released"
-    """released | paper: the authors' lm_dispersion/dispersion.py, which made the paper's numbers
-    (l2_repel's normaliser includes its N pairs i = j; z / (|z| + 1e-2); logits + 1e-2; log2(p + 1e-2)),
-    or the paper's equations (pairs i ≠ j only, z / |z|). docs/training.md compares them."""
+    """released | paper: the authors' lm_dispersion/dispersion.py, which made the paper's numbers, or the
+    paper's equations (pairs i ≠ j only, z / |z|); docs/training.md compares them."""
     layers: str | list[int] = "all"
-    """all | last | early_half | late_half, or 1-based block indices: [1, 2, 5] in TOML, 3 or 1,2,5 on
-    the command line."""
+    """all | last | early_half | late_half, or 1-based block indices ([1, 2, 5]; 1,2,5 on the CLI)."""
     points: Literal["blocks", "hidden_states"] = "blocks"
-    """blocks | hidden_states: the n points ``layers`` indexes. blocks = every block's raw output;
-    hidden_states = blocks 1..n-1 and the final norm's output, transformers' hidden_states[1:] (the
-    authors' Hugging Face scripts, train_configs/paper/)."""
+    """blocks | hidden_states: the points ``layers`` indexes: every block's output, or blocks 1..n-1 and
+    the final norm's, transformers' hidden_states[1:] (the authors' Hugging Face scripts)."""
     max_tokens: int = 0
-    """0 uses all positions (exact); else a random subset of this many (≥ 2) positions per layer and
-    micro-batch, seeded; 256 is the authors' subsampling (lm_dispersion/dispersion.py)."""
+    """0 uses all positions; else a seeded random subset of this many (≥ 2) per layer and micro-batch
+    (the authors': 256)."""
     warmup_steps: int = 0
     """Ramp λ linearly from 0 over this many steps; 0 applies it in full from step 1."""
     kernel: Literal["auto", "triton", "torch"] = "auto"
-    """auto | triton | torch: the pair kernel; auto = the fused Triton kernel on CUDA (probed once
-    against torch at start: a disagreement or a failed build stops the run in one line), else the
-    memory-lean PyTorch strips."""
+    """auto | triton | torch: the pair kernel; auto = the fused Triton kernel on CUDA (probed at start),
+    else the memory-lean PyTorch strips."""
     precision: Literal["auto", "bf16", "tf32", "exact"] = "auto"
-    """auto | bf16 | tf32 | exact: the Triton kernel's products. auto (bf16 tensor-core products,
-    fp32 accumulation; perplexity_entropy: split-precision bf16x3 logits) for training; exact (bf16x3,
-    ieee fp32 for l2_repel and perplexity_entropy) equals the reference
-    within 1e-4 in value. The torch strips always compute in fp32."""
+    """auto | bf16 | tf32 | exact: the Triton kernel's products (auto: bf16 tensor cores, fp32
+    accumulation; exact: within 1e-4 of the reference); the torch strips compute in fp32."""
 
 
-METHOD_SETTINGS: dict[Method, tuple[str, ...]] = {
-    "none": (),
-    "noisy_embedding": ("noise_alpha",),
-    "active_forgetting": ("forget_every", "embedding_lr"),
-}
-"""``baseline.method`` values and the ``[baseline]`` fields each one reads."""
-BASELINE_METHODS = tuple(m for m in METHOD_SETTINGS if m != "none")
+BASELINE_METHODS = get_args(Method)[1:]
 """The baseline methods the paper compares against (a sweep's variants besides ``baseline``)."""
 
 
@@ -117,49 +92,36 @@ class Baseline:
     noise_alpha: float = 1.0
     """noisy_embedding: α ≥ 0; uniform noise in ±α/√(S·d) on the token embeddings, training only."""
     forget_every: int = 1000
-    """active_forgetting: K ≥ 1; after every K steps the token embeddings (and a tied LM head) are
-    re-initialised and their AdamW state cleared."""
+    """active_forgetting: K ≥ 1; the token embeddings are re-initialised after every K steps."""
     embedding_lr: float = 5e-5
-    """active_forgetting: peak LR > 0 of the token embeddings' own schedule (8% linear warm-up, then
-    linear decay, restarting at every reset)."""
+    """active_forgetting: peak LR > 0 of the token embeddings' own schedule."""
 
 
 @dataclass
 class Training:
     max_local_batch_size: int = 0
-    """With ``local_batch_size = 0``: the largest micro-batch per rank (0: no limit); the
-    derived micro-batch is the largest divisor of global_batch_size / DP degree up to it."""
+    """With ``local_batch_size = 0``: the largest micro-batch per rank (0: no limit)."""
     loss_scale: Literal["mean", "as_released"] = "mean"
     """mean | as_released: the gradient of the global batch's mean loss, whatever the layout; or, as the
-    authors' released runs (transformers' Trainer with their compute_loss), the sum over a rank's
-    micro-batches of each one's own mean, averaged over data-parallel ranks: the accumulation count
-    times the mean's gradient, before clipping."""
+    authors' runs, each micro-batch's own mean summed per rank: the accumulation count times that."""
     predict_last: bool = True
-    """False: the last position of each training sequence scores nothing (its label ignored), seq_len − 1
-    predictions a sequence, as transformers' shifted cross-entropy on blocks of seq_len tokens."""
+    """False: the last position of each sequence scores nothing, as transformers' shifted cross-entropy."""
     head_loss: Literal["torch", "liger"] = "torch"
-    """torch | liger: the training forward's LM head and cross-entropy as two ops (the logits written whole),
-    or Liger-Kernel's fused linear cross-entropy (chunks of logits, the gradient taken in the forward); gpt2,
-    without tensor parallelism; Triton kernels (a GPU). Validation always computes the logits."""
+    """torch | liger: the training LM head and cross-entropy as two ops, or Liger-Kernel's fused linear
+    cross-entropy (logits in chunks; gpt2 without TP, on a GPU)."""
 
 
 @dataclass
 class Compile:
     whole_model: bool = False
-    """With ``enable`` and "model" in ``components`` (gpt2): compile the whole model in place, embeddings,
-    blocks, final norm and head (cut where FSDP2's units begin), instead of TorchTitan's region per block."""
+    """gpt2, with ``enable``: compile the whole model in place, not TorchTitan's region per block."""
 
 
 @dataclass
 class Released:
-    """The authors' script's own launch arguments (their names), from which a paper config's layout
-    follows for its GPU count N, as their script computes it: per GPU ``per_device_train_batch_size``
-    sequences × ``gradient_accumulation_steps`` micro-batches, so N times one GPU's global batch;
-    ⌈``train_tokens`` / tokens per step⌉ steps; lr ``lr``·√N; warm-up ⌈``warmup_ratio``·T⌉;
-    checkpoints and validation every ⌊T/``num_ckpt``⌋ + 1 steps; and under ``training.loss_scale =
-    "as_released"`` each micro-batch's mean scaled by their accumulation count. Off while
-    ``per_device_train_batch_size`` is 0. The keys it derives are refused in the TOML and on the
-    command line (``job_config.released``)."""
+    """The authors' script's launch arguments, from which a paper config's layout follows for N GPUs as
+    their script computes it: a global batch of N × b × A, ⌈tokens / tokens per step⌉ steps, lr·√N,
+    warm-up ⌈ratio·T⌉, checkpoints every ⌊T/num_ckpt⌋ + 1 steps (``job_config.released``)."""
 
     per_device_train_batch_size: int = 0
     """Sequences per GPU and micro-batch in the authors' run; 0: no released layout (the config's own keys)."""
@@ -174,16 +136,14 @@ class Released:
     num_ckpt: int = 0
     """Their ``--num_ckpt``: checkpoints (and validation) every ⌊T/num_ckpt⌋ + 1 steps and at the last."""
     gpus: int = 0
-    """N, the authors' GPU count whose run this one trains; 0: this run's data-parallel degree. Another N
-    trains that run on this layout (the same global batch, more micro-batches per rank, the same scale)."""
+    """N, the authors' GPU count whose run this one trains (0: this run's data-parallel degree)."""
 
 
 @dataclass
 class Validation:
     global_batch_size: int = -1
-    """Sequences per validation batch over all data-parallel ranks (-1: training's global
-    batch size); ``validation.steps`` counts these batches, so every layout validates on
-    the same sequences. ``local_batch_size = 0`` derives the per-rank share."""
+    """Sequences per validation batch over all ranks (-1: training's), so every layout validates on the
+    same sequences; ``local_batch_size = 0`` derives the per-rank share."""
 
 
 @dataclass
@@ -194,10 +154,8 @@ class Checkpoint:
 
 @dataclass
 class BuilderInputs:
-    """``[optimizer]`` and ``[lr_scheduler]`` gain the run's ``[baseline]`` section: TorchTitan hands
-    the TrainSpec's optimizer and LR-scheduler builders only their own section, and active
-    forgetting gives the token embeddings a param group and schedule of their own. Not a TOML
-    key or flag: the launch checks (``job_config.checks.check_job_config``) set it."""
+    """The run's ``[baseline]`` for the optimizer and LR-scheduler builders, which TorchTitan hands only
+    their own section; set by the launch checks, not a key."""
 
     baseline: tyro.conf.Suppress[Baseline | None] = field(default=None, init=False, repr=False)
 
@@ -208,17 +166,14 @@ class OptimizerInputs(BuilderInputs):
     """Adam | AdamW: TorchTitan's optimizers (its own field, typed here as its choices)."""
     decay_groups: Literal["all", "hf", "as_released"] = "all"
     """all | hf | as_released: weight decay on every parameter; none on biases and norm weights (the
-    Hugging Face Trainer's grouping, Trainer.get_decay_parameter_names, which the authors' scripts train
-    with); or hf's, but under active forgetting none only on LayerNorm weights and biases (their
-    active-forgetting optimizer, which decays RMSNorm weights)."""
+    Hugging Face Trainer's); or hf's, but under active forgetting none only on LayerNorm's and biases."""
 
 
 @dataclass
 class LRSchedulerInputs(BuilderInputs):
     form: Literal["torchtitan", "as_released"] = "torchtitan"
-    """torchtitan | as_released: TorchTitan's warm-up ((s+1)/W at step s), or transformers'
-    get_cosine_schedule_with_warmup (s/W: the first step at lr 0), the authors' schedule; under
-    active forgetting with W = ⌊0.2·T⌋, as their ActiveForgettingLRScheduler."""
+    """torchtitan | as_released: TorchTitan's schedule, or the authors' (transformers' cosine with
+    warm-up, the first step at lr 0; W = ⌊0.2·T⌋ under active forgetting)."""
 
 
 @dataclass

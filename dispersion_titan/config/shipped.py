@@ -1,6 +1,5 @@
-"""The configs the package ships as data (the training TOMLs, the paper's, the sweep example),
-laid out as in the repository, and ``init``'s copy of them into a user's folder: an
-installed package then trains, sweeps and reproduces without a clone."""
+"""The configs shipped as package data, and ``init``'s copy of them into a folder, as the repository
+lays them out."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def _foreign(out: str, files: dict[str, str]) -> str | None:
 
 
 def write_shipped(out: str) -> tuple[list[str], list[str]]:
-    """Copy every shipped config under ``out``; (written, kept) relative paths. A file already
-    there is kept as it is, never overwritten; a folder holding anything else is refused."""
+    """Copy every shipped config under ``out``, never over a file; (written, kept) relative paths."""
     files = shipped_files()
     if os.path.exists(out) and not os.path.isdir(out):
         raise ArgumentError(f"DIR: {out} is a file; name a new or empty folder")

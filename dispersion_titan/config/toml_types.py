@@ -1,6 +1,5 @@
-"""Keys and types of a TOML file against the JobConfig dataclasses: TorchTitan builds
-them from TOML without checking either. Imports nothing heavy, so the sections that are
-wholly ours (``OWN_SECTIONS``) are checked before TorchTitan is imported."""
+"""Keys and types of a TOML file against the JobConfig dataclasses, which TorchTitan does not check;
+our own sections (``OWN_SECTIONS``) before TorchTitan is imported."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ def _matches(value: Any, annotation: Any) -> bool:
 
 
 def check_toml_types(config_cls: type, values: dict[str, Any], source: str, prefix: str = "") -> None:
-    """Every key of ``values`` (read from the file ``source``) is a field of ``config_cls``
-    with a value of its type; an unknown key is named with its closest known one."""
+    """Every key of ``values`` (from ``source``) is a field of ``config_cls`` with a value of its type."""
     hints = typing.get_type_hints(config_cls)
     known = {f.name for f in dataclasses.fields(config_cls)}
     for key, value in values.items():

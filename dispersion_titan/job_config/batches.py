@@ -1,6 +1,4 @@
-"""The data-parallel degree and the per-rank batches a config resolves to for a job of N processes
-(``checks.DERIVED``): a replicate degree of -1 as a count, and ``local_batch_size = 0`` from the global
-batch, before TorchTitan asserts them once NCCL runs."""
+"""The data-parallel degree and per-rank batches of a job of N processes (``checks.DERIVED``)."""
 
 from __future__ import annotations
 
@@ -13,10 +11,8 @@ if TYPE_CHECKING:
 
 
 def resolve_replicate_degree(config: RunConfig, world_size: int) -> None:
-    """``data_parallel_replicate_degree = -1``: every data-parallel process holds the whole model
-    (DDP, the authors' layout), resolved to a count here, as TorchTitan takes only counts. Replicated
-    without sharding, TorchTitan computes under autocast, which it turns off beside tensor, context or
-    pipeline parallelism: that combination is refused."""
+    """``data_parallel_replicate_degree = -1`` (DDP over every process) as a count, which TorchTitan
+    needs; DDP with TP is refused (TorchTitan then turns autocast off)."""
     p = config.parallelism
     if p.data_parallel_replicate_degree == -1:
         if p.data_parallel_shard_degree != 1:
@@ -39,8 +35,7 @@ def resolve_replicate_degree(config: RunConfig, world_size: int) -> None:
 
 
 def data_parallel_degree(config: RunConfig, world_size: int) -> int:
-    """The DP degree TorchTitan's ParallelDims will build from ``world_size`` processes (context and
-    pipeline parallelism are refused: ``checks.check_model``)."""
+    """The DP degree TorchTitan's ParallelDims will build from ``world_size`` processes."""
     p = config.parallelism
     tp = p.tensor_parallel_degree
     if p.data_parallel_shard_degree == -1 or p.data_parallel_replicate_degree == -1:
@@ -61,13 +56,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
-    """Check the batch sizes against ``dp`` data-parallel ranks and fill in derived ones
-    (``local_batch_size = 0``), before TorchTitan asserts them once NCCL runs.
-
-    Training: each rank's share global/dp is split into micro-batches of the largest
-    divisor of it up to ``max_local_batch_size``; accumulation does the rest. Validation
-    has no accumulation: its per-rank batch is its global batch / dp.
-    """
+    """Check the batches against ``dp`` ranks and derive ``local_batch_size = 0``: training's the
+    largest divisor of global/dp up to ``max_local_batch_size``, validation's global/dp."""
     t = config.training
     if t.global_batch_size > 0:
         size = t.global_batch_size

@@ -1,12 +1,8 @@
-"""Checks run on the parsed job config before any process group starts, and the values they derive.
-
-Each failure is a ``ConfigError`` (``dispersion_titan.utils.errors``) whose one-line message names the offending field,
-so ``dispersion_titan.train`` can print it and exit non-zero without touching the dump folder. Fixed choices are
-``Literal`` fields the parser refuses (``config.schema``); what TorchTitan itself would crash on mid-launch is
-``titan_checks``. The checks fill in, for the trainer to read: ``parallelism.data_parallel_replicate_degree = -1`` as a
-count, ``training.local_batch_size`` and ``validation.local_batch_size`` = 0 from the global batches (``DERIVED``),
-``[released]``'s layout (``released.resolve``), and the ``[baseline]`` section the optimizer and LR-scheduler builders
-read (``carry_baseline``). ``launch_notes`` says the first three once at launch.
+"""Checks of the parsed job config before any process group starts: each failure a ``ConfigError``
+naming the field (fixed choices are ``Literal`` fields the parser refuses; what TorchTitan would crash
+on is ``titan_checks``). They fill in, for the trainer: a replicate degree of -1 as a count, a local
+batch size of 0 from the global batches (``DERIVED``), ``[released]``'s layout and the ``[baseline]``
+the optimizer builders read (``carry_baseline``); ``launch_notes`` says the first three at launch.
 """
 
 from __future__ import annotations
@@ -37,13 +33,12 @@ from .titan_checks import check_checkpoint, check_output_folders, check_titan_se
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
-# torch 2.11 (the lent GPU nodes') trains GPT-2 under tensor parallel with LayerNorm updates 7-10% off
-# one process's (tests/test_parallel_equivalence.py, docs/cluster.md#offline-nodes); 2.13 agrees.
+# torch 2.11 trains GPT-2 under TP with LayerNorm updates 7-10% off one process's; 2.13 agrees.
 GPT2_TP_TORCH = (2, 13)
 
 
 def torch_release() -> tuple[int, int]:
-    """The installed torch's (major, minor), read from its metadata (torch itself not imported)."""
+    """The installed torch's (major, minor), torch not imported."""
     major, minor = importlib.metadata.version("torch").split(".")[:2]
     return int(major), int(minor)
 
@@ -59,15 +54,14 @@ AT_LEAST = {
     **dict.fromkeys(("parallelism.tensor_parallel_degree", "baseline.forget_every"), 1),
     **{f"model.{key}": 0 for key in SHAPE_KEYS if key != "tie_embeddings"},  # 0 keeps the flavor's
 }
-"""The least value of numeric settings (None: unset); TorchTitan divides by or asserts on several once the job runs."""
+"""The least value of numeric settings (None: unset)."""
 DERIVED = ("parallelism.data_parallel_replicate_degree", "training.local_batch_size", "validation.local_batch_size")
 """The keys the checks resolve from the config's other values (-1 or 0 in it), said at launch."""
 
 
 def check_numbers(config: RunConfig) -> None:
-    """Every float setting, ours and TorchTitan's, is a finite number (``inf`` only where
-    ``INFINITY_MEANS`` gives it a meaning): ``--dispersion.coeff inf`` would train on an
-    infinite loss, ``--optimizer.lr nan`` on NaN weights; each of ``AT_LEAST`` is at least its least."""
+    """Every float setting is finite (``inf`` only where ``INFINITY_MEANS`` gives it a meaning), each
+    of ``AT_LEAST`` at least its least."""
     for section in dataclasses.fields(config):
         values = getattr(config, section.name)
         if not dataclasses.is_dataclass(values):
@@ -104,8 +98,6 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
         resolve_layers(d.layers, n_layers)
     except ValueError as e:
         raise ConfigError(f"dispersion.layers: {e}") from None
-    # Every layout hands each rank whole sequences for the term (TP ranks exchange them:
-    # trainer/sequence_parallel.py), so a rank's sequences hold seq_len tokens each.
     if d.variant != "none" and config.training.seq_len < 2:
         raise ConfigError(
             f"training.seq_len: {config.training.seq_len} token per sequence leaves no pair of tokens "
@@ -115,8 +107,7 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
 
 
 def run_tokenizer(config: RunConfig) -> DocumentEncoder | None:
-    """The run's tokenizer (``encoders.tokenizer_folder``); None while ``model.hf_assets_path``
-    is a hub id not fetched yet (``train`` fetches it before these checks run for real)."""
+    """The run's tokenizer; None while ``model.hf_assets_path`` is a hub id not fetched yet."""
     folder = tokenizer_folder(config.model.name, config.model.hf_assets_path)
     if folder is None:
         return GPT2_BPE
@@ -240,20 +231,18 @@ def check_methods(config: RunConfig) -> None:
 
 
 def carry_baseline(config: RunConfig) -> None:
-    """The ``[baseline]`` section also where the optimizer and LR-scheduler builders look
-    (``config.schema.BuilderInputs``)."""
+    """``[baseline]`` also where the optimizer and LR-scheduler builders look (``BuilderInputs``)."""
     config.optimizer.baseline = config.lr_scheduler.baseline = config.baseline
 
 
 def derivable(config: RunConfig) -> dict[str, Any]:
-    """The values of ``DERIVED`` in ``config``: before the checks, those ``launch_notes`` compares with."""
+    """The values of ``DERIVED``, before the checks, for ``launch_notes``."""
     return {key: value_of(config, key) for key in DERIVED}
 
 
 def launch_notes(config: RunConfig, parsed: dict[str, Any]) -> list[str]:
-    """Said once at launch: the values the checks derived (``parsed``: ``derivable`` before them),
-    [released]'s layout, and settings that are valid but probably not meant: a variant with
-    ``coeff`` left at 0 computes its term and trains on cross-entropy alone."""
+    """Said once at launch: the values derived (``parsed``: ``derivable`` before), [released]'s
+    layout, and valid settings probably not meant."""
     derived = [f"{key} = {value_of(config, key)}" for key, value in parsed.items() if value_of(config, key) != value]
     notes = [f"derived: {', '.join(derived)}"] if derived else []
     notes += [released.summary(config)] if released.is_on(config) else []
@@ -272,9 +261,8 @@ def launch_notes(config: RunConfig, parsed: dict[str, Any]) -> list[str]:
 
 
 def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
-    """Everything about ``config`` that can be known before any process starts, for a
-    job of ``world_size`` processes; derived values (the module's docstring) are filled in,
-    for the trainer to read. ``args``: the model family's flavor with the ``[model]`` overrides applied."""
+    """Everything about ``config`` knowable before a job of ``world_size`` processes starts, derived
+    values filled in. ``args``: the flavor with the ``[model]`` overrides applied."""
     check_numbers(config)
     check_model(config, args)
     check_dispersion(config, args.n_layers)

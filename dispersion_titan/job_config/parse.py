@@ -1,5 +1,4 @@
-"""Parse and check a launch's job config once, so bad input fails with one line naming the
-field before any process group starts (``dispersion_titan.train``, the sweep's cells)."""
+"""Parse and check a launch's job config once, bad input in one line before any process group starts."""
 
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ def _choice_message(message: str) -> str:
 
 
 def _switch_given_a_value(args: list[str]) -> str | None:
-    """``--training.predict_last false``: a bool key is a switch that takes no value (tyro then reports
-    only the stray word); the message names the key and both of its switches."""
+    """``--training.predict_last false``: a bool key takes no value (tyro names only the stray word)."""
     fields = {
         f"{section.name}.{field.name}": field.type
         for section in dataclasses.fields(titan_compat.merged_job_config_class(CONFIG_MODULE))
@@ -84,9 +82,8 @@ def _switch_given_a_value(args: list[str]) -> str | None:
 
 
 def parse_job_config(args: list[str], toml: dict) -> RunConfig:
-    """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections, once per launch, on
-    ``toml`` (the file ``--job.config_file`` names, read once by the caller): its types checked
-    first, tyro's boxed errors turned into one line."""
+    """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections on ``toml`` (already read):
+    its types checked first, tyro's boxed errors in one line."""
     check_toml_types(titan_compat.merged_job_config_class(CONFIG_MODULE), toml, config_file(args))
     captured = io.StringIO()
     try:
@@ -107,9 +104,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
 
 
 def check(job_config: RunConfig, world_size: int | None = None) -> RunConfig:
-    """Check every value of ``job_config`` we depend on for a job of ``world_size`` processes
-    (default: ``WORLD_SIZE``, else 1), filling in the derived ones the trainer reads
-    (``checks.check_job_config``); returns ``job_config``."""
+    """``checks.check_job_config`` for ``world_size`` processes (default ``WORLD_SIZE``, else 1)."""
     check_job_config(job_config, model_args(job_config), _world_size(world_size))
     return job_config
 
@@ -136,8 +131,7 @@ def model_args(job_config: RunConfig):
 
 
 def validated_args(args: list[str], world_size: int | None = None) -> RunConfig:
-    """``args`` parsed exactly as a launch parses them, and checked for a job of ``world_size``
-    processes."""
+    """``args`` parsed and checked as a launch of ``world_size`` processes does."""
     return check(parse_job_config(args, load_toml(args)), world_size)
 
 
@@ -146,8 +140,7 @@ def _world_size(world_size: int | None = None) -> int:
 
 
 def fetch_local_assets(job_config: RunConfig) -> bool:
-    """Point ``model.hf_assets_path`` at the local snapshot of a hub id, fetched now
-    (``hf_assets``); whether it was one (a local path is used as it is)."""
+    """Point ``model.hf_assets_path`` at a hub id's local snapshot, fetched now; whether it was one."""
     path = job_config.model.hf_assets_path
     if not is_hub_id(path):
         return False
@@ -156,14 +149,13 @@ def fetch_local_assets(job_config: RunConfig) -> bool:
 
 
 def set_fork_options(job_config: RunConfig) -> bool:
-    """Set the checkpoint options that start a fork (``job.fork_from``) from its source; whether
-    this run is one (``settings.start_fork``)."""
+    """Set the checkpoint options of a fork (``job.fork_from``); whether this run is one."""
     return start_fork(job_config, data_parallel_degree(job_config, _world_size()))
 
 
 def check_run_folder(job_config: RunConfig) -> None:
-    """Refuse a relaunch that changes the recorded settings or would save over a step checkpoint
-    (``run_folder.settings``, ``checkpoints.check_resume``); ``RunFinished`` when there is nothing to do."""
+    """Refuse a relaunch that changes recorded settings or would save over a checkpoint; ``RunFinished``
+    when there is nothing to do."""
     check_same_settings(job_config.job.dump_folder, job_config)
     ckpt = job_config.checkpoint
     if ckpt.enable:
@@ -182,10 +174,9 @@ def print_every_key(args: list[str], toml: dict) -> None:
 
 
 def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
-    """Everything a launch checks once ``job_config`` is parsed: its values (again once the hub
-    assets are fetched or a fork's checkpoint is set), the GPUs and what needs one, the run folder's writer lock
-    (``take_lock``: the one process that checks before the ranks start), that the run's folders are its own
-    (``owners``) and its fixed settings."""
+    """Everything a launch checks once ``job_config`` is parsed: its values (again with fetched assets
+    or a fork's checkpoint), the GPUs, the writer lock (``take_lock``: the one checking process), the
+    folders' owners and the fixed settings."""
     check(job_config)
     if fetch_local_assets(job_config) | set_fork_options(job_config):
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint

@@ -1,11 +1,6 @@
-"""``[released]``: a paper config's layout for N GPUs, as the authors' scripts compute it.
-
-Their scripts (``midtrain_gpt2.py``, ``midtrain_qwen3.py``, ``pretrain_toy_gpt2.py`` and the
-``*_other_counter_condensation.py`` twins) fix the per-GPU batch b and the accumulation count A, so on
-N GPUs the step holds N·b·A sequences, the token budget takes ⌈tokens / (N·b·A·S)⌉ steps, the lr is
-lr·√N, the warm-up ⌈0.2·T⌉ (``TrainingArguments.warmup_ratio``) and the evaluation cadence
-⌊T/num_ckpt⌋ + 1. Those keys are derived here from the run's GPU count; a config or command line
-that sets one is refused, so no launch trains a layout their script never ran by accident.
+"""``[released]``: a paper config's layout for N GPUs, as the authors' scripts compute it (see
+``config.schema.Released``). The keys it derives, set by hand, are refused, so no launch trains a
+layout their script never ran by accident.
 """
 
 from __future__ import annotations
@@ -38,8 +33,7 @@ def is_on(config: RunConfig) -> bool:
 
 
 def given_keys(args: list[str], toml: dict) -> set[str]:
-    """``section.key`` of every key the TOML sets or the command line passes (``--s.k V``, ``--s.k=V``,
-    ``--s.no-k``, dashes or underscores)."""
+    """``section.key`` of every key the TOML sets or the command line passes."""
     keys = {f"{s}.{k}" for s, values in toml.items() if isinstance(values, dict) for k in values}
     for arg in args:
         match = re.fullmatch(r"--([\w-]+)\.([\w-]+)(=.*)?", arg)
@@ -50,7 +44,7 @@ def given_keys(args: list[str], toml: dict) -> set[str]:
 
 
 def refuse_derived_keys(config: RunConfig, args: list[str], toml: dict) -> None:
-    """A key ``[released]`` derives, set by hand, is refused in one line naming what to change instead."""
+    """A key ``[released]`` derives, set by hand, is refused in one line."""
     if not is_on(config):
         return
     for key in DERIVED:
@@ -64,8 +58,7 @@ def refuse_derived_keys(config: RunConfig, args: list[str], toml: dict) -> None:
 
 
 def resolve(config: RunConfig, dp: int) -> None:
-    """Fill in the keys of ``DERIVED`` for ``dp`` data-parallel ranks replicating the model, the
-    authors' DDP; their script's other layouts do not exist and are refused in one line."""
+    """Fill in ``DERIVED`` for ``dp`` ranks replicating the model (the authors' DDP; others refused)."""
     r, p = config.released, config.parallelism
     if not is_on(config):
         return

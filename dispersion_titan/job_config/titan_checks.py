@@ -1,7 +1,5 @@
-"""What TorchTitan 0.2.2 (or torch's AdamW) would assert, raise or crash on only once the job runs, some of it
-after training (``last_save_in_hf``), refused before any process group starts in one line naming the key
-(``ConfigError``): checkpoint options, settings TorchTitan takes as free text, the folders it writes, and at
-launch only (a plan made elsewhere skips them) what a new run loads first and what this machine cannot run."""
+"""What TorchTitan 0.2.2 (or torch's AdamW) would crash on only once the job runs, refused before in one
+line naming the key; at launch only, what a new run loads first and what this machine cannot run."""
 
 from __future__ import annotations
 
@@ -44,10 +42,8 @@ def check_checkpoint(config: RunConfig, world_size: int) -> None:
 
 
 def check_initial_load(config: RunConfig) -> None:
-    """What TorchTitan's checkpointer loads before a new run's first step (``checkpoint.initial_load_*``),
-    looked at as it will look: it asserts or raises mid-launch, in a traceback, otherwise. At launch only
-    (``parse.check_launch``; a plan needs no weights). A relaunch (its checkpoint folder exists) loads its
-    own checkpoints instead; a hub id is looked at once fetched."""
+    """What the checkpointer loads before a new run's first step (``checkpoint.initial_load_*``), looked
+    at as it will look (a relaunch loads its own checkpoints)."""
     c = config.checkpoint
     if not c.enable or os.path.exists(os.path.join(config.job.dump_folder, c.folder)):
         return
@@ -82,9 +78,8 @@ CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (compile off, foreach AdamW:
 
 
 def check_runs_here(config: RunConfig) -> None:
-    """A GPU config on a machine whose torch sees no GPU is refused in one line naming the CPU
-    profile, never changed silently. Only inductor is refused: it compiles for GPUs, and on a
-    CPU it needs a C++ toolchain and minutes per start; fused AdamW runs on CPUs too."""
+    """A GPU config where torch sees no GPU is refused, never changed silently: inductor (on a CPU it
+    needs a C++ toolchain and minutes per start) and liger."""
     import torch
 
     c = config.compile
@@ -132,8 +127,7 @@ def check_titan_settings(config: RunConfig) -> None:
 
 
 def run_folders(config: RunConfig) -> dict[str, str]:
-    """Every folder TorchTitan writes for this run, by config key (``owners.RUN_PATH_KEYS``), as
-    it resolves them: joined to ``job.dump_folder`` (an absolute one stays as it is)."""
+    """Every folder TorchTitan writes for this run, by config key, joined to ``job.dump_folder``."""
     written = {
         "checkpoint.folder": config.checkpoint.enable,
         "metrics.save_tb_folder": config.metrics.enable_tensorboard or config.metrics.enable_wandb,
@@ -151,8 +145,7 @@ def value_of(config: RunConfig, key: str) -> Any:
 
 
 def _unwritable(path: str) -> str | None:
-    """Why a folder could not be created or written at ``path`` (None: it can), without
-    creating anything: the nearest existing ancestor decides."""
+    """Why no folder could be written at ``path`` (None: it can): its nearest existing ancestor says."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -164,8 +157,7 @@ def _unwritable(path: str) -> str | None:
 
 
 def check_output_folders(config: RunConfig) -> None:
-    """Every folder the run writes to; the config file TorchTitan saves stays inside the run (it could
-    replace another run's ``run.json``)."""
+    """Every folder the run writes to; the config file TorchTitan saves stays inside the run."""
     dump = config.job.dump_folder
     for field, path in {"job.dump_folder": dump, **run_folders(config)}.items():
         problem = _unwritable(path)

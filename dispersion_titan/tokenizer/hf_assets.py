@@ -1,7 +1,4 @@
-"""``model.hf_assets_path`` as a local folder. A hub id (``Qwen/Qwen3-0.6B``) is fetched
-once into the Hugging Face cache (config, tokenizer and safetensors weights; a cached
-snapshot is reused; an unreachable hub is not retried: ``utils.hub``) and its snapshot folder is
-what TorchTitan and the tokenizer read."""
+"""``model.hf_assets_path`` as a local folder: a hub id is fetched once into the Hugging Face cache."""
 
 from __future__ import annotations
 

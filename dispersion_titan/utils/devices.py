@@ -1,12 +1,6 @@
-"""No silent CPU fallback: refuse to train on CPU where the job was given GPUs.
-
-TorchTitan's device selection (and ``titan_compat.apply``'s CPU shim) follows
-``torch.cuda.is_available()``. On a GPU node with a CPU-only torch wheel, a driver
-fault or hidden devices that is false, and a job would train on CPU without a word.
-Here the environment's own signals of allocated GPUs are read first; where any is
-present and torch sees no GPU, training stops in one line. ``DISPERSION_TITAN_ALLOW_CPU=1``
-allows CPU anyway (the tests, the quickstart, a local Slurm without GPUs).
-``resolve_device`` picks the device of the commands that load checkpoints (``--device``).
+"""No silent CPU fallback: where the environment says the job has GPUs but torch sees none (a CPU
+wheel, a driver fault), training stops in one line unless ``DISPERSION_TITAN_ALLOW_CPU=1``. And
+``--device`` of the commands that load checkpoints.
 """
 
 from __future__ import annotations
@@ -23,11 +17,8 @@ if TYPE_CHECKING:
     import torch
 
 ALLOW_CPU_ENV = "DISPERSION_TITAN_ALLOW_CPU"
-# For processes that train on CPU (the quickstart's jobs, the tests'). glibc hands every
-# allocation above its mmap threshold back to the kernel when freed, so the ~200 MB of
-# logits of each step arrive as fresh zeroed pages: on CPU that made a third of a run's
-# time kernel time. Keeping them in the heap took a 15-step run from 21 to 15 CPU seconds
-# and a 6-step debug run from 24.6 to 17.1 (glibc 2.36). Read at process start.
+# For CPU training processes: glibc would hand each step's ~200 MB of logits back to the kernel, a
+# third of a run's time; kept in the heap, a 15-step run took 15 CPU seconds, not 21 (glibc 2.36).
 CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 _NO_DEVICES = ("", "-1", "NoDevFiles", "none")
 
@@ -65,8 +56,7 @@ def allocated_gpus(env: Mapping[str, str] = os.environ) -> tuple[int, str] | Non
 
 
 def check_gpus_usable(env: Mapping[str, str] = os.environ) -> None:
-    """Raise ``DeviceError`` when GPUs were allocated but torch sees none, unless
-    ``DISPERSION_TITAN_ALLOW_CPU=1``."""
+    """``DeviceError`` when GPUs were allocated but torch sees none, unless ``ALLOW_CPU_ENV``."""
     import torch
 
     if torch.cuda.is_available() or env.get(ALLOW_CPU_ENV) == "1":
@@ -87,8 +77,7 @@ def check_gpus_usable(env: Mapping[str, str] = os.environ) -> None:
 
 
 def resolve_device(device: str | None, dtype: str) -> torch.device:
-    """The device of a command that loads checkpoints (``--device``, ``--dtype``): CUDA when
-    available unless ``--device`` says otherwise; bf16 only where supported."""
+    """``--device`` (default CUDA when available) and ``--dtype`` checked against this machine."""
     import torch
 
     try:

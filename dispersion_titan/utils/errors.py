@@ -1,8 +1,5 @@
-"""Every error a user can cause, and the one way it ends a command: one line, an exit status.
-
-Each subclass names the kind of input at fault (its message names the field, flag or
-file); each command's ``main`` is wrapped by ``command``, which ends it in one line. Kept free of
-heavy imports: ``train`` must use it before TorchTitan is imported.
+"""Every error a user can cause, and the one way it ends a command (``command``): one line naming the
+field, flag or file, an exit status. No heavy imports: ``train`` uses it before TorchTitan.
 """
 
 from __future__ import annotations
@@ -46,8 +43,7 @@ class AnalysisError(DispersionTitanError):
 
 
 class OutputError(DispersionTitanError):
-    """An output folder a command cannot use (not writable, a result file unreadable), or a
-    folder that belongs to another owner; raised by every command that writes results."""
+    """An output folder a command cannot use: not writable, a result file unreadable, another owner's."""
 
 
 class EvaluationError(DispersionTitanError):
@@ -67,8 +63,7 @@ class SweepError(DispersionTitanError):
 
 
 class DeviceError(DispersionTitanError):
-    """GPUs were allocated to the job but torch cannot use them, or a ``--device`` or ``--dtype``
-    this machine does not have."""
+    """Allocated GPUs torch cannot use, or a ``--device`` or ``--dtype`` this machine lacks."""
 
 
 class RunFinished(DispersionTitanError):
@@ -84,15 +79,13 @@ class NonFiniteLossError(DispersionTitanError):
 
 
 class CheckpointSaveError(DispersionTitanError):
-    """A checkpoint could not be written (disk full, quota, file size limit, I/O error);
-    earlier checkpoints are intact. Exit status 74, EX_IOERR of sysexits.h."""
+    """A checkpoint could not be written; earlier ones are intact. EX_IOERR of sysexits.h."""
 
     status = 74
 
 
 def cause(error: BaseException) -> str:
-    """What an exception says in one line: its message's last line (where tracebacks and compiler logs
-    put the cause), else its type's name."""
+    """An exception's message's last line (where tracebacks put the cause), else its type's name."""
     text = str(error).strip()
     return text.splitlines()[-1] if text else type(error).__name__
 
@@ -103,20 +96,18 @@ def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoRet
     sys.exit(status)
 
 
-def fail_with(error: DispersionTitanError, status: int | None = None) -> NoReturn:
-    """``fail`` with the first line of ``error`` and its own status unless one is given."""
-    fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status if status is None else status)
+def fail_with(error: DispersionTitanError, prog: str = "dispersion_titan") -> NoReturn:
+    """``fail`` with the first line of ``error`` and its status."""
+    fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status, prog)
 
 
-INTERRUPTED_STATUS = 128 + signal.SIGINT
+INTERRUPTED_STATUS = 128 + signal.SIGINT  # as a shell reports a tool SIGINT killed, as ``train`` does
 REDELIVERY_S = 0.01
-"""Ctrl-C ends a command as a shell reports a tool SIGINT killed (130), as ``train`` does."""
 
 
 def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main], Main]:
-    """The one error handling of a command's ``main``: a ``DispersionTitanError`` ends it in one line with
-    its status (``fail_with``), and Ctrl-C in one line saying ``interrupted``, what is kept and how to go
-    on, exit ``INTERRUPTED_STATUS``; never a traceback."""
+    """The one error handling of a command's ``main``, never a traceback: a ``DispersionTitanError`` in
+    one line with its status, Ctrl-C in one line saying ``interrupted`` (what is kept, how to go on)."""
 
     def wrap(main: Main) -> Main:
         @functools.wraps(main)
@@ -126,7 +117,7 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
             try:
                 return main(*args, **kwargs)
             except DispersionTitanError as e:
-                fail(str(e).splitlines()[0] if str(e) else type(e).__name__, e.status, prog)
+                fail_with(e, prog)
             except KeyboardInterrupt:
                 print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
                 sys.exit(INTERRUPTED_STATUS)
@@ -139,23 +130,19 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
 
 
 def _interrupt_again(hook: Callable[[Any], object], unraisable: Any) -> None:
-    """A Ctrl-C that landed in a finalizer (a ``__del__``), which cannot raise it and would let the
-    command run on: delivered again once the finalizer is done, to the code it interrupted. Anything
-    else to ``hook``."""
+    """A Ctrl-C that landed in a finalizer, which cannot raise it: delivered again once it is done."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
         threading.Timer(REDELIVERY_S, os.kill, (os.getpid(), signal.SIGINT)).start()
     else:
         hook(unraisable)
 
 
-CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
-"""A command whose reader went away ends as a shell reports a tool SIGPIPE killed (141)."""
+CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE  # a reader gone: as a shell reports a tool SIGPIPE killed
 
 
 def run_command(main: Callable[[], object]) -> None:
-    """A command's ``main`` as its entry point. A reader that went away (``dispersion-titan paper
-    --list | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``: no traceback, and no
-    "Exception ignored" from the flush at exit. Any other broken pipe (a socket) is raised."""
+    """A command's ``main`` as its entry point; a reader that went away (``... | head -3``) ends it
+    quietly with ``CLOSED_PIPE_STATUS``."""
     try:
         try:
             main()
@@ -171,7 +158,7 @@ def run_command(main: Callable[[], object]) -> None:
 
 
 def _reader_gone(stream: IO) -> bool:
-    """Whether ``stream`` is a pipe whose reading end is closed (poll reports an error)."""
+    """Whether ``stream`` is a pipe whose reading end is closed."""
     try:
         poller = select.poll()
         poller.register(stream.fileno(), select.POLLOUT)

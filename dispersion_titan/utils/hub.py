@@ -1,7 +1,5 @@
-"""The Hugging Face hub's reachability, looked at once before anything is fetched: an unreachable hub
-turns its offline mode on, so cached files load at once and missing ones fail at once, in one line,
-instead of after retries (lm-eval's task data, ``model.hf_assets_path``). And ``hf:MODEL[@REV1,REV2,...]``,
-how ``analyze`` and ``evaluate`` name a hub model or a local Hugging Face folder."""
+"""An unreachable Hugging Face hub turns its offline mode on, so missing files fail at once in one line,
+not after retries; and ``hf:MODEL[@REV1,REV2,...]``, how ``analyze`` and ``evaluate`` name a model."""
 
 from __future__ import annotations
 
@@ -21,9 +19,8 @@ _TRUE = ("1", "ON", "YES", "TRUE")
 
 @contextlib.contextmanager
 def hub_offline() -> Iterator[str | None]:
-    """Why the Hugging Face hub will not be asked for data (None: it will be). Its offline
-    mode is the user's (``HF_HUB_OFFLINE``), or turned on inside this block when no TCP
-    connection to the hub (``HF_ENDPOINT``) opens within ``HUB_PROBE_SECONDS``."""
+    """Why the hub will not be asked (None: it will): the user's offline mode, or no TCP connection
+    within ``HUB_PROBE_SECONDS``, which turns it on inside this block."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(var, "").upper() in _TRUE:
             yield f"{var} is set"
@@ -40,8 +37,7 @@ def hub_offline() -> Iterator[str | None]:
     import datasets.config
     import huggingface_hub.constants
 
-    # Both libraries read HF_HUB_OFFLINE once, at import, into these: set them for this block only
-    # (the process may go on to other work, e.g. a caller's own dataset checks).
+    # both libraries read HF_HUB_OFFLINE once, at import, into these
     saved = huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
     huggingface_hub.constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
     try:
@@ -98,8 +94,7 @@ def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
 
 
 def _path_like(model: str) -> bool:
-    """A folder, not a hub id (``namespace/name``): absolute or relative by its first
-    character, more than one ``/``, or under a folder that exists here."""
+    """A folder, not a hub id (``namespace/name``)."""
     return (
         model.startswith(("/", ".", "~"))
         or model.count("/") > 1
@@ -109,8 +104,7 @@ def _path_like(model: str) -> bool:
 
 @contextlib.contextmanager
 def loading(name: str) -> Iterator[None]:
-    """Anything transformers or the hub raise while loading becomes one line naming the model;
-    a model that ships its own code names the option that runs it."""
+    """What transformers or the hub raise while loading, in one line naming the model."""
     try:
         yield
     except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:

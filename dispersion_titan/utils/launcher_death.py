@@ -1,11 +1,5 @@
-"""A torchrun rank ends with the process that started it.
-
-torchrun starts its ranks in sessions of their own, so when the launcher dies by SIGKILL
-(``kill -9``, the OOM killer) neither its process group nor torchrun's shutdown reaches
-them: they would train on as orphans, writing into a run folder its user believes free.
-Each rank therefore asks the kernel (Linux ``prctl(PR_SET_PDEATHSIG)``) for SIGKILL when
-its parent, torchrun's agent, dies. The last complete checkpoint stands, as after any
-crash; the rank's writer lock is then stale (``run_folder.writer_lock``).
+"""A torchrun rank ends with its launcher: killed by SIGKILL, torchrun cannot stop its ranks (their own
+sessions), which would train on as orphans; so each asks Linux for SIGKILL when its parent dies.
 """
 
 from __future__ import annotations
