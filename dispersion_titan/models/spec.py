@@ -11,7 +11,7 @@ from torchtitan.protocols.train_spec import TrainSpec
 from ..components.metrics import build_dispersion_metrics_processor
 from ..components.optimizers import build_dispersion_lr_schedulers, build_dispersion_optimizers
 from ..components.titan_tokenizer import build_tokenizer
-from ..components.validate import build_packed_validator
+from ..components.validate import PackedValidator
 from ..data.packed import build_packed_dataloader
 
 
@@ -28,7 +28,7 @@ def dispersion_train_spec(
         build_dataloader_fn=build_packed_dataloader,
         build_tokenizer_fn=build_tokenizer,
         build_loss_fn=build_cross_entropy_loss,
-        build_validator_fn=build_packed_validator,
+        build_validator_fn=PackedValidator,
         build_metrics_processor_fn=build_dispersion_metrics_processor,
         state_dict_adapter=state_dict_adapter,
     )

@@ -25,13 +25,7 @@ class Llama3Args(RotaryOverrides, TransformerModelArgs):
     """TorchTitan's Llama 3 arguments, with the MLP width they imply."""
 
     FAMILY: ClassVar[str] = MODEL_NAME
-    OVERRIDES: ClassVar[dict[str, str]] = {
-        "dim": "dim",
-        "n_layers": "n_layers",
-        "n_heads": "n_heads",
-        "n_kv_heads": "n_kv_heads",
-        "vocab_size": "vocab_size",
-    }
+    OVERRIDES: ClassVar[dict[str, str]] = {k: k for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size")}
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
         **RotaryOverrides.ROTARY_REFUSED,
         "head_dim": "llama3's head width is dim / n_heads",

@@ -24,13 +24,8 @@ class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
 
     FAMILY: ClassVar[str] = MODEL_NAME
     OVERRIDES: ClassVar[dict[str, str]] = {
-        "dim": "dim",
-        "n_layers": "n_layers",
-        "n_heads": "n_heads",
-        "n_kv_heads": "n_kv_heads",
-        "head_dim": "head_dim",
+        **{k: k for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size")},
         "mlp_hidden_dim": "hidden_dim",
-        "vocab_size": "vocab_size",
         "tie_embeddings": "enable_weight_tying",
     }
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = RotaryOverrides.ROTARY_REFUSED
