@@ -43,14 +43,9 @@ def embedding_lr_factor(completed_steps: int, period: int, total: int) -> float:
     return max(0.0, (total - index) / max(1, total - warmup))
 
 
-def token_embedding(model: nn.Module) -> nn.Parameter:
-    """The token embedding matrix (the LM head too when tied)."""
-    return model.tok_embeddings.weight
-
-
 def _separate_embedding_group(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Param group 0 keeps the body, group 1 takes the token embeddings."""
-    embedding = token_embedding(model)
+    embedding = model.tok_embeddings.weight  # the LM head too when tied
     (group,) = optimizer.param_groups
     group["params"] = [p for p in group["params"] if p is not embedding]
     optimizer.add_param_group({"params": [embedding], "lr": lr})

@@ -85,7 +85,3 @@ class PackedValidator(Validator):
             super().validate([_Deferred(model)], step)
         finally:
             self.loss_fn = whole_batch_loss
-
-
-def build_packed_validator(**kwargs: Any) -> PackedValidator:
-    return PackedValidator(**kwargs)

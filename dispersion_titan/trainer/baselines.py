@@ -14,7 +14,6 @@ import torch.distributed as dist
 from torch import nn
 from torchtitan.tools.logging import logger
 
-from ..components.optimizers import token_embedding
 from ..config.schema import Baseline
 from ..models.gpt2.model import INIT_STD, copy_full_into
 from .seeds import mixed_seed
@@ -73,7 +72,7 @@ class ActiveForgetting(NoBaseline):
 
     def __init__(self, model: nn.Module, optimizers: Any, period: int, seed: int, tied: bool,
                  pad_id: int | None = None) -> None:  # fmt: skip
-        self.embedding = token_embedding(model)
+        self.embedding = model.tok_embeddings.weight
         self.optimizers, self.period, self.seed, self.pad_id = optimizers, period, seed, pad_id
         self.what = "token embeddings and the LM head tied to them" if tied else "token embeddings"
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from typing import Any
 
@@ -25,6 +24,7 @@ from torchtitan.tools.logging import logger
 
 from ..components.titan_compat import checkpointer_folder, save_full_checkpoint
 from ..run_folder.checkpoints import last_complete_step
+from ..utils.errors import say
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try again"
 SIGNAL_ENV = "PREEMPT_SIGNAL"
@@ -68,12 +68,6 @@ def leave_with_own_status() -> None:
 
 def interrupted_exit_code(signum: int) -> int:
     return 128 + signum
-
-
-def say(message: str) -> None:
-    """The run's last line, from global rank 0 only (one line whatever ``LOG_RANK`` shows)."""
-    if os.environ.get("RANK", "0") == "0":
-        print(f"dispersion_titan: {message}", file=sys.stderr, flush=True)
 
 
 class Preemption:

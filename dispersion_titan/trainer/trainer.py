@@ -101,7 +101,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             titan_compat.on_save_error(self.checkpointer, self._save_failed)
         self._set_aside_incomplete_checkpoints()
         self.health = StepHealth(self.device)
-        seed = run_seed(job_config)
+        self.seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
         self.dispersion = self.dispersion_objective(job_config.dispersion)
         # Micro-batch m of this rank is chunk m·W + r of the global batch (data.layout).
@@ -112,7 +112,6 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         )
         # as_released: each micro-batch's mean scaled as by the authors' accumulation count (``loss_scale``)
         self.released_accumulation = job_config.released.gradient_accumulation_steps or self.microbatches
-        self.seed = seed
         self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
         (model,) = self.model_parts
@@ -122,7 +121,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             job_config.baseline,
             model,
             self.optimizers,
-            seed,
+            self.seed,
             self.model_args.tie_embeddings,
             run_encoder(job_config).pad_id,
             self.chunk_offset,
@@ -139,7 +138,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                 job_config.model.name,
                 self.model_args,
                 dataclasses.asdict(job_config.dispersion),
-                seed,
+                self.seed,
                 baseline=dataclasses.asdict(job_config.baseline),
                 tokenizer=run_encoder(job_config).name,
                 training_steps=job_config.training.steps,
@@ -155,7 +154,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             cfg,
             self.model_args.n_layers,
             self.step_metrics.global_batch_size,
-            run_seed(self.job_config),
+            self.seed,
             self._tp_group(),
         )
         objective.check_kernel(self.device)

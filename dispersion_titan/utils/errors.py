@@ -96,6 +96,12 @@ def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoRet
     sys.exit(status)
 
 
+def say(message: str) -> None:
+    """A line from global rank 0 only (one line whatever ``LOG_RANK`` shows)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"dispersion_titan: {message}", file=sys.stderr, flush=True)
+
+
 def fail_with(error: DispersionTitanError, prog: str = "dispersion_titan") -> NoReturn:
     """``fail`` with the first line of ``error`` and its status."""
     fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status, prog)
