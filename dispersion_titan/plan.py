@@ -11,9 +11,10 @@ import sys
 from types import ModuleType
 
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, with_config_module
+from dispersion_titan.planning.figures import GPUS  # no torch: --help answers at once
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, command, run_command
 
-GPU_CHOICES = ("h100", "h200", "a100")  # planning.figures.GPUS, named here to answer --help without torch
+GPU_CHOICES = tuple(GPUS)
 
 
 class _Parser(OneLineErrorParser):

@@ -29,6 +29,7 @@ from dispersion_titan.utils.errors import (
     fail,
     fail_with,
     run_command,
+    say,
 )
 from dispersion_titan.utils.launcher_death import end_with_launcher
 
@@ -62,8 +63,7 @@ def default_to_single_process() -> None:
 
 def _stop_before_training(signum: int, frame: object) -> None:
     """Ctrl-C or SIGTERM before the trainer's own handlers: one line, not a traceback."""
-    if os.environ.get("RANK", "0") == "0":
-        print("dispersion_titan: interrupted before training started; nothing saved", file=sys.stderr, flush=True)
+    say("interrupted before training started; nothing saved")
     raise SystemExit(128 + signum)
 
 
@@ -99,9 +99,8 @@ def main() -> None:
         fail(str(e).splitlines()[0])
     if check_only:
         return
-    if os.environ.get("RANK", "0") == "0":  # once per launch: the ranks' rank 0, or the one process
-        for note in launch_notes(job_config, parsed):
-            print(f"dispersion_titan: note: {note}", file=sys.stderr, flush=True)
+    for note in launch_notes(job_config, parsed):
+        say(f"note: {note}")  # once per launch: the ranks' rank 0, or the one process
     from dispersion_titan.trainer.trainer import train  # the ranks only: --check-only never builds it
 
     default_to_single_process()

@@ -180,12 +180,10 @@ def check_model(config: RunConfig, args: Any) -> None:
 
 
 def check_data(config: RunConfig) -> None:
-    for section in ("training", "validation"):
-        if section == "validation" and not config.validation.enable:
-            continue
+    tokenizer = run_tokenizer(config)
+    for section in ("training", "validation") if config.validation.enable else ("training",):
         cfg = getattr(config, section)
         try:
-            tokenizer = run_tokenizer(config)
             if is_store(cfg.dataset_path):  # a stale or damaged token store fails here, before any rank starts
                 if tokenizer is not None:
                     split = "train" if section == "training" else "validation"
