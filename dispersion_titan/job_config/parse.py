@@ -148,11 +148,6 @@ def fetch_local_assets(job_config: RunConfig) -> bool:
     return True
 
 
-def set_fork_options(job_config: RunConfig) -> bool:
-    """Set the checkpoint options of a fork (``job.fork_from``); whether this run is one."""
-    return start_fork(job_config, data_parallel_degree(job_config, _world_size()))
-
-
 def check_run_folder(job_config: RunConfig) -> None:
     """Refuse a relaunch that changes recorded settings or would save over a checkpoint; ``RunFinished``
     when there is nothing to do."""
@@ -178,7 +173,7 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     or a fork's checkpoint), the GPUs, the writer lock (``take_lock``: the one checking process), the
     folders' owners and the fixed settings."""
     check(job_config)
-    if fetch_local_assets(job_config) | set_fork_options(job_config):
+    if fetch_local_assets(job_config) | start_fork(job_config, data_parallel_degree(job_config, _world_size())):
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
     check_gpus_usable()
     check_runs_here(job_config)

@@ -74,9 +74,6 @@ def check_initial_load(config: RunConfig) -> None:
     raise ConfigError(f'{key}: {path}: {problem}; give {what}, or "" to train from scratch')
 
 
-CPU_PROFILE_HINT = "run CPU jobs with --profile cpu (compile off, foreach AdamW: the same computation)"
-
-
 def check_runs_here(config: RunConfig) -> None:
     """A GPU config where torch sees no GPU is refused, never changed silently: inductor (on a CPU it
     needs a C++ toolchain and minutes per start) and liger."""
@@ -85,7 +82,8 @@ def check_runs_here(config: RunConfig) -> None:
     c = config.compile
     if c.enable and c.backend == "inductor" and not torch.cuda.is_available():
         raise ConfigError(
-            f"compile.enable: true compiles with inductor for GPUs and torch sees none here; {CPU_PROFILE_HINT}"
+            "compile.enable: true compiles with inductor for GPUs and torch sees none here; "
+            "run CPU jobs with --profile cpu (compile off, foreach AdamW: the same computation)"
         )
     if config.training.head_loss == "liger" and not triton_device_here():
         raise ConfigError('training.head_loss: "liger" runs Triton kernels, and torch sees no GPU here; use "torch"')

@@ -79,7 +79,11 @@ class HFTokenizerFile(DocumentEncoder):
         with open(path, "rb") as f:
             self._digest = hashlib.sha256(f.read())
         self.tokenizer = Tokenizer.from_file(path)
-        config = _read_json(os.path.join(self.name, TOKENIZER_CONFIG))
+        try:
+            with open(os.path.join(self.name, TOKENIZER_CONFIG)) as f:
+                config = json.load(f)
+        except FileNotFoundError:
+            config = {}
         eos = _special_token(config, "eos_token")
         eos_id = self.tokenizer.token_to_id(eos) if eos else None
         if eos_id is None:
@@ -100,14 +104,6 @@ class HFTokenizerFile(DocumentEncoder):
     def encode_batch(self, texts: list[str], threads: int) -> list[list[int]]:
         del threads  # tokenizers parallelises batches itself
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
 
 
 def _special_token(config: dict[str, Any], key: str) -> str | None:
