@@ -24,6 +24,7 @@ from dispersion_titan.evaluate import add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
+from dispersion_titan.reproduce.slurm_scripts import submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import command, fail, run_command
 
@@ -176,7 +177,7 @@ def run_paper(argv: list[str]) -> int:
             print(slurm.script(plan, jobs))
             return 0
         with owned(plan.out, PAPER):  # its logs/ are the first files the folder holds
-            slurm.submit(plan, jobs)
+            submit(jobs, os.path.join(plan.out, "logs"))
         print(f"submitted; the drawing job writes {plan.out}/{a.artifact}.* (logs: {plan.out}/logs)")
         return 0
     if a.dry_run:

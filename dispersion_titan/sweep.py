@@ -30,6 +30,7 @@ import sys
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
+from dispersion_titan.reproduce.slurm_scripts import submit
 from dispersion_titan.utils.errors import SweepError, command, run_command
 
 SPEC_KEYS = (
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         print(sweep.dry_run(spec, jobs))
         return
-    ids = sweep.submit(spec, jobs)
+    ids = submit(jobs, spec.out / "logs")
     print(f"sweep: {len(jobs)} jobs submitted; manifest {sweep.write_manifest(spec, jobs, ids)}")
 
 

@@ -1,34 +1,72 @@
-"""The sbatch scripts the sweep and ``paper --slurm`` submit. They ship inside the package
-(``dispersion_titan/launch_scripts/``; a checkout's ``launch/`` links there), so an installed
-package finds them as a checkout does, and their jobs run this very interpreter."""
+"""The sbatch scripts the sweep and ``paper --slurm`` submit, and their submission with
+dependencies. The scripts ship inside the package (``launch_scripts/slurm/``), so an
+installed package finds them as a checkout does, and their jobs run this very interpreter."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
+
+from ..utils.errors import SweepError
 
 SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm"))  # package data
 
 
 def sbatch_script(name: str) -> Path:
-    """``launch_scripts/slurm/NAME.sbatch`` of the installed package."""
     return SLURM_SCRIPTS / f"{name}.sbatch"
 
 
 def job_python() -> str:
-    """The interpreter the jobs run (``common.sh``'s ``PYTHON``): the user's ``PYTHON``, else the
-    one submitting, which has this package installed (a checkout's .venv or a wheel's environment)."""
+    """The interpreter the jobs run (``common.sh``'s ``PYTHON``): the user's, else this one."""
     return os.environ.get("PYTHON") or sys.executable
 
 
-def submission_env() -> dict[str, str]:
-    """sbatch's environment, which it hands to the jobs: this one with ``PYTHON`` set."""
-    return {**os.environ, "PYTHON": job_python()}
+def sbatch(name: str, logs: str | Path) -> list[str]:
+    """The start of every job's sbatch command line."""
+    return ["sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
 
 
-def python_line() -> str:
-    """A dry run's first command: ``PYTHON`` as the submission sets it."""
-    return f"export PYTHON={shlex.quote(job_python())}  # the jobs' interpreter (launch_scripts/common.sh)"
+@dataclass
+class SlurmJob:
+    key: str  # shell variable holding its id in the dry-run script ("": none)
+    label: str
+    argv: list[str]  # the sbatch command, without its --dependency
+    after: list[str] = field(default_factory=list)  # keys of the jobs it waits for
+
+    def command(self, ids: dict[str, str]) -> list[str]:
+        if not self.after:
+            return self.argv
+        return [*self.argv[:2], f"--dependency=afterok:{':'.join(ids[k] for k in self.after)}", *self.argv[2:]]
+
+
+def script(header: list[str], jobs: list[SlurmJob], logs: str | Path) -> str:
+    """``--dry-run``: the submission as a bash script, each job id in a variable for its dependants."""
+    lines = [*header, f"export PYTHON={shlex.quote(job_python())}  # the jobs' interpreter (launch_scripts/common.sh)"]
+    lines.append(f"mkdir -p {shlex.quote(str(logs))}")
+    ids = {job.key: f"${job.key}" for job in jobs}
+    for job in jobs:
+        cmd = " ".join(a if a.startswith("--dependency=") else shlex.quote(a) for a in job.command(ids))
+        lines.append(f"{job.key}=$({cmd})  # {job.label}" if job.key else cmd)
+    return "\n".join(lines)
+
+
+def submit(jobs: list[SlurmJob], logs: str | Path) -> dict[str, str]:
+    """Submit in order; a refused submission ends it naming what was already submitted."""
+    os.makedirs(logs, exist_ok=True)
+    ids: dict[str, str] = {}
+    env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs
+    for job in jobs:
+        proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            done = " ".join(ids.values())
+            reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            hint = f"; submitted so far: {done} (scancel {done})" if ids else ""
+            raise SweepError(f"sbatch ({job.label}): {reason}{hint}")
+        ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+        print(f"{ids[job.key]:>10}  {job.label}", flush=True)
+    return ids

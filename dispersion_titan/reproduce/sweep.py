@@ -8,7 +8,6 @@ import json
 import math
 import re
 import shlex
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from ..job_config.parse import setup_torchtitan, validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, record_owner
 from ..utils.errors import DispersionTitanError, SweepError
-from .slurm_scripts import python_line, sbatch_script, submission_env
+from .slurm_scripts import SlurmJob, sbatch, sbatch_script, script
 
 TRAIN_SBATCH, ANALYZE_SBATCH, EVALUATE_SBATCH = (sbatch_script(name) for name in ("train", "analyze", "evaluate"))
 SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; train.sh's NPROC without GPUs
@@ -201,107 +200,48 @@ def _resources(spec: Spec, *keys: str) -> list[str]:
     ]
 
 
-@dataclass
-class SlurmJob:
-    key: str  # shell variable holding its id in the dry-run script
-    label: str
-    argv: list[str]  # the sbatch command, without its --dependency
-    after: list[str] = field(default_factory=list)  # keys of the jobs it waits for
-
-    def command(self, ids: dict[str, str]) -> list[str]:
-        if not self.after:
-            return self.argv
-        return [
-            self.argv[0],
-            self.argv[1],
-            f"--dependency=afterok:{':'.join(ids[k] for k in self.after)}",
-            *self.argv[2:],
-        ]
-
-
 def plan(spec: Spec) -> list[SlurmJob]:
     """Per cell: train, then analyze and evaluate; then compare (after every train and
     analyze job) and the table (after every evaluate job)."""
+    train_options = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task") + spec.train_sbatch_args
+    kinds = {
+        "train": (spec.train_time, train_options, TRAIN_SBATCH),
+        "analyze": (spec.analyze_time, _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args, ANALYZE_SBATCH),
+        "evaluate": (spec.evaluate_time, spec.evaluate_sbatch_args, EVALUATE_SBATCH),
+    }
 
-    def job(label: str, time: str | None, extra: list[str], *command: str | Path) -> list[str]:
-        argv = ["sbatch", "--parsable", f"--job-name={spec.out.name}-{label.replace(' ', '-')}"]
-        argv += [f"--output={spec.out / 'logs'}/%x-%j.out", "--kill-on-invalid-dep=yes"]
+    def job(key: str, label: str, kind: str, *args: str | Path, after: list[str], extra: tuple = ()) -> SlurmJob:
+        time, options, script = kinds[kind]
+        argv = sbatch(f"{spec.out.name}-{label.replace(' ', '-')}", spec.out / "logs")
         argv += [f"--partition={spec.partition}"] if spec.partition else []
         argv += [f"--account={spec.account}"] if spec.account else []
         argv += [f"--time={time}"] if time else []
-        return [*argv, *extra, *map(str, command)]
+        return SlurmJob(key, label, [*argv, *extra, *options, str(script), *map(str, args)], after)
 
-    train_extra = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task") + spec.train_sbatch_args
-    analyze_extra = _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args
     jobs: list[SlurmJob] = []
     for i, cell in enumerate(spec.cells(), start=1):
         run, name = str(spec.out / cell.name), cell.name
         overrides = [*spec.train_overrides, *cell.overrides(run)]
-        train = SlurmJob(
-            f"train_{i}",
-            f"{name} train",
-            job(f"{name} train", spec.train_time, train_extra, TRAIN_SBATCH, spec.config, *overrides),
-        )
-        analyze = job(f"{name} analyze", spec.analyze_time, analyze_extra, ANALYZE_SBATCH, run, *spec.analyze_args)
-        evaluate = job(
-            f"{name} evaluate", spec.evaluate_time, spec.evaluate_sbatch_args, EVALUATE_SBATCH, run, *spec.evaluate_args
-        )
+        train = job(f"train_{i}", f"{name} train", "train", spec.config, *overrides, after=[])
         jobs += [
             train,
-            SlurmJob(f"analyze_{i}", f"{name} analyze", analyze, after=[train.key]),
-            SlurmJob(f"evaluate_{i}", f"{name} evaluate", evaluate, after=[train.key]),
+            job(f"analyze_{i}", f"{name} analyze", "analyze", run, *spec.analyze_args, after=[train.key]),
+            job(f"evaluate_{i}", f"{name} evaluate", "evaluate", run, *spec.evaluate_args, after=[train.key]),
         ]
     runs = [str(spec.out / cell.name) for cell in spec.cells()]
-    compare = job(
-        "compare", spec.analyze_time, analyze_extra, ANALYZE_SBATCH, "compare", *runs, "--out", spec.out / "compare"
-    )
+    evaluations = [j.key for j in jobs if j.key.startswith("evaluate_")]
+    others = [j.key for j in jobs if j.key not in evaluations]
+    compare = job("compare", "compare", "analyze", "compare", *runs, "--out", spec.out / "compare", after=others)
     # the table needs no GPU (a later --gpus in evaluate_sbatch_args wins)
-    table = job(
-        "table",
-        spec.evaluate_time,
-        ["--gpus=0", *spec.evaluate_sbatch_args],
-        EVALUATE_SBATCH,
-        "table",
-        *runs,
-        "--out",
-        spec.out / "table",
-    )
-    return [
-        *jobs,
-        SlurmJob("compare", "compare", compare, [j.key for j in jobs if j.key.startswith(("train_", "analyze_"))]),
-        SlurmJob("table", "table", table, [j.key for j in jobs if j.key.startswith("evaluate_")]),
-    ]
+    table_args = ("table", *runs, "--out", spec.out / "table")
+    table = job("table", "table", "evaluate", *table_args, after=evaluations, extra=("--gpus=0",))
+    return [*jobs, compare, table]
 
 
 def dry_run(spec: Spec, jobs: list[SlurmJob]) -> str:
-    """The submission as a bash script: each job id lands in a variable for its dependants."""
-    lines = [
-        f"# sweep: {len(spec.cells())} cells x (train, analyze, evaluate) + compare + table = "
-        f"{len(jobs)} jobs; out {spec.out}",
-        python_line(),
-        f"mkdir -p {shlex.quote(str(spec.out / 'logs'))}",
-    ]
-    ids = {job.key: f"${job.key}" for job in jobs}
-    for job in jobs:
-        cmd = " ".join(shlex.quote(a) if not a.startswith("--dependency=") else a for a in job.command(ids))
-        lines.append(f"{job.key}=$({cmd})  # {job.label}")
-    return "\n".join(lines)
-
-
-def submit(spec: Spec, jobs: list[SlurmJob]) -> dict[str, str]:
-    (spec.out / "logs").mkdir(parents=True, exist_ok=True)
-    ids: dict[str, str] = {}
-    env = submission_env()
-    for job in jobs:
-        proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            done = " ".join(ids.values())
-            reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            hint = f"; submitted so far: {done} (scancel {done})" if ids else ""
-            raise SweepError(f"sbatch ({job.label}): {reason}{hint}")
-        ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
-        print(f"{ids[job.key]:>10}  {job.label}", flush=True)
-    return ids
+    cells = len(spec.cells())
+    header = f"# sweep: {cells} cells x (train, analyze, evaluate) + compare + table = {len(jobs)} jobs; out {spec.out}"
+    return script([header], jobs, spec.out / "logs")
 
 
 def _arm_json(arm: Arm) -> dict[str, Any]:

@@ -6,48 +6,30 @@ the artifact once all of them succeeded (``--dependency=afterok``)."""
 from __future__ import annotations
 
 import os
-import shlex
-import subprocess
 
 from ...config.cli import load_toml, with_config_module
 from ...job_config import released
 from ...job_config.parse import setup_torchtitan, validated_args
-from ...utils.errors import SweepError
-from ..slurm_scripts import python_line, sbatch_script, submission_env
+from .. import slurm_scripts
+from ..slurm_scripts import SlurmJob, sbatch, sbatch_script
 from ..sweep import SBATCH_GPUS_PER_NODE
 from . import catalog
 from .plan import PaperPlan
 
 
-def jobs(plan: PaperPlan, draw_argv: list[str], sbatch_args: list[str]) -> list[list[str]]:
-    """sbatch command lines, the drawing job last (its dependency is added on submission)."""
+def jobs(plan: PaperPlan, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
+    """The steps' jobs, then the drawing job, which waits for them all."""
     logs = os.path.join(plan.out, "logs")
-    common = ["sbatch", "--parsable", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
     sizes = [m.size_b for m in plan.models] if len(plan.models) == len(plan.steps) else [None] * len(plan.steps)
     lines = []
     for i, (step, size) in enumerate(zip(plan.steps, sizes, strict=True), start=1):
         gpus, argv = _spread(size, step.argv)
-        lines.append(
-            [
-                *common,
-                f"--job-name=paper-{plan.artifact}-{i}",
-                *gpus,
-                *sbatch_args,
-                str(sbatch_script(step.command)),
-                *argv,
-            ]
-        )
-    lines.append(
-        [
-            *common,
-            f"--job-name=paper-{plan.artifact}-draw",
-            "--gpus=0",
-            *sbatch_args,
-            str(sbatch_script("paper")),
-            *draw_argv,
-        ]
-    )
-    return lines
+        name = f"paper-{plan.artifact}-{i}"
+        command = [*sbatch(name, logs), *gpus, *sbatch_args, str(sbatch_script(step.command)), *argv]
+        lines.append(SlurmJob(f"job_{i}", name, command, [f"job_{j + 1}" for j in step.after]))
+    name = f"paper-{plan.artifact}-draw"
+    draw = [*sbatch(name, logs), "--gpus=0", *sbatch_args, str(sbatch_script("paper")), *draw_argv]
+    return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
 
 
 def _spread(size_b: float | None, argv: list[str]) -> tuple[list[str], list[str]]:
@@ -83,42 +65,10 @@ def training_layouts(plan: PaperPlan, sbatch_args: list[str]) -> list[str]:
     return notes
 
 
-def _with_dependency(argv: list[str], ids: list[str]) -> list[str]:
-    return [argv[0], argv[1], f"--dependency=afterok:{':'.join(ids)}", *argv[2:]] if ids else argv
-
-
-def script(plan: PaperPlan, lines: list[list[str]]) -> str:
-    """``--dry-run``: the submission as a bash script, each job id in a variable."""
-    out = [
-        f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job",
-        *(f"# {note}" for note in plan.notes),
-        python_line(),
-        f"mkdir -p {shlex.quote(plan.out)}/logs",
-    ]
-    for i, (argv, step) in enumerate(zip(lines[:-1], plan.steps, strict=True), start=1):
-        waits = _with_dependency(argv, [f"$job_{j + 1}" for j in step.after])
-        out.append(f"job_{i}=$({' '.join(a if a.startswith('--dependency=') else shlex.quote(a) for a in waits)})")
-    ids = [f"$job_{i}" for i in range(1, len(lines))]
-    draw = _with_dependency(lines[-1], ids)
-    out.append(" ".join(a if a.startswith("--dependency=") else shlex.quote(a) for a in draw))
-    return "\n".join(out)
-
-
-def submit(plan: PaperPlan, lines: list[list[str]]) -> list[str]:
-    """Submit in order; a refused submission ends it naming what was already submitted."""
-    os.makedirs(os.path.join(plan.out, "logs"), exist_ok=True)
-    ids: list[str] = []
-    env = submission_env()
-    for i, argv in enumerate(lines):
-        waits = ids if i == len(lines) - 1 else [ids[j] for j in plan.steps[i].after]
-        proc = subprocess.run(_with_dependency(argv, waits), capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            done = " ".join(ids)
-            raise SweepError(f"sbatch: {reason}" + (f"; submitted so far: {done} (scancel {done})" if ids else ""))
-        ids.append(proc.stdout.strip().split(";")[0])
-        print(f"{ids[-1]:>10}  {argv[argv.index('--parsable') + 3].removeprefix('--job-name=')}", flush=True)
-    return ids
+def script(plan: PaperPlan, lines: list[SlurmJob]) -> str:
+    """``--dry-run``: the submission as a bash script."""
+    header = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", *(f"# {note}" for note in plan.notes)]
+    return slurm_scripts.script(header, lines, os.path.join(plan.out, "logs"))
 
 
 def draw_argv(argv: list[str], plan: PaperPlan, options: dict) -> list[str]:
