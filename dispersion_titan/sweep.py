@@ -1,25 +1,9 @@
 """Submit the controlled experiment to Slurm: MLP width x variant x seed.
 
-    python -m dispersion_titan.sweep [SPEC.toml] [--widths 256,512]
-                                     [--variants baseline,angular_spread:0.1,noisy_embedding] [--seeds 0,1]
-                                     [--config C] [--out DIR] [--partition P] [--account A]
-                                     [--train-time T] [--analyze-time T] [--evaluate-time T] [--nodes N]
-                                     [--gpus-per-node G] [--cpus-per-task C] [--analyze-gpus G] [--dry-run]
-                                     [--plan [h100|h200|a100]]
-                                     [-- TRAINING OVERRIDES ...]
-
-A variant is ``baseline`` (plain training), ``NAME:COEFF`` (a dispersion loss) or a
-baseline method the paper compares against (``noisy_embedding``, ``active_forgetting``).
-Every cell is a training job (train.sbatch, shipped in the package's launch_scripts/slurm/)
-with its own dump folder ``OUT/<cell>``, followed by its analysis job and its evaluation
-job (evaluate.sbatch), both ``--dependency=afterok:<training>``; one compare job over
-all cells runs after every training and analysis job succeeded, and one table job
-(``evaluate table``, into ``OUT/table``) after every evaluation job. Flags win over the
-SPEC file (see launch/sweep_example.toml for its keys). ``--dry-run`` prints the sbatch
-commands as a shell script instead of submitting them; a submission records the job ids
-in ``OUT/sweep.json``. Every cell's training configuration is validated first. ``--plan``
-prints instead each training job's resource plan (layout, memory per GPU, GPU-hours, disk; the
-GPUs of ``--nodes`` × ``--gpus-per-node``) and the sweep's totals, and submits nothing.
+Each cell trains (``train.sbatch``) into ``OUT/<cell>``, then is analysed and evaluated after
+its training (``--dependency=afterok``); one compare job follows every training and analysis,
+one ``evaluate table`` job every evaluation. Flags win over the SPEC file (keys as in
+launch/sweep_example.toml); a submission records the job ids in ``OUT/sweep.json``.
 """
 
 from __future__ import annotations
@@ -27,33 +11,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dispersion_titan.config.cli import OneLineErrorParser
+from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
 from dispersion_titan.reproduce.slurm_scripts import submit
 from dispersion_titan.utils.errors import SweepError, command, run_command
-
-SPEC_KEYS = (
-    "config",
-    "out",
-    "widths",
-    "variants",
-    "seeds",
-    "partition",
-    "account",
-    "train_time",
-    "analyze_time",
-    "evaluate_time",
-    "nodes",
-    "gpus_per_node",
-    "cpus_per_task",
-    "analyze_gpus",
-    "train_sbatch_args",
-    "analyze_sbatch_args",
-    "evaluate_sbatch_args",
-    "analyze_args",
-    "evaluate_args",
-)
 
 
 class _Parser(OneLineErrorParser):
@@ -91,27 +53,18 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument(
         "--analyze-gpus", help="GPUs of each analysis and compare job (default: analyze.sbatch's 1; 0: none)"
     )
-    p.add_argument(
-        "--train-sbatch-arg",
-        action="append",
-        dest="train_sbatch_args",
-        metavar="ARG",
-        help="extra sbatch argument for training jobs, e.g. --train-sbatch-arg=--gpus-per-node=8",
-    )
-    p.add_argument(
-        "--analyze-sbatch-arg",
-        action="append",
-        dest="analyze_sbatch_args",
-        metavar="ARG",
-        help="extra sbatch argument for analysis and compare jobs, e.g. --analyze-sbatch-arg=--gpus=1",
-    )
-    p.add_argument(
-        "--evaluate-sbatch-arg",
-        action="append",
-        dest="evaluate_sbatch_args",
-        metavar="ARG",
-        help="extra sbatch argument for evaluation and table jobs, e.g. --evaluate-sbatch-arg=--mem=64G",
-    )
+    for kind, jobs, example in (
+        ("train", "training jobs", "--gpus-per-node=8"),
+        ("analyze", "analysis and compare jobs", "--gpus=1"),
+        ("evaluate", "evaluation and table jobs", "--mem=64G"),
+    ):
+        p.add_argument(
+            f"--{kind}-sbatch-arg",
+            action="append",
+            dest=f"{kind}_sbatch_args",
+            metavar="ARG",
+            help=f"extra sbatch argument for {jobs}, e.g. --{kind}-sbatch-arg={example}",
+        )
     p.add_argument("--analyze-args", help='analysis options, e.g. --analyze-args="--num-sequences 100"')
     p.add_argument("--evaluate-args", help='evaluation options, e.g. --evaluate-args="--tasks piqa --limit 100"')
     p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
@@ -140,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     # Imported after parsing: --help and typos answer without torch and TorchTitan (seconds).
     from dispersion_titan.reproduce import sweep
 
-    raw = sweep.load_spec_file(args.spec) if args.spec else {}
-    raw.update({key: getattr(args, key) for key in SPEC_KEYS if getattr(args, key) is not None})
+    raw = read_toml(args.spec, "SPEC") if args.spec else {}
+    raw.update({k: v for k, v in vars(args).items() if k not in ("spec", "dry_run", "plan") and v is not None})
     if overrides:
         raw["train_overrides"] = overrides
     spec = sweep.build_spec(raw)

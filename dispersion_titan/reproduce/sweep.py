@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config.cli import load_toml, read_toml, with_config_module
+from ..config.cli import load_toml, with_config_module
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import setup_torchtitan, validated_args
@@ -39,12 +39,9 @@ class Spec:
     analyze_time: str | None = None
     evaluate_time: str | None = None
     nodes: int | None = None
-    gpus_per_node: int | None = None
-    """GPUs per node of each training job (None: train.sbatch's own request; 0: none)."""
+    gpus_per_node: int | None = None  # None: the sbatch script's own request
     cpus_per_task: int | None = None
-    """CPUs per node (one task) of each training job (None: train.sbatch's own request)."""
     analyze_gpus: int | None = None
-    """GPUs of each analysis and compare job (None: analyze.sbatch's own request; 0: none)."""
     train_sbatch_args: list[str] = field(default_factory=list)
     analyze_sbatch_args: list[str] = field(default_factory=list)
     evaluate_sbatch_args: list[str] = field(default_factory=list)
@@ -56,11 +53,8 @@ class Spec:
         return cells(self.widths, self.variants, self.seeds)
 
 
-RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "analyze_gpus": 0}
-"""Per-job resources of the spec, each with its smallest value."""
-
-
-# ---- parsing and validation -------------------------------------------------------------
+RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "analyze_gpus": 0}  # each with its smallest value
+ARGUMENTS = ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args", "analyze_args", "evaluate_args")
 
 
 def _items(key: str, value: Any) -> list[Any]:
@@ -113,7 +107,7 @@ def _strings(key: str, value: Any) -> list[str]:
 
 
 def build_spec(raw: dict[str, Any]) -> Spec:
-    allowed = {f for f in Spec.__dataclass_fields__}
+    allowed = set(Spec.__dataclass_fields__)
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise SweepError(f"{unknown[0]}: unknown sweep key (known: {', '.join(sorted(allowed))})")
@@ -129,36 +123,14 @@ def build_spec(raw: dict[str, Any]) -> Spec:
         raise SweepError(f"out: {out} exists and is not empty; give the sweep a new folder")
     widths = [_int("widths", w, 1) for w in _items("widths", raw["widths"])]
     seeds = [_int("seeds", s, 0) for s in _items("seeds", raw["seeds"])]
-    train_overrides = _strings("train_overrides", raw.get("train_overrides", []))
-    for arg in train_overrides:
+    fields = {k: v for k, v in raw.items() if v is not None}
+    fields.update({key: _int(key, fields[key], minimum) for key, minimum in RESOURCES.items() if key in fields})
+    fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
+    for arg in fields.get("train_overrides", []):
         if _flag(arg) in GRID_KEYS:
             raise SweepError(f"training overrides: {arg} is set by the sweep for each cell")
     arms = [parse_arm(str(v)) for v in _items("variants", raw["variants"])]
-    spec = Spec(
-        config=config,
-        out=out,
-        widths=widths,
-        variants=arms,
-        seeds=seeds,
-        train_overrides=train_overrides,
-        partition=raw.get("partition"),
-        account=raw.get("account"),
-        train_time=raw.get("train_time"),
-        analyze_time=raw.get("analyze_time"),
-        **{key: _int(key, raw[key], minimum) for key, minimum in RESOURCES.items() if raw.get(key) is not None},
-        evaluate_time=raw.get("evaluate_time"),
-        **{
-            k: _strings(k, raw[k])
-            for k in (
-                "train_sbatch_args",
-                "analyze_sbatch_args",
-                "evaluate_sbatch_args",
-                "analyze_args",
-                "evaluate_args",
-            )
-            if raw.get(k) is not None
-        },
-    )
+    spec = Spec(**{**fields, "config": config, "out": out, "widths": widths, "seeds": seeds, "variants": arms})
     for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [a.label for a in arms])):
         if len(set(values)) != len(values):
             raise SweepError(f"{key}: listed twice: {values}")
@@ -187,9 +159,6 @@ def check_training_configs(spec: Spec) -> None:
             validated_args(cell_args(spec, cell), world_size(spec))
         except (DispersionTitanError, ValueError) as e:
             raise SweepError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
-
-
-# ---- the jobs -----------------------------------------------------------------------------
 
 
 def _resources(spec: Spec, *keys: str) -> list[str]:
@@ -278,7 +247,3 @@ def write_manifest(spec: Spec, jobs: list[SlurmJob], ids: dict[str, str]) -> Pat
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     record_owner(str(spec.out), FolderOwner("sweep"))  # its runs, comparison and table go inside
     return path
-
-
-def load_spec_file(path: str) -> dict[str, Any]:
-    return read_toml(path, "SPEC")
