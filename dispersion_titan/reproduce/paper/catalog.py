@@ -8,6 +8,7 @@ use the count measured by ``analyze``. GPU-hours are estimates, never measuremen
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from ...utils.errors import ArgumentError
@@ -17,40 +18,40 @@ class MissingInput(ArgumentError):
     """An input an artifact needs is not here; the message names it and what provides it."""
 
 
-GPT2_HUB_IDS = (
-    "openai-community/gpt2",
-    "openai-community/gpt2-medium",
-    "openai-community/gpt2-large",
-    "openai-community/gpt2-xl",
-)
-SIZE_SERIES: dict[str, tuple[str, ...]] = {
-    "GPT-2": GPT2_HUB_IDS,
-    "Qwen": ("Qwen/Qwen-1_8B", "Qwen/Qwen-7B", "Qwen/Qwen-14B", "Qwen/Qwen-72B"),
-    "Qwen2.5": (
-        "Qwen/Qwen2.5-0.5B",
-        "Qwen/Qwen2.5-1.5B",
-        "Qwen/Qwen2.5-3B",
-        "Qwen/Qwen2.5-7B",
-        "Qwen/Qwen2.5-14B",
-        "Qwen/Qwen2.5-32B",
-        "Qwen/Qwen2.5-72B",
-    ),
-    "Qwen3": (
-        "Qwen/Qwen3-0.6B",
-        "Qwen/Qwen3-1.7B",
-        "Qwen/Qwen3-4B",
-        "Qwen/Qwen3-8B",
-        "Qwen/Qwen3-14B",
-        "Qwen/Qwen3-32B",
-    ),
-    "BLOOM": (
-        "bigscience/bloom-560m",
-        "bigscience/bloom-1b1",
-        "bigscience/bloom-1b7",
-        "bigscience/bloom-3b",
-        "bigscience/bloom-7b1",
-    ),
+SIZE_SERIES: dict[str, dict[str, float]] = {  # family -> hub id -> nominal billions of parameters
+    "GPT-2": {
+        "openai-community/gpt2": 0.124,
+        "openai-community/gpt2-medium": 0.355,
+        "openai-community/gpt2-large": 0.774,
+        "openai-community/gpt2-xl": 1.5,
+    },
+    "Qwen": {"Qwen/Qwen-1_8B": 1.8, "Qwen/Qwen-7B": 7, "Qwen/Qwen-14B": 14, "Qwen/Qwen-72B": 72},
+    "Qwen2.5": {
+        "Qwen/Qwen2.5-0.5B": 0.5,
+        "Qwen/Qwen2.5-1.5B": 1.5,
+        "Qwen/Qwen2.5-3B": 3,
+        "Qwen/Qwen2.5-7B": 7,
+        "Qwen/Qwen2.5-14B": 14,
+        "Qwen/Qwen2.5-32B": 32,
+        "Qwen/Qwen2.5-72B": 72,
+    },
+    "Qwen3": {
+        "Qwen/Qwen3-0.6B": 0.6,
+        "Qwen/Qwen3-1.7B": 1.7,
+        "Qwen/Qwen3-4B": 4,
+        "Qwen/Qwen3-8B": 8,
+        "Qwen/Qwen3-14B": 14,
+        "Qwen/Qwen3-32B": 32,
+    },
+    "BLOOM": {
+        "bigscience/bloom-560m": 0.56,
+        "bigscience/bloom-1b1": 1.1,
+        "bigscience/bloom-1b7": 1.7,
+        "bigscience/bloom-3b": 3,
+        "bigscience/bloom-7b1": 7.1,
+    },
 }
+GPT2_HUB_IDS = tuple(SIZE_SERIES["GPT-2"])
 DISTILLATION_PAIRS: tuple[tuple[str, str], ...] = (  # (base, distilled), plot_trend.py --paired's order
     ("Qwen/Qwen2.5-Math-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
     ("Qwen/Qwen2.5-Math-7B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"),
@@ -173,33 +174,8 @@ wikitext-103 is the protocol's own corpus and a jsonl's rows are concatenated as
 PAPER_CORPUS = "wikitext-103"
 """The corpus ``analyze --protocol paper`` reads by itself (wikitext-103-v1 train)."""
 
-SIZES_B = {  # nominal parameters, billions
-    "gpt2": 0.124,
-    "gpt2-medium": 0.355,
-    "gpt2-large": 0.774,
-    "gpt2-xl": 1.5,
-    "Qwen-1_8B": 1.8,
-    "Qwen-7B": 7,
-    "Qwen-14B": 14,
-    "Qwen-72B": 72,
-    "Qwen2.5-0.5B": 0.5,
-    "Qwen2.5-1.5B": 1.5,
-    "Qwen2.5-3B": 3,
-    "Qwen2.5-7B": 7,
-    "Qwen2.5-14B": 14,
-    "Qwen2.5-32B": 32,
-    "Qwen2.5-72B": 72,
-    "Qwen3-0.6B": 0.6,
-    "Qwen3-1.7B": 1.7,
-    "Qwen3-4B": 4,
-    "Qwen3-8B": 8,
-    "Qwen3-14B": 14,
-    "Qwen3-32B": 32,
-    "bloom-560m": 0.56,
-    "bloom-1b1": 1.1,
-    "bloom-1b7": 1.7,
-    "bloom-3b": 3,
-    "bloom-7b1": 7.1,
+SIZES_B = {  # by the hub id's last part: a local folder of that name is that model
+    **{hub_id.rsplit("/", 1)[-1]: size for series in SIZE_SERIES.values() for hub_id, size in series.items()},
     "Qwen2.5-Math-1.5B": 1.5,
     "Qwen2.5-Math-7B": 7,
     "DeepSeek-R1-Distill-Qwen-1.5B": 1.5,
@@ -218,8 +194,8 @@ def gpus_needed(billions: float, dtype: str = "fp32") -> int:
     return max(1, math.ceil(billions * DTYPE_BYTES[dtype] * 1.2 / GPU_MEMORY_GB))
 
 
-def size_b(model: str) -> float:
-    return SIZES_B[model.rsplit("/", 1)[-1]]
+def size_b(model: str) -> float | None:
+    return SIZES_B.get(os.path.basename(os.path.normpath(model)))
 
 
 def analysis_gpu_hours(billions: float) -> float:

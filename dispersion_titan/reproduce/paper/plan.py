@@ -137,7 +137,7 @@ def _last_step(run: str) -> str:
     return str(checkpoints[-1].step)
 
 
-def model_of(text: str, analyses: str, row: str | None = None, size_b: float | None = None) -> PaperModel:
+def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
     """A ``--models`` entry: a hub id, a local model folder, an ``hf:`` spec, or one of our runs."""
     if text.startswith(HF):
         target = text
@@ -158,9 +158,8 @@ def model_of(text: str, analyses: str, row: str | None = None, size_b: float | N
         target = HF + text
     model = target[len(HF) :].rpartition("@")[0] or target[len(HF) :]
     label = os.path.basename(os.path.normpath(model))
-    return PaperModel(
-        target, os.path.join(analyses, safe_name(label if os.path.isdir(model) else model)), row, label, size_b
-    )
+    out = os.path.join(analyses, safe_name(label if os.path.isdir(model) else model))
+    return PaperModel(target, out, row, label, catalog.size_b(model))
 
 
 def ships_code(model: PaperModel) -> bool:
@@ -208,18 +207,14 @@ def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
 
 def _default_models(artifact: str, analyses: str) -> tuple[list[PaperModel], list[tuple[int, int]]]:
     if artifact == "fig2":
-        return [
-            model_of(m, analyses, series, catalog.size_b(m))
-            for series, models in catalog.SIZE_SERIES.items()
-            for m in models
-        ], []
+        return [model_of(m, analyses, series) for series, models in catalog.SIZE_SERIES.items() for m in models], []
     if artifact == "fig5":
-        bases = [model_of(a, analyses, "base", catalog.size_b(a)) for a, _ in catalog.DISTILLATION_PAIRS]
-        distilled = [model_of(b, analyses, "distilled", catalog.size_b(b)) for _, b in catalog.DISTILLATION_PAIRS]
+        bases = [model_of(a, analyses, "base") for a, _ in catalog.DISTILLATION_PAIRS]
+        distilled = [model_of(b, analyses, "distilled") for _, b in catalog.DISTILLATION_PAIRS]
         n = len(bases)
         return bases + distilled, [(i, n + i) for i in range(n)]
     if artifact == "robustness":
-        return [model_of(m, analyses, None, catalog.size_b(m)) for m in catalog.GPT2_HUB_IDS], []
+        return [model_of(m, analyses) for m in catalog.GPT2_HUB_IDS], []
     raise MissingInput(
         "table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
         "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each), or --pretrained "
@@ -282,7 +277,7 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
     models = options.get("models") or [catalog.OLMO]
     if len(models) != 1:
         raise ArgumentError("--models: fig4 takes one model (its revisions are the panels)")
-    base = model_of(models[0], analyses, None, catalog.SIZES_B.get(models[0].rsplit("/", 1)[-1]))
+    base = model_of(models[0], analyses)
     base = replace(base, row=base.label)  # one row: the model's revisions
     if "@" in base.target[len(HF) :] and not options.get("revisions"):
         return base
@@ -375,7 +370,7 @@ def build(artifact: str, options: dict) -> PaperPlan:
         models = [_counteract_model(run, analyses) for run in _counteract_runs(options)]
         return PaperPlan(artifact, options["out"], [analyze_step(m, analyze_args) for m in models], models)
     if options.get("models"):
-        models = [model_of(m, analyses, size_b=catalog.SIZES_B.get(m.rsplit("/", 1)[-1])) for m in options["models"]]
+        models = [model_of(m, analyses) for m in options["models"]]
         pairs = []
         if artifact == "fig5":
             if len(models) % 2:
