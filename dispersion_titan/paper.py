@@ -4,11 +4,8 @@
     python -m dispersion_titan.paper ARTIFACT [--out DIR] [--models ...] [--slurm] [--dry-run] [analyze options]
     python -m dispersion_titan.paper fig3|table2 --plan [--plan-gpus N] [--plan-gpu h100|h200|a100]
 
-ARTIFACT is fig2, fig3, fig4, fig5, table2, counteract or robustness (``--list`` says what each
-runs, on which models, at what cost). It runs ``analyze`` (or ``evaluate``) per model,
-here in order or as Slurm jobs, reusing finished results, then draws
-``DIR/ARTIFACT.png``, ``.pdf`` and ``DIR/ARTIFACT.json``. An input that is not here ends
-it in one line naming what is missing and what provides it (exit 2).
+Runs ``analyze`` (or ``evaluate``) per model, here in order or as Slurm jobs, reusing finished
+results, then draws ``DIR/ARTIFACT.png``, ``.pdf`` and ``.json``.
 """
 
 from __future__ import annotations

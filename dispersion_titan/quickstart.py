@@ -1,25 +1,11 @@
-"""The main job end to end: ``bash launch/quickstart.sh`` (which sets up .venv first), or
-``python -m dispersion_titan.quickstart [--out DIR] [--widths 64,256,1024] ...``.
+"""The main job end to end: ``bash launch/quickstart.sh``, or ``python -m dispersion_titan.quickstart``.
 
-First measures condensation at initialization for GPT-2 small's shape at four MLP widths
-(the init panel: one forward pass each, no training; the narrowest also at the extra seeds),
-a line as each is done. Then pre-trains the toy MLP-width
-sweep of ``dispersion_titan/configs/quickstart.toml`` with and without the angular_spread
-dispersion loss (plus a second seed at the smallest width, to measure the seed-to-seed
-spread), analyzes every checkpoint (step 0 included), sets the runs side by side with
-``analyze compare``, and sets each of the paper's findings against the measured numbers
-(``dispersion_titan.reproduce.quickstart``): ``OUT/summary.md`` and ``OUT/summary.png``.
-
-Runs are independent one-process jobs, ``--jobs`` of them at a time: on a few CPU cores
-that beats one FSDP job over all cores, which pays for its collectives. On Linux each
-job is forked from a server that imported torch and TorchTitan once
-(``dispersion_titan.reproduce.quickstart.jobs``). A run whose
-final checkpoint exists is not trained again, a run whose every checkpoint has been
-analyzed with the same options is not analyzed again, and an interrupted run resumes
-from its last complete checkpoint, so running the command twice only redoes what is
-missing. Options that change results are recorded in ``OUT/quickstart.json``; a rerun
-with other ones is refused in one line (use another ``--out``). Training and analysis
-logs go to ``OUT/logs/``.
+Measures condensation at initialization for GPT-2 small's shape (the init panel), trains and analyzes
+the toy MLP-width sweep of ``configs/quickstart.toml`` with and without the dispersion loss, compares
+the runs and sets the paper's findings against the numbers: ``OUT/summary.md`` and ``OUT/summary.png``.
+Runs are one-process jobs, ``--jobs`` at a time (on a few CPU cores that beats one FSDP job), forked on
+Linux from a server that imported torch once (``reproduce.quickstart.jobs``). A rerun redoes only what
+is missing; one with other result-changing options than ``OUT/quickstart.json`` is refused.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""What an artifact runs: its models (each an ``analyze`` target with its output folder
-and the row it is drawn in) and the ``analyze`` / ``evaluate`` command lines that make
-their results. The same plan is printed (``--dry-run``), run here in order, or submitted
-as Slurm jobs, so what is shown is what runs."""
+"""What an artifact runs: its models and the ``analyze`` / ``evaluate`` command lines that make
+their results. One plan is printed (``--dry-run``), run here or submitted, so what is shown is what runs."""
 
 from __future__ import annotations
 
@@ -32,46 +30,34 @@ ANALYZE_OPTIONS = (
     "dtype",
     "device_map",
 )
-"""``analyze``'s options an analysing artifact passes on (same names)."""
-PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}
-"""What an analysing artifact gives ``analyze`` unless told otherwise: the authors' texts and
-n + 1 ``hidden_states`` points (``--protocol paper``), and fp32, as they ran every model."""
+PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}  # the authors' texts and points, in fp32 as they ran
 EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot", "batch_size", "device")
-"""``evaluate``'s options ``table2`` passes on."""
-
-
-PRETRAINED = "pretrained"
-"""table2: ``DIR/pretrained/MODEL``, the evaluation of ``--pretrained hf:MODEL``."""
-ANALYSES = "analyses"
-"""``DIR/analyses/MODEL``: shared by the artifacts, so a model analysed for one is reused by
-the next (``analyze`` refuses, in one line, to mix other inputs into a folder)."""
+PRETRAINED = "pretrained"  # table2: DIR/pretrained/MODEL, the evaluation of --pretrained hf:MODEL
+ANALYSES = "analyses"  # DIR/analyses/MODEL, shared by the artifacts: a model analysed for one is reused
+ARTIFACT_DEFAULTS = {
+    "fig3": {"seq_len": catalog.FIG3_SEQ_LEN},
+    "counteract": {"num_sequences": catalog.COUNTERACT_TEXTS, "seq_len": catalog.COUNTERACT_SEQ_LEN},
+}
+ONLY_FOR = {"preset": "fig3", "pick": "fig3", "rows": "fig3", "revisions": "fig4", "corpus": "robustness"}
 
 
 @dataclass(frozen=True)
 class PaperModel:
-    target: str
-    """The ``analyze`` target: ``hf:MODEL[@REVS]`` or a run's dump folder."""
-    out: str
-    """Its ``analyze --out`` folder."""
-    row: str | None
-    """The figure row it is drawn in (family, corpus, base/distilled); None: its model_type."""
+    target: str  # hf:MODEL[@REVS] or a run's dump folder
+    out: str  # its analyze --out
+    row: str | None  # the figure row it is drawn in; None: its model_type
     label: str
-    size_b: float | None = None
-    """Nominal billions of parameters (the paper's models), for the GPU check."""
-    steps: str | None = None
-    """``--steps`` for a run: its last checkpoint."""
+    size_b: float | None = None  # nominal, for the GPU check
+    steps: str | None = None  # a run's --steps
     trust_remote_code: bool = False
-    """Loaded with ``--trust-remote-code``: only when the user passed it."""
 
 
 @dataclass(frozen=True)
 class Step:
-    command: str
-    """``analyze`` or ``evaluate`` (``python -m dispersion_titan.COMMAND``), or ``train`` (``launch/train.sh``)."""
+    command: str  # analyze, evaluate (python -m dispersion_titan.COMMAND) or train (launch/train.sh)
     argv: list[str]
     label: str
-    after: tuple[int, ...] = ()
-    """Indices of the plan's steps this one waits for (a Slurm dependency)."""
+    after: tuple[int, ...] = ()  # indices of the steps it waits for
 
     def shell(self) -> str:
         import shlex
@@ -88,23 +74,16 @@ class PaperPlan:
     out: str
     steps: list[Step]
     models: list[PaperModel] = field(default_factory=list)
-    pairs: list[tuple[int, int]] = field(default_factory=list)
-    """fig5: (base, distilled) indices into ``models``."""
-    runs: list[str] = field(default_factory=list)
-    """table2: the ``evaluate table`` specs (``RUN`` or ``ARM=RUN1,RUN2``)."""
-    left_out: list[str] = field(default_factory=list)
-    """The paper's models left out because they ship their own code and ``--trust-remote-code`` was not given."""
-    notes: list[str] = field(default_factory=list)
-    """What the command says before it runs (fig3: which run it takes of a width)."""
-    rows: tuple[str, ...] = ()
-    """fig3: the checkpoints drawn, one row each (``catalog.FIG3_ROWS``)."""
-    pretrained: str = "auto"
-    """table2: the table's ``--pretrained``; for ``hf:MODEL``, the folder its evaluation step writes."""
+    pairs: list[tuple[int, int]] = field(default_factory=list)  # fig5: (base, distilled) indices into models
+    runs: list[str] = field(default_factory=list)  # table2: the evaluate table specs
+    left_out: list[str] = field(default_factory=list)  # the paper's models that ship code, without permission
+    notes: list[str] = field(default_factory=list)  # said before it runs
+    rows: tuple[str, ...] = ()  # fig3: the checkpoints drawn
+    pretrained: str = "auto"  # table2: --pretrained (for hf:MODEL, the folder its evaluation writes)
 
 
 def run_locally(plan: PaperPlan, mains: dict[str, Callable[[list[str]], None]]) -> None:
-    """Each step in this process, by its command's ``main``, in order; one that fails ends the artifact
-    with its status."""
+    """Each step by its command's ``main``, in order; one that fails ends the artifact with its status."""
     from tqdm import tqdm
 
     with tqdm(plan.steps, desc=plan.artifact, unit="model", file=sys.stderr) as bar:
@@ -170,9 +149,8 @@ def ships_code(model: PaperModel) -> bool:
 def with_remote_code(
     models: list[PaperModel], pairs: list[tuple[int, int]], options: dict, given: bool
 ) -> tuple[list[PaperModel], list[tuple[int, int]], list[str]]:
-    """Remote code runs only when asked (``--trust-remote-code``): then every given ``hf:`` model, or
-    the paper's models that ship code, get it. Without it, given models that ship code are refused
-    in one line; the paper's own are left out (returned last, with ``pairs`` renumbered)."""
+    """Remote code runs only when asked: then given ``hf:`` models, or the paper's that ship code, get it.
+    Without it, given models that ship code are refused; the paper's are left out (``pairs`` renumbered)."""
     if options.get("trust_remote_code"):
         return (
             [replace(m, trust_remote_code=m.target.startswith(HF) if given else ships_code(m)) for m in models],
@@ -223,8 +201,7 @@ def _default_models(artifact: str, analyses: str) -> tuple[list[PaperModel], lis
 
 
 def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str, ...]]]:
-    """(name, config, overrides) of each run ``artifact`` trains before it analyses or evaluates
-    (``paper --plan``): fig3's ``--preset`` sweep, every width in both arms, or Table 2's arms."""
+    """(name, config, overrides) of each run ``artifact`` trains (``paper --plan``)."""
     if artifact == "fig3":
         return [(os.path.basename(r.folder), r.config, r.overrides) for r in fig3.preset_runs(preset, "runs")]
     if artifact == "table2":
@@ -233,13 +210,12 @@ def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str,
 
 
 STAGE_BRANCH = re.compile(r"^stage(\d+)-(?:.*-)?step(\d+)(?:-|$)")
-"""OLMo's checkpoint branches, ``stage1-step353000-tokens1481B``; a stage's several runs differ before the step."""
+"""OLMo's checkpoint branches, ``stage1-step353000-tokens1481B``."""
 
 
 def pick_revisions(branches: list[str]) -> list[str]:
-    """Fig. 4's revisions among a model's hub ``branches``: per stage of ``catalog.FIG4_STAGES`` its
-    ``FIG4_PER_STAGE`` branches evenly spaced by step (first and last included; of a stage's several runs,
-    the first named), then ``main``. Stages it lacks are left out; fewer than two branches are refused."""
+    """Fig. 4's revisions: per stage ``FIG4_PER_STAGE`` branches evenly spaced by step (of a stage's
+    several runs, the first named), then ``main``."""
     picked = []
     for stage in catalog.FIG4_STAGES:
         runs: dict[str, dict[int, str]] = {}  # the name before the step -> step -> branch
@@ -260,7 +236,7 @@ def pick_revisions(branches: list[str]) -> list[str]:
 
 
 def hub_revisions(model: str) -> list[str]:
-    """Fig. 4's revisions of ``model`` (``pick_revisions``), its branches listed from the hub."""
+    """Fig. 4's revisions of ``model``, its branches listed from the hub."""
     try:
         from huggingface_hub import list_repo_refs
 
@@ -288,8 +264,7 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
 
 
 def corpora(options: dict) -> dict[str, list[str]]:
-    """robustness: corpus name -> analyze's input options for it (``--dataset D`` or ``--texts FILE``;
-    none for wikitext-103 under ``--protocol paper``, which reads it, from ``--dataset-path`` if given)."""
+    """robustness: corpus name -> analyze's input options for it (none for the protocol's own corpus)."""
     given = options.get("corpus") or []
     chosen: dict[str, str | None] = dict(catalog.ROBUSTNESS_CORPORA) if not given else {}
     for entry in given:
@@ -320,9 +295,9 @@ def build(artifact: str, options: dict) -> PaperPlan:
     """The plan of ``artifact`` under ``options`` (the parsed command line, by dest)."""
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
-    for fig3_only in ("preset", "pick", "rows"):
-        if options.get(fig3_only) and artifact != "fig3":
-            raise ArgumentError(f"--{fig3_only}: only for fig3")
+    for option, only in ONLY_FOR.items():
+        if options.get(option) and artifact != only:
+            raise ArgumentError(f"--{option}: only for {only}")
     if artifact == "table2":
         if options.get("trust_remote_code"):
             raise ArgumentError("--trust-remote-code: only for the analysing artifacts (table2 evaluates our runs)")
@@ -342,25 +317,13 @@ def build(artifact: str, options: dict) -> PaperPlan:
                 )
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
         return PaperPlan(artifact, out, first + steps, runs=list(specs), pretrained=pretrained)
-    defaults = {
-        **PAPER_DEFAULTS,
-        **({"seq_len": catalog.FIG3_SEQ_LEN} if artifact == "fig3" else {}),
-        **(
-            {"num_sequences": catalog.COUNTERACT_TEXTS, "seq_len": catalog.COUNTERACT_SEQ_LEN}
-            if artifact == "counteract"
-            else {}
-        ),
-    }
+    defaults = {**PAPER_DEFAULTS, **ARTIFACT_DEFAULTS.get(artifact, {})}
     options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
         raise ArgumentError(
             f"--protocol: {options['protocol']!r} is analyze's paper (the default) or default for this artifact"
         )
     analyze_args = passed_on(options, ANALYZE_OPTIONS)
-    if options.get("revisions") and artifact != "fig4":
-        raise ArgumentError("--revisions: only for fig4")
-    if options.get("corpus") and artifact != "robustness":
-        raise ArgumentError("--corpus: only for robustness")
     if artifact == "fig4":
         (model,), _, _ = with_remote_code([_fig4_model(options, analyses)], [], options, given=True)
         return PaperPlan(artifact, out, [analyze_step(model, analyze_args)], [model])
@@ -392,16 +355,14 @@ def build(artifact: str, options: dict) -> PaperPlan:
                     m, row=name, out=os.path.join(analyses, f"corpus-{safe_name(name)}", os.path.basename(m.out))
                 )
                 rows.append(placed)
-                argv = analyze_step(placed, [*inputs, *shared]).argv
-                steps.append(Step("analyze", argv, f"{m.label} on {name}"))
+                steps.append(replace(analyze_step(placed, [*inputs, *shared]), label=f"{m.label} on {name}"))
         return PaperPlan(artifact, out, steps, rows, left_out=left_out)
     return PaperPlan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs, left_out=left_out)
 
 
 def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPlan:
-    """fig3: per MLP width one run (``--pick``: the cross-entropy run, or the authors' pick, among
-    ``--models`` or the preset's runs under ``DIR/runs``), analysed at its first and last checkpoints
-    and drawn at ``--rows``. With ``--slurm`` the preset's runs not trained yet are trained first."""
+    """fig3: per MLP width the ``--pick`` run, analysed at its first and last checkpoints; with
+    ``--slurm`` the preset's runs not trained yet are trained first."""
     out, preset = options["out"], options.get("preset") or "paper"
     rule, rows = options.get("pick") or "ce", catalog.FIG3_ROWS[options.get("rows") or "last"]
     if options.get("models"):
@@ -459,7 +420,7 @@ def _fig3_analyses(
 
 
 def _counteract_runs(options: dict) -> list[str]:
-    """The two runs: ``--models BASE DISPERSION``, or the dump folders of ``catalog.COUNTERACT_CONFIGS``."""
+    """``--models BASE DISPERSION``, or the dump folders of ``catalog.COUNTERACT_CONFIGS``."""
     if options.get("models"):
         if len(options["models"]) != 2:
             raise ArgumentError("--models: counteract takes two runs, the default loss's and the dispersion run")
@@ -479,7 +440,7 @@ def _counteract_runs(options: dict) -> list[str]:
 
 
 def _counteract_model(run: str, analyses: str) -> PaperModel:
-    """One run analysed at every checkpoint, its row named by its loss (the default loss, or the variant and λ)."""
+    """One run analysed at every checkpoint, its row named by its loss."""
     if not (os.path.isdir(run) and _is_run(run)) or not fig3.checkpoint_steps(run):
         raise MissingInput(f"--models: {run}: not a run with checkpoints")
     variant = dispersion_variant(run)
