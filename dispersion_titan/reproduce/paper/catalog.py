@@ -1,9 +1,6 @@
-"""The paper's models and configurations for each artifact, as the authors' Readme runs
-them (``key_observations/compute_embedding_cossim.py`` and ``plot_trend.py`` commands in
-ChenLiu-1996/LM-Dispersion's Readme.md), with their hub ids, and the compute each needs.
-
-Parameter counts here are the models' nominal sizes (for ``--list``); the numbers drawn
-use the count measured by ``analyze``. GPU-hours are estimates, never measurements."""
+"""The paper's models and configurations for each artifact, as the authors' Readme runs them
+(ChenLiu-1996/LM-Dispersion), and the compute each needs. Sizes are nominal (the figures use the
+count ``analyze`` measures); GPU-hours are estimates, never measurements."""
 
 from __future__ import annotations
 
@@ -58,21 +55,20 @@ DISTILLATION_PAIRS: tuple[tuple[str, str], ...] = (  # (base, distilled), plot_t
     ("Qwen/Qwen2.5-14B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"),
     ("Qwen/Qwen2.5-32B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"),
 )
-OLMO = "allenai/Olmo-3-1025-7B"
-"""Fig. 4's model; its revisions are its hub branches (listed at run time, or ``--revisions``)."""
-FIG4_STAGES, FIG4_PER_STAGE = (1, 2, 3), 4
-"""Fig. 4's points (``assets/observation_training.png``): per pre-training stage 4 of its ``stageN-...stepM`` branches,
-evenly spaced from its first to its last, then the final model (``main``): 13 by default."""
+OLMO = "allenai/Olmo-3-1025-7B"  # Fig. 4's model; its revisions are its hub branches
+FIG4_STAGES, FIG4_PER_STAGE = (1, 2, 3), 4  # per pre-training stage 4 branches, then main
 FIG4_REVISIONS = len(FIG4_STAGES) * FIG4_PER_STAGE + 1
 
 
 @dataclass(frozen=True)
 class Fig3Preset:
-    configs: tuple[str, str]
-    """(cross-entropy config, angular_spread config), ``{width}`` in the name when there is one per width."""
+    configs: tuple[str, str]  # cross-entropy, angular_spread; "{width}": one per width
     widths: tuple[int, ...]
-    per_width: bool
-    """One config per width (``{width}``), else ``--model.mlp_hidden_dim W`` on the command line."""
+
+    @property
+    def per_width(self) -> bool:
+        """One config per width, else ``--model.mlp_hidden_dim W`` on the command line."""
+        return "{width}" in self.configs[0]
 
 
 FIG3_PRESETS: dict[str, Fig3Preset] = {
@@ -81,24 +77,16 @@ FIG3_PRESETS: dict[str, Fig3Preset] = {
     "paper": Fig3Preset(
         ("train_configs/paper/fig3_gpt2_small.toml", "train_configs/paper/fig3_gpt2_small_angular_spread.toml"),
         (64, 256, 1024, 4096),
-        False,
     ),
     # ours on the embedded Wikipedia sample, GPT-2 small's widths 1/4 to 2x its own
     "ours": Fig3Preset(
         ("train_configs/gpt2_small_mlp{width}.toml", "train_configs/gpt2_small_mlp{width}_angular_spread.toml"),
         (768, 1536, 3072, 6144),
-        True,
     ),
 }
-"""``paper fig3 --preset``: the runs trained for the figure, both arms at each width."""
-FIG3_PICKS = ("ce", "authors")
-"""``paper fig3 --pick``: per width the cross-entropy-only run (the paper's claim is about plain pre-training),
-or the authors' plot_heatmaps.py pick (a dispersion run first)."""
-FIG3_ROWS = {"last": ("last",), "first,last": ("first", "last")}
-"""``paper fig3 --rows``: the last checkpoint (the paper's one row), or the first and the last
-(plot_heatmaps.py's two rows)."""
-FIG3_SEQ_LEN = 1024
-"""fig3's tokens per text: ``plot_heatmaps.py --max_length 1024`` (the other figures: 512)."""
+FIG3_PICKS = ("ce", "authors")  # --pick: the cross-entropy run, or plot_heatmaps.py's (a dispersion run first)
+FIG3_ROWS = {"last": ("last",), "first,last": ("first", "last")}  # --rows: the paper's one, or plot_heatmaps.py's
+FIG3_SEQ_LEN = 1024  # plot_heatmaps.py --max_length 1024 (the other figures: 512)
 
 
 @dataclass(frozen=True)
@@ -107,10 +95,8 @@ class Table2Row:
 
     block: str
     label: str
-    config: str | None = None
-    """``train_configs/paper/`` config that trains it; None for the Pretrained row (no training)."""
-    model: str | None = None
-    """The hub id of the Pretrained row's model (evaluated as it is)."""
+    config: str | None = None  # the config that trains it; None: the Pretrained row
+    model: str | None = None  # the Pretrained row's hub model, evaluated as it is
 
 
 def _midtrain_block(block: str, hub_id: str, stem: str, rows: tuple[tuple[str, str], ...]) -> tuple[Table2Row, ...]:
@@ -145,21 +131,13 @@ TABLE2_ROWS: tuple[Table2Row, ...] = (
         )
     ),
 )
-"""The paper's Table 2, block by block: each model's Pretrained row (the hub model, evaluated as it is) and its
-mid-trained rows (one config each, several seeds); GPT2-large and -xl are Pretrained rows only."""
 TABLE2_CONFIGS = tuple(row.config for row in TABLE2_ROWS if row.config)
-"""Table 2's trained rows, one training run per seed each."""
 COUNTERACT_CONFIGS = (
     "train_configs/paper/midtrain_gpt2_wikitext103_baseline.toml",
     "train_configs/paper/midtrain_gpt2_wikitext103_dispersion.toml",
 )
-"""The counteract figure's two runs (``assets/results_condensation_counteract.png``: a, the default loss; b,
-angular_spread), drawn at every checkpoint."""
-COUNTERACT_TEXTS, COUNTERACT_SEQ_LEN = 10, 1024
-"""Its inputs: ``midtrain_gpt2_huggingface/plot_heatmaps.py``'s ``repetitions = 10`` texts of ``max_length = 1024``."""
-REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])
-"""Models that ship their own modelling code: analysed only when the user passes
-``--trust-remote-code`` (the authors load every model with ``trust_remote_code=True``)."""
+COUNTERACT_TEXTS, COUNTERACT_SEQ_LEN = 10, 1024  # plot_heatmaps.py's repetitions and max_length
+REMOTE_CODE = frozenset(SIZE_SERIES["Qwen"])  # models that ship their own modelling code
 ROBUSTNESS_CORPORA: dict[str, str | None] = {
     # name -> our registered dataset (--dataset), or None: give a jsonl with --corpus NAME=FILE
     "wikitext-103": "wikitext-103",
@@ -167,12 +145,8 @@ ROBUSTNESS_CORPORA: dict[str, str | None] = {
     "imdb": None,
     "squad": None,
 }
-"""The robustness figure's texts (the authors' ``--dataset wikipedia|pubmed|imdb|squad``:
-wikitext-103-v1, pubmed_qa pqa_labeled ``long_answer``, imdb ``text``, squad ``context``, train
-splits; ``key_observations/utils/text_data.py``). Under ``--protocol paper`` (the default)
-wikitext-103 is the protocol's own corpus and a jsonl's rows are concatenated as theirs."""
-PAPER_CORPUS = "wikitext-103"
-"""The corpus ``analyze --protocol paper`` reads by itself (wikitext-103-v1 train)."""
+"""The authors' ``--dataset wikipedia|pubmed|imdb|squad`` (``key_observations/utils/text_data.py``)."""
+PAPER_CORPUS = "wikitext-103"  # the corpus analyze --protocol paper reads by itself
 
 SIZES_B = {  # by the hub id's last part: a local folder of that name is that model
     **{hub_id.rsplit("/", 1)[-1]: size for series in SIZE_SERIES.values() for hub_id, size in series.items()},

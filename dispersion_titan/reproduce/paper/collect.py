@@ -1,13 +1,5 @@
-"""Every number an artifact draws, read from the analyses its plan made: per model state
-its parameters, per-layer mean cosine and density histogram, Spearman's ρ and Kendall's
-τ of mean cosine against depth with their p-values, the mean of its last N layers for
-the authors' last-n panels; per row the trend against size (or MLP width, or training
-step); for pairs their differences. ``numbers`` is what ``ARTIFACT.json`` holds.
-
-Every figure and statistic runs over the layer points the analysis was made with (its
-``layer_points``): under ``--protocol paper``, the artifacts' default, transformers' n + 1
-``hidden_states`` (embedding, blocks 1 … n−1, final-norm output), as the authors'
-``compute_embedding_cossim.py`` and ``plot_trend.py``."""
+"""Every number an artifact draws, read from the analyses its plan made (``numbers``: what
+``ARTIFACT.json`` holds), over the layer points each analysis was made with."""
 
 from __future__ import annotations
 
@@ -34,7 +26,6 @@ class Entry:
 
     @property
     def layers(self) -> list[LayerCondensation]:
-        """The layers on the depth axis (the analysis' ``layer_points``)."""
         return point_layers(self.result)
 
     @property
@@ -45,9 +36,7 @@ class Entry:
         return float(np.mean(self.curve[-n:]))
 
 
-LAST_N_PANELS = (1, 2, 3, 4, 5)
-"""The authors' last-n panels (``plot_trend.py --last-n``): the mean of the last N = 1 … 5 layer
-points, and of the last L//2 + 1 of a model's L points (``half_n``)."""
+LAST_N_PANELS = (1, 2, 3, 4, 5)  # plot_trend.py --last-n, and half_n
 
 
 def half_n(points: int) -> int:
@@ -70,7 +59,7 @@ def tokens_seen(revision: str | None) -> str | None:
 
 
 def _missing(plan: PaperPlan, model: PaperModel, what: str) -> MissingInput:
-    """Names the analyze command that makes it (the plan's own step for this model)."""
+    """Names the plan's analyze command that makes it."""
     command = next(step.shell() for step in plan.steps if step.argv[-1] == model.out)
     return MissingInput(
         f"{plan.artifact}: no analysis of {what} in {model.out}; run {command} (or this command without --draw-only)"
@@ -133,8 +122,7 @@ def entries(plan: PaperPlan) -> list[Entry]:
 
 
 def size_of(plan: PaperPlan, entry: Entry) -> float:
-    """What a row's trend is taken against: MLP width (fig3), training step (counteract), else parameters
-    (fig4: the revisions' order, ``row_numbers``)."""
+    """What a row's trend is taken against (fig4: the revisions' order, in ``row_numbers``)."""
     if plan.artifact == "fig3":
         return float(entry.result.mlp_width)
     if plan.artifact == "counteract":
@@ -186,8 +174,7 @@ def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
 
 
 def pair_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
-    """fig5 (one state per model, so ``found`` is in ``plan.models``' order): distilled − base
-    of the depth trend and of the last-n mean cosine."""
+    """fig5: distilled − base of the depth trend and of the last-n mean cosine."""
     out = []
     for a, b in plan.pairs:
         base, distilled = model_numbers(found[a]), model_numbers(found[b])

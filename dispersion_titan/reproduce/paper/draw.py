@@ -1,10 +1,6 @@
-"""The paper's panels, sized for a two-column paper's full width (7 in): per row (a family,
-a corpus, base or distilled models) a depth-trend panel (Spearman's ρ and Kendall's τ of
-mean cosine against depth, per model, as ``plot_trend.py`` draws it) beside one heatmap
-per model state (x: layer fraction, y: cosine similarity, colour: density of the S×S
-entries of the sequence-averaged cosine matrix, as ``compute_embedding_cossim.py``).
-Every heatmap of a figure shares one colour scale (the authors' 0–10 density) and one
-colour bar; the y range is theirs (−0.25 to 1)."""
+"""The paper's panels at a two-column paper's full width: per row a depth-trend panel
+(``plot_trend.py``) beside one cosine heatmap per model state (``compute_embedding_cossim.py``),
+on the authors' shared density scale and y range."""
 
 from __future__ import annotations
 
@@ -20,18 +16,16 @@ from .collect import LAST_N_PANELS, Entry, half_n
 plt = headless_pyplot()
 
 WIDTH_IN = 7.0
-PER_LINE = 4
-"""Heatmaps per line of a row; rows with more models wrap."""
+PER_LINE = 4  # heatmaps per line of a row; more wrap
 DENSITY = (0.0, 10.0)
 COS_VIEW = (-0.25, 1.0)
 FONT = 7
-NUDGE = 0.06
-"""Spearman left, Kendall right of each model's x: equal values stay visible."""
+NUDGE = 0.06  # Spearman left, Kendall right of each x: equal values stay visible
 DPI = 150
 
 
 def save(fig, stem: str) -> None:
-    """``stem.png`` and ``stem.pdf``, each written whole or not at all."""
+    """``stem.png`` and ``stem.pdf``, each written atomically."""
     try:
         for fmt in ("png", "pdf"):
             atomic_write(f"{stem}.{fmt}", lambda f, fmt=fmt: fig.savefig(f, format=fmt, dpi=DPI), binary=True)
@@ -122,8 +116,7 @@ def _short(label: str) -> str:
 
 
 def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired: bool = False):
-    """The artifact's figure: rows of [trend panel | heatmaps]; ``paired``: one trend panel
-    for the base and distilled rows together."""
+    """Rows of [trend panel | heatmaps]; ``paired``: one trend panel for base and distilled."""
     rows = list(dict.fromkeys(e.row for e in entries))
     groups = {row: [e for e in entries if e.row == row] for row in rows}
     per_line = min(PER_LINE, max(len(g) for g in groups.values()))
@@ -160,8 +153,7 @@ def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired:
 
 
 def last_n_figure(entries: list[Entry], title: str):
-    """The authors' last-n panels (``plot_trend.py --last-n``), one line of panels per row: the
-    mean cosine of the last N layer points per model, N = 1 … 5 and L//2 + 1."""
+    """The authors' last-n panels (``plot_trend.py --last-n``), one line per row."""
     rows = list(dict.fromkeys(e.row for e in entries))
     panels = len(LAST_N_PANELS) + 1
     fig, axes = plt.subplots(

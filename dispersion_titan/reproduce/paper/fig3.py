@@ -1,10 +1,6 @@
-"""fig3's runs: a preset's MLP-width sweep (the paper's ``train_configs/paper/fig3_gpt2_small*.toml``
-at widths 64 to 4096 by default, ours ``train_configs/gpt2_small_mlp*.toml`` with ``--preset ours``),
-each width in both arms (cross-entropy only, angular_spread), trained under ``DIR/runs/``; and per
-width the one run drawn (``--pick``): its cross-entropy-only run (``ce``, the default: the paper's
-claim is about plain pre-training, which a dispersion term would hide), or the one the authors'
-``pretrain_toy_gpt2_change_ffn/plot_heatmaps.py`` draws (``authors``, ``pick_one_folder_per_ninner``:
-a dispersion run before a cross-entropy-only one). Then the lowest seed, the fewest steps, the last path."""
+"""fig3's runs: a preset's MLP-width sweep, both arms per width, trained under ``DIR/runs/``; and
+per width the one drawn (``--pick``): its cross-entropy-only run (``ce``: the paper's claim is about
+plain pre-training), or the authors' ``plot_heatmaps.py`` pick (``authors``: a dispersion run first)."""
 
 from __future__ import annotations
 
@@ -19,8 +15,6 @@ from .catalog import MissingInput
 
 @dataclass(frozen=True)
 class SweepRun:
-    """One run of the preset: its width, arm, training command (config and overrides) and folder."""
-
     width: int
     dispersion: bool
     config: str
@@ -29,12 +23,12 @@ class SweepRun:
 
     @property
     def train_argv(self) -> list[str]:
-        """``train.sbatch``'s (and ``launch/train.sh``'s) arguments."""
+        """``train.sbatch``'s (and ``launch/train.sh``'s)."""
         return [self.config, *self.overrides, "--job.dump_folder", self.folder]
 
 
 def preset_runs(preset: str, runs_dir: str) -> list[SweepRun]:
-    """Every run of ``preset`` (``catalog.FIG3_PRESETS``), by width, the cross-entropy arm first."""
+    """Every run of ``preset``, by width, the cross-entropy arm first."""
     spec = catalog.FIG3_PRESETS[preset]
     runs = []
     for width in spec.widths:
@@ -79,8 +73,7 @@ def _key(run: str) -> tuple:
 
 
 def pick(runs: list[str], rule: str) -> dict[int, tuple[str, list[str]]]:
-    """Width -> (the run drawn under ``rule``, the others of that width), widths ascending; ``ce``
-    refuses a width without a cross-entropy-only run in one line."""
+    """Width -> (the run drawn under ``rule``, the others of that width), widths ascending."""
     by_width: dict[int, list[str]] = {}
     for run in runs:
         by_width.setdefault(mlp_width(run), []).append(run)

@@ -1,6 +1,4 @@
-"""Draw an artifact from the results its plan made: ``ARTIFACT.png`` / ``.pdf`` and
-``ARTIFACT.json`` (every number drawn), or, for ``table2``, the table files. Nothing is
-written unless every result is there (``collect`` raises ``MissingInput`` first)."""
+"""Draw an artifact from the results its plan made; nothing is written unless every result is there."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``--slurm``: the plan's commands as jobs of the package's sbatch scripts
-(``launch_scripts/slurm/analyze.sbatch``, ``evaluate.sbatch``, fig3's ``train.sbatch``; a job
-waits for the ones its step names, ``Step.after``), and a last job (``paper.sbatch``) that draws
-the artifact once all of them succeeded (``--dependency=afterok``)."""
+"""``--slurm``: the plan's steps as jobs of the package's sbatch scripts, and a last job
+(``paper.sbatch``) that draws the artifact once all of them succeeded."""
 
 from __future__ import annotations
 
@@ -33,9 +31,8 @@ def jobs(plan: PaperPlan, draw_argv: list[str], sbatch_args: list[str]) -> list[
 
 
 def _spread(size_b: float | None, argv: list[str]) -> tuple[list[str], list[str]]:
-    """A model too large for one 80 GB GPU in its ``--dtype`` (fp32 unless said) gets the GPUs its
-    weights need (``catalog.gpus_needed``) and ``--device-map auto``; a later
-    ``--sbatch-arg=--gpus=N`` overrides the count."""
+    """A model too large for one GPU in its ``--dtype`` gets the GPUs its weights need and
+    ``--device-map auto`` (a later ``--sbatch-arg=--gpus=N`` wins)."""
     dtype = argv[argv.index("--dtype") + 1] if "--dtype" in argv else "fp32"
     gpus = 1 if size_b is None else catalog.gpus_needed(size_b, dtype)
     if gpus == 1:
@@ -50,8 +47,7 @@ def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
 
 
 def training_layouts(plan: PaperPlan, sbatch_args: list[str]) -> list[str]:
-    """What each training job trains on the GPUs ``train.sbatch`` gets (8 a node unless the
-    ``--sbatch-arg`` values say otherwise): a paper config's ``[released]`` layout for that count."""
+    """A paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
     gpus = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE) * _sbatch_count(
         sbatch_args, "--nodes", 1
     )
@@ -72,8 +68,8 @@ def script(plan: PaperPlan, lines: list[SlurmJob]) -> str:
 
 
 def draw_argv(argv: list[str], plan: PaperPlan, options: dict) -> list[str]:
-    """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, its --out as
-    an absolute path (once), and with the revisions fig4 listed from the hub."""
+    """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, its --out
+    absolute, with the revisions fig4 listed from the hub."""
     kept, skip = [], False
     for arg in argv:
         if skip:

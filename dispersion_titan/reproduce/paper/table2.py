@@ -1,7 +1,5 @@
-"""``table2``: the paper's Table 2 from evaluated runs. ``evaluate table``'s own function
-makes it (arms, best checkpoint, mean ± std, significance: one call, so its options
-and tests stay the one source); this module writes that table as Markdown, LaTeX, a
-figure and ``table2.json``."""
+"""``table2``: ``evaluate table``'s table (one source for its options and tests), written as
+Markdown, LaTeX, a figure and ``table2.json``."""
 
 from __future__ import annotations
 
