@@ -1,5 +1,4 @@
-"""``summary.md``: the setup, the measured table, the paper's findings set against the
-measurements (``paper``), what the numbers are, and where every file is."""
+"""``summary.md``: the setup, the table, the paper's findings against the measurements, the files."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""``summary.png``: the measurements behind the paper's four findings, in two rows that never
-share an axis: the init panel (GPT-2 small's shape at step 0) above, the trained toy models
-below, each row with one key. Each panel's title gives its finding's verdict, as ``summary.md`` does,
-then the verdict of what it draws and of the finding's other measurements; the top right panel writes
-every verdict with its effect and seed spread. Colour and marker
-are the MLP width; solid lines and filled markers the baseline, dashed and open the
-dispersion loss; the extra seeds are dotted, the band or bar between the seeds shaded."""
+"""``summary.png``: the measurements behind the paper's four findings, the init panel above, the
+trained toy models below (the two never share an axis), each panel titled with its verdicts. Colour
+and marker: the MLP width; solid: baseline, dashed: dispersion; extra seeds dotted, their spread shaded."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter
 from ...analysis.condensation_schema import Condensation
 from ...analysis.statistics import layer_fraction
 from ...run_folder.outputs import headless_pyplot, save_png
-from .findings import AGREES, DISAGREES, Finding, Part, panel_shape
+from .findings import AGREES, DISAGREES, Finding, Part, baselines, panel_shape
 from .init_panel import InitPanel
 from .summary import RunCondensation, late_cos
 
@@ -29,24 +25,17 @@ LATE = "late-block mean_cos_offdiag"
 VERDICT_COLOURS = {AGREES: "tab:green", DISAGREES: "tab:red"}  # else: within noise
 NOISE_COLOUR = "darkorange"
 MARKERS = "osD^vP"
-DODGE = 0.07
-"""Blocks are categories: each width's points sit this far apart, so equal values stay visible."""
-
-
-def _colours(widths: Sequence[int]) -> dict[int, tuple]:
-    """One colour per width, in order of width."""
-    shades = plt.cm.viridis(np.linspace(0.0, 0.85, len(widths)))
-    return {w: tuple(c) for w, c in zip(sorted(widths), shades)}
+DODGE = 0.07  # blocks are categories: each width's points this far apart keep equal values visible
 
 
 def _style(widths: Sequence[int]) -> dict[int, dict]:
-    colours = _colours(widths)
-    return {w: {"color": colours[w], "marker": MARKERS[i % len(MARKERS)]} for i, w in enumerate(sorted(widths))}
+    """One colour and marker per width, in order of width."""
+    shades = plt.cm.viridis(np.linspace(0.0, 0.85, len(widths)))
+    return {w: {"color": tuple(shades[i]), "marker": MARKERS[i % len(MARKERS)]} for i, w in enumerate(sorted(widths))}
 
 
 def _title(ax: plt.Axes, number: int, finding: Finding, part: Part, when: str) -> None:
-    """The finding with its verdict as ``summary.md`` gives it, in its colour; then the verdict of the
-    measurement the panel draws, and of each other one that decides the finding (drawn elsewhere, or not)."""
+    """The finding's verdict in its colour, then that of the measurement drawn and of the others."""
     drawn = f"{when}: {part.verdict}" + ("" if part.decides else " (context, not part of the verdict)")
     others = [f"{p.scope}: {p.verdict}" for p in finding.parts if p.decides and p is not part]
     ax.set_title(
@@ -109,8 +98,7 @@ def _init_width(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
 
 
 def _verdicts(ax: plt.Axes, found: Sequence[Finding], key: str) -> None:
-    """Every finding's verdict, each deciding measurement's effect against its seed spread, and
-    below them the key to the panels."""
+    """Every finding's verdict with each deciding effect and seed spread, then ``key``."""
     ax.axis("off")
     y = 1.0
     for number, finding in enumerate(found, start=1):
@@ -178,8 +166,7 @@ def _blocks(result: Condensation) -> list[float]:
 
 
 def _toy_dispersion(ax: plt.Axes, runs: Sequence[RunCondensation], seed: int, style: dict[int, dict]) -> None:
-    """Finding 4: the final cosine per block, baseline (solid) and dispersion (dashed) per width;
-    the widths dodged apart, the extra seeds' band shaded."""
+    """Finding 4: the final cosine per block, baseline (solid) and dispersion (dashed) per width."""
     widths = sorted({r.width for r in runs})
     drawn = []
     for i, width in enumerate(widths):
@@ -224,7 +211,7 @@ def _key(row: SubFigure, title: str, style: dict[int, dict], extra: list[tuple[s
 
 
 def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Sequence[Finding], seed: int) -> Figure:
-    toy = sorted((r for r in runs if r.is_baseline and r.seed == seed), key=lambda r: r.width)
+    toy = baselines(runs, seed)
     fig = plt.figure(figsize=(16, 9.5), layout="constrained")
     top, bottom = fig.subfigures(2, 1)
     init_axes, toy_axes = top.subplots(1, 3), bottom.subplots(1, 3)

@@ -1,14 +1,7 @@
-"""The paper's four findings, each set against what the quickstart measured.
-
-Every ``Finding`` states the direction the paper reports, the direction measured here
-with its numbers, and a verdict computed from those numbers only (so a changed number
-changes the verdict): **agrees** only where the effect exceeds the measured seed-to-seed
-spread of the same quantity, **within noise at this scale** where it does not, with both
-numbers. Where a measurement does not agree, ``scale`` says what is known to be needed
-and which config and command test it at that scale.
-
-Two sources of numbers: the init panel (freshly initialised models of GPT-2 small's
-shape, ``init_panel``) and the trained toy sweep (``summary.RunCondensation``).
+"""The paper's four findings, each set against what the quickstart measured (the init panel and the
+trained toy sweep). A verdict is computed from the numbers only: **agrees** only where the effect
+exceeds the measured seed-to-seed spread of the same quantity, **within noise at this scale** where
+it does not; where it does not agree, ``scale`` names the config and command that test it at scale.
 """
 
 from __future__ import annotations
@@ -21,16 +14,11 @@ import numpy as np
 
 from ...analysis.condensation_schema import Condensation
 from .init_panel import InitPanel
-from .summary import RunCondensation, embedding_cos, late_cos
+from .summary import RunCondensation, embedding_cos, late_cos, peak
 
 AGREES, DISAGREES, NOISE = "agrees", "disagrees", "within noise at this scale"
-DIGITS = 3
-"""Effects and spreads are written, and so compared, to this many decimals: the verdict
-follows the numbers a reader sees (an effect of 0.076 against a spread of 0.076 is noise)."""
-
-PRESENT_MARGIN = 0.1
-"""Condensation is "present" when the late blocks' off-diagonal cosine exceeds the
-embedding's by at least this much (random token vectors in d dimensions give ≈ 0)."""
+DIGITS = 3  # effects and spreads are compared as written: the verdict follows the numbers a reader sees
+PRESENT_MARGIN = 0.1  # "present": the late blocks' cosine above the embedding's (random vectors give ≈ 0) by this
 
 GPU_TRAINING = (
     "launch/train.sh train_configs/gpt2_small_mlp3072.toml (a GPU node), then "
@@ -40,18 +28,12 @@ GPU_TRAINING = (
 
 @dataclass(frozen=True)
 class Part:
-    scope: str
-    """What was measured, e.g. "GPT-2 small shape, step 0"."""
-    measured: str
-    """The measured direction with its numbers."""
+    scope: str  # what was measured, e.g. "GPT-2 small shape, step 0"
+    measured: str  # the measured direction with its numbers
     verdict: str
-    """``AGREES``, ``DISAGREES`` or ``NOISE``."""
-    effect: float
-    """Signed so that positive is the paper's direction."""
-    spread: float | None
-    """The seed-to-seed spread of the same quantity; None where unmeasured."""
-    decides: bool = True
-    """False for context (e.g. the toy model at step 0): shown, but not part of the verdict."""
+    effect: float  # positive: the paper's direction
+    spread: float | None  # the seed-to-seed spread of the same quantity; None: unmeasured
+    decides: bool = True  # False for context: shown, not part of the verdict
 
     @property
     def agrees(self) -> bool:
@@ -67,25 +49,18 @@ class Part:
 @dataclass(frozen=True)
 class Finding:
     question: str
-    paper: str
-    """The direction the paper reports, and where."""
+    paper: str  # the direction the paper reports, and where
     parts: tuple[Part, ...]
-    scale: str
-    """What a disagreement needs, and the config and command that test it at that scale."""
+    scale: str  # what a disagreement needs, and the config and command that test it
 
     @property
     def verdict(self) -> str:
         return combined(part.verdict for part in self.parts if part.decides)
 
-    @property
-    def agrees(self) -> bool:
-        return self.verdict == AGREES
-
 
 def judge(effect: float, spread: float | None, threshold: float = 0.0) -> str:
-    """The verdict on ``effect``, signed so that positive is the paper's direction: within noise
-    when no larger than the seed ``spread`` (None: not measured, the sign alone decides),
-    otherwise agrees when above ``threshold``."""
+    """Within noise when no larger than the seed ``spread`` (None: the sign alone decides), else
+    agrees when above ``threshold``."""
     if spread is not None and round(abs(effect), DIGITS) <= round(spread, DIGITS):
         return NOISE
     return AGREES if effect > threshold else DISAGREES
@@ -105,8 +80,7 @@ def width_steps(values: Sequence[float]) -> list[float]:
 
 
 def seed_spread(runs: Sequence[RunCondensation], value: Callable[[RunCondensation], float | None]) -> float | None:
-    """The largest difference in ``value`` between two seeds of the same width and arm; None
-    without a second seed."""
+    """The largest difference in ``value`` between two seeds of the same width and arm."""
     groups = defaultdict(list)
     for run in runs:
         if (v := value(run)) is not None:
@@ -135,7 +109,7 @@ def _trend(values: Sequence[float]) -> str:
 
 def _present(results: Sequence[Condensation], spread: float | None) -> tuple[str, float]:
     """Condensation present in every one of ``results``: the smallest rise from the embedding to the
-    late blocks, judged against the spread and ``PRESENT_MARGIN``, with the cosine rising with depth."""
+    late blocks, with the cosine rising with depth."""
     rise = min(late_cos(r) - embedding_cos(r) for r in results)
     if not all((r.spearman or 0) > 0 for r in results):
         return DISAGREES, rise
@@ -147,7 +121,7 @@ def panel_shape(panel: InitPanel) -> str:
     return f"init panel: dim {args['dim']}, {args['n_layers']} blocks"
 
 
-def _baselines(runs: Sequence[RunCondensation], seed: int) -> list[RunCondensation]:
+def baselines(runs: Sequence[RunCondensation], seed: int) -> list[RunCondensation]:
     return sorted((r for r in runs if r.is_baseline and r.seed == seed), key=lambda r: r.width)
 
 
@@ -173,7 +147,7 @@ def at_initialization(panel: InitPanel, runs: Sequence[RunCondensation], seed: i
             spread,
         )
     ]
-    toy = _baselines(runs, seed)
+    toy = baselines(runs, seed)
     if toy:
         args = toy[0].init.model_args
         toy_spread = seed_spread(runs, lambda r: late_cos(r.init))
@@ -213,7 +187,7 @@ def with_width(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> 
             spread,
         )
     ]
-    toy = _baselines(runs, seed)
+    toy = baselines(runs, seed)
     if len({r.width for r in toy}) > 1:
         final, spread = [late_cos(r.final) for r in toy], final_spread(runs)
         parts.append(
@@ -236,10 +210,10 @@ def with_width(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> 
 
 
 def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
-    toy = _baselines(runs, seed)
+    toy = baselines(runs, seed)
     spread = final_spread(runs)
     drops = [late_cos(r.init) - late_cos(r.final) for r in toy]
-    peaks = [max(r.trajectory.items(), key=lambda item: item[1]) for r in toy]
+    peaks = [peak(r) for r in toy]
     return Finding(
         "How does it change with training?",
         "pre-training gradually mitigates it: the cosine falls from its level at initialization "
@@ -263,7 +237,7 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
 
 
 def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
-    baseline = {r.width: r for r in _baselines(runs, seed)}
+    baseline = {r.width: r for r in baselines(runs, seed)}
     pairs = [
         (baseline[r.width], r)
         for r in sorted(runs, key=lambda r: r.width)

@@ -1,13 +1,7 @@
-"""Condensation at initialization, for model shapes too large to train on a laptop.
-
-The paper's Feature 2 (wider MLPs condense less) and "present from initialization" are
-properties of GPT-2-small-sized models: a toy model (dim 64, 4 blocks) shows neither at
-step 0. Measuring a freshly initialised model costs one forward pass and no checkpoint,
-so the quickstart measures GPT-2 small's shape (dim 768, 12 blocks) at several MLP
-widths here, with the same sequences, statistics and ``condensation.json`` format as
-the analysis of a run (step 0, ``checkpoint`` = ``"initialization"``). The narrowest width
-is also measured at the extra seeds, for the seed-to-seed spread the verdicts weigh.
-"""
+"""Condensation at initialization, for model shapes too large to train on a laptop: the paper's
+"wider MLPs condense less" and "present from initialization" need GPT-2 small's shape, which a
+toy model lacks, and a fresh model costs one forward pass. Same statistics and
+``condensation.json`` as a run's analysis (step 0, ``checkpoint`` = ``"initialization"``)."""
 
 from __future__ import annotations
 
@@ -60,10 +54,8 @@ def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_
 
 @dataclass(frozen=True)
 class InitPanel:
-    widths: dict[int, Condensation]
-    """Per MLP width, at the main seed."""
-    seeds: dict[int, Condensation]
-    """The narrowest width per seed, the main one first."""
+    widths: dict[int, Condensation]  # per MLP width, at the main seed
+    seeds: dict[int, Condensation]  # the narrowest width per seed, the main one first
 
 
 def init_panel(
@@ -75,9 +67,8 @@ def init_panel(
     say: Callable[[str], None],
     batch_size: int = 4,
 ) -> InitPanel:
-    """Step-0 condensation of ``flavor`` at each MLP width (``out/w{width}/condensation.json``) and
-    at the narrowest width for each extra seed (``out/w{width}-s{seed}/``), one progress line each;
-    a shape already measured on the same sequences is read back, not measured again."""
+    """Step-0 condensation of ``flavor`` at each width (``out/w{width}/``) and at the narrowest for each
+    extra seed (``out/w{width}-s{seed}/``); a shape measured on the same sequences is read back."""
     jobs = [(w, seeds[0]) for w in widths] + [(widths[0], s) for s in seeds[1:]]
     results = {}
     for i, (width, seed) in enumerate(jobs, start=1):

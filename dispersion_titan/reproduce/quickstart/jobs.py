@@ -1,17 +1,12 @@
-"""The quickstart's jobs (and the tests'): commands (``python -m MODULE ARGS``, ``python SCRIPT.py
-ARGS``, or either under torchrun with N processes) forked from one server process that imported
+"""The quickstart's jobs (and the tests'): commands forked from one server process that imported
 torch, TorchTitan and dispersion_titan once, where a fresh interpreter spends about 5 s of CPU on
 imports (the default quickstart: 3 min 42 s forked, 4 min 20 s fresh; measured 2026-11-28).
-
-A job of N processes is torchrun's own launcher (``elastic_launch``: c10d rendezvous, real worker
-processes) with forked workers; only local rank 0 writes to the log, as with torchrun's
-``--local-ranks-filter 0``. Linux only: elsewhere (macOS) forking a process that has imported
-torch is not safe, so each command gets its own interpreter there.
+A job of N processes is torchrun's own launcher with forked workers. Linux only: elsewhere forking
+a process that has imported torch is not safe, so each command gets its own interpreter.
 
 The server (``python -m dispersion_titan.reproduce.quickstart.jobs PRELOAD...``) imports each
-PRELOAD (``module``, or ``module:function`` also called once, e.g. to fill a cache), then reads
-one JSON request per line on stdin and answers each with the forked job's pid; when the job
-ends, it writes the job's exit status to the request's ``status`` file.
+PRELOAD (``module`` or ``module:function``, called once), then answers each JSON request line on
+stdin with the forked job's pid, and writes the job's exit status to the request's ``status`` file.
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ SERVER = "dispersion_titan.reproduce.quickstart.jobs"
 
 
 def command_line(target: str, argv: list[str], nproc: int | None = None) -> list[str]:
-    """The command ``target`` stands for: ``python -m MODULE`` or ``python SCRIPT.py``, under
-    ``torch.distributed.run`` with ``nproc`` processes when given."""
+    """``python -m MODULE`` or ``python SCRIPT.py``, under torchrun with ``nproc`` processes when given."""
     program = [target] if target.endswith(".py") else ["-m", target]
     if nproc is None:
         return [sys.executable, *program, *argv]
@@ -55,9 +49,8 @@ def command_line(target: str, argv: list[str], nproc: int | None = None) -> list
 
 
 class Commands:
-    """Runs commands with their output appended to a log file. ``env`` is every command's
-    environment on top of this process's; ``preload``, what the server imports (``module``)
-    or calls once (``module:function``); ``fork=False``, a fresh interpreter per command."""
+    """Runs commands with their output appended to a log file. ``env``: every command's environment
+    on top of this process's; ``fork=False``: a fresh interpreter per command."""
 
     def __init__(self, env: dict[str, str], preload: list[str], fork: bool = sys.platform == "linux") -> None:
         self.env = env
@@ -80,13 +73,11 @@ class Commands:
         cwd: str | None = None,
         timeout: float | None = None,
     ) -> int:
-        """The exit status of ``target`` (a module, or a ``.py`` script) with ``argv``, after its
-        command line in ``log`` (negative: killed by that signal). ``errors``: its stderr's
-        file (default: the log); ``nproc``: run under torchrun's launcher with that many
-        processes; ``env``: its whole environment instead of the one given at start; ``cwd``:
-        its folder (default: this process's). After ``timeout`` seconds the command and every
-        process it started are killed (it then runs in a process group of its own, which a
-        terminal's Ctrl-C does not reach) and ``subprocess.TimeoutExpired`` is raised."""
+        """The exit status of ``target`` (a module, or a ``.py`` script) with ``argv``, its command
+        line first in ``log`` (negative: killed by that signal). ``errors``: its stderr's file;
+        ``env``: its whole environment. After ``timeout`` seconds it is killed with every process
+        it started (its own process group, which a terminal's Ctrl-C does not reach) and
+        ``subprocess.TimeoutExpired`` is raised."""
         os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
         command = command_line(target, argv, nproc)
         with open(log, "a") as f:
@@ -165,8 +156,7 @@ class Commands:
 
 
 def _run(target: str, argv: list[str]) -> None:
-    """``python -m MODULE ARGV`` or ``python SCRIPT ARGV``, in this process (``sys.path[0]``
-    as the interpreter sets it: the current folder, or the script's)."""
+    """``python -m MODULE ARGV`` or ``python SCRIPT ARGV``, in this process."""
     sys.argv = [target, *argv]
     if target.endswith(".py"):
         sys.path[0] = os.path.dirname(os.path.abspath(target))

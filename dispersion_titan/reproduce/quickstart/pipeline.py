@@ -1,8 +1,5 @@
-"""The quickstart's work (``python -m dispersion_titan.quickstart``): the init panel, the toy
-MLP-width × dispersion sweep trained and analyzed as independent one-process jobs forked
-from one preloaded server (``jobs``), the comparisons, and ``summary.md`` /
-``summary.png``. Each step is skipped where its results already exist, so a rerun only
-redoes what is missing; the options that change results are fixed in ``OUT/quickstart.json``."""
+"""The quickstart's work: the init panel, the toy sweep trained and analyzed as one-process jobs
+(``jobs``), the comparisons and the summary; each step is skipped where its results exist."""
 
 from __future__ import annotations
 
@@ -47,8 +44,7 @@ class QuickstartPlan:
     out: str
     config: str
     widths: tuple[int, ...]
-    coeff: float
-    """λ of the dispersion runs (``--coeff``)."""
+    coeff: float  # λ of the dispersion runs
     steps: int
     checkpoint_interval: int
     num_sequences: int
@@ -121,23 +117,9 @@ def make_plan(a: argparse.Namespace) -> QuickstartPlan:
         raise ArgumentError(f"--init-flavor: {a.init_flavor!r} is not one of {sorted(gpt2_flavors)}")
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths) + 2 * a.spread_seeds)
-    return QuickstartPlan(
-        os.path.abspath(a.out),
-        config,
-        a.widths,
-        a.coeff,
-        steps,
-        interval,
-        a.num_sequences,
-        a.seq_len,
-        jobs,
-        max(1, cpus // jobs),
-        seed,
-        a.spread_seeds,
-        a.init_flavor,
-        a.init_widths,
-        a.init_num_sequences,
-    )
+    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(QuickstartPlan) if hasattr(a, f.name)}
+    derived = {"steps": steps, "checkpoint_interval": interval, "jobs": jobs, "threads": max(1, cpus // jobs)}
+    return QuickstartPlan(**{**given, **derived, "out": os.path.abspath(a.out), "config": config, "seed": seed})
 
 
 def train_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
@@ -265,22 +247,17 @@ def compare_runs(plan: QuickstartPlan, say: Progress) -> list[tuple[str, str]]:
     return files
 
 
-def init_sequences(plan: QuickstartPlan):
-    return select_sequences(InputOptions(DEFAULT_DATASET, None, None, plan.init_num_sequences, plan.seq_len, seed=0))
-
-
 def measure_init_panel(plan: QuickstartPlan, say: Progress) -> InitPanel:
-    """Condensation at initialization of ``init_flavor`` at each ``init_widths``, and at the smallest
-    for each extra seed (cached in OUT/init_panel), a line as each is done."""
+    """Condensation at initialization at each ``init_widths`` (cached in OUT/init_panel)."""
     start = time.monotonic()
     extra = f"; seed {', '.join(map(str, plan.seeds[1:]))} at {plan.init_widths[0]}" if plan.seeds[1:] else ""
     say(
         f"init     condensation at initialization, {plan.init_flavor} shape, MLP width "
         f"{', '.join(map(str, plan.init_widths))} at seed {plan.seed}{extra}: one forward pass each"
     )
-    panel = init_panel(
-        os.path.join(plan.out, "init_panel"), plan.init_flavor, plan.init_widths, plan.seeds, init_sequences(plan), say
-    )
+    texts = InputOptions(DEFAULT_DATASET, None, None, plan.init_num_sequences, plan.seq_len, seed=0)
+    folder = os.path.join(plan.out, "init_panel")
+    panel = init_panel(folder, plan.init_flavor, plan.init_widths, plan.seeds, select_sequences(texts), say)
     say(f"init     done in {time.monotonic() - start:.0f} s")
     return panel
 
@@ -337,8 +314,7 @@ def check_same_options(plan: QuickstartPlan) -> None:
 
 
 def run(plan: QuickstartPlan) -> None:
-    """Everything the quickstart does for ``plan``, as the one writer of OUT (a second
-    quickstart into it is refused in one line)."""
+    """Everything the quickstart does for ``plan``, as the one writer of OUT."""
     try:
         refuse_unless_ours(plan.out, QUICKSTART, "--out", "use another --out")
         ensure_writable(plan.out, "--out")

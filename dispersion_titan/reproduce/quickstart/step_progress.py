@@ -27,8 +27,8 @@ def last_step(log: str, offset: int) -> tuple[int | None, int]:
 
 
 class StepProgress:
-    """While the ``with`` block runs, says every ``every_s`` seconds how far ``log``'s training got
-    out of ``steps`` and, once two steps were seen, the time left at the rate since the first."""
+    """While the ``with`` block runs, says every ``every_s`` seconds how far ``log``'s training got,
+    and the time left at the rate since the first step seen."""
 
     def __init__(self, log: str, steps: int, name: str, say: Callable[[str], None], every_s: float = EVERY_S) -> None:
         self.log, self.steps, self.name, self.say, self.every_s = log, steps, name, say, every_s

@@ -1,11 +1,6 @@
-"""Analyzed runs of an MLP-width sweep (with and without a dispersion loss) as
-``RunCondensation`` records, their condensation measure and their table.
-
-The measure is the *late-block cosine*: the off-diagonal mean cosine between the token
-hidden states of one sequence (the diagonal's 1/S share would otherwise dominate the
-small values at initialization), averaged over the late half of the blocks, where
-condensation is strongest.
-"""
+"""Analyzed runs of the sweep as ``RunCondensation`` records, and their measure: the late-block
+cosine, the off-diagonal mean cosine (the diagonal would dominate the small values at initialization)
+over the late half of the blocks, where condensation is strongest."""
 
 from __future__ import annotations
 
@@ -35,8 +30,8 @@ class RunCondensation:
     dispersion: str | None  # e.g. "angular_spread λ=1.0"; None for a baseline
     init: Condensation
     final: Condensation
-    trajectory: dict[int, float]  # late-block cosine of every step analyzed on the same sequences
-    val_loss: float | None  # validation loss at the final step, if validation ran then
+    trajectory: dict[int, float]  # late-block cosine per step analyzed on the same sequences
+    val_loss: float | None  # at the final step, if validation ran then
 
     @property
     def is_baseline(self) -> bool:
@@ -44,7 +39,7 @@ class RunCondensation:
 
 
 def late_blocks(result: Condensation) -> list[LayerCondensation]:
-    """The late half of the transformer blocks (block_3 and block_4 of 4)."""
+    """The late half of the transformer blocks."""
     blocks = [layer for layer in result.layers if layer.name.startswith("block_")]
     return blocks[len(blocks) // 2 :]
 
@@ -71,8 +66,8 @@ def final_validation_loss(dump: str, step: int) -> float | None:
 
 
 def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
-    """Each run's step-0 and last analyses, sorted by width, baseline first; refuses runs
-    analyzed on different token sequences (``AnalysisError``, like ``analyze compare``)."""
+    """Each run's step-0 and last analyses, by width, baseline first; runs analyzed on different
+    sequences are refused, as by ``analyze compare``."""
     init = load_runs(list(dumps), "0")
     final = load_runs(list(dumps), "last")
     runs = []
