@@ -25,7 +25,7 @@ from dispersion_titan.reproduce.slurm_scripts import submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import command, fail, run_command
 
-ARTIFACT_NAMES = ("fig2", "fig3", "fig4", "fig5", "table2", "counteract", "robustness")
+ARTIFACT_NAMES = tuple(catalog.ARTIFACTS)
 DEFAULT_OUT = "outputs/paper"
 PAPER = FolderOwner("paper")
 
@@ -77,7 +77,7 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument("--revisions", metavar="REV1,REV2", help="fig4: the revisions (default: listed from the hub)")
     p.add_argument(
         "--preset",
-        choices=("paper", "ours"),
+        choices=tuple(catalog.FIG3_PRESETS),
         help="fig3: the runs to train and draw: paper (default: train_configs/paper/fig3_gpt2_small*.toml, "
         "the authors' pretrain_toy_gpt2.py) or ours (train_configs/gpt2_small_mlp*.toml)",
     )
@@ -116,10 +116,8 @@ def paper_parser() -> OneLineErrorParser:
         "original Qwen) are left out, and given --models that need it are refused",
     )
     table = p.add_argument_group("table2")
-    table.add_argument("--tasks", help="evaluate's --tasks")
-    table.add_argument("--include-path", help="evaluate's --include-path")
-    table.add_argument("--limit", help="evaluate's --limit")
-    table.add_argument("--num-fewshot", help="evaluate's --num-fewshot")
+    for option in ("--tasks", "--include-path", "--limit", "--num-fewshot"):
+        table.add_argument(option, help=f"evaluate's {option}")
     add_table_arguments(table)
     return p
 

@@ -18,20 +18,17 @@ from dispersion_titan.reproduce.slurm_scripts import submit
 from dispersion_titan.utils.errors import SweepError, command, run_command
 
 
-class _Parser(OneLineErrorParser):
-    error_prefix = "sweep"
-
-
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     overrides: list[str] = []
     if "--" in argv:
         argv, overrides = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
-    p = _Parser(
+    p = OneLineErrorParser(
         prog="python -m dispersion_titan.sweep",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000",
     )
+    p.error_prefix = "sweep"
     p.add_argument("spec", nargs="?", help="TOML file with the keys below (flags win)")
     p.add_argument("--config", help="training TOML shared by every cell")
     p.add_argument("--out", help="sweep folder (default outputs/sweep-<config>-<time>); must be new")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 
 from ...analysis import ANALYSIS_PROTOCOLS
 from ...config.cli import read_toml
-from ...run_folder.checkpoints import RUN_METADATA_FILE, dispersion_variant, find_checkpoint_folder, list_checkpoints
-from ...utils.errors import ArgumentError, CheckpointError
+from ...run_folder.checkpoints import RUN_METADATA_FILE, dispersion_variant
+from ...utils.errors import ArgumentError
 from . import catalog, fig3
 from .catalog import MissingInput
 
@@ -105,15 +105,12 @@ def _is_run(folder: str) -> bool:
 
 
 def _last_step(run: str) -> str:
-    try:
-        checkpoints = list_checkpoints(find_checkpoint_folder(run))
-    except CheckpointError as e:
-        raise MissingInput(f"--models: {e}") from None
-    if not checkpoints:
+    steps = fig3.checkpoint_steps(run)
+    if not steps:
         raise MissingInput(
             f"--models: {run}: no checkpoints yet (train it: launch/train.sh CONFIG --job.dump_folder {run})"
         )
-    return str(checkpoints[-1].step)
+    return str(steps[-1])
 
 
 def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
@@ -441,7 +438,7 @@ def _counteract_runs(options: dict) -> list[str]:
 
 def _counteract_model(run: str, analyses: str) -> PaperModel:
     """One run analysed at every checkpoint, its row named by its loss."""
-    if not (os.path.isdir(run) and _is_run(run)) or not fig3.checkpoint_steps(run):
+    if not fig3.checkpoint_steps(run):
         raise MissingInput(f"--models: {run}: not a run with checkpoints")
     variant = dispersion_variant(run)
     row = "default loss" if variant in (None, "none") else variant

@@ -48,26 +48,21 @@ def _title(ax: plt.Axes, number: int, finding: Finding, part: Part, when: str) -
     )
 
 
-def _width_axis(ax: plt.Axes, widths: Sequence[int]) -> None:
+def _by_width(ax: plt.Axes, values: dict[int, float], seeds: list[float], style: dict[int, dict], label: str) -> None:
+    """Finding 2: the late-block cosine against width; the seeds at the narrowest as a bar."""
+    widths = sorted(values)
+    ax.plot(widths, [values[w] for w in widths], color="0.4", zorder=1)
+    for w in widths:
+        ax.plot([w], [values[w]], linestyle="", markersize=7, **style[w])
+    if len(seeds) > 1:
+        mean, colour = np.mean(seeds), style[widths[0]]["color"]
+        low_high = [[mean - min(seeds)], [max(seeds) - mean]]
+        ax.errorbar([widths[0]], [mean], yerr=low_high, fmt="none", ecolor=colour, elinewidth=2, capsize=5, zorder=3)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(list(widths), [str(w) for w in widths])
+    ax.set_xticks(widths, [str(w) for w in widths])
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("MLP hidden width")
+    ax.set(xlabel="MLP hidden width", ylabel=label)
     ax.margins(x=0.08)
-
-
-def _seed_range(ax: plt.Axes, x: float, values: Sequence[float], colour) -> None:
-    """The values of several seeds at one point: a bar from the lowest to the highest."""
-    ax.errorbar(
-        [x],
-        [np.mean(values)],
-        yerr=[[np.mean(values) - min(values)], [max(values) - np.mean(values)]],
-        fmt="none",
-        ecolor=colour,
-        elinewidth=2,
-        capsize=5,
-        zorder=3,
-    )
 
 
 def _init_depth(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
@@ -83,18 +78,6 @@ def _init_depth(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
     for seed in seeds[1:]:
         draw(panel.seeds[seed], linestyle=":", **style[narrowest])
     ax.set(xlabel="layer fraction (0: embedding, 1: final norm)", ylabel="mean_cos_offdiag")
-
-
-def _init_width(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
-    """Finding 2 at initialization: the late-block cosine against width, the seed spread as a bar."""
-    widths = sorted(panel.widths)
-    ax.plot(widths, [late_cos(panel.widths[w]) for w in widths], color="0.4", zorder=1)
-    for w in widths:
-        ax.plot([w], [late_cos(panel.widths[w])], linestyle="", markersize=7, **style[w])
-    if len(panel.seeds) > 1:
-        _seed_range(ax, widths[0], [late_cos(r) for r in panel.seeds.values()], style[widths[0]]["color"])
-    _width_axis(ax, widths)
-    ax.set_ylabel(LATE)
 
 
 def _verdicts(ax: plt.Axes, found: Sequence[Finding], key: str) -> None:
@@ -122,21 +105,6 @@ def _verdicts(ax: plt.Axes, found: Sequence[Finding], key: str) -> None:
             y -= 0.055 * (line.count("\n") + 1)
         y -= 0.03
     ax.text(0.0, y, textwrap.fill(key, 80), transform=ax.transAxes, va="top", fontsize="x-small", color="0.3")
-
-
-def _toy_width(
-    ax: plt.Axes, runs: Sequence[RunCondensation], toy: Sequence[RunCondensation], style: dict[int, dict]
-) -> None:
-    """Finding 2 after training: the baselines' final late-block cosine against width."""
-    widths = [r.width for r in toy]
-    ax.plot(widths, [late_cos(r.final) for r in toy], color="0.4", zorder=1)
-    for r in toy:
-        ax.plot([r.width], [late_cos(r.final)], linestyle="", markersize=7, **style[r.width])
-    same = [late_cos(r.final) for r in runs if r.is_baseline and r.width == widths[0]]
-    if len(same) > 1:
-        _seed_range(ax, widths[0], same, style[widths[0]]["color"])
-    _width_axis(ax, widths)
-    ax.set_ylabel(f"{LATE}, step {toy[0].final.step}")
 
 
 def _band(ax: plt.Axes, x: Sequence[float], curves: Sequence[Sequence[float]], colour) -> None:
@@ -220,7 +188,8 @@ def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Se
     trained = f"after {toy[0].final.step} steps"
     _init_depth(init_axes[0], panel, init_style)
     _title(init_axes[0], 1, found[0], found[0].parts[0], "at step 0")
-    _init_width(init_axes[1], panel, init_style)
+    init_seeds = [late_cos(r) for r in panel.seeds.values()]
+    _by_width(init_axes[1], {w: late_cos(r) for w, r in panel.widths.items()}, init_seeds, init_style, LATE)
     _title(init_axes[1], 2, found[1], found[1].parts[0], "at step 0")
     _verdicts(
         init_axes[2],
@@ -247,7 +216,9 @@ def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Se
             *([(f"seed {', '.join(map(str, others))} (MLP {toy[0].width})", {"linestyle": ":"})] if others else []),
         ],
     )
-    _toy_width(toy_axes[0], runs, toy, toy_style)
+    toy_seeds = [late_cos(r.final) for r in runs if r.is_baseline and r.width == toy[0].width]
+    final = {r.width: late_cos(r.final) for r in toy}
+    _by_width(toy_axes[0], final, toy_seeds, toy_style, f"{LATE}, step {toy[0].final.step}")
     _title(toy_axes[0], 2, found[1], found[1].parts[-1], trained)
     _toy_training(toy_axes[1], runs, toy, toy_style)
     _title(toy_axes[1], 3, found[2], found[2].parts[0], f"steps 0 to {toy[0].final.step}")
