@@ -37,6 +37,7 @@ class Entry:
 
 
 LAST_N_PANELS = (1, 2, 3, 4, 5)  # plot_trend.py --last-n, and half_n
+AGAINST = {"fig3": "mlp_width", "fig4": "training_order", "counteract": "step"}  # a row's trend; else n_params
 
 
 def half_n(points: int) -> int:
@@ -121,15 +122,6 @@ def entries(plan: PaperPlan) -> list[Entry]:
     return found
 
 
-def size_of(plan: PaperPlan, entry: Entry) -> float:
-    """What a row's trend is taken against (fig4: the revisions' order, in ``row_numbers``)."""
-    if plan.artifact == "fig3":
-        return float(entry.result.mlp_width)
-    if plan.artifact == "counteract":
-        return float(entry.result.step)
-    return float(entry.result.n_params)
-
-
 def model_numbers(entry: Entry) -> dict:
     r = entry.result
     return {
@@ -156,10 +148,10 @@ def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
     rows = []
     for row in dict.fromkeys(e.row for e in found):
         group = [e for e in found if e.row == row]
+        against = AGAINST.get(plan.artifact, "n_params")
         # fig4: the revisions in training order (a stage's steps restart from 0)
-        x = [float(i) for i in range(len(group))] if plan.artifact == "fig4" else [size_of(plan, e) for e in group]
+        x = [float(getattr(e.result, against, i)) for i, e in enumerate(group)]
         y = [e.last_n_mean(LAST_N) for e in group]
-        against = {"fig3": "mlp_width", "fig4": "training_order", "counteract": "step"}.get(plan.artifact, "n_params")
         rows.append(
             {
                 "row": row,
