@@ -14,7 +14,7 @@ from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter
 
 from ...analysis.condensation_schema import Condensation
 from ...analysis.statistics import layer_fraction
-from ...run_folder.outputs import headless_pyplot, save_png
+from ...run_folder.outputs import headless_pyplot
 from .findings import AGREES, DISAGREES, Finding, Part, baselines, panel_shape
 from .init_panel import InitPanel
 from .summary import RunCondensation, late_cos
@@ -227,10 +227,3 @@ def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Se
     for ax in (*init_axes[:2], *toy_axes):
         ax.grid(alpha=0.3)
     return fig
-
-
-def save_findings_figure(
-    panel: InitPanel, runs: Sequence[RunCondensation], found: Sequence[Finding], seed: int, path: str
-) -> None:
-    """Written atomically, like every analysis figure."""
-    save_png(findings_figure(panel, runs, found, seed), path)

@@ -20,14 +20,14 @@ from ...analysis.result_files import read_results
 from ...config.cli import load_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import gpt2_flavors
-from ...run_folder.checkpoints import check_complete, list_checkpoints
-from ...run_folder.outputs import atomic_write, ensure_writable, write_json
+from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
+from ...run_folder.outputs import atomic_write, ensure_writable, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
-from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, fail
+from ...utils.errors import ArgumentError, DispersionTitanError, fail
 from . import VARIANT
 from .document import summary_markdown
-from .figure import save_findings_figure
+from .figure import findings_figure
 from .findings import findings
 from .init_panel import InitPanel, init_panel
 from .jobs import Commands
@@ -149,11 +149,7 @@ def analyze_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
 
 
 def trained(plan: QuickstartPlan, run: Cell) -> bool:
-    try:
-        check_complete(os.path.join(plan.dump(run), "checkpoint", f"step-{plan.steps}"))
-    except CheckpointError:
-        return False
-    return True
+    return plan.steps in [c.step for c in complete_checkpoints(os.path.join(plan.dump(run), "checkpoint"))]
 
 
 def analyzed(plan: QuickstartPlan, run: Cell) -> bool:
@@ -279,7 +275,7 @@ def summarize(plan: QuickstartPlan, panel: InitPanel, files: list[tuple[str, str
         f"{plan.checkpoint_interval} steps."
     )
     figure = os.path.join(plan.out, "summary.png")
-    save_findings_figure(panel, runs, found, plan.seed, figure)
+    save_png(findings_figure(panel, runs, found, plan.seed), figure)
     per_run = os.path.join(plan.out, "runs", "*", "condensation")
     all_files = [
         ("the paper's findings beside the measurements, one panel each", figure),
