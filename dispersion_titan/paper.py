@@ -145,14 +145,9 @@ def run_paper(argv: list[str]) -> int:
                 f"\nand {len(pretrained)} Pretrained rows, no training (0 GPU-hours): step 0 of the block's "
                 "baseline runs, or (GPT2-large, -xl) the hub model evaluated as published:"
             )
-            print(
-                "\n".join(
-                    f"| {row.block}: {row.label} | {row.model} | "
-                    + ("--pretrained auto" if row.block in trained else f"--pretrained hf:{row.model}")
-                    + " |"
-                    for row in pretrained
-                )
-            )
+            for row in pretrained:
+                option = "auto" if row.block in trained else f"hf:{row.model}"
+                print(f"| {row.block}: {row.label} | {row.model} | --pretrained {option} |")
         return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
     plan = planning.build(a.artifact, options)

@@ -281,7 +281,7 @@ ARTIFACTS: dict[str, Artifact] = {
 
 def listing() -> str:
     """What ``--list`` prints."""
-    blocks = []
-    for a in ARTIFACTS.values():
-        blocks.append(f"{a.name}  ({a.paper})\n  runs:    {a.runs}\n  models:  {a.defaults}\n  compute: {a.compute}")
-    return "\n\n".join(blocks)
+    return "\n\n".join(
+        f"{a.name}  ({a.paper})\n  runs:    {a.runs}\n  models:  {a.defaults}\n  compute: {a.compute}"
+        for a in ARTIFACTS.values()
+    )
