@@ -76,14 +76,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv), overrides
 
 
-def _plan(sweep, spec, gpu: str) -> None:
-    """``--plan``: the cells' training jobs (``sweep``: ``reproduce.sweep``) planned on their GPUs."""
-    if spec.gpus_per_node == 0:
-        raise SweepError("--plan: plans GPU jobs, and gpus_per_node is 0")
-    runs = [(cell.name, sweep.cell_args(spec, cell)) for cell in spec.cells()]
-    plan_runs(runs, sweep.world_size(spec), spec.nodes or 1, gpu)
-
-
 @command("the jobs submitted so far stay queued (their ids are above; scancel them to start over)", prog="sweep")
 def main(argv: list[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
@@ -96,8 +88,11 @@ def main(argv: list[str] | None = None) -> None:
         raw["train_overrides"] = overrides
     spec = sweep.build_spec(raw)
     sweep.check_training_configs(spec)
-    if args.plan:
-        _plan(sweep, spec, args.plan)
+    if args.plan:  # the cells' training jobs planned on their GPUs
+        if spec.gpus_per_node == 0:
+            raise SweepError("--plan: plans GPU jobs, and gpus_per_node is 0")
+        runs = [(cell.name, sweep.cell_args(spec, cell)) for cell in spec.cells()]
+        plan_runs(runs, sweep.world_size(spec), spec.nodes or 1, args.plan)
         return
     jobs = sweep.plan(spec)
     if args.dry_run:

@@ -172,12 +172,8 @@ def analyze_step(model: PaperModel, analyze_args: list[str]) -> Step:
 
 def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
     """``--name value`` for each option given (not None)."""
-    args = []
-    for name in names:
-        value = options.get(name)
-        if value is not None:
-            args += [f"--{name.replace('_', '-')}", str(value)]
-    return args
+    given = [name for name in names if options.get(name) is not None]
+    return [arg for name in given for arg in (f"--{name.replace('_', '-')}", str(options[name]))]
 
 
 def _default_models(artifact: str, analyses: str) -> tuple[list[PaperModel], list[tuple[int, int]]]:

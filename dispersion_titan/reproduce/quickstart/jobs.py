@@ -11,6 +11,7 @@ stdin with the forked job's pid, and writes the job's exit status to the request
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -48,7 +49,7 @@ def command_line(target: str, argv: list[str], nproc: int | None = None) -> list
     ]
 
 
-class Commands:
+class Commands(contextlib.AbstractContextManager):
     """Runs commands with their output appended to a log file. ``env``: every command's environment
     on top of this process's; ``fork=False``: a fresh interpreter per command."""
 
@@ -144,9 +145,6 @@ class Commands:
             self.server.stdin.close()
             self.server.wait(timeout=30)
         shutil.rmtree(self.status_dir, ignore_errors=True)
-
-    def __enter__(self) -> Commands:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
