@@ -216,22 +216,17 @@ def train_and_analyze(plan: QuickstartPlan, say: Progress) -> None:
         sys.exit(1)
 
 
-def comparisons(plan: QuickstartPlan) -> list[tuple[str, list[str], str]]:
-    """(folder name, runs, step) of each ``analyze compare``."""
+def compare_runs(plan: QuickstartPlan, say: Progress) -> list[tuple[str, str]]:
+    """Write every ``analyze compare``; return (description, path) of its figure and table."""
     main_seed = [r for r in plan.runs if r.seed == plan.seed]
     everything = [plan.dump(r) for r in main_seed]
     baselines = [plan.dump(r) for r in main_seed if r.arm.is_baseline]
-    return [
+    files = []
+    for name, runs, step in (
         ("final_width_sweep", baselines, str(plan.steps)),
         ("final_baseline_vs_dispersion", everything, str(plan.steps)),
         ("init_width_sweep", baselines, "0"),
-    ]
-
-
-def compare_runs(plan: QuickstartPlan, say: Progress) -> list[tuple[str, str]]:
-    """Write every comparison; return (description, path) of its figure and table."""
-    files = []
-    for name, runs, step in comparisons(plan):
+    ):
         out = os.path.join(plan.out, "compare", name)
         compare(runs, out, step)
         say(f"compare  {name}: {out}")
