@@ -305,32 +305,29 @@ def check_same_options(plan: QuickstartPlan) -> None:
 
 
 def run(plan: QuickstartPlan) -> None:
-    """Everything the quickstart does for ``plan``, as the one writer of OUT."""
+    """Everything the quickstart does for ``plan``, as the one writer of OUT; each step skipped where its results
+    exist."""
     try:
         refuse_unless_ours(plan.out, QUICKSTART, "--out", "use another --out")
         ensure_writable(plan.out, "--out")
         with owned(plan.out, QUICKSTART):
-            _run(plan)
+            check_same_options(plan)
+            say = Progress()
+            say(
+                f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × "
+                f"baseline/{VARIANT} λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with "
+                f"{plan.threads} thread(s) each; output: {plan.out}"
+            )
+            panel = measure_init_panel(plan, say)
+            train_and_analyze(plan, say)
+            try:
+                files = compare_runs(plan, say)
+                text = summarize(plan, panel, files)
+            except (DispersionTitanError, OSError) as e:
+                fail(str(e).splitlines()[0], status=1)
+            print("\n" + text)
+            minutes, seconds = divmod(round(say.elapsed()), 60)
+            summary = os.path.join(plan.out, "summary.md")
+            say(f"quickstart: finished in {minutes} min {seconds} s; summary: {summary}")
     except DispersionTitanError as e:
         fail(str(e))
-
-
-def _run(plan: QuickstartPlan) -> None:
-    """Each step skipped where its results exist."""
-    check_same_options(plan)
-    say = Progress()
-    say(
-        f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × baseline/{VARIANT} "
-        f"λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with {plan.threads} thread(s) each; "
-        f"output: {plan.out}"
-    )
-    panel = measure_init_panel(plan, say)
-    train_and_analyze(plan, say)
-    try:
-        files = compare_runs(plan, say)
-        text = summarize(plan, panel, files)
-    except (DispersionTitanError, OSError) as e:
-        fail(str(e).splitlines()[0], status=1)
-    print("\n" + text)
-    minutes, seconds = divmod(round(say.elapsed()), 60)
-    say(f"quickstart: finished in {minutes} min {seconds} s; summary: {os.path.join(plan.out, 'summary.md')}")
