@@ -79,18 +79,14 @@ def pick(runs: list[str], rule: str) -> dict[int, tuple[str, list[str]]]:
         by_width.setdefault(mlp_width(run), []).append(run)
     picked = {}
     for width in sorted(by_width):
-        ordered = sorted(by_width[width], key=_key)
-        if rule == "ce":
-            ordered = [run for run in ordered if not _key(run)[0]] + [run for run in ordered if _key(run)[0]]
-            ce = [run for run in ordered if not _key(run)[0]]
-            if not ce:
-                raise MissingInput(
-                    f"fig3: MLP {width}: no cross-entropy-only run among {', '.join(ordered)}; give one, or "
-                    "--pick authors to draw a dispersion run as plot_heatmaps.py does"
-                )
-            taken = ce[-1]
-        else:
-            taken = ordered[-1]
+        ordered = sorted(by_width[width], key=_key)  # the cross-entropy runs first
+        ce = [run for run in ordered if not _key(run)[0]]
+        if rule == "ce" and not ce:
+            raise MissingInput(
+                f"fig3: MLP {width}: no cross-entropy-only run among {', '.join(ordered)}; give one, or "
+                "--pick authors to draw a dispersion run as plot_heatmaps.py does"
+            )
+        taken = ce[-1] if rule == "ce" else ordered[-1]
         picked[width] = (taken, [run for run in ordered if run != taken])
     return picked
 

@@ -25,19 +25,14 @@ from ...models.gpt2.model import GPT2
 INIT_CHECKPOINT = "initialization"
 
 
-def initialized_model(args: GPT2ModelArgs, seed: int) -> GPT2:
-    """The model exactly as ``dispersion_titan.train`` initialises it with ``debug.seed = seed``."""
-    torch.manual_seed(seed)
+def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_size: int, run: str) -> Condensation:
+    torch.manual_seed(seed)  # the model exactly as dispersion_titan.train initialises it with debug.seed = seed
     with torch.device("meta"):
         model = GPT2(args)
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights()
-    return model.eval()
-
-
-def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_size: int, run: str) -> Condensation:
-    model = initialized_model(args, seed)
+    model.eval()
     measured = measure(DecoderLayers(model), sequences.tokens, batch_size, "cpu")
     return condensation(
         0,
