@@ -677,6 +677,20 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
     )
     assert "Retry" not in proc.stderr
     assert sorted(p.name for p in run.rglob("*")) == ["checkpoint", "run.json", "step-0"]
+    # a hub model as published, not cached: its one line at once (transformers retried it 5 times, 25 s)
+    proc = python_module(
+        "dispersion_titan.evaluate",
+        "hf:nobody/no-such-model",
+        "--out",
+        str(tmp_path / "out"),
+        env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": ""},
+        command_line=True,
+        timeout=300,
+    )
+    assert_one_line_error(
+        proc.returncode, proc.stderr, "hf:nobody/no-such-model: cannot be loaded", "127.0.0.1:9 is unreachable"
+    )
+    assert "Retry" not in proc.stderr and not (tmp_path / "out").exists()
 
 
 def test_an_unreachable_hub_is_offline_only_while_the_tasks_load(monkeypatch):

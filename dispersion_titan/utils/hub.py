@@ -104,14 +104,18 @@ def _path_like(model: str) -> bool:
 
 @contextlib.contextmanager
 def loading(name: str) -> Iterator[None]:
-    """What transformers or the hub raise while loading, in one line naming the model."""
-    try:
-        yield
-    except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
-        if "trust_remote_code" in str(e):
-            raise ModelLoadError(
-                f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
-                "(add it if you trust that code)"
-            ) from None
-        cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause})") from None
+    """What transformers or the hub raise while loading, in one line naming the model; a hub model
+    with the hub unreachable fails at once (``hub_offline``), not after transformers' retries."""
+    local = os.path.isdir(name.removeprefix(PREFIX).rpartition("@")[0] or name.removeprefix(PREFIX))
+    with contextlib.nullcontext() if local else hub_offline() as offline:
+        try:
+            yield
+        except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
+            if "trust_remote_code" in str(e):
+                raise ModelLoadError(
+                    f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
+                    "(add it if you trust that code)"
+                ) from None
+            cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            where = f"; {offline}" if offline else ""
+            raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause}){where}") from None
