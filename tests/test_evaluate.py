@@ -149,17 +149,14 @@ def test_the_authors_protocols_are_presets():
     assert build_plan("piqa,my_task", None, 7).num_fewshot == {"piqa": 0, "my_task": None}
 
 
-def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
+def hflm_reference(folder: Path, **seeds: int) -> dict:
+    """lm-eval's own HFLM on a Hugging Face folder, with OPTS' tasks, shots, limit and batch size."""
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from dispersion_titan import convert
-
-    convert.main(["to-hf", str(run / "checkpoint" / "step-2"), str(tmp_path / "hf")])
-    seed = read_json(run / "run.json")["seed"]  # the authors seed all four of lm-eval's generators with it
-    reference = lm_eval.simple_evaluate(
+    return lm_eval.simple_evaluate(
         model="hf",
-        model_args=f"pretrained={tmp_path / 'hf'}",
+        model_args=f"pretrained={folder}",
         tasks=LOCAL_TASKS.split(","),
         task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
         num_fewshot=1,
@@ -167,10 +164,19 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
         batch_size=8,
         device="cpu",
         log_samples=False,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
+        **seeds,
+    )
+
+
+def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
+    import lm_eval
+
+    from dispersion_titan import convert
+
+    convert.main(["to-hf", str(run / "checkpoint" / "step-2"), str(tmp_path / "hf")])
+    seed = read_json(run / "run.json")["seed"]  # the authors seed all four of lm-eval's generators with it
+    reference = hflm_reference(
+        tmp_path / "hf", random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed
     )
     ours = read_json(evaluated / "step-2" / "results.json")
     for task in ("wiki_next_word", "wiki_text"):
@@ -233,8 +239,6 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
     HFLM scores that folder (lm-eval's default seeds: no training seed), under the protocol of its config's
     model_type; a rerun skips it, a replaced folder is refused; ``evaluate table --pretrained DIR`` makes
     it the Pretrained row, above arms or alone (the paper's GPT2-large and -xl blocks)."""
-    import lm_eval
-    from lm_eval.tasks import TaskManager
 
     from dispersion_titan.run_folder.checkpoints import folder_identity
 
@@ -242,17 +246,7 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
     out = tmp_path / "gpt2-tiny-eval"
     code, printed, err = evaluate(f"hf:{model}", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert code == 0, err
-    reference = lm_eval.simple_evaluate(
-        model="hf",
-        model_args=f"pretrained={model}",
-        tasks=LOCAL_TASKS.split(","),
-        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
-        num_fewshot=1,
-        limit=LIMIT,
-        batch_size=8,
-        device="cpu",
-        log_samples=False,
-    )
+    reference = hflm_reference(model)  # lm-eval's default seeds
     ours = read_json(out / "step-0" / "results.json")
     for task in ("wiki_next_word", "wiki_text"):
         for key, value in reference["results"][task].items():

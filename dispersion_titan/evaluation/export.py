@@ -48,9 +48,14 @@ def hflm_location(source: str, parent: str) -> Iterator[tuple[str, str]]:
         with hf_export(source, parent) as folder:
             yield folder, "main"
         return
-    spec = parse_spec(source)
-    path, revision = spec.location(spec.revisions[0])
+    path, revision = hub_location(source)
     yield path, revision or "main"
+
+
+def hub_location(source: str) -> tuple[str, str | None]:
+    """``from_pretrained``'s path or id, and revision, of ``hf:MODEL[@REV]``."""
+    spec = parse_spec(source)
+    return spec.location(spec.revisions[0])
 
 
 def source_identity(source: str, pretrained: str, config) -> str | None:
@@ -66,8 +71,7 @@ def source_changed(record: dict, source: str) -> bool:
     if not source.startswith(PREFIX):
         return identity_changed(record["checkpoint_identity"], source)
     try:
-        spec = parse_spec(source)
+        path = hub_location(source)[0]
     except ModelLoadError:  # a local folder gone: it cannot be read, and its load says why
         return False
-    path = spec.location(spec.revisions[0])[0]
     return os.path.isdir(path) and folder_identity(path) != record["checkpoint_identity"]
