@@ -328,7 +328,8 @@ class TrainerHooks(Trainer):
         self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor, global_valid_tokens: torch.Tensor
     ) -> torch.Tensor:
         """TorchTitan's non-pipelined ``forward_backward_step``, with the model call, loss and backward
-        handed to ``model_forward_backward``."""
+        handed to the subclass's ``model_forward_backward(model, inputs, labels, global_valid_tokens,
+        model_kwargs)``, which returns the detached loss to log."""
         if self.parallel_dims.pp_enabled:
             raise NotImplementedError("dispersion_titan does not support pipeline parallelism")
         inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
@@ -337,18 +338,6 @@ class TrainerHooks(Trainer):
             return self.model_forward_backward(
                 model, inputs, labels, global_valid_tokens, {**extra_inputs, **extra_kwargs}
             )
-
-    def model_forward_backward(
-        self,
-        model: torch.nn.Module,
-        inputs: torch.Tensor,
-        labels: torch.Tensor,
-        global_valid_tokens: torch.Tensor,
-        model_kwargs: dict[str, Any],
-    ) -> torch.Tensor:
-        """Forward (under ``self.maybe_enable_amp``), loss sum / ``global_valid_tokens``,
-        backward; returns the detached loss to log."""
-        raise NotImplementedError
 
 
 # ------------------------------------------------------------------------ plan's fake world

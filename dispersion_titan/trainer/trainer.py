@@ -236,6 +236,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         global_valid_tokens: torch.Tensor,
         model_kwargs: dict[str, Any],
     ) -> torch.Tensor:
+        """Forward (under ``self.maybe_enable_amp``), loss sum / ``global_valid_tokens``, backward."""
         with_stats = self.metrics_processor.should_log(self.step)
         chunk = self.microbatch * self.chunk_stride + self.chunk_offset
         self.microbatch += 1
