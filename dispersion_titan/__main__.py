@@ -20,8 +20,6 @@ COMMANDS = {
     "init": "dispersion_titan.init",
     "plan": "dispersion_titan.plan",
 }
-LAUNCHER_ENTRY_POINTS = ("torchrun",)
-"""Modules at the package root that the launchers run (``launch/train.sh``), not commands."""
 USAGE = f"usage: dispersion-titan {{{'|'.join(COMMANDS)}}} [ARGS ...]   (each command's --help says more)"
 
 

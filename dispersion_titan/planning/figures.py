@@ -42,8 +42,6 @@ class MeasuredStep:
     """``plan``'s roofline of the same step (``bench/plan_accuracy.py``)."""
     args: tuple[str, ...]
     """The config and overrides of the same step (one GPU)."""
-    source: str
-    """Where ``docs/benchmarks.md`` has it."""
     measured_on: str
     """The card and the date, as a plan names them (a wheel has no docs/)."""
 
@@ -58,7 +56,6 @@ MEASURED_STEPS = (
         139.4e-3,
         126.07e-3,  # the roofline of that step's code now: q, k, v one GEMM (issue 48; measured with three)
         GPT2_SHIPPED,
-        "docs/benchmarks.md: GPT-2 small as shipped, CE only (H100, 2026-11-26): 139.4 ms",
         "an H100, 2026-11-26",
     ),
     MeasuredStep(
@@ -67,7 +64,6 @@ MEASURED_STEPS = (
         130.6e-3,
         98.92e-3,
         GPT2_SHIPPED,
-        "docs/benchmarks.md: GPT-2 small as shipped, step ratio per variant (H200, 2026-11-26): 130.6 ms",
         "an H200, 2026-11-26",
     ),
 )
