@@ -50,7 +50,8 @@ class StepMetrics:
 class DispersionMetricsProcessor(MetricsProcessor):
     """Logs ``ce``, ``dispersion``, each block's ``mean_cos_offdiag`` and validation perplexity."""
 
-    def __init__(self, job_config, parallel_dims, tag: str | None = None) -> None:
+    def __init__(self, job_config, parallel_dims, model_args: Any = None, tag: str | None = None) -> None:
+        """Every TrainSpec's ``build_metrics_processor_fn`` (``model_args``: unused, as by TorchTitan's)."""
         super().__init__(job_config, parallel_dims, tag)
         self.step_metrics = StepMetrics(global_batch_size(job_config, parallel_dims))
         if job_config.metrics.enable_wandb:
@@ -90,10 +91,3 @@ class DispersionMetricsProcessor(MetricsProcessor):
         extra = dict(extra_metrics or {})
         extra["validation_metrics/perplexity"] = math.exp(min(loss, 50.0))
         super().log_validation(loss, step, extra_metrics=extra)
-
-
-def build_dispersion_metrics_processor(
-    job_config, parallel_dims, model_args=None, tag: str | None = None
-) -> DispersionMetricsProcessor:
-    del model_args
-    return DispersionMetricsProcessor(job_config, parallel_dims, tag)

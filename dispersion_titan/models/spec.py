@@ -8,7 +8,7 @@ from typing import Any
 from torchtitan.components.loss import build_cross_entropy_loss
 from torchtitan.protocols.train_spec import TrainSpec
 
-from ..components.metrics import build_dispersion_metrics_processor
+from ..components.metrics import DispersionMetricsProcessor
 from ..components.optimizers import build_dispersion_lr_schedulers, build_dispersion_optimizers
 from ..components.titan_tokenizer import build_tokenizer
 from ..components.validate import PackedValidator
@@ -29,6 +29,6 @@ def dispersion_train_spec(
         build_tokenizer_fn=build_tokenizer,
         build_loss_fn=build_cross_entropy_loss,
         build_validator_fn=PackedValidator,
-        build_metrics_processor_fn=build_dispersion_metrics_processor,
+        build_metrics_processor_fn=DispersionMetricsProcessor,
         state_dict_adapter=state_dict_adapter,
     )
