@@ -42,45 +42,34 @@ def recorded(dump_folder: str) -> dict[str, Any]:
         return json.load(f)
 
 
-def resume(dump_folder: str, job_type: str) -> Any:
-    """The W&B run named in ``dump_folder``, resumed for ``job_type`` (``analyze``, ``evaluate``)."""
+def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int, dict[str, Any]], folder: str) -> None:
+    """Into the W&B run of ``dump_folder``, resumed for ``job_type`` (``analyze``, ``evaluate``): ``per_step``
+    values as ``PREFIX/NAME`` against ``checkpoint_step`` (the resumed run's own step is past training's),
+    then ``folder``'s tables (``*.csv``) and figures (``*.png``)."""
     import wandb
 
-    run = recorded(dump_folder)
-    return wandb.init(
-        id=run["id"],
-        project=run["project"],
-        entity=run["entity"] or None,
-        dir=run["dir"],
+    named = recorded(dump_folder)
+    run = wandb.init(
+        id=named["id"],
+        project=named["project"],
+        entity=named["entity"] or None,
+        dir=named["dir"],
         resume="allow",
         job_type=job_type,
     )
-
-
-def files(run: Any, folder: str, prefix: str) -> None:
-    """``folder``'s tables (``*.csv``) and figures (``*.png``) into ``run``, as ``PREFIX/NAME``."""
-    import wandb
-
-    logged: dict[str, Any] = {}
-    for path in sorted(Path(folder).glob("*.csv")):
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-        logged[f"{prefix}/{path.stem}"] = wandb.Table(columns=rows[0], data=rows[1:])
-    for path in sorted(Path(folder).glob("*.png")):
-        logged[f"{prefix}/{path.stem}"] = wandb.Image(str(path))
-    run.log(logged)
-
-
-def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int, dict[str, Any]], folder: str) -> None:
-    """Into the W&B run of ``dump_folder``: ``per_step`` values as ``PREFIX/NAME`` against
-    ``checkpoint_step`` (the resumed run's own step is past training's), then ``folder``'s files."""
-    run = resume(dump_folder, job_type)
     try:
         run.define_metric("checkpoint_step")
         for name in sorted({name for values in per_step.values() for name in values}):
             run.define_metric(f"{prefix}/{name}", step_metric="checkpoint_step")
         for step, values in sorted(per_step.items()):
             run.log({"checkpoint_step": step, **{f"{prefix}/{name}": value for name, value in values.items()}})
-        files(run, folder, prefix)
+        logged: dict[str, Any] = {}
+        for path in sorted(Path(folder).glob("*.csv")):
+            with open(path, newline="") as f:
+                rows = list(csv.reader(f))
+            logged[f"{prefix}/{path.stem}"] = wandb.Table(columns=rows[0], data=rows[1:])
+        for path in sorted(Path(folder).glob("*.png")):
+            logged[f"{prefix}/{path.stem}"] = wandb.Image(str(path))
+        run.log(logged)
     finally:
         run.finish()
