@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from types import ModuleType
 
 from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, with_config_module
 from dispersion_titan.planning.figures import GPUS  # no torch: --help answers at once
@@ -45,20 +44,14 @@ def plan_args(config: str, tp: int | None = None, overrides: tuple[str, ...] = (
     return with_config_module(args, load_toml(args))
 
 
-def _planning() -> ModuleType:
-    # torch and TorchTitan: only once the arguments are parsed (--help and typos answer without them)
-    from dispersion_titan.planning import resource_plan
-
-    return resource_plan
-
-
 def plan_runs(
     runs: list[tuple[str, list[str]]], gpus: int, nodes: int | None, gpu: str, gpus_option: str | None = None
 ) -> None:
     """``sweep --plan``, ``paper --plan``: each (name, launch arguments) planned on ``gpus`` × ``gpu``, one
     table with the totals, then a run that does not fit refused. ``gpus_option``: the option that chose
     ``gpus``, named when a run cannot be laid out on them."""
-    work = _planning()
+    from dispersion_titan.planning import resource_plan as work  # torch and TorchTitan: once the arguments parse
+
     plans = []
     for name, args in runs:
         try:
@@ -92,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     args, overrides = plan_parser().parse_known_args(argv)
     _config_first(args.config, argv)
     launch = plan_args(args.config, args.tp, tuple(overrides))
-    work = _planning()
+    from dispersion_titan.planning import resource_plan as work  # --help and typos answered without it
+
     plan = work.planned(args.config, launch, args.gpus, args.nodes, args.gpu)
     print(work.plan_table(plan), flush=True)
     work.refuse_if_too_big(plan)
