@@ -148,21 +148,6 @@ def fetch_local_assets(job_config: RunConfig) -> bool:
     return True
 
 
-def check_run_folder(job_config: RunConfig) -> None:
-    """Refuse a relaunch that changes recorded settings or would save over a checkpoint; ``RunFinished``
-    when there is nothing to do."""
-    check_same_settings(job_config.job.dump_folder, job_config)
-    ckpt = job_config.checkpoint
-    if ckpt.enable:
-        check_resume(
-            os.path.join(job_config.job.dump_folder, ckpt.folder),
-            job_config.job.dump_folder,
-            job_config.training.steps,
-            data_parallel_degree(job_config, _world_size()),
-            ckpt.load_step,
-        )
-
-
 def print_every_key(args: list[str], toml: dict) -> None:
     """``train --help-all``: TorchTitan's help of every section, ours included; exits."""
     titan_compat.config_manager_parse([*without_profile(args), "--help"], toml)
@@ -171,15 +156,20 @@ def print_every_key(args: list[str], toml: dict) -> None:
 def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     """Everything a launch checks once ``job_config`` is parsed: its values (again with fetched assets
     or a fork's checkpoint), the GPUs, the writer lock (``take_lock``: the one checking process), the
-    folders' owners and the fixed settings."""
+    folders' owners; a relaunch that changes recorded settings or would save over a checkpoint is
+    refused, ``RunFinished`` when there is nothing to do."""
     check(job_config)
     if fetch_local_assets(job_config) | start_fork(job_config, data_parallel_degree(job_config, _world_size())):
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
     check_gpus_usable()
     check_runs_here(job_config)
     check_initial_load(job_config)
+    dump, ckpt = job_config.job.dump_folder, job_config.checkpoint
     if take_lock:
-        refuse_if_busy(job_config.job.dump_folder)
-    refuse_other_owners(job_config.job.dump_folder, run_folders(job_config))
-    check_run_folder(job_config)
+        refuse_if_busy(dump)
+    refuse_other_owners(dump, run_folders(job_config))
+    check_same_settings(dump, job_config)
+    if ckpt.enable:
+        dp = data_parallel_degree(job_config, _world_size())
+        check_resume(os.path.join(dump, ckpt.folder), dump, job_config.training.steps, dp, ckpt.load_step)
     return job_config
