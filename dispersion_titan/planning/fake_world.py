@@ -61,19 +61,24 @@ class _RankZero(DispersionTrainer):
 
 @contextlib.contextmanager
 def _process_state(world: int) -> Iterator[None]:
-    """Rank 0's environment; on exit the environment, signal handlers, exception hook and garbage
-    collector as they were (the trainer installs its own)."""
+    """Rank 0's environment, TorchTitan's log lines and PyTorch's warnings unsaid; on exit the
+    environment, log level, signal handlers, exception hook and garbage collector as they were (the
+    trainer installs its own)."""
     names = {"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "1"}
-    saved_env = dict(os.environ)
+    saved_env, level = dict(os.environ), logger.level
     signals = {signal.SIGINT, signal.SIGTERM, parse_signal(os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))}
     saved_handlers = {s: signal.getsignal(s) for s in signals}
     collecting, excepthook = gc.isenabled(), sys.excepthook
     os.environ.update(names)
+    logger.setLevel(logging.ERROR)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
+        logger.setLevel(level)
         for s, handler in saved_handlers.items():
             signal.signal(s, handler)
         sys.excepthook = excepthook
@@ -87,7 +92,7 @@ def rank_zero_trainer(
 ) -> Iterator[DispersionTrainer]:
     """``DispersionTrainer`` as rank 0 of ``world`` ranks, quiet, built under ``fake`` when given;
     closed on exit."""
-    with _process_state(world), quiet(), tempfile.TemporaryDirectory(prefix="plan_") as dump:
+    with _process_state(world), tempfile.TemporaryDirectory(prefix="plan_") as dump:
         config = rank_zero_config(job_config, dump, fake is not None)
         trainer = None
         try:
@@ -99,19 +104,6 @@ def rank_zero_trainer(
                 trainer.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """TorchTitan's log lines and PyTorch's warnings unsaid."""
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def micro_batches(trainer: DispersionTrainer, count: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
