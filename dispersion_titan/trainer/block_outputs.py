@@ -14,17 +14,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
-def point_modules(model: nn.Module, points: str) -> list[nn.Module]:
-    """The modules whose outputs are the dispersion points (``hidden_states``: the last is the norm)."""
-    blocks = list(model.layers.values())
-    return blocks if points == "blocks" else [*blocks[:-1], model.norm]
-
-
 class BlockOutputs:
     """Hooks on the dispersion points; ``take()`` hands over one training forward's outputs."""
 
     def __init__(self, model: nn.Module, points: str) -> None:
-        modules = point_modules(model, points)
+        blocks = list(model.layers.values())
+        modules = blocks if points == "blocks" else [*blocks[:-1], model.norm]  # hidden_states: the last, the norm
         self.count = len(modules)
         self._outputs: dict[int, torch.Tensor] = {}
         for index, module in enumerate(modules):
