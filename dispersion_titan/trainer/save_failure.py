@@ -47,11 +47,6 @@ def _mb(size: float) -> str:
     return f"{size / 1e6:.0f} MB" if size >= 1e7 else f"{size / 1e6:.1f} MB"
 
 
-def state_bytes(model: torch.nn.Module) -> int:
-    """The weights and AdamW's two moments of ``model`` (global sizes): a full checkpoint's bulk."""
-    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 def _cause(error: BaseException, needed: int, largest_file: int, free: int) -> tuple[str, str]:
     """(what went wrong, what to do)."""
     os_error = next((e for e in _causes(error) if isinstance(e, OSError) and e.errno), None)
@@ -76,7 +71,8 @@ def save_failure(folder: str, step: int, error: BaseException, model: torch.nn.M
         needed, largest = sum(sizes), max(sizes)
         estimate = f"needs about {_mb(needed)}, the size of step-{last}"
     else:
-        needed = largest = state_bytes(model)
+        # the weights and AdamW's two moments (global sizes): a full checkpoint's bulk
+        needed = largest = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
         estimate = f"needs about {_mb(needed)} for the weights and AdamW state"
     free = shutil.disk_usage(folder).free
     reason, advice = _cause(error, needed, largest, free)
