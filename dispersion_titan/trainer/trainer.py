@@ -107,11 +107,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         # Micro-batch m of this rank is chunk m·W + r of the global batch (data.layout).
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
-        self.microbatches = self.step_metrics.global_batch_size // (
-            job_config.training.local_batch_size * self.chunk_stride
-        )
         # as_released: each micro-batch's mean scaled as by the authors' accumulation count (``loss_scale``)
-        self.released_accumulation = job_config.released.gradient_accumulation_steps or self.microbatches
+        self.released_accumulation = job_config.released.gradient_accumulation_steps or self.gradient_accumulation_steps
         self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
         (model,) = self.model_parts
@@ -240,7 +237,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         with_stats = self.metrics_processor.should_log(self.step)
         chunk = self.microbatch * self.chunk_stride + self.chunk_offset
         self.microbatch += 1
-        sync_last_microbatch(model, self.microbatch, self.microbatches)
+        sync_last_microbatch(model, self.microbatch, self.gradient_accumulation_steps)
         if self.has_dropout:
             self._seed_dropout(chunk)
         with self.maybe_enable_amp:
