@@ -24,9 +24,6 @@ class GPT2Tokenizer(BaseTokenizer):
         ids = self.encoding.encode_ordinary(text)
         return ids + [EOT_ID] if add_eos else ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.encoding.encode_ordinary_batch(texts)
-
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
 
