@@ -16,12 +16,9 @@ from dispersion_titan.utils.errors import ArgumentError, ConfigError, command, r
 GPU_CHOICES = tuple(GPUS)
 
 
-class _Parser(OneLineErrorParser):
-    error_prefix = "plan"
-
-
 def plan_parser() -> OneLineErrorParser:
-    p = _Parser(prog="python -m dispersion_titan.plan", description=__doc__.split("\n\n")[0])
+    p = OneLineErrorParser(prog="python -m dispersion_titan.plan", description=__doc__.split("\n\n")[0])
+    p.error_prefix = "plan"
     p.add_argument("config", help="a training TOML, e.g. train_configs/gpt2_small_mlp3072.toml")
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of the run, all nodes together (default 1)")
     p.add_argument("--nodes", type=positive_int, help="nodes they are on (default: 8 GPUs a node)")
