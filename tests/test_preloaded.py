@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import sys
 
-import pytest
-
 from dispersion_titan.reproduce.quickstart.jobs import Commands
 
 
-@pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh"])
-def test_exit_status_output_and_environment_match_a_fresh_interpreter(tmp_path, monkeypatch, fork):
+def test_exit_status_output_and_environment_match_a_fresh_interpreter(tmp_path, monkeypatch):
     monkeypatch.setenv("DISPERSION_TITAN_PROBE", "before")  # restored after the test
-    commands = Commands({"DISPERSION_TITAN_PROBE": "set by Commands"}, preload=["dispersion_titan.analyze"], fork=fork)
+    commands = Commands({"DISPERSION_TITAN_PROBE": "set by Commands"}, preload=["dispersion_titan.analyze"])
     log = tmp_path / "logs" / "job.log"
     status = commands.run("dispersion_titan.analyze", [str(tmp_path), "--num-sequences", "0"], str(log))
     assert status == 2

@@ -1,8 +1,8 @@
 """The quickstart's jobs (and the tests'): commands forked from one server process that imported
 torch, TorchTitan and dispersion_titan once, where a fresh interpreter spends about 5 s of CPU on
 imports (the default quickstart: 3 min 42 s forked, 4 min 20 s fresh; measured 2026-11-28).
-A job of N processes is torchrun's own launcher with forked workers. Linux only: elsewhere forking
-a process that has imported torch is not safe, so each command gets its own interpreter.
+A job of N processes is torchrun's own launcher with forked workers. Linux only, as the quickstart
+(``os.sched_getaffinity``): elsewhere forking a process that has imported torch is not safe.
 
 The server (``python -m dispersion_titan.reproduce.quickstart.jobs PRELOAD...``) imports each
 PRELOAD (``module`` or ``module:function``, called once), then answers each JSON request line on
@@ -51,12 +51,11 @@ def command_line(target: str, argv: list[str], nproc: int | None = None) -> list
 
 class Commands(contextlib.AbstractContextManager):
     """Runs commands with their output appended to a log file. ``env``: every command's environment
-    on top of this process's; ``fork=False``: a fresh interpreter per command."""
+    on top of this process's."""
 
-    def __init__(self, env: dict[str, str], preload: list[str], fork: bool = sys.platform == "linux") -> None:
+    def __init__(self, env: dict[str, str], preload: list[str]) -> None:
         self.env = env
         self.preload = preload
-        self.fork = fork
         self.server: subprocess.Popen | None = None
         self.status_dir = tempfile.mkdtemp(prefix="dispersion_titan-jobs-")
         self.lock = threading.Lock()
@@ -93,20 +92,8 @@ class Commands(contextlib.AbstractContextManager):
             "stderr": errors or log,
             "group": timeout is not None,
         }
-        pid = self._fresh(command, request) if not self.fork else self._forked(request)
+        pid = self._forked(request)
         return self._wait(pid, request, command, timeout)
-
-    def _fresh(self, command: list[str], request: dict) -> subprocess.Popen:
-        with open(request["stdout"], "a") as out, open(request["stderr"], "a") as err:
-            return subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT if request["stderr"] == request["stdout"] else err,
-                stdin=subprocess.DEVNULL,
-                env=request["env"],
-                cwd=request["cwd"],
-                start_new_session=request["group"],
-            )
 
     def _forked(self, request: dict) -> int:
         with self.lock:
@@ -124,14 +111,10 @@ class Commands(contextlib.AbstractContextManager):
             self.server.stdin.flush()
             return int(self.server.stdout.readline())
 
-    def _wait(self, job: subprocess.Popen | int, request: dict, command: list[str], timeout: float | None) -> int:
+    def _wait(self, pid: int, request: dict, command: list[str], timeout: float | None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        pid = job.pid if isinstance(job, subprocess.Popen) else job
         while True:
-            if isinstance(job, subprocess.Popen):
-                if job.poll() is not None:
-                    return job.returncode
-            elif os.path.exists(request["status"]):  # renamed into place once the output is flushed
+            if os.path.exists(request["status"]):  # renamed into place once the output is flushed
                 with open(request["status"]) as f:
                     return int(f.read())
             if deadline is not None and time.monotonic() > deadline:
