@@ -2,19 +2,21 @@
 trained toy sweep). A verdict is computed from the numbers only: **agrees** only where the effect
 exceeds the measured seed-to-seed spread of the same quantity, **within noise at this scale** where
 it does not; where it does not agree, ``scale`` names the config and command that test it at scale.
+``summary.md`` sets them out with the setup, the table and the files.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...analysis.condensation_schema import Condensation
+from ...run_folder.outputs import format_table
 from .init_panel import InitPanel
-from .summary import RunCondensation, embedding_cos, late_cos, peak
+from .summary import RunCondensation, embedding_cos, late_blocks, late_cos, peak, table_rows
 
 AGREES, DISAGREES, NOISE = "agrees", "disagrees", "within noise at this scale"
 DIGITS = 3  # effects and spreads are compared as written: the verdict follows the numbers a reader sees
@@ -302,3 +304,36 @@ def findings_markdown(found: Sequence[Finding]) -> list[str]:
             lines.append(f"- Scale needed: {finding.scale}.")
         lines.append("")
     return lines
+
+
+def summary_markdown(
+    runs: list[RunCondensation], found: Sequence[Finding], setup: str, files: Sequence[tuple[str, str]]
+) -> str:
+    """``summary.md``: the setup, the table, the paper's findings against the measurements, the files."""
+    first = runs[0].final
+    late = ", ".join(layer.name for layer in late_blocks(first))
+    counts = Counter(f.verdict for f in found)
+    tally = ", ".join(f"{counts[v]} {v}" for v in (NOISE, DISAGREES) if counts[v])
+    lines = [
+        "# Embedding condensation: MLP width × dispersion loss, against the paper",
+        "",
+        setup,
+        "",
+        "```",
+        format_table(table_rows(runs)),
+        "```",
+        "",
+        f"## The paper's findings, measured here: {counts[AGREES]} of {len(found)} agree"
+        + (f"; {tally}" if tally else ""),
+        "",
+        *findings_markdown(found),
+        f"late cos = off-diagonal mean cosine (mean_cos_offdiag) between the tokens of one sequence, averaged "
+        f"over the late half of the blocks ({late} of the toy model); last block = the last block alone. "
+        f"Measured on the same {first.num_sequences} held-out sequences of {first.seq_len} tokens for every "
+        "checkpoint. Spearman = rank correlation of the mean cosine with depth (embedding … final norm); "
+        "val loss at the final step.",
+        "",
+        "Figures and tables:",
+        *(f"- {description}: {path}" for description, path in files),
+    ]
+    return "\n".join(lines) + "\n"

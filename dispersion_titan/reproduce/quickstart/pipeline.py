@@ -26,9 +26,8 @@ from ...run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, DispersionTitanError, fail
 from . import VARIANT
-from .document import summary_markdown
 from .figure import findings_figure
-from .findings import findings
+from .findings import findings, summary_markdown
 from .init_panel import InitPanel, init_panel
 from .jobs import Commands
 from .step_progress import StepProgress
