@@ -113,19 +113,18 @@ def _last_step(run: str) -> str:
     return str(steps[-1])
 
 
+def run_model(run: str, analyses: str, row: str | None, label: str, steps: str) -> PaperModel:
+    """One of our runs, analysed at ``steps`` into ``analyses/RUN``."""
+    return PaperModel(run, os.path.join(analyses, safe_name(os.path.basename(run))), row, label, steps=steps)
+
+
 def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
     """A ``--models`` entry: a hub id, a local model folder, an ``hf:`` spec, or one of our runs."""
     if text.startswith(HF):
         target = text
     elif os.path.isdir(text) and _is_run(text):
         run = os.path.abspath(text)
-        return PaperModel(
-            run,
-            os.path.join(analyses, safe_name(os.path.basename(run))),
-            row,
-            os.path.basename(run),
-            steps=_last_step(run),
-        )
+        return run_model(run, analyses, row, os.path.basename(run), _last_step(run))
     elif os.path.isdir(text):
         target = HF + os.path.abspath(text)
     elif os.path.exists(text) or text.startswith((".", "/")) or text.count("/") > 1:
@@ -402,12 +401,7 @@ def _fig3_analyses(
 ) -> PaperPlan:
     """The analyses of the runs ``chosen`` per width (width -> (run, the others of its width))."""
     analyses = os.path.join(out, ANALYSES)
-    models = [
-        PaperModel(
-            run, os.path.join(analyses, safe_name(os.path.basename(run))), None, f"MLP {width}", steps="first,last"
-        )
-        for width, (run, _) in chosen.items()
-    ]
+    models = [run_model(run, analyses, None, f"MLP {width}", "first,last") for width, (run, _) in chosen.items()]
     notes = [fig3.pick_note(width, run, others, rule) for width, (run, others) in chosen.items() if others]
     return PaperPlan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes, rows=rows)
 
@@ -438,9 +432,7 @@ def _counteract_model(run: str, analyses: str) -> PaperModel:
         raise MissingInput(f"--models: {run}: not a run with checkpoints")
     variant = dispersion_variant(run)
     row = "default loss" if variant in (None, "none") else variant
-    return PaperModel(
-        os.path.abspath(run), os.path.join(analyses, safe_name(os.path.basename(run))), row, row, steps="all"
-    )
+    return run_model(os.path.abspath(run), analyses, row, row, "all")
 
 
 def check_devices(plan: PaperPlan, options: dict, cuda: bool) -> None:
