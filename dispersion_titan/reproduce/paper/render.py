@@ -29,12 +29,7 @@ def _row_title(row: dict) -> str:
     return f"{row['row']}{trend}"
 
 
-def render(
-    plan: PaperPlan,
-    selection: Selection = Selection("best"),
-    reference: str | None = None,
-    test: str = "student",
-) -> list[str]:
+def render(plan: PaperPlan, selection: Selection, reference: str | None, test: str) -> list[str]:
     """Write the artifact; return the files written."""
     ensure_writable(plan.out, "--out")
     stem = os.path.join(plan.out, plan.artifact)

@@ -81,7 +81,7 @@ def _numbers(columns: list[str], row: ArmRow, pretrained: ArmRow | None) -> dict
 
 
 def write_table2(
-    specs: list[str], out: str, selection: Selection, reference: str | None, test: str, pretrained: str = "auto"
+    specs: list[str], out: str, selection: Selection, reference: str | None, test: str, pretrained: str
 ) -> str:
     """``out/table2.{md,tex,json,png,pdf}`` (and ``evaluate table``'s files in ``out/table2/``)."""
     made = table(specs, os.path.join(out, "table2"), selection, reference, test, pretrained)

@@ -60,7 +60,6 @@ def init_panel(
     seeds: Sequence[int],
     sequences: Sequences,
     say: Callable[[str], None],
-    batch_size: int = 4,
 ) -> InitPanel:
     """Step-0 condensation of ``flavor`` at each width (``out/w{width}/``) and at the narrowest for each
     extra seed (``out/w{width}-s{seed}/``); a shape measured on the same sequences is read back."""
@@ -78,7 +77,7 @@ def init_panel(
                 results[width, seed] = cached
                 say(f"init     MLP width {width}, seed {seed}: read back ({i} of {len(jobs)})")
                 continue
-        results[width, seed] = measure_at_init(args, seed, sequences, batch_size, folder)
+        results[width, seed] = measure_at_init(args, seed, sequences, batch_size=4, run=folder)
         write_result(path, results[width, seed])
         took = time.monotonic() - start
         say(f"init     MLP width {width}, seed {seed}: measured in {took:.0f} s ({i} of {len(jobs)})")
