@@ -15,7 +15,6 @@ from ...analysis.compare import analyses_folder, load_runs
 from ...analysis.condensation_schema import Condensation, LayerCondensation
 from ...analysis.result_files import read_results
 from ...run_folder.checkpoints import dispersion_variant, load_run_metadata
-from ...utils.errors import AnalysisError
 
 VALIDATION_TAG = "validation_metrics/loss"
 
@@ -72,19 +71,15 @@ def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
     final = load_runs(list(dumps), "last")
     runs = []
     for dump, first, last in zip(dumps, init, final):
+        metadata = load_run_metadata(dump)  # one line if missing or of another format; else it records dispersion
         variant = dispersion_variant(dump)
-        if variant is None:  # never guess "baseline" for a run whose settings are unknown
-            raise AnalysisError(
-                f"{os.path.join(dump, 'run.json')}: no dispersion settings recorded; "
-                "runs must be trained by dispersion_titan.train"
-            )
         same_inputs = last.result.tokens_sha256
         analyses = read_results(analyses_folder(dump)).values()
         runs.append(
             RunCondensation(
                 name=os.path.basename(os.path.normpath(dump)),
                 width=last.result.mlp_width,
-                seed=load_run_metadata(dump).get("seed"),
+                seed=metadata.get("seed"),
                 dispersion=None if variant == "none" else variant,
                 init=first.result,
                 final=last.result,
