@@ -52,9 +52,7 @@ def checkpoint_steps(run: str) -> list[int]:
 def is_trained(run: SweepRun) -> bool:
     """Whether the run holds its last step's checkpoint (``run.json``'s ``training_steps``)."""
     steps = checkpoint_steps(run.folder)
-    if not steps:
-        return False
-    return max(steps) == load_run_metadata(run.folder).get("training_steps")
+    return bool(steps) and max(steps) == load_run_metadata(run.folder).get("training_steps")
 
 
 def mlp_width(run: str) -> int:

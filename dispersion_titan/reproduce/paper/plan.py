@@ -104,15 +104,6 @@ def _is_run(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, RUN_METADATA_FILE)) or os.path.isdir(os.path.join(folder, "checkpoint"))
 
 
-def _last_step(run: str) -> str:
-    steps = fig3.checkpoint_steps(run)
-    if not steps:
-        raise MissingInput(
-            f"--models: {run}: no checkpoints yet (train it: launch/train.sh CONFIG --job.dump_folder {run})"
-        )
-    return str(steps[-1])
-
-
 def run_model(run: str, analyses: str, row: str | None, label: str, steps: str) -> PaperModel:
     """One of our runs, analysed at ``steps`` into ``analyses/RUN``."""
     return PaperModel(run, os.path.join(analyses, safe_name(os.path.basename(run))), row, label, steps=steps)
@@ -124,7 +115,12 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
         target = text
     elif os.path.isdir(text) and _is_run(text):
         run = os.path.abspath(text)
-        return run_model(run, analyses, row, os.path.basename(run), _last_step(run))
+        steps = fig3.checkpoint_steps(run)
+        if not steps:
+            raise MissingInput(
+                f"--models: {run}: no checkpoints yet (train it: launch/train.sh CONFIG --job.dump_folder {run})"
+            )
+        return run_model(run, analyses, row, os.path.basename(run), str(steps[-1]))
     elif os.path.isdir(text):
         target = HF + os.path.abspath(text)
     elif os.path.exists(text) or text.startswith((".", "/")) or text.count("/") > 1:
