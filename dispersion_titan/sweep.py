@@ -29,7 +29,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000",
     )
     p.error_prefix = "sweep"
-    p.add_argument("spec", nargs="?", help="TOML file with the keys below (flags win)")
+    p.add_argument("file", nargs="?", metavar="SWEEP.toml", help="TOML file with the keys below (flags win)")
     p.add_argument("--config", help="training TOML shared by every cell")
     p.add_argument("--out", help="sweep folder (default outputs/sweep-<config>-<time>); must be new")
     p.add_argument("--widths", help="MLP hidden widths, e.g. 256,512")
@@ -80,26 +80,26 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing: --help and typos answer without torch and TorchTitan (seconds).
-    from dispersion_titan.reproduce import sweep
+    from dispersion_titan.reproduce import sweep as slurm_sweep
 
-    raw = read_toml(args.spec, "SPEC") if args.spec else {}
-    raw.update({k: v for k, v in vars(args).items() if k not in ("spec", "dry_run", "plan") and v is not None})
+    raw = read_toml(args.file, "SWEEP.toml") if args.file else {}
+    raw.update({k: v for k, v in vars(args).items() if k not in ("file", "dry_run", "plan") and v is not None})
     if overrides:
         raw["train_overrides"] = overrides
-    spec = sweep.build_spec(raw)
-    sweep.check_training_configs(spec)
+    sweep = slurm_sweep.read_sweep(raw)
+    slurm_sweep.check_training_configs(sweep)
     if args.plan:  # the cells' training jobs planned on their GPUs
-        if spec.gpus_per_node == 0:
+        if sweep.gpus_per_node == 0:
             raise SweepError("--plan: plans GPU jobs, and gpus_per_node is 0")
-        runs = [(cell.name, sweep.cell_args(spec, cell)) for cell in spec.cells()]
-        plan_runs(runs, sweep.world_size(spec), spec.nodes or 1, args.plan)
+        runs = [(cell.name, slurm_sweep.cell_args(sweep, cell)) for cell in sweep.cells()]
+        plan_runs(runs, slurm_sweep.world_size(sweep), sweep.nodes or 1, args.plan)
         return
-    jobs = sweep.plan(spec)
+    jobs = slurm_sweep.slurm_jobs(sweep)
     if args.dry_run:
-        print(sweep.dry_run(spec, jobs))
+        print(slurm_sweep.dry_run(sweep, jobs))
         return
-    ids = submit(jobs, spec.out / "logs")
-    print(f"sweep: {len(jobs)} jobs submitted; manifest {sweep.write_manifest(spec, jobs, ids)}")
+    ids = submit(jobs, sweep.out / "logs")
+    print(f"sweep: {len(jobs)} jobs submitted; manifest {slurm_sweep.write_manifest(sweep, jobs, ids)}")
 
 
 if __name__ == "__main__":

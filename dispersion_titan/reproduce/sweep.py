@@ -1,5 +1,5 @@
 """The MLP width × variant × seed experiment on Slurm (``python -m dispersion_titan.sweep``):
-the spec read and checked, every cell's training config validated, the jobs planned with
+the sweep read and checked, every cell's training config validated, the jobs planned with
 their dependencies, then printed (``--dry-run``) or submitted with ``sweep.json``."""
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; t
 
 
 @dataclass
-class Spec:
+class Sweep:
     config: Path
     out: Path
     widths: list[int]
-    variants: list[Arm]  # the spec's key (a user's TOML key): the arms
+    variants: list[Arm]  # the sweep's key (a user's TOML key): the arms
     seeds: list[int]
     partition: str | None = None
     account: str | None = None
@@ -106,8 +106,8 @@ def _strings(key: str, value: Any) -> list[str]:
     return list(value)
 
 
-def build_spec(raw: dict[str, Any]) -> Spec:
-    allowed = set(Spec.__dataclass_fields__)
+def read_sweep(raw: dict[str, Any]) -> Sweep:
+    allowed = set(Sweep.__dataclass_fields__)
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise SweepError(f"{unknown[0]}: unknown sweep key (known: {', '.join(sorted(allowed))})")
@@ -130,87 +130,87 @@ def build_spec(raw: dict[str, Any]) -> Spec:
         if _flag(arg) in GRID_KEYS:
             raise SweepError(f"training overrides: {arg} is set by the sweep for each cell")
     arms = [parse_arm(str(v)) for v in _items("variants", raw["variants"])]
-    spec = Spec(**{**fields, "config": config, "out": out, "widths": widths, "seeds": seeds, "variants": arms})
-    for key, values in (("widths", spec.widths), ("seeds", spec.seeds), ("variants", [a.label for a in arms])):
+    sweep = Sweep(**{**fields, "config": config, "out": out, "widths": widths, "seeds": seeds, "variants": arms})
+    for key, values in (("widths", sweep.widths), ("seeds", sweep.seeds), ("variants", [a.label for a in arms])):
         if len(set(values)) != len(values):
             raise SweepError(f"{key}: listed twice: {values}")
-    return spec
+    return sweep
 
 
-def world_size(spec: Spec) -> int:
+def world_size(sweep: Sweep) -> int:
     """The processes of each training job: one per GPU of every node."""
-    per_node = SBATCH_GPUS_PER_NODE if spec.gpus_per_node is None else spec.gpus_per_node
-    return (spec.nodes or 1) * (per_node or CPU_PROCESSES_PER_NODE)
+    per_node = SBATCH_GPUS_PER_NODE if sweep.gpus_per_node is None else sweep.gpus_per_node
+    return (sweep.nodes or 1) * (per_node or CPU_PROCESSES_PER_NODE)
 
 
-def cell_args(spec: Spec, cell: Cell) -> list[str]:
+def cell_args(sweep: Sweep, cell: Cell) -> list[str]:
     """The training command line of ``cell``, as its job runs it."""
-    run = str(spec.out / cell.name)
-    args = ["--job.config_file", str(spec.config), *spec.train_overrides, *cell.overrides(run)]
+    run = str(sweep.out / cell.name)
+    args = ["--job.config_file", str(sweep.config), *sweep.train_overrides, *cell.overrides(run)]
     return with_config_module(args, load_toml(args))
 
 
-def check_training_configs(spec: Spec) -> None:
+def check_training_configs(sweep: Sweep) -> None:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
     setup_torchtitan()
-    for cell in spec.cells():
+    for cell in sweep.cells():
         try:
-            validated_args(cell_args(spec, cell), world_size(spec))
+            validated_args(cell_args(sweep, cell), world_size(sweep))
         except (DispersionTitanError, ValueError) as e:
             raise SweepError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
 
 
-def _resources(spec: Spec, *keys: str) -> list[str]:
-    """sbatch options for the resources the spec sets (``analyze_gpus`` is ``--gpus``)."""
+def _resources(sweep: Sweep, *keys: str) -> list[str]:
+    """sbatch options for the resources the sweep sets (``analyze_gpus`` is ``--gpus``)."""
     flags = {"analyze_gpus": "--gpus"}
     return [
-        f"{flags.get(k, '--' + k.replace('_', '-'))}={getattr(spec, k)}" for k in keys if getattr(spec, k) is not None
+        f"{flags.get(k, '--' + k.replace('_', '-'))}={getattr(sweep, k)}" for k in keys if getattr(sweep, k) is not None
     ]
 
 
-def plan(spec: Spec) -> list[SlurmJob]:
+def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
     """Per cell: train, then analyze and evaluate; then compare (after every train and
     analyze job) and the table (after every evaluate job)."""
-    train_options = _resources(spec, "nodes", "gpus_per_node", "cpus_per_task") + spec.train_sbatch_args
+    train_options = _resources(sweep, "nodes", "gpus_per_node", "cpus_per_task") + sweep.train_sbatch_args
     kinds = {
-        "train": (spec.train_time, train_options, TRAIN_SBATCH),
-        "analyze": (spec.analyze_time, _resources(spec, "analyze_gpus") + spec.analyze_sbatch_args, ANALYZE_SBATCH),
-        "evaluate": (spec.evaluate_time, spec.evaluate_sbatch_args, EVALUATE_SBATCH),
+        "train": (sweep.train_time, train_options, TRAIN_SBATCH),
+        "analyze": (sweep.analyze_time, _resources(sweep, "analyze_gpus") + sweep.analyze_sbatch_args, ANALYZE_SBATCH),
+        "evaluate": (sweep.evaluate_time, sweep.evaluate_sbatch_args, EVALUATE_SBATCH),
     }
 
     def job(key: str, label: str, kind: str, *args: str | Path, after: list[str], extra: tuple = ()) -> SlurmJob:
         time, options, script = kinds[kind]
-        argv = sbatch(f"{spec.out.name}-{label.replace(' ', '-')}", spec.out / "logs")
-        argv += [f"--partition={spec.partition}"] if spec.partition else []
-        argv += [f"--account={spec.account}"] if spec.account else []
+        argv = sbatch(f"{sweep.out.name}-{label.replace(' ', '-')}", sweep.out / "logs")
+        argv += [f"--partition={sweep.partition}"] if sweep.partition else []
+        argv += [f"--account={sweep.account}"] if sweep.account else []
         argv += [f"--time={time}"] if time else []
         return SlurmJob(key, label, [*argv, *extra, *options, str(script), *map(str, args)], after)
 
     jobs: list[SlurmJob] = []
-    for i, cell in enumerate(spec.cells(), start=1):
-        run, name = str(spec.out / cell.name), cell.name
-        overrides = [*spec.train_overrides, *cell.overrides(run)]
-        train = job(f"train_{i}", f"{name} train", "train", spec.config, *overrides, after=[])
+    for i, cell in enumerate(sweep.cells(), start=1):
+        run, name = str(sweep.out / cell.name), cell.name
+        overrides = [*sweep.train_overrides, *cell.overrides(run)]
+        train = job(f"train_{i}", f"{name} train", "train", sweep.config, *overrides, after=[])
         jobs += [
             train,
-            job(f"analyze_{i}", f"{name} analyze", "analyze", run, *spec.analyze_args, after=[train.key]),
-            job(f"evaluate_{i}", f"{name} evaluate", "evaluate", run, *spec.evaluate_args, after=[train.key]),
+            job(f"analyze_{i}", f"{name} analyze", "analyze", run, *sweep.analyze_args, after=[train.key]),
+            job(f"evaluate_{i}", f"{name} evaluate", "evaluate", run, *sweep.evaluate_args, after=[train.key]),
         ]
-    runs = [str(spec.out / cell.name) for cell in spec.cells()]
+    runs = [str(sweep.out / cell.name) for cell in sweep.cells()]
     evaluations = [j.key for j in jobs if j.key.startswith("evaluate_")]
     others = [j.key for j in jobs if j.key not in evaluations]
-    compare = job("compare", "compare", "analyze", "compare", *runs, "--out", spec.out / "compare", after=others)
+    compare = job("compare", "compare", "analyze", "compare", *runs, "--out", sweep.out / "compare", after=others)
     # the table needs no GPU (a later --gpus in evaluate_sbatch_args wins)
-    table_args = ("table", *runs, "--out", spec.out / "table")
+    table_args = ("table", *runs, "--out", sweep.out / "table")
     table = job("table", "table", "evaluate", *table_args, after=evaluations, extra=("--gpus=0",))
     return [*jobs, compare, table]
 
 
-def dry_run(spec: Spec, jobs: list[SlurmJob]) -> str:
-    cells = len(spec.cells())
-    header = f"# sweep: {cells} cells x (train, analyze, evaluate) + compare + table = {len(jobs)} jobs; out {spec.out}"
-    return script([header], jobs, spec.out / "logs")
+def dry_run(sweep: Sweep, jobs: list[SlurmJob]) -> str:
+    jobs_line = f"(train, analyze, evaluate) + compare + table = {len(jobs)} jobs"
+    header = f"# sweep: {len(sweep.cells())} cells x {jobs_line}; out {sweep.out}"
+    return script([header], jobs, sweep.out / "logs")
 
 
 def _arm_json(arm: Arm) -> dict[str, Any]:
@@ -218,19 +218,19 @@ def _arm_json(arm: Arm) -> dict[str, Any]:
     return {"name": arm.name, "coeff": arm.coeff, "method": arm.method}
 
 
-def write_manifest(spec: Spec, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:
-    cells = spec.cells()
+def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:
+    cells = sweep.cells()
     manifest = {
-        "config": str(spec.config),
-        "out": str(spec.out),
-        "grid": {"widths": spec.widths, "variants": [_arm_json(a) for a in spec.variants], "seeds": spec.seeds},
+        "config": str(sweep.config),
+        "out": str(sweep.out),
+        "grid": {"widths": sweep.widths, "variants": [_arm_json(a) for a in sweep.variants], "seeds": sweep.seeds},
         "cells": [
             {
                 "name": c.name,
                 "width": c.width,
                 "variant": _arm_json(c.arm),
                 "seed": c.seed,
-                "run": str(spec.out / c.name),
+                "run": str(sweep.out / c.name),
                 "train_job": ids[f"train_{i}"],
                 "analyze_job": ids[f"analyze_{i}"],
                 "evaluate_job": ids[f"evaluate_{i}"],
@@ -238,12 +238,12 @@ def write_manifest(spec: Spec, jobs: list[SlurmJob], ids: dict[str, str]) -> Pat
             for i, c in enumerate(cells, start=1)
         ],
         "compare_job": ids["compare"],
-        "compare_out": str(spec.out / "compare"),
+        "compare_out": str(sweep.out / "compare"),
         "table_job": ids["table"],
-        "table_out": str(spec.out / "table"),
+        "table_out": str(sweep.out / "table"),
         "commands": {job.key: job.command(ids) for job in jobs},
     }
-    path = spec.out / "sweep.json"
+    path = sweep.out / "sweep.json"
     path.write_text(json.dumps(manifest, indent=2) + "\n")
-    record_owner(str(spec.out), FolderOwner("sweep"))  # its runs, comparison and table go inside
+    record_owner(str(sweep.out), FolderOwner("sweep"))  # its runs, comparison and table go inside
     return path
