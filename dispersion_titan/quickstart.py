@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     # Imported after parsing: --help and typos answer without torch (seconds).
     from dispersion_titan.reproduce.quickstart import pipeline
 
-    pipeline.run(pipeline.make_plan(args))
+    pipeline.run(pipeline.make_setup(args))
 
 
 if __name__ == "__main__":

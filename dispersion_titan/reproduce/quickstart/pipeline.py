@@ -39,7 +39,7 @@ QUICKSTART = FolderOwner("quickstart")
 
 
 @dataclass(frozen=True)
-class QuickstartPlan:
+class QuickstartSetup:
     out: str
     config: str
     widths: tuple[int, ...]
@@ -97,8 +97,8 @@ class Progress:
             print(f"[{minutes:2d}:{seconds:02d}] {message}", flush=True)
 
 
-def make_plan(a: argparse.Namespace) -> QuickstartPlan:
-    """The plan for the parsed command line ``a`` (``dispersion_titan.quickstart``'s parser)."""
+def make_setup(a: argparse.Namespace) -> QuickstartSetup:
+    """The setup for the parsed command line ``a`` (``dispersion_titan.quickstart``'s parser)."""
     config = os.path.abspath(a.config)
     try:
         toml = load_toml(["--job.config_file", config])
@@ -116,58 +116,58 @@ def make_plan(a: argparse.Namespace) -> QuickstartPlan:
         raise ArgumentError(f"--init-flavor: {a.init_flavor!r} is not one of {sorted(gpt2_flavors)}")
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths) + 2 * a.spread_seeds)
-    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(QuickstartPlan) if hasattr(a, f.name)}
+    given = {f.name: getattr(a, f.name) for f in dataclasses.fields(QuickstartSetup) if hasattr(a, f.name)}
     derived = {"steps": steps, "checkpoint_interval": interval, "jobs": jobs, "threads": max(1, cpus // jobs)}
-    return QuickstartPlan(**{**given, **derived, "out": os.path.abspath(a.out), "config": config, "seed": seed})
+    return QuickstartSetup(**{**given, **derived, "out": os.path.abspath(a.out), "config": config, "seed": seed})
 
 
-def train_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
+def train_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
     return "dispersion_titan.train", [
         "--job.config_file",
-        plan.config,
+        setup.config,
         "--profile",
         "cpu",  # a CPU product (docs/training.md#cpu)
         "--training.steps",
-        str(plan.steps),
+        str(setup.steps),
         "--checkpoint.interval",
-        str(plan.checkpoint_interval),
+        str(setup.checkpoint_interval),
         "--validation.freq",
-        str(plan.steps),  # the summary reports the final validation loss
-        *run.overrides(plan.dump(run)),
+        str(setup.steps),  # the summary reports the final validation loss
+        *run.overrides(setup.dump(run)),
     ]
 
 
-def analyze_command(plan: QuickstartPlan, run: Cell) -> tuple[str, list[str]]:
+def analyze_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
     return "dispersion_titan.analyze", [
-        plan.dump(run),
+        setup.dump(run),
         "--num-sequences",
-        str(plan.num_sequences),
+        str(setup.num_sequences),
         "--seq-len",
-        str(plan.seq_len),
+        str(setup.seq_len),
     ]
 
 
-def trained(plan: QuickstartPlan, run: Cell) -> bool:
-    return plan.steps in [c.step for c in complete_checkpoints(os.path.join(plan.dump(run), "checkpoint"))]
+def trained(setup: QuickstartSetup, run: Cell) -> bool:
+    return setup.steps in [c.step for c in complete_checkpoints(os.path.join(setup.dump(run), "checkpoint"))]
 
 
-def analyzed(plan: QuickstartPlan, run: Cell) -> bool:
+def analyzed(setup: QuickstartSetup, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences."""
-    results = read_results(os.path.join(plan.dump(run), "condensation"))
+    results = read_results(os.path.join(setup.dump(run), "condensation"))
     return all(
         c.step in results
-        and (results[c.step].num_sequences, results[c.step].seq_len) == (plan.num_sequences, plan.seq_len)
-        for c in list_checkpoints(os.path.join(plan.dump(run), "checkpoint"))
+        and (results[c.step].num_sequences, results[c.step].seq_len) == (setup.num_sequences, setup.seq_len)
+        for c in list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
     )
 
 
-def job_commands(plan: QuickstartPlan) -> Commands:
+def job_commands(setup: QuickstartSetup) -> Commands:
     """Training and analysis commands, forked from one server that imported them once."""
     # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
     env = {
         **CPU_MALLOC_ENV,
         **os.environ,
-        "OMP_NUM_THREADS": str(plan.threads),
+        "OMP_NUM_THREADS": str(setup.threads),
         "PYTHONUNBUFFERED": "1",
         ALLOW_CPU_ENV: "1",
     }
@@ -189,44 +189,44 @@ def last_error(log: str) -> str:
     return (errors or lines or ["(empty log)"])[-1]
 
 
-def process(plan: QuickstartPlan, run: Cell, commands: Commands, say: Progress) -> str | None:
+def process(setup: QuickstartSetup, run: Cell, commands: Commands, say: Progress) -> str | None:
     """Train (unless done) then analyze (unless done) one run; an error line or None."""
     for phase, done, command in (("train", trained, train_command), ("analyze", analyzed, analyze_command)):
-        if done(plan, run):
+        if done(setup, run):
             say(f"{phase:8} {run.name}: already done, skipped")
             continue
-        log = plan.log(run, phase)
+        log = setup.log(run, phase)
         say(f"{phase:8} {run.name}: started (log: {log})")
         start = time.monotonic()
-        with StepProgress(log, plan.steps, run.name, say) if phase == "train" else contextlib.nullcontext():
-            status = commands.run(*command(plan, run), log)
+        with StepProgress(log, setup.steps, run.name, say) if phase == "train" else contextlib.nullcontext():
+            status = commands.run(*command(setup, run), log)
         if status:
             return f"{phase} {run.name} failed (exit {status}): {last_error(log)} (log: {log})"
         say(f"{phase:8} {run.name}: done in {time.monotonic() - start:.0f} s")
     return None
 
 
-def train_and_analyze(plan: QuickstartPlan, say: Progress) -> None:
-    with job_commands(plan) as commands, ThreadPoolExecutor(max_workers=plan.jobs) as pool:
-        errors = [e for e in pool.map(lambda run: process(plan, run, commands, say), plan.runs) if e]
+def train_and_analyze(setup: QuickstartSetup, say: Progress) -> None:
+    with job_commands(setup) as commands, ThreadPoolExecutor(max_workers=setup.jobs) as pool:
+        errors = [e for e in pool.map(lambda run: process(setup, run, commands, say), setup.runs) if e]
     for error in errors:
         print(f"dispersion_titan: error: {error}", file=sys.stderr)
     if errors:
         sys.exit(1)
 
 
-def compare_runs(plan: QuickstartPlan, say: Progress) -> list[tuple[str, str]]:
+def compare_runs(setup: QuickstartSetup, say: Progress) -> list[tuple[str, str]]:
     """Write every ``analyze compare``; return (description, path) of its figure and table."""
-    main_seed = [r for r in plan.runs if r.seed == plan.seed]
-    everything = [plan.dump(r) for r in main_seed]
-    baselines = [plan.dump(r) for r in main_seed if r.arm.is_baseline]
+    main_seed = [r for r in setup.runs if r.seed == setup.seed]
+    everything = [setup.dump(r) for r in main_seed]
+    baselines = [setup.dump(r) for r in main_seed if r.arm.is_baseline]
     files = []
     for name, runs, step in (
-        ("final_width_sweep", baselines, str(plan.steps)),
-        ("final_baseline_vs_dispersion", everything, str(plan.steps)),
+        ("final_width_sweep", baselines, str(setup.steps)),
+        ("final_baseline_vs_dispersion", everything, str(setup.steps)),
         ("init_width_sweep", baselines, "0"),
     ):
-        out = os.path.join(plan.out, "compare", name)
+        out = os.path.join(setup.out, "compare", name)
         compare(runs, out, step)
         say(f"compare  {name}: {out}")
         what = name.replace("_", " ")
@@ -237,96 +237,96 @@ def compare_runs(plan: QuickstartPlan, say: Progress) -> list[tuple[str, str]]:
     return files
 
 
-def measure_init_panel(plan: QuickstartPlan, say: Progress) -> InitPanel:
+def measure_init_panel(setup: QuickstartSetup, say: Progress) -> InitPanel:
     """Condensation at initialization at each ``init_widths`` (cached in OUT/init_panel)."""
     start = time.monotonic()
-    extra = f"; seed {', '.join(map(str, plan.seeds[1:]))} at {plan.init_widths[0]}" if plan.seeds[1:] else ""
+    extra = f"; seed {', '.join(map(str, setup.seeds[1:]))} at {setup.init_widths[0]}" if setup.seeds[1:] else ""
     say(
-        f"init     condensation at initialization, {plan.init_flavor} shape, MLP width "
-        f"{', '.join(map(str, plan.init_widths))} at seed {plan.seed}{extra}: one forward pass each"
+        f"init     condensation at initialization, {setup.init_flavor} shape, MLP width "
+        f"{', '.join(map(str, setup.init_widths))} at seed {setup.seed}{extra}: one forward pass each"
     )
-    texts = InputOptions(DEFAULT_DATASET, None, None, plan.init_num_sequences, plan.seq_len, seed=0)
-    folder = os.path.join(plan.out, "init_panel")
-    panel = init_panel(folder, plan.init_flavor, plan.init_widths, plan.seeds, select_sequences(texts), say)
+    texts = InputOptions(DEFAULT_DATASET, None, None, setup.init_num_sequences, setup.seq_len, seed=0)
+    folder = os.path.join(setup.out, "init_panel")
+    panel = init_panel(folder, setup.init_flavor, setup.init_widths, setup.seeds, select_sequences(texts), say)
     say(f"init     done in {time.monotonic() - start:.0f} s")
     return panel
 
 
-def summarize(plan: QuickstartPlan, panel: InitPanel, files: list[tuple[str, str]]) -> str:
+def summarize(setup: QuickstartSetup, panel: InitPanel, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
-    runs = load_sweep([plan.dump(r) for r in plan.runs])
-    found = findings(panel, runs, plan.seed)
+    runs = load_sweep([setup.dump(r) for r in setup.runs])
+    found = findings(panel, runs, setup.seed)
     args = runs[0].final.model_args
-    init = panel.widths[plan.init_widths[0]].model_args
-    setup = (
-        f"Init panel: GPT-2 ({plan.init_flavor}: dim {init['dim']}, {init['n_layers']} blocks) freshly "
-        f"initialised at MLP width {' / '.join(map(str, plan.init_widths))} (and {plan.spread_seeds} more "
-        f"seed(s) at {plan.init_widths[0]}). Trained sweep: {len(runs)} runs "
+    init = panel.widths[setup.init_widths[0]].model_args
+    described = (
+        f"Init panel: GPT-2 ({setup.init_flavor}: dim {init['dim']}, {init['n_layers']} blocks) freshly "
+        f"initialised at MLP width {' / '.join(map(str, setup.init_widths))} (and {setup.spread_seeds} more "
+        f"seed(s) at {setup.init_widths[0]}). Trained sweep: {len(runs)} runs "
         f"of a GPT-2 with dim {args['dim']}, {args['n_layers']} blocks, {args['n_heads']} heads on the "
-        f"embedded Wikipedia sample ({plan.config}): MLP width {' / '.join(map(str, plan.widths))}, each "
-        f"without and with {VARIANT} λ={plan.coeff}, seed {plan.seed} (and {plan.spread_seeds} more seed(s) "
-        f"at width {plan.widths[0]}), {plan.steps} steps, checkpoints at step 0 and every "
-        f"{plan.checkpoint_interval} steps."
+        f"embedded Wikipedia sample ({setup.config}): MLP width {' / '.join(map(str, setup.widths))}, each "
+        f"without and with {VARIANT} λ={setup.coeff}, seed {setup.seed} (and {setup.spread_seeds} more seed(s) "
+        f"at width {setup.widths[0]}), {setup.steps} steps, checkpoints at step 0 and every "
+        f"{setup.checkpoint_interval} steps."
     )
-    figure = os.path.join(plan.out, "summary.png")
-    save_png(findings_figure(panel, runs, found, plan.seed), figure)
-    per_run = os.path.join(plan.out, "runs", "*", "condensation")
+    figure = os.path.join(setup.out, "summary.png")
+    save_png(findings_figure(panel, runs, found, setup.seed), figure)
+    per_run = os.path.join(setup.out, "runs", "*", "condensation")
     all_files = [
         ("the paper's findings beside the measurements, one panel each", figure),
-        ("init panel, condensation.json per width", os.path.join(plan.out, "init_panel")),
+        ("init panel, condensation.json per width", os.path.join(setup.out, "init_panel")),
         *files,
         ("per run: evolution.png, heatmap_step-N.png, summary.csv", per_run),
-        ("training and analysis logs", os.path.join(plan.out, "logs")),
+        ("training and analysis logs", os.path.join(setup.out, "logs")),
     ]
-    text = summary_markdown(runs, found, setup, all_files)
-    atomic_write(os.path.join(plan.out, "summary.md"), lambda f: f.write(text))
+    text = summary_markdown(runs, found, described, all_files)
+    atomic_write(os.path.join(setup.out, "summary.md"), lambda f: f.write(text))
     return text
 
 
-def check_same_options(plan: QuickstartPlan) -> None:
+def check_same_options(setup: QuickstartSetup) -> None:
     """Record the options in OUT/quickstart.json, or refuse when OUT was made with others."""
-    path = os.path.join(plan.out, OPTIONS_FILE)
+    path = os.path.join(setup.out, OPTIONS_FILE)
     if os.path.isfile(path):
         with open(path) as f:
             recorded = json.load(f)
         changed = [
             f"{key} {recorded.get(key)!r} → {value!r}"
-            for key, value in plan.identity().items()
+            for key, value in setup.identity().items()
             if recorded.get(key) != value
         ]
         if changed:
             raise ArgumentError(
-                f"--out: {plan.out} holds results made with other options ({'; '.join(changed)}); use another --out"
+                f"--out: {setup.out} holds results made with other options ({'; '.join(changed)}); use another --out"
             )
-    elif os.path.isdir(os.path.join(plan.out, "runs")):
-        raise ArgumentError(f"--out: {plan.out} holds runs without {OPTIONS_FILE}; use another --out")
-    write_json(path, plan.identity())
+    elif os.path.isdir(os.path.join(setup.out, "runs")):
+        raise ArgumentError(f"--out: {setup.out} holds runs without {OPTIONS_FILE}; use another --out")
+    write_json(path, setup.identity())
 
 
-def run(plan: QuickstartPlan) -> None:
-    """Everything the quickstart does for ``plan``, as the one writer of OUT; each step skipped where its results
+def run(setup: QuickstartSetup) -> None:
+    """Everything the quickstart does for ``setup``, as the one writer of OUT; each step skipped where its results
     exist."""
     try:
-        refuse_unless_ours(plan.out, QUICKSTART, "--out", "use another --out")
-        ensure_writable(plan.out, "--out")
-        with owned(plan.out, QUICKSTART):
-            check_same_options(plan)
+        refuse_unless_ours(setup.out, QUICKSTART, "--out", "use another --out")
+        ensure_writable(setup.out, "--out")
+        with owned(setup.out, QUICKSTART):
+            check_same_options(setup)
             say = Progress()
             say(
-                f"quickstart: {len(plan.runs)} runs (MLP width {', '.join(map(str, plan.widths))} × "
-                f"baseline/{VARIANT} λ={plan.coeff}), {plan.steps} steps each, {plan.jobs} at a time with "
-                f"{plan.threads} thread(s) each; output: {plan.out}"
+                f"quickstart: {len(setup.runs)} runs (MLP width {', '.join(map(str, setup.widths))} × "
+                f"baseline/{VARIANT} λ={setup.coeff}), {setup.steps} steps each, {setup.jobs} at a time with "
+                f"{setup.threads} thread(s) each; output: {setup.out}"
             )
-            panel = measure_init_panel(plan, say)
-            train_and_analyze(plan, say)
+            panel = measure_init_panel(setup, say)
+            train_and_analyze(setup, say)
             try:
-                files = compare_runs(plan, say)
-                text = summarize(plan, panel, files)
+                files = compare_runs(setup, say)
+                text = summarize(setup, panel, files)
             except (DispersionTitanError, OSError) as e:
                 fail(str(e).splitlines()[0], status=1)
             print("\n" + text)
             minutes, seconds = divmod(round(say.elapsed()), 60)
-            summary = os.path.join(plan.out, "summary.md")
+            summary = os.path.join(setup.out, "summary.md")
             say(f"quickstart: finished in {minutes} min {seconds} s; summary: {summary}")
     except DispersionTitanError as e:
         fail(str(e))
