@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import NamedTuple, Protocol
@@ -164,25 +164,6 @@ def dispersion_loss_reference(
 # ----------------------------------------------------------------------------------
 
 
-def _strips(n: int, batch: int, max_bytes: int, max_rows: int) -> Iterator[tuple[int, int]]:
-    """Row ranges [r0, r1) covering rows 0..n-2 (row n-1 has no pair above the diagonal).
-
-    Strip [r0, r1) is paired with columns [r0, n), so every strip holds at least one
-    strict-upper-triangle pair and its temporaries are [batch, r1 - r0, n - r0].
-    """
-    rows = max(1, min(max_rows, max_bytes // (4 * batch * n)))
-    for r0 in range(0, n - 1, rows):
-        yield r0, min(r0 + rows, n - 1)
-
-
-def _full_strips(n: int, batch: int, max_bytes: int, max_rows: int) -> Iterator[tuple[int, int]]:
-    """Row ranges [r0, r1) covering all n rows, each paired with all n columns (whole rows:
-    perplexity_entropy's softmax is per row); temporaries are [batch, r1 - r0, n]."""
-    rows = max(1, min(max_rows, max_bytes // (4 * batch * n)))
-    for r0 in range(0, n, rows):
-        yield r0, min(r0 + rows, n)
-
-
 def _mask_diagonal(buf: Tensor, r0: int, fill: float) -> Tensor:
     """Blank the diagonal i = j of a whole-row strip starting at row r0 (in place)."""
     rows = torch.arange(buf.shape[1], device=buf.device)
@@ -198,8 +179,10 @@ def _mask_lower(buf: Tensor, rows: int, fill: float) -> Tensor:
 
 
 def _softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
-    """p_ij = exp(x_ij - lse) of one strip, in place, in the precise form (x - m) - log_s."""
-    return logits.sub_(m[:, None, None]).sub_(log_s[:, None, None]).exp_()
+    """p_ij = exp(x_ij - lse) of one strip, in place, in the precise form (x - m) - log_s: m and log_s
+    per sequence [B] (the log-sum-exp over all pairs) or per row [B, rows] (whole-row softmaxes)."""
+    m, log_s = (t.reshape(t.shape[0], -1, 1) for t in (m, log_s))
+    return logits.sub_(m).sub_(log_s).exp_()
 
 
 # Per-variant elementwise functions on a strip of the Gram matrix g_ij = x_i . x_j,
@@ -264,18 +247,12 @@ def _decorrelation_grad_(gram: Tensor, hp: PairHyper, sq_sum: None, lse: None) -
     return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
 
 
-class _TorchPairFns(NamedTuple):
-    """A variant's elementwise functions on a Gram strip: its term and dL/dg."""
-
-    term_: Callable[..., Tensor]
-    grad_: Callable[..., Tensor]
-
-
+# variant -> (term_, grad_)
 _TORCH_PAIR_FNS = {
-    "angular_spread": _TorchPairFns(_angular_spread_term_, _angular_spread_grad_),
-    "orthogonalization": _TorchPairFns(_orthogonalization_term_, _orthogonalization_grad_),
-    "l2_repel": _TorchPairFns(_l2_repel_term_, _l2_repel_grad_),
-    "decorrelation": _TorchPairFns(_decorrelation_term_, _decorrelation_grad_),
+    "angular_spread": (_angular_spread_term_, _angular_spread_grad_),
+    "orthogonalization": (_orthogonalization_term_, _orthogonalization_grad_),
+    "l2_repel": (_l2_repel_term_, _l2_repel_grad_),
+    "decorrelation": (_decorrelation_term_, _decorrelation_grad_),
 }
 
 
@@ -289,31 +266,24 @@ class RowEntropy(NamedTuple):
     a: Tensor
 
 
-def _unit_rows(hidden: Tensor, center: bool, eps: float = 0.0) -> tuple[Tensor, Tensor, float]:
-    """fp32 u = x / (max(|x|, guard) + eps) with x = z (or z minus its feature mean); also
-    that denominator and guard. eps > 0 is the released code's z / (|z| + 1e-2).
+def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Tensor | None, float]:
+    """The fp32 rows x whose Gram matrix the variant needs; for unit and centred rows also the
+    denominator and guard of u = x / (max(|x|, guard) + eps), x = z or z minus its feature mean
+    (eps > 0 is the released code's z / (|z| + 1e-2)).
 
-    For decorrelation (``center``) the guard is sqrt(d-1) * NORM_EPS, so u_i . u_j is
-    exactly the reference's C_ij = z_c,i . z_c,j / (d-1) with the std clamped at NORM_EPS.
-    """
+    For decorrelation (centred) the guard is sqrt(d-1) * NORM_EPS, so u_i . u_j is exactly the
+    reference's C_ij = z_c,i . z_c,j / (d-1) with the std clamped at NORM_EPS. Raw rows are centred
+    on the sequence's mean token, as in the Triton kernel: distances are unchanged, and
+    |x_i|^2 + |x_j|^2 - 2 g_ij cancels less when the tokens share a large offset."""
     x = hidden.float()
+    if spec.rows == "raw":
+        return x - x.mean(dim=1, keepdim=True), None, 0.0
     guard = NORM_EPS
-    if center:
+    if spec.rows == "centred":
         x = x - x.mean(dim=-1, keepdim=True)
         guard = NORM_EPS * math.sqrt(x.shape[-1] - 1)
-    norm = x.norm(dim=-1, keepdim=True).clamp_min(guard) + eps
+    norm = x.norm(dim=-1, keepdim=True).clamp_min(guard) + hp.unit_eps(spec)
     return x / norm, norm, guard
-
-
-def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Tensor | None, float]:
-    """The fp32 rows x whose Gram matrix the variant needs, with _unit_rows' norm and guard.
-
-    Raw rows are centred on the sequence's mean token, as in the Triton kernel: distances are
-    unchanged, and |x_i|^2 + |x_j|^2 - 2 g_ij cancels less when the tokens share a large offset."""
-    if spec.rows == "raw":
-        x = hidden.float()
-        return x - x.mean(dim=1, keepdim=True), None, 0.0
-    return _unit_rows(hidden, center=spec.rows == "centred", eps=hp.unit_eps(spec))
 
 
 def _rows_backward(
@@ -355,8 +325,16 @@ class TorchStrips:
     def loss(self, layers: list[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
         return _PairLoss.apply(torch.cat(layers) if len(layers) > 1 else layers[0], spec, hp, lambda_norm, self)
 
-    def strips(self, n: int, batch: int) -> Iterator[tuple[int, int]]:
-        return _strips(n, batch, self.max_block_bytes, self.max_block_rows)
+    def strips(self, n: int, batch: int, whole_rows: bool = False) -> Iterator[tuple[int, int]]:
+        """Row ranges [r0, r1): by default covering rows 0..n-2 (row n-1 has no pair above the
+        diagonal), strip [r0, r1) paired with columns [r0, n), so every strip holds at least one
+        strict-upper-triangle pair and its temporaries are [batch, r1 - r0, n - r0]; with
+        ``whole_rows`` all n rows, each paired with all n columns (perplexity_entropy's softmax is
+        per row), temporaries [batch, r1 - r0, n]."""
+        rows = max(1, min(self.max_block_rows, self.max_block_bytes // (4 * batch * n)))
+        end = n if whole_rows else n - 1
+        for r0 in range(0, end, rows):
+            yield r0, min(r0 + rows, end)
 
     def forward(
         self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper
@@ -370,7 +348,7 @@ class TorchStrips:
         total = torch.zeros(b, device=x.device)
         for r0, r1 in self.strips(n, b):
             gram = torch.bmm(x[:, r0:r1], x[:, r0:].transpose(1, 2))
-            term = _TORCH_PAIR_FNS[spec.name].term_(gram, hp, _sq_sum(sq, r0, r1))
+            term = _TORCH_PAIR_FNS[spec.name][0](gram, hp, _sq_sum(sq, r0, r1))
             if spec.logsumexp:
                 lse.add(_mask_lower(term, r1 - r0, -math.inf))
             else:
@@ -392,7 +370,7 @@ class TorchStrips:
         for r0, r1 in self.strips(n, b):
             x_rows, x_cols = x[:, r0:r1], x[:, r0:]
             gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
-            weight = _mask_lower(_TORCH_PAIR_FNS[spec.name].grad_(gram, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
+            weight = _mask_lower(_TORCH_PAIR_FNS[spec.name][1](gram, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
             if row_sums is not None:
                 row_sums[:, r0:r1] += weight.sum(dim=2)
                 row_sums[:, r0:] += weight.sum(dim=1)
@@ -405,11 +383,11 @@ class TorchStrips:
         """perplexity_entropy forward: per whole-row strip, the row's softmax and its entropy terms."""
         b, n, _ = x.shape
         out = RowEntropy(*(torch.empty(b, n, device=x.device) for _ in range(4)))
-        for r0, r1 in _full_strips(n, b, self.max_block_bytes, self.max_block_rows):
+        for r0, r1 in self.strips(n, b, whole_rows=True):
             logits = _mask_diagonal(self._row_logits(x, sq, hp, r0, r1), r0, -math.inf)
             m = logits.amax(dim=2)
             log_s = (logits - m[:, :, None]).exp_().sum(dim=2).log_()
-            f, pf = row_entropy_terms(_row_softmax_(logits, m, log_s), hp.eps)
+            f, pf = row_entropy_terms(_softmax_(logits, m, log_s), hp.eps)
             for target, value in zip(out, (m, log_s, f.sum(dim=2), pf.sum(dim=2)), strict=True):
                 target[:, r0:r1] = value
         return out
@@ -420,9 +398,9 @@ class TorchStrips:
         """dL/dt_ij = p_ij (f'(p_ij) - a_i) / N of each ordered pair, so W = -2 dL/dD = (2 / (tau N))
         (p f' - p a_i); both orientations of every pair reach du and the row sums."""
         b, n, _ = x.shape
-        for r0, r1 in _full_strips(n, b, self.max_block_bytes, self.max_block_rows):
+        for r0, r1 in self.strips(n, b, whole_rows=True):
             logits = _mask_diagonal(self._row_logits(x, sq, hp, r0, r1), r0, -math.inf)
-            p = _row_softmax_(logits, rows.m[:, r0:r1], rows.log_s[:, r0:r1])
+            p = _softmax_(logits, rows.m[:, r0:r1], rows.log_s[:, r0:r1])
             _, pf = row_entropy_terms(p, hp.eps)
             weight = pf.sub_(p.mul_(rows.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
             row_sums[:, r0:r1] += weight.sum(dim=2)
@@ -437,11 +415,6 @@ class TorchStrips:
         """-D / tau for whole rows [r0, r1) against all columns."""
         gram = torch.bmm(x[:, r0:r1], x.transpose(1, 2))
         return _l2_repel_term_(gram, hp, sq[:, r0:r1, None] + sq[:, None, :])
-
-
-def _row_softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
-    """p_ij = exp((x_ij - m_i) - log_s_i) of whole-row strips, in place."""
-    return logits.sub_(m[:, :, None]).sub_(log_s[:, :, None]).exp_()
 
 
 def _sq_sum(sq: Tensor | None, r0: int, r1: int) -> Tensor | None:
@@ -519,11 +492,6 @@ def _triton_module() -> ModuleType | str:
     return dispersion_triton
 
 
-def _triton_import_error() -> str | None:
-    module = _triton_module()
-    return module if isinstance(module, str) else None
-
-
 # The probe's (value, gradient) tolerances: above each precision's error on random inputs as
 # measured on an H100 (docs/benchmarks.md), far below what a broken kernel gives.
 _PROBE_TOLERANCE = {"exact": (1e-4, 2e-3), "tf32": (5e-3, 2e-2), "bf16": (2e-3, 3e-2), "auto": (2e-3, 3e-2)}
@@ -537,7 +505,7 @@ def check_triton_kernel(device: torch.device, variant: str, precision: str) -> N
     it; never falls back in silence. Cached: once per process, device, variant and precision.
     """
     avoid = "set dispersion.kernel = 'torch' (kernel='torch') to use the PyTorch path"
-    if (problem := _triton_import_error()) is not None:
+    if isinstance(problem := _triton_module(), str):
         raise KernelUnavailable(f"the Triton dispersion kernel does not import ({problem}); {avoid}")
     gen = torch.Generator().manual_seed(0)
     probe = torch.randn(2, 130, 96, generator=gen).to(device)
@@ -574,7 +542,7 @@ def _pair_kernel(kernel: str | PairKernel, device: torch.device, variant: str, p
         return TorchStrips()
     if kernel == "auto":
         check_triton_kernel(device, variant, precision)
-    elif (problem := _triton_import_error()) is not None:
+    elif isinstance(problem := _triton_module(), str):
         raise ValueError(f"kernel='triton' needs the triton package, which does not import here ({problem})")
     return _triton_module().TritonTiles(precision)
 
@@ -660,7 +628,7 @@ def mean_offdiag_cosine(hidden: Tensor) -> Tensor:
     """
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [B, N, d], got shape {tuple(hidden.shape)}")
-    u, _, _ = _unit_rows(hidden, center=False)
+    u = torch.nn.functional.normalize(hidden.float(), dim=-1, eps=NORM_EPS)  # u = z / max(|z|, NORM_EPS)
     n = u.shape[1]
     if n < 2:
         return torch.zeros((), device=u.device)
