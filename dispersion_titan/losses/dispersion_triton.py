@@ -57,12 +57,12 @@ _LN2 = tl.constexpr(math.log(2.0))
 
 
 class TileConfig(NamedTuple):
-    """Fixed tiles for every kernel (the interpreter's, or a test's): no autotune."""
+    """The tiles of every kernel: fixed ones (the interpreter's, or a test's) or the GPU's, autotuned."""
 
     block: int  # pair tiles are block x block
     block_k: int  # features per Gram step
     slices: int  # the epilogue's column slices per tile (1, 2 or 4)
-    num_warps: int
+    num_warps: int  # 0: autotuned over PAIR_CONFIGS (the GPU's tiles)
 
 
 # The GPU's square pair tile: 128 x 128 (64 FLOP per byte loaded, twice 64 x 64's), its epilogue
@@ -710,37 +710,29 @@ class TritonTiles:
         _check_device(layers[0].device)
         return _TritonPairLoss.apply(spec, hp, lambda_norm, self, *(z.contiguous() for z in layers))
 
-    def fixed_tiles(self) -> TileConfig | None:
-        return self.tiles or (INTERPRETER_TILES if INTERPRETED else None)
-
-    def block(self, plan: _Products) -> int:
-        """The pair tile of every kernel."""
-        fixed = self.fixed_tiles()
-        return fixed.block if fixed else IEEE_BLOCK if plan.dot == "ieee" else GPU_BLOCK
-
-    def slice(self, plan: _Products) -> int:
-        """Columns per epilogue slice."""
-        fixed = self.fixed_tiles()
-        return self.block(plan) // (fixed.slices if fixed else GPU_SLICES)
-
-    def block_k(self, plan: _Products) -> int:
-        """Features per Gram step: STEP_BYTES of each stored part (half for exact's CUDA-core products)."""
-        fixed = self.fixed_tiles()
+    def config(self, plan: _Products) -> TileConfig:
+        """The tiles of every kernel: the fixed ones, else GPU_BLOCK (IEEE_BLOCK for exact's CUDA-core
+        products) in GPU_SLICES, a Gram step of STEP_BYTES of each stored part (half for CUDA cores),
+        autotuned (num_warps 0)."""
+        fixed = self.tiles or (INTERPRETER_TILES if INTERPRETED else None)
         if fixed:
-            return fixed.block_k
+            return fixed
         step = STEP_BYTES // 2 if plan.dot == "ieee" else STEP_BYTES
-        return step // (4 if plan.rows == "fp32" else 2 * 2 if plan.rows == "split" else 2)
+        block_k = step // (4 if plan.rows == "fp32" else 2 * 2 if plan.rows == "split" else 2)
+        return TileConfig(IEEE_BLOCK if plan.dot == "ieee" else GPU_BLOCK, block_k, GPU_SLICES, 0)
 
-    def launch(self, name: str, items: int, plan: _Products, device: torch.device, *args, **constexprs) -> None:
+    def launch(self, name: str, items: int, plan: _Products, spec: VariantSpec, device: torch.device, *args,
+               **constexprs) -> None:  # fmt: skip
         """Launch pair kernel ``name`` over ``items`` tile pairs: a persistent grid of PROGRAMS_PER_SM
         programs per multiprocessor (one per item off the GPU), with fixed tiles or autotuned."""
         programs = min(items, PROGRAMS_PER_SM * _multiprocessors(device)) if device.type == "cuda" else items
-        constexprs["SLICES"] = self.block(plan) // self.slice(plan)
-        fixed = self.fixed_tiles()
-        if fixed is None:
-            _TUNED[name][(programs,)](*args, **constexprs)
+        cfg = self.config(plan)
+        constexprs |= {"VARIANT": spec.name, "ROWS": spec.rows, "DOT": plan.dot, "INTERPRET": INTERPRETED,
+                       "BLOCK": cfg.block, "BLOCK_K": cfg.block_k, "SLICES": cfg.slices}  # fmt: skip
+        if cfg.num_warps:
+            _JIT[name][(programs,)](*args, **constexprs, num_warps=cfg.num_warps)
         else:
-            _JIT[name][(programs,)](*args, **constexprs, num_warps=fixed.num_warps)
+            _TUNED[name][(programs,)](*args, **constexprs)
 
 
 class _TritonPairLoss(torch.autograd.Function):
@@ -794,15 +786,13 @@ def _pair_sums(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles
                plan: _Products) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
     """The per-sequence loss of the pair-sum variants from the triangle's partials, and what backward needs."""
     _, b, n, d = rows.u.shape
-    block = tiles.block(plan)
+    block, block_k, _, _ = tiles.config(plan)
     items = b * _pairs(triton.cdiv(n, block))
     m_part = torch.empty(b, items // b, device=rows.u.device)
     s_part = torch.empty(b, items // b, device=rows.u.device)
-    block_k = tiles.block_k(plan)
     tiles.launch(
-        "forward", items, plan, rows.u.device, _tma(rows.u, [1, 1, block, block_k]), rows.sq, m_part, s_part, n, d,
-        items, -1.0 / hp.tau, hp.clamp, VARIANT=spec.name, ROWS=spec.rows, LOGSUMEXP=spec.logsumexp, DOT=plan.dot,
-        INTERPRET=INTERPRETED, BLOCK=block, BLOCK_K=block_k,
+        "forward", items, plan, spec, rows.u.device, _tma(rows.u, [1, 1, block, block_k]), rows.sq, m_part, s_part,
+        n, d, items, -1.0 / hp.tau, hp.clamp, LOGSUMEXP=spec.logsumexp,
     )  # fmt: skip
     if not spec.logsumexp:
         return s_part.sum(dim=1) * (2.0 / hp.pairs), ()
@@ -823,17 +813,17 @@ def _row_entropy(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTil
     into a [sequences, N, N] fp32 buffer (in groups within max_weight_bytes), then the row sweeps."""
     _, b, n, d = rows.u.shape
     device = rows.u.device
-    block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(plan)
+    block, block_k, slices, _ = tiles.config(plan)
+    cut = block // slices
     block_rows, cols, warps = ROW_ENTROPY_TILES
     stats = tuple(torch.empty(b, n, device=device) for _ in range(4))
     for b0, b1 in _sequence_groups(rows.sq.shape, 4, tiles.max_weight_bytes):
         logits = _square_buffer(1, b1 - b0, n, torch.float32, device)
         items = (b1 - b0) * _pairs(triton.cdiv(n, block))
         tiles.launch(
-            "logits", items, plan, device, _tma(rows.u[:, b0:b1], [1, 1, block, block_k]),
+            "logits", items, plan, spec, device, _tma(rows.u[:, b0:b1], [1, 1, block, block_k]),
             _tma(logits, [1, 1, block, cut]), _tma(logits, [1, 1, cut, block]), rows.sq[b0:b1], n, d, items,
-            -1.0 / hp.tau, VARIANT=spec.name, ROWS=spec.rows, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
-            BLOCK_K=block_k,
+            -1.0 / hp.tau,
         )  # fmt: skip
         _row_entropy_kernel[(triton.cdiv(n, block_rows), b1 - b0)](
             logits, *(s[b0:b1] for s in stats), n, logits.stride(2), hp.eps, ROWS=block_rows, COLS=cols,
@@ -877,7 +867,8 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor
     perplexity_entropy's per-token (m, log_s, a) [group, 3, N]; placeholders where a variant reads none."""
     _, total, n, d = rows.u.shape
     count = b1 - b0
-    block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(plan)
+    block, block_k, slices, _ = tiles.config(plan)
+    cut = block // slices
     tile_count = triton.cdiv(n, block)
     items = count * _pairs(tile_count)
     w = _square_buffer(2 if plan.split_weights else 1, count, n, torch.bfloat16, rows.u.device)
@@ -885,11 +876,9 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor
     u = rows.u[:, b0:b1]
     pair_scale = 2.0 / (hp.tau * n) if spec.row_entropy else 4.0 / hp.pairs
     tiles.launch(
-        "backward", items, plan, rows.u.device, _tma(u, [1, 1, block, block_k]), _tma(w, [1, 1, block, cut]),
+        "backward", items, plan, spec, rows.u.device, _tma(u, [1, 1, block, block_k]), _tma(w, [1, 1, block, cut]),
         _tma(w, [1, 1, cut, block]), rows.sq[b0:b1], *stats, radial, n, d, items, -1.0 / hp.tau, hp.clamp,
-        pair_scale, hp.eps, VARIANT=spec.name, ROWS=spec.rows, ROW_ENTROPY=spec.row_entropy,
-        LOGSUMEXP=spec.logsumexp, DOT=plan.dot, SPLIT_WEIGHTS=plan.split_weights, INTERPRET=INTERPRETED,
-        BLOCK=block, BLOCK_K=block_k,
+        pair_scale, hp.eps, ROW_ENTROPY=spec.row_entropy, LOGSUMEXP=spec.logsumexp, SPLIT_WEIGHTS=plan.split_weights,
     )  # fmt: skip
     u = _bf16_parts(u, w)
     du = _weights_times_rows(w, u)
