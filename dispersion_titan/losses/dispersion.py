@@ -507,21 +507,19 @@ def check_triton_kernel(device: torch.device, variant: str, precision: str) -> N
     avoid = "set dispersion.kernel = 'torch' (kernel='torch') to use the PyTorch path"
     if isinstance(problem := _triton_module(), str):
         raise KernelUnavailable(f"the Triton dispersion kernel does not import ({problem}); {avoid}")
-    gen = torch.Generator().manual_seed(0)
-    probe = torch.randn(2, 130, 96, generator=gen).to(device)
-    results = []
-    for kernel in (_triton_module().TritonTiles(precision), TorchStrips()):
+    probe = torch.randn(2, 130, 96, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def value_and_grad(kernel: PairKernel) -> tuple[Tensor, Tensor]:
         x = probe.clone().requires_grad_()
-        try:
-            loss = dispersion_loss(x, variant, kernel=kernel)
-            (grad,) = torch.autograd.grad(loss, x)
-        except Exception as err:  # a missing C compiler or Python.h surfaces here, at the first build
-            if isinstance(kernel, TorchStrips):
-                raise
-            raise KernelUnavailable(f"the Triton dispersion kernel does not build or run on {device}: {cause(err)}; "
-                                    f"{avoid}") from err  # fmt: skip
-        results.append((loss.detach().double(), grad.double()))
-    (value, grad), (ref_value, ref_grad) = results
+        loss = dispersion_loss(x, variant, kernel=kernel)
+        return loss.detach().double(), torch.autograd.grad(loss, x)[0].double()
+
+    try:
+        value, grad = value_and_grad(_triton_module().TritonTiles(precision))
+    except Exception as err:  # a missing C compiler or Python.h surfaces here, at the first build
+        raise KernelUnavailable(f"the Triton dispersion kernel does not build or run on {device}: {cause(err)}; "
+                                f"{avoid}") from err  # fmt: skip
+    ref_value, ref_grad = value_and_grad(TorchStrips())
     value_gap = ((value - ref_value).abs() / ref_value.abs().clamp_min(1e-12)).item()
     grad_gap = ((grad - ref_grad).abs().max() / ref_grad.abs().max().clamp_min(1e-12)).item()
     value_tol, grad_tol = _PROBE_TOLERANCE[precision]
