@@ -164,13 +164,6 @@ def dispersion_loss_reference(
 # ----------------------------------------------------------------------------------
 
 
-def _mask_diagonal(buf: Tensor, r0: int, fill: float) -> Tensor:
-    """Blank the diagonal i = j of a whole-row strip starting at row r0 (in place)."""
-    rows = torch.arange(buf.shape[1], device=buf.device)
-    buf[:, rows, rows + r0] = fill
-    return buf
-
-
 def _mask_lower(buf: Tensor, rows: int, fill: float) -> Tensor:
     """Blank the diagonal and below in a strip's leading [rows, rows] block (in place)."""
     lower = torch.ones(rows, rows, dtype=torch.bool, device=buf.device).tril_()
@@ -384,7 +377,7 @@ class TorchStrips:
         b, n, _ = x.shape
         out = RowEntropy(*(torch.empty(b, n, device=x.device) for _ in range(4)))
         for r0, r1 in self.strips(n, b, whole_rows=True):
-            logits = _mask_diagonal(self._row_logits(x, sq, hp, r0, r1), r0, -math.inf)
+            logits = self._row_logits(x, sq, hp, r0, r1)
             m = logits.amax(dim=2)
             log_s = (logits - m[:, :, None]).exp_().sum(dim=2).log_()
             f, pf = row_entropy_terms(_softmax_(logits, m, log_s), hp.eps)
@@ -399,7 +392,7 @@ class TorchStrips:
         (p f' - p a_i); both orientations of every pair reach du and the row sums."""
         b, n, _ = x.shape
         for r0, r1 in self.strips(n, b, whole_rows=True):
-            logits = _mask_diagonal(self._row_logits(x, sq, hp, r0, r1), r0, -math.inf)
+            logits = self._row_logits(x, sq, hp, r0, r1)
             p = _softmax_(logits, rows.m[:, r0:r1], rows.log_s[:, r0:r1])
             _, pf = row_entropy_terms(p, hp.eps)
             weight = pf.sub_(p.mul_(rows.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
@@ -412,9 +405,12 @@ class TorchStrips:
 
     @staticmethod
     def _row_logits(x: Tensor, sq: Tensor, hp: PairHyper, r0: int, r1: int) -> Tensor:
-        """-D / tau for whole rows [r0, r1) against all columns."""
+        """-D / tau for whole rows [r0, r1) against all columns, the diagonal i = j at -inf."""
         gram = torch.bmm(x[:, r0:r1], x.transpose(1, 2))
-        return _l2_repel_term_(gram, hp, sq[:, r0:r1, None] + sq[:, None, :])
+        logits = _l2_repel_term_(gram, hp, sq[:, r0:r1, None] + sq[:, None, :])
+        rows = torch.arange(r1 - r0, device=x.device)
+        logits[:, rows, rows + r0] = -math.inf
+        return logits
 
 
 def _sq_sum(sq: Tensor | None, r0: int, r1: int) -> Tensor | None:
