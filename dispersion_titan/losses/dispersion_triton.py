@@ -664,16 +664,16 @@ def _make_rows(layers: tuple[Tensor, ...], spec: VariantSpec, hp: PairHyper, pla
     return _Rows(buf[..., :d], stat, sq)
 
 
-def _autotuned(kernel: triton.JITFunction) -> triton.runtime.Autotuner:
-    """A pair kernel autotuned over PAIR_CONFIGS, per shape, variant and products: one variant's
-    or precision's tuned configuration never serves another (its tiles stay the caller's)."""
-    configs = [triton.Config({}, num_warps=w, num_stages=st) for w, st in PAIR_CONFIGS]
-    key = ["n", "d", "VARIANT", "ROWS", "DOT", "SPLIT_WEIGHTS"]
-    return triton.autotune(configs=configs, key=[k for k in key if k in kernel.arg_names])(kernel)
-
-
 _JIT = {"forward": _pairs_forward_kernel, "backward": _pairs_backward_kernel, "logits": _pair_logits_kernel}
-_TUNED = {name: _autotuned(kernel) for name, kernel in _JIT.items()}
+# Each pair kernel autotuned over PAIR_CONFIGS, per shape, variant and products: one variant's or
+# precision's tuned configuration never serves another (its tiles stay the caller's).
+_TUNED = {
+    name: triton.autotune(
+        configs=[triton.Config({}, num_warps=w, num_stages=st) for w, st in PAIR_CONFIGS],
+        key=[k for k in ("n", "d", "VARIANT", "ROWS", "DOT", "SPLIT_WEIGHTS") if k in kernel.arg_names],
+    )(kernel)
+    for name, kernel in _JIT.items()
+}
 
 # _row_entropy_kernel's (ROWS, COLS, num_warps): no products, so one fixed shape; the
 # interpreter's is small so that test sizes have partial row and column blocks.
@@ -840,23 +840,21 @@ def _product(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.float(), b.float())
 
 
-def _bf16_parts(u: Tensor, w: Tensor) -> Tensor:
-    """The rows W U multiplies, [parts, B, N, d] in bf16: as stored (bf16, or hi and lo), their hi part
-    for a W of one part, fp32 rows split into hi and lo for a W of two (the same rows as the radial term)."""
+def _weights_times_rows(w: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """du = W U in fp32 [B, N, d] from bf16 products, and the rows it multiplied, [parts, B, N, d] in bf16:
+    as stored (bf16, or hi and lo), their hi part for a W of one part, fp32 rows split into hi and lo for a
+    W of two (the same rows as the radial term). For W and U in hi and lo parts, every product of parts,
+    small first: (W_hi + W_lo)(U_hi + U_lo) to fp32's accumulation, so that du - u r cancels as exactly as
+    the radial term r, which sees the same W and u."""
     if u.dtype == torch.float32:
         hi = u[0].bfloat16()
-        return torch.stack([hi, (u[0] - hi.float()).bfloat16()])
-    return u[: len(w)]
-
-
-def _weights_times_rows(w: Tensor, u: Tensor) -> Tensor:
-    """du = W U in fp32 [B, N, d] from bf16 products: W U for a W of one part; for W and U in hi and lo
-    parts, every product of parts, small first: (W_hi + W_lo)(U_hi + U_lo) to fp32's accumulation, so
-    that du - u r cancels as exactly as the radial term r, which sees the same W and u."""
+        u = torch.stack([hi, (u[0] - hi.float()).bfloat16()])
+    else:
+        u = u[: len(w)]
     du = None
     for i, j in ((1, 1), (1, 0), (0, 1), (0, 0)) if len(w) == 2 else ((0, 0),):
         du = _product(w[i], u[j]) if du is None else du.add_(_product(w[i], u[j]))
-    return du
+    return du, u
 
 
 def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor, ...], dz: tuple[Tensor, ...],
@@ -880,8 +878,7 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor
         _tma(w, [1, 1, cut, block]), rows.sq[b0:b1], *stats, radial, n, d, items, -1.0 / hp.tau, hp.clamp,
         pair_scale, hp.eps, ROW_ENTROPY=spec.row_entropy, LOGSUMEXP=spec.logsumexp, SPLIT_WEIGHTS=plan.split_weights,
     )  # fmt: skip
-    u = _bf16_parts(u, w)
-    du = _weights_times_rows(w, u)
+    du, u = _weights_times_rows(w, u)
     b = layers[0].shape[0]
     for layer, (z, dz_layer) in enumerate(zip(layers, dz, strict=True)):
         s0, s1 = max(b0, layer * b), min(b1, (layer + 1) * b)  # the group's sequences in this layer
