@@ -279,29 +279,6 @@ def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Ten
     return x / norm, norm, guard
 
 
-def _rows_backward(
-    spec: VariantSpec, hidden: Tensor, x: Tensor, norm: Tensor | None, guard: float, eps: float, du: Tensor,
-    row_sums: Tensor | None, lambda_norm: float, scale: Tensor,
-) -> Tensor:  # fmt: skip
-    """dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)."""
-    if spec.rows == "raw":
-        # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over
-        # i is 0 (W symmetric): the centring's backward is a no-op. The norm penalty sees z itself.
-        _, n, d = x.shape
-        dz = du.sub_(row_sums[:, :, None] * x).add_(hidden.float(), alpha=2.0 * lambda_norm / (n * d))
-        return dz.mul_(scale)
-    du.mul_(scale)
-    # Through u = x / (max(|x|, guard) + eps): dx = (du - u (u . du) (|x| + eps) / |x|) / (|x| + eps),
-    # the radial part dropped where |x| was clamped. For decorrelation x = z - mean(z), whose backward
-    # would subtract the feature mean of dx; that mean is already 0, as du and u are combinations of
-    # centred rows.
-    u = x
-    radial = (u * du).sum(dim=-1, keepdim=True).masked_fill_(norm - eps <= guard, 0.0)
-    if eps:
-        radial.mul_(norm / (norm - eps))
-    return du.sub_(u.mul_(radial)).div_(norm)
-
-
 @dataclass(frozen=True)
 class TorchStrips:
     """The pair pass in plain PyTorch: the upper triangle in row strips of batched matmuls.
@@ -459,10 +436,26 @@ class _PairLoss(torch.autograd.Function):
             x, norm, guard = _rows(hidden, spec, hp)
             sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
             saved = RowEntropy(*lse) if spec.row_entropy else tuple(lse) or None
+            # dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)
             du, row_sums = ctx.kernel.backward(x, sq, spec, hp, saved)
             scale = grad_out / x.shape[0]
-            penalty = ctx.lambda_norm if spec.norm_penalty else 0.0
-            dx = _rows_backward(spec, hidden, x, norm, guard, hp.unit_eps(spec), du, row_sums, penalty, scale)
+            if spec.rows == "raw":
+                # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over
+                # i is 0 (W symmetric): the centring's backward is a no-op. The norm penalty sees z itself.
+                _, n, d = x.shape
+                penalty = 2.0 * ctx.lambda_norm / (n * d) if spec.norm_penalty else 0.0
+                dx = du.sub_(row_sums[:, :, None] * x).add_(hidden.float(), alpha=penalty).mul_(scale)
+            else:
+                # Through u = x / (max(|x|, guard) + eps): dx = (du - u (u . du) (|x| + eps) / |x|) / (|x| + eps),
+                # the radial part dropped where |x| was clamped. For decorrelation x = z - mean(z), whose
+                # backward would subtract the feature mean of dx; that mean is already 0, as du and u are
+                # combinations of centred rows. x holds u.
+                du.mul_(scale)
+                eps = hp.unit_eps(spec)
+                radial = (x * du).sum(dim=-1, keepdim=True).masked_fill_(norm - eps <= guard, 0.0)
+                if eps:
+                    radial.mul_(norm / (norm - eps))
+                dx = du.sub_(x.mul_(radial)).div_(norm)
         return dx.to(hidden.dtype), None, None, None, None
 
 
