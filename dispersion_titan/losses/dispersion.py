@@ -74,17 +74,12 @@ def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens
         raise ValueError("hidden needs d >= 2 for decorrelation (the std divides by d - 1)")
 
 
-def select_tokens(hidden: Tensor, max_tokens: int, generator: torch.Generator | None) -> Tensor:
-    """Subsample positions uniformly, the same subset for every sequence of the batch.
+def select_tokens(layers: list[Tensor], max_tokens: int, generator: torch.Generator | None) -> list[Tensor]:
+    """Subsample positions uniformly, the same subset for every sequence of every layer.
 
     The cost is quadratic in N, so long sequences are subsampled; sharing the subset
     keeps the draw a single ``randperm`` the caller can make reproducible.
     """
-    return _select_tokens([hidden], max_tokens, generator)[0]
-
-
-def _select_tokens(layers: list[Tensor], max_tokens: int, generator: torch.Generator | None) -> list[Tensor]:
-    """``select_tokens`` with one subset for every sequence of every layer."""
     n = layers[0].shape[1]
     if max_tokens == 0 or max_tokens >= n:
         return layers
@@ -118,7 +113,7 @@ def dispersion_loss_reference(
     and ``bench/dispersion_loss.py`` compare the memory-lean version against.
     """
     _validate(hidden, variant, tau, clamp, max_tokens, form)
-    z = select_tokens(hidden, max_tokens, generator).float()
+    z = select_tokens([hidden], max_tokens, generator)[0].float()
     _, n, d = z.shape
     if n < 2:
         return _no_pair_loss(z, variant, lambda_norm)
@@ -597,7 +592,7 @@ def dispersion_loss(
     if problem:
         raise ValueError(f"precision {problem}")
     pair_kernel = _pair_kernel(kernel, layers[0].device, variant, precision)
-    layers = _select_tokens(layers, max_tokens, generator)
+    layers = select_tokens(layers, max_tokens, generator)
     n = layers[0].shape[1]
     if n < 2:
         return _no_pair_loss(torch.cat(layers).float(), variant, lambda_norm)
