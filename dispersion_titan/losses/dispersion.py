@@ -259,17 +259,16 @@ def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Ten
     denominator and guard of u = x / (max(|x|, guard) + eps), x = z or z minus its feature mean
     (eps > 0 is the released code's z / (|z| + 1e-2)).
 
-    For decorrelation (centred) the guard is sqrt(d-1) * NORM_EPS, so u_i . u_j is exactly the
-    reference's C_ij = z_c,i . z_c,j / (d-1) with the std clamped at NORM_EPS. Raw rows are centred
+    For decorrelation (centred) the guard (VariantSpec.guard) makes u_i . u_j exactly the reference's
+    C_ij = z_c,i . z_c,j / (d-1) with the std clamped at NORM_EPS. Raw rows are centred
     on the sequence's mean token, as in the Triton kernel: distances are unchanged, and
     |x_i|^2 + |x_j|^2 - 2 g_ij cancels less when the tokens share a large offset."""
     x = hidden.float()
     if spec.rows == "raw":
         return x - x.mean(dim=1, keepdim=True), None, 0.0
-    guard = NORM_EPS
     if spec.rows == "centred":
         x = x - x.mean(dim=-1, keepdim=True)
-        guard = NORM_EPS * math.sqrt(x.shape[-1] - 1)
+    guard = spec.guard(x.shape[-1])
     norm = x.norm(dim=-1, keepdim=True).clamp_min(guard) + hp.unit_eps(spec)
     return x / norm, norm, guard
 

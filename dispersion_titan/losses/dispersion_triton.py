@@ -40,7 +40,7 @@ from torch import Tensor
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from dispersion_titan.losses.variants import NORM_EPS, PRECISIONS, OnlineLogSumExp, PairHyper, VariantSpec
+from dispersion_titan.losses.variants import PRECISIONS, OnlineLogSumExp, PairHyper, VariantSpec
 
 # Whether the @triton.jit kernels below were built for the interpreter (TRITON_INTERPRET=1
 # when this module was first imported): then they run on CPU tensors too.
@@ -630,11 +630,6 @@ class _Rows(NamedTuple):
     sq: Tensor
 
 
-def _guard(spec: VariantSpec, d: int) -> float:
-    """The norm guard: NORM_EPS, or sqrt(d-1) NORM_EPS for decorrelation's std (see dispersion.py)."""
-    return NORM_EPS * math.sqrt(d - 1) if spec.rows == "centred" else NORM_EPS
-
-
 def _padded(size: int) -> int:
     """A row length whose stride TMA accepts: a multiple of 16 bytes in bf16 and fp32."""
     return -(-size // 8) * 8
@@ -657,7 +652,7 @@ def _make_rows(layers: tuple[Tensor, ...], spec: VariantSpec, hp: PairHyper, pla
         seqs = slice(layer * b, (layer + 1) * b)
         mean = z.mean(dim=1, dtype=torch.float32) if spec.rows == "raw" else stat
         _rows_kernel[(triton.cdiv(b * n, ROWS_PER_PROGRAM),)](
-            z, mean, buf[:, seqs], stat[seqs], sq[seqs], b * n, n, d, buf.stride(2), buf.stride(0), _guard(spec, d),
+            z, mean, buf[:, seqs], stat[seqs], sq[seqs], b * n, n, d, buf.stride(2), buf.stride(0), spec.guard(d),
             hp.unit_eps(spec), ROWS=spec.rows, STORE=plan.rows, INTERPRET=INTERPRETED, BLOCK_ROWS=ROWS_PER_PROGRAM,
             BLOCK_D=triton.next_power_of_2(d), num_warps=1 if INTERPRETED else 4,
         )  # fmt: skip
@@ -887,7 +882,7 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor
         here, there = slice(s0 - b0, s1 - b0), slice(s0 - layer * b, s1 - layer * b)
         _radial_kernel[(triton.cdiv((s1 - s0) * n, ROWS_PER_PROGRAM),)](
             du[here], u[:, here], radial[here], rows.stat[s0:s1], rows.sq[s0:s1], z[there], dz_layer[there], grad,
-            (s1 - s0) * n, n, d, u.stride(2), u.stride(0), tile_count, 1.0 / total, _guard(spec, d),
+            (s1 - s0) * n, n, d, u.stride(2), u.stride(0), tile_count, 1.0 / total, spec.guard(d),
             hp.unit_eps(spec), 2.0 * lambda_norm * spec.norm_penalty / (n * d), ROWS=spec.rows, U_PARTS=len(u),
             BLOCK_ROWS=ROWS_PER_PROGRAM, BLOCK_D=triton.next_power_of_2(d), TILES=triton.next_power_of_2(tile_count),
             num_warps=1 if INTERPRETED else 4,
