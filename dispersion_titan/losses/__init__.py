@@ -7,11 +7,9 @@ from dispersion_titan.losses.dispersion import (
     dispersion_loss_reference,
     mean_offdiag_cosine,
 )
-from dispersion_titan.losses.variants import KERNELS, NORM_EPS, PRECISIONS, VARIANTS, precision_error
+from dispersion_titan.losses.variants import PRECISIONS, VARIANTS, precision_error
 
 __all__ = [
-    "KERNELS",
-    "NORM_EPS",
     "PRECISIONS",
     "VARIANTS",
     "KernelUnavailable",

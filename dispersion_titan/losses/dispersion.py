@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import NamedTuple, Protocol
@@ -74,17 +74,12 @@ def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens
         raise ValueError("hidden needs d >= 2 for decorrelation (the std divides by d - 1)")
 
 
-def select_tokens(hidden: Tensor, max_tokens: int, generator: torch.Generator | None) -> Tensor:
-    """Subsample positions uniformly, the same subset for every sequence of the batch.
+def select_tokens(layers: list[Tensor], max_tokens: int, generator: torch.Generator | None) -> list[Tensor]:
+    """Subsample positions uniformly, the same subset for every sequence of every layer.
 
     The cost is quadratic in N, so long sequences are subsampled; sharing the subset
     keeps the draw a single ``randperm`` the caller can make reproducible.
     """
-    return _select_tokens([hidden], max_tokens, generator)[0]
-
-
-def _select_tokens(layers: list[Tensor], max_tokens: int, generator: torch.Generator | None) -> list[Tensor]:
-    """``select_tokens`` with one subset for every sequence of every layer."""
     n = layers[0].shape[1]
     if max_tokens == 0 or max_tokens >= n:
         return layers
@@ -118,7 +113,7 @@ def dispersion_loss_reference(
     and ``bench/dispersion_loss.py`` compare the memory-lean version against.
     """
     _validate(hidden, variant, tau, clamp, max_tokens, form)
-    z = select_tokens(hidden, max_tokens, generator).float()
+    z = select_tokens([hidden], max_tokens, generator)[0].float()
     _, n, d = z.shape
     if n < 2:
         return _no_pair_loss(z, variant, lambda_norm)
@@ -164,32 +159,6 @@ def dispersion_loss_reference(
 # ----------------------------------------------------------------------------------
 
 
-def _strips(n: int, batch: int, max_bytes: int, max_rows: int) -> Iterator[tuple[int, int]]:
-    """Row ranges [r0, r1) covering rows 0..n-2 (row n-1 has no pair above the diagonal).
-
-    Strip [r0, r1) is paired with columns [r0, n), so every strip holds at least one
-    strict-upper-triangle pair and its temporaries are [batch, r1 - r0, n - r0].
-    """
-    rows = max(1, min(max_rows, max_bytes // (4 * batch * n)))
-    for r0 in range(0, n - 1, rows):
-        yield r0, min(r0 + rows, n - 1)
-
-
-def _full_strips(n: int, batch: int, max_bytes: int, max_rows: int) -> Iterator[tuple[int, int]]:
-    """Row ranges [r0, r1) covering all n rows, each paired with all n columns (whole rows:
-    perplexity_entropy's softmax is per row); temporaries are [batch, r1 - r0, n]."""
-    rows = max(1, min(max_rows, max_bytes // (4 * batch * n)))
-    for r0 in range(0, n, rows):
-        yield r0, min(r0 + rows, n)
-
-
-def _mask_diagonal(buf: Tensor, r0: int, fill: float) -> Tensor:
-    """Blank the diagonal i = j of a whole-row strip starting at row r0 (in place)."""
-    rows = torch.arange(buf.shape[1], device=buf.device)
-    buf[:, rows, rows + r0] = fill
-    return buf
-
-
 def _mask_lower(buf: Tensor, rows: int, fill: float) -> Tensor:
     """Blank the diagonal and below in a strip's leading [rows, rows] block (in place)."""
     lower = torch.ones(rows, rows, dtype=torch.bool, device=buf.device).tril_()
@@ -198,8 +167,10 @@ def _mask_lower(buf: Tensor, rows: int, fill: float) -> Tensor:
 
 
 def _softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
-    """p_ij = exp(x_ij - lse) of one strip, in place, in the precise form (x - m) - log_s."""
-    return logits.sub_(m[:, None, None]).sub_(log_s[:, None, None]).exp_()
+    """p_ij = exp(x_ij - lse) of one strip, in place, in the precise form (x - m) - log_s: m and log_s
+    per sequence [B] (the log-sum-exp over all pairs) or per row [B, rows] (whole-row softmaxes)."""
+    m, log_s = (t.reshape(t.shape[0], -1, 1) for t in (m, log_s))
+    return logits.sub_(m).sub_(log_s).exp_()
 
 
 # Per-variant elementwise functions on a strip of the Gram matrix g_ij = x_i . x_j,
@@ -264,18 +235,12 @@ def _decorrelation_grad_(gram: Tensor, hp: PairHyper, sq_sum: None, lse: None) -
     return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
 
 
-class _TorchPairFns(NamedTuple):
-    """A variant's elementwise functions on a Gram strip: its term and dL/dg."""
-
-    term_: Callable[..., Tensor]
-    grad_: Callable[..., Tensor]
-
-
+# variant -> (term_, grad_)
 _TORCH_PAIR_FNS = {
-    "angular_spread": _TorchPairFns(_angular_spread_term_, _angular_spread_grad_),
-    "orthogonalization": _TorchPairFns(_orthogonalization_term_, _orthogonalization_grad_),
-    "l2_repel": _TorchPairFns(_l2_repel_term_, _l2_repel_grad_),
-    "decorrelation": _TorchPairFns(_decorrelation_term_, _decorrelation_grad_),
+    "angular_spread": (_angular_spread_term_, _angular_spread_grad_),
+    "orthogonalization": (_orthogonalization_term_, _orthogonalization_grad_),
+    "l2_repel": (_l2_repel_term_, _l2_repel_grad_),
+    "decorrelation": (_decorrelation_term_, _decorrelation_grad_),
 }
 
 
@@ -289,54 +254,23 @@ class RowEntropy(NamedTuple):
     a: Tensor
 
 
-def _unit_rows(hidden: Tensor, center: bool, eps: float = 0.0) -> tuple[Tensor, Tensor, float]:
-    """fp32 u = x / (max(|x|, guard) + eps) with x = z (or z minus its feature mean); also
-    that denominator and guard. eps > 0 is the released code's z / (|z| + 1e-2).
-
-    For decorrelation (``center``) the guard is sqrt(d-1) * NORM_EPS, so u_i . u_j is
-    exactly the reference's C_ij = z_c,i . z_c,j / (d-1) with the std clamped at NORM_EPS.
-    """
-    x = hidden.float()
-    guard = NORM_EPS
-    if center:
-        x = x - x.mean(dim=-1, keepdim=True)
-        guard = NORM_EPS * math.sqrt(x.shape[-1] - 1)
-    norm = x.norm(dim=-1, keepdim=True).clamp_min(guard) + eps
-    return x / norm, norm, guard
-
-
 def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Tensor | None, float]:
-    """The fp32 rows x whose Gram matrix the variant needs, with _unit_rows' norm and guard.
+    """The fp32 rows x whose Gram matrix the variant needs; for unit and centred rows also the
+    denominator and guard of u = x / (max(|x|, guard) + eps), x = z or z minus its feature mean
+    (eps > 0 is the released code's z / (|z| + 1e-2)).
 
-    Raw rows are centred on the sequence's mean token, as in the Triton kernel: distances are
-    unchanged, and |x_i|^2 + |x_j|^2 - 2 g_ij cancels less when the tokens share a large offset."""
+    For decorrelation (centred) the guard (VariantSpec.guard) makes u_i . u_j exactly the reference's
+    C_ij = z_c,i . z_c,j / (d-1) with the std clamped at NORM_EPS. Raw rows are centred
+    on the sequence's mean token, as in the Triton kernel: distances are unchanged, and
+    |x_i|^2 + |x_j|^2 - 2 g_ij cancels less when the tokens share a large offset."""
+    x = hidden.float()
     if spec.rows == "raw":
-        x = hidden.float()
         return x - x.mean(dim=1, keepdim=True), None, 0.0
-    return _unit_rows(hidden, center=spec.rows == "centred", eps=hp.unit_eps(spec))
-
-
-def _rows_backward(
-    spec: VariantSpec, hidden: Tensor, x: Tensor, norm: Tensor | None, guard: float, eps: float, du: Tensor,
-    row_sums: Tensor | None, lambda_norm: float, scale: Tensor,
-) -> Tensor:  # fmt: skip
-    """dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)."""
-    if spec.rows == "raw":
-        # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over
-        # i is 0 (W symmetric): the centring's backward is a no-op. The norm penalty sees z itself.
-        _, n, d = x.shape
-        dz = du.sub_(row_sums[:, :, None] * x).add_(hidden.float(), alpha=2.0 * lambda_norm / (n * d))
-        return dz.mul_(scale)
-    du.mul_(scale)
-    # Through u = x / (max(|x|, guard) + eps): dx = (du - u (u . du) (|x| + eps) / |x|) / (|x| + eps),
-    # the radial part dropped where |x| was clamped. For decorrelation x = z - mean(z), whose backward
-    # would subtract the feature mean of dx; that mean is already 0, as du and u are combinations of
-    # centred rows.
-    u = x
-    radial = (u * du).sum(dim=-1, keepdim=True).masked_fill_(norm - eps <= guard, 0.0)
-    if eps:
-        radial.mul_(norm / (norm - eps))
-    return du.sub_(u.mul_(radial)).div_(norm)
+    if spec.rows == "centred":
+        x = x - x.mean(dim=-1, keepdim=True)
+    guard = spec.guard(x.shape[-1])
+    norm = x.norm(dim=-1, keepdim=True).clamp_min(guard) + hp.unit_eps(spec)
+    return x / norm, norm, guard
 
 
 @dataclass(frozen=True)
@@ -355,8 +289,16 @@ class TorchStrips:
     def loss(self, layers: list[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
         return _PairLoss.apply(torch.cat(layers) if len(layers) > 1 else layers[0], spec, hp, lambda_norm, self)
 
-    def strips(self, n: int, batch: int) -> Iterator[tuple[int, int]]:
-        return _strips(n, batch, self.max_block_bytes, self.max_block_rows)
+    def strips(self, n: int, batch: int, whole_rows: bool = False) -> Iterator[tuple[int, int]]:
+        """Row ranges [r0, r1): by default covering rows 0..n-2 (row n-1 has no pair above the
+        diagonal), strip [r0, r1) paired with columns [r0, n), so every strip holds at least one
+        strict-upper-triangle pair and its temporaries are [batch, r1 - r0, n - r0]; with
+        ``whole_rows`` all n rows, each paired with all n columns (perplexity_entropy's softmax is
+        per row), temporaries [batch, r1 - r0, n]."""
+        rows = max(1, min(self.max_block_rows, self.max_block_bytes // (4 * batch * n)))
+        end = n if whole_rows else n - 1
+        for r0 in range(0, end, rows):
+            yield r0, min(r0 + rows, end)
 
     def forward(
         self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper
@@ -370,7 +312,7 @@ class TorchStrips:
         total = torch.zeros(b, device=x.device)
         for r0, r1 in self.strips(n, b):
             gram = torch.bmm(x[:, r0:r1], x[:, r0:].transpose(1, 2))
-            term = _TORCH_PAIR_FNS[spec.name].term_(gram, hp, _sq_sum(sq, r0, r1))
+            term = _TORCH_PAIR_FNS[spec.name][0](gram, hp, _sq_sum(sq, r0, r1))
             if spec.logsumexp:
                 lse.add(_mask_lower(term, r1 - r0, -math.inf))
             else:
@@ -392,7 +334,7 @@ class TorchStrips:
         for r0, r1 in self.strips(n, b):
             x_rows, x_cols = x[:, r0:r1], x[:, r0:]
             gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
-            weight = _mask_lower(_TORCH_PAIR_FNS[spec.name].grad_(gram, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
+            weight = _mask_lower(_TORCH_PAIR_FNS[spec.name][1](gram, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
             if row_sums is not None:
                 row_sums[:, r0:r1] += weight.sum(dim=2)
                 row_sums[:, r0:] += weight.sum(dim=1)
@@ -405,11 +347,11 @@ class TorchStrips:
         """perplexity_entropy forward: per whole-row strip, the row's softmax and its entropy terms."""
         b, n, _ = x.shape
         out = RowEntropy(*(torch.empty(b, n, device=x.device) for _ in range(4)))
-        for r0, r1 in _full_strips(n, b, self.max_block_bytes, self.max_block_rows):
-            logits = _mask_diagonal(self._row_logits(x, sq, hp, r0, r1), r0, -math.inf)
+        for r0, r1 in self.strips(n, b, whole_rows=True):
+            logits = self._row_logits(x, sq, hp, r0, r1)
             m = logits.amax(dim=2)
             log_s = (logits - m[:, :, None]).exp_().sum(dim=2).log_()
-            f, pf = row_entropy_terms(_row_softmax_(logits, m, log_s), hp.eps)
+            f, pf = row_entropy_terms(_softmax_(logits, m, log_s), hp.eps)
             for target, value in zip(out, (m, log_s, f.sum(dim=2), pf.sum(dim=2)), strict=True):
                 target[:, r0:r1] = value
         return out
@@ -420,9 +362,9 @@ class TorchStrips:
         """dL/dt_ij = p_ij (f'(p_ij) - a_i) / N of each ordered pair, so W = -2 dL/dD = (2 / (tau N))
         (p f' - p a_i); both orientations of every pair reach du and the row sums."""
         b, n, _ = x.shape
-        for r0, r1 in _full_strips(n, b, self.max_block_bytes, self.max_block_rows):
-            logits = _mask_diagonal(self._row_logits(x, sq, hp, r0, r1), r0, -math.inf)
-            p = _row_softmax_(logits, rows.m[:, r0:r1], rows.log_s[:, r0:r1])
+        for r0, r1 in self.strips(n, b, whole_rows=True):
+            logits = self._row_logits(x, sq, hp, r0, r1)
+            p = _softmax_(logits, rows.m[:, r0:r1], rows.log_s[:, r0:r1])
             _, pf = row_entropy_terms(p, hp.eps)
             weight = pf.sub_(p.mul_(rows.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
             row_sums[:, r0:r1] += weight.sum(dim=2)
@@ -434,14 +376,12 @@ class TorchStrips:
 
     @staticmethod
     def _row_logits(x: Tensor, sq: Tensor, hp: PairHyper, r0: int, r1: int) -> Tensor:
-        """-D / tau for whole rows [r0, r1) against all columns."""
+        """-D / tau for whole rows [r0, r1) against all columns, the diagonal i = j at -inf."""
         gram = torch.bmm(x[:, r0:r1], x.transpose(1, 2))
-        return _l2_repel_term_(gram, hp, sq[:, r0:r1, None] + sq[:, None, :])
-
-
-def _row_softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
-    """p_ij = exp((x_ij - m_i) - log_s_i) of whole-row strips, in place."""
-    return logits.sub_(m[:, :, None]).sub_(log_s[:, :, None]).exp_()
+        logits = _l2_repel_term_(gram, hp, sq[:, r0:r1, None] + sq[:, None, :])
+        rows = torch.arange(r1 - r0, device=x.device)
+        logits[:, rows, rows + r0] = -math.inf
+        return logits
 
 
 def _sq_sum(sq: Tensor | None, r0: int, r1: int) -> Tensor | None:
@@ -490,10 +430,26 @@ class _PairLoss(torch.autograd.Function):
             x, norm, guard = _rows(hidden, spec, hp)
             sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
             saved = RowEntropy(*lse) if spec.row_entropy else tuple(lse) or None
+            # dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)
             du, row_sums = ctx.kernel.backward(x, sq, spec, hp, saved)
             scale = grad_out / x.shape[0]
-            penalty = ctx.lambda_norm if spec.norm_penalty else 0.0
-            dx = _rows_backward(spec, hidden, x, norm, guard, hp.unit_eps(spec), du, row_sums, penalty, scale)
+            if spec.rows == "raw":
+                # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over
+                # i is 0 (W symmetric): the centring's backward is a no-op. The norm penalty sees z itself.
+                _, n, d = x.shape
+                penalty = 2.0 * ctx.lambda_norm / (n * d) if spec.norm_penalty else 0.0
+                dx = du.sub_(row_sums[:, :, None] * x).add_(hidden.float(), alpha=penalty).mul_(scale)
+            else:
+                # Through u = x / (max(|x|, guard) + eps): dx = (du - u (u . du) (|x| + eps) / |x|) / (|x| + eps),
+                # the radial part dropped where |x| was clamped. For decorrelation x = z - mean(z), whose
+                # backward would subtract the feature mean of dx; that mean is already 0, as du and u are
+                # combinations of centred rows. x holds u.
+                du.mul_(scale)
+                eps = hp.unit_eps(spec)
+                radial = (x * du).sum(dim=-1, keepdim=True).masked_fill_(norm - eps <= guard, 0.0)
+                if eps:
+                    radial.mul_(norm / (norm - eps))
+                dx = du.sub_(x.mul_(radial)).div_(norm)
         return dx.to(hidden.dtype), None, None, None, None
 
 
@@ -519,11 +475,6 @@ def _triton_module() -> ModuleType | str:
     return dispersion_triton
 
 
-def _triton_import_error() -> str | None:
-    module = _triton_module()
-    return module if isinstance(module, str) else None
-
-
 # The probe's (value, gradient) tolerances: above each precision's error on random inputs as
 # measured on an H100 (docs/benchmarks.md), far below what a broken kernel gives.
 _PROBE_TOLERANCE = {"exact": (1e-4, 2e-3), "tf32": (5e-3, 2e-2), "bf16": (2e-3, 3e-2), "auto": (2e-3, 3e-2)}
@@ -537,23 +488,21 @@ def check_triton_kernel(device: torch.device, variant: str, precision: str) -> N
     it; never falls back in silence. Cached: once per process, device, variant and precision.
     """
     avoid = "set dispersion.kernel = 'torch' (kernel='torch') to use the PyTorch path"
-    if (problem := _triton_import_error()) is not None:
+    if isinstance(problem := _triton_module(), str):
         raise KernelUnavailable(f"the Triton dispersion kernel does not import ({problem}); {avoid}")
-    gen = torch.Generator().manual_seed(0)
-    probe = torch.randn(2, 130, 96, generator=gen).to(device)
-    results = []
-    for kernel in (_triton_module().TritonTiles(precision), TorchStrips()):
+    probe = torch.randn(2, 130, 96, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def value_and_grad(kernel: PairKernel) -> tuple[Tensor, Tensor]:
         x = probe.clone().requires_grad_()
-        try:
-            loss = dispersion_loss(x, variant, kernel=kernel)
-            (grad,) = torch.autograd.grad(loss, x)
-        except Exception as err:  # a missing C compiler or Python.h surfaces here, at the first build
-            if isinstance(kernel, TorchStrips):
-                raise
-            raise KernelUnavailable(f"the Triton dispersion kernel does not build or run on {device}: {cause(err)}; "
-                                    f"{avoid}") from err  # fmt: skip
-        results.append((loss.detach().double(), grad.double()))
-    (value, grad), (ref_value, ref_grad) = results
+        loss = dispersion_loss(x, variant, kernel=kernel)
+        return loss.detach().double(), torch.autograd.grad(loss, x)[0].double()
+
+    try:
+        value, grad = value_and_grad(_triton_module().TritonTiles(precision))
+    except Exception as err:  # a missing C compiler or Python.h surfaces here, at the first build
+        raise KernelUnavailable(f"the Triton dispersion kernel does not build or run on {device}: {cause(err)}; "
+                                f"{avoid}") from err  # fmt: skip
+    ref_value, ref_grad = value_and_grad(TorchStrips())
     value_gap = ((value - ref_value).abs() / ref_value.abs().clamp_min(1e-12)).item()
     grad_gap = ((grad - ref_grad).abs().max() / ref_grad.abs().max().clamp_min(1e-12)).item()
     value_tol, grad_tol = _PROBE_TOLERANCE[precision]
@@ -574,7 +523,7 @@ def _pair_kernel(kernel: str | PairKernel, device: torch.device, variant: str, p
         return TorchStrips()
     if kernel == "auto":
         check_triton_kernel(device, variant, precision)
-    elif (problem := _triton_import_error()) is not None:
+    elif isinstance(problem := _triton_module(), str):
         raise ValueError(f"kernel='triton' needs the triton package, which does not import here ({problem})")
     return _triton_module().TritonTiles(precision)
 
@@ -642,7 +591,7 @@ def dispersion_loss(
     if problem:
         raise ValueError(f"precision {problem}")
     pair_kernel = _pair_kernel(kernel, layers[0].device, variant, precision)
-    layers = _select_tokens(layers, max_tokens, generator)
+    layers = select_tokens(layers, max_tokens, generator)
     n = layers[0].shape[1]
     if n < 2:
         return _no_pair_loss(torch.cat(layers).float(), variant, lambda_norm)
@@ -660,7 +609,7 @@ def mean_offdiag_cosine(hidden: Tensor) -> Tensor:
     """
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [B, N, d], got shape {tuple(hidden.shape)}")
-    u, _, _ = _unit_rows(hidden, center=False)
+    u = torch.nn.functional.normalize(hidden.float(), dim=-1, eps=NORM_EPS)  # u = z / max(|z|, NORM_EPS)
     n = u.shape[1]
     if n < 2:
         return torch.zeros((), device=u.device)

@@ -40,7 +40,7 @@ from torch import Tensor
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from dispersion_titan.losses.variants import NORM_EPS, PRECISIONS, OnlineLogSumExp, PairHyper, VariantSpec
+from dispersion_titan.losses.variants import PRECISIONS, OnlineLogSumExp, PairHyper, VariantSpec
 
 # Whether the @triton.jit kernels below were built for the interpreter (TRITON_INTERPRET=1
 # when this module was first imported): then they run on CPU tensors too.
@@ -57,12 +57,12 @@ _LN2 = tl.constexpr(math.log(2.0))
 
 
 class TileConfig(NamedTuple):
-    """Fixed tiles for every kernel (the interpreter's, or a test's): no autotune."""
+    """The tiles of every kernel: fixed ones (the interpreter's, or a test's) or the GPU's, autotuned."""
 
     block: int  # pair tiles are block x block
     block_k: int  # features per Gram step
     slices: int  # the epilogue's column slices per tile (1, 2 or 4)
-    num_warps: int
+    num_warps: int  # 0: autotuned over PAIR_CONFIGS (the GPU's tiles)
 
 
 # The GPU's square pair tile: 128 x 128 (64 FLOP per byte loaded, twice 64 x 64's), its epilogue
@@ -630,11 +630,6 @@ class _Rows(NamedTuple):
     sq: Tensor
 
 
-def _guard(spec: VariantSpec, d: int) -> float:
-    """The norm guard: NORM_EPS, or sqrt(d-1) NORM_EPS for decorrelation's std (see dispersion.py)."""
-    return NORM_EPS * math.sqrt(d - 1) if spec.rows == "centred" else NORM_EPS
-
-
 def _padded(size: int) -> int:
     """A row length whose stride TMA accepts: a multiple of 16 bytes in bf16 and fp32."""
     return -(-size // 8) * 8
@@ -657,23 +652,23 @@ def _make_rows(layers: tuple[Tensor, ...], spec: VariantSpec, hp: PairHyper, pla
         seqs = slice(layer * b, (layer + 1) * b)
         mean = z.mean(dim=1, dtype=torch.float32) if spec.rows == "raw" else stat
         _rows_kernel[(triton.cdiv(b * n, ROWS_PER_PROGRAM),)](
-            z, mean, buf[:, seqs], stat[seqs], sq[seqs], b * n, n, d, buf.stride(2), buf.stride(0), _guard(spec, d),
+            z, mean, buf[:, seqs], stat[seqs], sq[seqs], b * n, n, d, buf.stride(2), buf.stride(0), spec.guard(d),
             hp.unit_eps(spec), ROWS=spec.rows, STORE=plan.rows, INTERPRET=INTERPRETED, BLOCK_ROWS=ROWS_PER_PROGRAM,
             BLOCK_D=triton.next_power_of_2(d), num_warps=1 if INTERPRETED else 4,
         )  # fmt: skip
     return _Rows(buf[..., :d], stat, sq)
 
 
-def _autotuned(kernel: triton.JITFunction) -> triton.runtime.Autotuner:
-    """A pair kernel autotuned over PAIR_CONFIGS, per shape, variant and products: one variant's
-    or precision's tuned configuration never serves another (its tiles stay the caller's)."""
-    configs = [triton.Config({}, num_warps=w, num_stages=st) for w, st in PAIR_CONFIGS]
-    key = ["n", "d", "VARIANT", "ROWS", "DOT", "SPLIT_WEIGHTS"]
-    return triton.autotune(configs=configs, key=[k for k in key if k in kernel.arg_names])(kernel)
-
-
 _JIT = {"forward": _pairs_forward_kernel, "backward": _pairs_backward_kernel, "logits": _pair_logits_kernel}
-_TUNED = {name: _autotuned(kernel) for name, kernel in _JIT.items()}
+# Each pair kernel autotuned over PAIR_CONFIGS, per shape, variant and products: one variant's or
+# precision's tuned configuration never serves another (its tiles stay the caller's).
+_TUNED = {
+    name: triton.autotune(
+        configs=[triton.Config({}, num_warps=w, num_stages=st) for w, st in PAIR_CONFIGS],
+        key=[k for k in ("n", "d", "VARIANT", "ROWS", "DOT", "SPLIT_WEIGHTS") if k in kernel.arg_names],
+    )(kernel)
+    for name, kernel in _JIT.items()
+}
 
 # _row_entropy_kernel's (ROWS, COLS, num_warps): no products, so one fixed shape; the
 # interpreter's is small so that test sizes have partial row and column blocks.
@@ -710,37 +705,29 @@ class TritonTiles:
         _check_device(layers[0].device)
         return _TritonPairLoss.apply(spec, hp, lambda_norm, self, *(z.contiguous() for z in layers))
 
-    def fixed_tiles(self) -> TileConfig | None:
-        return self.tiles or (INTERPRETER_TILES if INTERPRETED else None)
-
-    def block(self, plan: _Products) -> int:
-        """The pair tile of every kernel."""
-        fixed = self.fixed_tiles()
-        return fixed.block if fixed else IEEE_BLOCK if plan.dot == "ieee" else GPU_BLOCK
-
-    def slice(self, plan: _Products) -> int:
-        """Columns per epilogue slice."""
-        fixed = self.fixed_tiles()
-        return self.block(plan) // (fixed.slices if fixed else GPU_SLICES)
-
-    def block_k(self, plan: _Products) -> int:
-        """Features per Gram step: STEP_BYTES of each stored part (half for exact's CUDA-core products)."""
-        fixed = self.fixed_tiles()
+    def config(self, plan: _Products) -> TileConfig:
+        """The tiles of every kernel: the fixed ones, else GPU_BLOCK (IEEE_BLOCK for exact's CUDA-core
+        products) in GPU_SLICES, a Gram step of STEP_BYTES of each stored part (half for CUDA cores),
+        autotuned (num_warps 0)."""
+        fixed = self.tiles or (INTERPRETER_TILES if INTERPRETED else None)
         if fixed:
-            return fixed.block_k
+            return fixed
         step = STEP_BYTES // 2 if plan.dot == "ieee" else STEP_BYTES
-        return step // (4 if plan.rows == "fp32" else 2 * 2 if plan.rows == "split" else 2)
+        block_k = step // (4 if plan.rows == "fp32" else 2 * 2 if plan.rows == "split" else 2)
+        return TileConfig(IEEE_BLOCK if plan.dot == "ieee" else GPU_BLOCK, block_k, GPU_SLICES, 0)
 
-    def launch(self, name: str, items: int, plan: _Products, device: torch.device, *args, **constexprs) -> None:
+    def launch(self, name: str, items: int, plan: _Products, spec: VariantSpec, device: torch.device, *args,
+               **constexprs) -> None:  # fmt: skip
         """Launch pair kernel ``name`` over ``items`` tile pairs: a persistent grid of PROGRAMS_PER_SM
         programs per multiprocessor (one per item off the GPU), with fixed tiles or autotuned."""
         programs = min(items, PROGRAMS_PER_SM * _multiprocessors(device)) if device.type == "cuda" else items
-        constexprs["SLICES"] = self.block(plan) // self.slice(plan)
-        fixed = self.fixed_tiles()
-        if fixed is None:
-            _TUNED[name][(programs,)](*args, **constexprs)
+        cfg = self.config(plan)
+        constexprs |= {"VARIANT": spec.name, "ROWS": spec.rows, "DOT": plan.dot, "INTERPRET": INTERPRETED,
+                       "BLOCK": cfg.block, "BLOCK_K": cfg.block_k, "SLICES": cfg.slices}  # fmt: skip
+        if cfg.num_warps:
+            _JIT[name][(programs,)](*args, **constexprs, num_warps=cfg.num_warps)
         else:
-            _JIT[name][(programs,)](*args, **constexprs, num_warps=fixed.num_warps)
+            _TUNED[name][(programs,)](*args, **constexprs)
 
 
 class _TritonPairLoss(torch.autograd.Function):
@@ -794,15 +781,13 @@ def _pair_sums(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles
                plan: _Products) -> tuple[Tensor, tuple[Tensor, ...]]:  # fmt: skip
     """The per-sequence loss of the pair-sum variants from the triangle's partials, and what backward needs."""
     _, b, n, d = rows.u.shape
-    block = tiles.block(plan)
+    block, block_k, _, _ = tiles.config(plan)
     items = b * _pairs(triton.cdiv(n, block))
     m_part = torch.empty(b, items // b, device=rows.u.device)
     s_part = torch.empty(b, items // b, device=rows.u.device)
-    block_k = tiles.block_k(plan)
     tiles.launch(
-        "forward", items, plan, rows.u.device, _tma(rows.u, [1, 1, block, block_k]), rows.sq, m_part, s_part, n, d,
-        items, -1.0 / hp.tau, hp.clamp, VARIANT=spec.name, ROWS=spec.rows, LOGSUMEXP=spec.logsumexp, DOT=plan.dot,
-        INTERPRET=INTERPRETED, BLOCK=block, BLOCK_K=block_k,
+        "forward", items, plan, spec, rows.u.device, _tma(rows.u, [1, 1, block, block_k]), rows.sq, m_part, s_part,
+        n, d, items, -1.0 / hp.tau, hp.clamp, LOGSUMEXP=spec.logsumexp,
     )  # fmt: skip
     if not spec.logsumexp:
         return s_part.sum(dim=1) * (2.0 / hp.pairs), ()
@@ -823,17 +808,17 @@ def _row_entropy(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTil
     into a [sequences, N, N] fp32 buffer (in groups within max_weight_bytes), then the row sweeps."""
     _, b, n, d = rows.u.shape
     device = rows.u.device
-    block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(plan)
+    block, block_k, slices, _ = tiles.config(plan)
+    cut = block // slices
     block_rows, cols, warps = ROW_ENTROPY_TILES
     stats = tuple(torch.empty(b, n, device=device) for _ in range(4))
     for b0, b1 in _sequence_groups(rows.sq.shape, 4, tiles.max_weight_bytes):
         logits = _square_buffer(1, b1 - b0, n, torch.float32, device)
         items = (b1 - b0) * _pairs(triton.cdiv(n, block))
         tiles.launch(
-            "logits", items, plan, device, _tma(rows.u[:, b0:b1], [1, 1, block, block_k]),
+            "logits", items, plan, spec, device, _tma(rows.u[:, b0:b1], [1, 1, block, block_k]),
             _tma(logits, [1, 1, block, cut]), _tma(logits, [1, 1, cut, block]), rows.sq[b0:b1], n, d, items,
-            -1.0 / hp.tau, VARIANT=spec.name, ROWS=spec.rows, DOT=plan.dot, INTERPRET=INTERPRETED, BLOCK=block,
-            BLOCK_K=block_k,
+            -1.0 / hp.tau,
         )  # fmt: skip
         _row_entropy_kernel[(triton.cdiv(n, block_rows), b1 - b0)](
             logits, *(s[b0:b1] for s in stats), n, logits.stride(2), hp.eps, ROWS=block_rows, COLS=cols,
@@ -850,23 +835,21 @@ def _product(a: Tensor, b: Tensor) -> Tensor:
     return torch.bmm(a.float(), b.float())
 
 
-def _bf16_parts(u: Tensor, w: Tensor) -> Tensor:
-    """The rows W U multiplies, [parts, B, N, d] in bf16: as stored (bf16, or hi and lo), their hi part
-    for a W of one part, fp32 rows split into hi and lo for a W of two (the same rows as the radial term)."""
+def _weights_times_rows(w: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """du = W U in fp32 [B, N, d] from bf16 products, and the rows it multiplied, [parts, B, N, d] in bf16:
+    as stored (bf16, or hi and lo), their hi part for a W of one part, fp32 rows split into hi and lo for a
+    W of two (the same rows as the radial term). For W and U in hi and lo parts, every product of parts,
+    small first: (W_hi + W_lo)(U_hi + U_lo) to fp32's accumulation, so that du - u r cancels as exactly as
+    the radial term r, which sees the same W and u."""
     if u.dtype == torch.float32:
         hi = u[0].bfloat16()
-        return torch.stack([hi, (u[0] - hi.float()).bfloat16()])
-    return u[: len(w)]
-
-
-def _weights_times_rows(w: Tensor, u: Tensor) -> Tensor:
-    """du = W U in fp32 [B, N, d] from bf16 products: W U for a W of one part; for W and U in hi and lo
-    parts, every product of parts, small first: (W_hi + W_lo)(U_hi + U_lo) to fp32's accumulation, so
-    that du - u r cancels as exactly as the radial term r, which sees the same W and u."""
+        u = torch.stack([hi, (u[0] - hi.float()).bfloat16()])
+    else:
+        u = u[: len(w)]
     du = None
     for i, j in ((1, 1), (1, 0), (0, 1), (0, 0)) if len(w) == 2 else ((0, 0),):
         du = _product(w[i], u[j]) if du is None else du.add_(_product(w[i], u[j]))
-    return du
+    return du, u
 
 
 def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor, ...], dz: tuple[Tensor, ...],
@@ -877,7 +860,8 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor
     perplexity_entropy's per-token (m, log_s, a) [group, 3, N]; placeholders where a variant reads none."""
     _, total, n, d = rows.u.shape
     count = b1 - b0
-    block, cut, block_k = tiles.block(plan), tiles.slice(plan), tiles.block_k(plan)
+    block, block_k, slices, _ = tiles.config(plan)
+    cut = block // slices
     tile_count = triton.cdiv(n, block)
     items = count * _pairs(tile_count)
     w = _square_buffer(2 if plan.split_weights else 1, count, n, torch.bfloat16, rows.u.device)
@@ -885,14 +869,11 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor
     u = rows.u[:, b0:b1]
     pair_scale = 2.0 / (hp.tau * n) if spec.row_entropy else 4.0 / hp.pairs
     tiles.launch(
-        "backward", items, plan, rows.u.device, _tma(u, [1, 1, block, block_k]), _tma(w, [1, 1, block, cut]),
+        "backward", items, plan, spec, rows.u.device, _tma(u, [1, 1, block, block_k]), _tma(w, [1, 1, block, cut]),
         _tma(w, [1, 1, cut, block]), rows.sq[b0:b1], *stats, radial, n, d, items, -1.0 / hp.tau, hp.clamp,
-        pair_scale, hp.eps, VARIANT=spec.name, ROWS=spec.rows, ROW_ENTROPY=spec.row_entropy,
-        LOGSUMEXP=spec.logsumexp, DOT=plan.dot, SPLIT_WEIGHTS=plan.split_weights, INTERPRET=INTERPRETED,
-        BLOCK=block, BLOCK_K=block_k,
+        pair_scale, hp.eps, ROW_ENTROPY=spec.row_entropy, LOGSUMEXP=spec.logsumexp, SPLIT_WEIGHTS=plan.split_weights,
     )  # fmt: skip
-    u = _bf16_parts(u, w)
-    du = _weights_times_rows(w, u)
+    du, u = _weights_times_rows(w, u)
     b = layers[0].shape[0]
     for layer, (z, dz_layer) in enumerate(zip(layers, dz, strict=True)):
         s0, s1 = max(b0, layer * b), min(b1, (layer + 1) * b)  # the group's sequences in this layer
@@ -901,7 +882,7 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor
         here, there = slice(s0 - b0, s1 - b0), slice(s0 - layer * b, s1 - layer * b)
         _radial_kernel[(triton.cdiv((s1 - s0) * n, ROWS_PER_PROGRAM),)](
             du[here], u[:, here], radial[here], rows.stat[s0:s1], rows.sq[s0:s1], z[there], dz_layer[there], grad,
-            (s1 - s0) * n, n, d, u.stride(2), u.stride(0), tile_count, 1.0 / total, _guard(spec, d),
+            (s1 - s0) * n, n, d, u.stride(2), u.stride(0), tile_count, 1.0 / total, spec.guard(d),
             hp.unit_eps(spec), 2.0 * lambda_norm * spec.norm_penalty / (n * d), ROWS=spec.rows, U_PARTS=len(u),
             BLOCK_ROWS=ROWS_PER_PROGRAM, BLOCK_D=triton.next_power_of_2(d), TILES=triton.next_power_of_2(tile_count),
             num_warps=1 if INTERPRETED else 4,

@@ -28,20 +28,11 @@ __all__ = [
 ]
 
 
-def _block_indices(spec: str | list[int]) -> list[int] | None:
-    """A list of 1-based indices from a list, or from ``"3"`` / ``"1,2,5"`` as typed on a command line."""
-    if isinstance(spec, list):
-        return spec
-    parts = [p.strip() for p in spec.split(",")]
-    if all(p.isdigit() for p in parts):
-        return [int(p) for p in parts]
-    return None
-
-
 def resolve_layers(spec: str | list[int], n_layers: int) -> list[int]:
-    """0-based block indices selected by ``dispersion.layers``; ValueError naming what is wrong."""
-    indices = _block_indices(spec)
-    if indices is None:
+    """0-based block indices selected by ``dispersion.layers`` (keywords, a list of 1-based indices, or
+    ``"3"`` / ``"1,2,5"`` as typed on a command line); ValueError naming what is wrong."""
+    parts = spec if isinstance(spec, list) else [p.strip() for p in spec.split(",")]
+    if not isinstance(spec, list) and not all(p.isdigit() for p in parts):
         half = n_layers // 2
         table = {
             "all": range(n_layers),
@@ -53,6 +44,7 @@ def resolve_layers(spec: str | list[int], n_layers: int) -> list[int]:
             raise ValueError(f"{spec!r} is not one of {LAYER_KEYWORDS} or block indices such as 3 or 1,2,5")
         chosen = list(table[spec])
     else:
+        indices = [int(p) for p in parts]
         bad = [i for i in indices if not 1 <= i <= n_layers]
         if bad or not indices:
             raise ValueError(f"block indices must be 1..{n_layers} (1-based), got {spec}")

@@ -96,6 +96,11 @@ class VariantSpec(NamedTuple):
     row_entropy: bool = False  # per token: the entropy of the softmax of its row (perplexity_entropy)
     norm_penalty: bool = False  # + lambda_norm * mean(z^2) (l2_repel)
 
+    def guard(self, d: int) -> float:
+        """The guard of u = x / max(|x|, guard): NORM_EPS, or for decorrelation's centred rows sqrt(d-1)
+        NORM_EPS, so that u_i . u_j is the correlation with the std clamped at NORM_EPS."""
+        return NORM_EPS * math.sqrt(d - 1) if self.rows == "centred" else NORM_EPS
+
 
 SPECS = {
     spec.name: spec

@@ -84,7 +84,7 @@ class DispersionObjective:
                 # The chosen layers as one batch of L·b sequences (read in place): its mean is the
                 # mean over layers of each layer's mean.
                 layers = [
-                    select_tokens(owned[i], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))
+                    select_tokens([owned[i]], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))[0]
                     for i in self.layers
                 ]
                 mean = (

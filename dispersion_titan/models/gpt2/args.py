@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import nn
 from torchtitan.config import JobConfig
@@ -54,28 +54,24 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
         return self.max_seq_len
 
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
-        """Apply the ``[model]`` overrides; an unset dropout takes a GPT-2 folder's config.json's."""
+        """Apply the ``[model]`` overrides; an unset dropout takes a GPT-2 folder's config.json's (at
+        ``checkpoint.initial_load_path``)."""
         self.apply_overrides(job_config.model)
-        hf = hf_dropout(job_config.checkpoint) if job_config.checkpoint.initial_load_in_hf else {}
-        for key, value in hf.items():
-            if getattr(job_config.model, key) is None:
-                setattr(self, key, value)
+        checkpoint = job_config.checkpoint
+        path = os.path.join(checkpoint.initial_load_path or "", "config.json")
+        if not (checkpoint.initial_load_in_hf and os.path.isfile(path)):
+            return
+        with open(path) as f:
+            config = json.load(f)
+        for key, theirs in DROPOUT_KEYS.items():
+            if theirs in config and getattr(job_config.model, key) is None:
+                setattr(self, key, float(config[theirs]))
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
         """Unique parameter count and training FLOPs per token: 6 per matmul weight (the LM head's d·V
         even when tied) plus 12·L·d·T for attention (PaLM's convention)."""
         nparams = sum(p.numel() for p in model.parameters())
         return nparams, flops_per_token(self, seq_len)
-
-
-def hf_dropout(checkpoint_config: Any) -> dict[str, float]:
-    """The dropout of the ``config.json`` at ``checkpoint.initial_load_path``, as ``[model]`` keys."""
-    path = os.path.join(checkpoint_config.initial_load_path or "", "config.json")
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        config = json.load(f)
-    return {ours: float(config[theirs]) for ours, theirs in DROPOUT_KEYS.items() if theirs in config}
 
 
 def flops_per_token(args: GPT2ModelArgs, seq_len: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -95,17 +96,17 @@ class GPT2StateDictAdapter(StateDictAdapter):
             raise ValueError("checkpoint.initial_load_in_hf_quantized: GPT-2 checkpoints are not quantized")
         return GPT2StorageReader(path)
 
-    def _pairs(self, table):
-        for ours, hf in table:
-            for i in range(self.model_args.n_layers) if "{}" in ours else [None]:
-                yield (ours.format(i), hf.format(i)) if i is not None else (ours, hf)
+    def _pairs(self) -> Iterator[tuple[str, str, bool]]:
+        """(ours, HF, transposed) of every parameter that maps one-to-one, per block where it is one."""
+        for table, transposed in ((_DIRECT, False), (_TRANSPOSED, True)):
+            for ours, hf in table:
+                for i in range(self.model_args.n_layers) if "{}" in ours else [None]:
+                    yield ours.format(i), hf.format(i), transposed
 
     def to_hf(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         hf: dict[str, Any] = {}
-        for ours, theirs in self._pairs(_DIRECT):
-            hf[theirs] = state_dict[ours]
-        for ours, theirs in self._pairs(_TRANSPOSED):
-            hf[theirs] = state_dict[ours].t().contiguous()
+        for ours, theirs, transposed in self._pairs():
+            hf[theirs] = state_dict[ours].t().contiguous() if transposed else state_dict[ours]
         for i in range(self.model_args.n_layers):
             prefix = f"layers.{i}.attention"
             hf[f"transformer.h.{i}.attn.c_attn.weight"] = (
@@ -121,10 +122,8 @@ class GPT2StateDictAdapter(StateDictAdapter):
     def from_hf(self, hf_state_dict: dict[str, Any]) -> dict[str, Any]:
         hf = {_canonical_hf_key(k): v for k, v in hf_state_dict.items() if not _HF_BUFFERS.search(k)}
         ours: dict[str, Any] = {}
-        for mine, theirs in self._pairs(_DIRECT):
-            ours[mine] = hf[theirs]
-        for mine, theirs in self._pairs(_TRANSPOSED):
-            ours[mine] = hf[theirs].t().contiguous()
+        for mine, theirs, transposed in self._pairs():
+            ours[mine] = hf[theirs].t().contiguous() if transposed else hf[theirs]
         for i in range(self.model_args.n_layers):
             prefix = f"layers.{i}.attention"
             weights = hf[f"transformer.h.{i}.attn.c_attn.weight"].t().chunk(3, dim=0)

@@ -15,8 +15,7 @@ from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAda
 from torchtitan.protocols.train_spec import TrainSpec
 
 from ..flavors import Flavors
-from ..titan_decoder_args import RotaryOverrides, hf_decoder_fields, offered
-from ..titan_decoder_parallelize import adapted
+from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_fields, offered
 
 MODEL_NAME = "llama3_dispersion"
 

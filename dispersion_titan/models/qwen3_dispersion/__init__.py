@@ -12,8 +12,7 @@ from torchtitan.protocols.train_spec import TrainSpec
 
 from ...utils.errors import ConvertError
 from ..flavors import Flavors
-from ..titan_decoder_args import RotaryOverrides, hf_decoder_fields, offered
-from ..titan_decoder_parallelize import adapted
+from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_fields, offered
 
 MODEL_NAME = "qwen3_dispersion"
 
