@@ -11,14 +11,14 @@ import json
 import math
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..components.wandb_run import recorded
+from ..components.wandb_run import log_results, recorded
 from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
@@ -48,11 +48,9 @@ from ..utils.hub import PREFIX
 from . import AnalysisError, figures, inputs
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
-from .measure import DecoderLayers, LayeredModel, Measurement, geometry_mask, measure
-from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, summary_rows, write_result
-from .statistics import condensation
-from .tensorboard import CondensationWriter
-from .wandb_condensation import log_analysis
+from .measure import DecoderLayers, LayeredModel, geometry_mask, measure
+from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, read_results, summary_rows, write_result
+from .statistics import HIST_EDGES, HIST_RANGE, condensation
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_SEQ_LEN = 512
@@ -219,48 +217,21 @@ class Analysis:
         """Whether ``result`` was measured on other weights than ``source`` holds now."""
         return False
 
-    def pending(self) -> list[Unit]:
-        """Units still to analyze (``outputs.still_to_do``; all with ``--force``)."""
-        sources = {unit.folder: unit.source for unit in self.units}
-        found = {} if self.options.force else read_analyses(self.out)
-        todo = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
-        return [unit for unit in self.units if unit.folder in todo]
-
-    def _result(
-        self, unit: Unit, model: LayeredModel, on_batch: Callable[[], None]
-    ) -> tuple[Condensation, Measurement]:
-        measured = measure(
-            model,
-            self.sequences.tokens,
-            self.options.batch_size,
-            self.device,
-            self.options.geometry_sequences,
-            on_batch,
-        )
-        return condensation(
-            unit.step,
-            self.sequences,
-            measured,
-            dtype=self.dtype,
-            device=self.device.type,
-            checkpoint=unit.source,
-            revision=unit.revision,
-            **self.metadata(unit),
-        ), measured
-
     def analyze(self) -> int:
         """Analyze pending units and refresh the summary, as ``--out``'s one writer; the count that failed."""
         with owned(self.out, self.owner):
-            return self._analyze_pending()
+            found = {} if self.options.force else read_analyses(self.out)  # --force: all units pending
+            sources = {unit.folder: unit.source for unit in self.units}
+            done = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
+            return self._analyze([unit for unit in self.units if unit.folder in done])
 
-    def _analyze_pending(self) -> int:
-        todo = self.pending()
+    def _analyze(self, todo: list[Unit]) -> int:
         per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
         skipped = len(self.units) - len(todo)
         if skipped:
             print(f"{skipped} {self.noun}(s) already analyzed in {self.out} (--force recomputes them)")
         failed = []
-        writer = CondensationWriter(self.tb_dir)
+        writer = None  # TensorBoard's, opened on first use: a run with nothing new to analyze writes none
         try:
             with tqdm(total=len(todo) * per_unit, unit="batch", desc="condensation", file=sys.stderr) as bar:
                 for unit in todo:
@@ -272,18 +243,45 @@ class Analysis:
                         failed.append(unit.source)
                         bar.update(per_unit)
                         continue
-                    result, measured = self._result(unit, model, lambda: bar.update(1))
+                    measured = measure(
+                        model,
+                        self.sequences.tokens,
+                        self.options.batch_size,
+                        self.device,
+                        self.options.geometry_sequences,
+                        lambda: bar.update(1),
+                    )
                     del model
+                    result = condensation(
+                        unit.step,
+                        self.sequences,
+                        measured,
+                        dtype=self.dtype,
+                        device=self.device.type,
+                        checkpoint=unit.source,
+                        revision=unit.revision,
+                        **self.metadata(unit),
+                    )
                     save_png(
                         figures.heatmap(result, f"{self.label}: {result.label}"),
                         os.path.join(self.out, f"heatmap_{unit.folder}.png"),
                     )
                     write_record(self.tb_dir, self.owner, settings=self.settings)  # for the next analysis to find
-                    writer.add_step(unit.step, measured.names, measured.means, result.curve)
+                    if writer is None:
+                        from torch.utils.tensorboard import SummaryWriter
+
+                        writer = SummaryWriter(log_dir=self.tb_dir)
+                    for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
+                        writer.add_histogram(
+                            f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES
+                        )
+                        writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
+                    writer.flush()
                     write_result(os.path.join(self.out, unit.folder, RESULT_FILE), result)
                     tqdm.write(_one_line(result))
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
         self._write_summary()
         if failed:
             print(
@@ -360,8 +358,17 @@ class RunAnalysis(Analysis):
         if self.options.wandb:
             recorded(self.dump)  # before the analysis: a run without one fails now, in one line
         failed = super().analyze()
-        if self.options.wandb:
-            log_analysis(self.dump, self.out)
+        if self.options.wandb:  # what TensorBoard got, from the results written
+            import wandb
+
+            per_step: dict[int, dict[str, Any]] = {}
+            for step, result in read_results(self.out).items():
+                edges = np.linspace(*result.hist_range, result.hist_bins + 1)
+                per_step[step] = {}
+                for layer in result.layers:
+                    per_step[step][f"cosine/{layer.name}"] = wandb.Histogram(np_histogram=(layer.hist, edges))
+                    per_step[step][f"mean_cos/{layer.name}"] = layer.mean_cos
+            log_results(self.dump, "analyze", "analysis", per_step, self.out)
         return failed
 
 

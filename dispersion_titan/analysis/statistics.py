@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # torch-free at import: results (and so the quickstart's opti
 
 HIST_BINS = 128
 HIST_RANGE = (-1.0, 1.0)
+HIST_EDGES = np.linspace(*HIST_RANGE, HIST_BINS + 1)
 
 
 def layer_fraction(index: int, num_layers: int) -> float:
