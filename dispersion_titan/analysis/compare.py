@@ -3,14 +3,13 @@ same token sequences only; each run labelled by folder, MLP width and dispersion
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant
-from ..run_folder.outputs import format_table, save_png, write_csv
+from ..run_folder.outputs import format_table, results_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned
 from . import AnalysisError, figures
 from .condensation_schema import Condensation
@@ -27,15 +26,7 @@ class RunResult:
 
 def analyses_folder(run: str) -> str:
     """``run``: a condensation folder, or a dump folder holding ``condensation/``."""
-    if not os.path.isdir(run):
-        raise AnalysisError(f"{run}: no such folder")
-    for folder in (run, os.path.join(run, "condensation")):
-        if any(glob.glob(os.path.join(folder, pattern, RESULT_FILE)) for pattern in ("step-*", "rev-*")):
-            return folder
-    raise AnalysisError(
-        f"{run}: no condensation analyses here or in {os.path.join(run, 'condensation')} "
-        f"(run python -m dispersion_titan.analyze {run} first)"
-    )
+    return results_folder(run, "condensation", RESULT_FILE, "condensation analyses", "analyze", AnalysisError)
 
 
 def pick(run: str, step: str, option: str = "--step") -> Condensation:

@@ -27,7 +27,7 @@ from ..run_folder.checkpoints import (
     load_model_args,
     load_run_metadata,
 )
-from ..run_folder.outputs import ensure_writable, save_png, still_to_do, write_csv
+from ..run_folder.outputs import ensure_writable, report_failed, save_png, still_to_do, write_csv
 from ..run_folder.owners import (
     TB_KEY,
     FolderOwner,
@@ -283,13 +283,7 @@ class Analysis:
             if writer is not None:
                 writer.close()
         self._write_summary()
-        if failed:
-            print(
-                f"dispersion_titan: error: {len(failed)} of {len(self.units)} {self.noun}s could not be "
-                f"analyzed: {', '.join(failed)}",
-                file=sys.stderr,
-            )
-        return len(failed)
+        return report_failed(failed, len(self.units), f"{self.noun}s", "analyzed")
 
     def _write_summary(self) -> None:
         """``summary.csv`` and ``evolution.png`` over every state analyzed with these inputs."""

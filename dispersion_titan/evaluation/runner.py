@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 import time
 from dataclasses import dataclass
 
-from ..components.wandb_run import recorded
+from ..components.wandb_run import log_results, recorded
 from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_of
-from ..run_folder.outputs import FORMAT, FORMAT_KEY, differences, ensure_writable, still_to_do
+from ..run_folder.outputs import FORMAT, FORMAT_KEY, differences, ensure_writable, report_failed, still_to_do
 from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_unless_ours
 from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
@@ -22,6 +23,7 @@ from .export import hflm_location, source_changed, source_identity
 from .protocol import EvaluationPlan, build_plan, mean_accuracy, run_protocol
 from .step_results import (
     OURS,
+    SUMMARY_FILE,
     merge,
     read_evaluations,
     result_scores,
@@ -30,7 +32,6 @@ from .step_results import (
     write_summary,
 )
 from .tasks import Tasks
-from .wandb_scores import log_evaluation
 
 HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
@@ -135,8 +136,11 @@ class RunEvaluation:
             if todo and not self.objects:
                 self.objects = self.tasks.load()
             failed = self._evaluate(todo)
-        if self.options.wandb:
-            log_evaluation(self.dump, self.out)
+        if self.options.wandb:  # each step's row of summary.csv, then the summary itself
+            with open(os.path.join(self.out, SUMMARY_FILE), newline="") as f:
+                rows = list(csv.DictReader(f))
+            per_step = {int(row.pop("step")): {k: float(v) for k, v in row.items() if v != ""} for row in rows}
+            log_results(self.dump, "evaluate", "evaluation", per_step, self.out)
         return failed
 
     def _evaluate(self, todo: list[StepCheckpoint]) -> int:
@@ -160,13 +164,7 @@ class RunEvaluation:
                 flush=True,
             )
         self._write_summary()
-        if failed:
-            print(
-                f"dispersion_titan: error: {len(failed)} of {len(self.selected)} checkpoints could not be "
-                f"evaluated: {', '.join(failed)}",
-                file=sys.stderr,
-            )
-        return len(failed)
+        return report_failed(failed, len(self.selected), "checkpoints", "evaluated")
 
     def _evaluate_step(self, checkpoint: StepCheckpoint) -> dict:
         """lm-eval's HFLM on the exported checkpoint, one ``simple_evaluate`` per task (progress per task)."""

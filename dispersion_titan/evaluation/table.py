@@ -15,7 +15,7 @@ from scipy import stats
 
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.origin import from_scratch
-from ..run_folder.outputs import atomic_write, differences, find_results_folder, write_csv
+from ..run_folder.outputs import atomic_write, differences, results_folder, write_csv
 from ..run_folder.owners import FolderOwner, owned
 from ..run_folder.settings import flatten
 from ..utils.hub import PREFIX
@@ -28,19 +28,6 @@ from .step_results import OURS, RESULT_FILE, read_evaluations, result_scores, se
 
 TABLE = FolderOwner("table")
 """Who ``--out`` belongs to: tables of several runs, rewritten whole at each call."""
-
-
-def evaluation_folder(run: str) -> str:
-    """``run``: an evaluation folder, or a dump folder holding ``evaluation/``."""
-    if not os.path.isdir(run):
-        raise EvaluationError(f"{run}: no such folder")
-    folder = find_results_folder(run, "evaluation", RESULT_FILE)
-    if folder is None:
-        raise EvaluationError(
-            f"{run}: no evaluations here or in {os.path.join(run, 'evaluation')} "
-            f"(run python -m dispersion_titan.evaluate {run} first)"
-        )
-    return folder
 
 
 TESTS = {"student": "Student's", "welch": "Welch's"}
@@ -115,7 +102,8 @@ class Evaluated:
 
 
 def evaluated(run: str) -> Evaluated:
-    folder = evaluation_folder(run)
+    """``run``'s evaluations: those of an evaluation folder, or of a dump folder's ``evaluation/``."""
+    folder = results_folder(run, "evaluation", RESULT_FILE, "evaluations", "evaluate", EvaluationError)
     return Evaluated(run, folder, read_evaluations(folder))
 
 

@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Callable
 from types import ModuleType
@@ -117,12 +118,27 @@ def still_to_do(
     return [name for name in sources if name not in existing]
 
 
-def find_results_folder(run: str, name: str, file: str) -> str | None:
-    """``run`` when it holds ``step-N/{file}`` results, else ``run/{name}`` when that does."""
+def report_failed(failed: list[str], total: int, nouns: str, done: str) -> int:
+    """How many of ``total`` could not be ``done``, each named in one line on stderr (exit status 1)."""
+    if failed:
+        print(
+            f"dispersion_titan: error: {len(failed)} of {total} {nouns} could not be {done}: {', '.join(failed)}",
+            file=sys.stderr,
+        )
+    return len(failed)
+
+
+def results_folder(run: str, name: str, file: str, what: str, command: str, error: type[Exception]) -> str:
+    """``run`` when it holds results (``step-N/{file}``, ``rev-NAME/{file}``), else ``run/{name}`` when that
+    does; else one line saying which ``command`` makes them."""
+    if not os.path.isdir(run):
+        raise error(f"{run}: no such folder")
     for folder in (run, os.path.join(run, name)):
-        if glob.glob(os.path.join(folder, "step-*", file)):
+        if any(glob.glob(os.path.join(folder, pattern, file)) for pattern in ("step-*", "rev-*")):
             return folder
-    return None
+    raise error(
+        f"{run}: no {what} here or in {os.path.join(run, name)} (run python -m dispersion_titan.{command} {run} first)"
+    )
 
 
 def read_step_files(out: str, file: str) -> dict[int, dict]:
