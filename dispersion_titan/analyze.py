@@ -157,11 +157,11 @@ def run_size_series(argv: list[str]) -> int:
 
 def run_analyze(argv: list[str]) -> int:
     a = analyze_parser().parse_args(argv)
-    from dispersion_titan.analysis import hf_revisions, runner  # torch: after --help
+    from dispersion_titan.analysis import runner  # torch: after --help
     from dispersion_titan.utils.hub import PREFIX
 
     options = runner.AnalyzeOptions.from_args(a)
-    analysis = hf_revisions.HFAnalysis if a.run.startswith(PREFIX) else runner.RunAnalysis
+    analysis = runner.HFAnalysis if a.run.startswith(PREFIX) else runner.RunAnalysis
     return 1 if analysis(options).analyze() else 0
 
 

@@ -1,12 +1,13 @@
 """Analyze model states one at a time: load each once, measure, write its results; skip those
 already done; report unreadable ones and go on. ``Analysis`` is what every target shares;
-``RunAnalysis`` feeds it a run's checkpoints, ``hf_revisions.HFAnalysis`` a hub model's revisions."""
+``RunAnalysis`` feeds it a run's checkpoints, ``HFAnalysis`` a hub model's revisions."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -43,9 +44,9 @@ from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.devices import resolve_device
-from ..utils.errors import ArgumentError, CheckpointError, OutputError
-from ..utils.hub import PREFIX
-from . import AnalysisError, figures, inputs
+from ..utils.errors import ArgumentError, CheckpointError, ModelLoadError, OutputError
+from ..utils.hub import PREFIX, parse_spec
+from . import AnalysisError, figures, hf_model, inputs
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, geometry_mask, measure
@@ -364,6 +365,57 @@ class RunAnalysis(Analysis):
                     per_step[step][f"mean_cos/{layer.name}"] = layer.mean_cos
             log_results(self.dump, "analyze", "analysis", per_step, self.out)
         return failed
+
+
+class HFAnalysis(Analysis):
+    """``analyze hf:MODEL[@REV1,REV2,...] --out DIR``: the revisions of a Hugging Face model, measured like
+    a run's checkpoints, each in ``OUT/rev-NAME/`` (``rev-default``: the default revision)."""
+
+    noun = "revision"
+
+    def __init__(self, options: AnalyzeOptions):
+        if options.steps is not None:
+            raise ArgumentError("--steps: not used with hf: models (list revisions: hf:MODEL@REV1,REV2)")
+        if not options.out:
+            raise ArgumentError("--out: required with hf: models")
+        if options.device_map and importlib.util.find_spec("accelerate") is None:
+            raise ModelLoadError("--device-map auto needs accelerate: pip install 'dispersion_titan[hf]'")
+        self.spec = parse_spec(options.target, options.trust_remote_code)
+        first = self.spec.revisions[0]
+        config = hf_model.load_config(self.spec, first)
+        self.args = hf_model.model_args(config)
+        self.n_params = hf_model.count_parameters(self.spec, config)
+        dtype = options.dtype or ("bf16" if self.n_params > hf_model.BF16_ABOVE_PARAMS else "fp32")
+        inputs = fitted_inputs(options, self.args["max_seq_len"], f"max_position_embeddings of {self.spec.model}")
+        units = [
+            Unit(
+                hf_model.revision_step(rev, i),
+                f"rev-{(rev or 'default').replace('/', '--')}",
+                self.spec.location(rev)[0],
+                rev,
+            )
+            for i, rev in enumerate(self.spec.revisions)
+        ]
+        super().__init__(
+            options,
+            units,
+            os.path.basename(os.path.normpath(self.spec.model)),
+            options.out,
+            os.path.join(options.out, "tb"),
+            inputs,
+            dtype,
+            FolderOwner("analysis", self.spec.model),
+            model=self.spec.model,
+            encode=hf_model.load_encoder(self.spec, first, inputs.protocol == "paper"),
+        )
+
+    def load(self, unit: Unit) -> LayeredModel:
+        return hf_model.load_pretrained(
+            self.spec, unit.revision, DTYPES[self.dtype], self.device, self.options.device_map
+        )
+
+    def metadata(self, unit: Unit) -> dict[str, Any]:
+        return {"run": self.spec.model, "model_args": self.args, "n_params": self.n_params, "model": self.spec.model}
 
 
 def count_parameters(args) -> int:
