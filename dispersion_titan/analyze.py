@@ -160,9 +160,9 @@ def run_analyze(argv: list[str]) -> int:
     from dispersion_titan.analysis import runner  # torch: after --help
     from dispersion_titan.utils.hub import PREFIX
 
-    options = runner.AnalyzeOptions.from_args(a)
+    inputs = runner.input_options(a)
     analysis = runner.HFAnalysis if a.run.startswith(PREFIX) else runner.RunAnalysis
-    return 1 if analysis(options).analyze() else 0
+    return 1 if analysis(a, inputs).analyze() else 0
 
 
 def run_compare(argv: list[str]) -> int:
@@ -177,13 +177,8 @@ def run_compare(argv: list[str]) -> int:
 @command("each model state analyzed so far is kept in its folder; the same command analyzes the rest")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "compare":
-        code = run_compare(argv[1:])
-    elif argv and argv[0] == "family":
-        code = run_size_series(argv[1:])
-    else:
-        code = run_analyze(argv)
-    sys.exit(code)
+    subcommand = {"compare": run_compare, "family": run_size_series}.get(argv[0] if argv else "")
+    sys.exit(subcommand(argv[1:]) if subcommand else run_analyze(argv))
 
 
 if __name__ == "__main__":

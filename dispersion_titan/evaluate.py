@@ -154,9 +154,9 @@ def add_table_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
 
 def run_evaluate(argv: list[str]) -> int:
     a = evaluate_parser().parse_args(argv)
-    from dispersion_titan.evaluation.runner import EvaluateOptions, RunEvaluation  # torch: after --help
+    from dispersion_titan.evaluation.runner import RunEvaluation  # torch: after --help
 
-    return 1 if RunEvaluation(EvaluateOptions.from_args(a)).evaluate() else 0
+    return 1 if RunEvaluation(a).evaluate() else 0
 
 
 def run_table(argv: list[str]) -> int:

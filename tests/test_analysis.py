@@ -19,7 +19,7 @@ import torch
 
 from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
-from dispersion_titan.analysis.measure import DecoderLayers, cosine_matrices, measure
+from dispersion_titan.analysis.measure import DecoderLayers, cosines, measure, unit_tokens
 from dispersion_titan.analysis.statistics import summarize
 from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
@@ -127,7 +127,7 @@ def test_statistics_match_plain_computation():
 
 def test_cosines_clamp_tiny_norms_and_clip():
     h = torch.tensor([[[3.0, 4.0], [0.0, 0.0], [3e-4, 4e-4], [-6.0, -8.0]]])
-    got = cosine_matrices(h)[0].double().numpy()
+    got = cosines(unit_tokens(h))[0].double().numpy()
     assert np.allclose(got, plain_cosine_matrix(h[0].double().numpy()), atol=1e-6)
     assert got[2, 2] == pytest.approx(0.25)  # |h| = 5e-4 is divided by the clamp 1e-3
     assert got.max() <= 1.0 and got[0, 3] == pytest.approx(-1.0)

@@ -12,6 +12,7 @@ from .condensation_schema import Condensation
 from .statistics import HIST_RANGE, layer_fraction
 
 plt = headless_pyplot()
+DEPTH_LABEL = "layer fraction (embedding = 0, final norm = 1)"
 
 
 def _fractions(result: Condensation) -> np.ndarray:
@@ -31,7 +32,7 @@ def heatmap(result: Condensation, title: str) -> Figure:
     mesh = ax.pcolormesh(x_edges, y_edges, density, cmap="magma", norm=PowerNorm(0.5, vmin=0))
     fig.colorbar(mesh, ax=ax, label="density")
     ax.set(
-        xlabel="layer fraction (embedding = 0, final norm = 1)",
+        xlabel=DEPTH_LABEL,
         ylabel="cosine similarity",
         title=title,
         xlim=(x_edges[0], x_edges[-1]),
@@ -40,12 +41,8 @@ def heatmap(result: Condensation, title: str) -> Figure:
     return fig
 
 
-CURVE_LABEL = "mean_cos_offdiag: mean cosine of distinct token pairs"
-DEPTH_LABEL = "layer fraction (embedding = 0, final norm = 1)"
-
-
 def curve_axes(ax: plt.Axes, title: str) -> None:
-    ax.set(xlabel=DEPTH_LABEL, ylabel=CURVE_LABEL, title=title)
+    ax.set(xlabel=DEPTH_LABEL, ylabel="mean_cos_offdiag: mean cosine of distinct token pairs", title=title)
     ax.grid(alpha=0.3)
 
 

@@ -27,13 +27,18 @@ def revision_step(revision: str | None, position: int) -> int:
     return int(match.group(1)) if match else position
 
 
+def _from_pretrained(auto_class, spec: HFSpec, revision: str | None, **kwargs):
+    """``auto_class.from_pretrained`` of the model at ``revision``, its load failures in one line."""
+    path, rev = spec.location(revision)
+    with loading(spec.name(revision)):
+        return auto_class.from_pretrained(path, revision=rev, trust_remote_code=spec.trust_remote_code, **kwargs)
+
+
 def load_config(spec: HFSpec, revision: str | None):
     """The model's config, refused unless it describes a decoder-only causal LM."""
     from transformers import AutoConfig
 
-    path, rev = spec.location(revision)
-    with loading(spec.name(revision)):
-        config = AutoConfig.from_pretrained(path, revision=rev, trust_remote_code=spec.trust_remote_code)
+    config = _from_pretrained(AutoConfig, spec, revision)
     _check_decoder_only(config, spec.name(revision))
     return config
 
@@ -59,9 +64,7 @@ def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = Fals
     """The model's own tokenizer, adding no special tokens unless ``special_tokens`` (``--protocol paper``)."""
     from transformers import AutoTokenizer
 
-    path, rev = spec.location(revision)
-    with loading(spec.name(revision)):
-        tokenizer = AutoTokenizer.from_pretrained(path, revision=rev, trust_remote_code=spec.trust_remote_code)
+    tokenizer = _from_pretrained(AutoTokenizer, spec, revision)
     return lambda texts: tokenizer(texts, add_special_tokens=special_tokens, verbose=False)["input_ids"]
 
 
@@ -170,17 +173,16 @@ def load_pretrained(
     spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device, device_map: str | None
 ) -> HFLayers:
     """The model's weights in ``dtype``, on ``device`` or spread by ``device_map``, in eval mode."""
-    path, rev = spec.location(revision)
     config = load_config(spec, revision)
     placement = {"device_map": device_map} if device_map else {}
-    with loading(spec.name(revision)), _quiet_transformers():
-        model, info = _auto_class(config).from_pretrained(
-            path,
-            revision=rev,
+    with _quiet_transformers():
+        model, info = _from_pretrained(
+            _auto_class(config),
+            spec,
+            revision,
             dtype=dtype,
             output_loading_info=True,
             ignore_mismatched_sizes=True,
-            trust_remote_code=spec.trust_remote_code,
             **placement,
         )
     _check_complete(model, info, spec.name(revision))

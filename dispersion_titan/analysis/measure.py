@@ -79,11 +79,6 @@ def cosines(units: torch.Tensor) -> torch.Tensor:
     return torch.bmm(units, units.transpose(1, 2)).clamp_(-1.0, 1.0)
 
 
-def cosine_matrices(hidden: torch.Tensor) -> torch.Tensor:
-    """[B, S, d] -> [B, S, S] fp32 cosines of the token vectors."""
-    return cosines(unit_tokens(hidden))
-
-
 def geometry_mask(num_sequences: int, geometry_sequences: int) -> torch.Tensor:
     """[K] bool: the ``geometry_sequences`` evenly spaced sequences (all if K is fewer)."""
     mask = torch.zeros(num_sequences, dtype=torch.bool)

@@ -57,62 +57,32 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_SEQ_LEN = 512
 
 
-@dataclass(frozen=True)
-class AnalyzeOptions:
-    """``analyze``'s options (their help says what each means)."""
-
-    target: str
-    steps: str | None
-    inputs: InputOptions
-    seq_len_given: bool  # False: ``inputs.seq_len`` is the default, which ``fitted_inputs`` may lower
-    batch_size: int
-    out: str | None
-    tb_dir: str | None
-    device: str | None
-    dtype: str | None
-    force: bool
-    geometry_sequences: int
-    device_map: str | None = None
-    trust_remote_code: bool = False
-    wandb: bool = False
-
-    @classmethod
-    def from_args(cls, a: argparse.Namespace) -> AnalyzeOptions:
-        """``analyze``'s command line, its combinations checked; ``--texts`` read before any folder is made."""
-        hf, paper = a.run.startswith(PREFIX), a.protocol == "paper"
-        if a.dataset_path and a.texts:
-            raise ArgumentError("--dataset-path: not used with --texts")
-        if paper and a.dataset:
-            raise ArgumentError(
-                "--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
-                "--dataset-path) or the rows of --texts FILE"
-            )
-        if hf and a.wandb:
-            raise ArgumentError("--wandb: only for runs (trained with [metrics] enable_wandb)")
-        if not hf and (a.device_map or a.trust_remote_code):
-            raise ArgumentError(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
-        if a.texts:
-            inputs.read_texts(a.texts)
-        sequences = inputs.InputOptions(
-            dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
-            dataset_path=a.dataset_path,
-            texts=a.texts,
-            num_sequences=a.num_sequences,
-            seq_len=a.seq_len or DEFAULT_SEQ_LEN,
-            seed=a.seed,
-            protocol=a.protocol,
-            layer_points=a.layer_points or ("hidden_states" if paper else "all"),
+def input_options(a: argparse.Namespace) -> InputOptions:
+    """``analyze``'s inputs, its options' combinations checked; ``--texts`` read before any folder is made."""
+    hf, paper = a.run.startswith(PREFIX), a.protocol == "paper"
+    if a.dataset_path and a.texts:
+        raise ArgumentError("--dataset-path: not used with --texts")
+    if paper and a.dataset:
+        raise ArgumentError(
+            "--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
+            "--dataset-path) or the rows of --texts FILE"
         )
-        given = ("steps", "batch_size", "out", "tb_dir", "device", "dtype", "force", "wandb")
-        return cls(
-            target=a.run,
-            inputs=sequences,
-            seq_len_given=a.seq_len is not None,
-            geometry_sequences=a.geometry_sequences,
-            device_map=a.device_map,
-            trust_remote_code=a.trust_remote_code,
-            **{key: getattr(a, key) for key in given},
-        )
+    if hf and a.wandb:
+        raise ArgumentError("--wandb: only for runs (trained with [metrics] enable_wandb)")
+    if not hf and (a.device_map or a.trust_remote_code):
+        raise ArgumentError(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
+    if a.texts:
+        inputs.read_texts(a.texts)
+    return inputs.InputOptions(
+        dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
+        dataset_path=a.dataset_path,
+        texts=a.texts,
+        num_sequences=a.num_sequences,
+        seq_len=a.seq_len or DEFAULT_SEQ_LEN,
+        seed=a.seed,
+        protocol=a.protocol,
+        layer_points=a.layer_points or ("hidden_states" if paper else "all"),
+    )
 
 
 @dataclass(frozen=True)
@@ -127,12 +97,11 @@ class Unit:
     revision: str | None = None
 
 
-def fitted_inputs(options: AnalyzeOptions, positions: int | None, where: str) -> InputOptions:
+def fitted_inputs(options: argparse.Namespace, inputs: InputOptions, positions: int | None, where: str) -> InputOptions:
     """The inputs with S at most the model's ``positions``: the default lowered, a given one refused."""
-    inputs = options.inputs
     if positions is None or inputs.seq_len <= positions:
         return inputs
-    if options.seq_len_given:
+    if options.seq_len is not None:
         raise AnalysisError(f"--seq-len: {inputs.seq_len} exceeds the model's {positions} positions ({where})")
     print(f"note: --seq-len {positions} (the model's positions, {where}) instead of the default {inputs.seq_len}")
     return dataclasses.replace(inputs, seq_len=positions)
@@ -147,7 +116,7 @@ class Analysis:
 
     def __init__(
         self,
-        options: AnalyzeOptions,
+        options: argparse.Namespace,
         units: list[Unit],
         label: str,
         out: str,
@@ -309,10 +278,10 @@ class RunAnalysis(Analysis):
     skippable = (CheckpointError,)
     noun = "checkpoint"
 
-    def __init__(self, options: AnalyzeOptions):
-        self.dump, folder, selected = run_checkpoints(options.target, options.steps or "all")
+    def __init__(self, options: argparse.Namespace, inputs: InputOptions):
+        self.dump, folder, selected = run_checkpoints(options.run, options.steps or "all")
         self.model_args = load_model_args(folder)
-        inputs = fitted_inputs(options, self.model_args.positions, f"max_seq_len in {self.dump}/run.json")
+        inputs = fitted_inputs(options, inputs, self.model_args.positions, f"max_seq_len in {self.dump}/run.json")
         if self.model_args.positions is None:  # rotary: a RoPE table for the analysed length
             self.model_args.max_seq_len = inputs.seq_len
         units = [Unit(c.step, f"step-{c.step}", os.path.abspath(c.path)) for c in selected]
@@ -373,20 +342,22 @@ class HFAnalysis(Analysis):
 
     noun = "revision"
 
-    def __init__(self, options: AnalyzeOptions):
+    def __init__(self, options: argparse.Namespace, inputs: InputOptions):
         if options.steps is not None:
             raise ArgumentError("--steps: not used with hf: models (list revisions: hf:MODEL@REV1,REV2)")
         if not options.out:
             raise ArgumentError("--out: required with hf: models")
         if options.device_map and importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError("--device-map auto needs accelerate: pip install 'dispersion_titan[hf]'")
-        self.spec = parse_spec(options.target, options.trust_remote_code)
+        self.spec = parse_spec(options.run, options.trust_remote_code)
         first = self.spec.revisions[0]
         config = hf_model.load_config(self.spec, first)
         self.args = hf_model.model_args(config)
         self.n_params = hf_model.count_parameters(self.spec, config)
         dtype = options.dtype or ("bf16" if self.n_params > hf_model.BF16_ABOVE_PARAMS else "fp32")
-        inputs = fitted_inputs(options, self.args["max_seq_len"], f"max_position_embeddings of {self.spec.model}")
+        inputs = fitted_inputs(
+            options, inputs, self.args["max_seq_len"], f"max_position_embeddings of {self.spec.model}"
+        )
         units = [
             Unit(
                 hf_model.revision_step(rev, i),

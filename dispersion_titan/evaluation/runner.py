@@ -7,7 +7,6 @@ import csv
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 from ..components.wandb_run import log_results, recorded
 from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_of
@@ -20,7 +19,7 @@ from ..utils.errors import ArgumentError, CheckpointError
 from ..utils.hub import PREFIX, HFSpec, loading, parse_spec
 from . import EvaluationError
 from .export import hflm_location, source_changed, source_identity
-from .protocol import EvaluationPlan, build_plan, mean_accuracy, run_protocol
+from .protocol import build_plan, mean_accuracy, run_protocol
 from .step_results import (
     OURS,
     SUMMARY_FILE,
@@ -34,29 +33,6 @@ from .step_results import (
 from .tasks import Tasks
 
 HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-
-
-@dataclass(frozen=True)
-class EvaluateOptions:
-    run: str
-    steps: str
-    plan: EvaluationPlan
-    include_path: str | None
-    batch_size: int
-    out: str | None
-    device: str | None
-    dtype: str
-    force: bool
-    wandb: bool = False
-
-    @classmethod
-    def from_args(cls, a: argparse.Namespace) -> EvaluateOptions:
-        """``evaluate``'s command line; its protocol, unless given, the authors' for the run's family."""
-        protocol, note = (a.protocol, None) if a.protocol else run_protocol(_model_name(a.run))
-        if note:
-            print(note, file=sys.stderr)
-        given = ("run", "steps", "include_path", "batch_size", "out", "device", "dtype", "force", "wandb")
-        return cls(plan=build_plan(a.tasks, a.num_fewshot, a.limit, protocol), **{k: getattr(a, k) for k in given})
 
 
 def _model_name(run: str) -> str:
@@ -89,8 +65,13 @@ class RunEvaluation:
     """One ``evaluate RUN``: what a user can get wrong is checked, and the tasks loaded, before
     anything is written or any model loads."""
 
-    def __init__(self, options: EvaluateOptions):
+    def __init__(self, options: argparse.Namespace):
+        """``evaluate``'s command line; its protocol, unless given, the authors' for the run's family."""
         self.options = options
+        protocol, note = (options.protocol, None) if options.protocol else run_protocol(_model_name(options.run))
+        if note:
+            print(note, file=sys.stderr)
+        self.plan = build_plan(options.tasks, options.num_fewshot, options.limit, protocol)
         self.hub = hub_model(options.run) if options.run.startswith(PREFIX) else None
         if self.hub:  # the model as published: one result, step 0, as a run's model before training
             if not options.out:
@@ -102,10 +83,10 @@ class RunEvaluation:
         else:
             self.dump, _, self.selected = run_checkpoints(options.run, options.steps)
             seed = load_run_metadata(self.dump).get("seed")
-        self.tasks = Tasks(options.plan.tasks, options.include_path)
+        self.tasks = Tasks(self.plan.tasks, options.include_path)
         self.seeds = lm_eval_seeds(seed)
         self.device = resolve_device(options.device, options.dtype)
-        self.settings = {**options.plan.settings(), "dtype": options.dtype}
+        self.settings = {**self.plan.settings(), "dtype": options.dtype}
         self.out = options.out or os.path.join(self.dump, "evaluation")
         refuse_if_busy(self.out, COMMAND)  # a busy folder's owner named first, before its results are read
         self.owner = FolderOwner("evaluation", self.dump)
@@ -172,7 +153,7 @@ class RunEvaluation:
         from lm_eval.models.huggingface import HFLM
 
         start = time.time()
-        plan = self.options.plan
+        plan = self.plan
         merged: dict = {}
         with hflm_location(checkpoint.path, self.out) as (folder, revision):
             lm = HFLM(
