@@ -21,21 +21,17 @@ from ..utils.hub import PREFIX, parse_spec
 _EXPORT = re.compile(r"^\.hf-.+\.pid(\d+)@(.+)\.[^.]+$")
 
 
-def remove_abandoned_exports(parent: str) -> None:
-    """Remove the exports in ``parent`` left by an evaluation of this host that died (SIGKILL, OOM)."""
+@contextmanager
+def hf_export(step_dir: str, parent: str) -> Iterator[str]:
+    """The Hugging Face folder of ``step_dir``, inside ``parent`` (no small /tmp has to hold GPT-2 xl); first,
+    the exports there left by an evaluation of this host that died (SIGKILL, OOM) are removed."""
     host = socket.gethostname()
     for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
         match = _EXPORT.match(name)
         if match and match[2] == host and not pid_runs(int(match[1])):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-
-
-@contextmanager
-def hf_export(step_dir: str, parent: str) -> Iterator[str]:
-    """The Hugging Face folder of ``step_dir``, inside ``parent`` (no small /tmp has to hold GPT-2 xl)."""
-    remove_abandoned_exports(parent)
     step = os.path.basename(step_dir.rstrip("/"))
-    prefix = f".hf-{step}.pid{os.getpid()}@{socket.gethostname()}."
+    prefix = f".hf-{step}.pid{os.getpid()}@{host}."
     with tempfile.TemporaryDirectory(prefix=prefix, dir=parent, ignore_cleanup_errors=True) as folder:
         export_checkpoint(step_dir, folder)
         yield folder

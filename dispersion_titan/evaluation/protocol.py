@@ -20,10 +20,8 @@ _AUTHORS_ZERO_SHOT_NAMES = ("anli", "hellaswag", "lambada", *ZERO_SHOT, *PERPLEX
 class Protocol:
     """One of the authors' settings: shots of the few-shot tasks and examples per task."""
 
-    name: str
     few_shot: int  # --num_fewshot of the authors' script
     limit: int  # --max_eval_samples of the authors' script
-    source: str  # the authors' file that sets both
 
     def shots(self, task: str) -> int | None:
         """The task's shots under this protocol; None for a task the authors did not run."""
@@ -33,8 +31,8 @@ class Protocol:
 
 
 PRESETS = {
-    "gpt2": Protocol("gpt2", 1, 500, "lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2.py"),
-    "qwen3": Protocol("qwen3", 5, 200, "lm_dispersion/midtrain_qwen3_huggingface/midtrain_qwen3.py"),
+    "gpt2": Protocol(1, 500),  # lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2.py
+    "qwen3": Protocol(5, 200),  # lm_dispersion/midtrain_qwen3_huggingface/midtrain_qwen3.py
 }
 EVALUATION_PROTOCOLS = tuple(PRESETS)
 DEFAULT_PROTOCOL = "gpt2"

@@ -47,14 +47,12 @@ def result_scores(result: dict) -> dict[str, float]:
     return task_scores(result["results"], settings(result)["tasks"])
 
 
-def summary_row(result: dict) -> dict:
-    scores = result_scores(result)
-    return {"step": result[OURS]["step"], **scores, "mean_acc": mean_accuracy(scores)}
-
-
 def write_summary(out: str, results: list[dict]) -> str:
     """One row per step; a column for every task any step was scored on."""
-    rows = [summary_row(result) for result in sorted(results, key=lambda r: r[OURS]["step"])]
+    rows = []
+    for result in sorted(results, key=lambda r: r[OURS]["step"]):
+        scores = result_scores(result)
+        rows.append({"step": result[OURS]["step"], **scores, "mean_acc": mean_accuracy(scores)})
     tasks = dict.fromkeys(key for row in rows for key in row if key not in ("step", "mean_acc"))
     path = os.path.join(out, SUMMARY_FILE)
     write_csv(path, [{key: row.get(key) for key in ("step", *tasks, "mean_acc")} for row in rows])

@@ -11,19 +11,6 @@ from ..utils.hub import hub_offline
 from . import EvaluationError
 
 
-def check_include_path(path: str) -> str:
-    """The absolute path of a readable folder, or a one-line error naming it."""
-    if not os.path.exists(path):
-        raise EvaluationError(f"--include-path: {path}: no such directory")
-    if not os.path.isdir(path):
-        raise EvaluationError(f"--include-path: {path}: not a directory (give the folder holding the task YAMLs)")
-    try:
-        os.listdir(path)
-    except OSError as e:
-        raise EvaluationError(f"--include-path: {path}: not readable ({e.strerror or e})") from None
-    return os.path.abspath(path)
-
-
 class Tasks:
     """The requested tasks in one TaskManager: only --include-path's when each is a plain task there (indexing
     lm-eval's ~13,000 built-in task YAMLs takes 20-30 s on 2 cores)."""
@@ -32,9 +19,19 @@ class Tasks:
         from lm_eval.tasks import TaskManager
 
         self.names = names
-        self.include_path = check_include_path(include_path) if include_path else None
+        self.include_path = os.path.abspath(include_path) if include_path else None
         manager = None
-        if self.include_path:
+        if include_path:  # a readable folder, or a one-line error naming it
+            if not os.path.exists(include_path):
+                raise EvaluationError(f"--include-path: {include_path}: no such directory")
+            if not os.path.isdir(include_path):
+                raise EvaluationError(
+                    f"--include-path: {include_path}: not a directory (give the folder holding the task YAMLs)"
+                )
+            try:
+                os.listdir(include_path)
+            except OSError as e:
+                raise EvaluationError(f"--include-path: {include_path}: not readable ({e.strerror or e})") from None
             manager = TaskManager(include_path=self.include_path, include_defaults=False)
             if not set(names) <= set(manager.all_subtasks):
                 manager = None
