@@ -7,34 +7,21 @@ on one thread: LAPACK's threaded one was ten times slower at these sizes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 
 
-@contextmanager
-def _one_cpu_thread(device: torch.device) -> Iterator[None]:
+def _eigenvalues(x: torch.Tensor) -> torch.Tensor:
+    """Squared singular values of each [S, d] matrix, ascending, rounding noise zeroed: the eigenvalues of
+    the smaller of x xᵀ and xᵀ x (same nonzero eigenvalues)."""
+    single = x.float()
+    gram = (single @ single.mT if x.shape[1] <= x.shape[2] else single.mT @ single).double()
     threads = torch.get_num_threads()
-    if device.type == "cpu":
+    if gram.device.type == "cpu":
         torch.set_num_threads(1)
     try:
-        yield
+        values = torch.linalg.eigvalsh(gram)
     finally:
         torch.set_num_threads(threads)
-
-
-def _gram(x: torch.Tensor) -> torch.Tensor:
-    """[B, S, d] -> the smaller of x xᵀ and xᵀ x (same nonzero eigenvalues), as float64."""
-    x = x.float()
-    return (x @ x.mT if x.shape[1] <= x.shape[2] else x.mT @ x).double()
-
-
-def _eigenvalues(x: torch.Tensor) -> torch.Tensor:
-    """Squared singular values of each [S, d] matrix, ascending, rounding noise zeroed."""
-    gram = _gram(x)
-    with _one_cpu_thread(gram.device):
-        values = torch.linalg.eigvalsh(gram)
     tolerance = max(x.shape[1:]) * torch.finfo(torch.float32).eps * values[..., -1:].clamp_min(0)
     return torch.where(values > tolerance, values, torch.zeros_like(values))
 

@@ -108,7 +108,9 @@ def fitted_inputs(options: argparse.Namespace, inputs: InputOptions, positions: 
 
 
 class Analysis:
-    """The state of one analysis: its units, inputs, output folders and cached results."""
+    """The state of one analysis: its units, inputs, output folders and cached results. Each target gives
+    ``load(unit)``, the unit's ``LayeredModel``, and ``metadata(unit)``, the ``Condensation`` fields that depend
+    on it (``run``, ``model_args``, …)."""
 
     skippable: tuple[type[Exception], ...] = ()
     """Load errors that skip a unit (exit status 1) rather than end the analysis."""
@@ -163,13 +165,6 @@ class Analysis:
             "--tb-dir, or leave it out (each analysis's settings get a folder of their own)"
         )
 
-    def load(self, unit: Unit) -> LayeredModel:
-        raise NotImplementedError
-
-    def metadata(self, unit: Unit) -> dict[str, Any]:
-        """``Condensation`` fields that depend on the target: ``run``, ``model_args``, …"""
-        raise NotImplementedError
-
     def _differences(self, result: Condensation) -> str:
         """The settings ``result`` was measured with that differ from this analysis's ("" if none)."""
         changed = []
@@ -192,8 +187,8 @@ class Analysis:
         with owned(self.out, self.owner):
             found = {} if self.options.force else read_analyses(self.out)  # --force: all units pending
             sources = {unit.folder: unit.source for unit in self.units}
-            done = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
-            return self._analyze([unit for unit in self.units if unit.folder in done])
+            todo = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
+            return self._analyze([unit for unit in self.units if unit.folder in todo])
 
     def _analyze(self, todo: list[Unit]) -> int:
         per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)

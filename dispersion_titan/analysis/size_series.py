@@ -50,11 +50,6 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
     return Member(spec, name, family, result.n_params, result)
 
 
-def _options(result: Condensation) -> dict:
-    """What chose the texts and windows; token ids differ between tokenizers."""
-    return {k: v for k, v in result.inputs.items() if k != "tokens_sha256"}
-
-
 def load_members(specs: Sequence[str], families: dict[str, str], protocol: str = "default") -> list[Member]:
     """Every SPEC's analysis, all of the same inputs (and ``protocol``)."""
     members = [load_member(spec, families) for spec in dict.fromkeys(specs)]
@@ -63,10 +58,10 @@ def load_members(specs: Sequence[str], families: dict[str, str], protocol: str =
         raise AnalysisError(f"--protocol paper: {other.spec} was not analysed with analyze --protocol paper")
     first = members[0]
     for other in members[1:]:
-        if _options(other.result) != _options(first.result):
+        a, b = first.result.inputs, other.result.inputs
+        if {**a, "tokens_sha256": None} != {**b, "tokens_sha256": None}:  # token ids differ between tokenizers
             raise AnalysisError(
-                f"family: {other.spec} was analyzed with other inputs than {first.spec} "
-                f"({differences(_options(first.result), _options(other.result))})"
+                f"family: {other.spec} was analyzed with other inputs than {first.spec} ({differences(a, b)})"
             )
     return members
 

@@ -67,11 +67,6 @@ def depth_trend(mean_cos: list[float]) -> dict[str, float | None]:
     return {"spearman": trend["spearman"]["rho"], "kendall": trend["kendall"]["tau"]}
 
 
-def last_n(mean_cos: list[float]) -> list[LastN]:
-    """Mean of the last n layers' mean cosine, for n = 1 … L."""
-    return [LastN(n, float(np.mean(mean_cos[-n:]))) for n in range(1, len(mean_cos) + 1)]
-
-
 def depth_points(names: list[str], layer_points: str = "all") -> list[int]:
     """Indices of the layers on the depth axis: all of them, or transformers' ``hidden_states`` (the last
     block's own output left out, the final norm in its place), the authors' points."""
@@ -93,7 +88,7 @@ def summarize(measured: Measurement, layer_points: str = "all") -> dict:
     return {
         "layers": layers,
         **depth_trend(curve),
-        "last_n": last_n(curve),
+        "last_n": [LastN(n, float(np.mean(curve[-n:]))) for n in range(1, len(curve) + 1)],  # n = 1 … L
         "geometry_sequences": measured.geometry_sequences,
     }
 
