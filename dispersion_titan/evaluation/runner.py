@@ -144,7 +144,15 @@ class RunEvaluation:
                 f"({result[OURS]['seconds']:.1f} s)",
                 flush=True,
             )
-        self._write_summary()
+        results = read_evaluations(self.out)  # summary.csv over every step evaluated here, whatever its settings
+        other = sorted(step for step, result in results.items() if settings(result) != self.settings)
+        if other:
+            print(
+                f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
+                "summary.csv keeps their rows, and each step-N/results.json its settings"
+            )
+        if results:
+            print(f"results: {write_summary(self.out, list(results.values()))}")
         return report_failed(failed, len(self.selected), "checkpoints", "evaluated")
 
     def _evaluate_step(self, checkpoint: StepCheckpoint) -> dict:
@@ -198,18 +206,6 @@ class RunEvaluation:
             "seconds": time.time() - start,
         }
         return merged
-
-    def _write_summary(self) -> None:
-        """``summary.csv`` over every step evaluated in the folder, whatever its settings."""
-        results = read_evaluations(self.out)
-        other = sorted(step for step, result in results.items() if settings(result) != self.settings)
-        if other:
-            print(
-                f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
-                "summary.csv keeps their rows, and each step-N/results.json its settings"
-            )
-        if results:
-            print(f"results: {write_summary(self.out, list(results.values()))}")
 
 
 def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:

@@ -26,10 +26,6 @@ from .figure import average_accuracy_figure
 from .protocol import is_accuracy, mean_accuracy
 from .step_results import OURS, RESULT_FILE, read_evaluations, result_scores, settings
 
-TABLE = FolderOwner("table")
-"""Who ``--out`` belongs to: tables of several runs, rewritten whole at each call."""
-
-
 TESTS = {"student": "Student's", "welch": "Welch's"}
 
 
@@ -486,7 +482,7 @@ def table(
     _check_comparable([r for runs in by_arm.values() for r in runs] + base)
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
-    with owned(out, TABLE):
+    with owned(out, FolderOwner("table")):  # tables of several runs, rewritten whole at each call
         atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
         average_accuracy_figure(  # the arms; without any, the Pretrained row alone
