@@ -42,7 +42,7 @@ from ..run_folder.owners import (
 )
 from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
+from ..tokenizer.encoders import DocumentEncoder, encoder_named
 from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, ModelLoadError, OutputError
 from ..utils.hub import PREFIX, parse_spec
@@ -126,8 +126,8 @@ class Analysis:
         inputs: InputOptions,
         dtype: str,
         owner: FolderOwner,
+        encode: Encode | DocumentEncoder,
         model: str | None = None,
-        encode: Encode | DocumentEncoder = GPT2_BPE,
     ):
         self.options = options
         self.units = units

@@ -32,15 +32,10 @@ class Member:
     result: Condensation
 
 
-def _split(spec: str) -> tuple[str, str]:
-    """``FOLDER@WHICH`` -> (FOLDER, WHICH); a bare folder means its last analysis."""
-    folder, at, which = spec.rpartition("@")
-    return (folder, which) if at and os.path.isdir(folder) else (spec, "last")
-
-
 def load_member(spec: str, families: dict[str, str]) -> Member:
-    folder, which = _split(spec)
-    result = pick(folder, which, option=spec)
+    """``FOLDER@WHICH``'s analysis; a bare folder's last."""
+    folder, at, which = spec.rpartition("@")
+    result = pick(folder, which, option=spec) if at and os.path.isdir(folder) else pick(spec, "last", option=spec)
     if result.model is None:
         name = f"{os.path.basename(os.path.normpath(result.run))}@{result.step}"
     else:

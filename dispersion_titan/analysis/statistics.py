@@ -61,12 +61,6 @@ def rank_trend(x: list[float], y: list[float]) -> dict[str, dict[str, float | No
     }
 
 
-def depth_trend(mean_cos: list[float]) -> dict[str, float | None]:
-    """Spearman and Kendall's tau between mean cosine and layer index (embedding = 0)."""
-    trend = rank_trend(list(range(len(mean_cos))), mean_cos)
-    return {"spearman": trend["spearman"]["rho"], "kendall": trend["kendall"]["tau"]}
-
-
 def depth_points(names: list[str], layer_points: str = "all") -> list[int]:
     """Indices of the layers on the depth axis: all of them, or transformers' ``hidden_states`` (the last
     block's own output left out, the final norm in its place), the authors' points."""
@@ -85,9 +79,11 @@ def summarize(measured: Measurement, layer_points: str = "all") -> dict:
     """The ``Condensation`` fields of one measured state; the trend and last-n over ``layer_points``."""
     layers = layer_statistics(measured)
     curve = [layers[i].mean_cos for i in depth_points([layer.name for layer in layers], layer_points)]
+    trend = rank_trend(list(range(len(curve))), curve)  # against layer index (embedding = 0)
     return {
         "layers": layers,
-        **depth_trend(curve),
+        "spearman": trend["spearman"]["rho"],
+        "kendall": trend["kendall"]["tau"],
         "last_n": [LastN(n, float(np.mean(curve[-n:]))) for n in range(1, len(curve) + 1)],  # n = 1 … L
         "geometry_sequences": measured.geometry_sequences,
     }

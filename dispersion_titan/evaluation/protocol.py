@@ -80,22 +80,17 @@ class EvaluationPlan:
         }
 
 
-def task_names(spec: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in spec.split(","))
-    if not all(names):
-        raise EvaluationError(f"--tasks: {spec!r} has an empty task name")
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise EvaluationError(f"--tasks: {repeated[0]} is listed twice")
-    return names
-
-
 def build_plan(
     tasks: str | None, num_fewshot: int | None, limit: int | None | str, protocol: str = DEFAULT_PROTOCOL
 ) -> EvaluationPlan:
     """The protocol's plan, with --tasks / --num-fewshot / --limit replacing its parts."""
     preset = PRESETS[protocol]
-    names = task_names(tasks) if tasks is not None else PAPER_TASKS
+    names = PAPER_TASKS if tasks is None else tuple(name.strip() for name in tasks.split(","))
+    if not all(names):
+        raise EvaluationError(f"--tasks: {tasks!r} has an empty task name")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise EvaluationError(f"--tasks: {repeated[0]} is listed twice")
     shots = {name: num_fewshot if num_fewshot is not None else preset.shots(name) for name in names}
     return EvaluationPlan(protocol, names, shots, None if limit == "all" else limit or preset.limit)
 
