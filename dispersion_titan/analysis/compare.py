@@ -43,11 +43,8 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
 
 
 def _details(result: Condensation) -> str:
-    parts = [f"mlp {result.mlp_width}"]
     variant = dispersion_variant(result.run)
-    if variant:
-        parts.append(f"dispersion {variant}")
-    return f"({', '.join(parts)})"
+    return f"(mlp {result.mlp_width}{f', dispersion {variant}' if variant else ''})"
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:

@@ -6,8 +6,6 @@ which transformers' ``output_hidden_states`` replaces by the final norm's. Only 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -138,19 +136,6 @@ class HFLayers:
         sink("final_norm", output[0])
 
 
-@contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers' multi-line load report is replaced by ``_check_complete``'s one line."""
-    from transformers.utils import logging
-
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        logging.set_verbosity(level)
-
-
 def _check_complete(model: nn.Module, info: dict, name: str) -> None:
     """Refuse a checkpoint whose backbone weights do not all load (transformers would fill them at random)."""
     backbone = {id(t) for t in model.base_model.state_dict(keep_vars=True).values()}
@@ -173,9 +158,13 @@ def load_pretrained(
     spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device, device_map: str | None
 ) -> HFLayers:
     """The model's weights in ``dtype``, on ``device`` or spread by ``device_map``, in eval mode."""
+    from transformers.utils import logging
+
     config = load_config(spec, revision)
     placement = {"device_map": device_map} if device_map else {}
-    with _quiet_transformers():
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # transformers' multi-line load report: ``_check_complete`` says it in one line
+    try:
         model, info = _from_pretrained(
             _auto_class(config),
             spec,
@@ -185,6 +174,8 @@ def load_pretrained(
             ignore_mismatched_sizes=True,
             **placement,
         )
+    finally:
+        logging.set_verbosity(level)
     _check_complete(model, info, spec.name(revision))
     if not device_map:
         model = model.to(device)
