@@ -145,8 +145,11 @@ def paper_texts(rows: Sequence[str], count: int) -> list[str]:
     return texts
 
 
-def _paper_files(path: str | None) -> list[str]:
-    """wikitext-103-v1's train parquet files: under ``path`` (or that one file), else from the hub."""
+def paper_rows(path: str | None) -> list[str]:
+    """The ``text`` column of wikitext-103-v1's train split, in the hub's row order: its parquet files under
+    ``path`` (or that one file), else from the hub."""
+    import pyarrow.parquet as pq
+
     if not path:
         from huggingface_hub import snapshot_download
 
@@ -164,15 +167,8 @@ def _paper_files(path: str | None) -> list[str]:
     )
     if not files:
         raise AnalysisError(f"--dataset-path: {path}: no {PAPER_FILES} (nor *.parquet) there")
-    return files
-
-
-def paper_rows(path: str | None) -> list[str]:
-    """The ``text`` column of wikitext-103-v1's train split, in the hub's row order."""
-    import pyarrow.parquet as pq
-
     rows: list[str] = []
-    for file in _paper_files(path):
+    for file in files:
         try:
             rows += pq.read_table(file, columns=["text"]).column("text").to_pylist()
         except Exception as e:

@@ -11,14 +11,12 @@ from .protocol import mean_accuracy, task_scores
 RESULT_FILE = "results.json"
 SUMMARY_FILE = "summary.csv"
 OURS = "dispersion_titan"
-# Entries of lm-eval's dictionary that describe the run rather than one task: the last call's wins.
-_RUN_LEVEL = ("config",)
 
 
 def merge(merged: dict, result: dict) -> dict:
     """Fold one ``simple_evaluate`` result (one task or group) into ``merged``."""
     for key, value in result.items():
-        if isinstance(value, dict) and key not in _RUN_LEVEL:
+        if isinstance(value, dict) and key != "config":  # lm-eval's ``config`` describes the run: the last call's wins
             merged[key] = {**merged.get(key, {}), **value}
         else:
             merged[key] = value

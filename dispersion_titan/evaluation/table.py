@@ -230,16 +230,6 @@ def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
     return by_arm
 
 
-def _check_comparable(runs: list[RunScores]) -> None:
-    first = runs[0]
-    for other in runs[1:]:
-        if other.settings != first.settings:
-            raise EvaluationError(
-                f"{other.run} was evaluated with other settings than {first.run} "
-                f"({differences(first.settings, other.settings)}); evaluate both alike"
-            )
-
-
 def _std(values: list[float]) -> float:
     return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
 
@@ -479,7 +469,13 @@ def table(
         why = "given with --reference"
     else:  # a block of the paper's table without mid-trained arms (GPT2-large, -xl): its Pretrained row alone
         reference, why = default_reference(by_arm) if by_arm else (PRETRAINED, "no arms: the Pretrained row alone")
-    _check_comparable([r for runs in by_arm.values() for r in runs] + base)
+    first, *others = [r for runs in by_arm.values() for r in runs] + base
+    for other in others:
+        if other.settings != first.settings:
+            raise EvaluationError(
+                f"{other.run} was evaluated with other settings than {first.run} "
+                f"({differences(first.settings, other.settings)}); evaluate both alike"
+            )
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
     with owned(out, FolderOwner("table")):  # tables of several runs, rewritten whole at each call
