@@ -98,15 +98,6 @@ def table_rows(runs: list[RunResult]) -> list[dict]:
     return rows
 
 
-def layer_rows(runs: list[RunResult]) -> list[dict]:
-    """One row per run × layer, for plotting elsewhere."""
-    return [
-        {"run": run.label, "step": run.result.step, **layer_row(run.result, layer)}
-        for run in runs
-        for layer in run.result.layers
-    ]
-
-
 def steps_title(runs: list[RunResult]) -> str:
     """What is compared: ``step 4``, ``step 4 / step 8`` when runs end apart, or revision names."""
     return " / ".join(sorted({r.result.label for r in runs}))
@@ -115,12 +106,14 @@ def steps_title(runs: list[RunResult]) -> str:
 def compare(runs: list[str], out: str, step: str) -> str:
     """Write ``compare.csv``, ``compare_layers.csv`` and ``compare.png``; return the table."""
     loaded = load_runs(runs, step)
-    owner = FolderOwner("comparison")
     rows = table_rows(loaded)
     inputs = loaded[0].result.inputs
     title = f"{steps_title(loaded)}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
-    with owned(out, owner):
+    with owned(out, FolderOwner("comparison")):
         write_csv(os.path.join(out, "compare.csv"), rows)
-        write_csv(os.path.join(out, "compare_layers.csv"), layer_rows(loaded))
+        layers = [
+            {"run": r.label, "step": r.result.step, **layer_row(r.result, x)} for r in loaded for x in r.result.layers
+        ]
+        write_csv(os.path.join(out, "compare_layers.csv"), layers)  # one row per run × layer, for plotting elsewhere
         save_png(figures.comparison([(r.label, r.result) for r in loaded], title), os.path.join(out, "compare.png"))
     return format_table(rows)

@@ -194,12 +194,11 @@ def write_size_series(
     shortest = min(len(point_layers(m.result)) for m in members)
     if not 1 <= last_n <= shortest:
         raise AnalysisError(f"--last-n: {last_n} is not between 1 and {shortest}, the fewest layers of these models")
-    owner = FolderOwner("family")
     inputs = members[0].result.inputs
     title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
     text = family_markdown(members, pairs, last_n, title)
-    with owned(out, owner):
+    with owned(out, FolderOwner("family")):
         write_csv(
             os.path.join(out, "family.csv"),
             [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)],
