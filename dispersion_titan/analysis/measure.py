@@ -5,7 +5,6 @@ each costs about a forward pass (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -46,16 +45,13 @@ class DecoderLayers:
         self.input_device = model.tok_embeddings.weight.device
 
     def run(self, tokens: torch.Tensor, sink: LayerSink) -> None:
-        def report(name: str, _module: nn.Module, _args: Any, output: torch.Tensor) -> None:
-            sink(name, output)
-
         def final_norm(module: nn.Module, args: Any, output: torch.Tensor) -> None:
             sink("final_norm", output)
             raise _FinalNormReached
 
         hooks = [self.blocks[0].register_forward_pre_hook(lambda _module, args: sink("embedding", args[0]))]
         hooks += [
-            block.register_forward_hook(functools.partial(report, f"block_{i}"))
+            block.register_forward_hook(lambda _module, _args, output, name=f"block_{i}": sink(name, output))
             for i, block in enumerate(self.blocks, start=1)
         ]
         hooks.append(self.model.norm.register_forward_hook(final_norm))

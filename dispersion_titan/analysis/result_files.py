@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import os
 
-from ..run_folder.outputs import RESULT_FOLDER, STEP_FOLDER, read_json_files, write_json
+from ..run_folder.outputs import RESULT_FOLDER, STEP_FOLDER, read_json_files
 from .condensation_schema import Condensation, LayerCondensation
 from .statistics import layer_fraction
 
 RESULT_FILE = "condensation.json"
 SUMMARY_FILE = "summary.csv"
-
-
-def write_result(path: str, result: Condensation) -> None:
-    write_json(path, result.to_json())
 
 
 def read_analyses(out: str) -> dict[str, Condensation]:

@@ -28,7 +28,7 @@ from ..run_folder.checkpoints import (
     load_model_args,
     load_run_metadata,
 )
-from ..run_folder.outputs import ensure_writable, report_failed, save_png, still_to_do, write_csv
+from ..run_folder.outputs import ensure_writable, report_failed, save_png, still_to_do, write_csv, write_json
 from ..run_folder.owners import (
     TB_KEY,
     FolderOwner,
@@ -50,7 +50,7 @@ from . import AnalysisError, figures, hf_model, inputs
 from .condensation_schema import Condensation
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, geometry_mask, measure
-from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, read_results, summary_rows, write_result
+from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, read_results, summary_rows
 from .statistics import HIST_EDGES, HIST_RANGE, condensation
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -242,7 +242,7 @@ class Analysis:
                         )
                         writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
                     writer.flush()
-                    write_result(os.path.join(self.out, unit.folder, RESULT_FILE), result)
+                    write_json(os.path.join(self.out, unit.folder, RESULT_FILE), result.to_json())
                     tqdm.write(_one_line(result))
         finally:
             if writer is not None:

@@ -17,10 +17,11 @@ import torch
 from ...analysis.condensation_schema import Condensation
 from ...analysis.inputs import Sequences
 from ...analysis.measure import DecoderLayers, measure
-from ...analysis.result_files import RESULT_FILE, write_result
+from ...analysis.result_files import RESULT_FILE
 from ...analysis.statistics import condensation
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from ...models.gpt2.model import GPT2
+from ...run_folder.outputs import write_json
 
 INIT_CHECKPOINT = "initialization"
 
@@ -78,7 +79,7 @@ def init_panel(
                 say(f"init     MLP width {width}, seed {seed}: read back ({i} of {len(jobs)})")
                 continue
         results[width, seed] = measure_at_init(args, seed, sequences, batch_size=4, run=folder)
-        write_result(path, results[width, seed])
+        write_json(path, results[width, seed].to_json())
         took = time.monotonic() - start
         say(f"init     MLP width {width}, seed {seed}: measured in {took:.0f} s ({i} of {len(jobs)})")
     return InitPanel({w: results[w, seeds[0]] for w in widths}, {s: results[widths[0], s] for s in seeds})
