@@ -21,7 +21,6 @@ import argparse
 import collections
 import glob
 import hashlib
-import io
 import itertools
 import json
 import multiprocessing
@@ -38,6 +37,7 @@ from ..config.cli import read_toml
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import local_assets
 from ..utils.errors import DataConfigError
+from ..utils.records import atomic_write, flatten
 from .corpora import CORPORA, DOCUMENTS_VERSION, check_dataset, documents_identity, iter_documents
 from .store import (
     DOCUMENT_INDEX,
@@ -48,7 +48,6 @@ from .store import (
     read_manifest,
     shard_name,
     tokenizer_stamp,
-    write_atomically,
 )
 from .tokens import token_dtype, tokenize
 
@@ -75,15 +74,9 @@ def prepare_key(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _flat(value: Any, name: str = "") -> dict[str, Any]:
-    if not isinstance(value, dict):
-        return {name: value}
-    return {k: v for key, item in value.items() for k, v in _flat(item, f"{name}.{key}" if name else key).items()}
-
-
 def _differing(manifest: dict[str, Any], inputs: dict[str, Any]) -> str:
     """``key value there vs value here`` for each input in which the store differs."""
-    there, here = _flat({k: manifest.get(k) for k in inputs}), _flat(json.loads(json.dumps(inputs, default=str)))
+    there, here = flatten({k: manifest.get(k) for k in inputs}), flatten(json.loads(json.dumps(inputs, default=str)))
     return "; ".join(
         f"{k} {there.get(k)!r} there vs {here.get(k)!r} here"
         for k in sorted(there.keys() | here.keys())
@@ -105,8 +98,8 @@ def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: 
         "documents": len(texts),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
-    write_atomically(os.path.join(out, record["file"]), data)
-    write_atomically(_record_path(out, index), json.dumps({**record, "key": key}).encode())
+    atomic_write(os.path.join(out, record["file"]), lambda f: f.write(data), binary=True)
+    atomic_write(_record_path(out, index), lambda f: json.dump({**record, "key": key}, f))
     return record
 
 
@@ -219,9 +212,7 @@ def _finish(
         ends = np.flatnonzero(shard == encoder.eos_id) + offset + 1
         starts.append(np.concatenate([[offset], ends[:-1]]).astype(np.int64))
         offset += len(shard)
-    index = io.BytesIO()
-    np.save(index, np.concatenate(starts))
-    write_atomically(os.path.join(out, DOCUMENT_INDEX), index.getvalue())
+    atomic_write(os.path.join(out, DOCUMENT_INDEX), lambda f: np.save(f, np.concatenate(starts)), binary=True)
     manifest = {
         **inputs,
         "key": key,
@@ -230,7 +221,7 @@ def _finish(
         "document_index": DOCUMENT_INDEX,
         "shards": records,
     }
-    write_atomically(os.path.join(out, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+    atomic_write(os.path.join(out, MANIFEST), lambda f: f.write(json.dumps(manifest, indent=1) + "\n"))
     return manifest
 
 

@@ -60,16 +60,6 @@ def is_store(path: str | None) -> bool:
     return os.path.exists(os.path.join(folder, MANIFEST)) or bool(glob.glob(os.path.join(folder, "shard-[0-9]*.bin")))
 
 
-def write_atomically(path: str, data: bytes) -> None:
-    """Readers see the old file or the whole new one: temporary name, fsync, rename."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def read_manifest(folder: str, field: str) -> dict[str, Any]:
     """The manifest of the store at ``folder``, else one line naming ``field`` and the file."""
     path = os.path.join(folder, MANIFEST)

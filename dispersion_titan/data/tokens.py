@@ -17,6 +17,7 @@ import numpy as np
 from filelock import FileLock
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
+from ..utils.records import atomic_write
 
 CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
 _TOKENIZE_BATCH = 256  # documents per tiktoken call (it tokenises a batch in threads)
@@ -68,14 +69,8 @@ def cached_tokens(
     if not os.path.exists(path):
         with FileLock(f"{path}.lock"):
             if not os.path.exists(path):
-                _write_atomically(path, build(), {**identity, "tokenizer": encoder.name})
+                tokens = build()
+                with open(f"{path[:-4]}.json", "w") as f:  # what the opaque key stands for, for humans
+                    json.dump({**identity, "tokenizer": encoder.name, "tokens": len(tokens)}, f, indent=1, default=str)
+                atomic_write(path, lambda f: np.save(f, tokens), binary=True)
     return np.load(path, mmap_mode="r")
-
-
-def _write_atomically(path: str, tokens: np.ndarray, identity: dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, tokens)
-    with open(f"{path[:-4]}.json", "w") as f:  # what the opaque key stands for, for humans
-        json.dump({**identity, "tokens": int(len(tokens))}, f, indent=1, default=str)
-    os.replace(tmp, path)

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from ..utils.errors import CheckpointError, ConfigError
+from ..utils.records import flatten
 from .checkpoints import (
     RUN_METADATA_FILE,
     check_complete,
@@ -56,14 +57,6 @@ ALLOWED_SECTIONS = (
     "validation.dataloader.",
 )
 """Whole sections a relaunch may change: logging, and how the same computation is laid out."""
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as one, their keys dotted (``section.key``)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return flat
 
 
 def run_settings(job_config: Any) -> dict[str, Any]:
