@@ -34,8 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..config.cli import read_toml
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named, hf_tokenizer, tokenizer_folder
-from ..tokenizer.hf_assets import local_assets
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, encoder_named, hf_tokenizer
 from ..utils.errors import DataConfigError
 from ..utils.records import atomic_write, flatten
 from .corpora import CORPORA, DOCUMENTS_VERSION, check_dataset, documents_identity, iter_documents
@@ -242,8 +241,7 @@ def resolve_source(
     if not isinstance(table, dict) or not isinstance(table.get("dataset"), str):
         raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
     model = toml.get("model", {})
-    folder = tokenizer_folder(model.get("name", ""), model.get("hf_assets_path", ""))
-    encoder = chosen or (GPT2_BPE if folder is None else hf_tokenizer(local_assets(folder, "model.hf_assets_path")))
+    encoder = chosen or encoder_for(model.get("name", ""), model.get("hf_assets_path", ""))
     return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset", encoder
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..utils.errors import ConfigError
 from .bpe import EOT_ID, EOT_TOKEN, gpt2_encoding, tokenizer_fingerprint
+from .hf_assets import local_assets
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -128,5 +129,6 @@ def tokenizer_folder(model_name: str, hf_assets_path: str | None) -> str | None:
 
 
 def encoder_for(model_name: str, hf_assets_path: str | None) -> DocumentEncoder:
+    """The tokenizer of a run of ``model_name`` (``tokenizer_folder``); a hub id is fetched first."""
     folder = tokenizer_folder(model_name, hf_assets_path)
-    return GPT2_BPE if folder is None else hf_tokenizer(folder)
+    return GPT2_BPE if folder is None else hf_tokenizer(local_assets(folder, "model.hf_assets_path"))
