@@ -109,7 +109,7 @@ def run_paths(root: str) -> dict[str, str]:
     }
 
 
-def _empty(folder: str) -> bool:
+def empty(folder: str) -> bool:
     """Whether ``folder`` holds nothing but lock files, its record and empty folders."""
     if not os.path.isdir(folder):
         return True
@@ -160,7 +160,7 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
     if holder is not None and home is not None and holder.kind != "run":
         holder = FolderOwner(holder.kind, home.run)
     if holder is None:
-        if _empty(folder):
+        if empty(folder):
             return None
         names = listed(sorted(os.listdir(folder)), 3)
         return f"holds files no dispersion_titan command recorded as its own ({names})", None

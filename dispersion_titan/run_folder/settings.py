@@ -22,8 +22,7 @@ from .checkpoints import (
     load_run_metadata,
     run_of,
 )
-from .owners import OWNER_FILE
-from .writer_lock import LOCK_NAME
+from .owners import empty
 
 ALLOWED_KEYS = frozenset({
     # where this launch reads its config from and writes to; fork_from is checked on its own
@@ -157,7 +156,8 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
                 f"job.fork_from: {spec}: a run cannot be forked into its own folder; "
                 "give the fork a new --job.dump_folder"
             )
-        if recorded is not None or (_looks_first() and _holds_files(dump)):
+        # Rank 0 looks before anything of this launch is written (other ranks may see rank 0's files).
+        if recorded is not None or (os.environ.get("RANK", "0") == "0" and not empty(dump)):
             raise ConfigError(
                 f"job.fork_from: {dump} is not empty; a fork starts a new run, "
                 "so give it a new or empty --job.dump_folder"
@@ -188,16 +188,6 @@ def _same_source(run: str, earlier: dict[str, Any]) -> bool:
         return checkpoint_identity(path) == earlier["identity"]
     except (CheckpointError, OSError):
         return False
-
-
-def _looks_first() -> bool:
-    """Whether this process checks before anything of this launch is written (other ranks may see rank 0's)."""
-    return os.environ.get("RANK", "0") == "0"
-
-
-def _holds_files(folder: str) -> bool:
-    """Whether ``folder`` exists with anything in it but writer-lock files and its owner record."""
-    return os.path.isdir(folder) and any(not name.startswith((LOCK_NAME, OWNER_FILE)) for name in os.listdir(folder))
 
 
 def fork_record(job_config: Any) -> dict[str, Any] | None:
