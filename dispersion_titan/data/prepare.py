@@ -56,7 +56,8 @@ _RECORD_KEYS = ("file", "tokens", "documents", "sha256")
 
 
 def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
-    """What a store's shards depend on, each recorded under its name in the manifest."""
+    """What a store's shards depend on, each recorded under its name in the manifest; their digest is the
+    store's key: a rerun reuses only shards made with its key."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -66,11 +67,6 @@ def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEn
         "dtype": token_dtype(encoder).name,
         "shard_documents": shard_documents,
     }
-
-
-def prepare_key(inputs: dict[str, Any]) -> str:
-    """The digest of ``key_inputs``: a rerun reuses only shards made with its key."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _differing(manifest: dict[str, Any], inputs: dict[str, Any]) -> str:
@@ -162,7 +158,7 @@ def write_store(
 ) -> dict[str, Any]:
     """Tokenise ``documents`` (described by ``source``) into the store at ``out``; its manifest."""
     inputs = key_inputs(source, shard_documents, encoder)
-    key = prepare_key(inputs)
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
     _claim(out, inputs, key)
     documents = iter(documents)
     chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])

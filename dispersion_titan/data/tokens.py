@@ -48,11 +48,6 @@ def cache_dir() -> str | None:
     return os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
 
 
-def cache_key(identity: dict[str, Any], encoder: DocumentEncoder = GPT2_BPE) -> str:
-    text = json.dumps({**identity, "tokenizer": encoder.fingerprint()}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
 def cached_tokens(
     identity: dict[str, Any] | None, build: Callable[[], np.ndarray], encoder: DocumentEncoder = GPT2_BPE
 ) -> np.ndarray:
@@ -65,7 +60,8 @@ def cached_tokens(
     except OSError as e:
         warnings.warn(f"token cache {folder} unusable ({e}); tokenising in this process")
         return build()
-    path = os.path.join(folder, f"{cache_key(identity, encoder)}.npy")
+    key = json.dumps({**identity, "tokenizer": encoder.fingerprint()}, sort_keys=True, default=str)
+    path = os.path.join(folder, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")
     if not os.path.exists(path):
         with FileLock(f"{path}.lock"):
             if not os.path.exists(path):
