@@ -29,17 +29,13 @@ from .checkpoints import (
 from .owners import FolderOwner, record_owner, refuse_unless_ours
 
 
-def _is_step_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, ".metadata")) or bool(glob.glob(os.path.join(path, "*.safetensors")))
-
-
 def resolve_step_dir(path: str) -> str:
     """``path`` when it is one checkpoint; for a run, its newest complete checkpoint."""
     path = path.rstrip("/")
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: no such folder (pass a run folder or one of its checkpoint/step-N)")
-    if _is_step_dir(path):
-        return path
+    if os.path.isfile(os.path.join(path, ".metadata")) or glob.glob(os.path.join(path, "*.safetensors")):
+        return path  # a DCP or a safetensors checkpoint
     for checkpoint in reversed(list_checkpoints(find_checkpoint_folder(path))):
         try:
             if not glob.glob(os.path.join(checkpoint.path, "*.safetensors")):
