@@ -34,11 +34,6 @@ CONTAINERS = ("paper", "quickstart", "sweep")
 """Kinds whose folders hold other owners' folders: the runs and analyses they make."""
 
 
-def _canonical(run: str | None) -> str | None:
-    """A run folder as one path (symlinks resolved); a Hugging Face model id as it is."""
-    return os.path.realpath(run) if run is not None and os.path.isdir(run) else run
-
-
 @dataclass(frozen=True)
 class FolderOwner:
     """Who a folder belongs to: ``kind`` and ``run`` (None for results of several runs)."""
@@ -47,7 +42,9 @@ class FolderOwner:
     run: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "run", _canonical(self.run))
+        """A run folder as one path (symlinks resolved); a Hugging Face model id as it is."""
+        if self.run is not None and os.path.isdir(self.run):
+            object.__setattr__(self, "run", os.path.realpath(self.run))
 
     def describe(self) -> str:
         if self.kind == "run":

@@ -66,7 +66,8 @@ GPT2_BPE = GPT2BPE()
 
 
 class HFTokenizerFile(DocumentEncoder):
-    """A Hugging Face folder's ``tokenizer.json``, its EOS from ``tokenizer_config.json`` as TorchTitan's."""
+    """A Hugging Face folder's ``tokenizer.json``, its EOS from ``tokenizer_config.json`` as TorchTitan's;
+    ``field``: the option or config key that named ``folder``, for error messages."""
 
     def __init__(self, folder: str, field: str = "model.hf_assets_path") -> None:
         from tokenizers import Tokenizer
@@ -112,10 +113,8 @@ def _special_token(config: dict[str, Any], key: str) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
-@functools.cache
-def hf_tokenizer(folder: str, field: str = "model.hf_assets_path") -> HFTokenizerFile:
-    """``field``: the option or config key that named ``folder``, for error messages."""
-    return HFTokenizerFile(folder, field)
+hf_tokenizer = functools.cache(HFTokenizerFile)
+"""One ``HFTokenizerFile`` per folder and field."""
 
 
 def encoder_named(name: str) -> DocumentEncoder:
