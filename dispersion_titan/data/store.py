@@ -175,24 +175,20 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
         raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (dtype {manifest['dtype']!r})")
     dtype = np.dtype(manifest["dtype"])
     for shard in manifest["shards"]:
-        _check_shard(folder, shard, dtype, field)
+        path = os.path.join(folder, shard["file"])
+        expected = shard["tokens"] * dtype.itemsize
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            raise DataConfigError(f"{field}: {path}: missing (listed in {manifest_path})") from None
+        if size != expected:
+            raise DataConfigError(
+                f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
+                f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
+                f"with --out {folder}"
+            )
     if not manifest["shards"] or sum(shard["tokens"] for shard in manifest["shards"]) != manifest["tokens"]:
         raise DataConfigError(
             f"{field}: {manifest_path}: corrupt manifest (its shards do not hold its {manifest['tokens']} tokens)"
         )
     return TokenStore(folder, manifest, dtype)
-
-
-def _check_shard(folder: str, shard: dict[str, Any], dtype: np.dtype, field: str) -> None:
-    path = os.path.join(folder, shard["file"])
-    expected = shard["tokens"] * dtype.itemsize
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        raise DataConfigError(f"{field}: {path}: missing (listed in {os.path.join(folder, MANIFEST)})") from None
-    if size != expected:
-        raise DataConfigError(
-            f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
-            f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
-            f"with --out {folder}"
-        )
