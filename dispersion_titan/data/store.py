@@ -152,10 +152,6 @@ class TokenStore:
             return pieces[0]
         return np.concatenate(pieces) if pieces else np.empty(0, dtype=self.dtype)
 
-    def document_starts(self) -> np.ndarray:
-        """Offset of every document's first token (memory-mapped)."""
-        return np.load(os.path.join(self.folder, DOCUMENT_INDEX), mmap_mode="r")
-
 
 def open_store(path: str, dataset: str, split: str, field: str, encoder: DocumentEncoder = GPT2_BPE) -> TokenStore:
     """The store at ``path`` made from ``dataset``'s ``split`` by ``encoder``, shards checked by size only."""
