@@ -12,14 +12,13 @@ from typing import Any
 from ..utils.errors import CheckpointError, ConfigError
 from ..utils.records import flatten
 from .checkpoints import (
-    RUN_METADATA_FILE,
     check_complete,
     check_loader_layout,
     checkpoint_identity,
     complete_checkpoints,
     find_checkpoint_folder,
     is_full,
-    load_run_metadata,
+    recorded_run,
     run_of,
 )
 from .owners import empty
@@ -77,13 +76,6 @@ def changed_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[
 
 def _shown(value: Any) -> str:
     return "(unset)" if not isinstance(value, (str, int, float, bool, list, type(None))) else json.dumps(value)
-
-
-def recorded_run(dump_folder: str) -> dict[str, Any] | None:
-    """The ``run.json`` of ``dump_folder``, or None when it has none (a new run)."""
-    if not os.path.isfile(os.path.join(dump_folder, RUN_METADATA_FILE)):
-        return None
-    return load_run_metadata(dump_folder)
 
 
 def check_same_settings(dump_folder: str, job_config: Any) -> None:
