@@ -49,14 +49,9 @@ def holds_an_initialisation(step_dir: str) -> bool:
     if (metadata.get("settings") or {}).get("checkpoint.create_seed_checkpoint"):
         return True
     match = STEP_FOLDER.match(os.path.basename(step_dir))
-    return match is not None and int(match.group(1)) == 0 and not started_pretrained(metadata)
-
-
-def started_pretrained(metadata: dict[str, Any]) -> bool:
-    """Whether the run of this ``run.json`` began from pretrained weights (mid-training)."""
-    return metadata[START_KEY]["pretrained"]
+    return match is not None and int(match.group(1)) == 0 and not metadata[START_KEY]["pretrained"]
 
 
 def from_scratch(dump: str) -> bool:
     """A run that trains from an initialisation, not from pretrained weights."""
-    return not started_pretrained(load_run_metadata(dump))
+    return not load_run_metadata(dump)[START_KEY]["pretrained"]
