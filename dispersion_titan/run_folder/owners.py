@@ -120,13 +120,9 @@ def _empty_folder(path: str) -> bool:
     return os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
 
 
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def inside(path: str, folder: str) -> bool:
     """Whether ``path`` is ``folder`` or below it, symlinks resolved."""
-    return _within(os.path.realpath(path), os.path.realpath(folder))
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
 def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] | None:
@@ -142,7 +138,7 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
             return f"is inside {ancestor}, a folder of {holder.describe()}", holder
         for key, path in run_paths(ancestor).items():
             path = os.path.realpath(path)
-            if _within(folder, path):
+            if Path(folder).is_relative_to(path):
                 return f"is {'' if folder == path else 'inside '}{holder.describe()}'s {RUN_PATH_KEYS[key][0]}", holder
         first = os.path.relpath(folder, ancestor).split(os.sep)[0]
         if STEP_FOLDER.match(first):
@@ -175,7 +171,7 @@ def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
     real = os.path.realpath(folder)
     if owner.run is not None and os.path.isfile(os.path.join(owner.run, RUN_METADATA_FILE)):
         tb = os.path.realpath(run_paths(owner.run)[TB_KEY])
-        if real != tb and _within(real, tb):
+        if real != tb and Path(real).is_relative_to(tb):
             holder = read_owner(real)
             if holder is None or holder.kind == owner.kind:
                 return
