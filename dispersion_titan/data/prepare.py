@@ -93,8 +93,8 @@ def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: 
         "documents": len(texts),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
-    atomic_write(os.path.join(out, record["file"]), lambda f: f.write(data), binary=True)
-    atomic_write(_record_path(out, index), lambda f: json.dump({**record, "key": key}, f))
+    atomic_write(os.path.join(out, record["file"]), lambda f: f.write(data), binary=True, durable=True)
+    atomic_write(_record_path(out, index), lambda f: json.dump({**record, "key": key}, f), durable=True)
     return record
 
 
@@ -207,7 +207,9 @@ def _finish(
         ends = np.flatnonzero(shard == encoder.eos_id) + offset + 1
         starts.append(np.concatenate([[offset], ends[:-1]]).astype(np.int64))
         offset += len(shard)
-    atomic_write(os.path.join(out, DOCUMENT_INDEX), lambda f: np.save(f, np.concatenate(starts)), binary=True)
+    atomic_write(
+        os.path.join(out, DOCUMENT_INDEX), lambda f: np.save(f, np.concatenate(starts)), binary=True, durable=True
+    )
     manifest = {
         **inputs,
         "key": key,
@@ -216,7 +218,7 @@ def _finish(
         "document_index": DOCUMENT_INDEX,
         "shards": records,
     }
-    atomic_write(os.path.join(out, MANIFEST), lambda f: f.write(json.dumps(manifest, indent=1) + "\n"))
+    atomic_write(os.path.join(out, MANIFEST), lambda f: f.write(json.dumps(manifest, indent=1) + "\n"), durable=True)
     return manifest
 
 

@@ -16,16 +16,18 @@ def _file_mode() -> int:
     return 0o666 & ~umask
 
 
-def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False) -> None:
-    """Call ``write`` on a temporary file next to ``path``, flush it to disk, then rename it to ``path``."""
+def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False, durable: bool = False) -> None:
+    """Call ``write`` on a temporary file next to ``path``, then rename it to ``path``; ``durable``: on disk
+    before the rename (a token store's files: a crash must not leave one empty)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
             write(f)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:
