@@ -11,6 +11,7 @@ import pickle
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,14 +53,12 @@ def run_of(checkpoint_folder: str) -> str:
     if holder is not None and holder.kind == "run" and holder.run is not None:
         return holder.run
     real = os.path.realpath(folder)
-    parent = os.path.dirname(folder)
-    while parent != os.path.dirname(parent):
+    for parent in map(str, Path(folder).parents):
         if (
             os.path.isfile(os.path.join(parent, RUN_METADATA_FILE))
             and os.path.realpath(run_paths(parent)["checkpoint.folder"]) == real
         ):
             return parent
-        parent = os.path.dirname(parent)
     return os.path.dirname(folder)
 
 
