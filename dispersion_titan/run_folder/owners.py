@@ -241,8 +241,7 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
         try:
             yield lock
         except BaseException:
-            files = {os.path.relpath(os.path.join(d, f), folder) for d, _, names in os.walk(folder) for f in names}
-            if recorded and not files - {OWNER_FILE, LOCK_NAME}:
+            if recorded and empty(folder):
                 os.unlink(os.path.join(folder, OWNER_FILE))
             raise
 
