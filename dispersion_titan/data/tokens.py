@@ -49,11 +49,11 @@ def cache_dir() -> str | None:
 
 
 def cached_tokens(
-    identity: dict[str, Any] | None, build: Callable[[], np.ndarray], encoder: DocumentEncoder = GPT2_BPE
+    identity: dict[str, Any], build: Callable[[], np.ndarray], encoder: DocumentEncoder = GPT2_BPE
 ) -> np.ndarray:
     """``build()``'s tokens (made by ``encoder``), read from (or first written to) the cache."""
     folder = cache_dir()
-    if identity is None or folder is None:
+    if folder is None:
         return build()
     try:
         os.makedirs(folder, exist_ok=True)
