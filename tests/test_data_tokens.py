@@ -44,7 +44,7 @@ def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path):
     assert len(cached) == 1 and isinstance(first, np.memmap)
     description = json.loads(Path(cached[0][:-4] + ".json").read_text())
     assert description["dataset"] == "local" and description["tokens"] == len(first)
-    assert not glob.glob(str(tmp_path / "token_cache" / "*.tmp"))
+    assert not glob.glob(str(tmp_path / "token_cache" / "*.tmp"), include_hidden=True)
     # A rewritten file is a new key: never a stale cache.
     pq.write_table(pa.table({"text": texts(6, seed=6)}), path)
     token_stream.cache_clear()

@@ -70,9 +70,9 @@ class Corpus(ABC):
     def check_path(self, path: str | None, path_field: str) -> None:
         """Offline, cheap pre-launch check of the configured path."""
 
-    def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any] | None:
-        """What the tokens of ``split`` depend on (the token-cache key); None: never cache."""
-        return None
+    @abstractmethod
+    def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
+        """What the tokens of ``split`` depend on (the token-cache key)."""
 
 
 class EmbeddedWikipedia(Corpus):
@@ -223,9 +223,7 @@ def iter_documents(name: str, split: str, path: str | None, field: str) -> Itera
     return corpus(name, field, path).documents(split, path, f"{field}_path")
 
 
-def documents_identity(name: str, split: str, path: str | None, field: str) -> dict[str, Any] | None:
-    """The token-cache identity of a split (None: not worth caching)."""
+def documents_identity(name: str, split: str, path: str | None, field: str) -> dict[str, Any]:
+    """The token-cache identity of a split."""
     identity = corpus(name, field, path).identity(split, path, f"{field}_path")
-    if identity is None:
-        return None
     return {"dataset": name, "split": split, "documents_version": DOCUMENTS_VERSION, **identity}

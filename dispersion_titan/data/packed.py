@@ -120,18 +120,6 @@ class ContinuousPackedDataset(PackedSequenceDataset):
     """A streamed corpus's training order over its token store: the stream repeated end to end, a window
     spanning two passes, exactly as ``StreamingPackedDataset`` reads it."""
 
-    def __init__(
-        self,
-        tokens: TokenStore,
-        seq_len: int,
-        local_batch_size: int,
-        dp_rank: int = 0,
-        dp_world_size: int = 1,
-        *,
-        field: str = "training.dataset",
-    ):
-        super().__init__(tokens, seq_len, local_batch_size, dp_rank, dp_world_size, shuffle=False, field=field)
-
     def sequence(self, g: int) -> np.ndarray:
         start = g * self.seq_len % len(self.tokens)
         window = self.tokens[start : start + self.seq_len + 1]
@@ -144,15 +132,10 @@ def run_seed(job_config: JobConfig) -> int:
     return job_config.debug.seed if job_config.debug.seed is not None else 0
 
 
-def run_encoder(job_config: JobConfig) -> DocumentEncoder:
-    """The tokenizer a run's packed stream is made with (``encoders.tokenizer_folder``)."""
-    return encoder_for(job_config.model.name, job_config.model.hf_assets_path)
-
-
 def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig) -> RankSlice:
     """The dataset of ``[section]`` for this rank."""
     cfg = getattr(job_config, section)
-    encoder = run_encoder(job_config)
+    encoder = encoder_for(job_config.model.name, job_config.model.hf_assets_path)
     field = f"{section}.dataset"
     train = split == "train"
     streamed = train and cfg.dataset in CORPORA and CORPORA[cfg.dataset].streams_training
@@ -225,7 +208,7 @@ def build_packed_dataloader(
     dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, job_config: JobConfig
 ) -> ParallelAwareDataloader:
     """TorchTitan ``build_dataloader_fn``: the training split, repeated in epochs."""
-    del tokenizer  # the stream's encoder is chosen from the config, as the tokenizer was (run_encoder)
+    del tokenizer  # the stream's encoder is chosen from the config, as the tokenizer was (encoder_for)
     return _loader("training", "train", dp_world_size, dp_rank, job_config)
 
 

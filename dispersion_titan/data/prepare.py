@@ -21,7 +21,6 @@ import argparse
 import collections
 import glob
 import hashlib
-import io
 import itertools
 import json
 import multiprocessing
@@ -35,9 +34,9 @@ import numpy as np
 from tqdm import tqdm
 
 from ..config.cli import read_toml
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named, hf_tokenizer, tokenizer_folder
-from ..tokenizer.hf_assets import local_assets
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, encoder_named, hf_tokenizer
 from ..utils.errors import DataConfigError
+from ..utils.records import atomic_write, flatten
 from .corpora import CORPORA, DOCUMENTS_VERSION, check_dataset, documents_identity, iter_documents
 from .store import (
     DOCUMENT_INDEX,
@@ -48,7 +47,6 @@ from .store import (
     read_manifest,
     shard_name,
     tokenizer_stamp,
-    write_atomically,
 )
 from .tokens import token_dtype, tokenize
 
@@ -58,7 +56,8 @@ _RECORD_KEYS = ("file", "tokens", "documents", "sha256")
 
 
 def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
-    """What a store's shards depend on, each recorded under its name in the manifest."""
+    """What a store's shards depend on, each recorded under its name in the manifest; their digest is the
+    store's key: a rerun reuses only shards made with its key."""
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -70,20 +69,9 @@ def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEn
     }
 
 
-def prepare_key(inputs: dict[str, Any]) -> str:
-    """The digest of ``key_inputs``: a rerun reuses only shards made with its key."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _flat(value: Any, name: str = "") -> dict[str, Any]:
-    if not isinstance(value, dict):
-        return {name: value}
-    return {k: v for key, item in value.items() for k, v in _flat(item, f"{name}.{key}" if name else key).items()}
-
-
 def _differing(manifest: dict[str, Any], inputs: dict[str, Any]) -> str:
     """``key value there vs value here`` for each input in which the store differs."""
-    there, here = _flat({k: manifest.get(k) for k in inputs}), _flat(json.loads(json.dumps(inputs, default=str)))
+    there, here = flatten({k: manifest.get(k) for k in inputs}), flatten(json.loads(json.dumps(inputs, default=str)))
     return "; ".join(
         f"{k} {there.get(k)!r} there vs {here.get(k)!r} here"
         for k in sorted(there.keys() | here.keys())
@@ -105,8 +93,8 @@ def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: 
         "documents": len(texts),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
-    write_atomically(os.path.join(out, record["file"]), data)
-    write_atomically(_record_path(out, index), json.dumps({**record, "key": key}).encode())
+    atomic_write(os.path.join(out, record["file"]), lambda f: f.write(data), binary=True, durable=True)
+    atomic_write(_record_path(out, index), lambda f: json.dump({**record, "key": key}, f), durable=True)
     return record
 
 
@@ -170,7 +158,7 @@ def write_store(
 ) -> dict[str, Any]:
     """Tokenise ``documents`` (described by ``source``) into the store at ``out``; its manifest."""
     inputs = key_inputs(source, shard_documents, encoder)
-    key = prepare_key(inputs)
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
     _claim(out, inputs, key)
     documents = iter(documents)
     chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])
@@ -219,9 +207,9 @@ def _finish(
         ends = np.flatnonzero(shard == encoder.eos_id) + offset + 1
         starts.append(np.concatenate([[offset], ends[:-1]]).astype(np.int64))
         offset += len(shard)
-    index = io.BytesIO()
-    np.save(index, np.concatenate(starts))
-    write_atomically(os.path.join(out, DOCUMENT_INDEX), index.getvalue())
+    atomic_write(
+        os.path.join(out, DOCUMENT_INDEX), lambda f: np.save(f, np.concatenate(starts)), binary=True, durable=True
+    )
     manifest = {
         **inputs,
         "key": key,
@@ -230,7 +218,7 @@ def _finish(
         "document_index": DOCUMENT_INDEX,
         "shards": records,
     }
-    write_atomically(os.path.join(out, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode())
+    atomic_write(os.path.join(out, MANIFEST), lambda f: f.write(json.dumps(manifest, indent=1) + "\n"), durable=True)
     return manifest
 
 
@@ -251,8 +239,7 @@ def resolve_source(
     if not isinstance(table, dict) or not isinstance(table.get("dataset"), str):
         raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
     model = toml.get("model", {})
-    folder = tokenizer_folder(model.get("name", ""), model.get("hf_assets_path", ""))
-    encoder = chosen or (GPT2_BPE if folder is None else hf_tokenizer(local_assets(folder, "model.hf_assets_path")))
+    encoder = chosen or encoder_for(model.get("name", ""), model.get("hf_assets_path", ""))
     return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset", encoder
 
 

@@ -74,11 +74,6 @@ def _split_of(splits: dict[str, Any], split: str, where: str, field: str) -> Any
     return splits[split]
 
 
-def _saved(path: str, split: str, field: str) -> datasets.Dataset:
-    saved = datasets.load_from_disk(path)
-    return _split_of(saved, split, path, field) if isinstance(saved, datasets.DatasetDict) else saved
-
-
 def _cached(path: str, repo: str, config: str, split: str, field: str) -> datasets.Dataset:
     """Read with datasets' own builder for cached hub datasets: no network involved."""
     from datasets.packaged_modules.cache.cache import Cache
@@ -98,22 +93,19 @@ def _cached(path: str, repo: str, config: str, split: str, field: str) -> datase
     return builder.as_dataset(split=split)
 
 
-def _data_files(path: str, split: str, field: str, streaming: bool) -> Rows:
-    builder = datasets.load_dataset_builder(path)
-    _split_of(dict(builder.config.data_files or {}), split, path, field)
-    if streaming:
-        return builder.as_streaming_dataset(split=split)
-    builder.download_and_prepare()
-    return builder.as_dataset(split=split)
-
-
 def _from_directory(path: str, repo: str, config: str, split: str, field: str, streaming: bool) -> Rows:
     if any(os.path.exists(os.path.join(path, m)) for m in _SAVED_DATASET_MARKERS):
-        rows = _saved(path, split, field)
+        saved = datasets.load_from_disk(path)
+        rows = _split_of(saved, split, path, field) if isinstance(saved, datasets.DatasetDict) else saved
     elif os.path.isdir(os.path.join(path, cache_folder_name(repo))):
         rows = _cached(path, repo, config, split, field)
-    else:
-        return _data_files(path, split, field, streaming)
+    else:  # a folder of data files
+        builder = datasets.load_dataset_builder(path)
+        _split_of(dict(builder.config.data_files or {}), split, path, field)
+        if streaming:
+            return builder.as_streaming_dataset(split=split)
+        builder.download_and_prepare()
+        return builder.as_dataset(split=split)
     return rows.to_iterable_dataset() if streaming else rows  # Arrow on disk, streamed in order
 
 

@@ -60,16 +60,6 @@ def is_store(path: str | None) -> bool:
     return os.path.exists(os.path.join(folder, MANIFEST)) or bool(glob.glob(os.path.join(folder, "shard-[0-9]*.bin")))
 
 
-def write_atomically(path: str, data: bytes) -> None:
-    """Readers see the old file or the whole new one: temporary name, fsync, rename."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def read_manifest(folder: str, field: str) -> dict[str, Any]:
     """The manifest of the store at ``folder``, else one line naming ``field`` and the file."""
     path = os.path.join(folder, MANIFEST)
@@ -162,10 +152,6 @@ class TokenStore:
             return pieces[0]
         return np.concatenate(pieces) if pieces else np.empty(0, dtype=self.dtype)
 
-    def document_starts(self) -> np.ndarray:
-        """Offset of every document's first token (memory-mapped)."""
-        return np.load(os.path.join(self.folder, DOCUMENT_INDEX), mmap_mode="r")
-
 
 def open_store(path: str, dataset: str, split: str, field: str, encoder: DocumentEncoder = GPT2_BPE) -> TokenStore:
     """The store at ``path`` made from ``dataset``'s ``split`` by ``encoder``, shards checked by size only."""
@@ -185,24 +171,20 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
         raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (dtype {manifest['dtype']!r})")
     dtype = np.dtype(manifest["dtype"])
     for shard in manifest["shards"]:
-        _check_shard(folder, shard, dtype, field)
+        path = os.path.join(folder, shard["file"])
+        expected = shard["tokens"] * dtype.itemsize
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            raise DataConfigError(f"{field}: {path}: missing (listed in {manifest_path})") from None
+        if size != expected:
+            raise DataConfigError(
+                f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
+                f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
+                f"with --out {folder}"
+            )
     if not manifest["shards"] or sum(shard["tokens"] for shard in manifest["shards"]) != manifest["tokens"]:
         raise DataConfigError(
             f"{field}: {manifest_path}: corrupt manifest (its shards do not hold its {manifest['tokens']} tokens)"
         )
     return TokenStore(folder, manifest, dtype)
-
-
-def _check_shard(folder: str, shard: dict[str, Any], dtype: np.dtype, field: str) -> None:
-    path = os.path.join(folder, shard["file"])
-    expected = shard["tokens"] * dtype.itemsize
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        raise DataConfigError(f"{field}: {path}: missing (listed in {os.path.join(folder, MANIFEST)})") from None
-    if size != expected:
-        raise DataConfigError(
-            f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
-            f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
-            f"with --out {folder}"
-        )

@@ -17,6 +17,7 @@ import numpy as np
 from filelock import FileLock
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
+from ..utils.records import atomic_write
 
 CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
 _TOKENIZE_BATCH = 256  # documents per tiktoken call (it tokenises a batch in threads)
@@ -47,35 +48,25 @@ def cache_dir() -> str | None:
     return os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
 
 
-def cache_key(identity: dict[str, Any], encoder: DocumentEncoder = GPT2_BPE) -> str:
-    text = json.dumps({**identity, "tokenizer": encoder.fingerprint()}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
 def cached_tokens(
-    identity: dict[str, Any] | None, build: Callable[[], np.ndarray], encoder: DocumentEncoder = GPT2_BPE
+    identity: dict[str, Any], build: Callable[[], np.ndarray], encoder: DocumentEncoder = GPT2_BPE
 ) -> np.ndarray:
     """``build()``'s tokens (made by ``encoder``), read from (or first written to) the cache."""
     folder = cache_dir()
-    if identity is None or folder is None:
+    if folder is None:
         return build()
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
         warnings.warn(f"token cache {folder} unusable ({e}); tokenising in this process")
         return build()
-    path = os.path.join(folder, f"{cache_key(identity, encoder)}.npy")
+    key = json.dumps({**identity, "tokenizer": encoder.fingerprint()}, sort_keys=True, default=str)
+    path = os.path.join(folder, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")
     if not os.path.exists(path):
         with FileLock(f"{path}.lock"):
             if not os.path.exists(path):
-                _write_atomically(path, build(), {**identity, "tokenizer": encoder.name})
+                tokens = build()
+                with open(f"{path[:-4]}.json", "w") as f:  # what the opaque key stands for, for humans
+                    json.dump({**identity, "tokenizer": encoder.name, "tokens": len(tokens)}, f, indent=1, default=str)
+                atomic_write(path, lambda f: np.save(f, tokens), binary=True)
     return np.load(path, mmap_mode="r")
-
-
-def _write_atomically(path: str, tokens: np.ndarray, identity: dict[str, Any]) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, tokens)
-    with open(f"{path[:-4]}.json", "w") as f:  # what the opaque key stands for, for humans
-        json.dump({**identity, "tokens": int(len(tokens))}, f, indent=1, default=str)
-    os.replace(tmp, path)

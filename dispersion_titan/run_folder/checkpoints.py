@@ -11,6 +11,7 @@ import pickle
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,14 +53,12 @@ def run_of(checkpoint_folder: str) -> str:
     if holder is not None and holder.kind == "run" and holder.run is not None:
         return holder.run
     real = os.path.realpath(folder)
-    parent = os.path.dirname(folder)
-    while parent != os.path.dirname(parent):
+    for parent in map(str, Path(folder).parents):
         if (
             os.path.isfile(os.path.join(parent, RUN_METADATA_FILE))
             and os.path.realpath(run_paths(parent)["checkpoint.folder"]) == real
         ):
             return parent
-        parent = os.path.dirname(parent)
     return os.path.dirname(folder)
 
 
@@ -110,8 +109,7 @@ def save_run_metadata(
     """Write ``run.json``: what the analysis, the converter and the reports need to know of a run
     (head count cannot be read off weights). The ledger (``LEDGER_KEYS``) is kept from the first
     launch; ``paths`` (``owners.outside_folders``) is added to those recorded before."""
-    path = os.path.join(folder, RUN_METADATA_FILE)
-    first = load_run_metadata(folder) if os.path.isfile(path) else {}
+    first = recorded_run(folder) or {}
     ledger = {key: first[key] for key in LEDGER_KEYS} if first else {}
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     paths = {**(first.get("paths") or {}), **(paths or {})}
@@ -130,7 +128,7 @@ def save_run_metadata(
         **ledger,
         **({"paths": paths} if paths else {}),
     }
-    write_json(path, metadata)
+    write_json(os.path.join(folder, RUN_METADATA_FILE), metadata)
 
 
 def load_run_metadata(dump_folder: str) -> dict[str, Any]:
@@ -146,6 +144,13 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
     if not isinstance(check_format(metadata, path).get("model_args"), dict):
         raise CheckpointError(f"{path}: invalid (no model_args)")
     return metadata
+
+
+def recorded_run(dump_folder: str) -> dict[str, Any] | None:
+    """The ``run.json`` of ``dump_folder``, or None when it has none (a new run)."""
+    if not os.path.isfile(os.path.join(dump_folder, RUN_METADATA_FILE)):
+        return None
+    return load_run_metadata(dump_folder)
 
 
 def dispersion_variant(run_dir: str) -> str | None:

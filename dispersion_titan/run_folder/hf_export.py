@@ -29,17 +29,13 @@ from .checkpoints import (
 from .owners import FolderOwner, record_owner, refuse_unless_ours
 
 
-def _is_step_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, ".metadata")) or bool(glob.glob(os.path.join(path, "*.safetensors")))
-
-
 def resolve_step_dir(path: str) -> str:
     """``path`` when it is one checkpoint; for a run, its newest complete checkpoint."""
     path = path.rstrip("/")
     if not os.path.isdir(path):
         raise CheckpointError(f"{path}: no such folder (pass a run folder or one of its checkpoint/step-N)")
-    if _is_step_dir(path):
-        return path
+    if os.path.isfile(os.path.join(path, ".metadata")) or glob.glob(os.path.join(path, "*.safetensors")):
+        return path  # a DCP or a safetensors checkpoint
     for checkpoint in reversed(list_checkpoints(find_checkpoint_folder(path))):
         try:
             if not glob.glob(os.path.join(checkpoint.path, "*.safetensors")):
@@ -66,16 +62,6 @@ def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.
     return {k: v.detach().contiguous().clone() for k, v in hf.items()}
 
 
-def save_tokenizer(folder: str, max_length: int) -> None:
-    """GPT-2's BPE files, plus those ``transformers`` derives from them."""
-    from transformers import GPT2TokenizerFast
-
-    encoder_json, vocab_bpe = bpe_files()
-    shutil.copyfile(encoder_json, os.path.join(folder, "vocab.json"))
-    shutil.copyfile(vocab_bpe, os.path.join(folder, "merges.txt"))
-    GPT2TokenizerFast.from_pretrained(folder, model_max_length=max_length).save_pretrained(folder)
-
-
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -86,14 +72,20 @@ TOKENIZER_FILES = (
 )
 
 
-def export_tokenizer(folder: str, encoder: DocumentEncoder, max_length: int) -> None:
-    """The run's tokenizer files: GPT-2's BPE, or copies of the model folder's own."""
-    if encoder == GPT2_BPE:
-        save_tokenizer(folder, max_length)
+def save_tokenizer(folder: str, max_length: int, encoder: DocumentEncoder = GPT2_BPE) -> None:
+    """The run's tokenizer files: copies of the model folder's own, or GPT-2's BPE files plus those
+    ``transformers`` derives from them."""
+    if encoder != GPT2_BPE:
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(encoder.name, name)):
+                shutil.copyfile(os.path.join(encoder.name, name), os.path.join(folder, name))
         return
-    for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(encoder.name, name)):
-            shutil.copyfile(os.path.join(encoder.name, name), os.path.join(folder, name))
+    from transformers import GPT2TokenizerFast
+
+    encoder_json, vocab_bpe = bpe_files()
+    shutil.copyfile(encoder_json, os.path.join(folder, "vocab.json"))
+    shutil.copyfile(vocab_bpe, os.path.join(folder, "merges.txt"))
+    GPT2TokenizerFast.from_pretrained(folder, model_max_length=max_length).save_pretrained(folder)
 
 
 def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
@@ -128,7 +120,7 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
         save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
         os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
         config.save_pretrained(staging)
-        export_tokenizer(staging, encoder, args.max_seq_len)
+        save_tokenizer(staging, args.max_seq_len, encoder)
         os.makedirs(out_dir, exist_ok=True)
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(out_dir, name))

@@ -4,15 +4,14 @@ Table 2 tells mid-training from training from scratch by it, as the authors' two
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from ..utils.errors import CheckpointError
 from .checkpoints import load_run_metadata
+from .outputs import STEP_FOLDER
 from .settings import parse_fork
 
 START_KEY = "started_from"
-_STEP = re.compile(r"^step-(\d+)$")
 
 
 def start_record(job_config: Any) -> dict[str, Any]:
@@ -28,7 +27,7 @@ def start_record(job_config: Any) -> dict[str, Any]:
     checkpoint = job_config.checkpoint
     if checkpoint.enable and checkpoint.initial_load_in_hf:
         path = checkpoint.initial_load_path or job_config.model.hf_assets_path
-        return {"pretrained": True, "source": "hf", "path": _shown(path)}
+        return {"pretrained": True, "source": "hf", "path": os.path.abspath(path) if os.path.isdir(path) else path}
     if checkpoint.enable and checkpoint.initial_load_path:
         seed = holds_an_initialisation(checkpoint.initial_load_path)
         return {
@@ -37,11 +36,6 @@ def start_record(job_config: Any) -> dict[str, Any]:
             "path": os.path.abspath(checkpoint.initial_load_path),
         }
     return {"pretrained": False, "source": "init", "path": None}
-
-
-def _shown(path: str) -> str:
-    """A local folder as an absolute path, a hub id as it is."""
-    return os.path.abspath(path) if os.path.isdir(path) else path
 
 
 def holds_an_initialisation(step_dir: str) -> bool:
@@ -54,15 +48,10 @@ def holds_an_initialisation(step_dir: str) -> bool:
         return False
     if (metadata.get("settings") or {}).get("checkpoint.create_seed_checkpoint"):
         return True
-    match = _STEP.match(os.path.basename(step_dir))
-    return match is not None and int(match.group(1)) == 0 and not started_pretrained(metadata)
-
-
-def started_pretrained(metadata: dict[str, Any]) -> bool:
-    """Whether the run of this ``run.json`` began from pretrained weights (mid-training)."""
-    return metadata[START_KEY]["pretrained"]
+    match = STEP_FOLDER.match(os.path.basename(step_dir))
+    return match is not None and int(match.group(1)) == 0 and not metadata[START_KEY]["pretrained"]
 
 
 def from_scratch(dump: str) -> bool:
     """A run that trains from an initialisation, not from pretrained weights."""
-    return not started_pretrained(load_run_metadata(dump))
+    return not load_run_metadata(dump)[START_KEY]["pretrained"]

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import IO, TYPE_CHECKING, TypeVar
 
 from ..utils.errors import OutputError
+from ..utils.records import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -29,28 +30,6 @@ Result = TypeVar("Result")
 FORMAT = 1
 """The shape of every record this package writes; raised when one changes (``check_format``)."""
 FORMAT_KEY = "format"
-
-
-def _file_mode() -> int:
-    """What ``open`` would give a new file (``mkstemp`` makes it private to the owner)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False) -> None:
-    """Call ``write`` on a temporary file next to ``path``, then rename it to ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
-            write(f)
-        os.chmod(tmp, _file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def write_json(path: str, data: dict, default: Callable[[object], object] | None = None) -> None:

@@ -34,11 +34,6 @@ CONTAINERS = ("paper", "quickstart", "sweep")
 """Kinds whose folders hold other owners' folders: the runs and analyses they make."""
 
 
-def _canonical(run: str | None) -> str | None:
-    """A run folder as one path (symlinks resolved); a Hugging Face model id as it is."""
-    return os.path.realpath(run) if run is not None and os.path.isdir(run) else run
-
-
 @dataclass(frozen=True)
 class FolderOwner:
     """Who a folder belongs to: ``kind`` and ``run`` (None for results of several runs)."""
@@ -47,7 +42,9 @@ class FolderOwner:
     run: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "run", _canonical(self.run))
+        """A run folder as one path (symlinks resolved); a Hugging Face model id as it is."""
+        if self.run is not None and os.path.isdir(self.run):
+            object.__setattr__(self, "run", os.path.realpath(self.run))
 
     def describe(self) -> str:
         if self.kind == "run":
@@ -109,7 +106,7 @@ def run_paths(root: str) -> dict[str, str]:
     }
 
 
-def _empty(folder: str) -> bool:
+def empty(folder: str) -> bool:
     """Whether ``folder`` holds nothing but lock files, its record and empty folders."""
     if not os.path.isdir(folder):
         return True
@@ -123,13 +120,9 @@ def _empty_folder(path: str) -> bool:
     return os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
 
 
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
-
-
 def inside(path: str, folder: str) -> bool:
     """Whether ``path`` is ``folder`` or below it, symlinks resolved."""
-    return _within(os.path.realpath(path), os.path.realpath(folder))
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
 def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] | None:
@@ -145,7 +138,7 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
             return f"is inside {ancestor}, a folder of {holder.describe()}", holder
         for key, path in run_paths(ancestor).items():
             path = os.path.realpath(path)
-            if _within(folder, path):
+            if Path(folder).is_relative_to(path):
                 return f"is {'' if folder == path else 'inside '}{holder.describe()}'s {RUN_PATH_KEYS[key][0]}", holder
         first = os.path.relpath(folder, ancestor).split(os.sep)[0]
         if STEP_FOLDER.match(first):
@@ -160,7 +153,7 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
     if holder is not None and home is not None and holder.kind != "run":
         holder = FolderOwner(holder.kind, home.run)
     if holder is None:
-        if _empty(folder):
+        if empty(folder):
             return None
         names = listed(sorted(os.listdir(folder)), 3)
         return f"holds files no dispersion_titan command recorded as its own ({names})", None
@@ -178,7 +171,7 @@ def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
     real = os.path.realpath(folder)
     if owner.run is not None and os.path.isfile(os.path.join(owner.run, RUN_METADATA_FILE)):
         tb = os.path.realpath(run_paths(owner.run)[TB_KEY])
-        if real != tb and _within(real, tb):
+        if real != tb and Path(real).is_relative_to(tb):
             holder = read_owner(real)
             if holder is None or holder.kind == owner.kind:
                 return
@@ -248,8 +241,7 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
         try:
             yield lock
         except BaseException:
-            files = {os.path.relpath(os.path.join(d, f), folder) for d, _, names in os.walk(folder) for f in names}
-            if recorded and not files - {OWNER_FILE, LOCK_NAME}:
+            if recorded and empty(folder):
                 os.unlink(os.path.join(folder, OWNER_FILE))
             raise
 

@@ -10,19 +10,18 @@ import os
 from typing import Any
 
 from ..utils.errors import CheckpointError, ConfigError
+from ..utils.records import flatten
 from .checkpoints import (
-    RUN_METADATA_FILE,
     check_complete,
     check_loader_layout,
     checkpoint_identity,
     complete_checkpoints,
     find_checkpoint_folder,
     is_full,
-    load_run_metadata,
+    recorded_run,
     run_of,
 )
-from .owners import OWNER_FILE
-from .writer_lock import LOCK_NAME
+from .owners import empty
 
 ALLOWED_KEYS = frozenset({
     # where this launch reads its config from and writes to; fork_from is checked on its own
@@ -58,14 +57,6 @@ ALLOWED_SECTIONS = (
 """Whole sections a relaunch may change: logging, and how the same computation is laid out."""
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as one, their keys dotted (``section.key``)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return flat
-
-
 def run_settings(job_config: Any) -> dict[str, Any]:
     """Every key of ``job_config`` as ``section.key``, JSON values."""
     return flatten(json.loads(json.dumps(job_config.to_dict(), default=str)))
@@ -85,13 +76,6 @@ def changed_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[
 
 def _shown(value: Any) -> str:
     return "(unset)" if not isinstance(value, (str, int, float, bool, list, type(None))) else json.dumps(value)
-
-
-def recorded_run(dump_folder: str) -> dict[str, Any] | None:
-    """The ``run.json`` of ``dump_folder``, or None when it has none (a new run)."""
-    if not os.path.isfile(os.path.join(dump_folder, RUN_METADATA_FILE)):
-        return None
-    return load_run_metadata(dump_folder)
 
 
 def check_same_settings(dump_folder: str, job_config: Any) -> None:
@@ -164,7 +148,8 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
                 f"job.fork_from: {spec}: a run cannot be forked into its own folder; "
                 "give the fork a new --job.dump_folder"
             )
-        if recorded is not None or (_looks_first() and _holds_files(dump)):
+        # Rank 0 looks before anything of this launch is written (other ranks may see rank 0's files).
+        if recorded is not None or (os.environ.get("RANK", "0") == "0" and not empty(dump)):
             raise ConfigError(
                 f"job.fork_from: {dump} is not empty; a fork starts a new run, "
                 "so give it a new or empty --job.dump_folder"
@@ -195,16 +180,6 @@ def _same_source(run: str, earlier: dict[str, Any]) -> bool:
         return checkpoint_identity(path) == earlier["identity"]
     except (CheckpointError, OSError):
         return False
-
-
-def _looks_first() -> bool:
-    """Whether this process checks before anything of this launch is written (other ranks may see rank 0's)."""
-    return os.environ.get("RANK", "0") == "0"
-
-
-def _holds_files(folder: str) -> bool:
-    """Whether ``folder`` exists with anything in it but writer-lock files and its owner record."""
-    return os.path.isdir(folder) and any(not name.startswith((LOCK_NAME, OWNER_FILE)) for name in os.listdir(folder))
 
 
 def fork_record(job_config: Any) -> dict[str, Any] | None:

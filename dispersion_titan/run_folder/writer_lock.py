@@ -25,16 +25,9 @@ HEARTBEAT_S = 60.0
 COMMAND_CHARS = 160
 
 
-@dataclass(frozen=True)
-class Writers:
-    """Who writes a kind of folder, and where a refused writer goes instead (for the message)."""
-
-    noun: str
-    way_out: str
-
-
-TRAINING = Writers("run", "give this run its own --job.dump_folder")
-COMMAND = Writers("command", "use another --out")
+TRAINING = ("run", "give this run its own --job.dump_folder")
+"""Who writes a run folder, and where a refused writer goes instead (for the message)."""
+COMMAND = ("command", "use another --out")
 
 
 class RunFolderBusy(DispersionTitanError):
@@ -115,14 +108,14 @@ def live_owner(folder: str | os.PathLike) -> Owner | None:
     return owner if age < STALE_AFTER_S else None
 
 
-def busy_error(folder: str | os.PathLike, owner: Owner, writers: Writers = TRAINING) -> RunFolderBusy:
+def busy_error(folder: str | os.PathLike, owner: Owner, writers: tuple[str, str] = TRAINING) -> RunFolderBusy:
+    noun, way_out = writers
     return RunFolderBusy(
-        f"{folder}: another {writers.noun} is writing here ({owner.describe()}); wait for it to end, "
-        f"or {writers.way_out}"
+        f"{folder}: another {noun} is writing here ({owner.describe()}); wait for it to end, or {way_out}"
     )
 
 
-def refuse_if_busy(folder: str | os.PathLike, writers: Writers = TRAINING) -> None:
+def refuse_if_busy(folder: str | os.PathLike, writers: tuple[str, str] = TRAINING) -> None:
     """The look before the work: one line if a live writer owns ``folder``; takes nothing."""
     owner = live_owner(folder)
     if owner is not None:
@@ -132,7 +125,7 @@ def refuse_if_busy(folder: str | os.PathLike, writers: Writers = TRAINING) -> No
 class WriterLock:
     """The lock of one folder, held by this process from ``acquire`` to ``release``."""
 
-    def __init__(self, folder: str | os.PathLike, writers: Writers = TRAINING) -> None:
+    def __init__(self, folder: str | os.PathLike, writers: tuple[str, str] = TRAINING) -> None:
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
         self.owner = this_process()

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..utils.errors import ConfigError
 from .bpe import EOT_ID, EOT_TOKEN, gpt2_encoding, tokenizer_fingerprint
+from .hf_assets import local_assets
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -65,7 +66,8 @@ GPT2_BPE = GPT2BPE()
 
 
 class HFTokenizerFile(DocumentEncoder):
-    """A Hugging Face folder's ``tokenizer.json``, its EOS from ``tokenizer_config.json`` as TorchTitan's."""
+    """A Hugging Face folder's ``tokenizer.json``, its EOS from ``tokenizer_config.json`` as TorchTitan's;
+    ``field``: the option or config key that named ``folder``, for error messages."""
 
     def __init__(self, folder: str, field: str = "model.hf_assets_path") -> None:
         from tokenizers import Tokenizer
@@ -111,10 +113,8 @@ def _special_token(config: dict[str, Any], key: str) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
-@functools.cache
-def hf_tokenizer(folder: str, field: str = "model.hf_assets_path") -> HFTokenizerFile:
-    """``field``: the option or config key that named ``folder``, for error messages."""
-    return HFTokenizerFile(folder, field)
+hf_tokenizer = functools.cache(HFTokenizerFile)
+"""One ``HFTokenizerFile`` per folder and field."""
 
 
 def encoder_named(name: str) -> DocumentEncoder:
@@ -128,5 +128,6 @@ def tokenizer_folder(model_name: str, hf_assets_path: str | None) -> str | None:
 
 
 def encoder_for(model_name: str, hf_assets_path: str | None) -> DocumentEncoder:
+    """The tokenizer of a run of ``model_name`` (``tokenizer_folder``); a hub id is fetched first."""
     folder = tokenizer_folder(model_name, hf_assets_path)
-    return GPT2_BPE if folder is None else hf_tokenizer(folder)
+    return GPT2_BPE if folder is None else hf_tokenizer(local_assets(folder, "model.hf_assets_path"))

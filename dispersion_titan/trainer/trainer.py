@@ -17,7 +17,7 @@ from torchtitan.tools.logging import init_logger, logger
 
 from ..components import titan_compat
 from ..config.schema import Dispersion
-from ..data.packed import run_encoder, run_seed
+from ..data.packed import run_seed
 from ..job_config.titan_checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
 from ..models.fsdp import shards_one_rank, sync_last_microbatch
@@ -27,6 +27,7 @@ from ..run_folder.origin import start_record
 from ..run_folder.owners import outside_folders, record_run_folders
 from ..run_folder.settings import fork_record, run_settings
 from ..run_folder.writer_lock import WriterLock
+from ..tokenizer.encoders import encoder_for
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
@@ -120,7 +121,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self.optimizers,
             self.seed,
             self.model_args.tie_embeddings,
-            run_encoder(job_config).pad_id,
+            encoder_for(job_config.model.name, job_config.model.hf_assets_path).pad_id,
             self.chunk_offset,
             self.chunk_stride,
             self._tp_group(),
@@ -137,7 +138,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                 dataclasses.asdict(job_config.dispersion),
                 self.seed,
                 baseline=dataclasses.asdict(job_config.baseline),
-                tokenizer=run_encoder(job_config).name,
+                tokenizer=encoder_for(job_config.model.name, job_config.model.hf_assets_path).name,
                 training_steps=job_config.training.steps,
                 settings=settings,
                 forked_from=fork_record(job_config),

@@ -1,0 +1,43 @@
+"""Records on disk: each file written atomically, so a reader sees the old one or the whole new one;
+nested records flattened to dotted keys, to compare them key by key."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import IO, Any
+
+
+def _file_mode() -> int:
+    """What ``open`` would give a new file (``mkstemp`` makes it private to the owner)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False, durable: bool = False) -> None:
+    """Call ``write`` on a temporary file next to ``path``, then rename it to ``path``; ``durable``: on disk
+    before the rename (a token store's files: a crash must not leave one empty)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
+            write(f)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one, their keys dotted (``section.key``)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
