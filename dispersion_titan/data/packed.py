@@ -21,7 +21,7 @@ from torchtitan.config import JobConfig
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
-from .layout import RankSlice, Sample
+from .rank_slice import RankSlice, Sample
 from .store import TokenStore, is_store, open_store
 from .streaming import StreamingPackedDataset
 from .tokens import cached_tokens, tokenize

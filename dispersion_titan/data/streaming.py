@@ -15,7 +15,7 @@ import numpy as np
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils.errors import DataConfigError
-from .layout import RankSlice, Sample
+from .rank_slice import RankSlice, Sample
 from .tokens import tokenize
 
 
