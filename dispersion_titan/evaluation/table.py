@@ -1,6 +1,7 @@
 """``evaluate table``: the paper's Table 2 over evaluated runs, grouped into arms (one configuration,
 several seeds) by their ``run.json`` without the seed, or named ``ARM=RUN1,RUN2``; one checkpoint per
 run (``--select``), a Pretrained row above the arms. The options' help says how each is chosen.
+Written as ``table.md``, ``table.csv`` and ``table.png`` (the headline: average accuracy per arm).
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ from scipy import stats
 
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.origin import from_scratch
-from ..run_folder.outputs import atomic_write, differences, results_folder, write_csv
+from ..run_folder.outputs import atomic_write, differences, headless_pyplot, results_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned
 from ..run_folder.settings import flatten
 from ..utils.hub import PREFIX
 from . import EvaluationError
-from .arms import ArmRow, RunScores
 from .export import source_changed
-from .figure import average_accuracy_figure
 from .protocol import is_accuracy, mean_accuracy
 from .step_results import OURS, RESULT_FILE, read_evaluations, result_scores, settings
 
+plt = headless_pyplot()
+
 TESTS = {"student": "Student's", "welch": "Welch's"}
+SIGNIFICANCE = ((0.001, "***"), (0.01, "**"), (0.05, "*"))
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,37 @@ def _check_fresh(folder: str, result: dict) -> None:
 
 
 @dataclass(frozen=True)
+class RunScores:
+    """One run's selected checkpoint."""
+
+    run: str
+    dump: str  # the run's dump folder, holding run.json
+    step: int
+    scores: dict[str, float]
+    settings: dict
+
+    @property
+    def average(self) -> float:
+        return mean_accuracy(self.scores)
+
+
+@dataclass(frozen=True)
+class ArmRow:
+    name: str
+    runs: list[RunScores]
+    mean: dict[str, float]
+    std: dict[str, float]
+    average_mean: float
+    average_std: float
+    rank: float
+    p_value: float | None
+
+    @property
+    def significance(self) -> str:
+        return next((stars for level, stars in SIGNIFICANCE if self.p_value is not None and self.p_value < level), "")
+
+
+@dataclass(frozen=True)
 class Evaluated:
     """One run's evaluations, read once."""
 
@@ -91,10 +124,6 @@ class Evaluated:
     @property
     def dump(self) -> str:
         return next(iter(self.results.values()))[OURS]["run"]
-
-    def scores(self, step: int) -> RunScores:
-        result = self.results[step]
-        return RunScores(self.run, self.dump, step, result_scores(result), settings(result))
 
 
 def evaluated(run: str) -> Evaluated:
@@ -145,26 +174,28 @@ def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
     """``step``'s scores, once each result the rule weighed still describes its checkpoint."""
     for weighed_step in weighed:
         _check_fresh(run.folder, run.results[weighed_step])
-    return run.scores(step)
+    result = run.results[step]
+    return RunScores(run.run, run.dump, step, result_scores(result), settings(result))
 
 
-def select(run: Evaluated, selection: Selection) -> RunScores:
-    """The checkpoint ``selection`` picks for one run: ``best`` (the earliest of equals), ``last``, ``step:N``."""
+def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
+    """One checkpoint per run of an arm: ``last``, ``step:N`` or ``best`` (the earliest of equals), per seed or on
+    the seed-averaged curve (``--best-step``)."""
     rule = selection.rule
     if rule == "last":
-        return _chosen(run, max(run.results), [max(run.results)])
-    if rule == "best":
-        averages = _candidates(run, selection)
-        return _chosen(run, _best(averages), list(averages))
-    step = int(rule.removeprefix("step:"))
-    if step not in run.results:
-        raise EvaluationError(f"--select: {run.run} has no evaluation of step {step} (have {sorted(run.results)})")
-    return _chosen(run, step, [step])
-
-
-def select_averaged(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
-    """``--select best`` on the seed-averaged curve: one step for every seed."""
+        return [_chosen(run, max(run.results), [max(run.results)]) for run in runs]
+    if rule != "best":
+        step = int(rule.removeprefix("step:"))
+        missing = next((run for run in runs if step not in run.results), None)
+        if missing:
+            raise EvaluationError(
+                f"--select: {missing.run} has no evaluation of step {step} (have {sorted(missing.results)})"
+            )
+        return [_chosen(run, step, [step]) for run in runs]
     per_run = [_candidates(run, selection) for run in runs]
+    averaged = selection.best_step == "averaged" or (selection.best_step == "auto" and from_scratch(runs[0].dump))
+    if not averaged:
+        return [_chosen(run, _best(c), list(c)) for run, c in zip(runs, per_run, strict=True)]
     curve = {
         step: float(np.mean([c[step] for c in per_run if step in c]))
         for step in sorted({step for c in per_run for step in c})
@@ -177,14 +208,6 @@ def select_averaged(runs: list[Evaluated], selection: Selection) -> list[RunScor
             "seed-averaged curve; evaluate it (--steps), or use --best-step per-seed"
         )
     return [_chosen(run, best, list(c)) for run, c in zip(runs, per_run, strict=True)]
-
-
-def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
-    """One checkpoint per run of an arm (``--best-step``)."""
-    averaged = selection.best_step == "averaged" or (selection.best_step == "auto" and from_scratch(runs[0].dump))
-    if selection.rule == "best" and averaged:
-        return select_averaged(runs, selection)
-    return [select(run, selection) for run in runs]
 
 
 def _run_config(dump: str) -> dict:
@@ -292,18 +315,6 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
     return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 of {', '.join(run.run for run in runs)}."
 
 
-def _summary(name: str, runs: list[RunScores], columns: list[str]) -> dict:
-    averages = [r.average for r in runs]
-    return {
-        "name": name,
-        "runs": runs,
-        "mean": {c: float(np.mean([r.scores[c] for r in runs])) for c in columns},
-        "std": {c: _std([r.scores[c] for r in runs]) for c in columns},
-        "average_mean": float(np.mean(averages)),
-        "average_std": _std(averages),
-    }
-
-
 DIGITS = 4
 """Digits of the printed accuracy cells (the paper's percentages to 2 decimals); ranks are taken on them."""
 
@@ -323,14 +334,19 @@ def table_rows(
     accuracy = [c for c in columns if is_accuracy(c)]
     if not accuracy:
         raise EvaluationError("the evaluations have no accuracy scores to tabulate")
-    summaries = {name: _summary(name, runs, columns) for name, runs in named.items()}
-    ranks = min_ranks([s["mean"] for s in summaries.values()], accuracy)
+    means = {name: {c: float(np.mean([r.scores[c] for r in runs])) for c in columns} for name, runs in named.items()}
+    ranks = min_ranks(list(means.values()), accuracy)
     reference_averages = [r.average for r in named[reference]]
     rows = {
         name: ArmRow(
-            **summaries[name],
-            rank=rank,
-            p_value=None if name == reference else t_test_p([r.average for r in runs], reference_averages, test),
+            name,
+            runs,
+            means[name],
+            {c: _std([r.scores[c] for r in runs]) for c in columns},
+            float(np.mean([r.average for r in runs])),
+            _std([r.average for r in runs]),
+            rank,
+            None if name == reference else t_test_p([r.average for r in runs], reference_averages, test),
         )
         for (name, runs), rank in zip(named.items(), ranks, strict=True)
     }
@@ -436,6 +452,55 @@ def csv_rows(
         }
         for row in ([pretrained] if pretrained else []) + rows
     ]
+
+
+def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule: str, test: str, path: str) -> None:
+    """Bars: mean over seeds with ± std error bars; dots: the seeds; stars: ``test`` (the
+    t-test's name) against the reference arm (hatched)."""
+    fig, ax = plt.subplots(figsize=(max(6.4, 1.6 * len(rows) + 2), 4.6), layout="constrained")
+    x = np.arange(len(rows))
+    means = [row.average_mean for row in rows]
+    errors = [0 if np.isnan(row.average_std) else row.average_std for row in rows]
+    bars = ax.bar(x, means, yerr=errors, capsize=6, color="#8fb3d9", edgecolor="#1f4e79", width=0.6)
+    for index, row in enumerate(rows):
+        if row.name == reference:
+            bars[index].set_hatch("//")
+        seeds = [run.average for run in row.runs]
+        ax.scatter(
+            np.full(len(seeds), index) + np.linspace(-0.12, 0.12, len(seeds)),
+            seeds,
+            color="black",
+            s=14,
+            zorder=3,
+            label="seeds" if index == 0 else None,
+        )
+        if row.significance:
+            ax.annotate(
+                row.significance,
+                (index, means[index] + errors[index]),
+                ha="center",
+                va="bottom",
+                xytext=(0, 4),
+                textcoords="offset points",
+                fontsize=12,
+            )
+    low = min(min(run.average for run in row.runs) for row in rows)
+    high = max(max(run.average for run in row.runs) for row in rows)
+    span = max(high - low, 0.01)
+    ax.set_ylim(max(0.0, low - 0.6 * span), high + 0.6 * span)
+    labels = [
+        f"{row.name.replace(', ', chr(10))}\n({len(row.runs)} seed{'s' if len(row.runs) > 1 else ''})" for row in rows
+    ]
+    ax.set_xticks(x, labels, fontsize=9)
+    ax.set_ylabel(f"average accuracy over {tasks} tasks")
+    ax.set_title(
+        f"Average accuracy per arm (checkpoint: {rule})\n"
+        f"{test} t-test vs the hatched arm: * p<0.05, ** p<0.01, *** p<0.001",
+        fontsize=10,
+    )
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper right")
+    save_png(fig, path)
 
 
 @dataclass(frozen=True)

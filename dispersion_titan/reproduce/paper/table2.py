@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 import os
 
-from ...evaluation.arms import ArmRow
-from ...evaluation.table import TESTS, Selection, cell, difference, signed, table
+from ...evaluation.table import TESTS, ArmRow, Selection, cell, difference, signed, table
 from ...run_folder.outputs import atomic_write, write_json
 from .draw import FONT, WIDTH_IN, plt, save
 
