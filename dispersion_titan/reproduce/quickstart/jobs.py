@@ -92,10 +92,6 @@ class Commands(contextlib.AbstractContextManager):
             "stderr": errors or log,
             "group": timeout is not None,
         }
-        pid = self._forked(request)
-        return self._wait(pid, request, command, timeout)
-
-    def _forked(self, request: dict) -> int:
         with self.lock:
             if self.server is None or self.server.poll() is not None:
                 self.server = subprocess.Popen(
@@ -109,18 +105,15 @@ class Commands(contextlib.AbstractContextManager):
             request["status"] = os.path.join(self.status_dir, f"{self.count}.status")
             self.server.stdin.write(json.dumps(request) + "\n")
             self.server.stdin.flush()
-            return int(self.server.stdout.readline())
-
-    def _wait(self, pid: int, request: dict, command: list[str], timeout: float | None) -> int:
+            pid = int(self.server.stdout.readline())
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if os.path.exists(request["status"]):  # renamed into place once the output is flushed
-                with open(request["status"]) as f:
-                    return int(f.read())
+        while not os.path.exists(request["status"]):  # renamed into place once the output is flushed
             if deadline is not None and time.monotonic() > deadline:
                 os.killpg(pid, signal.SIGKILL)
                 raise subprocess.TimeoutExpired(command, timeout)
             time.sleep(0.05)
+        with open(request["status"]) as f:
+            return int(f.read())
 
     def close(self) -> None:
         """Stop the server, once every command run has ended, and remove the status files."""
