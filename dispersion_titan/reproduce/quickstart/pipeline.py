@@ -161,26 +161,6 @@ def analyzed(setup: QuickstartSetup, run: Cell) -> bool:
     )
 
 
-def job_commands(setup: QuickstartSetup) -> Commands:
-    """Training and analysis commands, forked from one server that imported them once."""
-    # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
-    env = {
-        **CPU_MALLOC_ENV,
-        **os.environ,
-        "OMP_NUM_THREADS": str(setup.threads),
-        "PYTHONUNBUFFERED": "1",
-        ALLOW_CPU_ENV: "1",
-    }
-    return Commands(
-        env,
-        preload=[
-            "dispersion_titan.trainer.trainer",
-            "dispersion_titan.analysis.runner",
-            "dispersion_titan.tokenizer.bpe:gpt2_encoding",
-        ],
-    )
-
-
 def last_error(log: str) -> str:
     """The one-line error of a failed command, else the last line of its log."""
     with open(log, errors="replace") as f:
@@ -207,7 +187,21 @@ def process(setup: QuickstartSetup, run: Cell, commands: Commands, say: Progress
 
 
 def train_and_analyze(setup: QuickstartSetup, say: Progress) -> None:
-    with job_commands(setup) as commands, ThreadPoolExecutor(max_workers=setup.jobs) as pool:
+    """Every run, ``setup.jobs`` at a time, forked from one server that imported the commands once."""
+    # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
+    env = {
+        **CPU_MALLOC_ENV,
+        **os.environ,
+        "OMP_NUM_THREADS": str(setup.threads),
+        "PYTHONUNBUFFERED": "1",
+        ALLOW_CPU_ENV: "1",
+    }
+    preload = [
+        "dispersion_titan.trainer.trainer",
+        "dispersion_titan.analysis.runner",
+        "dispersion_titan.tokenizer.bpe:gpt2_encoding",
+    ]
+    with Commands(env, preload) as commands, ThreadPoolExecutor(max_workers=setup.jobs) as pool:
         errors = [e for e in pool.map(lambda run: process(setup, run, commands, say), setup.runs) if e]
     for error in errors:
         print(f"dispersion_titan: error: {error}", file=sys.stderr)
