@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ...analysis.condensation_schema import Condensation
-from ...analysis.inputs import Sequences
+from ...analysis.inputs import InputOptions, Sequences, select_sequences
 from ...analysis.measure import DecoderLayers, measure
 from ...analysis.result_files import RESULT_FILE
 from ...analysis.statistics import condensation
@@ -59,11 +59,19 @@ def init_panel(
     flavor: str,
     widths: tuple[int, ...],
     seeds: Sequence[int],
-    sequences: Sequences,
+    texts: InputOptions,
     say: Callable[[str], None],
 ) -> InitPanel:
     """Step-0 condensation of ``flavor`` at each width (``out/w{width}/``) and at the narrowest for each
-    extra seed (``out/w{width}-s{seed}/``); a shape measured on the same sequences is read back."""
+    extra seed (``out/w{width}-s{seed}/``), on the sequences ``texts`` selects; a shape measured on the
+    same sequences is read back."""
+    begun = time.monotonic()
+    extra = f"; seed {', '.join(map(str, seeds[1:]))} at {widths[0]}" if seeds[1:] else ""
+    say(
+        f"init     condensation at initialization, {flavor} shape, MLP width "
+        f"{', '.join(map(str, widths))} at seed {seeds[0]}{extra}: one forward pass each"
+    )
+    sequences = select_sequences(texts)
     jobs = [(w, seeds[0]) for w in widths] + [(widths[0], s) for s in seeds[1:]]
     results = {}
     for i, (width, seed) in enumerate(jobs, start=1):
@@ -82,4 +90,5 @@ def init_panel(
         write_json(path, results[width, seed].to_json())
         took = time.monotonic() - start
         say(f"init     MLP width {width}, seed {seed}: measured in {took:.0f} s ({i} of {len(jobs)})")
+    say(f"init     done in {time.monotonic() - begun:.0f} s")
     return InitPanel({w: results[w, seeds[0]] for w in widths}, {s: results[widths[0], s] for s in seeds})

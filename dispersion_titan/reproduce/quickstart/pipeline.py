@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ...analysis.compare import compare
-from ...analysis.inputs import DEFAULT_DATASET, InputOptions, select_sequences
+from ...analysis.inputs import DEFAULT_DATASET, InputOptions
 from ...analysis.result_files import read_results
 from ...config.cli import load_toml
 from ...config.grid import Arm, Cell, cells
@@ -231,21 +231,6 @@ def compare_runs(setup: QuickstartSetup, say: Progress) -> list[tuple[str, str]]
     return files
 
 
-def measure_init_panel(setup: QuickstartSetup, say: Progress) -> InitPanel:
-    """Condensation at initialization at each ``init_widths`` (cached in OUT/init_panel)."""
-    start = time.monotonic()
-    extra = f"; seed {', '.join(map(str, setup.seeds[1:]))} at {setup.init_widths[0]}" if setup.seeds[1:] else ""
-    say(
-        f"init     condensation at initialization, {setup.init_flavor} shape, MLP width "
-        f"{', '.join(map(str, setup.init_widths))} at seed {setup.seed}{extra}: one forward pass each"
-    )
-    texts = InputOptions(DEFAULT_DATASET, None, None, setup.init_num_sequences, setup.seq_len, seed=0)
-    folder = os.path.join(setup.out, "init_panel")
-    panel = init_panel(folder, setup.init_flavor, setup.init_widths, setup.seeds, select_sequences(texts), say)
-    say(f"init     done in {time.monotonic() - start:.0f} s")
-    return panel
-
-
 def summarize(setup: QuickstartSetup, panel: InitPanel, files: list[tuple[str, str]]) -> str:
     """Write ``summary.png`` and ``summary.md``; return the summary's text."""
     runs = load_sweep([setup.dump(r) for r in setup.runs])
@@ -311,7 +296,9 @@ def run(setup: QuickstartSetup) -> None:
                 f"baseline/{VARIANT} λ={setup.coeff}), {setup.steps} steps each, {setup.jobs} at a time with "
                 f"{setup.threads} thread(s) each; output: {setup.out}"
             )
-            panel = measure_init_panel(setup, say)
+            texts = InputOptions(DEFAULT_DATASET, None, None, setup.init_num_sequences, setup.seq_len, seed=0)
+            folder = os.path.join(setup.out, "init_panel")
+            panel = init_panel(folder, setup.init_flavor, setup.init_widths, setup.seeds, texts, say)
             train_and_analyze(setup, say)
             try:
                 files = compare_runs(setup, say)
