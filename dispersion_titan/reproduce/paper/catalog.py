@@ -195,7 +195,6 @@ def _hours(models: tuple[str, ...], states: int = 1) -> str:
 
 @dataclass(frozen=True)
 class Artifact:
-    name: str
     paper: str
     runs: str
     defaults: str
@@ -203,85 +202,75 @@ class Artifact:
 
 
 ARTIFACTS: dict[str, Artifact] = {
-    a.name: a
-    for a in (
-        Artifact(
-            "fig2",
-            "Fig. 2 and S1: larger models condense less",
-            "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
-            "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
-            "with the family statistic (Spearman of size vs last-3-layer mean cosine)",
-            "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items())
-            + " (Qwen only with --trust-remote-code: it ships its own modelling code)",
-            _hours(tuple(m for models in SIZE_SERIES.values() for m in models)),
-        ),
-        Artifact(
-            "fig3",
-            "Fig. 3: MLP width only",
-            "train the preset (--slurm), then analyze RUN --steps first,last per width at 1024 tokens; a row of "
-            "heatmaps titled by width and parameters, and the width trend (Spearman, Kendall)",
-            f"{' and '.join(FIG3_PRESETS['paper'].configs)} at MLP width "
-            f"{', '.join(map(str, FIG3_PRESETS['paper'].widths))} (GPT-2 small's other shapes, 69 M to 143 M "
-            "parameters; drawn: each width's cross-entropy run at its last checkpoint, --pick authors and --rows "
-            "first,last as plot_heatmaps.py); --preset ours: train_configs/gpt2_small_mlp*.toml at "
-            f"{', '.join(map(str, FIG3_PRESETS['ours'].widths))}; --models RUN ... for runs trained elsewhere",
-            "training: eight GPT-2-small-shaped runs of 2.5B tokens (paper fig3 --plan; see docs/reproduction.md); "
-            "analysis ~0.1 GPU-hours (estimate, not measured)",
-        ),
-        Artifact(
-            "fig4",
-            "Fig. 4: condensation from initialization",
-            "analyze hf:MODEL@REV1,...; one heatmap per revision, annotated with its tokens seen, and the "
-            "depth trend over training",
-            f"{OLMO} (7B): {FIG4_REVISIONS} states, {FIG4_PER_STAGE} branches of each of stages 1-3 from its "
-            "first to its last and the final model (listed from the "
-            "hub at run time; --revisions names others)",
-            f"~{analysis_gpu_hours(7) * FIG4_REVISIONS:.1f} GPU-hours (estimate, not measured; one 80 GB GPU; "
-            f"plus downloading {FIG4_REVISIONS} x 14 GB)",
-        ),
-        Artifact(
-            "fig5",
-            "Fig. 5: distillation",
-            "analyze hf:MODEL per model; bases (top row) and distilled models (bottom row), the paired "
-            "depth-trend panel and the paired differences",
-            "; ".join(f"{a} vs {b}" for a, b in DISTILLATION_PAIRS),
-            _hours(tuple(m for pair in DISTILLATION_PAIRS for m in pair)),
-        ),
-        Artifact(
-            "table2",
-            "Table 2: downstream evaluation",
-            "evaluate RUN per run (arms x seeds), then evaluate table --select best; mean ± std per task "
-            "and average, significance against the reference arm; Markdown and LaTeX",
-            f"the runs of the {len(TABLE2_CONFIGS)} train_configs/paper/midtrain_*.toml (GPT2: the baseline, NEFTune, "
-            "active forgetting and four dispersion losses; GPT2-medium, Qwen3-0.6B and -1.7B: baseline and "
-            "angular_spread), several seeds each, given with --models [ARM=]RUN,...; the Pretrained rows of GPT2 "
-            "small to xl and Qwen3 from hub ids (--plan lists every row)",
-            "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
-            "limit 500; estimate, not measured)",
-        ),
-        Artifact(
-            "counteract",
-            "Fig. (dispersion counteracts condensation): mid-training with and without the loss, step by step",
-            "analyze RUN --steps all for the two runs at 10 texts of 1024 tokens (plot_heatmaps.py); a row per "
-            "run of heatmaps titled by step, and the depth trend against step",
-            f"the runs of {' and '.join(COUNTERACT_CONFIGS)} (their dump folders, or --models BASE DISPERSION)",
-            "training: the two GPT-2 mid-training runs (paper table2 --plan); analysis ~0.05 GPU-hours for 12 "
-            "checkpoints (estimate, not measured)",
-        ),
-        Artifact(
-            "robustness",
-            "Fig. S (dataset robustness): the same trend on other texts",
-            "analyze hf:MODEL per model and corpus; fig2's panels, one row per corpus",
-            f"{_models_line(GPT2_HUB_IDS)} on {', '.join(ROBUSTNESS_CORPORA)}",
-            _hours(GPT2_HUB_IDS, states=len(ROBUSTNESS_CORPORA)),
-        ),
-    )
+    "fig2": Artifact(
+        "Fig. 2 and S1: larger models condense less",
+        "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
+        "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
+        "with the family statistic (Spearman of size vs last-3-layer mean cosine)",
+        "; ".join(f"{name}: {_models_line(models)}" for name, models in SIZE_SERIES.items())
+        + " (Qwen only with --trust-remote-code: it ships its own modelling code)",
+        _hours(tuple(m for models in SIZE_SERIES.values() for m in models)),
+    ),
+    "fig3": Artifact(
+        "Fig. 3: MLP width only",
+        "train the preset (--slurm), then analyze RUN --steps first,last per width at 1024 tokens; a row of "
+        "heatmaps titled by width and parameters, and the width trend (Spearman, Kendall)",
+        f"{' and '.join(FIG3_PRESETS['paper'].configs)} at MLP width "
+        f"{', '.join(map(str, FIG3_PRESETS['paper'].widths))} (GPT-2 small's other shapes, 69 M to 143 M "
+        "parameters; drawn: each width's cross-entropy run at its last checkpoint, --pick authors and --rows "
+        "first,last as plot_heatmaps.py); --preset ours: train_configs/gpt2_small_mlp*.toml at "
+        f"{', '.join(map(str, FIG3_PRESETS['ours'].widths))}; --models RUN ... for runs trained elsewhere",
+        "training: eight GPT-2-small-shaped runs of 2.5B tokens (paper fig3 --plan; see docs/reproduction.md); "
+        "analysis ~0.1 GPU-hours (estimate, not measured)",
+    ),
+    "fig4": Artifact(
+        "Fig. 4: condensation from initialization",
+        "analyze hf:MODEL@REV1,...; one heatmap per revision, annotated with its tokens seen, and the "
+        "depth trend over training",
+        f"{OLMO} (7B): {FIG4_REVISIONS} states, {FIG4_PER_STAGE} branches of each of stages 1-3 from its "
+        "first to its last and the final model (listed from the "
+        "hub at run time; --revisions names others)",
+        f"~{analysis_gpu_hours(7) * FIG4_REVISIONS:.1f} GPU-hours (estimate, not measured; one 80 GB GPU; "
+        f"plus downloading {FIG4_REVISIONS} x 14 GB)",
+    ),
+    "fig5": Artifact(
+        "Fig. 5: distillation",
+        "analyze hf:MODEL per model; bases (top row) and distilled models (bottom row), the paired "
+        "depth-trend panel and the paired differences",
+        "; ".join(f"{a} vs {b}" for a, b in DISTILLATION_PAIRS),
+        _hours(tuple(m for pair in DISTILLATION_PAIRS for m in pair)),
+    ),
+    "table2": Artifact(
+        "Table 2: downstream evaluation",
+        "evaluate RUN per run (arms x seeds), then evaluate table --select best; mean ± std per task "
+        "and average, significance against the reference arm; Markdown and LaTeX",
+        f"the runs of the {len(TABLE2_CONFIGS)} train_configs/paper/midtrain_*.toml (GPT2: the baseline, NEFTune, "
+        "active forgetting and four dispersion losses; GPT2-medium, Qwen3-0.6B and -1.7B: baseline and "
+        "angular_spread), several seeds each, given with --models [ARM=]RUN,...; the Pretrained rows of GPT2 "
+        "small to xl and Qwen3 from hub ids (--plan lists every row)",
+        "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
+        "limit 500; estimate, not measured)",
+    ),
+    "counteract": Artifact(
+        "Fig. (dispersion counteracts condensation): mid-training with and without the loss, step by step",
+        "analyze RUN --steps all for the two runs at 10 texts of 1024 tokens (plot_heatmaps.py); a row per "
+        "run of heatmaps titled by step, and the depth trend against step",
+        f"the runs of {' and '.join(COUNTERACT_CONFIGS)} (their dump folders, or --models BASE DISPERSION)",
+        "training: the two GPT-2 mid-training runs (paper table2 --plan); analysis ~0.05 GPU-hours for 12 "
+        "checkpoints (estimate, not measured)",
+    ),
+    "robustness": Artifact(
+        "Fig. S (dataset robustness): the same trend on other texts",
+        "analyze hf:MODEL per model and corpus; fig2's panels, one row per corpus",
+        f"{_models_line(GPT2_HUB_IDS)} on {', '.join(ROBUSTNESS_CORPORA)}",
+        _hours(GPT2_HUB_IDS, states=len(ROBUSTNESS_CORPORA)),
+    ),
 }
 
 
 def listing() -> str:
     """What ``--list`` prints."""
     return "\n\n".join(
-        f"{a.name}  ({a.paper})\n  runs:    {a.runs}\n  models:  {a.defaults}\n  compute: {a.compute}"
-        for a in ARTIFACTS.values()
+        f"{name}  ({a.paper})\n  runs:    {a.runs}\n  models:  {a.defaults}\n  compute: {a.compute}"
+        for name, a in ARTIFACTS.items()
     )
