@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from ...config.cli import load_toml, with_config_module
@@ -70,16 +71,12 @@ def script(plan: PaperPlan, lines: list[SlurmJob]) -> str:
 def draw_argv(argv: list[str], plan: PaperPlan, options: dict) -> list[str]:
     """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, its --out
     absolute, with the revisions fig4 listed from the hub."""
-    kept, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in ("--slurm", "--dry-run"):
-            continue
-        elif arg in ("--sbatch-arg", "--out"):
-            skip = True
-        elif not arg.startswith(("--sbatch-arg=", "--out=")):
-            kept.append(arg)
+    dropped = argparse.ArgumentParser(add_help=False)
+    for flag in ("--slurm", "--dry-run"):
+        dropped.add_argument(flag, action="store_true")
+    for option in ("--sbatch-arg", "--out"):
+        dropped.add_argument(option, action="append")
+    kept = dropped.parse_known_args(argv)[1]  # the rest, in order
     if plan.artifact == "fig4" and not options["revisions"]:
         kept += ["--revisions", plan.models[0].target.rpartition("@")[2]]
     return [*kept, "--out", options["out"], "--draw-only"]
