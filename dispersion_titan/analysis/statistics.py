@@ -23,9 +23,9 @@ def layer_fraction(index: int, num_layers: int) -> float:
     return index / (num_layers - 1)
 
 
-def finite_or_none(value: float) -> float | None:
-    """JSON has no NaN: a constant curve has no rank correlation."""
-    return None if math.isnan(value) else float(value)
+def finite_or_none(value: float | None) -> float | None:
+    """JSON has no NaN: a constant curve has no rank correlation (one seed no std, an untested row no p)."""
+    return None if value is None or math.isnan(value) else float(value)
 
 
 def layer_statistics(measured: Measurement) -> list[LayerCondensation]:

@@ -3,17 +3,12 @@ Markdown, LaTeX, a figure and ``table2.json``."""
 
 from __future__ import annotations
 
-import math
 import os
 
+from ...analysis.statistics import finite_or_none
 from ...evaluation.table import TESTS, ArmRow, Selection, cell, difference, signed, table
 from ...run_folder.outputs import atomic_write, write_json
 from .draw import FONT, WIDTH_IN, plt, save
-
-
-def _finite(value: float | None) -> float | None:
-    """JSON's view of a number: None where there is none (one seed's std, an untested p)."""
-    return None if value is None or math.isnan(value) else value
 
 
 def _cells(columns: list[str], row: ArmRow) -> list[str]:
@@ -68,14 +63,14 @@ def _numbers(columns: list[str], row: ArmRow, pretrained: ArmRow | None) -> dict
         "arm": row.name,
         "runs": [r.run for r in row.runs],
         "steps": [r.step for r in row.runs],
-        "mean": {c: _finite(row.mean[c]) for c in columns},
-        "std": {c: _finite(row.std[c]) for c in columns},
-        "average_mean": _finite(row.average_mean),
-        "average_std": _finite(row.average_std),
-        "avg_rank": _finite(row.rank),
-        "p_value": _finite(row.p_value),
+        "mean": {c: finite_or_none(row.mean[c]) for c in columns},
+        "std": {c: finite_or_none(row.std[c]) for c in columns},
+        "average_mean": finite_or_none(row.average_mean),
+        "average_std": finite_or_none(row.average_std),
+        "avg_rank": finite_or_none(row.rank),
+        "p_value": finite_or_none(row.p_value),
         "significance": row.significance,
-        "difference": {k: _finite(v) for k, v in difference(row, pretrained, columns).items()},
+        "difference": {k: finite_or_none(v) for k, v in difference(row, pretrained, columns).items()},
     }
 
 
