@@ -13,7 +13,8 @@ from ...analysis.inputs import differences
 from ...analysis.result_files import read_analyses
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
 from ...analysis.statistics import point_layers, rank_trend
-from .plan import HF, STAGE_BRANCH, MissingInput, PaperModel, PaperPlan
+from ...utils.hub import parse_spec
+from .plan import STAGE_BRANCH, MissingInput, PaperModel, PaperPlan
 
 _TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
 
@@ -32,8 +33,26 @@ class Entry:
     def curve(self) -> list[float]:
         return [layer.mean_cos for layer in self.layers]
 
+    @property
+    def trend(self) -> dict:
+        """The depth trend: Spearman and Kendall of mean_cos against layer index (embedding = 0)."""
+        return rank_trend(list(range(len(self.curve))), self.curve)
+
+    @property
+    def inputs(self) -> dict:
+        """What it was analysed with, but the token ids (they differ between tokenizers)."""
+        return {k: v for k, v in self.result.inputs.items() if k != "tokens_sha256"}
+
     def last_n_mean(self, n: int) -> float:
         return float(np.mean(self.curve[-n:]))
+
+
+def by_row(entries: list[Entry]) -> dict[str, list[Entry]]:
+    """The entries of each row, rows and entries in plan order."""
+    rows: dict[str, list[Entry]] = {}
+    for entry in entries:
+        rows.setdefault(entry.row, []).append(entry)
+    return rows
 
 
 LAST_N_PANELS = (1, 2, 3, 4, 5)  # plot_trend.py --last-n, and half_n
@@ -74,17 +93,13 @@ def fig3_label(result) -> str:
 
 def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
     found = read_analyses(model.out)
+    steps = sorted(found[name].step for name in found if name.startswith("step-"))
     if plan.artifact == "fig3":  # its first and last checkpoints: the earliest and latest step analysed
-        steps = sorted(found[name].step for name in found if name.startswith("step-"))
         if len(steps) < 2:
             raise _missing(plan, model, f"{model.label}'s first and last checkpoints")
-        drawn = {"first": steps[0], "last": steps[-1]}
-        return [
-            Entry(fig3_label(found[f"step-{drawn[row]}"]), f"{row} checkpoint", found[f"step-{drawn[row]}"])
-            for row in plan.rows
-        ]
+        drawn = {"first": found[f"step-{steps[0]}"], "last": found[f"step-{steps[-1]}"]}
+        return [Entry(fig3_label(drawn[row]), f"{row} checkpoint", drawn[row]) for row in plan.rows]
     if plan.artifact == "counteract":  # every checkpoint, titled by its step (plot_heatmaps.py)
-        steps = sorted(found[name].step for name in found if name.startswith("step-"))
         if not steps:
             raise _missing(plan, model, f"{model.label}'s checkpoints")
         return [Entry(f"step {step}", model.row, found[f"step-{step}"]) for step in steps]
@@ -93,10 +108,8 @@ def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
         if folder not in found:
             raise _missing(plan, model, f"{model.label} step {model.steps}")
         return [Entry(model.label, model.row or "runs", found[folder])]
-    body = model.target[len(HF) :]
-    revisions = body.rpartition("@")[2].split(",") if "@" in body else [None]
     entries = []
-    for revision in revisions:
+    for revision in parse_spec(model.target).revisions:
         folder = f"rev-{revision.replace('/', '--')}" if revision else "rev-default"
         if folder not in found:
             raise _missing(plan, model, f"{model.label}" + (f"@{revision}" if revision else ""))
@@ -109,15 +122,12 @@ def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
 def entries(plan: PaperPlan) -> list[Entry]:
     """Every model state of the plan, in plan order; refuses mixed inputs within a row."""
     found = [entry for model in plan.models for entry in _entries(plan, model)]
-    for row in dict.fromkeys(e.row for e in found):
-        group = [e for e in found if e.row == row]
-        first = {k: v for k, v in group[0].result.inputs.items() if k != "tokens_sha256"}
-        for other in group[1:]:
-            options = {k: v for k, v in other.result.inputs.items() if k != "tokens_sha256"}
-            if options != first:
+    for first, *others in by_row(found).values():
+        for other in others:
+            if other.inputs != first.inputs:
                 raise MissingInput(
                     f"{plan.artifact}: {other.label} was analyzed with other inputs than "
-                    f"{group[0].label} ({differences(first, options)}); use another --out"
+                    f"{first.label} ({differences(first.inputs, other.inputs)}); use another --out"
                 )
     return found
 
@@ -135,7 +145,7 @@ def model_numbers(entry: Entry) -> dict:
         "layer_points": r.inputs["layer_points"],
         "layers": [layer.name for layer in entry.layers],
         "mean_cos": entry.curve,
-        **rank_trend(list(range(len(entry.curve))), entry.curve),
+        **entry.trend,
         f"mean_cos_last_{LAST_N}": entry.last_n_mean(LAST_N),
         "mean_cos_last_n": {str(n): entry.last_n_mean(n) for n in LAST_N_PANELS},
         "half_n": half_n(len(entry.curve)),
@@ -146,8 +156,7 @@ def model_numbers(entry: Entry) -> dict:
 
 def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
     rows = []
-    for row in dict.fromkeys(e.row for e in found):
-        group = [e for e in found if e.row == row]
+    for row, group in by_row(found).items():
         against = AGAINST.get(plan.artifact, "n_params")
         # fig4: the revisions in training order (a stage's steps restart from 0)
         x = [float(getattr(e.result, against, i)) for i, e in enumerate(group)]
@@ -166,20 +175,18 @@ def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
 
 
 def pair_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
-    """fig5: distilled − base of the depth trend and of the last-n mean cosine."""
-    out = []
-    for a, b in plan.pairs:
-        base, distilled = model_numbers(found[a]), model_numbers(found[b])
-        out.append(
-            {
-                "base": base["label"],
-                "distilled": distilled["label"],
-                "delta_spearman": _delta(distilled["spearman"]["rho"], base["spearman"]["rho"]),
-                "delta_kendall": _delta(distilled["kendall"]["tau"], base["kendall"]["tau"]),
-                f"delta_mean_cos_last_{LAST_N}": distilled[f"mean_cos_last_{LAST_N}"] - base[f"mean_cos_last_{LAST_N}"],
-            }
-        )
-    return out
+    """fig5: distilled − base of the depth trend and of the last-n mean cosine, the i-th base with the i-th."""
+    rows = by_row(found) if plan.artifact == "fig5" else {"base": [], "distilled": []}
+    return [
+        {
+            "base": base.label,
+            "distilled": distilled.label,
+            "delta_spearman": _delta(distilled.trend["spearman"]["rho"], base.trend["spearman"]["rho"]),
+            "delta_kendall": _delta(distilled.trend["kendall"]["tau"], base.trend["kendall"]["tau"]),
+            f"delta_mean_cos_last_{LAST_N}": distilled.last_n_mean(LAST_N) - base.last_n_mean(LAST_N),
+        }
+        for base, distilled in zip(rows["base"], rows["distilled"], strict=True)
+    ]
 
 
 def _delta(a: float | None, b: float | None) -> float | None:
@@ -188,13 +195,9 @@ def _delta(a: float | None, b: float | None) -> float | None:
 
 def numbers(plan: PaperPlan, found: list[Entry]) -> dict:
     """``ARTIFACT.json``: everything drawn, and what it was measured on."""
-    inputs = {
-        row: {k: v for k, v in next(e for e in found if e.row == row).result.inputs.items() if k != "tokens_sha256"}
-        for row in dict.fromkeys(e.row for e in found)
-    }
     return {
         "artifact": plan.artifact,
-        "inputs": inputs,
+        "inputs": {row: group[0].inputs for row, group in by_row(found).items()},
         "depth_trend": "Spearman's rho and Kendall's tau of per-layer mean_cos against layer index "
         "(embedding = 0) over each model's layer points, two-sided p-values (scipy)",
         "last_n": "mean_cos_last_n: the mean of the last N layer points, N = 1..5; mean_cos_last_half: of "

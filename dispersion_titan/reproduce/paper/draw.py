@@ -9,9 +9,9 @@ import os
 
 import numpy as np
 
-from ...analysis.statistics import HIST_RANGE, layer_fraction, rank_trend
+from ...analysis.statistics import HIST_RANGE, layer_fraction
 from ...run_folder.outputs import atomic_write, headless_pyplot
-from .collect import LAST_N_PANELS, Entry, half_n
+from .collect import LAST_N_PANELS, Entry, by_row, half_n
 
 plt = headless_pyplot()
 
@@ -68,10 +68,9 @@ def _trend_axes(ax, labels: list[str], title: str) -> None:
 
 
 def _trend(ax, group: list[Entry], title: str) -> None:
-    x = np.arange(len(group))
-    rho = [rank_trend(list(range(len(e.curve))), e.curve) for e in group]
-    ax.plot(x - NUDGE, [r["spearman"]["rho"] for r in rho], "o-", color="tab:blue", ms=3, lw=1, label="Spearman ρ")
-    ax.plot(x + NUDGE, [r["kendall"]["tau"] for r in rho], "s--", color="tab:red", ms=3, lw=1, label="Kendall τ")
+    x, trends = np.arange(len(group)), [e.trend for e in group]
+    ax.plot(x - NUDGE, [t["spearman"]["rho"] for t in trends], "o-", color="tab:blue", ms=3, lw=1, label="Spearman ρ")
+    ax.plot(x + NUDGE, [t["kendall"]["tau"] for t in trends], "s--", color="tab:red", ms=3, lw=1, label="Kendall τ")
     _trend_axes(ax, tick_labels([e.label for e in group]), title)
 
 
@@ -80,8 +79,8 @@ def _paired_trend(ax, bases: list[Entry], distilled: list[Entry]) -> None:
     series = (("spearman", "rho", "tab:blue"), ("kendall", "tau", "tab:red"))
     for shift, (key, stat, color) in zip((-NUDGE, NUDGE), series, strict=True):
         x = np.arange(len(bases)) + shift
-        a = [rank_trend(list(range(len(e.curve))), e.curve)[key][stat] for e in bases]
-        b = [rank_trend(list(range(len(e.curve))), e.curve)[key][stat] for e in distilled]
+        a = [e.trend[key][stat] for e in bases]
+        b = [e.trend[key][stat] for e in distilled]
         name = "Spearman ρ" if key == "spearman" else "Kendall τ"
         ax.plot(x, a, "o-", color=color, ms=3, lw=1, label=f"{name}, base")
         ax.plot(x, b, "o--", color=color, ms=3, lw=1, mfc="white", label=f"{name}, distilled")
@@ -117,8 +116,8 @@ def _short(label: str) -> str:
 
 def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired: bool = False):
     """Rows of [trend panel | heatmaps]; ``paired``: one trend panel for base and distilled."""
-    rows = list(dict.fromkeys(e.row for e in entries))
-    groups = {row: [e for e in entries if e.row == row] for row in rows}
+    groups = by_row(entries)
+    rows = list(groups)
     per_line = min(PER_LINE, max(len(g) for g in groups.values()))
     lines = {row: math.ceil(len(g) / per_line) for row, g in groups.items()}
     total = sum(lines.values())
@@ -154,13 +153,17 @@ def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired:
 
 def last_n_figure(entries: list[Entry], title: str):
     """The authors' last-n panels (``plot_trend.py --last-n``), one line per row."""
-    rows = list(dict.fromkeys(e.row for e in entries))
+    groups = by_row(entries)
     panels = len(LAST_N_PANELS) + 1
     fig, axes = plt.subplots(
-        len(rows), panels, figsize=(WIDTH_IN, 0.6 + 1.6 * len(rows)), layout="constrained", squeeze=False, sharey=True
+        len(groups),
+        panels,
+        figsize=(WIDTH_IN, 0.6 + 1.6 * len(groups)),
+        layout="constrained",
+        squeeze=False,
+        sharey=True,
     )
-    for line, row in zip(axes, rows, strict=True):
-        group = [e for e in entries if e.row == row]
+    for line, (row, group) in zip(axes, groups.items(), strict=True):
         x = np.arange(len(group))
         columns = [(f"last {n}", [e.last_n_mean(n) for e in group]) for n in LAST_N_PANELS]
         columns.append(("last L//2+1", [e.last_n_mean(half_n(len(e.curve))) for e in group]))

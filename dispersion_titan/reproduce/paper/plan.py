@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ...analysis import ANALYSIS_PROTOCOLS
+from ...analysis.size_series import parse_assignments
 from ...config.cli import read_toml
 from ...run_folder.checkpoints import RUN_METADATA_FILE, dispersion_variant
 from ...utils.errors import ArgumentError
+from ...utils.hub import PREFIX as HF
+from ...utils.hub import parse_spec
 from . import catalog, fig3
 from .catalog import MissingInput
 
-HF = "hf:"
 ANALYZE_OPTIONS = (
     "texts",
     "dataset",
@@ -60,8 +63,6 @@ class Step:
     after: tuple[int, ...] = ()  # indices of the steps it waits for
 
     def shell(self) -> str:
-        import shlex
-
         command = (
             ["launch/train.sh"] if self.command == "train" else ["python", "-m", f"dispersion_titan.{self.command}"]
         )
@@ -73,8 +74,7 @@ class PaperPlan:
     artifact: str
     out: str
     steps: list[Step]
-    models: list[PaperModel] = field(default_factory=list)
-    pairs: list[tuple[int, int]] = field(default_factory=list)  # fig5: (base, distilled) indices into models
+    models: list[PaperModel] = field(default_factory=list)  # fig5: the bases, then their distilled models
     runs: list[str] = field(default_factory=list)  # table2: the evaluate table specs
     left_out: list[str] = field(default_factory=list)  # the paper's models that ship code, without permission
     notes: list[str] = field(default_factory=list)  # said before it runs
@@ -138,25 +138,18 @@ def ships_code(model: PaperModel) -> bool:
     return model.target.startswith(HF) and model.target[len(HF) :].partition("@")[0] in catalog.REMOTE_CODE
 
 
-def with_remote_code(
-    models: list[PaperModel], pairs: list[tuple[int, int]], options: dict, given: bool
-) -> tuple[list[PaperModel], list[tuple[int, int]], list[str]]:
+def with_remote_code(models: list[PaperModel], options: dict, given: bool) -> tuple[list[PaperModel], list[str]]:
     """Remote code runs only when asked: then given ``hf:`` models, or the paper's that ship code, get it.
-    Without it, given models that ship code are refused; the paper's are left out (``pairs`` renumbered)."""
+    Without it, given models that ship code are refused; the paper's are left out (none of fig5's pairs)."""
     if options.get("trust_remote_code"):
-        return (
-            [replace(m, trust_remote_code=m.target.startswith(HF) if given else ships_code(m)) for m in models],
-            pairs,
-            [],
-        )
+        return [replace(m, trust_remote_code=m.target.startswith(HF) if given else ships_code(m)) for m in models], []
     needing = [m.target[len(HF) :] for m in models if ships_code(m)]
     if needing and given:
         raise ArgumentError(
             f"--models: {', '.join(needing)} run only with their own modelling code: add "
             "--trust-remote-code to run it, or leave them out"
         )
-    kept = {i: n for n, i in enumerate(i for i, m in enumerate(models) if not ships_code(m))}
-    return ([models[i] for i in kept], [(kept[a], kept[b]) for a, b in pairs if a in kept and b in kept], needing)
+    return [m for m in models if not ships_code(m)], needing
 
 
 def analyze_step(model: PaperModel, analyze_args: list[str]) -> Step:
@@ -171,21 +164,15 @@ def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
     return [arg for name in given for arg in (f"--{name.replace('_', '-')}", str(options[name]))]
 
 
-def _default_models(artifact: str, analyses: str) -> tuple[list[PaperModel], list[tuple[int, int]]]:
-    if artifact == "fig2":
-        return [model_of(m, analyses, series) for series, models in catalog.SIZE_SERIES.items() for m in models], []
-    if artifact == "fig5":
-        bases = [model_of(a, analyses, "base") for a, _ in catalog.DISTILLATION_PAIRS]
-        distilled = [model_of(b, analyses, "distilled") for _, b in catalog.DISTILLATION_PAIRS]
-        n = len(bases)
-        return bases + distilled, [(i, n + i) for i in range(n)]
-    if artifact == "robustness":
-        return [model_of(m, analyses) for m in catalog.GPT2_HUB_IDS], []
-    raise MissingInput(
-        "table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
-        "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each), or --pretrained "
-        "hf:MODEL for a block of the Pretrained row alone (GPT2-large, -xl)"
-    )
+def _default_models(artifact: str, analyses: str) -> list[PaperModel]:
+    """The paper's models of fig2 (a row per family), fig5 (the bases, then their distilled models) or robustness."""
+    rows = {
+        "fig2": [(m, series) for series, models in catalog.SIZE_SERIES.items() for m in models],
+        "fig5": [(a, "base") for a, _ in catalog.DISTILLATION_PAIRS]
+        + [(b, "distilled") for _, b in catalog.DISTILLATION_PAIRS],
+        "robustness": [(m, None) for m in catalog.GPT2_HUB_IDS],
+    }
+    return [model_of(m, analyses, row) for m, row in rows[artifact]]
 
 
 def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -253,29 +240,22 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
 
 def corpora(options: dict) -> dict[str, list[str]]:
     """robustness: corpus name -> analyze's input options for it (none for the protocol's own corpus)."""
-    given = options.get("corpus") or []
-    chosen: dict[str, str | None] = dict(catalog.ROBUSTNESS_CORPORA) if not given else {}
-    for entry in given:
-        name, eq, source = entry.partition("=")
-        if not eq or not name or not source:
-            raise ArgumentError(f"--corpus: {entry!r} is not NAME=DATASET or NAME=FILE.jsonl")
-        chosen[name] = source
+    chosen = dict(parse_assignments(options.get("corpus") or [], "--corpus")) or catalog.ROBUSTNESS_CORPORA
     inputs = {}
-    paper = options.get("protocol") == "paper"
     for name, source in chosen.items():
-        if paper and source == catalog.PAPER_CORPUS:
+        if options.get("protocol") == "paper" and source == catalog.PAPER_CORPUS:
             inputs[name] = passed_on(options, ("dataset_path",))
-            continue
-        if source is None:
+        elif source is None:
             raise MissingInput(
                 f'robustness: no texts for {name} here; give --corpus {name}=FILE.jsonl (a "text" '
                 f"field per line; docs/reproduction.md shows how to export it with datasets)"
             )
-        inputs[name] = (
-            ["--texts", source]
-            if source.endswith(".jsonl") or os.path.isfile(source)
-            else ["--dataset", source, *passed_on(options, ("dataset_path",))]
-        )
+        else:
+            inputs[name] = (
+                ["--texts", source]
+                if source.endswith(".jsonl") or os.path.isfile(source)
+                else ["--dataset", source, *passed_on(options, ("dataset_path",))]
+            )
     return inputs
 
 
@@ -295,7 +275,13 @@ def build(artifact: str, options: dict) -> PaperPlan:
             folder = os.path.join(out, PRETRAINED, safe_name(pretrained[len(HF) :]))
             first = [Step("evaluate", [pretrained, "--out", folder, *evaluate_args], pretrained)]
             pretrained = folder
-        specs = options.get("models") or ([] if first else _default_models(artifact, analyses))
+        specs = options.get("models") or []
+        if not specs and not first:
+            raise MissingInput(
+                "table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
+                "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each), or --pretrained "
+                "hf:MODEL for a block of the Pretrained row alone (GPT2-large, -xl)"
+            )
         runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
         for run in runs:
             if not (os.path.isdir(run) and _is_run(run)):
@@ -312,26 +298,22 @@ def build(artifact: str, options: dict) -> PaperPlan:
             f"--protocol: {options['protocol']!r} is analyze's paper (the default) or default for this artifact"
         )
     analyze_args = passed_on(options, ANALYZE_OPTIONS)
-    if artifact == "fig4":
-        (model,), _, _ = with_remote_code([_fig4_model(options, analyses)], [], options, given=True)
-        return PaperPlan(artifact, out, [analyze_step(model, analyze_args)], [model])
     if artifact == "fig3":
         return _fig3_plan(options, analyses, analyze_args)
-    if artifact == "counteract":
-        models = [_counteract_model(run, analyses) for run in _counteract_runs(options)]
-        return PaperPlan(artifact, options["out"], [analyze_step(m, analyze_args) for m in models], models)
-    if options.get("models"):
+    if artifact == "fig4":
+        models = [_fig4_model(options, analyses)]
+    elif artifact == "counteract":
+        models = _counteract_models(options, analyses)
+    elif options.get("models"):
         models = [model_of(m, analyses) for m in options["models"]]
-        pairs = []
         if artifact == "fig5":
             if len(models) % 2:
                 raise ArgumentError("--models: fig5 takes bases then their distilled models (an even number)")
-            n = len(models) // 2
-            models = [replace(m, row="base" if i < n else "distilled") for i, m in enumerate(models)]
-            pairs = [(i, n + i) for i in range(n)]
+            models = [replace(m, row="base" if 2 * i < len(models) else "distilled") for i, m in enumerate(models)]
     else:
-        models, pairs = _default_models(artifact, analyses)
-    models, pairs, left_out = with_remote_code(models, pairs, options, given=bool(options.get("models")))
+        models = _default_models(artifact, analyses)
+    given = bool(options.get("models")) or artifact == "fig4"
+    models, left_out = with_remote_code(models, options, given)
     if artifact == "robustness":
         if options.get("texts") or options.get("dataset"):
             raise ArgumentError("--texts/--dataset: robustness sets them per corpus; use --corpus NAME=SOURCE")
@@ -345,7 +327,7 @@ def build(artifact: str, options: dict) -> PaperPlan:
                 rows.append(placed)
                 steps.append(replace(analyze_step(placed, [*inputs, *shared]), label=f"{m.label} on {name}"))
         return PaperPlan(artifact, out, steps, rows, left_out=left_out)
-    return PaperPlan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, pairs, left_out=left_out)
+    return PaperPlan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, left_out=left_out)
 
 
 def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPlan:
@@ -353,63 +335,51 @@ def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPl
     ``--slurm`` the preset's runs not trained yet are trained first."""
     out, preset = options["out"], options.get("preset") or "paper"
     rule, rows = options.get("pick") or "ce", catalog.FIG3_ROWS[options.get("rows") or "last"]
+    sweep, train = fig3.preset_runs(preset, os.path.join(out, "runs")), []
     if options.get("models"):
         runs = [model_of(m, analyses).target for m in options["models"]]
         for run in runs:
             if not fig3.checkpoint_steps(run):
                 raise MissingInput(f"--models: {run}: not a run with checkpoints")
-        return _fig3_analyses(out, fig3.pick(runs, rule), analyze_args, rule, rows)
-    sweep = fig3.preset_runs(preset, os.path.join(out, "runs"))
-    if options.get("slurm") and not options.get("draw_only"):
-        steps = [
+        chosen = fig3.pick(runs, rule)
+    elif options.get("slurm") and not options.get("draw_only"):
+        train = [
             Step("train", run.train_argv, os.path.basename(run.folder)) for run in sweep if not fig3.is_trained(run)
         ]
-        for step in steps:
+        for step in train:
             if not os.path.isfile(step.argv[0]):
                 raise MissingInput(
                     f"fig3: {step.argv[0]}: not here; run from the repository's root, which holds the preset's configs"
                 )
-        trained_by = {step.argv[-1]: i for i, step in enumerate(steps)}  # the run folder -> its training step
-        drawn = {run.width: (run.folder, []) for run in sweep if run.dispersion == (rule == "authors")}
-        plan = _fig3_analyses(out, drawn, analyze_args, rule, rows)
-        plan.steps = [
-            *steps,
-            *(
-                replace(step, after=(trained_by[step.argv[0]],) if step.argv[0] in trained_by else ())
-                for step in plan.steps
-            ),
-        ]
-        return plan
-    found = [run.folder for run in sweep if fig3.checkpoint_steps(run.folder)]
-    missing = sorted({run.width for run in sweep} - {fig3.mlp_width(run) for run in found})
-    if missing:
-        run = next(run for run in sweep if run.width == missing[0])
-        raise MissingInput(
-            f"fig3: no run of MLP width {missing[0]} in {os.path.dirname(run.folder)}: add --slurm to "
-            f"train the preset first, or train it: {Step('train', run.train_argv, '').shell()} "
-            "(or give runs with --models)"
-        )
-    return _fig3_analyses(out, fig3.pick(found, rule), analyze_args, rule, rows)
-
-
-def _fig3_analyses(
-    out: str, chosen: dict[int, tuple[str, list[str]]], analyze_args: list[str], rule: str, rows: tuple[str, ...]
-) -> PaperPlan:
-    """The analyses of the runs ``chosen`` per width (width -> (run, the others of its width))."""
-    analyses = os.path.join(out, ANALYSES)
+        chosen = {run.width: (run.folder, []) for run in sweep if run.dispersion == (rule == "authors")}
+    else:
+        found = [run.folder for run in sweep if fig3.checkpoint_steps(run.folder)]
+        missing = sorted({run.width for run in sweep} - {fig3.mlp_width(run) for run in found})
+        if missing:
+            run = next(run for run in sweep if run.width == missing[0])
+            raise MissingInput(
+                f"fig3: no run of MLP width {missing[0]} in {os.path.dirname(run.folder)}: add --slurm to "
+                f"train the preset first, or train it: {Step('train', run.train_argv, '').shell()} "
+                "(or give runs with --models)"
+            )
+        chosen = fig3.pick(found, rule)
+    trained_by = {step.argv[-1]: i for i, step in enumerate(train)}  # a run folder -> its training step
     models = [run_model(run, analyses, None, f"MLP {width}", "first,last") for width, (run, _) in chosen.items()]
+    steps = [
+        replace(analyze_step(m, analyze_args), after=(trained_by[m.target],) if m.target in trained_by else ())
+        for m in models
+    ]
     notes = [fig3.pick_note(width, run, others, rule) for width, (run, others) in chosen.items() if others]
-    return PaperPlan("fig3", out, [analyze_step(m, analyze_args) for m in models], models, notes=notes, rows=rows)
+    return PaperPlan("fig3", out, train + steps, models, notes=notes, rows=rows)
 
 
-def _counteract_runs(options: dict) -> list[str]:
-    """``--models BASE DISPERSION``, or the dump folders of ``catalog.COUNTERACT_CONFIGS``."""
-    if options.get("models"):
-        if len(options["models"]) != 2:
-            raise ArgumentError("--models: counteract takes two runs, the default loss's and the dispersion run")
-        return options["models"]
-    runs = []
-    for config in catalog.COUNTERACT_CONFIGS:
+def _counteract_models(options: dict, analyses: str) -> list[PaperModel]:
+    """``--models BASE DISPERSION``, or the dump folders of ``catalog.COUNTERACT_CONFIGS``: each run analysed
+    at every checkpoint, its row named by its loss."""
+    runs = options.get("models") or []
+    if runs and len(runs) != 2:
+        raise ArgumentError("--models: counteract takes two runs, the default loss's and the dispersion run")
+    for config in () if runs else catalog.COUNTERACT_CONFIGS:
         if not os.path.isfile(config):
             raise MissingInput(f"counteract: {config}: not here; run from the repository's root, or give --models")
         run = read_toml(config, "counteract")["job"]["dump_folder"]
@@ -419,16 +389,14 @@ def _counteract_runs(options: dict) -> list[str]:
                 "--models BASE_RUN DISPERSION_RUN"
             )
         runs.append(run)
-    return runs
-
-
-def _counteract_model(run: str, analyses: str) -> PaperModel:
-    """One run analysed at every checkpoint, its row named by its loss."""
-    if not fig3.checkpoint_steps(run):
-        raise MissingInput(f"--models: {run}: not a run with checkpoints")
-    variant = dispersion_variant(run)
-    row = "default loss" if variant in (None, "none") else variant
-    return run_model(os.path.abspath(run), analyses, row, row, "all")
+    models = []
+    for run in runs:
+        if not fig3.checkpoint_steps(run):
+            raise MissingInput(f"--models: {run}: not a run with checkpoints")
+        variant = dispersion_variant(run)
+        row = "default loss" if variant in (None, "none") else variant
+        models.append(run_model(os.path.abspath(run), analyses, row, row, "all"))
+    return models
 
 
 def check_devices(plan: PaperPlan, options: dict, cuda: bool) -> None:
@@ -450,16 +418,11 @@ def check_hub(plan: PaperPlan) -> None:
 
     if not constants.HF_HUB_OFFLINE:
         return
-    for m in plan.models:
-        body = m.target[len(HF) :] if m.target.startswith(HF) else ""
-        model, at, revisions = body.rpartition("@") if "@" in body else (body, "", "")
-        if not model or os.path.isdir(model):
-            continue
-        for revision in revisions.split(",") if at else [None]:
-            if not isinstance(try_to_load_from_cache(model, "config.json", revision=revision), str):
-                name = model + (f"@{revision}" if revision else "")
-                get = f"hf download {model}" + (f" --revision {revision}" if revision else "")
+    for spec in (parse_spec(m.target) for m in plan.models if m.target.startswith(HF)):
+        for revision in () if spec.local else spec.revisions:
+            if not isinstance(try_to_load_from_cache(spec.model, "config.json", revision=revision), str):
+                get = f"hf download {spec.model}" + (f" --revision {revision}" if revision else "")
                 raise MissingInput(
-                    f"{plan.artifact}: {name} is not in the Hugging Face cache and the hub is offline "
-                    f"(HF_HUB_OFFLINE): run `{get}` where the hub is reachable, then again here"
+                    f"{plan.artifact}: {spec.name(revision).removeprefix(HF)} is not in the Hugging Face cache and "
+                    f"the hub is offline (HF_HUB_OFFLINE): run `{get}` where the hub is reachable, then again here"
                 )

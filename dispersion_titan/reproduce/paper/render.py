@@ -42,7 +42,7 @@ def render(plan: PaperPlan, selection: Selection, reference: str | None, test: s
     inputs = next(iter(numbers["inputs"].values()))
     points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
     title = f"{TITLES[plan.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
-    draw.save(draw.figure(entries, titles, title, paired=bool(plan.pairs)), stem)
+    draw.save(draw.figure(entries, titles, title, paired=plan.artifact == "fig5"), stem)
     draw.save(
         draw.last_n_figure(entries, f"{TITLES[plan.artifact]}: mean cosine of the last N layer points"),
         f"{stem}_last_n",
