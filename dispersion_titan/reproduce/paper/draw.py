@@ -117,7 +117,6 @@ def _short(label: str) -> str:
 def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired: bool = False):
     """Rows of [trend panel | heatmaps]; ``paired``: one trend panel for base and distilled."""
     groups = by_row(entries)
-    rows = list(groups)
     per_line = min(PER_LINE, max(len(g) for g in groups.values()))
     lines = {row: math.ceil(len(g) / per_line) for row, g in groups.items()}
     total = sum(lines.values())
@@ -125,8 +124,7 @@ def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired:
     grid = fig.add_gridspec(total, per_line + 1, width_ratios=[1.5] + [1] * per_line)
     norm = plt.Normalize(*DENSITY)
     mesh, line, heat_axes, trend_axes = None, 0, [], []
-    for row in rows:
-        group = groups[row]
+    for row, group in groups.items():
         if not paired:
             trend_axes.append(fig.add_subplot(grid[line : line + lines[row], 0]))
             _trend(trend_axes[-1], group, row_titles.get(row, row))
@@ -141,7 +139,7 @@ def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired:
         line += lines[row]
     if paired:
         trend_axes.append(fig.add_subplot(grid[:, 0]))
-        _paired_trend(trend_axes[-1], groups[rows[0]], groups[rows[1]])
+        _paired_trend(trend_axes[-1], *groups.values())  # fig5's two rows: the bases, their distilled models
     handles, labels = trend_axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower left", ncols=len(labels), fontsize=FONT, frameon=False)
     bar = fig.colorbar(mesh, ax=heat_axes, shrink=min(0.8, 2.5 / total), aspect=15, extend="max")
