@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import numpy as np
-
 from ...analysis.condensation_schema import Condensation, LayerCondensation
 from ...analysis.inputs import differences
 from ...analysis.result_files import read_analyses
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
+from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import point_layers, rank_trend
 from ...utils.hub import parse_spec
 from .plan import STAGE_BRANCH, MissingInput, PaperModel, PaperPlan
@@ -42,9 +41,6 @@ class Entry:
     def inputs(self) -> dict:
         """What it was analysed with, but the token ids (they differ between tokenizers)."""
         return {k: v for k, v in self.result.inputs.items() if k != "tokens_sha256"}
-
-    def last_n_mean(self, n: int) -> float:
-        return float(np.mean(self.curve[-n:]))
 
 
 def by_row(entries: list[Entry]) -> dict[str, list[Entry]]:
@@ -146,10 +142,10 @@ def model_numbers(entry: Entry) -> dict:
         "layers": [layer.name for layer in entry.layers],
         "mean_cos": entry.curve,
         **entry.trend,
-        f"mean_cos_last_{LAST_N}": entry.last_n_mean(LAST_N),
-        "mean_cos_last_n": {str(n): entry.last_n_mean(n) for n in LAST_N_PANELS},
+        f"mean_cos_last_{LAST_N}": last_n_mean(entry.result, LAST_N),
+        "mean_cos_last_n": {str(n): last_n_mean(entry.result, n) for n in LAST_N_PANELS},
         "half_n": half_n(len(entry.curve)),
-        "mean_cos_last_half": entry.last_n_mean(half_n(len(entry.curve))),
+        "mean_cos_last_half": last_n_mean(entry.result, half_n(len(entry.curve))),
         "tokens_sha256": r.tokens_sha256,
     }
 
@@ -160,7 +156,7 @@ def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
         against = AGAINST.get(plan.artifact, "n_params")
         # fig4: the revisions in training order (a stage's steps restart from 0)
         x = [float(getattr(e.result, against, i)) for i, e in enumerate(group)]
-        y = [e.last_n_mean(LAST_N) for e in group]
+        y = [last_n_mean(e.result, LAST_N) for e in group]
         rows.append(
             {
                 "row": row,
@@ -183,7 +179,7 @@ def pair_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
             "distilled": distilled.label,
             "delta_spearman": _delta(distilled.trend["spearman"]["rho"], base.trend["spearman"]["rho"]),
             "delta_kendall": _delta(distilled.trend["kendall"]["tau"], base.trend["kendall"]["tau"]),
-            f"delta_mean_cos_last_{LAST_N}": distilled.last_n_mean(LAST_N) - base.last_n_mean(LAST_N),
+            f"delta_mean_cos_last_{LAST_N}": last_n_mean(distilled.result, LAST_N) - last_n_mean(base.result, LAST_N),
         }
         for base, distilled in zip(rows["base"], rows["distilled"], strict=True)
     ]

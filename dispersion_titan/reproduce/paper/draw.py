@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import HIST_RANGE, layer_fraction
 from ...run_folder.outputs import atomic_write, headless_pyplot
 from .collect import LAST_N_PANELS, Entry, by_row, half_n
@@ -163,8 +164,8 @@ def last_n_figure(entries: list[Entry], title: str):
     )
     for line, (row, group) in zip(axes, groups.items(), strict=True):
         x = np.arange(len(group))
-        columns = [(f"last {n}", [e.last_n_mean(n) for e in group]) for n in LAST_N_PANELS]
-        columns.append(("last L//2+1", [e.last_n_mean(half_n(len(e.curve))) for e in group]))
+        columns = [(f"last {n}", [last_n_mean(e.result, n) for e in group]) for n in LAST_N_PANELS]
+        columns.append(("last L//2+1", [last_n_mean(e.result, half_n(len(e.curve))) for e in group]))
         for ax, (name, values) in zip(line, columns, strict=True):
             ax.plot(x, values, "o-", color="tab:blue", ms=3, lw=1)
             ax.set_xticks(x, tick_labels([e.label for e in group]), rotation=90, fontsize=FONT - 2)
