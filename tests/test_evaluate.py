@@ -20,7 +20,7 @@ import pytest
 from scipy import stats
 
 from dispersion_titan.evaluate import main as evaluate_main
-from dispersion_titan.evaluation.protocol import PAPER_TASKS, build_plan, run_protocol
+from dispersion_titan.evaluation.protocol import PAPER_TASKS, run_protocol, select_tasks
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 from dispersion_titan.evaluation.table import min_ranks
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args
@@ -135,18 +135,18 @@ FEW_SHOT = ["arc_easy", "arc_challenge", "medmcqa", "mmlu"]  # the authors' fews
 
 
 def test_the_authors_protocols_are_presets():
-    plan = build_plan(None, None, None)  # --protocol gpt2, the default
-    assert (plan.protocol, plan.tasks, plan.limit) == ("gpt2", PAPER_TASKS, 500)
-    assert [name for name, shots in plan.num_fewshot.items() if shots] == FEW_SHOT
-    assert set(plan.num_fewshot.values()) == {0, 1}
-    qwen3 = build_plan(None, None, None, "qwen3")
+    gpt2 = select_tasks(None, None, None)  # --protocol gpt2, the default
+    assert (gpt2.protocol, gpt2.tasks, gpt2.limit) == ("gpt2", PAPER_TASKS, 500)
+    assert [name for name, shots in gpt2.num_fewshot.items() if shots] == FEW_SHOT
+    assert set(gpt2.num_fewshot.values()) == {0, 1}
+    qwen3 = select_tasks(None, None, None, "qwen3")
     assert (qwen3.tasks, qwen3.limit) == (PAPER_TASKS, 200)
     assert {name: shots for name, shots in qwen3.num_fewshot.items() if shots} == dict.fromkeys(FEW_SHOT, 5)
     authors = "anli,hellaswag,lambada,openbookqa,paloma_wikitext_103,piqa,truthfulqa_mc2,winogrande,mmlu"
-    assert build_plan(authors, None, None, "qwen3").num_fewshot == {**dict.fromkeys(authors.split(","), 0), "mmlu": 5}
-    custom = build_plan("piqa,my_task", 3, "all", "qwen3")
+    assert select_tasks(authors, None, None, "qwen3").num_fewshot == {**dict.fromkeys(authors.split(","), 0), "mmlu": 5}
+    custom = select_tasks("piqa,my_task", 3, "all", "qwen3")
     assert custom.num_fewshot == {"piqa": 3, "my_task": 3} and custom.limit is None
-    assert build_plan("piqa,my_task", None, 7).num_fewshot == {"piqa": 0, "my_task": None}
+    assert select_tasks("piqa,my_task", None, 7).num_fewshot == {"piqa": 0, "my_task": None}
 
 
 def hflm_reference(folder: Path, **seeds: int) -> dict:

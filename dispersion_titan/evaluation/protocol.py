@@ -62,7 +62,7 @@ _FILTER = "none"  # lm-eval keys metrics as "metric,filter"; loglikelihood tasks
 
 
 @dataclass(frozen=True)
-class EvaluationPlan:
+class TaskSelection:
     """Tasks in order, shots per task (None: the task's own default) and the limit."""
 
     protocol: str
@@ -80,10 +80,10 @@ class EvaluationPlan:
         }
 
 
-def build_plan(
+def select_tasks(
     tasks: str | None, num_fewshot: int | None, limit: int | None | str, protocol: str = DEFAULT_PROTOCOL
-) -> EvaluationPlan:
-    """The protocol's plan, with --tasks / --num-fewshot / --limit replacing its parts."""
+) -> TaskSelection:
+    """The protocol's tasks, shots and limit, with --tasks / --num-fewshot / --limit replacing its parts."""
     preset = PRESETS[protocol]
     names = PAPER_TASKS if tasks is None else tuple(name.strip() for name in tasks.split(","))
     if not all(names):
@@ -92,7 +92,7 @@ def build_plan(
     if repeated:
         raise EvaluationError(f"--tasks: {repeated[0]} is listed twice")
     shots = {name: num_fewshot if num_fewshot is not None else preset.shots(name) for name in names}
-    return EvaluationPlan(protocol, names, shots, None if limit == "all" else limit or preset.limit)
+    return TaskSelection(protocol, names, shots, None if limit == "all" else limit or preset.limit)
 
 
 def task_scores(metrics_by_task: dict[str, dict], tasks: list[str]) -> dict[str, float]:

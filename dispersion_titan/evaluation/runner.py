@@ -19,7 +19,7 @@ from ..utils.errors import ArgumentError, CheckpointError
 from ..utils.hub import PREFIX, HFSpec, loading, parse_spec
 from . import EvaluationError
 from .export import hflm_location, source_changed, source_identity
-from .protocol import build_plan, mean_accuracy, run_protocol
+from .protocol import mean_accuracy, run_protocol, select_tasks
 from .step_results import (
     OURS,
     SUMMARY_FILE,
@@ -71,7 +71,7 @@ class RunEvaluation:
         protocol, note = (options.protocol, None) if options.protocol else run_protocol(_model_name(options.run))
         if note:
             print(note, file=sys.stderr)
-        self.plan = build_plan(options.tasks, options.num_fewshot, options.limit, protocol)
+        self.selection = select_tasks(options.tasks, options.num_fewshot, options.limit, protocol)
         self.hub = hub_model(options.run) if options.run.startswith(PREFIX) else None
         if self.hub:  # the model as published: one result, step 0, as a run's model before training
             if not options.out:
@@ -83,10 +83,10 @@ class RunEvaluation:
         else:
             self.dump, _, self.selected = run_checkpoints(options.run, options.steps)
             seed = load_run_metadata(self.dump).get("seed")
-        self.tasks = Tasks(self.plan.tasks, options.include_path)
+        self.tasks = Tasks(self.selection.tasks, options.include_path)
         self.seeds = lm_eval_seeds(seed)
         self.device = resolve_device(options.device, options.dtype)
-        self.settings = {**self.plan.settings(), "dtype": options.dtype}
+        self.settings = {**self.selection.settings(), "dtype": options.dtype}
         self.out = options.out or os.path.join(self.dump, "evaluation")
         refuse_if_busy(self.out, COMMAND)  # a busy folder's owner named first, before its results are read
         self.owner = FolderOwner("evaluation", self.dump)
@@ -161,7 +161,7 @@ class RunEvaluation:
         from lm_eval.models.huggingface import HFLM
 
         start = time.time()
-        plan = self.plan
+        selection = self.selection
         merged: dict = {}
         with hflm_location(checkpoint.path, self.out) as (folder, revision):
             lm = HFLM(
@@ -172,14 +172,14 @@ class RunEvaluation:
                 batch_size=self.options.batch_size,
             )
             identity = source_identity(checkpoint.path, folder, lm.config)
-            for index, name in enumerate(plan.tasks, 1):
+            for index, name in enumerate(selection.tasks, 1):
                 task_start = time.time()
                 result = simple_evaluate(
                     model=lm,
                     tasks=self.objects[name],
                     task_manager=self.tasks.manager,
-                    num_fewshot=plan.num_fewshot[name],
-                    limit=plan.limit,
+                    num_fewshot=selection.num_fewshot[name],
+                    limit=selection.limit,
                     batch_size=self.options.batch_size,
                     device=str(self.device),
                     log_samples=False,
@@ -187,7 +187,7 @@ class RunEvaluation:
                 )
                 merge(merged, result)
                 print(
-                    f"step {checkpoint.step} [{index}/{len(plan.tasks)}] {name}: "
+                    f"step {checkpoint.step} [{index}/{len(selection.tasks)}] {name}: "
                     f"{_metrics_line(result['results'].get(name, {}))} ({time.time() - task_start:.1f} s)",
                     flush=True,
                 )
