@@ -128,13 +128,13 @@ def run_paper(argv: list[str]) -> int:
         print(catalog.listing())
         return 0
     from dispersion_titan.evaluation.table import Selection  # torch: after --help and --list
-    from dispersion_titan.reproduce.paper import plan as planning
     from dispersion_titan.reproduce.paper import render, slurm
+    from dispersion_titan.reproduce.paper import workflow as workflows
 
     if a.artifact is None:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
     if a.plan:
-        runs = planning.training_runs(a.artifact, a.preset or "paper")
+        runs = workflows.training_runs(a.artifact, a.preset or "paper")
         plan_runs(
             [(name, plan_args(c, overrides=o)) for name, c, o in runs], a.plan_gpus, None, a.plan_gpu, "--plan-gpus"
         )
@@ -150,40 +150,40 @@ def run_paper(argv: list[str]) -> int:
                 print(f"| {row.block}: {row.label} | {row.model} | --pretrained {option} |")
         return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
-    plan = planning.build(a.artifact, options)
-    if plan.left_out:
+    workflow = workflows.build(a.artifact, options)
+    if workflow.left_out:
         print(
-            f"{a.artifact}: left out {', '.join(plan.left_out)}: they run their own modelling code; add "
+            f"{a.artifact}: left out {', '.join(workflow.left_out)}: they run their own modelling code; add "
             "--trust-remote-code to include them",
             file=sys.stderr,
         )
     if a.slurm and not a.draw_only:
-        plan.notes += slurm.training_layouts(plan, a.sbatch_args)
-    for note in plan.notes:
+        workflow.notes += slurm.training_layouts(workflow, a.sbatch_args)
+    for note in workflow.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
-        jobs = slurm.jobs(plan, slurm.draw_argv(argv, plan, options), a.sbatch_args)
+        jobs = slurm.jobs(workflow, slurm.draw_argv(argv, workflow, options), a.sbatch_args)
         if a.dry_run:
-            print(slurm.script(plan, jobs))
+            print(slurm.script(workflow, jobs))
             return 0
-        with owned(plan.out, PAPER):  # its logs/ are the first files the folder holds
-            submit(jobs, os.path.join(plan.out, "logs"))
-        print(f"submitted; the drawing job writes {plan.out}/{a.artifact}.* (logs: {plan.out}/logs)")
+        with owned(workflow.out, PAPER):  # its logs/ are the first files the folder holds
+            submit(jobs, os.path.join(workflow.out, "logs"))
+        print(f"submitted; the drawing job writes {workflow.out}/{a.artifact}.* (logs: {workflow.out}/logs)")
         return 0
     if a.dry_run:
-        print("\n".join(step.shell() for step in plan.steps))
-        print(shlex.join(["python", "-m", "dispersion_titan.paper", *slurm.draw_argv(argv, plan, options)]))
+        print("\n".join(step.shell() for step in workflow.steps))
+        print(shlex.join(["python", "-m", "dispersion_titan.paper", *slurm.draw_argv(argv, workflow, options)]))
         return 0
     if not a.draw_only:
         import torch
 
-        planning.check_hub(plan)
-        planning.check_devices(plan, options, torch.cuda.is_available())
-    with owned(plan.out, PAPER):  # each analyze or evaluate it runs holds its own --out as well
+        workflows.check_hub(workflow)
+        workflows.check_devices(workflow, options, torch.cuda.is_available())
+    with owned(workflow.out, PAPER):  # each analyze or evaluate it runs holds its own --out as well
         if not a.draw_only:
-            planning.run_locally(plan, {"analyze": analyze_main, "evaluate": evaluate_main})
+            workflows.run_locally(workflow, {"analyze": analyze_main, "evaluate": evaluate_main})
         written = render.render(
-            plan, Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step), a.reference, a.test
+            workflow, Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step), a.reference, a.test
         )
     print("written: " + ", ".join(written))
     return 0

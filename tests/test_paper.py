@@ -29,7 +29,7 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.paper import main as paper_main
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.paper.collect import revision_label
-from dispersion_titan.reproduce.paper.plan import MissingInput, build, check_devices, pick_revisions
+from dispersion_titan.reproduce.paper.workflow import MissingInput, build, check_devices, pick_revisions
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos

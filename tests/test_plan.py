@@ -327,7 +327,7 @@ def test_paper_plans_only_the_artifacts_that_train(capsys):
 
 def test_paper_fig3_plans_the_preset_it_trains():
     """``paper fig3 --slurm --plan`` plans the runs ``--slurm`` trains: the paper preset by default."""
-    from dispersion_titan.reproduce.paper.plan import training_runs
+    from dispersion_titan.reproduce.paper.workflow import training_runs
 
     runs = training_runs("fig3", "paper")
     assert len(runs) == 8 and {c for _, c, _ in runs} == {

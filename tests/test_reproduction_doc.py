@@ -27,7 +27,7 @@ from dispersion_titan.evaluation.table import MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKP
 from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from dispersion_titan.paper import paper_parser
 from dispersion_titan.reproduce.paper import catalog
-from dispersion_titan.reproduce.paper.plan import PAPER_DEFAULTS
+from dispersion_titan.reproduce.paper.workflow import PAPER_DEFAULTS
 from support.launch import REPO
 
 setup_torchtitan()

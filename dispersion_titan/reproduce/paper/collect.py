@@ -1,4 +1,4 @@
-"""Every number an artifact draws, read from the analyses its plan made (``numbers``: what
+"""Every number an artifact draws, read from the analyses its workflow made (``numbers``: what
 ``ARTIFACT.json`` holds), over the layer points each analysis was made with."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers avera
 from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import point_layers, rank_trend
 from ...utils.hub import parse_spec
-from .plan import STAGE_BRANCH, MissingInput, PaperModel, PaperPlan
+from .workflow import STAGE_BRANCH, MissingInput, PaperModel, PaperWorkflow
 
 _TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
 
@@ -44,7 +44,7 @@ class Entry:
 
 
 def by_row(entries: list[Entry]) -> dict[str, list[Entry]]:
-    """The entries of each row, rows and entries in plan order."""
+    """The entries of each row, rows and entries in workflow order."""
     rows: dict[str, list[Entry]] = {}
     for entry in entries:
         rows.setdefault(entry.row, []).append(entry)
@@ -74,11 +74,12 @@ def tokens_seen(revision: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def _missing(plan: PaperPlan, model: PaperModel, what: str) -> MissingInput:
-    """Names the plan's analyze command that makes it."""
-    command = next(step.shell() for step in plan.steps if step.argv[-1] == model.out)
+def _missing(workflow: PaperWorkflow, model: PaperModel, what: str) -> MissingInput:
+    """Names the workflow's analyze command that makes it."""
+    command = next(step.shell() for step in workflow.steps if step.argv[-1] == model.out)
     return MissingInput(
-        f"{plan.artifact}: no analysis of {what} in {model.out}; run {command} (or this command without --draw-only)"
+        f"{workflow.artifact}: no analysis of {what} in {model.out}; "
+        f"run {command} (or this command without --draw-only)"
     )
 
 
@@ -87,42 +88,42 @@ def fig3_label(result) -> str:
     return f"MLP {result.mlp_width}" + (f" ({result.n_params / 1e6:.0f} M params)" if result.n_params else "")
 
 
-def _entries(plan: PaperPlan, model: PaperModel) -> list[Entry]:
+def _entries(workflow: PaperWorkflow, model: PaperModel) -> list[Entry]:
     found = read_analyses(model.out)
     steps = sorted(found[name].step for name in found if name.startswith("step-"))
-    if plan.artifact == "fig3":  # its first and last checkpoints: the earliest and latest step analysed
+    if workflow.artifact == "fig3":  # its first and last checkpoints: the earliest and latest step analysed
         if len(steps) < 2:
-            raise _missing(plan, model, f"{model.label}'s first and last checkpoints")
+            raise _missing(workflow, model, f"{model.label}'s first and last checkpoints")
         drawn = {"first": found[f"step-{steps[0]}"], "last": found[f"step-{steps[-1]}"]}
-        return [Entry(fig3_label(drawn[row]), f"{row} checkpoint", drawn[row]) for row in plan.rows]
-    if plan.artifact == "counteract":  # every checkpoint, titled by its step (plot_heatmaps.py)
+        return [Entry(fig3_label(drawn[row]), f"{row} checkpoint", drawn[row]) for row in workflow.rows]
+    if workflow.artifact == "counteract":  # every checkpoint, titled by its step (plot_heatmaps.py)
         if not steps:
-            raise _missing(plan, model, f"{model.label}'s checkpoints")
+            raise _missing(workflow, model, f"{model.label}'s checkpoints")
         return [Entry(f"step {step}", model.row, found[f"step-{step}"]) for step in steps]
     if model.steps is not None:
         folder = f"step-{model.steps}"
         if folder not in found:
-            raise _missing(plan, model, f"{model.label} step {model.steps}")
+            raise _missing(workflow, model, f"{model.label} step {model.steps}")
         return [Entry(model.label, model.row or "runs", found[folder])]
     entries = []
     for revision in parse_spec(model.target).revisions:
         folder = f"rev-{revision.replace('/', '--')}" if revision else "rev-default"
         if folder not in found:
-            raise _missing(plan, model, f"{model.label}" + (f"@{revision}" if revision else ""))
+            raise _missing(workflow, model, f"{model.label}" + (f"@{revision}" if revision else ""))
         result = found[folder]
         label = model.label if revision is None else revision_label(revision)
         entries.append(Entry(label, model.row or str(result.model_args.get("model_type")), result))
     return entries
 
 
-def entries(plan: PaperPlan) -> list[Entry]:
-    """Every model state of the plan, in plan order; refuses mixed inputs within a row."""
-    found = [entry for model in plan.models for entry in _entries(plan, model)]
+def entries(workflow: PaperWorkflow) -> list[Entry]:
+    """Every model state of the workflow, in workflow order; refuses mixed inputs within a row."""
+    found = [entry for model in workflow.models for entry in _entries(workflow, model)]
     for first, *others in by_row(found).values():
         for other in others:
             if other.inputs != first.inputs:
                 raise MissingInput(
-                    f"{plan.artifact}: {other.label} was analyzed with other inputs than "
+                    f"{workflow.artifact}: {other.label} was analyzed with other inputs than "
                     f"{first.label} ({differences(first.inputs, other.inputs)}); use another --out"
                 )
     return found
@@ -150,10 +151,10 @@ def model_numbers(entry: Entry) -> dict:
     }
 
 
-def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
+def row_numbers(workflow: PaperWorkflow, found: list[Entry]) -> list[dict]:
     rows = []
     for row, group in by_row(found).items():
-        against = AGAINST.get(plan.artifact, "n_params")
+        against = AGAINST.get(workflow.artifact, "n_params")
         # fig4: the revisions in training order (a stage's steps restart from 0)
         x = [float(getattr(e.result, against, i)) for i, e in enumerate(group)]
         y = [last_n_mean(e.result, LAST_N) for e in group]
@@ -170,9 +171,9 @@ def row_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
     return rows
 
 
-def pair_numbers(plan: PaperPlan, found: list[Entry]) -> list[dict]:
+def pair_numbers(workflow: PaperWorkflow, found: list[Entry]) -> list[dict]:
     """fig5: distilled − base of the depth trend and of the last-n mean cosine, the i-th base with the i-th."""
-    rows = by_row(found) if plan.artifact == "fig5" else {"base": [], "distilled": []}
+    rows = by_row(found) if workflow.artifact == "fig5" else {"base": [], "distilled": []}
     return [
         {
             "base": base.label,
@@ -189,16 +190,16 @@ def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a - b
 
 
-def numbers(plan: PaperPlan, found: list[Entry]) -> dict:
+def numbers(workflow: PaperWorkflow, found: list[Entry]) -> dict:
     """``ARTIFACT.json``: everything drawn, and what it was measured on."""
     return {
-        "artifact": plan.artifact,
+        "artifact": workflow.artifact,
         "inputs": {row: group[0].inputs for row, group in by_row(found).items()},
         "depth_trend": "Spearman's rho and Kendall's tau of per-layer mean_cos against layer index "
         "(embedding = 0) over each model's layer points, two-sided p-values (scipy)",
         "last_n": "mean_cos_last_n: the mean of the last N layer points, N = 1..5; mean_cos_last_half: of "
         "the last half_n = L//2+1 of L points (the authors' plot_trend.py --last-n panels)",
         "models": [model_numbers(e) for e in found],
-        "rows": row_numbers(plan, found),
-        "pairs": pair_numbers(plan, found),
+        "rows": row_numbers(workflow, found),
+        "pairs": pair_numbers(workflow, found),
     }

@@ -1,4 +1,4 @@
-"""Draw an artifact from the results its plan made; nothing is written unless every result is there."""
+"""Draw an artifact from the results its workflow made; nothing is written unless every result is there."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import os
 from ...evaluation.table import Selection
 from ...run_folder.outputs import ensure_writable, write_json
 from . import collect, draw
-from .plan import PaperPlan
 from .table2 import write_table2
+from .workflow import PaperWorkflow
 
 TITLES = {
     "fig2": "Condensation by model size (Fig. 2)",
@@ -29,22 +29,22 @@ def _row_title(row: dict) -> str:
     return f"{row['row']}{trend}"
 
 
-def render(plan: PaperPlan, selection: Selection, reference: str | None, test: str) -> list[str]:
+def render(workflow: PaperWorkflow, selection: Selection, reference: str | None, test: str) -> list[str]:
     """Write the artifact; return the files written."""
-    ensure_writable(plan.out, "--out")
-    stem = os.path.join(plan.out, plan.artifact)
-    if plan.artifact == "table2":
-        print(write_table2(plan.runs, plan.out, selection, reference, test, plan.pretrained))
+    ensure_writable(workflow.out, "--out")
+    stem = os.path.join(workflow.out, workflow.artifact)
+    if workflow.artifact == "table2":
+        print(write_table2(workflow.runs, workflow.out, selection, reference, test, workflow.pretrained))
         return [f"{stem}.{ext}" for ext in ("md", "tex", "json", "png", "pdf")]
-    entries = collect.entries(plan)
-    numbers = collect.numbers(plan, entries)
+    entries = collect.entries(workflow)
+    numbers = collect.numbers(workflow, entries)
     titles = {row["row"]: _row_title(row) for row in numbers["rows"]}
     inputs = next(iter(numbers["inputs"].values()))
     points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
-    title = f"{TITLES[plan.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
-    draw.save(draw.figure(entries, titles, title, paired=plan.artifact == "fig5"), stem)
+    title = f"{TITLES[workflow.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
+    draw.save(draw.figure(entries, titles, title, paired=workflow.artifact == "fig5"), stem)
     draw.save(
-        draw.last_n_figure(entries, f"{TITLES[plan.artifact]}: mean cosine of the last N layer points"),
+        draw.last_n_figure(entries, f"{TITLES[workflow.artifact]}: mean cosine of the last N layer points"),
         f"{stem}_last_n",
     )
     write_json(f"{stem}.json", numbers)

@@ -1,4 +1,4 @@
-"""``--slurm``: the plan's steps as jobs of the package's sbatch scripts, and a last job
+"""``--slurm``: the workflow's steps as jobs of the package's sbatch scripts, and a last job
 (``paper.sbatch``) that draws the artifact once all of them succeeded."""
 
 from __future__ import annotations
@@ -13,20 +13,24 @@ from .. import slurm_scripts
 from ..slurm_scripts import SlurmJob, sbatch, sbatch_script
 from ..sweep import SBATCH_GPUS_PER_NODE
 from . import catalog
-from .plan import PaperPlan
+from .workflow import PaperWorkflow
 
 
-def jobs(plan: PaperPlan, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
+def jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
     """The steps' jobs, then the drawing job, which waits for them all."""
-    logs = os.path.join(plan.out, "logs")
-    sizes = [m.size_b for m in plan.models] if len(plan.models) == len(plan.steps) else [None] * len(plan.steps)
+    logs = os.path.join(workflow.out, "logs")
+    sizes = (
+        [m.size_b for m in workflow.models]
+        if len(workflow.models) == len(workflow.steps)
+        else [None] * len(workflow.steps)
+    )
     lines = []
-    for i, (step, size) in enumerate(zip(plan.steps, sizes, strict=True), start=1):
+    for i, (step, size) in enumerate(zip(workflow.steps, sizes, strict=True), start=1):
         gpus, argv = _spread(size, step.argv)
-        name = f"paper-{plan.artifact}-{i}"
+        name = f"paper-{workflow.artifact}-{i}"
         command = [*sbatch(name, logs), *gpus, *sbatch_args, str(sbatch_script(step.command)), *argv]
         lines.append(SlurmJob(f"job_{i}", name, command, [f"job_{j + 1}" for j in step.after]))
-    name = f"paper-{plan.artifact}-draw"
+    name = f"paper-{workflow.artifact}-draw"
     draw = [*sbatch(name, logs), "--gpus=0", *sbatch_args, str(sbatch_script("paper")), *draw_argv]
     return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
 
@@ -47,28 +51,31 @@ def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
     return int(counts[-1]) if counts and counts[-1].isdigit() else default
 
 
-def training_layouts(plan: PaperPlan, sbatch_args: list[str]) -> list[str]:
+def training_layouts(workflow: PaperWorkflow, sbatch_args: list[str]) -> list[str]:
     """A paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
     gpus = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE) * _sbatch_count(
         sbatch_args, "--nodes", 1
     )
     notes = []
-    for step in (step for step in plan.steps if step.command == "train"):
+    for step in (step for step in workflow.steps if step.command == "train"):
         setup_torchtitan()
         args = ["--job.config_file", *step.argv]
         config = validated_args(with_config_module(args, load_toml(args)), gpus)
         if released.is_on(config):
-            notes.append(f"{plan.artifact}: {step.label}: {released.summary(config)}")
+            notes.append(f"{workflow.artifact}: {step.label}: {released.summary(config)}")
     return notes
 
 
-def script(plan: PaperPlan, lines: list[SlurmJob]) -> str:
+def script(workflow: PaperWorkflow, lines: list[SlurmJob]) -> str:
     """``--dry-run``: the submission as a bash script."""
-    header = [f"# {plan.artifact}: {len(lines) - 1} jobs + the drawing job", *(f"# {note}" for note in plan.notes)]
-    return slurm_scripts.script(header, lines, os.path.join(plan.out, "logs"))
+    header = [
+        f"# {workflow.artifact}: {len(lines) - 1} jobs + the drawing job",
+        *(f"# {note}" for note in workflow.notes),
+    ]
+    return slurm_scripts.script(header, lines, os.path.join(workflow.out, "logs"))
 
 
-def draw_argv(argv: list[str], plan: PaperPlan, options: dict) -> list[str]:
+def draw_argv(argv: list[str], workflow: PaperWorkflow, options: dict) -> list[str]:
     """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, its --out
     absolute, with the revisions fig4 listed from the hub."""
     dropped = argparse.ArgumentParser(add_help=False)
@@ -77,6 +84,6 @@ def draw_argv(argv: list[str], plan: PaperPlan, options: dict) -> list[str]:
     for option in ("--sbatch-arg", "--out"):
         dropped.add_argument(option, action="append")
     kept = dropped.parse_known_args(argv)[1]  # the rest, in order
-    if plan.artifact == "fig4" and not options["revisions"]:
-        kept += ["--revisions", plan.models[0].target.rpartition("@")[2]]
+    if workflow.artifact == "fig4" and not options["revisions"]:
+        kept += ["--revisions", workflow.models[0].target.rpartition("@")[2]]
     return [*kept, "--out", options["out"], "--draw-only"]

@@ -1,5 +1,5 @@
 """What an artifact runs: its models and the ``analyze`` / ``evaluate`` command lines that make
-their results. One plan is printed (``--dry-run``), run here or submitted, so what is shown is what runs."""
+their results. One workflow is printed (``--dry-run``), run here or submitted, so what is shown is what runs."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class Step:
 
 
 @dataclass
-class PaperPlan:
+class PaperWorkflow:
     artifact: str
     out: str
     steps: list[Step]
@@ -82,11 +82,11 @@ class PaperPlan:
     pretrained: str = "auto"  # table2: --pretrained (for hf:MODEL, the folder its evaluation writes)
 
 
-def run_locally(plan: PaperPlan, mains: dict[str, Callable[[list[str]], None]]) -> None:
+def run_locally(workflow: PaperWorkflow, mains: dict[str, Callable[[list[str]], None]]) -> None:
     """Each step by its command's ``main``, in order; one that fails ends the artifact with its status."""
     from tqdm import tqdm
 
-    with tqdm(plan.steps, desc=plan.artifact, unit="model", file=sys.stderr) as bar:
+    with tqdm(workflow.steps, desc=workflow.artifact, unit="model", file=sys.stderr) as bar:
         for step in bar:
             bar.set_postfix_str(step.label)
             try:
@@ -259,8 +259,8 @@ def corpora(options: dict) -> dict[str, list[str]]:
     return inputs
 
 
-def build(artifact: str, options: dict) -> PaperPlan:
-    """The plan of ``artifact`` under ``options`` (the parsed command line, by dest)."""
+def build(artifact: str, options: dict) -> PaperWorkflow:
+    """The workflow of ``artifact`` under ``options`` (the parsed command line, by dest)."""
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
     for option, only in ONLY_FOR.items():
@@ -290,7 +290,7 @@ def build(artifact: str, options: dict) -> PaperPlan:
                     f"--job.dump_folder {run})"
                 )
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
-        return PaperPlan(artifact, out, first + steps, runs=list(specs), pretrained=pretrained)
+        return PaperWorkflow(artifact, out, first + steps, runs=list(specs), pretrained=pretrained)
     defaults = {**PAPER_DEFAULTS, **ARTIFACT_DEFAULTS.get(artifact, {})}
     options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
@@ -299,7 +299,7 @@ def build(artifact: str, options: dict) -> PaperPlan:
         )
     analyze_args = passed_on(options, ANALYZE_OPTIONS)
     if artifact == "fig3":
-        return _fig3_plan(options, analyses, analyze_args)
+        return _fig3_workflow(options, analyses, analyze_args)
     if artifact == "fig4":
         models = [_fig4_model(options, analyses)]
     elif artifact == "counteract":
@@ -326,11 +326,11 @@ def build(artifact: str, options: dict) -> PaperPlan:
                 )
                 rows.append(placed)
                 steps.append(replace(analyze_step(placed, [*inputs, *shared]), label=f"{m.label} on {name}"))
-        return PaperPlan(artifact, out, steps, rows, left_out=left_out)
-    return PaperPlan(artifact, out, [analyze_step(m, analyze_args) for m in models], models, left_out=left_out)
+        return PaperWorkflow(artifact, out, steps, rows, left_out=left_out)
+    return PaperWorkflow(artifact, out, [analyze_step(m, analyze_args) for m in models], models, left_out=left_out)
 
 
-def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPlan:
+def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> PaperWorkflow:
     """fig3: per MLP width the ``--pick`` run, analysed at its first and last checkpoints; with
     ``--slurm`` the preset's runs not trained yet are trained first."""
     out, preset = options["out"], options.get("preset") or "paper"
@@ -370,7 +370,7 @@ def _fig3_plan(options: dict, analyses: str, analyze_args: list[str]) -> PaperPl
         for m in models
     ]
     notes = [fig3.pick_note(width, run, others, rule) for width, (run, others) in chosen.items() if others]
-    return PaperPlan("fig3", out, train + steps, models, notes=notes, rows=rows)
+    return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows)
 
 
 def _counteract_models(options: dict, analyses: str) -> list[PaperModel]:
@@ -399,30 +399,30 @@ def _counteract_models(options: dict, analyses: str) -> list[PaperModel]:
     return models
 
 
-def check_devices(plan: PaperPlan, options: dict, cuda: bool) -> None:
+def check_devices(workflow: PaperWorkflow, options: dict, cuda: bool) -> None:
     """The paper's large models refuse to start on a machine without a GPU unless asked."""
     if cuda or options.get("device") == "cpu":
         return
-    big = [m for m in plan.models if m.size_b is not None and m.size_b > 2]
+    big = [m for m in workflow.models if m.size_b is not None and m.size_b > 2]
     if big:
         names = ", ".join(f"{m.label} ({m.size_b:g}B)" for m in big[:3]) + (" ..." if len(big) > 3 else "")
         raise MissingInput(
-            f"{plan.artifact}: {names} need a GPU and there is none here: add --slurm (a cluster), "
+            f"{workflow.artifact}: {names} need a GPU and there is none here: add --slurm (a cluster), "
             "or --device cpu to run on CPU anyway"
         )
 
 
-def check_hub(plan: PaperPlan) -> None:
+def check_hub(workflow: PaperWorkflow) -> None:
     """With the hub offline (HF_HUB_OFFLINE), every hub model must already be in the cache."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if not constants.HF_HUB_OFFLINE:
         return
-    for spec in (parse_spec(m.target) for m in plan.models if m.target.startswith(HF)):
+    for spec in (parse_spec(m.target) for m in workflow.models if m.target.startswith(HF)):
         for revision in () if spec.local else spec.revisions:
             if not isinstance(try_to_load_from_cache(spec.model, "config.json", revision=revision), str):
                 get = f"hf download {spec.model}" + (f" --revision {revision}" if revision else "")
                 raise MissingInput(
-                    f"{plan.artifact}: {spec.name(revision).removeprefix(HF)} is not in the Hugging Face cache and "
+                    f"{workflow.artifact}: {spec.name(revision).removeprefix(HF)} is not in the Hugging Face cache and "
                     f"the hub is offline (HF_HUB_OFFLINE): run `{get}` where the hub is reachable, then again here"
                 )
