@@ -26,6 +26,8 @@ import time
 import traceback
 import warnings
 
+from ...utils.records import atomic_write
+
 SERVER = "dispersion_titan.reproduce.quickstart.jobs"
 
 
@@ -232,10 +234,8 @@ def serve(preload: list[str]) -> None:
                 return
             if pid == 0:
                 return
-            path = status_files.pop(pid)
-            with open(path + ".tmp", "w") as f:
-                f.write(str(os.waitstatus_to_exitcode(wait_status)))
-            os.replace(path + ".tmp", path)
+            status = str(os.waitstatus_to_exitcode(wait_status))
+            atomic_write(status_files.pop(pid), lambda f: f.write(status))
 
     signal.signal(signal.SIGCHLD, reap)
     for line in sys.stdin:
