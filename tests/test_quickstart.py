@@ -209,12 +209,12 @@ def test_verdicts_follow_the_numbers(sweep):
     # 1. present at init: a panel whose blocks sit far above the embedding agrees; a flat one does not.
     high = {w: dataclasses.replace(shifted(r, far), spearman=1.0) for w, r in panel.widths.items()}
     flat = {w: dataclasses.replace(shifted(r, -1.0, blocks_only=False), spearman=None) for w, r in panel.widths.items()}
-    assert findings(replaced(high), runs, 42)[0].parts[0].agrees
+    assert findings(replaced(high), runs, 42)[0].parts[0].verdict == AGREES
     assert findings(replaced(flat), runs, 42)[0].parts[0].verdict == DISAGREES
     # 2. width: a panel decreasing with width agrees, increasing disagrees.
     down = {64: shifted(panel.widths[64], far), 256: shifted(panel.widths[256], -far)}
     up = {64: shifted(panel.widths[64], -far), 256: shifted(panel.widths[256], far)}
-    assert findings(replaced(down), runs, 42)[1].parts[0].agrees
+    assert findings(replaced(down), runs, 42)[1].parts[0].verdict == AGREES
     assert findings(replaced(up), runs, 42)[1].parts[0].verdict == DISAGREES
     # 3. training: final far below init everywhere agrees, far above disagrees.
     fell = [dataclasses.replace(r, final=shifted(r.init, -far)) for r in runs]
@@ -229,7 +229,7 @@ def test_verdicts_follow_the_numbers(sweep):
             for r in runs
         ]
 
-    assert with_dispersion(dispersed({64: -far, 256: -far}), 42).parts[0].agrees
+    assert with_dispersion(dispersed({64: -far, 256: -far}), 42).parts[0].verdict == AGREES
     assert with_dispersion(dispersed({64: -far, 256: +far}), 42).parts[0].verdict == DISAGREES
     # ... and its validation loss part weighs the gap against the measured seed-to-seed spread.
     s42, s43 = (next(r for r in runs if r.is_baseline and r.width == 64 and r.seed == s) for s in (42, 43))

@@ -38,10 +38,6 @@ class Part:
     decides: bool = True  # False for context: shown, not part of the verdict
 
     @property
-    def agrees(self) -> bool:
-        return self.verdict == AGREES
-
-    @property
     def noise(self) -> str:
         """Both numbers, as every verdict is written."""
         against = "seed spread unmeasured" if self.spread is None else f"seed spread {self.spread:.{DIGITS}f}"
@@ -300,7 +296,7 @@ def findings_markdown(found: Sequence[Finding]) -> list[str]:
             + ("." if part.decides else " (context, not part of the verdict).")
             for part in finding.parts
         ]
-        if not all(part.agrees for part in finding.parts):
+        if any(part.verdict != AGREES for part in finding.parts):
             lines.append(f"- Scale needed: {finding.scale}.")
         lines.append("")
     return lines
