@@ -285,29 +285,26 @@ def check_same_options(setup: QuickstartSetup) -> None:
 def run(setup: QuickstartSetup) -> None:
     """Everything the quickstart does for ``setup``, as the one writer of OUT; each step skipped where its results
     exist."""
-    try:
-        refuse_unless_ours(setup.out, QUICKSTART, "--out", "use another --out")
-        ensure_writable(setup.out, "--out")
-        with owned(setup.out, QUICKSTART):
-            check_same_options(setup)
-            say = Progress()
-            say(
-                f"quickstart: {len(setup.runs)} runs (MLP width {', '.join(map(str, setup.widths))} × "
-                f"baseline/{VARIANT} λ={setup.coeff}), {setup.steps} steps each, {setup.jobs} at a time with "
-                f"{setup.threads} thread(s) each; output: {setup.out}"
-            )
-            texts = InputOptions(DEFAULT_DATASET, None, None, setup.init_num_sequences, setup.seq_len, seed=0)
-            folder = os.path.join(setup.out, "init_panel")
-            panel = init_panel(folder, setup.init_flavor, setup.init_widths, setup.seeds, texts, say)
-            train_and_analyze(setup, say)
-            try:
-                files = compare_runs(setup, say)
-                text = summarize(setup, panel, files)
-            except (DispersionTitanError, OSError) as e:
-                fail(str(e).splitlines()[0], status=1)
-            print("\n" + text)
-            minutes, seconds = divmod(round(say.elapsed()), 60)
-            summary = os.path.join(setup.out, "summary.md")
-            say(f"quickstart: finished in {minutes} min {seconds} s; summary: {summary}")
-    except DispersionTitanError as e:
-        fail(str(e))
+    refuse_unless_ours(setup.out, QUICKSTART, "--out", "use another --out")
+    ensure_writable(setup.out, "--out")
+    with owned(setup.out, QUICKSTART):
+        check_same_options(setup)
+        say = Progress()
+        say(
+            f"quickstart: {len(setup.runs)} runs (MLP width {', '.join(map(str, setup.widths))} × "
+            f"baseline/{VARIANT} λ={setup.coeff}), {setup.steps} steps each, {setup.jobs} at a time with "
+            f"{setup.threads} thread(s) each; output: {setup.out}"
+        )
+        texts = InputOptions(DEFAULT_DATASET, None, None, setup.init_num_sequences, setup.seq_len, seed=0)
+        folder = os.path.join(setup.out, "init_panel")
+        panel = init_panel(folder, setup.init_flavor, setup.init_widths, setup.seeds, texts, say)
+        train_and_analyze(setup, say)
+        try:
+            files = compare_runs(setup, say)
+            text = summarize(setup, panel, files)
+        except (DispersionTitanError, OSError) as e:
+            fail(str(e).splitlines()[0], status=1)
+        print("\n" + text)
+        minutes, seconds = divmod(round(say.elapsed()), 60)
+        summary = os.path.join(setup.out, "summary.md")
+        say(f"quickstart: finished in {minutes} min {seconds} s; summary: {summary}")
