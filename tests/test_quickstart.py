@@ -362,9 +362,9 @@ def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
 @pytest.mark.parametrize(
     "change, what",
     [
-        (("--steps", "3"), "steps 2 → 3"),
-        (("--seq-len", "16"), "seq_len 32 → 16"),
-        (("--widths", "64"), "widths [64, 256] → [64]"),
+        (("--steps", "3"), "steps 2 vs 3"),
+        (("--seq-len", "16"), "seq_len 32 vs 16"),
+        (("--widths", "64"), "widths [64, 256] vs [64]"),
     ],
 )
 def test_other_options_are_refused_without_touching_results(sweep, change, what):

@@ -21,7 +21,7 @@ from ...config.cli import load_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import gpt2_flavors
 from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
-from ...run_folder.outputs import atomic_write, ensure_writable, save_png, write_json
+from ...run_folder.outputs import atomic_write, differences, ensure_writable, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, DispersionTitanError, fail
@@ -268,14 +268,9 @@ def check_same_options(setup: QuickstartSetup) -> None:
     if os.path.isfile(path):
         with open(path) as f:
             recorded = json.load(f)
-        changed = [
-            f"{key} {recorded.get(key)!r} → {value!r}"
-            for key, value in setup.identity().items()
-            if recorded.get(key) != value
-        ]
-        if changed:
+        if changed := differences(recorded, setup.identity()):
             raise ArgumentError(
-                f"--out: {setup.out} holds results made with other options ({'; '.join(changed)}); use another --out"
+                f"--out: {setup.out} holds results made with other options ({changed}); use another --out"
             )
     elif os.path.isdir(os.path.join(setup.out, "runs")):
         raise ArgumentError(f"--out: {setup.out} holds runs without {OPTIONS_FILE}; use another --out")
