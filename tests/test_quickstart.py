@@ -29,7 +29,7 @@ from dispersion_titan.reproduce.quickstart.findings import (
     with_width,
 )
 from dispersion_titan.reproduce.quickstart.init_panel import InitPanel
-from dispersion_titan.reproduce.quickstart.step_progress import StepProgress
+from dispersion_titan.reproduce.quickstart.pipeline import step_progress
 from dispersion_titan.reproduce.quickstart.summary import RunCondensation, load_sweep
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from support.launch import REPO, held_by_another_command, python_module
@@ -469,7 +469,7 @@ def test_training_progress_says_steps_and_time_left(tmp_path):
     the rate since the first step seen; a half-written line waits for its end."""
     log = tmp_path / "train.log"
     said: list[str] = []
-    with StepProgress(str(log), 60, "w64-baseline-s42", said.append, every_s=0.05):
+    with step_progress(str(log), 60, "w64-baseline-s42", said.append, every_s=0.05):
         time.sleep(0.2)  # no log yet: nothing said
         with open(log, "ab", buffering=0) as f:
             f.write(

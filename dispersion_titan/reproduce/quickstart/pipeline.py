@@ -8,9 +8,11 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -30,7 +32,6 @@ from .figure import findings_figure
 from .findings import findings, summary_markdown
 from .init_panel import InitPanel, init_panel
 from .jobs import Commands
-from .step_progress import StepProgress
 from .summary import load_sweep
 
 OPTIONS_FILE = "quickstart.json"
@@ -169,6 +170,59 @@ def last_error(log: str) -> str:
     return (errors or lines or ["(empty log)"])[-1]
 
 
+# TorchTitan's log line of a training step, "step: 30  loss: 4.1234 ...", not of a validation.
+STEP_LINE = re.compile(rb"(?<!validate )step:\s*(\d+)\s+loss:")
+PROGRESS_EVERY_S = 15.0
+
+
+def last_step(log: str, offset: int) -> tuple[int | None, int]:
+    """The last logged step in ``log`` from byte ``offset`` on (None: none yet), and the new offset."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(offset)
+            text = f.read()
+    except FileNotFoundError:
+        return None, offset
+    end = text.rfind(b"\n") + 1  # a line still being written is read next time
+    steps = STEP_LINE.findall(text[:end])
+    return (int(steps[-1]) if steps else None), offset + end
+
+
+@contextlib.contextmanager
+def step_progress(
+    log: str, steps: int, name: str, say: Callable[[str], None], every_s: float = PROGRESS_EVERY_S
+) -> Iterator[None]:
+    """While the ``with`` block runs, says every ``every_s`` seconds how far ``log``'s training got, as
+    ``train    NAME: step 30/60, ~40 s left`` (the time left at the rate since the first step seen), so
+    the quickstart is not silent for minutes."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        offset, first, step, said = 0, None, None, None
+        while not stop.wait(every_s):
+            seen, offset = last_step(log, offset)
+            if seen is not None:
+                step = seen
+                first = first or (step, time.monotonic())
+            if step is None or step == said:
+                continue
+            line = f"train    {name}: step {step}/{steps}"
+            first_step, since = first
+            if step > first_step:
+                left = (time.monotonic() - since) / (step - first_step) * (steps - step)
+                line += f", ~{left:.0f} s left"
+            say(line)
+            said = step
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def process(setup: QuickstartSetup, run: Cell, commands: Commands, say: Progress) -> str | None:
     """Train (unless done) then analyze (unless done) one run; an error line or None."""
     for phase, done, command in (("train", trained, train_command), ("analyze", analyzed, analyze_command)):
@@ -178,7 +232,7 @@ def process(setup: QuickstartSetup, run: Cell, commands: Commands, say: Progress
         log = setup.log(run, phase)
         say(f"{phase:8} {run.name}: started (log: {log})")
         start = time.monotonic()
-        with StepProgress(log, setup.steps, run.name, say) if phase == "train" else contextlib.nullcontext():
+        with step_progress(log, setup.steps, run.name, say) if phase == "train" else contextlib.nullcontext():
             status = commands.run(*command(setup, run), log)
         if status:
             return f"{phase} {run.name} failed (exit {status}): {last_error(log)} (log: {log})"
