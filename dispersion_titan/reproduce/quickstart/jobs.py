@@ -28,8 +28,6 @@ import warnings
 
 from ...utils.records import atomic_write
 
-SERVER = "dispersion_titan.reproduce.quickstart.jobs"
-
 
 def command_line(target: str, argv: list[str], nproc: int | None = None) -> list[str]:
     """``python -m MODULE`` or ``python SCRIPT.py``, under torchrun with ``nproc`` processes when given."""
@@ -97,7 +95,7 @@ class Commands(contextlib.AbstractContextManager):
         with self.lock:
             if self.server is None or self.server.poll() is not None:
                 self.server = subprocess.Popen(
-                    [sys.executable, "-m", SERVER, *self.preload],
+                    [sys.executable, "-m", __name__, *self.preload],
                     env={**os.environ, **self.env},
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
