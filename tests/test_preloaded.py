@@ -3,7 +3,11 @@ interpreter: exit status, output in the log (after its command line), environmen
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from dispersion_titan.reproduce.quickstart.jobs import Commands
 
@@ -25,3 +29,28 @@ def test_exit_status_output_and_environment_match_a_fresh_interpreter(tmp_path, 
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     assert commands.run("probe_env", [], str(log)) == 0
     assert log.read_text().splitlines()[-1] == f"$ {sys.executable} -m probe_env"
+
+
+def test_a_ctrl_c_interrupts_the_job_and_spares_its_server(tmp_path):
+    """A terminal's Ctrl-C reaches the server with its jobs (the quickstart's share its process
+    group): the job is interrupted, the server lives on to report its status and run the next."""
+    script = tmp_path / "wait.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    log = tmp_path / "job.log"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever ran pytest
+    commands = Commands({}, preload=[])
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            job = pool.submit(commands.run, str(script), [], str(log), timeout=30)
+            deadline, lines = time.monotonic() + 30, []
+            while len(lines) < 2 and time.monotonic() < deadline:  # its command line, then its pid
+                time.sleep(0.05)
+                lines = log.read_text().splitlines() if log.exists() else []
+            for pid in (commands.server.pid, int(lines[1])):
+                os.kill(pid, signal.SIGINT)
+            assert job.result() == 1  # the status of a job that raised
+        assert log.read_text().splitlines()[-1] == "KeyboardInterrupt"
+        assert commands.run("json.tool", ["--help"], str(tmp_path / "next.log")) == 0
+    finally:
+        commands.close()
+        signal.signal(signal.SIGINT, previous)

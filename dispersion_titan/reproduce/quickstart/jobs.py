@@ -186,10 +186,11 @@ def _exit_status(request: dict) -> int:
         return 1
 
 
-def _job(request: dict) -> None:
+def _job(request: dict, interrupt: object) -> None:
     """The forked child: output to the request's files; its exit status is the job's."""
     status = 1
     try:
+        signal.signal(signal.SIGINT, interrupt)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         if request["group"]:
@@ -236,12 +237,13 @@ def serve(preload: list[str]) -> None:
             atomic_write(status_files.pop(pid), lambda f: f.write(status))
 
     signal.signal(signal.SIGCHLD, reap)
+    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the jobs, never their server
     for line in sys.stdin:
         request = json.loads(line)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reap no job before it is recorded
         pid = os.fork()
         if pid == 0:
-            _job(request)
+            _job(request, interrupt)
         status_files[pid] = request["status"]
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         print(pid, flush=True)
