@@ -461,31 +461,16 @@ def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule
     x = np.arange(len(rows))
     means = [row.average_mean for row in rows]
     errors = [0 if np.isnan(row.average_std) else row.average_std for row in rows]
-    bars = ax.bar(x, means, yerr=errors, capsize=6, color="#8fb3d9", edgecolor="#1f4e79", width=0.6)
-    for index, row in enumerate(rows):
-        if row.name == reference:
-            bars[index].set_hatch("//")
-        seeds = [run.average for run in row.runs]
-        ax.scatter(
-            np.full(len(seeds), index) + np.linspace(-0.12, 0.12, len(seeds)),
-            seeds,
-            color="black",
-            s=14,
-            zorder=3,
-            label="seeds" if index == 0 else None,
-        )
-        if row.significance:
-            ax.annotate(
-                row.significance,
-                (index, means[index] + errors[index]),
-                ha="center",
-                va="bottom",
-                xytext=(0, 4),
-                textcoords="offset points",
-                fontsize=12,
-            )
-    low = min(min(run.average for run in row.runs) for row in rows)
-    high = max(max(run.average for run in row.runs) for row in rows)
+    hatches = ["//" if row.name == reference else None for row in rows]
+    bars = ax.bar(x, means, yerr=errors, capsize=6, color="#8fb3d9", edgecolor="#1f4e79", width=0.6, hatch=hatches)
+    ax.bar_label(bars, [row.significance for row in rows], padding=4, fontsize=12)  # above the error bar
+    seeds = [
+        (index + offset, run.average)
+        for index, row in enumerate(rows)
+        for offset, run in zip(np.linspace(-0.12, 0.12, len(row.runs)), row.runs, strict=True)
+    ]
+    ax.scatter(*zip(*seeds, strict=True), color="black", s=14, zorder=3, label="seeds")
+    low, high = min(y for _, y in seeds), max(y for _, y in seeds)
     span = max(high - low, 0.01)
     ax.set_ylim(max(0.0, low - 0.6 * span), high + 0.6 * span)
     labels = [
