@@ -488,8 +488,9 @@ def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, 
     assert_one_line_error(
         code,
         err,
-        f"--select best: {out}: steps [0] and [2] were evaluated with other settings "
+        f"{out} step 2 was evaluated with other settings than {out} step 0 "
         "(tasks ['wiki_next_word', 'wiki_text'] vs ['wiki_text'], num_fewshot ",
+        "--select best weighs them together",
         "--force",
     )
     assert not table_out.exists()
@@ -1112,8 +1113,8 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     )
     assert_one_line_error(
         *evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
-        f"--select best: {fabricated['disp_s2'] / 'evaluation'}: steps [0, 3] and [10] were evaluated "
-        "with other settings (limit 100 vs 500)",
+        f"{fabricated['disp_s2'] / 'evaluation'} step 10 was evaluated with other settings than "
+        f"{fabricated['disp_s2'] / 'evaluation'} step 0 (limit 100 vs 500); --select best weighs them together",
     )
     for step in (0, 3, 10):  # none of the steps the authors evaluate left (step 0: a candidate where evaluated)
         shutil.rmtree(fabricated["base_s2"] / "evaluation" / f"step-{step}")

@@ -132,20 +132,14 @@ def evaluated(run: str) -> Evaluated:
     return Evaluated(run, folder, read_evaluations(folder))
 
 
-def _check_alike(folder: str, weighed: list[dict]) -> None:
-    """Refuse to weigh against each other results of other settings."""
-    groups: dict[str, tuple[dict, list[int]]] = {}  # the settings as JSON -> (the settings, their steps)
-    for result in sorted(weighed, key=lambda r: r[OURS]["step"]):
-        key = json.dumps(settings(result), sort_keys=True)
-        groups.setdefault(key, (settings(result), []))[1].append(result[OURS]["step"])
-    if len(groups) > 1:
-        (first, first_steps), (other, other_steps) = list(groups.values())[:2]
-        raise EvaluationError(
-            f"--select best: {folder}: steps {first_steps} and {other_steps} were evaluated with other settings "
-            f"({differences(first, other)}); results of other settings are not weighed "
-            "together: evaluate them alike (python -m dispersion_titan.evaluate RUN --force with one set of "
-            "settings), or use --select step:N"
-        )
+def _check_alike(labelled: list[tuple[str, dict]], remedy: str) -> None:
+    """Refuse to weigh against each other results of other settings; ``labelled``: (what it is, its settings)."""
+    (first, alike), *others = labelled
+    for other, theirs in others:
+        if theirs != alike:
+            raise EvaluationError(
+                f"{other} was evaluated with other settings than {first} ({differences(alike, theirs)}); {remedy}"
+            )
 
 
 def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
@@ -159,7 +153,6 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
             f"({sorted(wanted)}; have {sorted(run.results)}); evaluate those steps "
             "(--steps), or use --select last or step:N"
         )
-    _check_alike(run.folder, [run.results[step] for step in averages])
     if None in averages.values():
         raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
     return averages
@@ -171,9 +164,14 @@ def _best(curve: dict[int, float]) -> int:
 
 
 def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
-    """``step``'s scores, once each result the rule weighed still describes its checkpoint."""
+    """``step``'s scores, once each result the rule weighed still describes its checkpoint and was scored alike."""
     for weighed_step in weighed:
         _check_fresh(run.folder, run.results[weighed_step])
+    _check_alike(
+        [(f"{run.folder} step {s}", settings(run.results[s])) for s in sorted(weighed)],
+        "--select best weighs them together: evaluate them alike (python -m dispersion_titan.evaluate RUN --force "
+        "with one set of settings), or use --select step:N",
+    )
     result = run.results[step]
     return RunScores(run.run, run.dump, step, result_scores(result), settings(result))
 
@@ -519,13 +517,7 @@ def table(
         why = "given with --reference"
     else:  # a block of the paper's table without mid-trained arms (GPT2-large, -xl): its Pretrained row alone
         reference, why = default_reference(by_arm) if by_arm else (PRETRAINED, "no arms: the Pretrained row alone")
-    first, *others = [r for runs in by_arm.values() for r in runs] + base
-    for other in others:
-        if other.settings != first.settings:
-            raise EvaluationError(
-                f"{other.run} was evaluated with other settings than {first.run} "
-                f"({differences(first.settings, other.settings)}); evaluate both alike"
-            )
+    _check_alike([(r.run, r.settings) for runs in [*by_arm.values(), base] for r in runs], "evaluate both alike")
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
     with owned(out, FolderOwner("table")):  # tables of several runs, rewritten whole at each call
