@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
 from . import wandb_run
@@ -57,14 +58,6 @@ class DispersionMetricsProcessor(MetricsProcessor):
         if job_config.metrics.enable_wandb:
             wandb_run.record(job_config.job.dump_folder)
 
-    def _global_sum(self, t: torch.Tensor) -> torch.Tensor:
-        """Sum over data-parallel ranks (the ``loss`` mesh), as TorchTitan does for the loss."""
-        if not self.parallel_dims.dp_cp_enabled:
-            return t
-        t = t.clone()
-        dist.all_reduce(t, group=self.parallel_dims.get_mesh("loss").get_group())
-        return t
-
     def log(
         self,
         step: int,
@@ -76,11 +69,15 @@ class DispersionMetricsProcessor(MetricsProcessor):
         extra = dict(extra_metrics or {})
         m = self.step_metrics
         if m.ce is not None:
-            extra["loss_metrics/ce"] = ce = self._global_sum(m.ce).item()
-            extra["loss_metrics/dispersion"] = disp = self._global_sum(m.dispersion).item()
+            mesh = self.parallel_dims.get_optional_mesh("loss")  # summed over data-parallel ranks, as the loss
+            extra["loss_metrics/ce"] = ce = dist_utils.dist_sum(m.ce, mesh)
+            extra["loss_metrics/dispersion"] = disp = dist_utils.dist_sum(m.dispersion, mesh)
             line = f"ce: {ce:8.5f}  dispersion: {disp:8.5f}"
             if m.cosine_sums is not None:
-                cos = (self._global_sum(m.cosine_sums) / m.global_batch_size).tolist()
+                sums = m.cosine_sums.clone()
+                if mesh is not None:
+                    dist.all_reduce(sums, group=mesh.get_group())
+                cos = (sums / m.global_batch_size).tolist()
                 for i, value in enumerate(cos, start=1):
                     extra[f"condensation/block_{i}_mean_cos_offdiag"] = value
                 line += "  mean_cos_offdiag by block: " + " ".join(f"{v:.3f}" for v in cos)
