@@ -3,7 +3,7 @@ user overrides of them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from . import EvaluationError
 
@@ -72,12 +72,7 @@ class TaskSelection:
 
     def settings(self) -> dict:
         """What makes two evaluations of one checkpoint comparable (stored with each)."""
-        return {
-            "protocol": self.protocol,
-            "tasks": list(self.tasks),
-            "num_fewshot": self.num_fewshot,
-            "limit": self.limit,
-        }
+        return {**asdict(self), "tasks": list(self.tasks)}  # as JSON reads it back
 
 
 def select_tasks(
