@@ -22,30 +22,23 @@ _EXPORT = re.compile(r"^\.hf-.+\.pid(\d+)@(.+)\.[^.]+$")
 
 
 @contextmanager
-def hf_export(step_dir: str, parent: str) -> Iterator[str]:
-    """The Hugging Face folder of ``step_dir``, inside ``parent`` (no small /tmp has to hold GPT-2 xl); first,
-    the exports there left by an evaluation of this host that died (SIGKILL, OOM) are removed."""
+def hflm_location(source: str, parent: str) -> Iterator[tuple[str, str]]:
+    """HFLM's ``pretrained`` and ``revision`` for ``source``: ``hf:MODEL[@REV]`` as it is; a checkpoint folder
+    exported inside ``parent`` (no small /tmp has to hold GPT-2 xl), once the exports there left by an
+    evaluation of this host that died (SIGKILL, OOM) are removed."""
+    if source.startswith(PREFIX):
+        path, revision = hub_location(source)
+        yield path, revision or "main"
+        return
     host = socket.gethostname()
     for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
         match = _EXPORT.match(name)
         if match and match[2] == host and not pid_runs(int(match[1])):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    step = os.path.basename(step_dir.rstrip("/"))
-    prefix = f".hf-{step}.pid{os.getpid()}@{host}."
+    prefix = f".hf-{os.path.basename(source.rstrip('/'))}.pid{os.getpid()}@{host}."
     with tempfile.TemporaryDirectory(prefix=prefix, dir=parent, ignore_cleanup_errors=True) as folder:
-        export_checkpoint(step_dir, folder)
-        yield folder
-
-
-@contextmanager
-def hflm_location(source: str, parent: str) -> Iterator[tuple[str, str]]:
-    """HFLM's ``pretrained`` and ``revision`` for ``source``: a checkpoint folder or ``hf:MODEL[@REV]``."""
-    if not source.startswith(PREFIX):
-        with hf_export(source, parent) as folder:
-            yield folder, "main"
-        return
-    path, revision = hub_location(source)
-    yield path, revision or "main"
+        export_checkpoint(source, folder)
+        yield folder, "main"
 
 
 def hub_location(source: str) -> tuple[str, str | None]:
