@@ -18,7 +18,7 @@ from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError
 from ..utils.hub import PREFIX, HFSpec, loading, parse_spec
 from . import EvaluationError
-from .export import hflm_location, source_changed, source_identity
+from .export import hflm_location, hub_location, source_changed, source_identity
 from .protocol import mean_accuracy, run_protocol, select_tasks
 from .step_results import (
     OURS,
@@ -40,8 +40,7 @@ def _model_name(run: str) -> str:
     if run.startswith(PREFIX):
         from transformers import AutoConfig
 
-        spec = hub_model(run)
-        path, revision = spec.location(spec.revisions[0])
+        path, revision = hub_location(run)
         with loading(run):
             return HF_FAMILIES.get(AutoConfig.from_pretrained(path, revision=revision).model_type, "")
     return load_run_metadata(run_of(find_checkpoint_folder(run)))["model_name"]
@@ -68,11 +67,11 @@ class RunEvaluation:
     def __init__(self, options: argparse.Namespace):
         """``evaluate``'s command line; its protocol, unless given, the authors' for the run's family."""
         self.options = options
+        self.hub = hub_model(options.run) if options.run.startswith(PREFIX) else None
         protocol, note = (options.protocol, None) if options.protocol else run_protocol(_model_name(options.run))
         if note:
             print(note, file=sys.stderr)
         self.selection = select_tasks(options.tasks, options.num_fewshot, options.limit, protocol)
-        self.hub = hub_model(options.run) if options.run.startswith(PREFIX) else None
         if self.hub:  # the model as published: one result, step 0, as a run's model before training
             if not options.out:
                 raise ArgumentError(f"--out: {options.run} has no run folder to write into; give --out DIR")
