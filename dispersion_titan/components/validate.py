@@ -5,7 +5,6 @@ memory (64 × 1024 × 50257 fp32 logits are 13 GB). The loss is the same sum ove
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,31 +12,6 @@ from torchtitan.components.validate import Validator
 
 from ..data.packed import build_packed_validation_dataloader
 from .titan_compat import init_validator
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def loss_sum_by_micro_batch(
-    model: torch.nn.Module,
-    loss_fn: LossFn,
-    micro_batch: int,
-    inputs: torch.Tensor,
-    labels: torch.Tensor,
-    model_kwargs: dict[str, Any],
-) -> torch.Tensor:
-    """``loss_fn(model(inputs), labels)`` (a sum) ``micro_batch`` sequences at a time, per-sequence
-    keyword tensors cut along."""
-    batch = inputs.shape[0]
-    total = None
-    for start in range(0, batch, micro_batch):
-        part = slice(start, start + micro_batch)
-        kwargs = {
-            k: v[part] if isinstance(v, torch.Tensor) and v.shape[:1] == (batch,) else v
-            for k, v in model_kwargs.items()
-        }
-        loss = loss_fn(model(inputs[part], **kwargs), labels[part])
-        total = loss if total is None else total + loss
-    return total
 
 
 class _Deferred(torch.nn.Module):
@@ -77,8 +51,17 @@ class PackedValidator(Validator):
         whole_batch_loss = self.loss_fn
 
         def loss_fn(deferred: tuple[torch.Tensor, dict[str, Any]], labels: torch.Tensor) -> torch.Tensor:
+            """The sum of ``whole_batch_loss`` over micro-batches, per-sequence keyword tensors cut along."""
             inputs, kwargs = deferred
-            return loss_sum_by_micro_batch(model, whole_batch_loss, self.micro_batch, inputs, labels, kwargs)
+            total = None
+            for part in (slice(start, start + self.micro_batch) for start in range(0, len(inputs), self.micro_batch)):
+                cut = {
+                    k: v[part] if torch.is_tensor(v) and v.shape[:1] == inputs.shape[:1] else v
+                    for k, v in kwargs.items()
+                }
+                loss = whole_batch_loss(model(inputs[part], **cut), labels[part])
+                total = loss if total is None else total + loss
+            return total
 
         self.loss_fn = loss_fn
         try:
