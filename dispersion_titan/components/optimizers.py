@@ -11,7 +11,6 @@ import math
 import re
 from typing import Any
 
-import torch
 from torch import nn
 from torchtitan.components.lr_scheduler import LRSchedulersContainer, build_lr_schedulers
 from torchtitan.components.optimizer import OptimizersContainer, build_optimizers
@@ -43,14 +42,6 @@ def embedding_lr_factor(completed_steps: int, period: int, total: int) -> float:
     return max(0.0, (total - index) / max(1, total - warmup))
 
 
-def _separate_embedding_group(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Param group 0 keeps the body, group 1 takes the token embeddings."""
-    embedding = model.tok_embeddings.weight  # the LM head too when tied
-    (group,) = optimizer.param_groups
-    group["params"] = [p for p in group["params"] if p is not embedding]
-    optimizer.add_param_group({"params": [embedding], "lr": lr})
-
-
 def released_lr_factor(step: int, warmup: int, total: int, min_lr_factor: float = 0.0) -> float:
     """transformers' ``get_cosine_schedule_with_warmup`` at ``LambdaLR`` step ``step`` (0 first): s/W
     over W warm-up steps, then half a cosine to 0 at T, scaled into [min_lr_factor, 1] as TorchTitan's."""
@@ -78,26 +69,24 @@ def no_decay_parameter_names(model: nn.Module, hf: bool = True) -> set[str]:
     }
 
 
-def _separate_no_decay_group(model: nn.Module, optimizer: torch.optim.Optimizer, hf: bool) -> None:
-    """The exempt parameters (``no_decay_parameter_names``) to a last group with weight decay 0."""
-    names = no_decay_parameter_names(model, hf)
-    exempt = {id(p) for name, p in model.named_parameters() if name in names}
-    group = optimizer.param_groups[0]
-    body = group["params"]
-    group["params"] = [p for p in body if id(p) not in exempt]
-    optimizer.add_param_group({"params": [p for p in body if id(p) in exempt], "weight_decay": 0.0})
-
-
 def build_dispersion_optimizers(
     model_parts: list[nn.Module], optimizer_config: Any, parallel_dims: Any, ft_manager: Any = None
 ) -> OptimizersContainer:
     optimizers = build_optimizers(model_parts, optimizer_config, parallel_dims, ft_manager)
     forgetting = _forgetting(optimizer_config)
     for model, optimizer in titan_compat.optimizer_per_model_part(optimizers):
-        if forgetting is not None:
-            _separate_embedding_group(model, optimizer, forgetting.embedding_lr)
-        if optimizer_config.decay_groups != "all":
-            _separate_no_decay_group(model, optimizer, hf=optimizer_config.decay_groups == "hf" or forgetting is None)
+        if forgetting is not None:  # group 0 keeps the body, group 1 takes the token embeddings (the LM head if tied)
+            embedding = model.tok_embeddings.weight
+            (group,) = optimizer.param_groups
+            group["params"] = [p for p in group["params"] if p is not embedding]
+            optimizer.add_param_group({"params": [embedding], "lr": forgetting.embedding_lr})
+        if optimizer_config.decay_groups != "all":  # the exempt parameters to a last group with weight decay 0
+            names = no_decay_parameter_names(model, hf=optimizer_config.decay_groups == "hf" or forgetting is None)
+            exempt = {id(p) for name, p in model.named_parameters() if name in names}
+            group = optimizer.param_groups[0]
+            body = group["params"]
+            group["params"] = [p for p in body if id(p) not in exempt]
+            optimizer.add_param_group({"params": [p for p in body if id(p) in exempt], "weight_decay": 0.0})
     return optimizers
 
 
