@@ -592,7 +592,7 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     assert_one_line_error(
         *evaluate(run, "--include-path", tmp_path / "nope", *OPTS, "--out", new_out, capsys=capsys)[::2],
         "--include-path",
-        "nope: no such directory",
+        "nope: no such file or directory (give a readable folder",
     )
     a_file = tmp_path / "tasks.yaml"
     a_file.write_text("task: x\n")

@@ -22,16 +22,13 @@ class Tasks:
         self.include_path = os.path.abspath(include_path) if include_path else None
         manager = None
         if include_path:  # a readable folder, or a one-line error naming it
-            if not os.path.exists(include_path):
-                raise EvaluationError(f"--include-path: {include_path}: no such directory")
-            if not os.path.isdir(include_path):
-                raise EvaluationError(
-                    f"--include-path: {include_path}: not a directory (give the folder holding the task YAMLs)"
-                )
             try:
                 os.listdir(include_path)
-            except OSError as e:
-                raise EvaluationError(f"--include-path: {include_path}: not readable ({e.strerror or e})") from None
+            except OSError as e:  # none there, a file, not readable
+                raise EvaluationError(
+                    f"--include-path: {include_path}: {(e.strerror or str(e)).lower()} "
+                    "(give a readable folder holding the task YAMLs)"
+                ) from None
             manager = TaskManager(include_path=self.include_path, include_defaults=False)
             if not set(names) <= set(manager.all_subtasks):
                 manager = None
