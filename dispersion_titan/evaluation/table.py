@@ -99,12 +99,12 @@ class RunScores:
 
 @dataclass(frozen=True)
 class ArmRow:
+    """``mean`` and ``std`` over seeds of each column and of the per-seed averages (``"average"``)."""
+
     name: str
     runs: list[RunScores]
     mean: dict[str, float]
     std: dict[str, float]
-    average_mean: float
-    average_std: float
     rank: float
     p_value: float | None
 
@@ -332,19 +332,20 @@ def table_rows(
     accuracy = [c for c in columns if is_accuracy(c)]
     if not accuracy:
         raise EvaluationError("the evaluations have no accuracy scores to tabulate")
-    means = {name: {c: float(np.mean([r.scores[c] for r in runs])) for c in columns} for name, runs in named.items()}
+    seeds = {
+        name: {**{c: [r.scores[c] for r in runs] for c in columns}, "average": [r.average for r in runs]}
+        for name, runs in named.items()
+    }
+    means = {name: {key: float(np.mean(values)) for key, values in by_key.items()} for name, by_key in seeds.items()}
     ranks = min_ranks(list(means.values()), accuracy)
-    reference_averages = [r.average for r in named[reference]]
     rows = {
         name: ArmRow(
             name,
             runs,
             means[name],
-            {c: _std([r.scores[c] for r in runs]) for c in columns},
-            float(np.mean([r.average for r in runs])),
-            _std([r.average for r in runs]),
+            {key: _std(values) for key, values in seeds[name].items()},
             rank,
-            None if name == reference else t_test_p([r.average for r in runs], reference_averages, test),
+            None if name == reference else t_test_p(seeds[name]["average"], seeds[reference]["average"], test),
         )
         for (name, runs), rank in zip(named.items(), ranks, strict=True)
     }
@@ -352,14 +353,9 @@ def table_rows(
     return columns, list(rows.values()), base
 
 
-def difference(row: ArmRow, pretrained: ArmRow | None, columns: list[str]) -> dict[str, float | None]:
+def difference(row: ArmRow, pretrained: ArmRow | None) -> dict[str, float | None]:
     """The row's means minus the Pretrained row's (the authors' second line of each row)."""
-    return {
-        key: None
-        if pretrained is None
-        else (row.average_mean - pretrained.average_mean if key == "average" else row.mean[key] - pretrained.mean[key])
-        for key in (*columns, "average")
-    }
+    return {key: None if pretrained is None else mean - pretrained.mean[key] for key, mean in row.mean.items()}
 
 
 def _digits(column: str) -> int:
@@ -393,8 +389,7 @@ def table_markdown(
             [
                 row.name,
                 str(len(row.runs)),
-                *(cell(row.mean[c], row.std[c], c) for c in columns),
-                cell(row.average_mean, row.average_std, "average"),
+                *(cell(row.mean[key], row.std[key], key) for key in row.mean),
                 "" if math.isnan(row.rank) else f"{row.rank:.2f}",
                 "" if row.p_value is None else f"{row.p_value:.4f}",
                 row.significance,
@@ -412,8 +407,7 @@ def table_markdown(
     ]
     if pretrained:
         diff_rows = [
-            [row.name, *(signed(value, key) for key, value in difference(row, pretrained, columns).items())]
-            for row in rows
+            [row.name, *(signed(value, key) for key, value in difference(row, pretrained).items())] for row in rows
         ]
         lines += ["", f"Difference from {PRETRAINED} (mean − {PRETRAINED}'s mean):", ""]
         lines += _markdown(["arm", *columns, "average"], diff_rows)
@@ -435,9 +429,7 @@ def csv_rows(
             "seeds": len(row.runs),
             "runs": ";".join(r.run for r in row.runs),
             "steps": ";".join(str(r.step) for r in row.runs),
-            **{f"{c}_{kind}": getattr(row, kind)[c] for c in columns for kind in ("mean", "std")},
-            "average_mean": row.average_mean,
-            "average_std": row.average_std,
+            **{f"{key}_{kind}": getattr(row, kind)[key] for key in row.mean for kind in ("mean", "std")},
             "avg_rank": row.rank,
             "reference": reference,
             "test": test,
@@ -445,7 +437,7 @@ def csv_rows(
             "significance": row.significance,
             **{
                 f"{key}_diff": value
-                for key, value in difference(row, None if row is pretrained else pretrained, columns).items()
+                for key, value in difference(row, None if row is pretrained else pretrained).items()
             },
         }
         for row in ([pretrained] if pretrained else []) + rows
@@ -457,8 +449,8 @@ def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule
     t-test's name) against the reference arm (hatched)."""
     fig, ax = plt.subplots(figsize=(max(6.4, 1.6 * len(rows) + 2), 4.6), layout="constrained")
     x = np.arange(len(rows))
-    means = [row.average_mean for row in rows]
-    errors = [0 if np.isnan(row.average_std) else row.average_std for row in rows]
+    means = [row.mean["average"] for row in rows]
+    errors = [0 if np.isnan(row.std["average"]) else row.std["average"] for row in rows]
     hatches = ["//" if row.name == reference else None for row in rows]
     bars = ax.bar(x, means, yerr=errors, capsize=6, color="#8fb3d9", edgecolor="#1f4e79", width=0.6, hatch=hatches)
     ax.bar_label(bars, [row.significance for row in rows], padding=4, fontsize=12)  # above the error bar

@@ -11,12 +11,11 @@ from ...run_folder.outputs import atomic_write, write_json
 from .draw import FONT, WIDTH_IN, plt, save
 
 
-def _cells(columns: list[str], row: ArmRow) -> list[str]:
+def _cells(row: ArmRow) -> list[str]:
     return [
         row.name,
         str(len(row.runs)),
-        *(cell(row.mean[c], row.std[c], c) for c in columns),
-        cell(row.average_mean, row.average_std, "average"),
+        *(cell(row.mean[key], row.std[key], key) for key in row.mean),
         "" if row.p_value is None else f"{row.p_value:.3g}{row.significance}",
     ]
 
@@ -33,9 +32,9 @@ def latex(columns: list[str], rows: list[ArmRow], reference: str, pretrained: Ar
         r"\midrule",
     ]
     for row in rows:
-        lines.append(" & ".join(esc(c).replace("±", r"$\pm$") for c in _cells(columns, row)) + r" \\")
+        lines.append(" & ".join(esc(c).replace("±", r"$\pm$") for c in _cells(row)) + r" \\")
         if pretrained is not None and row is not pretrained:  # the authors' second line: the difference
-            shown = [signed(value, key) for key, value in difference(row, pretrained, columns).items()]
+            shown = [signed(value, key) for key, value in difference(row, pretrained).items()]
             lines.append(" & ".join(["", "", *shown, ""]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
@@ -43,7 +42,7 @@ def latex(columns: list[str], rows: list[ArmRow], reference: str, pretrained: Ar
 
 def _figure(columns: list[str], rows: list[ArmRow], reference: str, rule: str, test: str, stem: str) -> None:
     header = ["arm", "seeds", *[c.replace("/", "/\n") for c in columns], "average", f"p vs\n{reference}"]
-    body = [_cells(columns, row) for row in rows]
+    body = [_cells(row) for row in rows]
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 0.9 + 0.35 * len(rows)), layout="constrained")
     ax.axis("off")
     shown = ax.table(cellText=body, colLabels=header, loc="center", cellLoc="center")
@@ -65,12 +64,12 @@ def _numbers(columns: list[str], row: ArmRow, pretrained: ArmRow | None) -> dict
         "steps": [r.step for r in row.runs],
         "mean": {c: finite_or_none(row.mean[c]) for c in columns},
         "std": {c: finite_or_none(row.std[c]) for c in columns},
-        "average_mean": finite_or_none(row.average_mean),
-        "average_std": finite_or_none(row.average_std),
+        "average_mean": finite_or_none(row.mean["average"]),
+        "average_std": finite_or_none(row.std["average"]),
         "avg_rank": finite_or_none(row.rank),
         "p_value": finite_or_none(row.p_value),
         "significance": row.significance,
-        "difference": {k: finite_or_none(v) for k, v in difference(row, pretrained, columns).items()},
+        "difference": {k: finite_or_none(v) for k, v in difference(row, pretrained).items()},
     }
 
 
