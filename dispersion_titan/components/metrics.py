@@ -15,15 +15,6 @@ from torchtitan.tools.logging import logger
 from . import wandb_run
 
 
-def global_batch_size(job_config, parallel_dims) -> int:
-    """Sequences per optimizer step over all data-parallel ranks (-1: one local batch per rank)."""
-    size = job_config.training.global_batch_size
-    if size < 0:
-        degree = parallel_dims.get_mesh("batch").size() if parallel_dims.dp_enabled else 1
-        size = job_config.training.local_batch_size * degree
-    return size
-
-
 class StepMetrics:
     """Per-step sums TorchTitan does not keep, on the device, reduced only at log steps."""
 
@@ -54,7 +45,9 @@ class DispersionMetricsProcessor(MetricsProcessor):
     def __init__(self, job_config, parallel_dims, model_args: Any = None, tag: str | None = None) -> None:
         """Every TrainSpec's ``build_metrics_processor_fn`` (``model_args``: unused, as by TorchTitan's)."""
         super().__init__(job_config, parallel_dims, tag)
-        self.step_metrics = StepMetrics(global_batch_size(job_config, parallel_dims))
+        t = job_config.training  # global_batch_size -1: one local batch per rank of the batch mesh, as TorchTitan's
+        ranks = parallel_dims.dp_replicate * parallel_dims.dp_shard
+        self.step_metrics = StepMetrics(t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * ranks)
         if job_config.metrics.enable_wandb:
             wandb_run.record(job_config.job.dump_folder)
 
