@@ -1,6 +1,2 @@
 """Downstream evaluation of saved checkpoints with lm-eval (``python -m dispersion_titan.evaluate``);
 docs/code_map.md says which module does what."""
-
-from dispersion_titan.utils.errors import EvaluationError
-
-__all__ = ["EvaluationError"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from . import EvaluationError
+from ..utils.errors import EvaluationError
 
 # What Table 2 reports of the authors' two simple_evaluate calls (zero-shot, few-shot); their other
 # zero-shot names (groups, hellaswag) get their shots too when asked for with --tasks.

@@ -15,9 +15,8 @@ from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_un
 from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import resolve_device
-from ..utils.errors import ArgumentError, CheckpointError
+from ..utils.errors import ArgumentError, CheckpointError, EvaluationError
 from ..utils.hub import PREFIX, HFSpec, loading, parse_spec
-from . import EvaluationError
 from .export import hflm_location, hub_location, source_changed, source_identity
 from .protocol import mean_accuracy, run_protocol, select_tasks
 from .step_results import (

@@ -7,8 +7,8 @@ import os
 from importlib.metadata import version
 from typing import Any
 
+from ..utils.errors import EvaluationError
 from ..utils.hub import hub_offline
-from . import EvaluationError
 
 
 class Tasks:
