@@ -184,9 +184,14 @@ class RunEvaluation:
                     **self.seeds,
                 )
                 merge(merged, result)
+                shown = [  # lm-eval's main numbers, e.g. acc 0.2500, acc_norm 0.3000
+                    f"{key.split(',')[0]} {value:.4f}"
+                    for key, value in result["results"].get(name, {}).items()
+                    if isinstance(value, float) and "_stderr" not in key
+                ]
                 print(
                     f"step {checkpoint.step} [{index}/{len(selection.tasks)}] {name}: "
-                    f"{_metrics_line(result['results'].get(name, {}))} ({time.time() - task_start:.1f} s)",
+                    f"{', '.join(shown) or 'no metrics'} ({time.time() - task_start:.1f} s)",
                     flush=True,
                 )
         merged[OURS] = {
@@ -213,13 +218,3 @@ def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
     return dict.fromkeys(
         ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), int(training_seed)
     )
-
-
-def _metrics_line(metrics: dict) -> str:
-    """lm-eval's main numbers of one task, e.g. ``acc 0.2500, acc_norm 0.3000``."""
-    shown = [
-        f"{key.split(',')[0]} {value:.4f}"
-        for key, value in metrics.items()
-        if isinstance(value, float) and "_stderr" not in key
-    ]
-    return ", ".join(shown) or "no metrics"
