@@ -87,7 +87,6 @@ class RunScores:
     """One run's selected checkpoint."""
 
     run: str
-    dump: str  # the run's dump folder, holding run.json
     step: int
     scores: dict[str, float]
     settings: dict
@@ -173,7 +172,7 @@ def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
         "with one set of settings), or use --select step:N",
     )
     result = run.results[step]
-    return RunScores(run.run, run.dump, step, result_scores(result), settings(result))
+    return RunScores(run.run, step, result_scores(result), settings(result))
 
 
 def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
@@ -274,7 +273,7 @@ REFERENCE_VARIANT = "angular_spread"
 """The paper's reference row: the dispersion loss it proposes."""
 
 
-def default_reference(by_arm: dict[str, list[RunScores]]) -> tuple[str, str]:
+def default_reference(by_arm: dict[str, list[Evaluated]]) -> tuple[str, str]:
     """The arm the others are tested against, and why."""
     for arm, runs in by_arm.items():
         if _dispersion(runs[0].dump) == REFERENCE_VARIANT:
@@ -508,7 +507,7 @@ def table(
     if reference:
         why = "given with --reference"
     else:  # a block of the paper's table without mid-trained arms (GPT2-large, -xl): its Pretrained row alone
-        reference, why = default_reference(by_arm) if by_arm else (PRETRAINED, "no arms: the Pretrained row alone")
+        reference, why = default_reference(found) if by_arm else (PRETRAINED, "no arms: the Pretrained row alone")
     _check_alike([(r.run, r.settings) for runs in [*by_arm.values(), base] for r in runs], "evaluate both alike")
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
