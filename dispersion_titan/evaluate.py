@@ -14,7 +14,7 @@ from dispersion_titan.config.cli import (
     non_negative_int,
     positive_int,
 )
-from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, EVALUATION_PROTOCOLS, PRESETS
+from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, PRESETS
 from dispersion_titan.utils.errors import command, run_command
 
 
@@ -44,7 +44,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
     p.add_argument(
         "--protocol",
-        choices=EVALUATION_PROTOCOLS,
+        choices=PRESETS,
         help="the authors' tasks (10 accuracies, wikitext-103 perplexity), shots per task and limit "
         "(default: the run's family from its run.json: qwen3_dispersion runs qwen3, others gpt2): "
         + "; ".join(

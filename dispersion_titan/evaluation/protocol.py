@@ -34,7 +34,6 @@ PRESETS = {
     "gpt2": Protocol(1, 500),  # lm_dispersion/midtrain_gpt2_huggingface/midtrain_gpt2.py
     "qwen3": Protocol(5, 200),  # lm_dispersion/midtrain_qwen3_huggingface/midtrain_qwen3.py
 }
-EVALUATION_PROTOCOLS = tuple(PRESETS)
 DEFAULT_PROTOCOL = "gpt2"
 FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3_dispersion": "qwen3"}
 """A run's model family -> the authors' protocol for it (others: ``DEFAULT_PROTOCOL``, with a note)."""
@@ -48,7 +47,7 @@ def run_protocol(model_name: str) -> tuple[str, str | None]:
         return FAMILY_PROTOCOLS[model_name], None
     return DEFAULT_PROTOCOL, (
         f"note: the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
-        f"(--protocol {' or '.join(EVALUATION_PROTOCOLS)} chooses)"
+        f"(--protocol {' or '.join(PRESETS)} chooses)"
     )
 
 
