@@ -152,6 +152,11 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
             f"({sorted(wanted)}; have {sorted(run.results)}); evaluate those steps "
             "(--steps), or use --select last or step:N"
         )
+    _check_alike(
+        [(f"{run.folder} step {s}", settings(run.results[s])) for s in sorted(averages)],
+        "--select best weighs them together: evaluate them alike (python -m dispersion_titan.evaluate RUN --force "
+        "with one set of settings), or use --select step:N",
+    )
     if None in averages.values():
         raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
     return averages
@@ -163,14 +168,9 @@ def _best(curve: dict[int, float]) -> int:
 
 
 def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
-    """``step``'s scores, once each result the rule weighed still describes its checkpoint and was scored alike."""
+    """``step``'s scores, once each result the rule weighed still describes its checkpoint."""
     for weighed_step in weighed:
         _check_fresh(run.folder, run.results[weighed_step])
-    _check_alike(
-        [(f"{run.folder} step {s}", settings(run.results[s])) for s in sorted(weighed)],
-        "--select best weighs them together: evaluate them alike (python -m dispersion_titan.evaluate RUN --force "
-        "with one set of settings), or use --select step:N",
-    )
     result = run.results[step]
     return RunScores(run.run, step, result_scores(result), settings(result))
 
