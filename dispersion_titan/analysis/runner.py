@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..components.wandb_run import log_results, recorded
 from ..models import family
+from ..run_folder import outputs
 from ..run_folder.checkpoints import (
     checkpoint_identity,
     identity_changed,
@@ -107,45 +108,36 @@ def fitted_inputs(options: argparse.Namespace, inputs: InputOptions, positions: 
     return dataclasses.replace(inputs, seq_len=positions)
 
 
+@dataclass
 class Analysis:
     """The state of one analysis: its units, inputs, output folders and cached results. Each target gives
     ``load(unit)``, the unit's ``LayeredModel``, and ``metadata(unit)``, the ``Condensation`` fields that depend
     on it (``run``, ``model_args``, …)."""
 
-    skippable: tuple[type[Exception], ...] = ()
-    """Load errors that skip a unit (exit status 1) rather than end the analysis."""
+    options: argparse.Namespace
+    units: list[Unit]
+    label: str
+    out: str
+    tb_default: str
+    inputs: InputOptions
+    dtype: str
+    owner: FolderOwner
+    encode: Encode | DocumentEncoder
+    model: str | None = None
+
+    skippable = ()  # load errors that skip a unit (exit status 1) rather than end the analysis
     noun = "model state"
 
-    def __init__(
-        self,
-        options: argparse.Namespace,
-        units: list[Unit],
-        label: str,
-        out: str,
-        tb_default: str,
-        inputs: InputOptions,
-        dtype: str,
-        owner: FolderOwner,
-        encode: Encode | DocumentEncoder,
-        model: str | None = None,
-    ):
-        self.options = options
-        self.units = units
-        self.label = label
-        self.out = out
-        self.inputs = inputs
-        self.dtype = dtype
-        self.model = model
-        self.owner = owner
-        self.device = resolve_device(options.device, dtype)
-        refuse_if_busy(out, COMMAND)  # a busy folder's owner named at once, before the inputs are read
-        refuse_unless_ours(out, owner, "--out", "use another --out")
-        self.sequences = select_sequences(inputs, encode)
-        self.geometry_sequences = int(geometry_mask(len(self.sequences.tokens), options.geometry_sequences).sum())
+    def __post_init__(self) -> None:
+        self.device = resolve_device(self.options.device, self.dtype)
+        refuse_if_busy(self.out, COMMAND)  # a busy folder's owner named at once, before the inputs are read
+        refuse_unless_ours(self.out, self.owner, "--out", "use another --out")
+        self.sequences = select_sequences(self.inputs, self.encode)
+        self.geometry_sequences = int(geometry_mask(len(self.sequences.tokens), self.options.geometry_sequences).sum())
         self.settings = hashlib.sha256(
             json.dumps([self.model, self.dtype, self.geometry_sequences, self.sequences.sha256]).encode()
         ).hexdigest()[:12]
-        self.tb_dir = self._histogram_folder(options.tb_dir, tb_default)
+        self.tb_dir = self._histogram_folder(self.options.tb_dir, self.tb_default)
         ensure_writable(self.out, "--out")
         ensure_writable(self.tb_dir, "--tb-dir")
 
@@ -167,16 +159,11 @@ class Analysis:
 
     def _differences(self, result: Condensation) -> str:
         """The settings ``result`` was measured with that differ from this analysis's ("" if none)."""
-        changed = []
-        if result.model != self.model:
-            changed.append(f"model {result.model or result.run!r} vs {self.model!r}")
-        if result.dtype != self.dtype:
-            changed.append(f"dtype {result.dtype!r} vs {self.dtype!r}")
-        if result.geometry_sequences != self.geometry_sequences:
-            changed.append(f"geometry_sequences {result.geometry_sequences} vs {self.geometry_sequences}")
+        mine = {"model": self.model, "dtype": self.dtype, "geometry_sequences": self.geometry_sequences}
+        changed = [outputs.differences({key: getattr(result, key) for key in mine}, mine)]
         if result.tokens_sha256 != self.sequences.sha256:
             changed.append(differences(result.inputs, self.sequences.record()))
-        return ", ".join(changed)
+        return ", ".join(filter(None, changed))
 
     def stale(self, source: str, result: Condensation) -> bool:
         """Whether ``result`` was measured on other weights than ``source`` holds now."""
