@@ -20,10 +20,9 @@ from scipy import stats
 
 from dispersion_titan.analysis import AnalysisError
 from dispersion_titan.analysis.condensation_schema import Condensation
-from dispersion_titan.analysis.geometry import effective_rank, max_explainable_variance
 from dispersion_titan.analysis.hf_model import decoder_layers
 from dispersion_titan.analysis.inputs import InputOptions, paper_texts, select_sequences
-from dispersion_titan.analysis.measure import unit_tokens
+from dispersion_titan.analysis.measure import effective_rank, max_explainable_variance, unit_tokens
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.utils.errors import ModelLoadError
 from support.cli import analyze, assert_one_line_error

@@ -25,9 +25,9 @@ class LayerCondensation:
     hist: list[float]
     """Density histogram of the S² entries on ``hist_range`` in ``hist_bins`` bins."""
     effective_rank: float | None = None
-    """``geometry.effective_rank`` averaged over ``geometry_sequences`` sequences (None: not measured)."""
+    """``measure.effective_rank`` averaged over ``geometry_sequences`` sequences (None: not measured)."""
     mev: float | None = None
-    """``geometry.max_explainable_variance``, averaged likewise."""
+    """``measure.max_explainable_variance``, averaged likewise."""
 
 
 @dataclass(frozen=True)
