@@ -5,8 +5,6 @@ which transformers' ``output_hidden_states`` replaces by the final norm's. Only 
 
 from __future__ import annotations
 
-import re
-
 import torch
 from torch import nn
 
@@ -16,13 +14,6 @@ from .inputs import Encode
 from .measure import LayerSink
 
 BF16_ABOVE_PARAMS = 10**9
-_STEP_IN_NAME = re.compile(r"step(\d+)")
-
-
-def revision_step(revision: str | None, position: int) -> int:
-    """A revision's place in training: the number after ``step`` in its name, else its position."""
-    match = _STEP_IN_NAME.search(revision or "")
-    return int(match.group(1)) if match else position
 
 
 def _from_pretrained(auto_class, spec: HFSpec, revision: str | None, **kwargs):
@@ -33,27 +24,21 @@ def _from_pretrained(auto_class, spec: HFSpec, revision: str | None, **kwargs):
 
 
 def load_config(spec: HFSpec, revision: str | None):
-    """The model's config, refused unless it describes a decoder-only causal LM."""
+    """The model's config, refused unless it describes a decoder-only causal LM: encoders see every position
+    at once, so their layers are not what a causal LM's are."""
     from transformers import AutoConfig
-
-    config = _from_pretrained(AutoConfig, spec, revision)
-    _check_decoder_only(config, spec.name(revision))
-    return config
-
-
-def _check_decoder_only(config, name: str) -> None:
-    """Encoders see every position at once: their layers are not what a causal LM's are."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+    config = _from_pretrained(AutoConfig, spec, revision)
     if config.is_encoder_decoder:
         kind = "an encoder-decoder"
     elif config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_decoder:
         kind = "an encoder-only"
     else:
-        return
+        return config
     architecture = (config.architectures or [type(config).__name__])[0]
     raise ModelLoadError(
-        f"{name}: {architecture} ({config.model_type}) is {kind} model; "
+        f"{spec.name(revision)}: {architecture} ({config.model_type}) is {kind} model; "
         f"analyze measures decoder-only causal language models (GPT-2, Llama, Qwen, OLMo, …)"
     )
 

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -340,9 +341,9 @@ class HFAnalysis(Analysis):
         inputs = fitted_inputs(
             options, inputs, self.args["max_seq_len"], f"max_position_embeddings of {self.spec.model}"
         )
-        units = [
+        units = [  # a revision's step: the number after ``step`` in its name, else its position
             Unit(
-                hf_model.revision_step(rev, i),
+                int(m.group(1)) if (m := re.search(r"step(\d+)", rev or "")) else i,
                 f"rev-{(rev or 'default').replace('/', '--')}",
                 self.spec.location(rev)[0],
                 rev,
