@@ -93,32 +93,23 @@ def read_texts(path: str) -> list[str]:
     return texts
 
 
-def _texts(options: InputOptions) -> list[str]:
-    if options.texts:
-        return read_texts(options.texts)
-    from ..data.corpora import iter_documents  # datasets: only for a registered corpus, not --texts
-
-    return list(iter_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
-
-
 def _documents(options: InputOptions, encode: Encode | DocumentEncoder) -> list[np.ndarray]:
     """Token ids of every document (no separators), by a run's tokenizer or ``encode``."""
     try:
-        if not isinstance(encode, DocumentEncoder):
-            return [np.asarray(ids, dtype=np.int64) for ids in encode(_texts(options))]
-        if options.texts:
-            return [np.asarray(ids) for ids in encode.encode_batch(read_texts(options.texts), 8)]
-        from ..data.packed import tokenized_documents  # TorchTitan: only for a run's own tokenizer
+        if isinstance(encode, DocumentEncoder) and not options.texts:
+            from ..data.packed import tokenized_documents  # TorchTitan: only for a run's own tokenizer
 
-        return list(tokenized_documents(options.dataset, SPLIT, options.dataset_path, "--dataset", encode))
+            return list(tokenized_documents(options.dataset, SPLIT, options.dataset_path, "--dataset", encode))
+        if options.texts:
+            texts = read_texts(options.texts)
+        else:
+            from ..data.corpora import iter_documents  # datasets: only for a registered corpus, not --texts
+
+            texts = list(iter_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
+        ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
+        return [np.asarray(seq, dtype=np.int64) for seq in ids]
     except DataConfigError as e:
         raise AnalysisError(str(e)) from None
-
-
-def _windows(documents: list[np.ndarray], seq_len: int) -> np.ndarray:
-    """All aligned non-overlapping windows of ``seq_len`` tokens, [N, S]."""
-    windows = [doc[: len(doc) // seq_len * seq_len].reshape(-1, seq_len) for doc in documents if len(doc) >= seq_len]
-    return np.concatenate(windows).astype(np.int64) if windows else np.empty((0, seq_len), np.int64)
 
 
 def word_count(text: str) -> int:
@@ -195,14 +186,16 @@ def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = G
     if options.protocol == "paper":
         return _sequences(options, _paper_sequences(options, encode))
     documents = _documents(options, encode)
-    windows = _windows(documents, options.seq_len)
+    seq_len = options.seq_len  # all aligned non-overlapping windows of S tokens:
+    windows = [doc[: len(doc) // seq_len * seq_len].reshape(-1, seq_len) for doc in documents if len(doc) >= seq_len]
     source = options.describe()
-    if len(windows) == 0:
+    if not windows:
         longest = max((len(d) for d in documents), default=0)
         raise AnalysisError(
             f"{source}: none of its {len(documents)} texts has at least --seq-len {options.seq_len} "
             f"tokens (longest: {longest})"
         )
+    windows = np.concatenate(windows).astype(np.int64)  # [N, S]
     if len(windows) < options.num_sequences:
         raise AnalysisError(
             f"{source}: only {len(windows)} windows of {options.seq_len} tokens in its texts of at least "
