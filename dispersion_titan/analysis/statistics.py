@@ -28,28 +28,6 @@ def finite_or_none(value: float | None) -> float | None:
     return None if value is None or math.isnan(value) else float(value)
 
 
-def layer_statistics(measured: Measurement) -> list[LayerCondensation]:
-    """Per layer: mean cosine with and without the diagonal, the density histogram, the geometry."""
-    seq_len = measured.means.shape[-1]
-    layers = []
-    rows = zip(measured.names, measured.means.double().cpu().numpy(), measured.effective_rank, measured.mev)
-    for index, (name, matrix, rank, mev) in enumerate(rows):
-        total, trace = matrix.sum(), np.trace(matrix)
-        density, _ = np.histogram(np.clip(matrix, *HIST_RANGE), bins=HIST_BINS, range=HIST_RANGE, density=True)
-        layers.append(
-            LayerCondensation(
-                index=index,
-                name=name,
-                mean_cos=float(total / seq_len**2),
-                mean_cos_offdiag=float((total - trace) / (seq_len**2 - seq_len)),
-                hist=density.tolist(),
-                effective_rank=rank,
-                mev=mev,
-            )
-        )
-    return layers
-
-
 def rank_trend(x: list[float], y: list[float]) -> dict[str, dict[str, float | None]]:
     """Spearman's rho and Kendall's tau (scipy) of y against x, with their two-sided p-values."""
     from scipy import stats  # here: the module is imported by torch- and scipy-free paths
@@ -76,8 +54,25 @@ def point_layers(result: Condensation) -> list[LayerCondensation]:
 
 
 def summarize(measured: Measurement, layer_points: str = "all") -> dict:
-    """The ``Condensation`` fields of one measured state; the trend and last-n over ``layer_points``."""
-    layers = layer_statistics(measured)
+    """The ``Condensation`` fields of one measured state: per layer, mean cosine with and without the diagonal,
+    the density histogram, the geometry; the trend and last-n over ``layer_points``."""
+    seq_len = measured.means.shape[-1]
+    layers = []
+    rows = zip(measured.names, measured.means.double().cpu().numpy(), measured.effective_rank, measured.mev)
+    for index, (name, matrix, rank, mev) in enumerate(rows):
+        total, trace = matrix.sum(), np.trace(matrix)
+        density, _ = np.histogram(np.clip(matrix, *HIST_RANGE), bins=HIST_BINS, range=HIST_RANGE, density=True)
+        layers.append(
+            LayerCondensation(
+                index=index,
+                name=name,
+                mean_cos=float(total / seq_len**2),
+                mean_cos_offdiag=float((total - trace) / (seq_len**2 - seq_len)),
+                hist=density.tolist(),
+                effective_rank=rank,
+                mev=mev,
+            )
+        )
     curve = [layers[i].mean_cos for i in depth_points([layer.name for layer in layers], layer_points)]
     trend = rank_trend(list(range(len(curve))), curve)  # against layer index (embedding = 0)
     return {
