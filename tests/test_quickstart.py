@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation
-from dispersion_titan.analysis.result_files import read_results
+from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation, read_results
 from dispersion_titan.quickstart import CONFIG
 from dispersion_titan.reproduce.quickstart.figure import findings_figure
 from dispersion_titan.reproduce.quickstart.findings import (

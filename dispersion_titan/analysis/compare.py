@@ -12,9 +12,9 @@ from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import format_table, results_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned
 from . import AnalysisError, figures
-from .condensation_schema import Condensation
+from .condensation_schema import RESULT_FILE, Condensation, read_analyses
 from .inputs import differences
-from .result_files import RESULT_FILE, layer_row, read_analyses
+from .statistics import layer_row
 
 
 @dataclass(frozen=True)

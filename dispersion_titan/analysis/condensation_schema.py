@@ -1,15 +1,19 @@
-"""The analysis result of one model state, the schema of ``condensation.json``: every reader uses these
-classes, never string keys, so a field renamed or added is one change here.
+"""The analysis result of one model state, the schema of ``condensation.json`` (``OUT/step-N/`` or
+``rev-NAME/``), and its readers: every reader uses these classes, never string keys, so a field renamed
+or added is one change here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..run_folder.outputs import FORMAT, FORMAT_KEY, check_format
+from ..run_folder.outputs import FORMAT, FORMAT_KEY, RESULT_FOLDER, STEP_FOLDER, check_format, read_json_files
 from ..utils.errors import AnalysisError
+
+RESULT_FILE = "condensation.json"
 
 
 @dataclass(frozen=True)
@@ -106,3 +110,18 @@ class Condensation:
             )
         except (KeyError, TypeError) as e:
             raise AnalysisError(f"{source}: not a condensation result of this version ({e})") from None
+
+
+def read_analyses(out: str) -> dict[str, Condensation]:
+    """Every analysis stored in ``out``, by result folder name, in name order."""
+    return {
+        name: Condensation.from_json(data, os.path.join(out, name, RESULT_FILE))
+        for name, data in read_json_files(out, RESULT_FILE).items()
+        if RESULT_FOLDER.match(name)
+    }
+
+
+def read_results(out: str) -> dict[int, Condensation]:
+    """Every checkpoint's analysis stored in ``out``, by step."""
+    steps = {int(m.group(1)): r for name, r in read_analyses(out).items() if (m := STEP_FOLDER.match(name))}
+    return dict(sorted(steps.items()))

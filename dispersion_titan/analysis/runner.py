@@ -49,14 +49,14 @@ from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, ModelLoadError, OutputError
 from ..utils.hub import PREFIX, parse_spec
 from . import AnalysisError, figures, hf_model, inputs
-from .condensation_schema import Condensation
+from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, geometry_mask, measure
-from .result_files import RESULT_FILE, SUMMARY_FILE, read_analyses, read_results, summary_rows
-from .statistics import HIST_EDGES, HIST_RANGE, condensation
+from .statistics import HIST_EDGES, HIST_RANGE, condensation, layer_row
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_SEQ_LEN = 512
+SUMMARY_FILE = "summary.csv"
 
 
 def input_options(a: argparse.Namespace) -> InputOptions:
@@ -249,7 +249,18 @@ class Analysis:
             )
         if not matching:
             return
-        write_csv(os.path.join(self.out, SUMMARY_FILE), summary_rows(matching))
+        rows = [  # one per step (or revision) × layer
+            {
+                "step": result.step,
+                **({"revision": result.revision} if result.model else {}),
+                **layer_row(result, layer),
+                "spearman": result.spearman,
+                "kendall": result.kendall,
+            }
+            for result in matching
+            for layer in result.layers
+        ]
+        write_csv(os.path.join(self.out, SUMMARY_FILE), rows)
         title = f"{self.label}: K={self.inputs.num_sequences}, S={self.inputs.seq_len}"
         save_png(figures.evolution(matching, title), os.path.join(self.out, "evolution.png"))
         print(f"results: {self.out} (TensorBoard histograms: {self.tb_dir})")

@@ -23,6 +23,19 @@ def layer_fraction(index: int, num_layers: int) -> float:
     return index / (num_layers - 1)
 
 
+def layer_row(result: Condensation, layer: LayerCondensation) -> dict:
+    """One layer's numbers, as ``summary.csv`` and ``compare_layers.csv`` give them."""
+    return {
+        "layer_index": layer.index,
+        "layer": layer.name,
+        "layer_fraction": layer_fraction(layer.index, len(result.layers)),
+        "mean_cos": layer.mean_cos,
+        "mean_cos_offdiag": layer.mean_cos_offdiag,
+        "effective_rank": layer.effective_rank,
+        "mev": layer.mev,
+    }
+
+
 def finite_or_none(value: float | None) -> float | None:
     """JSON has no NaN: a constant curve has no rank correlation (one seed no std, an untested row no p)."""
     return None if value is None or math.isnan(value) else float(value)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...analysis.condensation_schema import Condensation, LayerCondensation
+from ...analysis.condensation_schema import Condensation, LayerCondensation, read_analyses
 from ...analysis.inputs import differences
-from ...analysis.result_files import read_analyses
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
 from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import point_layers, rank_trend

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ...analysis.condensation_schema import Condensation
+from ...analysis.condensation_schema import RESULT_FILE, Condensation
 from ...analysis.inputs import InputOptions, Sequences, select_sequences
 from ...analysis.measure import DecoderLayers, measure
-from ...analysis.result_files import RESULT_FILE
 from ...analysis.statistics import condensation
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from ...models.gpt2.model import GPT2

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ...analysis.compare import compare
+from ...analysis.condensation_schema import read_results
 from ...analysis.inputs import DEFAULT_DATASET, InputOptions
-from ...analysis.result_files import read_results
 from ...config.cli import load_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import gpt2_flavors

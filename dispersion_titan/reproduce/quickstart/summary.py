@@ -12,8 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...analysis.compare import analyses_folder, load_runs
-from ...analysis.condensation_schema import Condensation, LayerCondensation
-from ...analysis.result_files import read_results
+from ...analysis.condensation_schema import Condensation, LayerCondensation, read_results
 from ...run_folder.checkpoints import dispersion_variant, load_run_metadata
 
 VALIDATION_TAG = "validation_metrics/loss"
