@@ -16,7 +16,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -319,13 +318,13 @@ class RunAnalysis(Analysis):
         if self.options.wandb:  # what TensorBoard got, from the results written
             import wandb
 
-            per_step: dict[int, dict[str, Any]] = {}
-            for step, result in read_results(self.out).items():
-                edges = np.linspace(*result.hist_range, result.hist_bins + 1)
-                per_step[step] = {}
-                for layer in result.layers:
-                    per_step[step][f"cosine/{layer.name}"] = wandb.Histogram(np_histogram=(layer.hist, edges))
-                    per_step[step][f"mean_cos/{layer.name}"] = layer.mean_cos
+            per_step = {
+                step: {
+                    **{f"cosine/{x.name}": wandb.Histogram(np_histogram=(x.hist, HIST_EDGES)) for x in result.layers},
+                    **{f"mean_cos/{x.name}": x.mean_cos for x in result.layers},
+                }
+                for step, result in read_results(self.out).items()
+            }
             log_results(self.dump, "analyze", "analysis", per_step, self.out)
         return failed
 
