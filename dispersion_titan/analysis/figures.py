@@ -46,12 +46,6 @@ def curve_axes(ax: plt.Axes, title: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def _curve_axes(title: str, width: float = 6.4) -> tuple[Figure, plt.Axes]:
-    fig, ax = plt.subplots(figsize=(width, 4.2), layout="constrained")
-    curve_axes(ax, title)
-    return fig, ax
-
-
 def plot_curve(ax: plt.Axes, result: Condensation, **style) -> None:
     ax.plot(_fractions(result), [layer.mean_cos_offdiag for layer in result.layers], marker=".", **style)
 
@@ -63,7 +57,8 @@ def outside_legend(ax: plt.Axes) -> None:
 
 def evolution(results: list[Condensation], title: str) -> Figure:
     """One mean-cosine line per checkpoint, coloured from initialisation to final step."""
-    fig, ax = _curve_axes(title)
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
+    curve_axes(ax, title)
     steps = [result.step for result in results]
     norm = Normalize(min(steps), max(max(steps), min(steps) + 1))
     cmap = plt.get_cmap("viridis")
@@ -77,7 +72,8 @@ def evolution(results: list[Condensation], title: str) -> Figure:
 
 def comparison(labelled: list[tuple[str, Condensation]], title: str) -> Figure:
     """One mean-cosine line per run, the legend outside the axes."""
-    fig, ax = _curve_axes(title, 9.6)
+    fig, ax = plt.subplots(figsize=(9.6, 4.2), layout="constrained")
+    curve_axes(ax, title)
     for label, result in labelled:
         plot_curve(ax, result, label=label)
     outside_legend(ax)
