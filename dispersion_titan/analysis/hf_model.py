@@ -121,8 +121,28 @@ class HFLayers:
         sink("final_norm", output[0])
 
 
-def _check_complete(model: nn.Module, info: dict, name: str) -> None:
-    """Refuse a checkpoint whose backbone weights do not all load (transformers would fill them at random)."""
+def load_pretrained(
+    spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device, device_map: str | None
+) -> HFLayers:
+    """The model's weights in ``dtype``, on ``device`` or spread by ``device_map``, in eval mode."""
+    from transformers.utils import logging
+
+    config = load_config(spec, revision)
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # transformers' multi-line load report: said below in one line
+    try:
+        model, info = _from_pretrained(
+            _auto_class(config),
+            spec,
+            revision,
+            dtype=dtype,
+            output_loading_info=True,
+            ignore_mismatched_sizes=True,
+            device_map=device_map,
+        )
+    finally:
+        logging.set_verbosity(level)
+    # a checkpoint whose backbone weights do not all load is refused (transformers would fill them at random)
     backbone = {id(t) for t in model.base_model.state_dict(keep_vars=True).values()}
     needed = {key for key, t in model.state_dict(keep_vars=True).items() if id(t) in backbone}
     problems = {
@@ -133,35 +153,10 @@ def _check_complete(model: nn.Module, info: dict, name: str) -> None:
     said = [f"{len(keys)} weight(s) {what} (e.g. {keys[0]})" for what, keys in problems.items() if keys]
     if said:
         raise ModelLoadError(
-            f"{name}: its weights do not load completely into {type(model).__name__} "
+            f"{spec.name(revision)}: its weights do not load completely into {type(model).__name__} "
             f"({model.config.model_type}): {'; '.join(said)}; analyze measures decoder-only "
             f"causal language models whose checkpoint holds every weight they use"
         )
-
-
-def load_pretrained(
-    spec: HFSpec, revision: str | None, dtype: torch.dtype, device: torch.device, device_map: str | None
-) -> HFLayers:
-    """The model's weights in ``dtype``, on ``device`` or spread by ``device_map``, in eval mode."""
-    from transformers.utils import logging
-
-    config = load_config(spec, revision)
-    placement = {"device_map": device_map} if device_map else {}
-    level = logging.get_verbosity()
-    logging.set_verbosity_error()  # transformers' multi-line load report: ``_check_complete`` says it in one line
-    try:
-        model, info = _from_pretrained(
-            _auto_class(config),
-            spec,
-            revision,
-            dtype=dtype,
-            output_loading_info=True,
-            ignore_mismatched_sizes=True,
-            **placement,
-        )
-    finally:
-        logging.set_verbosity(level)
-    _check_complete(model, info, spec.name(revision))
     if not device_map:
         model = model.to(device)
     return HFLayers(model.eval(), spec.name(revision))
