@@ -78,8 +78,7 @@ def geometry_mask(num_sequences: int, geometry_sequences: int) -> torch.Tensor:
     """[K] bool: the ``geometry_sequences`` evenly spaced sequences (all if K is fewer)."""
     mask = torch.zeros(num_sequences, dtype=torch.bool)
     count = min(num_sequences, geometry_sequences)
-    if count:
-        mask[torch.linspace(0, num_sequences - 1, count).round().long()] = True
+    mask[torch.linspace(0, num_sequences - 1, count).round().long()] = True
     return mask
 
 
