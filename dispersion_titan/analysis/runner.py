@@ -166,8 +166,8 @@ class Analysis:
         return ", ".join(filter(None, changed))
 
     def stale(self, source: str, result: Condensation) -> bool:
-        """Whether ``result`` was measured on other weights than ``source`` holds now."""
-        return False
+        """Whether ``result`` was measured on other weights than ``source`` holds now (a run's checkpoints)."""
+        return result.checkpoint_identity is not None and identity_changed(result.checkpoint_identity, source)
 
     def analyze(self) -> int:
         """Analyze pending units and refresh the summary, as ``--out``'s one writer; the count that failed."""
@@ -307,9 +307,6 @@ class RunAnalysis(Analysis):
             "n_params": self.n_params,
             "checkpoint_identity": checkpoint_identity(unit.source),
         }
-
-    def stale(self, source: str, result: Condensation) -> bool:
-        return identity_changed(result.checkpoint_identity, source)
 
     def analyze(self) -> int:
         if self.options.wandb:
