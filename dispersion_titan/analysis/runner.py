@@ -289,7 +289,9 @@ class RunAnalysis(Analysis):
             FolderOwner("analysis", self.dump),
             encode=encoder_named(load_run_metadata(self.dump)["tokenizer"]),
         )
-        self.n_params = count_parameters(self.model_args)
+        with torch.device("meta"):  # the family's model of this shape, for its parameter count (tied: once)
+            model = family(self.model_args.FAMILY).get_train_spec().model_cls(self.model_args)
+        self.n_params = sum(p.numel() for p in model.parameters())
 
     def load(self, unit: Unit) -> LayeredModel:
         return DecoderLayers(load_model(unit.source, self.model_args, self.device, DTYPES[self.dtype]))
@@ -377,12 +379,6 @@ class HFAnalysis(Analysis):
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
         return {"run": self.spec.model, "model_args": self.args, "n_params": self.n_params, "model": self.spec.model}
-
-
-def count_parameters(args) -> int:
-    """Parameter count of the family's model of shape ``args`` (a tied LM head counted once)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in family(args.FAMILY).get_train_spec().model_cls(args).parameters())
 
 
 def _one_line(result: Condensation) -> str:
