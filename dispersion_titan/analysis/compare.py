@@ -19,7 +19,6 @@ from .statistics import layer_row
 
 @dataclass(frozen=True)
 class RunResult:
-    source: str
     label: str
     result: Condensation
 
@@ -57,19 +56,17 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
                 f"compare: {named[folder]} and {run} are the same run's analyses ({folder}); name each run once"
             )
         named[folder] = run
-    loaded = [RunResult(run, "", pick(run, step)) for run in runs]
-    first = loaded[0]
-    for other in loaded[1:]:
-        a, b = first.result.inputs, other.result.inputs
-        if first.result.tokens_sha256 != other.result.tokens_sha256:
+    results = [pick(run, step) for run in runs]
+    for run, result in zip(runs[1:], results[1:]):
+        if result.tokens_sha256 != results[0].tokens_sha256:
             raise AnalysisError(
-                f"compare: {other.source} was analyzed with different inputs than {first.source} "
-                f"({differences(a, b)}); re-analyze with the same options"
+                f"compare: {run} was analyzed with different inputs than {runs[0]} "
+                f"({differences(results[0].inputs, result.inputs)}); re-analyze with the same options"
             )
-    names = [os.path.basename(os.path.normpath(r.result.run)) for r in loaded]
+    names = [os.path.basename(os.path.normpath(result.run)) for result in results]
     if len(set(names)) < len(names):  # same folder names in different places
-        names = [r.source for r in loaded]
-    return [RunResult(r.source, f"{name} {_details(r.result)}", r.result) for r, name in zip(loaded, names)]
+        names = runs
+    return [RunResult(f"{name} {_details(result)}", result) for result, name in zip(results, names)]
 
 
 def table_rows(runs: list[RunResult]) -> list[dict]:
