@@ -48,12 +48,11 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
 def load_members(specs: Sequence[str], families: dict[str, str], protocol: str = "default") -> list[Member]:
     """Every SPEC's analysis, all of the same inputs (and ``protocol``)."""
     members = [load_member(spec, families) for spec in dict.fromkeys(specs)]
-    if protocol == "paper" and (other := next((m for m in members if m.result.inputs["protocol"] != "paper"),
-                                              None)):  # fmt: skip
-        raise AnalysisError(f"--protocol paper: {other.spec} was not analysed with analyze --protocol paper")
     first = members[0]
-    for other in members[1:]:
+    for other in members:
         a, b = first.result.inputs, other.result.inputs
+        if protocol == "paper" and b["protocol"] != "paper":
+            raise AnalysisError(f"--protocol paper: {other.spec} was not analysed with analyze --protocol paper")
         if {**a, "tokens_sha256": None} != {**b, "tokens_sha256": None}:  # token ids differ between tokenizers
             raise AnalysisError(
                 f"family: {other.spec} was analyzed with other inputs than {first.spec} ({differences(a, b)})"
