@@ -174,68 +174,66 @@ class Analysis:
         with owned(self.out, self.owner):
             found = {} if self.options.force else read_analyses(self.out)  # --force: all units pending
             sources = {unit.folder: unit.source for unit in self.units}
-            todo = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
-            return self._analyze([unit for unit in self.units if unit.folder in todo])
-
-    def _analyze(self, todo: list[Unit]) -> int:
-        per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
-        skipped = len(self.units) - len(todo)
-        if skipped:
-            print(f"{skipped} {self.noun}(s) already analyzed in {self.out} (--force recomputes them)")
-        failed = []
-        writer = None  # TensorBoard's, opened on first use: a run with nothing new to analyze writes none
-        try:
-            with tqdm(total=len(todo) * per_unit, unit="batch", desc="condensation", file=sys.stderr) as bar:
-                for unit in todo:
-                    bar.set_postfix_str(unit.folder)
-                    try:
-                        model = self.load(unit)
-                    except self.skippable as e:
-                        tqdm.write(f"dispersion_titan: skipped {self.noun}: {e}", file=sys.stderr)
-                        failed.append(unit.source)
-                        bar.update(per_unit)
-                        continue
-                    measured = measure(
-                        model,
-                        self.sequences.tokens,
-                        self.options.batch_size,
-                        self.device,
-                        self.options.geometry_sequences,
-                        lambda: bar.update(1),
-                    )
-                    del model
-                    result = condensation(
-                        unit.step,
-                        self.sequences,
-                        measured,
-                        dtype=self.dtype,
-                        device=self.device.type,
-                        checkpoint=unit.source,
-                        revision=unit.revision,
-                        **self.metadata(unit),
-                    )
-                    save_png(
-                        figures.heatmap(result, f"{self.label}: {result.label}"),
-                        os.path.join(self.out, f"heatmap_{unit.folder}.png"),
-                    )
-                    write_record(self.tb_dir, self.owner, settings=self.settings)  # for the next analysis to find
-                    if writer is None:
-                        from torch.utils.tensorboard import SummaryWriter
-
-                        writer = SummaryWriter(log_dir=self.tb_dir)
-                    for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
-                        writer.add_histogram(
-                            f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES
+            pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
+            todo = [unit for unit in self.units if unit.folder in pending]
+            per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
+            skipped = len(self.units) - len(todo)
+            if skipped:
+                print(f"{skipped} {self.noun}(s) already analyzed in {self.out} (--force recomputes them)")
+            failed = []
+            writer = None  # TensorBoard's, opened on first use: a run with nothing new to analyze writes none
+            try:
+                with tqdm(total=len(todo) * per_unit, unit="batch", desc="condensation", file=sys.stderr) as bar:
+                    for unit in todo:
+                        bar.set_postfix_str(unit.folder)
+                        try:
+                            model = self.load(unit)
+                        except self.skippable as e:
+                            tqdm.write(f"dispersion_titan: skipped {self.noun}: {e}", file=sys.stderr)
+                            failed.append(unit.source)
+                            bar.update(per_unit)
+                            continue
+                        measured = measure(
+                            model,
+                            self.sequences.tokens,
+                            self.options.batch_size,
+                            self.device,
+                            self.options.geometry_sequences,
+                            lambda: bar.update(1),
                         )
-                        writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
-                    writer.flush()
-                    write_json(os.path.join(self.out, unit.folder, RESULT_FILE), result.to_json())
-                    tqdm.write(_one_line(result))
-        finally:
-            if writer is not None:
-                writer.close()
-        self._write_summary()
-        return report_failed(failed, len(self.units), f"{self.noun}s", "analyzed")
+                        del model
+                        result = condensation(
+                            unit.step,
+                            self.sequences,
+                            measured,
+                            dtype=self.dtype,
+                            device=self.device.type,
+                            checkpoint=unit.source,
+                            revision=unit.revision,
+                            **self.metadata(unit),
+                        )
+                        save_png(
+                            figures.heatmap(result, f"{self.label}: {result.label}"),
+                            os.path.join(self.out, f"heatmap_{unit.folder}.png"),
+                        )
+                        write_record(self.tb_dir, self.owner, settings=self.settings)  # for the next analysis to find
+                        if writer is None:
+                            from torch.utils.tensorboard import SummaryWriter
+
+                            writer = SummaryWriter(log_dir=self.tb_dir)
+                        for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
+                            writer.add_histogram(
+                                f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES
+                            )
+                            writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
+                        writer.flush()
+                        write_json(os.path.join(self.out, unit.folder, RESULT_FILE), result.to_json())
+                        tqdm.write(_one_line(result))
+            finally:
+                if writer is not None:
+                    writer.close()
+            self._write_summary()
+            return report_failed(failed, len(self.units), f"{self.noun}s", "analyzed")
 
     def _write_summary(self) -> None:
         """``summary.csv`` and ``evolution.png`` over every state analyzed with these inputs."""
