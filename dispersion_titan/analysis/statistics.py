@@ -9,7 +9,7 @@ import numpy as np
 
 from .condensation_schema import Condensation, LastN, LayerCondensation
 
-if TYPE_CHECKING:  # torch-free at import: results (and so the quickstart's option check) import this
+if TYPE_CHECKING:  # torch-free at import: readers of results import this
     from .inputs import Sequences
     from .measure import Measurement
 
@@ -52,18 +52,16 @@ def rank_trend(x: list[float], y: list[float]) -> dict[str, dict[str, float | No
     }
 
 
-def depth_points(names: list[str], layer_points: str = "all") -> list[int]:
-    """Indices of the layers on the depth axis: all of them, or transformers' ``hidden_states`` (the last
-    block's own output left out, the final norm in its place), the authors' points."""
-    if layer_points == "all" or len(names) < 3 or names[-1] != "final_norm":
-        return list(range(len(names)))
-    return [i for i in range(len(names)) if i != len(names) - 2]
+def depth_points(count: int, layer_points: str = "all") -> list[int]:
+    """Indices of the ``count`` layers (embedding, blocks, final norm) on the depth axis: all of them, or
+    transformers' ``hidden_states`` (the last block's own output left out, the final norm in its place),
+    the authors' points."""
+    return [i for i in range(count) if layer_points == "all" or i != count - 2]
 
 
 def point_layers(result: Condensation) -> list[LayerCondensation]:
     """The layers of a result on its depth axis (its ``inputs``' ``layer_points``)."""
-    names = [layer.name for layer in result.layers]
-    return [result.layers[i] for i in depth_points(names, result.inputs["layer_points"])]
+    return [result.layers[i] for i in depth_points(len(result.layers), result.inputs["layer_points"])]
 
 
 def summarize(measured: Measurement, layer_points: str = "all") -> dict:
@@ -86,7 +84,7 @@ def summarize(measured: Measurement, layer_points: str = "all") -> dict:
                 mev=mev,
             )
         )
-    curve = [layers[i].mean_cos for i in depth_points([layer.name for layer in layers], layer_points)]
+    curve = [layers[i].mean_cos for i in depth_points(len(layers), layer_points)]
     trend = rank_trend(list(range(len(curve))), curve)  # against layer index (embedding = 0)
     return {
         "layers": layers,
