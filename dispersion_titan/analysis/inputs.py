@@ -162,24 +162,19 @@ def paper_rows(path: str | None) -> list[str]:
     return rows
 
 
-def _paper_sequences(options: InputOptions, encode: Encode | DocumentEncoder) -> np.ndarray:
-    """[K, S]: the first S tokens of each paper text, with ``encode``'s special tokens."""
-    rows = read_texts(options.texts) if options.texts else paper_rows(options.dataset_path)
-    texts = paper_texts(rows, options.num_sequences)
-    ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
-    short = [i for i, seq in enumerate(ids) if len(seq) < options.seq_len]
-    if short:
-        raise AnalysisError(
-            f"--protocol paper: text {short[0]} has only {len(ids[short[0]])} tokens, "
-            f"fewer than --seq-len {options.seq_len}"
-        )
-    return np.asarray([seq[: options.seq_len] for seq in ids], dtype=np.int64)
-
-
 def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = GPT2_BPE) -> Sequences:
     """K seeded windows of S tokens (or the paper's K texts); a one-line ``AnalysisError`` if there are too few."""
-    if options.protocol == "paper":
-        return _sequences(options, _paper_sequences(options, encode))
+    if options.protocol == "paper":  # the first S tokens of each paper text, with ``encode``'s special tokens
+        rows = read_texts(options.texts) if options.texts else paper_rows(options.dataset_path)
+        texts = paper_texts(rows, options.num_sequences)
+        ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
+        short = [i for i, seq in enumerate(ids) if len(seq) < options.seq_len]
+        if short:
+            raise AnalysisError(
+                f"--protocol paper: text {short[0]} has only {len(ids[short[0]])} tokens, "
+                f"fewer than --seq-len {options.seq_len}"
+            )
+        return _sequences(options, np.asarray([seq[: options.seq_len] for seq in ids], dtype=np.int64))
     documents = _documents(options, encode)
     seq_len = options.seq_len  # all aligned non-overlapping windows of S tokens:
     windows = [doc[: len(doc) // seq_len * seq_len].reshape(-1, seq_len) for doc in documents if len(doc) >= seq_len]
