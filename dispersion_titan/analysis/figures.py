@@ -9,21 +9,16 @@ from matplotlib.figure import Figure
 
 from ..run_folder.outputs import headless_pyplot
 from .condensation_schema import Condensation
-from .statistics import HIST_RANGE, layer_fraction
+from .statistics import HIST_RANGE
 
 plt = headless_pyplot()
 DEPTH_LABEL = "layer fraction (embedding = 0, final norm = 1)"
 
 
-def _fractions(result: Condensation) -> np.ndarray:
-    count = len(result.layers)
-    return np.array([layer_fraction(layer.index, count) for layer in result.layers])
-
-
 def heatmap(result: Condensation, title: str) -> Figure:
     """x = layer fraction, y = cosine similarity, colour = density of the S² entries."""
     density = np.array([layer.hist for layer in result.layers]).T  # [bins, L]
-    x = _fractions(result)
+    x = np.linspace(0, 1, len(result.layers))  # each layer's layer_fraction
     half = 0.5 / (len(x) - 1)
     x_edges = np.concatenate([x - half, [x[-1] + half]])
     y_edges = np.linspace(*HIST_RANGE, density.shape[0] + 1)
@@ -47,7 +42,9 @@ def curve_axes(ax: plt.Axes, title: str) -> None:
 
 
 def plot_curve(ax: plt.Axes, result: Condensation, **style) -> None:
-    ax.plot(_fractions(result), [layer.mean_cos_offdiag for layer in result.layers], marker=".", **style)
+    ax.plot(
+        np.linspace(0, 1, len(result.layers)), [layer.mean_cos_offdiag for layer in result.layers], marker=".", **style
+    )
 
 
 def outside_legend(ax: plt.Axes) -> None:
