@@ -71,28 +71,24 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
 
 def table_rows(runs: list[RunResult]) -> list[dict]:
     """One row per run: the depth trend, the curve's ends, and the last block's geometry."""
-    rows = []
-    for run in runs:
-        curve = run.result.curve
-        last_block = run.result.layers[-2]
-        rows.append(
-            {
-                "run": run.label,
-                "step": run.result.step,
-                "dtype": run.result.dtype,
-                "layers": len(curve),
-                "mlp_hidden_dim": run.result.mlp_width,
-                "mean_cos_embedding": curve[0],
-                "mean_cos_last_block": curve[-2],
-                "mean_cos_final_norm": curve[-1],
-                "mean_cos_all_layers": float(np.mean(curve)),
-                "spearman": run.result.spearman,
-                "kendall": run.result.kendall,
-                "effective_rank_last_block": last_block.effective_rank,
-                "mev_last_block": last_block.mev,
-            }
-        )
-    return rows
+    return [
+        {
+            "run": run.label,
+            "step": run.result.step,
+            "dtype": run.result.dtype,
+            "layers": len(run.result.layers),
+            "mlp_hidden_dim": run.result.mlp_width,
+            "mean_cos_embedding": run.result.curve[0],
+            "mean_cos_last_block": run.result.curve[-2],
+            "mean_cos_final_norm": run.result.curve[-1],
+            "mean_cos_all_layers": float(np.mean(run.result.curve)),
+            "spearman": run.result.spearman,
+            "kendall": run.result.kendall,
+            "effective_rank_last_block": run.result.layers[-2].effective_rank,
+            "mev_last_block": run.result.layers[-2].mev,
+        }
+        for run in runs
+    ]
 
 
 def steps_title(runs: list[RunResult]) -> str:
