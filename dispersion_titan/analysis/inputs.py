@@ -48,17 +48,6 @@ class InputOptions:
     protocol: str = "default"  # one of ANALYSIS_PROTOCOLS
     layer_points: str = "all"  # one of LAYER_POINTS
 
-    def describe(self) -> str:
-        if self.protocol == "paper":
-            rows = (
-                f"--texts {self.texts}" if self.texts else f"{self.dataset_path or PAPER_REPO}, wikitext-103-v1 train"
-            )
-            return f"--protocol paper ({rows})"
-        if self.texts:
-            return f"--texts {self.texts}"
-        path = f" ({self.dataset_path})" if self.dataset_path else ""
-        return f"--dataset {self.dataset}{path}, {SPLIT} split"
-
 
 @dataclass(frozen=True)
 class Sequences:
@@ -178,7 +167,8 @@ def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = G
     documents = _documents(options, encode)
     seq_len = options.seq_len  # all aligned non-overlapping windows of S tokens:
     windows = [doc[: len(doc) // seq_len * seq_len].reshape(-1, seq_len) for doc in documents if len(doc) >= seq_len]
-    source = options.describe()
+    path = f" ({options.dataset_path})" if options.dataset_path else ""
+    source = f"--texts {options.texts}" if options.texts else f"--dataset {options.dataset}{path}, {SPLIT} split"
     if not windows:
         longest = max((len(d) for d in documents), default=0)
         raise AnalysisError(
