@@ -27,9 +27,10 @@ from dispersion_titan.models import family
 from dispersion_titan.plan import main as plan_main
 from dispersion_titan.plan import plan_args
 from dispersion_titan.planning import resource_plan
+from dispersion_titan.planning.dry_run import dry_run_step
 from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, term_seconds
 from dispersion_titan.planning.layout import checked_config, nodes_of, resolve_layout
-from dispersion_titan.planning.report import FULL_BYTES_PER_PARAM, checkpoint_disk
+from dispersion_titan.planning.resource_plan import FULL_BYTES_PER_PARAM, checkpoint_disk
 from dispersion_titan.planning.step_measure import measure_at
 from dispersion_titan.planning.timing import step_time
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
@@ -269,7 +270,7 @@ def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, 
     pass and say what they found."""
     args = plan_args(str(REPO / "train_configs" / config), tp, overrides)
     full = resolve_layout(checked_config(args, gpus), gpus, nodes_of(gpus, None, GPUS["h100"]))
-    lines = resource_plan.dry_run_step(args, full)
+    lines = dry_run_step(args, full)
     text = "\n".join(lines)
     assert lines[0].startswith(f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, 2 of ")
     assert lines[1].startswith(mesh) and ": as planned" in lines[1], text
