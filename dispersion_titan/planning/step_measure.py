@@ -7,7 +7,7 @@ priced as its GPU kernels run (``PricedTerm``). Blocks are alike, so a deep mode
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -70,20 +70,9 @@ class StepMeasurement:
 def on_the_line(a: StepMeasurement, b: StepMeasurement, depth: int) -> StepMeasurement:
     """The measurement at ``depth`` blocks on the line through ``a`` and ``b``."""
     w = (depth - a.depth) / (b.depth - a.depth)
-
-    def at(x: float, y: float) -> float:
-        return x + (y - x) * w
-
-    return StepMeasurement(
-        {k: at(a.memory[k], b.memory[k]) for k in a.memory},
-        at(a.micro_batch_s, b.micro_batch_s),
-        at(a.optimizer_s, b.optimizer_s),
-        at(a.params_local, b.params_local),
-        at(a.params_total, b.params_total),
-        depth,
-        at(a.term_s, b.term_s),
-        extrapolated=True,
-    )
+    line = {f.name: x + (getattr(b, f.name) - x) * w for f in fields(a) if isinstance(x := getattr(a, f.name), float)}
+    memory = {k: a.memory[k] + (b.memory[k] - a.memory[k]) * w for k in a.memory}
+    return replace(a, memory=memory, depth=depth, extrapolated=True, **line)
 
 
 class _KernelStandIn(torch.autograd.Function):
