@@ -70,11 +70,9 @@ def checked_job_config(baseline: Baseline):
     the launch checks leave it."""
     from dispersion_titan.components.titan_compat import merged_job_config_class
     from dispersion_titan.config.cli import CONFIG_MODULE
-    from dispersion_titan.job_config.checks import carry_baseline
 
     job = merged_job_config_class(CONFIG_MODULE)()
-    job.baseline = baseline
-    carry_baseline(job)
+    job.baseline = job.optimizer.baseline = job.lr_scheduler.baseline = baseline
     return job
 
 

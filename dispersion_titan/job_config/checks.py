@@ -2,7 +2,7 @@
 naming the field (fixed choices are ``Literal`` fields the parser refuses; what TorchTitan would crash
 on is ``titan_checks``). They fill in, for the trainer: a replicate degree of -1 as a count, a local
 batch size of 0 from the global batches (``DERIVED``), ``[released]``'s layout and the ``[baseline]``
-the optimizer builders read (``carry_baseline``); ``launch_notes`` says the first three at launch.
+the optimizer builders read (``BuilderInputs``); ``launch_notes`` says the first three at launch.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import dataclasses
 import importlib.metadata
 import math
 import os
-import typing
 from typing import TYPE_CHECKING, Any
 
 from ..data.corpora import check_dataset
@@ -60,19 +59,15 @@ DERIVED = ("parallelism.data_parallel_replicate_degree", "training.local_batch_s
 
 
 def check_numbers(config: RunConfig) -> None:
-    """Every float setting is finite (``inf`` only where ``INFINITY_MEANS`` gives it a meaning), each
+    """Every float value is finite (``inf`` only where ``INFINITY_MEANS`` gives it a meaning), each
     of ``AT_LEAST`` at least its least."""
     for section in dataclasses.fields(config):
         values = getattr(config, section.name)
         if not dataclasses.is_dataclass(values):
             continue
-        hints = typing.get_type_hints(type(values))
         for field in dataclasses.fields(values):
             value, key = getattr(values, field.name), f"{section.name}.{field.name}"
-            hint = hints.get(field.name)
-            if not (hint is float or float in typing.get_args(hint)) or not isinstance(value, float):
-                continue
-            if math.isnan(value) or (math.isinf(value) and key not in INFINITY_MEANS):
+            if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and key not in INFINITY_MEANS)):
                 raise ConfigError(f"{key}: must be a finite number, got {value}")
     for key, least in AT_LEAST.items():
         value = value_of(config, key)
@@ -228,11 +223,6 @@ def check_methods(config: RunConfig) -> None:
         )
 
 
-def carry_baseline(config: RunConfig) -> None:
-    """``[baseline]`` also where the optimizer and LR-scheduler builders look (``BuilderInputs``)."""
-    config.optimizer.baseline = config.lr_scheduler.baseline = config.baseline
-
-
 def derivable(config: RunConfig) -> dict[str, Any]:
     """The values of ``DERIVED``, before the checks, for ``launch_notes``."""
     return {key: value_of(config, key) for key in DERIVED}
@@ -268,7 +258,7 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     dp = data_parallel_degree(config, world_size)
     released.resolve(config, dp)  # before what reads the steps
     check_methods(config)
-    carry_baseline(config)
+    config.optimizer.baseline = config.lr_scheduler.baseline = config.baseline  # where the builders look
     check_data(config)
     check_checkpoint(config, world_size)
     check_titan_settings(config)
