@@ -56,7 +56,7 @@ def plan_runs(
         except ConfigError as e:
             if gpus_option is None:
                 raise
-            work.checked_config(args, 1)  # a run no layout fits says so itself
+            work.validated_args(args, 1)  # a run no layout fits says so itself
             raise ArgumentError(
                 f"{gpus_option}: {name} cannot be laid out on {gpus} GPUs ({str(e).split('; ')[0]}); "
                 f"give a {gpus_option} that fits it"

@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from dispersion_titan.config.cli import load_toml
-from dispersion_titan.job_config.parse import check, model_args, parse_job_config, setup_torchtitan
+from dispersion_titan.job_config.parse import check, model_args, parse_job_config, setup_torchtitan, validated_args
 from dispersion_titan.losses.dispersion import MAX_BLOCK_BYTES
 from dispersion_titan.models import family
 from dispersion_titan.plan import main as plan_main
@@ -29,7 +29,7 @@ from dispersion_titan.plan import plan_args
 from dispersion_titan.planning import resource_plan
 from dispersion_titan.planning.dry_run import dry_run_step
 from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, term_seconds
-from dispersion_titan.planning.layout import checked_config, nodes_of, resolve_layout
+from dispersion_titan.planning.layout import nodes_of, resolve_layout
 from dispersion_titan.planning.resource_plan import FULL_BYTES_PER_PARAM, checkpoint_disk
 from dispersion_titan.planning.step_measure import measure_at
 from dispersion_titan.planning.timing import step_time
@@ -160,7 +160,7 @@ def bounds(parsed) -> dict[str, tuple[object, object]]:
     out = {}
     for name, (config, overrides) in BOUNDS.items():
         args = plan_args(str(REPO / "train_configs" / config), None, overrides)
-        out[name] = (checked_config(args, 1), resource_plan.planned(name, args, 1, None, "h100"))
+        out[name] = (validated_args(args, 1), resource_plan.planned(name, args, 1, None, "h100"))
     return out
 
 
@@ -203,7 +203,7 @@ def test_checkpoint_disk_is_counted_from_the_config():
     """gpt2_small_mlp3072: steps 0, 500, ..., 4500 full (weights and AdamW's two moments, fp32),
     5000 weights only: the ~15 GB its comment states."""
     args = plan_args(str(REPO / "train_configs" / "gpt2_small_mlp3072.toml"))
-    job = checked_config(args, 64)
+    job = validated_args(args, 64)
     params = 124_475_904  # GPT-2 small with MLP 3072 and 50,304 rows, the tie counted once
     disk = checkpoint_disk(job, params)
     assert (disk.full, disk.model_only) == (10, 1)
@@ -246,7 +246,7 @@ def test_depth_extrapolation_is_the_measured_step():
     args = plan_args(str(REPO / "train_configs" / "debug_angular_spread.toml"), None, ("--model.n_layers", "6"))
     planned = resource_plan.planned("debug6", args, 1, None, "h100")
     assert planned.step.depth_note.startswith("measured at 2 and 3 blocks")
-    measured = measure_at(checked_config(args, 1), 1, GPUS["h100"], 6)
+    measured = measure_at(validated_args(args, 1), 1, GPUS["h100"], 6)
     assert planned.step.params_local == measured.params_local
     for key, value in measured.memory.items():
         assert planned.step.memory[key] == pytest.approx(value, rel=0.01, abs=2e4), key
@@ -269,7 +269,7 @@ def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, 
     mesh, the parallelize plan and the accounting do not depend on depth or length): its checks
     pass and say what they found."""
     args = plan_args(str(REPO / "train_configs" / config), tp, overrides)
-    full = resolve_layout(checked_config(args, gpus), gpus, nodes_of(gpus, None, GPUS["h100"]))
+    full = resolve_layout(validated_args(args, gpus), gpus, nodes_of(gpus, None, GPUS["h100"]))
     lines = dry_run_step(args, full)
     text = "\n".join(lines)
     assert lines[0].startswith(f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, 2 of ")
@@ -377,7 +377,7 @@ def test_a_step_knows_its_floors():
     assert 8 * eight.time.step_s >= one.time.step_s * (1 - 1e-9)  # bounded by it, or above it on its own
     assert eight.tokens_per_s / 8 <= one.tokens_per_s * (1 + 1e-9)
     assert eight.time.one_gpu_s == pytest.approx(one.time.step_s / 8, rel=1e-9)  # the floor: one GPU's step / 8
-    job, m, gpu, calibration = checked_config(args, 8), eight.step, GPUS["h100"], eight.time.calibration
+    job, m, gpu, calibration = validated_args(args, 8), eight.step, GPUS["h100"], eight.time.calibration
 
     def at(**layout):
         return step_time(job, dataclasses.replace(eight.layout, **layout), m, gpu, calibration)

@@ -131,7 +131,8 @@ def model_args(job_config: RunConfig):
 
 
 def validated_args(args: list[str], world_size: int | None = None) -> RunConfig:
-    """``args`` parsed and checked as a launch of ``world_size`` processes does."""
+    """``args`` parsed and checked as a launch of ``world_size`` processes does (TorchTitan set up)."""
+    setup_torchtitan()
     return check(parse_job_config(args, load_toml(args)), world_size)
 
 

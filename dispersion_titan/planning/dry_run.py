@@ -17,6 +17,7 @@ from torch.distributed._composable.replicate import DDP
 from torch.distributed.tensor import DTensor, Placement
 
 from ..components.titan_compat import optimizer_step
+from ..job_config.parse import validated_args
 from ..losses.options import resolve_layers
 from ..models.gpt2.model import local_tensor
 from ..trainer.objective import DispersionObjective
@@ -24,7 +25,7 @@ from ..trainer.sequence_parallel import own_sequences, shares
 from ..trainer.trainer import DispersionTrainer
 from ..utils.errors import DispersionTitanError
 from .fake_world import micro_batches, rank_zero_trainer
-from .layout import ResourceLayout, checked_config, resolve_layout
+from .layout import ResourceLayout, resolve_layout
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -188,7 +189,7 @@ def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
     """The checks' lines for ``args`` in the layout ``full`` (``DryRunFailed`` on the first failure)."""
     shrunk, said = shrunk_args(args, full)
     gpus = full.gpus
-    job_config: RunConfig = checked_config(shrunk, gpus)
+    job_config: RunConfig = validated_args(shrunk, gpus)
     layout = resolve_layout(job_config, gpus, full.nodes)
     start = time.perf_counter()
     with rank_zero_trainer(job_config, gpus) as trainer:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..job_config.checks import data_parallel_degree
-from ..job_config.parse import model_args, setup_torchtitan, validated_args
+from ..job_config.parse import model_args
 from ..utils.errors import ArgumentError
 from .figures import GPU
 
@@ -47,12 +47,6 @@ class ResourceLayout:
             f"{self.accumulation} accumulation step{'s' if self.accumulation > 1 else ''}; "
             f"{self.tokens_per_step:,} tokens per step"
         )
-
-
-def checked_config(args: list[str], gpus: int) -> RunConfig:
-    """``args`` checked as a launch of ``gpus`` processes checks them."""
-    setup_torchtitan()
-    return validated_args(args, gpus)
 
 
 def nodes_of(gpus: int, nodes: int | None, gpu: GPU) -> int:

@@ -8,10 +8,11 @@ import json
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from ..job_config.parse import validated_args
 from ..utils.errors import ConfigError
 from .dry_run import dry_run_step as dry_run_step  # plan's, with the plan
 from .figures import GPU, GPUS, TERM_LABEL, calibration
-from .layout import ResourceLayout, checked_config, nodes_of, resolve_layout
+from .layout import ResourceLayout, nodes_of, resolve_layout
 from .step_measure import CATEGORIES, StepMeasurement, measure_step
 from .timing import DTYPE_BYTES, StepTime, step_time
 
@@ -213,7 +214,7 @@ def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: s
     """The plan of a launch's ``args`` on ``gpus`` × ``gpu_key``; on several GPUs a step takes at
     least one GPU's per-token time."""
     gpu = GPUS[gpu_key]
-    job_config = checked_config(args, gpus)
+    job_config = validated_args(args, gpus)
     layout = resolve_layout(job_config, gpus, nodes_of(gpus, nodes, gpu))
     key = _measurement_key(job_config, gpus, gpu_key)
     if key not in _measured:
