@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 from ..utils.errors import ArgumentError
 from ..utils.package_data import package_file
@@ -24,10 +25,8 @@ def shipped_files() -> dict[str, str]:
         if os.path.isfile(source):
             files[dest] = source
             continue
-        for folder, _, names in os.walk(source):
-            for name in sorted(n for n in names if n.endswith(".toml")):
-                path = os.path.join(folder, name)
-                files[os.path.join(dest, os.path.relpath(path, source))] = path
+        for path in Path(source).rglob("*.toml"):
+            files[os.path.join(dest, path.relative_to(source))] = str(path)
     return dict(sorted(files.items()))
 
 
