@@ -19,6 +19,7 @@ from dispersion_titan.config.cli import (
     load_toml,
     train_usage,
     with_config_module,
+    without_profile,
 )
 from dispersion_titan.config.toml_types import check_own_sections
 from dispersion_titan.utils.errors import (
@@ -82,12 +83,13 @@ def main() -> None:
         check_own_sections(toml, config_file(argv))
     except (ArgumentError, ConfigError) as e:
         fail_with(e)
+    from dispersion_titan.components import titan_compat
     from dispersion_titan.job_config import parse
     from dispersion_titan.job_config.checks import derivable, launch_notes  # with parse: TorchTitan's import
 
     parse.setup_torchtitan()
-    if HELP_ALL_FLAG in argv:
-        parse.print_every_key(args, toml)
+    if HELP_ALL_FLAG in argv:  # TorchTitan's help of every section, ours included; exits
+        titan_compat.config_manager_parse([*without_profile(args), "--help"], toml)
     try:
         job_config = parse.parse_job_config(args, toml)
         parsed = derivable(job_config)

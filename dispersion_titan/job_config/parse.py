@@ -149,11 +149,6 @@ def fetch_local_assets(job_config: RunConfig) -> bool:
     return True
 
 
-def print_every_key(args: list[str], toml: dict) -> None:
-    """``train --help-all``: TorchTitan's help of every section, ours included; exits."""
-    titan_compat.config_manager_parse([*without_profile(args), "--help"], toml)
-
-
 def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     """Everything a launch checks once ``job_config`` is parsed: its values (again with fetched assets
     or a fork's checkpoint), the GPUs, the writer lock (``take_lock``: the one checking process), the
