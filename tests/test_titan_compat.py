@@ -47,7 +47,7 @@ TITAN_MAIN_SHA256 = "0d01bcc4e9ab533e88f021ef088e0015eaf7e9550fb0008fbbabce230f2
 
 
 def test_our_main_follows_torchtitans_main():
-    """``trainer._main`` re-implements ``torchtitan.train.main`` on a config parsed once (its
+    """``trainer.train`` re-implements ``torchtitan.train.main`` on a config parsed once (its
     ``main`` parses ``sys.argv`` itself): any change to that body must be re-read, and no
     TorchTitan attribute is reassigned to hand it our config."""
     import torchtitan.train
@@ -55,8 +55,8 @@ def test_our_main_follows_torchtitans_main():
     from dispersion_titan.trainer import trainer
 
     digest = hashlib.sha256(_source(torchtitan.train.main).encode()).hexdigest()
-    assert digest == TITAN_MAIN_SHA256, "torchtitan.train.main changed: re-read it against trainer._main"
-    ours = _source(trainer._main)
+    assert digest == TITAN_MAIN_SHA256, "torchtitan.train.main changed: re-read it against trainer.train"
+    ours = _source(trainer.train)
     for step in (
         "init_logger()",
         "create_seed_checkpoint",

@@ -81,11 +81,6 @@ class Preemption:
         for signum in {self.signum, *INTERRUPT_SIGNALS}:
             signal.signal(signum, self._on_signal)
 
-    @property
-    def requested(self) -> int:
-        """The signal this rank received (0: none), for the ranks' all-reduce (MAX)."""
-        return int(self.received or 0)
-
     def _on_signal(self, signum: int, frame: object) -> None:
         # Only a flag: the training step in progress must finish first.
         if signum in INTERRUPT_SIGNALS:

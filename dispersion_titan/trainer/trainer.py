@@ -113,6 +113,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
         (model,) = self.model_parts
+        encoder = encoder_for(job_config.model.name, job_config.model.hf_assets_path)
         # after parallelize_fn: outside AC and compile
         self.block_outputs = BlockOutputs(model, job_config.dispersion.points)
         self.baseline = build_baseline(
@@ -121,7 +122,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self.optimizers,
             self.seed,
             self.model_args.tie_embeddings,
-            encoder_for(job_config.model.name, job_config.model.hf_assets_path).pad_id,
+            encoder.pad_id,
             self.chunk_offset,
             self.chunk_stride,
             self._tp_group(),
@@ -138,7 +139,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                 dataclasses.asdict(job_config.dispersion),
                 self.seed,
                 baseline=dataclasses.asdict(job_config.baseline),
-                tokenizer=encoder_for(job_config.model.name, job_config.model.hf_assets_path).name,
+                tokenizer=encoder.name,
                 training_steps=job_config.training.steps,
                 settings=settings,
                 forked_from=fork_record(job_config),
@@ -215,7 +216,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
 
     def _check_health(self) -> None:
         """Stop every rank at a non-finite loss before this step is saved; save and exit on a signal."""
-        bad_step, signum = self.health.agree(self.preemption.requested)
+        bad_step, signum = self.health.agree(int(self.preemption.received or 0))
         if bad_step is not None:
             leave_with_own_status()
             where = f" in {self.checkpoint_folder}" if self.checkpoint_folder is not None else ""
@@ -272,28 +273,23 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         torch.manual_seed(mixed_seed(self.seed, self.step, chunk, self.tp_rank))
 
 
-def _main(job_config: RunConfig) -> None:
-    """``torchtitan.train.main(DispersionTrainer)`` on the config already checked (its ``main`` would
-    parse ``sys.argv`` again)."""
-    init_logger()
-    trainer = DispersionTrainer(job_config)
-    try:
-        if job_config.checkpoint.create_seed_checkpoint:  # titan_checks.check_checkpoint: one process, enabled
-            trainer.checkpointer.save(curr_step=0, last_step=True)
-            logger.info("Created seed checkpoint")
-        else:
-            trainer.train()
-    finally:
-        trainer.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def train(job_config: RunConfig) -> None:
-    """Train on the checked ``job_config``; a rank failing only because another did, or the job is
-    stopping, exits without a traceback."""
+    """``torchtitan.train.main(DispersionTrainer)`` on the checked ``job_config`` (its ``main`` would parse
+    ``sys.argv`` again); a rank failing only because another did, or the job is stopping, exits without
+    a traceback."""
     try:
-        _main(job_config)
+        init_logger()
+        trainer = DispersionTrainer(job_config)
+        try:
+            if job_config.checkpoint.create_seed_checkpoint:  # titan_checks.check_checkpoint: one process, enabled
+                trainer.checkpointer.save(curr_step=0, last_step=True)
+                logger.info("Created seed checkpoint")
+            else:
+                trainer.train()
+        finally:
+            trainer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     except DispersionTitanError:  # said in one line by the command
         raise
     except Exception as e:
