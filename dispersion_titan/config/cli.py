@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 try:
     import tomllib
@@ -21,7 +22,6 @@ _CUSTOM_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-modul
 PROFILE_FLAG = "--profile"
 PROFILES = {"cpu": "cpu_profile.toml"}
 """``--profile NAME``: a TOML of keys laid over the config file's (``dispersion_titan/configs/``)."""
-_MODEL_NAME_FLAGS = ("--model.name",)
 
 
 def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
@@ -116,10 +116,15 @@ def read_toml(path: str, field: str) -> dict:
         ) from None
 
 
-def names_model(args: list[str], toml: dict) -> bool:
-    """Whether a model is named (else TorchTitan's default llama3 would train)."""
-    model = toml.get("model")
-    return _flag_value(args, _MODEL_NAME_FLAGS) is not None or (isinstance(model, dict) and "name" in model)
+def given_keys(args: list[str], toml: dict) -> set[str]:
+    """``section.key`` of every key the TOML sets or the command line passes."""
+    keys = {f"{s}.{k}" for s, values in toml.items() if isinstance(values, dict) for k in values}
+    for arg in args:
+        match = re.fullmatch(r"--([\w-]+)\.([\w-]+)(=.*)?", arg)
+        if match:
+            section, key = match.group(1).replace("-", "_"), match.group(2).replace("-", "_")
+            keys.add(f"{section}.{key.removeprefix('no_')}")
+    return keys
 
 
 def with_config_module(args: list[str], toml: dict) -> list[str]:

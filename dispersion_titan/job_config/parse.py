@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from torchtitan.protocols.train_spec import get_train_spec
 
 from ..components import titan_compat
-from ..config.cli import CONFIG_MODULE, config_file, load_toml, names_model, without_profile
+from ..config.cli import CONFIG_MODULE, config_file, given_keys, load_toml, without_profile
 from ..config.toml_types import check_toml_types
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
@@ -93,7 +93,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
         raise ArgumentError(_switch_given_a_value(args) or _choice_message(_first_message(captured.getvalue()))) from e
     except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
         raise ArgumentError(f"validation.steps: {e}") from None
-    if not names_model(args, toml):
+    if "model.name" not in given_keys(args, toml):  # else TorchTitan's default llama3 would train
         source = config_file(args) or "no --job.config_file given"
         raise ConfigError(
             f"model.name: no model named ({source}); add [model] name = one of {FAMILIES} "

@@ -6,9 +6,9 @@ layout their script never ran by accident.
 from __future__ import annotations
 
 import math
-import re
 from typing import TYPE_CHECKING
 
+from ..config.cli import given_keys
 from ..utils.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,17 +30,6 @@ REQUIRED = ("gradient_accumulation_steps", "train_tokens", "num_ckpt")
 
 def is_on(config: RunConfig) -> bool:
     return config.released.per_device_train_batch_size > 0
-
-
-def given_keys(args: list[str], toml: dict) -> set[str]:
-    """``section.key`` of every key the TOML sets or the command line passes."""
-    keys = {f"{s}.{k}" for s, values in toml.items() if isinstance(values, dict) for k in values}
-    for arg in args:
-        match = re.fullmatch(r"--([\w-]+)\.([\w-]+)(=.*)?", arg)
-        if match:
-            section, key = match.group(1).replace("-", "_"), match.group(2).replace("-", "_")
-            keys.add(f"{section}.{key.removeprefix('no_')}")
-    return keys
 
 
 def refuse_derived_keys(config: RunConfig, args: list[str], toml: dict) -> None:
