@@ -1,5 +1,5 @@
 """Which cost model predicts the measured GPU steps better: ``plan``'s roofline (PyTorch's
-``RuntimeEstimator`` roofline of the trainer's own step, ``dispersion_titan.planning.roofline``)
+``RuntimeEstimator`` roofline of the trainer's own step, ``dispersion_titan.planning.step_measure.Roofline``)
 or the hand-written ``bench/h100_model.py`` (its fast-path terms, and its model step at an
 assumed MFU plus its loss-kernel terms). Each against the GPU steps measured in
 docs/benchmarks.md (GPT-2 small as shipped: 64 × 1024 tokens, bf16, compiled), uncalibrated and calibrated
