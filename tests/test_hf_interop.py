@@ -364,7 +364,7 @@ def test_as_released_loss_scale_is_the_authors_trainer_step(tmp_path):
     from torchtitan.components.loss import cross_entropy_loss
 
     from dispersion_titan.data.packed import PackedSequenceDataset
-    from dispersion_titan.trainer.loss_scale import released_scales
+    from dispersion_titan.trainer.trainer import released_scales
 
     coeff, b, S = 0.5, 2, 24
     hf = saved_hf_gpt2(tmp_path / "hf", attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import init_logger, logger
 
 from ..components import titan_compat
@@ -31,7 +32,6 @@ from ..tokenizer.encoders import encoder_for
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
-from .loss_scale import released_scales
 from .objective import DispersionObjective
 from .preemption import Preemption, leave_with_own_status, secondary_failure_status
 from .save_failure import save_failure
@@ -77,6 +77,23 @@ def _take_writer_lock(dump_folder: str, folders: dict[str, str]) -> WriterLock |
     return lock
 
 
+def released_scales(
+    labels: torch.Tensor, dp_degree: int, global_batch: int, accumulation: int
+) -> tuple[torch.Tensor, float]:
+    """``training.loss_scale = "as_released"``: each micro-batch backpropagates its own mean (CE plus
+    λ·term), summed over a rank's micro-batches and averaged over ranks, as transformers' Trainer does
+    with the authors' ``compute_loss`` (it ignores ``num_items_in_batch``; every release from 4.46.0,
+    read from each ``training_step``): A times the mean's gradient, A the authors' accumulation count
+    (``released.gradient_accumulation_steps``), else the run's micro-batches per rank.
+
+    For one micro-batch of ``labels`` on one of ``dp_degree`` summed ranks, m = G / (b × ranks)
+    micro-batches standing for A = ``accumulation``: (its CE sum's denominator, scored tokens × ranks
+    × m / A, on the device; the factor A on the b/G-weighted term)."""
+    microbatches = global_batch / (labels.shape[0] * dp_degree)
+    tokens = (labels != IGNORE_INDEX).sum() * (dp_degree * microbatches / accumulation)
+    return tokens, float(accumulation)
+
+
 class DispersionTrainer(titan_compat.TrainerHooks):
     def __init__(self, job_config: RunConfig) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
@@ -108,7 +125,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         # Micro-batch m of this rank is chunk m·W + r of the global batch (data.rank_slice).
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
-        # as_released: each micro-batch's mean scaled as by the authors' accumulation count (``loss_scale``)
+        # as_released: each micro-batch's mean scaled as by the authors' accumulation count (``released_scales``)
         self.released_accumulation = job_config.released.gradient_accumulation_steps or self.gradient_accumulation_steps
         self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
