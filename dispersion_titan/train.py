@@ -15,13 +15,13 @@ import sys
 from dispersion_titan.config.cli import (
     HELP_ALL_FLAG,
     HELP_FLAGS,
+    check_own_sections,
     config_file,
     load_toml,
     train_usage,
     with_config_module,
     without_profile,
 )
-from dispersion_titan.config.toml_types import check_own_sections
 from dispersion_titan.utils.errors import (
     ArgumentError,
     ConfigError,

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 from torchtitan.protocols.train_spec import get_train_spec
 
 from ..components import titan_compat
-from ..config.cli import CONFIG_MODULE, config_file, given_keys, load_toml, without_profile
-from ..config.toml_types import check_toml_types
+from ..config.cli import CONFIG_MODULE, check_toml_types, config_file, given_keys, load_toml, without_profile
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
 from ..run_folder.owners import refuse_other_owners
