@@ -20,8 +20,7 @@ from ..components.titan_compat import optimizer_step
 from ..job_config.parse import validated_args
 from ..losses.options import resolve_layers
 from ..models.gpt2.model import local_tensor
-from ..trainer.objective import DispersionObjective
-from ..trainer.sequence_parallel import own_sequences, shares
+from ..trainer.objective import DispersionObjective, own_sequences, shares
 from ..trainer.trainer import DispersionTrainer
 from ..utils.errors import DispersionTitanError
 from .fake_world import micro_batches, rank_zero_trainer

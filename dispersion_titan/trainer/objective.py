@@ -1,6 +1,8 @@
 """The dispersion term of L = L_CE + λ·mean_ℓ L_disp(Z_ℓ). Gradients are summed over ranks and
 micro-batches, so a micro-batch of ``b`` of ``G`` sequences contributes ``(b/G)·mean_local``: the
-global batch's mean, whatever the layout.
+global batch's mean, whatever the layout. Under sequence parallelism a TP rank holds a slice of every
+sequence, but a pairwise loss needs whole ones: one all-to-all hands each rank whole sequences of its
+own share (``own_sequences``), whose partial sums add up to the whole (no TP-fold recomputation).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.nn.functional import all_to_all_single
 
 from ..config.schema import Dispersion
 from ..losses import dispersion_loss, mean_offdiag_cosine
@@ -16,7 +19,27 @@ from ..losses.dispersion import KernelUnavailable, check_triton_kernel, select_t
 from ..losses.options import resolve_layers
 from ..utils.errors import ConfigError
 from .seeds import mixed_seed
-from .sequence_parallel import own_sequences
+
+
+def shares(batch: int, world: int) -> list[int]:
+    """Sequences owned by each TP rank: contiguous blocks, the first ``batch % world`` one more."""
+    return [batch // world + (r < batch % world) for r in range(world)]
+
+
+def own_sequences(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Whole sequences [b_r, N, d] of this TP rank's share of [B, N/tp, d] (unchanged without TP);
+    the backward (torch's, of the all-to-all) sends each slice's gradient back to the rank that holds it."""
+    if group is None:
+        return local
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    slice_len, rest = local.shape[1], local.shape[2:]
+    splits = shares(local.shape[0], world)
+    owned = splits[rank]
+    # Row block s of the result holds source rank s's slice of the owned sequences.
+    received = all_to_all_single(
+        local.new_empty((owned * world, *local.shape[1:])), local.contiguous(), [owned] * world, splits, group
+    )
+    return received.view(world, owned, slice_len, *rest).transpose(0, 1).reshape(owned, world * slice_len, *rest)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from dispersion_titan.losses import dispersion_loss
-from dispersion_titan.trainer.sequence_parallel import own_sequences, shares
+from dispersion_titan.trainer.objective import own_sequences, shares
 
 SLICE, DIM = 3, 5
 
