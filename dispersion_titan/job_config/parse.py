@@ -154,7 +154,8 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     folders' owners; a relaunch that changes recorded settings or would save over a checkpoint is
     refused, ``RunFinished`` when there is nothing to do."""
     check(job_config)
-    if fetch_local_assets(job_config) | start_fork(job_config, data_parallel_degree(job_config, _world_size())):
+    dp = data_parallel_degree(job_config, _world_size())  # the layout: neither assets nor a fork change it
+    if fetch_local_assets(job_config) | start_fork(job_config, dp):
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
     check_gpus_usable()
     check_runs_here(job_config)
@@ -165,6 +166,5 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     refuse_other_owners(dump, run_folders(job_config))
     check_same_settings(dump, job_config)
     if ckpt.enable:
-        dp = data_parallel_degree(job_config, _world_size())
         check_resume(os.path.join(dump, ckpt.folder), dump, job_config.training.steps, dp, ckpt.load_step)
     return job_config
