@@ -65,6 +65,9 @@ class DispersionObjective:
         self.seed = seed
         self.tp_group = tp_group
         self.loss = dispersion_loss  # what ``plan`` prices in its place: planning.step_measure.PricedTerm
+        self.options = {
+            key: getattr(cfg, key) for key in ("tau", "clamp", "lambda_norm", "kernel", "precision", "form")
+        }
 
     def check_kernel(self, device: torch.device) -> None:
         """Probe the Triton kernel ``kernel = "auto"`` takes on CUDA: a failure is one line."""
@@ -110,19 +113,7 @@ class DispersionObjective:
                     select_tokens([owned[i]], self.cfg.max_tokens, self._generator(step, chunk, i, owned[i].device))[0]
                     for i in self.layers
                 ]
-                mean = (
-                    self.loss(
-                        layers,
-                        self.cfg.variant,
-                        tau=self.cfg.tau,
-                        clamp=self.cfg.clamp,
-                        lambda_norm=self.cfg.lambda_norm,
-                        kernel=self.cfg.kernel,
-                        precision=self.cfg.precision,
-                        form=self.cfg.form,
-                    )
-                    * scale
-                )
+                mean = self.loss(layers, self.cfg.variant, **self.options) * scale
             weighted = mean * self.coeff_at(step)
             unweighted, weighted_value = mean.detach(), weighted.detach()
         stats = None
