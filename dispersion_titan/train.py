@@ -22,16 +22,7 @@ from dispersion_titan.config.cli import (
     with_config_module,
     without_profile,
 )
-from dispersion_titan.utils.errors import (
-    ArgumentError,
-    ConfigError,
-    DispersionTitanError,
-    RunFinished,
-    fail,
-    fail_with,
-    run_command,
-    say,
-)
+from dispersion_titan.utils.errors import DispersionTitanError, RunFinished, command, fail, run_command, say
 from dispersion_titan.utils.launcher_death import end_with_launcher
 
 CHECK_ONLY = "--check-only"
@@ -68,6 +59,7 @@ def _stop_before_training(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+@command("nothing saved")
 def main() -> None:
     end_with_launcher()  # a rank never outlives torchrun's launcher
     for signum in (signal.SIGINT, signal.SIGTERM):  # also where a background job inherited SIG_IGN
@@ -77,12 +69,10 @@ def main() -> None:
     if any(a in HELP_FLAGS for a in argv):
         print(train_usage())
         return
-    try:  # what needs no TorchTitan is checked before it is imported (seconds)
-        toml = load_toml(argv)
-        args = with_config_module([a for a in argv if a not in (CHECK_ONLY, HELP_ALL_FLAG)], toml)
-        check_own_sections(toml, config_file(argv))
-    except (ArgumentError, ConfigError) as e:
-        fail_with(e)
+    # what needs no TorchTitan is checked before it is imported (seconds)
+    toml = load_toml(argv)
+    args = with_config_module([a for a in argv if a not in (CHECK_ONLY, HELP_ALL_FLAG)], toml)
+    check_own_sections(toml, config_file(argv))
     from dispersion_titan.components import titan_compat
     from dispersion_titan.job_config import parse
     from dispersion_titan.job_config.checks import derivable, launch_notes  # with parse: TorchTitan's import
@@ -106,10 +96,7 @@ def main() -> None:
     from dispersion_titan.trainer.trainer import train  # the ranks only: --check-only never builds it
 
     default_to_single_process()
-    try:
-        train(job_config)
-    except DispersionTitanError as e:  # e.g. a hub dataset unreachable once the job runs
-        fail_with(e)
+    train(job_config)  # a DispersionTitanError (e.g. a hub dataset unreachable once the job runs): one line
 
 
 if __name__ == "__main__":
