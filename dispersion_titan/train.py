@@ -75,14 +75,14 @@ def main() -> None:
     check_own_sections(toml, config_file(argv))
     from dispersion_titan.components import titan_compat
     from dispersion_titan.job_config import parse
-    from dispersion_titan.job_config.checks import derivable, launch_notes  # with parse: TorchTitan's import
+    from dispersion_titan.job_config.checks import DERIVED, launch_notes, value_of  # with parse: TorchTitan's import
 
     parse.setup_torchtitan()
     if HELP_ALL_FLAG in argv:  # TorchTitan's help of every section, ours included; exits
         titan_compat.config_manager_parse([*without_profile(args), "--help"], toml)
     try:
         job_config = parse.parse_job_config(args, toml)
-        parsed = derivable(job_config)
+        parsed = {key: value_of(job_config, key) for key in DERIVED}  # before the checks derive them
         job_config = parse.check_launch(job_config, take_lock=_launch_check_process())
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)

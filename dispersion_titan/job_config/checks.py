@@ -223,13 +223,8 @@ def check_methods(config: RunConfig) -> None:
         )
 
 
-def derivable(config: RunConfig) -> dict[str, Any]:
-    """The values of ``DERIVED``, before the checks, for ``launch_notes``."""
-    return {key: value_of(config, key) for key in DERIVED}
-
-
 def launch_notes(config: RunConfig, parsed: dict[str, Any]) -> list[str]:
-    """Said once at launch: the values derived (``parsed``: ``derivable`` before), [released]'s
+    """Said once at launch: the values derived (``parsed``: ``DERIVED``'s values before the checks), [released]'s
     layout, and valid settings probably not meant."""
     derived = [f"{key} = {value_of(config, key)}" for key, value in parsed.items() if value_of(config, key) != value]
     notes = [f"derived: {', '.join(derived)}"] if derived else []
