@@ -9,7 +9,7 @@ import math
 import re
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -213,22 +213,17 @@ def dry_run(sweep: Sweep, jobs: list[SlurmJob]) -> str:
     return script([header], jobs, sweep.out / "logs")
 
 
-def _arm_json(arm: Arm) -> dict[str, Any]:
-    """An arm as ``sweep.json`` has always written it (``variant``: name, coeff, method)."""
-    return {"name": arm.name, "coeff": arm.coeff, "method": arm.method}
-
-
 def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:
     cells = sweep.cells()
     manifest = {
         "config": str(sweep.config),
         "out": str(sweep.out),
-        "grid": {"widths": sweep.widths, "variants": [_arm_json(a) for a in sweep.variants], "seeds": sweep.seeds},
+        "grid": {"widths": sweep.widths, "variants": [asdict(a) for a in sweep.variants], "seeds": sweep.seeds},
         "cells": [
             {
                 "name": c.name,
                 "width": c.width,
-                "variant": _arm_json(c.arm),
+                "variant": asdict(c.arm),  # name, coeff, method
                 "seed": c.seed,
                 "run": str(sweep.out / c.name),
                 "train_job": ids[f"train_{i}"],
