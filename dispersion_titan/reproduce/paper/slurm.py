@@ -19,14 +19,9 @@ from .workflow import PaperWorkflow
 def jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
     """The steps' jobs, then the drawing job, which waits for them all."""
     logs = os.path.join(workflow.out, "logs")
-    sizes = (
-        [m.size_b for m in workflow.models]
-        if len(workflow.models) == len(workflow.steps)
-        else [None] * len(workflow.steps)
-    )
     lines = []
-    for i, (step, size) in enumerate(zip(workflow.steps, sizes, strict=True), start=1):
-        gpus, argv = _spread(size, step.argv)
+    for i, step in enumerate(workflow.steps, start=1):
+        gpus, argv = _spread(step.size_b, step.argv)
         name = f"paper-{workflow.artifact}-{i}"
         command = [*sbatch(name, logs), *gpus, *sbatch_args, str(sbatch_script(step.command)), *argv]
         lines.append(SlurmJob(f"job_{i}", name, command, [f"job_{j + 1}" for j in step.after]))

@@ -61,6 +61,7 @@ class Step:
     argv: list[str]
     label: str
     after: tuple[int, ...] = ()  # indices of the steps it waits for
+    size_b: float | None = None  # its model's, for the GPUs its job asks for
 
     def shell(self) -> str:
         command = (
@@ -155,7 +156,8 @@ def with_remote_code(models: list[PaperModel], options: dict, given: bool) -> tu
 def analyze_step(model: PaperModel, analyze_args: list[str]) -> Step:
     steps = ["--steps", model.steps] if model.steps else []
     remote = ["--trust-remote-code"] if model.trust_remote_code else []
-    return Step("analyze", [model.target, *steps, *analyze_args, *remote, "--out", model.out], model.label)
+    argv = [model.target, *steps, *analyze_args, *remote, "--out", model.out]
+    return Step("analyze", argv, model.label, size_b=model.size_b)
 
 
 def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
