@@ -21,7 +21,7 @@ from dispersion_titan.evaluate import add_table_arguments
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
-from dispersion_titan.reproduce.slurm_scripts import submit
+from dispersion_titan.reproduce.slurm_scripts import script, submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import command, fail, run_command
 
@@ -163,11 +163,13 @@ def run_paper(argv: list[str]) -> int:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
         jobs = slurm.jobs(workflow, slurm.draw_argv(argv, workflow, options), a.sbatch_args)
+        logs = os.path.join(workflow.out, "logs")
         if a.dry_run:
-            print(slurm.script(workflow, jobs))
+            header = [f"# {a.artifact}: {len(jobs) - 1} jobs + the drawing job", *(f"# {n}" for n in workflow.notes)]
+            print(script(header, jobs, logs))
             return 0
         with owned(workflow.out, PAPER):  # its logs/ are the first files the folder holds
-            submit(jobs, os.path.join(workflow.out, "logs"))
+            submit(jobs, logs)
         print(f"submitted; the drawing job writes {workflow.out}/{a.artifact}.* (logs: {workflow.out}/logs)")
         return 0
     if a.dry_run:

@@ -14,7 +14,7 @@ import sys
 from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
-from dispersion_titan.reproduce.slurm_scripts import submit
+from dispersion_titan.reproduce.slurm_scripts import script, submit
 from dispersion_titan.utils.errors import SweepError, command, run_command
 
 
@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     jobs = slurm_sweep.slurm_jobs(sweep)
     if args.dry_run:
-        print(slurm_sweep.dry_run(sweep, jobs))
+        grid = f"# sweep: {len(sweep.cells())} cells x (train, analyze, evaluate) + compare + table"
+        print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}"], jobs, sweep.out / "logs"))
         return
     ids = submit(jobs, sweep.out / "logs")
     print(f"sweep: {len(jobs)} jobs submitted; manifest {slurm_sweep.write_manifest(sweep, jobs, ids)}")

@@ -20,7 +20,7 @@ from ..job_config.parse import setup_torchtitan, validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, record_owner
 from ..utils.errors import DispersionTitanError, SweepError
-from .slurm_scripts import SlurmJob, sbatch, sbatch_script, script
+from .slurm_scripts import SlurmJob, sbatch, sbatch_script
 
 TRAIN_SBATCH, ANALYZE_SBATCH, EVALUATE_SBATCH = (sbatch_script(name) for name in ("train", "analyze", "evaluate"))
 SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; train.sh's NPROC without GPUs
@@ -205,12 +205,6 @@ def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
     table_args = ("table", *runs, "--out", sweep.out / "table")
     table = job("table", "table", "evaluate", *table_args, after=evaluations, extra=("--gpus=0",))
     return [*jobs, compare, table]
-
-
-def dry_run(sweep: Sweep, jobs: list[SlurmJob]) -> str:
-    jobs_line = f"(train, analyze, evaluate) + compare + table = {len(jobs)} jobs"
-    header = f"# sweep: {len(sweep.cells())} cells x {jobs_line}; out {sweep.out}"
-    return script([header], jobs, sweep.out / "logs")
 
 
 def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:

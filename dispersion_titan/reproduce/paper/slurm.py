@@ -9,7 +9,6 @@ import os
 from ...config.cli import load_toml, with_config_module
 from ...job_config import released
 from ...job_config.parse import setup_torchtitan, validated_args
-from .. import slurm_scripts
 from ..slurm_scripts import SlurmJob, sbatch, sbatch_script
 from ..sweep import SBATCH_GPUS_PER_NODE
 from . import catalog
@@ -59,15 +58,6 @@ def training_layouts(workflow: PaperWorkflow, sbatch_args: list[str]) -> list[st
         if released.is_on(config):
             notes.append(f"{workflow.artifact}: {step.label}: {released.summary(config)}")
     return notes
-
-
-def script(workflow: PaperWorkflow, lines: list[SlurmJob]) -> str:
-    """``--dry-run``: the submission as a bash script."""
-    header = [
-        f"# {workflow.artifact}: {len(lines) - 1} jobs + the drawing job",
-        *(f"# {note}" for note in workflow.notes),
-    ]
-    return slurm_scripts.script(header, lines, os.path.join(workflow.out, "logs"))
 
 
 def draw_argv(argv: list[str], workflow: PaperWorkflow, options: dict) -> list[str]:
