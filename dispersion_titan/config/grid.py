@@ -36,11 +36,6 @@ class Arm:
             return self.method
         return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff:g}"
 
-    @property
-    def is_baseline(self) -> bool:
-        """Plain training: neither a dispersion loss nor a baseline method."""
-        return self.name == "none" and self.method == "none"
-
 
 @dataclass(frozen=True)
 class Cell:
