@@ -70,11 +70,17 @@ def _key(run: str) -> tuple:
     return (variant != "none", -(seed if isinstance(seed, int) else -1), -(max(steps) if steps else -1), run)
 
 
-def pick(runs: list[str], rule: str) -> dict[int, tuple[str, list[str]]]:
-    """Width -> (the run drawn under ``rule``, the others of that width), widths ascending."""
+def pick(runs: list[str], rule: str) -> dict[int, tuple[str, str | None]]:
+    """Width -> (the run drawn under ``rule``, what ``paper fig3`` says of a width with several runs), widths
+    ascending."""
     by_width: dict[int, list[str]] = {}
     for run in runs:
         by_width.setdefault(mlp_width(run), []).append(run)
+    why = (
+        "--pick ce: the cross-entropy run, then the lowest seed, the fewest steps"
+        if rule == "ce"
+        else "as the authors' plot_heatmaps.py: a dispersion run first, then the lowest seed, the fewest steps"
+    )
     picked = {}
     for width in sorted(by_width):
         ordered = sorted(by_width[width], key=_key)  # the cross-entropy runs first
@@ -85,16 +91,7 @@ def pick(runs: list[str], rule: str) -> dict[int, tuple[str, list[str]]]:
                 "--pick authors to draw a dispersion run as plot_heatmaps.py does"
             )
         taken = ce[-1] if rule == "ce" else ordered[-1]
-        picked[width] = (taken, [run for run in ordered if run != taken])
+        others = ", ".join(run for run in ordered if run != taken)
+        arm = "a dispersion run" if _key(taken)[0] else "a cross-entropy-only run"
+        picked[width] = (taken, f"fig3: MLP {width}: takes {taken} ({arm}) over {others}, {why}" if others else None)
     return picked
-
-
-def pick_note(width: int, taken: str, others: list[str], rule: str) -> str:
-    """What ``paper fig3`` says of a width with several runs."""
-    arm = "a dispersion run" if _key(taken)[0] else "a cross-entropy-only run"
-    why = (
-        "--pick ce: the cross-entropy run, then the lowest seed, the fewest steps"
-        if rule == "ce"
-        else "as the authors' plot_heatmaps.py: a dispersion run first, then the lowest seed, the fewest steps"
-    )
-    return f"fig3: MLP {width}: takes {taken} ({arm}) over {', '.join(others)}, {why}"

@@ -337,7 +337,7 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
                 raise MissingInput(
                     f"fig3: {step.argv[0]}: not here; run from the repository's root, which holds the preset's configs"
                 )
-        chosen = {run.width: (run.folder, []) for run in sweep if run.dispersion == (rule == "authors")}
+        chosen = {run.width: (run.folder, None) for run in sweep if run.dispersion == (rule == "authors")}
     else:
         found = [run.folder for run in sweep if fig3.checkpoint_steps(run.folder)]
         missing = sorted({run.width for run in sweep} - {fig3.mlp_width(run) for run in found})
@@ -355,7 +355,7 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         replace(analyze_step(m, analyze_args), after=(trained_by[m.target],) if m.target in trained_by else ())
         for m in models
     ]
-    notes = [fig3.pick_note(width, run, others, rule) for width, (run, others) in chosen.items() if others]
+    notes = [note for _, note in chosen.values() if note]
     return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows)
 
 
