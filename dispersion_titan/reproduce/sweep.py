@@ -22,7 +22,6 @@ from ..run_folder.owners import FolderOwner, record_owner
 from ..utils.errors import DispersionTitanError, SweepError
 from .slurm_scripts import SlurmJob, sbatch, sbatch_script
 
-TRAIN_SBATCH, ANALYZE_SBATCH, EVALUATE_SBATCH = (sbatch_script(name) for name in ("train", "analyze", "evaluate"))
 SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; train.sh's NPROC without GPUs
 
 
@@ -173,19 +172,19 @@ def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
     """Per cell: train, then analyze and evaluate; then compare (after every train and
     analyze job) and the table (after every evaluate job)."""
     train_options = _resources(sweep, "nodes", "gpus_per_node", "cpus_per_task") + sweep.train_sbatch_args
-    kinds = {
-        "train": (sweep.train_time, train_options, TRAIN_SBATCH),
-        "analyze": (sweep.analyze_time, _resources(sweep, "analyze_gpus") + sweep.analyze_sbatch_args, ANALYZE_SBATCH),
-        "evaluate": (sweep.evaluate_time, sweep.evaluate_sbatch_args, EVALUATE_SBATCH),
+    kinds = {  # a job's sbatch script is its kind's
+        "train": (sweep.train_time, train_options),
+        "analyze": (sweep.analyze_time, _resources(sweep, "analyze_gpus") + sweep.analyze_sbatch_args),
+        "evaluate": (sweep.evaluate_time, sweep.evaluate_sbatch_args),
     }
 
     def job(key: str, label: str, kind: str, *args: str | Path, after: list[str], extra: tuple = ()) -> SlurmJob:
-        time, options, script = kinds[kind]
+        time, options = kinds[kind]
         argv = sbatch(f"{sweep.out.name}-{label.replace(' ', '-')}", sweep.out / "logs")
         argv += [f"--partition={sweep.partition}"] if sweep.partition else []
         argv += [f"--account={sweep.account}"] if sweep.account else []
         argv += [f"--time={time}"] if time else []
-        return SlurmJob(key, label, [*argv, *extra, *options, str(script), *map(str, args)], after)
+        return SlurmJob(key, label, [*argv, *extra, *options, str(sbatch_script(kind)), *map(str, args)], after)
 
     jobs: list[SlurmJob] = []
     for i, cell in enumerate(sweep.cells(), start=1):
@@ -208,7 +207,6 @@ def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
 
 
 def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:
-    cells = sweep.cells()
     manifest = {
         "config": str(sweep.config),
         "out": str(sweep.out),
@@ -224,7 +222,7 @@ def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> P
                 "analyze_job": ids[f"analyze_{i}"],
                 "evaluate_job": ids[f"evaluate_{i}"],
             }
-            for i, c in enumerate(cells, start=1)
+            for i, c in enumerate(sweep.cells(), start=1)
         ],
         "compare_job": ids["compare"],
         "compare_out": str(sweep.out / "compare"),
