@@ -82,11 +82,6 @@ def _missing(workflow: PaperWorkflow, model: PaperModel, what: str) -> MissingIn
     )
 
 
-def fig3_label(result) -> str:
-    """A fig3 panel's title, as the authors' figure: the MLP width and the model's parameters."""
-    return f"MLP {result.mlp_width}" + (f" ({result.n_params / 1e6:.0f} M params)" if result.n_params else "")
-
-
 def _entries(workflow: PaperWorkflow, model: PaperModel) -> list[Entry]:
     found = read_analyses(model.out)
     steps = sorted(found[name].step for name in found if name.startswith("step-"))
@@ -94,7 +89,9 @@ def _entries(workflow: PaperWorkflow, model: PaperModel) -> list[Entry]:
         if len(steps) < 2:
             raise _missing(workflow, model, f"{model.label}'s first and last checkpoints")
         drawn = {"first": found[f"step-{steps[0]}"], "last": found[f"step-{steps[-1]}"]}
-        return [Entry(fig3_label(drawn[row]), f"{row} checkpoint", drawn[row]) for row in workflow.rows]
+        r = drawn["last"]  # a panel's title, as the authors' figure: the MLP width and the model's parameters
+        label = f"MLP {r.mlp_width}" + (f" ({r.n_params / 1e6:.0f} M params)" if r.n_params else "")
+        return [Entry(label, f"{row} checkpoint", drawn[row]) for row in workflow.rows]
     if workflow.artifact == "counteract":  # every checkpoint, titled by its step (plot_heatmaps.py)
         if not steps:
             raise _missing(workflow, model, f"{model.label}'s checkpoints")
