@@ -184,9 +184,9 @@ def pick_revisions(branches: list[str]) -> list[str]:
             match = STAGE_BRANCH.match(branch)
             if match and int(match.group(1)) == stage:
                 runs.setdefault(branch[: match.start(2)], {})[int(match.group(2))] = branch
-        found = runs[min(runs)] if runs else {}
-        steps = sorted(found)
-        if steps:
+        if runs:
+            found = runs[min(runs)]
+            steps = sorted(found)
             n = min(catalog.FIG4_PER_STAGE, len(steps))
             picks = sorted({round(i * (len(steps) - 1) / max(n - 1, 1)) for i in range(n)})
             picked += [found[steps[i]] for i in picks]
@@ -194,20 +194,6 @@ def pick_revisions(branches: list[str]) -> list[str]:
     if len(picked) < 2:
         raise MissingInput("fig4: the model has no stageN-stepM branches; pass --revisions REV1,REV2,...")
     return picked
-
-
-def hub_revisions(model: str) -> list[str]:
-    """Fig. 4's revisions of ``model``, its branches listed from the hub."""
-    try:
-        from huggingface_hub import list_repo_refs
-
-        branches = [b.name for b in list_repo_refs(model).branches]
-    except Exception as e:  # offline, no such model, no huggingface_hub: one line either way
-        raise MissingInput(
-            f"fig4: cannot list the revisions of {model} ({type(e).__name__}): pass "
-            "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable"
-        ) from None
-    return pick_revisions(branches)
 
 
 def _fig4_model(options: dict, analyses: str) -> PaperModel:
@@ -220,7 +206,18 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
         return base
     if not base.target.startswith(HF):
         raise ArgumentError("--models: fig4 takes a Hugging Face model (hub id or folder), not a run")
-    revisions = options.get("revisions") or ",".join(hub_revisions(base.target[len(HF) :]))
+    revisions = options.get("revisions")
+    if not revisions:  # its hub branches
+        try:
+            from huggingface_hub import list_repo_refs
+
+            branches = [b.name for b in list_repo_refs(base.target[len(HF) :]).branches]
+        except Exception as e:  # offline, no such model, no huggingface_hub: one line either way
+            raise MissingInput(
+                f"fig4: cannot list the revisions of {base.target[len(HF) :]} ({type(e).__name__}): pass "
+                "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable"
+            ) from None
+        revisions = ",".join(pick_revisions(branches))
     return replace(base, target=f"{base.target.split('@')[0]}@{revisions}")
 
 
