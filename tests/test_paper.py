@@ -29,8 +29,9 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.paper import main as paper_main
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.paper.collect import revision_label
-from dispersion_titan.reproduce.paper.workflow import MissingInput, build, check_devices, pick_revisions
+from dispersion_titan.reproduce.paper.workflow import build, check_devices, pick_revisions
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
+from dispersion_titan.utils.errors import ArgumentError
 from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
@@ -215,7 +216,7 @@ def test_fig4_takes_four_branches_of_each_stage_and_the_final_model():
     ]  # fmt: skip
     assert picked[4] == "stage2-ingredient1-step1000-tokens1000M" and len(picked) == catalog.FIG4_REVISIONS
     assert pick_revisions(["main", "stage1-step0", "stage1-step5"]) == ["stage1-step0", "stage1-step5", "main"]
-    with pytest.raises(MissingInput, match="no stageN-stepM branches"):
+    with pytest.raises(ArgumentError, match="no stageN-stepM branches"):
         pick_revisions(["main"])
 
 
@@ -445,7 +446,7 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert_one_line_error(
         code, err, "openai-community/gpt2-xl is not in the Hugging Face cache", "hf download openai-community/gpt2-xl"
     )
-    with pytest.raises(MissingInput, match=r"Qwen2.5-Math-7B \(7B\).* need a GPU .*--slurm"):
+    with pytest.raises(ArgumentError, match=r"Qwen2.5-Math-7B \(7B\).* need a GPU .*--slurm"):
         check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and out.count("python -m dispersion_titan.analyze hf:") == 8 and not list(tmp_path.iterdir())

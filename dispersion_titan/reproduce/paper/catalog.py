@@ -8,13 +8,6 @@ import math
 import os
 from dataclasses import dataclass
 
-from ...utils.errors import ArgumentError
-
-
-class MissingInput(ArgumentError):
-    """An input an artifact needs is not here; the message names it and what provides it."""
-
-
 SIZE_SERIES: dict[str, dict[str, float]] = {  # family -> hub id -> nominal billions of parameters
     "GPT-2": {
         "openai-community/gpt2": 0.124,

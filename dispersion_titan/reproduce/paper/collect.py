@@ -11,8 +11,9 @@ from ...analysis.inputs import differences
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
 from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import point_layers, rank_trend
+from ...utils.errors import ArgumentError
 from ...utils.hub import parse_spec
-from .workflow import STAGE_BRANCH, MissingInput, PaperModel, PaperWorkflow
+from .workflow import STAGE_BRANCH, PaperModel, PaperWorkflow
 
 _TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
 
@@ -73,10 +74,10 @@ def tokens_seen(revision: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def _missing(workflow: PaperWorkflow, model: PaperModel, what: str) -> MissingInput:
+def _missing(workflow: PaperWorkflow, model: PaperModel, what: str) -> ArgumentError:
     """Names the workflow's analyze command that makes it."""
     command = next(step.shell() for step in workflow.steps if step.argv[-1] == model.out)
-    return MissingInput(
+    return ArgumentError(
         f"{workflow.artifact}: no analysis of {what} in {model.out}; "
         f"run {command} (or this command without --draw-only)"
     )
@@ -118,7 +119,7 @@ def entries(workflow: PaperWorkflow) -> list[Entry]:
     for first, *others in by_row(found).values():
         for other in others:
             if other.inputs != first.inputs:
-                raise MissingInput(
+                raise ArgumentError(
                     f"{workflow.artifact}: {other.label} was analyzed with other inputs than "
                     f"{first.label} ({differences(first.inputs, other.inputs)}); use another --out"
                 )

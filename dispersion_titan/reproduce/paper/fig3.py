@@ -8,9 +8,8 @@ import os
 from dataclasses import dataclass
 
 from ...run_folder.checkpoints import find_checkpoint_folder, list_checkpoints, load_run_metadata
-from ...utils.errors import CheckpointError
+from ...utils.errors import ArgumentError, CheckpointError
 from . import catalog
-from .catalog import MissingInput
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ def pick(runs: list[str], rule: str) -> dict[int, tuple[str, str | None]]:
         ordered = sorted(by_width[width], key=_key)  # the cross-entropy runs first
         ce = [run for run in ordered if not _key(run)[0]]
         if rule == "ce" and not ce:
-            raise MissingInput(
+            raise ArgumentError(
                 f"fig3: MLP {width}: no cross-entropy-only run among {', '.join(ordered)}; give one, or "
                 "--pick authors to draw a dispersion run as plot_heatmaps.py does"
             )

@@ -16,7 +16,6 @@ from ...utils.errors import ArgumentError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import parse_spec
 from . import catalog, fig3
-from .catalog import MissingInput
 
 ANALYZE_OPTIONS = (
     "texts",
@@ -102,14 +101,14 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
         run = os.path.abspath(text)
         steps = fig3.checkpoint_steps(run)
         if not steps:
-            raise MissingInput(
+            raise ArgumentError(
                 f"--models: {run}: no checkpoints yet (train it: launch/train.sh CONFIG --job.dump_folder {run})"
             )
         return run_model(run, analyses, row, os.path.basename(run), str(steps[-1]))
     elif os.path.isdir(text):
         target = HF + os.path.abspath(text)
     elif os.path.exists(text) or text.startswith((".", "/")) or text.count("/") > 1:
-        raise MissingInput(f"--models: {text}: no such model folder or run")
+        raise ArgumentError(f"--models: {text}: no such model folder or run")
     else:
         target = HF + text
     model = target[len(HF) :].rpartition("@")[0] or target[len(HF) :]
@@ -192,7 +191,7 @@ def pick_revisions(branches: list[str]) -> list[str]:
             picked += [found[steps[i]] for i in picks]
     picked += ["main"] if "main" in branches else []
     if len(picked) < 2:
-        raise MissingInput("fig4: the model has no stageN-stepM branches; pass --revisions REV1,REV2,...")
+        raise ArgumentError("fig4: the model has no stageN-stepM branches; pass --revisions REV1,REV2,...")
     return picked
 
 
@@ -213,7 +212,7 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
 
             branches = [b.name for b in list_repo_refs(base.target[len(HF) :]).branches]
         except Exception as e:  # offline, no such model, no huggingface_hub: one line either way
-            raise MissingInput(
+            raise ArgumentError(
                 f"fig4: cannot list the revisions of {base.target[len(HF) :]} ({type(e).__name__}): pass "
                 "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable"
             ) from None
@@ -229,7 +228,7 @@ def corpora(options: dict) -> dict[str, list[str]]:
         if options.get("protocol") == "paper" and source == catalog.PAPER_CORPUS:
             inputs[name] = passed_on(options, ("dataset_path",))
         elif source is None:
-            raise MissingInput(
+            raise ArgumentError(
                 f'robustness: no texts for {name} here; give --corpus {name}=FILE.jsonl (a "text" '
                 f"field per line; docs/reproduction.md shows how to export it with datasets)"
             )
@@ -260,7 +259,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
             pretrained = folder
         specs = options.get("models") or []
         if not specs and not first:
-            raise MissingInput(
+            raise ArgumentError(
                 "table2: give the evaluated runs with --models [ARM=]RUN,... (train them from "
                 "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each), or --pretrained "
                 "hf:MODEL for a block of the Pretrained row alone (GPT2-large, -xl)"
@@ -268,7 +267,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
         runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
         for run in runs:
             if not (os.path.isdir(run) and _is_run(run)):
-                raise MissingInput(
+                raise ArgumentError(
                     f"--models: {run}: not a run folder (train it first: launch/train.sh CONFIG "
                     f"--job.dump_folder {run})"
                 )
@@ -323,7 +322,7 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         runs = [model_of(m, analyses).target for m in options["models"]]
         for run in runs:
             if not fig3.checkpoint_steps(run):
-                raise MissingInput(f"--models: {run}: not a run with checkpoints")
+                raise ArgumentError(f"--models: {run}: not a run with checkpoints")
         chosen = fig3.pick(runs, rule)
     elif options.get("slurm") and not options.get("draw_only"):
         train = [
@@ -331,7 +330,7 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         ]
         for step in train:
             if not os.path.isfile(step.argv[0]):
-                raise MissingInput(
+                raise ArgumentError(
                     f"fig3: {step.argv[0]}: not here; run from the repository's root, which holds the preset's configs"
                 )
         chosen = {run.width: (run.folder, None) for run in sweep if run.dispersion == (rule == "authors")}
@@ -340,7 +339,7 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         missing = sorted({run.width for run in sweep} - {fig3.mlp_width(run) for run in found})
         if missing:
             run = next(run for run in sweep if run.width == missing[0])
-            raise MissingInput(
+            raise ArgumentError(
                 f"fig3: no run of MLP width {missing[0]} in {os.path.dirname(run.folder)}: add --slurm to "
                 f"train the preset first, or train it: {Step('train', run.train_argv, '').shell()} "
                 "(or give runs with --models)"
@@ -364,10 +363,10 @@ def _counteract_models(options: dict, analyses: str) -> list[PaperModel]:
         raise ArgumentError("--models: counteract takes two runs, the default loss's and the dispersion run")
     for config in () if runs else catalog.COUNTERACT_CONFIGS:
         if not os.path.isfile(config):
-            raise MissingInput(f"counteract: {config}: not here; run from the repository's root, or give --models")
+            raise ArgumentError(f"counteract: {config}: not here; run from the repository's root, or give --models")
         run = read_toml(config, "counteract")["job"]["dump_folder"]
         if not fig3.checkpoint_steps(run):
-            raise MissingInput(
+            raise ArgumentError(
                 f"counteract: no checkpoints in {run}: train it first (launch/train.sh {config}), or give "
                 "--models BASE_RUN DISPERSION_RUN"
             )
@@ -375,7 +374,7 @@ def _counteract_models(options: dict, analyses: str) -> list[PaperModel]:
     models = []
     for run in runs:
         if not fig3.checkpoint_steps(run):
-            raise MissingInput(f"--models: {run}: not a run with checkpoints")
+            raise ArgumentError(f"--models: {run}: not a run with checkpoints")
         variant = dispersion_variant(run)
         row = "default loss" if variant in (None, "none") else variant
         models.append(run_model(os.path.abspath(run), analyses, row, row, "all"))
@@ -389,7 +388,7 @@ def check_devices(workflow: PaperWorkflow, options: dict, cuda: bool) -> None:
     big = [m for m in workflow.models if m.size_b is not None and m.size_b > 2]
     if big:
         names = ", ".join(f"{m.label} ({m.size_b:g}B)" for m in big[:3]) + (" ..." if len(big) > 3 else "")
-        raise MissingInput(
+        raise ArgumentError(
             f"{workflow.artifact}: {names} need a GPU and there is none here: add --slurm (a cluster), "
             "or --device cpu to run on CPU anyway"
         )
@@ -405,7 +404,7 @@ def check_hub(workflow: PaperWorkflow) -> None:
         for revision in () if spec.local else spec.revisions:
             if not isinstance(try_to_load_from_cache(spec.model, "config.json", revision=revision), str):
                 get = f"hf download {spec.model}" + (f" --revision {revision}" if revision else "")
-                raise MissingInput(
+                raise ArgumentError(
                     f"{workflow.artifact}: {spec.name(revision).removeprefix(HF)} is not in the Hugging Face cache and "
                     f"the hub is offline (HF_HUB_OFFLINE): run `{get}` where the hub is reachable, then again here"
                 )
