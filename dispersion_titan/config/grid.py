@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 BASELINE = "baseline"
@@ -53,8 +54,6 @@ class Cell:
         return [word for pair in zip(GRID_KEYS, values, strict=True) for word in pair]
 
 
-def cells(
-    widths: list[int] | tuple[int, ...], arms: list[Arm] | tuple[Arm, ...], seeds: list[int] | tuple[int, ...]
-) -> list[Cell]:
+def cells(widths: Sequence[int], arms: Sequence[Arm], seeds: Sequence[int]) -> list[Cell]:
     """Every combination, width-major (the order of the folders, jobs and tables)."""
     return [Cell(w, a, s) for w in widths for a in arms for s in seeds]
