@@ -77,12 +77,11 @@ def _trend(ax, group: list[Entry], title: str) -> None:
 
 def _paired_trend(ax, bases: list[Entry], distilled: list[Entry]) -> None:
     """ρ and τ of each base (solid) and its distilled model (dashed), joined per pair."""
-    series = (("spearman", "rho", "tab:blue"), ("kendall", "tau", "tab:red"))
-    for shift, (key, stat, color) in zip((-NUDGE, NUDGE), series, strict=True):
+    series = ((-NUDGE, "spearman", "rho", "tab:blue", "Spearman ρ"), (NUDGE, "kendall", "tau", "tab:red", "Kendall τ"))
+    for shift, key, stat, color, name in series:
         x = np.arange(len(bases)) + shift
         a = [e.trend[key][stat] for e in bases]
         b = [e.trend[key][stat] for e in distilled]
-        name = "Spearman ρ" if key == "spearman" else "Kendall τ"
         ax.plot(x, a, "o-", color=color, ms=3, lw=1, label=f"{name}, base")
         ax.plot(x, b, "o--", color=color, ms=3, lw=1, mfc="white", label=f"{name}, distilled")
         ax.vlines(x, a, b, color=color, lw=0.6, alpha=0.6)
