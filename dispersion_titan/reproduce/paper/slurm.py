@@ -20,23 +20,18 @@ def jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) 
     logs = os.path.join(workflow.out, "logs")
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
-        gpus, argv = _spread(step.size_b, step.argv)
+        # a model too large for one GPU in its --dtype gets the GPUs its weights need and --device-map auto
+        # (a later --sbatch-arg=--gpus=N wins)
+        dtype = step.argv[step.argv.index("--dtype") + 1] if "--dtype" in step.argv else "fp32"
+        gpus = 1 if step.size_b is None else catalog.gpus_needed(step.size_b, dtype)
+        spread = [] if gpus == 1 else [f"--gpus={gpus}"]
+        argv = step.argv if gpus == 1 or "--device-map" in step.argv else [*step.argv, "--device-map", "auto"]
         name = f"paper-{workflow.artifact}-{i}"
-        command = [*sbatch(name, logs), *gpus, *sbatch_args, str(sbatch_script(step.command)), *argv]
+        command = [*sbatch(name, logs), *spread, *sbatch_args, str(sbatch_script(step.command)), *argv]
         lines.append(SlurmJob(f"job_{i}", name, command, [f"job_{j + 1}" for j in step.after]))
     name = f"paper-{workflow.artifact}-draw"
     draw = [*sbatch(name, logs), "--gpus=0", *sbatch_args, str(sbatch_script("paper")), *draw_argv]
     return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
-
-
-def _spread(size_b: float | None, argv: list[str]) -> tuple[list[str], list[str]]:
-    """A model too large for one GPU in its ``--dtype`` gets the GPUs its weights need and
-    ``--device-map auto`` (a later ``--sbatch-arg=--gpus=N`` wins)."""
-    dtype = argv[argv.index("--dtype") + 1] if "--dtype" in argv else "fp32"
-    gpus = 1 if size_b is None else catalog.gpus_needed(size_b, dtype)
-    if gpus == 1:
-        return [], argv
-    return [f"--gpus={gpus}"], argv if "--device-map" in argv else [*argv, "--device-map", "auto"]
 
 
 def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
