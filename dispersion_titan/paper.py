@@ -24,6 +24,7 @@ from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.slurm_scripts import script, submit
+from dispersion_titan.run_folder.outputs import ensure_writable, write_json
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import command, fail, run_command
 
@@ -139,24 +140,23 @@ def paper_parser() -> OneLineErrorParser:
 def render(workflow: PaperWorkflow, a: argparse.Namespace) -> list[str]:
     """Draw the artifact from the results its workflow made (nothing is written unless every
     result is there); return the files written."""
-    from dispersion_titan.evaluation.table import Selection
-    from dispersion_titan.reproduce.paper import collect, draw
-    from dispersion_titan.reproduce.paper.collect import LAST_N
-    from dispersion_titan.reproduce.paper.table2 import write_table2
-    from dispersion_titan.run_folder.outputs import ensure_writable, write_json
+    from dispersion_titan.evaluation.table import Selection  # torch and matplotlib: after --help and --list
+    from dispersion_titan.reproduce.paper import collect, draw, table2
 
     ensure_writable(workflow.out, "--out")
     stem = os.path.join(workflow.out, workflow.artifact)
     if workflow.artifact == "table2":
         selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
-        print(write_table2(workflow.runs, workflow.out, selection, a.reference, a.test, workflow.pretrained))
+        print(table2.write_table2(workflow.runs, workflow.out, selection, a.reference, a.test, workflow.pretrained))
         return [f"{stem}.{ext}" for ext in ("md", "tex", "json", "png", "pdf")]
     entries = collect.entries(workflow)
     numbers = collect.numbers(workflow, entries)
     titles = {}  # a row's title, with its trend statistic where it has one
     for row in numbers["rows"]:
         rho, against = row["spearman"] and row["spearman"]["rho"], AGAINST[row["against"]]
-        titles[row["row"]] = row["row"] + ("" if rho is None else f"\n{against} vs last-{LAST_N} cos: ρ={rho:+.2f}")
+        titles[row["row"]] = row["row"] + (
+            "" if rho is None else f"\n{against} vs last-{collect.LAST_N} cos: ρ={rho:+.2f}"
+        )
     inputs = next(iter(numbers["inputs"].values()))
     points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
     title = f"{TITLES[workflow.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
@@ -176,8 +176,7 @@ def run_paper(argv: list[str]) -> int:
         return 0
     from tqdm import tqdm
 
-    from dispersion_titan.reproduce.paper import slurm  # torch: after --help and --list
-    from dispersion_titan.reproduce.paper import workflow as workflows
+    from dispersion_titan.reproduce.paper import workflow as workflows  # torch: after --help and --list
 
     if a.artifact is None:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
@@ -206,11 +205,11 @@ def run_paper(argv: list[str]) -> int:
             file=sys.stderr,
         )
     if a.slurm and not a.draw_only:
-        workflow.notes += slurm.training_layouts(workflow, a.sbatch_args)
+        workflow.notes += workflows.training_layouts(workflow, a.sbatch_args)
     for note in workflow.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
-        jobs = slurm.jobs(workflow, slurm.draw_argv(argv, workflow, options), a.sbatch_args)
+        jobs = workflows.slurm_jobs(workflow, workflows.draw_argv(argv, workflow, options), a.sbatch_args)
         logs = os.path.join(workflow.out, "logs")
         if a.dry_run:
             header = [f"# {a.artifact}: {len(jobs) - 1} jobs + the drawing job", *(f"# {n}" for n in workflow.notes)]
@@ -222,7 +221,7 @@ def run_paper(argv: list[str]) -> int:
         return 0
     if a.dry_run:
         print("\n".join(step.shell() for step in workflow.steps))
-        print(shlex.join(["python", "-m", "dispersion_titan.paper", *slurm.draw_argv(argv, workflow, options)]))
+        print(shlex.join(["python", "-m", "dispersion_titan.paper", *workflows.draw_argv(argv, workflow, options)]))
         return 0
     if not a.draw_only:
         import torch

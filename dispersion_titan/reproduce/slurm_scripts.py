@@ -15,6 +15,7 @@ from pathlib import Path
 from ..utils.errors import SweepError
 
 SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm"))  # package data
+SBATCH_GPUS_PER_NODE = 8  # train.sbatch's request
 
 
 def sbatch_script(name: str) -> Path:

@@ -20,9 +20,9 @@ from ..job_config.parse import setup_torchtitan, validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, record_owner
 from ..utils.errors import DispersionTitanError, SweepError
-from .slurm_scripts import SlurmJob, sbatch, sbatch_script
+from .slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch, sbatch_script
 
-SBATCH_GPUS_PER_NODE, CPU_PROCESSES_PER_NODE = 8, 2  # train.sbatch's request; train.sh's NPROC without GPUs
+CPU_PROCESSES_PER_NODE = 2  # train.sh's NPROC without GPUs
 
 
 @dataclass
