@@ -153,10 +153,9 @@ def render(workflow: PaperWorkflow, a: argparse.Namespace) -> list[str]:
     numbers = collect.numbers(workflow, entries)
     titles = {}  # a row's title, with its trend statistic where it has one
     for row in numbers["rows"]:
-        rho, against = row["spearman"] and row["spearman"]["rho"], AGAINST[row["against"]]
-        titles[row["row"]] = row["row"] + (
-            "" if rho is None else f"\n{against} vs last-{collect.LAST_N} cos: ρ={rho:+.2f}"
-        )
+        rho = row["spearman"] and row["spearman"]["rho"]
+        trend = "" if rho is None else f"\n{AGAINST[row['against']]} vs last-{collect.LAST_N} cos: ρ={rho:+.2f}"
+        titles[row["row"]] = row["row"] + trend
     inputs = next(iter(numbers["inputs"].values()))
     points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
     title = f"{TITLES[workflow.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
