@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -219,8 +218,8 @@ def run_paper(argv: list[str]) -> int:
         print(f"submitted; the drawing job writes {workflow.out}/{a.artifact}.* (logs: {workflow.out}/logs)")
         return 0
     if a.dry_run:
-        print("\n".join(step.shell() for step in workflow.steps))
-        print(shlex.join(["python", "-m", "dispersion_titan.paper", *workflows.draw_argv(argv, workflow, options)]))
+        draw = workflows.Step("paper", workflows.draw_argv(argv, workflow, options), "draw")
+        print("\n".join(step.shell() for step in [*workflow.steps, draw]))
         return 0
     if not a.draw_only:
         import torch

@@ -59,7 +59,7 @@ class PaperModel:
 
 @dataclass(frozen=True)
 class Step:
-    command: str  # analyze, evaluate (python -m dispersion_titan.COMMAND) or train (launch/train.sh)
+    command: str  # analyze, evaluate, paper (python -m dispersion_titan.COMMAND) or train (launch/train.sh)
     argv: list[str]
     label: str
     after: tuple[int, ...] = ()  # indices of the steps it waits for
