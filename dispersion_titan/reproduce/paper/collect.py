@@ -15,7 +15,7 @@ from ...utils.errors import ArgumentError
 from ...utils.hub import parse_spec
 from .workflow import STAGE_BRANCH, PaperModel, PaperWorkflow
 
-_TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)
+_TOKENS = re.compile(r"tokens(\d+(?:\.\d+)?[KMBT]?)", re.IGNORECASE)  # OLMo's branches: stage1-step1000-tokens5B: 5B
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,6 @@ def revision_label(revision: str) -> str:
         step = int(match.group(2))
         return f"S{match.group(1)}-{step // 1000}k" if step >= 1000 else f"S{match.group(1)}-{step}"
     return "Main" if revision == "main" else revision
-
-
-def tokens_seen(revision: str | None) -> str | None:
-    """``stage1-step1000-tokens5B`` -> ``5B`` (OLMo's branch names)."""
-    match = _TOKENS.search(revision or "")
-    return match.group(1) if match else None
 
 
 def _missing(workflow: PaperWorkflow, model: PaperModel, what: str) -> ArgumentError:
@@ -134,7 +128,7 @@ def model_numbers(entry: Entry) -> dict:
         "model": r.model or r.run,
         "revision": r.revision,
         "step": r.step,
-        "tokens_seen": tokens_seen(r.revision),
+        "tokens_seen": next(iter(_TOKENS.findall(r.revision or "")), None),
         "n_params": r.n_params,
         "layer_points": r.inputs["layer_points"],
         "layers": [layer.name for layer in entry.layers],
