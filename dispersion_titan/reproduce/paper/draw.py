@@ -123,11 +123,12 @@ def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired:
     fig = plt.figure(figsize=(WIDTH_IN, 0.6 + 1.75 * total), layout="constrained")
     grid = fig.add_gridspec(total, per_line + 1, width_ratios=[1.5] + [1] * per_line)
     norm = plt.Normalize(*DENSITY)
-    mesh, line, heat_axes, trend_axes = None, 0, [], []
+    if paired:  # fig5's two rows: the bases, their distilled models
+        _paired_trend(fig.add_subplot(grid[:, 0]), *groups.values())
+    mesh, line, heat_axes = None, 0, []
     for row, group in groups.items():
         if not paired:
-            trend_axes.append(fig.add_subplot(grid[line : line + lines[row], 0]))
-            _trend(trend_axes[-1], group, row_titles.get(row, row))
+            _trend(fig.add_subplot(grid[line : line + lines[row], 0]), group, row_titles.get(row, row))
         for i, entry in enumerate(group):
             ax = fig.add_subplot(grid[line + i // per_line, 1 + i % per_line])
             mesh = _heatmap(ax, entry, norm)
@@ -137,10 +138,7 @@ def figure(entries: list[Entry], row_titles: dict[str, str], title: str, paired:
             if i + per_line >= len(group):
                 ax.set_xlabel("layer fraction", fontsize=FONT)
         line += lines[row]
-    if paired:
-        trend_axes.append(fig.add_subplot(grid[:, 0]))
-        _paired_trend(trend_axes[-1], *groups.values())  # fig5's two rows: the bases, their distilled models
-    handles, labels = trend_axes[0].get_legend_handles_labels()
+    handles, labels = fig.axes[0].get_legend_handles_labels()  # the first trend panel's
     fig.legend(handles, labels, loc="outside lower left", ncols=len(labels), fontsize=FONT, frameon=False)
     bar = fig.colorbar(mesh, ax=heat_axes, shrink=min(0.8, 2.5 / total), aspect=15, extend="max")
     bar.set_label("density (shared scale)", fontsize=FONT)
