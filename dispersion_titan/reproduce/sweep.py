@@ -16,7 +16,7 @@ from typing import Any
 from ..config.cli import load_toml, with_config_module
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
-from ..job_config.parse import setup_torchtitan, validated_args
+from ..job_config.parse import validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, record_owner
 from ..utils.errors import DispersionTitanError, SweepError
@@ -152,7 +152,6 @@ def cell_args(sweep: Sweep, cell: Cell) -> list[str]:
 def check_training_configs(sweep: Sweep) -> None:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
-    setup_torchtitan()
     for cell in sweep.cells():
         try:
             validated_args(cell_args(sweep, cell), world_size(sweep))

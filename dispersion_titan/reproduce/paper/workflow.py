@@ -14,7 +14,7 @@ from ...analysis import ANALYSIS_PROTOCOLS
 from ...analysis.size_series import parse_assignments
 from ...config.cli import load_toml, read_toml, with_config_module
 from ...job_config import released
-from ...job_config.parse import setup_torchtitan, validated_args
+from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import RUN_METADATA_FILE, dispersion_variant
 from ...utils.errors import ArgumentError
 from ...utils.hub import PREFIX as HF
@@ -447,7 +447,6 @@ def training_layouts(workflow: PaperWorkflow, sbatch_args: list[str]) -> list[st
     )
     notes = []
     for step in (step for step in workflow.steps if step.command == "train"):
-        setup_torchtitan()
         args = ["--job.config_file", *step.argv]
         config = validated_args(with_config_module(args, load_toml(args)), gpus)
         if released.is_on(config):
