@@ -10,10 +10,8 @@ results, then draws ``DIR/ARTIFACT.png``, ``.pdf`` and ``.json``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from dispersion_titan.analyze import add_input_arguments
 from dispersion_titan.analyze import main as analyze_main
@@ -23,25 +21,12 @@ from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.slurm_scripts import script, submit
-from dispersion_titan.run_folder.outputs import ensure_writable, write_json
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import command, fail, run_command
-
-if TYPE_CHECKING:  # torch: imported after --help and --list
-    from dispersion_titan.reproduce.paper.workflow import PaperWorkflow
 
 ARTIFACT_NAMES = tuple(catalog.ARTIFACTS)
 DEFAULT_OUT = "outputs/paper"
 PAPER = FolderOwner("paper")
-TITLES = {
-    "fig2": "Condensation by model size (Fig. 2)",
-    "fig3": "Condensation by MLP width (Fig. 3)",
-    "fig4": "Condensation over pre-training, from initialization (Fig. 4)",
-    "fig5": "Distilled models against their bases (Fig. 5)",
-    "counteract": "Mid-training with and without the dispersion loss, checkpoint by checkpoint",
-    "robustness": "Condensation by model size on other texts (dataset robustness)",
-}
-AGAINST = {"n_params": "size", "mlp_width": "MLP width", "step": "step", "training_order": "training"}  # in titles
 
 
 def paper_parser() -> OneLineErrorParser:
@@ -136,45 +121,14 @@ def paper_parser() -> OneLineErrorParser:
     return p
 
 
-def render(workflow: PaperWorkflow, a: argparse.Namespace) -> list[str]:
-    """Draw the artifact from the results its workflow made (nothing is written unless every
-    result is there); return the files written."""
-    from dispersion_titan.evaluation.table import Selection  # torch and matplotlib: after --help and --list
-    from dispersion_titan.reproduce.paper import collect, draw, table2
-
-    ensure_writable(workflow.out, "--out")
-    stem = os.path.join(workflow.out, workflow.artifact)
-    if workflow.artifact == "table2":
-        selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
-        print(table2.write_table2(workflow.runs, workflow.out, selection, a.reference, a.test, workflow.pretrained))
-        return [f"{stem}.{ext}" for ext in ("md", "tex", "json", "png", "pdf")]
-    entries = collect.entries(workflow)
-    numbers = collect.numbers(workflow, entries)
-    titles = {}  # a row's title, with its trend statistic where it has one
-    for row in numbers["rows"]:
-        rho = row["spearman"] and row["spearman"]["rho"]
-        trend = "" if rho is None else f"\n{AGAINST[row['against']]} vs last-{collect.LAST_N} cos: ρ={rho:+.2f}"
-        titles[row["row"]] = row["row"] + trend
-    inputs = next(iter(numbers["inputs"].values()))
-    points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
-    title = f"{TITLES[workflow.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
-    draw.save(draw.figure(entries, titles, title, paired=workflow.artifact == "fig5"), stem)
-    draw.save(
-        draw.last_n_figure(entries, f"{TITLES[workflow.artifact]}: mean cosine of the last N layer points"),
-        f"{stem}_last_n",
-    )
-    write_json(f"{stem}.json", numbers)
-    return [f"{stem}.{ext}" for ext in ("png", "pdf", "json")] + [f"{stem}_last_n.{ext}" for ext in ("png", "pdf")]
-
-
 def run_paper(argv: list[str]) -> int:
     a = paper_parser().parse_args(argv)
     if a.list:
         print(catalog.listing())
         return 0
-    from tqdm import tqdm
-
-    from dispersion_titan.reproduce.paper import workflow as workflows  # torch: after --help and --list
+    from dispersion_titan.evaluation.table import Selection  # torch: after --help and --list
+    from dispersion_titan.reproduce.paper import render
+    from dispersion_titan.reproduce.paper import workflow as workflows
 
     if a.artifact is None:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
@@ -227,16 +181,11 @@ def run_paper(argv: list[str]) -> int:
         workflows.check_hub(workflow)
         workflows.check_devices(workflow, options, torch.cuda.is_available())
     with owned(workflow.out, PAPER):  # each analyze or evaluate it runs holds its own --out as well
-        steps = [] if a.draw_only else workflow.steps
-        with tqdm(steps, desc=a.artifact, unit="model", file=sys.stderr, disable=a.draw_only) as bar:
-            for step in bar:  # in order; one that fails ends the artifact with its status
-                bar.set_postfix_str(step.label)
-                try:
-                    {"analyze": analyze_main, "evaluate": evaluate_main}[step.command](step.argv)
-                except SystemExit as done:
-                    if done.code not in (0, None):
-                        sys.exit(done.code)  # the command said why, in one line
-        written = render(workflow, a)
+        if not a.draw_only:
+            workflows.run_locally(workflow, {"analyze": analyze_main, "evaluate": evaluate_main})
+        written = render.render(
+            workflow, Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step), a.reference, a.test
+        )
     print("written: " + ", ".join(written))
     return 0
 

@@ -8,6 +8,8 @@ import argparse
 import os
 import re
 import shlex
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ...analysis import ANALYSIS_PROTOCOLS
@@ -83,6 +85,20 @@ class PaperWorkflow:
     notes: list[str] = field(default_factory=list)  # said before it runs
     rows: tuple[str, ...] = ()  # fig3: the checkpoints drawn
     pretrained: str = "auto"  # table2: --pretrained (for hf:MODEL, the folder its evaluation writes)
+
+
+def run_locally(workflow: PaperWorkflow, mains: dict[str, Callable[[list[str]], None]]) -> None:
+    """Each step by its command's ``main``, in order; one that fails ends the artifact with its status."""
+    from tqdm import tqdm
+
+    with tqdm(workflow.steps, desc=workflow.artifact, unit="model", file=sys.stderr) as bar:
+        for step in bar:
+            bar.set_postfix_str(step.label)
+            try:
+                mains[step.command](step.argv)
+            except SystemExit as done:
+                if done.code not in (0, None):
+                    sys.exit(done.code)  # the command said why, in one line
 
 
 def safe_name(text: str) -> str:
