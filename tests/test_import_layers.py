@@ -284,3 +284,12 @@ def test_the_reason_check_catches_a_silent_local_import(tmp_path):
         },
     )
     assert [(p.name, line, said) for p, line, said in local_imports(package)] == [("a.py", 2, False), ("c.py", 3, True)]
+
+
+ROOT_MODULE_LINES = 200
+"""A command at the package root parses its arguments and dispatches; its work lives a floor down."""
+
+
+def test_the_root_modules_are_parsing_and_dispatch():
+    long = {p.name: n for p in PACKAGE.glob("*.py") if (n := len(p.read_text().splitlines())) >= ROOT_MODULE_LINES}
+    assert not long, f"root modules of {ROOT_MODULE_LINES}+ lines (move their work into a subpackage): {long}"
