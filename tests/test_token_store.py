@@ -269,7 +269,7 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     out = str(tmp_path / "out")
     line = cli_failure(capsys, "nope", "--out", out)
     assert "CONFIG_OR_DATASET: 'nope' is neither a .toml file nor a dataset" in line
-    assert "--dataset_path: dataset 'local' needs a path" in cli_failure(capsys, "local", "--out", out)
+    assert "--dataset_path: needs a path" in cli_failure(capsys, "local", "--out", out)
     assert "--dataset_path: no file matches" in cli_failure(
         capsys, "local", "--dataset-path", "/no/such.jsonl", "--out", out
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bz2
 import functools
+import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -18,17 +19,14 @@ import datasets
 from ..utils.errors import DataConfigError
 from ..utils.package_data import package_file
 from .sources import (
-    check_local_copy,
+    cache_folder_name,
     file_identity,
     file_texts,
-    in_default_cache,
     iter_text,
     load_rows,
     resolve_local_files,
     source_files,
 )
-
-__all__ = ["CORPORA", "DataConfigError", "resolve_local_files", "iter_documents", "check_dataset"]
 
 SPLITS = ("train", "validation")
 ENWIKI_VALIDATION_EVERY = 10  # every 10th article is held out: a deterministic ~10% slice
@@ -60,7 +58,6 @@ def wikitext_articles(lines: Iterable[str]) -> Iterator[str]:
 class Corpus(ABC):
     """A named source of plain-text documents; ``path_field`` names the path option for errors."""
 
-    needs_path = False
     streams_training = False  # the train split is streamed, never held in memory
 
     @abstractmethod
@@ -121,8 +118,6 @@ def _enwiki_articles() -> tuple[str, ...]:
 class LocalFiles(Corpus):
     """jsonl/parquet rows (``text`` field) or txt files (one document each), per split."""
 
-    needs_path = True
-
     def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
         del split
         return _nonempty(file_texts(resolve_local_files(path or "", path_field), path_field))
@@ -164,8 +159,11 @@ class HubDataset(Corpus):
 
     def check_path(self, path: str | None, path_field: str) -> None:
         if path:
-            check_local_copy(path, path_field)
-        elif datasets.config.HF_HUB_OFFLINE and (self.streams_training or not in_default_cache(self.repo)):
+            if not source_files(path, path_field):  # a listed file's problems: resolve_local_files says
+                raise DataConfigError(f"{path_field}: {path!r} is an empty directory")
+            return
+        cached = os.path.join(datasets.config.HF_DATASETS_CACHE, cache_folder_name(self.repo))  # no network
+        if datasets.config.HF_HUB_OFFLINE and (self.streams_training or not os.path.isdir(cached)):
             raise DataConfigError(
                 f"{path_field}: the Hugging Face hub is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and "
                 f"{self.repo} ({self.config}) is not in the datasets cache; set {path_field} to a local copy"
@@ -202,28 +200,24 @@ CORPORA: dict[str, Corpus] = {
 }
 
 
-def corpus(name: str, field: str, path: str | None = None) -> Corpus:
-    """The corpus ``<field>`` names, refused without the ``<field>_path`` it needs."""
+def corpus(name: str, field: str) -> Corpus:
+    """The corpus ``<field>`` names."""
     if name not in CORPORA:
         raise DataConfigError(f"{field}: unknown dataset {name!r}; choose from {sorted(CORPORA)}")
-    if CORPORA[name].needs_path and not path:
-        raise DataConfigError(f"{field}_path: dataset {name!r} needs a path")
     return CORPORA[name]
 
 
 def check_dataset(name: str, path: str | None, field: str) -> None:
     """Pre-launch check of ``<field>`` and ``<field>_path`` that never contacts the hub."""
-    corpus(name, field, path).check_path(path, f"{field}_path")
+    corpus(name, field).check_path(path, f"{field}_path")
 
 
 def iter_documents(name: str, split: str, path: str | None, field: str) -> Iterator[str]:
     """Documents of ``name``'s ``split``. ``field`` names the config key for errors."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    return corpus(name, field, path).documents(split, path, f"{field}_path")
+    return corpus(name, field).documents(split, path, f"{field}_path")
 
 
 def documents_identity(name: str, split: str, path: str | None, field: str) -> dict[str, Any]:
     """The token-cache identity of a split."""
-    identity = corpus(name, field, path).identity(split, path, f"{field}_path")
+    identity = corpus(name, field).identity(split, path, f"{field}_path")
     return {"dataset": name, "split": split, "documents_version": DOCUMENTS_VERSION, **identity}

@@ -32,8 +32,6 @@ def token_stream(
     name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2_BPE
 ) -> np.ndarray:
     """All documents of a split, each followed by the end-of-sequence id, as one (cached) array."""
-    if split == "train" and name in CORPORA and CORPORA[name].streams_training:
-        raise DataConfigError(f"{field}: dataset {name!r} is streamed; its train split is never held in memory")
 
     def build() -> np.ndarray:
         pieces = list(tokenize(iter_documents(name, split, path, field), encoder=encoder))

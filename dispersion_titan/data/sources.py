@@ -41,7 +41,7 @@ def resolve_local_files(spec: str, field: str) -> list[str]:
                 raise DataConfigError(f"{field}: {match!r} is empty")
         paths.extend(matches)
     if not paths:
-        raise DataConfigError(f"{field}: needs file paths or globs")
+        raise DataConfigError(f"{field}: needs a path (file paths or globs)")
     return paths
 
 
@@ -156,21 +156,6 @@ def _row_without_text(files: list[str], index: int) -> str:
                 if not isinstance(row, dict) or not isinstance(row.get("text"), str):
                     return f'{path}: line {number} has no "text"'
     return f'row {index + 1} of {", ".join(files)} has no "text"'
-
-
-def check_local_copy(path: str, field: str) -> None:
-    """Offline, cheap pre-launch check of a local-copy path: it exists and is not empty."""
-    expanded = os.path.expanduser(path)
-    if os.path.isdir(expanded):
-        if not any(files for _, _, files in os.walk(expanded)):
-            raise DataConfigError(f"{field}: {path!r} is an empty directory")
-        return
-    resolve_local_files(path, field)
-
-
-def in_default_cache(repo: str) -> bool:
-    """Whether the ``datasets`` cache of this machine holds a copy of ``repo`` (no network)."""
-    return os.path.isdir(os.path.join(datasets.config.HF_DATASETS_CACHE, cache_folder_name(repo)))
 
 
 def file_identity(path: str) -> tuple[str, int, int]:
