@@ -282,7 +282,7 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     before = folder_bytes(store)
     assert (
         f"--out: {store} holds a token store of 'enwiki_sample' train made from other inputs "
-        "(shard_documents 10 there vs 16384 here); choose another folder"
+        "(there vs here: shard_documents 10 vs 16384); choose another folder"
     ) in cli_failure(capsys, "enwiki_sample", "--out", str(store))
     assert folder_bytes(store) == before
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path / "absent"), "--out", out) == (

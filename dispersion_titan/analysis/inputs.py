@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..run_folder import outputs
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
+from ..utils import records
 from ..utils.errors import DataConfigError
 from . import AnalysisError
 
@@ -195,4 +195,4 @@ def _sequences(options: InputOptions, tokens: np.ndarray) -> Sequences:
 def differences(recorded: dict, current: dict) -> str:
     """What differs between two ``Sequences.record()``s, for one-line refusals."""
     options = [{k: v for k, v in sorted(record.items()) if k != "tokens_sha256"} for record in (recorded, current)]
-    return outputs.differences(*options) or "same options, different token sequences"
+    return records.differences(*options) or "same options, different token sequences"

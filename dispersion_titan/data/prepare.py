@@ -36,7 +36,7 @@ from tqdm import tqdm
 from ..config.cli import read_toml
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, encoder_named, hf_tokenizer
 from ..utils.errors import DataConfigError
-from ..utils.records import atomic_write, flatten
+from ..utils.records import atomic_write, differences, flatten
 from .corpora import CORPORA, DOCUMENTS_VERSION, check_dataset, documents_identity, iter_documents
 from .store import (
     DOCUMENT_INDEX,
@@ -67,16 +67,6 @@ def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEn
         "dtype": token_dtype(encoder).name,
         "shard_documents": shard_documents,
     }
-
-
-def _differing(manifest: dict[str, Any], inputs: dict[str, Any]) -> str:
-    """``key value there vs value here`` for each input in which the store differs."""
-    there, here = flatten({k: manifest.get(k) for k in inputs}), flatten(json.loads(json.dumps(inputs, default=str)))
-    return "; ".join(
-        f"{k} {there.get(k)!r} there vs {here.get(k)!r} here"
-        for k in sorted(there.keys() | here.keys())
-        if there.get(k) != here.get(k)
-    )
 
 
 def _record_path(out: str, index: int) -> str:
@@ -127,11 +117,11 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
     if os.path.exists(os.path.join(out, MANIFEST)):
         manifest = read_manifest(out, "--out")
         if manifest.get("key") != key:
-            source = manifest["source"]
+            source, here = manifest["source"], flatten(json.loads(json.dumps(inputs, default=str)))
+            there = differences(flatten({k: manifest.get(k) for k in inputs}), here)
             raise DataConfigError(
                 f"--out: {out} holds a token store of {source.get('dataset')!r} "
-                f"{source.get('split')} made from other inputs ({_differing(manifest, inputs)}); "
-                "choose another folder"
+                f"{source.get('split')} made from other inputs (there vs here: {there}); choose another folder"
             )
     for path in sorted(glob.glob(os.path.join(out, "shard-*.json"))):
         try:

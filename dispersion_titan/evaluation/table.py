@@ -16,11 +16,12 @@ from scipy import stats
 
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.origin import from_scratch
-from ..run_folder.outputs import atomic_write, differences, headless_pyplot, results_folder, save_png, write_csv
+from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned
 from ..run_folder.settings import flatten
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
+from ..utils.records import differences
 from .export import source_changed
 from .protocol import is_accuracy, mean_accuracy
 from .step_results import OURS, RESULT_FILE, read_evaluations, result_scores, settings

@@ -64,12 +64,6 @@ def listed(names: list, shown: int = 6) -> str:
     return head if len(names) <= shown else f"{head} and {len(names) - shown} more"
 
 
-def differences(old: dict, new: dict) -> str:
-    """``key old vs new`` for each key whose values differ, in ``new``'s order, for one-line refusals."""
-    keys = [*new, *(key for key in old if key not in new)]
-    return ", ".join(f"{key} {old.get(key)!r} vs {new.get(key)!r}" for key in keys if old.get(key) != new.get(key))
-
-
 def still_to_do(
     out: str,
     sources: dict[str, str],

@@ -1,5 +1,5 @@
 """Records on disk: each file written atomically, so a reader sees the old one or the whole new one;
-nested records flattened to dotted keys, to compare them key by key."""
+nested records flattened to dotted keys, to compare them key by key (``differences``)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,6 @@ import os
 import tempfile
 from collections.abc import Callable
 from typing import IO, Any
-
-
-def _file_mode() -> int:
-    """What ``open`` would give a new file (``mkstemp`` makes it private to the owner)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False, durable: bool = False) -> None:
@@ -28,7 +21,9 @@ def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False, d
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
-        os.chmod(tmp, _file_mode())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # what ``open`` would give a new file (``mkstemp`` makes it private)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -41,3 +36,9 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, value in tree.items():
         flat.update(flatten(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
     return flat
+
+
+def differences(old: dict, new: dict) -> str:
+    """``key old vs new`` for each key whose values differ, in ``new``'s order, for one-line refusals."""
+    keys = [*new, *(key for key in old if key not in new)]
+    return ", ".join(f"{key} {old.get(key)!r} vs {new.get(key)!r}" for key in keys if old.get(key) != new.get(key))
