@@ -86,7 +86,7 @@ def test_offline_hub_dataset_without_copy_fails_before_launch(tmp_path, monkeypa
 def test_validation_pass_gives_every_rank_the_same_number_of_batches():
     """TorchTitan's validator runs collectives per batch: uneven counts would hang it."""
     tokens = np.arange(13 * SEQ + 1, dtype=np.uint16)  # 13 sequences; 3 ranks × 2 = 6 per round
-    passes = [list(PackedSequenceDataset(tokens, SEQ, 2, r, 3, infinite=False)) for r in range(3)]
+    passes = [list(PackedSequenceDataset(tokens, SEQ, 2, r, 3, train=False)) for r in range(3)]
     assert [len(p) for p in passes] == [6, 6, 6]
     real = sorted(int(x["input"][0]) for p in passes for x, y in p if (y != -100).all())
     assert real == [g * SEQ for g in range(13)]  # every sequence exactly once, in the global order

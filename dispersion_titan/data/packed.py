@@ -53,8 +53,8 @@ def tokenized_documents(
 
 
 class PackedSequenceDataset(RankSlice):
-    """This rank's samples of an in-memory (or memory-mapped) packed stream: ``infinite`` in epochs,
-    each in a seeded random order with ``shuffle``; else one ordered pass (validation)."""
+    """This rank's samples of an in-memory (or memory-mapped) packed stream: with ``train``, endless
+    epochs, each in a seeded random order; else one ordered pass (validation)."""
 
     def __init__(
         self,
@@ -64,8 +64,7 @@ class PackedSequenceDataset(RankSlice):
         dp_rank: int = 0,
         dp_world_size: int = 1,
         *,
-        infinite: bool = True,
-        shuffle: bool = True,
+        train: bool = True,
         seed: int = 0,
         field: str = "training.dataset",
         pad_id: int = GPT2_BPE.eos_id,
@@ -76,8 +75,7 @@ class PackedSequenceDataset(RankSlice):
         self.num_sequences = (len(tokens) - 1) // seq_len
         if self.num_sequences < 1:
             raise DataConfigError(f"{field}: {len(tokens)} tokens are too few for one sequence of seq_len {seq_len}")
-        self.infinite = infinite
-        self.shuffle = shuffle
+        self.train = train
         self.seed = seed
 
     @functools.lru_cache(maxsize=2)
@@ -88,13 +86,13 @@ class PackedSequenceDataset(RankSlice):
     def sequence(self, g: int) -> np.ndarray:
         """The ``seq_len + 1`` tokens of global sequence ``g`` (inputs plus the next token)."""
         epoch, position = divmod(g, self.num_sequences)
-        index = int(self._epoch_order(epoch)[position]) if self.shuffle else position
+        index = int(self._epoch_order(epoch)[position]) if self.train else position
         start = index * self.seq_len
         return self.tokens[start : start + self.seq_len + 1]
 
     def __iter__(self) -> Iterator[Sample]:
         self.check_single_process()
-        if not self.infinite:
+        if not self.train:
             yield from self._one_pass()
             return
         while True:
@@ -156,8 +154,7 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
         cfg.local_batch_size,
         dp_rank,
         dp_world_size,
-        infinite=train,
-        shuffle=train,
+        train=train,
         seed=run_seed(job_config),
         field=field,
         pad_id=encoder.eos_id,

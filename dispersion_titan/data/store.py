@@ -54,10 +54,10 @@ def tokenizer_stamp(encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
 
 def is_store(path: str | None) -> bool:
     """Whether a dataset path is a token store's folder (finished or not)."""
-    if not path or not os.path.isdir(os.path.expanduser(path)):
-        return False
-    folder = os.path.expanduser(path)
-    return os.path.exists(os.path.join(folder, MANIFEST)) or bool(glob.glob(os.path.join(folder, "shard-[0-9]*.bin")))
+    folder = os.path.expanduser(path or "")
+    return os.path.isdir(folder) and (
+        os.path.exists(os.path.join(folder, MANIFEST)) or bool(glob.glob(os.path.join(folder, "shard-[0-9]*.bin")))
+    )
 
 
 def read_manifest(folder: str, field: str) -> dict[str, Any]:

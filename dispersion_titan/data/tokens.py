@@ -37,24 +37,17 @@ def tokenize(documents: Iterable[str], threads: int = 8, encoder: DocumentEncode
             yield np.asarray([*ids, encoder.eos_id], dtype=dtype)
 
 
-def cache_dir() -> str | None:
-    configured = os.environ.get(CACHE_ENV)
-    if configured and configured.lower() == "off":
-        return None
-    if configured:
-        return os.path.expanduser(configured)
-    import datasets
-
-    return os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
-
-
 def cached_tokens(
     identity: dict[str, Any], build: Callable[[], np.ndarray], encoder: DocumentEncoder = GPT2_BPE
 ) -> np.ndarray:
     """``build()``'s tokens (made by ``encoder``), read from (or first written to) the cache."""
-    folder = cache_dir()
-    if folder is None:
+    folder = os.path.expanduser(os.environ.get(CACHE_ENV, ""))
+    if folder.lower() == "off":
         return build()
+    if not folder:
+        import datasets
+
+        folder = os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
