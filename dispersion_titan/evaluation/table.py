@@ -15,10 +15,9 @@ import numpy as np
 from scipy import stats
 
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
-from ..run_folder.origin import from_scratch
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned
-from ..run_folder.settings import flatten
+from ..run_folder.settings import flatten, from_scratch
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
 from ..utils.records import differences

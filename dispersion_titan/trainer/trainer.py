@@ -24,9 +24,8 @@ from ..models.flavors import DROPOUT_KEYS
 from ..models.fsdp import shards_one_rank, sync_last_microbatch
 from ..models.gpt2.model import local_tensor
 from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
-from ..run_folder.origin import start_record
 from ..run_folder.owners import outside_folders, record_run_folders
-from ..run_folder.settings import fork_record, run_settings
+from ..run_folder.settings import fork_record, run_settings, start_record
 from ..run_folder.writer_lock import WriterLock
 from ..tokenizer.encoders import encoder_for
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
