@@ -3,6 +3,7 @@ process group), whatever parallel layout saved them, model-only or full."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -235,14 +236,6 @@ def is_full(step_dir: str) -> bool:
     return any(key.startswith("train_state.") for key in keys)
 
 
-def _is_complete(step_dir: str) -> bool:
-    try:
-        check_complete(step_dir)
-    except CheckpointError:
-        return False
-    return True
-
-
 def checkpoint_identity(step_dir: str) -> str:
     """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another."""
     digest = hashlib.sha256()
@@ -270,7 +263,12 @@ def identity_changed(recorded: str, step_dir: str) -> bool:
 
 def complete_checkpoints(folder: str) -> list[StepCheckpoint]:
     """The checkpoints of ``folder`` that pass ``check_complete``, oldest first."""
-    return [c for c in list_checkpoints(folder) if _is_complete(c.path)] if os.path.isdir(folder) else []
+    complete = []
+    for checkpoint in list_checkpoints(folder) if os.path.isdir(folder) else []:
+        with contextlib.suppress(CheckpointError):
+            check_complete(checkpoint.path)
+            complete.append(checkpoint)
+    return complete
 
 
 def last_complete_step(folder: str, before: int | None = None) -> int | None:

@@ -66,18 +66,6 @@ def run_settings(job_config: Any) -> dict[str, Any]:
     return flatten(json.loads(json.dumps(job_config.to_dict(), default=str)))
 
 
-def changed_settings(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``key old -> new`` for every key outside the allow-list that differs (a key one side lacks included)."""
-    missing = object()
-    return [
-        f"{key} {_shown(recorded.get(key, missing))} -> {_shown(current.get(key, missing))}"
-        for key in sorted(recorded.keys() | current.keys())
-        if key not in ALLOWED_KEYS
-        and not key.startswith(ALLOWED_SECTIONS)
-        and recorded.get(key, missing) != current.get(key, missing)
-    ]
-
-
 def _shown(value: Any) -> str:
     return "(unset)" if not isinstance(value, (str, int, float, bool, list, type(None))) else json.dumps(value)
 
@@ -87,7 +75,14 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
     recorded = recorded_run(dump_folder)
     if recorded is None:
         return
-    changes = changed_settings(recorded["settings"], run_settings(job_config))
+    before, now, missing = recorded["settings"], run_settings(job_config), object()
+    changes = [  # ``key old -> new`` outside the allow-list, a key one side lacks included
+        f"{key} {_shown(before.get(key, missing))} -> {_shown(now.get(key, missing))}"
+        for key in sorted(before.keys() | now.keys())
+        if key not in ALLOWED_KEYS
+        and not key.startswith(ALLOWED_SECTIONS)
+        and before.get(key, missing) != now.get(key, missing)
+    ]
     if changes:
         raise ConfigError(
             f"run folder {dump_folder} was started with other settings: {', '.join(changes)}; relaunch with the "
