@@ -46,10 +46,8 @@ def tokenized_documents(
     name: str, split: str, path: str | None, field: str, encoder: DocumentEncoder = GPT2_BPE
 ) -> tuple[np.ndarray, ...]:
     """Each document of a corpus split as token ids (no separator)."""
-    stream = token_stream(name, split, path, field, encoder)
-    ends = np.flatnonzero(stream == encoder.eos_id)
-    starts = np.concatenate([[0], ends[:-1] + 1])
-    return tuple(np.asarray(stream[s:e]) for s, e in zip(starts, ends))
+    stream = np.asarray(token_stream(name, split, path, field, encoder))
+    return tuple(d[:-1] for d in np.split(stream, np.flatnonzero(stream == encoder.eos_id) + 1)[:-1])
 
 
 class PackedSequenceDataset(RankSlice):

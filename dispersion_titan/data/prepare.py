@@ -107,11 +107,9 @@ def verified_shard(out: str, index: int, documents: int, key: str, itemsize: int
 
 
 def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
-    """Create ``out``; refuse a folder holding another prepare's store or shards (nothing is deleted)."""
-    try:
-        os.makedirs(out, exist_ok=True)
-    except OSError as e:
-        raise DataConfigError(f"--out: cannot create {out}: {e.strerror}") from None
+    """Create ``out`` (an OSError: ``prepare`` names it); refuse a folder holding another prepare's store or
+    shards (nothing is deleted)."""
+    os.makedirs(out, exist_ok=True)
     if not os.access(out, os.W_OK | os.X_OK):
         raise DataConfigError(f"--out: {out} is not writable")
     if os.path.exists(os.path.join(out, MANIFEST)):

@@ -129,10 +129,7 @@ class TokenStore:
         self.dtype = dtype
         self.paths = [os.path.join(folder, shard["file"]) for shard in manifest["shards"]]
         self.offsets = np.cumsum([0, *(shard["tokens"] for shard in manifest["shards"])]).tolist()
-        self.shard = functools.lru_cache(maxsize=_MAPPED_SHARDS)(self._map)
-
-    def _map(self, index: int) -> np.ndarray:
-        return np.memmap(self.paths[index], dtype=self.dtype, mode="r")
+        self.shard = functools.lru_cache(maxsize=_MAPPED_SHARDS)(lambda i: np.memmap(self.paths[i], dtype, mode="r"))
 
     def __len__(self) -> int:
         return self.offsets[-1]

@@ -32,16 +32,6 @@ def _count_ids(value: str) -> int:
     return total
 
 
-def _nvidia_smi_gpus() -> int:
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return 0
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
-
-
 def allocated_gpus(env: Mapping[str, str] = os.environ) -> tuple[int, str] | None:
     """(number of GPUs, the signal that says so) when this node was given GPUs, else None."""
     on_node = env.get("SLURM_GPUS_ON_NODE", "").strip()
@@ -51,7 +41,13 @@ def allocated_gpus(env: Mapping[str, str] = os.environ) -> tuple[int, str] | Non
         value = env.get(name, "").strip()
         if value not in _NO_DEVICES:
             return _count_ids(value), name
-    found = _nvidia_smi_gpus()
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = sum(1 for line in out.splitlines() if line.startswith("GPU "))
     return (found, "nvidia-smi -L") if found else None
 
 
