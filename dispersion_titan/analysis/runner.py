@@ -28,6 +28,7 @@ from ..run_folder.checkpoints import (
     load_model,
     load_model_args,
     load_run_metadata,
+    run_checkpoints,
 )
 from ..run_folder.outputs import ensure_writable, report_failed, save_png, still_to_do, write_csv, write_json
 from ..run_folder.owners import (
@@ -41,7 +42,6 @@ from ..run_folder.owners import (
     run_paths,
     write_record,
 )
-from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import DocumentEncoder, encoder_named
 from ..utils.devices import resolve_device

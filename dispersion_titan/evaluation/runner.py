@@ -9,10 +9,9 @@ import sys
 import time
 
 from ..components.wandb_run import log_results, recorded
-from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_of
+from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_checkpoints, run_of
 from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, report_failed, still_to_do
 from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_unless_ours
-from ..run_folder.steps import run_checkpoints
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, EvaluationError
