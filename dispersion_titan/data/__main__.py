@@ -10,7 +10,6 @@ from ..config.cli import OneLineErrorParser, positive_int
 from ..utils.errors import command, run_command
 from . import prepare as preparing
 from .corpora import SPLITS
-from .prepare import SHARD_DOCUMENTS, prepare
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,8 +46,8 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument(
         "--shard-documents",
         type=positive_int,
-        default=SHARD_DOCUMENTS,
-        help=f"documents per shard (default {SHARD_DOCUMENTS})",
+        default=preparing.SHARD_DOCUMENTS,
+        help=f"documents per shard (default {preparing.SHARD_DOCUMENTS})",
     )
     return p
 
@@ -56,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
 @command("the shards written so far are kept; the same command resumes where it stopped")
 def main(argv: list[str] | None = None) -> None:
     options = parser().parse_args(argv)
-    manifest = prepare(options)
+    manifest = preparing.prepare(options)
     section = "training" if options.split == "train" else "validation"
     print(
         f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "

@@ -139,9 +139,7 @@ class WriterLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                owner = live_owner(self.folder)
-                if owner is not None:
-                    raise busy_error(self.folder, owner, self.writers) from None
+                refuse_if_busy(self.folder, self.writers)
                 # Stale: rename is atomic, so of two launches breaking it only one succeeds.
                 try:
                     os.replace(self.path, self.path.with_name(f"{LOCK_NAME}.stale-{self.owner.pid}"))
