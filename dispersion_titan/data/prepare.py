@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import hashlib
 import itertools
 import json
@@ -28,6 +27,7 @@ import os
 import sys
 from collections.abc import Iterable
 from multiprocessing.pool import AsyncResult
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -91,8 +91,7 @@ def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: 
 def verified_shard(out: str, index: int, documents: int, key: str, itemsize: int) -> dict[str, Any] | None:
     """Shard ``index``'s record if an earlier run completed it alike and its bytes match; else None."""
     try:
-        with open(_record_path(out, index), "rb") as f:
-            record = json.load(f)
+        record = json.loads(Path(_record_path(out, index)).read_bytes())
         path = os.path.join(out, shard_name(index))
         if (record["key"], record["documents"], record["file"]) != (key, documents, shard_name(index)):
             return None
@@ -121,10 +120,9 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
                 f"--out: {out} holds a token store of {source.get('dataset')!r} "
                 f"{source.get('split')} made from other inputs (there vs here: {there}); choose another folder"
             )
-    for path in sorted(glob.glob(os.path.join(out, "shard-*.json"))):
+    for path in sorted(Path(out).glob("shard-*.json")):
         try:
-            with open(path, "rb") as f:
-                found = json.load(f).get("key")
+            found = json.loads(path.read_bytes()).get("key")
         except (OSError, ValueError, AttributeError):
             continue  # unreadable: that shard is rewritten
         if found != key:

@@ -74,31 +74,26 @@ def _split_of(splits: dict[str, Any], split: str, where: str, field: str) -> Any
     return splits[split]
 
 
-def _cached(path: str, repo: str, config: str, split: str, field: str) -> datasets.Dataset:
-    """Read with datasets' own builder for cached hub datasets: no network involved."""
-    from datasets.packaged_modules.cache.cache import Cache
-
-    try:
-        builder = Cache(
-            cache_dir=path,
-            repo_id=repo,
-            dataset_name=repo.split("/")[1],
-            config_name=config,
-            version="auto",
-            hash="auto",
-        )
-    except ValueError as e:  # the cache holds other configs only
-        raise DataConfigError(f"{field}: {path}: {str(e).splitlines()[0]}") from None
-    _split_of(builder.info.splits or {}, split, path, field)
-    return builder.as_dataset(split=split)
-
-
 def _from_directory(path: str, repo: str, config: str, split: str, field: str, streaming: bool) -> Rows:
     if any(os.path.exists(os.path.join(path, m)) for m in _SAVED_DATASET_MARKERS):
         saved = datasets.load_from_disk(path)
         rows = _split_of(saved, split, path, field) if isinstance(saved, datasets.DatasetDict) else saved
-    elif os.path.isdir(os.path.join(path, cache_folder_name(repo))):
-        rows = _cached(path, repo, config, split, field)
+    elif os.path.isdir(os.path.join(path, cache_folder_name(repo))):  # datasets' own builder: no network
+        from datasets.packaged_modules.cache.cache import Cache
+
+        try:
+            builder = Cache(
+                cache_dir=path,
+                repo_id=repo,
+                dataset_name=repo.split("/")[1],
+                config_name=config,
+                version="auto",
+                hash="auto",
+            )
+        except ValueError as e:  # the cache holds other configs only
+            raise DataConfigError(f"{field}: {path}: {str(e).splitlines()[0]}") from None
+        _split_of(builder.info.splits or {}, split, path, field)
+        rows = builder.as_dataset(split=split)
     else:  # a folder of data files
         builder = datasets.load_dataset_builder(path)
         _split_of(dict(builder.config.data_files or {}), split, path, field)

@@ -174,8 +174,7 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
     """The ``run.json`` of a dump folder, checked for the keys every reader uses."""
     path = os.path.join(dump_folder, RUN_METADATA_FILE)
     try:
-        with open(path) as f:
-            metadata = json.load(f)
+        metadata = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing; it is written by dispersion_titan.train at start") from None
     except (OSError, json.JSONDecodeError) as e:
@@ -276,10 +275,7 @@ def is_full(step_dir: str) -> bool:
 
 def checkpoint_identity(step_dir: str) -> str:
     """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another."""
-    digest = hashlib.sha256()
-    with open(os.path.join(step_dir, ".metadata"), "rb") as f:
-        digest.update(f.read())
-    return folder_identity(step_dir, digest)
+    return folder_identity(step_dir, hashlib.sha256(Path(step_dir, ".metadata").read_bytes()))
 
 
 def folder_identity(folder: str, digest=None) -> str:

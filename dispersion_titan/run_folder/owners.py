@@ -73,8 +73,7 @@ def owner_record(folder: str) -> dict | None:
     """``folder``'s ``.owner.json`` as written (None: it has none); raises what reading it raised."""
     path = os.path.join(folder, OWNER_FILE)
     try:
-        with open(path) as f:
-            return check_format(json.load(f), path)
+        return check_format(json.loads(Path(path).read_text()), path)
     except FileNotFoundError:
         return None
 
@@ -92,8 +91,7 @@ def _recorded_run(folder: str, record: dict) -> str | None:
 def run_paths(root: str) -> dict[str, str]:
     """The run's folders (``RUN_PATH_KEYS``): as its ``run.json`` records them, else the defaults."""
     try:
-        with open(os.path.join(root, RUN_METADATA_FILE)) as f:
-            metadata = json.load(f)
+        metadata = json.loads(Path(root, RUN_METADATA_FILE).read_text())
     except (OSError, ValueError):
         metadata = {}
     metadata = metadata if isinstance(metadata, dict) else {}
@@ -111,13 +109,12 @@ def empty(folder: str) -> bool:
     if not os.path.isdir(folder):
         return True
     return all(
-        name.startswith((LOCK_NAME, OWNER_FILE)) or _empty_folder(os.path.join(folder, name))
+        name.startswith((LOCK_NAME, OWNER_FILE))
+        or (path := Path(folder, name)).is_dir()
+        and not path.is_symlink()
+        and not any(path.iterdir())
         for name in os.listdir(folder)
     )
-
-
-def _empty_folder(path: str) -> bool:
-    return os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
 
 
 def inside(path: str, folder: str) -> bool:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 from ..utils.errors import ConfigError
@@ -78,12 +79,10 @@ class HFTokenizerFile(DocumentEncoder):
             raise ConfigError(f"{field}: {folder}: no such folder")
         if not os.path.isfile(path):
             raise ConfigError(f"{field}: {folder} has no {TOKENIZER_FILE} (the model's tokenizer)")
-        with open(path, "rb") as f:
-            self._digest = hashlib.sha256(f.read())
+        self._digest = hashlib.sha256(Path(path).read_bytes())
         self.tokenizer = Tokenizer.from_file(path)
         try:
-            with open(os.path.join(self.name, TOKENIZER_CONFIG)) as f:
-                config = json.load(f)
+            config = json.loads(Path(self.name, TOKENIZER_CONFIG).read_text())
         except FileNotFoundError:
             config = {}
         eos = _special_token(config, "eos_token")

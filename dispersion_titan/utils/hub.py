@@ -88,18 +88,13 @@ def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
             if not os.path.isdir(os.path.join(model, revision)):
                 raise ModelLoadError(f"{text}: no such folder {os.path.join(model, revision)}")
         return HFSpec(os.path.abspath(model), names, trust_remote_code)
-    if _path_like(model):
-        raise ModelLoadError(f"{text}: no such folder {model}")
-    return HFSpec(model, names, trust_remote_code)
-
-
-def _path_like(model: str) -> bool:
-    """A folder, not a hub id (``namespace/name``)."""
-    return (
+    if (
         model.startswith(("/", ".", "~"))
         or model.count("/") > 1
         or ("/" in model and os.path.isdir(model.split("/")[0]))
-    )
+    ):  # a folder, not a hub id (``namespace/name``)
+        raise ModelLoadError(f"{text}: no such folder {model}")
+    return HFSpec(model, names, trust_remote_code)
 
 
 @contextlib.contextmanager
