@@ -46,7 +46,6 @@ from .store import (
     is_store,
     read_manifest,
     shard_name,
-    tokenizer_stamp,
 )
 from .tokens import token_dtype, tokenize
 
@@ -62,7 +61,12 @@ def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEn
         "format": FORMAT,
         "version": VERSION,
         "source": source,
-        "tokenizer": tokenizer_stamp(encoder),
+        "tokenizer": {  # what the token ids depend on
+            "name": encoder.name,
+            "sha256": encoder.fingerprint(),
+            "n_vocab": encoder.vocab_size,
+            "special_tokens": {encoder.eos_token: encoder.eos_id},
+        },
         "documents_version": DOCUMENTS_VERSION,
         "dtype": token_dtype(encoder).name,
         "shard_documents": shard_documents,

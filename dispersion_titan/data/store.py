@@ -42,16 +42,6 @@ def shard_name(index: int) -> str:
     return f"shard-{index:05d}.bin"
 
 
-def tokenizer_stamp(encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
-    """What a store's token ids depend on, as recorded in its manifest."""
-    return {
-        "name": encoder.name,
-        "sha256": encoder.fingerprint(),
-        "n_vocab": encoder.vocab_size,
-        "special_tokens": {encoder.eos_token: encoder.eos_id},
-    }
-
-
 def is_store(path: str | None) -> bool:
     """Whether a dataset path is a token store's folder (finished or not)."""
     folder = os.path.expanduser(path or "")
@@ -104,21 +94,6 @@ def _well_formed(manifest: dict[str, Any]) -> bool:
     )
 
 
-def stale_reason(manifest: dict[str, Any], encoder: DocumentEncoder = GPT2_BPE) -> str | None:
-    """Why a store's tokens differ from what ``encoder`` would produce here, if they do."""
-    made_with = manifest["tokenizer"].get("sha256")
-    if made_with != encoder.fingerprint():
-        return (
-            f"made with another tokenizer (sha256 {str(made_with)[:12]}…, this run's is {encoder.fingerprint()[:12]}…)"
-        )
-    if manifest["documents_version"] != DOCUMENTS_VERSION:
-        return (
-            f"made with text → documents rules version {manifest['documents_version']}, "
-            f"this installation's is {DOCUMENTS_VERSION}"
-        )
-    return None
-
-
 class TokenStore:
     """A store's token stream as one read-only sequence over its shards, at most ``_MAPPED_SHARDS``
     memory-mapped at a time (each holds a file descriptor). A slice across shards is a copy."""
@@ -155,7 +130,17 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
     folder = os.path.expanduser(path)
     manifest = read_manifest(folder, field)
     manifest_path = os.path.join(folder, MANIFEST)
-    stale = stale_reason(manifest, encoder)
+    stale = None  # why its tokens differ from what ``encoder`` makes here
+    made_with = manifest["tokenizer"].get("sha256")
+    if made_with != encoder.fingerprint():
+        stale = (
+            f"made with another tokenizer (sha256 {str(made_with)[:12]}…, this run's is {encoder.fingerprint()[:12]}…)"
+        )
+    elif manifest["documents_version"] != DOCUMENTS_VERSION:
+        stale = (
+            f"made with text → documents rules version {manifest['documents_version']}, "
+            f"this installation's is {DOCUMENTS_VERSION}"
+        )
     if stale:
         raise DataConfigError(f"{field}: token store {manifest_path} is stale: {stale}; rebuild it with {PREPARE}")
     source = manifest["source"]
