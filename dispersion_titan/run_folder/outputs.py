@@ -25,7 +25,6 @@ STEP_FOLDER = re.compile(r"^step-(\d+)$")
 """A checkpoint's folder (``checkpoint/step-N``) and its results' (``OUT/step-N``)."""
 RESULT_FOLDER = re.compile(rf"{STEP_FOLDER.pattern}|^rev-.+$")
 """A result folder: a checkpoint's, or a Hugging Face revision's (``rev-NAME``)."""
-SIGNIFICANT_DIGITS = 6
 Result = TypeVar("Result")
 FORMAT = 1
 """The shape of every record this package writes; raised when one changes (``check_format``)."""
@@ -140,7 +139,7 @@ def read_json_files(out: str, file: str) -> dict[str, dict]:
 
 def shown(value: object) -> object:
     """Floats as shown in CSVs and tables: 6 significant digits (JSON keeps them whole)."""
-    return f"{value:.{SIGNIFICANT_DIGITS}g}" if isinstance(value, float) else value
+    return f"{value:.6g}" if isinstance(value, float) else value
 
 
 def write_csv(path: str, rows: list[dict]) -> None:
