@@ -7,6 +7,7 @@ authors' two scripts do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Any
@@ -203,12 +204,8 @@ def start_record(job_config: Any) -> dict[str, Any]:
     """What the run loads before its first step, as TorchTitan's checkpointer decides it: ``source`` hf,
     checkpoint, seed_checkpoint or init; a fork started where its parent did."""
     if job_config.job.fork_from:
-        try:
-            parent = load_run_metadata(parse_fork(job_config.job.fork_from)[0])
-        except CheckpointError:  # a parent not of ours: its checkpoint tells
-            parent = None
-        if parent is not None:
-            return parent[START_KEY]
+        with contextlib.suppress(CheckpointError):  # a parent not of ours: its checkpoint tells
+            return load_run_metadata(parse_fork(job_config.job.fork_from)[0])[START_KEY]
     checkpoint = job_config.checkpoint
     if checkpoint.enable and checkpoint.initial_load_in_hf:
         path = checkpoint.initial_load_path or job_config.model.hf_assets_path
