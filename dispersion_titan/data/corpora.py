@@ -158,8 +158,11 @@ class HubDataset(Corpus):
         return self.to_documents(iter_text(rows))
 
     def check_path(self, path: str | None, path_field: str) -> None:
-        if path:
-            if not source_files(path, path_field):  # a listed file's problems: resolve_local_files says
+        if path:  # a local copy: a folder with files, or files resolve_local_files finds (no stat: cheap)
+            expanded = os.path.expanduser(path)
+            if not os.path.isdir(expanded):
+                resolve_local_files(path, path_field)
+            elif not any(files for _, _, files in os.walk(expanded)):
                 raise DataConfigError(f"{path_field}: {path!r} is an empty directory")
             return
         cached = os.path.join(datasets.config.HF_DATASETS_CACHE, cache_folder_name(self.repo))  # no network
