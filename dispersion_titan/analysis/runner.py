@@ -21,7 +21,6 @@ from tqdm import tqdm
 
 from ..components.wandb_run import log_results, recorded
 from ..models import family
-from ..run_folder import outputs
 from ..run_folder.checkpoints import (
     checkpoint_identity,
     identity_changed,
@@ -44,6 +43,7 @@ from ..run_folder.owners import (
 )
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import DocumentEncoder, encoder_named
+from ..utils import records
 from ..utils.devices import resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, ModelLoadError, OutputError
 from ..utils.hub import PREFIX, parse_spec
@@ -160,7 +160,7 @@ class Analysis:
     def _differences(self, result: Condensation) -> str:
         """The settings ``result`` was measured with that differ from this analysis's ("" if none)."""
         mine = {"model": self.model, "dtype": self.dtype, "geometry_sequences": self.geometry_sequences}
-        changed = [outputs.differences({key: getattr(result, key) for key in mine}, mine)]
+        changed = [records.differences({key: getattr(result, key) for key in mine}, mine)]
         if result.tokens_sha256 != self.sequences.sha256:
             changed.append(differences(result.inputs, self.sequences.record()))
         return ", ".join(filter(None, changed))

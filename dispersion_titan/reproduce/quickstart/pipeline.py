@@ -23,10 +23,11 @@ from ...config.cli import load_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import gpt2_flavors
 from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
-from ...run_folder.outputs import atomic_write, differences, ensure_writable, save_png, write_json
+from ...run_folder.outputs import atomic_write, ensure_writable, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, DispersionTitanError, fail
+from ...utils.records import differences
 from . import VARIANT
 from .figure import findings_figure
 from .findings import findings, summary_markdown
