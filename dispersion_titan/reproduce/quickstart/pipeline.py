@@ -268,7 +268,7 @@ def compare_runs(setup: QuickstartSetup, say: Progress) -> list[tuple[str, str]]
     """Write every ``analyze compare``; return (description, path) of its figure and table."""
     main_seed = [r for r in setup.runs if r.seed == setup.seed]
     everything = [setup.dump(r) for r in main_seed]
-    baselines = [setup.dump(r) for r in main_seed if r.arm.is_baseline]
+    baselines = [setup.dump(r) for r in main_seed if r.arm.name == r.arm.method == "none"]
     files = []
     for name, runs, step in (
         ("final_width_sweep", baselines, str(setup.steps)),
