@@ -41,14 +41,14 @@ def test_a_ctrl_c_interrupts_the_job_and_spares_its_server(tmp_path):
     commands = Commands({}, preload=[])
     try:
         with ThreadPoolExecutor(1) as pool:
-            job = pool.submit(commands.run, str(script), [], str(log), timeout=30)
+            job = pool.submit(commands.run, str(script), [], str(log))
             deadline, lines = time.monotonic() + 30, []
             while len(lines) < 2 and time.monotonic() < deadline:  # its command line, then its pid
                 time.sleep(0.05)
                 lines = log.read_text().splitlines() if log.exists() else []
             for pid in (commands.server.pid, int(lines[1])):
                 os.kill(pid, signal.SIGINT)
-            assert job.result() == 1  # the status of a job that raised
+            assert job.result(timeout=30) == 1  # the status of a job that raised
         assert log.read_text().splitlines()[-1] == "KeyboardInterrupt"
         assert commands.run("json.tool", ["--help"], str(tmp_path / "next.log")) == 0
     finally:

@@ -10,17 +10,16 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from dispersion_titan.reproduce.quickstart.jobs import Commands
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.devices import CPU_MALLOC_ENV
 from support.cli import assert_one_line_error
+from support.jobs import Jobs
 from support.runs import digests
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,26 +72,20 @@ PRELOAD = [
     "dispersion_titan.train",
     "dispersion_titan.tokenizer.bpe:gpt2_encoding",
 ]
-_commands: Commands | None = None
+_jobs: Jobs | None = None
 
 
 def _forked(
     target: str, argv: list[str], env: dict[str, str], timeout: float, nproc: int | None = None
 ) -> subprocess.CompletedProcess:
     """``target`` (a module or a script) forked from the session's job server, the product's
-    (``dispersion_titan.reproduce.quickstart.jobs``), under torchrun's launcher with ``nproc`` processes
-    when given; its stdout and stderr apart."""
-    global _commands
-    if _commands is None:
-        _commands = Commands(launch_env(), PRELOAD)
-        atexit.register(_commands.close)
-    with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        status = _commands.run(
-            target, argv, str(out), errors=str(err), nproc=nproc, env=env, cwd=str(REPO), timeout=timeout
-        )
-        stdout = out.read_text().split("\n", 1)[1]  # after the command line the log starts with
-        return subprocess.CompletedProcess(argv, status, stdout, err.read_text())
+    (``dispersion_titan.reproduce.quickstart.jobs``) as ``support.jobs`` extends it, under torchrun's
+    launcher with ``nproc`` processes when given; its stdout and stderr apart."""
+    global _jobs
+    if _jobs is None:
+        _jobs = Jobs(launch_env(), PRELOAD)
+        atexit.register(_jobs.close)
+    return _jobs.run_apart(target, argv, env, str(REPO), timeout, nproc)
 
 
 # Debug runs train on 64-token sequences (debug.toml: 128) unless a test says otherwise: a

@@ -1,8 +1,8 @@
 """The quickstart's jobs (and the tests'): commands forked from one server process that imported
 torch, TorchTitan and dispersion_titan once, where a fresh interpreter spends about 5 s of CPU on
 imports (the default quickstart: 3 min 42 s forked, 4 min 20 s fresh; measured 2026-11-28).
-A job of N processes is torchrun's own launcher with forked workers. Linux only, as the quickstart
-(``os.sched_getaffinity``): elsewhere forking a process that has imported torch is not safe.
+Linux only, as the quickstart (``os.sched_getaffinity``): elsewhere forking a process that has
+imported torch is not safe. The tests extend the server with torchrun jobs (tests/support/jobs.py).
 
 The server (``python -m dispersion_titan.reproduce.quickstart.jobs PRELOAD...``) imports each
 PRELOAD (``module`` or ``module:function``, called once), then answers each JSON request line on
@@ -25,33 +25,21 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 
 from ...utils.records import atomic_write
 
 
-def command_line(target: str, argv: list[str], nproc: int | None = None) -> list[str]:
-    """``python -m MODULE`` or ``python SCRIPT.py``, under torchrun with ``nproc`` processes when given."""
-    program = [target] if target.endswith(".py") else ["-m", target]
-    if nproc is None:
-        return [sys.executable, *program, *argv]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d",
-        "--rdzv_endpoint=localhost:0",
-        "--local-ranks-filter=0",
-        "--role=rank",
-        "--tee=3",
-        *program,
-        *argv,
-    ]
+def command_line(target: str, argv: list[str]) -> list[str]:
+    """``python -m MODULE ARGV`` or ``python SCRIPT.py ARGV``."""
+    return [sys.executable, *([target] if target.endswith(".py") else ["-m", target]), *argv]
 
 
 class Commands(contextlib.AbstractContextManager):
     """Runs commands with their output appended to a log file. ``env``: every command's environment
     on top of this process's."""
+
+    server_args = ["-m", __name__]  # the server's command line after the interpreter, before the preloads
 
     def __init__(self, env: dict[str, str], preload: list[str]) -> None:
         self.env = env
@@ -61,41 +49,26 @@ class Commands(contextlib.AbstractContextManager):
         self.lock = threading.Lock()
         self.count = 0
 
-    def run(
-        self,
-        target: str,
-        argv: list[str],
-        log: str,
-        *,
-        errors: str | None = None,
-        nproc: int | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = None,
-    ) -> int:
+    def run(self, target: str, argv: list[str], log: str) -> int:
         """The exit status of ``target`` (a module, or a ``.py`` script) with ``argv``, its command
-        line first in ``log`` (negative: killed by that signal). ``errors``: its stderr's file;
-        ``env``: its whole environment. After ``timeout`` seconds it is killed with every process
-        it started (its own process group, which a terminal's Ctrl-C does not reach) and
-        ``subprocess.TimeoutExpired`` is raised."""
+        line first in ``log`` (negative: killed by that signal)."""
         os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
-        command = command_line(target, argv, nproc)
         with open(log, "a") as f:
-            f.write(f"$ {' '.join(command)}\n")
-        request = {
-            "target": target,
-            "argv": argv,
-            "nproc": nproc,
-            "env": env or {**os.environ, **self.env},
-            "cwd": cwd or os.getcwd(),
-            "stdout": log,
-            "stderr": errors or log,
-            "group": timeout is not None,
-        }
+            f.write(f"$ {' '.join(command_line(target, argv))}\n")
+        request = {"target": target, "argv": argv, "env": {**os.environ, **self.env}, "cwd": os.getcwd(), "log": log}
+        self.start(request)
+        while not os.path.exists(request["status"]):  # renamed into place once the output is flushed
+            time.sleep(0.05)
+        with open(request["status"]) as f:
+            return int(f.read())
+
+    def start(self, request: dict) -> int:
+        """Fork ``request``'s job from the server (started if need be): its pid. ``request["status"]``
+        is set to the file its exit status will be written to."""
         with self.lock:
             if self.server is None or self.server.poll() is not None:
                 self.server = subprocess.Popen(
-                    [sys.executable, "-m", __name__, *self.preload],
+                    [sys.executable, *self.server_args, *self.preload],
                     env={**os.environ, **self.env},
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
@@ -105,15 +78,7 @@ class Commands(contextlib.AbstractContextManager):
             request["status"] = os.path.join(self.status_dir, f"{self.count}.status")
             self.server.stdin.write(json.dumps(request) + "\n")
             self.server.stdin.flush()
-            pid = int(self.server.stdout.readline())
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not os.path.exists(request["status"]):  # renamed into place once the output is flushed
-            if deadline is not None and time.monotonic() > deadline:
-                os.killpg(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(command, timeout)
-            time.sleep(0.05)
-        with open(request["status"]) as f:
-            return int(f.read())
+            return int(self.server.stdout.readline())
 
     def close(self) -> None:
         """Stop the server, once every command run has ended, and remove the status files."""
@@ -140,71 +105,35 @@ def _run(target: str, argv: list[str]) -> None:
         runpy.run_module(target, run_name="__main__", alter_sys=True)
 
 
-def _rank(target: str, argv: list[str]) -> None:
-    """One forked worker of a torchrun job; only local rank 0 writes to the job's output."""
-    if os.environ["LOCAL_RANK"] != "0":
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.dup2(devnull, 2)
-    _run(target, argv)
-
-
-def _exit_status(request: dict) -> int:
-    """Run the request in this (forked) process: its exit status as the interpreter's or torchrun's."""
-    os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # as at a fresh start
-    if request["nproc"] is None:
-        try:
-            _run(request["target"], request["argv"])
-        except SystemExit as e:
-            if e.code is None or isinstance(e.code, int):
-                return e.code or 0
-            print(e.code, file=sys.stderr)
-            return 1
-        return 0
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=request["nproc"],
-        run_id="preloaded",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="fork",
-    )
+def exit_status(request: dict) -> int:
+    """Run the request in this (forked) process: its exit status as the interpreter's."""
     try:
-        elastic_launch(config, _rank)(request["target"], request["argv"])
-        return 0
-    except ChildFailedError as e:  # torchrun prints the same summary and exits 1
-        print(e.format_msg(), file=sys.stderr, flush=True)
+        _run(request["target"], request["argv"])
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
         return 1
+    return 0
 
 
-def _job(request: dict, interrupt: object) -> None:
-    """The forked child: output to the request's files; its exit status is the job's."""
+def _job(request: dict, interrupt: object, run: Callable[[dict], int]) -> None:
+    """The forked child: output to the request's log, in its environment and folder; its exit status,
+    ``run``'s, is the job's."""
     status = 1
     try:
         signal.signal(signal.SIGINT, interrupt)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        if request["group"]:
-            os.setpgid(0, 0)  # the client can stop the job with all its workers
-        out = os.open(request["stdout"], os.O_WRONLY | os.O_APPEND)
-        err = (
-            out
-            if request["stderr"] == request["stdout"]
-            else os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        )
+        out = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
         os.dup2(out, 1)
-        os.dup2(err, 2)
+        os.dup2(out, 2)
         sys.stdin.close()
-        status = _exit_status(request)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.path[1:1] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # as at a fresh start
+        status = run(request)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -213,7 +142,8 @@ def _job(request: dict, interrupt: object) -> None:
         os._exit(status)
 
 
-def serve(preload: list[str]) -> None:
+def serve(preload: list[str], run: Callable[[dict], int] = exit_status) -> None:
+    """Preload, then fork each request's job, which ``run`` runs."""
     for entry in preload:
         module, _, function = entry.partition(":")
         imported = importlib.import_module(module)
@@ -243,7 +173,7 @@ def serve(preload: list[str]) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reap no job before it is recorded
         pid = os.fork()
         if pid == 0:
-            _job(request, interrupt)
+            _job(request, interrupt, run)
         status_files[pid] = request["status"]
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         print(pid, flush=True)

@@ -1,0 +1,84 @@
+"""The tests' job server: the product's (``dispersion_titan.reproduce.quickstart.jobs``) with what
+only the tests need. Each job runs in its own process group (so that a timeout stops it with all its
+workers), with its stderr apart; a job of ``nproc`` processes is torchrun's own launcher with forked
+workers. Run as a script (``python tests/support/jobs.py PRELOAD...``), as ``Jobs`` starts it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dispersion_titan.reproduce.quickstart.jobs import Commands, _run, exit_status, serve
+
+
+class Jobs(Commands):
+    """The product's ``Commands`` with this script as its server."""
+
+    server_args = [__file__]
+
+    def run_apart(
+        self, target: str, argv: list[str], env: dict[str, str], cwd: str, timeout: float, nproc: int | None = None
+    ) -> subprocess.CompletedProcess:
+        """``target`` (a module or a script) with ``argv`` in ``env`` and ``cwd``, under torchrun's
+        launcher with ``nproc`` processes when given; its stdout and stderr apart. After ``timeout``
+        seconds it is killed with every process it started and ``subprocess.TimeoutExpired`` is raised."""
+        with tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            out.touch()
+            request = {"target": target, "argv": argv, "env": env, "cwd": cwd, "log": str(out), "errors": str(err)}
+            request["nproc"] = nproc
+            pid = self.start(request)
+            deadline = time.monotonic() + timeout
+            while not os.path.exists(request["status"]):  # renamed into place once the output is flushed
+                if time.monotonic() > deadline:
+                    os.killpg(pid, signal.SIGKILL)
+                    raise subprocess.TimeoutExpired([target, *argv], timeout)
+                time.sleep(0.05)
+            status = int(Path(request["status"]).read_text())
+            return subprocess.CompletedProcess(argv, status, out.read_text(), err.read_text())
+
+
+def _rank(target: str, argv: list[str]) -> None:
+    """One forked worker of a torchrun job; only local rank 0 writes to the job's output."""
+    if os.environ["LOCAL_RANK"] != "0":
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+    _run(target, argv)
+
+
+def _exit_status(request: dict) -> int:
+    """The forked job's exit status as the interpreter's or torchrun's."""
+    os.setpgid(0, 0)  # the client can stop the job with all its workers
+    os.dup2(os.open(request["errors"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 2)
+    if request["nproc"] is None:
+        return exit_status(request)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=request["nproc"],
+        run_id="preloaded",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="fork",
+    )
+    try:
+        elastic_launch(config, _rank)(request["target"], request["argv"])
+        return 0
+    except ChildFailedError as e:  # torchrun prints the same summary and exits 1
+        print(e.format_msg(), file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:], _exit_status)
