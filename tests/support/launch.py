@@ -105,7 +105,7 @@ def torchrun(
 ) -> subprocess.CompletedProcess:
     """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
 
-    By default the job is forked from the session's job server (``reproduce.quickstart.jobs``:
+    By default the job is forked from the session's job server (``support.jobs``:
     torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs torchrun
     as ``launch/train.sh`` does (``python -m dispersion_titan.torchrun -m
     dispersion_titan.train``: torchrun with a one-line ending), for tests that look at its
