@@ -30,11 +30,6 @@ from collections.abc import Callable
 from ...utils.records import atomic_write
 
 
-def command_line(target: str, argv: list[str]) -> list[str]:
-    """``python -m MODULE ARGV`` or ``python SCRIPT.py ARGV``."""
-    return [sys.executable, *([target] if target.endswith(".py") else ["-m", target]), *argv]
-
-
 class Commands(contextlib.AbstractContextManager):
     """Runs commands with their output appended to a log file. ``env``: every command's environment
     on top of this process's."""
@@ -54,7 +49,8 @@ class Commands(contextlib.AbstractContextManager):
         line first in ``log`` (negative: killed by that signal)."""
         os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
         with open(log, "a") as f:
-            f.write(f"$ {' '.join(command_line(target, argv))}\n")
+            program = [target] if target.endswith(".py") else ["-m", target]
+            f.write(f"$ {' '.join([sys.executable, *program, *argv])}\n")
         request = {"target": target, "argv": argv, "env": {**os.environ, **self.env}, "cwd": os.getcwd(), "log": log}
         self.start(request)
         while not os.path.exists(request["status"]):  # renamed into place once the output is flushed
