@@ -15,12 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
-from ..losses.options import (
-    CONFIG_RANGES,
-    precision_error,
-    range_error,
-    resolve_layers,
-)
+from ..losses.options import CONFIG_RANGES, resolve_layers
+from ..losses.variants import precision_error, range_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, tokenizer_folder
 from ..tokenizer.hf_assets import is_hub_id

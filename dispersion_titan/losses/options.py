@@ -5,7 +5,7 @@ defines (its variants, kernels and parameter ranges; ``config/schema.py`` types 
 
 from __future__ import annotations
 
-from .variants import FORMS, KERNELS, PRECISIONS, RANGES, precision_error, range_error
+from .variants import RANGES
 
 LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
 
@@ -15,17 +15,6 @@ CONFIG_RANGES = {
     "warmup_steps": (lambda v: v >= 0, ">= 0"),
 }
 """The ``[dispersion]`` section's numeric ranges: the loss's parameters, λ and its warm-up."""
-
-__all__ = [
-    "CONFIG_RANGES",
-    "FORMS",
-    "KERNELS",
-    "LAYER_KEYWORDS",
-    "PRECISIONS",
-    "precision_error",
-    "range_error",
-    "resolve_layers",
-]
 
 
 def resolve_layers(spec: str | list[int], n_layers: int) -> list[int]:
