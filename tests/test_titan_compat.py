@@ -112,7 +112,7 @@ def test_cpu_shim_rebinds_the_device_and_the_memory_monitor():
 
 @pytest.mark.parametrize("family", ["qwen3", "llama3"])
 def test_without_data_parallel_leaves_data_parallelism_to_the_caller(family):
-    """Touch ``without_data_parallel``: TorchTitan's parallelize functions gate FSDP and DDP
+    """Touch ``WithoutDataParallel``: TorchTitan's parallelize functions gate FSDP and DDP
     on ``fsdp_enabled`` / ``dp_replicate_enabled`` only (no process group needed to see it)."""
     from torch.distributed.fsdp import FSDPModule
     from torchtitan.config import ConfigManager
@@ -127,13 +127,13 @@ def test_without_data_parallel_leaves_data_parallelism_to_the_caller(family):
     with torch.device("meta"):
         model = spec.model_cls(args)
     sharded_and_replicated = ParallelDims(dp_replicate=2, dp_shard=2, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=4)
-    model = spec.parallelize_fn(model, titan_compat.without_data_parallel(sharded_and_replicated), job)
+    model = spec.parallelize_fn(model, titan_compat.WithoutDataParallel(sharded_and_replicated), job)
     assert not any(isinstance(m, FSDPModule) for m in model.modules())
     assert type(model.layers["0"]).__name__ == "CheckpointWrapper"  # the rest was applied
 
 
 def test_torchtitan_shards_a_tied_qwen3_apart():
-    """Why ``without_data_parallel`` exists: the FSDP of TorchTitan's qwen3 puts the token
+    """Why ``WithoutDataParallel`` exists: the FSDP of TorchTitan's qwen3 puts the token
     embeddings in a unit of their own and ``[norm, output]`` in another, which a tied head
     (one matrix) cannot be. When this fails, TorchTitan may keep the tie itself now."""
     from torchtitan.models.llama4.infra.parallelize import apply_fsdp

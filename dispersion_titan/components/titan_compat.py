@@ -76,10 +76,6 @@ MODULES_BINDING_DEVICE = (
 _cpu_applied = False
 
 
-def _total_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def _cpu_memory_stats(device: object = None) -> dict[str, int]:
     """Peak resident set size of this process, reported like the CUDA allocator's stats."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -100,7 +96,9 @@ def _cpu_device_module() -> types.SimpleNamespace:
         device_count=lambda: 1,
         is_available=lambda: True,
         get_device_name=lambda device=None: f"CPU ({platform.processor() or platform.machine()})",
-        get_device_properties=lambda device=None: types.SimpleNamespace(total_memory=_total_memory_bytes()),
+        get_device_properties=lambda device=None: types.SimpleNamespace(
+            total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        ),
         memory_stats=_cpu_memory_stats,
         reset_peak_memory_stats=lambda device=None: None,
         empty_cache=lambda: None,
@@ -143,8 +141,10 @@ def backend_needs_sum_reduction() -> bool:
 # ------------------------------------------------------------------------ data parallelism
 
 
-class _WithoutDataParallel:
-    """``parallel_dims`` as a parallelize function that must apply no data parallelism sees it."""
+class WithoutDataParallel:
+    """``parallel_dims`` under which TorchTitan's parallelize functions, which apply FSDP exactly when
+    ``fsdp_enabled`` and DDP when ``dp_replicate_enabled``, apply neither (their FSDP shards a tied
+    Qwen3's embeddings and head apart): the caller applies its own."""
 
     fsdp_enabled = False
     dp_replicate_enabled = False
@@ -154,13 +154,6 @@ class _WithoutDataParallel:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._parallel_dims, name)
-
-
-def without_data_parallel(parallel_dims: Any) -> Any:
-    """``parallel_dims`` under which TorchTitan's parallelize functions, which apply FSDP exactly when
-    ``fsdp_enabled`` and DDP when ``dp_replicate_enabled``, apply neither (their FSDP shards a tied
-    Qwen3's embeddings and head apart): the caller applies its own."""
-    return _WithoutDataParallel(parallel_dims)
 
 
 def attention_on_local_shards(model: torch.nn.Module) -> None:

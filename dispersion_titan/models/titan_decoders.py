@@ -68,7 +68,7 @@ def adapted(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module
     def parallelize(model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig) -> nn.Module:
         tied = model.model_args.tie_embeddings
         if (tied and parallel_dims.fsdp_enabled) or shards_one_rank(parallel_dims, job_config):
-            model = parallelize_fn(model, titan_compat.without_data_parallel(parallel_dims), job_config)
+            model = parallelize_fn(model, titan_compat.WithoutDataParallel(parallel_dims), job_config)
             if tied:
                 model.output.weight = model.tok_embeddings.weight  # tensor parallelism made two DTensors of it
             shard_keeping_the_tie(model, parallel_dims, job_config)
