@@ -52,9 +52,6 @@ from .variants import (
 # chosen so that one [B, rows, N] fp32 buffer stays within it.
 MAX_BLOCK_BYTES = 32 * 2**20
 
-# Default upper bound on the rows per strip of TorchStrips.
-MAX_BLOCK_ROWS = 128
-
 
 def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens: int, form: str) -> None:
     """Reject arguments that would silently give a meaningless loss."""
@@ -284,7 +281,7 @@ class TorchStrips:
     """
 
     max_block_bytes: int = MAX_BLOCK_BYTES
-    max_block_rows: int = MAX_BLOCK_ROWS
+    max_block_rows: int = 128
 
     def loss(self, layers: list[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
         return _PairLoss.apply(torch.cat(layers) if len(layers) > 1 else layers[0], spec, hp, lambda_norm, self)
@@ -303,11 +300,19 @@ class TorchStrips:
     def forward(
         self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper
     ) -> OnlineLogSumExp | Tensor | RowEntropy:
-        """Running log-sum-exp over i < j (log-sum-exp variants), per-token row entropies (whole
-        rows), else the sum of the terms over i < j."""
+        """Running log-sum-exp over i < j (log-sum-exp variants), per-token row entropies (per whole-row
+        strip, the row's softmax and its entropy terms), else the sum of the terms over i < j."""
         b, n, _ = x.shape
         if spec.row_entropy:
-            return self.row_forward(x, sq, hp)
+            out = RowEntropy(*(torch.empty(b, n, device=x.device) for _ in range(4)))
+            for r0, r1 in self.strips(n, b, whole_rows=True):
+                logits = self._row_logits(x, sq, hp, r0, r1)
+                m = logits.amax(dim=2)
+                log_s = (logits - m[:, :, None]).exp_().sum(dim=2).log_()
+                f, pf = row_entropy_terms(_softmax_(logits, m, log_s), hp.eps)
+                for target, value in zip(out, (m, log_s, f.sum(dim=2), pf.sum(dim=2)), strict=True):
+                    target[:, r0:r1] = value
+            return out
         lse = OnlineLogSumExp(b, x.device)
         total = torch.zeros(b, device=x.device)
         for r0, r1 in self.strips(n, b):
@@ -320,17 +325,29 @@ class TorchStrips:
         return lse if spec.logsumexp else total
 
     def backward(
-        self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper, lse: tuple[Tensor, Tensor] | None
+        self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper, lse: tuple[Tensor, ...] | None
     ) -> tuple[Tensor, Tensor | None]:
         """du_i = sum_{j!=i} W_ij x_j with W = dL/dg, and for raw rows also sum_{j!=i} W_ij.
 
-        Each unordered pair is visited once: du_rows += W x_cols, du_cols += W^T x_rows.
+        Each unordered pair is visited once: du_rows += W x_cols, du_cols += W^T x_rows. For
+        perplexity_entropy, dL/dt_ij = p_ij (f'(p_ij) - a_i) / N of each ordered pair, so W = -2 dL/dD =
+        (2 / (tau N)) (p f' - p a_i); both orientations of every pair reach du and the row sums.
         """
         b, n, _ = x.shape
         du = torch.zeros_like(x)
         row_sums = torch.zeros(b, n, device=x.device) if sq is not None else None
         if spec.row_entropy:
-            return self.row_backward(x, sq, hp, lse, du, row_sums)
+            for r0, r1 in self.strips(n, b, whole_rows=True):
+                logits = self._row_logits(x, sq, hp, r0, r1)
+                p = _softmax_(logits, lse.m[:, r0:r1], lse.log_s[:, r0:r1])
+                _, pf = row_entropy_terms(p, hp.eps)
+                weight = pf.sub_(p.mul_(lse.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
+                row_sums[:, r0:r1] += weight.sum(dim=2)
+                row_sums += weight.sum(dim=1)
+                du[:, r0:r1].baddbmm_(weight, x)
+                du.baddbmm_(weight.transpose(1, 2), x[:, r0:r1])
+                del logits, p, pf, weight
+            return du, row_sums
         for r0, r1 in self.strips(n, b):
             x_rows, x_cols = x[:, r0:r1], x[:, r0:]
             gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
@@ -341,37 +358,6 @@ class TorchStrips:
             du[:, r0:r1].baddbmm_(weight, x_cols)
             du[:, r0:].baddbmm_(weight.transpose(1, 2), x_rows)
             del gram, weight
-        return du, row_sums
-
-    def row_forward(self, x: Tensor, sq: Tensor, hp: PairHyper) -> RowEntropy:
-        """perplexity_entropy forward: per whole-row strip, the row's softmax and its entropy terms."""
-        b, n, _ = x.shape
-        out = RowEntropy(*(torch.empty(b, n, device=x.device) for _ in range(4)))
-        for r0, r1 in self.strips(n, b, whole_rows=True):
-            logits = self._row_logits(x, sq, hp, r0, r1)
-            m = logits.amax(dim=2)
-            log_s = (logits - m[:, :, None]).exp_().sum(dim=2).log_()
-            f, pf = row_entropy_terms(_softmax_(logits, m, log_s), hp.eps)
-            for target, value in zip(out, (m, log_s, f.sum(dim=2), pf.sum(dim=2)), strict=True):
-                target[:, r0:r1] = value
-        return out
-
-    def row_backward(
-        self, x: Tensor, sq: Tensor, hp: PairHyper, rows: RowEntropy, du: Tensor, row_sums: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """dL/dt_ij = p_ij (f'(p_ij) - a_i) / N of each ordered pair, so W = -2 dL/dD = (2 / (tau N))
-        (p f' - p a_i); both orientations of every pair reach du and the row sums."""
-        b, n, _ = x.shape
-        for r0, r1 in self.strips(n, b, whole_rows=True):
-            logits = self._row_logits(x, sq, hp, r0, r1)
-            p = _softmax_(logits, rows.m[:, r0:r1], rows.log_s[:, r0:r1])
-            _, pf = row_entropy_terms(p, hp.eps)
-            weight = pf.sub_(p.mul_(rows.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
-            row_sums[:, r0:r1] += weight.sum(dim=2)
-            row_sums += weight.sum(dim=1)
-            du[:, r0:r1].baddbmm_(weight, x)
-            du.baddbmm_(weight.transpose(1, 2), x[:, r0:r1])
-            del logits, p, pf, weight
         return du, row_sums
 
     @staticmethod
