@@ -29,7 +29,7 @@ class RotaryOverrides(ShapeOverrides):
 
     positions: ClassVar[None] = None
     """No learned positions: any sequence length is accepted."""
-    ROTARY_REFUSED: ClassVar[dict[str, str]] = {
+    REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
         "max_seq_len": "rotary positions: the RoPE table follows training.seq_len and validation.seq_len",
     }
 

@@ -26,7 +26,7 @@ class Llama3Args(RotaryOverrides, TransformerModelArgs):
     FAMILY: ClassVar[str] = MODEL_NAME
     OVERRIDES: ClassVar[dict[str, str]] = {k: k for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size")}
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
-        **RotaryOverrides.ROTARY_REFUSED,
+        **RotaryOverrides.REFUSED_BECAUSE,
         "head_dim": "llama3's head width is dim / n_heads",
         "mlp_hidden_dim": "llama3 derives its MLP width from dim, multiple_of and ffn_dim_multiplier",
         "tie_embeddings": "TorchTitan 0.2.2's llama3 has no weight tying",

@@ -27,7 +27,6 @@ class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
         "mlp_hidden_dim": "hidden_dim",
         "tie_embeddings": "enable_weight_tying",
     }
-    REFUSED_BECAUSE: ClassVar[dict[str, str]] = RotaryOverrides.ROTARY_REFUSED
 
     @property
     def tie_embeddings(self) -> bool:
