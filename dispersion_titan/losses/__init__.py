@@ -1,7 +1,6 @@
 """Auxiliary losses on hidden states: the dispersion loss family and its condensation probe."""
 
 from dispersion_titan.losses.dispersion import (
-    KernelUnavailable,
     TorchStrips,
     dispersion_loss,
     dispersion_loss_reference,
@@ -12,7 +11,6 @@ from dispersion_titan.losses.variants import PRECISIONS, VARIANTS, precision_err
 __all__ = [
     "PRECISIONS",
     "VARIANTS",
-    "KernelUnavailable",
     "TorchStrips",
     "dispersion_loss",
     "dispersion_loss_reference",
