@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation, read_results
+from dispersion_titan.analysis.inputs import InputOptions
 from dispersion_titan.quickstart import CONFIG
 from dispersion_titan.reproduce.quickstart.figure import findings_figure
 from dispersion_titan.reproduce.quickstart.findings import (
@@ -28,9 +29,11 @@ from dispersion_titan.reproduce.quickstart.findings import (
     with_width,
 )
 from dispersion_titan.reproduce.quickstart.init_panel import InitPanel
+from dispersion_titan.reproduce.quickstart.init_panel import init_panel as measure_init_panel
 from dispersion_titan.reproduce.quickstart.pipeline import step_progress
 from dispersion_titan.reproduce.quickstart.summary import RunCondensation, load_sweep
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
+from dispersion_titan.utils.errors import OutputError
 from support.launch import REPO, held_by_another_command, python_module
 from support.runs import digests
 
@@ -413,6 +416,20 @@ def test_bad_options_fail_with_one_line(tmp_path, options, message):
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"dispersion_titan: error: {message.format(file=blocker)}"]
     assert not (tmp_path / "q").exists()
+
+
+def test_a_corrupt_init_panel_result_is_refused_in_one_line(tmp_path):
+    """A cached ``init_panel/*/condensation.json`` cut short is named with what to do, before any
+    measurement, and kept."""
+    corrupt = tmp_path / "w64" / "condensation.json"
+    corrupt.parent.mkdir()
+    corrupt.write_text('{"layers": [')
+    texts = InputOptions("enwiki_sample", None, None, 2, 16, seed=0)
+    with pytest.raises(OutputError) as e:
+        measure_init_panel(str(tmp_path), "debug", (64,), (42,), texts, lambda line: None)
+    (line,) = str(e.value).splitlines()
+    assert line.startswith(f"{corrupt}: unreadable (") and line.endswith("); restore it, or remove it and rerun")
+    assert corrupt.read_text() == '{"layers": ['
 
 
 def test_a_second_quickstart_into_a_busy_out_is_refused_naming_the_owner(tmp_path):

@@ -132,7 +132,7 @@ def read_json_files(out: str, file: str) -> dict[str, dict]:
                 with open(path) as f:
                     data = json.load(f)
             except (OSError, json.JSONDecodeError) as e:
-                raise OutputError(f"{path}: unreadable ({e})") from None
+                raise OutputError(f"{path}: unreadable ({e}); restore it, or remove it and rerun") from None
             results[name] = data
     return results
 

@@ -6,7 +6,6 @@ toy model lacks, and a fresh model costs one forward pass. Same statistics and
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from ...analysis.measure import DecoderLayers, measure
 from ...analysis.statistics import condensation
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from ...models.gpt2.model import GPT2
-from ...run_folder.outputs import write_json
+from ...run_folder.outputs import read_json_files, write_json
 
 INIT_CHECKPOINT = "initialization"
 
@@ -70,17 +69,17 @@ def init_panel(
         f"init     condensation at initialization, {flavor} shape, MLP width "
         f"{', '.join(map(str, widths))} at seed {seeds[0]}{extra}: one forward pass each"
     )
+    stored = read_json_files(out, RESULT_FILE)  # a corrupt one refused in one line before any work
     sequences = select_sequences(texts)
     jobs = [(w, seeds[0]) for w in widths] + [(widths[0], s) for s in seeds[1:]]
     results = {}
     for i, (width, seed) in enumerate(jobs, start=1):
-        folder = os.path.join(out, f"w{width}" if seed == seeds[0] else f"w{width}-s{seed}")
-        path = os.path.join(folder, RESULT_FILE)
+        name = f"w{width}" if seed == seeds[0] else f"w{width}-s{seed}"
+        folder, path = os.path.join(out, name), os.path.join(out, name, RESULT_FILE)
         args = dataclasses.replace(gpt2_flavors[flavor], mlp_hidden_dim=width)
         start = time.monotonic()
-        if os.path.isfile(path):
-            with open(path) as f:
-                cached = Condensation.from_json(json.load(f), path)
+        if name in stored:
+            cached = Condensation.from_json(stored[name], path)
             if cached.tokens_sha256 == sequences.sha256 and cached.model_args == dataclasses.asdict(args):
                 results[width, seed] = cached
                 say(f"init     MLP width {width}, seed {seed}: read back ({i} of {len(jobs)})")
