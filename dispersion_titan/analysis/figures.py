@@ -8,20 +8,24 @@ from matplotlib.colors import Normalize, PowerNorm
 from matplotlib.figure import Figure
 
 from ..run_folder.outputs import headless_pyplot
-from .condensation_schema import Condensation
+from .condensation_schema import Condensation, LayerCondensation
 from .statistics import HIST_RANGE
 
 plt = headless_pyplot()
 DEPTH_LABEL = "layer fraction (embedding = 0, final norm = 1)"
 
 
+def density_mesh(layers: list[LayerCondensation]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``pcolormesh``'s x edges (half a step around each layer fraction), y edges (over ``HIST_RANGE``)
+    and the layers' cosine histograms as density [bins, L]."""
+    density = np.array([layer.hist for layer in layers]).T
+    half = 0.5 / (len(layers) - 1)
+    return np.linspace(-half, 1 + half, len(layers) + 1), np.linspace(*HIST_RANGE, density.shape[0] + 1), density
+
+
 def heatmap(result: Condensation, title: str) -> Figure:
     """x = layer fraction, y = cosine similarity, colour = density of the S² entries."""
-    density = np.array([layer.hist for layer in result.layers]).T  # [bins, L]
-    x = np.linspace(0, 1, len(result.layers))  # each layer's layer_fraction
-    half = 0.5 / (len(x) - 1)
-    x_edges = np.concatenate([x - half, [x[-1] + half]])
-    y_edges = np.linspace(*HIST_RANGE, density.shape[0] + 1)
+    x_edges, y_edges, density = density_mesh(result.layers)
     fig, ax = plt.subplots(figsize=(6.4, 4.2), layout="constrained")
     # Square-root colour scale: the diagonal's mass and the bulk both stay visible.
     mesh = ax.pcolormesh(x_edges, y_edges, density, cmap="magma", norm=PowerNorm(0.5, vmin=0))

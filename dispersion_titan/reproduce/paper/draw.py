@@ -9,8 +9,8 @@ import os
 
 import numpy as np
 
+from ...analysis.figures import density_mesh
 from ...analysis.size_series import last_n_mean
-from ...analysis.statistics import HIST_RANGE, layer_fraction
 from ...run_folder.outputs import atomic_write, headless_pyplot
 from .collect import LAST_N_PANELS, Entry, by_row, half_n
 
@@ -35,13 +35,7 @@ def save(fig, stem: str) -> None:
 
 
 def _heatmap(ax, entry: Entry, norm):
-    layers = entry.layers
-    density = np.array([layer.hist for layer in layers]).T
-    x = np.array([layer_fraction(i, len(layers)) for i in range(len(layers))])
-    half = 0.5 / (len(x) - 1)
-    x_edges = np.concatenate([x - half, [x[-1] + half]])
-    y_edges = np.linspace(*HIST_RANGE, density.shape[0] + 1)
-    mesh = ax.pcolormesh(x_edges, y_edges, density, cmap="Reds", norm=norm, rasterized=True)
+    mesh = ax.pcolormesh(*density_mesh(entry.layers), cmap="Reds", norm=norm, rasterized=True)
     ax.set(xlim=(0, 1), ylim=COS_VIEW)
     ax.set_xticks([0, 0.5, 1], ["0", "0.5", "1"])
     ax.set_yticks([-0.25, 0, 0.5, 1], ["−0.25", "0", "0.5", "1"])
