@@ -44,7 +44,7 @@ from ..run_folder.owners import (
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import DocumentEncoder, encoder_named
 from ..utils import records
-from ..utils.devices import resolve_device
+from ..utils.devices import DTYPES, resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, ModelLoadError, OutputError
 from ..utils.hub import PREFIX, parse_spec
 from . import AnalysisError, figures, hf_model, inputs
@@ -53,7 +53,6 @@ from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, geometry_mask, measure
 from .statistics import HIST_EDGES, HIST_RANGE, condensation, layer_row
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_SEQ_LEN = 512
 SUMMARY_FILE = "summary.csv"
 
@@ -292,7 +291,7 @@ class RunAnalysis(Analysis):
         self.n_params = sum(p.numel() for p in model.parameters())
 
     def load(self, unit: Unit) -> LayeredModel:
-        return DecoderLayers(load_model(unit.source, self.model_args, self.device, DTYPES[self.dtype]))
+        return DecoderLayers(load_model(unit.source, self.model_args, self.device, getattr(torch, DTYPES[self.dtype])))
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
         """The run's arguments, its family and MLP width under the keys Hugging Face analyses use."""
@@ -372,7 +371,7 @@ class HFAnalysis(Analysis):
 
     def load(self, unit: Unit) -> LayeredModel:
         return hf_model.load_pretrained(
-            self.spec, unit.revision, DTYPES[self.dtype], self.device, self.options.device_map
+            self.spec, unit.revision, getattr(torch, DTYPES[self.dtype]), self.device, self.options.device_map
         )
 
     def metadata(self, unit: Unit) -> dict[str, Any]:

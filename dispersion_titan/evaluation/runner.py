@@ -13,7 +13,7 @@ from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, loa
 from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, report_failed, still_to_do
 from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_unless_ours
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
-from ..utils.devices import resolve_device
+from ..utils.devices import DTYPES, resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, EvaluationError
 from ..utils.hub import PREFIX, HFSpec, loading, parse_spec
 from ..utils.records import differences
@@ -30,8 +30,6 @@ from .step_results import (
     write_summary,
 )
 from .tasks import Tasks
-
-HF_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 def _model_name(run: str) -> str:
@@ -166,7 +164,7 @@ class RunEvaluation:
                 pretrained=folder,
                 revision=revision,
                 device=str(self.device),
-                dtype=HF_DTYPES[self.options.dtype],
+                dtype=DTYPES[self.options.dtype],
                 batch_size=self.options.batch_size,
             )
             identity = source_identity(checkpoint.path, folder, lm.config)

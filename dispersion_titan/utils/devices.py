@@ -21,6 +21,7 @@ ALLOW_CPU_ENV = "DISPERSION_TITAN_ALLOW_CPU"
 # third of a run's time; kept in the heap, a 15-step run took 15 CPU seconds, not 21 (glibc 2.36).
 CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 _NO_DEVICES = ("", "-1", "NoDevFiles", "none")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # ``--dtype``: torch's name of each
 
 
 def _count_ids(value: str) -> int:
