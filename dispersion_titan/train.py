@@ -7,6 +7,7 @@ bad input, ``NOTHING_TO_DO`` when the run already reached ``training.steps``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -23,10 +24,10 @@ from dispersion_titan.config.cli import (
     without_profile,
 )
 from dispersion_titan.utils.errors import DispersionTitanError, RunFinished, command, fail, run_command, say
-from dispersion_titan.utils.launcher_death import end_with_launcher
 
 CHECK_ONLY = "--check-only"
 NOTHING_TO_DO = 10
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _launch_check_process() -> bool:
@@ -51,6 +52,18 @@ def default_to_single_process() -> None:
         "MASTER_PORT": str(port),
     }.items():
         os.environ.setdefault(key, value)
+
+
+def end_with_launcher() -> None:
+    """In a torchrun rank on Linux: be killed when the launcher is. Killed by SIGKILL, torchrun cannot stop
+    its ranks (their own sessions), which would train on as orphans; so each asks Linux for SIGKILL."""
+    if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        return  # not allowed here (a sandbox): the rank still stops when its collectives fail
+    if os.getppid() == 1:  # the launcher died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _stop_before_training(signum: int, frame: object) -> None:
