@@ -1,4 +1,6 @@
-"""Evaluate every selected checkpoint of one run with lm-eval, as ``analyze`` analyzes them."""
+"""Evaluate every selected checkpoint of one run with lm-eval, as ``analyze`` analyzes them, into per-step
+result files, ``OUT/step-N/results.json`` (lm-eval's results of the per-task calls merged, plus our
+``dispersion_titan`` entry), and the summary over steps."""
 
 from __future__ import annotations
 
@@ -10,7 +12,17 @@ import time
 
 from ..components.wandb_run import log_results, recorded
 from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_checkpoints, run_of
-from ..run_folder.outputs import FORMAT, FORMAT_KEY, ensure_writable, report_failed, still_to_do
+from ..run_folder.outputs import (
+    FORMAT,
+    FORMAT_KEY,
+    check_format,
+    ensure_writable,
+    read_step_files,
+    report_failed,
+    still_to_do,
+    write_csv,
+    write_json,
+)
 from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_unless_ours
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import DTYPES, resolve_device
@@ -18,18 +30,12 @@ from ..utils.errors import ArgumentError, CheckpointError, EvaluationError
 from ..utils.hub import PREFIX, HFSpec, loading, parse_spec
 from ..utils.records import differences
 from .export import hflm_location, hub_location, source_changed, source_identity
-from .protocol import mean_accuracy, run_protocol, select_tasks
-from .step_results import (
-    OURS,
-    SUMMARY_FILE,
-    merge,
-    read_evaluations,
-    result_scores,
-    settings,
-    write_result,
-    write_summary,
-)
+from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
 from .tasks import Tasks
+
+RESULT_FILE = "results.json"
+SUMMARY_FILE = "summary.csv"
+OURS = "dispersion_titan"
 
 
 def _model_name(run: str) -> str:
@@ -216,3 +222,47 @@ def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
     return dict.fromkeys(
         ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), int(training_seed)
     )
+
+
+def merge(merged: dict, result: dict) -> dict:
+    """Fold one ``simple_evaluate`` result (one task or group) into ``merged``."""
+    for key, value in result.items():
+        if isinstance(value, dict) and key != "config":  # lm-eval's ``config`` describes the run: the last call's wins
+            merged[key] = {**merged.get(key, {}), **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def write_result(out: str, step: int, result: dict) -> None:
+    from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
+
+    write_json(os.path.join(out, f"step-{step}", RESULT_FILE), result, default=handle_non_serializable)
+
+
+def read_evaluations(out: str) -> dict[int, dict]:
+    """Every step evaluated in ``out`` (``{}`` when there is none), by step; each of this ``FORMAT``."""
+    results = read_step_files(out, RESULT_FILE)
+    for step, result in results.items():
+        check_format(result.get(OURS), os.path.join(out, f"step-{step}", RESULT_FILE))
+    return results
+
+
+def settings(result: dict) -> dict:
+    return result[OURS]["settings"]
+
+
+def result_scores(result: dict) -> dict[str, float]:
+    return task_scores(result["results"], settings(result)["tasks"])
+
+
+def write_summary(out: str, results: list[dict]) -> str:
+    """One row per step; a column for every task any step was scored on."""
+    rows = []
+    for result in sorted(results, key=lambda r: r[OURS]["step"]):
+        scores = result_scores(result)
+        rows.append({"step": result[OURS]["step"], **scores, "mean_acc": mean_accuracy(scores)})
+    tasks = dict.fromkeys(key for row in rows for key in row if key not in ("step", "mean_acc"))
+    path = os.path.join(out, SUMMARY_FILE)
+    write_csv(path, [{key: row.get(key) for key in ("step", *tasks, "mean_acc")} for row in rows])
+    return path

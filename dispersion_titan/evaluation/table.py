@@ -23,7 +23,7 @@ from ..utils.hub import PREFIX
 from ..utils.records import differences
 from .export import source_changed
 from .protocol import is_accuracy, mean_accuracy
-from .step_results import OURS, RESULT_FILE, read_evaluations, result_scores, settings
+from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings
 
 plt = headless_pyplot()
 
