@@ -142,7 +142,7 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
     import huggingface_hub
 
     from dispersion_titan.job_config.parse import check, fetch_local_assets
-    from dispersion_titan.tokenizer import hf_assets
+    from dispersion_titan.tokenizer import encoders
 
     snapshot = tmp_path / "snapshot"
     snapshot.mkdir()
@@ -162,7 +162,7 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
     with monkeypatch.context() as reachable:  # the hub answers, the download fails: its first line
-        reachable.setattr(hf_assets, "hub_offline", lambda: contextlib.nullcontext(None))
+        reachable.setattr(encoders, "hub_offline", lambda: contextlib.nullcontext(None))
         with pytest.raises(
             ConfigError,
             match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "

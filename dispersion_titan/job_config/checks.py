@@ -18,8 +18,7 @@ from ..data.store import is_store, open_store
 from ..losses.options import CONFIG_RANGES, resolve_layers
 from ..losses.variants import precision_error, range_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, tokenizer_folder
-from ..tokenizer.hf_assets import is_hub_id
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
 from . import released
 from .batches import data_parallel_degree, resolve_batch_sizes, resolve_replicate_degree

@@ -18,7 +18,7 @@ from ..run_folder.checkpoints import check_resume
 from ..run_folder.owners import refuse_other_owners
 from ..run_folder.settings import check_same_settings, start_fork
 from ..run_folder.writer_lock import refuse_if_busy
-from ..tokenizer.hf_assets import is_hub_id, local_assets
+from ..tokenizer.encoders import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
 from .checks import check_job_config, data_parallel_degree

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..components.titan_compat import model_converter_names
 from ..run_folder.owners import inside
-from ..tokenizer.hf_assets import is_hub_id
+from ..tokenizer.encoders import is_hub_id
 from ..utils.errors import ConfigError
 
 if TYPE_CHECKING:
