@@ -15,7 +15,7 @@ from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
 from dispersion_titan.reproduce.slurm_scripts import script, submit
-from dispersion_titan.utils.errors import SweepError, command, run_command
+from dispersion_titan.utils.errors import ArgumentError, command, run_command
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     slurm_sweep.check_training_configs(sweep)
     if args.plan:  # the cells' training jobs planned on their GPUs
         if sweep.gpus_per_node == 0:
-            raise SweepError("--plan: plans GPU jobs, and gpus_per_node is 0")
+            raise ArgumentError("--plan: plans GPU jobs, and gpus_per_node is 0")
         runs = [(cell.name, slurm_sweep.cell_args(sweep, cell)) for cell in sweep.cells()]
         plan_runs(runs, slurm_sweep.world_size(sweep), sweep.nodes or 1, args.plan)
         return

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from ..utils.errors import SweepError
+from ..utils.errors import DispersionTitanError
 
 SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm"))  # package data
 SBATCH_GPUS_PER_NODE = 8  # train.sbatch's request
@@ -67,7 +67,7 @@ def submit(jobs: list[SlurmJob], logs: str | Path) -> dict[str, str]:
             done = " ".join(ids.values())
             reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
             hint = f"; submitted so far: {done} (scancel {done})" if ids else ""
-            raise SweepError(f"sbatch ({job.label}): {reason}{hint}")
+            raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}")
         ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
         print(f"{ids[job.key]:>10}  {job.label}", flush=True)
     return ids

@@ -19,7 +19,7 @@ from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, record_owner
-from ..utils.errors import DispersionTitanError, SweepError
+from ..utils.errors import ArgumentError, DispersionTitanError
 from .slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch, sbatch_script
 
 CPU_PROCESSES_PER_NODE = 2  # train.sh's NPROC without GPUs
@@ -61,13 +61,13 @@ def _items(key: str, value: Any) -> list[Any]:
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, list) or not value:
-        raise SweepError(f"{key}: expected a non-empty list, got {value!r}")
+        raise ArgumentError(f"{key}: expected a non-empty list, got {value!r}")
     return value
 
 
 def _int(key: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not re.fullmatch(r"-?\d+", str(value).strip()) or int(value) < minimum:
-        raise SweepError(f"{key}: {value!r} is not an integer >= {minimum}")
+        raise ArgumentError(f"{key}: {value!r} is not an integer >= {minimum}")
     return int(value)
 
 
@@ -84,7 +84,7 @@ def parse_arm(text: str) -> Arm:
         return Arm("none", 0.0, method=text)
     name, sep, coeff = text.partition(":")
     if name not in VARIANTS:
-        raise SweepError(
+        raise ArgumentError(
             f"variants: {text!r}: unknown variant (use baseline, {', '.join(BASELINE_METHODS)} or NAME:COEFF, "
             f"NAME one of {', '.join(VARIANTS)})"
         )
@@ -93,7 +93,7 @@ def parse_arm(text: str) -> Arm:
     except ValueError:
         value = None
     if value is None or not 0 < value < math.inf:
-        raise SweepError(f"variants: {text!r}: needs a finite coefficient > 0, as in {name}:0.1")
+        raise ArgumentError(f"variants: {text!r}: needs a finite coefficient > 0, as in {name}:0.1")
     return Arm(name, value)
 
 
@@ -101,7 +101,7 @@ def _strings(key: str, value: Any) -> list[str]:
     if isinstance(value, str):
         return shlex.split(value)
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SweepError(f"{key}: expected a list of strings")
+        raise ArgumentError(f"{key}: expected a list of strings")
     return list(value)
 
 
@@ -109,17 +109,17 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     allowed = set(Sweep.__dataclass_fields__)
     unknown = sorted(set(raw) - allowed)
     if unknown:
-        raise SweepError(f"{unknown[0]}: unknown sweep key (known: {', '.join(sorted(allowed))})")
+        raise ArgumentError(f"{unknown[0]}: unknown sweep key (known: {', '.join(sorted(allowed))})")
     for key in ("config", "widths", "variants", "seeds"):
         if raw.get(key) is None:
-            raise SweepError(f"{key}: required (in the SPEC file or as --{key})")
+            raise ArgumentError(f"{key}: required (in the SPEC file or as --{key})")
     config = Path(raw["config"]).expanduser().resolve()
     if not config.is_file():
-        raise SweepError(f"config: {raw['config']}: no such file")
+        raise ArgumentError(f"config: {raw['config']}: no such file")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(raw.get("out") or f"outputs/sweep-{config.stem}-{stamp}").expanduser().resolve()
     if out.exists() and any(out.iterdir()):
-        raise SweepError(f"out: {out} exists and is not empty; give the sweep a new folder")
+        raise ArgumentError(f"out: {out} exists and is not empty; give the sweep a new folder")
     widths = [_int("widths", w, 1) for w in _items("widths", raw["widths"])]
     seeds = [_int("seeds", s, 0) for s in _items("seeds", raw["seeds"])]
     fields = {k: v for k, v in raw.items() if v is not None}
@@ -127,12 +127,12 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
     for arg in fields.get("train_overrides", []):
         if _flag(arg) in GRID_KEYS:
-            raise SweepError(f"training overrides: {arg} is set by the sweep for each cell")
+            raise ArgumentError(f"training overrides: {arg} is set by the sweep for each cell")
     arms = [parse_arm(str(v)) for v in _items("variants", raw["variants"])]
     sweep = Sweep(**{**fields, "config": config, "out": out, "widths": widths, "seeds": seeds, "variants": arms})
     for key, values in (("widths", sweep.widths), ("seeds", sweep.seeds), ("variants", [a.label for a in arms])):
         if len(set(values)) != len(values):
-            raise SweepError(f"{key}: listed twice: {values}")
+            raise ArgumentError(f"{key}: listed twice: {values}")
     return sweep
 
 
@@ -156,7 +156,7 @@ def check_training_configs(sweep: Sweep) -> None:
         try:
             validated_args(cell_args(sweep, cell), world_size(sweep))
         except (DispersionTitanError, ValueError) as e:
-            raise SweepError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
+            raise ArgumentError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
 
 
 def _resources(sweep: Sweep, *keys: str) -> list[str]:

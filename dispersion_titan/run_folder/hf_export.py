@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from ..models import family
 from ..tokenizer.bpe import bpe_files
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
-from ..utils.errors import CheckpointError, ConvertError
+from ..utils.errors import CheckpointError, OutputError
 from .checkpoints import (
     check_complete,
     find_checkpoint_folder,
@@ -92,13 +92,13 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
     """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``, new or empty."""
     given, step_dir = step_dir, resolve_step_dir(step_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ConvertError(f"OUT_DIR: {out_dir} exists and is not a directory")
+        raise OutputError(f"OUT_DIR: {out_dir} exists and is not a directory")
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     dump = run_of(checkpoints)
     owner = FolderOwner("HF export", dump)
     refuse_unless_ours(out_dir, owner, "OUT_DIR", "use another OUT_DIR")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
-        raise ConvertError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
+        raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
     if step_dir != given.rstrip("/"):
         print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}: {step_dir}", file=sys.stderr)
     export_checkpoint(step_dir, out_dir)

@@ -54,14 +54,6 @@ class ModelLoadError(DispersionTitanError):
     """A Hugging Face model that cannot be loaded: unknown id, missing files, unsupported architecture."""
 
 
-class ConvertError(DispersionTitanError):
-    """A checkpoint or export folder that cannot be converted."""
-
-
-class SweepError(DispersionTitanError):
-    """A bad sweep spec."""
-
-
 class DeviceError(DispersionTitanError):
     """Allocated GPUs torch cannot use, or a ``--device`` or ``--dtype`` this machine lacks."""
 
