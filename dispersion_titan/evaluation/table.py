@@ -250,10 +250,6 @@ def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
     return by_arm
 
 
-def _std(values: list[float]) -> float:
-    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
-
-
 def t_test_p(values: list[float], reference: list[float], test: str) -> float | None:
     """The two-sided t-test (``student``: equal variances; ``welch``); None without two seeds or spread."""
     if len(values) < 2 or len(reference) < 2:
@@ -342,7 +338,7 @@ def table_rows(
             name,
             runs,
             means[name],
-            {key: _std(values) for key, values in seeds[name].items()},
+            {key: np.std(values, ddof=1) if len(values) > 1 else math.nan for key, values in seeds[name].items()},
             rank,
             None if name == reference else t_test_p(seeds[name]["average"], seeds[reference]["average"], test),
         )

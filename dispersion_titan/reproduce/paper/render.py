@@ -18,15 +18,7 @@ TITLES = {
     "counteract": "Mid-training with and without the dispersion loss, checkpoint by checkpoint",
     "robustness": "Condensation by model size on other texts (dataset robustness)",
 }
-
-
-def _row_title(row: dict) -> str:
-    rho = row["spearman"] and row["spearman"]["rho"]
-    against = {"n_params": "size", "mlp_width": "MLP width", "step": "step", "training_order": "training"}[
-        row["against"]
-    ]
-    trend = "" if rho is None else f"\n{against} vs last-{collect.LAST_N} cos: ρ={rho:+.2f}"
-    return f"{row['row']}{trend}"
+AGAINST = {"n_params": "size", "mlp_width": "MLP width", "step": "step", "training_order": "training"}  # in titles
 
 
 def render(workflow: PaperWorkflow, selection: Selection, reference: str | None, test: str) -> list[str]:
@@ -38,7 +30,11 @@ def render(workflow: PaperWorkflow, selection: Selection, reference: str | None,
         return [f"{stem}.{ext}" for ext in ("md", "tex", "json", "png", "pdf")]
     entries = collect.entries(workflow)
     numbers = collect.numbers(workflow, entries)
-    titles = {row["row"]: _row_title(row) for row in numbers["rows"]}
+    titles = {}  # a row's title, with its trend statistic where it has one
+    for row in numbers["rows"]:
+        rho = row["spearman"] and row["spearman"]["rho"]
+        trend = "" if rho is None else f"\n{AGAINST[row['against']]} vs last-{collect.LAST_N} cos: ρ={rho:+.2f}"
+        titles[row["row"]] = row["row"] + trend
     inputs = next(iter(numbers["inputs"].values()))
     points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
     title = f"{TITLES[workflow.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
