@@ -18,13 +18,12 @@ import torch
 import transformers
 from scipy import stats
 
-from dispersion_titan.analysis import AnalysisError
 from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.hf_model import decoder_layers
 from dispersion_titan.analysis.inputs import InputOptions, paper_texts, select_sequences
 from dispersion_titan.analysis.measure import effective_rank, max_explainable_variance, unit_tokens
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
-from dispersion_titan.utils.errors import ModelLoadError
+from dispersion_titan.utils.errors import AnalysisError, ModelLoadError
 from support.cli import analyze, assert_one_line_error
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy

@@ -1,8 +1,6 @@
 """Embedding-condensation analysis of saved checkpoints (``python -m dispersion_titan.analyze``);
 docs/code_map.md says which module does what."""
 
-from dispersion_titan.utils.errors import AnalysisError
-
 DEFAULT_GEOMETRY_SEQUENCES = 2
 """Sequences of the K whose effective rank and MEV are averaged."""
 
@@ -11,5 +9,3 @@ ANALYSIS_PROTOCOLS = ("default", "paper")
 
 LAYER_POINTS = ("all", "hidden_states")
 """Which layers the depth trend runs over (``statistics.depth_points``)."""
-
-__all__ = ["ANALYSIS_PROTOCOLS", "DEFAULT_GEOMETRY_SEQUENCES", "LAYER_POINTS", "AnalysisError"]

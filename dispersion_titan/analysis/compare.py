@@ -11,7 +11,8 @@ import numpy as np
 from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import format_table, results_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned
-from . import AnalysisError, figures
+from ..utils.errors import AnalysisError
+from . import figures
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses
 from .inputs import differences
 from .statistics import layer_row

@@ -19,8 +19,7 @@ import torch
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils import records
-from ..utils.errors import DataConfigError
-from . import AnalysisError
+from ..utils.errors import AnalysisError, DataConfigError
 
 DEFAULT_DATASET = "enwiki_sample"
 SPLIT = "validation"

@@ -45,9 +45,9 @@ from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import DocumentEncoder, encoder_named
 from ..utils import records
 from ..utils.devices import DTYPES, resolve_device
-from ..utils.errors import ArgumentError, CheckpointError, ModelLoadError, OutputError
+from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, ModelLoadError, OutputError
 from ..utils.hub import PREFIX, parse_spec
-from . import AnalysisError, figures, hf_model, inputs
+from . import figures, hf_model, inputs
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, LayeredModel, geometry_mask, measure

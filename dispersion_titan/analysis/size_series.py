@@ -14,7 +14,8 @@ from scipy import stats
 
 from ..run_folder.outputs import atomic_write, format_table, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned
-from . import AnalysisError, figures
+from ..utils.errors import AnalysisError
+from . import figures
 from .compare import pick
 from .condensation_schema import Condensation
 from .inputs import differences
