@@ -9,12 +9,19 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from dispersion_titan.reproduce.quickstart.jobs import Commands
+from dispersion_titan.utils.errors import DispersionTitanError
 
 
 def test_exit_status_output_and_environment_match_a_fresh_interpreter(tmp_path, monkeypatch):
     monkeypatch.setenv("DISPERSION_TITAN_PROBE", "before")  # restored after the test
-    commands = Commands({"DISPERSION_TITAN_PROBE": "set by Commands"}, preload=["dispersion_titan.analyze"])
+    with Commands({"DISPERSION_TITAN_PROBE": "set by Commands"}, preload=["dispersion_titan.analyze"]) as commands:
+        _exit_status_output_and_environment(commands, tmp_path, monkeypatch)
+
+
+def _exit_status_output_and_environment(commands: Commands, tmp_path, monkeypatch) -> None:
     log = tmp_path / "logs" / "job.log"
     status = commands.run("dispersion_titan.analyze", [str(tmp_path), "--num-sequences", "0"], str(log))
     assert status == 2
@@ -54,3 +61,19 @@ def test_a_ctrl_c_interrupts_the_job_and_spares_its_server(tmp_path):
     finally:
         commands.close()
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_dead_server_is_one_error_not_a_wait_forever(tmp_path):
+    script = tmp_path / "wait.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    log = tmp_path / "job.log"
+    with Commands({}, preload=[]) as commands, ThreadPoolExecutor(1) as pool:
+        job = pool.submit(commands.run, str(script), [], str(log))
+        deadline, lines = time.monotonic() + 30, []
+        while len(lines) < 2 and time.monotonic() < deadline:  # its command line, then its pid
+            time.sleep(0.05)
+            lines = log.read_text().splitlines() if log.exists() else []
+        os.kill(commands.server.pid, signal.SIGKILL)
+        os.kill(int(lines[1]), signal.SIGKILL)
+        with pytest.raises(DispersionTitanError, match=f"^the job server died before {log} ended; run the same"):
+            job.result(timeout=30)

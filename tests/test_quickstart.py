@@ -9,7 +9,9 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -498,3 +500,25 @@ def test_training_progress_says_steps_and_time_left(tmp_path):
     match = re.fullmatch(r"train    w64-baseline-s42: step 20/60, ~(\d+) s left", said[1])
     assert len(said) == 2 and match, said
     assert 0 <= int(match[1]) <= 4  # 10 steps in about 0.3 s: 40 more in about 1.2 s
+
+
+def test_a_sigterm_to_the_quickstart_alone_stops_its_jobs_at_a_checkpoint(tmp_path):
+    """``kill PID`` of the quickstart: its jobs stop too (before, they trained on as orphans of a
+    silent exit), the training one saving where it stopped; one line and exit 143."""
+    out = tmp_path / "q"
+    options = ("--widths", "64", "--spread-seeds", "0", "--steps", "40", "--checkpoint-interval", "20", "--jobs", "1")
+    tiny = ("--init-flavor", "debug", "--init-widths", "64", "--init-num-sequences", "2", "--seq-len", "16")
+    job = ThreadPoolExecutor(1).submit(quickstart, out, *options, *tiny)
+    log = out / "logs" / "w64-baseline-s42.train.log"
+    while not (log.exists() and re.search(r"step:\s+\d+\s+loss:", log.read_text())) and not job.done():
+        time.sleep(0.05)
+    assert not job.done(), job.result().stderr[-3000:]
+    os.kill(json.loads((out / LOCK_NAME).read_text())["pid"], signal.SIGTERM)
+    done = job.result()
+    kept = "each stage finished so far is kept in --out; the same command goes on from there"
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == f"dispersion_titan: interrupted; {kept}"
+    stopped = re.search(r"interrupted at step (\d+); checkpoint step-(\d+) saved", log.read_text())
+    assert stopped and stopped[1] == stopped[2] and int(stopped[1]) < 40, log.read_text()[-2000:]
+    assert (out / "runs" / "w64-baseline-s42" / "checkpoint" / f"step-{stopped[1]}").is_dir()
+    assert not (out / "logs" / "w64-angular_spread-c1-s42.train.log").exists()  # nor did the next run start

@@ -99,7 +99,6 @@ def fail_with(error: DispersionTitanError, prog: str = "dispersion_titan") -> No
     fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status, prog)
 
 
-INTERRUPTED_STATUS = 128 + signal.SIGINT  # as a shell reports a tool SIGINT killed, as ``train`` does
 REDELIVERY_S = 0.01
 
 
@@ -116,9 +115,9 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
                 return main(*args, **kwargs)
             except DispersionTitanError as e:
                 fail_with(e, prog)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as e:  # its argument: the signal, where a handler of ours raised it
                 print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
-                sys.exit(INTERRUPTED_STATUS)
+                sys.exit(128 + (e.args or (signal.SIGINT,))[0])
             finally:
                 sys.unraisablehook = hook
 

@@ -27,6 +27,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 
+from ...utils.errors import DispersionTitanError
 from ...utils.records import atomic_write
 
 
@@ -54,6 +55,8 @@ class Commands(contextlib.AbstractContextManager):
         request = {"target": target, "argv": argv, "env": {**os.environ, **self.env}, "cwd": os.getcwd(), "log": log}
         self.start(request)
         while not os.path.exists(request["status"]):  # renamed into place once the output is flushed
+            if self.server.poll() is not None:
+                raise DispersionTitanError(f"the job server died before {log} ended; run the same command again")
             time.sleep(0.05)
         with open(request["status"]) as f:
             return int(f.read())
@@ -62,7 +65,7 @@ class Commands(contextlib.AbstractContextManager):
         """Fork ``request``'s job from the server (started if need be): its pid. ``request["status"]``
         is set to the file its exit status will be written to."""
         with self.lock:
-            if self.server is None or self.server.poll() is not None:
+            if self.server is None:
                 self.server = subprocess.Popen(
                     [sys.executable, *self.server_args, *self.preload],
                     env={**os.environ, **self.env},
@@ -77,10 +80,10 @@ class Commands(contextlib.AbstractContextManager):
             return int(self.server.stdout.readline())
 
     def close(self) -> None:
-        """Stop the server, once every command run has ended, and remove the status files."""
-        if self.server is not None and self.server.poll() is None:
+        """Stop the server, which stops the commands still running (an interrupt), and remove the status files."""
+        if self.server is not None:
             self.server.stdin.close()
-            self.server.wait(timeout=30)
+            self.server.wait()
         shutil.rmtree(self.status_dir, ignore_errors=True)
 
     def __exit__(self, *exc: object) -> None:
@@ -113,13 +116,13 @@ def exit_status(request: dict) -> int:
     return 0
 
 
-def _job(request: dict, interrupt: object, run: Callable[[dict], int]) -> None:
+def _job(request: dict, handlers: dict[int, object], run: Callable[[dict], int]) -> None:
     """The forked child: output to the request's log, in its environment and folder; its exit status,
     ``run``'s, is the job's."""
     status = 1
     try:
-        signal.signal(signal.SIGINT, interrupt)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for signum, handler in {**handlers, signal.SIGCHLD: signal.SIG_DFL}.items():
+            signal.signal(signum, handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         out = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
         os.dup2(out, 1)
@@ -163,16 +166,23 @@ def serve(preload: list[str], run: Callable[[dict], int] = exit_status) -> None:
             atomic_write(status_files.pop(pid), lambda f: f.write(status))
 
     signal.signal(signal.SIGCHLD, reap)
-    interrupt = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C stops the jobs, never their server
+    # A Ctrl-C or a SIGTERM to the process group stops the jobs, never their server
+    handlers = {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
     for line in sys.stdin:
         request = json.loads(line)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # reap no job before it is recorded
         pid = os.fork()
         if pid == 0:
-            _job(request, interrupt, run)
+            _job(request, handlers, run)
         status_files[pid] = request["status"]
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         print(pid, flush=True)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})  # none reaped (its pid reused) while signalled
+    for pid in status_files:  # the client closed before its jobs ended (interrupted, or killed)
+        os.kill(pid, signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+    while status_files:
+        time.sleep(0.05)
 
 
 if __name__ == "__main__":

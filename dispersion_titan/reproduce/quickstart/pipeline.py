@@ -256,7 +256,8 @@ def train_and_analyze(setup: QuickstartSetup, say: Progress) -> None:
         "dispersion_titan.analysis.runner",
         "dispersion_titan.tokenizer.bpe:gpt2_encoding",
     ]
-    with Commands(env, preload) as commands, ThreadPoolExecutor(max_workers=setup.jobs) as pool:
+    # Interrupted, the server stops the jobs (as it closes) before the pool waits for them
+    with ThreadPoolExecutor(max_workers=setup.jobs) as pool, Commands(env, preload) as commands:
         errors = [e for e in pool.map(lambda run: process(setup, run, commands, say), setup.runs) if e]
     for error in errors:
         print(f"dispersion_titan: error: {error}", file=sys.stderr)
