@@ -16,7 +16,13 @@ import pytest
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.convert import main as convert_main
 from dispersion_titan.evaluate import main as evaluate_main
-from dispersion_titan.run_folder.owners import OWNER_FILE
+from dispersion_titan.run_folder.owners import (
+    OWNER_FILE,
+    FolderOwner,
+    read_owner,
+    record_run_folders,
+    refuse_other_owners,
+)
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import DEBUG_TOML, python_module, torchrun
@@ -158,6 +164,22 @@ def test_a_folder_of_files_nobody_recorded_is_refused(runs, capsys, tmp_path):
         before,
         f"--out: {tmp_path} holds files no dispersion_titan command recorded as its own (notes.txt); use another --out",
     )
+
+
+def test_a_rank_checking_the_run_folder_while_rank_0_records_it_never_reads_half_a_record(tmp_path, monkeypatch):
+    """A 2-rank job: rank 0 records the run as its folder's owner while the slower rank 1 still makes the
+    launch checks. Rank 1's look in the middle of the write (here: as the record is dumped) finds no record yet
+    and nothing foreign, not an empty ``.owner.json`` ("unreadable", exit 2: a Slurm sweep's training job)."""
+    dump = str(tmp_path / "run")
+    dump_json = json.dump
+
+    def dump_while_rank_1_checks(record: dict, f, **kwargs) -> None:
+        refuse_other_owners(dump, {})
+        dump_json(record, f, **kwargs)
+
+    monkeypatch.setattr(json, "dump", dump_while_rank_1_checks)
+    record_run_folders(dump, {})
+    assert read_owner(dump) == FolderOwner("run", dump) and os.listdir(dump) == [OWNER_FILE]
 
 
 def test_an_hf_export_belongs_to_its_run(runs, capsys, tmp_path):

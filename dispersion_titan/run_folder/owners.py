@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.errors import OutputError
+from ..utils.records import atomic_write
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
@@ -109,7 +110,7 @@ def empty(folder: str) -> bool:
     if not os.path.isdir(folder):
         return True
     return all(
-        name.startswith((LOCK_NAME, OWNER_FILE))
+        name.startswith((LOCK_NAME, OWNER_FILE, f".{OWNER_FILE}."))  # the record, whole or being written
         or (path := Path(folder, name)).is_dir()
         and not path.is_symlink()
         and not any(path.iterdir())
@@ -204,24 +205,22 @@ def record_owner(folder: str, owner: FolderOwner) -> bool:
 
 
 def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
-    """Write ``folder``'s record, with ``extra`` entries, unless it has one (O_EXCL); whether it wrote it."""
-    os.makedirs(folder, exist_ok=True)
-    try:
-        fd = os.open(os.path.join(folder, OWNER_FILE), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
+    """Write ``folder``'s record, with ``extra`` entries, unless it has one; whether it wrote it. Written
+    whole, then linked into place: another rank checking the folder meanwhile never reads it half-written."""
     local = owner.run is not None and os.path.isdir(owner.run)
     relative = {RUN_RELATIVE: os.path.relpath(owner.run, os.path.realpath(folder))} if local else {}
-    with os.fdopen(fd, "w") as f:
-        record = {
-            FORMAT_KEY: FORMAT,
-            "kind": owner.kind,
-            "run": owner.run,
-            **relative,
-            "command": this_command(),
-            "since": time.time(),
-        }
-        json.dump({**record, **extra}, f)
+    record = {
+        FORMAT_KEY: FORMAT,
+        "kind": owner.kind,
+        "run": owner.run,
+        **relative,
+        "command": this_command(),
+        "since": time.time(),
+    }
+    try:
+        atomic_write(os.path.join(folder, OWNER_FILE), lambda f: json.dump({**record, **extra}, f), exclusive=True)
+    except FileExistsError:
+        return False
     return True
 
 

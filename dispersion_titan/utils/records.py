@@ -9,9 +9,12 @@ from collections.abc import Callable
 from typing import IO, Any
 
 
-def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False, durable: bool = False) -> None:
+def atomic_write(
+    path: str, write: Callable[[IO], None], binary: bool = False, durable: bool = False, exclusive: bool = False
+) -> None:
     """Call ``write`` on a temporary file next to ``path``, then rename it to ``path``; ``durable``: on disk
-    before the rename (a token store's files: a crash must not leave one empty)."""
+    before the rename (a token store's files: a crash must not leave one empty); ``exclusive``: linked into
+    place instead, FileExistsError if ``path`` exists (it is never replaced)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
@@ -24,7 +27,11 @@ def atomic_write(path: str, write: Callable[[IO], None], binary: bool = False, d
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # what ``open`` would give a new file (``mkstemp`` makes it private)
-        os.replace(tmp, path)
+        if exclusive:
+            os.link(tmp, path)
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
