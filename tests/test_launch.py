@@ -5,9 +5,14 @@ one-node defaults are checked by test_reliability.py's background SIGINT run."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
+import signal
 import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +57,41 @@ def test_train_sh_bad_input_is_one_line(tmp_path):
         [str(TRAIN_SH), DEBUG_TOML], cwd=tmp_path, capture_output=True, text=True, env=launch_env({"NPROC": "two"})
     )
     assert bad.returncode == 2 and bad.stderr.strip() == "train.sh: error: NPROC must be a positive integer, got 'two'"
+
+
+def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
+    """Rank 1 fails; rank 0 ignores torchrun's SIGTERM (as a rank blocked in C++, in gloo's rendezvous, does)
+    and torchrun SIGKILLs it: the launcher says that, not "out of memory", which stays for a SIGKILL from
+    outside. torchrun's own process context, warning and ChildFailedError."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from dispersion_titan.trainer import launcher
+
+    deaf = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open({str(tmp_path / 'deaf')!r}, 'w')"
+    ranks = {0: ("-c", deaf + "; time.sleep(60)"), 1: ("-c", "raise SystemExit(2)")}
+    logs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"))
+    torchrun_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    torchrun_log.addFilter(launcher._quiet_forwarding)
+    # torchrun's process context installs its own handlers in this process: put pytest's back after.
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)}
+    try:
+        job = start_processes("rank", sys.executable, ranks, {0: {}, 1: {}}, logs)
+        job.subprocess_handlers[1].proc.wait()
+        while not (tmp_path / "deaf").exists():
+            time.sleep(0.01)
+        job.close(signal.SIGTERM, timeout=0.2)  # what torchrun does (30 s) once rank 1 failed
+        failures = job.wait(0).failures
+        sigkilled = start_processes("rank", sys.executable, {0: ("-c", "import time; time.sleep(60)")}, {0: {}}, logs)
+        os.kill(sigkilled.pids()[0], signal.SIGKILL)  # the kernel's OOM killer, say
+        oom = sigkilled.wait(10, period=0.05).failures
+    finally:
+        torchrun_log.removeFilter(launcher._quiet_forwarding)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert [failures[0].exitcode, failures[1].exitcode] == [-signal.SIGKILL, 2]
+    assert launcher.ending(ChildFailedError("rank", failures)) == (1, launcher.unstopped_message(0, 1, 2))
+    assert launcher.ending(ChildFailedError("rank", oom)) == (137, launcher.oom_message(0))
 
 
 @pytest.mark.slow

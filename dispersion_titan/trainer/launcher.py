@@ -1,7 +1,7 @@
 """torchrun's own launch (``torch.distributed.run.run``) as ``launch/train.sh`` runs it, ending not in
 a traceback but: nothing when the ranks said why in one line (``SAID_BY_THE_RANKS``: their status);
-one line naming a rank killed by SIGKILL, almost always the OOM killer (137); else torchrun's
-failure summary (1).
+one line naming a rank killed by SIGKILL, almost always the OOM killer (137), or by torchrun itself
+when it did not stop after SIGTERM (1); else torchrun's failure summary (1).
 """
 
 from __future__ import annotations
@@ -28,11 +28,16 @@ SAID_BY_THE_RANKS = {
 
 # torchrun's warnings while it forwards a signal: the ranks' line says what happened.
 FORWARDING_NOISE = ("death signal, shutting down workers", "closing signal")
+# torchrun's warning as it SIGKILLs a rank (its PID the first argument) still running after its SIGTERM
+UNSTOPPED = "Unable to shutdown process "
+_unstopped: set[int] = set()
 
 
 def _quiet_forwarding(record: logging.LogRecord) -> bool:
     """Drop the forwarding warnings, and torchrun's "failed (exitcode: N)" line when the ranks
-    said why in one line of their own (N in ``SAID_BY_THE_RANKS``)."""
+    said why in one line of their own (N in ``SAID_BY_THE_RANKS``); note the ranks torchrun SIGKILLs."""
+    if str(record.msg).startswith(UNSTOPPED):
+        _unstopped.add(record.args[0])
     said = (
         isinstance(record.msg, str)
         and record.msg.startswith("failed (exitcode: ")
@@ -50,12 +55,25 @@ def oom_message(rank: int) -> str:
     )
 
 
+def unstopped_message(rank: int, first: int, exitcode: int) -> str:
+    return (
+        f"dispersion_titan: error: rank {rank} did not stop within torchrun's shutdown timeout after SIGTERM and "
+        f"was killed; torchrun stopped the job because rank {first} failed (exit status "
+        f"{exitcode if exitcode >= 0 else 128 - exitcode}; LOG_RANK= shows every rank's output); the last "
+        "complete checkpoint stands: relaunch the same command to resume"
+    )
+
+
 def ending(error: ChildFailedError) -> tuple[int, str | None]:
     """(exit status, the line to print or None) for a job whose ranks failed."""
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
-    killed = [rank for rank, failure in failures if failure.exitcode == -signal.SIGKILL]
+    killed = [rank for rank, f in failures if f.exitcode == -signal.SIGKILL and f.pid not in _unstopped]
     if killed:
         return 128 + signal.SIGKILL, oom_message(killed[0])
+    unstopped = [rank for rank, failure in failures if failure.pid in _unstopped]
+    if unstopped:
+        first, failure = next((rank, f) for rank, f in failures if f.pid not in _unstopped)
+        return 1, unstopped_message(unstopped[0], first, failure.exitcode)
     first = failures[0][1].exitcode
     if all(failure.exitcode in SAID_BY_THE_RANKS for _, failure in failures):
         return first, None
