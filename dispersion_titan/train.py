@@ -30,12 +30,6 @@ NOTHING_TO_DO = 10
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def _launch_check_process() -> bool:
-    """Whether this is the one process that checks a launch before its ranks start: not a rank (rank
-    0 takes the lock itself), not one node of several (another's rank 0 may own the folder)."""
-    return "RANK" not in os.environ and os.environ.get("NNODES", "1") in ("", "1")
-
-
 def default_to_single_process() -> None:
     """Without torchrun, run as a 1-process job instead of failing on missing env vars."""
     if "LOCAL_RANK" in os.environ:
@@ -96,7 +90,10 @@ def main() -> None:
     try:
         job_config = parse.parse_job_config(args, toml)
         parsed = {key: value_of(job_config, key) for key in DERIVED}  # before the checks derive them
-        job_config = parse.check_launch(job_config, take_lock=_launch_check_process())
+        # The lock is taken by the one process that checks a launch before its ranks start: not by a rank (rank
+        # 0 takes it itself), not on one node of several (another's rank 0 may own the folder).
+        take_lock = "RANK" not in os.environ and os.environ.get("NNODES", "1") in ("", "1")
+        job_config = parse.check_launch(job_config, take_lock=take_lock)
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
         sys.exit(NOTHING_TO_DO if check_only else e.status)

@@ -77,12 +77,6 @@ class DispersionObjective:
             except KernelUnavailable as err:
                 raise ConfigError(f"dispersion.kernel: {err}") from None
 
-    def coeff_at(self, step: int) -> float:
-        """λ at ``step`` (1-based): the peak ``[dispersion] coeff`` after the optional linear warm-up."""
-        if self.cfg.warmup_steps <= 0:
-            return self.cfg.coeff
-        return self.cfg.coeff * min(1.0, step / self.cfg.warmup_steps)
-
     def _generator(self, step: int, chunk: int, layer: int, device: torch.device) -> torch.Generator | None:
         """A fresh token subset per layer and micro-batch, as the authors' ``DispersionLoss`` draws, seeded
         by (seed, step, chunk, layer) on the hidden states' device (no host sync); chunk m·W + r is
@@ -114,7 +108,8 @@ class DispersionObjective:
                     for i in self.layers
                 ]
                 mean = self.loss(layers, self.cfg.variant, **self.options) * scale
-            weighted = mean * self.coeff_at(step)
+            warmup = self.cfg.warmup_steps  # λ at ``step`` (1-based): the peak coeff after the optional linear warm-up
+            weighted = mean * self.cfg.coeff * (min(1.0, step / warmup) if warmup > 0 else 1.0)
             unweighted, weighted_value = mean.detach(), weighted.detach()
         stats = None
         if with_stats:

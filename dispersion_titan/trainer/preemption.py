@@ -59,13 +59,6 @@ def secondary_failure_status(error: BaseException) -> int | None:
     return 1 if lost and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
 
 
-def leave_with_own_status() -> None:
-    """Once the ranks agreed to stop with a status of their own: ignore SIGINT and SIGTERM, or torchrun's
-    SIGTERM would kill a rank shutting down (-15) and the launcher print its report, not our line."""
-    for signum in INTERRUPT_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-
-
 def interrupted_exit_code(signum: int) -> int:
     return 128 + signum
 

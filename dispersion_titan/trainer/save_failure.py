@@ -39,10 +39,6 @@ def _causes(error: BaseException) -> Iterator[BaseException]:
             todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
 
 
-def _file_sizes(path: str) -> list[int]:
-    return [os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names]
-
-
 def _mb(size: float) -> str:
     return f"{size / 1e6:.0f} MB" if size >= 1e7 else f"{size / 1e6:.1f} MB"
 
@@ -67,7 +63,8 @@ def save_failure(folder: str, step: int, error: BaseException, model: torch.nn.M
         quarantine_incomplete(folder)
     last = last_complete_step(folder, before=step)
     if last is not None:
-        sizes = _file_sizes(os.path.join(folder, f"step-{last}"))
+        step_dir = os.path.join(folder, f"step-{last}")
+        sizes = [os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(step_dir) for name in names]
         needed, largest = sum(sizes), max(sizes)
         estimate = f"needs about {_mb(needed)}, the size of step-{last}"
     else:

@@ -7,6 +7,7 @@ import atexit
 import contextlib
 import dataclasses
 import os
+import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +33,7 @@ from ..utils.errors import DispersionTitanError, NonFiniteLossError
 from .baselines import build_baseline
 from .block_outputs import BlockOutputs
 from .objective import DispersionObjective
-from .preemption import Preemption, leave_with_own_status, secondary_failure_status
+from .preemption import INTERRUPT_SIGNALS, Preemption, secondary_failure_status
 from .save_failure import save_failure
 from .seeds import mixed_seed
 
@@ -64,18 +65,6 @@ class StepHealth:
         return (self._NONE - bad if bad else None), agreed_signum
 
 
-def _take_writer_lock(dump_folder: str, folders: dict[str, str]) -> WriterLock | None:
-    """Global rank 0 owns the run folder (and records it owner of ``folders``) before TorchTitan writes,
-    until this process exits; a live owner ends this run in one line, nothing written."""
-    if os.environ.get("RANK", "0") != "0":
-        return None
-    lock = WriterLock(dump_folder)
-    lock.acquire()
-    atexit.register(lock.release)
-    record_run_folders(dump_folder, folders)
-    return lock
-
-
 def released_scales(
     labels: torch.Tensor, dp_degree: int, global_batch: int, accumulation: int
 ) -> tuple[torch.Tensor, float]:
@@ -101,9 +90,15 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         dump = job_config.job.dump_folder
         self.folders = folders
         self.outside_folders = outside_folders(dump, folders)
-        # TorchTitan loads a fork's checkpoint only where the checkpoint folder does not exist yet:
-        # one outside the run is recorded (and so created) once it has loaded (on_checkpoint_loaded).
-        self.writer_lock = _take_writer_lock(dump, {k: v for k, v in folders.items() if k != CHECKPOINT_KEY})
+        # Global rank 0 owns the run folder (and records it owner of its folders) before TorchTitan writes, until
+        # this process exits; a live owner ends this run in one line, nothing written. TorchTitan loads a fork's
+        # checkpoint only where the checkpoint folder does not exist yet: one outside the run is recorded (and
+        # so created) once it has loaded (on_checkpoint_loaded).
+        self.writer_lock = WriterLock(dump) if os.environ.get("RANK", "0") == "0" else None
+        if self.writer_lock is not None:
+            self.writer_lock.acquire()
+            atexit.register(self.writer_lock.release)
+            record_run_folders(dump, {k: v for k, v in folders.items() if k != CHECKPOINT_KEY})
         try:
             super().__init__(job_config)
         except BaseException:
@@ -116,7 +111,10 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
         if self.checkpoint_folder is not None:  # a failed write ends the run in one line
             titan_compat.on_save_error(self.checkpointer, self._save_failed)
-        self._set_aside_incomplete_checkpoints()
+            if dist.get_rank() == 0:  # half-written checkpoints moved aside before TorchTitan picks one to resume
+                for path in quarantine_incomplete(self.checkpoint_folder):
+                    logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
+        dist.barrier()
         self.health = StepHealth(self.device)
         self.seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
@@ -178,13 +176,6 @@ class DispersionTrainer(titan_compat.TrainerHooks):
     def _tp_group(self) -> dist.ProcessGroup | None:
         return self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
 
-    def _set_aside_incomplete_checkpoints(self) -> None:
-        """Rank 0 moves half-written checkpoints aside before TorchTitan picks one to resume from."""
-        if self.checkpoint_folder is not None and dist.get_rank() == 0:
-            for path in quarantine_incomplete(self.checkpoint_folder):
-                logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
-        dist.barrier()
-
     def _save_failed(self, step: int, error: BaseException) -> None:
         raise save_failure(self.checkpoint_folder, step, error, self.model_parts[0]) from error
 
@@ -234,7 +225,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         """Stop every rank at a non-finite loss before this step is saved; save and exit on a signal."""
         bad_step, signum = self.health.agree(int(self.preemption.received or 0))
         if bad_step is not None:
-            leave_with_own_status()
+            for signum in INTERRUPT_SIGNALS:  # ignored from now: torchrun's SIGTERM would kill a rank shutting
+                signal.signal(signum, signal.SIG_IGN)  # down (-15) and the launcher print its report, not our line
             where = f" in {self.checkpoint_folder}" if self.checkpoint_folder is not None else ""
             raise NonFiniteLossError(
                 f"loss is not finite at step {bad_step}; training stopped before saving step {self.step}, "
