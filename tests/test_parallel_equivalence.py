@@ -41,6 +41,7 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 TAGS = ("loss_metrics/global_avg_loss", "loss_metrics/ce", "loss_metrics/dispersion")
 COEFF = 0.5
+WARMUP = 2  # λ's linear warm-up (dispersion.warmup_steps): λ/2 at step 1, then λ
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ SHARED = (
     "all",
     "--dispersion.coeff",
     str(COEFF),
+    "--dispersion.warmup_steps",
+    str(WARMUP),
     "--lr_scheduler.warmup_steps",
     "1",
 )
@@ -167,7 +170,7 @@ def test_losses_agree_across_layouts(runs):
 def test_total_is_ce_plus_weighted_dispersion(runs):
     s = scalars(runs[list(runs["family"].layouts)[-1]])  # the most parallel layout
     for step in range(1, STEPS + 1):
-        total = s["loss_metrics/ce"][step] + COEFF * s["loss_metrics/dispersion"][step]
+        total = s["loss_metrics/ce"][step] + COEFF * min(1.0, step / WARMUP) * s["loss_metrics/dispersion"][step]
         assert abs(s["loss_metrics/global_avg_loss"][step] - total) < 1e-5
 
 

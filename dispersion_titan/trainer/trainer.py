@@ -225,8 +225,10 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         """Stop every rank at a non-finite loss before this step is saved; save and exit on a signal."""
         bad_step, signum = self.health.agree(int(self.preemption.received or 0))
         if bad_step is not None:
-            for signum in INTERRUPT_SIGNALS:  # ignored from now: torchrun's SIGTERM would kill a rank shutting
-                signal.signal(signum, signal.SIG_IGN)  # down (-15) and the launcher print its report, not our line
+            # Ignored from now: torchrun's SIGTERM would kill a rank shutting down (-15), and the launcher print its
+            # report, not our line.
+            for interrupt in INTERRUPT_SIGNALS:
+                signal.signal(interrupt, signal.SIG_IGN)
             where = f" in {self.checkpoint_folder}" if self.checkpoint_folder is not None else ""
             raise NonFiniteLossError(
                 f"loss is not finite at step {bad_step}; training stopped before saving step {self.step}, "
