@@ -186,16 +186,8 @@ def _hours(models: tuple[str, ...], states: int = 1) -> str:
     return f"~{hours:.1f} GPU-hours (estimate, not measured; {gpus}; plus downloading the weights)"
 
 
-@dataclass(frozen=True)
-class Artifact:
-    paper: str
-    runs: str
-    defaults: str
-    compute: str
-
-
-ARTIFACTS: dict[str, Artifact] = {
-    "fig2": Artifact(
+ARTIFACTS: dict[str, tuple[str, str, str, str]] = {  # name -> (the paper's figure, what runs, models, compute)
+    "fig2": (
         "Fig. 2 and S1: larger models condense less",
         "analyze hf:MODEL per model; per-model cosine heatmaps (layer fraction x cosine, density over the "
         "S x S entries averaged over K sequences) and the Spearman/Kendall depth-trend panel per family, "
@@ -204,7 +196,7 @@ ARTIFACTS: dict[str, Artifact] = {
         + " (Qwen only with --trust-remote-code: it ships its own modelling code)",
         _hours(tuple(m for models in SIZE_SERIES.values() for m in models)),
     ),
-    "fig3": Artifact(
+    "fig3": (
         "Fig. 3: MLP width only",
         "train the preset (--slurm), then analyze RUN --steps first,last per width at 1024 tokens; a row of "
         "heatmaps titled by width and parameters, and the width trend (Spearman, Kendall)",
@@ -216,7 +208,7 @@ ARTIFACTS: dict[str, Artifact] = {
         "training: eight GPT-2-small-shaped runs of 2.5B tokens (paper fig3 --plan; see docs/reproduction.md); "
         "analysis ~0.1 GPU-hours (estimate, not measured)",
     ),
-    "fig4": Artifact(
+    "fig4": (
         "Fig. 4: condensation from initialization",
         "analyze hf:MODEL@REV1,...; one heatmap per revision, annotated with its tokens seen, and the "
         "depth trend over training",
@@ -226,14 +218,14 @@ ARTIFACTS: dict[str, Artifact] = {
         f"~{analysis_gpu_hours(7) * FIG4_REVISIONS:.1f} GPU-hours (estimate, not measured; one 80 GB GPU; "
         f"plus downloading {FIG4_REVISIONS} x 14 GB)",
     ),
-    "fig5": Artifact(
+    "fig5": (
         "Fig. 5: distillation",
         "analyze hf:MODEL per model; bases (top row) and distilled models (bottom row), the paired "
         "depth-trend panel and the paired differences",
         "; ".join(f"{a} vs {b}" for a, b in DISTILLATION_PAIRS),
         _hours(tuple(m for pair in DISTILLATION_PAIRS for m in pair)),
     ),
-    "table2": Artifact(
+    "table2": (
         "Table 2: downstream evaluation",
         "evaluate RUN per run (arms x seeds), then evaluate table --select best; mean ± std per task "
         "and average, significance against the reference arm; Markdown and LaTeX",
@@ -244,7 +236,7 @@ ARTIFACTS: dict[str, Artifact] = {
         "training: the mid-training runs; evaluation ~0.3 GPU-hours per checkpoint for GPT-2 (11 tasks, "
         "limit 500; estimate, not measured)",
     ),
-    "counteract": Artifact(
+    "counteract": (
         "Fig. (dispersion counteracts condensation): mid-training with and without the loss, step by step",
         "analyze RUN --steps all for the two runs at 10 texts of 1024 tokens (plot_heatmaps.py); a row per "
         "run of heatmaps titled by step, and the depth trend against step",
@@ -252,7 +244,7 @@ ARTIFACTS: dict[str, Artifact] = {
         "training: the two GPT-2 mid-training runs (paper table2 --plan); analysis ~0.05 GPU-hours for 12 "
         "checkpoints (estimate, not measured)",
     ),
-    "robustness": Artifact(
+    "robustness": (
         "Fig. S (dataset robustness): the same trend on other texts",
         "analyze hf:MODEL per model and corpus; fig2's panels, one row per corpus",
         f"{_models_line(GPT2_HUB_IDS)} on {', '.join(ROBUSTNESS_CORPORA)}",
@@ -264,6 +256,6 @@ ARTIFACTS: dict[str, Artifact] = {
 def listing() -> str:
     """What ``--list`` prints."""
     return "\n\n".join(
-        f"{name}  ({a.paper})\n  runs:    {a.runs}\n  models:  {a.defaults}\n  compute: {a.compute}"
-        for name, a in ARTIFACTS.items()
+        f"{name}  ({paper})\n  runs:    {runs}\n  models:  {models}\n  compute: {compute}"
+        for name, (paper, runs, models, compute) in ARTIFACTS.items()
     )
