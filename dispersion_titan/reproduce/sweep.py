@@ -71,11 +71,6 @@ def _int(key: str, value: Any, minimum: int) -> int:
     return int(value)
 
 
-def _flag(arg: str) -> str:
-    """``--model.mlp-hidden-dim=5`` -> ``--model.mlp_hidden_dim`` (tyro accepts both spellings)."""
-    return "--" + arg.split("=", 1)[0][2:].replace("-", "_") if arg.startswith("--") else arg
-
-
 def parse_arm(text: str) -> Arm:
     """``baseline``, a baseline method, or ``NAME:COEFF`` with NAME a dispersion variant and COEFF > 0."""
     if text == BASELINE:
@@ -125,8 +120,8 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     fields = {k: v for k, v in raw.items() if v is not None}
     fields.update({key: _int(key, fields[key], minimum) for key, minimum in RESOURCES.items() if key in fields})
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
-    for arg in fields.get("train_overrides", []):
-        if _flag(arg) in GRID_KEYS:
+    for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
+        if arg.startswith("--") and "--" + arg.split("=", 1)[0][2:].replace("-", "_") in GRID_KEYS:
             raise ArgumentError(f"training overrides: {arg} is set by the sweep for each cell")
     arms = [parse_arm(str(v)) for v in _items("variants", raw["variants"])]
     sweep = Sweep(**{**fields, "config": config, "out": out, "widths": widths, "seeds": seeds, "variants": arms})
