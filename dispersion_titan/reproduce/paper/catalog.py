@@ -58,11 +58,6 @@ class Fig3Preset:
     configs: tuple[str, str]  # cross-entropy, angular_spread; "{width}": one per width
     widths: tuple[int, ...]
 
-    @property
-    def per_width(self) -> bool:
-        """One config per width, else ``--model.mlp_hidden_dim W`` on the command line."""
-        return "{width}" in self.configs[0]
-
 
 FIG3_PRESETS: dict[str, Fig3Preset] = {
     # the authors' pretrain_toy_gpt2.py defaults at the widths of their figure (assets/controlled_experiment.png:

@@ -29,13 +29,14 @@ class SweepRun:
 def preset_runs(preset: str, runs_dir: str) -> list[SweepRun]:
     """Every run of ``preset``, by width, the cross-entropy arm first."""
     spec = catalog.FIG3_PRESETS[preset]
+    per_width = "{width}" in spec.configs[0]  # one config per width, else --model.mlp_hidden_dim W
     runs = []
     for width in spec.widths:
         for dispersion, config in zip((False, True), spec.configs, strict=True):
             config = config.format(width=width)
-            overrides = () if spec.per_width else ("--model.mlp_hidden_dim", str(width))
+            overrides = () if per_width else ("--model.mlp_hidden_dim", str(width))
             name = os.path.basename(config).removesuffix(".toml").replace("_angular_spread", "")
-            name = (name if spec.per_width else f"{name}_mlp{width}") + ("_angular_spread" if dispersion else "")
+            name = (name if per_width else f"{name}_mlp{width}") + ("_angular_spread" if dispersion else "")
             runs.append(SweepRun(width, dispersion, config, overrides, os.path.join(runs_dir, name)))
     return runs
 
