@@ -28,7 +28,7 @@ def render(workflow: PaperWorkflow, selection: Selection, reference: str | None,
     ensure_writable(workflow.out, "--out")
     stem = os.path.join(workflow.out, workflow.artifact)
     if workflow.artifact == "table2":
-        print(write_table2(workflow.runs, workflow.out, selection, reference, test, workflow.pretrained))
+        print(write_table2(workflow, stem, selection, reference, test))
         return [f"{stem}.{ext}" for ext in ("md", "tex", "json", "png", "pdf")]
     entries = collect.entries(workflow)
     numbers = collect.numbers(workflow, entries)
@@ -111,17 +111,15 @@ def _numbers(columns: list[str], row: ArmRow, pretrained: ArmRow | None) -> dict
     }
 
 
-def write_table2(
-    specs: list[str], out: str, selection: Selection, reference: str | None, test: str, pretrained: str
-) -> str:
-    """``out/table2.{md,tex,json,png,pdf}`` (and ``evaluate table``'s files in ``out/table2/``)."""
-    made = table(specs, os.path.join(out, "table2"), selection, reference, test, pretrained)
+def write_table2(workflow: PaperWorkflow, stem: str, selection: Selection, reference: str | None, test: str) -> str:
+    """``DIR/table2.{md,tex,json,png,pdf}`` (and ``evaluate table``'s files in ``DIR/table2/``)."""
+    made = table(workflow.runs, stem, selection, reference, test, workflow.pretrained)
     base, columns = made.pretrained, made.columns
     rows = ([base] if base else []) + made.rows
-    atomic_write(os.path.join(out, "table2.md"), lambda f: f.write(made.markdown))
-    atomic_write(os.path.join(out, "table2.tex"), lambda f: f.write(latex(columns, rows, made.reference, base)))
+    atomic_write(f"{stem}.md", lambda f: f.write(made.markdown))
+    atomic_write(f"{stem}.tex", lambda f: f.write(latex(columns, rows, made.reference, base)))
     write_json(
-        os.path.join(out, "table2.json"),
+        f"{stem}.json",
         {
             "artifact": "table2",
             "select": str(selection),
@@ -132,5 +130,5 @@ def write_table2(
             "arms": [_numbers(columns, row, base) for row in made.rows],
         },
     )
-    _figure(columns, rows, made.reference, selection.rule, test, os.path.join(out, "table2"))
+    _figure(columns, rows, made.reference, selection.rule, test, stem)
     return made.markdown
