@@ -12,6 +12,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from huggingface_hub import constants, list_repo_refs, try_to_load_from_cache
+from tqdm import tqdm
+
 from ...analysis import ANALYSIS_PROTOCOLS
 from ...analysis.size_series import parse_assignments
 from ...config.cli import load_toml, read_toml, with_config_module
@@ -89,8 +92,6 @@ class PaperWorkflow:
 
 def run_locally(workflow: PaperWorkflow, mains: dict[str, Callable[[list[str]], None]]) -> None:
     """Each step by its command's ``main``, in order; one that fails ends the artifact with its status."""
-    from tqdm import tqdm
-
     with tqdm(workflow.steps, desc=workflow.artifact, unit="model", file=sys.stderr) as bar:
         for step in bar:
             bar.set_postfix_str(step.label)
@@ -229,10 +230,8 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
     revisions = options.get("revisions")
     if not revisions:  # its hub branches
         try:
-            from huggingface_hub import list_repo_refs
-
             branches = [b.name for b in list_repo_refs(base.target[len(HF) :]).branches]
-        except Exception as e:  # offline, no such model, no huggingface_hub: one line either way
+        except Exception as e:  # offline, no such model: one line either way
             raise ArgumentError(
                 f"fig4: cannot list the revisions of {base.target[len(HF) :]} ({type(e).__name__}): pass "
                 "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable"
@@ -417,8 +416,6 @@ def check_devices(workflow: PaperWorkflow, options: dict, cuda: bool) -> None:
 
 def check_hub(workflow: PaperWorkflow) -> None:
     """With the hub offline (HF_HUB_OFFLINE), every hub model must already be in the cache."""
-    from huggingface_hub import constants, try_to_load_from_cache
-
     if not constants.HF_HUB_OFFLINE:
         return
     for spec in (parse_spec(m.target) for m in workflow.models if m.target.startswith(HF)):
