@@ -11,7 +11,7 @@ import datasets
 import pytest
 from filelock import FileLock
 
-from dispersion_titan.data.tokens import CACHE_ENV
+from dispersion_titan.data.packed import CACHE_ENV
 from support.launch import REFERENCE_STEPS, SCHEDULE, torchrun
 
 # Under pytest-xdist (``scripts/run_tests.sh``: ``-n 3 --dist loadfile --no-loadscope-reorder``) each module's

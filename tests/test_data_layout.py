@@ -14,8 +14,8 @@ from dispersion_titan.data.corpora import CORPORA, iter_documents
 from dispersion_titan.data.packed import PackedSequenceDataset
 from dispersion_titan.data.sources import load_files, load_rows
 from dispersion_titan.data.streaming import StreamingPackedDataset
-from dispersion_titan.data.tokens import tokenize
 from dispersion_titan.tokenizer.bpe import EOT_ID
+from dispersion_titan.tokenizer.encoders import GPT2_BPE
 from support.corpora import WORDS, texts, write_parquet
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
@@ -68,7 +68,7 @@ def streamed(files):
 
 @pytest.mark.parametrize("kind", ["in_memory", "streamed"])
 def test_global_batch_is_the_same_for_every_layout(stream_files, kind):
-    tokens = np.concatenate(list(tokenize(texts(240, seed=7))))
+    tokens = np.concatenate(list(GPT2_BPE.tokenize(texts(240, seed=7))))
     make = in_memory(tokens) if kind == "in_memory" else streamed(stream_files)
     steps = 6
     reference = global_batches(make, world=1, accum=1, local=8, steps=steps)
@@ -83,7 +83,7 @@ def test_global_batch_is_the_same_for_every_layout(stream_files, kind):
 
 @pytest.mark.parametrize("kind", ["in_memory", "streamed"])
 def test_ranks_see_different_data(stream_files, kind):
-    tokens = np.concatenate(list(tokenize(texts(240, seed=7))))
+    tokens = np.concatenate(list(GPT2_BPE.tokenize(texts(240, seed=7))))
     make = in_memory(tokens) if kind == "in_memory" else streamed(stream_files)
     seen = [[next(it)[0]["input"] for _ in range(5)] for it in (iter(loader(make(2, r, 2), r, 2)) for r in range(2))]
     rows = [{tuple(row.tolist()) for batch in rank for row in batch} for rank in seen]
@@ -91,7 +91,7 @@ def test_ranks_see_different_data(stream_files, kind):
 
 
 def test_in_memory_resume_mid_epoch_and_across_epochs():
-    tokens = np.concatenate(list(tokenize(texts(40, seed=8))))
+    tokens = np.concatenate(list(GPT2_BPE.tokenize(texts(40, seed=8))))
     make = in_memory(tokens)
     per_epoch = (len(tokens) - 1) // SEQ  # sequences; each step reads 2 ranks × 2
     resumed_equals_uninterrupted(make, world=2, stop=per_epoch // 8, more=per_epoch // 4)  # into epoch 2
@@ -107,7 +107,7 @@ def test_streamed_resume_mid_file_and_across_epochs(tmp_path, copy):
         datasets.Dataset.from_dict({"text": texts(30, seed=9)}).save_to_disk(saved)
         rows = lambda: load_rows("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", saved, "p", True)  # noqa: E731
         make = lambda local, rank, world: StreamingPackedDataset(rows, SEQ, local, rank, world)  # noqa: E731
-    per_pass = sum(len(t) for t in tokenize(texts(30, seed=9))) // SEQ
+    per_pass = sum(len(t) for t in GPT2_BPE.tokenize(texts(30, seed=9))) // SEQ
     resumed_equals_uninterrupted(make, world=2, stop=per_pass // 8, more=per_pass // 4)  # into pass 2
     dataset = make(2, 0, 2)
     it = iter(loader(dataset, 0, 2))

@@ -14,8 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
-from dispersion_titan.data.packed import token_stream, tokenized_documents
-from dispersion_titan.data.tokens import CACHE_ENV, cached_tokens
+from dispersion_titan.data.packed import CACHE_ENV, cached_tokens, token_stream, tokenized_documents
 from dispersion_titan.tokenizer.bpe import EOT_ID
 from support.corpora import texts
 

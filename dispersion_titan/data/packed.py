@@ -1,30 +1,68 @@
 """A deterministic global stream of packed sequences, sliced per data-parallel rank (``layout``):
 documents, each followed by the end-of-sequence id, concatenated; sequence ``g`` is tokens
-``[g·seq_len, (g+1)·seq_len + 1)``. Corpora that fit in memory are tokenised once (``tokens``) and
+``[g·seq_len, (g+1)·seq_len + 1)``. Corpora that fit in memory are tokenised once (``cached_tokens``) and
 shuffled per epoch; streamed ones are read in order (``streaming``); a token store replaces both.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
-from collections.abc import Iterator
+import os
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for
+from ..utils.records import atomic_write
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
 from .rank_slice import RankSlice, Sample
 from .store import TokenStore, is_store, open_store
 from .streaming import StreamingPackedDataset
-from .tokens import cached_tokens, tokenize
+
+CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
+
+
+def cached_tokens(
+    identity: dict[str, Any], build: Callable[[], np.ndarray], encoder: DocumentEncoder = GPT2_BPE
+) -> np.ndarray:
+    """``build()``'s tokens (made by ``encoder``), read from (or first written to) the token cache, keyed by
+    corpus identity and tokenizer, so that ranks and later runs do not each tokenise the same corpus: the
+    first process to take the key's file lock writes it, the others memory-map it.
+    ``$DISPERSION_TITAN_TOKEN_CACHE`` (``off``: none)."""
+    folder = os.path.expanduser(os.environ.get(CACHE_ENV, ""))
+    if folder.lower() == "off":
+        return build()
+    if not folder:
+        import datasets
+
+        folder = os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        warnings.warn(f"token cache {folder} unusable ({e}); tokenising in this process")
+        return build()
+    key = json.dumps({**identity, "tokenizer": encoder.fingerprint()}, sort_keys=True, default=str)
+    path = os.path.join(folder, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")
+    if not os.path.exists(path):
+        with FileLock(f"{path}.lock"):
+            if not os.path.exists(path):
+                tokens = build()
+                with open(f"{path[:-4]}.json", "w") as f:  # what the opaque key stands for, for humans
+                    json.dump({**identity, "tokenizer": encoder.name, "tokens": len(tokens)}, f, indent=1, default=str)
+                atomic_write(path, lambda f: np.save(f, tokens), binary=True)
+    return np.load(path, mmap_mode="r")
 
 
 @functools.cache
@@ -34,7 +72,7 @@ def token_stream(
     """All documents of a split, each followed by the end-of-sequence id, as one (cached) array."""
 
     def build() -> np.ndarray:
-        pieces = list(tokenize(iter_documents(name, split, path, field), encoder=encoder))
+        pieces = list(encoder.tokenize(iter_documents(name, split, path, field)))
         if not pieces:
             raise DataConfigError(f"{field}: dataset {name!r} has no {split} documents")
         return np.concatenate(pieces)

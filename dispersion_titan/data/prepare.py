@@ -47,7 +47,6 @@ from .store import (
     read_manifest,
     shard_name,
 )
-from .tokens import token_dtype, tokenize
 
 SHARD_DOCUMENTS = 16_384  # documents per shard (one task): ~16M tokens of FineWeb-Edu
 _IN_FLIGHT_PER_WORKER = 2  # shards read ahead per worker: bounds the texts held in memory
@@ -68,7 +67,7 @@ def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEn
             "special_tokens": {encoder.eos_token: encoder.eos_id},
         },
         "documents_version": DOCUMENTS_VERSION,
-        "dtype": token_dtype(encoder).name,
+        "dtype": encoder.dtype.name,
         "shard_documents": shard_documents,
     }
 
@@ -80,10 +79,10 @@ def _record_path(out: str, index: int) -> str:
 def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: str) -> dict[str, Any]:
     """Tokenise one shard's documents and write the shard, then its record (in a worker)."""
     encoder = encoder_named(encoder_name)
-    data = np.concatenate(list(tokenize(texts, threads=1, encoder=encoder))).tobytes()
+    data = np.concatenate(list(encoder.tokenize(texts, threads=1))).tobytes()
     record = {
         "file": shard_name(index),
-        "tokens": len(data) // token_dtype(encoder).itemsize,
+        "tokens": len(data) // encoder.dtype.itemsize,
         "documents": len(texts),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
@@ -171,7 +170,7 @@ def write_store(
             bar.update(records[i]["tokens"])
 
         for index, texts in enumerate(chunks):
-            done = verified_shard(out, index, len(texts), key, token_dtype(encoder).itemsize)
+            done = verified_shard(out, index, len(texts), key, encoder.dtype.itemsize)
             if done:
                 records.append(done)
                 bar.update(done["tokens"])
@@ -191,7 +190,7 @@ def _finish(
     out: str, records: list[dict[str, Any]], inputs: dict[str, Any], key: str, encoder: DocumentEncoder
 ) -> dict[str, Any]:
     """Write the document index (from the separators in the shards), then the manifest."""
-    dtype, starts, offset = token_dtype(encoder), [], 0
+    dtype, starts, offset = encoder.dtype, [], 0
     for record in records:
         shard = np.memmap(os.path.join(out, record["file"]), dtype=dtype, mode="r")
         ends = np.flatnonzero(shard == encoder.eos_id) + offset + 1

@@ -16,7 +16,6 @@ import numpy as np
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils.errors import DataConfigError
 from .rank_slice import RankSlice, Sample
-from .tokens import tokenize
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ class StreamingPackedDataset(RankSlice):
                 yield text
 
         position = self.resume.position
-        for tokens in tokenize(remember(), encoder=self.encoder):
+        for tokens in self.encoder.tokenize(remember()):
             point = points.popleft()
             yield _Document(ResumePoint(point.epoch, point.rows_state, position), tokens)
             position += len(tokens)

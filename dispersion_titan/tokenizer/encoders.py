@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..utils.errors import ConfigError
 from ..utils.hub import hub_offline
@@ -23,6 +27,7 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ASSET_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
+_TOKENIZE_BATCH = 256  # documents per encode_batch call (tiktoken tokenises a batch in threads)
 
 
 def is_hub_id(path: str) -> bool:
@@ -67,6 +72,19 @@ class DocumentEncoder(ABC):
     @abstractmethod
     def encode_batch(self, texts: list[str], threads: int) -> list[list[int]]:
         """Each text's ids, without special tokens."""
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The smallest unsigned type holding every id: that of the packed stream and token stores."""
+        return np.dtype(np.uint16 if self.vocab_size <= 1 << 16 else np.uint32)
+
+    def tokenize(self, documents: Iterable[str], threads: int = 8) -> Iterator[np.ndarray]:
+        """Each document's ids (ordinary text) followed by the end-of-sequence id, as ``dtype`` arrays."""
+        dtype = self.dtype
+        documents = iter(documents)
+        while batch := list(itertools.islice(documents, _TOKENIZE_BATCH)):
+            for ids in self.encode_batch(batch, threads):
+                yield np.asarray([*ids, self.eos_id], dtype=dtype)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DocumentEncoder) and other.fingerprint() == self.fingerprint()
