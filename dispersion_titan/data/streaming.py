@@ -6,8 +6,9 @@ resume point at a document boundary (``datasets``' own state), so a resume skips
 from __future__ import annotations
 
 import collections
+import dataclasses
+import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import datasets
@@ -18,7 +19,7 @@ from ..utils.errors import DataConfigError
 from .rank_slice import RankSlice, Sample
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class ResumePoint:
     """Where a document starts: rows epoch, ``datasets`` state before it, global token."""
 
@@ -27,7 +28,7 @@ class ResumePoint:
     position: int = 0
 
 
-@dataclass
+@dataclasses.dataclass
 class _Document:
     point: ResumePoint
     tokens: np.ndarray  # with its trailing <|endoftext|>
@@ -78,18 +79,10 @@ class StreamingPackedDataset(RankSlice):
             epoch, state, resumed_mid_pass = epoch + 1, None, False
 
     def _documents(self) -> Iterator[_Document]:
-        texts = self._texts(self.resume)
-        points: collections.deque[ResumePoint] = collections.deque()
-
-        def remember() -> Iterator[str]:
-            for point, text in texts:
-                points.append(point)
-                yield text
-
+        points, texts = itertools.tee(self._texts(self.resume))
         position = self.resume.position
-        for tokens in self.encoder.tokenize(remember()):
-            point = points.popleft()
-            yield _Document(ResumePoint(point.epoch, point.rows_state, position), tokens)
+        for (point, _), tokens in zip(points, self.encoder.tokenize(text for _, text in texts)):
+            yield _Document(dataclasses.replace(point, position=position), tokens)
             position += len(tokens)
 
     def __iter__(self) -> Iterator[Sample]:
@@ -119,17 +112,9 @@ class StreamingPackedDataset(RankSlice):
             yield self.sample(window)
 
     def state_dict(self) -> dict[str, Any]:
-        point = self.resume
-        return {
-            **super().state_dict(),
-            "epoch": point.epoch,
-            "rows_state": point.rows_state,
-            "position": point.position,
-        }
+        return {**super().state_dict(), **dataclasses.asdict(self.resume)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """A state without a resume point (a token-store run's) is read from the stream's start."""
         super().load_state_dict(state_dict)
-        self.resume = ResumePoint(
-            state_dict.get("epoch", 0), state_dict.get("rows_state"), state_dict.get("position", 0)
-        )
+        self.resume = ResumePoint(*(state_dict.get(f.name, f.default) for f in dataclasses.fields(ResumePoint)))
