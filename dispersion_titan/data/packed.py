@@ -127,18 +127,13 @@ class PackedSequenceDataset(RankSlice):
         return self.tokens[start : start + self.seq_len + 1]
 
     def __iter__(self) -> Iterator[Sample]:
+        """Validation's one pass has the same number of batches on every rank (TorchTitan's validator runs
+        collectives per batch): places past the end are padding whose labels are ignored."""
         self.check_single_process()
-        if not self.train:
-            yield from self._one_pass()
-            return
-        while True:
+        while self.train:
             window = self.sequence(self.global_index(self.samples_yielded))
             self.samples_yielded += 1
             yield self.sample(window)
-
-    def _one_pass(self) -> Iterator[Sample]:
-        """Every sequence once, and the same number of batches on every rank (TorchTitan's validator runs
-        collectives per batch): places past the end are padding whose labels are ignored."""
         rounds = math.ceil(self.num_sequences / (self.dp_world_size * self.local_batch_size))
         for sample in range(rounds * self.local_batch_size):
             g = self.global_index(sample)
