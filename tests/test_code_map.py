@@ -90,14 +90,14 @@ def test_code_map_check_finds_a_missing_a_misnamed_and_a_misplaced_module() -> N
     """The check itself: the real map with one module dropped, one misnamed and one folder on the
     wrong floor gives exactly those problems more than the real map does."""
     text = CODE_MAP.read_text()
-    planted = text.replace("`writer_lock` (", "(", 1).replace("`bpe` (", "`bpee` (", 1)
+    planted = text.replace("`writer_lock` (", "(", 1).replace("`encoders` (", "`encoderss` (", 1)
     planted = planted.replace("| 2 | `dispersion_titan/tokenizer/`", "| 3 | `dispersion_titan/tokenizer/`", 1)
-    assert planted.count("`bpee`") == 1 and "`writer_lock`" not in planted
+    assert planted.count("`encoderss`") == 1 and "`writer_lock`" not in planted
     found, already = map_problems(planted, PACKAGE), map_problems(text, PACKAGE)
     assert sorted(p for p in found if p not in already) == [
         "dispersion_titan/run_folder/: `writer_lock` is missing",
-        "dispersion_titan/tokenizer/: `bpe` is missing",
-        "dispersion_titan/tokenizer/: `bpee` does not exist",
+        "dispersion_titan/tokenizer/: `encoders` is missing",
+        "dispersion_titan/tokenizer/: `encoderss` does not exist",
         "dispersion_titan/tokenizer/: floor 3, LAYERS says 2",
     ]
 

@@ -15,7 +15,7 @@ import pytest
 
 from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
 from dispersion_titan.data.packed import CACHE_ENV, cached_tokens, token_stream, tokenized_documents
-from dispersion_titan.tokenizer.bpe import EOT_ID
+from dispersion_titan.tokenizer.encoders import EOT_ID
 from support.corpora import texts
 
 pytestmark = pytest.mark.usefixtures("private_caches")

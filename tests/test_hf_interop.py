@@ -185,7 +185,7 @@ def test_exported_tokenizer_works_offline(tmp_path):
     step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     convert.main(["to-hf", str(step), str(tmp_path / "hf")])
     from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
-    from dispersion_titan.tokenizer.bpe import bpe_files
+    from dispersion_titan.tokenizer.encoders import bpe_files
 
     assert (tmp_path / "hf" / "vocab.json").read_bytes() == open(bpe_files()[0], "rb").read()
     assert (tmp_path / "hf" / "merges.txt").read_bytes() == open(bpe_files()[1], "rb").read()

@@ -25,7 +25,7 @@ from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
 from dispersion_titan.data.prepare import prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
-from dispersion_titan.tokenizer.bpe import EOT_ID
+from dispersion_titan.tokenizer.encoders import EOT_ID
 from support.corpora import texts
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted

@@ -18,7 +18,7 @@ import transformers
 from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import ENWIKI_VALIDATION_EVERY, iter_documents
-from dispersion_titan.tokenizer.bpe import EOT_ID, EOT_TOKEN, bpe_files
+from dispersion_titan.tokenizer.encoders import EOT_ID, EOT_TOKEN, bpe_files
 
 
 def sha256(path: str) -> str:

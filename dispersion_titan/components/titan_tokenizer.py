@@ -6,8 +6,7 @@ from __future__ import annotations
 from torchtitan.components.tokenizer import BaseTokenizer, HuggingFaceTokenizer
 from torchtitan.config import JobConfig
 
-from ..tokenizer.bpe import EOT_ID, gpt2_encoding
-from ..tokenizer.encoders import tokenizer_folder
+from ..tokenizer.encoders import EOT_ID, gpt2_encoding, tokenizer_folder
 
 
 class GPT2Tokenizer(BaseTokenizer):

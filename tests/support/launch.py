@@ -70,7 +70,7 @@ PRELOAD = [
     "torchtitan.train",
     "torch.distributed.launcher.api",
     "dispersion_titan.train",
-    "dispersion_titan.tokenizer.bpe:gpt2_encoding",
+    "dispersion_titan.tokenizer.encoders:gpt2_encoding",
 ]
 _jobs: Jobs | None = None
 

@@ -103,7 +103,7 @@ def tiny_hub_model(folder: Path) -> Path:
     the offline package: a Hugging Face folder as the hub serves one."""
     from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
-    from dispersion_titan.tokenizer.bpe import bpe_files
+    from dispersion_titan.tokenizer.encoders import bpe_files
 
     torch.manual_seed(3)
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=128)).save_pretrained(folder)

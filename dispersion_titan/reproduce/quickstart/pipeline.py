@@ -254,7 +254,7 @@ def train_and_analyze(setup: QuickstartSetup, say: Progress) -> None:
     preload = [
         "dispersion_titan.trainer.trainer",
         "dispersion_titan.analysis.runner",
-        "dispersion_titan.tokenizer.bpe:gpt2_encoding",
+        "dispersion_titan.tokenizer.encoders:gpt2_encoding",
     ]
     # Interrupted, the server stops the jobs (as it closes) before the pool waits for them
     with ThreadPoolExecutor(max_workers=setup.jobs) as pool, Commands(env, preload) as commands:
