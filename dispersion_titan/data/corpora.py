@@ -35,10 +35,6 @@ FINEWEB_VALIDATION_DOCUMENTS = 10_000
 DOCUMENTS_VERSION = 1
 
 
-def _nonempty(texts: Iterable[str]) -> Iterator[str]:
-    return (t for t in texts if t)
-
-
 _WIKITEXT_ARTICLE_TITLE = re.compile(r"^ = [^=].* = \n?$")
 
 
@@ -120,7 +116,7 @@ class LocalFiles(Corpus):
 
     def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
         del split
-        return _nonempty(file_texts(resolve_local_files(path or "", path_field), path_field))
+        return filter(None, file_texts(resolve_local_files(path or "", path_field), path_field))
 
     def check_path(self, path: str | None, path_field: str) -> None:
         resolve_local_files(path or "", path_field)
@@ -138,7 +134,7 @@ class HubDataset(Corpus):
     config: str | None
     held_out_documents: int = 0
     streams_training: bool = False
-    to_documents: Callable[[Iterable[str]], Iterator[str]] = _nonempty
+    to_documents: Callable[[Iterable[str]], Iterator[str]] = functools.partial(filter, None)  # the non-empty texts
 
     def _source(self, split: str, path: str | None, path_field: str, streaming: bool):
         hub_split = "train" if self.held_out_documents else split
