@@ -199,8 +199,6 @@ def _matches(value: Any, annotation: Any) -> bool:
     if origin is list:
         (item,) = typing.get_args(annotation) or (Any,)
         return isinstance(value, list) and all(_matches(v, item) for v in value)
-    if annotation is type(None):
-        return value is None
     if annotation is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if annotation is int:
