@@ -169,14 +169,10 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
     if is_store(cfg.dataset_path):
         tokens = open_store(cfg.dataset_path, cfg.dataset, split, f"{field}_path", encoder)
         if streamed:
-            return ContinuousPackedDataset(
-                tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field
-            )
+            return ContinuousPackedDataset(tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size)
     elif streamed:
         rows = functools.partial(CORPORA[cfg.dataset].training_rows, cfg.dataset_path, f"{field}_path")
-        return StreamingPackedDataset(
-            rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field, encoder=encoder
-        )
+        return StreamingPackedDataset(rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, encoder=encoder)
     else:
         tokens = token_stream(cfg.dataset, split, cfg.dataset_path, field, encoder)
     return PackedSequenceDataset(

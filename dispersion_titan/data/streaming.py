@@ -50,12 +50,10 @@ class StreamingPackedDataset(RankSlice):
         dp_rank: int = 0,
         dp_world_size: int = 1,
         *,
-        field: str = "training.dataset",
         encoder: DocumentEncoder = GPT2_BPE,
     ):
         super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
         self.rows = rows
-        self.field = field
         self.encoder = encoder
         self.resume = ResumePoint()
         rows()  # fail now if the rows cannot be opened (e.g. an unreachable hub)
@@ -75,7 +73,7 @@ class StreamingPackedDataset(RankSlice):
                     yield ResumePoint(epoch, state), row["text"]
                 state = rows.state_dict()  # taken before the next row: its resume state
             if not found and not resumed_mid_pass:
-                raise DataConfigError(f"{self.field}: the streamed training split has no documents")
+                raise DataConfigError("training.dataset: the streamed training split has no documents")
             epoch, state, resumed_mid_pass = epoch + 1, None, False
 
     def _documents(self) -> Iterator[_Document]:
