@@ -33,12 +33,8 @@ def shipped_files() -> dict[str, str]:
 def _foreign(out: str, files: dict[str, str]) -> str | None:
     """The first entry of ``out`` that ``init`` would not write, or None."""
     folders = {os.path.dirname(dest) for dest in files}
-    for folder, dirs, names in os.walk(out):
-        for name in sorted(dirs) + sorted(names):
-            rel = os.path.relpath(os.path.join(folder, name), out)
-            if rel not in files and rel not in folders:
-                return rel
-    return None
+    entries = (str(path.relative_to(out)) for path in sorted(Path(out).rglob("*")))
+    return next((rel for rel in entries if rel not in files and rel not in folders), None)
 
 
 def write_shipped(out: str) -> tuple[list[str], list[str]]:
