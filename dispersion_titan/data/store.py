@@ -72,26 +72,21 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
     missing = [k for k in _MANIFEST_KEYS if k not in manifest]
     if missing:
         raise DataConfigError(f"{field}: {path}: corrupt manifest (no {', '.join(missing)})")
-    if not _well_formed(manifest):
-        raise DataConfigError(f"{field}: {path}: corrupt manifest (malformed source, tokenizer or shard list)")
-    return manifest
-
-
-def _well_formed(manifest: dict[str, Any]) -> bool:
-    shards = manifest["shards"]
-    return (
+    if not (
         isinstance(manifest["source"], dict)
         and isinstance(manifest["tokenizer"], dict)
         and isinstance(manifest["tokens"], int)
-        and isinstance(shards, list)
+        and isinstance(manifest["shards"], list)
         and all(
             isinstance(s, dict)
             and isinstance(s.get("tokens"), int)
             and isinstance(s.get("file"), str)
             and os.path.basename(s["file"]) == s["file"]
-            for s in shards
+            for s in manifest["shards"]
         )
-    )
+    ):
+        raise DataConfigError(f"{field}: {path}: corrupt manifest (malformed source, tokenizer or shard list)")
+    return manifest
 
 
 class TokenStore:
