@@ -94,6 +94,47 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
     assert launcher.ending(ChildFailedError("rank", oom)) == (137, launcher.oom_message(0))
 
 
+RANK_SCRIPT = """
+import os, signal, sys, time
+if os.environ["LOCAL_RANK"] == "1":  # a one-line error of its own, as a rank reading a damaged store shard
+    print("dispersion_titan: error: {shard}: truncated; prepare the store again", file=sys.stderr, flush=True)
+    sys.exit(2)
+def stopped(signum, frame):  # as train.py's handler says when torchrun stops a rank that is starting
+    print("dispersion_titan: interrupted before training started; nothing saved", file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, stopped)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("shown", ["0", ""], ids=["LOG_RANK=0", "every-rank"])
+def test_the_error_of_a_rank_the_console_does_not_show_is_said_by_the_launcher(tmp_path, shown):
+    """Rank 1 fails with its one line; torchrun stops rank 0, which says only "interrupted". With rank 0's output
+    alone on the console (train.sh's default) the launcher repeats rank 1's line; with every rank's, it adds none."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT.format(shard=tmp_path / "shard-1.bin"))
+    shown_only = ["--local-ranks-filter", shown] if shown else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan.torchrun", "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
+        + ["--rdzv_endpoint", "localhost:0", *shown_only, "--tee", "3", "--role", "rank", "--monitor_interval", "0.1"]
+        + [str(script)],
+        cwd=tmp_path,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    error = f"dispersion_titan: error: {tmp_path / 'shard-1.bin'}: truncated; prepare the store again"
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    interrupted = "[rank0]:dispersion_titan: interrupted before training started; nothing saved"
+    if shown:  # the launcher's line comes last, once torchrun's copies of the ranks' output are done
+        assert lines[-2:] == [interrupted, f"[rank 1] {error}"], lines
+    else:
+        assert {f"[rank1]:{error}", interrupted} == set(lines[-2:]), lines
+    assert sum(error in line for line in lines) == 1, proc.stderr
+
+
 @pytest.mark.slow
 def test_two_agents_on_localhost_match_one_node(tmp_path):
     """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and

@@ -6,9 +6,12 @@ when it did not stop after SIGTERM (1); else torchrun's failure summary (1).
 
 from __future__ import annotations
 
+import glob
 import logging
+import os
 import signal
 import sys
+import tempfile
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -64,8 +67,24 @@ def unstopped_message(rank: int, first: int, exitcode: int) -> str:
     )
 
 
-def ending(error: ChildFailedError) -> tuple[int, str | None]:
-    """(exit status, the line to print or None) for a job whose ranks failed."""
+def _said(log_dir: str, local_rank: int) -> str | None:
+    """The last line a rank said (``dispersion_titan: …``) in torchrun's copy of its stderr (``--tee``), if any."""
+    logs = sorted(
+        glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log")), key=os.path.getmtime
+    )
+    try:
+        with open(logs[-1], errors="replace") as f:
+            said = [line.strip() for line in f if line.startswith("dispersion_titan: ")]
+    except (IndexError, OSError):
+        return None
+    return said[-1] if said else None
+
+
+def ending(
+    error: ChildFailedError, log_dir: str | None = None, shown: set[int] | None = None
+) -> tuple[int, str | None]:
+    """(exit status, the line to print or None) for a job whose ranks failed; the line of a rank that failed first
+    is repeated from torchrun's ``log_dir`` where the console did not show it (``shown``: its local ranks)."""
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
     killed = [rank for rank, f in failures if f.exitcode == -signal.SIGKILL and f.pid not in _unstopped]
     if killed:
@@ -76,13 +95,18 @@ def ending(error: ChildFailedError) -> tuple[int, str | None]:
         return 1, unstopped_message(unstopped[0], first, failure.exitcode)
     first = failures[0][1].exitcode
     if all(failure.exitcode in SAID_BY_THE_RANKS for _, failure in failures):
-        return first, None
+        rank, failure = failures[0]  # the others were stopped by torchrun: "interrupted" is all they said
+        unseen = (
+            log_dir and shown is not None and failure.local_rank not in shown and _said(log_dir, failure.local_rank)
+        )
+        return first, f"[rank {rank}] {unseen}" if unseen else None
     return 1, error.format_msg()
 
 
 def run(argv: list[str]) -> int:
     """torchrun on ``argv``; the exit status, the failure said in at most one line."""
     args = torchrun.parse_args(argv)
+    args.log_dir = args.log_dir or tempfile.mkdtemp(prefix="torchelastic_")  # torchrun's own default, known here
     for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
         logging.getLogger(name).addFilter(_quiet_forwarding)
     try:
@@ -90,7 +114,8 @@ def run(argv: list[str]) -> int:
     except SignalException as e:
         return 128 + int(e.sigval)  # forwarded to the ranks, which saved and said so
     except ChildFailedError as e:
-        status, line = ending(e)
+        shown = set(map(int, args.local_ranks_filter.split(","))) if args.local_ranks_filter else None
+        status, line = ending(e, args.log_dir, shown)
         if line is not None:
             print(line, file=sys.stderr, flush=True)
         return status
