@@ -69,13 +69,11 @@ def unstopped_message(rank: int, first: int, exitcode: int) -> str:
 
 def _said(log_dir: str, local_rank: int) -> str | None:
     """The last line a rank said (``dispersion_titan: …``) in torchrun's copy of its stderr (``--tee``), if any."""
-    logs = sorted(
-        glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log")), key=os.path.getmtime
-    )
+    logs = glob.glob(os.path.join(log_dir, "*", "attempt_*", str(local_rank), "stderr.log"))
     try:
-        with open(logs[-1], errors="replace") as f:
+        with open(max(logs, key=os.path.getmtime), errors="replace") as f:  # the last attempt's
             said = [line.strip() for line in f if line.startswith("dispersion_titan: ")]
-    except (IndexError, OSError):
+    except (ValueError, OSError):  # no log (no --tee), or unreadable
         return None
     return said[-1] if said else None
 
