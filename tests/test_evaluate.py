@@ -1086,6 +1086,12 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     )
     assert_one_line_error(*evaluate("table", *runs, "--test", "z", "--out", out, capsys=capsys)[::2], "--test")
     assert_one_line_error(*evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2], "named twice")
+    copy = shutil.copytree(runs[0], tmp_path / "copy")  # cp -a: one seed, not two
+    assert_one_line_error(
+        *evaluate("table", *runs, str(copy), "--out", out, capsys=capsys)[::2],
+        f"{copy}: the same settings and seed as {runs[0]} (a copy or a rerun), not another seed",
+    )
+    assert not out.exists() and tree(copy) == tree(Path(runs[0]))
     assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")
     assert_one_line_error(
         *evaluate("table", str(tmp_path / "absent"), "--out", out, capsys=capsys)[::2],
