@@ -15,6 +15,7 @@ import pytest
 
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.convert import main as convert_main
+from dispersion_titan.data.__main__ import main as data_main
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.run_folder.owners import (
     OWNER_FILE,
@@ -87,6 +88,8 @@ def refused(code: int, err: str, base: Path, before: dict[str, str], *says: str)
             "A/condensation",
             "--tb-dir: {A}/condensation is inside run {A}, which holds only its own results; use another --tb-dir",
         ),
+        ("data prepare", "", "A", "--out: {A} is the folder of run {A}; use another --out"),
+        ("data prepare", "", "A/checkpoint/step-2", "--out: {A}/checkpoint/step-2 is inside run {A}'s checkpoint"),
     ],
     ids=[
         "run-root",
@@ -100,6 +103,8 @@ def refused(code: int, err: str, base: Path, before: dict[str, str], *says: str)
         "histograms-beside-another-runs",
         "histograms-into-checkpoints",
         "histograms-into-another-runs-results",
+        "token-store-into-a-run",
+        "token-store-into-a-checkpoint",
     ],
 )
 def test_a_command_never_writes_into_a_folder_of_another_owner(runs, capsys, command, target, out, says):
@@ -110,8 +115,9 @@ def test_a_command_never_writes_into_a_folder_of_another_owner(runs, capsys, com
         "evaluate": [runs / target, "--out", runs / out, *EVAL_OPTS],
         "convert": ["to-hf", runs / target, runs / out],
         "analyze --tb-dir": [runs / target, "--out", runs / target / "mine", "--tb-dir", runs / out, *OPTS],
+        "data prepare": ["prepare", "enwiki_sample", "--out", runs / out],
     }[command]
-    main = {"evaluate": evaluate_main, "convert": convert_main}.get(command, analyze_main)
+    main = {"evaluate": evaluate_main, "convert": convert_main, "data prepare": data_main}.get(command, analyze_main)
     code, _, err = run_cli(main, *argv, capsys=capsys)
     refused(code, err, runs, before, says.format(A=runs / "A"))
 

@@ -7,9 +7,11 @@ import argparse
 import os
 
 from ..config.cli import OneLineErrorParser, positive_int
+from ..run_folder.owners import FolderOwner, refuse_unless_ours
 from ..utils.errors import command, run_command
 from . import prepare as preparing
 from .corpora import SPLITS
+from .store import is_store
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
 @command("the shards written so far are kept; the same command resumes where it stopped")
 def main(argv: list[str] | None = None) -> None:
     options = parser().parse_args(argv)
+    if not is_store(options.out):  # a new store's folder is nobody else's (an unfinished store is resumed)
+        refuse_unless_ours(options.out, FolderOwner("token store"), "--out", "use another --out")
     manifest = preparing.prepare(options)
     section = "training" if options.split == "train" else "validation"
     print(
