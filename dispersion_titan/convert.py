@@ -7,7 +7,7 @@
 
 ``step-N`` may be a DCP checkpoint or a ``last_save_in_hf`` one; the model family, shape
 and tokenizer come from the run's ``run.json``. ``OUT_DIR`` receives ``config.json``,
-``model.safetensors`` and the run's tokenizer files, written beside it first, so a failed
+``model.safetensors`` and the run's tokenizer files, staged in a hidden folder inside it, so a failed
 conversion leaves ``OUT_DIR`` as it was; a non-empty ``OUT_DIR`` is refused unless ``--force``
 and it holds an export of the same run.
 """
@@ -21,7 +21,7 @@ from .run_folder.hf_export import to_hf
 from .utils.errors import command, fail, run_command
 
 
-@command("OUT_DIR is as it was (the export is written beside it first); run it again")
+@command("OUT_DIR is as it was (the export is staged in a hidden folder inside it first); run it again")
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m dispersion_titan.convert",

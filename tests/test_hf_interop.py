@@ -31,6 +31,7 @@ from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
+from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.trainer.block_outputs import BlockOutputs
 from dispersion_titan.trainer.objective import DispersionObjective
 from support.cli import run_cli
@@ -196,9 +197,10 @@ def test_exported_tokenizer_works_offline(tmp_path):
     assert tokenizer(text)["input_ids"] == GPT2Tokenizer().encode(text)
 
 
-def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path):
+def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path, capsys):
     """A folder of a user's files is refused, with --force too; an earlier export of the same run
-    needs --force."""
+    needs --force; an OUT_DIR that cannot be made is one line. The export is staged inside OUT_DIR,
+    so a mount point (another file system than its parent's) takes one too."""
     step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     out = tmp_path / "hf"
     out.mkdir()
@@ -221,7 +223,15 @@ def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path):
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
     convert.main(["to-hf", str(step), str(out), "--force"])
     assert (out / "model.safetensors").stat().st_mtime_ns != before["model.safetensors"]
-    assert not [p for p in os.listdir(tmp_path) if p.startswith((".hf.", ".export."))]  # no staging left behind
+    assert not [p for p in [*os.listdir(tmp_path), *os.listdir(out)] if p.startswith(".") and p != OWNER_FILE]
+    notes = tmp_path / "hf" / "notes.txt"
+    kept, _ = notes.stat().st_mtime_ns, capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main(["to-hf", str(step), str(notes / "hf")])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"dispersion_titan: error: OUT_DIR: {notes}/hf: not writable (Not a directory)"
+    ]
+    assert notes.stat().st_mtime_ns == kept and notes.read_text() == "mine"
 
 
 def test_convert_names_a_missing_checkpoint(tmp_path, capsys):

@@ -25,6 +25,7 @@ from .checkpoints import (
     load_run_metadata,
     run_of,
 )
+from .outputs import ensure_writable
 from .owners import FolderOwner, record_owner, refuse_unless_ours
 
 
@@ -98,6 +99,7 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
     refuse_unless_ours(out_dir, owner, "OUT_DIR", "use another OUT_DIR")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
         raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
+    ensure_writable(out_dir, "OUT_DIR")
     if step_dir != given.rstrip("/"):
         print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}: {step_dir}", file=sys.stderr)
     export_checkpoint(step_dir, out_dir)
@@ -105,21 +107,18 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
 
 
 def export_checkpoint(step_dir: str, out_dir: str) -> None:
-    """Write ``step_dir`` as a Hugging Face folder ``out_dir``, through a staging folder beside it, so a
-    failure leaves ``out_dir`` as it was."""
+    """Write ``step_dir`` as a Hugging Face folder ``out_dir``, through a staging folder inside it (on its
+    file system, should it be a mount point), so a failure leaves ``out_dir`` as it was."""
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     args = load_model_args(checkpoints)
     encoder = encoder_named(load_run_metadata(run_of(checkpoints))["tokenizer"])
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    prefix = f".{os.path.basename(os.path.abspath(out_dir))}."
-    with tempfile.TemporaryDirectory(prefix=prefix, dir=parent, ignore_cleanup_errors=True) as staging:
+    os.makedirs(out_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".staging.", dir=out_dir, ignore_cleanup_errors=True) as staging:
         save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
         os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
         config.save_pretrained(staging)
         save_tokenizer(staging, args.max_seq_len, encoder)
-        os.makedirs(out_dir, exist_ok=True)
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
