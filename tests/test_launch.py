@@ -155,9 +155,9 @@ def test_two_agents_on_localhost_match_one_node(tmp_path):
         assert got[step] == pytest.approx(want[step], rel=1e-6), step
 
 
-def sweep(*args: str) -> subprocess.CompletedProcess:
+def sweep(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``python -m dispersion_titan.sweep ARGS`` from the repository, forked from the job server."""
-    return python_module("dispersion_titan.sweep", *args, timeout=300)
+    return python_module("dispersion_titan.sweep", *args, timeout=300, env=env)
 
 
 def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
@@ -236,12 +236,19 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--widths", "0"): "widths: '0' is not an integer >= 1",
         ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
-        ("--out", str(REPO / "launch")): "exists and is not empty",
+        ("--out", str(REPO / "launch")): "exists and is not an empty folder",
+        ("--out", str(REPO / "README.md")): f"out: {REPO / 'README.md'} exists and is not an empty folder",
     }
     for args, message in cases.items():
         proc = sweep(toml, "--dry-run", *args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, (args, proc.stderr)
+    # Submitted where Slurm is not (no sbatch on PATH): one line, exit 2, no sweep folder to block the rerun.
+    proc = sweep(toml, "--out", str(tmp_path / "s"), env={"PATH": sys.prefix + "/bin"})
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "sweep: error: sbatch: not found (no Slurm here); submit from a login node, or see --dry-run"
+    ]
+    assert not (tmp_path / "s").exists()
 
 
 def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ def script(header: list[str], jobs: list[SlurmJob], logs: str | Path) -> str:
 
 def submit(jobs: list[SlurmJob], logs: str | Path) -> dict[str, str]:
     """Submit in order; a refused submission ends it naming what was already submitted."""
+    if shutil.which("sbatch") is None:
+        raise DispersionTitanError("sbatch: not found (no Slurm here); submit from a login node, or see --dry-run")
     os.makedirs(logs, exist_ok=True)
     ids: dict[str, str] = {}
     env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs

@@ -18,7 +18,7 @@ from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import validated_args
 from ..losses import VARIANTS
-from ..run_folder.owners import FolderOwner, record_owner
+from ..run_folder.owners import FolderOwner, empty, record_owner
 from ..utils.errors import ArgumentError, DispersionTitanError
 from .slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch, sbatch_script
 
@@ -113,8 +113,8 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         raise ArgumentError(f"config: {raw['config']}: no such file")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(raw.get("out") or f"outputs/sweep-{config.stem}-{stamp}").expanduser().resolve()
-    if out.exists() and any(out.iterdir()):
-        raise ArgumentError(f"out: {out} exists and is not empty; give the sweep a new folder")
+    if out.exists() and not (out.is_dir() and empty(str(out))):  # empty: as a refused submission leaves it
+        raise ArgumentError(f"out: {out} exists and is not an empty folder; give the sweep a new folder")
     widths = [_int("widths", w, 1) for w in _items("widths", raw["widths"])]
     seeds = [_int("seeds", s, 0) for s in _items("seeds", raw["seeds"])]
     fields = {k: v for k, v in raw.items() if v is not None}
