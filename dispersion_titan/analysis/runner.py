@@ -138,7 +138,6 @@ class Analysis:
         ).hexdigest()[:12]
         self.tb_dir = self._histogram_folder(self.options.tb_dir, self.tb_default)
         ensure_writable(self.out, "--out")
-        ensure_writable(self.tb_dir, "--tb-dir")
 
     def _histogram_folder(self, given: str | None, default: str) -> str:
         """``--tb-dir``, else ``default`` or, where that holds other settings' histograms, ``default-SETTINGS``."""
@@ -175,6 +174,7 @@ class Analysis:
             sources = {unit.folder: unit.source for unit in self.units}
             pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
             todo = [unit for unit in self.units if unit.folder in pending]
+            ensure_writable(self.tb_dir, "--tb-dir")  # made only now: a refused analysis leaves no folder
             per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
             skipped = len(self.units) - len(todo)
             if skipped:
