@@ -21,7 +21,7 @@ from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.slurm_scripts import script, submit
-from dispersion_titan.run_folder.owners import FolderOwner, owned
+from dispersion_titan.run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from dispersion_titan.utils.errors import command, fail, run_command
 
 ARTIFACT_NAMES = tuple(catalog.ARTIFACTS)
@@ -150,6 +150,7 @@ def run_paper(argv: list[str]) -> int:
         return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
     workflow = workflows.build(a.artifact, options)
+    refuse_unless_ours(workflow.out, PAPER, "--out", "use another --out")  # --dry-run too: it shows what would run
     if workflow.left_out:
         print(
             f"{a.artifact}: left out {', '.join(workflow.left_out)}: they run their own modelling code; add "

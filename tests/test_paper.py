@@ -37,7 +37,7 @@ from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import REPO
-from support.runs import tiny_hub_model, tiny_run
+from support.runs import digests, tiny_hub_model, tiny_run
 
 K, S = 4, 16
 INPUTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "4", "--device", "cpu"]
@@ -450,6 +450,13 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
         check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and out.count("python -m dispersion_titan.analyze hf:") == 8 and not list(tmp_path.iterdir())
+    run = tmp_path / "run"  # a run's folder as --out: the dry run refuses it, as the run itself would
+    tiny_run(run)
+    before = digests(run)
+    code, _, err = paper("fig2", "--dry-run", "--out", run, capsys=capsys)
+    assert_one_line_error(code, err, f"--out: {run} is the folder of run {run}; use another --out")
+    assert digests(run) == before
+    shutil.rmtree(run)
     code, out, _ = paper("fig2", "--dry-run", "--trust-remote-code", "--out", tmp_path, capsys=capsys)
     analyses = [line for line in out.splitlines() if "dispersion_titan.analyze hf:" in line]
     assert code == 0 and len(analyses) == 26
