@@ -127,6 +127,8 @@ class RunEvaluation:
         return failed
 
     def _evaluate(self, todo: list[StepCheckpoint]) -> int:
+        from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
+
         skipped = len(self.selected) - len(todo)
         if skipped:
             print(f"{skipped} step(s) already evaluated in {self.out} (--force recomputes them)")
@@ -139,7 +141,8 @@ class RunEvaluation:
                 print(f"dispersion_titan: skipped checkpoint: {e}", file=sys.stderr, flush=True)
                 failed.append(checkpoint.path)
                 continue
-            write_result(self.out, checkpoint.step, result)
+            path = os.path.join(self.out, f"step-{checkpoint.step}", RESULT_FILE)
+            write_json(path, result, default=handle_non_serializable)
             mean = mean_accuracy(result_scores(result))
             print(
                 f"step {checkpoint.step}: mean acc {'-' if mean is None else f'{mean:.4f}'} "
@@ -232,12 +235,6 @@ def merge(merged: dict, result: dict) -> dict:
         else:
             merged[key] = value
     return merged
-
-
-def write_result(out: str, step: int, result: dict) -> None:
-    from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
-
-    write_json(os.path.join(out, f"step-{step}", RESULT_FILE), result, default=handle_non_serializable)
 
 
 def read_evaluations(out: str) -> dict[int, dict]:
