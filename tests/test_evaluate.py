@@ -1085,11 +1085,14 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
         "have 'variant=none, coeff=0.0', 'variant=angular_spread",
     )
     assert_one_line_error(*evaluate("table", *runs, "--test", "z", "--out", out, capsys=capsys)[::2], "--test")
-    assert_one_line_error(*evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2], "named twice")
+    assert_one_line_error(
+        *evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2],
+        f"{runs[0]}: the same settings and seed as {runs[0]} (named twice, a copy or a rerun), not another seed",
+    )
     copy = shutil.copytree(runs[0], tmp_path / "copy")  # cp -a: one seed, not two
     assert_one_line_error(
         *evaluate("table", *runs, str(copy), "--out", out, capsys=capsys)[::2],
-        f"{copy}: the same settings and seed as {runs[0]} (a copy or a rerun), not another seed",
+        f"{copy}: the same settings and seed as {runs[0]} (named twice, a copy or a rerun), not another seed",
     )
     assert not out.exists() and tree(copy) == tree(Path(runs[0]))
     assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")

@@ -224,24 +224,20 @@ def _auto_labels(groups: list[list[Evaluated]]) -> list[str]:
 def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
     """Arm name -> its runs' evaluations, arms in the order first named."""
     groups: dict[tuple[str, str], list[Evaluated]] = {}  # (explicit name, "") or ("", configuration)
-    seen: set[str] = set()
-    seeds: dict[str, str] = {}  # a configuration with its seed -> its run: a copy or a rerun is not another seed
+    seeds: dict[str, str] = {}  # a configuration with its seed -> its run: a run named twice, copied or rerun once
     for spec in specs:
         name, _, runs = spec.partition("=") if "=" in spec else ("", "", spec)
         if "=" in spec and (not name or not runs):
             raise EvaluationError(f"{spec!r}: an arm is ARM=RUN1,RUN2,... with a name and at least one run")
         for run in runs.split(","):
-            if os.path.abspath(run) in seen:
-                raise EvaluationError(f"{run}: named twice")
             found = evaluated(run)
             config = json.dumps(_run_config(found.dump), sort_keys=True)
             seeded = json.dumps([config, load_run_metadata(found.dump).get("seed")])
             if seeded in seeds:
                 raise EvaluationError(
-                    f"{run}: the same settings and seed as {seeds[seeded]} (a copy or a rerun), not another seed; "
-                    "name one of them, or train the other with another --debug.seed"
+                    f"{run}: the same settings and seed as {seeds[seeded]} (named twice, a copy or a rerun), not "
+                    "another seed; name one of them, or train the other with another --debug.seed"
                 )
-            seen.add(os.path.abspath(run))
             seeds[seeded] = run
             key = (name, "") if name else ("", config)
             groups.setdefault(key, []).append(found)
