@@ -107,14 +107,13 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
 
 
 def export_checkpoint(step_dir: str, out_dir: str) -> None:
-    """Write ``step_dir`` as a Hugging Face folder ``out_dir``, through a staging folder inside it (on its
-    file system, should it be a mount point), so a failure leaves ``out_dir`` as it was."""
+    """Write ``step_dir`` as a Hugging Face folder ``out_dir`` (made and found writable by the caller), through a
+    staging folder inside it (on its file system, should it be a mount point), so a failure leaves it as it was."""
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     args = load_model_args(checkpoints)
     encoder = encoder_named(load_run_metadata(run_of(checkpoints))["tokenizer"])
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
-    os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".staging.", dir=out_dir, ignore_cleanup_errors=True) as staging:
         save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
         os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
