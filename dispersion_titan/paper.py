@@ -25,7 +25,6 @@ from dispersion_titan.run_folder.owners import FolderOwner, owned, refuse_unless
 from dispersion_titan.utils.errors import command, fail, run_command
 
 ARTIFACT_NAMES = tuple(catalog.ARTIFACTS)
-DEFAULT_OUT = "outputs/paper"
 PAPER = FolderOwner("paper")
 
 
@@ -42,7 +41,7 @@ def paper_parser() -> OneLineErrorParser:
         help=f"one of {', '.join(ARTIFACT_NAMES)} (--list describes them)",
     )
     p.add_argument("--list", action="store_true", help="each artifact: what it runs, the paper's models, the compute")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--out", default="outputs/paper", help="output folder (default %(default)s)")
     p.add_argument(
         "--models",
         nargs="+",
