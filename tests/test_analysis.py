@@ -284,9 +284,11 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
     assert_one_line_error(*analyze(empty, capsys=capsys)[::2], str(empty), "no checkpoints")
     (empty / "checkpoint").mkdir()
     assert_one_line_error(*analyze(empty, capsys=capsys)[::2], "no checkpoints")
+    assert_one_line_error(*analyze(empty / "nope", capsys=capsys)[::2], f"{empty / 'nope'}: no such folder")
 
     short = tmp_path / "short.jsonl"
     short.write_text(json.dumps({"text": "Too short."}) + "\n" + json.dumps({"text": "Also short."}) + "\n")
+    assert_one_line_error(*analyze(short, capsys=capsys)[::2], f"{short}: not a folder")  # was "no such directory"
     assert_one_line_error(
         *analyze(run, "--texts", short, "--seq-len", "64", "--out", tmp_path / "o", capsys=capsys)[::2],
         str(short),

@@ -39,7 +39,7 @@ class StepCheckpoint:
 def find_checkpoint_folder(run: str) -> str:
     """``run``, a dump folder or a checkpoint folder, to its checkpoint folder (``owners.run_paths``)."""
     if not os.path.isdir(run):
-        raise CheckpointError(f"{run}: no such directory")
+        raise CheckpointError(f"{run}: {'not a folder' if os.path.exists(run) else 'no such folder'}")
     if any(STEP_FOLDER.match(name) for name in os.listdir(run)):
         return run
     nested = run_paths(run)["checkpoint.folder"]
