@@ -28,8 +28,9 @@ PEAKS = {1: {0: 0.2, 1: 0.6, 2: 0.5, 3: 0.3}, 2: {0: 0.2, 1: 0.3, 2: 0.5, 3: 0.6
 """Accuracy by seed and step of a 3-step run: seed 1 peaks at step 1, seed 2 at step 3, their mean
 at step 2. The authors evaluate a mid-training run every 3 // 5 + 1 = 1 step (best per seed: 1 and 3)
 and a from-scratch run every 3 // 2 + 1 = 2 steps and at the last (best of the mean: 2)."""
-ARMS = {"base": {"variant": "none", "coeff": 0.0}, "disp": {}}
-"""The cross-entropy arm and the run's own (dispersion) arm."""
+ARMS = {"base": {"variant": "none", "coeff": 0.0}, "disp": {"variant": "angular_spread", "coeff": 0.1}}
+"""The cross-entropy arm and a dispersion arm: two configurations (one seed of one configuration in two arms
+would be refused, one seed counted twice)."""
 
 
 def evaluated_arms(run: Path, root: Path, start: dict | None = None) -> list[str]:
