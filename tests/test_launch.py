@@ -244,7 +244,8 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, (args, proc.stderr)
     # Submitted where Slurm is not (no sbatch on PATH): one line, exit 2, no sweep folder to block the rerun.
-    proc = sweep(toml, "--out", str(tmp_path / "s"), env={"PATH": sys.prefix + "/bin"})
+    one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0", "--out", str(tmp_path / "s"))
+    proc = sweep(toml, *one_cell, env={"PATH": sys.prefix + "/bin"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "sweep: error: sbatch: not found (no Slurm here); submit from a login node, or see --dry-run"
     ]
