@@ -15,9 +15,10 @@ from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, loa
 from ..run_folder.outputs import (
     FORMAT,
     FORMAT_KEY,
+    STEP_FOLDER,
     check_format,
     ensure_writable,
-    read_step_files,
+    read_json_files,
     report_failed,
     still_to_do,
     write_csv,
@@ -239,7 +240,7 @@ def merge(merged: dict, result: dict) -> dict:
 
 def read_evaluations(out: str) -> dict[int, dict]:
     """Every step evaluated in ``out`` (``{}`` when there is none), by step; each of this ``FORMAT``."""
-    results = read_step_files(out, RESULT_FILE)
+    results = {int(m[1]): r for name, r in read_json_files(out, RESULT_FILE).items() if (m := STEP_FOLDER.match(name))}
     for step, result in results.items():
         check_format(result.get(OURS), os.path.join(out, f"step-{step}", RESULT_FILE))
     return results

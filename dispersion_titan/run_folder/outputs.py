@@ -113,13 +113,6 @@ def results_folder(run: str, name: str, file: str, what: str, command: str, erro
     )
 
 
-def read_step_files(out: str, file: str) -> dict[int, dict]:
-    """Every step's JSON stored in ``out`` as ``step-N/{file}``, by step."""
-    return {
-        int(m.group(1)): data for name, data in read_json_files(out, file).items() if (m := STEP_FOLDER.match(name))
-    }
-
-
 def read_json_files(out: str, file: str) -> dict[str, dict]:
     """``out/*/{file}`` parsed, by folder name, in name order."""
     results = {}
