@@ -234,6 +234,7 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--variants", "nope:1"): "variants: 'nope:1': unknown variant",
         ("--variants", "noisy_embedding:1"): "'noisy_embedding:1': unknown variant (use baseline, noisy_embedding",
         ("--widths", "0"): "widths: '0' is not an integer >= 1",
+        ("--train-time", "forever"): "train_time: 'forever' is not an sbatch --time (minutes, H:M:S or D-H:M:S",
         ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
         ("--out", str(REPO / "launch")): "exists and is not an empty folder",

@@ -52,6 +52,9 @@ class Sweep:
         return cells(self.widths, self.variants, self.seeds)
 
 
+TIMES = ("train_time", "analyze_time", "evaluate_time")
+# sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit
+SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|INFINITE|UNLIMITED", re.IGNORECASE)
 RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "analyze_gpus": 0}  # each with its smallest value
 ARGUMENTS = ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args", "analyze_args", "evaluate_args")
 
@@ -119,6 +122,11 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     seeds = [_int("seeds", s, 0) for s in _items("seeds", raw["seeds"])]
     fields = {k: v for k, v in raw.items() if v is not None}
     fields.update({key: _int(key, fields[key], minimum) for key, minimum in RESOURCES.items() if key in fields})
+    for key in TIMES:
+        if key in fields and not SLURM_TIME.fullmatch(str(fields[key])):
+            raise ArgumentError(
+                f"{key}: {fields[key]!r} is not an sbatch --time (minutes, H:M:S or D-H:M:S, e.g. 2-00:00:00)"
+            )
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
         if arg.startswith("--") and "--" + arg.split("=", 1)[0][2:].replace("-", "_") in GRID_KEYS:
