@@ -59,25 +59,33 @@ def test_missing_and_empty_paths_fail_before_launch(tmp_path):
 
 
 @pytest.mark.slow
-def test_offline_hub_dataset_without_copy_fails_before_launch(tmp_path, monkeypatch):
+def test_offline_hub_dataset_without_copy_fails_before_launch_and_plans(tmp_path, monkeypatch):
     """The launch's own checks, in this process with the hub offline as datasets reads it (HF_HUB_OFFLINE,
     read at import into ``datasets.config``; a fresh interpreter cost 8-14 s): a streamed hub corpus
-    without a local copy is refused in one line, before any folder is made."""
+    without a local copy is refused in one line, before any folder is made. The config's own checks, which
+    ``plan`` and the dry runs make for a cluster's machines, pass."""
     import datasets.config
 
     from dispersion_titan.job_config.parse import validated_args
+    from dispersion_titan.job_config.titan_checks import check_runs_here
     from dispersion_titan.utils.errors import ConfigError
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     dump = tmp_path / "dump"
     args = ["--job.config_file", str(REPO / "train_configs" / "debug.toml"), "--job.dump_folder", str(dump)]
-    with pytest.raises(ConfigError) as err:
-        validated_args(
-            [*args, "--job.custom_config_module", "dispersion_titan.config", "--training.dataset", "fineweb-edu"]
+    for dataset, named in (
+        ("fineweb-edu", "HuggingFaceFW/fineweb-edu (sample-10BT) is"),
+        ("fineweb-edu-1B", "codelion/fineweb-edu-1B is"),
+    ):
+        config = validated_args(
+            [*args, "--job.custom_config_module", "dispersion_titan.config", "--training.dataset", dataset]
         )
-    line = str(err.value)
-    assert line.startswith("training.dataset_path: the Hugging Face hub is offline") and "\n" not in line
-    assert "set training.dataset_path to a local copy" in line and not dump.exists()
+        with pytest.raises(ConfigError) as err:
+            check_runs_here(config)
+        line = str(err.value)
+        assert line.startswith("training.dataset_path: the Hugging Face hub is offline") and "\n" not in line
+        assert f"and {named} not in the datasets cache; set training.dataset_path to a local copy" in line, line
+    assert not dump.exists()
 
 
 # ---------------------------------------------------------------- validation metrics

@@ -84,9 +84,15 @@ def test_every_config_lays_out_or_refuses_in_one_line(parsed):
             assert layout.nodes == math.ceil(gpus / 8) and layout.n_layers == model_args(c).n_layers
 
 
-def test_impossible_layouts_are_refused_before_anything_is_built(capsys):
+def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_path, monkeypatch):
     config = str(REPO / "train_configs" / "gpt2_small_mlp3072.toml")
+    monkeypatch.chdir(tmp_path)  # no train_configs/ here
     for args, message in (
+        (
+            ("train_configs/debug.toml",),
+            f"--job.config_file: train_configs/debug.toml: no such file here ({tmp_path}); dispersion-titan init "
+            "DIR writes the shipped configs, then run in DIR",
+        ),
         ((config, "--gpus", "64", "--tp", "8"), "model.n_heads: 12 is not divisible by parallelism.tensor_parallel_"),
         ((config, "--gpus", "64", "--nodes", "3"), "--nodes: 64 GPUs do not split evenly over 3 nodes"),
         ((config, "--gpus", "128"), "training.global_batch_size: 64 sequences cannot be split over 128 data-parall"),

@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 try:
@@ -110,7 +112,10 @@ def read_toml(path: str, field: str) -> dict:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ArgumentError(f"{field}: {path}: no such file") from None
+        # a shipped config's name, typed in a folder without them
+        shipped = Path(path).parts[:1] == ("train_configs",) and not os.path.isdir("train_configs")
+        hint = f" here ({os.getcwd()}); dispersion-titan init DIR writes the shipped configs, then run in DIR"
+        raise ArgumentError(f"{field}: {path}: no such file{hint if shipped else ''}") from None
     except IsADirectoryError:
         raise ArgumentError(f"{field}: {path}: is a directory") from None
     except tomllib.TOMLDecodeError as e:

@@ -61,7 +61,10 @@ class Corpus(ABC):
         """The documents of ``split`` in their fixed order."""
 
     def check_path(self, path: str | None, path_field: str) -> None:
-        """Offline, cheap pre-launch check of the configured path."""
+        """Offline, cheap pre-launch check of the configured path, true on any machine."""
+
+    def check_here(self, path: str | None, path_field: str) -> None:
+        """That this machine can read the corpus (a plan for another machine does not ask)."""
 
     @abstractmethod
     def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
@@ -160,12 +163,16 @@ class HubDataset(Corpus):
                 resolve_local_files(path, path_field)
             elif not any(files for _, _, files in os.walk(expanded)):
                 raise DataConfigError(f"{path_field}: {path!r} is an empty directory")
+
+    def check_here(self, path: str | None, path_field: str) -> None:
+        if path or not datasets.config.HF_HUB_OFFLINE:
             return
         cached = os.path.join(datasets.config.HF_DATASETS_CACHE, cache_folder_name(self.repo))  # no network
-        if datasets.config.HF_HUB_OFFLINE and (self.streams_training or not os.path.isdir(cached)):
+        if self.streams_training or not os.path.isdir(cached):
+            name = f"{self.repo} ({self.config})" if self.config else self.repo
             raise DataConfigError(
                 f"{path_field}: the Hugging Face hub is offline (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE) and "
-                f"{self.repo} ({self.config}) is not in the datasets cache; set {path_field} to a local copy"
+                f"{name} is not in the datasets cache; set {path_field} to a local copy"
             )
 
     def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
@@ -206,9 +213,12 @@ def corpus(name: str, field: str) -> Corpus:
     return CORPORA[name]
 
 
-def check_dataset(name: str, path: str | None, field: str) -> None:
-    """Pre-launch check of ``<field>`` and ``<field>_path`` that never contacts the hub."""
+def check_dataset(name: str, path: str | None, field: str, here: bool = False) -> None:
+    """Pre-launch check of ``<field>`` and ``<field>_path`` that never contacts the hub; ``here``: also
+    that this machine can read it (a launch asks, a plan or a dry run for a cluster does not)."""
     corpus(name, field).check_path(path, f"{field}_path")
+    if here:
+        corpus(name, field).check_here(path, f"{field}_path")
 
 
 def iter_documents(name: str, split: str, path: str | None, field: str) -> Iterator[str]:

@@ -239,7 +239,7 @@ def prepare(options: argparse.Namespace) -> dict[str, Any]:
     )
     if is_store(path):
         raise DataConfigError(f"{field}_path: {path} is a token store already; name the corpus it was made from")
-    check_dataset(dataset, path, field)
+    check_dataset(dataset, path, field, here=True)
     source = {
         "dataset": dataset,
         "split": options.split,

@@ -9,9 +9,11 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..components.titan_compat import model_converter_names
+from ..data.corpora import check_dataset
+from ..data.store import is_store
 from ..run_folder.owners import inside
 from ..tokenizer.encoders import is_hub_id
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, DataConfigError
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
@@ -76,8 +78,16 @@ def check_initial_load(config: RunConfig) -> None:
 
 def check_runs_here(config: RunConfig) -> None:
     """A GPU config where torch sees no GPU is refused, never changed silently: inductor (on a CPU it
-    needs a C++ toolchain and minutes per start) and liger."""
+    needs a C++ toolchain and minutes per start) and liger; a hub dataset this machine cannot read."""
     import torch
+
+    for section in ("training", "validation") if config.validation.enable else ("training",):
+        cfg = getattr(config, section)
+        if not is_store(cfg.dataset_path):
+            try:
+                check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset", here=True)
+            except DataConfigError as e:
+                raise ConfigError(str(e)) from None
 
     c = config.compile
     if c.enable and c.backend == "inductor" and not torch.cuda.is_available():
