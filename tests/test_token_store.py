@@ -5,7 +5,10 @@ exactly, and bad or stale stores end in one line with exit status 2."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -204,7 +207,7 @@ def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_o
 # ---------------------------------------------------------------- interrupted prepare
 
 
-def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path):
+def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):
     docs = texts(30, seed=4)
     source = {"dataset": "local", "split": "train", "path": "test", "identity": None}
     write_store(docs, str(tmp_path / "whole"), source, workers=2, shard_documents=4, progress=False)
@@ -217,10 +220,15 @@ def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path):
             if (out / "shard-00002.json").exists():
                 break
             time.sleep(0.1)
-        raise KeyboardInterrupt
+        # A terminal's Ctrl-C reaches the whole process group: the workers too.
+        for worker in multiprocessing.active_children():
+            os.kill(worker.pid, signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
 
     with pytest.raises(KeyboardInterrupt):
         write_store(interrupted(), str(out), source, workers=2, shard_documents=4, progress=False)
+    assert "Traceback" not in capfd.readouterr().err  # the workers ignore it; the parent stops the pool
     assert (out / "shard-00002.json").exists() and not (out / MANIFEST).exists()
     write_store(docs, str(out), source, workers=2, shard_documents=4, progress=False)
     assert folder_bytes(out) == folder_bytes(tmp_path / "whole")

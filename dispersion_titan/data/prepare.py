@@ -24,6 +24,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Iterable
 from multiprocessing.pool import AsyncResult
@@ -153,9 +154,10 @@ def write_store(
     chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])
     records: list[dict[str, Any] | AsyncResult] = []
     waiting: collections.deque[int] = collections.deque()
-    # Forked workers only tokenise and write; the pool starts before the documents are read.
+    # Forked workers only tokenise and write; the pool starts before the documents are read. A Ctrl-C is
+    # the parent's alone (a worker interrupted in the result queue's lock hung the pool's shutdown).
     with (
-        multiprocessing.get_context("fork").Pool(workers) as pool,
+        multiprocessing.get_context("fork").Pool(workers, signal.signal, (signal.SIGINT, signal.SIG_IGN)) as pool,
         tqdm(
             desc=f"prepare {source['dataset']} {source['split']}",
             unit="tok",
