@@ -270,6 +270,12 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
         f"dispersion_titan: error: {tmp_path / 'run'}: no complete checkpoint; pass a checkpoint "
         f"folder (e.g. {tmp_path / 'run'}/checkpoint/step-10)"
     ]
+    with pytest.raises(SystemExit) as exit_info:  # that step named: incomplete, not "no checkpoints"
+        convert.main(["to-hf", str(step), str(tmp_path / "hf")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"dispersion_titan: error: {step}: missing .metadata (partial or corrupt checkpoint)"
+    ]
     assert not (tmp_path / "hf").exists()
 
 

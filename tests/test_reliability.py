@@ -26,7 +26,13 @@ import pytest
 import torch
 
 from dispersion_titan.analyze import main as analyze_main
-from dispersion_titan.run_folder.checkpoints import CheckpointError, check_complete, is_full, list_checkpoints
+from dispersion_titan.run_folder.checkpoints import (
+    CheckpointError,
+    check_complete,
+    is_full,
+    list_checkpoints,
+    select_steps,
+)
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.trainer.launcher import oom_message
 from support.cli import analyze, assert_one_line_error
@@ -580,6 +586,7 @@ def test_bad_input_against_an_existing_run_changes_nothing(reference, tmp_path, 
         (["--dataset", "local", "--dataset-path", "{empty}"], ["{empty}", "empty"]),
         (["--num-sequences", "100000"], ["--num-sequences 100000 needs more"]),
         (["--steps", "2-x"], ["--steps", "2-x"]),
+        (["--steps", ""], ["--steps: '' is not a step"]),
         (["--steps", "7"], ["--steps", "[0, 2, 4, 6, 8]"]),
         (["--tb-dir", "{file}/tb"], ["--tb-dir: {file}/tb: not writable"]),
         (["--batch-size", "0"], ["--batch-size", "'0' is not a positive integer"]),
@@ -598,6 +605,26 @@ def test_bad_analysis_input_fails_with_one_line_and_changes_nothing(reference, t
     result = analyze(reference, *ANALYSIS, *(a.format(**paths) for a in args), capsys=capsys)
     assert_one_line_error(*result[::2], *(f.format(**paths) for f in fragments))
     assert digests(reference) == before
+
+
+@pytest.mark.slow
+def test_a_run_named_the_wrong_way_is_told_the_right_one(reference, tmp_path, capsys):
+    """A step folder for RUN, or a run as hf:RUN: one line with what to type; ``last`` is the newest complete step."""
+    step = reference / "checkpoint" / "step-4"
+    assert_one_line_error(
+        *analyze(step, *ANALYSIS, capsys=capsys)[::2],
+        f"{step}: one checkpoint's folder, not a run's; give the run folder {reference} with --steps 4",
+    )
+    assert_one_line_error(
+        *analyze(f"hf:{reference}", "--out", tmp_path / "out", capsys=capsys)[::2],
+        f"hf:{reference}: {reference} is a training run's folder (run.json); give it without hf:",
+    )
+    assert not (tmp_path / "out").exists()
+    steps = list_checkpoints(reference / "checkpoint")
+    (tmp_path / "step-9").mkdir()  # a save that stopped before its .metadata
+    unfinished = [*steps, type(steps[0])(9, str(tmp_path / "step-9"))]
+    assert [c.step for c in select_steps("first,last", unfinished)] == [0, 8]
+    assert [c.step for c in select_steps("9", unfinished)] == [9]  # named: analysed, and reported broken
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.run_folder.checkpoints import checkpoint_identity
+from dispersion_titan.run_folder.settings import fork_source
+from dispersion_titan.utils.errors import ConfigError
 from support.cli import analyze, assert_one_line_error
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
 from support.runs import scalars
@@ -157,6 +159,12 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
     assert line == (
         f"dispersion_titan: error: job.fork_from: {tmp_path} is not empty; a fork starts a new run, "
         "so give it a new or empty --job.dump_folder"
+    )
+    step = reference_run / "checkpoint" / f"step-{FORK_STEP}"  # the checkpoint's folder for RUN: RUN@STEP said
+    with pytest.raises(ConfigError) as refused:
+        fork_source(str(step))
+    assert str(refused.value) == (
+        f"job.fork_from: {step}: one checkpoint's folder, not a run's; give {reference_run}@{FORK_STEP}"
     )
 
 

@@ -269,7 +269,7 @@ class RunAnalysis(Analysis):
     noun = "checkpoint"
 
     def __init__(self, options: argparse.Namespace, inputs: InputOptions):
-        self.dump, folder, selected = run_checkpoints(options.run, options.steps or "all")
+        self.dump, folder, selected = run_checkpoints(options.run, "all" if options.steps is None else options.steps)
         self.model_args = load_model_args(folder)
         inputs = fitted_inputs(options, inputs, self.model_args.positions, f"max_seq_len in {self.dump}/run.json")
         if self.model_args.positions is None:  # rotary: a RoPE table for the analysed length

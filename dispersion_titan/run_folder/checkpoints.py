@@ -36,10 +36,16 @@ class StepCheckpoint:
     path: str
 
 
-def find_checkpoint_folder(run: str) -> str:
-    """``run``, a dump folder or a checkpoint folder, to its checkpoint folder (``owners.run_paths``)."""
+def find_checkpoint_folder(run: str, give: str = "the run folder {run} with --steps {step}") -> str:
+    """``run``, a dump folder or a checkpoint folder, to its checkpoint folder (``owners.run_paths``); one
+    checkpoint's step folder is refused, saying to ``give`` its run and step instead."""
     if not os.path.isdir(run):
         raise CheckpointError(f"{run}: {'not a folder' if os.path.exists(run) else 'no such folder'}")
+    if step := STEP_FOLDER.match(os.path.basename(os.path.abspath(run))):
+        dump = run_of(os.path.dirname(os.path.abspath(run)))
+        raise CheckpointError(
+            f"{run}: one checkpoint's folder, not a run's; give {give.format(run=dump, step=step[1])}"
+        )
     if any(STEP_FOLDER.match(name) for name in os.listdir(run)):
         return run
     nested = run_paths(run)["checkpoint.folder"]
@@ -75,15 +81,16 @@ def list_checkpoints(folder: str) -> list[StepCheckpoint]:
 
 def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpoint]:
     """The checkpoints ``--steps`` names: ``all``, or a comma list of steps, inclusive ranges such as
-    ``0,5,10-20``, and ``first`` / ``last`` (the run's earliest and latest checkpoints, known only once it
-    has trained). A listed step must exist, a range may be empty, the selection not."""
+    ``0,5,10-20``, and ``first`` / ``last`` (the run's earliest and latest complete checkpoints, known only
+    once it has trained). A listed step must exist, a range may be empty, the selection not."""
     if spec.strip() == "all":
         return available
     by_step = {c.step: c for c in available}
     wanted: set[int] = set()
     for part in (p.strip() for p in spec.split(",")):
         if part in ("first", "last") and by_step:
-            wanted.add(min(by_step) if part == "first" else max(by_step))
+            ends = [c.step for c in available if os.path.isfile(os.path.join(c.path, ".metadata"))] or list(by_step)
+            wanted.add(min(ends) if part == "first" else max(ends))
         elif part.isdigit():
             if int(part) not in by_step:
                 raise ArgumentError(f"--steps: no checkpoint for step {part} (have {sorted(by_step)})")

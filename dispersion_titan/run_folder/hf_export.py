@@ -25,7 +25,7 @@ from .checkpoints import (
     load_run_metadata,
     run_of,
 )
-from .outputs import ensure_writable
+from .outputs import STEP_FOLDER, ensure_writable
 from .owners import FolderOwner, record_owner, refuse_unless_ours
 
 
@@ -36,6 +36,8 @@ def resolve_step_dir(path: str) -> str:
         raise CheckpointError(f"{path}: no such folder (pass a run folder or one of its checkpoint/step-N)")
     if os.path.isfile(os.path.join(path, ".metadata")) or glob.glob(os.path.join(path, "*.safetensors")):
         return path  # a DCP or a safetensors checkpoint
+    if STEP_FOLDER.match(os.path.basename(os.path.abspath(path))):
+        check_complete(path)  # one checkpoint, incomplete: said so
     for checkpoint in reversed(list_checkpoints(find_checkpoint_folder(path))):
         try:
             if not glob.glob(os.path.join(checkpoint.path, "*.safetensors")):

@@ -103,7 +103,7 @@ def fork_source(spec: str) -> tuple[str, int, str]:
     """(source run, step, checkpoint) ``job.fork_from`` names: its step, else the newest full (or any) one."""
     run, step = parse_fork(spec)
     try:
-        folder = find_checkpoint_folder(run)
+        folder = find_checkpoint_folder(run, give="{run}@{step}")
     except CheckpointError as e:
         raise ConfigError(f"job.fork_from: {e}") from None
     saved = complete_checkpoints(folder)
