@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .config.cli import OneLineErrorParser
 from .run_folder.hf_export import to_hf
 from .utils.errors import command, fail, run_command
 
 
 @command("OUT_DIR is as it was (the export is staged in a hidden folder inside it first); run it again")
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m dispersion_titan.convert",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -243,6 +243,12 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
         f"dispersion_titan: error: {missing}: no such folder (pass a run folder or one of its checkpoint/step-N)"
     ]
     assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as exit_info:  # a usage error: the same one line, not usage + error
+        convert.main(["to-hf", str(missing)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "dispersion_titan: error: the following arguments are required: OUT_DIR"
+    ]
 
 
 def test_convert_given_a_run_takes_its_newest_complete_checkpoint(tmp_path, capsys):
