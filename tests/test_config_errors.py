@@ -104,6 +104,7 @@ REFUSALS = [
         [*DEBUG, "--dispersion.variant", "perplexity_entropy", "--dispersion.precision", "tf32"],
         "dispersion.precision:",
     ),
+    Refusal([*DEBUG, "--dispersion.coeff", "1e"], "dispersion.coeff: '1e' is not a number", error=ArgumentError),
     Refusal(
         [*DEBUG, "--dispersion.form", "authors"],
         "dispersion.form: 'authors' is not one of ('released', 'paper')",
@@ -358,7 +359,7 @@ REFUSALS = [
         error=ArgumentError,
     ),
     # command-line flags: unknown, or of the wrong type
-    Refusal([*DEBUG, "--training.steps", "many"], "--training.steps", error=ArgumentError, how="holds"),
+    Refusal([*DEBUG, "--training.steps", "many"], "training.steps: 'many' is not an integer", error=ArgumentError),
     Refusal([*DEBUG, "--training.stepz", "3"], "--training.stepz", error=ArgumentError, how="holds"),
 ]
 

@@ -555,7 +555,7 @@ def write(path: Path, text: str) -> str:
             ["--job.config_file", DEBUG_TOML, "--dispersion.lambda_norm", "-1"],
             "dispersion.lambda_norm: must be >= 0, got -1.0",
         ),
-        (["--job.config_file", DEBUG_TOML, "--training.steps", "many"], "Error parsing --training.steps"),
+        (["--job.config_file", DEBUG_TOML, "--training.steps", "many"], "training.steps: 'many' is not an integer"),
     ],
     ids=["malformed-toml", "empty-dataset", "negative-lambda-norm", "cli-wrong-type"],
 )

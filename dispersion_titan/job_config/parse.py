@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import io
@@ -63,6 +64,23 @@ def _choice_message(message: str) -> str:
     return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value} is not one of {choices}"
 
 
+_PARSE = re.compile(r"Error parsing --([\w-]+)\.([\w-]+): .*?('.*'|\".*\")$")  # the value: its repr
+_KINDS = {"INT": "an integer", "FLOAT": "a number"}
+
+
+def _value_message(message: str, boxed: str) -> str:
+    """tyro's refusal of a value its type cannot parse (``invalid literal for int() with base 10``), said
+    as the key, the value and the type its help gives (``--training.steps INT``)."""
+    match = _PARSE.search(message)
+    if match is None:
+        return message
+    section, key, value = *match.groups()[:2], ast.literal_eval(match[3])
+    metavar = re.search(rf"--{re.escape(section)}\.{re.escape(key)} ([A-Z]+)", boxed)
+    kind = metavar[1] if metavar else "value"
+    expected = _KINDS.get(kind, f"a {kind.lower()}")
+    return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value!r} is not {expected}"
+
+
 def _switch_given_a_value(args: list[str]) -> str | None:
     """``--training.predict_last false``: a bool key takes no value (tyro names only the stray word)."""
     fields = {
@@ -89,7 +107,9 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
             job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
-        raise ArgumentError(_switch_given_a_value(args) or _choice_message(_first_message(captured.getvalue()))) from e
+        boxed = captured.getvalue()
+        message = _switch_given_a_value(args) or _choice_message(_first_message(boxed))
+        raise ArgumentError(_value_message(message, boxed)) from e
     except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
         raise ArgumentError(f"validation.steps: {e}") from None
     if "model.name" not in given_keys(args, toml):  # else TorchTitan's default llama3 would train
