@@ -252,7 +252,7 @@ REFUSALS = [
     ),
     Refusal(
         [*DEBUG, "--job.dump_folder", "{file}", "--metrics.no-enable-tensorboard"],
-        "job.dump_folder: {file} cannot be created: {file} is not a directory",
+        "job.dump_folder: {file} exists but is not a directory",
         world=1,
     ),
     Refusal(
@@ -262,7 +262,17 @@ REFUSALS = [
     ),
     Refusal(
         [*DEBUG, "--job.dump_folder", "{dir}", "--metrics.save_tb_folder", "f"],
-        "metrics.save_tb_folder: {dir}/f cannot be created: {dir}/f is not a directory",
+        "metrics.save_tb_folder: {dir}/f exists but is not a directory",
+        world=1,
+    ),
+    Refusal(  # a folder on a read-only file system (not writable even for root)
+        [*DEBUG, "--job.dump_folder", "/proc/sys"],
+        "job.dump_folder: /proc/sys exists but is not writable; give a folder you can write to",
+        world=1,
+    ),
+    Refusal(
+        [*DEBUG, "--job.dump_folder", ""],
+        "job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run",
         world=1,
     ),
     # TorchTitan's decoders (qwen3, llama3): the [model] keys each family refuses, on 2 processes

@@ -153,24 +153,27 @@ def value_of(config: RunConfig, key: str) -> Any:
 
 
 def _unwritable(path: str) -> str | None:
-    """Why no folder could be written at ``path`` (None: it can): its nearest existing ancestor says."""
+    """Why no folder could be written at ``path`` (None: it can): it, or its nearest existing ancestor, says."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
+    where = "exists but" if probe == os.path.abspath(path) else f"cannot be created: {probe}"
     if not os.path.isdir(probe):
-        return f"{probe} is not a directory"
+        return f"{where} is not a directory"
     if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable"
+        return f"{where} is not writable; give a folder you can write to"
     return None
 
 
 def check_output_folders(config: RunConfig) -> None:
     """Every folder the run writes to; the config file TorchTitan saves stays inside the run."""
     dump = config.job.dump_folder
+    if not dump.strip():
+        raise ConfigError("job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run")
     for field, path in {"job.dump_folder": dump, **run_folders(config)}.items():
         problem = _unwritable(path)
         if problem:
-            raise ConfigError(f"{field}: {path} cannot be created: {problem}")
+            raise ConfigError(f"{field}: {path} {problem}")
     saved = config.job.save_config_file
     if saved and not inside(os.path.join(dump, saved), dump):
         raise ConfigError(
