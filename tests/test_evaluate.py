@@ -21,7 +21,7 @@ from scipy import stats
 
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, run_protocol, select_tasks
-from dispersion_titan.evaluation.runner import lm_eval_seeds
+from dispersion_titan.evaluation.runner import lm_eval_seeds, quiet_git_hash
 from dispersion_titan.evaluation.table import min_ranks
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from dispersion_titan.run_folder.owners import OWNER_FILE
@@ -132,6 +132,20 @@ def evaluated(run, tmp_path_factory) -> Path:
 
 
 FEW_SHOT = ["arc_easy", "arc_challenge", "medmcqa", "mmlu"]  # the authors' fewshot_tasks; the rest run 0-shot
+
+
+def test_lm_evals_git_lookup_is_quiet_outside_a_checkout(tmp_path, monkeypatch, capfd):
+    """lm-eval's ``git describe`` prints "fatal: not a git repository" on every evaluation outside a checkout
+    (when lm-eval stops doing so, the first assertion fails and ``quiet_git_hash`` can go)."""
+    from lm_eval import evaluator
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    evaluator.get_git_commit_hash()
+    assert "not a git repository" in capfd.readouterr().err
+    with quiet_git_hash():
+        assert evaluator.get_git_commit_hash() is None
+    assert capfd.readouterr().err == ""
 
 
 def test_the_authors_protocols_are_presets():

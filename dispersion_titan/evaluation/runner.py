@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import os
 import sys
 import time
+from typing import Any
+from unittest import mock
 
 from ..components.wandb_run import log_results, recorded
 from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_checkpoints, run_of
@@ -169,7 +172,7 @@ class RunEvaluation:
         start = time.time()
         selection = self.selection
         merged: dict = {}
-        with hflm_location(checkpoint.path, self.out) as (folder, revision):
+        with hflm_location(checkpoint.path, self.out) as (folder, revision), quiet_git_hash():
             lm = HFLM(
                 pretrained=folder,
                 revision=revision,
@@ -217,6 +220,16 @@ class RunEvaluation:
             "seconds": time.time() - start,
         }
         return merged
+
+
+def quiet_git_hash() -> Any:
+    """lm-eval records its results' ``git_hash`` with ``git describe``, whose "fatal: not a git repository"
+    outside a checkout reaches the console (EleutherAI/lm-evaluation-harness#1691); this scope gives it
+    lm-eval's own fallback instead, which reads ``.git`` quietly (the same hash in a checkout, else None)."""
+    from lm_eval import evaluator
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    return mock.patch.object(evaluator, "get_git_commit_hash", functools.partial(get_commit_from_path, os.getcwd()))
 
 
 def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
