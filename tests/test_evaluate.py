@@ -26,6 +26,7 @@ from dispersion_titan.evaluation.table import min_ranks
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
+from dispersion_titan.utils.errors import EvaluationError
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
 from support.eval_tasks import write_evaluation
@@ -146,6 +147,22 @@ def test_lm_evals_git_lookup_is_quiet_outside_a_checkout(tmp_path, monkeypatch, 
     with quiet_git_hash():
         assert evaluator.get_git_commit_hash() is None
     assert capfd.readouterr().err == ""
+
+
+def test_an_unusable_datasets_cache_is_named_not_the_task(tmp_path, monkeypatch):
+    """A read-only HOME, or a cache under a file: the line names the cache and HF_HOME, not --tasks."""
+    import datasets.config
+
+    from dispersion_titan.evaluation.tasks import Tasks
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "file" / "hf"))
+    with pytest.raises(EvaluationError) as refused:
+        Tasks(("wiki_next_word",), str(TASKS)).load()
+    assert str(refused.value) == (
+        f"{tmp_path / 'file' / 'hf'}: Not a directory (datasets' cache, loading task wiki_next_word); set HF_HOME, "
+        "or HF_DATASETS_CACHE, to a writable folder with room"
+    )
 
 
 def test_the_authors_protocols_are_presets():

@@ -3,6 +3,7 @@ their data loaded with the hub's offline mode on when the hub cannot be reached.
 
 from __future__ import annotations
 
+import errno
 import os
 from importlib.metadata import version
 from typing import Any
@@ -49,6 +50,15 @@ class Tasks:
                 try:
                     loaded = self.manager.load([name])
                 except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many types
+                    if (
+                        isinstance(e, OSError)
+                        and e.errno in (errno.EROFS, errno.EACCES, errno.ENOSPC, errno.ENOTDIR)
+                        and e.filename
+                    ):
+                        raise EvaluationError(  # where datasets caches the tasks' data: not the task's fault
+                            f"{e.filename}: {e.strerror} (datasets' cache, loading task {name}); set HF_HOME, or "
+                            "HF_DATASETS_CACHE, to a writable folder with room"
+                        ) from None
                     message = str(e).splitlines()[0] if str(e) else ""
                     why = (
                         f"; not in the local Hugging Face cache, and the hub is not asked: {offline}"
