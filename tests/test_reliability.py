@@ -420,6 +420,28 @@ def test_failed_checkpoint_write_is_one_line_and_keeps_earlier_checkpoints(tmp_p
     assert moved.name.startswith("step-4.")
 
 
+@pytest.mark.slow
+def test_a_full_disk_before_any_checkpoint_is_one_line(tmp_path):
+    """The file size limit (as a full disk or a quota would) met by TorchTitan's first write, its config
+    dump, before any checkpoint: one line naming the cause and the run, exit 74, not a traceback."""
+    dump = tmp_path / "full"
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--checkpoint.no-enable"]
+    proc = subprocess.run(
+        ["bash", "-c", 'trap "" XFSZ; ulimit -f 2; exec "$0" -m dispersion_titan.train "$@"', sys.executable, *argv],
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.fullmatch(
+        rf"dispersion_titan: error: file too large writing the run's files in {dump} \(\d+ MB free\); no checkpoint "
+        r"was saved yet; raise the file size limit \(ulimit -f\) and relaunch the same command to resume",
+        proc.stderr.strip().splitlines()[-1],
+    ), proc.stderr[-3000:]
+
+
 def truncate_shard(step_dir: Path) -> None:
     shard = step_dir / "__1_0.distcp"
     with open(shard, "r+b") as f:

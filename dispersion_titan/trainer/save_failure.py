@@ -1,8 +1,8 @@
 """A failed checkpoint save said in one line: the cause, where, the space needed, the checkpoint that
 stands. DCP wraps each rank's error, and a short write in ``torch.save`` says only ``unexpected
 pos``, so without an OS error the free space and ``ulimit -f`` name the cause. The half-written
-``step-N`` is moved aside at once; earlier checkpoints are never touched.
-"""
+``step-N`` is moved aside at once; earlier checkpoints are never touched. Another write of the run
+failing so (``write_failure``) is one line too."""
 
 from __future__ import annotations
 
@@ -77,4 +77,19 @@ def save_failure(folder: str, step: int, error: BaseException, model: torch.nn.M
     return CheckpointSaveError(
         f"{reason} saving step-{step} to {os.path.join(folder, f'step-{step}')} "
         f"({estimate}; {_mb(free)} free); {good}; {advice}"
+    )
+
+
+def write_failure(error: BaseException, dump: str, checkpoints: str) -> CheckpointSaveError | None:
+    """A full disk, a quota or the file size limit met outside a checkpoint save (TorchTitan's config dump,
+    the logs, TensorBoard) in one line, or None when ``error`` is no such failure."""
+    os_error = next((e for e in _causes(error) if isinstance(e, OSError) and e.errno in ADVICE), None)
+    if os_error is None:
+        return None
+    last = last_complete_step(checkpoints) if os.path.isdir(checkpoints) else None
+    good = f"the last good checkpoint is step-{last}" if last is not None else "no checkpoint was saved yet"
+    where = os_error.filename or f"the run's files in {dump}"
+    free = _mb(shutil.disk_usage(dump if os.path.isdir(dump) else os.path.dirname(os.path.abspath(dump))).free)
+    return CheckpointSaveError(
+        f"{os.strerror(os_error.errno).lower()} writing {where} ({free} free); {good}; {ADVICE[os_error.errno]}"
     )

@@ -34,7 +34,7 @@ from .baselines import build_baseline
 from .block_outputs import BlockOutputs
 from .objective import DispersionObjective
 from .preemption import INTERRUPT_SIGNALS, Preemption, secondary_failure_status
-from .save_failure import save_failure
+from .save_failure import save_failure, write_failure
 from .seeds import mixed_seed
 
 if TYPE_CHECKING:
@@ -303,6 +303,10 @@ def train(job_config: RunConfig) -> None:
     except DispersionTitanError:  # said in one line by the command
         raise
     except Exception as e:
+        dump = job_config.job.dump_folder
+        failure = write_failure(e, dump, os.path.join(dump, job_config.checkpoint.folder))
+        if failure is not None:
+            raise failure from None
         status = secondary_failure_status(e)
         if status is None:
             raise
