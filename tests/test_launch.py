@@ -63,14 +63,15 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
     """Rank 1 fails; rank 0 ignores torchrun's SIGTERM (as a rank blocked in C++, in gloo's rendezvous, does)
     and torchrun SIGKILLs it: the launcher says that, not "out of memory", which stays for a SIGKILL from
     outside. torchrun's own process context, warning and ChildFailedError."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from dispersion_titan.trainer import launcher
 
     deaf = f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open({str(tmp_path / 'deaf')!r}, 'w')"
-    ranks = {0: ("-c", deaf + "; time.sleep(60)"), 1: ("-c", "raise SystemExit(2)")}
-    logs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"))
+    said = "dispersion_titan: error: shard-00003.bin: truncated; prepare the store again"
+    ranks = {0: ("-c", deaf + "; time.sleep(60)"), 1: ("-c", f"import sys; sys.exit({said!r})")}  # its line, exit 1
+    logs = DefaultLogsSpecs(log_dir=str(tmp_path / "logs"), tee=Std.ERR)  # as train.sh's torchrun --tee 3
     torchrun_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     torchrun_log.addFilter(launcher._quiet_forwarding)
     # torchrun's process context installs its own handlers in this process: put pytest's back after.
@@ -82,6 +83,8 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
             time.sleep(0.01)
         job.close(signal.SIGTERM, timeout=0.2)  # what torchrun does (30 s) once rank 1 failed
         failures = job.wait(0).failures
+        # rank 1 hidden from the console (LOG_RANK=0): its own line, from torchrun's copy, in the launcher's
+        hidden = launcher.ending(ChildFailedError("rank", failures), str(tmp_path / "logs"), {0})
         sigkilled = start_processes("rank", sys.executable, {0: ("-c", "import time; time.sleep(60)")}, {0: {}}, logs)
         os.kill(sigkilled.pids()[0], signal.SIGKILL)  # the kernel's OOM killer, say
         oom = sigkilled.wait(10, period=0.05).failures
@@ -89,8 +92,9 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
         torchrun_log.removeFilter(launcher._quiet_forwarding)
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-    assert [failures[0].exitcode, failures[1].exitcode] == [-signal.SIGKILL, 2]
-    assert launcher.ending(ChildFailedError("rank", failures)) == (1, launcher.unstopped_message(0, 1, 2))
+    assert [failures[0].exitcode, failures[1].exitcode] == [-signal.SIGKILL, 1]
+    assert launcher.ending(ChildFailedError("rank", failures)) == (1, launcher.unstopped_message(0, 1, 1))
+    assert hidden == (1, launcher.unstopped_message(0, 1, 1, said)) and "it said: error: shard-00003.bin" in hidden[1]
     assert launcher.ending(ChildFailedError("rank", oom)) == (137, launcher.oom_message(0))
 
 

@@ -58,12 +58,14 @@ def oom_message(rank: int) -> str:
     )
 
 
-def unstopped_message(rank: int, first: int, exitcode: int) -> str:
+def unstopped_message(rank: int, first: int, exitcode: int, said: str | None = None) -> str:
+    """``said``: the line rank ``first`` said where the console did not show it."""
+    why = f"; it said: {said.removeprefix('dispersion_titan: ')}" if said else "; LOG_RANK= shows every rank's output"
     return (
         f"dispersion_titan: error: rank {rank} did not stop within torchrun's shutdown timeout after SIGTERM and "
         f"was killed; torchrun stopped the job because rank {first} failed (exit status "
-        f"{exitcode if exitcode >= 0 else 128 - exitcode}; LOG_RANK= shows every rank's output); the last "
-        "complete checkpoint stands: relaunch the same command to resume"
+        f"{exitcode if exitcode >= 0 else 128 - exitcode}){why}; the last complete checkpoint stands: relaunch the "
+        "same command to resume"
     )
 
 
@@ -84,20 +86,23 @@ def ending(
     """(exit status, the line to print or None) for a job whose ranks failed; the line of a rank that failed first
     is repeated from torchrun's ``log_dir`` where the console did not show it (``shown``: its local ranks)."""
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
+
+    def unseen(local_rank: int) -> str | None:
+        hidden = log_dir and shown is not None and local_rank not in shown
+        return _said(log_dir, local_rank) if hidden else None
+
     killed = [rank for rank, f in failures if f.exitcode == -signal.SIGKILL and f.pid not in _unstopped]
     if killed:
         return 128 + signal.SIGKILL, oom_message(killed[0])
     unstopped = [rank for rank, failure in failures if failure.pid in _unstopped]
     if unstopped:
         first, failure = next((rank, f) for rank, f in failures if f.pid not in _unstopped)
-        return 1, unstopped_message(unstopped[0], first, failure.exitcode)
+        return 1, unstopped_message(unstopped[0], first, failure.exitcode, unseen(failure.local_rank))
     first = failures[0][1].exitcode
     if all(failure.exitcode in SAID_BY_THE_RANKS for _, failure in failures):
         rank, failure = failures[0]  # the others were stopped by torchrun: "interrupted" is all they said
-        unseen = (
-            log_dir and shown is not None and failure.local_rank not in shown and _said(log_dir, failure.local_rank)
-        )
-        return first, f"[rank {rank}] {unseen}" if unseen else None
+        said = unseen(failure.local_rank)
+        return first, f"[rank {rank}] {said}" if said else None
     return 1, error.format_msg()
 
 
