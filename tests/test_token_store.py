@@ -28,6 +28,7 @@ from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
 from dispersion_titan.data.prepare import prepare, write_store
 from dispersion_titan.data.store import MANIFEST, is_store, open_store
+from dispersion_titan.run_folder.writer_lock import sole_writer
 from dispersion_titan.tokenizer.encoders import EOT_ID
 from support.corpora import texts
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.usefixtures("private_caches")
 
 
 def run_prepare(*args: str) -> dict:
-    return prepare(parser().parse_args(["prepare", *args]))
+    return prepare(parser().parse_args(["prepare", *args]), sole_writer)
 
 
 def folder_bytes(folder: Path) -> dict[str, bytes]:
@@ -244,6 +245,33 @@ def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):
 
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, nothing deleted
+
+
+def test_a_second_prepare_into_a_folder_being_written_is_refused(tmp_path, capsys):
+    """Two prepares into one --out at once would mix their shards (both exited 0): the second is one line."""
+    out = tmp_path / "store"
+    fork = multiprocessing.get_context("fork")
+    held, done = fork.Event(), fork.Event()
+
+    def first_prepare() -> None:  # another process writing the store: it holds the folder's lock
+        with sole_writer(out):
+            held.set()
+            done.wait(60)
+
+    writer = fork.Process(target=first_prepare)
+    writer.start()
+    try:
+        assert held.wait(30)
+        with pytest.raises(SystemExit) as refused:
+            main(["prepare", "enwiki_sample", "--out", str(out), "--workers", "1"])
+    finally:
+        done.set()
+        writer.join(30)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert refused.value.code == 2 and line.startswith(
+        f"dispersion_titan: error: {out}: another command is writing here"
+    ), line
+    assert os.listdir(out) == []  # nothing written; the first's lock gone with it
 
 
 def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):

@@ -8,6 +8,7 @@ import os
 
 from ..config.cli import OneLineErrorParser, positive_int
 from ..run_folder.owners import FolderOwner, refuse_unless_ours
+from ..run_folder.writer_lock import sole_writer
 from ..utils.errors import command, run_command
 from . import prepare as preparing
 from .corpora import SPLITS
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parser().parse_args(argv)
     if not is_store(options.out):  # a new store's folder is nobody else's (an unfinished store is resumed)
         refuse_unless_ours(options.out, FolderOwner("token store"), "--out", "use another --out")
-    manifest = preparing.prepare(options)
+    manifest = preparing.prepare(options, sole_writer)
     section = "training" if options.split == "train" else "validation"
     print(
         f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "

@@ -26,7 +26,8 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
@@ -234,8 +235,9 @@ def resolve_source(
     return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset", encoder
 
 
-def prepare(options: argparse.Namespace) -> dict[str, Any]:
-    """Check the source, then write (or finish) the store; its manifest."""
+def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractContextManager]) -> dict[str, Any]:
+    """Check the source, then write (or finish) the store, as ``--out``'s ``sole_writer`` (two prepares into one
+    folder at once would mix their shards); its manifest."""
     dataset, path, field, encoder = resolve_source(
         options.target, options.split, options.dataset_path, options.tokenizer
     )
@@ -249,14 +251,16 @@ def prepare(options: argparse.Namespace) -> dict[str, Any]:
         "identity": documents_identity(dataset, options.split, path, field),
     }
     try:
-        return write_store(
-            iter_documents(dataset, options.split, path, field),
-            options.out,
-            source,
-            workers=options.workers,
-            shard_documents=options.shard_documents,
-            encoder=encoder,
-        )
+        documents = iter_documents(dataset, options.split, path, field)  # a bad row: said before --out is made
+        with sole_writer(options.out):
+            return write_store(
+                documents,
+                options.out,
+                source,
+                workers=options.workers,
+                shard_documents=options.shard_documents,
+                encoder=encoder,
+            )
     except OSError as e:  # e.g. a full disk; "--out" names the culprit when the file is the store's
         where = str(e.filename or options.out)
         inside = os.path.abspath(where).startswith(os.path.abspath(options.out))
