@@ -659,7 +659,7 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
     )
     assert_one_line_error(  # one of our runs named as a Hugging Face model
         *evaluate(f"hf:{run}", *OPTS, "--out", new_out, capsys=capsys)[::2],
-        f"RUN: hf:{run} is one of our runs, not a Hugging Face model: evaluate {run}",
+        f"hf:{run}: {run} is a training run's folder (run.json); give it without hf:",
     )
     assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
 

@@ -27,7 +27,7 @@ from ..run_folder.outputs import (
     write_csv,
     write_json,
 )
-from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned, refuse_unless_ours
+from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import DTYPES, resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, EvaluationError
@@ -60,8 +60,6 @@ HF_FAMILIES = {"gpt2": "gpt2", "qwen3": "qwen3_dispersion"}
 def hub_model(run: str) -> HFSpec:
     """``evaluate hf:MODEL[@REV]``: one revision of a hub model or local Hugging Face folder."""
     spec = parse_spec(run)
-    if spec.local and os.path.isfile(os.path.join(spec.model, RUN_METADATA_FILE)):
-        raise ArgumentError(f"RUN: {run} is one of our runs, not a Hugging Face model: evaluate {spec.model}")
     if len(spec.revisions) > 1:
         raise ArgumentError(f"RUN: {run}: evaluate takes one revision of a model (hf:MODEL or hf:MODEL@REV)")
     return spec

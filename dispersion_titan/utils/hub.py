@@ -84,7 +84,7 @@ def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
         raise ModelLoadError(f"{text}: a revision is listed twice")
     model = os.path.expanduser(model)
     if os.path.isdir(model):
-        if os.path.isfile(os.path.join(model, "run.json")) and not os.path.isfile(os.path.join(model, "config.json")):
+        if os.path.isfile(os.path.join(model, "run.json")):  # run_folder's RUN_METADATA_FILE
             raise ModelLoadError(f"{text}: {model} is a training run's folder (run.json); give it without hf:")
         for revision in filter(None, names):
             if not os.path.isdir(os.path.join(model, revision)):
