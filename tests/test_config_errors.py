@@ -105,6 +105,8 @@ REFUSALS = [
         "dispersion.precision:",
     ),
     Refusal([*DEBUG, "--dispersion.coeff", "1e"], "dispersion.coeff: '1e' is not a number", error=ArgumentError),
+    Refusal([*DEBUG, "--training.max_norm", "-1"], "training.max_norm: must be > 0 (inf: no clipping), got -1"),
+    Refusal([*DEBUG, "--training.max_norm", "0"], "training.max_norm: must be > 0 (inf: no clipping), got 0"),
     Refusal(
         [*DEBUG, "--dispersion.form", "authors"],
         "dispersion.form: 'authors' is not one of ('released', 'paper')",

@@ -68,6 +68,11 @@ def check_numbers(config: RunConfig) -> None:
         value = value_of(config, key)
         if value is not None and value < least:
             raise ConfigError(f"{key}: must be >= {least}, got {value}")
+    if not config.training.max_norm > 0:  # torch scales the gradients by max_norm / norm, whatever its sign
+        raise ConfigError(
+            f"training.max_norm: must be > 0 (inf: no clipping), got {config.training.max_norm}: "
+            "a negative one reverses the gradients, 0 zeroes them"
+        )
 
 
 def check_dispersion(config: RunConfig, n_layers: int) -> None:
