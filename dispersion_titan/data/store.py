@@ -133,7 +133,7 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
         )
     elif manifest["documents_version"] != DOCUMENTS_VERSION:
         stale = (
-            f"made with text → documents rules version {manifest['documents_version']}, "
+            f"made with text → documents rules version {manifest['documents_version']!r}, "
             f"this installation's is {DOCUMENTS_VERSION}"
         )
     if stale:
