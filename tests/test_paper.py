@@ -557,6 +557,11 @@ def test_table2_a_hub_models_block_is_its_pretrained_row(tmp_path, capsys):
     evaluation = tmp_path / "t" / "pretrained" / str(model).strip("/").replace("/", "--")
     assert code == 0 and f"dispersion_titan.evaluate hf:{model} --out " in out, err
     assert not (tmp_path / "t").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")  # a training run's folder named as a hub model
+    for refused, says in ((f"hf:{tmp_path}/run", "give it without hf:"), (f"hf:{tmp_path}/t", "no such folder")):
+        code, _, err = paper("table2", "--pretrained", refused, "--out", tmp_path / "t", "--dry-run", capsys=capsys)
+        assert_one_line_error(code, err, f"--pretrained: {refused}: ", says)  # as its evaluate step would
     code, out, err = paper(*args, capsys=capsys)
     assert code == 0, err
     found = list((tmp_path / "t" / "pretrained").glob("*/step-0/results.json"))

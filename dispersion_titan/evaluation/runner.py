@@ -61,7 +61,7 @@ def hub_model(run: str) -> HFSpec:
     """``evaluate hf:MODEL[@REV]``: one revision of a hub model or local Hugging Face folder."""
     spec = parse_spec(run)
     if len(spec.revisions) > 1:
-        raise ArgumentError(f"RUN: {run}: evaluate takes one revision of a model (hf:MODEL or hf:MODEL@REV)")
+        raise ArgumentError(f"{run}: evaluate takes one revision of a model (hf:MODEL or hf:MODEL@REV)")
     return spec
 
 

@@ -18,10 +18,11 @@ from tqdm import tqdm
 from ...analysis import ANALYSIS_PROTOCOLS
 from ...analysis.size_series import parse_assignments
 from ...config.cli import load_toml, read_toml, with_config_module
+from ...evaluation.runner import hub_model
 from ...job_config import released
 from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import RUN_METADATA_FILE, dispersion_variant
-from ...utils.errors import ArgumentError
+from ...utils.errors import ArgumentError, DispersionTitanError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import parse_spec
 from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch, sbatch_script
@@ -274,6 +275,10 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         pretrained, first = options.get("pretrained") or "auto", []
         if pretrained.startswith(HF):  # a hub model as published (GPT2-large's row): evaluated first
+            try:
+                hub_model(pretrained)  # refused here as its evaluate step would refuse it
+            except DispersionTitanError as e:
+                raise ArgumentError(f"--pretrained: {e}") from None
             folder = os.path.join(out, PRETRAINED, safe_name(pretrained[len(HF) :]))
             first = [Step("evaluate", [pretrained, "--out", folder, *evaluate_args], pretrained)]
             pretrained = folder
