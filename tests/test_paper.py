@@ -441,6 +441,8 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert not list(tmp_path.glob("fig2.*"))  # never a half figure
     code, _, err = paper("robustness", "--models", zoo["gpt2-s"], capsys=capsys)
     assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
+    code, _, err = paper("fig4", "--revisions", "", "--dry-run", "--out", tmp_path, capsys=capsys)  # not: the hub's
+    assert_one_line_error(code, err, "--revisions: empty; give REV1,REV2,...")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     code, _, err = paper("fig2", "--models", "openai-community/gpt2-xl", "--out", tmp_path, capsys=capsys)
     assert_one_line_error(

@@ -222,6 +222,8 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
     models = options.get("models") or [catalog.OLMO]
     if len(models) != 1:
         raise ArgumentError("--models: fig4 takes one model (its revisions are the panels)")
+    if options.get("revisions") == "":
+        raise ArgumentError("--revisions: empty; give REV1,REV2,... or leave it out for the model's hub branches")
     base = model_of(models[0], analyses)
     base = replace(base, row=base.label)  # one row: the model's revisions
     if "@" in base.target[len(HF) :] and not options.get("revisions"):
