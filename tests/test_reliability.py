@@ -649,6 +649,28 @@ def test_a_run_named_the_wrong_way_is_told_the_right_one(reference, tmp_path, ca
     assert [c.step for c in select_steps("9", unfinished)] == [9]  # named: analysed, and reported broken
 
 
+@pytest.mark.slow
+def test_a_command_out_of_room_is_one_line(reference, tmp_path):
+    """Any command whose writes meet a full disk, a quota or the file size limit (here ``ulimit -f``, as in
+    the checkpoint test): one line with what to do, exit 74, not the writer's traceback; the run unchanged."""
+    before = digests(reference)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        ["bash", "-c", 'trap "" XFSZ; ulimit -f 1; exec "$0" -m dispersion_titan.analyze "$@"', sys.executable,
+         str(reference), *ANALYSIS, "--steps", "0", "--out", str(out)],
+        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "dispersion_titan: error: file too large; raise the file size limit (ulimit -f) and run it again (each "
+        )
+    ), proc.stderr[-3000:]
+    assert digests(reference) == before
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.slow
 def test_analysis_on_a_missing_device_fails_with_one_line(reference, capsys):

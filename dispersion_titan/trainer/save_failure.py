@@ -15,13 +15,12 @@ from collections.abc import Iterator
 import torch
 
 from ..run_folder.checkpoints import last_complete_step, quarantine_incomplete
-from ..utils.errors import CheckpointSaveError
+from ..utils.errors import WRITE_ADVICE, CheckpointSaveError
 
 RELAUNCH = "relaunch the same command to resume"
-FREE_SPACE = f"free space and {RELAUNCH}"
-RAISE_LIMIT = f"raise the file size limit (ulimit -f) and {RELAUNCH}"
+ADVICE = {code: f"{advice} and {RELAUNCH}" for code, advice in WRITE_ADVICE.items()}
+FREE_SPACE, RAISE_LIMIT = ADVICE[errno.ENOSPC], ADVICE[errno.EFBIG]
 FIX = f"fix the cause and {RELAUNCH}"
-ADVICE = {errno.ENOSPC: FREE_SPACE, errno.EDQUOT: FREE_SPACE, errno.EFBIG: RAISE_LIMIT}
 
 
 def _causes(error: BaseException) -> Iterator[BaseException]:

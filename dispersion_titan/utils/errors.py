@@ -4,6 +4,7 @@ field, flag or file, an exit status. No heavy imports: ``train`` uses it before 
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import select
@@ -14,6 +15,13 @@ from collections.abc import Callable
 from typing import IO, Any, NoReturn, TypeVar
 
 Main = TypeVar("Main", bound=Callable[..., Any])
+WRITE_FAILED = 74  # EX_IOERR of sysexits.h
+WRITE_ADVICE = {
+    errno.ENOSPC: "free space",
+    errno.EDQUOT: "free space",
+    errno.EFBIG: "raise the file size limit (ulimit -f)",
+}
+"""A write that failed for want of room, and what to do."""
 
 
 class DispersionTitanError(ValueError):
@@ -71,9 +79,18 @@ class NonFiniteLossError(DispersionTitanError):
 
 
 class CheckpointSaveError(DispersionTitanError):
-    """A checkpoint could not be written; earlier ones are intact. EX_IOERR of sysexits.h."""
+    """A checkpoint could not be written; earlier ones are intact."""
 
-    status = 74
+    status = WRITE_FAILED
+
+
+def no_room(error: BaseException | None) -> OSError | None:
+    """The full disk, quota or file size limit behind ``error`` (or what it was raised handling), if any."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in WRITE_ADVICE:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def cause(error: BaseException) -> str:
@@ -118,6 +135,13 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
             except KeyboardInterrupt as e:  # its argument: the signal, where a handler of ours raised it
                 print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
                 sys.exit(128 + (e.args or (signal.SIGINT,))[0])
+            except Exception as e:
+                full = no_room(e)
+                if full is None:
+                    raise
+                where = f" writing {full.filename}" if full.filename else ""
+                advice = f"{WRITE_ADVICE[full.errno]} and run it again ({interrupted})"
+                fail(f"{os.strerror(full.errno).lower()}{where}; {advice}", WRITE_FAILED, prog)
             finally:
                 sys.unraisablehook = hook
 
