@@ -16,6 +16,8 @@ import csv
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -36,7 +38,7 @@ from dispersion_titan.trainer.block_outputs import BlockOutputs
 from dispersion_titan.trainer.objective import DispersionObjective
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
-from support.launch import DEBUG_TOML, python_module, torchrun
+from support.launch import DEBUG_TOML, REPO, launch_env, python_module, torchrun
 from support.runs import load_weights
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
@@ -249,6 +251,24 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "dispersion_titan: error: the following arguments are required: OUT_DIR"
     ]
+
+
+def test_convert_out_of_room_is_one_line_and_leaves_out_dir_as_it_was(tmp_path):
+    """The weights' write meets the file size limit (as a full disk would): safetensors' error, which names the
+    OS's code only in its text, ends the command in one line, exit 74; OUT_DIR keeps only what it held."""
+    write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    out = tmp_path / "hf"
+    limited = 'trap "" XFSZ; ulimit -f 16; exec "$0" -m dispersion_titan.convert "$@"'  # 16 KiB a file
+    proc = subprocess.run(
+        ["bash", "-c", limited, sys.executable, "to-hf", str(tmp_path / "run"), str(out)],
+        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 74, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[1:] == [  # after "converting step 0: ..."
+        f"dispersion_titan: error: file too large writing {out / 'model.safetensors'}; raise the file size limit "
+        "(ulimit -f); OUT_DIR is as it was (the export is staged in a hidden folder inside it first); run it again"
+    ]
+    assert os.listdir(out) == []
 
 
 def test_convert_given_a_run_takes_its_newest_complete_checkpoint(tmp_path, capsys):

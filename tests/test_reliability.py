@@ -665,7 +665,7 @@ def test_a_command_out_of_room_is_one_line(reference, tmp_path):
         proc.stderr.strip()
         .splitlines()[-1]
         .startswith(
-            "dispersion_titan: error: file too large; raise the file size limit (ulimit -f) and run it again (each "
+            "dispersion_titan: error: file too large; raise the file size limit (ulimit -f); each model state analyzed "
         )
     ), proc.stderr[-3000:]
     assert digests(reference) == before

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import sys
 import tempfile
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..models import family
@@ -117,7 +119,13 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
     with tempfile.TemporaryDirectory(prefix=".staging.", dir=out_dir, ignore_cleanup_errors=True) as staging:
-        save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        try:
+            save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+        except SafetensorError as e:  # an I/O error names its OS code only in its text: made an OSError again
+            code = re.search(r"\(os error (\d+)\)", str(e))
+            if code is None:
+                raise
+            raise OSError(int(code[1]), os.strerror(int(code[1])), os.path.join(out_dir, "model.safetensors")) from e
         os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
         config.save_pretrained(staging)
         save_tokenizer(staging, args.max_seq_len, encoder)

@@ -140,7 +140,7 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
                 if full is None:
                     raise
                 where = f" writing {full.filename}" if full.filename else ""
-                advice = f"{WRITE_ADVICE[full.errno]} and run it again ({interrupted})"
+                advice = f"{WRITE_ADVICE[full.errno]}; {interrupted}"
                 fail(f"{os.strerror(full.errno).lower()}{where}; {advice}", WRITE_FAILED, prog)
             finally:
                 sys.unraisablehook = hook
