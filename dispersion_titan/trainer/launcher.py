@@ -102,6 +102,8 @@ def ending(
     if all(failure.exitcode in SAID_BY_THE_RANKS for _, failure in failures):
         rank, failure = failures[0]  # the others were stopped by torchrun: "interrupted" is all they said
         said = unseen(failure.local_rank)
+        if said and any(_said(log_dir, shown_rank) == said for shown_rank in shown or ()):
+            said = None  # a rank the console shows said the same: one line is enough
         return first, f"[rank {rank}] {said}" if said else None
     return 1, error.format_msg()
 
