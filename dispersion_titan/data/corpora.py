@@ -213,12 +213,14 @@ def corpus(name: str, field: str) -> Corpus:
     return CORPORA[name]
 
 
-def check_dataset(name: str, path: str | None, field: str, here: bool = False) -> None:
-    """Pre-launch check of ``<field>`` and ``<field>_path`` that never contacts the hub; ``here``: also
-    that this machine can read it (a launch asks, a plan or a dry run for a cluster does not)."""
+def check_dataset(name: str, path: str | None, field: str) -> None:
+    """Pre-launch check of ``<field>`` and ``<field>_path`` that never contacts the hub."""
     corpus(name, field).check_path(path, f"{field}_path")
-    if here:
-        corpus(name, field).check_here(path, f"{field}_path")
+
+
+def check_readable_here(name: str, path: str | None, field: str) -> None:
+    """That this machine can read ``<field>``'s corpus (a launch asks, a plan or a dry run for a cluster does not)."""
+    corpus(name, field).check_here(path, f"{field}_path")
 
 
 def iter_documents(name: str, split: str, path: str | None, field: str) -> Iterator[str]:

@@ -39,7 +39,14 @@ from ..config.cli import read_toml
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, encoder_named, hf_tokenizer
 from ..utils.errors import DataConfigError
 from ..utils.records import atomic_write, differences, flatten
-from .corpora import CORPORA, DOCUMENTS_VERSION, check_dataset, documents_identity, iter_documents
+from .corpora import (
+    CORPORA,
+    DOCUMENTS_VERSION,
+    check_dataset,
+    check_readable_here,
+    documents_identity,
+    iter_documents,
+)
 from .store import (
     DOCUMENT_INDEX,
     FORMAT,
@@ -243,7 +250,8 @@ def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractCo
     )
     if is_store(path):
         raise DataConfigError(f"{field}_path: {path} is a token store already; name the corpus it was made from")
-    check_dataset(dataset, path, field, here=True)
+    check_dataset(dataset, path, field)
+    check_readable_here(dataset, path, field)
     source = {
         "dataset": dataset,
         "split": options.split,

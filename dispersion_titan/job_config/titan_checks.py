@@ -9,7 +9,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..components.titan_compat import model_converter_names
-from ..data.corpora import check_dataset
+from ..data.corpora import check_readable_here
 from ..data.store import is_store
 from ..run_folder.owners import inside
 from ..tokenizer.encoders import is_hub_id
@@ -85,7 +85,7 @@ def check_runs_here(config: RunConfig) -> None:
         cfg = getattr(config, section)
         if not is_store(cfg.dataset_path):
             try:
-                check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset", here=True)
+                check_readable_here(cfg.dataset, cfg.dataset_path, f"{section}.dataset")
             except DataConfigError as e:
                 raise ConfigError(str(e)) from None
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import torch
 
 from ..run_folder.checkpoints import last_complete_step, quarantine_incomplete
-from ..utils.errors import WRITE_ADVICE, CheckpointSaveError
+from ..utils.errors import WRITE_ADVICE, CheckpointSaveError, no_room
 
 RELAUNCH = "relaunch the same command to resume"
 ADVICE = {code: f"{advice} and {RELAUNCH}" for code, advice in WRITE_ADVICE.items()}
@@ -82,7 +82,7 @@ def save_failure(folder: str, step: int, error: BaseException, model: torch.nn.M
 def write_failure(error: BaseException, dump: str, checkpoints: str) -> CheckpointSaveError | None:
     """A full disk, a quota or the file size limit met outside a checkpoint save (TorchTitan's config dump,
     the logs, TensorBoard) in one line, or None when ``error`` is no such failure."""
-    os_error = next((e for e in _causes(error) if isinstance(e, OSError) and e.errno in ADVICE), None)
+    os_error = no_room(error)
     if os_error is None:
         return None
     last = last_complete_step(checkpoints) if os.path.isdir(checkpoints) else None
