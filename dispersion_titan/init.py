@@ -9,7 +9,7 @@ import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.shipped import write_shipped
-from dispersion_titan.utils.errors import command, fail, run_command
+from dispersion_titan.utils.errors import command, fail, no_room, run_command
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         written, kept = write_shipped(out)
     except OSError as e:
+        if no_room(e):
+            raise  # the commands' out-of-room line, exit 74
         fail(f"DIR: {out}: not writable ({e.strerror})")
     print(
         f"{out}: wrote {len(written)} configs"

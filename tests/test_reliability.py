@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from dispersion_titan.analyze import main as analyze_main
+from dispersion_titan.config.shipped import shipped_files
 from dispersion_titan.run_folder.checkpoints import (
     CheckpointError,
     check_complete,
@@ -669,6 +670,34 @@ def test_a_command_out_of_room_is_one_line(reference, tmp_path):
         )
     ), proc.stderr[-3000:]
     assert digests(reference) == before
+
+
+def test_init_out_of_room_is_one_line_and_leaves_no_half_file(tmp_path):
+    """``init`` meeting the file size limit (as a full disk would): the commands' out-of-room line naming
+    the file, exit 74, and no truncated config that a rerun would keep; the rerun then writes them all."""
+    out = tmp_path / "cfg"
+    limited = 'trap "" XFSZ; ulimit -f 1; exec "$0" -m dispersion_titan.init "$@"'
+    proc = subprocess.run(
+        ["bash", "-c", limited, sys.executable, str(out)], env=launch_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 74, proc.stderr
+    assert re.fullmatch(
+        rf"dispersion_titan: error: file too large writing {out}/\S+\.toml; raise the file size limit \(ulimit -f\); "
+        r"the configs written so far are kept; run it again to write the others\n",
+        proc.stderr,
+    ), proc.stderr
+    kept = {p: p.read_bytes() for p in out.rglob("*.toml")}
+    assert all(len(b) <= 1024 for b in kept.values())  # only whole files the limit let through
+    again = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan.init", str(out)], env=launch_env(), capture_output=True, text=True
+    )
+    shipped = shipped_files()
+    kept = [str(p.relative_to(out)) for p in out.rglob("*.toml")]
+    assert all((out / rel).read_bytes() == Path(shipped[rel]).read_bytes() for rel in kept)  # whole files only
+    again = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan.init", str(out)], env=launch_env(), capture_output=True, text=True
+    )
+    assert again.returncode == 0 and f"wrote {len(shipped) - len(kept)} configs" in again.stdout, again.stdout
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -56,11 +56,11 @@ def write_shipped(out: str) -> tuple[list[str], list[str]]:
         except FileExistsError:
             kept.append(dest)
             continue
-        with dst, open(source, "rb") as src:
-            try:
+        try:
+            with dst, open(source, "rb") as src:
                 shutil.copyfileobj(src, dst)
-            except OSError:
-                os.unlink(path)  # never a half file that a rerun would keep
-                raise
+        except OSError as e:  # the write or the close's flush
+            os.unlink(path)  # never a half file that a rerun would keep
+            raise OSError(e.errno, e.strerror, path) from e
         written.append(dest)
     return written, kept
