@@ -650,6 +650,11 @@ def test_the_cpu_profile_changes_how_a_step_runs_never_what_it_computes():
     }  # the last derived from the one before
     with pytest.raises(ArgumentError, match=r"^--profile: 'gpu' is not one of \('cpu',\)$"):
         validated_args([*job_args(GPU_CONFIG), "--profile", "gpu"])
+    # A flag read before TorchTitan, given twice: refused, never the first silently kept.
+    with pytest.raises(ArgumentError, match=r"^--profile: given 2 times \(cpu, gpu\); give it once$"):
+        validated_args([*job_args(GPU_CONFIG), "--profile", "cpu", "--profile=gpu"])
+    with pytest.raises(ArgumentError, match=rf"^--job.config_file: given 2 times \({GPU_CONFIG}, {DEBUG_TOML}\); give"):
+        validated_args([*job_args(GPU_CONFIG), "--job.config-file", DEBUG_TOML])
 
 
 def test_infinity_is_accepted_where_it_has_a_meaning(tmp_path):

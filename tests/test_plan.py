@@ -263,7 +263,14 @@ DRY_RUNS = [
     ("gpt2_small_mlp3072_angular_spread.toml", 64, None, (), "mesh: fsdp 64 of 64 ranks"),
     ("gpt2_small_mlp3072_angular_spread.toml", 8, 4, (), "mesh: fsdp 2 × tp 4 of 8 ranks"),
     ("paper/midtrain_qwen3_0.6b_angular_spread.toml", 8, None, (), "mesh: dp_replicate 8 of 8 ranks"),  # DDP
-    ("debug_angular_spread.toml", 64, 2, ("--training.global_batch_size", "32"), "mesh: fsdp 32 × tp 2 of 64 ranks"),
+    # with the user's own --profile cpu, which the dry run's must not repeat
+    (
+        "debug_angular_spread.toml",
+        64,
+        2,
+        ("--training.global_batch_size", "32", "--profile", "cpu"),
+        "mesh: fsdp 32 × tp 2 of 64 ranks",
+    ),
 ]
 
 

@@ -33,15 +33,17 @@ PROFILES = {"cpu": "cpu_profile.toml"}
 
 
 def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
+    """The value of the one flag of ``flags`` in ``args``; given twice, the user meant one of them."""
+    found = []
     for i, arg in enumerate(args):
         key, eq, value = arg.partition("=")
         if key in flags:
-            if eq:
-                return value
-            if i + 1 < len(args):
-                return args[i + 1]
-            raise ArgumentError(f"{key}: missing value")
-    return None
+            if not eq and i + 1 == len(args):
+                raise ArgumentError(f"{key}: missing value")
+            found.append(value if eq else args[i + 1])
+    if len(found) > 1:
+        raise ArgumentError(f"{flags[0]}: given {len(found)} times ({', '.join(found)}); give it once")
+    return found[0] if found else None
 
 
 def config_file(args: list[str]) -> str | None:

@@ -17,6 +17,7 @@ from torch.distributed._composable.replicate import DDP
 from torch.distributed.tensor import DTensor, Placement
 
 from ..components.titan_compat import optimizer_step
+from ..config.cli import without_profile
 from ..job_config.parse import validated_args
 from ..losses.options import resolve_layers
 from ..models.gpt2.model import local_tensor
@@ -46,7 +47,7 @@ def shrunk_args(args: list[str], layout: ResourceLayout) -> tuple[list[str], str
         f"{tokens} of {layout.seq_len} tokens" if tokens < layout.seq_len else "",
     ]
     shrunk = [
-        *args,
+        *without_profile(args),  # the one profile there is, given once
         "--profile",
         "cpu",
         "--model.n_layers",
