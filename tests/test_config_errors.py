@@ -373,6 +373,13 @@ REFUSALS = [
     # command-line flags: unknown, or of the wrong type
     Refusal([*DEBUG, "--training.steps", "many"], "training.steps: 'many' is not an integer", error=ArgumentError),
     Refusal([*DEBUG, "--training.stepz", "3"], "--training.stepz", error=ArgumentError, how="holds"),
+    Refusal([*DEBUG, "--debug.seed=x"], "debug.seed: 'x' is not an integer", error=ArgumentError),  # int | None
+    Refusal([*DEBUG, "--training.max_norm", "abc"], "training.max_norm: 'abc' is not a number", error=ArgumentError),
+    Refusal(
+        [*DEBUG, "--training.steps", "--checkpoint.interval", "3"],
+        "training.steps: no value given; write --training.steps followed by an integer",
+        error=ArgumentError,
+    ),
 ]
 
 

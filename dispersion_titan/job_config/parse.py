@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
 import io
@@ -64,34 +63,45 @@ def _choice_message(message: str) -> str:
     return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value} is not one of {choices}"
 
 
-_PARSE = re.compile(r"Error parsing --([\w-]+)\.([\w-]+): .*?('.*'|\".*\")$")  # the value: its repr
-_KINDS = {"INT": "an integer", "FLOAT": "a number"}
+_PARSE = re.compile(r"Error parsing --([\w-]+)\.([\w-]+):")  # a value its type cannot parse
+_MISSING = re.compile(r"Missing value for argument '--([\w-]+)\.([\w-]+)'")  # a flag last, or before a flag
 
 
-def _value_message(message: str, boxed: str) -> str:
-    """tyro's refusal of a value its type cannot parse (``invalid literal for int() with base 10``), said
-    as the key, the value and the type its help gives (``--training.steps INT``)."""
-    match = _PARSE.search(message)
+def _field_type(key: str) -> object:
+    """The JobConfig type of ``section.key`` (None if there is no such field)."""
+    section, _, name = key.partition(".")
+    for field in dataclasses.fields(titan_compat.merged_job_config_class(CONFIG_MODULE)):
+        if field.name == section and dataclasses.is_dataclass(field.type):
+            return next((f.type for f in dataclasses.fields(field.type) if f.name == name), None)
+    return None
+
+
+def _value_message(message: str, args: list[str]) -> str:
+    """tyro's refusal of a value its type cannot parse (``invalid literal for int() with base 10``), or of
+    a flag without its value, said as the key, the value typed and the type expected."""
+    match = _PARSE.search(message) or _MISSING.search(message)
     if match is None:
         return message
-    section, key, value = *match.groups()[:2], ast.literal_eval(match[3])
-    metavar = re.search(rf"--{re.escape(section)}\.{re.escape(key)} ([A-Z]+)", boxed)
-    kind = metavar[1] if metavar else "value"
-    expected = _KINDS.get(kind, f"a {kind.lower()}")
-    return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value!r} is not {expected}"
+    flag, key = f"--{match[1]}.{match[2]}", f"{match[1]}.{match[2]}".replace("-", "_")
+    kind = _field_type(key)
+    words = set(re.findall(r"\w+", str(getattr(kind, "__name__", kind))))  # a class, a union or its text
+    expected = "a number" if "float" in words else "an integer" if "int" in words else "a value"
+    if match.re is _MISSING:
+        return f"{key}: no value given; write {flag} followed by {expected}"
+    typed = [v if eq else after for k, eq, v, after in _flags(args) if k.replace("_", "-") == flag.replace("_", "-")]
+    return f"{key}: {typed[-1]!r} is not {expected}" if typed else message
+
+
+def _flags(args: list[str]) -> list[tuple[str, str, str, str]]:
+    """Each argument split at its first ``=``, with the argument after it ("" at the end)."""
+    return [(*arg.partition("="), after) for arg, after in zip(args, [*args[1:], ""])]
 
 
 def _switch_given_a_value(args: list[str]) -> str | None:
     """``--training.predict_last false``: a bool key takes no value (tyro names only the stray word)."""
-    fields = {
-        f"{section.name}.{field.name}": field.type
-        for section in dataclasses.fields(titan_compat.merged_job_config_class(CONFIG_MODULE))
-        if dataclasses.is_dataclass(section.type)
-        for field in dataclasses.fields(section.type)
-    }
     for flag, value in zip(args, args[1:]):
         key = flag.removeprefix("--").replace("-", "_")
-        if flag.startswith("--") and fields.get(key) in (bool, "bool") and value.lower() in SWITCH_WORDS:
+        if flag.startswith("--") and _field_type(key) in (bool, "bool") and value.lower() in SWITCH_WORDS:
             section, name = key.split(".", 1)
             on, off = f"--{section}.{name.replace('_', '-')}", f"--{section}.no-{name.replace('_', '-')}"
             return f"{flag} {value}: {key} is a switch and takes no value; write {on} for true, {off} for false"
@@ -109,7 +119,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         boxed = captured.getvalue()
         message = _switch_given_a_value(args) or _choice_message(_first_message(boxed))
-        raise ArgumentError(_value_message(message, boxed)) from e
+        raise ArgumentError(_value_message(message, args)) from e
     except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
         raise ArgumentError(f"validation.steps: {e}") from None
     if "model.name" not in given_keys(args, toml):  # else TorchTitan's default llama3 would train
