@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from tokenizers import Tokenizer, models
 
 from dispersion_titan.data import corpora
 from dispersion_titan.data.__main__ import main, parser
@@ -327,6 +328,18 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path), "--out", out) == (
         f"dispersion_titan: error: --tokenizer: {tmp_path} has no tokenizer.json (the model's tokenizer)"
     )
+    # A corrupt tokenizer.json, then a sound one beside a corrupt or non-object tokenizer_config.json.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "tokenizer.json").write_text('{"broken')
+    assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(bad), "--out", out).startswith(
+        f"dispersion_titan: error: --tokenizer: {bad / 'tokenizer.json'}: not a tokenizer file ("
+    )
+    Tokenizer(models.WordLevel({"a": 0, "<eos>": 1}, unk_token="a")).save(str(bad / "tokenizer.json"))
+    for config, says in (("{bad", "not JSON ("), ("[1]", "not a JSON object; give the model's own")):
+        (bad / "tokenizer_config.json").write_text(config)
+        line = cli_failure(capsys, "enwiki_sample", "--tokenizer", str(bad), "--out", out)
+        assert line.startswith(f"dispersion_titan: error: --tokenizer: {bad / 'tokenizer_config.json'}: {says}")
     assert not (tmp_path / "out").exists()
 
 

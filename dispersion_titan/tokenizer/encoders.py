@@ -21,7 +21,7 @@ import numpy as np
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, cause
 from ..utils.hub import hub_offline
 from ..utils.package_data import package_file
 
@@ -154,18 +154,23 @@ class HFTokenizerFile(DocumentEncoder):
         if not os.path.isfile(path):
             raise ConfigError(f"{field}: {folder} has no {TOKENIZER_FILE} (the model's tokenizer)")
         self._digest = hashlib.sha256(Path(path).read_bytes())
-        self.tokenizer = Tokenizer.from_file(path)
         try:
-            config = json.loads(Path(self.name, TOKENIZER_CONFIG).read_text())
+            self.tokenizer = Tokenizer.from_file(path)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception
+            raise ConfigError(f"{field}: {path}: not a tokenizer file ({cause(e)}); give the model's own") from None
+        config_path = os.path.join(folder, TOKENIZER_CONFIG)
+        try:
+            config = json.loads(Path(config_path).read_bytes())
         except FileNotFoundError:
             config = {}
+        except ValueError as e:  # not JSON, or not UTF-8
+            raise ConfigError(f"{field}: {config_path}: not JSON ({e}); give the model's own") from None
+        if not isinstance(config, dict):
+            raise ConfigError(f"{field}: {config_path}: not a JSON object; give the model's own")
         eos = _special_token(config, "eos_token")
         eos_id = self.tokenizer.token_to_id(eos) if eos else None
         if eos_id is None:
-            raise ConfigError(
-                f"{field}: {os.path.join(folder, TOKENIZER_CONFIG)} names no eos_token of the "
-                "tokenizer (the document separator)"
-            )
+            raise ConfigError(f"{field}: {config_path} names no eos_token of the tokenizer (the document separator)")
         self.eos_token, self.eos_id = eos, eos_id
         pad = _special_token(config, "pad_token")
         pad_id = self.tokenizer.token_to_id(pad) if pad else None
