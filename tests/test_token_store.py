@@ -282,6 +282,17 @@ def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):
         f.truncate(100)
     with pytest.raises(DataConfigError, match=r"^training\.dataset_path: .*shard-00003\.bin: truncated \(100 bytes"):
         open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
+    # A shard entry no prepare writes (negative tokens, the folder itself), and a shard that is a folder:
+    # named as what they are, not as "truncated".
+    manifest = json.loads((store / MANIFEST).read_text())
+    for shard, says in (({"tokens": -1}, "corrupt manifest"), ({"file": "."}, "corrupt manifest"), ({}, "not a file")):
+        edited = {**manifest, "shards": [{**manifest["shards"][0], **shard}, *manifest["shards"][1:]]}
+        (store / MANIFEST).write_text(json.dumps(edited))
+        if not shard:
+            os.rename(store / manifest["shards"][0]["file"], tmp_path / "moved")
+            (store / manifest["shards"][0]["file"]).mkdir()
+        with pytest.raises(DataConfigError, match=rf"^training\.dataset_path: .*: {says} "):
+            open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
     (store / MANIFEST).write_text('{"format": "dispersion_titan.token_store", "version": 1, ')
     with pytest.raises(DataConfigError, match=r"^training\.dataset_path: .*manifest\.json: corrupt manifest"):
         open_store(str(store), "enwiki_sample", "train", "training.dataset_path")

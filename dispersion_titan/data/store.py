@@ -80,8 +80,9 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
         and all(
             isinstance(s, dict)
             and isinstance(s.get("tokens"), int)
+            and s["tokens"] >= 0
             and isinstance(s.get("file"), str)
-            and os.path.basename(s["file"]) == s["file"]
+            and os.path.basename(s["file"]) == s["file"] not in ("", ".", "..")
             for s in manifest["shards"]
         )
     ):
@@ -150,10 +151,10 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
     for shard in manifest["shards"]:
         path = os.path.join(folder, shard["file"])
         expected = shard["tokens"] * dtype.itemsize
-        try:
-            size = os.path.getsize(path)
-        except OSError:
-            raise DataConfigError(f"{field}: {path}: missing (listed in {manifest_path})") from None
+        if not os.path.isfile(path):
+            said = "not a file" if os.path.exists(path) else "missing"
+            raise DataConfigError(f"{field}: {path}: {said} (listed in {manifest_path})")
+        size = os.path.getsize(path)
         if size != expected:
             raise DataConfigError(
                 f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
