@@ -107,10 +107,17 @@ def test_a_commands_lock_names_its_command_and_stays_fresh_for_other_hosts(tmp_p
     recorded; the lock is touched while held, so a long command on one node is never taken
     for abandoned by another; it is gone afterwards."""
     monkeypatch.setattr(writer_lock, "HEARTBEAT_S", 0.05)
-    monkeypatch.setattr(sys, "argv", ["/somewhere/analyze.py", "RUN", "--num-sequences", "40"])
+    # as typed, less the interpreter: python -m (its options dropped), and the console script (not the
+    # module its dispatcher hands sys.argv to)
+    monkeypatch.setattr(sys, "orig_argv", ["/usr/bin/python3", "-u", "-m", "dispersion_titan.analyze", "RUN"])
+    assert writer_lock.this_command() == "python -m dispersion_titan.analyze RUN"
+    monkeypatch.setattr(sys, "argv", ["dispersion_titan.data.__main__", "prepare", "x"])
+    monkeypatch.setattr(sys, "orig_argv", ["/v/bin/python", "/v/bin/dispersion-titan", "data", "prepare", "x"])
+    assert writer_lock.this_command() == "dispersion-titan data prepare x"
+    monkeypatch.setattr(sys, "orig_argv", ["python", "/somewhere/analyze.py", "RUN", "--num-sequences", "40"])
     with sole_writer(tmp_path):
         path = tmp_path / LOCK_NAME
-        assert json.loads(path.read_text())["command"].endswith(" RUN --num-sequences 40")
+        assert json.loads(path.read_text())["command"] == "analyze.py RUN --num-sequences 40"
         old = time.time() - STALE_AFTER_S - 60
         os.utime(path, (old, old))
         time.sleep(0.5)

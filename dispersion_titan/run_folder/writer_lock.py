@@ -52,11 +52,15 @@ class Owner:
 
 
 def this_command() -> str:
-    """This process's command as typed (``python -m MODULE ARGS``), cut to ``COMMAND_CHARS``."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    name = getattr(spec, "name", None)
-    program = ["python", "-m", name.removesuffix(".__main__")] if name else [os.path.basename(sys.argv[0])]
-    text = shlex.join([*program, *sys.argv[1:]])
+    """This process's command as typed (``python -m MODULE ARGS``, ``dispersion-titan COMMAND ARGS``), less
+    the interpreter's path and options, cut to ``COMMAND_CHARS``."""
+    typed = sys.orig_argv[1:]
+    start = next((i for i, arg in enumerate(typed) if arg == "-m" or not arg.startswith("-")), len(typed))
+    if typed[start : start + 1] == ["-m"]:
+        words = ["python", *typed[start:]]
+    else:  # a script: a console script (its folder dropped) or a file
+        words = [os.path.basename(typed[start]), *typed[start + 1 :]] if start < len(typed) else ["python"]
+    text = shlex.join(words)
     return text if len(text) <= COMMAND_CHARS else text[: COMMAND_CHARS - 1] + "…"
 
 
