@@ -522,3 +522,28 @@ def test_a_sigterm_to_the_quickstart_alone_stops_its_jobs_at_a_checkpoint(tmp_pa
     assert stopped and stopped[1] == stopped[2] and int(stopped[1]) < 40, log.read_text()[-2000:]
     assert (out / "runs" / "w64-baseline-s42" / "checkpoint" / f"step-{stopped[1]}").is_dir()
     assert not (out / "logs" / "w64-angular_spread-c1-s42.train.log").exists()  # nor did the next run start
+
+
+def test_out_moved_mid_way_is_one_line_and_the_moved_folder_goes_on(tmp_path):
+    """``mv OUT ELSEWHERE`` while the quickstart trains: no job starts after that (it would make a new OUT),
+    one line saying where the work went and how to go on, exit 1; the same command on the moved folder finishes."""
+    out, moved = tmp_path / "q", tmp_path / "elsewhere"
+    options = ("--widths", "64", "--spread-seeds", "0", "--steps", "4", "--checkpoint-interval", "2", "--jobs", "1")
+    tiny = ("--init-flavor", "debug", "--init-widths", "64", "--init-num-sequences", "2", "--seq-len", "16")
+    job = ThreadPoolExecutor(1).submit(quickstart, out, *options, *tiny)
+    while not (out / "logs" / "w64-baseline-s42.train.log").exists() and not job.done():
+        time.sleep(0.02)
+    os.rename(out, moved)
+    done = job.result()
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: --out: {out} was moved or removed while the quickstart ran; what it finished "
+        f"went with it: rerun the same command with --out naming where it is now; what its running jobs wrote "
+        f"after that is in a new {out}"
+    )
+    assert not (out / "logs" / "w64-angular_spread-c1-s42.train.log").exists()  # nothing started after the move
+    again = quickstart(moved, *options, *tiny)
+    assert again.returncode == 0 and (moved / "summary.md").is_file(), again.stderr[-3000:]
+    analysis = moved / "runs" / "w64-baseline-s42" / "condensation" / ".owner.json"
+    recorded = json.loads(analysis.read_text())["command"]
+    assert recorded.startswith("python -m dispersion_titan.analyze ")  # the job's command, not its server's

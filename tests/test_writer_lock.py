@@ -114,6 +114,8 @@ def test_a_commands_lock_names_its_command_and_stays_fresh_for_other_hosts(tmp_p
     monkeypatch.setattr(sys, "argv", ["dispersion_titan.data.__main__", "prepare", "x"])
     monkeypatch.setattr(sys, "orig_argv", ["/v/bin/python", "/v/bin/dispersion-titan", "data", "prepare", "x"])
     assert writer_lock.this_command() == "dispersion-titan data prepare x"
+    monkeypatch.setattr(sys, "orig_argv", ["python3", "-c", "import sys\nlock()", "/out"])
+    assert writer_lock.this_command() == "python -c ... /out"
     monkeypatch.setattr(sys, "orig_argv", ["python", "/somewhere/analyze.py", "RUN", "--num-sequences", "40"])
     with sole_writer(tmp_path):
         path = tmp_path / LOCK_NAME

@@ -9,7 +9,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,7 +238,8 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
             yield lock
         except BaseException:
             if recorded and empty(folder):
-                os.unlink(os.path.join(folder, OWNER_FILE))
+                with suppress(FileNotFoundError):  # the folder was moved or removed meanwhile
+                    os.unlink(os.path.join(folder, OWNER_FILE))
             raise
 
 

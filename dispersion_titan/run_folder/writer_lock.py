@@ -55,9 +55,11 @@ def this_command() -> str:
     """This process's command as typed (``python -m MODULE ARGS``, ``dispersion-titan COMMAND ARGS``), less
     the interpreter's path and options, cut to ``COMMAND_CHARS``."""
     typed = sys.orig_argv[1:]
-    start = next((i for i, arg in enumerate(typed) if arg == "-m" or not arg.startswith("-")), len(typed))
+    start = next((i for i, arg in enumerate(typed) if arg in ("-m", "-c") or not arg.startswith("-")), len(typed))
     if typed[start : start + 1] == ["-m"]:
         words = ["python", *typed[start:]]
+    elif typed[start : start + 1] == ["-c"]:  # its code says nothing in one line
+        words = ["python", "-c", "...", *typed[start + 2 :]]
     else:  # a script: a console script (its folder dropped) or a file
         words = [os.path.basename(typed[start]), *typed[start + 1 :]] if start < len(typed) else ["python"]
     text = shlex.join(words)

@@ -96,6 +96,7 @@ class Commands(contextlib.AbstractContextManager):
 def _run(target: str, argv: list[str]) -> None:
     """``python -m MODULE ARGV`` or ``python SCRIPT ARGV``, in this process."""
     sys.argv = [target, *argv]
+    sys.orig_argv = [sys.executable, target, *argv] if target.endswith(".py") else [sys.executable, "-m", *sys.argv]
     if target.endswith(".py"):
         sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")

@@ -165,8 +165,11 @@ def analyzed(setup: QuickstartSetup, run: Cell) -> bool:
 
 def last_error(log: str) -> str:
     """The one-line error of a failed command, else the last line of its log."""
-    with open(log, errors="replace") as f:
-        lines = [line.strip() for line in f if line.strip()]
+    try:
+        with open(log, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except FileNotFoundError:
+        lines = ["(its log is gone)"]
     errors = [line for line in lines if line.startswith("dispersion_titan: error:")]
     return (errors or lines or ["(empty log)"])[-1]
 
@@ -224,9 +227,23 @@ def step_progress(
         thread.join()
 
 
-def process(setup: QuickstartSetup, run: Cell, commands: Commands, say: Progress) -> str | None:
-    """Train (unless done) then analyze (unless done) one run; an error line or None."""
+def folder_id(path: str) -> tuple[int, int] | None:
+    """Which folder ``path`` names now (device, inode); None when it names none."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def process(
+    setup: QuickstartSetup, run: Cell, commands: Commands, say: Progress, out_id: tuple[int, int] | None
+) -> str | None:
+    """Train (unless done) then analyze (unless done) one run; an error line or None. Nothing starts once
+    OUT is no longer the folder ``out_id`` (moved or removed): its jobs would write a new one."""
     for phase, done, command in (("train", trained, train_command), ("analyze", analyzed, analyze_command)):
+        if folder_id(setup.out) != out_id:
+            return None
         if done(setup, run):
             say(f"{phase:8} {run.name}: already done, skipped")
             continue
@@ -257,8 +274,16 @@ def train_and_analyze(setup: QuickstartSetup, say: Progress) -> None:
         "dispersion_titan.tokenizer.encoders:gpt2_encoding",
     ]
     # Interrupted, the server stops the jobs (as it closes) before the pool waits for them
+    out_id = folder_id(setup.out)
     with ThreadPoolExecutor(max_workers=setup.jobs) as pool, Commands(env, preload) as commands:
-        errors = [e for e in pool.map(lambda run: process(setup, run, commands, say), setup.runs) if e]
+        errors = [e for e in pool.map(lambda run: process(setup, run, commands, say, out_id), setup.runs) if e]
+    if folder_id(setup.out) != out_id:  # what failed, failed for that
+        strays = f"; what its running jobs wrote after that is in a new {setup.out}" if out_id else ""
+        fail(
+            f"--out: {setup.out} was moved or removed while the quickstart ran; what it finished went with it: "
+            f"rerun the same command with --out naming where it is now{strays}",
+            status=1,
+        )
     for error in errors:
         print(f"dispersion_titan: error: {error}", file=sys.stderr)
     if errors:
