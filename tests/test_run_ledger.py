@@ -111,6 +111,18 @@ def test_records_of_another_format_are_refused(reference_run, tmp_path, capsys):
     code, _, err = analyze(str(reference_run), "--out", str(out), *ANALYSIS, capsys=capsys)
     assert_one_line_error(code, err, f"{out}/.owner.json: format unnumbered")
     assert [p.name for p in out.iterdir()] == [".owner.json"]  # nothing written
+    # A record damaged or edited by hand: one line naming it and what to do, nothing written.
+    for damaged, why in (
+        ("{bad", "Expecting"),
+        ('{"format": 1}', "no 'kind'"),
+        ('{"format": 1, "kind": "x", "run": {}}', ""),
+    ):
+        (out / ".owner.json").write_text(damaged)
+        code, _, err = analyze(str(reference_run), "--out", str(out), *ANALYSIS, capsys=capsys)
+        assert_one_line_error(
+            code, err, f"{out}/.owner.json: unreadable ({why}", "); restore it, or remove it and rerun"
+        )
+        assert [p.name for p in out.iterdir()] == [".owner.json"]
     assert sorted(p.name for p in old.iterdir()) == ["checkpoint", "run.json"]
 
 

@@ -65,8 +65,9 @@ def read_owner(folder: str) -> FolderOwner | None:
         pass
     except OutputError:  # of another format
         raise
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise OutputError(f"{os.path.join(folder, OWNER_FILE)}: unreadable ({e})") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:  # damaged, or edited by hand
+        why = f"no {e}" if isinstance(e, KeyError) else e
+        raise OutputError(f"{os.path.join(folder, OWNER_FILE)}: unreadable ({why}); restore it, or remove it and rerun")
     return None
 
 
