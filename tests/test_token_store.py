@@ -209,6 +209,25 @@ def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_o
 # ---------------------------------------------------------------- interrupted prepare
 
 
+def test_prepare_out_of_room_is_one_line_and_resumes_to_identical_bytes(tmp_path, enwiki_store):
+    """The file size limit (as a full disk would) met by a shard write: the commands' out-of-room line,
+    exit 74 (was exit 2, '--out: DIR: File too large'); with room again, the same command finishes the
+    store byte for byte as an uninterrupted prepare."""
+    out = tmp_path / "store"
+    args = ["prepare", "enwiki_sample", "--out", str(out), "--workers", "2", "--shard-documents", "10"]
+    limited = 'trap "" XFSZ; ulimit -f 100; exec "$0" -m dispersion_titan.data "$@"'
+    proc = subprocess.run(
+        ["bash", "-c", limited, sys.executable, *args], env=launch_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 74, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "dispersion_titan: error: file too large; raise the file size limit (ulimit -f); the shards written so far "
+        "are kept; the same command resumes where it stopped"
+    )
+    assert python_module("dispersion_titan.data", *args).returncode == 0
+    assert folder_bytes(out) == folder_bytes(enwiki_store)
+
+
 def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):
     docs = texts(30, seed=4)
     source = {"dataset": "local", "split": "train", "path": "test", "identity": None}

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from ..config.cli import read_toml
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, encoder_named, hf_tokenizer
-from ..utils.errors import DataConfigError
+from ..utils.errors import DataConfigError, no_room
 from ..utils.records import atomic_write, differences, flatten
 from .corpora import (
     CORPORA,
@@ -269,7 +269,9 @@ def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractCo
                 shard_documents=options.shard_documents,
                 encoder=encoder,
             )
-    except OSError as e:  # e.g. a full disk; "--out" names the culprit when the file is the store's
+    except OSError as e:  # "--out" names the culprit when the file is the store's
+        if no_room(e):
+            raise  # the commands' out-of-room line, exit 74
         where = str(e.filename or options.out)
         inside = os.path.abspath(where).startswith(os.path.abspath(options.out))
         raise DataConfigError(f"{'--out: ' if inside else ''}{where}: {e.strerror}") from None
