@@ -33,7 +33,7 @@ def main() -> None:
         print(f"dispersion-titan: error: {named}{USAGE}", file=sys.stderr)
         sys.exit(2)
     sys.argv = [COMMANDS[args[0]], *args[1:]]  # what python -m COMMAND's main sees
-    run_command(import_module(COMMANDS[args[0]]).main)
+    run_command(lambda: import_module(COMMANDS[args[0]]).main())  # the imports inside its error handling
 
 
 if __name__ == "__main__":

@@ -82,3 +82,20 @@ def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout) == (130, "")
     assert proc.stderr == "dispersion_titan: interrupted; what is kept; how to go on\n"
+
+
+@pytest.mark.parametrize("argv", [["data", "prepare", "enwiki_sample", "--out", "OUT"], ["analyze", "RUN"]])
+def test_no_usable_temporary_directory_is_one_line(argv, tmp_path):
+    """A full /tmp (here: no file may be written at all) fails the imports of datasets and torch (dill's
+    tempfile.gettempdir()), before a command's own checks: one line naming it and TMPDIR, exit 74, not
+    the importer's traceback."""
+    script = shutil.which("dispersion-titan", path=str(Path(sys.executable).parent))
+    limited = 'trap "" XFSZ; ulimit -f 0; exec "$@"'
+    proc = subprocess.run(
+        ["bash", "-c", limited, "bash", script, *(str(tmp_path / a) if a.isupper() else a for a in argv)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 74, proc.stderr[-2000:]
+    assert proc.stderr.startswith("dispersion_titan: error: No usable temporary directory found in [")
+    assert proc.stderr.endswith(": full or not writable; free space, or set TMPDIR to a folder with room\n")
+    assert not any(tmp_path.iterdir())

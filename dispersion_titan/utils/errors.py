@@ -22,6 +22,7 @@ WRITE_ADVICE = {
     errno.EFBIG: "raise the file size limit (ulimit -f)",
 }
 """A write that failed for want of room, and what to do."""
+NO_TEMP_DIR = "No usable temporary directory found"  # tempfile's error, e.g. torch's import on a full /tmp
 
 
 class DispersionTitanError(ValueError):
@@ -162,8 +163,8 @@ CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE  # a reader gone: as a shell reports a
 
 
 def run_command(main: Callable[[], object]) -> None:
-    """A command's ``main`` as its entry point; a reader that went away (``... | head -3``) ends it
-    quietly with ``CLOSED_PIPE_STATUS``."""
+    """A command's ``main`` as its entry point (the console script's: with its imports); a reader that went
+    away (``... | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``."""
     try:
         try:
             main()
@@ -176,6 +177,10 @@ def run_command(main: Callable[[], object]) -> None:
         for stream in (sys.stdout, sys.stderr):
             os.dup2(devnull, stream.fileno())
         sys.exit(CLOSED_PIPE_STATUS)
+    except FileNotFoundError as e:  # tempfile's, when no folder takes a file: torch's import on a full /tmp
+        if not str(e.strerror).startswith(NO_TEMP_DIR):
+            raise
+        fail(f"{e.strerror}: full or not writable; free space, or set TMPDIR to a folder with room", WRITE_FAILED)
 
 
 def _reader_gone(stream: IO) -> bool:
