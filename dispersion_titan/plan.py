@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, with_config_module
+from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, read_toml, with_config_module
 from dispersion_titan.planning.figures import GPUS  # no torch: --help answers at once
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, command, run_command
 
@@ -67,13 +67,15 @@ def plan_runs(
 
 
 def _config_first(config: str, argv: list[str]) -> None:
-    """``plan --training.steps 100 CONFIG`` reads 100 as CONFIG: said so, with the order that works."""
+    """``plan --training.steps 100 CONFIG`` reads 100 as CONFIG: said so, with the order that works; else
+    CONFIG's own errors name CONFIG, the argument typed."""
     before = argv[argv.index(config) - 1] if argv.index(config) else ""
     if not os.path.isfile(config) and before.startswith("--") and "." in before:
         raise ArgumentError(
             f"CONFIG: {config!r} was read as the config file, as {before} comes before it; give the config "
             f"first: plan CONFIG {before} {config} ..."
         )
+    read_toml(config, "CONFIG")
 
 
 @command("nothing was written")

@@ -90,7 +90,7 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
     for args, message in (
         (
             ("train_configs/debug.toml",),
-            f"--job.config_file: train_configs/debug.toml: no such file here ({tmp_path}); dispersion-titan init "
+            f"CONFIG: train_configs/debug.toml: no such file here ({tmp_path}); dispersion-titan init "
             "DIR writes the shipped configs, then run in DIR",
         ),
         ((config, "--gpus", "64", "--tp", "8"), "model.n_heads: 12 is not divisible by parallelism.tensor_parallel_"),
