@@ -203,6 +203,7 @@ def test_train_sh_checks_the_config_once_before_torchrun(finished_run):
     proc = subprocess.run(
         [
             str(REPO / "launch" / "train.sh"),
+            "--job.config_file",  # as dispersion-titan train takes it (CONFIG alone: every other launch test)
             DEBUG_TOML,
             "--job.dump_folder",
             str(finished_run),

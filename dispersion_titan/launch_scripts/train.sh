@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Train on this node:  launch/train.sh CONFIG [--section.key value ...]
+#   (or --job.config_file CONFIG first, as dispersion-titan train takes it)
 # The overrides go straight to TorchTitan (python -m dispersion_titan.train --help lists
 # the keys this package adds). Runs from any directory; relative paths
 # (CONFIG, the dump folder) are relative to the current one.
@@ -24,8 +25,11 @@ LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 case $1 in  # the header above, without its comment marks
     -h|--help) sed -n '2,/^set -/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}"; exit 0 ;;
 esac
-config=$1
-shift
+case $1 in  # as dispersion-titan train takes it
+    --job.config_file=*|--job.config-file=*) config=${1#*=}; shift ;;
+    --job.config_file|--job.config-file) [ $# -ge 2 ] || die "--job.config_file: missing value"; config=$2; shift 2 ;;
+    *) config=$1; shift ;;
+esac
 [ -f "$config" ] || die "config file not found: $config"
 
 gpus=$(gpu_count)
