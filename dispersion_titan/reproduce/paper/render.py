@@ -9,17 +9,9 @@ import os
 from ...analysis.statistics import finite_or_none
 from ...evaluation.table import TESTS, ArmRow, Selection, cell, difference, signed, table
 from ...run_folder.outputs import atomic_write, ensure_writable, write_json
-from . import collect, draw
+from . import catalog, collect, draw
 from .workflow import PaperWorkflow
 
-TITLES = {
-    "fig2": "Condensation by model size (Fig. 2)",
-    "fig3": "Condensation by MLP width (Fig. 3)",
-    "fig4": "Condensation over pre-training, from initialization (Fig. 4)",
-    "fig5": "Distilled models against their bases (Fig. 5)",
-    "counteract": "Mid-training with and without the dispersion loss, checkpoint by checkpoint",
-    "robustness": "Condensation by model size on other texts (dataset robustness)",
-}
 AGAINST = {"n_params": "size", "mlp_width": "MLP width", "step": "step", "training_order": "training"}  # in titles
 
 
@@ -39,12 +31,10 @@ def render(workflow: PaperWorkflow, selection: Selection, reference: str | None,
         titles[row["row"]] = row["row"] + trend
     inputs = next(iter(numbers["inputs"].values()))
     points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
-    title = f"{TITLES[workflow.artifact]}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
+    name = catalog.ARTIFACTS[workflow.artifact][0]  # the paper's figure
+    title = f"{name}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
     draw.save(draw.figure(entries, titles, title, paired=workflow.artifact == "fig5"), stem)
-    draw.save(
-        draw.last_n_figure(entries, f"{TITLES[workflow.artifact]}: mean cosine of the last N layer points"),
-        f"{stem}_last_n",
-    )
+    draw.save(draw.last_n_figure(entries, f"{name}: mean cosine of the last N layer points"), f"{stem}_last_n")
     write_json(f"{stem}.json", numbers)
     return [f"{stem}.{ext}" for ext in ("png", "pdf", "json")] + [f"{stem}_last_n.{ext}" for ext in ("png", "pdf")]
 
