@@ -156,8 +156,6 @@ def run_paper(argv: list[str]) -> int:
             "--trust-remote-code to include them",
             file=sys.stderr,
         )
-    if a.slurm and not a.draw_only:
-        workflow.notes += workflows.training_layouts(workflow, a.sbatch_args)
     for note in workflow.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:

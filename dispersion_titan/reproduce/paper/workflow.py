@@ -378,7 +378,7 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         replace(analyze_step(m, analyze_args), after=(trained_by[m.target],) if m.target in trained_by else ())
         for m in models
     ]
-    notes = [note for _, note in chosen.values() if note]
+    notes = [note for _, note in chosen.values() if note] + training_layouts(train, options.get("sbatch_args") or [])
     return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows)
 
 
@@ -460,17 +460,17 @@ def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
     return int(counts[-1]) if counts and counts[-1].isdigit() else default
 
 
-def training_layouts(workflow: PaperWorkflow, sbatch_args: list[str]) -> list[str]:
-    """A paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
+def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
+    """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
     gpus = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE) * _sbatch_count(
         sbatch_args, "--nodes", 1
     )
     notes = []
-    for step in (step for step in workflow.steps if step.command == "train"):
+    for step in train:
         args = ["--job.config_file", *step.argv]
         config = validated_args(with_config_module(args, load_toml(args)), gpus)
         if released.is_on(config):
-            notes.append(f"{workflow.artifact}: {step.label}: {released.summary(config)}")
+            notes.append(f"fig3: {step.label}: {released.summary(config)}")
     return notes
 
 
