@@ -21,12 +21,13 @@ from ...config.cli import load_toml, read_toml, with_config_module
 from ...evaluation.runner import hub_model
 from ...job_config import released
 from ...job_config.parse import validated_args
-from ...run_folder.checkpoints import RUN_METADATA_FILE, dispersion_variant
-from ...utils.errors import ArgumentError, DispersionTitanError
+from ...run_folder.checkpoints import dispersion_variant, find_checkpoint_folder, list_checkpoints, load_run_metadata
+from ...run_folder.owners import RUN_METADATA_FILE
+from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import parse_spec
 from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch, sbatch_script
-from . import catalog, fig3
+from . import catalog
 
 ANALYZE_OPTIONS = (
     "texts",
@@ -122,7 +123,7 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
         target = text
     elif os.path.isdir(text) and _is_run(text):
         run = os.path.abspath(text)
-        steps = fig3.checkpoint_steps(run)
+        steps = checkpoint_steps(run)
         if not steps:
             raise ArgumentError(
                 f"--models: {run}: no checkpoints yet (train it: launch/train.sh CONFIG --job.dump_folder {run})"
@@ -186,7 +187,7 @@ def _default_models(artifact: str, analyses: str) -> list[PaperModel]:
 def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str, ...]]]:
     """(name, config, overrides) of each run ``artifact`` trains (``paper --plan``)."""
     if artifact == "fig3":
-        return [(os.path.basename(r.folder), r.config, r.overrides) for r in fig3.preset_runs(preset, "runs")]
+        return [(os.path.basename(r.folder), r.config, r.overrides) for r in preset_runs(preset, "runs")]
     if artifact == "table2":
         return [(f"{row.block}: {row.label}", row.config, ()) for row in catalog.TABLE2_ROWS if row.config]
     raise ArgumentError(f"--plan: {artifact} analyses released models and trains nothing; fig3 and table2 train runs")
@@ -339,22 +340,105 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
     return PaperWorkflow(artifact, out, [analyze_step(m, analyze_args) for m in models], models, left_out=left_out)
 
 
+@dataclass(frozen=True)
+class SweepRun:
+    """One of fig3's runs: a preset's MLP-width sweep, both arms per width, trained under ``DIR/runs/``."""
+
+    width: int
+    dispersion: bool
+    config: str
+    overrides: tuple[str, ...]
+    folder: str
+
+    @property
+    def train_argv(self) -> list[str]:
+        """``train.sbatch``'s (and ``launch/train.sh``'s)."""
+        return [self.config, *self.overrides, "--job.dump_folder", self.folder]
+
+
+def preset_runs(preset: str, runs_dir: str) -> list[SweepRun]:
+    """Every run of ``preset``, by width, the cross-entropy arm first."""
+    spec = catalog.FIG3_PRESETS[preset]
+    per_width = "{width}" in spec.configs[0]  # one config per width, else --model.mlp_hidden_dim W
+    runs = []
+    for width in spec.widths:
+        for dispersion, config in zip((False, True), spec.configs, strict=True):
+            config = config.format(width=width)
+            overrides = () if per_width else ("--model.mlp_hidden_dim", str(width))
+            name = os.path.basename(config).removesuffix(".toml").replace("_angular_spread", "")
+            name = (name if per_width else f"{name}_mlp{width}") + ("_angular_spread" if dispersion else "")
+            runs.append(SweepRun(width, dispersion, config, overrides, os.path.join(runs_dir, name)))
+    return runs
+
+
+def checkpoint_steps(run: str) -> list[int]:
+    """The steps of the run's checkpoints (none: not trained yet)."""
+    try:
+        return [c.step for c in list_checkpoints(find_checkpoint_folder(run))]
+    except CheckpointError:
+        return []
+
+
+def is_trained(run: SweepRun) -> bool:
+    """Whether the run holds its last step's checkpoint (``run.json``'s ``training_steps``)."""
+    steps = checkpoint_steps(run.folder)
+    return bool(steps) and max(steps) == load_run_metadata(run.folder).get("training_steps")
+
+
+def mlp_width(run: str) -> int:
+    """The run's MLP width, from its ``run.json`` (GPT-2's 4·dim when unset)."""
+    args = load_run_metadata(run)["model_args"]
+    return args.get("mlp_hidden_dim") or 4 * args["dim"]
+
+
+def _authors_key(run: str) -> tuple:
+    """``plot_heatmaps.py``'s ``sort_key``: (dispersion run, −seed, −last step, path); the largest wins."""
+    seed, steps = load_run_metadata(run).get("seed"), checkpoint_steps(run)
+    dispersion = dispersion_variant(run) not in (None, "none")
+    return (dispersion, -(seed if isinstance(seed, int) else -1), -(max(steps) if steps else -1), run)
+
+
+def pick_per_width(runs: list[str], rule: str) -> dict[int, tuple[str, str | None]]:
+    """Width -> (the run drawn under ``rule``, what ``paper fig3`` says of a width with several runs), widths
+    ascending."""
+    by_width: dict[int, list[str]] = {}
+    for run in runs:
+        by_width.setdefault(mlp_width(run), []).append(run)
+    why = (
+        "--pick ce: the cross-entropy run, then the lowest seed, the fewest steps"
+        if rule == "ce"
+        else "as the authors' plot_heatmaps.py: a dispersion run first, then the lowest seed, the fewest steps"
+    )
+    picked = {}
+    for width in sorted(by_width):
+        ordered = sorted(by_width[width], key=_authors_key)  # the cross-entropy runs first
+        ce = [run for run in ordered if not _authors_key(run)[0]]
+        if rule == "ce" and not ce:
+            raise ArgumentError(
+                f"fig3: MLP {width}: no cross-entropy-only run among {', '.join(ordered)}; give one, or "
+                "--pick authors to draw a dispersion run as plot_heatmaps.py does"
+            )
+        taken = ce[-1] if rule == "ce" else ordered[-1]
+        others = ", ".join(run for run in ordered if run != taken)
+        arm = "a dispersion run" if _authors_key(taken)[0] else "a cross-entropy-only run"
+        picked[width] = (taken, f"fig3: MLP {width}: takes {taken} ({arm}) over {others}, {why}" if others else None)
+    return picked
+
+
 def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> PaperWorkflow:
     """fig3: per MLP width the ``--pick`` run, analysed at its first and last checkpoints; with
     ``--slurm`` the preset's runs not trained yet are trained first."""
     out, preset = options["out"], options.get("preset") or "paper"
     rule, rows = options.get("pick") or "ce", catalog.FIG3_ROWS[options.get("rows") or "last"]
-    sweep, train = fig3.preset_runs(preset, os.path.join(out, "runs")), []
+    sweep, train = preset_runs(preset, os.path.join(out, "runs")), []
     if options.get("models"):
         runs = [model_of(m, analyses).target for m in options["models"]]
         for run in runs:
-            if not fig3.checkpoint_steps(run):
+            if not checkpoint_steps(run):
                 raise ArgumentError(f"--models: {run}: not a run with checkpoints")
-        chosen = fig3.pick(runs, rule)
+        chosen = pick_per_width(runs, rule)
     elif options.get("slurm") and not options.get("draw_only"):
-        train = [
-            Step("train", run.train_argv, os.path.basename(run.folder)) for run in sweep if not fig3.is_trained(run)
-        ]
+        train = [Step("train", run.train_argv, os.path.basename(run.folder)) for run in sweep if not is_trained(run)]
         for step in train:
             if not os.path.isfile(step.argv[0]):
                 raise ArgumentError(
@@ -362,8 +446,8 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
                 )
         chosen = {run.width: (run.folder, None) for run in sweep if run.dispersion == (rule == "authors")}
     else:
-        found = [run.folder for run in sweep if fig3.checkpoint_steps(run.folder)]
-        missing = sorted({run.width for run in sweep} - {fig3.mlp_width(run) for run in found})
+        found = [run.folder for run in sweep if checkpoint_steps(run.folder)]
+        missing = sorted({run.width for run in sweep} - {mlp_width(run) for run in found})
         if missing:
             run = next(run for run in sweep if run.width == missing[0])
             raise ArgumentError(
@@ -371,7 +455,7 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
                 f"train the preset first, or train it: {Step('train', run.train_argv, '').shell()} "
                 "(or give runs with --models)"
             )
-        chosen = fig3.pick(found, rule)
+        chosen = pick_per_width(found, rule)
     trained_by = {step.argv[-1]: i for i, step in enumerate(train)}  # a run folder -> its training step
     models = [run_model(run, analyses, None, f"MLP {width}", "first,last") for width, (run, _) in chosen.items()]
     steps = [
@@ -392,7 +476,7 @@ def _counteract_models(options: dict, analyses: str) -> list[PaperModel]:
         if not os.path.isfile(config):
             raise ArgumentError(f"counteract: {config}: not here; run from the repository's root, or give --models")
         run = read_toml(config, "counteract")["job"]["dump_folder"]
-        if not fig3.checkpoint_steps(run):
+        if not checkpoint_steps(run):
             raise ArgumentError(
                 f"counteract: no checkpoints in {run}: train it first (launch/train.sh {config}), or give "
                 "--models BASE_RUN DISPERSION_RUN"
@@ -400,7 +484,7 @@ def _counteract_models(options: dict, analyses: str) -> list[PaperModel]:
         runs.append(run)
     models = []
     for run in runs:
-        if not fig3.checkpoint_steps(run):
+        if not checkpoint_steps(run):
             raise ArgumentError(f"--models: {run}: not a run with checkpoints")
         variant = dispersion_variant(run)
         row = "default loss" if variant in (None, "none") else variant
