@@ -1,4 +1,4 @@
-"""Any Hugging Face decoder-only causal LM as a ``LayeredModel``, its hidden states captured with forward
+"""Any Hugging Face decoder-only causal LM as a ``measure.DecoderLayers``, its hidden states captured with forward
 hooks so that the layers mean what they mean for our runs: ``block_n`` is the last layer's own output,
 which transformers' ``output_hidden_states`` replaces by the final norm's. Only the backbone runs.
 """
@@ -11,7 +11,7 @@ from torch import nn
 from ..utils.errors import ModelLoadError
 from ..utils.hub import HFSpec, loading
 from .inputs import Encode
-from .measure import LayerSink
+from .measure import DecoderLayers
 
 BF16_ABOVE_PARAMS = 10**9
 
@@ -93,32 +93,18 @@ def decoder_layers(backbone: nn.Module, count: int, name: str) -> nn.ModuleList:
     return max(candidates, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
-class HFLayers:
-    """A loaded Hugging Face model as a ``LayeredModel``: its decoder layers found generically."""
+class HFLayers(DecoderLayers):
+    """A loaded Hugging Face model's backbone (no LM head), its decoder layers found generically; its last
+    hidden state is the final norm's output."""
 
     def __init__(self, model: nn.Module, name: str):
-        self.backbone = model.base_model
-        self.layers = decoder_layers(self.backbone, model.config.get_text_config().num_hidden_layers, name)
-        self.num_layers = len(self.layers) + 2
-        self.input_device = self.backbone.get_input_embeddings().weight.device
+        self.model = model.base_model
+        self.blocks = list(decoder_layers(self.model, model.config.get_text_config().num_hidden_layers, name))
+        self.num_layers = len(self.blocks) + 2
+        self.input_device = self.model.get_input_embeddings().weight.device
 
-    def run(self, tokens: torch.Tensor, sink: LayerSink) -> None:
-        def embedding(_module, args, kwargs) -> None:
-            sink("embedding", args[0] if args else kwargs["hidden_states"])
-
-        def block(index: int):
-            return lambda _module, _args, output: sink(
-                f"block_{index}", output[0] if isinstance(output, tuple) else output
-            )
-
-        hooks = [self.layers[0].register_forward_pre_hook(embedding, with_kwargs=True)]
-        hooks += [layer.register_forward_hook(block(i)) for i, layer in enumerate(self.layers, start=1)]
-        try:
-            output = self.backbone(input_ids=tokens, use_cache=False)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        sink("final_norm", output[0])
+    def final_norm(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=tokens, use_cache=False)[0]
 
 
 def load_pretrained(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,25 +17,14 @@ from . import DEFAULT_GEOMETRY_SEQUENCES
 # Token vectors are divided by max(|h|, NORM_CLAMP) (the paper's clamp).
 NORM_CLAMP = 1e-3
 
-LayerSink = Callable[[str, torch.Tensor], None]
-
-
-class LayeredModel(Protocol):
-    """A model that hands ``embedding``, ``block_1`` … ``block_n``, ``final_norm`` to a sink."""
-
-    num_layers: int
-    input_device: torch.device
-
-    def run(self, tokens: torch.Tensor, sink: LayerSink) -> None: ...
-
 
 class _FinalNormReached(Exception):
     """Raised by the final norm's hook: the rest of the forward (the LM head) is not needed."""
 
 
 class DecoderLayers:
-    """A run's model as a ``LayeredModel``, through forward hooks: ``embedding`` is the first block's input,
-    ``block_i`` block i's output, ``final_norm`` the final norm's, where the forward stops."""
+    """A run's model as the analysis reads it, through forward hooks: ``embedding`` is the first block's input,
+    ``block_i`` block i's output, ``final_norm`` the final norm's, where the forward stops (no LM head)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -43,24 +32,40 @@ class DecoderLayers:
         self.num_layers = len(self.blocks) + 2  # embedding, blocks, final norm
         self.input_device = model.tok_embeddings.weight.device
 
-    def run(self, tokens: torch.Tensor, sink: LayerSink) -> None:
-        def final_norm(module: nn.Module, args: Any, output: torch.Tensor) -> None:
-            sink("final_norm", output)
+    def final_norm(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The final norm's output, the LM head left out."""
+        output = []
+
+        def stop(_module: nn.Module, _args: Any, hidden: torch.Tensor) -> None:
+            output.append(hidden)
             raise _FinalNormReached
 
-        hooks = [self.blocks[0].register_forward_pre_hook(lambda _module, args: sink("embedding", args[0]))]
-        hooks += [
-            block.register_forward_hook(lambda _module, _args, output, name=f"block_{i}": sink(name, output))
-            for i, block in enumerate(self.blocks, start=1)
-        ]
-        hooks.append(self.model.norm.register_forward_hook(final_norm))
+        hook = self.model.norm.register_forward_hook(stop)
         try:
             self.model(tokens)
         except _FinalNormReached:
             pass
         finally:
+            hook.remove()
+        return output[0]
+
+    def run(self, tokens: torch.Tensor, sink: Callable[[str, torch.Tensor], None]) -> None:
+        """Hand each layer's hidden states [B, S, d] to ``sink``, in depth order."""
+
+        def embedding(_module: nn.Module, args: Any, kwargs: dict) -> None:
+            sink("embedding", args[0] if args else kwargs["hidden_states"])
+
+        def block(name: str) -> Callable:
+            return lambda _module, _args, output: sink(name, output[0] if isinstance(output, tuple) else output)
+
+        hooks = [self.blocks[0].register_forward_pre_hook(embedding, with_kwargs=True)]
+        hooks += [b.register_forward_hook(block(f"block_{i}")) for i, b in enumerate(self.blocks, start=1)]
+        try:
+            final = self.final_norm(tokens)
+        finally:
             for hook in hooks:
                 hook.remove()
+        sink("final_norm", final)
 
 
 def unit_tokens(hidden: torch.Tensor) -> torch.Tensor:
@@ -139,7 +144,7 @@ class LayerSums:
         self.count = 0
 
     @torch.inference_mode()
-    def add_batch(self, model: LayeredModel, tokens: torch.Tensor) -> None:
+    def add_batch(self, model: DecoderLayers, tokens: torch.Tensor) -> None:
         """Run one batch [B, S] through the model, reducing each layer on the fly."""
         rows = self.geometry[self.count : self.count + tokens.shape[0]].nonzero().flatten().tolist()
         names: list[str] = []
@@ -167,7 +172,7 @@ class LayerSums:
 
 
 def measure(
-    model: LayeredModel,
+    model: DecoderLayers,
     tokens: torch.Tensor,
     batch_size: int,
     device: torch.device | str,

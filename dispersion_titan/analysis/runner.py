@@ -50,7 +50,7 @@ from ..utils.hub import PREFIX, parse_spec
 from . import figures, hf_model, inputs
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
 from .inputs import Encode, InputOptions, differences, select_sequences
-from .measure import DecoderLayers, LayeredModel, geometry_mask, measure
+from .measure import DecoderLayers, geometry_mask, measure
 from .statistics import HIST_EDGES, HIST_RANGE, condensation, layer_row
 
 DEFAULT_SEQ_LEN = 512
@@ -110,7 +110,7 @@ def fitted_inputs(options: argparse.Namespace, inputs: InputOptions, positions: 
 @dataclass
 class Analysis:
     """The state of one analysis: its units, inputs, output folders and cached results. Each target gives
-    ``load(unit)``, the unit's ``LayeredModel``, and ``metadata(unit)``, the ``Condensation`` fields that depend
+    ``load(unit)``, the unit's ``DecoderLayers``, and ``metadata(unit)``, the ``Condensation`` fields that depend
     on it (``run``, ``model_args``, …)."""
 
     options: argparse.Namespace
@@ -290,7 +290,7 @@ class RunAnalysis(Analysis):
             model = family(self.model_args.FAMILY).get_train_spec().model_cls(self.model_args)
         self.n_params = sum(p.numel() for p in model.parameters())
 
-    def load(self, unit: Unit) -> LayeredModel:
+    def load(self, unit: Unit) -> DecoderLayers:
         return DecoderLayers(load_model(unit.source, self.model_args, self.device, getattr(torch, DTYPES[self.dtype])))
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
@@ -369,7 +369,7 @@ class HFAnalysis(Analysis):
             encode=hf_model.load_encoder(self.spec, first, inputs.protocol == "paper"),
         )
 
-    def load(self, unit: Unit) -> LayeredModel:
+    def load(self, unit: Unit) -> DecoderLayers:
         return hf_model.load_pretrained(
             self.spec, unit.revision, getattr(torch, DTYPES[self.dtype]), self.device, self.options.device_map
         )
