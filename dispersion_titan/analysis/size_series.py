@@ -29,7 +29,6 @@ class Member:
     spec: str
     label: str
     family: str
-    n_params: int
     result: Condensation
 
 
@@ -43,10 +42,10 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
         name = os.path.basename(os.path.normpath(result.model)) + (f"@{result.revision}" if result.revision else "")
     kind = result.model_args.get("model_type")  # ``gpt2 run`` for our runs of gpt2
     family = families.get(spec) or (kind if result.model else f"{kind} run")
-    return Member(spec, name, family, result.n_params, result)
+    return Member(spec, name, family, result)
 
 
-def load_members(specs: Sequence[str], families: dict[str, str], protocol: str = "default") -> list[Member]:
+def load_members(specs: Sequence[str], families: dict[str, str], protocol: str) -> list[Member]:
     """Every SPEC's analysis, all of the same inputs (and ``protocol``)."""
     members = [load_member(spec, families) for spec in dict.fromkeys(specs)]
     first = members[0]
@@ -72,7 +71,7 @@ def model_rows(members: list[Member], n: int) -> list[dict]:
         {
             "family": m.family,
             "model": m.label,
-            "n_params": m.n_params,
+            "n_params": m.result.n_params,
             "layers": len(point_layers(m.result)),
             "spearman": m.result.spearman,
             "kendall": m.result.kendall,
@@ -81,7 +80,7 @@ def model_rows(members: list[Member], n: int) -> list[dict]:
             f"effective_rank_last_{n}": last_n_mean(m.result, n, "effective_rank"),
             f"mev_last_{n}": last_n_mean(m.result, n, "mev"),
         }
-        for m in sorted(members, key=lambda m: (m.family, m.n_params))
+        for m in sorted(members, key=lambda m: (m.family, m.result.n_params))
     ]
 
 
@@ -93,7 +92,7 @@ def trend_rows(members: list[Member], n: int) -> list[dict]:
         rho = None
         if len(group) >= 2:
             rho = finite_or_none(
-                stats.spearmanr([m.n_params for m in group], [last_n_mean(m.result, n) for m in group]).statistic
+                stats.spearmanr([m.result.n_params for m in group], [last_n_mean(m.result, n) for m in group]).statistic
             )
         rows.append({"family": family, "models": len(group), f"spearman_params_vs_mean_cos_last_{n}": rho})
     return rows
@@ -123,13 +122,13 @@ def family_figure(members: list[Member], pairs: list[tuple[Member, Member]], tit
     fig, axes = figures.plt.subplots(1, panels, figsize=(6.4 * panels, 4.6), layout="constrained", squeeze=False)
     cmap = figures.plt.get_cmap("viridis")
     for ax, family in zip(axes[0], families):
-        group = sorted((m for m in members if m.family == family), key=lambda m: m.n_params)
+        group = sorted((m for m in members if m.family == family), key=lambda m: m.result.n_params)
         for rank, m in enumerate(group):
             figures.plot_curve(
                 ax,
                 m.result,
                 color=cmap(rank / max(len(group) - 1, 1) * 0.9),
-                label=f"{m.label} ({m.n_params / 1e6:.3g}M)",
+                label=f"{m.label} ({m.result.n_params / 1e6:.3g}M)",
             )
         figures.curve_axes(ax, f"{family}: {title}")
         figures.outside_legend(ax)
@@ -176,12 +175,7 @@ def parse_assignments(values: Sequence[str], option: str) -> list[tuple[str, str
 
 
 def write_size_series(
-    specs: Sequence[str],
-    out: str,
-    family_options: Sequence[str] = (),
-    paired: Sequence[str] = (),
-    last_n: int = DEFAULT_LAST_N,
-    protocol: str = "default",
+    specs: Sequence[str], out: str, family_options: Sequence[str], paired: Sequence[str], last_n: int, protocol: str
 ) -> str:
     """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown."""
     families = {
