@@ -146,39 +146,29 @@ def size_series_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_size_series(argv: list[str]) -> int:
-    a = size_series_parser().parse_args(argv)
-    from dispersion_titan.analysis.size_series import write_size_series  # torch: after --help
+@command("each model state analyzed so far is kept in its folder; the same command analyzes the rest")
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        a = compare_parser().parse_args(argv[1:])
+        from dispersion_titan.analysis.compare import compare  # torch: after --help
 
-    print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
-    print(f"written: {a.out}/family.md, family.csv, family.png")
-    return 0
+        print(compare(a.runs, a.out, a.step))
+        print(f"written: {a.out}/compare.csv, compare_layers.csv, compare.png")
+        sys.exit(0)
+    if argv[:1] == ["family"]:
+        a = size_series_parser().parse_args(argv[1:])
+        from dispersion_titan.analysis.size_series import write_size_series  # torch: after --help
 
-
-def run_analyze(argv: list[str]) -> int:
+        print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
+        print(f"written: {a.out}/family.md, family.csv, family.png")
+        sys.exit(0)
     a = analyze_parser().parse_args(argv)
     from dispersion_titan.analysis import runner  # torch: after --help
     from dispersion_titan.utils.hub import PREFIX
 
-    inputs = runner.input_options(a)
     analysis = runner.HFAnalysis if a.run.startswith(PREFIX) else runner.RunAnalysis
-    return 1 if analysis(a, inputs).analyze() else 0
-
-
-def run_compare(argv: list[str]) -> int:
-    a = compare_parser().parse_args(argv)
-    from dispersion_titan.analysis.compare import compare  # torch: after --help
-
-    print(compare(a.runs, a.out, a.step))
-    print(f"written: {a.out}/compare.csv, compare_layers.csv, compare.png")
-    return 0
-
-
-@command("each model state analyzed so far is kept in its folder; the same command analyzes the rest")
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    subcommand = {"compare": run_compare, "family": run_size_series}.get(argv[0] if argv else "")
-    sys.exit(subcommand(argv[1:]) if subcommand else run_analyze(argv))
+    sys.exit(1 if analysis(a, runner.input_options(a)).analyze() else 0)
 
 
 if __name__ == "__main__":
