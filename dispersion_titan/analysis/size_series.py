@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from ..run_folder.outputs import atomic_write, format_table, save_png, write_csv
 from ..run_folder.owners import FolderOwner, owned
@@ -19,7 +18,7 @@ from . import figures
 from .compare import pick
 from .condensation_schema import Condensation
 from .inputs import differences
-from .statistics import finite_or_none, point_layers
+from .statistics import point_layers, rank_trend
 
 DEFAULT_LAST_N = 3
 
@@ -89,11 +88,8 @@ def trend_rows(members: list[Member], n: int) -> list[dict]:
     rows = []
     for family in sorted({m.family for m in members}):
         group = [m for m in members if m.family == family]
-        rho = None
-        if len(group) >= 2:
-            rho = finite_or_none(
-                stats.spearmanr([m.result.n_params for m in group], [last_n_mean(m.result, n) for m in group]).statistic
-            )
+        x, y = [m.result.n_params for m in group], [last_n_mean(m.result, n) for m in group]
+        rho = rank_trend(x, y)["spearman"]["rho"] if len(group) >= 2 else None
         rows.append({"family": family, "models": len(group), f"spearman_params_vs_mean_cos_last_{n}": rho})
     return rows
 
