@@ -24,6 +24,8 @@ def parser() -> argparse.ArgumentParser:
 @command("the configs written so far are kept; run it again to write the others")
 def main(argv: list[str] | None = None) -> None:
     a = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if not a.dir:
+        fail("DIR: empty; name a new or empty folder")
     out = os.path.abspath(a.dir)
     try:
         written, kept = write_shipped(out)

@@ -27,6 +27,7 @@ import torch
 
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.shipped import shipped_files
+from dispersion_titan.init import main as init_main
 from dispersion_titan.run_folder.checkpoints import (
     CheckpointError,
     check_complete,
@@ -698,6 +699,30 @@ def test_init_out_of_room_is_one_line_and_leaves_no_half_file(tmp_path):
         [sys.executable, "-m", "dispersion_titan.init", str(out)], env=launch_env(), capture_output=True, text=True
     )
     assert again.returncode == 0 and f"wrote {len(shipped) - len(kept)} configs" in again.stdout, again.stdout
+
+
+def test_init_refuses_a_folder_shaped_unlike_its_own(tmp_path, capsys):
+    """A file where init writes a folder, a folder where it writes a config, an empty DIR: one line, exit 2,
+    nothing written (were 'not writable (File exists)', a folder counted as a kept config, and the cwd)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "train_configs").write_text("x")
+    (tmp_path / "b" / "train_configs" / "debug.toml").mkdir(parents=True)
+    for folder, says in (
+        (tmp_path / "a", f"DIR: {tmp_path / 'a'} holds other files (train_configs); init writes only into "),
+        (tmp_path / "b", f"DIR: {tmp_path / 'b'} holds other files (train_configs/debug.toml); init writes "),
+        ("", "DIR: empty; name a new or empty folder"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            init_main([str(folder)])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.startswith(f"dispersion_titan: error: {says}") and err.count("\n") == 1
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "a",
+        "a/train_configs",
+        "b",
+        "b/train_configs",
+        "b/train_configs/debug.toml",
+    ]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

@@ -33,8 +33,8 @@ def shipped_files() -> dict[str, str]:
 def _foreign(out: str, files: dict[str, str]) -> str | None:
     """The first entry of ``out`` that ``init`` would not write, or None."""
     folders = {os.path.dirname(dest) for dest in files}
-    entries = (str(path.relative_to(out)) for path in sorted(Path(out).rglob("*")))
-    return next((rel for rel in entries if rel not in files and rel not in folders), None)
+    entries = ((str(path.relative_to(out)), path.is_dir()) for path in sorted(Path(out).rglob("*")))
+    return next((rel for rel, is_dir in entries if rel not in (folders if is_dir else files)), None)
 
 
 def write_shipped(out: str) -> tuple[list[str], list[str]]:
