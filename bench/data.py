@@ -30,10 +30,13 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dispersion_titan.data.corpora import iter_documents  # noqa: E402
-from dispersion_titan.data.packed import ContinuousPackedDataset, PackedSequenceDataset  # noqa: E402
+from dispersion_titan.data.packed import (  # noqa: E402
+    ContinuousPackedDataset,
+    PackedSequenceDataset,
+    StreamingPackedDataset,
+)
 from dispersion_titan.data.prepare import write_store  # noqa: E402
 from dispersion_titan.data.store import open_store  # noqa: E402
-from dispersion_titan.data.streaming import StreamingPackedDataset  # noqa: E402
 
 H100_GPT2_SMALL_TOKENS_PER_S = 0.5e6
 

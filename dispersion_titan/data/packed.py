@@ -1,24 +1,31 @@
-"""A deterministic global stream of packed sequences, sliced per data-parallel rank (``layout``):
-documents, each followed by the end-of-sequence id, concatenated; sequence ``g`` is tokens
-``[g·seq_len, (g+1)·seq_len + 1)``. Corpora that fit in memory are tokenised once (``cached_tokens``) and
-shuffled per epoch; streamed ones are read in order (``streaming``); a token store replaces both.
+"""A deterministic global stream of packed sequences, sliced per data-parallel rank: documents, each
+followed by the end-of-sequence id, concatenated; sequence ``g`` is tokens ``[g·seq_len, (g+1)·seq_len + 1)``.
+Rank ``r`` of ``W`` reads chunks ``r, r+W, …`` of ``b`` sequences, so global step ``s`` consumes sequences
+``[s·G, (s+1)·G)`` whatever ``W`` and the accumulation steps: a run keeps its data across GPU counts
+(``RankSlice``). Corpora that fit in memory are tokenised once (``cached_tokens``) and shuffled per epoch;
+streamed ones are read in order (``StreamingPackedDataset``); a token store replaces both.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from typing import Any
 
+import datasets
 import numpy as np
 import torch
 from filelock import FileLock
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset, get_worker_info
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
@@ -27,11 +34,47 @@ from torchtitan.config import JobConfig
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for
 from ..utils.records import atomic_write
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
-from .rank_slice import RankSlice, Sample
 from .store import TokenStore, is_store, open_store
-from .streaming import StreamingPackedDataset
 
 CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
+
+Sample = tuple[dict[str, torch.Tensor], torch.Tensor]
+
+
+class RankSlice(IterableDataset, Stateful):
+    """This rank's samples of a global stream; the state counts the samples yielded."""
+
+    def __init__(self, seq_len: int, local_batch_size: int, dp_rank: int = 0, dp_world_size: int = 1):
+        self.seq_len = seq_len
+        self.local_batch_size = local_batch_size
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.samples_yielded = 0
+
+    def global_index(self, sample: int) -> int:
+        """Position in the global stream of this rank's ``sample``-th sample."""
+        chunk, within = divmod(sample, self.local_batch_size)
+        return (chunk * self.dp_world_size + self.dp_rank) * self.local_batch_size + within
+
+    @staticmethod
+    def check_single_process() -> None:
+        if get_worker_info() is not None:
+            raise DataConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
+
+    predict_last = True
+    """``training.predict_last``; False: the last position's label is ignored."""
+
+    def sample(self, window: np.ndarray) -> Sample:
+        """``seq_len + 1`` tokens → ``({"input": x}, y)`` with ``y`` = ``x`` shifted by one."""
+        tokens = torch.from_numpy(np.asarray(window, dtype=np.int64))
+        labels = tokens[1:] if self.predict_last else torch.cat([tokens[1:-1], tokens.new_full((1,), IGNORE_INDEX)])
+        return {"input": tokens[:-1]}, labels
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples_yielded": self.samples_yielded}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.samples_yielded = state_dict["samples_yielded"]
 
 
 def cached_tokens(
@@ -45,8 +88,6 @@ def cached_tokens(
     if folder.lower() == "off":
         return build()
     if not folder:
-        import datasets
-
         folder = os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
     try:
         os.makedirs(folder, exist_ok=True)
@@ -154,6 +195,107 @@ class ContinuousPackedDataset(PackedSequenceDataset):
         return np.concatenate([window, self.tokens[:missing]]) if missing else window
 
 
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a document starts: rows epoch, ``datasets`` state before it, global token."""
+
+    epoch: int = 0
+    rows_state: dict | None = None  # None: the start of the epoch
+    position: int = 0
+
+
+@dataclasses.dataclass
+class _Document:
+    point: ResumePoint
+    tokens: np.ndarray  # with its trailing <|endoftext|>
+
+    @property
+    def end(self) -> int:
+        return self.point.position + len(self.tokens)
+
+
+class StreamingPackedDataset(RankSlice):
+    """This rank's samples of a streamed packed corpus, read in order: every rank tokenises the whole stream
+    (positions depend on every earlier document) and keeps its own windows. The state holds a resume point
+    at a document boundary (``datasets``' own state), so a resume skips, not re-reads. ``rows()`` gives a
+    fresh pass (called once here, so an unreachable hub fails when the loader is built)."""
+
+    def __init__(
+        self,
+        rows: Callable[[], datasets.IterableDataset],
+        seq_len: int,
+        local_batch_size: int,
+        dp_rank: int = 0,
+        dp_world_size: int = 1,
+        *,
+        encoder: DocumentEncoder = GPT2_BPE,
+    ):
+        super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
+        self.rows = rows
+        self.encoder = encoder
+        self.resume = ResumePoint()
+        rows()  # fail now if the rows cannot be opened (e.g. an unreachable hub)
+
+    def _texts(self, start: ResumePoint) -> Iterator[tuple[ResumePoint, str]]:
+        """(resume point without position, text) of every document from ``start`` on, pass after pass."""
+        epoch, state = start.epoch, start.rows_state
+        resumed_mid_pass = state is not None
+        while True:
+            rows = self.rows()
+            if state is not None:
+                rows.load_state_dict(state)
+            found = False
+            for row in rows:
+                if row["text"]:
+                    found = True
+                    yield ResumePoint(epoch, state), row["text"]
+                state = rows.state_dict()  # taken before the next row: its resume state
+            if not found and not resumed_mid_pass:
+                raise DataConfigError("training.dataset: the streamed training split has no documents")
+            epoch, state, resumed_mid_pass = epoch + 1, None, False
+
+    def _documents(self) -> Iterator[_Document]:
+        points, texts = itertools.tee(self._texts(self.resume))
+        position = self.resume.position
+        for (point, _), tokens in zip(points, self.encoder.tokenize(text for _, text in texts)):
+            yield _Document(dataclasses.replace(point, position=position), tokens)
+            position += len(tokens)
+
+    def __iter__(self) -> Iterator[Sample]:
+        self.check_single_process()
+        documents = self._documents()
+        pending: collections.deque[_Document] = collections.deque()  # overlap [start, covered)
+        covered = self.resume.position
+        while True:
+            g = self.global_index(self.samples_yielded)
+            start, end = g * self.seq_len, (g + 1) * self.seq_len + 1
+            while pending and pending[0].end <= start:
+                pending.popleft()
+            while covered < end:
+                document = next(documents)
+                covered = document.end
+                if covered > start:
+                    pending.append(document)
+            self.resume = pending[0].point
+            window = np.concatenate(
+                [
+                    d.tokens[max(start - d.point.position, 0) : end - d.point.position]
+                    for d in pending
+                    if d.point.position < end
+                ]
+            )
+            self.samples_yielded += 1
+            yield self.sample(window)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **dataclasses.asdict(self.resume)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A state without a resume point (a token-store run's) is read from the stream's start."""
+        super().load_state_dict(state_dict)
+        self.resume = ResumePoint(*(state_dict.get(f.name, f.default) for f in dataclasses.fields(ResumePoint)))
+
+
 def run_seed(job_config: JobConfig) -> int:
     """The run's seed: ``debug.seed``, 0 when unset (the data order, the dispersion loss and the baselines)."""
     return job_config.debug.seed if job_config.debug.seed is not None else 0
@@ -222,7 +364,7 @@ def _loader(
         dataset,
         dp_rank=dp_rank,
         dp_world_size=dp_world_size,
-        **{**asdict(cfg.dataloader), "batch_size": cfg.local_batch_size},
+        **{**dataclasses.asdict(cfg.dataloader), "batch_size": cfg.local_batch_size},
     )
 
 

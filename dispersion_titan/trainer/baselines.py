@@ -27,7 +27,7 @@ class NoBaseline:
 class EmbeddingNoise(NoBaseline):
     """NEFTune, uniform noise in ±α/√(S·d) on the token embeddings in training forwards: a forward
     hook. Row ``i`` of micro-batch ``a`` on DP rank ``r`` of ``W`` is sequence ``(a·W + r)·b + i`` of
-    the global batch (``data.rank_slice``); under TP the hook adds its sequence shard's slice."""
+    the global batch (``data.packed.RankSlice``); under TP the hook adds its sequence shard's slice."""
 
     def __init__(
         self,

@@ -119,7 +119,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
         self.dispersion = self.dispersion_objective(job_config.dispersion)
-        # Micro-batch m of this rank is chunk m·W + r of the global batch (data.rank_slice).
+        # Micro-batch m of this rank is chunk m·W + r of the global batch (data.packed.RankSlice).
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
         # as_released: each micro-batch's mean scaled as by the authors' accumulation count (``released_scales``)
