@@ -10,9 +10,8 @@ import torch
 
 from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
 from dispersion_titan.data import corpora
-from dispersion_titan.data.corpora import CORPORA, iter_documents
+from dispersion_titan.data.corpora import CORPORA, iter_documents, load_files, load_rows
 from dispersion_titan.data.packed import PackedSequenceDataset, StreamingPackedDataset
-from dispersion_titan.data.sources import load_files, load_rows
 from dispersion_titan.tokenizer.encoders import EOT_ID, GPT2_BPE
 from support.corpora import WORDS, texts, write_parquet
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted
