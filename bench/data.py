@@ -35,8 +35,7 @@ from dispersion_titan.data.packed import (  # noqa: E402
     PackedSequenceDataset,
     StreamingPackedDataset,
 )
-from dispersion_titan.data.prepare import write_store  # noqa: E402
-from dispersion_titan.data.store import open_store  # noqa: E402
+from dispersion_titan.data.store import open_store, write_store  # noqa: E402
 
 H100_GPT2_SMALL_TOKENS_PER_S = 0.5e6
 

@@ -27,8 +27,7 @@ from dispersion_titan.data import corpora
 from dispersion_titan.data.__main__ import main, parser
 from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
-from dispersion_titan.data.prepare import prepare, write_store
-from dispersion_titan.data.store import MANIFEST, is_store, open_store
+from dispersion_titan.data.store import MANIFEST, is_store, open_store, prepare, write_store
 from dispersion_titan.run_folder.writer_lock import sole_writer
 from dispersion_titan.tokenizer.encoders import EOT_ID
 from support.corpora import texts

@@ -1,5 +1,19 @@
-"""``python -m dispersion_titan.data prepare …`` (``dispersion-titan data``): the data command's
-arguments; ``prepare`` does the work (see its docstring)."""
+"""Tokenise a corpus split once into a token store (``store``), so that training reads
+token ids from disk instead of every rank tokenising the global stream.
+
+    python -m dispersion_titan.data prepare CONFIG_OR_DATASET --out DIR [--split train|validation]
+        [--dataset-path PATH] [--tokenizer FOLDER] [--workers N] [--shard-documents K]
+
+CONFIG_OR_DATASET is a training TOML (its ``[training]`` dataset and path for
+``--split train``, its ``[validation]`` ones for ``--split validation``, and the
+tokenizer its ``[model]`` trains with) or a dataset name (``enwiki_sample``, ``local``,
+``wikitext-103``, ``fineweb-edu``; GPT-2's BPE, or ``--tokenizer``: a Hugging Face
+folder with the model's ``tokenizer.json``).
+
+Documents are tokenised by ``--workers`` processes, one shard of ``--shard-documents`` documents
+each. A rerun skips the shards whose record and bytes verify, so an interrupted prepare resumes
+where it stopped (run one prepare per folder at a time).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +24,8 @@ from ..config.cli import OneLineErrorParser, positive_int
 from ..run_folder.owners import FolderOwner, refuse_unless_ours
 from ..run_folder.writer_lock import sole_writer
 from ..utils.errors import command, run_command
-from . import prepare as preparing
 from .corpora import SPLITS
-from .store import is_store
+from .store import SHARD_DOCUMENTS, is_store, prepare
 
 
 def parser() -> argparse.ArgumentParser:
@@ -20,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     commands = p.add_subparsers(dest="command", required=True)
     prep = commands.add_parser(
         "prepare",
-        description=preparing.__doc__,
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         help="tokenise a corpus split into a token store",
     )
@@ -49,8 +62,8 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument(
         "--shard-documents",
         type=positive_int,
-        default=preparing.SHARD_DOCUMENTS,
-        help=f"documents per shard (default {preparing.SHARD_DOCUMENTS})",
+        default=SHARD_DOCUMENTS,
+        help=f"documents per shard (default {SHARD_DOCUMENTS})",
     )
     return p
 
@@ -60,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parser().parse_args(argv)
     if not is_store(options.out):  # a new store's folder is nobody else's (an unfinished store is resumed)
         refuse_unless_ours(options.out, FolderOwner("token store"), "--out", "use another --out")
-    manifest = preparing.prepare(options, sole_writer)
+    manifest = prepare(options, sole_writer)
     section = "training" if options.split == "train" else "validation"
     print(
         f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "
