@@ -108,17 +108,6 @@ def gpt2_encoding() -> tiktoken.Encoding:
     return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=SPECIAL_TOKENS)
 
 
-@functools.cache
-def tokenizer_fingerprint() -> str:
-    """SHA-256 of everything GPT-2's BPE ids depend on; keys the token cache, stamps token stores."""
-    digest = hashlib.sha256()
-    for path in bpe_files():
-        with open(path, "rb") as f:
-            digest.update(f.read())
-    digest.update(json.dumps({"pattern": GPT2_PATTERN, "special_tokens": SPECIAL_TOKENS}, sort_keys=True).encode())
-    return digest.hexdigest()
-
-
 class GPT2BPE(DocumentEncoder):
     """tiktoken's exact ``gpt2`` encoding from the offline BPE files (``bpe_files``)."""
 
@@ -130,8 +119,14 @@ class GPT2BPE(DocumentEncoder):
     def vocab_size(self) -> int:
         return gpt2_encoding().n_vocab
 
+    @functools.cache
     def fingerprint(self) -> str:
-        return tokenizer_fingerprint()
+        """Of the BPE files, the pattern and the special tokens."""
+        digest = hashlib.sha256()
+        for path in bpe_files():
+            digest.update(Path(path).read_bytes())
+        digest.update(json.dumps({"pattern": GPT2_PATTERN, "special_tokens": SPECIAL_TOKENS}, sort_keys=True).encode())
+        return digest.hexdigest()
 
     def encode_batch(self, texts: list[str], threads: int) -> list[list[int]]:
         return gpt2_encoding().encode_ordinary_batch(texts, num_threads=threads)
