@@ -373,6 +373,8 @@ REFUSALS = [
     # command-line flags: unknown, or of the wrong type
     Refusal([*DEBUG, "--training.steps", "many"], "training.steps: 'many' is not an integer", error=ArgumentError),
     Refusal([*DEBUG, "--training.stepz", "3"], "--training.stepz", error=ArgumentError, how="holds"),
+    Refusal([*DEBUG, "--training.dataloader.num_workers", "2"], "training.dataloader.num_workers: must be 0"),
+    Refusal([*DEBUG, "--validation.dataloader.num_workers", "2"], "validation.dataloader.num_workers: must be 0"),
     Refusal([*DEBUG, "--debug.seed=x"], "debug.seed: 'x' is not an integer", error=ArgumentError),  # int | None
     Refusal([*DEBUG, "--training.max_norm", "abc"], "training.max_norm: 'abc' is not a number", error=ArgumentError),
     Refusal(

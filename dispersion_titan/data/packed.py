@@ -59,7 +59,7 @@ class RankSlice(IterableDataset, Stateful):
     @staticmethod
     def check_single_process() -> None:
         if get_worker_info() is not None:
-            raise DataConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
+            raise DataConfigError("dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
     predict_last = True
     """``training.predict_last``; False: the last position's label is ignored."""

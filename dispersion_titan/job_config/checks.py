@@ -187,8 +187,9 @@ def check_data(config: RunConfig) -> None:
                 check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
         except DataConfigError as e:
             raise ConfigError(str(e)) from None
-    if config.training.dataloader.num_workers != 0:
-        raise ConfigError("training.dataloader.num_workers: must be 0 (the packed stream is stateful)")
+    for section in ("training", "validation"):
+        if getattr(config, section).dataloader.num_workers != 0:
+            raise ConfigError(f"{section}.dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
 
 def check_methods(config: RunConfig) -> None:
