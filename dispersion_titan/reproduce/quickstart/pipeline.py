@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ...analysis.compare import compare
 from ...analysis.condensation_schema import read_results
 from ...analysis.inputs import DEFAULT_DATASET, InputOptions
-from ...config.cli import load_toml
+from ...config.cli import read_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import gpt2_flavors
 from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
@@ -102,10 +102,7 @@ class Progress:
 def make_setup(a: argparse.Namespace) -> QuickstartSetup:
     """The setup for the parsed command line ``a`` (``dispersion_titan.quickstart``'s parser)."""
     config = os.path.abspath(a.config)
-    try:
-        toml = load_toml(["--job.config_file", config])
-    except ArgumentError as e:  # named after this command's option
-        raise ArgumentError(str(e).replace("--job.config_file", "--config", 1)) from None
+    toml = read_toml(config, "--config")
     try:
         steps = a.steps or toml["training"]["steps"]
         seed = toml["debug"]["seed"]
