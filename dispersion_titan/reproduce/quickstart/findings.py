@@ -72,11 +72,6 @@ def combined(verdicts: Iterable[str]) -> str:
     return AGREES if all(v == AGREES for v in verdicts) else NOISE
 
 
-def width_steps(values: Sequence[float]) -> list[float]:
-    """How much each widening lowers the cosine (``values`` ordered by width)."""
-    return [a - b for a, b in zip(values, values[1:])]
-
-
 def seed_spread(runs: Sequence[RunCondensation], value: Callable[[RunCondensation], float | None]) -> float | None:
     """The largest difference in ``value`` between two seeds of the same width and arm."""
     groups = defaultdict(list)
@@ -174,27 +169,28 @@ def at_initialization(panel: InitPanel, runs: Sequence[RunCondensation], seed: i
 def with_width(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> Finding:
     widths = sorted(panel.widths)
     init = [late_cos(panel.widths[w]) for w in widths]
-    spread = init_spread(panel)
+    spread, lowered = init_spread(panel), (-np.diff(init)).tolist()  # how much each widening lowers the cosine
     parts = [
         Part(
             f"{panel_shape(panel)}, step 0",
             f"{_trend(init)}: late-block cosine {_values(init)} at MLP width {' / '.join(map(str, widths))}; "
             "the smallest step",
-            combined(judge(x, spread) for x in width_steps(init)),
-            min(width_steps(init), default=0.0),
+            combined(judge(x, spread) for x in lowered),
+            min(lowered, default=0.0),
             spread,
         )
     ]
     toy = baselines(runs, seed)
     if len({r.width for r in toy}) > 1:
         final, spread = [late_cos(r.final) for r in toy], final_spread(runs)
+        lowered = (-np.diff(final)).tolist()
         parts.append(
             Part(
                 f"trained toy model, step {toy[0].final.step}",
                 f"{_trend(final)}: {_values(final)} at MLP width {' / '.join(str(r.width) for r in toy)}; "
                 "the smallest step",
-                combined(judge(x, spread) for x in width_steps(final)),
-                min(width_steps(final)),
+                combined(judge(x, spread) for x in lowered),
+                min(lowered),
                 spread,
             )
         )
