@@ -128,38 +128,34 @@ def at_initialization(panel: InitPanel, runs: Sequence[RunCondensation], seed: i
     results = [panel.widths[w] for w in widths]
     spread = init_spread(panel)
     verdict, rise = _present(results, spread)
-    parts = [
-        Part(
-            f"{panel_shape(panel)}, step 0",
-            f"late-block cosine {_values([late_cos(r) for r in results])} vs embedding "
-            f"{_values([embedding_cos(r) for r in results])} at MLP width {' / '.join(map(str, widths))}; "
-            f"Spearman with depth {_values([r.spearman or 0.0 for r in results])}; "
-            "the smallest rise from the embedding",
-            verdict,
-            rise,
-            spread,
-        )
-    ]
-    toy = baselines(runs, seed)
-    if toy:
-        args = toy[0].init.model_args
-        toy_spread = seed_spread(runs, lambda r: late_cos(r.init))
-        verdict, rise = _present([r.init for r in toy], toy_spread)
-        parts.append(
+    toy = baselines(runs, seed)  # never empty: every width has its baseline at the main seed
+    args = toy[0].init.model_args
+    toy_spread = seed_spread(runs, lambda r: late_cos(r.init))
+    toy_verdict, toy_rise = _present([r.init for r in toy], toy_spread)
+    return Finding(
+        "Is condensation present at initialization?",
+        "yes: already at initialization the cosine rises with depth (Feature 2, Fig. 3; Feature 3)",
+        (
+            Part(
+                f"{panel_shape(panel)}, step 0",
+                f"late-block cosine {_values([late_cos(r) for r in results])} vs embedding "
+                f"{_values([embedding_cos(r) for r in results])} at MLP width {' / '.join(map(str, widths))}; "
+                f"Spearman with depth {_values([r.spearman or 0.0 for r in results])}; "
+                "the smallest rise from the embedding",
+                verdict,
+                rise,
+                spread,
+            ),
             Part(
                 f"trained toy model (dim {args['dim']}, {args['n_layers']} blocks), step 0",
                 f"late-block cosine {_values([late_cos(r.init) for r in toy])} vs embedding "
                 f"{_values([embedding_cos(r.init) for r in toy])}; the smallest rise from the embedding",
-                verdict,
-                rise,
+                toy_verdict,
+                toy_rise,
                 toy_spread,
                 decides=False,
-            )
-        )
-    return Finding(
-        "Is condensation present at initialization?",
-        "yes: already at initialization the cosine rises with depth (Feature 2, Fig. 3; Feature 3)",
-        tuple(parts),
+            ),
+        ),
         "condensation at initialization needs depth and residual width (docs/reproduction.md): the init panel "
         "of GPT-2 small's shape (python -m dispersion_titan.quickstart --init-flavor small, the default) shows it; "
         "a model of dim 64 and 4 blocks does not",
@@ -232,7 +228,7 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
 
 def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
     baseline = {r.width: r for r in baselines(runs, seed)}
-    pairs = [
+    pairs = [  # never empty: every width has both arms at the main seed
         (baseline[r.width], r)
         for r in sorted(runs, key=lambda r: r.width)
         if not r.is_baseline and r.seed == seed and r.width in baseline
@@ -242,12 +238,12 @@ def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
     last = [(b.final.layers[-2].mean_cos_offdiag, d.final.layers[-2].mean_cos_offdiag) for b, d in pairs]
     parts = [
         Part(
-            f"trained toy model, step {pairs[0][1].final.step}" if pairs else "trained toy model",
+            f"trained toy model, step {pairs[0][1].final.step}",
             "late-block cosine baseline → dispersion: "
             + ", ".join(f"{late_cos(b.final):.3f} → {late_cos(d.final):.3f} at width {b.width}" for b, d in pairs)
             + f"; the last block alone: {', '.join(f'{x:.3f} → {y:.3f}' for x, y in last)}; the smallest fall",
             combined(judge(x, spread) for x in lowered),
-            min(lowered, default=0.0),
+            min(lowered),
             spread,
         )
     ]
