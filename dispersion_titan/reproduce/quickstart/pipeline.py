@@ -199,14 +199,12 @@ def step_progress(
     stop = threading.Event()
 
     def watch() -> None:
-        offset, first, step, said = 0, None, None, None
+        offset, first, said = 0, None, None
         while not stop.wait(every_s):
-            seen, offset = last_step(log, offset)
-            if seen is not None:
-                step = seen
-                first = first or (step, time.monotonic())
+            step, offset = last_step(log, offset)
             if step is None or step == said:
                 continue
+            first = first or (step, time.monotonic())
             line = f"train    {name}: step {step}/{steps}"
             first_step, since = first
             if step > first_step:
