@@ -25,15 +25,16 @@ from dispersion_titan.reproduce.quickstart.findings import (
     AGREES,
     DISAGREES,
     NOISE,
+    RunCondensation,
     findings,
     findings_markdown,
+    load_sweep,
     with_dispersion,
     with_width,
 )
 from dispersion_titan.reproduce.quickstart.init_panel import InitPanel
 from dispersion_titan.reproduce.quickstart.init_panel import init_panel as measure_init_panel
 from dispersion_titan.reproduce.quickstart.pipeline import step_progress
-from dispersion_titan.reproduce.quickstart.summary import RunCondensation, load_sweep
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import OutputError
 from support.launch import REPO, held_by_another_command, python_module

@@ -15,9 +15,8 @@ from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter
 from ...analysis.condensation_schema import Condensation
 from ...analysis.statistics import layer_fraction
 from ...run_folder.outputs import headless_pyplot
-from .findings import AGREES, DISAGREES, Finding, Part, baselines, panel_shape
+from .findings import AGREES, DISAGREES, Finding, Part, RunCondensation, baselines, late_cos, panel_shape
 from .init_panel import InitPanel
-from .summary import RunCondensation, late_cos
 
 plt = headless_pyplot()
 

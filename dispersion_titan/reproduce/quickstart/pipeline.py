@@ -30,10 +30,9 @@ from ...utils.errors import ArgumentError, DispersionTitanError, fail
 from ...utils.records import differences
 from . import VARIANT
 from .figure import findings_figure
-from .findings import findings, summary_markdown
+from .findings import findings, load_sweep, summary_markdown
 from .init_panel import InitPanel, init_panel
 from .jobs import Commands
-from .summary import load_sweep
 
 OPTIONS_FILE = "quickstart.json"
 
