@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dispersion_titan.analysis.inputs import DEFAULT_DATASET, InputOptions, select_sequences  # noqa: E402
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs  # noqa: E402
 from dispersion_titan.reproduce.quickstart.findings import embedding_cos, late_cos  # noqa: E402
-from dispersion_titan.reproduce.quickstart.init_panel import measure_at_init  # noqa: E402
+from dispersion_titan.reproduce.quickstart.pipeline import measure_at_init  # noqa: E402
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from dispersion_titan.reproduce.quickstart.findings import (
     AGREES,
     DISAGREES,
     NOISE,
+    InitPanel,
     RunCondensation,
     findings,
     findings_markdown,
@@ -32,8 +33,7 @@ from dispersion_titan.reproduce.quickstart.findings import (
     with_dispersion,
     with_width,
 )
-from dispersion_titan.reproduce.quickstart.init_panel import InitPanel
-from dispersion_titan.reproduce.quickstart.init_panel import init_panel as measure_init_panel
+from dispersion_titan.reproduce.quickstart.pipeline import init_panel as measure_init_panel
 from dispersion_titan.reproduce.quickstart.pipeline import step_progress
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import OutputError

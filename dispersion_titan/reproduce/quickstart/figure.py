@@ -15,8 +15,7 @@ from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter
 from ...analysis.condensation_schema import Condensation
 from ...analysis.statistics import layer_fraction
 from ...run_folder.outputs import headless_pyplot
-from .findings import AGREES, DISAGREES, Finding, Part, RunCondensation, baselines, late_cos, panel_shape
-from .init_panel import InitPanel
+from .findings import AGREES, DISAGREES, Finding, InitPanel, Part, RunCondensation, baselines, late_cos, panel_shape
 
 plt = headless_pyplot()
 

@@ -22,7 +22,6 @@ from ...analysis.compare import analyses_folder, load_runs
 from ...analysis.condensation_schema import Condensation, LayerCondensation, read_results
 from ...run_folder.checkpoints import dispersion_variant, load_run_metadata
 from ...run_folder.outputs import format_table
-from .init_panel import InitPanel
 
 AGREES, DISAGREES, NOISE = "agrees", "disagrees", "within noise at this scale"
 DIGITS = 3  # effects and spreads are compared as written: the verdict follows the numbers a reader sees
@@ -47,6 +46,14 @@ class RunCondensation:
     @property
     def is_baseline(self) -> bool:
         return self.dispersion is None
+
+
+@dataclass(frozen=True)
+class InitPanel:
+    """Condensation at initialization of a shape too large to train here (``pipeline.init_panel``)."""
+
+    widths: dict[int, Condensation]  # per MLP width, at the main seed
+    seeds: dict[int, Condensation]  # the narrowest width per seed, the main one first
 
 
 def late_blocks(result: Condensation) -> list[LayerCondensation]:

@@ -12,26 +12,30 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
+
 from ...analysis.compare import compare
-from ...analysis.condensation_schema import read_results
-from ...analysis.inputs import DEFAULT_DATASET, InputOptions
+from ...analysis.condensation_schema import RESULT_FILE, Condensation, read_results
+from ...analysis.inputs import DEFAULT_DATASET, InputOptions, Sequences, select_sequences
+from ...analysis.measure import DecoderLayers, measure
+from ...analysis.statistics import condensation
 from ...config.cli import read_toml
 from ...config.grid import Arm, Cell, cells
-from ...models.gpt2.args import gpt2_flavors
+from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
+from ...models.gpt2.model import GPT2
 from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
-from ...run_folder.outputs import atomic_write, ensure_writable, save_png, write_json
+from ...run_folder.outputs import atomic_write, ensure_writable, read_json_files, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, DispersionTitanError, fail
 from ...utils.records import differences
 from . import VARIANT
 from .figure import findings_figure
-from .findings import findings, load_sweep, summary_markdown
-from .init_panel import InitPanel, init_panel
+from .findings import InitPanel, findings, load_sweep, summary_markdown
 from .jobs import Commands
 
 OPTIONS_FILE = "quickstart.json"
@@ -96,6 +100,73 @@ class Progress:
         minutes, seconds = divmod(int(self.elapsed()), 60)
         with self._lock:
             print(f"[{minutes:2d}:{seconds:02d}] {message}", flush=True)
+
+
+def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_size: int, run: str) -> Condensation:
+    torch.manual_seed(seed)  # the model exactly as dispersion_titan.train initialises it with debug.seed = seed
+    with torch.device("meta"):
+        model = GPT2(args)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights()
+    model.eval()
+    measured = measure(DecoderLayers(model), sequences.tokens, batch_size, "cpu")
+    return condensation(
+        0,
+        sequences,
+        measured,
+        dtype="fp32",
+        device="cpu",
+        checkpoint="initialization",
+        run=run,
+        model_args=dataclasses.asdict(args),
+        n_params=sum(p.numel() for p in model.parameters()),
+    )
+
+
+def init_panel(
+    out: str,
+    flavor: str,
+    widths: tuple[int, ...],
+    seeds: Sequence[int],
+    texts: InputOptions,
+    say: Callable[[str], None],
+) -> InitPanel:
+    """Condensation at initialization, for model shapes too large to train on a laptop: the paper's "wider
+    MLPs condense less" and "present from initialization" need GPT-2 small's shape, which a toy model lacks,
+    and a fresh model costs one forward pass. Same statistics and ``condensation.json`` as a run's analysis
+    (step 0, ``checkpoint`` = ``"initialization"``).
+
+    Step-0 condensation of ``flavor`` at each width (``out/w{width}/``) and at the narrowest for each
+    extra seed (``out/w{width}-s{seed}/``), on the sequences ``texts`` selects; a shape measured on the
+    same sequences is read back."""
+    begun = time.monotonic()
+    extra = f"; seed {', '.join(map(str, seeds[1:]))} at {widths[0]}" if seeds[1:] else ""
+    say(
+        f"init     condensation at initialization, {flavor} shape, MLP width "
+        f"{', '.join(map(str, widths))} at seed {seeds[0]}{extra}: one forward pass each"
+    )
+    stored = read_json_files(out, RESULT_FILE)  # a corrupt one refused in one line before any work
+    sequences = select_sequences(texts)
+    jobs = [(w, seeds[0]) for w in widths] + [(widths[0], s) for s in seeds[1:]]
+    results = {}
+    for i, (width, seed) in enumerate(jobs, start=1):
+        name = f"w{width}" if seed == seeds[0] else f"w{width}-s{seed}"
+        folder, path = os.path.join(out, name), os.path.join(out, name, RESULT_FILE)
+        args = dataclasses.replace(gpt2_flavors[flavor], mlp_hidden_dim=width)
+        start = time.monotonic()
+        if name in stored:
+            cached = Condensation.from_json(stored[name], path)
+            if cached.tokens_sha256 == sequences.sha256 and cached.model_args == dataclasses.asdict(args):
+                results[width, seed] = cached
+                say(f"init     MLP width {width}, seed {seed}: read back ({i} of {len(jobs)})")
+                continue
+        results[width, seed] = measure_at_init(args, seed, sequences, batch_size=4, run=folder)
+        write_json(path, results[width, seed].to_json())
+        took = time.monotonic() - start
+        say(f"init     MLP width {width}, seed {seed}: measured in {took:.0f} s ({i} of {len(jobs)})")
+    say(f"init     done in {time.monotonic() - begun:.0f} s")
+    return InitPanel({w: results[w, seeds[0]] for w in widths}, {s: results[widths[0], s] for s in seeds})
 
 
 def make_setup(a: argparse.Namespace) -> QuickstartSetup:
