@@ -86,20 +86,16 @@ class QuickstartSetup:
         return os.path.join(self.out, "logs", f"{run.name}.{phase}.log")
 
 
-class Progress:
-    """Timestamped lines from several worker threads, never interleaved."""
+def progress(start: float) -> Callable[[str], None]:
+    """Lines stamped with the time since ``start``, from several worker threads, never interleaved."""
+    lock = threading.Lock()
 
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-        self._lock = threading.Lock()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def __call__(self, message: str) -> None:
-        minutes, seconds = divmod(int(self.elapsed()), 60)
-        with self._lock:
+    def say(message: str) -> None:
+        minutes, seconds = divmod(int(time.monotonic() - start), 60)
+        with lock:
             print(f"[{minutes:2d}:{seconds:02d}] {message}", flush=True)
+
+    return say
 
 
 def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_size: int, run: str) -> Condensation:
@@ -302,7 +298,7 @@ def folder_id(path: str) -> tuple[int, int] | None:
 
 
 def process(
-    setup: QuickstartSetup, run: Cell, commands: Commands, say: Progress, out_id: tuple[int, int] | None
+    setup: QuickstartSetup, run: Cell, commands: Commands, say: Callable[[str], None], out_id: tuple[int, int] | None
 ) -> str | None:
     """Train (unless done) then analyze (unless done) one run; an error line or None. Nothing starts once
     OUT is no longer the folder ``out_id`` (moved or removed): its jobs would write a new one."""
@@ -323,7 +319,7 @@ def process(
     return None
 
 
-def train_and_analyze(setup: QuickstartSetup, say: Progress) -> None:
+def train_and_analyze(setup: QuickstartSetup, say: Callable[[str], None]) -> None:
     """Every run, ``setup.jobs`` at a time, forked from one server that imported the commands once."""
     # The quickstart trains on CPU by design, also on a node whose GPUs torch cannot use.
     env = {
@@ -355,7 +351,7 @@ def train_and_analyze(setup: QuickstartSetup, say: Progress) -> None:
         sys.exit(1)
 
 
-def compare_runs(setup: QuickstartSetup, say: Progress) -> list[tuple[str, str]]:
+def compare_runs(setup: QuickstartSetup, say: Callable[[str], None]) -> list[tuple[str, str]]:
     """Write every ``analyze compare``; return (description, path) of its figure and table."""
     main_seed = [r for r in setup.runs if r.seed == setup.seed]
     everything = [setup.dump(r) for r in main_seed]
@@ -430,7 +426,8 @@ def run(setup: QuickstartSetup) -> None:
     ensure_writable(setup.out, "--out")
     with owned(setup.out, QUICKSTART):
         check_same_options(setup)
-        say = Progress()
+        begun = time.monotonic()
+        say = progress(begun)
         say(
             f"quickstart: {len(setup.runs)} runs (MLP width {', '.join(map(str, setup.widths))} × "
             f"baseline/{VARIANT} λ={setup.coeff}), {setup.steps} steps each, {setup.jobs} at a time with "
@@ -446,6 +443,6 @@ def run(setup: QuickstartSetup) -> None:
         except (DispersionTitanError, OSError) as e:
             fail(str(e).splitlines()[0], status=1)
         print("\n" + text)
-        minutes, seconds = divmod(round(say.elapsed()), 60)
+        minutes, seconds = divmod(round(time.monotonic() - begun), 60)
         summary = os.path.join(setup.out, "summary.md")
         say(f"quickstart: finished in {minutes} min {seconds} s; summary: {summary}")
