@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributed._composable.replicate import DDP
 from torch.distributed.tensor import DTensor, Placement
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from ..components.titan_compat import optimizer_step
 from ..config.cli import without_profile
@@ -23,7 +24,7 @@ from ..losses.options import resolve_layers
 from ..models.gpt2.model import local_tensor
 from ..trainer.objective import DispersionObjective, own_sequences, shares
 from ..trainer.trainer import DispersionTrainer
-from ..utils.errors import DispersionTitanError
+from ..utils.errors import ConfigError
 from .fake_world import micro_batches, rank_zero_trainer
 from .layout import ResourceLayout, resolve_layout
 
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
 
 DRY_RUN_BLOCKS = 2
 DRY_RUN_TOKENS = 128
-
-
-class DryRunFailed(DispersionTitanError):
-    """A check of ``plan --dry-run-step`` failed."""
 
 
 def shrunk_args(args: list[str], layout: ResourceLayout) -> tuple[list[str], str]:
@@ -72,28 +69,18 @@ def _sharded_dim(placement: Placement) -> int | None:
     return getattr(placement, "dim", None)
 
 
-def _rank_zero_shape(p: DTensor) -> tuple[int, ...]:
-    """Rank 0's shard of ``p``: the first chunk along each sharded dimension, innermost first."""
-    shape = list(p.shape)
-    for placement, size in reversed(list(zip(p.placements, p.device_mesh.mesh.shape, strict=True))):
-        dim = _sharded_dim(placement)
-        if dim is not None:
-            shape[dim] = math.ceil(shape[dim] / size)
-    return tuple(shape)
-
-
 def check_mesh(trainer: DispersionTrainer, layout: ResourceLayout) -> str:
     pd = trainer.parallel_dims
     found = {"dp_replicate": pd.dp_replicate, "fsdp": pd.dp_shard, "tp": pd.tp, "world": pd.world_size}
     wanted = {"dp_replicate": layout.dp_replicate, "fsdp": layout.dp_shard, "tp": layout.tp, "world": layout.gpus}
     if found != wanted:
-        raise DryRunFailed(f"mesh: the trainer built {found}, the plan is {wanted}")
+        raise ConfigError(f"mesh: the trainer built {found}, the plan is {wanted}")
     sizes = {name: pd.get_mesh(name).size() for name in _expected_mesh(layout)}
     if any(sizes[name] != wanted[name] for name in sizes):
-        raise DryRunFailed(f"mesh: dimension sizes {sizes}, the plan is {wanted}")
+        raise ConfigError(f"mesh: dimension sizes {sizes}, the plan is {wanted}")
     loader = (trainer.dataloader.dp_world_size, trainer.dataloader.dp_rank)
     if loader != (layout.dp, 0):
-        raise DryRunFailed(f"mesh: the data loader reads as rank {loader[1]} of {loader[0]}, not 0 of {layout.dp}")
+        raise ConfigError(f"mesh: the data loader reads as rank {loader[1]} of {loader[0]}, not 0 of {layout.dp}")
     dims = " × ".join(f"{name} {size}" for name, size in sizes.items()) or "one rank"
     return f"mesh: {dims} of {layout.gpus} ranks, the data loader rank 0 of {layout.dp}: as planned"
 
@@ -104,26 +91,27 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> s
     replicated = mesh == ("dp_replicate",)  # DDP: whole parameters as plain tensors, the module wrapped
     if replicated:
         if not isinstance(model, DDP):
-            raise DryRunFailed("parallelize: the model is not replicated by DDP over dp_replicate")
+            raise ConfigError("parallelize: the model is not replicated by DDP over dp_replicate")
         mesh = ()
     params = list(model.named_parameters())
     on_tp = 0
     for name, p in params if mesh else ():
         if not isinstance(p, DTensor) or p.device_mesh.mesh_dim_names != mesh:
             where = p.device_mesh.mesh_dim_names if isinstance(p, DTensor) else "a plain tensor"
-            raise DryRunFailed(f"parallelize: {name} is on {where}, not a DTensor on {mesh}")
+            raise ConfigError(f"parallelize: {name} is on {where}, not a DTensor on {mesh}")
         if "fsdp" in mesh and _sharded_dim(p.placements[mesh.index("fsdp")]) != 0:
-            raise DryRunFailed(f"parallelize: {name} is not sharded by FSDP ({p.placements})")
-        if tuple(p.to_local().shape) != _rank_zero_shape(p):
-            raise DryRunFailed(
+            raise ConfigError(f"parallelize: {name} is not sharded by FSDP ({p.placements})")
+        placed, _ = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements, skip_offset=True)
+        if tuple(p.to_local().shape) != placed:
+            raise ConfigError(
                 f"parallelize: {name}'s shard on rank 0 is {tuple(p.to_local().shape)}, its placements "
-                f"{p.placements} give {_rank_zero_shape(p)}"
+                f"{p.placements} give {placed}"
             )
         on_tp += "tp" in mesh and _sharded_dim(p.placements[mesh.index("tp")]) is not None
     if tied and model.output.weight is not model.tok_embeddings.weight:
-        raise DryRunFailed("parallelize: the LM head is no longer the token embeddings (model.tie_embeddings)")
+        raise ConfigError("parallelize: the LM head is no longer the token embeddings (model.tie_embeddings)")
     if layout.tp > 1 and not on_tp:
-        raise DryRunFailed("parallelize: tensor parallelism sharded no parameter")
+        raise ConfigError("parallelize: tensor parallelism sharded no parameter")
     local = sum(local_tensor(p).numel() for _, p in params)
     where = (
         f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements"
@@ -141,16 +129,16 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
     """Each rank's share of the term, and the division that makes the sum the global mean."""
     objective, g = trainer.dispersion, layout.global_batch
     if objective.global_batch_size != g:
-        raise DryRunFailed(f"dispersion: the term divides by {objective.global_batch_size}, the global batch is {g}")
+        raise ConfigError(f"dispersion: the term divides by {objective.global_batch_size}, the global batch is {g}")
     if trainer.gradient_accumulation_steps != layout.accumulation:
-        raise DryRunFailed(
+        raise ConfigError(
             f"dispersion: {trainer.gradient_accumulation_steps} micro-batches per step, "
             f"the plan has {layout.accumulation}"
         )
     owned = shares(layout.micro_batch, layout.tp)
     total = Fraction(layout.dp * layout.accumulation * sum(owned), g)
     if total != 1:
-        raise DryRunFailed(f"dispersion: the ranks' shares add up to {total} of the global batch, not 1")
+        raise ConfigError(f"dispersion: the ranks' shares add up to {total} of the global batch, not 1")
     cfg = trainer.job_config.dispersion
     if cfg.variant == "none":
         return (
@@ -165,7 +153,7 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
     if layout.tp > 1:  # the collectives are fake: the shape of rank 0's whole sequences, not their values
         got = tuple(own_sequences(hidden[0], objective.tp_group).shape)
         if got != (owned[0], seq_len, dim):
-            raise DryRunFailed(f"dispersion: rank 0 of TP {layout.tp} gets {got}, not {(owned[0], seq_len, dim)}")
+            raise ConfigError(f"dispersion: rank 0 of TP {layout.tp} gets {got}, not {(owned[0], seq_len, dim)}")
         ratio_note = "its term's values ride on the fake all-to-all and are not checked"
     else:
         term = objective(hidden, 1, False, 0).unweighted
@@ -174,7 +162,7 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
         ).unweighted
         ratio = (term / own_mean).item()
         if not math.isclose(ratio, owned[0] / g, rel_tol=1e-6):
-            raise DryRunFailed(f"dispersion: rank 0's term is {ratio:.6g} × its own mean, not {owned[0]}/{g}")
+            raise ConfigError(f"dispersion: rank 0's term is {ratio:.6g} × its own mean, not {owned[0]}/{g}")
         ratio_note = f"its term is {owned[0]}/{g} × its own mean (on random hidden states: {ratio:.6g})"
     tokens = min(seq_len, cfg.max_tokens or seq_len)
     return (
@@ -186,7 +174,7 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
 
 
 def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
-    """The checks' lines for ``args`` in the layout ``full`` (``DryRunFailed`` on the first failure)."""
+    """The checks' lines for ``args`` in the layout ``full`` (``ConfigError`` on the first failure)."""
     shrunk, said = shrunk_args(args, full)
     gpus = full.gpus
     job_config: RunConfig = validated_args(shrunk, gpus)
