@@ -57,8 +57,6 @@ def check_numbers(config: RunConfig) -> None:
     of ``AT_LEAST`` at least its least."""
     for section in dataclasses.fields(config):
         values = getattr(config, section.name)
-        if not dataclasses.is_dataclass(values):
-            continue
         for field in dataclasses.fields(values):
             value, key = getattr(values, field.name), f"{section.name}.{field.name}"
             if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and key not in INFINITY_MEANS)):

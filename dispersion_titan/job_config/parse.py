@@ -71,7 +71,7 @@ def _field_type(key: str) -> object:
     """The JobConfig type of ``section.key`` (None if there is no such field)."""
     section, _, name = key.partition(".")
     for field in dataclasses.fields(titan_compat.merged_job_config_class(CONFIG_MODULE)):
-        if field.name == section and dataclasses.is_dataclass(field.type):
+        if field.name == section:
             return next((f.type for f in dataclasses.fields(field.type) if f.name == name), None)
     return None
 

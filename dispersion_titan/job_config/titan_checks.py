@@ -8,6 +8,8 @@ import importlib.util
 import os
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ..components.titan_compat import model_converter_names
 from ..data.corpora import check_readable_here
 from ..data.store import is_store
@@ -79,8 +81,6 @@ def check_initial_load(config: RunConfig) -> None:
 def check_runs_here(config: RunConfig) -> None:
     """A GPU config where torch sees no GPU is refused, never changed silently: inductor (on a CPU it
     needs a C++ toolchain and minutes per start) and liger; a hub dataset this machine cannot read."""
-    import torch
-
     for section in ("training", "validation") if config.validation.enable else ("training",):
         cfg = getattr(config, section)
         if not is_store(cfg.dataset_path):
@@ -101,8 +101,6 @@ def check_runs_here(config: RunConfig) -> None:
 
 def triton_device_here() -> bool:
     """Whether the Triton kernels can run in this job: a CUDA device, or Triton's CPU interpreter."""
-    import torch
-
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
