@@ -24,8 +24,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 from dispersion_titan.config.schema import Dispersion
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.models import register_all
-from dispersion_titan.trainer.block_outputs import BlockOutputs
-from dispersion_titan.trainer.objective import DispersionObjective
+from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from support.launch import REPO
 
 QWEN3_TOML = str(REPO / "train_configs" / "debug_qwen3_angular_spread.toml")

@@ -34,8 +34,7 @@ from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
 from dispersion_titan.run_folder.owners import OWNER_FILE
-from dispersion_titan.trainer.block_outputs import BlockOutputs
-from dispersion_titan.trainer.objective import DispersionObjective
+from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module, torchrun

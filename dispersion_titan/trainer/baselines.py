@@ -16,7 +16,7 @@ from torchtitan.tools.logging import logger
 
 from ..config.schema import Baseline
 from ..models.gpt2.model import INIT_STD, copy_full_into
-from .seeds import mixed_seed
+from .objective import mixed_seed
 
 
 class NoBaseline:

@@ -3,22 +3,65 @@ micro-batches, so a micro-batch of ``b`` of ``G`` sequences contributes ``(b/G)Â
 global batch's mean, whatever the layout. Under sequence parallelism a TP rank holds a slice of every
 sequence, but a pairwise loss needs whole ones: one all-to-all hands each rank whole sequences of its
 own share (``own_sequences``), whose partial sums add up to the whole (no TP-fold recomputation).
+
+The dispersion points (``dispersion.points``) are captured by forward hooks on ``model.layers`` and
+``model.norm`` (``BlockOutputs``). Registered after ``parallelize_fn``, each sits outside activation
+checkpointing's recomputation and ``torch.compile``: it fires once per forward and keeps the very
+tensor the next module consumes, so the gradient flows through it (under TP its local shard).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
 
 from ..config.schema import Dispersion
 from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.dispersion import KernelUnavailable, check_triton_kernel, select_tokens
 from ..losses.options import resolve_layers
+from ..models.gpt2.model import local_tensor
 from ..utils.errors import ConfigError
-from .seeds import mixed_seed
+
+
+def mixed_seed(*parts: int) -> int:
+    """One 63-bit seed from layout-free integers (seed, step, chunk, ...), in order: token subsets here,
+    dropout masks and the baselines' draws."""
+    seed = 0
+    for part in parts:
+        seed = (seed * 1_000_003 + part) % 2**63
+    return seed
+
+
+class BlockOutputs:
+    """Hooks on the dispersion points; ``take()`` hands over one training forward's outputs."""
+
+    def __init__(self, model: nn.Module, points: str) -> None:
+        blocks = list(model.layers.values())
+        modules = blocks if points == "blocks" else [*blocks[:-1], model.norm]  # hidden_states: the last, the norm
+        self.count = len(modules)
+        self._outputs: dict[int, torch.Tensor] = {}
+        for index, module in enumerate(modules):
+            module.register_forward_hook(functools.partial(self._capture, index))
+
+    def _capture(self, index: int, module: nn.Module, args: Any, output: torch.Tensor) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        if index in self._outputs:
+            raise RuntimeError(f"dispersion point {index + 1}'s forward hook fired twice before its outputs were taken")
+        self._outputs[index] = local_tensor(output)
+
+    def take(self) -> list[torch.Tensor]:
+        """The outputs of the forward that just ran, point 1 first; the hooks start afresh."""
+        outputs, self._outputs = self._outputs, {}
+        if len(outputs) != self.count:
+            raise RuntimeError(f"captured {len(outputs)} of {self.count} dispersion points in one training forward")
+        return [outputs[i] for i in range(self.count)]
 
 
 def shares(batch: int, world: int) -> list[int]:

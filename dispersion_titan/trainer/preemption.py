@@ -7,7 +7,7 @@
   the signal. A second SIGINT after ``REPEAT_WINDOW_S`` abandons the save; a repeated SIGTERM is
   ignored (its sender grants a grace period).
 
-Handlers only record the signal; the ranks agree on it in ``trainer.StepHealth``'s all-reduce, so
+Handlers only record the signal; the ranks agree on it in the trainer's all-reduce of its step flags, so
 all stop at the same step. They are installed whatever the inherited disposition (a background
 job inherits SIGINT ignored). After the last step a signal changes nothing.
 """

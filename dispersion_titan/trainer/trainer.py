@@ -31,38 +31,16 @@ from ..run_folder.writer_lock import WriterLock
 from ..tokenizer.encoders import encoder_for
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
 from .baselines import build_baseline
-from .block_outputs import BlockOutputs
-from .objective import DispersionObjective
+from .objective import BlockOutputs, DispersionObjective, mixed_seed
 from .preemption import INTERRUPT_SIGNALS, Preemption, secondary_failure_status
 from .save_failure import save_failure, write_failure
-from .seeds import mixed_seed
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
 
 
 CHECKPOINT_KEY = "checkpoint.folder"
-
-
-class StepHealth:
-    """The non-finite-loss and preemption flags, recorded on the device every step and all-reduced
-    only at log steps and before saves (no other synchronisation)."""
-
-    _NONE = 2**40  # flags[0] = _NONE - first bad step, so MAX picks the earliest one
-
-    def __init__(self, device: torch.device) -> None:
-        self.bad = torch.zeros((), dtype=torch.int64, device=device)
-
-    def record(self, local_loss: torch.Tensor, step: int) -> None:
-        not_finite = (~torch.isfinite(local_loss).all()).long()
-        self.bad = torch.maximum(self.bad, not_finite * (self._NONE - step))
-
-    def agree(self, signum: int) -> tuple[int | None, int]:
-        """(first step with a non-finite loss on any rank or None, the largest signal received or 0)."""
-        flags = torch.stack([self.bad, self.bad.new_full((), signum)])
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        bad, agreed_signum = flags.tolist()
-        return (self._NONE - bad if bad else None), agreed_signum
+NO_BAD_STEP = 2**40  # trainer.bad_flag = NO_BAD_STEP - the first bad step, so MAX picks the earliest one
 
 
 def released_scales(
@@ -115,7 +93,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                 for path in quarantine_incomplete(self.checkpoint_folder):
                     logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
         dist.barrier()
-        self.health = StepHealth(self.device)
+        # A non-finite loss flagged on the device every step, all-reduced with the preemption signal only at log
+        # steps and before saves (no other synchronisation).
+        self.bad_flag = torch.zeros((), dtype=torch.int64, device=self.device)
         self.seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
         self.dispersion = self.dispersion_objective(job_config.dispersion)
@@ -212,7 +192,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.microbatch = 0
         self.baseline.begin_step(self.step)
         super().train_step(data_iterator)
-        self.health.record(self.step_metrics.loss, self.step)  # CE + λ·term: an infinite term stops its own step
+        not_finite = (~torch.isfinite(self.step_metrics.loss).all()).long()  # CE + λ·term: an infinite term too
+        self.bad_flag = torch.maximum(self.bad_flag, not_finite * (NO_BAD_STEP - self.step))
         last = self.step == self.job_config.training.steps
         if (
             last
@@ -223,15 +204,17 @@ class DispersionTrainer(titan_compat.TrainerHooks):
 
     def _check_health(self) -> None:
         """Stop every rank at a non-finite loss before this step is saved; save and exit on a signal."""
-        bad_step, signum = self.health.agree(int(self.preemption.received or 0))
-        if bad_step is not None:
+        flags = torch.stack([self.bad_flag, self.bad_flag.new_full((), int(self.preemption.received or 0))])
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # the first bad step on any rank, the largest signal received
+        bad, signum = flags.tolist()
+        if bad:
             # Ignored from now: torchrun's SIGTERM would kill a rank shutting down (-15), and the launcher print its
             # report, not our line.
             for interrupt in INTERRUPT_SIGNALS:
                 signal.signal(interrupt, signal.SIG_IGN)
             where = f" in {self.checkpoint_folder}" if self.checkpoint_folder is not None else ""
             raise NonFiniteLossError(
-                f"loss is not finite at step {bad_step}; training stopped before saving step {self.step}, "
+                f"loss is not finite at step {NO_BAD_STEP - bad}; training stopped before saving step {self.step}, "
                 f"earlier checkpoints{where} are intact"
             )
         if signum:
