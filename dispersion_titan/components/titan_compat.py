@@ -73,8 +73,6 @@ MODULES_BINDING_DEVICE = (
     "torchtitan.tools.profiling",
 )
 
-_cpu_applied = False
-
 
 def _cpu_memory_stats(device: object = None) -> dict[str, int]:
     """Peak resident set size of this process, reported like the CUDA allocator's stats."""
@@ -113,10 +111,9 @@ def uses_cpu() -> bool:
 def apply() -> None:
     """Check the version and, without a GPU, point TorchTitan at the CPU: the module-level
     ``device_type`` / ``device_module`` bindings and the memory monitor's default device assume
-    CUDA. Idempotent; on CUDA nothing changes."""
-    global _cpu_applied
+    CUDA. Idempotent (the same bindings again); on CUDA nothing changes."""
     check_torchtitan_version()
-    if _cpu_applied or not uses_cpu():
+    if not uses_cpu():
         return
     import importlib
 
@@ -130,7 +127,6 @@ def apply() -> None:
             module.device_module = cpu_module
     # DeviceMemoryMonitor's default argument captured "cuda:0" at import time.
     DeviceMemoryMonitor.__init__.__defaults__ = ("cpu:0",)
-    _cpu_applied = True
 
 
 def backend_needs_sum_reduction() -> bool:
