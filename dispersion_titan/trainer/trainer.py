@@ -98,13 +98,14 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.bad_flag = torch.zeros((), dtype=torch.int64, device=self.device)
         self.seed = run_seed(job_config)
         self.step_metrics = self.metrics_processor.step_metrics
+        self.tp_group = self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
+        self.tp_rank = dist.get_rank(self.tp_group) if self.tp_group is not None else 0
         self.dispersion = self.dispersion_objective(job_config.dispersion)
         # Micro-batch m of this rank is chunk m·W + r of the global batch (data.packed.RankSlice).
         self.chunk_stride, self.chunk_offset = self.dataloader.dp_world_size, self.dataloader.dp_rank
         self.microbatch = 0
         # as_released: each micro-batch's mean scaled as by the authors' accumulation count (``released_scales``)
         self.released_accumulation = job_config.released.gradient_accumulation_steps or self.gradient_accumulation_steps
-        self.tp_rank = dist.get_rank(self._tp_group()) if self.parallel_dims.tp_enabled else 0
         self.has_dropout = any(getattr(self.model_args, key, 0.0) > 0 for key in DROPOUT_KEYS)
         (model,) = self.model_parts
         encoder = encoder_for(job_config.model.name, job_config.model.hf_assets_path)
@@ -119,7 +120,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             encoder.pad_id,
             self.chunk_offset,
             self.chunk_stride,
-            self._tp_group(),
+            self.tp_group,
         )
         # SIGUSR1 (Slurm's time-limit warning): save, exit, requeue; SIGINT, SIGTERM: save, exit.
         self.preemption = Preemption()
@@ -148,13 +149,10 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self.model_args.n_layers,
             self.step_metrics.global_batch_size,
             self.seed,
-            self._tp_group(),
+            self.tp_group,
         )
         objective.check_kernel(self.device)
         return objective
-
-    def _tp_group(self) -> dist.ProcessGroup | None:
-        return self.parallel_dims.get_mesh("tp").get_group() if self.parallel_dims.tp_enabled else None
 
     def _save_failed(self, step: int, error: BaseException) -> None:
         raise save_failure(self.checkpoint_folder, step, error, self.model_parts[0]) from error
