@@ -231,8 +231,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         chunk = self.microbatch * self.chunk_stride + self.chunk_offset
         self.microbatch += 1
         sync_last_microbatch(model, self.microbatch, self.gradient_accumulation_steps)
-        if self.has_dropout:
-            self._seed_dropout(chunk)
+        if self.has_dropout:  # masks from the global RNG seeded host-side by (seed, step, chunk, TP rank): the same
+            # chunks draw the same masks whatever the layout (AC recomputes them: ``preserve_rng_state``)
+            torch.manual_seed(mixed_seed(self.seed, self.step, chunk, self.tp_rank))
         with self.maybe_enable_amp:
             if self.job_config.training.head_loss == "torch":
                 logits = model(inputs, **model_kwargs)
@@ -257,11 +258,6 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         loss = ce_value + term.weighted_value  # L from the addends above (as_released: its mean all the same)
         self.step_metrics.add(ce_value, term.unweighted, loss, term.block_cosine_sums)
         return loss
-
-    def _seed_dropout(self, chunk: int) -> None:
-        """Dropout masks from the global RNG seeded by (seed, step, chunk, TP rank), host-side: the same
-        chunks draw the same masks whatever the layout (AC recomputes them: ``preserve_rng_state``)."""
-        torch.manual_seed(mixed_seed(self.seed, self.step, chunk, self.tp_rank))
 
 
 def train(job_config: RunConfig) -> None:
