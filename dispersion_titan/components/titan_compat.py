@@ -200,8 +200,6 @@ def init_validator(validator: Any, validation_dataloader: Any, **fields: Any) ->
     from torchtitan.components.validate import BaseValidator
 
     BaseValidator.__init__(validator, fields.pop("job_config"))
-    fields.pop("dp_world_size")
-    fields.pop("dp_rank")
     expected = set(VALIDATOR_FIELDS) - {"job_config", "validation_dataloader"}
     if set(fields) != expected:
         raise TypeError(f"init_validator: expected fields {sorted(expected)}, got {sorted(fields)}")

@@ -32,8 +32,6 @@ class PackedValidator(Validator):
             self,
             build_packed_validation_dataloader(dp_world_size, dp_rank, job_config),
             job_config=job_config,
-            dp_world_size=dp_world_size,
-            dp_rank=dp_rank,
             **{"pp_schedule": None, "pp_has_first_stage": None, "pp_has_last_stage": None, **fields},
         )
         self.micro_batch = job_config.training.local_batch_size
