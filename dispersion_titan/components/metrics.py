@@ -23,18 +23,14 @@ class StepMetrics:
         self.reset()
 
     def reset(self) -> None:
-        self.ce: torch.Tensor | None = None
-        self.dispersion: torch.Tensor | None = None
-        self.loss: torch.Tensor | None = None
+        self.ce = self.dispersion = self.loss = 0.0  # tensors once a micro-batch is added
         self.cosine_sums: torch.Tensor | None = None
 
     def add(
         self, ce: torch.Tensor, dispersion: torch.Tensor, loss: torch.Tensor, cosine_sums: torch.Tensor | None
     ) -> None:
         """One micro-batch: its CE, unweighted dispersion term, the loss it trains on (CE + λ·term)."""
-        self.ce = ce if self.ce is None else self.ce + ce
-        self.dispersion = dispersion if self.dispersion is None else self.dispersion + dispersion
-        self.loss = loss if self.loss is None else self.loss + loss
+        self.ce, self.dispersion, self.loss = self.ce + ce, self.dispersion + dispersion, self.loss + loss
         if cosine_sums is not None:
             self.cosine_sums = cosine_sums if self.cosine_sums is None else self.cosine_sums + cosine_sums
 
@@ -61,7 +57,7 @@ class DispersionMetricsProcessor(MetricsProcessor):
     ) -> None:
         extra = dict(extra_metrics or {})
         m = self.step_metrics
-        if m.ce is not None:
+        if torch.is_tensor(m.ce):
             mesh = self.parallel_dims.get_optional_mesh("loss")  # summed over data-parallel ranks, as the loss
             extra["loss_metrics/ce"] = ce = dist_utils.dist_sum(m.ce, mesh)
             extra["loss_metrics/dispersion"] = disp = dist_utils.dist_sum(m.dispersion, mesh)
