@@ -4,13 +4,12 @@ split into ``wq/wk/wv``; plain tensors and DTensors alike.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
@@ -53,37 +52,26 @@ def _canonical_hf_key(key: str) -> str:
 
 class GPT2StorageReader(HuggingFaceStorageReader):
     """Reads HF GPT-2 safetensors under canonical key names (original files lack ``transformer.`` and
-    carry ``attn.bias`` buffers, which are hidden), each slice from the file's own key."""
+    carry ``attn.bias`` buffers, which are hidden), each slice under the file's own key."""
 
     def read_metadata(self) -> Metadata:
         metadata = super().read_metadata()
         metadata.state_dict_metadata = {
             _canonical_hf_key(k): v for k, v in metadata.state_dict_metadata.items() if not _HF_BUFFERS.search(k)
         }
-        metadata.storage_data = {
-            MetadataIndex(_canonical_hf_key(i.fqn), i.offset): info
-            for i, info in metadata.storage_data.items()
-            if not _HF_BUFFERS.search(i.fqn)
+        # the canonical keys added: the file's own stay for read_data
+        metadata.storage_data |= {
+            MetadataIndex(_canonical_hf_key(i.fqn), i.offset): v for i, v in metadata.storage_data.items()
         }
         return metadata
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        per_file = defaultdict(list)
-        for item in plan.items:
-            per_file[self.storage_data[item.storage_index].relative_path].append(item)
-        for file_name, items in per_file.items():
-            with safe_open(filename=file_name, framework="pt") as f:
-                keys = set(f.keys())
-                for item in items:
-                    key = item.storage_index.fqn
-                    key = key if key in keys else key.removeprefix("transformer.")
-                    slices = tuple(slice(o, o + n) for o, n in zip(item.storage_offsets, item.lengths))
-                    target = planner.resolve_tensor(item).detach()
-                    target.copy_(f.get_slice(key)[slices])
-                    planner.commit_tensor(item, target)
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
+        def own(index: MetadataIndex) -> MetadataIndex:
+            short = MetadataIndex(index.fqn.removeprefix("transformer."), index.offset)
+            return short if short in self.storage_data else index
+
+        items = [dataclasses.replace(item, storage_index=own(item.storage_index)) for item in plan.items]
+        return super().read_data(dataclasses.replace(plan, items=items), planner)
 
 
 class GPT2StateDictAdapter(StateDictAdapter):
