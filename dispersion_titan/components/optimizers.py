@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from typing import Any
 
 from torch import nn
@@ -21,7 +20,7 @@ from . import titan_compat
 WARMUP_FRACTION = 0.08
 BODY_WARMUP_FRACTION = 0.2
 """The authors' ActiveForgettingLRScheduler: the body's warm-up is ⌊0.2·T⌋ steps (their af_body_warmup_ratio)."""
-_NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
+_NO_DECAY_NAMES = ["bias", "layernorm", "rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
 """transformers' ``Trainer.get_decay_parameter_names`` patterns, searched in the lower-cased name."""
 
 
@@ -55,18 +54,10 @@ def no_decay_parameter_names(model: nn.Module, hf: bool = True) -> set[str]:
     """What the Hugging Face Trainer exempts from weight decay (``get_decay_parameter_names``): LayerNorm
     parameters and names saying bias or norm; ``hf`` False: LayerNorm's and bias only, as the authors'
     active-forgetting optimizer."""
-    in_layer_norms = {
-        f"{prefix}.{name}" if prefix else name
-        for prefix, module in model.named_modules()
-        if isinstance(module, nn.LayerNorm)
-        for name, _ in module.named_parameters()
-    }
-    exempt_name = _NO_DECAY_NAME.search if hf else re.compile("bias").search
-    return {
-        name
-        for name, _ in model.named_parameters()
-        if name in in_layer_norms or exempt_name(name.lower() if hf else name)
-    }
+    from transformers.trainer_pt_utils import get_parameter_names  # the walk both use, names outside LayerNorms
+
+    decayed = get_parameter_names(model, [nn.LayerNorm], _NO_DECAY_NAMES if hf else ["bias"])
+    return {name for name, _ in model.named_parameters()} - set(decayed)
 
 
 def build_dispersion_optimizers(
