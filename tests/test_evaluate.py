@@ -153,7 +153,7 @@ def test_an_unusable_datasets_cache_is_named_not_the_task(tmp_path, monkeypatch)
     """A read-only HOME, or a cache under a file: the line names the cache and HF_HOME, not --tasks."""
     import datasets.config
 
-    from dispersion_titan.evaluation.tasks import Tasks
+    from dispersion_titan.evaluation.runner import Tasks
 
     (tmp_path / "file").write_text("")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "file" / "hf"))

@@ -1,20 +1,40 @@
 """Evaluate every selected checkpoint of one run with lm-eval, as ``analyze`` analyzes them, into per-step
 result files, ``OUT/step-N/results.json`` (lm-eval's results of the per-task calls merged, plus our
-``dispersion_titan`` entry), and the summary over steps."""
+``dispersion_titan`` entry), and the summary over steps. The tasks are resolved by lm-eval's TaskManager before
+any model loads; a checkpoint is scored as HFLM sees its ``convert to-hf`` export (``lm_eval --model hf``'s scores
+of that export), a Hugging Face model as it is."""
 
 from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import functools
 import os
+import re
+import shutil
+import socket
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import version
 from typing import Any
 from unittest import mock
 
 from ..components.wandb_run import log_results, recorded
-from ..run_folder.checkpoints import StepCheckpoint, find_checkpoint_folder, load_run_metadata, run_checkpoints, run_of
+from ..run_folder.checkpoints import (
+    StepCheckpoint,
+    checkpoint_identity,
+    find_checkpoint_folder,
+    folder_identity,
+    identity_changed,
+    load_run_metadata,
+    run_checkpoints,
+    run_of,
+)
+from ..run_folder.hf_export import export_checkpoint
 from ..run_folder.outputs import (
     FORMAT,
     FORMAT_KEY,
@@ -28,14 +48,12 @@ from ..run_folder.outputs import (
     write_json,
 )
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
-from ..run_folder.writer_lock import COMMAND, refuse_if_busy
+from ..run_folder.writer_lock import COMMAND, pid_runs, refuse_if_busy
 from ..utils.devices import DTYPES, resolve_device
-from ..utils.errors import ArgumentError, CheckpointError, EvaluationError
-from ..utils.hub import PREFIX, HFSpec, loading, parse_spec
+from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError
+from ..utils.hub import PREFIX, HFSpec, hub_offline, loading, parse_spec
 from ..utils.records import differences
-from .export import hflm_location, hub_location, source_changed, source_identity
 from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
-from .tasks import Tasks
 
 RESULT_FILE = "results.json"
 SUMMARY_FILE = "summary.csv"
@@ -275,3 +293,113 @@ def write_summary(out: str, results: list[dict]) -> str:
     path = os.path.join(out, SUMMARY_FILE)
     write_csv(path, [{key: row.get(key) for key in ("step", *tasks, "mean_acc")} for row in rows])
     return path
+
+
+class Tasks:
+    """The requested tasks in one TaskManager: only --include-path's when each is a plain task there (indexing
+    lm-eval's ~13,000 built-in task YAMLs takes 20-30 s on 2 cores)."""
+
+    def __init__(self, names: tuple[str, ...], include_path: str | None):
+        from lm_eval.tasks import TaskManager
+
+        self.names = names
+        self.include_path = os.path.abspath(include_path) if include_path else None
+        manager = None
+        if include_path:  # a readable folder, or a one-line error naming it
+            try:
+                os.listdir(include_path)
+            except OSError as e:  # none there, a file, not readable
+                raise EvaluationError(
+                    f"--include-path: {include_path}: {(e.strerror or str(e)).lower()} "
+                    "(give a readable folder holding the task YAMLs)"
+                ) from None
+            manager = TaskManager(include_path=self.include_path, include_defaults=False)
+            if not set(names) <= set(manager.all_subtasks):
+                manager = None
+        self.manager = manager or TaskManager(include_path=self.include_path)
+        unknown = [name for name in names if name not in self.manager.all_tasks]
+        if unknown:
+            where = f"lm-eval {version('lm_eval')}" + (f" or {self.include_path}" if self.include_path else "")
+            raise EvaluationError(
+                f"--tasks: unknown task {', '.join(unknown)} (not in {where}; lm-eval --tasks list shows the names)"
+            )
+
+    def load(self) -> dict[str, list[Any]]:
+        """Each name's lm-eval Task or Group objects, built once; an unreachable hub's offline mode on first,
+        so missing data fail at once (not after 30 s of retries)."""
+        objects = {}
+        with hub_offline() as offline:
+            for name in self.names:
+                try:
+                    loaded = self.manager.load([name])
+                except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many types
+                    if (
+                        isinstance(e, OSError)
+                        and e.errno in (errno.EROFS, errno.EACCES, errno.ENOSPC, errno.ENOTDIR)
+                        and e.filename
+                    ):
+                        raise EvaluationError(  # where datasets caches the tasks' data: not the task's fault
+                            f"{e.filename}: {e.strerror} (datasets' cache, loading task {name}); set HF_HOME, or "
+                            "HF_DATASETS_CACHE, to a writable folder with room"
+                        ) from None
+                    message = str(e).splitlines()[0] if str(e) else ""
+                    why = (
+                        f"; not in the local Hugging Face cache, and the hub is not asked: {offline}"
+                        if offline and isinstance(e, ConnectionError)
+                        else ""
+                    )
+                    raise EvaluationError(
+                        f"--tasks: {name}: cannot be loaded{why} ({type(e).__name__}: {message})"
+                    ) from None
+                top = loaded["groups"].get(name) or loaded["tasks"].get(name)
+                objects[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: its tasks
+        return objects
+
+
+# ``.hf-step-N.pidPID@HOST.RANDOM``: the owner is named, so a later run knows an abandoned one.
+_EXPORT = re.compile(r"^\.hf-.+\.pid(\d+)@(.+)\.[^.]+$")
+
+
+@contextmanager
+def hflm_location(source: str, parent: str) -> Iterator[tuple[str, str]]:
+    """HFLM's ``pretrained`` and ``revision`` for ``source``: ``hf:MODEL[@REV]`` as it is; a checkpoint folder
+    exported inside ``parent`` (no small /tmp has to hold GPT-2 xl), once the exports there left by an
+    evaluation of this host that died (SIGKILL, OOM) are removed."""
+    if source.startswith(PREFIX):
+        path, revision = hub_location(source)
+        yield path, revision or "main"
+        return
+    host = socket.gethostname()
+    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
+        match = _EXPORT.match(name)
+        if match and match[2] == host and not pid_runs(int(match[1])):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    prefix = f".hf-{os.path.basename(source.rstrip('/'))}.pid{os.getpid()}@{host}."
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=parent, ignore_cleanup_errors=True) as folder:
+        export_checkpoint(source, folder)
+        yield folder, "main"
+
+
+def hub_location(source: str) -> tuple[str, str | None]:
+    """``from_pretrained``'s path or id, and revision, of ``hf:MODEL[@REV]``."""
+    spec = parse_spec(source)
+    return spec.location(spec.revisions[0])
+
+
+def source_identity(source: str, pretrained: str, config) -> str | None:
+    """What a result records of the weights it scored: their identity, or a hub model's commit."""
+    if not source.startswith(PREFIX):
+        return checkpoint_identity(source)
+    return folder_identity(pretrained) if os.path.isdir(pretrained) else getattr(config, "_commit_hash", None)
+
+
+def source_changed(record: dict, source: str) -> bool:
+    """Whether ``source`` now holds other weights than the result ``record`` scored (a hub revision is
+    taken as it was: pin one with ``hf:MODEL@COMMIT``)."""
+    if not source.startswith(PREFIX):
+        return identity_changed(record["checkpoint_identity"], source)
+    try:
+        path = hub_location(source)[0]
+    except ModelLoadError:  # a local folder gone: it cannot be read, and its load says why
+        return False
+    return os.path.isdir(path) and folder_identity(path) != record["checkpoint_identity"]

@@ -21,9 +21,8 @@ from ..run_folder.settings import flatten, from_scratch
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
 from ..utils.records import differences
-from .export import source_changed
 from .protocol import is_accuracy, mean_accuracy
-from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings
+from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings, source_changed
 
 plt = headless_pyplot()
 
