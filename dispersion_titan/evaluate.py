@@ -152,27 +152,21 @@ def add_table_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     )
 
 
-def run_evaluate(argv: list[str]) -> int:
-    a = evaluate_parser().parse_args(argv)
-    from dispersion_titan.evaluation.runner import RunEvaluation  # torch: after --help
-
-    return 1 if RunEvaluation(a).evaluate() else 0
-
-
-def run_table(argv: list[str]) -> int:
-    a = table_parser().parse_args(argv)
-    from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
-
-    selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
-    print(table(a.runs, a.out, selection, a.reference, a.test, a.pretrained).markdown)
-    print(f"written: {a.out}/table.md, table.csv, table.png")
-    return 0
-
-
 @command("each step evaluated so far is kept in its folder; the same command evaluates the rest")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    sys.exit(run_table(argv[1:]) if argv and argv[0] == "table" else run_evaluate(argv))
+    if argv and argv[0] == "table":
+        a = table_parser().parse_args(argv[1:])
+        from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
+
+        selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
+        print(table(a.runs, a.out, selection, a.reference, a.test, a.pretrained).markdown)
+        print(f"written: {a.out}/table.md, table.csv, table.png")
+        sys.exit(0)
+    a = evaluate_parser().parse_args(argv)
+    from dispersion_titan.evaluation.runner import RunEvaluation  # torch: after --help
+
+    sys.exit(1 if RunEvaluation(a).evaluate() else 0)
 
 
 if __name__ == "__main__":
