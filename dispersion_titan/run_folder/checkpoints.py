@@ -261,11 +261,9 @@ QUARANTINE_DIR = "incomplete"
 def quarantine_incomplete(folder: str) -> list[str]:
     """Move every step-N folder that fails ``check_complete`` into ``folder/incomplete/`` (never
     deleted), so TorchTitan never resumes from a half-written one; the new paths."""
-    moved = []
+    complete, moved = complete_checkpoints(folder), []
     for ckpt in list_checkpoints(folder) if os.path.isdir(folder) else []:
-        try:
-            check_complete(ckpt.path)
-        except CheckpointError:
+        if ckpt not in complete:
             target_dir = os.path.join(folder, QUARANTINE_DIR)
             os.makedirs(target_dir, exist_ok=True)
             target = os.path.join(target_dir, f"{os.path.basename(ckpt.path)}.{time.strftime('%Y%m%d-%H%M%S')}")

@@ -20,6 +20,7 @@ from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files, encoder_n
 from ..utils.errors import CheckpointError, OutputError
 from .checkpoints import (
     check_complete,
+    complete_checkpoints,
     find_checkpoint_folder,
     list_checkpoints,
     load_model,
@@ -40,13 +41,10 @@ def resolve_step_dir(path: str) -> str:
         return path  # a DCP or a safetensors checkpoint
     if STEP_FOLDER.match(os.path.basename(os.path.abspath(path))):
         check_complete(path)  # one checkpoint, incomplete: said so
-    for checkpoint in reversed(list_checkpoints(find_checkpoint_folder(path))):
-        try:
-            if not glob.glob(os.path.join(checkpoint.path, "*.safetensors")):
-                check_complete(checkpoint.path)
-        except CheckpointError:
-            continue
-        return checkpoint.path
+    folder = find_checkpoint_folder(path)
+    in_hf = [c for c in list_checkpoints(folder) if glob.glob(os.path.join(c.path, "*.safetensors"))]
+    if saved := complete_checkpoints(folder) + in_hf:
+        return max(saved, key=lambda c: c.step).path
     raise CheckpointError(f"{path}: no complete checkpoint; pass a checkpoint folder (e.g. {path}/checkpoint/step-10)")
 
 
