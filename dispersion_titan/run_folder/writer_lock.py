@@ -81,19 +81,14 @@ def _read(path: Path) -> Owner | None:
 def pid_runs(pid: int) -> bool:
     """Whether ``pid`` is a live process of this host; a zombie (as under a container's PID 1 that
     never reaps) is dead, though ``kill(pid, 0)`` finds it."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:  # another user's process: its state below
-        pass
-    if not os.path.exists("/proc/self/stat"):  # no /proc (macOS): kill's answer stands
+    except psutil.AccessDenied:  # another user's process, where its state cannot be read
         return True
-    try:  # "PID (comm) STATE ...": comm may hold spaces and parentheses, the state follows the last ")"
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):  # exited meanwhile
-        return False
-    return state not in ("Z", "X")
 
 
 def live_owner(folder: str | os.PathLike) -> Owner | None:
