@@ -3,7 +3,6 @@ so an installed package works without a clone; a file already there is kept."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -12,18 +11,14 @@ from dispersion_titan.config.shipped import write_shipped
 from dispersion_titan.utils.errors import command, fail, no_room, run_command
 
 
-def parser() -> argparse.ArgumentParser:
+@command("the configs written so far are kept; run it again to write the others")
+def main(argv: list[str] | None = None) -> None:
     p = OneLineErrorParser(
         prog="python -m dispersion_titan.init",
         description="Write the shipped training configs, the paper's configs and the sweep example into DIR.",
     )
     p.add_argument("dir", metavar="DIR", help="a new or empty folder")
-    return p
-
-
-@command("the configs written so far are kept; run it again to write the others")
-def main(argv: list[str] | None = None) -> None:
-    a = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_args(sys.argv[1:] if argv is None else argv)
     if not a.dir:
         fail("DIR: empty; name a new or empty folder")
     out = os.path.abspath(a.dir)
