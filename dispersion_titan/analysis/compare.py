@@ -26,7 +26,7 @@ class RunResult:
 
 def analyses_folder(run: str) -> str:
     """``run``: a condensation folder, or a dump folder holding ``condensation/``."""
-    return results_folder(run, "condensation", RESULT_FILE, "condensation analyses", "analyze", AnalysisError)
+    return results_folder(run, "condensation", RESULT_FILE, "condensation analyses", "analyze")
 
 
 def pick(run: str, step: str, option: str = "--step") -> Condensation:

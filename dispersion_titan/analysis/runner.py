@@ -172,7 +172,7 @@ class Analysis:
         with owned(self.out, self.owner):
             found = {} if self.options.force else read_analyses(self.out)  # --force: all units pending
             sources = {unit.folder: unit.source for unit in self.units}
-            pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed", AnalysisError)
+            pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed")
             todo = [unit for unit in self.units if unit.folder in pending]
             ensure_writable(self.tb_dir, "--tb-dir")  # made only now: a refused analysis leaves no folder
             per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)

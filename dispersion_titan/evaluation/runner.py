@@ -126,7 +126,6 @@ class RunEvaluation:
             lambda result: differences(settings(result), self.settings),
             lambda path, result: source_changed(result[OURS], path),
             "evaluated",
-            EvaluationError,
         )
         return [c for c in self.selected if f"step-{c.step}" in todo]
 

@@ -126,7 +126,7 @@ class Evaluated:
 
 def evaluated(run: str) -> Evaluated:
     """``run``'s evaluations: those of an evaluation folder, or of a dump folder's ``evaluation/``."""
-    folder = results_folder(run, "evaluation", RESULT_FILE, "evaluations", "evaluate", EvaluationError)
+    folder = results_folder(run, "evaluation", RESULT_FILE, "evaluations", "evaluate")
     return Evaluated(run, folder, read_evaluations(folder))
 
 

@@ -70,20 +70,19 @@ def still_to_do(
     differs: Callable[[Result], str],
     stale: Callable[[str, Result], bool],
     done: str,
-    error: type[Exception],
 ) -> list[str]:
     """A command resumed into ``--out``: the result folders of ``sources`` (folder -> what it measures)
     without a result in ``existing`` yet. Refused in one line: results of other settings (``differs``), or
     of a checkpoint saved over since (``stale``). ``done``: "analyzed", "evaluated"."""
     other = [name for name, result in existing.items() if differs(result)]
     if other:
-        raise error(
+        raise OutputError(
             f"--out: {out}: {listed(other)} {'was' if len(other) == 1 else 'were'} {done} with other settings "
             f"({differs(existing[other[0]])}); use another --out, or --force to recompute"
         )
     for name, source in sources.items():
         if name in existing and stale(source, existing[name]):
-            raise error(
+            raise OutputError(
                 f"--out: {out}: {name} was {done} from another checkpoint than {source} holds now (saved again "
                 "or replaced since); --force recomputes it"
             )
@@ -100,15 +99,15 @@ def report_failed(failed: list[str], total: int, nouns: str, done: str) -> int:
     return len(failed)
 
 
-def results_folder(run: str, name: str, file: str, what: str, command: str, error: type[Exception]) -> str:
+def results_folder(run: str, name: str, file: str, what: str, command: str) -> str:
     """``run`` when it holds results (``step-N/{file}``, ``rev-NAME/{file}``), else ``run/{name}`` when that
     does; else one line saying which ``command`` makes them."""
     if not os.path.isdir(run):
-        raise error(f"{run}: no such folder")
+        raise OutputError(f"{run}: no such folder")
     for folder in (run, os.path.join(run, name)):
         if any(glob.glob(os.path.join(folder, pattern, file)) for pattern in ("step-*", "rev-*")):
             return folder
-    raise error(
+    raise OutputError(
         f"{run}: no {what} here or in {os.path.join(run, name)} (run python -m dispersion_titan.{command} {run} first)"
     )
 
