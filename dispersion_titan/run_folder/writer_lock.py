@@ -91,24 +91,6 @@ def pid_runs(pid: int) -> bool:
         return True
 
 
-def live_owner(folder: str | os.PathLike) -> Owner | None:
-    """The live owner of ``folder``'s lock, or None when it is free, stale or ours to take over."""
-    path = Path(folder) / LOCK_NAME
-    try:
-        age = time.time() - path.stat().st_mtime
-    except (FileNotFoundError, NotADirectoryError):  # no lock, or no such folder (yet)
-        return None
-    owner = _read(path)
-    me = this_process()
-    if owner is None:  # half-written by a launch racing ours: live unless old
-        return Owner("unknown host", 0, "", time.time() - age, "") if age < STALE_AFTER_S else None
-    if owner.job_id and owner.job_id == me.job_id:  # the same Slurm job, requeued
-        return None
-    if owner.host == me.host:
-        return owner if pid_runs(owner.pid) and owner.pid != me.pid else None
-    return owner if age < STALE_AFTER_S else None
-
-
 def busy_error(folder: str | os.PathLike, owner: Owner, writers: tuple[str, str] = TRAINING) -> RunFolderBusy:
     noun, way_out = writers
     return RunFolderBusy(
@@ -117,8 +99,22 @@ def busy_error(folder: str | os.PathLike, owner: Owner, writers: tuple[str, str]
 
 
 def refuse_if_busy(folder: str | os.PathLike, writers: tuple[str, str] = TRAINING) -> None:
-    """The look before the work: one line if a live writer owns ``folder``; takes nothing."""
-    owner = live_owner(folder)
+    """The look before the work: one line if a live writer owns ``folder``'s lock; takes nothing. A lock is
+    free to take when stale, or ours (this process, or the same Slurm job requeued)."""
+    path = Path(folder) / LOCK_NAME
+    try:
+        age = time.time() - path.stat().st_mtime
+    except (FileNotFoundError, NotADirectoryError):  # no lock, or no such folder (yet)
+        return
+    owner, me = _read(path), this_process()
+    if owner is None:  # half-written by a launch racing ours: live unless old
+        owner = Owner("unknown host", 0, "", time.time() - age, "") if age < STALE_AFTER_S else None
+    elif owner.job_id and owner.job_id == me.job_id:  # the same Slurm job, requeued
+        owner = None
+    elif owner.host == me.host:
+        owner = owner if pid_runs(owner.pid) and owner.pid != me.pid else None
+    elif age >= STALE_AFTER_S:
+        owner = None
     if owner is not None:
         raise busy_error(folder, owner, writers)
 
