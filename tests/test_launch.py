@@ -243,9 +243,13 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
         ("--out", str(REPO / "launch")): "exists and is not an empty folder",
         ("--out", str(REPO / "README.md")): f"out: {REPO / 'README.md'} exists and is not an empty folder",
+        ("--analyze-args", "'x"): 'analyze_args: "\'x": no closing quotation',
     }
+    wrong_type = tmp_path / "wrong_type.toml"  # a TOML value not a path: named, not a TypeError traceback
+    wrong_type.write_text('config = ["debug.toml"]\nwidths = [64]\nvariants = ["baseline"]\nseeds = [0]\n')
+    cases[(str(wrong_type),)] = "config: expected a path in quotes, got ['debug.toml']"
     for args, message in cases.items():
-        proc = sweep(toml, "--dry-run", *args)
+        proc = sweep(*([] if args[0].endswith(".toml") else [toml]), "--dry-run", *args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, (args, proc.stderr)
     # Submitted where Slurm is not (no sbatch on PATH): one line, exit 2, no sweep folder to block the rerun.

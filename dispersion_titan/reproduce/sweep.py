@@ -97,7 +97,10 @@ def parse_arm(text: str) -> Arm:
 
 def _strings(key: str, value: Any) -> list[str]:
     if isinstance(value, str):
-        return shlex.split(value)
+        try:
+            return shlex.split(value)
+        except ValueError as e:  # an unclosed quote
+            raise ArgumentError(f"{key}: {value!r}: {str(e).lower()}") from None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise ArgumentError(f"{key}: expected a list of strings")
     return list(value)
@@ -111,6 +114,9 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     for key in ("config", "widths", "variants", "seeds"):
         if raw.get(key) is None:
             raise ArgumentError(f"{key}: required (in the SPEC file or as --{key})")
+    for key in ("config", "out"):
+        if not isinstance(raw.get(key, ""), str):
+            raise ArgumentError(f"{key}: expected a path in quotes, got {raw[key]!r}")
     config = Path(raw["config"]).expanduser().resolve()
     if not config.is_file():
         raise ArgumentError(f"config: {raw['config']}: no such file")
