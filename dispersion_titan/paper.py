@@ -148,8 +148,8 @@ def run_paper(argv: list[str]) -> int:
                 print(f"| {row.block}: {row.label} | {row.model} | --pretrained {option} |")
         return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
+    refuse_unless_ours(options["out"], PAPER, "--out", "use another --out")  # --dry-run too: it shows what would run
     workflow = workflows.build(a.artifact, options)
-    refuse_unless_ours(workflow.out, PAPER, "--out", "use another --out")  # --dry-run too: it shows what would run
     if workflow.left_out:
         print(
             f"{a.artifact}: left out {', '.join(workflow.left_out)}: they run their own modelling code; add "

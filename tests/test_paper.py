@@ -459,6 +459,11 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert_one_line_error(code, err, f"--out: {run} is the folder of run {run}; use another --out")
     assert digests(run) == before
     shutil.rmtree(run)
+    run.write_text("mine")  # a file as --out: named so, not a path inside it to train into
+    code, _, err = paper("fig3", "--dry-run", "--out", run, capsys=capsys)
+    assert_one_line_error(code, err, f"--out: {run} is a file, not a folder; use another --out")
+    assert run.read_text() == "mine"
+    run.unlink()
     code, out, _ = paper("fig2", "--dry-run", "--trust-remote-code", "--out", tmp_path, capsys=capsys)
     analyses = [line for line in out.splitlines() if "dispersion_titan.analyze hf:" in line]
     assert code == 0 and len(analyses) == 26

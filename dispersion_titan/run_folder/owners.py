@@ -148,6 +148,8 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
             return f"is inside {holder.describe()}, which holds only its own results", holder
         home = holder  # a run's own results, in its root
         break
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return "is a file, not a folder", None
     holder = read_owner(folder)
     if holder is not None and home is not None and holder.kind != "run":
         holder = FolderOwner(holder.kind, home.run)
