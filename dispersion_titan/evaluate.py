@@ -152,7 +152,7 @@ def add_table_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     )
 
 
-@command("each step evaluated so far is kept in its folder; the same command evaluates the rest")
+@command("each step evaluated so far is kept in its folder (a table's --out is as it was); the same command goes on")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "table":

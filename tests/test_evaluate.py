@@ -879,6 +879,22 @@ def test_min_ranks_share_the_smallest_on_the_printed_cells():
     assert got == list(by_hand_min_ranks(means).values()) == [(2 + 3) / 2, (2 + 1) / 2, (4 + 1) / 2, (1 + 4) / 2]
 
 
+def test_a_table_that_cannot_be_written_leaves_the_last_one_whole(fabricated, tmp_path, capsys):
+    """A table rewritten with other options meets the file size limit (as a full disk would) at its figure:
+    one line, exit 74, and --out still holds the last table whole, not a new table.md beside the old table.png."""
+    out = tmp_path / "table"
+    assert evaluate("table", *fabricated.values(), "--select", "last", "--out", out, capsys=capsys)[0] == 0
+    before = digests(out)
+    limited = 'trap "" XFSZ; ulimit -f 8; exec "$0" -m dispersion_titan.evaluate "$@"'  # 8 KiB: not the figure
+    argv = ["table", *map(str, fabricated.values()), "--out", str(out)]
+    proc = subprocess.run(
+        ["bash", "-c", limited, sys.executable, *argv], env=launch_env(), capture_output=True, text=True
+    )
+    assert proc.returncode == 74 and proc.stderr.startswith("dispersion_titan: error: file too large; "), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "a table's --out is as it was" in proc.stderr, proc.stderr
+    assert digests(out) == before
+
+
 def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_path, capsys):
     out = tmp_path / "table"
     code, stdout, _ = evaluate("table", *fabricated.values(), "--exclude-initial", "--out", out, capsys=capsys)

@@ -340,7 +340,7 @@ def test_interrupt_without_checkpointing_says_so(tmp_path):
             "dispersion_titan.evaluate",
             ("--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word", "--limit", "2", "--device", "cpu"),
             "results.json",
-            "each step evaluated so far is kept in its folder; the same command evaluates the rest",
+            "each step evaluated so far is kept in its folder (a table's --out is as it was); the same command goes on",
         ),
     ],
     ids=["analyze", "evaluate"],

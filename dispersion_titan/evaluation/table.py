@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -511,15 +512,20 @@ def table(
     _check_alike([(r.run, r.settings) for runs in [*by_arm.values(), base] for r in runs], "evaluate both alike")
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
-    with owned(out, FolderOwner("table")):  # tables of several runs, rewritten whole at each call
-        atomic_write(os.path.join(out, "table.md"), lambda f: f.write(text))
-        write_csv(os.path.join(out, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
+    with (  # tables of several runs, rewritten whole at each call: staged, so a failed write leaves the last
+        owned(out, FolderOwner("table")),
+        tempfile.TemporaryDirectory(prefix=".staging.", dir=out, ignore_cleanup_errors=True) as staging,
+    ):
+        atomic_write(os.path.join(staging, "table.md"), lambda f: f.write(text))
+        write_csv(os.path.join(staging, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
         average_accuracy_figure(  # the arms; without any, the Pretrained row alone
             rows or [base_row],
             reference,
             sum(map(is_accuracy, columns)),
             selection.rule,
             TESTS[test],
-            os.path.join(out, "table.png"),
+            os.path.join(staging, "table.png"),
         )
+        for name in os.listdir(staging):
+            os.replace(os.path.join(staging, name), os.path.join(out, name))
     return Table(columns, rows, base_row, reference, text)
