@@ -220,6 +220,35 @@ def test_train_sh_checks_the_config_once_before_torchrun(finished_run):
     assert digests(finished_run) == before
 
 
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        (
+            {"PYTHON": "/no/python"},
+            "train.sh: error: PYTHON: '/no/python' is no interpreter to run; unset it, or name one",
+        ),
+        (
+            {"LOG_RANK": "rank0"},
+            "train.sh: error: LOG_RANK must be local ranks, e.g. 0 or 0,1 (empty: all), got 'rank0'",
+        ),
+        ({"PREEMPT_SIGNAL": "USR9"}, "train.sh: error: PREEMPT_SIGNAL must be a signal name, e.g. USR1, got 'USR9'"),
+    ],
+    ids=["PYTHON", "LOG_RANK", "PREEMPT_SIGNAL"],
+)
+def test_train_sh_names_a_bad_environment_variable_before_starting_anything(tmp_path, env, says):
+    """Was bash's own line naming neither variable (PYTHON, exit 127), torchrun's 24-line traceback
+    (LOG_RANK), or bash's trap error after the config check (PREEMPT_SIGNAL, exit 1)."""
+    proc = subprocess.run(
+        [str(REPO / "launch" / "train.sh"), DEBUG_TOML, "--job.dump_folder", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=launch_env({"PYTHON": sys.executable, **env}),
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stderr, proc.stdout) == (2, says + "\n", "")
+    assert not list(tmp_path.iterdir())
+
+
 def test_train_sh_help_prints_its_usage():
     proc = subprocess.run(
         [str(REPO / "launch" / "train.sh"), "--help"],

@@ -23,6 +23,7 @@ python_bin() {
     # with this package); then the active virtualenv/conda environment; then the checkout's
     # .venv (scripts/setup_env.sh makes it); then python3.
     if [ -n "${PYTHON:-}" ]; then
+        command -v "$PYTHON" >/dev/null || die "PYTHON: '$PYTHON' is no interpreter to run; unset it, or name one"
         echo "$PYTHON"
     elif [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ] && command -v python >/dev/null; then
         command -v python

@@ -36,12 +36,17 @@ gpus=$(gpu_count)
 if [ "$gpus" -gt 0 ]; then default_nproc=$gpus; else default_nproc=2; fi
 nproc=$(positive_int NPROC "${NPROC:-$default_nproc}")
 nnodes=$(positive_int NNODES "${NNODES:-1}")
+[[ "${LOG_RANK-0}" =~ ^([0-9]+(,[0-9]+)*)?$ ]] || die "LOG_RANK must be local ranks, e.g. 0 or 0,1 (empty: all), got '$LOG_RANK'"
 if [ -z "${OMP_NUM_THREADS:-}" ]; then
     # Without this torchrun sets 1 thread per process and leaves most cores idle.
     threads=$(($(cpu_count) / nproc))
     export OMP_NUM_THREADS=$((threads > 0 ? threads : 1))
 fi
 python=$(python_bin)
+# torchrun would die of the preemption signal (default action); ignoring it here is
+# inherited by torchrun, while each training rank installs its own handler
+# (dispersion_titan/trainer/preemption.py), so signalling every process of the job is safe.
+trap '' "$PREEMPT_SIGNAL" 2>/dev/null || die "PREEMPT_SIGNAL must be a signal name, e.g. USR1, got '$PREEMPT_SIGNAL'"
 
 # One process checks everything first (config for this world size, output folders, GPUs,
 # checkpoints): one line instead of one error per rank inside torchrun's report.
@@ -59,12 +64,8 @@ if [ -n "${LOG_RANK-0}" ]; then rank_filter=(--local-ranks-filter "${LOG_RANK-0}
 rdzv_id=()
 if [ -n "${RDZV_ID:-}" ]; then rdzv_id=(--rdzv_id "$RDZV_ID"); fi
 
-# torchrun would die of the preemption signal (default action); ignoring it here is
-# inherited by torchrun, while each training rank installs its own handler
-# (dispersion_titan/trainer/preemption.py), so signalling every process of the job is safe.
 # SIGINT and SIGTERM reach torchrun, which forwards them to the ranks: they save and stop.
 # torchrun runs through dispersion_titan/torchrun.py, which ends it in one line.
-trap '' "$PREEMPT_SIGNAL"
 exec "$python" -m dispersion_titan.torchrun \
     --nnodes "$nnodes" --nproc_per_node "$nproc" \
     --rdzv_backend c10d --rdzv_endpoint "${RDZV_ENDPOINT:-localhost:0}" "${rdzv_id[@]}" \
