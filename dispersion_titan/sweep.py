@@ -9,10 +9,14 @@ launch/sweep_example.toml); a submission records the job ids in ``OUT/sweep.json
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
+from typing import NoReturn
 
+from dispersion_titan.analyze import analyze_parser
 from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
+from dispersion_titan.evaluate import evaluate_parser
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
 from dispersion_titan.reproduce.slurm_scripts import script, submit
 from dispersion_titan.utils.errors import ArgumentError, command, run_command
@@ -76,6 +80,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv), overrides
 
 
+def _refuse(key: str, message: str) -> NoReturn:
+    raise ArgumentError(f"{key}: {message}")
+
+
 @command("the jobs submitted so far stay queued (their ids are above; scancel them to start over)", prog="sweep")
 def main(argv: list[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
@@ -88,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         raw["train_overrides"] = overrides
     sweep = slurm_sweep.read_sweep(raw)
     slurm_sweep.check_training_configs(sweep)
+    for key, parser in (("analyze_args", analyze_parser()), ("evaluate_args", evaluate_parser())):
+        parser.error = functools.partial(_refuse, key)  # as its jobs will parse them, hours from now
+        parser.parse_args([str(sweep.out), *getattr(sweep, key)])
     if args.plan:  # the cells' training jobs planned on their GPUs
         if sweep.gpus_per_node == 0:
             raise ArgumentError("--plan: plans GPU jobs, and gpus_per_node is 0")

@@ -243,6 +243,8 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
         ("--out", str(REPO / "launch")): "exists and is not an empty folder",
         ("--out", str(REPO / "README.md")): f"out: {REPO / 'README.md'} exists and is not an empty folder",
+        ("--analyze-args=--nosuch 3",): "analyze_args: unrecognized arguments: --nosuch 3",  # not in 20 failed jobs
+        ("--evaluate-args=--limit 0",): "evaluate_args: argument --limit: '0' is not a positive integer",
         ("--analyze-args", "'x"): 'analyze_args: "\'x": no closing quotation',
     }
     wrong_type = tmp_path / "wrong_type.toml"  # a TOML value not a path: named, not a TypeError traceback
