@@ -895,6 +895,16 @@ def test_a_table_that_cannot_be_written_leaves_the_last_one_whole(fabricated, tm
     assert digests(out) == before
 
 
+@pytest.mark.parametrize("text", [b"[]", b"\xff"], ids=["json-not-an-object", "not-utf8"])
+def test_a_results_file_of_another_shape_is_named_in_one_line(fabricated, tmp_path, capsys, text):
+    """Was an AttributeError or UnicodeDecodeError traceback, exit 1."""
+    result = fabricated["base_s2"] / "evaluation" / "step-3" / "results.json"
+    result.write_bytes(text)
+    code, _, err = evaluate("table", *fabricated.values(), "--out", tmp_path / "t", capsys=capsys)
+    assert_one_line_error(code, err, f"{result}: unreadable (", "); restore it, or remove it and rerun")
+    assert not (tmp_path / "t").exists() and result.read_bytes() == text
+
+
 def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_path, capsys):
     out = tmp_path / "table"
     code, stdout, _ = evaluate("table", *fabricated.values(), "--exclude-initial", "--out", out, capsys=capsys)

@@ -123,7 +123,9 @@ def read_json_files(out: str, file: str) -> dict[str, dict]:
             try:
                 with open(path) as f:
                     data = json.load(f)
-            except (OSError, json.JSONDecodeError) as e:
+                if not isinstance(data, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as e:  # ValueError: JSON's, UTF-8's, or ours
                 raise OutputError(f"{path}: unreadable ({e}); restore it, or remove it and rerun") from None
             results[name] = data
     return results
