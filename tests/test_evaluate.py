@@ -895,10 +895,16 @@ def test_a_table_that_cannot_be_written_leaves_the_last_one_whole(fabricated, tm
     assert digests(out) == before
 
 
-@pytest.mark.parametrize("text", [b"[]", b"\xff"], ids=["json-not-an-object", "not-utf8"])
-def test_a_results_file_of_another_shape_is_named_in_one_line(fabricated, tmp_path, capsys, text):
-    """Was an AttributeError or UnicodeDecodeError traceback, exit 1."""
+@pytest.mark.parametrize(
+    "edit",
+    [lambda _: b"[]", lambda _: b"\xff", lambda text: text.replace(b'"acc,none": 0.35', b'"acc,none": "high"')],
+    ids=["json-not-an-object", "not-utf8", "a-score-not-a-number"],
+)
+def test_a_results_file_of_another_shape_is_named_in_one_line(fabricated, tmp_path, capsys, edit):
+    """Was an AttributeError, UnicodeDecodeError or ValueError traceback, exit 1."""
     result = fabricated["base_s2"] / "evaluation" / "step-3" / "results.json"
+    text = edit(result.read_bytes())
+    assert text != result.read_bytes()
     result.write_bytes(text)
     code, _, err = evaluate("table", *fabricated.values(), "--out", tmp_path / "t", capsys=capsys)
     assert_one_line_error(code, err, f"{result}: unreadable (", "); restore it, or remove it and rerun")

@@ -50,7 +50,7 @@ from ..run_folder.outputs import (
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.writer_lock import COMMAND, pid_runs, refuse_if_busy
 from ..utils.devices import DTYPES, resolve_device
-from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError
+from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError, cause
 from ..utils.hub import PREFIX, HFSpec, hub_offline, loading, parse_spec
 from ..utils.records import differences
 from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
@@ -270,7 +270,12 @@ def read_evaluations(out: str) -> dict[int, dict]:
     """Every step evaluated in ``out`` (``{}`` when there is none), by step; each of this ``FORMAT``."""
     results = {int(m[1]): r for name, r in read_json_files(out, RESULT_FILE).items() if (m := STEP_FOLDER.match(name))}
     for step, result in results.items():
-        check_format(result.get(OURS), os.path.join(out, f"step-{step}", RESULT_FILE))
+        path = os.path.join(out, f"step-{step}", RESULT_FILE)
+        check_format(result.get(OURS), path)
+        try:
+            result_scores(result)  # its numbers, as the table and the best step read them
+        except (KeyError, TypeError, ValueError) as e:
+            raise EvaluationError(f"{path}: unreadable ({cause(e)}); restore it, or remove it and rerun") from None
     return results
 
 
