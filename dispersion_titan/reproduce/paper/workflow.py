@@ -292,6 +292,9 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
                 "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each), or --pretrained "
                 "hf:MODEL for a block of the Pretrained row alone (GPT2-large, -xl)"
             )
+        bad = [s for s in specs if s.startswith("=") or "" in s.partition("=")[2 if "=" in s else 0].split(",")]
+        if bad:  # as evaluate table would refuse it
+            raise ArgumentError(f"--models: {bad[0]!r}: give [ARM=]RUN1,RUN2,..., a name before = and no empty run")
         runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
         for run in runs:
             if not (os.path.isdir(run) and _is_run(run)):
