@@ -18,7 +18,8 @@ from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.evaluate import evaluate_parser
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
-from dispersion_titan.reproduce.slurm_scripts import script, submit
+from dispersion_titan.reproduce.slurm_scripts import require_sbatch, script, submit
+from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import ArgumentError, command, run_command
 
 
@@ -110,8 +111,11 @@ def main(argv: list[str] | None = None) -> None:
         grid = f"# sweep: {len(sweep.cells())} cells x (train, analyze, evaluate) + compare + table"
         print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}"], jobs, sweep.out / "logs"))
         return
-    ids = submit(jobs, sweep.out / "logs")
-    print(f"sweep: {len(jobs)} jobs submitted; manifest {slurm_sweep.write_manifest(sweep, jobs, ids)}")
+    require_sbatch()
+    with owned(str(sweep.out), FolderOwner("sweep")):  # one submission: a second started alongside is refused
+        slurm_sweep.refuse_used(sweep.out)
+        ids = submit(jobs, sweep.out / "logs")
+        print(f"sweep: {len(jobs)} jobs submitted; manifest {slurm_sweep.write_manifest(sweep, jobs, ids)}")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, python_module, torchrun, torchrun_script
+from support.launch import (
+    DEBUG_SEQ_LEN,
+    DEBUG_TOML,
+    REPO,
+    held_by_another_command,
+    launch_env,
+    python_module,
+    torchrun,
+    torchrun_script,
+)
 from support.runs import scalars
 
 TRAIN_SH = REPO / "launch" / "train.sh"
@@ -261,6 +270,24 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         "sweep: error: sbatch: not found (no Slurm here); submit from a login node, or see --dry-run"
     ]
     assert not (tmp_path / "s").exists()
+
+
+def test_a_second_sweep_on_the_same_folder_submits_nothing(tmp_path):
+    """Two submissions of one sweep started together: the one that holds --out submits, the other is refused
+    in one line before its first sbatch (was: both submitted, every cell trained twice into one run folder,
+    the manifest naming only one set of jobs). Here the first is a process holding the folder."""
+    bin_dir, out = tmp_path / "bin", tmp_path / "sweep"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path}/submitted\necho 1\n")  # Slurm, were it called
+    (bin_dir / "sbatch").chmod(0o755)
+    one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0", "--out", str(out))
+    with held_by_another_command(out) as pid:
+        proc = sweep(
+            str(REPO / "launch" / "sweep_example.toml"), *one_cell, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        )
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert f"sweep: error: {out}: another command is writing here (PID {pid} on" in proc.stderr
+    assert not (tmp_path / "submitted").exists() and not (out / "sweep.json").exists()
 
 
 def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp_path):

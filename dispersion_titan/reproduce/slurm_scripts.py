@@ -57,10 +57,14 @@ def script(header: list[str], jobs: list[SlurmJob], logs: str | Path) -> str:
     return "\n".join(lines)
 
 
-def submit(jobs: list[SlurmJob], logs: str | Path) -> dict[str, str]:
-    """Submit in order; a refused submission ends it naming what was already submitted."""
+def require_sbatch() -> None:
     if shutil.which("sbatch") is None:
         raise DispersionTitanError("sbatch: not found (no Slurm here); submit from a login node, or see --dry-run")
+
+
+def submit(jobs: list[SlurmJob], logs: str | Path) -> dict[str, str]:
+    """Submit in order; a refused submission ends it naming what was already submitted."""
+    require_sbatch()
     os.makedirs(logs, exist_ok=True)
     ids: dict[str, str] = {}
     env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs

@@ -122,8 +122,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         raise ArgumentError(f"config: {raw['config']}: no such file")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(raw.get("out") or f"outputs/sweep-{config.stem}-{stamp}").expanduser().resolve()
-    if out.exists() and not (out.is_dir() and empty(str(out))):  # empty: as a refused submission leaves it
-        raise ArgumentError(f"out: {out} exists and is not an empty folder; give the sweep a new folder")
+    refuse_used(out)
     widths = [_int("widths", w, 1) for w in _items("widths", raw["widths"])]
     seeds = [_int("seeds", s, 0) for s in _items("seeds", raw["seeds"])]
     fields = {k: v for k, v in raw.items() if v is not None}
@@ -143,6 +142,11 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         if len(set(values)) != len(values):
             raise ArgumentError(f"{key}: listed twice: {values}")
     return sweep
+
+
+def refuse_used(out: Path) -> None:
+    if out.exists() and not (out.is_dir() and empty(str(out))):  # empty: as a refused submission leaves it
+        raise ArgumentError(f"out: {out} exists and is not an empty folder; give the sweep a new folder")
 
 
 def world_size(sweep: Sweep) -> int:
