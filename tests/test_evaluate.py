@@ -911,6 +911,18 @@ def test_a_results_file_of_another_shape_is_named_in_one_line(fabricated, tmp_pa
     assert not (tmp_path / "t").exists() and result.read_bytes() == text
 
 
+def test_moved_runs_tabulate_as_before(fabricated, tmp_path, capsys):
+    """``mv`` of evaluated runs to another folder: the same table (was: RUN/run.json missing, naming the
+    old path, as its results record where the run was when evaluated)."""
+    assert evaluate("table", *fabricated.values(), "--out", tmp_path / "before", capsys=capsys)[0] == 0
+    (tmp_path / "elsewhere").mkdir()
+    moved = [shutil.move(run, tmp_path / "elsewhere" / run.name) for run in fabricated.values()]
+    code, _, err = evaluate("table", *moved, "--out", tmp_path / "after", capsys=capsys)
+    assert code == 0, err
+    after = (tmp_path / "after" / "table.csv").read_text()  # the same numbers, naming the runs where they are
+    assert after.replace(f"{tmp_path}/elsewhere/", f"{tmp_path}/") == (tmp_path / "before" / "table.csv").read_text()
+
+
 def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_path, capsys):
     out = tmp_path / "table"
     code, stdout, _ = evaluate("table", *fabricated.values(), "--exclude-initial", "--out", out, capsys=capsys)
