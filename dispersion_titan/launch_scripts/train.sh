@@ -36,6 +36,7 @@ gpus=$(gpu_count)
 if [ "$gpus" -gt 0 ]; then default_nproc=$gpus; else default_nproc=2; fi
 nproc=$(positive_int NPROC "${NPROC:-$default_nproc}")
 nnodes=$(positive_int NNODES "${NNODES:-1}")
+[[ "${RDZV_ENDPOINT:-localhost:0}" =~ ^(.+:[0-9]{1,5}|[^:]+|\[.+\])$ ]] || die "RDZV_ENDPOINT must be HOST or HOST:PORT, got '$RDZV_ENDPOINT'"
 [[ "${LOG_RANK-0}" =~ ^([0-9]+(,[0-9]+)*)?$ ]] || die "LOG_RANK must be local ranks, e.g. 0 or 0,1 (empty: all), got '$LOG_RANK'"
 if [ -z "${OMP_NUM_THREADS:-}" ]; then
     # Without this torchrun sets 1 thread per process and leaves most cores idle.
