@@ -101,7 +101,7 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> s
             raise ConfigError(f"parallelize: {name} is on {where}, not a DTensor on {mesh}")
         if "fsdp" in mesh and _sharded_dim(p.placements[mesh.index("fsdp")]) != 0:
             raise ConfigError(f"parallelize: {name} is not sharded by FSDP ({p.placements})")
-        placed, _ = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements, skip_offset=True)
+        placed, _ = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)  # torch >= 2.11
         if tuple(p.to_local().shape) != placed:
             raise ConfigError(
                 f"parallelize: {name}'s shard on rank 0 is {tuple(p.to_local().shape)}, its placements "
