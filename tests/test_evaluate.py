@@ -911,6 +911,18 @@ def test_a_results_file_of_another_shape_is_named_in_one_line(fabricated, tmp_pa
     assert not (tmp_path / "t").exists() and result.read_bytes() == text
 
 
+def test_a_run_without_a_column_the_others_have_is_named_in_one_line(fabricated, tmp_path, capsys):
+    """A task lm-eval left unscored in one run (here: removed by hand from every step of base_s2): was a
+    KeyError traceback, or the column silently dropped where that run came first."""
+    for result in (fabricated["base_s2"] / "evaluation").glob("step-*/results.json"):
+        record = json.loads(result.read_text())
+        del record["results"]["t_b"]["acc,none"]
+        result.write_text(json.dumps(record))
+    code, _, err = evaluate("table", *fabricated.values(), "--out", tmp_path / "t", capsys=capsys)
+    assert_one_line_error(code, err, "'s scores are not of the columns of ", "(t_b/acc); evaluate that step again")
+    assert not (tmp_path / "t").exists()
+
+
 def test_moved_runs_tabulate_as_before(fabricated, tmp_path, capsys):
     """``mv`` of evaluated runs to another folder: the same table (was: RUN/run.json missing, naming the
     old path, as its results record where the run was when evaluated)."""

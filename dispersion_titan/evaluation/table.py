@@ -332,7 +332,15 @@ def table_rows(
 ) -> tuple[list[str], list[ArmRow], ArmRow | None]:
     """The columns (``task/metric``), the arms' rows and the Pretrained row (None: none), ranked together."""
     named = {**({PRETRAINED: list(pretrained)} if pretrained else {}), **by_arm}
-    columns = list(next(iter(named.values()))[0].scores)
+    first = next(iter(named.values()))[0]
+    columns = list(first.scores)
+    other = next((run for runs in named.values() for run in runs if set(run.scores) != set(columns)), None)
+    if other is not None:  # a task lm-eval did not score, or a results.json edited by hand
+        raise EvaluationError(
+            f"{other.run}: step {other.step}'s scores are not of the columns of {first.run} step {first.step} "
+            f"({', '.join(sorted(set(other.scores) ^ set(columns)))}); evaluate that step again "
+            f"(evaluate --steps {other.step} --force), or leave the run out"
+        )
     accuracy = [c for c in columns if is_accuracy(c)]
     if not accuracy:
         raise EvaluationError("the evaluations have no accuracy scores to tabulate")
