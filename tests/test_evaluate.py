@@ -890,7 +890,7 @@ def test_a_table_that_cannot_be_written_leaves_the_last_one_whole(fabricated, tm
     proc = subprocess.run(
         ["bash", "-c", limited, sys.executable, *argv], env=launch_env(), capture_output=True, text=True
     )
-    assert proc.returncode == 74 and proc.stderr.startswith("dispersion_titan: error: file too large; "), proc.stderr
+    assert proc.returncode == 74 and proc.stderr.startswith(f"dispersion_titan: error: file too large writing {out}/")
     assert len(proc.stderr.splitlines()) == 1 and "a table's --out is as it was" in proc.stderr, proc.stderr
     assert digests(out) == before
 

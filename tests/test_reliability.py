@@ -663,12 +663,10 @@ def test_a_command_out_of_room_is_one_line(reference, tmp_path):
         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert (
-        proc.stderr.strip()
-        .splitlines()[-1]
-        .startswith(
-            "dispersion_titan: error: file too large; raise the file size limit (ulimit -f); each model state analyzed "
-        )
+    assert re.fullmatch(
+        rf"dispersion_titan: error: file too large writing {out}/\S+; raise the file size limit \(ulimit -f\); each "
+        r"model state analyzed .*",
+        proc.stderr.strip().splitlines()[-1],
     ), proc.stderr[-3000:]
     assert digests(reference) == before
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -219,10 +220,11 @@ def test_prepare_out_of_room_is_one_line_and_resumes_to_identical_bytes(tmp_path
         ["bash", "-c", limited, sys.executable, *args], env=launch_env(), capture_output=True, text=True
     )
     assert proc.returncode == 74, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "dispersion_titan: error: file too large; raise the file size limit (ulimit -f); the shards written so far "
-        "are kept; the same command resumes where it stopped"
-    )
+    assert re.fullmatch(
+        rf"dispersion_titan: error: file too large writing {out}/shard-\d+\.\w+; raise the file size limit "
+        r"\(ulimit -f\); the shards written so far are kept; the same command resumes where it stopped",
+        proc.stderr.strip().splitlines()[-1],
+    ), proc.stderr[-2000:]
     assert python_module("dispersion_titan.data", *args).returncode == 0
     assert folder_bytes(out) == folder_bytes(enwiki_store)
 

@@ -32,8 +32,10 @@ def atomic_write(
             os.unlink(tmp)
         else:
             os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         os.unlink(tmp)
+        if isinstance(e, OSError) and e.errno and e.filename is None:  # a failed write names no file
+            raise OSError(e.errno, e.strerror, path) from e
         raise
 
 
