@@ -226,6 +226,11 @@ def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, 
         "no-such-architecture",
     )
     no_weights = save_model(tmp_path / "no_weights", config("gpt2"), tokenizer_files)
+    (no_weights / "model.safetensors").write_bytes(b"\x10")  # cut short: safetensors' own error type
+    assert_one_line_error(
+        *analyze(f"hf:{no_weights}", *options(texts), "--out", out, capsys=capsys)[::2],
+        f"hf:{no_weights}: cannot be loaded (SafetensorError: ",
+    )
     (no_weights / "model.safetensors").unlink()
     assert_one_line_error(
         *analyze(f"hf:{no_weights}", *options(texts), "--out", out, capsys=capsys)[::2],

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from safetensors import SafetensorError
+
 from .errors import ModelLoadError
 
 HUB_PROBE_SECONDS = 3.0
@@ -107,7 +109,7 @@ def loading(name: str) -> Iterator[None]:
     with contextlib.nullcontext() if local else hub_offline() as offline:
         try:
             yield
-        except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError) as e:
+        except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError, SafetensorError) as e:
             if "trust_remote_code" in str(e):
                 raise ModelLoadError(
                     f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
