@@ -232,6 +232,13 @@ def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, 
         f"hf:{no_weights}: cannot be loaded (SafetensorError: ",
     )
     (no_weights / "model.safetensors").unlink()
+    no_vocabulary = save_model(tmp_path / "no_vocabulary", config("gpt2"), tokenizer_files)
+    for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+        (no_vocabulary / name).unlink(missing_ok=True)  # transformers builds an empty tokenizer: 0 tokens a text
+    assert_one_line_error(
+        *analyze(f"hf:{no_vocabulary}", *options(texts), "--out", out, capsys=capsys)[::2],
+        f"hf:{no_vocabulary}: its tokenizer has no vocabulary",
+    )
     assert_one_line_error(
         *analyze(f"hf:{no_weights}", *options(texts), "--out", out, capsys=capsys)[::2],
         f"hf:{no_weights}: cannot be loaded",

@@ -48,6 +48,11 @@ def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = Fals
     from transformers import AutoTokenizer
 
     tokenizer = _from_pretrained(AutoTokenizer, spec, revision)
+    if not tokenizer.vocab_size:  # transformers builds an empty one where the vocabulary files are missing
+        raise ModelLoadError(
+            f"{spec.name(revision)}: its tokenizer has no vocabulary (its tokenizer files, such as "
+            "tokenizer.json, are missing or empty); copy the model's tokenizer files into it"
+        )
     return lambda texts: tokenizer(texts, add_special_tokens=special_tokens, verbose=False)["input_ids"]
 
 
