@@ -13,6 +13,7 @@ back through the adapter gives identical weights.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
 from dispersion_titan.run_folder.owners import OWNER_FILE
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
 from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
@@ -233,6 +235,23 @@ def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path, capsys):
         f"dispersion_titan: error: OUT_DIR: {notes}/hf: not writable (Not a directory)"
     ]
     assert notes.stat().st_mtime_ns == kept and notes.read_text() == "mine"
+
+
+def test_a_second_convert_into_a_folder_being_written_is_refused(tmp_path, capsys):
+    """Two exports into one OUT_DIR: the second is refused in one line (both said 'wrote OUT_DIR', the
+    last one's files standing); the first's lock, held here by a live process, is left as it was."""
+    step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    out = tmp_path / "hf"
+    out.mkdir()
+    lock = json.dumps(dataclasses.asdict(dataclasses.replace(this_process(), pid=os.getppid())))
+    (out / LOCK_NAME).write_text(lock)
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main(["to-hf", str(step), str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"dispersion_titan: error: {out}: another command is writing here (PID {os.getppid()} ")
+    assert err[0].endswith("; wait for it to end, or use another OUT_DIR")
+    assert os.listdir(out) == [LOCK_NAME] and (out / LOCK_NAME).read_text() == lock
 
 
 def test_convert_names_a_missing_checkpoint(tmp_path, capsys):

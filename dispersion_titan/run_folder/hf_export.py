@@ -28,8 +28,8 @@ from .checkpoints import (
     load_run_metadata,
     run_of,
 )
-from .outputs import STEP_FOLDER, ensure_writable
-from .owners import FolderOwner, record_owner, refuse_unless_ours
+from .outputs import STEP_FOLDER
+from .owners import FolderOwner, empty, owned, refuse_unless_ours
 
 
 def resolve_step_dir(path: str) -> str:
@@ -99,13 +99,12 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
     dump = run_of(checkpoints)
     owner = FolderOwner("HF export", dump)
     refuse_unless_ours(out_dir, owner, "OUT_DIR", "use another OUT_DIR")
-    if os.path.isdir(out_dir) and os.listdir(out_dir) and not force:
-        raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
-    ensure_writable(out_dir, "OUT_DIR")
-    if step_dir != given.rstrip("/"):
-        print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}: {step_dir}", file=sys.stderr)
-    export_checkpoint(step_dir, out_dir)
-    record_owner(out_dir, owner)
+    with owned(out_dir, owner, "OUT_DIR"):  # one export at a time; one that finished meanwhile is not overwritten
+        if not (force or empty(out_dir)):
+            raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
+        if step_dir != given.rstrip("/"):
+            print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}: {step_dir}", file=sys.stderr)
+        export_checkpoint(step_dir, out_dir)
 
 
 def export_checkpoint(step_dir: str, out_dir: str) -> None:

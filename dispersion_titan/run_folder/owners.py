@@ -234,7 +234,7 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
     ensure_writable(folder, option)
-    with sole_writer(folder) as lock:
+    with sole_writer(folder, ("command", way_out)) as lock:
         refuse_unless_ours(folder, owner, option, way_out)
         recorded = record_owner(folder, owner)
         try:

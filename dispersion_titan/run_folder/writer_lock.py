@@ -162,9 +162,9 @@ class WriterLock:
 
 
 @contextmanager
-def sole_writer(folder: str | os.PathLike) -> Iterator[WriterLock]:
+def sole_writer(folder: str | os.PathLike, writers: tuple[str, str] = COMMAND) -> Iterator[WriterLock]:
     """Hold the lock of a command's output folder, touched so that other hosts see a long command alive."""
-    lock = WriterLock(folder, COMMAND)
+    lock = WriterLock(folder, writers)
     lock.acquire()
     done = threading.Event()
 
