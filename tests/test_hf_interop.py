@@ -254,6 +254,20 @@ def test_a_second_convert_into_a_folder_being_written_is_refused(tmp_path, capsy
     assert os.listdir(out) == [LOCK_NAME] and (out / LOCK_NAME).read_text() == lock
 
 
+def test_a_run_json_with_text_for_a_number_is_one_line(tmp_path, capsys):
+    """A hand-edited run.json (``"dim": "x"``) was a torch traceback from inside the model's constructor."""
+    step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    metadata = json.loads((tmp_path / "run" / "run.json").read_text())
+    metadata["model_args"]["dim"] = "x"
+    (tmp_path / "run" / "run.json").write_text(json.dumps(metadata))
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main(["to-hf", str(step), str(tmp_path / "hf")])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"dispersion_titan: error: {tmp_path / 'run' / 'run.json'}: invalid (model_args.dim: 'x' is no number)"
+    ]
+    assert not [p for p in (tmp_path / "hf").rglob("*") if p.is_file()]
+
+
 def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
     missing = tmp_path / "nope" / "checkpoint" / "step-3"
     with pytest.raises(SystemExit) as exit_info:

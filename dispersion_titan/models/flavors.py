@@ -80,6 +80,14 @@ def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:
     cls = family(family_name).get_train_spec().model_args.cls
     values = dict(fields)
     for f in dataclasses.fields(cls):
+        number = isinstance(f.default, (int, float))  # a hand-edited file: a text for a number fails deep in torch
+        if (
+            f.name in values
+            and isinstance(f.default, (int, float, str))
+            and values[f.name] is not None
+            and number != isinstance(values[f.name], (int, float))
+        ):
+            raise ValueError(f"model_args.{f.name}: {values[f.name]!r} is no {'number' if number else 'text'}")
         if f.name in values and f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
             if dataclasses.is_dataclass(default) and isinstance(values[f.name], dict):
