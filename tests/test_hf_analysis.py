@@ -225,6 +225,12 @@ def test_unloadable_models_fail_with_one_line(tokenizer_files, texts, tmp_path, 
         f"hf:{unknown}: cannot be loaded",
         "no-such-architecture",
     )
+    (unknown / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_positions": "abc"}))
+    assert_one_line_error(
+        *analyze(f"hf:{unknown}", *options(texts), "--out", out, capsys=capsys)[::2],
+        f"hf:{unknown}: cannot be loaded (StrictDataclassFieldValidationError: ",
+        "n_positions",
+    )
     no_weights = save_model(tmp_path / "no_weights", config("gpt2"), tokenizer_files)
     (no_weights / "model.safetensors").write_bytes(b"\x10")  # cut short: safetensors' own error type
     assert_one_line_error(

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from .errors import ModelLoadError
@@ -17,6 +18,17 @@ from .errors import ModelLoadError
 HUB_PROBE_SECONDS = 3.0
 """How long to wait for a TCP connection to the hub before treating it as unreachable."""
 _TRUE = ("1", "ON", "YES", "TRUE")
+_LOAD_ERRORS = (
+    OSError,
+    ValueError,
+    KeyError,
+    ImportError,
+    RuntimeError,
+    TypeError,
+    SafetensorError,
+    StrictDataclassError,
+)
+"""What transformers, the hub and safetensors raise for a model they cannot load."""
 
 
 @contextlib.contextmanager
@@ -109,7 +121,7 @@ def loading(name: str) -> Iterator[None]:
     with contextlib.nullcontext() if local else hub_offline() as offline:
         try:
             yield
-        except (OSError, ValueError, KeyError, ImportError, RuntimeError, TypeError, SafetensorError) as e:
+        except _LOAD_ERRORS as e:
             if "trust_remote_code" in str(e):
                 raise ModelLoadError(
                     f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
