@@ -311,7 +311,7 @@ def test_convert_given_a_run_takes_its_newest_complete_checkpoint(tmp_path, caps
     shutil.copytree(step0, newer)
     (newer / ".metadata").unlink()  # half-written: never the one converted
     convert.main(["to-hf", str(run), str(tmp_path / "hf")])
-    assert capsys.readouterr().err.splitlines()[0] == f"converting step 0: {step0}"
+    assert capsys.readouterr().err.splitlines()[0] == f"converting step 0 (step-5: incomplete, passed over): {step0}"
     want = {k: v for k, v in GPT2StateDictAdapter(args, None).to_hf(load_weights(step0)).items()}
     got = load_file(str(tmp_path / "hf" / "model.safetensors"))
     assert want and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
