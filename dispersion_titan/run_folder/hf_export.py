@@ -103,8 +103,8 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
         if not (force or empty(out_dir)):
             raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
         if step_dir != given.rstrip("/"):  # the run's newest complete checkpoint, and the newer ones passed over
-            listed = [c.path for c in list_checkpoints(checkpoints)]
-            newer = [os.path.basename(p) for p in listed[listed.index(step_dir) + 1 :]]
+            names = [os.path.basename(c.path) for c in list_checkpoints(checkpoints)]  # oldest first
+            newer = names[names.index(os.path.basename(step_dir)) + 1 :]
             passed = f" ({', '.join(newer)}: incomplete, passed over)" if newer else ""
             print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}{passed}: {step_dir}", file=sys.stderr)
         export_checkpoint(step_dir, out_dir)
