@@ -375,18 +375,37 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
 
 
 def test_a_row_without_text_is_refused_naming_file_and_line(capsys, tmp_path):
-    """``data prepare local`` on a jsonl whose second row lacks ``"text"`` (and another whose row is
-    null): refused naming the file and line, exit 2, before --out is created; a row dropped in
-    silence would make a store of fewer documents than the file holds."""
-    for name, second in (("lacks.jsonl", {"title": "two"}), ("null.jsonl", {"text": None})):
+    """``data prepare local`` on a jsonl whose second row lacks ``"text"`` (or whose text is null or a
+    number: was a worker's TypeError traceback): refused naming the file and line, exit 2, before --out is
+    created; a row dropped in silence would make a store of fewer documents than the file holds. A file
+    its reader cannot parse (a cut jsonl, a txt not UTF-8) is named with the reader's reason (was datasets'
+    30-line DatasetGenerationError traceback)."""
+    cut = "fix the file"
+    cases = {
+        "lacks.jsonl": {"title": "two"},
+        "null.jsonl": {"text": None},
+        "number.jsonl": {"text": 5},
+        "cut.jsonl": '{"text": "tw',
+        "latin.txt": b"caf\xe9",
+    }
+    for name, second in cases.items():
         path = tmp_path / name
-        path.write_text("\n".join(json.dumps(row) for row in ({"text": "one"}, second, {"text": "three"})) + "\n")
+        if isinstance(second, bytes):
+            path.write_bytes(second)
+        else:
+            rows = ({"text": "one"}, second, {"text": "three"})[: 3 if isinstance(second, dict) else 2]
+            path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
         with pytest.raises(SystemExit) as exit_:
             main(["prepare", "local", "--dataset-path", str(path), "--out", str(tmp_path / "out")])
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dispersion_titan:")]
-        assert exit_.value.code == 2 and errors == [
-            f'dispersion_titan: error: --dataset_path: {path}: line 2 has no "text"; give every row a "text" string'
-        ]
+        assert exit_.value.code == 2 and len(errors) == 1, (name, errors)
+        if isinstance(second, dict):
+            assert errors[0] == (
+                f'dispersion_titan: error: --dataset_path: {path}: line 2 has no "text"; give every row a "text" string'
+            )
+        else:
+            assert errors[0].startswith(f"dispersion_titan: error: --dataset_path: {path}: not readable as ")
+            assert errors[0].endswith(cut)
     assert not (tmp_path / "out").exists()
 
 

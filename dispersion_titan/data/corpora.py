@@ -72,7 +72,12 @@ def load_files(files: list[str], field: str, streaming: bool) -> Rows:
     for builder, group in itertools.groupby(files, key=lambda f: BUILDERS[os.path.splitext(f)[1]]):
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         group = list(group)
-        rows = datasets.load_dataset(builder, data_files=group, split="train", streaming=streaming, **kwargs)
+        try:
+            rows = datasets.load_dataset(builder, data_files=group, split="train", streaming=streaming, **kwargs)
+        except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowInvalid) as e:  # a malformed row or file
+            cause = str(e.__cause__ or e).splitlines()[0]
+            files = ", ".join(group)
+            raise DataConfigError(f"{field}: {files}: not readable as {builder} ({cause}); fix the file") from None
         parts.append(_require_text(rows, repr(group[0]), field).select_columns(["text"]))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
@@ -146,8 +151,9 @@ def file_texts(files: list[str], field: str) -> Iterator[str]:
     """The ``text`` of every row of ``files``, in order; a row without one is refused, not dropped."""
     rows = load_files(files, field, False)
     column = rows.data.column("text")
-    if column.null_count:
-        index = pyarrow.compute.index(pyarrow.compute.is_null(column), True).as_py()
+    strings = pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)
+    if column.null_count or not strings:  # a null, or a number or an object somewhere
+        index = pyarrow.compute.index(pyarrow.compute.is_null(column), True).as_py() if column.null_count else 0
         raise DataConfigError(f'{field}: {_row_without_text(files, index)}; give every row a "text" string')
     return iter_text(rows)
 
