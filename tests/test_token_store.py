@@ -342,6 +342,11 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
         capsys, "local", "--dataset-path", "/no/such.jsonl", "--out", out
     )
     assert "CONFIG_OR_DATASET: /no/such.toml: no such file" in cli_failure(capsys, "/no/such.toml", "--out", out)
+    (tmp_path / "gone.jsonl").symlink_to(tmp_path / "moved.jsonl")  # was a FileNotFoundError traceback
+    assert cli_failure(capsys, "local", "--dataset-path", str(tmp_path / "gone.jsonl"), "--out", out) == (
+        f"dispersion_titan: error: --dataset_path: '{tmp_path / 'gone.jsonl'}' is a symbolic link to nothing "
+        f"('{tmp_path / 'moved.jsonl'}')"
+    )
     line = cli_failure(capsys, "enwiki_sample", "--out", str(tmp_path / "file" / "store"))
     assert line.startswith("dispersion_titan: error: --out: ") and "file/store: Not a directory" in line
     # --out holding another store (here: another shard size): refused, nothing deleted.

@@ -48,6 +48,8 @@ def resolve_local_files(spec: str, field: str) -> list[str]:
         if not matches:
             raise DataConfigError(f"{field}: no file matches {entry!r}")
         for match in matches:
+            if not os.path.exists(match):
+                raise DataConfigError(f"{field}: {match!r} is a symbolic link to nothing ({os.readlink(match)!r})")
             if os.path.isdir(match):
                 raise DataConfigError(f"{field}: {match!r} is a directory; name files or a glob")
             if os.path.splitext(match)[1] not in BUILDERS:
