@@ -342,6 +342,15 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
         capsys, "local", "--dataset-path", "/no/such.jsonl", "--out", out
     )
     assert "CONFIG_OR_DATASET: /no/such.toml: no such file" in cli_failure(capsys, "/no/such.toml", "--out", out)
+    # A worker per document on a big machine exhausted memory (exit 137); past sys.maxsize, islice's traceback.
+    most = 8 * len(os.sched_getaffinity(0))
+    assert cli_failure(capsys, "enwiki_sample", "--workers", str(most + 1), "--out", out) == (
+        f"dispersion_titan: error: argument --workers: '{most + 1}' is more than {most} "
+        "(8 per CPU this process may use)"
+    )
+    assert cli_failure(capsys, "enwiki_sample", "--shard-documents", str(2**63), "--out", out).endswith(
+        f"'{2**63}' is more than {2**63 - 1}"
+    )
     (tmp_path / "gone.jsonl").symlink_to(tmp_path / "moved.jsonl")  # was a FileNotFoundError traceback
     assert cli_failure(capsys, "local", "--dataset-path", str(tmp_path / "gone.jsonl"), "--out", out) == (
         f"dispersion_titan: error: --dataset_path: '{tmp_path / 'gone.jsonl'}' is a symbolic link to nothing "

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import os
 import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -160,6 +161,8 @@ class OneLineErrorParser(argparse.ArgumentParser):
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    if int(text) > sys.maxsize:  # a count, a size: beyond what Python indexes (islice's bound)
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {sys.maxsize}")
     return int(text)
 
 

@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     )
     prep.add_argument(
         "--workers",
-        type=positive_int,
+        type=_workers,
         default=len(os.sched_getaffinity(0)),
         help="tokenising processes (default: the CPUs this process may use)",
     )
@@ -66,6 +66,14 @@ def parser() -> argparse.ArgumentParser:
         help=f"documents per shard (default {SHARD_DOCUMENTS})",
     )
     return p
+
+
+def _workers(text: str) -> int:
+    """At most 8 per usable CPU: each forks the tokeniser; 100000 of them exhausted memory (exit 137)."""
+    most = 8 * len(os.sched_getaffinity(0))
+    if positive_int(text) > most:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {most} (8 per CPU this process may use)")
+    return int(text)
 
 
 @command("the shards written so far are kept; the same command resumes where it stopped")
