@@ -178,6 +178,12 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
     assert str(refused.value) == (
         f"job.fork_from: {step}: one checkpoint's folder, not a run's; give {reference_run}@{FORK_STEP}"
     )
+    for spec in (f"{reference_run}@", f"@{FORK_STEP}"):  # were read as RUN, and as the working directory
+        with pytest.raises(ConfigError, match=f"^job.fork_from: '{spec}': give RUN or RUN@STEP, STEP a checkpoint"):
+            fork_source(spec)
+    named = tmp_path / "lr@1e-3"  # a run folder whose name holds '@' (was 'STEP must be a checkpoint step number')
+    named.symlink_to(reference_run)
+    assert fork_source(str(named))[1:] == fork_source(str(reference_run))[1:]
 
 
 def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):

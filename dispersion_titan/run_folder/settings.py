@@ -93,10 +93,12 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
 
 def parse_fork(spec: str) -> tuple[str, int | None]:
     """``RUN`` or ``RUN@STEP`` as (run folder, step or None)."""
-    run, _, step = spec.rpartition("@") if "@" in spec else (spec, "", "")
-    if step and not step.isdigit():
-        raise ConfigError(f"job.fork_from: {spec!r}: STEP must be a checkpoint step number (RUN@STEP)")
-    return os.path.abspath(run), int(step) if step else None
+    run, at, step = spec.rpartition("@")
+    if not at or os.path.isdir(spec):  # a run folder whose name holds '@' (lr@1e-3) is a run, not RUN@STEP
+        return os.path.abspath(spec), None
+    if not run or not step.isdigit():  # 'RUN@' and '@6' were read as RUN and as the working directory
+        raise ConfigError(f"job.fork_from: {spec!r}: give RUN or RUN@STEP, STEP a checkpoint step number")
+    return os.path.abspath(run), int(step)
 
 
 def fork_source(spec: str) -> tuple[str, int, str]:
