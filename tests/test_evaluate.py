@@ -429,6 +429,12 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path
     again, first = read_json(resumed / "step-2" / "results.json"), read_json(evaluated / "step-2" / "results.json")
     assert again["results"] == first["results"]
 
+    # A folder where the summary goes: one line naming it (was os.replace's IsADirectoryError traceback).
+    (resumed / "summary.csv").unlink()
+    (resumed / "summary.csv").mkdir()
+    code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--out", resumed, capsys=capsys)
+    assert_one_line_error(code, err, f"{resumed / 'summary.csv'}: a folder where this command writes a file", "rerun")
+
     # Other settings into an existing folder: refused in one line, nothing touched.
     code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--limit", "6", capsys=capsys)
     assert_one_line_error(

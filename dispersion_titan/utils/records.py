@@ -8,6 +8,8 @@ import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
+from .errors import OutputError
+
 
 def atomic_write(
     path: str, write: Callable[[IO], None], binary: bool = False, durable: bool = False, exclusive: bool = False
@@ -15,6 +17,8 @@ def atomic_write(
     """Call ``write`` on a temporary file next to ``path``, then rename it to ``path``; ``durable``: on disk
     before the rename (a token store's files: a crash must not leave one empty); ``exclusive``: linked into
     place instead, FileExistsError if ``path`` exists (it is never replaced)."""
+    if os.path.isdir(path):  # os.replace's IsADirectoryError was a traceback after the work was done
+        raise OutputError(f"{path}: a folder where this command writes a file; move the folder away and rerun")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
