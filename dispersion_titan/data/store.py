@@ -275,6 +275,8 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
                 f"--out: {path} belongs to a prepare from other inputs "
                 "(source, tokenizer or --shard-documents); choose another folder"
             )
+    for stale in [*Path(out).glob(".shard-*.tmp"), *Path(out).glob(f".{MANIFEST}.*.tmp")]:
+        stale.unlink()  # a half-written file of a prepare that died mid-write (this one holds --out alone)
 
 
 def write_store(
