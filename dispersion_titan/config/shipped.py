@@ -3,12 +3,14 @@ lays them out."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from pathlib import Path
 
 from ..utils.errors import ArgumentError
 from ..utils.package_data import package_file
+from ..utils.records import atomic_write
 
 SHIPPED = {
     "train_configs": ("train_configs",),
@@ -49,18 +51,11 @@ def write_shipped(out: str) -> tuple[list[str], list[str]]:
         )
     written, kept = [], []
     for dest, source in files.items():
-        path = os.path.join(out, dest)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            dst = open(path, "xb")  # "x": never overwrite
-        except FileExistsError:
-            kept.append(dest)
-            continue
-        try:
-            with dst, open(source, "rb") as src:
-                shutil.copyfileobj(src, dst)
-        except OSError as e:  # the write or the close's flush
-            os.unlink(path)  # never a half file that a rerun would keep
-            raise OSError(e.errno, e.strerror, path) from e
+        with open(source, "rb") as src:
+            try:  # whole or not at all (a half config would be kept by a rerun), never over a file
+                atomic_write(os.path.join(out, dest), functools.partial(shutil.copyfileobj, src), True, exclusive=True)
+            except FileExistsError:
+                kept.append(dest)
+                continue
         written.append(dest)
     return written, kept
