@@ -338,8 +338,8 @@ def train_and_analyze(setup: QuickstartSetup, say: Callable[[str], None]) -> Non
     out_id = folder_id(setup.out)
     with ThreadPoolExecutor(max_workers=setup.jobs) as pool, Commands(env, preload) as commands:
         errors = [e for e in pool.map(lambda run: process(setup, run, commands, say, out_id), setup.runs) if e]
-    if folder_id(setup.out) != out_id:  # what failed, failed for that
-        strays = f"; what its running jobs wrote after that is in a new {setup.out}" if folder_id(setup.out) else ""
+    if (now := folder_id(setup.out)) != out_id:  # what failed, failed for that
+        strays = f"; what its running jobs wrote after that is in a new {setup.out}" if now else ""
         fail(
             f"--out: {setup.out} was moved or removed while the quickstart ran; what it finished went with it: "
             f"rerun the same command with --out naming where it is now{strays}",
