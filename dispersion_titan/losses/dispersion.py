@@ -170,14 +170,6 @@ def _softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
     return logits.sub_(m).sub_(log_s).exp_()
 
 
-# Per-variant elementwise functions on a strip of the Gram matrix g_ij = x_i . x_j,
-# all in place on ``gram``:
-#   term_(gram, hp, sq_sum)       -> the pair's term t_ij (the logit for log-sum-exp variants)
-#   grad_(gram, hp, sq_sum, lse)  -> dL/dg_ij of the unordered pair {i, j}
-# sq_sum = |x_i|^2 + |x_j|^2 (l2_repel only, else None); lse = (m, log_s) for the
-# log-sum-exp variants, else None. dispersion_triton.py has the same functions in Triton.
-
-
 def _clamp_(cos: Tensor, hp: PairHyper) -> Tensor:
     """The clamp in front of arccos (finite slope everywhere), in place."""
     return cos.clamp_(-1 + hp.clamp, 1 - hp.clamp)
@@ -193,52 +185,35 @@ def _hinge_(angle: Tensor) -> Tensor:
     return angle.mul_(-1.0 / math.pi).add_(0.5).clamp_min_(0.0)
 
 
-def _angular_spread_term_(gram: Tensor, hp: PairHyper, sq_sum: None) -> Tensor:
-    return _clamp_(gram, hp).arccos_().mul_(-1.0 / (math.pi * hp.tau))  # -D / tau
+def _pair_term_(gram: Tensor, spec: VariantSpec, hp: PairHyper, sq_sum: Tensor | None) -> Tensor:
+    """The pair's term t_ij (the logit for log-sum-exp variants) on a strip of the Gram matrix g_ij = x_i . x_j,
+    in place on ``gram``; sq_sum = |x_i|^2 + |x_j|^2 for raw rows, else None. dispersion_triton.py's
+    ``_pair_term`` in torch."""
+    if spec.name == "decorrelation":
+        return gram.square_()
+    if spec.rows == "raw":  # -D / tau, D = (s_i + s_j) - 2 g: the reference's operation order, so both round alike
+        return sq_sum.sub_(gram, alpha=2.0).div_(-hp.tau)
+    angle = _clamp_(gram, hp).arccos_()
+    if spec.name == "angular_spread":
+        return angle.mul_(-1.0 / (math.pi * hp.tau))  # -D / tau
+    return _hinge_(angle).square_()
 
 
-def _angular_spread_grad_(gram: Tensor, hp: PairHyper, sq_sum: None, lse: tuple[Tensor, Tensor]) -> Tensor:
-    # L = log sum_{i!=j} exp(-D / tau) - const  ->  dL/dc = 2 p_ij / tau * (-dD/dc)
+def _pair_grad_(
+    gram: Tensor, spec: VariantSpec, hp: PairHyper, sq_sum: Tensor | None, lse: tuple[Tensor, Tensor] | None
+) -> Tensor:
+    """dL/dg_ij of the unordered pair {i, j}, in place on ``gram``; lse = (m, log_s) for the log-sum-exp
+    variants, else None. dispersion_triton.py's ``_pair_weight`` in torch."""
+    if spec.name == "decorrelation":
+        return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
+    if spec.rows == "raw":  # dL/dD of the unordered pair is 2 p_ij * (-1 / tau), and dD/dg = -2
+        return _softmax_(_pair_term_(gram, spec, hp, sq_sum), *lse).mul_(4.0 / hp.tau)
     cos = _clamp_(gram, hp)
-    logits = torch.arccos(cos).mul_(-1.0 / (math.pi * hp.tau))
-    return _softmax_(logits, *lse).mul_(_arccos_slope_(cos)).mul_(2.0 / hp.tau)
-
-
-def _orthogonalization_term_(gram: Tensor, hp: PairHyper, sq_sum: None) -> Tensor:
-    return _hinge_(_clamp_(gram, hp).arccos_()).square_()
-
-
-def _orthogonalization_grad_(gram: Tensor, hp: PairHyper, sq_sum: None, lse: None) -> Tensor:
+    angle = torch.arccos(cos)
+    if spec.name == "angular_spread":  # L = log sum_{i!=j} exp(-D / tau) - const  ->  dL/dc = 2 p_ij / tau * (-dD/dc)
+        return _softmax_(angle.mul_(-1.0 / (math.pi * hp.tau)), *lse).mul_(_arccos_slope_(cos)).mul_(2.0 / hp.tau)
     # L = (2 / pairs) sum_{i<j} relu(1/2 - D)^2  ->  dL/dc = (4 / pairs) relu(1/2 - D) (-dD/dc)
-    cos = _clamp_(gram, hp)
-    return _hinge_(torch.arccos(cos)).mul_(_arccos_slope_(cos)).mul_(4.0 / hp.pairs)
-
-
-def _l2_repel_term_(gram: Tensor, hp: PairHyper, sq_sum: Tensor) -> Tensor:
-    """-D / tau with D = (s_i + s_j) - 2 g: the reference's operation order, so both round identically."""
-    return sq_sum.sub_(gram, alpha=2.0).div_(-hp.tau)
-
-
-def _l2_repel_grad_(gram: Tensor, hp: PairHyper, sq_sum: Tensor, lse: tuple[Tensor, Tensor]) -> Tensor:
-    # dL/dD of the unordered pair is 2 p_ij * (-1 / tau), and dD/dg = -2
-    return _softmax_(_l2_repel_term_(gram, hp, sq_sum), *lse).mul_(4.0 / hp.tau)
-
-
-def _decorrelation_term_(gram: Tensor, hp: PairHyper, sq_sum: None) -> Tensor:
-    return gram.square_()
-
-
-def _decorrelation_grad_(gram: Tensor, hp: PairHyper, sq_sum: None, lse: None) -> Tensor:
-    return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
-
-
-# variant -> (term_, grad_)
-_TORCH_PAIR_FNS = {
-    "angular_spread": (_angular_spread_term_, _angular_spread_grad_),
-    "orthogonalization": (_orthogonalization_term_, _orthogonalization_grad_),
-    "l2_repel": (_l2_repel_term_, _l2_repel_grad_),
-    "decorrelation": (_decorrelation_term_, _decorrelation_grad_),
-}
+    return _hinge_(angle).mul_(_arccos_slope_(cos)).mul_(4.0 / hp.pairs)
 
 
 class RowEntropy(NamedTuple):
@@ -306,7 +281,7 @@ class TorchStrips:
         if spec.row_entropy:
             out = RowEntropy(*(torch.empty(b, n, device=x.device) for _ in range(4)))
             for r0, r1 in self.strips(n, b, whole_rows=True):
-                logits = self._row_logits(x, sq, hp, r0, r1)
+                logits = self._row_logits(x, sq, spec, hp, r0, r1)
                 m = logits.amax(dim=2)
                 log_s = (logits - m[:, :, None]).exp_().sum(dim=2).log_()
                 f, pf = row_entropy_terms(_softmax_(logits, m, log_s), hp.eps)
@@ -317,7 +292,7 @@ class TorchStrips:
         total = torch.zeros(b, device=x.device)
         for r0, r1 in self.strips(n, b):
             gram = torch.bmm(x[:, r0:r1], x[:, r0:].transpose(1, 2))
-            term = _TORCH_PAIR_FNS[spec.name][0](gram, hp, _sq_sum(sq, r0, r1))
+            term = _pair_term_(gram, spec, hp, _sq_sum(sq, r0, r1))
             if spec.logsumexp:
                 lse.add(_mask_lower(term, r1 - r0, -math.inf))
             else:
@@ -338,7 +313,7 @@ class TorchStrips:
         row_sums = torch.zeros(b, n, device=x.device) if sq is not None else None
         if spec.row_entropy:
             for r0, r1 in self.strips(n, b, whole_rows=True):
-                logits = self._row_logits(x, sq, hp, r0, r1)
+                logits = self._row_logits(x, sq, spec, hp, r0, r1)
                 p = _softmax_(logits, lse.m[:, r0:r1], lse.log_s[:, r0:r1])
                 _, pf = row_entropy_terms(p, hp.eps)
                 weight = pf.sub_(p.mul_(lse.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
@@ -351,7 +326,7 @@ class TorchStrips:
         for r0, r1 in self.strips(n, b):
             x_rows, x_cols = x[:, r0:r1], x[:, r0:]
             gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
-            weight = _mask_lower(_TORCH_PAIR_FNS[spec.name][1](gram, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
+            weight = _mask_lower(_pair_grad_(gram, spec, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
             if row_sums is not None:
                 row_sums[:, r0:r1] += weight.sum(dim=2)
                 row_sums[:, r0:] += weight.sum(dim=1)
@@ -361,10 +336,10 @@ class TorchStrips:
         return du, row_sums
 
     @staticmethod
-    def _row_logits(x: Tensor, sq: Tensor, hp: PairHyper, r0: int, r1: int) -> Tensor:
+    def _row_logits(x: Tensor, sq: Tensor, spec: VariantSpec, hp: PairHyper, r0: int, r1: int) -> Tensor:
         """-D / tau for whole rows [r0, r1) against all columns, the diagonal i = j at -inf."""
         gram = torch.bmm(x[:, r0:r1], x.transpose(1, 2))
-        logits = _l2_repel_term_(gram, hp, sq[:, r0:r1, None] + sq[:, None, :])
+        logits = _pair_term_(gram, spec, hp, sq[:, r0:r1, None] + sq[:, None, :])
         rows = torch.arange(r1 - r0, device=x.device)
         logits[:, rows, rows + r0] = -math.inf
         return logits

@@ -256,7 +256,7 @@ def _hinge(c, angle):
 
 @triton.jit
 def _pair_term(g, sq_sum, neg_inv_tau, clamp, VARIANT: tl.constexpr, ROWS: tl.constexpr):
-    """The pair's term t(g), as dispersion.py's ``_<variant>_term_`` (logits for log-sum-exp variants);
+    """The pair's term t(g), as dispersion.py's ``_pair_term_`` (logits for log-sum-exp variants);
     for raw rows (the spec's ``rows``) the distance logit -D / tau, D = sq_sum - 2 g.
 
     Products by constants, never divisions: Triton's fp32 division is approximate.
@@ -279,7 +279,7 @@ def _pair_term(g, sq_sum, neg_inv_tau, clamp, VARIANT: tl.constexpr, ROWS: tl.co
 @triton.jit
 def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VARIANT: tl.constexpr,
                  ROWS: tl.constexpr):  # fmt: skip
-    """W = dL/dg of the unordered pair where ``valid``, else 0; as dispersion.py's ``_<variant>_grad_``.
+    """W = dL/dg of the unordered pair where ``valid``, else 0; as dispersion.py's ``_pair_grad_``.
 
     pair_scale = 4 / pairs. Invalid logits are masked before exp: the diagonal and the
     padding of l2_repel have logits far above the maximum m, whose exp would overflow.
