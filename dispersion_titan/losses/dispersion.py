@@ -372,9 +372,8 @@ class _PairLoss(torch.autograd.Function):
                 ctx.save_for_backward(hidden, sums.m, sums.log_s, sums.entropy, sums.a)
                 per_seq = sums.entropy.mean(dim=1)
             elif spec.logsumexp:
-                m, log_s = sums.finish(hp.diagonal_terms(spec, n))
+                per_seq, m, log_s = sums.finish(spec, hp, n)
                 ctx.save_for_backward(hidden, m, log_s)
-                per_seq = m + log_s - math.log(hp.pairs) + hp.constant(spec, n)
             else:
                 ctx.save_for_backward(hidden)
                 per_seq = 2.0 * sums / hp.pairs

@@ -793,8 +793,8 @@ def _pair_sums(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles
         return s_part.sum(dim=1) * (2.0 / hp.pairs), ()
     lse = OnlineLogSumExp(b, rows.u.device)
     lse.add_partials(m_part, s_part)
-    m, log_s = lse.finish(hp.diagonal_terms(spec, n))
-    return m + log_s - math.log(hp.pairs) + hp.constant(spec, n), (m, log_s)
+    per_seq, m, log_s = lse.finish(spec, hp, n)
+    return per_seq, (m, log_s)
 
 
 def _square_buffer(parts: int, count: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -132,17 +132,6 @@ class PairHyper(NamedTuple):
         """What is added to |z| for unit rows: the released z / (|z| + eps); 0 for other rows."""
         return self.eps if spec.rows == "unit" else 0.0
 
-    def constant(self, spec: VariantSpec, n: int) -> float:
-        """The released form's constant terms of a log-sum-exp variant's value: + eps on every
-        logit; l2_repel's mean over N^2 rather than N(N-1) pairs (its diagonal is added in finish)."""
-        if not spec.logsumexp or self.form != "released":
-            return 0.0
-        return self.eps + (math.log(self.pairs) - 2 * math.log(n) if spec.rows == "raw" else 0.0)
-
-    def diagonal_terms(self, spec: VariantSpec, n: int) -> int:
-        """How many exp(0) terms (D_ii = 0) the normaliser adds: N for the released l2_repel, else 0."""
-        return n if spec.rows == "raw" and spec.logsumexp and self.form == "released" else 0
-
 
 class OnlineLogSumExp:
     """Per-sequence log-sum-exp over strips or tiles: running max ``m`` and sum ``s`` of exp(x - m).
@@ -169,13 +158,16 @@ class OnlineLogSumExp:
         self.s = self.s * torch.exp(self.m - m) + (s_part * torch.exp(m_part - m[:, None])).sum(dim=1)
         self.m = m
 
-    def finish(self, diagonal: int = 0) -> tuple[Tensor, Tensor]:
-        """(m, log_s) of the sum over ordered pairs: each strip holds only i < j, hence + log 2;
-        plus ``diagonal`` terms of logit 0 (the released l2_repel's i = j pairs, D_ii = 0)."""
-        if not diagonal:
-            return self.m, self.s.log() + LOG2
+    def finish(self, spec: VariantSpec, hp: PairHyper, n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """A log-sum-exp variant's per-sequence value, and the (m, log_s) of its sum over ordered pairs:
+        each strip holds only i < j, hence + log 2. The released form adds eps to every logit and, for
+        l2_repel, the N terms of logit 0 of the pairs i = j (D_ii = 0), its mean over N^2 pairs."""
+        if spec.rows != "raw" or hp.form != "released":
+            m, log_s = self.m, self.s.log() + LOG2
+            return m + log_s - math.log(hp.pairs) + hp.eps, m, log_s
         m = self.m.clamp_min(0.0)
-        return m, torch.log(2.0 * self.s * torch.exp(self.m - m) + diagonal * torch.exp(-m))
+        log_s = torch.log(2.0 * self.s * torch.exp(self.m - m) + n * torch.exp(-m))
+        return m + log_s - math.log(hp.pairs) + (hp.eps + (math.log(hp.pairs) - 2 * math.log(n))), m, log_s
 
 
 def row_entropy_terms(p: Tensor, eps: float) -> tuple[Tensor, Tensor]:
