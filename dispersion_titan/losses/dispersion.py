@@ -311,28 +311,24 @@ class TorchStrips:
         b, n, _ = x.shape
         du = torch.zeros_like(x)
         row_sums = torch.zeros(b, n, device=x.device) if sq is not None else None
-        if spec.row_entropy:
-            for r0, r1 in self.strips(n, b, whole_rows=True):
-                logits = self._row_logits(x, sq, spec, hp, r0, r1)
-                p = _softmax_(logits, lse.m[:, r0:r1], lse.log_s[:, r0:r1])
+        for r0, r1 in self.strips(n, b, whole_rows=spec.row_entropy):
+            c0 = 0 if spec.row_entropy else r0  # the strip's columns: all, or the upper triangle's
+            x_rows, x_cols = x[:, r0:r1], x[:, c0:]
+            if spec.row_entropy:
+                p = _softmax_(self._row_logits(x, sq, spec, hp, r0, r1), lse.m[:, r0:r1], lse.log_s[:, r0:r1])
                 _, pf = row_entropy_terms(p, hp.eps)
                 weight = pf.sub_(p.mul_(lse.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
-                row_sums[:, r0:r1] += weight.sum(dim=2)
-                row_sums += weight.sum(dim=1)
-                du[:, r0:r1].baddbmm_(weight, x)
-                du.baddbmm_(weight.transpose(1, 2), x[:, r0:r1])
-                del logits, p, pf, weight
-            return du, row_sums
-        for r0, r1 in self.strips(n, b):
-            x_rows, x_cols = x[:, r0:r1], x[:, r0:]
-            gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
-            weight = _mask_lower(_pair_grad_(gram, spec, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
+                del p, pf
+            else:
+                gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
+                weight = _mask_lower(_pair_grad_(gram, spec, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
+                del gram
             if row_sums is not None:
                 row_sums[:, r0:r1] += weight.sum(dim=2)
-                row_sums[:, r0:] += weight.sum(dim=1)
+                row_sums[:, c0:] += weight.sum(dim=1)
             du[:, r0:r1].baddbmm_(weight, x_cols)
-            du[:, r0:].baddbmm_(weight.transpose(1, 2), x_rows)
-            del gram, weight
+            du[:, c0:].baddbmm_(weight.transpose(1, 2), x_rows)
+            del weight
         return du, row_sums
 
     @staticmethod
