@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -216,16 +216,6 @@ def _pair_grad_(
     return _hinge_(angle).mul_(_arccos_slope_(cos)).mul_(4.0 / hp.pairs)
 
 
-class RowEntropy(NamedTuple):
-    """perplexity_entropy's per-token results: its row's log-sum-exp (m, log_s), sum_j f(p_ij)
-    and a_i = sum_j p_ij f'(p_ij) (see ``variants.row_entropy_terms``), each [B, N]."""
-
-    m: Tensor
-    log_s: Tensor
-    entropy: Tensor
-    a: Tensor
-
-
 def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Tensor | None, float]:
     """The fp32 rows x whose Gram matrix the variant needs; for unit and centred rows also the
     denominator and guard of u = x / (max(|x|, guard) + eps), x = z or z minus its feature mean
@@ -274,12 +264,13 @@ class TorchStrips:
 
     def forward(
         self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper
-    ) -> OnlineLogSumExp | Tensor | RowEntropy:
-        """Running log-sum-exp over i < j (log-sum-exp variants), per-token row entropies (per whole-row
-        strip, the row's softmax and its entropy terms), else the sum of the terms over i < j."""
+    ) -> OnlineLogSumExp | Tensor | tuple[Tensor, ...]:
+        """Running log-sum-exp over i < j (log-sum-exp variants); perplexity_entropy's per-token results
+        from each whole-row strip's softmax, each [B, N]: its row's log-sum-exp (m, log_s), sum_j f(p_ij) and
+        a_i = sum_j p_ij f'(p_ij) (see ``variants.row_entropy_terms``); else the sum of the terms over i < j."""
         b, n, _ = x.shape
         if spec.row_entropy:
-            out = RowEntropy(*(torch.empty(b, n, device=x.device) for _ in range(4)))
+            out = tuple(torch.empty(b, n, device=x.device) for _ in range(4))
             for r0, r1 in self.strips(n, b, whole_rows=True):
                 logits = self._row_logits(x, sq, spec, hp, r0, r1)
                 m = logits.amax(dim=2)
@@ -315,9 +306,10 @@ class TorchStrips:
             c0 = 0 if spec.row_entropy else r0  # the strip's columns: all, or the upper triangle's
             x_rows, x_cols = x[:, r0:r1], x[:, c0:]
             if spec.row_entropy:
-                p = _softmax_(self._row_logits(x, sq, spec, hp, r0, r1), lse.m[:, r0:r1], lse.log_s[:, r0:r1])
+                m, log_s, _, a = (t[:, r0:r1] for t in lse)  # the rows' (m, log_s, entropy, a) from forward
+                p = _softmax_(self._row_logits(x, sq, spec, hp, r0, r1), m, log_s)
                 _, pf = row_entropy_terms(p, hp.eps)
-                weight = pf.sub_(p.mul_(lse.a[:, r0:r1, None])).mul_(2.0 / (hp.tau * n))
+                weight = pf.sub_(p.mul_(a[:, :, None])).mul_(2.0 / (hp.tau * n))
                 del p, pf
             else:
                 gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
@@ -365,8 +357,8 @@ class _PairLoss(torch.autograd.Function):
             sums = kernel.forward(x, sq, spec, hp)
             ctx.spec, ctx.hp, ctx.lambda_norm, ctx.kernel = spec, hp, lambda_norm, kernel
             if spec.row_entropy:
-                ctx.save_for_backward(hidden, sums.m, sums.log_s, sums.entropy, sums.a)
-                per_seq = sums.entropy.mean(dim=1)
+                ctx.save_for_backward(hidden, *sums)
+                per_seq = sums[2].mean(dim=1)  # the entropies
             elif spec.logsumexp:
                 per_seq, m, log_s = sums.finish(spec, hp, n)
                 ctx.save_for_backward(hidden, m, log_s)
@@ -385,7 +377,7 @@ class _PairLoss(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             x, norm, guard = _rows(hidden, spec, hp)
             sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
-            saved = RowEntropy(*lse) if spec.row_entropy else tuple(lse) or None
+            saved = tuple(lse) or None
             # dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)
             du, row_sums = ctx.kernel.backward(x, sq, spec, hp, saved)
             scale = grad_out / x.shape[0]
