@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from .variants import RANGES
 
-LAYER_KEYWORDS = ("all", "last", "early_half", "late_half")
-
 CONFIG_RANGES = {
     "coeff": (lambda v: v >= 0, ">= 0"),
     **RANGES,
@@ -30,7 +28,7 @@ def resolve_layers(spec: str | list[int], n_layers: int) -> list[int]:
             "late_half": range(half, n_layers),
         }
         if spec not in table:
-            raise ValueError(f"{spec!r} is not one of {LAYER_KEYWORDS} or block indices such as 3 or 1,2,5")
+            raise ValueError(f"{spec!r} is not one of {tuple(table)} or block indices such as 3 or 1,2,5")
         chosen = list(table[spec])
     else:
         indices = [int(p) for p in parts]
