@@ -377,9 +377,8 @@ class _PairLoss(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             x, norm, guard = _rows(hidden, spec, hp)
             sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
-            saved = tuple(lse) or None
             # dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)
-            du, row_sums = ctx.kernel.backward(x, sq, spec, hp, saved)
+            du, row_sums = ctx.kernel.backward(x, sq, spec, hp, tuple(lse) or None)
             scale = grad_out / x.shape[0]
             if spec.rows == "raw":
                 # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over

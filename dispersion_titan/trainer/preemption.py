@@ -66,8 +66,8 @@ def interrupted_exit_code(signum: int) -> int:
 class Preemption:
     """Installs the signal handlers in this rank; ``stop`` is collective."""
 
-    def __init__(self, signal_name: str | None = None) -> None:
-        self.signum = parse_signal(signal_name or os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))
+    def __init__(self) -> None:
+        self.signum = parse_signal(os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))
         self.received: signal.Signals | None = None
         self._received_at = 0.0
         self._saving: tuple[int, str] | None = None  # (step, checkpoint folder) while an interrupt saves

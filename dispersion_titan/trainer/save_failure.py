@@ -19,7 +19,6 @@ from ..utils.errors import WRITE_ADVICE, CheckpointSaveError, no_room
 
 RELAUNCH = "relaunch the same command to resume"
 ADVICE = {code: f"{advice} and {RELAUNCH}" for code, advice in WRITE_ADVICE.items()}
-FREE_SPACE, RAISE_LIMIT = ADVICE[errno.ENOSPC], ADVICE[errno.EFBIG]
 FIX = f"fix the cause and {RELAUNCH}"
 
 
@@ -48,10 +47,10 @@ def _cause(error: BaseException, needed: int, largest_file: int, free: int) -> t
     if os_error is not None:
         return os.strerror(os_error.errno).lower(), ADVICE.get(os_error.errno, FIX)
     if free < needed:
-        return os.strerror(errno.ENOSPC).lower(), FREE_SPACE
+        return os.strerror(errno.ENOSPC).lower(), ADVICE[errno.ENOSPC]
     limit, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     if limit != resource.RLIM_INFINITY and limit < largest_file:
-        return f"file size limit exceeded (ulimit -f: {_mb(limit)})", RAISE_LIMIT
+        return f"file size limit exceeded (ulimit -f: {_mb(limit)})", ADVICE[errno.EFBIG]
     first = next((line.strip() for line in str(error).splitlines() if line.strip()), "")
     return f"write failed ({type(error).__name__}: {first[:120]})", FIX
 
