@@ -48,9 +48,6 @@ LOG2 = math.log(2.0)
 # "paper" = the paper's equations: u = z / |z|, pairs i != j only, log2(p).
 FORMS = ("released", "paper")
 
-# The released code's ``epsilon`` (DispersionLoss.__init__, lm_dispersion/dispersion.py).
-RELEASED_EPS = 1e-2
-
 RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "tau": (lambda v: v > 0, "> 0"),
     "clamp": (lambda v: 0 < v < 1, "in (0, 1)"),
@@ -125,8 +122,9 @@ class PairHyper(NamedTuple):
 
     @property
     def eps(self) -> float:
-        """The released code's epsilon (norm guard, logit shift, entropy's log), 0 for the paper's form."""
-        return RELEASED_EPS if self.form == "released" else 0.0
+        """The released code's ``epsilon`` (DispersionLoss.__init__, lm_dispersion/dispersion.py: norm guard,
+        logit shift, entropy's log), 0 for the paper's form."""
+        return 1e-2 if self.form == "released" else 0.0
 
     def unit_eps(self, spec: VariantSpec) -> float:
         """What is added to |z| for unit rows: the released z / (|z| + eps); 0 for other rows."""
