@@ -461,6 +461,9 @@ def test_perplexity_entropy_refuses_low_precision_products(precision: str) -> No
     """Its sharp row softmaxes need fp32 logits: bf16/tf32 products were 22% / 7% off on an H200."""
     with pytest.raises(ValueError, match=f"precision perplexity_entropy runs at auto or exact only.*{precision}"):
         dispersion_loss(torch.zeros(2, 4, 8), "perplexity_entropy", precision=precision)
+    triton_kernel = pytest.importorskip("dispersion_titan.losses.dispersion_triton")
+    with pytest.raises(ValueError, match=f"precision perplexity_entropy runs at auto or exact only.*{precision}"):
+        dispersion_loss(torch.zeros(2, 4, 8), "perplexity_entropy", kernel=triton_kernel.TritonTiles(precision))
     dispersion_loss(torch.randn(2, 4, 8), "perplexity_entropy", precision="exact")  # the others run
 
 

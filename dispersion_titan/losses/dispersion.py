@@ -534,7 +534,7 @@ def dispersion_loss(
                 f"hidden's tensors must share shape, dtype and device, got {tuple(layers[0].shape)} "
                 f"{layers[0].dtype} {layers[0].device} and {tuple(layer.shape)} {layer.dtype} {layer.device}"
             )
-    problem = precision_error(variant, precision)
+    problem = precision_error(variant, getattr(kernel, "precision", precision))  # a kernel object's own, if any
     if problem:
         raise ValueError(f"precision {problem}")
     pair_kernel = _pair_kernel(kernel, layers[0].device, variant, precision)
