@@ -9,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -19,18 +20,15 @@ SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm")
 SBATCH_GPUS_PER_NODE = 8  # train.sbatch's request
 
 
-def sbatch_script(name: str) -> Path:
-    return SLURM_SCRIPTS / f"{name}.sbatch"
-
-
 def job_python() -> str:
     """The interpreter the jobs run (``common.sh``'s ``PYTHON``): the user's, else this one."""
     return os.environ.get("PYTHON") or sys.executable
 
 
-def sbatch(name: str, logs: str | Path) -> list[str]:
-    """The start of every job's sbatch command line."""
-    return ["sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
+def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: Iterable[object]) -> list[str]:
+    """A job's sbatch command line: sbatch's ``options``, then the package's ``script.sbatch`` with its ``args``."""
+    start = ["sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
+    return [*start, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
 @dataclass

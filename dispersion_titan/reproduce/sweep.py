@@ -20,7 +20,7 @@ from ..job_config.parse import validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, empty, record_owner
 from ..utils.errors import ArgumentError, DispersionTitanError
-from .slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch, sbatch_script
+from .slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch
 
 CPU_PROCESSES_PER_NODE = 2  # train.sh's NPROC without GPUs
 
@@ -192,11 +192,11 @@ def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
 
     def job(key: str, label: str, kind: str, *args: str | Path, after: list[str], extra: tuple = ()) -> SlurmJob:
         time, options = kinds[kind]
-        argv = sbatch(f"{sweep.out.name}-{label.replace(' ', '-')}", sweep.out / "logs")
-        argv += [f"--partition={sweep.partition}"] if sweep.partition else []
-        argv += [f"--account={sweep.account}"] if sweep.account else []
-        argv += [f"--time={time}"] if time else []
-        return SlurmJob(key, label, [*argv, *extra, *options, str(sbatch_script(kind)), *map(str, args)], after)
+        given = [f"--partition={sweep.partition}"] if sweep.partition else []
+        given += [f"--account={sweep.account}"] if sweep.account else []
+        given += [f"--time={time}"] if time else []
+        name = f"{sweep.out.name}-{label.replace(' ', '-')}"
+        return SlurmJob(key, label, sbatch(name, sweep.out / "logs", [*given, *extra, *options], kind, args), after)
 
     jobs: list[SlurmJob] = []
     for i, cell in enumerate(sweep.cells(), start=1):

@@ -26,7 +26,7 @@ from ...run_folder.owners import RUN_METADATA_FILE
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import parse_spec
-from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch, sbatch_script
+from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch
 from . import catalog
 
 ANALYZE_OPTIONS = (
@@ -534,10 +534,10 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
         spread = [] if gpus == 1 else [f"--gpus={gpus}"]
         argv = step.argv if gpus == 1 or "--device-map" in step.argv else [*step.argv, "--device-map", "auto"]
         name = f"paper-{workflow.artifact}-{i}"
-        command = [*sbatch(name, logs), *spread, *sbatch_args, str(sbatch_script(step.command)), *argv]
+        command = sbatch(name, logs, [*spread, *sbatch_args], step.command, argv)
         lines.append(SlurmJob(f"job_{i}", name, command, [f"job_{j + 1}" for j in step.after]))
     name = f"paper-{workflow.artifact}-draw"
-    draw = [*sbatch(name, logs), "--gpus=0", *sbatch_args, str(sbatch_script("paper")), *draw_argv]
+    draw = sbatch(name, logs, ["--gpus=0", *sbatch_args], "paper", draw_argv)
     return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
 
 
