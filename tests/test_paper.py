@@ -28,7 +28,7 @@ from scipy import stats
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.paper import main as paper_main
 from dispersion_titan.reproduce.paper import catalog
-from dispersion_titan.reproduce.paper.collect import revision_label
+from dispersion_titan.reproduce.paper.render import revision_label
 from dispersion_titan.reproduce.paper.workflow import build, check_devices, pick_revisions
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.utils.errors import ArgumentError
