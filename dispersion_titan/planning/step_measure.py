@@ -97,7 +97,7 @@ class Roofline(TorchDispatchMode):
     need not have: PyTorch's ``RuntimeEstimator`` roofline with the GPU's published peaks. Per operator
     the larger of its compute time (FLOPs at ``COMPUTE_SHARE`` of peak) and its bytes at the HBM
     bandwidth. Unlike it: a DTensor is priced by its local shard, collectives are left to
-    ``planning.timing``, CPU flash attention is priced as CUDA's."""
+    ``resource_plan.step_time``, CPU flash attention is priced as CUDA's."""
 
     def __init__(self, gpu: GPU) -> None:
         super().__init__()
