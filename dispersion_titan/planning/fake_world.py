@@ -17,7 +17,6 @@ import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torchtitan.tools.logging import logger
@@ -104,9 +103,3 @@ def rank_zero_trainer(
                 trainer.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
-
-
-def micro_batches(trainer: DispersionTrainer, count: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-    """The trainer's first ``count`` micro-batches from its own data loader, as real tensors."""
-    data = trainer.batch_generator(trainer.dataloader)
-    return [next(data) for _ in range(count)]
