@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from torch.distributed._composable.replicate import DDP
-from torch.distributed.tensor import DTensor, Placement
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from ..components.titan_compat import optimizer_step
@@ -25,7 +25,7 @@ from ..models.gpt2.model import local_tensor
 from ..trainer.objective import DispersionObjective, own_sequences, shares
 from ..trainer.trainer import DispersionTrainer
 from ..utils.errors import ConfigError
-from .fake_world import micro_batches, rank_zero_trainer
+from .fake_world import rank_zero_trainer
 from .layout import ResourceLayout, resolve_layout
 
 if TYPE_CHECKING:
@@ -64,11 +64,6 @@ def _expected_mesh(layout: ResourceLayout) -> tuple[str, ...]:
     )
 
 
-def _sharded_dim(placement: Placement) -> int | None:
-    """The tensor dimension a placement shards (FSDP2's strided shard too); None if replicated."""
-    return getattr(placement, "dim", None)
-
-
 def check_mesh(trainer: DispersionTrainer, layout: ResourceLayout) -> str:
     pd = trainer.parallel_dims
     found = {"dp_replicate": pd.dp_replicate, "fsdp": pd.dp_shard, "tp": pd.tp, "world": pd.world_size}
@@ -99,7 +94,8 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> s
         if not isinstance(p, DTensor) or p.device_mesh.mesh_dim_names != mesh:
             where = p.device_mesh.mesh_dim_names if isinstance(p, DTensor) else "a plain tensor"
             raise ConfigError(f"parallelize: {name} is on {where}, not a DTensor on {mesh}")
-        if "fsdp" in mesh and _sharded_dim(p.placements[mesh.index("fsdp")]) != 0:
+        # a placement's "dim": the tensor dimension it shards (FSDP2's strided shard too); none if replicated
+        if "fsdp" in mesh and getattr(p.placements[mesh.index("fsdp")], "dim", None) != 0:
             raise ConfigError(f"parallelize: {name} is not sharded by FSDP ({p.placements})")
         placed, _ = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)  # torch >= 2.11
         if tuple(p.to_local().shape) != placed:
@@ -107,7 +103,7 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> s
                 f"parallelize: {name}'s shard on rank 0 is {tuple(p.to_local().shape)}, its placements "
                 f"{p.placements} give {placed}"
             )
-        on_tp += "tp" in mesh and _sharded_dim(p.placements[mesh.index("tp")]) is not None
+        on_tp += "tp" in mesh and getattr(p.placements[mesh.index("tp")], "dim", None) is not None
     if tied and model.output.weight is not model.tok_embeddings.weight:
         raise ConfigError("parallelize: the LM head is no longer the token embeddings (model.tie_embeddings)")
     if layout.tp > 1 and not on_tp:
@@ -185,7 +181,7 @@ def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
         (model,) = trainer.model_parts
         lines.append(check_parallelize(model, layout, trainer.model_args.tie_embeddings))
         lines.append(check_dispersion(trainer, layout, job_config.training.seq_len))
-        optimizer_step(trainer, micro_batches(trainer, 1))
+        optimizer_step(trainer, [next(trainer.batch_generator(trainer.dataloader))])
     lines.append(
         f"step: one micro-batch's forward and backward ({job_config.dispersion.variant}), clipping and the "
         f"optimizer step ran ({time.perf_counter() - start:.1f} s with the build)"

@@ -23,7 +23,7 @@ from torch.utils.flop_counter import flop_registry
 
 from ..components.titan_compat import optimizer_per_model_part, optimizer_step
 from ..models.gpt2.model import local_tensor
-from .fake_world import micro_batches, rank_zero_trainer
+from .fake_world import rank_zero_trainer
 from .figures import GPU, term_seconds
 
 if TYPE_CHECKING:
@@ -71,14 +71,6 @@ class StepMeasurement:
         return f"measured at all {self.depth} blocks"
 
 
-def on_the_line(a: StepMeasurement, b: StepMeasurement, depth: int) -> StepMeasurement:
-    """The measurement at ``depth`` blocks on the line through ``a`` and ``b``."""
-    w = (depth - a.depth) / (b.depth - a.depth)
-    line = {f.name: x + (getattr(b, f.name) - x) * w for f in fields(a) if isinstance(x := getattr(a, f.name), float)}
-    memory = {k: a.memory[k] + (b.memory[k] - a.memory[k]) * w for k in a.memory}
-    return replace(a, memory=memory, depth=depth, extrapolated=True, **line)
-
-
 aten = torch.ops.aten
 FLOPS = {
     **flop_registry,
@@ -104,9 +96,6 @@ class Roofline(TorchDispatchMode):
         self.gpu = gpu
         self.seconds = 0.0
 
-    def _peak(self, dtype: torch.dtype) -> float:
-        return self.gpu.bf16_flops if dtype in (torch.bfloat16, torch.float16) else self.gpu.fp32_flops
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -123,7 +112,8 @@ class Roofline(TorchDispatchMode):
         dtypes = {t.dtype for t in outputs if t.dtype in _FLOAT_TYPES}
         if packet in FLOPS and len(dtypes) == 1:
             flops = FLOPS[packet](*args, **kwargs, out_val=local_out)
-            compute = flops / 2 / (COMPUTE_SHARE * self._peak(dtypes.pop()))
+            half = dtypes.pop() in (torch.bfloat16, torch.float16)
+            compute = flops / 2 / (COMPUTE_SHARE * (self.gpu.bf16_flops if half else self.gpu.fp32_flops))
         self.seconds += max(transfer, compute)
         return out
 
@@ -155,31 +145,25 @@ class PricedTerm:
         return _KernelStandIn.apply(*layers)
 
 
-def _one_replica(config: RunConfig, world: int) -> tuple[int, bool]:
-    """A replicated (DDP) layout measured as one replica (DDP's lazy init reads values): the world
-    to build, and whether it was replicated."""
-    p, t = config.parallelism, config.training
-    replicas = p.data_parallel_replicate_degree
-    if replicas <= 1 or p.data_parallel_shard_degree != 1:
-        return world, False
-    p.data_parallel_replicate_degree = 1
-    if t.global_batch_size > 0:
-        t.global_batch_size //= replicas
-    return world // replicas, True
-
-
 def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepMeasurement:
     """One step of ``job_config`` (checked for ``world`` processes) with ``depth`` blocks."""
     config = copy.deepcopy(job_config)
     config.model.n_layers = depth
-    world, replicated = _one_replica(config, world)
+    par, t = config.parallelism, config.training
+    replicas = par.data_parallel_replicate_degree
+    replicated = replicas > 1 and par.data_parallel_shard_degree == 1
+    if replicated:  # DDP measured as one replica (DDP's lazy init reads values)
+        par.data_parallel_replicate_degree, world = 1, world // replicas
+        if t.global_batch_size > 0:
+            t.global_batch_size //= replicas
     # A GPU's flash kernel applies attention dropout inside (no mask); a CPU's math kernel would keep
     # the N × N probabilities and mask. Measured at attention dropout 0, as the GPU runs it.
     if getattr(config.model, "attn_dropout", None):
         config.model.attn_dropout = 0.0
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     with rank_zero_trainer(config, world, fake) as trainer:
-        batches = micro_batches(trainer, min(trainer.gradient_accumulation_steps, 2))
+        data = trainer.batch_generator(trainer.dataloader)  # its own loader's, as real tensors
+        batches = [next(data) for _ in range(min(trainer.gradient_accumulation_steps, 2))]
         ((model, optimizer),) = optimizer_per_model_part(trainer.optimizers)
         with fake:
             for p in model.parameters():  # the optimizer's state exists from the first step on
@@ -217,5 +201,8 @@ def measure_step(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> Ste
     d = job_config.dispersion
     if depth < sum(MEASURED_DEPTHS) or (d.variant != "none" and d.layers != "all"):
         return measure_at(job_config, world, gpu, depth)
-    low, high = (measure_at(job_config, world, gpu, d) for d in MEASURED_DEPTHS)
-    return on_the_line(low, high, depth)
+    a, b = (measure_at(job_config, world, gpu, d) for d in MEASURED_DEPTHS)
+    w = (depth - a.depth) / (b.depth - a.depth)
+    line = {f.name: x + (getattr(b, f.name) - x) * w for f in fields(a) if isinstance(x := getattr(a, f.name), float)}
+    memory = {k: a.memory[k] + (b.memory[k] - a.memory[k]) * w for k in a.memory}
+    return replace(a, memory=memory, depth=depth, extrapolated=True, **line)
