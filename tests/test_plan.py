@@ -195,7 +195,7 @@ def test_a_micro_batch_that_does_not_fit_is_refused_in_one_line():
         None,
         "a100",
     )
-    assert plan.layout.micro_batch == 512 and not plan.fits()
+    assert plan.layout.micro_batch == 512 and plan.memory_share > 1
     with pytest.raises(
         ConfigError,
         match=r"^training\.max_local_batch_size: big's micro-batch of 512 sequences "

@@ -172,13 +172,10 @@ class ResourcePlan:
     def tokens_per_s(self) -> float:
         return self.layout.tokens_per_step / self.time.step_s
 
-    def fits(self) -> bool:
-        return self.memory_share <= 1
-
 
 def refuse_if_too_big(plan: ResourcePlan) -> None:
     """A step that does not fit the GPU, in one line."""
-    if not plan.fits():
+    if plan.memory_share > 1:
         raise ConfigError(
             f"training.max_local_batch_size: {plan.name}'s micro-batch of {plan.layout.micro_batch} sequences needs "
             f"{plan.step.peak / GB:.1f} GB per GPU at its peak, more than the {plan.gpu.name}'s "
@@ -196,7 +193,7 @@ def _gb(x: float) -> str:
 
 def _memory(plan: ResourcePlan) -> str:
     parts = ", ".join(f"{name} {_gb(plan.step.memory[name])}" for name in CATEGORIES if plan.step.memory[name])
-    verdict = "does not fit" if not plan.fits() else "tight" if plan.memory_share > TIGHT else "fits"
+    verdict = "does not fit" if plan.memory_share > 1 else "tight" if plan.memory_share > TIGHT else "fits"
     return f"**{_gb(plan.step.peak)} GB** of {plan.gpu.memory_gb:g} GB ({plan.memory_share:.0%}, {verdict}): {parts}"
 
 
