@@ -84,13 +84,13 @@ def main(argv: list[str] | None = None) -> None:
     args, overrides = plan_parser().parse_known_args(argv)
     _config_first(args.config, argv)
     launch = plan_args(args.config, args.tp, tuple(overrides))
-    from dispersion_titan.planning import resource_plan as work  # --help and typos answered without it
+    from dispersion_titan.planning import dry_run, resource_plan  # --help and typos answered without them
 
-    plan = work.planned(args.config, launch, args.gpus, args.nodes, args.gpu)
-    print(work.plan_table(plan), flush=True)
-    work.refuse_if_too_big(plan)
+    plan = resource_plan.planned(args.config, launch, args.gpus, args.nodes, args.gpu)
+    print(resource_plan.plan_table(plan), flush=True)
+    resource_plan.refuse_if_too_big(plan)
     if args.dry_run_step:
-        print("\n".join(["", *work.dry_run_step(launch, plan.layout)]))
+        print("\n".join(["", *dry_run.dry_run_step(launch, plan.layout)]))
 
 
 if __name__ == "__main__":

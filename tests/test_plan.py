@@ -29,8 +29,13 @@ from dispersion_titan.plan import plan_args
 from dispersion_titan.planning import resource_plan
 from dispersion_titan.planning.dry_run import dry_run_step
 from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, term_seconds
-from dispersion_titan.planning.layout import nodes_of, resolve_layout
-from dispersion_titan.planning.resource_plan import FULL_BYTES_PER_PARAM, checkpoint_disk, step_time
+from dispersion_titan.planning.resource_plan import (
+    FULL_BYTES_PER_PARAM,
+    checkpoint_disk,
+    nodes_of,
+    resolve_layout,
+    step_time,
+)
 from dispersion_titan.planning.step_measure import measure_at
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.cli import assert_one_line_error, run_cli

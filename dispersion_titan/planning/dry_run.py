@@ -26,7 +26,7 @@ from ..trainer.objective import DispersionObjective, own_sequences, shares
 from ..trainer.trainer import DispersionTrainer
 from ..utils.errors import ConfigError
 from .fake_world import rank_zero_trainer
-from .layout import ResourceLayout, resolve_layout
+from .resource_plan import ResourceLayout, resolve_layout
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
