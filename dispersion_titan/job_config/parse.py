@@ -88,13 +88,9 @@ def _value_message(message: str, args: list[str]) -> str:
     expected = "a number" if "float" in words else "an integer" if "int" in words else "a value"
     if match.re is _MISSING:
         return f"{key}: no value given; write {flag} followed by {expected}"
-    typed = [v if eq else after for k, eq, v, after in _flags(args) if k.replace("_", "-") == flag.replace("_", "-")]
+    split = ((*arg.partition("="), after) for arg, after in zip(args, [*args[1:], ""]))  # the value: "=" or next
+    typed = [v if eq else after for k, eq, v, after in split if k.replace("_", "-") == flag.replace("_", "-")]
     return f"{key}: {typed[-1]!r} is not {expected}" if typed else message
-
-
-def _flags(args: list[str]) -> list[tuple[str, str, str, str]]:
-    """Each argument split at its first ``=``, with the argument after it ("" at the end)."""
-    return [(*arg.partition("="), after) for arg, after in zip(args, [*args[1:], ""])]
 
 
 def _switch_given_a_value(args: list[str]) -> str | None:
