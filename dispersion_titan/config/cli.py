@@ -200,14 +200,12 @@ OWN_SECTIONS = ("dispersion", "baseline")
 
 def _matches(value: Any, annotation: Any) -> bool:
     origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return True
     if origin is Literal:
         return value in typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         return any(_matches(value, arg) for arg in typing.get_args(annotation))
     if origin is list:
-        (item,) = typing.get_args(annotation) or (Any,)
+        (item,) = typing.get_args(annotation)
         return isinstance(value, list) and all(_matches(v, item) for v in value)
     if annotation is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
