@@ -32,19 +32,15 @@ def shipped_files() -> dict[str, str]:
     return dict(sorted(files.items()))
 
 
-def _foreign(out: str, files: dict[str, str]) -> str | None:
-    """The first entry of ``out`` that ``init`` would not write, or None."""
-    folders = {os.path.dirname(dest) for dest in files}
-    entries = ((str(path.relative_to(out)), path.is_dir()) for path in sorted(Path(out).rglob("*")))
-    return next((rel for rel, is_dir in entries if rel not in (folders if is_dir else files)), None)
-
-
 def write_shipped(out: str) -> tuple[list[str], list[str]]:
     """Copy every shipped config under ``out``, never over a file; (written, kept) relative paths."""
     files = shipped_files()
     if os.path.exists(out) and not os.path.isdir(out):
         raise ArgumentError(f"DIR: {out} is a file; name a new or empty folder")
-    if os.path.isdir(out) and (other := _foreign(out, files)):
+    folders = {os.path.dirname(dest) for dest in files}
+    entries = ((str(path.relative_to(out)), path.is_dir()) for path in sorted(Path(out).rglob("*")))
+    other = next((rel for rel, is_dir in entries if rel not in (folders if is_dir else files)), None)  # not init's
+    if other:
         raise ArgumentError(
             f"DIR: {out} holds other files ({other}); init writes only into a new or empty folder, "
             "or one it wrote: name another DIR"
