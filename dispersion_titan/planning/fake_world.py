@@ -1,6 +1,6 @@
 """``DispersionTrainer`` in this process as rank 0 of an N-rank job (TorchTitan's ``fake_backend``:
 collectives move nothing), for ``plan``. The checked config less what needs the run's files or a
-GPU (``rank_zero_config``); the process's state is restored on exit (``_process_state``).
+GPU; the process's state is restored on exit (``_process_state``).
 """
 
 from __future__ import annotations
@@ -28,25 +28,6 @@ from ..trainer.trainer import DispersionTrainer
 
 if TYPE_CHECKING:
     from ..config.run_config import RunConfig
-
-
-def rank_zero_config(job_config: RunConfig, dump_folder: str, fake: bool) -> RunConfig:
-    """``job_config`` for rank 0 of a fake world: no checkpoints, validation, loggers or compile; the
-    embedded ``enwiki_sample`` (token values change neither layout nor memory); a temporary run
-    folder. ``fake``: the model family built under ``FakeTensorMode``."""
-    c = copy.deepcopy(job_config)
-    c.comm.mode = "fake_backend"
-    c.checkpoint.enable = c.validation.enable = c.compile.enable = False
-    c.dispersion.kernel = "torch"  # no Triton probe on fake tensors; plan prices the kernels (step_measure)
-    c.metrics.enable_tensorboard = c.metrics.enable_wandb = False
-    c.metrics.log_freq = 10**9  # never a log step
-    c.job.dump_folder = dump_folder
-    c.training.dataset, c.training.dataset_path = "enwiki_sample", None
-    folder = os.path.expanduser(tokenizer_folder(c.model.name, c.model.hf_assets_path) or "")
-    c.model.hf_assets_path = folder if os.path.isdir(folder) else ""
-    if fake:
-        c.model.name = fake_world_family(c.model.name)
-    return c
 
 
 class _RankZero(DispersionTrainer):
@@ -89,14 +70,27 @@ def _process_state(world: int) -> Iterator[None]:
 def rank_zero_trainer(
     job_config: RunConfig, world: int, fake: FakeTensorMode | None = None
 ) -> Iterator[DispersionTrainer]:
-    """``DispersionTrainer`` as rank 0 of ``world`` ranks, quiet, built under ``fake`` when given;
-    closed on exit."""
+    """``DispersionTrainer`` as rank 0 of ``world`` ranks, quiet, built under ``fake`` when given (the model
+    family's stand-in for it), closed on exit. Its config: ``job_config`` with no checkpoints, validation,
+    loggers or compile; the embedded ``enwiki_sample`` (token values change neither layout nor memory); a
+    temporary run folder."""
+    c = copy.deepcopy(job_config)
+    c.comm.mode = "fake_backend"
+    c.checkpoint.enable = c.validation.enable = c.compile.enable = False
+    c.dispersion.kernel = "torch"  # no Triton probe on fake tensors; plan prices the kernels (step_measure)
+    c.metrics.enable_tensorboard = c.metrics.enable_wandb = False
+    c.metrics.log_freq = 10**9  # never a log step
+    c.training.dataset, c.training.dataset_path = "enwiki_sample", None
+    folder = os.path.expanduser(tokenizer_folder(c.model.name, c.model.hf_assets_path) or "")
+    c.model.hf_assets_path = folder if os.path.isdir(folder) else ""
+    if fake is not None:
+        c.model.name = fake_world_family(c.model.name)
     with _process_state(world), tempfile.TemporaryDirectory(prefix="plan_") as dump:
-        config = rank_zero_config(job_config, dump, fake is not None)
+        c.job.dump_folder = dump
         trainer = None
         try:
             with fake or contextlib.nullcontext():
-                trainer = _RankZero(config)
+                trainer = _RankZero(c)
             yield trainer
         finally:
             if trainer is not None:
