@@ -35,27 +35,6 @@ DRY_RUN_BLOCKS = 2
 DRY_RUN_TOKENS = 128
 
 
-def shrunk_args(args: list[str], layout: ResourceLayout) -> tuple[list[str], str]:
-    """``args`` on the CPU profile, shrunk (tokens a multiple of the TP degree), and what was shrunk."""
-    blocks, tokens = min(layout.n_layers, DRY_RUN_BLOCKS), min(layout.seq_len, DRY_RUN_TOKENS)
-    tokens -= tokens % layout.tp
-    said = [
-        f"{blocks} of {layout.n_layers} blocks" if blocks < layout.n_layers else "",
-        f"{tokens} of {layout.seq_len} tokens" if tokens < layout.seq_len else "",
-    ]
-    shrunk = [
-        *without_profile(args),  # the one profile there is, given once
-        "--profile",
-        "cpu",
-        "--model.n_layers",
-        str(blocks),
-        "--training.seq_len",
-        str(tokens),
-        "--validation.no-enable",
-    ]
-    return shrunk, ", ".join(s for s in said if s) or "not shrunk"
-
-
 def _expected_mesh(layout: ResourceLayout) -> tuple[str, ...]:
     return tuple(
         name
@@ -170,14 +149,28 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
 
 
 def dry_run_step(args: list[str], full: ResourceLayout) -> list[str]:
-    """The checks' lines for ``args`` in the layout ``full`` (``ConfigError`` on the first failure)."""
-    shrunk, said = shrunk_args(args, full)
-    gpus = full.gpus
+    """The checks' lines for ``args`` in the layout ``full`` (``ConfigError`` on the first failure), run on
+    the CPU profile, shrunk (tokens a multiple of the TP degree)."""
+    blocks, tokens, gpus = min(full.n_layers, DRY_RUN_BLOCKS), min(full.seq_len, DRY_RUN_TOKENS), full.gpus
+    tokens -= tokens % full.tp
+    said = [f"{blocks} of {full.n_layers} blocks"] if blocks < full.n_layers else []
+    said += [f"{tokens} of {full.seq_len} tokens"] if tokens < full.seq_len else []
+    shrunk = [
+        *without_profile(args),  # the one profile there is, given once
+        "--profile",
+        "cpu",
+        "--model.n_layers",
+        str(blocks),
+        "--training.seq_len",
+        str(tokens),
+        "--validation.no-enable",
+    ]
     job_config: RunConfig = validated_args(shrunk, gpus)
     layout = resolve_layout(job_config, gpus, full.nodes)
     start = time.perf_counter()
     with rank_zero_trainer(job_config, gpus) as trainer:
-        lines = [f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, {said}", check_mesh(trainer, layout)]
+        head = f"dry-run step: rank 0 of {gpus} (fake_backend), --profile cpu, {', '.join(said) or 'not shrunk'}"
+        lines = [head, check_mesh(trainer, layout)]
         (model,) = trainer.model_parts
         lines.append(check_parallelize(model, layout, trainer.model_args.tie_embeddings))
         lines.append(check_dispersion(trainer, layout, job_config.training.seq_len))
