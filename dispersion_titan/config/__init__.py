@@ -1,7 +1,5 @@
 """Configuration without TorchTitan. This package is the ``job.custom_config_module`` TorchTitan
-loads for its ``JobConfig``, so it re-exports the schema and imports nothing heavy.
+loads for its ``JobConfig`` (only that), so it re-exports it and imports nothing heavy.
 """
 
-from dispersion_titan.config.schema import Baseline, Checkpoint, Dispersion, JobConfig, Model
-
-__all__ = ["Baseline", "Checkpoint", "Dispersion", "JobConfig", "Model"]
+from dispersion_titan.config.schema import JobConfig as JobConfig
