@@ -3,7 +3,7 @@ each is ``--section.key value`` on the command line, except ``BuilderInputs.base
 """
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import tyro
 
@@ -189,3 +189,11 @@ class JobConfig:
     released: Released = field(default_factory=Released)
     optimizer: OptimizerInputs = field(default_factory=OptimizerInputs)
     lr_scheduler: LRSchedulerInputs = field(default_factory=LRSchedulerInputs)
+
+
+if TYPE_CHECKING:
+    from torchtitan.config import JobConfig as TitanJobConfig
+
+    class RunConfig(JobConfig, TitanJobConfig):
+        """TorchTitan's ``JobConfig`` with our sections, for annotations only (TorchTitan builds the merged
+        class at run time): every section and key of TorchTitan's, and ours."""

@@ -24,7 +24,7 @@ from . import released
 from .titan_checks import check_checkpoint, check_output_folders, check_titan_settings, triton_device_here, value_of
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 # torch 2.11 trains GPT-2 under TP with LayerNorm updates 7-10% off one process's; 2.13 agrees.
 GPT2_TP_TORCH = (2, 13)

@@ -26,7 +26,7 @@ from .released import refuse_derived_keys
 from .titan_checks import check_initial_load, check_runs_here, run_folders
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 SWITCH_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 

@@ -12,7 +12,7 @@ from ..config.cli import given_keys
 from ..utils.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 DERIVED = (
     "training.global_batch_size",

@@ -18,7 +18,7 @@ from ..tokenizer.encoders import is_hub_id
 from ..utils.errors import ConfigError, DataConfigError
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 
 def check_checkpoint(config: RunConfig, world_size: int) -> None:

@@ -29,7 +29,7 @@ from .fake_world import rank_zero_trainer
 from .resource_plan import ResourceLayout, resolve_layout
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 DRY_RUN_BLOCKS = 2
 DRY_RUN_TOKENS = 128

@@ -27,7 +27,7 @@ from ..trainer.preemption import DEFAULT_SIGNAL, SIGNAL_ENV, parse_signal
 from ..trainer.trainer import DispersionTrainer
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 
 class _RankZero(DispersionTrainer):

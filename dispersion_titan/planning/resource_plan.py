@@ -16,7 +16,7 @@ from .figures import GPU, GPUS, TERM_LABEL, Calibration, calibration
 from .step_measure import CATEGORIES, StepMeasurement, measure_step
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 GB = 1e9
 EAGER_MEMORY = (

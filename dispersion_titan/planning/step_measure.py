@@ -27,7 +27,7 @@ from .fake_world import rank_zero_trainer
 from .figures import GPU, term_seconds
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 MEASURED_DEPTHS = (2, 3)
 CATEGORIES = {

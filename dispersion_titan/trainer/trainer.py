@@ -36,7 +36,7 @@ from .preemption import INTERRUPT_SIGNALS, Preemption, secondary_failure_status
 from .save_failure import save_failure, write_failure
 
 if TYPE_CHECKING:
-    from ..config.run_config import RunConfig
+    from ..config.schema import RunConfig
 
 
 CHECKPOINT_KEY = "checkpoint.folder"
