@@ -51,18 +51,6 @@ def _first_message(boxed: str) -> str:
 
 
 _CHOICE = re.compile(r"invalid choice (.*) for argument '--([\w-]+)\.([\w-]+)'\. Expected one of (\(.*\))")
-
-
-def _choice_message(message: str) -> str:
-    """tyro's refusal of a ``Literal`` value, said as the TOML check says it: the key as typed in a
-    config (``optimizer.decay_groups``, where tyro writes ``--optimizer.decay-groups``) and its choices."""
-    match = _CHOICE.search(message)
-    if match is None:
-        return message
-    value, section, key, choices = match.groups()
-    return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value} is not one of {choices}"
-
-
 _PARSE = re.compile(r"Error parsing --([\w-]+)\.([\w-]+):")  # a value its type cannot parse
 _MISSING = re.compile(r"Missing value for argument '--([\w-]+)\.([\w-]+)'")  # a flag last, or before a flag
 
@@ -77,8 +65,13 @@ def _field_type(key: str) -> object:
 
 
 def _value_message(message: str, args: list[str]) -> str:
-    """tyro's refusal of a value its type cannot parse (``invalid literal for int() with base 10``), or of
-    a flag without its value, said as the key, the value typed and the type expected."""
+    """tyro's refusal of a value said as the key typed in a config (``optimizer.decay_groups``, where tyro
+    writes ``--optimizer.decay-groups``): a ``Literal``'s with its choices, as the TOML check says it; one its
+    type cannot parse (``invalid literal for int() with base 10``), or a flag without its value, with the
+    value typed and the type expected."""
+    if choice := _CHOICE.search(message):
+        value, section, key, choices = choice.groups()
+        return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value} is not one of {choices}"
     match = _PARSE.search(message) or _MISSING.search(message)
     if match is None:
         return message
@@ -114,7 +107,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
             job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         boxed = captured.getvalue()
-        message = _switch_given_a_value(args) or _choice_message(_first_message(boxed))
+        message = _switch_given_a_value(args) or _first_message(boxed)
         raise ArgumentError(_value_message(message, args)) from e
     except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
         raise ArgumentError(f"validation.steps: {e}") from None
