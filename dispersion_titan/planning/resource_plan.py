@@ -254,40 +254,35 @@ def _gb(x: float) -> str:
     return f"{x / GB:.2f}"
 
 
-def _memory(plan: ResourcePlan) -> str:
+def plan_table(plan: ResourcePlan) -> str:
+    """One run's plan as a Markdown table of its fields."""
+    lay, t = plan.layout, plan.time
     parts = ", ".join(f"{name} {_gb(plan.step.memory[name])}" for name in CATEGORIES if plan.step.memory[name])
     verdict = "does not fit" if plan.memory_share > 1 else "tight" if plan.memory_share > TIGHT else "fits"
-    return f"**{_gb(plan.step.peak)} GB** of {plan.gpu.memory_gb:g} GB ({plan.memory_share:.0%}, {verdict}): {parts}"
-
-
-def _step_time(plan: ResourcePlan) -> str:
-    t = plan.time
-    gpus = plan.layout.gpus
     bound = (
-        f"; at least {_ms(t.one_gpu_s)}, one GPU's {_ms(t.one_gpu_s * gpus)} for as many tokens over {gpus} GPUs "
-        "(no layout does a token in fewer GPU-seconds)"
+        f"; at least {_ms(t.one_gpu_s)}, one GPU's {_ms(t.one_gpu_s * lay.gpus)} for as many tokens over "
+        f"{lay.gpus} GPUs (no layout does a token in fewer GPU-seconds)"
         if t.bounded
         else ""
     )
     data_parallel = (
         f"; {t.data_parallel} {_ms(t.data_parallel_s)} (overlapped; {_ms(t.latency_s)} of it latency, {LATENCY_LABEL})"
-        if plan.layout.dp > 1
+        if lay.dp > 1
         else ""
     )
-    return (
-        f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}){data_parallel}, "
-        f"TP collectives {_ms(t.tp_s)}" + bound + (f"; {TERM_LABEL}" if plan.dispersion else "")
-    )
-
-
-def plan_table(plan: ResourcePlan) -> str:
-    """One run's plan as a Markdown table of its fields."""
-    lay = plan.layout
     rows = [
         ("layout", lay.describe()),
         ("parameters per rank", f"{plan.step.params_local / 1e6:,.2f} M of {plan.step.params_total / 1e6:,.1f} M"),
-        ("peak memory per GPU", _memory(plan) + f" ({EAGER_MEMORY}; {plan.step.depth_note})"),
-        ("step time", _step_time(plan)),
+        (
+            "peak memory per GPU",
+            f"**{_gb(plan.step.peak)} GB** of {plan.gpu.memory_gb:g} GB ({plan.memory_share:.0%}, {verdict}): "
+            f"{parts} ({EAGER_MEMORY}; {plan.step.depth_note})",
+        ),
+        (
+            "step time",
+            f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}){data_parallel}, "
+            f"TP collectives {_ms(t.tp_s)}" + bound + (f"; {TERM_LABEL}" if plan.dispersion else ""),
+        ),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
         ("GPU-hours", f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"),
         (
