@@ -3,10 +3,12 @@ nothing before it knows the command."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from importlib import import_module
 
-from dispersion_titan.utils.errors import run_command
+from dispersion_titan.utils.errors import fail, run_command
 
 COMMANDS = {
     "train": "dispersion_titan.train",
@@ -20,6 +22,9 @@ COMMANDS = {
     "init": "dispersion_titan.init",
     "plan": "dispersion_titan.plan",
 }
+OMP_THREADS = re.compile(r"\s*\+?[0-9]+\s*(,\s*\+?[0-9]+\s*)*", re.ASCII)
+"""What libgomp takes for ``OMP_NUM_THREADS`` (a count per nesting level); anything else it warns of on
+torch's import, in its own words, and ignores."""
 USAGE = f"usage: dispersion-titan {{{'|'.join(COMMANDS)}}} [ARGS ...]   (each command's --help says more)"
 
 
@@ -32,6 +37,11 @@ def main() -> None:
         named = f"unknown command {args[0]!r}; " if args else "name a command; "
         print(f"dispersion-titan: error: {named}{USAGE}", file=sys.stderr)
         sys.exit(2)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if threads is not None and not (
+        OMP_THREADS.fullmatch(threads) and all(0 < int(n) < 2**64 - 1 for n in threads.split(","))
+    ):
+        fail(f"OMP_NUM_THREADS must be a positive whole number of threads, e.g. 4, or unset; got {threads!r}")
     sys.argv = [COMMANDS[args[0]], *args[1:]]  # what python -m COMMAND's main sees
     run_command(lambda: import_module(COMMANDS[args[0]]).main())  # the imports inside its error handling
 

@@ -41,6 +41,31 @@ def test_an_unknown_command_is_refused_with_the_list():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("threads", ["abc", "0", "", "4,,2"])
+def test_an_invalid_omp_num_threads_is_refused_before_torch_is_imported(threads, tmp_path):
+    """Was libgomp's own line on torch's import (``Invalid value for environment variable OMP_NUM_THREADS``),
+    then the command ran on torch's default thread count."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan", "init", str(tmp_path / "configs")],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": threads},
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (
+        "dispersion_titan: error: OMP_NUM_THREADS must be a positive whole number of threads, e.g. 4, or unset;"
+        f" got {threads!r}\n"
+    )
+    assert not any(tmp_path.iterdir())
+
+
+def test_omp_num_threads_as_libgomp_takes_it_is_not_refused(tmp_path):
+    """A count per nesting level, spaces and a plus sign allowed: libgomp takes it, so do we."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan", "init", str(tmp_path / "configs")],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": " +4, 2"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
 @pytest.mark.parametrize("argv", [["paper", "--list"], ["analyze", "--help"], ["train", "--help"]])
 def test_a_reader_that_goes_away_ends_a_command_quietly(argv):
     """``dispersion-titan paper --list | head -3``: a closed pipe ends the command without a

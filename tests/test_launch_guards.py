@@ -231,14 +231,19 @@ def test_train_sh_checks_the_config_once_before_torchrun(finished_run):
             {"LOG_RANK": "rank0"},
             "train.sh: error: LOG_RANK must be local ranks, e.g. 0 or 0,1 (empty: all), got 'rank0'",
         ),
+        (
+            {"OMP_NUM_THREADS": "abc"},
+            "train.sh: error: OMP_NUM_THREADS must be a positive whole number of threads, e.g. 4, or unset; got 'abc'",
+        ),
         ({"RDZV_ENDPOINT": "node1:port"}, "train.sh: error: RDZV_ENDPOINT must be HOST or HOST:PORT, got 'node1:port'"),
         ({"PREEMPT_SIGNAL": "USR9"}, "train.sh: error: PREEMPT_SIGNAL must be a signal name, e.g. USR1, got 'USR9'"),
     ],
-    ids=["PYTHON", "LOG_RANK", "PREEMPT_SIGNAL", "RDZV_ENDPOINT"],
+    ids=["PYTHON", "LOG_RANK", "OMP_NUM_THREADS", "RDZV_ENDPOINT", "PREEMPT_SIGNAL"],
 )
 def test_train_sh_names_a_bad_environment_variable_before_starting_anything(tmp_path, env, says):
     """Was bash's own line naming neither variable (PYTHON, exit 127), torchrun's 24-line traceback
-    (LOG_RANK; RDZV_ENDPOINT: 36 lines), or bash's trap error after the config check (PREEMPT_SIGNAL, exit 1)."""
+    (LOG_RANK; RDZV_ENDPOINT: 36 lines), libgomp's own line above the run's (OMP_NUM_THREADS), or bash's trap
+    error after the config check (PREEMPT_SIGNAL, exit 1)."""
     proc = subprocess.run(
         [str(REPO / "launch" / "train.sh"), DEBUG_TOML, "--job.dump_folder", str(tmp_path / "run")],
         capture_output=True,

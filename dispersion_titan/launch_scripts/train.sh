@@ -38,6 +38,8 @@ nproc=$(positive_int NPROC "${NPROC:-$default_nproc}")
 nnodes=$(positive_int NNODES "${NNODES:-1}")
 [[ "${RDZV_ENDPOINT:-localhost:0}" =~ ^(.+:[0-9]{1,5}|[^:]+|\[.+\])$ ]] || die "RDZV_ENDPOINT must be HOST or HOST:PORT, got '$RDZV_ENDPOINT'"
 [[ "${LOG_RANK-0}" =~ ^([0-9]+(,[0-9]+)*)?$ ]] || die "LOG_RANK must be local ranks, e.g. 0 or 0,1 (empty: all), got '$LOG_RANK'"
+omp='[[:space:]]*\+?0*[1-9][0-9]*[[:space:]]*'  # libgomp's (else it warns on torch's import, and ignores it)
+[[ "${OMP_NUM_THREADS:-1}" =~ ^$omp(,$omp)*$ ]] || die "OMP_NUM_THREADS must be a positive whole number of threads, e.g. 4, or unset; got '$OMP_NUM_THREADS'"
 if [ -z "${OMP_NUM_THREADS:-}" ]; then
     # Without this torchrun sets 1 thread per process and leaves most cores idle.
     threads=$(($(cpu_count) / nproc))
