@@ -5,6 +5,7 @@ exactly, and bad or stale stores end in one line with exit status 2."""
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -389,12 +390,13 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_row_without_text_is_refused_naming_file_and_line(capsys, tmp_path):
+def test_a_row_without_text_is_refused_naming_file_and_line(capsys, caplog, tmp_path):
     """``data prepare local`` on a jsonl whose second row lacks ``"text"`` (or whose text is null or a
     number: was a worker's TypeError traceback): refused naming the file and line, exit 2, before --out is
     created; a row dropped in silence would make a store of fewer documents than the file holds. A file
-    its reader cannot parse (a cut jsonl, a txt not UTF-8) is named with the reader's reason (was datasets'
-    30-line DatasetGenerationError traceback)."""
+    its reader cannot parse (a cut jsonl, a txt not UTF-8, a parquet that is not one) is named with the
+    reader's reason (was datasets' 30-line DatasetGenerationError traceback), and datasets logs nothing
+    of it (a parquet's was its own ``Failed to read schema`` line above ours)."""
     cut = "fix the file"
     cases = {
         "lacks.jsonl": {"title": "two"},
@@ -402,6 +404,7 @@ def test_a_row_without_text_is_refused_naming_file_and_line(capsys, tmp_path):
         "number.jsonl": {"text": 5},
         "cut.jsonl": '{"text": "tw',
         "latin.txt": b"caf\xe9",
+        "broken.parquet": b"PAR1 not parquet PAR1",
     }
     for name, second in cases.items():
         path = tmp_path / name
@@ -414,6 +417,7 @@ def test_a_row_without_text_is_refused_naming_file_and_line(capsys, tmp_path):
             main(["prepare", "local", "--dataset-path", str(path), "--out", str(tmp_path / "out")])
         errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dispersion_titan:")]
         assert exit_.value.code == 2 and len(errors) == 1, (name, errors)
+        assert not [r for r in caplog.records if r.name.startswith("datasets") and r.levelno >= logging.WARNING]
         if isinstance(second, dict):
             assert errors[0] == (
                 f'dispersion_titan: error: --dataset_path: {path}: line 2 has no "text"; give every row a "text" string'

@@ -74,12 +74,16 @@ def load_files(files: list[str], field: str, streaming: bool) -> Rows:
     for builder, group in itertools.groupby(files, key=lambda f: BUILDERS[os.path.splitext(f)[1]]):
         kwargs = {"sample_by": "document"} if builder == "text" else {}
         group = list(group)
+        level = datasets.logging.get_verbosity()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own line for a bad file: said below
         try:
             rows = datasets.load_dataset(builder, data_files=group, split="train", streaming=streaming, **kwargs)
         except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowInvalid) as e:  # a malformed row or file
             cause = str(e.__cause__ or e).splitlines()[0]
             files = ", ".join(group)
             raise DataConfigError(f"{field}: {files}: not readable as {builder} ({cause}); fix the file") from None
+        finally:
+            datasets.logging.set_verbosity(level)
         parts.append(_require_text(rows, repr(group[0]), field).select_columns(["text"]))
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
