@@ -158,7 +158,7 @@ def test_an_unusable_datasets_cache_is_named_not_the_task(tmp_path, monkeypatch)
     (tmp_path / "file").write_text("")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "file" / "hf"))
     with pytest.raises(EvaluationError) as refused:
-        Tasks(("wiki_next_word",), str(TASKS)).load()
+        Tasks(("wiki_next_word",), str(TASKS)).load({})
     assert str(refused.value) == (
         f"{tmp_path / 'file' / 'hf'}: Not a directory (datasets' cache, loading task wiki_next_word); set HF_HOME, "
         "or HF_DATASETS_CACHE, to a writable folder with room"
@@ -656,6 +656,12 @@ def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, ev
         *evaluate(run, "--tasks", "piqa,,mmlu", "--out", new_out, capsys=capsys)[::2], "--tasks", "empty task name"
     )
     assert_one_line_error(*evaluate(run, "--limit", "0", capsys=capsys)[::2], "--limit")
+    assert_one_line_error(  # more shots than the task has: was lm-eval's traceback, after the model loaded
+        *evaluate(run, "--include-path", TASKS, *OPTS, "--num-fewshot", "99999999", "--out", new_out, capsys=capsys)[
+            ::2
+        ],
+        "--num-fewshot: 99999999 is more than the 39 few-shot examples of task wiki_next_word; give at most 39",
+    )
     assert_one_line_error(
         *evaluate(run, *OPTS, "--steps", "3", "--out", new_out, capsys=capsys)[::2],
         "--steps: no checkpoint for step 3 (have [0, 2])",

@@ -113,7 +113,7 @@ class RunEvaluation:
         refuse_if_busy(self.out, COMMAND)  # a busy folder's owner named first, before its results are read
         self.owner = FolderOwner("evaluation", self.dump)
         refuse_unless_ours(self.out, self.owner, "--out", "use another --out")
-        self.objects = self.tasks.load() if self._pending() else {}
+        self.objects = self.tasks.load(self.selection.num_fewshot) if self._pending() else {}
         ensure_writable(self.out, "--out")
 
     def _pending(self) -> list[StepCheckpoint]:
@@ -136,7 +136,7 @@ class RunEvaluation:
         with owned(self.out, self.owner):
             todo = self._pending()  # again: another writer may have finished since __init__ looked
             if todo and not self.objects:
-                self.objects = self.tasks.load()
+                self.objects = self.tasks.load(self.selection.num_fewshot)
             failed = self._evaluate(todo)
         if self.options.wandb:  # each step's row of summary.csv, then the summary itself
             with open(os.path.join(self.out, SUMMARY_FILE), newline="") as f:
@@ -328,9 +328,10 @@ class Tasks:
                 f"--tasks: unknown task {', '.join(unknown)} (not in {where}; lm-eval --tasks list shows the names)"
             )
 
-    def load(self) -> dict[str, list[Any]]:
+    def load(self, shots: dict[str, int | None]) -> dict[str, list[Any]]:
         """Each name's lm-eval Task or Group objects, built once; an unreachable hub's offline mode on first,
-        so missing data fail at once (not after 30 s of retries)."""
+        so missing data fail at once (not after 30 s of retries); ``shots`` (each name's) that a task has too
+        few examples for are refused."""
         objects = {}
         with hub_offline() as offline:
             for name in self.names:
@@ -355,9 +356,25 @@ class Tasks:
                     raise EvaluationError(
                         f"--tasks: {name}: cannot be loaded{why} ({type(e).__name__}: {message})"
                     ) from None
+                for task_name, task in loaded["tasks"].items():
+                    _check_shots(task_name, task, shots.get(name))
                 top = loaded["groups"].get(name) or loaded["tasks"].get(name)
                 objects[name] = [top] if top is not None else list(loaded["tasks"].values())  # a tag: its tasks
         return objects
+
+
+def _check_shots(name: str, task: Any, shots: int | None) -> None:
+    """lm-eval draws a task's shots from its few-shot examples, less the one asked about where they are its
+    test split; more shots than that end the evaluation mid-way in a traceback. A task whose config says 0
+    shots keeps them (lm-eval's ``simple_evaluate``)."""
+    sampler = getattr(task, "sampler", None)  # a task from a YAML's: what lm-eval draws the shots with
+    if not shots or sampler is None or task.get_config("num_fewshot") == 0:
+        return
+    pool = len(sampler.fewshot_docs()) - (task.fewshot_cfg.split == task.config.test_split)
+    if shots > pool:
+        raise EvaluationError(
+            f"--num-fewshot: {shots} is more than the {pool} few-shot examples of task {name}; give at most {pool}"
+        )
 
 
 # ``.hf-step-N.pidPID@HOST.RANDOM``: the owner is named, so a later run knows an abandoned one.
