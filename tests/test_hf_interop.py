@@ -27,20 +27,23 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from dispersion_titan import convert
+from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.schema import Dispersion
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
+from dispersion_titan.models.llama3_dispersion import Llama3Args
 from dispersion_titan.run_folder.checkpoints import save_run_metadata
+from dispersion_titan.run_folder.hf_export import save_tokenizer
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
 from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module, torchrun
-from support.runs import load_weights
+from support.runs import digests, load_weights, tiny_run
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
 SHAPE = dict(n_embd=64, n_layer=4, n_head=4, n_positions=256, vocab_size=50257)
@@ -266,6 +269,31 @@ def test_a_run_json_with_text_for_a_number_is_one_line(tmp_path, capsys):
         f"dispersion_titan: error: {tmp_path / 'run' / 'run.json'}: invalid (model_args.dim: 'x' is no number)"
     ]
     assert not [p for p in (tmp_path / "hf").rglob("*") if p.is_file()]
+
+
+def test_a_run_whose_tokenizer_folder_is_gone_names_it_and_the_run(tmp_path, capsys):
+    """A llama run trained with a folder's tokenizer, the folder moved: ``convert`` and ``analyze`` name the folder
+    run.json records (was ``model.hf_assets_path: FOLDER: no such folder``, an option neither takes, after
+    ``converting step 0``, and an empty OUT_DIR left); a link from there to where it went, as said, converts."""
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    save_tokenizer(str(tokenizer), 64)
+    args = Llama3Args(dim=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=50257, max_seq_len=64)
+    run = tiny_run(tmp_path / "run", args=args, tokenizer=str(tokenizer))
+    tokenizer.rename(tmp_path / "moved")
+    says = (
+        f"dispersion_titan: error: {run / 'run.json'}: the run's tokenizer folder {tokenizer} (its "
+        "model.hf_assets_path) is gone; put it back there (a symbolic link to where it is now will do)"
+    )
+    before = digests(run)
+    for command, argv in ((convert.main, ["to-hf", str(run), str(tmp_path / "hf")]), (analyze_main, [str(run)])):
+        with pytest.raises(SystemExit) as exit_info:
+            command(argv)
+        assert (exit_info.value.code, capsys.readouterr().err.strip().splitlines()) == (2, [says])
+    assert digests(run) == before and sorted(os.listdir(tmp_path)) == ["moved", "run"]
+    tokenizer.symlink_to(tmp_path / "moved")
+    convert.main(["to-hf", str(run), str(tmp_path / "hf")])
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (tmp_path / "moved" / "tokenizer.json").read_bytes()
 
 
 def test_convert_names_a_missing_checkpoint(tmp_path, capsys):

@@ -26,8 +26,8 @@ from ..run_folder.checkpoints import (
     identity_changed,
     load_model,
     load_model_args,
-    load_run_metadata,
     run_checkpoints,
+    run_encoder,
 )
 from ..run_folder.outputs import ensure_writable, report_failed, save_png, still_to_do, write_csv, write_json
 from ..run_folder.owners import (
@@ -42,7 +42,7 @@ from ..run_folder.owners import (
     write_record,
 )
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
-from ..tokenizer.encoders import DocumentEncoder, encoder_named
+from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
 from ..utils.devices import DTYPES, resolve_device
 from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, ModelLoadError, OutputError
@@ -284,7 +284,7 @@ class RunAnalysis(Analysis):
             inputs,
             options.dtype or "fp32",
             FolderOwner("analysis", self.dump),
-            encode=encoder_named(load_run_metadata(self.dump)["tokenizer"]),
+            encode=run_encoder(self.dump),
         )
         with torch.device("meta"):  # the family's model of this shape, for its parameter count (tied: once)
             model = family(self.model_args.FAMILY).get_train_spec().model_cls(self.model_args)

@@ -22,7 +22,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..models import family
 from ..models.flavors import args_from_dict
-from ..utils.errors import ArgumentError, CheckpointError, RunFinished
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
+from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
 
@@ -189,6 +190,18 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
     if not isinstance(check_format(metadata, path).get("model_args"), dict):
         raise CheckpointError(f"{path}: invalid (no model_args)")
     return metadata
+
+
+def run_encoder(dump_folder: str) -> DocumentEncoder:
+    """The tokenizer the run trained with, as its ``run.json`` records it: GPT-2's BPE, or a folder that has
+    to be where it was (its ``model.hf_assets_path``, or the hub snapshot it named)."""
+    name = load_run_metadata(dump_folder)["tokenizer"]
+    if name != GPT2_BPE.name and not os.path.isdir(name):
+        raise ConfigError(
+            f"{os.path.join(dump_folder, RUN_METADATA_FILE)}: the run's tokenizer folder {name} (its "
+            "model.hf_assets_path) is gone; put it back there (a symbolic link to where it is now will do)"
+        )
+    return encoder_named(name)
 
 
 def recorded_run(dump_folder: str) -> dict[str, Any] | None:

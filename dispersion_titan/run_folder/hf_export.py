@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ..models import family
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files, encoder_named
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files
 from ..utils.errors import CheckpointError, OutputError
 from .checkpoints import (
     check_complete,
@@ -25,7 +25,7 @@ from .checkpoints import (
     list_checkpoints,
     load_model,
     load_model_args,
-    load_run_metadata,
+    run_encoder,
     run_of,
 )
 from .outputs import STEP_FOLDER
@@ -97,6 +97,7 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
         raise OutputError(f"OUT_DIR: {out_dir} exists and is not a directory")
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     dump = run_of(checkpoints)
+    run_encoder(dump)  # a tokenizer folder gone: said before OUT_DIR is made
     owner = FolderOwner("HF export", dump)
     refuse_unless_ours(out_dir, owner, "OUT_DIR", "use another OUT_DIR")
     with owned(out_dir, owner, "OUT_DIR"):  # one export at a time; one that finished meanwhile is not overwritten
@@ -115,7 +116,7 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
     staging folder inside it (on its file system, should it be a mount point), so a failure leaves it as it was."""
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     args = load_model_args(checkpoints)
-    encoder = encoder_named(load_run_metadata(run_of(checkpoints))["tokenizer"])
+    encoder = run_encoder(run_of(checkpoints))
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
     with tempfile.TemporaryDirectory(prefix=".staging.", dir=out_dir, ignore_cleanup_errors=True) as staging:
