@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import os
 import re
 from pathlib import Path
 
@@ -111,6 +112,22 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
         out, err = capsys.readouterr()
         assert_one_line_error(done.value.code, err, message)
         assert out == "", out
+
+
+def test_a_config_from_a_pipe_is_refused_in_one_line(capsys):
+    """``plan <(cat CONFIG)``: the config is read more than once, a pipe gives its text to the first read only
+    (was ``model.name: no model named (/dev/fd/63)``, a TOML that names one)."""
+    read, write = os.pipe()
+    os.write(write, (REPO / "train_configs" / "debug.toml").read_bytes())
+    os.close(write)
+    try:
+        with pytest.raises(SystemExit) as done:
+            plan_main([f"/dev/fd/{read}"])
+    finally:
+        os.close(read)
+    out, err = capsys.readouterr()
+    said = f"CONFIG: /dev/fd/{read} is no file but a pipe or device, read once; save it to a file"
+    assert (done.value.code, out, err) == (2, "", f"dispersion_titan: error: {said}\n")
 
 
 STRIP_MARGIN = 4 * MAX_BLOCK_BYTES

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import os
 import re
+import stat
 import sys
 import types
 import typing
@@ -110,9 +111,12 @@ Documentation: docs/training.md"""
 
 
 def read_toml(path: str, field: str) -> dict:
-    """The TOML file at ``path``; errors are one line naming ``field`` and the file."""
+    """The TOML file at ``path``; errors are one line naming ``field`` and the file. A pipe (``<(...)``,
+    ``/dev/stdin``) is refused: it holds the text for the first read only, and a launch reads it again."""
     try:
         with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ArgumentError(f"{field}: {path} is no file but a pipe or device, read once; save it to a file")
             return tomllib.load(f)
     except FileNotFoundError:
         # a shipped config's name, typed in a folder without them
