@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import shutil
 from importlib import import_module
@@ -212,10 +213,14 @@ def test_baselines_act_on_the_token_embeddings(args, tmp_path):
     assert (model.output.weight is after) == args.tie_embeddings
 
 
-def test_llama3_exports_and_analyses_like_transformers(tmp_path, texts, capsys):
+def test_llama3_exports_and_analyses_like_transformers(tmp_path, texts, capsys, caplog):
+    """The export's positions are Meta's Llama 3.1 convention, the original context times the factor: at the
+    original context, transformers warned twice on every convert (``original_max_position_embeddings field must
+    be less than max_position_embeddings``)."""
     run = tiny_run(tmp_path / "run", steps=(0,), args=LLAMA3)
     export = tmp_path / "hf"
     to_hf(str(run / "checkpoint" / "step-0"), str(export))
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert json.loads((export / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     assert max_diff(hf_logits(export), our_logits(run / "checkpoint" / "step-0")) <= 1e-4
     code, _, err = analyze(

@@ -51,13 +51,16 @@ def get_train_spec() -> TrainSpec:
 
 def hf_config(args: Llama3Args, tokenizer: Any):
     """transformers' ``LlamaConfig`` of this shape, with the Llama 3 RoPE scaling that
-    TorchTitan's Llama 3 always applies (its original context bounds the positions from below)."""
+    TorchTitan's Llama 3 always applies; its positions, as Meta's Llama 3.1 config gives them, the original
+    context times the factor (transformers warns of any up to the original; llama3 RoPE does not read them)."""
     from transformers import LlamaConfig
 
     scaling = args.rope_scaling_args
     return LlamaConfig(
         **hf_decoder_fields(args, tokenizer),
-        max_position_embeddings=max(args.max_seq_len, scaling.original_max_position_embeddings),
+        max_position_embeddings=max(
+            args.max_seq_len, int(scaling.original_max_position_embeddings * scaling.scaling_factor)
+        ),
         rope_parameters={
             "rope_type": "llama3",
             "rope_theta": float(args.rope_theta),
