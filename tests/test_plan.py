@@ -106,7 +106,9 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
             "CONFIG: '100' was read as the config file, as --training.steps comes before it; give the config first: "
             "plan CONFIG --training.steps 100 ...",
         ),  # an override before the config: once "--job.config_file: 100: no such file"
-    ):
+        ((config, "--dispersion.coef", "1"), "--dispersion.coef: unknown option; did you mean --dispersion.coeff?"),
+        ((config, "--foo.bar", "1"), "--foo.bar: unknown option; dispersion-titan train --help-all lists every key"),
+    ):  # those two: tyro's "Unrecognized options: --foo.bar, 1"
         with pytest.raises(SystemExit) as done:
             plan_main(list(args))
         out, err = capsys.readouterr()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import io
 import os
 import re
@@ -86,6 +87,21 @@ def _value_message(message: str, args: list[str]) -> str:
     return f"{key}: {typed[-1]!r} is not {expected}" if typed else message
 
 
+def _unknown_option(message: str) -> str:
+    """tyro's ``Unrecognized options: --dispersion.coef, 1`` said as the TOML check says an unknown key."""
+    match = re.match(r"Unrecognized options: ([^,]+)", message)
+    if match is None:
+        return message
+    typed = match[1]
+    sections = dataclasses.fields(titan_compat.merged_job_config_class(CONFIG_MODULE))
+    keys = [
+        f"{s.name}.{k.name}" for s in sections if dataclasses.is_dataclass(s.type) for k in dataclasses.fields(s.type)
+    ]
+    close = difflib.get_close_matches(typed.removeprefix("--").partition("=")[0].replace("-", "_"), keys, n=1)
+    hint = f"did you mean --{close[0]}?" if close else "dispersion-titan train --help-all lists every key"
+    return f"{typed}: unknown option; {hint}"
+
+
 def _switch_given_a_value(args: list[str]) -> str | None:
     """``--training.predict_last false``: a bool key takes no value (tyro names only the stray word)."""
     for flag, value in zip(args, args[1:]):
@@ -107,7 +123,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
             job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         boxed = captured.getvalue()
-        message = _switch_given_a_value(args) or _first_message(boxed)
+        message = _switch_given_a_value(args) or _unknown_option(_first_message(boxed))
         raise ArgumentError(_value_message(message, args)) from e
     except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
         raise ArgumentError(f"validation.steps: {e}") from None
