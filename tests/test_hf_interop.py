@@ -305,6 +305,13 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
         f"dispersion_titan: error: {missing}: no such folder (pass a run folder or one of its checkpoint/step-N)"
     ]
     assert not (tmp_path / "out").exists()
+    (tmp_path / "run.json").write_text("{}")  # a run's file for the run: was called "no such folder"
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main(["to-hf", str(tmp_path / "run.json"), str(tmp_path / "out")])
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"dispersion_titan: error: {tmp_path / 'run.json'}: a file, not a folder (pass a run folder or one of its "
+        "checkpoint/step-N)"
+    ]
     with pytest.raises(SystemExit) as exit_info:  # a usage error: the same one line, not usage + error
         convert.main(["to-hf", str(missing)])
     assert exit_info.value.code == 2

@@ -36,7 +36,8 @@ def resolve_step_dir(path: str) -> str:
     """``path`` when it is one checkpoint; for a run, its newest complete checkpoint."""
     path = path.rstrip("/")
     if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: no such folder (pass a run folder or one of its checkpoint/step-N)")
+        what = "a file, not a folder" if os.path.exists(path) else "no such folder"  # e.g. RUN/run.json
+        raise CheckpointError(f"{path}: {what} (pass a run folder or one of its checkpoint/step-N)")
     if os.path.isfile(os.path.join(path, ".metadata")) or glob.glob(os.path.join(path, "*.safetensors")):
         return path  # a DCP or a safetensors checkpoint
     if STEP_FOLDER.match(os.path.basename(os.path.abspath(path))):
