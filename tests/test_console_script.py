@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +109,23 @@ def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout) == (130, "")
     assert proc.stderr == "dispersion_titan: interrupted; what is kept; how to go on\n"
+
+
+def test_ctrl_c_while_a_command_imports_is_one_line(tmp_path):
+    """Ctrl-C in a command's first seconds, while torch is imported (before the command's own handler): was a
+    KeyboardInterrupt traceback from deep in torch's import; one line, exit 130, nothing written."""
+    script = shutil.which("dispersion-titan", path=str(Path(sys.executable).parent))
+    proc = subprocess.Popen(
+        [script, "convert", "to-hf", str(tmp_path / "run"), str(tmp_path / "hf")], stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while "libtorch" not in Path(f"/proc/{proc.pid}/maps").read_text():  # torch's import under way
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (130, "dispersion_titan: interrupted while starting; nothing was done\n")
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("argv", [["data", "prepare", "enwiki_sample", "--out", "OUT"], ["analyze", "RUN"]])

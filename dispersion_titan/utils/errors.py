@@ -164,7 +164,7 @@ CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE  # a reader gone: as a shell reports a
 
 def run_command(main: Callable[[], object]) -> None:
     """A command's ``main`` as its entry point (the console script's: with its imports); a reader that went
-    away (``... | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``."""
+    away (``... | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``, a Ctrl-C during the imports in one line."""
     try:
         try:
             main()
@@ -177,6 +177,9 @@ def run_command(main: Callable[[], object]) -> None:
         for stream in (sys.stdout, sys.stderr):
             os.dup2(devnull, stream.fileno())
         sys.exit(CLOSED_PIPE_STATUS)
+    except KeyboardInterrupt:  # a command's own handler ends each Ctrl-C after its imports: this one came before
+        print("dispersion_titan: interrupted while starting; nothing was done", file=sys.stderr, flush=True)
+        sys.exit(128 + signal.SIGINT)
     except FileNotFoundError as e:  # tempfile's, when no folder takes a file: torch's import on a full /tmp
         if not str(e.strerror).startswith(NO_TEMP_DIR):
             raise
