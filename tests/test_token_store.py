@@ -372,6 +372,10 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path / "absent"), "--out", out) == (
         f"dispersion_titan: error: --tokenizer: {tmp_path / 'absent'}: no such folder"
     )
+    assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path / "file"), "--out", out) == (
+        f"dispersion_titan: error: --tokenizer: {tmp_path / 'file'} is a file; give the folder that holds the model's "
+        "tokenizer.json"
+    )  # was "no such folder"
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path), "--out", out) == (
         f"dispersion_titan: error: --tokenizer: {tmp_path} has no tokenizer.json (the model's tokenizer)"
     )

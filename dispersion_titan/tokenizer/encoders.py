@@ -144,6 +144,8 @@ class HFTokenizerFile(DocumentEncoder):
 
         self.name = os.path.abspath(folder)
         path = os.path.join(self.name, TOKENIZER_FILE)
+        if os.path.isfile(self.name):  # e.g. its tokenizer.json
+            raise ConfigError(f"{field}: {folder} is a file; give the folder that holds the model's {TOKENIZER_FILE}")
         if not os.path.isdir(self.name):
             raise ConfigError(f"{field}: {folder}: no such folder")
         if not os.path.isfile(path):
