@@ -4,6 +4,7 @@ files, and errors that name the field or the hub override."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -70,6 +71,19 @@ def test_unreachable_hub_error_names_the_override(tmp_path):
     assert len(lines) == 1, proc.stdout + proc.stderr
     assert lines[0].startswith("training.dataset_path: cannot reach the Hugging Face hub for Salesforce/wikitext")
     assert "set training.dataset_path to a local copy" in lines[0]
+
+
+def test_a_hub_nothing_answers_at_is_one_line_at_once(monkeypatch, caplog):
+    """Not offline, but no hub reachable: the same one line within the probe's seconds (was 25 s of retries, and
+    huggingface_hub's ``'[Errno -2] Name or service not known' thrown while requesting HEAD ...`` line above it)."""
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(DataConfigError) as error:
+        next(iter_documents("wikitext-103", "train", None, "training.dataset"))
+    assert str(error.value).startswith(
+        "training.dataset_path: cannot reach the Hugging Face hub for Salesforce/wikitext (wikitext-103-raw-v1): "
+        "127.0.0.1:9 is unreachable from here (Connection refused); set training.dataset_path to a local copy"
+    )
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 # ---------------------------------------------------------------- local files

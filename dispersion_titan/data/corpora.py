@@ -22,7 +22,8 @@ from typing import Any, Union
 import datasets
 import pyarrow.compute
 
-from ..utils.errors import DataConfigError
+from ..utils.errors import DataConfigError, cause
+from ..utils.hub import hub_offline
 from ..utils.package_data import package_file
 
 SPLITS = ("train", "validation")
@@ -137,13 +138,14 @@ def load_rows(repo: str, config: str, split: str, path: str | None, field: str, 
         return _require_text(_from_directory(path, repo, config, split, field, streaming), path, field)
     if path:
         return load_files(resolve_local_files(path, field), field, streaming)
-    try:
-        rows = datasets.load_dataset(repo, config, split=split, streaming=streaming)
-    except ConnectionError as e:
-        raise DataConfigError(
-            f"{field}: cannot reach the Hugging Face hub for {repo} ({config}): {str(e).splitlines()[0]}; "
-            f"set {field} to a local copy (its jsonl, parquet or txt files: paths or globs)"
-        ) from None
+    with hub_offline() as offline:  # an unreachable hub: the cache at once, not 25 s of retries and their log line
+        try:
+            rows = datasets.load_dataset(repo, config, split=split, streaming=streaming)
+        except ConnectionError as e:
+            raise DataConfigError(
+                f"{field}: cannot reach the Hugging Face hub for {repo} ({config}): {offline or cause(e)}; "
+                f"set {field} to a local copy (its jsonl, parquet or txt files: paths or globs)"
+            ) from None
     return _require_text(rows, repo, field)
 
 
