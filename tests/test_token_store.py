@@ -353,6 +353,12 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     assert cli_failure(capsys, "enwiki_sample", "--shard-documents", str(2**63), "--out", out).endswith(
         f"'{2**63}' is more than {2**63 - 1}"
     )
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n{"text": ""}\n')  # was "local: no train documents"
+    with pytest.raises(SystemExit) as exit_:  # below datasets' "Generating train split" bar; ours was there too
+        main(["prepare", "local", "--dataset-path", str(tmp_path / "blank.jsonl"), "--out", out])
+    assert exit_.value.code == 2 and [line for line in capsys.readouterr().err.splitlines() if "prepare" in line] == [
+        f"dispersion_titan: error: local {tmp_path / 'blank.jsonl'}: no train documents (no row with text)"
+    ]
     (tmp_path / "gone.jsonl").symlink_to(tmp_path / "moved.jsonl")  # was a FileNotFoundError traceback
     assert cli_failure(capsys, "local", "--dataset-path", str(tmp_path / "gone.jsonl"), "--out", out) == (
         f"dispersion_titan: error: --dataset_path: '{tmp_path / 'gone.jsonl'}' is a symbolic link to nothing "

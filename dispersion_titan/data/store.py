@@ -326,8 +326,6 @@ def write_store(
                 settle(waiting.popleft())
         while waiting:
             settle(waiting.popleft())
-    if not records:
-        raise DataConfigError(f"{source['dataset']}: no {source['split']} documents")
     return _finish(out, records, inputs, key, encoder)
 
 
@@ -395,9 +393,13 @@ def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractCo
     }
     try:
         documents = iter_documents(dataset, options.split, path, field)  # a bad row: said before --out is made
+        first = next(documents, None)  # and a corpus without text
+        if first is None:
+            where = f" {path}" if path else ""
+            raise DataConfigError(f"{dataset}{where}: no {options.split} documents (no row with text)")
         with sole_writer(options.out):
             return write_store(
-                documents,
+                itertools.chain([first], documents),
                 options.out,
                 source,
                 workers=options.workers,
