@@ -129,11 +129,6 @@ def apply() -> None:
     DeviceMemoryMonitor.__init__.__defaults__ = ("cpu:0",)
 
 
-def backend_needs_sum_reduction() -> bool:
-    """gloo has no PREMUL_SUM, which FSDP2 uses for its reduce-scatter."""
-    return torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
-
-
 # ------------------------------------------------------------------------ data parallelism
 
 

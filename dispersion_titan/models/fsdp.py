@@ -14,8 +14,6 @@ from torchtitan.config import TORCH_DTYPE_MAP, JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
 
-from ..components import titan_compat
-
 
 def shards_one_rank(parallel_dims: ParallelDims, job_config: JobConfig) -> bool:
     """Whether FSDP2 goes on a one-rank mesh: a sharding config with mixed precision on one process,
@@ -43,7 +41,7 @@ def sync_last_microbatch(model: nn.Module, microbatch: int, count: int) -> None:
 
 def _sum_sharded_gradients(model: nn.Module) -> None:
     """Divide factor 1 in every FSDP unit (a plain SUM on gloo, which lacks PREMUL_SUM)."""
-    force_sum = titan_compat.backend_needs_sum_reduction()
+    force_sum = dist.is_initialized() and dist.get_backend() == "gloo"
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
