@@ -11,8 +11,6 @@ from .model import GPT2
 
 MODEL_NAME = "gpt2"
 
-__all__ = ["GPT2", "GPT2ModelArgs", "MODEL_NAME", "get_train_spec", "gpt2_flavors", "hf_config"]
-
 
 def get_train_spec() -> TrainSpec:
     from .. import spec  # the trainer side, as TorchTitan's llama3: .args and .model load without it
