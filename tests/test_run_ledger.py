@@ -144,6 +144,21 @@ def test_resuming_would_save_over_a_step_checkpoint_is_refused(reference_run):
     assert sha256_tree(reference_run) == before
 
 
+def test_a_run_whose_checkpoints_were_deleted_is_not_started_again(reference_run, tmp_path):
+    """``run.json`` records that the run saved checkpoints: with its checkpoint folder deleted or emptied the
+    same command is refused in one line (TorchTitan started again from step 0, beside the old curves)."""
+    dump = tmp_path / "run"
+    shutil.copytree(reference_run, dump, symlinks=True, ignore=shutil.ignore_patterns("checkpoint"))
+    for says in ("missing", "holds no complete checkpoint"):
+        before = sha256_tree(dump)
+        assert one_line(relaunch(dump)) == (
+            f"dispersion_titan: error: {dump}/checkpoint: {says}, but run {dump} saved checkpoints there "
+            "(run.json); restore them, or train anew in a new --job.dump_folder"
+        )
+        assert sha256_tree(dump) == before
+        (dump / "checkpoint").mkdir(exist_ok=True)
+
+
 def test_fork_starts_from_the_source_checkpoint_and_records_it(fork, reference_run):
     """The fork loads the whole training state of step 4 (weights, optimizer, schedule, data
     position): its step-5 cross-entropy, computed before its own first update, is the

@@ -253,7 +253,7 @@ def test_every_save_goes_through_the_checkpointers_save_and_failures_reach_the_h
 
     seen = []
     checkpointer = Checkpointer()
-    titan_compat.on_save_error(checkpointer, lambda step, error: seen.append((step, error)))
+    titan_compat.on_save_error(checkpointer, lambda step, error: seen.append((step, error)), seen.append)
     with pytest.raises(CheckpointException):
         checkpointer.save(4, last_step=True)
     assert [(step, type(error)) for step, error in seen] == [(4, CheckpointException)]

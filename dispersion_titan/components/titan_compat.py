@@ -236,10 +236,13 @@ def save_full_checkpoint(checkpointer: Any, step: int) -> None:
         checkpointer.last_save_model_only, checkpointer.last_save_in_hf = saved
 
 
-def on_save_error(checkpointer: Any, handler: Callable[[int, BaseException], None]) -> None:
+def on_save_error(
+    checkpointer: Any, handler: Callable[[int, BaseException], None], returned: Callable[[int], None]
+) -> None:
     """Call ``handler(step, error)`` when a save fails, before the error goes on (the handler may
-    raise another instead). Every save TorchTitan makes goes through this instance's ``save``,
-    wrapped here; a synchronous write raises there."""
+    raise another instead), and ``returned(step)`` after each call that did not (most save nothing: not
+    a save step). Every save TorchTitan makes goes through this instance's ``save``, wrapped here; a
+    synchronous write raises there."""
     from torch.distributed.checkpoint.api import CheckpointException  # DCP's, a BaseException
 
     save = checkpointer.save
@@ -247,10 +250,12 @@ def on_save_error(checkpointer: Any, handler: Callable[[int, BaseException], Non
     @functools.wraps(save)
     def save_or_report(curr_step: int, *args: Any, **kwargs: Any) -> Any:
         try:
-            return save(curr_step, *args, **kwargs)
+            result = save(curr_step, *args, **kwargs)
         except (Exception, CheckpointException) as e:
             handler(curr_step, e)
             raise
+        returned(curr_step)
+        return result
 
     checkpointer.save = save_or_report
 

@@ -27,7 +27,9 @@ from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RunFinis
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
 
-LEDGER_KEYS = ("settings", "forked_from", "started_from")
+SAVED_KEY = "saved_checkpoints"
+"""``run.json``'s mark that the run saved a checkpoint: a relaunch finding none lost them, not never made them."""
+LEDGER_KEYS = ("settings", "forked_from", "started_from", SAVED_KEY)
 """``run.json`` entries that record one run's first launch, not what makes runs one configuration."""
 
 
@@ -157,7 +159,7 @@ def save_run_metadata(
     (head count cannot be read off weights). The ledger (``LEDGER_KEYS``) is kept from the first
     launch; ``paths`` (``owners.outside_folders``) is added to those recorded before."""
     first = recorded_run(folder) or {}
-    ledger = {key: first[key] for key in LEDGER_KEYS} if first else {}
+    ledger = {key: first[key] for key in LEDGER_KEYS if key in first}
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     paths = {**(first.get("paths") or {}), **(paths or {})}
     metadata = {
@@ -176,6 +178,13 @@ def save_run_metadata(
         **({"paths": paths} if paths else {}),
     }
     write_json(os.path.join(folder, RUN_METADATA_FILE), metadata)
+
+
+def record_saved(dump_folder: str) -> None:
+    """Mark in ``run.json`` that the run saved a checkpoint (once: later saves leave it as it is)."""
+    metadata = load_run_metadata(dump_folder)
+    if not metadata.get(SAVED_KEY):
+        write_json(os.path.join(dump_folder, RUN_METADATA_FILE), {**metadata, SAVED_KEY: True})
 
 
 def load_run_metadata(dump_folder: str) -> dict[str, Any]:
@@ -345,6 +354,11 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     ``CheckpointError`` when no checkpoint continues it or going on would save over an existing
     checkpoint (a weights-only newest one, an older ``load_step``): fork such a run on purpose."""
     saved = complete_checkpoints(folder)
+    if not saved and (recorded_run(dump) or {}).get(SAVED_KEY):  # TorchTitan would start again from step 0
+        raise CheckpointError(
+            f"{folder}: {'holds no complete checkpoint' if os.path.isdir(folder) else 'missing'}, but run {dump} "
+            "saved checkpoints there (run.json); restore them, or train anew in a new --job.dump_folder"
+        )
     if load_step >= 0 and os.path.isdir(folder) and load_step not in [c.step for c in saved]:
         have = ", ".join(str(c.step) for c in saved) or "none"
         raise CheckpointError(

@@ -24,7 +24,7 @@ from ..job_config.titan_checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
 from ..models.fsdp import shards_one_rank, sync_last_microbatch
 from ..models.gpt2.model import local_tensor
-from ..run_folder.checkpoints import quarantine_incomplete, save_run_metadata
+from ..run_folder.checkpoints import list_checkpoints, quarantine_incomplete, record_saved, save_run_metadata
 from ..run_folder.owners import outside_folders, record_run_folders
 from ..run_folder.settings import fork_record, run_settings, start_record
 from ..run_folder.writer_lock import WriterLock
@@ -87,8 +87,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             if job_config.validation.enable:
                 self.validator.maybe_enable_amp = self.maybe_enable_amp
         self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
+        self.saved_marked = False
         if self.checkpoint_folder is not None:  # a failed write ends the run in one line
-            titan_compat.on_save_error(self.checkpointer, self._save_failed)
+            titan_compat.on_save_error(self.checkpointer, self._save_failed, self._save_returned)
             if dist.get_rank() == 0:  # half-written checkpoints moved aside before TorchTitan picks one to resume
                 for path in quarantine_incomplete(self.checkpoint_folder):
                     logger.warning(f"Incomplete checkpoint moved aside, not loaded: {path}")
@@ -156,6 +157,14 @@ class DispersionTrainer(titan_compat.TrainerHooks):
 
     def _save_failed(self, step: int, error: BaseException) -> None:
         raise save_failure(self.checkpoint_folder, step, error, self.model_parts[0]) from error
+
+    def _save_returned(self, step: int) -> None:
+        """Rank 0 marks in ``run.json`` the first checkpoint it sees: a relaunch finding none knows they were lost."""
+        if self.saved_marked or dist.get_rank() != 0:
+            return
+        if os.path.isdir(self.checkpoint_folder) and list_checkpoints(self.checkpoint_folder):
+            record_saved(self.job_config.job.dump_folder)
+            self.saved_marked = True
 
     def on_checkpoint_loaded(self) -> None:
         """Record a checkpoint folder outside the run once every rank loaded; save step 0 if asked."""
