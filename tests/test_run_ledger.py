@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from dispersion_titan.run_folder.checkpoints import checkpoint_identity
 from dispersion_titan.run_folder.settings import fork_source
-from dispersion_titan.utils.errors import ConfigError
+from dispersion_titan.utils.errors import ConfigError, RenamedCheckpointError
 from support.cli import analyze, assert_one_line_error
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
 from support.runs import scalars
@@ -157,6 +158,22 @@ def test_a_run_whose_checkpoints_were_deleted_is_not_started_again(reference_run
         )
         assert sha256_tree(dump) == before
         (dump / "checkpoint").mkdir(exist_ok=True)
+
+
+def test_a_step_folder_renamed_by_hand_is_named_in_one_line(reference_run, tmp_path):
+    """``step-4`` renamed ``step-5``: TorchTitan resumed from it at step 4, a relaunch to step 5 was "finished" and
+    analyses called it step 5. Its train state's step is read against the name, before anything is written."""
+    dump = tmp_path / "run"
+    shutil.copytree(reference_run, dump, ignore=lambda folder, names: ["checkpoint"])
+    (dump / "checkpoint").mkdir()
+    for name, step in (("step-0", 0), ("step-2", 2), ("step-5", 4)):  # the checkpoints themselves, not copies
+        (dump / "checkpoint" / name).symlink_to(reference_run / "checkpoint" / f"step-{step}")
+    says = f"{dump}/checkpoint/step-5: holds step 4 (TorchTitan's train_state.step), not step 5 as its name says; "
+    before = sha256_tree(dump)
+    assert one_line(relaunch(dump)) == f"dispersion_titan: error: {says}name it step-4 again"
+    assert sha256_tree(dump) == before
+    with pytest.raises(RenamedCheckpointError, match=re.escape(says)):
+        fork_source(f"{dump}@5")
 
 
 def test_fork_starts_from_the_source_checkpoint_and_records_it(fork, reference_run):

@@ -3,9 +3,9 @@ process, no process group), whatever parallel layout saved them, model-only or f
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..models import family
 from ..models.flavors import args_from_dict
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
-from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RunFinished
+from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RenamedCheckpointError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
 
@@ -139,6 +139,26 @@ def check_complete(step_dir: str) -> None:
             raise CheckpointError(
                 f"{path}: truncated ({os.path.getsize(path)} of {size} bytes; partial or corrupt checkpoint)"
             )
+    name, saved = STEP_FOLDER.match(os.path.basename(os.path.normpath(step_dir))), _saved_step(step_dir, metadata)
+    if name is not None and saved is not None and saved != int(name[1]):
+        raise RenamedCheckpointError(
+            f"{step_dir}: holds step {saved} (TorchTitan's train_state.step), not step {name[1]} as its name says; "
+            f"name it step-{saved} again"
+        )
+
+
+def _saved_step(step_dir: str, metadata: Any) -> int | None:
+    """The step TorchTitan's train state in ``step_dir`` records (None: a weights-only checkpoint), read alone."""
+    info = next((v for k, v in (metadata.storage_data or {}).items() if k.fqn == "train_state.step"), None)
+    if info is None or getattr(info, "transform_descriptors", None):
+        return None
+    try:
+        with open(os.path.join(step_dir, info.relative_path), "rb") as file:
+            file.seek(info.offset)
+            step = torch.load(io.BytesIO(file.read(info.length)), weights_only=True)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError):
+        return None  # corrupt: loading it says so
+    return step if isinstance(step, int) else None
 
 
 def save_run_metadata(
@@ -326,9 +346,13 @@ def complete_checkpoints(folder: str) -> list[StepCheckpoint]:
     """The checkpoints of ``folder`` that pass ``check_complete``, oldest first."""
     complete = []
     for checkpoint in list_checkpoints(folder) if os.path.isdir(folder) else []:
-        with contextlib.suppress(CheckpointError):
+        try:
             check_complete(checkpoint.path)
-            complete.append(checkpoint)
+        except RenamedCheckpointError:
+            raise  # complete, and never to be moved aside as incomplete
+        except CheckpointError:
+            continue
+        complete.append(checkpoint)
     return complete
 
 

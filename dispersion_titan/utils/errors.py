@@ -47,6 +47,10 @@ class CheckpointError(DispersionTitanError):
     """A missing, partial or corrupt checkpoint."""
 
 
+class RenamedCheckpointError(CheckpointError):
+    """A complete checkpoint whose ``step-N`` folder name is not the step it holds."""
+
+
 class AnalysisError(DispersionTitanError):
     """Bad analysis options or inputs."""
 
