@@ -250,9 +250,13 @@ def test_interrupted_analysis_completes_on_rerun(run, analyzed, capsys, tmp_path
     # What a kill during step 2 leaves: no json for it, a stray temp file, no summary yet.
     (out / "step-2" / "condensation.json").unlink()
     (out / "step-2" / ".condensation.json.123.tmp").write_text('{"step": 2, "lay')
+    (out / ".heatmap_step-2.png._1d43cq7.tmp").write_bytes(b"\x89PNG")  # what kill -9 in save_png left
+    (out / ".staging.k9" / "table.md").parent.mkdir()
+    (out / ".staging.k9" / "table.md").write_text("| half")  # a staged folder: evaluate table's, convert's
     (out / "summary.csv").unlink()
     code, stdout, _ = analyze(run, *OPTS, "--out", out, "--tb-dir", tmp_path / "tb", capsys=capsys)
     assert code == 0 and "step 2:" in stdout and "step 0:" not in stdout
+    assert not [p for p in out.rglob(".*") if p.name != ".owner.json"]  # the stale ones removed, no lock left
     assert read_json(out / "step-2" / "condensation.json")["layers"] == complete["layers"]
     assert len((out / "summary.csv").read_text().splitlines()) == 1 + 3 * 6
 

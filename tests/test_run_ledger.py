@@ -221,9 +221,10 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
 def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
     """The fork relaunched without --job.fork_from (it is recorded), with more steps and another
     checkpoint interval and log frequency: it resumes from its own step 5; run.json keeps the first
-    launch's settings and source, and records the new training.steps."""
+    launch's settings and source, and records the new training.steps; a stale temporary file is removed."""
     kept = sha256_tree(fork / "checkpoint")
     first = json.loads((fork / "run.json").read_text())
+    (fork / ".run.json.k9x.tmp").write_text("{")  # a launch killed writing run.json left it
     again = torchrun(
         fork,
         1,
@@ -244,6 +245,7 @@ def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
     now = json.loads((fork / "run.json").read_text())
     assert (now["settings"], now["forked_from"]) == (first["settings"], first["forked_from"])
     assert (first["training_steps"], now["training_steps"]) == (FORK_STEP + 1, FORK_STEP + 2)
+    assert now["saved_checkpoints"] and not (fork / ".run.json.k9x.tmp").exists()
 
 
 def test_a_result_of_a_replaced_checkpoint_is_not_reused(fork, reference_run, tmp_path, capsys):

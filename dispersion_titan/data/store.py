@@ -31,7 +31,7 @@ from tqdm import tqdm
 from ..config.cli import read_toml
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, encoder_named, hf_tokenizer
 from ..utils.errors import DataConfigError, no_room
-from ..utils.records import atomic_write, differences, flatten
+from ..utils.records import atomic_write, differences, flatten, remove_stale_writes
 from .corpora import (
     CORPORA,
     DOCUMENTS_VERSION,
@@ -273,8 +273,7 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
                 f"--out: {path} belongs to a prepare from other inputs "
                 "(source, tokenizer or --shard-documents); choose another folder"
             )
-    for stale in [*Path(out).glob(".shard-*.tmp"), *Path(out).glob(f".{MANIFEST}.*.tmp")]:
-        stale.unlink()  # a half-written file of a prepare that died mid-write (this one holds --out alone)
+    remove_stale_writes(out)  # half-written files of a prepare that died mid-write (this one holds --out alone)
 
 
 def write_store(

@@ -21,7 +21,7 @@ from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned
 from ..run_folder.settings import flatten, from_scratch
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
-from ..utils.records import differences
+from ..utils.records import STAGING, differences
 from .protocol import is_accuracy, mean_accuracy
 from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings, source_changed
 
@@ -526,7 +526,7 @@ def table(
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
     with (  # tables of several runs, rewritten whole at each call: staged, so a failed write leaves the last
         owned(out, FolderOwner("table")),
-        tempfile.TemporaryDirectory(prefix=".staging.", dir=out, ignore_cleanup_errors=True) as staging,
+        tempfile.TemporaryDirectory(prefix=STAGING, dir=out, ignore_cleanup_errors=True) as staging,
     ):
         atomic_write(os.path.join(staging, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(staging, "table.csv"), csv_rows(columns, rows, reference, test, base_row))

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from ..models import family
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files
 from ..utils.errors import CheckpointError, OutputError
+from ..utils.records import STAGING
 from .checkpoints import (
     check_complete,
     complete_checkpoints,
@@ -120,7 +121,7 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
     encoder = run_encoder(run_of(checkpoints))
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
-    with tempfile.TemporaryDirectory(prefix=".staging.", dir=out_dir, ignore_cleanup_errors=True) as staging:
+    with tempfile.TemporaryDirectory(prefix=STAGING, dir=out_dir, ignore_cleanup_errors=True) as staging:
         try:
             save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
         except SafetensorError as e:  # an I/O error names its OS code only in its text: made an OSError again

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.errors import OutputError
-from ..utils.records import atomic_write
+from ..utils.records import atomic_write, remove_stale_writes
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
@@ -237,6 +237,8 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
     with sole_writer(folder, ("command", way_out)) as lock:
         refuse_unless_ours(folder, owner, option, way_out)
         recorded = record_owner(folder, owner)
+        for path in (folder, *(e.path for e in os.scandir(folder) if e.is_dir() and STEP_FOLDER.match(e.name))):
+            remove_stale_writes(path)  # of this command killed midway, in its folder and per-step results: held now
         try:
             yield lock
         except BaseException:

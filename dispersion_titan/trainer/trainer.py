@@ -30,6 +30,7 @@ from ..run_folder.settings import fork_record, run_settings, start_record
 from ..run_folder.writer_lock import WriterLock
 from ..tokenizer.encoders import encoder_for
 from ..utils.errors import DispersionTitanError, NonFiniteLossError
+from ..utils.records import remove_stale_writes
 from .baselines import build_baseline
 from .objective import BlockOutputs, DispersionObjective, mixed_seed
 from .preemption import INTERRUPT_SIGNALS, Preemption, secondary_failure_status
@@ -75,6 +76,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         self.writer_lock = WriterLock(dump) if os.environ.get("RANK", "0") == "0" else None
         if self.writer_lock is not None:
             self.writer_lock.acquire()
+            remove_stale_writes(dump)  # run.json's or .owner.json's temporary file of a launch killed writing it
             atexit.register(self.writer_lock.release)
             record_run_folders(dump, {k: v for k, v in folders.items() if k != CHECKPOINT_KEY})
         try:

@@ -4,8 +4,10 @@ nested records flattened to dotted keys, to compare them key by key (``differenc
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO, Any
 
 from .errors import OutputError
@@ -41,6 +43,20 @@ def atomic_write(
         if isinstance(e, OSError) and e.errno and e.filename is None:  # a failed write names no file
             raise OSError(e.errno, e.strerror, path) from e
         raise
+
+
+STAGING = ".staging."
+"""The prefix of a hidden folder a command fills before moving its files into place (`evaluate table`, `convert`)."""
+
+
+def remove_stale_writes(folder: str) -> None:
+    """Remove what writes killed midway (``kill -9``, a lost node) left in ``folder``, not below: ``atomic_write``'s
+    ``.NAME.*.tmp`` files and ``STAGING`` folders. Only for the folder's one writer: no live process owns them."""
+    for path in Path(folder).glob(".*.tmp"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+    for path in Path(folder).glob(f"{STAGING}*"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
