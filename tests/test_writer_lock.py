@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from dispersion_titan.run_folder.writer_lock import (
     refuse_if_busy,
     sole_writer,
 )
-from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.launch import DEBUG_TOML, REPO, held_by_another_command, launch_env, python_module
 from support.runs import digests
 
 pytestmark = pytest.mark.slow
@@ -59,6 +60,18 @@ def test_a_live_owner_on_this_host_is_refused_and_a_dead_one_taken_over(tmp_path
     assert list(tmp_path.glob(f"{LOCK_NAME}.stale-*"))  # the stale lock moved aside, not deleted
     lock.release()
     assert not path.exists()
+
+
+def test_a_copy_of_a_folder_a_live_process_holds_is_free(tmp_path):
+    """``cp -a`` of a live run copies its lock: the copy was refused as written by the original's process."""
+    held, copy = tmp_path / "run", tmp_path / "copy"
+    with held_by_another_command(held) as pid:
+        shutil.copytree(held, copy)
+        with pytest.raises(RunFolderBusy, match=f"PID {pid} on "):
+            refuse_if_busy(held)
+        refuse_if_busy(copy)
+        with sole_writer(copy):
+            pass
 
 
 def test_a_zombie_owner_is_dead(tmp_path):

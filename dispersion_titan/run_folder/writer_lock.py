@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..utils.errors import DispersionTitanError
@@ -41,6 +41,7 @@ class Owner:
     job_id: str  # SLURM_JOB_ID, or "" outside Slurm
     since: float
     command: str  # the owner's command line, shortened
+    folder: str = ""  # the real path of the folder it locks: a copy (cp -a) of it is not locked
 
     def describe(self) -> str:
         job = f", Slurm job {self.job_id}" if self.job_id else ""
@@ -112,7 +113,8 @@ def refuse_if_busy(folder: str | os.PathLike, writers: tuple[str, str] = TRAININ
     elif owner.job_id and owner.job_id == me.job_id:  # the same Slurm job, requeued
         owner = None
     elif owner.host == me.host:
-        owner = owner if pid_runs(owner.pid) and owner.pid != me.pid else None
+        here = owner.folder in ("", os.path.realpath(folder))  # else the lock was copied with its folder
+        owner = owner if here and pid_runs(owner.pid) and owner.pid != me.pid else None
     elif age >= STALE_AFTER_S:
         owner = None
     if owner is not None:
@@ -125,7 +127,7 @@ class WriterLock:
     def __init__(self, folder: str | os.PathLike, writers: tuple[str, str] = TRAINING) -> None:
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
-        self.owner = this_process()
+        self.owner = replace(this_process(), folder=os.path.realpath(folder))
         self.held = False
         self.writers = writers
 
