@@ -248,6 +248,27 @@ def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
     assert now["saved_checkpoints"] and not (fork / ".run.json.k9x.tmp").exists()
 
 
+def test_a_fork_that_died_in_its_first_save_is_not_started_from_scratch(fork, tmp_path):
+    """A fork killed in its first save keeps a checkpoint folder with no complete checkpoint (the step moved to
+    incomplete/); TorchTitan then skipped the fork's checkpoint and trained from a fresh initialisation, with only
+    a warning (so also a fork, or a run from Hugging Face weights, whose outside checkpoint folder was recorded)."""
+    dump = tmp_path / "fork"
+    shutil.copytree(fork, dump, ignore=lambda folder, names: ["checkpoint"] if folder == str(fork) else [])
+    record = json.loads((dump / "run.json").read_text())
+    (dump / "run.json").write_text(json.dumps({k: v for k, v in record.items() if k != "saved_checkpoints"}))
+    (dump / "checkpoint" / "incomplete" / "step-5.20261129-045000").mkdir(parents=True)
+    before = sha256_tree(dump)
+    again = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
+                          "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, "--training.steps", str(FORK_STEP + 1), *RUN,
+                          "--dispersion.coeff", "0", "--checkpoint.no-last_save_model_only", timeout=300)  # fmt: skip
+    assert one_line(again) == (
+        f"dispersion_titan: error: {dump}/checkpoint: holds no complete checkpoint, and TorchTitan would then start "
+        "from a fresh initialisation, not from checkpoint.initial_load_*; move it aside (nothing in it is loaded) "
+        "and relaunch"
+    )
+    assert sha256_tree(dump) == before
+
+
 def test_a_result_of_a_replaced_checkpoint_is_not_reused(fork, reference_run, tmp_path, capsys):
     """condensation/step-N records its checkpoint's identity: once step-N holds other weights,
     the rerun says so in one line instead of skipping it."""

@@ -13,9 +13,10 @@ import torch
 from ..components.titan_compat import model_converter_names
 from ..data.corpora import check_readable_here
 from ..data.store import is_store
+from ..run_folder.checkpoints import complete_checkpoints
 from ..run_folder.owners import inside
 from ..tokenizer.encoders import is_hub_id
-from ..utils.errors import ConfigError, DataConfigError
+from ..utils.errors import CheckpointError, ConfigError, DataConfigError
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -49,7 +50,15 @@ def check_initial_load(config: RunConfig) -> None:
     """What the checkpointer loads before a new run's first step (``checkpoint.initial_load_*``), looked
     at as it will look (a relaunch loads its own checkpoints)."""
     c = config.checkpoint
-    if not c.enable or os.path.exists(os.path.join(config.job.dump_folder, c.folder)):
+    folder = os.path.join(config.job.dump_folder, c.folder)
+    if not c.enable:
+        return
+    if os.path.exists(folder):  # TorchTitan loads from it, and from nothing else: a start died before its first save
+        if (c.initial_load_path or c.initial_load_in_hf) and not complete_checkpoints(folder):
+            raise CheckpointError(
+                f"{folder}: holds no complete checkpoint, and TorchTitan would then start from a fresh initialisation, "
+                "not from checkpoint.initial_load_*; move it aside (nothing in it is loaded) and relaunch"
+            )
         return
     if c.initial_load_in_hf_quantized and not c.initial_load_in_hf:
         raise ConfigError("checkpoint.initial_load_in_hf_quantized: needs checkpoint.initial_load_in_hf = true")
