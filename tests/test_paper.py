@@ -443,11 +443,13 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
     code, _, err = paper("fig4", "--revisions", "", "--dry-run", "--out", tmp_path, capsys=capsys)  # not: the hub's
     assert_one_line_error(code, err, "--revisions: empty; give REV1,REV2,...")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    code, _, err = paper("fig2", "--models", "openai-community/gpt2-xl", "--out", tmp_path, capsys=capsys)
-    assert_one_line_error(
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # check_hub: offline, an empty cache
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty_hf_home" / "hub"))
+    code, _, err = paper("fig2", "--models", "openai-community/gpt2-xl", "--out", tmp_path / "xl", capsys=capsys)
+    assert_one_line_error(  # up front, not analyze's "cannot be loaded" once --out is made
         code, err, "openai-community/gpt2-xl is not in the Hugging Face cache", "hf download openai-community/gpt2-xl"
     )
+    assert not list(tmp_path.iterdir())
     with pytest.raises(ArgumentError, match=r"Qwen2.5-Math-7B \(7B\).* need a GPU .*--slurm"):
         check_devices(build("fig5", {"out": str(tmp_path)}), {}, cuda=False)
     code, out, _ = paper("fig5", "--dry-run", "--out", tmp_path, capsys=capsys)
