@@ -149,7 +149,7 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
     assert code == 0 and "2 revision(s) already analyzed" in stdout
 
 
-def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys):
+def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys, recwarn):
     specs = []
     for width in (16, 32, 64):
         folder = save_model(tmp_path / f"gpt2-{width}", config("gpt2", width=width), tokenizer_files)
@@ -187,6 +187,11 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys)
     assert float(pair["delta_mean_cos_last_2"]) == pytest.approx(last2[2] - last2[0], abs=2e-6)
     png = (out / "family.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 20000
+    twin = shutil.copytree(run, tmp_path / "twin")  # models of one size: no trend, and no scipy warning saying so
+    code, _, err = analyze("family", f"{run}@0", f"{twin}@0", "--out", tmp_path / "one-size", capsys=capsys)
+    assert code == 0 and err == "" and "ConstantInputWarning" not in [w.category.__name__ for w in recwarn]
+    with open(tmp_path / "one-size" / "family.csv") as f:
+        assert [r["family_trend_spearman"] for r in csv.DictReader(f)] == ["", ""]
     absent = tmp_path / "absent"
     assert_one_line_error(
         *analyze("family", *specs, str(absent), "--out", tmp_path / "family2", capsys=capsys)[::2],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,7 +46,9 @@ def rank_trend(x: list[float], y: list[float]) -> dict[str, dict[str, float | No
     """Spearman's rho and Kendall's tau (scipy) of y against x, with their two-sided p-values."""
     from scipy import stats  # here: the module is imported by torch- and scipy-free paths
 
-    spearman, kendall = stats.spearmanr(x, y), stats.kendalltau(x, y)
+    with warnings.catch_warnings():  # a constant input (models of one size) has none: NaN, shown as "-", not warned
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        spearman, kendall = stats.spearmanr(x, y), stats.kendalltau(x, y)
     return {
         "spearman": {"rho": finite_or_none(spearman.statistic), "p": finite_or_none(spearman.pvalue)},
         "kendall": {"tau": finite_or_none(kendall.statistic), "p": finite_or_none(kendall.pvalue)},
