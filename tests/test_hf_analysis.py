@@ -197,6 +197,13 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
         *analyze("family", *specs, str(absent), "--out", tmp_path / "family2", capsys=capsys)[::2],
         f"{absent}: no such folder",
     )
+    inside = (
+        f"a folder inside run {run} (its condensation analyses are in {run / 'condensation'}); give the run's folder"
+    )
+    for spec, said in ((run / "checkpoint", inside), (run / "run.json", "not a folder")):  # was: analyze it first
+        assert_one_line_error(
+            *analyze("family", *specs, str(spec), "--out", tmp_path / "family2", capsys=capsys)[::2], f"{spec}: {said}"
+        )
     assert not (tmp_path / "family2").exists()
 
 

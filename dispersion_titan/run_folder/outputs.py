@@ -12,6 +12,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import IO, TYPE_CHECKING, TypeVar
 
@@ -101,12 +102,26 @@ def report_failed(failed: list[str], total: int, nouns: str, done: str) -> int:
 
 def results_folder(run: str, name: str, file: str, what: str, command: str) -> str:
     """``run`` when it holds results (``step-N/{file}``, ``rev-NAME/{file}``), else ``run/{name}`` when that
-    does; else one line saying which ``command`` makes them."""
+    does; else one line saying which ``command`` makes them, of the run a folder inside one (its checkpoints)
+    belongs to."""
     if not os.path.isdir(run):
-        raise OutputError(f"{run}: no such folder")
+        raise OutputError(f"{run}: {'not a folder' if os.path.exists(run) else 'no such folder'}")
+
+    def holds(folder: str) -> bool:
+        return any(glob.glob(os.path.join(folder, pattern, file)) for pattern in ("step-*", "rev-*"))
+
     for folder in (run, os.path.join(run, name)):
-        if any(glob.glob(os.path.join(folder, pattern, file)) for pattern in ("step-*", "rev-*")):
+        if holds(folder):
             return folder
+    dump = next((str(p) for p in Path(run).resolve().parents if (p / "run.json").is_file()), None)
+    if dump is not None:
+        found = os.path.join(dump, name)
+        made = (
+            f"its {what} are in {found}"
+            if holds(found)
+            else f"no {what} yet: python -m dispersion_titan.{command} {dump}"
+        )
+        raise OutputError(f"{run}: a folder inside run {dump} ({made}); give the run's folder")
     raise OutputError(
         f"{run}: no {what} here or in {os.path.join(run, name)} (run python -m dispersion_titan.{command} {run} first)"
     )
