@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -188,10 +189,11 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
     png = (out / "family.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 20000
     twin = shutil.copytree(run, tmp_path / "twin")  # models of one size: no trend, and no scipy warning saying so
-    code, _, err = analyze("family", f"{run}@0", f"{twin}@0", "--out", tmp_path / "one-size", capsys=capsys)
+    code, _, err = analyze("family", f"{run}@0", f"{twin}@0", "--out", out, capsys=capsys)  # rewritten, no --paired
     assert code == 0 and err == "" and "ConstantInputWarning" not in [w.category.__name__ for w in recwarn]
-    with open(tmp_path / "one-size" / "family.csv") as f:
+    with open(out / "family.csv") as f:
         assert [r["family_trend_spearman"] for r in csv.DictReader(f)] == ["", ""]
+    assert sorted(os.listdir(out)) == [".owner.json", "family.csv", "family.md", "family.png"]  # no stale pairs
     absent = tmp_path / "absent"
     assert_one_line_error(
         *analyze("family", *specs, str(absent), "--out", tmp_path / "family2", capsys=capsys)[::2],

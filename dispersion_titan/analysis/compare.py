@@ -10,7 +10,7 @@ import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import format_table, results_folder, save_png, write_csv
-from ..run_folder.owners import FolderOwner, owned
+from ..run_folder.owners import FolderOwner, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses
@@ -103,11 +103,14 @@ def compare(runs: list[str], out: str, step: str) -> str:
     rows = table_rows(loaded)
     inputs = loaded[0].result.inputs
     title = f"{steps_title(loaded)}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
-    with owned(out, FolderOwner("comparison")):
-        write_csv(os.path.join(out, "compare.csv"), rows)
+    files = ("compare.csv", "compare_layers.csv", "compare.png")
+    with rewritten(out, FolderOwner("comparison"), files) as staging:
+        write_csv(os.path.join(staging, "compare.csv"), rows)
         layers = [
             {"run": r.label, "step": r.result.step, **layer_row(r.result, x)} for r in loaded for x in r.result.layers
         ]
-        write_csv(os.path.join(out, "compare_layers.csv"), layers)  # one row per run × layer, for plotting elsewhere
-        save_png(figures.comparison([(r.label, r.result) for r in loaded], title), os.path.join(out, "compare.png"))
+        write_csv(
+            os.path.join(staging, "compare_layers.csv"), layers
+        )  # one row per run × layer, for plotting elsewhere
+        save_png(figures.comparison([(r.label, r.result) for r in loaded], title), os.path.join(staging, "compare.png"))
     return format_table(rows)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..run_folder.outputs import atomic_write, format_table, save_png, write_csv
-from ..run_folder.owners import FolderOwner, owned
+from ..run_folder.owners import FolderOwner, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .compare import pick
@@ -188,13 +188,14 @@ def write_size_series(
     title = f"K={inputs['num_sequences']}, S={inputs['seq_len']}"
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
     text = family_markdown(members, pairs, last_n, title)
-    with owned(out, FolderOwner("family")):
+    files = ("family.csv", "family_paired.csv", "family.md", "family.png")
+    with rewritten(out, FolderOwner("family"), files) as staging:
         write_csv(
-            os.path.join(out, "family.csv"),
+            os.path.join(staging, "family.csv"),
             [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)],
         )
         if pairs:
-            write_csv(os.path.join(out, "family_paired.csv"), paired_rows(pairs, last_n))
-        atomic_write(os.path.join(out, "family.md"), lambda f: f.write(text))
-        save_png(family_figure(members, pairs, title), os.path.join(out, "family.png"))
+            write_csv(os.path.join(staging, "family_paired.csv"), paired_rows(pairs, last_n))
+        atomic_write(os.path.join(staging, "family.md"), lambda f: f.write(text))
+        save_png(family_figure(members, pairs, title), os.path.join(staging, "family.png"))
     return text

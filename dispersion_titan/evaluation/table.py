@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,11 +16,11 @@ from scipy import stats
 
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
-from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, owned
+from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, rewritten
 from ..run_folder.settings import flatten, from_scratch
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
-from ..utils.records import STAGING, differences
+from ..utils.records import differences
 from .protocol import is_accuracy, mean_accuracy
 from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings, source_changed
 
@@ -524,10 +523,7 @@ def table(
     _check_alike([(r.run, r.settings) for runs in [*by_arm.values(), base] for r in runs], "evaluate both alike")
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
-    with (  # tables of several runs, rewritten whole at each call: staged, so a failed write leaves the last
-        owned(out, FolderOwner("table")),
-        tempfile.TemporaryDirectory(prefix=STAGING, dir=out, ignore_cleanup_errors=True) as staging,
-    ):
+    with rewritten(out, FolderOwner("table"), ("table.md", "table.csv", "table.png")) as staging:
         atomic_write(os.path.join(staging, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(staging, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
         average_accuracy_figure(  # the arms; without any, the Pretrained row alone
@@ -538,6 +534,4 @@ def table(
             TESTS[test],
             os.path.join(staging, "table.png"),
         )
-        for name in os.listdir(staging):
-            os.replace(os.path.join(staging, name), os.path.join(out, name))
     return Table(columns, rows, base_row, reference, text)
