@@ -18,7 +18,7 @@ from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, 
 from dispersion_titan.utils.errors import command, run_command
 
 
-def _limit(text: str) -> int | str:
+def task_limit(text: str) -> int | str:
     return text if text == "all" else positive_int(text)
 
 
@@ -60,7 +60,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="folder of your own lm-eval task YAMLs",
     )
-    p.add_argument("--limit", type=_limit, default=None, help="examples per task, or all (default: the protocol's)")
+    p.add_argument("--limit", type=task_limit, default=None, help="examples per task, or all (default: the protocol's)")
     p.add_argument(
         "--num-fewshot",
         "--num_fewshot",

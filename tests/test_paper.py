@@ -464,6 +464,9 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     for models in ("=A,B", "base=", "base=A,,B"):  # table2's arms as evaluate table would refuse them
         code, _, err = paper("table2", "--models", models, "--dry-run", "--out", run, capsys=capsys)
         assert_one_line_error(code, err, f"--models: {models!r}: give [ARM=]RUN1,RUN2,..., a name before = and no")
+    for option, value in (("--limit", "0"), ("--num-fewshot", "-1")):  # evaluate's types, the dry run too
+        code, _, err = paper("table2", "--models", "A,B", option, value, "--dry-run", "--out", run, capsys=capsys)
+        assert_one_line_error(code, err, f"argument {option}: '{value}' is not a ")  # was: passed on, exit 0
     run.write_text("mine")  # a file as --out: named so, not a path inside it to train into
     code, _, err = paper("fig3", "--dry-run", "--out", run, capsys=capsys)
     assert_one_line_error(code, err, f"--out: {run} is a file, not a folder; use another --out")
