@@ -443,6 +443,9 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
     code, _, err = paper("fig4", "--revisions", "", "--dry-run", "--out", tmp_path, capsys=capsys)  # not: the hub's
     assert_one_line_error(code, err, "--revisions: empty; give REV1,REV2,...")
+    for artifact, option, value in (("fig2", "--models", ""), ("fig4", "--revisions", "a,,b")):  # as analyze would
+        code, _, err = paper(artifact, option, value, "--dry-run", "--out", tmp_path, capsys=capsys)
+        assert_one_line_error(code, err, f"{option}: ", "expected hf:MODEL or hf:MODEL@REV1,REV2,...")  # was exit 0
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # check_hub: offline, an empty cache
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty_hf_home" / "hub"))
     code, _, err = paper("fig2", "--models", "openai-community/gpt2-xl", "--out", tmp_path / "xl", capsys=capsys)

@@ -120,7 +120,7 @@ def run_model(run: str, analyses: str, row: str | None, label: str, steps: str) 
 def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
     """A ``--models`` entry: a hub id, a local model folder, an ``hf:`` spec, or one of our runs."""
     if text.startswith(HF):
-        target = text
+        target = checked(text, f"--models: {text!r}")
     elif os.path.isdir(text) and _is_run(text):
         run = os.path.abspath(text)
         steps = checkpoint_steps(run)
@@ -134,11 +134,20 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
     elif os.path.exists(text) or text.startswith((".", "/")) or text.count("/") > 1:
         raise ArgumentError(f"--models: {text}: no such model folder or run")
     else:
-        target = HF + text
+        target = checked(HF + text, f"--models: {text!r}")
     model = target[len(HF) :].rpartition("@")[0] or target[len(HF) :]
     label = os.path.basename(os.path.normpath(model))
     out = os.path.join(analyses, safe_name(label if os.path.isdir(model) else model))
     return PaperModel(target, out, row, label, catalog.size_b(model))
+
+
+def checked(target: str, option: str) -> str:
+    """``hf:MODEL[@REV,...]`` as its analyze step would take it, else refused now in one line naming ``option``."""
+    try:
+        parse_spec(target)
+    except DispersionTitanError as e:
+        raise ArgumentError(f"{option}: {e}") from None
+    return target
 
 
 def ships_code(model: PaperModel) -> bool:
@@ -241,7 +250,7 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
                 "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable"
             ) from None
         revisions = ",".join(pick_revisions(branches))
-    return replace(base, target=f"{base.target.split('@')[0]}@{revisions}")
+    return replace(base, target=checked(f"{base.target.split('@')[0]}@{revisions}", "--revisions"))
 
 
 def corpora(options: dict) -> dict[str, list[str]]:
