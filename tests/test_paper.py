@@ -446,6 +446,9 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     for artifact, option, value in (("fig2", "--models", ""), ("fig4", "--revisions", "a,,b")):  # as analyze would
         code, _, err = paper(artifact, option, value, "--dry-run", "--out", tmp_path, capsys=capsys)
         assert_one_line_error(code, err, f"{option}: ", "expected hf:MODEL or hf:MODEL@REV1,REV2,...")  # was exit 0
+    for corpus, said in (("x=absent.jsonl", "x=absent.jsonl: no such file"), ("x=nosuch", "x: unknown dataset")):
+        code, _, err = paper("robustness", "--corpus", corpus, "--dry-run", "--out", tmp_path, capsys=capsys)
+        assert_one_line_error(code, err, f"--corpus: {said}")  # was: exit 0, then analyze's --texts or --dataset
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # check_hub: offline, an empty cache
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty_hf_home" / "hub"))
     code, _, err = paper("fig2", "--models", "openai-community/gpt2-xl", "--out", tmp_path / "xl", capsys=capsys)

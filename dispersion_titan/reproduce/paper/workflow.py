@@ -18,6 +18,7 @@ from tqdm import tqdm
 from ...analysis import ANALYSIS_PROTOCOLS
 from ...analysis.size_series import parse_assignments
 from ...config.cli import load_toml, read_toml, with_config_module
+from ...data.corpora import corpus
 from ...evaluation.runner import hub_model
 from ...job_config import released
 from ...job_config.parse import validated_args
@@ -265,12 +266,13 @@ def corpora(options: dict) -> dict[str, list[str]]:
                 f'robustness: no texts for {name} here; give --corpus {name}=FILE.jsonl (a "text" '
                 f"field per line; docs/reproduction.md shows how to export it with datasets)"
             )
+        elif source.endswith(".jsonl") or os.path.isfile(source):
+            if not os.path.isfile(source):  # here, as its analyze steps would refuse it (--texts), the dry run too
+                raise ArgumentError(f"--corpus: {name}={source}: no such file")
+            inputs[name] = ["--texts", source]
         else:
-            inputs[name] = (
-                ["--texts", source]
-                if source.endswith(".jsonl") or os.path.isfile(source)
-                else ["--dataset", source, *passed_on(options, ("dataset_path",))]
-            )
+            corpus(source, f"--corpus: {name}")  # a registered dataset, as its --dataset must be
+            inputs[name] = ["--dataset", source, *passed_on(options, ("dataset_path",))]
     return inputs
 
 
