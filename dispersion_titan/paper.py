@@ -107,6 +107,7 @@ def paper_parser() -> OneLineErrorParser:
     analysis.add_argument("--batch-size", type=positive_int, help="sequences (or examples) per forward pass")
     add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (default fp32, as the authors ran)")
     analysis.add_argument("--device-map", choices=("auto",), help="hf: spread a model over all visible GPUs")
+    analysis.add_argument("--force", action="store_true", help="analyze's and evaluate's: recompute their results")
     analysis.add_argument(
         "--trust-remote-code",
         action="store_true",

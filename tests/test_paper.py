@@ -200,6 +200,12 @@ def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
     code, _, err = paper(*args, capsys=capsys)  # a rerun reuses every analysis
     assert code == 0, err
     assert {p: p.stat().st_mtime_ns for p in results} == results
+    other = [*args, "--seq-len", "8"]  # refused, naming the --force it takes (paper had none), nothing changed
+    code, _, err = paper(*other, capsys=capsys)  # (its one line follows the progress bar's)
+    assert code == 2 and err.count("error:") == 1 and "(seq_len 16 vs 8); use another --out, or --force to" in err
+    assert {p: p.stat().st_mtime_ns for p in results} == results
+    code, stdout, _ = paper(*other, "--force", "--dry-run", capsys=capsys)
+    assert code == 0 and all("--force" in line for line in stdout.splitlines() if "dispersion_titan.analyze" in line)
 
 
 def test_fig4_takes_four_branches_of_each_stage_and_the_final_model():

@@ -42,9 +42,10 @@ ANALYZE_OPTIONS = (
     "device",
     "dtype",
     "device_map",
+    "force",
 )
 PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}  # the authors' texts and points, in fp32 as they ran
-EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot", "batch_size", "device")
+EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot", "batch_size", "device", "force")
 PRETRAINED = "pretrained"  # table2: DIR/pretrained/MODEL, the evaluation of --pretrained hf:MODEL
 ANALYSES = "analyses"  # DIR/analyses/MODEL, shared by the artifacts: a model analysed for one is reused
 ARTIFACT_DEFAULTS = {
@@ -178,9 +179,9 @@ def analyze_step(model: PaperModel, analyze_args: list[str]) -> Step:
 
 
 def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
-    """``--name value`` for each option given (not None)."""
-    given = [name for name in names if options.get(name) is not None]
-    return [arg for name in given for arg in (f"--{name.replace('_', '-')}", str(options[name]))]
+    """``--name value`` for each option given (not None), ``--name`` for a switch that is on."""
+    given = {f"--{name.replace('_', '-')}": options[name] for name in names if options.get(name) not in (None, False)}
+    return [arg for flag, value in given.items() for arg in ((flag,) if value is True else (flag, str(value)))]
 
 
 def _default_models(artifact: str, analyses: str) -> list[PaperModel]:
