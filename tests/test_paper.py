@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import signal
 from pathlib import Path
 
 import huggingface_hub
@@ -27,7 +28,7 @@ from scipy import stats
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.paper import main as paper_main
-from dispersion_titan.reproduce.paper import catalog
+from dispersion_titan.reproduce.paper import catalog, render
 from dispersion_titan.reproduce.paper.render import revision_label
 from dispersion_titan.reproduce.paper.workflow import build, check_devices, pick_revisions
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
@@ -169,7 +170,7 @@ def paper_expected(folder: Path, wikitext: Path) -> dict:
     }
 
 
-def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
+def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys, monkeypatch):
     """The paper's protocol by default: every statistic and figure over transformers' n + 1 hidden_states."""
     models = [str(zoo[name]) for name in SIZES]
     args = ["fig2", "--models", *models, "--dataset-path", zoo["wikitext"], *INPUTS, "--out", out]
@@ -206,6 +207,10 @@ def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys):
     assert {p: p.stat().st_mtime_ns for p in results} == results
     code, stdout, _ = paper(*other, "--force", "--dry-run", capsys=capsys)
     assert code == 0 and all("--force" in line for line in stdout.splitlines() if "dispersion_titan.analyze" in line)
+    drawn = digests(out, "fig2*")
+    monkeypatch.setattr(render, "last_n_figure", lambda *_: os.kill(os.getpid(), signal.SIGINT))  # Ctrl-C mid-way
+    code, _, err = paper(*args, "--draw-only", capsys=capsys)
+    assert code == 130 and "interrupted" in err and digests(out, "fig2*") == drawn  # was: a new fig2.png, old json
 
 
 def test_fig4_takes_four_branches_of_each_stage_and_the_final_model():

@@ -11,13 +11,14 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import ModuleType
 from typing import IO, TYPE_CHECKING, TypeVar
 
 from ..utils.errors import OutputError
-from ..utils.records import atomic_write
+from ..utils.records import STAGING, atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -125,6 +126,21 @@ def results_folder(run: str, name: str, file: str, what: str, command: str) -> s
     raise OutputError(
         f"{run}: no {what} here or in {os.path.join(run, name)} (run python -m dispersion_titan.{command} {run} first)"
     )
+
+
+@contextmanager
+def staged(out: str, files: tuple[str, ...]) -> Iterator[str]:
+    """A folder for ``files``, one command's results of several runs rewritten whole at each call: written in the
+    folder this yields, hidden inside ``out``, then moved in, and those of ``files`` this call did not write
+    removed (a ``--paired`` table of the last call beside a new family): a failed write leaves the last whole."""
+    with tempfile.TemporaryDirectory(prefix=STAGING, dir=out, ignore_cleanup_errors=True) as new:
+        yield new
+        for name in files:
+            if os.path.exists(os.path.join(new, name)):
+                os.replace(os.path.join(new, name), os.path.join(out, name))
+            else:
+                with suppress(FileNotFoundError):
+                    os.unlink(os.path.join(out, name))
 
 
 def read_json_files(out: str, file: str) -> dict[str, dict]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -15,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.errors import OutputError
-from ..utils.records import STAGING, atomic_write, remove_stale_writes
-from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed
+from ..utils.records import atomic_write, remove_stale_writes
+from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, staged
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
 OWNER_FILE = ".owner.json"
@@ -251,18 +250,9 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
 
 @contextmanager
 def rewritten(out: str, owner: FolderOwner, files: tuple[str, ...]) -> Iterator[str]:
-    """A folder for ``files``, one command's results of several runs rewritten whole at each call, as ``owned``;
-    they are written in the folder this yields, hidden inside ``out``, then moved in, and those of ``files`` this
-    call did not write are removed (a ``--paired`` table of the last call beside a new family): a failed write
-    leaves the last call's whole."""
-    with owned(out, owner), tempfile.TemporaryDirectory(prefix=STAGING, dir=out, ignore_cleanup_errors=True) as new:
+    """``staged`` files in ``out``, held by ``owner`` as ``owned``."""
+    with owned(out, owner), staged(out, files) as new:
         yield new
-        for name in files:
-            if os.path.exists(os.path.join(new, name)):
-                os.replace(os.path.join(new, name), os.path.join(out, name))
-            else:
-                with suppress(FileNotFoundError):
-                    os.unlink(os.path.join(out, name))
 
 
 def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:

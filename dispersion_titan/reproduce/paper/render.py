@@ -21,7 +21,7 @@ from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers avera
 from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import finite_or_none, point_layers, rank_trend
 from ...evaluation.table import TESTS, ArmRow, Selection, cell, difference, signed, table
-from ...run_folder.outputs import atomic_write, ensure_writable, headless_pyplot, write_json
+from ...run_folder.outputs import atomic_write, ensure_writable, headless_pyplot, staged, write_json
 from ...utils.errors import ArgumentError
 from ...utils.hub import parse_spec
 from . import catalog
@@ -383,10 +383,13 @@ def render(workflow: PaperWorkflow, selection: Selection, reference: str | None,
     points = {"hidden_states": "n+1 hidden_states points", "all": "all n+2 layer points"}[inputs["layer_points"]]
     name = catalog.ARTIFACTS[workflow.artifact][0]  # the paper's figure
     title = f"{name}: K={inputs['num_sequences']}, S={inputs['seq_len']}, {points}"
-    save(figure(found, titles, title, paired=workflow.artifact == "fig5"), stem)
-    save(last_n_figure(found, f"{name}: mean cosine of the last N layer points"), f"{stem}_last_n")
-    write_json(f"{stem}.json", drawn)
-    return [f"{stem}.{ext}" for ext in ("png", "pdf", "json")] + [f"{stem}_last_n.{ext}" for ext in ("png", "pdf")]
+    files = [f"{workflow.artifact}{end}" for end in (".png", ".pdf", ".json", "_last_n.png", "_last_n.pdf")]
+    with staged(workflow.out, tuple(files)) as new:  # a set: a new figure never beside the last one's numbers
+        at = os.path.join(new, workflow.artifact)
+        save(figure(found, titles, title, paired=workflow.artifact == "fig5"), at)
+        save(last_n_figure(found, f"{name}: mean cosine of the last N layer points"), f"{at}_last_n")
+        write_json(f"{at}.json", drawn)
+    return [os.path.join(workflow.out, file) for file in files]
 
 
 def _cells(row: ArmRow) -> list[str]:
