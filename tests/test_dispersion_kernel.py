@@ -29,7 +29,7 @@ import pytest
 import torch
 
 import dispersion_titan
-from dispersion_titan.losses import VARIANTS, dispersion_loss, dispersion_loss_reference
+from dispersion_titan.losses import VARIANTS, dispersion_loss, dispersion_loss_reference, precision_error
 
 if sys.platform != "linux" or platform.machine() != "x86_64":  # where pyproject.toml does not install triton
     pytest.skip("triton is a dependency on Linux x86_64 only", allow_module_level=True)
@@ -71,6 +71,7 @@ def case_table() -> dict[str, dict]:
         f"{variant}-{inputs}": {"variant": variant, "inputs": inputs, **dict(zip(keys, shape, strict=True))}
         for variant in VARIANTS
         for inputs, shape in shapes.items()
+        if not precision_error(variant, shape[4])  # refused (perplexity_entropy at tf32), as bench/ skips it
     }
 
 
