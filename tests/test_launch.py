@@ -21,10 +21,10 @@ from support.launch import (
     DEBUG_SEQ_LEN,
     DEBUG_TOML,
     REPO,
+    SCHEDULE,
     held_by_another_command,
     launch_env,
     python_module,
-    torchrun,
     torchrun_script,
 )
 from support.runs import scalars
@@ -149,16 +149,18 @@ def test_the_error_of_a_rank_the_console_does_not_show_is_said_by_the_launcher(t
 
 
 @pytest.mark.slow
-def test_two_agents_on_localhost_match_one_node(tmp_path):
+def test_two_agents_on_localhost_match_one_node(reference_run, tmp_path):
     """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and
     id), launch/train.sh started from a folder that is not the repository, train with FSDP
-    across the two "nodes", exactly like one node with 2 processes. (train.sh's one-node
+    across the two "nodes", exactly like one node with 2 processes: the session's reference run
+    (conftest), whose schedule they share, so no one-node run of its own. (train.sh's one-node
     defaults: the background SIGINT test of test_reliability.py.)"""
-    one_node = tmp_path / "one_node"
-    torchrun(one_node, 2, *COMMON)
+    one_node = reference_run
     dump = tmp_path / "two_nodes"
     env = {"NNODES": "2", "NPROC": "1", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "two-nodes"}
-    agents = [train_sh(dump, cwd=tmp_path, env=launch_env(env)) for _ in range(2)]
+    # the reference's schedule; checkpoints at debug.toml's interval, as before (they do not change the losses)
+    schedule = (*SCHEDULE, "--checkpoint.interval", "5")
+    agents = [train_sh(dump, *schedule, cwd=tmp_path, env=launch_env(env)) for _ in range(2)]
     logs = [finish(agent) for agent in agents]
     assert all("dp_shard=2," in log for log in logs)
     assert sorted(p.name for p in (dump / "checkpoint").iterdir()) == ["step-0", f"step-{STEPS}"]
