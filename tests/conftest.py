@@ -25,6 +25,7 @@ LONGEST_FIRST = (
     "test_launch",
     "test_parallel_equivalence",
     "test_baselines",
+    "test_bench_step",  # its two GPU-script tests alone: 61 s in the last CI
     "test_resume",
     "test_evaluate",
     "test_hf_analysis",
