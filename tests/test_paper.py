@@ -484,6 +484,10 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     for option, value in (("--limit", "0"), ("--num-fewshot", "-1")):  # evaluate's types, the dry run too
         code, _, err = paper("table2", "--models", "A,B", option, value, "--dry-run", "--out", run, capsys=capsys)
         assert_one_line_error(code, err, f"argument {option}: '{value}' is not a ")  # was: passed on, exit 0
+    for device, said in (("cuda:x", "argument --device: Invalid device string"), ("cuda:99", "--device: cuda:99: ")):
+        code, _, err = paper("table2", "--models", "A,B", "--device", device, "--dry-run", "--out", run, capsys=capsys)
+        assert_one_line_error(code, err, said)  # was: dry run exit 0; the run failing at evaluate, an empty --out left
+        assert not run.exists()
     run.write_text("mine")  # a file as --out: named so, not a path inside it to train into
     code, _, err = paper("fig3", "--dry-run", "--out", run, capsys=capsys)
     assert_one_line_error(code, err, f"--out: {run} is a file, not a folder; use another --out")

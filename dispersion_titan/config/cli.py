@@ -190,11 +190,22 @@ def add_results_arguments(parser: argparse.ArgumentParser, verb: str, results: s
     )
 
 
+def device_name(text: str) -> str:
+    """``--device`` as torch reads it (``cuda:x`` is refused by the parser, the dry runs too)."""
+    import torch
+
+    try:
+        torch.device(text)
+    except RuntimeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def add_device_arguments(
     parser: argparse.ArgumentParser, dtype_default: str | None = "fp32", dtype_help: str = "model dtype (default fp32)"
 ) -> None:
     """``--device`` and ``--dtype`` of the commands that load checkpoints (``utils.devices.resolve_device``)."""
-    parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
+    parser.add_argument("--device", type=device_name, help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default=dtype_default, help=dtype_help)
 
 

@@ -83,6 +83,9 @@ def resolve_device(device: str | None, dtype: str) -> torch.device:
         raise DeviceError(f"--device: {e}") from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"--device: {device}: CUDA is not available here")
+    if resolved.type == "cuda" and (resolved.index or 0) >= (count := torch.cuda.device_count()):
+        has = f"this machine has {count} GPU{'s' * (count != 1)}"
+        raise DeviceError(f"--device: {device}: {has}; give one of cuda:0 to cuda:{count - 1}")
     if dtype == "bf16" and resolved.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise DeviceError(f"--dtype: bf16 is not supported by {torch.cuda.get_device_name(resolved)}")
     return resolved
