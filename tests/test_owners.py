@@ -20,6 +20,7 @@ from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.run_folder.owners import (
     OWNER_FILE,
     FolderOwner,
+    owned,
     read_owner,
     record_run_folders,
     refuse_other_owners,
@@ -170,6 +171,20 @@ def test_a_folder_of_files_nobody_recorded_is_refused(runs, capsys, tmp_path):
         before,
         f"--out: {tmp_path} holds files no dispersion_titan command recorded as its own (notes.txt); use another --out",
     )
+
+
+def test_a_failed_command_removes_only_the_folder_it_made_and_left_empty(tmp_path):
+    """``owned``: a folder this call made and wrote nothing in but its record goes with a failure (a full disk:
+    ``test_hf_interop.py::test_convert_out_of_room_...``); one that was there, or holds a result, stays."""
+    there, kept = tmp_path / "there", tmp_path / "kept"
+    there.mkdir()
+    for folder, result in ((tmp_path / "new", False), (there, False), (kept, True)):
+        with pytest.raises(OSError), owned(str(folder), FolderOwner("comparison")):
+            if result:
+                (folder / "table.csv").write_text("a\n")
+            raise OSError("the command fails")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "there"]
+    assert os.listdir(there) == [] and sorted(os.listdir(kept)) == [OWNER_FILE, "table.csv"]
 
 
 def test_a_rank_checking_the_run_folder_while_rank_0_records_it_never_reads_half_a_record(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..utils.errors import OutputError
 from ..utils.records import atomic_write, remove_stale_writes
-from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, staged
+from .outputs import FORMAT, FORMAT_KEY, MADE, STEP_FOLDER, check_format, ensure_writable, listed, staged
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
 OWNER_FILE = ".owner.json"
@@ -230,22 +230,33 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
 @contextmanager
 def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[WriterLock]:
     """``folder`` held as its one writer (``sole_writer``) by ``owner``, refused if another owns it or it is
-    not writable; its new record is taken back if the command fails before writing anything else."""
+    not writable; if the command fails before writing anything else, its new record is taken back, and the
+    folder removed if this command made it (``outputs.MADE``): a failed call leaves no empty claimed folder."""
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
-    ensure_writable(folder, option)
-    with sole_writer(folder, ("command", way_out)) as lock:
-        refuse_unless_ours(folder, owner, option, way_out)
-        recorded = record_owner(folder, owner)
-        for path in (folder, *(e.path for e in os.scandir(folder) if e.is_dir() and STEP_FOLDER.match(e.name))):
-            remove_stale_writes(path)  # of this command killed midway, in its folder and per-step results: held now
-        try:
-            yield lock
-        except BaseException:
-            if recorded and empty(folder):
-                with suppress(FileNotFoundError):  # the folder was moved or removed meanwhile
-                    os.unlink(os.path.join(folder, OWNER_FILE))
-            raise
+    real = os.path.realpath(folder)
+    try:
+        ensure_writable(folder, option)
+        with sole_writer(folder, ("command", way_out)) as lock:
+            refuse_unless_ours(folder, owner, option, way_out)
+            recorded = record_owner(folder, owner)
+            for path in (folder, *(e.path for e in os.scandir(folder) if e.is_dir() and STEP_FOLDER.match(e.name))):
+                remove_stale_writes(path)  # of this command killed midway, in its folder and per-step results: held
+            try:
+                yield lock
+            except BaseException:
+                if recorded and empty(folder):
+                    with suppress(FileNotFoundError):  # the folder was moved or removed meanwhile
+                        os.unlink(os.path.join(folder, OWNER_FILE))
+                raise
+    except BaseException:
+        if real in MADE:  # its empty folders only, the lock released: anything written keeps it
+            for path, _, _ in os.walk(folder, topdown=False):
+                with suppress(OSError):
+                    os.rmdir(path)
+        raise
+    finally:
+        MADE.discard(real)
 
 
 @contextmanager
