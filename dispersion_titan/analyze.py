@@ -146,9 +146,12 @@ def size_series_parser() -> argparse.ArgumentParser:
     return p
 
 
-@command("each model state analyzed so far is kept in its folder; the same command analyzes the rest")
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
+REWRITTEN = "--out is as it was (its files are moved in together once all are written); run it again"
+
+
+@command(REWRITTEN)
+def summarize(argv: list[str]) -> None:
+    """``compare`` and ``family``: results of several runs, rewritten whole (``owners.rewritten``)."""
     if argv[:1] == ["compare"]:
         a = compare_parser().parse_args(argv[1:])
         from dispersion_titan.analysis.compare import compare  # torch: after --help
@@ -163,6 +166,13 @@ def main(argv: list[str] | None = None) -> None:
         print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
         print(f"written: {a.out}/family.md, family.csv, family.png")
         sys.exit(0)
+
+
+@command("each model state analyzed so far is kept in its folder; the same command analyzes the rest")
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["compare"], ["family"]):
+        summarize(argv)
     a = analyze_parser().parse_args(argv)
     from dispersion_titan.analysis import runner  # torch: after --help
     from dispersion_titan.utils.hub import PREFIX

@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ from dispersion_titan.analysis.condensation_schema import Condensation
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import DecoderLayers, cosines, measure, unit_tokens
 from dispersion_titan.analysis.statistics import summarize
+from dispersion_titan.analyze import REWRITTEN
 from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
@@ -392,6 +394,18 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
         "seq_len 64 vs 32",
     )
     assert not (tmp_path / "bad").exists()
+
+
+def test_ctrl_c_in_compare_or_family_says_out_is_as_it_was(tmp_path, capsys, monkeypatch):
+    """Their files are moved in together once all are written: not "the same command analyzes the rest"."""
+    import dispersion_titan.analysis.compare
+    import dispersion_titan.analysis.size_series
+
+    for module, name, command in (("compare", "compare", "compare"), ("size_series", "write_size_series", "family")):
+        monkeypatch.setattr(getattr(dispersion_titan.analysis, module), name, lambda *_: signal.raise_signal(2))
+        code, _, err = analyze(command, "A", "B", "--out", tmp_path / "out", capsys=capsys)
+        assert (code, err.splitlines()) == (130, [f"dispersion_titan: interrupted; {REWRITTEN}"])
+    assert not (tmp_path / "out").exists()
 
 
 def test_compare_refuses_a_run_named_twice(run, analyzed, tmp_path, capsys):
