@@ -374,6 +374,9 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
         f"--out: {store} holds a token store of 'enwiki_sample' train made from other inputs "
         "(there vs here: shard_documents 10 vs 16384); choose another folder"
     ) in cli_failure(capsys, "enwiki_sample", "--out", str(store))
+    assert (  # each difference once (was: source.identity.split too)
+        "(there vs here: source.split 'train' vs 'validation'); choose"
+    ) in cli_failure(capsys, "enwiki_sample", "--split", "validation", "--shard-documents", "10", "--out", str(store))
     assert folder_bytes(store) == before
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path / "absent"), "--out", out) == (
         f"dispersion_titan: error: --tokenizer: {tmp_path / 'absent'}: no such folder"

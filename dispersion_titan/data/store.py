@@ -248,6 +248,16 @@ def verified_shard(out: str, index: int, documents: int, key: str, itemsize: int
     return {k: record[k] for k in _RECORD_KEYS}
 
 
+def _differences_once(old: dict, new: dict) -> str:
+    """``differences``, less a ``source.identity.K`` that repeats ``source.K`` (the split is in both)."""
+
+    def repeats(key: str) -> bool:
+        plain = key.replace(".identity.", ".", 1)
+        return plain != key and (old.get(key), new.get(key)) == (old.get(plain), new.get(plain))
+
+    return differences(*({k: v for k, v in d.items() if not repeats(k)} for d in (old, new)))
+
+
 def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
     """Create ``out`` (an OSError: ``prepare`` names it); refuse a folder holding another prepare's store or
     shards (nothing is deleted)."""
@@ -258,7 +268,7 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
         manifest = read_manifest(out, "--out")
         if manifest.get("key") != key:
             source, here = manifest["source"], flatten(json.loads(json.dumps(inputs, default=str)))
-            there = differences(flatten({k: manifest.get(k) for k in inputs}), here)
+            there = _differences_once(flatten({k: manifest.get(k) for k in inputs}), here)
             raise DataConfigError(
                 f"--out: {out} holds a token store of {source.get('dataset')!r} "
                 f"{source.get('split')} made from other inputs (there vs here: {there}); choose another folder"
