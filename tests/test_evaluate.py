@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import shutil
 import socket
@@ -147,6 +148,15 @@ def test_lm_evals_git_lookup_is_quiet_outside_a_checkout(tmp_path, monkeypatch, 
     with quiet_git_hash():
         assert evaluator.get_git_commit_hash() is None
     assert capfd.readouterr().err == ""
+
+
+def test_an_offline_task_loads_without_lm_evals_metadata_advice(caplog):
+    """Our tasks' ``custom_dataset`` made lm-eval warn, at each load, of its CLI's ``--metadata`` (2 lines)."""
+    from dispersion_titan.evaluation.runner import Tasks
+
+    with caplog.at_level(logging.INFO):
+        Tasks(("wiki_next_word",), str(TASKS)).load({})
+    assert not [r for r in caplog.records if "--metadata" in r.getMessage()]
 
 
 def test_an_unusable_datasets_cache_is_named_not_the_task(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import argparse
 import csv
 import errno
 import functools
+import logging
 import os
 import re
 import shutil
@@ -299,6 +300,12 @@ def write_summary(out: str, results: list[dict]) -> str:
     return path
 
 
+def _no_metadata_advice(record: logging.LogRecord) -> bool:
+    """lm-eval's warning at each task with a ``custom_dataset`` (a task's own loader, as our offline tasks'):
+    two lines of advice on its own CLI's ``--metadata``, which ``evaluate`` has not; dropped."""
+    return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
 class Tasks:
     """The requested tasks in one TaskManager: only --include-path's when each is a plain task there (indexing
     lm-eval's ~13,000 built-in task YAMLs takes 20-30 s on 2 cores)."""
@@ -333,6 +340,7 @@ class Tasks:
         so missing data fail at once (not after 30 s of retries); ``shots`` (each name's) that a task has too
         few examples for are refused."""
         objects = {}
+        logging.getLogger("lm_eval.api.task").addFilter(_no_metadata_advice)  # added once, however often called
         with hub_offline() as offline:
             for name in self.names:
                 try:
