@@ -611,7 +611,7 @@ def test_table2_a_hub_models_block_is_its_pretrained_row(tmp_path, capsys):
     assert found[0].parent.parent == evaluation
 
 
-def test_table2_two_arms_two_seeds(tmp_path, capsys):
+def test_table2_two_arms_two_seeds(tmp_path, capsys, monkeypatch):
     runs = {name: tiny_run(tmp_path / name, steps=(seed,)) for seed, name in enumerate(("a1", "a2", "b1", "b2"), 1)}
     table2 = (
         "table2",
@@ -686,6 +686,14 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys):
     assert tex.startswith(r"\begin{tabular}") and r"$\pm$" in tex and "disp" in tex
     assert "| base |" in (tmp_path / "t2" / "table2.md").read_text()
     assert_figure(tmp_path / "t2" / "table2")
+    before = digests(tmp_path / "t2", "table2.*")  # a Ctrl-C while drawing the new table2.png: the last set kept whole
+    monkeypatch.setattr(render, "_figure", lambda *_: signal.raise_signal(signal.SIGINT))
+    code, _, err = paper(
+        *table2, "--best-step", "per-seed", "--test", "welch", "--out", tmp_path / "t2", "--draw-only", capsys=capsys
+    )
+    assert code == 130, err
+    assert digests(tmp_path / "t2", "table2.*") == before  # was: welch's .md, .tex, .json, student's figure
+    monkeypatch.undo()
     # Other settings: evaluate refuses the runs' folders, and table2 refuses to weigh a result made so.
     models = ["--models", f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{runs['b2']}"]
     options = ["--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--num-fewshot", "0", "--device", "cpu"]

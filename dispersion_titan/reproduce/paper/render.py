@@ -456,22 +456,25 @@ def _numbers(columns: list[str], row: ArmRow, pretrained: ArmRow | None) -> dict
 
 def write_table2(workflow: PaperWorkflow, stem: str, selection: Selection, reference: str | None, test: str) -> str:
     """``DIR/table2.{md,tex,json,png,pdf}`` (and ``evaluate table``'s files in ``DIR/table2/``)."""
-    made = table(workflow.runs, stem, selection, reference, test, workflow.pretrained)
+    made = table(workflow.runs, stem, selection, reference, test, workflow.pretrained)  # table2/: staged there
     base, columns = made.pretrained, made.columns
     rows = ([base] if base else []) + made.rows
-    atomic_write(f"{stem}.md", lambda f: f.write(made.markdown))
-    atomic_write(f"{stem}.tex", lambda f: f.write(latex(columns, rows, made.reference, base)))
-    write_json(
-        f"{stem}.json",
-        {
-            "artifact": "table2",
-            "select": str(selection),
-            "test": test,
-            "reference": made.reference,
-            "columns": columns,
-            "pretrained": None if base is None else _numbers(columns, base, None),
-            "arms": [_numbers(columns, row, base) for row in made.rows],
-        },
-    )
-    _figure(columns, rows, made.reference, selection.rule, test, stem)
+    out, name = os.path.split(stem)
+    with staged(out, tuple(f"{name}.{ext}" for ext in ("md", "tex", "json", "png", "pdf"))) as new:  # as a set
+        at = os.path.join(new, name)
+        atomic_write(f"{at}.md", lambda f: f.write(made.markdown))
+        atomic_write(f"{at}.tex", lambda f: f.write(latex(columns, rows, made.reference, base)))
+        write_json(
+            f"{at}.json",
+            {
+                "artifact": "table2",
+                "select": str(selection),
+                "test": test,
+                "reference": made.reference,
+                "columns": columns,
+                "pretrained": None if base is None else _numbers(columns, base, None),
+                "arms": [_numbers(columns, row, base) for row in made.rows],
+            },
+        )
+        _figure(columns, rows, made.reference, selection.rule, test, at)
     return made.markdown
