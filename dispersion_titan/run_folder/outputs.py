@@ -57,8 +57,9 @@ failed in before writing anything there."""
 def ensure_writable(folder: str, option: str) -> None:
     """Create ``folder`` and prove a file can be written there, or fail naming it."""
     try:
-        if not os.path.isdir(folder):
-            os.makedirs(folder)
+        new = not os.path.isdir(folder)
+        os.makedirs(folder, exist_ok=True)  # another command making it too: refused by its lock, not here
+        if new:
             MADE.add(os.path.realpath(folder))
         with tempfile.TemporaryFile(dir=folder):
             pass
