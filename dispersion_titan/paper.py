@@ -22,7 +22,6 @@ from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.slurm_scripts import script, submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned, refuse_unless_ours
-from dispersion_titan.utils.devices import resolve_device
 from dispersion_titan.utils.errors import command, fail, run_command
 
 ARTIFACT_NAMES = tuple(catalog.ARTIFACTS)
@@ -151,8 +150,6 @@ def run_paper(argv: list[str]) -> int:
                 print(f"| {row.block}: {row.label} | {row.model} | --pretrained {option} |")
         return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
-    if a.device and not (a.slurm or a.draw_only):  # the steps run here: a device this machine lacks, before --out
-        resolve_device(a.device, a.dtype or "fp32")
     refuse_unless_ours(options["out"], PAPER, "--out", "use another --out")  # --dry-run too: it shows what would run
     workflow = workflows.build(a.artifact, options)
     if workflow.left_out:

@@ -24,6 +24,7 @@ from ...job_config import released
 from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import dispersion_variant, find_checkpoint_folder, list_checkpoints, load_run_metadata
 from ...run_folder.owners import RUN_METADATA_FILE
+from ...utils.devices import resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import parse_spec
@@ -279,6 +280,8 @@ def corpora(options: dict) -> dict[str, list[str]]:
 
 def build(artifact: str, options: dict) -> PaperWorkflow:
     """The workflow of ``artifact`` under ``options`` (the parsed command line, by dest)."""
+    if options.get("device") and not (options.get("slurm") or options.get("draw_only")):  # its steps run here
+        resolve_device(options["device"], options.get("dtype") or "fp32")  # a device this machine lacks
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
     for option, only in ONLY_FOR.items():
