@@ -24,7 +24,7 @@ from ..job_config.titan_checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
 from ..models.fsdp import shards_one_rank, sync_last_microbatch
 from ..models.gpt2.model import local_tensor
-from ..run_folder.checkpoints import list_checkpoints, quarantine_incomplete, record_saved, save_run_metadata
+from ..run_folder.checkpoints import complete_checkpoints, quarantine_incomplete, record_saved, save_run_metadata
 from ..run_folder.owners import outside_folders, record_run_folders
 from ..run_folder.settings import fork_record, run_settings, start_record
 from ..run_folder.writer_lock import WriterLock
@@ -161,10 +161,11 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         raise save_failure(self.checkpoint_folder, step, error, self.model_parts[0]) from error
 
     def _save_returned(self, step: int) -> None:
-        """Rank 0 marks in ``run.json`` the first checkpoint it sees: a relaunch finding none knows they were lost."""
+        """Rank 0 marks in ``run.json`` the first complete checkpoint it sees (an async save's once written): a
+        relaunch finding none knows they were lost."""
         if self.saved_marked or dist.get_rank() != 0:
             return
-        if os.path.isdir(self.checkpoint_folder) and list_checkpoints(self.checkpoint_folder):
+        if complete_checkpoints(self.checkpoint_folder):
             record_saved(self.job_config.job.dump_folder)
             self.saved_marked = True
 
