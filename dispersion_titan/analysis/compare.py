@@ -109,8 +109,7 @@ def compare(runs: list[str], out: str, step: str) -> str:
         layers = [
             {"run": r.label, "step": r.result.step, **layer_row(r.result, x)} for r in loaded for x in r.result.layers
         ]
-        write_csv(
-            os.path.join(staging, "compare_layers.csv"), layers
-        )  # one row per run × layer, for plotting elsewhere
+        # one row per run × layer, for plotting elsewhere
+        write_csv(os.path.join(staging, "compare_layers.csv"), layers)
         save_png(figures.comparison([(r.label, r.result) for r in loaded], title), os.path.join(staging, "compare.png"))
     return format_table(rows)

@@ -80,9 +80,9 @@ def load_files(files: list[str], field: str, streaming: bool) -> Rows:
         try:
             rows = datasets.load_dataset(builder, data_files=group, split="train", streaming=streaming, **kwargs)
         except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowInvalid) as e:  # a malformed row or file
-            cause = str(e.__cause__ or e).splitlines()[0]
-            files = ", ".join(group)
-            raise DataConfigError(f"{field}: {files}: not readable as {builder} ({cause}); fix the file") from None
+            why = str(e.__cause__ or e).splitlines()[0]  # the first line: pyarrow's reason (cause() takes the last)
+            named = ", ".join(group)
+            raise DataConfigError(f"{field}: {named}: not readable as {builder} ({why}); fix the file") from None
         finally:
             datasets.logging.set_verbosity(level)
         parts.append(_require_text(rows, repr(group[0]), field).select_columns(["text"]))
