@@ -188,6 +188,8 @@ def test_fig3_preset_is_the_from_scratch_scripts_defaults():
             "fineweb-edu-1B",
         ), path.name
         assert all(c["model"][k] == 0.1 for k in ("attn_dropout", "resid_dropout", "embd_dropout")), path.name
+        widths = " | ".join(map(str, catalog.FIG3_PRESETS["paper"].widths))  # what paper fig3 trains
+        assert f"--model.mlp_hidden_dim {widths}" in path.read_text(), path.name
         assert (d["layers"], d["points"]) == ("all", "hidden_states"), path.name
         if d["variant"] != "none":
             assert (d["variant"], d["coeff"], d["tau"], d["clamp"], d["max_tokens"]) == (
