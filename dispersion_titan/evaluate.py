@@ -15,6 +15,7 @@ from dispersion_titan.config.cli import (
     positive_int,
 )
 from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, PRESETS
+from dispersion_titan.utils.devices import AUTOCAST
 from dispersion_titan.utils.errors import command, run_command
 
 
@@ -77,7 +78,12 @@ def evaluate_parser() -> argparse.ArgumentParser:
         "which moves log-likelihoods in their last digits)",
     )
     p.add_argument("--out", help="output folder (default: RUN/evaluation)")
-    add_device_arguments(p)
+    add_device_arguments(
+        p,
+        dtype_help="fp32 (default), bf16 weights, or autocast: fp32 weights under bf16 autocast, as the authors' "
+        "in-training evaluation (accelerate's bf16=True)",
+        dtypes=("fp32", "bf16", AUTOCAST),
+    )
     add_results_arguments(p, "evaluate", "scores")
     return p
 

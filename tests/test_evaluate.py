@@ -261,6 +261,56 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
     assert float(rows[1]["mean_acc"]) == float(rows[1]["wiki_next_word/acc"])
 
 
+def test_autocast_scores_as_the_authors_in_training_evaluation(run, evaluated, tmp_path, capsys):
+    """``--dtype autocast`` scores a checkpoint as the authors' LMEvalCallback scored theirs: lm-eval's HFLM
+    on the model accelerate prepared for ``bf16=True`` (its forward under bf16 autocast, fp32 weights)."""
+    import lm_eval
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dispersion_titan import convert
+
+    out = tmp_path / "autocast"
+    code, _, err = evaluate(
+        str(run), "--include-path", str(TASKS), *OPTS, "--steps", "2", "--dtype", "autocast", "--out", str(out),
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    ours = read_json(out / "step-2" / "results.json")
+    convert.main(["to-hf", str(run / "checkpoint" / "step-2"), str(tmp_path / "hf")])
+    seed = read_json(run / "run.json")["seed"]
+    AcceleratorState._reset_state(reset_partial_state=True)  # HFLM set up accelerate's (process-wide) state
+    try:
+        model = Accelerator(mixed_precision="bf16", cpu=True).prepare(
+            AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+        )
+        theirs = lm_eval.simple_evaluate(
+            model=HFLM(pretrained=model.eval(), tokenizer=AutoTokenizer.from_pretrained(tmp_path / "hf"), batch_size=8),
+            tasks=LOCAL_TASKS.split(","),
+            task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
+            num_fewshot=1,
+            limit=LIMIT,
+            device="cpu",
+            log_samples=False,
+            **lm_eval_seeds(seed),
+        )
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    for task in ("wiki_next_word", "wiki_text"):
+        want, got = theirs["results"][task], ours["results"][task]
+        for key, value in want.items():
+            if key.startswith("acc"):
+                assert got[key] == value, (task, key)
+            elif isinstance(value, float):
+                assert got[key] == pytest.approx(value, rel=1e-6), (task, key)
+    fp32 = read_json(evaluated / "step-2" / "results.json")["results"]["wiki_text"]["word_perplexity,none"]
+    assert ours["results"]["wiki_text"]["word_perplexity,none"] != pytest.approx(fp32, rel=1e-5)  # not fp32's
+    assert ours["dispersion_titan"]["settings"]["dtype"] == "autocast"
+
+
 def named_tasks(folder: Path) -> Path:
     """The local wiki_next_word task under the names of an authors' few-shot and zero-shot task."""
     folder.mkdir()

@@ -202,11 +202,14 @@ def device_name(text: str) -> str:
 
 
 def add_device_arguments(
-    parser: argparse.ArgumentParser, dtype_default: str | None = "fp32", dtype_help: str = "model dtype (default fp32)"
+    parser: argparse.ArgumentParser,
+    dtype_default: str | None = "fp32",
+    dtype_help: str = "model dtype (default fp32)",
+    dtypes: tuple[str, ...] = ("fp32", "bf16"),
 ) -> None:
     """``--device`` and ``--dtype`` of the commands that load checkpoints (``utils.devices.resolve_device``)."""
     parser.add_argument("--device", type=device_name, help="cuda, cuda:N or cpu (default: cuda when available)")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default=dtype_default, help=dtype_help)
+    parser.add_argument("--dtype", choices=dtypes, default=dtype_default, help=dtype_help)
 
 
 OWN_SECTIONS = ("dispersion", "baseline")

@@ -50,7 +50,7 @@ from ..run_folder.outputs import (
 )
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.writer_lock import COMMAND, pid_runs, refuse_if_busy
-from ..utils.devices import DTYPES, resolve_device
+from ..utils.devices import AUTOCAST, DTYPES, resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError, cause
 from ..utils.hub import PREFIX, HFSpec, hub_offline, loading, parse_spec
 from ..utils.records import differences
@@ -196,6 +196,8 @@ class RunEvaluation:
                 dtype=DTYPES[self.options.dtype],
                 batch_size=self.options.batch_size,
             )
+            if self.options.dtype == AUTOCAST:
+                bf16_autocast(lm.model, self.device.type)
             identity = source_identity(checkpoint.path, folder, lm.config)
             for index, name in enumerate(selection.tasks, 1):
                 task_start = time.time()
@@ -387,6 +389,23 @@ def _check_shots(name: str, task: Any, shots: int | None) -> None:
 
 # ``.hf-step-N.pidPID@HOST.RANDOM``: the owner is named, so a later run knows an abandoned one.
 _EXPORT = re.compile(r"^\.hf-.+\.pid(\d+)@(.+)\.[^.]+$")
+
+
+def bf16_autocast(model: Any, device_type: str) -> None:
+    """``--dtype autocast``: ``model``'s forward under bf16 autocast, its logits returned in fp32, as accelerate
+    prepares a model for ``bf16=True``; the authors' LMEvalCallback scores the model so prepared."""
+    import torch
+
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            output = forward(*args, **kwargs)
+        output.logits = output.logits.float()
+        return output
+
+    model.forward = autocast_forward
 
 
 @contextmanager

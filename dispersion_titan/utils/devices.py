@@ -21,7 +21,9 @@ ALLOW_CPU_ENV = "DISPERSION_TITAN_ALLOW_CPU"
 # third of a run's time; kept in the heap, a 15-step run took 15 CPU seconds, not 21 (glibc 2.36).
 CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 _NO_DEVICES = ("", "-1", "NoDevFiles", "none")
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # ``--dtype``: torch's name of each
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "autocast": "float32"}  # ``--dtype``: torch's name of each
+AUTOCAST = "autocast"
+"""``evaluate --dtype autocast``: fp32 weights, the forward under bf16 autocast (``runner.bf16_autocast``)."""
 
 
 def _count_ids(value: str) -> int:
@@ -86,6 +88,8 @@ def resolve_device(device: str | None, dtype: str) -> torch.device:
     if resolved.type == "cuda" and (resolved.index or 0) >= (count := torch.cuda.device_count()):
         has = f"this machine has {count} GPU{'s' * (count != 1)}"
         raise DeviceError(f"--device: {device}: {has}; give one of cuda:0 to cuda:{count - 1}")
-    if dtype == "bf16" and resolved.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise DeviceError(f"--dtype: bf16 is not supported by {torch.cuda.get_device_name(resolved)}")
+    if dtype in ("bf16", AUTOCAST) and resolved.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DeviceError(
+            f"--dtype: {dtype} needs bf16, which is not supported by {torch.cuda.get_device_name(resolved)}"
+        )
     return resolved
