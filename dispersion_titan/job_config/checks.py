@@ -236,7 +236,8 @@ def launch_notes(config: RunConfig, parsed: dict[str, Any]) -> list[str]:
     if b.method == "active_forgetting" and b.forget_every >= config.training.steps:
         notes.append(
             f"baseline.forget_every: {b.forget_every} >= the {config.training.steps} steps of [released]'s layout: "
-            "no reset happens, as in the authors' script at this GPU count (their K is fixed)"
+            "no reset happens and the token embeddings (with a head tied to them) keep lr 0 throughout (the "
+            "schedule's index (g·⌊T/K⌋) mod T stays 0), as in the authors' script at this GPU count (their K is fixed)"
         )
     return notes
 
