@@ -299,7 +299,7 @@ def hf_qwen3(folder: Path) -> Path:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        max_position_embeddings=64,
+        max_position_embeddings=128,  # more than the run's 64: its exports keep the model's own
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         tie_word_embeddings=True,
@@ -340,6 +340,11 @@ def test_qwen3_mid_trains_from_hf_weights_and_exports_back(qwen3_run):
     trained = our_logits(run / "checkpoint" / "step-2")
     assert max_diff(trained, initial) > 1e-3
     assert max_diff(hf_logits(qwen3_run["export-2"]), trained) <= 1e-4  # convert to-hf of a DCP checkpoint
+    # lm-eval's context (HFLM's max_length) is the started-from model's, as the authors' callback read it
+    positions = [
+        json.loads((p / "config.json").read_text())["max_position_embeddings"] for p in (hf, qwen3_run["export-2"])
+    ]
+    assert positions == [128, 128], positions
     last = run / "checkpoint" / "step-3"  # last_save_in_hf: safetensors under HF names, tied head left out
     assert not (last / ".metadata").exists() and "lm_head.weight" not in load_file(
         str(last / next(p.name for p in last.glob("*.safetensors")))

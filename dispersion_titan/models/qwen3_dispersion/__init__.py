@@ -4,6 +4,9 @@ as ``qwen3_dispersion`` with dispersion_titan's data, tokenizer and trainer-side
 
 from __future__ import annotations
 
+import json
+import os
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torchtitan.models.qwen3 import Qwen3Model, Qwen3ModelArgs, parallelize_qwen3, qwen3_args
@@ -17,9 +20,15 @@ from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_fields, offere
 MODEL_NAME = "qwen3_dispersion"
 
 
+@dataclass
 class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
     """TorchTitan's Qwen3 arguments; ``model.mlp_hidden_dim`` sets ``hidden_dim`` and
     ``model.tie_embeddings`` sets ``enable_weight_tying``."""
+
+    hf_positions: int = 0
+    """``max_position_embeddings`` of the Hugging Face model the run starts from (0: none). Its export keeps it,
+    so lm-eval's context (``max_length``) is that model's, as in the authors' in-training evaluation, not the
+    run's training length."""
 
     FAMILY: ClassVar[str] = MODEL_NAME
     OVERRIDES: ClassVar[dict[str, str]] = {
@@ -27,6 +36,14 @@ class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
         "mlp_hidden_dim": "hidden_dim",
         "tie_embeddings": "enable_weight_tying",
     }
+
+    def update_from_config(self, job_config: Any, **kwargs: Any) -> None:
+        super().update_from_config(job_config, **kwargs)
+        checkpoint = job_config.checkpoint
+        path = os.path.join(checkpoint.initial_load_path or job_config.model.hf_assets_path or "", "config.json")
+        if checkpoint.enable and checkpoint.initial_load_in_hf and os.path.isfile(path):
+            with open(path) as f:
+                self.hf_positions = int(json.load(f).get("max_position_embeddings") or 0)
 
     @property
     def tie_embeddings(self) -> bool:
@@ -44,7 +61,7 @@ def get_train_spec() -> TrainSpec:
 
 def hf_config(args: Qwen3Args, tokenizer: Any):
     """transformers' ``Qwen3Config`` of this shape (all embedding rows kept, as Qwen's own
-    checkpoints pad theirs); its positions are those the run trained with."""
+    checkpoints pad theirs); its positions those of the model it started from, else those it trained with."""
     from transformers import Qwen3Config
 
     if not args.qk_norm:
@@ -52,7 +69,7 @@ def hf_config(args: Qwen3Args, tokenizer: Any):
     return Qwen3Config(
         **hf_decoder_fields(args, tokenizer),
         head_dim=args.head_dim,
-        max_position_embeddings=args.max_seq_len,
+        max_position_embeddings=max(args.max_seq_len, args.hf_positions),
         rope_parameters={"rope_type": "default", "rope_theta": float(args.rope_theta)},
         tie_word_embeddings=args.enable_weight_tying,
         architectures=["Qwen3ForCausalLM"],
