@@ -13,6 +13,7 @@ import pytest
 import tomllib
 
 from dispersion_titan.evaluation.table import authors_steps
+from dispersion_titan.job_config import released
 from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.utils.errors import ConfigError
@@ -114,6 +115,16 @@ def test_a_paper_config_trains_another_gpu_counts_run_and_refuses_what_their_scr
     # Switched off, the config's own keys are the layout again.
     own = derived(gpt2, 2, "--released.per_device_train_batch_size", "0", "--training.steps", "7")
     assert (own["steps"], own["lr"]) == (7, 8e-4), own  # TorchTitan's default lr otherwise
+
+
+def test_the_launch_says_the_warmup_each_schedule_takes():
+    """transformers' W = ⌈0.2·T⌉ (TrainingArguments.get_warmup_steps), the authors' ActiveForgettingLRScheduler's
+    ⌊0.2·T⌋ (midtrain_gpt2_other_counter_condensation.py): the [released] line says the one the run's body takes."""
+    for name, warmup in (("baseline", math.ceil), ("active_forgetting", int)):
+        c = validated_args(
+            [*CONFIG_MODULE, "--job.config_file", str(PAPER / f"midtrain_gpt2_wikitext103_{name}.toml")], 1
+        )
+        assert f", warm-up {warmup(0.2 * c.training.steps)}, " in released.summary(c), name
 
 
 VARIANTS = {  # a mid-training config's file name -> its dispersion loss, as the authors' --dispersion

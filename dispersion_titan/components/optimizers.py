@@ -41,6 +41,12 @@ def embedding_lr_factor(completed_steps: int, period: int, total: int) -> float:
     return max(0.0, (total - index) / max(1, total - warmup))
 
 
+def body_warmup_steps(warmup_steps: int, total: int, forgetting: bool) -> int:
+    """The body's warm-up under ``lr_scheduler.form = "as_released"``: ⌊0.2·T⌋ under active forgetting (the
+    authors' ActiveForgettingLRScheduler), else ``warmup_steps``."""
+    return int(BODY_WARMUP_FRACTION * total) if forgetting else warmup_steps
+
+
 def released_lr_factor(step: int, warmup: int, total: int, min_lr_factor: float = 0.0) -> float:
     """transformers' ``get_cosine_schedule_with_warmup`` at ``LambdaLR`` step ``step`` (0 first): s/W
     over W warm-up steps, then half a cosine to 0 at T, scaled into [min_lr_factor, 1] as TorchTitan's."""
@@ -90,7 +96,7 @@ def build_dispersion_lr_schedulers(
         return build_lr_schedulers(optimizers, lr_scheduler_config, training_steps)
     if released:
         total = lr_scheduler_config.total_steps or training_steps
-        warmup = int(BODY_WARMUP_FRACTION * total) if forgetting else lr_scheduler_config.warmup_steps
+        warmup = body_warmup_steps(lr_scheduler_config.warmup_steps, total, forgetting is not None)
         body = functools.partial(
             released_lr_factor, warmup=warmup, total=total, min_lr_factor=lr_scheduler_config.min_lr_factor
         )

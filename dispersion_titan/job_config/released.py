@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from ..components.optimizers import body_warmup_steps
 from ..config.cli import given_keys
 from ..utils.errors import ConfigError
 
@@ -82,12 +83,14 @@ def resolve(config: RunConfig, dp: int) -> None:
 
 def summary(config: RunConfig) -> str:
     """The derived layout, said once at launch."""
-    r, t = config.released, config.training
+    r, t, schedule = config.released, config.training, config.lr_scheduler
     gpus = t.global_batch_size // (r.per_device_train_batch_size * r.gradient_accumulation_steps)
+    forgetting = config.baseline.method == "active_forgetting" and schedule.form == "as_released"
+    warmup = body_warmup_steps(schedule.warmup_steps, schedule.total_steps or t.steps, forgetting)
     return (
         f"[released] on {gpus} GPU{'s' * (gpus > 1)}: {r.per_device_train_batch_size} × "
         f"{r.gradient_accumulation_steps} sequences per GPU, global batch {t.global_batch_size}, {t.steps} steps "
-        f"({r.train_tokens:,} tokens), lr {config.optimizer.lr:.4g}, warm-up {config.lr_scheduler.warmup_steps}, "
+        f"({r.train_tokens:,} tokens), lr {config.optimizer.lr:.4g}, warm-up {warmup}, "
         f"checkpoints every {config.checkpoint.interval}"
         + (
             f"; loss scaled by their accumulation {r.gradient_accumulation_steps}"
