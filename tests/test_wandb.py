@@ -95,13 +95,19 @@ def test_analyze_logs_histograms_table_and_figures_to_the_training_run(trained, 
         assert (folder / "files" / media[f"analysis/{png.stem}"]["path"]).read_bytes() == png.read_bytes()
 
 
-def test_analyze_wandb_needs_a_run_trained_with_it(tmp_path, capsys):
+@pytest.mark.parametrize("command", ["analyze", "evaluate"])
+def test_wandb_needs_a_run_trained_with_it(tmp_path, capsys, command):
+    """Refused in one line before anything is written: no output folder is made (was an empty one left)."""
     from support.runs import tiny_run
 
     run = tiny_run(tmp_path / "run")
-    code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
+    if command == "analyze":
+        code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
+    else:
+        options = ["--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word", "--device", "cpu"]
+        code, _, err = run_cli(evaluate_main, str(run), *options, "--wandb", capsys=capsys)
     assert_one_line_error(code, err, f"--wandb: {run} names no W&B run ({WANDB_RUN_FILE})")
-    assert not list(run.rglob("condensation.json"))  # checked before anything is analyzed
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json"]
 
 
 def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run(trained, monkeypatch, capsys):

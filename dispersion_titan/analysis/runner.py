@@ -137,7 +137,6 @@ class Analysis:
             json.dumps([self.model, self.dtype, self.geometry_sequences, self.sequences.sha256]).encode()
         ).hexdigest()[:12]
         self.tb_dir = self._histogram_folder(self.options.tb_dir, self.tb_default)
-        ensure_writable(self.out, "--out")
 
     def _histogram_folder(self, given: str | None, default: str) -> str:
         """``--tb-dir``, else ``default`` or, where that holds other settings' histograms, ``default-SETTINGS``."""

@@ -41,7 +41,6 @@ from ..run_folder.outputs import (
     FORMAT_KEY,
     STEP_FOLDER,
     check_format,
-    ensure_writable,
     read_json_files,
     report_failed,
     still_to_do,
@@ -115,7 +114,6 @@ class RunEvaluation:
         self.owner = FolderOwner("evaluation", self.dump)
         refuse_unless_ours(self.out, self.owner, "--out", "use another --out")
         self.objects = self.tasks.load(self.selection.num_fewshot) if self._pending() else {}
-        ensure_writable(self.out, "--out")
 
     def _pending(self) -> list[StepCheckpoint]:
         """Selected checkpoints still to evaluate (``outputs.still_to_do``; all with ``--force``)."""

@@ -49,18 +49,10 @@ def check_format(record: object, path: str) -> dict:
     return record
 
 
-MADE: set[str] = set()
-"""The folders ``ensure_writable`` made in this process, by real path: ``owners.owned`` removes one its command
-failed in before writing anything there."""
-
-
 def ensure_writable(folder: str, option: str) -> None:
     """Create ``folder`` and prove a file can be written there, or fail naming it."""
     try:
-        new = not os.path.isdir(folder)
         os.makedirs(folder, exist_ok=True)  # another command making it too: refused by its lock, not here
-        if new:
-            MADE.add(os.path.realpath(folder))
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..utils.errors import OutputError
 from ..utils.records import atomic_write, remove_stale_writes
-from .outputs import FORMAT, FORMAT_KEY, MADE, STEP_FOLDER, check_format, ensure_writable, listed, staged
+from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, staged
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
 OWNER_FILE = ".owner.json"
@@ -230,11 +230,12 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
 @contextmanager
 def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[WriterLock]:
     """``folder`` held as its one writer (``sole_writer``) by ``owner``, refused if another owns it or it is
-    not writable; if the command fails before writing anything else, its new record is taken back, and the
-    folder removed if this command made it (``outputs.MADE``): a failed call leaves no empty claimed folder."""
+    not writable; made here, so that no folder exists before its claim. If the command fails before writing
+    anything else, its new record is taken back, and the folder removed if this call made it: a failed call
+    leaves no empty folder."""
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
-    real = os.path.realpath(folder)
+    made = not os.path.isdir(folder)
     try:
         ensure_writable(folder, option)
         with sole_writer(folder, ("command", way_out)) as lock:
@@ -250,13 +251,11 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
                         os.unlink(os.path.join(folder, OWNER_FILE))
                 raise
     except BaseException:
-        if real in MADE:  # its empty folders only, the lock released: anything written keeps it
+        if made:  # its empty folders only, the lock released: anything written keeps it
             for path, _, _ in os.walk(folder, topdown=False):
                 with suppress(OSError):
                     os.rmdir(path)
         raise
-    finally:
-        MADE.discard(real)
 
 
 @contextmanager

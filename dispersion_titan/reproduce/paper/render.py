@@ -21,7 +21,7 @@ from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers avera
 from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import finite_or_none, point_layers, rank_trend
 from ...evaluation.table import TESTS, ArmRow, Selection, cell, difference, signed, table
-from ...run_folder.outputs import atomic_write, ensure_writable, headless_pyplot, staged, write_json
+from ...run_folder.outputs import atomic_write, headless_pyplot, staged, write_json
 from ...utils.errors import ArgumentError
 from ...utils.hub import parse_spec
 from . import catalog
@@ -367,7 +367,6 @@ AXIS_TITLE = {"n_params": "size", "mlp_width": "MLP width", "step": "step", "tra
 
 def render(workflow: PaperWorkflow, selection: Selection, reference: str | None, test: str) -> list[str]:
     """Write the artifact; return the files written."""
-    ensure_writable(workflow.out, "--out")
     stem = os.path.join(workflow.out, workflow.artifact)
     if workflow.artifact == "table2":
         print(write_table2(workflow, stem, selection, reference, test))

@@ -28,8 +28,8 @@ from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from ...models.gpt2.model import GPT2
 from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
-from ...run_folder.outputs import atomic_write, ensure_writable, read_json_files, save_png, write_json
-from ...run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from ...run_folder.outputs import atomic_write, read_json_files, save_png, write_json
+from ...run_folder.owners import FolderOwner, owned
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, DispersionTitanError, fail
 from ...utils.records import differences
@@ -422,8 +422,6 @@ def check_same_options(setup: QuickstartSetup) -> None:
 def run(setup: QuickstartSetup) -> None:
     """Everything the quickstart does for ``setup``, as the one writer of OUT; each step skipped where its results
     exist."""
-    refuse_unless_ours(setup.out, QUICKSTART, "--out", "use another --out")
-    ensure_writable(setup.out, "--out")
     with owned(setup.out, QUICKSTART):
         check_same_options(setup)
         begun = time.monotonic()
