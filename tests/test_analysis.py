@@ -228,10 +228,11 @@ def test_end_to_end_outputs(run, analyzed):
     assert all(h.histogram_value.num == S * S for h in histograms)
 
 
-def test_rerun_skips_and_force_recomputes(run, analyzed, capsys):
+def test_rerun_skips_and_force_recomputes(run, analyzed, capsys, tmp_path):
     before = mtimes(analyzed)
-    code, out, _ = analyze(run, *OPTS, capsys=capsys)
+    code, out, _ = analyze(run, *OPTS, "--tb-dir", tmp_path / "tb", capsys=capsys)
     assert code == 0 and "3 checkpoint(s) already analyzed" in out
+    assert not (tmp_path / "tb").exists() and "TensorBoard" not in out  # no histogram to write: none made, none named
     after = mtimes(analyzed)
     assert all(after[f"step-{s}/condensation.json"] == before[f"step-{s}/condensation.json"] for s in (0, 2, 4))
 
@@ -282,6 +283,35 @@ def test_broken_checkpoints_are_reported_and_skipped(run, tmp_path, capsys):
     assert f"{corrupt / '__1_0.distcp'}: truncated" in err
     assert "2 of 3 checkpoints could not be analyzed" in err
     assert sorted(p.parent.name for p in (broken / "condensation").glob("step-*/condensation.json")) == ["step-0"]
+
+
+def test_an_analysis_that_writes_no_histogram_leaves_no_tb_dir(run, tmp_path, capsys):
+    """Its only checkpoint unreadable: exit 1, and ``--tb-dir`` (with the folder above it, both new) not left
+    behind empty."""
+    broken = tmp_path / "broken"
+    (broken / "checkpoint" / "step-2").mkdir(parents=True)  # crashed before .metadata was written
+    shutil.copy(run / "run.json", broken)
+    code, _, err = analyze(broken, *OPTS, "--out", tmp_path / "out", "--tb-dir", tmp_path / "new" / "tb", capsys=capsys)
+    assert code == 1 and "1 of 1 checkpoints could not be analyzed" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_an_analysis_of_other_settings_claiming_the_tb_dir_meanwhile_is_refused(run, tmp_path):
+    """Two analyses of other settings into one ``--tb-dir``, started together: both looked before either wrote;
+    the later to record the folder is refused, its histograms not written there (was: both wrote theirs there)."""
+    from dispersion_titan.analysis import runner
+    from dispersion_titan.analyze import analyze_parser
+    from dispersion_titan.run_folder.owners import write_record
+    from dispersion_titan.utils.errors import OutputError
+
+    out, tb = tmp_path / "out", tmp_path / "tb"
+    a = analyze_parser().parse_args([str(run), *OPTS, "--steps", "0", "--out", str(out), "--tb-dir", str(tb)])
+    analysis = runner.RunAnalysis(a, runner.input_options(a))  # it has looked: the folder free
+    tb.mkdir()
+    write_record(str(tb), analysis.owner, settings="other")  # the other analysis's claim
+    with pytest.raises(OutputError, match=f"--tb-dir: {tb} holds the histograms of an analysis with other settings"):
+        analysis.analyze()
+    assert os.listdir(tb) == [".owner.json"]
 
 
 def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):

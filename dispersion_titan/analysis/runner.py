@@ -29,7 +29,15 @@ from ..run_folder.checkpoints import (
     run_checkpoints,
     run_encoder,
 )
-from ..run_folder.outputs import ensure_writable, report_failed, save_png, still_to_do, write_csv, write_json
+from ..run_folder.outputs import (
+    ensure_writable,
+    remove_empty,
+    report_failed,
+    save_png,
+    still_to_do,
+    write_csv,
+    write_json,
+)
 from ..run_folder.owners import (
     TB_KEY,
     FolderOwner,
@@ -149,10 +157,14 @@ class Analysis:
                 recorded = None
             if recorded in (None, self.settings):
                 return folder
-        raise OutputError(
-            f"--tb-dir: {folder} holds the histograms of an analysis with other settings; use another "
-            "--tb-dir, or leave it out (each analysis's settings get a folder of their own)"
-        )
+        raise _other_settings(folder)
+
+    def _record_histograms(self) -> None:
+        """``--tb-dir``'s record of these settings, for the next analysis to find; refused if an analysis of
+        other settings, started alongside, recorded it first."""
+        if not write_record(self.tb_dir, self.owner, settings=self.settings):
+            if (owner_record(self.tb_dir) or {}).get("settings") != self.settings:
+                raise _other_settings(self.tb_dir)
 
     def _differences(self, result: Condensation) -> str:
         """The settings ``result`` was measured with that differ from this analysis's ("" if none)."""
@@ -173,7 +185,7 @@ class Analysis:
             sources = {unit.folder: unit.source for unit in self.units}
             pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed")
             todo = [unit for unit in self.units if unit.folder in pending]
-            ensure_writable(self.tb_dir, "--tb-dir")  # made only now: a refused analysis leaves no folder
+            made = ensure_writable(self.tb_dir, "--tb-dir") if todo else None  # now: a refused analysis makes none
             per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
             skipped = len(self.units) - len(todo)
             if skipped:
@@ -214,8 +226,8 @@ class Analysis:
                             figures.heatmap(result, f"{self.label}: {result.label}"),
                             os.path.join(self.out, f"heatmap_{unit.folder}.png"),
                         )
-                        write_record(self.tb_dir, self.owner, settings=self.settings)  # for the next analysis to find
                         if writer is None:
+                            self._record_histograms()
                             from torch.utils.tensorboard import SummaryWriter
 
                             writer = SummaryWriter(log_dir=self.tb_dir)
@@ -230,6 +242,8 @@ class Analysis:
             finally:
                 if writer is not None:
                     writer.close()
+                elif made:  # no histogram written (a failure, every unit skipped): no empty folder left
+                    remove_empty(made)
             self._write_summary()
             return report_failed(failed, len(self.units), f"{self.noun}s", "analyzed")
 
@@ -258,7 +272,8 @@ class Analysis:
         write_csv(os.path.join(self.out, SUMMARY_FILE), rows)
         title = f"{self.label}: K={self.inputs.num_sequences}, S={self.inputs.seq_len}"
         save_png(figures.evolution(matching, title), os.path.join(self.out, "evolution.png"))
-        print(f"results: {self.out} (TensorBoard histograms: {self.tb_dir})")
+        histograms = f" (TensorBoard histograms: {self.tb_dir})" if os.path.isdir(self.tb_dir) else ""
+        print(f"results: {self.out}{histograms}")
 
 
 class RunAnalysis(Analysis):
@@ -375,6 +390,13 @@ class HFAnalysis(Analysis):
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
         return {"run": self.spec.model, "model_args": self.args, "n_params": self.n_params, "model": self.spec.model}
+
+
+def _other_settings(folder: str) -> OutputError:
+    return OutputError(
+        f"--tb-dir: {folder} holds the histograms of an analysis with other settings; use another "
+        "--tb-dir, or leave it out (each analysis's settings get a folder of their own)"
+    )
 
 
 def _one_line(result: Condensation) -> str:

@@ -49,14 +49,25 @@ def check_format(record: object, path: str) -> dict:
     return record
 
 
-def ensure_writable(folder: str, option: str) -> None:
-    """Create ``folder`` and prove a file can be written there, or fail naming it."""
+def ensure_writable(folder: str, option: str) -> str | None:
+    """Create ``folder`` and prove a file can be written there, or fail naming it; the outermost folder this made
+    (``folder`` or one above it; None: it was there), for ``remove_empty`` should the call write nothing there."""
+    path = os.path.abspath(folder)
+    made = next((p for p in reversed([path, *map(str, Path(path).parents)]) if not os.path.isdir(p)), None)
     try:
         os.makedirs(folder, exist_ok=True)  # another command making it too: refused by its lock, not here
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
         raise OutputError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
+    return made
+
+
+def remove_empty(folder: str) -> None:
+    """``folder`` and the folders inside it, those that hold nothing: what a call made and wrote nothing in."""
+    for path, _, _ in os.walk(folder, topdown=False):
+        with suppress(OSError):
+            os.rmdir(path)
 
 
 def listed(names: list, shown: int = 6) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..utils.errors import OutputError
 from ..utils.records import atomic_write, remove_stale_writes
-from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, staged
+from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, remove_empty, staged
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
 OWNER_FILE = ".owner.json"
@@ -235,9 +235,9 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
     leaves no empty folder."""
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
-    made = not os.path.isdir(folder)
+    made = None
     try:
-        ensure_writable(folder, option)
+        made = ensure_writable(folder, option)
         with sole_writer(folder, ("command", way_out)) as lock:
             refuse_unless_ours(folder, owner, option, way_out)
             recorded = record_owner(folder, owner)
@@ -251,10 +251,8 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
                         os.unlink(os.path.join(folder, OWNER_FILE))
                 raise
     except BaseException:
-        if made:  # its empty folders only, the lock released: anything written keeps it
-            for path, _, _ in os.walk(folder, topdown=False):
-                with suppress(OSError):
-                    os.rmdir(path)
+        if made:  # the lock released: anything written keeps it
+            remove_empty(made)
         raise
 
 
