@@ -237,9 +237,13 @@ def test_rerun_skips_and_force_recomputes(run, analyzed, capsys, tmp_path):
     assert all(after[f"step-{s}/condensation.json"] == before[f"step-{s}/condensation.json"] for s in (0, 2, 4))
 
     old = read_json(analyzed / "step-2" / "condensation.json")
+    board = digests(run / "tb" / "condensation")
     # RUN may also be the checkpoint folder; results still go to the dump folder's condensation/.
     code, out, _ = analyze(run / "checkpoint", *OPTS, "--steps", "1-3", "--force", capsys=capsys)
     assert code == 0 and "step 2:" in out and "step 4:" not in out
+    code, out, _ = analyze(run, *OPTS, "--steps", "0", "--out", tmp_path / "again", capsys=capsys)
+    assert code == 0 and (tmp_path / "again" / "step-0" / "condensation.json").is_file()
+    assert digests(run / "tb" / "condensation") == board  # these checkpoints' histograms are there: not twice
     after_force = mtimes(analyzed)
     assert after_force["step-2/condensation.json"] != before["step-2/condensation.json"]
     assert after_force["step-4/condensation.json"] == before["step-4/condensation.json"]

@@ -58,11 +58,13 @@ from ..utils.hub import PREFIX, parse_spec
 from . import figures, hf_model, inputs
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
 from .inputs import Encode, InputOptions, differences, select_sequences
-from .measure import DecoderLayers, geometry_mask, measure
+from .measure import DecoderLayers, Measurement, geometry_mask, measure
 from .statistics import HIST_EDGES, HIST_RANGE, condensation, layer_row
 
 DEFAULT_SEQ_LEN = 512
 SUMMARY_FILE = "summary.csv"
+LOGGED_FILE = ".histograms.json"
+"""In ``--tb-dir``: the result folders whose histograms it holds, each with its checkpoint's identity."""
 
 
 def input_options(a: argparse.Namespace) -> InputOptions:
@@ -159,13 +161,6 @@ class Analysis:
                 return folder
         raise _other_settings(folder)
 
-    def _record_histograms(self) -> None:
-        """``--tb-dir``'s record of these settings, for the next analysis to find; refused if an analysis of
-        other settings, started alongside, recorded it first."""
-        if not write_record(self.tb_dir, self.owner, settings=self.settings):
-            if (owner_record(self.tb_dir) or {}).get("settings") != self.settings:
-                raise _other_settings(self.tb_dir)
-
     def _differences(self, result: Condensation) -> str:
         """The settings ``result`` was measured with that differ from this analysis's ("" if none)."""
         mine = {"model": self.model, "dtype": self.dtype, "geometry_sequences": self.geometry_sequences}
@@ -185,13 +180,12 @@ class Analysis:
             sources = {unit.folder: unit.source for unit in self.units}
             pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed")
             todo = [unit for unit in self.units if unit.folder in pending]
-            made = ensure_writable(self.tb_dir, "--tb-dir") if todo else None  # now: a refused analysis makes none
             per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
             skipped = len(self.units) - len(todo)
             if skipped:
                 print(f"{skipped} {self.noun}(s) already analyzed in {self.out} (--force recomputes them)")
             failed = []
-            writer = None  # TensorBoard's, opened on first use: a run with nothing new to analyze writes none
+            histograms = Histograms(self.tb_dir, self.owner, self.settings) if todo else None  # none made before
             try:
                 with tqdm(total=len(todo) * per_unit, unit="batch", desc="condensation", file=sys.stderr) as bar:
                     for unit in todo:
@@ -226,24 +220,12 @@ class Analysis:
                             figures.heatmap(result, f"{self.label}: {result.label}"),
                             os.path.join(self.out, f"heatmap_{unit.folder}.png"),
                         )
-                        if writer is None:
-                            self._record_histograms()
-                            from torch.utils.tensorboard import SummaryWriter
-
-                            writer = SummaryWriter(log_dir=self.tb_dir)
-                        for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
-                            writer.add_histogram(
-                                f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES
-                            )
-                            writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
-                        writer.flush()
+                        histograms.add(unit, measured, result)
                         write_json(os.path.join(self.out, unit.folder, RESULT_FILE), result.to_json())
                         tqdm.write(_one_line(result))
             finally:
-                if writer is not None:
-                    writer.close()
-                elif made:  # no histogram written (a failure, every unit skipped): no empty folder left
-                    remove_empty(made)
+                if histograms is not None:
+                    histograms.close()
             self._write_summary()
             return report_failed(failed, len(self.units), f"{self.noun}s", "analyzed")
 
@@ -390,6 +372,47 @@ class HFAnalysis(Analysis):
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
         return {"run": self.spec.model, "model_args": self.args, "n_params": self.n_params, "model": self.spec.model}
+
+
+class Histograms:
+    """An analysis's TensorBoard histograms and curves in ``--tb-dir``, once per checkpoint: an analysis of the same
+    settings into another ``--out`` (or ``--force``) adds no second copy, which TensorBoard would plot twice. The
+    folder is recorded as these settings' on the first write; one this made and wrote nothing in is removed."""
+
+    def __init__(self, folder: str, owner: FolderOwner, settings: str):
+        self.folder, self.owner, self.settings = folder, owner, settings
+        self.made = ensure_writable(folder, "--tb-dir")
+        self.index = os.path.join(folder, LOGGED_FILE)
+        try:
+            with open(self.index) as f:
+                self.logged = dict(json.load(f))
+        except (OSError, ValueError, TypeError):  # none yet, or damaged: rewritten whole
+            self.logged = {}
+        self.writer = None
+
+    def add(self, unit: Unit, measured: Measurement, result: Condensation) -> None:
+        """``unit``'s histograms, unless this folder holds those of the same checkpoint."""
+        if unit.folder in self.logged and self.logged[unit.folder] == result.checkpoint_identity:
+            return
+        if self.writer is None:
+            recorded = write_record(self.folder, self.owner, settings=self.settings)  # for the next analysis to find
+            if not recorded and (owner_record(self.folder) or {}).get("settings") != self.settings:
+                raise _other_settings(self.folder)  # an analysis of other settings, started alongside, came first
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=self.folder)
+        for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
+            self.writer.add_histogram(f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES)
+            self.writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
+        self.writer.flush()
+        self.logged[unit.folder] = result.checkpoint_identity
+        write_json(self.index, self.logged)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        elif self.made:  # no histogram written (a failure, every unit skipped): no empty folder left
+            remove_empty(self.made)
 
 
 def _other_settings(folder: str) -> OutputError:
