@@ -289,15 +289,15 @@ def test_broken_checkpoints_are_reported_and_skipped(run, tmp_path, capsys):
     assert sorted(p.parent.name for p in (broken / "condensation").glob("step-*/condensation.json")) == ["step-0"]
 
 
-def test_an_analysis_that_writes_no_histogram_leaves_no_tb_dir(run, tmp_path, capsys):
-    """Its only checkpoint unreadable: exit 1, and ``--tb-dir`` (with the folder above it, both new) not left
-    behind empty."""
+def test_an_analysis_that_writes_nothing_leaves_no_folder(run, tmp_path, capsys):
+    """Its only checkpoint unreadable: exit 1, and neither ``--out`` (was: left holding its ``.owner.json``) nor
+    ``--tb-dir`` (with the folder above it, both new) left behind empty."""
     broken = tmp_path / "broken"
     (broken / "checkpoint" / "step-2").mkdir(parents=True)  # crashed before .metadata was written
     shutil.copy(run / "run.json", broken)
     code, _, err = analyze(broken, *OPTS, "--out", tmp_path / "out", "--tb-dir", tmp_path / "new" / "tb", capsys=capsys)
     assert code == 1 and "1 of 1 checkpoints could not be analyzed" in err
-    assert not (tmp_path / "new").exists()
+    assert sorted(os.listdir(tmp_path)) == ["broken"]
 
 
 def test_an_analysis_of_other_settings_claiming_the_tb_dir_meanwhile_is_refused(run, tmp_path):

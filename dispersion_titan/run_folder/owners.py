@@ -230,12 +230,12 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
 @contextmanager
 def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[WriterLock]:
     """``folder`` held as its one writer (``sole_writer``) by ``owner``, refused if another owns it or it is
-    not writable; made here, so that no folder exists before its claim. If the command fails before writing
-    anything else, its new record is taken back, and the folder removed if this call made it: a failed call
-    leaves no empty folder."""
+    not writable; made here, so that no folder exists before its claim. A call that wrote nothing there takes
+    its new record back, and removes the folder if it made it: one that failed, or whose every model state was
+    skipped (exit 1), leaves no empty folder."""
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
-    made = None
+    made, taken = None, False
     try:
         made = ensure_writable(folder, option)
         with sole_writer(folder, ("command", way_out)) as lock:
@@ -246,14 +246,24 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
             try:
                 yield lock
             except BaseException:
-                if recorded and empty(folder):
-                    with suppress(FileNotFoundError):  # the folder was moved or removed meanwhile
-                        os.unlink(os.path.join(folder, OWNER_FILE))
+                if recorded and empty(folder):  # empty step folders too: a failed write's
+                    _take_back(folder)
                 raise
+            if recorded and os.path.isdir(folder):  # else moved or removed meanwhile
+                taken = all(name.startswith((LOCK_NAME, OWNER_FILE)) for name in os.listdir(folder))
+                if taken:  # an empty logs/ stays: Slurm jobs submitted here write into it
+                    _take_back(folder)
     except BaseException:
         if made:  # the lock released: anything written keeps it
             remove_empty(made)
         raise
+    if made and taken:
+        remove_empty(made)
+
+
+def _take_back(folder: str) -> None:
+    with suppress(FileNotFoundError):  # the folder was moved or removed meanwhile
+        os.unlink(os.path.join(folder, OWNER_FILE))
 
 
 @contextmanager
