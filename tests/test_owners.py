@@ -187,6 +187,15 @@ def test_a_failed_command_removes_only_the_folder_it_made_and_left_empty(tmp_pat
     assert os.listdir(there) == [] and sorted(os.listdir(kept)) == [OWNER_FILE, "table.csv"]
 
 
+def test_an_out_linked_to_a_folder_not_made_yet_is_made_there(tmp_path):
+    """``--out`` a link to a folder on scratch space not made yet: made there (was: 'not writable (File exists)')."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "scratch" / "out")
+    with owned(str(link), FolderOwner("comparison")):
+        (link / "table.csv").write_text("a\n")
+    assert sorted(os.listdir(tmp_path / "scratch" / "out")) == [OWNER_FILE, "table.csv"]
+
+
 def test_a_rank_checking_the_run_folder_while_rank_0_records_it_never_reads_half_a_record(tmp_path, monkeypatch):
     """A 2-rank job: rank 0 records the run as its folder's owner while the slower rank 1 still makes the
     launch checks. Rank 1's look in the middle of the write (here: as the record is dumped) finds no record yet

@@ -52,10 +52,10 @@ def check_format(record: object, path: str) -> dict:
 def ensure_writable(folder: str, option: str) -> str | None:
     """Create ``folder`` and prove a file can be written there, or fail naming it; the outermost folder this made
     (``folder`` or one above it; None: it was there), for ``remove_empty`` should the call write nothing there."""
-    path = os.path.abspath(folder)
+    path = os.path.realpath(folder)  # a link to a folder not made yet: that folder
     made = next((p for p in reversed([path, *map(str, Path(path).parents)]) if not os.path.isdir(p)), None)
     try:
-        os.makedirs(folder, exist_ok=True)  # another command making it too: refused by its lock, not here
+        os.makedirs(path, exist_ok=True)  # another command making it too: refused by its lock, not here
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as e:
