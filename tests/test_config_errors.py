@@ -732,6 +732,22 @@ def test_derived_values_and_a_variant_with_coeff_0_are_noted_once_at_launch(tmp_
     ]
 
 
+def test_a_coeff_without_a_variant_is_noted():
+    """``--dispersion.coeff 0.05`` on a config whose variant is ``none`` (the README's tour once showed it on
+    debug.toml): valid, a run without the term, said in one line; a variant with its coeff, or neither, says
+    nothing about the term."""
+    from dispersion_titan.job_config.checks import launch_notes
+
+    def notes(*overrides: str) -> list[str]:
+        return [n for n in launch_notes(validated_args([*DEBUG, *overrides], 1), {}) if n.startswith("dispersion.")]
+
+    assert notes("--dispersion.coeff", "0.05") == [
+        "dispersion.coeff is 0.05 but dispersion.variant is 'none': no dispersion term is computed; set "
+        "dispersion.variant (angular_spread, orthogonalization, l2_repel, decorrelation, perplexity_entropy)"
+    ]
+    assert notes() == notes("--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.05") == []
+
+
 def test_analyze_texts_not_utf8_leaves_no_out_folder(tmp_path, capsys):
     texts = tmp_path / "latin1.jsonl"
     texts.write_bytes(b'{"text": "caf\xe9"}\n')

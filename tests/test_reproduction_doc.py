@@ -4,7 +4,8 @@
 against that config under ``train_configs/``, ``COMMAND --option VALUE`` against the command's
 default (``paper``'s analysing defaults included), ``COMMAND --option`` that the option exists;
 every row cites one, or names a count checked here; every option it names exists. The page's
-counts are recomputed from the code and configs, and every command it shows parses."""
+counts are recomputed from the code and configs, and every command it shows parses. The README's tour: each
+training line checks, into a run folder of its own, and does what it says."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from dispersion_titan.evaluate import evaluate_parser, table_parser
 from dispersion_titan.evaluation.protocol import FEW_SHOT, PAPER_TASKS, PERPLEXITY, PRESETS
 from dispersion_titan.evaluation.runner import lm_eval_seeds
 from dispersion_titan.evaluation.table import MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT
+from dispersion_titan.job_config.checks import launch_notes
 from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from dispersion_titan.paper import paper_parser
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.paper.workflow import PAPER_DEFAULTS
-from support.launch import REPO
+from support.launch import REPO, job_args
 
 setup_torchtitan()
 DOC = Path(REPO) / "docs" / "reproduction.md"
@@ -236,3 +238,21 @@ def test_every_command_the_page_shows_parses():
             name, sub, rest = match.groups()
             parser = PARSERS[f"{name} {sub}" if sub else name]()
             parser.parse_args(shlex.split(rest.replace("ARTIFACT", "fig2")))  # the page's placeholder for one
+
+
+def tour_trainings() -> list[list[str]]:
+    """The README tour's ``launch/train.sh CONFIG [overrides]`` lines, as argv after the script."""
+    (tour,) = re.findall(r"## A tour\n.*?```bash\n(.*?)```", (Path(REPO) / "README.md").read_text(), flags=re.S)
+    lines = [shlex.split(line, comments=True) for line in tour.splitlines()]
+    return [argv[1:] for argv in lines if argv and argv[0] == "launch/train.sh"]
+
+
+def test_the_readme_tours_trainings_check_each_into_its_own_folder():
+    """Run one after the other as written, a second line into the first's folder with other settings was
+    refused (``debug.toml --dispersion.coeff 0.05``), and that coeff without a variant trained nothing new."""
+    folders = []
+    for config, *overrides in tour_trainings():
+        job = validated_args([*job_args(str(Path(REPO) / config)), *overrides], 1)
+        assert not [n for n in launch_notes(job, {}) if n.startswith("dispersion.")], (config, overrides)
+        folders.append(job.job.dump_folder)
+    assert len(folders) >= 2 and len(set(folders)) == len(folders), folders

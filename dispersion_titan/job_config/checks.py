@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import CONFIG_RANGES, resolve_layers
-from ..losses.variants import precision_error, range_error
+from ..losses.variants import VARIANTS, precision_error, range_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
@@ -232,6 +232,11 @@ def launch_notes(config: RunConfig, parsed: dict[str, Any]) -> list[str]:
         notes.append(
             f"dispersion.coeff is 0: the {d.variant} term is logged but adds nothing to the loss; "
             'set dispersion.coeff > 0, or dispersion.variant = "none"'
+        )
+    if d.variant == "none" and d.coeff != 0:
+        notes.append(
+            f"dispersion.coeff is {d.coeff:g} but dispersion.variant is 'none': no dispersion term is computed; "
+            f"set dispersion.variant ({', '.join(VARIANTS)})"
         )
     if b.method == "active_forgetting" and b.forget_every >= config.training.steps:
         notes.append(
