@@ -145,3 +145,39 @@ def test_link_check_finds_a_broken_file_and_anchor(tmp_path: Path) -> None:
         "# One `thing`, here\n\n[ok](#one-thing-here) [bad](#two) [gone](b.md) [web](https://example.org)\n"
     )
     assert link_problems(tmp_path / "a.md") == ["a.md: #two: no such heading", "a.md: b.md: no such file"]
+
+
+# ----------------------------------------------------------------------------- tests named
+
+TEST_NAME = re.compile(r"`(?:tests/)?(test_\w+\.py)?(?:::(\w+)(?:\[[^`]*\])?)?`")
+
+
+def named_test_problems(text: str, tests: Path = REPO / "tests") -> list[str]:
+    """Tests a page names (``test_x.py``, ``test_x.py::name[params]``, ``::name`` of the line's last module)
+    that do not exist."""
+    problems = []
+    for line in text.splitlines():
+        module = None
+        for match in TEST_NAME.finditer(line):
+            named, function = match.groups()
+            module = named or module
+            if not (named or function):
+                continue
+            if module is None or not (tests / module).is_file():
+                problems.append(f"{match.group(0)}: no such test module")
+            elif function and not re.search(rf"^def {function}\(", (tests / module).read_text(), flags=re.M):
+                problems.append(f"{module}::{function}: no such test")
+    return problems
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_the_tests_a_page_names_exist(page: Path) -> None:
+    assert named_test_problems(page.read_text()) == []
+
+
+def test_test_name_check_finds_a_missing_module_and_test() -> None:
+    text = "| x | `test_code_map.py::test_relative_links_resolve[README.md]`, `::test_gone` |\n`test_nothing.py`"
+    assert named_test_problems(text) == [
+        "test_code_map.py::test_gone: no such test",
+        "`test_nothing.py`: no such test module",
+    ]
