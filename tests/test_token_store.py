@@ -339,9 +339,19 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     out = str(tmp_path / "out")
     line = cli_failure(capsys, "nope", "--out", out)
     assert "CONFIG_OR_DATASET: 'nope' is neither a .toml file nor a dataset" in line
-    assert "--dataset_path: needs a path" in cli_failure(capsys, "local", "--out", out)
-    assert "--dataset_path: no file matches" in cli_failure(
+    assert "--dataset-path: needs a path" in cli_failure(capsys, "local", "--out", out)
+    assert "--dataset-path: no file matches" in cli_failure(
         capsys, "local", "--dataset-path", "/no/such.jsonl", "--out", out
+    )
+    # A TOML's path is its key; --dataset-path over it is named as typed (was the TOML's key, and the
+    # underscore spelling for a dataset name).
+    toml = '[model]\nname = "gpt2"\n[training]\ndataset = "local"\ndataset_path = "/no/a"\n'
+    (tmp_path / "local.toml").write_text(toml)
+    assert "error: training.dataset_path: no file matches '/no/a'" in cli_failure(
+        capsys, str(tmp_path / "local.toml"), "--out", out
+    )
+    assert "error: --dataset-path: no file matches '/no/b'" in cli_failure(
+        capsys, str(tmp_path / "local.toml"), "--dataset-path", "/no/b", "--out", out
     )
     assert "CONFIG_OR_DATASET: /no/such.toml: no such file" in cli_failure(capsys, "/no/such.toml", "--out", out)
     # A worker per document on a big machine exhausted memory (exit 137); past sys.maxsize, islice's traceback.
@@ -361,7 +371,7 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     ]
     (tmp_path / "gone.jsonl").symlink_to(tmp_path / "moved.jsonl")  # was a FileNotFoundError traceback
     assert cli_failure(capsys, "local", "--dataset-path", str(tmp_path / "gone.jsonl"), "--out", out) == (
-        f"dispersion_titan: error: --dataset_path: '{tmp_path / 'gone.jsonl'}' is a symbolic link to nothing "
+        f"dispersion_titan: error: --dataset-path: '{tmp_path / 'gone.jsonl'}' is a symbolic link to nothing "
         f"('{tmp_path / 'moved.jsonl'}')"
     )
     line = cli_failure(capsys, "enwiki_sample", "--out", str(tmp_path / "file" / "store"))
@@ -433,10 +443,10 @@ def test_a_row_without_text_is_refused_naming_file_and_line(capsys, caplog, tmp_
         assert not [r for r in caplog.records if r.name.startswith("datasets") and r.levelno >= logging.WARNING]
         if isinstance(second, dict):
             assert errors[0] == (
-                f'dispersion_titan: error: --dataset_path: {path}: line 2 has no "text"; give every row a "text" string'
+                f'dispersion_titan: error: --dataset-path: {path}: line 2 has no "text"; give every row a "text" string'
             )
         else:
-            assert errors[0].startswith(f"dispersion_titan: error: --dataset_path: {path}: not readable as ")
+            assert errors[0].startswith(f"dispersion_titan: error: --dataset-path: {path}: not readable as ")
             assert errors[0].endswith(cut)
     assert not (tmp_path / "out").exists()
 

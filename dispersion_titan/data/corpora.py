@@ -376,22 +376,28 @@ def corpus(name: str, field: str) -> Corpus:
     return CORPORA[name]
 
 
-def check_dataset(name: str, path: str | None, field: str) -> None:
-    """Pre-launch check of ``<field>`` and ``<field>_path`` that never contacts the hub."""
-    corpus(name, field).check_path(path, f"{field}_path")
+def path_field(field: str) -> str:
+    """The path option beside dataset ``field``: ``training.dataset_path``, or a command's ``--dataset-path``."""
+    return "--dataset-path" if field == "--dataset" else f"{field}_path"
 
 
-def check_readable_here(name: str, path: str | None, field: str) -> None:
+def check_dataset(name: str, path: str | None, field: str, path_from: str = "") -> None:
+    """Pre-launch check of ``<field>`` and its path (``path_from``: the option that gave it, if not the
+    field's own) that never contacts the hub."""
+    corpus(name, field).check_path(path, path_from or path_field(field))
+
+
+def check_readable_here(name: str, path: str | None, field: str, path_from: str = "") -> None:
     """That this machine can read ``<field>``'s corpus (a launch asks, a plan or a dry run for a cluster does not)."""
-    corpus(name, field).check_here(path, f"{field}_path")
+    corpus(name, field).check_here(path, path_from or path_field(field))
 
 
-def iter_documents(name: str, split: str, path: str | None, field: str) -> Iterator[str]:
+def iter_documents(name: str, split: str, path: str | None, field: str, path_from: str = "") -> Iterator[str]:
     """Documents of ``name``'s ``split``. ``field`` names the config key for errors."""
-    return corpus(name, field).documents(split, path, f"{field}_path")
+    return corpus(name, field).documents(split, path, path_from or path_field(field))
 
 
-def documents_identity(name: str, split: str, path: str | None, field: str) -> dict[str, Any]:
+def documents_identity(name: str, split: str, path: str | None, field: str, path_from: str = "") -> dict[str, Any]:
     """The token-cache identity of a split."""
-    identity = corpus(name, field).identity(split, path, f"{field}_path")
+    identity = corpus(name, field).identity(split, path, path_from or path_field(field))
     return {"dataset": name, "split": split, "documents_version": DOCUMENTS_VERSION, **identity}

@@ -39,6 +39,7 @@ from .corpora import (
     check_readable_here,
     documents_identity,
     iter_documents,
+    path_field,
 )
 
 FORMAT = "dispersion_titan.token_store"
@@ -363,11 +364,11 @@ def _finish(
 
 def resolve_source(
     target: str, split: str, dataset_path: str | None, tokenizer: str | None
-) -> tuple[str, str | None, str, DocumentEncoder]:
-    """(dataset, path, config field, encoder) named by CONFIG_OR_DATASET."""
+) -> tuple[str, str | None, str, str, DocumentEncoder]:
+    """(dataset, path, config field, the path's option, encoder) named by CONFIG_OR_DATASET and --dataset-path."""
     chosen = None if tokenizer is None else hf_tokenizer(tokenizer, "--tokenizer")
     if target in CORPORA:
-        return target, dataset_path, "--dataset", chosen or GPT2_BPE
+        return target, dataset_path, "--dataset", path_field("--dataset"), chosen or GPT2_BPE
     if not (target.endswith(".toml") or os.path.isfile(target)):
         raise DataConfigError(
             f"CONFIG_OR_DATASET: {target!r} is neither a .toml file nor a dataset (choose from {sorted(CORPORA)})"
@@ -379,27 +380,30 @@ def resolve_source(
         raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
     model = toml.get("model", {})
     encoder = chosen or encoder_for(model.get("name", ""), model.get("hf_assets_path", ""))
-    return table["dataset"], dataset_path or table.get("dataset_path") or None, f"{section}.dataset", encoder
+    field = f"{section}.dataset"
+    path_from = path_field("--dataset") if dataset_path else path_field(field)
+    return table["dataset"], dataset_path or table.get("dataset_path") or None, field, path_from, encoder
 
 
 def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractContextManager]) -> dict[str, Any]:
     """Check the source, then write (or finish) the store, as ``--out``'s ``sole_writer`` (two prepares into one
     folder at once would mix their shards); its manifest."""
-    dataset, path, field, encoder = resolve_source(
+    dataset, path, field, path_from, encoder = resolve_source(
         options.target, options.split, options.dataset_path, options.tokenizer
     )
     if is_store(path):
-        raise DataConfigError(f"{field}_path: {path} is a token store already; name the corpus it was made from")
-    check_dataset(dataset, path, field)
-    check_readable_here(dataset, path, field)
+        raise DataConfigError(f"{path_from}: {path} is a token store already; name the corpus it was made from")
+    check_dataset(dataset, path, field, path_from)
+    check_readable_here(dataset, path, field, path_from)
     source = {
         "dataset": dataset,
         "split": options.split,
         "path": os.path.abspath(os.path.expanduser(path)) if path else None,
-        "identity": documents_identity(dataset, options.split, path, field),
+        "identity": documents_identity(dataset, options.split, path, field, path_from),
     }
     try:
-        documents = iter_documents(dataset, options.split, path, field)  # a bad row: said before --out is made
+        # a bad row: said before --out is made
+        documents = iter_documents(dataset, options.split, path, field, path_from)
         first = next(documents, None)  # and a corpus without text
         if first is None:
             where = f" {path}" if path else ""
