@@ -4,6 +4,7 @@ arguments and dispatch. Checkpoints that cannot be read are reported and skipped
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dispersion_titan.analysis import ANALYSIS_PROTOCOLS, DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS
@@ -157,14 +158,14 @@ def summarize(argv: list[str]) -> None:
         from dispersion_titan.analysis.compare import compare  # torch: after --help
 
         print(compare(a.runs, a.out, a.step))
-        print(f"written: {a.out}/compare.csv, compare_layers.csv, compare.png")
+        print(f"written: {os.path.join(a.out, 'compare.csv')}, compare_layers.csv, compare.png")
         sys.exit(0)
     if argv[:1] == ["family"]:
         a = size_series_parser().parse_args(argv[1:])
         from dispersion_titan.analysis.size_series import write_size_series  # torch: after --help
 
         print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
-        print(f"written: {a.out}/family.md, family.csv, family.png")
+        print(f"written: {os.path.join(a.out, 'family.md')}, family.csv, family.png")
         sys.exit(0)
 
 

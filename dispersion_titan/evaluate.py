@@ -4,6 +4,7 @@ Table 2): arguments and dispatch. Checkpoints that cannot be read are reported a
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
 
         selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
         print(table(a.runs, a.out, selection, a.reference, a.test, a.pretrained).markdown)
-        print(f"written: {a.out}/table.md, table.csv, table.png")
+        print(f"written: {os.path.join(a.out, 'table.md')}, table.csv, table.png")
         sys.exit(0)
     a = evaluate_parser().parse_args(argv)
     from dispersion_titan.evaluation.runner import RunEvaluation  # torch: after --help

@@ -58,8 +58,7 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument(
         "--plan",
         action="store_true",
-        help="fig3, table2: the resource plan of the training runs they need (dispersion-titan plan), "
-        "one row per config with the totals; runs nothing",
+        help="fig3, table2: plan their training runs (dispersion-titan plan): a row per config, totals; runs nothing",
     )
     p.add_argument("--plan-gpus", type=positive_int, default=8, help="--plan: GPUs per training run (default 8)")
     p.add_argument("--plan-gpu", choices=GPU_CHOICES, default="h100", help="--plan: the GPU (default h100)")
@@ -88,6 +87,7 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument(
         "--rows",
         choices=tuple(catalog.FIG3_ROWS),
+        metavar="|".join(catalog.FIG3_ROWS),
         help="fig3: last (default: the last checkpoint, the paper's one row) or first,last (plot_heatmaps.py's two)",
     )
     p.add_argument(

@@ -394,10 +394,11 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
     assert analyze(other, *OPTS, "--steps", "4", capsys=capsys)[0] == 0
 
     out = tmp_path / "cmp"
-    code, stdout, _ = analyze("compare", run, other / "condensation", "--out", out, capsys=capsys)
+    code, stdout, _ = analyze("compare", run, other / "condensation", "--out", f"{out}/", capsys=capsys)
     assert code == 0
     assert "baseline (mlp 256, dispersion none)" in stdout  # the trainer records its dispersion settings
     assert "dispersed (mlp 256, dispersion angular_spread λ=0.5)" in stdout
+    assert f"written: {out / 'compare.csv'}, compare_layers.csv" in stdout  # --out cmp/ (the README's) wrote cmp//
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))
     final = read_json(analyzed / "step-4" / "condensation.json")

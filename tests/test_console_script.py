@@ -143,3 +143,22 @@ def test_no_usable_temporary_directory_is_one_line(argv, tmp_path):
     assert proc.stderr.startswith("dispersion_titan: error: No usable temporary directory found in [")
     assert proc.stderr.endswith(": full or not writable; free space, or set TMPDIR to a folder with room\n")
     assert not any(tmp_path.iterdir())
+
+
+def test_choices_holding_a_comma_are_shown_as_typed():
+    """argparse shows choices as ``{a,b}``: ``paper --rows`` (``last`` or ``first,last``) read ``{last,first,last}``
+    in its help, three choices where there are two. Such an option names its choices in a metavar."""
+    from dispersion_titan.analyze import analyze_parser, compare_parser, size_series_parser
+    from dispersion_titan.evaluate import evaluate_parser, table_parser
+    from dispersion_titan.paper import paper_parser
+    from dispersion_titan.plan import plan_parser
+
+    parsers = (analyze_parser, compare_parser, size_series_parser, evaluate_parser, table_parser, paper_parser)
+    unclear = [
+        f"{make().prog} {action.option_strings}"
+        for make in (*parsers, plan_parser)
+        for action in make()._actions
+        if action.choices and action.metavar is None and any("," in str(choice) for choice in action.choices)
+    ]
+    assert unclear == []
+    assert "--rows last|first,last" in paper_parser().format_help()
