@@ -4,6 +4,7 @@ so an installed package works without a clone; a file already there is kept."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"{out}: wrote {len(written)} configs"
         + (f", kept {len(kept)} already there" if kept else "")
-        + f"; next: cd {a.dir} && dispersion-titan train --job.config_file train_configs/debug.toml --profile cpu"
+        + f"; next: cd {shlex.quote(a.dir)} && dispersion-titan train --job.config_file train_configs/debug.toml"
     )
 
 

@@ -699,6 +699,18 @@ def test_init_out_of_room_is_one_line_and_leaves_no_half_file(tmp_path):
     assert again.returncode == 0 and f"wrote {len(shipped) - len(kept)} configs" in again.stdout, again.stdout
 
 
+def test_inits_next_command_runs_as_printed(tmp_path, capsys, monkeypatch):
+    """``init "my runs"`` ends naming the next command; pasted into a shell as printed it runs (was ``cd my runs``,
+    unquoted: ``cd: too many arguments``; and ``--profile cpu``, which debug.toml does not need)."""
+    monkeypatch.chdir(tmp_path)
+    init_main(["my runs"])
+    (hint,) = re.findall(r"; next: (.*)", capsys.readouterr().out)
+    assert hint.startswith("cd 'my runs' && dispersion-titan train ") and "--profile" not in hint, hint
+    env = launch_env({"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    proc = subprocess.run(["bash", "-c", f"{hint} --check-only"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_init_refuses_a_folder_shaped_unlike_its_own(tmp_path, capsys):
     """A file where init writes a folder, a folder where it writes a config, an empty DIR: one line, exit 2,
     nothing written (were 'not writable (File exists)', a folder counted as a kept config, and the cwd)."""
