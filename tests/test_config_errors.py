@@ -340,6 +340,13 @@ REFUSALS = [
     Refusal(
         TOML, "trainning: unknown section in {toml}; did you mean training?", toml="[trainning]\nsteps = 3\n", how="is"
     ),
+    Refusal(  # the sweep's TOML given as a training config (was "config: unknown section in ...")
+        TOML,
+        "config: a key outside any [section] in {toml}; a training config keeps its keys in sections "
+        "([job], [model], [training], ...)",
+        toml='config = "train_configs/debug.toml"\nwidths = [256]\n',
+        how="is",
+    ),
     Refusal(
         TOML,
         "model.flavour: unknown key in {toml}; did you mean model.flavor?",

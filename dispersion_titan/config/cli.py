@@ -240,6 +240,11 @@ def check_toml_types(config_cls: type, values: dict[str, Any], source: str, pref
     known = {f.name for f in dataclasses.fields(config_cls)}
     for key, value in values.items():
         name = f"{prefix}{key}"
+        if key not in known and not prefix and not isinstance(value, dict):  # a sweep's TOML, say
+            raise ConfigError(
+                f"{name}: a key outside any [section] in {source}; a training config keeps its keys in sections "
+                "([job], [model], [training], ...)"
+            )
         if key not in known:
             what = "key" if prefix else "section"
             close = difflib.get_close_matches(key, sorted(known), n=1)
