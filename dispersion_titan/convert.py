@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="to-hf")
     export = commands.add_parser("to-hf", help="checkpoint step directory -> Hugging Face model directory")
     export.add_argument(
         "step_dir", metavar="CHECKPOINT_OR_RUN", help="a step-N folder, or a run (its newest complete checkpoint)"

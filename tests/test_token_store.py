@@ -337,6 +337,9 @@ def cli_failure(capsys, *args: str) -> str:
 def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
     (tmp_path / "file").write_text("x")
     out = str(tmp_path / "out")
+    with pytest.raises(SystemExit):  # was "required: command", argparse's name for it
+        main([])
+    assert capsys.readouterr().err.strip() == "dispersion_titan: error: the following arguments are required: prepare"
     line = cli_failure(capsys, "nope", "--out", out)
     assert "CONFIG_OR_DATASET: 'nope' is neither a .toml file nor a dataset" in line
     assert "--dataset-path: needs a path" in cli_failure(capsys, "local", "--out", out)

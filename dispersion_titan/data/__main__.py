@@ -30,7 +30,7 @@ from .store import SHARD_DOCUMENTS, is_store, prepare
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.data", description="Data tools.")
-    commands = p.add_subparsers(dest="command", required=True)
+    commands = p.add_subparsers(dest="command", required=True, metavar="prepare")
     prep = commands.add_parser(
         "prepare",
         description=__doc__,

@@ -39,9 +39,17 @@ def resolve_step_dir(path: str) -> str:
     if not os.path.isdir(path):
         what = "a file, not a folder" if os.path.exists(path) else "no such folder"  # e.g. RUN/run.json
         raise CheckpointError(f"{path}: {what} (pass a run folder or one of its checkpoint/step-N)")
-    if os.path.isfile(os.path.join(path, ".metadata")) or glob.glob(os.path.join(path, "*.safetensors")):
-        return path  # a DCP or a safetensors checkpoint
-    if STEP_FOLDER.match(os.path.basename(os.path.abspath(path))):
+    step = STEP_FOLDER.match(os.path.basename(os.path.abspath(path)))
+    if os.path.isfile(os.path.join(path, ".metadata")):
+        return path  # a DCP checkpoint
+    if glob.glob(os.path.join(path, "*.safetensors")):
+        if step:
+            return path  # a last_save_in_hf checkpoint
+        raise CheckpointError(
+            f"{path}: a Hugging Face model folder, not a run's checkpoint/step-N; transformers and lm-eval load it "
+            "as it is (pass a run folder or one of its checkpoint/step-N to export)"
+        )  # was named by its parent's run.json, missing
+    if step:
         check_complete(path)  # one checkpoint, incomplete: said so
     folder = find_checkpoint_folder(path)
     in_hf = [c for c in list_checkpoints(folder) if glob.glob(os.path.join(c.path, "*.safetensors"))]
