@@ -176,9 +176,8 @@ def main(argv: list[str] | None = None) -> None:
         summarize(argv)
     a = analyze_parser().parse_args(argv)
     from dispersion_titan.analysis import runner  # torch: after --help
-    from dispersion_titan.utils.hub import PREFIX
 
-    analysis = runner.HFAnalysis if a.run.startswith(PREFIX) else runner.RunAnalysis
+    analysis = runner.HFAnalysis if a.run.startswith(runner.PREFIX) else runner.RunAnalysis
     sys.exit(1 if analysis(a, runner.input_options(a)).analyze() else 0)
 
 

@@ -18,7 +18,6 @@ import argparse
 import sys
 
 from .config.cli import OneLineErrorParser
-from .run_folder.hf_export import to_hf
 from .utils.errors import command, fail, run_command
 
 
@@ -37,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     export.add_argument("out_dir", metavar="OUT_DIR")
     export.add_argument("--force", action="store_true", help="replace an export of the same run in OUT_DIR")
     options = parser.parse_args(argv)
+    from .run_folder.hf_export import to_hf  # torch: after --help, and within run_command's Ctrl-C (python -m)
+
     try:
         to_hf(options.step_dir, options.out_dir, options.force)
     except ImportError as e:

@@ -12,13 +12,16 @@ back through the adapter gives identical weights.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -546,3 +549,35 @@ def test_as_released_loss_scale_is_the_authors_trainer_step(tmp_path):
         want = seen[hf_names[name.removeprefix("transformer.")]]
         assert (grad - want).abs().max() <= 1e-5 * want.abs().max(), name
         assert torch.allclose(grad, 2 * grads["mean"][name], rtol=1e-4, atol=1e-9), name
+
+
+def open_files(pid: int) -> set[str]:
+    """What process ``pid`` has open now."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return found
+
+
+def test_ctrl_c_while_convert_loads_the_checkpoint_is_the_interrupted_line(tmp_path):
+    """DCP wraps whatever its read raises, a Ctrl-C's KeyboardInterrupt too, as a failure of the checkpoint: was
+    ``STEP: cannot be loaded (KeyboardInterrupt: )``, exit 2, as if the checkpoint were damaged. The signal lands
+    while the shard file is open (watched in /proc), the checkpoint large enough to be read for a while."""
+    step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=512, n_layers=8, n_heads=8, max_seq_len=64))
+    shard = os.path.realpath(step / "__0_0.distcp")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dispersion_titan.convert", "to-hf", str(step), str(tmp_path / "hf")],
+        stderr=subprocess.PIPE, text=True, env=launch_env(),
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while shard not in open_files(proc.pid):
+        assert time.monotonic() < deadline and proc.poll() is None, "the shard was never seen open"
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err.splitlines()[-1] == (
+        "dispersion_titan: interrupted; OUT_DIR is as it was (the export is staged in a hidden folder inside it "
+        "first); run it again"
+    ), err[-2000:]
+    assert not (tmp_path / "hf").exists()

@@ -279,6 +279,8 @@ def load_model(
             warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
             dcp.load(state, checkpoint_id=step_dir)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises many types for bad files
+        if isinstance(_first_failure(e), KeyboardInterrupt):  # a Ctrl-C, which DCP wraps as a failure too
+            raise KeyboardInterrupt from None
         raise CheckpointError(f"{step_dir}: cannot be loaded ({_load_failure(e)})") from None
     model.load_state_dict(state)
     model.to(device=device)
@@ -287,11 +289,17 @@ def load_model(
     return model.eval()
 
 
+def _first_failure(error: BaseException) -> BaseException:
+    """What failed inside DCP, which wraps each rank's exception in a ``CheckpointException``."""
+    if isinstance(error, CheckpointException) and error.failures:
+        return next(iter(error.failures.values()))[0]
+    return error
+
+
 def _load_failure(error: BaseException) -> str:
     """One line on why DCP could not load a checkpoint. A corrupt shard fails to unpickle, and torch
     then advises ``weights_only=False``, never to be taken on a file nobody vouches for."""
-    if isinstance(error, CheckpointException) and error.failures:
-        error = next(iter(error.failures.values()))[0]
+    error = _first_failure(error)
     if isinstance(error, pickle.UnpicklingError):
         return "corrupt shard data: its tensor records do not unpickle"
     return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
