@@ -189,6 +189,9 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
         "p1",
         "--account",
         "a1",
+        "--train-time",  # shorter than train.sbatch's warning (USR1@300), with a later one
+        "00:05:00",
+        "--train-sbatch-arg=--signal=B:USR1@60",
         "--dry-run",
         "--",
         "--training.steps",
@@ -220,7 +223,8 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
         width, variant, coeff, method, seed = expected[name]
         assert train.startswith(f"train_{i}=$(sbatch --parsable ")
         assert "--dependency" not in train and "--partition=p1" in train and "--account=a1" in train
-        assert "--time=04:00:00" in train and str(REPO / "dispersion_titan/launch_scripts/slurm/train.sbatch") in train
+        assert "--time=00:05:00 " in train and " --signal=B:USR1@60 " in train
+        assert str(REPO / "dispersion_titan/launch_scripts/slurm/train.sbatch") in train
         assert (
             f"--training.steps 3 --baseline.forget_every 2 --model.mlp_hidden_dim {width} "
             f"--dispersion.variant {variant} "
@@ -250,6 +254,9 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--variants", "noisy_embedding:1"): "'noisy_embedding:1': unknown variant (use baseline, noisy_embedding",
         ("--widths", "0"): "widths: '0' is not an integer >= 1",
         ("--train-time", "forever"): "train_time: 'forever' is not an sbatch --time (minutes, H:M:S or D-H:M:S",
+        # within train.sbatch's USR1@300 (or the given --signal's lead): every attempt checkpoints and requeues at once
+        ("--train-time", "00:05:00"): "train_time: '00:05:00' leaves no time to train: train.sbatch is signalled 300 s",
+        ("--train-time", "11", "--train-sbatch-arg=--signal=B:USR1@600"): "signalled 600 s before the limit",
         ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
         ("--out", str(REPO / "launch")): "exists and is not an empty folder",

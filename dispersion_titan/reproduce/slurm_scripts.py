@@ -18,6 +18,7 @@ from ..utils.errors import DispersionTitanError
 
 SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm"))  # package data
 SBATCH_GPUS_PER_NODE = 8  # train.sbatch's request
+SBATCH_SIGNAL_LEAD_S = 300  # train.sbatch's --signal=B:USR1@300: its warning before the time limit
 
 
 def job_python() -> str:

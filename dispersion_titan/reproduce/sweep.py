@@ -4,6 +4,7 @@ their dependencies, then printed (``--dry-run``) or submitted with ``sweep.json`
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -20,7 +21,7 @@ from ..job_config.parse import validated_args
 from ..losses import VARIANTS
 from ..run_folder.owners import FolderOwner, empty, record_owner
 from ..utils.errors import ArgumentError, DispersionTitanError
-from .slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch
+from .slurm_scripts import SBATCH_GPUS_PER_NODE, SBATCH_SIGNAL_LEAD_S, SlurmJob, sbatch
 
 CPU_PROCESSES_PER_NODE = 2  # train.sh's NPROC without GPUs
 
@@ -95,6 +96,43 @@ def parse_arm(text: str) -> Arm:
     return Arm(name, value)
 
 
+def _seconds(limit: str) -> float:
+    """An sbatch --time (as ``SLURM_TIME`` reads it) in seconds; no limit (0, INFINITE) is inf."""
+    if not limit[0].isdigit():
+        return math.inf
+    days, dash, clock = limit.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if dash:  # D-H, D-H:M, D-H:M:S
+        h, m, s = [*parts, 0, 0][:3]
+    else:  # M, M:S, H:M:S
+        h, m, s = parts if len(parts) == 3 else [0, *parts, 0][:3]
+    return (int(days or 0) * 86400 + h * 3600 + m * 60 + s) or math.inf
+
+
+def _signal_lead(sbatch_args: list[str]) -> int:
+    """Seconds from train.sbatch's preemption signal to the time limit: the last --signal given, else its own."""
+    lead = SBATCH_SIGNAL_LEAD_S
+    for arg, after in itertools.pairwise([*sbatch_args, ""]):
+        value = after if arg == "--signal" else arg.removeprefix("--signal=") if arg.startswith("--signal=") else None
+        if value is not None:
+            seconds = value.rpartition("@")[2] if "@" in value else "60"  # sbatch's default lead
+            lead = int(seconds) if seconds.isdigit() else lead
+    return lead
+
+
+def _check_train_time(limit: str, sbatch_args: list[str]) -> None:
+    """A time limit within the signal's lead would checkpoint and requeue every attempt at its first steps."""
+    lead = _signal_lead(sbatch_args)
+    least = lead + 60  # sbatch --signal: "may be sent up to 60 seconds earlier than specified"
+    if _seconds(limit) <= least:
+        raise ArgumentError(
+            f"train_time: {limit!r} leaves no time to train: train.sbatch is signalled {lead} s before the limit "
+            "(Slurm may signal 60 s sooner) to checkpoint and requeue, so every attempt would stop at its first "
+            f"steps; give more than {least // 3600:02d}:{least % 3600 // 60:02d}:{least % 60:02d}, or signal later "
+            "with --train-sbatch-arg=--signal=B:USR1@60"
+        )
+
+
 def _strings(key: str, value: Any) -> list[str]:
     if isinstance(value, str):
         try:
@@ -133,6 +171,8 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
                 f"{key}: {fields[key]!r} is not an sbatch --time (minutes, H:M:S or D-H:M:S, e.g. 2-00:00:00)"
             )
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
+    if "train_time" in fields:
+        _check_train_time(str(fields["train_time"]), fields.get("train_sbatch_args", []))
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
         if arg.startswith("--") and "--" + arg.split("=", 1)[0][2:].replace("-", "_") in GRID_KEYS:
             raise ArgumentError(f"training overrides: {arg} is set by the sweep for each cell")
