@@ -148,6 +148,37 @@ def test_the_error_of_a_rank_the_console_does_not_show_is_said_by_the_launcher(t
     assert sum(error in line for line in lines) == 1, proc.stderr
 
 
+PREEMPTED_SCRIPT = """
+import os, signal, sys, time
+print("Stopping at step 5 for a restart; exit status 75", file=sys.stderr, flush=True)
+if os.environ["LOCAL_RANK"] == "1":
+    sys.exit(75)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # rank 0 still in its interpreter's shutdown: default handlers again
+time.sleep(60)
+"""
+
+
+def test_a_rank_stopped_by_torchrun_while_it_exits_after_a_preemption_keeps_status_75(tmp_path):
+    """Both ranks saved and stop for a restart; rank 1 exits 75 first and torchrun's SIGTERM kills rank 0 in its
+    slower shutdown (seen on launch/local_slurm.sh in 2 of 5 requeued attempts). The launcher exits 75 without
+    torchrun's summary (was exit 1 and its 20-line FAILED report: a train.sh run preempted by hand looked failed)."""
+    script = tmp_path / "ranks.py"
+    script.write_text(PREEMPTED_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan.torchrun", "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
+        + ["--rdzv_endpoint", "localhost:0", "--tee", "3", "--role", "rank", "--monitor_interval", "0.1"]
+        + [str(script)],
+        cwd=tmp_path,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 75, proc.stderr
+    assert "FAILED" not in proc.stderr and "exitcode" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("Stopping at step 5 for a restart; exit status 75")
+
+
 @pytest.mark.slow
 def test_two_agents_on_localhost_match_one_node(reference_run, tmp_path):
     """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and

@@ -98,13 +98,15 @@ def ending(
     if unstopped:
         first, failure = next((rank, f) for rank, f in failures if f.pid not in _unstopped)
         return 1, unstopped_message(unstopped[0], first, failure.exitcode, unseen(failure.local_rank))
-    first = failures[0][1].exitcode
-    if all(failure.exitcode in SAID_BY_THE_RANKS for _, failure in failures):
-        rank, failure = failures[0]  # the others were stopped by torchrun: "interrupted" is all they said
+    said_why = [(rank, f) for rank, f in failures if f.exitcode in SAID_BY_THE_RANKS]
+    # torchrun SIGTERMs the others once one fails: a rank that dies of it (not started yet, or in its interpreter's
+    # shutdown, which puts the default handlers back) only echoes that failure
+    if said_why and all(f.exitcode in SAID_BY_THE_RANKS or f.exitcode == -signal.SIGTERM for _, f in failures):
+        rank, failure = said_why[0]  # the others were stopped by torchrun: "interrupted" is all they said
         said = unseen(failure.local_rank)
         if said and any(_said(log_dir, shown_rank) == said for shown_rank in shown or ()):
             said = None  # a rank the console shows said the same: one line is enough
-        return first, f"[rank {rank}] {said}" if said else None
+        return failure.exitcode, f"[rank {rank}] {said}" if said else None
     return 1, error.format_msg()
 
 
