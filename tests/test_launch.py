@@ -299,6 +299,11 @@ def test_sweep_bad_input_is_one_line(tmp_path):
     wrong_type = tmp_path / "wrong_type.toml"  # a TOML value not a path: named, not a TypeError traceback
     wrong_type.write_text('config = ["debug.toml"]\nwidths = [64]\nvariants = ["baseline"]\nseeds = [0]\n')
     cases[(str(wrong_type),)] = "config: expected a path in quotes, got ['debug.toml']"
+    wrong_partition = tmp_path / "wrong_partition.toml"  # was passed on as sbatch --partition=['gpu'], exit 0
+    toml_text = wrong_type.read_text().replace('["debug.toml"]', f'"{DEBUG_TOML}"')
+    wrong_partition.write_text(toml_text + 'partition = ["gpu"]')
+    cases[(str(wrong_partition),)] = "partition: expected a name in quotes, got ['gpu']"
+    cases[("--account", " ")] = "account: expected a name in quotes, got ' '"
     for args, message in cases.items():
         proc = sweep(*([] if args[0].endswith(".toml") else [toml]), "--dry-run", *args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)

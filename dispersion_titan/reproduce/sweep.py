@@ -152,9 +152,10 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     for key in ("config", "widths", "variants", "seeds"):
         if raw.get(key) is None:
             raise ArgumentError(f"{key}: required (in the SPEC file or as --{key})")
-    for key in ("config", "out"):
-        if not isinstance(raw.get(key, ""), str):
-            raise ArgumentError(f"{key}: expected a path in quotes, got {raw[key]!r}")
+    for key, what in (("config", "path"), ("out", "path"), ("partition", "name"), ("account", "name")):
+        value = raw.get(key, "?")
+        if not isinstance(value, str) or not value.strip():  # not sbatch's --partition=['a']
+            raise ArgumentError(f"{key}: expected a {what} in quotes, got {value!r}")
     config = Path(raw["config"]).expanduser().resolve()
     if not config.is_file():
         raise ArgumentError(f"config: {raw['config']}: no such file")
