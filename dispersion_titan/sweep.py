@@ -3,7 +3,8 @@
 Each cell trains (``train.sbatch``) into ``OUT/<cell>``, then is analysed and evaluated after
 its training (``--dependency=afterok``); one compare job follows every training and analysis,
 one ``evaluate table`` job every evaluation. Flags win over the SPEC file (keys as in
-launch/sweep_example.toml); a submission records the job ids in ``OUT/sweep.json``.
+launch/sweep_example.toml); a submission records the job ids in ``OUT/sweep.json``, and the same
+command again submits the jobs Slurm no longer holds (``reproduce.sweep.resubmission``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.error_prefix = "sweep"
     p.add_argument("file", nargs="?", metavar="SWEEP.toml", help="TOML file with the keys below (flags win)")
     p.add_argument("--config", help="training TOML shared by every cell")
-    p.add_argument("--out", help="sweep folder (default outputs/sweep-<config>-<time>); must be new")
+    p.add_argument(
+        "--out",
+        help="sweep folder (default outputs/sweep-<config>-<time>): new, or this sweep's to submit its stopped jobs",
+    )
     p.add_argument("--widths", help="MLP hidden widths, e.g. 256,512")
     p.add_argument(
         "--variants",
@@ -96,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     if overrides:
         raw["train_overrides"] = overrides
     sweep = slurm_sweep.read_sweep(raw)
-    slurm_sweep.check_training_configs(sweep)
+    configs = slurm_sweep.check_training_configs(sweep)
     for key, parser in (("analyze_args", analyze_parser()), ("evaluate_args", evaluate_parser())):
         parser.error = functools.partial(_refuse, key)  # as its jobs will parse them, hours from now
         parser.parse_args([str(sweep.out), *getattr(sweep, key)])
@@ -114,8 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     require_sbatch()
     with owned(str(sweep.out), FolderOwner("sweep")):  # one submission: a second started alongside is refused
         slurm_sweep.refuse_used(sweep.out)
-        ids = submit(jobs, sweep.out / "logs")
-        print(f"sweep: {len(jobs)} jobs submitted; manifest {slurm_sweep.write_manifest(sweep, jobs, ids)}")
+        todo, kept = jobs, {}
+        if (sweep.out / slurm_sweep.MANIFEST).exists():  # submitted again: its stopped jobs only
+            todo, kept = slurm_sweep.resubmission(sweep, jobs, configs)
+        ids = submit(todo, sweep.out / "logs", kept)
+        again = f" ({len(kept)} kept: still queued or running, or a finished training)" if kept else ""
+        print(f"sweep: {len(todo)} jobs submitted{again}; manifest {slurm_sweep.write_manifest(sweep, jobs, ids)}")
 
 
 if __name__ == "__main__":

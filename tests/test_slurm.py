@@ -315,3 +315,86 @@ def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_pa
         "set LOCAL_SLURM_CTLD_PORT and LOCAL_SLURM_SLURMD_PORT to free ports"
     )
     assert not (tmp_path / "second" / "slurmctld.pid").exists()
+
+
+def submit_sweep(out: Path, slurm: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
+    """A one-cell sweep on CPU into ``out``, its evaluation on the offline test task."""
+    evaluate_args = f"--tasks wiki_next_word --include-path {LM_EVAL_TASKS} --limit 8 --num-fewshot 1 --device cpu"
+    return subprocess.run(
+        [sys.executable, "-m", "dispersion_titan.sweep", "--config", DEBUG_TOML, "--out", str(out)]
+        + ["--widths", "64", "--variants", "baseline", "--seeds", "0", "--train-time", "00:10:00"]
+        + ["--gpus-per-node", "0", "--cpus-per-task", "1", "--analyze-gpus", "0", "--evaluate-sbatch-arg=--gpus=0"]
+        + [f"--analyze-args={' '.join(TINY_ANALYSIS)}", f"--evaluate-args={evaluate_args}", *extra]
+        + ["--", "--training.steps", "60", "--validation.no-enable", "--metrics.log_freq", "1"],
+        cwd=out.parent,
+        env={**slurm, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def sweep_jobs(out: Path) -> dict[str, str]:
+    manifest = json.loads((out / "sweep.json").read_text())
+    cell = manifest["cells"][0]
+    return {kind: cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")} | {
+        kind: manifest[f"{kind}_job"] for kind in ("compare", "table")
+    }
+
+
+def test_a_sweep_submitted_again_submits_only_its_stopped_jobs(slurm, tmp_path):
+    """Submitted again while its jobs are queued: nothing; with other settings, or a copy: refused. Its training
+    cancelled mid-way (scancel, which cancels the jobs after it): all five again, the training going on from its
+    checkpoint. Once trained: the other four only (each skips what it finished). Was: `out: ... exists and is not an
+    empty folder; give the sweep a new folder`, every cell of a sweep to train again for one cancelled job."""
+    out = tmp_path / "sweep"
+    first = submit_sweep(out, slurm)
+    assert first.returncode == 0, first.stderr
+    jobs = sweep_jobs(out)
+    try:
+        queued = submit_sweep(out, slurm)
+        assert queued.returncode == 0 and "sweep: 0 jobs submitted (5 kept" in queued.stdout, queued.stderr
+        assert sweep_jobs(out) == jobs
+        other = submit_sweep(out, slurm, "--seeds", "1")
+        assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+            f"sweep: error: out: {out} holds a sweep submitted with other settings (the w64-baseline-s1 train job "
+            "differs from its sweep.json); give the sweep a new folder, or its own settings to submit its stopped "
+            "jobs again"
+        ]
+        shutil.copytree(out, tmp_path / "copy", symlinks=True)  # cp -a: its jobs write into the original
+        copy = submit_sweep(tmp_path / "copy", slurm)
+        assert copy.returncode == 2 and copy.stderr.strip().splitlines() == [
+            f"sweep: error: out: {tmp_path / 'copy'} holds the sweep submitted into {out} (copied or moved: its "
+            "sweep.json's jobs write there); submit it there again, or give the sweep a new folder"
+        ]
+        log = out / "logs" / f"sweep-w64-baseline-s0-train-{jobs['train']}.out"
+        wait_for_line(log, r"step:\s+2\s+loss")
+        subprocess.run(["scancel", jobs["train"]], env=slurm, check=True)
+        stopped = int(wait_for_line(log, r"interrupted at step (\d+); checkpoint step-\d+ saved").group(1))
+        deadline = time.monotonic() + 120
+        while None in {finished_state(j, slurm) for j in jobs.values()} and time.monotonic() < deadline:
+            time.sleep(1)
+        assert {finished_state(j, slurm) for j in jobs.values()} == {"CANCELLED"}
+
+        again = submit_sweep(out, slurm)
+        assert again.returncode == 0 and "sweep: 5 jobs submitted;" in again.stdout, again.stderr
+        resumed = sweep_jobs(out)
+        assert not set(resumed.values()) & set(jobs.values())
+        log = out / "logs" / f"sweep-w64-baseline-s0-train-{resumed['train']}.out"
+        wait_for_line(log, f"Training starts at step {stopped + 1}")
+        deadline = time.monotonic() + 300
+        while finished_state(resumed["train"], slurm) is None and time.monotonic() < deadline:
+            time.sleep(1)
+        assert finished_state(resumed["train"], slurm) == "COMPLETED", log.read_text()[-3000:]
+
+        trained = submit_sweep(out, slurm)
+        assert trained.returncode == 0, trained.stderr
+        final = sweep_jobs(out)
+        kept = {kind for kind in final if final[kind] in (resumed[kind], jobs[kind])}
+        if kept == {"train"}:  # the others had finished: submitted again
+            assert "sweep: 4 jobs submitted (1 kept" in trained.stdout, trained.stdout
+            assert job_fields(final["analyze"], slurm).get("Dependency") in ("(null)", None)
+        else:  # some still queued or running: kept
+            assert "train" in kept and f"({len(kept)} kept" in trained.stdout, trained.stdout
+    finally:  # the jobs of the last submission still queued
+        subprocess.run(["scancel", *sweep_jobs(out).values()], env=slurm)

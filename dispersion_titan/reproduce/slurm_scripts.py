@@ -56,21 +56,35 @@ def script(header: list[str], jobs: list[SlurmJob], logs: str | Path) -> str:
     return "\n".join(lines)
 
 
+def queued_jobs(ids: list[str]) -> set[str]:
+    """Those of ``ids`` Slurm still holds: pending, running or completing (``squeue``'s default states)."""
+    try:
+        proc = subprocess.run(
+            ["squeue", "--noheader", "--format=%i", f"--jobs={','.join(ids)}"], capture_output=True, text=True
+        )
+    except FileNotFoundError:
+        raise DispersionTitanError("squeue: not found (no Slurm here); submit from a login node") from None
+    if proc.returncode != 0 and "Invalid job id" not in proc.stderr:  # (one id, gone from Slurm's memory)
+        raise DispersionTitanError(f"squeue: {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")
+    return set(proc.stdout.split())
+
+
 def require_sbatch() -> None:
     if shutil.which("sbatch") is None:
         raise DispersionTitanError("sbatch: not found (no Slurm here); submit from a login node, or see --dry-run")
 
 
-def submit(jobs: list[SlurmJob], logs: str | Path) -> dict[str, str]:
-    """Submit in order; a refused submission ends it naming what was already submitted."""
+def submit(jobs: list[SlurmJob], logs: str | Path, queued: dict[str, str] | None = None) -> dict[str, str]:
+    """Submit in order, after the ``queued`` jobs (key: id) they name; a refused submission ends it naming
+    what was already submitted."""
     require_sbatch()
     os.makedirs(logs, exist_ok=True)
-    ids: dict[str, str] = {}
+    ids: dict[str, str] = dict(queued or {})
     env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs
     for job in jobs:
         proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            done = " ".join(ids.values())
+            done = " ".join(ids[j.key] for j in jobs if j.key in ids)
             reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
             hint = f"; submitted so far: {done} (scancel {done})" if ids else ""
             raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}")

@@ -7,23 +7,29 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import re
 import shlex
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config.cli import load_toml, with_config_module
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import validated_args
 from ..losses import VARIANTS
+from ..run_folder.checkpoints import last_complete_step
 from ..run_folder.owners import FolderOwner, empty, record_owner
 from ..utils.errors import ArgumentError, DispersionTitanError
-from .slurm_scripts import SBATCH_GPUS_PER_NODE, SBATCH_SIGNAL_LEAD_S, SlurmJob, sbatch
+from .slurm_scripts import SBATCH_GPUS_PER_NODE, SBATCH_SIGNAL_LEAD_S, SlurmJob, queued_jobs, sbatch
+
+if TYPE_CHECKING:
+    from ..config.schema import RunConfig
 
 CPU_PROCESSES_PER_NODE = 2  # train.sh's NPROC without GPUs
+MANIFEST = "sweep.json"
 
 
 @dataclass
@@ -186,8 +192,9 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
 
 
 def refuse_used(out: Path) -> None:
-    if out.exists() and not (out.is_dir() and empty(str(out))):  # empty: as a refused submission leaves it
-        raise ArgumentError(f"out: {out} exists and is not an empty folder; give the sweep a new folder")
+    """``out`` new, empty (as a refused submission leaves it) or a sweep's (submitted again: ``resubmission``)."""
+    if out.exists() and not (out.is_dir() and (empty(str(out)) or (out / MANIFEST).is_file())):
+        raise ArgumentError(f"out: {out} exists and is not an empty folder or a sweep's; give the sweep a new folder")
 
 
 def world_size(sweep: Sweep) -> int:
@@ -203,14 +210,52 @@ def cell_args(sweep: Sweep, cell: Cell) -> list[str]:
     return with_config_module(args, load_toml(args))
 
 
-def check_training_configs(sweep: Sweep) -> None:
+def check_training_configs(sweep: Sweep) -> list[RunConfig]:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
+    configs = []
     for cell in sweep.cells():
         try:
-            validated_args(cell_args(sweep, cell), world_size(sweep))
+            configs.append(validated_args(cell_args(sweep, cell), world_size(sweep)))
         except (DispersionTitanError, ValueError) as e:
             raise ArgumentError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
+    return configs
+
+
+def _trained(config: RunConfig) -> bool:
+    """Whether a cell's run holds the checkpoint of its last step."""
+    last = last_complete_step(os.path.join(config.job.dump_folder, config.checkpoint.folder))
+    return last is not None and last >= config.training.steps
+
+
+def resubmission(sweep: Sweep, jobs: list[SlurmJob], configs: list[RunConfig]) -> tuple[list[SlurmJob], dict[str, str]]:
+    """The sweep submitted again into its folder with its settings: (the jobs to submit, the ids of those kept).
+    Kept: the jobs Slurm still holds, and trainings that reached their last step; the others (cancelled, failed, or
+    cancelled as a failed job's dependants) are submitted again, each command going on from what it finished."""
+    manifest = json.loads((sweep.out / MANIFEST).read_text())
+    if manifest["out"] != str(sweep.out):  # its queued jobs write into the original
+        raise ArgumentError(
+            f"out: {sweep.out} holds the sweep submitted into {manifest['out']} (copied or moved: its {MANIFEST}'s "
+            "jobs write there); submit it there again, or give the sweep a new folder"
+        )
+    recorded = {
+        key: [a for a in argv if not a.startswith("--dependency=")] for key, argv in manifest["commands"].items()
+    }
+    differs = next((job.label for job in jobs if recorded.get(job.key) != job.argv), None)
+    if differs or len(recorded) != len(jobs):
+        raise ArgumentError(
+            f"out: {sweep.out} holds a sweep submitted with other settings (the {differs or 'grid'} job differs from "
+            f"its {MANIFEST}); give the sweep a new folder, or its own settings to submit its stopped jobs again"
+        )
+    ids = {"compare": manifest["compare_job"], "table": manifest["table_job"]}
+    for i, cell in enumerate(manifest["cells"], start=1):
+        ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
+    queued = queued_jobs(list(ids.values()))
+    kept = {key: job_id for key, job_id in ids.items() if job_id in queued}
+    kept |= {f"train_{i}": ids[f"train_{i}"] for i, config in enumerate(configs, start=1) if _trained(config)}
+    todo = [job for job in jobs if job.key not in kept]
+    waits = {key for key in kept if ids[key] in queued} | {job.key for job in todo}  # a finished training: none
+    return [replace(job, after=[key for key in job.after if key in waits]) for job in todo], kept
 
 
 def _resources(sweep: Sweep, *keys: str) -> list[str]:
@@ -283,7 +328,7 @@ def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> P
         "table_out": str(sweep.out / "table"),
         "commands": {job.key: job.command(ids) for job in jobs},
     }
-    path = sweep.out / "sweep.json"
+    path = sweep.out / MANIFEST
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     record_owner(str(sweep.out), FolderOwner("sweep"))  # its runs, comparison and table go inside
     return path
