@@ -62,6 +62,9 @@ def free_port() -> int:
 def test_train_sh_bad_input_is_one_line(tmp_path):
     missing = subprocess.run([str(TRAIN_SH), "nope.toml"], cwd=tmp_path, capture_output=True, text=True)
     assert missing.returncode == 2 and missing.stderr.strip() == "train.sh: error: config file not found: nope.toml"
+    folder = subprocess.run([str(TRAIN_SH), str(tmp_path)], cwd=tmp_path, capture_output=True, text=True)
+    assert folder.returncode == 2  # was "config file not found", of a folder that is there
+    assert folder.stderr.strip() == f"train.sh: error: config file {tmp_path} is a folder; give the TOML file itself"
     bad = subprocess.run(
         [str(TRAIN_SH), DEBUG_TOML], cwd=tmp_path, capture_output=True, text=True, env=launch_env({"NPROC": "two"})
     )

@@ -305,6 +305,22 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     assert "method=none" in table and "method=noisy_embedding" in table, table
 
 
+def test_train_sbatch_given_a_folder_for_its_config_names_itself_and_the_folder(slurm, tmp_path):
+    """One line naming train.sbatch (was `slurm_script`, Slurm's copy of it) and the folder (was `config file not
+    found`, of a folder that is there), exit 2."""
+    proc = subprocess.run(
+        ["sbatch", "--wait", "--parsable", *NO_GPUS, f"--output={tmp_path}/%j.out", str(TRAIN_SBATCH), str(tmp_path)],
+        env=slurm,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    log = (tmp_path / f"{proc.stdout.strip().split(';')[0]}.out").read_text()
+    assert proc.returncode == 2 and log.strip() == (
+        f"train.sbatch: error: config file {tmp_path} is a folder; give the TOML file itself"
+    ), log
+
+
 def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_path):
     """The running cluster's ports are taken: a second one says so and starts nothing."""
     env = {**slurm, "LOCAL_SLURM_DIR": str(tmp_path / "second")}

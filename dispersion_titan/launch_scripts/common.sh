@@ -8,9 +8,14 @@ REPO_DIR=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.." && pwd)
 PREEMPT_SIGNAL=${PREEMPT_SIGNAL:-USR1}
 export PREEMPT_SIGNAL  # read by the training ranks (dispersion_titan/trainer/preemption.py)
 
-die() {  # die MESSAGE: one line on stderr, exit 2 (bad input)
-    echo "$(basename "$0"): error: $*" >&2
+die() {  # die MESSAGE: one line on stderr naming the script (a job's own $script, not Slurm's copy), exit 2
+    echo "$(basename "${script:-$0}"): error: $*" >&2
     exit 2
+}
+
+require_config() {  # require_config CONFIG: a file, or die saying what it is
+    [ ! -d "$1" ] || die "config file $1 is a folder; give the TOML file itself"
+    [ -f "$1" ] || die "config file not found: $1"
 }
 
 positive_int() {  # positive_int NAME VALUE: VALUE, or die naming NAME

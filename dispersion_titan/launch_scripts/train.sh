@@ -30,7 +30,7 @@ case $1 in  # as dispersion-titan train takes it
     --job.config_file|--job.config-file) [ $# -ge 2 ] || die "--job.config_file: missing value"; config=$2; shift 2 ;;
     *) config=$1; shift ;;
 esac
-[ -f "$config" ] || die "config file not found: $config"
+require_config "$config"
 
 gpus=$(gpu_count)
 if [ "$gpus" -gt 0 ]; then default_nproc=$gpus; else default_nproc=2; fi
