@@ -338,6 +338,28 @@ def test_a_second_sweep_on_the_same_folder_submits_nothing(tmp_path):
     assert not (tmp_path / "submitted").exists() and not (out / "sweep.json").exists()
 
 
+def test_a_sweep_folder_whose_manifest_is_unreadable_submits_nothing(tmp_path):
+    """A sweep submitted again into its folder reads its sweep.json (cut short, or edited by hand): one line naming
+    it, exit 2, before any sbatch (a traceback without the check)."""
+    from dispersion_titan.run_folder.owners import FolderOwner, record_owner
+
+    bin_dir, out = tmp_path / "bin", tmp_path / "sweep"
+    bin_dir.mkdir()
+    out.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path}/submitted\necho 1\n")  # Slurm, were it called
+    (bin_dir / "sbatch").chmod(0o755)
+    record_owner(str(out), FolderOwner("sweep"))
+    (out / "sweep.json").write_text('{"config": "')
+    one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0", "--out", str(out))
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = sweep(str(REPO / "launch" / "sweep_example.toml"), *one_cell, env=env)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        f"sweep: error: out: {out / 'sweep.json'}: unreadable (JSONDecodeError: Unterminated string starting at: "
+        "line 1 column 12 (char 11)); give the sweep a new folder"
+    ], proc.stderr
+    assert not (tmp_path / "submitted").exists() and (out / "sweep.json").read_text() == '{"config": "'
+
+
 def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp_path):
     """A real launch reads its TOML, parses and checks the config once, and hands that very object to the
     trainer (debug.toml derives ``local_batch_size = 0``, which only the checks fill in),

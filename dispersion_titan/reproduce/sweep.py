@@ -23,6 +23,7 @@ from ..losses import VARIANTS
 from ..run_folder.checkpoints import last_complete_step
 from ..run_folder.owners import FolderOwner, empty, record_owner
 from ..utils.errors import ArgumentError, DispersionTitanError
+from ..utils.records import atomic_write
 from .slurm_scripts import SBATCH_GPUS_PER_NODE, SBATCH_SIGNAL_LEAD_S, SlurmJob, queued_jobs, sbatch
 
 if TYPE_CHECKING:
@@ -228,28 +229,37 @@ def _trained(config: RunConfig) -> bool:
     return last is not None and last >= config.training.steps
 
 
+def _recorded(path: Path) -> tuple[str, dict[str, list[str]], dict[str, str]]:
+    """A submitted sweep's folder, its jobs' sbatch commands without their dependencies, and their ids."""
+    try:
+        manifest = json.loads(path.read_text())
+        commands = {
+            key: [a for a in argv if not a.startswith("--dependency=")] for key, argv in manifest["commands"].items()
+        }
+        ids = {"compare": manifest["compare_job"], "table": manifest["table_job"]}
+        for i, cell in enumerate(manifest["cells"], start=1):
+            ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
+        return manifest["out"], commands, ids
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # edited by hand, or of another version
+        raise ArgumentError(f"out: {path}: unreadable ({type(e).__name__}: {e}); give the sweep a new folder") from None
+
+
 def resubmission(sweep: Sweep, jobs: list[SlurmJob], configs: list[RunConfig]) -> tuple[list[SlurmJob], dict[str, str]]:
     """The sweep submitted again into its folder with its settings: (the jobs to submit, the ids of those kept).
     Kept: the jobs Slurm still holds, and trainings that reached their last step; the others (cancelled, failed, or
     cancelled as a failed job's dependants) are submitted again, each command going on from what it finished."""
-    manifest = json.loads((sweep.out / MANIFEST).read_text())
-    if manifest["out"] != str(sweep.out):  # its queued jobs write into the original
+    out, recorded, ids = _recorded(sweep.out / MANIFEST)
+    if out != str(sweep.out):  # its queued jobs write into the original
         raise ArgumentError(
-            f"out: {sweep.out} holds the sweep submitted into {manifest['out']} (copied or moved: its {MANIFEST}'s "
+            f"out: {sweep.out} holds the sweep submitted into {out} (copied or moved: its {MANIFEST}'s "
             "jobs write there); submit it there again, or give the sweep a new folder"
         )
-    recorded = {
-        key: [a for a in argv if not a.startswith("--dependency=")] for key, argv in manifest["commands"].items()
-    }
     differs = next((job.label for job in jobs if recorded.get(job.key) != job.argv), None)
     if differs or len(recorded) != len(jobs):
         raise ArgumentError(
             f"out: {sweep.out} holds a sweep submitted with other settings (the {differs or 'grid'} job differs from "
             f"its {MANIFEST}); give the sweep a new folder, or its own settings to submit its stopped jobs again"
         )
-    ids = {"compare": manifest["compare_job"], "table": manifest["table_job"]}
-    for i, cell in enumerate(manifest["cells"], start=1):
-        ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
     queued = queued_jobs(list(ids.values()))
     kept = {key: job_id for key, job_id in ids.items() if job_id in queued}
     kept |= {f"train_{i}": ids[f"train_{i}"] for i, config in enumerate(configs, start=1) if _trained(config)}
@@ -329,6 +339,6 @@ def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> P
         "commands": {job.key: job.command(ids) for job in jobs},
     }
     path = sweep.out / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write(str(path), lambda f: f.write(json.dumps(manifest, indent=2) + "\n"), durable=True)  # read again
     record_owner(str(sweep.out), FolderOwner("sweep"))  # its runs, comparison and table go inside
     return path
