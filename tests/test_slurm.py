@@ -305,6 +305,27 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     assert "method=none" in table and "method=noisy_embedding" in table, table
 
 
+def test_paper_slurm_again_while_its_jobs_are_queued_submits_nothing(preempted_run, slurm, tmp_path):
+    """`paper fig2 --slurm` twice into one --out, its jobs held (`--begin`): the second is refused in one line naming
+    the queued job, exit 2, nothing submitted (was a second set of jobs, its analysis refused by the first's lock
+    and its drawing job cancelled)."""
+    out = tmp_path / "paper"
+    command = [sys.executable, "-m", "dispersion_titan.paper", "fig2", "--models", str(preempted_run["dump"])]
+    command += ["--slurm", "--out", str(out), "--sbatch-arg=--gpus=0", "--sbatch-arg=--begin=now+1hour"]
+    first = subprocess.run(command, cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=120)
+    ids = re.findall(r"^\s*(\d+)  paper-fig2-", first.stdout, re.MULTILINE)
+    try:
+        assert first.returncode == 0 and len(ids) == 2, first.stderr
+        second = subprocess.run(command, cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and second.stderr.strip().splitlines() == [
+            f"dispersion_titan: error: sbatch (paper-fig2-1): the same job is queued or running as {ids[0]}; wait "
+            f"for it to end, or scancel {ids[0]}, then submit again"
+        ]
+        assert sorted(json.loads((out / "logs" / "submitted.json").read_text())) == sorted(ids)
+    finally:
+        subprocess.run(["scancel", *ids], env=slurm)
+
+
 def test_train_sbatch_given_a_folder_for_its_config_names_itself_and_the_folder(slurm, tmp_path):
     """One line naming train.sbatch (was `slurm_script`, Slurm's copy of it) and the folder (was `config file not
     found`, of a folder that is there), exit 2."""

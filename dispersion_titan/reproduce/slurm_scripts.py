@@ -4,6 +4,7 @@ installed package finds them as a checkout does, and their jobs run this very in
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -15,6 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from ..utils.errors import DispersionTitanError
+from ..utils.records import atomic_write
 
 SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm"))  # package data
 SBATCH_GPUS_PER_NODE = 8  # train.sbatch's request
@@ -74,20 +76,45 @@ def require_sbatch() -> None:
         raise DispersionTitanError("sbatch: not found (no Slurm here); submit from a login node, or see --dry-run")
 
 
+def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[str]]:
+    """The jobs submitted with these logs before (id: sbatch command); refused if one of ``jobs`` is still queued."""
+    try:
+        submitted = json.loads(record.read_text()) if record.exists() else {}
+    except ValueError:  # cut short: nothing to compare with
+        submitted = {}
+    submitted = submitted if isinstance(submitted, dict) else {}
+    queued = queued_jobs(list(submitted)) if submitted else set()
+    for job in jobs:
+        same = next((i for i in sorted(queued) if submitted[i] == job.argv), None)
+        if same:  # e.g. paper --slurm run twice: two analyses of one model, one refused by the other's lock
+            raise DispersionTitanError(
+                f"sbatch ({job.label}): the same job is queued or running as {same}; wait for it to end, or "
+                f"scancel {same}, then submit again"
+            )
+    return submitted
+
+
 def submit(jobs: list[SlurmJob], logs: str | Path, queued: dict[str, str] | None = None) -> dict[str, str]:
-    """Submit in order, after the ``queued`` jobs (key: id) they name; a refused submission ends it naming
-    what was already submitted."""
+    """Submit in order, after the ``queued`` jobs (key: id) they name; none that is still queued from an earlier
+    submission (``logs/submitted.json``); a refused submission ends it naming what was already submitted."""
     require_sbatch()
     os.makedirs(logs, exist_ok=True)
+    record = Path(logs, "submitted.json")
+    submitted = _refuse_queued_twice(jobs, record)
     ids: dict[str, str] = dict(queued or {})
     env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs
-    for job in jobs:
-        proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env)
-        if proc.returncode != 0:
-            done = " ".join(ids[j.key] for j in jobs if j.key in ids)
-            reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            hint = f"; submitted so far: {done} (scancel {done})" if ids else ""
-            raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}")
-        ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
-        print(f"{ids[job.key]:>10}  {job.label}", flush=True)
+    try:
+        for job in jobs:
+            proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env)
+            if proc.returncode != 0:
+                done = " ".join(ids[j.key] for j in jobs if j.key in ids)
+                reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+                hint = f"; submitted so far: {done} (scancel {done})" if done else ""
+                raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}")
+            ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+            submitted[ids[job.key]] = job.argv
+            print(f"{ids[job.key]:>10}  {job.label}", flush=True)
+    finally:
+        if submitted:  # none: the folder stays as empty as a refused first submission leaves it
+            atomic_write(str(record), lambda f: f.write(json.dumps(submitted, indent=1) + "\n"))
     return ids
