@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -336,6 +337,33 @@ def test_a_second_sweep_on_the_same_folder_submits_nothing(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert f"sweep: error: {out}: another command is writing here (PID {pid} on" in proc.stderr
     assert not (tmp_path / "submitted").exists() and not (out / "sweep.json").exists()
+
+
+def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(tmp_path):
+    """Into a submitted sweep's folder (here by a stand-in sbatch), other settings, and into its `cp -a` copy (whose
+    jobs write into the original) the same: one line, exit 2, no sbatch (test_slurm.py submits the same again)."""
+    bin_dir, out, calls = tmp_path / "bin", tmp_path / "sweep", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho >> {calls}\necho $$\n")  # a job id per call
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0")
+    toml = str(REPO / "launch" / "sweep_example.toml")
+    assert sweep(toml, *one_cell, "--out", str(out), env=env).returncode == 0
+    assert len(calls.read_text().splitlines()) == 5
+    other = sweep(toml, *one_cell, "--out", str(out), "--seeds", "1", env=env)
+    assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+        f"sweep: error: out: {out} holds a sweep submitted with other settings (the w64-baseline-s1 train job "
+        "differs from its sweep.json); give the sweep a new folder, or its own settings to submit its stopped "
+        "jobs again"
+    ]
+    shutil.copytree(out, tmp_path / "copy", symlinks=True)
+    copy = sweep(toml, *one_cell, "--out", str(tmp_path / "copy"), env=env)
+    assert copy.returncode == 2 and copy.stderr.strip().splitlines() == [
+        f"sweep: error: out: {tmp_path / 'copy'} holds the sweep submitted into {out} (copied or moved: its "
+        "sweep.json's jobs write there); submit it there again, or give the sweep a new folder"
+    ]
+    assert len(calls.read_text().splitlines()) == 5
 
 
 def test_a_sweep_folder_whose_manifest_is_unreadable_submits_nothing(tmp_path):
