@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     jobs = slurm_sweep.slurm_jobs(sweep)
     if args.dry_run:
         grid = f"# sweep: {len(sweep.cells())} cells x (train, analyze, evaluate) + compare + table"
-        print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}"], jobs, sweep.out / "logs"))
+        submitted = (sweep.out / slurm_sweep.MANIFEST).exists()
+        again = ["# submitted before: submitted again, only the jobs Slurm no longer holds are"] if submitted else []
+        print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}", *again], jobs, sweep.out / "logs"))
         return
     require_sbatch()
     with owned(str(sweep.out), FolderOwner("sweep")):  # one submission: a second started alongside is refused
