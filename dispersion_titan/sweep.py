@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> None:
             todo, kept = slurm_sweep.resubmission(sweep, jobs, configs)
         ids = submit(todo, sweep.out / "logs", kept)
         again = f" ({len(kept)} kept: still queued or running, or a finished training)" if kept else ""
-        print(f"sweep: {len(todo)} jobs submitted{again}; manifest {slurm_sweep.write_manifest(sweep, jobs, ids)}")
+        recorded = [next((j for j in todo if j.key == job.key), job) for job in jobs]  # as submitted, last
+        print(f"sweep: {len(todo)} jobs submitted{again}; manifest {slurm_sweep.write_manifest(sweep, recorded, ids)}")
 
 
 if __name__ == "__main__":

@@ -419,6 +419,8 @@ def test_a_sweep_submitted_again_submits_only_its_stopped_jobs(slurm, tmp_path):
         if kept == {"train"}:  # the others had finished: submitted again
             assert "sweep: 4 jobs submitted (1 kept" in trained.stdout, trained.stdout
             assert job_fields(final["analyze"], slurm).get("Dependency") in ("(null)", None)
+            commands = json.loads((out / "sweep.json").read_text())["commands"]  # as submitted: after no job
+            assert not [word for word in commands["analyze_1"] if word.startswith("--dependency")]
         else:  # some still queued or running: kept
             assert "train" in kept and f"({len(kept)} kept" in trained.stdout, trained.stdout
     finally:  # the jobs of the last submission still queued
