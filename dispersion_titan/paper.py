@@ -22,6 +22,7 @@ from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.slurm_scripts import script, submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned, refuse_unless_ours
+from dispersion_titan.utils.devices import AUTOCAST
 from dispersion_titan.utils.errors import command, fail, run_command
 
 ARTIFACT_NAMES = tuple(catalog.ARTIFACTS)
@@ -105,7 +106,14 @@ def paper_parser() -> OneLineErrorParser:
         "evaluate's (default: each run's family)",
     )
     analysis.add_argument("--batch-size", type=positive_int, help="sequences (or examples) per forward pass")
-    add_device_arguments(analysis, dtype_default=None, dtype_help="model dtype (default fp32, as the authors ran)")
+    add_device_arguments(
+        analysis,
+        dtype_default=None,
+        dtype_help="model dtype: fp32 (the analysing artifacts' default, as the authors loaded them) or bf16; for "
+        "table2 evaluate's, default autocast (fp32 weights under bf16 autocast, as the authors' in-training "
+        "lm-eval callback scored), fp32 or bf16",
+        dtypes=("fp32", "bf16", AUTOCAST),
+    )
     analysis.add_argument("--device-map", choices=("auto",), help="hf: spread a model over all visible GPUs")
     analysis.add_argument("--force", action="store_true", help="analyze's and evaluate's: recompute their results")
     analysis.add_argument(
@@ -139,15 +147,7 @@ def run_paper(argv: list[str]) -> int:
             [(name, plan_args(c, overrides=o)) for name, c, o in runs], a.plan_gpus, None, a.plan_gpu, "--plan-gpus"
         )
         if a.artifact == "table2":
-            pretrained = [row for row in catalog.TABLE2_ROWS if row.model]
-            trained = {row.block for row in catalog.TABLE2_ROWS if row.config}
-            print(
-                f"\nand {len(pretrained)} Pretrained rows, no training (0 GPU-hours): step 0 of the block's "
-                "baseline runs, or (GPT2-large, -xl) the hub model evaluated as published:"
-            )
-            for row in pretrained:
-                option = "auto" if row.block in trained else f"hf:{row.model}"
-                print(f"| {row.block}: {row.label} | {row.model} | --pretrained {option} |")
+            print(catalog.pretrained_rows())
         return 0
     options = {**vars(a), "out": os.path.abspath(a.out)}
     refuse_unless_ours(options["out"], PAPER, "--out", "use another --out")  # --dry-run too: it shows what would run

@@ -532,6 +532,10 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     code, out, _ = paper("fig2", "--slurm", "--dry-run", "--dtype", "bf16", "--out", tmp_path, capsys=capsys)
     assert "--gpus=3" in next(line for line in out.splitlines() if "hf:Qwen/Qwen2.5-72B" in line)  # bf16: half
     assert_one_line_error(
+        *paper("fig2", "--dtype", "autocast", "--dry-run", capsys=capsys)[::2],
+        "--dtype: autocast is for table2's evaluations; the analysing artifacts take fp32 or bf16",
+    )
+    assert_one_line_error(
         *paper("fig2", "--protocol", "qwen3", "--dry-run", capsys=capsys)[::2],
         "--protocol: 'qwen3'",
         "paper (the default) or default",
@@ -592,6 +596,9 @@ def test_table2_a_hub_models_block_is_its_pretrained_row(tmp_path, capsys):
     code, out, err = paper(*args, "--dry-run", capsys=capsys)
     evaluation = tmp_path / "t" / "pretrained" / str(model).strip("/").replace("/", "--")
     assert code == 0 and f"dispersion_titan.evaluate hf:{model} --out " in out, err
+    assert "--dtype autocast" in out  # was: evaluate's fp32, not the authors' callback's bf16 autocast
+    code, out, _ = paper(*args, "--dry-run", "--dtype", "fp32", capsys=capsys)
+    assert code == 0 and "--dtype fp32" in out and "autocast" not in out  # the option
     assert not (tmp_path / "t").exists()
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "run.json").write_text("{}")  # a training run's folder named as a hub model
@@ -607,6 +614,7 @@ def test_table2_a_hub_models_block_is_its_pretrained_row(tmp_path, capsys):
     assert table["arms"] == [] and table["pretrained"]["runs"] == [str(found[0].parent.parent)]
     assert table["pretrained"]["mean"]["wiki_next_word/acc"] == results["results"]["wiki_next_word"]["acc,none"]
     assert results["dispersion_titan"]["run"] == f"hf:{model}"
+    assert results["dispersion_titan"]["settings"]["dtype"] == "autocast"
     assert_figure(tmp_path / "t" / "table2", 10_000)  # one row
     assert found[0].parent.parent == evaluation
 

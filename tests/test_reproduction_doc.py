@@ -2,7 +2,7 @@
 "this project's default" column cites in code form is checked against what it names:
 ``section.key = VALUE`` against ``config/schema.py``'s default, ``NAME.toml: section.key = VALUE``
 against that config under ``train_configs/``, ``COMMAND --option VALUE`` against the command's
-default (``paper``'s analysing defaults included), ``COMMAND --option`` that the option exists;
+default (``paper``'s analysing defaults and ``paper table2``'s included), ``COMMAND --option`` that the option exists;
 every row cites one, or names a count checked here; every option it names exists. The page's
 counts are recomputed from the code and configs, and every command it shows parses. The README's tour: each
 training line checks, into a run folder of its own, and does what it says."""
@@ -29,7 +29,7 @@ from dispersion_titan.job_config.checks import launch_notes
 from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from dispersion_titan.paper import paper_parser
 from dispersion_titan.reproduce.paper import catalog
-from dispersion_titan.reproduce.paper.workflow import PAPER_DEFAULTS
+from dispersion_titan.reproduce.paper.workflow import PAPER_DEFAULTS, TABLE2_DEFAULTS
 from support.launch import REPO, job_args
 
 setup_torchtitan()
@@ -40,6 +40,7 @@ PARSERS = {
     "evaluate": evaluate_parser,
     "analyze family": size_series_parser,
     "analyze": analyze_parser,
+    "paper table2": paper_parser,
     "paper": paper_parser,
 }
 TOML_CITE = re.compile(r"^([\w.\-]+\.toml): (\w+)\.(\w+) = (.+)$")
@@ -70,8 +71,8 @@ def value(text: str):
 def cli_default(command: str, option: str):
     action = next((a for a in PARSERS[command]()._actions if option in a.option_strings), None)
     assert action is not None, f"{command} has no option {option}"
-    if action.default is None and command == "paper":
-        return PAPER_DEFAULTS.get(action.dest)
+    if action.default is None and command.startswith("paper"):
+        return (TABLE2_DEFAULTS if command == "paper table2" else PAPER_DEFAULTS).get(action.dest)
     return action.default
 
 
@@ -107,6 +108,7 @@ def test_every_cited_default_matches_what_it_names():
     [
         'dispersion.form = "paper"',
         "evaluate --batch-size 8",
+        "paper table2 --dtype fp32",
         "midtrain_gpt2_wikitext103_dispersion.toml: dispersion.coeff = 1",
     ],
 )

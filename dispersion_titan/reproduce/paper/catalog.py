@@ -254,3 +254,17 @@ def listing() -> str:
         f"{name}  ({paper})\n  runs:    {runs}\n  models:  {models}\n  compute: {compute}"
         for name, (paper, runs, models, compute) in ARTIFACTS.items()
     )
+
+
+def pretrained_rows() -> str:
+    """``table2 --plan``'s Pretrained rows: they train nothing."""
+    pretrained = [row for row in TABLE2_ROWS if row.model]
+    trained = {row.block for row in TABLE2_ROWS if row.config}
+    lines = [
+        f"\nand {len(pretrained)} Pretrained rows, no training (0 GPU-hours): step 0 of the block's baseline runs, "
+        "or (GPT2-large, -xl) the hub model evaluated as published:"
+    ]
+    for row in pretrained:
+        option = "auto" if row.block in trained else f"hf:{row.model}"
+        lines.append(f"| {row.block}: {row.label} | {row.model} | --pretrained {option} |")
+    return "\n".join(lines)

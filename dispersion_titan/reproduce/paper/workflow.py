@@ -24,7 +24,7 @@ from ...job_config import released
 from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import dispersion_variant, find_checkpoint_folder, list_checkpoints, load_run_metadata
 from ...run_folder.owners import RUN_METADATA_FILE
-from ...utils.devices import resolve_device
+from ...utils.devices import AUTOCAST, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import parse_spec
@@ -46,7 +46,18 @@ ANALYZE_OPTIONS = (
     "force",
 )
 PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}  # the authors' texts and points, in fp32 as they ran
-EVALUATE_OPTIONS = ("protocol", "tasks", "include_path", "limit", "num_fewshot", "batch_size", "device", "force")
+TABLE2_DEFAULTS = {"dtype": AUTOCAST}  # fp32 weights under bf16 autocast, as the authors' LMEvalCallback scored
+EVALUATE_OPTIONS = (
+    "protocol",
+    "tasks",
+    "include_path",
+    "limit",
+    "num_fewshot",
+    "batch_size",
+    "device",
+    "dtype",
+    "force",
+)
 PRETRAINED = "pretrained"  # table2: DIR/pretrained/MODEL, the evaluation of --pretrained hf:MODEL
 ANALYSES = "analyses"  # DIR/analyses/MODEL, shared by the artifacts: a model analysed for one is reused
 ARTIFACT_DEFAULTS = {
@@ -280,8 +291,12 @@ def corpora(options: dict) -> dict[str, list[str]]:
 
 def build(artifact: str, options: dict) -> PaperWorkflow:
     """The workflow of ``artifact`` under ``options`` (the parsed command line, by dest)."""
+    defaults = TABLE2_DEFAULTS if artifact == "table2" else {**PAPER_DEFAULTS, **ARTIFACT_DEFAULTS.get(artifact, {})}
+    options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
+    if options["dtype"] == AUTOCAST and artifact != "table2":
+        raise ArgumentError("--dtype: autocast is for table2's evaluations; the analysing artifacts take fp32 or bf16")
     if options.get("device") and not (options.get("slurm") or options.get("draw_only")):  # its steps run here
-        resolve_device(options["device"], options.get("dtype") or "fp32")  # a device this machine lacks
+        resolve_device(options["device"], options["dtype"])  # a device this machine lacks
     out = options["out"]
     analyses = os.path.join(out, ANALYSES)
     for option, only in ONLY_FOR.items():
@@ -319,8 +334,6 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
                 )
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
         return PaperWorkflow(artifact, out, first + steps, runs=list(specs), pretrained=pretrained)
-    defaults = {**PAPER_DEFAULTS, **ARTIFACT_DEFAULTS.get(artifact, {})}
-    options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
         raise ArgumentError(
             f"--protocol: {options['protocol']!r} is analyze's paper (the default) or default for this artifact"
