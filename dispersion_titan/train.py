@@ -26,6 +26,7 @@ from dispersion_titan.config.cli import (
 from dispersion_titan.utils.errors import DispersionTitanError, RunFinished, command, fail, run_command, say
 
 CHECK_ONLY = "--check-only"
+CHECKED = "DISPERSION_TITAN_CHECKED"  # set by launch/train.sh for its ranks: its --check-only said the launch notes
 NOTHING_TO_DO = 10
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -92,17 +93,19 @@ def main() -> None:
         parsed = {key: value_of(job_config, key) for key in DERIVED}  # before the checks derive them
         # The lock is taken by the one process that checks a launch before its ranks start: not by a rank (rank
         # 0 takes it itself), not on one node of several (another's rank 0 may own the folder).
-        take_lock = "RANK" not in os.environ and os.environ.get("NNODES", "1") in ("", "1")
-        job_config = parse.check_launch(job_config, take_lock=take_lock)
+        one_node = os.environ.get("NNODES", "1") in ("", "1")
+        job_config = parse.check_launch(job_config, take_lock="RANK" not in os.environ and one_node)
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
         sys.exit(NOTHING_TO_DO if check_only else e.status)
     except (DispersionTitanError, ValueError) as e:
         fail(str(e).splitlines()[0])
+    # Once per launch: by the check before it on one node (launch/train.sh's, or by hand), else by rank 0.
+    if one_node if check_only else not (one_node and os.environ.get(CHECKED) == "1"):
+        for note in launch_notes(job_config, parsed):
+            say(f"note: {note}")
     if check_only:
         return
-    for note in launch_notes(job_config, parsed):
-        say(f"note: {note}")  # once per launch: the ranks' rank 0, or the one process
     from dispersion_titan.trainer.trainer import train  # the ranks only: --check-only never builds it
 
     default_to_single_process()

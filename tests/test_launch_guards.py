@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.config.cli import load_toml
+from dispersion_titan.config.cli import load_toml, with_config_module
+from dispersion_titan.job_config import released
 from dispersion_titan.job_config.checks import resolve_batch_sizes
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.utils.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
@@ -219,6 +220,18 @@ def test_train_sh_checks_the_config_once_before_torchrun(finished_run):
     assert_one_line_error(proc.returncode, proc.stderr, "dispersion.variant: 'angular' is not one of")
     assert "torch.distributed" not in proc.stdout + proc.stderr and not proc.stdout.strip()
     assert digests(finished_run) == before
+
+
+def test_check_only_says_the_layout_a_paper_config_launches(tmp_path):
+    """``train --check-only`` on a paper config says the ``[released]`` layout (and the values derived) the launch
+    derives for WORLD_SIZE ranks, as the launch says them (was: nothing, exit 0), and writes nothing."""
+    config = str(REPO / "train_configs" / "paper" / "fig3_gpt2_small.toml")
+    args = [*job_args(config), "--profile", "cpu", "--job.dump_folder", str(tmp_path / "run")]
+    proc = python_module("dispersion_titan.train", "--check-only", *args, env={"WORLD_SIZE": "8"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job = validated_args(with_config_module(args, load_toml(args)), 8)
+    assert f"dispersion_titan: note: {released.summary(job)}\n" in proc.stderr and "[released] on 8 GPUs" in proc.stderr
+    assert "dispersion_titan: note: derived: " in proc.stderr and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

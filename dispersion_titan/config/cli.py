@@ -100,7 +100,7 @@ def train_usage() -> str:
 Trains with TorchTitan. Every key of FILE.toml, TorchTitan's and ours, can be overridden
 on the command line as --SECTION.KEY VALUE.
 
-  --check-only  check the configuration for WORLD_SIZE processes and stop
+  --check-only  check the configuration for WORLD_SIZE processes, say what the launch derives, and stop
   --profile cpu the CPU settings laid over FILE.toml: no compile, foreach AdamW, micro-batches of 1
   {HELP_ALL_FLAG}    every section and key with its default and description (imports TorchTitan)
 

@@ -69,6 +69,7 @@ if [ -n "${RDZV_ID:-}" ]; then rdzv_id=(--rdzv_id "$RDZV_ID"); fi
 
 # SIGINT and SIGTERM reach torchrun, which forwards them to the ranks: they save and stop.
 # torchrun runs through dispersion_titan/torchrun.py, which ends it in one line.
+export DISPERSION_TITAN_CHECKED=1  # the check above said the launch's notes ([released]'s layout): not again
 exec "$python" -m dispersion_titan.torchrun \
     --nnodes "$nnodes" --nproc_per_node "$nproc" \
     --rdzv_backend c10d --rdzv_endpoint "${RDZV_ENDPOINT:-localhost:0}" "${rdzv_id[@]}" \
