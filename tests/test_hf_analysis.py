@@ -371,14 +371,16 @@ def test_geometry_of_rank_one_and_orthogonal_tokens():
 
 def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer_files, texts, tmp_path, capsys):
     """``--protocol paper``: the authors' texts from a local wikitext-103-v1 copy, the tokenizer's default
-    special tokens (here a BOS its post-processor adds), and Spearman/Kendall over transformers' n + 1
+    special tokens (here a BOS and an EOS its post-processor adds) truncated as theirs (the EOS kept), and
+    Spearman/Kendall over transformers' n + 1
     hidden_states; ``family --protocol paper`` refuses a model analysed otherwise."""
     from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
 
     folder = save_model(tmp_path / "llama", config("llama", layers=3), tokenizer_files)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 50256)])
+    eos = [("<|endoftext|>", 50256)]
+    tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A <|endoftext|>", special_tokens=eos)
     tokenizer.save(str(folder / "tokenizer.json"))
     corpus = write_wikitext_copy(tmp_path / "wikitext")
     out = tmp_path / "paper"
@@ -404,8 +406,9 @@ def test_protocol_paper_inputs_special_tokens_and_hidden_states_points(tokenizer
 
     rows = [r for f in sorted((corpus / "wikitext-103-v1").iterdir()) for r in pq.read_table(f)["text"].to_pylist()]
     encode = transformers.AutoTokenizer.from_pretrained(folder)
-    tokens = torch.tensor([encode(authors_long_text(rows, seed))["input_ids"][:24] for seed in range(3)])
-    assert (tokens[:, 0] == 50256).all()  # the default special token is there
+    theirs = [authors_long_text(rows, seed) for seed in range(3)]
+    tokens = torch.tensor(encode(theirs, truncation=True, max_length=24)["input_ids"])  # compute_embedding_cossim.py
+    assert (tokens[:, 0] == 50256).all() and (tokens[:, -1] == 50256).all()  # was: [BOS] + 23 ids, the EOS cut
     assert (
         result.tokens_sha256
         == hashlib.sha256(tokens.numpy().astype("<i8").tobytes() + repr(tuple(tokens.shape)).encode()).hexdigest()

@@ -43,8 +43,10 @@ def load_config(spec: HFSpec, revision: str | None):
     )
 
 
-def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = False) -> Encode:
-    """The model's own tokenizer, adding no special tokens unless ``special_tokens`` (``--protocol paper``)."""
+def load_encoder(spec: HFSpec, revision: str | None, paper_length: int | None = None) -> Encode:
+    """The model's own tokenizer, adding no special tokens; with ``paper_length`` (``--protocol paper``) its
+    default ones, truncated to that length as the authors' ``tokenizer(text, truncation=True, max_length=512)``:
+    a suffix token such as EOS is kept, where cutting the ids afterwards would drop it."""
     from transformers import AutoTokenizer
 
     tokenizer = _from_pretrained(AutoTokenizer, spec, revision)
@@ -53,7 +55,8 @@ def load_encoder(spec: HFSpec, revision: str | None, special_tokens: bool = Fals
             f"{spec.name(revision)}: its tokenizer has no vocabulary (its tokenizer files, such as "
             "tokenizer.json, are missing or empty); copy the model's tokenizer files into it"
         )
-    return lambda texts: tokenizer(texts, add_special_tokens=special_tokens, verbose=False)["input_ids"]
+    cut = {"truncation": True, "max_length": paper_length} if paper_length else {}
+    return lambda texts: tokenizer(texts, add_special_tokens=bool(paper_length), verbose=False, **cut)["input_ids"]
 
 
 def _auto_class(config):

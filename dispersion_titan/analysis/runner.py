@@ -362,7 +362,7 @@ class HFAnalysis(Analysis):
             dtype,
             FolderOwner("analysis", self.spec.model),
             model=self.spec.model,
-            encode=hf_model.load_encoder(self.spec, first, inputs.protocol == "paper"),
+            encode=hf_model.load_encoder(self.spec, first, inputs.seq_len if inputs.protocol == "paper" else None),
         )
 
     def load(self, unit: Unit) -> DecoderLayers:
