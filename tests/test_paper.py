@@ -187,6 +187,8 @@ def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys, monkeypatch):
         assert got["mean_cos_last_n"] == pytest.approx({str(n): np.mean(want["mean_cos"][-n:]) for n in range(1, 6)})
         half = want["layers"] // 2 + 1
         assert (got["half_n"], got["mean_cos_last_half"]) == (half, pytest.approx(np.mean(want["mean_cos"][-half:])))
+        table_half = max(1, want["layers"] // 2)  # cossim_family_tables.py's "last half mean": one point fewer
+        assert got["mean_cos_last_half_table"] == pytest.approx(np.mean(want["mean_cos"][-table_half:]))
     analysed = [json.loads(p.read_text()) for p in sorted((out / "analyses").rglob("condensation.json"))]
     assert {a["dtype"] for a in analysed} == {"fp32"}
     assert_figure(out / "fig2_last_n")

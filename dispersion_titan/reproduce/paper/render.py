@@ -152,6 +152,7 @@ def model_numbers(entry: Entry) -> dict:
         "mean_cos_last_n": {str(n): last_n_mean(entry.result, n) for n in LAST_N_PANELS},
         "half_n": half_n(len(entry.curve)),
         "mean_cos_last_half": last_n_mean(entry.result, half_n(len(entry.curve))),
+        "mean_cos_last_half_table": last_n_mean(entry.result, max(1, len(entry.curve) // 2)),
         "tokens_sha256": r.tokens_sha256,
     }
 
@@ -203,7 +204,8 @@ def numbers(workflow: PaperWorkflow, found: list[Entry]) -> dict:
         "depth_trend": "Spearman's rho and Kendall's tau of per-layer mean_cos against layer index "
         "(embedding = 0) over each model's layer points, two-sided p-values (scipy)",
         "last_n": "mean_cos_last_n: the mean of the last N layer points, N = 1..5; mean_cos_last_half: of "
-        "the last half_n = L//2+1 of L points (the authors' plot_trend.py --last-n panels)",
+        "the last half_n = L//2+1 of L points (the authors' plot_trend.py --last-n panels); "
+        "mean_cos_last_half_table: of the last max(1, L//2) (their cossim_family_tables.py's last half mean)",
         "models": [model_numbers(e) for e in found],
         "rows": row_numbers(workflow, found),
         "pairs": pair_numbers(workflow, found),
