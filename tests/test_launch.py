@@ -390,13 +390,6 @@ def test_a_sweep_folder_whose_manifest_is_unreadable_submits_nothing(tmp_path):
     assert not (tmp_path / "submitted").exists() and (out / "sweep.json").read_text() == '{"config": "'
 
 
-def test_train_sh_says_the_launch_notes_once(tmp_path):
-    """Its ``--check-only`` says the launch's notes (debug.toml's derived micro-batch); its ranks, told so
-    (DISPERSION_TITAN_CHECKED), do not say them again."""
-    out = finish(train_sh(tmp_path / "run", "--checkpoint.no-enable", cwd=tmp_path, env=launch_env({"NPROC": "1"})))
-    assert out.count("dispersion_titan: note: derived: training.local_batch_size = 4") == 1, out[-4000:]
-
-
 def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp_path):
     """A real launch reads its TOML, parses and checks the config once, and hands that very object to the
     trainer (debug.toml derives ``local_batch_size = 0``, which only the checks fill in),

@@ -265,6 +265,10 @@ def test_interrupt_saves_says_one_line_and_resumes_exactly(reference, tmp_path, 
         threads = max(1, len(os.sched_getaffinity(0)) // 2)
         assert f"OMP_NUM_THREADS={threads}\n" in (tmp_path / "threads.txt").read_text(), "half the CPUs each"
         assert "[rank0]:" in output(stopped) and "[rank1]:" not in output(stopped), "LOG_RANK=0 shows rank 0 only"
+        derived = "dispersion_titan: note: derived: training.local_batch_size"
+        assert output(stopped).count(derived) == 1, (
+            "said by its check, not again by the ranks (DISPERSION_TITAN_CHECKED)"
+        )
     match = re.fullmatch(
         r"\[rank0\]:dispersion_titan: interrupted at step (\d+); checkpoint step-(\d+) saved; "
         r"relaunch the same command to resume",
