@@ -123,10 +123,14 @@ def main(argv: list[str] | None = None) -> None:
         todo, kept = jobs, {}
         if (sweep.out / slurm_sweep.MANIFEST).exists():  # submitted again: its stopped jobs only
             todo, kept = slurm_sweep.resubmission(sweep, jobs, configs)
-        ids = submit(todo, sweep.out / "logs", kept)
+        ids = dict(kept)
+        try:
+            submit(todo, sweep.out / "logs", ids, then="; fix the cause and submit the sweep again for the rest")
+        finally:  # also those submitted before a refusal: the same command again submits the rest
+            recorded = [next((j for j in todo if j.key == job.key), job) for job in jobs]  # as submitted, last
+            manifest = slurm_sweep.write_manifest(sweep, recorded, ids) if ids else None
         again = f" ({len(kept)} kept: still queued or running, or a finished training)" if kept else ""
-        recorded = [next((j for j in todo if j.key == job.key), job) for job in jobs]  # as submitted, last
-        print(f"sweep: {len(todo)} jobs submitted{again}; manifest {slurm_sweep.write_manifest(sweep, recorded, ids)}")
+        print(f"sweep: {len(todo)} jobs submitted{again}; manifest {manifest}")
 
 
 if __name__ == "__main__":

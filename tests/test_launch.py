@@ -368,6 +368,41 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
     assert len(calls.read_text().splitlines()) == 5
 
 
+def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp_path):
+    """The 3rd of a sweep's 5 sbatch calls refused (the evaluation's bad partition, exit 1): one line naming the job
+    and those submitted, exit 2, and sweep.json names them; the command again with the partition fixed submits the
+    3 missing after the 2 Slurm still holds (was: `out: OUT exists and is not an empty folder or a sweep's`)."""
+    bin_dir, out, calls, held = tmp_path / "bin", tmp_path / "sweep", tmp_path / "calls", tmp_path / "held"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(  # job ids 101, 102, ... (a call refused takes one too)
+        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\ncase "$*" in *--partition=bad*)\n'
+        'echo "sbatch: error: invalid partition specified: bad" >&2; exit 1;;\nesac\n'
+        f"echo $((100 + n)) | tee -a {held}\n"
+    )
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")  # every job submitted still queued
+    for tool in ("sbatch", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    args = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
+    first = sweep(*args, "--out", str(out), "--evaluate-sbatch-arg=--partition=bad", env=env)  # evaluate: 3rd
+    assert first.returncode == 2 and first.stderr.strip().splitlines() == [
+        "sweep: error: sbatch (w64-baseline-s0 evaluate): sbatch: error: invalid partition specified: bad; "
+        "submitted so far: 101 102 (scancel 101 102); fix the cause and submit the sweep again for the rest"
+    ], first.stderr
+    recorded = json.loads((out / "sweep.json").read_text())
+    assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", None]
+    again = sweep(*args, "--out", str(out), env=env)  # the partition fixed: only jobs never submitted changed
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1].startswith("sweep: 3 jobs submitted (2 kept: still queued or running")
+    evaluate, compare, table = calls.read_text().splitlines()[3:]
+    assert evaluate.startswith("--parsable --dependency=afterok:101 ") and "--partition=bad" not in evaluate
+    assert compare.startswith("--parsable --dependency=afterok:101:102 ")
+    assert table.startswith("--parsable --dependency=afterok:104 ")
+    recorded = json.loads((out / "sweep.json").read_text())
+    assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", "104"]
+    assert (recorded["compare_job"], recorded["table_job"]) == ("105", "106")
+
+
 def test_a_sweep_folder_whose_manifest_is_unreadable_submits_nothing(tmp_path):
     """A sweep submitted again into its folder reads its sweep.json (cut short, or edited by hand): one line naming
     it, exit 2, before any sbatch (a traceback without the check)."""

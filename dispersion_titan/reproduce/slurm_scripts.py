@@ -60,6 +60,8 @@ def script(header: list[str], jobs: list[SlurmJob], logs: str | Path) -> str:
 
 def queued_jobs(ids: list[str]) -> set[str]:
     """Those of ``ids`` Slurm still holds: pending, running or completing (``squeue``'s default states)."""
+    if not ids:  # squeue --jobs= lists every job
+        return set()
     try:
         proc = subprocess.run(
             ["squeue", "--noheader", "--format=%i", f"--jobs={','.join(ids)}"], capture_output=True, text=True
@@ -94,14 +96,15 @@ def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[s
     return submitted
 
 
-def submit(jobs: list[SlurmJob], logs: str | Path, queued: dict[str, str] | None = None) -> dict[str, str]:
-    """Submit in order, after the ``queued`` jobs (key: id) they name; none that is still queued from an earlier
-    submission (``logs/submitted.json``); a refused submission ends it naming what was already submitted."""
+def submit(jobs: list[SlurmJob], logs: str | Path, ids: dict[str, str] | None = None, then: str = "") -> dict[str, str]:
+    """Submit in order, after the jobs they name in ``ids`` (key: id; queued before), adding each one submitted there
+    (the caller records them if one is refused); none that is still queued from an earlier submission
+    (``logs/submitted.json``); a refused submission ends it naming what was already submitted, and ``then``."""
     require_sbatch()
     os.makedirs(logs, exist_ok=True)
     record = Path(logs, "submitted.json")
     submitted = _refuse_queued_twice(jobs, record)
-    ids: dict[str, str] = dict(queued or {})
+    ids = {} if ids is None else ids
     env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs
     try:
         for job in jobs:
@@ -110,7 +113,7 @@ def submit(jobs: list[SlurmJob], logs: str | Path, queued: dict[str, str] | None
                 done = " ".join(ids[j.key] for j in jobs if j.key in ids)
                 reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
                 hint = f"; submitted so far: {done} (scancel {done})" if done else ""
-                raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}")
+                raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}{then}")
             ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
             submitted[ids[job.key]] = job.argv
             print(f"{ids[job.key]:>10}  {job.label}", flush=True)

@@ -230,7 +230,8 @@ def _trained(config: RunConfig) -> bool:
 
 
 def _recorded(path: Path) -> tuple[str, dict[str, list[str]], dict[str, str]]:
-    """A submitted sweep's folder, its jobs' sbatch commands without their dependencies, and their ids."""
+    """A submitted sweep's folder, its jobs' sbatch commands without their dependencies, and the ids of those
+    submitted (none: a submission refused partway, ``null``)."""
     try:
         manifest = json.loads(path.read_text())
         commands = {
@@ -239,7 +240,7 @@ def _recorded(path: Path) -> tuple[str, dict[str, list[str]], dict[str, str]]:
         ids = {"compare": manifest["compare_job"], "table": manifest["table_job"]}
         for i, cell in enumerate(manifest["cells"], start=1):
             ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
-        return manifest["out"], commands, ids
+        return manifest["out"], commands, {key: job_id for key, job_id in ids.items() if job_id is not None}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # edited by hand, or of another version
         raise ArgumentError(f"out: {path}: unreadable ({type(e).__name__}: {e}); give the sweep a new folder") from None
 
@@ -254,7 +255,8 @@ def resubmission(sweep: Sweep, jobs: list[SlurmJob], configs: list[RunConfig]) -
             f"out: {sweep.out} holds the sweep submitted into {out} (copied or moved: its {MANIFEST}'s "
             "jobs write there); submit it there again, or give the sweep a new folder"
         )
-    differs = next((job.label for job in jobs if recorded.get(job.key) != job.argv), None)
+    # a job never submitted (its sbatch refused, say for a bad partition) may take the settings that fix it
+    differs = next((job.label for job in jobs if job.key in ids and recorded.get(job.key) != job.argv), None)
     if differs or len(recorded) != len(jobs):
         raise ArgumentError(
             f"out: {sweep.out} holds a sweep submitted with other settings (the {differs or 'grid'} job differs from "
@@ -262,7 +264,8 @@ def resubmission(sweep: Sweep, jobs: list[SlurmJob], configs: list[RunConfig]) -
         )
     queued = queued_jobs(list(ids.values()))
     kept = {key: job_id for key, job_id in ids.items() if job_id in queued}
-    kept |= {f"train_{i}": ids[f"train_{i}"] for i, config in enumerate(configs, start=1) if _trained(config)}
+    trained = (i for i, config in enumerate(configs, start=1) if f"train_{i}" in ids and _trained(config))
+    kept |= {f"train_{i}": ids[f"train_{i}"] for i in trained}
     todo = [job for job in jobs if job.key not in kept]
     waits = {key for key in kept if ids[key] in queued} | {job.key for job in todo}  # a finished training: none
     return [replace(job, after=[key for key in job.after if key in waits]) for job in todo], kept
@@ -315,6 +318,8 @@ def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
 
 
 def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> Path:
+    """``sweep.json``: the grid, its jobs' ids (``null``: not submitted, the same command again submits it) and
+    sbatch commands, which a submission again compares."""
     manifest = {
         "config": str(sweep.config),
         "out": str(sweep.out),
@@ -326,17 +331,17 @@ def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> P
                 "variant": asdict(c.arm),  # name, coeff, method
                 "seed": c.seed,
                 "run": str(sweep.out / c.name),
-                "train_job": ids[f"train_{i}"],
-                "analyze_job": ids[f"analyze_{i}"],
-                "evaluate_job": ids[f"evaluate_{i}"],
+                "train_job": ids.get(f"train_{i}"),
+                "analyze_job": ids.get(f"analyze_{i}"),
+                "evaluate_job": ids.get(f"evaluate_{i}"),
             }
             for i, c in enumerate(sweep.cells(), start=1)
         ],
-        "compare_job": ids["compare"],
+        "compare_job": ids.get("compare"),
         "compare_out": str(sweep.out / "compare"),
-        "table_job": ids["table"],
+        "table_job": ids.get("table"),
         "table_out": str(sweep.out / "table"),
-        "commands": {job.key: job.command(ids) for job in jobs},
+        "commands": {job.key: job.command(ids) if {job.key, *job.after} <= ids.keys() else job.argv for job in jobs},
     }
     path = sweep.out / MANIFEST
     atomic_write(str(path), lambda f: f.write(json.dumps(manifest, indent=2) + "\n"), durable=True)  # read again
