@@ -72,6 +72,41 @@ def test_train_sh_bad_input_is_one_line(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == "train.sh: error: NPROC must be a positive integer, got 'two'"
 
 
+def test_train_sbatch_within_its_warning_of_the_time_limit_is_one_line(tmp_path):
+    """train.sbatch submitted with a --time within its USR1 warning (300 s, or the PREEMPT_LEAD given with a later
+    --signal; Slurm may send it 60 s sooner): one line naming the limit, exit 2, before srun (was: each attempt
+    signalled at its start, checkpointed and requeued, again and again). Here a stand-in scontrol tells the limit."""
+    sbatch_script, bin_dir = REPO / "launch" / "slurm" / "train.sbatch", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!/bin/sh\ntouch {tmp_path}/trained\n")  # were it to train
+    for limit, lead, refused in (
+        ("00:05:00", "", True),
+        ("00:06:00", "", True),
+        ("00:06:01", "", False),
+        ("1-00:00:00", "", False),
+        ("UNLIMITED", "", False),
+        ("00:05:00", "60", False),
+    ):
+        (bin_dir / "scontrol").write_text(
+            f'#!/bin/sh\necho "JobId=7 JobName=t\n   RunTime=00:00:01 TimeLimit={limit} TimeMin=N/A\n'
+            f'   Command={sbatch_script} {DEBUG_TOML}"\n'
+        )
+        for tool in ("scontrol", "srun"):
+            (bin_dir / tool).chmod(0o755)
+        env = launch_env({"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "PREEMPT_LEAD": lead})
+        proc = subprocess.run(["bash", str(sbatch_script), "/no/such.toml"], env=env, capture_output=True, text=True)
+        assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+        if refused:
+            assert proc.stderr.strip() == (
+                f"train.sbatch: error: time limit {limit} leaves no time to train: this job is signalled 300 s before "
+                "it (Slurm may signal 60 s sooner) to checkpoint and requeue; give sbatch --time more than 00:06:00, "
+                "or signal later: sbatch --signal=B:USR1@60 --export=ALL,PREEMPT_LEAD=60"
+            )
+        else:  # checked, then on to the config
+            assert proc.stderr.strip() == "train.sbatch: error: config file not found: /no/such.toml", limit
+    assert not (tmp_path / "trained").exists()
+
+
 def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
     """Rank 1 fails; rank 0 ignores torchrun's SIGTERM (as a rank blocked in C++, in gloo's rendezvous, does)
     and torchrun SIGKILLs it: the launcher says that, not "out of memory", which stays for a SIGKILL from
@@ -259,6 +294,7 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
         assert train.startswith(f"train_{i}=$(sbatch --parsable ")
         assert "--dependency" not in train and "--partition=p1" in train and "--account=a1" in train
         assert "--time=00:05:00 " in train and " --signal=B:USR1@60 " in train
+        assert " --export=ALL,PREEMPT_LEAD=60 " in train  # train.sbatch's own check of its time limit
         assert str(REPO / "dispersion_titan/launch_scripts/slurm/train.sbatch") in train
         assert (
             f"--training.steps 3 --baseline.forget_every 2 --model.mlp_hidden_dim {width} "

@@ -69,3 +69,16 @@ dump_folder_override() {  # dump_folder_override ARGS...: the (last) --job.dump_
     done
     echo "$value"
 }
+
+refuse_short_time_limit() {  # refuse_short_time_limit LIMIT LEAD: die where the warning LEAD s before Slurm's
+    # LIMIT ([D-]H:M:S, as scontrol shows it) would stop every attempt at its start, to checkpoint and requeue again
+    local days=0 clock=$1 h m s
+    [[ "$clock" =~ ^([0-9]+-)?[0-9]+:[0-9]+:[0-9]+$ ]] || return 0  # UNLIMITED, Partition_Limit, ...
+    if [[ "$clock" == *-* ]]; then days=${clock%%-*}; clock=${clock#*-}; fi
+    IFS=: read -r h m s <<<"$clock"
+    local least=$(($2 + 60)) # sbatch --signal: sent up to 60 s sooner
+    [ $((10#$days * 86400 + 10#$h * 3600 + 10#$m * 60 + 10#$s)) -gt "$least" ] ||
+        die "time limit $1 leaves no time to train: this job is signalled $2 s before it (Slurm may signal 60 s" \
+            "sooner) to checkpoint and requeue; give sbatch --time more than $(printf '%02d:%02d:%02d' \
+            $((least / 3600)) $((least % 3600 / 60)) $((least % 60))), or signal later: sbatch --signal=B:USR1@60 --export=ALL,PREEMPT_LEAD=60"
+}

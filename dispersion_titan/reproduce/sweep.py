@@ -282,7 +282,9 @@ def _resources(sweep: Sweep, *keys: str) -> list[str]:
 def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
     """Per cell: train, then analyze and evaluate; then compare (after every train and
     analyze job) and the table (after every evaluate job)."""
-    train_options = _resources(sweep, "nodes", "gpus_per_node", "cpus_per_task") + sweep.train_sbatch_args
+    lead = _signal_lead(sweep.train_sbatch_args)  # for train.sbatch's check of its time limit, when not its own
+    told = [f"--export=ALL,PREEMPT_LEAD={lead}"] if lead != SBATCH_SIGNAL_LEAD_S else []
+    train_options = _resources(sweep, "nodes", "gpus_per_node", "cpus_per_task") + told + sweep.train_sbatch_args
     kinds = {  # a job's sbatch script is its kind's
         "train": (sweep.train_time, train_options),
         "analyze": (sweep.analyze_time, _resources(sweep, "analyze_gpus") + sweep.analyze_sbatch_args),
