@@ -28,8 +28,8 @@ DP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory) -> Path:
-    """A small run folder that refused commands must leave byte-identical."""
+def one_process_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A small single-process CPU run: its folder and its process."""
     dump = tmp_path_factory.mktemp("guards") / "run"
     proc = python_module(
         "dispersion_titan.train",
@@ -42,7 +42,19 @@ def finished_run(tmp_path_factory) -> Path:
         "--validation.no-enable",
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return dump
+    return dump, proc
+
+
+@pytest.fixture(scope="module")
+def finished_run(one_process_run) -> Path:
+    """A small run folder that refused commands must leave byte-identical."""
+    return one_process_run[0]
+
+
+def test_a_float32_cpu_run_says_nothing_of_autocast(one_process_run):
+    """debug.toml trains in fp32: no autocast, and no torch warning that a CPU autocast to fp32 is off."""
+    proc = one_process_run[1]
+    assert "autocast" not in (proc.stdout + proc.stderr).lower(), proc.stderr[-4000:]
 
 
 # ---------------------------------------------------------------- no silent CPU fallback

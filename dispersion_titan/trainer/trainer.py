@@ -9,6 +9,7 @@ import dataclasses
 import os
 import signal
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -79,12 +80,17 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             remove_stale_writes(dump)  # run.json's or .owner.json's temporary file of a launch killed writing it
             atexit.register(self.writer_lock.release)
             record_run_folders(dump, {k: v for k, v in folders.items() if k != CHECKPOINT_KEY})
+        fp32 = job_config.training.mixed_precision_param == "float32"
         try:
-            super().__init__(job_config)
+            with warnings.catch_warnings():
+                if fp32:  # TorchTitan builds a CPU autocast to fp32, which torch turns off with a warning
+                    warnings.filterwarnings("ignore", "In CPU autocast, but the target dtype is not supported")
+                super().__init__(job_config)
         except BaseException:
             self._release_writer_lock()
             raise
-        if shards_one_rank(self.parallel_dims, job_config):  # FSDP2 casts; autocast would recast norms to fp32
+        # FSDP2 casts (autocast would recast norms to fp32); an autocast to fp32 has nothing to do
+        if fp32 or shards_one_rank(self.parallel_dims, job_config):
             self.maybe_enable_amp = contextlib.nullcontext()
             if job_config.validation.enable:
                 self.validator.maybe_enable_amp = self.maybe_enable_amp
