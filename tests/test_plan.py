@@ -45,9 +45,10 @@ from dispersion_titan.planning.resource_plan import (
     step_time,
 )
 from dispersion_titan.planning.step_measure import measure_at
+from dispersion_titan.run_folder.checkpoints import complete_checkpoints, is_full
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.cli import assert_one_line_error, run_cli
-from support.launch import REPO, torchrun_script
+from support.launch import DEBUG_TOML, REPO, python_module, torchrun_script
 
 CONFIGS = sorted((REPO / "train_configs").rglob("*.toml"))
 SIZES = ((1, None), (8, None), (64, None), (8, 2))
@@ -251,6 +252,19 @@ def test_checkpoint_disk_is_counted_from_the_config():
     disk = checkpoint_disk(job, params)
     assert (disk.full, disk.model_only) == (10, 1)
     assert disk.bytes == params * (10 * FULL_BYTES_PER_PARAM + 4) and 14e9 < disk.bytes < 16e9
+
+
+@pytest.mark.parametrize("overrides", [(), ("--checkpoint.no-save_initial",)])
+def test_a_run_of_0_steps_is_planned_with_the_checkpoints_it_saves(tmp_path, overrides):
+    """``--training.steps 0``: the plan counts what train saves, a full step 0 or nothing (was
+    '0 full + 1 weights-only', a final save that never happens)."""
+    args = ("--training.steps", "0", *overrides)
+    dump = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(tmp_path)]
+    proc = python_module("dispersion_titan.train", *dump, *args)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    saved = [is_full(c.path) for c in complete_checkpoints(str(tmp_path / "checkpoint"))]
+    disk = checkpoint_disk(validated_args(plan_args(DEBUG_TOML, None, args), 1), 1.0)
+    assert (disk.full, disk.model_only) == (saved.count(True), saved.count(False))
 
 
 def test_a_dispersion_term_is_priced_at_its_kernels_measured_rate():

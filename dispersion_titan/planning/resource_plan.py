@@ -194,14 +194,15 @@ class CheckpointDisk:
 
 def checkpoint_disk(job_config: RunConfig, params: float) -> CheckpointDisk:
     """The checkpoints a run keeps at its end: full ones (fp32 weights and AdamW moments) and a
-    weights-only last one (``last_save_model_only``)."""
+    weights-only last one (``last_save_model_only``). A run of 0 steps saves at most its full step 0."""
     c, steps = job_config.checkpoint, job_config.training.steps
-    kept = sorted(({0} if c.save_initial else set()) | set(range(c.interval, steps, c.interval)) | {steps})
+    trained = set(range(c.interval, steps, c.interval)) | ({steps} if steps else set())
+    kept = sorted(({0} if c.save_initial else set()) | trained)
     if not c.enable:
         kept = []
     elif c.keep_latest_k > 0:
         kept = kept[-c.keep_latest_k :]
-    model_only = int(bool(kept) and c.last_save_model_only)
+    model_only = int(steps > 0 and bool(kept) and c.last_save_model_only)
     full = len(kept) - model_only
     per_param = full * FULL_BYTES_PER_PARAM + model_only * DTYPE_BYTES[c.export_dtype]
     return CheckpointDisk(full, model_only, params * per_param)
