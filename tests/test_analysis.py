@@ -377,8 +377,8 @@ def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(r
         "seed 0 vs 7); use another --out, or --force to recompute",
     )
     assert digests(out) == before and not tb.exists()
-    code, stdout, _ = analyze(run, *other, "--force", capsys=capsys)
-    assert code == 0 and "note: 2 older analyses" in stdout
+    code, _, err = analyze(run, *other, "--force", capsys=capsys)
+    assert code == 0 and "\ndispersion_titan: note: 2 older analyses" in f"\n{err}", err
     assert read_json(out / "step-4" / "condensation.json")["num_sequences"] == 4
     assert {k: v for k, v in digests(out).items() if k.startswith((".owner", "step-0/", "step-2/"))} == before
 

@@ -34,7 +34,7 @@ def test_default_seq_len_is_the_models_positions(tmp_path, long_texts):
     run = tiny_run(tmp_path / "debug", steps=(0,))  # the debug model has 256 positions
     proc = python_module("dispersion_titan.analyze", str(run), "--texts", str(long_texts), "--num-sequences", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "note: --seq-len 256 (the model's positions, max_seq_len in" in proc.stdout
+    assert "\ndispersion_titan: note: --seq-len 256 (the model's positions, max_seq_len in" in f"\n{proc.stderr}"
     assert json.loads((run / "condensation" / "step-0" / "condensation.json").read_text())["seq_len"] == 256
 
     before = digests(run)

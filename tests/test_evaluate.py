@@ -469,7 +469,7 @@ def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
     assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
     assert run_protocol("gpt2") == ("gpt2", None) and run_protocol("qwen3_dispersion") == ("qwen3", None)
     protocol, note = run_protocol("llama3_dispersion")
-    assert protocol == "gpt2" and note.startswith("note: the authors evaluated no llama3_dispersion model")
+    assert protocol == "gpt2" and note.startswith("the authors evaluated no llama3_dispersion model")
 
 
 def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path, capsys):
@@ -563,8 +563,8 @@ def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, 
     )
     assert digests(out) == before
 
-    code, stdout, _ = evaluate(run, "--include-path", TASKS, *options, "--force", capsys=capsys)
-    assert code == 0 and "note: step(s) [0]" in stdout
+    code, _, err = evaluate(run, "--include-path", TASKS, *options, "--force", capsys=capsys)
+    assert code == 0 and "\ndispersion_titan: note: step(s) [0]" in f"\n{err}", err
     with open(out / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["step", "wiki_next_word/acc", "wiki_text/word_perplexity", "mean_acc"]

@@ -217,8 +217,8 @@ def test_default_seq_len_is_the_models_positions(tokenizer_files, texts, tmp_pat
         f"--seq-len: 65 exceeds the model's 64 positions (max_position_embeddings of {folder})",
     )
     assert not (tmp_path / "out" / "rev-default").exists()
-    code, stdout, _ = analyze(f"hf:{folder}", *common, capsys=capsys)
-    assert code == 0 and "note: --seq-len 64 (the model's positions" in stdout
+    code, _, err = analyze(f"hf:{folder}", *common, capsys=capsys)
+    assert code == 0 and "\ndispersion_titan: note: --seq-len 64 (the model's positions" in f"\n{err}", err
     assert load(tmp_path / "out").seq_len == 64
 
 

@@ -53,7 +53,7 @@ from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
 from ..utils.devices import DTYPES, resolve_device
-from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, ModelLoadError, OutputError
+from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, ModelLoadError, OutputError, say
 from ..utils.hub import PREFIX, parse_spec
 from . import figures, hf_model, inputs
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
@@ -113,7 +113,7 @@ def fitted_inputs(options: argparse.Namespace, inputs: InputOptions, positions: 
         return inputs
     if options.seq_len is not None:
         raise AnalysisError(f"--seq-len: {inputs.seq_len} exceeds the model's {positions} positions ({where})")
-    print(f"note: --seq-len {positions} (the model's positions, {where}) instead of the default {inputs.seq_len}")
+    say(f"note: --seq-len {positions} (the model's positions, {where}) instead of the default {inputs.seq_len}")
     return dataclasses.replace(inputs, seq_len=positions)
 
 
@@ -234,7 +234,7 @@ class Analysis:
         results = read_analyses(self.out)
         matching = sorted((r for r in results.values() if not self._differences(r)), key=lambda r: r.step)
         if len(matching) < len(results):
-            print(
+            say(
                 f"note: {len(results) - len(matching)} older analyses in {self.out} used other settings (kept by "
                 f"--force) and are left out of {SUMMARY_FILE} and evolution.png"
             )

@@ -46,7 +46,7 @@ def run_protocol(model_name: str) -> tuple[str, str | None]:
     if model_name in FAMILY_PROTOCOLS:
         return FAMILY_PROTOCOLS[model_name], None
     return DEFAULT_PROTOCOL, (
-        f"note: the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
+        f"the authors evaluated no {model_name} model; using --protocol {DEFAULT_PROTOCOL} "
         f"(--protocol {' or '.join(PRESETS)} chooses)"
     )
 

@@ -50,7 +50,7 @@ from ..run_folder.outputs import (
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.writer_lock import COMMAND, pid_runs, refuse_if_busy
 from ..utils.devices import AUTOCAST, DTYPES, resolve_device
-from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError, cause
+from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError, cause, say
 from ..utils.hub import PREFIX, HFSpec, hub_offline, loading, parse_spec
 from ..utils.records import differences
 from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
@@ -93,7 +93,7 @@ class RunEvaluation:
         self.hub = hub_model(options.run) if options.run.startswith(PREFIX) else None
         protocol, note = (options.protocol, None) if options.protocol else run_protocol(_model_name(options.run))
         if note:
-            print(note, file=sys.stderr)
+            say(f"note: {note}")
         self.selection = select_tasks(options.tasks, options.num_fewshot, options.limit, protocol)
         if self.hub:  # the model as published: one result, step 0, as a run's model before training
             if not options.out:
@@ -170,7 +170,7 @@ class RunEvaluation:
         results = read_evaluations(self.out)  # summary.csv over every step evaluated here, whatever its settings
         other = sorted(step for step, result in results.items() if settings(result) != self.settings)
         if other:
-            print(
+            say(
                 f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
                 "summary.csv keeps their rows, and each step-N/results.json its settings"
             )
