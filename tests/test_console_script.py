@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.__main__ import COMMANDS
+from dispersion_titan.utils.errors import docs_page
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,6 +33,15 @@ def test_a_subcommand_answers_as_python_m(command, module):
     theirs = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
     assert ours.returncode == theirs.returncode == 0
     assert ours.stdout == theirs.stdout
+
+
+def test_help_cites_a_page_of_the_docs_not_a_checkout_path():
+    """A wheel install has no docs/: train's help and launch/train.sh's cite a page of the project's docs."""
+    env = {**os.environ, "PYTHON": sys.executable}
+    train, train_sh = [sys.executable, "-m", "dispersion_titan.train"], ["bash", str(REPO / "launch" / "train.sh")]
+    for argv, page in (([*train, "--help"], "training.md"), ([*train_sh, "--help"], "reliability.md")):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0 and "docs/" not in proc.stdout and docs_page(page) in proc.stdout, proc.stdout
 
 
 def test_an_unknown_command_is_refused_with_the_list():

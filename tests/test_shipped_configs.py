@@ -16,7 +16,7 @@ from dispersion_titan.evaluation.table import authors_steps
 from dispersion_titan.job_config import released
 from dispersion_titan.job_config.parse import setup_torchtitan, validated_args
 from dispersion_titan.reproduce.paper import catalog
-from dispersion_titan.utils.errors import ConfigError
+from dispersion_titan.utils.errors import ConfigError, docs_page
 from support.launch import REPO
 
 setup_torchtitan()
@@ -100,7 +100,8 @@ def test_a_paper_config_trains_another_gpu_counts_run_and_refuses_what_their_scr
     assert derived(gpt2, 2, "--released.gpus", "8") == eight
     assert derived(gpt2, 8, "--training.max_local_batch_size", "8") == {**eight, "micro_batch": 8}
     refusals = {
-        ("--training.steps", "100"): "training.steps: set from [released]",
+        ("--training.steps", "100"): f"training.steps: set from [released] for the run's GPU count, as the "
+        f"authors' script does ({docs_page('reproduction.md', 'A paper config on N GPUs')});",
         ("--optimizer.lr=1e-3",): "optimizer.lr: set from [released]",
         ("--training.global_batch_size", "32"): "training.global_batch_size: set from [released]",
         ("--released.gpus", "8", "--parallelism.data_parallel_replicate_degree", "3"): "released.gpus: the authors' "

@@ -21,7 +21,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from ..utils.errors import ArgumentError, ConfigError, fail
+from ..utils.errors import ArgumentError, ConfigError, docs_page, fail
 from ..utils.package_data import package_file
 from .schema import JobConfig
 
@@ -107,7 +107,7 @@ on the command line as --SECTION.KEY VALUE.
 Keys this package adds, with their defaults:
 {sections}
 
-Documentation: docs/training.md"""
+Documentation: {docs_page("training.md")}"""
 
 
 def read_toml(path: str, field: str) -> dict:

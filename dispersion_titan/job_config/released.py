@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..components.optimizers import body_warmup_steps
 from ..config.cli import given_keys
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, docs_page
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -41,7 +41,7 @@ def refuse_derived_keys(config: RunConfig, args: list[str], toml: dict) -> None:
         if key in given_keys(args, toml):
             raise ConfigError(
                 f"{key}: set from [released] for the run's GPU count, as the authors' script does "
-                "(docs/reproduction.md#a-paper-config-on-n-gpus); remove it, change [released]'s keys "
+                f"({docs_page('reproduction.md', 'A paper config on N GPUs')}); remove it, change [released]'s keys "
                 "(fewer steps: --released.train_tokens), or set released.per_device_train_batch_size = 0 "
                 "and give the whole layout yourself"
             )

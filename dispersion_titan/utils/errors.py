@@ -104,6 +104,11 @@ def cause(error: BaseException) -> str:
     return text.splitlines()[-1] if text else type(error).__name__
 
 
+def docs_page(page: str, section: str = "") -> str:
+    """A page of the project's docs as a message cites it: a wheel install has no ``docs/`` to point into."""
+    return f"{page}{f' ({section!r})' if section else ''} in the dispersion_titan docs"
+
+
 def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoReturn:
     """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)

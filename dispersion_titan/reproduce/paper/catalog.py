@@ -8,6 +8,8 @@ import math
 import os
 from dataclasses import dataclass
 
+from ...utils.errors import docs_page
+
 SIZE_SERIES: dict[str, dict[str, float]] = {  # family -> hub id -> nominal billions of parameters
     "GPT-2": {
         "openai-community/gpt2": 0.124,
@@ -200,7 +202,8 @@ ARTIFACTS: dict[str, tuple[str, str, str, str]] = {  # name -> (the paper's figu
         "parameters; drawn: each width's cross-entropy run at its last checkpoint, --pick authors and --rows "
         "first,last as plot_heatmaps.py); --preset ours: train_configs/gpt2_small_mlp*.toml at "
         f"{', '.join(map(str, FIG3_PRESETS['ours'].widths))}; --models RUN ... for runs trained elsewhere",
-        "training: eight GPT-2-small-shaped runs of 2.5B tokens (paper fig3 --plan; see docs/reproduction.md); "
+        "training: eight GPT-2-small-shaped runs of 2.5B tokens (paper fig3 --plan; see "
+        f"{docs_page('reproduction.md')}); "
         "analysis ~0.1 GPU-hours (estimate, not measured)",
     ),
     "fig4": (

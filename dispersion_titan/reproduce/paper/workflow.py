@@ -25,7 +25,7 @@ from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import dispersion_variant, find_checkpoint_folder, list_checkpoints, load_run_metadata
 from ...run_folder.owners import RUN_METADATA_FILE
 from ...utils.devices import AUTOCAST, resolve_device
-from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError
+from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import parse_spec
 from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch
@@ -277,7 +277,8 @@ def corpora(options: dict) -> dict[str, list[str]]:
         elif source is None:
             raise ArgumentError(
                 f'robustness: no texts for {name} here; give --corpus {name}=FILE.jsonl (a "text" '
-                f"field per line; docs/reproduction.md shows how to export it with datasets)"
+                f"field per line; {docs_page('reproduction.md', 'Paper artifacts')} shows how to export it "
+                "with datasets)"
             )
         elif source.endswith(".jsonl") or os.path.isfile(source):
             if not os.path.isfile(source):  # here, as its analyze steps would refuse it (--texts), the dry run too

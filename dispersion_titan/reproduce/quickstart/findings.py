@@ -22,6 +22,7 @@ from ...analysis.compare import analyses_folder, load_runs
 from ...analysis.condensation_schema import Condensation, LayerCondensation, read_results
 from ...run_folder.checkpoints import dispersion_variant, load_run_metadata
 from ...run_folder.outputs import format_table
+from ...utils.errors import docs_page
 
 AGREES, DISAGREES, NOISE = "agrees", "disagrees", "within noise at this scale"
 DIGITS = 3  # effects and spreads are compared as written: the verdict follows the numbers a reader sees
@@ -271,7 +272,8 @@ def at_initialization(panel: InitPanel, runs: Sequence[RunCondensation], seed: i
                 decides=False,
             ),
         ),
-        "condensation at initialization needs depth and residual width (docs/reproduction.md): the init panel "
+        f"condensation at initialization needs depth and residual width ({docs_page('reproduction.md')}): "
+        "the init panel "
         "of GPT-2 small's shape (python -m dispersion_titan.quickstart --init-flavor small, the default) shows it; "
         "a model of dim 64 and 4 blocks does not",
     )
