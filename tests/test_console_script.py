@@ -121,6 +121,32 @@ def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command():
     assert proc.stderr == "dispersion_titan: interrupted; what is kept; how to go on\n"
 
 
+SIGINT_SELF = "os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)"
+EXITING = {  # run while the interpreter exits, once main has returned: each sends this process a SIGINT then
+    "atexit": f"atexit.register(lambda: ({SIGINT_SELF}))",
+    "thread join": "threading.Thread(target=lambda: (threading.main_thread().join(), " + SIGINT_SELF + ")).start()",
+    "module teardown": "globals()['LATE'] = type('Late', (), {'__del__': lambda _: (" + SIGINT_SELF + ")})()",
+}
+
+
+@pytest.mark.parametrize("exiting", EXITING)
+def test_ctrl_c_while_a_finished_command_exits_keeps_its_outcome(exiting):
+    """``analyze``/``evaluate`` printed ``results:`` and returned; a Ctrl-C while the interpreter exits (here sent
+    by code that runs then, so it lands there each time) gave a traceback, or status 130 and no line at all (the
+    default action Python restores for its module teardown): the work is done and written, exit 0, silent."""
+    code = (
+        "import atexit, os, signal, threading, time\n"
+        "from dispersion_titan.utils.errors import command, run_command\n"
+        "@command('what is kept; how to go on')\n"
+        "def main():\n"
+        "    print('results: OUT', flush=True)\n"
+        f"    {EXITING[exiting]}\n"
+        "run_command(main)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "results: OUT\n", "")
+
+
 @pytest.mark.parametrize("launcher", ["dispersion-titan convert", "python -m dispersion_titan.convert"])
 def test_ctrl_c_while_a_command_imports_is_one_line(tmp_path, launcher):
     """Ctrl-C in a command's first seconds, while torch is imported: was a KeyboardInterrupt traceback from deep in

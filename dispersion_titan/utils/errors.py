@@ -173,11 +173,15 @@ CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE  # a reader gone: as a shell reports a
 
 def run_command(main: Callable[[], object]) -> None:
     """A command's ``main`` as its entry point (the console script's: with its imports); a reader that went
-    away (``... | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``, a Ctrl-C during the imports in one line."""
+    away (``... | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``, a Ctrl-C during the imports in one line.
+    Once ``main`` has ended, its outcome said and its exit status set, Ctrl-C is ignored: one that landed while
+    the interpreter exits (atexit, thread joins, module teardown, where Python restores the default action)
+    ended a finished command with a traceback, or killed it silently with status 130."""
     try:
         try:
             main()
         finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             sys.stdout.flush()
     except BrokenPipeError:
         if not any(map(_reader_gone, (sys.stdout, sys.stderr))):
