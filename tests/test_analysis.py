@@ -230,8 +230,8 @@ def test_end_to_end_outputs(run, analyzed):
 
 def test_rerun_skips_and_force_recomputes(run, analyzed, capsys, tmp_path):
     before = mtimes(analyzed)
-    code, out, _ = analyze(run, *OPTS, "--tb-dir", tmp_path / "tb", capsys=capsys)
-    assert code == 0 and "3 checkpoint(s) already analyzed" in out
+    code, out, err = analyze(run, *OPTS, "--tb-dir", tmp_path / "tb", capsys=capsys)
+    assert code == 0 and "3 checkpoint(s) already analyzed" in out and err == ""  # no bar of 0 batches
     assert not (tmp_path / "tb").exists() and "TensorBoard" not in out  # no histogram to write: none made, none named
     after = mtimes(analyzed)
     assert all(after[f"step-{s}/condensation.json"] == before[f"step-{s}/condensation.json"] for s in (0, 2, 4))
@@ -261,9 +261,14 @@ def test_interrupted_analysis_completes_on_rerun(run, analyzed, capsys, tmp_path
     (out / ".staging.k9" / "table.md").parent.mkdir()
     (out / ".staging.k9" / "table.md").write_text("| half")  # a staged folder: evaluate table's, convert's
     (out / "summary.csv").unlink()
-    code, stdout, _ = analyze(run, *OPTS, "--out", out, "--tb-dir", tmp_path / "tb", capsys=capsys)
+    tb = tmp_path / "tb"  # and in --tb-dir, where the killed analysis was recording step 2's histograms
+    tb.mkdir()
+    shutil.copy(run / "tb" / "condensation" / ".owner.json", tb)  # its record: these settings' histograms
+    (tb / "..histograms.json.k9.tmp").write_text('{"step-2": ')
+    code, stdout, _ = analyze(run, *OPTS, "--out", out, "--tb-dir", tb, capsys=capsys)
     assert code == 0 and "step 2:" in stdout and "step 0:" not in stdout
     assert not [p for p in out.rglob(".*") if p.name != ".owner.json"]  # the stale ones removed, no lock left
+    assert sorted(p.name for p in tb.glob(".*")) == [".histograms.json", ".owner.json"]
     assert read_json(out / "step-2" / "condensation.json")["layers"] == complete["layers"]
     assert len((out / "summary.csv").read_text().splitlines()) == 1 + 3 * 6
 

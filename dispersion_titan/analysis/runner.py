@@ -5,6 +5,7 @@ already done; report unreadable ones and go on. ``Analysis`` is what every targe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -49,7 +50,7 @@ from ..run_folder.owners import (
     run_paths,
     write_record,
 )
-from ..run_folder.writer_lock import COMMAND, refuse_if_busy
+from ..run_folder.writer_lock import COMMAND, in_turn, refuse_if_busy
 from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
 from ..utils.devices import DTYPES, resolve_device
@@ -185,9 +186,10 @@ class Analysis:
             if skipped:
                 print(f"{skipped} {self.noun}(s) already analyzed in {self.out} (--force recomputes them)")
             failed = []
-            histograms = Histograms(self.tb_dir, self.owner, self.settings) if todo else None  # none made before
-            try:
-                with tqdm(total=len(todo) * per_unit, unit="batch", desc="condensation", file=sys.stderr) as bar:
+            histograms = Histograms(self.tb_dir, self.owner, self.settings, self.out) if todo else None
+            try:  # nothing to do: no --tb-dir made, no bar of 0 batches
+                total = len(todo) * per_unit
+                with tqdm(total=total, unit="batch", desc="condensation", file=sys.stderr, disable=not todo) as bar:
                     for unit in todo:
                         bar.set_postfix_str(unit.folder)
                         try:
@@ -377,36 +379,42 @@ class HFAnalysis(Analysis):
 class Histograms:
     """An analysis's TensorBoard histograms and curves in ``--tb-dir``, once per checkpoint: an analysis of the same
     settings into another ``--out`` (or ``--force``) adds no second copy, which TensorBoard would plot twice. The
-    folder is recorded as these settings' on the first write; one this made and wrote nothing in is removed."""
+    folder is recorded as these settings' on the first write; one this made and wrote nothing in is removed. Analyses
+    into other ``--out``s share it: each writes there holding its lock (``in_turn``), and then removes what one killed
+    mid-write left there (``remove_stale_writes``)."""
 
-    def __init__(self, folder: str, owner: FolderOwner, settings: str):
+    def __init__(self, folder: str, owner: FolderOwner, settings: str, out: str):
         self.folder, self.owner, self.settings = folder, owner, settings
         self.made = ensure_writable(folder, "--tb-dir")
         self.index = os.path.join(folder, LOGGED_FILE)
-        try:
-            with open(self.index) as f:
-                self.logged = dict(json.load(f))
-        except (OSError, ValueError, TypeError):  # none yet, or damaged: rewritten whole
-            self.logged = {}
+        self.held = inside(folder, out)  # in --out, held with it
         self.writer = None
 
     def add(self, unit: Unit, measured: Measurement, result: Condensation) -> None:
         """``unit``'s histograms, unless this folder holds those of the same checkpoint."""
-        if unit.folder in self.logged and self.logged[unit.folder] == result.checkpoint_identity:
-            return
-        if self.writer is None:
-            recorded = write_record(self.folder, self.owner, settings=self.settings)  # for the next analysis to find
-            if not recorded and (owner_record(self.folder) or {}).get("settings") != self.settings:
-                raise _other_settings(self.folder)  # an analysis of other settings, started alongside, came first
-            from torch.utils.tensorboard import SummaryWriter
+        with contextlib.nullcontext() if self.held else in_turn(self.folder, ("command", "use another --tb-dir")):
+            records.remove_stale_writes(self.folder)
+            try:
+                with open(self.index) as f:
+                    logged = dict(json.load(f))
+            except (OSError, ValueError, TypeError):  # none yet, or damaged: rewritten whole
+                logged = {}
+            if unit.folder in logged and logged[unit.folder] == result.checkpoint_identity:
+                return
+            if self.writer is None:
+                recorded = write_record(self.folder, self.owner, settings=self.settings)  # for the next to find
+                if not recorded and (owner_record(self.folder) or {}).get("settings") != self.settings:
+                    raise _other_settings(self.folder)  # an analysis of other settings, started alongside, came first
+                from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=self.folder)
-        for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
-            self.writer.add_histogram(f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES)
-            self.writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
-        self.writer.flush()
-        self.logged[unit.folder] = result.checkpoint_identity
-        write_json(self.index, self.logged)
+                self.writer = SummaryWriter(log_dir=self.folder)
+            for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
+                self.writer.add_histogram(
+                    f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES
+                )
+                self.writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
+            self.writer.flush()
+            write_json(self.index, {**logged, unit.folder: result.checkpoint_identity})
 
     def close(self) -> None:
         if self.writer is not None:

@@ -22,6 +22,8 @@ from ..utils.errors import DispersionTitanError
 LOCK_NAME = ".writer.lock"
 STALE_AFTER_S = 900.0
 HEARTBEAT_S = 60.0
+TURN_WAIT_S = 60.0
+"""How long a write into a folder several commands share waits for the one another is making."""
 COMMAND_CHARS = 160
 
 
@@ -184,4 +186,24 @@ def sole_writer(folder: str | os.PathLike, writers: tuple[str, str] = COMMAND) -
     finally:
         done.set()
         heart.join()
+        lock.release()
+
+
+@contextmanager
+def in_turn(folder: str | os.PathLike, writers: tuple[str, str], wait_s: float = TURN_WAIT_S) -> Iterator[None]:
+    """Hold the lock of a folder that several commands write into, one write at a time (an analysis's
+    ``--tb-dir``): waits while a live one holds it, up to ``wait_s``, then RunFolderBusy."""
+    lock = WriterLock(folder, writers)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            lock.acquire()
+            break
+        except RunFolderBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    try:
+        yield
+    finally:
         lock.release()
