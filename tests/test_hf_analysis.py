@@ -206,6 +206,12 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
         assert_one_line_error(
             *analyze("family", *specs, str(spec), "--out", tmp_path / "family2", capsys=capsys)[::2], f"{spec}: {said}"
         )
+    os.symlink(run, tmp_path / "link")  # one model named twice: was two identical rows, counted twice in the trend
+    again = os.path.relpath(tmp_path / "link" / "condensation")
+    assert_one_line_error(
+        *analyze("family", *specs, f"{run}@0", again, "--out", tmp_path / "family2", capsys=capsys)[::2],
+        f"family: {run}@0 and {again} are the same analysis (step 0 in {run / 'condensation'}); name each model once",
+    )
     assert not (tmp_path / "family2").exists()
 
 

@@ -15,7 +15,7 @@ from ..run_folder.outputs import atomic_write, format_table, save_png, write_csv
 from ..run_folder.owners import FolderOwner, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
-from .compare import pick
+from .compare import analyses_folder, pick
 from .condensation_schema import Condensation
 from .inputs import differences
 from .statistics import point_layers, rank_trend
@@ -29,24 +29,35 @@ class Member:
     label: str
     family: str
     result: Condensation
+    folder: str
+    """Its analyses folder, symlinks resolved: one model named twice (``RUN``, ``./link/condensation``) is refused."""
 
 
 def load_member(spec: str, families: dict[str, str]) -> Member:
     """``FOLDER@WHICH``'s analysis; a bare folder's last."""
     folder, at, which = spec.rpartition("@")
-    result = pick(folder, which, option=spec) if at and os.path.isdir(folder) else pick(spec, "last", option=spec)
+    if not (at and os.path.isdir(folder)):
+        folder, which = spec, "last"
+    result = pick(folder, which, option=spec)
     if result.model is None:
         name = f"{os.path.basename(os.path.normpath(result.run))}@{result.step}"
     else:
         name = os.path.basename(os.path.normpath(result.model)) + (f"@{result.revision}" if result.revision else "")
     kind = result.model_args.get("model_type")  # ``gpt2 run`` for our runs of gpt2
     family = families.get(spec) or (kind if result.model else f"{kind} run")
-    return Member(spec, name, family, result)
+    return Member(spec, name, family, result, os.path.realpath(analyses_folder(folder)))
 
 
 def load_members(specs: Sequence[str], families: dict[str, str], protocol: str) -> list[Member]:
     """Every SPEC's analysis, all of the same inputs (and ``protocol``)."""
-    members = [load_member(spec, families) for spec in dict.fromkeys(specs)]
+    members, named = [load_member(spec, families) for spec in dict.fromkeys(specs)], {}  # --family, --paired repeat
+    for member in members:  # one model by two names (a link, ``..``): two rows, counted twice in its family's trend
+        first = named.setdefault((member.folder, member.result.label), member)
+        if first is not member:
+            raise AnalysisError(
+                f"family: {first.spec} and {member.spec} are the same analysis ({member.result.label} in "
+                f"{member.folder}); name each model once"
+            )
     first = members[0]
     for other in members:
         a, b = first.result.inputs, other.result.inputs
