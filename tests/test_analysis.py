@@ -233,6 +233,11 @@ def test_rerun_skips_and_force_recomputes(run, analyzed, capsys, tmp_path):
     code, out, err = analyze(run, *OPTS, "--tb-dir", tmp_path / "tb", capsys=capsys)
     assert code == 0 and "3 checkpoint(s) already analyzed" in out and err == ""  # no bar of 0 batches
     assert not (tmp_path / "tb").exists() and "TensorBoard" not in out  # no histogram to write: none made, none named
+    (tmp_path / "file").write_text("")  # nothing to analyze, yet a --tb-dir that cannot be made is refused at once
+    code, _, err = analyze(run, *OPTS, "--tb-dir", tmp_path / "file" / "tb", capsys=capsys)
+    assert (
+        code == 2 and err == f"dispersion_titan: error: --tb-dir: {tmp_path}/file/tb: not writable (Not a directory)\n"
+    )
     after = mtimes(analyzed)
     assert all(after[f"step-{s}/condensation.json"] == before[f"step-{s}/condensation.json"] for s in (0, 2, 4))
 

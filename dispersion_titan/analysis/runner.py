@@ -31,6 +31,7 @@ from ..run_folder.checkpoints import (
     run_encoder,
 )
 from ..run_folder.outputs import (
+    check_writable,
     ensure_writable,
     remove_empty,
     report_failed,
@@ -151,6 +152,8 @@ class Analysis:
 
     def _histogram_folder(self, given: str | None, default: str) -> str:
         """``--tb-dir``, else ``default`` or, where that holds other settings' histograms, ``default-SETTINGS``."""
+        if given:  # refused now, though made only when there is something to write
+            check_writable(given, "--tb-dir")
         for folder in [given] if given else [default, f"{default}-{self.settings}"]:
             if not inside(folder, self.out):  # the output folder's owner is checked already
                 refuse_histograms_unless_ours(folder, self.owner)

@@ -5,6 +5,7 @@ command leaves the previous file or the new one. Results live in one folder per 
 from __future__ import annotations
 
 import csv
+import errno
 import glob
 import json
 import os
@@ -61,6 +62,16 @@ def ensure_writable(folder: str, option: str) -> str | None:
     except OSError as e:
         raise OutputError(f"{option}: {folder}: not writable ({e.strerror or e})") from None
     return made
+
+
+def check_writable(folder: str, option: str) -> None:
+    """Refuse ``folder`` at once if it could not be made or written there, without making it: ``ensure_writable``
+    makes it only once there is something to write."""
+    path = os.path.realpath(folder)
+    there = next(p for p in [path, *map(str, Path(path).parents)] if os.path.exists(p))
+    if not os.path.isdir(there) or not os.access(there, os.W_OK | os.X_OK):
+        reason = os.strerror(errno.EACCES if os.path.isdir(there) else errno.ENOTDIR)
+        raise OutputError(f"{option}: {folder}: not writable ({reason})")
 
 
 def remove_empty(folder: str) -> None:
