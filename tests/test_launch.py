@@ -146,6 +146,22 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
     assert launcher.ending(ChildFailedError("rank", oom)) == (137, launcher.oom_message(0))
 
 
+def two_ranks(tmp_path: Path, code: str, *options: str) -> subprocess.CompletedProcess:
+    """``code`` as the script of 2 ranks under our torchrun launcher, ``options`` before the script, in ``tmp_path``."""
+    script = tmp_path / "ranks.py"
+    script.write_text(code)
+    return subprocess.run(
+        [sys.executable, "-m", "dispersion_titan.torchrun", "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
+        + ["--rdzv_endpoint", "localhost:0", *options, "--tee", "3", "--role", "rank", "--monitor_interval", "0.1"]
+        + [str(script)],
+        cwd=tmp_path,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 RANK_SCRIPT = """
 import os, signal, sys, time
 if os.environ["LOCAL_RANK"] == "1":  # a one-line error of its own, as a rank reading a damaged store shard
@@ -163,19 +179,8 @@ time.sleep(60)
 def test_the_error_of_a_rank_the_console_does_not_show_is_said_by_the_launcher(tmp_path, shown):
     """Rank 1 fails with its one line; torchrun stops rank 0, which says only "interrupted". With rank 0's output
     alone on the console (train.sh's default) the launcher repeats rank 1's line; with every rank's, it adds none."""
-    script = tmp_path / "ranks.py"
-    script.write_text(RANK_SCRIPT.format(shard=tmp_path / "shard-1.bin"))
     shown_only = ["--local-ranks-filter", shown] if shown else []
-    proc = subprocess.run(
-        [sys.executable, "-m", "dispersion_titan.torchrun", "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
-        + ["--rdzv_endpoint", "localhost:0", *shown_only, "--tee", "3", "--role", "rank", "--monitor_interval", "0.1"]
-        + [str(script)],
-        cwd=tmp_path,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = two_ranks(tmp_path, RANK_SCRIPT.format(shard=tmp_path / "shard-1.bin"), *shown_only)
     error = f"dispersion_titan: error: {tmp_path / 'shard-1.bin'}: truncated; prepare the store again"
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -201,18 +206,7 @@ def test_a_rank_stopped_by_torchrun_while_it_exits_after_a_preemption_keeps_stat
     """Both ranks saved and stop for a restart; rank 1 exits 75 first and torchrun's SIGTERM kills rank 0 in its
     slower shutdown (seen on launch/local_slurm.sh in 2 of 5 requeued attempts). The launcher exits 75 without
     torchrun's summary (was exit 1 and its 20-line FAILED report: a train.sh run preempted by hand looked failed)."""
-    script = tmp_path / "ranks.py"
-    script.write_text(PREEMPTED_SCRIPT)
-    proc = subprocess.run(
-        [sys.executable, "-m", "dispersion_titan.torchrun", "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
-        + ["--rdzv_endpoint", "localhost:0", "--tee", "3", "--role", "rank", "--monitor_interval", "0.1"]
-        + [str(script)],
-        cwd=tmp_path,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = two_ranks(tmp_path, PREEMPTED_SCRIPT)
     assert proc.returncode == 75, proc.stderr
     assert "FAILED" not in proc.stderr and "exitcode" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].endswith("Stopping at step 5 for a restart; exit status 75")
