@@ -46,7 +46,7 @@ ANALYZE_OPTIONS = (
     "force",
 )
 PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}  # the authors' texts and points, in fp32 as they ran
-TABLE2_DEFAULTS = {"dtype": AUTOCAST}  # fp32 weights under bf16 autocast, as the authors' LMEvalCallback scored
+TABLE2_DEFAULTS = {"dtype": AUTOCAST}  # bf16 autocast, as LMEvalCallback in their midtrain_gpt2.py scored
 EVALUATE_OPTIONS = (
     "protocol",
     "tasks",
