@@ -5,6 +5,8 @@ imports inside functions and under ``TYPE_CHECKING`` count too."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterable
 from pathlib import Path
@@ -162,6 +164,14 @@ def test_only_the_commands_that_build_the_trainer_import_it():
         if target.startswith("trainer")
     }
     assert importers == {"train", "torchrun", "planning"}
+
+
+def test_the_torchrun_launcher_imports_no_torchtitan():
+    """``launch/train.sh``'s launcher only starts and watches the ranks: importing TorchTitan (about 3 s
+    of CPU: its package imports Inductor, datasets, pandas) would delay every launch and relaunch."""
+    code = "import sys, dispersion_titan.torchrun; print(sorted(m for m in sys.modules if m.startswith('torchtitan')))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
 
 
 def test_evaluation_and_analysis_share_only_what_sits_below_them():

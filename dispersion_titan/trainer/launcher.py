@@ -17,8 +17,14 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from ..utils.errors import CheckpointSaveError, DispersionTitanError, NonFiniteLossError
-from .preemption import INTERRUPT_SIGNALS, PREEMPTED_EXIT_CODE, interrupted_exit_code
+from ..utils.errors import (
+    INTERRUPT_SIGNALS,
+    PREEMPTED_EXIT_CODE,
+    CheckpointSaveError,
+    DispersionTitanError,
+    NonFiniteLossError,
+    interrupted_exit_code,
+)
 
 SAID_BY_THE_RANKS = {
     PREEMPTED_EXIT_CODE,

@@ -24,12 +24,10 @@ from torchtitan.tools.logging import logger
 
 from ..components.titan_compat import checkpointer_folder, save_full_checkpoint
 from ..run_folder.checkpoints import last_complete_step
-from ..utils.errors import say
+from ..utils.errors import INTERRUPT_SIGNALS, PREEMPTED_EXIT_CODE, interrupted_exit_code, say
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try again"
 SIGNAL_ENV = "PREEMPT_SIGNAL"
 DEFAULT_SIGNAL = "USR1"
-INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 REPEAT_WINDOW_S = 2.0  # one signal delivered twice (to torchrun and the ranks) is not a second one
 
 
@@ -57,10 +55,6 @@ def secondary_failure_status(error: BaseException) -> int | None:
         return interrupted_exit_code(_interrupts[0])
     lost = isinstance(error, dist.DistError) or any(text in str(error) for text in PEER_GONE)
     return 1 if lost and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-
-
-def interrupted_exit_code(signum: int) -> int:
-    return 128 + signum
 
 
 class Preemption:

@@ -16,6 +16,8 @@ from typing import IO, Any, NoReturn, TypeVar
 
 Main = TypeVar("Main", bound=Callable[..., Any])
 WRITE_FAILED = 74  # EX_IOERR of sysexits.h
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL of sysexits.h: "temporary failure, try again"
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 WRITE_ADVICE = {
     errno.ENOSPC: "free space",
     errno.EDQUOT: "free space",
@@ -87,6 +89,10 @@ class CheckpointSaveError(DispersionTitanError):
     """A checkpoint could not be written; earlier ones are intact."""
 
     status = WRITE_FAILED
+
+
+def interrupted_exit_code(signum: int) -> int:
+    return 128 + signum
 
 
 def no_room(error: BaseException | None) -> OSError | None:
