@@ -291,39 +291,28 @@ def test_interrupt_saves_says_one_line_and_resumes_exactly(reference, tmp_path, 
         assert [got[tag][s] for s in range(1, STEPS + 1)] == [want[tag][s] for s in range(1, STEPS + 1)], tag
 
 
+def holder_pid(folder: Path, job) -> int:
+    """The PID of the command (forked from the job server) that holds ``folder``'s writer lock: training's rank 0."""
+    while not (folder / LOCK_NAME).exists() and not job.done():
+        time.sleep(0.02)
+    assert not job.done(), job.result().stderr[-3000:]
+    return json.loads((folder / LOCK_NAME).read_text())["pid"]
+
+
 @pytest.mark.slow
 def test_interrupt_without_checkpointing_says_so(tmp_path):
     """Ctrl-C of a one-process run without checkpointing: it stops at the next step in one line."""
     dump, log = tmp_path / "nockpt", tmp_path / "stdout"
-    with open(log, "w") as stdout:
-        job = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dispersion_titan.train",
-                "--job.config_file",
-                DEBUG_TOML,
-                "--job.dump_folder",
-                str(dump),
-                *DEBUG_SEQ_LEN,
-                "--training.steps",
-                "100",
-                "--metrics.log_freq",
-                "1",
-                "--checkpoint.no-enable",
-                "--validation.no-enable",
-            ],
-            cwd=REPO,
-            env=launch_env(),
-            stdout=stdout,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        while not re.search(r"step:\s+2\s", log.read_text()) and job.poll() is None:
-            time.sleep(0.05)
-        job.send_signal(signal.SIGINT)
-        _, err = job.communicate(timeout=300)
-    assert job.returncode == 130 and "Traceback" not in err + log.read_text()
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--training.steps", "100",
+            "--metrics.log_freq", "1", "--checkpoint.no-enable", "--validation.no-enable"]  # fmt: skip
+    job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.train", *argv, timeout=300, stdout=log)
+    pid = holder_pid(dump, job)
+    while not re.search(r"step:\s+2\s", log.read_text()) and not job.done():
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGINT)
+    done = job.result()
+    err = done.stderr
+    assert done.returncode == 130 and "Traceback" not in err + done.stdout
     assert re.fullmatch(
         r"dispersion_titan: interrupted at step \d+; checkpointing is off, nothing saved", err.strip().splitlines()[-1]
     ), err[-2000:]
@@ -394,21 +383,16 @@ def test_failed_checkpoint_write_is_one_line_and_keeps_earlier_checkpoints(tmp_p
         "2",
         "--validation.no-enable",
     ]
-    # A process over the limit also gets SIGXFSZ, whose default is to die: ignored, the write fails.
-    job = subprocess.Popen(
-        ["bash", "-c", 'trap "" XFSZ; exec "$0" -m dispersion_titan.train "$@"', sys.executable, *argv],
-        cwd=REPO,
-        env=launch_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # Python ignores SIGXFSZ (whose default is to die): the write fails.
+    job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.train", *argv)
+    pid = holder_pid(dump, job)
     marker = dump / "checkpoint" / "step-2" / ".metadata"
-    while not marker.exists() and job.poll() is None:
+    while not marker.exists() and not job.done():
         time.sleep(0.02)
-    resource.prlimit(job.pid, resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
     kept = {step: digests(dump / "checkpoint" / f"step-{step}") for step in (0, 2)}
-    out, err = job.communicate(timeout=600)
+    done = job.result()
+    out, err = done.stdout, done.stderr
 
     step_2 = sum(p.stat().st_size for p in (dump / "checkpoint" / "step-2").iterdir())
     match = re.fullmatch(
@@ -419,7 +403,7 @@ def test_failed_checkpoint_write_is_one_line_and_keeps_earlier_checkpoints(tmp_p
         err.strip().splitlines()[-1],
     )
     assert match and int(match[1]) == round(step_2 / 1e6), err[-3000:]
-    assert job.returncode == 74 and "Traceback" not in out + err
+    assert done.returncode == 74 and "Traceback" not in out + err
     assert {step: digests(dump / "checkpoint" / f"step-{step}") for step in (0, 2)} == kept
     assert sorted(os.listdir(dump / "checkpoint")) == ["incomplete", "step-0", "step-2"]
     (moved,) = (dump / "checkpoint" / "incomplete").iterdir()

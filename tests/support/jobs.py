@@ -22,13 +22,21 @@ class Jobs(Commands):
     server_args = [__file__]
 
     def run_apart(
-        self, target: str, argv: list[str], env: dict[str, str], cwd: str, timeout: float, nproc: int | None = None
+        self,
+        target: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        timeout: float,
+        nproc: int | None = None,
+        stdout: Path | None = None,
     ) -> subprocess.CompletedProcess:
         """``target`` (a module or a script) with ``argv`` in ``env`` and ``cwd``, under torchrun's
-        launcher with ``nproc`` processes when given; its stdout and stderr apart. After ``timeout``
-        seconds it is killed with every process it started and ``subprocess.TimeoutExpired`` is raised."""
+        launcher with ``nproc`` processes when given; its stdout (into the file ``stdout`` when given,
+        for a test to watch while it runs) and stderr apart. After ``timeout`` seconds it is killed
+        with every process it started and ``subprocess.TimeoutExpired`` is raised."""
         with tempfile.TemporaryDirectory() as tmp:
-            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            out, err = stdout or Path(tmp, "stdout"), Path(tmp, "stderr")
             out.touch()
             request = {"target": target, "argv": argv, "env": env, "cwd": cwd, "log": str(out), "errors": str(err)}
             request["nproc"] = nproc

@@ -76,7 +76,12 @@ _jobs: Jobs | None = None
 
 
 def _forked(
-    target: str, argv: list[str], env: dict[str, str], timeout: float, nproc: int | None = None
+    target: str,
+    argv: list[str],
+    env: dict[str, str],
+    timeout: float,
+    nproc: int | None = None,
+    stdout: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """``target`` (a module or a script) forked from the session's job server, the product's
     (``dispersion_titan.reproduce.quickstart.jobs``) as ``support.jobs`` extends it, under torchrun's
@@ -85,7 +90,7 @@ def _forked(
     if _jobs is None:
         _jobs = Jobs(launch_env(), PRELOAD)
         atexit.register(_jobs.close)
-    return _jobs.run_apart(target, argv, env, str(REPO), timeout, nproc)
+    return _jobs.run_apart(target, argv, env, str(REPO), timeout, nproc, stdout)
 
 
 # Debug runs train on 64-token sequences (debug.toml: 128) unless a test says otherwise: a
@@ -150,13 +155,19 @@ def torchrun_script(script: str, nproc: int, *args: str, timeout: int = 300) -> 
 
 
 def python_module(
-    module: str, *args: str, timeout: int = 600, env: dict[str, str] | None = None, command_line: bool = False
+    module: str,
+    *args: str,
+    timeout: int = 600,
+    env: dict[str, str] | None = None,
+    command_line: bool = False,
+    stdout: Path | None = None,
 ) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` from the repository: forked from the job server (its
-    imports already paid), or with ``command_line=True`` a fresh interpreter, for commands
+    imports already paid; its stdout also in the file ``stdout`` when given, which a test can
+    watch while it runs), or with ``command_line=True`` a fresh interpreter, for commands
     that read the environment at import time or start processes of their own."""
     if not command_line:
-        return _forked(module, list(args), launch_env(env), timeout)
+        return _forked(module, list(args), launch_env(env), timeout, stdout=stdout)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=REPO,
