@@ -11,7 +11,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from support.eval_tasks import LM_EVAL_TASKS
-from support.launch import DEBUG_TOML, REPO, launch_env
+from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.runs import scalars
 
 pytestmark = pytest.mark.slow
@@ -111,6 +110,23 @@ def finished_state(job_id: str, env: dict[str, str]) -> str | None:
     return records[-1]["JobState"] if records and records[-1]["JobState"] != "PENDING" else None
 
 
+def sbatch(*args: str, env: dict[str, str], cwd: Path) -> str:
+    """The id of the job ``sbatch ARGS`` submitted."""
+    proc = subprocess.run(["sbatch", "--parsable", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def ended(job_id: str, env: dict[str, str], timeout: float = 400) -> dict[str, str]:
+    """The job's record once it has ended (a requeued attempt is not its end), looked for every 0.5 s
+    (``sbatch --wait`` asks every MinJobAge / 2 = 8 s)."""
+    deadline = time.monotonic() + timeout
+    while finished_state(job_id, env) is None:
+        assert time.monotonic() < deadline, f"job {job_id} still not ended after {timeout} s"
+        time.sleep(0.5)
+    return job_records(job_id, env)[-1]
+
+
 def wait_for_line(path: Path, pattern: str, timeout: float = 240) -> re.Match:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -135,40 +151,18 @@ def preempted_run(slurm, tmp_path_factory) -> dict:
     """train.sbatch on the debug config, signalled as at its time limit after step 2 (the
     batch-shell signal Slurm sends for --signal=B:USR1@T), left to requeue and finish."""
     submit_dir = tmp_path_factory.mktemp("submit")
-    waiter = subprocess.Popen(
-        [
-            "sbatch",
-            "--wait",
-            "--parsable",
-            *NO_GPUS,
-            str(TRAIN_SBATCH),
-            DEBUG_TOML,
-            "--training.steps",
-            str(STEPS),
-            "--validation.no-enable",
-            "--metrics.log_freq",
-            "1",
-        ],
-        cwd=submit_dir,
-        env=slurm,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    job_id = waiter.stdout.readline().strip().split(";")[0]
+    overrides = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1")
+    job_id = sbatch(*NO_GPUS, str(TRAIN_SBATCH), DEBUG_TOML, *overrides, env=slurm, cwd=submit_dir)
     log = submit_dir / f"dispersion-train-{job_id}.out"
     try:
         wait_for_line(log, r"step:\s+2\s+loss")
         subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], env=slurm, check=True)
-        out, err = waiter.communicate(timeout=400)
-    finally:
-        if waiter.poll() is None:
-            subprocess.run(["scancel", job_id], env=slurm)
-            waiter.kill()
+        ended(job_id, slurm)
+    except BaseException:
+        subprocess.run(["scancel", job_id], env=slurm)
+        raise
     return {
         "job": job_id,
-        "rc": waiter.returncode,
-        "stderr": err,
         "log": log,
         "dump": submit_dir / "outputs" / f"debug-{job_id}",
         "records": job_records(job_id, slurm),
@@ -177,9 +171,8 @@ def preempted_run(slurm, tmp_path_factory) -> dict:
 
 def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
     run, text = preempted_run, preempted_run["log"].read_text()
-    assert run["rc"] == 0, f"{run['stderr']}\n{text[-6000:]}"
+    assert run["records"][-1]["ExitCode"] == "0:0", text[-6000:]
     assert [r["JobState"] for r in run["records"]] == ["PENDING", "COMPLETED"], "requeued once, then done"
-    assert run["records"][-1]["ExitCode"] == "0:0"
     assert text.count(f"dump folder {run['dump']}") == 2, "the requeued job keeps its dump folder"
     step = int(re.search(r"saving a full checkpoint of step (\d+)", text).group(1))
     assert 2 <= step < STEPS
@@ -197,27 +190,12 @@ def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
 
 def test_analyze_sbatch_on_the_run(preempted_run, slurm, tmp_path):
     run = preempted_run["dump"]
-    proc = subprocess.run(
-        [
-            "sbatch",
-            "--wait",
-            "--parsable",
-            "--gpus=0",
-            f"--output={tmp_path}/analyze-%j.out",
-            str(ANALYZE_SBATCH),
-            str(run),
-            *TINY_ANALYSIS,
-        ],
-        cwd=tmp_path,
-        env=slurm,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    job_id = proc.stdout.strip().split(";")[0]
+    output = f"--output={tmp_path}/analyze-%j.out"
+    job_id = sbatch("--gpus=0", output, str(ANALYZE_SBATCH), str(run), *TINY_ANALYSIS, env=slurm, cwd=tmp_path)
+    record = ended(job_id, slurm)
     log = (tmp_path / f"analyze-{job_id}.out").read_text()
-    assert proc.returncode == 0, f"{proc.stderr}\n{log[-4000:]}"
-    assert finished_state(job_id, slurm) == "COMPLETED"
+    assert record["ExitCode"] == "0:0", log[-4000:]
+    assert record["JobState"] == "COMPLETED"
     steps = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoint").iterdir())
     assert steps, "no checkpoint to have analysed"
     for step in steps:
@@ -231,12 +209,11 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     out = tmp_path / "sweep"
     evaluate_args = (
         f"--tasks wiki_next_word,wiki_text --include-path {LM_EVAL_TASKS} --limit 8 --num-fewshot 1 --device cpu"
+        " --steps 3"  # the last checkpoint's, which the table reads (step 0's: the same work again)
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dispersion_titan.sweep",
+    proc = python_module(
+        "dispersion_titan.sweep",
+        *[
             "--config",
             DEBUG_TOML,
             "--out",
@@ -270,9 +247,8 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
             "--validation.no-enable",
         ],
         cwd=tmp_path,
-        env={**slurm, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
+        # One rank per training (train.sh's NPROC; the requeue test trains two under Slurm).
+        env={**slurm, "NPROC": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
@@ -292,7 +268,7 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
         states = {j: finished_state(j, slurm) for j in jobs}
         if None not in states.values():
             break
-        time.sleep(2)
+        time.sleep(0.5)
     logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted((out / "logs").glob("*.out")))
     assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs}"
     for cell in manifest["cells"]:
@@ -310,13 +286,13 @@ def test_paper_slurm_again_while_its_jobs_are_queued_submits_nothing(preempted_r
     the queued job, exit 2, nothing submitted (was a second set of jobs, its analysis refused by the first's lock
     and its drawing job cancelled)."""
     out = tmp_path / "paper"
-    command = [sys.executable, "-m", "dispersion_titan.paper", "fig2", "--models", str(preempted_run["dump"])]
-    command += ["--slurm", "--out", str(out), "--sbatch-arg=--gpus=0", "--sbatch-arg=--begin=now+1hour"]
-    first = subprocess.run(command, cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=120)
+    command = ["dispersion_titan.paper", "fig2", "--models", str(preempted_run["dump"]), "--slurm", "--out", str(out)]
+    command += ["--sbatch-arg=--gpus=0", "--sbatch-arg=--begin=now+1hour"]
+    first = python_module(*command, cwd=tmp_path, env=slurm, timeout=120)
     ids = re.findall(r"^\s*(\d+)  paper-fig2-", first.stdout, re.MULTILINE)
     try:
         assert first.returncode == 0 and len(ids) == 2, first.stderr
-        second = subprocess.run(command, cwd=tmp_path, env=slurm, capture_output=True, text=True, timeout=120)
+        second = python_module(*command, cwd=tmp_path, env=slurm, timeout=120)
         assert second.returncode == 2 and second.stderr.strip().splitlines() == [
             f"dispersion_titan: error: sbatch (paper-fig2-1): the same job is queued or running as {ids[0]}; wait "
             f"for it to end, or scancel {ids[0]}, then submit again"
@@ -329,15 +305,10 @@ def test_paper_slurm_again_while_its_jobs_are_queued_submits_nothing(preempted_r
 def test_train_sbatch_given_a_folder_for_its_config_names_itself_and_the_folder(slurm, tmp_path):
     """One line naming train.sbatch (was `slurm_script`, Slurm's copy of it) and the folder (was `config file not
     found`, of a folder that is there), exit 2."""
-    proc = subprocess.run(
-        ["sbatch", "--wait", "--parsable", *NO_GPUS, f"--output={tmp_path}/%j.out", str(TRAIN_SBATCH), str(tmp_path)],
-        env=slurm,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    log = (tmp_path / f"{proc.stdout.strip().split(';')[0]}.out").read_text()
-    assert proc.returncode == 2 and log.strip() == (
+    job_id = sbatch(*NO_GPUS, f"--output={tmp_path}/%j.out", str(TRAIN_SBATCH), str(tmp_path), env=slurm, cwd=tmp_path)
+    exit_code = ended(job_id, slurm, timeout=120)["ExitCode"]
+    log = (tmp_path / f"{job_id}.out").read_text()
+    assert exit_code == "2:0" and log.strip() == (
         f"train.sbatch: error: config file {tmp_path} is a folder; give the TOML file itself"
     ), log
 
@@ -357,16 +328,15 @@ def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_pa
 def submit_sweep(out: Path, slurm: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
     """A one-cell sweep on CPU into ``out``, its evaluation on the offline test task."""
     evaluate_args = f"--tasks wiki_next_word --include-path {LM_EVAL_TASKS} --limit 8 --num-fewshot 1 --device cpu"
-    return subprocess.run(
-        [sys.executable, "-m", "dispersion_titan.sweep", "--config", DEBUG_TOML, "--out", str(out)]
+    return python_module(
+        "dispersion_titan.sweep",
+        *["--config", DEBUG_TOML, "--out", str(out)]
         + ["--widths", "64", "--variants", "baseline", "--seeds", "0", "--train-time", "00:10:00"]
         + ["--gpus-per-node", "0", "--cpus-per-task", "1", "--analyze-gpus", "0", "--evaluate-sbatch-arg=--gpus=0"]
         + [f"--analyze-args={' '.join(TINY_ANALYSIS)}", f"--evaluate-args={evaluate_args}", *extra]
         + ["--", "--training.steps", "40", "--validation.no-enable", "--metrics.log_freq", "1"],
         cwd=out.parent,
         env={**slurm, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
         timeout=300,
     )
 

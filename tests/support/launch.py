@@ -82,6 +82,7 @@ def _forked(
     timeout: float,
     nproc: int | None = None,
     stdout: Path | None = None,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess:
     """``target`` (a module or a script) forked from the session's job server, the product's
     (``dispersion_titan.reproduce.quickstart.jobs``) as ``support.jobs`` extends it, under torchrun's
@@ -90,7 +91,7 @@ def _forked(
     if _jobs is None:
         _jobs = Jobs(launch_env(), PRELOAD)
         atexit.register(_jobs.close)
-    return _jobs.run_apart(target, argv, env, str(REPO), timeout, nproc, stdout)
+    return _jobs.run_apart(target, argv, env, str(cwd), timeout, nproc, stdout)
 
 
 # Debug runs train on 64-token sequences (debug.toml: 128) unless a test says otherwise: a
@@ -161,16 +162,17 @@ def python_module(
     env: dict[str, str] | None = None,
     command_line: bool = False,
     stdout: Path | None = None,
+    cwd: Path = REPO,
 ) -> subprocess.CompletedProcess:
-    """``python -m MODULE ARGS`` from the repository: forked from the job server (its
+    """``python -m MODULE ARGS`` in ``cwd`` (default: the repository): forked from the job server (its
     imports already paid; its stdout also in the file ``stdout`` when given, which a test can
     watch while it runs), or with ``command_line=True`` a fresh interpreter, for commands
     that read the environment at import time or start processes of their own."""
     if not command_line:
-        return _forked(module, list(args), launch_env(env), timeout, stdout=stdout)
+        return _forked(module, list(args), launch_env(env), timeout, stdout=stdout, cwd=cwd)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
-        cwd=REPO,
+        cwd=cwd,
         env=launch_env(env),
         capture_output=True,
         text=True,
