@@ -1,7 +1,7 @@
 """The sbatch scripts and the sweep on a real one-node Slurm cluster (launch/local_slurm.sh):
-training with a checkpoint on SIGUSR1 and a requeue that finishes the run, the analysis
-job on its checkpoints, and a two-cell sweep with its dependency chain (train, analyze,
-evaluate on offline tasks, compare, table)."""
+training with a checkpoint on SIGUSR1 and a requeue that finishes the run, and a two-cell
+sweep with its dependency chain (train, analyze every checkpoint, evaluate on offline tasks,
+compare, table)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ LOCAL_SLURM = REPO / "launch" / "local_slurm.sh"
 # launch_env allows training on CPU).
 NO_GPUS = ("--gpus-per-node=0", "--cpus-per-task=1")
 TRAIN_SBATCH = REPO / "launch" / "slurm" / "train.sbatch"
-ANALYZE_SBATCH = REPO / "launch" / "slurm" / "analyze.sbatch"
 TINY_ANALYSIS = ("--num-sequences", "4", "--seq-len", "64")
 STEPS = 8
 
@@ -188,24 +187,10 @@ def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
     assert sorted(scalars(run["dump"])["loss_metrics/global_avg_loss"]) == list(range(1, STEPS + 1))
 
 
-def test_analyze_sbatch_on_the_run(preempted_run, slurm, tmp_path):
-    run = preempted_run["dump"]
-    output = f"--output={tmp_path}/analyze-%j.out"
-    job_id = sbatch("--gpus=0", output, str(ANALYZE_SBATCH), str(run), *TINY_ANALYSIS, env=slurm, cwd=tmp_path)
-    record = ended(job_id, slurm)
-    log = (tmp_path / f"analyze-{job_id}.out").read_text()
-    assert record["ExitCode"] == "0:0", log[-4000:]
-    assert record["JobState"] == "COMPLETED"
-    steps = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoint").iterdir())
-    assert steps, "no checkpoint to have analysed"
-    for step in steps:
-        assert (run / "condensation" / f"step-{step}" / "condensation.json").is_file(), (step, log[-3000:])
-    assert (run / "condensation" / "summary.csv").is_file()
-
-
 def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
-    """A plain and a noisy-embedding cell; the evaluation jobs score the offline test
-    tasks on CPU (this cluster has no GPU: --gpus=0 overrides evaluate.sbatch's --gpus=1)."""
+    """A plain and a noisy-embedding cell; the analysis jobs (analyze.sbatch) measure every checkpoint, the
+    evaluation jobs score the offline test tasks on CPU (this cluster has no GPU: --gpus=0 overrides
+    evaluate.sbatch's --gpus=1)."""
     out = tmp_path / "sweep"
     evaluate_args = (
         f"--tasks wiki_next_word,wiki_text --include-path {LM_EVAL_TASKS} --limit 8 --num-fewshot 1 --device cpu"
@@ -244,6 +229,8 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
             "--",
             "--training.steps",
             "3",
+            "--training.seq_len",
+            "64",
             "--validation.no-enable",
         ],
         cwd=tmp_path,
@@ -273,8 +260,11 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs}"
     for cell in manifest["cells"]:
         run = Path(cell["run"])
-        assert (run / "checkpoint" / "step-3").is_dir()
-        assert (run / "condensation" / "step-3" / "condensation.json").is_file()
+        steps = sorted(p.name for p in (run / "checkpoint").iterdir())
+        assert steps == ["step-0", "step-3"]
+        for step in steps:  # analyze.sbatch: every checkpoint
+            assert (run / "condensation" / step / "condensation.json").is_file(), (step, logs)
+        assert (run / "condensation" / "summary.csv").is_file()
         assert (run / "evaluation" / "step-3" / "results.json").is_file()
     assert (out / "compare" / "compare.csv").is_file() and (out / "compare" / "compare.png").is_file()
     table = (out / "table" / "table.md").read_text()
