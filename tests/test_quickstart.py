@@ -65,6 +65,23 @@ MAIN = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spr
 NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
 
+def small_config(path: Path) -> Path:
+    """quickstart.toml with 2 sequences of 32 tokens per training step and one such validation batch (was 8 of
+    128, 4 batches: validation alone took half of each job): no assertion needs more, the analysis sets its own."""
+    text = Path(CONFIG).read_text()
+    smaller = (("local_batch_size", 8, 2), ("global_batch_size", 8, 2), ("seq_len", 128, 32), ("steps", 4, 1))
+    for key, value, new in smaller:
+        text, found = re.subn(rf"^{key} = {value}\b", f"{key} = {new}", text, flags=re.M)
+        assert found, key
+    path.write_text(text)
+    return path
+
+
+def sweep_options(out: Path) -> tuple[str, ...]:
+    """The module's sweep's options: OPTIONS on the small config beside ``out``."""
+    return (*OPTIONS, "--config", str(out.parent / "small.toml"))
+
+
 def quickstart(out: Path, *options: str):
     """The command forked from the launch server; it starts its own job server, as from a shell."""
     return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900)
@@ -84,7 +101,8 @@ def analysis(out: Path, name: str, step: int) -> dict:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("quickstart") / "out"
-    proc = quickstart(out, *OPTIONS)
+    small_config(out.parent / "small.toml")
+    proc = quickstart(out, *sweep_options(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout
 
@@ -359,7 +377,7 @@ def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
     # A lost analysis of one checkpoint (say, an interrupted analysis) is the only work left.
     lost = out / "runs" / NAMES[1] / "condensation" / "step-1" / "condensation.json"
     lost.unlink()
-    proc = quickstart(out, *OPTIONS)
+    proc = quickstart(out, *sweep_options(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("already done, skipped") == 2 * len(NAMES) - 1
     assert re.findall(r"(\w+) +(\S+): started", proc.stdout) == [("analyze", NAMES[1])]
@@ -379,7 +397,8 @@ def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
 def test_other_options_are_refused_without_touching_results(sweep, change, what):
     out, _ = sweep
     before = digests(out)
-    options = dict(zip(OPTIONS[::2], OPTIONS[1::2], strict=True)) | dict([change])
+    given = sweep_options(out)
+    options = dict(zip(given[::2], given[1::2], strict=True)) | dict([change])
     proc = quickstart(out, *(item for pair in options.items() for item in pair))
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
@@ -535,6 +554,7 @@ def test_out_moved_mid_way_is_one_line_and_nothing_starts_after(tmp_path):
     then finishes, as on any copied or moved OUT: docs/reliability.md, by hand.)"""
     out, moved = tmp_path / "q", tmp_path / "elsewhere"
     options = ("--widths", "64", "--spread-seeds", "0", "--steps", "2", "--checkpoint-interval", "1", "--jobs", "1")
+    options += ("--config", str(small_config(tmp_path / "small.toml")))
     tiny = ("--init-flavor", "debug", "--init-widths", "64", "--init-num-sequences", "2", "--seq-len", "16")
     job = ThreadPoolExecutor(1).submit(quickstart, out, *options, *tiny)
     while not (out / "logs" / "w64-baseline-s42.train.log").exists() and not job.done():
