@@ -31,7 +31,7 @@ from support.launch import (
 from support.runs import scalars
 
 TRAIN_SH = REPO / "launch" / "train.sh"
-STEPS = 4
+STEPS = 2  # compared step for step with the reference run: its first two
 COMMON = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1", *DEBUG_SEQ_LEN)
 LOSS = "loss_metrics/global_avg_loss"
 
@@ -147,17 +147,13 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
 
 
 def two_ranks(tmp_path: Path, code: str, *options: str) -> subprocess.CompletedProcess:
-    """``code`` as the script of 2 ranks under our torchrun launcher, ``options`` before the script, in ``tmp_path``."""
+    """``code`` as the script (``tmp_path/ranks.py``) of 2 ranks under our torchrun launcher, ``options`` before it."""
     script = tmp_path / "ranks.py"
     script.write_text(code)
-    return subprocess.run(
-        [sys.executable, "-m", "dispersion_titan.torchrun", "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
-        + ["--rdzv_endpoint", "localhost:0", *options, "--tee", "3", "--role", "rank", "--monitor_interval", "0.1"]
-        + [str(script)],
-        cwd=tmp_path,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
+    return python_module(  # the launcher forked from the job server (its imports paid); the ranks fresh, as torchrun's
+        "dispersion_titan.torchrun",
+        *("--nproc_per_node", "2", "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", *options, "--tee", "3"),
+        *("--role", "rank", "--monitor_interval", "0.1", str(script)),
         timeout=120,
     )
 
@@ -326,7 +322,7 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
         ("--out", str(REPO / "launch")): "exists and is not an empty folder",
         ("--out", str(REPO / "README.md")): f"out: {REPO / 'README.md'} exists and is not an empty folder",
-        ("--analyze-args=--nosuch 3",): "analyze_args: unrecognized arguments: --nosuch 3",  # not in 20 failed jobs
+        ("--analyze-args=--nosuch 3",): "analyze_args: unrecognized arguments: --nosuch 3",  # not in failed jobs
         ("--evaluate-args=--limit 0",): "evaluate_args: argument --limit: '0' is not a positive integer",
         ("--analyze-args", "'x"): 'analyze_args: "\'x": no closing quotation',
     }
@@ -338,13 +334,13 @@ def test_sweep_bad_input_is_one_line(tmp_path):
     wrong_partition.write_text(toml_text + 'partition = ["gpu"]')
     cases[(str(wrong_partition),)] = "partition: expected a name in quotes, got ['gpu']"
     cases[("--account", " ")] = "account: expected a name in quotes, got ' '"
-    for args, message in cases.items():
-        proc = sweep(*([] if args[0].endswith(".toml") else [toml]), "--dry-run", *args)
+    one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0")  # one cell's config checked, not 20
+    for args, message in cases.items():  # a flag given again wins: each case's own widths, variants or seeds
+        proc = sweep(*([] if args[0].endswith(".toml") else [toml, *one_cell]), "--dry-run", *args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, (args, proc.stderr)
     # Submitted where Slurm is not (no sbatch on PATH): one line, exit 2, no sweep folder to block the rerun.
-    one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0", "--out", str(tmp_path / "s"))
-    proc = sweep(toml, *one_cell, env={"PATH": sys.prefix + "/bin"})
+    proc = sweep(toml, *one_cell, "--out", str(tmp_path / "s"), env={"PATH": sys.prefix + "/bin"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "sweep: error: sbatch: not found (no Slurm here); submit from a login node, or see --dry-run"
     ]
