@@ -530,7 +530,8 @@ def test_a_sigterm_to_the_quickstart_alone_stops_its_jobs_at_a_checkpoint(tmp_pa
     """``kill PID`` of the quickstart: its jobs stop too (before, they trained on as orphans of a
     silent exit), the training one saving where it stopped; one line and exit 143."""
     out = tmp_path / "q"
-    options = ("--widths", "64", "--spread-seeds", "0", "--steps", "40", "--checkpoint-interval", "20", "--jobs", "1")
+    options = ("--widths", "64", "--spread-seeds", "0", "--steps", "400", "--checkpoint-interval", "200", "--jobs", "1")
+    options += ("--config", str(small_config(tmp_path / "small.toml")))  # its faster steps: 400 to stop in
     tiny = ("--init-flavor", "debug", "--init-widths", "64", "--init-num-sequences", "2", "--seq-len", "16")
     job = ThreadPoolExecutor(1).submit(quickstart, out, *options, *tiny)
     log = out / "logs" / "w64-baseline-s42.train.log"
@@ -543,7 +544,7 @@ def test_a_sigterm_to_the_quickstart_alone_stops_its_jobs_at_a_checkpoint(tmp_pa
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == f"dispersion_titan: interrupted; {kept}"
     stopped = re.search(r"interrupted at step (\d+); checkpoint step-(\d+) saved", log.read_text())
-    assert stopped and stopped[1] == stopped[2] and int(stopped[1]) < 40, log.read_text()[-2000:]
+    assert stopped and stopped[1] == stopped[2] and int(stopped[1]) < 400, log.read_text()[-2000:]
     assert (out / "runs" / "w64-baseline-s42" / "checkpoint" / f"step-{stopped[1]}").is_dir()
     assert not (out / "logs" / "w64-angular_spread-c1-s42.train.log").exists()  # nor did the next run start
 
