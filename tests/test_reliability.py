@@ -292,11 +292,14 @@ def test_interrupt_saves_says_one_line_and_resumes_exactly(reference, tmp_path, 
 
 
 def holder_pid(folder: Path, job) -> int:
-    """The PID of the command (forked from the job server) that holds ``folder``'s writer lock: training's rank 0."""
-    while not (folder / LOCK_NAME).exists() and not job.done():
-        time.sleep(0.02)
-    assert not job.done(), job.result().stderr[-3000:]
-    return json.loads((folder / LOCK_NAME).read_text())["pid"]
+    """The PID of the command (forked from the job server) that holds ``folder``'s writer lock: training's rank 0.
+    The lock is created (O_EXCL) before its owner is written into it: read it once it is whole."""
+    while not job.done():
+        try:
+            return json.loads((folder / LOCK_NAME).read_text())["pid"]
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(0.02)
+    raise AssertionError(job.result().stderr[-3000:])
 
 
 @pytest.mark.slow
