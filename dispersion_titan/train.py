@@ -23,7 +23,15 @@ from dispersion_titan.config.cli import (
     with_config_module,
     without_profile,
 )
-from dispersion_titan.utils.errors import DispersionTitanError, RunFinished, command, fail, run_command, say
+from dispersion_titan.utils.errors import (
+    DispersionTitanError,
+    RunFinished,
+    command,
+    fail,
+    interrupted_exit_code,
+    run_command,
+    say,
+)
 
 CHECK_ONLY = "--check-only"
 CHECKED = "DISPERSION_TITAN_CHECKED"  # set by launch/train.sh for its ranks: its --check-only said the launch notes
@@ -64,7 +72,7 @@ def end_with_launcher() -> None:
 def _stop_before_training(signum: int, frame: object) -> None:
     """Ctrl-C or SIGTERM before the trainer's own handlers: one line, not a traceback."""
     say("interrupted before training started; nothing saved")
-    raise SystemExit(128 + signum)
+    raise SystemExit(interrupted_exit_code(signum))
 
 
 @command("nothing saved")

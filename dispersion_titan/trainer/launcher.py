@@ -125,7 +125,7 @@ def run(argv: list[str]) -> int:
     try:
         torchrun.run(args)
     except SignalException as e:
-        return 128 + int(e.sigval)  # forwarded to the ranks, which saved and said so
+        return interrupted_exit_code(int(e.sigval))  # forwarded to the ranks, which saved and said so
     except ChildFailedError as e:
         shown = set(map(int, args.local_ranks_filter.split(","))) if args.local_ranks_filter else None
         status, line = ending(e, args.log_dir, shown)

@@ -150,7 +150,7 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
                 fail_with(e, prog)
             except KeyboardInterrupt as e:  # its argument: the signal, where a handler of ours raised it
                 print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
-                sys.exit(128 + (e.args or (signal.SIGINT,))[0])
+                sys.exit(interrupted_exit_code((e.args or (signal.SIGINT,))[0]))
             except Exception as e:
                 full = no_room(e)
                 if full is None:
@@ -198,7 +198,7 @@ def run_command(main: Callable[[], object]) -> None:
         sys.exit(CLOSED_PIPE_STATUS)
     except KeyboardInterrupt:  # a command's own handler ends each Ctrl-C after its imports: this one came before
         print("dispersion_titan: interrupted while starting; nothing was done", file=sys.stderr, flush=True)
-        sys.exit(128 + signal.SIGINT)
+        sys.exit(interrupted_exit_code(signal.SIGINT))
     except FileNotFoundError as e:  # tempfile's, when no folder takes a file: torch's import on a full /tmp
         if not str(e.strerror).startswith(NO_TEMP_DIR):
             raise
