@@ -65,22 +65,6 @@ def authors_steps(training_steps: int, num_ckpt: int = 5, include_initial: bool 
     return {*range(every, training_steps + 1, every), training_steps, *([0] if include_initial else [])}
 
 
-def _check_fresh(folder: str, result: dict) -> None:
-    """Refuse a result whose checkpoint (found relative to its run, which may have moved) changed since."""
-    ours = result[OURS]
-    if ours["run"].startswith(PREFIX):  # a Hugging Face model, evaluated as published
-        here = ours["checkpoint"]
-    else:
-        dump = os.path.dirname(folder) if os.path.basename(folder) == "evaluation" else ours["run"]
-        here = os.path.join(dump, os.path.relpath(ours["checkpoint"], ours["run"]))
-    if source_changed(ours, here):
-        raise EvaluationError(
-            f"{folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
-            "holds now (saved again or replaced since); evaluate it again with "
-            "python -m dispersion_titan.evaluate RUN --force"
-        )
-
-
 @dataclass(frozen=True)
 class RunScores:
     """One run's selected checkpoint."""
@@ -171,9 +155,19 @@ def _best(curve: dict[int, float]) -> int:
 
 
 def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
-    """``step``'s scores, once each result the rule weighed still describes its checkpoint."""
-    for weighed_step in weighed:
-        _check_fresh(run.folder, run.results[weighed_step])
+    """``step``'s scores, once each result the rule weighed still describes its checkpoint (found relative to
+    its run, which may have moved since)."""
+    for ours in (run.results[weighed_step][OURS] for weighed_step in weighed):
+        if ours["run"].startswith(PREFIX):  # a Hugging Face model, evaluated as published
+            here = ours["checkpoint"]
+        else:
+            here = os.path.join(run.dump, os.path.relpath(ours["checkpoint"], ours["run"]))
+        if source_changed(ours, here):
+            raise EvaluationError(
+                f"{run.folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
+                "holds now (saved again or replaced since); evaluate it again with "
+                "python -m dispersion_titan.evaluate RUN --force"
+            )
     result = run.results[step]
     return RunScores(run.run, step, result_scores(result), settings(result))
 
