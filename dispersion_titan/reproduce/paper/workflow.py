@@ -87,10 +87,9 @@ class Step:
     size_b: float | None = None  # its model's, for the GPUs its job asks for
 
     def shell(self) -> str:
-        command = (
-            ["launch/train.sh"] if self.command == "train" else ["python", "-m", f"dispersion_titan.{self.command}"]
-        )
-        return " ".join([*command, *map(shlex.quote, self.argv)])
+        if self.command == "train":
+            return shlex.join(["launch/train.sh", *self.argv])
+        return shlex.join(["python", "-m", f"dispersion_titan.{self.command}", *self.argv])
 
 
 @dataclass
