@@ -40,8 +40,6 @@ from .jobs import Commands
 
 OPTIONS_FILE = "quickstart.json"
 
-QUICKSTART = FolderOwner("quickstart")
-
 
 @dataclass(frozen=True)
 class QuickstartSetup:
@@ -422,7 +420,7 @@ def check_same_options(setup: QuickstartSetup) -> None:
 def run(setup: QuickstartSetup) -> None:
     """Everything the quickstart does for ``setup``, as the one writer of OUT; each step skipped where its results
     exist."""
-    with owned(setup.out, QUICKSTART):
+    with owned(setup.out, FolderOwner("quickstart")):
         check_same_options(setup)
         begun = time.monotonic()
         say = progress(begun)
