@@ -424,9 +424,7 @@ def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def csv_rows(
-    columns: list[str], rows: list[ArmRow], reference: str, test: str, pretrained: ArmRow | None = None
-) -> list[dict]:
+def csv_rows(rows: list[ArmRow], reference: str, test: str, pretrained: ArmRow | None = None) -> list[dict]:
     """One line per row, the Pretrained row first; ``*_diff``: the difference from it."""
     return [
         {
@@ -519,7 +517,7 @@ def table(
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
     with rewritten(out, FolderOwner("table"), ("table.md", "table.csv", "table.png")) as staging:
         atomic_write(os.path.join(staging, "table.md"), lambda f: f.write(text))
-        write_csv(os.path.join(staging, "table.csv"), csv_rows(columns, rows, reference, test, base_row))
+        write_csv(os.path.join(staging, "table.csv"), csv_rows(rows, reference, test, base_row))
         average_accuracy_figure(  # the arms; without any, the Pretrained row alone
             rows or [base_row],
             reference,
