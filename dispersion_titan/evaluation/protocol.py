@@ -51,8 +51,12 @@ def run_protocol(model_name: str) -> tuple[str, str | None]:
     )
 
 
-BEST_STEP = ("auto", "per-seed", "averaged")
-"""``evaluate table --best-step`` (its help says what each does)."""
+BEST_STEP = {
+    "auto": "per seed for mid-training arms, on the seed-averaged curve for from-scratch arms",
+    "per-seed": "per seed",
+    "averaged": "on the seed-averaged curve",
+}
+"""``evaluate table --best-step``'s choices (its help says what each does), as the table's note names them."""
 
 # A task's score: lm-eval's `acc` where it has one, else its word perplexity.
 ACCURACY = "acc"

@@ -21,7 +21,7 @@ from ..run_folder.settings import flatten, from_scratch
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
 from ..utils.records import differences
-from .protocol import is_accuracy, mean_accuracy
+from .protocol import BEST_STEP, is_accuracy, mean_accuracy
 from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings, source_changed
 
 plt = headless_pyplot()
@@ -42,15 +42,10 @@ class Selection:
     def __str__(self) -> str:
         if self.rule != "best":
             return self.rule
-        per = {
-            "auto": "per seed for mid-training arms, on the seed-averaged curve for from-scratch arms",
-            "per-seed": "per seed",
-            "averaged": "on the seed-averaged curve",
-        }[self.best_step]
         k = self.num_ckpt or f"{MIDTRAIN_NUM_CKPT} mid-training, {SCRATCH_NUM_CKPT} from scratch"
         return (
             f"best of the steps the authors evaluate (every floor(T/K)+1 steps, K = {k}, and the last"
-            f"{'' if self.exclude_initial else ', and step 0 where evaluated'}; {per})"
+            f"{'' if self.exclude_initial else ', and step 0 where evaluated'}; {BEST_STEP[self.best_step]})"
         )
 
 
