@@ -15,7 +15,7 @@ from dispersion_titan.config.cli import (
     non_negative_int,
     positive_int,
 )
-from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, PRESETS
+from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, PRESETS, TESTS
 from dispersion_titan.utils.devices import AUTOCAST
 from dispersion_titan.utils.errors import command, run_command
 
@@ -123,7 +123,7 @@ def add_table_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     )
     p.add_argument(
         "--test",
-        choices=("student", "welch"),
+        choices=TESTS,
         default="student",
         help="t-test of the per-seed averages: student (equal variances, the paper's; default) or welch",
     )

@@ -57,6 +57,8 @@ BEST_STEP = {
     "averaged": "on the seed-averaged curve",
 }
 """``evaluate table --best-step``'s choices (its help says what each does), as the table's note names them."""
+TESTS = {"student": "Student's", "welch": "Welch's"}
+"""``evaluate table --test``'s choices, as the table's note names them."""
 
 # A task's score: lm-eval's `acc` where it has one, else its word perplexity.
 ACCURACY = "acc"

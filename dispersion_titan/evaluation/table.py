@@ -21,12 +21,11 @@ from ..run_folder.settings import flatten, from_scratch
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
 from ..utils.records import differences
-from .protocol import BEST_STEP, is_accuracy, mean_accuracy
+from .protocol import BEST_STEP, TESTS, is_accuracy, mean_accuracy
 from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings, source_changed
 
 plt = headless_pyplot()
 
-TESTS = {"student": "Student's", "welch": "Welch's"}
 SIGNIFICANCE = ((0.001, "***"), (0.01, "**"), (0.05, "*"))
 
 

@@ -20,7 +20,8 @@ from ...analysis.inputs import differences
 from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
 from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import finite_or_none, point_layers, rank_trend
-from ...evaluation.table import TESTS, ArmRow, Selection, cell, difference, signed, table
+from ...evaluation.protocol import TESTS
+from ...evaluation.table import ArmRow, Selection, cell, difference, signed, table
 from ...run_folder.outputs import atomic_write, headless_pyplot, staged, write_json
 from ...utils.errors import ArgumentError
 from ...utils.hub import parse_spec
