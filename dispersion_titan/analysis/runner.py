@@ -35,6 +35,7 @@ from ..run_folder.outputs import (
     ensure_writable,
     remove_empty,
     report_failed,
+    revision_folder,
     save_png,
     still_to_do,
     write_csv,
@@ -351,7 +352,7 @@ class HFAnalysis(Analysis):
         units = [  # a revision's step: the number after ``step`` in its name, else its position
             Unit(
                 int(m.group(1)) if (m := re.search(r"step(\d+)", rev or "")) else i,
-                f"rev-{(rev or 'default').replace('/', '--')}",
+                revision_folder(rev),
                 self.spec.location(rev)[0],
                 rev,
             )

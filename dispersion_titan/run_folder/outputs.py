@@ -27,11 +27,16 @@ if TYPE_CHECKING:
 STEP_FOLDER = re.compile(r"^step-(\d+)$")
 """A checkpoint's folder (``checkpoint/step-N``) and its results' (``OUT/step-N``)."""
 RESULT_FOLDER = re.compile(rf"{STEP_FOLDER.pattern}|^rev-.+$")
-"""A result folder: a checkpoint's, or a Hugging Face revision's (``rev-NAME``)."""
+"""A result folder: a checkpoint's, or a Hugging Face revision's (``revision_folder``)."""
 Result = TypeVar("Result")
 FORMAT = 1
 """The shape of every record this package writes; raised when one changes (``check_format``)."""
 FORMAT_KEY = "format"
+
+
+def revision_folder(revision: str | None) -> str:
+    """A Hugging Face revision's result folder: ``rev-NAME``, ``/`` as ``--`` (``rev-default``: the default one)."""
+    return f"rev-{(revision or 'default').replace('/', '--')}"
 
 
 def write_json(path: str, data: dict, default: Callable[[object], object] | None = None) -> None:

@@ -22,7 +22,7 @@ from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import finite_or_none, point_layers, rank_trend
 from ...evaluation.protocol import TESTS
 from ...evaluation.table import ArmRow, Selection, cell, difference, signed, table
-from ...run_folder.outputs import atomic_write, headless_pyplot, staged, write_json
+from ...run_folder.outputs import atomic_write, headless_pyplot, revision_folder, staged, write_json
 from ...utils.errors import ArgumentError
 from ...utils.hub import parse_spec
 from . import catalog
@@ -113,7 +113,7 @@ def _entries(workflow: PaperWorkflow, model: PaperModel) -> list[Entry]:
         return [Entry(model.label, model.row or "runs", found[folder])]
     entries = []
     for revision in parse_spec(model.target).revisions:
-        folder = f"rev-{revision.replace('/', '--')}" if revision else "rev-default"
+        folder = revision_folder(revision)
         if folder not in found:
             raise _missing(workflow, model, f"{model.label}" + (f"@{revision}" if revision else ""))
         result = found[folder]
