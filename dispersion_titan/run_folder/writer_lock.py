@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -142,10 +142,8 @@ class WriterLock:
             except FileExistsError:
                 refuse_if_busy(self.folder, self.writers)
                 # Stale: rename is atomic, so of two launches breaking it only one succeeds.
-                try:
+                with suppress(FileNotFoundError):
                     os.replace(self.path, self.path.with_name(f"{LOCK_NAME}.stale-{self.owner.pid}"))
-                except FileNotFoundError:
-                    pass
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump(asdict(self.owner), f)
@@ -190,11 +188,11 @@ def sole_writer(folder: str | os.PathLike, writers: tuple[str, str] = COMMAND) -
 
 
 @contextmanager
-def in_turn(folder: str | os.PathLike, writers: tuple[str, str], wait_s: float = TURN_WAIT_S) -> Iterator[None]:
+def in_turn(folder: str | os.PathLike, writers: tuple[str, str]) -> Iterator[None]:
     """Hold the lock of a folder that several commands write into, one write at a time (an analysis's
-    ``--tb-dir``): waits while a live one holds it, up to ``wait_s``, then RunFolderBusy."""
+    ``--tb-dir``): waits while a live one holds it, up to ``TURN_WAIT_S``, then RunFolderBusy."""
     lock = WriterLock(folder, writers)
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + TURN_WAIT_S
     while True:
         try:
             lock.acquire()
