@@ -35,8 +35,7 @@ def main() -> None:
         return
     if not args or args[0] not in COMMANDS:
         named = f"unknown command {args[0]!r}; " if args else "name a command; "
-        print(f"dispersion-titan: error: {named}{USAGE}", file=sys.stderr)
-        sys.exit(2)
+        fail(named + USAGE, prog="dispersion-titan")
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads is not None and not (
         OMP_THREADS.fullmatch(threads) and all(0 < int(n) < 2**64 - 1 for n in threads.split(","))
