@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -427,6 +428,34 @@ def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp
     recorded = json.loads((out / "sweep.json").read_text())
     assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", "104"]
     assert (recorded["compare_job"], recorded["table_job"]) == ("105", "106")
+
+
+def test_ctrl_c_while_sbatch_submits_records_the_job_it_queued(tmp_path):
+    """Ctrl-C to the terminal's process group once the 2nd of a sweep's sbatch calls has queued its job, before it
+    said the id: that sbatch ends, then the sweep's interrupted line, exit 130, and sweep.json names both jobs (was:
+    sbatch killed with its job queued, the id never recorded, a job nobody knew of). A stand-in sbatch here."""
+    bin_dir, out, queued, parent = tmp_path / "bin", tmp_path / "sweep", tmp_path / "queued", tmp_path / "parent"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(  # job ids 101, 102, ...: the 2nd queued, then 2 s before its id is said
+        f"#!/bin/sh\nn=$((101 + $(cat {queued} 2>/dev/null | wc -l)))\necho $n >> {queued}\n"
+        f"if [ $n = 102 ]; then echo $PPID > {parent}.tmp; mv {parent}.tmp {parent}; sleep 2; fi\necho $n\n"
+    )
+    (bin_dir / "sbatch").chmod(0o755)
+    args = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    job = ThreadPoolExecutor(1).submit(sweep, *args, "--out", str(out), env=env)
+    while not parent.exists() and not job.done():
+        time.sleep(0.01)
+    assert not job.done(), job.result().stderr
+    os.killpg(os.getpgid(int(parent.read_text())), signal.SIGINT)  # the sweep's process group, as a terminal's
+    done = job.result()
+    assert done.returncode == 130 and done.stderr.strip().splitlines() == [
+        "sweep: interrupted; the jobs submitted so far stay queued (their ids are above; scancel them to start over)"
+    ], done.stderr
+    assert re.findall(r"^\s*(\d+)  ", done.stdout, re.MULTILINE) == ["101", "102"]
+    recorded = json.loads((out / "sweep.json").read_text())
+    assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", None]
+    assert sorted(json.loads((out / "logs" / "submitted.json").read_text())) == ["101", "102"]
 
 
 def test_a_sweep_folder_whose_manifest_is_unreadable_submits_nothing(tmp_path):

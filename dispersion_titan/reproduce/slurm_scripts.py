@@ -8,14 +8,16 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from ..utils.errors import DispersionTitanError
+from ..utils.errors import INTERRUPT_SIGNALS, DispersionTitanError
 from ..utils.records import atomic_write
 
 SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm"))  # package data
@@ -96,6 +98,20 @@ def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[s
     return submitted
 
 
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM raised once the block ends: an sbatch cut short may have queued a job whose id nobody read."""
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _: received.append(signum)) for s in INTERRUPT_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        raise KeyboardInterrupt(received[0])
+
+
 def submit(jobs: list[SlurmJob], logs: str | Path, ids: dict[str, str] | None = None, then: str = "") -> dict[str, str]:
     """Submit in order, after the jobs they name in ``ids`` (key: id; queued before), adding each one submitted there
     (the caller records them if one is refused); none that is still queued from an earlier submission
@@ -108,15 +124,16 @@ def submit(jobs: list[SlurmJob], logs: str | Path, ids: dict[str, str] | None = 
     env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs
     try:
         for job in jobs:
-            proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env)
-            if proc.returncode != 0:
-                done = " ".join(ids[j.key] for j in jobs if j.key in ids)
-                reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-                hint = f"; submitted so far: {done} (scancel {done})" if done else ""
-                raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}{then}")
-            ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
-            submitted[ids[job.key]] = job.argv
-            print(f"{ids[job.key]:>10}  {job.label}", flush=True)
+            with _interrupts_held():  # sbatch in a session of its own: a terminal's Ctrl-C waits for its id
+                proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env, start_new_session=True)
+                if proc.returncode != 0:
+                    done = " ".join(ids[j.key] for j in jobs if j.key in ids)
+                    reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+                    hint = f"; submitted so far: {done} (scancel {done})" if done else ""
+                    raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}{then}")
+                ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+                submitted[ids[job.key]] = job.argv
+                print(f"{ids[job.key]:>10}  {job.label}", flush=True)
     finally:
         if submitted:  # none: the folder stays as empty as a refused first submission leaves it
             atomic_write(str(record), lambda f: f.write(json.dumps(submitted, indent=1) + "\n"))
