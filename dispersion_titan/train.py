@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -24,6 +25,7 @@ from dispersion_titan.config.cli import (
     without_profile,
 )
 from dispersion_titan.utils.errors import (
+    ArgumentError,
     DispersionTitanError,
     RunFinished,
     command,
@@ -85,6 +87,8 @@ def main() -> None:
     if any(a in HELP_FLAGS for a in argv):
         print(train_usage())
         return
+    if argv and not argv[0].startswith("-"):  # CONFIG first, as launch/train.sh and plan take it
+        raise ArgumentError(f"{argv[0]}: give the config as --job.config_file {shlex.quote(argv[0])}")
     # what needs no TorchTitan is checked before it is imported (seconds)
     toml = load_toml(argv)
     args = with_config_module([a for a in argv if a not in (CHECK_ONLY, HELP_ALL_FLAG)], toml)

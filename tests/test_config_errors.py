@@ -592,6 +592,7 @@ def test_help_and_cheap_errors_come_before_torch_is_imported(tmp_path):
             f"--job.config_file: {tmp_path / 'absent.toml'}: no such file",
         ),
         (["--job.config_file", str(tmp_path / "malformed.toml")], 2, "invalid TOML"),
+        ([DEBUG_TOML], 2, f"{DEBUG_TOML}: give the config as --job.config_file {DEBUG_TOML}"),  # was: unknown option
     ]:
         proc = python_module(
             "dispersion_titan.train",
