@@ -439,6 +439,17 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
         "seq_len 64 vs 32",
     )
     assert not (tmp_path / "bad").exists()
+    # A number edited by hand into NaN (was: a nan cell in compare.csv and its figure, exit 0).
+    edited = other / "condensation" / "step-4" / "condensation.json"
+    result = json.loads(edited.read_text())
+    result["layers"][-1]["mean_cos"] = float("nan")
+    edited.write_text(json.dumps(result))
+    assert_one_line_error(
+        *analyze("compare", run, other, "--out", tmp_path / "bad", capsys=capsys)[::2],
+        f"{edited}: unreadable (layers[{len(result['layers']) - 1}].mean_cos: nan is no finite number); restore it, "
+        "or remove it and rerun",
+    )
+    assert not (tmp_path / "bad").exists()
 
 
 def test_ctrl_c_in_compare_or_family_says_out_is_as_it_was(tmp_path, capsys, monkeypatch):

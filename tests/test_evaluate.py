@@ -1259,6 +1259,19 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
         *evaluate("table", str(tmp_path / "absent"), "--out", out, capsys=capsys)[::2],
         f"{tmp_path / 'absent'}: no such folder",
     )
+    # A score edited by hand into NaN, text or true (was: a nan cell, or true averaged as 1.0, exit 0).
+    edited = fabricated["disp_s1"] / "evaluation" / "step-3" / "results.json"
+    kept = edited.read_text()
+    for value, shown in ((float("nan"), "nan"), ("x", "'x'"), (True, "True")):
+        result = json.loads(kept)
+        result["results"]["t_a"]["acc,none"] = value
+        edited.write_text(json.dumps(result))
+        assert_one_line_error(
+            *evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
+            f"{edited}: unreadable (results.t_a.acc,none: {shown} is no finite number); restore it, or remove it "
+            "and rerun",
+        )
+    edited.write_text(kept)
     # A table into a folder another live command writes: refused, naming it.
     busy = tmp_path / "busy"
     with held_by_another_command(busy) as holder:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..run_folder.outputs import FORMAT, FORMAT_KEY, RESULT_FOLDER, STEP_FOLDER, check_format, read_json_files
 from ..utils.errors import AnalysisError
+from ..utils.records import finite_number
 
 RESULT_FILE = "condensation.json"
 
@@ -98,10 +99,11 @@ class Condensation:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], source: str) -> Condensation:
-        """Parse a ``condensation.json``; ``AnalysisError`` naming ``source`` when fields are missing."""
+        """Parse a ``condensation.json``; ``AnalysisError`` naming ``source`` when fields are missing, or a number is
+        none (a hand edit's NaN or text)."""
         check_format(data, source)
         try:
-            return cls(
+            result = cls(
                 **{
                     **{key: value for key, value in data.items() if key != FORMAT_KEY},
                     "layers": [LayerCondensation(**layer) for layer in data["layers"]],
@@ -110,6 +112,28 @@ class Condensation:
             )
         except (KeyError, TypeError) as e:
             raise AnalysisError(f"{source}: not a condensation result of this version ({e})") from None
+        records = [("", result), *((f"layers[{i}].", layer) for i, layer in enumerate(result.layers))]
+        records += [(f"last_n[{i}].", entry) for i, entry in enumerate(result.last_n)]
+        try:
+            for prefix, record in records:
+                _check_numbers(record, prefix)
+        except ValueError as e:
+            raise AnalysisError(f"{source}: unreadable ({e}); restore it, or remove it and rerun") from None
+        return result
+
+
+def _check_numbers(record: Any, prefix: str) -> None:
+    """Each number field of ``record`` (its ``float``, ``int`` and ``list[float]`` fields) a finite number."""
+    for f in dataclasses.fields(record):
+        value, kind = getattr(record, f.name), str(f.type)
+        if kind == "list[float]":
+            items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        elif kind.removesuffix(" | None") in ("int", "float"):
+            items = [] if value is None and kind.endswith(" | None") else [(None, value)]
+        else:
+            continue
+        for i, item in items:
+            finite_number(item, f"{prefix}{f.name}{'' if i is None else f'[{i}]'}")
 
 
 def read_analyses(out: str) -> dict[str, Condensation]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..utils.errors import EvaluationError
+from ..utils.records import finite_number
 
 # What Table 2 reports of the authors' two simple_evaluate calls (zero-shot, few-shot); their other
 # zero-shot names (groups, hellaswag) get their shots too when asked for with --tasks.
@@ -101,8 +102,8 @@ def task_scores(metrics_by_task: dict[str, dict], tasks: list[str]) -> dict[str,
     for name in tasks:
         metrics = metrics_by_task.get(name, {})
         for metric in (ACCURACY, WORD_PERPLEXITY):
-            if f"{metric},{_FILTER}" in metrics:
-                scores[f"{name}/{metric}"] = float(metrics[f"{metric},{_FILTER}"])
+            if (key := f"{metric},{_FILTER}") in metrics:
+                scores[f"{name}/{metric}"] = finite_number(metrics[key], f"results.{name}.{key}")
                 break
     return scores
 

@@ -1,8 +1,10 @@
 """Records on disk: each file written atomically, so a reader sees the old one or the whole new one;
-nested records flattened to dotted keys, to compare them key by key (``differences``)."""
+nested records flattened to dotted keys, to compare them key by key (``differences``); their numbers read back."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import shutil
 import tempfile
@@ -71,3 +73,11 @@ def differences(old: dict, new: dict) -> str:
     """``key old vs new`` for each key whose values differ, in ``new``'s order, for one-line refusals."""
     keys = [*new, *(key for key in old if key not in new)]
     return ", ".join(f"{key} {old.get(key)!r} vs {new.get(key)!r}" for key in keys if old.get(key) != new.get(key))
+
+
+def finite_number(value: object, key: str) -> float:
+    """``value`` read back from a record: a finite number (a hand edit's NaN, text or ``true`` would be averaged or
+    plotted as one), else ValueError naming ``key``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{key}: {value!r} is no finite number")
+    return float(value)
