@@ -52,9 +52,13 @@ def finished_run(one_process_run) -> Path:
 
 
 def test_a_float32_cpu_run_says_nothing_of_autocast(one_process_run):
-    """debug.toml trains in fp32: no autocast, and no torch warning that a CPU autocast to fp32 is off."""
+    """debug.toml trains in fp32: no autocast, and no torch warning that a CPU autocast to fp32 is off; nor
+    TorchTitan's warnings, twice per run, that a CPU has no lspci and no peak FLOPS (the peak used is said)."""
     proc = one_process_run[1]
-    assert "autocast" not in (proc.stdout + proc.stderr).lower(), proc.stderr[-4000:]
+    said = proc.stdout + proc.stderr
+    assert "autocast" not in said.lower(), proc.stderr[-4000:]
+    assert "lspci" not in said and "Peak flops undefined" not in said, said[-4000:]
+    assert "Peak FLOPS used for computing MFU: " in said, said[-4000:]
 
 
 # ---------------------------------------------------------------- no silent CPU fallback

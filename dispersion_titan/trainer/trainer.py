@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import sys
@@ -62,6 +63,12 @@ def released_scales(
     return tokens, float(accumulation)
 
 
+def _no_gpu_lookup(record: logging.LogRecord) -> bool:
+    """A CPU run's MFU: TorchTitan looks for a GPU's peak FLOPS and warns, twice per run, that lspci is missing and
+    that a CPU has no figure; its next line, ``Peak FLOPS used for computing MFU``, still says what it used."""
+    return not record.getMessage().startswith(("Error running lspci", "Peak flops undefined for: CPU"))
+
+
 class DispersionTrainer(titan_compat.TrainerHooks):
     def __init__(self, job_config: RunConfig) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
@@ -81,6 +88,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             atexit.register(self.writer_lock.release)
             record_run_folders(dump, {k: v for k, v in folders.items() if k != CHECKPOINT_KEY})
         fp32 = job_config.training.mixed_precision_param == "float32"
+        if titan_compat.uses_cpu():
+            logger.addFilter(_no_gpu_lookup)
         try:
             with warnings.catch_warnings():
                 if fp32:  # TorchTitan builds a CPU autocast to fp32, which torch turns off with a warning
@@ -89,6 +98,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         except BaseException:
             self._release_writer_lock()
             raise
+        finally:
+            logger.removeFilter(_no_gpu_lookup)
         # FSDP2 casts (autocast would recast norms to fp32); an autocast to fp32 has nothing to do
         if fp32 or shards_one_rank(self.parallel_dims, job_config):
             self.maybe_enable_amp = contextlib.nullcontext()
