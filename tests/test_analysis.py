@@ -441,13 +441,22 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
     assert not (tmp_path / "bad").exists()
     # A number edited by hand into NaN (was: a nan cell in compare.csv and its figure, exit 0).
     edited = other / "condensation" / "step-4" / "condensation.json"
-    result = json.loads(edited.read_text())
+    kept = edited.read_text()
+    result = json.loads(kept)
     result["layers"][-1]["mean_cos"] = float("nan")
     edited.write_text(json.dumps(result))
     assert_one_line_error(
         *analyze("compare", run, other, "--out", tmp_path / "bad", capsys=capsys)[::2],
         f"{edited}: unreadable (layers[{len(result['layers']) - 1}].mean_cos: nan is no finite number); restore it, "
         "or remove it and rerun",
+    )
+    # A step's result copied into another step's folder by hand (was: step 4's curve drawn as step 2's, exit 0).
+    edited.write_text(kept)
+    shutil.copytree(other / "condensation" / "step-4", other / "condensation" / "step-2")
+    assert_one_line_error(
+        *analyze("compare", run, other, "--out", tmp_path / "bad", capsys=capsys)[::2],
+        f"{other / 'condensation' / 'step-2' / 'condensation.json'}: holds the result of step 4, not of step 2; move "
+        "it back, or remove it and rerun",
     )
     assert not (tmp_path / "bad").exists()
 

@@ -1271,6 +1271,11 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
             f"{edited}: unreadable (results.t_a.acc,none: {shown} is no finite number); restore it, or remove it "
             "and rerun",
         )
+    shutil.copy(fabricated["disp_s1"] / "evaluation" / "step-0" / "results.json", edited)  # (was: read as step 3's)
+    assert_one_line_error(
+        *evaluate("table", *runs, "--out", out, capsys=capsys)[::2],
+        f"{edited}: holds the result of step 0, not of step 3; move it back, or remove it and rerun",
+    )
     edited.write_text(kept)
     # A table into a folder another live command writes: refused, naming it.
     busy = tmp_path / "busy"

@@ -10,7 +10,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..run_folder.outputs import FORMAT, FORMAT_KEY, RESULT_FOLDER, STEP_FOLDER, check_format, read_json_files
+from ..run_folder.outputs import (
+    FORMAT,
+    FORMAT_KEY,
+    RESULT_FOLDER,
+    STEP_FOLDER,
+    check_format,
+    misplaced,
+    read_json_files,
+)
 from ..utils.errors import AnalysisError
 from ..utils.records import finite_number
 
@@ -138,11 +146,14 @@ def _check_numbers(record: Any, prefix: str) -> None:
 
 def read_analyses(out: str) -> dict[str, Condensation]:
     """Every analysis stored in ``out``, by result folder name, in name order."""
-    return {
-        name: Condensation.from_json(data, os.path.join(out, name, RESULT_FILE))
-        for name, data in read_json_files(out, RESULT_FILE).items()
-        if RESULT_FOLDER.match(name)
-    }
+    analyses = {}
+    for name, data in read_json_files(out, RESULT_FILE).items():
+        if RESULT_FOLDER.match(name):
+            path = os.path.join(out, name, RESULT_FILE)
+            analyses[name] = Condensation.from_json(data, path)
+            if (step := STEP_FOLDER.match(name)) and int(step[1]) != analyses[name].step:
+                raise AnalysisError(misplaced(path, analyses[name].step, int(step[1])))
+    return analyses
 
 
 def read_results(out: str) -> dict[int, Condensation]:

@@ -41,6 +41,7 @@ from ..run_folder.outputs import (
     FORMAT_KEY,
     STEP_FOLDER,
     check_format,
+    misplaced,
     read_json_files,
     report_failed,
     still_to_do,
@@ -274,8 +275,11 @@ def read_evaluations(out: str) -> dict[int, dict]:
         check_format(result.get(OURS), path)
         try:
             result_scores(result)  # its numbers, as the table and the best step read them
+            recorded = result[OURS]["step"]
         except (KeyError, TypeError, ValueError) as e:
             raise EvaluationError(f"{path}: unreadable ({cause(e)}); restore it, or remove it and rerun") from None
+        if recorded != step:
+            raise EvaluationError(misplaced(path, recorded, step))
     return results
 
 

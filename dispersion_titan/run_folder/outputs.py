@@ -189,6 +189,11 @@ def read_json_files(out: str, file: str) -> dict[str, dict]:
     return results
 
 
+def misplaced(path: str, recorded: object, step: int) -> str:
+    """A result copied into another step's folder by hand (``step-N/``): read as that step's, were it not refused."""
+    return f"{path}: holds the result of step {recorded}, not of step {step}; move it back, or remove it and rerun"
+
+
 def shown(value: object) -> object:
     """Floats as shown in CSVs and tables: 6 significant digits (JSON keeps them whole)."""
     return f"{value:.6g}" if isinstance(value, float) else value
