@@ -1,11 +1,14 @@
 """The suite's own comparisons cannot pass vacuously: every ``zip`` is ``strict=True`` (a
 short or empty side fails instead of shortening the comparison), and no check is a tuple
 ``assert_close(a, b), msg`` (which builds a tuple and never uses ``msg``) or ``assert (x, msg)``
-(always true). Scanned from the source, so a new test file is covered as soon as it exists."""
+(always true). Scanned from the source, so a new test file is covered as soon as it exists. And no tracked
+file keeps a merge conflict's markers."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -65,4 +68,19 @@ def test_no_comparison_in_the_suite_can_pass_vacuously():
     files = sorted(TESTS.rglob("*.py"))
     assert len(files) > 40 and Path(__file__) in files  # the scan sees the suite, this file included
     found = [line for path in files for line in vacuous_checks(path.read_text(), str(path.relative_to(TESTS)))]
+    assert found == []
+
+
+def test_no_tracked_file_holds_a_merge_conflict_marker():
+    """A conflict resolved by hand and committed half-done (docs/reliability.md once kept both sides and the
+    markers): no tracked text file has a line that is a conflict marker."""
+    repo = TESTS.parent
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, check=True).stdout
+    marker = re.compile(rb"^(?:<{7} |={7}$|>{7} )", re.MULTILINE)
+    found = [
+        name.decode()
+        for name in tracked.split(b"\0")
+        if name and (repo / name.decode()).is_file() and marker.search((repo / name.decode()).read_bytes())
+    ]
+    assert len(tracked.split(b"\0")) > 100  # the scan sees the checkout
     assert found == []
