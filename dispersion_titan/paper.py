@@ -190,7 +190,10 @@ def run_paper(argv: list[str]) -> int:
     return 0
 
 
-@command("each analysis and evaluation finished so far is kept in --out; the same command goes on from there")
+@command(
+    "each analysis and evaluation finished so far is kept in --out; the same command goes on from there (with "
+    "--slurm: the jobs submitted so far stay queued, their ids above; submit again once they end, or scancel them)"
+)
 def main(argv: list[str] | None = None) -> None:
     sys.exit(run_paper(sys.argv[1:] if argv is None else argv))
 

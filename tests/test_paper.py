@@ -562,6 +562,25 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert code == 0 and sum("analyze.sbatch hf:" in line for line in lines) == 2
     assert "--dependency=afterok:$job_1:$job_2" in lines[-1] and "paper.sbatch fig2" in lines[-1]
     assert lines[-1].endswith("--draw-only") and "--partition=debug" in lines[-1] and "--slurm" not in lines[-1]
+    # Ctrl-C while the 2nd sbatch queues its job (a stand-in sbatch interrupts this process): both ids recorded, one
+    # line saying they stay queued and how to submit again (was: "the same command goes on from there", which a
+    # rerun refuses while they are queued), exit 130.
+    sbatch = tmp_path / "bin" / "sbatch"
+    sbatch.parent.mkdir()
+    sbatch.write_text(
+        f"#!/bin/sh\necho x >> {tmp_path}/n\nn=$(wc -l < {tmp_path}/n)\n[ $n = 2 ] && kill -INT $PPID\necho 10$n\n"
+    )
+    sbatch.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{sbatch.parent}:{os.environ['PATH']}")
+    out = tmp_path / "submitted"
+    code, printed, err = paper("fig2", "--models", zoo["gpt2-s"], zoo["gpt2-m"], "--slurm", "--out", out, capsys=capsys)
+    assert code == 130 and err.strip().splitlines()[-1] == (
+        "dispersion_titan: interrupted; each analysis and evaluation finished so far is kept in --out; the same "
+        "command goes on from there (with --slurm: the jobs submitted so far stay queued, their ids above; submit "
+        "again once they end, or scancel them)"
+    ), err
+    assert re.findall(r"^\s*(\d+)  ", printed, re.MULTILINE) == ["101", "102"]
+    assert sorted(json.loads((out / "logs" / "submitted.json").read_text())) == ["101", "102"]
 
 
 QWEN_1 = ["Qwen/Qwen-1_8B", "Qwen/Qwen-7B", "Qwen/Qwen-14B", "Qwen/Qwen-72B"]
