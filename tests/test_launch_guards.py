@@ -53,12 +53,16 @@ def finished_run(one_process_run) -> Path:
 
 def test_a_float32_cpu_run_says_nothing_of_autocast(one_process_run):
     """debug.toml trains in fp32: no autocast, and no torch warning that a CPU autocast to fp32 is off; nor
-    TorchTitan's warnings, twice per run, that a CPU has no lspci and no peak FLOPS (the peak used is said)."""
+    TorchTitan's warnings, twice per run, that a CPU has no lspci and no peak FLOPS (the peak used is said); nor any other
+    warning."""
     proc = one_process_run[1]
     said = proc.stdout + proc.stderr
     assert "autocast" not in said.lower(), proc.stderr[-4000:]
     assert "lspci" not in said and "Peak flops undefined" not in said, said[-4000:]
     assert "Peak FLOPS used for computing MFU: " in said, said[-4000:]
+    # Nor a library's warning to act on nothing (torchdata's set_vital, DTensor's RNG on a CPU mesh, gloo's timeout
+    # setter, TorchTitan's HF index of no HF export): a CPU run prints no warning at all.
+    assert "WARNING" not in said and "Warning:" not in said, said[-4000:]
 
 
 # ---------------------------------------------------------------- no silent CPU fallback

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,10 +64,25 @@ def released_scales(
     return tokens, float(accumulation)
 
 
-def _no_gpu_lookup(record: logging.LogRecord) -> bool:
-    """A CPU run's MFU: TorchTitan looks for a GPU's peak FLOPS and warns, twice per run, that lspci is missing and
-    that a CPU has no figure; its next line, ``Peak FLOPS used for computing MFU``, still says what it used."""
-    return not record.getMessage().startswith(("Error running lspci", "Peak flops undefined for: CPU"))
+# Warnings of every run that leave the user nothing to act on: torchdata's call of a deprecated torch API, and on a
+# CPU, gloo's group (torch's timeout setter names only CUDA's backends) and DTensor's RNG on a CPU mesh (a 2-rank CPU
+# run's initialisation equals one rank's: test_parallel_equivalence).
+_LIBRARY_NOISE = (
+    "'set_vital' is deprecated",
+    "Set timeout is now only supported for either nccl or gloo",
+    r"DTensor (random operators|manual_seed\(\)) may not have complete support on cpu device mesh",
+)
+
+
+def _titan_noise(cpu: bool, hf_export: bool) -> Callable[[logging.LogRecord], bool]:
+    """A filter of TorchTitan's log warnings that say nothing to act on: torchrun's default
+    TORCH_NCCL_ASYNC_ERROR_HANDLING=1, which TorchTitan sets to 3 (for its flight recorder); without an HF export, no
+    HF index to shard it by; on a CPU, its GPU lookup for MFU, twice per run (lspci missing, no peak FLOPS; its next
+    line, ``Peak FLOPS used for computing MFU``, still says what it used)."""
+    noise = ("ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3",)
+    noise += () if hf_export else ("model.safetensors.index.json not found",)
+    noise += ("Error running lspci", "Peak flops undefined for: CPU") if cpu else ()
+    return lambda record: not record.getMessage().startswith(noise)
 
 
 class DispersionTrainer(titan_compat.TrainerHooks):
@@ -88,8 +104,10 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             atexit.register(self.writer_lock.release)
             record_run_folders(dump, {k: v for k, v in folders.items() if k != CHECKPOINT_KEY})
         fp32 = job_config.training.mixed_precision_param == "float32"
-        if titan_compat.uses_cpu():
-            logger.addFilter(_no_gpu_lookup)
+        for message in _LIBRARY_NOISE:
+            warnings.filterwarnings("ignore", message)
+        quiet = _titan_noise(titan_compat.uses_cpu(), job_config.checkpoint.last_save_in_hf)
+        logger.addFilter(quiet)
         try:
             with warnings.catch_warnings():
                 if fp32:  # TorchTitan builds a CPU autocast to fp32, which torch turns off with a warning
@@ -99,7 +117,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self._release_writer_lock()
             raise
         finally:
-            logger.removeFilter(_no_gpu_lookup)
+            logger.removeFilter(quiet)
         # FSDP2 casts (autocast would recast norms to fp32); an autocast to fp32 has nothing to do
         if fp32 or shards_one_rank(self.parallel_dims, job_config):
             self.maybe_enable_amp = contextlib.nullcontext()
