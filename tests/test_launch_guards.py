@@ -53,8 +53,8 @@ def finished_run(one_process_run) -> Path:
 
 def test_a_float32_cpu_run_says_nothing_of_autocast(one_process_run):
     """debug.toml trains in fp32: no autocast, and no torch warning that a CPU autocast to fp32 is off; nor
-    TorchTitan's warnings, twice per run, that a CPU has no lspci and no peak FLOPS (the peak used is said); nor any other
-    warning."""
+    TorchTitan's warnings, twice per run, that a CPU has no lspci and no peak FLOPS (the peak used is said); nor
+    any other warning."""
     proc = one_process_run[1]
     said = proc.stdout + proc.stderr
     assert "autocast" not in said.lower(), proc.stderr[-4000:]
