@@ -50,11 +50,7 @@ def paper_parser() -> OneLineErrorParser:
         help="replace the paper's models: hub ids, local model folders, hf: specs or our runs "
         "(fig5: the bases, then their distilled models; table2: RUN or ARM=RUN1,RUN2)",
     )
-    p.add_argument(
-        "--slurm",
-        action="store_true",
-        help="submit the jobs (the package's launch_scripts/slurm/*.sbatch) and a drawing job",
-    )
+    p.add_argument("--slurm", action="store_true", help="submit the jobs and a drawing job (launch_scripts/slurm/)")
     p.add_argument("--dry-run", action="store_true", help="print every command, run nothing")
     p.add_argument(
         "--plan",
