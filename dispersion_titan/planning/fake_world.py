@@ -71,9 +71,10 @@ def rank_zero_trainer(
     job_config: RunConfig, world: int, fake: FakeTensorMode | None = None
 ) -> Iterator[DispersionTrainer]:
     """``DispersionTrainer`` as rank 0 of ``world`` ranks, quiet, built under ``fake`` when given (the model
-    family's stand-in for it), closed on exit. Its config: ``job_config`` with no checkpoints, validation,
-    loggers or compile; the embedded ``enwiki_sample`` (token values change neither layout nor memory); a
-    temporary run folder."""
+    family's stand-in for it), else its weights drawn uniform with the init's mean and std (a dry run reads
+    none of their values; ``trunc_normal_`` resamples for seconds on a CPU), closed on exit. Its config:
+    ``job_config`` with no checkpoints, validation, loggers or compile; the embedded ``enwiki_sample`` (token
+    values change neither layout nor memory); a temporary run folder."""
     c = copy.deepcopy(job_config)
     c.comm.mode = "fake_backend"
     c.checkpoint.enable = c.validation.enable = c.compile.enable = False
@@ -83,8 +84,7 @@ def rank_zero_trainer(
     c.training.dataset, c.training.dataset_path = "enwiki_sample", None
     folder = os.path.expanduser(tokenizer_folder(c.model.name, c.model.hf_assets_path) or "")
     c.model.hf_assets_path = folder if os.path.isdir(folder) else ""
-    if fake is not None:
-        c.model.name = fake_world_family(c.model.name)
+    c.model.name = fake_world_family(c.model.name, "dry_run" if fake is None else "fake_world")
     with _process_state(world), tempfile.TemporaryDirectory(prefix="plan_") as dump:
         c.job.dump_folder = dump
         trainer = None
