@@ -139,13 +139,13 @@ def runs(request, tmp_path_factory):
         )
         out[name] = root / name
     if request.param == "gpt2":
-        # A fresh 2-D run with no seed checkpoint: its step 0 must equal the 1-process init
-        # (our GPT-2 draws its init layout-invariantly; TorchTitan's Qwen3 does not).
+        # A fresh 2-D run with no seed checkpoint: its step 0 (saved before any step) must equal the
+        # 1-process init (our GPT-2 draws its init layout-invariantly; TorchTitan's Qwen3 does not).
         torchrun(
             root / "fresh_2d",
             4,
             "--training.steps",
-            "1",
+            "0",
             "--validation.no-enable",
             "--parallelism.tensor_parallel_degree",
             "2",
