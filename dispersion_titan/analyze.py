@@ -56,7 +56,7 @@ def analyze_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "run",
         metavar="RUN",
-        help="the run's dump folder or its checkpoint folder, or hf:MODEL[@REV1,REV2,...] (hub id or local folder)",
+        help="a run folder or its checkpoint folder, or hf:MODEL[@REV1,REV2,...] (hub id or local folder)",
     )
     p.add_argument("--steps", help="all (default), or steps and ranges such as 0,5,10-20, first, last (runs only)")
     add_input_arguments(p)
@@ -102,7 +102,7 @@ def compare_parser() -> argparse.ArgumentParser:
         prog="python -m dispersion_titan.analyze compare",
         description="Condensation of several analyzed runs side by side (table, CSV, figure).",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN", help="dump folders or their condensation folders")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders or their condensation folders")
     p.add_argument("--out", required=True, help="folder for compare.csv, compare_layers.csv and compare.png")
     p.add_argument("--step", default="last", help="checkpoint step to compare, or last (default)")
     return p

@@ -40,7 +40,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "run",
         metavar="RUN",
-        help="the run's dump folder or its checkpoint folder; or hf:MODEL[@REV] (a hub id or Hugging Face "
+        help="a run folder or its checkpoint folder; or hf:MODEL[@REV] (a hub id or Hugging Face "
         "folder, as published: step 0 of --out, which it needs)",
     )
     p.add_argument("--steps", default="all", help="all (default), or steps and ranges such as 0,5,10-20")
@@ -98,7 +98,7 @@ def table_parser() -> argparse.ArgumentParser:
         "runs",
         nargs="*",
         metavar="RUN|ARM=RUN1,RUN2",
-        help="evaluated runs (dump or evaluation folders), grouped into arms by their run.json "
+        help="evaluated runs (run folders or their evaluation folders), grouped into arms by their run.json "
         "settings but the seed; or arms named explicitly (none: the --pretrained row alone)",
     )
     p.add_argument("--out", required=True, help="folder for table.md, table.csv and table.png")

@@ -238,7 +238,7 @@ ARTIFACTS: dict[str, tuple[str, str, str, str]] = {  # name -> (the paper's figu
         "Fig. (dispersion counteracts condensation): mid-training with and without the loss, step by step",
         "analyze RUN --steps all for the two runs at 10 texts of 1024 tokens (plot_heatmaps.py); a row per "
         "run of heatmaps titled by step, and the depth trend against step",
-        f"the runs of {' and '.join(COUNTERACT_CONFIGS)} (their dump folders, or --models BASE DISPERSION)",
+        f"the runs of {' and '.join(COUNTERACT_CONFIGS)} (their run folders, or --models BASE DISPERSION)",
         "training: the two GPT-2 mid-training runs (paper table2 --plan); analysis ~0.05 GPU-hours for 12 "
         "checkpoints (estimate, not measured)",
     ),
