@@ -1,7 +1,8 @@
 """The docs stay true to the tree: ``docs/code_map.md`` names every module and folder of the
 package in its folder's row, names nothing that is not there, and gives each folder the floor
 ``tests/test_import_layers.py`` declares; every relative link in the docs and the README
-points to a file, and an anchor, that exist."""
+points to a file, and an anchor, that exist; every test a page names exists; every table row renders
+in its table."""
 
 from __future__ import annotations
 
@@ -181,3 +182,34 @@ def test_test_name_check_finds_a_missing_module_and_test() -> None:
         "test_code_map.py::test_gone: no such test",
         "`test_nothing.py`: no such test module",
     ]
+
+
+# ----------------------------------------------------------------------------- tables
+
+SEPARATOR = re.compile(r"\|(\s*:?-+:?\s*\|)+")
+
+
+def table_problems(text: str) -> list[str]:
+    """Table lines Markdown renders as text (outside code blocks): a row right after a line of text, or
+    a table whose second line is not its ``|---|`` separator."""
+    lines = re.sub(r"```.*?```", lambda block: "\n" * block.group(0).count("\n"), text, flags=re.S).splitlines()
+    problems = []
+    for i, line in enumerate(lines):
+        before = lines[i - 1] if i else ""
+        if not line.startswith("|") or before.startswith("|"):
+            continue
+        if before.strip():
+            problems.append(f"line {i + 1}: a table row after text")
+        elif i + 1 == len(lines) or not SEPARATOR.fullmatch(lines[i + 1].strip()):
+            problems.append(f"line {i + 1}: a table without its |---| line")
+    return problems
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_every_table_row_is_in_a_table(page: Path) -> None:
+    assert table_problems(page.read_text()) == []
+
+
+def test_table_check_finds_a_row_after_text_and_a_table_without_separator() -> None:
+    text = "| a | b |\n|---|---|\n| 1 | 2 |\n\nSome text.\n| 3 | 4 |\n\n| c | d |\n| 5 | 6 |\n```\n| code |\n```\n"
+    assert table_problems(text) == ["line 6: a table row after text", "line 8: a table without its |---| line"]
