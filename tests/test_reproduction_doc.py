@@ -4,7 +4,8 @@
 against that config under ``train_configs/``, ``COMMAND --option VALUE`` against the command's
 default (``paper``'s analysing defaults and ``paper table2``'s included), ``COMMAND --option`` that the option exists;
 every row cites one, or names a count checked here; every option it names exists. The page's
-counts are recomputed from the code and configs, and every command it shows parses. The README's tour: each
+counts are recomputed from the code and configs, its artifacts' GPU-hours are ``paper --list``'s, and every command
+it shows parses. The README's tour: each
 training line checks, into a run folder of its own, and does what it says."""
 
 from __future__ import annotations
@@ -204,6 +205,21 @@ def test_the_pages_counts_are_the_codes():
     text = " ".join(DOC.read_text().split())
     for phrase in PAGE_COUNTS:
         assert phrase in text, phrase
+
+
+def test_each_artifacts_cost_is_paper_lists():
+    """The artifacts table's "~X GPU-hours" per artifact, as ``paper --list`` estimates it (``catalog.ARTIFACTS``)."""
+    lines = DOC.read_text().splitlines()
+    start = lines.index("| artifact | what it runs | drawn |")
+    checked = 0
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        name, runs, _ = cells(line)
+        for cost in re.findall(r"~[\d.]+ GPU-hours", runs):
+            assert cost in catalog.ARTIFACTS[name.split("`")[1]][3], (name, cost)
+            checked += 1
+    assert checked >= 5
 
 
 COMMAND = re.compile(r"python -m dispersion_titan\.(\w+)(?: (table|family))? (.*)")
