@@ -5,8 +5,7 @@ against that config under ``train_configs/``, ``COMMAND --option VALUE`` against
 default (``paper``'s analysing defaults and ``paper table2``'s included), ``COMMAND --option`` that the option exists;
 every row cites one, or names a count checked here; every option it names exists. The page's
 counts are recomputed from the code and configs, its artifacts' GPU-hours are ``paper --list``'s, and every command
-it shows parses. The README's tour: each
-training line checks, into a run folder of its own, and does what it says."""
+it shows parses. The README's tour: each training line checks, into a run folder of its own, and does what it says."""
 
 from __future__ import annotations
 

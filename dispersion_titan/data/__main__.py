@@ -7,7 +7,7 @@ token ids from disk instead of every rank tokenising the global stream.
 CONFIG_OR_DATASET is a training TOML (its ``[training]`` dataset and path for
 ``--split train``, its ``[validation]`` ones for ``--split validation``, and the
 tokenizer its ``[model]`` trains with) or a dataset name (``enwiki_sample``, ``local``,
-``wikitext-103``, ``fineweb-edu``; GPT-2's BPE, or ``--tokenizer``: a Hugging Face
+``wikitext-103``, ``fineweb-edu``, ``fineweb-edu-1B``; GPT-2's BPE, or ``--tokenizer``: a Hugging Face
 folder with the model's ``tokenizer.json``).
 
 Documents are tokenised by ``--workers`` processes, one shard of ``--shard-documents`` documents
