@@ -1,0 +1,149 @@
+"""The README and docs against the code: ``docs/training.md``'s configuration reference names keys that
+exist, each with its default as the merged job config has it; every command line a page shows (in a code
+block, or a code span that is one) parses with that command's own parser, and every ``--section.key`` a
+``launch/train.sh`` line overrides exists. ``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from dispersion_titan.analyze import analyze_parser, compare_parser, size_series_parser
+from dispersion_titan.components.titan_compat import merged_job_config_class
+from dispersion_titan.config.cli import CONFIG_MODULE
+from dispersion_titan.data.__main__ import parser as data_parser
+from dispersion_titan.evaluate import evaluate_parser, table_parser
+from dispersion_titan.job_config.parse import setup_torchtitan
+from dispersion_titan.paper import paper_parser
+from dispersion_titan.plan import plan_parser
+from dispersion_titan.sweep import parse_args as sweep_args
+from support.launch import REPO
+
+setup_torchtitan()
+PAGES = [Path(REPO) / "README.md", *sorted((Path(REPO) / "docs").glob("*.md"))]
+TRAINING = Path(REPO) / "docs" / "training.md"
+PARSE = {  # command -> its arguments parsed: (options, training overrides)
+    "analyze compare": lambda argv: (compare_parser().parse_args(argv), []),
+    "analyze family": lambda argv: (size_series_parser().parse_args(argv), []),
+    "analyze": lambda argv: (analyze_parser().parse_args(argv), []),
+    "evaluate table": lambda argv: (table_parser().parse_args(argv), []),
+    "evaluate": lambda argv: (evaluate_parser().parse_args(argv), []),
+    "paper": lambda argv: (paper_parser().parse_args(argv), []),
+    "plan": lambda argv: plan_parser().parse_known_args(argv),
+    "data": lambda argv: (data_parser().parse_args(argv), []),
+    "sweep": sweep_args,
+}
+TRAIN_FLAGS = ("--profile", "--check-only", "--help")
+"""``launch/train.sh``'s options that are not training keys (``python -m dispersion_titan.train --help``)."""
+COMMAND = re.compile(r"^(?:python -m dispersion_titan\.|dispersion-titan )(\w+(?: compare| family| table)?)(?: (.*))?$")
+
+
+def default_cell_problems(text: str, config: object) -> list[str]:
+    """Rows of the configuration reference whose keys are missing, or whose default cell does not hold
+    the key's default (``—`` and ``TorchTitan's`` claim none)."""
+    lines = text.splitlines()
+    start = lines.index("| key | default | meaning |")
+    problems = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        keys, default = (cell.strip() for cell in line.split("|")[1:3])
+        section = None
+        for key in re.findall(r"`([\w.]+)`", keys):
+            section, _, key = key.rpartition(".") if "." in key else (section, "", key)
+            value = getattr(getattr(config, section, None), key, problems)
+            if value is problems:
+                problems.append(f"{section}.{key}: no such key")
+            elif default not in ("—", "TorchTitan's") and not shown(value, default):
+                problems.append(f"{section}.{key}: default {value!r}, the page says {default}")
+    return problems
+
+
+def shown(value: object, cell: str) -> bool:
+    """Whether ``cell`` holds ``value`` as the page writes defaults."""
+    words = re.findall(r"[\w.+\-\"]+", cell.replace("`", ""))
+    if value is None or isinstance(value, bool):
+        return {None: "unset", True: "true", False: "false"}[value] in words
+    if isinstance(value, (int, float)):
+        return any(re.fullmatch(r"[+-]?[\d.]+(e[+-]?\d+)?", w) and float(w) == value for w in words)
+    return (value or '""') in words
+
+
+def test_every_configuration_key_exists_with_its_stated_default():
+    problems = default_cell_problems(TRAINING.read_text(), merged_job_config_class(CONFIG_MODULE)())
+    assert problems == []
+
+
+def test_the_default_check_finds_a_wrong_default_and_a_missing_key():
+    text = TRAINING.read_text()
+    planted = text.replace("| `dispersion.tau` | 1.0 |", "| `dispersion.tau` | 2.0 |", 1)
+    planted = planted.replace("`baseline.noise_alpha`", "`baseline.noise_beta`", 1)
+    assert planted.count("noise_beta") == 1 and "| `dispersion.tau` | 2.0 |" in planted
+    assert default_cell_problems(planted, merged_job_config_class(CONFIG_MODULE)()) == [
+        "dispersion.tau: default 1.0, the page says 2.0",
+        "baseline.noise_beta: no such key",
+    ]
+
+
+def command_lines(text: str) -> list[str]:
+    """The lines of a page's code blocks (without their comments), and its code spans, that are one
+    command: ours or ``launch/train.sh``; none with a shell substitution or a ``[placeholder]``."""
+    blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S)
+    lines = [line.split("  #")[0] for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    lines += [" ".join(span.split()) for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose)]
+    lines += [line.strip() for line in prose.splitlines() if line.startswith("    python -m dispersion_titan.")]
+    starts = ("python -m dispersion_titan.", "dispersion-titan ", "launch/train.sh ")
+    return [line.strip() for line in lines if line.strip().startswith(starts) and not re.search(r"\$\(|\[|…|&&", line)]
+
+
+def key_problems(line: str, options: list[str]) -> list[str]:
+    """Training overrides (``--section.key``, ``--section.no-key``) the merged job config lacks."""
+    config = merged_job_config_class(CONFIG_MODULE)()
+    problems = []
+    for option in (o for o in options if o.startswith("--") and o not in TRAIN_FLAGS):
+        section, _, key = option[2:].partition(".")
+        if not hasattr(getattr(config, section, None), key.replace("-", "_").removeprefix("no_")):
+            problems.append(f"{line}: no key {option}")
+    return problems
+
+
+def command_problems(line: str) -> list[str]:
+    """What is wrong with one command line a page shows: a config that is not there, options its command
+    does not take, training overrides the job config does not have."""
+    argv = shlex.split(line.replace("\\|", "|").split(" | ")[0], comments=True)
+    if argv[0] == "launch/train.sh":
+        config, *overrides = argv[1:] or ["--help"]
+        missing = config.endswith(".toml") and not (Path(REPO) / config).exists()
+        return [f"{line}: no file {config}"] * missing + key_problems(line, overrides)
+    match = COMMAND.match(" ".join(argv))
+    if not match or match.group(1) not in PARSE or not match.group(2):
+        return []  # train's own checks run in test_reproduction_doc's tour; a bare name is a reference
+    name, rest = match.groups()
+    try:
+        _, overrides = PARSE[name](shlex.split(rest.replace("ARTIFACT", "fig2")))
+    except SystemExit as e:
+        return [f"{line}: exit status {e.code}"] if e.code else []
+    return key_problems(line, overrides)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_command_a_page_shows_parses(page: Path, capsys):
+    lines = command_lines(page.read_text())
+    assert [problem for line in lines for problem in command_problems(line)] == [], capsys.readouterr().err
+
+
+def test_the_command_check_finds_an_unknown_option_and_key():
+    text = (
+        "```bash\npython -m dispersion_titan.analyze RUN --stepz 3  # x\n```\n"
+        "`launch/train.sh train_configs/debug.toml --dispersion.coef 1`, `dispersion-titan plan C.toml --gpuz 2`\n"
+    )
+    lines = command_lines(text)
+    assert [p for line in lines for p in command_problems(line)] == [
+        "python -m dispersion_titan.analyze RUN --stepz 3: exit status 2",
+        "launch/train.sh train_configs/debug.toml --dispersion.coef 1: no key --dispersion.coef",
+        "dispersion-titan plan C.toml --gpuz 2: no key --gpuz",
+    ]
