@@ -1,12 +1,15 @@
 """The README and docs against the code: ``docs/training.md``'s configuration reference names keys that
 exist, each with its default as the merged job config has it; every command line a page shows (in a code
 block, or a code span that is one) parses with that command's own parser, and every ``--section.key`` a
-``launch/train.sh`` line overrides exists. ``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
+``launch/train.sh`` line overrides exists; ``docs/reliability.md``'s list of what a relaunch may change is
+``run_folder/settings.py``'s. ``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
 
 from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Collection
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -19,12 +22,14 @@ from dispersion_titan.evaluate import evaluate_parser, table_parser
 from dispersion_titan.job_config.parse import setup_torchtitan
 from dispersion_titan.paper import paper_parser
 from dispersion_titan.plan import plan_parser
+from dispersion_titan.run_folder.settings import ALLOWED_KEYS, ALLOWED_SECTIONS
 from dispersion_titan.sweep import parse_args as sweep_args
 from support.launch import REPO
 
 setup_torchtitan()
 PAGES = [Path(REPO) / "README.md", *sorted((Path(REPO) / "docs").glob("*.md"))]
 TRAINING = Path(REPO) / "docs" / "training.md"
+RELIABILITY = Path(REPO) / "docs" / "reliability.md"
 PARSE = {  # command -> its arguments parsed: (options, training overrides)
     "analyze compare": lambda argv: (compare_parser().parse_args(argv), []),
     "analyze family": lambda argv: (size_series_parser().parse_args(argv), []),
@@ -146,4 +151,33 @@ def test_the_command_check_finds_an_unknown_option_and_key():
         "python -m dispersion_titan.analyze RUN --stepz 3: exit status 2",
         "launch/train.sh train_configs/debug.toml --dispersion.coef 1: no key --dispersion.coef",
         "dispersion-titan plan C.toml --gpuz 2: no key --gpuz",
+    ]
+
+
+def relaunch_list_problems(text: str, keys: Collection[str], sections: Collection[str]) -> list[str]:
+    """reliability.md's list of what a relaunch may change against ``settings.ALLOWED_KEYS`` and
+    ``ALLOWED_SECTIONS``: each named both ways (``x.*`` a section, ``x.y*`` keys so named, a bare key
+    in the section named before it)."""
+    listed = text.split("A relaunch may change only", 1)[1].split("Any other change", 1)[0]
+    listed = re.sub(r"\([^)]*\)", "", listed.split(":", 1)[1])
+    named, section = [], ""
+    for name in re.findall(r"`([\w.*]+)`", listed):
+        section = name.split(".")[0] if "." in name else section
+        named.append(name if "." in name else f"{section}.{name}")
+    problems = [f"{s}* is not in the list" for s in sorted(sections) if f"{s}*" not in named]
+    problems += [f"{k} is not in the list" for k in sorted(keys) if not any(fnmatch(k, n) for n in named)]
+    allowed = [*keys, *(f"{s}*" for s in sections)]
+    problems += [f"{n} may not change" for n in named if not any(fnmatch(a, n) for a in allowed)]
+    return problems
+
+
+def test_what_a_relaunch_may_change_is_settings_allowed_keys():
+    assert relaunch_list_problems(RELIABILITY.read_text(), ALLOWED_KEYS, ALLOWED_SECTIONS) == []
+
+
+def test_the_relaunch_list_check_finds_a_key_missing_and_one_too_many():
+    text = "A relaunch may change only (x):\n- `training.steps` (not `lr.x`), `metrics.*`, `seed`.\nAny other change"
+    assert relaunch_list_problems(text, {"training.steps", "job.fork_from"}, ("metrics.",)) == [
+        "job.fork_from is not in the list",
+        "metrics.seed may not change",
     ]
