@@ -4,11 +4,13 @@
 against that config under ``train_configs/``, ``COMMAND --option VALUE`` against the command's
 default (``paper``'s analysing defaults and ``paper table2``'s included), ``COMMAND --option`` that the option exists;
 every row cites one, or names a count checked here; every option it names exists. The page's
-counts are recomputed from the code and configs, its artifacts' GPU-hours are ``paper --list``'s, and every command
-it shows parses. The README's tour: each training line checks, into a run folder of its own, and does what it says."""
+counts are recomputed from the code and configs, its artifacts' GPU-hours are ``paper --list``'s, the code
+its condensation table cites is defined where it says, and every command it shows parses. The README's tour:
+each training line checks, into a run folder of its own, and does what it says."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from pathlib import Path
@@ -204,6 +206,43 @@ def test_the_pages_counts_are_the_codes():
     text = " ".join(DOC.read_text().split())
     for phrase in PAGE_COUNTS:
         assert phrase in text, phrase
+
+
+PACKAGE = Path(REPO) / "dispersion_titan"
+CITED = re.compile(r"^([\w/]+\.py): (\w+(?:, \w+)*)$")
+
+
+def citation_problems(cell: str) -> list[str]:
+    """Our code as a cell of the condensation table cites it: ``PATH.py: NAME, NAME`` each defined in that
+    module (PATH under ``dispersion_titan/``, or the one module of that name there), never ``PATH.py:LINE``."""
+    problems = [f"{c}: cite our code by name, not line" for c in re.findall(r"`([\w/]+\.py:\d[\d,\-]*)`", cell)]
+    for path, names in (m.groups() for c in citations(cell) if (m := CITED.match(c))):
+        found = [f for f in PACKAGE.rglob(Path(path).name) if f.as_posix().endswith(path)]
+        if len(found) != 1:
+            problems.append(f"{path}: {len(found)} modules of that name under dispersion_titan/")
+            continue
+        source = found[0].read_text()
+        problems += [
+            f"{path}: no {name}"
+            for name in names.split(", ")
+            if not re.search(rf"^\s*(?:def |class )?(?:\w+, )*{name}\b(?:, \w+)*\s*[:=(]", source, flags=re.M)
+        ]
+    return problems
+
+
+def test_our_code_the_condensation_table_cites_is_there():
+    lines = DOC.read_text().splitlines()
+    start = lines.index("| quantity | theirs | ours | verdict |")
+    rows = [cells(line) for line in itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2 :])]
+    assert len(rows) >= 15
+    assert [p for row in rows for cell in row[2:] for p in citation_problems(cell)] == []
+
+
+def test_the_citation_check_finds_a_line_number_and_a_missing_name():
+    assert citation_problems("`render.py:217-240`, `catalog.py: SIZE_SERIES, NO_SUCH`, `analyze.py: main`") == [
+        "render.py:217-240: cite our code by name, not line",
+        "catalog.py: no NO_SUCH",
+    ]
 
 
 def test_each_artifacts_cost_is_paper_lists():
