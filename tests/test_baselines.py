@@ -194,6 +194,9 @@ COMMON = (
     "5",
     "--checkpoint.interval",
     "100",
+    "--checkpoint.no-save_initial",  # step 0 is the seed checkpoint's; no test reads a run's own copy
+    "--training.seq_len",
+    "32",
 )
 METHODS = {
     "noisy_embedding": ("--baseline.method", "noisy_embedding", "--baseline.noise_alpha", "5"),
