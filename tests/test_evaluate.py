@@ -229,8 +229,8 @@ def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):
             elif isinstance(value, float):
                 assert got[key] == pytest.approx(value, rel=1e-5), (task, key)
     assert ours["results"]["wiki_text"]["word_perplexity,none"] > 1  # a real perplexity was computed
-    for key in ("n-shot", "n-samples", "versions", "higher_is_better"):
-        assert ours[key] == json.loads(json.dumps(reference[key])), key
+    for key in ("n-shot", "n-samples", "versions", "higher_is_better", "pretty_env_info", "transformers_version"):
+        assert ours[key] == json.loads(json.dumps(reference[key])), key  # the environment: gathered once, recorded
     assert ours["n-shot"] == {"wiki_next_word": 1, "wiki_text": 0}  # the YAML pins wiki_text to 0 shots
     assert ours["n-samples"]["wiki_next_word"] == {"original": 40, "effective": LIMIT}
     assert "samples" not in ours

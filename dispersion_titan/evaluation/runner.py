@@ -187,7 +187,7 @@ class RunEvaluation:
         start = time.time()
         selection = self.selection
         merged: dict = {}
-        with hflm_location(checkpoint.path, self.out) as (folder, revision), quiet_git_hash():
+        with hflm_location(checkpoint.path, self.out) as (folder, revision), quiet_git_hash(), env_info_once():
             lm = HFLM(
                 pretrained=folder,
                 revision=revision,
@@ -237,6 +237,24 @@ class RunEvaluation:
             "seconds": time.time() - start,
         }
         return merged
+
+
+@functools.cache
+def _env_info() -> dict:
+    from lm_eval.loggers.utils import add_env_info
+
+    info: dict = {}
+    add_env_info(info)
+    return info
+
+
+def env_info_once() -> Any:
+    """lm-eval records its environment in every ``simple_evaluate`` result (``pretty_env_info``: torch's
+    ``collect_env``, which runs ``pip list`` and more, 0.5 s of CPU and 1 s each time); this scope records the
+    same entries, gathered once per process, in each task's and checkpoint's result."""
+    from lm_eval import evaluator
+
+    return mock.patch.object(evaluator, "add_env_info", lambda storage: storage.update(_env_info()))
 
 
 def quiet_git_hash() -> Any:
