@@ -189,11 +189,11 @@ def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
 
 def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     """A plain and a noisy-embedding cell; the analysis jobs (analyze.sbatch) measure every checkpoint, the
-    evaluation jobs score the offline test tasks on CPU (this cluster has no GPU: --gpus=0 overrides
-    evaluate.sbatch's --gpus=1)."""
+    evaluation jobs score an offline test task on CPU (this cluster has no GPU: --gpus=0 overrides
+    evaluate.sbatch's --gpus=1; the task's scores and the other kinds of task: test_evaluate.py)."""
     out = tmp_path / "sweep"
     evaluate_args = (
-        f"--tasks wiki_next_word,wiki_text --include-path {LM_EVAL_TASKS} --limit 8 --num-fewshot 1 --device cpu"
+        f"--tasks wiki_next_word --include-path {LM_EVAL_TASKS} --limit 4 --num-fewshot 1 --device cpu"
         " --steps 3"  # the last checkpoint's, which the table reads (step 0's: the same work again)
     )
     proc = python_module(
