@@ -11,10 +11,12 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,7 +35,6 @@ from support.eval_tasks import LM_EVAL_TASKS as TASKS
 from support.eval_tasks import write_evaluation
 from support.launch import (
     DEBUG_TOML,
-    REPO,
     held_by_another_command,
     launch_env,
     python_module,
@@ -68,32 +69,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def unknown_task(tmp_path_factory) -> tuple[subprocess.Popen, Path]:
-    """The real entry point asked for every paper task plus a typo, started in the background:
-    naming a task outside --include-path makes lm-eval index its ~14,000 built-in task
-    YAMLs (20-30 s of one core), which overlaps with the training run on the other core.
-    The run folder is a stand-in (an empty step folder): the check comes before any load."""
-    dump = tmp_path_factory.mktemp("unknown_task") / "run"
-    (dump / "checkpoint" / "step-0").mkdir(parents=True)
-    (dump / "run.json").write_text(
-        json.dumps({"format": 1, "model_name": "gpt2", "model_args": {}})
-    )  # its protocol: gpt2
-    tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dispersion_titan.evaluate", str(dump), "--include-path", str(TASKS), "--tasks", tasks],
-        cwd=REPO,
-        env=launch_env(OFFLINE),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    yield proc, dump
-    proc.kill()
-    proc.wait()
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory, unknown_task) -> Path:
+def run(tmp_path_factory) -> Path:
     """A real 1-process debug training run with checkpoints at steps 0 and 2."""
     dump = tmp_path_factory.mktemp("evaluate") / "baseline"
     proc = python_module(
@@ -108,7 +84,6 @@ def run(tmp_path_factory, unknown_task) -> Path:
         "2",
         "--validation.no-enable",
         env=OFFLINE,
-        command_line=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(dump / "checkpoint")) == ["step-0", "step-2"]
@@ -510,32 +485,16 @@ def test_a_killed_evaluations_export_is_removed_by_the_next_run(run, tmp_path, c
     """SIGKILL while a checkpoint's temporary Hugging Face export exists: the folder stays
     (no ``finally`` runs); the next evaluation into that folder removes it."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dispersion_titan.evaluate",
-            str(run),
-            "--include-path",
-            str(TASKS),
-            *OPTS,
-            "--steps",
-            "0",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO,
-        env=launch_env(OFFLINE),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    argv = [str(run), "--include-path", str(TASKS), *OPTS, "--steps", "0", "--out", str(out)]
+    job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.evaluate", *argv, env=OFFLINE)
     deadline = time.monotonic() + 300
-    while not list(out.glob(".hf-step-*/config.json")) and proc.poll() is None and time.monotonic() < deadline:
+    while not list(out.glob(".hf-step-*/config.json")) and not job.done() and time.monotonic() < deadline:
         time.sleep(0.02)
-    proc.kill()
-    proc.wait()
+    pid = read_json(out / LOCK_NAME)["pid"]  # the evaluation's own process, as its writer lock records it
+    os.kill(pid, signal.SIGKILL)
+    assert job.result().returncode == -signal.SIGKILL
     (left,) = out.glob(".hf-step-*")
-    assert left.name.startswith(f".hf-step-0.pid{proc.pid}@")
+    assert left.name.startswith(f".hf-step-0.pid{pid}@")
     code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--steps", "0", "--out", out, capsys=capsys)
     assert code == 0, err
     assert not list(out.glob(".hf-*")) and (out / "step-0" / "results.json").exists()
@@ -677,11 +636,16 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, cap
     assert not [p for p in os.listdir(out) if p.startswith(".") and p != OWNER_FILE]  # no export left behind
 
 
-def test_bad_input_fails_in_one_line_before_anything_loads(unknown_task, run, evaluated, tmp_path, capsys):
-    proc, stand_in = unknown_task
-    _, err = proc.communicate(timeout=300)
-    # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named.
-    assert_one_line_error(proc.returncode, err, "--tasks: unknown task wiki_nxt_word (")
+def test_bad_input_fails_in_one_line_before_anything_loads(run, evaluated, tmp_path, capsys):
+    # Every paper task name resolves in lm-eval's index (nothing downloaded); only the typo is named. Naming a
+    # task outside --include-path makes lm-eval index its ~14,000 built-in task YAMLs, in this process.
+    # The run folder is a stand-in (an empty step folder, its protocol gpt2): the check comes before any load.
+    stand_in = tmp_path / "stand_in"
+    (stand_in / "checkpoint" / "step-0").mkdir(parents=True)
+    (stand_in / "run.json").write_text(json.dumps({"format": 1, "model_name": "gpt2", "model_args": {}}))
+    tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
+    code, _, err = evaluate(stand_in, "--include-path", TASKS, "--tasks", tasks, capsys=capsys)
+    assert_one_line_error(code, err, "--tasks: unknown task wiki_nxt_word (")
     assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "run.json", "step-0"]
 
     before, run_files = tree(evaluated), sorted(os.listdir(run))
