@@ -9,8 +9,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,7 +26,7 @@ from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from support.cli import analyze, assert_one_line_error
-from support.launch import REPO, launch_env, second_writer_is_refused, torchrun
+from support.launch import python_module, second_writer_is_refused, torchrun
 from support.runs import digests
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
@@ -163,13 +161,7 @@ def run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def analyzed(run, tmp_path_factory) -> Path:
     """``run`` analyzed once by the CLI; the tests below read or re-run it."""
-    code = subprocess.run(
-        [sys.executable, "-m", "dispersion_titan.analyze", str(run), *OPTS],
-        cwd=REPO,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-    )
+    code = python_module("dispersion_titan.analyze", str(run), *OPTS)
     assert code.returncode == 0, code.stderr[-3000:]
     return run / "condensation"
 
