@@ -172,7 +172,7 @@ def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
     run, text = preempted_run, preempted_run["log"].read_text()
     assert run["records"][-1]["ExitCode"] == "0:0", text[-6000:]
     assert [r["JobState"] for r in run["records"]] == ["PENDING", "COMPLETED"], "requeued once, then done"
-    assert text.count(f"dump folder {run['dump']}") == 2, "the requeued job keeps its dump folder"
+    assert text.count(f"run folder {run['dump']}") == 2, "the requeued job keeps its run folder"
     step = int(re.search(r"saving a full checkpoint of step (\d+)", text).group(1))
     assert 2 <= step < STEPS
     # Every rank exits 75; the launcher adds no summary of its own to the ranks' lines.

@@ -3,7 +3,7 @@
 #   (or --job.config_file CONFIG first, as dispersion-titan train takes it)
 # The overrides go straight to TorchTitan (python -m dispersion_titan.train --help lists
 # the keys this package adds). Runs from any directory; relative paths
-# (CONFIG, the dump folder) are relative to the current one.
+# (CONFIG, the run folder) are relative to the current one.
 # Environment:
 #   NPROC       processes on this node (default: the GPUs this node may use, else 2 on CPU)
 #   LOG_RANK    local ranks whose output is shown, e.g. 0 (default) or 0,1; empty: all
