@@ -15,6 +15,7 @@ import dataclasses
 import math
 import os
 import re
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -267,6 +268,21 @@ def test_a_run_of_0_steps_is_planned_with_the_checkpoints_it_saves(tmp_path, ove
     saved = [is_full(c.path) for c in complete_checkpoints(str(tmp_path / "checkpoint"))]
     disk = checkpoint_disk(validated_args(plan_args(DEBUG_TOML, None, args), 1), 1.0)
     assert (disk.full, disk.model_only) == (saved.count(True), saved.count(False))
+
+
+def test_a_run_of_very_many_steps_is_planned_without_listing_its_saves():
+    """``plan debug.toml --training.steps 10000000000000``: the checkpoints counted, not listed (was
+    a set of every save step, the plan killed out of memory, exit 137, after a minute)."""
+    keep_all = ("--checkpoint.keep_latest_k", "0", "--checkpoint.save_initial", "--checkpoint.interval", "1")
+    many = validated_args(plan_args(DEBUG_TOML, None, ("--training.steps", "1000000", *keep_all)), 1)
+    tracemalloc.start()
+    disk = checkpoint_disk(many, 1.0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 100_000, peak
+    assert (disk.full, disk.model_only) == (1_000_000, 1)  # step 0, 1 … 999,999 full; the last weights-only
+    huge = validated_args(plan_args(DEBUG_TOML, None, ("--training.steps", str(10**13))), 1)
+    assert checkpoint_disk(huge, 1.0).full + checkpoint_disk(huge, 1.0).model_only == 10**13 // 5 + 1
 
 
 def test_a_dispersion_term_is_priced_at_its_kernels_measured_rate():

@@ -196,14 +196,14 @@ def checkpoint_disk(job_config: RunConfig, params: float) -> CheckpointDisk:
     """The checkpoints a run keeps at its end: full ones (fp32 weights and AdamW moments) and a
     weights-only last one (``last_save_model_only``). A run of 0 steps saves at most its full step 0."""
     c, steps = job_config.checkpoint, job_config.training.steps
-    trained = set(range(c.interval, steps, c.interval)) | ({steps} if steps else set())
-    kept = sorted(({0} if c.save_initial else set()) | trained)
+    # counted, not listed: a plan of 10**13 steps must not hold a set of its saves
+    kept = int(c.save_initial) + len(range(c.interval, steps, c.interval)) + int(steps > 0)
     if not c.enable:
-        kept = []
+        kept = 0
     elif c.keep_latest_k > 0:
-        kept = kept[-c.keep_latest_k :]
-    model_only = int(steps > 0 and bool(kept) and c.last_save_model_only)
-    full = len(kept) - model_only
+        kept = min(kept, c.keep_latest_k)
+    model_only = int(steps > 0 and kept > 0 and c.last_save_model_only)
+    full = kept - model_only
     per_param = full * FULL_BYTES_PER_PARAM + model_only * DTYPE_BYTES[c.export_dtype]
     return CheckpointDisk(full, model_only, params * per_param)
 
@@ -288,7 +288,8 @@ def plan_table(plan: ResourcePlan) -> str:
         ("GPU-hours", f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"),
         (
             "checkpoint disk",
-            f"**{_gb(plan.disk.bytes)} GB**: {plan.disk.full} full + {plan.disk.model_only} weights-only checkpoints",
+            f"**{_gb(plan.disk.bytes)} GB**: {plan.disk.full:,} full + {plan.disk.model_only:,} weights-only"
+            " checkpoints",
         ),
     ]
     return "\n".join([f"plan: {plan.name}", "", "| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
