@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -334,7 +335,7 @@ def cli_failure(capsys, *args: str) -> str:
     return lines[0]
 
 
-def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
+def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwiki_store):
     (tmp_path / "file").write_text("x")
     out = str(tmp_path / "out")
     with pytest.raises(SystemExit):  # was "required: command", argparse's name for it
@@ -357,6 +358,11 @@ def test_prepare_bad_input_fails_in_one_line(capsys, tmp_path, enwiki_store):
         capsys, str(tmp_path / "local.toml"), "--dataset-path", "/no/b", "--out", out
     )
     assert "CONFIG_OR_DATASET: /no/such.toml: no such file" in cli_failure(capsys, "/no/such.toml", "--out", out)
+    # An empty --out was the current folder: "--out: : No such file or directory" where it is empty.
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    empty = cli_failure(capsys, "enwiki_sample", "--out", "")
+    assert empty == "dispersion_titan: error: --out: empty; name the store's folder, e.g. --out data/enwiki_sample"
     # A worker per document on a big machine exhausted memory (exit 137); past sys.maxsize, islice's traceback.
     most = 8 * len(os.sched_getaffinity(0))
     assert cli_failure(capsys, "enwiki_sample", "--workers", str(most + 1), "--out", out) == (
@@ -483,6 +489,16 @@ def test_prepare_job_script_runs_the_command_line(tmp_path):
     assert np.array_equal(
         open_store(str(tmp_path / "store"), "local", "train", "f")[:], token_stream("local", "train", path, "f")
     )
+
+
+def test_prepares_closing_options_run_as_printed(capsys, tmp_path, enwiki_store):
+    """``--out "my store"``: the closing ``--training.dataset_path`` quoted, so it pastes as printed
+    (was ``--training.dataset_path my store``, the store's name cut at its space)."""
+    store = tmp_path / "my store"
+    shutil.copytree(enwiki_store, store)
+    main(["prepare", "enwiki_sample", "--out", str(store), "--workers", "1", "--shard-documents", "10"])
+    printed = capsys.readouterr().out.strip().splitlines()[-1].split("train on it with ")[1]
+    assert shlex.split(printed) == ["--training.dataset", "enwiki_sample", "--training.dataset_path", str(store)]
 
 
 def test_prepare_command_line_fails_in_one_line_and_deletes_nothing(tmp_path, enwiki_store):

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 
 from ..config.cli import OneLineErrorParser, positive_int
 from ..run_folder.owners import FolderOwner, refuse_unless_ours
 from ..run_folder.writer_lock import sole_writer
-from ..utils.errors import command, run_command
+from ..utils.errors import command, fail, run_command
 from .corpora import SPLITS
 from .store import SHARD_DOCUMENTS, is_store, prepare
 
@@ -79,6 +80,8 @@ def _workers(text: str) -> int:
 @command("the shards written so far are kept; the same command resumes where it stopped")
 def main(argv: list[str] | None = None) -> None:
     options = parser().parse_args(argv)
+    if not options.out:  # else the current folder, said as ": No such file or directory" where empty
+        fail("--out: empty; name the store's folder, e.g. --out data/enwiki_sample")
     if not is_store(options.out):  # a new store's folder is nobody else's (an unfinished store is resumed)
         refuse_unless_ours(options.out, FolderOwner("token store"), "--out", "use another --out")
     manifest = prepare(options, sole_writer)
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "
         f"{len(manifest['shards'])} shards ({manifest['dtype']}); train on it with "
-        f"--{section}.dataset {manifest['source']['dataset']} --{section}.dataset_path {options.out}"
+        f"--{section}.dataset {manifest['source']['dataset']} --{section}.dataset_path {shlex.quote(options.out)}"
     )
 
 
