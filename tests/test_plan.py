@@ -285,6 +285,15 @@ def test_a_run_of_very_many_steps_is_planned_without_listing_its_saves():
     assert checkpoint_disk(huge, 1.0).full + checkpoint_disk(huge, 1.0).model_only == 10**13 // 5 + 1
 
 
+def test_one_ranks_parameters_are_printed_as_all_of_them():
+    """``plan debug.toml`` on 1 GPU: ``3.43 M of 3.43 M`` (was ``3.43 M of 3.4 M``, the rank's share
+    printed as more than the whole)."""
+    table = resource_plan.plan_table(resource_plan.planned("debug", plan_args(DEBUG_TOML, None, ()), 1, None, "h100"))
+    row = next(line for line in table.splitlines() if "parameters per rank" in line)
+    share, whole = re.fullmatch(r"\| parameters per rank \| (\S+) M of (\S+) M \|", row).groups()
+    assert share == whole, row
+
+
 def test_a_dispersion_term_is_priced_at_its_kernels_measured_rate():
     """GPT-2 small as shipped with angular_spread (λ 0.1, every block) on an H200, as
     bench/train_step.py measured it (147.4 ms, docs/benchmarks.md): the plan's step within 10%,

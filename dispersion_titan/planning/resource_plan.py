@@ -273,7 +273,7 @@ def plan_table(plan: ResourcePlan) -> str:
     )
     rows = [
         ("layout", lay.describe()),
-        ("parameters per rank", f"{plan.step.params_local / 1e6:,.2f} M of {plan.step.params_total / 1e6:,.1f} M"),
+        ("parameters per rank", f"{plan.step.params_local / 1e6:,.2f} M of {plan.step.params_total / 1e6:,.2f} M"),
         (
             "peak memory per GPU",
             f"**{_gb(plan.step.peak)} GB** of {plan.gpu.memory_gb:g} GB ({plan.memory_share:.0%}, {verdict}): "
