@@ -30,9 +30,11 @@ USAGE = f"usage: dispersion-titan {{{'|'.join(COMMANDS)}}} [ARGS ...]   (each co
 
 def main() -> None:
     args = sys.argv[1:]
-    if args in (["-h"], ["--help"]):
-        print(USAGE)
-        return
+    if args[:1] in (["-h"], ["--help"]):
+        if len(args) == 1:
+            print(USAGE)
+            return
+        args = [*args[1:], "--help"]  # --help init: init's help (was "unknown command '--help'")
     if not args or args[0] not in COMMANDS:
         named = f"unknown command {args[0]!r}; " if args else "name a command; "
         fail(named + USAGE, prog="dispersion-titan")

@@ -53,6 +53,17 @@ def test_an_unknown_command_is_refused_with_the_list():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_help_before_a_command_is_the_commands_help():
+    """``dispersion-titan --help init`` (as ``git --help commit``): init's help (was ``unknown command
+    '--help'``, exit 2); ``--help nope`` is the unknown command."""
+    root = [sys.executable, "-m", "dispersion_titan"]
+    ours = subprocess.run([*root, "--help", "init"], capture_output=True, text=True, timeout=60)
+    theirs = subprocess.run([*root, "init", "--help"], capture_output=True, text=True, timeout=60)
+    assert ours.returncode == theirs.returncode == 0 and ours.stdout == theirs.stdout and "DIR" in ours.stdout
+    nope = subprocess.run([*root, "-h", "nope"], capture_output=True, text=True, timeout=60)
+    assert nope.returncode == 2 and nope.stderr.startswith("dispersion-titan: error: unknown command 'nope'")
+
+
 @pytest.mark.parametrize("threads", ["abc", "0", "", "4,,2"])
 def test_an_invalid_omp_num_threads_is_refused_before_torch_is_imported(threads, tmp_path):
     """Was libgomp's own line on torch's import (``Invalid value for environment variable OMP_NUM_THREADS``),
