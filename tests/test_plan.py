@@ -118,7 +118,12 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
             "plan CONFIG --training.steps 100 ...",
         ),  # an override before the config: once "--job.config_file: 100: no such file"
         ((config, "--dispersion.coef", "1"), "--dispersion.coef: unknown option; did you mean --dispersion.coeff?"),
-    ):  # the last: tyro's "Unrecognized options: --dispersion.coef, 1"
+        (
+            (config, "--training.local_batch_size", "1000000000", "--training.global_batch_size", "1000000000"),
+            "training.local_batch_size: 1,000,000,000 sequences of 1,024 tokens per GPU: one block's output alone "
+            "(1,572,864 GB in bf16) exceeds the memory of an H100 SXM 80GB; lower it",
+        ),  # was: the measurement drew a micro-batch of 10^9 sequences from the data, growing until killed
+    ):  # the last but one: tyro's "Unrecognized options: --dispersion.coef, 1"
         with pytest.raises(SystemExit) as done:
             plan_main(list(args))
         out, err = capsys.readouterr()
