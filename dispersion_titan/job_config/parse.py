@@ -38,12 +38,6 @@ def setup_torchtitan() -> None:
     register_all()
 
 
-def preload() -> None:
-    """Build the merged config class once in a job server (``reproduce.quickstart.jobs``): each training forked
-    from it then checks its TOML's types without building it again (0.2 s of CPU per process)."""
-    titan_compat.merged_job_config_class(CONFIG_MODULE)
-
-
 def _first_message(boxed: str) -> str:
     """The first section of tyro's boxed error (the one that names the flag), on one line."""
     sections: list[list[str]] = [[]]

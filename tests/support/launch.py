@@ -64,14 +64,12 @@ def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-# What the session's job server imports once (and GPT-2's BPE and the merged config class, built once) before it
-# forks each job.
+# What the session's job server imports once (and GPT-2's BPE, built once) before it forks each job.
 PRELOAD = [
     "torch",
     "torchtitan.train",
     "torch.distributed.launcher.api",
     "dispersion_titan.train",
-    "dispersion_titan.job_config.parse:preload",
     "dispersion_titan.tokenizer.encoders:gpt2_encoding",
 ]
 _jobs: Jobs | None = None

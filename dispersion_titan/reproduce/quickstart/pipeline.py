@@ -329,7 +329,6 @@ def train_and_analyze(setup: QuickstartSetup, say: Callable[[str], None]) -> Non
     }
     preload = [
         "dispersion_titan.trainer.trainer",
-        "dispersion_titan.job_config.parse:preload",
         "dispersion_titan.analysis.runner",
         "scipy.stats",  # each analysis's rank correlations: 0.8 s of CPU per job when imported there
         "dispersion_titan.tokenizer.encoders:gpt2_encoding",
