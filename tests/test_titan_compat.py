@@ -373,8 +373,8 @@ def test_trainer_builds_optimizers_and_lr_schedulers_from_their_sections():
     )
 
 
-def test_fake_world_family_is_built_as_the_trainer_builds_its_model():
-    """Touch ``fake_world_family``: ``Trainer.__init__`` looks its TrainSpec up by ``model.name``, builds
+def test_stand_in_family_is_built_as_the_trainer_builds_its_model():
+    """Touch ``stand_in_family``: ``Trainer.__init__`` looks its TrainSpec up by ``model.name``, builds
     ``model_cls(model_args)`` on the meta device, parallelizes it, then moves it off the meta device
     and initialises it; the family's own entry is left as it was, and one of ours is registered once."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -394,8 +394,8 @@ def test_fake_world_family_is_built_as_the_trainer_builds_its_model():
     from dispersion_titan.job_config.parse import setup_torchtitan
 
     setup_torchtitan()
-    name = titan_compat.fake_world_family("qwen3_dispersion")
-    assert titan_compat.fake_world_family("qwen3_dispersion") == name == "qwen3_dispersion.fake_world"
+    name = titan_compat.stand_in_family("qwen3_dispersion")
+    assert titan_compat.stand_in_family("qwen3_dispersion") == name == "qwen3_dispersion.fake_world"
     ours, theirs = get_train_spec(name), get_train_spec("qwen3_dispersion")
     assert ours.model_args is theirs.model_args and ours.model_cls is not theirs.model_cls
     fake = FakeTensorMode(allow_non_fake_inputs=True)

@@ -368,7 +368,7 @@ def _outside_fake_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @functools.cache
-def fake_world_family(name: str, kind: str = "fake_world") -> str:
+def stand_in_family(name: str, kind: str = "fake_world") -> str:
     """A TrainSpec of our own, ``name``'s initialised under ``INIT_MODES[kind]``: as a trainer under
     ``FakeTensorMode`` needs it (``fake_world``: the model built and parallelized outside the mode, as
     ``to_empty`` refuses fake meta parameters and FSDP2's meshes read values back), or a dry run's

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torchtitan.tools.logging import logger
 
-from ..components.titan_compat import fake_world_family
+from ..components.titan_compat import stand_in_family
 from ..tokenizer.encoders import tokenizer_folder
 from ..trainer.preemption import DEFAULT_SIGNAL, SIGNAL_ENV, parse_signal
 from ..trainer.trainer import DispersionTrainer
@@ -84,7 +84,7 @@ def rank_zero_trainer(
     c.training.dataset, c.training.dataset_path = "enwiki_sample", None
     folder = os.path.expanduser(tokenizer_folder(c.model.name, c.model.hf_assets_path) or "")
     c.model.hf_assets_path = folder if os.path.isdir(folder) else ""
-    c.model.name = fake_world_family(c.model.name, "dry_run" if fake is None else "fake_world")
+    c.model.name = stand_in_family(c.model.name, "dry_run" if fake is None else "fake_world")
     with _process_state(world), tempfile.TemporaryDirectory(prefix="plan_") as dump:
         c.job.dump_folder = dump
         trainer = None
