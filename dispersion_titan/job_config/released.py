@@ -15,7 +15,7 @@ from ..utils.errors import ConfigError, docs_page
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
 
-DERIVED = (
+LAYOUT_KEYS = (
     "training.global_batch_size",
     "training.local_batch_size",
     "training.steps",
@@ -37,7 +37,7 @@ def refuse_derived_keys(config: RunConfig, args: list[str], toml: dict) -> None:
     """A key ``[released]`` derives, set by hand, is refused in one line."""
     if not is_on(config):
         return
-    for key in DERIVED:
+    for key in LAYOUT_KEYS:
         if key in given_keys(args, toml):
             raise ConfigError(
                 f"{key}: set from [released] for the run's GPU count, as the authors' script does "
@@ -48,7 +48,7 @@ def refuse_derived_keys(config: RunConfig, args: list[str], toml: dict) -> None:
 
 
 def resolve(config: RunConfig, dp: int) -> None:
-    """Fill in ``DERIVED`` for ``dp`` ranks replicating the model (the authors' DDP; others refused)."""
+    """Fill in ``LAYOUT_KEYS`` for ``dp`` ranks replicating the model (the authors' DDP; others refused)."""
     r, p = config.released, config.parallelism
     if not is_on(config):
         return
