@@ -18,7 +18,7 @@ from ..data.store import is_store, open_store
 from ..losses.options import CONFIG_RANGES, resolve_layers
 from ..losses.variants import VARIANTS, precision_error, range_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, hf_tokenizer, is_hub_id, tokenizer_folder
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
 from . import released
 from .titan_checks import check_checkpoint, check_output_folders, check_titan_settings, triton_device_here, value_of
@@ -99,12 +99,10 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
 
 
 def run_tokenizer(config: RunConfig) -> DocumentEncoder | None:
-    """The run's tokenizer; None while ``model.hf_assets_path`` is a hub id not fetched yet."""
+    """The run's tokenizer (``encoder_for``); None while ``model.hf_assets_path`` is a hub id not fetched yet."""
     folder = tokenizer_folder(config.model.name, config.model.hf_assets_path)
-    if folder is None:
-        return GPT2_BPE
-    if os.path.isdir(os.path.expanduser(folder)):
-        return hf_tokenizer(os.path.expanduser(folder))
+    if folder is None or os.path.isdir(os.path.expanduser(folder)):
+        return encoder_for(config.model.name, config.model.hf_assets_path)
     if is_hub_id(folder):
         return None
     raise ConfigError(

@@ -43,8 +43,8 @@ def is_hub_id(path: str) -> bool:
 
 
 def local_assets(path: str, field: str) -> str:
-    """``path`` itself when it is empty or a local folder; a hub id's snapshot folder."""
-    if not path or os.path.isdir(os.path.expanduser(path)):
+    """``path`` itself when it is a local folder; a hub id's snapshot folder."""
+    if os.path.isdir(os.path.expanduser(path)):
         return os.path.expanduser(path)
     if not is_hub_id(path):
         raise ConfigError(f"{field}: {path}: no such folder (nor a Hugging Face hub id such as Qwen/Qwen3-0.6B)")
