@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
+from ..config.schema import Model
 from ..utils.errors import ConfigError
 from . import family
 
@@ -58,21 +59,10 @@ class ShapeOverrides:
             setattr(self, field, value)
 
 
-SHAPE_KEYS = (
-    "dim",
-    "n_layers",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "mlp_hidden_dim",
-    "vocab_size",
-    "max_seq_len",
-    "tie_embeddings",
-)
-"""The ``[model]`` keys that change a flavor's shape (``config.schema.Model``)."""
-
 DROPOUT_KEYS = {"attn_dropout": "attn_pdrop", "resid_dropout": "resid_pdrop", "embd_dropout": "embd_pdrop"}
 """The ``[model]`` dropout probabilities (gpt2 only) and the Hugging Face ``GPT2Config`` fields they map to."""
+SHAPE_KEYS = tuple(f.name for f in dataclasses.fields(Model) if f.name not in DROPOUT_KEYS)
+"""The other ``[model]`` keys (``config.schema.Model``): those that change a flavor's shape."""
 
 
 def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:
