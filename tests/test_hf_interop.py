@@ -403,16 +403,16 @@ def saved_hf_gpt2(folder, **config) -> transformers.GPT2LMHeadModel:
     return model
 
 
-def imported(folder, *overrides: str) -> GPT2:
-    """Our GPT-2 as a run that starts from ``folder`` (``checkpoint.initial_load_in_hf``) builds it:
-    the debug flavor updated from the job config, the weights through the HF adapter."""
+def imported(folder, *overrides: str, key: str = "--checkpoint.initial_load_path") -> GPT2:
+    """Our GPT-2 as a run that starts from ``folder`` (``checkpoint.initial_load_in_hf``; ``key`` names
+    it) builds it: the debug flavor updated from the job config, the weights through the HF adapter."""
     job = validated_args(
         [
             "--job.config_file",
             DEBUG_TOML,
             "--job.custom_config_module",
             "dispersion_titan.config",
-            "--checkpoint.initial_load_path",
+            key,
             str(folder),
             "--checkpoint.initial_load_in_hf",
             *overrides,
@@ -434,6 +434,9 @@ def test_dropout_comes_in_from_the_hf_config_and_goes_out_to_it(tmp_path):
         "embd_dropout": 0.25,
     }
     assert imported(tmp_path / "in", "--model.resid_dropout", "0").model_args.resid_dropout == 0.0  # set: kept
+    # TorchTitan loads model.hf_assets_path's weights when initial_load_path is empty: its dropouts too
+    assert imported(tmp_path / "in", key="--model.hf_assets_path").model_args.attn_dropout == 0.05
+    assert imported(tmp_path / "in", "--checkpoint.no-enable").model_args.attn_dropout == 0.0  # nothing loaded
     with torch.no_grad():
         assert max_diff(ours.eval()(TOKENS), hf(TOKENS).logits) <= 1e-5  # eval: no dropout on either side
     step = write_dcp_checkpoint(tmp_path / "run", ours.model_args)

@@ -54,12 +54,12 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
         return self.max_seq_len
 
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
-        """Apply the ``[model]`` overrides; an unset dropout takes a GPT-2 folder's config.json's (at
-        ``checkpoint.initial_load_path``)."""
+        """Apply the ``[model]`` overrides; an unset dropout takes the config.json's of the GPT-2 folder
+        TorchTitan loads (``checkpoint.initial_load_path``, else ``model.hf_assets_path``)."""
         self.apply_overrides(job_config.model)
         checkpoint = job_config.checkpoint
-        path = os.path.join(checkpoint.initial_load_path or "", "config.json")
-        if not (checkpoint.initial_load_in_hf and os.path.isfile(path)):
+        path = os.path.join(checkpoint.initial_load_path or job_config.model.hf_assets_path or "", "config.json")
+        if not (checkpoint.enable and checkpoint.initial_load_in_hf and os.path.isfile(path)):
             return
         with open(path) as f:
             config = json.load(f)
