@@ -170,11 +170,6 @@ def _softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
     return logits.sub_(m).sub_(log_s).exp_()
 
 
-def _clamp_(cos: Tensor, hp: PairHyper) -> Tensor:
-    """The clamp in front of arccos (finite slope everywhere), in place."""
-    return cos.clamp_(-1 + hp.clamp, 1 - hp.clamp)
-
-
 def _arccos_slope_(cos: Tensor) -> Tensor:
     """-dD/dc = 1 / (pi sqrt(1 - c^2)) at the clamped c: the straight-through gradient; consumes ``cos``."""
     return cos.square_().neg_().add_(1.0).rsqrt_().mul_(1.0 / math.pi)
@@ -193,7 +188,7 @@ def _pair_term_(gram: Tensor, spec: VariantSpec, hp: PairHyper, sq_sum: Tensor |
         return gram.square_()
     if spec.rows == "raw":  # -D / tau, D = (s_i + s_j) - 2 g: the reference's operation order, so both round alike
         return sq_sum.sub_(gram, alpha=2.0).div_(-hp.tau)
-    angle = _clamp_(gram, hp).arccos_()
+    angle = gram.clamp_(-1 + hp.clamp, 1 - hp.clamp).arccos_()  # the clamp: a finite slope everywhere
     if spec.name == "angular_spread":
         return angle.mul_(-1.0 / (math.pi * hp.tau))  # -D / tau
     return _hinge_(angle).square_()
@@ -208,7 +203,7 @@ def _pair_grad_(
         return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
     if spec.rows == "raw":  # dL/dD of the unordered pair is 2 p_ij * (-1 / tau), and dD/dg = -2
         return _softmax_(_pair_term_(gram, spec, hp, sq_sum), *lse).mul_(4.0 / hp.tau)
-    cos = _clamp_(gram, hp)
+    cos = gram.clamp_(-1 + hp.clamp, 1 - hp.clamp)
     angle = torch.arccos(cos)
     if spec.name == "angular_spread":  # L = log sum_{i!=j} exp(-D / tau) - const  ->  dL/dc = 2 p_ij / tau * (-dD/dc)
         return _softmax_(angle.mul_(-1.0 / (math.pi * hp.tau)), *lse).mul_(_arccos_slope_(cos)).mul_(2.0 / hp.tau)
