@@ -323,8 +323,7 @@ class TorchStrips:
         """-D / tau for whole rows [r0, r1) against all columns, the diagonal i = j at -inf."""
         gram = torch.bmm(x[:, r0:r1], x.transpose(1, 2))
         logits = _pair_term_(gram, spec, hp, sq[:, r0:r1, None] + sq[:, None, :])
-        rows = torch.arange(r1 - r0, device=x.device)
-        logits[:, rows, rows + r0] = -math.inf
+        logits[:, :, r0:r1].diagonal(dim1=1, dim2=2).fill_(-math.inf)
         return logits
 
 
