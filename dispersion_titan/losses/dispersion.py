@@ -511,12 +511,9 @@ def dispersion_loss(
     all. With N < 2 there are no pairs: the loss is 0 (only the lambda_norm term for
     l2_repel), still connected to ``hidden`` so backward gives zero/finite gradients.
 
-    ``kernel`` (see KERNELS): "torch" (TorchStrips, fp32 row strips of batched
-    matmuls), "triton" (dispersion_triton.TritonTiles: CUDA, or CPU under
-    TRITON_INTERPRET=1), "auto" (triton for CUDA tensors, after a once-per-process
-    probe against torch that raises KernelUnavailable if it fails; torch elsewhere);
-    or a configured kernel object. ``precision`` (see PRECISIONS) sets the Triton
-    kernel's products; the torch strips always compute in fp32.
+    ``kernel``: a name from KERNELS ("auto" raises KernelUnavailable where its probe of the Triton
+    kernel fails) or a configured kernel object; ``precision``: the Triton kernel's products, one of
+    PRECISIONS.
     """
     layers = [hidden] if isinstance(hidden, Tensor) else list(hidden)
     if not layers:
