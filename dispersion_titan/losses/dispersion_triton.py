@@ -675,10 +675,6 @@ _TUNED = {
 ROW_ENTROPY_TILES = (16, 32, 1) if INTERPRETED else (16, 128, 8)
 
 
-def _pairs(tiles: int) -> int:
-    return tiles * (tiles + 1) // 2
-
-
 @functools.cache
 def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -779,7 +775,7 @@ def _pair_sums(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles
     """The per-sequence loss of the pair-sum variants from the triangle's partials, and what backward needs."""
     _, b, n, d = rows.u.shape
     block, block_k, _, _ = tiles.config(plan)
-    items = b * _pairs(triton.cdiv(n, block))
+    items = b * math.comb(triton.cdiv(n, block) + 1, 2)  # the tile pairs ti <= tj of each sequence
     m_part = torch.empty(b, items // b, device=rows.u.device)
     s_part = torch.empty(b, items // b, device=rows.u.device)
     tiles.launch(
@@ -811,7 +807,7 @@ def _row_entropy(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTil
     stats = tuple(torch.empty(b, n, device=device) for _ in range(4))
     for b0, b1 in _sequence_groups(rows.sq.shape, 4, tiles.max_weight_bytes):
         logits = _square_buffer(1, b1 - b0, n, torch.float32, device)
-        items = (b1 - b0) * _pairs(triton.cdiv(n, block))
+        items = (b1 - b0) * math.comb(triton.cdiv(n, block) + 1, 2)
         tiles.launch(
             "logits", items, plan, spec, device, _tma(rows.u[:, b0:b1], [1, 1, block, block_k]),
             _tma(logits, [1, 1, block, cut]), _tma(logits, [1, 1, cut, block]), rows.sq[b0:b1], n, d, items,
@@ -860,7 +856,7 @@ def _weights_and_dz(rows: _Rows, stats: tuple[Tensor, ...], layers: tuple[Tensor
     block, block_k, slices, _ = tiles.config(plan)
     cut = block // slices
     tile_count = triton.cdiv(n, block)
-    items = count * _pairs(tile_count)
+    items = count * math.comb(tile_count + 1, 2)
     w = _square_buffer(2 if plan.split_weights else 1, count, n, torch.bfloat16, rows.u.device)
     radial = torch.empty(count, tile_count, n, device=rows.u.device)
     u = rows.u[:, b0:b1]
