@@ -28,7 +28,6 @@ dots are not IEEE), and W U in fp32 torch products of the bf16 values.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -675,11 +674,6 @@ _TUNED = {
 ROW_ENTROPY_TILES = (16, 32, 1) if INTERPRETED else (16, 128, 8)
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 @dataclass(frozen=True)
 class TritonTiles:
     """The exact loss in the fused kernels above; a ``PairKernel`` of dispersion.py.
@@ -713,7 +707,9 @@ class TritonTiles:
                **constexprs) -> None:  # fmt: skip
         """Launch pair kernel ``name`` over ``items`` tile pairs: a persistent grid of PROGRAMS_PER_SM
         programs per multiprocessor (one per item off the GPU), with fixed tiles or autotuned."""
-        programs = min(items, PROGRAMS_PER_SM * _multiprocessors(device)) if device.type == "cuda" else items
+        programs = items
+        if device.type == "cuda":
+            programs = min(items, PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count)
         cfg = self.config(plan)
         constexprs |= {"VARIANT": spec.name, "ROWS": spec.rows, "DOT": plan.dot, "INTERPRET": INTERPRETED,
                        "BLOCK": cfg.block, "BLOCK_K": cfg.block_k, "SLICES": cfg.slices}  # fmt: skip
