@@ -259,10 +259,11 @@ class TorchStrips:
 
     def forward(
         self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper
-    ) -> OnlineLogSumExp | Tensor | tuple[Tensor, ...]:
-        """Running log-sum-exp over i < j (log-sum-exp variants); perplexity_entropy's per-token results
-        from each whole-row strip's softmax, each [B, N]: its row's log-sum-exp (m, log_s), sum_j f(p_ij) and
-        a_i = sum_j p_ij f'(p_ij) (see ``variants.row_entropy_terms``); else the sum of the terms over i < j."""
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """The per-sequence loss and what backward needs: (m, log_s) of the log-sum-exp over i < j
+        (log-sum-exp variants); perplexity_entropy's per-token results from each whole-row strip's softmax,
+        each [B, N]: its row's log-sum-exp (m, log_s), sum_j f(p_ij) and a_i = sum_j p_ij f'(p_ij) (see
+        ``variants.row_entropy_terms``); else nothing."""
         b, n, _ = x.shape
         if spec.row_entropy:
             out = tuple(torch.empty(b, n, device=x.device) for _ in range(4))
@@ -273,7 +274,7 @@ class TorchStrips:
                 f, pf = row_entropy_terms(_softmax_(logits, m, log_s), hp.eps)
                 for target, value in zip(out, (m, log_s, f.sum(dim=2), pf.sum(dim=2)), strict=True):
                     target[:, r0:r1] = value
-            return out
+            return out[2].mean(dim=1), out
         lse = OnlineLogSumExp(b, x.device)
         total = torch.zeros(b, device=x.device)
         for r0, r1 in self.strips(n, b):
@@ -283,7 +284,10 @@ class TorchStrips:
                 lse.add(_mask_lower(term, r1 - r0, -math.inf))
             else:
                 total += _mask_lower(term, r1 - r0, 0.0).sum(dim=(1, 2))
-        return lse if spec.logsumexp else total
+        if not spec.logsumexp:
+            return 2.0 * total / hp.pairs, ()
+        per_seq, m, log_s = lse.finish(spec, hp, n)
+        return per_seq, (m, log_s)
 
     def backward(
         self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper, lse: tuple[Tensor, ...] | None
@@ -346,19 +350,10 @@ class _PairLoss(torch.autograd.Function):
     ) -> Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
             x, _, _ = _rows(hidden, spec, hp)
-            n = x.shape[1]
             sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
-            sums = kernel.forward(x, sq, spec, hp)
+            per_seq, saved = kernel.forward(x, sq, spec, hp)
             ctx.spec, ctx.hp, ctx.lambda_norm, ctx.kernel = spec, hp, lambda_norm, kernel
-            if spec.row_entropy:
-                ctx.save_for_backward(hidden, *sums)
-                per_seq = sums[2].mean(dim=1)  # the entropies
-            elif spec.logsumexp:
-                per_seq, m, log_s = sums.finish(spec, hp, n)
-                ctx.save_for_backward(hidden, m, log_s)
-            else:
-                ctx.save_for_backward(hidden)
-                per_seq = 2.0 * sums / hp.pairs
+            ctx.save_for_backward(hidden, *saved)
             if spec.norm_penalty:
                 per_seq = per_seq + lambda_norm * hidden.float().square().mean(dim=(1, 2))
             return per_seq.mean()
