@@ -737,12 +737,7 @@ class _TritonPairLoss(torch.autograd.Function):
             plan = products(tiles.precision, spec)
             rows = _make_rows(layers, spec, hp, plan)
             ctx.spec, ctx.hp, ctx.lambda_norm, ctx.tiles, ctx.layers = spec, hp, lambda_norm, tiles, len(layers)
-            if spec.row_entropy:
-                m, log_s, entropy, a = _row_entropy(rows, spec, hp, tiles, plan)
-                saved = (torch.stack([m, log_s, a], dim=1),)
-                per_seq = entropy.mean(dim=1)
-            else:
-                per_seq, saved = _pair_sums(rows, spec, hp, tiles, plan)
+            per_seq, saved = (_row_entropy if spec.row_entropy else _pair_sums)(rows, spec, hp, tiles, plan)
             ctx.save_for_backward(*layers, *saved)
             if spec.norm_penalty:
                 per_seq = per_seq + rows.stat.sum(dim=1) * (lambda_norm / (n * d))
@@ -792,9 +787,10 @@ def _square_buffer(parts: int, count: int, n: int, dtype: torch.dtype, device: t
 
 
 def _row_entropy(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,
-                 plan: _Products) -> tuple[Tensor, ...]:  # fmt: skip
-    """perplexity_entropy's per-token (m, log_s, sum_j f(p_ij), a_i), each [B, N]: the triangle's logits
-    into a [sequences, N, N] fp32 buffer (in groups within max_weight_bytes), then the row sweeps."""
+                 plan: _Products) -> tuple[Tensor, tuple[Tensor]]:  # fmt: skip
+    """perplexity_entropy's per-sequence loss, the mean of its per-token sum_j f(p_ij), and what backward
+    needs, its per-token (m, log_s, a_i) [B, 3, N]: the triangle's logits into a [sequences, N, N] fp32
+    buffer (in groups within max_weight_bytes), then the row sweeps."""
     _, b, n, d = rows.u.shape
     device = rows.u.device
     block, block_k, slices, _ = tiles.config(plan)
@@ -813,7 +809,8 @@ def _row_entropy(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTil
             logits, *(s[b0:b1] for s in stats), n, logits.stride(2), hp.eps, ROWS=block_rows, COLS=cols,
             num_warps=warps,
         )  # fmt: skip
-    return stats
+    m, log_s, entropy, a = stats
+    return entropy.mean(dim=1), (torch.stack([m, log_s, a], dim=1),)
 
 
 def _product(a: Tensor, b: Tensor) -> Tensor:
