@@ -94,7 +94,7 @@ def test_every_module_that_binds_the_device_is_rebound():
     assert binding | {"torchtitan.tools.utils"} == set(titan_compat.MODULES_BINDING_DEVICE)
 
 
-def test_cpu_shim_rebinds_the_device_and_the_memory_monitor():
+def test_cpu_shim_rebinds_the_device_of_the_memory_monitor():
     """Touch ``apply``: behaviour on a machine without CUDA."""
     if torch.cuda.is_available():
         pytest.skip("the shim only acts without a GPU")
@@ -102,10 +102,10 @@ def test_cpu_shim_rebinds_the_device_and_the_memory_monitor():
     assert titan_compat.MODULES_BINDING_DEVICE
     for name in titan_compat.MODULES_BINDING_DEVICE:
         assert sys.modules[name].device_type == "cpu", name
-    from torchtitan.components.metrics import DeviceMemoryMonitor
+    from torchtitan.components.metrics import MetricsProcessor, build_device_memory_monitor
 
-    assert list(inspect.signature(DeviceMemoryMonitor.__init__).parameters) == ["self", "device"]
-    monitor = DeviceMemoryMonitor()
+    assert "self.device_memory_monitor = build_device_memory_monitor()" in _source(MetricsProcessor.__init__)
+    monitor = build_device_memory_monitor()
     assert monitor.device.type == "cpu" and monitor.device_capacity > 0
     assert monitor.get_peak_stats().max_reserved_gib > 0
 

@@ -89,8 +89,6 @@ def _cpu_device_module() -> types.SimpleNamespace:
         set_device=lambda device: None,
         current_device=lambda: 0,
         synchronize=torch.cpu.synchronize,
-        device_count=lambda: 1,
-        is_available=lambda: True,
         get_device_name=lambda device=None: f"CPU ({platform.processor() or platform.machine()})",
         get_device_properties=lambda device=None: types.SimpleNamespace(
             total_memory=os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -108,14 +106,12 @@ def uses_cpu() -> bool:
 
 def apply() -> None:
     """Check the version and, without a GPU, point TorchTitan at the CPU: the module-level
-    ``device_type`` / ``device_module`` bindings and the memory monitor's default device assume
-    CUDA. Idempotent (the same bindings again); on CUDA nothing changes."""
+    ``device_type`` / ``device_module`` bindings assume CUDA. Idempotent (the same bindings
+    again); on CUDA nothing changes."""
     check_torchtitan_version()
     if not uses_cpu():
         return
     import importlib
-
-    from torchtitan.components.metrics import DeviceMemoryMonitor
 
     cpu_module = _cpu_device_module()
     for name in MODULES_BINDING_DEVICE:
@@ -123,8 +119,6 @@ def apply() -> None:
         module.device_type = "cpu"
         if hasattr(module, "device_module"):
             module.device_module = cpu_module
-    # DeviceMemoryMonitor's default argument captured "cuda:0" at import time.
-    DeviceMemoryMonitor.__init__.__defaults__ = ("cpu:0",)
 
 
 # ------------------------------------------------------------------------ data parallelism
