@@ -184,7 +184,7 @@ def test_init_validator_refuses_unknown_fields():
     from torchtitan.config import JobConfig
 
     with pytest.raises(TypeError, match="expected fields"):
-        titan_compat.init_validator(Plain(), [], job_config=JobConfig(), dp_world_size=1, dp_rank=0, extra=1)
+        titan_compat.init_validator(Plain(), job_config=JobConfig(), dp_world_size=1, dp_rank=0, extra=1)
 
 
 def test_checkpointer_attributes_used_exist():

@@ -180,17 +180,12 @@ VALIDATOR_FIELDS = (
 )
 
 
-def init_validator(validator: Any, validation_dataloader: Any, **fields: Any) -> None:
+def init_validator(validator: Any, **fields: Any) -> None:
     """What ``Validator.__init__`` does (it sets ``VALIDATOR_FIELDS``), with our data loader instead
     of its C4 text loader. ``PackedValidator`` relies on ``Validator.validate`` calling
     ``model_parts[0](inputs, **extra)`` then ``self.loss_fn(predictions, labels)`` in its contexts."""
-    from torchtitan.components.validate import BaseValidator
-
-    BaseValidator.__init__(validator, fields.pop("job_config"))
-    expected = set(VALIDATOR_FIELDS) - {"job_config", "validation_dataloader"}
-    if set(fields) != expected:
-        raise TypeError(f"init_validator: expected fields {sorted(expected)}, got {sorted(fields)}")
-    validator.validation_dataloader = validation_dataloader
+    if set(fields) != set(VALIDATOR_FIELDS):
+        raise TypeError(f"init_validator: expected fields {sorted(VALIDATOR_FIELDS)}, got {sorted(fields)}")
     for name, value in fields.items():
         setattr(validator, name, value)
 

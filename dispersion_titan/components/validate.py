@@ -30,7 +30,7 @@ class PackedValidator(Validator):
     def __init__(self, job_config, dp_world_size: int, dp_rank: int, **fields: Any) -> None:
         init_validator(
             self,
-            build_packed_validation_dataloader(dp_world_size, dp_rank, job_config),
+            validation_dataloader=build_packed_validation_dataloader(dp_world_size, dp_rank, job_config),
             job_config=job_config,
             **{"pp_schedule": None, "pp_has_first_stage": None, "pp_has_last_stage": None, **fields},
         )
