@@ -16,7 +16,6 @@ class GPT2Tokenizer(BaseTokenizer):
         super().__init__()
         self.encoding = gpt2_encoding()
         self.eos_id = EOT_ID
-        self.bos_id = None
 
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         del add_bos
