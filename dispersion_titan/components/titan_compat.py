@@ -301,11 +301,9 @@ class TrainerHooks(Trainer):
     def forward_backward_step(
         self, *, input_dict: dict[str, torch.Tensor], labels: torch.Tensor, global_valid_tokens: torch.Tensor
     ) -> torch.Tensor:
-        """TorchTitan's non-pipelined ``forward_backward_step``, with the model call, loss and backward
-        handed to the subclass's ``model_forward_backward(model, inputs, labels, global_valid_tokens,
-        model_kwargs)``, which returns the detached loss to log."""
-        if self.parallel_dims.pp_enabled:
-            raise NotImplementedError("dispersion_titan does not support pipeline parallelism")
+        """TorchTitan's non-pipelined ``forward_backward_step`` (pipeline parallelism is refused at launch),
+        with the model call, loss and backward handed to the subclass's ``model_forward_backward(model,
+        inputs, labels, global_valid_tokens, model_kwargs)``, which returns the detached loss to log."""
         inputs, labels, extra_inputs, extra_kwargs = self.post_dataloading_process(input_dict, labels)
         (model,) = self.model_parts
         with self.train_context():
