@@ -188,6 +188,11 @@ def combined(verdicts: Iterable[str]) -> str:
     return AGREES if all(v == AGREES for v in verdicts) else NOISE
 
 
+def smallest(scope: str, measured: str, effects: Sequence[float], spread: float | None) -> Part:
+    """Several effects of one measurement, each judged against ``spread``; the smallest is the one shown."""
+    return Part(scope, measured, combined(judge(x, spread) for x in effects), min(effects, default=0.0), spread)
+
+
 def seed_spread(runs: Sequence[RunCondensation], value: Callable[[RunCondensation], float | None]) -> float | None:
     """The largest difference in ``value`` between two seeds of the same width and arm."""
     groups = defaultdict(list)
@@ -284,27 +289,24 @@ def with_width(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> 
     init = [late_cos(panel.widths[w]) for w in widths]
     spread, lowered = init_spread(panel), (-np.diff(init)).tolist()  # how much each widening lowers the cosine
     parts = [
-        Part(
+        smallest(
             f"{panel_shape(panel)}, step 0",
             f"{_trend(init)}: late-block cosine {_values(init)} at MLP width {' / '.join(map(str, widths))}; "
             "the smallest step",
-            combined(judge(x, spread) for x in lowered),
-            min(lowered, default=0.0),
+            lowered,
             spread,
         )
     ]
     toy = baselines(runs, seed)
     if len({r.width for r in toy}) > 1:
-        final, spread = [late_cos(r.final) for r in toy], final_spread(runs)
-        lowered = (-np.diff(final)).tolist()
+        final = [late_cos(r.final) for r in toy]
         parts.append(
-            Part(
+            smallest(
                 f"trained toy model, step {toy[0].final.step}",
                 f"{_trend(final)}: {_values(final)} at MLP width {' / '.join(str(r.width) for r in toy)}; "
                 "the smallest step",
-                combined(judge(x, spread) for x in lowered),
-                min(lowered),
-                spread,
+                (-np.diff(final)).tolist(),
+                final_spread(runs),
             )
         )
     return Finding(
@@ -326,14 +328,13 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
         "pre-training gradually mitigates it: the cosine falls from its level at initialization "
         "(Feature 3, OLMo's checkpoints)",
         (
-            Part(
+            smallest(
                 f"trained toy model, step 0 → {toy[0].final.step}",
                 f"late-block cosine {_values([late_cos(r.init) for r in toy])} → "
                 f"{_values([late_cos(r.final) for r in toy])} at MLP width {' / '.join(str(r.width) for r in toy)} "
                 f"(down in {sum(d > 0 for d in drops)} of {len(toy)}; peak {_values([v for _, v in peaks])} at step "
                 f"{'/'.join(str(s) for s, _ in peaks)}); the smallest fall",
-                combined(judge(d, spread) for d in drops),
-                min(drops),
+                drops,
                 spread,
             ),
         ),
@@ -354,27 +355,24 @@ def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
     lowered = [late_cos(b.final) - late_cos(d.final) for b, d in pairs]
     last = [(b.final.layers[-2].mean_cos_offdiag, d.final.layers[-2].mean_cos_offdiag) for b, d in pairs]
     parts = [
-        Part(
+        smallest(
             f"trained toy model, step {pairs[0][1].final.step}",
             "late-block cosine baseline → dispersion: "
             + ", ".join(f"{late_cos(b.final):.3f} → {late_cos(d.final):.3f} at width {b.width}" for b, d in pairs)
             + f"; the last block alone: {', '.join(f'{x:.3f} → {y:.3f}' for x, y in last)}; the smallest fall",
-            combined(judge(x, spread) for x in lowered),
-            min(lowered),
+            lowered,
             spread,
         )
     ]
     losses = [(b.val_loss, d.val_loss) for b, d in pairs if b.val_loss is not None and d.val_loss is not None]
     if losses:
         base_loss, disp_loss = np.mean(losses, axis=0)
-        loss_spread = seed_spread(runs, lambda r: r.val_loss)
         parts.append(
-            Part(
+            smallest(
                 "validation loss (mean over widths)",
                 f"{base_loss:.3f} → {disp_loss:.3f}; the fall",
-                judge(base_loss - disp_loss, loss_spread),
-                base_loss - disp_loss,
-                loss_spread,
+                [base_loss - disp_loss],
+                seed_spread(runs, lambda r: r.val_loss),
             )
         )
     return Finding(
