@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 from matplotlib.figure import Figure, SubFigure
 from matplotlib.lines import Line2D
+from matplotlib.offsetbox import AnchoredOffsetbox, TextArea, VPacker
 from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter
 
 from ...analysis.condensation_schema import Condensation
@@ -79,30 +80,21 @@ def _init_depth(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
 
 
 def _verdicts(ax: plt.Axes, found: Sequence[Finding], key: str) -> None:
-    """Every finding's verdict with each deciding effect and seed spread, then ``key``."""
+    """Every finding's verdict with each deciding effect and seed spread, then ``key``, stacked top down."""
     ax.axis("off")
-    y = 1.0
+    lines = []
     for number, finding in enumerate(found, start=1):
         head = textwrap.fill(f"{number}. {finding.question} — {finding.verdict}", 58)
-        ax.text(
-            0.0,
-            y,
-            head,
-            transform=ax.transAxes,
-            va="top",
-            fontsize="small",
-            weight="bold",
-            color=VERDICT_COLOURS.get(finding.verdict, NOISE_COLOUR),
-        )
-        y -= 0.065 * (head.count("\n") + 1)
+        colour = VERDICT_COLOURS.get(finding.verdict, NOISE_COLOUR)
+        lines.append(TextArea(head, textprops={"fontsize": "small", "weight": "bold", "color": colour}))
         for part in (p for p in finding.parts if p.decides):
             line = textwrap.fill(
                 f"{part.scope}: {part.verdict} ({part.noise})", 68, initial_indent="  ", subsequent_indent="    "
             )
-            ax.text(0.0, y, line, transform=ax.transAxes, va="top", fontsize="x-small")
-            y -= 0.055 * (line.count("\n") + 1)
-        y -= 0.03
-    ax.text(0.0, y, textwrap.fill(key, 80), transform=ax.transAxes, va="top", fontsize="x-small", color="0.3")
+            lines.append(TextArea(line, textprops={"fontsize": "x-small"}))
+    lines.append(TextArea(textwrap.fill(key, 80), textprops={"fontsize": "x-small", "color": "0.3"}))
+    stack = VPacker(children=lines, align="left", pad=0, sep=4)
+    ax.add_artist(AnchoredOffsetbox("upper left", child=stack, frameon=False, pad=0, borderpad=0))
 
 
 def _band(ax: plt.Axes, x: Sequence[float], curves: Sequence[Sequence[float]], colour) -> None:
