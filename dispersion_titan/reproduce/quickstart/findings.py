@@ -221,13 +221,14 @@ def _trend(values: Sequence[float]) -> str:
     return "no monotone trend with width"
 
 
-def _present(results: Sequence[Condensation], spread: float | None) -> tuple[str, float]:
+def present(
+    scope: str, measured: str, results: Sequence[Condensation], spread: float | None, decides: bool = True
+) -> Part:
     """Condensation present in every one of ``results``: the smallest rise from the embedding to the
     late blocks, with the cosine rising with depth."""
     rise = min(late_cos(r) - embedding_cos(r) for r in results)
-    if not all((r.spearman or 0) > 0 for r in results):
-        return DISAGREES, rise
-    return judge(rise, spread, PRESENT_MARGIN), rise
+    rising = all((r.spearman or 0) > 0 for r in results)
+    return Part(scope, measured, judge(rise, spread, PRESENT_MARGIN) if rising else DISAGREES, rise, spread, decides)
 
 
 def panel_shape(panel: InitPanel) -> str:
@@ -247,33 +248,27 @@ def final_spread(runs: Sequence[RunCondensation]) -> float | None:
 def at_initialization(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> Finding:
     widths = sorted(panel.widths)
     results = [panel.widths[w] for w in widths]
-    spread = init_spread(panel)
-    verdict, rise = _present(results, spread)
     toy = baselines(runs, seed)  # never empty: every width has its baseline at the main seed
     args = toy[0].init.model_args
-    toy_spread = seed_spread(runs, lambda r: late_cos(r.init))
-    toy_verdict, toy_rise = _present([r.init for r in toy], toy_spread)
     return Finding(
         "Is condensation present at initialization?",
         "yes: already at initialization the cosine rises with depth (Feature 2, Fig. 3; Feature 3)",
         (
-            Part(
+            present(
                 f"{panel_shape(panel)}, step 0",
                 f"late-block cosine {_values([late_cos(r) for r in results])} vs embedding "
                 f"{_values([embedding_cos(r) for r in results])} at MLP width {' / '.join(map(str, widths))}; "
                 f"Spearman with depth {_values([r.spearman or 0.0 for r in results])}; "
                 "the smallest rise from the embedding",
-                verdict,
-                rise,
-                spread,
+                results,
+                init_spread(panel),
             ),
-            Part(
+            present(
                 f"trained toy model (dim {args['dim']}, {args['n_layers']} blocks), step 0",
                 f"late-block cosine {_values([late_cos(r.init) for r in toy])} vs embedding "
                 f"{_values([embedding_cos(r.init) for r in toy])}; the smallest rise from the embedding",
-                toy_verdict,
-                toy_rise,
-                toy_spread,
+                [r.init for r in toy],
+                seed_spread(runs, lambda r: late_cos(r.init)),
                 decides=False,
             ),
         ),
