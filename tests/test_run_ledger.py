@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.run_folder.checkpoints import checkpoint_identity
-from dispersion_titan.run_folder.settings import fork_source
+from dispersion_titan.run_folder.owners import record_run_folders
+from dispersion_titan.run_folder.settings import fork_source, holds_an_initialisation
 from dispersion_titan.utils.errors import ConfigError, RenamedCheckpointError
 from support.cli import analyze, assert_one_line_error
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
-from support.runs import scalars
+from support.runs import scalars, tiny_run
 
 pytestmark = pytest.mark.slow
 
@@ -308,3 +309,16 @@ def test_a_fork_relaunched_from_its_source_moved_elsewhere_goes_on(fork, referen
                          "--checkpoint.no-last_save_model_only", "--job.fork_from", f"{moved}@{FORK_STEP}",
                          timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_step_0_of_a_run_from_scratch_is_an_initialisation_wherever_its_checkpoint_folder_lies(tmp_path):
+    """A run started from step 0 of a run from scratch whose ``checkpoint.folder`` lies outside it records
+    ``started_from`` as an initialisation, its run found as ``checkpoints.run_of`` finds it (was: the folder two
+    levels up taken for the run, none there, so pretrained weights: ``evaluate table`` took it for mid-training)."""
+    seed = tiny_run(tmp_path / "seed", steps=(0, 1))
+    outside = tmp_path / "scratch" / "ck"
+    outside.parent.mkdir()
+    (seed / "checkpoint").rename(outside)
+    record_run_folders(str(seed), {"checkpoint.folder": str(outside)})  # as its launch records it
+    assert holds_an_initialisation(str(outside / "step-0"))
+    assert not holds_an_initialisation(str(outside / "step-1"))  # trained weights

@@ -223,11 +223,10 @@ def start_record(job_config: Any) -> dict[str, Any]:
 
 
 def holds_an_initialisation(step_dir: str) -> bool:
-    """Whether ``RUN/checkpoint/step-N`` holds an initialisation rather than trained weights."""
+    """Whether a run's ``step-N`` holds an initialisation rather than trained weights (its run: ``run_of``)."""
     step_dir = os.path.abspath(step_dir)
-    run = os.path.dirname(os.path.dirname(step_dir))
     try:
-        metadata = load_run_metadata(run)
+        metadata = load_run_metadata(run_of(os.path.dirname(step_dir)))
     except CheckpointError:
         return False
     if (metadata.get("settings") or {}).get("checkpoint.create_seed_checkpoint"):
