@@ -30,7 +30,7 @@ from .checkpoints import (
     run_of,
 )
 from .outputs import STEP_FOLDER
-from .owners import FolderOwner, empty, owned, refuse_unless_ours
+from .owners import FolderOwner, empty, owned
 
 
 def resolve_step_dir(path: str) -> str:
@@ -108,8 +108,7 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     dump = run_of(checkpoints)
     run_encoder(dump)  # a tokenizer folder gone: said before OUT_DIR is made
-    owner = FolderOwner("HF export", dump)
-    refuse_unless_ours(out_dir, owner, "OUT_DIR", "use another OUT_DIR")
+    owner = FolderOwner("HF export", dump)  # owned refuses another's OUT_DIR before making it
     with owned(out_dir, owner, "OUT_DIR"):  # one export at a time; one that finished meanwhile is not overwritten
         if not (force or empty(out_dir)):
             raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
