@@ -17,10 +17,10 @@ from scipy import stats
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
 from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, rewritten
-from ..run_folder.settings import flatten, from_scratch
+from ..run_folder.settings import from_scratch
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
-from ..utils.records import differences
+from ..utils.records import differences, flatten
 from .protocol import BEST_STEP, TESTS, is_accuracy, mean_accuracy
 from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings, source_changed
 
