@@ -187,6 +187,21 @@ def test_a_failed_command_removes_only_the_folder_it_made_and_left_empty(tmp_pat
     assert os.listdir(there) == [] and sorted(os.listdir(kept)) == [OWNER_FILE, "table.csv"]
 
 
+def test_what_a_killed_write_left_in_a_revisions_result_folder_goes_with_the_next_holder(tmp_path):
+    """``analyze hf:MODEL --out OUT`` killed mid-write leaves ``atomic_write``'s temporary file in its
+    ``rev-NAME`` result folder, as in a checkpoint's ``step-N``: the next command holding OUT removes both
+    (was: the one in ``rev-NAME`` left there for good)."""
+    out = tmp_path / "out"
+    with owned(str(out), FolderOwner("analysis", "some/model")):
+        for folder in ("step-0", "rev-main"):
+            (out / folder).mkdir()
+            (out / folder / "condensation.json").write_text("{}")
+            (out / folder / ".condensation.json.k9.tmp").write_text('{"st')  # what kill -9 leaves
+    with owned(str(out), FolderOwner("analysis", "some/model")):
+        assert sorted(p.name for p in out.rglob("*.tmp")) == []
+    assert (out / "rev-main" / "condensation.json").exists()
+
+
 def test_an_out_linked_to_a_folder_not_made_yet_is_made_there(tmp_path):
     """``--out`` a link to a folder on scratch space not made yet: made there (was: 'not writable (File exists)')."""
     link = tmp_path / "out"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..utils.errors import OutputError
 from ..utils.records import atomic_write, remove_stale_writes
+from . import outputs
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, remove_empty, staged
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
 
@@ -241,8 +242,9 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
         with sole_writer(folder, ("command", way_out)) as lock:
             refuse_unless_ours(folder, owner, option, way_out)
             recorded = record_owner(folder, owner)
-            for path in (folder, *(e.path for e in os.scandir(folder) if e.is_dir() and STEP_FOLDER.match(e.name))):
-                remove_stale_writes(path)  # of this command killed midway, in its folder and per-step results: held
+            results = [e.path for e in os.scandir(folder) if e.is_dir() and outputs.RESULT_FOLDER.match(e.name)]
+            for path in (folder, *results):
+                remove_stale_writes(path)  # of this command killed midway, in its folder and result folders: held
             try:
                 yield lock
             except BaseException:
