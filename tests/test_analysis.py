@@ -27,7 +27,7 @@ from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from support.cli import analyze, assert_one_line_error
 from support.launch import python_module, second_writer_is_refused, torchrun
-from support.runs import digests
+from support.runs import digests, scale_weights, tiny_run
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
 OPTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "3"]
@@ -289,6 +289,22 @@ def test_broken_checkpoints_are_reported_and_skipped(run, tmp_path, capsys):
     assert f"{corrupt / '__1_0.distcp'}: truncated" in err
     assert "2 of 3 checkpoints could not be analyzed" in err
     assert sorted(p.parent.name for p in (broken / "condensation").glob("step-*/condensation.json")) == ["step-0"]
+
+
+def test_a_diverged_checkpoint_is_skipped_in_one_line(tmp_path, capsys):
+    """A checkpoint of weights as one step of ``--optimizer.lr 1e30`` leaves them (finite, of 1e30; saved before the
+    run stops on the next step's loss): its hidden states past float32, skipped with one line naming it, exit 1, the
+    others analyzed (was: a ``LinAlgError`` traceback from the eigensolver, nothing written)."""
+    run = tiny_run(tmp_path / "run", steps=(0, 2))
+    step = run / "checkpoint" / "step-2"
+    scale_weights(step, 1e30)
+    code, _, err = analyze(run, *OPTS, capsys=capsys)
+    assert code == 1 and "Traceback" not in err
+    assert (
+        f"skipped checkpoint: {step}: its hidden states are NaN, infinite or too large for float32; "
+        "a diverged or damaged model, nothing recorded"
+    ) in err
+    assert sorted(p.parent.name for p in (run / "condensation").glob("step-*/condensation.json")) == ["step-0"]
 
 
 def test_an_analysis_that_writes_nothing_leaves_no_folder(run, tmp_path, capsys):

@@ -40,7 +40,7 @@ from support.launch import (
     python_module,
     second_writer_is_refused,
 )
-from support.runs import digests, tiny_hub_model, tiny_run
+from support.runs import digests, scale_weights, tiny_hub_model, tiny_run
 
 LOCAL_TASKS = "wiki_next_word,wiki_text"
 LIMIT = 12
@@ -634,6 +634,36 @@ def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, cap
     assert "1 step(s) already evaluated" in stdout
     assert sorted(p.parent.name for p in out.glob("step-*/results.json")) == ["step-0"]
     assert not [p for p in os.listdir(out) if p.startswith(".") and p != OWNER_FILE]  # no export left behind
+
+
+@pytest.mark.parametrize(
+    ("prefix", "factor", "why"),
+    [
+        ("", 1e30, "task wiki_next_word: its logits hold NaN or infinite values"),  # one step of lr 1e30
+        ("norm.", 1e20, "task wiki_text: its perplexity is past float's range"),  # finite logits of 1e20
+    ],
+    ids=["diverged", "huge-logits"],
+)
+def test_a_diverged_checkpoint_is_skipped_in_one_line(run, evaluated, tmp_path, capsys, prefix, factor, why):
+    """A checkpoint whose logits are not finite (saved by a run diverging at the next step, as with
+    ``--optimizer.lr 1e30``), or whose perplexity overflows lm-eval's ``exp``: skipped with one line naming it and
+    the task, exit 1, nothing recorded for it (was: a NaN word perplexity and a garbage accuracy written, then a
+    ``ValueError`` traceback, and every rerun refused as a hand-edited file; an ``OverflowError`` traceback)."""
+    diverged = tmp_path / "diverged"
+    (diverged / "checkpoint").mkdir(parents=True)
+    shutil.copy(run / "run.json", diverged)
+    os.symlink(run / "checkpoint" / "step-0", diverged / "checkpoint" / "step-0")
+    step = diverged / "checkpoint" / "step-2"
+    shutil.copytree(run / "checkpoint" / "step-2", step)
+    scale_weights(step, factor, prefix)
+    out = diverged / "evaluation"  # step 0 already done there: only the diverged step is attempted
+    shutil.copytree(evaluated / "step-0", out / "step-0")
+    shutil.copy(evaluated / ".owner.json", out)
+    code, _, err = evaluate(diverged, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    assert code == 1 and "Traceback" not in err
+    assert f"skipped checkpoint: {step}: {why}; a diverged or damaged model, nothing recorded" in err
+    assert err.strip().splitlines()[-1] == f"dispersion_titan: error: 1 of 2 checkpoints could not be evaluated: {step}"
+    assert sorted(p.parent.name for p in out.glob("step-*/results.json")) == ["step-0"]
 
 
 def test_bad_input_fails_in_one_line_before_anything_loads(run, evaluated, tmp_path, capsys):

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..utils.errors import CheckpointError
 from . import DEFAULT_GEOMETRY_SEQUENCES
 
 # Token vectors are divided by max(|h|, NORM_CLAMP) (the paper's clamp).
@@ -69,9 +70,14 @@ class DecoderLayers:
 
 
 def unit_tokens(hidden: torch.Tensor) -> torch.Tensor:
-    """[B, S, d] -> fp32 token vectors divided by their norm clamped at ``NORM_CLAMP``."""
+    """[B, S, d] -> fp32 token vectors divided by their norm clamped at ``NORM_CLAMP``; CheckpointError where a
+    norm is not finite (NaN or infinite hidden states of a diverged or damaged model: the eigensolver fails on
+    them, the cosines would be NaN)."""
     h = hidden.float()
-    return h / h.norm(dim=-1, keepdim=True).clamp_min(NORM_CLAMP)
+    norm = h.norm(dim=-1, keepdim=True)
+    if not torch.isfinite(norm).all():
+        raise CheckpointError("its hidden states are NaN, infinite or too large for float32")
+    return h / norm.clamp_min(NORM_CLAMP)
 
 
 def cosines(units: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,22 +197,14 @@ class Analysis:
                 with tqdm(total=total, unit="batch", desc="condensation", file=sys.stderr, disable=not todo) as bar:
                     for unit in todo:
                         bar.set_postfix_str(unit.folder)
+                        start = bar.n
                         try:
-                            model = self.load(unit)
+                            measured = self._measure(unit, lambda: bar.update(1))
                         except self.skippable as e:
                             tqdm.write(f"dispersion_titan: skipped {self.noun}: {e}", file=sys.stderr)
                             failed.append(unit.source)
-                            bar.update(per_unit)
+                            bar.update(start + per_unit - bar.n)
                             continue
-                        measured = measure(
-                            model,
-                            self.sequences.tokens,
-                            self.options.batch_size,
-                            self.device,
-                            self.options.geometry_sequences,
-                            lambda: bar.update(1),
-                        )
-                        del model
                         result = condensation(
                             unit.step,
                             self.sequences,
@@ -234,6 +227,21 @@ class Analysis:
                     histograms.close()
             self._write_summary()
             return report_failed(failed, len(self.units), f"{self.noun}s", "analyzed")
+
+    def _measure(self, unit: Unit, on_batch: Callable[[], None]) -> Measurement:
+        """``unit`` loaded and measured; a CheckpointError naming it where its hidden states are not finite."""
+        model = self.load(unit)
+        try:
+            return measure(
+                model,
+                self.sequences.tokens,
+                self.options.batch_size,
+                self.device,
+                self.options.geometry_sequences,
+                on_batch,
+            )
+        except CheckpointError as e:
+            raise CheckpointError(f"{unit.source}: {e}; a diverged or damaged model, nothing recorded") from None
 
     def _write_summary(self) -> None:
         """``summary.csv`` and ``evolution.png`` over every state analyzed with these inputs."""

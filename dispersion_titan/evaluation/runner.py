@@ -197,20 +197,27 @@ class RunEvaluation:
             )
             if self.options.dtype == AUTOCAST:
                 bf16_autocast(lm.model, self.device.type)
+            refuse_non_finite_logits(lm.model)
             identity = source_identity(checkpoint.path, folder, lm.config)
             for index, name in enumerate(selection.tasks, 1):
                 task_start = time.time()
-                result = simple_evaluate(
-                    model=lm,
-                    tasks=self.objects[name],
-                    task_manager=self.tasks.manager,
-                    num_fewshot=selection.num_fewshot[name],
-                    limit=selection.limit,
-                    batch_size=self.options.batch_size,
-                    device=str(self.device),
-                    log_samples=False,
-                    **self.seeds,
-                )
+                try:
+                    result = simple_evaluate(
+                        model=lm,
+                        tasks=self.objects[name],
+                        task_manager=self.tasks.manager,
+                        num_fewshot=selection.num_fewshot[name],
+                        limit=selection.limit,
+                        batch_size=self.options.batch_size,
+                        device=str(self.device),
+                        log_samples=False,
+                        **self.seeds,
+                    )
+                except (NonFiniteLogits, OverflowError) as e:  # OverflowError: lm-eval's exp() of a huge perplexity
+                    why = e if isinstance(e, NonFiniteLogits) else "its perplexity is past float's range"
+                    raise CheckpointError(
+                        f"{checkpoint.path}: task {name}: {why}; a diverged or damaged model, nothing recorded"
+                    ) from None
                 merge(merged, result)
                 shown = [  # lm-eval's main numbers, e.g. acc 0.2500, acc_norm 0.3000
                     f"{key.split(',')[0]} {value:.4f}"
@@ -408,6 +415,23 @@ def _check_shots(name: str, task: Any, shots: int | None) -> None:
 
 # ``.hf-step-N.pidPID@HOST.RANDOM``: the owner is named, so a later run knows an abandoned one.
 _EXPORT = re.compile(r"^\.hf-.+\.pid(\d+)@(.+)\.[^.]+$")
+
+
+class NonFiniteLogits(Exception):
+    """A forward of the model evaluated gave NaN or infinite logits."""
+
+
+def refuse_non_finite_logits(model: Any) -> None:
+    """Stop the evaluation at the first forward whose logits are not finite: lm-eval would score NaN
+    log-likelihoods (a checkpoint saved where training diverged, e.g. ``--optimizer.lr 1e30``), its accuracies
+    as if they were numbers."""
+    import torch
+
+    def check(_module: Any, _args: Any, output: Any) -> None:
+        if not torch.isfinite(output.logits).all():
+            raise NonFiniteLogits("its logits hold NaN or infinite values")
+
+    model.register_forward_hook(check)
 
 
 def bf16_autocast(model: Any, device_type: str) -> None:

@@ -48,6 +48,21 @@ def load_weights(step_dir: Path | str) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in load_model(step_dir, args).state_dict().items()}
 
 
+def scale_weights(step_dir: Path, factor: float, prefix: str = "") -> None:
+    """Rewrite the single-process checkpoint ``step_dir`` with its weights whose name starts with ``prefix`` times
+    ``factor``: ``factor`` 1e30 leaves weights as one step of ``--optimizer.lr 1e30`` does (finite, of 1e30)."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    weights = load_weights(step_dir)
+    shutil.rmtree(step_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
+        scaled = {k: w * factor if k.startswith(prefix) else w for k, w in weights.items()}
+        dcp.save(scaled, checkpoint_id=str(step_dir))
+
+
 def _flat(weights: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([weights[k].flatten() for k in sorted(weights)])
 
