@@ -5,6 +5,7 @@ bad input, and comparing runs."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from dispersion_titan.analysis.condensation_schema import Condensation
+from dispersion_titan.analysis.condensation_schema import Condensation, _check_numbers
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import DecoderLayers, cosines, measure, unit_tokens
 from dispersion_titan.analysis.statistics import summarize
@@ -123,6 +124,25 @@ def test_statistics_match_plain_computation():
     measured = measure(DecoderLayers(model), tokens, batch_size=2, device="cpu")  # uneven last batch
     assert measured.means.shape == (6, 16, 16)
     assert_matches_reference(SimpleNamespace(**summarize(measured)), plain_reference(model, tokens), debug_names())
+
+
+def test_the_number_check_finds_fields_by_type_with_or_without_string_annotations():
+    """Readers of ``condensation.json`` refuse a NaN in any number field, found by its resolved type: the schema's
+    annotations are strings (``from __future__ import annotations``); a dataclass annotated with types (made without
+    that import) is checked the same (was: ``float`` fields of one skipped, ``str(float)`` not being ``"float"``)."""
+    nan = float("nan")
+    record = dataclasses.make_dataclass(
+        "Layer", [("name", str), ("mean_cos", float), ("mev", float | None), ("hist", list[float])]
+    )
+    _check_numbers(record("block_1", 0.5, None, [1.0]), "layers[1].")
+    for values, key in (
+        (("block_1", nan, None, [1.0]), "mean_cos"),
+        (("block_1", 0.5, nan, [1.0]), "mev"),
+        (("block_1", 0.5, None, [1.0, nan]), r"hist\[1\]"),
+        (("block_1", True, None, [1.0]), "mean_cos"),
+    ):
+        with pytest.raises(ValueError, match=rf"^layers\[1\]\.{key}: .* is no finite number$"):
+            _check_numbers(record(*values), "layers[1].")
 
 
 def test_cosines_clamp_tiny_norms_and_clip():

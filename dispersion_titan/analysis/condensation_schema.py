@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,17 +132,18 @@ class Condensation:
 
 
 def _check_numbers(record: Any, prefix: str) -> None:
-    """Each number field of ``record`` (its ``float``, ``int`` and ``list[float]`` fields) a finite number."""
-    for f in dataclasses.fields(record):
-        value, kind = getattr(record, f.name), str(f.type)
-        if kind == "list[float]":
+    """Each number field of ``record`` (``int``, ``float``, either or None, ``list[float]``) a finite number; its
+    types resolved, not read from annotation strings (which differ without ``from __future__ import annotations``)."""
+    for name, kind in typing.get_type_hints(type(record)).items():
+        value = getattr(record, name)
+        if kind == list[float]:
             items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
-        elif kind.removesuffix(" | None") in ("int", "float"):
-            items = [] if value is None and kind.endswith(" | None") else [(None, value)]
+        elif kind in (int, float) or (value is not None and kind in (int | None, float | None)):
+            items = [(None, value)]
         else:
             continue
         for i, item in items:
-            finite_number(item, f"{prefix}{f.name}{'' if i is None else f'[{i}]'}")
+            finite_number(item, f"{prefix}{name}{'' if i is None else f'[{i}]'}")
 
 
 def read_analyses(out: str) -> dict[str, Condensation]:
