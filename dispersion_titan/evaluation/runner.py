@@ -336,7 +336,7 @@ def _no_metadata_advice(record: logging.LogRecord) -> bool:
 
 class Tasks:
     """The requested tasks in one TaskManager: only --include-path's when each is a plain task there (indexing
-    lm-eval's ~13,000 built-in task YAMLs takes 20-30 s on 2 cores)."""
+    lm-eval's ~14,000 built-in task YAMLs takes 5.6 s of CPU)."""
 
     def __init__(self, names: tuple[str, ...], include_path: str | None):
         from lm_eval.tasks import TaskManager
