@@ -487,6 +487,12 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
         "it back, or remove it and rerun",
     )
     assert not (tmp_path / "bad").exists()
+    # The run moved (mv) since its analysis: labelled by where it is, its settings read there (was: by its old name,
+    # its dispersion settings looked up in the folder it left, so left out).
+    shutil.rmtree(other / "condensation" / "step-2")
+    moved = other.rename(tmp_path / "moved")
+    code, stdout, _ = analyze("compare", run, moved, "--out", tmp_path / "cmp-moved", capsys=capsys)
+    assert code == 0 and "moved (mlp 256, dispersion angular_spread λ=0.5)" in stdout, stdout
 
 
 def test_ctrl_c_in_compare_or_family_says_out_is_as_it_was(tmp_path, capsys, monkeypatch):

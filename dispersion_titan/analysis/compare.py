@@ -10,7 +10,7 @@ import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import format_table, results_folder, save_png, write_csv
-from ..run_folder.owners import FolderOwner, rewritten
+from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses
@@ -42,9 +42,19 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
     raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {[r.label for r in results]})")
 
 
-def _details(result: Condensation) -> str:
-    variant = dispersion_variant(result.run)
+def _details(result: Condensation, dump: str) -> str:
+    variant = dispersion_variant(dump)
     return f"(mlp {result.mlp_width}{f', dispersion {variant}' if variant else ''})"
+
+
+def _run_of(folder: str, result: Condensation) -> str:
+    """The run of an analyses folder: the one it sits in (moved since, or a copy), else the one its results name."""
+    parent = os.path.dirname(os.path.normpath(folder))
+    if os.path.basename(os.path.normpath(folder)) == "condensation" and os.path.isfile(
+        os.path.join(parent, RUN_METADATA_FILE)
+    ):
+        return parent
+    return result.run
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
@@ -64,10 +74,14 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
                 f"compare: {run} was analyzed with different inputs than {runs[0]} "
                 f"({differences(results[0].inputs, result.inputs)}); re-analyze with the same options"
             )
-    names = [os.path.basename(os.path.normpath(result.run)) for result in results]
+    dumps = [_run_of(analyses_folder(run), result) for run, result in zip(runs, results, strict=True)]
+    names = [os.path.basename(os.path.normpath(dump)) for dump in dumps]
     if len(set(names)) < len(names):  # same folder names in different places
         names = runs
-    return [RunResult(f"{name} {_details(result)}", result) for result, name in zip(results, names)]
+    return [
+        RunResult(f"{name} {_details(result, dump)}", result)
+        for result, name, dump in zip(results, names, dumps, strict=True)
+    ]
 
 
 def table_rows(runs: list[RunResult]) -> list[dict]:
