@@ -191,8 +191,11 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
     twin = shutil.copytree(run, tmp_path / "twin")  # models of one size: no trend, and no scipy warning saying so
     code, _, err = analyze("family", f"{run}@0", f"{twin}@0", "--out", out, capsys=capsys)  # rewritten, no --paired
     assert code == 0 and err == "" and "ConstantInputWarning" not in [w.category.__name__ for w in recwarn]
-    with open(out / "family.csv") as f:
-        assert [r["family_trend_spearman"] for r in csv.DictReader(f)] == ["", ""]
+    with open(out / "family.csv") as f:  # the copy named by its own folder (was: by the one it was copied from)
+        assert [(r["model"], r["family_trend_spearman"]) for r in csv.DictReader(f)] == [
+            (f"{run.name}@0", ""),
+            ("twin@0", ""),
+        ]
     assert sorted(os.listdir(out)) == [".owner.json", "family.csv", "family.md", "family.png"]  # no stale pairs
     absent = tmp_path / "absent"
     assert_one_line_error(

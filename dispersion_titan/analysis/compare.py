@@ -47,7 +47,7 @@ def _details(result: Condensation, dump: str) -> str:
     return f"(mlp {result.mlp_width}{f', dispersion {variant}' if variant else ''})"
 
 
-def _run_of(folder: str, result: Condensation) -> str:
+def analysed_run(folder: str, result: Condensation) -> str:
     """The run of an analyses folder: the one it sits in (moved since, or a copy), else the one its results name."""
     parent = os.path.dirname(os.path.normpath(folder))
     if os.path.basename(os.path.normpath(folder)) == "condensation" and os.path.isfile(
@@ -74,7 +74,7 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
                 f"compare: {run} was analyzed with different inputs than {runs[0]} "
                 f"({differences(results[0].inputs, result.inputs)}); re-analyze with the same options"
             )
-    dumps = [_run_of(analyses_folder(run), result) for run, result in zip(runs, results, strict=True)]
+    dumps = [analysed_run(analyses_folder(run), result) for run, result in zip(runs, results, strict=True)]
     names = [os.path.basename(os.path.normpath(dump)) for dump in dumps]
     if len(set(names)) < len(names):  # same folder names in different places
         names = runs
