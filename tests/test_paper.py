@@ -38,7 +38,7 @@ from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import REPO
-from support.runs import digests, tiny_hub_model, tiny_run
+from support.runs import digests, scale_weights, tiny_hub_model, tiny_run
 
 K, S = 4, 16
 INPUTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "4", "--device", "cpu"]
@@ -392,6 +392,16 @@ def test_counteract_draws_both_runs_at_every_checkpoint(zoo, tmp_path, capsys, m
         "counteract: no checkpoints in ./outputs/midtrain_gpt2_wikitext103_baseline",
         "launch/train.sh train_configs/paper/midtrain_gpt2_wikitext103_baseline.toml",
     )
+    # A step that fails (a diverged checkpoint analyze skips): its command's line ends paper's output (was followed
+    # by paper's own progress bar, drawn again as it closed).
+    scale_weights(disp / "checkpoint" / "step-5", 1e30)
+    code, _, err = paper(
+        "counteract", "--models", base, disp, "--dataset-path", zoo["wikitext"], *INPUTS, "--out", tmp_path / "bad",
+        capsys=capsys,
+    )  # fmt: skip
+    assert code == 1 and err.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: 1 of 2 checkpoints could not be analyzed: {disp / 'checkpoint' / 'step-5'}"
+    ), err
 
 
 def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):

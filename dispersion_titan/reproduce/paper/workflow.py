@@ -107,7 +107,7 @@ class PaperWorkflow:
 
 def run_locally(workflow: PaperWorkflow, mains: dict[str, Callable[[list[str]], None]]) -> None:
     """Each step by its command's ``main``, in order; one that fails ends the artifact with its status."""
-    with tqdm(workflow.steps, desc=workflow.artifact, unit="model", file=sys.stderr) as bar:
+    with tqdm(workflow.steps, desc=workflow.artifact, unit="model", file=sys.stderr, leave=False) as bar:
         for step in bar:
             bar.set_postfix_str(step.label)
             try:
