@@ -333,6 +333,7 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
     )
     assert code == 0, err
     assert "| Pretrained | 1 |" in printed and "the Pretrained row alone" in printed
+    assert "Difference from" not in printed  # no arm to differ: no empty table
     code, printed, err = run_cli(
         evaluate_main,
         "table",
@@ -346,6 +347,7 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
         capsys=capsys,
     )
     assert code == 0, err
+    assert "Difference from Pretrained" in printed
     rows = read_csv(tmp_path / "both" / "table.csv")
     assert list(rows) == ["Pretrained", "baseline"]
     assert float(rows["baseline"]["average_diff"]) == pytest.approx(

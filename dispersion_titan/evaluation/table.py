@@ -404,7 +404,7 @@ def table_markdown(
         f"averaged, as the paper's. p: {TESTS[test]} t-test of the per-seed averages against {reference} "
         f"({reference_note}; needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001. {pretrained_note}",
     ]
-    if pretrained:
+    if pretrained and rows:  # alone, it has nothing to differ from
         diff_rows = [
             [row.name, *(signed(value, key) for key, value in difference(row, pretrained).items())] for row in rows
         ]
