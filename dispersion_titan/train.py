@@ -99,6 +99,7 @@ def main() -> None:
 
     parse.setup_torchtitan()
     if HELP_ALL_FLAG in argv:  # TorchTitan's help of every section, ours included; exits
+        sys.argv[0] = "python -m dispersion_titan.train"  # tyro's prog: python -m passes train.py's path
         titan_compat.config_manager_parse([*without_profile(args), "--help"], toml)
     try:
         job_config = parse.parse_job_config(args, toml)

@@ -25,12 +25,19 @@ def test_every_command_at_the_package_root_is_a_subcommand():
     assert set(COMMANDS) | launched == commands | {"data"}
 
 
-@pytest.mark.parametrize("command, module", [("data", "dispersion_titan.data"), ("sweep", "dispersion_titan.sweep")])
-def test_a_subcommand_answers_as_python_m(command, module):
+@pytest.mark.parametrize(
+    "command, module, flag",
+    [
+        ("data", "dispersion_titan.data", "--help"),
+        ("sweep", "dispersion_titan.sweep", "--help"),
+        ("train", "dispersion_titan.train", "--help-all"),  # its usage line named train.py's path
+    ],
+)
+def test_a_subcommand_answers_as_python_m(command, module, flag):
     script = shutil.which("dispersion-titan", path=str(Path(sys.executable).parent))
     assert script is not None, "pip install -e . installs the dispersion-titan console script"
-    ours = subprocess.run([script, command, "--help"], capture_output=True, text=True, timeout=120)
-    theirs = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    ours = subprocess.run([script, command, flag], capture_output=True, text=True, timeout=120)
+    theirs = subprocess.run([sys.executable, "-m", module, flag], capture_output=True, text=True, timeout=120)
     assert ours.returncode == theirs.returncode == 0
     assert ours.stdout == theirs.stdout
 
