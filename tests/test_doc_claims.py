@@ -2,7 +2,8 @@
 exist, each with its default as the merged job config has it; every command line a page shows (in a code
 block, or a code span that is one) parses with that command's own parser, and every ``--section.key`` a
 ``launch/train.sh`` line overrides exists; ``docs/reliability.md``'s list of what a relaunch may change is
-``run_folder/settings.py``'s. ``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
+``run_folder/settings.py``'s; the package scripts the README names
+exist. ``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
 
 from __future__ import annotations
 
@@ -181,3 +182,10 @@ def test_the_relaunch_list_check_finds_a_key_missing_and_one_too_many():
         "job.fork_from is not in the list",
         "metrics.seed may not change",
     ]
+
+
+def test_the_package_scripts_the_readme_names_are_in_the_package():
+    """The README's ``$PKG/launch_scripts/...`` (its installed package's folder) for ``launch/``."""
+    named = re.findall(r"\$PKG/(\S+)", (Path(REPO) / "README.md").read_text())
+    assert {"launch_scripts/train.sh", "launch_scripts/slurm/train.sbatch"} <= set(named)
+    assert [p for p in named if not (Path(REPO) / "dispersion_titan" / p).is_file()] == []
