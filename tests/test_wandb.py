@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,23 @@ def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run
     logged_table = json.loads((folder / "files" / media["evaluation/summary"]["path"]).read_text())
     with open(trained / "evaluation" / "summary.csv", newline="") as f:
         assert [logged_table["columns"], *logged_table["data"]] == list(csv.reader(f))
+
+
+def test_a_copied_run_logs_its_analysis_beside_its_own_wandb_files(trained, tmp_path, monkeypatch, capsys):
+    """``wandb_run.json`` names W&B's folder within the run: ``analyze --wandb`` of a copy (``cp -a``), from
+    another working directory, writes W&B's files into the copy (was: into the original's folder, or for a
+    relative ``job.dump_folder``, the shipped configs', a new ``outputs/…`` under the working directory)."""
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    copy = tmp_path / "copy"
+    shutil.copytree(trained, copy, symlinks=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    before = run_ids(trained)
+    code, _, err = analyze(
+        str(copy), "--num-sequences", "2", "--seq-len", "16", "--batch-size", "2", "--wandb", capsys=capsys
+    )
+    assert code == 0, err
+    assert run_ids(trained) == before and list(elsewhere.iterdir()) == []
+    assert len(run_ids(copy)) == len(before) + 1

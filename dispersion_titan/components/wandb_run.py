@@ -21,8 +21,11 @@ def record(dump_folder: str) -> None:
     run = None if wandb is None else wandb.run
     if run is None:
         return
+    # W&B's folder relative to the run folder: root_dir is relative to the launch's working directory
+    # (a relative dump_folder, as the shipped configs'), and the run folder may be moved
+    where = os.path.relpath(run.settings.root_dir, dump_folder)
     with open(os.path.join(dump_folder, WANDB_RUN_FILE), "w") as f:
-        json.dump({"id": run.id, "project": run.project, "entity": run.entity, "dir": run.settings.root_dir}, f)
+        json.dump({"id": run.id, "project": run.project, "entity": run.entity, "dir": where}, f)
 
 
 def recorded(dump_folder: str) -> dict[str, Any]:
@@ -53,7 +56,7 @@ def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int
         id=named["id"],
         project=named["project"],
         entity=named["entity"] or None,
-        dir=named["dir"],
+        dir=os.path.join(dump_folder, named["dir"]),
         resume="allow",
         job_type=job_type,
     )
