@@ -189,3 +189,22 @@ def test_the_package_scripts_the_readme_names_are_in_the_package():
     named = re.findall(r"\$PKG/(\S+)", (Path(REPO) / "README.md").read_text())
     assert {"launch_scripts/train.sh", "launch_scripts/slurm/train.sbatch"} <= set(named)
     assert [p for p in named if not (Path(REPO) / "dispersion_titan" / p).is_file()] == []
+
+
+def test_every_sweep_of_the_example_a_page_shows_checks(monkeypatch, capsys):
+    """The pages' sweeps of ``launch/sweep_example.toml`` (but ``--plan``, a minute), each as a ``--dry-run``:
+    every cell's configuration is checked, as before a submission (``-- --baseline.forget_every 1000`` was
+    refused: the example trains 10 steps)."""
+    from dispersion_titan.sweep import main
+
+    example = "python -m dispersion_titan.sweep launch/sweep_example.toml"
+    lines = {line for page in PAGES for line in command_lines(page.read_text()) if line.startswith(example)}
+    lines = sorted(line for line in lines if "--plan" not in line)
+    assert len(lines) >= 3, lines
+    monkeypatch.chdir(REPO)
+    for line in lines:
+        argv = shlex.split(line)[3:]
+        try:
+            main([argv[0], "--dry-run", *argv[1:]])
+        except SystemExit as e:
+            assert not e.code, (line, capsys.readouterr().err)
