@@ -1220,6 +1220,24 @@ def test_from_scratch_arms_take_the_best_step_of_the_seed_averaged_curve(tmp_pat
     assert not (tmp_path / "bad").exists()
 
 
+def test_seeds_that_score_alike_give_no_false_p_value(fabricated, tmp_path, capsys, recwarn):
+    """A step where each arm's seeds score alike: no spread on either side, no p (scipy said 0, ``***``); one
+    side's spread, scipy's p without its "precision loss" warning for the other, exact, side."""
+    scores = {"base_s1": (0.3, 0.3), "base_s2": (0.3, 0.3), "disp_s1": (0.4, 0.4), "disp_s2": (0.4, 0.5)}
+    for name, (alike, spread) in scores.items():
+        for step, acc in ((7, alike), (8, spread)):
+            results = {"t_a": {"acc,none": acc}, "t_b": {"acc,none": acc}, "t_ppl": {"word_perplexity,none": 9.0}}
+            write_evaluation(fabricated[name], step, results, SETTINGS)
+    base = "variant=none, coeff=0.0"
+    for step, p in ((7, ""), (8, 2 * stats.t.sf(3, 2))):  # Student's t = 0.15 / 0.05 over 2 degrees of freedom
+        out = tmp_path / f"step-{step}"
+        code, _, err = evaluate("table", *fabricated.values(), "--select", f"step:{step}", "--out", out, capsys=capsys)
+        assert code == 0, err
+        row = read_csv(out / "table.csv")[base]
+        assert row["p_value"] == "" if p == "" else float(row["p_value"]) == pytest.approx(p, rel=1e-5), row
+    assert [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)] == []
+
+
 def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     out = tmp_path / "bad"
     runs = list(map(str, fabricated.values()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -248,9 +249,11 @@ def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
 
 def t_test_p(values: list[float], reference: list[float], test: str) -> float | None:
     """The two-sided t-test (``student``: equal variances; ``welch``); None without two seeds or spread."""
-    if len(values) < 2 or len(reference) < 2:
-        return None
-    p = stats.ttest_ind(values, reference, equal_var=test == "student").pvalue
+    if len(values) < 2 or len(reference) < 2 or len({*values}) == len({*reference}) == 1:
+        return None  # no spread on either side: scipy says p = 0 for any two means
+    with warnings.catch_warnings():  # scipy's "precision loss" for one side's equal seeds, exact here
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = stats.ttest_ind(values, reference, equal_var=test == "student").pvalue
     return None if math.isnan(p) else float(p)
 
 
@@ -402,7 +405,8 @@ def table_markdown(
         f"the accuracy columns only; the rank is each row's per column (1 = best, every row ranked, "
         f"{PRETRAINED} included; ties share the smallest, on the means rounded to the {DIGITS} digits printed), "
         f"averaged, as the paper's. p: {TESTS[test]} t-test of the per-seed averages against {reference} "
-        f"({reference_note}; needs two seeds a side); * p<0.05, ** p<0.01, *** p<0.001. {pretrained_note}",
+        f"({reference_note}; needs two seeds a side, not all alike); * p<0.05, ** p<0.01, *** p<0.001. "
+        f"{pretrained_note}",
     ]
     if pretrained and rows:  # alone, it has nothing to differ from
         diff_rows = [
