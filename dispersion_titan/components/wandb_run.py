@@ -21,9 +21,10 @@ def record(dump_folder: str) -> None:
     run = None if wandb is None else wandb.run
     if run is None:
         return
-    # W&B's folder relative to the run folder: root_dir is relative to the launch's working directory
-    # (a relative dump_folder, as the shipped configs'), and the run folder may be moved
-    where = os.path.relpath(run.settings.root_dir, dump_folder)
+    # W&B's folder within the run folder relative to it: root_dir is relative to the launch's working
+    # directory (a relative dump_folder, as the shipped configs'), and the run folder may be moved
+    root, dump = os.path.abspath(run.settings.root_dir), os.path.abspath(dump_folder)
+    where = os.path.relpath(root, dump) if os.path.commonpath([root, dump]) == dump else root
     with open(os.path.join(dump_folder, WANDB_RUN_FILE), "w") as f:
         json.dump({"id": run.id, "project": run.project, "entity": run.entity, "dir": where}, f)
 
