@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser, positive_int
@@ -82,15 +81,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(signum)
-
-
 @command("each stage finished so far is kept in --out; the same command goes on from there")
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
-    for signum in (signal.SIGINT, signal.SIGTERM):  # its jobs stop too; whatever was inherited (a background job)
-        signal.signal(signum, _interrupted)
     # Imported after parsing: --help and typos answer without torch (seconds).
     from dispersion_titan.reproduce.quickstart import pipeline
 

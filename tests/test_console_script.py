@@ -115,15 +115,17 @@ def test_a_reader_that_goes_away_ends_a_command_quietly(argv):
     assert shell.returncode == 0 and shell.stderr == "" and len(shell.stdout.splitlines()) == 3
 
 
-def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command():
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command(signum):
     """A SIGINT that arrives while a ``__del__`` runs is swallowed by Python ("Exception ignored in"), and
-    evaluate once finished its work, exit 0: the command's handler delivers it again, one line, exit 130."""
+    evaluate once finished its work, exit 0: the command's handler delivers it again, one line, exit 130
+    (SIGTERM alike, 143)."""
     code = (
         "import os, signal, time\n"
         "from dispersion_titan.utils.errors import command\n"
         "class Finalized:\n"
         "    def __del__(self):\n"
-        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        f"        os.kill(os.getpid(), {int(signum)})\n"
         "        sum(range(1000))\n"
         "@command('what is kept; how to go on')\n"
         "def main():\n"
@@ -135,25 +137,59 @@ def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command():
         "main()\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert (proc.returncode, proc.stdout) == (130, "")
+    assert (proc.returncode, proc.stdout) == (128 + signum, "")
     assert proc.stderr == "dispersion_titan: interrupted; what is kept; how to go on\n"
 
 
-SIGINT_SELF = "os.kill(os.getpid(), signal.SIGINT), time.sleep(0.2)"
-EXITING = {  # run while the interpreter exits, once main has returned: each sends this process a SIGINT then
-    "atexit": f"atexit.register(lambda: ({SIGINT_SELF}))",
-    "thread join": "threading.Thread(target=lambda: (threading.main_thread().join(), " + SIGINT_SELF + ")).start()",
-    "module teardown": "globals()['LATE'] = type('Late', (), {'__del__': lambda _: (" + SIGINT_SELF + ")})()",
+@pytest.mark.parametrize(
+    "signum, whom", [(signal.SIGINT, os.kill), (signal.SIGTERM, os.killpg)], ids=["kill-INT", "scancel"]
+)
+def test_a_background_command_interrupted_or_terminated_says_one_line(signum, whom):
+    """A command started in the background of a script (``cmd &``: SIGINT inherited ignored) and sent ``kill -INT``
+    worked on to the end; SIGTERM to its process group (``kill``, Slurm's ``scancel``) killed it without a line,
+    exit 143. Each: the command's one line, exit 128 + the signal, at once."""
+    code = (
+        "import time\n"
+        "from dispersion_titan.utils.errors import command, run_command\n"
+        "@command('what is kept; how to go on')\n"
+        "def main():\n"
+        "    print('working', flush=True)\n"
+        "    time.sleep(30)\n"  # the interrupt ends it long before
+        "    print('finished')\n"
+        "run_command(main)\n"
+    )
+    background = 'trap "" INT; exec "$@"'  # as bash starts a background job without job control
+    proc = subprocess.Popen(
+        ["bash", "-c", background, "bash", sys.executable, "-c", code],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stdout.readline() == "working\n"
+    whom(proc.pid, signum)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (
+        128 + signum,
+        "",
+        "dispersion_titan: interrupted; what is kept; how to go on\n",
+    )
+
+
+SIGNAL_SELF = "os.kill(os.getpid(), SIGNUM), time.sleep(0.2)"
+EXITING = {  # run while the interpreter exits, once main has returned: each sends this process a SIGNUM then
+    "atexit": f"atexit.register(lambda: ({SIGNAL_SELF}))",
+    "thread join": "threading.Thread(target=lambda: (threading.main_thread().join(), " + SIGNAL_SELF + ")).start()",
+    "module teardown": "globals()['LATE'] = type('Late', (), {'__del__': lambda _: (" + SIGNAL_SELF + ")})()",
 }
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("exiting", EXITING)
-def test_ctrl_c_while_a_finished_command_exits_keeps_its_outcome(exiting):
+def test_ctrl_c_while_a_finished_command_exits_keeps_its_outcome(exiting, signum):
     """``analyze``/``evaluate`` printed ``results:`` and returned; a Ctrl-C while the interpreter exits (here sent
     by code that runs then, so it lands there each time) gave a traceback, or status 130 and no line at all (the
-    default action Python restores for its module teardown): the work is done and written, exit 0, silent."""
+    default action Python restores for its module teardown): the work is done and written, exit 0, silent.
+    SIGTERM alike (as handled as Ctrl-C while the command works, it would give a traceback too)."""
     code = (
-        "import atexit, os, signal, threading, time\n"
+        f"import atexit, os, signal, threading, time\nSIGNUM = {int(signum)}\n"
         "from dispersion_titan.utils.errors import command, run_command\n"
         "@command('what is kept; how to go on')\n"
         "def main():\n"

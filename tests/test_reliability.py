@@ -322,40 +322,46 @@ def test_interrupt_without_checkpointing_says_so(tmp_path):
     assert not (dump / "checkpoint").exists()
 
 
+ANALYZE_CASE = (
+    "dispersion_titan.analyze",
+    (*ANALYSIS, "--tb-dir", "{tmp}/tb"),
+    "condensation.json",
+    "each model state analyzed so far is kept in its folder; the same command analyzes the rest",
+)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "module, options, result, kept",
+    "signum, module, options, result, kept",
     [
+        (signal.SIGINT, *ANALYZE_CASE),
+        (signal.SIGTERM, *ANALYZE_CASE),
         (
-            "dispersion_titan.analyze",
-            (*ANALYSIS, "--tb-dir", "{tmp}/tb"),
-            "condensation.json",
-            "each model state analyzed so far is kept in its folder; the same command analyzes the rest",
-        ),
-        (
+            signal.SIGINT,
             "dispersion_titan.evaluate",
             ("--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word", "--limit", "2", "--device", "cpu"),
             "results.json",
             "each step evaluated so far is kept in its folder (a table's --out is as it was); the same command goes on",
         ),
     ],
-    ids=["analyze", "evaluate"],
+    ids=["analyze", "analyze-scancel", "evaluate"],
 )
 def test_ctrl_c_is_one_line_keeps_what_is_done_and_the_rerun_goes_on(
-    reference, tmp_path, module, options, result, kept
+    reference, tmp_path, signum, module, options, result, kept
 ):
     """Ctrl-C once step 0's result is written: one line saying what is kept and how to go on, exit 130 (a
     59-62-line KeyboardInterrupt traceback before, exit 1 in analyze); step 0's result unchanged, and the same
-    command then does step 2 alone."""
+    command then does step 2 alone. A SIGTERM to the command's process group (Slurm's scancel, a terminal's
+    Ctrl-C reaches the group too) alike, exit 143 (was no line at all)."""
     out = tmp_path / "out"
     argv = [str(reference), "--steps", "0,2", *(o.format(tmp=tmp_path) for o in options), "--out", str(out)]
     job = ThreadPoolExecutor(1).submit(python_module, module, *argv, timeout=300)
     while not (out / "step-0" / result).exists() and not job.done():
         time.sleep(0.005)
     assert not job.done(), job.result().stderr[-3000:]
-    os.kill(json.loads((out / LOCK_NAME).read_text())["pid"], signal.SIGINT)
+    os.killpg(json.loads((out / LOCK_NAME).read_text())["pid"], signum)  # each job: a process group of its own
     done = job.result()
-    assert done.returncode == 130, done.stderr[-3000:]
+    assert done.returncode == 128 + signum, done.stderr[-3000:]
     # the interrupt's one line ends what the command said while it worked (lm-eval's notes, progress bars)
     assert "Traceback" not in done.stderr and done.stderr.strip().splitlines()[-1] == (
         f"dispersion_titan: interrupted; {kept}"

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,11 +32,12 @@ from dispersion_titan.data.__main__ import main, parser
 from dispersion_titan.data.corpora import DataConfigError, documents_identity
 from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset, token_stream
 from dispersion_titan.data.store import MANIFEST, is_store, open_store, prepare, write_store
-from dispersion_titan.run_folder.writer_lock import sole_writer
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME, sole_writer
 from dispersion_titan.tokenizer.encoders import EOT_ID
-from support.corpora import texts
+from support.corpora import texts, texts_jsonl
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted
+from support.runs import digests
 
 SEQ = 16
 LAYOUTS = [(1, 2, 4), (2, 1, 4), (4, 1, 2), (2, 2, 2), (4, 2, 1)]  # (ranks, accumulation, local batch)
@@ -245,7 +247,7 @@ def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):
             if (out / "shard-00002.json").exists():
                 break
             time.sleep(0.1)
-        # A terminal's Ctrl-C reaches the whole process group: the workers too.
+        # Sent to the workers too (a terminal's reaches its process group; theirs is their own): ignored.
         for worker in multiprocessing.active_children():
             os.kill(worker.pid, signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)
@@ -266,6 +268,38 @@ def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):
     write_store(docs, str(out), source, workers=1, shard_documents=4, progress=False)
     assert folder_bytes(out) == folder_bytes(tmp_path / "whole")
     assert (out / "shard-00000.bin").stat().st_mtime_ns == kept
+
+
+def test_scancel_of_a_prepare_is_one_line_and_the_rerun_finishes(tmp_path):
+    """SIGTERM to prepare's process group (Slurm's scancel; a terminal's Ctrl-C reaches the group too) killed it
+    without a line, exit 143; with the command's handler alone, a worker the signal killed in the pool's task queue
+    lock hung the parent's shutdown of the pool (4 times in 6). The workers are the parent's to stop: one line, exit
+    143, no worker left, the shards written kept as they are; the same command finishes the store."""
+    corpus = texts_jsonl(tmp_path / "corpus.jsonl", documents=16000, words=200)
+    out = tmp_path / "store"
+    args = ["prepare", "local", "--dataset-path", str(corpus), "--out", str(out), "--workers", "2"]
+    args += ["--shard-documents", "500"]
+    job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.data", *args, timeout=60)
+    while not all((out / f"shard-0000{i}.json").exists() for i in (0, 1)) and not job.done():
+        time.sleep(0.005)
+    assert not job.done(), job.result().stderr[-3000:]
+    pid = json.loads((out / LOCK_NAME).read_text())["pid"]  # the job: a process group of its own
+    workers = [
+        int(p)
+        for t in os.listdir(f"/proc/{pid}/task")
+        for p in Path(f"/proc/{pid}/task/{t}/children").read_text().split()
+    ]
+    kept = digests(out, "shard-0000[01].*")
+    os.killpg(pid, signal.SIGTERM)
+    done = job.result()
+    assert done.returncode == 143 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "dispersion_titan: interrupted; the shards written so far are kept; the same command resumes where it stopped"
+    )
+    assert len(workers) == 2 and not any(os.path.exists(f"/proc/{w}") for w in workers)
+    again = python_module("dispersion_titan.data", *args, timeout=60)
+    assert again.returncode == 0 and (out / MANIFEST).is_file(), again.stderr[-2000:]
+    assert digests(out, "shard-0000[01].*") == kept
 
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, nothing deleted

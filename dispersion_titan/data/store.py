@@ -305,10 +305,9 @@ def write_store(
     chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])
     records: list[dict[str, Any] | AsyncResult] = []
     waiting: collections.deque[int] = collections.deque()
-    # Forked workers only tokenise and write; the pool starts before the documents are read. A Ctrl-C is
-    # the parent's alone (a worker interrupted in the result queue's lock hung the pool's shutdown).
+    # Forked workers only tokenise and write; the pool starts before the documents are read.
     with (
-        multiprocessing.get_context("fork").Pool(workers, signal.signal, (signal.SIGINT, signal.SIG_IGN)) as pool,
+        multiprocessing.get_context("fork").Pool(workers, _parents_to_stop) as pool,
         tqdm(
             desc=f"prepare {source['dataset']} {source['split']}",
             unit="tok",
@@ -335,6 +334,16 @@ def write_store(
         while waiting:
             settle(waiting.popleft())
     return _finish(out, records, inputs, key, encoder)
+
+
+def _parents_to_stop() -> None:
+    """A pool worker stops when its parent stops the pool (SIGTERM, the default action again: not the command's
+    handler), never on its own: in a process group of its own, so that Ctrl-C and a SIGTERM to the command's
+    group (Slurm's scancel) reach the parent alone, and ignoring a SIGINT sent to it. A worker killed in the pool's
+    task queue lock, or interrupted there, hung the parent's shutdown of the pool."""
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _finish(

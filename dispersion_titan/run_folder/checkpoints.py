@@ -279,8 +279,9 @@ def load_model(
             warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
             dcp.load(state, checkpoint_id=step_dir)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises many types for bad files
-        if isinstance(_first_failure(e), KeyboardInterrupt):  # a Ctrl-C, which DCP wraps as a failure too
-            raise KeyboardInterrupt from None
+        interrupt = _first_failure(e)
+        if isinstance(interrupt, KeyboardInterrupt):  # a Ctrl-C or SIGTERM, which DCP wraps as a failure too
+            raise KeyboardInterrupt(*interrupt.args) from None
         raise CheckpointError(f"{step_dir}: cannot be loaded ({_load_failure(e)})") from None
     model.load_state_dict(state)
     model.to(device=device)

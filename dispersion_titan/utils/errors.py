@@ -11,7 +11,8 @@ import select
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import IO, Any, NoReturn, TypeVar
 
 Main = TypeVar("Main", bound=Callable[..., Any])
@@ -95,6 +96,11 @@ def interrupted_exit_code(signum: int) -> int:
     return 128 + signum
 
 
+def interrupt_signal(interrupt: BaseException) -> int:
+    """The signal a ``KeyboardInterrupt`` stands for: its argument where a handler of ours raised it, else SIGINT."""
+    return (interrupt.args or (signal.SIGINT,))[0]
+
+
 def no_room(error: BaseException | None) -> OSError | None:
     """The full disk, quota or file size limit behind ``error`` (or what it was raised handling), if any."""
     while error is not None:
@@ -137,7 +143,7 @@ REDELIVERY_S = 0.01
 
 def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main], Main]:
     """The one error handling of a command's ``main``, never a traceback: a ``DispersionTitanError`` in
-    one line with its status, Ctrl-C in one line saying ``interrupted`` (what is kept, how to go on)."""
+    one line with its status, Ctrl-C or SIGTERM in one line saying ``interrupted`` (what is kept, how to go on)."""
 
     def wrap(main: Main) -> Main:
         @functools.wraps(main)
@@ -145,12 +151,13 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
             hook = sys.unraisablehook
             sys.unraisablehook = functools.partial(_interrupt_again, hook)
             try:
-                return main(*args, **kwargs)
+                with _interruptible():
+                    return main(*args, **kwargs)
             except DispersionTitanError as e:
                 fail_with(e, prog)
-            except KeyboardInterrupt as e:  # its argument: the signal, where a handler of ours raised it
+            except KeyboardInterrupt as e:
                 print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
-                sys.exit(interrupted_exit_code((e.args or (signal.SIGINT,))[0]))
+                sys.exit(interrupted_exit_code(interrupt_signal(e)))
             except Exception as e:
                 full = no_room(e)
                 if full is None:
@@ -166,10 +173,30 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
     return wrap
 
 
+def _interrupted(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt(signum)
+
+
+@contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM (``kill``, Slurm's ``scancel``) ends the block as Ctrl-C does, a ``KeyboardInterrupt`` naming the
+    signal: it killed a command silently, exit 143. Both also where a background job (``cmd &``) inherited them
+    ignored. The handlers before it come back after it (a command run by another, or in a test)."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
+        yield
+        return
+    previous = {signum: signal.signal(signum, _interrupted) for signum in INTERRUPT_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+
+
 def _interrupt_again(hook: Callable[[Any], object], unraisable: Any) -> None:
-    """A Ctrl-C that landed in a finalizer, which cannot raise it: delivered again once it is done."""
+    """A Ctrl-C or SIGTERM that landed in a finalizer, which cannot raise it: delivered again once it is done."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        threading.Timer(REDELIVERY_S, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(REDELIVERY_S, os.kill, (os.getpid(), interrupt_signal(unraisable.exc_value))).start()
     else:
         hook(unraisable)
 
@@ -179,15 +206,17 @@ CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE  # a reader gone: as a shell reports a
 
 def run_command(main: Callable[[], object]) -> None:
     """A command's ``main`` as its entry point (the console script's: with its imports); a reader that went
-    away (``... | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``, a Ctrl-C during the imports in one line.
-    Once ``main`` has ended, its outcome said and its exit status set, Ctrl-C is ignored: one that landed while
-    the interpreter exits (atexit, thread joins, module teardown, where Python restores the default action)
-    ended a finished command with a traceback, or killed it silently with status 130."""
+    away (``... | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``, a Ctrl-C or SIGTERM during the imports
+    in one line. Once ``main`` has ended, its outcome said and its exit status set, both are ignored: one that
+    landed while the interpreter exits (atexit, thread joins, module teardown, where Python restores the default
+    action) ended a finished command with a traceback, or killed it silently with status 130 or 143."""
     try:
         try:
-            main()
+            with _interruptible():
+                main()
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            for signum in INTERRUPT_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
             sys.stdout.flush()
     except BrokenPipeError:
         if not any(map(_reader_gone, (sys.stdout, sys.stderr))):
@@ -196,9 +225,9 @@ def run_command(main: Callable[[], object]) -> None:
         for stream in (sys.stdout, sys.stderr):
             os.dup2(devnull, stream.fileno())
         sys.exit(CLOSED_PIPE_STATUS)
-    except KeyboardInterrupt:  # a command's own handler ends each Ctrl-C after its imports: this one came before
+    except KeyboardInterrupt as e:  # a command's own handler ends each one after its imports: this one came before
         print("dispersion_titan: interrupted while starting; nothing was done", file=sys.stderr, flush=True)
-        sys.exit(interrupted_exit_code(signal.SIGINT))
+        sys.exit(interrupted_exit_code(interrupt_signal(e)))
     except FileNotFoundError as e:  # tempfile's, when no folder takes a file: torch's import on a full /tmp
         if not str(e.strerror).startswith(NO_TEMP_DIR):
             raise
