@@ -181,7 +181,8 @@ def _interrupted(signum: int, frame: object) -> NoReturn:
 def _interruptible() -> Iterator[None]:
     """SIGTERM (``kill``, Slurm's ``scancel``) ends the block as Ctrl-C does, a ``KeyboardInterrupt`` naming the
     signal: it killed a command silently, exit 143. Both also where a background job (``cmd &``) inherited them
-    ignored. The handlers before it come back after it (a command run by another, or in a test)."""
+    ignored. The handlers before it come back after it (a command run by another, or in a test), unless the block
+    set its own (train's, the trainer's SIG_IGN once its ranks stop on a non-finite loss): those stand."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
         yield
         return
@@ -190,7 +191,8 @@ def _interruptible() -> Iterator[None]:
         yield
     finally:
         for signum, handler in previous.items():
-            signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+            if signal.getsignal(signum) is _interrupted:
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
 
 
 def _interrupt_again(hook: Callable[[Any], object], unraisable: Any) -> None:
@@ -207,16 +209,16 @@ CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE  # a reader gone: as a shell reports a
 def run_command(main: Callable[[], object]) -> None:
     """A command's ``main`` as its entry point (the console script's: with its imports); a reader that went
     away (``... | head -3``) ends it quietly with ``CLOSED_PIPE_STATUS``, a Ctrl-C or SIGTERM during the imports
-    in one line. Once ``main`` has ended, its outcome said and its exit status set, both are ignored: one that
+    in one line. Once ``main`` has ended, its outcome said and its exit status set, Ctrl-C is ignored: one that
     landed while the interpreter exits (atexit, thread joins, module teardown, where Python restores the default
-    action) ended a finished command with a traceback, or killed it silently with status 130 or 143."""
+    action) ended a finished command with a traceback, or killed it silently with status 130. SIGTERM has its
+    action of before again (torchrun's, to a rank shutting down: the default, to end it)."""
     try:
         try:
             with _interruptible():
                 main()
         finally:
-            for signum in INTERRUPT_SIGNALS:
-                signal.signal(signum, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             sys.stdout.flush()
     except BrokenPipeError:
         if not any(map(_reader_gone, (sys.stdout, sys.stderr))):
