@@ -616,20 +616,26 @@ def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_pat
     assert not (tmp_path / "t2").exists()
 
 
+def copy_with_step_2(run: Path, evaluated: Path, folder: Path) -> tuple[Path, Path]:
+    """``run`` as ``folder`` with step 0 (linked) already evaluated and its own copy of step 2, to damage: only
+    step 2 is attempted. Its step-2 folder and evaluation folder."""
+    (folder / "checkpoint").mkdir(parents=True)
+    shutil.copy(run / "run.json", folder)
+    os.symlink(run / "checkpoint" / "step-0", folder / "checkpoint" / "step-0")
+    step = folder / "checkpoint" / "step-2"
+    shutil.copytree(run / "checkpoint" / "step-2", step)
+    out = folder / "evaluation"
+    shutil.copytree(evaluated / "step-0", out / "step-0")
+    shutil.copy(evaluated / ".owner.json", out)
+    return step, out
+
+
 def test_broken_checkpoint_is_reported_and_skipped(run, evaluated, tmp_path, capsys):
-    broken = tmp_path / "broken"
-    (broken / "checkpoint").mkdir(parents=True)
-    shutil.copy(run / "run.json", broken)
-    os.symlink(run / "checkpoint" / "step-0", broken / "checkpoint" / "step-0")
-    corrupt = broken / "checkpoint" / "step-2"
-    shutil.copytree(run / "checkpoint" / "step-2", corrupt)
+    corrupt, out = copy_with_step_2(run, evaluated, tmp_path / "broken")
     shard = next(corrupt.glob("*.distcp"))
     with open(shard, "r+b") as f:
         f.truncate(1000)
-    out = broken / "evaluation"  # step 0 already done there: only the broken step is attempted
-    shutil.copytree(evaluated / "step-0", out / "step-0")
-    shutil.copy(evaluated / ".owner.json", out)
-    code, stdout, err = evaluate(broken, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    code, stdout, err = evaluate(tmp_path / "broken", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert code == 1
     assert f"skipped checkpoint: {shard}: truncated" in err
     assert "1 of 2 checkpoints could not be evaluated" in err
@@ -651,17 +657,9 @@ def test_a_diverged_checkpoint_is_skipped_in_one_line(run, evaluated, tmp_path, 
     ``--optimizer.lr 1e30``), or whose perplexity overflows lm-eval's ``exp``: skipped with one line naming it and
     the task, exit 1, nothing recorded for it (was: a NaN word perplexity and a garbage accuracy written, then a
     ``ValueError`` traceback, and every rerun refused as a hand-edited file; an ``OverflowError`` traceback)."""
-    diverged = tmp_path / "diverged"
-    (diverged / "checkpoint").mkdir(parents=True)
-    shutil.copy(run / "run.json", diverged)
-    os.symlink(run / "checkpoint" / "step-0", diverged / "checkpoint" / "step-0")
-    step = diverged / "checkpoint" / "step-2"
-    shutil.copytree(run / "checkpoint" / "step-2", step)
+    step, out = copy_with_step_2(run, evaluated, tmp_path / "diverged")
     scale_weights(step, factor, prefix)
-    out = diverged / "evaluation"  # step 0 already done there: only the diverged step is attempted
-    shutil.copytree(evaluated / "step-0", out / "step-0")
-    shutil.copy(evaluated / ".owner.json", out)
-    code, _, err = evaluate(diverged, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    code, _, err = evaluate(tmp_path / "diverged", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert code == 1 and "Traceback" not in err
     assert f"skipped checkpoint: {step}: {why}; a diverged or damaged model, nothing recorded" in err
     assert err.strip().splitlines()[-1] == f"dispersion_titan: error: 1 of 2 checkpoints could not be evaluated: {step}"
