@@ -493,6 +493,15 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
     moved = other.rename(tmp_path / "moved")
     code, stdout, _ = analyze("compare", run, moved, "--out", tmp_path / "cmp-moved", capsys=capsys)
     assert code == 0 and "moved (mlp 256, dispersion angular_spread λ=0.5)" in stdout, stdout
+    # Its analyses' record, which names their run, damaged by hand: one line naming it, as where a command writes.
+    record = moved / "condensation" / ".owner.json"
+    record.write_text("{")
+    assert_one_line_error(
+        *analyze("compare", run, moved, "--out", tmp_path / "bad", capsys=capsys)[::2],
+        f"{record}: unreadable (",
+        "restore it, or remove it and rerun",
+    )
+    assert not (tmp_path / "bad").exists()
 
 
 def test_ctrl_c_in_compare_or_family_says_out_is_as_it_was(tmp_path, capsys, monkeypatch):

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import format_table, results_folder, save_png, write_csv
-from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, rewritten
+from ..run_folder.owners import FolderOwner, read_owner, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses
@@ -48,13 +48,9 @@ def _details(result: Condensation, dump: str) -> str:
 
 
 def analysed_run(folder: str, result: Condensation) -> str:
-    """The run of an analyses folder: the one it sits in (moved since, or a copy), else the one its results name."""
-    parent = os.path.dirname(os.path.normpath(folder))
-    if os.path.basename(os.path.normpath(folder)) == "condensation" and os.path.isfile(
-        os.path.join(parent, RUN_METADATA_FILE)
-    ):
-        return parent
-    return result.run
+    """The run of an analyses folder: the owner it records, where that is now (moved, copied), else its results'."""
+    owner = read_owner(folder)
+    return owner.run if owner and owner.run else result.run
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
