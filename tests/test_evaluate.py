@@ -490,16 +490,15 @@ def test_a_killed_evaluations_export_is_removed_by_the_next_run(run, tmp_path, c
     argv = [str(run), "--include-path", str(TASKS), *OPTS, "--steps", "0", "--out", str(out)]
     job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.evaluate", *argv, env=OFFLINE)
     deadline = time.monotonic() + 300
-    while not list(out.glob(".hf-step-*/config.json")) and not job.done() and time.monotonic() < deadline:
+    while not list(out.glob(".staging.hf-step-*/config.json")) and not job.done() and time.monotonic() < deadline:
         time.sleep(0.02)
     pid = read_json(out / LOCK_NAME)["pid"]  # the evaluation's own process, as its writer lock records it
     os.kill(pid, signal.SIGKILL)
     assert job.result().returncode == -signal.SIGKILL
-    (left,) = out.glob(".hf-step-*")
-    assert left.name.startswith(f".hf-step-0.pid{pid}@")
+    assert len(list(out.glob(".staging.hf-step-0.*"))) == 1  # left by the killed evaluation
     code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--steps", "0", "--out", out, capsys=capsys)
     assert code == 0, err
-    assert not list(out.glob(".hf-*")) and (out / "step-0" / "results.json").exists()
+    assert not list(out.glob(".staging.*")) and (out / "step-0" / "results.json").exists()
 
 
 def test_other_settings_on_other_steps_are_refused_unless_force(run, evaluated, tmp_path, capsys):

@@ -12,9 +12,6 @@ import errno
 import functools
 import logging
 import os
-import re
-import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -49,11 +46,11 @@ from ..run_folder.outputs import (
     write_json,
 )
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
-from ..run_folder.writer_lock import COMMAND, pid_runs, refuse_if_busy
+from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import AUTOCAST, DTYPES, resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError, cause, say
 from ..utils.hub import PREFIX, HFSpec, hub_offline, loading, parse_spec
-from ..utils.records import differences
+from ..utils.records import STAGING, differences
 from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
 
 RESULT_FILE = "results.json"
@@ -413,10 +410,6 @@ def _check_shots(name: str, task: Any, shots: int | None) -> None:
         )
 
 
-# ``.hf-step-N.pidPID@HOST.RANDOM``: the owner is named, so a later run knows an abandoned one.
-_EXPORT = re.compile(r"^\.hf-.+\.pid(\d+)@(.+)\.[^.]+$")
-
-
 class NonFiniteLogits(Exception):
     """A forward of the model evaluated gave NaN or infinite logits."""
 
@@ -454,18 +447,13 @@ def bf16_autocast(model: Any, device_type: str) -> None:
 @contextmanager
 def hflm_location(source: str, parent: str) -> Iterator[tuple[str, str]]:
     """HFLM's ``pretrained`` and ``revision`` for ``source``: ``hf:MODEL[@REV]`` as it is; a checkpoint folder
-    exported inside ``parent`` (no small /tmp has to hold GPT-2 xl), once the exports there left by an
-    evaluation of this host that died (SIGKILL, OOM) are removed."""
+    exported into a ``STAGING`` folder inside ``parent`` (no small /tmp has to hold GPT-2 xl), which the next
+    command owning ``parent`` removes if this one dies (SIGKILL, OOM): ``owned``'s ``remove_stale_writes``."""
     if source.startswith(PREFIX):
         path, revision = hub_location(source)
         yield path, revision or "main"
         return
-    host = socket.gethostname()
-    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else []:
-        match = _EXPORT.match(name)
-        if match and match[2] == host and not pid_runs(int(match[1])):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    prefix = f".hf-{os.path.basename(source.rstrip('/'))}.pid{os.getpid()}@{host}."
+    prefix = f"{STAGING}hf-{os.path.basename(source.rstrip('/'))}."
     with tempfile.TemporaryDirectory(prefix=prefix, dir=parent, ignore_cleanup_errors=True) as folder:
         export_checkpoint(source, folder)
         yield folder, "main"
