@@ -120,7 +120,7 @@ def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run
         "--include-path",
         str(LM_EVAL_TASKS),
         "--tasks",
-        "wiki_next_word",
+        "wiki_next_word,wiki_text",
         "--limit",
         "4",
         "--num-fewshot",
@@ -139,9 +139,15 @@ def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run
         if "checkpoint_step" in items and any(k.startswith("evaluation/") for k in items)
     }
     assert sorted(by_step) == sorted(int(row["step"]) for row in summary) == [0, 2]
-    for row in summary:
-        scores = {f"evaluation/{k}": float(v) for k, v in row.items() if k != "step" and v != ""}
-        assert scores and {k: by_step[int(row["step"])][k] for k in scores} == scores
+    for row in summary:  # the scores unrounded, as results.json has them (was: summary.csv's 6 digits read back)
+        scores = json.loads((trained / "evaluation" / f"step-{row['step']}" / "results.json").read_text())["results"]
+        accuracy, perplexity = scores["wiki_next_word"]["acc,none"], scores["wiki_text"]["word_perplexity,none"]
+        assert perplexity != float(row["wiki_text/word_perplexity"])  # rounded there
+        assert {k: v for k, v in by_step[int(row["step"])].items() if k.startswith("evaluation/")} == {
+            "evaluation/wiki_next_word/acc": accuracy,
+            "evaluation/wiki_text/word_perplexity": perplexity,
+            "evaluation/mean_acc": accuracy,
+        }
     ((folder, media),) = [(folder, items) for folder, _, items in logged(trained) if "evaluation/summary" in items]
     logged_table = json.loads((folder / "files" / media["evaluation/summary"]["path"]).read_text())
     with open(trained / "evaluation" / "summary.csv", newline="") as f:

@@ -7,7 +7,6 @@ of that export), a Hugging Face model as it is."""
 from __future__ import annotations
 
 import argparse
-import csv
 import errno
 import functools
 import logging
@@ -135,10 +134,9 @@ class RunEvaluation:
             if todo and not self.objects:
                 self.objects = self.tasks.load(self.selection.num_fewshot)
             failed = self._evaluate(todo)
-        if self.options.wandb:  # each step's row of summary.csv, then the summary itself
-            with open(os.path.join(self.out, SUMMARY_FILE), newline="") as f:
-                rows = list(csv.DictReader(f))
-            per_step = {int(row.pop("step")): {k: float(v) for k, v in row.items() if v != ""} for row in rows}
+        if self.options.wandb:  # each step's row of summary.csv unrounded, then the summary itself
+            rows = map(summary_row, read_evaluations(self.out).values())
+            per_step = {row.pop("step"): {k: v for k, v in row.items() if v is not None} for row in rows}
             log_results(self.dump, "evaluate", "evaluation", per_step, self.out)
         return failed
 
@@ -313,12 +311,15 @@ def result_scores(result: dict) -> dict[str, float]:
     return task_scores(result["results"], settings(result)["tasks"])
 
 
+def summary_row(result: dict) -> dict:
+    """A step's scores and their mean accuracy (None: none is an accuracy)."""
+    scores = result_scores(result)
+    return {"step": result[OURS]["step"], **scores, "mean_acc": mean_accuracy(scores)}
+
+
 def write_summary(out: str, results: list[dict]) -> str:
     """One row per step; a column for every task any step was scored on."""
-    rows = []
-    for result in sorted(results, key=lambda r: r[OURS]["step"]):
-        scores = result_scores(result)
-        rows.append({"step": result[OURS]["step"], **scores, "mean_acc": mean_accuracy(scores)})
+    rows = [summary_row(result) for result in sorted(results, key=lambda r: r[OURS]["step"])]
     tasks = dict.fromkeys(key for row in rows for key in row if key not in ("step", "mean_acc"))
     path = os.path.join(out, SUMMARY_FILE)
     write_csv(path, [{key: row.get(key) for key in ("step", *tasks, "mean_acc")} for row in rows])
