@@ -32,6 +32,7 @@ from ..run_folder.checkpoints import (
     run_encoder,
 )
 from ..run_folder.outputs import (
+    SUMMARY_FILE,
     check_writable,
     ensure_writable,
     remove_empty,
@@ -66,7 +67,6 @@ from .measure import DecoderLayers, Measurement, geometry_mask, measure
 from .statistics import HIST_EDGES, HIST_RANGE, condensation, layer_row
 
 DEFAULT_SEQ_LEN = 512
-SUMMARY_FILE = "summary.csv"
 LOGGED_FILE = ".histograms.json"
 """In ``--tb-dir``: the result folders whose histograms it holds, each with its checkpoint's identity."""
 

@@ -36,6 +36,7 @@ from ..run_folder.outputs import (
     FORMAT,
     FORMAT_KEY,
     STEP_FOLDER,
+    SUMMARY_FILE,
     check_format,
     misplaced,
     read_json_files,
@@ -53,7 +54,6 @@ from ..utils.records import STAGING, differences
 from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
 
 RESULT_FILE = "results.json"
-SUMMARY_FILE = "summary.csv"
 OURS = "dispersion_titan"
 
 

@@ -28,6 +28,7 @@ STEP_FOLDER = re.compile(r"^step-(\d+)$")
 """A checkpoint's folder (``checkpoint/step-N``) and its results' (``OUT/step-N``)."""
 RESULT_FOLDER = re.compile(rf"{STEP_FOLDER.pattern}|^rev-.+$")
 """A result folder: a checkpoint's, or a Hugging Face revision's (``revision_folder``)."""
+SUMMARY_FILE = "summary.csv"
 Result = TypeVar("Result")
 FORMAT = 1
 """The shape of every record this package writes; raised when one changes (``check_format``)."""
