@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import os
 import re
+import signal
+import time
 import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -49,6 +53,7 @@ from dispersion_titan.planning.resource_plan import (
 )
 from dispersion_titan.planning.step_measure import measure_at
 from dispersion_titan.run_folder.checkpoints import complete_checkpoints, is_full
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.cli import assert_one_line_error, run_cli
 from support.launch import DEBUG_TOML, REPO, python_module, torchrun_script
@@ -129,6 +134,23 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
         out, err = capsys.readouterr()
         assert_one_line_error(done.value.code, err, message)
         assert out == "", out
+
+
+def test_ctrl_c_while_plan_measures_the_step_is_the_interrupted_line(tmp_path):
+    """The step is measured by the trainer, whose handlers only flag a signal for a training loop plan never runs:
+    Ctrl-C while it measured printed the plan, exit 0. Sent once the trainer is built (its temporary run folder,
+    in TMPDIR, holds ``run.json``): the command's one line, exit 130, the temporary folder gone."""
+    env = {"TMPDIR": str(tmp_path)}
+    plan = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.plan", DEBUG_TOML, env=env, command_line=True)
+    while not any(tmp_path.glob("plan_*/run.json")) and not plan.done():
+        time.sleep(0.005)
+    assert not plan.done(), plan.result().stderr[-3000:]
+    (lock,) = tmp_path.glob(f"plan_*/{LOCK_NAME}")
+    os.kill(json.loads(lock.read_text())["pid"], signal.SIGINT)
+    done = plan.result()
+    assert (done.returncode, done.stdout) == (130, ""), done.stderr[-3000:]
+    assert done.stderr == "dispersion_titan: interrupted; nothing was written\n"
+    assert not any(tmp_path.glob("plan_*"))
 
 
 def test_an_unknown_option_like_no_key_says_where_the_keys_are():

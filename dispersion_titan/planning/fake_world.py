@@ -25,6 +25,7 @@ from ..components.titan_compat import stand_in_family
 from ..tokenizer.encoders import tokenizer_folder
 from ..trainer.preemption import DEFAULT_SIGNAL, SIGNAL_ENV, parse_signal
 from ..trainer.trainer import DispersionTrainer
+from ..utils.errors import INTERRUPT_SIGNALS
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -66,6 +67,18 @@ def _process_state(world: int) -> Iterator[None]:
             gc.enable()
 
 
+def _interrupts_to_the_command(trainer: DispersionTrainer, handlers: dict[int, object]) -> None:
+    """The trainer's handlers only flag SIGINT and SIGTERM for a training loop, which this trainer never runs: a
+    Ctrl-C during plan's measurement was ignored, the plan printed, exit 0. The command's handlers again, and a
+    signal the trainer flagged while it was built ends the command now, as they would have."""
+    for signum, handler in handlers.items():
+        if handler is not None:  # None: not set from Python
+            signal.signal(signum, handler)
+    received = trainer.preemption.received
+    if received in INTERRUPT_SIGNALS:
+        raise KeyboardInterrupt(int(received))
+
+
 @contextlib.contextmanager
 def rank_zero_trainer(
     job_config: RunConfig, world: int, fake: FakeTensorMode | None = None
@@ -88,9 +101,11 @@ def rank_zero_trainer(
     with _process_state(world), tempfile.TemporaryDirectory(prefix="plan_") as dump:
         c.job.dump_folder = dump
         trainer = None
+        handlers = {s: signal.getsignal(s) for s in INTERRUPT_SIGNALS}
         try:
             with fake or contextlib.nullcontext():
                 trainer = _RankZero(c)
+            _interrupts_to_the_command(trainer, handlers)
             yield trainer
         finally:
             if trainer is not None:
