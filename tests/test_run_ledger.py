@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,7 @@ import pytest
 from dispersion_titan.run_folder.checkpoints import checkpoint_identity
 from dispersion_titan.run_folder.owners import record_run_folders
 from dispersion_titan.run_folder.settings import fork_source, holds_an_initialisation
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import ConfigError, RenamedCheckpointError
 from support.cli import analyze, assert_one_line_error
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
@@ -92,6 +97,30 @@ def test_changed_settings_are_refused_in_one_line_and_change_nothing(reference_r
         "purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
     )
     assert sha256_tree(reference_run) == before
+
+
+def test_a_run_that_saved_no_step_relaunches_with_corrected_settings(tmp_path):
+    """A launch that ended before its first save (its rank killed at step 1, out of memory) left ``run.json``: a
+    relaunch with corrected settings was refused as "started with other settings", with nothing to keep. It trains,
+    and its settings are the run's from then on: once it saved a step, the first launch's are refused."""
+    dump = tmp_path / "run"
+    first = ("--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--validation.no-enable")
+    first += ("--checkpoint.no-save-initial",)  # the first save: step 5
+    killed = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.train", *first, timeout=300)
+    while not (dump / "run.json").exists() and not killed.done():
+        time.sleep(0.005)
+    assert not killed.done(), killed.result().stderr[-3000:]
+    os.kill(json.loads((dump / LOCK_NAME).read_text())["pid"], signal.SIGKILL)
+    assert killed.result().returncode != 0 and not (dump / "checkpoint").exists()
+    corrected = ("--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.5", "--training.steps", "1")
+    again = python_module("dispersion_titan.train", *first, *corrected, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (dump / "checkpoint" / "step-1" / ".metadata").is_file()
+    assert one_line(python_module("dispersion_titan.train", *first, "--check-only", timeout=300)) == (
+        f"dispersion_titan: error: run folder {dump} was started with other settings: dispersion.coeff 0.5 -> 0.0, "
+        'dispersion.variant "angular_spread" -> "none"; relaunch with the same settings, or branch on purpose with '
+        "--job.fork_from RUN[@STEP] into a new --job.dump_folder"
+    )
 
 
 def test_records_of_another_format_are_refused(reference_run, tmp_path, capsys):

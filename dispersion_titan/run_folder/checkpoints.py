@@ -177,9 +177,9 @@ def save_run_metadata(
 ) -> None:
     """Write ``run.json``: what the analysis, the converter and the reports need to know of a run
     (head count cannot be read off weights). The ledger (``LEDGER_KEYS``) is kept from the first
-    launch; ``paths`` (``owners.outside_folders``) is added to those recorded before."""
+    launch that saved a step; ``paths`` (``owners.outside_folders``) is added to those recorded before."""
     first = recorded_run(folder) or {}
-    ledger = {key: first[key] for key in LEDGER_KEYS if key in first}
+    ledger = {} if saved_nothing(folder, first) else {key: first[key] for key in LEDGER_KEYS if key in first}
     fields = {k: v for k, v in dataclasses.asdict(args).items() if not k.startswith("_")}
     paths = {**(first.get("paths") or {}), **(paths or {})}
     metadata = {
@@ -238,6 +238,15 @@ def recorded_run(dump_folder: str) -> dict[str, Any] | None:
     if not os.path.isfile(os.path.join(dump_folder, RUN_METADATA_FILE)):
         return None
     return load_run_metadata(dump_folder)
+
+
+def saved_nothing(dump_folder: str, metadata: dict[str, Any]) -> bool:
+    """Whether the run of ``metadata`` (its ``run.json``) checkpoints but its launches all ended before the first
+    save (a typo met at rank start, a rank killed at step 1): nothing of it to keep, so its ledger does not bind
+    the next launch, which starts it anew with its own settings."""
+    if metadata.get(SAVED_KEY) or not (metadata.get("settings") or {}).get("checkpoint.enable", True):
+        return False
+    return not complete_checkpoints(run_paths(dump_folder)["checkpoint.folder"])
 
 
 def dispersion_variant(run_dir: str) -> str | None:

@@ -24,6 +24,7 @@ from .checkpoints import (
     load_run_metadata,
     recorded_run,
     run_of,
+    saved_nothing,
 )
 from .outputs import STEP_FOLDER
 from .owners import empty
@@ -74,7 +75,7 @@ def _shown(value: Any) -> str:
 def check_same_settings(dump_folder: str, job_config: Any) -> None:
     """Refuse, in one line listing the differing keys, a relaunch whose settings are not the recorded ones."""
     recorded = recorded_run(dump_folder)
-    if recorded is None:
+    if recorded is None or saved_nothing(dump_folder, recorded):
         return
     before, now, missing = recorded["settings"], run_settings(job_config), object()
     changes = [  # ``key old -> new`` outside the allow-list, a key one side lacks included
@@ -130,9 +131,10 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
     recorded one, on a relaunch), the run folder checked new or empty; whether there is a fork."""
     dump = os.path.abspath(job_config.job.dump_folder)
     recorded = recorded_run(dump)
+    anew = recorded is not None and saved_nothing(dump, recorded)
     earlier = (recorded or {}).get("forked_from")
     spec = job_config.job.fork_from
-    if earlier is not None:  # a relaunch of a forked run goes on from the same checkpoint
+    if earlier is not None and not (anew and spec):  # a forked run relaunched goes on from the same checkpoint
         run, step = parse_fork(spec) if spec else (earlier["run"], None)
         if not _same_source(run, earlier) or step not in (None, earlier["step"]):
             raise ConfigError(
@@ -150,8 +152,10 @@ def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
                 f"job.fork_from: {spec}: a run cannot be forked into its own folder; "
                 "give the fork a new --job.dump_folder"
             )
-        # Rank 0 looks before anything of this launch is written (other ranks may see rank 0's files).
-        if recorded is not None or (os.environ.get("RANK", "0") == "0" and not empty(dump)):
+        # Rank 0 looks before anything of this launch is written (other ranks may see rank 0's files); a run that
+        # saved nothing is started anew.
+        occupied = recorded is None and os.environ.get("RANK", "0") == "0" and not empty(dump)
+        if occupied or (recorded is not None and not anew):
             raise ConfigError(
                 f"job.fork_from: {dump} is not empty; a fork starts a new run, "
                 "so give it a new or empty --job.dump_folder"
