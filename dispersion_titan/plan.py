@@ -18,7 +18,6 @@ GPU_CHOICES = tuple(GPUS)
 
 def plan_parser() -> OneLineErrorParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.plan", description=__doc__.split("\n\n")[0])
-    p.error_prefix = "plan"
     p.add_argument("config", help="a training TOML, e.g. train_configs/gpt2_small_mlp3072.toml")
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of the run, all nodes together (default 1)")
     p.add_argument("--nodes", type=positive_int, help="nodes they are on (default: 8 GPUs a node)")

@@ -34,7 +34,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="After --, training overrides for every cell, e.g. -- --training.steps 1000",
     )
-    p.error_prefix = "sweep"
     p.add_argument("file", nargs="?", metavar="SWEEP.toml", help="TOML file with the keys below (flags win)")
     p.add_argument("--config", help="training TOML shared by every cell")
     p.add_argument(
@@ -89,7 +88,7 @@ def _refuse(key: str, message: str) -> NoReturn:
     raise ArgumentError(f"{key}: {message}")
 
 
-@command("the jobs submitted so far stay queued (their ids are above; scancel them to start over)", prog="sweep")
+@command("the jobs submitted so far stay queued (their ids are above; scancel them to start over)")
 def main(argv: list[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing: --help and typos answer without torch and TorchTitan (seconds).

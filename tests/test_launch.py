@@ -345,7 +345,7 @@ def test_sweep_bad_input_is_one_line(tmp_path):
     # Submitted where Slurm is not (no sbatch on PATH): one line, exit 2, no sweep folder to block the rerun.
     proc = sweep(toml, *one_cell, "--out", str(tmp_path / "s"), env={"PATH": sys.prefix + "/bin"})
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        "sweep: error: sbatch: not found (no Slurm here); submit from a login node, or see --dry-run"
+        "dispersion_titan: error: sbatch: not found (no Slurm here); submit from a login node, or see --dry-run"
     ]
     assert not (tmp_path / "s").exists()
 
@@ -364,7 +364,7 @@ def test_a_second_sweep_on_the_same_folder_submits_nothing(tmp_path):
             str(REPO / "launch" / "sweep_example.toml"), *one_cell, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}
         )
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
-    assert f"sweep: error: {out}: another command is writing here (PID {pid} on" in proc.stderr
+    assert f"dispersion_titan: error: {out}: another command is writing here (PID {pid} on" in proc.stderr
     assert not (tmp_path / "submitted").exists() and not (out / "sweep.json").exists()
 
 
@@ -384,14 +384,14 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
     assert "# submitted before: submitted again, only the jobs Slurm no longer holds are" in dry.stdout.splitlines()
     other = sweep(toml, *one_cell, "--out", str(out), "--seeds", "1", env=env)
     assert other.returncode == 2 and other.stderr.strip().splitlines() == [
-        f"sweep: error: out: {out} holds a sweep submitted with other settings (the w64-baseline-s1 train job "
-        "differs from its sweep.json); give the sweep a new folder, or its own settings to submit its stopped "
+        f"dispersion_titan: error: out: {out} holds a sweep submitted with other settings (the w64-baseline-s1 train "
+        "job differs from its sweep.json); give the sweep a new folder, or its own settings to submit its stopped "
         "jobs again"
     ]
     shutil.copytree(out, tmp_path / "copy", symlinks=True)
     copy = sweep(toml, *one_cell, "--out", str(tmp_path / "copy"), env=env)
     assert copy.returncode == 2 and copy.stderr.strip().splitlines() == [
-        f"sweep: error: out: {tmp_path / 'copy'} holds the sweep submitted into {out} (copied or moved: its "
+        f"dispersion_titan: error: out: {tmp_path / 'copy'} holds the sweep submitted into {out} (copied or moved: its "
         "sweep.json's jobs write there); submit it there again, or give the sweep a new folder"
     ]
     assert len(calls.read_text().splitlines()) == 5
@@ -415,7 +415,7 @@ def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp
     args = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
     first = sweep(*args, "--out", str(out), "--evaluate-sbatch-arg=--partition=bad", env=env)  # evaluate: 3rd
     assert first.returncode == 2 and first.stderr.strip().splitlines() == [
-        "sweep: error: sbatch (w64-baseline-s0 evaluate): sbatch: error: invalid partition specified: bad; "
+        "dispersion_titan: error: sbatch (w64-baseline-s0 evaluate): sbatch: error: invalid partition specified: bad; "
         "submitted so far: 101 102 (scancel 101 102); fix the cause and submit the sweep again for the rest"
     ], first.stderr
     recorded = json.loads((out / "sweep.json").read_text())
@@ -452,7 +452,8 @@ def test_ctrl_c_while_sbatch_submits_records_the_job_it_queued(tmp_path):
     os.killpg(os.getpgid(int(parent.read_text())), signal.SIGINT)  # the sweep's process group, as a terminal's
     done = job.result()
     assert done.returncode == 130 and done.stderr.strip().splitlines() == [
-        "sweep: interrupted; the jobs submitted so far stay queued (their ids are above; scancel them to start over)"
+        "dispersion_titan: interrupted; the jobs submitted so far stay queued (their ids are above; scancel them to "
+        "start over)"
     ], done.stderr
     assert re.findall(r"^\s*(\d+)  ", done.stdout, re.MULTILINE) == ["101", "102"]
     recorded = json.loads((out / "sweep.json").read_text())
@@ -476,8 +477,8 @@ def test_a_sweep_folder_whose_manifest_is_unreadable_submits_nothing(tmp_path):
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
     proc = sweep(str(REPO / "launch" / "sweep_example.toml"), *one_cell, env=env)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
-        f"sweep: error: out: {out / 'sweep.json'}: unreadable (JSONDecodeError: Unterminated string starting at: "
-        "line 1 column 12 (char 11)); give the sweep a new folder"
+        f"dispersion_titan: error: out: {out / 'sweep.json'}: unreadable (JSONDecodeError: Unterminated string "
+        "starting at: line 1 column 12 (char 11)); give the sweep a new folder"
     ], proc.stderr
     assert not (tmp_path / "submitted").exists() and (out / "sweep.json").read_text() == '{"config": "'
 

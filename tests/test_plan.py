@@ -116,6 +116,7 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
         ),
         ((config, "--gpus", "64", "--tp", "8"), "model.n_heads: 12 is not divisible by parallelism.tensor_parallel_"),
         ((config, "--gpus", "64", "--nodes", "3"), "--nodes: 64 GPUs do not split evenly over 3 nodes"),
+        ((config, "--gpus", "0"), "argument --gpus: '0' is not a positive integer"),  # was "plan: error: ..."
         ((config, "--gpus", "128"), "training.global_batch_size: 64 sequences cannot be split over 128 data-parall"),
         (
             ("--training.steps", "100", config),

@@ -156,10 +156,8 @@ def with_config_module(args: list[str], toml: dict) -> list[str]:
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse whose usage errors end like every other error here: one line, exit 2."""
 
-    error_prefix = "dispersion_titan"
-
     def error(self, message: str) -> None:
-        fail(message, prog=self.error_prefix)
+        fail(message)
 
 
 def positive_int(text: str) -> int:

@@ -133,15 +133,15 @@ def say(message: str) -> None:
         print(f"dispersion_titan: {message}", file=sys.stderr, flush=True)
 
 
-def fail_with(error: DispersionTitanError, prog: str = "dispersion_titan") -> NoReturn:
+def fail_with(error: DispersionTitanError) -> NoReturn:
     """``fail`` with the first line of ``error`` and its status."""
-    fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status, prog)
+    fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status)
 
 
 REDELIVERY_S = 0.01
 
 
-def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main], Main]:
+def command(interrupted: str) -> Callable[[Main], Main]:
     """The one error handling of a command's ``main``, never a traceback: a ``DispersionTitanError`` in
     one line with its status, Ctrl-C or SIGTERM in one line saying ``interrupted`` (what is kept, how to go on)."""
 
@@ -154,9 +154,9 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
                 with _interruptible():
                     return main(*args, **kwargs)
             except DispersionTitanError as e:
-                fail_with(e, prog)
+                fail_with(e)
             except KeyboardInterrupt as e:
-                print(f"{prog}: interrupted; {interrupted}", file=sys.stderr, flush=True)
+                print(f"dispersion_titan: interrupted; {interrupted}", file=sys.stderr, flush=True)
                 sys.exit(interrupted_exit_code(interrupt_signal(e)))
             except Exception as e:
                 full = no_room(e)
@@ -164,7 +164,7 @@ def command(interrupted: str, prog: str = "dispersion_titan") -> Callable[[Main]
                     raise
                 where = f" writing {full.filename}" if full.filename else ""
                 advice = f"{WRITE_ADVICE[full.errno]}; {interrupted}"
-                fail(f"{os.strerror(full.errno).lower()}{where}; {advice}", WRITE_FAILED, prog)
+                fail(f"{os.strerror(full.errno).lower()}{where}; {advice}", WRITE_FAILED)
             finally:
                 sys.unraisablehook = hook
 
