@@ -30,7 +30,6 @@ from dispersion_titan.utils.errors import (
     RunFinished,
     command,
     fail,
-    interrupted_exit_code,
     run_command,
     say,
 )
@@ -71,17 +70,9 @@ def end_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _stop_before_training(signum: int, frame: object) -> None:
-    """Ctrl-C or SIGTERM before the trainer's own handlers: one line, not a traceback."""
-    say("interrupted before training started; nothing saved")
-    raise SystemExit(interrupted_exit_code(signum))
-
-
-@command("nothing saved")
+@command("nothing saved", when="before training started")  # the trainer's handlers say the step once it has one
 def main() -> None:
     end_with_launcher()  # a rank never outlives torchrun's launcher
-    for signum in (signal.SIGINT, signal.SIGTERM):  # also where a background job inherited SIG_IGN
-        signal.signal(signum, _stop_before_training)
     argv = sys.argv[1:]
     check_only = CHECK_ONLY in argv
     if any(a in HELP_FLAGS for a in argv):

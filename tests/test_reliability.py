@@ -322,6 +322,45 @@ def test_interrupt_without_checkpointing_says_so(tmp_path):
     assert not (dump / "checkpoint").exists()
 
 
+IN_TYRO = """
+import os, signal, sys, threading, time
+from dispersion_titan.train import main
+from dispersion_titan.utils.errors import run_command
+def ctrl_c_in_tyro():  # once TorchTitan's parser (tyro) is on the main thread's stack: Ctrl-C
+    while True:
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        while frame is not None and "/tyro/" not in frame.f_code.co_filename:
+            frame = frame.f_back
+        if frame is not None:
+            return os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.001)
+threading.Thread(target=ctrl_c_in_tyro, daemon=True).start()
+run_command(main)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment, signum", [("parsing", signal.SIGINT), ("checked", signal.SIGTERM)])
+def test_an_interrupt_before_training_starts_is_one_line(tmp_path, moment, signum):
+    """Ctrl-C while TorchTitan parses the options, or SIGTERM once the launch is checked (its writer lock taken), before
+    the trainer's handlers: one line saying so, exit 128 + the signal, nothing saved. Train's own handler raised
+    SystemExit, which the parse takes for tyro's exit on a bad flag: ``dispersion_titan: error: dispersion_titan:
+    interrupted before training started; nothing saved``, exit 2; now the handler of every command."""
+    dump, script = tmp_path / "run", tmp_path / "ctrl_c_in_tyro.py"
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--validation.no-enable"]
+    if moment == "parsing":
+        script.write_text(IN_TYRO)
+        job = ThreadPoolExecutor(1).submit(python_module, str(script), *argv, timeout=300)
+    else:
+        job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.train", *argv, timeout=300)
+        os.kill(holder_pid(dump, job), signum)
+    done = job.result()
+    assert done.returncode == 128 + signum and "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == "dispersion_titan: interrupted before training started; nothing saved", done.stderr[-3000:]
+    assert not (dump / "checkpoint").exists()
+
+
 ANALYZE_CASE = (
     "dispersion_titan.analyze",
     (*ANALYSIS, "--tb-dir", "{tmp}/tb"),

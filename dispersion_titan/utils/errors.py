@@ -141,9 +141,10 @@ def fail_with(error: DispersionTitanError) -> NoReturn:
 REDELIVERY_S = 0.01
 
 
-def command(interrupted: str) -> Callable[[Main], Main]:
+def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
     """The one error handling of a command's ``main``, never a traceback: a ``DispersionTitanError`` in
-    one line with its status, Ctrl-C or SIGTERM in one line saying ``interrupted`` (what is kept, how to go on)."""
+    one line with its status, Ctrl-C or SIGTERM in one line saying ``interrupted`` (``when``, what is kept, how
+    to go on), from global rank 0 alone (torchrun stops every rank of ``train``)."""
 
     def wrap(main: Main) -> Main:
         @functools.wraps(main)
@@ -156,7 +157,7 @@ def command(interrupted: str) -> Callable[[Main], Main]:
             except DispersionTitanError as e:
                 fail_with(e)
             except KeyboardInterrupt as e:
-                print(f"dispersion_titan: interrupted; {interrupted}", file=sys.stderr, flush=True)
+                say(f"interrupted{f' {when}' if when else ''}; {interrupted}")
                 sys.exit(interrupted_exit_code(interrupt_signal(e)))
             except Exception as e:
                 full = no_room(e)
