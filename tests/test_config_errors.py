@@ -433,6 +433,12 @@ CRASHES = [
     ({"comm.init_timeout_seconds": 0}, "comm.init_timeout_seconds: must be >= 1, got 0"),
     ({"lr_scheduler.total_steps": 0}, "lr_scheduler.total_steps: must be >= 1, got 0"),
     ({"training.steps": -1}, "training.steps: must be >= 0, got -1"),
+    # read silently by TorchTitan: a schedule decaying past the run, to 2× or below 0 at its end
+    ({"lr_scheduler.warmup_steps": -1}, "lr_scheduler.warmup_steps: must be >= 0, got -1"),
+    ({"checkpoint.keep_latest_k": -1}, "checkpoint.keep_latest_k: must be >= 0, got -1"),
+    ({"lr_scheduler.min_lr_factor": 2.0}, "lr_scheduler.min_lr_factor: must be in [0, 1], got 2.0"),
+    ({"lr_scheduler.min_lr_factor": -1.0}, "lr_scheduler.min_lr_factor: must be in [0, 1], got -1.0"),
+    ({"lr_scheduler.decay_ratio": -0.5}, "lr_scheduler.decay_ratio: must be in [0, 1], got -0.5"),
     ({"profiling.enable_profiling": True, "profiling.profile_freq": 1}, "profiling.profile_freq: 1 is less than"),
     (
         {"activation_checkpoint.mode": "selective", "activation_checkpoint.selective_ac_option": "2x"},

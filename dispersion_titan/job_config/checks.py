@@ -40,6 +40,7 @@ def torch_release() -> tuple[int, int]:
 INFINITY_MEANS = {"training.max_norm": "no gradient clipping"}
 AT_LEAST = {
     **dict.fromkeys(("training.steps", "training.max_local_batch_size", "released.gpus"), 0),
+    **dict.fromkeys(("lr_scheduler.warmup_steps", "checkpoint.keep_latest_k"), 0),  # TorchTitan reads below 0 silently
     **dict.fromkeys(("training.local_batch_size", "validation.local_batch_size"), 0),  # 0 derives it
     **dict.fromkeys(("optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "baseline.noise_alpha"), 0),
     **dict.fromkeys(("checkpoint.interval", "validation.freq", "metrics.log_freq", "training.gc_freq"), 1),
@@ -48,6 +49,8 @@ AT_LEAST = {
     **{f"model.{key}": 0 for key in SHAPE_KEYS if key != "tie_embeddings"},  # 0 keeps the flavor's
 }
 """The least value of numeric settings (None: unset)."""
+FRACTIONS = ("lr_scheduler.min_lr_factor", "lr_scheduler.decay_ratio")
+"""Settings in [0, 1]: outside it TorchTitan's schedule ends above the peak lr or below 0, or decays past the run."""
 DERIVED = ("parallelism.data_parallel_replicate_degree", "training.local_batch_size", "validation.local_batch_size")
 """The keys the checks resolve from the config's other values (-1 or 0 in it), said at launch."""
 
@@ -65,6 +68,10 @@ def check_numbers(config: RunConfig) -> None:
         value = value_of(config, key)
         if value is not None and value < least:
             raise ConfigError(f"{key}: must be >= {least}, got {value}")
+    for key in FRACTIONS:
+        value = value_of(config, key)
+        if value is not None and not 0 <= value <= 1:
+            raise ConfigError(f"{key}: must be in [0, 1], got {value}")
     if not config.training.max_norm > 0:  # torch scales the gradients by max_norm / norm, whatever its sign
         raise ConfigError(
             f"training.max_norm: must be > 0 (inf: no clipping), got {config.training.max_norm}: "
