@@ -377,6 +377,14 @@ REFUSALS = [
         toml="[model\nname = 'gpt2'\n",
         error=ArgumentError,
     ),
+    Refusal(  # saved "UTF-8 with BOM" (was tomllib's "Invalid statement (at line 1, column 1)")
+        ["--job.config_file", "{toml}"],
+        "--job.config_file: {toml}: starts with a byte order mark (BOM), which TOML does not allow; "
+        "save it as UTF-8 without BOM",
+        toml="\ufeff[model]\nname = 'gpt2'\n",
+        error=ArgumentError,
+        how="is",
+    ),
     # command-line flags: unknown, or of the wrong type
     Refusal([*DEBUG, "--training.steps", "many"], "training.steps: 'many' is not an integer", error=ArgumentError),
     Refusal([*DEBUG, "--training.stepz", "3"], "--training.stepz", error=ArgumentError, how="holds"),

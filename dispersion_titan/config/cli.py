@@ -5,6 +5,7 @@ TorchTitan does not check (our own sections, ``OWN_SECTIONS``, before it is impo
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
 import difflib
 import os
@@ -126,6 +127,12 @@ def read_toml(path: str, field: str) -> dict:
     except IsADirectoryError:
         raise ArgumentError(f"{field}: {path}: is a directory") from None
     except tomllib.TOMLDecodeError as e:
+        with open(path, "rb") as f:
+            if f.read(3) == codecs.BOM_UTF8:  # "UTF-8 with BOM": tomllib says "Invalid statement"
+                raise ArgumentError(
+                    f"{field}: {path}: starts with a byte order mark (BOM), which TOML does not allow; "
+                    "save it as UTF-8 without BOM"
+                ) from None
         raise ArgumentError(f"{field}: {path}: invalid TOML: {e}") from None
     except UnicodeDecodeError as e:
         raise ArgumentError(

@@ -164,6 +164,8 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         if not isinstance(value, str) or not value.strip():  # not sbatch's --partition=['a']
             raise ArgumentError(f"{key}: expected a {what} in quotes, got {value!r}")
     config = Path(raw["config"]).expanduser().resolve()
+    if config.is_dir():
+        raise ArgumentError(f"config: {raw['config']} is a folder; give the training TOML file itself")
     if not config.is_file():
         raise ArgumentError(f"config: {raw['config']}: no such file")
     stamp = time.strftime("%Y%m%d-%H%M%S")
