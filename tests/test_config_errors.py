@@ -377,6 +377,11 @@ REFUSALS = [
         toml="[model\nname = 'gpt2'\n",
         error=ArgumentError,
     ),
+    Refusal(  # the value given, not 0 (was "got 0" for any value below 1)
+        [*job_args(MIDTRAIN_TOML), "--profile", "cpu", "--released.train_tokens", "-1"],
+        "released.train_tokens: must be >= 1 with released.per_device_train_batch_size, got -1",
+        how="is",
+    ),
     Refusal(  # a value --profile cpu covers is still the file's: refused as plan and a GPU launch refuse it
         ["--job.config_file", "{toml}", "--profile", "cpu"],
         "compile.enable: expected bool, got 'false' (in {toml})",

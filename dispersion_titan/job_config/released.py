@@ -54,7 +54,9 @@ def resolve(config: RunConfig, dp: int) -> None:
         return
     for key in REQUIRED:
         if getattr(r, key) < 1:
-            raise ConfigError(f"released.{key}: must be >= 1 with released.per_device_train_batch_size, got 0")
+            raise ConfigError(
+                f"released.{key}: must be >= 1 with released.per_device_train_batch_size, got {getattr(r, key)}"
+            )
     if not (r.lr > 0 and 0 <= r.warmup_ratio <= 1):
         raise ConfigError(
             f"released.lr, released.warmup_ratio: need lr > 0 and a ratio in [0, 1], got {r.lr}, {r.warmup_ratio}"
