@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config.cli import load_toml, with_config_module
+from ..config.cli import load_toml, read_toml, with_config_module
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import validated_args
@@ -168,6 +168,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         raise ArgumentError(f"config: {raw['config']} is a folder; give the training TOML file itself")
     if not config.is_file():
         raise ArgumentError(f"config: {raw['config']}: no such file")
+    read_toml(str(config), "config")  # not TOML: named as the key given, not as each cell's --job.config_file
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(raw.get("out") or f"outputs/sweep-{config.stem}-{stamp}").expanduser().resolve()
     refuse_used(out)
