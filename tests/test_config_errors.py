@@ -382,12 +382,6 @@ REFUSALS = [
         "released.train_tokens: must be >= 1 with released.per_device_train_batch_size, got -1",
         how="is",
     ),
-    Refusal(  # a value --profile cpu covers is still the file's: refused as plan and a GPU launch refuse it
-        ["--job.config_file", "{toml}", "--profile", "cpu"],
-        "compile.enable: expected bool, got 'false' (in {toml})",
-        toml='[model]\nname = "gpt2"\n[compile]\nenable = "false"\n',
-        how="is",
-    ),
     Refusal(  # saved "UTF-8 with BOM" (was tomllib's "Invalid statement (at line 1, column 1)")
         ["--job.config_file", "{toml}"],
         "--job.config_file: {toml}: starts with a byte order mark (BOM), which TOML does not allow; "

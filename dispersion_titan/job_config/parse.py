@@ -13,15 +13,7 @@ from typing import TYPE_CHECKING
 from torchtitan.protocols.train_spec import get_train_spec
 
 from ..components import titan_compat
-from ..config.cli import (
-    CONFIG_MODULE,
-    check_toml_types,
-    config_file,
-    given_keys,
-    load_toml,
-    read_toml,
-    without_profile,
-)
+from ..config.cli import CONFIG_MODULE, check_toml_types, config_file, given_keys, load_toml, without_profile
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
 from ..run_folder.owners import refuse_other_owners
@@ -124,10 +116,7 @@ def _switch_given_a_value(args: list[str]) -> str | None:
 def parse_job_config(args: list[str], toml: dict) -> RunConfig:
     """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections on ``toml`` (already read):
     its types checked first, tyro's boxed errors in one line."""
-    config_class, path = titan_compat.merged_job_config_class(CONFIG_MODULE), config_file(args)
-    if path is not None:  # the file's own values, some of which --profile covers (a CPU run, a GPU run without it)
-        check_toml_types(config_class, read_toml(path, "--job.config_file"), path)
-    check_toml_types(config_class, toml, path)
+    check_toml_types(titan_compat.merged_job_config_class(CONFIG_MODULE), toml, config_file(args))
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
