@@ -372,6 +372,8 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
     code, _, err = evaluate(f"hf:{model}", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert_one_line_error(code, err, f"--out: {out}: step-0 was evaluated from another checkpoint", "--force")
     assert tree(out) == before
+    code, _, err = run_cli(evaluate_main, "table", "--pretrained", out, "--out", tmp_path / "t2", capsys=capsys)
+    assert_one_line_error(code, err, f"again with python -m dispersion_titan.evaluate hf:{model} --out {out} --force")
 
 
 def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
@@ -610,7 +612,7 @@ def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_pat
         err,
         f"{moved / 'evaluation'}: step 2 was evaluated from another checkpoint than "
         f"{moved / 'checkpoint' / 'step-2'} holds now",
-        "--force",
+        f"again with python -m dispersion_titan.evaluate {moved} --out {moved / 'evaluation'} --force",
     )
     assert not (tmp_path / "t2").exists()
 

@@ -154,14 +154,15 @@ def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
     its run, which may have moved since)."""
     for ours in (run.results[weighed_step][OURS] for weighed_step in weighed):
         if ours["run"].startswith(PREFIX):  # a Hugging Face model, evaluated as published
-            here = ours["checkpoint"]
+            here, target = ours["checkpoint"], ours["run"]
         else:
             here = os.path.join(run.dump, os.path.relpath(ours["checkpoint"], ours["run"]))
+            target = run.dump
         if source_changed(ours, here):
             raise EvaluationError(
                 f"{run.folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
                 "holds now (saved again or replaced since); evaluate it again with "
-                "python -m dispersion_titan.evaluate RUN --force"
+                f"python -m dispersion_titan.evaluate {target} --out {run.folder} --force"
             )
     result = run.results[step]
     return RunScores(run.run, step, result_scores(result), settings(result))
