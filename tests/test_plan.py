@@ -45,7 +45,7 @@ from dispersion_titan.planning import resource_plan
 from dispersion_titan.planning.dry_run import dry_run_step
 from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, term_seconds
 from dispersion_titan.planning.resource_plan import (
-    FULL_BYTES_PER_PARAM,
+    MOMENT_BYTES_PER_PARAM,
     checkpoint_disk,
     nodes_of,
     resolve_layout,
@@ -276,26 +276,30 @@ def test_a_micro_batch_that_does_not_fit_is_refused_in_one_line():
 
 def test_checkpoint_disk_is_counted_from_the_config():
     """gpt2_small_mlp3072: steps 0, 500, ..., 4500 full (weights and AdamW's two moments, fp32),
-    5000 weights only: the ~15 GB its comment states."""
+    5000 weights only: the ~17 GB its comment states."""
     args = plan_args(str(REPO / "train_configs" / "gpt2_small_mlp3072.toml"))
     job = validated_args(args, 64)
     params = 124_475_904  # GPT-2 small with MLP 3072 and 50,304 rows, the tie counted once
-    disk = checkpoint_disk(job, params)
+    saved = params + 50_304 * 768  # its state dict, as DCP saves it: the tied embedding also as the head
+    disk = checkpoint_disk(job, params, saved)
     assert (disk.full, disk.model_only) == (10, 1)
-    assert disk.bytes == params * (10 * FULL_BYTES_PER_PARAM + 4) and 14e9 < disk.bytes < 16e9
+    assert disk.bytes == 11 * 4 * saved + 10 * MOMENT_BYTES_PER_PARAM * params and 16e9 < disk.bytes < 18e9
 
 
 @pytest.mark.parametrize("overrides", [(), ("--checkpoint.no-save_initial",)])
 def test_a_run_of_0_steps_is_planned_with_the_checkpoints_it_saves(tmp_path, overrides):
     """``--training.steps 0``: the plan counts what train saves, a full step 0 or nothing (was
-    '0 full + 1 weights-only', a final save that never happens)."""
+    '0 full + 1 weights-only', a final save that never happens), and its size within 5% of the files
+    (was 26% under them: the tied embedding, which DCP saves again as the head, counted once)."""
     args = ("--training.steps", "0", *overrides)
     dump = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(tmp_path)]
     proc = python_module("dispersion_titan.train", *dump, *args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     saved = [is_full(c.path) for c in complete_checkpoints(str(tmp_path / "checkpoint"))]
-    disk = checkpoint_disk(validated_args(plan_args(DEBUG_TOML, None, args), 1), 1.0)
+    disk = resource_plan.planned("debug", plan_args(DEBUG_TOML, None, args), 1, None, "h100").disk
     assert (disk.full, disk.model_only) == (saved.count(True), saved.count(False))
+    files = sum(f.stat().st_size for f in (tmp_path / "checkpoint").rglob("*") if f.is_file())
+    assert abs(disk.bytes - files) <= 0.05 * files, (disk.bytes, files)
 
 
 def test_a_run_of_very_many_steps_is_planned_without_listing_its_saves():
@@ -304,13 +308,13 @@ def test_a_run_of_very_many_steps_is_planned_without_listing_its_saves():
     keep_all = ("--checkpoint.keep_latest_k", "0", "--checkpoint.save_initial", "--checkpoint.interval", "1")
     many = validated_args(plan_args(DEBUG_TOML, None, ("--training.steps", "1000000", *keep_all)), 1)
     tracemalloc.start()
-    disk = checkpoint_disk(many, 1.0)
+    disk = checkpoint_disk(many, 1.0, 1.0)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 100_000, peak
     assert (disk.full, disk.model_only) == (1_000_000, 1)  # step 0, 1 … 999,999 full; the last weights-only
     huge = validated_args(plan_args(DEBUG_TOML, None, ("--training.steps", str(10**13))), 1)
-    assert checkpoint_disk(huge, 1.0).full + checkpoint_disk(huge, 1.0).model_only == 10**13 // 5 + 1
+    assert checkpoint_disk(huge, 1.0, 1.0).full + checkpoint_disk(huge, 1.0, 1.0).model_only == 10**13 // 5 + 1
 
 
 def test_one_ranks_parameters_are_printed_as_all_of_them():

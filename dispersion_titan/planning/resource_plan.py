@@ -25,7 +25,7 @@ EAGER_MEMORY = (
 )
 LATENCY_LABEL = "NCCL's own model of a ring: a prediction"
 TIGHT = 0.9  # share of a GPU's memory above which a peak is tight: the CUDA context, fragmentation
-FULL_BYTES_PER_PARAM = 4 + 2 * 4
+MOMENT_BYTES_PER_PARAM = 2 * 4  # AdamW's two fp32 moments, beside the fp32 weights a checkpoint saves
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TP_COLLECTIVES_PER_BLOCK = 8
 """Sequence parallel: an all-gather before and a reduce-scatter after attention and the MLP,
@@ -192,9 +192,10 @@ class CheckpointDisk:
     bytes: float
 
 
-def checkpoint_disk(job_config: RunConfig, params: float) -> CheckpointDisk:
-    """The checkpoints a run keeps at its end: full ones (fp32 weights and AdamW moments) and a
-    weights-only last one (``last_save_model_only``). A run of 0 steps saves at most its full step 0."""
+def checkpoint_disk(job_config: RunConfig, params: float, saved: float) -> CheckpointDisk:
+    """The checkpoints a run keeps at its end: full ones (fp32 weights, ``saved`` state-dict entries with a tied
+    embedding twice, and AdamW's two moments per parameter) and a weights-only last one (``last_save_model_only``).
+    A run of 0 steps saves at most its full step 0."""
     c, steps = job_config.checkpoint, job_config.training.steps
     # counted, not listed: a plan of 10**13 steps must not hold a set of its saves
     kept = int(c.save_initial) + len(range(c.interval, steps, c.interval)) + int(steps > 0)
@@ -204,8 +205,8 @@ def checkpoint_disk(job_config: RunConfig, params: float) -> CheckpointDisk:
         kept = min(kept, c.keep_latest_k)
     model_only = int(steps > 0 and kept > 0 and c.last_save_model_only)
     full = kept - model_only
-    per_param = full * FULL_BYTES_PER_PARAM + model_only * DTYPE_BYTES[c.export_dtype]
-    return CheckpointDisk(full, model_only, params * per_param)
+    weights = full * 4 + model_only * DTYPE_BYTES[c.export_dtype]
+    return CheckpointDisk(full, model_only, saved * weights + params * full * MOMENT_BYTES_PER_PARAM)
 
 
 @dataclass(frozen=True)
@@ -388,7 +389,7 @@ def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: s
         layout,
         step,
         step_time(job_config, layout, step, gpu, calibration(gpu_key), least),
-        checkpoint_disk(job_config, step.params_total),
+        checkpoint_disk(job_config, step.params_total, step.saved_total),
         job_config.training.steps,
         job_config.dispersion.variant != "none",
     )

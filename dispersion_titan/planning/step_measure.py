@@ -53,6 +53,8 @@ class StepMeasurement:
     params_local: float
     """Parameters this rank holds (its shards)."""
     params_total: float
+    saved_total: float
+    """Entries of the model's state dict, which a checkpoint saves: a tied embedding twice (embeddings and head)."""
     depth: int
     """Blocks of the model measured (or extrapolated to)."""
     term_s: float
@@ -186,13 +188,15 @@ def measure_at(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepM
                 optimizer_step(trainer, batches, after_each)
         local = sum(local_tensor(p).numel() for p in model.parameters())
         total = sum(p.numel() for p in model.parameters())
+        saved = sum(v.numel() for v in model.state_dict().values())
     (peak,) = tracker.get_tracker_snapshot("peak").values()  # one device
     named = {getattr(key, "value", key): value for key, value in peak.items()}  # by the trackers' enums
     memory = {name: float(sum(named.get(k, 0) for k in keys)) for name, keys in CATEGORIES.items()}
     if replicated:  # DDP's gradient buckets (gradient_as_bucket_view off): a second copy of the fp32 gradients
         memory["gradients"] += 4.0 * total
     term_s = term.seconds / len(batches)
-    return StepMeasurement(memory, marks[0], roofline.seconds - marks[-1], float(local), float(total), depth, term_s)
+    optimizer_s = roofline.seconds - marks[-1]
+    return StepMeasurement(memory, marks[0], optimizer_s, float(local), float(total), float(saved), depth, term_s)
 
 
 def measure_step(job_config: RunConfig, world: int, gpu: GPU, depth: int) -> StepMeasurement:
