@@ -56,7 +56,7 @@ from dispersion_titan.run_folder.checkpoints import complete_checkpoints, is_ful
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.cli import assert_one_line_error, run_cli
-from support.launch import DEBUG_TOML, REPO, python_module, torchrun_script
+from support.launch import DEBUG_TOML, QWEN3_TOML, REPO, python_module, torchrun_script
 
 CONFIGS = sorted((REPO / "train_configs").rglob("*.toml"))
 SIZES = ((1, None), (8, None), (64, None), (8, 2))
@@ -286,17 +286,30 @@ def test_checkpoint_disk_is_counted_from_the_config():
     assert disk.bytes == 11 * 4 * saved + 10 * MOMENT_BYTES_PER_PARAM * params and 16e9 < disk.bytes < 18e9
 
 
-@pytest.mark.parametrize("overrides", [(), ("--checkpoint.no-save_initial",)])
-def test_a_run_of_0_steps_is_planned_with_the_checkpoints_it_saves(tmp_path, overrides):
+SMALL_DECODER = ("--model.dim", "32", "--model.n_layers", "2", "--model.n_heads", "2", "--model.n_kv_heads", "1")
+
+
+@pytest.mark.parametrize(
+    ("config", "overrides"),
+    [
+        (DEBUG_TOML, ()),
+        (DEBUG_TOML, ("--checkpoint.no-save_initial",)),
+        (QWEN3_TOML, SMALL_DECODER),  # a tied head, as gpt2's
+        (QWEN3_TOML, ("--model.name", "llama3_dispersion", *SMALL_DECODER)),  # an untied head
+    ],
+    ids=["gpt2", "gpt2-no-initial", "qwen3", "llama3"],
+)
+def test_a_run_of_0_steps_is_planned_with_the_checkpoints_it_saves(tmp_path, config, overrides):
     """``--training.steps 0``: the plan counts what train saves, a full step 0 or nothing (was
     '0 full + 1 weights-only', a final save that never happens), and its size within 5% of the files
-    (was 26% under them: the tied embedding, which DCP saves again as the head, counted once)."""
+    (was 26% under them: the tied embedding, which DCP saves again as the head, counted once); Qwen3
+    (tied) and Llama 3 (untied) alike."""
     args = ("--training.steps", "0", *overrides)
-    dump = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(tmp_path)]
+    dump = ["--job.config_file", config, "--job.dump_folder", str(tmp_path)]
     proc = python_module("dispersion_titan.train", *dump, *args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     saved = [is_full(c.path) for c in complete_checkpoints(str(tmp_path / "checkpoint"))]
-    disk = resource_plan.planned("debug", plan_args(DEBUG_TOML, None, args), 1, None, "h100").disk
+    disk = resource_plan.planned("debug", plan_args(config, None, args), 1, None, "h100").disk
     assert (disk.full, disk.model_only) == (saved.count(True), saved.count(False))
     files = sum(f.stat().st_size for f in (tmp_path / "checkpoint").rglob("*") if f.is_file())
     assert abs(disk.bytes - files) <= 0.05 * files, (disk.bytes, files)
