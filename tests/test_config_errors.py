@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 import time
 import typing
 from typing import NamedTuple
@@ -691,6 +692,23 @@ def test_the_cpu_profile_changes_how_a_step_runs_never_what_it_computes():
         validated_args([*job_args(GPU_CONFIG), "--profile", "cpu", "--profile=gpu"])
     with pytest.raises(ArgumentError, match=rf"^--job.config_file: given 2 times \({GPU_CONFIG}, {DEBUG_TOML}\); give"):
         validated_args([*job_args(GPU_CONFIG), "--job.config-file", DEBUG_TOML])
+
+
+@pytest.mark.parametrize(
+    "line, typed, message",
+    [
+        ("enable = false ", 'enable = "false" ', "compile.enable: expected bool, got 'false'"),
+        ('implementation = "foreach"', 'implementation = "fast"', "optimizer.implementation: 'fast' is not one of"),
+    ],
+    ids=["compile-string", "optimizer-choice"],
+)
+def test_a_bad_value_the_cpu_profile_overrides_is_refused_as_without_it(tmp_path, line, typed, message):
+    """The file's own values are checked before ``--profile cpu`` lays its keys over them: a bad one was hidden
+    (``train --check-only --profile cpu`` exit 0) where ``plan`` without the profile refused it."""
+    path = write_toml(tmp_path, open(DEBUG_TOML).read().replace(f"\n{line}", f"\n{typed}", 1))
+    for profile in ((), ("--profile", "cpu")):
+        with pytest.raises(ConfigError, match=f"^{re.escape(message)}"):
+            validated_args([*job_args(path), *profile])
 
 
 def test_infinity_is_accepted_where_it_has_a_meaning(tmp_path):

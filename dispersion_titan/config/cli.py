@@ -55,20 +55,25 @@ def config_file(args: list[str]) -> str | None:
 
 
 def load_toml(args: list[str]) -> dict:
-    """The TOML named by ``--job.config_file`` ({} without one) with the ``--profile``'s keys
-    laid over it, section by section; one-line errors."""
+    """The TOML named by ``--job.config_file`` ({} without one), as the file has it: its values are checked
+    before ``with_profile`` lays the ``--profile``'s over them (and would hide a bad one); one-line errors."""
     path = config_file(args)
-    toml = {} if path is None else read_toml(path, "--job.config_file")
+    return {} if path is None else read_toml(path, "--job.config_file")
+
+
+def with_profile(args: list[str], toml: dict) -> dict:
+    """``toml`` with the ``--profile``'s keys laid over it, section by section."""
     name = _flag_value(args, (PROFILE_FLAG,))
     if name is None:
         return toml
     if name not in PROFILES:
         raise ArgumentError(f"{PROFILE_FLAG}: {name!r} is not one of {tuple(PROFILES)}")
     profile = package_file("dispersion_titan", "configs", PROFILES[name])
+    laid = dict(toml)
     for section, keys in read_toml(profile, PROFILE_FLAG).items():
         own = toml.get(section)
-        toml[section] = {**(own if isinstance(own, dict) else {}), **keys}
-    return toml
+        laid[section] = {**(own if isinstance(own, dict) else {}), **keys}
+    return laid
 
 
 def without_profile(args: list[str]) -> list[str]:

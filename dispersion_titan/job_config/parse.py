@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING
 from torchtitan.protocols.train_spec import get_train_spec
 
 from ..components import titan_compat
-from ..config.cli import CONFIG_MODULE, check_toml_types, config_file, given_keys, load_toml, without_profile
+from ..config.cli import (
+    CONFIG_MODULE,
+    check_toml_types,
+    config_file,
+    given_keys,
+    load_toml,
+    with_profile,
+    without_profile,
+)
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
 from ..run_folder.owners import refuse_other_owners
@@ -114,9 +122,10 @@ def _switch_given_a_value(args: list[str]) -> str | None:
 
 
 def parse_job_config(args: list[str], toml: dict) -> RunConfig:
-    """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections on ``toml`` (already read):
-    its types checked first, tyro's boxed errors in one line."""
+    """``args`` parsed by TorchTitan's ``ConfigManager`` with our sections on ``toml`` (already read, the
+    ``--profile`` laid over it once its types are checked), tyro's boxed errors in one line."""
     check_toml_types(titan_compat.merged_job_config_class(CONFIG_MODULE), toml, config_file(args))
+    toml = with_profile(args, toml)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):
