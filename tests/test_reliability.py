@@ -371,30 +371,32 @@ ANALYZE_CASE = (
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "signum, module, options, result, kept",
+    "signum, rank, module, options, result, kept",
     [
-        (signal.SIGINT, *ANALYZE_CASE),
-        (signal.SIGTERM, *ANALYZE_CASE),
+        (signal.SIGINT, "1", *ANALYZE_CASE),
+        (signal.SIGTERM, "0", *ANALYZE_CASE),
         (
             signal.SIGINT,
+            "0",
             "dispersion_titan.evaluate",
             ("--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word", "--limit", "2", "--device", "cpu"),
             "results.json",
             "each step evaluated so far is kept in its folder (a table's --out is as it was); the same command goes on",
         ),
     ],
-    ids=["analyze", "analyze-scancel", "evaluate"],
+    ids=["analyze-RANK=1", "analyze-scancel", "evaluate"],
 )
 def test_ctrl_c_is_one_line_keeps_what_is_done_and_the_rerun_goes_on(
-    reference, tmp_path, signum, module, options, result, kept
+    reference, tmp_path, signum, rank, module, options, result, kept
 ):
     """Ctrl-C once step 0's result is written: one line saying what is kept and how to go on, exit 130 (a
     59-62-line KeyboardInterrupt traceback before, exit 1 in analyze); step 0's result unchanged, and the same
     command then does step 2 alone. A SIGTERM to the command's process group (Slurm's scancel, a terminal's
-    Ctrl-C reaches the group too) alike, exit 143 (was no line at all)."""
+    Ctrl-C reaches the group too) alike, exit 143 (was no line at all). RANK=1 (a command a torchrun-launched script
+    runs) says it too: the line was rank 0's alone, as train's, exit 130 and no line."""
     out = tmp_path / "out"
     argv = [str(reference), "--steps", "0,2", *(o.format(tmp=tmp_path) for o in options), "--out", str(out)]
-    job = ThreadPoolExecutor(1).submit(python_module, module, *argv, timeout=300)
+    job = ThreadPoolExecutor(1).submit(python_module, module, *argv, timeout=300, env={"RANK": rank})
     while not (out / "step-0" / result).exists() and not job.done():
         time.sleep(0.005)
     assert not job.done(), job.result().stderr[-3000:]

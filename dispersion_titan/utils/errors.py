@@ -127,9 +127,9 @@ def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoRet
     sys.exit(status)
 
 
-def say(message: str) -> None:
-    """A line from global rank 0 only (one line whatever ``LOG_RANK`` shows)."""
-    if os.environ.get("RANK", "0") == "0":
+def say(message: str, every_rank: bool = False) -> None:
+    """A line from global rank 0 only (one line whatever ``LOG_RANK`` shows), unless ``every_rank``."""
+    if every_rank or os.environ.get("RANK", "0") == "0":
         print(f"dispersion_titan: {message}", file=sys.stderr, flush=True)
 
 
@@ -144,7 +144,8 @@ REDELIVERY_S = 0.01
 def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
     """The one error handling of a command's ``main``, never a traceback: a ``DispersionTitanError`` in
     one line with its status, Ctrl-C or SIGTERM in one line saying ``interrupted`` (``when``, what is kept, how
-    to go on), from global rank 0 alone (torchrun stops every rank of ``train``)."""
+    to go on), from global rank 0 alone where ``when`` is given (``train``'s: torchrun stops every rank), else from
+    any (a command a torchrun-launched script runs, RANK set)."""
 
     def wrap(main: Main) -> Main:
         @functools.wraps(main)
@@ -157,7 +158,7 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
             except DispersionTitanError as e:
                 fail_with(e)
             except KeyboardInterrupt as e:
-                say(f"interrupted{f' {when}' if when else ''}; {interrupted}")
+                say(f"interrupted{f' {when}' if when else ''}; {interrupted}", every_rank=not when)
                 sys.exit(interrupted_exit_code(interrupt_signal(e)))
             except Exception as e:
                 full = no_room(e)
