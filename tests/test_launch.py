@@ -373,8 +373,9 @@ def test_a_second_sweep_on_the_same_folder_submits_nothing(tmp_path):
 
 
 def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(tmp_path):
-    """Into a submitted sweep's folder (here by a stand-in sbatch), other settings, and into its `cp -a` copy (whose
-    jobs write into the original) the same: one line, exit 2, no sbatch (test_slurm.py submits the same again)."""
+    """Into a submitted sweep's folder (here by a stand-in sbatch), other cells (named, added and removed: an arm
+    added was "the compare job differs") or other settings, and into its `cp -a` copy (whose jobs write into the
+    original) the same: one line, exit 2, no sbatch (test_slurm.py submits the same again)."""
     bin_dir, out, calls = tmp_path / "bin", tmp_path / "sweep", tmp_path / "calls"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho >> {calls}\necho $$\n")  # a job id per call
@@ -388,7 +389,19 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
     assert "# submitted before: submitted again, only the jobs Slurm no longer holds are" in dry.stdout.splitlines()
     other = sweep(toml, *one_cell, "--out", str(out), "--seeds", "1", env=env)
     assert other.returncode == 2 and other.stderr.strip().splitlines() == [
-        f"dispersion_titan: error: out: {out} holds a sweep submitted with other settings (the w64-baseline-s1 train "
+        f"dispersion_titan: error: out: {out} holds a sweep of other cells (added: w64-baseline-s1; removed: "
+        "w64-baseline-s0); give the new grid a new sweep folder, or this one its own widths, variants and seeds to "
+        "submit its stopped jobs again"
+    ]
+    added = sweep(toml, *one_cell, "--out", str(out), "--variants", "baseline,angular_spread:0.1", env=env)
+    assert added.returncode == 2 and added.stderr.strip().splitlines() == [  # was "the compare job differs"
+        f"dispersion_titan: error: out: {out} holds a sweep of other cells (added: w64-angular_spread-c0.1-s0); give "
+        "the new grid a new sweep folder, or this one its own widths, variants and seeds to submit its stopped jobs "
+        "again"
+    ]
+    other = sweep(toml, *one_cell, "--out", str(out), "--train-time", "1:00:00", env=env)
+    assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+        f"dispersion_titan: error: out: {out} holds a sweep submitted with other settings (the w64-baseline-s0 train "
         "job differs from its sweep.json); give the sweep a new folder, or its own settings to submit its stopped "
         "jobs again"
     ]

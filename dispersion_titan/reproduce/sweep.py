@@ -232,9 +232,9 @@ def _trained(config: RunConfig) -> bool:
     return last is not None and last >= config.training.steps
 
 
-def _recorded(path: Path) -> tuple[str, dict[str, list[str]], dict[str, str]]:
-    """A submitted sweep's folder, its jobs' sbatch commands without their dependencies, and the ids of those
-    submitted (none: a submission refused partway, ``null``)."""
+def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[str, str]]:
+    """A submitted sweep's folder, its cells' names, its jobs' sbatch commands without their dependencies, and the
+    ids of those submitted (none: a submission refused partway, ``null``)."""
     try:
         manifest = json.loads(path.read_text())
         commands = {
@@ -243,7 +243,8 @@ def _recorded(path: Path) -> tuple[str, dict[str, list[str]], dict[str, str]]:
         ids = {"compare": manifest["compare_job"], "table": manifest["table_job"]}
         for i, cell in enumerate(manifest["cells"], start=1):
             ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
-        return manifest["out"], commands, {key: job_id for key, job_id in ids.items() if job_id is not None}
+        names = [cell["name"] for cell in manifest["cells"]]
+        return manifest["out"], names, commands, {key: job_id for key, job_id in ids.items() if job_id is not None}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # edited by hand, or of another version
         raise ArgumentError(f"out: {path}: unreadable ({type(e).__name__}: {e}); give the sweep a new folder") from None
 
@@ -252,11 +253,19 @@ def resubmission(sweep: Sweep, jobs: list[SlurmJob], configs: list[RunConfig]) -
     """The sweep submitted again into its folder with its settings: (the jobs to submit, the ids of those kept).
     Kept: the jobs Slurm still holds, and trainings that reached their last step; the others (cancelled, failed, or
     cancelled as a failed job's dependants) are submitted again, each command going on from what it finished."""
-    out, recorded, ids = _recorded(sweep.out / MANIFEST)
+    out, names, recorded, ids = _recorded(sweep.out / MANIFEST)
     if out != str(sweep.out):  # its queued jobs write into the original
         raise ArgumentError(
             f"out: {sweep.out} holds the sweep submitted into {out} (copied or moved: its {MANIFEST}'s "
             "jobs write there); submit it there again, or give the sweep a new folder"
+        )
+    cells = [cell.name for cell in sweep.cells()]
+    if cells != names:  # an arm, width or seed added or dropped: each job's command would differ
+        added, removed = [c for c in cells if c not in names], [c for c in names if c not in cells]
+        changes = "; ".join(f"{what}: {', '.join(c)}" for what, c in (("added", added), ("removed", removed)) if c)
+        raise ArgumentError(
+            f"out: {sweep.out} holds a sweep of other cells ({changes or 'listed in another order'}); give the new "
+            "grid a new sweep folder, or this one its own widths, variants and seeds to submit its stopped jobs again"
         )
     # a job never submitted (its sbatch refused, say for a bad partition) may take the settings that fix it
     differs = next((job.label for job in jobs if job.key in ids and recorded.get(job.key) != job.argv), None)
