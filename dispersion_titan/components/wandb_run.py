@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.errors import ArgumentError
+from ..utils.records import atomic_write
 
 WANDB_RUN_FILE = "wandb_run.json"  # in the dump folder: the W&B run of the latest launch
 
@@ -25,8 +26,8 @@ def record(dump_folder: str) -> None:
     # directory (a relative dump_folder, as the shipped configs'), and the run folder may be moved
     root, dump = os.path.abspath(run.settings.root_dir), os.path.abspath(dump_folder)
     where = os.path.relpath(root, dump) if os.path.commonpath([root, dump]) == dump else root
-    with open(os.path.join(dump_folder, WANDB_RUN_FILE), "w") as f:
-        json.dump({"id": run.id, "project": run.project, "entity": run.entity, "dir": where}, f)
+    named = {"id": run.id, "project": run.project, "entity": run.entity, "dir": where}
+    atomic_write(os.path.join(dump_folder, WANDB_RUN_FILE), lambda f: json.dump(named, f))
 
 
 def recorded(dump_folder: str) -> dict[str, Any]:
