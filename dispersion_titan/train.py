@@ -22,6 +22,7 @@ from dispersion_titan.config.cli import (
     load_toml,
     train_usage,
     with_config_module,
+    with_profile,
     without_profile,
 )
 from dispersion_titan.utils.errors import (
@@ -91,7 +92,7 @@ def main() -> None:
     parse.setup_torchtitan()
     if HELP_ALL_FLAG in argv:  # TorchTitan's help of every section, ours included; exits
         sys.argv[0] = "python -m dispersion_titan.train"  # tyro's prog: python -m passes train.py's path
-        titan_compat.config_manager_parse([*without_profile(args), "--help"], toml)
+        titan_compat.config_manager_parse([*without_profile(args), "--help"], with_profile(argv, toml))
     try:
         job_config = parse.parse_job_config(args, toml)
         parsed = {key: value_of(job_config, key) for key in DERIVED}  # before the checks derive them

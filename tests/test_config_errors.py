@@ -694,6 +694,19 @@ def test_the_cpu_profile_changes_how_a_step_runs_never_what_it_computes():
         validated_args([*job_args(GPU_CONFIG), "--job.config-file", DEBUG_TOML])
 
 
+def test_help_all_shows_the_defaults_a_profile_gives_and_refuses_an_unknown_one():
+    """``train --help-all`` under ``--profile cpu`` shows the profile's values over the file's as defaults, and an
+    unknown profile is refused there too (the profile is laid over the TOML after its type check, not on reading)."""
+    shown = python_module("dispersion_titan.train", *job_args(GPU_CONFIG), "--profile", "cpu", "--help-all")
+    assert shown.returncode == 0, shown.stderr
+    assert "Whether to apply torch.compile (default: False)" in shown.stdout  # the file: true
+    refused = python_module("dispersion_titan.train", *job_args(GPU_CONFIG), "--profile", "gpu", "--help-all")
+    assert (
+        refused.returncode == 2
+        and refused.stderr.strip() == "dispersion_titan: error: --profile: 'gpu' is not one of ('cpu',)"
+    )
+
+
 @pytest.mark.parametrize(
     "line, typed, message",
     [

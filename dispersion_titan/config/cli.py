@@ -77,7 +77,7 @@ def with_profile(args: list[str], toml: dict) -> dict:
 
 
 def without_profile(args: list[str]) -> list[str]:
-    """``args`` less ``--profile NAME`` (``load_toml`` has applied it; TorchTitan has no such key)."""
+    """``args`` less ``--profile NAME`` (``with_profile`` lays it over the TOML; TorchTitan has no such key)."""
     out, skip = [], False
     for arg in args:
         if skip:
