@@ -321,18 +321,23 @@ def write_store(
             records[i] = records[i].get()
             bar.update(records[i]["tokens"])
 
-        for index, texts in enumerate(chunks):
-            done = verified_shard(out, index, len(texts), key, encoder.dtype.itemsize)
-            if done:
-                records.append(done)
-                bar.update(done["tokens"])
-                continue
-            waiting.append(len(records))
-            records.append(pool.apply_async(write_shard, (out, index, texts, key, encoder.name)))
-            if len(waiting) > workers * _IN_FLIGHT_PER_WORKER:
+        try:
+            for index, texts in enumerate(chunks):
+                done = verified_shard(out, index, len(texts), key, encoder.dtype.itemsize)
+                if done:
+                    records.append(done)
+                    bar.update(done["tokens"])
+                    continue
+                waiting.append(len(records))
+                records.append(pool.apply_async(write_shard, (out, index, texts, key, encoder.name)))
+                if len(waiting) > workers * _IN_FLIGHT_PER_WORKER:
+                    settle(waiting.popleft())
+            while waiting:
                 settle(waiting.popleft())
-        while waiting:
-            settle(waiting.popleft())
+        except Exception:  # a shard failed (a full disk): the shards in flight are finished and kept, not cut off
+            pool.close()
+            pool.join()
+            raise
     return _finish(out, records, inputs, key, encoder)
 
 
