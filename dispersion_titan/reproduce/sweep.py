@@ -166,9 +166,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     config = Path(raw["config"]).expanduser().resolve()
     if config.is_dir():
         raise ArgumentError(f"config: {raw['config']} is a folder; give the training TOML file itself")
-    if not config.is_file():
-        raise ArgumentError(f"config: {raw['config']}: no such file")
-    read_toml(str(config), "config")  # not TOML: named as the key given, not as each cell's --job.config_file
+    read_toml(str(config), "config")  # missing or not TOML: named as the key, not as each cell's --job.config_file
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(raw.get("out") or f"outputs/sweep-{config.stem}-{stamp}").expanduser().resolve()
     refuse_used(out)
