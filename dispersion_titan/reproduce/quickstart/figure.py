@@ -194,7 +194,7 @@ def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Se
         init_style,
         [(f"{', '.join(extra)} (MLP {min(panel.widths)})", {"linestyle": ":"})] if extra else [],
     )
-    others = sorted({r.seed for r in runs if r.seed not in (seed, None)})
+    others = sorted({r.seed for r in runs if r.seed != seed})
     dispersion = next((r.dispersion for r in runs if not r.is_baseline), None)
     _key(
         bottom,

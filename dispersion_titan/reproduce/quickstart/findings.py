@@ -37,7 +37,7 @@ class RunCondensation:
 
     name: str
     width: int
-    seed: int | None
+    seed: int
     dispersion: str | None  # e.g. "angular_spread λ=1.0"; None for a baseline
     init: Condensation
     final: Condensation
@@ -91,7 +91,7 @@ def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
     final = load_runs(list(dumps), "last")
     runs = []
     for dump, first, last in zip(dumps, init, final):
-        metadata = load_run_metadata(dump)  # one line if missing or of another format; else it records dispersion
+        metadata = load_run_metadata(dump)  # one line if missing or of another format; else it records seed, dispersion
         variant = dispersion_variant(dump)
         same_inputs = last.result.tokens_sha256
         analyses = read_results(analyses_folder(dump)).values()
@@ -99,7 +99,7 @@ def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
             RunCondensation(
                 name=os.path.basename(os.path.normpath(dump)),
                 width=last.result.mlp_width,
-                seed=metadata.get("seed"),
+                seed=metadata["seed"],  # the quickstart passes each run its --debug.seed
                 dispersion=None if variant == "none" else variant,
                 init=first.result,
                 final=last.result,
@@ -107,7 +107,7 @@ def load_sweep(dumps: Sequence[str]) -> list[RunCondensation]:
                 val_loss=final_validation_loss(dump, last.result.step),
             )
         )
-    return sorted(runs, key=lambda r: (r.width, not r.is_baseline, r.dispersion or "", r.seed or 0))
+    return sorted(runs, key=lambda r: (r.width, not r.is_baseline, r.dispersion or "", r.seed))
 
 
 def peak(run: RunCondensation) -> tuple[int, float]:
@@ -121,7 +121,7 @@ def table_rows(runs: list[RunCondensation]) -> list[dict]:
             "run": r.name,
             "MLP width": r.width,
             "dispersion": r.dispersion or "none",
-            "seed": "-" if r.seed is None else r.seed,
+            "seed": r.seed,
             "late cos @0": f"{late_cos(r.init):.3f}",
             f"late cos @{r.final.step}": f"{late_cos(r.final):.3f}",
             f"last block @{r.final.step}": f"{r.final.layers[-2].mean_cos_offdiag:.3f}",
