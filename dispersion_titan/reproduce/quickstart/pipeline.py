@@ -237,7 +237,6 @@ def last_error(log: str) -> str:
 
 # TorchTitan's log line of a training step, "step: 30  loss: 4.1234 ...", not of a validation.
 STEP_LINE = re.compile(rb"(?<!validate )step:\s*(\d+)\s+loss:")
-PROGRESS_EVERY_S = 15.0
 
 
 def last_step(log: str, offset: int) -> tuple[int | None, int]:
@@ -254,9 +253,7 @@ def last_step(log: str, offset: int) -> tuple[int | None, int]:
 
 
 @contextlib.contextmanager
-def step_progress(
-    log: str, steps: int, name: str, say: Callable[[str], None], every_s: float = PROGRESS_EVERY_S
-) -> Iterator[None]:
+def step_progress(log: str, steps: int, name: str, say: Callable[[str], None], every_s: float = 15.0) -> Iterator[None]:
     """While the ``with`` block runs, says every ``every_s`` seconds how far ``log``'s training got, as
     ``train    NAME: step 30/60, ~40 s left`` (the time left at the rate since the first step seen), so
     the quickstart is not silent for minutes."""
