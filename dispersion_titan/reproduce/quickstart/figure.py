@@ -73,9 +73,8 @@ def _init_depth(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
 
     for width, result in sorted(panel.widths.items()):
         draw(result, label=f"MLP {width}", **style[width])
-    narrowest, seeds = min(panel.widths), list(panel.seeds)
-    for seed in seeds[1:]:
-        draw(panel.seeds[seed], linestyle=":", **style[narrowest])
+    for result in list(panel.seeds.values())[1:]:  # the extra seeds, at the narrowest width
+        draw(result, linestyle=":", **style[min(panel.widths)])
     ax.set(xlabel="layer fraction (0: embedding, 1: final norm)", ylabel="mean_cos_offdiag")
 
 
