@@ -315,7 +315,6 @@ def with_width(panel: InitPanel, runs: Sequence[RunCondensation], seed: int) -> 
 
 def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
     toy = baselines(runs, seed)
-    spread = final_spread(runs)
     drops = [late_cos(r.init) - late_cos(r.final) for r in toy]
     peaks = [peak(r) for r in toy]
     return Finding(
@@ -330,7 +329,7 @@ def with_training(runs: Sequence[RunCondensation], seed: int) -> Finding:
                 f"(down in {sum(d > 0 for d in drops)} of {len(toy)}; peak {_values([v for _, v in peaks])} at step "
                 f"{'/'.join(str(s) for s, _ in peaks)}); the smallest fall",
                 drops,
-                spread,
+                final_spread(runs),
             ),
         ),
         "a model that condenses at initialization (GPT-2 small's shape, the init panel) and a long pre-training past "
@@ -346,7 +345,6 @@ def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
         for r in sorted(runs, key=lambda r: r.width)
         if not r.is_baseline and r.seed == seed and r.width in baseline
     ]
-    spread = final_spread(runs)
     lowered = [late_cos(b.final) - late_cos(d.final) for b, d in pairs]
     last = [(b.final.layers[-2].mean_cos_offdiag, d.final.layers[-2].mean_cos_offdiag) for b, d in pairs]
     parts = [
@@ -356,7 +354,7 @@ def with_dispersion(runs: Sequence[RunCondensation], seed: int) -> Finding:
             + ", ".join(f"{late_cos(b.final):.3f} → {late_cos(d.final):.3f} at width {b.width}" for b, d in pairs)
             + f"; the last block alone: {', '.join(f'{x:.3f} → {y:.3f}' for x, y in last)}; the smallest fall",
             lowered,
-            spread,
+            final_spread(runs),
         )
     ]
     losses = [(b.val_loss, d.val_loss) for b, d in pairs if b.val_loss is not None and d.val_loss is not None]
