@@ -154,10 +154,10 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
     return PaperModel(target, out, row, label, catalog.size_b(model))
 
 
-def checked(target: str, option: str) -> str:
-    """``hf:MODEL[@REV,...]`` as its analyze step would take it, else refused now in one line naming ``option``."""
+def checked(target: str, option: str, check: Callable[[str], object] = parse_spec) -> str:
+    """``target`` as its step's ``check`` takes it (analyze's: ``hf:MODEL[@REV,...]``), else refused in one line."""
     try:
-        parse_spec(target)
+        check(target)
     except DispersionTitanError as e:
         raise ArgumentError(f"{option}: {e}") from None
     return target
@@ -308,10 +308,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         pretrained, first = options.get("pretrained") or "auto", []
         if pretrained.startswith(HF):  # a hub model as published (GPT2-large's row): evaluated first
-            try:
-                hub_model(pretrained)  # refused here as its evaluate step would refuse it
-            except DispersionTitanError as e:
-                raise ArgumentError(f"--pretrained: {e}") from None
+            checked(pretrained, "--pretrained", hub_model)  # as its evaluate step would take it
             folder = os.path.join(out, PRETRAINED, safe_name(pretrained[len(HF) :]))
             first = [Step("evaluate", [pretrained, "--out", folder, *evaluate_args], pretrained)]
             pretrained = folder
