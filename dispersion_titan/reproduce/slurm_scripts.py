@@ -83,11 +83,11 @@ def require_sbatch() -> None:
 def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[str]]:
     """The jobs submitted with these logs before (id: sbatch command); refused if one of ``jobs`` is still queued."""
     try:
-        submitted = json.loads(record.read_text()) if record.exists() else {}
-    except ValueError:  # cut short: nothing to compare with
+        submitted = json.loads(record.read_text())
+    except (FileNotFoundError, ValueError):  # none yet, or cut short: nothing to compare with
         submitted = {}
     submitted = submitted if isinstance(submitted, dict) else {}
-    queued = queued_jobs(list(submitted)) if submitted else set()
+    queued = queued_jobs(list(submitted))
     for job in jobs:
         same = next((i for i in sorted(queued) if submitted[i] == job.argv), None)
         if same:  # e.g. paper --slurm run twice: two analyses of one model, one refused by the other's lock
