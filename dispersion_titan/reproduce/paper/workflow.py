@@ -134,7 +134,7 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
     """A ``--models`` entry: a hub id, a local model folder, an ``hf:`` spec, or one of our runs."""
     if text.startswith(HF):
         target = checked(text, f"--models: {text!r}")
-    elif os.path.isdir(text) and _is_run(text):
+    elif _is_run(text):
         run = os.path.abspath(text)
         steps = checkpoint_steps(run)
         if not steps:
@@ -324,7 +324,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
             raise ArgumentError(f"--models: {bad[0]!r}: give [ARM=]RUN1,RUN2,..., a name before = and no empty run")
         runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
         for run in runs:
-            if not (os.path.isdir(run) and _is_run(run)):
+            if not _is_run(run):
                 raise ArgumentError(
                     f"--models: {run}: not a run folder (train it first: launch/train.sh CONFIG "
                     f"--job.dump_folder {run})"
