@@ -242,18 +242,17 @@ def pick_revisions(branches: list[str]) -> list[str]:
 
 
 def _fig4_model(options: dict, analyses: str) -> PaperModel:
-    models = options.get("models") or [catalog.OLMO]
+    models, revisions = options.get("models") or [catalog.OLMO], options.get("revisions")
     if len(models) != 1:
         raise ArgumentError("--models: fig4 takes one model (its revisions are the panels)")
-    if options.get("revisions") == "":
+    if revisions == "":
         raise ArgumentError("--revisions: empty; give REV1,REV2,... or leave it out for the model's hub branches")
     base = model_of(models[0], analyses)
     base = replace(base, row=base.label)  # one row: the model's revisions
-    if "@" in base.target[len(HF) :] and not options.get("revisions"):
+    if "@" in base.target[len(HF) :] and not revisions:
         return base
     if not base.target.startswith(HF):
         raise ArgumentError("--models: fig4 takes a Hugging Face model (hub id or folder), not a run")
-    revisions = options.get("revisions")
     if not revisions:  # its hub branches
         try:
             branches = [b.name for b in list_repo_refs(base.target[len(HF) :]).branches]
