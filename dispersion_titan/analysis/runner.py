@@ -60,9 +60,9 @@ from ..utils import records
 from ..utils.devices import DTYPES, resolve_device
 from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, ModelLoadError, OutputError, say
 from ..utils.hub import PREFIX, parse_spec
-from . import figures, hf_model, inputs
+from . import figures, hf_model
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
-from .inputs import Encode, InputOptions, differences, select_sequences
+from .inputs import DEFAULT_DATASET, Encode, InputOptions, differences, read_texts, select_sequences
 from .measure import DecoderLayers, Measurement, geometry_mask, measure
 from .statistics import HIST_EDGES, HIST_RANGE, condensation, layer_row
 
@@ -86,9 +86,9 @@ def input_options(a: argparse.Namespace) -> InputOptions:
     if not hf and (a.device_map or a.trust_remote_code):
         raise ArgumentError(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
     if a.texts:
-        inputs.read_texts(a.texts)
-    return inputs.InputOptions(
-        dataset=None if a.texts or paper else (a.dataset or inputs.DEFAULT_DATASET),
+        read_texts(a.texts)
+    return InputOptions(
+        dataset=None if a.texts or paper else (a.dataset or DEFAULT_DATASET),
         dataset_path=a.dataset_path,
         texts=a.texts,
         num_sequences=a.num_sequences,
