@@ -43,7 +43,7 @@ def load_config(spec: HFSpec, revision: str | None):
     )
 
 
-def load_encoder(spec: HFSpec, revision: str | None, paper_length: int | None = None) -> Encode:
+def load_encoder(spec: HFSpec, revision: str | None, paper_length: int | None) -> Encode:
     """The model's own tokenizer, adding no special tokens; with ``paper_length`` (``--protocol paper``) its
     default ones, truncated to that length as the authors' ``tokenizer(text, truncation=True, max_length=512)``:
     a suffix token such as EOS is kept, where cutting the ids afterwards would drop it."""

@@ -55,7 +55,7 @@ def rank_trend(x: list[float], y: list[float]) -> dict[str, dict[str, float | No
     }
 
 
-def depth_points(count: int, layer_points: str = "all") -> list[int]:
+def depth_points(count: int, layer_points: str) -> list[int]:
     """Indices of the ``count`` layers (embedding, blocks, final norm) on the depth axis: all of them, or
     transformers' ``hidden_states`` (the last block's own output left out, the final norm in its place),
     the authors' points."""
