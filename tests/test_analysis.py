@@ -384,6 +384,26 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
     assert mtimes(analyzed) == before
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["RUN", "--protocol", "paper", "--dataset", "enwiki_sample"], "--dataset: not used with --protocol paper"),
+        (["hf:gpt2", "--wandb", "--out", "OUT"], "--wandb: only for runs"),
+        (["RUN", "--device-map", "auto"], "--device-map: only for hf: models"),
+        (["hf:gpt2", "--steps", "3", "--out", "OUT"], "--steps: not used with hf: models"),
+        (["hf:gpt2"], "--out: required with hf: models"),
+        (["family", "RUN", "--out", "OUT", "--family", "gpt2"], "--family: 'gpt2' is not NAME=VALUE"),
+        (["family", "RUN", "--out", "OUT", "--paired", "A="], "--paired: 'A=' is not NAME=VALUE"),
+    ],
+)
+def test_option_combinations_are_refused_before_anything_is_read(tmp_path, capsys, argv, line):
+    """Refused from the options alone: one line, exit 2, before a run, model or hub is looked at (RUN need not
+    exist, hf:gpt2 is never fetched), nothing written."""
+    args = [str(tmp_path / arg) if arg in ("RUN", "OUT") else arg for arg in argv]
+    assert_one_line_error(*analyze(*args, capsys=capsys)[::2], line)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_two_analyses_at_once_one_writer(run, tmp_path):
     """Issue 35: two real ``analyze`` processes with other settings on one run. The first is
     paused while it holds the output folder; the second is refused in one line naming it and
