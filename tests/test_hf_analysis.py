@@ -215,6 +215,11 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
         *analyze("family", *specs, f"{run}@0", again, "--out", tmp_path / "family2", capsys=capsys)[::2],
         f"family: {run}@0 and {again} are the same analysis (step 0 in {run / 'condensation'}); name each model once",
     )
+    for argv, said in (
+        ([*specs, "--last-n", "5"], "--last-n: 5 is not between 1 and 4, the fewest layers of these models"),
+        ([f"{specs[0]}@main"], f"{specs[0]} has no analysis of revision main (have ['default revision'])"),
+    ):
+        assert_one_line_error(*analyze("family", *argv, "--out", tmp_path / "family2", capsys=capsys)[::2], said)
     assert not (tmp_path / "family2").exists()
 
 
