@@ -390,6 +390,7 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
         (["RUN", "--protocol", "paper", "--dataset", "enwiki_sample"], "--dataset: not used with --protocol paper"),
         (["hf:gpt2", "--wandb", "--out", "OUT"], "--wandb: only for runs"),
         (["RUN", "--device-map", "auto"], "--device-map: only for hf: models"),
+        (["RUN", "--texts", "empty.jsonl"], "empty.jsonl: no texts"),
         (["hf:gpt2", "--steps", "3", "--out", "OUT"], "--steps: not used with hf: models"),
         (["hf:gpt2"], "--out: required with hf: models"),
         (["family", "RUN", "--out", "OUT", "--family", "gpt2"], "--family: 'gpt2' is not NAME=VALUE"),
@@ -399,9 +400,10 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
 def test_option_combinations_are_refused_before_anything_is_read(tmp_path, capsys, argv, line):
     """Refused from the options alone: one line, exit 2, before a run, model or hub is looked at (RUN need not
     exist, hf:gpt2 is never fetched), nothing written."""
-    args = [str(tmp_path / arg) if arg in ("RUN", "OUT") else arg for arg in argv]
+    (tmp_path / "empty.jsonl").write_text("\n")
+    args = [str(tmp_path / arg) if arg in ("RUN", "OUT", "empty.jsonl") else arg for arg in argv]
     assert_one_line_error(*analyze(*args, capsys=capsys)[::2], line)
-    assert list(tmp_path.iterdir()) == []
+    assert os.listdir(tmp_path) == ["empty.jsonl"]
 
 
 def test_two_analyses_at_once_one_writer(run, tmp_path):
