@@ -372,6 +372,12 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
         str(short),
         "64",
     )
+    paper = ["--protocol", "paper", "--seq-len", "64", "--out", tmp_path / "o"]
+    for path, said in ((empty, "no wikitext-103-v1/train-*.parquet"), (short, "not a parquet file with a text column")):
+        assert_one_line_error(
+            *analyze(run, *paper, "--dataset-path", path, capsys=capsys)[::2], f"--dataset-path: {path}: {said}"
+        )
+    assert not (tmp_path / "o").exists()
 
     before = mtimes(analyzed)
     assert_one_line_error(*analyze(run, "--seq-len", "300", capsys=capsys)[::2], "--seq-len", "256")
