@@ -55,6 +55,10 @@ from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
 
 RESULT_FILE = "results.json"
 OURS = "dispersion_titan"
+BF16_AUTOCAST = {"mixed_precision_dtype": "bfloat16", "softmax_dtype": "float32"}
+"""``--dtype autocast`` as HFLM runs it: the forward under bf16 autocast, the log-softmax of its logits in fp32,
+as accelerate prepares a model for ``bf16=True`` (logits returned in fp32); the authors' LMEvalCallback scores
+the model so prepared."""
 
 
 def _model_name(run: str) -> str:
@@ -189,9 +193,8 @@ class RunEvaluation:
                 device=str(self.device),
                 dtype=DTYPES[self.options.dtype],
                 batch_size=self.options.batch_size,
+                **(BF16_AUTOCAST if self.options.dtype == AUTOCAST else {}),
             )
-            if self.options.dtype == AUTOCAST:
-                bf16_autocast(lm.model, self.device.type)
             refuse_non_finite_logits(lm.model)
             identity = source_identity(checkpoint.path, folder, lm.config)
             for index, name in enumerate(selection.tasks, 1):
@@ -426,23 +429,6 @@ def refuse_non_finite_logits(model: Any) -> None:
             raise NonFiniteLogits("its logits hold NaN or infinite values")
 
     model.register_forward_hook(check)
-
-
-def bf16_autocast(model: Any, device_type: str) -> None:
-    """``--dtype autocast``: ``model``'s forward under bf16 autocast, its logits returned in fp32, as accelerate
-    prepares a model for ``bf16=True``; the authors' LMEvalCallback scores the model so prepared."""
-    import torch
-
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(device_type, dtype=torch.bfloat16):
-            output = forward(*args, **kwargs)
-        output.logits = output.logits.float()
-        return output
-
-    model.forward = autocast_forward
 
 
 @contextmanager

@@ -23,7 +23,7 @@ CPU_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD
 _NO_DEVICES = ("", "-1", "NoDevFiles", "none")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "autocast": "float32"}  # ``--dtype``: torch's name of each
 AUTOCAST = "autocast"
-"""``evaluate --dtype autocast``: fp32 weights, the forward under bf16 autocast (``runner.bf16_autocast``)."""
+"""``evaluate --dtype autocast``: fp32 weights, the forward under bf16 autocast (``runner.BF16_AUTOCAST``)."""
 
 
 def _count_ids(value: str) -> int:
