@@ -16,6 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
+from unittest import mock
 
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
@@ -46,19 +47,16 @@ def _process_state(world: int) -> Iterator[None]:
     environment, log level, signal handlers, exception hook and garbage collector as they were (the
     trainer installs its own)."""
     names = {"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "1"}
-    saved_env, level = dict(os.environ), logger.level
+    level = logger.level
     signals = {signal.SIGINT, signal.SIGTERM, parse_signal(os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))}
     saved_handlers = {s: signal.getsignal(s) for s in signals}
     collecting, excepthook = gc.isenabled(), sys.excepthook
-    os.environ.update(names)
     logger.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
+        with mock.patch.dict(os.environ, names), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
         logger.setLevel(level)
         for s, handler in saved_handlers.items():
             signal.signal(s, handler)
