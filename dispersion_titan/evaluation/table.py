@@ -35,9 +35,9 @@ class Selection:
     """``--select`` and, for ``best``, the authors' evaluation cadence."""
 
     rule: str  # best | last | step:N
-    num_ckpt: int | None = None  # the authors' --num_ckpt (None: their default for the run's start)
-    exclude_initial: bool = False  # step 0 is no candidate for best
-    best_step: str = "auto"  # one of protocol.BEST_STEP
+    num_ckpt: int | None  # the authors' --num_ckpt (None: their default for the run's start)
+    exclude_initial: bool  # step 0 is no candidate for best
+    best_step: str  # one of protocol.BEST_STEP
 
     def __str__(self) -> str:
         if self.rule != "best":
@@ -319,10 +319,10 @@ def min_ranks(means: list[dict[str, float]], accuracy: list[str]) -> list[float]
 
 
 def table_rows(
-    by_arm: dict[str, list[RunScores]], reference: str, test: str = "student", pretrained: list[RunScores] = ()
+    by_arm: dict[str, list[RunScores]], reference: str, test: str, pretrained: list[RunScores]
 ) -> tuple[list[str], list[ArmRow], ArmRow | None]:
     """The columns (``task/metric``), the arms' rows and the Pretrained row (None: none), ranked together."""
-    named = {**({PRETRAINED: list(pretrained)} if pretrained else {}), **by_arm}
+    named = {**({PRETRAINED: pretrained} if pretrained else {}), **by_arm}
     first = next(iter(named.values()))[0]
     columns = list(first.scores)
     other = next((run for runs in named.values() for run in runs if set(run.scores) != set(columns)), None)
@@ -380,9 +380,9 @@ def table_markdown(
     reference: str,
     selection: Selection,
     test: str,
-    pretrained: ArmRow | None = None,
-    pretrained_note: str = "",
-    reference_note: str = "given with --reference",
+    pretrained: ArmRow | None,
+    pretrained_note: str,
+    reference_note: str,
 ) -> str:
     everyone = ([pretrained] if pretrained else []) + rows
     header = ["arm", "seeds", *columns, "average", "avg rank", f"p vs {reference}", "sig"]
@@ -423,7 +423,7 @@ def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def csv_rows(rows: list[ArmRow], reference: str, test: str, pretrained: ArmRow | None = None) -> list[dict]:
+def csv_rows(rows: list[ArmRow], reference: str, test: str, pretrained: ArmRow | None) -> list[dict]:
     """One line per row, the Pretrained row first; ``*_diff``: the difference from it."""
     return [
         {
@@ -496,8 +496,8 @@ def table(
     out: str,
     selection: Selection,
     reference: str | None,
-    test: str = "student",
-    pretrained: str = "auto",
+    test: str,
+    pretrained: str,
 ) -> Table:
     """Write ``table.md``, ``table.csv`` and ``table.png``; return the table."""
     found = evaluated_arms(specs)
