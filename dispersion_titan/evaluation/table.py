@@ -393,7 +393,7 @@ def table_markdown(
                 row.name,
                 str(len(row.runs)),
                 *(cell(row.mean[key], row.std[key], key) for key in row.mean),
-                "" if math.isnan(row.rank) else f"{row.rank:.2f}",
+                f"{row.rank:.2f}",
                 "" if row.p_value is None else f"{row.p_value:.4f}",
                 row.significance,
             ]
