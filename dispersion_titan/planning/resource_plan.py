@@ -117,8 +117,8 @@ class StepTime:
     """Of ``data_parallel_s``, the collectives' latency."""
     tp_s: float
     calibration: Calibration
-    data_parallel: str = "FSDP collectives"
-    one_gpu_s: float = 0.0
+    data_parallel: str
+    one_gpu_s: float
     """One GPU's step of the same run scaled to this layout's tokens per GPU: the least a step can take."""
 
     @property
