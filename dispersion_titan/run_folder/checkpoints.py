@@ -288,31 +288,20 @@ def load_model(
             warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
             dcp.load(state, checkpoint_id=step_dir)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises many types for bad files
-        interrupt = _first_failure(e)
-        if isinstance(interrupt, KeyboardInterrupt):  # a Ctrl-C or SIGTERM, which DCP wraps as a failure too
-            raise KeyboardInterrupt(*interrupt.args) from None
-        raise CheckpointError(f"{step_dir}: cannot be loaded ({_load_failure(e)})") from None
+        # DCP wraps each rank's exception in a CheckpointException: what failed is inside.
+        failure = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
+        if isinstance(failure, KeyboardInterrupt):  # a Ctrl-C or SIGTERM, which DCP wraps as a failure too
+            raise KeyboardInterrupt(*failure.args) from None
+        if isinstance(failure, pickle.UnpicklingError):  # torch then advises weights_only=False: never on such a file
+            why = "corrupt shard data: its tensor records do not unpickle"
+        else:
+            why = f"{type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}"
+        raise CheckpointError(f"{step_dir}: cannot be loaded ({why})") from None
     model.load_state_dict(state)
     model.to(device=device)
     for param in model.parameters():  # not Module.to(dtype): it would drop the imaginary part of
         param.data = param.data.to(dtype)  # Llama 3's complex RoPE buffer; buffers keep their precision
     return model.eval()
-
-
-def _first_failure(error: BaseException) -> BaseException:
-    """What failed inside DCP, which wraps each rank's exception in a ``CheckpointException``."""
-    if isinstance(error, CheckpointException) and error.failures:
-        return next(iter(error.failures.values()))[0]
-    return error
-
-
-def _load_failure(error: BaseException) -> str:
-    """One line on why DCP could not load a checkpoint. A corrupt shard fails to unpickle, and torch
-    then advises ``weights_only=False``, never to be taken on a file nobody vouches for."""
-    error = _first_failure(error)
-    if isinstance(error, pickle.UnpicklingError):
-        return "corrupt shard data: its tensor records do not unpickle"
-    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
 
 
 QUARANTINE_DIR = "incomplete"
