@@ -277,12 +277,9 @@ class StreamingPackedDataset(RankSlice):
                 if covered > start:
                     pending.append(document)
             self.resume = pending[0].point
+            # every pending document starts before ``end``: it was read while ``covered`` was short of it
             window = np.concatenate(
-                [
-                    d.tokens[max(start - d.point.position, 0) : end - d.point.position]
-                    for d in pending
-                    if d.point.position < end
-                ]
+                [d.tokens[max(start - d.point.position, 0) : end - d.point.position] for d in pending]
             )
             self.samples_yielded += 1
             yield self.sample(window)
