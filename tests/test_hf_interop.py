@@ -240,6 +240,11 @@ def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path, capsys):
     assert exit_info.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
         f"dispersion_titan: error: OUT_DIR: {notes}/hf: not writable (Not a directory)"
     ]
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main(["to-hf", str(step), str(notes)])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"dispersion_titan: error: OUT_DIR: {notes} is a file, not a folder; use another OUT_DIR"
+    ]
     assert notes.stat().st_mtime_ns == kept and notes.read_text() == "mine"
 
 

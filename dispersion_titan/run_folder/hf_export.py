@@ -103,12 +103,10 @@ def save_tokenizer(folder: str, max_length: int, encoder: DocumentEncoder = GPT2
 def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
     """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``, new or empty."""
     given, step_dir = step_dir, resolve_step_dir(step_dir)
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise OutputError(f"OUT_DIR: {out_dir} exists and is not a directory")
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     dump = run_of(checkpoints)
     run_encoder(dump)  # a tokenizer folder gone: said before OUT_DIR is made
-    owner = FolderOwner("HF export", dump)  # owned refuses another's OUT_DIR before making it
+    owner = FolderOwner("HF export", dump)  # owned refuses another's OUT_DIR, or a file, before making it
     with owned(out_dir, owner, "OUT_DIR"):  # one export at a time; one that finished meanwhile is not overwritten
         if not (force or empty(out_dir)):
             raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
