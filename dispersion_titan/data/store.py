@@ -263,8 +263,6 @@ def _claim(out: str, inputs: dict[str, Any], key: str) -> None:
     """Create ``out`` (an OSError: ``prepare`` names it); refuse a folder holding another prepare's store or
     shards (nothing is deleted)."""
     os.makedirs(out, exist_ok=True)
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise DataConfigError(f"--out: {out} is not writable")
     if os.path.exists(os.path.join(out, MANIFEST)):
         manifest = read_manifest(out, "--out")
         if manifest.get("key") != key:
