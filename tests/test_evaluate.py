@@ -366,6 +366,11 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
         assert_one_line_error(code, err, *fragments)
     code, _, err = evaluate(f"hf:{model}@a,b", *OPTS, "--out", tmp_path / "o", capsys=capsys)
     assert_one_line_error(code, err, f"hf:{model}@a,b")
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text('{"model_type": "llama"}')  # no family of ours: its note names it
+    code, _, err = evaluate(f"hf:{llama}", *OPTS, capsys=capsys)
+    assert code == 2 and err.startswith("dispersion_titan: note: the authors evaluated no llama model;"), err
 
     before = tree(out)
     (model / "config.json").write_text((model / "config.json").read_text() + "\n")  # the folder replaced

@@ -62,13 +62,14 @@ the model so prepared."""
 
 
 def _model_name(run: str) -> str:
-    """The model family of ``run``, or the one a hub model's ``model_type`` would train as."""
+    """The model family of ``run``, or the one a hub model's ``model_type`` would train as (else that model_type)."""
     if run.startswith(PREFIX):
         from transformers import AutoConfig
 
         path, revision = hub_location(run)
         with loading(run):
-            return HF_FAMILIES.get(AutoConfig.from_pretrained(path, revision=revision).model_type, "")
+            model_type = AutoConfig.from_pretrained(path, revision=revision).model_type
+            return HF_FAMILIES.get(model_type, model_type)
     return load_run_metadata(run_of(find_checkpoint_folder(run)))["model_name"]
 
 
