@@ -1262,6 +1262,15 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
         "have 'variant=none, coeff=0.0', 'variant=angular_spread",
     )
     assert_one_line_error(*evaluate("table", *runs, "--test", "z", "--out", out, capsys=capsys)[::2], "--test")
+    assert_one_line_error(*evaluate("table", "--out", out, capsys=capsys)[::2], "RUN: no runs to tabulate")
+    assert_one_line_error(
+        *evaluate("table", f"={runs[0]}", "--out", out, capsys=capsys)[::2],
+        f"'={runs[0]}': an arm is ARM=RUN1,RUN2,... with a name and at least one run",
+    )
+    assert_one_line_error(
+        *evaluate("table", f"Pretrained={runs[0]}", "--out", out, capsys=capsys)[::2],
+        "arm 'Pretrained': named explicitly and also found by grouping (or named Pretrained, the table's own row)",
+    )
     assert_one_line_error(
         *evaluate("table", *runs, runs[0], "--out", out, capsys=capsys)[::2],
         f"{runs[0]}: the same settings and seed as {runs[0]} (named twice, a copy or a rerun), not another seed",
