@@ -158,6 +158,12 @@ def test_every_table2_row_has_its_config_or_hub_model():
             assert c["baseline"]["method"] == METHODS.get(arm, "none"), row
             flavor = {"GPT2": "small", "GPT2-medium": "medium"}.get(row.block, row.block.removeprefix("Qwen3-"))
             assert c["model"]["flavor"] == flavor, row
+    # table2 --plan: a block trained here scores its baseline's step 0; GPT2-large and -xl, the hub models
+    pretrained = catalog.pretrained_rows()
+    assert "and 6 Pretrained rows, no training (0 GPU-hours)" in pretrained
+    assert pretrained.count("| --pretrained auto |") == 4
+    for model in catalog.GPT2_HUB_IDS[2:]:
+        assert f"| {model} | --pretrained hf:{model} |" in pretrained
 
 
 def test_midtraining_configs_match_the_authors_scripts():
