@@ -26,6 +26,7 @@ from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
+from dispersion_titan.utils.errors import AnalysisError
 from support.cli import analyze, assert_one_line_error
 from support.launch import python_module, second_writer_is_refused, torchrun
 from support.runs import digests, scale_weights, tiny_run
@@ -217,6 +218,8 @@ def test_end_to_end_outputs(run, analyzed):
     path = analyzed / "step-4" / "condensation.json"
     result = Condensation.from_json(read_json(path), str(path))
     assert Condensation.from_json(result.to_json(), "round trip") == result
+    with pytest.raises(AnalysisError, match=r"^old: not a condensation result of this version \('last_n'\)$"):
+        Condensation.from_json({k: v for k, v in result.to_json().items() if k != "last_n"}, "old")
     sequences = select_sequences(InputOptions("enwiki_sample", None, None, K, S, seed=0))
     assert result.tokens_sha256 == sequences.sha256
     model = load_model(str(run / "checkpoint" / "step-4"), load_model_args(str(run / "checkpoint")))
