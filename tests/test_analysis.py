@@ -524,6 +524,12 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
     moved = other.rename(tmp_path / "moved")
     code, stdout, _ = analyze("compare", run, moved, "--out", tmp_path / "cmp-moved", capsys=capsys)
     assert code == 0 and "moved (mlp 256, dispersion angular_spread λ=0.5)" in stdout, stdout
+    # Two runs of one folder name in different places: each labelled by the path it was given.
+    (tmp_path / "elsewhere").mkdir()
+    moved = moved.rename(tmp_path / "elsewhere" / run.name)
+    code, stdout, _ = analyze("compare", run, moved, "--out", tmp_path / "cmp-namesakes", capsys=capsys)
+    assert code == 0 and f"{run} (mlp 256, dispersion none)" in stdout, stdout
+    assert f"{moved} (mlp 256, dispersion angular_spread λ=0.5)" in stdout, stdout
     # Its analyses' record, which names their run, damaged by hand: one line naming it, as where a command writes.
     record = moved / "condensation" / ".owner.json"
     record.write_text("{")
