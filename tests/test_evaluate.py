@@ -1338,3 +1338,14 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
         "([0, 3, 6, 9, 10]; have [5])",
     )
     assert not out.exists()
+    # Evaluations of perplexity tasks only: no accuracy to average or to pick a step by.
+    for path in tmp_path.glob("*/evaluation/step-*/results.json"):
+        result = read_json(path)
+        result["results"] = {"t_ppl": result["results"]["t_ppl"]}
+        path.write_text(json.dumps(result))
+    for select, said in (
+        ("best", "has evaluations without accuracy scores"),
+        ("last", "the evaluations have no accuracy scores to tabulate"),
+    ):
+        assert_one_line_error(*evaluate("table", *runs, "--select", select, "--out", out, capsys=capsys)[::2], said)
+    assert not out.exists()
