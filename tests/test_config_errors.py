@@ -187,7 +187,46 @@ REFUSALS = [
         [*DEBUG, "--baseline.method", "active_forgetting", "--baseline.forget_every", "10", "--training.steps", "10"],
         "baseline.forget_every:",
     ),  # no reset would ever happen
+    Refusal(
+        [*DEBUG, "--baseline.method", "active_forgetting", "--fault_tolerance.enable"],
+        "fault_tolerance.enable: not supported with baseline.method = active_forgetting",
+        how="is",
+    ),
+    Refusal(
+        [*DEBUG, "--optimizer.decay_groups", "hf", "--optimizer.early_step_in_backward"],
+        "optimizer.early_step_in_backward: not supported with optimizer.decay_groups = 'hf'",
+        how="is",
+    ),
+    Refusal(
+        [
+            *DEBUG,
+            "--dispersion.variant",
+            "angular_spread",
+            "--dispersion.layers",
+            "early_half",
+            "--model.n_layers",
+            "1",
+        ],
+        "dispersion.layers: 'early_half' selects no block of 1",
+        how="is",
+    ),
+    Refusal(
+        [*DEBUG, "--parallelism.pipeline_parallel_degree", "2"],
+        "parallelism.pipeline_parallel_degree: dispersion_titan's gpt2 supports only 1",
+        how="is",
+    ),
     # batch sizes, process counts and output folders, for a job of `world` processes
+    Refusal(
+        [*DEBUG, "--training.local_batch_size", "0", "--training.global_batch_size", "-1"],
+        "training.local_batch_size: 0 (derive it) needs a training.global_batch_size > 0",
+        how="is",
+    ),
+    Refusal(
+        [*DEBUG, "--parallelism.data_parallel_shard_degree", "2"],
+        "parallelism: data_parallel_replicate_degree × data_parallel_shard_degree × tensor_parallel_degree = 2, "
+        "but there are 1 processes",
+        how="is",
+    ),
     Refusal(
         [*DEBUG],
         "training.global_batch_size: 8 sequences cannot be split over 16 data-parallel ranks; use a multiple of 16",
@@ -383,6 +422,13 @@ REFUSALS = [
         "released.train_tokens: must be >= 1 with released.per_device_train_batch_size, got -1",
         how="is",
     ),
+    Refusal(
+        [*job_args(MIDTRAIN_TOML), "--profile", "cpu", "--released.lr", "0"],
+        "released.lr, released.warmup_ratio: need lr > 0 and a ratio in [0, 1], got 0.0, 0.2",
+        how="is",
+    ),
+    Refusal(["--job.config_file", "{dir}"], "--job.config_file: {dir}: is a directory", error=ArgumentError, how="is"),
+    Refusal([*DEBUG, "--profile"], "--profile: missing value", error=ArgumentError, how="is"),
     Refusal(  # saved "UTF-8 with BOM" (was tomllib's "Invalid statement (at line 1, column 1)")
         ["--job.config_file", "{toml}"],
         "--job.config_file: {toml}: starts with a byte order mark (BOM), which TOML does not allow; "
