@@ -13,7 +13,6 @@ from torchtitan.models.qwen3 import Qwen3Model, Qwen3ModelArgs, parallelize_qwen
 from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.train_spec import TrainSpec
 
-from ...utils.errors import ConfigError
 from ..flavors import Flavors
 from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_fields, offered
 
@@ -64,8 +63,6 @@ def hf_config(args: Qwen3Args, tokenizer: Any):
     checkpoints pad theirs); its positions those of the model it started from, else those it trained with."""
     from transformers import Qwen3Config
 
-    if not args.qk_norm:
-        raise ConfigError("model_args.qk_norm: transformers' Qwen3 always normalises queries and keys")
     return Qwen3Config(
         **hf_decoder_fields(args, tokenizer),
         head_dim=args.head_dim,
