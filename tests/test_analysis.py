@@ -404,6 +404,10 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
         (["hf:gpt2"], "--out: required with hf: models"),
         (["family", "RUN", "--out", "OUT", "--family", "gpt2"], "--family: 'gpt2' is not NAME=VALUE"),
         (["family", "RUN", "--out", "OUT", "--paired", "A="], "--paired: 'A=' is not NAME=VALUE"),
+        (["RUN", "--seq-len", "1"], "argument --seq-len: '1' must be an integer >= 2"),
+        (["RUN", "--geometry-sequences", "-1"], "argument --geometry-sequences: '-1' is not a non-negative integer"),
+        (["RUN", "--device", "gpu"], "argument --device: Expected one of cpu, cuda"),
+        (["hf:gpt2@main,main", "--out", "OUT"], "hf:gpt2@main,main: a revision is listed twice"),
     ],
 )
 def test_option_combinations_are_refused_before_anything_is_read(tmp_path, capsys, argv, line):
