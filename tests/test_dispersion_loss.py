@@ -426,6 +426,7 @@ def test_mean_offdiag_cosine_bf16_and_single_token() -> None:
         ({"hidden": torch.zeros(1, 2, 4, 8)}, "hidden"),
         ({"hidden": torch.zeros(2, 4, 8, dtype=torch.long)}, "hidden"),
         ({"hidden": torch.zeros(2, 4, 1), "variant": "decorrelation"}, "hidden"),
+        ({"form": "loops"}, "form"),
     ],
 )
 @pytest.mark.parametrize("name", IMPLS)
@@ -461,6 +462,8 @@ def test_perplexity_entropy_refuses_low_precision_products(precision: str) -> No
     """Its sharp row softmaxes need fp32 logits: bf16/tf32 products were 22% / 7% off on an H200."""
     with pytest.raises(ValueError, match=f"precision perplexity_entropy runs at auto or exact only.*{precision}"):
         dispersion_loss(torch.zeros(2, 4, 8), "perplexity_entropy", precision=precision)
+    with pytest.raises(ValueError, match=r"^precision must be one of \('auto', 'bf16', 'tf32', 'exact'\), got 'fp8'$"):
+        dispersion_loss(torch.zeros(2, 4, 8), "l2_repel", precision="fp8")
     triton_kernel = pytest.importorskip("dispersion_titan.losses.dispersion_triton")
     with pytest.raises(ValueError, match=f"precision perplexity_entropy runs at auto or exact only.*{precision}"):
         dispersion_loss(torch.zeros(2, 4, 8), "perplexity_entropy", kernel=triton_kernel.TritonTiles(precision))
