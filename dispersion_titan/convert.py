@@ -18,7 +18,7 @@ import argparse
 import sys
 
 from .config.cli import OneLineErrorParser
-from .utils.errors import command, fail, run_command
+from .utils.errors import command, run_command
 
 
 @command("OUT_DIR is as it was (the export is staged in a hidden folder inside it first); run it again")
@@ -38,10 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     options = parser.parse_args(argv)
     from .run_folder.hf_export import to_hf  # torch: after --help, and within run_command's Ctrl-C (python -m)
 
-    try:
-        to_hf(options.step_dir, options.out_dir, options.force)
-    except ImportError as e:
-        fail(f"transformers is needed to write config and tokenizer files ({e}); pip install transformers")
+    to_hf(options.step_dir, options.out_dir, options.force)
     print(f"wrote {options.out_dir}", file=sys.stderr)
 
 
