@@ -749,12 +749,16 @@ def test_inits_next_command_runs_as_printed(tmp_path, capsys, monkeypatch):
 
 
 def test_init_refuses_a_folder_shaped_unlike_its_own(tmp_path, capsys):
-    """A file where init writes a folder, a folder where it writes a config, an empty DIR: one line, exit 2,
-    nothing written (were 'not writable (File exists)', a folder counted as a kept config, and the cwd)."""
+    """A file where init writes a folder (DIR itself, above it, or in it), a folder where it writes a config, an
+    empty DIR: one line, exit 2, nothing written (were 'not writable (File exists)', a folder counted as a kept
+    config, and the cwd)."""
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "train_configs").write_text("x")
     (tmp_path / "b" / "train_configs" / "debug.toml").mkdir(parents=True)
+    (tmp_path / "c").write_text("x")
     for folder, says in (
+        (tmp_path / "c", f"DIR: {tmp_path / 'c'} is a file; name a new or empty folder"),
+        (tmp_path / "c" / "d", f"DIR: {tmp_path / 'c' / 'd'}: not writable (Not a directory)"),
         (tmp_path / "a", f"DIR: {tmp_path / 'a'} holds other files (train_configs); init writes only into "),
         (tmp_path / "b", f"DIR: {tmp_path / 'b'} holds other files (train_configs/debug.toml); init writes "),
         ("", "DIR: empty; name a new or empty folder"),
@@ -769,6 +773,7 @@ def test_init_refuses_a_folder_shaped_unlike_its_own(tmp_path, capsys):
         "b",
         "b/train_configs",
         "b/train_configs/debug.toml",
+        "c",
     ]
 
 
