@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.__main__ import COMMANDS
+from dispersion_titan.__main__ import COMMANDS, USAGE, main
 from dispersion_titan.utils.errors import docs_page
 from support.launch import python_module
 
@@ -64,9 +64,12 @@ def test_an_unknown_command_is_refused_with_the_list():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_help_before_a_command_is_the_commands_help():
+def test_help_before_a_command_is_the_commands_help(monkeypatch, capsys):
     """``dispersion-titan --help init`` (as ``git --help commit``): init's help (was ``unknown command
-    '--help'``, exit 2); ``--help nope`` is the unknown command."""
+    '--help'``, exit 2); ``--help nope`` is the unknown command; ``--help`` alone, the usage."""
+    monkeypatch.setattr(sys, "argv", ["dispersion-titan", "--help"])
+    main()
+    assert capsys.readouterr() == (USAGE + "\n", "")
     root = [sys.executable, "-m", "dispersion_titan"]
     ours = subprocess.run([*root, "--help", "init"], capture_output=True, text=True, timeout=60)
     theirs = subprocess.run([*root, "init", "--help"], capture_output=True, text=True, timeout=60)
