@@ -453,6 +453,11 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
         (bad / "tokenizer_config.json").write_text(config)
         line = cli_failure(capsys, "enwiki_sample", "--tokenizer", str(bad), "--out", out)
         assert line.startswith(f"dispersion_titan: error: --tokenizer: {bad / 'tokenizer_config.json'}: {says}")
+    (bad / "tokenizer_config.json").unlink()  # none: no eos_token, the document separator, to take from it
+    assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(bad), "--out", out) == (
+        f"dispersion_titan: error: --tokenizer: {bad / 'tokenizer_config.json'} names no eos_token of the tokenizer "
+        "(the document separator)"
+    )
     assert not (tmp_path / "out").exists()
 
 
