@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.shipped import write_shipped
@@ -19,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         description="Write the shipped training configs, the paper's configs and the sweep example into DIR.",
     )
     p.add_argument("dir", metavar="DIR", help="a new or empty folder")
-    a = p.parse_args(sys.argv[1:] if argv is None else argv)
+    a = p.parse_args(argv)
     if not a.dir:
         fail("DIR: empty; name a new or empty folder")
     out = os.path.abspath(a.dir)
