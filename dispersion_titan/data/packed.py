@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
@@ -55,11 +55,6 @@ class RankSlice(IterableDataset, Stateful):
         """Position in the global stream of this rank's ``sample``-th sample."""
         chunk, within = divmod(sample, self.local_batch_size)
         return (chunk * self.dp_world_size + self.dp_rank) * self.local_batch_size + within
-
-    @staticmethod
-    def check_single_process() -> None:
-        if get_worker_info() is not None:
-            raise DataConfigError("dataloader.num_workers: must be 0 (the packed stream is stateful)")
 
     predict_last = True
     """``training.predict_last``; False: the last position's label is ignored."""
@@ -170,7 +165,6 @@ class PackedSequenceDataset(RankSlice):
     def __iter__(self) -> Iterator[Sample]:
         """Validation's one pass has the same number of batches on every rank (TorchTitan's validator runs
         collectives per batch): places past the end are padding whose labels are ignored."""
-        self.check_single_process()
         while self.train:
             window = self.sequence(self.global_index(self.samples_yielded))
             self.samples_yielded += 1
@@ -262,7 +256,6 @@ class StreamingPackedDataset(RankSlice):
             position += len(tokens)
 
     def __iter__(self) -> Iterator[Sample]:
-        self.check_single_process()
         documents = self._documents()
         pending: collections.deque[_Document] = collections.deque()  # overlap [start, covered)
         covered = self.resume.position
