@@ -335,6 +335,20 @@ def test_a_second_prepare_into_a_folder_being_written_is_refused(tmp_path, capsy
 def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):
     store = tmp_path / "store"
     shutil.copytree(enwiki_store, store)
+    # A manifest of another format, version or rules, or one whose entries disagree: named as what it is.
+    manifest = json.loads((store / MANIFEST).read_text())
+    for edited, says in (
+        ({**manifest, "format": "other"}, "corrupt manifest (not a dispersion_titan.token_store manifest)"),
+        ({**manifest, "version": 2}, "format version 2, this code reads 1; rebuild it with"),
+        ({k: v for k, v in manifest.items() if k != "dtype"}, "corrupt manifest (no dtype)"),
+        ({**manifest, "documents_version": 0}, "stale: made with text → documents rules version 0, this"),
+        ({**manifest, "dtype": "float64"}, "corrupt manifest (dtype 'float64')"),
+        ({**manifest, "tokens": 1}, "corrupt manifest (its shards do not hold its 1 tokens)"),
+    ):
+        (store / MANIFEST).write_text(json.dumps(edited))
+        with pytest.raises(DataConfigError, match=rf"^training\.dataset_path: .*manifest\.json.*{re.escape(says)}"):
+            open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
+    (store / MANIFEST).write_text(json.dumps(manifest))
     with open(store / "shard-00003.bin", "r+b") as f:
         f.truncate(100)
     with pytest.raises(DataConfigError, match=r"^training\.dataset_path: .*shard-00003\.bin: truncated \(100 bytes"):
