@@ -395,6 +395,19 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
     assert "--dataset-path: no file matches" in cli_failure(
         capsys, "local", "--dataset-path", "/no/such.jsonl", "--out", out
     )
+    # A folder or a file of another kind as local files, a path for the embedded corpus, an empty local copy,
+    # a token store as the corpus, a TOML without the split's dataset.
+    (tmp_path / "void").mkdir()
+    (tmp_path / "nodata.toml").write_text('[model]\nname = "gpt2"\n')
+    for args, says in (
+        (("local", "--dataset-path", str(tmp_path)), f"'{tmp_path}' is a directory; name files or a glob"),
+        (("local", "--dataset-path", str(tmp_path / "file")), f"--dataset-path: '{tmp_path / 'file'}' is not one of ["),
+        (("enwiki_sample", "--dataset-path", "x.jsonl"), "--dataset-path: 'enwiki_sample' is embedded and takes no"),
+        (("fineweb-edu", "--dataset-path", str(tmp_path / "void")), f"'{tmp_path / 'void'}' is an empty directory"),
+        (("enwiki_sample", "--dataset-path", str(enwiki_store)), f"{enwiki_store} is a token store already; name the"),
+        ((str(tmp_path / "nodata.toml"),), f"CONFIG_OR_DATASET: {tmp_path / 'nodata.toml'}: [training] sets no"),
+    ):
+        assert says in cli_failure(capsys, *args, "--out", out)
     # A TOML's path is its key; --dataset-path over it is named as typed (was the TOML's key, and the
     # underscore spelling for a dataset name).
     toml = '[model]\nname = "gpt2"\n[training]\ndataset = "local"\ndataset_path = "/no/a"\n'
