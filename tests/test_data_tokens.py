@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
+from dispersion_titan.data.corpora import DataConfigError
 from dispersion_titan.data.packed import CACHE_ENV, cached_tokens, token_stream, tokenized_documents
 from dispersion_titan.tokenizer.encoders import EOT_ID
 from support.corpora import texts
@@ -30,12 +32,15 @@ def test_token_stream_is_the_documents_separated_by_endoftext(tmp_path):
     assert stream.tolist() == expected
     pieces = tokenized_documents("local", "train", str(tmp_path / "d.parquet"), "training.dataset")
     assert [tokenizer.decode(p.tolist()) for p in pieces] == docs
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n')  # rows, but no document
+    with pytest.raises(DataConfigError, match=r"^training\.dataset: dataset 'local' has no train documents$"):
+        token_stream("local", "train", str(tmp_path / "blank.jsonl"), "training.dataset")
 
 
 # ---------------------------------------------------------------- token cache
 
 
-def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path):
+def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path, monkeypatch):
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"text": texts(4, seed=5)}), path)
     first = token_stream("local", "train", str(path), "training.dataset")
@@ -50,6 +55,14 @@ def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path):
     second = token_stream("local", "train", str(path), "training.dataset")
     assert len(glob.glob(str(tmp_path / "token_cache" / "*.npy"))) == 2
     assert len(second) != len(first)
+    # ``off``: no cache; a cache folder that cannot be made (under a file): a warning, the tokens all the same.
+    tokens = np.arange(3)
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert cached_tokens({"dataset": "x"}, lambda: tokens) is tokens
+    monkeypatch.setenv(CACHE_ENV, str(path / "cache"))
+    with pytest.warns(UserWarning, match=rf"^token cache {re.escape(str(path / 'cache'))} unusable \("):
+        assert cached_tokens({"dataset": "x"}, lambda: tokens) is tokens
+    assert len(glob.glob(str(tmp_path / "token_cache" / "*.npy"))) == 2
 
 
 def test_embedded_corpus_is_cached_per_split_and_reads_back_the_same_tokens(tmp_path):
