@@ -10,7 +10,7 @@ import torch
 
 from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
 from dispersion_titan.data import corpora
-from dispersion_titan.data.corpora import CORPORA, iter_documents, load_files, load_rows
+from dispersion_titan.data.corpora import CORPORA, DataConfigError, iter_documents, load_files, load_rows
 from dispersion_titan.data.packed import PackedSequenceDataset, StreamingPackedDataset
 from dispersion_titan.tokenizer.encoders import EOT_ID, GPT2_BPE
 from support.corpora import WORDS, texts, write_parquet
@@ -76,6 +76,9 @@ def test_global_batch_is_the_same_for_every_layout(stream_files, kind):
     if kind == "streamed":  # streamed order = the packed stream itself, sequence after sequence
         flat = torch.cat(reference).reshape(-1)
         assert torch.equal(flat, torch.from_numpy(tokens[: len(flat)].astype(np.int64)))
+        blank = StreamingPackedDataset(lambda: datasets.Dataset.from_dict({"text": [""]}).to_iterable_dataset(), SEQ, 1)
+        with pytest.raises(DataConfigError, match=r"^training\.dataset: the streamed training split has no documents$"):
+            next(iter(blank))
 
 
 @pytest.mark.parametrize("kind", ["in_memory", "streamed"])
@@ -92,6 +95,8 @@ def test_in_memory_resume_mid_epoch_and_across_epochs():
     make = in_memory(tokens)
     per_epoch = (len(tokens) - 1) // SEQ  # sequences; each step reads 2 ranks × 2
     resumed_equals_uninterrupted(make, world=2, stop=per_epoch // 8, more=per_epoch // 4)  # into epoch 2
+    with pytest.raises(DataConfigError, match=rf"^training\.dataset: {SEQ} tokens are too few for one sequence of"):
+        PackedSequenceDataset(tokens[:SEQ], SEQ, 2)
 
 
 @pytest.mark.parametrize("copy", ["parquet_files", "saved_dir"])
