@@ -37,6 +37,7 @@ from dispersion_titan.run_folder.checkpoints import (
 )
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.trainer.launcher import oom_message
+from dispersion_titan.utils.errors import ArgumentError
 from support.cli import analyze, assert_one_line_error
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import (
@@ -686,6 +687,9 @@ def test_a_run_named_the_wrong_way_is_told_the_right_one(reference, tmp_path, ca
     unfinished = [*steps, type(steps[0])(9, str(tmp_path / "step-9"))]
     assert [c.step for c in select_steps("first,last", unfinished)] == [0, 8]
     assert [c.step for c in select_steps("9", unfinished)] == [9]  # named: analysed, and reported broken
+    for spec, says in (("6-2", "--steps: empty range '6-2'"), ("10-20", "--steps: '10-20' selects no checkpoint")):
+        with pytest.raises(ArgumentError, match=f"^{re.escape(says)}"):
+            select_steps(spec, steps)
 
 
 @pytest.mark.slow
