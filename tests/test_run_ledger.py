@@ -243,6 +243,13 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
     for spec in (f"{reference_run}@", f"@{FORK_STEP}"):  # were read as RUN, and as the working directory
         with pytest.raises(ConfigError, match=f"^job.fork_from: '{spec}': give RUN or RUN@STEP, STEP a checkpoint"):
             fork_source(spec)
+    with pytest.raises(ConfigError, match=rf"^job.fork_from: {reference_run}/checkpoint/step-7: no such checkpoint "):
+        fork_source(f"{reference_run}@7")
+    (tmp_path / "partial" / "checkpoint" / "step-3").mkdir(parents=True)  # a save that stopped before its .metadata
+    with pytest.raises(ConfigError, match=r"^job.fork_from: .*/step-3: missing \.metadata \(partial or corrupt"):
+        fork_source(f"{tmp_path / 'partial'}@3")
+    with pytest.raises(ConfigError, match=r"^job.fork_from: .*/checkpoint: no complete checkpoint to fork from$"):
+        fork_source(str(tmp_path / "partial"))
     named = tmp_path / "lr@1e-3"  # a run folder whose name holds '@' (was 'STEP must be a checkpoint step number')
     named.symlink_to(reference_run)
     assert fork_source(str(named))[1:] == fork_source(str(reference_run))[1:]
