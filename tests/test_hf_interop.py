@@ -392,6 +392,21 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
     assert capsys.readouterr().err.strip().splitlines() == [
         f"dispersion_titan: error: {step}: missing .metadata (partial or corrupt checkpoint)"
     ]
+    # A shard its .metadata names gone, a .metadata that does not parse, a run.json unreadable or without model_args.
+    step = write_dcp_checkpoint(tmp_path / "other", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    shard, run_json = next(step.glob("*.distcp")), tmp_path / "other" / "run.json"
+    no_args = json.dumps({**json.loads(run_json.read_text()), "model_args": None})
+    for damage, says in (
+        (lambda: shard.rename(tmp_path / "shard"), f"{shard}: missing (partial or corrupt checkpoint)"),
+        (lambda: (step / ".metadata").write_bytes(b"junk"), f"{step}/.metadata: unreadable ("),
+        (lambda: run_json.write_text("{"), f"{run_json}: unreadable ("),
+        (lambda: run_json.write_text(no_args), f"{run_json}: invalid (no model_args)"),
+    ):
+        damage()
+        with pytest.raises(SystemExit) as exit_info:
+            convert.main(["to-hf", str(step), str(tmp_path / "hf")])
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert exit_info.value.code == 2 and line.startswith(f"dispersion_titan: error: {says}"), line
     assert not (tmp_path / "hf").exists()
 
 
