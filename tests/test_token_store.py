@@ -523,6 +523,13 @@ def test_a_row_without_text_is_refused_naming_file_and_line(capsys, caplog, tmp_
         else:
             assert errors[0].startswith(f"dispersion_titan: error: --dataset-path: {path}: not readable as ")
             assert errors[0].endswith(cut)
+    pq.write_table(pa.table({"text": ["one", None]}), tmp_path / "null.parquet")  # no line to name: its row
+    with pytest.raises(SystemExit) as exit_:
+        main(["prepare", "local", "--dataset-path", str(tmp_path / "null.parquet"), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        f'dispersion_titan: error: --dataset-path: row 2 of {tmp_path / "null.parquet"} has no "text"; '
+        'give every row a "text" string'
+    )
     assert not (tmp_path / "out").exists()
 
 
