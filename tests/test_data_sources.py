@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -45,6 +46,10 @@ def test_wikitext_local_copy_forms(tmp_path, form):
     else:
         folder = wikitext_parquet_dir(tmp_path)
         paths = {split: str(folder / f"{split}-*.parquet") for split in ARTICLES}
+    if form != "files":  # a folder's cache identity: every file in it
+        files = sorted(str(p) for p in Path(paths["train"]).rglob("*") if p.is_file())
+        identity = corpora.documents_identity("wikitext-103", "train", paths["train"], "validation.dataset")
+        assert [f for f, _, _ in identity["source"]] == files
     for split in ARTICLES:
         corpora.check_dataset("wikitext-103", paths[split], "validation.dataset")
         assert list(iter_documents("wikitext-103", split, paths[split], "validation.dataset")) == EXPECTED[split]
