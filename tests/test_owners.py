@@ -70,6 +70,12 @@ def refused(code: int, err: str, base: Path, before: dict[str, str], *says: str)
         ("analyze", "A", "A/step-9", "would make run {A}'s root look like a checkpoint folder (step-9)"),
         ("evaluate", "A", "A/condensation", "--out: {A}/condensation holds the analysis of {A}; use another --out"),
         (
+            "evaluate",
+            "A",
+            "A/condensation/mine",
+            "--out: {A}/condensation/mine is inside {A}/condensation, the analysis of {A}; use another --out",
+        ),
+        (
             "convert",
             "A",
             "A/checkpoint/step-99",
@@ -99,6 +105,7 @@ def refused(code: int, err: str, base: Path, before: dict[str, str], *says: str)
         "checkpoint-folder",
         "fake-step",
         "another-kind",
+        "inside-another-kind",
         "convert-into-checkpoints",
         "convert-into-results",
         "histograms-beside-another-runs",
