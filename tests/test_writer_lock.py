@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from dispersion_titan.run_folder.writer_lock import (
     STALE_AFTER_S,
     RunFolderBusy,
     WriterLock,
+    in_turn,
     refuse_if_busy,
     sole_writer,
 )
@@ -100,6 +102,22 @@ def test_another_hosts_lock_is_live_until_it_stops_being_touched(tmp_path):
         refuse_if_busy(tmp_path)
     write_lock(tmp_path, "other-node", 12345, age_s=STALE_AFTER_S + 60)
     refuse_if_busy(tmp_path)  # abandoned: free
+    # A lock still being written by a launch racing ours: live unless as old.
+    old = time.time() - STALE_AFTER_S - 60
+    (tmp_path / LOCK_NAME).write_text('{"host": "other-no')
+    with pytest.raises(RunFolderBusy, match="PID 0 on unknown host"):
+        refuse_if_busy(tmp_path)
+    os.utime(tmp_path / LOCK_NAME, (old, old))
+    refuse_if_busy(tmp_path)
+    # A --tb-dir shared by analyses: the next one waits its turn while the other holds it.
+    write_lock(tmp_path, "other-node", 12345)
+    turn = threading.Timer(0.3, os.utime, (tmp_path / LOCK_NAME, (old, old)))  # the other stops touching it
+    turn.start()
+    start = time.monotonic()
+    with in_turn(tmp_path, ("command", "use another --tb-dir")):
+        assert time.monotonic() - start >= 0.3 and json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    turn.join()
+    assert not (tmp_path / LOCK_NAME).exists()
 
 
 def test_a_requeued_slurm_job_takes_its_own_lock_over(tmp_path, live_pid, monkeypatch):
