@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.run_folder.checkpoints import checkpoint_identity
 from dispersion_titan.run_folder.owners import record_run_folders
-from dispersion_titan.run_folder.settings import fork_source, holds_an_initialisation
+from dispersion_titan.run_folder.settings import fork_source, holds_an_initialisation, start_fork
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import ConfigError, RenamedCheckpointError
 from support.cli import analyze, assert_one_line_error
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.slow
 RUN = (*SCHEDULE, "--validation.no-enable")  # conftest's reference run: 2 processes, checkpoints 0, 2, 4, 6, 8
 FORK_STEP = 4
 ANALYSIS = ("--num-sequences", "4", "--seq-len", "32")
+CHECK = ("--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config", *DEBUG_SEQ_LEN)
 
 
 def sha256_tree(folder: Path) -> dict[str, str]:
@@ -250,6 +252,16 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
         fork_source(f"{tmp_path / 'partial'}@3")
     with pytest.raises(ConfigError, match=r"^job.fork_from: .*/checkpoint: no complete checkpoint to fork from$"):
         fork_source(str(tmp_path / "partial"))
+    # Into the source's own folder, without checkpoints, or not past the fork's step: refused before anything starts.
+    for dump, spec, overrides, says in (
+        (reference_run, str(reference_run), (), "a run cannot be forked into its own folder; give the fork a new"),
+        (tmp_path / "a", f"{reference_run}@4", ("--checkpoint.no-enable",), "needs checkpoint.enable = true (the fork"),
+        (tmp_path / "b", f"{reference_run}@4", ("--training.steps", "4"), "training.steps: 4 does not go past step 4,"),
+    ):
+        job = validated_args([*CHECK, "--job.dump_folder", str(dump), "--job.fork_from", spec, *overrides])
+        with pytest.raises(ConfigError) as refused:
+            start_fork(job, 1)
+        assert says in str(refused.value)
     named = tmp_path / "lr@1e-3"  # a run folder whose name holds '@' (was 'STEP must be a checkpoint step number')
     named.symlink_to(reference_run)
     assert fork_source(str(named))[1:] == fork_source(str(reference_run))[1:]
