@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.job_config.parse import validated_args
-from dispersion_titan.run_folder.checkpoints import checkpoint_identity
+from dispersion_titan.run_folder.checkpoints import CheckpointError, check_resume, checkpoint_identity
 from dispersion_titan.run_folder.owners import record_run_folders
 from dispersion_titan.run_folder.settings import fork_source, holds_an_initialisation, start_fork
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
@@ -174,6 +174,8 @@ def test_resuming_would_save_over_a_step_checkpoint_is_refused(reference_run):
         f"dispersion_titan: error: checkpoint.load_step: 3: {reference_run}/checkpoint holds no complete step-3 "
         "(complete steps: 0, 2, 4, 6, 8); name one of them, or -1 for the newest"
     )
+    with pytest.raises(CheckpointError, match=r"from step 4 \(checkpoint\.load_step = 4 is older than step-8\)"):
+        check_resume(str(reference_run / "checkpoint"), str(reference_run), 10, 2, load_step=4)
     assert sha256_tree(reference_run) == before
 
 
