@@ -458,6 +458,15 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
         "(there vs here: source.split 'train' vs 'validation'); choose"
     ) in cli_failure(capsys, "enwiki_sample", "--split", "validation", "--shard-documents", "10", "--out", str(store))
     assert folder_bytes(store) == before
+    # Shards of a prepare from other inputs that stopped before its manifest: the first readable record is named.
+    partial = tmp_path / "partial"
+    shutil.copytree(enwiki_store, partial)
+    (partial / MANIFEST).unlink()
+    (partial / "shard-00000.json").write_text("{")  # unreadable: that shard would be rewritten
+    assert cli_failure(capsys, "enwiki_sample", "--out", str(partial)) == (
+        f"dispersion_titan: error: --out: {partial / 'shard-00001.json'} belongs to a prepare from other inputs "
+        "(source, tokenizer or --shard-documents); choose another folder"
+    )
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path / "absent"), "--out", out) == (
         f"dispersion_titan: error: --tokenizer: {tmp_path / 'absent'}: no such folder"
     )
