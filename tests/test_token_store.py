@@ -259,10 +259,12 @@ def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):
     assert (out / "shard-00002.json").exists() and not (out / MANIFEST).exists()
     write_store(docs, str(out), source, workers=2, shard_documents=4, progress=False)
     assert folder_bytes(out) == folder_bytes(tmp_path / "whole")
-    # A damaged shard and a lost record are rewritten; verified shards are kept as they are.
+    # Damaged shards and a lost record are rewritten; verified shards are kept as they are.
     kept = (out / "shard-00000.bin").stat().st_mtime_ns
     with open(out / "shard-00001.bin", "r+b") as f:
         f.truncate(10)
+    with open(out / "shard-00002.bin", "r+b") as f:  # its size, other bytes: its digest tells
+        f.write(b"\xff\xff")
     (out / "shard-00004.json").unlink()
     (out / MANIFEST).unlink()
     write_store(docs, str(out), source, workers=1, shard_documents=4, progress=False)
