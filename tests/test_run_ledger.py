@@ -372,3 +372,5 @@ def test_step_0_of_a_run_from_scratch_is_an_initialisation_wherever_its_checkpoi
     record_run_folders(str(seed), {"checkpoint.folder": str(outside)})  # as its launch records it
     assert holds_an_initialisation(str(outside / "step-0"))
     assert not holds_an_initialisation(str(outside / "step-1"))  # trained weights
+    (seed / "run.json").rename(tmp_path / "run.json")  # its run.json gone: nothing says it is an initialisation
+    assert not holds_an_initialisation(str(outside / "step-0"))
