@@ -97,6 +97,9 @@ def test_in_memory_resume_mid_epoch_and_across_epochs():
     resumed_equals_uninterrupted(make, world=2, stop=per_epoch // 8, more=per_epoch // 4)  # into epoch 2
     with pytest.raises(DataConfigError, match=rf"^training\.dataset: {SEQ} tokens are too few for one sequence of"):
         PackedSequenceDataset(tokens[:SEQ], SEQ, 2)
+    resumed = loader(make(2, 0, 2), 0, 2)  # a fork's position from a global batch these 2 ranks cannot split
+    with pytest.raises(DataConfigError, match=r"^training: 3 sequences consumed cannot be split over 2 data-parallel"):
+        resumed.load_state_dict({"sequences_consumed": 3})
 
 
 @pytest.mark.parametrize("copy", ["parquet_files", "saved_dir"])

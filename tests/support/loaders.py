@@ -5,11 +5,13 @@ from __future__ import annotations
 from itertools import islice
 
 import torch
-from torchtitan.components.dataloader import ParallelAwareDataloader
+
+from dispersion_titan.data.packed import PackedDataloader
 
 
-def loader(dataset, rank: int, world: int) -> ParallelAwareDataloader:
-    return ParallelAwareDataloader(dataset, dp_rank=rank, dp_world_size=world, batch_size=dataset.local_batch_size)
+def loader(dataset, rank: int, world: int) -> PackedDataloader:
+    """The trainer's loader class: its state is the global position, or a streamed corpus's per-rank state."""
+    return PackedDataloader(dataset, dp_rank=rank, dp_world_size=world, batch_size=dataset.local_batch_size)
 
 
 def global_batches(make, world: int, accum: int, local: int, steps: int) -> list[torch.Tensor]:
