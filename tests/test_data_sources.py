@@ -53,6 +53,11 @@ def test_wikitext_local_copy_forms(tmp_path, form):
     for split in ARTICLES:
         corpora.check_dataset("wikitext-103", paths[split], "validation.dataset")
         assert list(iter_documents("wikitext-103", split, paths[split], "validation.dataset")) == EXPECTED[split]
+    if form == "cache":  # a cache of another config only: named in one line
+        cached = Path(paths["train"]) / "Salesforce___wikitext"
+        (cached / "wikitext-103-raw-v1").rename(cached / "wikitext-2-raw-v1")
+        with pytest.raises(DataConfigError, match=r"^validation\.dataset_path: .*: Couldn't find cache for Sales"):
+            next(iter_documents("wikitext-103", "train", paths["train"], "validation.dataset"))
 
 
 def test_wikitext_copy_without_the_split_names_the_field(tmp_path):
