@@ -481,7 +481,10 @@ CRASHES = [
         {"checkpoint.initial_load_in_hf": True, "checkpoint.initial_load_model_only": False},
         "checkpoint.initial_load_model_only: must be true with checkpoint.initial_load_in_hf",
     ),
-    ({"checkpoint.initial_load_in_hf_quantized": True}, "checkpoint.initial_load_in_hf_quantized: needs"),
+    (
+        {"checkpoint.initial_load_in_hf": True, "checkpoint.initial_load_in_hf_quantized": True},
+        "checkpoint.initial_load_in_hf_quantized: gpt2 loads no quantized Hugging Face checkpoint; set it false",
+    ),
     (
         {"checkpoint.last_save_in_hf": True, "checkpoint.last_save_model_only": False},
         "checkpoint.last_save_model_only: must be true with checkpoint.last_save_in_hf",

@@ -60,8 +60,11 @@ def check_initial_load(config: RunConfig) -> None:
                 "not from checkpoint.initial_load_*; move it aside (nothing in it is loaded) and relaunch"
             )
         return
-    if c.initial_load_in_hf_quantized and not c.initial_load_in_hf:
-        raise ConfigError("checkpoint.initial_load_in_hf_quantized: needs checkpoint.initial_load_in_hf = true")
+    if c.initial_load_in_hf_quantized:  # TorchTitan's gpt2 reader raised it in every rank; qwen3's, llama3's ignore it
+        raise ConfigError(
+            f"checkpoint.initial_load_in_hf_quantized: {config.model.name} loads no quantized Hugging Face "
+            "checkpoint; set it false"
+        )
     if c.initial_load_in_hf and not c.initial_load_model_only:
         raise ConfigError(
             "checkpoint.initial_load_model_only: must be true with checkpoint.initial_load_in_hf "
