@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from dispersion_titan.analysis import ANALYSIS_PROTOCOLS, DEFAULT_GEOMETRY_SEQUENCES, LAYER_POINTS
+from dispersion_titan.analysis import ANALYSIS_PROTOCOLS, DEFAULT_GEOMETRY_SEQUENCES, DEFAULT_LAST_N, LAYER_POINTS
 from dispersion_titan.config.cli import (
     OneLineErrorParser,
     add_device_arguments,
@@ -136,7 +136,12 @@ def size_series_parser() -> argparse.ArgumentParser:
         metavar="A=B",
         help="compare model A with model B (e.g. distilled with its base)",
     )
-    p.add_argument("--last-n", type=positive_int, default=3, help="layers averaged at the end of depth (default 3)")
+    p.add_argument(
+        "--last-n",
+        type=positive_int,
+        default=DEFAULT_LAST_N,
+        help=f"layers averaged at the end of depth (default {DEFAULT_LAST_N})",
+    )
     p.add_argument(
         "--protocol",
         choices=ANALYSIS_PROTOCOLS,

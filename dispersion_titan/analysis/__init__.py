@@ -9,3 +9,6 @@ ANALYSIS_PROTOCOLS = ("default", "paper")
 
 LAYER_POINTS = ("all", "hidden_states")
 """Which layers the depth trend runs over (``statistics.depth_points``)."""
+
+DEFAULT_LAST_N = 3
+"""``analyze family --last-n``: the layers at the end of depth whose mean cosine a model's row averages."""

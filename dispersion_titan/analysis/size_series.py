@@ -20,8 +20,6 @@ from .condensation_schema import Condensation
 from .inputs import differences
 from .statistics import point_layers, rank_trend
 
-DEFAULT_LAST_N = 3
-
 
 @dataclass(frozen=True)
 class Member:

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...analysis import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
 from ...analysis.condensation_schema import Condensation, LayerCondensation, read_analyses
 from ...analysis.figures import density_mesh
 from ...analysis.inputs import differences
-from ...analysis.size_series import DEFAULT_LAST_N as LAST_N  # the layers averaged for a row's trend
 from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import finite_or_none, point_layers, rank_trend
 from ...evaluation.protocol import TESTS
