@@ -60,7 +60,7 @@ def check_initial_load(config: RunConfig) -> None:
                 "not from checkpoint.initial_load_*; move it aside (nothing in it is loaded) and relaunch"
             )
         return
-    if c.initial_load_in_hf_quantized:  # TorchTitan's gpt2 reader raised it in every rank; qwen3's, llama3's ignore it
+    if c.initial_load_in_hf_quantized:  # our gpt2 reader raised in every rank; TorchTitan's qwen3, llama3 ones warn
         raise ConfigError(
             f"checkpoint.initial_load_in_hf_quantized: {config.model.name} loads no quantized Hugging Face "
             "checkpoint; set it false"
