@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -357,8 +358,9 @@ def sm90_builds(variant: str, hidden_dtype: torch.dtype, shape: tuple[int, int, 
                      kw.get("VARIANT") or (kw["ROWS"] if isinstance(kw.get("ROWS"), str) else None),
                      signature.get("u_ptr", "")[1:] and f"u-{signature['u_ptr'][1:]}",
                      signature.get("z_ptr", "")[1:] and f"hidden-{signature['z_ptr'][1:]}"]  # fmt: skip
-            # the integers a launch marks divisible by 16 (``items`` is at one shape, not the other): another build
-            by16 = [arg for i, (arg, kind) in enumerate(signature.items()) if kind in ("i32", "i64") and attrs[(i,)]]
+            # the integers a launch marks divisible by 16 (not those it must not specialise): another build
+            ints = enumerate(signature.items())
+            by16 = [arg for i, (arg, kind) in ints if kind in ("i32", "i64") and attrs.get((i,))]
             parts.append(by16 and f"by16_{'_'.join(by16)}")
             builds["-".join(p for p in parts if p)] = (kernel, signature, constexprs, attrs, options)
     return builds
@@ -415,10 +417,13 @@ def test_shipped_configurations_compile_for_h100_without_spills() -> None:
     kernels = {name.split("-")[0] for name in report}
     assert kernels == {"rows", "pairs_forward", "pairs_backward", "radial", "pair_logits", "row_entropy"}, kernels
     products = [name for name in report if name.startswith("pair")]
-    # forward (or logits) and backward per variant and configuration (W U is cuBLAS's), each binding of its integers
+    # forward (or logits) and backward per variant and configuration (W U is cuBLAS's)
     kinds = {name.split("-by16_")[0] for name in products}
     assert len(kinds) == len(VARIANTS) * 2 * len(dt.PAIR_CONFIGS), sorted(report)
-    assert len(products) > len(kinds), "the shipped shapes bind some product kernel's integers differently"
+    # one build of each for both shapes, though one's tile-pair count is divisible by 16 and the other's not
+    items = [b * math.comb(-(-n // dt.GPU_BLOCK) + 1, 2) for b, n, _ in SM90_SHAPES]
+    assert {count % 16 == 0 for count in items} == {True, False}, items
+    assert len(products) == len(kinds), sorted(products)
     for name, got in report.items():
         assert got["spill_bytes"] == 0, (name, got)
         assert got["shared"] <= HOPPER_SHARED_BYTES, (name, got)

@@ -79,6 +79,9 @@ STEP_BYTES = 128
 # Persistent programs per multiprocessor: two, so that one's epilogue can overlap the other's
 # products where registers and shared memory let two stay resident.
 PROGRAMS_PER_SM = 2
+# The pair kernels' persistent-loop bound (tile pairs): Triton specialises an integer divisible by 16,
+# which buys a loop bound nothing and would build every pair kernel twice across shapes.
+PERSISTENT_BOUND = ["items"]
 
 # What autotune tries on a GPU, per (N, d, variant, products): (num_warps, num_stages) of the pair
 # kernels. Every configuration is compiled for sm_90 as a launch builds it in
@@ -398,7 +401,7 @@ def _forward_slice(g, rows, cols, sq_seq, n, neg_inv_tau, clamp, m, s, VARIANT: 
     return m, s
 
 
-@triton.jit
+@triton.jit(do_not_specialize=PERSISTENT_BOUND)
 def _pairs_forward_kernel(
     u_desc, sq_ptr, m_ptr, s_ptr, n, d, items, neg_inv_tau, clamp,
     VARIANT: tl.constexpr, ROWS: tl.constexpr, LOGSUMEXP: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
@@ -464,7 +467,7 @@ def _backward_slice(
     return tl.sum(radial, axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=PERSISTENT_BOUND)
 def _pairs_backward_kernel(
     u_desc, w_desc, wt_desc, sq_ptr, m_ptr, log_s_ptr, stats_ptr, r_ptr, n, d, items, neg_inv_tau, clamp,
     pair_scale, entropy_eps,
@@ -509,7 +512,7 @@ def _pairs_backward_kernel(
         tl.store(r_ptr + (b.to(tl.int64) * tiles + tj) * n + rows, r, mask=in_r)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=PERSISTENT_BOUND)
 def _pair_logits_kernel(
     u_desc, t_desc, tt_desc, sq_ptr, n, d, items, neg_inv_tau,
     VARIANT: tl.constexpr, ROWS: tl.constexpr, DOT: tl.constexpr, INTERPRET: tl.constexpr,
