@@ -19,6 +19,7 @@ from ..config.cli import (
     config_file,
     given_keys,
     load_toml,
+    read_toml,
     with_profile,
     without_profile,
 )
@@ -30,6 +31,7 @@ from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.encoders import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
 from ..utils.errors import ArgumentError, ConfigError
+from ..utils.package_data import package_file
 from .checks import check_job_config, data_parallel_degree
 from .released import refuse_derived_keys
 from .titan_checks import check_initial_load, check_runs_here, run_folders
@@ -119,6 +121,13 @@ def _switch_given_a_value(args: list[str]) -> str | None:
             on, off = f"--{section}.{name.replace('_', '-')}", f"--{section}.no-{name.replace('_', '-')}"
             return f"{flag} {value}: {key} is a switch and takes no value; write {on} for true, {off} for false"
     return None
+
+
+def warm() -> None:
+    """One parse of the shipped debug config, in a process that then forks jobs (a job server's preload):
+    every job's parse reuses what tyro read of each section's source, 0.1 s of CPU a process."""
+    path = package_file("dispersion_titan", "train_configs", "debug.toml")
+    titan_compat.config_manager_parse(["--job.custom_config_module", CONFIG_MODULE], read_toml(path, "debug.toml"))
 
 
 def parse_job_config(args: list[str], toml: dict) -> RunConfig:

@@ -64,13 +64,14 @@ def launch_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-# What the session's job server imports once (and GPT-2's BPE, built once) before it forks each job.
+# What the session's job server imports once (GPT-2's BPE built and a config parsed once) before it forks each job.
 PRELOAD = [
     "torch",
     "torchtitan.train",
     "torch.distributed.launcher.api",
     "dispersion_titan.train",
     "dispersion_titan.tokenizer.encoders:gpt2_encoding",
+    "dispersion_titan.job_config.parse:warm",
 ]
 _jobs: Jobs | None = None
 

@@ -329,6 +329,7 @@ def train_and_analyze(setup: QuickstartSetup, say: Callable[[str], None]) -> Non
         "dispersion_titan.analysis.runner",
         "scipy.stats",  # each analysis's rank correlations: 0.8 s of CPU per job when imported there
         "dispersion_titan.tokenizer.encoders:gpt2_encoding",
+        "dispersion_titan.job_config.parse:warm",
     ]
     # Interrupted, the server stops the jobs (as it closes) before the pool waits for them
     out_id = folder_id(setup.out)
