@@ -6,6 +6,7 @@ or added is one change here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import typing
 from dataclasses import dataclass, field
@@ -131,10 +132,14 @@ class Condensation:
         return result
 
 
+_type_hints = functools.cache(typing.get_type_hints)
+"""A class's resolved field types, once per class: a file holds a record per layer and per step."""
+
+
 def _check_numbers(record: Any, prefix: str) -> None:
     """Each number field of ``record`` (``int``, ``float``, either or None, ``list[float]``) a finite number; its
     types resolved, not read from annotation strings (which differ without ``from __future__ import annotations``)."""
-    for name, kind in typing.get_type_hints(type(record)).items():
+    for name, kind in _type_hints(type(record)).items():
         value = getattr(record, name)
         if kind == list[float]:
             items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
