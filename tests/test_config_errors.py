@@ -427,7 +427,12 @@ REFUSALS = [
         "released.lr, released.warmup_ratio: need lr > 0 and a ratio in [0, 1], got 0.0, 0.2",
         how="is",
     ),
-    Refusal(["--job.config_file", "{dir}"], "--job.config_file: {dir}: is a directory", error=ArgumentError, how="is"),
+    Refusal(
+        ["--job.config_file", "{dir}"],
+        "--job.config_file: {dir} is a folder; give the TOML file itself",
+        error=ArgumentError,
+        how="is",
+    ),
     Refusal([*DEBUG, "--profile"], "--profile: missing value", error=ArgumentError, how="is"),
     Refusal(  # saved "UTF-8 with BOM" (was tomllib's "Invalid statement (at line 1, column 1)")
         ["--job.config_file", "{toml}"],

@@ -130,7 +130,7 @@ def read_toml(path: str, field: str) -> dict:
         hint = f" here ({os.getcwd()}); dispersion-titan init DIR writes the shipped configs, then run in DIR"
         raise ArgumentError(f"{field}: {path}: no such file{hint if shipped else ''}") from None
     except IsADirectoryError:
-        raise ArgumentError(f"{field}: {path}: is a directory") from None
+        raise ArgumentError(f"{field}: {path} is a folder; give the TOML file itself") from None
     except tomllib.TOMLDecodeError as e:
         with open(path, "rb") as f:
             if f.read(3) == codecs.BOM_UTF8:  # "UTF-8 with BOM": tomllib says "Invalid statement"

@@ -164,9 +164,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         if not isinstance(value, str) or not value.strip():  # not sbatch's --partition=['a']
             raise ArgumentError(f"{key}: expected a {what} in quotes, got {value!r}")
     config = Path(raw["config"]).expanduser().resolve()
-    if config.is_dir():
-        raise ArgumentError(f"config: {raw['config']} is a folder; give the training TOML file itself")
-    read_toml(str(config), "config")  # missing or not TOML: named as the key, not as each cell's --job.config_file
+    read_toml(str(config), "config")  # missing, a folder, not TOML: named as the key, not as each cell's config_file
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(raw.get("out") or f"outputs/sweep-{config.stem}-{stamp}").expanduser().resolve()
     refuse_used(out)
