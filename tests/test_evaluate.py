@@ -1263,10 +1263,11 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     )
     assert_one_line_error(*evaluate("table", *runs, "--test", "z", "--out", out, capsys=capsys)[::2], "--test")
     assert_one_line_error(*evaluate("table", "--out", out, capsys=capsys)[::2], "RUN: no runs to tabulate")
-    assert_one_line_error(
-        *evaluate("table", f"={runs[0]}", "--out", out, capsys=capsys)[::2],
-        f"'={runs[0]}': an arm is ARM=RUN1,RUN2,... with a name and at least one run",
-    )
+    for spec in (f"={runs[0]}", f"a={runs[0]},,{runs[1]}"):  # the second was ": no such folder", of ""
+        assert_one_line_error(
+            *evaluate("table", spec, "--out", out, capsys=capsys)[::2],
+            f"{spec!r}: give [ARM=]RUN1,RUN2,..., a name before = and no empty run",
+        )
     assert_one_line_error(
         *evaluate("table", f"Pretrained={runs[0]}", "--out", out, capsys=capsys)[::2],
         "arm 'Pretrained': named explicitly and also found by grouping (or named Pretrained, the table's own row)",

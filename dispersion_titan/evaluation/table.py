@@ -214,15 +214,21 @@ def _auto_labels(groups: list[list[Evaluated]]) -> list[str]:
     return [", ".join(f"{key.rsplit('.', 1)[-1]}={f.get(key)}" for key in differing) for f in flat]
 
 
+def arm_runs(spec: str) -> tuple[str, list[str]]:
+    """``[ARM=]RUN1,RUN2,...``: the arm's name ("": its runs grouped by configuration) and its runs."""
+    name, _, runs = spec.partition("=") if "=" in spec else ("", "", spec)
+    if "=" in spec and not name or "" in runs.split(","):
+        raise EvaluationError(f"{spec!r}: give [ARM=]RUN1,RUN2,..., a name before = and no empty run")
+    return name, runs.split(",")
+
+
 def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
     """Arm name -> its runs' evaluations, arms in the order first named."""
     groups: dict[tuple[str, str], list[Evaluated]] = {}  # (explicit name, "") or ("", configuration)
     seeds: dict[str, str] = {}  # a configuration with its seed -> its run: a run named twice, copied or rerun once
     for spec in specs:
-        name, _, runs = spec.partition("=") if "=" in spec else ("", "", spec)
-        if "=" in spec and (not name or not runs):
-            raise EvaluationError(f"{spec!r}: an arm is ARM=RUN1,RUN2,... with a name and at least one run")
-        for run in runs.split(","):
+        name, runs = arm_runs(spec)
+        for run in runs:
             found = evaluated(run)
             config = json.dumps(_run_config(found.dump), sort_keys=True)
             seeded = json.dumps([config, load_run_metadata(found.dump).get("seed")])

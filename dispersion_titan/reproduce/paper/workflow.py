@@ -20,6 +20,7 @@ from ...analysis.size_series import parse_assignments
 from ...config.cli import load_toml, read_toml, with_config_module
 from ...data.corpora import corpus
 from ...evaluation.runner import hub_model
+from ...evaluation.table import arm_runs
 from ...job_config import released
 from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import dispersion_variant, find_checkpoint_folder, list_checkpoints, load_run_metadata
@@ -318,10 +319,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
                 "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each), or --pretrained "
                 "hf:MODEL for a block of the Pretrained row alone (GPT2-large, -xl)"
             )
-        bad = [s for s in specs if s.startswith("=") or "" in s.partition("=")[2 if "=" in s else 0].split(",")]
-        if bad:  # as evaluate table would refuse it
-            raise ArgumentError(f"--models: {bad[0]!r}: give [ARM=]RUN1,RUN2,..., a name before = and no empty run")
-        runs = [run for spec in specs for run in spec.partition("=")[2 if "=" in spec else 0].split(",")]
+        runs = [run for spec in specs for run in arm_runs(checked(spec, "--models", arm_runs))[1]]
         for run in runs:
             if not _is_run(run):
                 raise ArgumentError(
