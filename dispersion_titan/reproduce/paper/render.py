@@ -24,7 +24,6 @@ from ...evaluation.protocol import TESTS
 from ...evaluation.table import ArmRow, Selection, cell, difference, signed, table
 from ...run_folder.outputs import atomic_write, headless_pyplot, revision_folder, staged, write_json
 from ...utils.errors import ArgumentError
-from ...utils.hub import parse_spec
 from . import catalog
 from .workflow import STAGE_BRANCH, PaperModel, PaperWorkflow
 
@@ -112,7 +111,7 @@ def _entries(workflow: PaperWorkflow, model: PaperModel) -> list[Entry]:
             raise _missing(workflow, model, f"{model.label} step {model.steps}")
         return [Entry(model.label, model.row or "runs", found[folder])]
     entries = []
-    for revision in parse_spec(model.target).revisions:
+    for revision in model.spec.revisions:
         folder = revision_folder(revision)
         if folder not in found:
             raise _missing(workflow, model, f"{model.label}" + (f"@{revision}" if revision else ""))

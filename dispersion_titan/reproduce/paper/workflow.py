@@ -11,6 +11,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from huggingface_hub import constants, list_repo_refs, try_to_load_from_cache
 from tqdm import tqdm
@@ -28,7 +29,7 @@ from ...run_folder.owners import RUN_METADATA_FILE
 from ...utils.devices import AUTOCAST, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
 from ...utils.hub import PREFIX as HF
-from ...utils.hub import parse_spec
+from ...utils.hub import HFSpec, parse_spec
 from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch
 from . import catalog
 
@@ -77,6 +78,11 @@ class PaperModel:
     size_b: float | None = None  # nominal, for the GPU check
     steps: str | None = None  # a run's --steps
     trust_remote_code: bool = False
+
+    @property
+    def spec(self) -> HFSpec | None:
+        """The Hugging Face model and revisions it names, as analyze reads them (None: one of our runs)."""
+        return parse_spec(self.target) if self.target.startswith(HF) else None
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,7 @@ def run_model(run: str, analyses: str, row: str | None, label: str, steps: str) 
 def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
     """A ``--models`` entry: a hub id, a local model folder, an ``hf:`` spec, or one of our runs."""
     if text.startswith(HF):
-        target = checked(text, f"--models: {text!r}")
+        target = text
     elif _is_run(text):
         run = os.path.abspath(text)
         steps = checkpoint_steps(run)
@@ -148,25 +154,27 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
     elif os.path.exists(text) or text.startswith((".", "/")) or text.count("/") > 1:
         raise ArgumentError(f"--models: {text}: no such model folder or run")
     else:
-        target = checked(HF + text, f"--models: {text!r}")
-    model = target[len(HF) :].rpartition("@")[0] or target[len(HF) :]
-    label = os.path.basename(os.path.normpath(model))
-    out = os.path.join(analyses, safe_name(label if os.path.isdir(model) else model))
-    return PaperModel(target, out, row, label, catalog.size_b(model))
+        target = HF + text
+    spec = checked(target, f"--models: {text!r}")
+    label = os.path.basename(os.path.normpath(spec.model))
+    out = os.path.join(analyses, safe_name(label if spec.local else spec.model))
+    return PaperModel(target, out, row, label, catalog.size_b(spec.model))
 
 
-def checked(target: str, option: str, check: Callable[[str], object] = parse_spec) -> str:
-    """``target`` as its step's ``check`` takes it (analyze's: ``hf:MODEL[@REV,...]``), else refused in one line."""
+Parsed = TypeVar("Parsed")
+
+
+def checked(target: str, option: str, check: Callable[[str], Parsed] = parse_spec) -> Parsed:
+    """``target`` as its step's ``check`` reads it (analyze's: ``hf:MODEL[@REV,...]``), else refused in one line."""
     try:
-        check(target)
+        return check(target)
     except DispersionTitanError as e:
         raise ArgumentError(f"{option}: {e}") from None
-    return target
 
 
 def ships_code(model: PaperModel) -> bool:
     """One of the paper's models that runs only with its own modelling code (``catalog.REMOTE_CODE``)."""
-    return model.target.startswith(HF) and model.target[len(HF) :].partition("@")[0] in catalog.REMOTE_CODE
+    return (spec := model.spec) is not None and spec.model in catalog.REMOTE_CODE
 
 
 def with_remote_code(models: list[PaperModel], options: dict, given: bool) -> tuple[list[PaperModel], list[str]]:
@@ -174,7 +182,7 @@ def with_remote_code(models: list[PaperModel], options: dict, given: bool) -> tu
     Without it, given models that ship code are refused; the paper's are left out (none of fig5's pairs)."""
     if options.get("trust_remote_code"):
         return [replace(m, trust_remote_code=m.target.startswith(HF) if given else ships_code(m)) for m in models], []
-    needing = [m.target[len(HF) :] for m in models if ships_code(m)]
+    needing = [m.target.removeprefix(HF) for m in models if ships_code(m)]
     if needing and given:
         raise ArgumentError(
             f"--models: {', '.join(needing)} run only with their own modelling code: add "
@@ -249,21 +257,23 @@ def _fig4_model(options: dict, analyses: str) -> PaperModel:
     if revisions == "":
         raise ArgumentError("--revisions: empty; give REV1,REV2,... or leave it out for the model's hub branches")
     base = model_of(models[0], analyses)
-    base = replace(base, row=base.label)  # one row: the model's revisions
-    if "@" in base.target[len(HF) :] and not revisions:
-        return base
-    if not base.target.startswith(HF):
+    base, spec = replace(base, row=base.label), base.spec  # one row: the model's revisions
+    if spec is None:
         raise ArgumentError("--models: fig4 takes a Hugging Face model (hub id or folder), not a run")
+    if spec.revisions != (None,) and not revisions:
+        return base
     if not revisions:  # its hub branches
         try:
-            branches = [b.name for b in list_repo_refs(base.target[len(HF) :]).branches]
+            branches = [b.name for b in list_repo_refs(spec.model).branches]
         except Exception as e:  # offline, no such model: one line either way
             raise ArgumentError(
-                f"fig4: cannot list the revisions of {base.target[len(HF) :]} ({type(e).__name__}): pass "
+                f"fig4: cannot list the revisions of {spec.model} ({type(e).__name__}): pass "
                 "--revisions REV1,REV2,... (its hub branches), or run where the hub is reachable"
             ) from None
         revisions = ",".join(pick_revisions(branches))
-    return replace(base, target=checked(f"{base.target.split('@')[0]}@{revisions}", "--revisions"))
+    target = spec.name(revisions)
+    checked(target, "--revisions")
+    return replace(base, target=target)
 
 
 def corpora(options: dict) -> dict[str, list[str]]:
@@ -309,7 +319,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
         pretrained, first = options.get("pretrained") or "auto", []
         if pretrained.startswith(HF):  # a hub model as published (GPT2-large's row): evaluated first
             checked(pretrained, "--pretrained", hub_model)  # as its evaluate step would take it
-            folder = os.path.join(out, PRETRAINED, safe_name(pretrained[len(HF) :]))
+            folder = os.path.join(out, PRETRAINED, safe_name(pretrained.removeprefix(HF)))
             first = [Step("evaluate", [pretrained, "--out", folder, *evaluate_args], pretrained)]
             pretrained = folder
         specs = options.get("models") or []
@@ -319,7 +329,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
                 "train_configs/paper/midtrain_*.toml with launch/train.sh, several seeds each), or --pretrained "
                 "hf:MODEL for a block of the Pretrained row alone (GPT2-large, -xl)"
             )
-        runs = [run for spec in specs for run in arm_runs(checked(spec, "--models", arm_runs))[1]]
+        runs = [run for spec in specs for run in checked(spec, "--models", arm_runs)[1]]
         for run in runs:
             if not _is_run(run):
                 raise ArgumentError(
@@ -534,7 +544,7 @@ def check_hub(workflow: PaperWorkflow) -> None:
     """With the hub offline (HF_HUB_OFFLINE), every hub model must already be in the cache."""
     if not constants.HF_HUB_OFFLINE:
         return
-    for spec in (parse_spec(m.target) for m in workflow.models if m.target.startswith(HF)):
+    for spec in filter(None, (m.spec for m in workflow.models)):
         for revision in () if spec.local else spec.revisions:
             if not isinstance(try_to_load_from_cache(spec.model, "config.json", revision=revision), str):
                 get = f"hf download {spec.model}" + (f" --revision {revision}" if revision else "")
