@@ -10,7 +10,7 @@ import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import format_table, results_folder, save_png, write_csv
-from ..run_folder.owners import FolderOwner, read_owner, rewritten
+from ..run_folder.owners import FolderOwner, results_run, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses
@@ -47,12 +47,6 @@ def _details(result: Condensation, dump: str) -> str:
     return f"(mlp {result.mlp_width}{f', dispersion {variant}' if variant else ''})"
 
 
-def analysed_run(folder: str, result: Condensation) -> str:
-    """The run of an analyses folder: the owner it records, where that is now (moved, copied), else its results'."""
-    owner = read_owner(folder)
-    return owner.run if owner and owner.run else result.run
-
-
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
     """Each run's analysis at ``step``; refuses a run named twice and analyses of different sequences."""
     named: dict[str, str] = {}
@@ -70,7 +64,7 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
                 f"compare: {run} was analyzed with different inputs than {runs[0]} "
                 f"({differences(results[0].inputs, result.inputs)}); re-analyze with the same options"
             )
-    dumps = [analysed_run(analyses_folder(run), result) for run, result in zip(runs, results, strict=True)]
+    dumps = [results_run(analyses_folder(run), result.run) for run, result in zip(runs, results, strict=True)]
     names = [os.path.basename(os.path.normpath(dump)) for dump in dumps]
     if len(set(names)) < len(names):  # same folder names in different places
         names = runs

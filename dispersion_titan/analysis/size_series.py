@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..run_folder.outputs import atomic_write, format_table, save_png, write_csv
-from ..run_folder.owners import FolderOwner, rewritten
+from ..run_folder.owners import FolderOwner, results_run, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
-from .compare import analysed_run, analyses_folder, pick
+from .compare import analyses_folder, pick
 from .condensation_schema import Condensation
 from .inputs import differences
 from .statistics import point_layers, rank_trend
@@ -38,7 +38,7 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
         folder, which = spec, "last"
     result = pick(folder, which, option=spec)
     if result.model is None:
-        name = f"{os.path.basename(os.path.normpath(analysed_run(analyses_folder(folder), result)))}@{result.step}"
+        name = f"{os.path.basename(os.path.normpath(results_run(analyses_folder(folder), result.run)))}@{result.step}"
     else:
         name = os.path.basename(os.path.normpath(result.model)) + (f"@{result.revision}" if result.revision else "")
     kind = result.model_args.get("model_type")  # ``gpt2 run`` for our runs of gpt2

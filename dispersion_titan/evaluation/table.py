@@ -17,7 +17,7 @@ from scipy import stats
 
 from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
-from ..run_folder.owners import RUN_METADATA_FILE, FolderOwner, rewritten
+from ..run_folder.owners import FolderOwner, results_run, rewritten
 from ..run_folder.settings import from_scratch
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
@@ -100,11 +100,8 @@ class Evaluated:
 
     @property
     def dump(self) -> str:
-        """The run: the one this ``evaluation/`` sits in (it may have moved since), else the one its results name."""
-        parent = os.path.dirname(self.folder)
-        if os.path.basename(self.folder) == "evaluation" and os.path.isfile(os.path.join(parent, RUN_METADATA_FILE)):
-            return parent
-        return next(iter(self.results.values()))[OURS]["run"]
+        """The run evaluated, where it is now."""
+        return results_run(self.folder, next(iter(self.results.values()))[OURS]["run"])
 
 
 def evaluated(run: str) -> Evaluated:

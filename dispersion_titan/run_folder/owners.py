@@ -72,6 +72,13 @@ def read_owner(folder: str) -> FolderOwner | None:
     return None
 
 
+def results_run(folder: str, recorded: str) -> str:
+    """The run whose results ``folder`` holds: its recorded owner, where that run is now (moved, or copied with
+    them), else ``recorded``, the run the results name."""
+    owner = read_owner(folder)
+    return owner.run if owner and owner.run else recorded
+
+
 def owner_record(folder: str) -> dict | None:
     """``folder``'s ``.owner.json`` as written (None: it has none); raises what reading it raised."""
     path = os.path.join(folder, OWNER_FILE)
