@@ -138,14 +138,15 @@ class RunEvaluation:
             todo = self._pending()  # again: another writer may have finished since __init__ looked
             if todo and not self.objects:
                 self.objects = self.tasks.load(self.selection.num_fewshot)
-            failed = self._evaluate(todo)
+            failed, results = self._evaluate(todo)
         if self.options.wandb:  # each step's row of summary.csv unrounded, then the summary itself
-            rows = map(summary_row, read_evaluations(self.out).values())
+            rows = map(summary_row, results.values())
             per_step = {row.pop("step"): {k: v for k, v in row.items() if v is not None} for row in rows}
             log_results(self.dump, "evaluate", "evaluation", per_step, self.out)
         return failed
 
-    def _evaluate(self, todo: list[StepCheckpoint]) -> int:
+    def _evaluate(self, todo: list[StepCheckpoint]) -> tuple[int, dict[int, dict]]:
+        """The count that failed, and every step's result in ``--out`` (those of earlier runs too)."""
         from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
 
         skipped = len(self.selected) - len(todo)
@@ -177,7 +178,7 @@ class RunEvaluation:
             )
         if results:
             print(f"results: {write_summary(self.out, list(results.values()))}")
-        return report_failed(failed, len(self.selected), "checkpoints", "evaluated")
+        return report_failed(failed, len(self.selected), "checkpoints", "evaluated"), results
 
     def _evaluate_step(self, checkpoint: StepCheckpoint) -> dict:
         """lm-eval's HFLM on the exported checkpoint, one ``simple_evaluate`` per task (progress per task)."""
