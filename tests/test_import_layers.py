@@ -174,6 +174,16 @@ def test_the_torchrun_launcher_imports_no_torchtitan():
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
 
 
+def test_compare_and_table_import_no_torch():
+    """``analyze compare`` and ``evaluate table`` read results (``condensation.json``, ``results.json``,
+    ``run.json``), no checkpoint: torch with its DCP reader (about 3 s of CPU) was most of each command's time,
+    in every sweep's compare and table jobs."""
+    commands = "dispersion_titan.analysis.compare, dispersion_titan.evaluation.table"
+    code = f"import sys, {commands}; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr[-2000:]
+
+
 def test_evaluation_and_analysis_share_only_what_sits_below_them():
     """Siblings: the output I/O, ``--steps``, ``--device`` and ``run.json`` readers both use live
     in ``run_folder/`` and ``utils/``, so neither imports the other."""

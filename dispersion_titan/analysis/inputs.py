@@ -13,13 +13,16 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils import records
 from ..utils.errors import AnalysisError, DataConfigError
+
+if TYPE_CHECKING:  # torch is imported where sequences are made: compare reads their records only
+    import torch
 
 DEFAULT_DATASET = "enwiki_sample"
 SPLIT = "validation"
@@ -188,6 +191,8 @@ def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = G
 def _sequences(options: InputOptions, tokens: np.ndarray) -> Sequences:
     tokens = np.ascontiguousarray(tokens)
     digest = hashlib.sha256(tokens.astype("<i8").tobytes() + repr(tokens.shape).encode()).hexdigest()
+    import torch
+
     return Sequences(options, torch.from_numpy(tokens), digest)
 
 

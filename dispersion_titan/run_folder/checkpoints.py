@@ -14,11 +14,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
+from typing import TYPE_CHECKING, Any
 
 from ..models import family
 from ..models.flavors import args_from_dict
@@ -26,6 +22,9 @@ from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RenamedCheckpointError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
+
+if TYPE_CHECKING:  # torch is imported where a checkpoint is read: run.json's readers (compare, table) need none
+    import torch
 
 SAVED_KEY = "saved_checkpoints"
 """``run.json``'s mark that the run saved a checkpoint: a relaunch finding none lost them, not never made them."""
@@ -125,7 +124,7 @@ def check_complete(step_dir: str) -> None:
     if not os.path.isfile(os.path.join(step_dir, ".metadata")):
         raise CheckpointError(f"{step_dir}: missing .metadata (partial or corrupt checkpoint)")
     try:
-        metadata = dcp.FileSystemReader(step_dir).read_metadata()
+        metadata = dcp_metadata(step_dir)
     except Exception as e:  # noqa: BLE001 - any unreadable metadata is corruption
         raise CheckpointError(f"{step_dir}/.metadata: unreadable ({type(e).__name__}: {e})") from None
     needed: dict[str, int] = {}
@@ -147,11 +146,20 @@ def check_complete(step_dir: str) -> None:
         )
 
 
+def dcp_metadata(step_dir: str) -> Any:
+    """The DCP checkpoint's ``.metadata``."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader(step_dir).read_metadata()
+
+
 def _saved_step(step_dir: str, metadata: Any) -> int | None:
     """The step TorchTitan's train state in ``step_dir`` records (None: a weights-only checkpoint), read alone."""
     info = next((v for k, v in (metadata.storage_data or {}).items() if k.fqn == "train_state.step"), None)
     if info is None or getattr(info, "transform_descriptors", None):
         return None
+    import torch
+
     try:
         with open(os.path.join(step_dir, info.relative_path), "rb") as file:
             file.seek(info.offset)
@@ -272,10 +280,14 @@ def load_model_args(checkpoint_dir: str) -> Any:
 
 
 def load_model(
-    step_dir: str, args: Any, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    step_dir: str, args: Any, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
-    """A plain (unsharded) model of ``args``' family holding the weights of ``step_dir``; initialised
-    before loading, which ties a shared LM head and computes buffers such as a RoPE table."""
+    """A plain (unsharded) model of ``args``' family holding the weights of ``step_dir`` (in ``dtype``, default
+    float32); initialised before loading, which ties a shared LM head and computes buffers such as a RoPE table."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     check_complete(step_dir)
     with torch.device("meta"):
         model = family(args.FAMILY).get_train_spec().model_cls(args)
@@ -299,6 +311,7 @@ def load_model(
         raise CheckpointError(f"{step_dir}: cannot be loaded ({why})") from None
     model.load_state_dict(state)
     model.to(device=device)
+    dtype = dtype or torch.float32
     for param in model.parameters():  # not Module.to(dtype): it would drop the imaginary part of
         param.data = param.data.to(dtype)  # Llama 3's complex RoPE buffer; buffers keep their precision
     return model.eval()
@@ -323,7 +336,7 @@ def quarantine_incomplete(folder: str) -> list[str]:
 
 def is_full(step_dir: str) -> bool:
     """Whether a checkpoint can be resumed from: it holds the train state, not only weights."""
-    keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    keys = dcp_metadata(step_dir).state_dict_metadata
     return any(key.startswith("train_state.") for key in keys)
 
 
@@ -370,7 +383,7 @@ def last_complete_step(folder: str, before: int | None = None) -> int | None:
 
 def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
     """Refuse to load a streamed corpus's per-rank positions on another number of data-parallel ranks."""
-    keys = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    keys = dcp_metadata(step_dir).state_dict_metadata
     saved = sum(1 for key in keys if key.startswith("dataloader.dp_rank_"))  # a streamed corpus's, one per rank
     if saved and saved != data_parallel_degree:
         raise CheckpointError(

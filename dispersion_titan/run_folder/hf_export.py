@@ -9,11 +9,9 @@ import re
 import shutil
 import sys
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from ..models import family
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files
@@ -31,6 +29,9 @@ from .checkpoints import (
 )
 from .outputs import STEP_FOLDER
 from .owners import FolderOwner, empty, owned
+
+if TYPE_CHECKING:  # torch is imported where weights are read or written: evaluate table needs none
+    import torch
 
 
 def resolve_step_dir(path: str) -> str:
@@ -67,6 +68,8 @@ def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.
         files = sorted(glob.glob(os.path.join(step_dir, "*.safetensors")))
         if not files:
             raise CheckpointError(f"{step_dir}: neither a DCP (.metadata) nor a safetensors checkpoint")
+        from safetensors.torch import load_file
+
         state = adapter.from_hf({k: v for f in files for k, v in load_file(f).items()})
     hf = adapter.to_hf(state)
     if vocab_size < args.vocab_size:
@@ -126,6 +129,8 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
     encoder = run_encoder(run_of(checkpoints))
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
+    from safetensors.torch import save_file
+
     with tempfile.TemporaryDirectory(prefix=STAGING, dir=out_dir, ignore_cleanup_errors=True) as staging:
         try:
             save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
