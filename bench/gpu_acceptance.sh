@@ -47,7 +47,7 @@
 # WHEELHOUSE (default ./wheelhouse, made by scripts/wheelhouse.sh) into ACCEPTANCE_VENV (default
 # outputs/gpu_acceptance_venv) when that folder exists, else .venv, else python3, else python.
 # ACCEPTANCE_DEVICE=cpu runs the same steps on a CPU (less the plan check and GPT-2's kernel rate) with the
-# debug configs (--profile cpu, a few steps): it checks the script's plumbing; its figures mean nothing.
+# debug configs (--profile cpu, a few steps, Qwen3's shrunk): it checks the script's plumbing; its figures mean nothing.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO"
