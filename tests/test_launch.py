@@ -212,17 +212,31 @@ def test_a_rank_stopped_by_torchrun_while_it_exits_after_a_preemption_keeps_stat
 @pytest.mark.slow
 def test_two_agents_on_localhost_match_one_node(reference_run, tmp_path):
     """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and
-    id), launch/train.sh started from a folder that is not the repository, train with FSDP
-    across the two "nodes", exactly like one node with 2 processes: the session's reference run
-    (conftest), whose schedule they share, so no one-node run of its own. (train.sh's one-node
-    defaults: the background SIGINT test of test_reliability.py.)"""
+    id), the first launch/train.sh started from a folder that is not the repository, the second
+    our torchrun as train.sh runs it (forked from the job server: train.sh's check and imports
+    once, not twice), train with FSDP across the two "nodes", exactly like one node with 2
+    processes: the session's reference run (conftest), whose schedule they share, so no one-node
+    run of its own. (train.sh's one-node defaults: the background SIGINT test of test_reliability.py.)"""
     one_node = reference_run
     dump = tmp_path / "two_nodes"
-    env = {"NNODES": "2", "NPROC": "1", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": "two-nodes"}
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = {"NNODES": "2", "NPROC": "1", "RDZV_ENDPOINT": endpoint, "RDZV_ID": "two-nodes"}
     # the reference's schedule; checkpoints at debug.toml's interval, as before (they do not change the losses)
     schedule = (*SCHEDULE, "--checkpoint.interval", "5")
-    agents = [train_sh(dump, *schedule, cwd=tmp_path, env=launch_env(env)) for _ in range(2)]
-    logs = [finish(agent) for agent in agents]
+    first = train_sh(dump, *schedule, cwd=tmp_path, env=launch_env(env))
+    rdzv = ("--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "two-nodes")
+    second = python_module(  # train.sh's torchrun line for the same NNODES, NPROC, RDZV_* and LOG_RANK
+        "dispersion_titan.torchrun",
+        *("--nnodes", "2", "--nproc_per_node", "1", *rdzv, "--local-ranks-filter", "0", "--role", "rank"),
+        *("--tee", "3", "-m", "dispersion_titan.train", "--job.config_file", DEBUG_TOML),
+        *("--job.dump_folder", str(dump), *COMMON, *schedule),
+        timeout=300,
+        env={"DISPERSION_TITAN_CHECKED": "1"},
+    )
+    if second.returncode != 0:
+        first.kill()  # not left waiting for its peer
+    assert second.returncode == 0, second.stderr[-6000:]
+    logs = [finish(first), second.stdout + second.stderr]
     assert all("dp_shard=2," in log for log in logs)
     # no warning to act on nothing, torchrun's default TORCH_NCCL_ASYNC_ERROR_HANDLING=1 overridden by TorchTitan too
     assert not [line for log in logs for line in log.splitlines() if "WARNING" in line or "Warning:" in line]
