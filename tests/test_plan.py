@@ -433,13 +433,15 @@ def test_a_dry_runs_init_keeps_the_scale_and_never_resamples():
 def test_sweep_plan_sums_the_sweep(capsys):
     from dispersion_titan.sweep import main
 
-    main(
+    main(  # on one GPU: no floor of one GPU's step to measure beside each cell's
         [
             str(REPO / "launch" / "sweep_example.toml"),
             "--widths",
             "256",
             "--variants",
             "baseline,angular_spread:0.1",
+            "--gpus-per-node",
+            "1",
             "--plan",
         ]
     )
