@@ -222,10 +222,12 @@ DPI = 150
 
 
 def save(fig, stem: str) -> None:
-    """``stem.png`` and ``stem.pdf``, each written atomically."""
+    """``stem.png`` and ``stem.pdf``, each written atomically; the PDF on the PNG's layout, not computed again
+    (its constrained layout is about half of a figure's drawing time)."""
     try:
-        for fmt in ("png", "pdf"):
-            atomic_write(f"{stem}.{fmt}", lambda f, fmt=fmt: fig.savefig(f, format=fmt, dpi=DPI), binary=True)
+        atomic_write(f"{stem}.png", lambda f: fig.savefig(f, format="png", dpi=DPI), binary=True)
+        fig.set_layout_engine("none")  # the axes stay where the PNG's layout put them
+        atomic_write(f"{stem}.pdf", lambda f: fig.savefig(f, format="pdf", dpi=DPI), binary=True)
     finally:
         plt.close(fig)
 
