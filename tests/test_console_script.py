@@ -232,6 +232,9 @@ def test_ctrl_c_while_a_command_imports_is_one_line(tmp_path, launcher):
     ``interrupted while starting`` is for the rest of the start)."""
     script = shutil.which("dispersion-titan", path=str(Path(sys.executable).parent))
     command = [script, "convert"] if launcher.startswith("dispersion-") else [sys.executable, *launcher.split()[1:]]
+    step = tmp_path / "run" / "checkpoint" / "step-1"
+    step.mkdir(parents=True)
+    (step / ".metadata").touch()  # a checkpoint, which convert reads with torch (it checks a path without)
     proc = subprocess.Popen(
         [*command, "to-hf", str(tmp_path / "run"), str(tmp_path / "hf")], stderr=subprocess.PIPE, text=True
     )
@@ -246,7 +249,9 @@ def test_ctrl_c_while_a_command_imports_is_one_line(tmp_path, launcher):
         "dispersion_titan: interrupted; OUT_DIR is as it was (the export is staged in a hidden folder inside it "
         "first); run it again\n",
     )
-    assert not any(tmp_path.iterdir())
+    assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()] == [
+        step.relative_to(tmp_path) / ".metadata"
+    ]
 
 
 @pytest.mark.parametrize("argv", [["data", "prepare", "enwiki_sample", "--out", "OUT"], ["analyze", "RUN"]])
