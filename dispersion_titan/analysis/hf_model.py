@@ -19,7 +19,7 @@ BF16_ABOVE_PARAMS = 10**9
 def _from_pretrained(auto_class, spec: HFSpec, revision: str | None, **kwargs):
     """``auto_class.from_pretrained`` of the model at ``revision``, its load failures in one line."""
     path, rev = spec.location(revision)
-    with loading(spec.name(revision)):
+    with loading(spec.name(revision), spec.local):
         return auto_class.from_pretrained(path, revision=rev, trust_remote_code=spec.trust_remote_code, **kwargs)
 
 
@@ -86,7 +86,7 @@ def model_args(config) -> dict:
 
 def count_parameters(spec: HFSpec, config) -> int:
     """Parameters of the whole model (each tied matrix once), counted on the meta device."""
-    with loading(spec.model), torch.device("meta"):
+    with loading(spec.model, spec.local), torch.device("meta"):
         model = _auto_class(config).from_config(config, trust_remote_code=spec.trust_remote_code)
         return sum(p.numel() for p in model.parameters())
 

@@ -67,7 +67,7 @@ def _model_name(run: str) -> str:
         from transformers import AutoConfig
 
         path, revision = hub_location(run)
-        with loading(run):
+        with loading(run, os.path.isdir(path)):
             model_type = AutoConfig.from_pretrained(path, revision=revision).model_type
             return HF_FAMILIES.get(model_type, model_type)
     return load_run_metadata(run_of(find_checkpoint_folder(run)))["model_name"]

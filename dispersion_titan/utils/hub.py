@@ -114,10 +114,9 @@ def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
 
 
 @contextlib.contextmanager
-def loading(name: str) -> Iterator[None]:
-    """What transformers or the hub raise while loading, in one line naming the model; a hub model
-    with the hub unreachable fails at once (``hub_offline``), not after transformers' retries."""
-    local = os.path.isdir(name.removeprefix(PREFIX).rpartition("@")[0] or name.removeprefix(PREFIX))
+def loading(name: str, local: bool) -> Iterator[None]:
+    """What transformers or the hub raise while loading ``name`` (a ``local`` folder, else a hub id), in one line
+    naming it; a hub model with the hub unreachable fails at once (``hub_offline``), not after transformers' retries."""
     with contextlib.nullcontext() if local else hub_offline() as offline:
         try:
             yield
