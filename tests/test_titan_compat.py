@@ -70,11 +70,16 @@ def test_our_main_follows_torchtitans_main():
 
 
 def test_merged_job_config_class_has_our_sections():
-    """``merged_job_config_class``: the class ``ConfigManager.parse_args`` builds with our module."""
+    """``merged_job_config_class``: the class ``ConfigManager.parse_args`` builds with our module, the same one."""
     from torchtitan.config import JobConfig
 
     merged = titan_compat.merged_job_config_class(CONFIG_MODULE)
     assert issubclass(merged, JobConfig)
+    # one class per process, the parse's too: tyro's caches of what it read of its source then serve every parse
+    parsed = titan_compat.config_manager_parse(
+        ["--job.custom_config_module", CONFIG_MODULE, "--model.name", "gpt2"], {}
+    )
+    assert type(parsed) is merged is titan_compat.merged_job_config_class(CONFIG_MODULE)
     names = {f.name for f in dataclasses.fields(merged)}
     assert {"dispersion", "training", "model"} <= names
     model_fields = {f.name for f in dataclasses.fields(merged().model)}
