@@ -27,6 +27,10 @@ GPU_CONFIGS = [c for c in CONFIGS if c.name.startswith(("gpt2_small_", "fineweb_
 DP_DEGREES = (1, 2, 4, 8, 16, 32, 64)
 
 
+# What TorchTitan sets in a CPU run's environment, as a shell or job where an earlier run set them would have it
+SET_BY_AN_EARLIER_RUN = {"TORCH_FR_BUFFER_SIZE": "0", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3"}
+
+
 @pytest.fixture(scope="module")
 def one_process_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """A small single-process CPU run: its folder and its process."""
@@ -40,6 +44,7 @@ def one_process_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess
         "--training.steps",
         "2",
         "--validation.no-enable",
+        env=SET_BY_AN_EARLIER_RUN,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dump, proc
@@ -53,8 +58,8 @@ def finished_run(one_process_run) -> Path:
 
 def test_a_float32_cpu_run_says_nothing_of_autocast(one_process_run):
     """debug.toml trains in fp32: no autocast, and no torch warning that a CPU autocast to fp32 is off; nor
-    TorchTitan's warnings, twice per run, that a CPU has no lspci and no peak FLOPS (the peak used is said); nor
-    any other warning."""
+    TorchTitan's warnings, twice per run, that a CPU has no lspci and no peak FLOPS (the peak used is said), or that
+    it overrides a variable an earlier run left in the environment with the value it has; nor any other warning."""
     proc = one_process_run[1]
     said = proc.stdout + proc.stderr
     assert "autocast" not in said.lower(), proc.stderr[-4000:]

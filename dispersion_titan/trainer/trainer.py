@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
 import warnings
@@ -74,15 +75,19 @@ _LIBRARY_NOISE = (
 )
 
 
+_SAME_ENV = re.compile(r"ENV\[\w+\] = (.*) will be overridden to \1 based on job config$")
+
+
 def _titan_noise(cpu: bool, hf_export: bool) -> Callable[[logging.LogRecord], bool]:
     """A filter of TorchTitan's log warnings that say nothing to act on: torchrun's default
-    TORCH_NCCL_ASYNC_ERROR_HANDLING=1, which TorchTitan sets to 3 (for its flight recorder); without an HF export, no
-    HF index to shard it by; on a CPU, its GPU lookup for MFU, twice per run (lspci missing, no peak FLOPS; its next
-    line, ``Peak FLOPS used for computing MFU``, still says what it used)."""
+    TORCH_NCCL_ASYNC_ERROR_HANDLING=1, which TorchTitan sets to 3 (for its flight recorder), and any variable it
+    "overrides" with the value it already has (a launch from a shell where an earlier run set it); without an HF
+    export, no HF index to shard it by; on a CPU, its GPU lookup for MFU, twice per run (lspci missing, no peak FLOPS;
+    its next line, ``Peak FLOPS used for computing MFU``, still says what it used)."""
     noise = ("ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3",)
     noise += () if hf_export else ("model.safetensors.index.json not found",)
     noise += ("Error running lspci", "Peak flops undefined for: CPU") if cpu else ()
-    return lambda record: not record.getMessage().startswith(noise)
+    return lambda record: not (message := record.getMessage()).startswith(noise) and not _SAME_ENV.match(message)
 
 
 class DispersionTrainer(titan_compat.TrainerHooks):
