@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from torchtitan.tools.utils import get_peak_flops
@@ -27,24 +28,18 @@ SMALL_STEP = ["--training.global_batch_size", "4", "--training.seq_len", "64"]
 
 @pytest.fixture
 def single_process(monkeypatch):
-    """The torchrun variables of a 1-process job, undone after the test."""
+    """The torchrun variables of a 1-process job, undone after the test with every variable TorchTitan's
+    init sets in this process (TORCH_FR_BUFFER_SIZE, ...): the session's later jobs get this environment."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    for key, value in {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": port,
-    }.items():
-        monkeypatch.setenv(key, value)
+    torchrun = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     # The trainer installs its stop handlers (trainer/preemption.py) in this process: put the
     # old ones back, or a later multiprocessing.Pool's SIGTERM would no longer end its workers.
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
-    yield
+    with mock.patch.dict(os.environ, {**torchrun, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}):
+        yield
     for signum, handler in handlers.items():
         signal.signal(signum, handler)
     for name in ("train_step", "profile_step"):
