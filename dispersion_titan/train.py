@@ -13,6 +13,7 @@ import shlex
 import signal
 import socket
 import sys
+from operator import attrgetter
 
 from dispersion_titan.config.cli import (
     HELP_ALL_FLAG,
@@ -87,7 +88,7 @@ def main() -> None:
     check_own_sections(toml, config_file(argv))
     from dispersion_titan.components import titan_compat
     from dispersion_titan.job_config import parse
-    from dispersion_titan.job_config.checks import DERIVED, launch_notes, value_of  # with parse: TorchTitan's import
+    from dispersion_titan.job_config.checks import DERIVED, launch_notes  # with parse: TorchTitan's import
 
     parse.setup_torchtitan()
     if HELP_ALL_FLAG in argv:  # TorchTitan's help of every section, ours included; exits
@@ -95,7 +96,7 @@ def main() -> None:
         titan_compat.config_manager_parse([*without_profile(args), "--help"], with_profile(argv, toml))
     try:
         job_config = parse.parse_job_config(args, toml)
-        parsed = {key: value_of(job_config, key) for key in DERIVED}  # before the checks derive them
+        parsed = {key: attrgetter(key)(job_config) for key in DERIVED}  # before the checks derive them
         # The lock is taken by the one process that checks a launch before its ranks start: not by a rank (rank
         # 0 takes it itself), not on one node of several (another's rank 0 may own the folder).
         one_node = os.environ.get("NNODES", "1") in ("", "1")

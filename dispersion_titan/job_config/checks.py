@@ -11,6 +11,7 @@ import dataclasses
 import importlib.metadata
 import math
 import os
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ..data.corpora import check_dataset
@@ -21,7 +22,7 @@ from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
 from . import released
-from .titan_checks import check_checkpoint, check_output_folders, check_titan_settings, triton_device_here, value_of
+from .titan_checks import check_checkpoint, check_output_folders, check_titan_settings, triton_device_here
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -65,11 +66,11 @@ def check_numbers(config: RunConfig) -> None:
             if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and key not in INFINITY_MEANS)):
                 raise ConfigError(f"{key}: must be a finite number, got {value}")
     for key, least in AT_LEAST.items():
-        value = value_of(config, key)
+        value = attrgetter(key)(config)
         if value is not None and value < least:
             raise ConfigError(f"{key}: must be >= {least}, got {value}")
     for key in FRACTIONS:
-        value = value_of(config, key)
+        value = attrgetter(key)(config)
         if value is not None and not 0 <= value <= 1:
             raise ConfigError(f"{key}: must be in [0, 1], got {value}")
     if not config.training.max_norm > 0:  # torch scales the gradients by max_norm / norm, whatever its sign
@@ -229,7 +230,7 @@ def check_methods(config: RunConfig) -> None:
 def launch_notes(config: RunConfig, parsed: dict[str, Any]) -> list[str]:
     """Said once at launch: the values derived (``parsed``: ``DERIVED``'s values before the checks), [released]'s
     layout, and valid settings probably not meant."""
-    derived = [f"{key} = {value_of(config, key)}" for key, value in parsed.items() if value_of(config, key) != value]
+    derived = [f"{key} = {now}" for key, value in parsed.items() if (now := attrgetter(key)(config)) != value]
     notes = [f"derived: {', '.join(derived)}"] if derived else []
     notes += [released.summary(config)] if released.is_on(config) else []
     d, b = config.dispersion, config.baseline

@@ -6,7 +6,8 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -153,13 +154,7 @@ def run_folders(config: RunConfig) -> dict[str, str]:
         "profiling.save_traces_folder": config.profiling.enable_profiling,
         "profiling.save_memory_snapshot_folder": config.profiling.enable_memory_snapshot,
     }
-    return {key: os.path.join(config.job.dump_folder, value_of(config, key)) for key, on in written.items() if on}
-
-
-def value_of(config: RunConfig, key: str) -> Any:
-    """The value of ``section.key`` in ``config``."""
-    section, _, name = key.partition(".")
-    return getattr(getattr(config, section), name)
+    return {key: os.path.join(config.job.dump_folder, attrgetter(key)(config)) for key, on in written.items() if on}
 
 
 def _unwritable(path: str) -> str | None:
