@@ -37,8 +37,6 @@ def torch_release() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-# Float settings for which infinity has a meaning: no clipping.
-INFINITY_MEANS = {"training.max_norm": "no gradient clipping"}
 AT_LEAST = {
     **dict.fromkeys(("training.steps", "training.max_local_batch_size", "released.gpus"), 0),
     **dict.fromkeys(("lr_scheduler.warmup_steps", "checkpoint.keep_latest_k"), 0),  # TorchTitan reads below 0 silently
@@ -57,13 +55,13 @@ DERIVED = ("parallelism.data_parallel_replicate_degree", "training.local_batch_s
 
 
 def check_numbers(config: RunConfig) -> None:
-    """Every float value is finite (``inf`` only where ``INFINITY_MEANS`` gives it a meaning), each
-    of ``AT_LEAST`` at least its least."""
+    """Every float value is finite (``training.max_norm = inf``: no clipping), each of ``AT_LEAST`` at least
+    its least."""
     for section in dataclasses.fields(config):
         values = getattr(config, section.name)
         for field in dataclasses.fields(values):
             value, key = getattr(values, field.name), f"{section.name}.{field.name}"
-            if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and key not in INFINITY_MEANS)):
+            if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and key != "training.max_norm")):
                 raise ConfigError(f"{key}: must be a finite number, got {value}")
     for key, least in AT_LEAST.items():
         value = attrgetter(key)(config)
