@@ -36,8 +36,9 @@ PRESETS = {
     "qwen3": Protocol(5, 200),  # lm_dispersion/midtrain_qwen3_huggingface/midtrain_qwen3.py
 }
 DEFAULT_PROTOCOL = "gpt2"
-FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3_dispersion": "qwen3"}
-"""A run's model family -> the authors' protocol for it (others: ``DEFAULT_PROTOCOL``, with a note)."""
+FAMILY_PROTOCOLS = {"gpt2": "gpt2", "qwen3_dispersion": "qwen3", "qwen3": "qwen3"}
+"""A run's model family, or a Hugging Face model's ``model_type`` -> the authors' protocol for it (others:
+``DEFAULT_PROTOCOL``, with a note)."""
 AUTHORS_BATCH_SIZE = 1
 """The authors' lm-eval batch size: padded batches move log-likelihoods by ~1e-6, so a tie can flip."""
 

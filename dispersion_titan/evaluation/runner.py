@@ -62,19 +62,14 @@ the model so prepared."""
 
 
 def _model_name(run: str) -> str:
-    """The model family of ``run``, or the one a hub model's ``model_type`` would train as (else that model_type)."""
+    """The model family of ``run``, or a hub model's ``model_type``."""
     if run.startswith(PREFIX):
         from transformers import AutoConfig
 
         path, revision = hub_location(run)
         with loading(run, os.path.isdir(path)):
-            model_type = AutoConfig.from_pretrained(path, revision=revision).model_type
-            return HF_FAMILIES.get(model_type, model_type)
+            return AutoConfig.from_pretrained(path, revision=revision).model_type
     return load_run_metadata(run_of(find_checkpoint_folder(run)))["model_name"]
-
-
-HF_FAMILIES = {"gpt2": "gpt2", "qwen3": "qwen3_dispersion"}
-"""A Hugging Face config's ``model_type`` -> our family of that architecture (so, its authors' protocol)."""
 
 
 def hub_model(run: str) -> HFSpec:
