@@ -4,7 +4,7 @@ same token sequences only; each run labelled by folder, MLP width and dispersion
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,8 +18,7 @@ from .inputs import differences
 from .statistics import layer_row
 
 
-@dataclass(frozen=True)
-class RunResult:
+class RunResult(NamedTuple):  # the (label, result) pairs figures.comparison draws
     label: str
     result: Condensation
 
@@ -115,5 +114,5 @@ def compare(runs: list[str], out: str, step: str) -> str:
         ]
         # one row per run × layer, for plotting elsewhere
         write_csv(os.path.join(staging, "compare_layers.csv"), layers)
-        save_png(figures.comparison([(r.label, r.result) for r in loaded], title), os.path.join(staging, "compare.png"))
+        save_png(figures.comparison(loaded, title), os.path.join(staging, "compare.png"))
     return format_table(rows)
