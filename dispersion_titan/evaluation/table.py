@@ -237,8 +237,7 @@ def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
             seeds[seeded] = run
             key = (name, "") if name else ("", config)
             groups.setdefault(key, []).append(found)
-    grouped = [runs for (name, _), runs in groups.items() if not name]
-    labels = iter(_auto_labels(grouped) if grouped else [])
+    labels = iter(_auto_labels([runs for (name, _), runs in groups.items() if not name]))
     by_arm: dict[str, list[Evaluated]] = {}
     for (name, _), runs in groups.items():
         label = name or next(labels)
