@@ -422,6 +422,14 @@ def test_mean_offdiag_cosine_bf16_and_single_token() -> None:
         ({"clamp": -0.2}, "clamp"),
         ({"max_tokens": 1}, "max_tokens"),
         ({"max_tokens": -3}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
+        ({"tau": "1"}, "tau"),
+        ({"lambda_norm": float("nan"), "variant": "l2_repel"}, "lambda_norm"),
+        ({"lambda_norm": -1.0, "variant": "l2_repel"}, "lambda_norm"),
+        ({"lambda_norm": float("inf")}, "lambda_norm"),
+        ({"hidden": torch.zeros(0, 4, 8)}, "hidden"),
+        ({"hidden": torch.zeros(2, 4, 0), "variant": "l2_repel"}, "hidden"),
+        ({"hidden": None}, "hidden"),
         ({"hidden": torch.zeros(4, 8)}, "hidden"),
         ({"hidden": torch.zeros(1, 2, 4, 8)}, "hidden"),
         ({"hidden": torch.zeros(2, 4, 8, dtype=torch.long)}, "hidden"),
@@ -432,8 +440,9 @@ def test_mean_offdiag_cosine_bf16_and_single_token() -> None:
 @pytest.mark.parametrize("name", IMPLS)
 def test_bad_arguments_name_the_parameter(name: str, kwargs: dict, param: str) -> None:
     args = {"hidden": torch.zeros(2, 4, 8), "variant": "angular_spread", **kwargs}
-    with pytest.raises(ValueError, match=param) as err:
+    with pytest.raises(ValueError, match=f"^{param} ") as err:
         IMPLS[name](args.pop("hidden"), args.pop("variant"), **args)
+    assert "\n" not in str(err.value)
     if param == "variant":
         assert all(v in str(err.value) for v in VARIANTS)
 
@@ -470,9 +479,16 @@ def test_perplexity_entropy_refuses_low_precision_products(precision: str) -> No
     dispersion_loss(torch.randn(2, 4, 8), "perplexity_entropy", precision="exact")  # the others run
 
 
-def test_mean_offdiag_cosine_rejects_non_3d() -> None:
-    with pytest.raises(ValueError, match="hidden"):
-        mean_offdiag_cosine(torch.zeros(4, 8))
+@pytest.mark.parametrize(
+    "hidden",
+    [torch.zeros(4, 8), torch.zeros(0, 4, 8), torch.zeros(2, 4, 0), [torch.zeros(2, 4, 8)]],
+    ids=["2d", "B0", "d0", "list"],
+)
+def test_mean_offdiag_cosine_rejects_what_has_no_mean(hidden: torch.Tensor) -> None:
+    """Not [B, N, d], no sequence (its mean was NaN), no feature, or not a tensor: one line naming hidden."""
+    with pytest.raises(ValueError, match="^hidden must be") as err:
+        mean_offdiag_cosine(hidden)
+    assert "\n" not in str(err.value)
 
 
 def test_objective_max_tokens_draws_a_fresh_subset_per_layer_and_micro_batch() -> None:

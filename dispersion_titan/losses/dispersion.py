@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Protocol
@@ -53,18 +53,28 @@ from .variants import (
 MAX_BLOCK_BYTES = 32 * 2**20
 
 
-def _validate(hidden: Tensor, variant: str, tau: float, clamp: float, max_tokens: int, form: str) -> None:
+def _check_hidden(hidden: Tensor) -> None:
+    """Refuse what is not hidden states [B, N, d] with a sequence and a feature: the mean over no
+    sequence is NaN, and tokens without features have no geometry (N < 2 is fine: no pairs)."""
+    if not isinstance(hidden, Tensor):
+        raise ValueError(f"hidden must be a torch.Tensor [B, N, d], got {type(hidden).__name__}")
+    if hidden.dim() != 3 or hidden.shape[0] == 0 or hidden.shape[2] == 0:
+        raise ValueError(f"hidden must be [B, N, d] with B >= 1 and d >= 1, got shape {tuple(hidden.shape)}")
+
+
+def _validate(
+    hidden: Tensor, variant: str, tau: float, clamp: float, lambda_norm: float, max_tokens: int, form: str
+) -> None:
     """Reject arguments that would silently give a meaningless loss."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
-    for name, value in (("tau", tau), ("clamp", clamp), ("max_tokens", max_tokens)):
+    for name, value in (("tau", tau), ("clamp", clamp), ("lambda_norm", lambda_norm), ("max_tokens", max_tokens)):
         problem = range_error(name, value)
         if problem:
             raise ValueError(f"{name} {problem}")
-    if hidden.dim() != 3:
-        raise ValueError(f"hidden must be [B, N, d], got shape {tuple(hidden.shape)}")
+    _check_hidden(hidden)
     if not hidden.is_floating_point():
         raise ValueError(f"hidden must be a floating-point tensor, got {hidden.dtype}")
     if variant == "decorrelation" and hidden.shape[-1] < 2:
@@ -109,7 +119,7 @@ def dispersion_loss_reference(
     Same contract as ``dispersion_loss``; kept as the readable definition that tests
     and ``bench/dispersion_loss.py`` compare the memory-lean version against.
     """
-    _validate(hidden, variant, tau, clamp, max_tokens, form)
+    _validate(hidden, variant, tau, clamp, lambda_norm, max_tokens, form)
     z = select_tokens([hidden], max_tokens, generator)[0].float()
     _, n, d = z.shape
     if n < 2:
@@ -510,11 +520,11 @@ def dispersion_loss(
     kernel fails) or a configured kernel object; ``precision``: the Triton kernel's products, one of
     PRECISIONS.
     """
-    layers = [hidden] if isinstance(hidden, Tensor) else list(hidden)
+    layers = [hidden] if isinstance(hidden, Tensor) or not isinstance(hidden, Iterable) else list(hidden)
     if not layers:
         raise ValueError("hidden must be a tensor or a non-empty sequence of tensors, got an empty sequence")
     for layer in layers:
-        _validate(layer, variant, tau, clamp, max_tokens, form)
+        _validate(layer, variant, tau, clamp, lambda_norm, max_tokens, form)
         if (layer.shape, layer.dtype, layer.device) != (layers[0].shape, layers[0].dtype, layers[0].device):
             raise ValueError(
                 f"hidden's tensors must share shape, dtype and device, got {tuple(layers[0].shape)} "
@@ -540,8 +550,7 @@ def mean_offdiag_cosine(hidden: Tensor) -> Tensor:
     some z_i is zero), cheap enough to log the condensation of every block each step.
     Sequences with N < 2 have no pairs and count as 0.
     """
-    if hidden.dim() != 3:
-        raise ValueError(f"hidden must be [B, N, d], got shape {tuple(hidden.shape)}")
+    _check_hidden(hidden)
     u = torch.nn.functional.normalize(hidden.float(), dim=-1, eps=NORM_EPS)  # u = z / max(|z|, NORM_EPS)
     n = u.shape[1]
     if n < 2:

@@ -8,6 +8,7 @@ The reference, the PyTorch strips (``dispersion.py``) and the Triton kernels
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
@@ -52,7 +53,10 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "tau": (lambda v: v > 0, "> 0"),
     "clamp": (lambda v: 0 < v < 1, "in (0, 1)"),
     "lambda_norm": (lambda v: v >= 0, ">= 0"),
-    "max_tokens": (lambda v: v == 0 or v >= 2, "0 (all positions) or >= 2"),
+    "max_tokens": (
+        lambda v: isinstance(v, numbers.Integral) and (v == 0 or v >= 2),
+        "an integer, 0 (all positions) or >= 2",
+    ),
 }
 """Each numeric parameter's valid range: a predicate and how to say it (``range_error`` refuses inf and NaN first)."""
 
@@ -72,6 +76,8 @@ def precision_error(variant: str, precision: str) -> str | None:
 def range_error(name: str, value: float, ranges: dict[str, tuple[Callable[[float], bool], str]] = RANGES) -> str | None:
     """``"must be <range>, got <value>"`` when ``value`` is outside parameter ``name``'s range."""
     valid, text = ranges[name]
+    if not isinstance(value, numbers.Real | Tensor):
+        return f"must be a number {text}, got {value!r}"
     if not math.isfinite(value):
         return f"must be a finite number {text}, got {value}"
     return None if valid(value) else f"must be {text}, got {value}"
