@@ -238,6 +238,16 @@ def layers_match_their_concatenation(variant: str) -> bool:
     return value.item() == joined_value.item() and torch.equal(torch.cat(grads), joined_grad)
 
 
+def non_finite_losses_are_nan(variant: str) -> list[bool]:
+    """Whether one NaN, and one infinite, entry of the hidden states gives a NaN loss."""
+    hidden = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(2))
+    losses = []
+    for bad in (math.nan, math.inf):
+        hidden[1, 3, 2] = bad
+        losses.append(math.isnan(dispersion_loss(hidden, variant, kernel=dispersion_triton.TritonTiles()).item()))
+    return losses
+
+
 def child_main() -> None:
     """The interpreted checks (this file run as a script under TRITON_INTERPRET=1): JSON on stdout."""
     from kernel_accounting import account
@@ -253,6 +263,7 @@ def child_main() -> None:
         "cases": {name: run_case(c) for name, c in CASES.items()},
         "tf32_dot": tf32_dot_gap(),
         "condensed_auto": {variant: condensed_errors(variant) for variant in VARIANTS},
+        "non_finite": {variant: non_finite_losses_are_nan(variant) for variant in VARIANTS},
     }
     print(json.dumps(results))
 
@@ -517,6 +528,13 @@ def test_auto_on_condensed_inputs_is_within_the_bf16_yardstick(interpreted: dict
     assert got["min_cos"] >= 0.9, got
     assert got["yardstick_grad"] > 1e-4, got  # the yardstick measures something
     assert within_yardstick(got), got
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_non_finite_hidden_state_gives_a_nan_loss(interpreted: dict, variant: str) -> None:
+    """A NaN or infinite entry is a NaN loss, as in torch (the kernels' clamp and orthogonalization's hinge
+    dropped NaN cosines, and perplexity_entropy took NaN probabilities for zeros: finite losses)."""
+    assert interpreted["non_finite"][variant] == [True, True]
 
 
 def test_interpreter_truncates_tf32_operands_as_the_tensor_cores_do(interpreted: dict) -> None:

@@ -302,6 +302,17 @@ def test_degenerate_inputs_lean_matches_reference(variant: str) -> None:
         assert_close(lean_g / scale, ref_g / scale, what=case)
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf], ids=["nan", "inf"])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", IMPLS)
+def test_a_non_finite_hidden_state_gives_a_nan_loss(name: str, variant: str, bad: float) -> None:
+    """One NaN or infinite entry (a diverged block) is a NaN loss, never a finite one that hides it (the
+    lean perplexity_entropy took its row's NaN probabilities for zeros and returned a finite value)."""
+    hidden = randn(2, 6, 8, seed=14)
+    hidden[1, 3, 2] = bad
+    assert torch.isnan(IMPLS[name](hidden, variant))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", IMPLS)
 def test_single_token_has_no_pairs(name: str, variant: str) -> None:

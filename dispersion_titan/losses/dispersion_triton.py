@@ -246,14 +246,16 @@ def _column_slices(x, ROWS: tl.constexpr, COLS: tl.constexpr, SLICES: tl.constex
 
 @triton.jit
 def _clamped(g, clamp):
-    return tl.minimum(tl.maximum(g, clamp - 1.0), 1.0 - clamp)
+    """g clamped to [clamp - 1, 1 - clamp], NaN kept, as torch's clamp: a NaN hidden state gives a NaN loss."""
+    c = tl.maximum(g, clamp - 1.0, propagate_nan=tl.PropagateNan.ALL)
+    return tl.minimum(c, 1.0 - clamp, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
 def _hinge(c, angle):
     """orthogonalization's relu(1/2 - D) = relu(arcsin(c)) / pi: exactly 0 for c <= 0, so that a zero
-    vector's pairs (c = 0, the hinge's kink) give 0 as in torch, whatever the rounding of the root."""
-    return tl.where(c > 0, (_HALF_PI - angle) * _INV_PI, 0.0)
+    vector's pairs (c = 0, the hinge's kink) give 0 as in torch, whatever the rounding of the root; NaN stays."""
+    return tl.where(c <= 0, 0.0, (_HALF_PI - angle) * _INV_PI)
 
 
 @triton.jit
@@ -306,10 +308,11 @@ def _pair_weight(g, sq_sum, valid, m, log_s, neg_inv_tau, clamp, pair_scale, VAR
 
 @triton.jit
 def _entropy_terms(p, eps):
-    """perplexity_entropy's f(p) = p log2(p + eps) and p f'(p), 0 where p = 0 (variants.row_entropy_terms)."""
+    """perplexity_entropy's f(p) = p log2(p + eps) and p f'(p), 0 where p = 0, NaN where p is
+    (variants.row_entropy_terms)."""
     log = tl.log2(p + eps)
-    f = tl.where(p > 0, p * log, 0.0)
-    pf = tl.where(p > 0, p * (log + p / ((p + eps) * _LN2)), 0.0)
+    f = tl.where(p == 0, 0.0, p * log)
+    pf = tl.where(p == 0, 0.0, p * (log + p / ((p + eps) * _LN2)))
     return f, pf
 
 

@@ -175,12 +175,13 @@ class OnlineLogSumExp:
 
 
 def row_entropy_terms(p: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """f(p) = p log2(p + eps) and p f'(p), f'(p) = log2(p + eps) + p / ((p + eps) ln 2); 0 where p = 0.
+    """f(p) = p log2(p + eps) and p f'(p), f'(p) = log2(p + eps) + p / ((p + eps) ln 2); 0 where p = 0,
+    NaN where p is (a NaN hidden state's row must not read as a finite loss).
 
     perplexity_entropy's loss is the mean over tokens i of sum_j f(p_ij); its gradient needs
     a_i = sum_j p_ij f'(p_ij). The torch strips use this; the Triton kernel has it in Triton.
     """
     log = torch.log2(p + eps)
-    f = torch.where(p > 0, p * log, 0.0)
-    pf = torch.where(p > 0, p * (log + p / ((p + eps) * LOG2)), 0.0)
+    f = torch.where(p == 0, 0.0, p * log)
+    pf = torch.where(p == 0, 0.0, p * (log + p / ((p + eps) * LOG2)))
     return f, pf
