@@ -248,6 +248,17 @@ def non_finite_losses_are_nan(variant: str) -> list[bool]:
     return losses
 
 
+def double_backward_error() -> str:
+    """What a backward with create_graph=True through the kernels raises ("" for nothing)."""
+    hidden = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    loss = dispersion_loss(hidden, "l2_repel", kernel=dispersion_triton.TritonTiles())
+    try:
+        torch.autograd.grad(loss, hidden, create_graph=True)
+    except RuntimeError as err:
+        return str(err)
+    return ""
+
+
 def child_main() -> None:
     """The interpreted checks (this file run as a script under TRITON_INTERPRET=1): JSON on stdout."""
     from kernel_accounting import account
@@ -264,6 +275,7 @@ def child_main() -> None:
         "tf32_dot": tf32_dot_gap(),
         "condensed_auto": {variant: condensed_errors(variant) for variant in VARIANTS},
         "non_finite": {variant: non_finite_losses_are_nan(variant) for variant in VARIANTS},
+        "double_backward": double_backward_error(),
     }
     print(json.dumps(results))
 
@@ -535,6 +547,11 @@ def test_a_non_finite_hidden_state_gives_a_nan_loss(interpreted: dict, variant: 
     """A NaN or infinite entry is a NaN loss, as in torch (the kernels' clamp and orthogonalization's hinge
     dropped NaN cosines, and perplexity_entropy took NaN probabilities for zeros: finite losses)."""
     assert interpreted["non_finite"][variant] == [True, True]
+
+
+def test_a_second_derivative_is_refused_in_one_line(interpreted: dict) -> None:
+    """As the torch path's (test_dispersion_loss.py): the kernels' gradient has no graph to differentiate."""
+    assert re.fullmatch("dispersion_loss is differentiable once: [^\n]*reference[^\n]*", interpreted["double_backward"])
 
 
 def test_interpreter_truncates_tf32_operands_as_the_tensor_cores_do(interpreted: dict) -> None:

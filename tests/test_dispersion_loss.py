@@ -314,6 +314,21 @@ def test_a_non_finite_hidden_state_gives_a_nan_loss(name: str, variant: str, bad
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_a_second_derivative_is_refused_in_one_line(variant: str) -> None:
+    """The analytic backward builds no graph, so a gradient penalty through it lacked the loss's second
+    derivative in silence (once_differentiable let create_graph=True through where the loss's own gradient
+    needs none); it is refused, and the reference, which autograd differentiates, gives it."""
+    hidden = randn(2, 6, 8, seed=15).requires_grad_()
+    loss = dispersion_loss(hidden, variant, kernel="torch") + hidden.pow(3).sum()
+    with pytest.raises(RuntimeError, match="^dispersion_loss is differentiable once: .*reference") as err:
+        torch.autograd.grad(loss, hidden, create_graph=True)
+    assert "\n" not in str(err.value)
+    (grad,) = torch.autograd.grad(dispersion_loss_reference(hidden, variant), hidden, create_graph=True)
+    (second,) = torch.autograd.grad(grad.square().sum(), hidden)
+    assert second.abs().sum() > 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", IMPLS)
 def test_single_token_has_no_pairs(name: str, variant: str) -> None:
     hidden = randn(3, 1, 4, seed=6)

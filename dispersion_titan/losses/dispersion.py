@@ -45,6 +45,7 @@ from .variants import (
     VariantSpec,
     precision_error,
     range_error,
+    refuse_double_backward,
     row_entropy_terms,
 )
 
@@ -369,8 +370,8 @@ class _PairLoss(torch.autograd.Function):
             return per_seq.mean()
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        refuse_double_backward()
         hidden, *lse = ctx.saved_tensors
         spec, hp = ctx.spec, ctx.hp
         with torch.autocast(hidden.device.type, enabled=False):

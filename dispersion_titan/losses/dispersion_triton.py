@@ -39,7 +39,7 @@ from torch import Tensor
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from dispersion_titan.losses.variants import OnlineLogSumExp, PairHyper, VariantSpec
+from dispersion_titan.losses.variants import OnlineLogSumExp, PairHyper, VariantSpec, refuse_double_backward
 
 # Whether the @triton.jit kernels below were built for the interpreter (TRITON_INTERPRET=1
 # when this module was first imported): then they run on CPU tensors too.
@@ -750,8 +750,8 @@ class _TritonPairLoss(torch.autograd.Function):
             return per_seq.mean()
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        refuse_double_backward()
         layers, saved = ctx.saved_tensors[: ctx.layers], ctx.saved_tensors[ctx.layers :]
         spec, hp, tiles = ctx.spec, ctx.hp, ctx.tiles
         with torch.autocast(layers[0].device.type, enabled=False):

@@ -174,6 +174,16 @@ class OnlineLogSumExp:
         return m + log_s - math.log(hp.pairs) + (hp.eps + (math.log(hp.pairs) - 2 * math.log(n))), m, log_s
 
 
+def refuse_double_backward() -> None:
+    """Raise where a pair kernel's analytic backward would be differentiated again (``create_graph=True``):
+    its gradient has no graph, so a second derivative through it would silently be zero."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "dispersion_loss is differentiable once: its backward cannot build a graph (create_graph=True, "
+            "double backward, torch.func.hessian); use dispersion_loss_reference for higher derivatives"
+        )
+
+
 def row_entropy_terms(p: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """f(p) = p log2(p + eps) and p f'(p), f'(p) = log2(p + eps) + p / ((p + eps) ln 2); 0 where p = 0,
     NaN where p is (a NaN hidden state's row must not read as a finite loss).
