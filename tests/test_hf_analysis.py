@@ -379,6 +379,7 @@ def test_geometry_of_rank_one_and_orthogonal_tokens():
     assert mev == pytest.approx(1 / 4)  # centred simplex: 4 equal axes
     same = np.tile(direction, (3, 1))  # one direction, no variance at all
     assert geometry(same) == pytest.approx((1.0, 1.0))
+    assert geometry(np.zeros((3, 4))) == (0.0, 1.0)  # no direction at all (a zeroed padding row): was NaN
     batch = unit_tokens(torch.tensor(np.stack([rank_one[:4], orthogonal[:4, :4]]), dtype=torch.float32))
     assert effective_rank(batch).tolist() == pytest.approx([1.0, 4.0], abs=1e-5)
 

@@ -115,10 +115,12 @@ def _eigenvalues(x: torch.Tensor) -> torch.Tensor:
 
 
 def effective_rank(units: torch.Tensor) -> torch.Tensor:
-    """[B, S, d] unit token vectors -> [B] exp(entropy of the normalised singular values)."""
+    """[B, S, d] unit token vectors -> [B] exp(entropy of the normalised singular values); 0 for a sequence
+    whose tokens are all zero (no direction: the normalisation would be 0 / 0)."""
     sigma = _eigenvalues(units).sqrt()
-    p = sigma / sigma.sum(dim=-1, keepdim=True)
-    return torch.exp(-torch.special.xlogy(p, p).sum(dim=-1))
+    total = sigma.sum(dim=-1, keepdim=True)
+    p = sigma / total.clamp_min(torch.finfo(total.dtype).tiny)
+    return torch.where(total[..., 0] > 0, torch.exp(-torch.special.xlogy(p, p).sum(dim=-1)), 0.0)
 
 
 def max_explainable_variance(units: torch.Tensor) -> torch.Tensor:
