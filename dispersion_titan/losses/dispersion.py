@@ -104,6 +104,8 @@ def _no_pair_loss(z: Tensor, variant: str, lambda_norm: float) -> Tensor:
     return loss
 
 
+@torch.autocast("cuda", enabled=False)  # the contract's fp32 whatever the caller's autocast, on either device
+@torch.autocast("cpu", enabled=False)
 def dispersion_loss_reference(
     hidden: Tensor,
     variant: str,
@@ -118,7 +120,8 @@ def dispersion_loss_reference(
     """Naive dispersion loss: materialises the [B, N, N] matrices and lets autograd differentiate.
 
     Same contract as ``dispersion_loss``; kept as the readable definition that tests
-    and ``bench/dispersion_loss.py`` compare the memory-lean version against.
+    and ``bench/dispersion_loss.py`` compare the memory-lean version against. Its gradient is
+    autograd's: a backward run inside autocast computes it under autocast.
     """
     _validate(hidden, variant, tau, clamp, lambda_norm, max_tokens, form)
     z = select_tokens([hidden], max_tokens, generator)[0].float()
