@@ -248,6 +248,14 @@ def non_finite_losses_are_nan(variant: str) -> list[bool]:
     return losses
 
 
+def overflowing_squares_gap(variant: str) -> float:
+    """The paper form's relative value gap between tokens of norm ~1e20 (squares beyond fp32) and at scale 1."""
+    hidden = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(4))
+    big, one = (dispersion_loss(h, variant, kernel=dispersion_triton.TritonTiles("exact"), form="paper").item()
+                for h in (hidden * 1e20, hidden))  # fmt: skip
+    return abs(big - one) / abs(one)
+
+
 def double_backward_error() -> str:
     """What a backward with create_graph=True through the kernels raises ("" for nothing)."""
     hidden = torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(3)).requires_grad_()
@@ -276,6 +284,7 @@ def child_main() -> None:
         "condensed_auto": {variant: condensed_errors(variant) for variant in VARIANTS},
         "non_finite": {variant: non_finite_losses_are_nan(variant) for variant in VARIANTS},
         "double_backward": double_backward_error(),
+        "overflowing_squares": {v: overflowing_squares_gap(v) for v in ("angular_spread", "decorrelation")},
     }
     print(json.dumps(results))
 
@@ -547,6 +556,12 @@ def test_a_non_finite_hidden_state_gives_a_nan_loss(interpreted: dict, variant: 
     """A NaN or infinite entry is a NaN loss, as in torch (the kernels' clamp and orthogonalization's hinge
     dropped NaN cosines, and perplexity_entropy took NaN probabilities for zeros: finite losses)."""
     assert interpreted["non_finite"][variant] == [True, True]
+
+
+@pytest.mark.parametrize("variant", ["angular_spread", "decorrelation"])
+def test_direction_variants_hold_where_squares_overflow(interpreted: dict, variant: str) -> None:
+    """As the torch path's (test_dispersion_loss.py): the rows kernel's norms do not overflow (its rows were zero)."""
+    assert interpreted["overflowing_squares"][variant] < 1e-5
 
 
 def test_a_second_derivative_is_refused_in_one_line(interpreted: dict) -> None:

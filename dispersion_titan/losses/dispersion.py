@@ -47,6 +47,7 @@ from .variants import (
     range_error,
     refuse_double_backward,
     row_entropy_terms,
+    row_norm,
 )
 
 # Default budget for the strip temporaries of TorchStrips: the rows per strip are
@@ -151,7 +152,7 @@ def dispersion_loss_reference(
             per_seq = torch.logsumexp(logits + eps, dim=(1, 2)) - math.log(pairs)
             per_seq = per_seq + lambda_norm * z.square().mean(dim=(1, 2))
     else:
-        u = z / (z.norm(dim=-1, keepdim=True).clamp_min(NORM_EPS) + eps)
+        u = z / (row_norm(z).clamp_min(NORM_EPS) + eps)
         cos = u @ u.transpose(1, 2)
         # Straight-through clamp: arccos sees the clamped value (finite slope), and
         # its gradient reaches cos unchanged even where cos was outside the range.
@@ -240,7 +241,7 @@ def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Ten
     if spec.rows == "centred":
         x = x - x.mean(dim=-1, keepdim=True)
     guard = spec.guard(x.shape[-1])
-    norm = x.norm(dim=-1, keepdim=True).clamp_min(guard) + hp.unit_eps(spec)
+    norm = row_norm(x).clamp_min(guard) + hp.unit_eps(spec)
     return x / norm, norm, guard
 
 
@@ -555,7 +556,8 @@ def mean_offdiag_cosine(hidden: Tensor) -> Tensor:
     Sequences with N < 2 have no pairs and count as 0.
     """
     _check_hidden(hidden)
-    u = torch.nn.functional.normalize(hidden.float(), dim=-1, eps=NORM_EPS)  # u = z / max(|z|, NORM_EPS)
+    z = hidden.float()
+    u = z / row_norm(z).clamp_min(NORM_EPS)
     n = u.shape[1]
     if n < 2:
         return torch.zeros((), device=u.device)

@@ -369,7 +369,11 @@ def _rows_kernel(
         x = z
         if ROWS == "centred":
             x = tl.where(inside, z - (tl.sum(z, axis=1) / d)[:, None], 0.0)
-        stat = tl.maximum(tl.sqrt_rn(tl.sum(x * x, axis=1)), guard) + unit_eps
+        scale = tl.max(tl.abs(x), axis=1)  # |x| = max|x| |x / max|x||: no squares overflow (variants.row_norm)
+        scale = tl.where(scale > 0, scale, 1.0)
+        unit = tl.div_rn(x, scale[:, None])
+        stat = tl.maximum(scale * tl.sqrt_rn(tl.sum(unit * unit, axis=1)), guard, propagate_nan=tl.PropagateNan.ALL)
+        stat += unit_eps  # an infinite entry's NaN norm kept: a NaN loss
         x = tl.div_rn(x, stat[:, None])
     out = u_ptr + row[:, None] * row_stride + feats[None, :]
     if STORE == "fp32":

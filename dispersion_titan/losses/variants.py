@@ -61,6 +61,14 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
 """Each numeric parameter's valid range: a predicate and how to say it (``range_error`` refuses inf and NaN first)."""
 
 
+def row_norm(x: Tensor) -> Tensor:
+    """|x| over the last dimension (kept), through x / max|x| so that the squares cannot overflow: fp32's
+    sum of squares is infinite from |x| ~ 1.8e19, which made such tokens zero vectors (u = x / inf)."""
+    scale = x.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(scale > 0, scale, 1.0)
+    return (x / scale).norm(dim=-1, keepdim=True) * scale
+
+
 def precision_error(variant: str, precision: str) -> str | None:
     """Why ``precision`` cannot compute ``variant`` to the kernel's tolerances, or None."""
     if precision not in PRECISIONS:
