@@ -468,6 +468,7 @@ def test_mean_offdiag_cosine_bf16_and_single_token() -> None:
         ({"max_tokens": 1}, "max_tokens"),
         ({"max_tokens": -3}, "max_tokens"),
         ({"max_tokens": 2.5}, "max_tokens"),
+        ({"max_tokens": 3, "generator": 123}, "generator"),
         ({"tau": "1"}, "tau"),
         ({"lambda_norm": float("nan"), "variant": "l2_repel"}, "lambda_norm"),
         ({"lambda_norm": -1.0, "variant": "l2_repel"}, "lambda_norm"),
@@ -490,6 +491,15 @@ def test_bad_arguments_name_the_parameter(name: str, kwargs: dict, param: str) -
     assert "\n" not in str(err.value)
     if param == "variant":
         assert all(v in str(err.value) for v in VARIANTS)
+
+
+@pytest.mark.parametrize("kernel", [5, None])
+def test_a_kernel_that_is_no_kernel_is_named(kernel: object) -> None:
+    """Neither a name from KERNELS nor an object with ``loss``: one line (was ``'int' object has no attribute
+    'loss'``)."""
+    with pytest.raises(ValueError, match="^kernel must be one of") as err:
+        dispersion_loss(torch.randn(2, 6, 8), "angular_spread", kernel=kernel)
+    assert "\n" not in str(err.value)
 
 
 def test_layers_give_the_loss_of_their_concatenation_with_one_token_subset() -> None:

@@ -92,6 +92,8 @@ def select_tokens(layers: list[Tensor], max_tokens: int, generator: torch.Genera
     n = layers[0].shape[1]
     if max_tokens == 0 or max_tokens >= n:
         return layers
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     device = generator.device if generator is not None else layers[0].device
     idx = torch.randperm(n, generator=generator, device=device)[:max_tokens]
     return [h.index_select(1, idx.to(h.device)) for h in layers]  # .to: a no-op unless the generator is elsewhere
@@ -466,7 +468,7 @@ def check_triton_kernel(device: torch.device, variant: str, precision: str) -> N
 
 def _pair_kernel(kernel: str | PairKernel, device: torch.device, variant: str, precision: str) -> PairKernel:
     """The implementation for ``kernel`` (a name from KERNELS, or a configured kernel object)."""
-    if not isinstance(kernel, str):
+    if not isinstance(kernel, str) and hasattr(kernel, "loss"):
         return kernel
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS} or a kernel object, got {kernel!r}")
