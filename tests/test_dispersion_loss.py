@@ -257,6 +257,8 @@ def test_identical_tokens_use_clamped_arccos(name: str) -> None:
     value, grad = loss_and_grad(IMPLS[name], hidden, "angular_spread", tau=0.5, form="paper")
     assert value.item() == pytest.approx(-math.acos(0.9) / math.pi / 0.5, abs=1e-6)
     assert torch.isfinite(grad).all() and grad.abs().max() < 1e-5  # dc/dz vanishes at c = 1
+    _, grad = loss_and_grad(IMPLS[name], hidden, "angular_spread", clamp=1e-6, form="paper")  # the smallest clamp
+    assert torch.isfinite(grad).all()  # (1e-9 rounded 1 - clamp to 1: 0 * inf, a NaN gradient)
 
 
 # --------------------------------------------------------------------------- numerics
@@ -465,6 +467,7 @@ def test_mean_offdiag_cosine_bf16_and_single_token() -> None:
         ({"clamp": 0.0}, "clamp"),
         ({"clamp": 1.0}, "clamp"),
         ({"clamp": -0.2}, "clamp"),
+        ({"clamp": 1e-9}, "clamp"),
         ({"max_tokens": 1}, "max_tokens"),
         ({"max_tokens": -3}, "max_tokens"),
         ({"max_tokens": 2.5}, "max_tokens"),

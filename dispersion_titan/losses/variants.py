@@ -51,7 +51,10 @@ FORMS = ("released", "paper")
 
 RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "tau": (lambda v: v > 0, "> 0"),
-    "clamp": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "clamp": (
+        lambda v: 1e-6 <= v < 1,
+        "in [1e-6, 1) (fp32 clamps no closer to ±1: 1 - 1e-9 rounds to 1, where arccos's slope is infinite)",
+    ),
     "lambda_norm": (lambda v: v >= 0, ">= 0"),
     "max_tokens": (
         lambda v: isinstance(v, numbers.Integral) and (v == 0 or v >= 2),
