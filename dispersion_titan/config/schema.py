@@ -57,7 +57,7 @@ class Dispersion:
     tau: float = 1.0
     """Temperature τ > 0 of the log-sum-exp variants; σ² of perplexity_entropy."""
     clamp: float = 0.1
-    """ε in (0, 1): cosines are clamped to [−1+ε, 1−ε] before arccos (straight-through)."""
+    """ε in [1e-6, 1): cosines are clamped to [−1+ε, 1−ε] before arccos (straight-through)."""
     lambda_norm: float = 0.1
     """Weight of the mean(z²) penalty of l2_repel (0.1 in the authors' lm_dispersion/dispersion.py)."""
     form: Literal["released", "paper"] = "released"
