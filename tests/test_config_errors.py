@@ -855,7 +855,7 @@ def test_a_coeff_without_a_variant_is_noted():
 
     assert notes("--dispersion.coeff", "0.05") == [
         "dispersion.coeff is 0.05 but dispersion.variant is 'none': no dispersion term is computed; set "
-        "dispersion.variant (angular_spread, orthogonalization, l2_repel, decorrelation, perplexity_entropy)"
+        f"dispersion.variant ({', '.join(variants.VARIANTS)})"  # every variant, a new one too (extending.md)
     ]
     assert notes() == notes("--dispersion.variant", "angular_spread", "--dispersion.coeff", "0.05") == []
 

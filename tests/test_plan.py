@@ -38,12 +38,13 @@ from dispersion_titan.job_config.parse import (
     validated_args,
 )
 from dispersion_titan.losses.dispersion import MAX_BLOCK_BYTES
+from dispersion_titan.losses.variants import VARIANTS
 from dispersion_titan.models import family
 from dispersion_titan.plan import main as plan_main
 from dispersion_titan.plan import plan_args
 from dispersion_titan.planning import resource_plan
 from dispersion_titan.planning.dry_run import dry_run_step
-from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, term_seconds
+from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, TERM_STEP, term_seconds
 from dispersion_titan.planning.resource_plan import (
     MOMENT_BYTES_PER_PARAM,
     checkpoint_disk,
@@ -350,6 +351,13 @@ def test_a_dispersion_term_is_priced_at_its_kernels_measured_rate():
     assert plan.layout.accumulation == 2
     assert plan.step.term_s == pytest.approx(term_seconds("angular_spread", 32 * 12, 1024, 768, 989e12), rel=1e-6)
     assert plan.time.compute_s == pytest.approx(147.4e-3, rel=0.10)
+
+
+def test_every_variant_has_its_measured_term_rate():
+    """A variant added as docs/extending.md says needs its measured step in figures.TERM_STEPS_H200: without
+    it, plan on a config of that variant ended in a KeyError traceback; here it fails in the suite."""
+    for variant in VARIANTS:
+        assert term_seconds(variant, *TERM_STEP, GPUS["h200"].bf16_flops) > 0, variant
 
 
 DEBUG_ACCUMULATING = ("--training.max_local_batch_size", "2")
