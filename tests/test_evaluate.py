@@ -786,7 +786,11 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
         timeout=300,
     )
     assert_one_line_error(
-        proc.returncode, proc.stderr, "hf:nobody/no-such-model: cannot be loaded", "127.0.0.1:9 is unreachable"
+        proc.returncode,
+        proc.stderr,
+        "hf:nobody/no-such-model: cannot be loaded",
+        "127.0.0.1:9 is unreachable",
+        "download it where the hub is reachable (hf download), or give a local folder",  # was: no remedy
     )
     assert "Retry" not in proc.stderr and not (tmp_path / "out").exists()
 

@@ -204,8 +204,9 @@ def test_fig2_matches_hidden_states_and_resumes(zoo, out, capsys, monkeypatch):
     assert code == 0, err
     assert {p: p.stat().st_mtime_ns for p in results} == results
     other = [*args, "--seq-len", "8"]  # refused, naming the --force it takes (paper had none), nothing changed
-    code, _, err = paper(*other, capsys=capsys)  # (its one line follows the progress bar's)
+    code, _, err = paper(*other, capsys=capsys)  # its one line on a line of its own, not run into the progress bar
     assert code == 2 and err.count("error:") == 1 and "(seq_len 16 vs 8); use another --out, or --force to" in err
+    assert [line for line in re.split("[\r\n]", err) if "error:" in line][0].startswith("dispersion_titan: error: ")
     assert {p: p.stat().st_mtime_ns for p in results} == results
     code, stdout, _ = paper(*other, "--force", "--dry-run", capsys=capsys)
     assert code == 0 and all("--force" in line for line in stdout.splitlines() if "dispersion_titan.analyze" in line)

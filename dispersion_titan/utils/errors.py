@@ -123,7 +123,11 @@ def docs_page(page: str, section: str = "") -> str:
 
 def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoReturn:
     """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    line, bars = f"{prog}: error: {message}", sys.modules.get("tqdm")
+    if bars is None:
+        print(line, file=sys.stderr, flush=True)
+    else:  # a progress bar (paper's, around the commands it runs) may hold the line: tqdm writes above it
+        bars.tqdm.write(line, file=sys.stderr)
     sys.exit(status)
 
 

@@ -127,5 +127,6 @@ def loading(name: str, local: bool) -> Iterator[None]:
                     "(add it if you trust that code)"
                 ) from None
             cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            where = f"; {offline}" if offline else ""
+            remedy = "download it where the hub is reachable (hf download), or give a local folder"
+            where = f"; {offline}: {remedy}" if offline else ""
             raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause}){where}") from None
