@@ -40,7 +40,7 @@ def test_token_stream_is_the_documents_separated_by_endoftext(tmp_path):
 # ---------------------------------------------------------------- token cache
 
 
-def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path, monkeypatch):
+def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path, monkeypatch, capsys):
     path = tmp_path / "d.parquet"
     pq.write_table(pa.table({"text": texts(4, seed=5)}), path)
     first = token_stream("local", "train", str(path), "training.dataset")
@@ -55,14 +55,38 @@ def test_token_cache_is_written_once_and_keyed_by_the_files(tmp_path, monkeypatc
     second = token_stream("local", "train", str(path), "training.dataset")
     assert len(glob.glob(str(tmp_path / "token_cache" / "*.npy"))) == 2
     assert len(second) != len(first)
-    # ``off``: no cache; a cache folder that cannot be made (under a file): a warning, the tokens all the same.
+    # ``off``: no cache; a cache folder that cannot be made (under a file): a note, the tokens all the same.
     tokens = np.arange(3)
     monkeypatch.setenv(CACHE_ENV, "off")
     assert cached_tokens({"dataset": "x"}, lambda: tokens) is tokens
     monkeypatch.setenv(CACHE_ENV, str(path / "cache"))
-    with pytest.warns(UserWarning, match=rf"^token cache {re.escape(str(path / 'cache'))} unusable \("):
-        assert cached_tokens({"dataset": "x"}, lambda: tokens) is tokens
+    capsys.readouterr()
+    assert cached_tokens({"dataset": "x"}, lambda: tokens) is tokens
+    note = rf"dispersion_titan: note: token cache {re.escape(str(path / 'cache'))} unusable \(Not a directory\); "
+    assert re.fullmatch(rf"{note}tokenising in this process \({CACHE_ENV} names another\)\n", capsys.readouterr().err)
     assert len(glob.glob(str(tmp_path / "token_cache" / "*.npy"))) == 2
+
+
+def test_a_cache_folder_this_process_cannot_write_is_passed_by_in_one_note(tmp_path, monkeypatch, capsys):
+    """A cache folder this process may not write (another user's ``HF_HOME``; here sysfs, which not even root
+    writes): each corpus tokenised all the same, one note for them all (was filelock's ``PermissionError``
+    traceback from every rank, exit 1)."""
+    monkeypatch.setenv(CACHE_ENV, "/sys/kernel")
+    streams = []
+    for seed in (7, 8):  # two corpora (as a run's train and validation splits): two keys
+        pq.write_table(pa.table({"text": texts(3, seed=seed)}), tmp_path / f"{seed}.parquet")
+        streams.append(token_stream("local", "train", str(tmp_path / f"{seed}.parquet"), "training.dataset"))
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert [s.tolist() for s in streams] == [
+        token_stream.__wrapped__("local", "train", str(tmp_path / f"{seed}.parquet"), "training.dataset").tolist()
+        for seed in (7, 8)
+    ]
+    [note] = re.findall("dispersion_titan: .*", capsys.readouterr().err)  # datasets' progress bars aside
+    assert re.fullmatch(
+        r"dispersion_titan: note: token cache /sys/kernel unusable \((Permission denied|Read-only file system)\); "
+        rf"tokenising in this process \({CACHE_ENV} names another\)",
+        note,
+    )
 
 
 def test_embedded_corpus_is_cached_per_split_and_reads_back_the_same_tokens(tmp_path):

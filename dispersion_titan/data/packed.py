@@ -16,7 +16,6 @@ import itertools
 import json
 import math
 import os
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +31,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for
+from ..utils.errors import say
 from ..utils.records import atomic_write
 from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
 from .store import TokenStore, is_store, open_store
@@ -77,28 +77,43 @@ def cached_tokens(
 ) -> np.ndarray:
     """``build()``'s tokens (made by ``encoder``), read from (or first written to) the token cache, keyed by
     corpus identity and tokenizer, so that ranks and later runs do not each tokenise the same corpus: the
-    first process to take the key's file lock writes it, the others memory-map it.
+    first process to take the key's file lock writes it, the others memory-map it. A cache this process
+    cannot write (another user's ``HF_HOME``, a full disk) is read where it holds the key, else passed by.
     ``$DISPERSION_TITAN_TOKEN_CACHE`` (``off``: none)."""
     folder = os.path.expanduser(os.environ.get(CACHE_ENV, ""))
     if folder.lower() == "off":
         return build()
     if not folder:
         folder = os.path.join(datasets.config.HF_DATASETS_CACHE, "dispersion_titan_tokens")
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        warnings.warn(f"token cache {folder} unusable ({e}); tokenising in this process")
-        return build()
     key = json.dumps({**identity, "tokenizer": encoder.fingerprint()}, sort_keys=True, default=str)
     path = os.path.join(folder, f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npy")
-    if not os.path.exists(path):
-        with FileLock(f"{path}.lock"):
-            if not os.path.exists(path):
-                tokens = build()
+    if os.path.exists(path):
+        return np.load(path, mmap_mode="r")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = FileLock(f"{path}.lock")
+        lock.acquire()
+    except OSError as e:
+        _unusable(folder, e.strerror or str(e))
+        return build()
+    try:
+        if not os.path.exists(path):
+            tokens = build()
+            try:
                 with open(f"{path[:-4]}.json", "w") as f:  # what the opaque key stands for, for humans
                     json.dump({**identity, "tokenizer": encoder.name, "tokens": len(tokens)}, f, indent=1, default=str)
                 atomic_write(path, lambda f: np.save(f, tokens), binary=True)
+            except OSError as e:
+                _unusable(folder, e.strerror or str(e))
+                return tokens
+    finally:
+        lock.release()
     return np.load(path, mmap_mode="r")
+
+
+@functools.cache  # once a process, not once a split
+def _unusable(folder: str, reason: str) -> None:
+    say(f"note: token cache {folder} unusable ({reason}); tokenising in this process ({CACHE_ENV} names another)")
 
 
 @functools.cache
