@@ -107,6 +107,8 @@ REFUSALS = [
     ),
     Refusal([*DEBUG, "--dispersion.coeff", "1e"], "dispersion.coeff: '1e' is not a number", error=ArgumentError),
     Refusal([*DEBUG, "--training.max_norm", "-1"], "training.max_norm: must be > 0 (inf: no clipping), got -1"),
+    Refusal([*DEBUG, "--debug.seed", "-1"], "debug.seed: must be in 0..4294967295, got -1: evaluate seeds numpy"),
+    Refusal([*DEBUG, "--debug.seed", str(2**64)], "debug.seed: must be in 0..4294967295, got 18446744073709551616:"),
     Refusal([*DEBUG, "--training.max_norm", "0"], "training.max_norm: must be > 0 (inf: no clipping), got 0"),
     Refusal(
         [*DEBUG, "--dispersion.form", "authors"],

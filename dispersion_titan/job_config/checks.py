@@ -56,7 +56,7 @@ DERIVED = ("parallelism.data_parallel_replicate_degree", "training.local_batch_s
 
 def check_numbers(config: RunConfig) -> None:
     """Every float value is finite (``training.max_norm = inf``: no clipping), each of ``AT_LEAST`` at least
-    its least."""
+    its least, the seed one numpy takes."""
     for section in dataclasses.fields(config):
         values = getattr(config, section.name)
         for field in dataclasses.fields(values):
@@ -71,6 +71,12 @@ def check_numbers(config: RunConfig) -> None:
         value = attrgetter(key)(config)
         if value is not None and not 0 <= value <= 1:
             raise ConfigError(f"{key}: must be in [0, 1], got {value}")
+    seed = config.debug.seed
+    if seed is not None and not 0 <= seed < 2**32:  # torch takes more, but a run's evaluation would fail
+        raise ConfigError(
+            f"debug.seed: must be in 0..{2**32 - 1}, got {seed}: evaluate seeds numpy with it, as the authors' "
+            "protocol does, and numpy takes no other"
+        )
     if not config.training.max_norm > 0:  # torch scales the gradients by max_norm / norm, whatever its sign
         raise ConfigError(
             f"training.max_norm: must be > 0 (inf: no clipping), got {config.training.max_norm}: "
