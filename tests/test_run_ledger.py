@@ -24,6 +24,7 @@ from dispersion_titan.run_folder.settings import fork_source, holds_an_initialis
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import ConfigError, RenamedCheckpointError
 from support.cli import analyze, assert_one_line_error
+from support.corpora import texts_jsonl
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
 from support.runs import scalars, tiny_run
 
@@ -99,6 +100,30 @@ def test_changed_settings_are_refused_in_one_line_and_change_nothing(reference_r
         "purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
     )
     assert sha256_tree(reference_run) == before
+
+
+def test_a_relaunch_from_another_folder_where_a_relative_data_path_names_other_data_is_refused(tmp_path):
+    """``--training.dataset_path corpus.jsonl`` (relative) launched from A, relaunched with the same command from B,
+    which has a corpus.jsonl of its own: one line naming both files and the folder to relaunch from, exit 2, nothing
+    changed (was: the same string, so the run went on training on B's corpus, silently); from A it goes on."""
+    dump = tmp_path / "run"
+    for folder, seed in (("A", 1), ("B", 2)):
+        (tmp_path / folder).mkdir()
+        texts_jsonl(tmp_path / folder / "corpus.jsonl", 40, 200, seed)
+    args = ("--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--validation.no-enable")
+    args += ("--training.dataset", "local", "--training.dataset_path", "corpus.jsonl", "--checkpoint.interval", "1")
+    args += ("--checkpoint.no-last-save-model-only", "--checkpoint.no-save-initial")
+    first = python_module("dispersion_titan.train", *args, "--training.steps", "1", cwd=tmp_path / "A", timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = sha256_tree(dump)
+    again = ("dispersion_titan.train", *args, "--training.steps", "2", "--check-only")
+    assert one_line(python_module(*again, cwd=tmp_path / "B", timeout=300)) == (
+        f"dispersion_titan: error: run folder {dump} was first launched from {tmp_path / 'A'}, where "
+        f"training.dataset_path 'corpus.jsonl' names {tmp_path / 'A' / 'corpus.jsonl'}, not "
+        f"{tmp_path / 'B' / 'corpus.jsonl'} as from here; relaunch from {tmp_path / 'A'}"
+    )
+    assert sha256_tree(dump) == before
+    assert python_module(*again, cwd=tmp_path / "A", timeout=300).returncode == 0
 
 
 def test_a_run_that_saved_no_step_relaunches_with_corrected_settings(tmp_path):

@@ -28,8 +28,9 @@ if TYPE_CHECKING:  # torch is imported where a checkpoint is read: run.json's re
 
 SAVED_KEY = "saved_checkpoints"
 """``run.json``'s mark that the run saved a checkpoint: a relaunch finding none lost them, not never made them."""
-LEDGER_KEYS = ("settings", "forked_from", "started_from", SAVED_KEY)
-"""``run.json`` entries that record one run's first launch, not what makes runs one configuration."""
+LEDGER_KEYS = ("settings", "forked_from", "started_from", SAVED_KEY, "cwd")
+"""``run.json`` entries that record one run's first launch, not what makes runs one configuration (``cwd``: its
+working directory, which its relative paths are relative to)."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,7 @@ def save_run_metadata(
         "forked_from": forked_from,
         "started_from": started_from,
         "settings": settings,
+        "cwd": os.getcwd(),
         **ledger,
         **({"paths": paths} if paths else {}),
     }

@@ -8,6 +8,7 @@ authors' two scripts do.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 from typing import Any
@@ -26,7 +27,7 @@ from .checkpoints import (
     run_of,
     saved_nothing,
 )
-from .outputs import STEP_FOLDER
+from .outputs import STEP_FOLDER, listed
 from .owners import empty
 
 ALLOWED_KEYS = frozenset({
@@ -63,6 +64,10 @@ ALLOWED_SECTIONS = (
 """Whole sections a relaunch may change: logging, and how the same computation is laid out."""
 
 
+INPUT_PATHS = ("training.dataset_path", "validation.dataset_path")
+"""Settings naming the run's data by a path (or a pattern of them), relative to the launch's working directory."""
+
+
 def run_settings(job_config: Any) -> dict[str, Any]:
     """Every key of ``job_config`` as ``section.key``, JSON values."""
     return flatten(json.loads(json.dumps(job_config.to_dict(), default=str)))
@@ -90,6 +95,24 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
             f"run folder {dump_folder} was started with other settings: {', '.join(changes)}; relaunch with the "
             "same settings, or branch on purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
         )
+    _refuse_other_data_here(dump_folder, recorded.get("cwd"), now)
+
+
+def _refuse_other_data_here(dump_folder: str, first: str | None, now: dict[str, Any]) -> None:
+    """Refuse a relaunch from another working directory where a relative data path, the same as recorded, names
+    other files than it did from ``first`` (the run's first launch's); data no longer there is not told apart
+    from data moved with it, as before."""
+    for key in INPUT_PATHS:
+        path = now.get(key)
+        if not first or not isinstance(path, str) or not path or os.path.isabs(os.path.expanduser(path)):
+            continue
+        there = sorted(map(os.path.realpath, glob.glob(os.path.join(first, path))))
+        here = sorted(map(os.path.realpath, glob.glob(path)))
+        if there and there != here:
+            raise ConfigError(
+                f"run folder {dump_folder} was first launched from {first}, where {key} {path!r} names "
+                f"{listed(there)}, not {listed(here) if here else 'nothing'} as from here; relaunch from {first}"
+            )
 
 
 def parse_fork(spec: str) -> tuple[str, int | None]:
