@@ -107,6 +107,12 @@ REFUSALS = [
     ),
     Refusal([*DEBUG, "--dispersion.coeff", "1e"], "dispersion.coeff: '1e' is not a number", error=ArgumentError),
     Refusal([*DEBUG, "--training.max_norm", "-1"], "training.max_norm: must be > 0 (inf: no clipping), got -1"),
+    Refusal(
+        [*DEBUG, "--job.dump_folder", "-run"],
+        "job.dump_folder: no value given ('-run' is read as an option); write --job.dump_folder=-run",
+        error=ArgumentError,
+        how="is",
+    ),
     Refusal([*DEBUG, "--debug.seed", "-1"], "debug.seed: must be in 0..4294967295, got -1: evaluate seeds numpy"),
     Refusal([*DEBUG, "--debug.seed", str(2**64)], "debug.seed: must be in 0..4294967295, got 18446744073709551616:"),
     Refusal([*DEBUG, "--training.max_norm", "0"], "training.max_norm: must be > 0 (inf: no clipping), got 0"),

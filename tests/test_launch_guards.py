@@ -6,6 +6,7 @@ under launch/train.sh (checked once, before torchrun)."""
 from __future__ import annotations
 
 import copy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -245,6 +246,23 @@ def test_train_sh_checks_the_config_once_before_torchrun(finished_run):
     assert_one_line_error(proc.returncode, proc.stderr, "dispersion.variant: 'angular' is not one of")
     assert "torch.distributed" not in proc.stdout + proc.stderr and not proc.stdout.strip()
     assert digests(finished_run) == before
+
+
+@pytest.mark.parametrize("given", [["-debug.toml"], ["--job.config_file=-debug.toml"]], ids=["CONFIG", "flag="])
+def test_train_sh_takes_a_config_whose_name_starts_with_a_dash(tmp_path, given):
+    """``launch/train.sh -debug.toml`` (a path tyro would read as an option after a space): checked as the config
+    (was: ``job.config_file: no value given``, train.sh having passed it as ``--job.config_file -debug.toml``)."""
+    shutil.copy(DEBUG_TOML, tmp_path / "-debug.toml")
+    proc = subprocess.run(
+        [str(REPO / "launch" / "train.sh"), *given, "--job.dump_folder", "run", "--dispersion.variant", "angular"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=launch_env({"PYTHON": sys.executable}),
+        timeout=300,
+    )
+    assert_one_line_error(proc.returncode, proc.stderr, "dispersion.variant: 'angular' is not one of")
+    assert not (tmp_path / "run").exists()
 
 
 def test_check_only_says_the_layout_a_paper_config_launches(tmp_path):

@@ -8,6 +8,7 @@ import difflib
 import io
 import os
 import re
+import shlex
 from typing import TYPE_CHECKING
 
 from torchtitan.protocols.train_spec import get_train_spec
@@ -79,7 +80,7 @@ def _value_message(message: str, args: list[str]) -> str:
     """tyro's refusal of a value said as the key typed in a config (``optimizer.decay_groups``, where tyro
     writes ``--optimizer.decay-groups``): a ``Literal``'s with its choices, as the TOML check says it; one its
     type cannot parse (``invalid literal for int() with base 10``), or a flag without its value, with the
-    value typed and the type expected."""
+    value typed and the type expected (a value such as ``-run.toml``, which tyro reads as an option: its ``=`` form)."""
     if choice := _CHOICE.search(message):
         value, section, key, choices = choice.groups()
         return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value} is not one of {choices}"
@@ -90,9 +91,13 @@ def _value_message(message: str, args: list[str]) -> str:
     kind = _field_type(key)
     words = set(re.findall(r"\w+", str(getattr(kind, "__name__", kind))))  # a class, a union or its text
     expected = "a number" if "float" in words else "an integer" if "int" in words else "a value"
+    split = [(*arg.partition("="), after) for arg, after in zip(args, [*args[1:], ""])]  # the value: "=" or next
     if match.re is _MISSING:
+        typed = [(k, after) for k, eq, _, after in split if k.replace("_", "-") == flag.replace("_", "-") and not eq]
+        if typed and re.match("-[^-]", typed[-1][1]):  # a path such as -run.toml, read as an option
+            given, value = typed[-1]
+            return f"{key}: no value given ({value!r} is read as an option); write {shlex.quote(f'{given}={value}')}"
         return f"{key}: no value given; write {flag} followed by {expected}"
-    split = ((*arg.partition("="), after) for arg, after in zip(args, [*args[1:], ""]))  # the value: "=" or next
     typed = [v if eq else after for k, eq, v, after in split if k.replace("_", "-") == flag.replace("_", "-")]
     return f"{key}: {typed[-1]!r} is not {expected}" if typed else message
 

@@ -56,7 +56,7 @@ trap '' "$PREEMPT_SIGNAL" 2>/dev/null || die "PREEMPT_SIGNAL must be a signal na
 # checkpoints): one line instead of one error per rank inside torchrun's report.
 check=0
 WORLD_SIZE=$((nnodes * nproc)) "$python" -m dispersion_titan.train --check-only \
-    --job.config_file "$config" "$@" || check=$?
+    --job.config_file="$config" "$@" || check=$?  # "=": a CONFIG that starts with "-" is no option
 case $check in
     0) ;;
     10) exit 0 ;;  # the run already reached training.steps: nothing to do (said in one line)
@@ -75,4 +75,4 @@ exec "$python" -m dispersion_titan.torchrun \
     --nnodes "$nnodes" --nproc_per_node "$nproc" \
     --rdzv_backend c10d --rdzv_endpoint "${RDZV_ENDPOINT:-localhost:0}" "${rdzv_id[@]}" \
     "${rank_filter[@]}" --role rank --tee 3 \
-    -m dispersion_titan.train --job.config_file "$config" "$@"
+    -m dispersion_titan.train --job.config_file="$config" "$@"
