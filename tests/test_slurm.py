@@ -303,6 +303,18 @@ def test_train_sbatch_given_a_folder_for_its_config_names_itself_and_the_folder(
     ), log
 
 
+def test_train_sbatch_takes_a_config_whose_name_starts_with_a_dash(slurm, tmp_path):
+    """``sbatch train.sbatch -debug.toml``: checked as the config, its error the job's one line, exit 2 (was
+    ``basename: invalid option -- 'd'``, exit 1, naming the run folder after the config)."""
+    shutil.copy(DEBUG_TOML, tmp_path / "-debug.toml")
+    args = ("-debug.toml", "--dispersion.variant", "angular")
+    job_id = sbatch(*NO_GPUS, f"--output={tmp_path}/%j.out", str(TRAIN_SBATCH), *args, env=slurm, cwd=tmp_path)
+    exit_code = ended(job_id, slurm, timeout=120)["ExitCode"]
+    log = (tmp_path / f"{job_id}.out").read_text()
+    assert exit_code == "2:0" and "dispersion_titan: error: dispersion.variant: 'angular' is not one of" in log, log
+    assert not (tmp_path / "outputs").exists()
+
+
 def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_path):
     """The running cluster's ports are taken: a second one says so and starts nothing."""
     env = {**slurm, "LOCAL_SLURM_DIR": str(tmp_path / "second")}
