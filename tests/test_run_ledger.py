@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -202,6 +203,17 @@ def test_resuming_would_save_over_a_step_checkpoint_is_refused(reference_run):
     with pytest.raises(CheckpointError, match=r"from step 4 \(checkpoint\.load_step = 4 is older than step-8\)"):
         check_resume(str(reference_run / "checkpoint"), str(reference_run), 10, 2, load_step=4)
     assert sha256_tree(reference_run) == before
+
+
+def test_the_fork_a_refusal_names_runs_as_printed_from_a_folder_of_any_name(reference_run, tmp_path):
+    """A run folder whose name holds a space and a quote: the ``--job.fork_from RUN@STEP`` the refusal names is
+    quoted, so it runs as printed (was ``--job.fork_from /x/run one'ü@6``, two words and an open quote)."""
+    dump = tmp_path / "run one'ü"
+    shutil.copytree(reference_run, dump, copy_function=os.link)
+    with pytest.raises(CheckpointError) as refusal:
+        check_resume(str(dump / "checkpoint"), str(dump), 10, 2)
+    words = shlex.split(str(refusal.value).split("with ", 1)[1])
+    assert words == ["--job.fork_from", f"{dump}@6", "--job.dump_folder", "NEW"]
 
 
 def test_a_run_whose_checkpoints_were_deleted_is_not_started_again(reference_run, tmp_path):

@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import re
+import shlex
 import time
 import warnings
 from dataclasses import dataclass
@@ -424,7 +425,7 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
         raise CheckpointError(
             f"{newest.path} holds weights only (checkpoint.last_save_model_only) and no earlier checkpoint is "
             f"full, so the run cannot continue to step {steps}; start a new job.dump_folder from its weights "
-            f"with --job.fork_from {dump}@{newest.step}"
+            f"with --job.fork_from {shlex.quote(f'{dump}@{newest.step}')}"
         )
     resume = full[-1]
     if resume.step < newest.step:
@@ -436,6 +437,6 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
         raise CheckpointError(
             f"{folder}: resuming from step {resume.step} ({why}) would train over step-{newest.step} and save "
             f"it again, and checkpoints are never overwritten; branch from step {resume.step} into a new folder "
-            f"with --job.fork_from {dump}@{resume.step} --job.dump_folder NEW"
+            f"with --job.fork_from {shlex.quote(f'{dump}@{resume.step}')} --job.dump_folder NEW"
         )
     check_loader_layout(resume.path, data_parallel_degree)
