@@ -10,6 +10,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,7 +30,7 @@ from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from dispersion_titan.utils.errors import AnalysisError
 from support.cli import analyze, assert_one_line_error
-from support.launch import python_module, second_writer_is_refused, torchrun
+from support.launch import launch_env, python_module, second_writer_is_refused, torchrun
 from support.runs import digests, scale_weights, tiny_run
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
@@ -339,6 +341,35 @@ def test_an_analysis_that_writes_nothing_leaves_no_folder(run, tmp_path, capsys)
     code, _, err = analyze(broken, *OPTS, "--out", tmp_path / "out", "--tb-dir", tmp_path / "new" / "tb", capsys=capsys)
     assert code == 1 and "1 of 1 checkpoints could not be analyzed" in err
     assert sorted(os.listdir(tmp_path)) == ["broken"]
+
+
+def as_someone_else(*argv: str) -> list[str]:
+    """``argv`` run as a user other than the files' owner would: root (the CI's user) ignores file modes, unless it
+    gives up ``CAP_DAC_OVERRIDE``."""
+    drop = "-dac_override,-dac_read_search"
+    return ["setpriv", "--bounding-set", drop, "--inh-caps", drop, *argv] if os.geteuid() == 0 else list(argv)
+
+
+def test_a_colleagues_read_only_run_with_out_elsewhere_names_the_default_tb_dir_and_the_way_out(run, tmp_path):
+    """``chmod -R a-w RUN``, then ``analyze RUN --out MINE``: one line naming the default ``--tb-dir`` (the run's
+    TensorBoard folder, which the user did not type) and what to give instead, exit 2, before ``--out`` is made,
+    nothing changed (was the line without the way out, once ``--out`` was claimed)."""
+    colleague = tmp_path / "colleague"
+    shutil.copytree(run, colleague, symlinks=True, ignore=shutil.ignore_patterns("step-2", "step-4", "condensation"))
+    subprocess.run(["chmod", "-R", "a-w", str(colleague)], check=True)
+    before = digests(colleague)
+    try:
+        argv = [sys.executable, "-m", "dispersion_titan.analyze", str(colleague), *OPTS, "--out", str(tmp_path / "out")]
+        proc = subprocess.run(as_someone_else(*argv), env=launch_env(), capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(colleague)], check=True)
+    assert_one_line_error(
+        proc.returncode,
+        proc.stderr,
+        f"--tb-dir: {colleague}/tb/condensation: not writable (Permission denied); it is the default: give --tb-dir "
+        "a folder you can write",
+    )
+    assert digests(colleague) == before and not (tmp_path / "out").exists()
 
 
 def test_an_analysis_of_other_settings_claiming_the_tb_dir_meanwhile_is_refused(run, tmp_path):

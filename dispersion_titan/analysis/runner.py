@@ -164,6 +164,11 @@ class Analysis:
             except (OSError, ValueError, AttributeError):  # not a folder, or an unreadable record: written over
                 recorded = None
             if recorded in (None, self.settings):
+                if not given and not inside(folder, self.out):  # a colleague's read-only run, before --out is made
+                    try:
+                        check_writable(folder, "--tb-dir")
+                    except OutputError as e:
+                        raise OutputError(f"{e}; it is the default: give --tb-dir a folder you can write") from None
                 return folder
         raise _other_settings(folder)
 
