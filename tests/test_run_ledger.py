@@ -398,6 +398,21 @@ def test_a_fork_relaunched_from_its_source_moved_elsewhere_goes_on(fork, referen
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_a_forks_relaunch_resumes_its_own_checkpoint_without_a_warning(fork, reference_run, tmp_path):
+    """The same command again, one step further: the fork goes on from its own step-5, without TorchTitan's
+    ``WARNING - checkpoint.initial_load_path is provided but the checkpoint.folder exists`` (on every relaunch of a
+    fork or a mid-training run: what the same command is for)."""
+    copy = tmp_path / "fork"
+    subprocess.run(["cp", "-a", str(fork), str(copy)], check=True)  # the module's fork stays as it is
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(copy),
+                         "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, *RUN, "--training.steps", str(FORK_STEP + 2),
+                         "--dispersion.coeff", "0", "--checkpoint.no-last_save_model_only", "--job.fork_from",
+                         f"{reference_run}@{FORK_STEP}", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (copy / "checkpoint" / f"step-{FORK_STEP + 2}" / ".metadata").is_file()
+    assert "WARNING" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
+
+
 def test_step_0_of_a_run_from_scratch_is_an_initialisation_wherever_its_checkpoint_folder_lies(tmp_path):
     """A run started from step 0 of a run from scratch whose ``checkpoint.folder`` lies outside it records
     ``started_from`` as an initialisation, its run found as ``checkpoints.run_of`` finds it (was: the folder two

@@ -90,6 +90,15 @@ def _titan_noise(cpu: bool, hf_export: bool) -> Callable[[logging.LogRecord], bo
     return lambda record: not (message := record.getMessage()).startswith(noise) and not _SAME_ENV.match(message)
 
 
+_OWN_CHECKPOINTS_FIRST = (
+    "checkpoint.initial_load_path is provided but the checkpoint.folder exists",
+    "checkpoint.initial_load_in_hf is True but the checkpoint.folder exists",
+)
+"""TorchTitan's warnings, on every relaunch of a fork or a mid-training run, that it resumes from the run's own
+checkpoints rather than the weights it started from: what the same command is for (a relaunch whose folder holds
+none is refused at launch, ``check_initial_load``)."""
+
+
 class DispersionTrainer(titan_compat.TrainerHooks):
     def __init__(self, job_config: RunConfig) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
@@ -113,6 +122,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             warnings.filterwarnings("ignore", message)
         quiet = _titan_noise(titan_compat.uses_cpu(), job_config.checkpoint.last_save_in_hf)
         logger.addFilter(quiet)
+        logger.addFilter(lambda record: not record.getMessage().startswith(_OWN_CHECKPOINTS_FIRST))  # said at load
         try:
             with warnings.catch_warnings():
                 if fp32:  # TorchTitan builds a CPU autocast to fp32, which torch turns off with a warning
