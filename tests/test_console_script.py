@@ -64,6 +64,25 @@ def test_an_unknown_command_is_refused_with_the_list():
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "argv, argparse_says, path",
+    [
+        (["init", "-x"], "the following arguments are required: DIR", "-x"),
+        (["convert", "to-hf", "-run", "-hf"], "argument -h/--help: ignored explicit argument 'f'", "-run"),
+    ],
+    ids=["init", "convert"],
+)
+def test_a_path_that_starts_with_a_dash_is_told_how_to_write_it(argv, argparse_says, path, tmp_path):
+    """``init -x`` (a folder named ``-x``): argparse's line, and the path read as an option with how to write it,
+    ``./-x`` (was argparse's line alone, ``required: DIR``, of a DIR the user typed)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispersion_titan", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    how = f"({path!r} is read as an option: write a path that starts with a dash as ./{path})"
+    assert proc.stderr == f"dispersion_titan: error: {argparse_says} {how}\n"
+    assert proc.returncode == 2 and not os.listdir(tmp_path)
+
+
 def test_help_before_a_command_is_the_commands_help(monkeypatch, capsys):
     """``dispersion-titan --help init`` (as ``git --help commit``): init's help (was ``unknown command
     '--help'``, exit 2); ``--help nope`` is the unknown command; ``--help`` alone, the usage."""

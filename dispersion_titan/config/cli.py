@@ -166,10 +166,25 @@ def with_config_module(args: list[str], toml: dict) -> list[str]:
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse whose usage errors end like every other error here: one line, exit 2."""
+    """argparse whose usage errors end like every other error here: one line, exit 2; one of a path that starts
+    with a dash (``init -x``: ``required: DIR``) says how to write it."""
+
+    _argv: list[str] = []
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:
-        fail(message)
+        dashed = [
+            arg
+            for arg in self._argv
+            if re.match("-[^-]", arg)
+            and arg.partition("=")[0] not in self._option_string_actions
+            and not self._negative_number_matcher.match(arg)
+        ]
+        fail(f"{message} ({dashed[0]!r} is read as an option: write a path that starts with a dash as ./{dashed[0]})"
+             if dashed else message)  # fmt: skip
 
 
 def positive_int(text: str) -> int:
