@@ -412,6 +412,26 @@ def test_qwen3_run_resumes_exactly(qwen3_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_another_is_refused(tmp_path):
+    """``--model.hf_assets_path tok`` (relative: the model's tokenizer and weights) launched from A, relaunched
+    by the same command from B, which holds a ``tok`` of its own: one line naming both folders and where to
+    relaunch from, exit 2 (was: the same string, so the run went on with B's tokenizer, silently)."""
+    hf = hf_qwen3(tmp_path / "hf")
+    for folder in ("A", "B"):
+        shutil.copytree(hf, tmp_path / folder / "tok")
+    dump = tmp_path / "run"
+    args = (*BASE, "--job.dump_folder", str(dump), "--model.hf_assets_path", "tok", *TRAIN, "--validation.no-enable")
+    first = python_module("dispersion_titan.train", *args, "--training.steps", "1", cwd=tmp_path / "A")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = python_module("dispersion_titan.train", *args, "--training.steps", "2", "--check-only", cwd=tmp_path / "B")
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"dispersion_titan: error: run folder {dump} was first launched from {tmp_path / 'A'}, where "
+        f"model.hf_assets_path 'tok' names {tmp_path / 'A' / 'tok'}, not {tmp_path / 'B' / 'tok'} as from here; "
+        f"relaunch from {tmp_path / 'A'}"
+    ], again.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_llama3_trains_through_the_entry_point(tmp_path):
     proc = python_module(
         "dispersion_titan.train",

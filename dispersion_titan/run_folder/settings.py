@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any
 
+from ..tokenizer.encoders import tokenizer_folder
 from ..utils.errors import CheckpointError, ConfigError
 from ..utils.records import flatten
 from .checkpoints import (
@@ -64,8 +65,9 @@ ALLOWED_SECTIONS = (
 """Whole sections a relaunch may change: logging, and how the same computation is laid out."""
 
 
-INPUT_PATHS = ("training.dataset_path", "validation.dataset_path")
-"""Settings naming the run's data by a path (or a pattern of them), relative to the launch's working directory."""
+INPUT_PATHS = ("training.dataset_path", "validation.dataset_path", "model.hf_assets_path")
+"""Settings naming the run's data (or its tokenizer's folder) by a path or a pattern of them, relative to the
+launch's working directory."""
 
 
 def run_settings(job_config: Any) -> dict[str, Any]:
@@ -106,6 +108,8 @@ def _refuse_other_data_here(dump_folder: str, first: str | None, now: dict[str, 
         path = now.get(key)
         if not first or not isinstance(path, str) or not path or os.path.isabs(os.path.expanduser(path)):
             continue
+        if key == "model.hf_assets_path" and tokenizer_folder(now.get("model.name", ""), path) is None:
+            continue  # gpt2's: its tokenizer is GPT-2's BPE, its folder read only for a first launch's weights
         there = sorted(map(os.path.realpath, glob.glob(os.path.join(first, path))))
         here = sorted(map(os.path.realpath, glob.glob(path)))
         if there and there != here:
