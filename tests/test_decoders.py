@@ -415,10 +415,12 @@ def test_qwen3_run_resumes_exactly(qwen3_run, tmp_path):
 def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_another_is_refused(tmp_path):
     """``--model.hf_assets_path tok`` (relative: the model's tokenizer and weights) launched from A, relaunched
     by the same command from B, which holds a ``tok`` of its own: one line naming both folders and where to
-    relaunch from, exit 2 (was: the same string, so the run went on with B's tokenizer, silently)."""
+    relaunch from, exit 2 (was: the same string, so the run went on with B's tokenizer, silently). From a copy of
+    A, whose ``tok`` holds the same files, it relaunches."""
     hf = hf_qwen3(tmp_path / "hf")
     for folder in ("A", "B"):
         shutil.copytree(hf, tmp_path / folder / "tok")
+    save_tokenizer(str(tmp_path / "B" / "tok"), 32)  # B's another: its tokenizer files differ from A's
     dump = tmp_path / "run"
     args = (*BASE, "--job.dump_folder", str(dump), "--model.hf_assets_path", "tok", *TRAIN, "--validation.no-enable")
     first = python_module("dispersion_titan.train", *args, "--training.steps", "1", cwd=tmp_path / "A")
@@ -429,6 +431,10 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
         f"model.hf_assets_path 'tok' names {tmp_path / 'A' / 'tok'}, not {tmp_path / 'B' / 'tok'} as from here; "
         f"relaunch from {tmp_path / 'A'}"
     ], again.stderr[-3000:]
+    shutil.copytree(tmp_path / "A", tmp_path / "copy_of_A")  # the same files in another folder: the same run
+    copied = python_module("dispersion_titan.train", *args, "--training.steps", "2", "--check-only",
+                           cwd=tmp_path / "copy_of_A")  # fmt: skip
+    assert copied.returncode == 0, copied.stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -106,7 +106,8 @@ def test_changed_settings_are_refused_in_one_line_and_change_nothing(reference_r
 def test_a_relaunch_from_another_folder_where_a_relative_data_path_names_other_data_is_refused(tmp_path):
     """``--training.dataset_path corpus.jsonl`` (relative) launched from A, relaunched with the same command from B,
     which has a corpus.jsonl of its own: one line naming both files and the folder to relaunch from, exit 2, nothing
-    changed (was: the same string, so the run went on training on B's corpus, silently); from A it goes on."""
+    changed (was: the same string, so the run went on training on B's corpus, silently); from A, or a copy of A, it
+    goes on."""
     dump = tmp_path / "run"
     for folder, seed in (("A", 1), ("B", 2)):
         (tmp_path / folder).mkdir()
@@ -125,6 +126,9 @@ def test_a_relaunch_from_another_folder_where_a_relative_data_path_names_other_d
     )
     assert sha256_tree(dump) == before
     assert python_module(*again, cwd=tmp_path / "A", timeout=300).returncode == 0
+    shutil.copytree(tmp_path / "A", tmp_path / "copy_of_A")  # the same data in another folder: the same run
+    relaunched = python_module(*again, cwd=tmp_path / "copy_of_A", timeout=300)
+    assert relaunched.returncode == 0, relaunched.stderr[-3000:]
 
 
 def test_a_run_that_saved_no_step_relaunches_with_corrected_settings(tmp_path):

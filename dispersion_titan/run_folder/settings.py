@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import json
 import os
 from typing import Any
@@ -102,21 +103,41 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
 
 def _refuse_other_data_here(dump_folder: str, first: str | None, now: dict[str, Any]) -> None:
     """Refuse a relaunch from another working directory where a relative data path, the same as recorded, names
-    other files than it did from ``first`` (the run's first launch's); data no longer there is not told apart
-    from data moved with it, as before."""
+    other files than it did from ``first`` (the run's first launch's). Files are told by content, so a copy of
+    the first launch's folder relaunches; data no longer there is not told apart from data moved with it."""
+    if not first or os.path.realpath(first) == os.path.realpath(os.getcwd()):
+        return
     for key in INPUT_PATHS:
         path = now.get(key)
-        if not first or not isinstance(path, str) or not path or os.path.isabs(os.path.expanduser(path)):
+        if not isinstance(path, str) or not path or os.path.isabs(os.path.expanduser(path)):
             continue
         if key == "model.hf_assets_path" and tokenizer_folder(now.get("model.name", ""), path) is None:
             continue  # gpt2's: its tokenizer is GPT-2's BPE, its folder read only for a first launch's weights
-        there = sorted(map(os.path.realpath, glob.glob(os.path.join(first, path))))
-        here = sorted(map(os.path.realpath, glob.glob(path)))
-        if there and there != here:
+        there = _contents(first, path)
+        if there and there != _contents(os.getcwd(), path):
+            named = lambda root: sorted(map(os.path.realpath, glob.glob(os.path.join(root, path))))  # noqa: E731
+            here = named(os.getcwd())
             raise ConfigError(
                 f"run folder {dump_folder} was first launched from {first}, where {key} {path!r} names "
-                f"{listed(there)}, not {listed(here) if here else 'nothing'} as from here; relaunch from {first}"
+                f"{listed(named(first))}, not {listed(here) if here else 'nothing'} as from here; relaunch from "
+                f"{first}"
             )
+
+
+def _contents(root: str, pattern: str) -> list[tuple[str, int, str]]:
+    """Each file ``pattern`` names from ``root`` (a folder's files within it): its path from ``root``, its size and
+    a digest of its first and last 64 KiB; an unreadable file's digest is empty."""
+    found = []
+    for match in sorted(glob.glob(os.path.join(root, pattern))):
+        walked = (os.path.join(folder, name) for folder, _, names in os.walk(match) for name in names)
+        for file in sorted(walked) if os.path.isdir(match) else [match]:
+            size, digest = os.path.getsize(file), hashlib.sha256()
+            with contextlib.suppress(OSError), open(file, "rb") as f:
+                digest.update(f.read(2**16))
+                f.seek(max(size - 2**16, 0))
+                digest.update(f.read())
+            found.append((os.path.relpath(file, root), size, digest.hexdigest()))
+    return found
 
 
 def parse_fork(spec: str) -> tuple[str, int | None]:
