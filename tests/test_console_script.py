@@ -199,6 +199,27 @@ def test_a_background_command_interrupted_or_terminated_says_one_line(signum, wh
     )
 
 
+def test_an_interrupt_inside_a_progress_bar_is_the_last_line_on_its_own():
+    """Ctrl-C while a progress bar a library keeps in a local is open (lm-eval's 'Running loglikelihood requests',
+    hit by test_reliability's evaluate case under load): the line went onto the bar's line, and the bar, closed when
+    the interrupted frame was freed, came after it. The bar is closed first: the line ends the output, whole."""
+    code = (
+        "import os, signal\n"
+        "from tqdm import tqdm\n"
+        "from dispersion_titan.utils.errors import command, run_command\n"
+        "@command('what is kept; how to go on')\n"
+        "def main():\n"
+        "    requests = tqdm(total=8, desc='requests')\n"
+        "    requests.update(1)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    requests.close()\n"
+        "run_command(main)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    line = "dispersion_titan: interrupted; what is kept; how to go on"
+    assert proc.returncode == 130 and proc.stderr.split("\n")[-2:] == [line, ""], proc.stderr
+
+
 def test_a_signal_a_command_ignores_stays_ignored_as_it_ends():
     """The trainer ignores SIGTERM once its ranks stop on a non-finite loss (torchrun's SIGTERM to a rank shutting
     down would end it, -15, and the launcher report that, not its line): the handler the command's end takes back

@@ -162,6 +162,7 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
             except DispersionTitanError as e:
                 fail_with(e)
             except KeyboardInterrupt as e:
+                _close_progress_bars()
                 say(f"interrupted{f' {when}' if when else ''}; {interrupted}", every_rank=not when)
                 sys.exit(interrupted_exit_code(interrupt_signal(e)))
             except Exception as e:
@@ -177,6 +178,14 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
         return run
 
     return wrap
+
+
+def _close_progress_bars() -> None:
+    """Close the progress bars an interrupt left open (lm-eval's, a local of a frame it unwound): the line went onto
+    the bar's line, and the bar, closed when that frame was freed, followed it (over it, on a terminal)."""
+    bars = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
+    for bar in list(getattr(bars, "_instances", ())):
+        bar.close()
 
 
 def _interrupted(signum: int, frame: object) -> NoReturn:
