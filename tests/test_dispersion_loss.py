@@ -319,15 +319,15 @@ def test_a_non_finite_hidden_state_gives_a_nan_loss(name: str, variant: str, bad
 @pytest.mark.parametrize("name", IMPLS)
 def test_direction_variants_hold_where_squares_overflow(name: str, variant: str) -> None:
     """Tokens of norm ~1e20, whose squared norms overflow fp32: the paper form's value is that of the same
-    directions at scale 1, its gradient 1e20 times smaller, as the cosine probe's value (such tokens were taken
-    for zero vectors: a constant loss with NaN or zero gradients, a zero cosine)."""
+    directions at scale 1, its gradient 1e20 times smaller (such tokens were taken for zero vectors: a constant
+    loss with NaN or zero gradients). The cosine probe logged every step keeps torch's normalize: the scaled norm
+    cost 3.6 ms of GPT-2 small's 126 ms roofline step on an H100, for a run that diverged anyway."""
     hidden = randn(2, 6, 8, seed=16)
     big, big_grad = loss_and_grad(IMPLS[name], hidden * 1e20, variant, form="paper")
     one, one_grad = loss_and_grad(IMPLS[name], hidden, variant, form="paper")
     assert big.item() == pytest.approx(one.item(), rel=1e-5)
     scale = one_grad.abs().max()
     assert_close(big_grad * 1e20 / scale, one_grad / scale, tol=1e-3)  # the reference's std backward: 5e-4 off
-    assert mean_offdiag_cosine(hidden * 1e20).item() == pytest.approx(mean_offdiag_cosine(hidden).item(), abs=1e-6)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -90,7 +90,7 @@ def test_train_sbatch_within_its_warning_of_the_time_limit_is_one_line(tmp_path)
     ):
         (bin_dir / "scontrol").write_text(
             f'#!/bin/sh\necho "JobId=7 JobName=t\n   RunTime=00:00:01 TimeLimit={limit} TimeMin=N/A\n'
-            f'   Command={sbatch_script} {DEBUG_TOML}"\n'
+            f'   Command={sbatch_script} /no/such.toml"\n'  # the script and its arguments, as Slurm shows them
         )
         for tool in ("scontrol", "srun"):
             (bin_dir / tool).chmod(0o755)

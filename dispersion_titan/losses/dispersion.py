@@ -558,8 +558,7 @@ def mean_offdiag_cosine(hidden: Tensor) -> Tensor:
     Sequences with N < 2 have no pairs and count as 0.
     """
     _check_hidden(hidden)
-    z = hidden.float()
-    u = z / row_norm(z).clamp_min(NORM_EPS)
+    u = torch.nn.functional.normalize(hidden.float(), dim=-1, eps=NORM_EPS)  # u = z / max(|z|, NORM_EPS)
     n = u.shape[1]
     if n < 2:
         return torch.zeros((), device=u.device)
