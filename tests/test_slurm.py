@@ -303,31 +303,22 @@ def test_train_sbatch_given_a_folder_for_its_config_names_itself_and_the_folder(
     ), log
 
 
-def test_the_sbatch_scripts_find_their_folder_where_its_path_holds_a_space(slurm, tmp_path):
+def test_the_sbatch_scripts_find_their_folder_where_its_path_holds_a_space_and_take_a_dashed_config(slurm, tmp_path):
     """The package installed under a folder with a space (``My Projects/.venv``): each script finds its
     ``common.sh`` (was the path cut at the space, Slurm's ``Command=`` split on spaces: ``/tmp/common.sh: No such
-    file or directory``, exit 1, for every job a sweep or ``paper --slurm`` submits)."""
+    file or directory``, exit 1, for every job a sweep or ``paper --slurm`` submits). Its config named
+    ``-debug.toml`` is checked as the config, its error the check's one line, exit 2 (was ``basename: invalid option
+    -- 'd'``, exit 1, naming the run folder after the config). One job for both: a Slurm job costs seconds."""
     scripts = tmp_path / "my scripts" / "launch_scripts"
     shutil.copytree(REPO / "dispersion_titan" / "launch_scripts", scripts)
-    job_id = sbatch(*NO_GPUS, f"--output={tmp_path}/%j.out", str(scripts / "slurm" / "train.sbatch"), str(tmp_path),
+    shutil.copy(DEBUG_TOML, tmp_path / "-debug.toml")
+    args = ("-debug.toml", "--dispersion.variant", "angular")
+    job_id = sbatch(*NO_GPUS, f"--output={tmp_path}/%j.out", str(scripts / "slurm" / "train.sbatch"), *args,
                     env=slurm, cwd=tmp_path)  # fmt: skip
     exit_code = ended(job_id, slurm, timeout=120)["ExitCode"]
     log = (tmp_path / f"{job_id}.out").read_text()
-    assert exit_code == "2:0" and log.strip() == (
-        f"train.sbatch: error: config file {tmp_path} is a folder; give the TOML file itself"
-    ), log
-
-
-def test_train_sbatch_takes_a_config_whose_name_starts_with_a_dash(slurm, tmp_path):
-    """``sbatch train.sbatch -debug.toml``: checked as the config, its error the job's one line, exit 2 (was
-    ``basename: invalid option -- 'd'``, exit 1, naming the run folder after the config)."""
-    shutil.copy(DEBUG_TOML, tmp_path / "-debug.toml")
-    args = ("-debug.toml", "--dispersion.variant", "angular")
-    job_id = sbatch(*NO_GPUS, f"--output={tmp_path}/%j.out", str(TRAIN_SBATCH), *args, env=slurm, cwd=tmp_path)
-    exit_code = ended(job_id, slurm, timeout=120)["ExitCode"]
-    log = (tmp_path / f"{job_id}.out").read_text()
     assert exit_code == "2:0" and "dispersion_titan: error: dispersion.variant: 'angular' is not one of" in log, log
-    assert not (tmp_path / "outputs").exists()
+    assert not (tmp_path / "outputs").exists(), log
 
 
 def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_path):
