@@ -122,12 +122,10 @@ def docs_page(page: str, section: str = "") -> str:
 
 
 def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoReturn:
-    """One line on stderr and a non-zero exit status (2: bad input, 3: training failed)."""
-    line, bars = f"{prog}: error: {message}", sys.modules.get("tqdm")
-    if bars is None:
-        print(line, file=sys.stderr, flush=True)
-    else:  # a progress bar (paper's, around the commands it runs) may hold the line: tqdm writes above it
-        bars.tqdm.write(line, file=sys.stderr)
+    """One line on stderr, on a line of its own (open progress bars closed first: paper's, around the commands it
+    runs), and a non-zero exit status (2: bad input, 3: training failed)."""
+    _close_progress_bars()
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     sys.exit(status)
 
 
@@ -181,8 +179,9 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
 
 
 def _close_progress_bars() -> None:
-    """Close the progress bars an interrupt left open (lm-eval's, a local of a frame it unwound): the line went onto
-    the bar's line, and the bar, closed when that frame was freed, followed it (over it, on a terminal)."""
+    """Close the open progress bars (tqdm's, if loaded) before a last line: an error or an interrupt left them open
+    (lm-eval's, a local of a frame it unwound), so the line went onto the bar's line and the bar, closed when that
+    frame was freed, followed it (over it, on a terminal)."""
     bars = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
     for bar in list(getattr(bars, "_instances", ())):
         bar.close()
