@@ -10,6 +10,7 @@ import csv
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -601,7 +602,7 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_pat
 def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_path, capsys):
     """``evaluate table`` weighs only results that still describe their checkpoint: a moved run's
     are found relative to it, and once step-N holds other weights its row is refused in one line."""
-    moved = tmp_path / "moved"
+    moved = tmp_path / "a user's run"  # the command the refusal prints runs as printed
     shutil.copytree(run, moved)  # copies keep mtimes: the same identities, at another path
     code, out, err = run_cli(
         evaluate_main, "table", str(moved), "--select", "step:2", "--out", str(tmp_path / "t1"), capsys=capsys
@@ -617,8 +618,10 @@ def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_pat
         err,
         f"{moved / 'evaluation'}: step 2 was evaluated from another checkpoint than "
         f"{moved / 'checkpoint' / 'step-2'} holds now",
-        f"again with python -m dispersion_titan.evaluate {moved} --out {moved / 'evaluation'} --force",
+        "again with python -m dispersion_titan.evaluate ",
     )
+    advice = shlex.split(err.split("again with ")[1])  # runs as printed
+    assert advice[3:] == [str(moved), "--out", str(moved / "evaluation"), "--force"]
     assert not (tmp_path / "t2").exists()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -284,13 +285,16 @@ def test_a_second_run_on_another_runs_checkpoints_is_refused(runs, tmp_path):
         refused(proc.returncode, proc.stderr, runs, before, f"job.dump_folder: {dump} ")
 
 
+RUN = "a user's run"  # a name that needs quoting in the commands the refusals print
+
+
 @pytest.fixture(scope="module")
 def scattered(tmp_path_factory) -> Path:
     """A real 1-process run whose checkpoint folder (``../ckpt``) and TensorBoard folder (an
     absolute path) lie outside its dump folder."""
     base = tmp_path_factory.mktemp("scattered")
     torchrun(
-        base / "run",
+        base / RUN,
         1,
         "--training.steps",
         "2",
@@ -307,7 +311,7 @@ def scattered(tmp_path_factory) -> Path:
 
 
 def test_run_paths_outside_the_dump_folder_are_recorded_and_found(scattered, capsys):
-    run, ckpt, tb = (Path(os.path.realpath(scattered / name)) for name in ("run", "ckpt", "tb"))
+    run, ckpt, tb = (Path(os.path.realpath(scattered / name)) for name in (RUN, "ckpt", "tb"))
     assert sorted(p.name for p in ckpt.iterdir() if p.name != OWNER_FILE) == ["step-0", "step-2"]
     assert not (run / "comm_traces").exists()  # the flight recorder dumps NCCL's collectives, not gloo's
     assert json.loads((run / "run.json").read_text())["paths"] == {  # relative: the run moves with them
@@ -328,7 +332,7 @@ def test_run_paths_outside_the_dump_folder_are_recorded_and_found(scattered, cap
 def test_another_run_or_command_on_a_runs_outside_folders_is_refused(scattered, capsys, tmp_path):
     """Refused in one line naming the run that owns them; the fork the refusal names is a real
     run, and branching from it passes the launch checks."""
-    run, ckpt = (Path(os.path.realpath(scattered / name)) for name in ("run", "ckpt"))
+    run, ckpt = (Path(os.path.realpath(scattered / name)) for name in (RUN, "ckpt"))
     before = digests(scattered)
     proc = python_module(
         "dispersion_titan.train",
@@ -345,8 +349,10 @@ def test_another_run_or_command_on_a_runs_outside_folders_is_refused(scattered, 
         scattered,
         before,
         f"checkpoint.folder: {ckpt} is a folder of run {run}",
-        f"--job.fork_from {run}[@STEP]",
+        "--job.fork_from ",
     )
+    printed = shlex.split(proc.stderr.split("--job.fork_from ")[1].split("[@STEP]")[0])
+    assert printed == [str(run)]  # runs as printed, whatever the name holds
     proc = python_module(
         "dispersion_titan.train",
         *CHECK,
@@ -365,7 +371,7 @@ def test_another_run_or_command_on_a_runs_outside_folders_is_refused(scattered, 
         "--job.dump_folder",
         str(tmp_path / "fork"),
         "--job.fork_from",
-        str(run),
+        *printed,
         "--training.steps",
         "3",
         timeout=120,

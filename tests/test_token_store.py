@@ -335,7 +335,7 @@ def test_a_second_prepare_into_a_folder_being_written_is_refused(tmp_path, capsy
 
 
 def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):
-    store = tmp_path / "store"
+    store = tmp_path / "a user's store"  # the repair command the errors print runs as printed
     shutil.copytree(enwiki_store, store)
     # A manifest of another format, version or rules, or one whose entries disagree: named as what it is.
     manifest = json.loads((store / MANIFEST).read_text())
@@ -353,8 +353,10 @@ def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):
     (store / MANIFEST).write_text(json.dumps(manifest))
     with open(store / "shard-00003.bin", "r+b") as f:
         f.truncate(100)
-    with pytest.raises(DataConfigError, match=r"^training\.dataset_path: .*shard-00003\.bin: truncated \(100 bytes"):
+    truncated = r"^training\.dataset_path: .*shard-00003\.bin: truncated \(100 bytes"
+    with pytest.raises(DataConfigError, match=truncated) as e:
         open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
+    assert shlex.split(str(e.value).split("rerun ")[1])[-2:] == ["--out", str(store)]
     # A shard entry no prepare writes (negative tokens, the folder itself), and a shard that is a folder:
     # named as what they are, not as "truncated".
     manifest = json.loads((store / MANIFEST).read_text())
@@ -371,8 +373,9 @@ def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):
         open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
     (store / MANIFEST).unlink()
     assert is_store(str(store))  # an unfinished store is still recognised, and says so
-    with pytest.raises(DataConfigError, match=r"manifest\.json: missing: the token store is unfinished"):
+    with pytest.raises(DataConfigError, match=r"manifest\.json: missing: the token store is unfinished") as e:
         open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
+    assert shlex.split(str(e.value).split("rerun ")[1])[-2:] == ["--out", str(store)]
     with pytest.raises(DataConfigError, match=r"holds 'enwiki_sample' train, not 'local' train"):
         open_store(str(enwiki_store), "local", "train", "training.dataset_path")
 

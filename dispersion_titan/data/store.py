@@ -17,6 +17,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterable
@@ -78,7 +79,7 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
     path = os.path.join(folder, MANIFEST)
     if not os.path.exists(path):
         raise DataConfigError(
-            f"{field}: {path}: missing: the token store is unfinished; rerun {PREPARE} with --out {folder}"
+            f"{field}: {path}: missing: the token store is unfinished; rerun {PREPARE} with --out {shlex.quote(folder)}"
         )
     try:
         with open(path, "rb") as f:
@@ -180,7 +181,7 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
             raise DataConfigError(
                 f"{field}: {path}: {'truncated' if size < expected else 'too long'} "
                 f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
-                f"with --out {folder}"
+                f"with --out {shlex.quote(folder)}"
             )
     if not manifest["shards"] or sum(shard["tokens"] for shard in manifest["shards"]) != manifest["tokens"]:
         raise DataConfigError(

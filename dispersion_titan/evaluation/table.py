@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import warnings
 from dataclasses import dataclass
 
@@ -159,7 +160,7 @@ def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
             raise EvaluationError(
                 f"{run.folder}: step {ours['step']} was evaluated from another checkpoint than {here} "
                 "holds now (saved again or replaced since); evaluate it again with "
-                f"python -m dispersion_titan.evaluate {target} --out {run.folder} --force"
+                f"python -m dispersion_titan.evaluate {shlex.quote(target)} --out {shlex.quote(run.folder)} --force"
             )
     result = run.results[step]
     return RunScores(run.run, step, result_scores(result), settings(result))
@@ -301,7 +302,7 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
     if spec.startswith(PREFIX):
         raise EvaluationError(
             f"--pretrained: {spec} is a model, not its evaluation: evaluate it first "
-            f"(python -m dispersion_titan.evaluate {spec} --out DIR), then --pretrained DIR"
+            f"(python -m dispersion_titan.evaluate {shlex.quote(spec)} --out DIR), then --pretrained DIR"
         )
     runs = [evaluated(run) for run in spec.split(",")]
     for run in runs:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -201,7 +202,7 @@ def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: st
         and holder.run
         and os.path.isfile(os.path.join(holder.run, RUN_METADATA_FILE))
     ):
-        way_out += f", or branch from that run on purpose with --job.fork_from {holder.run}[@STEP]"
+        way_out += f", or branch from that run on purpose with --job.fork_from {shlex.quote(holder.run)}[@STEP]"
     raise OutputError(f"{option}: {folder} {text}; {way_out}")
 
 
