@@ -20,6 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 from scipy import stats
 
@@ -183,6 +184,21 @@ def hflm_reference(folder: Path, **seeds: int) -> dict:
         log_samples=False,
         **seeds,
     )
+
+
+def test_a_seed_numpy_cannot_take_is_taken_mod_2_32_in_a_note(capsys):
+    """A run trained before launches refused seeds outside 0..2**32-1 still evaluates (numpy refuses them)."""
+    with pytest.raises(ValueError):
+        np.random.seed(-1)
+    for seed, taken in ((-1, 2**32 - 1), (2**32 + 5, 5)):
+        seeds = lm_eval_seeds(seed)
+        np.random.seed(seeds["numpy_random_seed"])
+        assert set(seeds.values()) == {taken}
+        assert capsys.readouterr().err == (
+            f"dispersion_titan: note: run.json's seed {seed} is outside numpy's 0..4294967295; "
+            f"lm-eval is seeded with {taken}\n"
+        )
+    assert set(lm_eval_seeds(2**32 - 1).values()) == {2**32 - 1} and not capsys.readouterr().err
 
 
 def test_scores_equal_lm_eval_hflm_on_the_hf_export(run, evaluated, tmp_path):

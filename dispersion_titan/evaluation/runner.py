@@ -270,12 +270,14 @@ def quiet_git_hash() -> Any:
 
 
 def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
-    """``simple_evaluate``'s four seeds, each the training seed as in the authors' LMEvalCallback."""
+    """``simple_evaluate``'s four seeds, each the training seed as in the authors' LMEvalCallback. numpy takes
+    0..2**32-1 only: the seed of a run trained before launches refused others is taken mod 2**32, in a note."""
     if training_seed is None:
         return {}
-    return dict.fromkeys(
-        ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), int(training_seed)
-    )
+    seed = int(training_seed) % 2**32
+    if seed != training_seed:
+        say(f"note: run.json's seed {training_seed} is outside numpy's 0..{2**32 - 1}; lm-eval is seeded with {seed}")
+    return dict.fromkeys(("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed"), seed)
 
 
 def merge(merged: dict, result: dict) -> None:
