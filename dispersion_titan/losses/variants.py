@@ -43,6 +43,9 @@ NORM_EPS = 1e-6
 
 LOG2 = math.log(2.0)
 
+# The smallest temperature: every variant's loss and gradient stay finite down to it (test_dispersion_loss).
+TAU_MIN = 1e-30
+
 # Which formulas: "released" = the authors' lm_dispersion/dispersion.py (DispersionLoss, which
 # produced the paper's numbers): u = z / (|z| + 1e-2), every logit + 1e-2, l2_repel's normaliser
 # over all N^2 pairs (the diagonal's N terms exp(0) included), perplexity_entropy's log2(p + 1e-2);
@@ -50,7 +53,7 @@ LOG2 = math.log(2.0)
 FORMS = ("released", "paper")
 
 RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
-    "tau": (lambda v: v > 0, "> 0"),
+    "tau": (lambda v: v >= TAU_MIN, f">= {TAU_MIN} (fp32's 1/tau is infinite below about 3e-39: a NaN loss)"),
     "clamp": (
         lambda v: 1e-6 <= v < 1,
         "in [1e-6, 1) (fp32 clamps no closer to ±1: 1 - 1e-9 rounds to 1, where arccos's slope is infinite)",
