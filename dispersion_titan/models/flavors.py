@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -63,6 +65,16 @@ DROPOUT_KEYS = {"attn_dropout": "attn_pdrop", "resid_dropout": "resid_pdrop", "e
 """The ``[model]`` dropout probabilities (gpt2 only) and the Hugging Face ``GPT2Config`` fields they map to."""
 SHAPE_KEYS = tuple(f.name for f in dataclasses.fields(Model) if f.name not in DROPOUT_KEYS)
 """The other ``[model]`` keys (``config.schema.Model``): those that change a flavor's shape."""
+
+
+def pretrained_config(job_config: Any) -> dict[str, Any]:
+    """``config.json`` of the Hugging Face folder whose weights TorchTitan loads ({} when it loads none)."""
+    checkpoint = job_config.checkpoint
+    path = os.path.join(checkpoint.initial_load_path or job_config.model.hf_assets_path or "", "config.json")
+    if not (checkpoint.enable and checkpoint.initial_load_in_hf and os.path.isfile(path)):
+        return {}
+    with open(path) as f:
+        return json.load(f)
 
 
 def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -11,7 +9,7 @@ from torch import nn
 from torchtitan.config import JobConfig
 from torchtitan.protocols.model import BaseModelArgs
 
-from ..flavors import DROPOUT_KEYS, SHAPE_KEYS, Flavors, ShapeOverrides
+from ..flavors import DROPOUT_KEYS, SHAPE_KEYS, Flavors, ShapeOverrides, pretrained_config
 
 GPT2_VOCAB_SIZE = 50257
 _REFUSED = {
@@ -54,15 +52,9 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
         return self.max_seq_len
 
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
-        """Apply the ``[model]`` overrides; an unset dropout takes the config.json's of the GPT-2 folder
-        TorchTitan loads (``checkpoint.initial_load_path``, else ``model.hf_assets_path``)."""
+        """Apply the ``[model]`` overrides; an unset dropout takes the loaded GPT-2 folder's (``pretrained_config``)."""
         self.apply_overrides(job_config.model)
-        checkpoint = job_config.checkpoint
-        path = os.path.join(checkpoint.initial_load_path or job_config.model.hf_assets_path or "", "config.json")
-        if not (checkpoint.enable and checkpoint.initial_load_in_hf and os.path.isfile(path)):
-            return
-        with open(path) as f:
-            config = json.load(f)
+        config = pretrained_config(job_config)
         for key, theirs in DROPOUT_KEYS.items():
             if theirs in config and getattr(job_config.model, key) is None:
                 setattr(self, key, float(config[theirs]))

@@ -4,8 +4,6 @@ as ``qwen3_dispersion`` with dispersion_titan's data, tokenizer and trainer-side
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -13,7 +11,7 @@ from torchtitan.models.qwen3 import Qwen3Model, Qwen3ModelArgs, parallelize_qwen
 from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.train_spec import TrainSpec
 
-from ..flavors import Flavors
+from ..flavors import Flavors, pretrained_config
 from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_fields, offered
 
 MODEL_NAME = "qwen3_dispersion"
@@ -38,11 +36,7 @@ class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
 
     def update_from_config(self, job_config: Any, **kwargs: Any) -> None:
         super().update_from_config(job_config, **kwargs)
-        checkpoint = job_config.checkpoint
-        path = os.path.join(checkpoint.initial_load_path or job_config.model.hf_assets_path or "", "config.json")
-        if checkpoint.enable and checkpoint.initial_load_in_hf and os.path.isfile(path):
-            with open(path) as f:
-                self.hf_positions = int(json.load(f).get("max_position_embeddings") or 0)
+        self.hf_positions = int(pretrained_config(job_config).get("max_position_embeddings") or 0)
 
     @property
     def tie_embeddings(self) -> bool:
