@@ -76,13 +76,11 @@ def check_gpus_usable(env: Mapping[str, str] = os.environ) -> None:
 
 
 def resolve_device(device: str | None, dtype: str) -> torch.device:
-    """``--device`` (default CUDA when available) and ``--dtype`` checked against this machine."""
+    """``--device`` (default CUDA when available; its parser checked that torch reads it) and ``--dtype`` checked
+    against this machine."""
     import torch
 
-    try:
-        resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError as e:
-        raise DeviceError(f"--device: {e}") from None
+    resolved = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise DeviceError(f"--device: {device}: CUDA is not available here")
     if resolved.type == "cuda" and (resolved.index or 0) >= (count := torch.cuda.device_count()):
