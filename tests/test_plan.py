@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -26,6 +27,7 @@ import pytest
 import torch
 import transformers
 from torch import nn
+from torchtitan.models.llama3.infra.parallelize import apply_ddp
 
 from dispersion_titan.components.titan_compat import INIT_MODES
 from dispersion_titan.config.cli import load_toml
@@ -546,5 +548,6 @@ def test_a_step_knows_its_floors():
     ddp = [at(dp_shard=1, dp_replicate=8, accumulation=k) for k in (1, 4)]
     assert [t.data_parallel for t in ddp] == ["DDP all-reduce"] * 2
     assert ddp[0].data_parallel_s == ddp[1].data_parallel_s  # once a step, whatever the accumulation
-    buckets = math.ceil(m.params_total * 4 / (25 * 2**20))
+    (bucket_mib,) = re.findall(r"bucket_cap_mb=(\d+)", inspect.getsource(apply_ddp))  # the DDP our families run
+    buckets = math.ceil(m.params_total * 4 / (int(bucket_mib) * 2**20))
     assert ddp[0].latency_s == pytest.approx(buckets * (8.4e-6 + 14 * 3.4e-6))

@@ -32,8 +32,9 @@ TP_COLLECTIVES_PER_BLOCK = 8
 forward, and the same in backward."""
 RING_BASE_S, RING_HOP_NVLINK_S, RING_HOP_NETWORK_S = 8.4e-6, 3.4e-6, 14.0e-6
 """NCCL's tuning model of a ring (``baseLat``, ``hwLat`` in its ``src/graph/tuning.cc``), not ours."""
-DDP_BUCKET_BYTES = 25 * 2**20
-"""DDP's default ``bucket_cap_mb``: gradients are all-reduced in buckets of 25 MiB."""
+DDP_BUCKET_BYTES = 100 * 2**20
+"""TorchTitan's ``apply_ddp`` (``bucket_cap_mb=100``, which every family's DDP goes through): gradients are
+all-reduced in buckets of 100 MiB, not DDP's default 25."""
 
 
 @dataclass(frozen=True)
