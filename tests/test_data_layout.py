@@ -8,11 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import CORPORA, DataConfigError, iter_documents, load_files, load_rows
 from dispersion_titan.data.packed import PackedSequenceDataset, StreamingPackedDataset
-from dispersion_titan.tokenizer.encoders import EOT_ID, GPT2_BPE
+from dispersion_titan.tokenizer.encoders import EOT_ID, GPT2_BPE, gpt2_encoding
 from support.corpora import WORDS, texts, write_parquet
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 
@@ -134,7 +133,7 @@ def test_fineweb_validation_is_the_first_documents_and_training_skips_them(tmp_p
     assert list(iter_documents("fineweb-edu", "validation", path, "validation.dataset")) == docs[:held_out]
     stream = StreamingPackedDataset(lambda: CORPORA["fineweb-edu"].training_rows(",".join(files), "p"), SEQ, 4)
     first = next(iter(stream))[0]["input"]
-    assert first.tolist() == [t for d in docs[held_out:] for t in [*GPT2Tokenizer().encode(d), EOT_ID]][:SEQ]
+    assert first.tolist() == [t for d in docs[held_out:] for t in [*gpt2_encoding().encode_ordinary(d), EOT_ID]][:SEQ]
 
 
 # ---------------------------------------------------------------- pre-launch errors (real CLI)

@@ -14,10 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
 from dispersion_titan.data.corpora import DataConfigError
 from dispersion_titan.data.packed import CACHE_ENV, cached_tokens, token_stream, tokenized_documents
-from dispersion_titan.tokenizer.encoders import EOT_ID
+from dispersion_titan.tokenizer.encoders import EOT_ID, gpt2_encoding
 from support.corpora import texts
 
 pytestmark = pytest.mark.usefixtures("private_caches")
@@ -27,8 +26,8 @@ def test_token_stream_is_the_documents_separated_by_endoftext(tmp_path):
     docs = texts(5, seed=4)
     pq.write_table(pa.table({"text": docs}), tmp_path / "d.parquet")
     stream = token_stream("local", "train", str(tmp_path / "d.parquet"), "training.dataset")
-    tokenizer = GPT2Tokenizer()
-    expected = [t for doc in docs for t in [*tokenizer.encode(doc), EOT_ID]]
+    tokenizer = gpt2_encoding()
+    expected = [t for doc in docs for t in [*tokenizer.encode_ordinary(doc), EOT_ID]]
     assert stream.tolist() == expected
     pieces = tokenized_documents("local", "train", str(tmp_path / "d.parquet"), "training.dataset")
     assert [tokenizer.decode(p.tolist()) for p in pieces] == docs

@@ -15,10 +15,9 @@ import tiktoken.load
 import tiktoken_ext.openai_public as openai_public
 import transformers
 
-from dispersion_titan.components.titan_tokenizer import GPT2Tokenizer
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import ENWIKI_VALIDATION_EVERY, iter_documents
-from dispersion_titan.tokenizer.encoders import EOT_ID, EOT_TOKEN, bpe_files
+from dispersion_titan.tokenizer.encoders import EOT_ID, EOT_TOKEN, GPT2_BPE, bpe_files, gpt2_encoding
 
 
 def sha256(path: str) -> str:
@@ -31,16 +30,16 @@ def articles(split: str) -> list[str]:
 
 
 def test_hello_world():
-    assert GPT2Tokenizer().encode("Hello world") == [15496, 995]
+    assert gpt2_encoding().encode_ordinary("Hello world") == [15496, 995]
 
 
 def test_vocabulary_and_endoftext():
-    tokenizer = GPT2Tokenizer()
-    assert tokenizer.get_vocab_size() == 50257
-    assert EOT_ID == 50256 and tokenizer.eos_id == 50256
-    assert tokenizer.encoding.encode(EOT_TOKEN, allowed_special="all") == [50256]
-    assert tokenizer.encode("end", add_eos=True)[-1] == 50256
-    assert EOT_ID not in tokenizer.encode(f"text {EOT_TOKEN} text")  # ordinary text, never the separator
+    encoding = gpt2_encoding()
+    assert GPT2_BPE.vocab_size == 50257
+    assert EOT_ID == 50256 and GPT2_BPE.eos_id == 50256
+    assert encoding.encode(EOT_TOKEN, allowed_special="all") == [50256]
+    assert next(GPT2_BPE.tokenize(["end"]))[-1] == 50256
+    assert EOT_ID not in encoding.encode_ordinary(f"text {EOT_TOKEN} text")  # ordinary text, never the separator
 
 
 def test_files_are_the_ones_tiktoken_verifies_for_gpt2(monkeypatch, tmp_path):
@@ -57,17 +56,17 @@ def test_files_are_the_ones_tiktoken_verifies_for_gpt2(monkeypatch, tmp_path):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))  # empty cache: every file goes through the hash check
     reference = tiktoken.Encoding(**openai_public.gpt2())
     assert reference.n_vocab == 50257
-    ours = GPT2Tokenizer()
+    ours = gpt2_encoding()
     texts = [*articles("validation"), "x   \t\n  y  ", "a \n\n b", "hello   world   ", "\n\n\n", "a\u00a0 b"]
     for text in texts:
-        assert ours.encode(text) == reference.encode_ordinary(text)
+        assert ours.encode_ordinary(text) == reference.encode_ordinary(text)
 
 
 def test_round_trip_on_wikipedia_text():
-    tokenizer = GPT2Tokenizer()
+    tokenizer = gpt2_encoding()
     texts = articles("train") + articles("validation")
     assert len(texts) == 106
-    for text, ids in zip(texts, map(tokenizer.encode, texts), strict=True):
+    for text, ids in zip(texts, map(tokenizer.encode_ordinary, texts), strict=True):
         assert tokenizer.decode(ids) == text
 
 
@@ -76,11 +75,11 @@ def test_same_ids_as_huggingface_tokenizers(tmp_path):
     shutil.copy(encoder_json, tmp_path / "vocab.json")
     shutil.copy(vocab_bpe, tmp_path / "merges.txt")
     reference = transformers.GPT2TokenizerFast.from_pretrained(str(tmp_path))
-    ours = GPT2Tokenizer()
+    ours = gpt2_encoding()
     texts = articles("validation")
     assert len(texts) == 10
     for text in texts:
-        assert ours.encode(text) == reference(text)["input_ids"]
+        assert ours.encode_ordinary(text) == reference(text)["input_ids"]
 
 
 def test_embedded_corpus_counts_split_and_markup():

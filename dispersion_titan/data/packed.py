@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
-from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.config import JobConfig
 
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for
@@ -374,10 +373,10 @@ def _loader(
 
 
 def build_packed_dataloader(
-    dp_world_size: int, dp_rank: int, tokenizer: BaseTokenizer, job_config: JobConfig
+    dp_world_size: int, dp_rank: int, tokenizer: None, job_config: JobConfig
 ) -> ParallelAwareDataloader:
     """TorchTitan ``build_dataloader_fn``: the training split, repeated in epochs."""
-    del tokenizer  # the stream's encoder is chosen from the config, as the tokenizer was (encoder_for)
+    del tokenizer  # none (the TrainSpec builds none): the stream's encoder is chosen from the config (encoder_for)
     return _loader("training", "train", dp_world_size, dp_rank, job_config)
 
 

@@ -1,4 +1,4 @@
-"""The TrainSpec every family registers: its model around our data, tokenizer and builders."""
+"""The TrainSpec every family registers: its model around our data and builders."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from torchtitan.protocols.train_spec import TrainSpec
 
 from ..components.metrics import DispersionMetricsProcessor
 from ..components.optimizers import build_dispersion_lr_schedulers, build_dispersion_optimizers
-from ..components.titan_tokenizer import build_tokenizer
 from ..components.validate import PackedValidator
 from ..data.packed import build_packed_dataloader
 
@@ -26,7 +25,7 @@ def dispersion_train_spec(
         build_optimizers_fn=build_dispersion_optimizers,
         build_lr_schedulers_fn=build_dispersion_lr_schedulers,
         build_dataloader_fn=build_packed_dataloader,
-        build_tokenizer_fn=build_tokenizer,
+        build_tokenizer_fn=None,  # no consumer: our data, validator and SDPA attention read no tokenizer
         build_loss_fn=build_cross_entropy_loss,
         build_validator_fn=PackedValidator,
         build_metrics_processor_fn=DispersionMetricsProcessor,
