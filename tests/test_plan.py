@@ -29,7 +29,7 @@ import transformers
 from torch import nn
 from torchtitan.models.llama3.infra.parallelize import apply_ddp
 
-from dispersion_titan.components.titan_compat import INIT_MODES
+from dispersion_titan.components.titan_compat import QuickInit
 from dispersion_titan.config.cli import load_toml
 from dispersion_titan.job_config.parse import (
     _unknown_option,
@@ -431,10 +431,10 @@ def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, 
 
 
 def test_a_dry_runs_init_keeps_the_scale_and_never_resamples():
-    """The dry run's weights (``INIT_MODES["dry_run"]``): ``normal_`` drawn uniform with its mean and std,
+    """The dry run's weights (``QuickInit``): ``normal_`` drawn uniform with its mean and std,
     so a ``trunc_normal_`` at ±3 std (TorchTitan's LM head) keeps every first draw."""
     std, weights = 0.03, torch.empty(4096, 64)
-    with INIT_MODES["dry_run"]():
+    with QuickInit():
         nn.init.trunc_normal_(weights, mean=0.0, std=std, a=-3 * std, b=3 * std)
     assert weights.abs().max().item() <= 3**0.5 * std
     assert weights.std().item() == pytest.approx(std, rel=0.02) and abs(weights.mean().item()) < std / 100

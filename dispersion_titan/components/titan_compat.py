@@ -320,25 +320,19 @@ class TrainerHooks(Trainer):
 # ------------------------------------------------------------------------ plan's fake world
 
 
-class _NoValues(TorchDispatchMode):
-    """A value no fake tensor holds reads as 0: ``trunc_normal_``'s resampling loop ends at once."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        try:
-            return func(*args, **(kwargs or {}))
-        except DataDependentOutputException:
-            return 0
-
-
-class _UniformDraws(TorchDispatchMode):
-    """``normal_`` drawn uniform with the same mean and std (within ±1.8 std): ``trunc_normal_``'s
-    resampling loop ends at once, which for TorchTitan's LM head (±3 std) takes seconds a 100M weights
-    on a CPU. For a dry run, whose checks read shapes and scales, not the weights' values."""
+class QuickInit(TorchDispatchMode):
+    """``normal_`` drawn uniform with the same mean and std (within ±1.8 std), and a value no fake tensor
+    holds read as 0: ``trunc_normal_``'s resampling loop ends at once, which for TorchTitan's LM head
+    (±3 std) takes seconds a 100M weights on a CPU, and under ``FakeTensorMode`` cannot read its values.
+    For plan, whose trainers read shapes and scales, not the weights' values."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.normal_.default:
             return _uniform_like_normal(*args, **(kwargs or {}))
-        return func(*args, **(kwargs or {}))
+        try:
+            return func(*args, **(kwargs or {}))
+        except DataDependentOutputException:
+            return 0
 
 
 def _uniform_like_normal(
@@ -346,9 +340,6 @@ def _uniform_like_normal(
 ) -> torch.Tensor:
     half = 3.0**0.5 * std
     return tensor.uniform_(mean - half, mean + half, generator=generator)
-
-
-INIT_MODES: dict[str, type[TorchDispatchMode]] = {"fake_world": _NoValues, "dry_run": _UniformDraws}
 
 
 def _outside_fake_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -360,28 +351,27 @@ def _outside_fake_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @functools.cache
-def stand_in_family(name: str, kind: str = "fake_world") -> str:
-    """A TrainSpec of our own, ``name``'s initialised under ``INIT_MODES[kind]``: as a trainer under
-    ``FakeTensorMode`` needs it (``fake_world``: the model built and parallelized outside the mode, as
-    ``to_empty`` refuses fake meta parameters and FSDP2's meshes read values back), or a dry run's
-    (``dry_run``). Relies on ``Trainer.__init__`` building ``model_cls(model_args)`` on meta,
-    ``parallelize_fn``, ``to_empty`` then ``init_weights``."""
+def stand_in_family(name: str) -> str:
+    """A TrainSpec of our own, ``name``'s initialised quickly (``QuickInit``), for plan's trainers: a dry
+    run's, or one under ``FakeTensorMode`` (the model built and parallelized outside the mode, as ``to_empty``
+    refuses fake meta parameters and FSDP2's meshes read values back). Relies on ``Trainer.__init__``
+    building ``model_cls(model_args)`` on meta, ``parallelize_fn``, ``to_empty`` then ``init_weights``."""
     from torchtitan.protocols.train_spec import get_train_spec, register_train_spec
 
-    spec, mode = get_train_spec(name), INIT_MODES[kind]
+    spec = get_train_spec(name)
 
     def model_cls(model_args: Any) -> torch.nn.Module:
         model = _outside_fake_mode(spec.model_cls)(model_args)
         init_weights = model.init_weights
 
         def stand_in_init(*args: Any, **kwargs: Any) -> None:
-            with mode():
+            with QuickInit():
                 init_weights(*args, **kwargs)
 
         model.init_weights = stand_in_init
         return model
 
-    fake = f"{name}.{kind}"
+    fake = f"{name}.fake_world"
     register_train_spec(
         fake, dataclasses.replace(spec, model_cls=model_cls, parallelize_fn=_outside_fake_mode(spec.parallelize_fn))
     )

@@ -95,7 +95,7 @@ def rank_zero_trainer(
     c.training.dataset, c.training.dataset_path = "enwiki_sample", None
     folder = os.path.expanduser(tokenizer_folder(c.model.name, c.model.hf_assets_path) or "")
     c.model.hf_assets_path = folder if os.path.isdir(folder) else ""
-    c.model.name = stand_in_family(c.model.name, "dry_run" if fake is None else "fake_world")
+    c.model.name = stand_in_family(c.model.name)
     with _process_state(world), tempfile.TemporaryDirectory(prefix="plan_") as dump:
         c.job.dump_folder = dump
         trainer = None
