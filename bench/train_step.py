@@ -52,7 +52,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dispersion_titan.config.cli import load_toml, with_config_module  # noqa: E402
+from dispersion_titan.config.cli import launch_args  # noqa: E402
 from dispersion_titan.job_config.parse import setup_torchtitan, validated_args  # noqa: E402
 from dispersion_titan.losses import PRECISIONS, VARIANTS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
@@ -134,17 +134,8 @@ def bench_trainer(config: str, job_args: list[str]) -> Iterator[DispersionTraine
     default_to_single_process()
     setup_torchtitan()
     with tempfile.TemporaryDirectory(prefix="train_step_") as dump:
-        args = [
-            "--job.config_file",
-            config,
-            *job_args,
-            *BENCH_ONLY,
-            "--job.dump_folder",
-            dump,
-            "--training.steps",
-            str(10**9),
-        ]
-        trainer = DispersionTrainer(validated_args(with_config_module(args, load_toml(args)), world_size=1))
+        args = launch_args(config, *job_args, *BENCH_ONLY, "--job.dump_folder", dump, "--training.steps", str(10**9))
+        trainer = DispersionTrainer(validated_args(args, world_size=1))
         try:
             yield trainer
         finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from dispersion_titan.config.cli import OneLineErrorParser, load_toml, positive_int, read_toml, with_config_module
+from dispersion_titan.config.cli import OneLineErrorParser, launch_args, positive_int, read_toml
 from dispersion_titan.planning.figures import GPUS  # no torch: --help answers at once
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, command, run_command
 
@@ -34,10 +34,8 @@ def plan_parser() -> OneLineErrorParser:
 
 def plan_args(config: str, tp: int | None = None, overrides: tuple[str, ...] = ()) -> list[str]:
     """A launch's command line for ``config`` with the ``overrides`` and ``--tp``."""
-    args = ["--job.config_file", config, *overrides]
-    if tp is not None:
-        args += ["--parallelism.tensor_parallel_degree", str(tp)]
-    return with_config_module(args, load_toml(args))
+    tp_args = () if tp is None else ("--parallelism.tensor_parallel_degree", str(tp))
+    return launch_args(config, *overrides, *tp_args)
 
 
 def plan_runs(

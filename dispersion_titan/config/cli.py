@@ -165,6 +165,12 @@ def with_config_module(args: list[str], toml: dict) -> list[str]:
     return [*args, _CUSTOM_MODULE_FLAGS[0], CONFIG_MODULE]
 
 
+def launch_args(config: str, *overrides: str) -> list[str]:
+    """The command line of a launch of ``config`` with ``overrides`` (``with_config_module``)."""
+    args = ["--job.config_file", config, *overrides]
+    return with_config_module(args, load_toml(args))
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse whose usage errors end like every other error here: one line, exit 2; one of a path that starts
     with a dash (``init -x``: ``required: DIR``) says how to write it."""

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config.cli import load_toml, read_toml, with_config_module
+from ..config.cli import launch_args, read_toml
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..job_config.parse import validated_args
@@ -206,8 +206,7 @@ def world_size(sweep: Sweep) -> int:
 def cell_args(sweep: Sweep, cell: Cell) -> list[str]:
     """The training command line of ``cell``, as its job runs it."""
     run = str(sweep.out / cell.name)
-    args = ["--job.config_file", str(sweep.config), *sweep.train_overrides, *cell.overrides(run)]
-    return with_config_module(args, load_toml(args))
+    return launch_args(str(sweep.config), *sweep.train_overrides, *cell.overrides(run))
 
 
 def check_training_configs(sweep: Sweep) -> list[RunConfig]:

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from ...analysis import ANALYSIS_PROTOCOLS
 from ...analysis.size_series import parse_assignments
-from ...config.cli import load_toml, read_toml, with_config_module
+from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
 from ...evaluation.runner import hub_model
 from ...evaluation.table import arm_runs
@@ -586,8 +586,7 @@ def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
     )
     notes = []
     for step in train:
-        args = ["--job.config_file", *step.argv]
-        config = validated_args(with_config_module(args, load_toml(args)), gpus)
+        config = validated_args(launch_args(*step.argv), gpus)
         if released.is_on(config):
             notes.append(f"fig3: {step.label}: {released.summary(config)}")
     return notes
