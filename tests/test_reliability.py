@@ -110,15 +110,13 @@ def worker_pid(dump: Path, rank: int) -> int | None:
 
 
 def launcher_pid(dump: Path) -> int | None:
-    """The launcher (torchrun) of the job writing ``dump``."""
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(dump).encode() in cmdline and b"dispersion_titan.torchrun" in cmdline:
-            return int(entry)
-    return None
+    """The launcher (torchrun) of the job writing ``dump``: its rank 0's parent (a launcher forked from
+    the job server has the server's command line)."""
+    rank0 = worker_pid(dump, 0)
+    try:
+        return int(Path(f"/proc/{rank0}/stat").read_text().rpartition(")")[2].split()[1]) if rank0 else None
+    except OSError:  # exited meanwhile
+        return None
 
 
 def in_the_background_of_a_script(dump: Path) -> subprocess.CompletedProcess:

@@ -116,7 +116,9 @@ def torchrun(
     torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs torchrun
     as ``launch/train.sh`` does (``python -m dispersion_titan.torchrun -m
     dispersion_titan.train``: torchrun with a one-line ending), for tests that look at its
-    processes, signal them or read its prefixed output."""
+    processes, signal them or read its prefixed output: the launcher forked from the job server
+    (its imports paid: about 1 s of CPU a launch), its ranks fresh interpreters as torchrun
+    starts them (their command lines name the run; the launcher is their parent)."""
     argv = [
         "--job.config_file",
         config,
@@ -128,10 +130,7 @@ def torchrun(
         *overrides,
     ]
     if command_line:
-        cmd = [
-            sys.executable,
-            "-m",
-            "dispersion_titan.torchrun",
+        launcher = [
             f"--nproc_per_node={nproc}",
             "--rdzv_backend=c10d",
             "--rdzv_endpoint=localhost:0",
@@ -142,7 +141,7 @@ def torchrun(
             "dispersion_titan.train",
             *argv,
         ]
-        proc = subprocess.run(cmd, cwd=REPO, env=launch_env(env), capture_output=True, text=True, timeout=timeout)
+        proc = _forked("dispersion_titan.torchrun", launcher, launch_env(env), timeout)
     else:
         proc = _forked("dispersion_titan.train", argv, launch_env(env), timeout, nproc)
     if check and proc.returncode != 0:
