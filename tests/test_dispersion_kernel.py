@@ -639,8 +639,8 @@ def test_auto_probe_agrees_on_the_interpreter(interpreted: dict) -> None:
 def test_probe_refuses_a_disagreeing_kernel_in_one_line() -> None:
     check_triton_kernel.cache_clear()
 
-    def one_percent_off(self, hidden, spec, hp, lambda_norm):
-        return dispersion_loss(hidden, spec.name, kernel="torch") * 1.1
+    def one_percent_off(self, hidden, spec, hp, lambda_norm):  # 5x the value's tolerance at auto, not 50x
+        return dispersion_loss(hidden, spec.name, kernel="torch") * 1.01
 
     with (
         mock.patch.object(dispersion_triton.TritonTiles, "loss", one_percent_off),
