@@ -19,7 +19,7 @@ from torchtitan.protocols.train_spec import get_train_spec
 
 from dispersion_titan.models import register_all
 
-TOLERANCE = 0.02  # relative; the counts differ only by norm weights (6 FLOPs each a token, < 0.01%)
+TOLERANCE = 1e-3  # relative; the counts differ only by norm weights (6 FLOPs each a token: 6e-5 for Qwen3, 0 for gpt2)
 
 
 @pytest.mark.parametrize(
