@@ -601,18 +601,26 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_pat
     shutil.copytree(run / "checkpoint", replaced / "checkpoint")  # copies keep mtimes: the same identity
     shutil.copy(run / "run.json", replaced)
     shutil.copytree(evaluated, out)
-    shutil.rmtree(replaced / "checkpoint" / "step-2")
-    shutil.copytree(run / "checkpoint" / "step-0", replaced / "checkpoint" / "step-2")
     before = tree(out)
-    code, _, err = evaluate(replaced, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
-    assert_one_line_error(
-        code,
-        err,
-        f"--out: {out}: step-2 was evaluated from another checkpoint than "
-        f"{replaced / 'checkpoint' / 'step-2'} holds now",
-        "--force recomputes it",
-    )
-    assert tree(out) == before
+    step = replaced / "checkpoint" / "step-2"
+    # Replaced by step-0's; then saved again: step-2's own .metadata, names and sizes, other bytes, new times.
+    for source, copy in ((run / "checkpoint" / "step-0", shutil.copy2), (run / "checkpoint" / "step-2", shutil.copy)):
+        shutil.rmtree(step)
+        shutil.copytree(source, step, copy_function=copy)
+        if source.name == "step-2":
+            with open(max(step.glob("*.distcp"), key=lambda p: p.stat().st_size), "r+b") as shard:
+                shard.seek(-1, os.SEEK_END)
+                last = shard.read(1)
+                shard.seek(-1, os.SEEK_END)
+                shard.write(bytes([last[0] ^ 1]))
+        code, _, err = evaluate(replaced, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+        assert_one_line_error(
+            code,
+            err,
+            f"--out: {out}: step-2 was evaluated from another checkpoint than {step} holds now",
+            "--force recomputes it",
+        )
+        assert tree(out) == before
 
 
 def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_path, capsys):
