@@ -542,15 +542,17 @@ def test_half_written_checkpoint_is_never_loaded(reference, tmp_path, capsys, co
 
 @pytest.mark.slow
 def test_non_finite_loss_ends_the_same_way_every_time_and_keeps_the_last_good_checkpoint(tmp_path):
-    """A loss that turns NaN at step 2 on 2 processes, launched twice. Through launch/train.sh's
+    """A loss that turns NaN at step 2 on 2 processes, launched twice. The ranks agree on it at step 3 (steps 1
+    and 3 log, step 3 saves): the line names step 2, the first bad one. Through launch/train.sh's
     launcher (the first launch): exit status 3 and the ranks' one line, never torchrun's report
     (which a rank killed by torchrun's closing SIGTERM, exit -15, brought back). Through the job
     server's torchrun (the relaunch, cheaper): the same step, the first rank to leave exits 3.
-    The relaunch resumes from step 1 and changes no checkpoint."""
+    The relaunch resumes from step 0 and changes no checkpoint."""
     dump = tmp_path / "diverged"
-    args = ("--training.steps", "4", "--checkpoint.interval", "1", "--validation.no-enable", "--optimizer.lr", "1e30")
+    args = ("--training.steps", "4", "--checkpoint.interval", "3", "--metrics.log_freq", "3", "--validation.no-enable")
+    args += ("--optimizer.lr", "1e30")
     message = (
-        f"dispersion_titan: error: loss is not finite at step 2; training stopped before saving step 2, "
+        f"dispersion_titan: error: loss is not finite at step 2; training stopped before saving step 3, "
         f"earlier checkpoints in {dump / 'checkpoint'} are intact"
     )
     good = None
@@ -563,12 +565,12 @@ def test_non_finite_loss_ends_the_same_way_every_time_and_keeps_the_last_good_ch
             assert message in proc.stderr.splitlines()
             assert re.findall(r"exitcode\s+: (\S+)", output(proc)) == ["3"], output(proc)[-3000:]
         if good is None:
-            assert complete_steps(dump) == [0, 1] and sorted(os.listdir(dump / "checkpoint")) == ["step-0", "step-1"]
-            weights = load_weights(dump / "checkpoint" / "step-1")
+            assert complete_steps(dump) == [0] and sorted(os.listdir(dump / "checkpoint")) == ["step-0"]
+            weights = load_weights(dump / "checkpoint" / "step-0")
             assert weights and all(torch.isfinite(w).all() for w in weights.values())
             good = digests(dump / "checkpoint")
         else:
-            assert "Training starts at step 2" in output(proc)
+            assert "Training starts at step 1" in output(proc)
             assert digests(dump / "checkpoint") == good
 
 
