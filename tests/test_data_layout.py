@@ -94,6 +94,11 @@ def test_in_memory_resume_mid_epoch_and_across_epochs():
     make = in_memory(tokens)
     per_epoch = (len(tokens) - 1) // SEQ  # sequences; each step reads 2 ranks × 2
     resumed_equals_uninterrupted(make, world=2, stop=per_epoch // 8, more=per_epoch // 4)  # into epoch 2
+    whole = make(1, 0, 1)
+    epochs = [[whole.sequence(g).tobytes() for g in range(e * per_epoch, (e + 1) * per_epoch)] for e in (0, 1)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) and epochs[0] != epochs[1]  # every sequence once, shuffled anew
+    other_seed = PackedSequenceDataset(tokens, SEQ, 1, 0, 1, seed=4)
+    assert [other_seed.sequence(g).tobytes() for g in range(per_epoch)] != epochs[0]  # the order is debug.seed's
     with pytest.raises(DataConfigError, match=rf"^training\.dataset: {SEQ} tokens are too few for one sequence of"):
         PackedSequenceDataset(tokens[:SEQ], SEQ, 2)
     resumed = loader(make(2, 0, 2), 0, 2)  # a fork's position from a global batch these 2 ranks cannot split
