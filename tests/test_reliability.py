@@ -249,17 +249,18 @@ def test_sigkilled_launcher_takes_its_ranks_down_and_the_relaunch_resumes(tmp_pa
 @pytest.mark.parametrize(
     "signum, background",
     [(signal.SIGINT, True), (signal.SIGTERM, False)],
-    ids=["SIGINT-background-train.sh", "SIGTERM"],
+    ids=["SIGINT-background-train.sh", "SIGTERM-rank-1-alone"],
 )
 def test_interrupt_saves_says_one_line_and_resumes_exactly(reference, tmp_path, signum, background):
     """``kill -INT`` to launch/train.sh (its defaults, from another folder) started in the background
-    of a script (which inherits SIGINT as ignored), or SIGTERM to torchrun: it forwards the signal,
-    the ranks agree, save a full checkpoint of the step they are at, and say so in one line; the
-    same command again continues exactly like the uninterrupted run, touching no checkpoint."""
+    of a script (which inherits SIGINT as ignored), which forwards it through torchrun to every rank, or
+    SIGTERM to rank 1 alone (a ``kill`` of one process): the ranks agree (rank 0, signalled or not, stops
+    too: without the agreement it waits at the next collective), save a full checkpoint of the step they
+    are at, and say so in one line; the same command again continues exactly like the uninterrupted run,
+    touching no checkpoint."""
     dump = tmp_path / "interrupted"
-    stopped, kept = launch_and_signal(
-        dump, 2, signum, launcher_pid, in_the_background_of_a_script if background else None
-    )
+    whom = launcher_pid if background else lambda d: worker_pid(d, 1)
+    stopped, kept = launch_and_signal(dump, 2, signum, whom, in_the_background_of_a_script if background else None)
     if background:
         assert int(stopped.stdout.split()[1], 16) & 1 << (signal.SIGINT - 1), "started with SIGINT ignored"
         assert "dp_shard=2," in output(stopped), "2 processes by default on CPU"
