@@ -387,7 +387,7 @@ def test_a_copied_or_moved_run_works_as_the_original(scattered, capsys, tmp_path
     before = digests(scattered)
     copy = tmp_path / "copy"
     subprocess.run(["cp", "-a", str(scattered), str(copy)], check=True)
-    run = copy / "run"
+    run = copy / RUN
     code, _, err = analyze(run, *OPTS, "--steps", "2", capsys=capsys)
     assert code == 0 and (copy / "tb" / "condensation").is_dir(), err
     code, _, err = run_cli(evaluate_main, run, "--steps", "2", *EVAL_OPTS, capsys=capsys)
@@ -401,7 +401,7 @@ def test_a_copied_or_moved_run_works_as_the_original(scattered, capsys, tmp_path
     moved.parent.mkdir()
     subprocess.run(["mv", str(copy), str(moved)], check=True)
     torchrun(
-        moved / "run",
+        moved / RUN,
         1,
         *same,
         "--checkpoint.interval",
