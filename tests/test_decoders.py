@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torchtitan.models.qwen3 import qwen3_args
 from torchtitan.protocols.train_spec import get_train_spec
 
@@ -36,7 +36,7 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.size_series import load_member
 from dispersion_titan.config.schema import Baseline
 from dispersion_titan.data.packed import build_packed_dataloader
-from dispersion_titan.job_config.parse import validated_args
+from dispersion_titan.job_config.parse import check_launch, validated_args
 from dispersion_titan.models import register_all
 from dispersion_titan.models.llama3_dispersion import Llama3Args, llama3_flavors
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args, qwen3_flavors
@@ -328,6 +328,54 @@ def qwen3_run(tmp_path_factory) -> dict[str, Path]:
         exports[step] = root / f"export-{step}"
         to_hf(str(run / "checkpoint" / f"step-{step}"), str(exports[step]))
     return {"hf": hf, "run": run, **{f"export-{step}": path for step, path in exports.items()}}
+
+
+def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(tmp_path):
+    """A folder whose weights the ``[model]`` keys do not build: one line naming the folder's option, the
+    first tensor that differs and the keys its config.json gives, before any process starts (were a
+    100-line traceback from every rank at the load, exit 1; an untied ``lm_head.weight`` under a tied
+    head was dropped and the run trained another model than the folder's, exit 0)."""
+    hf = hf_qwen3(tmp_path / "hf")
+
+    def refusal(folder: Path, *args: str) -> str:
+        dump = ("--job.dump_folder", str(tmp_path / "run"))
+        config = validated_args([*BASE, *TRAIN, *dump, "--model.hf_assets_path", str(folder), *args])
+        with pytest.raises(ConfigError) as err:
+            check_launch(config, take_lock=False)
+        assert not (tmp_path / "run").exists()
+        return str(err.value)
+
+    check_launch(validated_args([*BASE, *TRAIN, "--model.hf_assets_path", str(hf)]), take_lock=False)  # it fits
+    head = f"model.hf_assets_path: {hf} does not hold this qwen3_dispersion model's weights: "
+    assert refusal(hf, "--model.dim", "32") == head + (
+        "model.embed_tokens.weight is [50257, 64] there, [50257, 32] here (and 19 more); "
+        "set [model] as its config.json says: dim = 64 (here 32)"
+    )
+    assert refusal(hf, "--model.n_layers", "3").endswith("(and 10 more); set [model] as its config.json says: "
+                                                         "n_layers = 2 (here 3)")  # fmt: skip
+    untied = tmp_path / "untied"  # its own LM head, which a tied model would not read
+    shutil.copytree(hf, untied)
+    weights = load_file(str(hf / "model.safetensors"))
+    save_file({**weights, "lm_head.weight": torch.randn(VOCAB, 64)}, str(untied / "model.safetensors"))
+    config = json.loads((hf / "config.json").read_text())
+    (untied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    assert refusal(untied) == (
+        f"model.hf_assets_path: {untied} does not hold this qwen3_dispersion model's weights: lm_head.weight "
+        "there is read by no part of this model; set [model] as its config.json says: tie_embeddings = false "
+        "(here true)"
+    )
+    llama = refusal(hf, "--model.name", "llama3_dispersion", "--model.head_dim", "0", "--model.mlp_hidden_dim", "0")
+    assert llama.endswith("its config.json is a qwen3 model: use --model.name qwen3_dispersion"), llama
+    sharded = tmp_path / "sharded"  # a copy cut short: the index names a shard that is not there
+    shutil.copytree(hf, sharded)
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {**dict.fromkeys(weights, "model-00001-of-00002.safetensors"),
+                            "lm_head.weight": "model-00002-of-00002.safetensors"}}  # fmt: skip
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert refusal(sharded) == (
+        f"model.hf_assets_path: {sharded}: model.safetensors.index.json names model-00002-of-00002.safetensors, "
+        "which is not there (a copy or download cut short?); copy the model's missing files in"
+    )
 
 
 @pytest.mark.slow

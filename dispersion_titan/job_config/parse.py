@@ -217,7 +217,7 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
     check_gpus_usable()
     check_runs_here(job_config)
-    check_initial_load(job_config)
+    check_initial_load(job_config, model_args(job_config))
     dump, ckpt = job_config.job.dump_folder, job_config.checkpoint
     if take_lock:
         refuse_if_busy(dump)

@@ -7,7 +7,7 @@ import glob
 import importlib.util
 import os
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,7 @@ from ..run_folder.checkpoints import complete_checkpoints
 from ..run_folder.owners import inside
 from ..tokenizer.encoders import is_hub_id
 from ..utils.errors import CheckpointError, ConfigError, DataConfigError
+from .hf_weights import check_hf_weights
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -47,9 +48,10 @@ def check_checkpoint(config: RunConfig, world_size: int) -> None:
         )
 
 
-def check_initial_load(config: RunConfig) -> None:
+def check_initial_load(config: RunConfig, args: Any) -> None:
     """What the checkpointer loads before a new run's first step (``checkpoint.initial_load_*``), looked
-    at as it will look (a relaunch loads its own checkpoints)."""
+    at as it will look (a relaunch loads its own checkpoints); ``args``: the model's, which Hugging Face
+    weights must fit."""
     c = config.checkpoint
     folder = os.path.join(config.job.dump_folder, c.folder)
     if not c.enable:
@@ -79,6 +81,8 @@ def check_initial_load(config: RunConfig) -> None:
     else:
         return
     if glob.glob(os.path.join(path, "*.safetensors" if hf else ".metadata")):
+        if hf:
+            check_hf_weights(config, args, key if c.initial_load_path else "model.hf_assets_path", path)
         return
     problem = "no such folder" if not os.path.isdir(path) else f"no {'*.safetensors' if hf else '.metadata'} in it"
     if key == "checkpoint.initial_load_in_hf":

@@ -1,0 +1,117 @@
+"""A Hugging Face folder a new run loads (``checkpoint.initial_load_in_hf``) against the model its ``[model]``
+keys build, before any process starts: TorchTitan's load raised a 100-line traceback from every rank for a
+missing shard or another shape, and read no tensor the model has no place for (an untied ``lm_head.weight``
+under a tied head), so such a run trained from another model than the folder's, silently."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..config.schema import RunConfig
+
+MODEL_TYPES = {"qwen3_dispersion": "qwen3", "llama3_dispersion": "llama"}
+"""config.json's ``model_type`` of the families whose weights TorchTitan's state-dict adapters read."""
+HF_FIELDS = {
+    "hidden_size": "dim",
+    "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads",
+    "num_key_value_heads": "n_kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "mlp_hidden_dim",
+    "vocab_size": "vocab_size",
+    "tie_word_embeddings": "tie_embeddings",
+}
+"""config.json's shape fields and the ``[model]`` keys that set them."""
+
+
+def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
+    """Every tensor the load reads is in ``path``'s safetensors in its shape, and each there is read
+    (``key``: the option that named ``path``); their headers are read, not their data."""
+    from safetensors import SafetensorError, safe_open
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    name = config.model.name
+    if name not in MODEL_TYPES:  # gpt2 reads GPT-2 folders of either key naming through its own reader
+        return
+    index = os.path.join(path, "model.safetensors.index.json")
+    listed = _index_files(index, key) if os.path.isfile(index) else set()
+    gone = sorted(f for f in listed if not os.path.isfile(os.path.join(path, f)))
+    if gone:
+        raise ConfigError(
+            f"{key}: {path}: model.safetensors.index.json names {gone[0]}{_more(gone)}, which is not there "
+            "(a copy or download cut short?); copy the model's missing files in"
+        )
+    held: dict[str, list[int]] = {}
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        try:
+            with safe_open(file, "pt") as f:
+                held.update({k: list(f.get_slice(k).get_shape()) for k in f.keys()})
+        except (SafetensorError, OSError) as e:
+            raise ConfigError(f"{key}: {file}: unreadable ({e}); copy the model's file again") from None
+    spec = get_train_spec(name)
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    wanted = {k: list(v.shape) for k, v in spec.state_dict_adapter(args, None).to_hf(model.state_dict()).items()}
+    problems = [
+        f"{k} is {held[k]} there, {shape} here" for k, shape in wanted.items() if k in held and held[k] != shape
+    ]
+    problems += [f"{k} is not there" for k in wanted if k not in held]
+    problems += [f"{k} there is read by no part of this model" for k in held if k not in wanted]
+    if problems:
+        raise ConfigError(
+            f"{key}: {path} does not hold this {name} model's weights: {problems[0]}{_more(problems)}; "
+            + _advice(config, args, path)
+        )
+
+
+def _index_files(index: str, key: str) -> set[str]:
+    try:
+        with open(index) as f:
+            return set(json.load(f)["weight_map"].values())
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ConfigError(
+            f"{key}: {index}: unreadable ({type(e).__name__}: {e}); copy the model's file again"
+        ) from None
+
+
+def _more(items: list[str]) -> str:
+    return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
+
+def _advice(config: RunConfig, args: Any, path: str) -> str:
+    """The ``[model]`` values the folder's ``config.json`` gives that differ from the run's, else what to give."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            hf = json.load(f)
+    except (OSError, ValueError):
+        hf = {}
+    model_type = hf.get("model_type") if isinstance(hf, dict) else None
+    families = {v: k for k, v in MODEL_TYPES.items()}
+    if model_type and model_type != MODEL_TYPES[config.model.name]:
+        family = families.get(model_type)
+        return f"its config.json is a {model_type} model: " + (
+            f"use --model.name {family}" if family else "give a folder of this family"
+        )
+    settable, fixed = [], []
+    for field, ours in HF_FIELDS.items():
+        here = getattr(args, args.OVERRIDES.get(ours, "hidden_dim" if ours == "mlp_hidden_dim" else ours), None)
+        if field not in hf or here is None or hf[field] == here:
+            continue
+        if ours in args.OVERRIDES:
+            settable.append(f"{ours} = {json.dumps(hf[field])} (here {json.dumps(here)})")
+        elif ours in args.REFUSED_BECAUSE:
+            why = args.REFUSED_BECAUSE[ours]
+            fixed.append(f"{field} = {json.dumps(hf[field])}, which {config.model.name} cannot take ({why})")
+    if settable:
+        return "set [model] as its config.json says: " + ", ".join(settable)
+    if fixed:
+        return "its config.json has " + "; ".join(fixed)
+    return "set the [model] keys to its shape, or give the folder of a model of this shape"
