@@ -334,7 +334,8 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
     """A folder whose weights the ``[model]`` keys do not build: one line naming the folder's option, the
     first tensor that differs and the keys its config.json gives, before any process starts (were a
     100-line traceback from every rank at the load, exit 1; an untied ``lm_head.weight`` under a tied
-    head was dropped and the run trained another model than the folder's, exit 0)."""
+    head was dropped, and its config.json's RoPE, norms' ε or sliding window not read: the run trained another
+    model than the folder's, exit 0)."""
     hf = hf_qwen3(tmp_path / "hf")
 
     def refusal(folder: Path, *args: str) -> str:
@@ -366,6 +367,15 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
     )
     llama = refusal(hf, "--model.name", "llama3_dispersion", "--model.head_dim", "0", "--model.mlp_hidden_dim", "0")
     assert llama.endswith("its config.json is a qwen3 model: use --model.name qwen3_dispersion"), llama
+    other = tmp_path / "other"  # the same tensors, computed otherwise: its RoPE and a sliding window
+    shutil.copytree(hf, other)
+    rope = {"rope_type": "default", "rope_theta": 1e4}
+    (other / "config.json").write_text(json.dumps({**config, "rope_parameters": rope, "use_sliding_window": True}))
+    assert refusal(other) == (
+        f"model.hf_assets_path: {other}: its config.json computes another model than this qwen3_dispersion (flavor "
+        "debugmodel): rope_theta = 10000.0 (this model: 1000000.0) (and 1 more), which no [model] key sets; give "
+        "model.flavor the one of its model"
+    )
     sharded = tmp_path / "sharded"  # a copy cut short: the index names a shard that is not there
     shutil.copytree(hf, sharded)
     (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")

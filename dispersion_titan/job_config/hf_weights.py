@@ -65,10 +65,17 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
     ]
     problems += [f"{k} is not there" for k in wanted if k not in held]
     problems += [f"{k} there is read by no part of this model" for k in held if k not in wanted]
+    hf = _config_json(path)
     if problems:
         raise ConfigError(
             f"{key}: {path} does not hold this {name} model's weights: {problems[0]}{_more(problems)}; "
-            + _advice(config, args, path)
+            + _advice(config, args, hf)
+        )
+    other = _computed_otherwise(hf, args)
+    if other:
+        raise ConfigError(
+            f"{key}: {path}: its config.json computes another model than this {name} (flavor {config.model.flavor}): "
+            f"{other[0]}{_more(other)}, which no [model] key sets; give model.flavor the one of its model"
         )
 
 
@@ -86,14 +93,42 @@ def _more(items: list[str]) -> str:
     return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
 
 
-def _advice(config: RunConfig, args: Any, path: str) -> str:
-    """The ``[model]`` values the folder's ``config.json`` gives that differ from the run's, else what to give."""
+def _config_json(path: str) -> dict[str, Any]:
     try:
         with open(os.path.join(path, "config.json")) as f:
             hf = json.load(f)
     except (OSError, ValueError):
-        hf = {}
-    model_type = hf.get("model_type") if isinstance(hf, dict) else None
+        return {}
+    return hf if isinstance(hf, dict) else {}
+
+
+def _computed_otherwise(hf: dict[str, Any], args: Any) -> list[str]:
+    """config.json's values of what no tensor holds (RoPE, the norms' ε, the activation, a sliding window)
+    where this model computes otherwise: loaded, its weights would compute another model, silently."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    scaling = getattr(args, "rope_scaling_args", None)  # TorchTitan's llama3 always applies it
+    ours: dict[str, Any] = {"rope_type": "llama3" if scaling else "default", "rope_theta": float(args.rope_theta)}
+    if scaling:
+        ours |= {
+            "factor": scaling.scaling_factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
+    theirs = {k: rope.get(k) for k in ours} | {"rope_type": rope.get("rope_type", rope.get("type", "default"))}
+    theirs["rope_theta"] = rope.get("rope_theta", hf.get("rope_theta"))
+    ours |= {"rms_norm_eps": args.norm_eps, "hidden_act": "silu", "use_sliding_window": False}
+    theirs |= {k: hf.get(k) for k in ("rms_norm_eps", "hidden_act", "use_sliding_window")}
+    return [
+        f"{k} = {json.dumps(theirs[k])} (this model: {json.dumps(v)})"
+        for k, v in ours.items()
+        if theirs[k] is not None and theirs[k] != v
+    ]
+
+
+def _advice(config: RunConfig, args: Any, hf: dict[str, Any]) -> str:
+    """The ``[model]`` values the folder's ``config.json`` gives that differ from the run's, else what to give."""
+    model_type = hf.get("model_type")
     families = {v: k for k, v in MODEL_TYPES.items()}
     if model_type and model_type != MODEL_TYPES[config.model.name]:
         family = families.get(model_type)
