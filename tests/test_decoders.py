@@ -470,11 +470,14 @@ def test_qwen3_run_resumes_exactly(qwen3_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_another_is_refused(tmp_path):
+def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_another_is_refused(
+    tmp_path, monkeypatch
+):
     """``--model.hf_assets_path tok`` (relative: the model's tokenizer and weights) launched from A, relaunched
     by the same command from B, which holds a ``tok`` of its own: one line naming both folders and where to
     relaunch from, exit 2 (was: the same string, so the run went on with B's tokenizer, silently). From a copy of
-    A, whose ``tok`` holds the same files, it relaunches."""
+    A, whose ``tok`` holds the same files, it relaunches; from A with ``tok`` replaced in place (other tokenizer
+    files), it is refused (was: the rest of the data tokenized by the new one, silently)."""
     hf = hf_qwen3(tmp_path / "hf")
     for folder in ("A", "B"):
         shutil.copytree(hf, tmp_path / folder / "tok")
@@ -493,6 +496,15 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
     copied = python_module("dispersion_titan.train", *args, "--training.steps", "2", "--check-only",
                            cwd=tmp_path / "copy_of_A")  # fmt: skip
     assert copied.returncode == 0, copied.stderr[-3000:]
+    monkeypatch.chdir(tmp_path / "A")  # its tokenizer replaced in place: the same path, other files
+    save_tokenizer("tok", 32)
+    with pytest.raises(ConfigError) as err:
+        check_launch(validated_args([*args, "--training.steps", "2"]), take_lock=False)
+    assert str(err.value) == (
+        f"model.hf_assets_path: tok: its tokenizer_config.json is not the one run folder {dump} was started with "
+        "(the folder replaced since?); put the run's tokenizer files back, or start a new run (another "
+        "--job.dump_folder) with this one"
+    )
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models import family
 from ..models.flavors import args_from_dict
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
+from ..tokenizer.encoders import GPT2_BPE, TOKENIZER_FILES, DocumentEncoder, encoder_named
 from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RenamedCheckpointError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
@@ -29,9 +29,9 @@ if TYPE_CHECKING:  # torch is imported where a checkpoint is read: run.json's re
 
 SAVED_KEY = "saved_checkpoints"
 """``run.json``'s mark that the run saved a checkpoint: a relaunch finding none lost them, not never made them."""
-LEDGER_KEYS = ("settings", "forked_from", "started_from", SAVED_KEY, "cwd")
+LEDGER_KEYS = ("settings", "forked_from", "started_from", SAVED_KEY, "cwd", "tokenizer_files")
 """``run.json`` entries that record one run's first launch, not what makes runs one configuration (``cwd``: its
-working directory, which its relative paths are relative to)."""
+working directory, which its relative paths are relative to; ``tokenizer_files``: its tokenizer folder's files)."""
 
 
 @dataclass(frozen=True)
@@ -205,10 +205,24 @@ def save_run_metadata(
         "started_from": started_from,
         "settings": settings,
         "cwd": os.getcwd(),
+        "tokenizer_files": tokenizer_files(tokenizer)
+        if tokenizer != GPT2_BPE.name and os.path.isdir(tokenizer)
+        else None,
         **ledger,
         **({"paths": paths} if paths else {}),
     }
     write_json(os.path.join(folder, RUN_METADATA_FILE), metadata)
+
+
+def tokenizer_files(folder: str) -> list[list[Any]]:
+    """Each tokenizer file in ``folder``: its name, size and SHA-256; a folder replaced between a run's launches
+    would tokenize its data otherwise (``settings.check_same_settings``)."""
+    paths = [os.path.join(folder, name) for name in TOKENIZER_FILES]
+    return [
+        [os.path.basename(p), os.path.getsize(p), hashlib.sha256(Path(p).read_bytes()).hexdigest()]
+        for p in paths
+        if os.path.isfile(p)
+    ]
 
 
 def record_saved(dump_folder: str) -> None:
