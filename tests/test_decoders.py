@@ -49,7 +49,7 @@ from support.cli import analyze, run_cli
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import texts_jsonl
 from support.eval_tasks import evaluated_arms
-from support.launch import QWEN3_TOML, job_args, python_module
+from support.launch import DEBUG_TOML, QWEN3_TOML, job_args, python_module
 from support.runs import scalars, tiny_run
 
 BASE = job_args(QWEN3_TOML)
@@ -335,7 +335,7 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
     first tensor that differs and the keys its config.json gives, before any process starts (were a
     100-line traceback from every rank at the load, exit 1; an untied ``lm_head.weight`` under a tied
     head was dropped, and its config.json's RoPE, norms' ε or sliding window not read: the run trained another
-    model than the folder's, exit 0)."""
+    model than the folder's, exit 0). gpt2 given another family's folder the same (was an 87-line traceback)."""
     hf = hf_qwen3(tmp_path / "hf")
 
     def refusal(folder: Path, *args: str) -> str:
@@ -367,6 +367,14 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
     )
     llama = refusal(hf, "--model.name", "llama3_dispersion", "--model.head_dim", "0", "--model.mlp_hidden_dim", "0")
     assert llama.endswith("its config.json is a qwen3 model: use --model.name qwen3_dispersion"), llama
+    gpt2 = [*job_args(DEBUG_TOML), "--job.dump_folder", str(tmp_path / "g"), "--model.hf_assets_path", str(hf)]
+    gpt2 = validated_args([*gpt2, "--checkpoint.initial_load_in_hf"])
+    with pytest.raises(ConfigError) as err:
+        check_launch(gpt2, take_lock=False)
+    assert str(err.value) == (
+        f"model.hf_assets_path: {hf} does not hold this gpt2 model's weights: transformer.wte.weight is not there "
+        "(and 75 more); its config.json is a qwen3 model: use --model.name qwen3_dispersion"
+    )
     other = tmp_path / "other"  # the same tensors, computed otherwise: its RoPE and a sliding window
     shutil.copytree(hf, other)
     rope = {"rope_type": "default", "rope_theta": 1e4}

@@ -5,7 +5,6 @@ under a tied head), so such a run trained from another model than the folder's, 
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from typing import TYPE_CHECKING, Any
@@ -17,8 +16,8 @@ from ..utils.errors import ConfigError
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
 
-MODEL_TYPES = {"qwen3_dispersion": "qwen3", "llama3_dispersion": "llama"}
-"""config.json's ``model_type`` of the families whose weights TorchTitan's state-dict adapters read."""
+MODEL_TYPES = {"gpt2": "gpt2", "qwen3_dispersion": "qwen3", "llama3_dispersion": "llama"}
+"""config.json's ``model_type`` of each family."""
 HF_FIELDS = {
     "hidden_size": "dim",
     "num_hidden_layers": "n_layers",
@@ -28,6 +27,11 @@ HF_FIELDS = {
     "intermediate_size": "mlp_hidden_dim",
     "vocab_size": "vocab_size",
     "tie_word_embeddings": "tie_embeddings",
+    "n_embd": "dim",  # GPT-2's names
+    "n_layer": "n_layers",
+    "n_head": "n_heads",
+    "n_inner": "mlp_hidden_dim",
+    "n_positions": "max_seq_len",
 }
 """config.json's shape fields and the ``[model]`` keys that set them."""
 
@@ -35,12 +39,10 @@ HF_FIELDS = {
 def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
     """Every tensor the load reads is in ``path``'s safetensors in its shape, and each there is read
     (``key``: the option that named ``path``); their headers are read, not their data."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import SafetensorError
     from torchtitan.protocols.train_spec import get_train_spec
 
     name = config.model.name
-    if name not in MODEL_TYPES:  # gpt2 reads GPT-2 folders of either key naming through its own reader
-        return
     index = os.path.join(path, "model.safetensors.index.json")
     listed = _index_files(index, key) if os.path.isfile(index) else set()
     gone = sorted(f for f in listed if not os.path.isfile(os.path.join(path, f)))
@@ -49,17 +51,16 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
             f"{key}: {path}: model.safetensors.index.json names {gone[0]}{_more(gone)}, which is not there "
             "(a copy or download cut short?); copy the model's missing files in"
         )
-    held: dict[str, list[int]] = {}
-    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        try:
-            with safe_open(file, "pt") as f:
-                held.update({k: list(f.get_slice(k).get_shape()) for k in f.keys()})
-        except (SafetensorError, OSError) as e:
-            raise ConfigError(f"{key}: {file}: unreadable ({e}); copy the model's file again") from None
     spec = get_train_spec(name)
+    adapter = spec.state_dict_adapter(args, None)
+    try:  # the names the load reads them by (gpt2's reader: either key naming)
+        metadata = adapter.get_hf_storage_reader(path).read_metadata()
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ConfigError(f"{key}: {path}: unreadable safetensors ({e}); copy the model's files again") from None
+    held = {k: list(v.size) for k, v in metadata.state_dict_metadata.items()}
     with torch.device("meta"):
         model = spec.model_cls(args)
-    wanted = {k: list(v.shape) for k, v in spec.state_dict_adapter(args, None).to_hf(model.state_dict()).items()}
+    wanted = {k: list(v.shape) for k, v in adapter.to_hf(model.state_dict()).items()}
     problems = [
         f"{k} is {held[k]} there, {shape} here" for k, shape in wanted.items() if k in held and held[k] != shape
     ]
@@ -105,6 +106,8 @@ def _config_json(path: str) -> dict[str, Any]:
 def _computed_otherwise(hf: dict[str, Any], args: Any) -> list[str]:
     """config.json's values of what no tensor holds (RoPE, the norms' ε, the activation, a sliding window)
     where this model computes otherwise: loaded, its weights would compute another model, silently."""
+    if not hasattr(args, "rope_theta"):  # gpt2: learned positions, its ε and activation GPT-2's
+        return []
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     scaling = getattr(args, "rope_scaling_args", None)  # TorchTitan's llama3 always applies it
     ours: dict[str, Any] = {"rope_type": "llama3" if scaling else "default", "rope_theta": float(args.rope_theta)}
@@ -137,8 +140,8 @@ def _advice(config: RunConfig, args: Any, hf: dict[str, Any]) -> str:
         )
     settable, fixed = [], []
     for field, ours in HF_FIELDS.items():
-        here = getattr(args, args.OVERRIDES.get(ours, "hidden_dim" if ours == "mlp_hidden_dim" else ours), None)
-        if field not in hf or here is None or hf[field] == here:
+        here = getattr(args, "hidden_dim" if ours == "mlp_hidden_dim" else args.OVERRIDES.get(ours, ours), None)
+        if hf.get(field) is None or here is None or hf[field] == here:
             continue
         if ours in args.OVERRIDES:
             settable.append(f"{ours} = {json.dumps(hf[field])} (here {json.dumps(here)})")
