@@ -1,7 +1,8 @@
 """A Hugging Face folder a new run loads (``checkpoint.initial_load_in_hf``) against the model its ``[model]``
 keys build, before any process starts: TorchTitan's load raised a 100-line traceback from every rank for a
 missing shard or another shape, and read no tensor the model has no place for (an untied ``lm_head.weight``
-under a tied head), so such a run trained from another model than the folder's, silently."""
+under a tied head) nor any value of its config.json (RoPE, the norms' ε), so such a run trained from another
+model than the folder's, silently."""
 
 from __future__ import annotations
 
