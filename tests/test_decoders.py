@@ -365,6 +365,12 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
         "there is read by no part of this model; set [model] as its config.json says: tie_embeddings = false "
         "(here true)"
     )
+    spare = tmp_path / "spare"  # a tied model's head saved as well, as some published tied checkpoints carry it,
+    shutil.copytree(hf, spare)  # and an older export's rotary buffer: transformers loads them into nothing, as we do
+    inv_freq = {"model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(4)}
+    head = {"lm_head.weight": weights["model.embed_tokens.weight"].clone()}
+    save_file({**weights, **head, **inv_freq}, str(spare / "model.safetensors"))
+    check_launch(validated_args([*BASE, *TRAIN, "--model.hf_assets_path", str(spare)]), take_lock=False)
     llama = refusal(hf, "--model.name", "llama3_dispersion", "--model.head_dim", "0", "--model.mlp_hidden_dim", "0")
     assert llama.endswith("its config.json is a qwen3 model: use --model.name qwen3_dispersion"), llama
     gpt2 = [*job_args(DEBUG_TOML), "--job.dump_folder", str(tmp_path / "g"), "--model.hf_assets_path", str(hf)]
@@ -504,12 +510,17 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
     copied = python_module("dispersion_titan.train", *args, "--training.steps", "2", "--check-only",
                            cwd=tmp_path / "copy_of_A")  # fmt: skip
     assert copied.returncode == 0, copied.stderr[-3000:]
-    monkeypatch.chdir(tmp_path / "A")  # its tokenizer replaced in place: the same path, other files
-    save_tokenizer("tok", 32)
+    monkeypatch.chdir(tmp_path / "A")
+    config = json.loads(Path("tok/tokenizer_config.json").read_text())  # a chat template edited upstream: goes on
+    Path("tok/tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ messages }}"}))
+    check_launch(validated_args([*args, "--training.steps", "2"]), take_lock=False)
+    vocabulary = json.loads(Path("tok/tokenizer.json").read_text())  # replaced in place: the same path, other
+    vocabulary["model"]["merges"].pop()  # merges, which tokenize the rest of the data otherwise
+    Path("tok/tokenizer.json").write_text(json.dumps(vocabulary))
     with pytest.raises(ConfigError) as err:
         check_launch(validated_args([*args, "--training.steps", "2"]), take_lock=False)
     assert str(err.value) == (
-        f"model.hf_assets_path: tok: its tokenizer_config.json is not the one run folder {dump} was started with "
+        f"model.hf_assets_path: tok: its tokenizer.json is not the one run folder {dump} was started with "
         "(the folder replaced since?); put the run's tokenizer files back, or start a new run (another "
         "--job.dump_folder) with this one"
     )

@@ -66,8 +66,8 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
         f"{k} is {held[k]} there, {shape} here" for k, shape in wanted.items() if k in held and held[k] != shape
     ]
     problems += [f"{k} is not there" for k in wanted if k not in held]
-    problems += [f"{k} there is read by no part of this model" for k in held if k not in wanted]
     hf = _config_json(path)
+    problems += [f"{k} there is read by no part of this model" for k in held if k not in wanted and not _spare(k, hf)]
     if problems:
         raise ConfigError(
             f"{key}: {path} does not hold this {name} model's weights: {problems[0]}{_more(problems)}; "
@@ -79,6 +79,13 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
             f"{key}: {path}: its config.json computes another model than this {name} (flavor {config.model.flavor}): "
             f"{other[0]}{_more(other)}, which no [model] key sets; give model.flavor the one of its model"
         )
+
+
+def _spare(key: str, hf: dict[str, Any]) -> bool:
+    """A tensor transformers loads into nothing too: the head of a tied model saved beside its embeddings (some
+    published tied checkpoints carry it; refused where config.json says the head is untied), and older exports'
+    rotary buffers."""
+    return (key == "lm_head.weight" and hf.get("tie_word_embeddings") is not False) or key.endswith(".inv_freq")
 
 
 def _index_files(index: str, key: str) -> set[str]:

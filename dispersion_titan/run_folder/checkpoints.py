@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..models import family
 from ..models.flavors import args_from_dict
-from ..tokenizer.encoders import GPT2_BPE, TOKENIZER_FILES, DocumentEncoder, encoder_named
+from ..tokenizer.encoders import (
+    GPT2_BPE,
+    SPECIAL_MAP,
+    TOKENIZER_CONFIG,
+    TOKENIZER_FILES,
+    DocumentEncoder,
+    encoder_named,
+)
 from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RenamedCheckpointError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
@@ -215,9 +222,10 @@ def save_run_metadata(
 
 
 def tokenizer_files(folder: str) -> list[list[Any]]:
-    """Each tokenizer file in ``folder``: its name, size and SHA-256; a folder replaced between a run's launches
-    would tokenize its data otherwise (``settings.check_same_settings``)."""
-    paths = [os.path.join(folder, name) for name in TOKENIZER_FILES]
+    """Each vocabulary file in ``folder``: its name, size and SHA-256; a folder replaced between a run's launches
+    would tokenize its data otherwise (``settings.check_same_settings``). Not ``tokenizer_config.json``, whose
+    chat template a hub model's authors edit: a requeued run of a hub id that fetches it again goes on."""
+    paths = [os.path.join(folder, name) for name in TOKENIZER_FILES if name not in (TOKENIZER_CONFIG, SPECIAL_MAP)]
     return [
         [os.path.basename(p), os.path.getsize(p), hashlib.sha256(Path(p).read_bytes()).hexdigest()]
         for p in paths

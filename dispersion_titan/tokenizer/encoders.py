@@ -32,10 +32,11 @@ SPECIAL_TOKENS = {EOT_TOKEN: EOT_ID}
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_MAP = "special_tokens_map.json"
 TOKENIZER_FILES = (
     TOKENIZER_FILE,
     TOKENIZER_CONFIG,
-    "special_tokens_map.json",
+    SPECIAL_MAP,
     "vocab.json",
     "merges.txt",
     "tokenizer.model",
