@@ -19,14 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models import family
 from ..models.flavors import args_from_dict
-from ..tokenizer.encoders import (
-    GPT2_BPE,
-    SPECIAL_MAP,
-    TOKENIZER_CONFIG,
-    TOKENIZER_FILES,
-    DocumentEncoder,
-    encoder_named,
-)
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
 from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RenamedCheckpointError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
@@ -36,9 +29,9 @@ if TYPE_CHECKING:  # torch is imported where a checkpoint is read: run.json's re
 
 SAVED_KEY = "saved_checkpoints"
 """``run.json``'s mark that the run saved a checkpoint: a relaunch finding none lost them, not never made them."""
-LEDGER_KEYS = ("settings", "forked_from", "started_from", SAVED_KEY, "cwd", "tokenizer_files")
+LEDGER_KEYS = ("settings", "forked_from", "started_from", SAVED_KEY, "cwd", "tokenizer_sha256")
 """``run.json`` entries that record one run's first launch, not what makes runs one configuration (``cwd``: its
-working directory, which its relative paths are relative to; ``tokenizer_files``: its tokenizer folder's files)."""
+working directory, which its relative paths are relative to; ``tokenizer_sha256``: its tokenizer's ``fingerprint``)."""
 
 
 @dataclass(frozen=True)
@@ -212,25 +205,18 @@ def save_run_metadata(
         "started_from": started_from,
         "settings": settings,
         "cwd": os.getcwd(),
-        "tokenizer_files": tokenizer_files(tokenizer)
-        if tokenizer != GPT2_BPE.name and os.path.isdir(tokenizer)
-        else None,
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
         **ledger,
         **({"paths": paths} if paths else {}),
     }
     write_json(os.path.join(folder, RUN_METADATA_FILE), metadata)
 
 
-def tokenizer_files(folder: str) -> list[list[Any]]:
-    """Each vocabulary file in ``folder``: its name, size and SHA-256; a folder replaced between a run's launches
-    would tokenize its data otherwise (``settings.check_same_settings``). Not ``tokenizer_config.json``, whose
-    chat template a hub model's authors edit: a requeued run of a hub id that fetches it again goes on."""
-    paths = [os.path.join(folder, name) for name in TOKENIZER_FILES if name not in (TOKENIZER_CONFIG, SPECIAL_MAP)]
-    return [
-        [os.path.basename(p), os.path.getsize(p), hashlib.sha256(Path(p).read_bytes()).hexdigest()]
-        for p in paths
-        if os.path.isfile(p)
-    ]
+def tokenizer_sha256(folder: str) -> str | None:
+    """The ``fingerprint`` of the tokenizer in ``folder`` (its ``tokenizer.json`` and EOS id, as a token store
+    records it); None for GPT-2's BPE, the package's own. A folder replaced between a run's launches would tokenize
+    its data otherwise (``settings.check_same_settings``); an edit of its chat template would not."""
+    return None if folder == GPT2_BPE.name or not os.path.isdir(folder) else encoder_named(folder).fingerprint()
 
 
 def record_saved(dump_folder: str) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from safetensors import SafetensorError
 
 from ..models import family
-from ..tokenizer.encoders import GPT2_BPE, TOKENIZER_FILES, DocumentEncoder, bpe_files
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files
 from ..utils.errors import CheckpointError, OutputError
 from ..utils.records import STAGING
 from .checkpoints import (
@@ -75,6 +75,16 @@ def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.
     if vocab_size < args.vocab_size:
         hf = {k: v[:vocab_size] if v.shape[0] == args.vocab_size else v for k, v in hf.items()}
     return {k: v.detach().contiguous().clone() for k, v in hf.items()}
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
 
 
 def save_tokenizer(folder: str, max_length: int, encoder: DocumentEncoder = GPT2_BPE) -> None:

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from ..tokenizer.encoders import tokenizer_folder
+from ..tokenizer.encoders import TOKENIZER_FILE, tokenizer_folder
 from ..utils.errors import CheckpointError, ConfigError
 from ..utils.records import flatten
 from .checkpoints import (
@@ -28,7 +28,7 @@ from .checkpoints import (
     recorded_run,
     run_of,
     saved_nothing,
-    tokenizer_files,
+    tokenizer_sha256,
 )
 from .outputs import STEP_FOLDER, listed
 from .owners import empty
@@ -100,23 +100,19 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
             "same settings, or branch on purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
         )
     _refuse_other_data_here(dump_folder, recorded.get("cwd"), now)
-    _refuse_another_tokenizer(dump_folder, recorded.get("tokenizer_files"), now)
+    _refuse_another_tokenizer(dump_folder, recorded.get("tokenizer_sha256"), now)
 
 
-def _refuse_another_tokenizer(dump_folder: str, recorded: list[list[Any]] | None, now: dict[str, Any]) -> None:
-    """Refuse a relaunch whose tokenizer folder (the same path) holds other tokenizer files than at the run's
-    first launch: replaced meanwhile, it would tokenize the rest of the data otherwise (the weights come from the
-    run's own checkpoint)."""
+def _refuse_another_tokenizer(dump_folder: str, recorded: str | None, now: dict[str, Any]) -> None:
+    """Refuse a relaunch whose tokenizer folder (the same path) holds another tokenizer than at the run's first
+    launch: replaced meanwhile, it would tokenize the rest of the data otherwise (the weights come from the run's
+    own checkpoint)."""
     folder = tokenizer_folder(now.get("model.name", ""), now.get("model.hf_assets_path"))
-    if not recorded or folder is None or not os.path.isdir(folder):
-        return
-    files = tokenizer_files(folder)
-    changed = [f[0] for f in recorded if f not in files] + [f[0] for f in files if f not in recorded]
-    if changed:
+    if recorded and folder is not None and tokenizer_sha256(os.path.abspath(folder)) not in (recorded, None):
         raise ConfigError(
-            f"model.hf_assets_path: {folder}: its {changed[0]} is not the one run folder {dump_folder} was started "
-            "with (the folder replaced since?); put the run's tokenizer files back, or start a new run "
-            "(another --job.dump_folder) with this one"
+            f"model.hf_assets_path: {folder}: its {TOKENIZER_FILE} (or its eos_token) is not the one run folder "
+            f"{dump_folder} was started with (the folder replaced since?); put the run's tokenizer files back, or "
+            "start a new run (another --job.dump_folder) with this one"
         )
 
 

@@ -32,16 +32,6 @@ SPECIAL_TOKENS = {EOT_TOKEN: EOT_ID}
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
-SPECIAL_MAP = "special_tokens_map.json"
-TOKENIZER_FILES = (
-    TOKENIZER_FILE,
-    TOKENIZER_CONFIG,
-    SPECIAL_MAP,
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
-"""A Hugging Face folder's tokenizer files: what an export copies and a relaunch compares."""
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 ASSET_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]
 _TOKENIZE_BATCH = 256  # documents per encode_batch call (tiktoken tokenises a batch in threads)
