@@ -391,6 +391,13 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
         "debugmodel): rope_theta = 10000.0 (this model: 1000000.0) (and 1 more), which no [model] key sets; give "
         "model.flavor the one of its model"
     )
+    broken = tmp_path / "broken"  # its config.json cut short: named (was the JSON parser's bare message)
+    shutil.copytree(hf, broken)
+    (broken / "config.json").write_text('{"model_type": "qwen3",')
+    with pytest.raises(ConfigError) as err:
+        check_launch(validated_args([*BASE, *TRAIN, "--model.hf_assets_path", str(broken)]), take_lock=False)
+    assert str(err.value).startswith(f"model.hf_assets_path: {broken / 'config.json'}: unreadable (Expecting")
+    assert str(err.value).endswith("); copy the model's config.json again")
     sharded = tmp_path / "sharded"  # a copy cut short: the index names a shard that is not there
     shutil.copytree(hf, sharded)
     (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")

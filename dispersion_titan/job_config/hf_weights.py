@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..models.flavors import pretrained_config
 from ..utils.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
         f"{k} is {held[k]} there, {shape} here" for k, shape in wanted.items() if k in held and held[k] != shape
     ]
     problems += [f"{k} is not there" for k in wanted if k not in held]
-    hf = _config_json(path)
+    hf = pretrained_config(config)  # the folder's: path is the one it reads
     problems += [f"{k} there is read by no part of this model" for k in held if k not in wanted and not _spare(k, hf)]
     if problems:
         raise ConfigError(
@@ -100,15 +101,6 @@ def _index_files(index: str, key: str) -> set[str]:
 
 def _more(items: list[str]) -> str:
     return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
-
-
-def _config_json(path: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            hf = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return hf if isinstance(hf, dict) else {}
 
 
 def _computed_otherwise(hf: dict[str, Any], args: Any) -> list[str]:

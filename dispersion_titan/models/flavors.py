@@ -68,13 +68,21 @@ SHAPE_KEYS = tuple(f.name for f in dataclasses.fields(Model) if f.name not in DR
 
 
 def pretrained_config(job_config: Any) -> dict[str, Any]:
-    """``config.json`` of the Hugging Face folder whose weights TorchTitan loads ({} when it loads none)."""
+    """``config.json`` of the Hugging Face folder whose weights TorchTitan loads ({} when it loads none or it
+    has none); one that is no JSON object is named in one line."""
     checkpoint = job_config.checkpoint
+    key = "checkpoint.initial_load_path" if checkpoint.initial_load_path else "model.hf_assets_path"
     path = os.path.join(checkpoint.initial_load_path or job_config.model.hf_assets_path or "", "config.json")
     if not (checkpoint.enable and checkpoint.initial_load_in_hf and os.path.isfile(path)):
         return {}
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, "rb") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{key}: {path}: unreadable ({e}); copy the model's config.json again") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{key}: {path}: not a JSON object; copy the model's config.json again")
+    return config
 
 
 def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:
