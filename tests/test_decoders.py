@@ -22,6 +22,7 @@ import math
 import shutil
 from importlib import import_module
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,9 +37,10 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.size_series import load_member
 from dispersion_titan.config.schema import Baseline
 from dispersion_titan.data.packed import build_packed_dataloader
+from dispersion_titan.job_config.hf_weights import _advice
 from dispersion_titan.job_config.parse import check_launch, validated_args
 from dispersion_titan.models import register_all
-from dispersion_titan.models.llama3_dispersion import Llama3Args, llama3_flavors
+from dispersion_titan.models.llama3_dispersion import Llama3Args, hf_config, llama3_flavors
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args, qwen3_flavors
 from dispersion_titan.paper import main as paper_main
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
@@ -411,6 +413,16 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
 
 
 @pytest.mark.slow
+def test_the_advice_on_a_folder_of_grouped_heads_names_n_kv_heads():
+    """llama3 with one key/value head per head (``n_kv_heads`` unset) against a folder of grouped ones: the
+    advice names ``n_kv_heads``, read as the export writes it (was left out: the keys advised built another
+    model than the folder's)."""
+    ungrouped = Llama3Args(dim=32, n_layers=2, n_heads=2, vocab_size=VOCAB, max_seq_len=64)
+    folder = hf_config(LLAMA3, SimpleNamespace(eos_id=0)).to_dict()
+    config = SimpleNamespace(model=SimpleNamespace(name="llama3_dispersion"))
+    assert _advice(config, ungrouped, folder) == "set [model] as its config.json says: n_kv_heads = 1 (here 2)"
+
+
 def test_qwen3_mid_trains_from_hf_weights_and_exports_back(qwen3_run):
     run, hf = qwen3_run["run"], qwen3_run["hf"]
     metadata = json.loads((run / "run.json").read_text())

@@ -161,9 +161,7 @@ def check_model(config: RunConfig, args: Any) -> None:
                 f"{section}.seq_len: {seq_len} must be in 1..{args.positions} (model.max_seq_len positions)"
             )
     split = {
-        "model.n_heads": args.n_heads,
-        "model.n_kv_heads": getattr(args, "n_kv_heads", None) or args.n_heads,
-        "model.mlp_hidden_dim": args.hidden_dim,
+        **{f"model.{key}": args.value_of(key) for key in ("n_heads", "n_kv_heads", "mlp_hidden_dim")},
         "model.max_seq_len": args.positions or 0,  # None: rotary, no table of positions
         **{f"{section}.seq_len": getattr(config, section).seq_len for section in sections},
     }

@@ -12,30 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..models import FAMILIES, family
 from ..models.flavors import pretrained_config
 from ..utils.errors import ConfigError
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
-
-MODEL_TYPES = {"gpt2": "gpt2", "qwen3_dispersion": "qwen3", "llama3_dispersion": "llama"}
-"""config.json's ``model_type`` of each family."""
-HF_FIELDS = {
-    "hidden_size": "dim",
-    "num_hidden_layers": "n_layers",
-    "num_attention_heads": "n_heads",
-    "num_key_value_heads": "n_kv_heads",
-    "head_dim": "head_dim",
-    "intermediate_size": "mlp_hidden_dim",
-    "vocab_size": "vocab_size",
-    "tie_word_embeddings": "tie_embeddings",
-    "n_embd": "dim",  # GPT-2's names
-    "n_layer": "n_layers",
-    "n_head": "n_heads",
-    "n_inner": "mlp_hidden_dim",
-    "n_positions": "max_seq_len",
-}
-"""config.json's shape fields and the ``[model]`` keys that set them."""
 
 
 def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
@@ -109,15 +91,7 @@ def _computed_otherwise(hf: dict[str, Any], args: Any) -> list[str]:
     if not hasattr(args, "rope_theta"):  # gpt2: learned positions, its ε and activation GPT-2's
         return []
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    scaling = getattr(args, "rope_scaling_args", None)  # TorchTitan's llama3 always applies it
-    ours: dict[str, Any] = {"rope_type": "llama3" if scaling else "default", "rope_theta": float(args.rope_theta)}
-    if scaling:
-        ours |= {
-            "factor": scaling.scaling_factor,
-            "low_freq_factor": scaling.low_freq_factor,
-            "high_freq_factor": scaling.high_freq_factor,
-            "original_max_position_embeddings": scaling.original_max_position_embeddings,
-        }
+    ours = args.rope_parameters()
     theirs = {k: rope.get(k) for k in ours} | {"rope_type": rope.get("rope_type", rope.get("type", "default"))}
     theirs["rope_theta"] = rope.get("rope_theta", hf.get("rope_theta"))
     ours |= {"rms_norm_eps": args.norm_eps, "hidden_act": "silu", "use_sliding_window": False}
@@ -132,16 +106,15 @@ def _computed_otherwise(hf: dict[str, Any], args: Any) -> list[str]:
 def _advice(config: RunConfig, args: Any, hf: dict[str, Any]) -> str:
     """The ``[model]`` values the folder's ``config.json`` gives that differ from the run's, else what to give."""
     model_type = hf.get("model_type")
-    families = {v: k for k, v in MODEL_TYPES.items()}
-    if model_type and model_type != MODEL_TYPES[config.model.name]:
-        family = families.get(model_type)
+    if model_type and model_type != family(config.model.name).HF_MODEL_TYPE:
+        other = next((name for name in FAMILIES if family(name).HF_MODEL_TYPE == model_type), None)
         return f"its config.json is a {model_type} model: " + (
-            f"use --model.name {family}" if family else "give a folder of this family"
+            f"use --model.name {other}" if other else "give a folder of this family"
         )
     settable, fixed = [], []
-    for field, ours in HF_FIELDS.items():
-        here = getattr(args, "hidden_dim" if ours == "mlp_hidden_dim" else args.OVERRIDES.get(ours, ours), None)
-        if hf.get(field) is None or here is None or hf[field] == here:
+    for field, ours in args.HF_FIELDS.items():
+        here = args.value_of(ours)
+        if hf.get(field) is None or hf[field] == here:
             continue
         if ours in args.OVERRIDES:
             settable.append(f"{ours} = {json.dumps(hf[field])} (here {json.dumps(here)})")

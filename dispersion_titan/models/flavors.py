@@ -46,6 +46,17 @@ class ShapeOverrides:
     """``[model]`` key -> this family's field; keys missing here are refused when set."""
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = {}
     """Why a ``[model]`` key is not available for this family (the default says it has no such field)."""
+    HF_FIELDS: ClassVar[dict[str, str]]
+    """config.json field -> ``[model]`` key: what the export writes and a loaded folder's config.json is held to."""
+
+    def value_of(self, key: str) -> Any:
+        """This model's value of a ``[model]`` key (the MLP width and key/value heads it computes; None: no such)."""
+        if key == "n_kv_heads":
+            return getattr(self, key, None) or self.n_heads  # type: ignore[attr-defined]
+        return getattr(self, "hidden_dim" if key == "mlp_hidden_dim" else key, None)
+
+    def hf_fields(self) -> dict[str, Any]:
+        return {field: self.value_of(key) for field, key in self.HF_FIELDS.items()}
 
     def apply_overrides(self, model_config: Any) -> None:
         for key in (*SHAPE_KEYS, *DROPOUT_KEYS):

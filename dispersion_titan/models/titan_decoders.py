@@ -32,12 +32,34 @@ class RotaryOverrides(ShapeOverrides):
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = {
         "max_seq_len": "rotary positions: the RoPE table follows training.seq_len and validation.seq_len",
     }
+    HF_FIELDS: ClassVar[dict[str, str]] = {
+        "hidden_size": "dim",
+        "num_hidden_layers": "n_layers",
+        "num_attention_heads": "n_heads",
+        "num_key_value_heads": "n_kv_heads",
+        "intermediate_size": "mlp_hidden_dim",
+        "vocab_size": "vocab_size",
+        "tie_word_embeddings": "tie_embeddings",
+    }
 
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
         super().update_from_config(job_config, **kwargs)
         validation = job_config.validation.seq_len if job_config.validation.enable else 0
         self.max_seq_len = max(job_config.training.seq_len, validation)
         self.apply_overrides(job_config.model)
+
+    def rope_parameters(self) -> dict[str, Any]:
+        """transformers' ``rope_parameters`` of this model (TorchTitan's llama3 always applies its scaling)."""
+        rope = {"rope_type": "default", "rope_theta": float(self.rope_theta)}  # type: ignore[attr-defined]
+        if scaling := getattr(self, "rope_scaling_args", None):
+            rope |= {
+                "rope_type": "llama3",
+                "factor": scaling.scaling_factor,
+                "low_freq_factor": scaling.low_freq_factor,
+                "high_freq_factor": scaling.high_freq_factor,
+                "original_max_position_embeddings": scaling.original_max_position_embeddings,
+            }
+        return rope
 
     def get_nparams_and_flops(self, model: Any, seq_len: int) -> tuple[int, int]:
         """TorchTitan's count with a tied LM head's 6·d·V FLOPs a token added back (it drops the
@@ -48,13 +70,8 @@ class RotaryOverrides(ShapeOverrides):
 
 def hf_decoder_fields(args: Any, tokenizer: Any) -> dict[str, Any]:
     """The ``transformers`` config fields Qwen3's and Llama 3's share (EOS also as BOS)."""
-    return {
-        "vocab_size": args.vocab_size,
-        "hidden_size": args.dim,
-        "intermediate_size": args.hidden_dim,
-        "num_hidden_layers": args.n_layers,
-        "num_attention_heads": args.n_heads,
-        "num_key_value_heads": args.n_kv_heads or args.n_heads,
+    return args.hf_fields() | {
+        "rope_parameters": args.rope_parameters(),
         "rms_norm_eps": args.norm_eps,
         "bos_token_id": tokenizer.eos_id,
         "eos_token_id": tokenizer.eos_id,

@@ -6,10 +6,12 @@ from typing import Any
 
 from torchtitan.protocols.train_spec import TrainSpec
 
+from ..flavors import DROPOUT_KEYS
 from .args import GPT2ModelArgs, gpt2_flavors
 from .model import GPT2
 
 MODEL_NAME = "gpt2"
+HF_MODEL_TYPE = "gpt2"
 
 
 def get_train_spec() -> TrainSpec:
@@ -23,21 +25,16 @@ def get_train_spec() -> TrainSpec:
 
 def hf_config(args: GPT2ModelArgs, tokenizer: Any):
     """transformers' ``GPT2Config`` of this shape, the tokenizer's vocabulary (the export trims a pad)."""
-    from transformers import GPT2Config
+    from transformers import AutoConfig
 
-    return GPT2Config(
-        vocab_size=tokenizer.vocab_size,
-        n_positions=args.max_seq_len,
-        n_embd=args.dim,
-        n_layer=args.n_layers,
-        n_head=args.n_heads,
-        n_inner=None if args.hidden_dim == 4 * args.dim else args.hidden_dim,
+    fields = args.hf_fields() | {theirs: getattr(args, ours) for ours, theirs in DROPOUT_KEYS.items()}
+    if args.hidden_dim == 4 * args.dim:
+        fields["n_inner"] = None  # GPT-2's own
+    return AutoConfig.for_model(
+        HF_MODEL_TYPE,
+        **fields | {"vocab_size": tokenizer.vocab_size},
         activation_function="gelu_new",
         layer_norm_epsilon=args.norm_eps,
-        tie_word_embeddings=args.tie_embeddings,
-        attn_pdrop=args.attn_dropout,
-        resid_pdrop=args.resid_dropout,
-        embd_pdrop=args.embd_dropout,
         bos_token_id=tokenizer.eos_id,
         eos_token_id=tokenizer.eos_id,
         architectures=["GPT2LMHeadModel"],

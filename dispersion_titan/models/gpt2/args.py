@@ -25,6 +25,15 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
     FAMILY: ClassVar[str] = "gpt2"
     REFUSED_BECAUSE: ClassVar[dict[str, str]] = _REFUSED
     OVERRIDES: ClassVar[dict[str, str]] = {k: k for k in (*SHAPE_KEYS, *DROPOUT_KEYS) if k not in _REFUSED}
+    HF_FIELDS: ClassVar[dict[str, str]] = {
+        "vocab_size": "vocab_size",
+        "tie_word_embeddings": "tie_embeddings",
+        "n_embd": "dim",
+        "n_layer": "n_layers",
+        "n_head": "n_heads",
+        "n_inner": "mlp_hidden_dim",
+        "n_positions": "max_seq_len",
+    }
 
     dim: int = 768
     n_layers: int = 12

@@ -18,6 +18,7 @@ from ..flavors import Flavors
 from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_fields, offered
 
 MODEL_NAME = "llama3_dispersion"
+HF_MODEL_TYPE = "llama"
 
 
 class Llama3Args(RotaryOverrides, TransformerModelArgs):
@@ -53,22 +54,14 @@ def hf_config(args: Llama3Args, tokenizer: Any):
     """transformers' ``LlamaConfig`` of this shape, with the Llama 3 RoPE scaling that
     TorchTitan's Llama 3 always applies; its positions, as Meta's Llama 3.1 config gives them, the original
     context times the factor (transformers warns of any up to the original; llama3 RoPE does not read them)."""
-    from transformers import LlamaConfig
+    from transformers import AutoConfig
 
     scaling = args.rope_scaling_args
-    return LlamaConfig(
+    return AutoConfig.for_model(
+        HF_MODEL_TYPE,
         **hf_decoder_fields(args, tokenizer),
         max_position_embeddings=max(
             args.max_seq_len, int(scaling.original_max_position_embeddings * scaling.scaling_factor)
         ),
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": float(args.rope_theta),
-            "factor": scaling.scaling_factor,
-            "low_freq_factor": scaling.low_freq_factor,
-            "high_freq_factor": scaling.high_freq_factor,
-            "original_max_position_embeddings": scaling.original_max_position_embeddings,
-        },
-        tie_word_embeddings=False,
         architectures=["LlamaForCausalLM"],
     )

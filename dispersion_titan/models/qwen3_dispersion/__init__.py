@@ -15,6 +15,7 @@ from ..flavors import Flavors, pretrained_config
 from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_fields, offered
 
 MODEL_NAME = "qwen3_dispersion"
+HF_MODEL_TYPE = "qwen3"
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
         "mlp_hidden_dim": "hidden_dim",
         "tie_embeddings": "enable_weight_tying",
     }
+    HF_FIELDS: ClassVar[dict[str, str]] = {**RotaryOverrides.HF_FIELDS, "head_dim": "head_dim"}
 
     def update_from_config(self, job_config: Any, **kwargs: Any) -> None:
         super().update_from_config(job_config, **kwargs)
@@ -55,13 +57,11 @@ def get_train_spec() -> TrainSpec:
 def hf_config(args: Qwen3Args, tokenizer: Any):
     """transformers' ``Qwen3Config`` of this shape (all embedding rows kept, as Qwen's own
     checkpoints pad theirs); its positions those of the model it started from, else those it trained with."""
-    from transformers import Qwen3Config
+    from transformers import AutoConfig
 
-    return Qwen3Config(
+    return AutoConfig.for_model(
+        HF_MODEL_TYPE,
         **hf_decoder_fields(args, tokenizer),
-        head_dim=args.head_dim,
         max_position_embeddings=max(args.max_seq_len, args.hf_positions),
-        rope_parameters={"rope_type": "default", "rope_theta": float(args.rope_theta)},
-        tie_word_embeddings=args.enable_weight_tying,
         architectures=["Qwen3ForCausalLM"],
     )
