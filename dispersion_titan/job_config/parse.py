@@ -67,13 +67,11 @@ _PARSE = re.compile(r"Error parsing --([\w-]+)\.([\w-]+):")  # a value its type 
 _MISSING = re.compile(r"Missing value for argument '--([\w-]+)\.([\w-]+)'")  # a flag last, or before a flag
 
 
-def _field_type(key: str) -> object:
-    """The JobConfig type of ``section.key`` (None if there is no such field)."""
-    section, _, name = key.partition(".")
-    for field in dataclasses.fields(titan_compat.merged_job_config_class(CONFIG_MODULE)):
-        if field.name == section:
-            return next((f.type for f in dataclasses.fields(field.type) if f.name == name), None)
-    return None
+def _job_config_keys() -> dict[str, object]:
+    """``section.key`` -> its type, of every JobConfig key (ours merged in)."""
+    job_config = titan_compat.merged_job_config_class(CONFIG_MODULE)
+    sections = [s for s in dataclasses.fields(job_config) if dataclasses.is_dataclass(s.type)]
+    return {f"{s.name}.{k.name}": k.type for s in sections for k in dataclasses.fields(s.type)}
 
 
 def _value_message(message: str, args: list[str]) -> str:
@@ -88,7 +86,7 @@ def _value_message(message: str, args: list[str]) -> str:
     if match is None:
         return message
     flag, key = f"--{match[1]}.{match[2]}", f"{match[1]}.{match[2]}".replace("-", "_")
-    kind = _field_type(key)
+    kind = _job_config_keys().get(key)
     words = set(re.findall(r"\w+", str(getattr(kind, "__name__", kind))))  # a class, a union or its text
     expected = "a number" if "float" in words else "an integer" if "int" in words else "a value"
     split = [(*arg.partition("="), after) for arg, after in zip(args, [*args[1:], ""])]  # the value: "=" or next
@@ -108,11 +106,8 @@ def _unknown_option(message: str) -> str:
     if match is None:
         return message
     typed = match[1]
-    sections = dataclasses.fields(titan_compat.merged_job_config_class(CONFIG_MODULE))
-    keys = [
-        f"{s.name}.{k.name}" for s in sections if dataclasses.is_dataclass(s.type) for k in dataclasses.fields(s.type)
-    ]
-    close = difflib.get_close_matches(typed.removeprefix("--").partition("=")[0].replace("-", "_"), keys, n=1)
+    typed_key = typed.removeprefix("--").partition("=")[0].replace("-", "_")
+    close = difflib.get_close_matches(typed_key, list(_job_config_keys()), n=1)
     hint = f"did you mean --{close[0]}?" if close else "dispersion-titan train --help-all lists every key"
     return f"{typed}: unknown option; {hint}"
 
@@ -121,7 +116,7 @@ def _switch_given_a_value(args: list[str]) -> str | None:
     """``--training.predict_last false``: a bool key takes no value (tyro names only the stray word)."""
     for flag, value in zip(args, args[1:]):
         key = flag.removeprefix("--").replace("-", "_")
-        if flag.startswith("--") and _field_type(key) in (bool, "bool") and value.lower() in SWITCH_WORDS:
+        if flag.startswith("--") and _job_config_keys().get(key) in (bool, "bool") and value.lower() in SWITCH_WORDS:
             section, name = key.split(".", 1)
             on, off = f"--{section}.{name.replace('_', '-')}", f"--{section}.no-{name.replace('_', '-')}"
             return f"{flag} {value}: {key} is a switch and takes no value; write {on} for true, {off} for false"
