@@ -234,8 +234,8 @@ def device_name(text: str) -> str:
 
 def add_device_arguments(
     parser: argparse.ArgumentParser,
+    dtype_help: str,
     dtype_default: str | None = "fp32",
-    dtype_help: str = "model dtype (default fp32)",
     dtypes: tuple[str, ...] = ("fp32", "bf16"),
 ) -> None:
     """``--device`` and ``--dtype`` of the commands that load checkpoints (``utils.devices.resolve_device``)."""

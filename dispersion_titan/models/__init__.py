@@ -12,7 +12,7 @@ FAMILIES = ("gpt2", "qwen3_dispersion", "llama3_dispersion")
 
 
 def family(name: str) -> ModuleType:
-    """The family's package (``get_train_spec``, ``MODEL_NAME``)."""
+    """The family's package (``get_train_spec``, ``MODEL_NAME``, ``HF_MODEL_TYPE``, ``hf_config``)."""
     return import_module(f"{__name__}.{name}")
 
 
