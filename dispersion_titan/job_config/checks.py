@@ -147,7 +147,7 @@ def check_model(config: RunConfig, args: Any) -> None:
     if "head_dim" not in args.OVERRIDES and args.dim % args.n_heads:  # heads of width dim / n_heads
         raise ConfigError(f"model.dim: {args.dim} is not divisible by model.n_heads={args.n_heads}")
     tp = config.parallelism.tensor_parallel_degree
-    if tp > 1 and config.model.name == "gpt2" and torch_release() < GPT2_TP_TORCH:
+    if tp > 1 and name == "gpt2" and torch_release() < GPT2_TP_TORCH:
         need, have = (".".join(map(str, v)) for v in (GPT2_TP_TORCH, torch_release()))
         raise ConfigError(
             f"parallelism.tensor_parallel_degree: GPT-2's tensor parallel needs torch {need} or later, this is "

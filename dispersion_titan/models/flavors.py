@@ -50,10 +50,10 @@ class ShapeOverrides:
     """config.json field -> ``[model]`` key: what the export writes and a loaded folder's config.json is held to."""
 
     def value_of(self, key: str) -> Any:
-        """This model's value of a ``[model]`` key (the MLP width and key/value heads it computes; None: no such)."""
+        """This model's value of a ``[model]`` key: the MLP width and key/value heads it computes."""
         if key == "n_kv_heads":
             return getattr(self, key, None) or self.n_heads  # type: ignore[attr-defined]
-        return getattr(self, "hidden_dim" if key == "mlp_hidden_dim" else key, None)
+        return getattr(self, "hidden_dim" if key == "mlp_hidden_dim" else key)
 
     def hf_fields(self) -> dict[str, Any]:
         return {field: self.value_of(key) for field, key in self.HF_FIELDS.items()}
@@ -100,17 +100,13 @@ def args_from_dict(family_name: str, fields: dict[str, Any]) -> Any:
     """A family's arguments from their ``dataclasses.asdict`` form (``run.json``), nested ones too."""
     cls = family(family_name).get_train_spec().model_args.cls
     values = dict(fields)
-    for f in dataclasses.fields(cls):
-        number = isinstance(f.default, (int, float))  # a hand-edited file: a text for a number fails deep in torch
-        if (
-            f.name in values
-            and isinstance(f.default, (int, float, str))
-            and values[f.name] is not None
-            and number != isinstance(values[f.name], (int, float))
-        ):
-            raise ValueError(f"model_args.{f.name}: {values[f.name]!r} is no {'number' if number else 'text'}")
-        if f.name in values and f.default_factory is not dataclasses.MISSING:
+    for f in (f for f in dataclasses.fields(cls) if f.name in values):
+        value, number = values[f.name], isinstance(f.default, (int, float))
+        # a hand-edited file: a text for a number fails deep in torch
+        if isinstance(f.default, (int, float, str)) and value is not None and number != isinstance(value, (int, float)):
+            raise ValueError(f"model_args.{f.name}: {value!r} is no {'number' if number else 'text'}")
+        if f.default_factory is not dataclasses.MISSING and isinstance(value, dict):
             default = f.default_factory()
-            if dataclasses.is_dataclass(default) and isinstance(values[f.name], dict):
-                values[f.name] = type(default)(**values[f.name])
+            if dataclasses.is_dataclass(default):
+                values[f.name] = type(default)(**value)
     return cls(**values)
