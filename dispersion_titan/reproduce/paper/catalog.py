@@ -148,14 +148,12 @@ SIZES_B = {  # by the hub id's last part: a local folder of that name is that mo
     "DeepSeek-R1-Distill-Qwen-32B": 32,
     "Olmo-3-1025-7B": 7,
 }
-GPU_MEMORY_GB = 80
-DTYPE_BYTES = {"fp32": 4, "bf16": 2}
 
 
 def gpus_needed(billions: float, dtype: str = "fp32") -> int:
     """80 GB GPUs that hold the weights in ``dtype`` with 20% headroom (fp32, the artifacts' default:
     one up to ~16B parameters; several, with --device-map auto, above)."""
-    return max(1, math.ceil(billions * DTYPE_BYTES[dtype] * 1.2 / GPU_MEMORY_GB))
+    return max(1, math.ceil(billions * {"fp32": 4, "bf16": 2}[dtype] * 1.2 / 80))
 
 
 def size_b(model: str) -> float | None:

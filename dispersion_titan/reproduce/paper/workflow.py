@@ -33,33 +33,12 @@ from ...utils.hub import HFSpec, parse_spec
 from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, sbatch
 from . import catalog
 
-ANALYZE_OPTIONS = (
-    "texts",
-    "dataset",
-    "dataset_path",
-    "num_sequences",
-    "seq_len",
-    "seed",
-    "protocol",
-    "batch_size",
-    "device",
-    "dtype",
-    "device_map",
-    "force",
+ANALYZE_OPTIONS = tuple(
+    "texts dataset dataset_path num_sequences seq_len seed protocol batch_size device dtype device_map force".split()
 )
 PAPER_DEFAULTS = {"protocol": "paper", "dtype": "fp32"}  # the authors' texts and points, in fp32 as they ran
 TABLE2_DEFAULTS = {"dtype": AUTOCAST}  # bf16 autocast, as LMEvalCallback in their midtrain_gpt2.py scored
-EVALUATE_OPTIONS = (
-    "protocol",
-    "tasks",
-    "include_path",
-    "limit",
-    "num_fewshot",
-    "batch_size",
-    "device",
-    "dtype",
-    "force",
-)
+EVALUATE_OPTIONS = tuple("protocol tasks include_path limit num_fewshot batch_size device dtype force".split())
 PRETRAINED = "pretrained"  # table2: DIR/pretrained/MODEL, the evaluation of --pretrained hf:MODEL
 ANALYSES = "analyses"  # DIR/analyses/MODEL, shared by the artifacts: a model analysed for one is reused
 ARTIFACT_DEFAULTS = {
@@ -204,17 +183,6 @@ def passed_on(options: dict, names: tuple[str, ...]) -> list[str]:
     return [arg for flag, value in given.items() for arg in ((flag,) if value is True else (flag, str(value)))]
 
 
-def _default_models(artifact: str, analyses: str) -> list[PaperModel]:
-    """The paper's models of fig2 (a row per family), fig5 (the bases, then their distilled models) or robustness."""
-    rows = {
-        "fig2": [(m, series) for series, models in catalog.SIZE_SERIES.items() for m in models],
-        "fig5": [(a, "base") for a, _ in catalog.DISTILLATION_PAIRS]
-        + [(b, "distilled") for _, b in catalog.DISTILLATION_PAIRS],
-        "robustness": [(m, None) for m in catalog.GPT2_HUB_IDS],
-    }
-    return [model_of(m, analyses, row) for m, row in rows[artifact]]
-
-
 def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str, ...]]]:
     """(name, config, overrides) of each run ``artifact`` trains (``paper --plan``)."""
     if artifact == "fig3":
@@ -224,8 +192,7 @@ def training_runs(artifact: str, preset: str) -> list[tuple[str, str, tuple[str,
     raise ArgumentError(f"--plan: {artifact} analyses released models and trains nothing; fig3 and table2 train runs")
 
 
-STAGE_BRANCH = re.compile(r"^stage(\d+)-(?:.*-)?step(\d+)(?:-|$)")
-"""OLMo's checkpoint branches, ``stage1-step353000-tokens1481B``."""
+STAGE_BRANCH = re.compile(r"^stage(\d+)-(?:.*-)?step(\d+)(?:-|$)")  # OLMo's branches: stage1-step353000-tokens1481B
 
 
 def pick_revisions(branches: list[str]) -> list[str]:
@@ -355,8 +322,14 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
             if len(models) % 2:
                 raise ArgumentError("--models: fig5 takes bases then their distilled models (an even number)")
             models = [replace(m, row="base" if 2 * i < len(models) else "distilled") for i, m in enumerate(models)]
-    else:
-        models = _default_models(artifact, analyses)
+    else:  # the paper's: fig2 a row per family, fig5 the bases then their distilled models
+        paper = {
+            "fig2": [(m, series) for series, ids in catalog.SIZE_SERIES.items() for m in ids],
+            "fig5": [(a, "base") for a, _ in catalog.DISTILLATION_PAIRS]
+            + [(b, "distilled") for _, b in catalog.DISTILLATION_PAIRS],
+            "robustness": [(m, None) for m in catalog.GPT2_HUB_IDS],
+        }
+        models = [model_of(m, analyses, row) for m, row in paper[artifact]]
     given = bool(options.get("models")) or artifact == "fig4"
     models, left_out = with_remote_code(models, options, given)
     if artifact == "robustness":
