@@ -26,9 +26,7 @@ class Protocol:
 
     def shots(self, task: str) -> int | None:
         """The task's shots under this protocol; None for a task the authors did not run."""
-        if task in FEW_SHOT:
-            return self.few_shot
-        return 0 if task in _AUTHORS_ZERO_SHOT_NAMES else None
+        return self.few_shot if task in FEW_SHOT else 0 if task in _AUTHORS_ZERO_SHOT_NAMES else None
 
 
 PRESETS = {

@@ -343,7 +343,6 @@ def table_rows(
         for name, runs in named.items()
     }
     means = {name: {key: float(np.mean(values)) for key, values in by_key.items()} for name, by_key in seeds.items()}
-    ranks = min_ranks(list(means.values()), accuracy)
     rows = {
         name: ArmRow(
             name,
@@ -353,7 +352,7 @@ def table_rows(
             rank,
             None if name == reference else t_test_p(seeds[name]["average"], seeds[reference]["average"], test),
         )
-        for (name, runs), rank in zip(named.items(), ranks, strict=True)
+        for (name, runs), rank in zip(named.items(), min_ranks(list(means.values()), accuracy), strict=True)
     }
     base = rows.pop(PRETRAINED, None)
     return columns, list(rows.values()), base
@@ -365,7 +364,7 @@ def difference(row: ArmRow, pretrained: ArmRow | None) -> dict[str, float | None
 
 
 def _digits(column: str) -> int:
-    return 4 if is_accuracy(column) or column == "average" else 2
+    return DIGITS if is_accuracy(column) or column == "average" else 2
 
 
 def cell(mean: float, std: float, column: str) -> str:
@@ -494,14 +493,7 @@ class Table:
     markdown: str
 
 
-def table(
-    specs: list[str],
-    out: str,
-    selection: Selection,
-    reference: str | None,
-    test: str,
-    pretrained: str,
-) -> Table:
+def table(specs: list[str], out: str, selection: Selection, reference: str | None, test: str, pretrained: str) -> Table:
     """Write ``table.md``, ``table.csv`` and ``table.png``; return the table."""
     found = evaluated_arms(specs)
     by_arm = {arm: select_arm(runs, selection) for arm, runs in found.items()}

@@ -205,8 +205,7 @@ def world_size(sweep: Sweep) -> int:
 
 def cell_args(sweep: Sweep, cell: Cell) -> list[str]:
     """The training command line of ``cell``, as its job runs it."""
-    run = str(sweep.out / cell.name)
-    return launch_args(str(sweep.config), *sweep.train_overrides, *cell.overrides(run))
+    return launch_args(str(sweep.config), *sweep.train_overrides, *cell.overrides(str(sweep.out / cell.name)))
 
 
 def check_training_configs(sweep: Sweep) -> list[RunConfig]:
@@ -340,9 +339,7 @@ def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> P
                 "variant": asdict(c.arm),  # name, coeff, method
                 "seed": c.seed,
                 "run": str(sweep.out / c.name),
-                "train_job": ids.get(f"train_{i}"),
-                "analyze_job": ids.get(f"analyze_{i}"),
-                "evaluate_job": ids.get(f"evaluate_{i}"),
+                **{f"{kind}_job": ids.get(f"{kind}_{i}") for kind in ("train", "analyze", "evaluate")},
             }
             for i, c in enumerate(sweep.cells(), start=1)
         ],

@@ -298,8 +298,7 @@ def _paired_trend(ax, bases: list[Entry], distilled: list[Entry]) -> None:
 def tick_labels(labels: list[str]) -> list[str]:
     """The row's labels without their shared prefix up to a dash (``Qwen2.5-0.5B`` … -> ``0.5B`` …)."""
     prefix = os.path.commonprefix(labels) if len(labels) > 1 else ""
-    cut = prefix.rfind("-") + 1
-    return [_short(label[cut:] or label) for label in labels]
+    return [_short(label[prefix.rfind("-") + 1 :] or label) for label in labels]
 
 
 def _short(label: str) -> str:

@@ -433,8 +433,7 @@ def run(setup: QuickstartSetup) -> None:
         panel = init_panel(folder, setup.init_flavor, setup.init_widths, setup.seeds, texts, say)
         train_and_analyze(setup, say)
         try:
-            files = compare_runs(setup, say)
-            text = summarize(setup, panel, files)
+            text = summarize(setup, panel, compare_runs(setup, say))
         except (DispersionTitanError, OSError) as e:
             fail(str(e).splitlines()[0], status=1)
         print("\n" + text)
