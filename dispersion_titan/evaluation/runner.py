@@ -281,12 +281,10 @@ def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
 
 
 def merge(merged: dict, result: dict) -> None:
-    """Fold one ``simple_evaluate`` result (one task or group) into ``merged``."""
+    """Fold one ``simple_evaluate`` result (one task or group) into ``merged``, dict by dict but lm-eval's
+    ``config``, which describes the run: the last call's wins."""
     for key, value in result.items():
-        if isinstance(value, dict) and key != "config":  # lm-eval's ``config`` describes the run: the last call's wins
-            merged[key] = {**merged.get(key, {}), **value}
-        else:
-            merged[key] = value
+        merged[key] = {**merged.get(key, {}), **value} if isinstance(value, dict) and key != "config" else value
 
 
 def read_evaluations(out: str) -> dict[int, dict]:
