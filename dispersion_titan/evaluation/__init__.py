@@ -1,2 +1,1 @@
-"""Downstream evaluation of saved checkpoints with lm-eval (``python -m dispersion_titan.evaluate``);
-docs/code_map.md says which module does what."""
+"""Downstream evaluation with lm-eval (``python -m dispersion_titan.evaluate``); its modules: docs/code_map.md."""
