@@ -11,6 +11,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -313,8 +314,10 @@ def test_the_sbatch_scripts_find_their_folder_where_its_path_holds_a_space_and_t
     shutil.copytree(REPO / "dispersion_titan" / "launch_scripts", scripts)
     shutil.copy(DEBUG_TOML, tmp_path / "-debug.toml")
     args = ("-debug.toml", "--dispersion.variant", "angular")
+    # the package's environment active, as where it is installed (outside the checkout no .venv is found)
+    active = {**slurm, "VIRTUAL_ENV": sys.prefix, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{slurm['PATH']}"}
     job_id = sbatch(*NO_GPUS, f"--output={tmp_path}/%j.out", str(scripts / "slurm" / "train.sbatch"), *args,
-                    env=slurm, cwd=tmp_path)  # fmt: skip
+                    env=active, cwd=tmp_path)  # fmt: skip
     exit_code = ended(job_id, slurm, timeout=120)["ExitCode"]
     log = (tmp_path / f"{job_id}.out").read_text()
     assert exit_code == "2:0" and "dispersion_titan: error: dispersion.variant: 'angular' is not one of" in log, log
