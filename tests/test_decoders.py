@@ -37,6 +37,7 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.size_series import load_member
 from dispersion_titan.config.schema import Baseline
 from dispersion_titan.data.packed import build_packed_dataloader
+from dispersion_titan.job_config.checks import launch_notes
 from dispersion_titan.job_config.hf_weights import _advice
 from dispersion_titan.job_config.parse import check_launch, validated_args
 from dispersion_titan.models import register_all
@@ -349,7 +350,13 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
         assert not (tmp_path / "run").exists()
         return str(err.value)
 
-    check_launch(validated_args([*BASE, *TRAIN, "--model.hf_assets_path", str(hf)]), take_lock=False)  # it fits
+    fits = check_launch(validated_args([*BASE, *TRAIN, "--model.hf_assets_path", str(hf)]), take_lock=False)
+    assert launch_notes(fits, {}) == []
+    longer = validated_args([*BASE, *TRAIN, "--model.hf_assets_path", str(hf), "--training.seq_len", "256"])
+    assert launch_notes(check_launch(longer, take_lock=False), {}) == [  # RoPE past its 128 positions: said, trained
+        f"training.seq_len 256 is beyond the 128 positions of {hf} (its config.json's max_position_embeddings): RoPE "
+        "extrapolates past them, as a context extension does; lower it to 128 unless that is meant"
+    ]
     head = f"model.hf_assets_path: {hf} does not hold this qwen3_dispersion model's weights: "
     assert refusal(hf, "--model.dim", "32") == head + (
         "model.embed_tokens.weight is [50257, 64] there, [50257, 32] here (and 19 more); "

@@ -18,7 +18,7 @@ from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import CONFIG_RANGES, resolve_layers
 from ..losses.variants import VARIANTS, precision_error, range_error
-from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS
+from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS, pretrained_config
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
 from . import released
@@ -235,6 +235,7 @@ def launch_notes(config: RunConfig, parsed: dict[str, Any]) -> list[str]:
     derived = [f"{key} = {now}" for key, value in parsed.items() if (now := attrgetter(key)(config)) != value]
     notes = [f"derived: {', '.join(derived)}"] if derived else []
     notes += [released.summary(config)] if released.is_on(config) else []
+    notes += _beyond_pretrained_positions(config)
     d, b = config.dispersion, config.baseline
     if d.variant != "none" and d.coeff == 0:
         notes.append(
@@ -253,6 +254,24 @@ def launch_notes(config: RunConfig, parsed: dict[str, Any]) -> list[str]:
             "schedule's index (g·⌊T/K⌋) mod T stays 0), as in the authors' script at this GPU count (their K is fixed)"
         )
     return notes
+
+
+def _beyond_pretrained_positions(config: RunConfig) -> list[str]:
+    """A RoPE model loaded from a Hugging Face folder trained on sequences longer than its config.json's
+    positions: extrapolation, which a context extension does on purpose (GPT-2's learned positions are refused by
+    ``check_model``, its folder's table by ``hf_weights``)."""
+    positions = pretrained_config(config).get("max_position_embeddings")
+    sections = ("training", "validation") if config.validation.enable else ("training",)
+    lengths = {f"{s}.seq_len": getattr(config, s).seq_len for s in sections}
+    beyond = [f"{key} {n}" for key, n in lengths.items() if isinstance(positions, int) and n > positions]
+    if not beyond:
+        return []
+    folder = config.checkpoint.initial_load_path or config.model.hf_assets_path
+    return [
+        f"{', '.join(beyond)} {'is' if len(beyond) == 1 else 'are'} beyond the {positions} positions of {folder} "
+        "(its config.json's max_position_embeddings): RoPE extrapolates past them, as a context extension does; "
+        f"lower {'it' if len(beyond) == 1 else 'them'} to {positions} unless that is meant"
+    ]
 
 
 def resolve_replicate_degree(config: RunConfig, world_size: int) -> None:
