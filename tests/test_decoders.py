@@ -46,7 +46,7 @@ from dispersion_titan.models.qwen3_dispersion import Qwen3Args, qwen3_flavors
 from dispersion_titan.paper import main as paper_main
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
-from dispersion_titan.tokenizer.encoders import hf_tokenizer
+from dispersion_titan.tokenizer.encoders import LOADED
 from dispersion_titan.trainer.baselines import build_baseline
 from dispersion_titan.utils.errors import ConfigError
 from support.cli import analyze, run_cli
@@ -544,7 +544,7 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
     vocabulary = json.loads(Path("tok/tokenizer.json").read_text())  # replaced in place: the same path, other
     vocabulary["model"]["merges"].pop()  # merges, which tokenize the rest of the data otherwise
     Path("tok/tokenizer.json").write_text(json.dumps(vocabulary))
-    hf_tokenizer.cache_clear()  # the next launch: a new process, which reads the folder again
+    LOADED.clear()  # the next launch: a new process, which reads the folder again
     with pytest.raises(ConfigError) as err:
         check_launch(validated_args([*args, "--training.steps", "2"]), take_lock=False)
     assert str(err.value) == (

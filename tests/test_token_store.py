@@ -120,11 +120,12 @@ def test_prepare_from_a_training_toml_reads_its_sections(tmp_path):
         assert np.array_equal(store[:], expected) and store.manifest["documents"] == len(docs)
 
 
-def test_a_store_of_the_models_own_tokenizer(tmp_path):
+def test_a_store_of_the_models_own_tokenizer(tmp_path, monkeypatch):
     """A qwen3 TOML naming a Hugging Face folder prepares its ids with that folder's
-    tokenizer.json; the store is stamped with it and refused for a run of another tokenizer."""
+    tokenizer.json; the store is stamped with it and refused for a run of another tokenizer.
+    A process loads it once, however named (a relaunch's check read a relative folder twice)."""
     from dispersion_titan.run_folder.hf_export import save_tokenizer
-    from dispersion_titan.tokenizer.encoders import GPT2_BPE, hf_tokenizer
+    from dispersion_titan.tokenizer.encoders import GPT2_BPE, encoder_for, hf_tokenizer
 
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -136,6 +137,8 @@ def test_a_store_of_the_models_own_tokenizer(tmp_path):
     )
     run_prepare(str(tmp_path / "run.toml"), "--out", str(tmp_path / "store"))
     own = hf_tokenizer(str(hf))
+    monkeypatch.chdir(tmp_path)  # --model.hf_assets_path hf, and run.json's fingerprint of its absolute path
+    assert encoder_for("qwen3_dispersion", "hf") is own
     store = open_store(str(tmp_path / "store"), "local", "train", "f", own)
     assert np.array_equal(store[:], token_stream("local", "train", path, "f", own))
     assert np.array_equal(store[:], token_stream("local", "train", path, "f", GPT2_BPE))

@@ -188,8 +188,17 @@ def _special_token(config: dict[str, Any], key: str) -> str | None:
     return token.get("content") if isinstance(token, dict) else token
 
 
-hf_tokenizer = functools.cache(HFTokenizerFile)
-"""One ``HFTokenizerFile`` per folder and field."""
+LOADED: dict[str, HFTokenizerFile] = {}
+"""``hf_tokenizer``'s, by absolute folder."""
+
+
+def hf_tokenizer(folder: str, field: str = "model.hf_assets_path") -> HFTokenizerFile:
+    """One ``HFTokenizerFile`` a process per folder, however named: a relaunch's check reads a relative
+    ``model.hf_assets_path`` as given and by its absolute path (``run.json``'s fingerprint), which loaded it twice."""
+    path = os.path.abspath(folder)
+    if path not in LOADED:
+        LOADED[path] = HFTokenizerFile(folder, field)
+    return LOADED[path]
 
 
 def encoder_named(name: str) -> DocumentEncoder:
