@@ -417,6 +417,21 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
         f"model.hf_assets_path: {sharded}: model.safetensors.index.json names model-00002-of-00002.safetensors, "
         "which is not there (a copy or download cut short?); copy the model's missing files in"
     )
+    stale = tmp_path / "stale"  # an older download's shard left beside the model's: the load read either, silently
+    shutil.copytree(hf, stale)
+    save_file({k: torch.ones_like(v) for k, v in weights.items()}, str(stale / "model-old.safetensors"))
+    assert refusal(stale) == (
+        f"model.hf_assets_path: {stale}: model.embed_tokens.weight (and 23 more) is in model-old.safetensors and "
+        "model.safetensors, and the load would read either; remove the file that is not the model's (an older "
+        "download's shard?)"
+    )
+    cut = tmp_path / "cut"  # cut short inside its header: the file named (was its folder)
+    shutil.copytree(hf, cut)
+    (cut / "model.safetensors").write_bytes((hf / "model.safetensors").read_bytes()[:100])
+    assert refusal(cut) == (
+        f"model.hf_assets_path: {cut / 'model.safetensors'}: unreadable safetensors (Error while deserializing "
+        "header: invalid header length); copy the model's file again"
+    )
 
 
 @pytest.mark.slow

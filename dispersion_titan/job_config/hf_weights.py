@@ -6,6 +6,7 @@ model than the folder's, silently."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from typing import TYPE_CHECKING, Any
@@ -35,12 +36,22 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
             f"{key}: {path}: model.safetensors.index.json names {gone[0]}{_more(gone)}, which is not there "
             "(a copy or download cut short?); copy the model's missing files in"
         )
+    shards = _shard_keys(path, key)
     spec = get_train_spec(name)
     adapter = spec.state_dict_adapter(args, None)
     try:  # the names the load reads them by (gpt2's reader: either key naming)
         metadata = adapter.get_hf_storage_reader(path).read_metadata()
     except (SafetensorError, OSError, ValueError) as e:
         raise ConfigError(f"{key}: {path}: unreadable safetensors ({e}); copy the model's files again") from None
+    twice = [  # the same slice in two files: the load reads the one listed last, in directory order
+        k for k, v in metadata.state_dict_metadata.items() if len({tuple(c.offsets) for c in v.chunks}) < len(v.chunks)
+    ]
+    if twice:
+        files = [file for file, keys in shards.items() if twice[0] in keys] or ["two of its files"]
+        raise ConfigError(
+            f"{key}: {path}: {twice[0]}{_more(twice)} is in {' and '.join(files)}, and the load would read either; "
+            "remove the file that is not the model's (an older download's shard?)"
+        )
     held = {k: list(v.size) for k, v in metadata.state_dict_metadata.items()}
     with torch.device("meta"):
         model = spec.model_cls(args)
@@ -69,6 +80,20 @@ def _spare(key: str, hf: dict[str, Any]) -> bool:
     published tied checkpoints carry it; refused where config.json says the head is untied), and older exports'
     rotary buffers."""
     return (key == "lm_head.weight" and hf.get("tie_word_embeddings") is not False) or key.endswith(".inv_freq")
+
+
+def _shard_keys(path: str, key: str) -> dict[str, set[str]]:
+    """The tensors each ``*.safetensors`` file in ``path`` holds (its header); a file cut short named."""
+    from safetensors import SafetensorError, safe_open
+
+    shards = {}
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        try:
+            with safe_open(file, framework="pt") as f:
+                shards[os.path.basename(file)] = set(f.keys())
+        except (SafetensorError, OSError) as e:
+            raise ConfigError(f"{key}: {file}: unreadable safetensors ({e}); copy the model's file again") from None
+    return shards
 
 
 def _index_files(index: str, key: str) -> set[str]:
