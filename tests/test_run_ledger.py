@@ -106,8 +106,8 @@ def test_changed_settings_are_refused_in_one_line_and_change_nothing(reference_r
 def test_a_relaunch_from_another_folder_where_a_relative_data_path_names_other_data_is_refused(tmp_path):
     """``--training.dataset_path corpus.jsonl`` (relative) launched from A, relaunched with the same command from B,
     which has a corpus.jsonl of its own: one line naming both files and the folder to relaunch from, exit 2, nothing
-    changed (was: the same string, so the run went on training on B's corpus, silently); from A, or a copy of A, it
-    goes on."""
+    changed (was: the same string, so the run went on training on B's corpus, silently); from C, which has none, the
+    same line (was `no file matches`, not where to relaunch from); from A, or a copy of A, it goes on."""
     dump = tmp_path / "run"
     for folder, seed in (("A", 1), ("B", 2)):
         (tmp_path / folder).mkdir()
@@ -123,6 +123,12 @@ def test_a_relaunch_from_another_folder_where_a_relative_data_path_names_other_d
         f"dispersion_titan: error: run folder {dump} was first launched from {tmp_path / 'A'}, where "
         f"training.dataset_path 'corpus.jsonl' names {tmp_path / 'A' / 'corpus.jsonl'}, not "
         f"{tmp_path / 'B' / 'corpus.jsonl'} as from here; relaunch from {tmp_path / 'A'}"
+    )
+    (tmp_path / "C").mkdir()  # no corpus.jsonl here: where to relaunch from (was `no file matches 'corpus.jsonl'`)
+    assert one_line(python_module(*again, cwd=tmp_path / "C", timeout=300)) == (
+        f"dispersion_titan: error: run folder {dump} was first launched from {tmp_path / 'A'}, where "
+        f"training.dataset_path 'corpus.jsonl' names {tmp_path / 'A' / 'corpus.jsonl'}, nothing from here; "
+        f"relaunch from {tmp_path / 'A'}"
     )
     assert sha256_tree(dump) == before
     assert python_module(*again, cwd=tmp_path / "A", timeout=300).returncode == 0

@@ -27,7 +27,7 @@ from ..config.cli import (
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
 from ..run_folder.owners import refuse_other_owners
-from ..run_folder.settings import check_same_settings, start_fork
+from ..run_folder.settings import check_same_settings, refuse_other_data_here, start_fork
 from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.encoders import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
@@ -206,6 +206,7 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     or a fork's checkpoint), the GPUs, the writer lock (``take_lock``: the one checking process), the
     folders' owners; a relaunch that changes recorded settings or would save over a checkpoint is
     refused, ``RunFinished`` when there is nothing to do."""
+    refuse_other_data_here(job_config.job.dump_folder, job_config)
     check(job_config)
     dp = data_parallel_degree(job_config, _world_size())  # the layout: neither assets nor a fork change it
     if fetch_local_assets(job_config) | start_fork(job_config, dp):

@@ -99,7 +99,6 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
             f"run folder {dump_folder} was started with other settings: {', '.join(changes)}; relaunch with the "
             "same settings, or branch on purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
         )
-    _refuse_other_data_here(dump_folder, recorded.get("cwd"), now)
     _refuse_another_tokenizer(dump_folder, recorded.get("tokenizer_sha256"), now)
 
 
@@ -116,10 +115,15 @@ def _refuse_another_tokenizer(dump_folder: str, recorded: str | None, now: dict[
         )
 
 
-def _refuse_other_data_here(dump_folder: str, first: str | None, now: dict[str, Any]) -> None:
+def refuse_other_data_here(dump_folder: str, job_config: Any) -> None:
     """Refuse a relaunch from another working directory where a relative data path, the same as recorded, names
-    other files than it did from ``first`` (the run's first launch's). Files are told by content, so a copy of
-    the first launch's folder relaunches; data no longer there is not told apart from data moved with it."""
+    other files (or none) than it did from the run's first launch's. Files are told by content, so a copy of
+    the first launch's folder relaunches; data no longer there is not told apart from data moved with it.
+    Before the checks of the values, which named a path missing here as missing, not where to relaunch from."""
+    recorded = recorded_run(dump_folder)
+    if recorded is None or saved_nothing(dump_folder, recorded):
+        return
+    first, now = recorded.get("cwd"), run_settings(job_config)
     if not first or os.path.realpath(first) == os.path.realpath(os.getcwd()):
         return
     for key in INPUT_PATHS:
@@ -134,8 +138,8 @@ def _refuse_other_data_here(dump_folder: str, first: str | None, now: dict[str, 
             here = named(os.getcwd())
             raise ConfigError(
                 f"run folder {dump_folder} was first launched from {first}, where {key} {path!r} names "
-                f"{listed(named(first))}, not {listed(here) if here else 'nothing'} as from here; relaunch from "
-                f"{first}"
+                f"{listed(named(first))}, {f'not {listed(here)} as from here' if here else 'nothing from here'}; "
+                f"relaunch from {first}"
             )
 
 
