@@ -381,7 +381,7 @@ ANALYZE_CASE = (
             signal.SIGINT,
             "0",
             "dispersion_titan.evaluate",
-            ("--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word", "--limit", "2", "--device", "cpu"),
+            ("--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word_held", "--limit", "2", "--device", "cpu"),
             "results.json",
             "each step evaluated so far is kept in its folder (a table's --out is as it was); the same command goes on",
         ),
@@ -397,16 +397,19 @@ def test_ctrl_c_is_one_line_keeps_what_is_done_and_the_rerun_goes_on(
     Ctrl-C reaches the group too) alike, exit 143 (was no line at all). RANK=1 (a command a torchrun-launched script
     runs) says it too: the line was rank 0's alone, as train's, exit 130 and no line. analyze's step 2 waits its turn
     at --tb-dir, held here (as by another analysis), once step 0 is analyzed: the signal lands before step 2 is
-    written, however late (it took 0.4 s to write it, a margin a loaded machine missed)."""
+    written, however late (it took 0.4 s to write it, a margin a loaded machine missed); evaluate's step 2 waits for
+    the signal as it is scored, its task's prompt held (``wiki_next_word_held``; the margin was its 1.5 s)."""
     out = tmp_path / "out"
     argv = [str(reference), "--steps", "0,2", *(o.format(tmp=tmp_path) for o in options), "--out", str(out)]
-    started, turn = out / "step-0" / result, contextlib.nullcontext()
+    # evaluate's step 2 waits for the signal as it is scored (its task's held.py) once step 0's result is written
+    started, turn = tmp_path / "held", contextlib.nullcontext()
+    env = {"RANK": rank, "HOLD_WHEN": str(out / "step-0" / result), "HOLD_SAYS": str(started)}
     if module == "dispersion_titan.analyze":  # step 0 first; then step 2 measured, its histograms wait their turn
         first = python_module(module, argv[0], "--steps", "0", *argv[3:], timeout=300)
         assert first.returncode == 0, first.stderr[-3000:]
         started, turn = out / "heatmap_step-2.png", held_by_another_command(tmp_path / "tb")
     with turn:
-        job = ThreadPoolExecutor(1).submit(python_module, module, *argv, timeout=300, env={"RANK": rank})
+        job = ThreadPoolExecutor(1).submit(python_module, module, *argv, timeout=300, env=env)
         while not started.exists() and not job.done():
             time.sleep(0.005)
         assert not job.done(), job.result().stderr[-3000:]
