@@ -533,7 +533,8 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
     by the same command from B, which holds a ``tok`` of its own: one line naming both folders and where to
     relaunch from, exit 2 (was: the same string, so the run went on with B's tokenizer, silently). From a copy of
     A, whose ``tok`` holds the same files, it relaunches; from A with ``tok`` replaced in place (other tokenizer
-    files), it is refused (was: the rest of the data tokenized by the new one, silently)."""
+    files), it is refused (was: the rest of the data tokenized by the new one, silently); with ``tok`` moved away,
+    the line says to put it back."""
     hf = hf_qwen3(tmp_path / "hf")
     for folder in ("A", "B"):
         shutil.copytree(hf, tmp_path / folder / "tok")
@@ -567,6 +568,12 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
         "started with (the folder replaced since?); put the run's tokenizer files back, or start a new run "
         "(another --job.dump_folder) with this one"
     )
+    Path("tok").rename("moved")  # gone: put it back (was "no such folder; give the model's folder", whose
+    gone = python_module("dispersion_titan.train", *args, "--training.steps", "2", "--check-only", cwd=tmp_path / "A")
+    assert gone.returncode == 2 and gone.stderr.strip().splitlines() == [  # relaunch was refused as other settings)
+        f"dispersion_titan: error: model.hf_assets_path: tok: no such folder, and run folder {dump} takes its "
+        "tokenizer from it; put it back there (a symbolic link to where it is now will do)"
+    ], gone.stderr[-3000:]
 
 
 @pytest.mark.slow

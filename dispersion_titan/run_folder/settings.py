@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from ..tokenizer.encoders import TOKENIZER_FILE, tokenizer_folder
+from ..tokenizer.encoders import TOKENIZER_FILE, is_hub_id, tokenizer_folder
 from ..utils.errors import CheckpointError, ConfigError
 from ..utils.records import flatten
 from .checkpoints import (
@@ -119,13 +119,24 @@ def refuse_other_data_here(dump_folder: str, job_config: Any) -> None:
     """Refuse a relaunch from another working directory where a relative data path, the same as recorded, names
     other files (or none) than it did from the run's first launch's. Files are told by content, so a copy of
     the first launch's folder relaunches; data no longer there is not told apart from data moved with it.
-    Before the checks of the values, which named a path missing here as missing, not where to relaunch from."""
+    Before the checks of the values, which named a path missing here as missing, not where to relaunch from, and a
+    tokenizer folder gone as one to give (another is refused as other settings)."""
     recorded = recorded_run(dump_folder)
     if recorded is None or saved_nothing(dump_folder, recorded):
         return
     first, now = recorded.get("cwd"), run_settings(job_config)
-    if not first or os.path.realpath(first) == os.path.realpath(os.getcwd()):
-        return
+    if first and os.path.realpath(first) != os.path.realpath(os.getcwd()):
+        _refuse_other_paths_here(dump_folder, first, now)
+    folder = tokenizer_folder(now.get("model.name", ""), now.get("model.hf_assets_path"))
+    gone = folder is not None and not os.path.isdir(os.path.expanduser(folder)) and not is_hub_id(folder)
+    if gone and folder == recorded["settings"].get("model.hf_assets_path"):
+        raise ConfigError(
+            f"model.hf_assets_path: {folder}: no such folder, and run folder {dump_folder} takes its tokenizer from "
+            "it; put it back there (a symbolic link to where it is now will do)"
+        )
+
+
+def _refuse_other_paths_here(dump_folder: str, first: str, now: dict[str, Any]) -> None:
     for key in INPUT_PATHS:
         path = now.get(key)
         if not isinstance(path, str) or not path or os.path.isabs(os.path.expanduser(path)):
