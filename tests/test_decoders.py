@@ -417,6 +417,11 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
         f"model.hf_assets_path: {sharded}: model.safetensors.index.json names model-00002-of-00002.safetensors, "
         "which is not there (a copy or download cut short?); copy the model's missing files in"
     )
+    (sharded / "model.safetensors.index.json").write_text("[]")  # JSON, not an index (was `TypeError: list indices…`)
+    assert refusal(sharded) == (
+        f"model.hf_assets_path: {sharded / 'model.safetensors.index.json'}: holds no weight_map of tensors to files; "
+        "copy the model's file again"
+    )
     stale = tmp_path / "stale"  # an older download's shard left beside the model's: the load read either, silently
     shutil.copytree(hf, stale)
     save_file({k: torch.ones_like(v) for k, v in weights.items()}, str(stale / "model-old.safetensors"))

@@ -99,11 +99,13 @@ def _shard_keys(path: str, key: str) -> dict[str, set[str]]:
 def _index_files(index: str, key: str) -> set[str]:
     try:
         with open(index) as f:
-            return set(json.load(f)["weight_map"].values())
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigError(
-            f"{key}: {index}: unreadable ({type(e).__name__}: {e}); copy the model's file again"
-        ) from None
+            content = json.load(f)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {index}: unreadable ({e}); copy the model's file again") from None
+    files = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(file, str) for file in files.values()):
+        raise ConfigError(f"{key}: {index}: holds no weight_map of tensors to files; copy the model's file again")
+    return set(files.values())
 
 
 def _more(items: list[str]) -> str:
