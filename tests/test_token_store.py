@@ -483,8 +483,9 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
         "tokenizer.json"
     )  # was "no such folder"
     assert cli_failure(capsys, "enwiki_sample", "--tokenizer", str(tmp_path), "--out", out) == (
-        f"dispersion_titan: error: --tokenizer: {tmp_path} has no tokenizer.json (the model's tokenizer)"
-    )
+        f"dispersion_titan: error: --tokenizer: {tmp_path} has no tokenizer.json (the model's tokenizer); copy the "
+        "model's tokenizer files into it"
+    )  # was the line without what to do
     # A corrupt tokenizer.json, then a sound one beside a corrupt or non-object tokenizer_config.json.
     bad = tmp_path / "bad"
     bad.mkdir()

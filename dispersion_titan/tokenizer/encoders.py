@@ -149,7 +149,10 @@ class HFTokenizerFile(DocumentEncoder):
         if not os.path.isdir(self.name):
             raise ConfigError(f"{field}: {folder}: no such folder")
         if not os.path.isfile(path):
-            raise ConfigError(f"{field}: {folder} has no {TOKENIZER_FILE} (the model's tokenizer)")
+            raise ConfigError(
+                f"{field}: {folder} has no {TOKENIZER_FILE} (the model's tokenizer); copy the model's tokenizer "
+                "files into it"
+            )
         self._digest = hashlib.sha256(Path(path).read_bytes())
         try:
             self.tokenizer = Tokenizer.from_file(path)
