@@ -19,9 +19,9 @@ from dispersion_titan.run_folder import writer_lock
 from dispersion_titan.run_folder.writer_lock import (
     LOCK_NAME,
     STALE_AFTER_S,
+    TURN_WAIT_S,
     RunFolderBusy,
     WriterLock,
-    in_turn,
     refuse_if_busy,
     sole_writer,
 )
@@ -114,7 +114,7 @@ def test_another_hosts_lock_is_live_until_it_stops_being_touched(tmp_path):
     turn = threading.Timer(0.3, os.utime, (tmp_path / LOCK_NAME, (old, old)))  # the other stops touching it
     turn.start()
     start = time.monotonic()
-    with in_turn(tmp_path, ("command", "use another --tb-dir")):
+    with sole_writer(tmp_path, ("command", "use another --tb-dir"), TURN_WAIT_S):
         assert time.monotonic() - start >= 0.3 and json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     turn.join()
     assert not (tmp_path / LOCK_NAME).exists()

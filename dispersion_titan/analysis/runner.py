@@ -54,7 +54,7 @@ from ..run_folder.owners import (
     run_paths,
     write_record,
 )
-from ..run_folder.writer_lock import COMMAND, in_turn, refuse_if_busy
+from ..run_folder.writer_lock import COMMAND, TURN_WAIT_S, refuse_if_busy, sole_writer
 from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
 from ..utils.devices import DTYPES, resolve_device
@@ -397,8 +397,8 @@ class Histograms:
     """An analysis's TensorBoard histograms and curves in ``--tb-dir``, once per checkpoint: an analysis of the same
     settings into another ``--out`` (or ``--force``) adds no second copy, which TensorBoard would plot twice. The
     folder is recorded as these settings' on the first write; one this made and wrote nothing in is removed. Analyses
-    into other ``--out``s share it: each writes there holding its lock (``in_turn``), and then removes what one killed
-    mid-write left there (``remove_stale_writes``)."""
+    into other ``--out``s share it: each writes there holding its lock in turn (``sole_writer``), and then removes
+    what one killed mid-write left there (``remove_stale_writes``)."""
 
     def __init__(self, folder: str, owner: FolderOwner, settings: str, out: str):
         self.folder, self.owner, self.settings = folder, owner, settings
@@ -409,7 +409,8 @@ class Histograms:
 
     def add(self, unit: Unit, measured: Measurement, result: Condensation) -> None:
         """``unit``'s histograms, unless this folder holds those of the same checkpoint."""
-        with contextlib.nullcontext() if self.held else in_turn(self.folder, ("command", "use another --tb-dir")):
+        turn = sole_writer(self.folder, ("command", "use another --tb-dir"), TURN_WAIT_S)
+        with contextlib.nullcontext() if self.held else turn:
             records.remove_stale_writes(self.folder)
             try:
                 with open(self.index) as f:

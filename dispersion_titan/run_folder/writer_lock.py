@@ -164,10 +164,21 @@ class WriterLock:
 
 
 @contextmanager
-def sole_writer(folder: str | os.PathLike, writers: tuple[str, str] = COMMAND) -> Iterator[WriterLock]:
-    """Hold the lock of a command's output folder, touched so that other hosts see a long command alive."""
-    lock = WriterLock(folder, writers)
-    lock.acquire()
+def sole_writer(
+    folder: str | os.PathLike, writers: tuple[str, str] = COMMAND, wait: float = 0.0
+) -> Iterator[WriterLock]:
+    """Hold the lock of a command's output folder, touched so that other hosts see a long command alive. ``wait``:
+    seconds to wait while a live writer holds it (a folder several commands write into one write at a time, an
+    analysis's ``--tb-dir``), then RunFolderBusy."""
+    lock, deadline = WriterLock(folder, writers), time.monotonic() + wait
+    while True:
+        try:
+            lock.acquire()
+            break
+        except RunFolderBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     done = threading.Event()
 
     def beat() -> None:
@@ -184,24 +195,4 @@ def sole_writer(folder: str | os.PathLike, writers: tuple[str, str] = COMMAND) -
     finally:
         done.set()
         heart.join()
-        lock.release()
-
-
-@contextmanager
-def in_turn(folder: str | os.PathLike, writers: tuple[str, str]) -> Iterator[None]:
-    """Hold the lock of a folder that several commands write into, one write at a time (an analysis's
-    ``--tb-dir``): waits while a live one holds it, up to ``TURN_WAIT_S``, then RunFolderBusy."""
-    lock = WriterLock(folder, writers)
-    deadline = time.monotonic() + TURN_WAIT_S
-    while True:
-        try:
-            lock.acquire()
-            break
-        except RunFolderBusy:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    try:
-        yield
-    finally:
         lock.release()
