@@ -116,7 +116,7 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
 
 class TokenStore:
     """A store's token stream as one read-only sequence over its shards, at most ``_MAPPED_SHARDS``
-    memory-mapped at a time (each holds a file descriptor). A slice across shards is a copy."""
+    memory-mapped at a time (each holds a file descriptor). A slice is a copy."""
 
     def __init__(self, folder: str, manifest: dict[str, Any], dtype: np.dtype):
         self.folder = folder
@@ -132,15 +132,12 @@ class TokenStore:
     def __getitem__(self, key: slice) -> np.ndarray:
         start, stop, _ = key.indices(len(self))  # every slice taken is contiguous
         index = bisect.bisect_right(self.offsets, start) - 1
-        pieces = []
+        pieces = [np.empty(0, dtype=self.dtype)]
         while start < stop:
-            piece = self.shard(index)[start - self.offsets[index] : stop - self.offsets[index]]
-            pieces.append(piece)
-            start += len(piece)
+            pieces.append(self.shard(index)[start - self.offsets[index] : stop - self.offsets[index]])
+            start += len(pieces[-1])
             index += 1
-        if len(pieces) == 1:
-            return pieces[0]
-        return np.concatenate(pieces) if pieces else np.empty(0, dtype=self.dtype)
+        return np.concatenate(pieces)
 
 
 def open_store(path: str, dataset: str, split: str, field: str, encoder: DocumentEncoder = GPT2_BPE) -> TokenStore:
