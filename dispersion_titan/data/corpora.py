@@ -370,7 +370,6 @@ CORPORA: dict[str, Corpus] = {
 
 
 def corpus(name: str, field: str) -> Corpus:
-    """The corpus ``<field>`` names."""
     if name not in CORPORA:
         raise DataConfigError(f"{field}: unknown dataset {name!r}; choose from {sorted(CORPORA)}")
     return CORPORA[name]

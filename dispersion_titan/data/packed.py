@@ -306,7 +306,6 @@ def run_seed(job_config: JobConfig) -> int:
 
 
 def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, job_config: JobConfig) -> RankSlice:
-    """The dataset of ``[section]`` for this rank."""
     cfg = getattr(job_config, section)
     encoder = encoder_for(job_config.model.name, job_config.model.hf_assets_path)
     field = f"{section}.dataset"

@@ -149,7 +149,6 @@ def check_complete(step_dir: str) -> None:
 
 
 def dcp_metadata(step_dir: str) -> Any:
-    """The DCP checkpoint's ``.metadata``."""
     from torch.distributed.checkpoint import FileSystemReader
 
     return FileSystemReader(step_dir).read_metadata()

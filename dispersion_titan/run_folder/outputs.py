@@ -41,7 +41,6 @@ def revision_folder(revision: str | None) -> str:
 
 
 def write_json(path: str, data: dict, default: Callable[[object], object] | None = None) -> None:
-    """``default`` converts what ``json`` cannot (as in ``json.dump``)."""
     atomic_write(path, lambda f: json.dump(data, f, indent=1, default=default))
 
 

@@ -278,7 +278,6 @@ def _take_back(folder: str) -> None:
 
 @contextmanager
 def rewritten(out: str, owner: FolderOwner, files: tuple[str, ...]) -> Iterator[str]:
-    """``staged`` files in ``out``, held by ``owner`` as ``owned``."""
     with owned(out, owner), staged(out, files) as new:
         yield new
 
