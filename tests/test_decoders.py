@@ -581,6 +581,46 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
     ], gone.stderr[-3000:]
 
 
+def hub_cache(cache: Path, repo: str, revision: str, files: Path) -> Path:
+    """``files`` as revision ``revision`` of the hub model ``repo`` in a Hugging Face cache, its main now."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(files, folder / "snapshots" / revision)
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text(revision)
+    return folder / "snapshots" / revision
+
+
+@pytest.mark.slow
+def test_a_relaunch_of_a_hub_id_reads_the_revision_its_run_started_from_wherever_the_cache_is(tmp_path, monkeypatch):
+    """A run started from hub id ``org/tiny`` relaunches after the hub's main moved on (a README edited upstream,
+    a new commit): it reads the revision it started from (was: refused as started with other settings, the two
+    snapshot folders named, for the same id typed); from a cache elsewhere (another cluster's ``HF_HOME``) too.
+    Another model is still refused."""
+    import huggingface_hub.constants
+
+    first, second = "1" * 40, "2" * 40
+    started = hub_cache(tmp_path / "cache", "org/tiny", first, hf_qwen3(tmp_path / "hf"))
+    dump = tmp_path / "run"
+
+    def args(hub_id: str, steps: int) -> list[str]:
+        return [*BASE, "--job.dump_folder", str(dump), "--model.hf_assets_path", hub_id, *TRAIN,
+                "--validation.no-enable", "--training.steps", str(steps)]  # fmt: skip
+
+    env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    run = python_module("dispersion_titan.train", *args("org/tiny", 1), env=env, command_line=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    hub_cache(tmp_path / "cache", "org/tiny", second, started)  # main moves on
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for cache in ("cache", "moved"):  # the same cache; a copy of it elsewhere
+        shutil.copytree(tmp_path / "cache", tmp_path / "moved", dirs_exist_ok=True, symlinks=True)
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / cache))
+        job = check_launch(validated_args(args("org/tiny", 2)), take_lock=False)
+        assert job.model.hf_assets_path == str(tmp_path / cache / "models--org--tiny" / "snapshots" / first)
+    hub_cache(tmp_path / "moved", "org/other", first, started)
+    with pytest.raises(ConfigError, match=r"^run folder .* was started with other settings: model\.hf_assets_path "):
+        check_launch(validated_args(args("org/other", 2)), take_lock=False)
+
+
 @pytest.mark.slow
 def test_llama3_trains_through_the_entry_point(tmp_path):
     proc = python_module(

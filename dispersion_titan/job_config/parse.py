@@ -27,7 +27,7 @@ from ..config.cli import (
 from ..models import FAMILIES, register_all
 from ..run_folder.checkpoints import check_resume
 from ..run_folder.owners import refuse_other_owners
-from ..run_folder.settings import check_same_settings, refuse_other_data_here, start_fork
+from ..run_folder.settings import check_same_settings, refuse_other_data_here, start_fork, started_revision
 from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.encoders import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
@@ -193,11 +193,13 @@ def _world_size(world_size: int | None = None) -> int:
 
 
 def fetch_local_assets(job_config: RunConfig) -> bool:
-    """Point ``model.hf_assets_path`` at a hub id's local snapshot, fetched now; whether it was one."""
+    """Point ``model.hf_assets_path`` at a hub id's local snapshot, fetched now (a relaunch's: the revision its run
+    started from); whether it was one."""
     path = job_config.model.hf_assets_path
     if not is_hub_id(path):
         return False
-    job_config.model.hf_assets_path = local_assets(path, "model.hf_assets_path")
+    revision = started_revision(job_config.job.dump_folder, path)
+    job_config.model.hf_assets_path = local_assets(path, "model.hf_assets_path", revision)
     return True
 
 

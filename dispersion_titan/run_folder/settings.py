@@ -72,9 +72,35 @@ INPUT_PATHS = ("training.dataset_path", "validation.dataset_path", "model.hf_ass
 launch's working directory."""
 
 
+def snapshot_of(path: Any) -> tuple[str, str] | None:
+    """(repo folder, revision) of a Hugging Face cache's snapshot folder (``.../models--Qwen--Qwen3-0.6B/snapshots/
+    SHA``): its files are that revision's wherever the cache is, so a run compares and relaunches by it."""
+    parts = path.rstrip(os.sep).split(os.sep) if isinstance(path, str) else []
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3], parts[-1]
+    return None
+
+
+def started_revision(dump_folder: str, hub_id: str) -> str | None:
+    """The revision of ``hub_id`` the run in ``dump_folder`` started from, which its relaunches read (the hub's
+    main may have moved on since): None for a new run, or one from another model."""
+    recorded = recorded_run(dump_folder)
+    if recorded is None or saved_nothing(dump_folder, recorded):
+        return None
+    snapshot = snapshot_of(recorded["settings"].get("model.hf_assets_path"))
+    if snapshot and snapshot[0] == "models--" + hub_id.replace("/", "--"):
+        return snapshot[1]
+    return None
+
+
 def run_settings(job_config: Any) -> dict[str, Any]:
     """Every key of ``job_config`` as ``section.key``, JSON values."""
     return flatten(json.loads(json.dumps(job_config.to_dict(), default=str)))
+
+
+def _compared(value: Any) -> Any:
+    """A value as a relaunch compares it: a Hugging Face snapshot folder by its model and revision."""
+    return snapshot_of(value) or value
 
 
 def _shown(value: Any) -> str:
@@ -92,7 +118,7 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
         for key in sorted(before.keys() | now.keys())
         if key not in ALLOWED_KEYS
         and not key.startswith(ALLOWED_SECTIONS)
-        and before.get(key, missing) != now.get(key, missing)
+        and _compared(before.get(key, missing)) != _compared(now.get(key, missing))
     ]
     if changes:
         raise ConfigError(

@@ -42,8 +42,8 @@ def is_hub_id(path: str) -> bool:
     return bool(_HUB_ID.match(path)) and not os.path.exists(path)
 
 
-def local_assets(path: str, field: str) -> str:
-    """``path`` itself when it is a local folder; a hub id's snapshot folder."""
+def local_assets(path: str, field: str, revision: str | None = None) -> str:
+    """``path`` itself when it is a local folder; a hub id's snapshot folder (of ``revision``, else its main)."""
     if os.path.isdir(os.path.expanduser(path)):
         return os.path.expanduser(path)
     if not is_hub_id(path):
@@ -52,7 +52,9 @@ def local_assets(path: str, field: str) -> str:
 
     with hub_offline() as offline:  # an unreachable hub: the cache at once, not retries
         try:
-            return snapshot_download(path, allow_patterns=ASSET_PATTERNS, local_files_only=offline is not None)
+            return snapshot_download(
+                path, revision=revision, allow_patterns=ASSET_PATTERNS, local_files_only=offline is not None
+            )
         except Exception as e:  # noqa: BLE001 - the hub raises many types; the user needs one line
             if offline:
                 raise ConfigError(
