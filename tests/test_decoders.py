@@ -44,7 +44,7 @@ from dispersion_titan.models import register_all
 from dispersion_titan.models.llama3_dispersion import Llama3Args, hf_config, llama3_flavors
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args, qwen3_flavors
 from dispersion_titan.paper import main as paper_main
-from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
+from dispersion_titan.run_folder.checkpoints import load_model, load_model_args, run_encoder
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.tokenizer.encoders import LOADED
 from dispersion_titan.trainer.baselines import build_baseline
@@ -594,8 +594,9 @@ def hub_cache(cache: Path, repo: str, revision: str, files: Path) -> Path:
 def test_a_relaunch_of_a_hub_id_reads_the_revision_its_run_started_from_wherever_the_cache_is(tmp_path, monkeypatch):
     """A run started from hub id ``org/tiny`` relaunches after the hub's main moved on (a README edited upstream,
     a new commit): it reads the revision it started from (was: refused as started with other settings, the two
-    snapshot folders named, for the same id typed); from a cache elsewhere (another cluster's ``HF_HOME``) too.
-    Another model is still refused."""
+    snapshot folders named, for the same id typed); from a cache elsewhere (another cluster's ``HF_HOME``) too, and
+    the commands that read its tokenizer find it there (were: the folder gone, put it back). Another model is still
+    refused."""
     import huggingface_hub.constants
 
     first, second = "1" * 40, "2" * 40
@@ -616,7 +617,10 @@ def test_a_relaunch_of_a_hub_id_reads_the_revision_its_run_started_from_wherever
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / cache))
         job = check_launch(validated_args(args("org/tiny", 2)), take_lock=False)
         assert job.model.hf_assets_path == str(tmp_path / cache / "models--org--tiny" / "snapshots" / first)
-    hub_cache(tmp_path / "moved", "org/other", first, started)
+    (tmp_path / "cache").rename(tmp_path / "gone")  # the run moved: analyze and evaluate read the same revision
+    moved = tmp_path / "moved" / "models--org--tiny" / "snapshots" / first
+    assert run_encoder(str(dump)).name == str(moved)
+    hub_cache(tmp_path / "moved", "org/other", first, moved)
     with pytest.raises(ConfigError, match=r"^run folder .* was started with other settings: model\.hf_assets_path "):
         check_launch(validated_args(args("org/other", 2)), take_lock=False)
 

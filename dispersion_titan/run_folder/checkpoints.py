@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models import family
 from ..models.flavors import args_from_dict
-from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named
+from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named, hf_tokenizer, hub_snapshot, local_assets
 from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RenamedCheckpointError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
 from .owners import RUN_METADATA_FILE, read_owner, run_paths
@@ -240,9 +240,12 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
 
 
 def run_encoder(dump_folder: str) -> DocumentEncoder:
-    """The tokenizer the run trained with, as its ``run.json`` records it: GPT-2's BPE, or a folder that has
-    to be where it was (its ``model.hf_assets_path``, or the hub snapshot it named)."""
+    """The tokenizer the run trained with, as its ``run.json`` records it: GPT-2's BPE, a hub snapshot's revision
+    (from this machine's cache, wherever the run's was), or a folder that has to be where it was."""
     name = load_run_metadata(dump_folder)["tokenizer"]
+    if (snapshot := hub_snapshot(name)) and not os.path.isdir(name):
+        field = f"{os.path.join(dump_folder, RUN_METADATA_FILE)}: tokenizer"
+        return hf_tokenizer(local_assets(snapshot[0], field, revision=snapshot[1]))
     if name != GPT2_BPE.name and not os.path.isdir(name):
         raise ConfigError(
             f"{os.path.join(dump_folder, RUN_METADATA_FILE)}: the run's tokenizer folder {name} (its "

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from ..tokenizer.encoders import TOKENIZER_FILE, is_hub_id, tokenizer_folder
+from ..tokenizer.encoders import TOKENIZER_FILE, hub_snapshot, is_hub_id, tokenizer_folder
 from ..utils.errors import CheckpointError, ConfigError
 from ..utils.records import flatten
 from .checkpoints import (
@@ -72,25 +72,14 @@ INPUT_PATHS = ("training.dataset_path", "validation.dataset_path", "model.hf_ass
 launch's working directory."""
 
 
-def snapshot_of(path: Any) -> tuple[str, str] | None:
-    """(repo folder, revision) of a Hugging Face cache's snapshot folder (``.../models--Qwen--Qwen3-0.6B/snapshots/
-    SHA``): its files are that revision's wherever the cache is, so a run compares and relaunches by it."""
-    parts = path.rstrip(os.sep).split(os.sep) if isinstance(path, str) else []
-    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
-        return parts[-3], parts[-1]
-    return None
-
-
 def started_revision(dump_folder: str, hub_id: str) -> str | None:
     """The revision of ``hub_id`` the run in ``dump_folder`` started from, which its relaunches read (the hub's
     main may have moved on since): None for a new run, or one from another model."""
     recorded = recorded_run(dump_folder)
     if recorded is None or saved_nothing(dump_folder, recorded):
         return None
-    snapshot = snapshot_of(recorded["settings"].get("model.hf_assets_path"))
-    if snapshot and snapshot[0] == "models--" + hub_id.replace("/", "--"):
-        return snapshot[1]
-    return None
+    snapshot = hub_snapshot(recorded["settings"].get("model.hf_assets_path"))
+    return snapshot[1] if snapshot and snapshot[0] == hub_id else None
 
 
 def run_settings(job_config: Any) -> dict[str, Any]:
@@ -100,7 +89,7 @@ def run_settings(job_config: Any) -> dict[str, Any]:
 
 def _compared(value: Any) -> Any:
     """A value as a relaunch compares it: a Hugging Face snapshot folder by its model and revision."""
-    return snapshot_of(value) or value
+    return hub_snapshot(value) or value
 
 
 def _shown(value: Any) -> str:

@@ -42,6 +42,15 @@ def is_hub_id(path: str) -> bool:
     return bool(_HUB_ID.match(path)) and not os.path.exists(path)
 
 
+def hub_snapshot(folder: Any) -> tuple[str, str] | None:
+    """(hub id, revision) of a Hugging Face cache's snapshot folder (``.../models--Qwen--Qwen3-0.6B/snapshots/SHA``):
+    its files are that revision's wherever the cache lies, so a run compares, relaunches and reads it by them."""
+    parts = Path(folder).parts if isinstance(folder, str) else ()
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        return parts[-3].removeprefix("models--").replace("--", "/"), parts[-1]
+    return None
+
+
 def local_assets(path: str, field: str, revision: str | None = None) -> str:
     """``path`` itself when it is a local folder; a hub id's snapshot folder (of ``revision``, else its main)."""
     if os.path.isdir(os.path.expanduser(path)):
@@ -59,7 +68,9 @@ def local_assets(path: str, field: str, revision: str | None = None) -> str:
             if offline:
                 raise ConfigError(
                     f"{field}: {path}: not in the local Hugging Face cache, and the hub is not asked: {offline}; "
-                    f"fetch it where the hub is reachable (hf download {path}), or give a local folder"
+                    f"fetch it where the hub is reachable (hf download {path}"
+                    + (f" --revision {revision}" if revision else "")
+                    + "), or give a local folder"
                 ) from None
             cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise ConfigError(f"{field}: {path}: cannot be fetched from the Hugging Face hub ({cause})") from None
