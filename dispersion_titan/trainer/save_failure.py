@@ -10,31 +10,15 @@ import errno
 import os
 import resource
 import shutil
-from collections.abc import Iterator
 
 import torch
 
 from ..run_folder.checkpoints import last_complete_step, quarantine_incomplete
-from ..utils.errors import WRITE_ADVICE, CheckpointSaveError, no_room
+from ..utils.errors import WRITE_ADVICE, CheckpointSaveError, causes, no_room
 
 RELAUNCH = "relaunch the same command to resume"
 ADVICE = {code: f"{advice} and {RELAUNCH}" for code, advice in WRITE_ADVICE.items()}
 FIX = f"fix the cause and {RELAUNCH}"
-
-
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    """``error``, its chained causes, and the per-rank errors a DCP ``CheckpointException`` holds."""
-    seen: set[int] = set()
-    todo = [error]
-    while todo:
-        e = todo.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
-        for failure in getattr(e, "failures", {}).values():  # CheckpointException: rank -> (error, traceback)
-            todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
 
 
 def _mb(size: float) -> str:
@@ -43,7 +27,7 @@ def _mb(size: float) -> str:
 
 def _cause(error: BaseException, needed: int, largest_file: int, free: int) -> tuple[str, str]:
     """(what went wrong, what to do)."""
-    os_error = next((e for e in _causes(error) if isinstance(e, OSError) and e.errno), None)
+    os_error = next((e for e in causes(error) if isinstance(e, OSError) and e.errno), None)
     if os_error is not None:
         return os.strerror(os_error.errno).lower(), ADVICE.get(os_error.errno, FIX)
     if free < needed:

@@ -101,13 +101,24 @@ def interrupt_signal(interrupt: BaseException) -> int:
     return (interrupt.args or (signal.SIGINT,))[0]
 
 
-def no_room(error: BaseException | None) -> OSError | None:
-    """The full disk, quota or file size limit behind ``error`` (or what it was raised handling), if any."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in WRITE_ADVICE:
-            return error
-        error = error.__cause__ or error.__context__
-    return None
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """``error``, its chained causes, and the per-rank errors a DCP ``CheckpointException`` holds."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        for failure in getattr(e, "failures", {}).values():  # CheckpointException: rank -> (error, traceback)
+            todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
+
+
+def no_room(error: BaseException) -> OSError | None:
+    """The full disk, quota or file size limit behind ``error`` (``causes``), if any."""
+    return next((e for e in causes(error) if isinstance(e, OSError) and e.errno in WRITE_ADVICE), None)
 
 
 def cause(error: BaseException) -> str:
