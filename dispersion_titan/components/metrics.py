@@ -9,7 +9,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torchtitan.components.metrics import MetricsProcessor
-from torchtitan.distributed import utils as dist_utils
 from torchtitan.tools.logging import logger
 
 from . import wandb_run
@@ -58,17 +57,16 @@ class DispersionMetricsProcessor(MetricsProcessor):
         extra = dict(extra_metrics or {})
         m = self.step_metrics
         if torch.is_tensor(m.ce):
+            sums = torch.cat([torch.stack([m.ce, m.dispersion]), *([] if m.cosine_sums is None else [m.cosine_sums])])
             mesh = self.parallel_dims.get_optional_mesh("loss")  # summed over data-parallel ranks, as the loss
-            extra["loss_metrics/ce"] = ce = dist_utils.dist_sum(m.ce, mesh)
-            extra["loss_metrics/dispersion"] = disp = dist_utils.dist_sum(m.dispersion, mesh)
+            if mesh is not None:
+                dist.all_reduce(sums, group=mesh.get_group())
+            ce, disp, *cos = sums.tolist()
+            extra["loss_metrics/ce"], extra["loss_metrics/dispersion"] = ce, disp
             line = f"ce: {ce:8.5f}  dispersion: {disp:8.5f}"
-            if m.cosine_sums is not None:
-                sums = m.cosine_sums.clone()
-                if mesh is not None:
-                    dist.all_reduce(sums, group=mesh.get_group())
-                cos = (sums / m.global_batch_size).tolist()
-                for i, value in enumerate(cos, start=1):
-                    extra[f"condensation/block_{i}_mean_cos_offdiag"] = value
+            if cos:
+                cos = [value / m.global_batch_size for value in cos]
+                extra.update({f"condensation/block_{i}_mean_cos_offdiag": v for i, v in enumerate(cos, start=1)})
                 line += "  mean_cos_offdiag by block: " + " ".join(f"{v:.3f}" for v in cos)
             logger.info(f"step: {step:2}  {line}")
         super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
