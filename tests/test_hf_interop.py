@@ -561,8 +561,8 @@ def test_as_released_loss_scale_is_the_authors_trainer_step(tmp_path):
             if scale == "mean":
                 (ce_sum / total_tokens + term.weighted).backward()
             else:
-                denominator, factor = released_scales(labels, dp_degree=1, global_batch=2 * b, accumulation=2)
-                (ce_sum / denominator + term.weighted * factor).backward()
+                denominator = released_scales(labels, dp_degree=1, global_batch=2 * b, accumulation=2)
+                (ce_sum / denominator + term.weighted * 2).backward()
         grads[scale] = GPT2StateDictAdapter(model.model_args, None).to_hf(
             {name: p.grad for name, p in model.named_parameters()}
         )

@@ -48,9 +48,7 @@ CHECKPOINT_KEY = "checkpoint.folder"
 NO_BAD_STEP = 2**40  # trainer.bad_flag = NO_BAD_STEP - the first bad step, so MAX picks the earliest one
 
 
-def released_scales(
-    labels: torch.Tensor, dp_degree: int, global_batch: int, accumulation: int
-) -> tuple[torch.Tensor, float]:
+def released_scales(labels: torch.Tensor, dp_degree: int, global_batch: int, accumulation: int) -> torch.Tensor:
     """``training.loss_scale = "as_released"``: each micro-batch backpropagates its own mean (CE plus
     λ·term), summed over a rank's micro-batches and averaged over ranks, as transformers' Trainer does
     with the authors' ``compute_loss`` (it ignores ``num_items_in_batch``; every release from 4.46.0,
@@ -58,11 +56,10 @@ def released_scales(
     (``released.gradient_accumulation_steps``), else the run's micro-batches per rank.
 
     For one micro-batch of ``labels`` on one of ``dp_degree`` summed ranks, m = G / (b × ranks)
-    micro-batches standing for A = ``accumulation``: (its CE sum's denominator, scored tokens × ranks
-    × m / A, on the device; the factor A on the b/G-weighted term)."""
+    micro-batches standing for A = ``accumulation``: its CE sum's denominator, scored tokens × ranks
+    × m / A, on the device (the b/G-weighted term takes the factor A)."""
     microbatches = global_batch / (labels.shape[0] * dp_degree)
-    tokens = (labels != IGNORE_INDEX).sum() * (dp_degree * microbatches / accumulation)
-    return tokens, float(accumulation)
+    return (labels != IGNORE_INDEX).sum() * (dp_degree * microbatches / accumulation)
 
 
 # Warnings of every run that leave the user nothing to act on: torchdata's call of a deprecated torch API, and on a
@@ -83,8 +80,8 @@ def _titan_noise(cpu: bool, hf_export: bool) -> Callable[[logging.LogRecord], bo
     TORCH_NCCL_ASYNC_ERROR_HANDLING=1, which TorchTitan sets to 3 (for its flight recorder), and any variable it
     "overrides" with the value it already has (a launch from a shell where an earlier run set it); without an HF
     export, no HF index to shard it by; on a CPU, its GPU lookup for MFU, twice per run (lspci missing, no peak FLOPS;
-    its next line, ``Peak FLOPS used for computing MFU``, still says what it used)."""
-    noise = ("ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3",)
+    its next line, ``Peak FLOPS used for computing MFU``, still says what it used); ``_OWN_CHECKPOINTS_FIRST``."""
+    noise = ("ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3", *_OWN_CHECKPOINTS_FIRST)
     noise += () if hf_export else ("model.safetensors.index.json not found",)
     noise += ("Error running lspci", "Peak flops undefined for: CPU") if cpu else ()
     return lambda record: not (message := record.getMessage()).startswith(noise) and not _SAME_ENV.match(message)
@@ -120,9 +117,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         fp32 = job_config.training.mixed_precision_param == "float32"
         for message in _LIBRARY_NOISE:
             warnings.filterwarnings("ignore", message)
-        quiet = _titan_noise(titan_compat.uses_cpu(), job_config.checkpoint.last_save_in_hf)
-        logger.addFilter(quiet)
-        logger.addFilter(lambda record: not record.getMessage().startswith(_OWN_CHECKPOINTS_FIRST))  # said at load
+        logger.addFilter(_titan_noise(titan_compat.uses_cpu(), job_config.checkpoint.last_save_in_hf))
         try:
             with warnings.catch_warnings():
                 if fp32:  # TorchTitan builds a CPU autocast to fp32, which torch turns off with a warning
@@ -131,8 +126,6 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         except BaseException:
             self._release_writer_lock()
             raise
-        finally:
-            logger.removeFilter(quiet)
         # FSDP2 casts (autocast would recast norms to fp32); an autocast to fp32 has nothing to do
         if fp32 or shards_one_rank(self.parallel_dims, job_config):
             self.maybe_enable_amp = contextlib.nullcontext()
@@ -309,10 +302,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         # L = CE + λ·L_disp (the objective's ``weighted``), backpropagated as its two addends without adding
         # them: a loss-parallel CE is a DTensor and cannot be summed with a plain tensor.
         if self.job_config.training.loss_scale == "as_released":  # logged as the mean all the same
-            tokens, factor = released_scales(
-                labels, self.chunk_stride, self.step_metrics.global_batch_size, self.released_accumulation
-            )
-            terms = [ce_sum / tokens] + ([] if term.weighted is None else [term.weighted * factor])
+            a = self.released_accumulation
+            tokens = released_scales(labels, self.chunk_stride, self.step_metrics.global_batch_size, a)
+            terms = [ce_sum / tokens] + ([] if term.weighted is None else [term.weighted * float(a)])
         else:
             terms = [ce] + ([] if term.weighted is None else [term.weighted])
         torch.autograd.backward(terms)
