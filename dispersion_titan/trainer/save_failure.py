@@ -14,7 +14,7 @@ import shutil
 import torch
 
 from ..run_folder.checkpoints import last_complete_step, quarantine_incomplete
-from ..utils.errors import WRITE_ADVICE, CheckpointSaveError, causes, no_room
+from ..utils.errors import WRITE_ADVICE, CheckpointSaveError, error_chain, no_room
 
 RELAUNCH = "relaunch the same command to resume"
 ADVICE = {code: f"{advice} and {RELAUNCH}" for code, advice in WRITE_ADVICE.items()}
@@ -27,7 +27,7 @@ def _mb(size: float) -> str:
 
 def _cause(error: BaseException, needed: int, largest_file: int, free: int) -> tuple[str, str]:
     """(what went wrong, what to do)."""
-    os_error = next((e for e in causes(error) if isinstance(e, OSError) and e.errno), None)
+    os_error = next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno), None)
     if os_error is not None:
         return os.strerror(os_error.errno).lower(), ADVICE.get(os_error.errno, FIX)
     if free < needed:

@@ -101,7 +101,7 @@ def interrupt_signal(interrupt: BaseException) -> int:
     return (interrupt.args or (signal.SIGINT,))[0]
 
 
-def causes(error: BaseException) -> Iterator[BaseException]:
+def error_chain(error: BaseException) -> Iterator[BaseException]:
     """``error``, its chained causes, and the per-rank errors a DCP ``CheckpointException`` holds."""
     seen: set[int] = set()
     todo = [error]
@@ -117,8 +117,8 @@ def causes(error: BaseException) -> Iterator[BaseException]:
 
 
 def no_room(error: BaseException) -> OSError | None:
-    """The full disk, quota or file size limit behind ``error`` (``causes``), if any."""
-    return next((e for e in causes(error) if isinstance(e, OSError) and e.errno in WRITE_ADVICE), None)
+    """The full disk, quota or file size limit behind ``error`` (``error_chain``), if any."""
+    return next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno in WRITE_ADVICE), None)
 
 
 def cause(error: BaseException) -> str:
