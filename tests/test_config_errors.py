@@ -541,9 +541,9 @@ def test_what_torchtitan_would_crash_on_is_refused_in_one_line(tmp_path):
             check_launch(config, take_lock=False)
         assert str(err.value).startswith(says.format(dir=tmp_path)) and "\n" not in str(err.value), str(err.value)
     check_launch(copy.deepcopy(parsed), take_lock=False)  # the unchanged config passes
-    cleared = [*job_args(MIDTRAIN_TOML), *dump, "--profile", "cpu", "--checkpoint.initial_load_path", ""]
-    with pytest.raises(ConfigError) as err:
-        check_launch(validated_args(cleared), take_lock=False)
+    not_copied = [*job_args(MIDTRAIN_TOML), *dump, "--profile", "cpu", "--model.hf_assets_path", "./assets/hf/gpt2"]
+    with pytest.raises(ConfigError) as err:  # a paper config pointed at a local copy not made: the offline way
+        check_launch(validated_args(not_copied), take_lock=False)
     assert str(err.value) == (
         "checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path ./assets/hf/gpt2 "
         "when checkpoint.initial_load_path is empty (no such folder); give initial_load_path the model's folder, or "

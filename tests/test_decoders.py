@@ -54,7 +54,7 @@ from support.condensation import independent_states, plain_mean_cos
 from support.corpora import texts_jsonl
 from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, QWEN3_TOML, job_args, python_module
-from support.runs import scalars, tiny_run
+from support.runs import hub_cache, scalars, tiny_run
 
 BASE = job_args(QWEN3_TOML)
 VOCAB = 50257  # GPT-2's BPE: the tokenizer of every tiny model here
@@ -579,15 +579,6 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
         f"dispersion_titan: error: model.hf_assets_path: tok: no such folder, and run folder {dump} takes its "
         "tokenizer from it; put it back there (a symbolic link to where it is now will do)"
     ], gone.stderr[-3000:]
-
-
-def hub_cache(cache: Path, repo: str, revision: str, files: Path) -> Path:
-    """``files`` as revision ``revision`` of the hub model ``repo`` in a Hugging Face cache, its main now."""
-    folder = cache / f"models--{repo.replace('/', '--')}"
-    shutil.copytree(files, folder / "snapshots" / revision)
-    (folder / "refs").mkdir(exist_ok=True)
-    (folder / "refs" / "main").write_text(revision)
-    return folder / "snapshots" / revision
 
 
 @pytest.mark.slow

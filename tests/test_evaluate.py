@@ -879,7 +879,8 @@ FABRICATED = {
 }
 
 
-MID_TRAINING = {"started_from": {"pretrained": True, "source": "hf", "path": "/assets/hf/gpt2"}}
+HUB_GPT2 = f"/hub/models--openai-community--gpt2/snapshots/{'1' * 40}"  # a paper config's start, fetched
+MID_TRAINING = {"started_from": {"pretrained": True, "source": "hf", "path": HUB_GPT2}}
 FROM_SCRATCH = {"started_from": {"pretrained": False, "source": "init", "path": None}}
 
 

@@ -2,9 +2,9 @@
 
 In: a ``GPT2LMHeadModel`` built from a config (random weights, nothing downloaded) is
 saved with ``save_pretrained`` and loaded by a real training run through TorchTitan's
-``initial_load_in_hf`` path (1 process, and FSDP=2 with the original OpenAI file layout);
-the saved step-0 weights give the HF model's logits, and its run.json records that start, so
-Table 2 treats it as mid-training.
+``initial_load_in_hf`` path (1 process, FSDP=2 with the original OpenAI file layout, and a
+shipped paper config from its hub id in a Hugging Face cache); the saved step-0 weights give
+the HF model's logits, and its run.json records that start, so Table 2 treats it as mid-training.
 Out: ``last_save_in_hf`` and ``python -m dispersion_titan.convert to-hf`` write
 directories that ``transformers`` loads offline with identical logits; the round trip
 back through the adapter gives identical weights.
@@ -46,7 +46,7 @@ from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module, torchrun
-from support.runs import digests, load_weights, tiny_run
+from support.runs import digests, hub_cache, load_weights, tiny_run
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
 SHAPE = dict(n_embd=64, n_layer=4, n_head=4, n_positions=256, vocab_size=50257)
@@ -154,6 +154,27 @@ def test_openai_layout_loads_under_fsdp_and_last_save_in_hf_round_trips(hf_model
     assert not (last / ".metadata").exists() and list(last.glob("*.safetensors"))
     convert.main(["to-hf", str(last), str(tmp_path / "exported")])
     assert max_diff(hf_logits(tmp_path / "exported"), reference) <= 1e-5
+
+
+PAPER_GPT2 = str(REPO / "train_configs" / "paper" / "midtrain_gpt2_wikitext103_baseline.toml")
+
+
+@pytest.mark.slow
+def test_a_gpt2_paper_config_starts_from_its_hub_id_in_the_hugging_face_cache(openai_layout, tmp_path):
+    """A GPT-2 paper config as shipped starts from ``openai-community/gpt2``, as the authors' script loads it (was:
+    a copy downloaded by hand into ./assets/hf/gpt2): the launch finds the hub's files, OpenAI's layout, in the
+    Hugging Face cache offline, checks and loads them; its step 0 is transformers' model of that snapshot."""
+    snapshot = hub_cache(tmp_path / "cache", "openai-community/gpt2", "1" * 40, openai_layout)
+    run = tmp_path / "run"
+    tiny = ["--profile", "cpu", "--model.flavor", "debug", "--training.dataset", "enwiki_sample",
+            "--validation.no-enable", "--training.seq_len", "64", "--released.per_device_train_batch_size", "2",
+            "--released.gradient_accumulation_steps", "1", "--released.train_tokens", "128"]  # fmt: skip
+    env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}  # read at import: a fresh interpreter
+    args = ["--job.config_file", PAPER_GPT2, "--job.dump_folder", str(run), *tiny]
+    proc = python_module("dispersion_titan.train", *args, env=env, command_line=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert max_diff(our_logits(run / "checkpoint" / "step-0"), hf_logits(snapshot)) <= 1e-5
+    assert json.loads((run / "run.json").read_text())["started_from"]["path"] == str(snapshot)
 
 
 def write_dcp_checkpoint(dump, args: GPT2ModelArgs):

@@ -256,8 +256,6 @@ PAPER_SHRUNK = (
     "debug",
     "--model.hf_assets_path",
     ".",
-    "--checkpoint.initial_load_path",
-    "",
     "--checkpoint.no-initial_load_in_hf",
     "--training.dataset",
     "enwiki_sample",

@@ -127,3 +127,12 @@ def tiny_hub_model(folder: Path) -> Path:
     shutil.copyfile(vocab_bpe, folder / "merges.txt")
     GPT2TokenizerFast.from_pretrained(folder, model_max_length=128).save_pretrained(folder)
     return folder
+
+
+def hub_cache(cache: Path, repo: str, revision: str, files: Path) -> Path:
+    """``files`` as revision ``revision`` of the hub model ``repo`` in a Hugging Face cache, its main now."""
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    shutil.copytree(files, folder / "snapshots" / revision)
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / "main").write_text(revision)
+    return folder / "snapshots" / revision
