@@ -546,8 +546,8 @@ def test_what_torchtitan_would_crash_on_is_refused_in_one_line(tmp_path):
         check_launch(validated_args(not_copied), take_lock=False)
     assert str(err.value) == (
         "checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path ./assets/hf/gpt2 "
-        "when checkpoint.initial_load_path is empty (no such folder); give initial_load_path the model's folder, or "
-        "set initial_load_in_hf = false to train from scratch"
+        "when checkpoint.initial_load_path is empty (no such folder); give model.hf_assets_path the model's folder "
+        "or hub id, or set initial_load_in_hf = false to train from scratch"
     )
     assert not (tmp_path / "run").exists()
 
@@ -624,8 +624,8 @@ EXTRA = "\n[extra]\nfoo = 1\n"  # appended to debug.toml: a section of nobody's
             "",
             ["--checkpoint.initial_load_in_hf"],
             "checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path . when "
-            "checkpoint.initial_load_path is empty (no *.safetensors in it); give initial_load_path the model's "
-            "folder, or set initial_load_in_hf = false to train from scratch",
+            "checkpoint.initial_load_path is empty (no *.safetensors in it); give model.hf_assets_path the model's "
+            "folder or hub id, or set initial_load_in_hf = false to train from scratch",
         ),  # TorchTitan's checkpointer: a 57-line [rank0] ValueError
     ],
     ids=[

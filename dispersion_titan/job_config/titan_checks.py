@@ -88,8 +88,8 @@ def check_initial_load(config: RunConfig, args: Any) -> None:
     if key == "checkpoint.initial_load_in_hf":
         raise ConfigError(
             f"checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path {path} "
-            f"when checkpoint.initial_load_path is empty ({problem}); give initial_load_path the model's folder, "
-            "or set initial_load_in_hf = false to train from scratch"
+            f"when checkpoint.initial_load_path is empty ({problem}); give model.hf_assets_path the model's folder "
+            "or hub id, or set initial_load_in_hf = false to train from scratch"
         )
     what = "a Hugging Face model's folder (its *.safetensors)" if hf else "a checkpoint's step-N folder"
     raise ConfigError(f'{key}: {path}: {problem}; give {what}, or "" to train from scratch')
