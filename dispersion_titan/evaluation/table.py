@@ -471,7 +471,7 @@ def average_accuracy_figure(rows: list[ArmRow], reference: str, tasks: int, rule
         f"{row.name.replace(', ', chr(10))}\n({len(row.runs)} seed{'s' if len(row.runs) > 1 else ''})" for row in rows
     ]
     ax.set_xticks(x, labels, fontsize=9)
-    ax.set_ylabel(f"average accuracy over {tasks} tasks")
+    ax.set_ylabel(f"average accuracy over {tasks} task{'s' if tasks > 1 else ''}")
     ax.set_title(
         f"Average accuracy per arm (checkpoint: {rule})\n"
         f"{test} t-test vs the hatched arm: * p<0.05, ** p<0.01, *** p<0.001",
