@@ -18,7 +18,7 @@ from ..data.corpora import check_dataset
 from ..data.store import is_store, open_store
 from ..losses.options import CONFIG_RANGES, resolve_layers
 from ..losses.variants import VARIANTS, precision_error, range_error
-from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS, pretrained_config
+from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS, pretrained_config, pretrained_folder
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
 from . import released
@@ -266,7 +266,7 @@ def _beyond_pretrained_positions(config: RunConfig) -> list[str]:
     beyond = [f"{key} {n}" for key, n in lengths.items() if isinstance(positions, int) and n > positions]
     if not beyond:
         return []
-    folder = config.checkpoint.initial_load_path or config.model.hf_assets_path
+    _, folder = pretrained_folder(config) or ("", "")
     return [
         f"{', '.join(beyond)} {'is' if len(beyond) == 1 else 'are'} beyond the {positions} positions of {folder} "
         "(its config.json's max_position_embeddings): RoPE extrapolates past them, as a context extension does; "

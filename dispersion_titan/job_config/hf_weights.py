@@ -36,18 +36,18 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
             f"{key}: {path}: model.safetensors.index.json names {gone[0]}{_more(gone)}, which is not there "
             "(a copy or download cut short?); copy the model's missing files in"
         )
-    shards = _shard_keys(path, key)
     spec = get_train_spec(name)
     adapter = spec.state_dict_adapter(args, None)
     try:  # the names the load reads them by (gpt2's reader: either key naming)
         metadata = adapter.get_hf_storage_reader(path).read_metadata()
     except (SafetensorError, OSError, ValueError) as e:
+        _shard_keys(path, key)  # names the file cut short
         raise ConfigError(f"{key}: {path}: unreadable safetensors ({e}); copy the model's files again") from None
     twice = [  # the same slice in two files: the load reads the one listed last, in directory order
         k for k, v in metadata.state_dict_metadata.items() if len({tuple(c.offsets) for c in v.chunks}) < len(v.chunks)
     ]
     if twice:
-        files = [file for file, keys in shards.items() if twice[0] in keys] or ["two of its files"]
+        files = [file for file, keys in _shard_keys(path, key).items() if twice[0] in keys] or ["two of its files"]
         raise ConfigError(
             f"{key}: {path}: {twice[0]}{_more(twice)} is in {' and '.join(files)}, and the load would read either; "
             "remove the file that is not the model's (an older download's shard?)"
@@ -83,7 +83,8 @@ def _spare(key: str, hf: dict[str, Any]) -> bool:
 
 
 def _shard_keys(path: str, key: str) -> dict[str, set[str]]:
-    """The tensors each ``*.safetensors`` file in ``path`` holds (its header); a file cut short named."""
+    """The tensors each ``*.safetensors`` file in ``path`` holds (its header), read again where the load's reader
+    found a problem, to name its file; a file cut short named."""
     from safetensors import SafetensorError, safe_open
 
     shards = {}

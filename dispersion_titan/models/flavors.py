@@ -78,13 +78,23 @@ SHAPE_KEYS = tuple(f.name for f in dataclasses.fields(Model) if f.name not in DR
 """The other ``[model]`` keys (``config.schema.Model``): those that change a flavor's shape."""
 
 
+def pretrained_folder(job_config: Any) -> tuple[str, str] | None:
+    """The option naming the Hugging Face folder whose weights TorchTitan loads, and the folder (None: it loads
+    none): ``checkpoint.initial_load_path``, else ``model.hf_assets_path``."""
+    checkpoint = job_config.checkpoint
+    if not (checkpoint.enable and checkpoint.initial_load_in_hf):
+        return None
+    if checkpoint.initial_load_path:
+        return "checkpoint.initial_load_path", checkpoint.initial_load_path
+    return "model.hf_assets_path", job_config.model.hf_assets_path or ""
+
+
 def pretrained_config(job_config: Any) -> dict[str, Any]:
     """``config.json`` of the Hugging Face folder whose weights TorchTitan loads ({} when it loads none or it
     has none); one that is no JSON object is named in one line."""
-    checkpoint = job_config.checkpoint
-    key = "checkpoint.initial_load_path" if checkpoint.initial_load_path else "model.hf_assets_path"
-    path = os.path.join(checkpoint.initial_load_path or job_config.model.hf_assets_path or "", "config.json")
-    if not (checkpoint.enable and checkpoint.initial_load_in_hf and os.path.isfile(path)):
+    key, folder = pretrained_folder(job_config) or ("", "")
+    path = os.path.join(folder, "config.json")
+    if not (key and os.path.isfile(path)):
         return {}
     try:
         with open(path, "rb") as f:

@@ -243,10 +243,10 @@ def run_encoder(dump_folder: str) -> DocumentEncoder:
     """The tokenizer the run trained with, as its ``run.json`` records it: GPT-2's BPE, a hub snapshot's revision
     (from this machine's cache, wherever the run's was), or a folder that has to be where it was."""
     name = load_run_metadata(dump_folder)["tokenizer"]
-    if (snapshot := hub_snapshot(name)) and not os.path.isdir(name):
-        field = f"{os.path.join(dump_folder, RUN_METADATA_FILE)}: tokenizer"
-        return hf_tokenizer(local_assets(snapshot[0], field, revision=snapshot[1]))
     if name != GPT2_BPE.name and not os.path.isdir(name):
+        if snapshot := hub_snapshot(name):
+            field = f"{os.path.join(dump_folder, RUN_METADATA_FILE)}: tokenizer"
+            return hf_tokenizer(local_assets(snapshot[0], field, revision=snapshot[1]))
         raise ConfigError(
             f"{os.path.join(dump_folder, RUN_METADATA_FILE)}: the run's tokenizer folder {name} (its "
             "model.hf_assets_path) is gone; put it back there (a symbolic link to where it is now will do)"

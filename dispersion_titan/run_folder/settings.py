@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from ..models.flavors import pretrained_folder
 from ..tokenizer.encoders import TOKENIZER_FILE, hub_snapshot, is_hub_id, tokenizer_folder
 from ..utils.errors import CheckpointError, ConfigError
 from ..utils.records import flatten
@@ -122,7 +123,7 @@ def _refuse_another_tokenizer(dump_folder: str, recorded: str | None, now: dict[
     launch: replaced meanwhile, it would tokenize the rest of the data otherwise (the weights come from the run's
     own checkpoint)."""
     folder = tokenizer_folder(now.get("model.name", ""), now.get("model.hf_assets_path"))
-    if recorded and folder is not None and tokenizer_sha256(os.path.abspath(folder)) not in (recorded, None):
+    if recorded and folder is not None and tokenizer_sha256(folder) not in (recorded, None):
         raise ConfigError(
             f"model.hf_assets_path: {folder}: its {TOKENIZER_FILE} (or its eos_token) is not the one run folder "
             f"{dump_folder} was started with (the folder replaced since?); put the run's tokenizer files back, or "
@@ -306,8 +307,8 @@ def start_record(job_config: Any) -> dict[str, Any]:
         with contextlib.suppress(CheckpointError):  # a parent not of ours: its checkpoint tells
             return load_run_metadata(parse_fork(job_config.job.fork_from)[0])[START_KEY]
     checkpoint = job_config.checkpoint
-    if checkpoint.enable and checkpoint.initial_load_in_hf:
-        path = checkpoint.initial_load_path or job_config.model.hf_assets_path
+    if loaded := pretrained_folder(job_config):
+        path = loaded[1]
         return {"pretrained": True, "source": "hf", "path": os.path.abspath(path) if os.path.isdir(path) else path}
     if checkpoint.enable and checkpoint.initial_load_path:
         seed = holds_an_initialisation(checkpoint.initial_load_path)
