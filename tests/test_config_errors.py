@@ -229,6 +229,10 @@ REFUSALS = [
         "training.local_batch_size: 0 (derive it) needs a training.global_batch_size > 0",
         how="is",
     ),
+    Refusal(  # passed the checks, then TorchTitan's Trainer asserted (a traceback per rank)
+        [*DEBUG, "--training.local_batch_size", "4", "--training.global_batch_size", "0"],
+        "training.global_batch_size: 0; give the sequences per step, or -1",
+    ),
     Refusal(
         [*DEBUG, "--parallelism.data_parallel_shard_degree", "2"],
         "parallelism: data_parallel_replicate_degree × data_parallel_shard_degree × tensor_parallel_degree = 2, "

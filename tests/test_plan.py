@@ -29,7 +29,7 @@ import transformers
 from torch import nn
 from torchtitan.models.llama3.infra.parallelize import apply_ddp
 
-from dispersion_titan.components.titan_compat import QuickInit
+from dispersion_titan.components.titan_compat import QuickInit, optimizer_step
 from dispersion_titan.config.cli import load_toml
 from dispersion_titan.job_config.parse import (
     _unknown_option,
@@ -46,6 +46,7 @@ from dispersion_titan.plan import main as plan_main
 from dispersion_titan.plan import plan_args
 from dispersion_titan.planning import resource_plan
 from dispersion_titan.planning.dry_run import dry_run_step
+from dispersion_titan.planning.fake_world import rank_zero_trainer
 from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, TERM_STEP, term_seconds
 from dispersion_titan.planning.resource_plan import (
     MOMENT_BYTES_PER_PARAM,
@@ -428,6 +429,20 @@ def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, 
     if not tp:  # the term checked against rank 0's own mean on random hidden states
         assert re.search(r"its term is 1/\d+ × its own mean", lines[3]), text
     assert lines[4].startswith("step: one micro-batch's forward and backward (angular_spread)"), text
+
+
+def test_a_planned_step_of_global_batch_size_minus_1_trains_on_the_mean_ce():
+    """``optimizer_step`` (plan's measurement, the dry run) divides the CE sum by the global batch's tokens
+    with ``training.global_batch_size = -1`` resolved as TorchTitan does (local batch × DP ranks): the CE it
+    backpropagates is the batch's mean (was the sum over -1 × seq_len tokens: a negated loss)."""
+    overrides = ("--training.global_batch_size", "-1", "--training.local_batch_size", "2")
+    with rank_zero_trainer(validated_args(plan_args(DEBUG_TOML, None, overrides), 1), 1) as trainer:
+        inputs, labels = next(trainer.batch_generator(trainer.dataloader))
+        (model,) = trainer.model_parts
+        with torch.no_grad():
+            mean = nn.functional.cross_entropy(model(inputs["input"]).flatten(0, 1), labels.flatten())
+        optimizer_step(trainer, [(inputs, labels)])
+        assert trainer.step_metrics.ce.item() == pytest.approx(mean.item(), rel=1e-5)
 
 
 def test_a_dry_runs_init_keeps_the_scale_and_never_resamples():

@@ -379,13 +379,14 @@ def stand_in_family(name: str) -> str:
 def optimizer_step(trainer: Trainer, batches: list, after_each: Callable[[], None] = lambda: None) -> None:
     """One optimizer step as ``Trainer.train_step`` takes it on ``batches``, less logging and the LR
     schedule: gradients cleared, each micro-batch's ``forward_backward_step`` (then ``after_each``),
-    clipping, the optimizers stepped. The token count is the global batch's (an all-reduce would read
-    a fake value)."""
+    clipping, the optimizers stepped. The token count is the global batch's as ``Trainer.__init__`` resolves
+    it (``global_batch_size = -1``: the local batch × the DP ranks); an all-reduce would read a fake value."""
     from torchtitan.distributed import utils as dist_utils
 
-    t = trainer.job_config.training
+    t, pd = trainer.job_config.training, trainer.parallel_dims
     device = trainer.device if trainer.device.type != "cpu" else torch.device("cpu")  # a fake "cpu:0" is not "cpu"
-    tokens = torch.tensor(float(t.global_batch_size * t.seq_len), device=device)
+    sequences = trainer.gradient_accumulation_steps * t.local_batch_size * pd.dp_replicate * pd.dp_shard
+    tokens = torch.tensor(float(sequences * t.seq_len), device=device)
     trainer.optimizers.zero_grad()
     for input_dict, labels in batches:
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in input_dict.items()}

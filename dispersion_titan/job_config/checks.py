@@ -323,6 +323,11 @@ def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
     """Check the batches against ``dp`` ranks and derive ``local_batch_size = 0``: training's the
     largest divisor of global/dp up to ``max_local_batch_size``, validation's global/dp."""
     t = config.training
+    if t.global_batch_size == 0:  # TorchTitan's Trainer asserts a positive one
+        raise ConfigError(
+            "training.global_batch_size: 0; give the sequences per step, or -1 (local_batch_size × the "
+            "data-parallel ranks)"
+        )
     if t.global_batch_size > 0:
         size = t.global_batch_size
     elif t.local_batch_size > 0:
