@@ -57,8 +57,8 @@ def paper_parser() -> OneLineErrorParser:
         action="store_true",
         help="fig3, table2: plan their training runs (dispersion-titan plan): a row per config, totals; runs nothing",
     )
-    p.add_argument("--plan-gpus", type=positive_int, default=8, help="--plan: GPUs per training run (default 8)")
-    p.add_argument("--plan-gpu", choices=GPU_CHOICES, default="h100", help="--plan: the GPU (default h100)")
+    p.add_argument("--plan-gpus", type=positive_int, help="--plan: GPUs per training run (default 8)")
+    p.add_argument("--plan-gpu", choices=GPU_CHOICES, help="--plan: the GPU (default h100)")
     p.add_argument("--draw-only", action="store_true", help="draw from finished results, run nothing else")
     p.add_argument(
         "--sbatch-arg",
@@ -137,11 +137,12 @@ def run_paper(argv: list[str]) -> int:
 
     if a.artifact is None:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
+    if not a.plan and (a.plan_gpus or a.plan_gpu):  # was: ignored, and passed on to the drawing command
+        fail(f"{'--plan-gpus' if a.plan_gpus else '--plan-gpu'}: only with --plan")
     if a.plan:
         runs = workflows.training_runs(a.artifact, a.preset or "paper")
-        plan_runs(
-            [(name, plan_args(c, overrides=o)) for name, c, o in runs], a.plan_gpus, None, a.plan_gpu, "--plan-gpus"
-        )
+        named = [(name, plan_args(c, overrides=o)) for name, c, o in runs]
+        plan_runs(named, a.plan_gpus or 8, None, a.plan_gpu or "h100", "--plan-gpus")
         if a.artifact == "table2":
             print(catalog.pretrained_rows())
         return 0
@@ -169,7 +170,7 @@ def run_paper(argv: list[str]) -> int:
         return 0
     if a.dry_run:
         draw = workflows.Step("paper", workflows.draw_argv(argv, workflow, options), "draw")
-        print("\n".join(step.shell() for step in [*workflow.steps, draw]))
+        print("\n".join(step.shell() for step in [*([] if a.draw_only else workflow.steps), draw]))
         return 0
     if not a.draw_only:
         import torch

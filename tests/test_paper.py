@@ -520,6 +520,12 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert out.splitlines()[-1] == (  # the drawing line names its --out once
         f"python -m dispersion_titan.paper fig2 --trust-remote-code --out {tmp_path} --draw-only"
     )
+    code, out, _ = paper("fig2", "--dry-run", "--draw-only", "--out", tmp_path, capsys=capsys)
+    assert code == 0 and out.splitlines() == [  # was: every analysis too, and --draw-only twice
+        f"python -m dispersion_titan.paper fig2 --out {tmp_path} --draw-only"
+    ]
+    for option, value in (("--plan-gpus", "3"), ("--plan-gpu", "h200")):  # was: ignored, passed to the drawing
+        assert_one_line_error(*paper("fig2", option, value, "--dry-run", capsys=capsys)[::2], f"{option}: only with")
     code, out, _ = paper(
         "robustness",
         "--models",

@@ -567,9 +567,9 @@ def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
 
 def draw_argv(argv: list[str], workflow: PaperWorkflow, options: dict) -> list[str]:
     """The drawing job's command line: this one without --slurm/--dry-run/--sbatch-arg, its --out
-    absolute, with the revisions fig4 listed from the hub."""
+    absolute, --draw-only once, with the revisions fig4 listed from the hub."""
     dropped = argparse.ArgumentParser(add_help=False)
-    for flag in ("--slurm", "--dry-run"):
+    for flag in ("--slurm", "--dry-run", "--draw-only"):
         dropped.add_argument(flag, action="store_true")
     for option in ("--sbatch-arg", "--out"):
         dropped.add_argument(option, action="append")
