@@ -402,9 +402,9 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
         convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
-        f"dispersion_titan: error: {tmp_path / 'run'}: no complete checkpoint; pass a checkpoint "
-        f"folder (e.g. {tmp_path / 'run'}/checkpoint/step-10)"
+    assert err == [  # was: "pass a checkpoint folder (e.g. RUN/checkpoint/step-10)", one it does not have
+        f"dispersion_titan: error: {tmp_path / 'run'}: no complete checkpoint in {step.parent} ({step.name}: "
+        "incomplete); convert once the run has saved one"
     ]
     with pytest.raises(SystemExit) as exit_info:  # that step named: incomplete, not "no checkpoints"
         convert.main(["to-hf", str(step), str(tmp_path / "hf")])
@@ -412,6 +412,10 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
     assert capsys.readouterr().err.strip().splitlines() == [
         f"dispersion_titan: error: {step}: missing .metadata (partial or corrupt checkpoint)"
     ]
+    shutil.rmtree(step)  # a checkpoint folder that holds none: said so
+    with pytest.raises(SystemExit):
+        convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "hf")])
+    assert "(none saved); convert once" in capsys.readouterr().err
     # A shard its .metadata names gone, a .metadata that does not parse, a run.json unreadable or without model_args.
     step = write_dcp_checkpoint(tmp_path / "other", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     shard, run_json = next(step.glob("*.distcp")), tmp_path / "other" / "run.json"

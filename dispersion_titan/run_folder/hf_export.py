@@ -53,10 +53,12 @@ def resolve_step_dir(path: str) -> str:
     if step:
         check_complete(path)  # one checkpoint, incomplete: said so
     folder = find_checkpoint_folder(path)
-    in_hf = [c for c in list_checkpoints(folder) if glob.glob(os.path.join(c.path, "*.safetensors"))]
+    found = list_checkpoints(folder)
+    in_hf = [c for c in found if glob.glob(os.path.join(c.path, "*.safetensors"))]
     if saved := complete_checkpoints(folder) + in_hf:
         return max(saved, key=lambda c: c.step).path
-    raise CheckpointError(f"{path}: no complete checkpoint; pass a checkpoint folder (e.g. {path}/checkpoint/step-10)")
+    what = ", ".join(f"step-{c.step}" for c in found) + ": incomplete" if found else "none saved"
+    raise CheckpointError(f"{path}: no complete checkpoint in {folder} ({what}); convert once the run has saved one")
 
 
 def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.Tensor]:
