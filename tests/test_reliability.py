@@ -698,8 +698,10 @@ def test_a_run_named_the_wrong_way_is_told_the_right_one(reference, tmp_path, ca
     assert not (tmp_path / "out").exists()
     steps = list_checkpoints(reference / "checkpoint")
     (tmp_path / "step-9").mkdir()  # a save that stopped before its .metadata
-    unfinished = [*steps, type(steps[0])(9, str(tmp_path / "step-9"))]
-    assert [c.step for c in select_steps("first,last", unfinished)] == [0, 8]
+    (tmp_path / "step-10").mkdir()  # a copy under way (rsync's order): its .metadata, no shard yet
+    shutil.copy(reference / "checkpoint" / "step-8" / ".metadata", tmp_path / "step-10")
+    unfinished = [*steps, *(type(steps[0])(s, str(tmp_path / f"step-{s}")) for s in (9, 10))]
+    assert [c.step for c in select_steps("first,last", unfinished)] == [0, 8]  # was 10: a .metadata was enough
     assert [c.step for c in select_steps("9", unfinished)] == [9]  # named: analysed, and reported broken
     for spec, says in (("6-2", "--steps: empty range '6-2'"), ("10-20", "--steps: '10-20' selects no checkpoint")):
         with pytest.raises(ArgumentError, match=f"^{re.escape(says)}"):

@@ -93,8 +93,8 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
     wanted: set[int] = set()
     for part in (p.strip() for p in spec.split(",")):
         if part in ("first", "last") and by_step:
-            ends = [c.step for c in available if os.path.isfile(os.path.join(c.path, ".metadata"))] or list(by_step)
-            wanted.add(min(ends) if part == "first" else max(ends))
+            ends = available if part == "first" else available[::-1]
+            wanted.add(next((c for c in ends if _is_complete(c.path)), ends[0]).step)
         elif part.isdigit():
             if int(part) not in by_step:
                 raise ArgumentError(f"--steps: no checkpoint for step {part} (have {sorted(by_step)})")
@@ -109,6 +109,17 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
     if not wanted:
         raise ArgumentError(f"--steps: {spec!r} selects no checkpoint (have {sorted(by_step)})")
     return [by_step[s] for s in sorted(wanted)]
+
+
+def _is_complete(step_dir: str) -> bool:
+    """``check_complete`` passes (a renamed checkpoint is complete; loading it says what is wrong)."""
+    try:
+        check_complete(step_dir)
+    except RenamedCheckpointError:
+        return True
+    except CheckpointError:
+        return False
+    return True
 
 
 def run_checkpoints(run: str, spec: str) -> tuple[str, str, list[StepCheckpoint]]:
