@@ -42,7 +42,9 @@ def add_input_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, de
     p.add_argument(
         "--seq-len", type=_seq_len, help="S tokens per sequence (default 512, or the model's positions if fewer)"
     )
-    p.add_argument("--seed", type=int, default=0 if defaults else None, help="seed of the sequence choice (default 0)")
+    p.add_argument(
+        "--seed", type=non_negative_int, default=0 if defaults else None, help="seed of the sequence choice (default 0)"
+    )
 
 
 def analyze_parser() -> argparse.ArgumentParser:

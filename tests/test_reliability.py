@@ -658,6 +658,8 @@ def test_bad_input_against_an_existing_run_changes_nothing(reference, tmp_path, 
         (["--texts", "{not_json}"], ["--texts: {not_json}:2: invalid JSON"]),
         (["--texts", "{no_text}"], ['--texts: {no_text}:1: needs a "text" string field']),
         (["--texts", "{no_text}", "--dataset-path", "{missing}"], ["--dataset-path: not used with --texts"]),
+        (["--dataset-path", "{file}"], ["--dataset-path: 'enwiki_sample' is embedded and takes no path"]),  # was: used
+        (["--seed", "-1"], ["argument --seed: '-1' is not a non-negative integer"]),  # was: numpy's traceback
         (["--dataset", "nope"], ["--dataset", "nope"]),
         (["--dataset", "local", "--dataset-path", "{empty}"], ["{empty}", "empty"]),
         (["--num-sequences", "100000"], ["--num-sequences 100000 needs more"]),

@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from ..components.wandb_run import log_results, recorded
+from ..data.corpora import corpus
 from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
@@ -87,8 +88,11 @@ def input_options(a: argparse.Namespace) -> InputOptions:
         raise ArgumentError(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
     if a.texts:
         read_texts(a.texts)
+    dataset = None if a.texts or paper else (a.dataset or DEFAULT_DATASET)
+    if dataset:  # was: a path the embedded corpus ignores taken as other settings
+        corpus(dataset, "--dataset").check_path(a.dataset_path, "--dataset-path")
     return InputOptions(
-        dataset=None if a.texts or paper else (a.dataset or DEFAULT_DATASET),
+        dataset=dataset,
         dataset_path=a.dataset_path,
         texts=a.texts,
         num_sequences=a.num_sequences,
