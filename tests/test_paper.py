@@ -463,6 +463,8 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     )
     assert_one_line_error(code, err, "no analysis of gpt2-s", "python -m dispersion_titan.analyze hf:")
     assert not list(tmp_path.glob("fig2.*"))  # never a half figure
+    code, _, err = paper("fig2", "--models", zoo["gpt2-s"], f"hf:{zoo['gpt2-s']}", "--dry-run", capsys=capsys)
+    assert_one_line_error(code, err, f"--models: {zoo['gpt2-s']} is named twice; name each model once")
     code, _, err = paper("robustness", "--models", zoo["gpt2-s"], capsys=capsys)
     assert_one_line_error(code, err, "pubmed_qa", "--corpus pubmed_qa=FILE.jsonl")
     code, _, err = paper("fig4", "--revisions", "", "--dry-run", "--out", tmp_path, capsys=capsys)  # not: the hub's

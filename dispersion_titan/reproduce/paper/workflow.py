@@ -318,6 +318,9 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
         models = _counteract_models(options, analyses)
     elif options.get("models"):
         models = [model_of(m, analyses) for m in options["models"]]
+        outs = [m.out for m in models]  # was: drawn twice, its row's trend then undefined
+        if twice := next((given for given, o in zip(options["models"], outs, strict=True) if outs.count(o) > 1), None):
+            raise ArgumentError(f"--models: {twice} is named twice; name each model once")
         if artifact == "fig5":
             if len(models) % 2:
                 raise ArgumentError("--models: fig5 takes bases then their distilled models (an even number)")
