@@ -229,6 +229,11 @@ REFUSALS = [
         "training.local_batch_size: 0 (derive it) needs a training.global_batch_size > 0",
         how="is",
     ),
+    Refusal(  # with data_parallel_shard_degree -1: passed the checks, then TorchTitan's ParallelDims asserted
+        [*DEBUG, "--parallelism.data_parallel_replicate_degree", "2"],
+        "parallelism.data_parallel_replicate_degree: 2 replicas cannot split the 3 data-parallel ranks of 3 processes",
+        world=3,
+    ),
     Refusal(  # passed the checks, then TorchTitan's Trainer asserted (a traceback per rank)
         [*DEBUG, "--training.local_batch_size", "4", "--training.global_batch_size", "0"],
         "training.global_batch_size: 0; give the sequences per step, or -1",

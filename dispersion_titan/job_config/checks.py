@@ -305,6 +305,11 @@ def data_parallel_degree(config: RunConfig, world_size: int) -> int:
     if p.data_parallel_shard_degree == -1 or p.data_parallel_replicate_degree == -1:
         if world_size % tp:
             raise ConfigError(f"parallelism: {world_size} processes are not divisible by tensor_parallel_degree = {tp}")
+        if (world_size // tp) % (replicas := max(p.data_parallel_replicate_degree, 1)):  # TorchTitan asserted
+            raise ConfigError(
+                f"parallelism.data_parallel_replicate_degree: {replicas} replicas cannot split the "
+                f"{world_size // tp} data-parallel ranks of {world_size} processes; use a divisor of {world_size // tp}"
+            )
         return world_size // tp
     dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
     if dp * tp != world_size:

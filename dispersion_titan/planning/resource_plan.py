@@ -345,7 +345,14 @@ NOT_MEASURED = {
 }
 """Settings that change neither a step's memory nor its operators (None: the whole section)."""
 _measured: dict[str, StepMeasurement] = {}
-ONE_GPU = ("--parallelism.tensor_parallel_degree", "1", "--parallelism.data_parallel_shard_degree", "-1")
+ONE_GPU = (
+    "--parallelism.tensor_parallel_degree",
+    "1",
+    "--parallelism.data_parallel_shard_degree",
+    "-1",
+    "--parallelism.data_parallel_replicate_degree",
+    "1",
+)
 """A run's overrides as one GPU trains it."""
 
 
