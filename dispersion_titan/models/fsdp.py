@@ -50,9 +50,10 @@ def _sum_sharded_gradients(model: nn.Module) -> None:
 
 
 def _summed(group, bucket):  # noqa: ANN001 - DDP checks the annotations, which this module's are strings
-    """DDP's default hook without its division by the group size."""
+    """DDP's default hook without its division by the group size: the bucket, summed in place (a fake
+    backend's future holds no value: plan --dry-run-step)."""
     work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+    return work.get_future().then(lambda _: bucket.buffer())
 
 
 def apply_fsdp(
