@@ -394,8 +394,8 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(*analyze(empty, capsys=capsys)[::2], str(empty), "no checkpoints")
-    (empty / "checkpoint").mkdir()
-    assert_one_line_error(*analyze(empty, capsys=capsys)[::2], "no checkpoints")
+    (empty / "checkpoint").mkdir()  # a run that has saved none yet: what to do (was: the finding alone)
+    assert_one_line_error(*analyze(empty, capsys=capsys)[::2], "no checkpoints", "train the run until it saves one")
     assert_one_line_error(*analyze(empty / "nope", capsys=capsys)[::2], f"{empty / 'nope'}: no such folder")
 
     short = tmp_path / "short.jsonl"

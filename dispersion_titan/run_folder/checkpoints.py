@@ -127,7 +127,7 @@ def run_checkpoints(run: str, spec: str) -> tuple[str, str, list[StepCheckpoint]
     folder = find_checkpoint_folder(run)
     checkpoints = list_checkpoints(folder)
     if not checkpoints:
-        raise CheckpointError(f"{folder}: no checkpoints (no step-N folders)")
+        raise CheckpointError(f"{folder}: no checkpoints (no step-N folders); train the run until it saves one")
     selected = select_steps(spec, checkpoints)
     return run_of(folder), folder, selected
 
