@@ -34,7 +34,7 @@ from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import EvaluationError
 from support.cli import assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
-from support.eval_tasks import write_evaluation
+from support.eval_tasks import seeded_copies, write_evaluation
 from support.launch import (
     DEBUG_TOML,
     held_by_another_command,
@@ -1039,6 +1039,24 @@ def test_moved_runs_tabulate_as_before(fabricated, tmp_path, capsys):
     assert after.replace(f"{tmp_path}/elsewhere/", f"{tmp_path}/") == (tmp_path / "before" / "table.csv").read_text()
 
 
+def test_runs_of_another_learning_rate_are_another_arm(run, tmp_path, capsys):
+    """Copies of a real run's run.json, one seed trained (as recorded) with another --optimizer.lr: its own arm,
+    named by it (was: three seeds of one arm, or, at a seed the others have, refused as a copy). A lone arm is
+    named as the sweep names its cells (was ``none``, also for a noisy-embedding arm)."""
+    copies = seeded_copies(run, tmp_path, {"base": {}}, (1, 2, 3))
+    other = json.loads((copies["base_s3"] / "run.json").read_text())
+    (copies["base_s3"] / "run.json").write_text(
+        json.dumps({**other, "settings": {**other["settings"], "optimizer.lr": 3e-4}})
+    )
+    for seed, dump in enumerate(copies.values(), start=1):
+        write_evaluation(dump, 2, {"t": {"acc,none": seed / 10}}, {"tasks": ["t"]})
+    code, _, err = evaluate("table", *copies.values(), "--select", "last", "--out", tmp_path / "t", capsys=capsys)
+    rows = read_csv(tmp_path / "t" / "table.csv")
+    assert code == 0 and {arm: row["seeds"] for arm, row in rows.items()} == {"lr=0.001": "2", "lr=0.0003": "1"}, err
+    code, _, err = evaluate("table", copies["base_s1"], "--select", "last", "--out", tmp_path / "one", capsys=capsys)
+    assert code == 0 and list(read_csv(tmp_path / "one" / "table.csv")) == ["baseline"], err
+
+
 def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_path, capsys):
     out = tmp_path / "table"
     code, stdout, _ = evaluate("table", *fabricated.values(), "--exclude-initial", "--out", out, capsys=capsys)
@@ -1146,7 +1164,7 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
     assert float(rows["B"]["p_value"]) == pytest.approx(p, rel=1e-5) and rows["D"]["p_value"] == ""
     code, _, _ = evaluate("table", *fabricated.values(), "--select", "step:5", "--out", tmp_path / "s5", capsys=capsys)
     assert code == 0 and {r["steps"] for r in read_csv(tmp_path / "s5" / "table.csv").values()} == {"0;0", "5;5"}
-    # Named and grouped arms mixed keep the command line's order; one group is named by its variant.
+    # Named and grouped arms mixed keep the command line's order; one group is named as the sweep's cells.
     code, _, _ = evaluate(
         "table",
         f"D={fabricated['disp_s1']},{fabricated['disp_s2']}",
@@ -1157,7 +1175,7 @@ def test_table_groups_arms_selects_best_and_tests_against_scipy(fabricated, tmp_
         capsys=capsys,
     )
     rows = read_csv(tmp_path / "mixed" / "table.csv")
-    assert code == 0 and list(rows) == ["Pretrained", "D", "none"] and rows["none"]["reference"] == "D"
+    assert code == 0 and list(rows) == ["Pretrained", "D", "baseline"] and rows["baseline"]["reference"] == "D"
     # The reference is the angular_spread arm by its variant, not the first arm with a dispersion loss.
     for name in BASE_RUNS:
         shutil.copytree(fabricated[name], tmp_path / f"l2_{name}")

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from ..run_folder.checkpoints import LEDGER_KEYS, dispersion_variant, load_run_metadata
+from ..config.grid import Arm
+from ..run_folder.checkpoints import LEDGER_KEYS, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, results_run, rewritten
-from ..run_folder.settings import from_scratch
+from ..run_folder.settings import from_scratch, trajectory_settings
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
 from ..utils.records import differences, flatten
@@ -198,17 +199,35 @@ def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
     return [_chosen(run, best, list(c)) for run, c in zip(runs, per_run, strict=True)]
 
 
+RECORDED_APART = ("debug.seed", "training.steps", "model.", "dispersion.", "baseline.", "optimizer.baseline.")
+RECORDED_APART += ("lr_scheduler.baseline.",)
+"""Settings that differ between the seeds of a configuration, or that run.json records apart (``training_steps``,
+``model_args``, ...), where a resumed run's may differ from its first launch's."""
+
+
 def _run_config(dump: str) -> dict:
-    """What defines a configuration: the run's run.json but the seed and its launch record."""
-    return {key: value for key, value in load_run_metadata(dump).items() if key not in ("seed", *LEDGER_KEYS)}
+    """What defines a configuration: the run's run.json but the seed and its launch record, and the settings that
+    fix what it computes (its learning rate, data, ...: runs of other ones are no seeds of one arm)."""
+    metadata = load_run_metadata(dump)
+    settings = trajectory_settings(metadata.get("settings") or {})
+    return {
+        **{key: value for key, value in metadata.items() if key not in ("seed", *LEDGER_KEYS)},
+        "settings": {key: value for key, value in settings.items() if not key.startswith(RECORDED_APART)},
+    }
+
+
+def _arm(dump: str) -> Arm:
+    metadata = load_run_metadata(dump)
+    dispersion, baseline = metadata.get("dispersion") or {}, metadata.get("baseline") or {}
+    return Arm(dispersion.get("variant", "none"), dispersion.get("coeff") or 0.0, baseline.get("method", "none"))
 
 
 def _auto_labels(groups: list[list[Evaluated]]) -> list[str]:
     """Arms named by the settings in which they differ, e.g. ``variant=angular_spread, coeff=0.1``."""
     flat = [flatten(_run_config(group[0].dump)) for group in groups]
     differing = [key for key in flat[0] if len({json.dumps(f.get(key)) for f in flat}) > 1] if len(flat) > 1 else []
-    if not differing:
-        return [dispersion_variant(group[0].dump) or "runs" for group in groups]
+    if not differing:  # one arm: named as the sweep names its cells (``baseline``, ``angular_spread-c0.1``)
+        return [_arm(group[0].dump).label for group in groups]
     return [", ".join(f"{key.rsplit('.', 1)[-1]}={f.get(key)}" for key in differing) for f in flat]
 
 

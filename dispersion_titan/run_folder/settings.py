@@ -97,6 +97,17 @@ def _shown(value: Any) -> str:
     return "(unset)" if not isinstance(value, (str, int, float, bool, list, type(None))) else json.dumps(value)
 
 
+def fixed(key: str) -> bool:
+    """Whether a relaunch must keep ``key``: it changes what the run computes."""
+    return key not in ALLOWED_KEYS and not key.startswith(ALLOWED_SECTIONS)
+
+
+def trajectory_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Those of a run's recorded settings that fix what it computes (``fixed``), a hub snapshot as its model and
+    revision: what runs of one configuration share."""
+    return {key: _compared(value) for key, value in settings.items() if fixed(key)}
+
+
 def check_same_settings(dump_folder: str, job_config: Any) -> None:
     """Refuse, in one line listing the differing keys, a relaunch whose settings are not the recorded ones."""
     recorded = recorded_run(dump_folder)
@@ -106,9 +117,7 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
     changes = [  # ``key old -> new`` outside the allow-list, a key one side lacks included
         f"{key} {_shown(before.get(key, missing))} -> {_shown(now.get(key, missing))}"
         for key in sorted(before.keys() | now.keys())
-        if key not in ALLOWED_KEYS
-        and not key.startswith(ALLOWED_SECTIONS)
-        and _compared(before.get(key, missing)) != _compared(now.get(key, missing))
+        if fixed(key) and _compared(before.get(key, missing)) != _compared(now.get(key, missing))
     ]
     if changes:
         raise ConfigError(
