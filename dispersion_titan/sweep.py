@@ -88,7 +88,10 @@ def _refuse(key: str, message: str) -> NoReturn:
     raise ArgumentError(f"{key}: {message}")
 
 
-@command("the jobs submitted so far stay queued (their ids are above; scancel them to start over)")
+@command(
+    "the jobs submitted so far stay queued (their ids are above): the same command again submits the rest, "
+    "or scancel them to start over"
+)
 def main(argv: list[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing: --help and typos answer without torch and TorchTitan (seconds).

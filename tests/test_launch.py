@@ -322,6 +322,11 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
     assert table[0].startswith(f"table=$(sbatch --parsable --dependency=afterok:{evaluated} ")
     assert "--time=02:00:00 --gpus=0 " in table[0], "the table needs no GPU"
     assert f"evaluate.sbatch table {runs} --out {out / 'table'})" in table[0]
+    # λ trained as given (was rounded to 6 digits by its name's format: 0.123457), and named so
+    toml, cell = str(REPO / "launch" / "sweep_example.toml"), ("--widths", "64", "--seeds", "0", "--dry-run")
+    exact = sweep(toml, *cell, "--variants", "l2_repel:0.1234567", "--out", str(out))
+    assert exact.returncode == 0 and "--dispersion.coeff 0.1234567 " in exact.stdout, exact.stderr
+    assert f"--job.dump_folder {out / 'w64-l2_repel-c0.1234567-s0'})" in exact.stdout
 
 
 def test_sweep_bad_input_is_one_line(tmp_path):
@@ -483,8 +488,8 @@ def test_ctrl_c_while_sbatch_submits_records_the_job_it_queued(tmp_path):
     os.killpg(os.getpgid(int(parent.read_text())), signal.SIGINT)  # the sweep's process group, as a terminal's
     done = job.result()
     assert done.returncode == 130 and done.stderr.strip().splitlines() == [
-        "dispersion_titan: interrupted; the jobs submitted so far stay queued (their ids are above; scancel them to "
-        "start over)"
+        "dispersion_titan: interrupted; the jobs submitted so far stay queued (their ids are above): the same command "
+        "again submits the rest, or scancel them to start over"
     ], done.stderr
     assert re.findall(r"^\s*(\d+)  ", done.stdout, re.MULTILINE) == ["101", "102"]
     recorded = json.loads((out / "sweep.json").read_text())

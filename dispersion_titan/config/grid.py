@@ -32,10 +32,16 @@ class Arm:
     """``baseline.method``: a baseline method instead of a dispersion loss, or ``none``."""
 
     @property
+    def coeff_text(self) -> str:
+        """λ as the cell's name and command line give it: short, and exact (``:g`` alone made 0.1234567 0.123457)."""
+        short = f"{self.coeff:g}"
+        return short if float(short) == self.coeff else repr(self.coeff)
+
+    @property
     def label(self) -> str:
         if self.method != "none":
             return self.method
-        return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff:g}"
+        return BASELINE if self.name == "none" else f"{self.name}-c{self.coeff_text}"
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,7 @@ class Cell:
 
     def overrides(self, dump_folder: str) -> list[str]:
         """The training command line's grid part (``GRID_KEYS``), writing into ``dump_folder``."""
-        values = (str(self.width), self.arm.name, f"{self.arm.coeff:g}", self.arm.method, str(self.seed), dump_folder)
+        values = (str(self.width), self.arm.name, self.arm.coeff_text, self.arm.method, str(self.seed), dump_folder)
         return [word for pair in zip(GRID_KEYS, values, strict=True) for word in pair]
 
 
