@@ -625,7 +625,8 @@ def test_a_result_of_a_replaced_checkpoint_is_not_reused(run, evaluated, tmp_pat
 
 def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_path, capsys):
     """``evaluate table`` weighs only results that still describe their checkpoint: a moved run's
-    are found relative to it, and once step-N holds other weights its row is refused in one line."""
+    are found relative to it, and once step-N holds other weights its row is refused in one line; so is its best
+    among steps not all evaluated."""
     moved = tmp_path / "a user's run"  # the command the refusal prints runs as printed
     shutil.copytree(run, moved)  # copies keep mtimes: the same identities, at another path
     code, out, err = run_cli(
@@ -647,6 +648,14 @@ def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_pat
     advice = shlex.split(err.split("again with ")[1])  # runs as printed
     assert advice[3:] == [str(moved), "--out", str(moved / "evaluation"), "--force"]
     assert not (tmp_path / "t2").exists()
+    # --select best where a saved step the authors evaluate has no evaluation (evaluated while the run trained, or
+    # cut short): refused (was step 0, the initialization, taken as the best, silently)
+    shutil.rmtree(moved / "evaluation" / "step-2")
+    code, _, err = run_cli(evaluate_main, "table", str(moved), "--out", str(tmp_path / "t3"), capsys=capsys)
+    assert_one_line_error(
+        code, err, f"--select best: {moved} saved step 2, which the authors evaluate, and has no evaluation of it"
+    )
+    assert not (tmp_path / "t3").exists()
 
 
 def copy_with_step_2(run: Path, evaluated: Path, folder: Path) -> tuple[Path, Path]:

@@ -17,9 +17,9 @@ import numpy as np
 from scipy import stats
 
 from ..config.grid import Arm
-from ..run_folder.checkpoints import LEDGER_KEYS, load_run_metadata
+from ..run_folder.checkpoints import LEDGER_KEYS, list_checkpoints, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
-from ..run_folder.owners import FolderOwner, results_run, rewritten
+from ..run_folder.owners import FolderOwner, results_run, rewritten, run_paths
 from ..run_folder.settings import from_scratch, trajectory_settings
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
@@ -140,7 +140,22 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     )
     if None in averages.values():
         raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
+    unevaluated = sorted((wanted - {0}) & _saved_steps(run.dump) - set(run.results))  # step 0: where evaluated
+    if unevaluated:  # evaluated while it trained, or an evaluation cut short: the best of some of them
+        raise EvaluationError(
+            f"--select best: {run.run} saved step {', '.join(map(str, unevaluated))}, which the authors evaluate, "
+            f"and has no evaluation of it (have {sorted(run.results)}); evaluate it (python -m "
+            f"dispersion_titan.evaluate {shlex.quote(run.dump)} --steps {','.join(map(str, unevaluated))}, with "
+            "the others' settings), or use --select last or step:N"
+        )
     return averages
+
+
+def _saved_steps(dump: str) -> set[int]:
+    """The steps of the run's checkpoints that hold their ``.metadata`` (DCP writes it last)."""
+    folder = run_paths(dump)["checkpoint.folder"]
+    found = list_checkpoints(folder) if os.path.isdir(folder) else []
+    return {c.step for c in found if os.path.isfile(os.path.join(c.path, ".metadata"))}
 
 
 def _best(curve: dict[int, float]) -> int:
