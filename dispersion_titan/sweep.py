@@ -126,11 +126,13 @@ def main(argv: list[str] | None = None) -> None:
         if (sweep.out / slurm_sweep.MANIFEST).exists():  # submitted again: its stopped jobs only
             todo, kept = slurm_sweep.resubmission(sweep, jobs, configs)
         ids = dict(kept)
-        try:
-            submit(todo, sweep.out / "logs", ids, then="; fix the cause and submit the sweep again for the rest")
-        finally:  # also those submitted before a refusal: the same command again submits the rest
-            recorded = [next((j for j in todo if j.key == job.key), job) for job in jobs]  # as submitted, last
-            manifest = slurm_sweep.write_manifest(sweep, recorded, ids) if ids else None
+        recorded = [next((j for j in todo if j.key == job.key), job) for job in jobs]  # as submitted, last
+        record = functools.partial(slurm_sweep.write_manifest, sweep, recorded, ids)
+        then = "; fix the cause and submit the sweep again for the rest"
+        try:  # each job recorded once submitted, also before a kill -9: the same command again submits the rest
+            submit(todo, sweep.out / "logs", ids, then=then, recorded=record)
+        finally:  # and those submitted before a refusal (the others null: they may take the settings that fix it)
+            manifest = record() if ids else None
         again = f" ({len(kept)} kept: still queued or running, or a finished training)" if kept else ""
         print(f"sweep: {len(todo)} jobs submitted{again}; manifest {manifest}")
 

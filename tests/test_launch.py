@@ -468,6 +468,29 @@ def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp
     assert (recorded["compare_job"], recorded["table_job"]) == ("105", "106")
 
 
+def test_a_sweep_killed_while_it_submits_submits_the_rest_when_run_again(tmp_path):
+    """kill -9 of the sweep as its 3rd sbatch call starts (the terminal closed, an OOM kill): sweep.json names the 2
+    jobs queued, and the same command again submits the 3 others after them (was: no sweep.json, the folder taken
+    for an empty one, all 5 submitted again, two trainings queued into one run folder)."""
+    bin_dir, out, calls, held = tmp_path / "bin", tmp_path / "sweep", tmp_path / "calls", tmp_path / "held"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(  # job ids 101, 102, ...; the 3rd call kills its caller, once
+        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\n'
+        f"if [ $n = 3 ]; then kill -9 $PPID; sleep 5; exit 1; fi\necho $((100 + n)) | tee -a {held}\n"
+    )
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")  # every job submitted still queued
+    for tool in ("sbatch", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    args = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
+    assert sweep(*args, "--out", str(out), env=env).returncode == -signal.SIGKILL
+    recorded = json.loads((out / "sweep.json").read_text())
+    assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", None]
+    again = sweep(*args, "--out", str(out), env=env)
+    assert again.returncode == 0 and "sweep: 3 jobs submitted (2 kept" in again.stdout, again.stderr
+    assert calls.read_text().splitlines()[3].startswith("--parsable --dependency=afterok:101 ")  # its evaluation
+
+
 def test_ctrl_c_while_sbatch_submits_records_the_job_it_queued(tmp_path):
     """Ctrl-C to the terminal's process group once the 2nd of a sweep's sbatch calls has queued its job, before it
     said the id: that sbatch ends, then the sweep's interrupted line, exit 130, and sweep.json names both jobs (was:

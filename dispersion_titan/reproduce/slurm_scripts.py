@@ -11,7 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -112,29 +112,34 @@ def _interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt(received[0])
 
 
-def submit(jobs: list[SlurmJob], logs: str | Path, ids: dict[str, str] | None = None, then: str = "") -> dict[str, str]:
+def submit(
+    jobs: list[SlurmJob],
+    logs: str | Path,
+    ids: dict[str, str] | None = None,
+    then: str = "",
+    recorded: Callable[[], object] = lambda: None,
+) -> dict[str, str]:
     """Submit in order, after the jobs they name in ``ids`` (key: id; queued before), adding each one submitted there
-    (the caller records them if one is refused); none that is still queued from an earlier submission
-    (``logs/submitted.json``); a refused submission ends it naming what was already submitted, and ``then``."""
+    and recording it at once (``logs/submitted.json``, and the caller's ``recorded``: a submission killed midway
+    leaves its queued jobs known); none that is still queued from an earlier submission; a refused submission
+    ends it naming what was already submitted, and ``then``."""
     require_sbatch()
     os.makedirs(logs, exist_ok=True)
     record = Path(logs, "submitted.json")
     submitted = _refuse_queued_twice(jobs, record)
     ids = {} if ids is None else ids
     env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs
-    try:
-        for job in jobs:
-            with _interrupts_held():  # sbatch in a session of its own: a terminal's Ctrl-C waits for its id
-                proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env, start_new_session=True)
-                if proc.returncode != 0:
-                    done = " ".join(ids[j.key] for j in jobs if j.key in ids)
-                    reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-                    hint = f"; submitted so far: {done} (scancel {done})" if done else ""
-                    raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}{then}")
-                ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
-                submitted[ids[job.key]] = job.argv
-                print(f"{ids[job.key]:>10}  {job.label}", flush=True)
-    finally:
-        if submitted:  # none: the folder stays as empty as a refused first submission leaves it
+    for job in jobs:
+        with _interrupts_held():  # sbatch in a session of its own: a terminal's Ctrl-C waits for its id
+            proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env, start_new_session=True)
+            if proc.returncode != 0:
+                done = " ".join(ids[j.key] for j in jobs if j.key in ids)
+                reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+                hint = f"; submitted so far: {done} (scancel {done})" if done else ""
+                raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}{then}")
+            ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+            submitted[ids[job.key]] = job.argv
             atomic_write(str(record), lambda f: f.write(json.dumps(submitted, indent=1) + "\n"))
+            recorded()
+            print(f"{ids[job.key]:>10}  {job.label}", flush=True)
     return ids
