@@ -656,6 +656,10 @@ def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_pat
         code, err, f"--select best: {moved} saved step 2, which the authors evaluate, and has no evaluation of it"
     )
     assert not (tmp_path / "t3").exists()
+    shutil.rmtree(moved / "checkpoint" / "step-2")  # stopped before its last step, or still training
+    code, _, err = run_cli(evaluate_main, "table", str(moved), "--out", str(tmp_path / "t3"), capsys=capsys)
+    assert_one_line_error(code, err, f"--select best: {moved} has saved up to step 0 of its 2 (still training, or")
+    assert not (tmp_path / "t3").exists()
 
 
 def copy_with_step_2(run: Path, evaluated: Path, folder: Path) -> tuple[Path, Path]:

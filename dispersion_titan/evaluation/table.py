@@ -140,7 +140,13 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     )
     if None in averages.values():
         raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
-    unevaluated = sorted((wanted - {0}) & _saved_steps(run.dump) - set(run.results))  # step 0: where evaluated
+    saved, last = _saved_steps(run.dump), load_run_metadata(run.dump)["training_steps"]
+    if saved and max(saved) < last:  # the best of the steps it has reached so far
+        raise EvaluationError(
+            f"--select best: {run.run} has saved up to step {max(saved)} of its {last} (still training, or stopped); "
+            "finish its training and evaluate the rest, or use --select last or step:N"
+        )
+    unevaluated = sorted((wanted - {0}) & saved - set(run.results))  # step 0: where evaluated
     if unevaluated:  # evaluated while it trained, or an evaluation cut short: the best of some of them
         raise EvaluationError(
             f"--select best: {run.run} saved step {', '.join(map(str, unevaluated))}, which the authors evaluate, "
