@@ -343,6 +343,10 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--config", str(tmp_path)): f"config: {tmp_path} is a folder; give the TOML file itself",
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",
+        # CPU training jobs of a GPU config: each job's refusal, hours later (was submitted)
+        ("--config", str(REPO / "train_configs" / "gpt2_small_mlp3072.toml"), "--gpus-per-node", "0"): (
+            "gpus_per_node: 0 trains on CPUs, and cell w64-baseline-s0's config compiles with inductor"
+        ),
         ("--out", str(REPO / "launch")): "exists and is not an empty folder",
         ("--out", str(REPO / "README.md")): f"out: {REPO / 'README.md'} exists and is not an empty folder",
         ("--analyze-args=--nosuch 3",): "analyze_args: unrecognized arguments: --nosuch 3",  # not in failed jobs

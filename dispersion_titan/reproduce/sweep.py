@@ -217,6 +217,13 @@ def check_training_configs(sweep: Sweep) -> list[RunConfig]:
             configs.append(validated_args(cell_args(sweep, cell), world_size(sweep)))
         except (DispersionTitanError, ValueError) as e:
             raise ArgumentError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
+        compiled = configs[-1].compile.enable and configs[-1].compile.backend == "inductor"
+        gpu_only = compiled or configs[-1].training.head_loss == "liger"
+        if sweep.gpus_per_node == 0 and gpu_only:  # each training job's refusal, hours from now (titan_checks)
+            raise ArgumentError(
+                f"gpus_per_node: 0 trains on CPUs, and cell {cell.name}'s config compiles with inductor or runs "
+                "liger's kernels for GPUs; give the training overrides --profile cpu (after --)"
+            )
     return configs
 
 
