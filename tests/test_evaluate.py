@@ -1325,6 +1325,11 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
         "have 'variant=none, coeff=0.0', 'variant=angular_spread",
     )
     assert_one_line_error(*evaluate("table", *runs, "--test", "z", "--out", out, capsys=capsys)[::2], "--test")
+    for option in (("--num-ckpt", "3"), ("--best-step", "per-seed"), ("--exclude-initial",)):  # were ignored
+        assert_one_line_error(
+            *evaluate("table", *runs, "--select", "last", *option, "--out", out, capsys=capsys)[::2],
+            f"{option[0]}: chooses among the steps of --select best, and --select is last; drop it",
+        )
     assert_one_line_error(*evaluate("table", "--out", out, capsys=capsys)[::2], "RUN: no runs to tabulate")
     for spec in (f"={runs[0]}", f"a={runs[0]},,{runs[1]}"):  # the second was ": no such folder", of ""
         assert_one_line_error(

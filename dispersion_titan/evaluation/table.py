@@ -41,6 +41,15 @@ class Selection:
     exclude_initial: bool  # step 0 is no candidate for best
     best_step: str  # one of protocol.BEST_STEP
 
+    def __post_init__(self) -> None:
+        given = (("--num-ckpt", self.num_ckpt), ("--best-step", self.best_step != "auto"))
+        option = next((name for name, value in (*given, ("--exclude-initial", self.exclude_initial)) if value), None)
+        if self.rule != "best" and option:  # was ignored, silently
+            raise EvaluationError(
+                f"{option}: chooses among the steps of --select best, and --select is {self.rule}; drop it, or use "
+                "--select best"
+            )
+
     def __str__(self) -> str:
         if self.rule != "best":
             return self.rule
