@@ -139,6 +139,7 @@ def run_paper(argv: list[str]) -> int:
         fail("ARTIFACT: name one of " + ", ".join(ARTIFACT_NAMES) + " (or --list)")
     if not a.plan and (a.plan_gpus or a.plan_gpu):  # was: ignored, and passed on to the drawing command
         fail(f"{'--plan-gpus' if a.plan_gpus else '--plan-gpu'}: only with --plan")
+    selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)  # refused before anything runs
     if a.plan:
         runs = workflows.training_runs(a.artifact, a.preset or "paper")
         named = [(name, plan_args(c, overrides=o)) for name, c, o in runs]
@@ -180,9 +181,7 @@ def run_paper(argv: list[str]) -> int:
     with owned(workflow.out, PAPER):  # each analyze or evaluate it runs holds its own --out as well
         if not a.draw_only:
             workflows.run_locally(workflow, {"analyze": analyze_main, "evaluate": evaluate_main})
-        written = render.render(
-            workflow, Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step), a.reference, a.test
-        )
+        written = render.render(workflow, selection, a.reference, a.test)
     print("written: " + ", ".join(written))
     return 0
 

@@ -497,6 +497,8 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     code, _, err = paper("fig4", "--models", at, "--dry-run", "--out", tmp_path / "fig4", capsys=capsys)
     assert_one_line_error(code, err, "--models: fig4 takes a Hugging Face model (hub id or folder), not a run")
     shutil.rmtree(at)
+    code, _, err = paper("table2", "--models", "A", "--select", "last", "--num-ckpt", "3", "--out", run, capsys=capsys)
+    assert_one_line_error(code, err, "--num-ckpt: chooses among the steps of --select best")  # before any evaluation
     for models in ("=A,B", "base=", "base=A,,B"):  # table2's arms as evaluate table would refuse them
         code, _, err = paper("table2", "--models", models, "--dry-run", "--out", run, capsys=capsys)
         assert_one_line_error(code, err, f"--models: {models!r}: give [ARM=]RUN1,RUN2,..., a name before = and no")
