@@ -368,11 +368,8 @@ def test_convert_out_of_room_is_one_line_and_leaves_out_dir_as_it_was(tmp_path):
     OS's code only in its text, ends the command in one line, exit 74; OUT_DIR keeps only what it held."""
     write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     out = tmp_path / "hf"
-    limited = 'trap "" XFSZ; ulimit -f 16; exec "$0" -m dispersion_titan.convert "$@"'  # 16 KiB a file
-    proc = subprocess.run(
-        ["bash", "-c", limited, sys.executable, "to-hf", str(tmp_path / "run"), str(out)],
-        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    # ulimit -f 16: 16 KiB a file
+    proc = python_module("dispersion_titan.convert", "to-hf", str(tmp_path / "run"), str(out), file_limit=16384)
     assert proc.returncode == 74, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[1:] == [  # after "converting step 0: ..."
         f"dispersion_titan: error: file too large writing {out / 'model.safetensors'}; raise the file size limit "

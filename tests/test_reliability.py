@@ -479,14 +479,7 @@ def test_a_full_disk_before_any_checkpoint_is_one_line(tmp_path):
     dump, before any checkpoint: one line naming the cause and the run, exit 74, not a traceback."""
     dump = tmp_path / "full"
     argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--checkpoint.no-enable"]
-    proc = subprocess.run(
-        ["bash", "-c", 'trap "" XFSZ; ulimit -f 2; exec "$0" -m dispersion_titan.train "$@"', sys.executable, *argv],
-        cwd=REPO,
-        env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = python_module("dispersion_titan.train", *argv, timeout=300, file_limit=2048)  # ulimit -f 2
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert re.fullmatch(
         rf"dispersion_titan: error: file too large writing the run's files in {dump} \(\d+ MB free\); no checkpoint "
@@ -712,15 +705,12 @@ def test_a_run_named_the_wrong_way_is_told_the_right_one(reference, tmp_path, ca
 
 @pytest.mark.slow
 def test_a_command_out_of_room_is_one_line(reference, tmp_path):
-    """Any command whose writes meet a full disk, a quota or the file size limit (here ``ulimit -f``, as in
-    the checkpoint test): one line with what to do, exit 74, not the writer's traceback; the run unchanged."""
+    """Any command whose writes meet a full disk, a quota or the file size limit (here set from the start, as
+    ``ulimit -f`` sets it): one line with what to do, exit 74, not the writer's traceback; the run unchanged."""
     before = digests(reference)
     out = tmp_path / "out"
-    proc = subprocess.run(
-        ["bash", "-c", 'trap "" XFSZ; ulimit -f 1; exec "$0" -m dispersion_titan.analyze "$@"', sys.executable,
-         str(reference), *ANALYSIS, "--steps", "0", "--out", str(out)],
-        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    argv = [str(reference), *ANALYSIS, "--steps", "0", "--out", str(out)]
+    proc = python_module("dispersion_titan.analyze", *argv, timeout=300, file_limit=1024)  # ulimit -f 1
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert re.fullmatch(
         rf"dispersion_titan: error: file too large writing {out}/\S+; raise the file size limit \(ulimit -f\); each "

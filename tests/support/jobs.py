@@ -6,6 +6,7 @@ workers. Run as a script (``python tests/support/jobs.py PRELOAD...``), as ``Job
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -30,16 +31,18 @@ class Jobs(Commands):
         timeout: float,
         nproc: int | None = None,
         stdout: Path | None = None,
+        file_limit: int | None = None,
     ) -> subprocess.CompletedProcess:
         """``target`` (a module or a script) with ``argv`` in ``env`` and ``cwd``, under torchrun's
         launcher with ``nproc`` processes when given; its stdout (into the file ``stdout`` when given,
-        for a test to watch while it runs) and stderr apart. After ``timeout`` seconds it is killed
+        for a test to watch while it runs) and stderr apart; ``file_limit``: its file size limit in bytes
+        from the start, as ``ulimit -f`` sets a command's. After ``timeout`` seconds it is killed
         with every process it started and ``subprocess.TimeoutExpired`` is raised."""
         with tempfile.TemporaryDirectory() as tmp:
             out, err = stdout or Path(tmp, "stdout"), Path(tmp, "stderr")
             out.touch()
             request = {"target": target, "argv": argv, "env": env, "cwd": cwd, "log": str(out), "errors": str(err)}
-            request["nproc"] = nproc
+            request["nproc"], request["file_limit"] = nproc, file_limit
             pid = self.start(request)
             deadline = time.monotonic() + timeout
             while not os.path.exists(request["status"]):  # renamed into place once the output is flushed
@@ -64,6 +67,8 @@ def _exit_status(request: dict) -> int:
     """The forked job's exit status as the interpreter's or torchrun's."""
     os.setpgid(0, 0)  # the client can stop the job with all its workers
     os.dup2(os.open(request["errors"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 2)
+    if request["file_limit"] is not None:  # a write past it fails with EFBIG (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_limit"], resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     if request["nproc"] is None:
         return exit_status(request)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

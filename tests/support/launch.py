@@ -84,6 +84,7 @@ def _forked(
     nproc: int | None = None,
     stdout: Path | None = None,
     cwd: Path = REPO,
+    file_limit: int | None = None,
 ) -> subprocess.CompletedProcess:
     """``target`` (a module or a script) forked from the session's job server, the product's
     (``dispersion_titan.reproduce.quickstart.jobs``) as ``support.jobs`` extends it, under torchrun's
@@ -92,7 +93,7 @@ def _forked(
     if _jobs is None:
         _jobs = Jobs(launch_env(), PRELOAD)
         atexit.register(_jobs.close)
-    return _jobs.run_apart(target, argv, env, str(cwd), timeout, nproc, stdout)
+    return _jobs.run_apart(target, argv, env, str(cwd), timeout, nproc, stdout, file_limit)
 
 
 # Debug runs train on 64-token sequences (debug.toml: 128) unless a test says otherwise: a
@@ -163,13 +164,15 @@ def python_module(
     command_line: bool = False,
     stdout: Path | None = None,
     cwd: Path = REPO,
+    file_limit: int | None = None,
 ) -> subprocess.CompletedProcess:
     """``python -m MODULE ARGS`` in ``cwd`` (default: the repository): forked from the job server (its
     imports already paid; its stdout also in the file ``stdout`` when given, which a test can
-    watch while it runs), or with ``command_line=True`` a fresh interpreter, for commands
+    watch while it runs; ``file_limit``: its file size limit in bytes, as ``ulimit -f`` sets one,
+    without a fresh interpreter), or with ``command_line=True`` a fresh interpreter, for commands
     that read the environment at import time or start processes of their own."""
     if not command_line:
-        return _forked(module, list(args), launch_env(env), timeout, stdout=stdout, cwd=cwd)
+        return _forked(module, list(args), launch_env(env), timeout, stdout=stdout, cwd=cwd, file_limit=file_limit)
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=cwd,
