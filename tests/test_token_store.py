@@ -222,10 +222,7 @@ def test_prepare_out_of_room_is_one_line_and_resumes_to_identical_bytes(tmp_path
     store byte for byte as an uninterrupted prepare."""
     out = tmp_path / "store"
     args = ["prepare", "enwiki_sample", "--out", str(out), "--workers", "2", "--shard-documents", "10"]
-    limited = 'trap "" XFSZ; ulimit -f 100; exec "$0" -m dispersion_titan.data "$@"'
-    proc = subprocess.run(
-        ["bash", "-c", limited, sys.executable, *args], env=launch_env(), capture_output=True, text=True
-    )
+    proc = python_module("dispersion_titan.data", *args, file_limit=100 * 1024)  # ulimit -f 100, its workers too
     assert proc.returncode == 74, proc.stderr[-2000:]
     assert re.fullmatch(
         rf"dispersion_titan: error: file too large writing {out}/shard-\d+\.\w+; raise the file size limit "
