@@ -229,8 +229,15 @@ def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
     return [_chosen(run, best, list(c)) for run, c in zip(runs, per_run, strict=True)]
 
 
-RECORDED_APART = ("debug.seed", "training.steps", "model.", "dispersion.", "baseline.", "optimizer.baseline.")
-RECORDED_APART += ("lr_scheduler.baseline.",)
+RECORDED_APART = (
+    "debug.seed",
+    "training.steps",
+    "model.",
+    "dispersion.",
+    "baseline.",
+    "optimizer.baseline.",
+    "lr_scheduler.baseline.",
+)
 """Settings that differ between the seeds of a configuration, or that run.json records apart (``training_steps``,
 ``model_args``, ...), where a resumed run's may differ from its first launch's."""
 
