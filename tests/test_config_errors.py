@@ -238,6 +238,14 @@ REFUSALS = [
         [*DEBUG, "--training.local_batch_size", "4", "--training.global_batch_size", "0"],
         "training.global_batch_size: 0; give the sequences per step, or -1",
     ),
+    Refusal(  # TorchTitan reads any negative as -1: the run trained on local_batch_size × the ranks
+        [*DEBUG, "--training.global_batch_size", "-2"],
+        "training.global_batch_size: -2; give the sequences per step, or -1",
+    ),
+    Refusal(
+        [*DEBUG, "--validation.enable", "--validation.global_batch_size", "-8"],
+        "validation.global_batch_size: -8; give the sequences per validation batch, or -1 (training's)",
+    ),
     Refusal(
         [*DEBUG, "--parallelism.data_parallel_shard_degree", "2"],
         "parallelism: data_parallel_replicate_degree × data_parallel_shard_degree × tensor_parallel_degree = 2, "

@@ -328,10 +328,10 @@ def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
     """Check the batches against ``dp`` ranks and derive ``local_batch_size = 0``: training's the
     largest divisor of global/dp up to ``max_local_batch_size``, validation's global/dp."""
     t = config.training
-    if t.global_batch_size == 0:  # TorchTitan's Trainer asserts a positive one
+    if t.global_batch_size == 0 or t.global_batch_size < -1:  # TorchTitan asserts 0, reads any other < 0 as -1
         raise ConfigError(
-            "training.global_batch_size: 0; give the sequences per step, or -1 (local_batch_size × the "
-            "data-parallel ranks)"
+            f"training.global_batch_size: {t.global_batch_size}; give the sequences per step, or -1 "
+            "(local_batch_size × the data-parallel ranks)"
         )
     if t.global_batch_size > 0:
         size = t.global_batch_size
@@ -356,6 +356,11 @@ def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
     v = config.validation
     if not v.enable:
         return
+    if v.global_batch_size < -1 or v.global_batch_size == 0:  # read as -1 below
+        raise ConfigError(
+            f"validation.global_batch_size: {v.global_batch_size}; give the sequences per validation batch, "
+            "or -1 (training's)"
+        )
     size = v.global_batch_size if v.global_batch_size > 0 else size
     if size % dp:
         raise ConfigError(
