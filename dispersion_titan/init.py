@@ -8,6 +8,7 @@ import shlex
 
 from dispersion_titan.config.cli import OneLineErrorParser
 from dispersion_titan.config.shipped import write_shipped
+from dispersion_titan.run_folder.owners import read_owner
 from dispersion_titan.utils.errors import command, fail, no_room, run_command
 
 
@@ -22,6 +23,12 @@ def main(argv: list[str] | None = None) -> None:
     if not a.dir:
         fail("DIR: empty; name a new or empty folder")
     out = os.path.abspath(a.dir)
+    owner = read_owner(out) if os.path.isdir(out) else None
+    if owner:  # else named by its first file, .owner.json
+        fail(
+            f"DIR: {out} is the folder of {owner.describe()}; init writes only into a new or empty folder: "
+            "name another DIR"
+        )
     try:
         written, kept = write_shipped(out)
     except OSError as e:

@@ -36,6 +36,7 @@ from dispersion_titan.run_folder.checkpoints import (
     list_checkpoints,
     select_steps,
 )
+from dispersion_titan.run_folder.owners import FolderOwner, write_record
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.trainer.launcher import oom_message
 from dispersion_titan.utils.errors import ArgumentError
@@ -760,7 +761,11 @@ def test_inits_next_command_runs_as_printed(tmp_path, capsys, monkeypatch):
 def test_init_refuses_a_folder_shaped_unlike_its_own(tmp_path, capsys):
     """A file where init writes a folder (DIR itself, above it, or in it), a folder where it writes a config, an
     empty DIR: one line, exit 2, nothing written (were 'not writable (File exists)', a folder counted as a kept
-    config, and the cwd)."""
+    config, and the cwd); a run's folder, or its analysis's, named as such (was 'holds other files (.owner.json)')."""
+    run, analysis = tmp_path / "run", tmp_path / "analysis"
+    for folder, owner in ((run, FolderOwner("run", str(run))), (analysis, FolderOwner("analysis", str(run)))):
+        folder.mkdir()
+        write_record(str(folder), owner)
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "train_configs").write_text("x")
     (tmp_path / "b" / "train_configs" / "debug.toml").mkdir(parents=True)
@@ -771,6 +776,8 @@ def test_init_refuses_a_folder_shaped_unlike_its_own(tmp_path, capsys):
         (tmp_path / "a", f"DIR: {tmp_path / 'a'} holds other files (train_configs); init writes only into "),
         (tmp_path / "b", f"DIR: {tmp_path / 'b'} holds other files (train_configs/debug.toml); init writes "),
         ("", "DIR: empty; name a new or empty folder"),
+        (run, f"DIR: {run} is the folder of run {run}; init writes only into a new or empty folder: name another DIR"),
+        (analysis, f"DIR: {analysis} is the folder of the analysis of {run}; init writes only into "),
     ):
         with pytest.raises(SystemExit) as exit_:
             init_main([str(folder)])
@@ -779,10 +786,14 @@ def test_init_refuses_a_folder_shaped_unlike_its_own(tmp_path, capsys):
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
         "a",
         "a/train_configs",
+        "analysis",
+        "analysis/.owner.json",
         "b",
         "b/train_configs",
         "b/train_configs/debug.toml",
         "c",
+        "run",
+        "run/.owner.json",
     ]
 
 
