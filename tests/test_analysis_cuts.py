@@ -49,9 +49,13 @@ def test_default_seq_len_is_the_models_positions(tmp_path, long_texts):
 
 
 def test_checkpoint_of_zeros_is_skipped_in_one_line(tmp_path, long_texts):
-    run = tiny_run(tmp_path / "run", steps=(0, 2))
+    """A shard of zeros, a ``.metadata`` of garbage: each skipped in one line naming it (the latter was the
+    unpickler's ``UnpicklingError: invalid load key``), what to do with it said."""
+    run = tiny_run(tmp_path / "run", steps=(0, 2, 4))
     shard = run / "checkpoint" / "step-2" / "__0_0.distcp"
     shard.write_bytes(bytes(shard.stat().st_size))  # zeros, at its original size
+    metadata = run / "checkpoint" / "step-4" / ".metadata"
+    metadata.write_bytes(b"\x80\x04garbage")
     checkpoints = digests(run / "checkpoint")
     proc = python_module(
         "dispersion_titan.analyze", str(run), "--texts", str(long_texts), "--num-sequences", "2", "--seq-len", "32"
@@ -61,7 +65,9 @@ def test_checkpoint_of_zeros_is_skipped_in_one_line(tmp_path, long_texts):
     assert lines == [
         f"dispersion_titan: skipped checkpoint: {shard.parent}: cannot be loaded "
         "(corrupt shard data: its tensor records do not unpickle)",
-        f"dispersion_titan: error: 1 of 2 checkpoints could not be analyzed: {shard.parent}",
+        f"dispersion_titan: skipped checkpoint: {metadata}: damaged (not a DCP checkpoint's metadata), so step-4 "
+        "cannot be read; re-copy or remove that step, or use another step (analyze, evaluate: --steps)",
+        f"dispersion_titan: error: 2 of 3 checkpoints could not be analyzed: {shard.parent}, {metadata.parent}",
     ], proc.stderr[-3000:]
     assert "weights_only" not in proc.stderr and "Traceback" not in proc.stderr
     with open(run / "condensation" / "summary.csv") as f:

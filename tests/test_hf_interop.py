@@ -419,7 +419,10 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
     no_args = json.dumps({**json.loads(run_json.read_text()), "model_args": None})
     for damage, says in (
         (lambda: shard.rename(tmp_path / "shard"), f"{shard}: missing (partial or corrupt checkpoint)"),
-        (lambda: (step / ".metadata").write_bytes(b"junk"), f"{step}/.metadata: unreadable ("),
+        (
+            lambda: (step / ".metadata").write_bytes(b"junk"),
+            f"{step}/.metadata: damaged (not a DCP checkpoint's metadata), so step-0 cannot be read",
+        ),
         (lambda: run_json.write_text("{"), f"{run_json}: unreadable ("),
         (lambda: run_json.write_text(no_args), f"{run_json}: invalid (no model_args)"),
     ):

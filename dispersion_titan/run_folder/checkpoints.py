@@ -138,8 +138,14 @@ def check_complete(step_dir: str) -> None:
         raise CheckpointError(f"{step_dir}: missing .metadata (partial or corrupt checkpoint)")
     try:
         metadata = dcp_metadata(step_dir)
-    except Exception as e:  # noqa: BLE001 - any unreadable metadata is corruption
+    except OSError as e:
         raise CheckpointError(f"{step_dir}/.metadata: unreadable ({type(e).__name__}: {e})") from None
+    except Exception:  # noqa: BLE001 - whatever unpickling a damaged file raises: no detail worth showing
+        raise CheckpointError(
+            f"{step_dir}/.metadata: damaged (not a DCP checkpoint's metadata), so "
+            f"{os.path.basename(os.path.normpath(step_dir))} cannot be read; re-copy or remove that step, "
+            "or use another step (analyze, evaluate: --steps)"
+        ) from None
     needed: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
