@@ -148,6 +148,20 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
     assert load(tmp_path / "alone").curve == both[1].curve
     code, stdout, _ = analyze(f"hf:{model}@stage1-step100,stage1-step200", *options(texts), "--out", out, capsys=capsys)
     assert code == 0 and "2 revision(s) already analyzed" in stdout
+    # Revisions of another family: refused before --out is made (was: analysed, each recorded with the first's
+    # shape, the GPT-2's and the Llama's curves in one evolution.png).
+    save_model(model / "gpt2", config("gpt2"), tokenizer_files)
+    code, _, err = analyze(
+        f"hf:{model}@stage1-step100,gpt2", *options(texts), "--out", tmp_path / "mixed", capsys=capsys
+    )
+    assert_one_line_error(
+        code,
+        err,
+        f"hf:{model}@stage1-step100,gpt2: revisions stage1-step100 and gpt2 are different models (model_type llama vs "
+        "gpt2",
+        "; analyze each into its own --out",
+    )
+    assert not (tmp_path / "mixed").exists()
 
 
 def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys, recwarn):

@@ -361,6 +361,16 @@ class HFAnalysis(Analysis):
         first = self.spec.revisions[0]
         config = hf_model.load_config(self.spec, first)
         self.args = hf_model.model_args(config)
+        for revision in self.spec.revisions[1:]:  # each result records the first's shape, one evolution plots them
+            other = hf_model.model_args(hf_model.load_config(self.spec, revision))
+            if other != self.args:
+                differ = ", ".join(
+                    f"{key} {self.args[key]} vs {other[key]}" for key in other if other[key] != self.args[key]
+                )
+                raise ArgumentError(
+                    f"{options.run}: revisions {first} and {revision} are different models ({differ}); analyze "
+                    "each into its own --out (analyze family compares models)"
+                )
         self.n_params = hf_model.count_parameters(self.spec, config)
         dtype = options.dtype or ("bf16" if self.n_params > hf_model.BF16_ABOVE_PARAMS else "fp32")
         inputs = fitted_inputs(
