@@ -430,6 +430,10 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
         (["RUN", "--protocol", "paper", "--dataset", "enwiki_sample"], "--dataset: not used with --protocol paper"),
         (["hf:gpt2", "--wandb", "--out", "OUT"], "--wandb: only for runs"),
         (["RUN", "--device-map", "auto"], "--device-map: only for hf: models"),
+        (  # was accepted: accelerate spread the model over the GPUs all the same
+            ["hf:gpt2", "--device-map", "auto", "--device", "cpu", "--out", "OUT"],
+            "--device-map: auto spreads the model over the GPUs, not with --device cpu; drop one",
+        ),
         (["RUN", "--texts", "empty.jsonl"], "empty.jsonl: no texts"),
         (["hf:gpt2", "--steps", "3", "--out", "OUT"], "--steps: not used with hf: models"),
         (["hf:gpt2"], "--out: required with hf: models"),

@@ -558,6 +558,13 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     assert gpus["hf:Qwen/Qwen2.5-72B"] == ["5"]  # ceil(72 * 4 * 1.2 / 80)
     code, out, _ = paper("fig2", "--slurm", "--dry-run", "--dtype", "bf16", "--out", tmp_path, capsys=capsys)
     assert "--gpus=3" in next(line for line in out.splitlines() if "hf:Qwen/Qwen2.5-72B" in line)  # bf16: half
+    code, out, _ = paper("fig2", "--slurm", "--dry-run", "--device", "cpu", "--out", tmp_path, capsys=capsys)
+    big = next(line for line in out.splitlines() if "hf:Qwen/Qwen2.5-72B" in line)  # on CPU: no GPUs, no device map
+    assert "--device cpu" in big and "--gpus=" not in big and "--device-map" not in big, big
+    assert_one_line_error(  # was accepted: accelerate spread the models over the GPUs all the same
+        *paper("fig2", "--device-map", "auto", "--device", "cpu", "--dry-run", capsys=capsys)[::2],
+        "--device-map: auto spreads the model over the GPUs, not with --device cpu; drop one",
+    )
     assert_one_line_error(
         *paper("fig2", "--dtype", "autocast", "--dry-run", capsys=capsys)[::2],
         "--dtype: autocast is for table2's evaluations; the analysing artifacts take fp32 or bf16",

@@ -58,7 +58,7 @@ from ..run_folder.owners import (
 from ..run_folder.writer_lock import COMMAND, TURN_WAIT_S, refuse_if_busy, sole_writer
 from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
-from ..utils.devices import DTYPES, resolve_device
+from ..utils.devices import DTYPES, check_device_map, resolve_device
 from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, ModelLoadError, OutputError, say
 from ..utils.hub import PREFIX, parse_spec
 from . import figures, hf_model
@@ -86,6 +86,7 @@ def input_options(a: argparse.Namespace) -> InputOptions:
         raise ArgumentError("--wandb: only for runs (trained with [metrics] enable_wandb)")
     if not hf and (a.device_map or a.trust_remote_code):
         raise ArgumentError(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
+    check_device_map(a.device_map, a.device)
     if a.texts:
         read_texts(a.texts)
     dataset = None if a.texts or paper else (a.dataset or DEFAULT_DATASET)

@@ -75,6 +75,14 @@ def check_gpus_usable(env: Mapping[str, str] = os.environ) -> None:
     raise DeviceError(f"{cause} on {where}: {fix}, or set {ALLOW_CPU_ENV}=1 to train on CPU anyway")
 
 
+def check_device_map(device_map: str | None, device: str | None) -> None:
+    """``--device-map auto`` spreads a model over the GPUs, whatever ``--device`` says: not with ``--device cpu``."""
+    if device_map and device and device.split(":")[0] == "cpu":
+        raise DeviceError(
+            f"--device-map: {device_map} spreads the model over the GPUs, not with --device cpu; drop one"
+        )
+
+
 def resolve_device(device: str | None, dtype: str) -> torch.device:
     """``--device`` (default CUDA when available; its parser checked that torch reads it) and ``--dtype`` checked
     against this machine."""

@@ -26,7 +26,7 @@ from ...job_config import released
 from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import dispersion_variant, find_checkpoint_folder, list_checkpoints, load_run_metadata
 from ...run_folder.owners import RUN_METADATA_FILE
-from ...utils.devices import AUTOCAST, resolve_device
+from ...utils.devices import AUTOCAST, check_device_map, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import HFSpec, parse_spec
@@ -272,6 +272,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
     options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["dtype"] == AUTOCAST and artifact != "table2":
         raise ArgumentError("--dtype: autocast is for table2's evaluations; the analysing artifacts take fp32 or bf16")
+    check_device_map(options.get("device_map"), options.get("device"))
     if options.get("device") and not (options.get("slurm") or options.get("draw_only")):  # its steps run here
         resolve_device(options["device"], options["dtype"])  # a device this machine lacks
     out = options["out"]
@@ -537,8 +538,8 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
     for i, step in enumerate(workflow.steps, start=1):
         # a model too large for one GPU in its --dtype gets the GPUs its weights need and --device-map auto
         # (a later --sbatch-arg=--gpus=N wins)
-        dtype = step.argv[step.argv.index("--dtype") + 1] if "--dtype" in step.argv else "fp32"
-        gpus = 1 if step.size_b is None else catalog.gpus_needed(step.size_b, dtype)
+        dtype, device = (step.argv[step.argv.index(o) + 1] if o in step.argv else None for o in ("--dtype", "--device"))
+        gpus = 1 if step.size_b is None or device == "cpu" else catalog.gpus_needed(step.size_b, dtype or "fp32")
         spread = [] if gpus == 1 else [f"--gpus={gpus}"]
         argv = step.argv if gpus == 1 or "--device-map" in step.argv else [*step.argv, "--device-map", "auto"]
         name = f"paper-{workflow.artifact}-{i}"
