@@ -4,7 +4,7 @@ Each cell trains (``train.sbatch``) into ``OUT/<cell>``, then is analysed and ev
 its training (``--dependency=afterok``); one compare job follows every training and analysis,
 one ``evaluate table`` job every evaluation. Flags win over the SPEC file (keys as in
 launch/sweep_example.toml); a submission records the job ids in ``OUT/sweep.json``, and the same
-command again submits the jobs Slurm no longer holds (``reproduce.sweep.resubmission``).
+command again submits the jobs Slurm no longer holds whose results are missing (``reproduce.sweep.resubmission``).
 """
 
 from __future__ import annotations
@@ -103,9 +103,10 @@ def main(argv: list[str] | None = None) -> None:
         raw["train_overrides"] = overrides
     sweep = slurm_sweep.read_sweep(raw)
     configs = slurm_sweep.check_training_configs(sweep)
+    options = {}  # each job's options, as it will parse them hours from now (--steps, --out: what it writes)
     for key, parser in (("analyze_args", analyze_parser()), ("evaluate_args", evaluate_parser())):
-        parser.error = functools.partial(_refuse, key)  # as its jobs will parse them, hours from now
-        parser.parse_args([str(sweep.out), *getattr(sweep, key)])
+        parser.error = functools.partial(_refuse, key)
+        options[key] = parser.parse_args([str(sweep.out), *getattr(sweep, key)])
     if args.plan:  # the cells' training jobs planned on their GPUs
         if sweep.gpus_per_node == 0:
             raise ArgumentError("--plan: plans GPU jobs, and gpus_per_node is 0")
@@ -116,15 +117,22 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         grid = f"# sweep: {len(sweep.cells())} cells x (train, analyze, evaluate) + compare + table"
         submitted = (sweep.out / slurm_sweep.MANIFEST).exists()
-        again = ["# submitted before: submitted again, only the jobs Slurm no longer holds are"] if submitted else []
+        again = (
+            ["# submitted before: submitted again, only the jobs Slurm no longer holds and not finished are"]
+            if submitted
+            else []
+        )
         print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}", *again], jobs, sweep.out / "logs"))
         return
     require_sbatch()
     with owned(str(sweep.out), FolderOwner("sweep")):  # one submission: a second started alongside is refused
         slurm_sweep.refuse_used(sweep.out)
         todo, kept = jobs, {}
-        if (sweep.out / slurm_sweep.MANIFEST).exists():  # submitted again: its stopped jobs only
-            todo, kept = slurm_sweep.resubmission(sweep, jobs, configs)
+        if (sweep.out / slurm_sweep.MANIFEST).exists():  # submitted again: its stopped and unfinished jobs only
+            todo, kept, finished = slurm_sweep.resubmission(sweep, jobs, configs, *options.values())
+            if len(finished) == len(jobs):
+                print(f"sweep: finished (every job's results are in {sweep.out}); nothing submitted")
+                return
         ids = dict(kept)
         recorded = [next((j for j in todo if j.key == job.key), job) for job in jobs]  # as submitted, last
         record = functools.partial(slurm_sweep.write_manifest, sweep, recorded, ids)
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
             submit(todo, sweep.out / "logs", ids, then=then, recorded=record)
         finally:  # and those submitted before a refusal (the others null: they may take the settings that fix it)
             manifest = record() if ids else None
-        again = f" ({len(kept)} kept: still queued or running, or a finished training)" if kept else ""
+        again = f" ({len(kept)} kept: still queued or running, or finished)" if kept else ""
         print(f"sweep: {len(todo)} jobs submitted{again}; manifest {manifest}")
 
 

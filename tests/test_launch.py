@@ -409,7 +409,8 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
     assert sweep(toml, *one_cell, "--out", str(out), env=env).returncode == 0
     assert len(calls.read_text().splitlines()) == 5
     dry = sweep(toml, *one_cell, "--out", str(out), "--dry-run")  # the whole sweep, and what submitting does
-    assert "# submitted before: submitted again, only the jobs Slurm no longer holds are" in dry.stdout.splitlines()
+    again = "# submitted before: submitted again, only the jobs Slurm no longer holds and not finished are"
+    assert again in dry.stdout.splitlines()
     other = sweep(toml, *one_cell, "--out", str(out), "--seeds", "1", env=env)
     assert other.returncode == 2 and other.stderr.strip().splitlines() == [
         f"dispersion_titan: error: out: {out} holds a sweep of other cells (added: w64-baseline-s1; removed: "

@@ -197,7 +197,7 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
         f"--tasks wiki_next_word --include-path {LM_EVAL_TASKS} --limit 4 --num-fewshot 1 --device cpu"
         " --steps 3"  # the last checkpoint's, which the table reads (step 0's: the same work again)
     )
-    proc = python_module(
+    command = [
         "dispersion_titan.sweep",
         *[
             "--config",
@@ -234,11 +234,10 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
             "64",
             "--validation.no-enable",
         ],
-        cwd=tmp_path,
-        # One rank per training (train.sh's NPROC; the requeue test trains two under Slurm).
-        env={**slurm, "NPROC": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"},
-        timeout=300,
-    )
+    ]
+    # One rank per training (train.sh's NPROC; the requeue test trains two under Slurm).
+    env = {**slurm, "NPROC": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    proc = python_module(*command, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "sweep.json").read_text())
     jobs = [manifest["compare_job"], manifest["table_job"]] + [
@@ -270,6 +269,21 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     assert (out / "compare" / "compare.csv").is_file() and (out / "compare" / "compare.png").is_file()
     table = (out / "table" / "table.md").read_text()
     assert "method=none" in table and "method=noisy_embedding" in table, table
+
+    # The same command again: finished, nothing submitted (was all 8 again, each finding nothing to do); one
+    # evaluation's result removed: that evaluation and the table only.
+    again = python_module(*command, cwd=tmp_path, env=env, timeout=300)
+    assert again.returncode == 0 and again.stdout.splitlines() == [
+        f"sweep: finished (every job's results are in {out}); nothing submitted"
+    ], again.stderr
+    shutil.rmtree(Path(manifest["cells"][1]["run"]) / "evaluation" / "step-3")
+    again = python_module(*command, cwd=tmp_path, env=env, timeout=300)
+    submitted = json.loads((out / "sweep.json").read_text())
+    try:
+        assert again.returncode == 0 and "sweep: 2 jobs submitted (6 kept" in again.stdout, again.stderr
+        assert {submitted["cells"][1]["evaluate_job"], submitted["table_job"]}.isdisjoint(jobs)
+    finally:
+        subprocess.run(["scancel", submitted["cells"][1]["evaluate_job"], submitted["table_job"]], env=slurm)
 
 
 def test_paper_slurm_again_while_its_jobs_are_queued_submits_nothing(preempted_run, slurm, tmp_path):

@@ -4,6 +4,7 @@ their dependencies, then printed (``--dry-run``) or submitted with ``sweep.json`
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import math
@@ -15,12 +16,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..analysis.condensation_schema import RESULT_FILE as ANALYSIS_FILE
+from ..analysis.condensation_schema import read_analyses
 from ..config.cli import launch_args, read_toml
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
+from ..evaluation.runner import OURS, read_evaluations, source_changed
+from ..evaluation.runner import RESULT_FILE as EVALUATION_FILE
 from ..job_config.parse import validated_args
 from ..losses import VARIANTS
-from ..run_folder.checkpoints import last_complete_step
+from ..run_folder.checkpoints import identity_changed, last_complete_step, run_checkpoints
 from ..run_folder.owners import FolderOwner, empty, record_owner
 from ..utils.errors import ArgumentError, DispersionTitanError
 from ..utils.records import atomic_write
@@ -233,6 +238,37 @@ def _trained(config: RunConfig) -> bool:
     return last is not None and last >= config.training.steps
 
 
+def _analyses(run: str, options: argparse.Namespace) -> list[Path] | None:
+    """The results of ``analyze RUN OPTIONS``, one per checkpoint it selects, as it reads them to skip (its settings
+    are the sweep's, compared in ``sweep.json``); None while one is missing, or of a checkpoint saved over since."""
+    try:
+        _, _, selected = run_checkpoints(run, options.steps or "all")
+        out = options.out or os.path.join(run, "condensation")
+        found = read_analyses(out)
+    except DispersionTitanError:  # the job itself says why
+        return None
+    results = [found.get(f"step-{c.step}") for c in selected]
+    if any(
+        r is None or (r.checkpoint_identity and identity_changed(r.checkpoint_identity, c.path))
+        for r, c in zip(results, selected)
+    ):
+        return None
+    return [Path(out, f"step-{c.step}", ANALYSIS_FILE) for c in selected]
+
+
+def _evaluations(run: str, options: argparse.Namespace) -> list[Path] | None:
+    """The results of ``evaluate RUN OPTIONS``, one per checkpoint it selects, as it reads them to skip."""
+    try:
+        dump, _, selected = run_checkpoints(run, options.steps)
+        out = options.out or os.path.join(dump, "evaluation")
+        found = read_evaluations(out)
+    except DispersionTitanError:
+        return None
+    if any(c.step not in found or source_changed(found[c.step][OURS], c.path) for c in selected):
+        return None
+    return [Path(out, f"step-{c.step}", EVALUATION_FILE) for c in selected]
+
+
 def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[str, str]]:
     """A submitted sweep's folder, its cells' names, its jobs' sbatch commands without their dependencies, and the
     ids of those submitted (none: a submission refused partway, ``null``)."""
@@ -250,10 +286,18 @@ def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[st
         raise ArgumentError(f"out: {path}: unreadable ({type(e).__name__}: {e}); give the sweep a new folder") from None
 
 
-def resubmission(sweep: Sweep, jobs: list[SlurmJob], configs: list[RunConfig]) -> tuple[list[SlurmJob], dict[str, str]]:
-    """The sweep submitted again into its folder with its settings: (the jobs to submit, the ids of those kept).
-    Kept: the jobs Slurm still holds, and trainings that reached their last step; the others (cancelled, failed, or
-    cancelled as a failed job's dependants) are submitted again, each command going on from what it finished."""
+def resubmission(
+    sweep: Sweep,
+    jobs: list[SlurmJob],
+    configs: list[RunConfig],
+    analyze: argparse.Namespace,
+    evaluate: argparse.Namespace,
+) -> tuple[list[SlurmJob], dict[str, str], set[str]]:
+    """The sweep submitted again into its folder with its settings: (the jobs to submit, the ids of those kept, the
+    keys of those finished). Kept: the jobs Slurm still holds, and the finished: trainings that reached their last
+    step, then their analyses and evaluations with a result of every checkpoint, and the compare and table jobs
+    written after all of those; the others (cancelled, failed, or cancelled as a failed job's dependants) are
+    submitted again, each command going on from what it finished."""
     out, names, recorded, ids = _recorded(sweep.out / MANIFEST)
     if out != str(sweep.out):  # its queued jobs write into the original
         raise ArgumentError(
@@ -277,11 +321,26 @@ def resubmission(sweep: Sweep, jobs: list[SlurmJob], configs: list[RunConfig]) -
         )
     queued = queued_jobs(list(ids.values()))
     kept = {key: job_id for key, job_id in ids.items() if job_id in queued}
-    trained = (i for i, config in enumerate(configs, start=1) if f"train_{i}" in ids and _trained(config))
-    kept |= {f"train_{i}": ids[f"train_{i}"] for i in trained}
+    results: dict[str, list[Path] | None] = {}
+    for i, (cell, config) in enumerate(zip(sweep.cells(), configs, strict=True), start=1):
+        if f"train_{i}" in ids and ids[f"train_{i}"] not in queued and _trained(config):
+            run = str(sweep.out / cell.name)
+            results |= {
+                f"train_{i}": [],
+                f"analyze_{i}": _analyses(run, analyze),
+                f"evaluate_{i}": _evaluations(run, evaluate),
+            }
+    for job, file in zip(jobs[-2:], ("compare.csv", "table.md"), strict=True):  # rewritten whole, after their inputs
+        inputs = [results.get(key) for key in job.after]
+        written = sweep.out / job.key / file
+        if None not in inputs and written.is_file():
+            newest = max((p.stat().st_mtime for paths in inputs for p in paths), default=0)
+            results[job.key] = [] if written.stat().st_mtime >= newest else None
+    finished = {key for key, done in results.items() if done is not None and key in ids and ids[key] not in queued}
+    kept |= {key: ids[key] for key in finished}
     todo = [job for job in jobs if job.key not in kept]
     waits = {key for key in kept if ids[key] in queued} | {job.key for job in todo}  # a finished training: none
-    return [replace(job, after=[key for key in job.after if key in waits]) for job in todo], kept
+    return [replace(job, after=[key for key in job.after if key in waits]) for job in todo], kept, finished
 
 
 def _resources(sweep: Sweep, *keys: str) -> list[str]:
