@@ -330,7 +330,8 @@ def resubmission(
                 f"analyze_{i}": _analyses(run, analyze),
                 f"evaluate_{i}": _evaluations(run, evaluate),
             }
-    for job, file in zip(jobs[-2:], ("compare.csv", "table.md"), strict=True):  # rewritten whole, after their inputs
+    written_last = {"compare": "compare.csv", "table": "table.md"}  # rewritten whole, after their inputs
+    for job, file in ((job, written_last[job.key]) for job in jobs if job.key in written_last):
         inputs = [results.get(key) for key in job.after]
         written = sweep.out / job.key / file
         if None not in inputs and written.is_file():
