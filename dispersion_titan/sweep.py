@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> None:
         slurm_sweep.refuse_used(sweep.out)
         todo, kept = jobs, {}
         if (sweep.out / slurm_sweep.MANIFEST).exists():  # submitted again: its stopped and unfinished jobs only
-            todo, kept, finished = slurm_sweep.resubmission(sweep, jobs, configs, *options.values())
+            todo, kept, finished = slurm_sweep.resubmission(
+                sweep, jobs, configs, options["analyze_args"], options["evaluate_args"]
+            )
             if len(finished) == len(jobs):
                 print(f"sweep: finished (every job's results are in {sweep.out}); nothing submitted")
                 return

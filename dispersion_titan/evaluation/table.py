@@ -42,8 +42,12 @@ class Selection:
     best_step: str  # one of protocol.BEST_STEP
 
     def __post_init__(self) -> None:
-        given = (("--num-ckpt", self.num_ckpt), ("--best-step", self.best_step != "auto"))
-        option = next((name for name, value in (*given, ("--exclude-initial", self.exclude_initial)) if value), None)
+        given = {
+            "--num-ckpt": self.num_ckpt,
+            "--best-step": self.best_step != "auto",
+            "--exclude-initial": self.exclude_initial,
+        }
+        option = next((name for name, value in given.items() if value), None)
         if self.rule != "best" and option:  # was ignored, silently
             raise EvaluationError(
                 f"{option}: chooses among the steps of --select best, and --select is {self.rule}; drop it, or use "
