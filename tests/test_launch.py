@@ -438,30 +438,40 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
     assert len(calls.read_text().splitlines()) == 5
 
 
+ONE_CELL = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
+
+
+def _fake_slurm(tmp_path: Path, before_id: str) -> dict[str, str]:
+    """PATH with an sbatch that logs its arguments to ``tmp_path/calls`` and prints job ids 101, 102, ... (its call
+    count; ``before_id``: shell run first, ``$n`` the count) and an squeue holding every job submitted."""
+    bin_dir, calls, held = tmp_path / "bin", tmp_path / "calls", tmp_path / "held"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\n{before_id}echo $((100 + n)) | tee -a {held}\n'
+    )
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")
+    for tool in ("sbatch", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
 def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp_path):
     """The 3rd of a sweep's 5 sbatch calls refused (the evaluation's bad partition, exit 1): one line naming the job
     and those submitted, exit 2, and sweep.json names them; the command again with the partition fixed submits the
     3 missing after the 2 Slurm still holds (was: `out: OUT exists and is not an empty folder or a sweep's`)."""
-    bin_dir, out, calls, held = tmp_path / "bin", tmp_path / "sweep", tmp_path / "calls", tmp_path / "held"
-    bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(  # job ids 101, 102, ... (a call refused takes one too)
-        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\ncase "$*" in *--partition=bad*)\n'
-        'echo "sbatch: error: invalid partition specified: bad" >&2; exit 1;;\nesac\n'
-        f"echo $((100 + n)) | tee -a {held}\n"
+    out, calls = tmp_path / "sweep", tmp_path / "calls"
+    env = _fake_slurm(  # a call refused takes an id too
+        tmp_path,
+        'case "$*" in *--partition=bad*)\necho "sbatch: error: invalid partition specified: bad" >&2; exit 1;;\nesac\n',
     )
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")  # every job submitted still queued
-    for tool in ("sbatch", "squeue"):
-        (bin_dir / tool).chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    args = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
-    first = sweep(*args, "--out", str(out), "--evaluate-sbatch-arg=--partition=bad", env=env)  # evaluate: 3rd
+    first = sweep(*ONE_CELL, "--out", str(out), "--evaluate-sbatch-arg=--partition=bad", env=env)  # evaluate: 3rd
     assert first.returncode == 2 and first.stderr.strip().splitlines() == [
         "dispersion_titan: error: sbatch (w64-baseline-s0 evaluate): sbatch: error: invalid partition specified: bad; "
         "submitted so far: 101 102 (scancel 101 102); fix the cause and submit the sweep again for the rest"
     ], first.stderr
     recorded = json.loads((out / "sweep.json").read_text())
     assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", None]
-    again = sweep(*args, "--out", str(out), env=env)  # the partition fixed: only jobs never submitted changed
+    again = sweep(*ONE_CELL, "--out", str(out), env=env)  # the partition fixed: only jobs never submitted changed
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[-1].startswith("sweep: 3 jobs submitted (2 kept: still queued or running")
     evaluate, compare, table = calls.read_text().splitlines()[3:]
@@ -477,21 +487,12 @@ def test_a_sweep_killed_while_it_submits_submits_the_rest_when_run_again(tmp_pat
     """kill -9 of the sweep as its 3rd sbatch call starts (the terminal closed, an OOM kill): sweep.json names the 2
     jobs queued, and the same command again submits the 3 others after them (was: no sweep.json, the folder taken
     for an empty one, all 5 submitted again, two trainings queued into one run folder)."""
-    bin_dir, out, calls, held = tmp_path / "bin", tmp_path / "sweep", tmp_path / "calls", tmp_path / "held"
-    bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(  # job ids 101, 102, ...; the 3rd call kills its caller, once
-        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\n'
-        f"if [ $n = 3 ]; then kill -9 $PPID; sleep 5; exit 1; fi\necho $((100 + n)) | tee -a {held}\n"
-    )
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")  # every job submitted still queued
-    for tool in ("sbatch", "squeue"):
-        (bin_dir / tool).chmod(0o755)
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    args = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
-    assert sweep(*args, "--out", str(out), env=env).returncode == -signal.SIGKILL
+    out, calls = tmp_path / "sweep", tmp_path / "calls"
+    env = _fake_slurm(tmp_path, "if [ $n = 3 ]; then kill -9 $PPID; sleep 5; exit 1; fi\n")  # the 3rd call, once
+    assert sweep(*ONE_CELL, "--out", str(out), env=env).returncode == -signal.SIGKILL
     recorded = json.loads((out / "sweep.json").read_text())
     assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", None]
-    again = sweep(*args, "--out", str(out), env=env)
+    again = sweep(*ONE_CELL, "--out", str(out), env=env)
     assert again.returncode == 0 and "sweep: 3 jobs submitted (2 kept" in again.stdout, again.stderr
     assert calls.read_text().splitlines()[3].startswith("--parsable --dependency=afterok:101 ")  # its evaluation
 
