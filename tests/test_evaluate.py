@@ -649,14 +649,22 @@ def test_table_refuses_a_result_of_a_replaced_checkpoint(run, evaluated, tmp_pat
     assert advice[3:] == [str(moved), "--out", str(moved / "evaluation"), "--force"]
     assert not (tmp_path / "t2").exists()
     # --select best where a saved step the authors evaluate has no evaluation (evaluated while the run trained, or
-    # cut short): refused (was step 0, the initialization, taken as the best, silently)
+    # cut short): refused (was step 0, the initialization, taken as the best, silently); its checkpoints counted as
+    # a resume counts them: step-0 renamed step-2 is refused as renamed (was counted as step 2)
     shutil.rmtree(moved / "evaluation" / "step-2")
+    code, _, err = run_cli(evaluate_main, "table", str(moved), "--out", str(tmp_path / "t3"), capsys=capsys)
+    assert_one_line_error(code, err, f"{moved / 'checkpoint' / 'step-2'}: holds step 0 (TorchTitan's train_state.step)")
+    shutil.rmtree(moved / "checkpoint" / "step-2")
+    shutil.copytree(run / "checkpoint" / "step-2", moved / "checkpoint" / "step-2")
     code, _, err = run_cli(evaluate_main, "table", str(moved), "--out", str(tmp_path / "t3"), capsys=capsys)
     assert_one_line_error(
         code, err, f"--select best: {moved} saved step 2, which the authors evaluate, and has no evaluation of it"
     )
     assert not (tmp_path / "t3").exists()
-    shutil.rmtree(moved / "checkpoint" / "step-2")  # stopped before its last step, or still training
+    # stopped before its last step, or still training, or its step-2 being copied (rsync's order: its .metadata
+    # first; was counted as saved)
+    for shard in (moved / "checkpoint" / "step-2").glob("*.distcp"):
+        shard.unlink()
     code, _, err = run_cli(evaluate_main, "table", str(moved), "--out", str(tmp_path / "t3"), capsys=capsys)
     assert_one_line_error(code, err, f"--select best: {moved} has saved up to step 0 of its 2 (still training, or")
     assert not (tmp_path / "t3").exists()

@@ -17,7 +17,7 @@ import numpy as np
 from scipy import stats
 
 from ..config.grid import Arm
-from ..run_folder.checkpoints import LEDGER_KEYS, list_checkpoints, load_run_metadata
+from ..run_folder.checkpoints import LEDGER_KEYS, complete_checkpoints, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, results_run, rewritten, run_paths
 from ..run_folder.settings import from_scratch, trajectory_settings
@@ -153,13 +153,15 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     )
     if None in averages.values():
         raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
-    saved, last = _saved_steps(run.dump), load_run_metadata(run.dump)["training_steps"]
+    missing = wanted - {0} - set(run.results)  # step 0: where evaluated
+    saved = {c.step for c in complete_checkpoints(run_paths(run.dump)["checkpoint.folder"])} if missing else set()
+    last = load_run_metadata(run.dump)["training_steps"]
     if saved and max(saved) < last:  # the best of the steps it has reached so far
         raise EvaluationError(
             f"--select best: {run.run} has saved up to step {max(saved)} of its {last} (still training, or stopped); "
             "finish its training and evaluate the rest, or use --select last or step:N"
         )
-    unevaluated = sorted((wanted - {0}) & saved - set(run.results))  # step 0: where evaluated
+    unevaluated = sorted(missing & saved)
     if unevaluated:  # evaluated while it trained, or an evaluation cut short: the best of some of them
         raise EvaluationError(
             f"--select best: {run.run} saved step {', '.join(map(str, unevaluated))}, which the authors evaluate, "
@@ -168,13 +170,6 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
             "the others' settings), or use --select last or step:N"
         )
     return averages
-
-
-def _saved_steps(dump: str) -> set[int]:
-    """The steps of the run's checkpoints that hold their ``.metadata`` (DCP writes it last)."""
-    folder = run_paths(dump)["checkpoint.folder"]
-    found = list_checkpoints(folder) if os.path.isdir(folder) else []
-    return {c.step for c in found if os.path.isfile(os.path.join(c.path, ".metadata"))}
 
 
 def _best(curve: dict[int, float]) -> int:

@@ -112,11 +112,12 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
 
 
 def _is_complete(step_dir: str) -> bool:
-    """``check_complete`` passes (a renamed checkpoint is complete; loading it says what is wrong)."""
+    """Whether ``check_complete`` passes; ``RenamedCheckpointError`` for a renamed checkpoint: complete, but its name
+    lies, so it is never read, resumed from, moved aside as incomplete or counted as its name's step."""
     try:
         check_complete(step_dir)
     except RenamedCheckpointError:
-        return True
+        raise
     except CheckpointError:
         return False
     return True
@@ -393,17 +394,8 @@ def identity_changed(recorded: str, step_dir: str) -> bool:
 
 
 def complete_checkpoints(folder: str) -> list[StepCheckpoint]:
-    """The checkpoints of ``folder`` that pass ``check_complete``, oldest first."""
-    complete = []
-    for checkpoint in list_checkpoints(folder) if os.path.isdir(folder) else []:
-        try:
-            check_complete(checkpoint.path)
-        except RenamedCheckpointError:
-            raise  # complete, and never to be moved aside as incomplete
-        except CheckpointError:
-            continue
-        complete.append(checkpoint)
-    return complete
+    """The checkpoints of ``folder`` that pass ``check_complete``, oldest first (``_is_complete``)."""
+    return [c for c in (list_checkpoints(folder) if os.path.isdir(folder) else []) if _is_complete(c.path)]
 
 
 def last_complete_step(folder: str, before: int | None = None) -> int | None:
