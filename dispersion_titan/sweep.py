@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from dispersion_titan.analyze import analyze_parser
@@ -19,7 +20,7 @@ from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.evaluate import evaluate_parser
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
-from dispersion_titan.reproduce.slurm_scripts import require_sbatch, script, submit
+from dispersion_titan.reproduce.slurm_scripts import SlurmJob, require_sbatch, script, submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import ArgumentError, command, run_command
 
@@ -72,7 +73,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         )
     p.add_argument("--analyze-args", help='analysis options, e.g. --analyze-args="--num-sequences 100"')
     p.add_argument("--evaluate-args", help='evaluation options, e.g. --evaluate-args="--tasks piqa --limit 100"')
-    p.add_argument("--dry-run", action="store_true", help="print the sbatch commands, submit nothing")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the sbatch commands submitting would run (into a submitted sweep's OUT: its stopped jobs); "
+        "submit nothing",
+    )
     p.add_argument(
         "--plan",
         nargs="?",
@@ -86,6 +92,18 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def _refuse(key: str, message: str) -> NoReturn:
     raise ArgumentError(f"{key}: {message}")
+
+
+def _finished(finished: set[str], jobs: list[SlurmJob], out: Path, done: str) -> bool:
+    """Whether every job is finished (``resubmission``), said in one line."""
+    if len(finished) < len(jobs):
+        return False
+    print(f"sweep: finished (every job's results are in {out}); nothing {done}")
+    return True
+
+
+def _kept(kept: dict[str, str]) -> str:
+    return f" ({len(kept)} kept: still queued or running, or finished)" if kept else ""
 
 
 @command(
@@ -114,27 +132,21 @@ def main(argv: list[str] | None = None) -> None:
         plan_runs(runs, slurm_sweep.world_size(sweep), sweep.nodes or 1, args.plan)
         return
     jobs = slurm_sweep.slurm_jobs(sweep)
-    if args.dry_run:
-        grid = f"# sweep: {len(sweep.cells())} cells x (train, analyze, evaluate) + compare + table"
-        submitted = (sweep.out / slurm_sweep.MANIFEST).exists()
-        again = (
-            ["# submitted before: submitted again, only the jobs Slurm no longer holds and not finished are"]
-            if submitted
-            else []
-        )
-        print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}", *again], jobs, sweep.out / "logs"))
+    analyze, evaluate = options["analyze_args"], options["evaluate_args"]
+    resubmission = functools.partial(slurm_sweep.resubmission, sweep, jobs, configs, analyze, evaluate)
+    if args.dry_run:  # what submitting now would submit
+        todo, kept, finished = resubmission()
+        if not _finished(finished, jobs, sweep.out, "to submit"):
+            grid = f"# sweep: {len(sweep.cells())} cells x (train, analyze, evaluate) + compare + table"
+            again = [f"# submitted before: {len(todo)} of them to submit{_kept(kept)}"] if kept else []
+            print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}", *again], todo, sweep.out / "logs", kept))
         return
     require_sbatch()
     with owned(str(sweep.out), FolderOwner("sweep")):  # one submission: a second started alongside is refused
         slurm_sweep.refuse_used(sweep.out)
-        todo, kept = jobs, {}
-        if (sweep.out / slurm_sweep.MANIFEST).exists():  # submitted again: its stopped and unfinished jobs only
-            todo, kept, finished = slurm_sweep.resubmission(
-                sweep, jobs, configs, options["analyze_args"], options["evaluate_args"]
-            )
-            if len(finished) == len(jobs):
-                print(f"sweep: finished (every job's results are in {sweep.out}); nothing submitted")
-                return
+        todo, kept, finished = resubmission()
+        if _finished(finished, jobs, sweep.out, "submitted"):
+            return
         ids = dict(kept)
         recorded = [next((j for j in todo if j.key == job.key), job) for job in jobs]  # as submitted, last
         record = functools.partial(slurm_sweep.write_manifest, sweep, recorded, ids)
@@ -143,8 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             submit(todo, sweep.out / "logs", ids, then=then, recorded=record)
         finally:  # and those submitted before a refusal (the others null: they may take the settings that fix it)
             manifest = record() if ids else None
-        again = f" ({len(kept)} kept: still queued or running, or finished)" if kept else ""
-        print(f"sweep: {len(todo)} jobs submitted{again}; manifest {manifest}")
+        print(f"sweep: {len(todo)} jobs submitted{_kept(kept)}; manifest {manifest}")
 
 
 if __name__ == "__main__":

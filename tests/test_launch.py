@@ -408,9 +408,11 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
     toml = str(REPO / "launch" / "sweep_example.toml")
     assert sweep(toml, *one_cell, "--out", str(out), env=env).returncode == 0
     assert len(calls.read_text().splitlines()) == 5
-    dry = sweep(toml, *one_cell, "--out", str(out), "--dry-run")  # the whole sweep, and what submitting does
-    again = "# submitted before: submitted again, only the jobs Slurm no longer holds and not finished are"
-    assert again in dry.stdout.splitlines()
+    dry = sweep(toml, *one_cell, "--out", str(out), "--dry-run", env={"PATH": sys.prefix + "/bin"})  # no squeue
+    assert dry.returncode == 2 and dry.stderr.strip().splitlines() == [  # was the whole sweep, as if none were queued
+        "dispersion_titan: error: squeue: not found (no Slurm here), so which jobs are still queued is unknown; run "
+        "this on a login node"
+    ]
     other = sweep(toml, *one_cell, "--out", str(out), "--seeds", "1", env=env)
     assert other.returncode == 2 and other.stderr.strip().splitlines() == [
         f"dispersion_titan: error: out: {out} holds a sweep of other cells (added: w64-baseline-s1; removed: "
@@ -471,6 +473,14 @@ def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp
     ], first.stderr
     recorded = json.loads((out / "sweep.json").read_text())
     assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", None]
+    dry = sweep(*ONE_CELL, "--out", str(out), "--dry-run", env=env)  # what the command again submits (was all 5)
+    assert dry.returncode == 0 and "# submitted before: 3 of them to submit (2 kept: still queued" in dry.stdout
+    assert [line.split(" --job-name")[0] for line in dry.stdout.splitlines() if "=$(sbatch" in line] == [
+        "evaluate_1=$(sbatch --parsable --dependency=afterok:101",
+        "compare=$(sbatch --parsable --dependency=afterok:101:102",
+        "table=$(sbatch --parsable --dependency=afterok:$evaluate_1",
+    ]
+    assert len(calls.read_text().splitlines()) == 3
     again = sweep(*ONE_CELL, "--out", str(out), env=env)  # the partition fixed: only jobs never submitted changed
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[-1].startswith("sweep: 3 jobs submitted (2 kept: still queued or running")
@@ -481,6 +491,36 @@ def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp
     recorded = json.loads((out / "sweep.json").read_text())
     assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", "104"]
     assert (recorded["compare_job"], recorded["table_job"]) == ("105", "106")
+
+
+def test_a_sweep_with_force_in_its_job_args_redoes_those_jobs_when_run_again(tmp_path, monkeypatch):
+    """``--force`` in ``analyze_args`` or ``evaluate_args`` asks those jobs for their results anew: the sweep again
+    submits them, and the compare or table job after them, whatever results it finds (was: kept as finished,
+    nothing submitted). In-process, its training finished, its results there and none of its jobs queued stood in."""
+    from dispersion_titan.analyze import analyze_parser
+    from dispersion_titan.evaluate import evaluate_parser
+    from dispersion_titan.reproduce import sweep as slurm_sweep
+
+    grid = {"config": DEBUG_TOML, "out": str(tmp_path), "widths": [64], "variants": ["baseline"], "seeds": [0]}
+    planned = slurm_sweep.read_sweep(grid)
+    jobs = slurm_sweep.slurm_jobs(planned)
+    slurm_sweep.write_manifest(planned, jobs, {job.key: str(101 + i) for i, job in enumerate(jobs)})
+    for job, written in (("compare", "compare.csv"), ("table", "table.md")):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / written).touch()
+    monkeypatch.setattr(slurm_sweep, "queued_jobs", lambda ids: set())
+    monkeypatch.setattr(slurm_sweep, "_trained", lambda config: True)
+    for results in ("_analyses", "_evaluations"):
+        monkeypatch.setattr(slurm_sweep, results, lambda run, options: [])
+
+    def submitted(analyze: list[str], evaluate: list[str]) -> list[str]:
+        analyzing = analyze_parser().parse_args([str(tmp_path), *analyze])
+        evaluating = evaluate_parser().parse_args([str(tmp_path), *evaluate])
+        return [job.key for job in slurm_sweep.resubmission(planned, jobs, [None], analyzing, evaluating)[0]]
+
+    assert submitted([], []) == []
+    assert submitted(["--force"], []) == ["analyze_1", "compare"]
+    assert submitted([], ["--force"]) == ["evaluate_1", "table"]
 
 
 def test_a_sweep_killed_while_it_submits_submits_the_rest_when_run_again(tmp_path):

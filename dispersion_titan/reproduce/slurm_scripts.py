@@ -49,11 +49,12 @@ class SlurmJob:
         return [*self.argv[:2], f"--dependency=afterok:{':'.join(ids[k] for k in self.after)}", *self.argv[2:]]
 
 
-def script(header: list[str], jobs: list[SlurmJob], logs: str | Path) -> str:
-    """``--dry-run``: the submission as a bash script, each job id in a variable for its dependants."""
+def script(header: list[str], jobs: list[SlurmJob], logs: str | Path, kept: dict[str, str] | None = None) -> str:
+    """``--dry-run``: the submission as a bash script, each job id in a variable for its dependants (``kept``: the
+    ids of the jobs submitted before that they wait for)."""
     lines = [*header, f"export PYTHON={shlex.quote(job_python())}  # the jobs' interpreter (launch_scripts/common.sh)"]
     lines.append(f"mkdir -p {shlex.quote(str(logs))}")
-    ids = {job.key: f"${job.key}" for job in jobs}
+    ids = {**(kept or {}), **{job.key: f"${job.key}" for job in jobs}}
     for job in jobs:
         cmd = " ".join(a if a.startswith("--dependency=") else shlex.quote(a) for a in job.command(ids))
         lines.append(f"{job.key}=$({cmd})  # {job.label}" if job.key else cmd)
@@ -69,7 +70,9 @@ def queued_jobs(ids: list[str]) -> set[str]:
             ["squeue", "--noheader", "--format=%i", f"--jobs={','.join(ids)}"], capture_output=True, text=True
         )
     except FileNotFoundError:
-        raise DispersionTitanError("squeue: not found (no Slurm here); submit from a login node") from None
+        raise DispersionTitanError(
+            "squeue: not found (no Slurm here), so which jobs are still queued is unknown; run this on a login node"
+        ) from None
     if proc.returncode != 0 and "Invalid job id" not in proc.stderr:  # (one id, gone from Slurm's memory)
         raise DispersionTitanError(f"squeue: {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")
     return set(proc.stdout.split())

@@ -293,11 +293,14 @@ def resubmission(
     analyze: argparse.Namespace,
     evaluate: argparse.Namespace,
 ) -> tuple[list[SlurmJob], dict[str, str], set[str]]:
-    """The sweep submitted again into its folder with its settings: (the jobs to submit, the ids of those kept, the
-    keys of those finished). Kept: the jobs Slurm still holds, and the finished: trainings that reached their last
-    step, then their analyses and evaluations with a result of every checkpoint, and the compare and table jobs
-    written after all of those; the others (cancelled, failed, or cancelled as a failed job's dependants) are
-    submitted again, each command going on from what it finished."""
+    """The sweep submitted into its folder: (the jobs to submit, the ids of those kept, the keys of those finished);
+    into a new one, every job. Submitted again, with its settings, kept: the jobs Slurm still holds, and the finished:
+    trainings that reached their last step, then their analyses and evaluations with a result of every checkpoint
+    (none with ``--force``: it asks for them anew), and the compare and table jobs written after all of those; the
+    others (cancelled, failed, or cancelled as a failed job's dependants) are submitted again, each command going on
+    from what it finished."""
+    if not (sweep.out / MANIFEST).exists():
+        return jobs, {}, set()
     out, names, recorded, ids = _recorded(sweep.out / MANIFEST)
     if out != str(sweep.out):  # its queued jobs write into the original
         raise ArgumentError(
@@ -327,8 +330,8 @@ def resubmission(
             run = str(sweep.out / cell.name)
             results |= {
                 f"train_{i}": [],
-                f"analyze_{i}": _analyses(run, analyze),
-                f"evaluate_{i}": _evaluations(run, evaluate),
+                f"analyze_{i}": None if analyze.force else _analyses(run, analyze),
+                f"evaluate_{i}": None if evaluate.force else _evaluations(run, evaluate),
             }
     written_last = {"compare": "compare.csv", "table": "table.md"}  # rewritten whole, after their inputs
     for job, file in ((job, written_last[job.key]) for job in jobs if job.key in written_last):
