@@ -12,6 +12,7 @@ import os
 import shlex
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from scipy import stats
@@ -107,16 +108,20 @@ class ArmRow:
 
 @dataclass(frozen=True)
 class Evaluated:
-    """One run's evaluations, read once."""
+    """One run's evaluations, read once, and its ``run.json``, once asked for (an ``hf:`` model has none)."""
 
     run: str
     folder: str
     results: dict[int, dict]
 
-    @property
+    @cached_property
     def dump(self) -> str:
         """The run evaluated, where it is now."""
         return results_run(self.folder, next(iter(self.results.values()))[OURS]["run"])
+
+    @cached_property
+    def metadata(self) -> dict:
+        return load_run_metadata(self.dump)
 
 
 def evaluated(run: str) -> Evaluated:
@@ -137,8 +142,9 @@ def _check_alike(labelled: list[tuple[str, dict]], remedy: str) -> None:
 
 def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
     """``--select best``: the mean accuracy of each of the run's evaluations at a step the authors evaluate."""
-    num_ckpt = selection.num_ckpt or (SCRATCH_NUM_CKPT if from_scratch(run.dump) else MIDTRAIN_NUM_CKPT)
-    wanted = authors_steps(load_run_metadata(run.dump)["training_steps"], num_ckpt, not selection.exclude_initial)
+    num_ckpt = selection.num_ckpt or (SCRATCH_NUM_CKPT if from_scratch(run.metadata) else MIDTRAIN_NUM_CKPT)
+    last = run.metadata["training_steps"]
+    wanted = authors_steps(last, num_ckpt, not selection.exclude_initial)
     averages = {step: mean_accuracy(result_scores(r)) for step, r in run.results.items() if step in wanted}
     if not averages:
         raise EvaluationError(
@@ -155,7 +161,6 @@ def _candidates(run: Evaluated, selection: Selection) -> dict[int, float]:
         raise EvaluationError(f"--select best: {run.run} has evaluations without accuracy scores")
     missing = wanted - {0} - set(run.results)  # step 0: where evaluated
     saved = {c.step for c in complete_checkpoints(run_paths(run.dump)["checkpoint.folder"])} if missing else set()
-    last = load_run_metadata(run.dump)["training_steps"]
     if saved and max(saved) < last:  # the best of the steps it has reached so far
         raise EvaluationError(
             f"--select best: {run.run} has saved up to step {max(saved)} of its {last} (still training, or stopped); "
@@ -211,7 +216,7 @@ def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
             )
         return [_chosen(run, step, [step]) for run in runs]
     per_run = [_candidates(run, selection) for run in runs]
-    averaged = selection.best_step == "averaged" or (selection.best_step == "auto" and from_scratch(runs[0].dump))
+    averaged = selection.best_step == "averaged" or (selection.best_step == "auto" and from_scratch(runs[0].metadata))
     if not averaged:
         return [_chosen(run, _best(c), list(c)) for run, c in zip(runs, per_run, strict=True)]
     curve = {
@@ -241,10 +246,9 @@ RECORDED_APART = (
 ``model_args``, ...), where a resumed run's may differ from its first launch's."""
 
 
-def _run_config(dump: str) -> dict:
+def _run_config(metadata: dict) -> dict:
     """What defines a configuration: the run's run.json but the seed and its launch record, and the settings that
     fix what it computes (its learning rate, data, ...: runs of other ones are no seeds of one arm)."""
-    metadata = load_run_metadata(dump)
     settings = trajectory_settings(metadata.get("settings") or {})
     return {
         **{key: value for key, value in metadata.items() if key not in ("seed", *LEDGER_KEYS)},
@@ -252,18 +256,17 @@ def _run_config(dump: str) -> dict:
     }
 
 
-def _arm(dump: str) -> Arm:
-    metadata = load_run_metadata(dump)
+def _arm(metadata: dict) -> Arm:
     dispersion, baseline = metadata.get("dispersion") or {}, metadata.get("baseline") or {}
     return Arm(dispersion.get("variant", "none"), dispersion.get("coeff") or 0.0, baseline.get("method", "none"))
 
 
 def _auto_labels(groups: list[list[Evaluated]]) -> list[str]:
     """Arms named by the settings in which they differ, e.g. ``variant=angular_spread, coeff=0.1``."""
-    flat = [flatten(_run_config(group[0].dump)) for group in groups]
+    flat = [flatten(_run_config(group[0].metadata)) for group in groups]
     differing = [key for key in flat[0] if len({json.dumps(f.get(key)) for f in flat}) > 1] if len(flat) > 1 else []
     if not differing:  # one arm: named as the sweep names its cells (``baseline``, ``angular_spread-c0.1``)
-        return [_arm(group[0].dump).label for group in groups]
+        return [_arm(group[0].metadata).label for group in groups]
     return [", ".join(f"{key.rsplit('.', 1)[-1]}={f.get(key)}" for key in differing) for f in flat]
 
 
@@ -283,8 +286,8 @@ def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
         name, runs = arm_runs(spec)
         for run in runs:
             found = evaluated(run)
-            config = json.dumps(_run_config(found.dump), sort_keys=True)
-            seeded = json.dumps([config, load_run_metadata(found.dump).get("seed")])
+            config = json.dumps(_run_config(found.metadata), sort_keys=True)
+            seeded = json.dumps([config, found.metadata.get("seed")])
             if seeded in seeds:
                 raise EvaluationError(
                     f"{run}: the same settings and seed as {seeds[seeded]} (named twice, a copy or a rerun), not "
@@ -316,9 +319,9 @@ def t_test_p(values: list[float], reference: list[float], test: str) -> float | 
     return None if math.isnan(p) else float(p)
 
 
-def _dispersion(dump: str) -> str | None:
+def _dispersion(run: Evaluated) -> str | None:
     """The variant of the run's dispersion loss; None when it trains without one."""
-    dispersion = load_run_metadata(dump).get("dispersion") or {}
+    dispersion = run.metadata.get("dispersion") or {}
     variant = dispersion.get("variant", "none")
     return variant if variant != "none" and (dispersion.get("coeff") or 0) > 0 else None
 
@@ -330,10 +333,10 @@ REFERENCE_VARIANT = "angular_spread"
 def default_reference(by_arm: dict[str, list[Evaluated]]) -> tuple[str, str]:
     """The arm the others are tested against, and why."""
     for arm, runs in by_arm.items():
-        if _dispersion(runs[0].dump) == REFERENCE_VARIANT:
+        if _dispersion(runs[0]) == REFERENCE_VARIANT:
             return arm, f"its runs train with {REFERENCE_VARIANT}, the paper's reference row"
     for arm, runs in by_arm.items():
-        if _dispersion(runs[0].dump) is not None:
+        if _dispersion(runs[0]) is not None:
             return arm, f"no arm trains with {REFERENCE_VARIANT}; the first arm with a dispersion loss"
     return next(iter(by_arm)), "no arm trains with a dispersion loss; the first arm"
 
@@ -343,8 +346,8 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
     if spec == "none":
         return [], "No Pretrained row (--pretrained none)."
     if spec == "auto":
-        arm = next((arm for arm, runs in found.items() if _dispersion(runs[0].dump) is None), None)
-        if arm is not None and from_scratch(found[arm][0].dump):
+        arm = next((arm for arm, runs in found.items() if _dispersion(runs[0]) is None), None)
+        if arm is not None and from_scratch(found[arm][0].metadata):
             return [], f"No Pretrained row: {arm} trains from scratch (--pretrained RUN names a model before training)."
         runs = [run for run in found[arm] if 0 in run.results] if arm is not None else []
         if not runs:

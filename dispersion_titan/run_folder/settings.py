@@ -342,6 +342,6 @@ def holds_an_initialisation(step_dir: str) -> bool:
     return match is not None and int(match.group(1)) == 0 and not metadata[START_KEY]["pretrained"]
 
 
-def from_scratch(dump: str) -> bool:
-    """A run that trains from an initialisation, not from pretrained weights."""
-    return not load_run_metadata(dump)[START_KEY]["pretrained"]
+def from_scratch(metadata: dict[str, Any]) -> bool:
+    """A run (its ``run.json``) that trains from an initialisation, not from pretrained weights."""
+    return not metadata[START_KEY]["pretrained"]
