@@ -108,10 +108,11 @@ def test_train_sbatch_within_its_warning_of_the_time_limit_is_one_line(tmp_path)
     assert not (tmp_path / "trained").exists()
 
 
-def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
+def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path, monkeypatch):
     """Rank 1 fails; rank 0 ignores torchrun's SIGTERM (as a rank blocked in C++, in gloo's rendezvous, does)
     and torchrun SIGKILLs it: the launcher says that, not "out of memory", which stays for a SIGKILL from
-    outside. torchrun's own process context, warning and ChildFailedError."""
+    outside where the kernel shows an OOM kill (was: any SIGKILL from outside, a kill -9 too, "most likely out of
+    memory"). torchrun's own process context, warning and ChildFailedError."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -135,7 +136,7 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
         # rank 1 hidden from the console (LOG_RANK=0): its own line, from torchrun's copy, in the launcher's
         hidden = launcher.ending(ChildFailedError("rank", failures), str(tmp_path / "logs"), {0})
         sigkilled = start_processes("rank", sys.executable, {0: ("-c", "import time; time.sleep(60)")}, {0: {}}, logs)
-        os.kill(sigkilled.pids()[0], signal.SIGKILL)  # the kernel's OOM killer, say
+        os.kill(sigkilled.pids()[0], signal.SIGKILL)  # a kill -9
         oom = sigkilled.wait(10, period=0.05).failures
     finally:
         torchrun_log.removeFilter(launcher._quiet_forwarding)
@@ -144,7 +145,10 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path):
     assert [failures[0].exitcode, failures[1].exitcode] == [-signal.SIGKILL, 1]
     assert launcher.ending(ChildFailedError("rank", failures)) == (1, launcher.unstopped_message(0, 1, 1))
     assert hidden == (1, launcher.unstopped_message(0, 1, 1, said)) and "it said: error: shard-00003.bin" in hidden[1]
-    assert launcher.ending(ChildFailedError("rank", oom)) == (137, launcher.oom_message(0))
+    assert launcher.ending(ChildFailedError("rank", oom)) == (137, launcher.killed_message(0, oom=False))
+    assert "(kill -9, or the OOM killer); if out of memory, lower" in launcher.killed_message(0, oom=False)
+    monkeypatch.setattr(launcher, "oom_kills", lambda: 3)  # the cgroup's count of OOM kills went up during the run
+    assert launcher.ending(ChildFailedError("rank", oom), kills=2) == (137, launcher.killed_message(0, oom=True))
 
 
 def two_ranks(tmp_path: Path, code: str, *options: str) -> subprocess.CompletedProcess:

@@ -38,7 +38,7 @@ from dispersion_titan.run_folder.checkpoints import (
 )
 from dispersion_titan.run_folder.owners import FolderOwner, write_record
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
-from dispersion_titan.trainer.launcher import oom_message
+from dispersion_titan.trainer.launcher import killed_message
 from dispersion_titan.utils.errors import ArgumentError
 from support.cli import analyze, assert_one_line_error
 from support.eval_tasks import LM_EVAL_TASKS
@@ -189,8 +189,8 @@ def last_line(proc) -> str:
 def test_sigkilled_rank_resumes_from_last_complete_checkpoint_bit_for_bit(reference, tmp_path):
     dump = tmp_path / "crashed"
     killed, _ = launch_and_signal(dump, 4, signal.SIGKILL, lambda d: worker_pid(d, 1))
-    # The launcher names the likely cause in one line: the kernel's OOM killer sends SIGKILL.
-    assert killed.returncode == 137 and last_line(killed) == oom_message(1)
+    # The launcher says it in one line, out of memory only where the kernel shows an OOM kill (here a kill -9).
+    assert killed.returncode == 137 and last_line(killed) == killed_message(1, oom=False)
     assert "Traceback" not in output(killed)
     resume_from = max(complete_steps(dump))
     assert 4 <= resume_from < STEPS  # killed mid-run

@@ -1,7 +1,8 @@
 """torchrun's own launch (``torch.distributed.run.run``) as ``launch/train.sh`` runs it, ending not in
 a traceback but: nothing when the ranks said why in one line (``SAID_BY_THE_RANKS``: their status);
-one line naming a rank killed by SIGKILL, almost always the OOM killer (137), or by torchrun itself
-when it did not stop after SIGTERM (1); else torchrun's failure summary (1).
+one line naming a rank killed by SIGKILL (137: out of memory where the kernel shows an OOM kill, else kill -9
+or the OOM killer), or by torchrun itself when it did not stop after SIGTERM (1); else torchrun's failure summary
+(1).
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 import signal
+import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -56,12 +60,47 @@ def _quiet_forwarding(record: logging.LogRecord) -> bool:
     return not said and not any(text in record.getMessage() for text in FORWARDING_NOISE)
 
 
-def oom_message(rank: int) -> str:
+def killed_message(rank: int, oom: bool) -> str:
+    """``oom``: the kernel shows an OOM kill (``oom_killed``); else a SIGKILL from anyone, the OOM killer among them."""
+    why = ": out of memory (the kernel's OOM killer); " if oom else " (kill -9, or the OOM killer); if out of memory, "
     return (
-        f"dispersion_titan: error: rank {rank} was killed by SIGKILL — most likely out of memory (the kernel's "
-        "OOM killer); lower training.local_batch_size (or training.max_local_batch_size), or use more "
-        "processes; the last complete checkpoint stands: relaunch the same command to resume"
+        f"dispersion_titan: error: rank {rank} was killed by SIGKILL{why}lower training.local_batch_size (or "
+        "training.max_local_batch_size), or use more processes; the last complete checkpoint stands: relaunch the "
+        "same command to resume"
     )
+
+
+def oom_kills() -> int | None:
+    """The OOM kills in this process's memory cgroup so far (``oom_kill`` of cgroup v2's memory.events, or of v1's
+    memory.oom_control); None where unreadable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for _, controllers, path in (line.split(":", 2) for line in lines if line.count(":") >= 2):
+        if controllers and "memory" not in controllers.split(","):
+            continue
+        file = f"memory{path}/memory.oom_control" if controllers else f"{path}/memory.events"  # v1, v2
+        try:
+            found = re.search(r"^oom_kill (\d+)$", Path(f"/sys/fs/cgroup/{file}").read_text(), re.MULTILINE)
+        except OSError:
+            continue
+        if found:
+            return int(found[1])
+    return None
+
+
+def oom_killed(pid: int, kills_before: int | None) -> bool:
+    """Whether the kernel shows that the OOM killer killed ``pid``: its cgroup's count of OOM kills went up since
+    ``kills_before`` (``oom_kills``), or its log (``dmesg``, where readable) names ``pid`` killed."""
+    kills = oom_kills()
+    if kills is not None and kills_before is not None and kills > kills_before:
+        return True
+    try:
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return re.search(rf"Killed process {pid}\b", log) is not None
 
 
 def unstopped_message(rank: int, first: int, exitcode: int, said: str | None = None) -> str:
@@ -87,19 +126,20 @@ def _said(log_dir: str, local_rank: int) -> str | None:
 
 
 def ending(
-    error: ChildFailedError, log_dir: str | None = None, shown: set[int] | None = None
+    error: ChildFailedError, log_dir: str | None = None, shown: set[int] | None = None, kills: int | None = None
 ) -> tuple[int, str | None]:
     """(exit status, the line to print or None) for a job whose ranks failed; the line of a rank that failed first
-    is repeated from torchrun's ``log_dir`` where the console did not show it (``shown``: its local ranks)."""
+    is repeated from torchrun's ``log_dir`` where the console did not show it (``shown``: its local ranks); ``kills``:
+    ``oom_kills`` at the launch."""
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
 
     def unseen(local_rank: int) -> str | None:
         hidden = log_dir and shown is not None and local_rank not in shown
         return _said(log_dir, local_rank) if hidden else None
 
-    killed = [rank for rank, f in failures if f.exitcode == -signal.SIGKILL and f.pid not in _unstopped]
+    killed = [(rank, f.pid) for rank, f in failures if f.exitcode == -signal.SIGKILL and f.pid not in _unstopped]
     if killed:
-        return 128 + signal.SIGKILL, oom_message(killed[0])
+        return 128 + signal.SIGKILL, killed_message(killed[0][0], oom_killed(killed[0][1], kills))
     unstopped = [rank for rank, failure in failures if failure.pid in _unstopped]
     if unstopped:
         first, failure = next((rank, f) for rank, f in failures if f.pid not in _unstopped)
@@ -122,13 +162,14 @@ def run(argv: list[str]) -> int:
     args.log_dir = args.log_dir or tempfile.mkdtemp(prefix="torchelastic_")  # torchrun's own default, known here
     for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
         logging.getLogger(name).addFilter(_quiet_forwarding)
+    kills = oom_kills()
     try:
         torchrun.run(args)
     except SignalException as e:
         return interrupted_exit_code(int(e.sigval))  # forwarded to the ranks, which saved and said so
     except ChildFailedError as e:
         shown = set(map(int, args.local_ranks_filter.split(","))) if args.local_ranks_filter else None
-        status, line = ending(e, args.log_dir, shown)
+        status, line = ending(e, args.log_dir, shown, kills)
         if line is not None:
             print(line, file=sys.stderr, flush=True)
         return status
