@@ -33,6 +33,7 @@ pytestmark = pytest.mark.slow
 
 RUN = (*SCHEDULE, "--validation.no-enable")  # conftest's reference run: 2 processes, checkpoints 0, 2, 4, 6, 8
 FORK_STEP = 4
+FORKED = ("--dispersion.coeff", "0", "--optimizer.lr", "2e-3")  # the fork's own settings: the reference's lr is 1e-3
 ANALYSIS = ("--num-sequences", "4", "--seq-len", "32")
 CHECK = ("--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config", *DEBUG_SEQ_LEN)
 
@@ -61,7 +62,7 @@ def one_line(proc) -> str:
 @pytest.fixture(scope="module")
 def fork(reference_run, tmp_path_factory) -> Path:
     """A branch of the reference run from its step 4, on 1 process, with the dispersion term
-    off (other settings, on purpose), to step 5, whose final checkpoint is full."""
+    off and twice its learning rate (other settings, on purpose), to step 5, whose final checkpoint is full."""
     before = sha256_tree(reference_run)
     dump = tmp_path_factory.mktemp("ledger") / "fork"
     torchrun(
@@ -70,8 +71,7 @@ def fork(reference_run, tmp_path_factory) -> Path:
         "--training.steps",
         str(FORK_STEP + 1),
         *RUN,
-        "--dispersion.coeff",
-        "0",
+        *FORKED,
         "--checkpoint.no-last_save_model_only",
         "--job.fork_from",
         f"{reference_run}@{FORK_STEP}",
@@ -260,10 +260,14 @@ def test_a_step_folder_renamed_by_hand_is_named_in_one_line(reference_run, tmp_p
 def test_fork_starts_from_the_source_checkpoint_and_records_it(fork, reference_run):
     """The fork loads the whole training state of step 4 (weights, optimizer, schedule, data
     position): its step-5 cross-entropy, computed before its own first update, is the
-    reference's (1 process against 2: float summation order)."""
-    want, got = scalars(reference_run)["loss_metrics/ce"], scalars(fork)["loss_metrics/ce"]
+    reference's (1 process against 2: float summation order). That update is at the fork's own
+    learning rate, twice the reference's at that step of the same schedule (was the reference's:
+    the optimizer's and the schedule's states loaded held its lr)."""
+    reference, branch = scalars(reference_run), scalars(fork)
+    want, got = reference["loss_metrics/ce"], branch["loss_metrics/ce"]
     assert sorted(got) == [FORK_STEP + 1]
     assert got[FORK_STEP + 1] == pytest.approx(want[FORK_STEP + 1], rel=1e-4)
+    assert branch["lr"][FORK_STEP + 1] == pytest.approx(2 * reference["lr"][FORK_STEP + 1], rel=1e-6)
     source = reference_run / "checkpoint" / f"step-{FORK_STEP}"
     recorded = json.loads((fork / "run.json").read_text())
     assert recorded["forked_from"] == {
@@ -329,8 +333,7 @@ def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
         "--training.steps",
         str(FORK_STEP + 2),
         *RUN,
-        "--dispersion.coeff",
-        "0",
+        *FORKED,
         "--checkpoint.no-last_save_model_only",
         "--checkpoint.interval",
         "3",
@@ -358,7 +361,7 @@ def test_a_fork_that_died_in_its_first_save_is_not_started_from_scratch(fork, tm
     before = sha256_tree(dump)
     again = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
                           "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, "--training.steps", str(FORK_STEP + 1), *RUN,
-                          "--dispersion.coeff", "0", "--checkpoint.no-last_save_model_only", timeout=300)  # fmt: skip
+                          *FORKED, "--checkpoint.no-last_save_model_only", timeout=300)  # fmt: skip
     assert one_line(again) == (
         f"dispersion_titan: error: {dump}/checkpoint: holds no complete checkpoint, and TorchTitan would then start "
         "from a fresh initialisation, not from checkpoint.initial_load_*; move it aside (nothing in it is loaded) "
@@ -402,7 +405,7 @@ def test_a_fork_relaunched_from_its_source_moved_elsewhere_goes_on(fork, referen
     )
     proc = python_module("dispersion_titan.train", "--check-only", "--job.config_file", DEBUG_TOML,
                          "--job.dump_folder", str(fork), "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, *RUN,
-                         "--training.steps", str(FORK_STEP + 3), "--dispersion.coeff", "0",
+                         "--training.steps", str(FORK_STEP + 3), *FORKED,
                          "--checkpoint.no-last_save_model_only", "--job.fork_from", f"{moved}@{FORK_STEP}",
                          timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -416,7 +419,7 @@ def test_a_forks_relaunch_resumes_its_own_checkpoint_without_a_warning(fork, ref
     subprocess.run(["cp", "-a", str(fork), str(copy)], check=True)  # the module's fork stays as it is
     proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(copy),
                          "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, *RUN, "--training.steps", str(FORK_STEP + 2),
-                         "--dispersion.coeff", "0", "--checkpoint.no-last_save_model_only", "--job.fork_from",
+                         *FORKED, "--checkpoint.no-last_save_model_only", "--job.fork_from",
                          f"{reference_run}@{FORK_STEP}", timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (copy / "checkpoint" / f"step-{FORK_STEP + 2}" / ".metadata").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import dataclasses
 import logging
 import os
@@ -96,6 +97,36 @@ checkpoints rather than the weights it started from: what the same command is fo
 none is refused at launch, ``check_initial_load``)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class ConfiguredRates:
+    """Each optimizer's param-group settings (lr, weight decay, betas, eps, …) and each LR schedule's peaks as this
+    launch's config builds them. A full checkpoint loaded restores its own (torch's optimizer and ``LambdaLR``
+    states hold them): a fork with another ``optimizer.lr`` or ``weight_decay`` trained with its parent's, silently.
+    A relaunch's are its recorded ones (``run_folder.settings``), so restoring them changes nothing there."""
+
+    groups: list[list[dict[str, Any]]]
+    peaks: list[list[float]]
+
+    @classmethod
+    def of(cls, optimizers: list[torch.optim.Optimizer], schedulers: list[Any]) -> ConfiguredRates:
+        groups = [
+            [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers
+        ]
+        return cls(groups, [list(scheduler.base_lrs) for scheduler in schedulers])
+
+    def restore(self, optimizers: list[torch.optim.Optimizer], schedulers: list[Any]) -> None:
+        """These settings back, each group's lr its peak at the loaded step of its schedule, as ``LambdaLR`` sets it."""
+        for optimizer, groups in zip(optimizers, self.groups, strict=True):
+            for group, configured in zip(optimizer.param_groups, groups, strict=True):
+                group.update({k: copy.deepcopy(v) for k, v in configured.items() if k != "lr"})
+        for scheduler, peaks in zip(schedulers, self.peaks, strict=True):
+            scheduler.base_lrs = list(peaks)
+            groups = scheduler.optimizer.param_groups
+            for group, peak, factor in zip(groups, peaks, scheduler.lr_lambdas, strict=True):
+                group["lr"] = peak * factor(scheduler.last_epoch)
+            scheduler._last_lr = [group["lr"] for group in groups]
+
+
 class DispersionTrainer(titan_compat.TrainerHooks):
     def __init__(self, job_config: RunConfig) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
@@ -131,6 +162,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self.maybe_enable_amp = contextlib.nullcontext()
             if job_config.validation.enable:
                 self.validator.maybe_enable_amp = self.maybe_enable_amp
+        self.configured = ConfiguredRates.of(self.optimizers.optimizers, self.lr_schedulers.schedulers)
         self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
         self.saved_marked = False
         if self.checkpoint_folder is not None:  # a failed write ends the run in one line
@@ -213,7 +245,10 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self.saved_marked = True
 
     def on_checkpoint_loaded(self) -> None:
-        """Record a checkpoint folder outside the run once every rank loaded; save step 0 if asked."""
+        """This launch's optimizer settings over a loaded training state's; record a checkpoint folder outside the
+        run once every rank loaded; save step 0 if asked."""
+        if self.step > 0:
+            self.configured.restore(self.optimizers.optimizers, self.lr_schedulers.schedulers)
         if CHECKPOINT_KEY in self.outside_folders:
             dist.barrier()  # every rank has looked whether the folder exists
             if dist.get_rank() == 0:
