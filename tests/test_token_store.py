@@ -629,3 +629,64 @@ def test_stale_store_is_refused_before_launch(tmp_path, enwiki_store):
     assert str(error.value).startswith(
         f"training.dataset_path: token store {store / MANIFEST} is stale: made with another tokenizer"
     )
+
+
+def test_a_relaunch_names_its_documents_by_any_path_and_a_store_prepared_again_is_refused(tmp_path, monkeypatch):
+    """``run.json`` records beside each data path the identity of the documents it gave (``run_folder.settings``:
+    ``DATA_IDENTITY``), so a relaunch may name them by another path: the store copied or moved (was refused as
+    `started with other settings: training.dataset_path "store" -> "copy"`), written absolute, prepared again in
+    other shards, the corpus it was made from (docs/data.md: a run resumes on a store of its corpus and back).
+    Another corpus is refused as before; a store prepared again from another corpus at the same path is refused in
+    one line (was: trained on, silently); a path with nothing there now (the store moved) says so (was the corpus's
+    check: `no file matches`, or for enwiki_sample `is embedded and takes no path`). A run recorded without the
+    identity keeps comparing paths. In process: the launch's own checks, on a ``run.json`` as the trainer writes it."""
+    from dispersion_titan.config.cli import load_toml
+    from dispersion_titan.job_config.parse import check, parse_job_config, validated_args
+    from dispersion_titan.run_folder.outputs import FORMAT, FORMAT_KEY
+    from dispersion_titan.run_folder.settings import check_same_settings, refuse_other_data_here, run_settings
+    from dispersion_titan.utils.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    corpus, other = jsonl(tmp_path / "a.jsonl", texts(30, seed=1)), jsonl(tmp_path / "b.jsonl", texts(30, seed=2))
+    run_prepare("local", "--dataset-path", corpus, "--out", "store", "--workers", "1")
+    dump = tmp_path / "run"
+    args = ["--job.config_file", DEBUG_TOML, "--job.custom_config_module", "dispersion_titan.config"]
+    args += ["--job.dump_folder", str(dump), "--training.dataset", "local"]
+
+    def relaunch(path: str) -> None:  # as check_launch orders them
+        argv = [*args, "--training.dataset_path", path]
+        job = parse_job_config(argv, load_toml(argv))
+        refuse_other_data_here(str(dump), job)
+        check_same_settings(str(dump), check(job))
+
+    def refused(path: str) -> str:
+        with pytest.raises(ConfigError) as refusal:
+            relaunch(path)
+        return str(refusal.value)
+
+    settings = run_settings(validated_args([*args, "--training.dataset_path", "store"]))
+    record = {FORMAT_KEY: FORMAT, "model_args": {}, "settings": settings, "saved_checkpoints": True, "cwd": "."}
+    dump.mkdir()
+    (dump / "run.json").write_text(json.dumps(record))
+    shutil.copytree(tmp_path / "store", tmp_path / "copy")
+    run_prepare("local", "--dataset-path", corpus, "--out", "resharded", "--workers", "1", "--shard-documents", "7")
+    for path in ("store", str(tmp_path / "store"), "copy", "resharded", corpus, "a.jsonl"):
+        relaunch(path)
+    assert refused(other) == (
+        f'run folder {dump} was started with other settings: training.dataset_path "store" -> "{other}"; relaunch '
+        "with the same settings, or branch on purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
+    )
+    shutil.rmtree(tmp_path / "store")
+    assert refused("store") == (
+        f"training.dataset_path: store: nothing there now, and run folder {dump} trained on it; put it back there "
+        "(a symbolic link to where it is now will do)"
+    )
+    run_prepare("local", "--dataset-path", other, "--out", "store", "--workers", "1")
+    assert refused("store") == (
+        f"training.dataset_path: token store store holds other documents than run folder {dump} trained on (prepared "
+        "again since, from other inputs); put the run's store back there, or branch on purpose with --job.fork_from "
+        "RUN[@STEP] into a new --job.dump_folder"
+    )
+    del settings["training.dataset_identity"]  # recorded before identities were
+    (dump / "run.json").write_text(json.dumps(record))
+    assert 'training.dataset_path "store" -> "copy"' in refused("copy")

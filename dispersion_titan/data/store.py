@@ -187,6 +187,20 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
     return TokenStore(folder, manifest, dtype)
 
 
+def source_identity(dataset: str, split: str, path: str | None, field: str) -> str | None:
+    """A digest of the documents ``path`` gives ``dataset``'s ``split``: a token store's as its manifest recorded
+    them when it was prepared, a corpus's as they are now (``documents_identity``: its files' paths, sizes and
+    times), so a store, its copy and the corpus it was made from have one; None where they cannot be read."""
+    try:
+        if is_store(path):
+            identity = read_manifest(os.path.expanduser(path or ""), field)["source"]["identity"]
+        else:
+            identity = documents_identity(dataset, split, path or None, field)
+    except (DataConfigError, OSError, KeyError):
+        return None
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
 SHARD_DOCUMENTS = 16_384  # documents per shard (one task): ~16M tokens of FineWeb-Edu
 _IN_FLIGHT_PER_WORKER = 2  # shards read ahead per worker: bounds the texts held in memory
 _RECORD_KEYS = ("file", "tokens", "documents", "sha256")

@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from ..data.store import is_store, source_identity
 from ..models.flavors import pretrained_folder
 from ..tokenizer.encoders import TOKENIZER_FILE, hub_snapshot, is_hub_id, tokenizer_folder
 from ..utils.errors import CheckpointError, ConfigError
@@ -72,6 +73,15 @@ INPUT_PATHS = ("training.dataset_path", "validation.dataset_path", "model.hf_ass
 """Settings naming the run's data (or its tokenizer's folder) by a path or a pattern of them, relative to the
 launch's working directory."""
 
+DATA_IDENTITY = {
+    "training.dataset_path": "training.dataset_identity",
+    "validation.dataset_path": "validation.dataset_identity",
+}
+"""Beside each data path in the recorded settings, the documents it gave (``data.store.source_identity``): a
+relaunch may name the same documents by another path (a token store moved or copied, the store of the corpus it
+trained on, or back), and a token store prepared again from other inputs at the same path is refused. Not a config
+key: ``fixed`` leaves it to ``check_same_settings``."""
+
 
 def started_revision(dump_folder: str, hub_id: str) -> str | None:
     """The revision of ``hub_id`` the run in ``dump_folder`` started from, which its relaunches read (the hub's
@@ -84,8 +94,15 @@ def started_revision(dump_folder: str, hub_id: str) -> str | None:
 
 
 def run_settings(job_config: Any) -> dict[str, Any]:
-    """Every key of ``job_config`` as ``section.key``, JSON values."""
-    return flatten(json.loads(json.dumps(job_config.to_dict(), default=str)))
+    """Every key of ``job_config`` as ``section.key``, JSON values, and the identity of its data (``DATA_IDENTITY``)."""
+    settings = flatten(json.loads(json.dumps(job_config.to_dict(), default=str)))
+    for path_key, identity_key in DATA_IDENTITY.items():
+        section = path_key.split(".")[0]
+        split = "train" if section == "training" else "validation"
+        dataset, path = settings.get(f"{section}.dataset"), settings.get(path_key)
+        if isinstance(dataset, str) and (path is None or isinstance(path, str)):
+            settings[identity_key] = source_identity(dataset, split, path, path_key)
+    return settings
 
 
 def _compared(value: Any) -> Any:
@@ -99,7 +116,7 @@ def _shown(value: Any) -> str:
 
 def fixed(key: str) -> bool:
     """Whether a relaunch must keep ``key``: it changes what the run computes."""
-    return key not in ALLOWED_KEYS and not key.startswith(ALLOWED_SECTIONS)
+    return key not in ALLOWED_KEYS and not key.startswith(ALLOWED_SECTIONS) and key not in DATA_IDENTITY.values()
 
 
 def trajectory_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -114,10 +131,16 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
     if recorded is None or saved_nothing(dump_folder, recorded):
         return
     before, now, missing = recorded["settings"], run_settings(job_config), object()
+    # the same documents by another path (a store moved or copied, the store of the corpus, or back)
+    same_data = {
+        key for key, identity in DATA_IDENTITY.items() if before.get(identity) == now.get(identity) is not None
+    }
     changes = [  # ``key old -> new`` outside the allow-list, a key one side lacks included
         f"{key} {_shown(before.get(key, missing))} -> {_shown(now.get(key, missing))}"
         for key in sorted(before.keys() | now.keys())
-        if fixed(key) and _compared(before.get(key, missing)) != _compared(now.get(key, missing))
+        if fixed(key)
+        and key not in same_data
+        and _compared(before.get(key, missing)) != _compared(now.get(key, missing))
     ]
     if changes:
         raise ConfigError(
@@ -125,6 +148,17 @@ def check_same_settings(dump_folder: str, job_config: Any) -> None:
             "same settings, or branch on purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
         )
     _refuse_another_tokenizer(dump_folder, recorded.get("tokenizer_sha256"), now)
+    for key, identity in DATA_IDENTITY.items():
+        if (
+            now.get(key) == before.get(key)
+            and is_store(now.get(key))
+            and before.get(identity) not in (None, now.get(identity))
+        ):
+            raise ConfigError(
+                f"{key}: token store {now[key]} holds other documents than run folder {dump_folder} trained on "
+                "(prepared again since, from other inputs); put the run's store back there, or branch on purpose "
+                "with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
+            )
 
 
 def _refuse_another_tokenizer(dump_folder: str, recorded: str | None, now: dict[str, Any]) -> None:
@@ -144,14 +178,22 @@ def refuse_other_data_here(dump_folder: str, job_config: Any) -> None:
     """Refuse a relaunch from another working directory where a relative data path, the same as recorded, names
     other files (or none) than it did from the run's first launch's. Files are told by content, so a copy of
     the first launch's folder relaunches; data no longer there is not told apart from data moved with it.
-    Before the checks of the values, which named a path missing here as missing, not where to relaunch from, and a
-    tokenizer folder gone as one to give (another is refused as other settings)."""
+    Before the checks of the values, which named a path missing here as missing, not where to relaunch from, a data
+    path gone (a token store moved) as one the corpus takes none of, and a tokenizer folder gone as one to give
+    (another is refused as other settings)."""
     recorded = recorded_run(dump_folder)
     if recorded is None or saved_nothing(dump_folder, recorded):
         return
     first, now = recorded.get("cwd"), run_settings(job_config)
     if first and os.path.realpath(first) != os.path.realpath(os.getcwd()):
         _refuse_other_paths_here(dump_folder, first, now)
+    for key in DATA_IDENTITY:
+        path = now.get(key)
+        if path and path == recorded["settings"].get(key) and not any(map(glob.glob, _expanded(path))):
+            raise ConfigError(  # was the corpus's check: `'enwiki_sample' is embedded and takes no path`, for a store
+                f"{key}: {path}: nothing there now, and run folder {dump_folder} trained on it; put it back there "
+                "(a symbolic link to where it is now will do)"
+            )
     folder = tokenizer_folder(now.get("model.name", ""), now.get("model.hf_assets_path"))
     gone = folder is not None and not os.path.isdir(os.path.expanduser(folder)) and not is_hub_id(folder)
     if gone and folder == recorded["settings"].get("model.hf_assets_path"):
@@ -159,6 +201,11 @@ def refuse_other_data_here(dump_folder: str, job_config: Any) -> None:
             f"model.hf_assets_path: {folder}: no such folder, and run folder {dump_folder} takes its tokenizer from "
             "it; put it back there (a symbolic link to where it is now will do)"
         )
+
+
+def _expanded(path: str) -> list[str]:
+    """A data path's comma-separated paths and globs, ``~`` expanded."""
+    return [os.path.expanduser(entry.strip()) for entry in path.split(",") if entry.strip()]
 
 
 def _refuse_other_paths_here(dump_folder: str, first: str, now: dict[str, Any]) -> None:
