@@ -75,6 +75,18 @@ REFUSALS = [
     Refusal(
         [*DEBUG, "--validation.dataset", "local", "--validation.dataset_path", "{empty}"], "validation.dataset_path:"
     ),
+    Refusal(  # a folder meant as a token store (a prepare killed before its first shard): said it is none
+        [*DEBUG, "--training.dataset_path", "{dir}"],
+        "training.dataset_path: 'enwiki_sample' is embedded and takes no path (did you mean 'local'?); nor is '{dir}' "
+        "a token store (no manifest.json in it)",
+        how="is",
+    ),
+    Refusal(
+        [*DEBUG, "--training.dataset", "local", "--training.dataset_path", "{dir}"],
+        "training.dataset_path: '{dir}' is a directory; name files or a glob; nor is '{dir}' a token store (no "
+        "manifest.json in it)",
+        how="is",
+    ),
     Refusal(
         [*DEBUG, "--dispersion.variant", "spread"],
         "dispersion.variant: 'spread' is not one of ('none', 'angular_spread'",
@@ -503,6 +515,20 @@ def test_refused_in_one_line_naming_the_field(tmp_path, refusal):
 CRASHES = [
     # (settings of debug.toml changed, the line); TorchTitan 0.2.2 or torch's AdamW would assert or raise on each
     ({"checkpoint.initial_load_path": "{dir}"}, "checkpoint.initial_load_path: {dir}: no .metadata in it"),
+    # the other kind of folder, or a run's: said as such (was `no .metadata in it`, `no *.safetensors in it`)
+    (
+        {"checkpoint.initial_load_path": "{dir}/hf"},
+        "checkpoint.initial_load_path: {dir}/hf: set checkpoint.initial_load_in_hf = true: it is a Hugging Face",
+    ),
+    (
+        {"checkpoint.initial_load_in_hf": True, "checkpoint.initial_load_path": "{dir}/a_run/checkpoint/step-2"},
+        "checkpoint.initial_load_path: {dir}/a_run/checkpoint/step-2: set checkpoint.initial_load_in_hf = false: it is",
+    ),
+    (
+        {"checkpoint.initial_load_path": "{dir}/a_run"},
+        "checkpoint.initial_load_path: {dir}/a_run: a run's folder; give one of its checkpoints' step-N folders, or "
+        "branch from it with --job.fork_from RUN[@STEP]",
+    ),
     (
         {"checkpoint.initial_load_in_hf": True, "checkpoint.initial_load_path": "{dir}/nope"},
         "checkpoint.initial_load_path: {dir}/nope: no such folder; give a Hugging Face model's folder",
@@ -549,6 +575,9 @@ def test_what_torchtitan_would_crash_on_is_refused_in_one_line(tmp_path):
     parsed once, each case checked on a copy of it."""
     dump = ["--job.dump_folder", str(tmp_path / "run")]
     parsed = validated_args([*DEBUG, *dump])
+    for file in ("hf/model.safetensors", "a_run/run.json", "a_run/checkpoint/step-2/.metadata"):
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / file).write_text("")
     for changes, says in CRASHES:
         config = copy.deepcopy(parsed)
         for key, value in changes.items():

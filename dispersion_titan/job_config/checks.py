@@ -15,7 +15,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ..data.corpora import check_dataset
-from ..data.store import is_store, open_store
+from ..data.store import MANIFEST, is_store, open_store
 from ..losses.options import CONFIG_RANGES, resolve_layers
 from ..losses.variants import VARIANTS, precision_error, range_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS, pretrained_config, pretrained_folder
@@ -191,6 +191,9 @@ def check_data(config: RunConfig) -> None:
             else:
                 check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
         except DataConfigError as e:
+            folder = os.path.expanduser(cfg.dataset_path or "")
+            if os.path.isdir(folder):  # where a token store was meant: one killed before its first shard, say
+                raise ConfigError(f"{e}; nor is {cfg.dataset_path!r} a token store (no {MANIFEST} in it)") from None
             raise ConfigError(str(e)) from None
     for section in ("training", "validation"):
         if getattr(config, section).dataloader.num_workers != 0:

@@ -15,7 +15,7 @@ from ..components.titan_compat import model_converter_names
 from ..data.corpora import check_readable_here
 from ..data.store import is_store
 from ..run_folder.checkpoints import complete_checkpoints
-from ..run_folder.owners import inside
+from ..run_folder.owners import RUN_METADATA_FILE, inside
 from ..tokenizer.encoders import is_hub_id
 from ..utils.errors import CheckpointError, ConfigError, DataConfigError
 from .hf_weights import check_hf_weights
@@ -90,6 +90,14 @@ def check_initial_load(config: RunConfig, args: Any) -> None:
             f"checkpoint.initial_load_in_hf: true loads Hugging Face weights from model.hf_assets_path {path} "
             f"when checkpoint.initial_load_path is empty ({problem}); give model.hf_assets_path the model's folder "
             "or hub id, or set initial_load_in_hf = false to train from scratch"
+        )
+    if glob.glob(os.path.join(path, ".metadata" if hf else "*.safetensors")):  # the other kind: said, not "no X"
+        flag = "false: it is a DCP checkpoint" if hf else "true: it is a Hugging Face model's folder"
+        raise ConfigError(f"{key}: {path}: set checkpoint.initial_load_in_hf = {flag}")
+    if not hf and os.path.isfile(os.path.join(path, RUN_METADATA_FILE)):
+        raise ConfigError(
+            f"{key}: {path}: a run's folder; give one of its checkpoints' step-N folders, or branch from it with "
+            "--job.fork_from RUN[@STEP]"
         )
     what = "a Hugging Face model's folder (its *.safetensors)" if hf else "a checkpoint's step-N folder"
     raise ConfigError(f'{key}: {path}: {problem}; give {what}, or "" to train from scratch')
