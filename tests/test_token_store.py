@@ -629,6 +629,7 @@ def test_stale_store_is_refused_before_launch(tmp_path, enwiki_store):
     assert str(error.value).startswith(
         f"training.dataset_path: token store {store / MANIFEST} is stale: made with another tokenizer"
     )
+    assert str(error.value).endswith("; rebuild it with python -m dispersion_titan.data prepare")
 
 
 def test_a_relaunch_names_its_documents_by_any_path_and_a_store_prepared_again_is_refused(tmp_path, monkeypatch):

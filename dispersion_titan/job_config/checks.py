@@ -192,7 +192,7 @@ def check_data(config: RunConfig) -> None:
                 check_dataset(cfg.dataset, cfg.dataset_path, f"{section}.dataset")  # never contacts the hub
         except DataConfigError as e:
             folder = os.path.expanduser(cfg.dataset_path or "")
-            if os.path.isdir(folder):  # where a token store was meant: one killed before its first shard, say
+            if os.path.isdir(folder) and not is_store(folder):  # a store meant: one killed before its first shard, say
                 raise ConfigError(f"{e}; nor is {cfg.dataset_path!r} a token store (no {MANIFEST} in it)") from None
             raise ConfigError(str(e)) from None
     for section in ("training", "validation"):
