@@ -315,6 +315,14 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
         with pytest.raises(ConfigError) as refused:
             start_fork(job, 1)
         assert says in str(refused.value)
+    (tmp_path / "hf model").mkdir()  # an HF export: how to start from it (was `no checkpoints (no step-N folders …)`)
+    (tmp_path / "hf model" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError) as refused:
+        fork_source(str(tmp_path / "hf model"))
+    assert str(refused.value) == (
+        f"job.fork_from: {tmp_path / 'hf model'}: a Hugging Face model's folder, not a run; start from it with "
+        f"--checkpoint.initial_load_path '{tmp_path / 'hf model'}' --checkpoint.initial_load_in_hf"
+    )
     named = tmp_path / "lr@1e-3"  # a run folder whose name holds '@' (was 'STEP must be a checkpoint step number')
     named.symlink_to(reference_run)
     assert fork_source(str(named))[1:] == fork_source(str(reference_run))[1:]

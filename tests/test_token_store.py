@@ -351,6 +351,9 @@ def test_damaged_stores_fail_naming_the_file(enwiki_store, tmp_path):
         with pytest.raises(DataConfigError, match=rf"^training\.dataset_path: .*manifest\.json.*{re.escape(says)}"):
             open_store(str(store), "enwiki_sample", "train", "training.dataset_path")
     (store / MANIFEST).write_text(json.dumps(manifest))
+    too_long = job("enwiki_sample", str(store), 1, seq_len=manifest["tokens"])  # too short a store: its path named
+    with pytest.raises(DataConfigError, match=rf"^training\.dataset_path: {manifest['tokens']} tokens are too few for"):
+        build_dataset("training", "train", 1, 0, too_long)
     with open(store / "shard-00003.bin", "r+b") as f:
         f.truncate(100)
     truncated = r"^training\.dataset_path: .*shard-00003\.bin: truncated \(100 bytes"

@@ -312,9 +312,12 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
     train = split == "train"
     streamed = train and cfg.dataset in CORPORA and CORPORA[cfg.dataset].streams_training
     if is_store(cfg.dataset_path):
-        tokens = open_store(cfg.dataset_path, cfg.dataset, split, f"{field}_path", encoder)
+        field = f"{field}_path"  # a store too short for one sequence is its path's fault (was said as the dataset's)
+        tokens = open_store(cfg.dataset_path, cfg.dataset, split, field, encoder)
         if streamed:
-            return ContinuousPackedDataset(tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size)
+            return ContinuousPackedDataset(
+                tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field
+            )
     elif streamed:
         rows = functools.partial(CORPORA[cfg.dataset].training_rows, cfg.dataset_path, f"{field}_path")
         return StreamingPackedDataset(rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, encoder=encoder)

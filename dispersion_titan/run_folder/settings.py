@@ -12,6 +12,7 @@ import glob
 import hashlib
 import json
 import os
+import shlex
 from typing import Any
 
 from ..data.store import is_store, source_identity
@@ -255,6 +256,11 @@ def parse_fork(spec: str) -> tuple[str, int | None]:
 def fork_source(spec: str) -> tuple[str, int, str]:
     """(source run, step, checkpoint) ``job.fork_from`` names: its step, else the newest full (or any) one."""
     run, step = parse_fork(spec)
+    if glob.glob(os.path.join(run, "*.safetensors")):  # was `no checkpoints (no step-N folders here or in …)`
+        raise ConfigError(
+            f"job.fork_from: {run}: a Hugging Face model's folder, not a run; start from it with "
+            f"--checkpoint.initial_load_path {shlex.quote(run)} --checkpoint.initial_load_in_hf"
+        )
     try:
         folder = find_checkpoint_folder(run, give="{run}@{step}")
     except CheckpointError as e:
