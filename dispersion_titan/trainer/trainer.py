@@ -247,8 +247,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
     def on_checkpoint_loaded(self) -> None:
         """This launch's optimizer settings over a loaded training state's; record a checkpoint folder outside the
         run once every rank loaded; save step 0 if asked."""
-        if self.step > 0:
-            self.configured.restore(self.optimizers.optimizers, self.lr_schedulers.schedulers)
+        self.configured.restore(self.optimizers.optimizers, self.lr_schedulers.schedulers)  # a fork's step 0 too
         if CHECKPOINT_KEY in self.outside_folders:
             dist.barrier()  # every rank has looked whether the folder exists
             if dist.get_rank() == 0:
