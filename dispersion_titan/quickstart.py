@@ -28,6 +28,14 @@ def _widths(text: str) -> tuple[int, ...]:
     return tuple(sorted(widths))
 
 
+def _init_widths(text: str) -> tuple[int, ...]:
+    """Two or more: finding 2 (wider MLPs condense less) is decided on the init panel's widths."""
+    widths = _widths(text)
+    if len(widths) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} is one width; finding 2 compares two or more")
+    return widths
+
+
 def _coeff(text: str) -> float:
     try:
         value = float(text)
@@ -67,9 +75,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--init-flavor", default="small", help="model shape of the init panel (default small: GPT-2 small)")
     p.add_argument(
         "--init-widths",
-        type=_widths,
+        type=_init_widths,
         default=(768, 1536, 3072, 6144),
-        help="MLP widths of the init panel (default 768,1536,3072,6144)",
+        help="MLP widths of the init panel, two or more (default 768,1536,3072,6144)",
     )
     p.add_argument(
         "--init-num-sequences",

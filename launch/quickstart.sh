@@ -8,11 +8,13 @@
 # summary.png). Its measured wall time is in docs/benchmarks.md ("Quickstart").
 # Running it again only redoes what is missing.
 # Environment:
-#   QUICKSTART_OUT  output folder (default: outputs/quickstart)
-# Options go to python -m dispersion_titan.quickstart (--help lists them).
+#   QUICKSTART_OUT  output folder (default: outputs/quickstart in this clone)
+# Options go to python -m dispersion_titan.quickstart (--help lists them); their relative paths
+# (--out, --config) are read from the folder it is run in, as every command's.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 echo "quickstart: setting up .venv (scripts/setup_env.sh)"
-bash scripts/setup_env.sh
-. .venv/bin/activate
+bash "$REPO/scripts/setup_env.sh"
+. "$REPO/.venv/bin/activate"
+export QUICKSTART_OUT=${QUICKSTART_OUT:-$REPO/outputs/quickstart}
 exec python -m dispersion_titan.quickstart "$@"

@@ -6,10 +6,12 @@ invocation redoes only what is missing; other options never mix with existing re
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import re
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +21,9 @@ import pytest
 
 from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation, read_results
 from dispersion_titan.analysis.inputs import InputOptions
-from dispersion_titan.quickstart import CONFIG
+from dispersion_titan.quickstart import CONFIG, parser
+from dispersion_titan.quickstart import main as quickstart_main
+from dispersion_titan.reproduce.quickstart import pipeline
 from dispersion_titan.reproduce.quickstart.figure import findings_figure
 from dispersion_titan.reproduce.quickstart.findings import (
     AGREES,
@@ -33,10 +37,16 @@ from dispersion_titan.reproduce.quickstart.findings import (
     with_dispersion,
     with_width,
 )
+from dispersion_titan.reproduce.quickstart.pipeline import (
+    check_same_options,
+    folder_id,
+    make_setup,
+    process,
+    step_progress,
+)
 from dispersion_titan.reproduce.quickstart.pipeline import init_panel as measure_init_panel
-from dispersion_titan.reproduce.quickstart.pipeline import step_progress
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
-from dispersion_titan.utils.errors import OutputError
+from dispersion_titan.utils.errors import WRITE_FAILED, ArgumentError, OutputError
 from support.launch import REPO, held_by_another_command, python_module
 from support.runs import digests
 
@@ -67,10 +77,13 @@ NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
 
 def small_config(path: Path) -> Path:
     """quickstart.toml with 2 sequences of 32 tokens per training step and one such validation batch (was 8 of
-    128, 4 batches: validation alone took half of each job): no assertion needs more, the analysis sets its own."""
+    128, 4 batches: validation alone took half of each job): no assertion needs more, the analysis sets its own.
+    Its [checkpoint] would save none (a traceback when the quickstart looked for them), or not step 0, or keep 2:
+    the quickstart keeps every one from step 0 on, where it looks, whatever its --config says."""
     text = Path(CONFIG).read_text()
     smaller = (("local_batch_size", 8, 2), ("global_batch_size", 8, 2), ("seq_len", 128, 32), ("steps", 4, 1))
-    for key, value, new in smaller:
+    fewer = (("enable", "true(?= +# DCP)", "false"), ("save_initial", "true", "false"), ("keep_latest_k", 0, 2))
+    for key, value, new in (*smaller, *fewer):
         text, found = re.subn(rf"^{key} = {value}\b", f"{key} = {new}", text, flags=re.M)
         assert found, key
     path.write_text(text)
@@ -85,6 +98,11 @@ def sweep_options(out: Path) -> tuple[str, ...]:
 def quickstart(out: Path, *options: str):
     """The command forked from the launch server; it starts its own job server, as from a shell."""
     return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900)
+
+
+def setup_for(out: Path, config: Path, *options: str) -> pipeline.QuickstartSetup:
+    """The quickstart's setup for these options, in this process: what it checks before any work."""
+    return make_setup(parser().parse_args(["--out", str(out), "--config", str(config), *options]))
 
 
 def late_offdiag(result: dict) -> float:
@@ -367,6 +385,13 @@ def test_a_verdict_agrees_only_beyond_the_measured_seed_spread():
     assert fourth.endswith("validation loss (mean over widths): within noise at this scale")
     width = [title for title in panels if title.startswith("2.")]
     assert [t.split("— ", 1)[1].split(" ")[0] for t in width] == [found[1].verdict.split()[0]] * 2
+    # One trained width: its panel says nothing was compared (it said the init panel's verdict, "after 100 steps").
+    alone = [r for r in runs if r.width == 64]
+    titles = [
+        " ".join(ax.get_title().split()) for ax in findings_figure(panel, alone, findings(panel, alone, 42), 42).axes
+    ]
+    (toy,) = [title for title in titles if title.startswith("2.") and "after 100 steps" in title]
+    assert "after 100 steps: one MLP width, nothing to compare; init panel: dim 64, 4 blocks, step 0: " in toy, toy
 
 
 @pytest.mark.slow
@@ -402,9 +427,93 @@ def test_other_options_are_refused_without_touching_results(sweep, change, what)
     proc = quickstart(out, *(item for pair in options.items() for item in pair))
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [
-        f"dispersion_titan: error: --out: {out} holds results made with other options ({what}); use another --out"
+        f"dispersion_titan: error: --out: {out} holds results made with other options (recorded vs given: {what}); "
+        "use another --out"
     ]
     assert digests(out) == before
+
+
+@pytest.mark.slow
+def test_a_full_disk_while_comparing_is_one_line_and_status_74(sweep, monkeypatch, capsys):
+    """The file size limit (or a full disk) met writing a comparison or the summary: the commands' one line naming
+    the file and what to do, exit 74 (was exit 1 with Python's ``[Errno 27] File too large: '…'``)."""
+    out, _ = sweep
+    before = digests(out)
+
+    def full(runs: list[str], folder: str, step: str) -> None:
+        raise OSError(errno.EFBIG, "File too large", os.path.join(folder, "compare.png"))
+
+    monkeypatch.setattr(pipeline, "compare", full)
+    with pytest.raises(SystemExit) as e:
+        quickstart_main(["--out", str(out), *sweep_options(out)])
+    assert e.value.code == WRITE_FAILED
+    assert capsys.readouterr().err.splitlines() == [
+        f"dispersion_titan: error: file too large writing {out / 'compare' / 'final_width_sweep' / 'compare.png'}; "
+        "raise the file size limit (ulimit -f); each stage finished so far is kept in --out; the same command goes on "
+        "from there"
+    ]
+    assert digests(out) == before
+
+
+def test_a_rerun_is_held_to_the_configs_settings_not_its_path(tmp_path):
+    """OUT/quickstart.json records the settings of --config that change results, not its path: the same config
+    elsewhere (a moved clone) goes on; an edited one is refused naming the setting (its rerun reused the old
+    results as done, under the new config's name); a corrupt record is one line and kept (was a traceback)."""
+    out, config, moved = tmp_path / "q", small_config(tmp_path / "small.toml"), tmp_path / "moved.toml"
+    check_same_options(setup_for(out, config))
+    moved.write_text(config.read_text())
+    check_same_options(setup_for(out, moved))
+    config.write_text(config.read_text().replace("lr = 2e-3", "lr = 5e-2", 1))
+    with pytest.raises(ArgumentError) as e:
+        check_same_options(setup_for(out, config))
+    assert str(e.value) == (
+        f"--out: {out} holds results made with other options (recorded vs given: config optimizer.lr 0.002 vs 0.05); "
+        "use another --out"
+    )
+    record = out / "quickstart.json"
+    record.write_text('{"widths": [64')
+    with pytest.raises(ArgumentError) as e:
+        check_same_options(setup_for(out, moved))
+    assert str(e.value).startswith(f"--out: {record}: unreadable (")
+    assert str(e.value).endswith("); it records the options of the results there: restore it, or use another --out")
+    assert record.read_text() == '{"widths": [64'
+
+
+def test_a_seq_len_beyond_a_models_positions_is_refused_before_any_work(tmp_path):
+    """The init panel's shape (was a traceback from its forward pass), and the trained model's through the launch
+    script run from another folder: its relative --config and --out are that folder's, as every command's (they
+    were the clone's, the script ran there); was every analysis refusing it once every run had trained."""
+    with pytest.raises(ArgumentError) as e:
+        setup_for(tmp_path / "q", Path(CONFIG), "--init-flavor", "debug", "--seq-len", "300")
+    assert str(e.value) == "--seq-len: 300 exceeds the 256 positions of the init panel's debug shape (--init-flavor)"
+    (tmp_path / "mine.toml").write_text(Path(CONFIG).read_text())
+    script = str(REPO / "launch" / "quickstart.sh")
+    command = ["bash", script, "--out", "q", "--config", "mine.toml", "--seq-len", "300"]
+    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"dispersion_titan: error: --seq-len: 300 exceeds the 256 positions of the trained model ({tmp_path}/mine.toml)"
+    )
+    assert not (tmp_path / "q").exists() and not (REPO / "q").exists()
+
+
+def test_a_killed_job_is_named_with_its_signal(tmp_path):
+    """A job killed (``kill -9``, the out-of-memory killer): its signal and how to go on, not ``exit -9`` and its
+    log's last line, a training step, as its error."""
+    setup = setup_for(tmp_path / "q", small_config(tmp_path / "small.toml"), "--widths", "64", "--spread-seeds", "0")
+    os.makedirs(setup.out)
+
+    class Killed:
+        def run(self, target: str, argv: list[str], log: str) -> int:
+            os.makedirs(os.path.dirname(log), exist_ok=True)
+            Path(log).write_text("[titan] step: 5  loss: 9.1\n")
+            return -signal.SIGKILL
+
+    run = setup.runs[0]
+    log = setup.log(run, "train")
+    assert process(setup, run, Killed(), lambda line: None, folder_id(setup.out)) == (
+        f"train {run.name} was killed by signal 9 (Killed; log: {log}); the same command goes on from what it saved"
+    )
 
 
 def test_time_budget_is_measured_and_written_down():
@@ -425,6 +534,7 @@ def test_time_budget_is_measured_and_written_down():
     [
         (("--out", "{file}/out"), "--out: {file}/out: not writable (Not a directory)"),
         (("--widths", "64,64"), "argument --widths: '64,64' repeats a width"),
+        (("--init-widths", "64"), "argument --init-widths: '64' is one width; finding 2 compares two or more"),
         (("--coeff", "0"), "argument --coeff: '0' is not a finite positive number"),
         (("--coeff", "inf"), "argument --coeff: 'inf' is not a finite positive number"),
         (("--config", "{file}x"), "--config: {file}x: no such file"),
@@ -488,7 +598,7 @@ def test_a_failing_job_is_named_with_its_exit_status_error_and_log(tmp_path):
         "--init-flavor",
         "debug",
         "--init-widths",
-        "64",
+        "64,128",
         "--init-num-sequences",
         "2",
         "--seq-len",
@@ -499,20 +609,25 @@ def test_a_failing_job_is_named_with_its_exit_status_error_and_log(tmp_path):
         log = out / "logs" / f"{name}.train.log"
         error = [line for line in log.read_text().splitlines() if line.startswith("dispersion_titan: error:")]
         assert len(error) == 1 and "no_such_corpus" in error[0], log.read_text()[-2000:]
+        cause = error[0].removeprefix("dispersion_titan: error: ")
         assert (
-            f"dispersion_titan: error: train {name} failed (exit 2): {error[0]} (log: {log})"
-            in proc.stderr.splitlines()
+            f"dispersion_titan: error: train {name} failed (exit 2): {cause} (log: {log})" in proc.stderr.splitlines()
         )
         assert not (out / "logs" / f"{name}.analyze.log").exists()
 
 
 def test_training_progress_says_steps_and_time_left(tmp_path):
     """The watcher on a log that a job appends to: each new step once, with the time left at
-    the rate since the first step seen; a half-written line waits for its end."""
+    the rate since the first step seen; a half-written line waits for its end; an earlier attempt's
+    steps in the same log are never said (they were, with a time left at a wrong rate)."""
     log = tmp_path / "train.log"
     said: list[str] = []
     with step_progress(str(log), 60, "w64-baseline-s42", said.append, every_s=0.05):
         time.sleep(0.2)  # no log yet: nothing said
+    assert said == []
+    log.write_bytes(b"[titan] step: 50  loss: 4.0  grad_norm: 1.0\n")  # an earlier attempt, killed at step 50
+    with step_progress(str(log), 60, "w64-baseline-s42", said.append, every_s=0.05):
+        time.sleep(0.2)  # a relaunch appends to the same log: those steps are not this attempt's
         with open(log, "ab", buffering=0) as f:
             f.write(
                 b"[titan] step: 10  loss: 4.0  grad_norm: 1.0\n[titan] validate step: 15  loss: 4.1\n[titan] step: 2"
@@ -532,7 +647,7 @@ def test_a_sigterm_to_the_quickstart_alone_stops_its_jobs_at_a_checkpoint(tmp_pa
     out = tmp_path / "q"
     options = ("--widths", "64", "--spread-seeds", "0", "--steps", "400", "--checkpoint-interval", "200", "--jobs", "1")
     options += ("--config", str(small_config(tmp_path / "small.toml")))  # its faster steps: 400 to stop in
-    tiny = ("--init-flavor", "debug", "--init-widths", "64", "--init-num-sequences", "2", "--seq-len", "16")
+    tiny = ("--init-flavor", "debug", "--init-widths", "64,128", "--init-num-sequences", "2", "--seq-len", "16")
     job = ThreadPoolExecutor(1).submit(quickstart, out, *options, *tiny)
     log = out / "logs" / "w64-baseline-s42.train.log"
     while not (log.exists() and re.search(r"step:\s+\d+\s+loss:", log.read_text())) and not job.done():
@@ -556,7 +671,7 @@ def test_out_moved_mid_way_is_one_line_and_nothing_starts_after(tmp_path):
     out, moved = tmp_path / "q", tmp_path / "elsewhere"
     options = ("--widths", "64", "--spread-seeds", "0", "--steps", "2", "--checkpoint-interval", "1", "--jobs", "1")
     options += ("--config", str(small_config(tmp_path / "small.toml")))
-    tiny = ("--init-flavor", "debug", "--init-widths", "64", "--init-num-sequences", "2", "--seq-len", "16")
+    tiny = ("--init-flavor", "debug", "--init-widths", "64,128", "--init-num-sequences", "2", "--seq-len", "16")
     job = ThreadPoolExecutor(1).submit(quickstart, out, *options, *tiny)
     while not (out / "logs" / "w64-baseline-s42.train.log").exists() and not job.done():
         time.sleep(0.02)

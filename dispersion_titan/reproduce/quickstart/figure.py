@@ -33,9 +33,13 @@ def _style(widths: Sequence[int]) -> dict[int, dict]:
     return {w: {"color": tuple(shades[i]), "marker": MARKERS[i % len(MARKERS)]} for i, w in enumerate(sorted(widths))}
 
 
-def _title(ax: plt.Axes, number: int, finding: Finding, part: Part, when: str) -> None:
-    """The finding's verdict in its colour, then that of the measurement drawn and of the others."""
-    drawn = f"{when}: {part.verdict}" + ("" if part.decides else " (context, not part of the verdict)")
+def _title(ax: plt.Axes, number: int, finding: Finding, part: Part | None, when: str) -> None:
+    """The finding's verdict in its colour, then that of the measurement drawn (None: none was measured) and of the
+    others."""
+    if part is None:
+        drawn = f"{when}: one MLP width, nothing to compare"
+    else:
+        drawn = f"{when}: {part.verdict}" + ("" if part.decides else " (context, not part of the verdict)")
     others = [f"{p.scope}: {p.verdict}" for p in finding.parts if p.decides and p is not part]
     ax.set_title(
         "\n".join(
@@ -208,7 +212,8 @@ def findings_figure(panel: InitPanel, runs: Sequence[RunCondensation], found: Se
     toy_seeds = [late_cos(r.final) for r in runs if r.is_baseline and r.width == toy[0].width]
     final = {r.width: late_cos(r.final) for r in toy}
     _by_width(toy_axes[0], final, toy_seeds, toy_style, f"{LATE}, step {toy[0].final.step}")
-    _title(toy_axes[0], 2, found[1], found[1].parts[-1], trained)
+    toy_width = found[1].parts[1] if len(found[1].parts) > 1 else None  # with_width: the init panel's, then this
+    _title(toy_axes[0], 2, found[1], toy_width, trained)
     _toy_training(toy_axes[1], runs, toy, toy_style)
     _title(toy_axes[1], 3, found[2], found[2].parts[0], f"steps 0 to {toy[0].final.step}")
     _toy_dispersion(toy_axes[2], runs, seed, toy_style)

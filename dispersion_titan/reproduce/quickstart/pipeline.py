@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -30,9 +31,10 @@ from ...models.gpt2.model import GPT2
 from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
 from ...run_folder.outputs import atomic_write, read_json_files, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned
+from ...run_folder.settings import fixed
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
-from ...utils.errors import ArgumentError, DispersionTitanError, fail
-from ...utils.records import differences
+from ...utils.errors import ArgumentError, DispersionTitanError, fail, no_room
+from ...utils.records import differences, flatten
 from . import VARIANT
 from .figure import findings_figure
 from .findings import InitPanel, findings, load_sweep, summary_markdown
@@ -45,6 +47,7 @@ OPTIONS_FILE = "quickstart.json"
 class QuickstartSetup:
     out: str
     config: str
+    settings: dict  # the config's settings that change results (``run_folder.settings.fixed``), flattened
     widths: tuple[int, ...]
     coeff: float  # λ of the dispersion runs
     steps: int
@@ -73,9 +76,12 @@ class QuickstartSetup:
         return cells(self.widths, self.arms, (self.seed,)) + cells(self.widths[:1], self.arms, self.seeds[1:])
 
     def identity(self) -> dict:
-        """The options that change results (lists, as JSON reads them back): a rerun must have the same ones."""
-        kept = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("out", "jobs", "threads")}
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in kept.items()}
+        """The options that change results (lists, as JSON reads them back): a rerun must have the same ones. The
+        config by its settings, not its path: an edited one changes results, the same one elsewhere does not."""
+        skipped = ("out", "jobs", "threads", "config", "settings")
+        kept = {k: v for k, v in dataclasses.asdict(self).items() if k not in skipped}
+        options = {k: list(v) if isinstance(v, tuple) else v for k, v in kept.items()}
+        return options | {f"config {key}": value for key, value in self.settings.items()}
 
     def dump(self, run: Cell) -> str:
         return os.path.join(self.out, "runs", run.name)
@@ -177,11 +183,21 @@ def make_setup(a: argparse.Namespace) -> QuickstartSetup:
         ) from None
     if a.init_flavor not in gpt2_flavors:
         raise ArgumentError(f"--init-flavor: {a.init_flavor!r} is not one of {sorted(gpt2_flavors)}")
+    model = toml.get("model", {})
+    trained = model.get("max_seq_len") or getattr(gpt2_flavors.get(model.get("flavor")), "positions", None)
+    for positions, whose in (
+        (gpt2_flavors[a.init_flavor].positions, f"the init panel's {a.init_flavor} shape (--init-flavor)"),
+        (trained, f"the trained model ({config})"),
+    ):  # longer: a traceback, or every analysis refusing it once every run has trained
+        if positions and a.seq_len > positions:
+            raise ArgumentError(f"--seq-len: {a.seq_len} exceeds the {positions} positions of {whose}")
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths) + 2 * a.spread_seeds)
     given = {f.name: getattr(a, f.name) for f in dataclasses.fields(QuickstartSetup) if hasattr(a, f.name)}
     derived = {"steps": steps, "checkpoint_interval": interval, "jobs": jobs, "threads": max(1, cpus // jobs)}
-    return QuickstartSetup(**{**given, **derived, "out": os.path.abspath(a.out), "config": config, "seed": seed})
+    settings = {key: value for key, value in flatten(toml).items() if fixed(key)}
+    paths = {"out": os.path.abspath(a.out), "config": config, "settings": settings}
+    return QuickstartSetup(**{**given, **derived, **paths, "seed": seed})
 
 
 def train_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
@@ -194,6 +210,13 @@ def train_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
         str(setup.steps),
         "--checkpoint.interval",
         str(setup.checkpoint_interval),
+        # every checkpoint from step 0 on, where trained() and the analysis look, whatever the config says
+        "--checkpoint.enable",
+        "--checkpoint.save_initial",
+        "--checkpoint.keep_latest_k",
+        "0",
+        "--checkpoint.folder",
+        "checkpoint",
         "--validation.freq",
         str(setup.steps),  # the summary reports the final validation loss
         *run.overrides(setup.dump(run)),
@@ -224,6 +247,9 @@ def analyzed(setup: QuickstartSetup, run: Cell) -> bool:
     )
 
 
+ERROR = "dispersion_titan: error: "
+
+
 def last_error(log: str) -> str:
     """The one-line error of a failed command, else the last line of its log."""
     try:
@@ -231,7 +257,7 @@ def last_error(log: str) -> str:
             lines = [line.strip() for line in f if line.strip()]
     except FileNotFoundError:
         lines = ["(its log is gone)"]
-    errors = [line for line in lines if line.startswith("dispersion_titan: error:")]
+    errors = [line.removeprefix(ERROR) for line in lines if line.startswith(ERROR)]
     return (errors or lines or ["(empty log)"])[-1]
 
 
@@ -258,9 +284,13 @@ def step_progress(log: str, steps: int, name: str, say: Callable[[str], None], e
     ``train    NAME: step 30/60, ~40 s left`` (the time left at the rate since the first step seen), so
     the quickstart is not silent for minutes."""
     stop = threading.Event()
+    try:
+        start = os.path.getsize(log)  # the steps of an earlier attempt, which a relaunch appends to, are not this one's
+    except FileNotFoundError:
+        start = 0
 
     def watch() -> None:
-        offset, first, said = 0, None, None
+        offset, first, said = start, None, None
         while not stop.wait(every_s):
             step, offset = last_step(log, offset)
             if step is None or step == said:
@@ -308,6 +338,11 @@ def process(
         start = time.monotonic()
         with step_progress(log, setup.steps, run.name, say) if phase == "train" else contextlib.nullcontext():
             status = commands.run(*command(setup, run), log)
+        if status < 0:  # its log's last line says where it was, not why
+            return (
+                f"{phase} {run.name} was killed by signal {-status} ({signal.strsignal(-status)}; log: {log}); "
+                "the same command goes on from what it saved"
+            )
         if status:
             return f"{phase} {run.name} failed (exit {status}): {last_error(log)} (log: {log})"
         say(f"{phase:8} {run.name}: done in {time.monotonic() - start:.0f} s")
@@ -405,11 +440,20 @@ def check_same_options(setup: QuickstartSetup) -> None:
     """Record the options in OUT/quickstart.json, or refuse when OUT was made with others."""
     path = os.path.join(setup.out, OPTIONS_FILE)
     if os.path.isfile(path):
-        with open(path) as f:
-            recorded = json.load(f)
+        try:
+            with open(path) as f:
+                recorded = json.load(f)
+            if not isinstance(recorded, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:  # ValueError: JSON's, UTF-8's, or ours
+            raise ArgumentError(
+                f"--out: {path}: unreadable ({e}); it records the options of the results there: restore it, "
+                "or use another --out"
+            ) from None
         if changed := differences(recorded, setup.identity()):
             raise ArgumentError(
-                f"--out: {setup.out} holds results made with other options ({changed}); use another --out"
+                f"--out: {setup.out} holds results made with other options (recorded vs given: {changed}); "
+                "use another --out"
             )
     elif os.path.isdir(os.path.join(setup.out, "runs")):
         raise ArgumentError(f"--out: {setup.out} holds runs without {OPTIONS_FILE}; use another --out")
@@ -435,6 +479,8 @@ def run(setup: QuickstartSetup) -> None:
         try:
             text = summarize(setup, panel, compare_runs(setup, say))
         except (DispersionTitanError, OSError) as e:
+            if no_room(e):
+                raise  # the command's own line: what filled up, and what to do
             fail(str(e).splitlines()[0], status=1)
         print("\n" + text)
         minutes, seconds = divmod(round(time.monotonic() - begun), 60)
