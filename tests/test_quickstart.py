@@ -471,6 +471,15 @@ def test_a_rerun_is_held_to_the_configs_settings_not_its_path(tmp_path):
         "use another --out"
     )
     record = out / "quickstart.json"
+    earlier = {**json.loads(record.read_text()), "config": str(config)}  # as an earlier version recorded it
+    earlier = {key: value for key, value in earlier.items() if not key.startswith("config ")}
+    record.write_text(json.dumps(earlier))
+    with pytest.raises(ArgumentError) as e:
+        check_same_options(setup_for(out, config))
+    assert str(e.value) == (
+        f"--out: {record} was written by an earlier dispersion_titan (it names the config by its path, not its "
+        "settings, so whether its results are this config's is unknown); use another --out"
+    )
     record.write_text('{"widths": [64')
     with pytest.raises(ArgumentError) as e:
         check_same_options(setup_for(out, moved))

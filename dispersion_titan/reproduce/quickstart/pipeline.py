@@ -450,6 +450,11 @@ def check_same_options(setup: QuickstartSetup) -> None:
                 f"--out: {path}: unreadable ({e}); it records the options of the results there: restore it, "
                 "or use another --out"
             ) from None
+        if "config" in recorded:  # before the config was recorded by its settings: its path alone
+            raise ArgumentError(
+                f"--out: {path} was written by an earlier dispersion_titan (it names the config by its path, not its "
+                "settings, so whether its results are this config's is unknown); use another --out"
+            )
         if changed := differences(recorded, setup.identity()):
             raise ArgumentError(
                 f"--out: {setup.out} holds results made with other options (recorded vs given: {changed}); "
