@@ -170,23 +170,24 @@ def staged(out: str, files: tuple[str, ...]) -> Iterator[str]:
                     os.unlink(os.path.join(out, name))
 
 
+def read_json_object(path: str, fix: str = "restore it, or remove it and rerun") -> dict:
+    """``path``'s JSON object; an ``OutputError`` naming it, why, and ``fix`` where it is unreadable or none."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as e:  # ValueError: JSON's, UTF-8's, or ours
+        raise OutputError(f"{path}: unreadable ({e}); {fix}") from None
+    return data
+
+
 def read_json_files(out: str, file: str) -> dict[str, dict]:
     """``out/*/{file}`` parsed, by folder name, in name order."""
-    results = {}
     if not os.path.isdir(out):
-        return results
-    for name in sorted(os.listdir(out)):
-        path = os.path.join(out, name, file)
-        if os.path.isfile(path):
-            try:
-                with open(path) as f:
-                    data = json.load(f)
-                if not isinstance(data, dict):
-                    raise ValueError("not a JSON object")
-            except (OSError, ValueError) as e:  # ValueError: JSON's, UTF-8's, or ours
-                raise OutputError(f"{path}: unreadable ({e}); restore it, or remove it and rerun") from None
-            results[name] = data
-    return results
+        return {}
+    paths = {name: os.path.join(out, name, file) for name in sorted(os.listdir(out))}
+    return {name: read_json_object(path) for name, path in paths.items() if os.path.isfile(path)}
 
 
 def misplaced(path: str, recorded: object, step: int) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import signal
@@ -29,11 +28,11 @@ from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from ...models.gpt2.model import GPT2
 from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
-from ...run_folder.outputs import atomic_write, read_json_files, save_png, write_json
+from ...run_folder.outputs import atomic_write, read_json_files, read_json_object, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned
 from ...run_folder.settings import fixed
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
-from ...utils.errors import ArgumentError, DispersionTitanError, fail, no_room
+from ...utils.errors import ArgumentError, DispersionTitanError, OutputError, fail, no_room
 from ...utils.records import differences, flatten
 from . import VARIANT
 from .figure import findings_figure
@@ -441,15 +440,11 @@ def check_same_options(setup: QuickstartSetup) -> None:
     path = os.path.join(setup.out, OPTIONS_FILE)
     if os.path.isfile(path):
         try:
-            with open(path) as f:
-                recorded = json.load(f)
-            if not isinstance(recorded, dict):
-                raise ValueError("not a JSON object")
-        except (OSError, ValueError) as e:  # ValueError: JSON's, UTF-8's, or ours
-            raise ArgumentError(
-                f"--out: {path}: unreadable ({e}); it records the options of the results there: restore it, "
-                "or use another --out"
-            ) from None
+            recorded = read_json_object(
+                path, "it records the options of the results there: restore it, or use another --out"
+            )
+        except OutputError as e:
+            raise ArgumentError(f"--out: {e}") from None
         if "config" in recorded:  # before the config was recorded by its settings: its path alone
             raise ArgumentError(
                 f"--out: {path} was written by an earlier dispersion_titan (it names the config by its path, not its "
