@@ -282,6 +282,38 @@ def test_fork_starts_from_the_source_checkpoint_and_records_it(fork, reference_r
     assert recorded["started_from"] == parent and parent["pretrained"] is False  # a branch of a run from scratch
 
 
+def loader_position(step_dir: Path) -> int:
+    """The global sequences consumed that a full checkpoint's loader state holds."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"dataloader": {"sequences_consumed": -1}}
+    dcp.load(state, checkpoint_id=str(step_dir), no_dist=True)
+    return state["dataloader"]["sequences_consumed"]
+
+
+@pytest.mark.parametrize("other", ["seq_len", "documents"])
+def test_a_fork_onto_other_data_does_not_skip_its_parents_count_of_sequences(other, reference_run, tmp_path):
+    """The reference's step 4 has consumed 4 × 8 sequences of 64 tokens. A fork to sequences of 32 goes on from
+    the same number of tokens (64 of its sequences), one onto another corpus from its beginning, each saying so;
+    then one step of 8 (was 40 either way: the parent's count of sequences skipped of the new data)."""
+    data = ("--training.seq_len", "32") if other == "seq_len" else ()
+    if other == "documents":
+        corpus = texts_jsonl(tmp_path / "corpus.jsonl", 40, 200)
+        data = ("--training.dataset", "local", "--training.dataset_path", str(corpus))
+    dump = tmp_path / "fork"
+    fork = ("--checkpoint.no-last_save_model_only", "--job.fork_from", f"{reference_run}@{FORK_STEP}")
+    proc = torchrun(dump, 1, "--training.steps", str(FORK_STEP + 1), *RUN, *data, *fork)
+    said = f"dispersion_titan: note: the fork from {reference_run}@{FORK_STEP} "
+    said += (
+        "has training.seq_len 32, its parent 64: its data goes on from the same number of tokens: sequence 64, "
+        "the parent's 32 × 64 / 32 rounded down to a whole global batch"
+        if other == "seq_len"
+        else "trains on other documents than its parent: its data starts from their beginning"
+    )
+    assert loader_position(dump / "checkpoint" / f"step-{FORK_STEP + 1}") == (72 if other == "seq_len" else 8)
+    assert said in proc.stderr.splitlines()
+
+
 def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     line = one_line(relaunch(tmp_path, "--job.fork_from", str(reference_run)))

@@ -355,6 +355,24 @@ class PackedDataloader(ParallelAwareDataloader):
             )
         self.dataset.load_state_dict({"samples_yielded": consumed // self.dp_world_size})
 
+    def refit(self, parent_seq_len: int | None, global_batch_size: int) -> int | None:
+        """A fork's loaded position, counted in its parent's sequences: of other documents (``parent_seq_len``
+        None), their start; in sequences of another length, the same number of tokens rounded down to a whole global
+        batch, or the start where a streamed corpus's document is the position (this loader's or the parent's, still
+        pending). The global sequence it goes on from; None: the start."""
+        if (
+            parent_seq_len is None
+            or self.next_iter_state is not None
+            or isinstance(self.dataset, StreamingPackedDataset)
+        ):
+            self.next_iter_state = None  # TorchTitan's loaded per-rank state, applied at the first batch
+            self.dataset.load_state_dict({"samples_yielded": 0})
+            return None
+        tokens = self.dataset.samples_yielded * self.dp_world_size * parent_seq_len
+        consumed = tokens // self.dataset.seq_len // global_batch_size * global_batch_size
+        self.load_state_dict({GLOBAL_POSITION: consumed})
+        return consumed
+
 
 GLOBAL_POSITION = "sequences_consumed"
 """The loader state's key (``dataloader.sequences_consumed`` in a checkpoint)."""

@@ -359,6 +359,26 @@ def fork_record(job_config: Any) -> dict[str, Any] | None:
     }
 
 
+def fork_parent(job_config: Any) -> tuple[int, dict[str, Any]] | None:
+    """The step a fork starts at and its parent's recorded settings (the loaded data position counts the parent's
+    sequences of its documents); None: not a fork, or a parent not of ours."""
+    if not job_config.job.fork_from:
+        return None
+    run, step = parse_fork(job_config.job.fork_from)
+    with contextlib.suppress(CheckpointError):
+        return step, load_run_metadata(run).get("settings") or {}
+    return None
+
+
+def same_documents(settings: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two runs' settings train on the same documents: by their identity where both have one (another path
+    may name them), else by dataset and path."""
+    key = "training.dataset_identity"
+    if settings.get(key) and other.get(key):
+        return settings[key] == other[key]
+    return all(settings.get(k) == other.get(k) for k in ("training.dataset", "training.dataset_path"))
+
+
 START_KEY = "started_from"
 
 

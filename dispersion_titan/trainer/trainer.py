@@ -31,10 +31,10 @@ from ..models.fsdp import shards_one_rank, sync_last_microbatch
 from ..models.gpt2.model import local_tensor
 from ..run_folder.checkpoints import complete_checkpoints, quarantine_incomplete, record_saved, save_run_metadata
 from ..run_folder.owners import outside_folders, record_run_folders
-from ..run_folder.settings import fork_record, run_settings, start_record
+from ..run_folder.settings import fork_parent, fork_record, run_settings, same_documents, start_record
 from ..run_folder.writer_lock import WriterLock
 from ..tokenizer.encoders import encoder_for
-from ..utils.errors import DispersionTitanError, NonFiniteLossError
+from ..utils.errors import DispersionTitanError, NonFiniteLossError, say
 from ..utils.records import remove_stale_writes
 from .baselines import build_baseline
 from .objective import BlockOutputs, DispersionObjective, mixed_seed
@@ -134,6 +134,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         folders = run_folders(job_config)
         dump = job_config.job.dump_folder
         self.folders = folders
+        self.settings = settings
         self.outside_folders = outside_folders(dump, folders)
         # Global rank 0 owns the run folder (and records it owner of its folders) before TorchTitan writes, until
         # this process exits; a live owner ends this run in one line, nothing written. TorchTitan loads a fork's
@@ -248,6 +249,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         """This launch's optimizer settings over a loaded training state's; record a checkpoint folder outside the
         run once every rank loaded; save step 0 if asked."""
         self.configured.restore(self.optimizers.optimizers, self.lr_schedulers.schedulers)  # a fork's step 0 too
+        self._refit_fork_data()
         if CHECKPOINT_KEY in self.outside_folders:
             dist.barrier()  # every rank has looked whether the folder exists
             if dist.get_rank() == 0:
@@ -260,6 +262,33 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             dist.all_reduce(missing, op=dist.ReduceOp.MIN)
             if missing.item():
                 self.checkpointer.save(curr_step=0)
+
+    def _refit_fork_data(self) -> None:
+        """A fork's loaded data position counts its parent's sequences of its parent's documents: onto other
+        documents it starts them from their beginning, with another ``seq_len`` it goes on from the same token
+        position (``PackedDataloader.refit``), said in one line."""
+        fork = fork_parent(self.job_config)
+        if fork is None or self.step != fork[0]:  # not a fork, or one going on from its own checkpoint
+            return
+        parent, seq_len = fork[1], self.job_config.training.seq_len
+        parent_seq_len = parent.get("training.seq_len", seq_len)
+        other_documents = not same_documents(parent, self.settings)
+        if not other_documents and seq_len == parent_seq_len:
+            return
+        loader = self.dataloader
+        consumed = loader.dataset.samples_yielded * loader.dp_world_size
+        start = loader.refit(None if other_documents else parent_seq_len, self.step_metrics.global_batch_size)
+        said = f"note: the fork from {self.job_config.job.fork_from}"
+        if other_documents:
+            say(f"{said} trains on other documents than its parent: its data starts from their beginning")
+        elif start is None:
+            say(f"{said} has training.seq_len {seq_len}, its parent {parent_seq_len}: its streamed data starts over")
+        else:
+            say(
+                f"{said} has training.seq_len {seq_len}, its parent {parent_seq_len}: its data goes on from the same "
+                f"number of tokens: sequence {start}, the parent's {consumed} × {parent_seq_len} / {seq_len} rounded "
+                "down to a whole global batch"
+            )
 
     def close(self) -> None:
         """TorchTitan's close (checkpointer, metrics), then the run folder is free for the next launch."""
