@@ -300,17 +300,19 @@ def test_a_fork_onto_other_data_does_not_skip_its_parents_count_of_sequences(oth
     if other == "documents":
         corpus = texts_jsonl(tmp_path / "corpus.jsonl", 40, 200)
         data = ("--training.dataset", "local", "--training.dataset_path", str(corpus))
-    dump = tmp_path / "fork"
-    fork = ("--checkpoint.no-last_save_model_only", "--job.fork_from", f"{reference_run}@{FORK_STEP}")
-    proc = torchrun(dump, 1, "--training.steps", str(FORK_STEP + 1), *RUN, *data, *fork)
-    said = f"dispersion_titan: note: the fork from {reference_run}@{FORK_STEP} "
+    dump, spec, step = tmp_path / "fork", f"{reference_run}@{FORK_STEP}", FORK_STEP
+    if other == "documents":  # RUN alone: its newest step
+        spec, step = str(reference_run), fork_source(str(reference_run))[1]
+    fork = ("--checkpoint.no-last_save_model_only", "--job.fork_from", spec)
+    proc = torchrun(dump, 1, "--training.steps", str(step + 1), *RUN, *data, *fork)
+    said = f"dispersion_titan: note: the fork from {reference_run}@{step} "  # RUN as the launch resolved it
     said += (
         "has training.seq_len 32, its parent 64: its data goes on from the same number of tokens: sequence 64, "
         "the parent's 32 × 64 / 32 rounded down to a whole global batch"
         if other == "seq_len"
         else "trains on other documents than its parent: its data starts from their beginning"
     )
-    assert loader_position(dump / "checkpoint" / f"step-{FORK_STEP + 1}") == (72 if other == "seq_len" else 8)
+    assert loader_position(dump / "checkpoint" / f"step-{step + 1}") == (72 if other == "seq_len" else 8)
     assert said in proc.stderr.splitlines()
 
 

@@ -359,14 +359,13 @@ def fork_record(job_config: Any) -> dict[str, Any] | None:
     }
 
 
-def fork_parent(job_config: Any) -> tuple[int, dict[str, Any]] | None:
-    """The step a fork starts at and its parent's recorded settings (the loaded data position counts the parent's
-    sequences of its documents); None: not a fork, or a parent not of ours."""
+def fork_parent(job_config: Any) -> dict[str, Any] | None:
+    """A fork's parent's recorded settings (the loaded data position counts the parent's sequences of its
+    documents); None: not a fork, or a parent not of ours."""
     if not job_config.job.fork_from:
         return None
-    run, step = parse_fork(job_config.job.fork_from)
     with contextlib.suppress(CheckpointError):
-        return step, load_run_metadata(run).get("settings") or {}
+        return load_run_metadata(parse_fork(job_config.job.fork_from)[0]).get("settings") or {}
     return None
 
 

@@ -267,10 +267,10 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         """A fork's loaded data position counts its parent's sequences of its parent's documents: onto other
         documents it starts them from their beginning, with another ``seq_len`` it goes on from the same token
         position (``PackedDataloader.refit``), said in one line."""
-        fork = fork_parent(self.job_config)
-        if fork is None or self.step != fork[0]:  # not a fork, or one going on from its own checkpoint
-            return
-        parent, seq_len = fork[1], self.job_config.training.seq_len
+        parent = fork_parent(self.job_config)
+        if parent is None or self.checkpoint_folder is None or complete_checkpoints(self.checkpoint_folder):
+            return  # not a fork, or one that loaded its own checkpoint (its position refitted when it was saved)
+        seq_len = self.job_config.training.seq_len
         parent_seq_len = parent.get("training.seq_len", seq_len)
         other_documents = not same_documents(parent, self.settings)
         if not other_documents and seq_len == parent_seq_len:
