@@ -157,10 +157,10 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
     args = [*BASE, "--model.hf_assets_path", "Qwen/Qwen3-0.6B"]
     job = validated_args(args)
     assert not fetched
-    assert fetch_local_assets(job)
+    assert fetch_local_assets(job, None)
     assert fetched == ["Qwen/Qwen3-0.6B"] and job.model.hf_assets_path == str(snapshot)
     assert check(job).model.hf_assets_path == str(snapshot)
-    assert not fetch_local_assets(job) and fetched == ["Qwen/Qwen3-0.6B"]  # a local folder is used as it is
+    assert not fetch_local_assets(job, None) and fetched == ["Qwen/Qwen3-0.6B"]  # a local folder is used as it is
 
     def offline(repo: str, **_) -> str:
         raise OSError("no connection\nmore")
@@ -173,14 +173,14 @@ def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(mon
             match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: cannot be fetched from the "
             r"Hugging Face hub \(no connection\)$",
         ):
-            fetch_local_assets(validated_args(args))
+            fetch_local_assets(validated_args(args), None)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # no hub: the cache at once, no retries
     with pytest.raises(
         ConfigError,
         match=r"^model\.hf_assets_path: Qwen/Qwen3-0\.6B: not in the local Hugging Face cache, and the hub is not "
         r"asked: 127\.0\.0\.1:9 is unreachable from here",
     ):
-        fetch_local_assets(validated_args(args))
+        fetch_local_assets(validated_args(args), None)
 
 
 QWEN3 = Qwen3Args(

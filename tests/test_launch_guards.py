@@ -6,6 +6,7 @@ under launch/train.sh (checked once, before torchrun)."""
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import pytest
 from dispersion_titan.config.cli import load_toml, with_config_module
 from dispersion_titan.job_config import released
 from dispersion_titan.job_config.checks import resolve_batch_sizes
-from dispersion_titan.job_config.parse import validated_args
+from dispersion_titan.job_config.parse import check_launch, validated_args
+from dispersion_titan.run_folder.outputs import FORMAT, FORMAT_KEY
+from dispersion_titan.run_folder.settings import run_settings
 from dispersion_titan.utils.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
 from dispersion_titan.utils.errors import ConfigError, DeviceError
 from support.cli import assert_one_line_error
@@ -208,6 +211,20 @@ def test_every_config_either_resolves_or_names_the_batch_in_one_line(parsed_conf
 
 
 # A batch, a process count or an output folder refused for a given number of processes: test_config_errors.py's table.
+
+
+def test_the_checks_of_a_relaunch_read_its_run_json_once(tmp_path, monkeypatch):
+    """``check_launch`` reads a relaunch's ``run.json`` once for all its checks (was 3 times: the data here, the
+    fork, the settings; 4 for a hub id's revision)."""
+    monkeypatch.chdir(tmp_path)
+    args = [*job_args(DEBUG_TOML), "--job.dump_folder", "run", "--checkpoint.no-enable", "--validation.no-enable"]
+    Path("run").mkdir()
+    record = {FORMAT_KEY: FORMAT, "model_args": {}, "settings": run_settings(validated_args(args)), "cwd": "."}
+    Path("run/run.json").write_text(json.dumps(record))
+    reads, read_text = [], Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda path, *a, **k: (reads.append(path.name), read_text(path, *a, **k))[1])
+    check_launch(validated_args(args), take_lock=False)
+    assert reads.count("run.json") == 1
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.job_config.parse import validated_args
-from dispersion_titan.run_folder.checkpoints import CheckpointError, check_resume, checkpoint_identity
+from dispersion_titan.run_folder.checkpoints import CheckpointError, check_resume, checkpoint_identity, recorded_run
 from dispersion_titan.run_folder.owners import record_run_folders
 from dispersion_titan.run_folder.settings import fork_source, holds_an_initialisation, start_fork
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
@@ -347,7 +347,7 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
     ):
         job = validated_args([*CHECK, "--job.dump_folder", str(dump), "--job.fork_from", spec, *overrides])
         with pytest.raises(ConfigError) as refused:
-            start_fork(job, 1)
+            start_fork(job, recorded_run(str(dump)), 1)
         assert says in str(refused.value)
     (tmp_path / "hf model").mkdir()  # an HF export: how to start from it (was `no checkpoints (no step-N folders …)`)
     (tmp_path / "hf model" / "model.safetensors").write_bytes(b"")

@@ -646,6 +646,7 @@ def test_a_relaunch_names_its_documents_by_any_path_and_a_store_prepared_again_i
     identity keeps comparing paths. In process: the launch's own checks, on a ``run.json`` as the trainer writes it."""
     from dispersion_titan.config.cli import load_toml
     from dispersion_titan.job_config.parse import check, parse_job_config, validated_args
+    from dispersion_titan.run_folder.checkpoints import recorded_run
     from dispersion_titan.run_folder.outputs import FORMAT, FORMAT_KEY
     from dispersion_titan.run_folder.settings import check_same_settings, refuse_other_data_here, run_settings
     from dispersion_titan.utils.errors import ConfigError
@@ -660,8 +661,8 @@ def test_a_relaunch_names_its_documents_by_any_path_and_a_store_prepared_again_i
     def relaunch(path: str) -> None:  # as check_launch orders them
         argv = [*args, "--training.dataset_path", path]
         job = parse_job_config(argv, load_toml(argv))
-        refuse_other_data_here(str(dump), job)
-        check_same_settings(str(dump), check(job))
+        refuse_other_data_here(str(dump), recorded_run(str(dump)), job)
+        check_same_settings(str(dump), recorded_run(str(dump)), check(job))
 
     def refused(path: str) -> str:
         with pytest.raises(ConfigError) as refusal:

@@ -25,7 +25,7 @@ from ..config.cli import (
     without_profile,
 )
 from ..models import FAMILIES, register_all
-from ..run_folder.checkpoints import check_resume
+from ..run_folder.checkpoints import check_resume, recorded_run
 from ..run_folder.owners import refuse_other_owners
 from ..run_folder.settings import check_same_settings, refuse_other_data_here, start_fork, started_revision
 from ..run_folder.writer_lock import refuse_if_busy
@@ -192,13 +192,13 @@ def _world_size(world_size: int | None = None) -> int:
     return int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
 
 
-def fetch_local_assets(job_config: RunConfig) -> bool:
-    """Point ``model.hf_assets_path`` at a hub id's local snapshot, fetched now (a relaunch's: the revision its run
-    started from); whether it was one."""
+def fetch_local_assets(job_config: RunConfig, recorded: dict | None) -> bool:
+    """Point ``model.hf_assets_path`` at a hub id's local snapshot, fetched now (a relaunch's: the revision its run,
+    ``recorded``, started from); whether it was one."""
     path = job_config.model.hf_assets_path
     if not is_hub_id(path):
         return False
-    revision = started_revision(job_config.job.dump_folder, path)
+    revision = started_revision(job_config.job.dump_folder, recorded, path)
     job_config.model.hf_assets_path = local_assets(path, "model.hf_assets_path", revision)
     return True
 
@@ -208,19 +208,20 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     or a fork's checkpoint), the GPUs, the writer lock (``take_lock``: the one checking process), the
     folders' owners; a relaunch that changes recorded settings or would save over a checkpoint is
     refused, ``RunFinished`` when there is nothing to do."""
-    refuse_other_data_here(job_config.job.dump_folder, job_config)
+    dump, ckpt = job_config.job.dump_folder, job_config.checkpoint
+    recorded = recorded_run(dump)  # its run.json, read once for all the checks of a relaunch
+    refuse_other_data_here(dump, recorded, job_config)
     check(job_config)
     dp = data_parallel_degree(job_config, _world_size())  # the layout: neither assets nor a fork change it
-    if fetch_local_assets(job_config) | start_fork(job_config, dp):
+    if fetch_local_assets(job_config, recorded) | start_fork(job_config, recorded, dp):
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
     check_gpus_usable()
     check_runs_here(job_config)
     check_initial_load(job_config, model_args(job_config))
-    dump, ckpt = job_config.job.dump_folder, job_config.checkpoint
     if take_lock:
         refuse_if_busy(dump)
     refuse_other_owners(dump, run_folders(job_config))
-    check_same_settings(dump, job_config)
+    check_same_settings(dump, recorded, job_config)
     if ckpt.enable:
         check_resume(os.path.join(dump, ckpt.folder), dump, job_config.training.steps, dp, ckpt.load_step)
     return job_config

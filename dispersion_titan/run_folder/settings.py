@@ -28,7 +28,6 @@ from .checkpoints import (
     find_checkpoint_folder,
     is_full,
     load_run_metadata,
-    recorded_run,
     run_of,
     saved_nothing,
     tokenizer_sha256,
@@ -84,10 +83,9 @@ trained on, or back), and a token store prepared again from other inputs at the 
 key: ``fixed`` leaves it to ``check_same_settings``."""
 
 
-def started_revision(dump_folder: str, hub_id: str) -> str | None:
-    """The revision of ``hub_id`` the run in ``dump_folder`` started from, which its relaunches read (the hub's
-    main may have moved on since): None for a new run, or one from another model."""
-    recorded = recorded_run(dump_folder)
+def started_revision(dump_folder: str, recorded: dict[str, Any] | None, hub_id: str) -> str | None:
+    """The revision of ``hub_id`` the run in ``dump_folder`` (its ``run.json``: ``recorded``) started from, which its
+    relaunches read (the hub's main may have moved on since): None for a new run, or one from another model."""
     if recorded is None or saved_nothing(dump_folder, recorded):
         return None
     snapshot = hub_snapshot(recorded["settings"].get("model.hf_assets_path"))
@@ -126,9 +124,8 @@ def trajectory_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return {key: _compared(value) for key, value in settings.items() if fixed(key)}
 
 
-def check_same_settings(dump_folder: str, job_config: Any) -> None:
+def check_same_settings(dump_folder: str, recorded: dict[str, Any] | None, job_config: Any) -> None:
     """Refuse, in one line listing the differing keys, a relaunch whose settings are not the recorded ones."""
-    recorded = recorded_run(dump_folder)
     if recorded is None or saved_nothing(dump_folder, recorded):
         return
     before, now, missing = recorded["settings"], run_settings(job_config), object()
@@ -175,14 +172,13 @@ def _refuse_another_tokenizer(dump_folder: str, recorded: str | None, now: dict[
         )
 
 
-def refuse_other_data_here(dump_folder: str, job_config: Any) -> None:
+def refuse_other_data_here(dump_folder: str, recorded: dict[str, Any] | None, job_config: Any) -> None:
     """Refuse a relaunch from another working directory where a relative data path, the same as recorded, names
     other files (or none) than it did from the run's first launch's. Files are told by content, so a copy of
     the first launch's folder relaunches; data no longer there is not told apart from data moved with it.
     Before the checks of the values, which named a path missing here as missing, not where to relaunch from, a data
     path gone (a token store moved) as one the corpus takes none of, and a tokenizer folder gone as one to give
     (another is refused as other settings)."""
-    recorded = recorded_run(dump_folder)
     if recorded is None or saved_nothing(dump_folder, recorded):
         return
     first, now = recorded.get("cwd"), run_settings(job_config)
@@ -282,11 +278,10 @@ def fork_source(spec: str) -> tuple[str, int, str]:
     return run_of(folder), chosen.step, chosen.path
 
 
-def start_fork(job_config: Any, data_parallel_degree: int) -> bool:
+def start_fork(job_config: Any, recorded: dict[str, Any] | None, data_parallel_degree: int) -> bool:
     """Set the checkpoint options that start this run from the one ``job.fork_from`` names (or the
     recorded one, on a relaunch), the run folder checked new or empty; whether there is a fork."""
     dump = os.path.abspath(job_config.job.dump_folder)
-    recorded = recorded_run(dump)
     anew = recorded is not None and saved_nothing(dump, recorded)
     earlier = (recorded or {}).get("forked_from")
     spec = job_config.job.fork_from
