@@ -220,6 +220,7 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     check_initial_load(job_config, model_args(job_config))
     if take_lock:
         refuse_if_busy(dump)
+        recorded = recorded_run(dump)  # again, as the lock's holder: a launch that held it may have written it since
     refuse_other_owners(dump, run_folders(job_config))
     check_same_settings(dump, recorded, job_config)
     if ckpt.enable:
