@@ -19,10 +19,11 @@ import torch
 import transformers
 from scipy import stats
 
-from dispersion_titan.analysis.condensation_schema import Condensation
+from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation
 from dispersion_titan.analysis.hf_model import decoder_layers
 from dispersion_titan.analysis.inputs import InputOptions, paper_texts, select_sequences
 from dispersion_titan.analysis.measure import effective_rank, max_explainable_variance, unit_tokens
+from dispersion_titan.analysis.size_series import write_size_series
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.utils.errors import AnalysisError, ModelLoadError
 from support.cli import analyze, assert_one_line_error
@@ -162,6 +163,33 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
         "; analyze each into its own --out",
     )
     assert not (tmp_path / "mixed").exists()
+
+
+def written_analysis(folder: Path, model: str, cosines: list[float], dtype: str = "fp32") -> Path:
+    """An ``analyze hf:MODEL --out FOLDER`` result of the default revision, written as analyze writes it."""
+    layers = [
+        LayerCondensation(i, name, c, c, [])
+        for i, (name, c) in enumerate(zip(["embedding", "block_1", "block_2", "final_norm"], cosines, strict=True))
+    ]
+    inputs = {"num_sequences": K, "seq_len": S, "protocol": "default", "layer_points": "all", "tokens_sha256": "t"}
+    result = Condensation(
+        0, K, S, layers, 1.0, 1.0, [], 128, [-1.0, 1.0], inputs, dtype, "cpu", model, model,
+        {"model_type": "gpt2", "dim": 32, "mlp_hidden_dim": 128}, model, None, 1000,
+    )  # fmt: skip
+    (folder / "rev-default").mkdir(parents=True)
+    (folder / "rev-default" / "condensation.json").write_text(json.dumps(result.to_json()))
+    return folder
+
+
+def test_family_labels_models_of_one_name_by_their_folders(tmp_path):
+    """One model analysed into two folders (fp32 and bf16): two rows named by their folders (was ``h4`` twice, in
+    the table and the legend, the rows told apart by nothing)."""
+    fp32 = written_analysis(tmp_path / "cond" / "h4", "org/h4", [0.1, 0.2, 0.3, 0.3])
+    bf16 = written_analysis(tmp_path / "cond" / "h4-bf16", "org/h4", [0.1, 0.2, 0.31, 0.3], "bf16")
+    other = written_analysis(tmp_path / "cond" / "h2", "org/h2", [0.1, 0.1, 0.1, 0.1])
+    write_size_series([str(fp32), str(bf16), str(other)], str(tmp_path / "fam"), [], [], 2, "default")
+    with open(tmp_path / "fam" / "family.csv") as f:
+        assert sorted(row["model"] for row in csv.DictReader(f)) == sorted(["h2", str(fp32), str(bf16)])
 
 
 def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys, recwarn):

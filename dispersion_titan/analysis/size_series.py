@@ -5,7 +5,9 @@ negative when larger models condense less. The command's help describes SPEC, ``
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +31,9 @@ class Member:
     result: Condensation
     folder: str
     """Its analyses folder, symlinks resolved: one model named twice (``RUN``, ``./link/condensation``) is refused."""
+    given: str
+    """The folder as given, with its step or revision: the label of models whose names are alike (one model
+    analysed into two folders, fp32 and bf16; runs named ``ours`` in two places)."""
 
 
 def load_member(spec: str, families: dict[str, str]) -> Member:
@@ -38,12 +43,13 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
         folder, which = spec, "last"
     result = pick(folder, which, option=spec)
     if result.model is None:
-        name = f"{os.path.basename(os.path.normpath(results_run(analyses_folder(folder), result.run)))}@{result.step}"
+        model, at = results_run(analyses_folder(folder), result.run), f"@{result.step}"
     else:
-        name = os.path.basename(os.path.normpath(result.model)) + (f"@{result.revision}" if result.revision else "")
+        model, at = result.model, f"@{result.revision}" if result.revision else ""
     kind = result.model_args.get("model_type")  # ``gpt2 run`` for our runs of gpt2
     family = families.get(spec) or (kind if result.model else f"{kind} run")
-    return Member(spec, name, family, result, os.path.realpath(analyses_folder(folder)))
+    name = os.path.basename(os.path.normpath(model)) + at
+    return Member(spec, name, family, result, os.path.realpath(analyses_folder(folder)), os.path.normpath(folder) + at)
 
 
 def load_members(specs: Sequence[str], families: dict[str, str], protocol: str) -> list[Member]:
@@ -56,6 +62,8 @@ def load_members(specs: Sequence[str], families: dict[str, str], protocol: str) 
                 f"family: {first.spec} and {member.spec} are the same analysis ({member.result.label} in "
                 f"{member.folder}); name each model once"
             )
+    alike = Counter(member.label for member in members)
+    members = [dataclasses.replace(m, label=m.given) if alike[m.label] > 1 else m for m in members]
     first = members[0]
     for other in members:
         a, b = first.result.inputs, other.result.inputs
