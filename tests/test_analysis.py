@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from dispersion_titan.analysis import runner
 from dispersion_titan.analysis.condensation_schema import Condensation, _check_numbers
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import DecoderLayers, cosines, measure, unit_tokens
@@ -470,9 +471,15 @@ def test_two_analyses_at_once_one_writer(run, tmp_path):
     assert (results["step-0"]["num_sequences"], results["step-0"]["inputs"]["seed"]) == (K, 0)
 
 
-def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(run, analyzed, tmp_path, capsys):
+def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(
+    run, analyzed, tmp_path, capsys, monkeypatch
+):
     """Settings that differ from the results a folder holds are refused even for steps it does not
-    hold yet, naming the settings; --force computes the selected steps and keeps the others."""
+    hold yet, naming the settings; --force computes the selected steps and keeps the others, which
+    ``--wandb`` leaves out as summary.csv does (was: logged beside them, one curve of two settings)."""
+    logged = {}
+    monkeypatch.setattr(runner, "recorded", lambda dump: {})
+    monkeypatch.setattr(runner, "log_results", lambda dump, job, prefix, per_step, folder: logged.update(per_step))
     out, tb = tmp_path / "out", tmp_path / "tb"
     for step in (0, 2):
         shutil.copytree(analyzed / f"step-{step}", out / f"step-{step}")
@@ -485,8 +492,9 @@ def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(r
         "seed 0 vs 7); use another --out, or --force to recompute",
     )
     assert digests(out) == before and not tb.exists()
-    code, _, err = analyze(run, *other, "--force", capsys=capsys)
+    code, _, err = analyze(run, *other, "--force", "--wandb", capsys=capsys)
     assert code == 0 and "\ndispersion_titan: note: 2 older analyses" in f"\n{err}", err
+    assert list(logged) == [4]
     assert read_json(out / "step-4" / "condensation.json")["num_sequences"] == 4
     assert {k: v for k, v in digests(out).items() if k.startswith((".owner", "step-0/", "step-2/"))} == before
 

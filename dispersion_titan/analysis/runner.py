@@ -331,7 +331,7 @@ class RunAnalysis(Analysis):
         if self.options.wandb:
             recorded(self.dump)  # before the analysis: a run without one fails now, in one line
         failed = super().analyze()
-        if self.options.wandb:  # what TensorBoard got, from the results written
+        if self.options.wandb:  # what TensorBoard got, from the results of these settings (as summary.csv)
             import wandb
 
             per_step = {
@@ -340,6 +340,7 @@ class RunAnalysis(Analysis):
                     **{f"mean_cos/{x.name}": x.mean_cos for x in result.layers},
                 }
                 for step, result in read_results(self.out).items()
+                if not self._differences(result)
             }
             log_results(self.dump, "analyze", "analysis", per_step, self.out)
         return failed
