@@ -165,7 +165,9 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
     assert not (tmp_path / "mixed").exists()
 
 
-def written_analysis(folder: Path, model: str, cosines: list[float], dtype: str = "fp32") -> Path:
+def written_analysis(
+    folder: Path, model: str, cosines: list[float], dtype: str = "fp32", n_params: int | None = 1000
+) -> Path:
     """An ``analyze hf:MODEL --out FOLDER`` result of the default revision, written as analyze writes it."""
     layers = [
         LayerCondensation(i, name, c, c, [])
@@ -174,14 +176,14 @@ def written_analysis(folder: Path, model: str, cosines: list[float], dtype: str 
     inputs = {"num_sequences": K, "seq_len": S, "protocol": "default", "layer_points": "all", "tokens_sha256": "t"}
     result = Condensation(
         0, K, S, layers, 1.0, 1.0, [], 128, [-1.0, 1.0], inputs, dtype, "cpu", model, model,
-        {"model_type": "gpt2", "dim": 32, "mlp_hidden_dim": 128}, model, None, 1000,
+        {"model_type": "gpt2", "dim": 32, "mlp_hidden_dim": 128}, model, None, n_params,
     )  # fmt: skip
     (folder / "rev-default").mkdir(parents=True)
     (folder / "rev-default" / "condensation.json").write_text(json.dumps(result.to_json()))
     return folder
 
 
-def test_family_labels_models_of_one_name_by_their_folders(tmp_path):
+def test_family_labels_models_of_one_name_by_their_folders_and_needs_their_sizes(tmp_path):
     """One model analysed into two folders (fp32 and bf16): two rows named by their folders (was ``h4`` twice, in
     the table and the legend, the rows told apart by nothing)."""
     fp32 = written_analysis(tmp_path / "cond" / "h4", "org/h4", [0.1, 0.2, 0.3, 0.3])
@@ -190,6 +192,11 @@ def test_family_labels_models_of_one_name_by_their_folders(tmp_path):
     write_size_series([str(fp32), str(bf16), str(other)], str(tmp_path / "fam"), [], [], 2, "default")
     with open(tmp_path / "fam" / "family.csv") as f:
         assert sorted(row["model"] for row in csv.DictReader(f)) == sorted(["h2", str(fp32), str(bf16)])
+
+    # an analysis of an older version, without n_params: one line (was a traceback sorting None among ints)
+    old = written_analysis(tmp_path / "cond" / "old", "org/old", [0.1, 0.1, 0.1, 0.1], n_params=None)
+    with pytest.raises(AnalysisError, match=f"^family: {old}: its analysis records no parameter count; re-analyze"):
+        write_size_series([str(fp32), str(old)], str(tmp_path / "fam"), [], [], 2, "default")
 
 
 def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys, recwarn):

@@ -42,6 +42,8 @@ def load_member(spec: str, families: dict[str, str]) -> Member:
     if not (at and os.path.isdir(folder)):
         folder, which = spec, "last"
     result = pick(folder, which, option=spec)
+    if result.n_params is None:  # analyses made before ``family`` existed record none
+        raise AnalysisError(f"family: {spec}: its analysis records no parameter count; re-analyze it with --force")
     if result.model is None:
         model, at = results_run(analyses_folder(folder), result.run), f"@{result.step}"
     else:
