@@ -19,6 +19,7 @@ import torch
 import transformers
 from scipy import stats
 
+from dispersion_titan.analysis.compare import compare
 from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation
 from dispersion_titan.analysis.hf_model import decoder_layers
 from dispersion_titan.analysis.inputs import InputOptions, paper_texts, select_sequences
@@ -166,14 +167,20 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
 
 
 def written_analysis(
-    folder: Path, model: str, cosines: list[float], dtype: str = "fp32", n_params: int | None = 1000
+    folder: Path,
+    model: str,
+    cosines: list[float],
+    dtype: str = "fp32",
+    n_params: int | None = 1000,
+    layer_points: str = "all",
 ) -> Path:
     """An ``analyze hf:MODEL --out FOLDER`` result of the default revision, written as analyze writes it."""
     layers = [
         LayerCondensation(i, name, c, c, [])
         for i, (name, c) in enumerate(zip(["embedding", "block_1", "block_2", "final_norm"], cosines, strict=True))
     ]
-    inputs = {"num_sequences": K, "seq_len": S, "protocol": "default", "layer_points": "all", "tokens_sha256": "t"}
+    inputs = {"num_sequences": K, "seq_len": S, "protocol": "default", "layer_points": layer_points}
+    inputs["tokens_sha256"] = "t"
     result = Condensation(
         0, K, S, layers, 1.0, 1.0, [], 128, [-1.0, 1.0], inputs, dtype, "cpu", model, model,
         {"model_type": "gpt2", "dim": 32, "mlp_hidden_dim": 128}, model, None, n_params,
@@ -181,6 +188,17 @@ def written_analysis(
     (folder / "rev-default").mkdir(parents=True)
     (folder / "rev-default" / "condensation.json").write_text(json.dumps(result.to_json()))
     return folder
+
+
+def test_compare_refuses_depth_trends_over_other_layer_points(tmp_path):
+    """The same tokens, Spearman and Kendall over other layers (``--layer-points``): refused in one line (was: one
+    model's two analyses side by side, spearman 0.2 and 0.3, as if the models differed)."""
+    cosines = [0.1, 0.3, 0.2, 0.25]
+    every = written_analysis(tmp_path / "all", "org/h4", cosines)
+    hidden = written_analysis(tmp_path / "hidden", "org/h4", cosines, layer_points="hidden_states")
+    with pytest.raises(AnalysisError, match=r"inputs than .*all \(layer_points 'all' vs 'hidden_states'\); re-anal"):
+        compare([str(every), str(hidden)], str(tmp_path / "cmp"), "last")
+    assert not (tmp_path / "cmp").exists()
 
 
 def test_family_labels_models_of_one_name_by_their_folders_and_needs_their_sizes(tmp_path):

@@ -47,7 +47,8 @@ def _details(result: Condensation, dump: str) -> str:
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
-    """Each run's analysis at ``step``; refuses a run named twice and analyses of different sequences."""
+    """Each run's analysis at ``step``; refuses a run named twice, and analyses of different sequences or
+    depth-trend points (``--layer-points``: Spearman and Kendall over other layers)."""
     named: dict[str, str] = {}
     for run in runs:
         folder = os.path.realpath(analyses_folder(run))
@@ -58,7 +59,8 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
         named[folder] = run
     results = [pick(run, step) for run in runs]
     for run, result in zip(runs[1:], results[1:]):
-        if result.tokens_sha256 != results[0].tokens_sha256:
+        compared = ("tokens_sha256", "layer_points")
+        if any(result.inputs[key] != results[0].inputs[key] for key in compared):
             raise AnalysisError(
                 f"compare: {run} was analyzed with different inputs than {runs[0]} "
                 f"({differences(results[0].inputs, result.inputs)}); re-analyze with the same options"
