@@ -1,6 +1,6 @@
 """Paper cuts of the analysis (issue 16, items 3, 4 and 8), each through the real command:
 the default sequence length fits the model, a checkpoint of zeros is skipped in one
-line, and the compare outputs say what they show."""
+line, and the compare outputs say what they show (a line per run told apart)."""
 
 from __future__ import annotations
 
@@ -111,4 +111,9 @@ def test_compare_outputs_say_what_they_show(tmp_path, long_texts, capsys):
     fig.canvas.draw()
     legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert legend.x0 >= axes.x1  # right of the plotting area
+    figures.plt.close(fig)
+
+    # A sweep's 12 runs: each line its own colour and style (was: runs 11 and 12 in the colours of 1 and 2).
+    fig = figures.comparison([(f"run {i}", loaded[0].result) for i in range(12)], "step 3")
+    assert len({(line.get_color(), line.get_linestyle()) for line in fig.axes[0].get_lines()}) == 12
     figures.plt.close(fig)

@@ -72,10 +72,12 @@ def evolution(results: list[Condensation], title: str) -> Figure:
 
 
 def comparison(labelled: list[tuple[str, Condensation]], title: str) -> Figure:
-    """One mean-cosine line per run, the legend outside the axes."""
+    """One mean-cosine line per run, the legend outside the axes; past the 10 colours, another line style (a sweep's
+    12 runs would share colours)."""
     fig, ax = plt.subplots(figsize=(9.6, 4.2), layout="constrained")
     curve_axes(ax, title)
-    for label, result in labelled:
-        plot_curve(ax, result, label=label)
+    colours, styles = plt.get_cmap("tab10"), ("-", "--", ":", "-.")
+    for index, (label, result) in enumerate(labelled):
+        plot_curve(ax, result, label=label, color=colours(index % 10), linestyle=styles[index // 10 % len(styles)])
     outside_legend(ax)
     return fig
