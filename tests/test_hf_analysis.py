@@ -211,6 +211,13 @@ def test_family_labels_models_of_one_name_by_their_folders_and_needs_their_sizes
     with open(tmp_path / "fam" / "family.csv") as f:
         assert sorted(row["model"] for row in csv.DictReader(f)) == sorted(["h2", str(fp32), str(bf16)])
 
+    # --family and --paired may spell a listed model's folder otherwise (was: "name each model once", as it was)
+    write_size_series(
+        [str(fp32), f"{other}/"], str(tmp_path / "fam"), [f"small={other}/."], [f"{fp32}/={other}"], 2, "default"
+    )
+    with open(tmp_path / "fam" / "family.csv") as f:
+        assert {row["model"]: row["family"] for row in csv.DictReader(f)} == {"h4": "gpt2", "h2": "small"}
+
     # an analysis of an older version, without n_params: one line (was a traceback sorting None among ints)
     old = written_analysis(tmp_path / "cond" / "old", "org/old", [0.1, 0.1, 0.1, 0.1], n_params=None)
     with pytest.raises(AnalysisError, match=f"^family: {old}: its analysis records no parameter count; re-analyze"):

@@ -189,14 +189,24 @@ def parse_assignments(values: Sequence[str], option: str) -> list[tuple[str, str
     return parsed
 
 
+def spelled(spec: str) -> str:
+    """``spec`` with its folder normalised, so that ``--family`` and ``--paired`` may name a model as ``cond/x/`` or
+    ``./cond/x`` where the list has ``cond/x``."""
+    folder, at, which = spec.rpartition("@")
+    return f"{os.path.normpath(folder)}@{which}" if at and os.path.isdir(folder) else os.path.normpath(spec)
+
+
 def write_size_series(
     specs: Sequence[str], out: str, family_options: Sequence[str], paired: Sequence[str], last_n: int, protocol: str
 ) -> str:
     """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown."""
     families = {
-        spec: name for name, listed in parse_assignments(family_options, "--family") for spec in listed.split(",")
+        spelled(spec): name
+        for name, listed in parse_assignments(family_options, "--family")
+        for spec in listed.split(",")
     }
-    pair_specs = parse_assignments(paired, "--paired")
+    pair_specs = [(spelled(a), spelled(b)) for a, b in parse_assignments(paired, "--paired")]
+    specs = [spelled(spec) for spec in specs]
     members = load_members([*specs, *families, *(s for pair in pair_specs for s in pair)], families, protocol)
     by_spec = {m.spec: m for m in members}
     pairs = [(by_spec[a], by_spec[b]) for a, b in pair_specs]
