@@ -59,8 +59,8 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
         named[folder] = run
     results = [pick(run, step) for run in runs]
     for run, result in zip(runs[1:], results[1:]):
-        compared = ("tokens_sha256", "layer_points")
-        if any(result.inputs[key] != results[0].inputs[key] for key in compared):
+        points = [r.inputs.get("layer_points", "all") for r in (results[0], result)]  # older analyses: all
+        if result.tokens_sha256 != results[0].tokens_sha256 or points[0] != points[1]:
             raise AnalysisError(
                 f"compare: {run} was analyzed with different inputs than {runs[0]} "
                 f"({differences(results[0].inputs, result.inputs)}); re-analyze with the same options"
