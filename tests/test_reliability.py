@@ -828,4 +828,10 @@ def test_bad_compare_input_fails_with_one_line_and_writes_nothing(reference, tmp
     assert_one_line_error(
         *analyze("compare", reference, empty, "--out", out, capsys=capsys)[::2], f"{empty}: no condensation analyses"
     )
+    (empty / "config.json").write_text("{}")  # a Hugging Face model's folder: analysed as hf:, into an --out
+    assert_one_line_error(
+        *analyze("compare", reference, empty, "--out", out, capsys=capsys)[::2],
+        f"{empty}: a Hugging Face model's folder, which holds no condensation analyses; make them with "
+        f"python -m dispersion_titan.analyze hf:{empty} --out DIR, then give DIR",
+    )
     assert not out.exists() and digests(reference) == before

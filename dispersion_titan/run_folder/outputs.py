@@ -150,6 +150,11 @@ def results_folder(run: str, name: str, file: str, what: str, command: str) -> s
             else f"no {what} yet: python -m dispersion_titan.{command} {dump}"
         )
         raise OutputError(f"{run}: a folder inside run {dump} ({made}); give the run's folder")
+    if os.path.isfile(os.path.join(run, "config.json")):  # a model's folder: its results are in an --out of its own
+        raise OutputError(
+            f"{run}: a Hugging Face model's folder, which holds no {what}; make them with python -m "
+            f"dispersion_titan.{command} hf:{run} --out DIR, then give DIR"
+        )
     raise OutputError(
         f"{run}: no {what} here or in {os.path.join(run, name)} (run python -m dispersion_titan.{command} {run} first)"
     )
