@@ -367,7 +367,7 @@ def fork_parent(job_config: Any) -> dict[str, Any] | None:
 def same_documents(settings: dict[str, Any], other: dict[str, Any]) -> bool:
     """Whether two runs' settings train on the same documents: by their identity where both have one (another path
     may name them), else by dataset and path."""
-    key = "training.dataset_identity"
+    key = DATA_IDENTITY["training.dataset_path"]
     if settings.get(key) and other.get(key):
         return settings[key] == other[key]
     return all(settings.get(k) == other.get(k) for k in ("training.dataset", "training.dataset_path"))
