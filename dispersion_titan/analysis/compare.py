@@ -41,11 +41,6 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
     raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {[r.label for r in results]})")
 
 
-def _details(result: Condensation, dump: str) -> str:
-    variant = dispersion_variant(dump)
-    return f"(mlp {result.mlp_width}{f', dispersion {variant}' if variant else ''})"
-
-
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
     """Each run's analysis at ``step``; refuses a run named twice, and analyses of different sequences or
     depth-trend points (``--layer-points``: Spearman and Kendall over other layers)."""
@@ -69,9 +64,10 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
     names = [os.path.basename(os.path.normpath(dump)) for dump in dumps]
     if len(set(names)) < len(names):  # same folder names in different places
         names = runs
+    variants = map(dispersion_variant, dumps)
     return [
-        RunResult(f"{name} {_details(result, dump)}", result)
-        for result, name, dump in zip(results, names, dumps, strict=True)
+        RunResult(f"{name} (mlp {result.mlp_width}{f', dispersion {variant}' if variant else ''})", result)
+        for result, name, variant in zip(results, names, variants, strict=True)
     ]
 
 
