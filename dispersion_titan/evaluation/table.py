@@ -321,9 +321,8 @@ def t_test_p(values: list[float], reference: list[float], test: str) -> float | 
 
 def _dispersion(run: Evaluated) -> str | None:
     """The variant of the run's dispersion loss; None when it trains without one."""
-    dispersion = run.metadata.get("dispersion") or {}
-    variant = dispersion.get("variant", "none")
-    return variant if variant != "none" and (dispersion.get("coeff") or 0) > 0 else None
+    arm = _arm(run.metadata)
+    return arm.name if arm.name != "none" and arm.coeff > 0 else None
 
 
 REFERENCE_VARIANT = "angular_spread"
