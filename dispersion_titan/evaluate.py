@@ -62,13 +62,12 @@ def evaluate_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="folder of your own lm-eval task YAMLs",
     )
-    p.add_argument("--limit", type=task_limit, default=None, help="examples per task, or all (default: the protocol's)")
+    p.add_argument("--limit", type=task_limit, help="examples per task, or all (default: the protocol's)")
     p.add_argument(
         "--num-fewshot",
         "--num_fewshot",
         dest="num_fewshot",
         type=non_negative_int,
-        default=None,
         help="shots for every task (default: the protocol's per task, else the task's own)",
     )
     p.add_argument(
