@@ -160,20 +160,19 @@ REWRITTEN = "--out is as it was (its files are moved in together once all are wr
 @command(REWRITTEN)
 def summarize(argv: list[str]) -> None:
     """``compare`` and ``family``: results of several runs, rewritten whole (``owners.rewritten``)."""
-    if argv[:1] == ["compare"]:
+    if argv[0] == "compare":
         a = compare_parser().parse_args(argv[1:])
         from dispersion_titan.analysis.compare import compare  # torch: after --help
 
         print(compare(a.runs, a.out, a.step))
         print(f"written: {os.path.join(a.out, 'compare.csv')}, compare_layers.csv, compare.png")
-        sys.exit(0)
-    if argv[:1] == ["family"]:
+    else:
         a = size_series_parser().parse_args(argv[1:])
         from dispersion_titan.analysis.size_series import write_size_series  # torch: after --help
 
         print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
         print(f"written: {os.path.join(a.out, 'family.md')}, family.csv, family.png")
-        sys.exit(0)
+    sys.exit(0)
 
 
 @command("each model state analyzed so far is kept in its folder; the same command analyzes the rest")
