@@ -145,7 +145,16 @@ def check_same_settings(dump_folder: str, recorded: dict[str, Any] | None, job_c
             f"run folder {dump_folder} was started with other settings: {', '.join(changes)}; relaunch with the "
             "same settings, or branch on purpose with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
         )
-    _refuse_another_tokenizer(dump_folder, recorded.get("tokenizer_sha256"), now)
+    # A tokenizer folder (the same path) replaced since the first launch would tokenize the rest of the data
+    # otherwise (the weights come from the run's own checkpoint).
+    folder = tokenizer_folder(now.get("model.name", ""), now.get("model.hf_assets_path"))
+    first = recorded.get("tokenizer_sha256")
+    if first and folder is not None and tokenizer_sha256(folder) not in (first, None):
+        raise ConfigError(
+            f"model.hf_assets_path: {folder}: its {TOKENIZER_FILE} (or its eos_token) is not the one run folder "
+            f"{dump_folder} was started with (the folder replaced since?); put the run's tokenizer files back, or "
+            "start a new run (another --job.dump_folder) with this one"
+        )
     for key, identity in DATA_IDENTITY.items():
         if (
             now.get(key) == before.get(key)
@@ -157,19 +166,6 @@ def check_same_settings(dump_folder: str, recorded: dict[str, Any] | None, job_c
                 "(prepared again since, from other inputs); put the run's store back there, or branch on purpose "
                 "with --job.fork_from RUN[@STEP] into a new --job.dump_folder"
             )
-
-
-def _refuse_another_tokenizer(dump_folder: str, recorded: str | None, now: dict[str, Any]) -> None:
-    """Refuse a relaunch whose tokenizer folder (the same path) holds another tokenizer than at the run's first
-    launch: replaced meanwhile, it would tokenize the rest of the data otherwise (the weights come from the run's
-    own checkpoint)."""
-    folder = tokenizer_folder(now.get("model.name", ""), now.get("model.hf_assets_path"))
-    if recorded and folder is not None and tokenizer_sha256(folder) not in (recorded, None):
-        raise ConfigError(
-            f"model.hf_assets_path: {folder}: its {TOKENIZER_FILE} (or its eos_token) is not the one run folder "
-            f"{dump_folder} was started with (the folder replaced since?); put the run's tokenizer files back, or "
-            "start a new run (another --job.dump_folder) with this one"
-        )
 
 
 def refuse_other_data_here(dump_folder: str, recorded: dict[str, Any] | None, job_config: Any) -> None:
@@ -186,7 +182,8 @@ def refuse_other_data_here(dump_folder: str, recorded: dict[str, Any] | None, jo
         _refuse_other_paths_here(dump_folder, first, now)
     for key in DATA_IDENTITY:
         path = now.get(key)
-        if path and path == recorded["settings"].get(key) and not any(map(glob.glob, _expanded(path))):
+        same = path and path == recorded["settings"].get(key)  # its comma-separated paths and globs, all gone:
+        if same and not any(glob.glob(os.path.expanduser(entry.strip())) for entry in path.split(",")):
             raise ConfigError(  # was the corpus's check: `'enwiki_sample' is embedded and takes no path`, for a store
                 f"{key}: {path}: nothing there now, and run folder {dump_folder} trained on it; put it back there "
                 "(a symbolic link to where it is now will do)"
@@ -198,11 +195,6 @@ def refuse_other_data_here(dump_folder: str, recorded: dict[str, Any] | None, jo
             f"model.hf_assets_path: {folder}: no such folder, and run folder {dump_folder} takes its tokenizer from "
             "it; put it back there (a symbolic link to where it is now will do)"
         )
-
-
-def _expanded(path: str) -> list[str]:
-    """A data path's comma-separated paths and globs, ``~`` expanded."""
-    return [os.path.expanduser(entry.strip()) for entry in path.split(",") if entry.strip()]
 
 
 def _refuse_other_paths_here(dump_folder: str, first: str, now: dict[str, Any]) -> None:
