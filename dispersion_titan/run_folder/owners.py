@@ -61,8 +61,11 @@ def read_owner(folder: str) -> FolderOwner | None:
         return FolderOwner("run", folder)
     try:
         record = owner_record(folder)
-        if record is not None:
-            return FolderOwner(record["kind"], _recorded_run(folder, record))
+        if record is not None:  # its run at RUN_RELATIVE from it if a run is there, else as recorded
+            relative = record.get(RUN_RELATIVE)
+            run = relative and os.path.normpath(os.path.join(os.path.realpath(folder), relative))
+            moved = run and os.path.isfile(os.path.join(run, RUN_METADATA_FILE))
+            return FolderOwner(record["kind"], run if moved else record.get("run"))
     except (FileNotFoundError, NotADirectoryError, PermissionError):  # none; or not a folder: its writer says so
         pass
     except OutputError:  # of another format
@@ -87,16 +90,6 @@ def owner_record(folder: str) -> dict | None:
         return check_format(json.loads(Path(path).read_text()), path)
     except FileNotFoundError:
         return None
-
-
-def _recorded_run(folder: str, record: dict) -> str | None:
-    """The run a record names: at ``RUN_RELATIVE`` from ``folder`` if a run is there, else as recorded."""
-    relative = record.get(RUN_RELATIVE)
-    if relative is not None:
-        run = os.path.normpath(os.path.join(os.path.realpath(folder), relative))
-        if os.path.isfile(os.path.join(run, RUN_METADATA_FILE)):
-            return run
-    return record.get("run")
 
 
 def run_paths(root: str) -> dict[str, str]:
