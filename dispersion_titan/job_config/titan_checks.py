@@ -7,6 +7,7 @@ import glob
 import importlib.util
 import os
 from operator import attrgetter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -169,28 +170,19 @@ def run_folders(config: RunConfig) -> dict[str, str]:
     return {key: os.path.join(config.job.dump_folder, attrgetter(key)(config)) for key, on in written.items() if on}
 
 
-def _unwritable(path: str) -> str | None:
-    """Why no folder could be written at ``path`` (None: it can): it, or its nearest existing ancestor, says."""
-    probe = os.path.abspath(path)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    where = "exists but" if probe == os.path.abspath(path) else f"cannot be created: {probe}"
-    if not os.path.isdir(probe):
-        return f"{where} is not a directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{where} is not writable; give a folder you can write to"
-    return None
-
-
 def check_output_folders(config: RunConfig) -> None:
     """Every folder the run writes to; the config file TorchTitan saves stays inside the run."""
     dump = config.job.dump_folder
     if not dump.strip():
         raise ConfigError("job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run")
     for field, path in {"job.dump_folder": dump, **run_folders(config)}.items():
-        problem = _unwritable(path)
-        if problem:
-            raise ConfigError(f"{field}: {path} {problem}")
+        full = os.path.abspath(path)  # it, or its nearest existing ancestor, says whether it can be written
+        probe = next(p for p in [full, *map(str, Path(full).parents)] if os.path.exists(p))
+        where = f"{field}: {path} " + ("exists but" if probe == full else f"cannot be created: {probe}")
+        if not os.path.isdir(probe):
+            raise ConfigError(f"{where} is not a directory")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise ConfigError(f"{where} is not writable; give a folder you can write to")
     saved = config.job.save_config_file
     if saved and not inside(os.path.join(dump, saved), dump):
         raise ConfigError(
