@@ -50,7 +50,6 @@ def _flag_value(args: list[str], flags: tuple[str, ...]) -> str | None:
 
 
 def config_file(args: list[str]) -> str | None:
-    """The path given to ``--job.config_file``."""
     return _flag_value(args, _CONFIG_FILE_FLAGS)
 
 

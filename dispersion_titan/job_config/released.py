@@ -34,7 +34,6 @@ def is_on(config: RunConfig) -> bool:
 
 
 def refuse_derived_keys(config: RunConfig, args: list[str], toml: dict) -> None:
-    """A key ``[released]`` derives, set by hand, is refused in one line."""
     if not is_on(config):
         return
     for key in LAYOUT_KEYS:

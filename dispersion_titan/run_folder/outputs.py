@@ -188,7 +188,6 @@ def read_json_object(path: str, fix: str = "restore it, or remove it and rerun")
 
 
 def read_json_files(out: str, file: str) -> dict[str, dict]:
-    """``out/*/{file}`` parsed, by folder name, in name order."""
     if not os.path.isdir(out):
         return {}
     paths = {name: os.path.join(out, name, file) for name in sorted(os.listdir(out))}

@@ -122,7 +122,6 @@ def empty(folder: str) -> bool:
 
 
 def inside(path: str, folder: str) -> bool:
-    """Whether ``path`` is ``folder`` or below it, symlinks resolved."""
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
@@ -294,7 +293,6 @@ def outside_folders(dump: str, folders: dict[str, str]) -> dict[str, str]:
 
 
 def record_run_folders(dump: str, folders: dict[str, str]) -> None:
-    """Record the run ``dump`` as the owner of its dump folder and of each of ``folders`` outside it."""
     owner = FolderOwner("run", dump)
     for path in (dump, *(os.path.join(os.path.realpath(dump), p) for p in outside_folders(dump, folders).values())):
         record_owner(path, owner)
