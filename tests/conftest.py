@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from filelock import FileLock
 
 from dispersion_titan.data.packed import CACHE_ENV
+from support.jobs import CPU_LOG, cpu_seconds, log_cpu
 from support.launch import REFERENCE_STEPS, SCHEDULE, torchrun
 
 # Under pytest-xdist (``scripts/run_tests.sh``: ``-n 3 --dist loadfile --no-loadscope-reorder``) each module's
@@ -46,6 +48,19 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.module.__name__, len(rank)))  # stable: file order otherwise
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``SUITE_CPU_LOG`` set: each test's CPU in this worker and in the fresh processes it waited for (its
+    forked jobs log their own; Slurm's jobs are not counted)."""
+    if not os.environ.get(CPU_LOG):
+        yield
+        return
+    before = cpu_seconds(resource.RUSAGE_SELF), cpu_seconds(resource.RUSAGE_CHILDREN)
+    yield
+    log_cpu(item.nodeid, "worker", cpu_seconds(resource.RUSAGE_SELF) - before[0])
+    log_cpu(item.nodeid, "processes", cpu_seconds(resource.RUSAGE_CHILDREN) - before[1])
 
 
 def session_folder(tmp_path_factory) -> Path:

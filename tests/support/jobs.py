@@ -5,6 +5,7 @@ workers. Run as a script (``python tests/support/jobs.py PRELOAD...``), as ``Job
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -63,6 +64,31 @@ def _rank(target: str, argv: list[str]) -> None:
     _run(target, argv)
 
 
+CPU_LOG = "SUITE_CPU_LOG"
+"""A file to which each test's CPU, and each forked job's, is appended (``bench/suite_cpu.py`` sums it)."""
+
+
+def log_cpu(test: str, kind: str, seconds: float) -> None:
+    """One line of ``CPU_LOG``, where it is set: the CPU (user + system) ``test`` spent as ``kind``."""
+    if path := os.environ.get(CPU_LOG):
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": test.split(" (")[0], "kind": kind, "cpu": seconds}) + "\n")
+
+
+def cpu_seconds(who: int) -> float:
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _logged(request: dict) -> int:
+    """``_exit_status``, the job's CPU and that of the processes it waited for logged under its test."""
+    try:
+        return _exit_status(request)
+    finally:
+        seconds = cpu_seconds(resource.RUSAGE_SELF) + cpu_seconds(resource.RUSAGE_CHILDREN)
+        log_cpu(request["env"].get("PYTEST_CURRENT_TEST", ""), "job", seconds)
+
+
 def _exit_status(request: dict) -> int:
     """The forked job's exit status as the interpreter's or torchrun's."""
     os.setpgid(0, 0)  # the client can stop the job with all its workers
@@ -94,4 +120,4 @@ def _exit_status(request: dict) -> int:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1:], _exit_status)
+    serve(sys.argv[1:], _logged if os.environ.get(CPU_LOG) else _exit_status)
