@@ -369,7 +369,6 @@ AXIS_TITLE = {"n_params": "size", "mlp_width": "MLP width", "step": "step", "tra
 
 
 def render(workflow: PaperWorkflow, selection: Selection, reference: str | None, test: str) -> list[str]:
-    """Write the artifact; return the files written."""
     stem = os.path.join(workflow.out, workflow.artifact)
     if workflow.artifact == "table2":
         print(write_table2(workflow, stem, selection, reference, test))

@@ -28,7 +28,6 @@ DODGE = 0.07  # blocks are categories: each width's points this far apart keep e
 
 
 def _style(widths: Sequence[int]) -> dict[int, dict]:
-    """One colour and marker per width, in order of width."""
     shades = plt.cm.viridis(np.linspace(0.0, 0.85, len(widths)))
     return {w: {"color": tuple(shades[i]), "marker": MARKERS[i % len(MARKERS)]} for i, w in enumerate(sorted(widths))}
 
@@ -101,7 +100,6 @@ def _verdicts(ax: plt.Axes, found: Sequence[Finding], key: str) -> None:
 
 
 def _band(ax: plt.Axes, x: Sequence[float], curves: Sequence[Sequence[float]], colour) -> None:
-    """The band between several seeds' curves."""
     ax.fill_between(x, np.min(curves, axis=0), np.max(curves, axis=0), color=colour, alpha=0.2, linewidth=0)
 
 

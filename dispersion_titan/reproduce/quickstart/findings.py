@@ -58,7 +58,6 @@ class InitPanel:
 
 
 def late_blocks(result: Condensation) -> list[LayerCondensation]:
-    """The late half of the transformer blocks."""
     blocks = [layer for layer in result.layers if layer.name.startswith("block_")]
     return blocks[len(blocks) // 2 :]
 
@@ -241,7 +240,6 @@ def baselines(runs: Sequence[RunCondensation], seed: int) -> list[RunCondensatio
 
 
 def final_spread(runs: Sequence[RunCondensation]) -> float | None:
-    """The toy sweep's seed spread of the final late-block cosine."""
     return seed_spread(runs, lambda r: late_cos(r.final))
 
 

@@ -90,9 +90,6 @@ class Commands(contextlib.AbstractContextManager):
         self.close()
 
 
-# ---------------------------------------------------------------- the server and its jobs
-
-
 def _run(target: str, argv: list[str]) -> None:
     """``python -m MODULE ARGV`` or ``python SCRIPT ARGV``, in this process."""
     sys.argv = [target, *argv]
@@ -143,7 +140,6 @@ def _job(request: dict, handlers: dict[int, object], run: Callable[[dict], int])
 
 
 def serve(preload: list[str], run: Callable[[dict], int] = exit_status) -> None:
-    """Preload, then fork each request's job, which ``run`` runs."""
     for entry in preload:
         module, _, function = entry.partition(":")
         imported = importlib.import_module(module)

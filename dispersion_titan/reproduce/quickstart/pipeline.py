@@ -169,7 +169,6 @@ def init_panel(
 
 
 def make_setup(a: argparse.Namespace) -> QuickstartSetup:
-    """The setup for the parsed command line ``a`` (``dispersion_titan.quickstart``'s parser)."""
     config = os.path.abspath(a.config)
     toml = read_toml(config, "--config")
     try:
@@ -283,10 +282,8 @@ def step_progress(log: str, steps: int, name: str, say: Callable[[str], None], e
     ``train    NAME: step 30/60, ~40 s left`` (the time left at the rate since the first step seen), so
     the quickstart is not silent for minutes."""
     stop = threading.Event()
-    try:
-        start = os.path.getsize(log)  # the steps of an earlier attempt, which a relaunch appends to, are not this one's
-    except FileNotFoundError:
-        start = 0
+    # the steps of an earlier attempt, which a relaunch appends to, are not this one's
+    start = os.path.getsize(log) if os.path.exists(log) else 0
 
     def watch() -> None:
         offset, first, said = start, None, None
@@ -405,7 +402,6 @@ def compare_runs(setup: QuickstartSetup, say: Callable[[str], None]) -> list[tup
 
 
 def summarize(setup: QuickstartSetup, panel: InitPanel, files: list[tuple[str, str]]) -> str:
-    """Write ``summary.png`` and ``summary.md``; return the summary's text."""
     runs = load_sweep([setup.dump(r) for r in setup.runs])
     found = findings(panel, runs, setup.seed)
     args = runs[0].final.model_args
