@@ -513,14 +513,15 @@ def test_a_sweep_with_force_in_its_job_args_redoes_those_jobs_when_run_again(tmp
         (tmp_path / job).mkdir()
         (tmp_path / job / written).touch()
     monkeypatch.setattr(slurm_sweep, "queued_jobs", lambda ids: set())
-    monkeypatch.setattr(slurm_sweep, "_trained", lambda config: True)
+    monkeypatch.setattr(slurm_sweep, "trained_to", lambda folder, steps: True)
+    configs = slurm_sweep.check_training_configs(planned)
     for results in ("_analyses", "_evaluations"):
         monkeypatch.setattr(slurm_sweep, results, lambda run, options: [])
 
     def submitted(analyze: list[str], evaluate: list[str]) -> list[str]:
         analyzing = analyze_parser().parse_args([str(tmp_path), *analyze])
         evaluating = evaluate_parser().parse_args([str(tmp_path), *evaluate])
-        return [job.key for job in slurm_sweep.resubmission(planned, jobs, [None], analyzing, evaluating)[0]]
+        return [job.key for job in slurm_sweep.resubmission(planned, jobs, configs, analyzing, evaluating)[0]]
 
     assert submitted([], []) == []
     assert submitted(["--force"], []) == ["analyze_1", "compare"]

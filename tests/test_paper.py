@@ -27,11 +27,14 @@ from matplotlib import image
 from scipy import stats
 
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.paper import PAPER
 from dispersion_titan.paper import main as paper_main
 from dispersion_titan.reproduce.paper import catalog, render
 from dispersion_titan.reproduce.paper.render import revision_label
 from dispersion_titan.reproduce.paper.workflow import build, check_devices, pick_revisions
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
+from dispersion_titan.run_folder.outputs import FORMAT, FORMAT_KEY
+from dispersion_titan.run_folder.owners import record_owner
 from dispersion_titan.utils.errors import ArgumentError
 from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos
@@ -444,6 +447,15 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
         "paper.sbatch fig3" in lines[-1]
         and "--dependency=afterok:" + ":".join(f"$job_{i}" for i in range(1, 13)) in lines[-1]
     )
+    # a run whose last checkpoint is half written (no .metadata yet: killed while saving) is trained again
+    run = tmp_path / "runs" / "fig3_gpt2_small_mlp64"
+    (run / "checkpoint" / "step-2385").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({FORMAT_KEY: FORMAT, "model_args": {}, "training_steps": 2385}))
+    record_owner(str(tmp_path), PAPER)  # as the first paper fig3 --slurm made it
+    code, out, err = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
+    assert code == 0 and f"--job.dump_folder {run})" in out, err  # was: taken as trained, its training left out
+    shutil.rmtree(tmp_path)
+    tmp_path.mkdir()
     code, out, _ = paper(
         "fig3", "--slurm", "--dry-run", "--sbatch-arg=--gpus-per-node=4", "--out", tmp_path, capsys=capsys
     )

@@ -25,7 +25,7 @@ from ..evaluation.runner import OURS, read_evaluations, source_changed
 from ..evaluation.runner import RESULT_FILE as EVALUATION_FILE
 from ..job_config.parse import validated_args
 from ..losses import VARIANTS
-from ..run_folder.checkpoints import identity_changed, last_complete_step, run_checkpoints
+from ..run_folder.checkpoints import identity_changed, run_checkpoints, trained_to
 from ..run_folder.owners import FolderOwner, empty, record_owner
 from ..utils.errors import ArgumentError, DispersionTitanError
 from ..utils.records import atomic_write
@@ -232,12 +232,6 @@ def check_training_configs(sweep: Sweep) -> list[RunConfig]:
     return configs
 
 
-def _trained(config: RunConfig) -> bool:
-    """Whether a cell's run holds the checkpoint of its last step."""
-    last = last_complete_step(os.path.join(config.job.dump_folder, config.checkpoint.folder))
-    return last is not None and last >= config.training.steps
-
-
 def _analyses(run: str, options: argparse.Namespace) -> list[Path] | None:
     """The results of ``analyze RUN OPTIONS``, one per checkpoint it selects, as it reads them to skip (its settings
     are the sweep's, compared in ``sweep.json``); None while one is missing, or of a checkpoint saved over since."""
@@ -326,7 +320,8 @@ def resubmission(
     kept = {key: job_id for key, job_id in ids.items() if job_id in queued}
     results: dict[str, list[Path] | None] = {}
     for i, (cell, config) in enumerate(zip(sweep.cells(), configs, strict=True), start=1):
-        if f"train_{i}" in ids and ids[f"train_{i}"] not in queued and _trained(config):
+        ended = f"train_{i}" in ids and ids[f"train_{i}"] not in queued
+        if ended and trained_to(os.path.join(config.job.dump_folder, config.checkpoint.folder), config.training.steps):
             run = str(sweep.out / cell.name)
             results |= {
                 f"train_{i}": [],

@@ -403,6 +403,13 @@ def last_complete_step(folder: str, before: int | None = None) -> int | None:
     return max((c.step for c in complete_checkpoints(folder) if before is None or c.step < before), default=None)
 
 
+def trained_to(folder: str, steps: int) -> bool:
+    """Whether the checkpoint folder ``folder`` holds a complete checkpoint of step ``steps`` or later: the sweep's,
+    the paper's and the quickstart's one notion of a run trained (a last checkpoint half written is not)."""
+    last = last_complete_step(folder)
+    return last is not None and last >= steps
+
+
 def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
     """Refuse to load a streamed corpus's per-rank positions on another number of data-parallel ranks."""
     keys = dcp_metadata(step_dir).state_dict_metadata

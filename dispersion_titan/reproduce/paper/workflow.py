@@ -24,7 +24,13 @@ from ...evaluation.runner import hub_model
 from ...evaluation.table import arm_runs
 from ...job_config import released
 from ...job_config.parse import validated_args
-from ...run_folder.checkpoints import dispersion_variant, find_checkpoint_folder, list_checkpoints, load_run_metadata
+from ...run_folder.checkpoints import (
+    dispersion_variant,
+    find_checkpoint_folder,
+    list_checkpoints,
+    load_run_metadata,
+    trained_to,
+)
 from ...run_folder.owners import RUN_METADATA_FILE
 from ...utils.devices import AUTOCAST, check_device_map, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
@@ -392,9 +398,13 @@ def checkpoint_steps(run: str) -> list[int]:
 
 
 def is_trained(run: SweepRun) -> bool:
-    """Whether the run holds its last step's checkpoint (``run.json``'s ``training_steps``)."""
-    steps = checkpoint_steps(run.folder)
-    return bool(steps) and max(steps) == load_run_metadata(run.folder).get("training_steps")
+    """Whether the run holds its last step's complete checkpoint (``run.json``'s ``training_steps``)."""
+    try:
+        folder = find_checkpoint_folder(run.folder)
+    except CheckpointError:  # not started, or no checkpoint yet
+        return False
+    steps = load_run_metadata(run.folder).get("training_steps")
+    return steps is not None and trained_to(folder, steps)
 
 
 def mlp_width(run: str) -> int:

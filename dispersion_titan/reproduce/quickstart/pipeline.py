@@ -27,7 +27,7 @@ from ...config.cli import read_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from ...models.gpt2.model import GPT2
-from ...run_folder.checkpoints import complete_checkpoints, list_checkpoints
+from ...run_folder.checkpoints import list_checkpoints, trained_to
 from ...run_folder.outputs import atomic_write, read_json_files, read_json_object, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned
 from ...run_folder.settings import fixed
@@ -232,7 +232,7 @@ def analyze_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
 
 
 def trained(setup: QuickstartSetup, run: Cell) -> bool:
-    return setup.steps in [c.step for c in complete_checkpoints(os.path.join(setup.dump(run), "checkpoint"))]
+    return trained_to(os.path.join(setup.dump(run), "checkpoint"), setup.steps)
 
 
 def analyzed(setup: QuickstartSetup, run: Cell) -> bool:
