@@ -342,6 +342,8 @@ def test_a_second_cluster_on_the_same_ports_is_refused_in_one_line(slurm, tmp_pa
     """The running cluster's ports are taken: a second one says so and starts nothing."""
     env = {**slurm, "LOCAL_SLURM_DIR": str(tmp_path / "second")}
     proc = subprocess.run([str(LOCAL_SLURM), "start"], env=env, capture_output=True, text=True, timeout=60)
+    if proc.returncode == 0:  # it started after all: stopped, not left running past the failure
+        subprocess.run([str(LOCAL_SLURM), "stop"], env=env, capture_output=True, timeout=60)
     assert proc.returncode != 0
     assert proc.stderr.strip() == (
         f"local_slurm: port {slurm['LOCAL_SLURM_CTLD_PORT']} is already in use (another Slurm on this machine?): "
