@@ -489,6 +489,22 @@ def test_a_full_disk_before_any_checkpoint_is_one_line(tmp_path):
     ), proc.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_a_full_disk_while_logging_to_tensorboard_is_one_line(tmp_path):
+    """The file size limit met by TensorBoard's writer thread mid-run (16 KiB: its events file meets it first,
+    near step 12): one line naming the TensorBoard folder, exit 74 (was the thread's traceback, and "the run's
+    files in RUN"; a last write's failure, which TensorBoard drops at close, is raised there)."""
+    dump = tmp_path / "tb_full"
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--checkpoint.no-enable"]
+    proc = python_module("dispersion_titan.train", *argv, "--training.steps", "30", file_limit=16384)
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.fullmatch(
+        rf"dispersion_titan: error: file too large writing {dump}/tb \(\d+ MB free\); no checkpoint was saved yet; "
+        r"raise the file size limit \(ulimit -f\) and relaunch the same command to resume",
+        proc.stderr.strip().splitlines()[-1],
+    ), proc.stderr[-3000:]
+
+
 def truncate_shard(step_dir: Path) -> None:
     shard = step_dir / "__1_0.distcp"
     with open(shard, "r+b") as f:

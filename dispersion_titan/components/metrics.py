@@ -3,7 +3,11 @@ off-diagonal cosine (a live condensation curve); the W&B run is named in the run
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,6 +49,32 @@ class DispersionMetricsProcessor(MetricsProcessor):
         self.step_metrics = StepMetrics(t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * ranks)
         if job_config.metrics.enable_wandb:
             wandb_run.record(job_config.job.dump_folder)
+        self.tb_folder = os.path.join(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
+        self.writer_error: OSError | None = None
+        self._excepthook = threading.excepthook
+        threading.excepthook = self._writer_failed
+
+    def _writer_failed(self, args: threading.ExceptHookArgs) -> None:
+        """TensorBoard's writer thread's failed write (a full disk) kept for ``_tensorboard_writes`` to raise, not
+        printed as the thread's traceback: TensorBoard raises it only at a next write, never at close."""
+        if type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError):
+            self.writer_error = args.exc_value
+        else:
+            self._excepthook(args)
+
+    @contextlib.contextmanager
+    def _tensorboard_writes(self) -> Iterator[None]:
+        """TensorBoard's failed write raised here, naming the TensorBoard folder (its thread names no file), and
+        raised once more after a last write (at close) that TensorBoard would drop silently."""
+        try:
+            yield
+        except OSError as e:
+            if e is not self.writer_error:
+                raise
+        error, self.writer_error = self.writer_error, None
+        if error is not None:
+            error.filename = error.filename or self.tb_folder
+            raise error
 
     def log(
         self,
@@ -69,9 +99,19 @@ class DispersionMetricsProcessor(MetricsProcessor):
                 extra.update({f"condensation/block_{i}_mean_cos_offdiag": v for i, v in enumerate(cos, start=1)})
                 line += "  mean_cos_offdiag by block: " + " ".join(f"{v:.3f}" for v in cos)
             logger.info(f"step: {step:2}  {line}")
-        super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
+        with self._tensorboard_writes():
+            super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=extra)
 
     def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None) -> None:
         extra = dict(extra_metrics or {})
         extra["validation_metrics/perplexity"] = math.exp(min(loss, 50.0))
-        super().log_validation(loss, step, extra_metrics=extra)
+        with self._tensorboard_writes():
+            super().log_validation(loss, step, extra_metrics=extra)
+
+    def close(self) -> None:
+        """TorchTitan's, then threads' exceptions printed again as before."""
+        try:
+            with self._tensorboard_writes():
+                super().close()
+        finally:
+            threading.excepthook = self._excepthook
