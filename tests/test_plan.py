@@ -133,6 +133,11 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
             "training.local_batch_size: 1,000,000,000 sequences of 1,024 tokens per GPU: one block's output alone "
             "(1,572,864 GB in bf16) exceeds the memory of an H100 SXM 80GB; lower it",
         ),  # was: the measurement drew a micro-batch of 10^9 sequences from the data, growing until killed
+        (
+            (QWEN3_TOML, "--training.seq_len", "1000000000", "--training.local_batch_size", "1"),
+            "training.seq_len: 1 sequences of 1,000,000,000 tokens per GPU: one block's output alone (512 GB in "
+            "bf16) exceeds the memory of an H100 SXM 80GB; lower it",
+        ),  # was: "training.local_batch_size: …; lower it (or training.global_batch_size)", already 1
     ):  # the last but one: tyro's "Unrecognized options: --dispersion.coef, 1"
         with pytest.raises(SystemExit) as done:
             plan_main(list(args))

@@ -375,10 +375,14 @@ def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: s
     layout = resolve_layout(job_config, gpus, nodes_of(gpus, nodes, gpu))
     block_output_gb = layout.micro_batch * layout.seq_len * layout.dim * 2 / layout.tp / 1e9  # bf16, per TP rank
     if block_output_gb > gpu.memory_gb:  # before the measurement draws a micro-batch of that size from the data
+        field, also = (  # one sequence per micro-batch: only a shorter one fits (a RoPE model's seq_len is unbounded)
+            ("training.seq_len", "")
+            if layout.micro_batch == 1
+            else ("training.local_batch_size", " (or training.global_batch_size)")
+        )
         raise ConfigError(
-            f"training.local_batch_size: {layout.micro_batch:,} sequences of {layout.seq_len:,} tokens per GPU: one "
-            f"block's output alone ({block_output_gb:,.0f} GB in bf16) exceeds the memory of an {gpu.name}; lower it "
-            "(or training.global_batch_size)"
+            f"{field}: {layout.micro_batch:,} sequences of {layout.seq_len:,} tokens per GPU: one block's output "
+            f"alone ({block_output_gb:,.0f} GB in bf16) exceeds the memory of an {gpu.name}; lower it{also}"
         )
     key = _measurement_key(job_config, gpus, gpu_key)
     if key not in _measured:
