@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dispersion_titan.components.wandb_run import WANDB_RUN_FILE
+from dispersion_titan.components.wandb_run import WANDB_RUN_FILE, record
 from dispersion_titan.evaluate import main as evaluate_main
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
@@ -108,6 +108,26 @@ def test_wandb_needs_a_run_trained_with_it(tmp_path, capsys, command):
         options = ["--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word", "--device", "cpu"]
         code, _, err = run_cli(evaluate_main, str(run), *options, "--wandb", capsys=capsys)
     assert_one_line_error(code, err, f"--wandb: {run} names no W&B run ({WANDB_RUN_FILE})")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json"]
+
+
+def test_a_run_trained_with_wandb_disabled_names_no_wandb_run(tmp_path, monkeypatch, capsys):
+    """``WANDB_MODE=disabled``: TorchTitan's ``wandb.init`` gives a no-op run, recorded as training records it, and
+    ``analyze --wandb`` is refused in one line (was ``wandb_run.json`` naming it, entity ``dummy``, dir ``/tmp``:
+    the analysis logged, exit 0, to a run that never existed, in ``/tmp/wandb``, outside the run)."""
+    import wandb
+
+    from support.runs import tiny_run
+
+    run = tiny_run(tmp_path / "run")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    wandb.init(project="dispersion-test")
+    try:
+        record(str(run))
+    finally:
+        wandb.finish()
+    code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
+    assert_one_line_error(code, err, f"--wandb: {run} names no W&B run ({WANDB_RUN_FILE}); ", "WANDB_MODE not disabled")
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json"]
 
 

@@ -20,7 +20,7 @@ def record(dump_folder: str) -> None:
     """Name the W&B run TorchTitan's logger started in this process (none: nothing to do)."""
     wandb = sys.modules.get("wandb")  # imported by TorchTitan's WandBLogger only
     run = None if wandb is None else wandb.run
-    if run is None:
+    if run is None or run.disabled:  # WANDB_MODE=disabled: a no-op run, which logs nowhere
         return
     # W&B's folder within the run folder relative to it: root_dir is relative to the launch's working
     # directory (a relative dump_folder, as the shipped configs'), and the run folder may be moved
@@ -35,7 +35,8 @@ def recorded(dump_folder: str) -> dict[str, Any]:
     path = os.path.join(dump_folder, WANDB_RUN_FILE)
     if not os.path.isfile(path):
         raise ArgumentError(
-            f"--wandb: {dump_folder} names no W&B run ({WANDB_RUN_FILE}); train it with [metrics] enable_wandb = true"
+            f"--wandb: {dump_folder} names no W&B run ({WANDB_RUN_FILE}); train it with [metrics] enable_wandb = true "
+            "(and WANDB_MODE not disabled)"
         )
     try:
         import wandb  # noqa: F401
