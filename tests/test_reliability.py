@@ -505,6 +505,25 @@ def test_a_full_disk_while_logging_to_tensorboard_is_one_line(tmp_path):
     ), proc.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_a_tensorboard_folder_removed_while_training_is_one_line(tmp_path):
+    """``rm -rf RUN/tb/*`` once the run is built (its run.json written): one line naming the events file, exit 2,
+    no traceback (was the writer thread's traceback, then the training's, exit 1)."""
+    dump = tmp_path / "tb_gone"
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--checkpoint.no-enable"]
+    job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.train", *argv, "--training.steps", "20")
+    while not (dump / "run.json").exists() and not job.done():
+        time.sleep(0.02)
+    (events,) = (dump / "tb").glob("*/events.out.tfevents.*")
+    shutil.rmtree(events.parent)
+    proc = job.result()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: metrics.save_tb_folder: TensorBoard could not write {events} (no such file or "
+        "directory); the checkpoints saved so far are intact; fix the folder and relaunch the same command to resume"
+    ), proc.stderr[-3000:]
+
+
 def truncate_shard(step_dir: Path) -> None:
     shard = step_dir / "__1_0.distcp"
     with open(shard, "r+b") as f:

@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
+from ..utils.errors import OutputError, no_room
 from . import wandb_run
 
 
@@ -64,17 +65,23 @@ class DispersionMetricsProcessor(MetricsProcessor):
 
     @contextlib.contextmanager
     def _tensorboard_writes(self) -> Iterator[None]:
-        """TensorBoard's failed write raised here, naming the TensorBoard folder (its thread names no file), and
-        raised once more after a last write (at close) that TensorBoard would drop silently."""
+        """TensorBoard's failed write raised here, naming the TensorBoard folder where its thread names no file, and
+        after a last write (at close) that TensorBoard would drop silently; one line but for a full disk."""
         try:
             yield
-        except OSError as e:
-            if e is not self.writer_error:
-                raise
-        error, self.writer_error = self.writer_error, None
-        if error is not None:
-            error.filename = error.filename or self.tb_folder
+        except OSError as e:  # the thread's, which TensorBoard raises at the next write, before or after the hook
+            self.writer_error = e
+        error = self.writer_error
+        if error is None:
+            return
+        error.filename = error.filename or self.tb_folder
+        if no_room(error):  # the trainer's line: the space, the last good checkpoint
             raise error
+        raise OutputError(  # its folder removed or made read-only while training
+            f"metrics.save_tb_folder: TensorBoard could not write {os.fsdecode(error.filename)} "
+            f"({(error.strerror or type(error).__name__).lower()}); the checkpoints saved so far are intact; fix "
+            "the folder and relaunch the same command to resume"
+        ) from None
 
     def log(
         self,
