@@ -193,6 +193,27 @@ def test_the_error_of_a_rank_the_console_does_not_show_is_said_by_the_launcher(t
     assert sum(error in line for line in lines) == 1, proc.stderr
 
 
+PEER_GONE_SCRIPT = """
+import os, signal, sys, time
+if os.environ["LOCAL_RANK"] == "0":  # its one line, as rank 0 alone meeting a TensorBoard folder removed
+    print("dispersion_titan: error: metrics.save_tb_folder: TensorBoard could not write", file=sys.stderr, flush=True)
+    sys.exit(2)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 1 in a collective with rank 0 gone: it fails of it, exit 1
+time.sleep(1)
+sys.exit(1)
+"""
+
+
+def test_a_rank_failing_since_its_peer_said_why_adds_no_summary(tmp_path):
+    """Rank 0 alone fails with its one line, exit 2; rank 1 then loses its peer and exits 1
+    (``secondary_failure_status``). The launcher exits 2 on rank 0's line (was exit 1 and torchrun's FAILED
+    summary, with both ranks' tracebacks: ``rm -rf RUN/tb/*`` under ``NGPU=2 launch/train.sh``)."""
+    proc = two_ranks(tmp_path, PEER_GONE_SCRIPT)
+    assert proc.returncode == 2, proc.stderr
+    assert "FAILED" not in proc.stderr and "exitcode" not in proc.stderr, proc.stderr
+    assert "[rank0]:dispersion_titan: error: metrics.save_tb_folder: TensorBoard could not write" in proc.stderr
+
+
 PREEMPTED_SCRIPT = """
 import os, signal, sys, time
 print("Stopping at step 5 for a restart; exit status 75", file=sys.stderr, flush=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ..utils.errors import (
     INTERRUPT_SIGNALS,
@@ -146,8 +146,15 @@ def ending(
         return 1, unstopped_message(unstopped[0], first, failure.exitcode, unseen(failure.local_rank))
     said_why = [(rank, f) for rank, f in failures if f.exitcode in SAID_BY_THE_RANKS]
     # torchrun SIGTERMs the others once one fails: a rank that dies of it (not started yet, or in its interpreter's
-    # shutdown, which puts the default handlers back) only echoes that failure
-    if said_why and all(f.exitcode in SAID_BY_THE_RANKS or f.exitcode == -signal.SIGTERM for _, f in failures):
+    # shutdown, which puts the default handlers back) only echoes that failure, as one that exits 1 since, its peer
+    # gone (``secondary_failure_status``: rank 0 alone failed, writing TensorBoard's events)
+    since = said_why[0][1].timestamp if said_why else 0
+
+    def echoes(f: ProcessFailure) -> bool:
+        stopped = f.exitcode == -signal.SIGTERM or (f.exitcode == 1 and f.timestamp >= since)
+        return f.exitcode in SAID_BY_THE_RANKS or stopped
+
+    if said_why and all(echoes(f) for _, f in failures):
         rank, failure = said_why[0]  # the others were stopped by torchrun: "interrupted" is all they said
         said = unseen(failure.local_rank)
         if said and any(_said(log_dir, shown_rank) == said for shown_rank in shown or ()):
