@@ -111,17 +111,15 @@ def test_wandb_needs_a_run_trained_with_it(tmp_path, capsys, command):
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json"]
 
 
-def test_a_run_trained_with_wandb_disabled_names_no_wandb_run(tmp_path, monkeypatch, capsys):
+def test_a_run_trained_with_wandb_disabled_names_no_wandb_run(tmp_path, capsys):
     """``WANDB_MODE=disabled``: TorchTitan's ``wandb.init`` gives a no-op run, recorded as training records it, and
     ``analyze --wandb`` is refused in one line (was ``wandb_run.json`` naming it, entity ``dummy``, dir ``/tmp``:
     the analysis logged, exit 0, to a run that never existed, in ``/tmp/wandb``, outside the run)."""
     import wandb
-
     from support.runs import tiny_run
 
     run = tiny_run(tmp_path / "run")
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    wandb.init(project="dispersion-test")
+    wandb.init(project="dispersion-test", mode="disabled")  # WANDB_MODE's, which W&B reads once a process
     try:
         record(str(run))
     finally:
