@@ -116,6 +116,7 @@ def test_a_run_trained_with_wandb_disabled_names_no_wandb_run(tmp_path, capsys):
     ``analyze --wandb`` is refused in one line (was ``wandb_run.json`` naming it, entity ``dummy``, dir ``/tmp``:
     the analysis logged, exit 0, to a run that never existed, in ``/tmp/wandb``, outside the run)."""
     import wandb
+
     from support.runs import tiny_run
 
     run = tiny_run(tmp_path / "run")

@@ -65,8 +65,9 @@ class DispersionMetricsProcessor(MetricsProcessor):
 
     @contextlib.contextmanager
     def _tensorboard_writes(self) -> Iterator[None]:
-        """TensorBoard's failed write raised here, naming the TensorBoard folder where its thread names no file, and
-        after a last write (at close) that TensorBoard would drop silently; one line but for a full disk."""
+        """TensorBoard's failed write raised here, also after a last write (at close) that TensorBoard would drop
+        silently: a full disk's for the trainer's line (``write_failure``), naming the TensorBoard folder where the
+        thread names no file; any other in one line here."""
         try:
             yield
         except OSError as e:  # the thread's, which TensorBoard raises at the next write, before or after the hook
