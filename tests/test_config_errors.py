@@ -109,6 +109,14 @@ REFUSALS = [
         [*DEBUG, "--job.save_config_file", "../other/run.json"],
         "job.save_config_file: ../other/run.json lands outside job.dump_folder",
     ),
+    Refusal(  # created by TensorBoard, the checkpoint folder made a fork train from scratch, exit 0
+        [*DEBUG, "--metrics.save_tb_folder", "checkpoint"],
+        "metrics.save_tb_folder: ./outputs/debug/checkpoint is inside checkpoint.folder ./outputs/debug/checkpoint,",
+    ),
+    Refusal(
+        [*DEBUG, "--checkpoint.folder", "ckpt", "--comm.trace_buf_size", "1", "--comm.save_traces_folder", "ckpt/t"],
+        "comm.save_traces_folder: ./outputs/debug/ckpt/t is inside checkpoint.folder ./outputs/debug/ckpt,",
+    ),
     Refusal([*DEBUG, "--dispersion.warmup_steps", "-2"], "dispersion.warmup_steps:"),
     Refusal(
         [*DEBUG, "--dispersion.precision", "fp8"], "dispersion.precision: 'fp8' is not one of (", error=ArgumentError

@@ -183,6 +183,13 @@ def check_output_folders(config: RunConfig) -> None:
             raise ConfigError(f"{where} is not a directory")
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"{where} is not writable; give a folder you can write to")
+    checkpoints = run_folders(config).get("checkpoint.folder")
+    for field, path in run_folders(config).items():
+        if checkpoints and field != "checkpoint.folder" and inside(path, checkpoints):
+            raise ConfigError(  # TorchTitan resumes from an existing checkpoint folder: the start would be skipped
+                f"{field}: {path} is inside checkpoint.folder {checkpoints}, which TorchTitan takes for a run to "
+                "resume once it exists (a fork's or initial_load_path's start then skipped); give it its own folder"
+            )
     saved = config.job.save_config_file
     if saved and not inside(os.path.join(dump, saved), dump):
         raise ConfigError(
