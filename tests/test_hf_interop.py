@@ -39,7 +39,7 @@ from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.models.llama3_dispersion import Llama3Args
-from dispersion_titan.run_folder.checkpoints import save_run_metadata
+from dispersion_titan.run_folder.checkpoints import checkpoint_identity, save_run_metadata
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
 from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
@@ -432,6 +432,33 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert exit_info.value.code == 2 and line.startswith(f"dispersion_titan: error: {says}"), line
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_last_save_in_hf_step_is_analyzed_identified_and_a_cut_one_is_one_line(tmp_path, capsys):
+    """A run's ``last_save_in_hf`` step (safetensors, no .metadata): analyze skipped it as "missing .metadata
+    (partial or corrupt checkpoint)", exit 1; evaluate met a FileNotFoundError traceback after its lm-eval run
+    (``checkpoint_identity``); one cut short by a crash was a SafetensorError traceback from convert, exit 1."""
+    args = GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64)
+    step0 = write_dcp_checkpoint(tmp_path / "run", args)
+    step1 = step0.parent / "step-1"  # step 0's weights, as TorchTitan's last_save_in_hf names them
+    step1.mkdir()
+    weights = step1 / "model-00001-of-00001.safetensors"
+    save_file(GPT2StateDictAdapter(args, None).to_hf(load_weights(step0)), str(weights))
+    out = tmp_path / "analysis"
+    with pytest.raises(SystemExit) as exit_info:
+        analyze_main([str(tmp_path / "run"), "--num-sequences", "2", "--seq-len", "16", "--out", str(out)])
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    by_step = {step: [r["mean_cos"] for r in rows if r["step"] == step] for step in ("0", "1")}
+    assert exit_info.value.code == 0 and by_step["0"] and by_step["1"] == by_step["0"]
+    identity = checkpoint_identity(str(step1))
+    weights.write_bytes(weights.read_bytes()[:1000])  # cut short
+    assert checkpoint_identity(str(step1)) != identity
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        convert.main(["to-hf", str(step1), str(tmp_path / "hf")])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and line.startswith(f"dispersion_titan: error: {weights}: damaged ("), line
+    assert line.endswith("; partial or corrupt checkpoint)") and not (tmp_path / "hf").exists()
 
 
 # ---------------------------------------------------------------- dropout and dispersion points, through hf:

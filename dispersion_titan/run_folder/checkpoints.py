@@ -4,6 +4,7 @@ process, no process group), whatever parallel layout saved them, model-only or f
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import io
 import json
@@ -94,7 +95,7 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
     for part in (p.strip() for p in spec.split(",")):
         if part in ("first", "last") and by_step:
             ends = available if part == "first" else available[::-1]
-            wanted.add(next((c for c in ends if _is_complete(c.path)), ends[0]).step)
+            wanted.add(next((c for c in ends if hf_weights(c.path) or _is_complete(c.path)), ends[0]).step)
         elif part.isdigit():
             if int(part) not in by_step:
                 raise ArgumentError(f"--steps: no checkpoint for step {part} (have {sorted(by_step)})")
@@ -310,6 +311,30 @@ def load_model_args(checkpoint_dir: str) -> Any:
         raise CheckpointError(f"{os.path.join(dump, RUN_METADATA_FILE)}: invalid ({e})") from None
 
 
+def hf_weights(step_dir: str) -> list[str]:
+    """The safetensors files of a ``last_save_in_hf`` checkpoint; none for a DCP one (``.metadata``)."""
+    if os.path.isfile(os.path.join(step_dir, ".metadata")):
+        return []
+    return sorted(glob.glob(os.path.join(step_dir, "*.safetensors")))
+
+
+def load_hf_weights(step_dir: str, args: Any) -> dict[str, torch.Tensor]:
+    """A ``last_save_in_hf`` checkpoint's weights under our names (the family's adapter), in the dtype saved."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    hf = {}
+    for path in hf_weights(step_dir):
+        try:
+            hf.update(load_file(path))
+        except SafetensorError as e:  # a file cut short by a crash or a full disk
+            raise CheckpointError(f"{path}: damaged ({e}; partial or corrupt checkpoint)") from None
+    try:
+        return family(args.FAMILY).get_train_spec().state_dict_adapter(args, None).from_hf(hf)
+    except KeyError as e:
+        raise CheckpointError(f"{step_dir}: no weight {e} (partial checkpoint, or another model's)") from None
+
+
 def load_model(
     step_dir: str, args: Any, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
@@ -319,27 +344,32 @@ def load_model(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
-    check_complete(step_dir)
+    in_hf = hf_weights(step_dir)
+    if not in_hf:
+        check_complete(step_dir)
     with torch.device("meta"):
         model = family(args.FAMILY).get_train_spec().model_cls(args)
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=torch.device("cpu"))
     state = model.state_dict()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
-            dcp.load(state, checkpoint_id=step_dir)
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises many types for bad files
-        # DCP wraps each rank's exception in a CheckpointException: what failed is inside.
-        failure = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
-        if isinstance(failure, KeyboardInterrupt):  # a Ctrl-C or SIGTERM, which DCP wraps as a failure too
-            raise KeyboardInterrupt(*failure.args) from None
-        if isinstance(failure, pickle.UnpicklingError):  # torch then advises weights_only=False: never on such a file
-            why = "corrupt shard data: its tensor records do not unpickle"
-        else:
-            why = f"{type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}"
-        raise CheckpointError(f"{step_dir}: cannot be loaded ({why})") from None
+    if in_hf:
+        state.update(load_hf_weights(step_dir, args))
+    else:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # DCP warns that it assumes a single process
+                dcp.load(state, checkpoint_id=step_dir)
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises many types for bad files
+            # DCP wraps each rank's exception in a CheckpointException: what failed is inside.
+            failure = next(iter(e.failures.values()))[0] if isinstance(e, CheckpointException) and e.failures else e
+            if isinstance(failure, KeyboardInterrupt):  # a Ctrl-C or SIGTERM, which DCP wraps as a failure too
+                raise KeyboardInterrupt(*failure.args) from None
+            if isinstance(failure, pickle.UnpicklingError):  # torch advises weights_only=False: never on such a file
+                why = "corrupt shard data: its tensor records do not unpickle"
+            else:
+                why = f"{type(failure).__name__}: {(str(failure).splitlines() or [''])[0]}"
+            raise CheckpointError(f"{step_dir}: cannot be loaded ({why})") from None
     model.load_state_dict(state)
     model.to(device=device)
     dtype = dtype or torch.float32
@@ -373,6 +403,8 @@ def is_full(step_dir: str) -> bool:
 
 def checkpoint_identity(step_dir: str) -> str:
     """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another."""
+    if hf_weights(step_dir):  # a last_save_in_hf checkpoint: no .metadata to digest
+        return folder_identity(step_dir)
     return folder_identity(step_dir, hashlib.sha256(Path(step_dir, ".metadata").read_bytes()))
 
 

@@ -21,7 +21,9 @@ from .checkpoints import (
     check_complete,
     complete_checkpoints,
     find_checkpoint_folder,
+    hf_weights,
     list_checkpoints,
+    load_hf_weights,
     load_model,
     load_model_args,
     run_encoder,
@@ -64,15 +66,7 @@ def resolve_step_dir(path: str) -> str:
 def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.Tensor]:
     """The checkpoint's weights under the family's HF names, rows past ``vocab_size`` (padding) cut."""
     adapter = family(args.FAMILY).get_train_spec().state_dict_adapter(args, None)
-    if os.path.isfile(os.path.join(step_dir, ".metadata")):
-        state = load_model(step_dir, args).state_dict()
-    else:  # a last_save_in_hf checkpoint: safetensors already in HF layout
-        files = sorted(glob.glob(os.path.join(step_dir, "*.safetensors")))
-        if not files:
-            raise CheckpointError(f"{step_dir}: neither a DCP (.metadata) nor a safetensors checkpoint")
-        from safetensors.torch import load_file
-
-        state = adapter.from_hf({k: v for f in files for k, v in load_file(f).items()})
+    state = load_hf_weights(step_dir, args) if hf_weights(step_dir) else load_model(step_dir, args).state_dict()
     hf = adapter.to_hf(state)
     if vocab_size < args.vocab_size:
         hf = {k: v[:vocab_size] if v.shape[0] == args.vocab_size else v for k, v in hf.items()}
