@@ -364,8 +364,9 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
 
 
 def test_convert_out_of_room_is_one_line_and_leaves_out_dir_as_it_was(tmp_path):
-    """The weights' write meets the file size limit (as a full disk would): safetensors' error, which names the
-    OS's code only in its text, ends the command in one line, exit 74; OUT_DIR keeps only what it held."""
+    """The weights' or the tokenizer's write meets the file size limit (as a full disk would): safetensors' and
+    tokenizers' errors, which name the OS's code only in their text, end the command in one line, exit 74; OUT_DIR
+    keeps only what it held."""
     write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     out = tmp_path / "hf"
     # ulimit -f 16: 16 KiB a file
@@ -376,6 +377,18 @@ def test_convert_out_of_room_is_one_line_and_leaves_out_dir_as_it_was(tmp_path):
         "(ulimit -f); OUT_DIR is as it was (the export is staged in a hidden folder inside it first); run it again"
     ]
     assert not out.exists()  # made by this call, which wrote nothing there: removed (was left empty)
+    # weights of 1.6 MB under a 2 MiB limit: the tokenizer's 3.5 MB tokenizer.json meets it (was a traceback, exit 1)
+    write_dcp_checkpoint(tmp_path / "small", GPT2ModelArgs(dim=8, n_layers=1, n_heads=2, max_seq_len=64))
+    proc = python_module("dispersion_titan.convert", "to-hf", str(tmp_path / "small"), str(out), file_limit=2 << 20)
+    assert proc.returncode == 74, proc.stderr[-3000:]
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"dispersion_titan: error: file too large writing {out / 'tokenizer.json'}; raise the file size limit"
+        )
+    )
+    assert not out.exists()
 
 
 def test_convert_given_a_run_takes_its_newest_complete_checkpoint(tmp_path, capsys):

@@ -9,9 +9,9 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-
-from safetensors import SafetensorError
 
 from ..models import family
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files
@@ -117,6 +117,19 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
         export_checkpoint(step_dir, out_dir)
 
 
+@contextmanager
+def os_error(path: str) -> Iterator[None]:
+    """An I/O error of safetensors' or tokenizers' Rust code, which names its OS code only in its text (``File too
+    large (os error 27)``), made an ``OSError`` of ``path`` again: the one line of a full disk, not a traceback."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - tokenizers' errors are plain Exceptions; re-raised unless of I/O
+        code = None if isinstance(e, OSError) else re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), path) from e
+
+
 def export_checkpoint(step_dir: str, out_dir: str) -> None:
     """Write ``step_dir`` as a Hugging Face folder ``out_dir`` (made and found writable by the caller), through a
     staging folder inside it (on its file system, should it be a mount point), so a failure leaves it as it was."""
@@ -128,15 +141,11 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory(prefix=STAGING, dir=out_dir, ignore_cleanup_errors=True) as staging:
-        try:
+        with os_error(os.path.join(out_dir, "model.safetensors")):
             save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
-        except SafetensorError as e:  # an I/O error names its OS code only in its text: made an OSError again
-            code = re.search(r"\(os error (\d+)\)", str(e))
-            if code is None:
-                raise
-            raise OSError(int(code[1]), os.strerror(int(code[1])), os.path.join(out_dir, "model.safetensors")) from e
         os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
         config.save_pretrained(staging)
-        save_tokenizer(staging, args.max_seq_len, encoder)
+        with os_error(os.path.join(out_dir, "tokenizer.json")):
+            save_tokenizer(staging, args.max_seq_len, encoder)
         for name in os.listdir(staging):
             os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
