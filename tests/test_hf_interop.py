@@ -350,16 +350,18 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # was "required: command", argparse's name for it
         convert.main([])
     assert capsys.readouterr().err.strip() == "dispersion_titan: error: the following arguments are required: to-hf"
-    export = tmp_path / "exports" / "debug"  # an export (or any HF model folder) given to convert again
-    export.mkdir(parents=True)
-    (export / "model.safetensors").write_bytes(b"")
-    with pytest.raises(SystemExit) as exit_info:  # was "TMP/run.json: missing", of a folder never named
-        convert.main(["to-hf", str(export), str(tmp_path / "out")])
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines() == [
-        f"dispersion_titan: error: {export}: a Hugging Face model folder, not a run's checkpoint/step-N; transformers "
-        "and lm-eval load it as it is (pass a run folder or one of its checkpoint/step-N to export)"
-    ]
+    for name in ("debug", "step-1526"):  # an export (or any HF model folder) given to convert again, a config.json
+        export = tmp_path / "exports" / name  # beside its weights (a last_save_in_hf step-N has none), however named
+        export.mkdir(parents=True)
+        (export / "model.safetensors").write_bytes(b"")
+        (export / "config.json").write_text("{}")
+        with pytest.raises(SystemExit) as exit_info:  # was "TMP/run.json: missing", of a folder never named
+            convert.main(["to-hf", str(export), str(tmp_path / "out")])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"dispersion_titan: error: {export}: a Hugging Face model folder, not a run's checkpoint/step-N; "
+            "transformers and lm-eval load it as it is (pass a run folder or one of its checkpoint/step-N to export)"
+        ]
     assert not (tmp_path / "out").exists()
 
 

@@ -46,8 +46,8 @@ def resolve_step_dir(path: str) -> str:
     if os.path.isfile(os.path.join(path, ".metadata")):
         return path  # a DCP checkpoint
     if glob.glob(os.path.join(path, "*.safetensors")):
-        if step:
-            return path  # a last_save_in_hf checkpoint
+        if step and not os.path.isfile(os.path.join(path, "config.json")):
+            return path  # a last_save_in_hf checkpoint: TorchTitan writes no config.json
         raise CheckpointError(
             f"{path}: a Hugging Face model folder, not a run's checkpoint/step-N; transformers and lm-eval load it "
             "as it is (pass a run folder or one of its checkpoint/step-N to export)"
