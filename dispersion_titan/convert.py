@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> None:
     export.add_argument("out_dir", metavar="OUT_DIR")
     export.add_argument("--force", action="store_true", help="replace an export of the same run in OUT_DIR")
     options = parser.parse_args(argv)
+    if not options.out_dir:  # was the working directory, refused as holding the user's files or written into
+        parser.error("OUT_DIR: empty; give the folder to write the export into")
     from .run_folder.hf_export import to_hf  # torch: after --help, and within run_command's Ctrl-C (python -m)
 
     to_hf(options.step_dir, options.out_dir, options.force)

@@ -347,6 +347,11 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "dispersion_titan: error: the following arguments are required: OUT_DIR"
     ]
+    with pytest.raises(SystemExit) as exit_info:  # was the working directory's files refused, or written into
+        convert.main(["to-hf", str(missing), ""])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        "dispersion_titan: error: OUT_DIR: empty; give the folder to write the export into"
+    ]
     with pytest.raises(SystemExit) as exit_info:  # was "required: command", argparse's name for it
         convert.main([])
     assert capsys.readouterr().err.strip() == "dispersion_titan: error: the following arguments are required: to-hf"
