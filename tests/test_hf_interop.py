@@ -479,6 +479,13 @@ def test_a_last_save_in_hf_step_is_analyzed_identified_and_a_cut_one_is_one_line
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 2 and line.startswith(f"dispersion_titan: error: {weights}: damaged ("), line
     assert line.endswith("; partial or corrupt checkpoint)") and not (tmp_path / "hf").exists()
+    weights.unlink()  # its index written, its weights not yet: was "missing .metadata", which it never has
+    (step1 / "model.safetensors.index.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        convert.main(["to-hf", str(step1), str(tmp_path / "hf")])
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"dispersion_titan: error: {step1}: its safetensors missing (partial or corrupt checkpoint)"
+    ]
 
 
 # ---------------------------------------------------------------- dropout and dispersion points, through hf:
