@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,10 +40,11 @@ from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.models.llama3_dispersion import Llama3Args
-from dispersion_titan.run_folder.checkpoints import checkpoint_identity, save_run_metadata
+from dispersion_titan.run_folder.checkpoints import check_resume, checkpoint_identity, save_run_metadata
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
 from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
+from dispersion_titan.utils.errors import CheckpointError, RunFinished
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module, torchrun
@@ -454,16 +456,40 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
     assert not (tmp_path / "hf").exists()
 
 
+def last_save_in_hf_run(dump) -> Path:
+    """A run of step 0 (DCP, weights only) and step 1, its weights as TorchTitan's last_save_in_hf writes them."""
+    args = GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64)
+    step0 = write_dcp_checkpoint(dump, args)
+    step1 = step0.parent / "step-1"
+    step1.mkdir()
+    weights = GPT2StateDictAdapter(args, None).to_hf(load_weights(step0))
+    save_file(weights, str(step1 / "model-00001-of-00001.safetensors"))
+    return step1
+
+
+def test_a_finished_last_save_in_hf_run_relaunched_is_finished_not_trained_anew(tmp_path):
+    """Its final step counted as incomplete: the same command again moved it to checkpoint/incomplete/ ("Incomplete
+    checkpoint moved aside") and trained the run anew from step 0, exit 0; so did more steps. Now it is finished,
+    and more steps are refused as after a weights-only DCP step, the way out one that loads its safetensors."""
+    step1 = last_save_in_hf_run(tmp_path / "run")
+    folder, dump = str(step1.parent), str(tmp_path / "run")
+    with pytest.raises(RunFinished, match="^run already finished at step 1; nothing to do$"):
+        check_resume(folder, dump, 1, 1)
+    with pytest.raises(CheckpointError) as refused:
+        check_resume(folder, dump, 5, 1)
+    assert str(refused.value) == (
+        f"{step1} holds weights only (checkpoint.last_save_model_only) and no earlier checkpoint is full, so the run "
+        f"cannot continue to step 5; start a new job.dump_folder from its weights with --checkpoint.initial_load_path "
+        f"{step1} --checkpoint.initial_load_in_hf"
+    )
+
+
 def test_a_last_save_in_hf_step_is_analyzed_identified_and_a_cut_one_is_one_line(tmp_path, capsys):
     """A run's ``last_save_in_hf`` step (safetensors, no .metadata): analyze skipped it as "missing .metadata
     (partial or corrupt checkpoint)", exit 1; evaluate met a FileNotFoundError traceback after its lm-eval run
     (``checkpoint_identity``); one cut short by a crash was a SafetensorError traceback from convert, exit 1."""
-    args = GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64)
-    step0 = write_dcp_checkpoint(tmp_path / "run", args)
-    step1 = step0.parent / "step-1"  # step 0's weights, as TorchTitan's last_save_in_hf names them
-    step1.mkdir()
+    step1 = last_save_in_hf_run(tmp_path / "run")
     weights = step1 / "model-00001-of-00001.safetensors"
-    save_file(GPT2StateDictAdapter(args, None).to_hf(load_weights(step0)), str(weights))
     out = tmp_path / "analysis"
     with pytest.raises(SystemExit) as exit_info:
         analyze_main([str(tmp_path / "run"), "--num-sequences", "2", "--seq-len", "16", "--out", str(out)])

@@ -460,7 +460,8 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     """Before any process group starts: ``RunFinished`` when the run ``dump`` is done, and
     ``CheckpointError`` when no checkpoint continues it or going on would save over an existing
     checkpoint (a weights-only newest one, an older ``load_step``): fork such a run on purpose."""
-    saved = complete_checkpoints(folder)
+    in_hf = [c for c in list_checkpoints(folder) if hf_weights(c.path)] if os.path.isdir(folder) else []
+    saved = sorted(complete_checkpoints(folder) + in_hf, key=lambda c: c.step)  # a last_save_in_hf step: weights only
     if not saved and (recorded_run(dump) or {}).get(SAVED_KEY):  # TorchTitan would start again from step 0
         raise CheckpointError(
             f"{folder}: {'holds no complete checkpoint' if os.path.isdir(folder) else 'missing'}, but run {dump} "
@@ -479,13 +480,18 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     if load_step < 0 and newest.step >= steps:
         done = "finished" if newest.step == steps else f"past training.steps = {steps},"
         raise RunFinished(f"run already {done} at step {newest.step}; nothing to do")
-    full = [c for c in chosen if is_full(c.path)]
+    full = [c for c in chosen if c not in in_hf and is_full(c.path)]
     dump = os.path.abspath(dump)
     if not full:
+        start = (
+            f"--checkpoint.initial_load_path {shlex.quote(newest.path)} --checkpoint.initial_load_in_hf"
+            if newest in in_hf
+            else f"--job.fork_from {shlex.quote(f'{dump}@{newest.step}')}"
+        )
         raise CheckpointError(
             f"{newest.path} holds weights only (checkpoint.last_save_model_only) and no earlier checkpoint is "
             f"full, so the run cannot continue to step {steps}; start a new job.dump_folder from its weights "
-            f"with --job.fork_from {shlex.quote(f'{dump}@{newest.step}')}"
+            f"with {start}"
         )
     resume = full[-1]
     if resume.step < newest.step:
