@@ -42,9 +42,10 @@ from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.models.llama3_dispersion import Llama3Args
 from dispersion_titan.run_folder.checkpoints import check_resume, checkpoint_identity, save_run_metadata
 from dispersion_titan.run_folder.owners import OWNER_FILE
+from dispersion_titan.run_folder.settings import fork_source
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
 from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
-from dispersion_titan.utils.errors import CheckpointError, RunFinished
+from dispersion_titan.utils.errors import CheckpointError, ConfigError, RunFinished
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module, torchrun
@@ -481,6 +482,12 @@ def test_a_finished_last_save_in_hf_run_relaunched_is_finished_not_trained_anew(
         f"{step1} holds weights only (checkpoint.last_save_model_only) and no earlier checkpoint is full, so the run "
         f"cannot continue to step 5; start a new job.dump_folder from its weights with --checkpoint.initial_load_path "
         f"{step1} --checkpoint.initial_load_in_hf"
+    )
+    with pytest.raises(ConfigError) as refused:  # job.fork_from RUN@1: was "missing .metadata (partial or corrupt …)"
+        fork_source(f"{dump}@1")
+    assert str(refused.value) == (
+        f"job.fork_from: {step1}: weights only, in safetensors (last_save_in_hf); start a run from them with "
+        f"--checkpoint.initial_load_path {step1} --checkpoint.initial_load_in_hf"
     )
 
 

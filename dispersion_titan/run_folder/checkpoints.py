@@ -137,6 +137,11 @@ def run_checkpoints(run: str, spec: str) -> tuple[str, str, list[StepCheckpoint]
 def check_complete(step_dir: str) -> None:
     """``CheckpointError`` unless ``.metadata`` parses and every byte range it references exists."""
     if not os.path.isfile(os.path.join(step_dir, ".metadata")):
+        if hf_weights(step_dir):  # a job.fork_from of it: TorchTitan would read it as DCP
+            raise CheckpointError(
+                f"{step_dir}: weights only, in safetensors (last_save_in_hf); start a run from them with "
+                f"--checkpoint.initial_load_path {shlex.quote(step_dir)} --checkpoint.initial_load_in_hf"
+            )
         if os.path.isfile(os.path.join(step_dir, "model.safetensors.index.json")):  # last_save_in_hf cut short
             raise CheckpointError(f"{step_dir}: its safetensors missing (partial or corrupt checkpoint)")
         raise CheckpointError(f"{step_dir}: missing .metadata (partial or corrupt checkpoint)")
