@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import shutil
@@ -45,7 +44,7 @@ def resolve_step_dir(path: str) -> str:
     step = STEP_FOLDER.match(os.path.basename(os.path.abspath(path)))
     if os.path.isfile(os.path.join(path, ".metadata")):
         return path  # a DCP checkpoint
-    if glob.glob(os.path.join(path, "*.safetensors")):
+    if hf_weights(path):
         if step and not os.path.isfile(os.path.join(path, "config.json")):
             return path  # a last_save_in_hf checkpoint: TorchTitan writes no config.json
         raise CheckpointError(
@@ -56,7 +55,7 @@ def resolve_step_dir(path: str) -> str:
         check_complete(path)  # one checkpoint, incomplete: said so
     folder = find_checkpoint_folder(path)
     found = list_checkpoints(folder)
-    in_hf = [c for c in found if glob.glob(os.path.join(c.path, "*.safetensors"))]
+    in_hf = [c for c in found if hf_weights(c.path)]
     if saved := complete_checkpoints(folder) + in_hf:
         return max(saved, key=lambda c: c.step).path
     what = ", ".join(f"step-{c.step}" for c in found) + ": incomplete" if found else "none saved"
