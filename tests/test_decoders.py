@@ -290,6 +290,9 @@ TRAIN = (
     "0.5",
 )
 
+FULL_LAST = ("--checkpoint.no-last_save_in_hf", "--checkpoint.no-last_save_model_only")
+"""A full last step, which a relaunch to more steps resumes from (a weights-only one it refuses to train over)."""
+
 
 def hf_qwen3(folder: Path) -> Path:
     """A random ``transformers`` Qwen3 of the run's shape (TorchTitan's debugmodel RoPE θ and
@@ -545,7 +548,8 @@ def test_a_relaunch_from_another_folder_where_a_relative_tokenizer_folder_names_
         shutil.copytree(hf, tmp_path / folder / "tok")
     save_tokenizer(str(tmp_path / "B" / "tok"), 32)  # B's another: its tokenizer files differ from A's
     dump = tmp_path / "run"
-    args = (*BASE, "--job.dump_folder", str(dump), "--model.hf_assets_path", "tok", *TRAIN, "--validation.no-enable")
+    args = (*BASE, "--job.dump_folder", str(dump), "--model.hf_assets_path", "tok", *TRAIN, "--validation.no-enable",
+            *FULL_LAST)  # fmt: skip
     first = python_module("dispersion_titan.train", *args, "--training.steps", "1", cwd=tmp_path / "A")
     assert first.returncode == 0, first.stderr[-3000:]
     again = python_module("dispersion_titan.train", *args, "--training.steps", "2", "--check-only", cwd=tmp_path / "B")
@@ -596,7 +600,7 @@ def test_a_relaunch_of_a_hub_id_reads_the_revision_its_run_started_from_wherever
 
     def args(hub_id: str, steps: int) -> list[str]:
         return [*BASE, "--job.dump_folder", str(dump), "--model.hf_assets_path", hub_id, *TRAIN,
-                "--validation.no-enable", "--training.steps", str(steps)]  # fmt: skip
+                "--validation.no-enable", *FULL_LAST, "--training.steps", str(steps)]  # fmt: skip
 
     env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
     run = python_module("dispersion_titan.train", *args("org/tiny", 1), env=env, command_line=True)
