@@ -40,7 +40,7 @@ from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.models.llama3_dispersion import Llama3Args
-from dispersion_titan.run_folder.checkpoints import check_resume, checkpoint_identity, save_run_metadata
+from dispersion_titan.run_folder.checkpoints import check_resume, checkpoint_identity, save_run_metadata, trained_to
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.settings import fork_source
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
@@ -476,6 +476,7 @@ def test_a_finished_last_save_in_hf_run_relaunched_is_finished_not_trained_anew(
     folder, dump = str(step1.parent), str(tmp_path / "run")
     with pytest.raises(RunFinished, match="^run already finished at step 1; nothing to do$"):
         check_resume(folder, dump, 1, 1)
+    assert trained_to(folder, 1) and not trained_to(folder, 2)  # the sweep's, paper's and quickstart's notion too
     with pytest.raises(CheckpointError) as refused:
         check_resume(folder, dump, 5, 1)
     assert str(refused.value) == (

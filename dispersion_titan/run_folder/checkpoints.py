@@ -443,10 +443,11 @@ def last_complete_step(folder: str, before: int | None = None) -> int | None:
 
 
 def trained_to(folder: str, steps: int) -> bool:
-    """Whether the checkpoint folder ``folder`` holds a complete checkpoint of step ``steps`` or later: the sweep's,
-    the paper's and the quickstart's one notion of a run trained (a last checkpoint half written is not)."""
-    last = last_complete_step(folder)
-    return last is not None and last >= steps
+    """Whether the checkpoint folder ``folder`` holds a complete checkpoint (DCP, or ``last_save_in_hf``'s
+    safetensors) of step ``steps`` or later: the sweep's, the paper's and the quickstart's one notion of a run trained
+    (a last checkpoint half written is not), as ``check_resume`` finds it finished."""
+    found = list_checkpoints(folder) if os.path.isdir(folder) else []
+    return any(c.step >= steps and (hf_weights(c.path) or _is_complete(c.path)) for c in found)
 
 
 def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
