@@ -85,6 +85,8 @@ def _logged(request: dict) -> int:
     try:
         return _exit_status(request)
     finally:
+        hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]  # a job's file size limit is for its files, not the log's
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
         seconds = cpu_seconds(resource.RUSAGE_SELF) + cpu_seconds(resource.RUSAGE_CHILDREN)
         log_cpu(request["env"].get("PYTEST_CURRENT_TEST", ""), "job", seconds)
 
