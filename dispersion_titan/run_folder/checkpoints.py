@@ -95,7 +95,7 @@ def select_steps(spec: str, available: list[StepCheckpoint]) -> list[StepCheckpo
     for part in (p.strip() for p in spec.split(",")):
         if part in ("first", "last") and by_step:
             ends = available if part == "first" else available[::-1]
-            wanted.add(next((c for c in ends if hf_weights(c.path) or _is_complete(c.path)), ends[0]).step)
+            wanted.add(next((c for c in ends if _is_saved(c.path)), ends[0]).step)
         elif part.isdigit():
             if int(part) not in by_step:
                 raise ArgumentError(f"--steps: no checkpoint for step {part} (have {sorted(by_step)})")
@@ -437,6 +437,17 @@ def complete_checkpoints(folder: str) -> list[StepCheckpoint]:
     return [c for c in (list_checkpoints(folder) if os.path.isdir(folder) else []) if _is_complete(c.path)]
 
 
+def _is_saved(step_dir: str) -> bool:
+    """Whether a reader can load the step: a complete DCP checkpoint, or ``last_save_in_hf``'s safetensors."""
+    return bool(hf_weights(step_dir)) or _is_complete(step_dir)
+
+
+def saved_checkpoints(folder: str) -> list[StepCheckpoint]:
+    """The checkpoints of ``folder`` a reader can load (``_is_saved``), oldest first; a ``last_save_in_hf`` one holds
+    weights only."""
+    return [c for c in (list_checkpoints(folder) if os.path.isdir(folder) else []) if _is_saved(c.path)]
+
+
 def last_complete_step(folder: str, before: int | None = None) -> int | None:
     """The newest step of ``folder`` whose checkpoint is complete (below ``before`` if given), or None."""
     return max((c.step for c in complete_checkpoints(folder) if before is None or c.step < before), default=None)
@@ -446,8 +457,7 @@ def trained_to(folder: str, steps: int) -> bool:
     """Whether the checkpoint folder ``folder`` holds a complete checkpoint (DCP, or ``last_save_in_hf``'s
     safetensors) of step ``steps`` or later: the sweep's, the paper's and the quickstart's one notion of a run trained
     (a last checkpoint half written is not), as ``check_resume`` finds it finished."""
-    found = list_checkpoints(folder) if os.path.isdir(folder) else []
-    return any(c.step >= steps and (hf_weights(c.path) or _is_complete(c.path)) for c in found)
+    return any(c.step >= steps for c in saved_checkpoints(folder))
 
 
 def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
@@ -466,8 +476,7 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     """Before any process group starts: ``RunFinished`` when the run ``dump`` is done, and
     ``CheckpointError`` when no checkpoint continues it or going on would save over an existing
     checkpoint (a weights-only newest one, an older ``load_step``): fork such a run on purpose."""
-    in_hf = [c for c in list_checkpoints(folder) if hf_weights(c.path)] if os.path.isdir(folder) else []
-    saved = sorted(complete_checkpoints(folder) + in_hf, key=lambda c: c.step)  # a last_save_in_hf step: weights only
+    saved = saved_checkpoints(folder)
     if not saved and (recorded_run(dump) or {}).get(SAVED_KEY):  # TorchTitan would start again from step 0
         raise CheckpointError(
             f"{folder}: {'holds no complete checkpoint' if os.path.isdir(folder) else 'missing'}, but run {dump} "
@@ -486,12 +495,12 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     if load_step < 0 and newest.step >= steps:
         done = "finished" if newest.step == steps else f"past training.steps = {steps},"
         raise RunFinished(f"run already {done} at step {newest.step}; nothing to do")
-    full = [c for c in chosen if c not in in_hf and is_full(c.path)]
+    full = [c for c in chosen if not hf_weights(c.path) and is_full(c.path)]
     dump = os.path.abspath(dump)
     if not full:
         start = (
             f"--checkpoint.initial_load_path {shlex.quote(newest.path)} --checkpoint.initial_load_in_hf"
-            if newest in in_hf
+            if hf_weights(newest.path)
             else f"--job.fork_from {shlex.quote(f'{dump}@{newest.step}')}"
         )
         raise CheckpointError(

@@ -18,7 +18,6 @@ from ..utils.errors import CheckpointError, OutputError
 from ..utils.records import STAGING
 from .checkpoints import (
     check_complete,
-    complete_checkpoints,
     find_checkpoint_folder,
     hf_weights,
     list_checkpoints,
@@ -27,6 +26,7 @@ from .checkpoints import (
     load_model_args,
     run_encoder,
     run_of,
+    saved_checkpoints,
 )
 from .outputs import STEP_FOLDER
 from .owners import FolderOwner, empty, owned
@@ -54,10 +54,9 @@ def resolve_step_dir(path: str) -> str:
     if step:
         check_complete(path)  # one checkpoint, incomplete: said so
     folder = find_checkpoint_folder(path)
+    if saved := saved_checkpoints(folder):
+        return saved[-1].path
     found = list_checkpoints(folder)
-    in_hf = [c for c in found if hf_weights(c.path)]
-    if saved := complete_checkpoints(folder) + in_hf:
-        return max(saved, key=lambda c: c.step).path
     what = ", ".join(f"step-{c.step}" for c in found) + ": incomplete" if found else "none saved"
     raise CheckpointError(f"{path}: no complete checkpoint in {folder} ({what}); convert once the run has saved one")
 
