@@ -175,7 +175,8 @@ def check_output_folders(config: RunConfig) -> None:
     dump = config.job.dump_folder
     if not dump.strip():
         raise ConfigError("job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run")
-    for field, path in {"job.dump_folder": dump, **run_folders(config)}.items():
+    folders = run_folders(config)
+    for field, path in {"job.dump_folder": dump, **folders}.items():
         full = os.path.abspath(path)  # it, or its nearest existing ancestor, says whether it can be written
         probe = next(p for p in [full, *map(str, Path(full).parents)] if os.path.exists(p))
         where = f"{field}: {path} " + ("exists but" if probe == full else f"cannot be created: {probe}")
@@ -183,9 +184,9 @@ def check_output_folders(config: RunConfig) -> None:
             raise ConfigError(f"{where} is not a directory")
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"{where} is not writable; give a folder you can write to")
-    checkpoints = run_folders(config).get("checkpoint.folder")
-    for field, path in run_folders(config).items():
-        if checkpoints and field != "checkpoint.folder" and inside(path, checkpoints):
+    checkpoints = folders.pop("checkpoint.folder", None)
+    for field, path in folders.items():
+        if checkpoints and inside(path, checkpoints):
             raise ConfigError(  # TorchTitan resumes from an existing checkpoint folder: the start would be skipped
                 f"{field}: {path} is inside checkpoint.folder {checkpoints}, which TorchTitan takes for a run to "
                 "resume once it exists (a fork's or initial_load_path's start then skipped); give it its own folder"
