@@ -342,11 +342,25 @@ def load_hf_weights(step_dir: str, args: Any) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{step_dir}: no weight {e} (partial checkpoint, or another model's)") from None
 
 
+def initialised_model(args: Any) -> torch.nn.Module:
+    """A plain model of ``args``' family on CPU, initialised as the trainer does (built on meta, then
+    ``to_empty`` and ``init_weights``: from the seed of ``torch.manual_seed``, a shared LM head tied, buffers such
+    as a RoPE table computed)."""
+    import torch
+
+    with torch.device("meta"):
+        model = family(args.FAMILY).get_train_spec().model_cls(args)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+    return model
+
+
 def load_model(
     step_dir: str, args: Any, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> torch.nn.Module:
     """A plain (unsharded) model of ``args``' family holding the weights of ``step_dir`` (in ``dtype``, default
-    float32); initialised before loading, which ties a shared LM head and computes buffers such as a RoPE table."""
+    float32); ``initialised_model`` before loading."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
@@ -354,11 +368,7 @@ def load_model(
     in_hf = hf_weights(step_dir)
     if not in_hf:
         check_complete(step_dir)
-    with torch.device("meta"):
-        model = family(args.FAMILY).get_train_spec().model_cls(args)
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights(buffer_device=torch.device("cpu"))
+    model = initialised_model(args)
     state = model.state_dict()
     if in_hf:
         state.update(load_hf_weights(step_dir, args))

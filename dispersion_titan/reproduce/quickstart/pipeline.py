@@ -26,8 +26,7 @@ from ...analysis.statistics import condensation
 from ...config.cli import read_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
-from ...models.gpt2.model import GPT2
-from ...run_folder.checkpoints import list_checkpoints, trained_to
+from ...run_folder.checkpoints import initialised_model, list_checkpoints, trained_to
 from ...run_folder.outputs import atomic_write, read_json_files, read_json_object, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned
 from ...run_folder.settings import fixed
@@ -103,12 +102,7 @@ def progress(start: float) -> Callable[[str], None]:
 
 def measure_at_init(args: GPT2ModelArgs, seed: int, sequences: Sequences, batch_size: int, run: str) -> Condensation:
     torch.manual_seed(seed)  # the model exactly as dispersion_titan.train initialises it with debug.seed = seed
-    with torch.device("meta"):
-        model = GPT2(args)
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights()
-    model.eval()
+    model = initialised_model(args).eval()
     measured = measure(DecoderLayers(model), sequences.tokens, batch_size, "cpu")
     return condensation(
         0,
