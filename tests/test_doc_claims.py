@@ -3,7 +3,8 @@ exist, each with its default as the merged job config has it; every command line
 block, or a code span that is one) parses with that command's own parser, and every ``--section.key`` a
 ``launch/train.sh`` line overrides exists; ``docs/reliability.md``'s list of what a relaunch may change is
 ``run_folder/settings.py``'s; the package scripts the README names
-exist. ``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
+exist; every ``hf download`` a page or a shipped config shows gives one pattern per ``--include``.
+``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
 
 from __future__ import annotations
 
@@ -182,6 +183,24 @@ def test_the_relaunch_list_check_finds_a_key_missing_and_one_too_many():
         "job.fork_from is not in the list",
         "metrics.seed may not change",
     ]
+
+
+def hf_download_problems(text: str) -> list[str]:
+    """``hf download`` lines with a bare pattern after an ``--include`` pattern: hf (huggingface_hub >= 1.0)
+    takes one pattern per ``--include`` and reads the next as a file name, then ignores every ``--include``."""
+    problems = []
+    for line in re.findall(r"hf download [^`\n]*", text):
+        argv = shlex.split(line, comments=True)
+        if any(argv[i] == "--include" and not argv[i + 2].startswith("-") for i in range(len(argv) - 2)):
+            problems.append(line)
+    return problems
+
+
+def test_every_hf_download_shown_names_one_pattern_per_include():
+    configs = sorted((Path(REPO) / "dispersion_titan" / "train_configs").rglob("*.toml"))
+    assert [p for path in PAGES + configs for p in hf_download_problems(path.read_text())] == []
+    planted = '`hf download openai-community/gpt2 --include "*.json" "*.txt" --local-dir d`'
+    assert hf_download_problems(planted) == [planted.strip("`")]
 
 
 def test_the_package_scripts_the_readme_names_are_in_the_package():
