@@ -1,10 +1,10 @@
 """The README and docs against the code: ``docs/training.md``'s configuration reference names keys that
 exist, each with its default as the merged job config has it; every command line a page shows (in a code
-block, or a code span that is one) parses with that command's own parser, and every ``--section.key`` a
-``launch/train.sh`` line overrides exists; ``docs/reliability.md``'s list of what a relaunch may change is
-``run_folder/settings.py``'s; the package scripts the README names
-exist; every ``hf download`` a page or a shipped config shows gives one pattern per ``--include``.
-``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
+block, or a code span that is one; ``sbatch`` of a launch script as the command it runs) parses with that
+command's own parser, and every ``--section.key`` a ``launch/train.sh`` or ``train`` line overrides exists;
+``docs/reliability.md``'s list of what a relaunch may change is ``run_folder/settings.py``'s; the package
+scripts the README names exist; every ``hf download`` a page or a shipped config shows gives one pattern
+per ``--include``. ``docs/reproduction.md``'s own claims: ``test_reproduction_doc.py``."""
 
 from __future__ import annotations
 
@@ -43,8 +43,14 @@ PARSE = {  # command -> its arguments parsed: (options, training overrides)
     "data": lambda argv: (data_parser().parse_args(argv), []),
     "sweep": sweep_args,
 }
-TRAIN_FLAGS = ("--profile", "--check-only", "--help")
+TRAIN_FLAGS = ("--profile", "--check-only", "--help", "--help-all")
 """``launch/train.sh``'s options that are not training keys (``python -m dispersion_titan.train --help``)."""
+SBATCH = {  # a launch/slurm script -> the command it runs with the arguments after it
+    "train": ["launch/train.sh"],
+    "analyze": ["python", "-m", "dispersion_titan.analyze"],
+    "evaluate": ["python", "-m", "dispersion_titan.evaluate"],
+    "prepare": ["python", "-m", "dispersion_titan.data", "prepare"],
+}
 COMMAND = re.compile(r"^(?:python -m dispersion_titan\.|dispersion-titan )(\w+(?: compare| family| table)?)(?: (.*))?$")
 
 
@@ -97,14 +103,16 @@ def test_the_default_check_finds_a_wrong_default_and_a_missing_key():
 
 def command_lines(text: str) -> list[str]:
     """The lines of a page's code blocks (without their comments), and its code spans, that are one
-    command: ours or ``launch/train.sh``; none with a shell substitution or a ``[placeholder]``."""
+    command (its environment variables left out): ours, ``launch/train.sh`` or ``sbatch`` of a launch
+    script; none with a shell substitution or a ``[placeholder]``."""
     blocks = re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S)
     lines = [line.split("  #")[0] for block in blocks for line in block.replace("\\\n", " ").splitlines()]
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
     lines += [" ".join(span.split()) for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose)]
     lines += [line.strip() for line in prose.splitlines() if line.startswith("    python -m dispersion_titan.")]
-    starts = ("python -m dispersion_titan.", "dispersion-titan ", "launch/train.sh ")
-    return [line.strip() for line in lines if line.strip().startswith(starts) and not re.search(r"\$\(|\[|…|&&", line)]
+    lines = [re.sub(r"^(?:[A-Z_]+=\S*\s+)*", "", line.strip()) for line in lines]
+    starts = ("python -m dispersion_titan.", "dispersion-titan ", "launch/train.sh ", "sbatch ")
+    return [line for line in lines if line.startswith(starts) and not re.search(r"\$\(|\[|…|&&", line)]
 
 
 def key_problems(line: str, options: list[str]) -> list[str]:
@@ -122,13 +130,20 @@ def command_problems(line: str) -> list[str]:
     """What is wrong with one command line a page shows: a config that is not there, options its command
     does not take, training overrides the job config does not have."""
     argv = shlex.split(line.replace("\\|", "|").split(" | ")[0], comments=True)
+    if argv[0] == "sbatch":
+        script = next((a for a in argv if a.endswith(".sbatch")), "")
+        if Path(script).stem not in SBATCH:
+            return []
+        argv = SBATCH[Path(script).stem] + argv[argv.index(script) + 1 :]
     if argv[0] == "launch/train.sh":
         config, *overrides = argv[1:] or ["--help"]
-        missing = config.endswith(".toml") and not (Path(REPO) / config).exists()
+        missing = config.startswith("train_configs/") and not (Path(REPO) / config).exists()
         return [f"{line}: no file {config}"] * missing + key_problems(line, overrides)
     match = COMMAND.match(" ".join(argv))
+    if match and match.groups() and match.group(1) == "train":
+        return key_problems(line, shlex.split(match.group(2) or ""))  # its checks: the README tour's test
     if not match or match.group(1) not in PARSE or not match.group(2):
-        return []  # train's own checks run in test_reproduction_doc's tour; a bare name is a reference
+        return []  # a bare name is a reference
     name, rest = match.groups()
     try:
         _, overrides = PARSE[name](shlex.split(rest.replace("ARTIFACT", "fig2")))
@@ -147,12 +162,20 @@ def test_the_command_check_finds_an_unknown_option_and_key():
     text = (
         "```bash\npython -m dispersion_titan.analyze RUN --stepz 3  # x\n```\n"
         "`launch/train.sh train_configs/debug.toml --dispersion.coef 1`, `dispersion-titan plan C.toml --gpuz 2`\n"
+        "```\nNPROC=4 launch/train.sh train_configs/debugg.toml\n"
+        "sbatch --gpus=0 launch/slurm/analyze.sbatch RUN --seqs 9\n"
+        "DISPERSION_TITAN_ALLOW_CPU=1 sbatch launch/slurm/train.sbatch C.toml --training.stepz 2\n```\n"
+        "`python -m dispersion_titan.train --job.config_file C.toml --dispersion.coef 1`\n"
     )
     lines = command_lines(text)
     assert [p for line in lines for p in command_problems(line)] == [
         "python -m dispersion_titan.analyze RUN --stepz 3: exit status 2",
+        "launch/train.sh train_configs/debugg.toml: no file train_configs/debugg.toml",
+        "sbatch --gpus=0 launch/slurm/analyze.sbatch RUN --seqs 9: exit status 2",
+        "sbatch launch/slurm/train.sbatch C.toml --training.stepz 2: no key --training.stepz",
         "launch/train.sh train_configs/debug.toml --dispersion.coef 1: no key --dispersion.coef",
         "dispersion-titan plan C.toml --gpuz 2: no key --gpuz",
+        "python -m dispersion_titan.train --job.config_file C.toml --dispersion.coef 1: no key --dispersion.coef",
     ]
 
 
