@@ -24,7 +24,7 @@ from dispersion_titan.analysis.condensation_schema import Condensation, LayerCon
 from dispersion_titan.analysis.hf_model import decoder_layers
 from dispersion_titan.analysis.inputs import InputOptions, paper_texts, select_sequences
 from dispersion_titan.analysis.measure import effective_rank, max_explainable_variance, unit_tokens
-from dispersion_titan.analysis.size_series import write_size_series
+from dispersion_titan.analysis.size_series import load_member, write_size_series
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.utils.errors import AnalysisError, ModelLoadError
 from support.cli import analyze, assert_one_line_error
@@ -291,10 +291,12 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
     )
     for argv, said in (
         ([*specs, "--last-n", "5"], "--last-n: 5 is not between 1 and 4, the fewest layers of these models"),
-        ([f"{specs[0]}@main"], f"{specs[0]} has no analysis of revision main (have ['default revision'])"),
+        ([f"{specs[0]}@main"], f"{specs[0]} has no analysis of revision main (have ['default'])"),
     ):
         assert_one_line_error(*analyze("family", *argv, "--out", tmp_path / "family2", capsys=capsys)[::2], said)
     assert not (tmp_path / "family2").exists()
+    default = load_member(f"{specs[0]}@default", {})  # as its folder rev-default is named (was: no such revision)
+    assert (default.result, default.label) == (members[0], "gpt2-16")
 
 
 def test_default_seq_len_is_the_models_positions(tokenizer_files, texts, tmp_path, capsys):

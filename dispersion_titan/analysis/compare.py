@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant
-from ..run_folder.outputs import format_table, results_folder, save_png, write_csv
+from ..run_folder.outputs import format_table, results_folder, revision_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, results_run, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
@@ -29,16 +29,20 @@ def analyses_folder(run: str) -> str:
 
 
 def pick(run: str, step: str, option: str = "--step") -> Condensation:
-    """``run``'s analysis at ``step``: a step number, a revision name, or ``last``."""
+    """``run``'s analysis at ``step``: a step number, a revision name (``default``: the default revision, as its
+    folder ``rev-default`` is named), or ``last``."""
     results = list(read_analyses(analyses_folder(run)).values())
     if step == "last":
         return max(results, key=lambda r: r.step)
     for result in results:
-        if (step.isdigit() and result.model is None and result.step == int(step)) or result.revision == step:
+        if result.model is None and step.isdigit() and result.step == int(step):
+            return result
+        if result.model is not None and revision_folder(result.revision) == revision_folder(step):
             return result
     if results[0].model is None:
         raise AnalysisError(f"{option}: {run} has no analysis of step {step} (have {sorted(r.step for r in results)})")
-    raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {[r.label for r in results]})")
+    have = [r.revision or "default" for r in results]
+    raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {have})")
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
