@@ -31,9 +31,12 @@ from dispersion_titan.reproduce.quickstart.findings import (
     NOISE,
     InitPanel,
     RunCondensation,
+    at_initialization,
+    baselines,
     findings,
     findings_markdown,
     load_sweep,
+    table_rows,
     with_dispersion,
     with_width,
 )
@@ -362,6 +365,12 @@ def test_a_verdict_agrees_only_beyond_the_measured_seed_spread():
     assert (loss.verdict, loss.noise) == (NOISE, "effect +0.076, seed spread 0.076")
     assert with_dispersion(sweep((0.60, 0.45, 0.30), 0.2), 42).parts[1].verdict == AGREES
     assert with_dispersion(sweep((0.60, 0.45, 0.30), -0.2), 42).parts[1].verdict == DISAGREES
+    # The table and the findings print one Spearman alike (were "+1.00" and "1.000").
+    runs = sweep((0.60, 0.45, 0.30), 0.0)
+    same = InitPanel({r.width: r.init for r in baselines(runs, 42)}, {42: runs[0].init})
+    column = " / ".join(row["Spearman @0"] for row in table_rows(baselines(runs, 42)))
+    assert column == "+1.00 / +1.00 / +1.00"
+    assert f"Spearman with depth {column};" in at_initialization(same, runs, 42).parts[0].measured
     # Written with both numbers in summary.md.
     text = "\n".join(findings_markdown([with_dispersion(sweep((0.60, 0.45, 0.30), 0.076), 42)]))
     assert "(effect +0.076, seed spread 0.076) — **within noise at this scale**." in text

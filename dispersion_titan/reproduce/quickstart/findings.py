@@ -125,15 +125,16 @@ def table_rows(runs: list[RunCondensation]) -> list[dict]:
             f"late cos @{r.final.step}": f"{late_cos(r.final):.3f}",
             f"last block @{r.final.step}": f"{r.final.layers[-2].mean_cos_offdiag:.3f}",
             "peak (step)": "{1:.3f} ({0})".format(*peak(r)),
-            "Spearman @0": _rho(r.init),
-            "Spearman final": _rho(r.final),
+            "Spearman @0": _spearman(r.init),
+            "Spearman final": _spearman(r.final),
             "val loss": "-" if r.val_loss is None else f"{r.val_loss:.3f}",
         }
         for r in runs
     ]
 
 
-def _rho(result: Condensation) -> str:
+def _spearman(result: Condensation) -> str:
+    """As the table and the findings both print it."""
     return "-" if result.spearman is None else f"{result.spearman:+.2f}"
 
 
@@ -256,7 +257,7 @@ def at_initialization(panel: InitPanel, runs: Sequence[RunCondensation], seed: i
                 f"{panel_shape(panel)}, step 0",
                 f"late-block cosine {_values([late_cos(r) for r in results])} vs embedding "
                 f"{_values([embedding_cos(r) for r in results])} at MLP width {' / '.join(map(str, widths))}; "
-                f"Spearman with depth {_values([r.spearman or 0.0 for r in results])}; "
+                f"Spearman with depth {' / '.join(map(_spearman, results))}; "
                 "the smallest rise from the embedding",
                 results,
                 init_spread(panel),
