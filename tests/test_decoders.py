@@ -116,7 +116,7 @@ def texts(tmp_path_factory) -> Path:
 # The [model] keys each family refuses: test_config_errors.py's table.
 
 
-def test_family_keys_reach_torchtitans_arguments():
+def test_family_keys_reach_torchtitans_arguments(caplog):
     job = validated_args(
         [
             *BASE,
@@ -139,6 +139,11 @@ def test_family_keys_reach_torchtitans_arguments():
     args = llama3_flavors["debugmodel"]
     args.update_from_config(llama)
     assert (args.n_kv_heads, args.hidden_dim, args.tie_embeddings) == (4, 768, False)
+    with caplog.at_level(logging.WARNING):  # sequences beyond the flavor's 4096 positions
+        args = qwen3_flavors["debugmodel"]
+        args.update_from_config(validated_args([*BASE, "--training.seq_len", "8192"]))
+    assert args.max_seq_len == 8192
+    assert "exceeds original maximum" not in caplog.text  # TorchTitan's, of the flavor's table (was: once a parse)
 
 
 def test_a_hub_id_is_fetched_at_launch_and_the_job_goes_on_with_its_snapshot(monkeypatch, tmp_path):

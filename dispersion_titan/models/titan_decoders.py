@@ -43,9 +43,13 @@ class RotaryOverrides(ShapeOverrides):
     }
 
     def update_from_config(self, job_config: JobConfig, **kwargs) -> None:
-        super().update_from_config(job_config, **kwargs)
         validation = job_config.validation.seq_len if job_config.validation.enable else 0
-        self.max_seq_len = max(job_config.training.seq_len, validation)
+        longest = max(job_config.training.seq_len, validation)
+        # sized first: TorchTitan's "Sequence length exceeds original maximum" compares with the flavor's table,
+        # not a pretrained model's positions (a run beyond those is told so by checks.launch_notes, with the folder)
+        self.max_seq_len = longest
+        super().update_from_config(job_config, **kwargs)  # sets training.seq_len's
+        self.max_seq_len = longest
         self.apply_overrides(job_config.model)
 
     def rope_parameters(self) -> dict[str, Any]:
