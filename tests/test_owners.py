@@ -365,17 +365,19 @@ def test_another_run_or_command_on_a_runs_outside_folders_is_refused(scattered, 
     refused(proc.returncode, proc.stderr, scattered, before, f"is inside {scattered / 'tb'}, a folder of run {run}")
     code, _, err = analyze(run, "--out", ckpt / "mine", *OPTS, capsys=capsys)
     refused(code, err, scattered, before, f"--out: {ckpt / 'mine'} is inside {ckpt}, a folder of run {run}")
-    fork = python_module(
-        "dispersion_titan.train",
-        *CHECK,
-        "--job.dump_folder",
-        str(tmp_path / "fork"),
-        "--job.fork_from",
-        *printed,
-        "--training.steps",
-        "3",
-        timeout=120,
+    fork = ("--job.dump_folder", str(tmp_path / "fork"), "--job.fork_from", *printed, "--training.steps", "3")
+    tb = os.path.realpath(scattered / "tb")
+    proc = python_module("dispersion_titan.train", *CHECK, *fork, "--metrics.save_tb_folder", tb, timeout=120)
+    refused(  # was: "…, or branch from that run on purpose with --job.fork_from RUN[@STEP]", which it did
+        proc.returncode,
+        proc.stderr,
+        scattered,
+        before,
+        f"metrics.save_tb_folder: {tb} is a folder of run {run}; give this run a metrics.save_tb_folder of its own "
+        "(inside its --job.dump_folder, or a new folder)",
     )
+    assert "fork_from" not in proc.stderr
+    fork = python_module("dispersion_titan.train", *CHECK, *fork, timeout=120)
     assert fork.returncode == 0, fork.stderr[-2000:]
     assert digests(scattered) == before and not (tmp_path / "fork").exists()
 

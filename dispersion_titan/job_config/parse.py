@@ -213,7 +213,9 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     refuse_other_data_here(dump, recorded, job_config)
     check(job_config)
     dp = data_parallel_degree(job_config, _world_size())  # the layout: neither assets nor a fork change it
-    if fetch_local_assets(job_config, recorded) | start_fork(job_config, recorded, dp):
+    fetched = fetch_local_assets(job_config, recorded)
+    forked = start_fork(job_config, recorded, dp)
+    if fetched or forked:
         check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
     check_gpus_usable()
     check_runs_here(job_config)
@@ -221,7 +223,7 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     if take_lock:
         refuse_if_busy(dump)
         recorded = recorded_run(dump)  # again, as the lock's holder: a launch that held it may have written it since
-    refuse_other_owners(dump, run_folders(job_config))
+    refuse_other_owners(dump, run_folders(job_config), forking=forked)
     check_same_settings(dump, recorded, job_config)
     if ckpt.enable:
         check_resume(os.path.join(dump, ckpt.folder), dump, job_config.training.steps, dp, ckpt.load_step)

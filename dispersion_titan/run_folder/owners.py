@@ -181,14 +181,15 @@ def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
     refuse_unless_ours(folder, owner, "--tb-dir", "use another --tb-dir")
 
 
-def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: str) -> None:
-    """One line naming the owner if ``owner`` may not write into ``folder``; looks only."""
+def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: str, fork_hint: bool = False) -> None:
+    """One line naming the owner if ``owner`` may not write into ``folder``; looks only. ``fork_hint``: where
+    the folder is another run's, also name ``--job.fork_from`` that run."""
     problem = _problem(os.path.realpath(folder), owner)
     if problem is None:
         return
     text, holder = problem
     if (
-        owner.kind == "run"
+        fork_hint
         and holder is not None
         and holder.kind == "run"
         and holder.run
@@ -274,14 +275,17 @@ def rewritten(out: str, owner: FolderOwner, files: tuple[str, ...]) -> Iterator[
         yield new
 
 
-def refuse_other_owners(dump: str, folders: dict[str, str]) -> None:
-    """A launch's look: its ``job.dump_folder`` and ``folders`` (by config key) are new, empty or its own."""
+def refuse_other_owners(dump: str, folders: dict[str, str], forking: bool) -> None:
+    """A launch's look: its ``job.dump_folder`` and ``folders`` (by config key) are new, empty or its own. Another
+    run's dump or checkpoint folder is also answered with ``--job.fork_from``, unless the launch is a fork already
+    (a fork writes its own folders, its TensorBoard files too)."""
     owner = FolderOwner("run", dump)
-    refuse_unless_ours(dump, owner, "job.dump_folder", "give this run its own --job.dump_folder")
+    way_out = "give this run its own --job.dump_folder"
+    refuse_unless_ours(dump, owner, "job.dump_folder", way_out, fork_hint=not forking)
     for key, path in folders.items():
         if not inside(path, dump):
             way_out = f"give this run a {key} of its own (inside its --job.dump_folder, or a new folder)"
-            refuse_unless_ours(path, owner, key, way_out)
+            refuse_unless_ours(path, owner, key, way_out, fork_hint=not forking and key == "checkpoint.folder")
 
 
 def outside_folders(dump: str, folders: dict[str, str]) -> dict[str, str]:
