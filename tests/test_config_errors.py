@@ -269,7 +269,7 @@ REFUSALS = [
     Refusal(
         [*DEBUG, "--parallelism.data_parallel_shard_degree", "2"],
         "parallelism: data_parallel_replicate_degree × data_parallel_shard_degree × tensor_parallel_degree = 2, "
-        "but there are 1 processes",
+        "but there are 1 processes; set data_parallel_shard_degree = -1 (the processes the others leave)",
         how="is",
     ),
     Refusal(
@@ -291,7 +291,10 @@ REFUSALS = [
         world=1,
     ),
     Refusal(
-        [*DEBUG, "--parallelism.tensor_parallel_degree", "2"], "parallelism: 3 processes are not divisible by", world=3
+        [*DEBUG, "--parallelism.tensor_parallel_degree", "2"],
+        "parallelism: 3 processes are not divisible by tensor_parallel_degree = 2; use one of [1] on 3 processes (the "
+        "model alone: [1, 2, 4])",
+        world=3,
     ),
     Refusal(
         [*DEBUG, "--training.loss_scale", "sum"],

@@ -118,8 +118,20 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
             f"CONFIG: train_configs/debug.toml: no such file here ({tmp_path}); dispersion-titan init "
             "DIR writes the shipped configs, then run in DIR",
         ),
-        ((config, "--gpus", "64", "--tp", "8"), "model.n_heads: 12 is not divisible by parallelism.tensor_parallel_"),
-        ((config, "--gpus", "64", "--nodes", "3"), "--nodes: 64 GPUs do not split evenly over 3 nodes"),
+        (
+            (config, "--gpus", "64", "--tp", "8"),
+            "model.n_heads: 12 is not divisible by parallelism.tensor_parallel_degree=8; use one of [1, 2, 4] on 64 "
+            "processes",
+        ),
+        (  # was the bare refusal, no degree that works
+            (config, "--tp", "3"),
+            "model.max_seq_len: 1024 is not divisible by parallelism.tensor_parallel_degree=3; use one of [1] on 1 "
+            "process (the model alone: [1, 2, 4])",
+        ),
+        (
+            (config, "--gpus", "64", "--nodes", "3"),
+            "--nodes: 64 GPUs do not split evenly over 3 nodes; use one of [1, 2, 4, 8, 16, 32, 64]",
+        ),
         ((config, "--gpus", "0"), "argument --gpus: '0' is not a positive integer"),  # was "plan: error: ..."
         ((config, "--gpus", "128"), "training.global_batch_size: 64 sequences cannot be split over 128 data-parall"),
         (

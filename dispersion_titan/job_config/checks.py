@@ -123,8 +123,18 @@ def run_tokenizer(config: RunConfig) -> DocumentEncoder | None:
     )
 
 
-def check_model(config: RunConfig, args: Any) -> None:
-    """``args``: the flavor's arguments with the ``[model]`` overrides applied."""
+def _tp_advice(sizes: int, world_size: int) -> str:
+    """The tensor-parallel degrees that divide the model's split ``sizes`` (their gcd) and ``world_size``, and
+    those the model alone takes where more processes would allow more."""
+    model = _divisors(sizes)
+    here = [d for d in model if world_size % d == 0]
+    more = f" (the model alone: {model})" if here != model else ""
+    return f"use one of {here} on {world_size} process{'es' if world_size > 1 else ''}{more}"
+
+
+def check_model(config: RunConfig, args: Any, world_size: int) -> None:
+    """``args``: the flavor's arguments with the ``[model]`` overrides applied; ``world_size``: the processes,
+    which the tensor-parallel degree divides as it divides the sizes it splits."""
     name = config.model.name
     head_loss = config.training.head_loss
     if head_loss != "torch" and (name != "gpt2" or config.parallelism.tensor_parallel_degree > 1):
@@ -165,9 +175,14 @@ def check_model(config: RunConfig, args: Any) -> None:
         "model.max_seq_len": args.positions or 0,  # None: rotary, no table of positions
         **{f"{section}.seq_len": getattr(config, section).seq_len for section in sections},
     }
+    fits = _tp_advice(math.gcd(*split.values()), world_size)
     for key, value in split.items():
         if value % tp:
-            raise ConfigError(f"{key}: {value} is not divisible by parallelism.tensor_parallel_degree={tp}")
+            raise ConfigError(f"{key}: {value} is not divisible by parallelism.tensor_parallel_degree={tp}; {fits}")
+    if world_size % tp:
+        raise ConfigError(
+            f"parallelism: {world_size} processes are not divisible by tensor_parallel_degree = {tp}; {fits}"
+        )
     tokenizer = run_tokenizer(config)
     if tokenizer is not None and args.vocab_size < tokenizer.vocab_size:
         which = "GPT-2" if tokenizer is GPT2_BPE else config.model.hf_assets_path
@@ -305,9 +320,7 @@ def data_parallel_degree(config: RunConfig, world_size: int) -> int:
     """The DP degree TorchTitan's ParallelDims will build from ``world_size`` processes."""
     p = config.parallelism
     tp = p.tensor_parallel_degree
-    if p.data_parallel_shard_degree == -1 or p.data_parallel_replicate_degree == -1:
-        if world_size % tp:
-            raise ConfigError(f"parallelism: {world_size} processes are not divisible by tensor_parallel_degree = {tp}")
+    if p.data_parallel_shard_degree == -1 or p.data_parallel_replicate_degree == -1:  # check_model: tp divides it
         if (world_size // tp) % (replicas := max(p.data_parallel_replicate_degree, 1)):  # TorchTitan asserted
             raise ConfigError(
                 f"parallelism.data_parallel_replicate_degree: {replicas} replicas cannot split the "
@@ -318,7 +331,8 @@ def data_parallel_degree(config: RunConfig, world_size: int) -> int:
     if dp * tp != world_size:
         raise ConfigError(
             f"parallelism: data_parallel_replicate_degree × data_parallel_shard_degree × tensor_parallel_degree "
-            f"= {dp * tp}, but there are {world_size} processes"
+            f"= {dp * tp}, but there are {world_size} processes; set data_parallel_shard_degree = -1 (the processes "
+            "the others leave)"
         )
     return dp
 
@@ -383,7 +397,7 @@ def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
     """Everything about ``config`` knowable before a job of ``world_size`` processes starts, derived
     values filled in. ``args``: the flavor with the ``[model]`` overrides applied."""
     check_numbers(config)
-    check_model(config, args)
+    check_model(config, args, world_size)
     check_dispersion(config, args.n_layers)
     resolve_replicate_degree(config, world_size)
     dp = data_parallel_degree(config, world_size)

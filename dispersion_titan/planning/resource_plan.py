@@ -74,7 +74,8 @@ def nodes_of(gpus: int, nodes: int | None, gpu: GPU) -> int:
     """``--nodes``, or as few as hold ``gpus`` at ``gpu.gpus_per_node`` each; the GPUs split evenly."""
     count = nodes or math.ceil(gpus / gpu.gpus_per_node)
     if gpus % count:
-        raise ArgumentError(f"--nodes: {gpus} GPUs do not split evenly over {count} nodes")
+        fit = [n for n in range(1, gpus + 1) if gpus % n == 0]
+        raise ArgumentError(f"--nodes: {gpus} GPUs do not split evenly over {count} nodes; use one of {fit}")
     return count
 
 
