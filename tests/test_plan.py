@@ -360,6 +360,27 @@ def test_one_ranks_parameters_are_printed_as_all_of_them():
     assert share == whole, row
 
 
+def test_gpu_hours_price_validation_or_say_they_leave_it_out():
+    """debug.toml validates at steps 1, 5 and 10, each 2 batches of 8 sequences: 12 forwards of its micro-batch of 4,
+    a third of a forward and backward each, so 4 micro-batches' roofline; with ``validation.steps -1`` (the whole
+    held-out split, which a plan does not read) the plan says it leaves validation out (was: left out silently)."""
+    plans = {
+        steps: resource_plan.planned(
+            "debug", plan_args(DEBUG_TOML, None, ("--validation.steps", steps)), 1, None, "h100"
+        )
+        for steps in ("2", "-1")
+    }
+    priced, unpriced = plans["2"], plans["-1"]
+    assert priced.validation.runs == unpriced.validation.runs == 3
+    v = priced.validation.seconds
+    assert v == pytest.approx(4 * priced.step.micro_batch_s * priced.time.calibration.factor, rel=1e-9)
+    assert priced.gpu_hours == pytest.approx(unpriced.gpu_hours + v / 3600, rel=1e-9)
+    row = {k: next(r for r in resource_plan.plan_table(p).splitlines() if "GPU-hours" in r) for k, p in plans.items()}
+    assert f"; validation included: 3 validations, {v / 3600:,.3g} h a GPU (a validation batch priced" in row["2"]
+    assert "; validation not included (3 validations of the whole held-out split" in row["-1"]
+    assert "GPU-hours of debug: validation not included" in resource_plan.runs_table([unpriced])
+
+
 def test_a_dispersion_term_is_priced_at_its_kernels_measured_rate():
     """GPT-2 small as shipped with angular_spread (λ 0.1, every block) on an H200, as
     bench/train_step.py measured it (147.4 ms, docs/benchmarks.md): the plan's step within 10%,

@@ -185,6 +185,40 @@ def step_time(
     return StepTime(compute, data_parallel, latency, tp, calibration, name, one_gpu_s)
 
 
+FORWARD_SHARE = 1 / 3
+"""A forward's share of a forward and backward (2 of 6 FLOPs a parameter and token)."""
+FORWARD_LABEL = "a validation batch priced as a forward, a third of the measured training micro-batch, by tokens"
+
+
+@dataclass(frozen=True)
+class Validation:
+    runs: int
+    """Validations in the run: at step 1 and every ``validation.freq`` steps, as TorchTitan's ``should_validate``."""
+    seconds: float | None
+    """All of them on one GPU (None: ``validation.steps = -1``, the whole held-out split, whose size a plan does not
+    read)."""
+
+    def describe(self) -> str:
+        what = f"{self.runs:,} validation{'s' if self.runs != 1 else ''}"
+        if self.seconds is None:
+            return f"validation not included ({what} of the whole held-out split, validation.steps -1)"
+        return f"validation included: {what}, {self.seconds / 3600:,.3g} h a GPU ({FORWARD_LABEL})"
+
+
+def validation(
+    job_config: RunConfig, layout: ResourceLayout, m: StepMeasurement, calibration: Calibration
+) -> Validation:
+    """The run's validations, each ``validation.steps`` batches of a forward (the roofline's micro-batch by tokens)."""
+    v, steps = job_config.validation, job_config.training.steps
+    if not v.enable:
+        return Validation(0, 0.0)
+    runs = steps // v.freq + int(steps >= 1 and v.freq > 1)
+    if v.steps < 0:
+        return Validation(runs, None)
+    tokens = v.steps * v.local_batch_size * v.seq_len / (layout.micro_batch * layout.seq_len)
+    return Validation(runs, runs * tokens * FORWARD_SHARE * m.micro_batch_s * calibration.factor)
+
+
 @dataclass(frozen=True)
 class CheckpointDisk:
     full: int
@@ -222,6 +256,7 @@ class ResourcePlan:
     steps: int
     dispersion: bool
     """Whether the step has a dispersion term (``TERM_LABEL``)."""
+    validation: Validation
 
     @property
     def gpu(self) -> GPU:
@@ -233,7 +268,7 @@ class ResourcePlan:
 
     @property
     def gpu_hours(self) -> float:
-        return self.time.step_s * self.steps * self.layout.gpus / 3600
+        return (self.time.step_s * self.steps + (self.validation.seconds or 0.0)) * self.layout.gpus / 3600
 
     @property
     def tokens_per_s(self) -> float:
@@ -288,7 +323,11 @@ def plan_table(plan: ResourcePlan) -> str:
             f"TP collectives {_ms(t.tp_s)}" + bound + (f"; {TERM_LABEL}" if plan.dispersion else ""),
         ),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
-        ("GPU-hours", f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"),
+        (
+            "GPU-hours",
+            f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"
+            + (f"; {plan.validation.describe()}" if plan.validation.runs else ""),
+        ),
         (
             "checkpoint disk",
             f"**{_gb(plan.disk.bytes)} GB**: {plan.disk.full:,} full + {plan.disk.model_only:,} weights-only"
@@ -329,6 +368,9 @@ def runs_table(plans: list[ResourcePlan]) -> str:
     notes = [f"step time: {label}" for label in labels] + sorted({f"memory: {p.step.depth_note}" for p in plans})
     notes += [f"step time of the runs with a term: {TERM_LABEL}"] if any(p.dispersion for p in plans) else []
     notes += [f"collectives' latency: {LATENCY_LABEL}"]
+    unpriced = [p.name for p in plans if p.validation.seconds is None]
+    notes += [f"GPU-hours: validation included, {FORWARD_LABEL}"] if any(p.validation.seconds for p in plans) else []
+    notes += [f"GPU-hours of {', '.join(unpriced)}: validation not included (validation.steps -1)"] if unpriced else []
     bounded = [p.name for p in plans if p.time.bounded]
     notes += [f"step time of {', '.join(bounded)}: one GPU's per token (no layout beats it)"] if bounded else []
     return "\n".join(lines + [""] + notes)
@@ -405,4 +447,5 @@ def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: s
         checkpoint_disk(job_config, step.params_total, step.saved_total),
         job_config.training.steps,
         job_config.dispersion.variant != "none",
+        validation(job_config, layout, step, calibration(gpu_key)),
     )
