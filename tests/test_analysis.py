@@ -32,7 +32,7 @@ from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from dispersion_titan.utils.errors import AnalysisError
 from support.cli import analyze, assert_one_line_error
 from support.launch import launch_env, python_module, second_writer_is_refused, torchrun
-from support.runs import digests, scale_weights, tiny_run
+from support.runs import digests, logged, scale_weights, tiny_run
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
 OPTS = ["--num-sequences", str(K), "--seq-len", str(S), "--batch-size", "3"]
@@ -260,10 +260,12 @@ def test_rerun_skips_and_force_recomputes(run, analyzed, capsys, tmp_path):
     assert all(after[f"step-{s}/condensation.json"] == before[f"step-{s}/condensation.json"] for s in (0, 2, 4))
 
     old = read_json(analyzed / "step-2" / "condensation.json")
-    board = digests(run / "tb" / "condensation")
     # RUN may also be the checkpoint folder; results still go to the dump folder's condensation/.
     code, out, _ = analyze(run / "checkpoint", *OPTS, "--steps", "1-3", "--force", capsys=capsys)
     assert code == 0 and "step 2:" in out and "step 4:" not in out
+    logged_steps = [step for step, _ in logged(run / "tb" / "condensation", "analysis/mean_cos/final_norm")]
+    assert logged_steps == [0, 2, 4]  # step 2's replaced, not added
+    board = digests(run / "tb" / "condensation")
     code, out, _ = analyze(run, *OPTS, "--steps", "0", "--out", tmp_path / "again", capsys=capsys)
     assert code == 0 and (tmp_path / "again" / "step-0" / "condensation.json").is_file()
     assert digests(run / "tb" / "condensation") == board  # these checkpoints' histograms are there: not twice

@@ -30,7 +30,7 @@ from dispersion_titan.utils.errors import AnalysisError, ModelLoadError
 from support.cli import analyze, assert_one_line_error
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
-from support.runs import tiny_run
+from support.runs import logged, tiny_run
 
 K, S = 4, 16
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -150,6 +150,14 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
     assert load(tmp_path / "alone").curve == both[1].curve
     code, stdout, _ = analyze(f"hf:{model}@stage1-step100,stage1-step200", *options(texts), "--out", out, capsys=capsys)
     assert code == 0 and "2 revision(s) already analyzed" in stdout
+    # A revision published anew, analysed with --force: TensorBoard holds its new values alone (were the old alone).
+    save_model(model / "stage1-step200", config("llama"), tokenizer_files, seed=7)
+    spec = f"hf:{model}@stage1-step200"
+    assert analyze(spec, *options(texts), "--out", out, "--force", capsys=capsys)[0] == 0
+    new = load(out, "rev-stage1-step200")
+    assert new.curve != both[1].curve
+    tag = "analysis/mean_cos/embedding"
+    assert logged(out / "tb", tag) == [(100, pytest.approx(both[0].curve[0])), (200, pytest.approx(new.curve[0]))]
     # Revisions of another family: refused before --out is made (was: analysed, each recorded with the first's
     # shape, the GPT-2's and the Llama's curves in one evolution.png).
     save_model(model / "gpt2", config("gpt2"), tokenizer_files)

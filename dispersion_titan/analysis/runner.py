@@ -201,7 +201,9 @@ class Analysis:
             if skipped:
                 print(f"{skipped} {self.noun}(s) already analyzed in {self.out} (--force recomputes them)")
             failed = []
-            histograms = Histograms(self.tb_dir, self.owner, self.settings, self.out) if todo else None
+            histograms = (
+                Histograms(self.tb_dir, self.owner, self.settings, self.out, self.options.force) if todo else None
+            )
             try:  # nothing to do: no --tb-dir made, no bar of 0 batches
                 total = len(todo) * per_unit
                 with tqdm(total=total, unit="batch", desc="condensation", file=sys.stderr, disable=not todo) as bar:
@@ -411,13 +413,14 @@ class HFAnalysis(Analysis):
 
 class Histograms:
     """An analysis's TensorBoard histograms and curves in ``--tb-dir``, once per checkpoint: an analysis of the same
-    settings into another ``--out`` (or ``--force``) adds no second copy, which TensorBoard would plot twice. The
+    settings into another ``--out`` adds no second copy, which TensorBoard would plot twice; ``--force``, or a
+    checkpoint rewritten since, replaces the step's events (a Hugging Face revision's values may change with it). The
     folder is recorded as these settings' on the first write; one this made and wrote nothing in is removed. Analyses
     into other ``--out``s share it: each writes there holding its lock in turn (``sole_writer``), and then removes
     what one killed mid-write left there (``remove_stale_writes``)."""
 
-    def __init__(self, folder: str, owner: FolderOwner, settings: str, out: str):
-        self.folder, self.owner, self.settings = folder, owner, settings
+    def __init__(self, folder: str, owner: FolderOwner, settings: str, out: str, force: bool = False):
+        self.folder, self.owner, self.settings, self.force = folder, owner, settings, force
         self.made = ensure_writable(folder, "--tb-dir")
         self.index = os.path.join(folder, LOGGED_FILE)
         self.held = inside(folder, out)  # in --out, held with it
@@ -433,8 +436,10 @@ class Histograms:
                     logged = dict(json.load(f))
             except (OSError, ValueError, TypeError):  # none yet, or damaged: rewritten whole
                 logged = {}
-            if unit.folder in logged and logged[unit.folder] == result.checkpoint_identity:
-                return
+            if unit.folder in logged:
+                if logged[unit.folder] == result.checkpoint_identity and not self.force:
+                    return
+                self._drop(unit.step)
             if self.writer is None:
                 recorded = write_record(self.folder, self.owner, settings=self.settings)  # for the next to find
                 if not recorded and (owner_record(self.folder) or {}).get("settings") != self.settings:
@@ -449,6 +454,33 @@ class Histograms:
                 self.writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
             self.writer.flush()
             write_json(self.index, {**logged, unit.folder: result.checkpoint_identity})
+
+    def _drop(self, step: int) -> None:
+        """Remove this folder's events of ``step`` (it holds only this analysis's), each event file that has some
+        rewritten whole in place; the writer closed first, so the next events go to a file of their own."""
+        from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        for name in sorted(os.listdir(self.folder)):
+            if not name.startswith("events.out.tfevents."):
+                continue
+            path = os.path.join(self.folder, name)
+            events = [Event.FromString(e) for e in RawEventFileLoader(path).Load()]
+            kept = [e for e in events if not (e.step == step and e.HasField("summary"))]
+            if not any(e.HasField("summary") for e in kept):  # nothing left but its header
+                os.unlink(path)
+            elif len(kept) < len(events):
+
+                def rewrite(f: Any, kept: list[Event] = kept) -> None:
+                    writer = RecordWriter(f)
+                    for event in kept:
+                        writer.write(event.SerializeToString())
+
+                records.atomic_write(path, rewrite, binary=True)
 
     def close(self) -> None:
         if self.writer is not None:

@@ -40,6 +40,19 @@ def scalars(dump: Path | str) -> dict[str, dict[int, float]]:
     return out
 
 
+def logged(folder: Path | str, tag: str) -> list[tuple[int, float]]:
+    """Every (step, value) of scalar ``tag`` in the event files of ``folder`` as TensorBoard plots them: a step
+    written twice, twice."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = []
+    for events in sorted(glob.glob(os.path.join(str(folder), "events.out.tfevents.*"))):
+        acc = EventAccumulator(events, size_guidance={"scalars": 0})
+        acc.Reload()
+        out += [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+    return sorted(out)
+
+
 def load_weights(step_dir: Path | str) -> dict[str, torch.Tensor]:
     from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 
