@@ -417,14 +417,15 @@ class Histograms:
     checkpoint rewritten since, replaces the step's events (a Hugging Face revision's values may change with it). The
     folder is recorded as these settings' on the first write; one this made and wrote nothing in is removed. Analyses
     into other ``--out``s share it: each writes there holding its lock in turn (``sole_writer``), and then removes
-    what one killed mid-write left there (``remove_stale_writes``)."""
+    what one killed mid-write left there (``remove_stale_writes``). Each unit's events are a file of their own, closed
+    within its turn: one rewritten by another's ``_drop`` is never open."""
 
     def __init__(self, folder: str, owner: FolderOwner, settings: str, out: str, force: bool = False):
         self.folder, self.owner, self.settings, self.force = folder, owner, settings, force
         self.made = ensure_writable(folder, "--tb-dir")
         self.index = os.path.join(folder, LOGGED_FILE)
         self.held = inside(folder, out)  # in --out, held with it
-        self.writer = None
+        self.wrote = False
 
     def add(self, unit: Unit, measured: Measurement, result: Condensation) -> None:
         """``unit``'s histograms, unless this folder holds those of the same checkpoint."""
@@ -440,40 +441,39 @@ class Histograms:
                 if logged[unit.folder] == result.checkpoint_identity and not self.force:
                     return
                 self._drop(unit.step)
-            if self.writer is None:
+            if not self.wrote:
                 recorded = write_record(self.folder, self.owner, settings=self.settings)  # for the next to find
                 if not recorded and (owner_record(self.folder) or {}).get("settings") != self.settings:
                     raise _other_settings(self.folder)  # an analysis of other settings, started alongside, came first
-                from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter
 
-                self.writer = SummaryWriter(log_dir=self.folder)
-            for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
-                self.writer.add_histogram(
-                    f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES
-                )
-                self.writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
-            self.writer.flush()
+            with SummaryWriter(log_dir=self.folder) as writer:
+                for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
+                    writer.add_histogram(
+                        f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES
+                    )
+                    writer.add_scalar(f"analysis/mean_cos/{name}", value, unit.step)
+            self.wrote = True
             write_json(self.index, {**logged, unit.folder: result.checkpoint_identity})
 
     def _drop(self, step: int) -> None:
-        """Remove this folder's events of ``step`` (it holds only this analysis's), each event file that has some
-        rewritten whole in place; the writer closed first, so the next events go to a file of their own."""
+        """Remove this folder's analysis events of ``step``, each event file that has some rewritten whole in place
+        (training's events beside them kept)."""
         from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.summary.writer.record_writer import RecordWriter
 
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
         for name in sorted(os.listdir(self.folder)):
             if not name.startswith("events.out.tfevents."):
                 continue
             path = os.path.join(self.folder, name)
             events = [Event.FromString(e) for e in RawEventFileLoader(path).Load()]
-            kept = [e for e in events if not (e.step == step and e.HasField("summary"))]
+            kept = [e for e in events if not (e.step == step and _ours(e))]
+            if len(kept) == len(events):
+                continue
             if not any(e.HasField("summary") for e in kept):  # nothing left but its header
                 os.unlink(path)
-            elif len(kept) < len(events):
+            else:
 
                 def rewrite(f: Any, kept: list[Event] = kept) -> None:
                     writer = RecordWriter(f)
@@ -483,10 +483,13 @@ class Histograms:
                 records.atomic_write(path, rewrite, binary=True)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        elif self.made:  # no histogram written (a failure, every unit skipped): no empty folder left
+        if self.made and not self.wrote:  # no histogram written (a failure, every unit skipped): no empty folder left
             remove_empty(self.made)
+
+
+def _ours(event: Any) -> bool:
+    """Whether a TensorBoard event is an analysis's (``Histograms.add``'s tags), not training's beside it."""
+    return event.HasField("summary") and all(v.tag.startswith("analysis/") for v in event.summary.value)
 
 
 def _other_settings(folder: str) -> OutputError:
