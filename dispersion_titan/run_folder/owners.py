@@ -275,7 +275,7 @@ def rewritten(out: str, owner: FolderOwner, files: tuple[str, ...]) -> Iterator[
         yield new
 
 
-def refuse_other_owners(dump: str, folders: dict[str, str], forking: bool) -> None:
+def refuse_other_owners(dump: str, folders: dict[str, str], forking: bool = False) -> None:
     """A launch's look: its ``job.dump_folder`` and ``folders`` (by config key) are new, empty or its own. Another
     run's dump or checkpoint folder is also answered with ``--job.fork_from``, unless the launch is a fork already
     (a fork writes its own folders, its TensorBoard files too)."""
