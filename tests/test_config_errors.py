@@ -651,8 +651,8 @@ EXTRA = "\n[extra]\nfoo = 1\n"  # appended to debug.toml: a section of nobody's
         (
             "",
             ["--parallelism.tensor_parallel_degree", "3"],
-            "model.n_heads: 4 is not divisible by parallelism.tensor_parallel_degree=3; use one of [1] on 1 process (the "
-            "model alone: [1, 2, 4])",
+            "model.n_heads: 4 is not divisible by parallelism.tensor_parallel_degree=3; use one of [1] on 1 process "
+            "(the model alone: [1, 2, 4])",
         ),
         ("", ["--training.seq_len", "300"], "training.seq_len: 300 must be in 1..256 (model.max_seq_len positions)"),
         (
