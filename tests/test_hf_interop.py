@@ -215,6 +215,25 @@ def test_convert_to_hf_gives_identical_logits_and_weights(tmp_path, mlp, tie, vo
     assert ours and back.keys() == ours.keys() and all(torch.equal(back[k], ours[k]) for k in ours)
 
 
+def test_a_last_step_saved_in_export_dtype_is_exported_in_it(tmp_path):
+    """TorchTitan casts a weights-only last step to ``checkpoint.export_dtype`` before it saves it (bfloat16 here):
+    its export was float32, the bf16 values widened, and transformers loaded it as float32. Now it is exported in
+    the precision the step holds, as ``config.json`` says; a step saved in float32 stays float32."""
+    args = GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64)
+    step0 = write_dcp_checkpoint(tmp_path / "run", args)
+    last = step0.parent / "step-1"
+    bf16 = {k: v.to(torch.bfloat16) for k, v in load_weights(step0).items()}
+    dcp.save(bf16, checkpoint_id=str(last))  # as TorchTitan's _save_last_step with export_dtype = "bfloat16"
+    for step, dtype in ((step0, torch.float32), (last, torch.bfloat16)):
+        out = tmp_path / step.name
+        convert.main(["to-hf", str(step), str(out)])
+        assert json.loads((out / "config.json").read_text())["dtype"] == str(dtype).removeprefix("torch.")
+        assert transformers.GPT2LMHeadModel.from_pretrained(str(out)).dtype == dtype
+    back = GPT2StateDictAdapter(args, None).from_hf(load_file(str(out / "model.safetensors")))
+    assert back.keys() == bf16.keys() and all(torch.equal(v, bf16[k]) for k, v in back.items())
+    assert {v.dtype for v in back.values()} == {torch.bfloat16}
+
+
 def test_exported_tokenizer_works_offline(tmp_path):
     step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
     convert.main(["to-hf", str(step), str(tmp_path / "hf")])

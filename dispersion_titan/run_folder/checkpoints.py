@@ -418,6 +418,19 @@ def is_full(step_dir: str) -> bool:
     return any(key.startswith("train_state.") for key in keys)
 
 
+def saved_dtype(step_dir: str) -> torch.dtype:
+    """The precision a DCP checkpoint holds its weights in: ``checkpoint.export_dtype`` where TorchTitan cast a
+    weights-only last step to it (``last_save_model_only``), else float32."""
+    import torch
+
+    dtypes = {
+        entry.properties.dtype
+        for entry in dcp_metadata(step_dir).state_dict_metadata.values()
+        if hasattr(entry, "properties") and entry.properties.dtype.is_floating_point
+    }
+    return dtypes.pop() if len(dtypes) == 1 else torch.float32
+
+
 def checkpoint_identity(step_dir: str) -> str:
     """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another."""
     if hf_weights(step_dir):  # a last_save_in_hf checkpoint: no .metadata to digest

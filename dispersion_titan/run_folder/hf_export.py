@@ -27,6 +27,7 @@ from .checkpoints import (
     run_encoder,
     run_of,
     saved_checkpoints,
+    saved_dtype,
 )
 from .outputs import STEP_FOLDER
 from .owners import FolderOwner, empty, owned
@@ -62,9 +63,14 @@ def resolve_step_dir(path: str) -> str:
 
 
 def hf_state_dict(step_dir: str, args: Any, vocab_size: int) -> dict[str, torch.Tensor]:
-    """The checkpoint's weights under the family's HF names, rows past ``vocab_size`` (padding) cut."""
+    """The checkpoint's weights under the family's HF names, in the precision it holds them (``export_dtype``'s of
+    a last step), rows past ``vocab_size`` (padding) cut."""
     adapter = family(args.FAMILY).get_train_spec().state_dict_adapter(args, None)
-    state = load_hf_weights(step_dir, args) if hf_weights(step_dir) else load_model(step_dir, args).state_dict()
+    if hf_weights(step_dir):
+        state = load_hf_weights(step_dir, args)
+    else:
+        check_complete(step_dir)  # before its metadata is read for the precision
+        state = load_model(step_dir, args, dtype=saved_dtype(step_dir)).state_dict()
     hf = adapter.to_hf(state)
     if vocab_size < args.vocab_size:
         hf = {k: v[:vocab_size] if v.shape[0] == args.vocab_size else v for k, v in hf.items()}
@@ -136,6 +142,7 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
     encoder = run_encoder(run_of(checkpoints))
     config = family(args.FAMILY).hf_config(args, encoder)
     weights = hf_state_dict(step_dir, args, config.vocab_size)
+    config.dtype = next(iter(weights.values())).dtype  # transformers' dtype="auto" loads them as saved
     from safetensors.torch import save_file
 
     with tempfile.TemporaryDirectory(prefix=STAGING, dir=out_dir, ignore_cleanup_errors=True) as staging:
