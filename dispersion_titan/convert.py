@@ -6,10 +6,11 @@
     python -m dispersion_titan.convert to-hf DUMP OUT_DIR     # the run's newest complete checkpoint
 
 ``step-N`` may be a DCP checkpoint or a ``last_save_in_hf`` one; the model family, shape
-and tokenizer come from the run's ``run.json``. ``OUT_DIR`` receives ``config.json``,
-``model.safetensors`` and the run's tokenizer files, staged in a hidden folder inside it, so a failed
-conversion leaves ``OUT_DIR`` as it was; a non-empty ``OUT_DIR`` is refused unless ``--force``
-and it holds an export of the same run.
+and tokenizer come from the run's ``run.json``. ``OUT_DIR`` receives ``model.safetensors``, the run's
+tokenizer files and, last, ``config.json`` (what makes a model folder of it to transformers and lm-eval),
+staged in a hidden folder inside it: a conversion that failed or was interrupted leaves no new
+``config.json``, and the same command finishes it. An ``OUT_DIR`` holding a whole export is refused unless
+``--force`` and it is of the same run; a folder of other files, always.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .config.cli import OneLineErrorParser
 from .utils.errors import command, run_command
 
 
-@command("OUT_DIR is as it was (the export is staged in a hidden folder inside it first); run it again")
+@command("no new export in OUT_DIR (its config.json, which completes one, is written last); run it again")
 def main(argv: list[str] | None = None) -> None:
     parser = OneLineErrorParser(
         prog="python -m dispersion_titan.convert",

@@ -286,8 +286,8 @@ def test_ctrl_c_while_a_command_imports_is_one_line(tmp_path, launcher):
     _, err = proc.communicate(timeout=60)
     assert (proc.returncode, err) == (
         130,
-        "dispersion_titan: interrupted; OUT_DIR is as it was (the export is staged in a hidden folder inside it "
-        "first); run it again\n",
+        "dispersion_titan: interrupted; no new export in OUT_DIR (its config.json, which completes one, is written "
+        "last); run it again\n",
     )
     assert [p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()] == [
         step.relative_to(tmp_path) / ".metadata"

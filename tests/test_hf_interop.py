@@ -290,6 +290,40 @@ def test_convert_refuses_a_non_empty_output_and_keeps_it(tmp_path, capsys):
     assert notes.stat().st_mtime_ns == kept and notes.read_text() == "mine"
 
 
+def test_an_export_interrupted_while_its_files_move_in_is_never_whole_and_the_same_command_finishes_it(
+    tmp_path, capsys, monkeypatch
+):
+    """Ctrl-C while the staged files were moved into OUT_DIR one by one left weights without config.json, or
+    config.json and weights without the tokenizer's files (a model folder to transformers), said "OUT_DIR is as it
+    was", and the same command was refused as "not empty". config.json now moves in last (under --force an earlier
+    export's is removed first), and the same command, without --force, finishes the export."""
+    step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=32, n_layers=1, n_heads=2, max_seq_len=64))
+    out, replace = tmp_path / "hf", os.replace
+    convert.main(["to-hf", str(step), str(out)])
+    files = sorted(p.name for p in out.iterdir() if p.name != OWNER_FILE)
+    for moved in range(len(files)):  # each file the interrupt lands before, over a whole export (--force)
+
+        def interrupted(source, target, into=[], moved=moved):  # noqa: B006 - the moves into OUT_DIR so far
+            if os.path.dirname(target) == str(out):
+                if len(into) == moved:
+                    raise KeyboardInterrupt
+                into.append(target)
+            replace(source, target)
+
+        monkeypatch.setattr(os, "replace", interrupted)
+        with pytest.raises(SystemExit) as exit_info:
+            convert.main(["to-hf", str(step), str(out), "--force"])
+        monkeypatch.setattr(os, "replace", replace)
+        assert exit_info.value.code == 130 and capsys.readouterr().err.splitlines()[-1] == (
+            "dispersion_titan: interrupted; no new export in OUT_DIR (its config.json, which completes one, is "
+            "written last); run it again"
+        )
+        assert not (out / "config.json").exists()
+        convert.main(["to-hf", str(step), str(out)])
+        assert sorted(p.name for p in out.iterdir() if p.name != OWNER_FILE) == files
+    transformers.GPT2LMHeadModel.from_pretrained(str(out))
+
+
 def test_a_second_convert_into_a_folder_being_written_is_refused(tmp_path, capsys):
     """Two exports into one OUT_DIR: the second is refused in one line (both said 'wrote OUT_DIR', the
     last one's files standing); the first's lock, held here by a live process, is left as it was."""
@@ -403,7 +437,7 @@ def test_convert_out_of_room_is_one_line_and_leaves_out_dir_as_it_was(tmp_path):
     assert proc.returncode == 74, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[1:] == [  # after "converting step 0: ..."
         f"dispersion_titan: error: file too large writing {out / 'model.safetensors'}; raise the file size limit "
-        "(ulimit -f); OUT_DIR is as it was (the export is staged in a hidden folder inside it first); run it again"
+        "(ulimit -f); no new export in OUT_DIR (its config.json, which completes one, is written last); run it again"
     ]
     assert not out.exists()  # made by this call, which wrote nothing there: removed (was left empty)
     # weights of 1.6 MB under a 2 MiB limit: the tokenizer's 3.5 MB tokenizer.json meets it (was a traceback, exit 1)
@@ -731,7 +765,7 @@ def test_ctrl_c_while_convert_loads_the_checkpoint_is_the_interrupted_line(tmp_p
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and err.splitlines()[-1] == (
-        "dispersion_titan: interrupted; OUT_DIR is as it was (the export is staged in a hidden folder inside it "
-        "first); run it again"
+        "dispersion_titan: interrupted; no new export in OUT_DIR (its config.json, which completes one, is written "
+        "last); run it again"
     ), err[-2000:]
     assert not (tmp_path / "hf").exists()

@@ -9,7 +9,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from ..models import family
@@ -30,10 +30,14 @@ from .checkpoints import (
     saved_dtype,
 )
 from .outputs import STEP_FOLDER
-from .owners import FolderOwner, empty, owned
+from .owners import FolderOwner, owned
 
 if TYPE_CHECKING:  # torch is imported where weights are read or written: evaluate table needs none
     import torch
+
+
+CONFIG = "config.json"
+"""A Hugging Face model folder's config: what tells one apart (``resolve_step_dir``), the last file an export writes."""
 
 
 def resolve_step_dir(path: str) -> str:
@@ -46,7 +50,7 @@ def resolve_step_dir(path: str) -> str:
     if os.path.isfile(os.path.join(path, ".metadata")):
         return path  # a DCP checkpoint
     if hf_weights(path):
-        if step and not os.path.isfile(os.path.join(path, "config.json")):
+        if step and not os.path.isfile(os.path.join(path, CONFIG)):
             return path  # a last_save_in_hf checkpoint: TorchTitan writes no config.json
         raise CheckpointError(
             f"{path}: a Hugging Face model folder, not a run's checkpoint/step-N; transformers and lm-eval load it "
@@ -104,14 +108,15 @@ def save_tokenizer(folder: str, max_length: int, encoder: DocumentEncoder = GPT2
 
 
 def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
-    """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``, new or empty."""
+    """Export ``step_dir`` (or a run's newest complete checkpoint) into ``out_dir``: new, empty, or an interrupted
+    export of this run (no ``config.json``)."""
     given, step_dir = step_dir, resolve_step_dir(step_dir)
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     dump = run_of(checkpoints)
     run_encoder(dump)  # a tokenizer folder gone: said before OUT_DIR is made
     owner = FolderOwner("HF export", dump)  # owned refuses another's OUT_DIR, or a file, before making it
     with owned(out_dir, owner, "OUT_DIR"):  # one export at a time; one that finished meanwhile is not overwritten
-        if not (force or empty(out_dir)):
+        if not force and os.path.isfile(os.path.join(out_dir, CONFIG)):  # a whole export; one interrupted is finished
             raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
         if step_dir != given.rstrip("/"):  # the run's newest complete checkpoint, and the newer ones passed over
             names = [os.path.basename(c.path) for c in list_checkpoints(checkpoints)]  # oldest first
@@ -136,7 +141,9 @@ def os_error(path: str) -> Iterator[None]:
 
 def export_checkpoint(step_dir: str, out_dir: str) -> None:
     """Write ``step_dir`` as a Hugging Face folder ``out_dir`` (made and found writable by the caller), through a
-    staging folder inside it (on its file system, should it be a mount point), so a failure leaves it as it was."""
+    staging folder inside it (on its file system, should it be a mount point), its files moved in one by one, an
+    earlier export's ``config.json`` removed first and the new one moved in last: the file that makes a model folder
+    of it to transformers and lm-eval is there only once every other file is."""
     checkpoints = os.path.dirname(os.path.abspath(step_dir))
     args = load_model_args(checkpoints)
     encoder = run_encoder(run_of(checkpoints))
@@ -152,5 +159,7 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
         config.save_pretrained(staging)
         with os_error(os.path.join(out_dir, "tokenizer.json")):
             save_tokenizer(staging, args.max_seq_len, encoder)
-        for name in os.listdir(staging):
+        with suppress(FileNotFoundError):
+            os.unlink(os.path.join(out_dir, CONFIG))
+        for name in sorted(os.listdir(staging), key=lambda name: name == CONFIG):
             os.replace(os.path.join(staging, name), os.path.join(out_dir, name))
