@@ -76,14 +76,19 @@ _LIBRARY_NOISE = (
 _SAME_ENV = re.compile(r"ENV\[\w+\] = (.*) will be overridden to \1 based on job config$")
 
 
-def _titan_noise(cpu: bool, hf_export: bool) -> Callable[[logging.LogRecord], bool]:
+def _titan_noise(cpu: bool) -> Callable[[logging.LogRecord], bool]:
     """A filter of TorchTitan's log warnings that say nothing to act on: torchrun's default
     TORCH_NCCL_ASYNC_ERROR_HANDLING=1, which TorchTitan sets to 3 (for its flight recorder), and any variable it
-    "overrides" with the value it already has (a launch from a shell where an earlier run set it); without an HF
-    export, no HF index to shard it by; on a CPU, its GPU lookup for MFU, twice per run (lspci missing, no peak FLOPS;
-    its next line, ``Peak FLOPS used for computing MFU``, still says what it used); ``_OWN_CHECKPOINTS_FIRST``."""
-    noise = ("ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3", *_OWN_CHECKPOINTS_FIRST)
-    noise += () if hf_export else ("model.safetensors.index.json not found",)
+    "overrides" with the value it already has (a launch from a shell where an earlier run set it); no HF index in
+    ``model.hf_assets_path`` to shard a ``last_save_in_hf`` step by (a model from scratch has none: one safetensors
+    file, which transformers loads as well); on a CPU, its GPU lookup for MFU, twice per run (lspci missing, no
+    peak FLOPS; its next line, ``Peak FLOPS used for computing MFU``, still says what it used);
+    ``_OWN_CHECKPOINTS_FIRST``."""
+    noise = (
+        "ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3",
+        "model.safetensors.index.json not found",
+        *_OWN_CHECKPOINTS_FIRST,
+    )
     noise += ("Error running lspci", "Peak flops undefined for: CPU") if cpu else ()
     return lambda record: not (message := record.getMessage()).startswith(noise) and not _SAME_ENV.match(message)
 
@@ -149,7 +154,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         fp32 = job_config.training.mixed_precision_param == "float32"
         for message in _LIBRARY_NOISE:
             warnings.filterwarnings("ignore", message)
-        logger.addFilter(_titan_noise(titan_compat.uses_cpu(), job_config.checkpoint.last_save_in_hf))
+        logger.addFilter(_titan_noise(titan_compat.uses_cpu()))
         try:
             with warnings.catch_warnings():
                 if fp32:  # TorchTitan builds a CPU autocast to fp32, which torch turns off with a warning
