@@ -237,7 +237,9 @@ def test_a_rank_checking_the_run_folder_while_rank_0_records_it_never_reads_half
 
 def test_an_hf_export_belongs_to_its_run(runs, capsys, tmp_path):
     """``convert to-hf`` records its folder: a rerun of the same run needs --force, another run's
-    export and another command are refused even with it."""
+    export and another command are refused even with it. A run moved away from its export (``mv RUN RUN2``) is the
+    same run, by the identity its ``run.json`` and the record keep (was refused as another's: "holds the HF export
+    of RUN"); another run in its old place is not."""
     out = tmp_path / "hf"
     convert_main(["to-hf", str(runs / "A"), str(out)])
     capsys.readouterr()
@@ -249,6 +251,14 @@ def test_an_hf_export_belongs_to_its_run(runs, capsys, tmp_path):
     refused(code, err, tmp_path, before, f"--out: {out} holds the HF export of {runs / 'A'}")
     convert_main(["to-hf", str(runs / "A"), str(out), "--force"])
     assert (out / "model.safetensors").exists()
+    run, out = tiny_run(tmp_path / "run"), tmp_path / "hf2"
+    convert_main(["to-hf", str(run), str(out)])
+    run.rename(tmp_path / "moved")
+    convert_main(["to-hf", str(tmp_path / "moved"), str(out), "--force"])
+    tiny_run(run)  # another run where it was
+    capsys.readouterr()
+    code, _, err = run_cli(convert_main, "to-hf", tmp_path / "moved", out, "--force", capsys=capsys)
+    assert_one_line_error(code, err, f"OUT_DIR: {out} holds the HF export of {run}; use another OUT_DIR")
 
 
 def test_a_second_run_on_another_runs_checkpoints_is_refused(runs, tmp_path):

@@ -13,6 +13,7 @@ import pickle
 import re
 import shlex
 import time
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from ..models.flavors import args_from_dict
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named, hf_tokenizer, hub_snapshot, local_assets
 from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RenamedCheckpointError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
-from .owners import RUN_METADATA_FILE, read_owner, run_paths
+from .owners import RUN_ID, RUN_METADATA_FILE, read_owner, run_paths
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read: run.json's readers (compare, table) need none
     import torch
@@ -219,6 +220,7 @@ def save_run_metadata(
     paths = {**(first.get("paths") or {}), **(paths or {})}
     metadata = {
         FORMAT_KEY: FORMAT,
+        RUN_ID: first.get(RUN_ID) or uuid.uuid4().hex,  # its results' owner wherever it is moved (owners.moved_away)
         "model_name": model_name,
         "model_args": fields,
         "tokenizer": tokenizer,

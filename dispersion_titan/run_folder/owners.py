@@ -24,6 +24,9 @@ OWNER_FILE = ".owner.json"
 RUN_RELATIVE = "run_relative"
 """The record's key for its run's folder relative to its own, so a run moved with its folders stays their owner."""
 RUN_METADATA_FILE = "run.json"
+RUN_ID = "run_id"
+"""``run.json``'s key for the run's identity (kept by its relaunches, copies and moves), and the record's for its
+run's: a run moved away from its results is still their owner."""
 TB_KEY = "metrics.save_tb_folder"
 RUN_PATH_KEYS = {
     "checkpoint.folder": ("checkpoint folder", "checkpoint"),
@@ -81,6 +84,23 @@ def results_run(folder: str, recorded: str) -> str:
     them), else ``recorded``, the run the results name."""
     owner = read_owner(folder)
     return owner.run if owner and owner.run else recorded
+
+
+def run_id(run: str | None) -> str | None:
+    """The identity ``run``'s ``run.json`` records (None: no run there, or one from before run ids)."""
+    try:
+        metadata = json.loads(Path(run or "", RUN_METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return metadata.get(RUN_ID) if isinstance(metadata, dict) else None
+
+
+def moved_away(folder: str, owner: FolderOwner) -> bool:
+    """Whether ``owner``'s run is the one ``folder``'s record names, moved away from it (``mv RUN RUN2``): no run where
+    the record says, and the recorded identity ``owner``'s."""
+    record = owner_record(folder) or {}
+    recorded, identity = record.get("run"), record.get(RUN_ID)
+    return identity is not None and identity == run_id(owner.run) and run_id(recorded) is None
 
 
 def owner_record(folder: str) -> dict | None:
@@ -163,7 +183,8 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
         if holder.run is None:
             return "holds checkpoints no run recorded as its own", holder
         return f"is {'the' if holder.run == folder else 'a'} folder of {holder.describe()}", holder
-    if holder.kind != owner.kind or None not in (holder.run, owner.run) and holder.run != owner.run:
+    other_run = None not in (holder.run, owner.run) and holder.run != owner.run and not moved_away(folder, owner)
+    if holder.kind != owner.kind or other_run:
         return f"holds {holder.describe()}", holder
     return None
 
@@ -214,11 +235,13 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
     whole, then linked into place: another rank checking the folder meanwhile never reads it half-written."""
     local = owner.run is not None and os.path.isdir(owner.run)
     relative = {RUN_RELATIVE: os.path.relpath(owner.run, os.path.realpath(folder))} if local else {}
+    identity = run_id(owner.run) if local else None
     record = {
         FORMAT_KEY: FORMAT,
         "kind": owner.kind,
         "run": owner.run,
         **relative,
+        **({RUN_ID: identity} if identity else {}),
         "command": this_command(),
         "since": time.time(),
     }
