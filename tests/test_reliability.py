@@ -518,9 +518,10 @@ def test_a_tensorboard_folder_removed_while_training_is_one_line(tmp_path):
     shutil.rmtree(events.parent)
     proc = job.result()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1] == (
+    assert proc.stderr.strip().splitlines()[-1] == (  # was "the checkpoints saved so far are intact; … to resume"
         f"dispersion_titan: error: metrics.save_tb_folder: TensorBoard could not write {events} (no such file or "
-        "directory); the checkpoints saved so far are intact; fix the folder and relaunch the same command to resume"
+        "directory); checkpointing is off (checkpoint.enable = false), so nothing was saved; fix the folder and "
+        "relaunch the same command to start over"
     ), proc.stderr[-3000:]
 
 
@@ -609,31 +610,38 @@ def test_non_finite_loss_ends_the_same_way_every_time_and_keeps_the_last_good_ch
 
 def test_an_infinite_term_is_caught_at_its_own_step(tmp_path):
     """λ·term beyond float32 (λ = 1e39: finite as a setting) makes step 1's loss -inf: the run
-    stops at step 1, the step TorchTitan logs as -inf, before its update is saved."""
-    dump = tmp_path / "overflow"
-    proc = python_module(
-        "dispersion_titan.train",
-        "--job.config_file",
-        DEBUG_TOML,
-        "--job.dump_folder",
-        str(dump),
-        *DEBUG_SEQ_LEN,
-        "--training.steps",
-        "3",
-        "--checkpoint.interval",
-        "1",
-        "--validation.no-enable",
-        "--dispersion.variant",
-        "angular_spread",
-        "--dispersion.coeff",
-        "1e39",
-    )
-    assert proc.returncode == 3
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "dispersion_titan: error: loss is not finite at step 1; training stopped before saving step 1, "
-        f"earlier checkpoints in {dump / 'checkpoint'} are intact"
-    )
-    assert complete_steps(dump) == [0]
+    stops at step 1, the step TorchTitan logs as -inf, before its update is saved. Without checkpointing the line
+    says that nothing is kept (was "earlier checkpoints are intact", of a run that saves none)."""
+    kept = {
+        "enable": "training stopped before saving step 1, earlier checkpoints in {} are intact",
+        "no-enable": "training stopped at step 1; checkpointing is off (checkpoint.enable = false), so nothing was "
+        "saved: a relaunch starts over",
+    }
+    for enable, says in kept.items():
+        dump = tmp_path / enable
+        proc = python_module(
+            "dispersion_titan.train",
+            "--job.config_file",
+            DEBUG_TOML,
+            "--job.dump_folder",
+            str(dump),
+            *DEBUG_SEQ_LEN,
+            "--training.steps",
+            "3",
+            "--checkpoint.interval",
+            "1",
+            f"--checkpoint.{enable}",
+            "--validation.no-enable",
+            "--dispersion.variant",
+            "angular_spread",
+            "--dispersion.coeff",
+            "1e39",
+        )
+        assert proc.returncode == 3
+        assert proc.stderr.strip().splitlines()[-1] == (
+            f"dispersion_titan: error: loss is not finite at step 1; {says.format(dump / 'checkpoint')}"
+        )
+    assert complete_steps(tmp_path / "enable") == [0] and not (tmp_path / "no-enable" / "checkpoint").exists()
 
 
 # ---------------------------------------------------------------- bad input

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
-from ..utils.errors import OutputError, no_room
+from ..utils.errors import NOTHING_KEPT, OutputError, no_room
 from . import wandb_run
 
 
@@ -51,6 +51,7 @@ class DispersionMetricsProcessor(MetricsProcessor):
         if job_config.metrics.enable_wandb:
             wandb_run.record(job_config.job.dump_folder)
         self.tb_folder = os.path.join(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
+        self.checkpointing = job_config.checkpoint.enable
         self.writer_error: OSError | None = None
         self._excepthook = threading.excepthook
         threading.excepthook = self._writer_failed
@@ -78,10 +79,11 @@ class DispersionMetricsProcessor(MetricsProcessor):
         error.filename = error.filename or self.tb_folder
         if no_room(error):  # the trainer's line: the space, the last good checkpoint
             raise error
+        kept = "the checkpoints saved so far are intact" if self.checkpointing else NOTHING_KEPT
         raise OutputError(  # its folder removed or made read-only while training
             f"metrics.save_tb_folder: TensorBoard could not write {os.fsdecode(error.filename)} "
-            f"({(error.strerror or type(error).__name__).lower()}); the checkpoints saved so far are intact; fix "
-            "the folder and relaunch the same command to resume"
+            f"({(error.strerror or type(error).__name__).lower()}); {kept}; fix the folder and relaunch the same "
+            f"command to {'resume' if self.checkpointing else 'start over'}"
         ) from None
 
     def log(

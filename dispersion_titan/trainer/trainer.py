@@ -34,7 +34,7 @@ from ..run_folder.owners import outside_folders, record_run_folders
 from ..run_folder.settings import fork_parent, fork_record, run_settings, same_documents, start_record
 from ..run_folder.writer_lock import WriterLock
 from ..tokenizer.encoders import encoder_for
-from ..utils.errors import DispersionTitanError, NonFiniteLossError, say
+from ..utils.errors import NOTHING_KEPT, DispersionTitanError, NonFiniteLossError, say
 from ..utils.records import remove_stale_writes
 from .baselines import build_baseline
 from .objective import BlockOutputs, DispersionObjective, mixed_seed
@@ -333,11 +333,14 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             # report, not our line.
             for interrupt in INTERRUPT_SIGNALS:
                 signal.signal(interrupt, signal.SIG_IGN)
-            where = f" in {self.checkpoint_folder}" if self.checkpoint_folder is not None else ""
-            raise NonFiniteLossError(
-                f"loss is not finite at step {NO_BAD_STEP - bad}; training stopped before saving step {self.step}, "
-                f"earlier checkpoints{where} are intact"
-            )
+            if self.checkpoint_folder is None:
+                stopped = f"training stopped at step {self.step}; {NOTHING_KEPT}: a relaunch starts over"
+            else:
+                stopped = (
+                    f"training stopped before saving step {self.step}, earlier checkpoints in {self.checkpoint_folder} "
+                    "are intact"
+                )
+            raise NonFiniteLossError(f"loss is not finite at step {NO_BAD_STEP - bad}; {stopped}")
         if signum:
             self.preemption.stop(self, signum)  # saves this step and exits, unless it is the last one
 

@@ -25,6 +25,8 @@ WRITE_ADVICE = {
     errno.EFBIG: "raise the file size limit (ulimit -f)",
 }
 """A write that failed for want of room, and what to do."""
+NOTHING_KEPT = "checkpointing is off (checkpoint.enable = false), so nothing was saved"
+"""What a run that stops early keeps without checkpoints: its relaunch starts over."""
 NO_TEMP_DIR = "No usable temporary directory found"  # tempfile's error, e.g. torch's import on a full /tmp
 
 
