@@ -88,8 +88,10 @@ def results_run(folder: str, recorded: str) -> str:
 
 def run_id(run: str | None) -> str | None:
     """The identity ``run``'s ``run.json`` records (None: no run there, or one from before run ids)."""
+    if run is None:
+        return None
     try:
-        metadata = json.loads(Path(run or "", RUN_METADATA_FILE).read_text())
+        metadata = json.loads(Path(run, RUN_METADATA_FILE).read_text())
     except (OSError, ValueError):
         return None
     return metadata.get(RUN_ID) if isinstance(metadata, dict) else None
@@ -100,7 +102,8 @@ def moved_away(folder: str, owner: FolderOwner) -> bool:
     the record says, and the recorded identity ``owner``'s."""
     record = owner_record(folder) or {}
     recorded, identity = record.get("run"), record.get(RUN_ID)
-    return identity is not None and identity == run_id(owner.run) and run_id(recorded) is None
+    gone = isinstance(recorded, str) and not os.path.isfile(os.path.join(recorded, RUN_METADATA_FILE))
+    return gone and identity is not None and identity == run_id(owner.run)
 
 
 def owner_record(folder: str) -> dict | None:
