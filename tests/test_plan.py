@@ -378,7 +378,8 @@ def test_gpu_hours_price_validation_or_say_they_leave_it_out():
     row = {k: next(r for r in resource_plan.plan_table(p).splitlines() if "GPU-hours" in r) for k, p in plans.items()}
     assert f"; validation included: 3 validations, {v / 3600:,.3g} h a GPU (a validation batch priced" in row["2"]
     assert "; validation not included (3 validations of the whole held-out split" in row["-1"]
-    assert "GPU-hours of debug: validation not included" in resource_plan.runs_table([unpriced])
+    assert "GPU-hours of debug: validation not included" in resource_plan.runs_table([unpriced, priced])
+    assert "GPU-hours of every run: validation not included" in resource_plan.runs_table([unpriced, unpriced])
 
 
 def test_a_dispersion_term_is_priced_at_its_kernels_measured_rate():
