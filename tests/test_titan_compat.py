@@ -205,6 +205,28 @@ def test_model_converter_names_are_the_registry_the_converters_are_looked_up_in(
     assert {"quantize.linear.float8", "quantize.linear.mx"} <= titan_compat.model_converter_names()
 
 
+def test_wandb_logs_from_passes_over_earlier_steps_for_wandb_only(tmp_path, monkeypatch):
+    """``wandb_logs_from``: ``MetricsProcessor.logger`` a ``LoggerContainer`` whose ``_loggers`` hold the
+    ``WandBLogger``: a resumed W&B run (offline here) gets the steps from ``first`` on, TensorBoard all of them."""
+    from torchtitan.components.metrics import LoggerContainer, TensorBoardLogger, WandBLogger
+    from torchtitan.config import JobConfig
+
+    from support.runs import scalars
+    from support.wandb_files import history
+
+    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "dispersion-test"}.items():
+        monkeypatch.setenv(key, value)
+    loggers = LoggerContainer()
+    loggers.add_logger(TensorBoardLogger(str(tmp_path / "tb" / "events")))
+    loggers.add_logger(WandBLogger(str(tmp_path), JobConfig()))
+    titan_compat.wandb_logs_from(loggers, 3)
+    for step in (1, 2, 3, 4):
+        loggers.log({"loss": float(step)}, step)
+    loggers.close()
+    assert history(tmp_path) == {"loss": {3: 3.0, 4: 4.0}}
+    assert scalars(tmp_path) == {"loss": {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}}
+
+
 def test_checkpoint_folder_of_a_disabled_checkpointer_is_none():
     class Disabled:
         enable = False

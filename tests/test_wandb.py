@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from dispersion_titan.components.wandb_run import WANDB_RUN_FILE, record
+from dispersion_titan.components.wandb_run import USER_NAMED, WANDB_RUN_FILE, continue_recorded, record
 from dispersion_titan.evaluate import main as evaluate_main
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
@@ -24,26 +25,28 @@ OFFLINE = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "di
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """Two steps with W&B, checkpoints at steps 0 and 2."""
+    """Two steps with W&B in two launches, the second resuming the first's step 1: checkpoints at steps 0, 1, 2."""
     dump = tmp_path_factory.mktemp("wandb") / "run"
-    torchrun(
-        dump,
-        1,
-        "--training.steps",
-        "2",
-        "--validation.freq",
-        "2",
-        "--validation.steps",
-        "1",
-        "--dispersion.variant",
-        "angular_spread",
-        "--dispersion.coeff",
-        "0.3",
-        "--dispersion.max_tokens",
-        "64",
-        "--metrics.enable_wandb",
-        env=OFFLINE,
-    )
+    for steps in ("1", "2"):
+        torchrun(
+            dump,
+            1,
+            "--training.steps",
+            steps,
+            "--checkpoint.no-last-save-model-only",  # step 1 full, for the relaunch to resume
+            "--validation.freq",
+            "2",
+            "--validation.steps",
+            "1",
+            "--dispersion.variant",
+            "angular_spread",
+            "--dispersion.coeff",
+            "0.3",
+            "--dispersion.max_tokens",
+            "64",
+            "--metrics.enable_wandb",
+            env=OFFLINE,
+        )
     return dump
 
 
@@ -60,7 +63,27 @@ def test_wandb_gets_every_scalar_tensorboard_gets(trained):
     for tag, by_step in board.items():
         assert wandb[tag] == pytest.approx(by_step, rel=1e-6), tag  # TensorBoard keeps float32
     recorded = json.loads((trained / WANDB_RUN_FILE).read_text())
-    assert [recorded["id"]] == run_ids(trained) and recorded["project"] == "dispersion-test"
+    # the relaunch continued the first launch's W&B run: two offline folders of one id, which wandb sync uploads in
+    # order as one run (was: two W&B runs, the curve split)
+    assert run_ids(trained) == [recorded["id"]] * 2 and recorded["project"] == "dispersion-test"
+
+
+def test_only_the_run_folder_itself_continues_its_wandb_run(trained, tmp_path, monkeypatch):
+    """A relaunch of a copy (``cp -a RUN COPY``) starts a W&B run of its own (was: logged into the original's, as
+    ``wandb_run.json`` names it); a W&B run the user names (``WANDB_RUN_ID``) wins over the recorded one."""
+    for name in (*USER_NAMED, "WANDB_RESUME"):
+        monkeypatch.setenv(name, "")  # restored as it was after the test: continue_recorded sets them
+        monkeypatch.delenv(name)
+    copy = tmp_path / "copy"
+    shutil.copytree(trained, copy, symlinks=True)
+    continue_recorded(str(copy))
+    assert "WANDB_RUN_ID" not in os.environ and "WANDB_RESUME" not in os.environ
+    continue_recorded(str(trained))
+    recorded = json.loads((trained / WANDB_RUN_FILE).read_text())["id"]
+    assert (os.environ["WANDB_RUN_ID"], os.environ["WANDB_RESUME"]) == (recorded, "allow")
+    monkeypatch.setenv("WANDB_RUN_ID", "theirs")
+    continue_recorded(str(trained))
+    assert os.environ["WANDB_RUN_ID"] == "theirs"
 
 
 def test_analyze_logs_histograms_table_and_figures_to_the_training_run(trained, tmp_path, monkeypatch, capsys):
@@ -74,7 +97,7 @@ def test_analyze_logs_histograms_table_and_figures_to_the_training_run(trained, 
     analysis = trained / "condensation"
     rows = [(folder, items) for folder, _, items in logged(trained) if "checkpoint_step" in items]
     by_step = {items["checkpoint_step"]: items for _, items in rows}
-    assert sorted(by_step) == [0, 2]
+    assert sorted(by_step) == [0, 1, 2]
     board = scalars(trained)
     for step, items in by_step.items():
         result = json.loads((analysis / f"step-{step}" / "condensation.json").read_text())
@@ -157,7 +180,7 @@ def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run
         for _, _, items in logged(trained)
         if "checkpoint_step" in items and any(k.startswith("evaluation/") for k in items)
     }
-    assert sorted(by_step) == sorted(int(row["step"]) for row in summary) == [0, 2]
+    assert sorted(by_step) == sorted(int(row["step"]) for row in summary) == [0, 1, 2]
     for row in summary:  # the scores unrounded, as results.json has them (was: summary.csv's 6 digits read back)
         scores = json.loads((trained / "evaluation" / f"step-{row['step']}" / "results.json").read_text())["results"]
         accuracy, perplexity = scores["wiki_next_word"]["acc,none"], scores["wiki_text"]["word_perplexity,none"]

@@ -16,7 +16,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools.logging import logger
 
 from ..utils.errors import NOTHING_KEPT, OutputError, no_room
-from . import wandb_run
+from . import titan_compat, wandb_run
 
 
 class StepMetrics:
@@ -50,6 +50,8 @@ class DispersionMetricsProcessor(MetricsProcessor):
         self.step_metrics = StepMetrics(t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * ranks)
         if job_config.metrics.enable_wandb:
             wandb_run.record(job_config.job.dump_folder)
+            # a resume from a checkpoint older than the W&B run's last step logs those steps again, the same values
+            titan_compat.wandb_logs_from(self.logger, wandb_run.next_step())
         self.tb_folder = os.path.join(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
         self.checkpointing = job_config.checkpoint.enable
         self.writer_error: OSError | None = None

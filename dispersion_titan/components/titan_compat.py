@@ -193,6 +193,17 @@ def init_validator(validator: Any, **fields: Any) -> None:
         setattr(validator, name, value)
 
 
+def wandb_logs_from(metric_logger: Any, first: int) -> None:
+    """TorchTitan's W&B logger within ``metric_logger`` (``MetricsProcessor.logger``: a ``LoggerContainer``, its
+    loggers in ``_loggers``) passes over steps below ``first``; TensorBoard's beside it still logs them."""
+    from torchtitan.components.metrics import LoggerContainer, WandBLogger
+
+    for each in metric_logger._loggers if isinstance(metric_logger, LoggerContainer) else ():
+        if isinstance(each, WandBLogger):
+            log = each.log
+            each.log = lambda metrics, step: None if step < first else log(metrics, step)
+
+
 def model_converter_names() -> set[str]:
     """The names ``model.converters`` may hold: the keys of the private registry
     ``ModelConvertersContainer`` looks each up in."""

@@ -1,5 +1,5 @@
-"""A training run's W&B run, named in its run folder (``WANDB_RUN_FILE``), so that ``analyze`` and
-``evaluate --wandb`` log to the same run."""
+"""A training run's W&B run, named in its run folder (``WANDB_RUN_FILE``), so that a relaunch resuming it,
+``analyze`` and ``evaluate --wandb`` log to the same run."""
 
 from __future__ import annotations
 
@@ -14,6 +14,24 @@ from ..utils.errors import ArgumentError
 from ..utils.records import atomic_write
 
 WANDB_RUN_FILE = "wandb_run.json"  # in the dump folder: the W&B run of the latest launch
+USER_NAMED = ("WANDB_RUN_ID", "WANDB_RESUME_FROM", "WANDB_FORK_FROM")  # the W&B run the user chose for TorchTitan's
+
+
+def continue_recorded(dump_folder: str) -> None:
+    """Before TorchTitan's ``wandb.init``, for a launch resuming this run folder's checkpoints: the W&B run its
+    ``WANDB_RUN_FILE`` names, resumed (``WANDB_RUN_ID``, ``WANDB_RESUME=allow``), one W&B run however often Slurm
+    requeues it. Not where the user named one (``USER_NAMED``), nor in a copy or a moved folder, whose recorded
+    ``run_folder`` is another path: the copy logs to a W&B run of its own, not into the original's."""
+    if any(os.environ.get(name) for name in USER_NAMED):
+        return
+    try:
+        with open(os.path.join(dump_folder, WANDB_RUN_FILE)) as f:
+            named = json.load(f)
+    except (OSError, ValueError):  # none, or unreadable: a new W&B run, as before
+        return
+    if isinstance(named, dict) and named.get("run_folder") == os.path.realpath(dump_folder):
+        os.environ["WANDB_RUN_ID"] = named["id"]
+        os.environ.setdefault("WANDB_RESUME", "allow")
 
 
 def record(dump_folder: str) -> None:
@@ -27,7 +45,16 @@ def record(dump_folder: str) -> None:
     root, dump = os.path.abspath(run.settings.root_dir), os.path.abspath(dump_folder)
     where = os.path.relpath(root, dump) if os.path.commonpath([root, dump]) == dump else root
     named = {"id": run.id, "project": run.project, "entity": run.entity, "dir": where}
+    named["run_folder"] = os.path.realpath(dump_folder)  # the folder whose relaunch continues it, not a copy's
     atomic_write(os.path.join(dump_folder, WANDB_RUN_FILE), lambda f: json.dump(named, f))
+
+
+def next_step() -> int:
+    """The first step the W&B run of this process keeps: a resumed run's next, past the steps it logged (W&B drops
+    earlier ones, a warning each); 0 for a new one, or offline, where W&B knows no earlier launch's steps."""
+    wandb = sys.modules.get("wandb")
+    run = None if wandb is None else wandb.run
+    return 0 if run is None or run.disabled else run.starting_step
 
 
 def recorded(dump_folder: str) -> dict[str, Any]:

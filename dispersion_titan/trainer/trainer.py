@@ -22,7 +22,7 @@ from torch.profiler import record_function
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import init_logger, logger
 
-from ..components import titan_compat
+from ..components import titan_compat, wandb_run
 from ..config.schema import Dispersion
 from ..data.packed import run_seed
 from ..job_config.titan_checks import run_folders
@@ -151,6 +151,9 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             remove_stale_writes(dump)  # run.json's or .owner.json's temporary file of a launch killed writing it
             atexit.register(self.writer_lock.release)
             record_run_folders(dump, {k: v for k, v in folders.items() if k != CHECKPOINT_KEY})
+        resumes = CHECKPOINT_KEY in folders and complete_checkpoints(folders[CHECKPOINT_KEY])
+        if job_config.metrics.enable_wandb and resumes:  # its W&B run too (not a fork's first launch, nor a new run)
+            wandb_run.continue_recorded(dump)
         fp32 = job_config.training.mixed_precision_param == "float32"
         for message in _LIBRARY_NOISE:
             warnings.filterwarnings("ignore", message)
