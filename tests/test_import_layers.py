@@ -291,7 +291,7 @@ def test_function_local_imports_are_few_and_each_says_why():
     and a comment says what. 76 such imports were 19 when this was written."""
     found = local_imports(PACKAGE)
     assert [f"{path.relative_to(PACKAGE)}:{line}" for path, line, said in found if not said] == []
-    assert 0 < len(found) <= 24
+    assert 0 < len(found) <= 25
 
 
 def test_the_reason_check_catches_a_silent_local_import(tmp_path):

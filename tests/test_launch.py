@@ -149,6 +149,12 @@ def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path, mon
     assert "(kill -9, or the OOM killer); if out of memory, lower" in launcher.killed_message(0, oom=False)
     monkeypatch.setattr(launcher, "oom_kills", lambda: 3)  # the cgroup's count of OOM kills went up during the run
     assert launcher.ending(ChildFailedError("rank", oom), kills=2) == (137, launcher.killed_message(0, oom=True))
+    # what the job leaves, from its ranks' config: nothing without checkpointing, no checkpoint yet, or the last one
+    run = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(tmp_path / "run")]
+    off = launcher.ending(ChildFailedError("rank", oom), train_args=[*run, "--checkpoint.no-enable"])[1]
+    assert off.endswith("(checkpoint.enable = false), so nothing was saved: a relaunch starts over")
+    unsaved = launcher.ending(ChildFailedError("rank", failures), train_args=run)[1]
+    assert unsaved.endswith("; no checkpoint was complete yet: a relaunch starts over")
 
 
 def two_ranks(tmp_path: Path, code: str, *options: str) -> subprocess.CompletedProcess:

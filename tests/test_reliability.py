@@ -190,9 +190,10 @@ def test_sigkilled_rank_resumes_from_last_complete_checkpoint_bit_for_bit(refere
     dump = tmp_path / "crashed"
     killed, _ = launch_and_signal(dump, 4, signal.SIGKILL, lambda d: worker_pid(d, 1))
     # The launcher says it in one line, out of memory only where the kernel shows an OOM kill (here a kill -9).
-    assert killed.returncode == 137 and last_line(killed) == killed_message(1, oom=False)
-    assert "Traceback" not in output(killed)
     resume_from = max(complete_steps(dump))
+    stands = f"checkpoint step-{resume_from} stands: relaunch the same command to resume from it"
+    assert killed.returncode == 137 and last_line(killed) == killed_message(1, oom=False, stands=stands)
+    assert "Traceback" not in output(killed)
     assert 4 <= resume_from < STEPS  # killed mid-run
     kept = {step: digests(dump / "checkpoint" / f"step-{step}") for step in complete_steps(dump)}
 

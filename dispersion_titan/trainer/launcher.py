@@ -21,14 +21,20 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from ..config.cli import load_toml, with_config_module
+from ..run_folder.checkpoints import last_complete_step
 from ..utils.errors import (
     INTERRUPT_SIGNALS,
+    NOTHING_KEPT,
     PREEMPTED_EXIT_CODE,
     CheckpointSaveError,
     DispersionTitanError,
     NonFiniteLossError,
     interrupted_exit_code,
 )
+
+RESUMES = "the last complete checkpoint stands: relaunch the same command to resume"
+"""What a killed job keeps where its config cannot be read again (``what_stands``)."""
 
 SAID_BY_THE_RANKS = {
     PREEMPTED_EXIT_CODE,
@@ -60,13 +66,32 @@ def _quiet_forwarding(record: logging.LogRecord) -> bool:
     return not said and not any(text in record.getMessage() for text in FORWARDING_NOISE)
 
 
-def killed_message(rank: int, oom: bool) -> str:
-    """``oom``: the kernel shows an OOM kill (``oom_killed``); else a SIGKILL from anyone, the OOM killer among them."""
+def what_stands(train_args: list[str]) -> str:
+    """What a killed job leaves, from its ranks' own config (``train_args``, parsed as they parsed it): its last
+    complete checkpoint, none yet, or none ever (checkpointing off)."""
+    from ..job_config import parse  # TorchTitan's import (3 s): at a killed job's end only, not every launch's start
+
+    try:
+        parse.setup_torchtitan()
+        toml = load_toml(train_args)
+        config = parse.parse_job_config(with_config_module(train_args, toml), toml)
+    except Exception:  # noqa: BLE001 - a config the ranks took but this cannot read: say the usual
+        return RESUMES
+    if not config.checkpoint.enable:
+        return f"{NOTHING_KEPT}: a relaunch starts over"
+    step = last_complete_step(os.path.join(config.job.dump_folder, config.checkpoint.folder))
+    if step is None:
+        return "no checkpoint was complete yet: a relaunch starts over"
+    return f"checkpoint step-{step} stands: relaunch the same command to resume from it"
+
+
+def killed_message(rank: int, oom: bool, stands: str = RESUMES) -> str:
+    """``oom``: the kernel shows an OOM kill (``oom_killed``); else a SIGKILL from anyone, the OOM killer among them;
+    ``stands``: what the job leaves (``what_stands``)."""
     why = ": out of memory (the kernel's OOM killer); " if oom else " (kill -9, or the OOM killer); if out of memory, "
     return (
         f"dispersion_titan: error: rank {rank} was killed by SIGKILL{why}lower training.local_batch_size (or "
-        "training.max_local_batch_size), or use more processes; the last complete checkpoint stands: relaunch the "
-        "same command to resume"
+        f"training.max_local_batch_size), or use more processes; {stands}"
     )
 
 
@@ -103,14 +128,13 @@ def oom_killed(pid: int, kills_before: int | None) -> bool:
     return re.search(rf"Killed process {pid}\b", log) is not None
 
 
-def unstopped_message(rank: int, first: int, exitcode: int, said: str | None = None) -> str:
-    """``said``: the line rank ``first`` said where the console did not show it."""
+def unstopped_message(rank: int, first: int, exitcode: int, said: str | None = None, stands: str = RESUMES) -> str:
+    """``said``: the line rank ``first`` said where the console did not show it; ``stands``: ``what_stands``."""
     why = f"; it said: {said.removeprefix('dispersion_titan: ')}" if said else "; LOG_RANK= shows every rank's output"
     return (
         f"dispersion_titan: error: rank {rank} did not stop within torchrun's shutdown timeout after SIGTERM and "
         f"was killed; torchrun stopped the job because rank {first} failed (exit status "
-        f"{exitcode if exitcode >= 0 else 128 - exitcode}){why}; the last complete checkpoint stands: relaunch the "
-        "same command to resume"
+        f"{exitcode if exitcode >= 0 else 128 - exitcode}){why}; {stands}"
     )
 
 
@@ -126,11 +150,15 @@ def _said(log_dir: str, local_rank: int) -> str | None:
 
 
 def ending(
-    error: ChildFailedError, log_dir: str | None = None, shown: set[int] | None = None, kills: int | None = None
+    error: ChildFailedError,
+    log_dir: str | None = None,
+    shown: set[int] | None = None,
+    kills: int | None = None,
+    train_args: list[str] | None = None,
 ) -> tuple[int, str | None]:
     """(exit status, the line to print or None) for a job whose ranks failed; the line of a rank that failed first
     is repeated from torchrun's ``log_dir`` where the console did not show it (``shown``: its local ranks); ``kills``:
-    ``oom_kills`` at the launch."""
+    ``oom_kills`` at the launch; ``train_args``: the ranks' arguments, for what a killed job leaves."""
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
 
     def unseen(local_rank: int) -> str | None:
@@ -139,11 +167,13 @@ def ending(
 
     killed = [(rank, f.pid) for rank, f in failures if f.exitcode == -signal.SIGKILL and f.pid not in _unstopped]
     if killed:
-        return 128 + signal.SIGKILL, killed_message(killed[0][0], oom_killed(killed[0][1], kills))
+        stands = RESUMES if train_args is None else what_stands(train_args)
+        return 128 + signal.SIGKILL, killed_message(killed[0][0], oom_killed(killed[0][1], kills), stands)
     unstopped = [rank for rank, failure in failures if failure.pid in _unstopped]
     if unstopped:
         first, failure = next((rank, f) for rank, f in failures if f.pid not in _unstopped)
-        return 1, unstopped_message(unstopped[0], first, failure.exitcode, unseen(failure.local_rank))
+        stands = RESUMES if train_args is None else what_stands(train_args)
+        return 1, unstopped_message(unstopped[0], first, failure.exitcode, unseen(failure.local_rank), stands)
     said_why = [(rank, f) for rank, f in failures if f.exitcode in SAID_BY_THE_RANKS]
     # torchrun SIGTERMs the others once one fails: a rank that dies of it (not started yet, or in its interpreter's
     # shutdown, which puts the default handlers back) only echoes that failure, as one that exits 1 since, its peer
@@ -176,7 +206,7 @@ def run(argv: list[str]) -> int:
         return interrupted_exit_code(int(e.sigval))  # forwarded to the ranks, which saved and said so
     except ChildFailedError as e:
         shown = set(map(int, args.local_ranks_filter.split(","))) if args.local_ranks_filter else None
-        status, line = ending(e, args.log_dir, shown, kills)
+        status, line = ending(e, args.log_dir, shown, kills, args.training_script_args)
         if line is not None:
             print(line, file=sys.stderr, flush=True)
         return status
