@@ -1368,6 +1368,13 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
         f"{copy}: the same settings and seed as {runs[0]} (named twice, a copy or a rerun), not another seed",
     )
     assert not out.exists() and tree(copy) == tree(Path(runs[0]))
+    write_evaluation(tmp_path / "gone", 3, {"t_a": {"acc,none": 0.5}}, {"tasks": ["t_a"]})
+    shutil.move(tmp_path / "gone" / "evaluation", tmp_path / "kept")  # an evaluation --out elsewhere, its run since
+    shutil.rmtree(tmp_path / "gone")  # removed (was: 'GONE/run.json: missing; it is written by … train at start')
+    assert_one_line_error(
+        *evaluate("table", *runs, str(tmp_path / "kept"), "--out", out, capsys=capsys)[::2],
+        f"{tmp_path / 'kept'}: the evaluation of {tmp_path / 'gone'}, which is gone",
+    )
     assert_one_line_error(*evaluate("table", str(tmp_path), "--out", out, capsys=capsys)[::2], "no evaluations")
     assert_one_line_error(
         *evaluate("table", str(tmp_path / "absent"), "--out", out, capsys=capsys)[::2],

@@ -20,7 +20,7 @@ from scipy import stats
 from ..config.grid import Arm
 from ..run_folder.checkpoints import LEDGER_KEYS, complete_checkpoints, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
-from ..run_folder.owners import FolderOwner, results_run, rewritten, run_paths
+from ..run_folder.owners import RUN_ID, FolderOwner, results_run, rewritten, run_paths
 from ..run_folder.settings import from_scratch, trajectory_settings
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
@@ -121,6 +121,11 @@ class Evaluated:
 
     @cached_property
     def metadata(self) -> dict:
+        if not os.path.isdir(self.dump):  # an evaluation --out elsewhere outlives its run
+            raise EvaluationError(
+                f"{self.run}: the evaluation of {self.dump}, which is gone; the table reads the run's arm, seed and "
+                f"steps from its run.json: put the run back there, or leave {self.run} out"
+            )
         return load_run_metadata(self.dump)
 
 
@@ -247,11 +252,12 @@ RECORDED_APART = (
 
 
 def _run_config(metadata: dict) -> dict:
-    """What defines a configuration: the run's run.json but the seed and its launch record, and the settings that
-    fix what it computes (its learning rate, data, ...: runs of other ones are no seeds of one arm)."""
+    """What defines a configuration: the run's run.json but the seed, its identity and place (``run_id``, its
+    outside folders' ``paths``: each run its own) and its launch record, and the settings that fix what it
+    computes (its learning rate, data, ...: runs of other ones are no seeds of one arm)."""
     settings = trajectory_settings(metadata.get("settings") or {})
     return {
-        **{key: value for key, value in metadata.items() if key not in ("seed", *LEDGER_KEYS)},
+        **{key: value for key, value in metadata.items() if key not in ("seed", RUN_ID, "paths", *LEDGER_KEYS)},
         "settings": {key: value for key, value in settings.items() if not key.startswith(RECORDED_APART)},
     }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dispersion_titan.run_folder.owners import FolderOwner, write_record
+from dispersion_titan.run_folder.owners import RUN_ID, FolderOwner, write_record
 from support.launch import REPO
 
 LM_EVAL_TASKS = REPO / "tests" / "lm_eval_tasks"
@@ -53,14 +53,22 @@ def evaluated_arms(run: Path, root: Path, start: dict | None = None) -> list[str
 
 def seeded_copies(run: Path, root: Path, arms: dict[str, dict], seeds: tuple[int, ...]) -> dict[str, Path]:
     """Copies of a trained run's ``run.json`` (its ``started_from`` record kept), one per arm and seed:
-    ``arms`` maps a name to the ``dispersion`` entries it changes. Name -> folder (``ARM_sSEED``)."""
+    ``arms`` maps a name to the ``dispersion`` entries it changes; each its own ``run_id``, as each run has, and
+    its own TensorBoard folder outside it (``paths``), as a sweep may put them.
+    Name -> folder (``ARM_sSEED``)."""
     metadata = json.loads((run / "run.json").read_text())
     copies = {}
     for arm, dispersion in arms.items():
         for seed in seeds:
             dump = root / f"{arm}_s{seed}"
             dump.mkdir(parents=True)
-            copy = {**metadata, "seed": seed, "dispersion": {**(metadata["dispersion"] or {}), **dispersion}}
+            copy = {
+                **metadata,
+                RUN_ID: dump.name,
+                "paths": {"metrics.save_tb_folder": f"../tb/{dump.name}"},
+                "seed": seed,
+                "dispersion": {**(metadata["dispersion"] or {}), **dispersion},
+            }
             (dump / "run.json").write_text(json.dumps(copy))
             copies[dump.name] = dump
     return copies
