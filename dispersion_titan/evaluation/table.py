@@ -485,7 +485,12 @@ def table_markdown(
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+    """A Markdown table; a ``|`` in a cell (an arm's name) escaped, not a column of its own."""
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(cell.replace("|", r"\|") for cell in cells) + " |"
+
+    return [line(header), "|" + "---|" * len(header), *map(line, rows)]
 
 
 def csv_rows(rows: list[ArmRow], reference: str, test: str, pretrained: ArmRow | None) -> list[dict]:

@@ -402,9 +402,19 @@ def _cells(row: ArmRow) -> list[str]:
     ]
 
 
+TEX_ESCAPES = {
+    **{c: f"\\{c}" for c in "&%$#_{}"},
+    "\\": r"\textbackslash{}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "|": r"\textbar{}",
+}
+"""LaTeX's special characters in text (an arm named ``disp#2``) as they print."""
+
+
 def latex(columns: list[str], rows: list[ArmRow], reference: str, pretrained: ArmRow | None) -> str:
     def esc(text: str) -> str:
-        return text.replace("\\", r"\textbackslash{}").replace("_", r"\_").replace("%", r"\%").replace("&", r"\&")
+        return re.sub(r"[\\&%$#_{}~^|]", lambda special: TEX_ESCAPES[special[0]], text)
 
     header = ["arm", "seeds", *columns, "average", f"p vs {reference}"]
     lines = [
