@@ -1349,7 +1349,8 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
             f"{option[0]}: chooses among the steps of --select best, and --select is last; drop it",
         )
     assert_one_line_error(*evaluate("table", "--out", out, capsys=capsys)[::2], "RUN: no runs to tabulate")
-    for spec in (f"={runs[0]}", f"a={runs[0]},,{runs[1]}"):  # the second was ": no such folder", of ""
+    # the second was an arm named ' ' (a row without a label), the third ': no such folder', of ""
+    for spec in (f"={runs[0]}", f" ={runs[0]}", f"a={runs[0]},,{runs[1]}"):
         assert_one_line_error(
             *evaluate("table", spec, "--out", out, capsys=capsys)[::2],
             f"{spec!r}: give [ARM=]RUN1,RUN2,..., a name before = and no empty run",

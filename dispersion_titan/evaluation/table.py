@@ -279,7 +279,7 @@ def _auto_labels(groups: list[list[Evaluated]]) -> list[str]:
 def arm_runs(spec: str) -> tuple[str, list[str]]:
     """``[ARM=]RUN1,RUN2,...``: the arm's name ("": its runs grouped by configuration) and its runs."""
     name, _, runs = spec.partition("=") if "=" in spec else ("", "", spec)
-    if "=" in spec and not name or "" in runs.split(","):
+    if "=" in spec and not name.strip() or "" in runs.split(","):  # a blank name: a row without a label
         raise EvaluationError(f"{spec!r}: give [ARM=]RUN1,RUN2,..., a name before = and no empty run")
     return name, runs.split(",")
 
