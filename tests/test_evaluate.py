@@ -486,8 +486,11 @@ def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path
     shutil.copytree(evaluated, resumed)
     (resumed / "step-2" / "results.json").unlink()
     (resumed / "step-2" / ".results.json.123.tmp").write_text('{"resu')
-    code, out, _ = evaluate(run, "--include-path", TASKS, *OPTS, "--out", resumed, capsys=capsys)
-    assert code == 0 and "step 2 [1/2] wiki_next_word: acc" in out and "step 0 [" not in out
+    # Its tasks named in another order: the same settings, the same scores (was refused as other settings).
+    reordered = ("--tasks", ",".join(reversed(LOCAL_TASKS.split(","))))
+    code, out, err = evaluate(run, "--include-path", TASKS, *OPTS, *reordered, "--out", resumed, capsys=capsys)
+    assert code == 0 and "step 2 [2/2] wiki_next_word: acc" in out and "step 0 [" not in out, err
+    assert "other settings" not in err
     again, first = read_json(resumed / "step-2" / "results.json"), read_json(evaluated / "step-2" / "results.json")
     assert again["results"] == first["results"]
 
@@ -1079,8 +1082,9 @@ def test_runs_of_another_learning_rate_are_another_arm(run, tmp_path, capsys):
     (copies["base_s3"] / "run.json").write_text(
         json.dumps({**other, "settings": {**other["settings"], "optimizer.lr": 3e-4}})
     )
-    for seed, dump in enumerate(copies.values(), start=1):
-        write_evaluation(dump, 2, {"t": {"acc,none": seed / 10}}, {"tasks": ["t"]})
+    for seed, dump in enumerate(copies.values(), start=1):  # tasks named in another order: the same settings
+        tasks = ["t", "u"] if seed % 2 else ["u", "t"]
+        write_evaluation(dump, 2, {"t": {"acc,none": seed / 10}, "u": {"acc,none": 0.5}}, {"tasks": tasks})
     code, _, err = evaluate("table", *copies.values(), "--select", "last", "--out", tmp_path / "t", capsys=capsys)
     rows = read_csv(tmp_path / "t" / "table.csv")
     assert code == 0 and {arm: row["seeds"] for arm, row in rows.items()} == {"lr=0.001": "2", "lr=0.0003": "1"}, err

@@ -119,7 +119,7 @@ class RunEvaluation:
             self.out,
             {f"step-{c.step}": c.path for c in self.selected},
             {f"step-{step}": result for step, result in found.items()},
-            lambda result: differences(settings(result), self.settings),
+            lambda result: differences(comparable(settings(result)), comparable(self.settings)),
             lambda path, result: source_changed(result[OURS], path),
             "evaluated",
         )
@@ -165,7 +165,8 @@ class RunEvaluation:
                 flush=True,
             )
         results = read_evaluations(self.out)  # summary.csv over every step evaluated here, whatever its settings
-        other = sorted(step for step, result in results.items() if settings(result) != self.settings)
+        ours = comparable(self.settings)
+        other = sorted(step for step, result in results.items() if comparable(settings(result)) != ours)
         if other:
             say(
                 f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
@@ -305,6 +306,11 @@ def read_evaluations(out: str) -> dict[int, dict]:
 
 def settings(result: dict) -> dict:
     return result[OURS]["settings"]
+
+
+def comparable(settings: dict) -> dict:
+    """``settings`` as two evaluations compare them: the tasks in any order (each scored on its own, alike)."""
+    return {**settings, "tasks": sorted(settings["tasks"])}
 
 
 def result_scores(result: dict) -> dict[str, float]:

@@ -26,7 +26,7 @@ from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
 from ..utils.records import differences, flatten
 from .protocol import BEST_STEP, TESTS, is_accuracy, mean_accuracy
-from .runner import OURS, RESULT_FILE, read_evaluations, result_scores, settings, source_changed
+from .runner import OURS, RESULT_FILE, comparable, read_evaluations, result_scores, settings, source_changed
 
 plt = headless_pyplot()
 
@@ -137,7 +137,7 @@ def evaluated(run: str) -> Evaluated:
 
 def _check_alike(labelled: list[tuple[str, dict]], remedy: str) -> None:
     """Refuse to weigh against each other results of other settings; ``labelled``: (what it is, its settings)."""
-    (first, alike), *others = labelled
+    (first, alike), *others = [(label, comparable(settings)) for label, settings in labelled]
     for other, theirs in others:
         if theirs != alike:
             raise EvaluationError(
