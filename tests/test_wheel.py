@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.models.gpt2.args import gpt2_flavors
-from support.launch import DEBUG_TOML, REPO
+from support.launch import REPO
 from support.runs import digests, tiny_run
 
 pytestmark = pytest.mark.slow
@@ -111,40 +111,12 @@ def job_python(script: str) -> str:
     return shlex.split(line, comments=True)[1].removeprefix("PYTHON=")
 
 
-def test_the_installed_console_script_plans_a_sweep_and_paper_jobs_with_its_own_scripts(venv, tmp_path):
+def test_the_installed_console_script_plans_paper_jobs_with_its_own_scripts(venv, tmp_path):
     package = package_dir(venv, tmp_path)
     assert package.is_relative_to(venv) and not package.is_relative_to(REPO), package
     command = venv / "bin" / "dispersion-titan"  # pip writes it from the wheel's entry point
     assert command.read_text().startswith(f"#!{venv / 'bin' / 'python'}\n")
     slurm = package / "launch_scripts" / "slurm"
-
-    config = tmp_path / "debug.toml"
-    shutil.copy(DEBUG_TOML, config)
-    sweep = run(
-        [
-            command,
-            "sweep",
-            "--config",
-            config,
-            "--out",
-            tmp_path / "sweep",
-            "--widths",
-            "64",
-            "--variants",
-            "baseline",
-            "--seeds",
-            "0",
-            "--dry-run",
-        ],
-        cwd=tmp_path,
-        env=installed_env(),
-    )
-    assert sweep.returncode == 0, sweep.stderr
-    assert job_python(sweep.stdout) == str(venv / "bin" / "python")
-    scripts = sbatch_scripts(sweep.stdout)
-    assert len(scripts) == 5  # train, analyze, evaluate, compare, table
-    assert {s.name for s in scripts} == {"train.sbatch", "analyze.sbatch", "evaluate.sbatch"}
-    assert all(s.parent == slurm and s.is_file() for s in scripts), scripts
 
     runs = [
         tiny_run(tmp_path / f"mlp{w}", steps=(0, 5), args=dataclasses.replace(gpt2_flavors["debug"], mlp_hidden_dim=w))
@@ -181,8 +153,16 @@ def test_init_writes_the_shipped_configs_which_check_and_plan_without_a_clone(ve
     assert written == {**repo, **example} and len(repo) > 20 and len(example) == 1
     checked = run([command, "train", "--job.config_file", "train_configs/debug.toml", "--check-only"], cwd=cfg, env=env)
     assert checked.returncode == 0, checked.stderr
-    planned = run([command, "sweep", "launch/sweep_example.toml", "--dry-run"], cwd=cfg, env=env)
+    # The example's one cell (test_doc_claims.py plans all of it): every sbatch script it names is the installed
+    # package's own, run by the installed interpreter.
+    one_cell = ["--widths", "64", "--variants", "baseline", "--seeds", "0", "--dry-run"]
+    planned = run([command, "sweep", "launch/sweep_example.toml", *one_cell], cwd=cfg, env=env)
     assert planned.returncode == 0 and job_python(planned.stdout) == str(venv / "bin" / "python"), planned.stderr
+    scripts = sbatch_scripts(planned.stdout)
+    assert len(scripts) == 5  # train, analyze, evaluate, compare, table
+    assert {s.name for s in scripts} == {"train.sbatch", "analyze.sbatch", "evaluate.sbatch"}
+    slurm = package_dir(venv, tmp_path) / "launch_scripts" / "slurm"
+    assert all(s.parent == slurm and s.is_file() for s in scripts), scripts
     # Again into its own folder: nothing overwritten, a user's edit kept.
     (cfg / "train_configs" / "debug.toml").write_text("# mine\n")
     again = run([command, "init", cfg], cwd=tmp_path, env=env)
