@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import datasets
@@ -13,6 +13,7 @@ import pytest
 from filelock import FileLock
 
 from dispersion_titan.data.packed import CACHE_ENV
+from support.forked_python import forking_python
 from support.jobs import CPU_LOG, cpu_seconds, log_cpu
 from support.launch import REFERENCE_STEPS, SCHEDULE, torchrun
 
@@ -89,6 +90,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def script_python(tmp_path) -> Iterator[Path]:
+    """A ``python`` for a shell script under test whose steps fork from the job server
+    (``support.forked_python``): for tests of a script's plumbing, not of a fresh start."""
+    with forking_python(tmp_path) as python:
+        yield python
 
 
 @pytest.fixture

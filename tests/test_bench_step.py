@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
@@ -22,7 +21,6 @@ import pytest
 from torchtitan.tools.utils import get_peak_flops
 
 from dispersion_titan.models.gpt2.args import flops_per_token, gpt2_flavors
-from support.forked_python import forking_python
 from support.launch import DEBUG_TOML, REPO
 
 SMALL_STEP = ["--training.global_batch_size", "4", "--training.seq_len", "64"]
@@ -190,14 +188,7 @@ if sys.argv and sys.argv[0].endswith("train_step.py"):  # planted failures, in b
 """
 
 
-@pytest.fixture
-def python(tmp_path) -> Iterator[Path]:
-    """The scripts' python: each step forked from the job server (their plumbing is under test, not a fresh start)."""
-    with forking_python(tmp_path) as python:
-        yield python
-
-
-def test_gpu_acceptance_reports_every_figure_past_failing_variants_with_python3(tmp_path, python):
+def test_gpu_acceptance_reports_every_figure_past_failing_variants_with_python3(tmp_path, script_python):
     """bench/gpu_acceptance.sh --part 2 on a CPU (ACCEPTANCE_DEVICE=cpu: the debug configs), from a checkout
     without .venv where only ``python3`` is on PATH: one variant's kernel check and another's step fail
     (planted), a step fails outright (the kernel bench wants CUDA); every other figure is still in the one
@@ -207,7 +198,7 @@ def test_gpu_acceptance_reports_every_figure_past_failing_variants_with_python3(
         ".venv", ".git", "outputs", "__pycache__", "*.egg-info", "build", ".pytest_cache"))  # fmt: skip
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{python}" "$@"\n')
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{script_python}" "$@"\n')
     (bin_dir / "python3").chmod(0o755)
     (tmp_path / "plant").mkdir()
     (tmp_path / "plant" / "sitecustomize.py").write_text(PLANT)
@@ -279,12 +270,12 @@ def test_gpu_acceptance_quick_stops_each_part_at_its_limit_and_still_writes_the_
     assert not left, left
 
 
-def test_gpu_levers_writes_freeze_logs_and_one_table_under_out_and_stops_at_its_limit(tmp_path, python):
+def test_gpu_levers_writes_freeze_logs_and_one_table_under_out_and_stops_at_its_limit(tmp_path, script_python):
     """bench/gpu_levers.sh on a CPU (LEVERS_DEVICE=cpu: tiny shapes): the node's pip freeze, the install log, one
     log, the results and the table, all in OUT and no more files than the device tool brings back; the autocast
     baseline against the whole-model compile of the bf16-parameter path, the q/k/v and SDPA-pin checks. Run
     again with its time spent, every step is marked skipped and the table still written."""
-    env = {**os.environ, "PYTHON": str(python), "LEVERS_DEVICE": "cpu", "OUT": str(tmp_path / "out"),
+    env = {**os.environ, "PYTHON": str(script_python), "LEVERS_DEVICE": "cpu", "OUT": str(tmp_path / "out"),
            "ONLY": "baseline,whole_model,qkv,sdpa_pin",  # the node's python3 is this venv's, as on the device
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
     proc = subprocess.run(["bash", REPO / "bench" / "gpu_levers.sh"], env=env, capture_output=True, text=True,

@@ -472,10 +472,10 @@ def test_autotune_is_keyed_on_the_variant_and_the_products() -> None:
     assert "SPLIT_WEIGHTS" in dispersion_triton._TUNED["backward"].keys
 
 
-def test_gpu_acceptance_without_cuda_exits_2_with_one_line() -> None:
+def test_gpu_acceptance_without_cuda_exits_2_with_one_line(script_python: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is visible: the script would run the whole acceptance")
-    env = {**os.environ, "PYTHON": sys.executable}
+    env = {**os.environ, "PYTHON": str(script_python)}
     script = REPO / "bench" / "gpu_acceptance.sh"
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2

@@ -1,5 +1,5 @@
-"""A ``python`` for the shell scripts under test (bench/*.sh) whose every ``python SCRIPT``, ``python -m MODULE``
-or ``python -`` (the script on stdin) is forked from the session's job server (``support.launch``: TorchTitan
+"""A ``python`` for the shell scripts under test (bench/*.sh) whose every ``python SCRIPT``, ``-m MODULE``,
+``-c CODE`` or ``-`` (the script on stdin) is forked from the session's job server (``support.launch``: TorchTitan
 imported once), where a fresh interpreter spends about 6 s of CPU importing it again; any other call runs this
 interpreter itself. A forked call runs in the script's environment and folder, imports its PYTHONPATH's
 ``sitecustomize`` as a fresh start does, and answers with its output and exit status once it ends: no streaming
@@ -21,7 +21,7 @@ from pathlib import Path
 
 def _answer(connection: socket.socket) -> None:
     """One client's call forked from the job server, its completed process sent back."""
-    from support.launch import _forked
+    from support.launch import _forked  # here: the client, this file too, starts without site-packages (-S)
 
     with connection, connection.makefile("rw") as stream:
         call = json.loads(stream.readline())
@@ -63,7 +63,7 @@ def forking_python(folder: Path) -> Iterator[Path]:
 
 def _job(argv: list[str]) -> None:
     """In the forked job: ``python ARGV`` (``-m MODULE ...`` or ``SCRIPT ...``), after its ``sitecustomize``."""
-    from dispersion_titan.reproduce.quickstart.jobs import _run
+    from dispersion_titan.reproduce.quickstart.jobs import _run  # here: as above
 
     module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
@@ -77,10 +77,11 @@ def _job(argv: list[str]) -> None:
 
 
 def _client(sock: str, argv: list[str]) -> None:
-    """``python ARGV``: forked where ARGV names a script, a module or stdin, else this interpreter itself."""
-    if not argv or (argv[0].startswith("-") and argv[0] not in ("-m", "-")):
+    """``python ARGV``: forked where ARGV names a script, a module, code or stdin, else this interpreter itself."""
+    if not argv or not (argv[0] == "-" or not argv[0].startswith("-") or argv[0] in ("-m", "-c") and len(argv) > 1):
         os.execv(sys.executable, [sys.executable, *argv])
-    stdin = sys.stdin.read() if argv[0] == "-" else ""
+    stdin = sys.stdin.read() if argv[0] == "-" else argv[1] if argv[0] == "-c" else ""
+    argv = ["-", *argv[2:]] if argv[0] == "-c" else argv
     with socket.socket(socket.AF_UNIX) as connection:
         connection.connect(sock)
         with connection.makefile("rw") as stream:
