@@ -14,6 +14,7 @@ import socket
 import sys
 import tempfile
 import threading
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,12 +26,16 @@ def _answer(connection: socket.socket) -> None:
 
     with connection, connection.makefile("rw") as stream:
         call = json.loads(stream.readline())
-        with tempfile.NamedTemporaryFile("w", suffix=".py") as code:
-            code.write(call["stdin"])
-            code.flush()
-            argv = [code.name if arg == "-" and i == 0 else arg for i, arg in enumerate(call["argv"])]
-            done = _forked(__file__, ["--job", *argv], call["env"], timeout=900, cwd=Path(call["cwd"]))
-        stream.write(json.dumps({"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}))
+        try:
+            with tempfile.NamedTemporaryFile("w", suffix=".py") as code:
+                code.write(call["stdin"])
+                code.flush()
+                argv = [code.name if arg == "-" and i == 0 else arg for i, arg in enumerate(call["argv"])]
+                done = _forked(__file__, ["--job", *argv], call["env"], timeout=900, cwd=Path(call["cwd"]))
+            answer = {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+        except Exception:  # the job server's failure, or a job past its time: the call's, said
+            answer = {"returncode": 1, "stdout": "", "stderr": traceback.format_exc()}
+        stream.write(json.dumps(answer))
 
 
 @contextmanager
@@ -71,8 +76,9 @@ def _job(argv: list[str]) -> None:
     sys.modules.pop("sitecustomize", None)
     try:
         import sitecustomize  # noqa: F401
-    except ModuleNotFoundError:
-        pass
+    except ModuleNotFoundError as missing:  # none, as mostly
+        if missing.name != "sitecustomize":
+            raise
     _run(target, args)
 
 
