@@ -124,8 +124,9 @@ def in_the_background_of_a_script(dump: Path) -> subprocess.CompletedProcess:
     """``launch/train.sh`` with its defaults (2 CPU processes, half the CPUs each) as a script's
     background job (job control off: bash starts it with SIGINT ignored, which its first line of
     output shows), started from a folder that is not the repository, with the settings of
-    ``torchrun(dump, 2, ...)``. The interpreter train.sh starts torchrun with records the
-    environment it was given in ``threads.txt`` beside ``dump``."""
+    ``torchrun(dump, 2, ...)``, its config given as ``--job.config_file CONFIG`` (as dispersion-titan train takes
+    it; ``CONFIG`` alone and ``--job.config_file=CONFIG``: test_launch_guards.py). The interpreter train.sh starts
+    torchrun with records the environment it was given in ``threads.txt`` beside ``dump``."""
     argv = [
         "--job.dump_folder",
         str(dump),
@@ -147,7 +148,7 @@ def in_the_background_of_a_script(dump: Path) -> subprocess.CompletedProcess:
     del env["OMP_NUM_THREADS"]  # train.sh sets it: CPUs / processes
     script = '{ grep SigIgn /proc/$BASHPID/status; exec "$0" "$@"; } & wait $!'
     return subprocess.run(
-        ["bash", "-c", script, str(REPO / "launch" / "train.sh"), DEBUG_TOML, *argv],
+        ["bash", "-c", script, str(REPO / "launch" / "train.sh"), "--job.config_file", DEBUG_TOML, *argv],
         cwd=elsewhere,
         env=env,
         capture_output=True,
