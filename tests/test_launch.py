@@ -27,6 +27,7 @@ from support.launch import (
     held_by_another_command,
     launch_env,
     python_module,
+    torchrun,
     torchrun_script,
 )
 from support.runs import scalars
@@ -244,7 +245,7 @@ def test_a_rank_stopped_by_torchrun_while_it_exits_after_a_preemption_keeps_stat
 def test_two_agents_on_localhost_match_one_node(reference_run, tmp_path):
     """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and
     id), the first launch/train.sh started from a folder that is not the repository, the second
-    our torchrun as train.sh runs it (forked from the job server: train.sh's check and imports
+    the job server's torchrun, its rank forked (train.sh's check, our launcher and a fresh rank's imports
     once, not twice), train with FSDP across the two "nodes", exactly like one node with 2
     processes: the session's reference run (conftest), whose schedule they share, so no one-node
     run of its own. (train.sh's one-node defaults: the background SIGINT test of test_reliability.py.)"""
@@ -255,15 +256,8 @@ def test_two_agents_on_localhost_match_one_node(reference_run, tmp_path):
     # the reference's schedule; checkpoints at debug.toml's interval, as before (they do not change the losses)
     schedule = (*SCHEDULE, "--checkpoint.interval", "5")
     first = train_sh(dump, *schedule, cwd=tmp_path, env=launch_env(env))
-    rdzv = ("--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint, "--rdzv_id", "two-nodes")
-    second = python_module(  # train.sh's torchrun line for the same NNODES, NPROC, RDZV_* and LOG_RANK
-        "dispersion_titan.torchrun",
-        *("--nnodes", "2", "--nproc_per_node", "1", *rdzv, "--local-ranks-filter", "0", "--role", "rank"),
-        *("--tee", "3", "-m", "dispersion_titan.train", "--job.config_file", DEBUG_TOML),
-        *("--job.dump_folder", str(dump), *COMMON, *schedule),
-        timeout=300,
-        env={"DISPERSION_TITAN_CHECKED": "1"},
-    )
+    checked = {"DISPERSION_TITAN_CHECKED": "1"}  # train.sh's check said the launch's notes
+    second = torchrun(dump, 1, *COMMON, *schedule, nodes=(2, endpoint, "two-nodes"), env=checked, check=False)
     if second.returncode != 0:
         first.kill()  # not left waiting for its peer
     assert second.returncode == 0, second.stderr[-6000:]

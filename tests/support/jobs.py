@@ -33,17 +33,19 @@ class Jobs(Commands):
         nproc: int | None = None,
         stdout: Path | None = None,
         file_limit: int | None = None,
+        nodes: tuple[int, str, str] | None = None,
     ) -> subprocess.CompletedProcess:
         """``target`` (a module or a script) with ``argv`` in ``env`` and ``cwd``, under torchrun's
-        launcher with ``nproc`` processes when given; its stdout (into the file ``stdout`` when given,
-        for a test to watch while it runs) and stderr apart; ``file_limit``: its file size limit in bytes
-        from the start, as ``ulimit -f`` sets a command's. After ``timeout`` seconds it is killed
-        with every process it started and ``subprocess.TimeoutExpired`` is raised."""
+        launcher with ``nproc`` processes when given (on one of ``nodes``: their count, rendezvous endpoint and
+        id, when given); its stdout (into the file ``stdout`` when given, for a test to watch while it runs) and
+        stderr apart; ``file_limit``: its file size limit in bytes from the start, as ``ulimit -f`` sets a
+        command's. After ``timeout`` seconds it is killed with every process it started and
+        ``subprocess.TimeoutExpired`` is raised."""
         with tempfile.TemporaryDirectory() as tmp:
             out, err = stdout or Path(tmp, "stdout"), Path(tmp, "stderr")
             out.touch()
             request = {"target": target, "argv": argv, "env": env, "cwd": cwd, "log": str(out), "errors": str(err)}
-            request["nproc"], request["file_limit"] = nproc, file_limit
+            request["nproc"], request["file_limit"], request["nodes"] = nproc, file_limit, nodes
             pid = self.start(request)
             deadline = time.monotonic() + timeout
             while not os.path.exists(request["status"]):  # renamed into place once the output is flushed
@@ -102,13 +104,14 @@ def _exit_status(request: dict) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    nodes, endpoint, run_id = request["nodes"] or (1, "localhost:0", "preloaded")
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nodes,
+        max_nodes=nodes,
         nproc_per_node=request["nproc"],
-        run_id="preloaded",
+        run_id=run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
+        rdzv_endpoint=endpoint,
         max_restarts=0,
         monitor_interval=0.1,
         start_method="fork",

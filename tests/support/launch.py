@@ -85,15 +85,16 @@ def _forked(
     stdout: Path | None = None,
     cwd: Path = REPO,
     file_limit: int | None = None,
+    nodes: tuple[int, str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """``target`` (a module or a script) forked from the session's job server, the product's
     (``dispersion_titan.reproduce.quickstart.jobs``) as ``support.jobs`` extends it, under torchrun's
-    launcher with ``nproc`` processes when given; its stdout and stderr apart."""
+    launcher with ``nproc`` processes (on one of ``nodes``) when given; its stdout and stderr apart."""
     global _jobs
     if _jobs is None:
         _jobs = Jobs(launch_env(), PRELOAD)
         atexit.register(_jobs.close)
-    return _jobs.run_apart(target, argv, env, str(cwd), timeout, nproc, stdout, file_limit)
+    return _jobs.run_apart(target, argv, env, str(cwd), timeout, nproc, stdout, file_limit, nodes)
 
 
 # Debug runs train on 64-token sequences (debug.toml: 128) unless a test says otherwise: a
@@ -110,8 +111,10 @@ def torchrun(
     timeout: int = 600,
     env: dict[str, str] | None = None,
     command_line: bool = False,
+    nodes: tuple[int, str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
+    ``nodes``: the job's node count, rendezvous endpoint and id, its ``nproc`` processes one node's of them.
 
     By default the job is forked from the session's job server (``support.jobs``:
     torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs torchrun
@@ -144,7 +147,7 @@ def torchrun(
         ]
         proc = _forked("dispersion_titan.torchrun", launcher, launch_env(env), timeout)
     else:
-        proc = _forked("dispersion_titan.train", argv, launch_env(env), timeout, nproc)
+        proc = _forked("dispersion_titan.train", argv, launch_env(env), timeout, nproc, nodes=nodes)
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc
