@@ -23,7 +23,7 @@ from dispersion_titan.run_folder.settings import run_settings
 from dispersion_titan.utils.devices import ALLOW_CPU_ENV, allocated_gpus, check_gpus_usable
 from dispersion_titan.utils.errors import ConfigError, DeviceError
 from support.cli import assert_one_line_error
-from support.launch import DEBUG_TOML, REPO, job_args, launch_env, python_module
+from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, job_args, launch_env, python_module
 from support.runs import digests
 
 CONFIGS = sorted((REPO / "train_configs").rglob("*.toml"))  # ours and paper/
@@ -47,6 +47,7 @@ def one_process_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess
         str(dump),
         "--training.steps",
         "2",
+        *DEBUG_SEQ_LEN,
         "--validation.no-enable",
         env=SET_BY_AN_EARLIER_RUN,
     )
