@@ -19,9 +19,8 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -48,7 +47,7 @@ from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from dispersion_titan.utils.errors import CheckpointError, ConfigError, RunFinished
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
-from support.launch import DEBUG_TOML, REPO, launch_env, python_module, torchrun
+from support.launch import DEBUG_TOML, REPO, python_module, torchrun
 from support.runs import digests, hub_cache, load_weights, tiny_run
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
@@ -753,21 +752,23 @@ def open_files(pid: int) -> set[str]:
 def test_ctrl_c_while_convert_loads_the_checkpoint_is_the_interrupted_line(tmp_path):
     """DCP wraps whatever its read raises, a Ctrl-C's KeyboardInterrupt too, as a failure of the checkpoint: was
     ``STEP: cannot be loaded (KeyboardInterrupt: )``, exit 2, as if the checkpoint were damaged. The signal lands
-    while the shard file is open (watched in /proc), the checkpoint large enough to be read for a while."""
+    while the shard file is open (watched in /proc), the checkpoint large enough to be read for a while; the
+    command forked from the job server, its PID read from the lock it holds in OUT_DIR."""
     step = write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=512, n_layers=8, n_heads=8, max_seq_len=64))
-    shard = os.path.realpath(step / "__0_0.distcp")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "dispersion_titan.convert", "to-hf", str(step), str(tmp_path / "hf")],
-        stderr=subprocess.PIPE, text=True, env=launch_env(),
-    )  # fmt: skip
+    shard, out = os.path.realpath(step / "__0_0.distcp"), tmp_path / "hf"
+    job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.convert", "to-hf", str(step), str(out))
     deadline = time.monotonic() + 120
-    while shard not in open_files(proc.pid):
-        assert time.monotonic() < deadline and proc.poll() is None, "the shard was never seen open"
+    while True:
+        assert time.monotonic() < deadline and not job.done(), "the shard was never seen open"
+        with contextlib.suppress(OSError, ValueError):  # no lock yet, or being written; the process gone
+            pid = json.loads((out / LOCK_NAME).read_text())["pid"]
+            if shard in open_files(pid):
+                break
         time.sleep(0.001)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and err.splitlines()[-1] == (
+    os.kill(pid, signal.SIGINT)
+    done = job.result()
+    assert done.returncode == 130 and done.stderr.splitlines()[-1] == (
         "dispersion_titan: interrupted; no new export in OUT_DIR (its config.json, which completes one, is written "
         "last); run it again"
-    ), err[-2000:]
-    assert not (tmp_path / "hf").exists()
+    ), done.stderr[-2000:]
+    assert not out.exists()
