@@ -15,8 +15,6 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +37,6 @@ from support.eval_tasks import seeded_copies, write_evaluation
 from support.launch import (
     DEBUG_TOML,
     held_by_another_command,
-    launch_env,
     python_module,
     second_writer_is_refused,
 )
@@ -1014,11 +1011,8 @@ def test_a_table_that_cannot_be_written_leaves_the_last_one_whole(fabricated, tm
     out = tmp_path / "table"
     assert evaluate("table", *fabricated.values(), "--select", "last", "--out", out, capsys=capsys)[0] == 0
     before = digests(out)
-    limited = 'trap "" XFSZ; ulimit -f 8; exec "$0" -m dispersion_titan.evaluate "$@"'  # 8 KiB: not the figure
     argv = ["table", *map(str, fabricated.values()), "--out", str(out)]
-    proc = subprocess.run(
-        ["bash", "-c", limited, sys.executable, *argv], env=launch_env(), capture_output=True, text=True
-    )
+    proc = python_module("dispersion_titan.evaluate", *argv, file_limit=8 * 1024)  # 8 KiB: not the figure
     assert proc.returncode == 74 and proc.stderr.startswith(f"dispersion_titan: error: file too large writing {out}/")
     assert len(proc.stderr.splitlines()) == 1 and "a table's --out is as it was" in proc.stderr, proc.stderr
     assert digests(out) == before
