@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from support.eval_tasks import LM_EVAL_TASKS
-from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, python_module
 from support.runs import scalars
 
 pytestmark = pytest.mark.slow
@@ -148,11 +148,13 @@ def checkpoint_states(step_dir: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def preempted_run(slurm, tmp_path_factory) -> dict:
-    """train.sbatch on the debug config, signalled as at its time limit after step 2 (the
-    batch-shell signal Slurm sends for --signal=B:USR1@T), left to requeue and finish."""
+    """train.sbatch on the debug config with one rank (each attempt's fresh ranks cost about 8 CPU-s apiece;
+    ranks stopping together: test_reliability.py, test_launch.py), signalled as at its time limit after step 2
+    (the batch-shell signal Slurm sends for --signal=B:USR1@T), left to requeue and finish."""
     submit_dir = tmp_path_factory.mktemp("submit")
-    overrides = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1")
-    job_id = sbatch(*NO_GPUS, str(TRAIN_SBATCH), DEBUG_TOML, *overrides, env=slurm, cwd=submit_dir)
+    overrides = ("--training.steps", str(STEPS), "--validation.no-enable", "--metrics.log_freq", "1", *DEBUG_SEQ_LEN)
+    env = {**slurm, "NPROC": "1"}
+    job_id = sbatch(*NO_GPUS, str(TRAIN_SBATCH), DEBUG_TOML, *overrides, env=env, cwd=submit_dir)
     log = submit_dir / f"dispersion-train-{job_id}.out"
     try:
         wait_for_line(log, r"step:\s+2\s+loss")
@@ -176,7 +178,7 @@ def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
     assert text.count(f"run folder {run['dump']}") == 2, "the requeued job keeps its run folder"
     step = int(re.search(r"saving a full checkpoint of step (\d+)", text).group(1))
     assert 2 <= step < STEPS
-    # Every rank exits 75; the launcher adds no summary of its own to the ranks' lines.
+    # The rank exits 75; the launcher adds no summary of its own to the rank's line.
     assert f"Stopping at step {step} for a restart; exit status 75" in text and "requeueing job" in text
     assert "Traceback" not in text
     assert f"Training starts at step {step + 1}" in text
@@ -235,7 +237,7 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
             "--validation.no-enable",
         ],
     ]
-    # One rank per training (train.sh's NPROC; the requeue test trains two under Slurm).
+    # One rank per training (train.sh's NPROC), as in the requeue test.
     env = {**slurm, "NPROC": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     proc = python_module(*command, cwd=tmp_path, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
