@@ -597,9 +597,8 @@ def test_prepare_command_line_fails_in_one_line_and_deletes_nothing(tmp_path, en
     shutil.copytree(enwiki_store, store)
     (store / MANIFEST).write_text("{not json")
     before = folder_bytes(store)
-    proc = python_module(
-        "dispersion_titan.data", "prepare", "enwiki_sample", "--out", str(store), timeout=300, command_line=True
-    )
+    # forked, as the out-of-room test runs it (the fresh interpreter: test_prepare_job_script_runs_the_command_line)
+    proc = python_module("dispersion_titan.data", "prepare", "enwiki_sample", "--out", str(store), timeout=300)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert lines[0].startswith(f"dispersion_titan: error: --out: {store / MANIFEST}: corrupt manifest")
