@@ -28,7 +28,6 @@ LONGEST_FIRST = (
     "test_launch",
     "test_parallel_equivalence",
     "test_baselines",
-    "test_bench_step",  # its two GPU-script tests alone: 61 s in the last CI
     "test_resume",
     "test_evaluate",
     "test_hf_analysis",
@@ -39,6 +38,7 @@ LONGEST_FIRST = (
     "test_decoders",
     "test_writer_lock",
     "test_analysis",
+    "test_bench_step",
     "test_wandb",
     "test_weight_tie_parallel",
     "test_analysis_cuts",
