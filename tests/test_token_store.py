@@ -240,6 +240,8 @@ def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):
     write_store(docs, str(tmp_path / "whole"), source, workers=2, shard_documents=4, progress=False)
 
     out = tmp_path / "resumed"
+    # This worker's other children (a pool an earlier test left to the garbage collector) are not prepare's.
+    others = set(multiprocessing.active_children())
 
     def interrupted():
         yield from docs[:13]
@@ -248,13 +250,18 @@ def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):
                 break
             time.sleep(0.1)
         # Sent to the workers too (a terminal's reaches its process group; theirs is their own): ignored.
-        for worker in multiprocessing.active_children():
+        for worker in set(multiprocessing.active_children()) - others:
             os.kill(worker.pid, signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
 
-    with pytest.raises(KeyboardInterrupt):
-        write_store(interrupted(), str(out), source, workers=2, shard_documents=4, progress=False)
+    # Python's own Ctrl-C, whatever handler an earlier test in this worker left.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_store(interrupted(), str(out), source, workers=2, shard_documents=4, progress=False)
+    finally:
+        signal.signal(signal.SIGINT, handler)
     assert "Traceback" not in capfd.readouterr().err  # the workers ignore it; the parent stops the pool
     assert (out / "shard-00002.json").exists() and not (out / MANIFEST).exists()
     write_store(docs, str(out), source, workers=2, shard_documents=4, progress=False)
