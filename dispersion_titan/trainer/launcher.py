@@ -66,9 +66,11 @@ def _quiet_forwarding(record: logging.LogRecord) -> bool:
     return not said and not any(text in record.getMessage() for text in FORWARDING_NOISE)
 
 
-def what_stands(train_args: list[str]) -> str:
+def what_stands(train_args: list[str] | None) -> str:
     """What a killed job leaves, from its ranks' own config (``train_args``, parsed as they parsed it): its last
-    complete checkpoint, none yet, or none ever (checkpointing off)."""
+    complete checkpoint, none yet, or none ever (checkpointing off); ``RESUMES`` without their arguments."""
+    if train_args is None:
+        return RESUMES
     from ..job_config import parse  # TorchTitan's import (3 s): at a killed job's end only, not every launch's start
 
     try:
@@ -167,12 +169,12 @@ def ending(
 
     killed = [(rank, f.pid) for rank, f in failures if f.exitcode == -signal.SIGKILL and f.pid not in _unstopped]
     if killed:
-        stands = RESUMES if train_args is None else what_stands(train_args)
+        stands = what_stands(train_args)
         return 128 + signal.SIGKILL, killed_message(killed[0][0], oom_killed(killed[0][1], kills), stands)
     unstopped = [rank for rank, failure in failures if failure.pid in _unstopped]
     if unstopped:
         first, failure = next((rank, f) for rank, f in failures if f.pid not in _unstopped)
-        stands = RESUMES if train_args is None else what_stands(train_args)
+        stands = what_stands(train_args)
         return 1, unstopped_message(unstopped[0], first, failure.exitcode, unseen(failure.local_rank), stands)
     said_why = [(rank, f) for rank, f in failures if f.exitcode in SAID_BY_THE_RANKS]
     # torchrun SIGTERMs the others once one fails: a rank that dies of it (not started yet, or in its interpreter's

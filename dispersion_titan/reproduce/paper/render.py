@@ -414,7 +414,7 @@ TEX_ESCAPES = {
 
 def latex(columns: list[str], rows: list[ArmRow], reference: str, pretrained: ArmRow | None) -> str:
     def esc(text: str) -> str:
-        return re.sub(r"[\\&%$#_{}~^|]", lambda special: TEX_ESCAPES[special[0]], text)
+        return "".join(TEX_ESCAPES.get(c, c) for c in text)
 
     header = ["arm", "seeds", *columns, "average", f"p vs {reference}"]
     lines = [
