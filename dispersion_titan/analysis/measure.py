@@ -140,45 +140,6 @@ class Measurement:
     geometry_sequences: int
 
 
-class LayerSums:
-    """Running sums over sequences of every layer's cosine matrix and geometry."""
-
-    def __init__(self, num_layers: int, seq_len: int, device: torch.device | str, geometry: torch.Tensor):
-        self.sums = torch.zeros(num_layers, seq_len, seq_len, device=device)
-        self.rank_sums = torch.zeros(num_layers, dtype=torch.float64, device=device)
-        self.mev_sums = torch.zeros(num_layers, dtype=torch.float64, device=device)
-        self.geometry = geometry
-        self.names: list[str] = []
-        self.count = 0
-
-    @torch.inference_mode()
-    def add_batch(self, model: DecoderLayers, tokens: torch.Tensor) -> None:
-        """Run one batch [B, S] through the model, reducing each layer on the fly."""
-        rows = self.geometry[self.count : self.count + tokens.shape[0]].nonzero().flatten().tolist()
-        names: list[str] = []
-
-        def sink(name: str, hidden: torch.Tensor) -> None:
-            index = len(names)
-            u = unit_tokens(hidden)
-            self.sums[index] += cosines(u).sum(dim=0).to(self.sums.device)
-            if rows:
-                chosen = u[rows]
-                self.rank_sums[index] += effective_rank(chosen).sum().to(self.sums.device)
-                self.mev_sums[index] += max_explainable_variance(chosen).sum().to(self.sums.device)
-            names.append(name)
-
-        model.run(tokens.to(model.input_device), sink)
-        self.names = names
-        self.count += tokens.shape[0]
-
-    def result(self) -> Measurement:
-        chosen = int(self.geometry[: self.count].sum())
-        per_layer = (lambda sums: (sums / chosen).tolist()) if chosen else (lambda sums: [None] * len(sums))
-        return Measurement(
-            self.names, self.sums / self.count, per_layer(self.rank_sums), per_layer(self.mev_sums), chosen
-        )
-
-
 def measure(
     model: DecoderLayers,
     tokens: torch.Tensor,
@@ -187,9 +148,32 @@ def measure(
     geometry_sequences: int = DEFAULT_GEOMETRY_SEQUENCES,
     on_batch: Callable[[], None] = lambda: None,
 ) -> Measurement:
-    """Mean cosine matrices over the K sequences of ``tokens`` [K, S], and mean geometry."""
-    sums = LayerSums(model.num_layers, tokens.shape[1], device, geometry_mask(len(tokens), geometry_sequences))
-    for batch in tokens.split(batch_size):
-        sums.add_batch(model, batch)
+    """Mean cosine matrices over the K sequences of ``tokens`` [K, S], and mean geometry: running sums over the
+    sequences of every layer's, reduced as its hidden states arrive."""
+    sums = torch.zeros(model.num_layers, tokens.shape[1], tokens.shape[1], device=device)
+    rank_sums = torch.zeros(model.num_layers, dtype=torch.float64, device=device)
+    mev_sums = torch.zeros_like(rank_sums)
+    geometry = geometry_mask(len(tokens), geometry_sequences)
+    names: list[str] = []  # the layers of the batch being run, in depth order
+    rows: list[int] = []  # its sequences whose geometry is measured
+
+    def sink(name: str, hidden: torch.Tensor) -> None:
+        index = len(names)
+        u = unit_tokens(hidden)
+        sums[index] += cosines(u).sum(dim=0).to(sums.device)
+        if rows:
+            chosen = u[rows]
+            rank_sums[index] += effective_rank(chosen).sum().to(sums.device)
+            mev_sums[index] += max_explainable_variance(chosen).sum().to(sums.device)
+        names.append(name)
+
+    for start in range(0, len(tokens), batch_size):
+        batch = tokens[start : start + batch_size]
+        rows = geometry[start : start + len(batch)].nonzero().flatten().tolist()
+        names.clear()
+        with torch.inference_mode():
+            model.run(batch.to(model.input_device), sink)
         on_batch()
-    return sums.result()
+    chosen = int(geometry.sum())
+    per_layer = (lambda total: (total / chosen).tolist()) if chosen else (lambda total: [None] * len(total))
+    return Measurement(list(names), sums / len(tokens), per_layer(rank_sums), per_layer(mev_sums), chosen)
