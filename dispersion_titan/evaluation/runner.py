@@ -209,8 +209,8 @@ class RunEvaluation:
                         log_samples=False,
                         **self.seeds,
                     )
-                except (NonFiniteLogits, OverflowError) as e:  # OverflowError: lm-eval's exp() of a huge perplexity
-                    why = e if isinstance(e, NonFiniteLogits) else "its perplexity is past float's range"
+                except (CheckpointError, OverflowError) as e:  # OverflowError: lm-eval's exp() of a huge perplexity
+                    why = e if isinstance(e, CheckpointError) else "its perplexity is past float's range"
                     raise CheckpointError(
                         f"{checkpoint.path}: task {name}: {why}; a diverged or damaged model, nothing recorded"
                     ) from None
@@ -417,10 +417,6 @@ def _check_shots(name: str, task: Any, shots: int | None) -> None:
         )
 
 
-class NonFiniteLogits(Exception):
-    """A forward of the model evaluated gave NaN or infinite logits."""
-
-
 def refuse_non_finite_logits(model: Any) -> None:
     """Stop the evaluation at the first forward whose logits are not finite: lm-eval would score NaN
     log-likelihoods (a checkpoint saved where training diverged, e.g. ``--optimizer.lr 1e30``), its accuracies
@@ -429,7 +425,7 @@ def refuse_non_finite_logits(model: Any) -> None:
 
     def check(_module: Any, _args: Any, output: Any) -> None:
         if not torch.isfinite(output.logits).all():
-            raise NonFiniteLogits("its logits hold NaN or infinite values")
+            raise CheckpointError("its logits hold NaN or infinite values")
 
     model.register_forward_hook(check)
 
