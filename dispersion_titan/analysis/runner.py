@@ -8,7 +8,6 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -59,7 +58,7 @@ from ..run_folder.writer_lock import COMMAND, TURN_WAIT_S, refuse_if_busy, sole_
 from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
 from ..utils.devices import DTYPES, check_device_map, resolve_device
-from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, ModelLoadError, OutputError, say
+from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, OutputError, say
 from ..utils.hub import PREFIX, parse_spec
 from . import figures, hf_model
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
@@ -359,8 +358,6 @@ class HFAnalysis(Analysis):
             raise ArgumentError("--steps: not used with hf: models (list revisions: hf:MODEL@REV1,REV2)")
         if not options.out:
             raise ArgumentError("--out: required with hf: models")
-        if options.device_map and importlib.util.find_spec("accelerate") is None:
-            raise ModelLoadError("--device-map auto needs accelerate: pip install 'dispersion_titan[hf]'")
         self.spec = parse_spec(options.run, options.trust_remote_code)
         first = self.spec.revisions[0]
         config = hf_model.load_config(self.spec, first)
