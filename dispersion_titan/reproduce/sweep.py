@@ -343,7 +343,7 @@ def resubmission(
 
 
 def _resources(sweep: Sweep, *keys: str) -> list[str]:
-    """sbatch options for the resources the sweep sets (``analyze_gpus`` is ``--gpus``)."""
+    """sbatch options for the settings the sweep sets (``analyze_gpus`` is ``--gpus``)."""
     flags = {"analyze_gpus": "--gpus"}
     return [
         f"{flags.get(k, '--' + k.replace('_', '-'))}={getattr(sweep, k)}" for k in keys if getattr(sweep, k) is not None
@@ -364,9 +364,7 @@ def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
 
     def job(key: str, label: str, kind: str, *args: str | Path, after: list[str], extra: tuple = ()) -> SlurmJob:
         time, options = kinds[kind]
-        given = [f"--partition={sweep.partition}"] if sweep.partition else []
-        given += [f"--account={sweep.account}"] if sweep.account else []
-        given += [f"--time={time}"] if time else []
+        given = _resources(sweep, "partition", "account") + ([f"--time={time}"] if time else [])
         name = f"{sweep.out.name}-{label.replace(' ', '-')}"
         return SlurmJob(key, label, sbatch(name, sweep.out / "logs", [*given, *extra, *options], kind, args), after)
 

@@ -245,14 +245,8 @@ def _heatmap(ax, entry: Entry, norm):
 def _trend_axes(ax, labels: list[str], title: str) -> None:
     ax.set_ylim(-1.05, 1.05)
     ax.axhline(0, color="grey", lw=0.5)
-    upright = len(labels) > 3 or max(map(len, labels)) > 12
-    ax.set_xticks(
-        range(len(labels)),
-        labels,
-        rotation=90 if upright else 45,
-        ha="center" if upright else "right",
-        fontsize=FONT - 1,
-    )
+    rotation, ha = (90, "center") if len(labels) > 3 or max(map(len, labels)) > 12 else (45, "right")
+    ax.set_xticks(range(len(labels)), labels, rotation=rotation, ha=ha, fontsize=FONT - 1)
     ax.tick_params(axis="y", labelsize=FONT - 1)
     ax.set_xlim(-0.4, len(labels) - 0.6)
     ax.set_ylabel("rank correlation with depth", fontsize=FONT)
@@ -279,20 +273,11 @@ def _paired_trend(ax, bases: list[Entry], distilled: list[Entry]) -> None:
         ax.vlines(x, a, b, color=color, lw=0.6, alpha=0.6)
         for xi, ai, bi in zip(x, a, b, strict=True):
             if ai is not None and bi is not None:
-                ax.annotate(
-                    f"Δ{name[-1]}={bi - ai:+.2f}",
-                    (xi, (ai + bi) / 2),
-                    xytext=(3 if shift > 0 else -3, 0),
-                    textcoords="offset points",
-                    ha="left" if shift > 0 else "right",
-                    fontsize=FONT - 2,
-                    color=color,
-                )
-    _trend_axes(
-        ax,
-        [f"{_short(a.label)} →\n{_short(b.label)}" for a, b in zip(bases, distilled, strict=True)],
-        "base (solid) vs distilled (dashed)",
-    )
+                side = {"xytext": (3, 0), "ha": "left"} if shift > 0 else {"xytext": (-3, 0), "ha": "right"}
+                style = {"textcoords": "offset points", "fontsize": FONT - 2, "color": color, **side}
+                ax.annotate(f"Δ{name[-1]}={bi - ai:+.2f}", (xi, (ai + bi) / 2), **style)
+    pairs = [f"{_short(a.label)} →\n{_short(b.label)}" for a, b in zip(bases, distilled, strict=True)]
+    _trend_axes(ax, pairs, "base (solid) vs distilled (dashed)")
 
 
 def tick_labels(labels: list[str]) -> list[str]:
@@ -342,14 +327,8 @@ def last_n_figure(entries: list[Entry], title: str):
     """The authors' last-n panels (``plot_trend.py --last-n``), one line per row."""
     groups = by_row(entries)
     panels = len(LAST_N_PANELS) + 1
-    fig, axes = plt.subplots(
-        len(groups),
-        panels,
-        figsize=(WIDTH_IN, 0.6 + 1.6 * len(groups)),
-        layout="constrained",
-        squeeze=False,
-        sharey=True,
-    )
+    size = (WIDTH_IN, 0.6 + 1.6 * len(groups))
+    fig, axes = plt.subplots(len(groups), panels, figsize=size, layout="constrained", squeeze=False, sharey=True)
     for line, (row, group) in zip(axes, groups.items(), strict=True):
         x = np.arange(len(group))
         columns = [(f"last {n}", [last_n_mean(e.result, n) for e in group]) for n in LAST_N_PANELS]

@@ -568,9 +568,8 @@ def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
 
 def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
     """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
-    gpus = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE) * _sbatch_count(
-        sbatch_args, "--nodes", 1
-    )
+    per_node = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE)
+    gpus = per_node * _sbatch_count(sbatch_args, "--nodes", 1)
     notes = []
     for step in train:
         config = validated_args(launch_args(*step.argv), gpus)

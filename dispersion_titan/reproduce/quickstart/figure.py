@@ -40,14 +40,9 @@ def _title(ax: plt.Axes, number: int, finding: Finding, part: Part | None, when:
     else:
         drawn = f"{when}: {part.verdict}" + ("" if part.decides else " (context, not part of the verdict)")
     others = [f"{p.scope}: {p.verdict}" for p in finding.parts if p.decides and p is not part]
-    ax.set_title(
-        "\n".join(
-            textwrap.wrap(f"{number}. {finding.question} — {finding.verdict}", 60)
-            + textwrap.wrap("; ".join([drawn, *others]), 64)
-        ),
-        fontsize="medium",
-        color=VERDICT_COLOURS.get(finding.verdict, NOISE_COLOUR),
-    )
+    lines = textwrap.wrap(f"{number}. {finding.question} — {finding.verdict}", 60)
+    lines += textwrap.wrap("; ".join([drawn, *others]), 64)
+    ax.set_title("\n".join(lines), fontsize="medium", color=VERDICT_COLOURS.get(finding.verdict, NOISE_COLOUR))
 
 
 def _by_width(ax: plt.Axes, values: dict[int, float], seeds: list[float], style: dict[int, dict], label: str) -> None:
@@ -133,14 +128,8 @@ def _toy_dispersion(ax: plt.Axes, runs: Sequence[RunCondensation], seed: int, st
             values = _blocks(run.final)
             drawn += values
             x = np.arange(1, len(values) + 1) + DODGE * (i - (len(widths) - 1) / 2)
-            ax.plot(
-                x,
-                values,
-                linestyle="-" if run.is_baseline else "--",
-                markersize=5,
-                markerfacecolor=style[width]["color"] if run.is_baseline else "none",
-                **style[width],
-            )
+            line, face = ("-", style[width]["color"]) if run.is_baseline else ("--", "none")
+            ax.plot(x, values, linestyle=line, markersize=5, markerfacecolor=face, **style[width])
             seeds = [r for r in runs if (r.width, r.dispersion) == (width, run.dispersion) and r.seed != seed]
             if seeds:
                 _band(ax, x, [_blocks(r.final) for r in (run, *seeds)], style[width]["color"])

@@ -193,36 +193,20 @@ def make_setup(a: argparse.Namespace) -> QuickstartSetup:
 
 
 def train_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
-    return "dispersion_titan.train", [
-        "--job.config_file",
-        setup.config,
-        "--profile",
-        "cpu",  # a CPU product (docs/training.md#cpu)
-        "--training.steps",
-        str(setup.steps),
-        "--checkpoint.interval",
-        str(setup.checkpoint_interval),
-        # every checkpoint from step 0 on, where trained() and the analysis look, whatever the config says
-        "--checkpoint.enable",
-        "--checkpoint.save_initial",
-        "--checkpoint.keep_latest_k",
-        "0",
-        "--checkpoint.folder",
-        "checkpoint",
-        "--validation.freq",
-        str(setup.steps),  # the summary reports the final validation loss
-        *run.overrides(setup.dump(run)),
-    ]
+    # --profile cpu: a CPU product (docs/training.md#cpu); every checkpoint from step 0 on, where trained() and the
+    # analysis look, whatever the config says; validation at the last step: the summary reports its loss
+    options = (
+        f"--profile cpu --training.steps {setup.steps} --checkpoint.interval {setup.checkpoint_interval} "
+        "--checkpoint.enable --checkpoint.save_initial --checkpoint.keep_latest_k 0 --checkpoint.folder checkpoint "
+        f"--validation.freq {setup.steps}"
+    )
+    config = ["--job.config_file", setup.config]
+    return "dispersion_titan.train", [*config, *options.split(), *run.overrides(setup.dump(run))]
 
 
 def analyze_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
-    return "dispersion_titan.analyze", [
-        setup.dump(run),
-        "--num-sequences",
-        str(setup.num_sequences),
-        "--seq-len",
-        str(setup.seq_len),
-    ]
+    sizes = f"--num-sequences {setup.num_sequences} --seq-len {setup.seq_len}"
+    return "dispersion_titan.analyze", [setup.dump(run), *sizes.split()]
 
 
 def trained(setup: QuickstartSetup, run: Cell) -> bool:
