@@ -105,21 +105,14 @@ _GPT2_ROWS = (
     ("Angular spread", "dispersion"),
     ("Orthogonalization", "orthogonalization"),
 )
+_QWEN3_ROWS = (("Default loss", "baseline"), ("Angular spread", "angular_spread"))
 TABLE2_ROWS: tuple[Table2Row, ...] = (
     *_midtrain_block("GPT2", GPT2_HUB_IDS[0], "gpt2_wikitext103", _GPT2_ROWS),
     *_midtrain_block("GPT2-medium", GPT2_HUB_IDS[1], "gpt2-medium_wikitext103", (_GPT2_ROWS[0], _GPT2_ROWS[5])),
     Table2Row("GPT2-large", "Pretrained", model=GPT2_HUB_IDS[2]),
     Table2Row("GPT2-xl", "Pretrained", model=GPT2_HUB_IDS[3]),
-    *(
-        row
-        for size in ("0.6b", "1.7b")
-        for row in _midtrain_block(
-            f"Qwen3-{size.upper()}",
-            f"Qwen/Qwen3-{size.upper()}",
-            f"qwen3_{size}",
-            (("Default loss", "baseline"), ("Angular spread", "angular_spread")),
-        )
-    ),
+    *_midtrain_block("Qwen3-0.6B", "Qwen/Qwen3-0.6B", "qwen3_0.6b", _QWEN3_ROWS),
+    *_midtrain_block("Qwen3-1.7B", "Qwen/Qwen3-1.7B", "qwen3_1.7b", _QWEN3_ROWS),
 )
 TABLE2_CONFIGS = tuple(row.config for row in TABLE2_ROWS if row.config)
 COUNTERACT_CONFIGS = (

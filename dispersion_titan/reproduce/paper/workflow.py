@@ -570,12 +570,8 @@ def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
     """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
     per_node = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE)
     gpus = per_node * _sbatch_count(sbatch_args, "--nodes", 1)
-    notes = []
-    for step in train:
-        config = validated_args(launch_args(*step.argv), gpus)
-        if released.is_on(config):
-            notes.append(f"fig3: {step.label}: {released.summary(config)}")
-    return notes
+    configs = [(step.label, validated_args(launch_args(*step.argv), gpus)) for step in train]
+    return [f"fig3: {label}: {released.summary(config)}" for label, config in configs if released.is_on(config)]
 
 
 def draw_argv(argv: list[str], workflow: PaperWorkflow, options: dict) -> list[str]:
