@@ -270,8 +270,10 @@ def double_backward_error() -> str:
 def child_main() -> None:
     """The interpreted checks (this file run as a script under TRITON_INTERPRET=1): JSON on stdout."""
     from kernel_accounting import account
+    from support.interpreter import skip_idle_work
 
     assert dispersion_triton.INTERPRETED, "run with TRITON_INTERPRET=1"
+    skip_idle_work()
     torch.set_num_threads(1)
     results = {
         "arccos_max_error": arccos_max_error(),
