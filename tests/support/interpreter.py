@@ -8,7 +8,7 @@
   and mul in int64 for a ``device_assert`` that language/semantic.py drops unless ``debug`` is on, which
   the interpreter never sets: without debug it is turned off.
 
-Both together: 51 -> 27 CPU-s of tests/test_dispersion_kernel.py's interpreted checks.
+Both together: 51 -> 24 CPU-s of tests/test_dispersion_kernel.py's interpreted checks.
 """
 
 from __future__ import annotations
