@@ -76,6 +76,7 @@ OPTIONS = (
 )
 MAIN = [f"w{w}-{kind}-s42" for w in WIDTHS for kind in ("baseline", "angular_spread-c2")]
 NAMES = [*MAIN, "w64-baseline-s43", "w64-angular_spread-c2-s43"]
+FORKED_SERVER = str(REPO / "tests" / "support" / "forked_quickstart.py")
 
 
 def small_config(path: Path) -> Path:
@@ -98,9 +99,11 @@ def sweep_options(out: Path) -> tuple[str, ...]:
     return (*OPTIONS, "--config", str(out.parent / "small.toml"))
 
 
-def quickstart(out: Path, *options: str):
-    """The command forked from the launch server; it starts its own job server, as from a shell."""
-    return python_module("dispersion_titan.quickstart", "--out", str(out), *options, timeout=900)
+def quickstart(out: Path, *options: str, fresh_server: bool = False):
+    """The command forked from the launch server; its own job server forked from it (``support.forked_quickstart``),
+    or with ``fresh_server`` started fresh, as from a shell."""
+    target = "dispersion_titan.quickstart" if fresh_server else FORKED_SERVER
+    return python_module(target, "--out", str(out), *options, timeout=900)
 
 
 def setup_for(out: Path, config: Path, *options: str) -> pipeline.QuickstartSetup:
@@ -123,7 +126,7 @@ def analysis(out: Path, name: str, step: int) -> dict:
 def sweep(tmp_path_factory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("quickstart") / "out"
     small_config(out.parent / "small.toml")
-    proc = quickstart(out, *sweep_options(out))
+    proc = quickstart(out, *sweep_options(out), fresh_server=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout
 
