@@ -163,7 +163,7 @@ def test_ctrl_c_while_plan_measures_the_step_is_the_interrupted_line(tmp_path):
     Ctrl-C while it measured printed the plan, exit 0. Sent once the trainer is built (its temporary run folder,
     in TMPDIR, holds ``run.json``): the command's one line, exit 130, the temporary folder gone."""
     env = {"TMPDIR": str(tmp_path)}
-    plan = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.plan", DEBUG_TOML, env=env, command_line=True)
+    plan = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.plan", DEBUG_TOML, env=env)
     while not any(tmp_path.glob("plan_*/run.json")) and not plan.done():
         time.sleep(0.005)
     assert not plan.done(), plan.result().stderr[-3000:]

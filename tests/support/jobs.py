@@ -96,6 +96,7 @@ def _logged(request: dict) -> int:
 def _exit_status(request: dict) -> int:
     """The forked job's exit status as the interpreter's or torchrun's."""
     os.setpgid(0, 0)  # the client can stop the job with all its workers
+    tempfile.tempdir = None  # read from the job's TMPDIR, as at a fresh start (the server's is cached)
     os.dup2(os.open(request["errors"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 2)
     if request["file_limit"] is not None:  # a write past it fails with EFBIG (Python ignores SIGXFSZ)
         resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_limit"], resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
