@@ -242,17 +242,19 @@ def test_a_rank_stopped_by_torchrun_while_it_exits_after_a_preemption_keeps_stat
 
 
 @pytest.mark.slow
-def test_two_agents_on_localhost_match_one_node(reference_run, tmp_path):
+def test_two_agents_on_localhost_match_one_node(reference_run, tmp_path, script_python):
     """Two torchrun agents (--nnodes 2, one process each, c10d rendezvous on one port and
-    id), the first launch/train.sh started from a folder that is not the repository, the second
-    the job server's torchrun, its rank forked (train.sh's check, our launcher and a fresh rank's imports
-    once, not twice), train with FSDP across the two "nodes", exactly like one node with 2
+    id), the first launch/train.sh started from a folder that is not the repository (its check and our
+    launcher forked from the job server, ``script_python``; the rank that launcher starts fresh), the second
+    the job server's torchrun, its rank forked (a fresh rank's imports once, not twice), train with FSDP
+    across the two "nodes", exactly like one node with 2
     processes: the session's reference run (conftest), whose schedule they share, so no one-node
-    run of its own. (train.sh's one-node defaults: the background SIGINT test of test_reliability.py.)"""
+    run of its own. (train.sh's one-node defaults and its own interpreter, all fresh: the background SIGINT
+    test of test_reliability.py.)"""
     one_node = reference_run
     dump = tmp_path / "two_nodes"
     endpoint = f"127.0.0.1:{free_port()}"
-    env = {"NNODES": "2", "NPROC": "1", "RDZV_ENDPOINT": endpoint, "RDZV_ID": "two-nodes"}
+    env = {"NNODES": "2", "NPROC": "1", "RDZV_ENDPOINT": endpoint, "RDZV_ID": "two-nodes", "PYTHON": str(script_python)}
     # the reference's schedule; checkpoints at debug.toml's interval, as before (they do not change the losses)
     schedule = (*SCHEDULE, "--checkpoint.interval", "5")
     first = train_sh(dump, *schedule, cwd=tmp_path, env=launch_env(env))
