@@ -304,12 +304,16 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
                 "hf:MODEL for a block of the Pretrained row alone (GPT2-large, -xl)"
             )
         runs = [run for spec in specs for run in checked(spec, "--models", arm_runs)[1]]
+        named: dict[str, str] = {}  # a run's real path -> as given: was refused by the table, after evaluating
         for run in runs:
             if not _is_run(run):
                 raise ArgumentError(
                     f"--models: {run}: not a run folder (train it first: launch/train.sh CONFIG "
                     f"--job.dump_folder {run})"
                 )
+            if (real := os.path.realpath(run)) in named:
+                raise ArgumentError(f"--models: {named[real]} and {run} are the same run ({real}); name each run once")
+            named[real] = run
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
         return PaperWorkflow(artifact, out, first + steps, runs=list(specs), pretrained=pretrained)
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
