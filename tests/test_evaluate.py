@@ -396,10 +396,10 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
     assert_one_line_error(code, err, f"again with python -m dispersion_titan.evaluate hf:{model} --out {out} --force")
 
 
-def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
+def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys, caplog):
     """Two local tasks under the names of an authors' few-shot and zero-shot task: lm-eval's
-    own record (n-shot, each task's config) shows the preset's shots; explicit options win
-    (--num-fewshot: the ``evaluated`` fixture)."""
+    own record (n-shot, each task's config) shows the preset's shots, without its warning that they
+    replace the tasks' own (once per task); explicit options win (--num-fewshot: the ``evaluated`` fixture)."""
     named = named_tasks(tmp_path / "named_tasks")
     common = [
         run,
@@ -414,7 +414,10 @@ def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys):
         "--device",
         "cpu",
     ]
-    code, _, _ = evaluate(*common, "--protocol", "qwen3", "--limit", "4", "--out", tmp_path / "q", capsys=capsys)
+    with caplog.at_level(logging.INFO):
+        code, _, _ = evaluate(*common, "--protocol", "qwen3", "--limit", "4", "--out", tmp_path / "q", capsys=capsys)
+    said = [r.getMessage() for r in caplog.records if r.name == "lm_eval.evaluator"]
+    assert said and not [m for m in said if "Overwriting default num_fewshot" in m], said  # the rest it says stays
     result = read_json(tmp_path / "q" / "step-2" / "results.json")
     assert code == 0 and result["n-shot"] == {"arc_easy": 5, "piqa": 0}
     assert {name: result["configs"][name]["num_fewshot"] for name in ("arc_easy", "piqa")} == {"arc_easy": 5, "piqa": 0}

@@ -338,6 +338,12 @@ def _no_metadata_advice(record: logging.LogRecord) -> bool:
     return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
 
 
+def _no_shots_warning(record: logging.LogRecord) -> bool:
+    """lm-eval's warning at each task whose config's shots ``simple_evaluate``'s ``num_fewshot`` replaces: the
+    protocol (or ``--num-fewshot``) sets them on purpose, and ``results.json`` records them; dropped."""
+    return record.msg != "Overwriting default num_fewshot of %s from %s to %s"
+
+
 class Tasks:
     """The requested tasks in one TaskManager: only --include-path's when each is a plain task there (indexing
     lm-eval's ~14,000 built-in task YAMLs takes 5.6 s of CPU)."""
@@ -373,6 +379,7 @@ class Tasks:
         few examples for are refused."""
         objects = {}
         logging.getLogger("lm_eval.api.task").addFilter(_no_metadata_advice)  # added once, however often called
+        logging.getLogger("lm_eval.evaluator").addFilter(_no_shots_warning)
         with hub_offline() as offline:
             for name in self.names:
                 try:
