@@ -34,7 +34,7 @@ from dispersion_titan.reproduce.paper.render import revision_label
 from dispersion_titan.reproduce.paper.workflow import build, check_devices, pick_revisions
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.run_folder.outputs import FORMAT, FORMAT_KEY
-from dispersion_titan.run_folder.owners import record_owner
+from dispersion_titan.run_folder.owners import FolderOwner, record_owner
 from dispersion_titan.utils.errors import ArgumentError
 from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos
@@ -521,6 +521,16 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
         code, _, err = paper("table2", "--models", "A,B", "--device", device, "--dry-run", "--out", run, capsys=capsys)
         assert_one_line_error(code, err, said)  # was: dry run exit 0; the run failing at evaluate, an empty --out left
         assert not run.exists()
+    (run / "table2").mkdir(parents=True)  # table2's evaluate table folder another command's: refused up front
+    record_owner(str(run), PAPER)
+    record_owner(str(run / "table2"), FolderOwner("comparison"))
+    before = digests(run)
+    code, _, err = paper("table2", "--models", "A", "--dry-run", "--out", run, capsys=capsys)
+    assert_one_line_error(  # was: refused after every evaluation, at the drawing
+        code, err, f"--out: {run / 'table2'} holds a comparison folder; use another --out"
+    )
+    assert digests(run) == before
+    shutil.rmtree(run)
     run.write_text("mine")  # a file as --out: named so, not a path inside it to train into
     code, _, err = paper("fig3", "--dry-run", "--out", run, capsys=capsys)
     assert_one_line_error(code, err, f"--out: {run} is a file, not a folder; use another --out")

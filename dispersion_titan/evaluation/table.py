@@ -66,6 +66,7 @@ class Selection:
 
 
 PRETRAINED = "Pretrained"
+TABLE = FolderOwner("table")
 MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT = 5, 2
 """``--num_ckpt``'s defaults in the authors' midtrain_gpt2.py / midtrain_qwen3.py and pretrain_toy_gpt2.py."""
 
@@ -577,7 +578,7 @@ def table(specs: list[str], out: str, selection: Selection, reference: str | Non
     _check_alike([(r.run, r.settings) for runs in [*by_arm.values(), base] for r in runs], "evaluate both alike")
     columns, rows, base_row = table_rows(by_arm, reference, test, base)
     text = table_markdown(columns, rows, reference, selection, test, base_row, note, why)
-    with rewritten(out, FolderOwner("table"), ("table.md", "table.csv", "table.png")) as staging:
+    with rewritten(out, TABLE, ("table.md", "table.csv", "table.png")) as staging:
         atomic_write(os.path.join(staging, "table.md"), lambda f: f.write(text))
         write_csv(os.path.join(staging, "table.csv"), csv_rows(rows, reference, test, base_row))
         average_accuracy_figure(  # the arms; without any, the Pretrained row alone

@@ -21,7 +21,7 @@ from ...analysis.size_series import parse_assignments
 from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
 from ...evaluation.runner import hub_model
-from ...evaluation.table import arm_runs
+from ...evaluation.table import TABLE, arm_runs
 from ...job_config import released
 from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import (
@@ -31,7 +31,7 @@ from ...run_folder.checkpoints import (
     load_run_metadata,
     trained_to,
 )
-from ...run_folder.owners import RUN_METADATA_FILE
+from ...run_folder.owners import RUN_METADATA_FILE, refuse_unless_ours
 from ...utils.devices import AUTOCAST, check_device_map, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
 from ...utils.hub import PREFIX as HF
@@ -289,6 +289,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
     if artifact == "table2":
         if options.get("trust_remote_code"):
             raise ArgumentError("--trust-remote-code: only for the analysing artifacts (table2 evaluates our runs)")
+        refuse_unless_ours(os.path.join(out, "table2"), TABLE, "--out", "use another --out")  # was: after evaluating
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         pretrained, first = options.get("pretrained") or "auto", []
         if pretrained.startswith(HF):  # a hub model as published (GPT2-large's row): evaluated first
