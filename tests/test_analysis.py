@@ -579,6 +579,24 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
     code, stdout, _ = analyze("compare", run, moved, "--out", tmp_path / "cmp-namesakes", capsys=capsys)
     assert code == 0 and f"{run} (mlp 256, dispersion none)" in stdout, stdout
     assert f"{moved} (mlp 256, dispersion angular_spread λ=0.5)" in stdout, stdout
+    # A checkpoint saved again since its analysis (here its shard's mtime, which its identity records): compare
+    # and family refuse the stale numbers, as evaluate table does (was: drawn, exit 0).
+    shard = next((run / "checkpoint" / "step-4").glob("*.distcp"))
+    kept = shard.stat()
+    os.utime(shard, ns=(kept.st_atime_ns, kept.st_mtime_ns + 1))
+    try:
+        refusals = [analyze(cmd, moved, run, "--out", tmp_path / "bad", capsys=capsys) for cmd in ("compare", "family")]
+    finally:
+        os.utime(shard, ns=(kept.st_atime_ns, kept.st_mtime_ns))
+    for code, _, err in refusals:
+        assert_one_line_error(
+            code,
+            err,
+            f"{moved / 'condensation'}: step 4 was analyzed from another checkpoint than {moved}/checkpoint/step-4 "
+            f"holds now (saved again or replaced since); analyze it again with python -m dispersion_titan.analyze "
+            f"{moved} --steps 4 --out {moved / 'condensation'} --force",
+        )
+    assert not (tmp_path / "bad").exists()
     # Its analyses' record, which names their run, damaged by hand: one line naming it, as where a command writes.
     record = moved / "condensation" / ".owner.json"
     record.write_text("{")

@@ -4,11 +4,12 @@ same token sequences only; each run labelled by folder, MLP width and dispersion
 from __future__ import annotations
 
 import os
+import shlex
 from typing import NamedTuple
 
 import numpy as np
 
-from ..run_folder.checkpoints import dispersion_variant
+from ..run_folder.checkpoints import dispersion_variant, identity_changed
 from ..run_folder.outputs import format_table, results_folder, revision_folder, save_png, write_csv
 from ..run_folder.owners import FolderOwner, results_run, rewritten
 from ..utils.errors import AnalysisError
@@ -33,16 +34,33 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
     folder ``rev-default`` is named), or ``last``."""
     results = list(read_analyses(analyses_folder(run)).values())
     if step == "last":
-        return max(results, key=lambda r: r.step)
+        return current(run, max(results, key=lambda r: r.step))
     for result in results:
         if result.model is None and step.isdigit() and result.step == int(step):
-            return result
+            return current(run, result)
         if result.model is not None and revision_folder(result.revision) == revision_folder(step):
             return result
     if results[0].model is None:
         raise AnalysisError(f"{option}: {run} has no analysis of step {step} (have {sorted(r.step for r in results)})")
     have = [r.revision or "default" for r in results]
     raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {have})")
+
+
+def current(run: str, result: Condensation) -> Condensation:
+    """``result``, once its checkpoint (found relative to its run, which may have moved since) still holds the
+    weights it measured, as ``evaluate table`` checks its results; a Hugging Face model's is taken as it was."""
+    if result.checkpoint_identity is None:
+        return result
+    folder = analyses_folder(run)
+    dump = results_run(folder, result.run)
+    here = os.path.join(dump, os.path.relpath(result.checkpoint, result.run))
+    if identity_changed(result.checkpoint_identity, here):
+        raise AnalysisError(
+            f"{folder}: step {result.step} was analyzed from another checkpoint than {here} holds now (saved again "
+            f"or replaced since); analyze it again with python -m dispersion_titan.analyze {shlex.quote(dump)} "
+            f"--steps {result.step} --out {shlex.quote(folder)} --force (and the options it was analyzed with)"
+        )
+    return result
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
