@@ -273,9 +273,15 @@ def _paired_trend(ax, bases: list[Entry], distilled: list[Entry]) -> None:
         ax.vlines(x, a, b, color=color, lw=0.6, alpha=0.6)
         for xi, ai, bi in zip(x, a, b, strict=True):
             if ai is not None and bi is not None:
-                side = {"xytext": (3, 0), "ha": "left"} if shift > 0 else {"xytext": (-3, 0), "ha": "right"}
-                style = {"textcoords": "offset points", "fontsize": FONT - 2, "color": color, **side}
-                ax.annotate(f"Δ{name[-1]}={bi - ai:+.2f}", (xi, (ai + bi) / 2), **style)
+                ax.annotate(
+                    f"Δ{name[-1]}={bi - ai:+.2f}",
+                    (xi, (ai + bi) / 2),
+                    xytext=(3 if shift > 0 else -3, 0),
+                    textcoords="offset points",
+                    ha="left" if shift > 0 else "right",
+                    fontsize=FONT - 2,
+                    color=color,
+                )
     pairs = [f"{_short(a.label)} →\n{_short(b.label)}" for a, b in zip(bases, distilled, strict=True)]
     _trend_axes(ax, pairs, "base (solid) vs distilled (dashed)")
 
