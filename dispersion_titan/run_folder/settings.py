@@ -398,7 +398,7 @@ def holds_an_initialisation(step_dir: str) -> bool:
     if (metadata.get("settings") or {}).get("checkpoint.create_seed_checkpoint"):
         return True
     match = STEP_FOLDER.match(os.path.basename(step_dir))
-    return match is not None and int(match.group(1)) == 0 and not metadata[START_KEY]["pretrained"]
+    return match is not None and int(match.group(1)) == 0 and from_scratch(metadata)
 
 
 def from_scratch(metadata: dict[str, Any]) -> bool:
