@@ -24,7 +24,7 @@ from ..models.flavors import args_from_dict
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_named, hf_tokenizer, hub_snapshot, local_assets
 from ..utils.errors import ArgumentError, CheckpointError, ConfigError, RenamedCheckpointError, RunFinished
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, write_json
-from .owners import RUN_ID, RUN_METADATA_FILE, read_owner, run_paths
+from .owners import RUN_ID, RUN_METADATA_FILE, is_run, read_owner, run_paths
 
 if TYPE_CHECKING:  # torch is imported where a checkpoint is read: run.json's readers (compare, table) need none
     import torch
@@ -68,10 +68,7 @@ def run_of(checkpoint_folder: str) -> str:
         return holder.run
     real = os.path.realpath(folder)
     for parent in map(str, Path(folder).parents):
-        if (
-            os.path.isfile(os.path.join(parent, RUN_METADATA_FILE))
-            and os.path.realpath(run_paths(parent)["checkpoint.folder"]) == real
-        ):
+        if is_run(parent) and os.path.realpath(run_paths(parent)["checkpoint.folder"]) == real:
             return parent
     return os.path.dirname(folder)
 
@@ -284,9 +281,7 @@ def run_encoder(dump_folder: str) -> DocumentEncoder:
 
 def recorded_run(dump_folder: str) -> dict[str, Any] | None:
     """The ``run.json`` of ``dump_folder``, or None when it has none (a new run)."""
-    if not os.path.isfile(os.path.join(dump_folder, RUN_METADATA_FILE)):
-        return None
-    return load_run_metadata(dump_folder)
+    return load_run_metadata(dump_folder) if is_run(dump_folder) else None
 
 
 def saved_nothing(dump_folder: str, metadata: dict[str, Any]) -> bool:

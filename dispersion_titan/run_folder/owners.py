@@ -58,16 +58,21 @@ class FolderOwner:
         return f"the {self.kind} of {self.run}" if self.run else f"a {self.kind} folder"
 
 
+def is_run(folder: str) -> bool:
+    """Whether ``folder`` is a run's root: it holds a ``run.json``."""
+    return os.path.isfile(os.path.join(folder, RUN_METADATA_FILE))
+
+
 def read_owner(folder: str) -> FolderOwner | None:
     """The owner ``folder`` records (None: none); a folder holding a ``run.json`` is that run's root."""
-    if os.path.isfile(os.path.join(folder, RUN_METADATA_FILE)):
+    if is_run(folder):
         return FolderOwner("run", folder)
     try:
         record = owner_record(folder)
         if record is not None:  # its run at RUN_RELATIVE from it if a run is there, else as recorded
             relative = record.get(RUN_RELATIVE)
             run = relative and os.path.normpath(os.path.join(os.path.realpath(folder), relative))
-            moved = run and os.path.isfile(os.path.join(run, RUN_METADATA_FILE))
+            moved = run and is_run(run)
             return FolderOwner(record["kind"], run if moved else record.get("run"))
     except (FileNotFoundError, NotADirectoryError, PermissionError):  # none; or not a folder: its writer says so
         pass
@@ -86,15 +91,18 @@ def results_run(folder: str, recorded: str) -> str:
     return owner.run if owner and owner.run else recorded
 
 
+def _run_json(root: str) -> dict:
+    """``root``'s ``run.json`` as written; {} where it has none, or none readable (its readers say so)."""
+    try:
+        metadata = json.loads(Path(root, RUN_METADATA_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def run_id(run: str | None) -> str | None:
     """The identity ``run``'s ``run.json`` records (None: no run there, or one from before run ids)."""
-    if run is None:
-        return None
-    try:
-        metadata = json.loads(Path(run, RUN_METADATA_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return metadata.get(RUN_ID) if isinstance(metadata, dict) else None
+    return None if run is None else _run_json(run).get(RUN_ID)
 
 
 def moved_away(folder: str, owner: FolderOwner) -> bool:
@@ -102,7 +110,7 @@ def moved_away(folder: str, owner: FolderOwner) -> bool:
     the record says, and the recorded identity ``owner``'s."""
     record = owner_record(folder) or {}
     recorded, identity = record.get("run"), record.get(RUN_ID)
-    gone = isinstance(recorded, str) and not os.path.isfile(os.path.join(recorded, RUN_METADATA_FILE))
+    gone = isinstance(recorded, str) and not is_run(recorded)
     return gone and identity is not None and identity == run_id(owner.run)
 
 
@@ -117,11 +125,7 @@ def owner_record(folder: str) -> dict | None:
 
 def run_paths(root: str) -> dict[str, str]:
     """The run's folders (``RUN_PATH_KEYS``): as its ``run.json`` records them, else the defaults."""
-    try:
-        metadata = json.loads(Path(root, RUN_METADATA_FILE).read_text())
-    except (OSError, ValueError):
-        metadata = {}
-    metadata = metadata if isinstance(metadata, dict) else {}
+    metadata = _run_json(root)
     recorded = metadata.get("paths") or {}
     settings = metadata.get("settings") or {}
     real = os.path.realpath(root)  # recorded paths are relative to it (``outside_folders``), as the OS joins them
@@ -195,7 +199,7 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
 def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
     """``refuse_unless_ours`` for an analysis's ``--tb-dir``, which may sit inside its run's TensorBoard folder."""
     real = os.path.realpath(folder)
-    if owner.run is not None and os.path.isfile(os.path.join(owner.run, RUN_METADATA_FILE)):
+    if owner.run is not None and is_run(owner.run):
         tb = os.path.realpath(run_paths(owner.run)[TB_KEY])
         if real != tb and Path(real).is_relative_to(tb):
             holder = read_owner(real)
@@ -212,13 +216,7 @@ def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: st
     if problem is None:
         return
     text, holder = problem
-    if (
-        fork_hint
-        and holder is not None
-        and holder.kind == "run"
-        and holder.run
-        and os.path.isfile(os.path.join(holder.run, RUN_METADATA_FILE))
-    ):
+    if fork_hint and holder is not None and holder.kind == "run" and holder.run and is_run(holder.run):
         way_out += f", or branch from that run on purpose with --job.fork_from {shlex.quote(holder.run)}[@STEP]"
     raise OutputError(f"{option}: {folder} {text}; {way_out}")
 
