@@ -21,6 +21,7 @@ from ..losses.variants import VARIANTS, precision_error, range_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS, pretrained_config, pretrained_folder
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
+from ..utils.records import flatten
 from . import released
 from .titan_checks import check_checkpoint, check_output_folders, check_titan_settings, triton_device_here
 
@@ -57,12 +58,9 @@ DERIVED = ("parallelism.data_parallel_replicate_degree", "training.local_batch_s
 def check_numbers(config: RunConfig) -> None:
     """Every float value is finite (``training.max_norm = inf``: no clipping), each of ``AT_LEAST`` at least
     its least, the seed one numpy takes."""
-    for section in dataclasses.fields(config):
-        values = getattr(config, section.name)
-        for field in dataclasses.fields(values):
-            value, key = getattr(values, field.name), f"{section.name}.{field.name}"
-            if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and key != "training.max_norm")):
-                raise ConfigError(f"{key}: must be a finite number, got {value}")
+    for key, value in flatten(dataclasses.asdict(config)).items():
+        if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and key != "training.max_norm")):
+            raise ConfigError(f"{key}: must be a finite number, got {value}")
     for key, least in AT_LEAST.items():
         value = attrgetter(key)(config)
         if value is not None and value < least:
@@ -126,7 +124,7 @@ def run_tokenizer(config: RunConfig) -> DocumentEncoder | None:
 def _tp_advice(sizes: int, world_size: int) -> str:
     """The tensor-parallel degrees that divide the model's split ``sizes`` (their gcd) and ``world_size``, and
     those the model alone takes where more processes would allow more."""
-    model = _divisors(sizes)
+    model = divisors(sizes)
     here = [d for d in model if world_size % d == 0]
     more = f" (the model alone: {model})" if here != model else ""
     return f"use one of {here} on {world_size} process{'es' if world_size > 1 else ''}{more}"
@@ -141,15 +139,12 @@ def check_model(config: RunConfig, args: Any, world_size: int) -> None:
         raise ConfigError(f'training.head_loss: "{head_loss}" takes gpt2 without tensor parallelism; use "torch"')
     if config.compile.whole_model and name != "gpt2":
         raise ConfigError("compile.whole_model: gpt2 only (TorchTitan compiles the other families per block)")
+    ac = config.activation_checkpoint
     for key in DROPOUT_KEYS:
         value = getattr(args, key, 0.0)
         if not 0 <= value < 1:
             raise ConfigError(f"model.{key}: must be in [0, 1), got {value}")
-        if (
-            value
-            and config.activation_checkpoint.mode != "none"
-            and not config.activation_checkpoint.preserve_rng_state
-        ):
+        if value and ac.mode != "none" and not ac.preserve_rng_state:
             raise ConfigError(
                 f"activation_checkpoint.preserve_rng_state: model.{key} = {value} needs it true "
                 "(the recomputation must draw the same dropout masks)"
@@ -337,7 +332,7 @@ def data_parallel_degree(config: RunConfig, world_size: int) -> int:
     return dp
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -363,11 +358,11 @@ def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
         )
     share = size // dp
     if t.local_batch_size == 0:
-        t.local_batch_size = max(d for d in _divisors(share) if d <= (t.max_local_batch_size or share))
+        t.local_batch_size = max(d for d in divisors(share) if d <= (t.max_local_batch_size or share))
     elif share % t.local_batch_size:
         raise ConfigError(
             f"training.local_batch_size: {t.local_batch_size} does not divide the {share} sequences per rank "
-            f"(global_batch_size {size} over {dp} data-parallel ranks); use one of {_divisors(share)}, "
+            f"(global_batch_size {size} over {dp} data-parallel ranks); use one of {divisors(share)}, "
             "or 0 to derive it"
         )
     v = config.validation

@@ -88,14 +88,12 @@ def summary(config: RunConfig) -> str:
     gpus = t.global_batch_size // (r.per_device_train_batch_size * r.gradient_accumulation_steps)
     forgetting = config.baseline.method == "active_forgetting" and schedule.form == "as_released"
     warmup = body_warmup_steps(schedule.warmup_steps, schedule.total_steps or t.steps, forgetting)
+    scaled = (
+        f"; loss scaled by their accumulation {r.gradient_accumulation_steps}" if t.loss_scale == "as_released" else ""
+    )
     return (
         f"[released] on {gpus} GPU{'s' * (gpus > 1)}: {r.per_device_train_batch_size} × "
         f"{r.gradient_accumulation_steps} sequences per GPU, global batch {t.global_batch_size}, {t.steps} steps "
         f"({r.train_tokens:,} tokens), lr {config.optimizer.lr:.4g}, warm-up {warmup}, "
-        f"checkpoints every {config.checkpoint.interval}"
-        + (
-            f"; loss scaled by their accumulation {r.gradient_accumulation_steps}"
-            if t.loss_scale == "as_released"
-            else ""
-        )
+        f"checkpoints every {config.checkpoint.interval}{scaled}"
     )
