@@ -88,13 +88,12 @@ def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> s
     if layout.tp > 1 and not on_tp:
         raise ConfigError("parallelize: tensor parallelism sharded no parameter")
     local = sum(local_tensor(p).numel() for _, p in params)
-    where = (
-        f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements"
-        if mesh
-        else "whole, replicated by DDP over dp_replicate"
-        if replicated
-        else "whole"
-    )
+    if mesh:
+        where = f"DTensors on ({', '.join(mesh)}), each holding rank 0's shard of its placements"
+    elif replicated:
+        where = "whole, replicated by DDP over dp_replicate"
+    else:
+        where = "whole"
     tp = f", {on_tp} sharded over tp" if layout.tp > 1 else ""
     tie = "; the LM head still the token embeddings" if tied else ""
     return f"parallelize: {len(params)} parameters, {where}{tp}{tie}; rank 0 holds {local:,}"

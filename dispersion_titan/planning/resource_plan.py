@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..job_config.checks import data_parallel_degree
+from ..job_config.checks import data_parallel_degree, divisors
 from ..job_config.parse import model_args, validated_args
 from ..utils.errors import ArgumentError, ConfigError
 from .figures import GPU, GPUS, TERM_LABEL, Calibration, calibration
@@ -74,8 +74,7 @@ def nodes_of(gpus: int, nodes: int | None, gpu: GPU) -> int:
     """``--nodes``, or as few as hold ``gpus`` at ``gpu.gpus_per_node`` each; the GPUs split evenly."""
     count = nodes or math.ceil(gpus / gpu.gpus_per_node)
     if gpus % count:
-        fit = [n for n in range(1, gpus + 1) if gpus % n == 0]
-        raise ArgumentError(f"--nodes: {gpus} GPUs do not split evenly over {count} nodes; use one of {fit}")
+        raise ArgumentError(f"--nodes: {gpus} GPUs do not split evenly over {count} nodes; use one of {divisors(gpus)}")
     return count
 
 
@@ -168,16 +167,8 @@ def step_time(
         latency = layout.accumulation * per_micro_batch
         data_parallel = latency + layout.accumulation * size / link
         name = "HSDP collectives" if r > 1 else "FSDP collectives"
-    tp_bytes = (
-        TP_COLLECTIVES_PER_BLOCK
-        * layout.n_layers
-        * (layout.tp - 1)
-        / layout.tp
-        * layout.micro_batch
-        * layout.seq_len
-        * layout.dim
-        * param_bytes
-    )
+    block_output_bytes = layout.micro_batch * layout.seq_len * layout.dim * param_bytes
+    tp_bytes = TP_COLLECTIVES_PER_BLOCK * layout.n_layers * (layout.tp - 1) / layout.tp * block_output_bytes
     tp_link = gpu.node_link_bytes_per_s if layout.tp <= gpu.gpus_per_node else gpu.network_bytes_per_s
     tp_nodes = math.ceil(layout.tp / gpu.gpus_per_node)
     tp_latency = TP_COLLECTIVES_PER_BLOCK * layout.n_layers * ring_latency_s(layout.tp, tp_nodes)
