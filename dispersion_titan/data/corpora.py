@@ -339,13 +339,12 @@ class HubDataset(Corpus):
             )
 
     def identity(self, split: str, path: str | None, path_field: str) -> dict[str, Any]:
-        source = source_files(path, path_field) if path else "hub"
         return {
             "repo": self.repo,
             "config": self.config,
             "split": split,
             "held_out_documents": self.held_out_documents,
-            "source": source,
+            "source": source_files(path, path_field) if path else "hub",
         }
 
 

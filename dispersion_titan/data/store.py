@@ -146,11 +146,9 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
     manifest = read_manifest(folder, field)
     manifest_path = os.path.join(folder, MANIFEST)
     stale = None  # why its tokens differ from what ``encoder`` makes here
-    made_with = manifest["tokenizer"].get("sha256")
-    if made_with != encoder.fingerprint():
-        stale = (
-            f"made with another tokenizer (sha256 {str(made_with)[:12]}…, this run's is {encoder.fingerprint()[:12]}…)"
-        )
+    made_with, ours = manifest["tokenizer"].get("sha256"), encoder.fingerprint()
+    if made_with != ours:
+        stale = f"made with another tokenizer (sha256 {str(made_with)[:12]}…, this run's is {ours[:12]}…)"
     elif manifest["documents_version"] != DOCUMENTS_VERSION:
         stale = (
             f"made with text → documents rules version {manifest['documents_version']!r}, "
