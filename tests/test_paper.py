@@ -716,13 +716,17 @@ def test_table2_two_arms_two_seeds(tmp_path, capsys, monkeypatch):
         "--device",
         "cpu",
     )
-    (tmp_path / "a1_link").symlink_to(runs["a1"])  # one run by two paths: refused before any evaluation
-    twice = [f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{tmp_path / 'a1_link'}", *table2[4:]]
-    code, _, err = paper("table2", "--models", *twice, "--out", tmp_path / "t2", capsys=capsys)
-    assert_one_line_error(  # was: a1 evaluated (twice), then refused by the table
-        code, err, f"--models: {runs['a1']} and {tmp_path / 'a1_link'} are the same run (", "name each run once"
-    )
-    assert not (tmp_path / "t2").exists() and not list(tmp_path.glob("*/evaluation"))
+    (tmp_path / "a1_link").symlink_to(runs["a1"])  # one run by two paths, or its cp -a copy: refused before any
+    shutil.copytree(runs["a1"], tmp_path / "a1_copy", symlinks=True)  # evaluation (was: after all, by the table)
+    refusals = {
+        "a1_link": (f"--models: {runs['a1']} and {tmp_path / 'a1_link'} are the same run (", "name each run once"),
+        "a1_copy": (f"--models: {tmp_path / 'a1_copy'}: the same settings and seed as {runs['a1']} (named twice, a ",),
+    }
+    for other, refusal in refusals.items():
+        twice = [f"base={runs['a1']},{runs['a2']}", f"disp={runs['b1']},{tmp_path / other}", *table2[4:]]
+        code, _, err = paper("table2", "--models", *twice, "--out", tmp_path / "t2", capsys=capsys)
+        assert_one_line_error(code, err, *refusal)
+        assert not (tmp_path / "t2").exists() and not list(tmp_path.glob("*/evaluation"))
     code, _, err = paper(
         *table2,
         "--best-step",

@@ -285,24 +285,28 @@ def arm_runs(spec: str) -> tuple[str, list[str]]:
     return name, runs.split(",")
 
 
+def one_seed_each(runs: list[tuple[str, dict]]) -> None:
+    """Refuse one seed of a configuration counted twice: a run named twice, its ``cp -a`` copy or a rerun with the
+    same settings and seed; ``runs``: each run as named, and its ``run.json``."""
+    seeds: dict[str, str] = {}  # a configuration with its seed -> its run
+    for run, metadata in runs:
+        seeded = json.dumps([_run_config(metadata), metadata.get("seed")], sort_keys=True)
+        if seeded in seeds:
+            raise EvaluationError(
+                f"{run}: the same settings and seed as {seeds[seeded]} (named twice, a copy or a rerun), not "
+                "another seed; name one of them, or train the other with another --debug.seed"
+            )
+        seeds[seeded] = run
+
+
 def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
     """Arm name -> its runs' evaluations, arms in the order first named."""
+    found = [(name, evaluated(run)) for name, runs in map(arm_runs, specs) for run in runs]
+    one_seed_each([(run.run, run.metadata) for _, run in found])
     groups: dict[tuple[str, str], list[Evaluated]] = {}  # (explicit name, "") or ("", configuration)
-    seeds: dict[str, str] = {}  # a configuration with its seed -> its run: a run named twice, copied or rerun once
-    for spec in specs:
-        name, runs = arm_runs(spec)
-        for run in runs:
-            found = evaluated(run)
-            config = json.dumps(_run_config(found.metadata), sort_keys=True)
-            seeded = json.dumps([config, found.metadata.get("seed")])
-            if seeded in seeds:
-                raise EvaluationError(
-                    f"{run}: the same settings and seed as {seeds[seeded]} (named twice, a copy or a rerun), not "
-                    "another seed; name one of them, or train the other with another --debug.seed"
-                )
-            seeds[seeded] = run
-            key = (name, "") if name else ("", config)
-            groups.setdefault(key, []).append(found)
+    for name, run in found:
+        key = (name, "") if name else ("", json.dumps(_run_config(run.metadata), sort_keys=True))
+        groups.setdefault(key, []).append(run)
     labels = iter(_auto_labels([runs for (name, _), runs in groups.items() if not name]))
     by_arm: dict[str, list[Evaluated]] = {}
     for (name, _), runs in groups.items():

@@ -21,7 +21,7 @@ from ...analysis.size_series import parse_assignments
 from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
 from ...evaluation.runner import hub_model
-from ...evaluation.table import TABLE, arm_runs
+from ...evaluation.table import TABLE, arm_runs, one_seed_each
 from ...job_config import released
 from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import (
@@ -29,6 +29,7 @@ from ...run_folder.checkpoints import (
     find_checkpoint_folder,
     list_checkpoints,
     load_run_metadata,
+    recorded_run,
     trained_to,
 )
 from ...run_folder.owners import RUN_METADATA_FILE, refuse_unless_ours
@@ -315,6 +316,10 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
             if (real := os.path.realpath(run)) in named:
                 raise ArgumentError(f"--models: {named[real]} and {run} are the same run ({real}); name each run once")
             named[real] = run
+        try:  # a cp -a copy or a rerun: the table's rule, here before any evaluation
+            one_seed_each([(run, metadata) for run in runs if (metadata := recorded_run(run)) is not None])
+        except DispersionTitanError as e:
+            raise ArgumentError(f"--models: {e}") from None
         steps = [Step("evaluate", [run, *evaluate_args], os.path.basename(os.path.normpath(run))) for run in runs]
         return PaperWorkflow(artifact, out, first + steps, runs=list(specs), pretrained=pretrained)
     if options["protocol"] not in ANALYSIS_PROTOCOLS:
