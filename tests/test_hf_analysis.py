@@ -209,6 +209,29 @@ def test_compare_refuses_depth_trends_over_other_layer_points(tmp_path):
     assert not (tmp_path / "cmp").exists()
 
 
+def test_an_analysis_recording_no_layer_points_is_read_as_the_default_alike(tmp_path):
+    """Analyses made before every input was recorded left out layer_points and protocol at their defaults (all,
+    default): compare and family both read them so (was: compare took all, family a KeyError traceback)."""
+    cosines = [0.1, 0.3, 0.2, 0.25]
+    old = written_analysis(tmp_path / "old", "org/h4", cosines)
+    path = old / "rev-default" / "condensation.json"
+    data = json.loads(path.read_text())
+    del data["inputs"]["layer_points"], data["inputs"]["protocol"]
+    path.write_text(json.dumps(data))
+    every = written_analysis(tmp_path / "every", "org/h2", [0.1, 0.2, 0.2, 0.2])
+    hidden = written_analysis(tmp_path / "hidden", "org/h4", cosines, layer_points="hidden_states")
+    compare([str(old), str(every)], str(tmp_path / "cmp"), "last")
+    with pytest.raises(AnalysisError, match=r"\(layer_points 'all' vs 'hidden_states'\); re-analyze"):
+        compare([str(old), str(hidden)], str(tmp_path / "cmp"), "last")
+    write_size_series([str(old), str(every)], str(tmp_path / "fam"), [], [], 2, "default")
+    with open(tmp_path / "fam" / "family.csv") as f:
+        assert {row["model"]: row["layers"] for row in csv.DictReader(f)} == {"h4": "4", "h2": "4"}  # all 4 points
+    with pytest.raises(AnalysisError, match=r"family: .*hidden was analyzed with other inputs .*layer_points 'all' v"):
+        write_size_series([str(old), str(hidden)], str(tmp_path / "fam"), [], [], 2, "default")
+    with pytest.raises(AnalysisError, match=r"^--protocol paper: .*old was not analysed with analyze --protocol paper"):
+        write_size_series([str(old), str(every)], str(tmp_path / "fam"), [], [], 2, "paper")
+
+
 def test_family_labels_models_of_one_name_by_their_folders_and_needs_their_sizes(tmp_path):
     """One model analysed into two folders (fp32 and bf16): two rows named by their folders (was ``h4`` twice, in
     the table and the legend, the rows told apart by nothing)."""

@@ -76,7 +76,7 @@ def load_runs(runs: list[str], step: str) -> list[RunResult]:
         named[folder] = run
     results = [pick(run, step) for run in runs]
     for run, result in zip(runs[1:], results[1:]):
-        points = [r.inputs.get("layer_points", "all") for r in (results[0], result)]  # older analyses: all
+        points = [r.inputs["layer_points"] for r in (results[0], result)]
         if result.tokens_sha256 != results[0].tokens_sha256 or points[0] != points[1]:
             raise AnalysisError(
                 f"compare: {run} was analyzed with different inputs than {runs[0]} "

@@ -25,6 +25,9 @@ from ..utils.errors import AnalysisError
 from ..utils.records import finite_number
 
 RESULT_FILE = "condensation.json"
+LEFT_OUT = {"protocol": "default", "layer_points": "all"}
+"""Inputs that analyses made before every option was recorded left out where they were these defaults: read as
+them, so that compare, family and the paper's figures take an old analysis alike."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class Condensation:
             result = cls(
                 **{
                     **{key: value for key, value in data.items() if key != FORMAT_KEY},
+                    "inputs": {**LEFT_OUT, **data["inputs"]},
                     "layers": [LayerCondensation(**layer) for layer in data["layers"]],
                     "last_n": [LastN(**entry) for entry in data["last_n"]],
                 }
