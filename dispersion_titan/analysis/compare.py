@@ -11,7 +11,7 @@ import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant, identity_changed
 from ..run_folder.outputs import format_table, results_folder, revision_folder, save_png, write_csv
-from ..run_folder.owners import FolderOwner, results_run, rewritten
+from ..run_folder.owners import FolderOwner, relocated, results_run, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses
@@ -53,7 +53,7 @@ def current(run: str, result: Condensation) -> Condensation:
         return result
     folder = analyses_folder(run)
     dump = results_run(folder, result.run)
-    here = os.path.join(dump, os.path.relpath(result.checkpoint, result.run))
+    here = relocated(result.checkpoint, result.run, dump)
     if identity_changed(result.checkpoint_identity, here):
         raise AnalysisError(
             f"{folder}: step {result.step} was analyzed from another checkpoint than {here} holds now (saved again "

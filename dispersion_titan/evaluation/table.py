@@ -20,7 +20,7 @@ from scipy import stats
 from ..config.grid import Arm
 from ..run_folder.checkpoints import LEDGER_KEYS, complete_checkpoints, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
-from ..run_folder.owners import RUN_ID, FolderOwner, results_run, rewritten, run_paths
+from ..run_folder.owners import RUN_ID, FolderOwner, relocated, results_run, rewritten, run_paths
 from ..run_folder.settings import from_scratch, trajectory_settings
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
@@ -195,7 +195,7 @@ def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
         if ours["run"].startswith(PREFIX):  # a Hugging Face model, evaluated as published
             here, target = ours["checkpoint"], ours["run"]
         else:
-            here = os.path.join(run.dump, os.path.relpath(ours["checkpoint"], ours["run"]))
+            here = relocated(ours["checkpoint"], ours["run"], run.dump)
             target = run.dump
         if source_changed(ours, here):
             raise EvaluationError(

@@ -91,6 +91,12 @@ def results_run(folder: str, recorded: str) -> str:
     return owner.run if owner and owner.run else recorded
 
 
+def relocated(path: str, recorded_run: str, run: str) -> str:
+    """Where ``path``, recorded inside ``recorded_run``, is in ``run`` now: a moved or copied run's results record
+    the paths it had; what lies inside the run is found relative to it."""
+    return os.path.join(run, os.path.relpath(path, recorded_run))
+
+
 def _run_json(root: str) -> dict:
     """``root``'s ``run.json`` as written; {} where it has none, or none readable (its readers say so)."""
     try:
