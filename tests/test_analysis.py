@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -606,6 +607,26 @@ def test_compare_runs(run, analyzed, tmp_path, capsys):
         "restore it, or remove it and rerun",
     )
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_stale_analysis_is_refused_with_the_command_that_measures_it_again_alike(tmp_path, capsys):
+    """compare and family refuse an analysis whose checkpoint was saved again since, naming the command that measures
+    it again: it carries the options the analysis records, so that, run, compare and family take it (was: analyze's
+    defaults, K=100 and S=256 where these are 4 and 32, then refused as of different inputs)."""
+    runs = [tiny_run(tmp_path / name, steps=(step,)) for name, step in (("a", 1), ("b", 2))]
+    for run in runs:
+        options = ["--num-sequences", "4", "--seq-len", "32", "--seed", "3", "--geometry-sequences", "2"]
+        assert analyze(run, *options, "--batch-size", "4", capsys=capsys)[0] == 0
+    shard = next((runs[0] / "checkpoint" / "step-1").glob("*.distcp"))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))  # saved again, as its identity sees
+    for command in ("compare", "family"):
+        code, _, err = analyze(command, *runs, "--out", tmp_path / command, capsys=capsys)
+        assert_one_line_error(code, err, "(saved again or replaced since); analyze it again with python -m ")
+        again = shlex.split(err.split("python -m dispersion_titan.analyze ")[1])
+    assert analyze(*again, capsys=capsys)[0] == 0
+    for command in ("compare", "family"):
+        code, _, err = analyze(command, *runs, "--out", tmp_path / command, capsys=capsys)
+        assert code == 0, err
 
 
 def test_ctrl_c_in_compare_or_family_says_out_is_as_it_was(tmp_path, capsys, monkeypatch):

@@ -58,9 +58,17 @@ def current(run: str, result: Condensation) -> Condensation:
         raise AnalysisError(
             f"{folder}: step {result.step} was analyzed from another checkpoint than {here} holds now (saved again "
             f"or replaced since); analyze it again with python -m dispersion_titan.analyze {shlex.quote(dump)} "
-            f"--steps {result.step} --out {shlex.quote(folder)} --force (and the options it was analyzed with)"
+            f"--steps {result.step} --out {shlex.quote(folder)} --force {shlex.join(analyzed_with(result))}"
         )
     return result
+
+
+def analyzed_with(result: Condensation) -> list[str]:
+    """The ``analyze`` options ``result`` records (its inputs, dtype and geometry sequences): the command that
+    measures it again with them measures what it is compared with alike."""
+    inputs = {key: value for key, value in result.inputs.items() if key != "tokens_sha256" and value is not None}
+    options = {**inputs, "dtype": result.dtype, "geometry_sequences": result.geometry_sequences}
+    return [arg for key, value in options.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
