@@ -357,14 +357,6 @@ def _uniform_like_normal(
     return tensor.uniform_(mean - half, mean + half, generator=generator)
 
 
-def _outside_fake_mode(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return fn(*args, **kwargs)
-
-    return call
-
-
 @functools.cache
 def stand_in_family(name: str) -> str:
     """A TrainSpec of our own, ``name``'s initialised quickly (``QuickInit``), for plan's trainers: a dry
@@ -376,7 +368,8 @@ def stand_in_family(name: str) -> str:
     spec = get_train_spec(name)
 
     def model_cls(model_args: Any) -> torch.nn.Module:
-        model = _outside_fake_mode(spec.model_cls)(model_args)
+        with unset_fake_temporarily():
+            model = spec.model_cls(model_args)
         init_weights = model.init_weights
 
         def stand_in_init(*args: Any, **kwargs: Any) -> None:
@@ -387,9 +380,8 @@ def stand_in_family(name: str) -> str:
         return model
 
     fake = f"{name}.fake_world"
-    register_train_spec(
-        fake, dataclasses.replace(spec, model_cls=model_cls, parallelize_fn=_outside_fake_mode(spec.parallelize_fn))
-    )
+    parallelize_fn = unset_fake_temporarily()(spec.parallelize_fn)  # the context manager as a decorator
+    register_train_spec(fake, dataclasses.replace(spec, model_cls=model_cls, parallelize_fn=parallelize_fn))
     return fake
 
 
