@@ -72,14 +72,21 @@ class RotaryOverrides(ShapeOverrides):
         return nparams, flops + (6 * self.dim * self.vocab_size if self.tie_embeddings else 0)
 
 
-def hf_decoder_fields(args: Any, tokenizer: Any) -> dict[str, Any]:
-    """The ``transformers`` config fields Qwen3's and Llama 3's share (EOS also as BOS)."""
-    return args.hf_fields() | {
-        "rope_parameters": args.rope_parameters(),
-        "rms_norm_eps": args.norm_eps,
-        "bos_token_id": tokenizer.eos_id,
-        "eos_token_id": tokenizer.eos_id,
-    }
+def hf_decoder_config(model_type: str, args: Any, tokenizer: Any, positions: int, architecture: str):
+    """transformers' config of a Qwen3 or Llama 3 model of this shape (EOS also as BOS), ``positions`` its
+    ``max_position_embeddings``."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(
+        model_type,
+        **args.hf_fields(),
+        rope_parameters=args.rope_parameters(),
+        rms_norm_eps=args.norm_eps,
+        bos_token_id=tokenizer.eos_id,
+        eos_token_id=tokenizer.eos_id,
+        max_position_embeddings=positions,
+        architectures=[architecture],
+    )
 
 
 def adapted(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:

@@ -15,7 +15,7 @@ from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAda
 from torchtitan.protocols.train_spec import TrainSpec
 
 from ..flavors import Flavors
-from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_fields, offered
+from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_config, offered
 
 MODEL_NAME = "llama3_dispersion"
 HF_MODEL_TYPE = "llama"
@@ -54,14 +54,6 @@ def hf_config(args: Llama3Args, tokenizer: Any):
     """transformers' ``LlamaConfig`` of this shape, with the Llama 3 RoPE scaling that
     TorchTitan's Llama 3 always applies; its positions, as Meta's Llama 3.1 config gives them, the original
     context times the factor (transformers warns of any up to the original; llama3 RoPE does not read them)."""
-    from transformers import AutoConfig
-
     scaling = args.rope_scaling_args
-    return AutoConfig.for_model(
-        HF_MODEL_TYPE,
-        **hf_decoder_fields(args, tokenizer),
-        max_position_embeddings=max(
-            args.max_seq_len, int(scaling.original_max_position_embeddings * scaling.scaling_factor)
-        ),
-        architectures=["LlamaForCausalLM"],
-    )
+    positions = max(args.max_seq_len, int(scaling.original_max_position_embeddings * scaling.scaling_factor))
+    return hf_decoder_config(HF_MODEL_TYPE, args, tokenizer, positions, "LlamaForCausalLM")
