@@ -9,12 +9,18 @@
 # Running it again only redoes what is missing.
 # Environment:
 #   QUICKSTART_OUT  output folder (default: outputs/quickstart in this clone)
+#   PYTHON          interpreter with dispersion_titan installed, as for launch/train.sh; no .venv is
+#                   set up then (default: this clone's .venv, set up first)
 # Options go to python -m dispersion_titan.quickstart (--help lists them); their relative paths
 # (--out, --config) are read from the folder it is run in, as every command's.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-echo "quickstart: setting up .venv (scripts/setup_env.sh)"
-bash "$REPO/scripts/setup_env.sh"
-. "$REPO/.venv/bin/activate"
+. "$REPO/launch/common.sh"
+if [ -z "${PYTHON:-}" ]; then
+    echo "quickstart: setting up .venv (scripts/setup_env.sh)"
+    bash "$REPO/scripts/setup_env.sh"
+    . "$REPO/.venv/bin/activate"
+fi
+python=$(python_bin)
 export QUICKSTART_OUT=${QUICKSTART_OUT:-$REPO/outputs/quickstart}
-exec python -m dispersion_titan.quickstart "$@"
+exec "$python" -m dispersion_titan.quickstart "$@"

@@ -500,17 +500,26 @@ def test_a_rerun_is_held_to_the_configs_settings_not_its_path(tmp_path):
     assert record.read_text() == '{"widths": [64'
 
 
-def test_a_seq_len_beyond_a_models_positions_is_refused_before_any_work(tmp_path):
+def test_a_seq_len_beyond_a_models_positions_is_refused_before_any_work(tmp_path, script_python):
     """The init panel's shape (was a traceback from its forward pass), and the trained model's through the launch
     script run from another folder: its relative --config and --out are that folder's, as every command's (they
-    were the clone's, the script ran there); was every analysis refusing it once every run had trained."""
+    were the clone's, the script ran there); was every analysis refusing it once every run had trained. The script
+    runs $PYTHON (here forked from the job server, ``script_python``), as launch/train.sh; one that is no
+    interpreter is refused in one line (it ran the clone's .venv whatever $PYTHON said)."""
     with pytest.raises(ArgumentError) as e:
         setup_for(tmp_path / "q", Path(CONFIG), "--init-flavor", "debug", "--seq-len", "300")
     assert str(e.value) == "--seq-len: 300 exceeds the 256 positions of the init panel's debug shape (--init-flavor)"
     (tmp_path / "mine.toml").write_text(Path(CONFIG).read_text())
     script = str(REPO / "launch" / "quickstart.sh")
     command = ["bash", script, "--out", "q", "--config", "mine.toml", "--seq-len", "300"]
-    proc = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHON": "/no/python"}
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        "quickstart.sh: error: PYTHON: '/no/python' is no interpreter to run; unset it, or name one\n",
+    )
+    env["PYTHON"] = str(script_python)
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines()[-1] == (
         f"dispersion_titan: error: --seq-len: 300 exceeds the 256 positions of the trained model ({tmp_path}/mine.toml)"
