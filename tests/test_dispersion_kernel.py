@@ -287,6 +287,7 @@ def child_main() -> None:
         "non_finite": {variant: non_finite_losses_are_nan(variant) for variant in VARIANTS},
         "double_backward": double_backward_error(),
         "overflowing_squares": {v: overflowing_squares_gap(v) for v in ("angular_spread", "decorrelation")},
+        "torchtitan_modules": sorted(m for m in sys.modules if m.startswith("torchtitan")),
     }
     print(json.dumps(results))
 
@@ -632,6 +633,12 @@ def test_layers_go_through_the_pair_kernels_as_one_batch_where_they_lie(interpre
     assert last == {"rows_kernel": 2, "pairs_forward_kernel": 1, "pairs_backward_kernel": 1, "radial_kernel": 1}, last
     assert every == {**last, "rows_kernel": 4 * 2, "radial_kernel": 4}, every
     assert all(interpreted["layers_match"].values()), interpreted["layers_match"]
+
+
+def test_the_objective_runs_without_torchtitan(interpreted: dict) -> None:
+    """The training objective and the kernels import no TorchTitan (about 1.5 s of CPU in every process that
+    needs only the loss, as this child)."""
+    assert interpreted["torchtitan_modules"] == []
 
 
 def test_auto_probe_agrees_on_the_interpreter(interpreted: dict) -> None:

@@ -21,9 +21,9 @@ from ..components.titan_compat import optimizer_step
 from ..config.cli import without_profile
 from ..job_config.parse import validated_args
 from ..losses.options import resolve_layers
-from ..models.gpt2.model import local_tensor
 from ..trainer.objective import DispersionObjective, own_sequences, shares
 from ..trainer.trainer import DispersionTrainer
+from ..utils.dtensor import local_tensor
 from ..utils.errors import ConfigError
 from .fake_world import rank_zero_trainer
 from .resource_plan import ResourceLayout, resolve_layout

@@ -22,7 +22,7 @@ from torch.utils._runtime_estimation import _FLOAT_TYPES, _IGNORE_OPS, get_num_b
 from torch.utils.flop_counter import flop_registry
 
 from ..components.titan_compat import optimizer_per_model_part, optimizer_step
-from ..models.gpt2.model import local_tensor
+from ..utils.dtensor import local_tensor
 from .fake_world import rank_zero_trainer
 from .figures import GPU, term_seconds
 

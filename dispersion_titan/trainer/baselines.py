@@ -15,7 +15,8 @@ from torch import nn
 from torchtitan.tools.logging import logger
 
 from ..config.schema import Baseline
-from ..models.gpt2.model import INIT_STD, copy_full_into
+from ..models.gpt2.model import INIT_STD
+from ..utils.dtensor import copy_full_into
 from .objective import mixed_seed
 
 

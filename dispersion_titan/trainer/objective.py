@@ -25,7 +25,7 @@ from ..config.schema import Dispersion
 from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.dispersion import KernelUnavailable, check_triton_kernel, select_tokens
 from ..losses.options import resolve_layers
-from ..models.gpt2.model import local_tensor
+from ..utils.dtensor import local_tensor
 from ..utils.errors import ConfigError
 
 

@@ -28,12 +28,12 @@ from ..data.packed import run_seed
 from ..job_config.titan_checks import run_folders
 from ..models.flavors import DROPOUT_KEYS
 from ..models.fsdp import shards_one_rank, sync_last_microbatch
-from ..models.gpt2.model import local_tensor
 from ..run_folder.checkpoints import complete_checkpoints, quarantine_incomplete, record_saved, save_run_metadata
 from ..run_folder.owners import outside_folders, record_run_folders
 from ..run_folder.settings import fork_parent, fork_record, run_settings, same_documents, start_record
 from ..run_folder.writer_lock import WriterLock
 from ..tokenizer.encoders import encoder_for
+from ..utils.dtensor import local_tensor
 from ..utils.errors import NOTHING_KEPT, DispersionTitanError, NonFiniteLossError, say
 from ..utils.records import remove_stale_writes
 from .baselines import build_baseline

@@ -10,9 +10,10 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, Partial, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial
 from torchtitan.protocols.model import ModelProtocol
 
+from ...utils.dtensor import copy_full_into, local_tensor
 from .args import GPT2ModelArgs
 
 INIT_STD = 0.02
@@ -126,17 +127,3 @@ class GPT2(ModelProtocol):
         return liger_fused_linear_cross_entropy(
             h.flatten(0, 1), self.output.weight, labels.flatten(), reduction="sum", accum_dtype=torch.float32
         )
-
-
-def local_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (differentiable); a plain tensor as it is."""
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy a full-size value into a parameter, only this rank's shard of a DTensor (no communication)."""
-    if isinstance(param, DTensor):
-        shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-        param.to_local().copy_(shard.to_local())
-    else:
-        param.copy_(full)
