@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from torchtitan.protocols.train_spec import TrainSpec
+from typing import TYPE_CHECKING, Any
 
 from ..flavors import DROPOUT_KEYS
 from .args import GPT2ModelArgs, gpt2_flavors
 from .model import GPT2
+
+if TYPE_CHECKING:
+    from torchtitan.protocols.train_spec import TrainSpec
 
 MODEL_NAME = "gpt2"
 HF_MODEL_TYPE = "gpt2"
