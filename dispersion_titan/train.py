@@ -87,8 +87,7 @@ def main() -> None:
     args = with_config_module([a for a in argv if a not in (CHECK_ONLY, HELP_ALL_FLAG)], toml)
     check_own_sections(toml, config_file(argv))
     from dispersion_titan.components import titan_compat
-    from dispersion_titan.job_config import parse
-    from dispersion_titan.job_config.checks import DERIVED, launch_notes  # with parse: TorchTitan's import
+    from dispersion_titan.job_config import checks, parse  # TorchTitan's import
 
     parse.setup_torchtitan()
     if HELP_ALL_FLAG in argv:  # TorchTitan's help of every section, ours included; exits
@@ -96,7 +95,7 @@ def main() -> None:
         titan_compat.config_manager_parse([*without_profile(args), "--help"], with_profile(argv, toml))
     try:
         job_config = parse.parse_job_config(args, toml)
-        parsed = {key: attrgetter(key)(job_config) for key in DERIVED}  # before the checks derive them
+        parsed = {key: attrgetter(key)(job_config) for key in checks.DERIVED}  # before the checks derive them
         # The lock is taken by the one process that checks a launch before its ranks start: not by a rank (rank
         # 0 takes it itself), not on one node of several (another's rank 0 may own the folder).
         one_node = os.environ.get("NNODES", "1") in ("", "1")
@@ -108,7 +107,7 @@ def main() -> None:
         fail(str(e).splitlines()[0])
     # Once per launch: by the check before it on one node (launch/train.sh's, or by hand), else by rank 0.
     if one_node if check_only else not (one_node and os.environ.get(CHECKED) == "1"):
-        for note in launch_notes(job_config, parsed):
+        for note in checks.launch_notes(job_config, parsed):
             say(f"note: {note}")
     if check_only:
         return

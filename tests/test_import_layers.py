@@ -177,8 +177,11 @@ def test_the_torchrun_launcher_imports_no_torchtitan():
 def test_compare_and_table_import_no_torch():
     """``analyze compare`` and ``evaluate table`` read results (``condensation.json``, ``results.json``,
     ``run.json``), no checkpoint: torch with its DCP reader (about 3 s of CPU) was most of each command's time,
-    in every sweep's compare and table jobs."""
-    commands = "dispersion_titan.analysis.compare, dispersion_titan.evaluation.table"
+    in every sweep's compare and table jobs. So does ``paper``'s drawing (its job after the others) and its
+    workflow (a dry run), TorchTitan only where fig3 trains (was 3.4 s of CPU in each)."""
+    commands = (
+        "dispersion_titan.analysis.compare, dispersion_titan.evaluation.table, dispersion_titan.reproduce.paper.render"
+    )
     code = f"import sys, {commands}; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr[-2000:]

@@ -22,8 +22,6 @@ from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
 from ...evaluation.runner import hub_model
 from ...evaluation.table import TABLE, arm_runs, one_seed_each
-from ...job_config import released
-from ...job_config.parse import validated_args
 from ...run_folder.checkpoints import (
     dispersion_variant,
     find_checkpoint_folder,
@@ -578,9 +576,13 @@ def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
 
 def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
     """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
+    if not train:
+        return []
     per_node = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE)
     gpus = per_node * _sbatch_count(sbatch_args, "--nodes", 1)
-    configs = [(step.label, validated_args(launch_args(*step.argv), gpus)) for step in train]
+    from ...job_config import parse, released  # TorchTitan (3 s of CPU): only where fig3 trains
+
+    configs = [(step.label, parse.validated_args(launch_args(*step.argv), gpus)) for step in train]
     return [f"fig3: {label}: {released.summary(config)}" for label, config in configs if released.is_on(config)]
 
 
