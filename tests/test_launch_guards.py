@@ -245,25 +245,28 @@ def test_unwritable_dump_folder_is_one_line_without_traceback():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("given", [["-debug.toml"], ["--job.config_file=-debug.toml"]], ids=["CONFIG", "flag="])
-def test_train_sh_checks_the_config_once_before_torchrun(finished_run, tmp_path, given):
+def test_train_sh_checks_the_config_once_before_torchrun(finished_run, tmp_path, given, script_python):
     """A bad override: one line from train.sh's one check, no torchrun, nothing written. The config given as
     ``-debug.toml`` (a path tyro would read as an option after a space): checked as the config (was:
     ``job.config_file: no value given``, train.sh having passed it as ``--job.config_file -debug.toml``). Given as
-    ``--job.config_file CONFIG``, as dispersion-titan train takes it: test_reliability.py's background train.sh run."""
-    shutil.copy(DEBUG_TOML, tmp_path / "-debug.toml")
+    ``--job.config_file CONFIG``, as dispersion-titan train takes it: test_reliability.py's background train.sh run.
+    Its check forked from the job server (``script_python``), not a fresh interpreter importing TorchTitan."""
+    here = tmp_path / "here"  # beside script_python's file
+    here.mkdir()
+    shutil.copy(DEBUG_TOML, here / "-debug.toml")
     before = digests(finished_run)
     proc = subprocess.run(
         [str(REPO / "launch" / "train.sh"), *given, "--job.dump_folder", str(finished_run), "--dispersion.variant",
          "angular"],
-        cwd=tmp_path,
+        cwd=here,
         capture_output=True,
         text=True,
-        env=launch_env({"PYTHON": sys.executable}),
+        env=launch_env({"PYTHON": str(script_python)}),
         timeout=300,
     )  # fmt: skip
     assert_one_line_error(proc.returncode, proc.stderr, "dispersion.variant: 'angular' is not one of")
     assert "torch.distributed" not in proc.stdout + proc.stderr and not proc.stdout.strip()
-    assert digests(finished_run) == before and [p.name for p in tmp_path.iterdir()] == ["-debug.toml"]
+    assert digests(finished_run) == before and [p.name for p in here.iterdir()] == ["-debug.toml"]
 
 
 def test_check_only_says_the_layout_a_paper_config_launches(tmp_path):
