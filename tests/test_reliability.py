@@ -827,14 +827,20 @@ def test_init_out_of_room_is_one_line_and_leaves_no_half_file(tmp_path):
     assert again.returncode == 0 and f"wrote {len(shipped) - len(kept)} configs" in again.stdout, again.stdout
 
 
-def test_inits_next_command_runs_as_printed(tmp_path, capsys, monkeypatch):
+def test_inits_next_command_runs_as_printed(tmp_path, capsys, monkeypatch, script_python):
     """``init "my runs"`` ends naming the next command; pasted into a shell as printed it runs (was ``cd my runs``,
-    unquoted: ``cd: too many arguments``; and ``--profile cpu``, which debug.toml does not need)."""
+    unquoted: ``cd: too many arguments``; and ``--profile cpu``, which debug.toml does not need). Its
+    ``dispersion-titan`` is ``python -m dispersion_titan`` forked from the job server (``script_python``): the console
+    script itself is test_console_script.py's and test_wheel.py's."""
     monkeypatch.chdir(tmp_path)
     init_main(["my runs"])
     (hint,) = re.findall(r"; next: (.*)", capsys.readouterr().out)
     assert hint.startswith("cd 'my runs' && dispersion-titan train ") and "--profile" not in hint, hint
-    env = launch_env({"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    command = tmp_path / "bin" / "dispersion-titan"
+    command.parent.mkdir()
+    command.write_text(f'#!/bin/sh\nexec "{script_python}" -m dispersion_titan "$@"\n')
+    command.chmod(0o755)
+    env = launch_env({"PATH": f"{command.parent}:{os.environ['PATH']}"})
     proc = subprocess.run(["bash", "-c", f"{hint} --check-only"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
