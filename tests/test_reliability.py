@@ -29,6 +29,7 @@ import torch
 
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.shipped import shipped_files
+from dispersion_titan.convert import main as convert_main
 from dispersion_titan.init import main as init_main
 from dispersion_titan.run_folder.checkpoints import (
     CheckpointError,
@@ -41,7 +42,7 @@ from dispersion_titan.run_folder.owners import FolderOwner, write_record
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.trainer.launcher import killed_message
 from dispersion_titan.utils.errors import ArgumentError
-from support.cli import analyze, assert_one_line_error
+from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import (
     DEBUG_SEQ_LEN,
@@ -54,7 +55,7 @@ from support.launch import (
     python_module,
     torchrun,
 )
-from support.runs import digests, load_weights, max_abs_diff, scalars
+from support.runs import digests, load_weights, max_abs_diff, scalars, tiny_hub_model
 
 STEPS = REFERENCE_STEPS
 # Every launch below shares the reference run's schedule, so losses compare step for step.
@@ -783,6 +784,33 @@ def test_a_run_named_the_wrong_way_is_told_the_right_one(reference, tmp_path, ca
     for spec, says in (("6-2", "--steps: empty range '6-2'"), ("10-20", "--steps: '10-20' selects no checkpoint")):
         with pytest.raises(ArgumentError, match=f"^{re.escape(says)}"):
             select_steps(spec, steps)
+
+
+@pytest.mark.slow
+def test_an_analysis_or_a_hugging_face_folder_given_as_a_run_is_named(reference, tmp_path, capsys):
+    """A run's analysis (its step-N folders hold results) or a Hugging Face model's folder where a run is
+    expected: one line saying what the folder is and what to give (were its step-N taken for damaged
+    checkpoints, `missing .metadata`, exit 1; and `no checkpoints`), nothing written."""
+    analysis = tmp_path / "analysis"
+    assert (
+        analyze(reference, *ANALYSIS, "--steps", "0", "--out", analysis, "--tb-dir", tmp_path / "tb", capsys=capsys)[0]
+        == 0
+    )
+    hub = tiny_hub_model(tmp_path / "hub")
+    before = digests(tmp_path)
+    assert_one_line_error(
+        *analyze(analysis, *ANALYSIS, "--force", capsys=capsys)[::2],
+        f"{analysis}: the analysis of {reference}, not a run's checkpoints; give the run's folder {reference}",
+    )
+    assert_one_line_error(
+        *run_cli(convert_main, "to-hf", analysis, tmp_path / "hf", capsys=capsys)[::2],
+        f"{analysis}: the analysis of {reference}, not a run's checkpoints",
+    )
+    assert_one_line_error(
+        *analyze(hub, *ANALYSIS, capsys=capsys)[::2],
+        f"{hub}: a Hugging Face model's folder, not a run; give it as hf:{hub}",
+    )
+    assert digests(tmp_path) == before
 
 
 @pytest.mark.slow

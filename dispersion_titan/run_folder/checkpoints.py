@@ -52,6 +52,11 @@ def find_checkpoint_folder(run: str, give: str = "the run folder {run} with --st
         raise CheckpointError(
             f"{run}: one checkpoint's folder, not a run's; give {give.format(run=dump, step=step[1])}"
         )
+    if hf_weights(run):  # was `no checkpoints (no step-N folders here …)`
+        raise CheckpointError(f"{run}: a Hugging Face model's folder, not a run; give it as {shlex.quote('hf:' + run)}")
+    if (owner := read_owner(run)) is not None and owner.kind != "run":  # an analysis's step-N are no checkpoints
+        home = f"; give the run's folder {shlex.quote(owner.run)}" if owner.run and is_run(owner.run) else ""
+        raise CheckpointError(f"{run}: {owner.describe()}, not a run's checkpoints{home}")
     if any(STEP_FOLDER.match(name) for name in os.listdir(run)):
         return run
     nested = run_paths(run)["checkpoint.folder"]
