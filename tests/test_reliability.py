@@ -814,6 +814,27 @@ def test_an_analysis_or_a_hugging_face_folder_given_as_a_run_is_named(reference,
 
 
 @pytest.mark.slow
+def test_a_checkpoint_or_an_analysis_given_as_a_hugging_face_model_is_named(reference, tmp_path, capsys):
+    """``hf:RUN/checkpoint/step-N`` or ``hf:`` of an analysis: one line saying what the folder is, exit 2, before
+    ``--out`` is made (was transformers' `Unrecognized model … Should have a model_type key in its config.json`)."""
+    analysis = tmp_path / "analysis"
+    assert (
+        analyze(reference, *ANALYSIS, "--steps", "0", "--out", analysis, "--tb-dir", tmp_path / "tb", capsys=capsys)[0]
+        == 0
+    )
+    step = reference / "checkpoint" / "step-4"
+    assert_one_line_error(
+        *analyze(f"hf:{step}", *ANALYSIS, "--out", tmp_path / "out", capsys=capsys)[::2],
+        f"hf:{step}: {step} is a training run's checkpoint (DCP), not a Hugging Face model; give its run's folder",
+    )
+    assert_one_line_error(
+        *analyze(f"hf:{analysis}", *ANALYSIS, "--out", tmp_path / "out", capsys=capsys)[::2],
+        f"hf:{analysis}: {analysis} holds no config.json: not a Hugging Face model's folder",
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
 def test_a_command_out_of_room_is_one_line(reference, tmp_path):
     """Any command whose writes meet a full disk, a quota or the file size limit (here set from the start, as
     ``ulimit -f`` sets it): one line with what to do, exit 74, not the writer's traceback; the run unchanged."""

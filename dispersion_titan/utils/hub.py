@@ -4,6 +4,7 @@ not after retries; and ``hf:MODEL[@REV1,REV2,...]``, how ``analyze`` and ``evalu
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import socket
 from collections.abc import Iterator
@@ -100,9 +101,18 @@ def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
     if os.path.isdir(model):
         if os.path.isfile(os.path.join(model, "run.json")):  # run_folder's RUN_METADATA_FILE
             raise ModelLoadError(f"{text}: {model} is a training run's folder (run.json); give it without hf:")
+        if os.path.isfile(os.path.join(model, ".metadata")):  # a run's checkpoint/step-N (DCP)
+            raise ModelLoadError(
+                f"{text}: {model} is a training run's checkpoint (DCP), not a Hugging Face model; give its run's "
+                "folder without hf:"
+            )
         for revision in filter(None, names):
             if not os.path.isdir(os.path.join(model, revision)):
                 raise ModelLoadError(f"{text}: no such folder {os.path.join(model, revision)}")
+        if not os.path.isfile(os.path.join(model, "config.json")) and not glob.glob(
+            os.path.join(glob.escape(model), "*", "config.json")
+        ):  # neither a model nor its revisions' folders (an analysis): was transformers' `model_type` key error
+            raise ModelLoadError(f"{text}: {model} holds no config.json: not a Hugging Face model's folder")
         return HFSpec(os.path.abspath(model), names, trust_remote_code)
     if (
         model.startswith(("/", ".", "~"))
