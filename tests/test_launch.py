@@ -391,6 +391,8 @@ def test_sweep_bad_input_is_one_line(tmp_path):
     not_toml = tmp_path / "conf.json"  # named as the sweep's config, once (was "cell w64-…: --job.config_file: …")
     not_toml.write_text('{"model": {"name": "gpt2"}}\n')
     cases[("--config", str(not_toml))] = f"dispersion_titan: error: config: {not_toml}: invalid TOML: Invalid statement"
+    # a training config as the sweep's TOML: was `activation_checkpoint: unknown sweep key`
+    cases[(str(DEBUG_TOML),)] = "SWEEP.toml: a training config (its [job] section), not a sweep"
     one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0")  # one cell's config checked, not 20
     for args, message in cases.items():  # a flag given again wins: each case's own widths, variants or seeds
         proc = sweep(*([] if args[0].endswith(".toml") else [toml, *one_cell]), "--dry-run", *args)

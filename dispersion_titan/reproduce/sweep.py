@@ -159,6 +159,12 @@ def _strings(key: str, value: Any) -> list[str]:
 def read_sweep(raw: dict[str, Any]) -> Sweep:
     allowed = set(Sweep.__dataclass_fields__)
     unknown = sorted(set(raw) - allowed)
+    sections = [key for key, value in raw.items() if key not in allowed and isinstance(value, dict)]
+    if sections:  # a training config's [job], [model], ...: was `activation_checkpoint: unknown sweep key`
+        raise ArgumentError(
+            f"SWEEP.toml: a training config (its [{sections[0]}] section), not a sweep; a sweep's TOML names it as "
+            'config = "CONFIG", as launch/sweep_example.toml does'
+        )
     if unknown:
         raise ArgumentError(f"{unknown[0]}: unknown sweep key (known: {', '.join(sorted(allowed))})")
     for key in ("config", "widths", "variants", "seeds"):
