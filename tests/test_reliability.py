@@ -566,6 +566,28 @@ def test_a_tensorboard_folder_removed_while_training_is_one_line(tmp_path):
     ), proc.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_a_run_folder_moved_while_training_names_its_relaunch(tmp_path):
+    """``mv RUN ELSEWHERE`` while it trains: one line, exit 2, saying the run folder moved and to relaunch naming
+    where it is now (was `TensorBoard could not write … fix the folder and relaunch the same command`, which
+    started a new run where the old one had been)."""
+    dump, moved = tmp_path / "here" / "run", tmp_path / "there"
+    dump.parent.mkdir()
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--checkpoint.no-enable"]
+    job = ThreadPoolExecutor(1).submit(python_module, "dispersion_titan.train", *argv, "--training.steps", "20")
+    while not (dump / "run.json").exists() and not job.done():
+        time.sleep(0.02)
+    dump.rename(moved)
+    proc = job.result()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.fullmatch(
+        rf"dispersion_titan: error: job.dump_folder: {dump} was moved or removed while training \(TensorBoard could "
+        r"not write \S+\); relaunch with --job.dump_folder naming where it is now to start over",
+        proc.stderr.strip().splitlines()[-1],
+    ), proc.stderr[-3000:]
+    assert not dump.exists()
+
+
 def truncate_shard(step_dir: Path) -> None:
     shard = step_dir / "__1_0.distcp"
     with open(shard, "r+b") as f:

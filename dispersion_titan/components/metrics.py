@@ -52,7 +52,8 @@ class DispersionMetricsProcessor(MetricsProcessor):
             wandb_run.record(job_config.job.dump_folder)
             # a resume from a checkpoint older than the W&B run's last step logs those steps again, the same values
             titan_compat.wandb_logs_from(self.logger, wandb_run.next_step())
-        self.tb_folder = os.path.join(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
+        self.dump_folder = job_config.job.dump_folder
+        self.tb_folder = os.path.join(self.dump_folder, job_config.metrics.save_tb_folder)
         self.checkpointing = job_config.checkpoint.enable
         self.writer_error: OSError | None = None
         self._excepthook = threading.excepthook
@@ -81,11 +82,16 @@ class DispersionMetricsProcessor(MetricsProcessor):
         error.filename = error.filename or self.tb_folder
         if no_room(error):  # the trainer's line: the space, the last good checkpoint
             raise error
+        written = f"TensorBoard could not write {os.fsdecode(error.filename)}"
+        if not os.path.isdir(self.dump_folder):  # moved (mv): the same command would start a new run where it was
+            raise OutputError(
+                f"job.dump_folder: {self.dump_folder} was moved or removed while training ({written}); relaunch with "
+                f"--job.dump_folder naming where it is now to {'resume' if self.checkpointing else 'start over'}"
+            ) from None
         kept = "the checkpoints saved so far are intact" if self.checkpointing else NOTHING_KEPT
         raise OutputError(  # its folder removed or made read-only while training
-            f"metrics.save_tb_folder: TensorBoard could not write {os.fsdecode(error.filename)} "
-            f"({(error.strerror or type(error).__name__).lower()}); {kept}; fix the folder and relaunch the same "
-            f"command to {'resume' if self.checkpointing else 'start over'}"
+            f"metrics.save_tb_folder: {written} ({(error.strerror or type(error).__name__).lower()}); {kept}; fix the "
+            f"folder and relaunch the same command to {'resume' if self.checkpointing else 'start over'}"
         ) from None
 
     def log(
