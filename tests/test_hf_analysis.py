@@ -310,7 +310,12 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
     inside = (
         f"a folder inside run {run} (its condensation analyses are in {run / 'condensation'}); give the run's folder"
     )
-    for spec, said in ((run / "checkpoint", inside), (run / "run.json", "not a folder")):  # was: analyze it first
+    family = "a family folder, which holds no condensation analyses; give the runs it was made from"
+    for spec, said in (
+        (run / "checkpoint", inside),
+        (run / "run.json", "not a folder"),
+        (out, family),
+    ):  # was: analyze it first
         assert_one_line_error(
             *analyze("family", *specs, str(spec), "--out", tmp_path / "family2", capsys=capsys)[::2], f"{spec}: {said}"
         )

@@ -10,8 +10,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant, identity_changed
-from ..run_folder.outputs import format_table, results_folder, revision_folder, save_png, write_csv
-from ..run_folder.owners import FolderOwner, relocated, results_run, rewritten
+from ..run_folder.outputs import format_table, revision_folder, save_png, write_csv
+from ..run_folder.owners import FolderOwner, relocated, results_folder, results_run, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses

@@ -19,8 +19,8 @@ from scipy import stats
 
 from ..config.grid import Arm
 from ..run_folder.checkpoints import LEDGER_KEYS, complete_checkpoints, load_run_metadata
-from ..run_folder.outputs import atomic_write, headless_pyplot, results_folder, save_png, write_csv
-from ..run_folder.owners import RUN_ID, FolderOwner, relocated, results_run, rewritten, run_paths
+from ..run_folder.outputs import atomic_write, headless_pyplot, save_png, write_csv
+from ..run_folder.owners import RUN_ID, FolderOwner, relocated, results_folder, results_run, rewritten, run_paths
 from ..run_folder.settings import from_scratch, trajectory_settings
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import errno
-import glob
 import json
 import os
 import re
@@ -126,38 +125,6 @@ def report_failed(failed: list[str], total: int, nouns: str, done: str) -> int:
             file=sys.stderr,
         )
     return len(failed)
-
-
-def results_folder(run: str, name: str, file: str, what: str, command: str) -> str:
-    """``run`` when it holds results (``step-N/{file}``, ``rev-NAME/{file}``), else ``run/{name}`` when that
-    does; else one line saying which ``command`` makes them, of the run a folder inside one (its checkpoints)
-    belongs to."""
-    if not os.path.isdir(run):
-        raise OutputError(f"{run}: {'not a folder' if os.path.exists(run) else 'no such folder'}")
-
-    def holds(folder: str) -> bool:
-        return any(glob.glob(os.path.join(folder, pattern, file)) for pattern in ("step-*", "rev-*"))
-
-    for folder in (run, os.path.join(run, name)):
-        if holds(folder):
-            return folder
-    dump = next((str(p) for p in Path(run).resolve().parents if (p / "run.json").is_file()), None)
-    if dump is not None:
-        found = os.path.join(dump, name)
-        made = (
-            f"its {what} are in {found}"
-            if holds(found)
-            else f"no {what} yet: python -m dispersion_titan.{command} {dump}"
-        )
-        raise OutputError(f"{run}: a folder inside run {dump} ({made}); give the run's folder")
-    if os.path.isfile(os.path.join(run, "config.json")):  # a model's folder: its results are in an --out of its own
-        raise OutputError(
-            f"{run}: a Hugging Face model's folder, which holds no {what}; make them with python -m "
-            f"dispersion_titan.{command} hf:{run} --out DIR, then give DIR"
-        )
-    raise OutputError(
-        f"{run}: no {what} here or in {os.path.join(run, name)} (run python -m dispersion_titan.{command} {run} first)"
-    )
 
 
 @contextmanager

@@ -5,6 +5,7 @@ refused in one line naming the owner, before anything is written (docs/reliabili
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shlex
@@ -82,6 +83,45 @@ def read_owner(folder: str) -> FolderOwner | None:
         why = f"no {e}" if isinstance(e, KeyError) else e
         raise OutputError(f"{os.path.join(folder, OWNER_FILE)}: unreadable ({why}); restore it, or remove it and rerun")
     return None
+
+
+def results_folder(run: str, name: str, file: str, what: str, command: str) -> str:
+    """``run`` when it holds results (``step-N/{file}``, ``rev-NAME/{file}``), else ``run/{name}`` when that
+    does; else one line saying which ``command`` makes them, of the run a folder inside one (its checkpoints)
+    belongs to."""
+    if not os.path.isdir(run):
+        raise OutputError(f"{run}: {'not a folder' if os.path.exists(run) else 'no such folder'}")
+
+    def holds(folder: str) -> bool:
+        return any(glob.glob(os.path.join(folder, pattern, file)) for pattern in ("step-*", "rev-*"))
+
+    for folder in (run, os.path.join(run, name)):
+        if holds(folder):
+            return folder
+    dump = next((str(p) for p in Path(run).resolve().parents if (p / "run.json").is_file()), None)
+    if dump is not None:
+        found = os.path.join(dump, name)
+        made = (
+            f"its {what} are in {found}"
+            if holds(found)
+            else f"no {what} yet: python -m dispersion_titan.{command} {dump}"
+        )
+        raise OutputError(f"{run}: a folder inside run {dump} ({made}); give the run's folder")
+    if os.path.isfile(os.path.join(run, "config.json")):  # a model's folder: its results are in an --out of its own
+        raise OutputError(
+            f"{run}: a Hugging Face model's folder, which holds no {what}; make them with python -m "
+            f"dispersion_titan.{command} hf:{run} --out DIR, then give DIR"
+        )
+    if (owner := read_owner(run)) is not None and owner.kind != "run":  # a table, a comparison: was "run analyze T"
+        home = (
+            f"the run's folder {shlex.quote(owner.run)}"
+            if owner.run and is_run(owner.run)
+            else "the runs it was made from"
+        )
+        raise OutputError(f"{run}: {owner.describe()}, which holds no {what}; give {home}")
+    raise OutputError(
+        f"{run}: no {what} here or in {os.path.join(run, name)} (run python -m dispersion_titan.{command} {run} first)"
+    )
 
 
 def results_run(folder: str, recorded: str) -> str:
