@@ -360,6 +360,11 @@ REFUSALS = [
         "job.dump_folder: /proc/sys exists but is not writable; give a folder you can write to",
         world=1,
     ),
+    Refusal(  # a TOML's "~/runs/x": was trained into ./~/runs/x
+        [*DEBUG, "--job.dump_folder", "~/runs/x"],
+        "job.dump_folder: ~/runs/x starts with ~, which TOML and TorchTitan do not expand (a folder named ~ would be ",
+        world=1,
+    ),
     Refusal(
         [*DEBUG, "--job.dump_folder", ""],
         "job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run",

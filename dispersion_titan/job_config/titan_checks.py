@@ -175,6 +175,11 @@ def check_output_folders(config: RunConfig) -> None:
     dump = config.job.dump_folder
     if not dump.strip():
         raise ConfigError("job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run")
+    if dump.startswith("~"):  # TorchTitan takes it as it is: a folder named ~ in the working directory
+        raise ConfigError(
+            f"job.dump_folder: {dump} starts with ~, which TOML and TorchTitan do not expand (a folder named ~ would "
+            f"be made in {os.getcwd()}); write it as {os.path.expanduser(dump)}"
+        )
     folders = run_folders(config)
     for field, path in {"job.dump_folder": dump, **folders}.items():
         full = os.path.abspath(path)  # it, or its nearest existing ancestor, says whether it can be written
