@@ -71,6 +71,7 @@ def test_model_only_run_cannot_continue_and_says_why(elastic, tmp_path):
     continue from, one line."""
     final = f"step-{REFERENCE_STEPS}"
     shutil.copytree(elastic["straight"] / "checkpoint" / final, tmp_path / "checkpoint" / final)
+    shutil.copy(elastic["straight"] / "run.json", tmp_path)  # a run's checkpoints come with its run.json
     with pytest.raises(
         CheckpointError,
         match=rf"{final} holds weights only .* cannot continue to step 10; "

@@ -20,7 +20,7 @@ import pytest
 
 from dispersion_titan.job_config.parse import validated_args
 from dispersion_titan.run_folder.checkpoints import CheckpointError, check_resume, checkpoint_identity, recorded_run
-from dispersion_titan.run_folder.owners import record_run_folders
+from dispersion_titan.run_folder.owners import FolderOwner, record_run_folders, write_record
 from dispersion_titan.run_folder.settings import fork_source, holds_an_initialisation, start_fork
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import ConfigError, RenamedCheckpointError
@@ -239,6 +239,21 @@ def test_a_run_whose_checkpoints_were_deleted_is_not_started_again(reference_run
         )
         assert sha256_tree(dump) == before
         (dump / "checkpoint").mkdir(exist_ok=True)
+
+
+def test_a_run_whose_run_json_was_lost_is_not_resumed_with_any_settings(reference_run, tmp_path):
+    """A run in its place whose ``run.json`` was deleted, relaunched with other settings: one line, nothing written
+    (was resumed from its newest checkpoint with them, and they recorded as the run's from its start)."""
+    dump = tmp_path / "run"
+    shutil.copytree(reference_run, dump, symlinks=True, ignore=shutil.ignore_patterns("run.json", ".owner.json"))
+    write_record(str(dump), FolderOwner("run", str(dump)))  # its own .owner.json, as the original's names it
+    before = sha256_tree(dump)
+    assert one_line(relaunch(dump, "--optimizer.lr", "0.01")) == (
+        f"dispersion_titan: error: {dump}/run.json: missing, but {dump}/checkpoint holds this run's checkpoints "
+        "(step-8); it records the settings they were trained with, which a relaunch keeps: restore it, or train anew "
+        "in a new --job.dump_folder"
+    )
+    assert sha256_tree(dump) == before
 
 
 def test_a_step_folder_renamed_by_hand_is_named_in_one_line(reference_run, tmp_path):

@@ -501,11 +501,17 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     """Before any process group starts: ``RunFinished`` when the run ``dump`` is done, and
     ``CheckpointError`` when no checkpoint continues it or going on would save over an existing
     checkpoint (a weights-only newest one, an older ``load_step``): fork such a run on purpose."""
-    saved = saved_checkpoints(folder)
-    if not saved and (recorded_run(dump) or {}).get(SAVED_KEY):  # TorchTitan would start again from step 0
+    saved, recorded = saved_checkpoints(folder), recorded_run(dump)
+    if not saved and (recorded or {}).get(SAVED_KEY):  # TorchTitan would start again from step 0
         raise CheckpointError(
             f"{folder}: {'holds no complete checkpoint' if os.path.isdir(folder) else 'missing'}, but run {dump} "
             "saved checkpoints there (run.json); restore them, or train anew in a new --job.dump_folder"
+        )
+    if saved and recorded is None:  # was resumed with any settings, recorded anew as the run's from its start
+        raise CheckpointError(
+            f"{os.path.join(dump, RUN_METADATA_FILE)}: missing, but {folder} holds this run's checkpoints (step-"
+            f"{saved[-1].step}); it records the settings they were trained with, which a relaunch keeps: restore it, "
+            "or train anew in a new --job.dump_folder"
         )
     if load_step >= 0 and os.path.isdir(folder) and load_step not in [c.step for c in saved]:
         have = ", ".join(str(c.step) for c in saved) or "none"
