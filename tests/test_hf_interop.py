@@ -500,7 +500,11 @@ def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_
             lambda: (step / ".metadata").write_bytes(b"junk"),
             f"{step}/.metadata: damaged (not a DCP checkpoint's metadata), so step-0 cannot be read",
         ),
-        (lambda: run_json.write_text("{"), f"{run_json}: unreadable ("),
+        (  # was without the way out
+            lambda: run_json.write_text("{"),
+            f"{run_json}: unreadable (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+            "restore it: it records the run's model and settings",
+        ),
         (lambda: run_json.write_text(no_args), f"{run_json}: invalid (no model_args)"),
     ):
         damage()

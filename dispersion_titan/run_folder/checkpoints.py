@@ -263,7 +263,9 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing; it is written by dispersion_titan.train at start") from None
     except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
+        raise CheckpointError(
+            f"{path}: unreadable ({e}); restore it: it records the run's model and settings"
+        ) from None
     if not isinstance(check_format(metadata, path).get("model_args"), dict):
         raise CheckpointError(f"{path}: invalid (no model_args)")
     return metadata
