@@ -190,10 +190,12 @@ def test_train_sbatch_checkpoints_on_signal_and_requeue_finishes(preempted_run):
     assert sorted(scalars(run["dump"])["loss_metrics/global_avg_loss"]) == list(range(1, STEPS + 1))
 
 
-def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
+def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, script_python, tmp_path):
     """A plain and a noisy-embedding cell; the analysis jobs (analyze.sbatch) measure every checkpoint, the
     evaluation jobs score an offline test task on CPU (this cluster has no GPU: --gpus=0 overrides
-    evaluate.sbatch's --gpus=1; the task's scores and the other kinds of task: test_evaluate.py)."""
+    evaluate.sbatch's --gpus=1; the task's scores and the other kinds of task: test_evaluate.py). The first
+    submission's jobs run their python forked from the job server (script_python: no signal is sent to them; the
+    training ranks still fresh interpreters, as torchrun starts them), about 10 CPU-s less a job."""
     out = tmp_path / "sweep"
     evaluate_args = (
         f"--tasks wiki_next_word --include-path {LM_EVAL_TASKS} --limit 4 --num-fewshot 1 --device cpu"
@@ -239,7 +241,7 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
     ]
     # One rank per training (train.sh's NPROC), as in the requeue test.
     env = {**slurm, "NPROC": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
-    proc = python_module(*command, cwd=tmp_path, env=env, timeout=300)
+    proc = python_module(*command, cwd=tmp_path, env={**env, "PYTHON": str(script_python)}, timeout=300)
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "sweep.json").read_text())
     jobs = [manifest["compare_job"], manifest["table_job"]] + [
@@ -279,6 +281,7 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, tmp_path):
         f"sweep: finished (every job's results are in {out}); nothing submitted"
     ], again.stderr
     shutil.rmtree(Path(manifest["cells"][1]["run"]) / "evaluation" / "step-3")
+    # fresh interpreters (env: no forking PYTHON): the jobs it submits are cancelled below, which ends only those
     again = python_module(*command, cwd=tmp_path, env=env, timeout=300)
     submitted = json.loads((out / "sweep.json").read_text())
     try:
@@ -320,7 +323,9 @@ def test_train_sbatch_given_a_folder_for_its_config_names_itself_and_the_folder(
     ), log
 
 
-def test_the_sbatch_scripts_find_their_folder_where_its_path_holds_a_space_and_take_a_dashed_config(slurm, tmp_path):
+def test_the_sbatch_scripts_find_their_folder_where_its_path_holds_a_space_and_take_a_dashed_config(
+    slurm, script_python, tmp_path
+):
     """The package installed under a folder with a space (``My Projects/.venv``): each script finds its
     ``common.sh`` (was the path cut at the space, Slurm's ``Command=`` split on spaces: ``/tmp/common.sh: No such
     file or directory``, exit 1, for every job a sweep or ``paper --slurm`` submits). Its config named
@@ -330,8 +335,9 @@ def test_the_sbatch_scripts_find_their_folder_where_its_path_holds_a_space_and_t
     shutil.copytree(REPO / "dispersion_titan" / "launch_scripts", scripts)
     shutil.copy(DEBUG_TOML, tmp_path / "-debug.toml")
     args = ("-debug.toml", "--dispersion.variant", "angular")
-    # the package's environment active, as where it is installed (outside the checkout no .venv is found)
-    active = {**slurm, "VIRTUAL_ENV": sys.prefix, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{slurm['PATH']}"}
+    # the package's environment active, as where it is installed (outside the checkout no .venv is found): its
+    # python first on PATH, the job server's forking one (script_python: the check ends by itself, no signal)
+    active = {**slurm, "VIRTUAL_ENV": sys.prefix, "PATH": f"{script_python.parent}{os.pathsep}{slurm['PATH']}"}
     job_id = sbatch(*NO_GPUS, f"--output={tmp_path}/%j.out", str(scripts / "slurm" / "train.sbatch"), *args,
                     env=active, cwd=tmp_path)  # fmt: skip
     exit_code = ended(job_id, slurm, timeout=120)["ExitCode"]
