@@ -13,6 +13,7 @@ from dispersion_titan.config.cli import (
     add_device_arguments,
     add_results_arguments,
     non_negative_int,
+    out_folder,
     positive_int,
 )
 from dispersion_titan.utils.errors import command, run_command
@@ -83,8 +84,10 @@ def analyze_parser() -> argparse.ArgumentParser:
         default=DEFAULT_GEOMETRY_SEQUENCES,
         help=f"sequences averaged for effective rank and MEV (default {DEFAULT_GEOMETRY_SEQUENCES})",
     )
-    p.add_argument("--out", help="output folder (default: RUN/condensation; required for hf:)")
-    p.add_argument("--tb-dir", help="TensorBoard folder (default: RUN/tb/condensation, OUT/tb for hf:)")
+    p.add_argument("--out", type=out_folder, help="output folder (default: RUN/condensation; required for hf:)")
+    p.add_argument(
+        "--tb-dir", type=out_folder, help="TensorBoard folder (default: RUN/tb/condensation, OUT/tb for hf:)"
+    )
     add_device_arguments(
         p, dtype_default=None, dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)"
     )
@@ -105,7 +108,9 @@ def compare_parser() -> argparse.ArgumentParser:
         description="Condensation of several analyzed runs side by side (table, CSV, figure).",
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run folders or their condensation folders")
-    p.add_argument("--out", required=True, help="folder for compare.csv, compare_layers.csv and compare.png")
+    p.add_argument(
+        "--out", type=out_folder, required=True, help="folder for compare.csv, compare_layers.csv and compare.png"
+    )
     p.add_argument("--step", default="last", help="checkpoint step to compare, or last (default)")
     return p
 
@@ -122,7 +127,7 @@ def size_series_parser() -> argparse.ArgumentParser:
         metavar="SPEC",
         help="an analysed hf: model's output folder[@REVISION], or a run's folder[@STEP]",
     )
-    p.add_argument("--out", required=True, help="folder for family.md, family.csv and family.png")
+    p.add_argument("--out", type=out_folder, required=True, help="folder for family.md, family.csv and family.png")
     p.add_argument(
         "--family",
         action="append",

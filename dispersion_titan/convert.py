@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config.cli import OneLineErrorParser
+from .config.cli import OneLineErrorParser, out_folder
 from .utils.errors import command, run_command
 
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     export.add_argument(
         "step_dir", metavar="CHECKPOINT_OR_RUN", help="a step-N folder, or a run (its newest complete checkpoint)"
     )
-    export.add_argument("out_dir", metavar="OUT_DIR")
+    export.add_argument("out_dir", metavar="OUT_DIR", type=out_folder)
     export.add_argument("--force", action="store_true", help="replace an export of the same run in OUT_DIR")
     options = parser.parse_args(argv)
     if not options.out_dir:  # was the working directory, refused as holding the user's files or written into

@@ -13,6 +13,7 @@ from dispersion_titan.config.cli import (
     add_device_arguments,
     add_results_arguments,
     non_negative_int,
+    out_folder,
     positive_int,
 )
 from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, PRESETS, TESTS
@@ -77,7 +78,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
         help=f"lm-eval batch size (default {AUTHORS_BATCH_SIZE}, the authors'; larger batches pad, "
         "which moves log-likelihoods in their last digits)",
     )
-    p.add_argument("--out", help="output folder (default: RUN/evaluation)")
+    p.add_argument("--out", type=out_folder, help="output folder (default: RUN/evaluation)")
     add_device_arguments(
         p,
         dtype_help="fp32 (default), bf16 weights, or autocast: fp32 weights under bf16 autocast, as the authors' "
@@ -100,7 +101,7 @@ def table_parser() -> argparse.ArgumentParser:
         help="evaluated runs (run folders or their evaluation folders), grouped into arms by their run.json "
         "settings but the seed; or arms named explicitly (none: the --pretrained row alone)",
     )
-    p.add_argument("--out", required=True, help="folder for table.md, table.csv and table.png")
+    p.add_argument("--out", type=out_folder, required=True, help="folder for table.md, table.csv and table.png")
     add_table_arguments(p)
     return p
 

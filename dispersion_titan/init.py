@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from dispersion_titan.config.cli import OneLineErrorParser
+from dispersion_titan.config.cli import OneLineErrorParser, out_folder
 from dispersion_titan.config.shipped import write_shipped
 from dispersion_titan.run_folder.owners import read_owner
 from dispersion_titan.utils.errors import command, fail, no_room, run_command
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m dispersion_titan.init",
         description="Write the shipped training configs, the paper's configs and the sweep example into DIR.",
     )
-    p.add_argument("dir", metavar="DIR", help="a new or empty folder")
+    p.add_argument("dir", metavar="DIR", type=out_folder, help="a new or empty folder")
     a = p.parse_args(argv)
     if not a.dir:
         fail("DIR: empty; name a new or empty folder")

@@ -15,6 +15,7 @@ import sys
 
 from dispersion_titan.analyze import add_input_arguments
 from dispersion_titan.analyze import main as analyze_main
+from dispersion_titan.config import cli
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, non_negative_int, positive_int
 from dispersion_titan.evaluate import add_table_arguments, task_limit
 from dispersion_titan.evaluate import main as evaluate_main
@@ -42,7 +43,7 @@ def paper_parser() -> OneLineErrorParser:
         help=f"one of {', '.join(ARTIFACT_NAMES)} (--list describes them)",
     )
     p.add_argument("--list", action="store_true", help="each artifact: what it runs, the paper's models, the compute")
-    p.add_argument("--out", default="outputs/paper", help="output folder (default %(default)s)")
+    p.add_argument("--out", type=cli.out_folder, default="outputs/paper", help="output folder (default %(default)s)")
     p.add_argument(
         "--models",
         nargs="+",

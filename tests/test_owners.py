@@ -18,6 +18,8 @@ from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.convert import main as convert_main
 from dispersion_titan.data.__main__ import main as data_main
 from dispersion_titan.evaluate import main as evaluate_main
+from dispersion_titan.init import main as init_main
+from dispersion_titan.paper import main as paper_main
 from dispersion_titan.run_folder.owners import (
     OWNER_FILE,
     FolderOwner,
@@ -166,6 +168,31 @@ def test_a_copied_run_analyzes_into_its_own_folder(runs, capsys, tmp_path):
         before,
         f"--tb-dir: {copy}/tb/condensation holds the histograms of an analysis with other settings; use another",
     )
+
+
+@pytest.mark.parametrize(
+    "main, argv, option",
+    [
+        (analyze_main, ["A", "--out", "~/x", *OPTS], "--out"),
+        (analyze_main, ["A", "--tb-dir", "~/x", *OPTS], "--tb-dir"),
+        (analyze_main, ["compare", "A", "--out", "~/x"], "--out"),
+        (evaluate_main, ["A", "--out", "~/x", *EVAL_OPTS], "--out"),
+        (convert_main, ["to-hf", "A", "~/x"], "OUT_DIR"),
+        (paper_main, ["fig2", "--out", "~/x", "--dry-run"], "--out"),
+        (init_main, ["~/x"], "DIR"),
+    ],
+    ids=["analyze", "analyze-tb-dir", "compare", "evaluate", "convert", "paper", "init"],
+)
+def test_a_quoted_tilde_in_an_output_folder_is_refused_naming_the_expanded_path(
+    runs, capsys, tmp_path, monkeypatch, main, argv, option
+):
+    """``--out '~/x'``: the shell leaves a quoted ~, and a folder named ~ was made in the working directory
+    (as ``job.dump_folder``'s, ``test_config_errors.py``)."""
+    monkeypatch.chdir(tmp_path)
+    before = digests(runs)
+    code, _, err = run_cli(main, *(runs / a if a == "A" else a for a in argv), capsys=capsys)
+    refused(code, err, runs, before, f"argument {option}: ~/x starts with ~", f"made in {tmp_path}); write it as ")
+    assert os.path.expanduser("~/x") in err and os.listdir(tmp_path) == []
 
 
 def test_a_folder_of_files_nobody_recorded_is_refused(runs, capsys, tmp_path):

@@ -192,6 +192,17 @@ class OneLineErrorParser(argparse.ArgumentParser):
              if dashed else message)  # fmt: skip
 
 
+def out_folder(text: str) -> str:
+    """An output folder option's value. A quoted ``~`` is left by the shell and by ``os.path``: the command would
+    make a folder named ``~`` in the working directory (the launch's ``job.dump_folder`` is refused alike)."""
+    if text.startswith("~"):
+        raise argparse.ArgumentTypeError(
+            f"{text} starts with ~, which the shell expands only unquoted (a folder named ~ would be made in "
+            f"{os.getcwd()}); write it as {os.path.expanduser(text)}"
+        )
+    return text
+
+
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")

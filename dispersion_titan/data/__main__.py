@@ -21,7 +21,7 @@ import argparse
 import os
 import shlex
 
-from ..config.cli import OneLineErrorParser, positive_int
+from ..config.cli import OneLineErrorParser, out_folder, positive_int
 from ..run_folder.owners import FolderOwner, refuse_unless_ours
 from ..run_folder.writer_lock import sole_writer
 from ..utils.errors import command, fail, run_command
@@ -39,7 +39,9 @@ def parser() -> argparse.ArgumentParser:
         help="tokenise a corpus split into a token store",
     )
     prep.add_argument("target", metavar="CONFIG_OR_DATASET", help="training TOML or dataset name")
-    prep.add_argument("--out", required=True, help="the store's folder (created; a partial store there is resumed)")
+    prep.add_argument(
+        "--out", type=out_folder, required=True, help="the store's folder (created; a partial store there is resumed)"
+    )
     prep.add_argument(
         "--split", choices=SPLITS, default="train", help="split (with a TOML: its section) to prepare; default train"
     )
