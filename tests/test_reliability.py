@@ -916,6 +916,24 @@ def test_inits_next_command_runs_as_printed(tmp_path, capsys, monkeypatch, scrip
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_an_init_meeting_another_writing_its_folder_writes_what_is_missing(tmp_path, capsys):
+    """Two ``init DIR`` at once: the second met the first's temporary file (``atomic_write``'s) and was refused,
+    ``holds other files (train_configs/.debug.toml.k3j9_x2a.tmp)``, exit 2 (seen by hand, 3 of 10 pairs); it is
+    the configs' own, so the second writes what is not there yet as a rerun does. One named after no config of
+    init's is still another's file."""
+    pending = tmp_path / "mine" / "train_configs" / ".debug.toml.k3j9_x2a.tmp"
+    pending.parent.mkdir(parents=True)
+    pending.write_text("[job]\n")  # half-written
+    init_main([str(tmp_path / "mine")])
+    for dest, source in shipped_files().items():
+        assert (tmp_path / "mine" / dest).read_bytes() == Path(source).read_bytes()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / ".notes.txt.k3j9_x2a.tmp").write_text("x")
+    with pytest.raises(SystemExit) as exit_:
+        init_main([str(tmp_path / "other")])
+    assert exit_.value.code == 2 and "holds other files (.notes.txt.k3j9_x2a.tmp)" in capsys.readouterr().err
+
+
 def test_init_refuses_a_folder_shaped_unlike_its_own(tmp_path, capsys):
     """A file where init writes a folder (DIR itself, above it, or in it), a folder where it writes a config, an
     empty DIR: one line, exit 2, nothing written (were 'not writable (File exists)', a folder counted as a kept

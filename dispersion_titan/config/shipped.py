@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..utils.errors import ArgumentError
 from ..utils.package_data import package_file
-from ..utils.records import atomic_write
+from ..utils.records import atomic_target, atomic_write
 
 SHIPPED = {
     "train_configs": ("train_configs",),
@@ -39,7 +39,9 @@ def write_shipped(out: str) -> tuple[list[str], list[str]]:
         raise ArgumentError(f"DIR: {out} is a file; name a new or empty folder")
     folders = {os.path.dirname(dest) for dest in files}
     entries = ((str(path.relative_to(out)), path.is_dir()) for path in sorted(Path(out).rglob("*")))
-    other = next((rel for rel, is_dir in entries if rel not in (folders if is_dir else files)), None)  # not init's
+    unknown = (rel for rel, is_dir in entries if rel not in (folders if is_dir else files))
+    other = next((rel for rel in unknown if atomic_target(rel) not in files), None)  # not of init's, nor of one
+    # writing DIR now (its temporary files): each config is linked into place by one init, kept by the other
     if other:
         raise ArgumentError(
             f"DIR: {out} holds other files ({other}); init writes only into a new or empty folder, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -45,6 +46,13 @@ def atomic_write(
         if isinstance(e, OSError) and e.errno and e.filename is None:  # a failed write names no file
             raise OSError(e.errno, e.strerror, path) from e
         raise
+
+
+def atomic_target(path: str) -> str | None:
+    """The file ``atomic_write`` is writing through its temporary file ``path`` (or was, if killed), else None."""
+    folder, name = os.path.split(path)
+    match = re.fullmatch(r"\.(.+)\.\w+\.tmp", name)  # mkstemp's prefix and suffix there
+    return os.path.join(folder, match[1]) if match else None
 
 
 STAGING = ".staging."
