@@ -467,6 +467,21 @@ def test_option_combinations_are_refused_before_anything_is_read(tmp_path, capsy
     assert os.listdir(tmp_path) == ["empty.jsonl"]
 
 
+def test_a_run_given_as_hf_says_so_before_asking_for_out(tmp_path, capsys):
+    """``analyze hf:RUN/checkpoint/step-N`` (or ``hf:RUN``) without ``--out``, or with a run's ``--steps``: what the
+    folder is, and how to give it, comes first (was ``--out: required with hf: models`` or ``--steps: not used with
+    hf: models``, then that line once the option was mended)."""
+    run = tiny_run(tmp_path / "run")
+    step = run / "checkpoint" / "step-0"
+    for spec, says in (
+        (step, "is a training run's checkpoint (DCP), not a Hugging Face model; give its run's folder without hf:"),
+        (run, "is a training run's folder (run.json); give it without hf:"),
+    ):
+        before = digests(tmp_path)
+        assert_one_line_error(*analyze(f"hf:{spec}", "--steps", "0", capsys=capsys)[::2], f"hf:{spec}: {spec} {says}")
+        assert digests(tmp_path) == before
+
+
 def test_two_analyses_at_once_one_writer(run, tmp_path):
     """Issue 35: two real ``analyze`` processes with other settings on one run. The first is
     paused while it holds the output folder; the second is refused in one line naming it and

@@ -354,11 +354,11 @@ class HFAnalysis(Analysis):
     noun = "revision"
 
     def __init__(self, options: argparse.Namespace, inputs: InputOptions):
+        self.spec = parse_spec(options.run, options.trust_remote_code)  # first: a run's folder given with hf:
         if options.steps is not None:
             raise ArgumentError("--steps: not used with hf: models (list revisions: hf:MODEL@REV1,REV2)")
         if not options.out:
             raise ArgumentError("--out: required with hf: models")
-        self.spec = parse_spec(options.run, options.trust_remote_code)
         first = self.spec.revisions[0]
         config = hf_model.load_config(self.spec, first)
         self.args = hf_model.model_args(config)
