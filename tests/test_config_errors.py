@@ -365,6 +365,16 @@ REFUSALS = [
         "job.dump_folder: ~/runs/x starts with ~, which TOML and TorchTitan do not expand (a folder named ~ would be ",
         world=1,
     ),
+    Refusal(  # a newline pasted into the name: was made, listed by ls as 'x'$'\n''y'
+        [*DEBUG, "--job.dump_folder", "{dir}/x\ny"],
+        "job.dump_folder: '{dir}/x\\ny' holds the control character '\\n'; give a folder name without it",
+        world=1,
+    ),
+    Refusal(
+        [*DEBUG, "--job.dump_folder", "{dir}/run", "--checkpoint.folder", "ck\t1"],
+        "checkpoint.folder: '{dir}/run/ck\\t1' holds the control character '\\t'; give a folder name without it",
+        world=1,
+    ),
     Refusal(
         [*DEBUG, "--job.dump_folder", ""],
         "job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run",

@@ -170,19 +170,26 @@ def test_a_copied_run_analyzes_into_its_own_folder(runs, capsys, tmp_path):
     )
 
 
-@pytest.mark.parametrize(
+OUTPUT_OPTIONS = pytest.mark.parametrize(
     "main, argv, option",
     [
-        (analyze_main, ["A", "--out", "~/x", *OPTS], "--out"),
-        (analyze_main, ["A", "--tb-dir", "~/x", *OPTS], "--tb-dir"),
-        (analyze_main, ["compare", "A", "--out", "~/x"], "--out"),
-        (evaluate_main, ["A", "--out", "~/x", *EVAL_OPTS], "--out"),
-        (convert_main, ["to-hf", "A", "~/x"], "OUT_DIR"),
-        (paper_main, ["fig2", "--out", "~/x", "--dry-run"], "--out"),
-        (init_main, ["~/x"], "DIR"),
+        (analyze_main, ["A", "--out", "OUT", *OPTS], "--out"),
+        (analyze_main, ["A", "--tb-dir", "OUT", *OPTS], "--tb-dir"),
+        (analyze_main, ["compare", "A", "--out", "OUT"], "--out"),
+        (evaluate_main, ["A", "--out", "OUT", *EVAL_OPTS], "--out"),
+        (convert_main, ["to-hf", "A", "OUT"], "OUT_DIR"),
+        (paper_main, ["fig2", "--out", "OUT", "--dry-run"], "--out"),
+        (init_main, ["OUT"], "DIR"),
     ],
     ids=["analyze", "analyze-tb-dir", "compare", "evaluate", "convert", "paper", "init"],
 )
+
+
+def output_folder_cli(main, argv, runs, out, capsys):
+    return run_cli(main, *({"A": runs / "A", "OUT": out}.get(a, a) for a in argv), capsys=capsys)
+
+
+@OUTPUT_OPTIONS
 def test_a_quoted_tilde_in_an_output_folder_is_refused_naming_the_expanded_path(
     runs, capsys, tmp_path, monkeypatch, main, argv, option
 ):
@@ -190,9 +197,23 @@ def test_a_quoted_tilde_in_an_output_folder_is_refused_naming_the_expanded_path(
     (as ``job.dump_folder``'s, ``test_config_errors.py``)."""
     monkeypatch.chdir(tmp_path)
     before = digests(runs)
-    code, _, err = run_cli(main, *(runs / a if a == "A" else a for a in argv), capsys=capsys)
+    code, _, err = output_folder_cli(main, argv, runs, "~/x", capsys)
     refused(code, err, runs, before, f"argument {option}: ~/x starts with ~", f"made in {tmp_path}); write it as ")
     assert os.path.expanduser("~/x") in err and os.listdir(tmp_path) == []
+
+
+@OUTPUT_OPTIONS
+def test_a_control_character_in_an_output_folder_is_refused_naming_it(
+    runs, capsys, tmp_path, monkeypatch, main, argv, option
+):
+    """A newline pasted into ``--out``: a folder named with it was made, shown by ``ls`` as two names or ``?``
+    (``job.dump_folder``'s alike, ``test_config_errors.py``)."""
+    monkeypatch.chdir(tmp_path)
+    before = digests(runs)
+    code, _, err = output_folder_cli(main, argv, runs, "x\ny", capsys)
+    says = f"argument {option}: 'x\\ny' holds the control character '\\n'; give a folder name without it"
+    refused(code, err, runs, before, says)
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_folder_of_files_nobody_recorded_is_refused(runs, capsys, tmp_path):

@@ -14,6 +14,7 @@ import stat
 import sys
 import types
 import typing
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -192,9 +193,18 @@ class OneLineErrorParser(argparse.ArgumentParser):
              if dashed else message)  # fmt: skip
 
 
+def control_character(path: str) -> str | None:
+    """Why ``path`` may not name a folder: a control character in it (a newline, a tab pasted with it), which
+    would make a folder ``ls`` and the shell show otherwise than typed; None when it has none."""
+    found = next((c for c in path if unicodedata.category(c) == "Cc"), None)
+    return found and f"{path!r} holds the control character {found!r}; give a folder name without it"
+
+
 def out_folder(text: str) -> str:
     """An output folder option's value. A quoted ``~`` is left by the shell and by ``os.path``: the command would
     make a folder named ``~`` in the working directory (the launch's ``job.dump_folder`` is refused alike)."""
+    if why := control_character(text):
+        raise argparse.ArgumentTypeError(why)
     if text.startswith("~"):
         raise argparse.ArgumentTypeError(
             f"{text} starts with ~, which the shell expands only unquoted (a folder named ~ would be made in "

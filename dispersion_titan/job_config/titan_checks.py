@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..components.titan_compat import model_converter_names
+from ..config.cli import control_character
 from ..data.corpora import check_readable_here
 from ..data.store import is_store
 from ..run_folder.checkpoints import complete_checkpoints
@@ -182,6 +183,8 @@ def check_output_folders(config: RunConfig) -> None:
         )
     folders = run_folders(config)
     for field, path in {"job.dump_folder": dump, **folders}.items():
+        if why := control_character(path):
+            raise ConfigError(f"{field}: {why}")
         full = os.path.abspath(path)  # it, or its nearest existing ancestor, says whether it can be written
         probe = next(p for p in [full, *map(str, Path(full).parents)] if os.path.exists(p))
         where = f"{field}: {path} " + ("exists but" if probe == full else f"cannot be created: {probe}")
