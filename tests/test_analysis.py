@@ -31,6 +31,7 @@ from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
 from dispersion_titan.utils.errors import AnalysisError
 from support.cli import analyze, assert_one_line_error
+from support.corpora import texts_jsonl
 from support.launch import python_module, second_writer_is_refused, torchrun
 from support.runs import digests, logged, scale_weights, tiny_run
 
@@ -648,6 +649,28 @@ def test_a_stale_analysis_is_refused_with_the_command_that_measures_it_again_ali
         assert_one_line_error(code, err, "(saved again or replaced since); analyze it again with python -m ")
         again = shlex.split(err.split("python -m dispersion_titan.analyze ")[1])
     assert analyze(*again, capsys=capsys)[0] == 0
+    for command in ("compare", "family"):
+        code, _, err = analyze(command, *runs, "--out", tmp_path / command, capsys=capsys)
+        assert code == 0, err
+
+
+def test_relative_texts_are_recorded_absolute_and_the_command_again_runs_from_anywhere(tmp_path, capsys, monkeypatch):
+    """The same ``--texts`` named from two folders is the same input to compare and family (was: refused by family,
+    ``texts: texts.jsonl -> here/texts.jsonl``), and the command that measures a stale analysis again, printed by
+    compare, runs from another folder (was: ``--texts texts.jsonl: no such file``)."""
+    runs = [tiny_run(tmp_path / name, steps=(1,)) for name in ("a", "b")]
+    (tmp_path / "here").mkdir()
+    texts_jsonl(tmp_path / "here" / "texts.jsonl", documents=4, words=300)
+    for run, where, texts in ((runs[0], "here", "texts.jsonl"), (runs[1], "", "here/texts.jsonl")):
+        monkeypatch.chdir(tmp_path / where)
+        options = ["--texts", texts, "--num-sequences", "4", "--seq-len", "32", "--batch-size", "4"]
+        assert analyze(run, *options, capsys=capsys)[0] == 0
+    shard = next((runs[0] / "checkpoint" / "step-1").glob("*.distcp"))
+    os.utime(shard, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns + 1))  # saved again, as its identity sees
+    monkeypatch.chdir(runs[1])
+    code, _, err = analyze("compare", *runs, "--out", tmp_path / "compare", capsys=capsys)
+    assert_one_line_error(code, err, "(saved again or replaced since); analyze it again with python -m ")
+    assert analyze(*shlex.split(err.split("python -m dispersion_titan.analyze ")[1]), capsys=capsys)[0] == 0
     for command in ("compare", "family"):
         code, _, err = analyze(command, *runs, "--out", tmp_path / command, capsys=capsys)
         assert code == 0, err

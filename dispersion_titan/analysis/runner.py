@@ -93,14 +93,21 @@ def input_options(a: argparse.Namespace) -> InputOptions:
         corpus(dataset, "--dataset").check_path(a.dataset_path, "--dataset-path")
     return InputOptions(
         dataset=dataset,
-        dataset_path=a.dataset_path,
-        texts=a.texts,
+        dataset_path=absolute(a.dataset_path),
+        texts=absolute(a.texts),
         num_sequences=a.num_sequences,
         seq_len=a.seq_len or DEFAULT_SEQ_LEN,
         seed=a.seed,
         protocol=a.protocol,
         layer_points=a.layer_points or ("hidden_states" if paper else "all"),
     )
+
+
+def absolute(spec: str | None) -> str | None:
+    """``spec``'s paths (comma-separated, globs kept) made absolute: the analysis records them, ``compare`` and
+    ``family`` compare them, and the command that measures it again names the same files from any folder."""
+    entries = spec and [os.path.abspath(os.path.expanduser(e.strip())) for e in spec.split(",") if e.strip()]
+    return ",".join(entries) if entries else spec
 
 
 @dataclass(frozen=True)
