@@ -256,6 +256,23 @@ def test_a_run_whose_run_json_was_lost_is_not_resumed_with_any_settings(referenc
     assert sha256_tree(dump) == before
 
 
+def test_a_copy_whose_run_json_was_lost_says_so_not_whose_folder_it_is(reference_run, tmp_path):
+    """``cp -a RUN COPY; rm COPY/run.json``: the copy's record names the original run, and the launch said
+    "COPY is a folder of run RUN"; it says that ``run.json`` is missing and where it is, which restored resumes."""
+    dump = tmp_path / "copy"
+    shutil.copytree(reference_run, dump, symlinks=True, ignore=shutil.ignore_patterns("run.json"))
+    before = sha256_tree(dump)
+    assert one_line(relaunch(dump)) == (
+        f"dispersion_titan: error: {dump}/run.json: missing, but {dump} is run {reference_run}'s folder, copied or "
+        f"moved (its .owner.json says so); restore its run.json from there (cp {reference_run}/run.json {dump}/), or "
+        "train anew in a new --job.dump_folder"
+    )
+    assert sha256_tree(dump) == before
+    shutil.copy2(reference_run / "run.json", dump)
+    finished = relaunch(dump)
+    assert finished.returncode == 0 and "run already finished at step 8" in finished.stderr, finished.stderr[-3000:]
+
+
 def test_a_step_folder_renamed_by_hand_is_named_in_one_line(reference_run, tmp_path):
     """``step-4`` renamed ``step-5``: TorchTitan resumed from it at step 4, a relaunch to step 5 was "finished" and
     analyses called it step 5. Its train state's step is read against the name, before anything is written."""

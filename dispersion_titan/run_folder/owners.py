@@ -350,12 +350,29 @@ def refuse_other_owners(dump: str, folders: dict[str, str], forking: bool = Fals
     run's dump or checkpoint folder is also answered with ``--job.fork_from``, unless the launch is a fork already
     (a fork writes its own folders, its TensorBoard files too)."""
     owner = FolderOwner("run", dump)
+    refuse_lost_run_json(dump)
     way_out = "give this run its own --job.dump_folder"
     refuse_unless_ours(dump, owner, "job.dump_folder", way_out, fork_hint=not forking)
     for key, path in folders.items():
         if not inside(path, dump):
             way_out = f"give this run a {key} of its own (inside its --job.dump_folder, or a new folder)"
             refuse_unless_ours(path, owner, key, way_out, fork_hint=not forking and key == "checkpoint.folder")
+
+
+def refuse_lost_run_json(dump: str) -> None:
+    """A copied or moved run's root whose ``run.json`` is gone: its record, copied with it, names the original
+    run, and the real cause is the missing ``run.json`` (was: "is a folder of run ORIGINAL")."""
+    holder = None if is_run(dump) else read_owner(dump)
+    if holder is None or holder.kind != "run" or holder.run in (None, os.path.realpath(dump)):
+        return  # a run in its place whose run.json is gone: check_resume says so, naming its checkpoints
+    if (owner_record(dump) or {}).get(RUN_RELATIVE) != os.curdir:  # a folder inside the run, not its root
+        return
+    home = f"from there (cp {shlex.quote(os.path.join(holder.run, RUN_METADATA_FILE))} {shlex.quote(dump)}/)"
+    raise OutputError(
+        f"{os.path.join(dump, RUN_METADATA_FILE)}: missing, but {dump} is run {holder.run}'s folder, copied or moved "
+        f"(its {OWNER_FILE} says so); restore its run.json {home if is_run(holder.run) else 'from the original'}, "
+        "or train anew in a new --job.dump_folder"
+    )
 
 
 def outside_folders(dump: str, folders: dict[str, str]) -> dict[str, str]:
