@@ -94,7 +94,7 @@ def input_options(a: argparse.Namespace) -> InputOptions:
     return InputOptions(
         dataset=dataset,
         dataset_path=absolute(a.dataset_path),
-        texts=absolute(a.texts),
+        texts=a.texts and os.path.abspath(os.path.expanduser(a.texts)),  # one file, a comma in its name kept
         num_sequences=a.num_sequences,
         seq_len=a.seq_len or DEFAULT_SEQ_LEN,
         seed=a.seed,
