@@ -558,6 +558,23 @@ def test_a_row_without_text_is_refused_naming_file_and_line(capsys, caplog, tmp_
     assert not (tmp_path / "out").exists()
 
 
+def test_a_file_named_with_glob_characters_is_that_file(capsys, tmp_path):
+    """``--dataset-path 'corpus[1].jsonl'``, a file that is there, is that file (was read as a glob: refused as
+    ``no file matches`` alone; beside ``corpus1.jsonl``, that other file prepared in silence). A pipe named as a
+    corpus is refused as no regular file (was ``is empty``, of a pipe that may hold text)."""
+    (tmp_path / "corpus[1].jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
+    (tmp_path / "corpus1.jsonl").write_text('{"text": "a"}\n{"text": "b"}\n{"text": "c"}\n')
+    out = tmp_path / "store"
+    main(["prepare", "local", "--dataset-path", str(tmp_path / "corpus[1].jsonl"), "--out", str(out), "--workers", "1"])
+    assert json.loads((out / MANIFEST).read_text())["documents"] == 2
+    capsys.readouterr()
+    os.mkfifo(tmp_path / "pipe.txt")
+    assert cli_failure(capsys, "local", "--dataset-path", str(tmp_path / "pipe.txt"), "--out", str(tmp_path / "o")) == (
+        f"dispersion_titan: error: --dataset-path: '{tmp_path / 'pipe.txt'}' is no regular file (a pipe or a device); "
+        "name files"
+    )
+
+
 # ---------------------------------------------------------------- the real command lines
 
 

@@ -40,12 +40,14 @@ _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")
 
 
 def resolve_local_files(spec: str, field: str) -> list[str]:
-    """Expand a comma-separated list of paths and globs; every entry must match a file."""
+    """Expand a comma-separated list of paths and globs; every entry must match a file. A path that is there is
+    that file, though its name holds a glob's characters (``corpus[2024].txt``)."""
     paths: list[str] = []
     for entry in (e.strip() for e in spec.split(",")):
         if not entry:
             continue
-        matches = sorted(glob.glob(os.path.expanduser(entry), recursive=True))
+        path = os.path.expanduser(entry)
+        matches = [path] if os.path.lexists(path) else sorted(glob.glob(path, recursive=True))
         if not matches:
             raise DataConfigError(f"{field}: no file matches {entry!r}")
         for match in matches:
@@ -53,6 +55,8 @@ def resolve_local_files(spec: str, field: str) -> list[str]:
                 raise DataConfigError(f"{field}: {match!r} is a symbolic link to nothing ({os.readlink(match)!r})")
             if os.path.isdir(match):
                 raise DataConfigError(f"{field}: {match!r} is a directory; name files or a glob")
+            if not os.path.isfile(match):
+                raise DataConfigError(f"{field}: {match!r} is no regular file (a pipe or a device); name files")
             if os.path.splitext(match)[1] not in BUILDERS:
                 raise DataConfigError(f"{field}: {match!r} is not one of {sorted(BUILDERS)}")
             if os.path.getsize(match) == 0:
@@ -78,7 +82,8 @@ def load_files(files: list[str], field: str, streaming: bool) -> Rows:
         level = datasets.logging.get_verbosity()
         datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own line for a bad file: said below
         try:
-            rows = datasets.load_dataset(builder, data_files=group, split="train", streaming=streaming, **kwargs)
+            files = [glob.escape(f) for f in group]  # datasets reads each as a pattern: a name's [1] is literal
+            rows = datasets.load_dataset(builder, data_files=files, split="train", streaming=streaming, **kwargs)
         except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowInvalid) as e:  # a malformed row or file
             why = str(e.__cause__ or e).splitlines()[0]  # the first line: pyarrow's reason (cause() takes the last)
             named = ", ".join(group)
