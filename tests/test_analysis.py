@@ -28,8 +28,8 @@ from dispersion_titan.analyze import REWRITTEN
 from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
-from dispersion_titan.run_folder.checkpoints import load_model, load_model_args
-from dispersion_titan.utils.errors import AnalysisError
+from dispersion_titan.run_folder.checkpoints import check_complete, list_checkpoints, load_model, load_model_args
+from dispersion_titan.utils.errors import AnalysisError, CheckpointError
 from support.cli import analyze, assert_one_line_error
 from support.corpora import texts_jsonl
 from support.launch import python_module, second_writer_is_refused, torchrun
@@ -318,6 +318,21 @@ def test_broken_checkpoints_are_reported_and_skipped(run, tmp_path, capsys):
     assert f"{corrupt / '__1_0.distcp'}: truncated" in err
     assert "2 of 3 checkpoints could not be analyzed" in err
     assert sorted(p.parent.name for p in (broken / "condensation").glob("step-*/condensation.json")) == ["step-0"]
+
+
+def test_a_checkpoint_removed_after_it_was_listed_is_said_removed_not_corrupt(tmp_path):
+    """``analyze``, ``evaluate`` or ``convert`` of a run still training with ``checkpoint.keep_latest_k``: a step
+    listed, then deleted by the trainer, is said removed, run again (was ``missing .metadata (partial or corrupt
+    checkpoint)``, as if the run were damaged: analyze's skip line, convert's exit 2)."""
+    (tmp_path / "checkpoint" / "step-3").mkdir(parents=True)
+    (step,) = list_checkpoints(str(tmp_path / "checkpoint"))
+    shutil.rmtree(step.path)  # the trainer's retention, between the listing and the read
+    with pytest.raises(CheckpointError) as error:
+        check_complete(step.path)
+    assert str(error.value) == (
+        f"{step.path}: removed since it was listed (a run still training deletes older steps under "
+        "checkpoint.keep_latest_k); run the command again, or once it has ended"
+    )
 
 
 def test_a_diverged_checkpoint_is_skipped_in_one_line(tmp_path, capsys):

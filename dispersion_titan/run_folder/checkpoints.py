@@ -139,6 +139,11 @@ def run_checkpoints(run: str, spec: str) -> tuple[str, str, list[StepCheckpoint]
 
 def check_complete(step_dir: str) -> None:
     """``CheckpointError`` unless ``.metadata`` parses and every byte range it references exists."""
+    if not os.path.isdir(step_dir):  # listed, then deleted: not damaged
+        raise CheckpointError(
+            f"{step_dir}: removed since it was listed (a run still training deletes older steps under "
+            "checkpoint.keep_latest_k); run the command again, or once it has ended"
+        )
     if not os.path.isfile(os.path.join(step_dir, ".metadata")):
         if hf_weights(step_dir):  # a job.fork_from of it: TorchTitan would read it as DCP
             raise CheckpointError(
