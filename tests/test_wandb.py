@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -151,6 +152,26 @@ def test_a_run_trained_with_wandb_disabled_names_no_wandb_run(tmp_path, capsys):
     code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
     assert_one_line_error(code, err, f"--wandb: {run} names no W&B run ({WANDB_RUN_FILE}); ", "WANDB_MODE not disabled")
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json"]
+
+
+def test_a_wandb_mode_wandb_refuses_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """``WANDB_MODE=bogus`` (wandb takes six modes): a launch with ``metrics.enable_wandb`` and ``analyze --wandb``
+    are refused in one line naming it, exit 2, nothing made (were: training on without W&B, exit 0, TorchTitan's
+    logged ``Failed to create WandB logger``; analyze's 40-line pydantic traceback, exit 1, once it had analyzed)."""
+    from dispersion_titan.job_config.parse import validated_args
+    from dispersion_titan.utils.errors import ConfigError
+    from support.launch import job_args
+    from support.runs import tiny_run
+
+    monkeypatch.setenv("WANDB_MODE", "bogus")
+    why = "WANDB_MODE: 'bogus' is not one of W&B's modes (online, offline, shared, disabled, dryrun, run); set one"
+    with pytest.raises(ConfigError, match=f"^metrics.enable_wandb: {re.escape(why)}"):
+        validated_args([*job_args(), "--metrics.enable_wandb"])
+    run = tiny_run(tmp_path / "run")
+    (run / WANDB_RUN_FILE).write_text(json.dumps({"id": "x", "project": "p", "entity": "", "dir": "tb"}))
+    code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
+    assert_one_line_error(code, err, f"--wandb: {why}")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json", WANDB_RUN_FILE]
 
 
 def test_evaluate_logs_each_checkpoints_scores_and_the_table_to_the_training_run(trained, monkeypatch, capsys):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..components import wandb_run
 from ..components.titan_compat import model_converter_names
 from ..config.cli import control_character
 from ..data.corpora import check_readable_here
@@ -157,6 +158,8 @@ def check_titan_settings(config: RunConfig) -> None:
             "metrics.enable_wandb: the wandb package is not installed; "
             "pip install 'dispersion_titan[wandb]', or set it false"
         )
+    if config.metrics.enable_wandb and (why := wandb_run.mode_refused()):
+        raise ConfigError(f"metrics.enable_wandb: {why}")
 
 
 def run_folders(config: RunConfig) -> dict[str, str]:
