@@ -8,6 +8,7 @@ import os
 import re
 import sys
 
+from dispersion_titan.analyze import REWRITTEN
 from dispersion_titan.config.cli import (
     OneLineErrorParser,
     add_device_arguments,
@@ -159,17 +160,23 @@ def add_table_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
     )
 
 
-@command("each step evaluated so far is kept in its folder (a table's --out is as it was); the same command goes on")
+@command(REWRITTEN)
+def write_table(argv: list[str]) -> None:
+    """``table``: evaluated runs' scores, rewritten whole (``owners.rewritten``), so said as ``compare``'s."""
+    a = table_parser().parse_args(argv)
+    from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
+
+    selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
+    print(table(a.runs, a.out, selection, a.reference, a.test, a.pretrained).markdown)
+    print(f"written: {os.path.join(a.out, 'table.md')}, table.csv, table.png")
+    sys.exit(0)
+
+
+@command("each step evaluated so far is kept in its folder; the same command goes on")
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "table":
-        a = table_parser().parse_args(argv[1:])
-        from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
-
-        selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
-        print(table(a.runs, a.out, selection, a.reference, a.test, a.pretrained).markdown)
-        print(f"written: {os.path.join(a.out, 'table.md')}, table.csv, table.png")
-        sys.exit(0)
+        write_table(argv[1:])
     a = evaluate_parser().parse_args(argv)
     from dispersion_titan.evaluation.runner import RunEvaluation  # torch: after --help
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from dispersion_titan.analyze import REWRITTEN
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, run_protocol, select_tasks
 from dispersion_titan.evaluation.runner import lm_eval_seeds, quiet_git_hash
@@ -1010,14 +1011,16 @@ def test_min_ranks_share_the_smallest_on_the_printed_cells():
 
 def test_a_table_that_cannot_be_written_leaves_the_last_one_whole(fabricated, tmp_path, capsys):
     """A table rewritten with other options meets the file size limit (as a full disk would) at its figure:
-    one line, exit 74, and --out still holds the last table whole, not a new table.md beside the old table.png."""
+    one line, exit 74, and --out still holds the last table whole, not a new table.md beside the old table.png.
+    The line says so as ``analyze compare``'s does (was evaluate's ``each step evaluated so far is kept``, of a
+    command that evaluates nothing)."""
     out = tmp_path / "table"
     assert evaluate("table", *fabricated.values(), "--select", "last", "--out", out, capsys=capsys)[0] == 0
     before = digests(out)
     argv = ["table", *map(str, fabricated.values()), "--out", str(out)]
     proc = python_module("dispersion_titan.evaluate", *argv, file_limit=8 * 1024)  # 8 KiB: not the figure
     assert proc.returncode == 74 and proc.stderr.startswith(f"dispersion_titan: error: file too large writing {out}/")
-    assert len(proc.stderr.splitlines()) == 1 and "a table's --out is as it was" in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.endswith(f"; {REWRITTEN}\n"), proc.stderr  # as compare's
     assert digests(out) == before
 
 

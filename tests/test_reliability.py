@@ -425,7 +425,7 @@ ANALYZE_CASE = (
             "dispersion_titan.evaluate",
             ("--include-path", str(LM_EVAL_TASKS), "--tasks", "wiki_next_word_held", "--limit", "2", "--device", "cpu"),
             "results.json",
-            "each step evaluated so far is kept in its folder (a table's --out is as it was); the same command goes on",
+            "each step evaluated so far is kept in its folder; the same command goes on",
         ),
     ],
     ids=["analyze-RANK=1", "analyze-scancel", "evaluate"],
