@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +16,21 @@ from ..utils.records import atomic_write
 
 WANDB_RUN_FILE = "wandb_run.json"  # in the dump folder: the W&B run of the latest launch
 USER_NAMED = ("WANDB_RUN_ID", "WANDB_RESUME_FROM", "WANDB_FORK_FROM")  # the W&B run the user chose for TorchTitan's
-WANDB_MODES = ("online", "offline", "shared", "disabled", "dryrun", "run")  # what wandb 0.31's Settings.mode takes
 
 
 def mode_refused() -> str | None:
-    """Why ``WANDB_MODE`` is one wandb refuses, checked before any work: wandb's own refusal came as TorchTitan's
-    logged error, training going on without W&B (exit 0), or as ``analyze``/``evaluate --wandb``'s traceback once
-    their work was done."""
+    """Why ``WANDB_MODE`` is one wandb refuses (wandb installed), checked before any work: wandb's own refusal came
+    as TorchTitan's logged error, training going on without W&B (exit 0), or as ``analyze``/``evaluate --wandb``'s
+    traceback once their work was done."""
     mode = os.environ.get("WANDB_MODE")
-    if mode is None or mode in WANDB_MODES:
+    if mode is None:
         return None
-    return f"WANDB_MODE: {mode!r} is not one of W&B's modes ({', '.join(WANDB_MODES)}); set one of them, or unset it"
+    from wandb.sdk.wandb_settings import Settings  # wandb's own modes: its Settings validates them
+
+    modes = typing.get_args(Settings.model_fields["mode"].annotation)
+    if mode in modes:
+        return None
+    return f"WANDB_MODE: {mode!r} is not one of W&B's modes ({', '.join(modes)}); set one of them, or unset it"
 
 
 def continue_recorded(dump_folder: str) -> None:
@@ -76,14 +81,14 @@ def recorded(dump_folder: str) -> dict[str, Any]:
             f"--wandb: {dump_folder} names no W&B run ({WANDB_RUN_FILE}); train it with [metrics] enable_wandb = true "
             "(and WANDB_MODE not disabled)"
         )
-    if why := mode_refused():
-        raise ArgumentError(f"--wandb: {why}")
     try:
         import wandb  # noqa: F401
     except ImportError:
         raise ArgumentError(
             "--wandb: the wandb package is not installed; pip install 'dispersion_titan[wandb]'"
         ) from None
+    if why := mode_refused():
+        raise ArgumentError(f"--wandb: {why}")
     with open(path) as f:
         return json.load(f)
 
