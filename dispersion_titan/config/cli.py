@@ -200,16 +200,22 @@ def control_character(path: str) -> str | None:
     return found and f"{path!r} holds the control character {found!r}; give a folder name without it"
 
 
+def unexpanded_home(path: str, unexpanded_by: str) -> str | None:
+    """Why ``path`` names another folder than meant: a leading ``~`` that ``unexpanded_by`` leaves as it is, so a
+    folder named ``~`` would be made in the working directory; None when it has none."""
+    if not path.startswith("~"):
+        return None
+    return (
+        f"{path} starts with ~, which {unexpanded_by} (a folder named ~ would be made in {os.getcwd()}); write it "
+        f"as {os.path.expanduser(path)}"
+    )
+
+
 def out_folder(text: str) -> str:
-    """An output folder option's value. A quoted ``~`` is left by the shell and by ``os.path``: the command would
-    make a folder named ``~`` in the working directory (the launch's ``job.dump_folder`` is refused alike)."""
-    if why := control_character(text):
+    """An output folder option's value: no control character, no quoted ``~`` (the launch's ``job.dump_folder`` is
+    refused alike)."""
+    if why := control_character(text) or unexpanded_home(text, "the shell expands only unquoted"):
         raise argparse.ArgumentTypeError(why)
-    if text.startswith("~"):
-        raise argparse.ArgumentTypeError(
-            f"{text} starts with ~, which the shell expands only unquoted (a folder named ~ would be made in "
-            f"{os.getcwd()}); write it as {os.path.expanduser(text)}"
-        )
     return text
 
 

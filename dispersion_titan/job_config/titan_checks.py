@@ -14,7 +14,7 @@ import torch
 
 from ..components import wandb_run
 from ..components.titan_compat import model_converter_names
-from ..config.cli import control_character
+from ..config.cli import control_character, unexpanded_home
 from ..data.corpora import check_readable_here
 from ..data.store import is_store
 from ..run_folder.checkpoints import complete_checkpoints
@@ -179,11 +179,8 @@ def check_output_folders(config: RunConfig) -> None:
     dump = config.job.dump_folder
     if not dump.strip():
         raise ConfigError("job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run")
-    if dump.startswith("~"):  # TorchTitan takes it as it is: a folder named ~ in the working directory
-        raise ConfigError(
-            f"job.dump_folder: {dump} starts with ~, which TOML and TorchTitan do not expand (a folder named ~ would "
-            f"be made in {os.getcwd()}); write it as {os.path.expanduser(dump)}"
-        )
+    if why := unexpanded_home(dump, "TOML and TorchTitan do not expand"):
+        raise ConfigError(f"job.dump_folder: {why}")
     folders = run_folders(config)
     for field, path in {"job.dump_folder": dump, **folders}.items():
         if why := control_character(path):
