@@ -16,6 +16,7 @@ from dispersion_titan.config.cli import (
     out_folder,
     positive_int,
 )
+from dispersion_titan.run_folder.outputs import REWRITTEN
 from dispersion_titan.utils.errors import command, run_command
 
 
@@ -157,9 +158,6 @@ def size_series_parser() -> argparse.ArgumentParser:
         "and hidden_states layer points)",
     )
     return p
-
-
-REWRITTEN = "--out is as it was (its files are moved in together once all are written); run it again"
 
 
 @command(REWRITTEN)

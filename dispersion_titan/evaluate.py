@@ -8,7 +8,6 @@ import os
 import re
 import sys
 
-from dispersion_titan.analyze import REWRITTEN
 from dispersion_titan.config.cli import (
     OneLineErrorParser,
     add_device_arguments,
@@ -18,6 +17,7 @@ from dispersion_titan.config.cli import (
     positive_int,
 )
 from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, PRESETS, TESTS
+from dispersion_titan.run_folder.outputs import REWRITTEN
 from dispersion_titan.utils.devices import AUTOCAST
 from dispersion_titan.utils.errors import command, run_command
 

@@ -127,6 +127,11 @@ def report_failed(failed: list[str], total: int, nouns: str, done: str) -> int:
     return len(failed)
 
 
+REWRITTEN = "--out is as it was (its files are moved in together once all are written); run it again"
+"""What a command whose results ``staged`` writes says when it is stopped or fails: ``analyze compare``, ``family``,
+``evaluate table``."""
+
+
 @contextmanager
 def staged(out: str, files: tuple[str, ...]) -> Iterator[str]:
     """A folder for ``files``, one command's results of several runs rewritten whole at each call: written in the
