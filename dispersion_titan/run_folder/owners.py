@@ -98,7 +98,7 @@ def results_folder(run: str, name: str, file: str, what: str, command: str) -> s
     for folder in (run, os.path.join(run, name)):
         if holds(folder):
             return folder
-    dump = next((str(p) for p in Path(run).resolve().parents if (p / "run.json").is_file()), None)
+    dump = next((str(p) for p in Path(run).resolve().parents if is_run(str(p))), None)
     if dump is not None:
         found = os.path.join(dump, name)
         made = (
