@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,22 @@ def test_a_copied_run_logs_its_analysis_beside_its_own_wandb_files(trained, tmp_
     assert code == 0, err
     assert run_ids(trained) == before and list(elsewhere.iterdir()) == []
     assert len(run_ids(copy)) == len(before) + 1
+
+
+def test_wandb_not_installed_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    """Without the wandb package, a launch with ``metrics.enable_wandb`` and ``analyze --wandb`` are refused in one
+    line saying how to install it, nothing made."""
+    from dispersion_titan.job_config.parse import validated_args
+    from dispersion_titan.utils.errors import ConfigError
+    from support.launch import job_args
+    from support.runs import tiny_run
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: its import fails, find_spec finds none
+    why = "the wandb package is not installed; pip install 'dispersion_titan[wandb]'"
+    with pytest.raises(ConfigError, match=f"^metrics.enable_wandb: {re.escape(why)}, or set it false$"):
+        validated_args([*job_args(), "--metrics.enable_wandb"])
+    run = tiny_run(tmp_path / "run")
+    (run / WANDB_RUN_FILE).write_text(json.dumps({"id": "x", "project": "p", "entity": "", "dir": "tb"}))
+    code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
+    assert_one_line_error(code, err, f"--wandb: {why}")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json", WANDB_RUN_FILE]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import sys
@@ -18,10 +19,15 @@ WANDB_RUN_FILE = "wandb_run.json"  # in the dump folder: the W&B run of the late
 USER_NAMED = ("WANDB_RUN_ID", "WANDB_RESUME_FROM", "WANDB_FORK_FROM")  # the W&B run the user chose for TorchTitan's
 
 
-def mode_refused() -> str | None:
-    """Why ``WANDB_MODE`` is one wandb refuses (wandb installed), checked before any work: wandb's own refusal came
-    as TorchTitan's logged error, training going on without W&B (exit 0), or as ``analyze``/``evaluate --wandb``'s
-    traceback once their work was done."""
+NOT_INSTALLED = "the wandb package is not installed; pip install 'dispersion_titan[wandb]'"
+
+
+def unusable() -> str | None:
+    """Why W&B cannot log here, checked before any work: no wandb (``NOT_INSTALLED``), or a ``WANDB_MODE`` it refuses,
+    whose own refusal came as TorchTitan's logged error, training going on without W&B (exit 0), or as
+    ``analyze``/``evaluate --wandb``'s traceback once their work was done."""
+    if importlib.util.find_spec("wandb") is None:
+        return NOT_INSTALLED
     mode = os.environ.get("WANDB_MODE")
     if mode is None:
         return None
@@ -81,13 +87,7 @@ def recorded(dump_folder: str) -> dict[str, Any]:
             f"--wandb: {dump_folder} names no W&B run ({WANDB_RUN_FILE}); train it with [metrics] enable_wandb = true "
             "(and WANDB_MODE not disabled)"
         )
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        raise ArgumentError(
-            "--wandb: the wandb package is not installed; pip install 'dispersion_titan[wandb]'"
-        ) from None
-    if why := mode_refused():
+    if why := unusable():
         raise ArgumentError(f"--wandb: {why}")
     with open(path) as f:
         return json.load(f)

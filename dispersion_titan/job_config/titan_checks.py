@@ -4,7 +4,6 @@ line naming the key; at launch only, what a new run loads first and what this ma
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 from operator import attrgetter
 from pathlib import Path
@@ -153,13 +152,10 @@ def check_titan_settings(config: RunConfig) -> None:
         raise ConfigError(
             f"model.converters: {unknown[0]!r} is not one of TorchTitan 0.2.2's {sorted(model_converter_names())}"
         )
-    if config.metrics.enable_wandb and importlib.util.find_spec("wandb") is None:
+    if config.metrics.enable_wandb and (why := wandb_run.unusable()):
         raise ConfigError(
-            "metrics.enable_wandb: the wandb package is not installed; "
-            "pip install 'dispersion_titan[wandb]', or set it false"
+            f"metrics.enable_wandb: {why}" + (", or set it false" if why == wandb_run.NOT_INSTALLED else "")
         )
-    if config.metrics.enable_wandb and (why := wandb_run.mode_refused()):
-        raise ConfigError(f"metrics.enable_wandb: {why}")
 
 
 def run_folders(config: RunConfig) -> dict[str, str]:
