@@ -448,12 +448,16 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
     assert cli_failure(capsys, "enwiki_sample", "--shard-documents", str(2**63), "--out", out).endswith(
         f"'{2**63}' is more than {2**63 - 1}"
     )
-    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n{"text": ""}\n')  # was "local: no train documents"
-    with pytest.raises(SystemExit) as exit_:  # below datasets' "Generating train split" bar; ours was there too
-        main(["prepare", "local", "--dataset-path", str(tmp_path / "blank.jsonl"), "--out", out])
-    assert exit_.value.code == 2 and [line for line in capsys.readouterr().err.splitlines() if "prepare" in line] == [
-        f"dispersion_titan: error: local {tmp_path / 'blank.jsonl'}: no train documents (no row with text)"
-    ]
+    (tmp_path / "blank.jsonl").write_text('{"text": ""}\n{"text": " \\n"}\n')  # was "local: no train documents"
+    (tmp_path / "blank.txt").write_text("  \n\n\t \n")  # whitespace alone: was a store of one such document
+    for blank in (tmp_path / "blank.jsonl", tmp_path / "blank.txt"):
+        with pytest.raises(SystemExit) as exit_:  # below datasets' "Generating train split" bar; ours was there too
+            main(["prepare", "local", "--dataset-path", str(blank), "--out", out])
+        err = capsys.readouterr().err.splitlines()
+        assert exit_.value.code == 2 and [line for line in err if "prepare" in line] == [
+            f"dispersion_titan: error: local {blank}: no train documents (no row with text)"
+        ]
+        assert not os.path.exists(out)
     (tmp_path / "gone.jsonl").symlink_to(tmp_path / "moved.jsonl")  # was a FileNotFoundError traceback
     assert cli_failure(capsys, "local", "--dataset-path", str(tmp_path / "gone.jsonl"), "--out", out) == (
         f"dispersion_titan: error: --dataset-path: '{tmp_path / 'gone.jsonl'}' is a symbolic link to nothing "

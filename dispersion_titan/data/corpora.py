@@ -154,6 +154,11 @@ def load_rows(repo: str, config: str, split: str, path: str | None, field: str, 
     return _require_text(rows, repo, field)
 
 
+def has_text(text: str) -> bool:
+    """Whether ``text`` is a document: empty or whitespace alone (a blank row, a .txt of blank lines) is none."""
+    return bool(text) and not text.isspace()
+
+
 def iter_text(rows: Rows) -> Iterator[str]:
     """The ``text`` values of ``rows`` in order, read in batches (bounded memory)."""
     for batch in rows.iter(batch_size=1024):
@@ -287,7 +292,7 @@ class LocalFiles(Corpus):
 
     def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
         del split
-        return filter(None, file_texts(resolve_local_files(path or "", path_field), path_field))
+        return filter(has_text, file_texts(resolve_local_files(path or "", path_field), path_field))
 
     def check_path(self, path: str | None, path_field: str) -> None:
         resolve_local_files(path or "", path_field)
@@ -305,7 +310,7 @@ class HubDataset(Corpus):
     config: str | None
     held_out_documents: int = 0
     streams_training: bool = False
-    to_documents: Callable[[Iterable[str]], Iterator[str]] = functools.partial(filter, None)  # the non-empty texts
+    to_documents: Callable[[Iterable[str]], Iterator[str]] = functools.partial(filter, has_text)
 
     def _source(self, split: str, path: str | None, path_field: str, streaming: bool):
         hub_split = "train" if self.held_out_documents else split
