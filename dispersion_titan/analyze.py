@@ -17,6 +17,7 @@ from dispersion_titan.config.cli import (
     positive_int,
 )
 from dispersion_titan.run_folder.outputs import REWRITTEN
+from dispersion_titan.run_folder.owners import COMPARISON, FAMILY, owned
 from dispersion_titan.utils.errors import command, run_command
 
 
@@ -165,15 +166,17 @@ def summarize(argv: list[str]) -> None:
     """``compare`` and ``family``: results of several runs, rewritten whole (``owners.rewritten``)."""
     if argv[0] == "compare":
         a = compare_parser().parse_args(argv[1:])
-        from dispersion_titan.analysis.compare import compare  # torch: after --help
+        with owned(a.out, COMPARISON):  # from before torch's import: of two at once into one --out, one writes
+            from dispersion_titan.analysis.compare import compare  # torch: after --help
 
-        print(compare(a.runs, a.out, a.step))
+            print(compare(a.runs, a.out, a.step))
         print(f"written: {os.path.join(a.out, 'compare.csv')}, compare_layers.csv, compare.png")
     else:
         a = size_series_parser().parse_args(argv[1:])
-        from dispersion_titan.analysis.size_series import write_size_series  # torch: after --help
+        with owned(a.out, FAMILY):
+            from dispersion_titan.analysis.size_series import write_size_series  # torch: after --help
 
-        print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
+            print(write_size_series(a.specs, a.out, a.family, a.paired, a.last_n, a.protocol))
         print(f"written: {os.path.join(a.out, 'family.md')}, family.csv, family.png")
     sys.exit(0)
 

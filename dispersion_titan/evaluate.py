@@ -18,6 +18,7 @@ from dispersion_titan.config.cli import (
 )
 from dispersion_titan.evaluation.protocol import AUTHORS_BATCH_SIZE, BEST_STEP, PRESETS, TESTS
 from dispersion_titan.run_folder.outputs import REWRITTEN
+from dispersion_titan.run_folder.owners import TABLE, owned
 from dispersion_titan.utils.devices import AUTOCAST
 from dispersion_titan.utils.errors import command, run_command
 
@@ -164,10 +165,11 @@ def add_table_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) ->
 def write_table(argv: list[str]) -> None:
     """``table``: evaluated runs' scores, rewritten whole (``owners.rewritten``), so said as ``compare``'s."""
     a = table_parser().parse_args(argv)
-    from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
+    with owned(a.out, TABLE):  # from before torch's import: of two at once into one --out, one writes
+        from dispersion_titan.evaluation.table import Selection, table  # torch: after --help
 
-    selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
-    print(table(a.runs, a.out, selection, a.reference, a.test, a.pretrained).markdown)
+        selection = Selection(a.select, a.num_ckpt, a.exclude_initial, a.best_step)
+        print(table(a.runs, a.out, selection, a.reference, a.test, a.pretrained).markdown)
     print(f"written: {os.path.join(a.out, 'table.md')}, table.csv, table.png")
     sys.exit(0)
 

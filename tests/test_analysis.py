@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,10 +30,11 @@ from dispersion_titan.data.packed import tokenized_documents
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import check_complete, list_checkpoints, load_model, load_model_args
+from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.utils.errors import AnalysisError, CheckpointError
 from support.cli import analyze, assert_one_line_error
 from support.corpora import texts_jsonl
-from support.launch import python_module, second_writer_is_refused, torchrun
+from support.launch import paused_reading, python_module, second_writer_is_refused, torchrun
 from support.runs import digests, logged, scale_weights, tiny_run
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
@@ -512,6 +514,24 @@ def test_two_analyses_at_once_one_writer(run, tmp_path):
     results = {p.parent.name: read_json(p) for p in out.glob("step-*/condensation.json")}
     assert sorted(results) == ["step-0"]
     assert (results["step-0"]["num_sequences"], results["step-0"]["inputs"]["seed"]) == (K, 0)
+
+
+def test_two_compares_at_once_into_one_out_one_writes(run, analyzed, tmp_path):
+    """Two ``analyze compare`` into one --out, the second started while the first reads its analyses: refused in
+    one line naming the first, exit 2, before it writes; the first then writes its comparison whole (was: both
+    exit 0 and said "written:", as --out was held only to write the files)."""
+    out, module = tmp_path / "cmp", "dispersion_titan.analyze"
+    argv = ["compare", str(run), "--out", str(out)]
+    pid, first = paused_reading(module, *argv, reading="condensation.json", tmp=tmp_path)
+    try:
+        second = python_module(module, *argv)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    here = f"PID {pid} on {socket.gethostname()}, python -m {module} compare"
+    assert_one_line_error(second.returncode, second.stderr, f"{out}: another command is writing here ({here}")
+    done = first.result()
+    assert done.returncode == 0 and f"written: {out / 'compare.csv'}" in done.stdout, done.stderr[-3000:]
+    assert sorted(os.listdir(out)) == [OWNER_FILE, "compare.csv", "compare.png", "compare_layers.csv"]
 
 
 def test_other_settings_into_a_folder_holding_results_are_refused_unless_force(

@@ -38,6 +38,7 @@ from support.eval_tasks import seeded_copies, write_evaluation
 from support.launch import (
     DEBUG_TOML,
     held_by_another_command,
+    paused_reading,
     python_module,
     second_writer_is_refused,
 )
@@ -1022,6 +1023,25 @@ def test_a_table_that_cannot_be_written_leaves_the_last_one_whole(fabricated, tm
     assert proc.returncode == 74 and proc.stderr.startswith(f"dispersion_titan: error: file too large writing {out}/")
     assert len(proc.stderr.splitlines()) == 1 and proc.stderr.endswith(f"; {REWRITTEN}\n"), proc.stderr  # as compare's
     assert digests(out) == before
+
+
+def test_two_tables_at_once_into_one_out_one_writes(fabricated, tmp_path):
+    """Two ``evaluate table`` into one --out, the second started while the first reads its runs' results: refused
+    in one line naming the first, exit 2, before it writes; the first then writes its table whole (was: both exit 0
+    and said "written:", the folder the last one's, as --out was held only to write the files)."""
+    out, runs = tmp_path / "table", list(map(str, fabricated.values()))
+    argv = ["table", *runs, "--out", str(out)]
+    module = "dispersion_titan.evaluate"
+    pid, first = paused_reading(module, *argv, "--select", "last", reading="results.json", tmp=tmp_path)
+    try:
+        second = python_module(module, *argv)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    here = f"PID {pid} on {socket.gethostname()}, python -m {module} table"
+    assert_one_line_error(second.returncode, second.stderr, f"{out}: another command is writing here ({here}")
+    done = first.result()
+    assert done.returncode == 0 and (out / "table.md").read_text() in done.stdout, done.stderr[-3000:]
+    assert sorted(os.listdir(out)) == [OWNER_FILE, "table.csv", "table.md", "table.png"]
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..run_folder.checkpoints import dispersion_variant, identity_changed
 from ..run_folder.outputs import format_table, revision_folder, save_png, write_csv
-from ..run_folder.owners import FolderOwner, relocated, results_folder, results_run, rewritten
+from ..run_folder.owners import COMPARISON, relocated, results_folder, results_run, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses
@@ -135,7 +135,7 @@ def compare(runs: list[str], out: str, step: str) -> str:
     inputs = loaded[0].result.inputs
     title = f"{steps_title(loaded)}: K={inputs['num_sequences']}, S={inputs['seq_len']}"
     files = ("compare.csv", "compare_layers.csv", "compare.png")
-    with rewritten(out, FolderOwner("comparison"), files) as staging:
+    with rewritten(out, COMPARISON, files) as staging:
         write_csv(os.path.join(staging, "compare.csv"), rows)
         layers = [
             {"run": r.label, "step": r.result.step, **layer_row(r.result, x)} for r in loaded for x in r.result.layers

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..run_folder.outputs import atomic_write, format_table, save_png, write_csv
-from ..run_folder.owners import FolderOwner, results_run, rewritten
+from ..run_folder.owners import FAMILY, results_run, rewritten
 from ..utils.errors import AnalysisError
 from . import figures
 from .compare import analyses_folder, pick
@@ -218,7 +218,7 @@ def write_size_series(
     trend = {row["family"]: row[f"spearman_params_vs_mean_cos_last_{last_n}"] for row in trend_rows(members, last_n)}
     text = family_markdown(members, pairs, last_n, title)
     files = ("family.csv", "family_paired.csv", "family.md", "family.png")
-    with rewritten(out, FolderOwner("family"), files) as staging:
+    with rewritten(out, FAMILY, files) as staging:
         write_csv(
             os.path.join(staging, "family.csv"),
             [{**row, "family_trend_spearman": trend[row["family"]]} for row in model_rows(members, last_n)],

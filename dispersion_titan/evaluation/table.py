@@ -20,7 +20,7 @@ from scipy import stats
 from ..config.grid import Arm
 from ..run_folder.checkpoints import LEDGER_KEYS, complete_checkpoints, load_run_metadata
 from ..run_folder.outputs import atomic_write, headless_pyplot, save_png, write_csv
-from ..run_folder.owners import RUN_ID, FolderOwner, relocated, results_folder, results_run, rewritten, run_paths
+from ..run_folder.owners import RUN_ID, TABLE, relocated, results_folder, results_run, rewritten, run_paths
 from ..run_folder.settings import from_scratch, trajectory_settings
 from ..utils.errors import EvaluationError
 from ..utils.hub import PREFIX
@@ -66,7 +66,6 @@ class Selection:
 
 
 PRETRAINED = "Pretrained"
-TABLE = FolderOwner("table")
 MIDTRAIN_NUM_CKPT, SCRATCH_NUM_CKPT = 5, 2
 """``--num_ckpt``'s defaults in the authors' midtrain_gpt2.py / midtrain_qwen3.py and pretrain_toy_gpt2.py."""
 

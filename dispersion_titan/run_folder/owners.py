@@ -299,18 +299,26 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
     return True
 
 
+_HELD: dict[str, WriterLock] = {}
+"""The folders this process holds through ``owned``, by real path: held again within (``rewritten`` inside its
+command's own hold, taken before its imports), each is yielded as it is, the outer hold releasing it."""
+
+
 @contextmanager
 def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[WriterLock]:
     """``folder`` held as its one writer (``sole_writer``) by ``owner``, refused if another owns it or it is
     not writable; made here, so that no folder exists before its claim. A call that wrote nothing there takes
     its new record back, and removes the folder if it made it: one that failed, or whose every model state was
     skipped (exit 1), leaves no empty folder."""
+    if held := _HELD.get(os.path.realpath(folder)):
+        yield held
+        return
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
     made, taken = None, False
     try:
         made = ensure_writable(folder, option)
-        with sole_writer(folder, ("command", way_out)) as lock:
+        with sole_writer(folder, ("command", way_out)) as lock, _held(lock):
             refuse_unless_ours(folder, owner, option, way_out)
             recorded = record_owner(folder, owner)
             results = [e.path for e in os.scandir(folder) if e.is_dir() and outputs.RESULT_FOLDER.match(e.name)]
@@ -334,9 +342,26 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
         remove_empty(made)
 
 
+@contextmanager
+def _held(lock: WriterLock) -> Iterator[None]:
+    path = os.path.realpath(lock.folder)
+    _HELD[path] = lock
+    try:
+        yield
+    finally:
+        del _HELD[path]
+
+
 def _take_back(folder: str) -> None:
     with suppress(FileNotFoundError):  # the folder was moved or removed meanwhile
         os.unlink(os.path.join(folder, OWNER_FILE))
+
+
+COMPARISON, FAMILY, TABLE = FolderOwner("comparison"), FolderOwner("family"), FolderOwner("table")
+"""The owners of results of several runs rewritten whole (``rewritten``): ``analyze compare``, ``family``,
+``evaluate table``. Each command holds its ``--out`` (``owned``) from before its imports to its end, so that of
+two started at once into one ``--out`` one writes and the other is refused (was: each held it only to write its
+files, so both wrote, in turn, and the first one's "written:" was overwritten)."""
 
 
 @contextmanager

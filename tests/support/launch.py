@@ -16,6 +16,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.devices import CPU_MALLOC_ENV
 from support.cli import assert_one_line_error
@@ -208,6 +210,36 @@ def paused_writer(
             return owner["pid"], job
         time.sleep(0.005)
     raise AssertionError(f"{module} never held {folder}'s lock: {job.result().stderr[-3000:] if job.done() else ''}")
+
+
+_PAUSE_AT_READ = """\
+import os, runpy, signal, sys
+marker, reading, module, *args = sys.argv[1:]
+def pause(event, hook_args):
+    if event == "open" and str(hook_args[0]).endswith(reading) and not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+sys.addaudithook(pause)
+sys.argv, sys.orig_argv = [module, *args], [sys.executable, "-m", module, *args]
+runpy.run_module(module, run_name="__main__", alter_sys=True)
+"""
+
+
+def paused_reading(module: str, *args: str, reading: str, tmp: Path, timeout: float = 300) -> tuple[int, Future]:
+    """``python -m MODULE ARGS`` started in the background (forked, as ``paused_writer``) and paused (SIGSTOP) as
+    it opens the first file whose path ends with ``reading`` (an input): a second command provably starts while
+    it runs, whatever it holds then. Returns its PID (SIGCONT resumes it) and the future of its completed process."""
+    script, marker = tmp / "pause_at_read.py", tmp / "paused.pid"
+    script.write_text(_PAUSE_AT_READ)
+    job = ThreadPoolExecutor(1).submit(python_module, str(script), str(marker), reading, module, *args, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while not job.done() and time.monotonic() < deadline:
+        pid = int(marker.read_text() or 0) if marker.exists() else 0
+        if pid and psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+            return pid, job
+        time.sleep(0.005)
+    raise AssertionError(f"{module} never read {reading}: {job.result().stderr[-3000:] if job.done() else ''}")
 
 
 def second_writer_is_refused(

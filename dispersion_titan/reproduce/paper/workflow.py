@@ -21,7 +21,7 @@ from ...analysis.size_series import parse_assignments
 from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
 from ...evaluation.runner import hub_model
-from ...evaluation.table import TABLE, arm_runs, one_seed_each
+from ...evaluation.table import arm_runs, one_seed_each
 from ...run_folder.checkpoints import (
     dispersion_variant,
     find_checkpoint_folder,
@@ -30,7 +30,7 @@ from ...run_folder.checkpoints import (
     recorded_run,
     trained_to,
 )
-from ...run_folder.owners import RUN_METADATA_FILE, refuse_unless_ours
+from ...run_folder.owners import RUN_METADATA_FILE, TABLE, refuse_unless_ours
 from ...utils.devices import AUTOCAST, check_device_map, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
 from ...utils.hub import PREFIX as HF
