@@ -47,7 +47,7 @@ from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from dispersion_titan.utils.errors import CheckpointError, ConfigError, RunFinished
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
-from support.launch import DEBUG_TOML, REPO, python_module, torchrun
+from support.launch import DEBUG_TOML, REPO, paused_reading, python_module, torchrun
 from support.runs import digests, hub_cache, load_weights, tiny_run
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
@@ -466,6 +466,30 @@ def test_convert_given_a_run_takes_its_newest_complete_checkpoint(tmp_path, caps
     assert capsys.readouterr().err.splitlines()[0] == f"converting step 0 (step-5: incomplete, passed over): {step0}"
     want = {k: v for k, v in GPT2StateDictAdapter(args, None).to_hf(load_weights(step0)).items()}
     got = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert want and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("read", [".metadata", "__0_0.distcp"], ids=["pruned-as-listed", "pruned-as-loaded"])
+def test_convert_given_a_live_run_whose_step_is_pruned_converts_the_newest(tmp_path, read):
+    """``convert to-hf RUN`` of a run still training under ``checkpoint.keep_latest_k``, the step it chose removed
+    (pruned) as a newer one is saved, while it checks it or while it loads it: the newest complete step converted,
+    said so, exit 0 (was `no complete checkpoint in … (step-6: incomplete)`, or `step-4: removed since it was
+    listed; run the command again` or `cannot be loaded (FileNotFoundError …)`, exit 2). The command paused as it
+    opens the step's file; meanwhile the run's save and prune done by hand."""
+    run, out, reference = tiny_run(tmp_path / "run", steps=(4, 6)), tmp_path / "hf", tmp_path / "step-6"
+    convert.main(["to-hf", str(run / "checkpoint" / "step-6"), str(reference)])
+    shutil.move(run / "checkpoint" / "step-6", tmp_path / "saving")
+    module = "dispersion_titan.convert"
+    pid, job = paused_reading(module, "to-hf", str(run), str(out), reading=f"step-4/{read}", tmp=tmp_path)
+    try:
+        shutil.move(tmp_path / "saving", run / "checkpoint" / "step-6")  # saved, then step-4 pruned
+        shutil.rmtree(run / "checkpoint" / "step-4")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    done = job.result()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"converting step 6{' (step-4 removed meanwhile' if read.endswith('distcp') else ':'}" in done.stderr
+    got, want = load_file(str(out / "model.safetensors")), load_file(str(reference / "model.safetensors"))
     assert want and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 

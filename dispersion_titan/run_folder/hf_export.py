@@ -59,7 +59,9 @@ def resolve_step_dir(path: str) -> str:
     if step:
         check_complete(path)  # one checkpoint, incomplete: said so
     folder = find_checkpoint_folder(path)
-    if saved := saved_checkpoints(folder):
+    # Listed again where none was saved: a run training under keep_latest_k may have pruned each as it was checked
+    # (the first check imports torch's DCP: seconds).
+    if saved := saved_checkpoints(folder) or saved_checkpoints(folder):
         return saved[-1].path
     found = list_checkpoints(folder)
     what = ", ".join(f"step-{c.step}" for c in found) + ": incomplete" if found else "none saved"
@@ -118,12 +120,25 @@ def to_hf(step_dir: str, out_dir: str, force: bool = False) -> None:
     with owned(out_dir, owner, "OUT_DIR"):  # one export at a time; one that finished meanwhile is not overwritten
         if not force and os.path.isfile(os.path.join(out_dir, CONFIG)):  # a whole export; one interrupted is finished
             raise OutputError(f"OUT_DIR: {out_dir} is not empty (pass --force to overwrite its files)")
-        if step_dir != given.rstrip("/"):  # the run's newest complete checkpoint, and the newer ones passed over
-            names = [os.path.basename(c.path) for c in list_checkpoints(checkpoints)]  # oldest first
-            newer = names[names.index(os.path.basename(step_dir)) + 1 :]
-            passed = f" ({', '.join(newer)}: incomplete, passed over)" if newer else ""
-            print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}{passed}: {step_dir}", file=sys.stderr)
-        export_checkpoint(step_dir, out_dir)
+        try:
+            _export_chosen(given, step_dir, out_dir)
+        except CheckpointError:
+            if step_dir == given.rstrip("/") or os.path.isdir(step_dir):
+                raise  # the step named, or a fault of its own
+            # Chosen, and pruned while read (a run still training under checkpoint.keep_latest_k): the newest, once.
+            removed = f"{os.path.basename(step_dir)} removed meanwhile, under checkpoint.keep_latest_k"
+            _export_chosen(given, resolve_step_dir(given), out_dir, removed)
+
+
+def _export_chosen(given: str, step_dir: str, out_dir: str, why: str = "") -> None:
+    """``export_checkpoint``, saying which step it converts where ``given`` is a run (``why``: of an earlier one)."""
+    if step_dir != given.rstrip("/"):  # the run's newest complete checkpoint, and the newer ones passed over
+        step, folder = int(STEP_FOLDER.match(os.path.basename(step_dir))[1]), os.path.dirname(os.path.abspath(step_dir))
+        newer = [f"step-{c.step}" for c in list_checkpoints(folder) if c.step > step]  # it may be gone from there now
+        notes = [*([why] if why else []), *([f"{', '.join(newer)}: incomplete, passed over"] if newer else [])]
+        passed = f" ({'; '.join(notes)})" if notes else ""
+        print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}{passed}: {step_dir}", file=sys.stderr)
+    export_checkpoint(step_dir, out_dir)
 
 
 @contextmanager
