@@ -20,6 +20,7 @@ import tomllib
 
 from dispersion_titan.analysis.inputs import PAPER_SEQ_LEN, PAPER_TEXTS
 from dispersion_titan.analyze import analyze_parser, size_series_parser
+from dispersion_titan.components.optimizers import body_warmup_steps
 from dispersion_titan.components.titan_compat import merged_job_config_class
 from dispersion_titan.config.cli import CONFIG_MODULE
 from dispersion_titan.config.schema import JobConfig
@@ -200,6 +201,45 @@ def test_every_option_the_table_names_exists():
         for option in citations(row[3]):
             if option.startswith("--") or CLI_CITE.match(option):
                 assert option_exists(option), f"{row[0]}: {option} is no option"
+
+
+N_GPU_HEADER = "| run | 1 GPU | 2 GPUs | 4 GPUs | 8 GPUs |"
+N_GPU_ROWS = {  # the N-GPU table's rows -> the paper config each describes
+    "GPT-2 mid-training": GPT2,
+    "GPT-2 active forgetting": "midtrain_gpt2_wikitext103_active_forgetting.toml",
+    "Qwen3 mid-training": QWEN3,
+    "Fig. 3": "fig3_gpt2_small.toml",
+}
+LAYOUT = re.compile(r"^(\d+)(?: a step)?, T = (\d+), W = (\d+), lr ([\d.e-]+), every (\d+)$")
+
+
+def forgetting_cell(c) -> str:
+    """The active-forgetting row's cell for a launch ``c``: its body's warm-up, the resets in T steps
+    (before step s when (s - 1) mod K = 0) and whether ⌊T/K⌋ = 0 keeps the embeddings at lr 0."""
+    t, k = c.training.steps, c.baseline.forget_every
+    resets = {0: "no reset", 1: f"one reset (after step {k})"}[(t - 1) // k]
+    frozen = ", embeddings at lr 0" if t // k == 0 else ""
+    return f"W = {body_warmup_steps(c.lr_scheduler.warmup_steps, t, True)}, {resets}{frozen}"
+
+
+def test_the_n_gpu_table_is_what_the_launch_derives():
+    """Each cell of "A paper config on N GPUs" is what a launch on that many ranks derives ([released])."""
+    lines = DOC.read_text().splitlines()
+    start = lines.index(N_GPU_HEADER)
+    rows = [cells(line) for line in itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2 :])]
+    names = [next(name for key, name in N_GPU_ROWS.items() if row[0].startswith(key)) for row in rows]
+    assert sorted(names) == sorted(N_GPU_ROWS.values())
+    for name, row in zip(names, rows, strict=True):
+        for gpus, cell in zip((1, 2, 4, 8), row[1:], strict=True):
+            c = on_gpus(name, gpus)
+            if c.baseline.method == "active_forgetting":
+                assert cell == forgetting_cell(c), (row[0], gpus)
+                continue
+            batch, steps, warmup, lr, every = LAYOUT.match(cell).groups()
+            t, schedule = c.training, c.lr_scheduler
+            layout = (t.global_batch_size, t.steps, schedule.warmup_steps, c.checkpoint.interval)
+            assert (int(batch), int(steps), int(warmup), int(every)) == layout, (row[0], gpus)
+            assert float(lr) == pytest.approx(c.optimizer.lr, rel=1e-3), (row[0], gpus)
 
 
 def test_the_pages_counts_are_the_codes():

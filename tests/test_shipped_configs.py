@@ -70,7 +70,7 @@ def derived(path, gpus: int, *overrides: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("gpus", [1, 2, 8])
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
 def test_paper_configs_train_the_authors_run_on_n_gpus(gpus):
     """GPT-2 mid-training 32 × 4 per GPU, 200M tokens, lr 5e-5 (Readme.md); Qwen3 1 × 32 per GPU of 4096
     tokens, lr 5e-5 (midtrain_qwen3.py); Fig. 3 16 × 8 per GPU, lr 1e-5 (pretrain_toy_gpt2.py): on N GPUs
