@@ -29,7 +29,8 @@ import pytest
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from torchtitan.models.qwen3 import qwen3_args
+from torchtitan.models.qwen3 import Qwen3Model, qwen3_args
+from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.train_spec import get_train_spec
 
 from dispersion_titan.analysis.condensation_schema import Condensation
@@ -48,6 +49,7 @@ from dispersion_titan.run_folder.checkpoints import load_model, load_model_args,
 from dispersion_titan.run_folder.hf_export import save_tokenizer, to_hf
 from dispersion_titan.tokenizer.encoders import LOADED
 from dispersion_titan.trainer.baselines import build_baseline
+from dispersion_titan.trainer.objective import BlockOutputs
 from dispersion_titan.utils.errors import ConfigError
 from support.cli import analyze, run_cli
 from support.condensation import independent_states, plain_mean_cos
@@ -456,6 +458,39 @@ def test_the_advice_on_a_folder_of_grouped_heads_names_n_kv_heads():
     folder = hf_config(LLAMA3, SimpleNamespace(eos_id=0)).to_dict()
     config = SimpleNamespace(model=SimpleNamespace(name="llama3_dispersion"))
     assert _advice(config, ungrouped, folder) == "set [model] as its config.json says: n_kv_heads = 1 (here 2)"
+
+
+def test_qwen3_dispersion_points_are_transformers_hidden_states():
+    """``dispersion.points = "hidden_states"`` on Qwen3 (the paper configs'): the authors' midtrain_qwen3.py
+    disperses transformers' ``hidden_states[1:]``, blocks 1 … n−1 and the final norm's output."""
+    a = qwen3_args["debugmodel"]
+    config = transformers.Qwen3Config(
+        vocab_size=a.vocab_size,
+        hidden_size=a.dim,
+        intermediate_size=a.hidden_dim,
+        num_hidden_layers=a.n_layers,
+        num_attention_heads=a.n_heads,
+        num_key_value_heads=a.n_kv_heads,
+        head_dim=a.head_dim,
+        rope_theta=a.rope_theta,
+        rms_norm_eps=a.norm_eps,
+        tie_word_embeddings=a.enable_weight_tying,
+    )
+    torch.manual_seed(0)
+    hf = transformers.Qwen3ForCausalLM(config).eval()
+    ours = Qwen3Model(a)
+    ours.load_state_dict(Qwen3StateDictAdapter(a, None).from_hf(hf.state_dict()))
+    hooks = BlockOutputs(ours.train(), "hidden_states")  # the hooks capture training forwards (no dropout)
+    tokens = torch.randint(0, a.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
+    ours(tokens)
+    with torch.no_grad():
+        hidden_states = hf(tokens, output_hidden_states=True).hidden_states
+    points = hooks.take()
+    assert len(points) == len(hidden_states) - 1 == a.n_layers
+    assert all(max_diff(p, h) <= 1e-5 for p, h in zip(points, hidden_states[1:], strict=True))
+    blocks = BlockOutputs(ours, "blocks")
+    ours(tokens)
+    assert max_diff(blocks.take()[-1], hidden_states[-1]) > 1e-2  # the last block's raw output, before the norm
 
 
 def test_qwen3_mid_trains_from_hf_weights_and_exports_back(qwen3_run):
