@@ -486,6 +486,32 @@ def _fake_slurm(tmp_path: Path, before_id: str) -> dict[str, str]:
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
+@pytest.mark.parametrize(
+    ("key", "option", "default"),
+    [
+        ("evaluate_args", "--out", "RUN/evaluation"),
+        ("analyze_args", "--out", "RUN/condensation"),
+        ("analyze_args", "--tb-dir", "RUN/tb/condensation"),
+    ],
+)
+def test_a_sweep_whose_job_args_give_its_cells_one_folder_is_refused_at_submission(tmp_path, key, option, default):
+    """Two cells' evaluations (analyses) into one ``--out`` (``--tb-dir``) of ``evaluate_args`` (``analyze_args``),
+    which holds one run's results: one line, exit 2, nothing submitted, no folder made, by the dry run too (was
+    submitted, exit 0: every job after the first refused hours later, `--out: SHARED holds the evaluation of RUN`, the
+    table or compare job cancelled; shown on launch/local_slurm.sh)."""
+    out, shared, calls = tmp_path / "sweep", tmp_path / "shared", tmp_path / "calls"
+    env = _fake_slurm(tmp_path, "")
+    args = (*ONE_CELL, "--widths", "64,128", "--out", str(out), f"--{key.replace('_', '-')}={option} {shared}")
+    for dry_run in ((), ("--dry-run",)):
+        proc = sweep(*args, *dry_run, env=env)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"dispersion_titan: error: {key}: {option} {shared} is one folder for the 2 cells' jobs, and it holds one "
+            f"run's results (each job after the first would be refused); leave it out: each cell's go into its run "
+            f"folder ({default})"
+        ], proc.stderr
+    assert not calls.exists() and not out.exists() and not shared.exists()
+
+
 def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp_path):
     """The 3rd of a sweep's 5 sbatch calls refused (the evaluation's bad partition, exit 1): one line naming the job
     and those submitted, exit 2, and sweep.json names them; the command again with the partition fixed submits the

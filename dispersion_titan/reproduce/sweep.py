@@ -208,6 +208,22 @@ def refuse_used(out: Path) -> None:
         raise ArgumentError(f"out: {out} exists and is not an empty folder or a sweep's; give the sweep a new folder")
 
 
+def refuse_shared_folders(sweep: Sweep, options: dict[str, argparse.Namespace]) -> None:
+    """An ``--out`` or ``--tb-dir`` in ``analyze_args``/``evaluate_args`` is one folder for every cell's job, and
+    such a folder holds one run's results: each job after the first would be refused, hours from now."""
+    if len(sweep.cells()) < 2:
+        return
+    for key, parsed in options.items():
+        for option, default in (("out", "RUN/condensation"), ("tb_dir", "RUN/tb/condensation")):
+            if (folder := getattr(parsed, option, None)) is not None:
+                default = "RUN/evaluation" if key == "evaluate_args" else default
+                raise ArgumentError(
+                    f"{key}: --{option.replace('_', '-')} {folder} is one folder for the {len(sweep.cells())} "
+                    f"cells' jobs, and it holds one run's results (each job after the first would be refused); "
+                    f"leave it out: each cell's go into its run folder ({default})"
+                )
+
+
 def world_size(sweep: Sweep) -> int:
     """The processes of each training job: one per GPU of every node."""
     per_node = SBATCH_GPUS_PER_NODE if sweep.gpus_per_node is None else sweep.gpus_per_node
