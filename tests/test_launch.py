@@ -30,7 +30,7 @@ from support.launch import (
     torchrun,
     torchrun_script,
 )
-from support.runs import scalars
+from support.runs import digests, scalars
 
 TRAIN_SH = REPO / "launch" / "train.sh"
 STEPS = 2  # compared step for step with the reference run: its first two
@@ -510,6 +510,21 @@ def test_a_sweep_whose_job_args_give_its_cells_one_folder_is_refused_at_submissi
             f"folder ({default})"
         ], proc.stderr
     assert not calls.exists() and not out.exists() and not shared.exists()
+
+
+def test_a_sweep_into_a_folder_inside_a_run_is_refused_by_its_dry_run_as_by_submitting(reference_run, tmp_path):
+    """``--out RUN/sweep`` (a new folder inside a run, which holds only its own results): the dry run refuses it in
+    the line submitting does, exit 2 (was exit 0, the script printed, which submitting then refused); nothing
+    submitted, the run unchanged."""
+    out, calls, before = reference_run / "sweep", tmp_path / "calls", digests(reference_run)
+    env = _fake_slurm(tmp_path, "")
+    for dry_run in (("--dry-run",), ()):
+        proc = sweep(*ONE_CELL, "--out", str(out), *dry_run, env=env)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"dispersion_titan: error: --out: {out} is inside run {reference_run}, which holds only its own results; "
+            "use another --out"
+        ], (dry_run, proc.stdout, proc.stderr)
+    assert not calls.exists() and not out.exists() and digests(reference_run) == before
 
 
 def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp_path):

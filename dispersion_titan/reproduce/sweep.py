@@ -26,7 +26,7 @@ from ..evaluation.runner import RESULT_FILE as EVALUATION_FILE
 from ..job_config.parse import validated_args
 from ..losses import VARIANTS
 from ..run_folder.checkpoints import identity_changed, run_checkpoints, trained_to
-from ..run_folder.owners import FolderOwner, empty, record_owner
+from ..run_folder.owners import FolderOwner, empty, record_owner, refuse_unless_ours
 from ..utils.errors import ArgumentError, DispersionTitanError
 from ..utils.records import atomic_write
 from .slurm_scripts import SBATCH_GPUS_PER_NODE, SBATCH_SIGNAL_LEAD_S, SlurmJob, queued_jobs, sbatch
@@ -206,6 +206,7 @@ def refuse_used(out: Path) -> None:
     """``out`` new, empty (as a refused submission leaves it) or a sweep's (submitted again: ``resubmission``)."""
     if out.exists() and not (out.is_dir() and (empty(str(out)) or (out / MANIFEST).is_file())):
         raise ArgumentError(f"out: {out} exists and is not an empty folder or a sweep's; give the sweep a new folder")
+    refuse_unless_ours(str(out), FolderOwner("sweep"), "--out", "use another --out")  # inside a run: as submitting
 
 
 def refuse_shared_folders(sweep: Sweep, options: dict[str, argparse.Namespace]) -> None:
