@@ -694,6 +694,24 @@ def test_table2_a_hub_models_block_is_its_pretrained_row(tmp_path, capsys):
     assert found[0].parent.parent == evaluation
 
 
+def test_table2_models_naming_a_hub_model_names_its_pretrained_row(tmp_path, capsys):
+    """``table2 --models openai-community/gpt2`` (a hub id, not a run; nothing of that name here): one line naming
+    ``--pretrained hf:MODEL`` beside training (was only `train it first: … --job.dump_folder openai-community/gpt2`),
+    ``hf:MODEL`` that alone; exit 2, before any folder is made, with or without --dry-run."""
+    out = tmp_path / "t"
+    for model, way in (
+        ("openai-community/gpt2", "train it first: launch/train.sh CONFIG --job.dump_folder openai-community/gpt2; a "
+         "hub model: its row of Table 2: --pretrained hf:openai-community/gpt2"),
+        ("hf:openai-community/gpt2", "a hub model; its row of Table 2: --pretrained hf:openai-community/gpt2"),
+    ):  # fmt: skip
+        for dry_run in ((), ("--dry-run",)):
+            code, _, err = paper("table2", "--models", model, "--out", out, *dry_run, capsys=capsys)
+            assert code == 2 and err.strip().splitlines() == [
+                f"dispersion_titan: error: --models: {model}: not a run folder ({way})"
+            ], err
+    assert not out.exists()
+
+
 DISP = "\\disp_#2|$"
 """An arm named with what LaTeX and Markdown escape (was: a .tex that does not compile, a Markdown column more)."""
 

@@ -307,10 +307,13 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
         named: dict[str, str] = {}  # a run's real path -> as given: was refused by the table, after evaluating
         for run in runs:
             if not _is_run(run):
-                raise ArgumentError(
-                    f"--models: {run}: not a run folder (train it first: launch/train.sh CONFIG "
-                    f"--job.dump_folder {run})"
-                )
+                pretrained = f"its row of Table 2: --pretrained {HF}{run.removeprefix(HF)}"  # a hub model's
+                way = f"train it first: launch/train.sh CONFIG --job.dump_folder {run}"
+                if run.startswith(HF):
+                    way = f"a hub model; {pretrained}"
+                elif not os.path.exists(run) and run.count("/") == 1 and run[0] not in "./":  # maybe a hub id
+                    way += f"; a hub model: {pretrained}"
+                raise ArgumentError(f"--models: {run}: not a run folder ({way})")
             if (real := os.path.realpath(run)) in named:
                 raise ArgumentError(f"--models: {named[real]} and {run} are the same run ({real}); name each run once")
             named[real] = run
