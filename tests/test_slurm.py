@@ -20,7 +20,7 @@ import pytest
 
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, python_module
-from support.runs import scalars
+from support.runs import digests, scalars
 
 pytestmark = pytest.mark.slow
 
@@ -294,7 +294,7 @@ def test_two_cell_sweep_runs_to_its_compare_and_table_jobs(slurm, script_python,
 def test_paper_slurm_again_while_its_jobs_are_queued_submits_nothing(preempted_run, slurm, tmp_path):
     """`paper fig2 --slurm` twice into one --out, its jobs held (`--begin`): the second is refused in one line naming
     the queued job, exit 2, nothing submitted (was a second set of jobs, its analysis refused by the first's lock
-    and its drawing job cancelled)."""
+    and its drawing job cancelled); a third with other settings too, naming the queued job of its name."""
     out = tmp_path / "paper"
     command = ["dispersion_titan.paper", "fig2", "--models", str(preempted_run["dump"]), "--slurm", "--out", str(out)]
     command += ["--sbatch-arg=--gpus=0", "--sbatch-arg=--begin=now+1hour"]
@@ -308,6 +308,16 @@ def test_paper_slurm_again_while_its_jobs_are_queued_submits_nothing(preempted_r
             f"for it to end, or scancel {ids[0]}, then submit again"
         ]
         assert sorted(json.loads((out / "logs" / "submitted.json").read_text())) == sorted(ids)
+        # other settings into the same --out (was submitted, exit 0: two analyses into one folder, the later refused
+        # by the first's settings hours from now, its drawing job cancelled)
+        before = digests(out)
+        other = python_module(*command, "--num-sequences", "3", cwd=tmp_path, env=slurm, timeout=120)
+        assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+            f"dispersion_titan: error: sbatch (paper-fig2-1): job {ids[0]} of this name is queued or running with "
+            f"other settings, and writes where this one would; wait for it to end, or scancel {ids[0]}, then submit "
+            "again"
+        ]
+        assert digests(out) == before
     finally:
         subprocess.run(["scancel", *ids], env=slurm)
 

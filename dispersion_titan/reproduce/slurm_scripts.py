@@ -92,13 +92,27 @@ def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[s
     submitted = submitted if isinstance(submitted, dict) else {}
     queued = queued_jobs(list(submitted))
     for job in jobs:
-        same = next((i for i in sorted(queued) if submitted[i] == job.argv), None)
+        named = [i for i in sorted(queued) if _job_name(submitted[i]) == _job_name(job.argv)]
+        same = next((i for i in named if submitted[i] == job.argv), None)
         if same:  # e.g. paper --slurm run twice: two analyses of one model, one refused by the other's lock
             raise DispersionTitanError(
                 f"sbatch ({job.label}): the same job is queued or running as {same}; wait for it to end, or "
                 f"scancel {same}, then submit again"
             )
+        if named:  # other settings into the same folders: one of the two refused by their owner, hours from now
+            raise DispersionTitanError(
+                f"sbatch ({job.label}): job {named[0]} of this name is queued or running with other settings, and "
+                f"writes where this one would; wait for it to end, or scancel {named[0]}, then submit again"
+            )
     return submitted
+
+
+def _job_name(argv: object) -> str | None:
+    """The ``--job-name=`` of an sbatch command (as ``submitted.json`` holds it; None: none, or not a command)."""
+    args = argv if isinstance(argv, list) else []
+    return next(
+        (a.removeprefix("--job-name=") for a in args if isinstance(a, str) and a.startswith("--job-name=")), None
+    )
 
 
 @contextmanager
