@@ -527,6 +527,36 @@ def test_a_sweep_into_a_folder_inside_a_run_is_refused_by_its_dry_run_as_by_subm
     assert not calls.exists() and not out.exists() and digests(reference_run) == before
 
 
+def test_a_sweep_whose_config_was_edited_since_its_run_saved_a_step_is_refused_when_submitted_again(tmp_path):
+    """Its training stopped after a saved step (here trained by hand with the cell's own command, its jobs then gone
+    from the stand-in squeue, as after a scancel), its config's lr edited, the same sweep again: one line naming the
+    cell and the change, exit 2, nothing submitted, the sweep folder unchanged (was submitted, exit 0, and the training
+    job refused at its start, `run folder … was started with other settings: optimizer.lr 0.001 -> 0.002`, its
+    dependants cancelled; shown on launch/local_slurm.sh); the config put back, its jobs are submitted."""
+    config, out, calls = tmp_path / "debug.toml", tmp_path / "sweep", tmp_path / "calls"
+    config.write_text(Path(DEBUG_TOML).read_text())
+    env = _fake_slurm(tmp_path, "")
+    args = (*ONE_CELL, "--config", str(config), "--out", str(out), "--", "--training.steps", "4", *DEBUG_SEQ_LEN)
+    assert sweep(*args, env=env).returncode == 0
+    manifest = json.loads((out / "sweep.json").read_text())
+    train = manifest["commands"]["train_1"]
+    torchrun(manifest["cells"][0]["run"], 1, *train[train.index(str(config)) + 1 :], "--training.steps", "1",
+             config=str(config))  # fmt: skip
+    (tmp_path / "held").write_text("")  # its jobs ended
+    config.write_text(config.read_text().replace("lr = 1e-3 ", "lr = 2e-3 ", 1))
+    before = digests(out)
+    again = sweep(*args, env=env)
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"dispersion_titan: error: cell w64-baseline-s0: run folder {out / 'w64-baseline-s0'} was started with other "
+        "settings: optimizer.lr 0.001 -> 0.002; submit the sweep again with the settings its runs started with (its "
+        "config as it was), or give the sweep a new folder"
+    ], again.stderr
+    assert len(calls.read_text().splitlines()) == 5 and digests(out) == before
+    config.write_text(config.read_text().replace("lr = 2e-3 ", "lr = 1e-3 ", 1))
+    restored = sweep(*args, env=env)
+    assert restored.returncode == 0 and "sweep: 5 jobs submitted;" in restored.stdout, restored.stderr
+
+
 def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp_path):
     """The 3rd of a sweep's 5 sbatch calls refused (the evaluation's bad partition, exit 1): one line naming the job
     and those submitted, exit 2, and sweep.json names them; the command again with the partition fixed submits the

@@ -25,9 +25,11 @@ from ..evaluation.runner import OURS, read_evaluations, source_changed
 from ..evaluation.runner import RESULT_FILE as EVALUATION_FILE
 from ..job_config.parse import validated_args
 from ..losses import VARIANTS
-from ..run_folder.checkpoints import identity_changed, run_checkpoints, trained_to
+from ..run_folder.checkpoints import identity_changed, recorded_run, run_checkpoints, trained_to
 from ..run_folder.owners import FolderOwner, empty, record_owner, refuse_unless_ours
-from ..utils.errors import ArgumentError, DispersionTitanError
+from ..run_folder.settings import check_same_settings
+from ..tokenizer.encoders import is_hub_id
+from ..utils.errors import ArgumentError, ConfigError, DispersionTitanError
 from ..utils.records import atomic_write
 from .slurm_scripts import SBATCH_GPUS_PER_NODE, SBATCH_SIGNAL_LEAD_S, SlurmJob, queued_jobs, sbatch
 
@@ -303,6 +305,22 @@ def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[st
         raise ArgumentError(f"out: {path}: unreadable ({type(e).__name__}: {e}); give the sweep a new folder") from None
 
 
+def _refuse_other_settings(name: str, config: RunConfig) -> None:
+    """A cell's training submitted again onto its run folder as its job will check it (``check_same_settings``): its
+    config edited since the run saved a step is refused now, not when the job starts, hours from now."""
+    if is_hub_id(config.model.hf_assets_path):  # compared once its job fetched the snapshot the run started from
+        return
+    dump = config.job.dump_folder
+    try:
+        check_same_settings(dump, recorded_run(dump), config)
+    except ConfigError as e:
+        line = str(e).splitlines()[0].split("; relaunch with the same settings")[0]
+        raise ArgumentError(
+            f"cell {name}: {line}; submit the sweep again with the settings its runs started with (its config as it "
+            "was), or give the sweep a new folder"
+        ) from None
+
+
 def resubmission(
     sweep: Sweep,
     jobs: list[SlurmJob],
@@ -361,6 +379,9 @@ def resubmission(
     finished = {key for key, done in results.items() if done is not None and key in ids and ids[key] not in queued}
     kept |= {key: ids[key] for key in finished}
     todo = [job for job in jobs if job.key not in kept]
+    for i, (cell, config) in enumerate(zip(sweep.cells(), configs, strict=True), start=1):
+        if any(job.key == f"train_{i}" for job in todo):
+            _refuse_other_settings(cell.name, config)
     waits = {key for key in kept if ids[key] in queued} | {job.key for job in todo}  # a finished training: none
     return [replace(job, after=[key for key in job.after if key in waits]) for job in todo], kept, finished
 
