@@ -557,6 +557,30 @@ def test_a_sweep_whose_config_was_edited_since_its_run_saved_a_step_is_refused_w
     assert restored.returncode == 0 and "sweep: 5 jobs submitted;" in restored.stdout, restored.stderr
 
 
+def test_a_sweep_given_a_dependency_keeps_its_own(tmp_path):
+    """``--analyze-sbatch-arg=--dependency=afterany:7`` (or ``evaluate_sbatch_args``): one line, exit 2, nothing
+    submitted or made, by the dry run too (was submitted, exit 0: sbatch keeps the last --dependency, so each analysis
+    waited for job 7 instead of its training, and could start before it; seen with scontrol on local_slurm.sh). A
+    training's own (it waits for none of the sweep's): the same command again keeps the 5 jobs queued (was refused,
+    `holds a sweep submitted with other settings (the w64-baseline-s0 train job differs …)`)."""
+    out, calls = tmp_path / "sweep", tmp_path / "calls"
+    env = _fake_slurm(tmp_path, "")
+    for key in ("analyze", "evaluate"):
+        for dry_run in ((), ("--dry-run",)):
+            proc = sweep(*ONE_CELL, "--out", str(out), f"--{key}-sbatch-arg=--dependency=afterany:7", *dry_run, env=env)
+            assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+                f"dispersion_titan: error: {key}_sbatch_args: --dependency=afterany:7: these jobs wait for the ones "
+                "before them with a --dependency of their own, which sbatch would replace with this one (it keeps "
+                "the last given); leave it out (to wait for a job of yours, submit once it ended, or hold them with "
+                "--begin)"
+            ], proc.stderr
+    assert not calls.exists() and not out.exists()
+    for _ in range(2):
+        proc = sweep(*ONE_CELL, "--out", str(out), "--train-sbatch-arg=--dependency=afterany:7", env=env)
+        assert proc.returncode == 0, proc.stderr
+    assert "sweep: 0 jobs submitted (5 kept: still queued" in proc.stdout and len(calls.read_text().splitlines()) == 5
+
+
 def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp_path):
     """The 3rd of a sweep's 5 sbatch calls refused (the evaluation's bad partition, exit 1): one line naming the job
     and those submitted, exit 2, and sweep.json names them; the command again with the partition fixed submits the

@@ -712,6 +712,25 @@ def test_table2_models_naming_a_hub_model_names_its_pretrained_row(tmp_path, cap
     assert not out.exists()
 
 
+def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, capsys):
+    """``--slurm --sbatch-arg=--dependency=afterany:7`` (or ``-d``): one line, exit 2, before any folder, with or
+    without --dry-run (was submitted: sbatch keeps the last --dependency, so the drawing job waited for job 7 instead
+    of the evaluations it draws)."""
+    model, out = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "t"
+    capsys.readouterr()  # its writing's progress
+    for dependency in (("--sbatch-arg=--dependency=afterany:7",), ("--sbatch-arg=-d", "--sbatch-arg=afterany:7")):
+        for dry_run in ((), ("--dry-run",)):
+            args = ["table2", "--pretrained", f"hf:{model}", "--slurm", *dependency, *dry_run, "--out", out]
+            code, _, err = paper(*args, capsys=capsys)
+            assert code == 2 and err.strip().splitlines() == [
+                f"dispersion_titan: error: --sbatch-arg: {dependency[0].split('=', 1)[1]}: these jobs wait for the "
+                "ones before them with a --dependency of their own, which sbatch would replace with this one (it "
+                "keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold them "
+                "with --begin)"
+            ], err
+    assert not out.exists()
+
+
 DISP = "\\disp_#2|$"
 """An arm named with what LaTeX and Markdown escape (was: a .tex that does not compile, a Markdown column more)."""
 

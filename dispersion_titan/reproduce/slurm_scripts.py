@@ -36,6 +36,18 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     return [*start, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
+def refuse_dependency(option: str, args: list[str]) -> None:
+    """A ``--dependency`` among the sbatch arguments of jobs that wait for others: sbatch keeps only the last one
+    given, so it would replace theirs, and they would start before the jobs they read."""
+    given = next((a for a in args if a in ("-d", "--dependency") or a.startswith(("-d", "--dependency="))), None)
+    if given is not None:
+        raise DispersionTitanError(
+            f"{option}: {given}: these jobs wait for the ones before them with a --dependency of their own, which "
+            "sbatch would replace with this one (it keeps the last given); leave it out (to wait for a job of yours, "
+            "submit once it ended, or hold them with --begin)"
+        )
+
+
 @dataclass
 class SlurmJob:
     key: str  # shell variable holding its id in the dry-run script ("": none)

@@ -31,7 +31,14 @@ from ..run_folder.settings import check_same_settings
 from ..tokenizer.encoders import is_hub_id
 from ..utils.errors import ArgumentError, ConfigError, DispersionTitanError
 from ..utils.records import atomic_write
-from .slurm_scripts import SBATCH_GPUS_PER_NODE, SBATCH_SIGNAL_LEAD_S, SlurmJob, queued_jobs, sbatch
+from .slurm_scripts import (
+    SBATCH_GPUS_PER_NODE,
+    SBATCH_SIGNAL_LEAD_S,
+    SlurmJob,
+    queued_jobs,
+    refuse_dependency,
+    sbatch,
+)
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -191,6 +198,8 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
                 f"{key}: {fields[key]!r} is not an sbatch --time (minutes, H:M:S or D-H:M:S, e.g. 2-00:00:00)"
             )
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
+    for key in ("analyze_sbatch_args", "evaluate_sbatch_args"):  # a training job waits for none: its own is kept
+        refuse_dependency(key, fields.get(key, []))
     if "train_time" in fields:
         _check_train_time(str(fields["train_time"]), fields.get("train_sbatch_args", []))
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
@@ -294,7 +303,8 @@ def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[st
     try:
         manifest = json.loads(path.read_text())
         commands = {
-            key: [a for a in argv if not a.startswith("--dependency=")] for key, argv in manifest["commands"].items()
+            key: [a for i, a in enumerate(argv) if not (i == 2 and a.startswith("--dependency="))]  # ours (command)
+            for key, argv in manifest["commands"].items()
         }
         ids = {"compare": manifest["compare_job"], "table": manifest["table_job"]}
         for i, cell in enumerate(manifest["cells"], start=1):
