@@ -581,6 +581,33 @@ def test_a_sweep_given_a_dependency_keeps_its_own(tmp_path):
     assert "sweep: 0 jobs submitted (5 kept: still queued" in proc.stdout and len(calls.read_text().splitlines()) == 5
 
 
+def test_a_sweep_of_array_jobs_or_whose_sbatch_gives_no_id_submits_nothing(tmp_path):
+    """``--train-sbatch-arg=--array=0-1`` (any kind's, ``-a``): one line, exit 2, nothing submitted or made, by the dry
+    run too (was submitted, exit 0: on launch/local_slurm.sh task 1 trained, task 0 failed, as the array's
+    `scontrol show job` lists every task, and the jobs after it were cancelled). ``--test-only``, where sbatch
+    prints no id (here a stand-in sbatch that prints Slurm's line on stderr): one line naming what it said, exit 2,
+    nothing recorded (was `` w64-baseline-s0 train`` taken as submitted with the id "", then `sbatch (… analyze): …
+    Job dependency problem`, and a sweep.json whose empty id blocked the command again)."""
+    out, calls = tmp_path / "sweep", tmp_path / "calls"
+    test_only = 'case "$*" in *--test-only*)\necho "sbatch: Job 7 to start at now" >&2; exit 0;;\nesac\n'
+    env = _fake_slurm(tmp_path, test_only)
+    for option in ("--train-sbatch-arg=--array=0-1", "--evaluate-sbatch-arg=-a0-1"):
+        for dry_run in ((), ("--dry-run",)):
+            proc = sweep(*ONE_CELL, "--out", str(out), option, *dry_run, env=env)
+            key, given = option.removeprefix("--").split("=", 1)
+            assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+                f"dispersion_titan: error: {key.replace('-', '_')}s: {given}: the tasks of an array job would each run "
+                "the same command, into the same folders; leave it out"
+            ], proc.stderr
+    assert not calls.exists() and not out.exists()
+    proc = sweep(*ONE_CELL, "--out", str(out), "--train-sbatch-arg=--test-only", env=env)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "dispersion_titan: error: sbatch (w64-baseline-s0 train): submitted no job (it said: sbatch: Job 7 to start at "
+        "now); fix the cause and submit the sweep again for the rest"
+    ], proc.stderr
+    assert proc.stdout == "" and not out.exists()
+
+
 def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp_path):
     """The 3rd of a sweep's 5 sbatch calls refused (the evaluation's bad partition, exit 1): one line naming the job
     and those submitted, exit 2, and sweep.json names them; the command again with the partition fixed submits the

@@ -715,7 +715,7 @@ def test_table2_models_naming_a_hub_model_names_its_pretrained_row(tmp_path, cap
 def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, capsys):
     """``--slurm --sbatch-arg=--dependency=afterany:7`` (or ``-d``): one line, exit 2, before any folder, with or
     without --dry-run (was submitted: sbatch keeps the last --dependency, so the drawing job waited for job 7 instead
-    of the evaluations it draws)."""
+    of the evaluations it draws); ``--array`` the same."""
     model, out = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "t"
     capsys.readouterr()  # its writing's progress
     for dependency in (("--sbatch-arg=--dependency=afterany:7",), ("--sbatch-arg=-d", "--sbatch-arg=afterany:7")):
@@ -728,6 +728,12 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
                 "keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold them "
                 "with --begin)"
             ], err
+    code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", "--sbatch-arg=--array=0-1", "--out", out,
+                         capsys=capsys)  # fmt: skip
+    assert code == 2 and err.strip().splitlines() == [  # was submitted: every task the same command, folders
+        "dispersion_titan: error: --sbatch-arg: --array=0-1: the tasks of an array job would each run the same "
+        "command, into the same folders; leave it out"
+    ], err
     assert not out.exists()
 
 

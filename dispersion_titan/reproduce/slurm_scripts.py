@@ -36,11 +36,24 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     return [*start, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
+def _given(args: list[str], short: str, long: str) -> str | None:
+    """The first of ``args`` that gives sbatch's option ``short``/``long``, in any of its spellings."""
+    return next((a for a in args if a in (short, long) or a.startswith((short, f"{long}="))), None)
+
+
+def refuse_array(option: str, args: list[str]) -> None:
+    """An ``--array``: each of its tasks would run the job's one command, into the same folders."""
+    if (given := _given(args, "-a", "--array")) is not None:
+        raise DispersionTitanError(
+            f"{option}: {given}: the tasks of an array job would each run the same command, into the same folders; "
+            "leave it out"
+        )
+
+
 def refuse_dependency(option: str, args: list[str]) -> None:
     """A ``--dependency`` among the sbatch arguments of jobs that wait for others: sbatch keeps only the last one
     given, so it would replace theirs, and they would start before the jobs they read."""
-    given = next((a for a in args if a in ("-d", "--dependency") or a.startswith(("-d", "--dependency="))), None)
-    if given is not None:
+    if (given := _given(args, "-d", "--dependency")) is not None:
         raise DispersionTitanError(
             f"{option}: {given}: these jobs wait for the ones before them with a --dependency of their own, which "
             "sbatch would replace with this one (it keeps the last given); leave it out (to wait for a job of yours, "
@@ -166,7 +179,12 @@ def submit(
                 reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
                 hint = f"; submitted so far: {done} (scancel {done})" if done else ""
                 raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}{then}")
-            ids[job.key] = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"
+            if not (job_id := proc.stdout.strip().split(";")[0]):  # --parsable: "id" or "id;cluster"; none: --test-only
+                done = " ".join(ids[j.key] for j in jobs if j.key in ids)
+                said = (proc.stderr.strip().splitlines() or ["nothing"])[-1]
+                hint = f"; submitted so far: {done} (scancel {done})" if done else ""
+                raise DispersionTitanError(f"sbatch ({job.label}): submitted no job (it said: {said}){hint}{then}")
+            ids[job.key] = job_id
             submitted[ids[job.key]] = job.argv
             atomic_write(str(record), lambda f: f.write(json.dumps(submitted, indent=1) + "\n"))
             recorded()

@@ -36,6 +36,7 @@ from .slurm_scripts import (
     SBATCH_SIGNAL_LEAD_S,
     SlurmJob,
     queued_jobs,
+    refuse_array,
     refuse_dependency,
     sbatch,
 )
@@ -200,6 +201,8 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
     for key in ("analyze_sbatch_args", "evaluate_sbatch_args"):  # a training job waits for none: its own is kept
         refuse_dependency(key, fields.get(key, []))
+    for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
+        refuse_array(key, fields.get(key, []))
     if "train_time" in fields:
         _check_train_time(str(fields["train_time"]), fields.get("train_sbatch_args", []))
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro

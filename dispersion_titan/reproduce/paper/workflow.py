@@ -35,7 +35,7 @@ from ...utils.devices import AUTOCAST, check_device_map, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import HFSpec, parse_spec
-from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, refuse_dependency, sbatch
+from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, refuse_array, refuse_dependency, sbatch
 from . import catalog
 
 ANALYZE_OPTIONS = tuple(
@@ -555,6 +555,7 @@ def check_hub(workflow: PaperWorkflow) -> None:
 def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
     """The steps' jobs, then the drawing job, which waits for them all."""
     refuse_dependency("--sbatch-arg", sbatch_args)
+    refuse_array("--sbatch-arg", sbatch_args)
     logs = os.path.join(workflow.out, "logs")
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
