@@ -484,6 +484,15 @@ def test_dry_run_step_at_the_largest_world_claimed(config, gpus, tp, overrides, 
     assert lines[4].startswith("step: one micro-batch's forward and backward (angular_spread)"), text
 
 
+def test_a_plan_with_fsdp_and_tp_says_only_the_plan():
+    """``plan CONFIG --gpus 4 --tp 2`` (FSDP × TP): the plan, nothing on stderr (was DTensor's
+    `[rank0]:W… While redistributing from (_NormPartial(2.0), _NormPartial(2.0)) … flatten mesh dimensions
+    ["fsdp", "tp"] …` before it, PyTorch's advice to itself)."""
+    proc = python_module("dispersion_titan.plan", DEBUG_TOML, "--gpus", "4", "--tp", "2", timeout=300)
+    assert proc.returncode == 0 and proc.stdout.startswith(f"plan: {DEBUG_TOML}\n"), proc.stderr
+    assert proc.stderr == "" and "redistributing" not in proc.stdout, proc.stderr
+
+
 def test_a_planned_step_of_global_batch_size_minus_1_trains_on_the_mean_ce():
     """``optimizer_step`` (plan's measurement, the dry run) divides the CE sum by the global batch's tokens
     with ``training.global_batch_size = -1`` resolved as TorchTitan does (local batch × DP ranks): the CE it

@@ -47,17 +47,20 @@ def _process_state(world: int) -> Iterator[None]:
     environment, log level, signal handlers, exception hook and garbage collector as they were (the
     trainer installs its own)."""
     names = {"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "1"}
-    level = logger.level
+    # DTensor's advice on redistributing over an FSDP × TP mesh (its gradient norm) is for PyTorch, not the user
+    loggers = {log: log.level for log in (logger, logging.getLogger("torch.distributed.tensor"))}
     signals = {signal.SIGINT, signal.SIGTERM, parse_signal(os.environ.get(SIGNAL_ENV, DEFAULT_SIGNAL))}
     saved_handlers = {s: signal.getsignal(s) for s in signals}
     collecting, excepthook = gc.isenabled(), sys.excepthook
-    logger.setLevel(logging.ERROR)
+    for log in loggers:
+        log.setLevel(logging.ERROR)
     try:
         with mock.patch.dict(os.environ, names), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
-        logger.setLevel(level)
+        for log, level in loggers.items():
+            log.setLevel(level)
         for s, handler in saved_handlers.items():
             signal.signal(s, handler)
         sys.excepthook = excepthook
