@@ -43,7 +43,7 @@ def paper_parser() -> OneLineErrorParser:
         help=f"one of {', '.join(ARTIFACT_NAMES)} (--list describes them)",
     )
     p.add_argument("--list", action="store_true", help="each artifact: what it runs, the paper's models, the compute")
-    p.add_argument("--out", type=cli.out_folder, default="outputs/paper", help="output folder (default %(default)s)")
+    p.add_argument("--out", type=cli.named_out, default="outputs/paper", help="output folder (default %(default)s)")
     p.add_argument(
         "--models",
         nargs="+",

@@ -737,6 +737,23 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     assert not out.exists()
 
 
+def test_paper_with_an_empty_out_is_refused_not_written_into_the_working_folder(tmp_path, capsys, monkeypatch):
+    """``--out ""`` (an unset ``$OUT``): one line, exit 2, with or without --dry-run, the working folder untouched (was
+    the working folder itself: its dry run printed `--out /the/cwd`, a run there claimed it as the paper's)."""
+    monkeypatch.chdir(tmp_path)
+    for dry_run in (("--dry-run",), ()):
+        code, out, err = paper("fig2", "--out", "", *dry_run, capsys=capsys)
+        assert (
+            code == 2
+            and out == ""
+            and err.strip().splitlines()
+            == [
+                "dispersion_titan: error: argument --out: empty; name a folder, or leave the option out for its default"
+            ]
+        ), err
+    assert list(tmp_path.iterdir()) == []
+
+
 DISP = "\\disp_#2|$"
 """An arm named with what LaTeX and Markdown escape (was: a .tex that does not compile, a Markdown column more)."""
 

@@ -219,6 +219,14 @@ def out_folder(text: str) -> str:
     return text
 
 
+def named_out(text: str) -> str:
+    """``out_folder`` of an option with a default: an empty value (an unset shell variable) refused, not read as the
+    working directory."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty; name a folder, or leave the option out for its default")
+    return out_folder(text)
+
+
 def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
