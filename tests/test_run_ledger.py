@@ -394,6 +394,28 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
     assert fork_source(str(named))[1:] == fork_source(str(reference_run))[1:]
 
 
+def test_a_fork_of_another_model_shape_is_one_line_before_any_folder(reference_run, tmp_path):
+    """A fork, or a run from ``checkpoint.initial_load_path``, whose ``[model]`` keys build another shape than
+    the checkpoint holds: one line naming what differs, exit 2, no folder made, the source unchanged (was
+    TorchTitan's 70-line ``Size mismatch`` traceback, exit 1, after a run.json and tb/ were written)."""
+    kept = sha256_tree(reference_run)
+    step = reference_run / "checkpoint" / f"step-{FORK_STEP}"
+    shape = "layers.0.feed_forward.w1.weight is [256, 64] there, [128, 64] here (and 11 more)"
+    for key, source, dump, says in (
+        ("--job.fork_from", f"{reference_run}@{FORK_STEP}", tmp_path / "fork",
+         "a fork keeps its source's model (model.mlp_hidden_dim 0 there, 128 here)"),
+        ("--checkpoint.initial_load_path", str(step), tmp_path / "start",
+         "set the [model] keys to its shape, or give a checkpoint of this model"),
+    ):  # fmt: skip
+        line = one_line(relaunch(dump, key, source, "--model.mlp_hidden_dim", "128"))
+        assert line == (
+            f"dispersion_titan: error: {key[2:]}: {source} holds another model than this gpt2 (flavor debug): "
+            f"{shape}; {says}"
+        )
+        assert not dump.exists()
+    assert sha256_tree(reference_run) == kept
+
+
 def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):
     """The fork relaunched without --job.fork_from (it is recorded), with more steps and another
     checkpoint interval and log frequency: it resumes from its own step 5; run.json keeps the first

@@ -2,20 +2,24 @@
 keys build, before any process starts: TorchTitan's load raised a 100-line traceback from every rank for a
 missing shard or another shape, and read no tensor the model has no place for (an untied ``lm_head.weight``
 under a tied head) nor any value of its config.json (RoPE, the norms' ε), so such a run trained from another
-model than the folder's, silently."""
+model than the folder's, silently. A DCP checkpoint (``job.fork_from``, ``checkpoint.initial_load_path``) of
+another shape raised TorchTitan's 70-line ``Size mismatch`` traceback, exit 1, once the job had started."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..models import FAMILIES, family
 from ..models.flavors import pretrained_config
-from ..utils.errors import ConfigError
+from ..run_folder.checkpoints import check_complete, dcp_metadata
+from ..run_folder.settings import fork_parent
+from ..utils.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -73,6 +77,35 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
             f"{key}: {path}: its config.json computes another model than this {name} (flavor {config.model.flavor}): "
             f"{other[0]}{_more(other)}, which no [model] key sets; give model.flavor the one of its model"
         )
+
+
+def check_dcp_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
+    """Every weight of the model the ``[model]`` keys build is in the DCP checkpoint ``path`` in its shape (its
+    ``.metadata`` read, not its data); ``key``: the option that named it (a fork's ``job.fork_from``)."""
+    try:
+        check_complete(path)
+    except CheckpointError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    held = {k: list(v.size) for k, v in dcp_metadata(path).state_dict_metadata.items() if hasattr(v, "size")}
+    with torch.device("meta"):
+        model = family(config.model.name).get_train_spec().model_cls(args)
+    wanted = {k: list(v.shape) for k, v in model.state_dict().items()}
+    problems = [f"{k} is {held[k]} there, {shape} here" for k, shape in wanted.items() if held.get(k, shape) != shape]
+    problems += [f"{k} is not there" for k in wanted if k not in held]
+    if not problems:
+        return
+    advice = "set the [model] keys to its shape, or give a checkpoint of this model"
+    if key == "job.fork_from" and (parent := fork_parent(config)) is not None:
+        other = [
+            f"{k} {json.dumps(v)} there, {json.dumps(attrgetter(k)(config), default=str)} here"
+            for k, v in parent.items()
+            if k.startswith("model.") and json.loads(json.dumps(attrgetter(k)(config), default=str)) != v
+        ]
+        advice = "a fork keeps its source's model" + (f" ({', '.join(other)})" if other else "; give its [model] keys")
+    raise ConfigError(
+        f"{key}: {config.job.fork_from if key == 'job.fork_from' else path} holds another model than this "
+        f"{config.model.name} (flavor {config.model.flavor}): {problems[0]}{_more(problems)}; {advice}"
+    )
 
 
 def _spare(key: str, hf: dict[str, Any]) -> bool:

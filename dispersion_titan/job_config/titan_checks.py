@@ -20,7 +20,7 @@ from ..run_folder.checkpoints import complete_checkpoints
 from ..run_folder.owners import RUN_METADATA_FILE, inside
 from ..tokenizer.encoders import is_hub_id
 from ..utils.errors import CheckpointError, ConfigError, DataConfigError
-from .hf_weights import check_hf_weights
+from .hf_weights import check_dcp_weights, check_hf_weights
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -85,6 +85,8 @@ def check_initial_load(config: RunConfig, args: Any) -> None:
     if glob.glob(os.path.join(path, "*.safetensors" if hf else ".metadata")):
         if hf:
             check_hf_weights(config, args, key if c.initial_load_path else "model.hf_assets_path", path)
+        else:
+            check_dcp_weights(config, args, "job.fork_from" if config.job.fork_from else key, path)
         return
     problem = "no such folder" if not os.path.isdir(path) else f"no {'*.safetensors' if hf else '.metadata'} in it"
     if key == "checkpoint.initial_load_in_hf":
