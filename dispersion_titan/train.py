@@ -60,6 +60,21 @@ def default_to_single_process() -> None:
         os.environ.setdefault(key, value)
 
 
+def refuse_a_world_without_torchrun() -> None:
+    """``WORLD_SIZE`` or ``RANK`` of a job of several processes left in the environment (exported for another
+    tool, a job script's) where no torchrun started this one: no rank would join it, and the process group waited
+    5 minutes for them, then exited 1 with no word."""
+    if "LOCAL_RANK" in os.environ:
+        return
+    for name, alone in (("WORLD_SIZE", "1"), ("RANK", "0")):
+        if os.environ.get(name, alone) not in ("", alone):
+            raise ArgumentError(
+                f"{name}={os.environ[name]} is set, but no torchrun started this process (LOCAL_RANK is unset), so "
+                f"no other rank will join it; unset {name} to train in one process, or start several with "
+                "launch/train.sh (NGPU=N)"
+            )
+
+
 def end_with_launcher() -> None:
     """In a torchrun rank on Linux: be killed when the launcher is. Killed by SIGKILL, torchrun cannot stop
     its ranks (their own sessions), which would train on as orphans; so each asks Linux for SIGKILL."""
@@ -82,6 +97,8 @@ def main() -> None:
         return
     if argv and not argv[0].startswith("-"):  # CONFIG first, as launch/train.sh and plan take it
         raise ArgumentError(f"{argv[0]}: give the config as --job.config_file {shlex.quote(argv[0])}")
+    if not check_only:
+        refuse_a_world_without_torchrun()
     # what needs no TorchTitan is checked before it is imported (seconds)
     toml = load_toml(argv)
     args = with_config_module([a for a in argv if a not in (CHECK_ONLY, HELP_ALL_FLAG)], toml)

@@ -281,6 +281,21 @@ def test_check_only_says_the_layout_a_paper_config_launches(tmp_path):
     assert "dispersion_titan: note: derived: " in proc.stderr and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("name, value", [("WORLD_SIZE", "2"), ("RANK", "1")])
+def test_a_world_of_several_ranks_left_in_the_environment_is_one_line(tmp_path, name, value):
+    """``train`` without torchrun where ``WORLD_SIZE`` or ``RANK`` of a job of several processes is set (exported
+    for another tool): one line naming it, exit 2, at once, nothing made (was: the process group waited 5 minutes
+    for ranks no one started, then exit 1 with no word)."""
+    args = [*job_args(DEBUG_TOML), "--profile", "cpu", "--job.dump_folder", str(tmp_path / "run")]
+    proc = python_module("dispersion_titan.train", *args, env={name: value}, timeout=120)
+    assert_one_line_error(
+        proc.returncode, proc.stderr,
+        f"{name}={value} is set, but no torchrun started this process (LOCAL_RANK is unset), so no other rank will "
+        f"join it; unset {name} to train in one process, or start several with launch/train.sh (NGPU=N)",
+    )  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "env, says",
     [
