@@ -396,8 +396,9 @@ def test_fork_needs_a_new_or_empty_folder(reference_run, tmp_path):
 
 def test_a_fork_of_another_model_shape_is_one_line_before_any_folder(reference_run, tmp_path):
     """A fork, or a run from ``checkpoint.initial_load_path``, whose ``[model]`` keys build another shape than
-    the checkpoint holds: one line naming what differs, exit 2, no folder made, the source unchanged (was
-    TorchTitan's 70-line ``Size mismatch`` traceback, exit 1, after a run.json and tb/ were written)."""
+    the checkpoint holds, or that loads a train state from a weights-only step: one line naming what differs, exit
+    2, no folder made, the source unchanged (was TorchTitan's 70-line ``Size mismatch`` or ``Missing key``
+    traceback, exit 1, after a run.json and tb/ were written)."""
     kept = sha256_tree(reference_run)
     step = reference_run / "checkpoint" / f"step-{FORK_STEP}"
     shape = "layers.0.feed_forward.w1.weight is [256, 64] there, [128, 64] here (and 11 more)"
@@ -413,7 +414,15 @@ def test_a_fork_of_another_model_shape_is_one_line_before_any_folder(reference_r
             f"{shape}; {says}"
         )
         assert not dump.exists()
-    assert sha256_tree(reference_run) == kept
+    last = reference_run / "checkpoint" / f"step-{REFERENCE_STEPS}"  # weights only (last_save_model_only)
+    line = one_line(relaunch(tmp_path / "all", "--checkpoint.initial_load_path", str(last),
+                             "--checkpoint.no-initial_load_model_only"))  # fmt: skip
+    assert line == (  # was TorchTitan's 76-line `Missing key in checkpoint state_dict: dataloader…`, exit 1
+        "dispersion_titan: error: checkpoint.initial_load_model_only: false loads the optimizer, schedule and data "
+        f"position from {last} too, and it holds weights only (a last_save_model_only step); set it true to start "
+        "from its weights"
+    )
+    assert not (tmp_path / "all").exists() and sha256_tree(reference_run) == kept
 
 
 def test_relaunch_raising_steps_goes_on_and_keeps_every_checkpoint(fork):

@@ -17,7 +17,7 @@ import torch
 
 from ..models import FAMILIES, family
 from ..models.flavors import pretrained_config
-from ..run_folder.checkpoints import check_complete, dcp_metadata
+from ..run_folder.checkpoints import check_complete, dcp_metadata, is_full
 from ..run_folder.settings import fork_parent
 from ..utils.errors import CheckpointError, ConfigError
 
@@ -81,11 +81,17 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
 
 def check_dcp_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
     """Every weight of the model the ``[model]`` keys build is in the DCP checkpoint ``path`` in its shape (its
-    ``.metadata`` read, not its data); ``key``: the option that named it (a fork's ``job.fork_from``)."""
+    ``.metadata`` read, not its data), and the train state too where the load asks for it; ``key``: the option that
+    named it (a fork's ``job.fork_from``)."""
     try:
         check_complete(path)
     except CheckpointError as e:
         raise ConfigError(f"{key}: {e}") from None
+    if not config.checkpoint.initial_load_model_only and not is_full(path):
+        raise ConfigError(
+            f"checkpoint.initial_load_model_only: false loads the optimizer, schedule and data position from {path} "
+            "too, and it holds weights only (a last_save_model_only step); set it true to start from its weights"
+        )
     held = {k: list(v.size) for k, v in dcp_metadata(path).state_dict_metadata.items() if hasattr(v, "size")}
     with torch.device("meta"):
         model = family(config.model.name).get_train_spec().model_cls(args)
