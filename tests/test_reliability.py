@@ -546,6 +546,29 @@ def test_a_full_disk_while_logging_to_tensorboard_is_one_line(tmp_path):
     ), proc.stderr[-3000:]
 
 
+def test_a_full_disk_as_tensorboard_opens_its_events_file_is_one_line(tmp_path):
+    """``metrics.save_tb_folder`` on a file system with a page free (a tmpfs filled, mounted in a namespace of the
+    test's own), which the folder's ``.owner.json`` takes: TensorBoard's first write, in TorchTitan's build of the trainer, fails: one line naming the TensorBoard
+    folder and its free space, exit 74, the run folder's free space not said (was the writer thread's
+    50-line traceback around `… writing the run's files in RUN (60170 MB free)`)."""
+    full, dump = tmp_path / "full", tmp_path / "run"
+    full.mkdir()
+    fill = f"mount -t tmpfs -o size=64k tmpfs {full} && head -c 60k /dev/zero > {full}/fill"  # a page for .owner.json
+    if subprocess.run(["unshare", "-rm", "sh", "-c", fill], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -rm)")
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--checkpoint.no-enable",
+            "--training.steps", "2", "--metrics.save_tb_folder", str(full / "tb")]  # fmt: skip
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f'{fill} && exec "$0" "$@"', sys.executable, "-m", "dispersion_titan.train",
+         *argv], capture_output=True, text=True, env=launch_env(), cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: no space left on device writing {full / 'tb'} (0.0 MB free); no checkpoint was "
+        "saved yet; free space and relaunch the same command to resume"
+    ), proc.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_a_tensorboard_folder_removed_while_training_is_one_line(tmp_path):
     """``rm -rf RUN/tb/*`` once the run is built (its run.json written): one line naming the events file, exit 2,

@@ -44,7 +44,15 @@ class DispersionMetricsProcessor(MetricsProcessor):
 
     def __init__(self, job_config, parallel_dims, model_args: Any = None, tag: str | None = None) -> None:
         """Every TrainSpec's ``build_metrics_processor_fn`` (``model_args``: unused, as by TorchTitan's)."""
-        super().__init__(job_config, parallel_dims, tag)
+        self.writer_error: OSError | None = None
+        self._excepthook = threading.excepthook
+        threading.excepthook = self._writer_failed  # before TorchTitan's: its SummaryWriter writes the events file
+        self.tb_folder = os.path.join(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
+        try:
+            super().__init__(job_config, parallel_dims, tag)
+        except OSError as e:  # that first write failed (a full disk): the trainer's line names the TensorBoard folder
+            e.filename = e.filename or self.tb_folder
+            raise
         t = job_config.training  # global_batch_size -1: one local batch per rank of the batch mesh, as TorchTitan's
         ranks = parallel_dims.dp_replicate * parallel_dims.dp_shard
         self.step_metrics = StepMetrics(t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * ranks)
@@ -53,11 +61,7 @@ class DispersionMetricsProcessor(MetricsProcessor):
             # a resume from a checkpoint older than the W&B run's last step logs those steps again, the same values
             titan_compat.wandb_logs_from(self.logger, wandb_run.next_step())
         self.dump_folder = job_config.job.dump_folder
-        self.tb_folder = os.path.join(self.dump_folder, job_config.metrics.save_tb_folder)
         self.checkpointing = job_config.checkpoint.enable
-        self.writer_error: OSError | None = None
-        self._excepthook = threading.excepthook
-        threading.excepthook = self._writer_failed
 
     def _writer_failed(self, args: threading.ExceptHookArgs) -> None:
         """TensorBoard's writer thread's failed write (a full disk) kept for ``_tensorboard_writes`` to raise, not

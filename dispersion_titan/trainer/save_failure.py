@@ -71,7 +71,10 @@ def write_failure(error: BaseException, dump: str, checkpoints: str) -> Checkpoi
     last = last_complete_step(checkpoints) if os.path.isdir(checkpoints) else None
     good = f"the last good checkpoint is step-{last}" if last is not None else "no checkpoint was saved yet"
     where = os_error.filename or f"the run's files in {dump}"
-    free = _mb(shutil.disk_usage(dump if os.path.isdir(dump) else os.path.dirname(os.path.abspath(dump))).free)
+    there = os.path.abspath(os.fsdecode(os_error.filename or dump))  # the free space of where the write failed
+    while not os.path.isdir(there):
+        there = os.path.dirname(there)
+    free = _mb(shutil.disk_usage(there).free)
     return CheckpointSaveError(
         f"{os.strerror(os_error.errno).lower()} writing {where} ({free} free); {good}; {ADVICE[os_error.errno]}"
     )
