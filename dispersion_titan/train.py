@@ -71,7 +71,7 @@ def refuse_a_world_without_torchrun() -> None:
             raise ArgumentError(
                 f"{name}={os.environ[name]} is set, but no torchrun started this process (LOCAL_RANK is unset), so "
                 f"no other rank will join it; unset {name} to train in one process, or start several with "
-                "launch/train.sh (NGPU=N)"
+                "launch/train.sh (NPROC=N)"
             )
 
 

@@ -291,7 +291,7 @@ def test_a_world_of_several_ranks_left_in_the_environment_is_one_line(tmp_path, 
     assert_one_line_error(
         proc.returncode, proc.stderr,
         f"{name}={value} is set, but no torchrun started this process (LOCAL_RANK is unset), so no other rank will "
-        f"join it; unset {name} to train in one process, or start several with launch/train.sh (NGPU=N)",
+        f"join it; unset {name} to train in one process, or start several with launch/train.sh (NPROC=N)",
     )  # fmt: skip
     assert not (tmp_path / "run").exists()
 
