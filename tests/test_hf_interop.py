@@ -39,7 +39,13 @@ from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.state_dict_adapter import GPT2StateDictAdapter
 from dispersion_titan.models.llama3_dispersion import Llama3Args
-from dispersion_titan.run_folder.checkpoints import check_resume, checkpoint_identity, save_run_metadata, trained_to
+from dispersion_titan.run_folder.checkpoints import (
+    check_resume,
+    checkpoint_identity,
+    quarantine_incomplete,
+    save_run_metadata,
+    trained_to,
+)
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.settings import fork_source
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
@@ -380,6 +386,31 @@ def test_a_run_whose_tokenizer_folder_is_gone_names_it_and_the_run(tmp_path, cap
     tokenizer.symlink_to(tmp_path / "moved")
     convert.main(["to-hf", str(run), str(tmp_path / "hf")])
     assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (tmp_path / "moved" / "tokenizer.json").read_bytes()
+
+
+def test_a_checkpoint_moved_aside_as_incomplete_is_said_so(tmp_path, capsys):
+    """A step a relaunch moved into ``checkpoint/incomplete/`` (its ``.distcp`` cut short) given to ``convert``,
+    ``analyze``, ``evaluate`` or ``job.fork_from``: one line saying what it is and the run to take a complete step
+    of, exit 2, nothing written (was `checkpoint/run.json: missing; it is written by dispersion_titan.train at
+    start`, and `no checkpoints (no step-N folders here or in STEP/checkpoint)`)."""
+    run = tiny_run(tmp_path / "run", steps=(0, 2))
+    with open(run / "checkpoint" / "step-2" / "__0_0.distcp", "r+b") as f:
+        f.truncate(100)
+    (moved,) = quarantine_incomplete(str(run / "checkpoint"))
+    kept = digests(run)
+    says = f"{moved}: an incomplete checkpoint (partial or corrupt) a relaunch moved aside, never loaded; give a "
+    says += f"complete step of run {run}"
+    for main, args in ((convert.main, ["to-hf", moved, str(tmp_path / "hf")]),
+                       (analyze_main, [moved, "--out", str(tmp_path / "an")]),
+                       (evaluate_main, [moved, "--out", str(tmp_path / "ev")])):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            main(args)
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines() == [f"dispersion_titan: error: {says}"]
+    with pytest.raises(ConfigError) as refused:
+        fork_source(moved)
+    assert str(refused.value) == f"job.fork_from: {says}"
+    assert digests(run) == kept and sorted(os.listdir(tmp_path)) == ["run"]
 
 
 def test_convert_names_a_missing_checkpoint(tmp_path, capsys):

@@ -47,6 +47,7 @@ def find_checkpoint_folder(run: str, give: str = "the run folder {run} with --st
     checkpoint's step folder is refused, saying to ``give`` its run and step instead."""
     if not os.path.isdir(run):
         raise CheckpointError(f"{run}: {'not a folder' if os.path.exists(run) else 'no such folder'}")
+    refuse_moved_aside(run)
     if step := STEP_FOLDER.match(os.path.basename(os.path.abspath(run))):
         dump = run_of(os.path.dirname(os.path.abspath(run)))
         raise CheckpointError(
@@ -419,6 +420,18 @@ def quarantine_incomplete(folder: str) -> list[str]:
             os.rename(ckpt.path, target)
             moved.append(target)
     return moved
+
+
+def refuse_moved_aside(path: str) -> None:
+    """A step ``quarantine_incomplete`` moved aside, named as a run or a checkpoint: said so (was read as a run,
+    `no checkpoints (no step-N folders …)`, or as a step whose run.json is missing)."""
+    folder = os.path.abspath(path)
+    parent, name = os.path.split(folder)
+    if os.path.basename(parent) == QUARANTINE_DIR and re.match(r"step-\d+\.", name):
+        raise CheckpointError(
+            f"{path}: an incomplete checkpoint (partial or corrupt) a relaunch moved aside, never loaded; give a "
+            f"complete step of run {run_of(os.path.dirname(parent))}"
+        )
 
 
 def is_full(step_dir: str) -> bool:

@@ -24,6 +24,7 @@ from .checkpoints import (
     load_hf_weights,
     load_model,
     load_model_args,
+    refuse_moved_aside,
     run_encoder,
     run_of,
     saved_checkpoints,
@@ -46,6 +47,7 @@ def resolve_step_dir(path: str) -> str:
     if not os.path.isdir(path):
         what = "a file, not a folder" if os.path.exists(path) else "no such folder"  # e.g. RUN/run.json
         raise CheckpointError(f"{path}: {what} (pass a run folder or one of its checkpoint/step-N)")
+    refuse_moved_aside(path)
     step = STEP_FOLDER.match(os.path.basename(os.path.abspath(path)))
     if os.path.isfile(os.path.join(path, ".metadata")):
         return path  # a DCP checkpoint
