@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,7 +35,7 @@ from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.utils.errors import AnalysisError, CheckpointError
 from support.cli import analyze, assert_one_line_error
 from support.corpora import texts_jsonl
-from support.launch import paused_reading, python_module, second_writer_is_refused, torchrun
+from support.launch import launch_env, paused_reading, python_module, second_writer_is_refused, torchrun
 from support.runs import digests, logged, scale_weights, tiny_run
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
@@ -401,6 +402,30 @@ def test_a_colleagues_read_only_run_with_out_elsewhere_names_the_default_tb_dir_
         "a folder you can write",
     )
     assert digests(colleague) == before and not (tmp_path / "out").exists()
+
+
+def test_a_run_on_a_read_only_file_system_names_that_cause(run, tmp_path):
+    """A run on a file system mounted read-only (``mount -o remount,bind,ro``, in a namespace of the test's own),
+    ``analyze RUN --out MINE``: its default ``--tb-dir`` is not writable because the file system is read-only,
+    and the line says so (was `Permission denied`, of a folder whose permissions allow writing)."""
+    ro = tmp_path / "ro"
+    shutil.copytree(run, ro, symlinks=True, ignore=shutil.ignore_patterns("step-2", "step-4", "condensation"))
+    before = digests(ro)
+    mount = f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}"
+    if subprocess.run(["unshare", "-rm", "sh", "-c", mount], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -rm)")
+    argv = [str(ro), *OPTS, "--out", str(tmp_path / "out")]
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$0" "$@"', sys.executable, "-m", "dispersion_titan.analyze",
+         *argv], capture_output=True, text=True, env=launch_env(), timeout=300,
+    )  # fmt: skip
+    assert_one_line_error(
+        proc.returncode,
+        proc.stderr,
+        f"--tb-dir: {ro}/tb/condensation: not writable (Read-only file system); it is the default: give --tb-dir "
+        "a folder you can write",
+    )
+    assert digests(ro) == before and not (tmp_path / "out").exists()
 
 
 def test_an_analysis_of_other_settings_claiming_the_tb_dir_meanwhile_is_refused(run, tmp_path):

@@ -74,7 +74,8 @@ def check_writable(folder: str, option: str) -> None:
     path = os.path.realpath(folder)
     there = next(p for p in [path, *map(str, Path(path).parents)] if os.path.exists(p))
     if not os.path.isdir(there) or not os.access(there, os.W_OK | os.X_OK):
-        reason = os.strerror(errno.EACCES if os.path.isdir(there) else errno.ENOTDIR)
+        read_only = os.path.isdir(there) and os.statvfs(there).f_flag & os.ST_RDONLY  # a mount's: not permissions
+        reason = os.strerror(errno.ENOTDIR if not os.path.isdir(there) else errno.EROFS if read_only else errno.EACCES)
         raise OutputError(f"{option}: {folder}: not writable ({reason})")
 
 
