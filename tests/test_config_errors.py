@@ -113,6 +113,12 @@ REFUSALS = [
         [*DEBUG, "--metrics.save_tb_folder", "checkpoint"],
         "metrics.save_tb_folder: ./outputs/debug/checkpoint is inside checkpoint.folder ./outputs/debug/checkpoint,",
     ),
+    Refusal(  # was `metrics.save_tb_folder: …/tb is inside checkpoint.folder …/`, a key the user had not touched
+        [*DEBUG, "--checkpoint.folder", ""],
+        "checkpoint.folder: '' puts the checkpoints in job.dump_folder ./outputs/debug itself, beside the run's other "
+        'folders; give them a folder of their own, e.g. "checkpoint"',
+        how="is",
+    ),
     Refusal(
         [*DEBUG, "--checkpoint.folder", "ckpt", "--comm.trace_buf_size", "1", "--comm.save_traces_folder", "ckpt/t"],
         "comm.save_traces_folder: ./outputs/debug/ckpt/t is inside checkpoint.folder ./outputs/debug/ckpt,",

@@ -191,6 +191,11 @@ def check_output_folders(config: RunConfig) -> None:
         if not os.access(probe, os.W_OK | os.X_OK):
             raise ConfigError(f"{where} is not writable; give a folder you can write to")
     checkpoints = folders.pop("checkpoint.folder", None)
+    if checkpoints and os.path.abspath(checkpoints) == os.path.abspath(dump):  # "" or ".": step-N beside run.json
+        raise ConfigError(
+            f"checkpoint.folder: {config.checkpoint.folder!r} puts the checkpoints in job.dump_folder {dump} itself, "
+            'beside the run\'s other folders; give them a folder of their own, e.g. "checkpoint"'
+        )
     for field, path in folders.items():
         if checkpoints and inside(path, checkpoints):
             raise ConfigError(  # TorchTitan resumes from an existing checkpoint folder: the start would be skipped
