@@ -303,6 +303,11 @@ def test_a_world_of_several_ranks_left_in_the_environment_is_one_line(tmp_path, 
             {"PYTHON": "/no/python"},
             "train.sh: error: PYTHON: '/no/python' is no interpreter to run; unset it, or name one",
         ),
+        (  # was: training with no line shown, exit 0
+            {"LOG_RANK": "0,2", "NPROC": "2"},
+            "train.sh: error: LOG_RANK 2 names no local rank of this node, which starts NPROC=2 processes (0..1); name "
+            "one of them (empty: all)",
+        ),
         (
             {"LOG_RANK": "rank0"},
             "train.sh: error: LOG_RANK must be local ranks, e.g. 0 or 0,1 (empty: all), got 'rank0'",
@@ -314,7 +319,7 @@ def test_a_world_of_several_ranks_left_in_the_environment_is_one_line(tmp_path, 
         ({"RDZV_ENDPOINT": "node1:port"}, "train.sh: error: RDZV_ENDPOINT must be HOST or HOST:PORT, got 'node1:port'"),
         ({"PREEMPT_SIGNAL": "USR9"}, "train.sh: error: PREEMPT_SIGNAL must be a signal name, e.g. USR1, got 'USR9'"),
     ],
-    ids=["PYTHON", "LOG_RANK", "OMP_NUM_THREADS", "RDZV_ENDPOINT", "PREEMPT_SIGNAL"],
+    ids=["PYTHON", "LOG_RANK-absent", "LOG_RANK", "OMP_NUM_THREADS", "RDZV_ENDPOINT", "PREEMPT_SIGNAL"],
 )
 def test_train_sh_names_a_bad_environment_variable_before_starting_anything(tmp_path, env, says):
     """Was bash's own line naming neither variable (PYTHON, exit 127), torchrun's 24-line traceback

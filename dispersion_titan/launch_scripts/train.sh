@@ -39,6 +39,10 @@ nproc=$(positive_int NPROC "${NPROC:-$default_nproc}")
 nnodes=$(positive_int NNODES "${NNODES:-1}")
 [[ "${RDZV_ENDPOINT:-localhost:0}" =~ ^(.+:[0-9]{1,5}|[^:]+|\[.+\])$ ]] || die "RDZV_ENDPOINT must be HOST or HOST:PORT, got '$RDZV_ENDPOINT'"
 [[ "${LOG_RANK-0}" =~ ^([0-9]+(,[0-9]+)*)?$ ]] || die "LOG_RANK must be local ranks, e.g. 0 or 0,1 (empty: all), got '$LOG_RANK'"
+IFS=, read -ra shown <<< "${LOG_RANK-0}"  # a rank this node does not start: its output hidden, no line shown
+for rank in "${shown[@]}"; do
+    [ $((10#$rank)) -lt "$nproc" ] || die "LOG_RANK $rank names no local rank of this node, which starts NPROC=$nproc processes (0..$((nproc - 1))); name one of them (empty: all)"
+done
 omp='[[:space:]]*\+?0*[1-9][0-9]*[[:space:]]*'  # libgomp's (else it warns on torch's import, and ignores it)
 [[ "${OMP_NUM_THREADS:-1}" =~ ^$omp(,$omp)*$ ]] || die "OMP_NUM_THREADS must be a positive whole number of threads, e.g. 4, or unset; got '$OMP_NUM_THREADS'"
 if [ -z "${OMP_NUM_THREADS:-}" ]; then
