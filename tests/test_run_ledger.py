@@ -531,6 +531,26 @@ def test_a_forks_relaunch_resumes_its_own_checkpoint_without_a_warning(fork, ref
     assert "WARNING" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
 
 
+def test_a_file_where_a_step_is_saved_is_named_before_training(fork, reference_run, tmp_path):
+    """A file named ``step-N`` in the checkpoint folder of a run (a user's notes, a copy gone wrong), relaunched by
+    its own command to step N: one line naming it, exit 2, nothing changed (was: trained up to step N, then
+    `file exists saving step-N …`, exit 74)."""
+    copy = tmp_path / "fork"
+    subprocess.run(["cp", "-a", str(fork), str(copy)], check=True)  # the module's fork stays as it is
+    step = max(int(p.name.split("-")[1]) for p in (copy / "checkpoint").glob("step-*")) + 1
+    (copy / "checkpoint" / f"step-{step}").write_text("notes")
+    kept = sha256_tree(copy)
+    proc = python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(copy),
+                         "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, *RUN, "--training.steps", str(step),
+                         *FORKED, "--checkpoint.no-last_save_model_only", "--job.fork_from",
+                         f"{reference_run}@{FORK_STEP}", timeout=300)  # fmt: skip
+    assert one_line(proc) == (
+        f"dispersion_titan: error: {copy}/checkpoint/step-{step}: not a folder, where the run saves its step-{step} "
+        "checkpoint; move it away and relaunch"
+    )
+    assert sha256_tree(copy) == kept
+
+
 def test_step_0_of_a_run_from_scratch_is_an_initialisation_wherever_its_checkpoint_folder_lies(tmp_path):
     """A run started from step 0 of a run from scratch whose ``checkpoint.folder`` lies outside it records
     ``started_from`` as an initialisation, its run found as ``checkpoints.run_of`` finds it (was: the folder two

@@ -546,6 +546,12 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     if load_step < 0 and newest.step >= steps:
         done = "finished" if newest.step == steps else f"past training.steps = {steps},"
         raise RunFinished(f"run already {done} at step {newest.step}; nothing to do")
+    for name in sorted(os.listdir(folder)):  # TorchTitan trained up to that step, then could not save it
+        if STEP_FOLDER.match(name) and not os.path.isdir(os.path.join(folder, name)):
+            raise CheckpointError(
+                f"{os.path.join(folder, name)}: not a folder, where the run saves its {name} checkpoint; move it "
+                "away and relaunch"
+            )
     full = [c for c in chosen if not hf_weights(c.path) and is_full(c.path)]
     dump = os.path.abspath(dump)
     if not full:
