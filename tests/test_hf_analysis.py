@@ -9,6 +9,7 @@ import csv
 import hashlib
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -172,6 +173,34 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
         "; analyze each into its own --out",
     )
     assert not (tmp_path / "mixed").exists()
+
+
+def test_a_model_saved_over_its_folder_is_not_taken_for_the_one_analyzed(tokenizer_files, texts, tmp_path, capsys):
+    """Another model saved into an analysed ``hf:`` folder: the rerun, ``compare`` and ``family`` refuse the analysis
+    of the old one in one line, nothing changed (was: `already analyzed`, exit 0, its stale numbers compared)."""
+    model, out, other = tmp_path / "model", tmp_path / "out", tmp_path / "other"
+    save_model(model, config("gpt2"), tokenizer_files)
+    save_model(tmp_path / "o", config("gpt2"), tokenizer_files, seed=1)
+    for spec, folder in ((model, out), (tmp_path / "o", other)):
+        assert analyze(f"hf:{spec}", *options(texts), "--out", folder, capsys=capsys)[0] == 0
+    result = out / "rev-default" / "condensation.json"
+    before = hashlib.sha256(result.read_bytes()).hexdigest()
+    save_model(model, config("gpt2"), tokenizer_files, seed=2)
+    code, _, err = analyze(f"hf:{model}", *options(texts), "--out", out, capsys=capsys)
+    assert_one_line_error(
+        code, err, f"--out: {out}: rev-default was analyzed from another checkpoint than {model} holds now", "--force"
+    )
+    again = f"python -m dispersion_titan.analyze hf:{model} --out {out} --force --protocol default"
+    for command in ("compare", "family"):
+        code, _, err = analyze(command, out, other, "--out", tmp_path / command, capsys=capsys)
+        assert_one_line_error(code, err, f"{out}: rev-default was analyzed from another model than {model}", again)
+        assert not (tmp_path / command).exists()
+    assert hashlib.sha256(result.read_bytes()).hexdigest() == before
+    # The command the line names measures the model now there, after which compare draws it.
+    command = shlex.split(err.strip().split("analyze it again with ")[1])
+    assert analyze(*command[3:], capsys=capsys)[0] == 0
+    assert hashlib.sha256(result.read_bytes()).hexdigest() != before
+    assert analyze("compare", out, other, "--out", tmp_path / "compare", capsys=capsys)[0] == 0
 
 
 def written_analysis(

@@ -85,7 +85,8 @@ class Condensation:
     geometry_sequences: int = 0
     """How many of the K sequences ``effective_rank`` and ``mev`` average over."""
     checkpoint_identity: str | None = None
-    """``checkpoints.checkpoint_identity`` of the checkpoint analysed (None: a Hugging Face model)."""
+    """``checkpoints.checkpoint_identity`` of the checkpoint analysed, ``folder_identity`` of a Hugging Face model's
+    local folder (None: a hub model, or one analysed before its folder's was recorded)."""
 
     @property
     def label(self) -> str:

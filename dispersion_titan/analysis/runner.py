@@ -25,6 +25,8 @@ from ..data.corpora import corpus
 from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
+    folder_changed,
+    folder_identity,
     identity_changed,
     load_model,
     load_model_args,
@@ -412,7 +414,20 @@ class HFAnalysis(Analysis):
         )
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
-        return {"run": self.spec.model, "model_args": self.args, "n_params": self.n_params, "model": self.spec.model}
+        """A local folder's identity too, as ``evaluate hf:`` records it (a hub revision is taken as it was)."""
+        identity = folder_identity(unit.source) if os.path.isdir(unit.source) else None
+        return {
+            "run": self.spec.model,
+            "model_args": self.args,
+            "n_params": self.n_params,
+            "model": self.spec.model,
+            "checkpoint_identity": identity,
+        }
+
+    def stale(self, source: str, result: Condensation) -> bool:
+        """Whether ``result`` was measured on other weights than the model's folder ``source`` holds now (another
+        model saved over it: was reused as it was)."""
+        return result.checkpoint_identity is not None and folder_changed(result.checkpoint_identity, source)
 
 
 class Histograms:

@@ -25,6 +25,7 @@ from ..run_folder.checkpoints import (
     StepCheckpoint,
     checkpoint_identity,
     find_checkpoint_folder,
+    folder_changed,
     folder_identity,
     identity_changed,
     load_run_metadata,
@@ -474,4 +475,4 @@ def source_changed(record: dict, source: str) -> bool:
         path = hub_location(source)[0]
     except ModelLoadError:  # a local folder gone: it cannot be read, and its load says why
         return False
-    return os.path.isdir(path) and folder_identity(path) != record["checkpoint_identity"]
+    return folder_changed(record["checkpoint_identity"], path)

@@ -469,6 +469,12 @@ def folder_identity(folder: str, digest=None) -> str:
     return digest.hexdigest()
 
 
+def folder_changed(recorded: str, folder: str) -> bool:
+    """Whether a Hugging Face model's local ``folder`` no longer holds the weights ``recorded`` (its
+    ``folder_identity``; False if gone: its load says why)."""
+    return os.path.isdir(folder) and folder_identity(folder) != recorded
+
+
 def identity_changed(recorded: str, step_dir: str) -> bool:
     """Whether ``step_dir`` no longer holds the weights ``recorded`` (False if unreadable: its load says why)."""
     try:
