@@ -510,6 +510,24 @@ def test_option_combinations_are_refused_before_anything_is_read(tmp_path, capsy
     assert os.listdir(tmp_path) == ["empty.jsonl"]
 
 
+def test_texts_from_a_pipe_are_refused_naming_it(tmp_path, capsys):
+    """``--texts <(zcat texts.jsonl.gz)``, a pipe holding the texts, which analyze reads twice: one line saying it is
+    no file (was `--texts: /dev/fd/63: no texts`, of 2 texts); a fifo no one writes to, the same line (was a hang
+    in its open); no --out made."""
+    read, write = os.pipe()
+    os.write(write, (json.dumps({"text": "a " * 50}) + "\n").encode() * 2)
+    os.close(write)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    try:
+        for path in (f"/dev/fd/{read}", fifo):
+            code, _, err = analyze(tmp_path / "RUN", "--texts", path, "--out", tmp_path / "o", capsys=capsys)
+            assert_one_line_error(code, err, f"--texts: {path} is no regular file (a pipe or a device); save the")
+    finally:
+        os.close(read)
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_run_given_as_hf_says_so_before_asking_for_out(tmp_path, capsys):
     """``analyze hf:RUN/checkpoint/step-N`` (or ``hf:RUN``) without ``--out``, or with a run's ``--steps``: what the
     folder is, and how to give it, comes first (was ``--out: required with hf: models`` or ``--steps: not used with

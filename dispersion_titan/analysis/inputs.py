@@ -63,7 +63,12 @@ class Sequences:
 
 
 def read_texts(path: str) -> list[str]:
-    """Texts of a jsonl file, one JSON object with a ``text`` string per line."""
+    """Texts of a jsonl file, one JSON object with a ``text`` string per line. A pipe or device is refused: it is
+    read more than once (checked, then read), and an analysis records the file for the command that repeats it."""
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        raise AnalysisError(
+            f"--texts: {path} is no regular file (a pipe or a device); save the texts to a file and name it"
+        )
     texts = []
     try:
         with open(path, encoding="utf-8") as f:
