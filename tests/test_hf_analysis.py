@@ -175,6 +175,21 @@ def test_revisions_of_a_local_model(tokenizer_files, texts, tmp_path, capsys):
     assert not (tmp_path / "mixed").exists()
 
 
+def test_a_local_folder_whose_name_holds_an_at_is_that_model(tokenizer_files, texts, tmp_path, capsys):
+    """``hf:models/gpt2@v1``, a folder so named: that model (was read as MODEL@REV, ``models/gpt2`` taken for a hub
+    id: `cannot be loaded (OSError: We couldn't connect to 'https://huggingface.co' …); … give a local folder`);
+    its own revisions after a further ``@``; a folder MODEL beside it keeps ``MODEL@REV`` its revision."""
+    folder = save_model(tmp_path / "gpt2@v1", config("gpt2"), tokenizer_files)
+    assert analyze(f"hf:{folder}", *options(texts), "--out", tmp_path / "out", capsys=capsys)[0] == 0
+    assert (load(tmp_path / "out").model, load(tmp_path / "out").revision) == (str(folder), None)
+    code, _, err = analyze(f"hf:{folder}@r", *options(texts), "--out", tmp_path / "r", capsys=capsys)
+    assert_one_line_error(code, err, f"hf:{folder}@r: no such folder {folder / 'r'}")
+    save_model(tmp_path / "gpt2" / "v1", config("gpt2"), tokenizer_files, seed=1)
+    assert analyze(f"hf:{folder}", *options(texts), "--out", tmp_path / "rev", capsys=capsys)[0] == 0
+    assert load(tmp_path / "rev", "rev-v1").revision == "v1"
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_model_saved_over_its_folder_is_not_taken_for_the_one_analyzed(tokenizer_files, texts, tmp_path, capsys):
     """Another model saved into an analysed ``hf:`` folder: the rerun, ``compare`` and ``family`` refuse the analysis
     of the old one in one line, nothing changed (was: `already analyzed`, exit 0, its stale numbers compared)."""

@@ -89,9 +89,12 @@ class HFSpec:
 
 
 def parse_spec(text: str, trust_remote_code: bool = False) -> HFSpec:
-    """``hf:MODEL[@REV1,REV2,...]``; the last ``@`` separates the revisions."""
+    """``hf:MODEL[@REV1,REV2,...]``; the last ``@`` separates the revisions, unless MODEL is no folder and the whole
+    is one (``models/gpt2@v1``: was taken for a hub id, and refused as unreachable)."""
     body = text.removeprefix(PREFIX)
     model, at, revisions = body.rpartition("@") if "@" in body else (body, "", "")
+    if at and not os.path.isdir(os.path.expanduser(model)) and os.path.isdir(os.path.expanduser(body)):
+        model, at = body, ""
     names = tuple(r.strip() for r in revisions.split(",")) if at else (None,)
     if not model or any(r == "" for r in names):
         raise ModelLoadError(f"{text}: expected hf:MODEL or hf:MODEL@REV1,REV2,...")
