@@ -736,6 +736,19 @@ def test_bad_input_fails_in_one_line_before_anything_loads(run, evaluated, tmp_p
     tasks = ",".join([*PAPER_TASKS, "wiki_nxt_word"])
     code, _, err = evaluate(stand_in, "--include-path", TASKS, "--tasks", tasks, capsys=capsys)
     assert_one_line_error(code, err, "--tasks: unknown task wiki_nxt_word (")
+    # A task YAML lm-eval cannot read, which its index skips: named (was `unknown task wiki_next_word`).
+    broken = tmp_path / "broken_tasks"
+    shutil.copytree(TASKS, broken)
+    (broken / "wiki_next_word.yaml").write_text("task: wiki_next_word\n  bad: [unclosed\n")
+    code, _, err = evaluate(stand_in, "--include-path", broken, "--tasks", "wiki_next_word", capsys=capsys)
+    assert_one_line_error(
+        code,
+        err,
+        "--tasks: unknown task wiki_next_word; lm-eval skips the task YAMLs in --include-path it cannot read: "
+        f"{broken / 'wiki_next_word.yaml'} (ScannerError: mapping values are not allowed in this context",
+        "line 2, column 6)",
+        "; fix them",
+    )
     assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "run.json", "step-0"]
 
     before, run_files = tree(evaluated), sorted(os.listdir(run))

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -345,6 +346,20 @@ def _no_shots_warning(record: logging.LogRecord) -> bool:
     return record.msg != "Overwriting default num_fewshot of %s from %s to %s"
 
 
+def unreadable_yamls(folder: str) -> str:
+    """The task YAMLs under ``folder`` lm-eval 0.4.13's index skips, each with why ("" if none)."""
+    from lm_eval.tasks._index import TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    skipped = []
+    for path in TaskIndex._iter_yaml_files(Path(folder)):
+        try:
+            TaskIndex.process_cfg(load_yaml(path, resolve_func=False, recursive=True), path, {})
+        except Exception as e:  # noqa: BLE001 - what the index catches
+            skipped.append(f"{path} ({type(e).__name__}: {' '.join(str(e).split()) or cause(e)})")
+    return ", ".join(skipped)
+
+
 class Tasks:
     """The requested tasks in one TaskManager: only --include-path's when each is a plain task there (indexing
     lm-eval's ~14,000 built-in task YAMLs takes 5.6 s of CPU)."""
@@ -368,6 +383,12 @@ class Tasks:
                 manager = None
         self.manager = manager or TaskManager(include_path=self.include_path)
         unknown = [name for name in names if name not in self.manager.all_tasks]
+        broken = unknown and self.include_path and unreadable_yamls(self.include_path)
+        if broken:  # lm-eval's index skips them (logged at debug level): was `unknown task`, the YAML unnamed
+            raise EvaluationError(
+                f"--tasks: unknown task {', '.join(unknown)}; lm-eval skips the task YAMLs in --include-path it "
+                f"cannot read: {broken}; fix them"
+            )
         if unknown:
             where = f"lm-eval {version('lm_eval')}" + (f" or {self.include_path}" if self.include_path else "")
             raise EvaluationError(
