@@ -320,13 +320,14 @@ def named_tasks(folder: Path) -> Path:
 def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path, capsys):
     """``evaluate hf:MODEL --out DIR``: the model as published, one result at step 0, scored as lm-eval's own
     HFLM scores that folder (lm-eval's default seeds: no training seed), under the protocol of its config's
-    model_type; a rerun skips it, a replaced folder is refused; ``evaluate table --pretrained DIR`` makes
-    it the Pretrained row, above arms or alone (the paper's GPT2-large and -xl blocks)."""
+    model_type; a rerun skips it (its --out inside the model's folder: was refused as a folder replaced since), a
+    replaced folder is refused; ``evaluate table --pretrained DIR`` makes it the Pretrained row, above arms or
+    alone (the paper's GPT2-large and -xl blocks)."""
 
     from dispersion_titan.run_folder.checkpoints import folder_identity
 
     model = tiny_hub_model(tmp_path / "gpt2-tiny")
-    out = tmp_path / "gpt2-tiny-eval"
+    out = model / "eval"
     code, printed, err = evaluate(f"hf:{model}", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
     assert code == 0, err
     reference = hflm_reference(model)  # lm-eval's default seeds

@@ -192,12 +192,16 @@ def test_a_local_folder_whose_name_holds_an_at_is_that_model(tokenizer_files, te
 
 def test_a_model_saved_over_its_folder_is_not_taken_for_the_one_analyzed(tokenizer_files, texts, tmp_path, capsys):
     """Another model saved into an analysed ``hf:`` folder: the rerun, ``compare`` and ``family`` refuse the analysis
-    of the old one in one line, nothing changed (was: `already analyzed`, exit 0, its stale numbers compared)."""
-    model, out, other = tmp_path / "model", tmp_path / "out", tmp_path / "other"
+    of the old one in one line, nothing changed (was: `already analyzed`, exit 0, its stale numbers compared). An
+    ``--out`` inside the model's folder is no change of its weights: the rerun skips it."""
+    model, other = tmp_path / "model", tmp_path / "other"
+    out = model / "condensation"
     save_model(model, config("gpt2"), tokenizer_files)
     save_model(tmp_path / "o", config("gpt2"), tokenizer_files, seed=1)
     for spec, folder in ((model, out), (tmp_path / "o", other)):
         assert analyze(f"hf:{spec}", *options(texts), "--out", folder, capsys=capsys)[0] == 0
+    code, printed, _ = analyze(f"hf:{model}", *options(texts), "--out", out, capsys=capsys)
+    assert code == 0 and "1 revision(s) already analyzed" in printed
     result = out / "rev-default" / "condensation.json"
     before = hashlib.sha256(result.read_bytes()).hexdigest()
     save_model(model, config("gpt2"), tokenizer_files, seed=2)

@@ -461,11 +461,13 @@ def checkpoint_identity(step_dir: str) -> str:
 
 
 def folder_identity(folder: str, digest=None) -> str:
-    """``checkpoint_identity`` of any folder of weights (a Hugging Face model's)."""
+    """``checkpoint_identity`` of any folder of weights (a Hugging Face model's): its files, not its folders (another
+    revision's, or an ``--out`` made inside it, which changed with every result written there)."""
     digest = digest or hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        stat = os.stat(os.path.join(folder, name))
-        digest.update(f"{name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
+        if not entry.is_dir():
+            stat = entry.stat()
+            digest.update(f"{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()
 
 
