@@ -454,18 +454,24 @@ def saved_dtype(step_dir: str) -> torch.dtype:
 
 
 def checkpoint_identity(step_dir: str) -> str:
-    """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another."""
+    """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another. Its
+    subfolders count (a ``last_save_in_hf`` step's ``sharded/``), as in the identities its results recorded."""
     if hf_weights(step_dir):  # a last_save_in_hf checkpoint: no .metadata to digest
-        return folder_identity(step_dir)
-    return folder_identity(step_dir, hashlib.sha256(Path(step_dir, ".metadata").read_bytes()))
+        return _entries_identity(step_dir, hashlib.sha256(), subfolders=True)
+    metadata = hashlib.sha256(Path(step_dir, ".metadata").read_bytes())
+    return _entries_identity(step_dir, metadata, subfolders=True)
 
 
-def folder_identity(folder: str, digest=None) -> str:
-    """``checkpoint_identity`` of any folder of weights (a Hugging Face model's): its files, not its folders (another
-    revision's, or an ``--out`` made inside it, which changed with every result written there)."""
-    digest = digest or hashlib.sha256()
+def folder_identity(folder: str) -> str:
+    """The identity of a Hugging Face model's folder: its files, not its folders (another revision's, or an ``--out``
+    made inside it, which changed with every result written there)."""
+    return _entries_identity(folder, hashlib.sha256(), subfolders=False)
+
+
+def _entries_identity(folder: str, digest, subfolders: bool) -> str:
+    """``digest`` updated with the names, sizes and times of ``folder``'s entries (its ``subfolders`` too)."""
     for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
-        if not entry.is_dir():
+        if subfolders or not entry.is_dir():
             stat = entry.stat()
             digest.update(f"{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()
