@@ -363,6 +363,11 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
         (run / "checkpoint", inside),
         (run / "run.json", "not a folder"),
         (out, family),
+        (  # was `hf:gpt2: no such folder`
+            "hf:gpt2",
+            "a Hugging Face model, which holds no condensation analyses; make them with python -m "
+            "dispersion_titan.analyze hf:gpt2 --out DIR, then give DIR",
+        ),
     ):  # was: analyze it first
         assert_one_line_error(
             *analyze("family", *specs, str(spec), "--out", tmp_path / "family2", capsys=capsys)[::2], f"{spec}: {said}"

@@ -90,6 +90,11 @@ def results_folder(run: str, name: str, file: str, what: str, command: str) -> s
     does; else one line saying which ``command`` makes them, of the run a folder inside one (its checkpoints)
     belongs to."""
     if not os.path.isdir(run):
+        if run.startswith("hf:"):  # utils.hub.PREFIX: a model given for its results (was `no such folder`)
+            raise OutputError(
+                f"{run}: a Hugging Face model, which holds no {what}; make them with python -m "
+                f"dispersion_titan.{command} {shlex.quote(run)} --out DIR, then give DIR"
+            )
         raise OutputError(f"{run}: {'not a folder' if os.path.exists(run) else 'no such folder'}")
 
     def holds(folder: str) -> bool:
