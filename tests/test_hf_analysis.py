@@ -190,6 +190,15 @@ def test_a_local_folder_whose_name_holds_an_at_is_that_model(tokenizer_files, te
     assert not (tmp_path / "r").exists()
 
 
+def test_a_tb_dir_that_is_the_out_folder_is_refused_before_any_work(tokenizer_files, texts, tmp_path, capsys):
+    """``--tb-dir OUT --out OUT``: one line before anything is measured, no OUT made (was: measured, a heatmap
+    written into OUT, then `--tb-dir: OUT holds the histograms of an analysis with other settings`, of its own)."""
+    model, out = save_model(tmp_path / "model", config("gpt2"), tokenizer_files), tmp_path / "out"
+    code, _, err = analyze(f"hf:{model}", *options(texts), "--out", out, "--tb-dir", f"{out}/", capsys=capsys)
+    assert_one_line_error(code, err, f"--tb-dir: {out}/ is --out; leave --tb-dir out (its default is {out}/tb)")
+    assert not out.exists()
+
+
 def test_a_model_saved_over_its_folder_is_not_taken_for_the_one_analyzed(tokenizer_files, texts, tmp_path, capsys):
     """Another model saved into an analysed ``hf:`` folder: the rerun, ``compare`` and ``family`` refuse the analysis
     of the old one in one line, nothing changed (was: `already analyzed`, exit 0, its stale numbers compared). An

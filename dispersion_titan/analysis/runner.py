@@ -167,6 +167,10 @@ class Analysis:
 
     def _histogram_folder(self, given: str | None, default: str) -> str:
         """``--tb-dir``, else ``default`` or, where that holds other settings' histograms, ``default-SETTINGS``."""
+        if given and os.path.realpath(given) == os.path.realpath(self.out):  # was refused once measured, as another's
+            raise ArgumentError(
+                f"--tb-dir: {given} is --out; leave --tb-dir out (its default is {default}), or give another folder"
+            )
         if given:  # refused now, though made only when there is something to write
             check_writable(given, "--tb-dir")
         for folder in [given] if given else [default, f"{default}-{self.settings}"]:
