@@ -304,15 +304,18 @@ def test_autocast_scores_as_the_authors_in_training_evaluation(run, evaluated, t
 
 
 def named_tasks(folder: Path) -> Path:
-    """The local wiki_next_word task under the names of an authors' few-shot and zero-shot task."""
+    """The local wiki_next_word task under the names of an authors' few-shot and zero-shot task, on its first
+    8 examples: a protocol's limit of 200 scores them all (5 shots drawn from the other 7), in a fifth of the CPU."""
     folder.mkdir()
+    data = folder / "wiki_next_word.jsonl"
+    data.write_text("".join((TASKS / "wiki_next_word.jsonl").read_text().splitlines(keepends=True)[:8]))
     for name in ("arc_easy", "piqa"):
         (folder / f"{name}.yaml").write_text(
             (TASKS / "wiki_next_word.yaml")
             .read_text()
             .replace("task: wiki_next_word", f"task: {name}")
             .replace("custom_dataset: !function local_files.jsonl\n", "")
-            .replace("test: wiki_next_word.jsonl", f"test: {TASKS / 'wiki_next_word.jsonl'}")
+            .replace("test: wiki_next_word.jsonl", f"test: {data}")
         )
     return folder
 
@@ -471,6 +474,7 @@ def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
         "dtype": "fp32",
     }
     assert result["n-shot"] == {"arc_easy": 5, "piqa": 0} and result["config"]["limit"] == 200
+    assert result["n-samples"]["arc_easy"] == {"original": 8, "effective": 8}  # the limit takes every example
     assert result["dispersion_titan"]["batch_size"] == 1 and result["config"]["batch_size"] == 1
     assert run_protocol("gpt2") == ("gpt2", None) and run_protocol("qwen3_dispersion") == ("qwen3", None)
     protocol, note = run_protocol("llama3_dispersion")
