@@ -179,9 +179,9 @@ def test_a_gpt2_paper_config_starts_from_its_hub_id_in_the_hugging_face_cache(op
     tiny = ["--profile", "cpu", "--model.flavor", "debug", "--training.dataset", "enwiki_sample",
             "--validation.no-enable", "--training.seq_len", "64", "--released.per_device_train_batch_size", "2",
             "--released.gradient_accumulation_steps", "1", "--released.train_tokens", "128"]  # fmt: skip
-    env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}  # read at import: a fresh interpreter
+    env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}  # read at import: a job reads them again
     args = ["--job.config_file", PAPER_GPT2, "--job.dump_folder", str(run), *tiny]
-    proc = python_module("dispersion_titan.train", *args, env=env, command_line=True)
+    proc = python_module("dispersion_titan.train", *args, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert max_diff(our_logits(run / "checkpoint" / "step-0"), hf_logits(snapshot)) <= 1e-5
     assert json.loads((run / "run.json").read_text())["started_from"]["path"] == str(snapshot)

@@ -5,6 +5,7 @@ workers. Run as a script (``python tests/support/jobs.py PRELOAD...``), as ``Job
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import resource
@@ -14,6 +15,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import huggingface_hub.constants
 
 from dispersion_titan.reproduce.quickstart.jobs import Commands, _run, exit_status, serve
 
@@ -97,6 +100,7 @@ def _exit_status(request: dict) -> int:
     """The forked job's exit status as the interpreter's or torchrun's."""
     os.setpgid(0, 0)  # the client can stop the job with all its workers
     tempfile.tempdir = None  # read from the job's TMPDIR, as at a fresh start (the server's is cached)
+    importlib.reload(huggingface_hub.constants)  # its cache and offline switch, read at import: the job's, as fresh
     os.dup2(os.open(request["errors"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 2)
     if request["file_limit"] is not None:  # a write past it fails with EFBIG (Python ignores SIGXFSZ)
         resource.setrlimit(resource.RLIMIT_FSIZE, (request["file_limit"], resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
