@@ -643,7 +643,7 @@ def test_a_relaunch_of_a_hub_id_reads_the_revision_its_run_started_from_wherever
                 "--validation.no-enable", *FULL_LAST, "--training.steps", str(steps)]  # fmt: skip
 
     env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
-    run = python_module("dispersion_titan.train", *args("org/tiny", 1), env=env, command_line=True)
+    run = python_module("dispersion_titan.train", *args("org/tiny", 1), env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     hub_cache(tmp_path / "cache", "org/tiny", second, started)  # main moves on
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
