@@ -836,7 +836,6 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
             "HF_HUB_OFFLINE": "",
             "HF_DATASETS_OFFLINE": "",
         },
-        command_line=True,
         timeout=300,
     )
     assert_one_line_error(
@@ -854,7 +853,6 @@ def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
         "--out",
         str(tmp_path / "out"),
         env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": ""},
-        command_line=True,
         timeout=300,
     )
     assert_one_line_error(
