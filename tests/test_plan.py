@@ -435,11 +435,12 @@ def test_depth_extrapolation_is_the_measured_step():
 DRY_RUNS = [
     ("gpt2_small_mlp3072_angular_spread.toml", 64, None, (), "mesh: fsdp 64 of 64 ranks"),
     ("gpt2_small_mlp3072_angular_spread.toml", 8, 4, (), "mesh: fsdp 2 × tp 4 of 8 ranks"),
-    (  # DDP; GPT-2's vocabulary: Qwen's 151,936 rows cost seconds of CPU a dry run and no check reads them
+    (  # DDP; GPT-2's vocabulary and a width of 256 (2 heads): Qwen's 151,936 rows of 1,024 cost seconds of CPU a
+        # dry run and no check reads them
         "paper/midtrain_qwen3_0.6b_angular_spread.toml",
         8,
         None,
-        ("--model.vocab_size", "50304"),
+        ("--model.vocab_size", "50304", "--model.dim", "256", "--model.n_heads", "2", "--model.n_kv_heads", "1"),
         "mesh: dp_replicate 8 of 8 ranks",
     ),
     # with the user's own --profile cpu, which the dry run's must not repeat
