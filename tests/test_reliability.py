@@ -548,9 +548,9 @@ def test_a_full_disk_while_logging_to_tensorboard_is_one_line(tmp_path):
 
 def test_a_full_disk_as_tensorboard_opens_its_events_file_is_one_line(tmp_path):
     """``metrics.save_tb_folder`` on a file system with a page free (a tmpfs filled, mounted in a namespace of the
-    test's own), which the folder's ``.owner.json`` takes: TensorBoard's first write, in TorchTitan's build of the trainer, fails: one line naming the TensorBoard
-    folder and its free space, exit 74, the run folder's free space not said (was the writer thread's
-    50-line traceback around `… writing the run's files in RUN (60170 MB free)`)."""
+    test's own), which the folder's ``.owner.json`` takes: TensorBoard's first write, in TorchTitan's build of the
+    trainer, fails: one line naming the TensorBoard folder and its free space, exit 74, the run folder's free space
+    not said (was the writer thread's 50-line traceback around `… writing the run's files in RUN (60170 MB free)`)."""
     full, dump = tmp_path / "full", tmp_path / "run"
     full.mkdir()
     fill = f"mount -t tmpfs -o size=64k tmpfs {full} && head -c 60k /dev/zero > {full}/fill"  # a page for .owner.json
