@@ -484,6 +484,12 @@ def test_missing_inputs_and_dry_runs(zoo, tmp_path, capsys, monkeypatch):
     for artifact, option, value in (("fig2", "--models", ""), ("fig4", "--revisions", "a,,b")):  # as analyze would
         code, _, err = paper(artifact, option, value, "--dry-run", "--out", tmp_path, capsys=capsys)
         assert_one_line_error(code, err, f"{option}: ", "expected hf:MODEL or hf:MODEL@REV1,REV2,...")  # was exit 0
+    empty = tmp_path / "empty"  # or a sweep's folder: named as typed, not as hf:DIR (was: --models: 'DIR': hf:DIR: …)
+    empty.mkdir()
+    code, _, err = paper("fig2", "--models", empty, "--dry-run", "--out", tmp_path, capsys=capsys)
+    assert_one_line_error(code, err, f"--models: {empty}: {empty} holds no config.json: not a Hugging Face model's")
+    assert "hf:" not in err
+    empty.rmdir()
     for corpus, said in (("x=absent.jsonl", "x=absent.jsonl: no such file"), ("x=nosuch", "x: unknown dataset")):
         code, _, err = paper("robustness", "--corpus", corpus, "--dry-run", "--out", tmp_path, capsys=capsys)
         assert_one_line_error(code, err, f"--corpus: {said}")  # was: exit 0, then analyze's --texts or --dataset

@@ -139,7 +139,7 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
         raise ArgumentError(f"--models: {text}: no such model folder or run")
     else:
         target = HF + text
-    spec = checked(target, f"--models: {text!r}")
+    spec = checked(target, "--models", typed=text)
     label = os.path.basename(os.path.normpath(spec.model))
     out = os.path.join(analyses, safe_name(label if spec.local else spec.model))
     return PaperModel(target, out, row, label, catalog.size_b(spec.model))
@@ -148,12 +148,14 @@ def model_of(text: str, analyses: str, row: str | None = None) -> PaperModel:
 Parsed = TypeVar("Parsed")
 
 
-def checked(target: str, option: str, check: Callable[[str], Parsed] = parse_spec) -> Parsed:
-    """``target`` as its step's ``check`` reads it (analyze's: ``hf:MODEL[@REV,...]``), else refused in one line."""
+def checked(target: str, option: str, check: Callable[[str], Parsed] = parse_spec, typed: str | None = None) -> Parsed:
+    """``target`` as its step's ``check`` reads it (analyze's: ``hf:MODEL[@REV,...]``), else refused in one line,
+    naming it as ``typed`` (a folder given without the ``hf:`` it was given to the check with)."""
     try:
         return check(target)
     except DispersionTitanError as e:
-        raise ArgumentError(f"{option}: {e}") from None
+        said = str(e) if typed is None else f"{typed}: {str(e).removeprefix(f'{target}: ')}"
+        raise ArgumentError(f"{option}: {said}") from None
 
 
 def ships_code(model: PaperModel) -> bool:
