@@ -393,6 +393,9 @@ def test_sweep_bad_input_is_one_line(tmp_path):
     cases[("--config", str(not_toml))] = f"dispersion_titan: error: config: {not_toml}: invalid TOML: Invalid statement"
     # a training config as the sweep's TOML: was `activation_checkpoint: unknown sweep key`
     cases[(str(DEBUG_TOML),)] = "SWEEP.toml: a training config (its [job] section), not a sweep"
+    sectioned = tmp_path / "sectioned.toml"  # a sweep's keys under [slurm]: was called a training config
+    sectioned.write_text('[slurm]\npartition = "gpu"\n')
+    cases[(str(sectioned),)] = "SWEEP.toml: a TOML with a [slurm] section, which neither a sweep nor a training config"
     one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0")  # one cell's config checked, not 20
     for args, message in cases.items():  # a flag given again wins: each case's own widths, variants or seeds
         proc = sweep(*([] if args[0].endswith(".toml") else [toml, *one_cell]), "--dry-run", *args)
@@ -579,6 +582,16 @@ def test_a_sweep_given_a_dependency_keeps_its_own(tmp_path):
         proc = sweep(*ONE_CELL, "--out", str(out), "--train-sbatch-arg=--dependency=afterany:7", env=env)
         assert proc.returncode == 0, proc.stderr
     assert "sweep: 0 jobs submitted (5 kept: still queued" in proc.stdout and len(calls.read_text().splitlines()) == 5
+
+
+def test_a_sweeps_table_job_asks_for_the_gpus_given_for_evaluate_once(tmp_path):
+    """``--evaluate-sbatch-arg=--gpus=0`` (or ``-G1``): the table job's own ``--gpus=0`` left out (was ``--gpus=0
+    --gpus=0``, or ``--gpus=0 -G1``)."""
+    for given, gpus in (("--gpus=0", "--gpus=0"), ("-G1", "-G1")):
+        proc = sweep(*ONE_CELL, "--out", str(tmp_path / "sweep"), f"--evaluate-sbatch-arg={given}", "--dry-run")
+        assert proc.returncode == 0, proc.stderr
+        table = next(line for line in proc.stdout.splitlines() if line.startswith("table="))
+        assert re.findall(r" (--gpus=\S+|-G\S*) ", table) == [gpus], table
 
 
 def test_a_sweep_of_array_jobs_or_whose_sbatch_gives_no_id_submits_nothing(tmp_path):

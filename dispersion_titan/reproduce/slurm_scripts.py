@@ -36,14 +36,14 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     return [*start, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
-def _given(args: list[str], short: str, long: str) -> str | None:
+def given_option(args: list[str], short: str, long: str) -> str | None:
     """The first of ``args`` that gives sbatch's option ``short``/``long``, in any of its spellings."""
     return next((a for a in args if a in (short, long) or a.startswith((short, f"{long}="))), None)
 
 
 def refuse_array(option: str, args: list[str]) -> None:
     """An ``--array``: each of its tasks would run the job's one command, into the same folders."""
-    if (given := _given(args, "-a", "--array")) is not None:
+    if (given := given_option(args, "-a", "--array")) is not None:
         raise DispersionTitanError(
             f"{option}: {given}: the tasks of an array job would each run the same command, into the same folders; "
             "leave it out"
@@ -53,7 +53,7 @@ def refuse_array(option: str, args: list[str]) -> None:
 def refuse_dependency(option: str, args: list[str]) -> None:
     """A ``--dependency`` among the sbatch arguments of jobs that wait for others: sbatch keeps only the last one
     given, so it would replace theirs, and they would start before the jobs they read."""
-    if (given := _given(args, "-d", "--dependency")) is not None:
+    if (given := given_option(args, "-d", "--dependency")) is not None:
         raise DispersionTitanError(
             f"{option}: {given}: these jobs wait for the ones before them with a --dependency of their own, which "
             "sbatch would replace with this one (it keeps the last given); leave it out (to wait for a job of yours, "

@@ -5,6 +5,7 @@ their dependencies, then printed (``--dry-run``) or submitted with ``sweep.json`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import math
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.condensation_schema import RESULT_FILE as ANALYSIS_FILE
 from ..analysis.condensation_schema import read_analyses
-from ..config.cli import launch_args, read_toml
+from ..components.titan_compat import merged_job_config_class
+from ..config.cli import CONFIG_MODULE, launch_args, read_toml
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..evaluation.runner import OURS, read_evaluations, source_changed
@@ -35,6 +37,7 @@ from .slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
     SBATCH_SIGNAL_LEAD_S,
     SlurmJob,
+    given_option,
     queued_jobs,
     refuse_array,
     refuse_dependency,
@@ -170,10 +173,16 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     allowed = set(Sweep.__dataclass_fields__)
     unknown = sorted(set(raw) - allowed)
     sections = [key for key, value in raw.items() if key not in allowed and isinstance(value, dict)]
-    if sections:  # a training config's [job], [model], ...: was `activation_checkpoint: unknown sweep key`
+    training = {f.name for f in dataclasses.fields(merged_job_config_class(CONFIG_MODULE))}
+    if ours := [section for section in sections if section in training]:  # was `activation_checkpoint: unknown ...`
         raise ArgumentError(
-            f"SWEEP.toml: a training config (its [{sections[0]}] section), not a sweep; a sweep's TOML names it as "
+            f"SWEEP.toml: a training config (its [{ours[0]}] section), not a sweep; a sweep's TOML names it as "
             'config = "CONFIG", as launch/sweep_example.toml does'
+        )
+    if sections:  # a [slurm] section: was taken for a training config's
+        raise ArgumentError(
+            f"SWEEP.toml: a TOML with a [{sections[0]}] section, which neither a sweep nor a training config has; a "
+            "sweep's keys stand outside any section (partition = ..., as launch/sweep_example.toml has them)"
         )
     if unknown:
         raise ArgumentError(f"{unknown[0]}: unknown sweep key (known: {', '.join(sorted(allowed))})")
@@ -439,9 +448,10 @@ def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
     evaluations = [j.key for j in jobs if j.key.startswith("evaluate_")]
     others = [j.key for j in jobs if j.key not in evaluations]
     compare = job("compare", "compare", "analyze", "compare", *runs, "--out", sweep.out / "compare", after=others)
-    # the table needs no GPU (a later --gpus in evaluate_sbatch_args wins)
+    # the table needs no GPU (a --gpus in evaluate_sbatch_args replaces ours)
     table_args = ("table", *runs, "--out", sweep.out / "table")
-    table = job("table", "table", "evaluate", *table_args, after=evaluations, extra=("--gpus=0",))
+    gpus = () if given_option(sweep.evaluate_sbatch_args, "-G", "--gpus") else ("--gpus=0",)
+    table = job("table", "table", "evaluate", *table_args, after=evaluations, extra=gpus)
     return [*jobs, compare, table]
 
 
