@@ -358,6 +358,8 @@ def test_one_ranks_parameters_are_printed_as_all_of_them():
     row = next(line for line in table.splitlines() if "parameters per rank" in line)
     share, whole = re.fullmatch(r"\| parameters per rank \| (\S+) M of (\S+) M \|", row).groups()
     assert share == whole, row
+    layout = next(line for line in table.splitlines() if line.startswith("| layout |"))
+    assert " on 1 GPU (1 node)" in layout, layout  # was "on 1 GPUs"
 
 
 def test_gpu_hours_price_validation_or_say_they_leave_it_out():

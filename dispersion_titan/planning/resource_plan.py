@@ -63,9 +63,9 @@ class ResourceLayout:
     def describe(self) -> str:
         replicas = f"{self.dp_replicate} replicas × " if self.dp_replicate > 1 else ""
         return (
-            f"{replicas}DP shard {self.dp_shard} × TP {self.tp} on {self.gpus} GPUs ({self.nodes} "
-            f"node{'s' if self.nodes > 1 else ''}); micro-batch {self.micro_batch} × {self.seq_len} tokens, "
-            f"{self.accumulation} accumulation step{'s' if self.accumulation > 1 else ''}; "
+            f"{replicas}DP shard {self.dp_shard} × TP {self.tp} on {self.gpus} GPU{'s' if self.gpus > 1 else ''} "
+            f"({self.nodes} node{'s' if self.nodes > 1 else ''}); micro-batch {self.micro_batch} × {self.seq_len} "
+            f"tokens, {self.accumulation} accumulation step{'s' if self.accumulation > 1 else ''}; "
             f"{self.tokens_per_step:,} tokens per step"
         )
 
