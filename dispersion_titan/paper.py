@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from dispersion_titan.analyze import add_input_arguments
+from dispersion_titan.analyze import add_input_arguments, analyze_parser
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config import cli
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, non_negative_int, positive_int
@@ -160,6 +160,7 @@ def run_paper(argv: list[str]) -> int:
     for note in workflow.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
+        workflows.refuse_other_settings(workflow, analyze_parser())
         jobs = workflows.slurm_jobs(workflow, workflows.draw_argv(argv, workflow, options), a.sbatch_args)
         logs = os.path.join(workflow.out, "logs")
         if a.dry_run:

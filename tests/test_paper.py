@@ -743,6 +743,25 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     assert not out.exists()
 
 
+def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission(zoo, tmp_path, capsys):
+    """fig3 --slurm into the DIR where fig2 analysed the run at another --seq-len: one line, exit 2, by the dry run
+    too, nothing written (was exit 0, submitted: its analyze job refused the folder's other settings hours later)."""
+    (run,) = width_runs(tmp_path, (64,))
+    out = tmp_path / "out"
+    common = ("--models", run, "--dataset-path", zoo["wikitext"], *INPUTS, "--out", out)
+    code, _, err = paper("fig2", *common, capsys=capsys)
+    assert code == 0, err
+    before = digests(out)
+    code, _, err = paper("fig3", *common, "--seq-len", str(S // 2), "--slurm", "--dry-run", capsys=capsys)
+    analyses = out / "analyses" / run.name
+    assert_one_line_error(
+        code, err, f"--out: {analyses}: step-5 was analyzed with other settings (seq_len {S} vs {S // 2}); use another"
+    )
+    assert digests(out) == before
+    code, _, err = paper("fig3", *common, "--slurm", "--dry-run", capsys=capsys)  # fig2's settings: step-0 to add
+    assert code == 0, err
+
+
 def test_paper_with_an_empty_out_is_refused_not_written_into_the_working_folder(tmp_path, capsys, monkeypatch):
     """``--out ""`` (an unset ``$OUT``): one line, exit 2, with or without --dry-run, the working folder untouched (was
     the working folder itself: its dry run printed `--out /the/cwd`, a run there claimed it as the paper's)."""

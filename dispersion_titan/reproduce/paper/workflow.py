@@ -10,13 +10,15 @@ import re
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
 from huggingface_hub import constants, list_repo_refs, try_to_load_from_cache
 from tqdm import tqdm
 
 from ...analysis import ANALYSIS_PROTOCOLS
+from ...analysis.condensation_schema import Condensation, read_analyses
+from ...analysis.runner import input_options
 from ...analysis.size_series import parse_assignments
 from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
@@ -30,7 +32,9 @@ from ...run_folder.checkpoints import (
     recorded_run,
     trained_to,
 )
+from ...run_folder.outputs import still_to_do
 from ...run_folder.owners import RUN_METADATA_FILE, TABLE, refuse_unless_ours
+from ...utils import records
 from ...utils.devices import AUTOCAST, check_device_map, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
 from ...utils.hub import PREFIX as HF
@@ -573,6 +577,24 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
     name = f"paper-{workflow.artifact}-draw"
     draw = sbatch(name, logs, ["--gpus=0", *sbatch_args], "paper", draw_argv)
     return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
+
+
+def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentParser) -> None:
+    """--slurm: an analysis folder that holds results of other inputs (another artifact's, of another --seq-len)
+    refused at submission, by the check its analyze job would apply hours later (``still_to_do``)."""
+    for step in workflow.steps:
+        if step.command != "analyze" or "--force" in step.argv:
+            continue
+        given = analyze.parse_args(step.argv)
+        mine = asdict(input_options(given))
+
+        def differs(result: Condensation, lowered: bool = given.seq_len is None) -> str:
+            recorded = {key: result.inputs.get(key) for key in mine}
+            if lowered and (recorded["seq_len"] or 0) < mine["seq_len"]:  # the default, fitted to the model's length
+                recorded["seq_len"] = mine["seq_len"]
+            return records.differences(recorded, mine)
+
+        still_to_do(given.out, {}, read_analyses(given.out), differs, lambda *_: False, "analyzed")
 
 
 def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
