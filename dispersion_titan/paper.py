@@ -160,7 +160,7 @@ def run_paper(argv: list[str]) -> int:
     for note in workflow.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
-        workflows.refuse_other_settings(workflow, analyze_parser())
+        workflows.refuse_other_settings(workflow, analyze_parser(), queued=not a.dry_run)
         jobs = workflows.slurm_jobs(workflow, workflows.draw_argv(argv, workflow, options), a.sbatch_args)
         logs = os.path.join(workflow.out, "logs")
         if a.dry_run:

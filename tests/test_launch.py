@@ -24,6 +24,7 @@ from support.launch import (
     DEBUG_TOML,
     REPO,
     SCHEDULE,
+    fake_slurm,
     held_by_another_command,
     launch_env,
     python_module,
@@ -475,20 +476,6 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
 ONE_CELL = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
 
 
-def _fake_slurm(tmp_path: Path, before_id: str) -> dict[str, str]:
-    """PATH with an sbatch that logs its arguments to ``tmp_path/calls`` and prints job ids 101, 102, ... (its call
-    count; ``before_id``: shell run first, ``$n`` the count) and an squeue holding every job submitted."""
-    bin_dir, calls, held = tmp_path / "bin", tmp_path / "calls", tmp_path / "held"
-    bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(
-        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\n{before_id}echo $((100 + n)) | tee -a {held}\n'
-    )
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")
-    for tool in ("sbatch", "squeue"):
-        (bin_dir / tool).chmod(0o755)
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
-
-
 @pytest.mark.parametrize(
     ("key", "option", "default"),
     [
@@ -503,7 +490,7 @@ def test_a_sweep_whose_job_args_give_its_cells_one_folder_is_refused_at_submissi
     submitted, exit 0: every job after the first refused hours later, `--out: SHARED holds the evaluation of RUN`, the
     table or compare job cancelled; shown on launch/local_slurm.sh)."""
     out, shared, calls = tmp_path / "sweep", tmp_path / "shared", tmp_path / "calls"
-    env = _fake_slurm(tmp_path, "")
+    env = fake_slurm(tmp_path, "")
     args = (*ONE_CELL, "--widths", "64,128", "--out", str(out), f"--{key.replace('_', '-')}={option} {shared}")
     for dry_run in ((), ("--dry-run",)):
         proc = sweep(*args, *dry_run, env=env)
@@ -520,7 +507,7 @@ def test_a_sweep_into_a_folder_inside_a_run_is_refused_by_its_dry_run_as_by_subm
     the line submitting does, exit 2 (was exit 0, the script printed, which submitting then refused); nothing
     submitted, the run unchanged."""
     out, calls, before = reference_run / "sweep", tmp_path / "calls", digests(reference_run)
-    env = _fake_slurm(tmp_path, "")
+    env = fake_slurm(tmp_path, "")
     for dry_run in (("--dry-run",), ()):
         proc = sweep(*ONE_CELL, "--out", str(out), *dry_run, env=env)
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
@@ -538,7 +525,7 @@ def test_a_sweep_whose_config_was_edited_since_its_run_saved_a_step_is_refused_w
     dependants cancelled; shown on launch/local_slurm.sh); the config put back, its jobs are submitted."""
     config, out, calls = tmp_path / "debug.toml", tmp_path / "sweep", tmp_path / "calls"
     config.write_text(Path(DEBUG_TOML).read_text())
-    env = _fake_slurm(tmp_path, "")
+    env = fake_slurm(tmp_path, "")
     args = (*ONE_CELL, "--config", str(config), "--out", str(out), "--", "--training.steps", "4", *DEBUG_SEQ_LEN)
     assert sweep(*args, env=env).returncode == 0
     manifest = json.loads((out / "sweep.json").read_text())
@@ -567,7 +554,7 @@ def test_a_sweep_given_a_dependency_keeps_its_own(tmp_path):
     training's own (it waits for none of the sweep's): the same command again keeps the 5 jobs queued (was refused,
     `holds a sweep submitted with other settings (the w64-baseline-s0 train job differs …)`)."""
     out, calls = tmp_path / "sweep", tmp_path / "calls"
-    env = _fake_slurm(tmp_path, "")
+    env = fake_slurm(tmp_path, "")
     for key in ("analyze", "evaluate"):
         for dry_run in ((), ("--dry-run",)):
             proc = sweep(*ONE_CELL, "--out", str(out), f"--{key}-sbatch-arg=--dependency=afterany:7", *dry_run, env=env)
@@ -603,7 +590,7 @@ def test_a_sweep_of_array_jobs_or_whose_sbatch_gives_no_id_submits_nothing(tmp_p
     Job dependency problem`, and a sweep.json whose empty id blocked the command again)."""
     out, calls = tmp_path / "sweep", tmp_path / "calls"
     test_only = 'case "$*" in *--test-only*)\necho "sbatch: Job 7 to start at now" >&2; exit 0;;\nesac\n'
-    env = _fake_slurm(tmp_path, test_only)
+    env = fake_slurm(tmp_path, test_only)
     for option in ("--train-sbatch-arg=--array=0-1", "--evaluate-sbatch-arg=-a0-1"):
         for dry_run in ((), ("--dry-run",)):
             proc = sweep(*ONE_CELL, "--out", str(out), option, *dry_run, env=env)
@@ -626,7 +613,7 @@ def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp
     and those submitted, exit 2, and sweep.json names them; the command again with the partition fixed submits the
     3 missing after the 2 Slurm still holds (was: `out: OUT exists and is not an empty folder or a sweep's`)."""
     out, calls = tmp_path / "sweep", tmp_path / "calls"
-    env = _fake_slurm(  # a call refused takes an id too
+    env = fake_slurm(  # a call refused takes an id too
         tmp_path,
         'case "$*" in *--partition=bad*)\necho "sbatch: error: invalid partition specified: bad" >&2; exit 1;;\nesac\n',
     )
@@ -693,7 +680,7 @@ def test_a_sweep_killed_while_it_submits_submits_the_rest_when_run_again(tmp_pat
     jobs queued, and the same command again submits the 3 others after them (was: no sweep.json, the folder taken
     for an empty one, all 5 submitted again, two trainings queued into one run folder)."""
     out, calls = tmp_path / "sweep", tmp_path / "calls"
-    env = _fake_slurm(tmp_path, "if [ $n = 3 ]; then kill -9 $PPID; sleep 5; exit 1; fi\n")  # the 3rd call, once
+    env = fake_slurm(tmp_path, "if [ $n = 3 ]; then kill -9 $PPID; sleep 5; exit 1; fi\n")  # the 3rd call, once
     assert sweep(*ONE_CELL, "--out", str(out), env=env).returncode == -signal.SIGKILL
     recorded = json.loads((out / "sweep.json").read_text())
     assert [recorded["cells"][0][f"{kind}_job"] for kind in ("train", "analyze", "evaluate")] == ["101", "102", None]

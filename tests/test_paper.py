@@ -40,7 +40,7 @@ from support.cli import assert_one_line_error, run_cli
 from support.condensation import independent_states, plain_mean_cos
 from support.corpora import authors_long_text, texts_jsonl, write_wikitext_copy
 from support.eval_tasks import LM_EVAL_TASKS
-from support.launch import REPO
+from support.launch import REPO, fake_slurm
 from support.runs import digests, scale_weights, tiny_hub_model, tiny_run
 
 K, S = 4, 16
@@ -743,9 +743,10 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     assert not out.exists()
 
 
-def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission(zoo, tmp_path, capsys):
+def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission(zoo, tmp_path, capsys, monkeypatch):
     """fig3 --slurm into the DIR where fig2 analysed the run at another --seq-len: one line, exit 2, by the dry run
-    too, nothing written (was exit 0, submitted: its analyze job refused the folder's other settings hours later)."""
+    too, nothing written (was exit 0, submitted: its analyze job refused the folder's other settings hours later);
+    or where fig2's analyze job of it is still queued, at submission."""
     (run,) = width_runs(tmp_path, (64,))
     out = tmp_path / "out"
     common = ("--models", run, "--dataset-path", zoo["wikitext"], *INPUTS, "--out", out)
@@ -760,6 +761,19 @@ def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission
     assert digests(out) == before
     code, _, err = paper("fig3", *common, "--slurm", "--dry-run", capsys=capsys)  # fig2's settings: step-0 to add
     assert code == 0, err
+    # fig2 --slurm queued into a new DIR: fig3 --slurm of another --seq-len refused while its analyze job is queued
+    monkeypatch.setenv("PATH", fake_slurm(tmp_path, "")["PATH"])
+    queued = ("--models", run, "--dataset-path", zoo["wikitext"], *INPUTS, "--slurm", "--out", tmp_path / "queued")
+    code, _, err = paper("fig2", *queued, capsys=capsys)
+    assert code == 0, err
+    code, _, err = paper("fig3", *queued, "--seq-len", str(S // 2), capsys=capsys)
+    assert_one_line_error(
+        code,
+        err,
+        f"{tmp_path / 'queued' / 'analyses' / run.name}: job 101, queued or running, analyzes into it with "
+        f"other settings (seq_len {S} vs {S // 2}); wait for it to end, or scancel 101",
+    )
+    assert len((tmp_path / "calls").read_text().splitlines()) == 2  # fig2's analysis and drawing jobs alone
 
 
 def test_paper_with_an_empty_out_is_refused_not_written_into_the_working_folder(tmp_path, capsys, monkeypatch):

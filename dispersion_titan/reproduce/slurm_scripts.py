@@ -108,13 +108,18 @@ def require_sbatch() -> None:
         raise DispersionTitanError("sbatch: not found (no Slurm here); submit from a login node, or see --dry-run")
 
 
-def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[str]]:
-    """The jobs submitted with these logs before (id: sbatch command); refused if one of ``jobs`` is still queued."""
+def submitted_jobs(record: Path) -> dict[str, list[str]]:
+    """The jobs submitted with these logs before (id: sbatch command), as ``record`` (``submitted.json``) holds them."""
     try:
         submitted = json.loads(record.read_text())
     except (FileNotFoundError, ValueError):  # none yet, or cut short: nothing to compare with
         submitted = {}
-    submitted = submitted if isinstance(submitted, dict) else {}
+    return submitted if isinstance(submitted, dict) else {}
+
+
+def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[str]]:
+    """The jobs submitted with these logs before (id: sbatch command); refused if one of ``jobs`` is still queued."""
+    submitted = submitted_jobs(record)
     queued = queued_jobs(list(submitted))
     for job in jobs:
         named = [i for i in sorted(queued) if _job_name(submitted[i]) == _job_name(job.argv)]

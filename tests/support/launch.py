@@ -285,3 +285,17 @@ def held_by_another_command(folder: Path) -> Iterator[int]:
     finally:
         holder.kill()
         holder.wait()
+
+
+def fake_slurm(tmp_path: Path, before_id: str) -> dict[str, str]:
+    """PATH with an sbatch that logs its arguments to ``tmp_path/calls`` and prints job ids 101, 102, ... (its call
+    count; ``before_id``: shell run first, ``$n`` the count) and an squeue holding every job submitted."""
+    bin_dir, calls, held = tmp_path / "bin", tmp_path / "calls", tmp_path / "held"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\n{before_id}echo $((100 + n)) | tee -a {held}\n'
+    )
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")
+    for tool in ("sbatch", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}

@@ -11,6 +11,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import TypeVar
 
 from huggingface_hub import constants, list_repo_refs, try_to_load_from_cache
@@ -39,7 +40,15 @@ from ...utils.devices import AUTOCAST, check_device_map, resolve_device
 from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError, docs_page
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import HFSpec, parse_spec
-from ..slurm_scripts import SBATCH_GPUS_PER_NODE, SlurmJob, refuse_array, refuse_dependency, sbatch
+from ..slurm_scripts import (
+    SBATCH_GPUS_PER_NODE,
+    SlurmJob,
+    queued_jobs,
+    refuse_array,
+    refuse_dependency,
+    sbatch,
+    submitted_jobs,
+)
 from . import catalog
 
 ANALYZE_OPTIONS = tuple(
@@ -579,9 +588,16 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
     return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
 
 
-def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentParser) -> None:
+def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentParser, queued: bool = False) -> None:
     """--slurm: an analysis folder that holds results of other inputs (another artifact's, of another --seq-len)
-    refused at submission, by the check its analyze job would apply hours later (``still_to_do``)."""
+    refused at submission, by the check its analyze job would apply hours later (``still_to_do``); ``queued``: or
+    that another artifact's analyze job still queued (``logs/submitted.json``) would write so."""
+    jobs = submitted_jobs(Path(workflow.out, "logs", "submitted.json")) if queued else {}
+    others = {}  # job id: its analyze options (this artifact's own jobs: submit's _refuse_queued_twice)
+    for job_id in sorted(queued_jobs(list(jobs))):
+        script = next((i for i, a in enumerate(jobs[job_id]) if a.endswith("/analyze.sbatch")), None)
+        if script is not None and f"--job-name=paper-{workflow.artifact}-" not in " ".join(jobs[job_id]):
+            others[job_id] = analyze.parse_args(jobs[job_id][script + 1 :])
     for step in workflow.steps:
         if step.command != "analyze" or "--force" in step.argv:
             continue
@@ -595,6 +611,13 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
             return records.differences(recorded, mine)
 
         still_to_do(given.out, {}, read_analyses(given.out), differs, lambda *_: False, "analyzed")
+        for job_id, theirs in others.items():
+            if theirs.out == given.out and not theirs.force:
+                if diff := records.differences(asdict(input_options(theirs)), mine):
+                    raise ArgumentError(
+                        f"--out: {given.out}: job {job_id}, queued or running, analyzes into it with other settings "
+                        f"({diff}); wait for it to end, or scancel {job_id}, then submit again"
+                    )
 
 
 def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
