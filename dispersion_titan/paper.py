@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from dispersion_titan.analyze import add_input_arguments, analyze_parser
-from dispersion_titan.analyze import main as analyze_main
+from dispersion_titan import analyze
 from dispersion_titan.config import cli
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, non_negative_int, positive_int
 from dispersion_titan.evaluate import add_table_arguments, task_limit
@@ -95,7 +94,7 @@ def paper_parser() -> OneLineErrorParser:
         help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four",
     )
     analysis = p.add_argument_group("analyze's input options, passed on (analysing artifacts; analyze's defaults)")
-    add_input_arguments(analysis, defaults=False)
+    analyze.add_input_arguments(analysis, defaults=False)
     analysis.add_argument(
         "--protocol",
         help="analyze's --protocol: paper (the default: the authors' wikitext-103 texts, or the rows "
@@ -160,7 +159,7 @@ def run_paper(argv: list[str]) -> int:
     for note in workflow.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
-        workflows.refuse_other_settings(workflow, analyze_parser(), queued=not a.dry_run)
+        workflows.refuse_other_settings(workflow, analyze.analyze_parser(), queued=not a.dry_run)
         jobs = workflows.slurm_jobs(workflow, workflows.draw_argv(argv, workflow, options), a.sbatch_args)
         logs = os.path.join(workflow.out, "logs")
         if a.dry_run:
@@ -182,7 +181,7 @@ def run_paper(argv: list[str]) -> int:
         workflows.check_devices(workflow, options, torch.cuda.is_available())
     with owned(workflow.out, PAPER):  # each analyze or evaluate it runs holds its own --out as well
         if not a.draw_only:
-            workflows.run_locally(workflow, {"analyze": analyze_main, "evaluate": evaluate_main})
+            workflows.run_locally(workflow, {"analyze": analyze.main, "evaluate": evaluate_main})
         written = render.render(workflow, selection, a.reference, a.test)
     print("written: " + ", ".join(written))
     return 0

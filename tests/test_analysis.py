@@ -23,7 +23,7 @@ import torch
 
 from dispersion_titan.analysis import runner
 from dispersion_titan.analysis.condensation_schema import Condensation, _check_numbers
-from dispersion_titan.analysis.inputs import InputOptions, select_sequences
+from dispersion_titan.analysis.inputs import InputOptions, input_options, select_sequences
 from dispersion_titan.analysis.measure import DecoderLayers, cosines, measure, unit_tokens
 from dispersion_titan.analysis.statistics import summarize
 from dispersion_titan.analyze import REWRITTEN
@@ -438,7 +438,7 @@ def test_an_analysis_of_other_settings_claiming_the_tb_dir_meanwhile_is_refused(
 
     out, tb = tmp_path / "out", tmp_path / "tb"
     a = analyze_parser().parse_args([str(run), *OPTS, "--steps", "0", "--out", str(out), "--tb-dir", str(tb)])
-    analysis = runner.RunAnalysis(a, runner.input_options(a))  # it has looked: the folder free
+    analysis = runner.RunAnalysis(a, input_options(a))  # it has looked: the folder free
     tb.mkdir()
     write_record(str(tb), analysis.owner, settings="other")  # the other analysis's claim
     with pytest.raises(OutputError, match=f"--tb-dir: {tb} holds the histograms of an analysis with other settings"):

@@ -21,7 +21,6 @@ import torch
 from tqdm import tqdm
 
 from ..components.wandb_run import log_results, recorded
-from ..data.corpora import corpus
 from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
@@ -59,57 +58,17 @@ from ..run_folder.owners import (
 from ..run_folder.writer_lock import COMMAND, TURN_WAIT_S, refuse_if_busy, sole_writer
 from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
-from ..utils.devices import DTYPES, check_device_map, resolve_device
+from ..utils.devices import DTYPES, resolve_device
 from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, OutputError, say
-from ..utils.hub import PREFIX, parse_spec
+from ..utils.hub import parse_spec
 from . import figures, hf_model
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
-from .inputs import DEFAULT_DATASET, Encode, InputOptions, differences, read_texts, select_sequences
+from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, Measurement, geometry_mask, measure
 from .statistics import HIST_EDGES, HIST_RANGE, condensation, layer_row
 
-DEFAULT_SEQ_LEN = 512
 LOGGED_FILE = ".histograms.json"
 """In ``--tb-dir``: the result folders whose histograms it holds, each with its checkpoint's identity."""
-
-
-def input_options(a: argparse.Namespace) -> InputOptions:
-    """``analyze``'s inputs, its options' combinations checked; ``--texts`` read before any folder is made."""
-    hf, paper = a.run.startswith(PREFIX), a.protocol == "paper"
-    if a.dataset_path and a.texts:
-        raise ArgumentError("--dataset-path: not used with --texts")
-    if paper and a.dataset:
-        raise ArgumentError(
-            "--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
-            "--dataset-path) or the rows of --texts FILE"
-        )
-    if hf and a.wandb:
-        raise ArgumentError("--wandb: only for runs (trained with [metrics] enable_wandb)")
-    if not hf and (a.device_map or a.trust_remote_code):
-        raise ArgumentError(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
-    check_device_map(a.device_map, a.device)
-    if a.texts:
-        read_texts(a.texts)
-    dataset = None if a.texts or paper else (a.dataset or DEFAULT_DATASET)
-    if dataset:  # was: a path the embedded corpus ignores taken as other settings
-        corpus(dataset, "--dataset").check_path(a.dataset_path, "--dataset-path")
-    return InputOptions(
-        dataset=dataset,
-        dataset_path=absolute(a.dataset_path),
-        texts=a.texts and os.path.abspath(os.path.expanduser(a.texts)),  # one file, a comma in its name kept
-        num_sequences=a.num_sequences,
-        seq_len=a.seq_len or DEFAULT_SEQ_LEN,
-        seed=a.seed,
-        protocol=a.protocol,
-        layer_points=a.layer_points or ("hidden_states" if paper else "all"),
-    )
-
-
-def absolute(spec: str | None) -> str | None:
-    """``spec``'s paths (comma-separated, globs kept) made absolute: the analysis records them, ``compare`` and
-    ``family`` compare them, and the command that measures it again names the same files from any folder."""
-    entries = spec and [os.path.abspath(os.path.expanduser(e.strip())) for e in spec.split(",") if e.strip()]
-    return ",".join(entries) if entries else spec
 
 
 @dataclass(frozen=True)

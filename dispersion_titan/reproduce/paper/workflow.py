@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from ...analysis import ANALYSIS_PROTOCOLS
 from ...analysis.condensation_schema import Condensation, read_analyses
-from ...analysis.runner import input_options
+from ...analysis.inputs import input_options
 from ...analysis.size_series import parse_assignments
 from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
