@@ -187,10 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] in (["compare"], ["family"]):
         summarize(argv)
     a = analyze_parser().parse_args(argv)
-    from dispersion_titan.analysis import inputs, runner  # torch: after --help
+    from dispersion_titan.analysis import arguments, runner  # torch: after --help
 
-    analysis = runner.HFAnalysis if a.run.startswith(inputs.PREFIX) else runner.RunAnalysis
-    sys.exit(1 if analysis(a, inputs.input_options(a)).analyze() else 0)
+    analysis = runner.HFAnalysis if a.run.startswith(arguments.PREFIX) else runner.RunAnalysis
+    sys.exit(1 if analysis(a, arguments.input_options(a)).analyze() else 0)
 
 
 if __name__ == "__main__":

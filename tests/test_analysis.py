@@ -22,8 +22,9 @@ import pytest
 import torch
 
 from dispersion_titan.analysis import runner
+from dispersion_titan.analysis.arguments import input_options
 from dispersion_titan.analysis.condensation_schema import Condensation, _check_numbers
-from dispersion_titan.analysis.inputs import InputOptions, input_options, select_sequences
+from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.analysis.measure import DecoderLayers, cosines, measure, unit_tokens
 from dispersion_titan.analysis.statistics import summarize
 from dispersion_titan.analyze import REWRITTEN

@@ -6,7 +6,6 @@ or the rows of ``texts``, with the tokenizer's default special tokens.
 
 from __future__ import annotations
 
-import argparse
 import glob
 import hashlib
 import json
@@ -18,18 +17,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..data.corpora import corpus, iter_documents
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils import records
-from ..utils.devices import check_device_map
-from ..utils.errors import AnalysisError, ArgumentError, DataConfigError
-from ..utils.hub import PREFIX
+from ..utils.errors import AnalysisError, DataConfigError
 
 if TYPE_CHECKING:  # torch is imported where sequences are made: compare reads their records only
     import torch
 
 DEFAULT_DATASET = "enwiki_sample"
-DEFAULT_SEQ_LEN = 512
 SPLIT = "validation"
 
 # The authors' load_dataset("wikitext", "wikitext-103-v1"): now the hub's Salesforce/wikitext.
@@ -65,45 +60,6 @@ class Sequences:
     def record(self) -> dict:
         """The JSON form stored in each analysis (what ``compare`` checks)."""
         return {**asdict(self.options), "tokens_sha256": self.sha256}
-
-
-def input_options(a: argparse.Namespace) -> InputOptions:
-    """``analyze``'s inputs, its options' combinations checked; ``--texts`` read before any folder is made."""
-    hf, paper = a.run.startswith(PREFIX), a.protocol == "paper"
-    if a.dataset_path and a.texts:
-        raise ArgumentError("--dataset-path: not used with --texts")
-    if paper and a.dataset:
-        raise ArgumentError(
-            "--dataset: not used with --protocol paper, which reads wikitext-103-v1 (a local copy with "
-            "--dataset-path) or the rows of --texts FILE"
-        )
-    if hf and a.wandb:
-        raise ArgumentError("--wandb: only for runs (trained with [metrics] enable_wandb)")
-    if not hf and (a.device_map or a.trust_remote_code):
-        raise ArgumentError(f"--{'device-map' if a.device_map else 'trust-remote-code'}: only for hf: models")
-    check_device_map(a.device_map, a.device)
-    if a.texts:
-        read_texts(a.texts)
-    dataset = None if a.texts or paper else (a.dataset or DEFAULT_DATASET)
-    if dataset:  # was: a path the embedded corpus ignores taken as other settings
-        corpus(dataset, "--dataset").check_path(a.dataset_path, "--dataset-path")
-    return InputOptions(
-        dataset=dataset,
-        dataset_path=absolute(a.dataset_path),
-        texts=a.texts and os.path.abspath(os.path.expanduser(a.texts)),  # one file, a comma in its name kept
-        num_sequences=a.num_sequences,
-        seq_len=a.seq_len or DEFAULT_SEQ_LEN,
-        seed=a.seed,
-        protocol=a.protocol,
-        layer_points=a.layer_points or ("hidden_states" if paper else "all"),
-    )
-
-
-def absolute(spec: str | None) -> str | None:
-    """``spec``'s paths (comma-separated, globs kept) made absolute: the analysis records them, ``compare`` and
-    ``family`` compare them, and the command that measures it again names the same files from any folder."""
-    entries = spec and [os.path.abspath(os.path.expanduser(e.strip())) for e in spec.split(",") if e.strip()]
-    return ",".join(entries) if entries else spec
 
 
 def read_texts(path: str) -> list[str]:
@@ -143,6 +99,8 @@ def _documents(options: InputOptions, encode: Encode | DocumentEncoder) -> list[
         if options.texts:
             texts = read_texts(options.texts)
         else:
+            from ..data.corpora import iter_documents  # datasets: only for a registered corpus, not --texts
+
             texts = list(iter_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
         ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
         return [np.asarray(seq, dtype=np.int64) for seq in ids]

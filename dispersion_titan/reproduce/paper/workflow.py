@@ -18,8 +18,8 @@ from huggingface_hub import constants, list_repo_refs, try_to_load_from_cache
 from tqdm import tqdm
 
 from ...analysis import ANALYSIS_PROTOCOLS
+from ...analysis.arguments import input_options
 from ...analysis.condensation_schema import Condensation, read_analyses
-from ...analysis.inputs import input_options
 from ...analysis.size_series import parse_assignments
 from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
