@@ -595,9 +595,11 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
     jobs = submitted_jobs(Path(workflow.out, "logs", "submitted.json")) if queued else {}
     others = {}  # job id: its analyze options (this artifact's own jobs: submit's _refuse_queued_twice)
     for job_id in sorted(queued_jobs(list(jobs))):
-        script = next((i for i, a in enumerate(jobs[job_id]) if a.endswith("/analyze.sbatch")), None)
-        if script is not None and f"--job-name=paper-{workflow.artifact}-" not in " ".join(jobs[job_id]):
-            others[job_id] = analyze.parse_args(jobs[job_id][script + 1 :])
+        argv = [str(a) for a in jobs[job_id]] if isinstance(jobs[job_id], list) else []  # a hand edit's: none
+        script = next((i for i, a in enumerate(argv) if a.endswith("/analyze.sbatch")), None)
+        own = any(a.startswith(f"--job-name=paper-{workflow.artifact}-") for a in argv)
+        if script is not None and not own:
+            others[job_id] = analyze.parse_args(argv[script + 1 :])
     for step in workflow.steps:
         if step.command != "analyze" or "--force" in step.argv:
             continue
