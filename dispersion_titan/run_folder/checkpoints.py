@@ -456,10 +456,8 @@ def saved_dtype(step_dir: str) -> torch.dtype:
 def checkpoint_identity(step_dir: str) -> str:
     """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another. Its
     subfolders count (a ``last_save_in_hf`` step's ``sharded/``), as in the identities its results recorded."""
-    if hf_weights(step_dir):  # a last_save_in_hf checkpoint: no .metadata to digest
-        return _entries_identity(step_dir, hashlib.sha256(), subfolders=True)
-    metadata = hashlib.sha256(Path(step_dir, ".metadata").read_bytes())
-    return _entries_identity(step_dir, metadata, subfolders=True)
+    metadata = b"" if hf_weights(step_dir) else Path(step_dir, ".metadata").read_bytes()  # last_save_in_hf: none
+    return _entries_identity(step_dir, hashlib.sha256(metadata), subfolders=True)
 
 
 def folder_identity(folder: str) -> str:
