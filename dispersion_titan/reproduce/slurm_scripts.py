@@ -179,16 +179,14 @@ def submit(
     for job in jobs:
         with _interrupts_held():  # sbatch in a session of its own: a terminal's Ctrl-C waits for its id
             proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env, start_new_session=True)
-            if proc.returncode != 0:
+            job_id = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"; none: --test-only
+            if proc.returncode != 0 or not job_id:
                 done = " ".join(ids[j.key] for j in jobs if j.key in ids)
-                reason = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+                fallback = f"exit status {proc.returncode}" if proc.returncode else "nothing"
+                said = (proc.stderr.strip().splitlines() or [fallback])[-1]
+                reason = said if proc.returncode else f"submitted no job (it said: {said})"
                 hint = f"; submitted so far: {done} (scancel {done})" if done else ""
                 raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}{then}")
-            if not (job_id := proc.stdout.strip().split(";")[0]):  # --parsable: "id" or "id;cluster"; none: --test-only
-                done = " ".join(ids[j.key] for j in jobs if j.key in ids)
-                said = (proc.stderr.strip().splitlines() or ["nothing"])[-1]
-                hint = f"; submitted so far: {done} (scancel {done})" if done else ""
-                raise DispersionTitanError(f"sbatch ({job.label}): submitted no job (it said: {said}){hint}{then}")
             ids[job.key] = job_id
             submitted[ids[job.key]] = job.argv
             atomic_write(str(record), lambda f: f.write(json.dumps(submitted, indent=1) + "\n"))
