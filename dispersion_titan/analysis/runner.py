@@ -112,6 +112,7 @@ class Analysis:
 
     skippable = ()  # load errors that skip a unit (exit status 1) rather than end the analysis
     noun = "model state"
+    changed = staticmethod(identity_changed)  # whether a source no longer holds the weights of a result's identity
 
     def __post_init__(self) -> None:
         self.device = resolve_device(self.options.device, self.dtype)
@@ -157,8 +158,8 @@ class Analysis:
         return ", ".join(filter(None, changed))
 
     def stale(self, source: str, result: Condensation) -> bool:
-        """Whether ``result`` was measured on other weights than ``source`` holds now (a run's checkpoints)."""
-        return result.checkpoint_identity is not None and identity_changed(result.checkpoint_identity, source)
+        """Whether ``result`` was measured on other weights than ``source`` holds now."""
+        return result.checkpoint_identity is not None and self.changed(result.checkpoint_identity, source)
 
     def analyze(self) -> int:
         """Analyze pending units and refresh the summary, as ``--out``'s one writer; the count that failed."""
@@ -324,6 +325,7 @@ class HFAnalysis(Analysis):
     a run's checkpoints, each in ``OUT/rev-NAME/`` (``rev-default``: the default revision)."""
 
     noun = "revision"
+    changed = staticmethod(folder_changed)  # another model saved over its folder: was reused as it was
 
     def __init__(self, options: argparse.Namespace, inputs: InputOptions):
         self.spec = parse_spec(options.run, options.trust_remote_code)  # first: a run's folder given with hf:
@@ -386,11 +388,6 @@ class HFAnalysis(Analysis):
             "model": self.spec.model,
             "checkpoint_identity": identity,
         }
-
-    def stale(self, source: str, result: Condensation) -> bool:
-        """Whether ``result`` was measured on other weights than the model's folder ``source`` holds now (another
-        model saved over it: was reused as it was)."""
-        return result.checkpoint_identity is not None and folder_changed(result.checkpoint_identity, source)
 
 
 class Histograms:
