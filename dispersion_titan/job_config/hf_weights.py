@@ -102,11 +102,8 @@ def check_dcp_weights(config: RunConfig, args: Any, key: str, path: str) -> None
         return
     advice = "set the [model] keys to its shape, or give a checkpoint of this model"
     if key == "job.fork_from" and (parent := fork_parent(config)) is not None:
-        other = [
-            f"{k} {json.dumps(v)} there, {json.dumps(attrgetter(k)(config), default=str)} here"
-            for k, v in parent.items()
-            if k.startswith("model.") and json.loads(json.dumps(attrgetter(k)(config), default=str)) != v
-        ]
+        now = {k: json.loads(json.dumps(attrgetter(k)(config), default=str)) for k in parent if k.startswith("model.")}
+        other = [f"{k} {json.dumps(parent[k])} there, {json.dumps(v)} here" for k, v in now.items() if v != parent[k]]
         advice = "a fork keeps its source's model" + (f" ({', '.join(other)})" if other else "; give its [model] keys")
     raise ConfigError(
         f"{key}: {config.job.fork_from if key == 'job.fork_from' else path} holds another model than this "
