@@ -41,24 +41,23 @@ def given_option(args: list[str], short: str, long: str) -> str | None:
     return next((a for a in args if a in (short, long) or a.startswith((short, f"{long}="))), None)
 
 
-def refuse_array(option: str, args: list[str]) -> None:
-    """An ``--array``: each of its tasks would run the job's one command, into the same folders."""
-    if (given := given_option(args, "-a", "--array")) is not None:
-        raise DispersionTitanError(
-            f"{option}: {given}: the tasks of an array job would each run the same command, into the same folders; "
-            "leave it out"
-        )
+REFUSED = {  # sbatch options these jobs cannot take: their short form, and why
+    "--array": ("-a", "the tasks of an array job would each run the same command, into the same folders; leave it out"),
+    "--dependency": (
+        "-d",
+        "these jobs wait for the ones before them with a --dependency of their own, which sbatch would replace with "
+        "this one (it keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold "
+        "them with --begin)",
+    ),
+}
 
 
-def refuse_dependency(option: str, args: list[str]) -> None:
-    """A ``--dependency`` among the sbatch arguments of jobs that wait for others: sbatch keeps only the last one
-    given, so it would replace theirs, and they would start before the jobs they read."""
-    if (given := given_option(args, "-d", "--dependency")) is not None:
-        raise DispersionTitanError(
-            f"{option}: {given}: these jobs wait for the ones before them with a --dependency of their own, which "
-            "sbatch would replace with this one (it keeps the last given); leave it out (to wait for a job of yours, "
-            "submit once it ended, or hold them with --begin)"
-        )
+def refuse_options(option: str, args: list[str], *names: str) -> None:
+    """Each of ``names`` (``REFUSED``) among the sbatch arguments ``option`` gives, in any of its spellings."""
+    for name in names:
+        short, why = REFUSED[name]
+        if (given := given_option(args, short, name)) is not None:
+            raise DispersionTitanError(f"{option}: {given}: {why}")
 
 
 @dataclass

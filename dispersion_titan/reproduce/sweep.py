@@ -39,8 +39,7 @@ from .slurm_scripts import (
     SlurmJob,
     given_option,
     queued_jobs,
-    refuse_array,
-    refuse_dependency,
+    refuse_options,
     sbatch,
 )
 
@@ -209,9 +208,9 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
             )
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
     for key in ("analyze_sbatch_args", "evaluate_sbatch_args"):  # a training job waits for none: its own is kept
-        refuse_dependency(key, fields.get(key, []))
+        refuse_options(key, fields.get(key, []), "--dependency")
     for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
-        refuse_array(key, fields.get(key, []))
+        refuse_options(key, fields.get(key, []), "--array")
     if "train_time" in fields:
         _check_train_time(str(fields["train_time"]), fields.get("train_sbatch_args", []))
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro

@@ -44,8 +44,7 @@ from ..slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
     SlurmJob,
     queued_jobs,
-    refuse_array,
-    refuse_dependency,
+    refuse_options,
     sbatch,
     submitted_jobs,
 )
@@ -569,8 +568,7 @@ def check_hub(workflow: PaperWorkflow) -> None:
 
 def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
     """The steps' jobs, then the drawing job, which waits for them all."""
-    refuse_dependency("--sbatch-arg", sbatch_args)
-    refuse_array("--sbatch-arg", sbatch_args)
+    refuse_options("--sbatch-arg", sbatch_args, "--dependency", "--array")
     logs = os.path.join(workflow.out, "logs")
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
