@@ -219,8 +219,8 @@ def test_a_model_saved_over_its_folder_is_not_taken_for_the_one_analyzed(tokeniz
         code, err, f"--out: {out}: rev-default was analyzed from another checkpoint than {model} holds now", "--force"
     )
     again = f"python -m dispersion_titan.analyze hf:{model} --out {out} --force --protocol default"
-    for command in ("compare", "family"):
-        code, _, err = analyze(command, out, other, "--out", tmp_path / command, capsys=capsys)
+    for command, *step in (("compare",), ("compare", "--step", "default"), ("family",)):  # a revision named too
+        code, _, err = analyze(command, out, other, *step, "--out", tmp_path / command, capsys=capsys)
         assert_one_line_error(code, err, f"{out}: rev-default was analyzed from another model than {model}", again)
         assert not (tmp_path / command).exists()
     assert hashlib.sha256(result.read_bytes()).hexdigest() == before

@@ -39,7 +39,7 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
         if result.model is None and step.isdigit() and result.step == int(step):
             return current(run, result)
         if result.model is not None and revision_folder(result.revision) == revision_folder(step):
-            return result
+            return current(run, result)
     if results[0].model is None:
         raise AnalysisError(f"{option}: {run} has no analysis of step {step} (have {sorted(r.step for r in results)})")
     have = [r.revision or "default" for r in results]
