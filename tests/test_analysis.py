@@ -36,7 +36,14 @@ from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.utils.errors import AnalysisError, CheckpointError
 from support.cli import analyze, assert_one_line_error
 from support.corpora import texts_jsonl
-from support.launch import launch_env, paused_reading, python_module, second_writer_is_refused, torchrun
+from support.launch import (
+    as_someone_else,
+    launch_env,
+    paused_reading,
+    python_module,
+    second_writer_is_refused,
+    torchrun,
+)
 from support.runs import digests, logged, scale_weights, tiny_run
 
 K, S = 8, 64  # sequences and tokens in the end-to-end analyses
@@ -366,22 +373,6 @@ def test_an_analysis_that_writes_nothing_leaves_no_folder(run, tmp_path, capsys)
     assert sorted(os.listdir(tmp_path)) == ["broken"]
 
 
-AS_SOMEONE_ELSE = """
-import ctypes, runpy, sys
-libc = ctypes.CDLL(None, use_errno=True)
-header, caps = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()  # capget's v3: 2 x (eff, perm, inh)
-assert libc.capget(header, caps) == 0, ctypes.get_errno()
-for i in range(3):
-    caps[i] &= ~(1 << 1 | 1 << 2)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-assert libc.capset(header, caps) == 0, ctypes.get_errno()
-sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
-"""``python AS_SOMEONE_ELSE MODULE ARGS``: ``python -m MODULE ARGS`` as a user other than the files' owner would
-run it: root (the CI's user) ignores file modes unless it gives up ``CAP_DAC_OVERRIDE`` (what
-``setpriv --bounding-set -dac_override,-dac_read_search`` gives a fresh interpreter; here a forked job's own)."""
-
-
 def test_a_colleagues_read_only_run_with_out_elsewhere_names_the_default_tb_dir_and_the_way_out(run, tmp_path):
     """``chmod -R a-w RUN``, then ``analyze RUN --out MINE``: one line naming the default ``--tb-dir`` (the run's
     TensorBoard folder, which the user did not type) and what to give instead, exit 2, before ``--out`` is made,
@@ -391,9 +382,8 @@ def test_a_colleagues_read_only_run_with_out_elsewhere_names_the_default_tb_dir_
     subprocess.run(["chmod", "-R", "a-w", str(colleague)], check=True)
     before = digests(colleague)
     try:
-        (tmp_path / "as_someone_else.py").write_text(AS_SOMEONE_ELSE)
         argv = ["dispersion_titan.analyze", str(colleague), *OPTS, "--out", str(tmp_path / "out")]
-        proc = python_module(str(tmp_path / "as_someone_else.py"), *argv, timeout=300)
+        proc = python_module(as_someone_else(tmp_path), *argv, timeout=300)
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(colleague)], check=True)
     assert_one_line_error(

@@ -26,7 +26,15 @@ from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import ConfigError, RenamedCheckpointError
 from support.cli import analyze, assert_one_line_error
 from support.corpora import texts_jsonl
-from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REFERENCE_STEPS, SCHEDULE, python_module, torchrun
+from support.launch import (
+    DEBUG_SEQ_LEN,
+    DEBUG_TOML,
+    REFERENCE_STEPS,
+    SCHEDULE,
+    as_someone_else,
+    python_module,
+    torchrun,
+)
 from support.runs import scalars, tiny_run
 
 pytestmark = pytest.mark.slow
@@ -46,11 +54,12 @@ def sha256_tree(folder: Path) -> dict[str, str]:
     }
 
 
-def relaunch(dump: Path, *overrides: str):
-    """The reference run's own command line, once more, in one process (the refusals come before any rank starts)."""
-    return python_module("dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump),
-                         "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, "--training.steps", str(REFERENCE_STEPS), *RUN,
-                         *overrides, timeout=300)  # fmt: skip
+def relaunch(dump: Path, *overrides: str, via: tuple[str, ...] = ()):
+    """The reference run's own command line, once more, in one process (the refusals come before any rank starts);
+    ``via``: the script that runs it (``as_someone_else``)."""
+    return python_module(*via, "dispersion_titan.train", "--job.config_file", DEBUG_TOML, "--job.dump_folder",
+                         str(dump), "--metrics.log_freq", "1", *DEBUG_SEQ_LEN, "--training.steps",
+                         str(REFERENCE_STEPS), *RUN, *overrides, timeout=300)  # fmt: skip
 
 
 def one_line(proc) -> str:
@@ -271,6 +280,30 @@ def test_a_copy_whose_run_json_was_lost_says_so_not_whose_folder_it_is(reference
     shutil.copy2(reference_run / "run.json", dump)
     finished = relaunch(dump)
     assert finished.returncode == 0 and "run already finished at step 8" in finished.stderr, finished.stderr[-3000:]
+
+
+def test_a_finished_read_only_run_relaunched_is_finished_not_unwritable(reference_run, tmp_path):
+    """A finished run on a read-only mount, or a colleague's (``chmod -R a-w RUN``), relaunched with the same command:
+    finished, exit 0 (``--check-only``: 10), as where it is writable (was `job.dump_folder: RUN exists but is not
+    writable`, exit 2); more steps, which it would write, still that line, exit 2; nothing written."""
+    dump = tmp_path / "run"
+    shutil.copytree(reference_run, dump, symlinks=True)
+    before = sha256_tree(dump)
+    subprocess.run(["chmod", "-R", "a-w", str(dump)], check=True)
+    via = (as_someone_else(tmp_path),)
+    try:
+        finished, checked = relaunch(dump, via=via), relaunch(dump, "--check-only", via=via)
+        more = relaunch(dump, "--training.steps", "10", via=via)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(dump)], check=True)
+    for proc, status in ((finished, 0), (checked, 10)):
+        assert proc.returncode == status and proc.stderr.strip().splitlines() == [
+            f"dispersion_titan: run already finished at step {REFERENCE_STEPS}; nothing to do"
+        ], proc.stderr[-3000:]
+    assert one_line(more) == (
+        f"dispersion_titan: error: job.dump_folder: {dump} exists but is not writable; give a folder you can write to"
+    )
+    assert sha256_tree(dump) == before
 
 
 def test_a_step_folder_renamed_by_hand_is_named_in_one_line(reference_run, tmp_path):

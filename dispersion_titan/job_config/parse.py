@@ -25,13 +25,13 @@ from ..config.cli import (
     without_profile,
 )
 from ..models import FAMILIES, register_all
-from ..run_folder.checkpoints import check_resume, recorded_run
+from ..run_folder.checkpoints import check_resume, recorded_run, refuse_finished, saved_checkpoints
 from ..run_folder.owners import refuse_other_owners
 from ..run_folder.settings import check_same_settings, refuse_other_data_here, start_fork, started_revision
 from ..run_folder.writer_lock import refuse_if_busy
 from ..tokenizer.encoders import is_hub_id, local_assets
 from ..utils.devices import check_gpus_usable
-from ..utils.errors import ArgumentError, ConfigError
+from ..utils.errors import ArgumentError, ConfigError, UnwritableFolderError
 from ..utils.package_data import package_file
 from .checks import check_job_config, data_parallel_degree
 from .released import refuse_derived_keys
@@ -212,7 +212,14 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     dump, ckpt = job_config.job.dump_folder, job_config.checkpoint
     recorded = recorded_run(dump)  # its run.json, read once for all the checks of a relaunch
     refuse_other_data_here(dump, recorded, job_config)
-    check(job_config)
+    try:
+        check(job_config)
+    except UnwritableFolderError:  # a finished run (a read-only mount's) has nothing to write: said finished
+        if ckpt.enable and recorded is not None:
+            refuse_finished(
+                saved_checkpoints(os.path.join(dump, ckpt.folder)), job_config.training.steps, ckpt.load_step
+            )
+        raise
     dp = data_parallel_degree(job_config, _world_size())  # the layout: neither assets nor a fork change it
     fetched = fetch_local_assets(job_config, recorded)
     forked = start_fork(job_config, recorded, dp)

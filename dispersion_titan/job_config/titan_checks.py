@@ -19,7 +19,7 @@ from ..data.store import is_store
 from ..run_folder.checkpoints import complete_checkpoints
 from ..run_folder.owners import RUN_METADATA_FILE, inside
 from ..tokenizer.encoders import is_hub_id
-from ..utils.errors import CheckpointError, ConfigError, DataConfigError
+from ..utils.errors import CheckpointError, ConfigError, DataConfigError, UnwritableFolderError
 from .hf_weights import check_dcp_weights, check_hf_weights
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ def check_output_folders(config: RunConfig) -> None:
         if not os.path.isdir(probe):
             raise ConfigError(f"{where} is not a directory")
         if not os.access(probe, os.W_OK | os.X_OK):
-            raise ConfigError(f"{where} is not writable; give a folder you can write to")
+            raise UnwritableFolderError(f"{where} is not writable; give a folder you can write to")
     checkpoints = folders.pop("checkpoint.folder", None)
     if checkpoints and os.path.abspath(checkpoints) == os.path.abspath(dump):  # "" or ".": step-N beside run.json
         raise ConfigError(

@@ -529,6 +529,13 @@ def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
         )
 
 
+def refuse_finished(saved: list[StepCheckpoint], steps: int, load_step: int = -1) -> None:
+    """``RunFinished`` when the newest of the ``saved`` checkpoints reached ``steps`` and no ``load_step`` is asked."""
+    if load_step < 0 and saved and saved[-1].step >= steps:
+        done = "finished" if saved[-1].step == steps else f"past training.steps = {steps},"
+        raise RunFinished(f"run already {done} at step {saved[-1].step}; nothing to do")
+
+
 def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, load_step: int = -1) -> None:
     """Before any process group starts: ``RunFinished`` when the run ``dump`` is done, and
     ``CheckpointError`` when no checkpoint continues it or going on would save over an existing
@@ -555,9 +562,7 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
         return
     newest = saved[-1]
     chosen = [c for c in saved if c.step == load_step] if load_step >= 0 else saved
-    if load_step < 0 and newest.step >= steps:
-        done = "finished" if newest.step == steps else f"past training.steps = {steps},"
-        raise RunFinished(f"run already {done} at step {newest.step}; nothing to do")
+    refuse_finished(saved, steps, load_step)
     for name in sorted(os.listdir(folder)):  # TorchTitan trained up to that step, then could not save it
         if STEP_FOLDER.match(name) and not os.path.isdir(os.path.join(folder, name)):
             raise CheckpointError(

@@ -44,6 +44,10 @@ class ConfigError(DispersionTitanError):
     """An invalid configuration value."""
 
 
+class UnwritableFolderError(ConfigError):
+    """A folder a launch writes that it cannot write; where its run is finished, the launch says that instead."""
+
+
 class DataConfigError(DispersionTitanError):
     """Bad dataset name, path or contents."""
 

@@ -191,6 +191,29 @@ def python_module(
     )
 
 
+AS_SOMEONE_ELSE = """
+import ctypes, runpy, sys
+libc = ctypes.CDLL(None, use_errno=True)
+header, caps = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()  # capget's v3: 2 x (eff, perm, inh)
+assert libc.capget(header, caps) == 0, ctypes.get_errno()
+for i in range(3):
+    caps[i] &= ~(1 << 1 | 1 << 2)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+assert libc.capset(header, caps) == 0, ctypes.get_errno()
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def as_someone_else(tmp_path: Path) -> str:
+    """A script, ``python SCRIPT MODULE ARGS``: ``python -m MODULE ARGS`` as a user other than the files' owner would
+    run it (``python_module(SCRIPT, MODULE, ...)``): root (the CI's user) ignores file modes unless it gives up
+    ``CAP_DAC_OVERRIDE`` (what ``setpriv --bounding-set -dac_override,-dac_read_search`` gives a fresh interpreter;
+    here a forked job's own)."""
+    script = tmp_path / "as_someone_else.py"
+    script.write_text(AS_SOMEONE_ELSE)
+    return str(script)
+
+
 def paused_writer(
     module: str, *args: str, folder: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> tuple[int, Future]:
