@@ -20,6 +20,7 @@ from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.evaluate import evaluate_parser
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
+from dispersion_titan.planning.figures import GPUS
 from dispersion_titan.reproduce.slurm_scripts import SlurmJob, require_sbatch, script, submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import ArgumentError, command, run_command
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> None:
         runs = [(cell.name, slurm_sweep.cell_args(sweep, cell)) for cell in sweep.cells()]
         plan_runs(runs, slurm_sweep.world_size(sweep), sweep.nodes or 1, args.plan)
         return
+    largest = max(GPUS.values(), key=lambda gpu: gpu.memory_gb)  # the cluster's GPU is not known here
+    slurm_sweep.refuse_beyond_memory(sweep, configs, largest.name, largest.memory_gb)
     jobs = slurm_sweep.slurm_jobs(sweep)
     analyze, evaluate = options["analyze_args"], options["evaluate_args"]
     resubmission = functools.partial(slurm_sweep.resubmission, sweep, jobs, configs, analyze, evaluate)

@@ -502,6 +502,30 @@ def test_a_sweep_whose_job_args_give_its_cells_one_folder_is_refused_at_submissi
     assert not calls.exists() and not out.exists() and not shared.exists()
 
 
+def test_a_sweep_cell_no_gpu_holds_is_refused_at_submission(tmp_path):
+    """``--widths 100000000000``, or that width in SWEEP.toml's grid: the cell's fp32 weights and Adam moments alone,
+    over its job's 8 GPUs, outgrow the largest GPU a plan knows: one line naming the cell, its width and ``sweep
+    --plan``, exit 2, nothing submitted, no folder made, by the dry run too (was submitted, exit 0: its job out of
+    memory hours later); a CPU sweep (``--gpus-per-node 0``) is not checked."""
+    out, calls, grid = tmp_path / "sweep", tmp_path / "calls", tmp_path / "grid.toml"
+    env = fake_slurm(tmp_path, "")
+    grid.write_text(f'config = "{DEBUG_TOML}"\nwidths = [64, 100000000000]\nvariants = ["baseline"]\nseeds = [0]\n')
+    params = 4 * 2 * 64 * 10**11 + 50257 * 64  # debug.toml: 4 blocks of dim 64, GPT-2's vocabulary
+    for args in ((*ONE_CELL, "--widths", "100000000000"), (str(grid),)):
+        for dry_run in ((), ("--dry-run",)):
+            proc = sweep(*args, "--out", str(out), *dry_run, env=env)
+            assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+                f"dispersion_titan: error: cell w100000000000-baseline-s0: {params:,} parameters or more (MLP width "
+                "100,000,000,000, dim 64, 4 blocks), whose fp32 weights and Adam moments alone need "
+                f"{params * 12 / 8 / 1e9:,.0f} GB on each of its job's 8 GPUs, more than an H200 SXM 141GB holds (the "
+                "largest GPU a plan knows); give smaller widths (or a smaller model, or more --nodes); sweep --plan "
+                "gives each cell's full plan"
+            ], proc.stderr
+    assert not calls.exists() and not out.exists()
+    cpu = sweep(*ONE_CELL, "--widths", "100000000000", "--gpus-per-node", "0", "--dry-run", "--", "--profile", "cpu")
+    assert cpu.returncode == 0, cpu.stderr
+
+
 def test_a_sweep_into_a_folder_inside_a_run_is_refused_by_its_dry_run_as_by_submitting(reference_run, tmp_path):
     """``--out RUN/sweep`` (a new folder inside a run, which holds only its own results): the dry run refuses it in
     the line submitting does, exit 2 (was exit 0, the script printed, which submitting then refused); nothing

@@ -274,6 +274,16 @@ def test_every_shipped_config_fits_an_80_gb_gpu_at_every_size_it_claims(parsed, 
     assert 1.7e9 < qwen.step.params_total < 2.1e9 and qwen.step.params_local == qwen.step.params_total
 
 
+def test_the_sweeps_floor_of_a_step_is_below_its_plan(bounds):
+    """What ``sweep`` refuses a cell by at submission (``reproduce.sweep.refuse_beyond_memory``) is a floor of its
+    plan: the parameters counted from the shape alone, and their fp32 weights and Adam moments, are at most the
+    measured step's (GPT-2 and Qwen3 blocks, tied and untied heads)."""
+    for name, (job, plan) in bounds.items():
+        least = model_args(job).least_parameters()
+        assert 0.5 * plan.step.params_total < least <= plan.step.params_total, name
+        assert least * (4 + MOMENT_BYTES_PER_PARAM) <= plan.step.peak, name
+
+
 def test_a_micro_batch_that_does_not_fit_is_refused_in_one_line():
     plan = resource_plan.planned(
         "big",

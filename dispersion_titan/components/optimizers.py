@@ -17,6 +17,8 @@ from torchtitan.components.optimizer import OptimizersContainer, build_optimizer
 from ..config.schema import Baseline
 from . import titan_compat
 
+MOMENT_BYTES_PER_PARAM = 2 * 4
+"""Adam's and AdamW's two fp32 moments, beside the fp32 weights (4 bytes a parameter) that a checkpoint saves."""
 WARMUP_FRACTION = 0.08
 BODY_WARMUP_FRACTION = 0.2
 """The authors' ActiveForgettingLRScheduler: the body's warm-up is ⌊0.2·T⌋ steps (their af_body_warmup_ratio)."""

@@ -55,6 +55,12 @@ class ShapeOverrides:
             return getattr(self, key, None) or self.n_heads  # type: ignore[attr-defined]
         return getattr(self, "hidden_dim" if key == "mlp_hidden_dim" else key)
 
+    def least_parameters(self) -> int:
+        """A floor of this model's parameter count from its shape alone (no model built): every family's blocks hold
+        at least two MLP matrices (a gated MLP three) besides attention, and it embeds its tokens."""
+        dim = self.value_of("dim")
+        return self.value_of("n_layers") * 2 * dim * self.value_of("mlp_hidden_dim") + self.value_of("vocab_size") * dim
+
     def hf_fields(self) -> dict[str, Any]:
         return {field: self.value_of(key) for field, key in self.HF_FIELDS.items()}
 

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..components.optimizers import MOMENT_BYTES_PER_PARAM
 from ..job_config.checks import data_parallel_degree, divisors
 from ..job_config.parse import model_args, validated_args
 from ..utils.errors import ArgumentError, ConfigError
@@ -25,7 +26,6 @@ EAGER_MEMORY = (
 )
 LATENCY_LABEL = "NCCL's own model of a ring: a prediction"
 TIGHT = 0.9  # share of a GPU's memory above which a peak is tight: the CUDA context, fragmentation
-MOMENT_BYTES_PER_PARAM = 2 * 4  # AdamW's two fp32 moments, beside the fp32 weights a checkpoint saves
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TP_COLLECTIVES_PER_BLOCK = 8
 """Sequence parallel: an all-gather before and a reduce-scatter after attention and the MLP,

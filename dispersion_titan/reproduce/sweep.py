@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.condensation_schema import RESULT_FILE as ANALYSIS_FILE
 from ..analysis.condensation_schema import read_analyses
+from ..components.optimizers import MOMENT_BYTES_PER_PARAM
 from ..components.titan_compat import merged_job_config_class
 from ..config.cli import CONFIG_MODULE, launch_args, read_toml
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..evaluation.runner import OURS, read_evaluations, source_changed
 from ..evaluation.runner import RESULT_FILE as EVALUATION_FILE
-from ..job_config.parse import validated_args
+from ..job_config.parse import model_args, validated_args
 from ..losses import VARIANTS
 from ..run_folder.checkpoints import identity_changed, recorded_run, run_checkpoints, trained_to
 from ..run_folder.owners import FolderOwner, empty, record_owner, refuse_unless_ours
@@ -275,6 +276,27 @@ def check_training_configs(sweep: Sweep) -> list[RunConfig]:
                 "liger's kernels for GPUs; give the training overrides --profile cpu (after --)"
             )
     return configs
+
+
+def refuse_beyond_memory(sweep: Sweep, configs: list[RunConfig], gpu: str, memory_gb: float) -> None:
+    """A cell whose fp32 weights and Adam moments alone, shared by all of its job's GPUs, exceed the memory of ``gpu``
+    (the largest a plan knows): its job would run out of memory hours from now. A floor, in microseconds a cell;
+    ``sweep --plan`` measures each cell's whole step (seconds a cell). CPU jobs are not checked."""
+    if sweep.gpus_per_node == 0:
+        return
+    for cell, config in zip(sweep.cells(), configs, strict=True):
+        args = model_args(config)
+        params = args.least_parameters()
+        shards = world_size(sweep) // config.parallelism.data_parallel_replicate_degree  # replicas hold copies
+        need = params * (4 + MOMENT_BYTES_PER_PARAM) / shards
+        if need > memory_gb * 1e9:
+            raise ArgumentError(
+                f"cell {cell.name}: {params:,} parameters or more (MLP width {args.value_of('mlp_hidden_dim'):,}, "
+                f"dim {args.value_of('dim'):,}, {args.value_of('n_layers')} blocks), whose fp32 weights and Adam "
+                f"moments alone need {need / 1e9:,.0f} GB on each of its job's {shards} GPUs, more than an {gpu} "
+                "holds (the largest GPU a plan knows); give smaller widths (or a smaller model, or more --nodes); "
+                "sweep --plan gives each cell's full plan"
+            )
 
 
 def _analyses(run: str, options: argparse.Namespace) -> list[Path] | None:
