@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation, read_results
-from dispersion_titan.analysis.inputs import InputOptions
+from dispersion_titan.analysis.inputs import InputOptions, select_sequences
 from dispersion_titan.quickstart import CONFIG, parser
 from dispersion_titan.quickstart import main as quickstart_main
 from dispersion_titan.reproduce.quickstart import pipeline
@@ -49,7 +49,7 @@ from dispersion_titan.reproduce.quickstart.pipeline import (
 )
 from dispersion_titan.reproduce.quickstart.pipeline import init_panel as measure_init_panel
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
-from dispersion_titan.utils.errors import WRITE_FAILED, ArgumentError, OutputError
+from dispersion_titan.utils.errors import WRITE_FAILED, AnalysisError, ArgumentError, OutputError
 from support.launch import REPO, held_by_another_command, python_module
 from support.runs import digests
 
@@ -525,6 +525,30 @@ def test_a_seq_len_beyond_a_models_positions_is_refused_before_any_work(tmp_path
         f"dispersion_titan: error: --seq-len: 300 exceeds the 256 positions of the trained model ({tmp_path}/mine.toml)"
     )
     assert not (tmp_path / "q").exists() and not (REPO / "q").exists()
+
+
+def test_more_sequences_than_the_analyses_windows_are_refused_before_any_work(tmp_path):
+    """``--num-sequences`` beyond the windows of --seq-len tokens the analyses draw from: one line naming the limit,
+    exit 2, nothing made (was: every run trained, then every analysis failing, one error line each, exit 1). The limit
+    is the analysis's own: that many sequences it selects, one more it refuses; ``--init-num-sequences`` the same."""
+    small = ("--widths", "64", "--spread-seeds", "0", "--steps", "1", "--init-flavor", "debug")  # if it trains: fast
+    proc = quickstart(tmp_path / "q", *small, "--init-widths", "64,128", "--num-sequences", "100000")
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    limit = re.fullmatch(
+        r"dispersion_titan: error: --num-sequences: 100000 exceeds the (\d+) windows of 128 tokens \(--seq-len\) in "
+        r"enwiki_sample's validation split, which the analyses draw their sequences from; lower it or --seq-len",
+        line,
+    )
+    assert limit, line
+    limit = int(limit[1])
+    assert len(select_sequences(InputOptions("enwiki_sample", None, None, limit, 128, seed=0)).tokens) == limit
+    with pytest.raises(AnalysisError, match=f"only {limit} windows"):
+        select_sequences(InputOptions("enwiki_sample", None, None, limit + 1, 128, seed=0))
+    with pytest.raises(ArgumentError) as e:
+        setup_for(tmp_path / "q", Path(CONFIG), "--init-num-sequences", str(limit + 1))
+    assert str(e.value).startswith(f"--init-num-sequences: {limit + 1} exceeds the {limit} windows of 128 tokens")
+    assert not (tmp_path / "q").exists()
 
 
 def test_a_killed_job_is_named_with_its_signal(tmp_path):

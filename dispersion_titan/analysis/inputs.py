@@ -171,26 +171,36 @@ def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = G
                 f"fewer than --seq-len {options.seq_len}"
             )
         return _sequences(options, np.asarray([seq[: options.seq_len] for seq in ids], dtype=np.int64))
-    documents = _documents(options, encode)
-    seq_len = options.seq_len  # all aligned non-overlapping windows of S tokens:
-    windows = [doc[: len(doc) // seq_len * seq_len].reshape(-1, seq_len) for doc in documents if len(doc) >= seq_len]
-    path = f" ({options.dataset_path})" if options.dataset_path else ""
-    source = f"--texts {options.texts}" if options.texts else f"--dataset {options.dataset}{path}, {SPLIT} split"
-    if not windows:
-        longest = max((len(d) for d in documents), default=0)
+    found = windows(options, encode)
+    if len(found) < options.num_sequences:
         raise AnalysisError(
-            f"{source}: none of its {len(documents)} texts has at least --seq-len {options.seq_len} "
-            f"tokens (longest: {longest})"
-        )
-    windows = np.concatenate(windows).astype(np.int64)  # [N, S]
-    if len(windows) < options.num_sequences:
-        raise AnalysisError(
-            f"{source}: only {len(windows)} windows of {options.seq_len} tokens in its texts of at least "
+            f"{_source(options)}: only {len(found)} windows of {options.seq_len} tokens in its texts of at least "
             f"that length; --num-sequences {options.num_sequences} needs more (lower it or --seq-len)"
         )
     rng = np.random.default_rng(options.seed)
-    chosen = np.sort(rng.choice(len(windows), size=options.num_sequences, replace=False))
-    return _sequences(options, windows[chosen])
+    chosen = np.sort(rng.choice(len(found), size=options.num_sequences, replace=False))
+    return _sequences(options, found[chosen])
+
+
+def windows(options: InputOptions, encode: Encode | DocumentEncoder = GPT2_BPE) -> np.ndarray:
+    """Every aligned non-overlapping window of S tokens of the documents at least S long, [N, S], which the K
+    sequences are drawn from (the quickstart counts them before it trains); a one-line ``AnalysisError`` if none."""
+    documents = _documents(options, encode)
+    seq_len = options.seq_len
+    found = [doc[: len(doc) // seq_len * seq_len].reshape(-1, seq_len) for doc in documents if len(doc) >= seq_len]
+    if not found:
+        longest = max((len(d) for d in documents), default=0)
+        raise AnalysisError(
+            f"{_source(options)}: none of its {len(documents)} texts has at least --seq-len {options.seq_len} "
+            f"tokens (longest: {longest})"
+        )
+    return np.concatenate(found).astype(np.int64)
+
+
+def _source(options: InputOptions) -> str:
+    """Where the windows come from, as the analysis's options name it."""
+    path = f" ({options.dataset_path})" if options.dataset_path else ""
+    return f"--texts {options.texts}" if options.texts else f"--dataset {options.dataset}{path}, {SPLIT} split"
 
 
 def _sequences(options: InputOptions, tokens: np.ndarray) -> Sequences:

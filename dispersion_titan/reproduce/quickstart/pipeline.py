@@ -20,7 +20,7 @@ import torch
 
 from ...analysis.compare import compare
 from ...analysis.condensation_schema import RESULT_FILE, Condensation, read_results
-from ...analysis.inputs import DEFAULT_DATASET, InputOptions, Sequences, select_sequences
+from ...analysis.inputs import DEFAULT_DATASET, SPLIT, InputOptions, Sequences, select_sequences, windows
 from ...analysis.measure import DecoderLayers, measure
 from ...analysis.statistics import condensation
 from ...config.cli import read_toml
@@ -30,6 +30,7 @@ from ...run_folder.checkpoints import initialised_model, list_checkpoints, train
 from ...run_folder.outputs import atomic_write, read_json_files, read_json_object, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned
 from ...run_folder.settings import fixed
+from ...tokenizer.encoders import tokenizer_folder
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
 from ...utils.errors import ArgumentError, DispersionTitanError, OutputError, fail, no_room
 from ...utils.records import differences, flatten
@@ -183,6 +184,7 @@ def make_setup(a: argparse.Namespace) -> QuickstartSetup:
     ):  # longer: a traceback, or every analysis refusing it once every run has trained
         if positions and a.seq_len > positions:
             raise ArgumentError(f"--seq-len: {a.seq_len} exceeds the {positions} positions of {whose}")
+    check_windows(a, runs_count=tokenizer_folder(model.get("name"), model.get("hf_assets_path")) is None)
     cpus = len(os.sched_getaffinity(0))
     jobs = min(a.jobs or cpus, 2 * len(a.widths) + 2 * a.spread_seeds)
     given = {f.name: getattr(a, f.name) for f in dataclasses.fields(QuickstartSetup) if hasattr(a, f.name)}
@@ -190,6 +192,21 @@ def make_setup(a: argparse.Namespace) -> QuickstartSetup:
     settings = {key: value for key, value in flatten(toml).items() if fixed(key)}
     paths = {"out": os.path.abspath(a.out), "config": config, "settings": settings}
     return QuickstartSetup(**{**given, **derived, **paths, "seed": seed})
+
+
+def check_windows(a: argparse.Namespace, runs_count: bool) -> None:
+    """``--num-sequences`` and ``--init-num-sequences`` within the windows of ``--seq-len`` tokens the analyses draw
+    from, before any work (was: every run trained, then every analysis refusing it). The init panel's tokenizer is
+    GPT-2's BPE; the runs' count only where theirs is too (``runs_count``), else their analyses say it."""
+    available = len(windows(InputOptions(DEFAULT_DATASET, None, None, 1, a.seq_len, seed=0)))
+    wanted = (("--num-sequences", a.num_sequences),) if runs_count else ()
+    for option, count in (*wanted, ("--init-num-sequences", a.init_num_sequences)):
+        if count > available:
+            raise ArgumentError(
+                f"{option}: {count} exceeds the {available} windows of {a.seq_len} tokens (--seq-len) in "
+                f"{DEFAULT_DATASET}'s {SPLIT} split, which the analyses draw their sequences from; "
+                "lower it or --seq-len"
+            )
 
 
 def train_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
