@@ -4,6 +4,7 @@ bad input, and comparing runs."""
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import json
@@ -743,6 +744,31 @@ def test_relative_texts_are_recorded_absolute_and_the_command_again_runs_from_an
     for command in ("compare", "family"):
         code, _, err = analyze(command, *runs, "--out", tmp_path / command, capsys=capsys)
         assert code == 0, err
+
+
+def test_texts_saved_with_a_bom_are_read_as_without(tmp_path, capsys):
+    """A jsonl saved "UTF-8 with BOM" (a Windows editor's choice): ``--texts`` measures the same sequences as
+    without it (was refused: ``invalid JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))``), as ``data prepare``
+    and training read it (datasets skips the BOM); a first row without "text" there is named by its line."""
+    from dispersion_titan.data.__main__ import main as data_main
+
+    run = tiny_run(tmp_path / "run", steps=(1,))
+    plain = texts_jsonl(tmp_path / "plain.jsonl", documents=4, words=300)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(codecs.BOM_UTF8 + plain.read_bytes())
+    hashes = []
+    for texts in (plain, bom):
+        options = ["--texts", texts, "--num-sequences", "4", "--seq-len", "32", "--batch-size", "4"]
+        code, _, err = analyze(run, *options, "--out", tmp_path / texts.stem, capsys=capsys)
+        assert code == 0, err
+        hashes.append(read_json(tmp_path / texts.stem / "step-1" / "condensation.json")["inputs"]["tokens_sha256"])
+    assert hashes[0] == hashes[1]
+    bom.write_bytes(codecs.BOM_UTF8 + b'{"title": "x"}\n{"text": "y"}\n')
+    with pytest.raises(SystemExit):
+        data_main(["prepare", "local", "--dataset-path", str(bom), "--out", str(tmp_path / "store")])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f'dispersion_titan: error: --dataset-path: {bom}: line 1 has no "text"; give every row a "text" string'
+    )
 
 
 def test_ctrl_c_in_compare_or_family_says_out_is_as_it_was(tmp_path, capsys, monkeypatch):

@@ -71,7 +71,7 @@ def read_texts(path: str) -> list[str]:
         )
     texts = []
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a BOM skipped, as datasets does (data prepare, train)
             for number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue

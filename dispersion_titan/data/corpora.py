@@ -181,7 +181,7 @@ def _row_without_text(files: list[str], index: int) -> str:
     for path in files:
         if BUILDERS[os.path.splitext(path)[1]] != "json":
             continue
-        with open(os.path.expanduser(path), encoding="utf-8", errors="replace") as f:
+        with open(os.path.expanduser(path), encoding="utf-8-sig", errors="replace") as f:
             for number, line in enumerate(f, 1):
                 try:
                     row = json.loads(line) if line.strip() else {"text": ""}
