@@ -551,6 +551,23 @@ def test_more_sequences_than_the_analyses_windows_are_refused_before_any_work(tm
     assert not (tmp_path / "q").exists()
 
 
+def test_out_inside_an_earlier_quickstart_is_refused_naming_it(sweep):
+    """``--out Q/runs``, the runs folder of an earlier quickstart Q: named as that, with Q to go on with it (was:
+    "holds files no dispersion_titan command recorded", of the quickstart's own runs); nothing in Q changed."""
+    out, _ = sweep
+    before = digests(out)
+    proc = quickstart(out / "runs", *sweep_options(out))
+    real = os.path.realpath(out)
+    assert (proc.returncode, proc.stderr.splitlines()) == (
+        2,
+        [
+            f"dispersion_titan: error: --out: {out / 'runs'} is the runs folder of the quickstart in {real} (give "
+            f"{real} to go on with it); use another --out"
+        ],
+    )
+    assert digests(out) == before
+
+
 def test_a_killed_job_is_named_with_its_signal(tmp_path):
     """A job killed (``kill -9``, the out-of-memory killer): its signal and how to go on, not ``exit -9`` and its
     log's last line, a training step, as its error."""

@@ -205,10 +205,13 @@ def inside(path: str, folder: str) -> bool:
 
 def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] | None:
     """Why ``owner`` may not write into ``folder`` (a real path), and who holds it; None when it may."""
-    home = None
+    home = container = None
     for ancestor in map(str, Path(folder).parents):
         holder = read_owner(ancestor)
-        if holder is None or holder.kind in CONTAINERS:
+        if holder is None:
+            continue
+        if holder.kind in CONTAINERS:
+            container = container or (ancestor, holder)
             continue
         if holder.kind != "run":
             return f"is inside {ancestor}, {holder.describe()}", holder
@@ -235,6 +238,10 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
     if holder is None:
         if empty(folder):
             return None
+        if container is not None:  # its runs/, logs/: was "holds files no dispersion_titan command recorded"
+            where, whose = container
+            again = f" (give {where} to go on with it)" if whose.kind == owner.kind else ""
+            return f"is the {os.path.relpath(folder, where)} folder of the {whose.kind} in {where}{again}", whose
         names = listed(sorted(os.listdir(folder)), 3)
         return f"holds files no dispersion_titan command recorded as its own ({names})", None
     if holder.kind == "run" and (owner.kind != "run" or holder.run != owner.run):
