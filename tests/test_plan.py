@@ -183,9 +183,9 @@ def test_an_unknown_option_like_no_key_says_where_the_keys_are():
     )
 
 
-def test_a_config_from_a_pipe_is_refused_in_one_line(capsys):
+def test_a_config_from_a_pipe_is_refused_in_one_line(capsys, tmp_path):
     """``plan <(cat CONFIG)``: the config is read more than once, a pipe gives its text to the first read only
-    (was ``model.name: no model named (/dev/fd/63)``, a TOML that names one)."""
+    (was ``model.name: no model named (/dev/fd/63)``, a TOML that names one); a named pipe likewise, not opened."""
     read, write = os.pipe()
     os.write(write, (REPO / "train_configs" / "debug.toml").read_bytes())
     os.close(write)
@@ -197,6 +197,12 @@ def test_a_config_from_a_pipe_is_refused_in_one_line(capsys):
     out, err = capsys.readouterr()
     said = f"CONFIG: /dev/fd/{read} is no file but a pipe or device, read once; save it to a file"
     assert (done.value.code, out, err) == (2, "", f"dispersion_titan: error: {said}\n")
+    fifo = tmp_path / "config.toml"  # a named pipe no one writes to: refused before it is opened (was a hang)
+    os.mkfifo(fifo)
+    with pytest.raises(SystemExit) as done:
+        plan_main([str(fifo)])
+    said = f"CONFIG: {fifo} is no file but a pipe or device, read once; save it to a file"
+    assert (done.value.code, capsys.readouterr().err) == (2, f"dispersion_titan: error: {said}\n")
 
 
 STRIP_MARGIN = 4 * MAX_BLOCK_BYTES

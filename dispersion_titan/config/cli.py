@@ -118,11 +118,12 @@ Documentation: {docs_page("training.md")}"""
 
 def read_toml(path: str, field: str) -> dict:
     """The TOML file at ``path``; errors are one line naming ``field`` and the file. A pipe (``<(...)``,
-    ``/dev/stdin``) is refused: it holds the text for the first read only, and a launch reads it again."""
+    ``/dev/stdin``) is refused: it holds the text for the first read only, and a launch reads it again; checked
+    before it is opened, which waits for a writer to a named pipe."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
+            raise ArgumentError(f"{field}: {path} is no file but a pipe or device, read once; save it to a file")
         with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise ArgumentError(f"{field}: {path} is no file but a pipe or device, read once; save it to a file")
             return tomllib.load(f)
     except FileNotFoundError:
         # a shipped config's name, typed in a folder without them
