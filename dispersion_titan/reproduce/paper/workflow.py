@@ -5,11 +5,13 @@ draws the artifact once all of them succeeded), so what is shown is what runs.""
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import shlex
 import sys
 from collections.abc import Callable
+from contextlib import redirect_stderr, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
@@ -596,8 +598,9 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
         argv = [str(a) for a in jobs[job_id]] if isinstance(jobs[job_id], list) else []  # a hand edit's: none
         script = next((i for i, a in enumerate(argv) if a.endswith("/analyze.sbatch")), None)
         own = any(a.startswith(f"--job-name=paper-{workflow.artifact}-") for a in argv)
-        if script is not None and not own:
-            others[job_id] = analyze.parse_args(argv[script + 1 :])
+        if script is not None and not own:  # one another version queued, with options this one refuses: its own check
+            with suppress(SystemExit), redirect_stderr(io.StringIO()):
+                others[job_id] = analyze.parse_args(argv[script + 1 :])
     for step in workflow.steps:
         if step.command != "analyze" or "--force" in step.argv:
             continue
