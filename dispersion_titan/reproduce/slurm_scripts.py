@@ -60,6 +60,10 @@ def refuse_options(option: str, args: list[str], *names: str) -> None:
             raise DispersionTitanError(f"{option}: {given}: {why}")
 
 
+DEPENDENCY_AT = 2
+"""Where ``SlurmJob.command`` puts a job's ``--dependency``: after ``sbatch --parsable``, before the user's options."""
+
+
 @dataclass
 class SlurmJob:
     key: str  # shell variable holding its id in the dry-run script ("": none)
@@ -70,7 +74,13 @@ class SlurmJob:
     def command(self, ids: dict[str, str]) -> list[str]:
         if not self.after:
             return self.argv
-        return [*self.argv[:2], f"--dependency=afterok:{':'.join(ids[k] for k in self.after)}", *self.argv[2:]]
+        after = f"--dependency=afterok:{':'.join(ids[k] for k in self.after)}"
+        return [*self.argv[:DEPENDENCY_AT], after, *self.argv[DEPENDENCY_AT:]]
+
+
+def without_dependency(argv: list[str]) -> list[str]:
+    """A ``SlurmJob.command`` without the ``--dependency`` it put in (a user's own, further on, kept)."""
+    return [a for i, a in enumerate(argv) if not (i == DEPENDENCY_AT and a.startswith("--dependency="))]
 
 
 def script(header: list[str], jobs: list[SlurmJob], logs: str | Path, kept: dict[str, str] | None = None) -> str:

@@ -42,6 +42,7 @@ from .slurm_scripts import (
     queued_jobs,
     refuse_options,
     sbatch,
+    without_dependency,
 )
 
 if TYPE_CHECKING:
@@ -335,10 +336,7 @@ def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[st
     ids of those submitted (none: a submission refused partway, ``null``)."""
     try:
         manifest = json.loads(path.read_text())
-        commands = {
-            key: [a for i, a in enumerate(argv) if not (i == 2 and a.startswith("--dependency="))]  # ours (command)
-            for key, argv in manifest["commands"].items()
-        }
+        commands = {key: without_dependency(argv) for key, argv in manifest["commands"].items()}
         ids = {"compare": manifest["compare_job"], "table": manifest["table_job"]}
         for i, cell in enumerate(manifest["cells"], start=1):
             ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
