@@ -131,7 +131,7 @@ def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[s
     submitted = submitted_jobs(record)
     queued = queued_jobs(list(submitted))
     for job in jobs:
-        named = [i for i in sorted(queued) if _job_name(submitted[i]) == _job_name(job.argv)]
+        named = [i for i in sorted(queued) if job_name(submitted[i]) == job_name(job.argv)]
         same = next((i for i in named if submitted[i] == job.argv), None)
         if same:  # e.g. paper --slurm run twice: two analyses of one model, one refused by the other's lock
             raise DispersionTitanError(
@@ -146,7 +146,7 @@ def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[s
     return submitted
 
 
-def _job_name(argv: object) -> str | None:
+def job_name(argv: object) -> str | None:
     """The ``--job-name=`` of an sbatch command (as ``submitted.json`` holds it; None: none, or not a command)."""
     args = argv if isinstance(argv, list) else []
     return next(

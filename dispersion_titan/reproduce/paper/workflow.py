@@ -45,6 +45,7 @@ from ...utils.hub import HFSpec, parse_spec
 from ..slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
     SlurmJob,
+    job_name,
     queued_jobs,
     refuse_options,
     sbatch,
@@ -597,7 +598,7 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
     for job_id in sorted(queued_jobs(list(jobs))):
         argv = [str(a) for a in jobs[job_id]] if isinstance(jobs[job_id], list) else []  # a hand edit's: none
         script = next((i for i, a in enumerate(argv) if a.endswith("/analyze.sbatch")), None)
-        own = any(a.startswith(f"--job-name=paper-{workflow.artifact}-") for a in argv)
+        own = (job_name(argv) or "").startswith(f"paper-{workflow.artifact}-")
         if script is not None and not own:  # one another version queued, with options this one refuses: its own check
             with suppress(SystemExit), redirect_stderr(io.StringIO()):
                 others[job_id] = analyze.parse_args(argv[script + 1 :])
