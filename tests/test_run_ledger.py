@@ -285,7 +285,8 @@ def test_a_copy_whose_run_json_was_lost_says_so_not_whose_folder_it_is(reference
 def test_a_finished_read_only_run_relaunched_is_finished_not_unwritable(reference_run, tmp_path):
     """A finished run on a read-only mount, or a colleague's (``chmod -R a-w RUN``), relaunched with the same command:
     finished, exit 0 (``--check-only``: 10), as where it is writable (was `job.dump_folder: RUN exists but is not
-    writable`, exit 2); more steps, which it would write, still that line, exit 2; nothing written."""
+    writable`, exit 2); more steps, which it would write, still that line, exit 2; other settings, never run, the
+    line they have where it is writable, exit 2 (was finished, exit 0); nothing written."""
     dump = tmp_path / "run"
     shutil.copytree(reference_run, dump, symlinks=True)
     before = sha256_tree(dump)
@@ -294,6 +295,7 @@ def test_a_finished_read_only_run_relaunched_is_finished_not_unwritable(referenc
     try:
         finished, checked = relaunch(dump, via=via), relaunch(dump, "--check-only", via=via)
         more = relaunch(dump, "--training.steps", "10", via=via)
+        other = relaunch(dump, "--optimizer.lr", "0.01", via=via)
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(dump)], check=True)
     for proc, status in ((finished, 0), (checked, 10)):
@@ -302,6 +304,9 @@ def test_a_finished_read_only_run_relaunched_is_finished_not_unwritable(referenc
         ], proc.stderr[-3000:]
     assert one_line(more) == (
         f"dispersion_titan: error: job.dump_folder: {dump} exists but is not writable; give a folder you can write to"
+    )
+    assert one_line(other).startswith(
+        f"dispersion_titan: error: run folder {dump} was started with other settings: optimizer.lr 0.001 -> 0.01; "
     )
     assert sha256_tree(dump) == before
 

@@ -214,8 +214,11 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     refuse_other_data_here(dump, recorded, job_config)
     try:
         check(job_config)
-    except UnwritableFolderError:  # a finished run (a read-only mount's) has nothing to write: said finished
-        if ckpt.enable and recorded is not None:
+    except UnwritableFolderError:  # a finished run (a read-only mount's) has nothing to write: said finished, if
+        if ckpt.enable and recorded is not None:  # its settings are the run's (others were never run: refused)
+            fetch_local_assets(job_config, recorded)  # compared as below: its hub snapshot, its fork's checkpoint
+            start_fork(job_config, recorded, data_parallel_degree(job_config, _world_size()))
+            check_same_settings(dump, recorded, job_config)
             refuse_finished(
                 saved_checkpoints(os.path.join(dump, ckpt.folder)), job_config.training.steps, ckpt.load_step
             )
