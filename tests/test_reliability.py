@@ -1034,3 +1034,27 @@ def test_bad_compare_input_fails_with_one_line_and_writes_nothing(reference, tmp
         f"python -m dispersion_titan.analyze hf:{empty} --out DIR, then give DIR",
     )
     assert not out.exists() and digests(reference) == before
+
+
+def test_metrics_processor_failing_to_build_puts_back_the_thread_excepthook(tmp_path):
+    """TorchTitan's ``MetricsProcessor.__init__`` failing (TensorBoard's folder a file) after ours set
+    ``threading.excepthook``: the hook it found is back (was ours, left for good with the processor never built,
+    whose ``close`` puts it back)."""
+    from torchtitan.distributed import ParallelDims
+
+    from dispersion_titan.components.metrics import DispersionMetricsProcessor
+    from dispersion_titan.job_config.parse import validated_args
+
+    job_config = validated_args(["--job.config_file", DEBUG_TOML, "--job.custom_config_module",
+                                 "dispersion_titan.config", "--job.dump_folder", str(tmp_path / "run"), *DEBUG_SEQ_LEN],
+                                world_size=1)  # fmt: skip
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / job_config.metrics.save_tb_folder).write_text("not a folder")
+    before = threading.excepthook
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(OSError):
+            DispersionMetricsProcessor(job_config, ParallelDims(1, 1, 1, 1, 1, 1, 1, 1))
+    finally:
+        torch.distributed.destroy_process_group()
+    assert threading.excepthook is before

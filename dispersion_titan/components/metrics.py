@@ -50,8 +50,10 @@ class DispersionMetricsProcessor(MetricsProcessor):
         self.tb_folder = os.path.join(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
         try:
             super().__init__(job_config, parallel_dims, tag)
-        except OSError as e:  # that first write failed (a full disk): the trainer's line names the TensorBoard folder
-            e.filename = e.filename or self.tb_folder
+        except BaseException as e:  # no close() will put the hook back
+            threading.excepthook = self._excepthook
+            if isinstance(e, OSError):  # that first write failed (a full disk): the trainer's line names the folder
+                e.filename = e.filename or self.tb_folder
             raise
         t = job_config.training  # global_batch_size -1: one local batch per rank of the batch mesh, as TorchTitan's
         ranks = parallel_dims.dp_replicate * parallel_dims.dp_shard
