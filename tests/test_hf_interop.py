@@ -831,3 +831,22 @@ def test_ctrl_c_while_convert_loads_the_checkpoint_is_the_interrupted_line(tmp_p
         "last); run it again"
     ), done.stderr[-2000:]
     assert not out.exists()
+
+
+def test_convert_says_a_newer_step_saved_while_it_chose_saved_not_incomplete(tmp_path):
+    """``convert to-hf RUN`` of a run still training: a step saved while it checks the ones it listed (the first
+    check imports DCP: seconds) is passed over as ``saved meanwhile``, not called incomplete (was `step-6:
+    incomplete, passed over`, of a complete step); the step chosen is converted, exit 0."""
+    run, out = tiny_run(tmp_path / "run", steps=(4, 6)), tmp_path / "hf"
+    shutil.move(run / "checkpoint" / "step-6", tmp_path / "saving")
+    pid, job = paused_reading("dispersion_titan.convert", "to-hf", str(run), str(out), reading="step-4/.metadata",
+                              tmp=tmp_path)  # fmt: skip
+    try:
+        shutil.move(tmp_path / "saving", run / "checkpoint" / "step-6")  # saved whole
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    done = job.result()
+    assert done.returncode == 0, done.stderr[-3000:]
+    step4 = run / "checkpoint" / "step-4"
+    assert f"converting step 4 (step-6: saved meanwhile, passed over): {step4}" in done.stderr.splitlines()
+    assert (out / "config.json").is_file()

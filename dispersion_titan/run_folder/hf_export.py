@@ -136,8 +136,11 @@ def _export_chosen(given: str, step_dir: str, out_dir: str, why: str = "") -> No
     """``export_checkpoint``, saying which step it converts where ``given`` is a run (``why``: of an earlier one)."""
     if step_dir != given.rstrip("/"):  # the run's newest complete checkpoint, and the newer ones passed over
         step, folder = int(STEP_FOLDER.match(os.path.basename(step_dir))[1]), os.path.dirname(os.path.abspath(step_dir))
-        newer = [f"step-{c.step}" for c in list_checkpoints(folder) if c.step > step]  # it may be gone from there now
-        notes = [*([why] if why else []), *([f"{', '.join(newer)}: incomplete, passed over"] if newer else [])]
+        newer = [c.step for c in list_checkpoints(folder) if c.step > step]  # it may be gone from there now
+        saved = [c.step for c in saved_checkpoints(folder) if c.step > step]  # since it was chosen (a live run's)
+        groups = {"incomplete": [s for s in newer if s not in saved], "saved meanwhile": saved}
+        notes = [*([why] if why else []), *(f"{', '.join(f'step-{s}' for s in steps)}: {what}, passed over"
+                                            for what, steps in groups.items() if steps)]  # fmt: skip
         passed = f" ({'; '.join(notes)})" if notes else ""
         print(f"converting {os.path.basename(step_dir).replace('-', ' ', 1)}{passed}: {step_dir}", file=sys.stderr)
     export_checkpoint(step_dir, out_dir)
