@@ -443,6 +443,12 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # was "required: command", argparse's name for it
         convert.main([])
     assert capsys.readouterr().err.strip() == "dispersion_titan: error: the following arguments are required: to-hf"
+    with pytest.raises(SystemExit) as exit_info:  # was "argument to-hf: invalid choice: 'from-hf' (choose from …)"
+        convert.main(["from-hf", str(missing), str(tmp_path / "out")])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == (
+        "dispersion_titan: error: unknown command 'from-hf'; python -m dispersion_titan.convert's commands: to-hf "
+        "(each command's --help says more)"
+    )
     for name in ("debug", "step-1526"):  # an export (or any HF model folder) given to convert again, a config.json
         export = tmp_path / "exports" / name  # beside its weights (a last_save_in_hf step-N has none), however named
         export.mkdir(parents=True)

@@ -404,6 +404,12 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
     with pytest.raises(SystemExit):  # was "required: command", argparse's name for it
         main([])
     assert capsys.readouterr().err.strip() == "dispersion_titan: error: the following arguments are required: prepare"
+    with pytest.raises(SystemExit):  # was "argument prepare: invalid choice: 'prep' (choose from 'prepare')"
+        main(["prep", "--out", out])
+    assert capsys.readouterr().err.strip() == (
+        "dispersion_titan: error: unknown command 'prep'; python -m dispersion_titan.data's commands: prepare (each "
+        "command's --help says more)"
+    )
     line = cli_failure(capsys, "nope", "--out", out)
     assert "CONFIG_OR_DATASET: 'nope' is neither a .toml file nor a dataset" in line
     assert "--dataset-path: needs a path" in cli_failure(capsys, "local", "--out", out)

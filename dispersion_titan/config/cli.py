@@ -182,6 +182,17 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self._argv = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
+    def _check_value(self, action: argparse.Action, value: str) -> None:
+        """An unknown subcommand said as ``dispersion-titan`` says an unknown command (was argparse's `argument
+        to-hf: invalid choice: 'from-hf' (choose from 'to-hf')`, which reads as a fault of to-hf)."""
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            raise argparse.ArgumentError(
+                None,
+                f"unknown command {value!r}; {self.prog}'s commands: {', '.join(action.choices)} (each command's "
+                "--help says more)",
+            )
+        super()._check_value(action, value)
+
     def error(self, message: str) -> None:
         dashed = [
             arg
