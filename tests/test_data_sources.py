@@ -3,6 +3,7 @@ files, and errors that name the field or the hub override."""
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import os
@@ -106,6 +107,23 @@ def test_local_jsonl_txt_parquet_in_order(tmp_path):
     pq.write_table(pa.table({"text": docs[4:]}), tmp_path / "c.parquet")
     spec = f"{tmp_path}/a.jsonl,{tmp_path}/b.txt,{tmp_path}/*.parquet"
     assert list(iter_documents("local", "train", spec, "training.dataset")) == docs
+
+
+def test_txt_saved_with_a_bom_gives_the_documents_it_gives_without(tmp_path):
+    """A .txt saved "UTF-8 with BOM" (a Windows editor's choice), one file of a path or a local copy's in a folder:
+    its documents are those without it, as jsonl's are (was: U+FEFF kept at the start of the first document)."""
+    doc = texts(1, seed=5)[0]
+    copy = "\n".join(row.rstrip("\n") for row in wikitext_rows("validation")).encode()
+    read = []
+    for bom in (b"", codecs.BOM_UTF8):
+        folder = tmp_path / f"bom-{len(bom)}"
+        (folder / "copy").mkdir(parents=True)
+        (folder / "doc.txt").write_bytes(bom + doc.encode())
+        (folder / "copy" / "validation.txt").write_bytes(bom + copy)
+        local = list(iter_documents("local", "train", str(folder / "doc.txt"), "training.dataset"))
+        read.append((local, list(iter_documents("wikitext-103", "validation", str(folder / "copy"), "--dataset"))))
+    assert read[0][0] == [doc] and read[0][1][0].startswith("= Held out 0 =")
+    assert read[1] == read[0]
 
 
 def test_local_file_without_text_field_names_it(tmp_path):

@@ -36,6 +36,9 @@ DOCUMENTS_VERSION = 1
 Rows = Union[datasets.Dataset, datasets.IterableDataset]
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
+TEXT_ENCODING = "utf-8-sig"
+"""How datasets' text builder decodes .txt files: a BOM (a Windows editor's "UTF-8 with BOM") skipped, as datasets
+skips it in jsonl and ``analyze --texts`` does (was: kept, U+FEFF at the start of the first document)."""
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")
 
 
@@ -77,7 +80,7 @@ def load_files(files: list[str], field: str, streaming: bool) -> Rows:
     """The rows of ``files`` in order: jsonl/parquet rows, or one row per txt file."""
     parts = []
     for builder, group in itertools.groupby(files, key=lambda f: BUILDERS[os.path.splitext(f)[1]]):
-        kwargs = {"sample_by": "document"} if builder == "text" else {}
+        kwargs = {"sample_by": "document", "encoding": TEXT_ENCODING} if builder == "text" else {}
         group = list(group)
         level = datasets.logging.get_verbosity()
         datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own line for a bad file: said below
@@ -128,6 +131,8 @@ def _from_directory(path: str, repo: str, config: str, split: str, field: str, s
         rows = builder.as_dataset(split=split)
     else:  # a folder of data files
         builder = datasets.load_dataset_builder(path)
+        if builder.name == "text":  # .txt files, decoded as load_files does
+            builder = datasets.load_dataset_builder(path, encoding=TEXT_ENCODING)
         _split_of(dict(builder.config.data_files or {}), split, path, field)
         if streaming:
             return builder.as_streaming_dataset(split=split)
