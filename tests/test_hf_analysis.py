@@ -312,6 +312,16 @@ def test_family_labels_models_of_one_name_by_their_folders_and_needs_their_sizes
         write_size_series([str(fp32), str(old)], str(tmp_path / "fam"), [], [], 2, "default")
 
 
+def test_family_refuses_a_model_paired_with_itself(tmp_path, capsys):
+    """``--paired A=A``, however A is spelled: one line naming the pair, nothing written (was: a row of zeros,
+    A − A, as if two models measured alike)."""
+    a = written_analysis(tmp_path / "cond" / "a", "org/a", [0.1, 0.2, 0.3, 0.3])
+    b = written_analysis(tmp_path / "cond" / "b", "org/b", [0.1, 0.1, 0.1, 0.1])
+    code, _, err = analyze("family", a, b, "--paired", f"{a}/={a}", "--out", tmp_path / "fam", capsys=capsys)
+    assert_one_line_error(code, err, f"--paired: '{a}/={a}' pairs {a} with itself; pair two models (A=B)")
+    assert not (tmp_path / "fam").exists()
+
+
 def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys, recwarn):
     specs = []
     for width in (16, 32, 64):

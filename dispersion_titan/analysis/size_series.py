@@ -206,6 +206,9 @@ def write_size_series(
         for spec in listed.split(",")
     }
     pair_specs = [(spelled(a), spelled(b)) for a, b in parse_assignments(paired, "--paired")]
+    for value, (a, b) in zip(paired, pair_specs):
+        if a == b:  # its row would be A − A: zeros, as if the two were alike
+            raise AnalysisError(f"--paired: {value!r} pairs {a} with itself; pair two models (A=B)")
     specs = [spelled(spec) for spec in specs]
     members = load_members([*specs, *families, *(s for pair in pair_specs for s in pair)], families, protocol)
     by_spec = {m.spec: m for m in members}
