@@ -808,6 +808,24 @@ def test_bad_input_fails_in_one_line_before_anything_loads(run, evaluated, tmp_p
     assert tree(evaluated) == before and sorted(os.listdir(run)) == run_files and not new_out.exists()
 
 
+@pytest.mark.usefixtures("private_caches")
+def test_a_task_with_a_bad_template_is_its_one_line_alone(tmp_path, capsys):
+    """A task YAML whose Jinja template does not parse fails once its data are read (lm-eval applies the template to
+    the first document): one line, exit 2, without datasets' ``Generating test split: 40 examples`` bar above it."""
+    stand_in = tmp_path / "stand_in"
+    (stand_in / "checkpoint" / "step-0").mkdir(parents=True)
+    (stand_in / "run.json").write_text(json.dumps({"format": 1, "model_name": "gpt2", "model_args": {}}))
+    broken = shutil.copytree(TASKS, tmp_path / "tasks")
+    yaml = broken / "wiki_next_word.yaml"
+    yaml.write_text(yaml.read_text().replace('doc_to_text: "{{context}}"', 'doc_to_text: "{{context"'))
+    code, _, err = evaluate(stand_in, "--include-path", broken, "--tasks", "wiki_next_word", capsys=capsys)
+    assert code == 2 and err.splitlines() == [
+        "dispersion_titan: error: --tasks: wiki_next_word: cannot be loaded (TemplateSyntaxError: unexpected end of "
+        "template, expected 'end of print statement'.)"
+    ], err
+    assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "run.json", "step-0"]
+
+
 def test_unreachable_hub_fails_at_once_without_retries(tmp_path):
     """A task whose data are on the hub, with the hub unreachable (a closed local port as
     HF_ENDPOINT) and an empty cache: one line saying why, no retries, nothing written."""

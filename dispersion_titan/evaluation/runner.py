@@ -272,6 +272,24 @@ def quiet_git_hash() -> Any:
     return mock.patch.object(evaluator, "get_git_commit_hash", functools.partial(get_commit_from_path, os.getcwd()))
 
 
+@contextmanager
+def quiet_datasets_bars() -> Iterator[None]:
+    """datasets' progress bars off while the tasks load (``Generating test split: 40 examples``): a task that then
+    fails (a bad Jinja template in its YAML, applied to its first document) is its one line alone. A hub file's
+    download bars are huggingface_hub's, still shown; ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` keeps them all."""
+    import datasets.config
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if are_progress_bars_disabled() or datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is False:
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
+
+
 def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
     """``simple_evaluate``'s four seeds, each the training seed as in the authors' LMEvalCallback. numpy takes
     0..2**32-1 only: the seed of a run trained before launches refused others is taken mod 2**32, in a note."""
@@ -402,7 +420,7 @@ class Tasks:
         objects = {}
         logging.getLogger("lm_eval.api.task").addFilter(_no_metadata_advice)  # added once, however often called
         logging.getLogger("lm_eval.evaluator").addFilter(_no_shots_warning)
-        with hub_offline() as offline:
+        with hub_offline() as offline, quiet_datasets_bars():
             for name in self.names:
                 try:
                     loaded = self.manager.load([name])
