@@ -746,6 +746,37 @@ def test_relative_texts_are_recorded_absolute_and_the_command_again_runs_from_an
         assert code == 0, err
 
 
+def test_an_older_analysis_recording_relative_texts_pairs_with_one_recording_them_absolute(
+    tmp_path, capsys, monkeypatch
+):
+    """Analyses made before --texts was recorded absolute hold it as typed: family reads it from the current folder,
+    else from the run's, where that names the file the other analysis names (was refused, ``texts 'texts.jsonl' vs
+    '/…/texts.jsonl'``, until analyzed again); a link to that file is that file too. Elsewhere: one line, as before."""
+    runs = [tiny_run(tmp_path / name, steps=(1,)) for name in ("old", "new")]
+    (tmp_path / "here").mkdir()
+    texts = texts_jsonl(tmp_path / "here" / "texts.jsonl", documents=4, words=300)
+    os.symlink(texts, tmp_path / "link.jsonl")
+    for run, named in zip(runs, (texts, tmp_path / "link.jsonl")):
+        options = ["--texts", named, "--num-sequences", "4", "--seq-len", "32", "--batch-size", "4"]
+        assert analyze(run, *options, capsys=capsys)[0] == 0
+    result = runs[0] / "condensation" / "step-1" / "condensation.json"
+    older = read_json(result)
+    for recorded, where in (("texts.jsonl", tmp_path / "here"), ("../here/texts.jsonl", tmp_path)):
+        older["inputs"]["texts"] = recorded  # as an earlier version recorded it: as typed
+        result.write_text(json.dumps(older))
+        monkeypatch.chdir(where)
+        for command in ("compare", "family"):
+            code, _, err = analyze(command, *runs, "--out", tmp_path / command, capsys=capsys)
+            assert code == 0, err
+    monkeypatch.chdir(runs[1])  # neither here nor from the run's folder
+    older["inputs"]["texts"] = "texts.jsonl"
+    result.write_text(json.dumps(older))
+    code, _, err = analyze("family", *runs, "--out", tmp_path / "refused", capsys=capsys)
+    assert_one_line_error(
+        code, err, f"was analyzed with other inputs than {runs[0]} (texts 'texts.jsonl' vs '{os.path.realpath(texts)}')"
+    )
+
+
 def test_texts_saved_with_a_bom_are_read_as_without(tmp_path, capsys):
     """A jsonl saved "UTF-8 with BOM" (a Windows editor's choice): ``--texts`` measures the same sequences as
     without it (was refused: ``invalid JSON (Unexpected UTF-8 BOM (decode using utf-8-sig))``), as ``data prepare``

@@ -211,6 +211,22 @@ def _sequences(options: InputOptions, tokens: np.ndarray) -> Sequences:
     return Sequences(options, torch.from_numpy(tokens), digest)
 
 
+def located(inputs: dict, run: str | None = None) -> dict:
+    """``inputs`` with the files they name (``texts``, each ``dataset_path`` entry) as real paths: one file named two
+    ways (a link, ``..``) is one input. A path an earlier version recorded as typed, relative, is read from the
+    current folder where it is there, else from ``run``'s folder where it is there; else kept as recorded."""
+
+    def real(path: str) -> str:
+        found = [os.path.join(base, path) for base in (os.getcwd(), run) if base and not os.path.isabs(path)]
+        there = next((p for p in found if os.path.lexists(p) or glob.glob(p)), None)
+        return os.path.realpath(there or path) if there or os.path.isabs(path) else path
+
+    paths = {"texts": real(inputs["texts"])} if inputs.get("texts") else {}
+    if inputs.get("dataset_path"):  # as ``arguments.absolute`` records it: comma-separated, globs kept
+        paths["dataset_path"] = ",".join(real(e.strip()) for e in inputs["dataset_path"].split(",") if e.strip())
+    return {**inputs, **paths}
+
+
 def differences(recorded: dict, current: dict) -> str:
     """What differs between two ``Sequences.record()``s, for one-line refusals."""
     options = [{k: v for k, v in sorted(record.items()) if k != "tokens_sha256"} for record in (recorded, current)]
