@@ -756,7 +756,7 @@ def test_an_older_analysis_recording_relative_texts_pairs_with_one_recording_the
     (tmp_path / "here").mkdir()
     texts = texts_jsonl(tmp_path / "here" / "texts.jsonl", documents=4, words=300)
     os.symlink(texts, tmp_path / "link.jsonl")
-    for run, named in zip(runs, (texts, tmp_path / "link.jsonl")):
+    for run, named in zip(runs, (texts, tmp_path / "link.jsonl"), strict=True):
         options = ["--texts", named, "--num-sequences", "4", "--seq-len", "32", "--batch-size", "4"]
         assert analyze(run, *options, capsys=capsys)[0] == 0
     result = runs[0] / "condensation" / "step-1" / "condensation.json"

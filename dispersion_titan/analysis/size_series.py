@@ -211,7 +211,7 @@ def write_size_series(
         for spec in listed.split(",")
     }
     pair_specs = [(spelled(a), spelled(b)) for a, b in parse_assignments(paired, "--paired")]
-    for value, (a, b) in zip(paired, pair_specs):
+    for value, (a, b) in zip(paired, pair_specs, strict=True):
         if a == b:  # its row would be A − A: zeros, as if the two were alike
             raise AnalysisError(f"--paired: {value!r} pairs {a} with itself; pair two models (A=B)")
     specs = [spelled(spec) for spec in specs]
