@@ -311,6 +311,26 @@ def test_a_micro_batch_that_does_not_fit_is_refused_in_one_line():
         resource_plan.refuse_if_too_big(plan)
 
 
+def test_a_model_too_large_for_the_gpu_at_any_micro_batch_is_named_not_the_micro_batch(capsys):
+    """``plan CONFIG --model.mlp_hidden_dim 400000000`` (206 B parameters) and ``sweep --plan`` of that width: one line
+    naming the model's weights, gradients and optimizer state and what to do, exit 2 (was
+    `training.max_local_batch_size: … micro-batch of 4 sequences needs 10777.7 GB …; lower it`, which no micro-batch
+    fixes)."""
+    from dispersion_titan.sweep import main as sweep_main
+
+    params = "206,403,300,800 parameters (MLP width 400,000,000, dim 64, 4 blocks) need "
+    said = (
+        "GB per GPU for their weights, gradients and optimizer state alone (on one GPU), more than the H200 SXM "
+        "141GB's 141 GB at any micro-batch; shard them over more GPUs (FSDP) or use larger ones, or give a smaller "
+        "MLP width (model.mlp_hidden_dim, a sweep's widths) or model"
+    )
+    code, _, err = run_cli(plan_main, DEBUG_TOML, "--model.mlp_hidden_dim", "400000000", "--gpu", "h200", capsys=capsys)
+    assert_one_line_error(code, err, f"error: model: {DEBUG_TOML}'s {params}", said)
+    grid = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "400000000", "--variants", "baseline")
+    code, _, err = run_cli(sweep_main, *grid, "--seeds", "0", "--gpus-per-node", "1", "--plan", "h200", capsys=capsys)
+    assert_one_line_error(code, err, f"error: model: w400000000-baseline-s0's {params}", said)
+
+
 def test_checkpoint_disk_is_counted_from_the_config():
     """gpt2_small_mlp3072: steps 0, 500, ..., 4500 full (weights and AdamW's two moments, fp32),
     5000 weights only: the ~17 GB its comment states."""

@@ -51,6 +51,7 @@ class ResourceLayout:
     seq_len: int
     n_layers: int
     dim: int
+    mlp_width: int
 
     @property
     def dp(self) -> int:
@@ -98,6 +99,7 @@ def resolve_layout(job_config: RunConfig, gpus: int, nodes: int) -> ResourceLayo
         t.seq_len,
         args.n_layers,
         args.dim,
+        args.value_of("mlp_hidden_dim"),
     )
 
 
@@ -267,7 +269,19 @@ class ResourcePlan:
 
 
 def refuse_if_too_big(plan: ResourcePlan) -> None:
-    """A step that does not fit the GPU, in one line."""
+    """A step that does not fit the GPU, in one line naming what does not: the model's own state (its parameters,
+    gradients and optimizer state, which no micro-batch changes), else the micro-batch."""
+    state = sum(plan.step.memory[name] for name in ("parameters", "gradients", "optimizer"))
+    lay, gpu = plan.layout, plan.gpu
+    if state > gpu.memory_gb * GB:
+        shards = lay.dp_shard * lay.tp
+        raise ConfigError(
+            f"model: {plan.name}'s {plan.step.params_total:,.0f} parameters (MLP width {lay.mlp_width:,}, dim "
+            f"{lay.dim:,}, {lay.n_layers} blocks) need {state / GB:,.1f} GB per GPU for their weights, gradients and "
+            f"optimizer state alone ({'on one GPU' if shards == 1 else f'sharded over {shards} GPUs'}), more than the "
+            f"{gpu.name}'s {gpu.memory_gb:g} GB at any micro-batch; shard them over more GPUs (FSDP) or use larger "
+            "ones, or give a smaller MLP width (model.mlp_hidden_dim, a sweep's widths) or model"
+        )
     if plan.memory_share > 1:
         raise ConfigError(
             f"training.max_local_batch_size: {plan.name}'s micro-batch of {plan.layout.micro_batch} sequences needs "
