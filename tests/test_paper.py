@@ -460,6 +460,9 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
         "fig3", "--slurm", "--dry-run", "--sbatch-arg=--gpus-per-node=4", "--out", tmp_path, capsys=capsys
     )
     assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out
+    given = ("--sbatch-arg=--gpus-per-n", "--sbatch-arg=2", "--sbatch-arg=-N2")  # sbatch's other spellings: 2 × 2
+    code, out, _ = paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path, capsys=capsys)
+    assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
     for option in ("--preset", "--pick", "--rows"):
@@ -724,7 +727,12 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     of the evaluations it draws); ``--array`` the same."""
     model, out = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "t"
     capsys.readouterr()  # its writing's progress
-    for dependency in (("--sbatch-arg=--dependency=afterany:7",), ("--sbatch-arg=-d", "--sbatch-arg=afterany:7")):
+    for dependency in (
+        ("--sbatch-arg=--dependency=afterany:7",),
+        ("--sbatch-arg=-d", "--sbatch-arg=afterany:7"),
+        ("--sbatch-arg=--dep=afterany:7",),  # sbatch's abbreviations (getopt_long's): were submitted
+        ("--sbatch-arg=--depend", "--sbatch-arg=afterany:7"),
+    ):
         for dry_run in ((), ("--dry-run",)):
             args = ["table2", "--pretrained", f"hf:{model}", "--slurm", *dependency, *dry_run, "--out", out]
             code, _, err = paper(*args, capsys=capsys)
@@ -734,13 +742,17 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
                 "keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold them "
                 "with --begin)"
             ], err
-    code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", "--sbatch-arg=--array=0-1", "--out", out,
-                         capsys=capsys)  # fmt: skip
-    assert code == 2 and err.strip().splitlines() == [  # was submitted: every task the same command, folders
-        "dispersion_titan: error: --sbatch-arg: --array=0-1: the tasks of an array job would each run the same "
-        "command, into the same folders; leave it out"
-    ], err
+    for array in (("--sbatch-arg=--array=0-1",), ("--sbatch-arg=--ar", "--sbatch-arg=0-1")):
+        code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", *array, "--out", out, capsys=capsys)
+        assert code == 2 and err.strip().splitlines() == [  # was submitted: every task the same command, folders
+            f"dispersion_titan: error: --sbatch-arg: {array[0].split('=', 1)[1]}: the tasks of an array job would each "
+            "run the same command, into the same folders; leave it out"
+        ], err
     assert not out.exists()
+    for ambiguous in ("--de=afterany:7", "--a=0-1"):  # sbatch's own refusal: --deadline, --delay-boot; --account ...
+        args = ["table2", "--pretrained", f"hf:{model}", "--slurm", f"--sbatch-arg={ambiguous}", "--dry-run"]
+        code, shown, err = paper(*args, "--out", out, capsys=capsys)
+        assert code == 0 and f" {ambiguous} " in shown, err
 
 
 def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission(zoo, tmp_path, capsys, monkeypatch):

@@ -4,6 +4,7 @@ installed package finds them as a checkout does, and their jobs run this very in
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -36,9 +37,35 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     return [*start, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
+ABBREVIATED = {  # the shortest abbreviation sbatch (getopt_long) takes for each long option read here, as its
+    # 22.05 lists the shorter ones as ambiguous: --a (--account --acctg-freq --array), --de (--deadline --delay-boot
+    # --dependency), --s (--signal --sockets-per-node ...), --gpus-per (-node -socket -task), --node (--nodefile ...)
+    "--array": "--ar",
+    "--dependency": "--dep",
+    "--gpus": "--gpus",
+    "--gpus-per-node": "--gpus-per-n",
+    "--nodes": "--nodes",
+    "--signal": "--si",
+}
+
+
+def option_values(args: list[str], short: str, long: str) -> list[tuple[str, str]]:
+    """Each time ``args`` give sbatch's option ``short`` (``""``: none) or ``long``, in any of its spellings (``-dX``,
+    ``-d X``, ``--dependency=X``, ``--dependency X``, or an abbreviation sbatch takes for it, ``--dep=X``): the
+    argument as given, and its value."""
+    found = []
+    for arg, after in itertools.pairwise([*args, ""]):
+        name, eq, value = arg.partition("=")
+        if name.startswith("--") and long.startswith(name) and len(name) >= len(ABBREVIATED[long]):
+            found.append((arg, value if eq else after))
+        elif short and arg.startswith(short):
+            found.append((arg, arg[len(short) :] or after))
+    return found
+
+
 def given_option(args: list[str], short: str, long: str) -> str | None:
     """The first of ``args`` that gives sbatch's option ``short``/``long``, in any of its spellings."""
-    return next((a for a in args if a in (short, long) or a.startswith((short, f"{long}="))), None)
+    return next((given for given, _ in option_values(args, short, long)), None)
 
 
 REFUSED = {  # sbatch options these jobs cannot take: their short form, and why

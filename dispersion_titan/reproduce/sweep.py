@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import math
 import os
@@ -39,6 +38,7 @@ from .slurm_scripts import (
     SBATCH_SIGNAL_LEAD_S,
     SlurmJob,
     given_option,
+    option_values,
     queued_jobs,
     refuse_options,
     sbatch,
@@ -138,11 +138,9 @@ def _seconds(limit: str) -> float:
 def _signal_lead(sbatch_args: list[str]) -> int:
     """Seconds from train.sbatch's preemption signal to the time limit: the last --signal given, else its own."""
     lead = SBATCH_SIGNAL_LEAD_S
-    for arg, after in itertools.pairwise([*sbatch_args, ""]):
-        value = after if arg == "--signal" else arg.removeprefix("--signal=") if arg.startswith("--signal=") else None
-        if value is not None:
-            seconds = value.rpartition("@")[2] if "@" in value else "60"  # sbatch's default lead
-            lead = int(seconds) if seconds.isdigit() else lead
+    for _, value in option_values(sbatch_args, "", "--signal"):
+        seconds = value.rpartition("@")[2] if "@" in value else "60"  # sbatch's default lead
+        lead = int(seconds) if seconds.isdigit() else lead
     return lead
 
 

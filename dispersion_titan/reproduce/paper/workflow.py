@@ -46,6 +46,7 @@ from ..slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
     SlurmJob,
     job_name,
+    option_values,
     queued_jobs,
     refuse_options,
     sbatch,
@@ -624,9 +625,9 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
                     )
 
 
-def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
-    """The last ``--option=N`` among ``--sbatch-arg`` values (sbatch's own rule: the last wins)."""
-    counts = [arg.partition("=")[2] for arg in sbatch_args if arg.startswith(f"{option}=")]
+def _sbatch_count(sbatch_args: list[str], short: str, option: str, default: int) -> int:
+    """The last count ``option`` gives among ``--sbatch-arg`` values (sbatch's own rule: the last wins)."""
+    counts = [value for _, value in option_values(sbatch_args, short, option)]
     return int(counts[-1]) if counts and counts[-1].isdigit() else default
 
 
@@ -634,8 +635,8 @@ def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
     """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
     if not train:
         return []
-    per_node = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE)
-    gpus = per_node * _sbatch_count(sbatch_args, "--nodes", 1)
+    per_node = _sbatch_count(sbatch_args, "", "--gpus-per-node", SBATCH_GPUS_PER_NODE)
+    gpus = per_node * _sbatch_count(sbatch_args, "-N", "--nodes", 1)
     from ...job_config import parse, released  # TorchTitan (3 s of CPU): only where fig3 trains
 
     configs = [(step.label, parse.validated_args(launch_args(*step.argv), gpus)) for step in train]
