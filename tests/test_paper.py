@@ -786,9 +786,22 @@ def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission
         f"other settings (seq_len {S} vs {S // 2}); wait for it to end, or scancel 101",
     )
     assert len((tmp_path / "calls").read_text().splitlines()) == 2  # fig2's analysis and drawing jobs alone
+    # The same folder by another path, through a link or relative to the job's working directory (squeue's %Z, here
+    # the stand-in sbatch's), as another version may record it: refused alike (was: compared as strings, submitted)
+    (tmp_path / "link").symlink_to(tmp_path / "queued")
+    code, _, err = paper("fig3", *queued[:-1], tmp_path / "link", "--seq-len", str(S // 2), capsys=capsys)
+    assert_one_line_error(code, err, f"{tmp_path / 'link' / 'analyses' / run.name}: job 101, queued or running")
+    record = tmp_path / "queued" / "logs" / "submitted.json"
+    jobs, work_dir = json.loads(record.read_text()), (tmp_path / "held").read_text().splitlines()[0].split(" ", 1)[1]
+    at = jobs["101"].index("--out") + 1
+    jobs["101"][at] = os.path.relpath(jobs["101"][at], work_dir)
+    record.write_text(json.dumps(jobs))
+    monkeypatch.chdir(tmp_path / "link")  # elsewhere than the job
+    code, _, err = paper("fig3", *queued, "--seq-len", str(S // 2), capsys=capsys)
+    assert_one_line_error(code, err, f"{tmp_path / 'queued' / 'analyses' / run.name}: job 101, queued or running")
+    assert len((tmp_path / "calls").read_text().splitlines()) == 2
     # A queued job whose recorded command this version's analyze does not read (an older version's option): not
     # compared, left to its own job's check (was that option's usage line, exit 2, as if typed here)
-    record = tmp_path / "queued" / "logs" / "submitted.json"
     jobs = json.loads(record.read_text())
     jobs["101"].append("--an-older-option")
     record.write_text(json.dumps(jobs))

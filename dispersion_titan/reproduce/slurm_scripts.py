@@ -122,13 +122,14 @@ def script(header: list[str], jobs: list[SlurmJob], logs: str | Path, kept: dict
     return "\n".join(lines)
 
 
-def queued_jobs(ids: list[str]) -> set[str]:
-    """Those of ``ids`` Slurm still holds: pending, running or completing (``squeue``'s default states)."""
+def queued_jobs(ids: list[str]) -> dict[str, str]:
+    """Those of ``ids`` Slurm still holds, pending, running or completing (``squeue``'s default states), each with
+    its working directory, where its command's relative paths lead ("": not said)."""
     if not ids:  # squeue --jobs= lists every job
-        return set()
+        return {}
     try:
         proc = subprocess.run(
-            ["squeue", "--noheader", "--format=%i", f"--jobs={','.join(ids)}"], capture_output=True, text=True
+            ["squeue", "--noheader", "--format=%i %Z", f"--jobs={','.join(ids)}"], capture_output=True, text=True
         )
     except FileNotFoundError:
         raise DispersionTitanError(
@@ -136,7 +137,8 @@ def queued_jobs(ids: list[str]) -> set[str]:
         ) from None
     if proc.returncode != 0 and "Invalid job id" not in proc.stderr:  # (one id, gone from Slurm's memory)
         raise DispersionTitanError(f"squeue: {(proc.stderr.strip().splitlines() or ['failed'])[-1]}")
-    return set(proc.stdout.split())
+    lines = (line.strip().partition(" ") for line in proc.stdout.splitlines())
+    return {job_id: work_dir for job_id, _, work_dir in lines if job_id}
 
 
 def require_sbatch() -> None:

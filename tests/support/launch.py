@@ -312,11 +312,13 @@ def held_by_another_command(folder: Path) -> Iterator[int]:
 
 def fake_slurm(tmp_path: Path, before_id: str) -> dict[str, str]:
     """PATH with an sbatch that logs its arguments to ``tmp_path/calls`` and prints job ids 101, 102, ... (its call
-    count; ``before_id``: shell run first, ``$n`` the count) and an squeue holding every job submitted."""
+    count; ``before_id``: shell run first, ``$n`` the count) and an squeue holding every job submitted, with the
+    working directory it was submitted from (``squeue --format=%i %Z``)."""
     bin_dir, calls, held = tmp_path / "bin", tmp_path / "calls", tmp_path / "held"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(
-        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\n{before_id}echo $((100 + n)) | tee -a {held}\n'
+        f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\n{before_id}'
+        f'echo "$((100 + n)) $PWD" >> {held}\necho $((100 + n))\n'
     )
     (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")
     for tool in ("sbatch", "squeue"):

@@ -595,14 +595,15 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
     refused at submission, by the check its analyze job would apply hours later (``still_to_do``); ``queued``: or
     that another artifact's analyze job still queued (``logs/submitted.json``) would write so."""
     jobs = submitted_jobs(Path(workflow.out, "logs", "submitted.json")) if queued else {}
-    others = {}  # job id: its analyze options (this artifact's own jobs: submit's _refuse_queued_twice)
-    for job_id in sorted(queued_jobs(list(jobs))):
+    others = {}  # job id: (its analyze options, its --out) (this artifact's own jobs: submit's _refuse_queued_twice)
+    for job_id, work_dir in sorted(queued_jobs(list(jobs)).items()):
         argv = [str(a) for a in jobs[job_id]] if isinstance(jobs[job_id], list) else []  # a hand edit's: none
         script = next((i for i, a in enumerate(argv) if a.endswith("/analyze.sbatch")), None)
         own = (job_name(argv) or "").startswith(f"paper-{workflow.artifact}-")
         if script is not None and not own:  # one another version queued, with options this one refuses: its own check
             with suppress(SystemExit), redirect_stderr(io.StringIO()):
-                others[job_id] = analyze.parse_args(argv[script + 1 :])
+                theirs = analyze.parse_args(argv[script + 1 :])
+                others[job_id] = theirs, os.path.realpath(os.path.join(work_dir, theirs.out or ""))
     for step in workflow.steps:
         if step.command != "analyze" or "--force" in step.argv:
             continue
@@ -616,8 +617,8 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
             return records.differences(recorded, mine)
 
         still_to_do(given.out, {}, read_analyses(given.out), differs, lambda *_: False, "analyzed")
-        for job_id, theirs in others.items():
-            if theirs.out == given.out and not theirs.force:
+        for job_id, (theirs, folder) in others.items():  # one folder by any path: relative, through a link
+            if theirs.out and folder == os.path.realpath(given.out) and not theirs.force:
                 if diff := records.differences(asdict(input_options(theirs)), mine):
                     raise ArgumentError(
                         f"--out: {given.out}: job {job_id}, queued or running, analyzes into it with other settings "
