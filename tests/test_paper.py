@@ -809,6 +809,25 @@ def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission
     assert code == 0 and "error" not in err, err
 
 
+def test_paper_slurm_reads_a_queued_jobs_relative_texts_from_its_working_directory(zoo, tmp_path, capsys, monkeypatch):
+    """fig2 --slurm given ``--texts texts.jsonl`` (relative: its analyze job reads it from where it was submitted),
+    then fig3 --slurm into the same DIR from another folder: its check of fig2's queued job reads that job's texts
+    from the job's working directory (squeue's %Z): other settings refused, the same ones submitted (was `--texts:
+    texts.jsonl: no such file`, exit 2, for a file this command never named)."""
+    (run,) = width_runs(tmp_path, (64,))
+    shutil.copy(zoo["texts"], tmp_path / "texts.jsonl")
+    monkeypatch.setenv("PATH", fake_slurm(tmp_path, "")["PATH"])
+    monkeypatch.chdir(tmp_path)
+    common = ("--models", run, *INPUTS, "--slurm", "--out", tmp_path / "out")
+    code, _, err = paper("fig2", *common, "--texts", "texts.jsonl", capsys=capsys)
+    assert code == 0, err
+    monkeypatch.chdir(tmp_path / "out")
+    code, _, err = paper("fig3", *common, "--texts", tmp_path / "texts.jsonl", "--seq-len", str(S // 2), capsys=capsys)
+    assert_one_line_error(code, err, "job 101, queued or running, analyzes into it with other settings (seq_len ")
+    code, _, err = paper("fig3", *common, "--texts", tmp_path / "texts.jsonl", capsys=capsys)
+    assert code == 0, err
+
+
 def test_paper_with_an_empty_out_is_refused_not_written_into_the_working_folder(tmp_path, capsys, monkeypatch):
     """``--out ""`` (an unset ``$OUT``): one line, exit 2, with or without --dry-run, the working folder untouched (was
     the working folder itself: its dry run printed `--out /the/cwd`, a run there claimed it as the paper's)."""

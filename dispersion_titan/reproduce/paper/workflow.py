@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, suppress
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -590,20 +591,31 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
     return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
 
 
+def _in(work_dir: str, path: str | None) -> str | None:
+    """``path`` as a job working in ``work_dir`` reads it."""
+    return path and os.path.join(work_dir, os.path.expanduser(path.strip()))
+
+
 def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentParser, queued: bool = False) -> None:
     """--slurm: an analysis folder that holds results of other inputs (another artifact's, of another --seq-len)
     refused at submission, by the check its analyze job would apply hours later (``still_to_do``); ``queued``: or
     that another artifact's analyze job still queued (``logs/submitted.json``) would write so."""
     jobs = submitted_jobs(Path(workflow.out, "logs", "submitted.json")) if queued else {}
-    others = {}  # job id: (its analyze options, its --out) (this artifact's own jobs: submit's _refuse_queued_twice)
+    others = {}  # job id: (the folder it analyzes into, its inputs); this artifact's own: _refuse_queued_twice
     for job_id, work_dir in sorted(queued_jobs(list(jobs)).items()):
         argv = [str(a) for a in jobs[job_id]] if isinstance(jobs[job_id], list) else []  # a hand edit's: none
         script = next((i for i, a in enumerate(argv) if a.endswith("/analyze.sbatch")), None)
-        own = (job_name(argv) or "").startswith(f"paper-{workflow.artifact}-")
-        if script is not None and not own:  # one another version queued, with options this one refuses: its own check
-            with suppress(SystemExit), redirect_stderr(io.StringIO()):
-                theirs = analyze.parse_args(argv[script + 1 :])
-                others[job_id] = theirs, os.path.realpath(os.path.join(work_dir, theirs.out or ""))
+        if script is None or (job_name(argv) or "").startswith(f"paper-{workflow.artifact}-"):
+            continue
+        # its paths as the job reads them, from its working directory; one this version cannot read (another
+        # version's options, its texts gone since) is left to its own job's check
+        with suppress(SystemExit, DispersionTitanError), redirect_stderr(io.StringIO()):
+            theirs = analyze.parse_args(argv[script + 1 :])
+            there = partial(_in, work_dir)
+            theirs.out, theirs.texts = there(theirs.out), there(theirs.texts)
+            theirs.dataset_path = theirs.dataset_path and ",".join(map(there, theirs.dataset_path.split(",")))
+            if theirs.out and not theirs.force:
+                others[job_id] = os.path.realpath(theirs.out), asdict(input_options(theirs))
     for step in workflow.steps:
         if step.command != "analyze" or "--force" in step.argv:
             continue
@@ -617,9 +629,9 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
             return records.differences(recorded, mine)
 
         still_to_do(given.out, {}, read_analyses(given.out), differs, lambda *_: False, "analyzed")
-        for job_id, (theirs, folder) in others.items():  # one folder by any path: relative, through a link
-            if theirs.out and folder == os.path.realpath(given.out) and not theirs.force:
-                if diff := records.differences(asdict(input_options(theirs)), mine):
+        for job_id, (folder, inputs) in others.items():  # one folder by any path: relative, through a link
+            if folder == os.path.realpath(given.out):
+                if diff := records.differences(inputs, mine):
                     raise ArgumentError(
                         f"--out: {given.out}: job {job_id}, queued or running, analyzes into it with other settings "
                         f"({diff}); wait for it to end, or scancel {job_id}, then submit again"
