@@ -41,6 +41,7 @@ ABBREVIATED = {  # the shortest abbreviation sbatch (getopt_long) takes for each
     # 22.05 lists the shorter ones as ambiguous: --a (--account --acctg-freq --array), --de (--deadline --delay-boot
     # --dependency), --s (--signal --sockets-per-node ...), --gpus-per (-node -socket -task), --node (--nodefile ...)
     "--array": "--ar",
+    "--chdir": "--ch",
     "--dependency": "--dep",
     "--gpus": "--gpus",
     "--gpus-per-node": "--gpus-per-n",
@@ -70,6 +71,11 @@ def given_option(args: list[str], short: str, long: str) -> str | None:
 
 REFUSED = {  # sbatch options these jobs cannot take: their short form, and why
     "--array": ("-a", "the tasks of an array job would each run the same command, into the same folders; leave it out"),
+    "--chdir": (
+        "-D",
+        "these jobs run in the folder this command runs in, where the relative paths they are given (a config's, "
+        "--texts ...) were checked; leave it out, and run the command from the folder you meant",
+    ),
     "--dependency": (
         "-d",
         "these jobs wait for the ones before them with a --dependency of their own, which sbatch would replace with "
