@@ -370,6 +370,7 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--train-time", "11", "--train-sbatch-arg=--signal=B:USR1@600"): "signalled 600 s before the limit",
         ("--train-time", "11", "--train-sbatch-arg=--sig=B:USR1@600"): "signalled 600 s before the limit",
         ("--train-sbatch-arg=--ch=/tmp",): "train_sbatch_args: --ch=/tmp: these jobs run in the folder this command",
+        ("--analyze-sbatch-arg=--kill=no",): "analyze_sbatch_args: --kill=no: these jobs are submitted with --kill-on-",
         ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--config", str(tmp_path)): f"config: {tmp_path} is a folder; give the TOML file itself",
         ("--", "--debug.seed", "3"): "training overrides: --debug.seed is set by the sweep",

@@ -752,6 +752,11 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     for chdir in ("--sbatch-arg=--chdir=/tmp", "--sbatch-arg=-D/tmp"):  # was: run there, its relative paths broken
         code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", chdir, "--dry-run", capsys=capsys)
         assert_one_line_error(code, err, f"--sbatch-arg: {chdir.split('=', 1)[1]}: these jobs run in the folder this")
+    code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", "--sbatch-arg=--kill-on-invalid-dep=no",
+                         "--dry-run", capsys=capsys)  # fmt: skip
+    assert_one_line_error(  # was: the drawing job pending forever once an evaluation failed
+        code, err, "--sbatch-arg: --kill-on-invalid-dep=no: these jobs are submitted with --kill-on-invalid-dep=yes"
+    )
     for ambiguous in ("--de=afterany:7", "--a=0-1"):  # sbatch's own refusal: --deadline, --delay-boot; --account ...
         args = ["table2", "--pretrained", f"hf:{model}", "--slurm", f"--sbatch-arg={ambiguous}", "--dry-run"]
         code, shown, err = paper(*args, "--out", out, capsys=capsys)

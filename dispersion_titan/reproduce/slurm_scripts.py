@@ -45,6 +45,7 @@ ABBREVIATED = {  # the shortest abbreviation sbatch (getopt_long) takes for each
     "--dependency": "--dep",
     "--gpus": "--gpus",
     "--gpus-per-node": "--gpus-per-n",
+    "--kill-on-invalid-dep": "--k",
     "--nodes": "--nodes",
     "--signal": "--si",
 }
@@ -69,7 +70,7 @@ def given_option(args: list[str], short: str, long: str) -> str | None:
     return next((given for given, _ in option_values(args, short, long)), None)
 
 
-REFUSED = {  # sbatch options these jobs cannot take: their short form, and why
+REFUSED = {  # sbatch options these jobs cannot take: their short form ("": none), and why
     "--array": ("-a", "the tasks of an array job would each run the same command, into the same folders; leave it out"),
     "--chdir": (
         "-D",
@@ -81,6 +82,11 @@ REFUSED = {  # sbatch options these jobs cannot take: their short form, and why
         "these jobs wait for the ones before them with a --dependency of their own, which sbatch would replace with "
         "this one (it keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold "
         "them with --begin)",
+    ),
+    "--kill-on-invalid-dep": (
+        "",
+        "these jobs are submitted with --kill-on-invalid-dep=yes: one whose dependency failed is cancelled, and "
+        "the same command again submits it anew (with no it would wait forever, counted as queued); leave it out",
     ),
 }
 

@@ -208,7 +208,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
             )
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
     for key in ("analyze_sbatch_args", "evaluate_sbatch_args"):  # a training job waits for none: its own is kept
-        refuse_options(key, fields.get(key, []), "--dependency")
+        refuse_options(key, fields.get(key, []), "--dependency", "--kill-on-invalid-dep")
     for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
         refuse_options(key, fields.get(key, []), "--array", "--chdir")
     if "train_time" in fields:

@@ -573,7 +573,7 @@ def check_hub(workflow: PaperWorkflow) -> None:
 
 def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
     """The steps' jobs, then the drawing job, which waits for them all."""
-    refuse_options("--sbatch-arg", sbatch_args, "--dependency", "--array", "--chdir")
+    refuse_options("--sbatch-arg", sbatch_args, "--dependency", "--array", "--chdir", "--kill-on-invalid-dep")
     logs = os.path.join(workflow.out, "logs")
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
