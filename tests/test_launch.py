@@ -370,6 +370,11 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--train-time", "11", "--train-sbatch-arg=--signal=B:USR1@600"): "signalled 600 s before the limit",
         ("--train-time", "11", "--train-sbatch-arg=--sig=B:USR1@600"): "signalled 600 s before the limit",
         ("--train-sbatch-arg=--ch=/tmp",): "train_sbatch_args: --ch=/tmp: these jobs run in the folder this command",
+        ("--", "--checkpoint.no-enable"): "cell w64-baseline-s0: checkpoint.enable is off: its training would save no",
+        ("--", "--training.steps", "0", "--checkpoint.no-save-initial"): (  # its analyze, evaluate jobs' failure
+            "cell w64-baseline-s0: training.steps is 0 without checkpoint.save_initial: its training would save no "
+            "checkpoint for its analyze and evaluate jobs to read; give it steps, or --checkpoint.save-initial"
+        ),
         ("--analyze-sbatch-arg=--kill=no",): "analyze_sbatch_args: --kill=no: these jobs are submitted with --kill-on-",
         ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--config", str(tmp_path)): f"config: {tmp_path} is a folder; give the TOML file itself",

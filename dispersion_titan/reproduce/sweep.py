@@ -267,6 +267,14 @@ def check_training_configs(sweep: Sweep) -> list[RunConfig]:
             configs.append(validated_args(cell_args(sweep, cell), world_size(sweep)))
         except (DispersionTitanError, ValueError) as e:
             raise ArgumentError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
+        unread = "its training would save no checkpoint for its analyze and evaluate jobs to read"  # (hours on)
+        if not configs[-1].checkpoint.enable:
+            raise ArgumentError(f"cell {cell.name}: checkpoint.enable is off: {unread}; leave it on")
+        if not (configs[-1].training.steps or configs[-1].checkpoint.save_initial):
+            raise ArgumentError(
+                f"cell {cell.name}: training.steps is 0 without checkpoint.save_initial: {unread}; give it steps, or "
+                "--checkpoint.save-initial"
+            )
         compiled = configs[-1].compile.enable and configs[-1].compile.backend == "inductor"
         gpu_only = compiled or configs[-1].training.head_loss == "liger"
         if sweep.gpus_per_node == 0 and gpu_only:  # each training job's refusal, hours from now (titan_checks)
