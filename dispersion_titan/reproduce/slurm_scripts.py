@@ -37,8 +37,8 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     return [*start, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
-ABBREVIATED = {  # the shortest abbreviation sbatch (getopt_long) takes for each long option read here, as its
-    # 22.05 lists the shorter ones as ambiguous: --a (--account --acctg-freq --array), --de (--deadline --delay-boot
+ABBREVIATED = {  # the shortest abbreviation of each long option read here that sbatch 22.05 (getopt_long) takes as
+    # it; shorter ones it calls ambiguous: --a (--account --acctg-freq --array), --de (--deadline --delay-boot
     # --dependency), --s (--signal --sockets-per-node ...), --gpus-per (-node -socket -task), --node (--nodefile ...)
     "--array": "--ar",
     "--chdir": "--ch",

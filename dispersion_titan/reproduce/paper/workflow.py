@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable
 from contextlib import redirect_stderr, suppress
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -593,7 +592,7 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
 
 def _in(work_dir: str, path: str | None) -> str | None:
     """``path`` as a job working in ``work_dir`` reads it."""
-    return path and os.path.join(work_dir, os.path.expanduser(path.strip()))
+    return path and os.path.join(work_dir, os.path.expanduser(path))
 
 
 def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentParser, queued: bool = False) -> None:
@@ -611,9 +610,9 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
         # version's options, its texts gone since) is left to its own job's check
         with suppress(SystemExit, DispersionTitanError), redirect_stderr(io.StringIO()):
             theirs = analyze.parse_args(argv[script + 1 :])
-            there = partial(_in, work_dir)
-            theirs.out, theirs.texts = there(theirs.out), there(theirs.texts)
-            theirs.dataset_path = theirs.dataset_path and ",".join(map(there, theirs.dataset_path.split(",")))
+            theirs.out, theirs.texts = _in(work_dir, theirs.out), _in(work_dir, theirs.texts)
+            paths = (theirs.dataset_path or "").split(",")
+            theirs.dataset_path = theirs.dataset_path and ",".join(_in(work_dir, p.strip()) or "" for p in paths)
             if theirs.out and not theirs.force:
                 others[job_id] = os.path.realpath(theirs.out), asdict(input_options(theirs))
     for step in workflow.steps:
