@@ -440,9 +440,12 @@ def test_convert_names_a_missing_checkpoint(tmp_path, capsys):
     assert exit_info.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
         "dispersion_titan: error: OUT_DIR: empty; give the folder to write the export into"
     ]
-    with pytest.raises(SystemExit) as exit_info:  # was "required: command", argparse's name for it
+    with pytest.raises(SystemExit) as exit_info:  # was "the following arguments are required: to-hf"
         convert.main([])
-    assert capsys.readouterr().err.strip() == "dispersion_titan: error: the following arguments are required: to-hf"
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == (
+        "dispersion_titan: error: name a command; python -m dispersion_titan.convert's commands: to-hf (each command's "
+        "--help says more)"
+    )
     with pytest.raises(SystemExit) as exit_info:  # was "argument to-hf: invalid choice: 'from-hf' (choose from …)"
         convert.main(["from-hf", str(missing), str(tmp_path / "out")])
     assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == (

@@ -401,9 +401,12 @@ def cli_failure(capsys, *args: str) -> str:
 def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwiki_store):
     (tmp_path / "file").write_text("x")
     out = str(tmp_path / "out")
-    with pytest.raises(SystemExit):  # was "required: command", argparse's name for it
+    with pytest.raises(SystemExit):  # was "the following arguments are required: prepare"
         main([])
-    assert capsys.readouterr().err.strip() == "dispersion_titan: error: the following arguments are required: prepare"
+    assert capsys.readouterr().err.strip() == (
+        "dispersion_titan: error: name a command; python -m dispersion_titan.data's commands: prepare (each "
+        "command's --help says more)"
+    )
     with pytest.raises(SystemExit):  # was "argument prepare: invalid choice: 'prep' (choose from 'prepare')"
         main(["prep", "--out", out])
     assert capsys.readouterr().err.strip() == (

@@ -179,18 +179,29 @@ class OneLineErrorParser(argparse.ArgumentParser):
     _argv: list[str] = []
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        """A missing subcommand said as ``dispersion-titan`` says a missing command (was argparse's `the following
+        arguments are required: to-hf`, which names no command to give): checked after parsing, so --help answers."""
         self._argv = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        required = [a for a in self._actions if isinstance(a, argparse._SubParsersAction) and a.required]
+        for action in required:
+            action.required = False
+        try:
+            parsed, extras = super().parse_known_args(args, namespace)
+        finally:
+            for action in required:
+                action.required = True
+        if any(getattr(parsed, action.dest, None) is None for action in required):
+            self.error(f"name a command; {self._commands(required[0])}")
+        return parsed, extras
+
+    def _commands(self, action: argparse._SubParsersAction) -> str:
+        return f"{self.prog}'s commands: {', '.join(action.choices)} (each command's --help says more)"
 
     def _check_value(self, action: argparse.Action, value: str) -> None:
         """An unknown subcommand said as ``dispersion-titan`` says an unknown command (was argparse's `argument
         to-hf: invalid choice: 'from-hf' (choose from 'to-hf')`, which reads as a fault of to-hf)."""
         if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
-            raise argparse.ArgumentError(
-                None,
-                f"unknown command {value!r}; {self.prog}'s commands: {', '.join(action.choices)} (each command's "
-                "--help says more)",
-            )
+            raise argparse.ArgumentError(None, f"unknown command {value!r}; {self._commands(action)}")
         super()._check_value(action, value)
 
     def error(self, message: str) -> None:
