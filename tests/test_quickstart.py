@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -420,6 +421,25 @@ def test_second_invocation_redoes_only_what_is_missing(sweep, tmp_path):
     assert re.findall(r"(\w+) +(\S+): started", proc.stdout) == [("analyze", NAMES[1])]
     assert digests(out / "runs", "*.distcp") == checkpoints
     assert digests(out, "condensation.json") == results  # the lost one recomputed identically, the panel reused
+
+
+@pytest.mark.slow
+def test_a_copied_or_moved_out_reruns_as_the_original(sweep, tmp_path):
+    """OUT copied (``cp -a``), then moved to another parent: its rerun reuses every run and analysis, as in place; a
+    run whose checkpoints were copied without their times (``cp -r``), which their identities record, is analyzed
+    again, not trained (was: its analysis skipped, then the comparison refused it, exit 1). The original unchanged."""
+    out, _ = sweep
+    before = digests(out)
+    shutil.copytree(out, tmp_path / "copy", symlinks=True)
+    moved = (tmp_path / "copy").rename(tmp_path / "elsewhere")
+    checkpoint = moved / "runs" / NAMES[1] / "checkpoint"
+    shutil.rmtree(checkpoint)
+    shutil.copytree(out / "runs" / NAMES[1] / "checkpoint", checkpoint, copy_function=shutil.copyfile)  # cp -r
+    proc = quickstart(moved, *sweep_options(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("already done, skipped") == 2 * len(NAMES) - 1
+    assert re.findall(r"(\w+) +(\S+): started", proc.stdout) == [("analyze", NAMES[1])]
+    assert digests(out) == before
 
 
 @pytest.mark.slow

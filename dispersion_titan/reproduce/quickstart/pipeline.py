@@ -26,7 +26,7 @@ from ...analysis.statistics import condensation
 from ...config.cli import read_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
-from ...run_folder.checkpoints import initialised_model, list_checkpoints, trained_to
+from ...run_folder.checkpoints import identity_changed, initialised_model, list_checkpoints, trained_to
 from ...run_folder.outputs import atomic_write, read_json_files, read_json_object, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned
 from ...run_folder.settings import fixed
@@ -222,8 +222,10 @@ def train_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
 
 
 def analyze_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
+    """``--force`` where a result is of a checkpoint saved since (``measured_before``), which analyze refuses."""
     sizes = f"--num-sequences {setup.num_sequences} --seq-len {setup.seq_len}"
-    return "dispersion_titan.analyze", [setup.dump(run), *sizes.split()]
+    force = ["--force"] if measured_before(setup, run) else []
+    return "dispersion_titan.analyze", [setup.dump(run), *sizes.split(), *force]
 
 
 def trained(setup: QuickstartSetup, run: Cell) -> bool:
@@ -231,11 +233,24 @@ def trained(setup: QuickstartSetup, run: Cell) -> bool:
 
 
 def analyzed(setup: QuickstartSetup, run: Cell) -> bool:
-    """Every checkpoint already analyzed on the same K×S sequences."""
+    """Every checkpoint already analyzed on the same K×S sequences, as it is now."""
     results = read_results(os.path.join(setup.dump(run), "condensation"))
-    return all(
+    return not measured_before(setup, run) and all(
         c.step in results
         and (results[c.step].num_sequences, results[c.step].seq_len) == (setup.num_sequences, setup.seq_len)
+        for c in list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
+    )
+
+
+def measured_before(setup: QuickstartSetup, run: Cell) -> bool:
+    """Whether a result is of a checkpoint saved since: a ``cp -r`` of OUT (without ``-p``) gives every file new
+    times, which checkpoint identities record; its analyses are measured again (was: skipped, then every comparison
+    refused them, exit 1)."""
+    results = read_results(os.path.join(setup.dump(run), "condensation"))
+    return any(
+        (result := results.get(c.step))
+        and result.checkpoint_identity
+        and identity_changed(result.checkpoint_identity, c.path)
         for c in list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
     )
 
