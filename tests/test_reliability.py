@@ -41,7 +41,7 @@ from dispersion_titan.run_folder.checkpoints import (
 from dispersion_titan.run_folder.owners import FolderOwner, write_record
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.trainer.launcher import killed_message
-from dispersion_titan.utils.errors import ArgumentError
+from dispersion_titan.utils.errors import ArgumentError, OutputError
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import (
@@ -1036,25 +1036,37 @@ def test_bad_compare_input_fails_with_one_line_and_writes_nothing(reference, tmp
     assert not out.exists() and digests(reference) == before
 
 
-def test_metrics_processor_failing_to_build_puts_back_the_thread_excepthook(tmp_path):
+@pytest.mark.parametrize("blocked", ["tensorboard", "wandb"])
+def test_metrics_processor_failing_to_build_puts_back_the_thread_excepthook(tmp_path, monkeypatch, blocked):
     """TorchTitan's ``MetricsProcessor.__init__`` failing (TensorBoard's folder a file) after ours set
-    ``threading.excepthook``: the hook it found is back (was ours, left for good with the processor never built,
-    whose ``close`` puts it back)."""
+    ``threading.excepthook``, or ours after it (W&B's run, offline, not recorded: a folder where ``wandb_run.json``
+    goes): the hook it found is back (was ours, left for good with the processor never built, whose ``close`` puts
+    it back)."""
     from torchtitan.distributed import ParallelDims
 
     from dispersion_titan.components.metrics import DispersionMetricsProcessor
+    from dispersion_titan.components.wandb_run import WANDB_RUN_FILE
     from dispersion_titan.job_config.parse import validated_args
 
+    run = tmp_path / "run"
+    wandb = ["--metrics.enable_wandb"] if blocked == "wandb" else []
     job_config = validated_args(["--job.config_file", DEBUG_TOML, "--job.custom_config_module",
-                                 "dispersion_titan.config", "--job.dump_folder", str(tmp_path / "run"), *DEBUG_SEQ_LEN],
+                                 "dispersion_titan.config", "--job.dump_folder", str(run), *DEBUG_SEQ_LEN, *wandb],
                                 world_size=1)  # fmt: skip
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / job_config.metrics.save_tb_folder).write_text("not a folder")
+    if wandb:
+        for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_PROJECT": "dispersion-test"}.items():
+            monkeypatch.setenv(key, value)
+        (run / WANDB_RUN_FILE).mkdir(parents=True)
+    else:
+        run.mkdir()
+        (run / job_config.metrics.save_tb_folder).write_text("not a folder")
     before = threading.excepthook
     torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
-        with pytest.raises(OSError):
+        with pytest.raises(OutputError if wandb else OSError):
             DispersionMetricsProcessor(job_config, ParallelDims(1, 1, 1, 1, 1, 1, 1, 1))
     finally:
         torch.distributed.destroy_process_group()
+        if wandb:
+            sys.modules["wandb"].finish()  # the run TorchTitan's logger started, which no close() ends
     assert threading.excepthook is before

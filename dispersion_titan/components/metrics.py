@@ -49,19 +49,21 @@ class DispersionMetricsProcessor(MetricsProcessor):
         threading.excepthook = self._writer_failed  # before TorchTitan's: its SummaryWriter writes the events file
         self.tb_folder = os.path.join(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
         try:
-            super().__init__(job_config, parallel_dims, tag)
-        except BaseException as e:  # no close() will put the hook back
-            threading.excepthook = self._excepthook
-            if isinstance(e, OSError):  # that first write failed (a full disk): the trainer's line names the folder
+            try:
+                super().__init__(job_config, parallel_dims, tag)
+            except OSError as e:  # that first write failed (a full disk): the trainer's line names the folder
                 e.filename = e.filename or self.tb_folder
+                raise
+            if job_config.metrics.enable_wandb:
+                wandb_run.record(job_config.job.dump_folder)
+                # a resume from a checkpoint older than the W&B run's last step logs those steps again, the same values
+                titan_compat.wandb_logs_from(self.logger, wandb_run.next_step())
+        except BaseException:  # TorchTitan's __init__ or the W&B run's record failed: no close() puts the hook back
+            threading.excepthook = self._excepthook
             raise
         t = job_config.training  # global_batch_size -1: one local batch per rank of the batch mesh, as TorchTitan's
         ranks = parallel_dims.dp_replicate * parallel_dims.dp_shard
         self.step_metrics = StepMetrics(t.global_batch_size if t.global_batch_size > 0 else t.local_batch_size * ranks)
-        if job_config.metrics.enable_wandb:
-            wandb_run.record(job_config.job.dump_folder)
-            # a resume from a checkpoint older than the W&B run's last step logs those steps again, the same values
-            titan_compat.wandb_logs_from(self.logger, wandb_run.next_step())
         self.dump_folder = job_config.job.dump_folder
         self.checkpointing = job_config.checkpoint.enable
 
