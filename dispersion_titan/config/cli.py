@@ -182,7 +182,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
         """A missing subcommand said as ``dispersion-titan`` says a missing command (was argparse's `the following
         arguments are required: to-hf`, which names no command to give): checked after parsing, so --help answers."""
         self._argv = list(sys.argv[1:] if args is None else args)
-        required = [a for a in self._actions if isinstance(a, argparse._SubParsersAction) and a.required]
+        required = [
+            a
+            for a in self._actions
+            if isinstance(a, argparse._SubParsersAction) and a.required and a.dest != argparse.SUPPRESS
+        ]
         for action in required:
             action.required = False
         try:
