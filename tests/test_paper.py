@@ -836,6 +836,24 @@ def test_paper_slurm_reads_a_queued_jobs_relative_texts_from_its_working_directo
     assert code == 0, err
 
 
+def test_an_older_analysis_recording_a_relative_dataset_path_is_drawn_in_its_row(zoo, tmp_path, capsys, monkeypatch):
+    """A row's analyses compared with their files located, as ``analyze family`` compares them: one an earlier
+    version recorded with ``--dataset-path`` as typed, relative, is drawn beside one recording it absolute, and
+    ``--slurm`` takes it as of its settings (was refused by both: ``dataset_path 'wikitext' vs '/…/wikitext'``)."""
+    models = ["--models", zoo["gpt2-s"], zoo["gpt2-m"]]
+    args = ["fig2", *models, "--dataset-path", zoo["wikitext"], *INPUTS, "--out", tmp_path]
+    code, _, err = paper(*args, capsys=capsys)
+    assert code == 0, err
+    result = tmp_path / "analyses" / "gpt2-s" / "rev-default" / "condensation.json"
+    older = json.loads(result.read_text())
+    older["inputs"]["dataset_path"] = zoo["wikitext"].name  # as an earlier version recorded it: as typed
+    result.write_text(json.dumps(older))
+    monkeypatch.chdir(zoo["wikitext"].parent)
+    for more in (["--draw-only"], ["--slurm", "--dry-run"]):
+        code, _, err = paper(*args, *more, capsys=capsys)
+        assert code == 0, err
+
+
 def test_paper_with_an_empty_out_is_refused_not_written_into_the_working_folder(tmp_path, capsys, monkeypatch):
     """``--out ""`` (an unset ``$OUT``): one line, exit 2, with or without --dry-run, the working folder untouched (was
     the working folder itself: its dry run printed `--out /the/cwd`, a run there claimed it as the paper's)."""

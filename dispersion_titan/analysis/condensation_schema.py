@@ -21,8 +21,10 @@ from ..run_folder.outputs import (
     misplaced,
     read_json_files,
 )
+from ..run_folder.owners import results_run
 from ..utils.errors import AnalysisError
 from ..utils.records import finite_number
+from .inputs import located
 
 RESULT_FILE = "condensation.json"
 LEFT_OUT = {"protocol": "default", "layer_points": "all"}
@@ -107,6 +109,12 @@ class Condensation:
     @property
     def tokens_sha256(self) -> str:
         return self.inputs["tokens_sha256"]
+
+    def located_inputs(self, folder: str) -> dict[str, Any]:
+        """Its inputs, their files located (``inputs.located``), as ``family`` and the paper's rows compare them: one
+        an earlier version recorded relative is read from the current folder, else from the run whose analyses
+        ``folder`` holds."""
+        return located(self.inputs, None if self.model else results_run(folder, self.run))
 
     def to_json(self) -> dict[str, Any]:
         return {FORMAT_KEY: FORMAT, **dataclasses.asdict(self)}

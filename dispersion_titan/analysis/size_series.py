@@ -19,7 +19,7 @@ from ..utils.errors import AnalysisError
 from . import figures
 from .compare import analyses_folder, pick
 from .condensation_schema import Condensation
-from .inputs import differences, located
+from .inputs import differences
 from .statistics import point_layers, rank_trend
 
 
@@ -34,11 +34,6 @@ class Member:
     given: str
     """The folder as given, with its step or revision: the label of models whose names are alike (one model
     analysed into two folders, fp32 and bf16; runs named ``ours`` in two places)."""
-
-    @property
-    def inputs(self) -> dict:
-        """Its analysis's inputs, their files located (``inputs.located``: a relative one from its run's folder too)."""
-        return located(self.result.inputs, None if self.result.model else results_run(self.folder, self.result.run))
 
 
 def load_member(spec: str, families: dict[str, str]) -> Member:
@@ -73,7 +68,7 @@ def load_members(specs: Sequence[str], families: dict[str, str], protocol: str) 
     members = [dataclasses.replace(m, label=m.given) if alike[m.label] > 1 else m for m in members]
     first = members[0]
     for other in members:
-        a, b = first.inputs, other.inputs
+        a, b = (member.result.located_inputs(member.folder) for member in (first, other))
         if protocol == "paper" and b["protocol"] != "paper":
             raise AnalysisError(f"--protocol paper: {other.spec} was not analysed with analyze --protocol paper")
         if {**a, "tokens_sha256": None} != {**b, "tokens_sha256": None}:  # token ids differ between tokenizers

@@ -37,6 +37,8 @@ class Entry:
     label: str
     row: str
     result: Condensation
+    folder: str
+    """Its analyses folder (a run's: where a relative input recorded by an earlier version is looked for)."""
 
     @property
     def layers(self) -> list[LayerCondensation]:
@@ -100,16 +102,16 @@ def _entries(workflow: PaperWorkflow, model: PaperModel) -> list[Entry]:
         drawn = {"first": found[f"step-{steps[0]}"], "last": found[f"step-{steps[-1]}"]}
         r = drawn["last"]  # a panel's title, as the authors' figure: the MLP width and the model's parameters
         label = f"MLP {r.mlp_width}" + (f" ({r.n_params / 1e6:.0f} M params)" if r.n_params else "")
-        return [Entry(label, f"{row} checkpoint", drawn[row]) for row in workflow.rows]
+        return [Entry(label, f"{row} checkpoint", drawn[row], model.out) for row in workflow.rows]
     if workflow.artifact == "counteract":  # every checkpoint, titled by its step (plot_heatmaps.py)
         if not steps:
             raise _missing(workflow, model, f"{model.label}'s checkpoints")
-        return [Entry(f"step {step}", model.row, found[f"step-{step}"]) for step in steps]
+        return [Entry(f"step {step}", model.row, found[f"step-{step}"], model.out) for step in steps]
     if model.steps is not None:
         folder = f"step-{model.steps}"
         if folder not in found:
             raise _missing(workflow, model, f"{model.label} step {model.steps}")
-        return [Entry(model.label, model.row or "runs", found[folder])]
+        return [Entry(model.label, model.row or "runs", found[folder], model.out)]
     entries = []
     for revision in model.spec.revisions:
         folder = revision_folder(revision)
@@ -117,7 +119,7 @@ def _entries(workflow: PaperWorkflow, model: PaperModel) -> list[Entry]:
             raise _missing(workflow, model, f"{model.label}" + (f"@{revision}" if revision else ""))
         result = found[folder]
         label = model.label if revision is None else revision_label(revision)
-        entries.append(Entry(label, model.row or str(result.model_args.get("model_type")), result))
+        entries.append(Entry(label, model.row or str(result.model_args.get("model_type")), result, model.out))
     return entries
 
 
@@ -125,11 +127,12 @@ def entries(workflow: PaperWorkflow) -> list[Entry]:
     """Every model state of the workflow, in workflow order; refuses mixed inputs within a row."""
     found = [entry for model in workflow.models for entry in _entries(workflow, model)]
     for first, *others in by_row(found).values():
-        for other in others:
-            if other.inputs != first.inputs:
+        for other in others:  # their files located, as ``family`` compares them (``Condensation.located_inputs``)
+            a, b = ({**e.result.located_inputs(e.folder), "tokens_sha256": None} for e in (first, other))
+            if a != b:
                 raise ArgumentError(
                     f"{workflow.artifact}: {other.label} was analyzed with other inputs than "
-                    f"{first.label} ({differences(first.inputs, other.inputs)}); use another --out"
+                    f"{first.label} ({differences(a, b)}); use another --out"
                 )
     return found
 

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from ...analysis import ANALYSIS_PROTOCOLS
 from ...analysis.arguments import input_options
 from ...analysis.condensation_schema import Condensation, read_analyses
+from ...analysis.inputs import located
 from ...analysis.size_series import parse_assignments
 from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
@@ -619,10 +620,11 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
         if step.command != "analyze" or "--force" in step.argv:
             continue
         given = analyze.parse_args(step.argv)
-        mine = asdict(input_options(given))
+        mine = located(asdict(input_options(given)))  # its files as ``located_inputs`` names the recorded ones
 
         def differs(result: Condensation, lowered: bool = given.seq_len is None) -> str:
-            recorded = {key: result.inputs.get(key) for key in mine}
+            inputs = result.located_inputs(given.out)
+            recorded = {key: inputs.get(key) for key in mine}
             if lowered and (recorded["seq_len"] or 0) < mine["seq_len"]:  # the default, fitted to the model's length
                 recorded["seq_len"] = mine["seq_len"]
             return records.differences(recorded, mine)
