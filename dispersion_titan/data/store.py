@@ -32,6 +32,7 @@ from tqdm import tqdm
 from ..config.cli import read_toml
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, encoder_named, hf_tokenizer
 from ..utils.errors import DataConfigError, no_room
+from ..utils.hub import quiet_datasets_bars
 from ..utils.records import atomic_write, differences, flatten, remove_stale_writes
 from .corpora import (
     CORPORA,
@@ -424,9 +425,9 @@ def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractCo
         "identity": documents_identity(dataset, options.split, path, field, path_from),
     }
     try:
-        # a bad row: said before --out is made
-        documents = iter_documents(dataset, options.split, path, field, path_from)
-        first = next(documents, None)  # and a corpus without text
+        with quiet_datasets_bars():  # a bad row: said before --out is made, its one line alone
+            documents = iter_documents(dataset, options.split, path, field, path_from)
+            first = next(documents, None)  # and a corpus without text
         if first is None:
             where = f" {path}" if path else ""
             raise DataConfigError(f"{dataset}{where}: no {options.split} documents (no row with text)")

@@ -51,7 +51,7 @@ from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import AUTOCAST, DTYPES, resolve_device
 from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError, cause, say
-from ..utils.hub import PREFIX, HFSpec, hub_offline, loading, parse_spec
+from ..utils.hub import PREFIX, HFSpec, hub_offline, loading, parse_spec, quiet_datasets_bars
 from ..utils.records import STAGING, differences
 from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
 
@@ -270,24 +270,6 @@ def quiet_git_hash() -> Any:
     from lm_eval.loggers.utils import get_commit_from_path
 
     return mock.patch.object(evaluator, "get_git_commit_hash", functools.partial(get_commit_from_path, os.getcwd()))
-
-
-@contextmanager
-def quiet_datasets_bars() -> Iterator[None]:
-    """datasets' progress bars off while the tasks load (``Generating test split: 40 examples``): a task that then
-    fails (a bad Jinja template in its YAML, applied to its first document) is its one line alone. A hub file's
-    download bars are huggingface_hub's, still shown; ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` keeps them all."""
-    import datasets.config
-    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-    if are_progress_bars_disabled() or datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is False:
-        yield
-        return
-    disable_progress_bars()
-    try:
-        yield
-    finally:
-        enable_progress_bars()
 
 
 def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
