@@ -400,8 +400,13 @@ def test_family_table_trend_and_figure(tokenizer_files, texts, tmp_path, capsys,
     for argv, said in (
         ([*specs, "--last-n", "5"], "--last-n: 5 is not between 1 and 4, the fewest layers of these models"),
         ([f"{specs[0]}@main"], f"{specs[0]} has no analysis of revision main (have ['default'])"),
+        ([f"{run}@"], f"{run}@: empty; name a step of {run} (have [0])"),  # was "no analysis of step  (have [0])"
     ):
         assert_one_line_error(*analyze("family", *argv, "--out", tmp_path / "family2", capsys=capsys)[::2], said)
+    assert_one_line_error(
+        *analyze("compare", run, "--step", "", "--out", tmp_path / "compare", capsys=capsys)[::2],
+        f"--step: empty; name a step of {run} (have [0])",
+    )
     assert not (tmp_path / "family2").exists()
     default = load_member(f"{specs[0]}@default", {})  # as its folder rev-default is named (was: no such revision)
     assert (default.result, default.label) == (members[0], "gpt2-16")

@@ -41,7 +41,10 @@ def pick(run: str, step: str, option: str = "--step") -> Condensation:
         if result.model is not None and revision_folder(result.revision) == revision_folder(step):
             return current(run, result)
     if results[0].model is None:
-        raise AnalysisError(f"{option}: {run} has no analysis of step {step} (have {sorted(r.step for r in results)})")
+        have = sorted(r.step for r in results)
+        if not step:  # ``--step ''``, ``RUN@``: was "no analysis of step  (have …)"
+            raise AnalysisError(f"{option}: empty; name a step of {run} (have {have})")
+        raise AnalysisError(f"{option}: {run} has no analysis of step {step} (have {have})")
     have = [r.revision or "default" for r in results]
     raise AnalysisError(f"{option}: {run} has no analysis of revision {step} (have {have})")
 
