@@ -167,6 +167,24 @@ def test_ctrl_c_that_lands_in_a_finalizer_still_ends_the_command(signum):
     assert proc.stderr == "dispersion_titan: interrupted; what is kept; how to go on\n"
 
 
+def test_ctrl_c_in_code_run_from_text_ends_python_m_with_its_line_and_130(tmp_path):
+    """A Ctrl-C that lands in code run from text (``exec``: a dataclass made as a module loads), handled by the
+    command (its line said), ended ``python -m dispersion_titan.COMMAND`` by SIGINT all the same, status -2, not
+    130 (``evaluate table`` interrupted while it drew): CPython marked it unhandled. The mark is cleared."""
+    (tmp_path / "command_from_text.py").write_text(
+        "import os, signal\n"
+        "from dispersion_titan.utils.errors import command, run_command\n"
+        "@command('what is kept; how to go on')\n"
+        "def main():\n"
+        "    exec('import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(30)')\n"
+        "run_command(main)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "command_from_text"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert (proc.returncode, proc.stderr) == (130, "dispersion_titan: interrupted; what is kept; how to go on\n")
+
+
 @pytest.mark.parametrize(
     "signum, whom", [(signal.SIGINT, os.kill), (signal.SIGTERM, os.killpg)], ids=["kill-INT", "scancel"]
 )

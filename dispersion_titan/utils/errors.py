@@ -250,6 +250,7 @@ def run_command(main: Callable[[], object]) -> None:
                 main()
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            _forget_handled_interrupts()
             sys.stdout.flush()
     except BrokenPipeError:
         if not any(map(_reader_gone, (sys.stdout, sys.stderr))):
@@ -265,6 +266,14 @@ def run_command(main: Callable[[], object]) -> None:
         if not str(e.strerror).startswith(NO_TEMP_DIR):
             raise
         fail(f"{e.strerror}: full or not writable; free space, or set TMPDIR to a folder with room", WRITE_FAILED)
+
+
+def _forget_handled_interrupts() -> None:
+    """CPython marks an interrupt that leaves code run from text (``exec(text)``: a dataclass or namedtuple made as
+    a module loads) unhandled, whoever handles it later, and ``python -m`` then ends by SIGINT, after the command's
+    line (status -2, not 130; ``evaluate table`` interrupted while it drew). Each such run clears the mark: an
+    empty one, once every interrupt is handled here, forgets it."""
+    exec("")
 
 
 def _reader_gone(stream: IO) -> bool:
