@@ -312,6 +312,25 @@ def test_ctrl_c_while_a_command_imports_is_one_line(tmp_path, launcher):
     ]
 
 
+def test_ctrl_c_while_python_m_data_imports_datasets_is_one_line(tmp_path):
+    """``python -m dispersion_titan.data prepare`` imports datasets (a second) with its module, before its
+    ``run_command``: a Ctrl-C then was a 40-line KeyboardInterrupt traceback, killed by SIGINT. Those imports are
+    under ``utils.errors.starting``: one line, exit 130, nothing written."""
+    out = tmp_path / "store"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dispersion_titan.data", "prepare", "enwiki_sample", "--out", str(out)],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while "libarrow" not in Path(f"/proc/{proc.pid}/maps").read_text():  # datasets' import under way
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (130, "dispersion_titan: interrupted while starting; nothing was done\n")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("argv", [["data", "prepare", "enwiki_sample", "--out", "OUT"], ["analyze", "RUN"]])
 def test_no_usable_temporary_directory_is_one_line(argv, tmp_path):
     """A full /tmp (here: no file may be written at all) fails the imports of datasets and torch (dill's

@@ -245,13 +245,14 @@ def run_command(main: Callable[[], object]) -> None:
     action) ended a finished command with a traceback, or killed it silently with status 130. SIGTERM has its
     action of before again (torchrun's, to a rank shutting down: the default, to end it)."""
     try:
-        try:
-            with _interruptible():
-                main()
-        finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            _forget_handled_interrupts()
-            sys.stdout.flush()
+        with starting():
+            try:
+                with _interruptible():
+                    main()
+            finally:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                _forget_handled_interrupts()
+                sys.stdout.flush()
     except BrokenPipeError:
         if not any(map(_reader_gone, (sys.stdout, sys.stderr))):
             raise
@@ -259,13 +260,23 @@ def run_command(main: Callable[[], object]) -> None:
         for stream in (sys.stdout, sys.stderr):
             os.dup2(devnull, stream.fileno())
         sys.exit(CLOSED_PIPE_STATUS)
-    except KeyboardInterrupt as e:  # a command's own handler ends each one after its imports: this one came before
-        print("dispersion_titan: interrupted while starting; nothing was done", file=sys.stderr, flush=True)
-        sys.exit(interrupted_exit_code(interrupt_signal(e)))
     except FileNotFoundError as e:  # tempfile's, when no folder takes a file: torch's import on a full /tmp
         if not str(e.strerror).startswith(NO_TEMP_DIR):
             raise
         fail(f"{e.strerror}: full or not writable; free space, or set TMPDIR to a folder with room", WRITE_FAILED)
+
+
+@contextmanager
+def starting() -> Iterator[None]:
+    """A Ctrl-C before the command's own handler (``command``) in one line, exit 130: the console script's command
+    is imported under it (``run_command``); a command's module that ``python -m`` runs imports what takes a second
+    under it itself (``data``: datasets), as its imports come before its ``run_command``."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        _forget_handled_interrupts()
+        print("dispersion_titan: interrupted while starting; nothing was done", file=sys.stderr, flush=True)
+        sys.exit(interrupted_exit_code(interrupt_signal(e)))
 
 
 def _forget_handled_interrupts() -> None:
