@@ -10,7 +10,7 @@ import os
 import sys
 
 from dispersion_titan.config.cli import OneLineErrorParser, launch_args, positive_int, read_toml
-from dispersion_titan.planning.figures import GPUS  # no torch: --help answers at once
+from dispersion_titan.planning.figures import GPUS, counted  # no torch: --help answers at once
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, command, run_command
 
 GPU_CHOICES = tuple(GPUS)
@@ -55,7 +55,7 @@ def plan_runs(
                 raise
             work.validated_args(args, 1)  # a run no layout fits says so itself
             raise ArgumentError(
-                f"{gpus_option}: {name} cannot be laid out on {gpus} GPUs ({str(e).split('; ')[0]}); "
+                f"{gpus_option}: {name} cannot be laid out on {counted(gpus, 'GPU')} ({str(e).split('; ')[0]}); "
                 f"give a {gpus_option} that fits it"
             ) from None
     print(work.runs_table(plans), flush=True)

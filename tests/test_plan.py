@@ -132,6 +132,10 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
             (config, "--gpus", "64", "--nodes", "3"),
             "--nodes: 64 GPUs do not split evenly over 3 nodes; use one of [1, 2, 4, 8, 16, 32, 64]",
         ),
+        (
+            (config, "--nodes", "2"),
+            "--nodes: 1 GPU does not split evenly over 2 nodes; use one of [1]",
+        ),  # was 1 GPUs do
         ((config, "--gpus", "0"), "argument --gpus: '0' is not a positive integer"),  # was "plan: error: ..."
         ((config, "--gpus", "128"), "training.global_batch_size: 64 sequences cannot be split over 128 data-parall"),
         (
@@ -147,7 +151,7 @@ def test_impossible_layouts_are_refused_before_anything_is_built(capsys, tmp_pat
         ),  # was: the measurement drew a micro-batch of 10^9 sequences from the data, growing until killed
         (
             (QWEN3_TOML, "--training.seq_len", "1000000000", "--training.local_batch_size", "1"),
-            "training.seq_len: 1 sequences of 1,000,000,000 tokens per GPU: one block's output alone (512 GB in "
+            "training.seq_len: 1 sequence of 1,000,000,000 tokens per GPU: one block's output alone (512 GB in "
             "bf16) exceeds the memory of an H100 SXM 80GB; lower it",
         ),  # was: "training.local_batch_size: …; lower it (or training.global_batch_size)", already 1
     ):  # the last but one: tyro's "Unrecognized options: --dispersion.coef, 1"

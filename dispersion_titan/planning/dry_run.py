@@ -26,6 +26,7 @@ from ..trainer.trainer import DispersionTrainer
 from ..utils.dtensor import local_tensor
 from ..utils.errors import ConfigError
 from .fake_world import rank_zero_trainer
+from .figures import counted
 from .resource_plan import ResourceLayout, resolve_layout
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def check_mesh(trainer: DispersionTrainer, layout: ResourceLayout) -> str:
     if loader != (layout.dp, 0):
         raise ConfigError(f"mesh: the data loader reads as rank {loader[1]} of {loader[0]}, not 0 of {layout.dp}")
     dims = " × ".join(f"{name} {size}" for name, size in sizes.items()) or "one rank"
-    return f"mesh: {dims} of {layout.gpus} ranks, the data loader rank 0 of {layout.dp}: as planned"
+    return f"mesh: {dims} of {counted(layout.gpus, 'rank')}, the data loader rank 0 of {layout.dp}: as planned"
 
 
 def check_parallelize(model: nn.Module, layout: ResourceLayout, tied: bool) -> str:
@@ -106,7 +107,7 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
         raise ConfigError(f"dispersion: the term divides by {objective.global_batch_size}, the global batch is {g}")
     if trainer.gradient_accumulation_steps != layout.accumulation:
         raise ConfigError(
-            f"dispersion: {trainer.gradient_accumulation_steps} micro-batches per step, "
+            f"dispersion: {counted(trainer.gradient_accumulation_steps, 'micro-batch', 'micro-batches')} per step, "
             f"the plan has {layout.accumulation}"
         )
     owned = shares(layout.micro_batch, layout.tp)
@@ -139,11 +140,13 @@ def check_dispersion(trainer: DispersionTrainer, layout: ResourceLayout, seq_len
             raise ConfigError(f"dispersion: rank 0's term is {ratio:.6g} × its own mean, not {owned[0]}/{g}")
         ratio_note = f"its term is {owned[0]}/{g} × its own mean (on random hidden states: {ratio:.6g})"
     tokens = min(seq_len, cfg.max_tokens or seq_len)
+    pairs = tokens * (tokens - 1)
     return (
-        f"dispersion: rank 0 owns {owned[0]} of each micro-batch's {layout.micro_batch} sequences "
-        f"({layout.accumulation} per step), {tokens} tokens and {tokens * (tokens - 1):,} ordered pairs each, "
-        f"on {chosen} blocks; {ratio_note}; {layout.dp} DP ranks × {layout.accumulation} micro-batches × "
-        f"{sum(owned)} sequences / {g} = 1: the sum over ranks is the global-batch mean"
+        f"dispersion: rank 0 owns {owned[0]} of each micro-batch's {counted(layout.micro_batch, 'sequence')} "
+        f"({layout.accumulation} per step), {counted(tokens, 'token')} and {counted(pairs, 'ordered pair')} each, "
+        f"on {counted(chosen, 'block')}; {ratio_note}; {counted(layout.dp, 'DP rank')} × "
+        f"{counted(layout.accumulation, 'micro-batch', 'micro-batches')} × {counted(sum(owned), 'sequence')} / "
+        f"{g} = 1: the sum over ranks is the global-batch mean"
     )
 
 

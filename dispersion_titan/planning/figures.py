@@ -32,6 +32,11 @@ GPUS = {
 """NDR InfiniBand (400 Gb/s) per H100/H200, HDR (200 Gb/s) per A100."""
 
 
+def counted(n: int, one: str, many: str = "") -> str:
+    """``n`` and its noun, singular for 1: a plan's counts may be 1 (one GPU, one sequence per micro-batch)."""
+    return f"{n:,} {one if n == 1 else many or one + 's'}"
+
+
 @dataclass(frozen=True)
 class MeasuredStep:
     gpu: str

@@ -13,7 +13,7 @@ from ..components.optimizers import MOMENT_BYTES_PER_PARAM
 from ..job_config.checks import data_parallel_degree, divisors
 from ..job_config.parse import model_args, validated_args
 from ..utils.errors import ArgumentError, ConfigError
-from .figures import GPU, GPUS, TERM_LABEL, Calibration, calibration
+from .figures import GPU, GPUS, TERM_LABEL, Calibration, calibration, counted
 from .step_measure import CATEGORIES, StepMeasurement, measure_step
 
 if TYPE_CHECKING:
@@ -64,9 +64,9 @@ class ResourceLayout:
     def describe(self) -> str:
         replicas = f"{self.dp_replicate} replicas × " if self.dp_replicate > 1 else ""
         return (
-            f"{replicas}DP shard {self.dp_shard} × TP {self.tp} on {self.gpus} GPU{'s' if self.gpus > 1 else ''} "
-            f"({self.nodes} node{'s' if self.nodes > 1 else ''}); micro-batch {self.micro_batch} × {self.seq_len} "
-            f"tokens, {self.accumulation} accumulation step{'s' if self.accumulation > 1 else ''}; "
+            f"{replicas}DP shard {self.dp_shard} × TP {self.tp} on {counted(self.gpus, 'GPU')} "
+            f"({counted(self.nodes, 'node')}); micro-batch {self.micro_batch} × {self.seq_len} "
+            f"tokens, {counted(self.accumulation, 'accumulation step')}; "
             f"{self.tokens_per_step:,} tokens per step"
         )
 
@@ -75,7 +75,10 @@ def nodes_of(gpus: int, nodes: int | None, gpu: GPU) -> int:
     """``--nodes``, or as few as hold ``gpus`` at ``gpu.gpus_per_node`` each; the GPUs split evenly."""
     count = nodes or math.ceil(gpus / gpu.gpus_per_node)
     if gpus % count:
-        raise ArgumentError(f"--nodes: {gpus} GPUs do not split evenly over {count} nodes; use one of {divisors(gpus)}")
+        split = "does not split" if gpus == 1 else "do not split"
+        raise ArgumentError(
+            f"--nodes: {counted(gpus, 'GPU')} {split} evenly over {count} nodes; use one of {divisors(gpus)}"
+        )
     return count
 
 
@@ -192,7 +195,7 @@ class Validation:
     read)."""
 
     def describe(self) -> str:
-        what = f"{self.runs:,} validation{'s' if self.runs != 1 else ''}"
+        what = counted(self.runs, "validation")
         if self.seconds is None:
             return f"validation not included ({what} of the whole held-out split, validation.steps -1)"
         return f"validation included: {what}, {self.seconds / 3600:,.3g} h a GPU ({FORWARD_LABEL})"
@@ -277,16 +280,17 @@ def refuse_if_too_big(plan: ResourcePlan) -> None:
         shards = lay.dp_shard * lay.tp
         raise ConfigError(
             f"model: {plan.name}'s {plan.step.params_total:,.0f} parameters (MLP width {lay.mlp_width:,}, dim "
-            f"{lay.dim:,}, {lay.n_layers} blocks) need {state / GB:,.1f} GB per GPU for their weights, gradients and "
-            f"optimizer state alone ({'on one GPU' if shards == 1 else f'sharded over {shards} GPUs'}), more than the "
-            f"{gpu.name}'s {gpu.memory_gb:g} GB at any micro-batch; shard them over more GPUs (FSDP) or use larger "
-            "ones, or give a smaller MLP width (model.mlp_hidden_dim, a sweep's widths) or model"
+            f"{lay.dim:,}, {counted(lay.n_layers, 'block')}) need {state / GB:,.1f} GB per GPU for their weights, "
+            f"gradients and optimizer state alone ({'on one GPU' if shards == 1 else f'sharded over {shards} GPUs'}), "
+            f"more than the {gpu.name}'s {gpu.memory_gb:g} GB at any micro-batch; shard them over more GPUs (FSDP) or "
+            "use larger ones, or give a smaller MLP width (model.mlp_hidden_dim, a sweep's widths) or model"
         )
     if plan.memory_share > 1:
         raise ConfigError(
-            f"training.max_local_batch_size: {plan.name}'s micro-batch of {plan.layout.micro_batch} sequences needs "
-            f"{plan.step.peak / GB:.1f} GB per GPU at its peak, more than the {plan.gpu.name}'s "
-            f"{plan.gpu.memory_gb:g} GB; lower it, or set activation_checkpoint.mode"
+            f"training.max_local_batch_size: {plan.name}'s micro-batch of "
+            f"{counted(plan.layout.micro_batch, 'sequence')} needs {plan.step.peak / GB:.1f} GB per GPU at its "
+            f"peak, more than the {plan.gpu.name}'s {plan.gpu.memory_gb:g} GB; lower it, or set "
+            "activation_checkpoint.mode"
         )
 
 
@@ -330,7 +334,7 @@ def plan_table(plan: ResourcePlan) -> str:
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
         (
             "GPU-hours",
-            f"**{plan.gpu_hours:,.3g}** for {plan.steps:,} steps on {lay.gpus} × {plan.gpu.name}"
+            f"**{plan.gpu_hours:,.3g}** for {counted(plan.steps, 'step')} on {lay.gpus} × {plan.gpu.name}"
             + (f"; {plan.validation.describe()}" if plan.validation.runs else ""),
         ),
         (
@@ -435,8 +439,9 @@ def planned(name: str, args: list[str], gpus: int, nodes: int | None, gpu_key: s
             else ("training.local_batch_size", " (or training.global_batch_size)")
         )
         raise ConfigError(
-            f"{field}: {layout.micro_batch:,} sequences of {layout.seq_len:,} tokens per GPU: one block's output "
-            f"alone ({block_output_gb:,.0f} GB in bf16) exceeds the memory of an {gpu.name}; lower it{also}"
+            f"{field}: {counted(layout.micro_batch, 'sequence')} of {counted(layout.seq_len, 'token')} per GPU: one "
+            f"block's output alone ({block_output_gb:,.0f} GB in bf16) exceeds the memory of an {gpu.name}; lower "
+            f"it{also}"
         )
     key = _measurement_key(job_config, gpus, gpu_key)
     if key not in _measured:

@@ -24,7 +24,7 @@ from torch.utils.flop_counter import flop_registry
 from ..components.titan_compat import optimizer_per_model_part, optimizer_step
 from ..utils.dtensor import local_tensor
 from .fake_world import rank_zero_trainer
-from .figures import GPU, term_seconds
+from .figures import GPU, counted, term_seconds
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -70,7 +70,7 @@ class StepMeasurement:
         if self.extrapolated:
             blocks = " and ".join(map(str, MEASURED_DEPTHS))
             return f"measured at {blocks} blocks, extrapolated to {self.depth} (linear in depth)"
-        return f"measured at all {self.depth} blocks"
+        return f"measured at all {counted(self.depth, 'block')}"
 
 
 aten = torch.ops.aten
