@@ -147,7 +147,7 @@ def run_paper(argv: list[str]) -> int:
         if a.artifact == "table2":
             print(catalog.pretrained_rows())
         return 0
-    options = {**vars(a), "out": os.path.abspath(a.out)}
+    options = {**vars(a), "out": os.path.realpath(a.out)}  # one folder by any path: the same jobs (as the sweep)
     refuse_unless_ours(options["out"], PAPER, "--out", "use another --out")  # --dry-run too: it shows what would run
     workflow = workflows.build(a.artifact, options)
     if workflow.left_out:

@@ -763,6 +763,22 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
         assert code == 0 and f" {ambiguous} " in shown, err
 
 
+def test_paper_slurm_again_into_its_folder_by_a_link_is_the_same_submission(tmp_path, capsys, monkeypatch):
+    """``--slurm --out LINK``, then ``--out REAL`` (LINK a link to REAL) while its jobs are queued: one folder, so the
+    same jobs, refused as such (was `job 101 of this name is queued or running with other settings`: their commands
+    compared by the path typed, --out made absolute, not resolved as the sweep's)."""
+    model, real = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    monkeypatch.setenv("PATH", fake_slurm(tmp_path, "")["PATH"])
+    args = ("table2", "--pretrained", f"hf:{model}", "--slurm", "--out")
+    code, _, err = paper(*args, tmp_path / "link", capsys=capsys)
+    assert code == 0, err
+    code, _, err = paper(*args, real, capsys=capsys)
+    assert_one_line_error(code, err, "): the same job is queued or running as 101; wait for it to end, or scancel 101")
+    assert len((tmp_path / "calls").read_text().splitlines()) == 2  # its evaluation and drawing jobs, once
+
+
 def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission(zoo, tmp_path, capsys, monkeypatch):
     """fig3 --slurm into the DIR where fig2 analysed the run at another --seq-len: one line, exit 2, by the dry run
     too, nothing written (was exit 0, submitted: its analyze job refused the folder's other settings hours later);
@@ -798,7 +814,7 @@ def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission
     # the stand-in sbatch's), as another version may record it: refused alike (was: compared as strings, submitted)
     (tmp_path / "link").symlink_to(tmp_path / "queued")
     code, _, err = paper("fig3", *queued[:-1], tmp_path / "link", "--seq-len", str(S // 2), capsys=capsys)
-    assert_one_line_error(code, err, f"{tmp_path / 'link' / 'analyses' / run.name}: job 101, queued or running")
+    assert_one_line_error(code, err, f"{tmp_path / 'queued' / 'analyses' / run.name}: job 101, queued or running")
     record = tmp_path / "queued" / "logs" / "submitted.json"
     jobs, work_dir = json.loads(record.read_text()), (tmp_path / "held").read_text().splitlines()[0].split(" ", 1)[1]
     at = jobs["101"].index("--out") + 1
