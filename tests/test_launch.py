@@ -375,6 +375,11 @@ def test_sweep_bad_input_is_one_line(tmp_path):
             "cell w64-baseline-s0: training.steps is 0 without checkpoint.save_initial: its training would save no "
             "checkpoint for its analyze and evaluate jobs to read; give it steps, or --checkpoint.save-initial"
         ),
+        # sbatch keeps the last --export: one of the user's would drop ours, PREEMPT_LEAD (was submitted)
+        ("--train-sbatch-arg=--export=ALL,FOO=1", "--train-sbatch-arg=--signal=B:USR1@60"): (
+            "train_sbatch_args: --export=ALL,FOO=1: a training job is told the lead of a --signal given here with "
+            "--export=ALL,PREEMPT_LEAD=N"
+        ),
         ("--analyze-sbatch-arg=--kill=no",): "analyze_sbatch_args: --kill=no: these jobs are submitted with --kill-on-",
         ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--config", str(tmp_path)): f"config: {tmp_path} is a folder; give the TOML file itself",

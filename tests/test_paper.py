@@ -463,6 +463,10 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
     given = ("--sbatch-arg=--gpus-per-n", "--sbatch-arg=2", "--sbatch-arg=-N2")  # sbatch's other spellings: 2 × 2
     code, out, _ = paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path, capsys=capsys)
     assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out
+    signal = "--sbatch-arg=--signal=B:USR1@60"  # the trainings told its lead, as the sweep's (train.sbatch's check)
+    code, out, _ = paper("fig3", "--slurm", "--dry-run", signal, "--out", tmp_path, capsys=capsys)
+    told = [" --export=ALL,PREEMPT_LEAD=60 " in line for line in out.splitlines() if "sbatch --parsable" in line]
+    assert code == 0 and told == [True] * 8 + [False] * 5, out
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
     for option in ("--preset", "--pick", "--rows"):
@@ -756,6 +760,11 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
                          "--dry-run", capsys=capsys)  # fmt: skip
     assert_one_line_error(  # was: the drawing job pending forever once an evaluation failed
         code, err, "--sbatch-arg: --kill-on-invalid-dep=no: these jobs are submitted with --kill-on-invalid-dep=yes"
+    )
+    code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", "--sbatch-arg=--export=NONE",
+                         "--dry-run", capsys=capsys)  # fmt: skip
+    assert_one_line_error(  # was submitted: sbatch keeps the last --export, a training job told PREEMPT_LEAD=N none
+        code, err, "--sbatch-arg: --export=NONE: a training job is told the lead of a --signal given here with --export"
     )
     for ambiguous in ("--de=afterany:7", "--a=0-1"):  # sbatch's own refusal: --deadline, --delay-boot; --account ...
         args = ["table2", "--pretrained", f"hf:{model}", "--slurm", f"--sbatch-arg={ambiguous}", "--dry-run"]

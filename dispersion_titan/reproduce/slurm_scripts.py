@@ -43,6 +43,7 @@ ABBREVIATED = {  # the shortest abbreviation of each long option read here that 
     "--array": "--ar",
     "--chdir": "--ch",
     "--dependency": "--dep",
+    "--export": "--export",  # --expor: --export or --export-file
     "--gpus": "--gpus",
     "--gpus-per-node": "--gpus-per-n",
     "--kill-on-invalid-dep": "--k",
@@ -70,6 +71,22 @@ def given_option(args: list[str], short: str, long: str) -> str | None:
     return next((given for given, _ in option_values(args, short, long)), None)
 
 
+def signal_lead(sbatch_args: list[str]) -> int:
+    """Seconds from train.sbatch's preemption signal to the time limit: the last --signal given, else its own."""
+    lead = SBATCH_SIGNAL_LEAD_S
+    for _, value in option_values(sbatch_args, "", "--signal"):
+        seconds = value.rpartition("@")[2] if "@" in value else "60"  # sbatch's default lead
+        lead = int(seconds) if seconds.isdigit() else lead
+    return lead
+
+
+def lead_told(sbatch_args: list[str]) -> list[str]:
+    """train.sbatch's sbatch option telling it the lead of a ``--signal`` among ``sbatch_args`` not its own, which
+    its check of the time limit reads (``PREEMPT_LEAD``)."""
+    lead = signal_lead(sbatch_args)
+    return [f"--export=ALL,PREEMPT_LEAD={lead}"] if lead != SBATCH_SIGNAL_LEAD_S else []
+
+
 REFUSED = {  # sbatch options these jobs cannot take: their short form ("": none), and why
     "--array": ("-a", "the tasks of an array job would each run the same command, into the same folders; leave it out"),
     "--chdir": (
@@ -82,6 +99,13 @@ REFUSED = {  # sbatch options these jobs cannot take: their short form ("": none
         "these jobs wait for the ones before them with a --dependency of their own, which sbatch would replace with "
         "this one (it keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold "
         "them with --begin)",
+    ),
+    "--export": (
+        "",
+        "a training job is told the lead of a --signal given here with --export=ALL,PREEMPT_LEAD=N (train.sbatch "
+        "checks its time limit against it), which sbatch would replace with this one (it keeps the last given); "
+        "leave it out: the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so export "
+        "what they need there",
     ),
     "--kill-on-invalid-dep": (
         "",

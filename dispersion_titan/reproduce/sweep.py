@@ -35,13 +35,13 @@ from ..utils.errors import ArgumentError, ConfigError, DispersionTitanError
 from ..utils.records import atomic_write
 from .slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
-    SBATCH_SIGNAL_LEAD_S,
     SlurmJob,
     given_option,
-    option_values,
+    lead_told,
     queued_jobs,
     refuse_options,
     sbatch,
+    signal_lead,
     without_dependency,
 )
 
@@ -135,18 +135,9 @@ def _seconds(limit: str) -> float:
     return (int(days or 0) * 86400 + h * 3600 + m * 60 + s) or math.inf
 
 
-def _signal_lead(sbatch_args: list[str]) -> int:
-    """Seconds from train.sbatch's preemption signal to the time limit: the last --signal given, else its own."""
-    lead = SBATCH_SIGNAL_LEAD_S
-    for _, value in option_values(sbatch_args, "", "--signal"):
-        seconds = value.rpartition("@")[2] if "@" in value else "60"  # sbatch's default lead
-        lead = int(seconds) if seconds.isdigit() else lead
-    return lead
-
-
 def _check_train_time(limit: str, sbatch_args: list[str]) -> None:
     """A time limit within the signal's lead would checkpoint and requeue every attempt at its first steps."""
-    lead = _signal_lead(sbatch_args)
+    lead = signal_lead(sbatch_args)
     least = lead + 60  # sbatch --signal: "may be sent up to 60 seconds earlier than specified"
     if _seconds(limit) <= least:
         raise ArgumentError(
@@ -211,6 +202,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         refuse_options(key, fields.get(key, []), "--dependency", "--kill-on-invalid-dep")
     for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
         refuse_options(key, fields.get(key, []), "--array", "--chdir")
+    refuse_options("train_sbatch_args", fields.get("train_sbatch_args", []), "--export")  # its --signal's lead
     if "train_time" in fields:
         _check_train_time(str(fields["train_time"]), fields.get("train_sbatch_args", []))
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
@@ -444,8 +436,7 @@ def _resources(sweep: Sweep, *keys: str) -> list[str]:
 def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
     """Per cell: train, then analyze and evaluate; then compare (after every train and
     analyze job) and the table (after every evaluate job)."""
-    lead = _signal_lead(sweep.train_sbatch_args)  # for train.sbatch's check of its time limit, when not its own
-    told = [f"--export=ALL,PREEMPT_LEAD={lead}"] if lead != SBATCH_SIGNAL_LEAD_S else []
+    told = lead_told(sweep.train_sbatch_args)  # for train.sbatch's check of its time limit
     train_options = _resources(sweep, "nodes", "gpus_per_node", "cpus_per_task") + told + sweep.train_sbatch_args
     kinds = {  # a job's sbatch script is its kind's
         "train": (sweep.train_time, train_options),

@@ -47,6 +47,7 @@ from ..slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
     SlurmJob,
     job_name,
+    lead_told,
     option_values,
     queued_jobs,
     refuse_options,
@@ -573,7 +574,9 @@ def check_hub(workflow: PaperWorkflow) -> None:
 
 def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
     """The steps' jobs, then the drawing job, which waits for them all."""
-    refuse_options("--sbatch-arg", sbatch_args, "--dependency", "--array", "--chdir", "--kill-on-invalid-dep")
+    refuse_options(
+        "--sbatch-arg", sbatch_args, "--dependency", "--array", "--chdir", "--kill-on-invalid-dep", "--export"
+    )
     logs = os.path.join(workflow.out, "logs")
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
@@ -584,7 +587,8 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
         spread = [] if gpus == 1 else [f"--gpus={gpus}"]
         argv = step.argv if gpus == 1 or "--device-map" in step.argv else [*step.argv, "--device-map", "auto"]
         name = f"paper-{workflow.artifact}-{i}"
-        command = sbatch(name, logs, [*spread, *sbatch_args], step.command, argv)
+        told = lead_told(sbatch_args) if step.command == "train" else []  # as the sweep's training jobs
+        command = sbatch(name, logs, [*spread, *told, *sbatch_args], step.command, argv)
         lines.append(SlurmJob(f"job_{i}", name, command, [f"job_{j + 1}" for j in step.after]))
     name = f"paper-{workflow.artifact}-draw"
     draw = sbatch(name, logs, ["--gpus=0", *sbatch_args], "paper", draw_argv)
