@@ -489,6 +489,39 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
 ONE_CELL = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
 
 
+def test_a_sweep_submitted_again_from_another_folder_with_relative_paths_submits_nothing(tmp_path):
+    """A sweep whose ``analyze_args`` name ``--texts texts.jsonl`` (its jobs read it from the folder they are submitted
+    from), submitted again from another folder holding another ``texts.jsonl``: one line naming the folder to submit it
+    from, exit 2, no sbatch (was: the same commands submitted there, their jobs reading the other file); from its own
+    folder, or with an older sweep.json that records none, submitted as before."""
+    first, other, out = tmp_path / "first", tmp_path / "other", tmp_path / "sweep"
+    for folder in (first, other):
+        folder.mkdir()
+        (folder / "texts.jsonl").write_text(json.dumps({"text": folder.name}) + "\n")
+    env = fake_slurm(tmp_path, "")
+    args = (*ONE_CELL, "--config", DEBUG_TOML, "--out", str(out), "--analyze-args=--texts texts.jsonl")
+
+    def submitted_from(folder: Path) -> subprocess.CompletedProcess:
+        return python_module("dispersion_titan.sweep", *args, timeout=300, env=env, cwd=folder)
+
+    assert submitted_from(first).returncode == 0
+    (tmp_path / "held").write_text("")  # its jobs ended (cancelled, say): the same command again submits them
+    again = submitted_from(other)
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"dispersion_titan: error: analyze_args: texts.jsonl: a path relative to {first}, where {out} was first "
+        "submitted from (its jobs read it from the folder they are submitted from, here another file or none); "
+        f"submit the sweep again from {first}"
+    ]
+    assert len((tmp_path / "calls").read_text().splitlines()) == 5
+    assert submitted_from(first).returncode == 0 and len((tmp_path / "calls").read_text().splitlines()) == 10
+    (tmp_path / "held").write_text("")
+    manifest = json.loads((out / "sweep.json").read_text())
+    del manifest["work_dir"]  # as an older version wrote it
+    (out / "sweep.json").write_text(json.dumps(manifest))
+    older = submitted_from(other)
+    assert older.returncode == 0 and len((tmp_path / "calls").read_text().splitlines()) == 15, older.stderr
+
+
 @pytest.mark.parametrize(
     ("key", "option", "default"),
     [

@@ -213,7 +213,30 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     for key, values in (("widths", sweep.widths), ("seeds", sweep.seeds), ("variants", [a.label for a in arms])):
         if len(set(values)) != len(values):
             raise ArgumentError(f"{key}: listed twice: {values}")
+    refuse_elsewhere(sweep)
     return sweep
+
+
+def refuse_elsewhere(sweep: Sweep) -> None:
+    """The sweep submitted again from another folder than the first time (``sweep.json``'s ``work_dir``; an older one
+    records none) with a relative path among its arguments (``--texts texts.jsonl``): its jobs run in the folder they
+    are submitted from, where the same command strings name another file, or none."""
+    try:
+        recorded = json.loads((sweep.out / MANIFEST).read_text()).get("work_dir")
+    except (OSError, ValueError, AttributeError):  # none yet, or unreadable: resubmission says so
+        return
+    if not isinstance(recorded, str) or Path(recorded).resolve() == Path.cwd().resolve():
+        return
+    for key in ("train_overrides", *ARGUMENTS):
+        for arg in getattr(sweep, key):
+            value = arg.partition("=")[2] if arg.startswith("-") else arg
+            paths = [path for path in value.split(",") if path and not path.startswith(("/", "~"))]
+            if any(os.path.lexists(os.path.join(folder, path)) for path in paths for folder in (recorded, ".")):
+                raise ArgumentError(
+                    f"{key}: {arg}: a path relative to {recorded}, where {sweep.out} was first submitted from (its "
+                    "jobs read it from the folder they are submitted from, here another file or none); submit the "
+                    f"sweep again from {recorded}"
+                )
 
 
 def refuse_used(out: Path) -> None:
@@ -476,6 +499,7 @@ def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> P
     sbatch commands, which a submission again compares."""
     manifest = {
         "config": str(sweep.config),
+        "work_dir": str(Path.cwd()),  # the jobs' working directory: where their relative paths lead
         "out": str(sweep.out),
         "grid": {"widths": sweep.widths, "variants": [asdict(a) for a in sweep.variants], "seeds": sweep.seeds},
         "cells": [
