@@ -8,6 +8,7 @@ multiple of the TP degree.
 
 from __future__ import annotations
 
+import gloo_groups
 import torch
 import torch.distributed as dist
 
@@ -18,9 +19,9 @@ SLICE, DIM = 3, 5
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
+    gloo_groups.init()
     rank, world = dist.get_rank(), dist.get_world_size()
-    group = dist.new_group(list(range(world)))
+    group = dist.new_group(list(range(world)), timeout=gloo_groups.TIMEOUT)
     for batch in (1, world, world + 1, 2 * world + 1):
         full = torch.randn(
             batch, SLICE * world, DIM, generator=torch.Generator().manual_seed(batch), requires_grad=True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 
+import gloo_groups
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
@@ -27,8 +28,13 @@ def full(t: torch.Tensor) -> torch.Tensor:
 
 def main(dp: int, tp: int) -> None:
     titan_compat.apply()
-    dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    gloo_groups.init()
+    mesh = init_device_mesh(
+        "cpu",
+        (dp, tp),
+        mesh_dim_names=("dp", "tp"),
+        backend_override={d: gloo_groups.options() for d in (0, 1)},
+    )
     torch.manual_seed(0)
     args = gpt2_flavors["debug"]
     with torch.device("meta"):
