@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import huggingface_hub.constants
+import psutil
 
 from dispersion_titan.reproduce.quickstart.jobs import Commands, _run, exit_status, serve
 
@@ -61,7 +62,13 @@ class Jobs(Commands):
 
 
 def _rank(target: str, argv: list[str]) -> None:
-    """One forked worker of a torchrun job; only local rank 0 writes to the job's output."""
+    """One forked worker of a torchrun job; only local rank 0 writes to the job's output. It starts once the
+    launcher has forked all its ranks: the launcher's store thread looks up the name of each rank that connects
+    (``LibUVStoreDaemon::onConnect``: ``getnameinfo``, under glibc's resolver lock), and a rank forked at that
+    moment inherits the lock held and hangs at its own first lookup, its peers waiting for it at the store."""
+    launcher = psutil.Process(os.getppid())
+    while len(launcher.children()) < int(os.environ["LOCAL_WORLD_SIZE"]):
+        time.sleep(0.005)
     if os.environ["LOCAL_RANK"] != "0":
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
