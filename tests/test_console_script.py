@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -314,8 +315,8 @@ def test_ctrl_c_while_a_command_imports_is_one_line(tmp_path, launcher):
 
 def test_ctrl_c_while_python_m_data_imports_datasets_is_one_line(tmp_path):
     """``python -m dispersion_titan.data prepare`` imports datasets (a second) with its module, before its
-    ``run_command``: a Ctrl-C then was a 40-line KeyboardInterrupt traceback, killed by SIGINT. Those imports are
-    under ``utils.errors.starting``: one line, exit 130, nothing written."""
+    ``run_command``: a Ctrl-C then was a 40-line KeyboardInterrupt traceback, killed by SIGINT. One line, exit 130,
+    nothing written (``utils.errors.interrupted_while_starting``, as for every ``python -m`` command)."""
     out = tmp_path / "store"
     proc = subprocess.Popen(
         [sys.executable, "-m", "dispersion_titan.data", "prepare", "enwiki_sample", "--out", str(out)],
@@ -329,6 +330,37 @@ def test_ctrl_c_while_python_m_data_imports_datasets_is_one_line(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert (proc.returncode, err) == (130, "dispersion_titan: interrupted while starting; nothing was done\n")
     assert not out.exists()
+
+
+STARTING_INTERRUPTED = "dispersion_titan: interrupted while starting; nothing was done\n"
+ENTRY_MODULES = sorted({m.removesuffix(".__main__") for m in COMMANDS.values()} | {"dispersion_titan.torchrun"})
+
+
+@pytest.mark.parametrize("module", ENTRY_MODULES)
+def test_ctrl_c_while_python_m_imports_its_module_is_one_line(module):
+    """``python -m dispersion_titan.COMMAND`` runs its module's imports before its ``run_command``: a Ctrl-C there
+    (0.1 s, torchrun's 1.7 s) was a KeyboardInterrupt traceback, killed by SIGINT. SIGINT every 20 ms from the
+    moment the package is imported (``-X importtime``'s line for it; before it, the interpreter's own start) until
+    the command ends: one line, exit 130, or ``--help`` answered."""
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", module, "--help"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    err = []
+    for line in proc.stderr:
+        err.append(line)
+        if line.rstrip().endswith("| dispersion_titan"):
+            break
+    threading.Thread(target=_interrupt_until_it_ends, args=(proc,), daemon=True).start()  # stderr read meanwhile
+    said = [line for line in err + proc.stderr.readlines() if not line.startswith("import time:")]
+    proc.wait(timeout=60)
+    assert (proc.returncode, said) in [(0, []), (130, [STARTING_INTERRUPTED])]
+
+
+def _interrupt_until_it_ends(proc: subprocess.Popen) -> None:
+    while proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("argv", [["data", "prepare", "enwiki_sample", "--out", "OUT"], ["analyze", "RUN"]])

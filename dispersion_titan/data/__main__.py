@@ -24,11 +24,9 @@ import shlex
 from ..config.cli import OneLineErrorParser, out_folder, positive_int
 from ..run_folder.owners import FolderOwner, refuse_unless_ours
 from ..run_folder.writer_lock import sole_writer
-from ..utils.errors import command, fail, run_command, starting
-
-with starting():  # datasets (a second): python -m runs these imports before run_command
-    from .corpora import SPLITS
-    from .store import SHARD_DOCUMENTS, is_store, prepare
+from ..utils.errors import command, fail, run_command
+from .corpora import SPLITS
+from .store import SHARD_DOCUMENTS, is_store, prepare
 
 
 def parser() -> argparse.ArgumentParser:

@@ -269,14 +269,22 @@ def run_command(main: Callable[[], object]) -> None:
 @contextmanager
 def starting() -> Iterator[None]:
     """A Ctrl-C before the command's own handler (``command``) in one line, exit 130: the console script's command
-    is imported under it (``run_command``); a command's module that ``python -m`` runs imports what takes a second
-    under it itself (``data``: datasets), as its imports come before its ``run_command``."""
+    is imported under it (``run_command``); under ``python -m`` its module's imports come first, under
+    ``interrupted_while_starting``."""
     try:
         yield
     except KeyboardInterrupt as e:
         _forget_handled_interrupts()
         print("dispersion_titan: interrupted while starting; nothing was done", file=sys.stderr, flush=True)
         sys.exit(interrupted_exit_code(interrupt_signal(e)))
+
+
+def interrupted_while_starting(signum: int, frame: object) -> NoReturn:
+    """SIGINT's handler from the package's import under ``python -m dispersion_titan.COMMAND`` (``__init__``) until
+    its ``run_command``'s: ``starting``'s line once, further Ctrl-Cs ignored as it exits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with starting():
+        raise KeyboardInterrupt(signum)
 
 
 def _forget_handled_interrupts() -> None:
