@@ -441,10 +441,10 @@ def test_a_second_sweep_on_the_same_folder_submits_nothing(tmp_path):
     assert not (tmp_path / "submitted").exists() and not (out / "sweep.json").exists()
 
 
-def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(tmp_path):
+def test_a_sweep_submitted_again_with_other_settings_submits_nothing(tmp_path):
     """Into a submitted sweep's folder (here by a stand-in sbatch), other cells (named, added and removed: an arm
-    added was "the compare job differs") or other settings, and into its `cp -a` copy (whose jobs write into the
-    original) the same: one line, exit 2, no sbatch (test_slurm.py submits the same again)."""
+    added was "the compare job differs") or other settings: one line, exit 2, no sbatch (test_slurm.py submits the
+    same again; a copied or moved folder: the next test)."""
     bin_dir, out, calls = tmp_path / "bin", tmp_path / "sweep", tmp_path / "calls"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(f"#!/bin/sh\necho >> {calls}\necho $$\n")  # a job id per call
@@ -477,16 +477,53 @@ def test_a_sweep_submitted_again_with_other_settings_or_copied_submits_nothing(t
         "job differs from its sweep.json); give the sweep a new folder, or its own settings to submit its stopped "
         "jobs again"
     ]
-    shutil.copytree(out, tmp_path / "copy", symlinks=True)
-    copy = sweep(toml, *one_cell, "--out", str(tmp_path / "copy"), env=env)
-    assert copy.returncode == 2 and copy.stderr.strip().splitlines() == [
-        f"dispersion_titan: error: out: {tmp_path / 'copy'} holds the sweep submitted into {out} (copied or moved: its "
-        "sweep.json's jobs write there); submit it there again, or give the sweep a new folder"
-    ]
     assert len(calls.read_text().splitlines()) == 5
 
 
 ONE_CELL = (str(REPO / "launch" / "sweep_example.toml"), "--widths", "64", "--variants", "baseline", "--seeds", "0")
+
+
+def test_a_sweep_copied_or_moved_while_its_jobs_are_queued_is_refused_then_submitted_where_it_is(tmp_path):
+    """A sweep folder copied (`cp -a`) or moved (`mv`) while its jobs are queued (they write into the original): one
+    line, exit 2, no sbatch: the copy's naming the original to submit it there, the moved one's the jobs to scancel
+    or wait for (was: "submit it there again", a folder no longer there). Once its jobs ended, each is submitted again
+    where it is, its commands compared with the paths moved: its trained cell kept, the other jobs writing there
+    (was refused for good)."""
+    config, out, calls = tmp_path / "debug.toml", tmp_path / "sweep", tmp_path / "calls"
+    config.write_text(Path(DEBUG_TOML).read_text())
+    env = fake_slurm(tmp_path, "")
+
+    def submitted_into(name: str) -> subprocess.CompletedProcess:
+        args = ("--config", str(config), "--out", str(tmp_path / name), "--", "--training.steps", "1", *DEBUG_SEQ_LEN)
+        return sweep(*ONE_CELL, *args, env=env)
+
+    assert submitted_into("sweep").returncode == 0
+    train = json.loads((out / "sweep.json").read_text())["commands"]["train_1"]
+    torchrun(out / "w64-baseline-s0", 1, *train[train.index(str(config)) + 1 :], config=str(config))  # trained
+    shutil.copytree(out, tmp_path / "copy", symlinks=True)
+
+    refused = {
+        "copy": "(copied or moved: its sweep.json's jobs write there); submit it there again, or give the sweep a new "
+        "folder",
+        "moved": "(moved: its jobs 101 102 103 104 105, queued or running, write there); scancel 101 102 103 104 105 "
+        "(or wait for them to end), then submit it here again",
+    }
+    for name, advice in refused.items():
+        if name == "moved":
+            out.rename(tmp_path / "moved")
+        proc = submitted_into(name)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+            f"dispersion_titan: error: out: {tmp_path / name} holds the sweep submitted into {out} {advice}"
+        ], proc.stderr
+    assert len(calls.read_text().splitlines()) == 5
+    for name in ("moved", "copy"):
+        (tmp_path / "held").write_text("")  # its jobs ended (the stand-in squeue lists every job it holds)
+        again = submitted_into(name)
+        assert again.returncode == 0 and "sweep: 4 jobs submitted (1 kept:" in again.stdout, again.stderr
+        submitted = calls.read_text().splitlines()[-4:]
+        assert all(f"--job-name={name}-" in line and f" {tmp_path / name}/" in line for line in submitted)
+        assert not any(str(out) in line for line in submitted)
+        assert json.loads((tmp_path / name / "sweep.json").read_text())["out"] == str(tmp_path / name)
 
 
 def test_a_sweep_submitted_again_from_another_folder_with_relative_paths_submits_nothing(tmp_path):

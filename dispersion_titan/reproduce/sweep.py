@@ -358,9 +358,10 @@ def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[st
     try:
         manifest = json.loads(path.read_text())
         commands = {key: without_dependency(argv) for key, argv in manifest["commands"].items()}
-        ids = {"compare": manifest["compare_job"], "table": manifest["table_job"]}
+        ids = {}  # in the order submitted
         for i, cell in enumerate(manifest["cells"], start=1):
             ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
+        ids |= {"compare": manifest["compare_job"], "table": manifest["table_job"]}
         names = [cell["name"] for cell in manifest["cells"]]
         return manifest["out"], names, commands, {key: job_id for key, job_id in ids.items() if job_id is not None}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # edited by hand, or of another version
@@ -383,6 +384,32 @@ def _refuse_other_settings(name: str, config: RunConfig) -> None:
         ) from None
 
 
+def _refuse_while_queued_there(here: Path, there: str, ids: list[str]) -> None:
+    """A sweep copied or moved from ``there`` while jobs of it are queued or running: they write there."""
+    queued = queued_jobs(ids).keys()
+    if not (jobs := " ".join(job_id for job_id in ids if job_id in queued)):  # all ended: this folder goes on alone
+        return
+    if os.path.isdir(there):
+        raise ArgumentError(
+            f"out: {here} holds the sweep submitted into {there} (copied or moved: its {MANIFEST}'s "
+            "jobs write there); submit it there again, or give the sweep a new folder"
+        )
+    raise ArgumentError(
+        f"out: {here} holds the sweep submitted into {there} (moved: its jobs {jobs}, queued or running, write "
+        f"there); scancel {jobs} (or wait for them to end), then submit it here again"
+    )
+
+
+def _relocated(argv: list[str], there: str, here: str) -> list[str]:
+    """A command recorded for the sweep in ``there`` as it reads for ``here``: the paths inside the folder, and the
+    job name, which starts with the folder's name."""
+    inside = re.compile(rf"(?<![^=]){re.escape(there)}(?=/|$)")  # the whole argument, or an option's value
+    name, renamed = f"--job-name={Path(there).name}-", f"--job-name={Path(here).name}-"
+    return [
+        renamed + arg.removeprefix(name) if arg.startswith(name) else inside.sub(lambda _: here, arg) for arg in argv
+    ]
+
+
 def resubmission(
     sweep: Sweep,
     jobs: list[SlurmJob],
@@ -399,11 +426,9 @@ def resubmission(
     if not (sweep.out / MANIFEST).exists():
         return jobs, {}, set()
     out, names, recorded, ids = _recorded(sweep.out / MANIFEST)
-    if out != str(sweep.out):  # its queued jobs write into the original
-        raise ArgumentError(
-            f"out: {sweep.out} holds the sweep submitted into {out} (copied or moved: its {MANIFEST}'s "
-            "jobs write there); submit it there again, or give the sweep a new folder"
-        )
+    if out != str(sweep.out):  # copied or moved: compared as they would be submitted from here
+        _refuse_while_queued_there(sweep.out, out, list(ids.values()))
+        recorded = {key: _relocated(argv, out, str(sweep.out)) for key, argv in recorded.items()}
     cells = [cell.name for cell in sweep.cells()]
     if cells != names:  # an arm, width or seed added or dropped: each job's command would differ
         added, removed = [c for c in cells if c not in names], [c for c in names if c not in cells]
