@@ -377,9 +377,13 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ),
         # sbatch keeps the last --export: one of the user's would drop ours, PREEMPT_LEAD (was submitted)
         ("--train-sbatch-arg=--export=ALL,FOO=1", "--train-sbatch-arg=--signal=B:USR1@60"): (
-            "train_sbatch_args: --export=ALL,FOO=1: a training job is told the lead of a --signal given here with "
-            "--export=ALL,PREEMPT_LEAD=N"
+            "train_sbatch_args: --export=ALL,FOO=1: these jobs read the environment they are submitted with: PYTHON, "
+            "the interpreter they run (--export=NONE would drop it), and a training job the lead of a --signal given "
+            "here, told with --export=ALL,PREEMPT_LEAD=N"
         ),
+        # --export=NONE drops PYTHON, the interpreter the job runs (was submitted)
+        ("--analyze-sbatch-arg=--export=NONE",): "analyze_sbatch_args: --export=NONE: these jobs read the environment",
+        ("--evaluate-sbatch-arg=--export=NONE",): "evaluate_sbatch_args: --export=NONE: these jobs read the environ",
         ("--analyze-sbatch-arg=--kill=no",): "analyze_sbatch_args: --kill=no: these jobs are submitted with --kill-on-",
         ("--config", str(tmp_path / "missing.toml")): f"config: {tmp_path / 'missing.toml'}: no such file",
         ("--config", str(tmp_path)): f"config: {tmp_path} is a folder; give the TOML file itself",

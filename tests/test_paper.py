@@ -764,7 +764,7 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", "--sbatch-arg=--export=NONE",
                          "--dry-run", capsys=capsys)  # fmt: skip
     assert_one_line_error(  # was submitted: sbatch keeps the last --export, a training job told PREEMPT_LEAD=N none
-        code, err, "--sbatch-arg: --export=NONE: a training job is told the lead of a --signal given here with --export"
+        code, err, "--sbatch-arg: --export=NONE: these jobs read the environment they are submitted with: PYTHON, the"
     )
     for ambiguous in ("--de=afterany:7", "--a=0-1"):  # sbatch's own refusal: --deadline, --delay-boot; --account ...
         args = ["table2", "--pretrained", f"hf:{model}", "--slurm", f"--sbatch-arg={ambiguous}", "--dry-run"]

@@ -102,10 +102,11 @@ REFUSED = {  # sbatch options these jobs cannot take: their short form ("": none
     ),
     "--export": (
         "",
-        "a training job is told the lead of a --signal given here with --export=ALL,PREEMPT_LEAD=N (train.sbatch "
-        "checks its time limit against it), which sbatch would replace with this one (it keeps the last given); "
-        "leave it out: the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so export "
-        "what they need there",
+        "these jobs read the environment they are submitted with: PYTHON, the interpreter they run (--export=NONE "
+        "would drop it), and a training job the lead of a --signal given here, told with --export=ALL,PREEMPT_LEAD=N "
+        "(train.sbatch checks its time limit against it), which sbatch would replace with this one (it keeps the last "
+        "given); leave it out: the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so "
+        "export what they need there",
     ),
     "--kill-on-invalid-dep": (
         "",

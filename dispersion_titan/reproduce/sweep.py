@@ -201,8 +201,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     for key in ("analyze_sbatch_args", "evaluate_sbatch_args"):  # a training job waits for none: its own is kept
         refuse_options(key, fields.get(key, []), "--dependency", "--kill-on-invalid-dep")
     for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
-        refuse_options(key, fields.get(key, []), "--array", "--chdir")
-    refuse_options("train_sbatch_args", fields.get("train_sbatch_args", []), "--export")  # its --signal's lead
+        refuse_options(key, fields.get(key, []), "--array", "--chdir", "--export")
     if "train_time" in fields:
         _check_train_time(str(fields["train_time"]), fields.get("train_sbatch_args", []))
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
