@@ -20,7 +20,7 @@ from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.evaluate import evaluate_parser
 from dispersion_titan.plan import GPU_CHOICES, plan_runs
-from dispersion_titan.planning.figures import GPUS
+from dispersion_titan.planning.figures import GPUS, counted
 from dispersion_titan.reproduce.slurm_scripts import SlurmJob, require_sbatch, script, submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned
 from dispersion_titan.utils.errors import ArgumentError, command, run_command
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:  # what submitting now would submit
         todo, kept, finished = resubmission()
         if not _finished(finished, jobs, sweep.out, "to submit"):
-            grid = f"# sweep: {len(sweep.cells())} cells x (train, analyze, evaluate) + compare + table"
+            grid = f"# sweep: {counted(len(sweep.cells()), 'cell')} x (train, analyze, evaluate) + compare + table"
             again = [f"# submitted before: {len(todo)} of them to submit{_kept(kept)}"] if kept else []
             print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}", *again], todo, sweep.out / "logs", kept))
         return

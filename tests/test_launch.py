@@ -320,6 +320,7 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
     expected = {f"w{w}-{v}-s{s}": (w, *variants[v], s) for w in (128, 256) for v in variants for s in (0, 1)}
     assert len(expected) == 20 and all(len(found) == 20 for found in jobs.values())
     assert len(compare) == len(table) == 1 and len(lines) == 62
+    assert proc.stdout.startswith("# sweep: 20 cells x (train, analyze, evaluate) + compare + table = 62 jobs; out ")
 
     names = []
     for i, (train, analyze, evaluate) in enumerate(zip(*jobs.values(), strict=True), start=1):
@@ -354,6 +355,7 @@ def test_sweep_dry_run_prints_the_grid_and_dependencies(tmp_path):
     toml, cell = str(REPO / "launch" / "sweep_example.toml"), ("--widths", "64", "--seeds", "0", "--dry-run")
     exact = sweep(toml, *cell, "--variants", "l2_repel:0.1234567", "--out", str(out))
     assert exact.returncode == 0 and "--dispersion.coeff 0.1234567 " in exact.stdout, exact.stderr
+    assert exact.stdout.startswith("# sweep: 1 cell x (train, analyze, evaluate) + compare + table = 5 jobs; out ")
     assert f"--job.dump_folder {out / 'w64-l2_repel-c0.1234567-s0'})" in exact.stdout
 
 
