@@ -394,12 +394,22 @@ def sweep_jobs(out: Path) -> dict[str, str]:
     }
 
 
+def cancelled(jobs: dict[str, str], ids: list[str], slurm: dict[str, str]) -> None:
+    """``scancel IDS``, once every one of ``jobs`` ended, cancelled (their dependants with them)."""
+    subprocess.run(["scancel", *ids], env=slurm, check=True)
+    deadline = time.monotonic() + 120
+    while None in {finished_state(j, slurm) for j in jobs.values()} and time.monotonic() < deadline:
+        time.sleep(1)
+    assert {finished_state(j, slurm) for j in jobs.values()} == {"CANCELLED"}
+
+
 def test_a_sweep_submitted_again_submits_only_its_stopped_jobs(slurm, tmp_path):
     """Submitted again while its jobs are queued (held by --begin, so nothing trains): nothing, as squeue shows them.
     Its training cancelled (scancel, which cancels the jobs after it): all five again, new ids. Was: `out: ...
     exists and is not an empty folder; give the sweep a new folder`, every cell of a sweep to train again for one
-    cancelled job. (Going on from a checkpoint after a cancel: the requeue test; other settings, a copy, a
-    submission refused partway: test_launch.py with a stand-in sbatch.)"""
+    cancelled job. Moved (mv) while they are queued: refused, naming them to scancel; once they ended, all five
+    again where it is (was refused for good). (Going on from a checkpoint after a cancel: the requeue test; other
+    settings, a copy, a submission refused partway: test_launch.py with a stand-in sbatch.)"""
     out, held = tmp_path / "sweep", "--train-sbatch-arg=--begin=now+1hour"
     first = submit_sweep(out, slurm, held)
     assert first.returncode == 0, first.stderr
@@ -408,14 +418,25 @@ def test_a_sweep_submitted_again_submits_only_its_stopped_jobs(slurm, tmp_path):
         queued = submit_sweep(out, slurm, held)
         assert queued.returncode == 0 and "sweep: 0 jobs submitted (5 kept" in queued.stdout, queued.stderr
         assert sweep_jobs(out) == jobs
-        subprocess.run(["scancel", jobs["train"]], env=slurm, check=True)
-        deadline = time.monotonic() + 120
-        while None in {finished_state(j, slurm) for j in jobs.values()} and time.monotonic() < deadline:
-            time.sleep(1)
-        assert {finished_state(j, slurm) for j in jobs.values()} == {"CANCELLED"}
+        cancelled(jobs, [jobs["train"]], slurm)
 
         again = submit_sweep(out, slurm, held)
         assert again.returncode == 0 and "sweep: 5 jobs submitted;" in again.stdout, again.stderr
         assert not set(sweep_jobs(out).values()) & set(jobs.values())
+
+        # moved (mv) while those are queued: refused, naming them; once they ended, submitted again where it is
+        jobs, first_out = sweep_jobs(out), out
+        out = out.rename(tmp_path / "moved")
+        moved = submit_sweep(out, slurm, held)
+        ids = " ".join(jobs.values())
+        assert moved.returncode == 2 and moved.stderr.strip().splitlines() == [
+            f"dispersion_titan: error: out: {out} holds the sweep submitted into {first_out} (moved: its jobs {ids}, "
+            f"queued or running, write there); scancel {ids} (or wait for them to end), then submit it here again"
+        ]
+        cancelled(jobs, list(jobs.values()), slurm)
+        resumed = submit_sweep(out, slurm, held)
+        assert resumed.returncode == 0 and "sweep: 5 jobs submitted;" in resumed.stdout, resumed.stderr
+        commands = [" ".join(argv) for argv in json.loads((out / "sweep.json").read_text())["commands"].values()]
+        assert all(" --job-name=moved-" in command and f"{first_out}/" not in command for command in commands)
     finally:  # the jobs of the last submission still queued
         subprocess.run(["scancel", *sweep_jobs(out).values()], env=slurm)
