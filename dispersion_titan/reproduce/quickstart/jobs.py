@@ -27,7 +27,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 
-from ...utils.errors import DispersionTitanError
+from ...utils.errors import DispersionTitanError, interrupted_while_starting
 from ...utils.records import atomic_write
 
 
@@ -183,4 +183,6 @@ def serve(preload: list[str], run: Callable[[dict], int] = exit_status) -> None:
 
 
 if __name__ == "__main__":
+    if signal.getsignal(signal.SIGINT) is interrupted_while_starting:  # the package's, for a command's imports
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # its jobs start as a fresh interpreter would
     serve(sys.argv[1:])
