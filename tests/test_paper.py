@@ -463,6 +463,16 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
     given = ("--sbatch-arg=--gpus-per-n", "--sbatch-arg=2", "--sbatch-arg=-N2")  # sbatch's other spellings: 2 × 2
     code, out, _ = paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path, capsys=capsys)
     assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out
+    code, out, _ = paper(
+        "fig3", "--slurm", "--dry-run", "--sbatch-arg=--gpus-per-node=h100:2", "--out", tmp_path, capsys=capsys
+    )
+    assert code == 0 and "[released] on 2 GPUs: 16 × 8 sequences per GPU, global batch 256" in out  # a typed count
+    for given, said in (("--gpus-per-node=0", "--gpus-per-node=0"), ("-N0", "-N0"), ("--nodes", "--nodes 0")):
+        more = ["--sbatch-arg=0"] if given == "--nodes" else []  # was a ZeroDivisionError traceback
+        code, _, err = paper(
+            "fig3", "--slurm", "--dry-run", f"--sbatch-arg={given}", *more, "--out", tmp_path, capsys=capsys
+        )
+        assert_one_line_error(code, err, f"--sbatch-arg: {said}: fig3 trains on GPUs; give a count of at least 1")
     signal = "--sbatch-arg=--signal=B:USR1@60"  # the trainings told its lead, as the sweep's (train.sbatch's check)
     code, out, _ = paper("fig3", "--slurm", "--dry-run", signal, "--out", tmp_path, capsys=capsys)
     told = [" --export=ALL,PREEMPT_LEAD=60 " in line for line in out.splitlines() if "sbatch --parsable" in line]

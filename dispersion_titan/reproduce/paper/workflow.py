@@ -644,9 +644,14 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
 
 
 def _sbatch_count(sbatch_args: list[str], short: str, option: str, default: int) -> int:
-    """The last count ``option`` gives among ``--sbatch-arg`` values (sbatch's own rule: the last wins)."""
-    counts = [value for _, value in option_values(sbatch_args, short, option)]
-    return int(counts[-1]) if counts and counts[-1].isdigit() else default
+    """The last count ``option`` gives among ``--sbatch-arg`` values (sbatch's own rule: the last wins), a GPU type's
+    too (``h100:4``); none of a training's GPUs or nodes refused (was a ZeroDivisionError traceback)."""
+    given, value = (option_values(sbatch_args, short, option) or [("", "")])[-1]
+    count = value.rpartition(":")[2]
+    if count.isdigit() and int(count) < 1:
+        shown = given if given.endswith(value) else f"{given} {value}"  # -N0, --nodes=0; --nodes 0
+        raise ArgumentError(f"--sbatch-arg: {shown}: fig3 trains on GPUs; give a count of at least 1")
+    return int(count) if count.isdigit() else default
 
 
 def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
