@@ -37,44 +37,46 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     return [*start, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
-ABBREVIATED = {  # the shortest abbreviation of each long option read here that sbatch 22.05 (getopt_long) takes as
-    # it; shorter ones it calls ambiguous: --a (--account --acctg-freq --array), --de (--deadline --delay-boot
-    # --dependency), --s (--signal --sockets-per-node ...), --gpus-per (-node -socket -task), --node (--nodefile ...)
-    "--array": "--ar",
-    "--chdir": "--ch",
-    "--dependency": "--dep",
-    "--export": "--export",  # --expor: --export or --export-file
-    "--gpus": "--gpus",
-    "--gpus-per-node": "--gpus-per-n",
-    "--kill-on-invalid-dep": "--k",
-    "--nodes": "--nodes",
-    "--signal": "--si",
+SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), and its shortest abbreviation that
+    # sbatch 22.05 (getopt_long) takes as it; shorter ones it calls ambiguous: --a (--account --acctg-freq --array),
+    # --de (--deadline --delay-boot --dependency), --s (--signal --sockets-per-node ...), --gpus-per (-node -socket
+    # -task), --node (--nodefile ...)
+    "--array": ("-a", "--ar"),
+    "--chdir": ("-D", "--ch"),
+    "--dependency": ("-d", "--dep"),
+    "--export": ("", "--export"),  # --expor: --export or --export-file
+    "--gpus": ("-G", "--gpus"),
+    "--gpus-per-node": ("", "--gpus-per-n"),
+    "--kill-on-invalid-dep": ("", "--k"),
+    "--nodes": ("-N", "--nodes"),
+    "--signal": ("", "--si"),
 }
 
 
-def option_values(args: list[str], short: str, long: str) -> list[tuple[str, str]]:
-    """Each time ``args`` give sbatch's option ``short`` (``""``: none) or ``long``, in any of its spellings (``-dX``,
-    ``-d X``, ``--dependency=X``, ``--dependency X``, or an abbreviation sbatch takes for it, ``--dep=X``): the
-    argument as given, and its value."""
+def option_values(args: list[str], long: str) -> list[tuple[str, str]]:
+    """Each time ``args`` give sbatch's option ``long`` (``SBATCH_OPTIONS``), in any of its spellings (``-dX``,
+    ``-d X``, ``--dependency=X``, ``--dependency X``, or an abbreviation sbatch takes, ``--dep=X``): the argument as
+    given, and its value."""
+    short, shortest = SBATCH_OPTIONS[long]
     found = []
     for arg, after in itertools.pairwise([*args, ""]):
         name, eq, value = arg.partition("=")
-        if name.startswith("--") and long.startswith(name) and len(name) >= len(ABBREVIATED[long]):
+        if name.startswith("--") and long.startswith(name) and len(name) >= len(shortest):
             found.append((arg, value if eq else after))
         elif short and arg.startswith(short):
             found.append((arg, arg[len(short) :] or after))
     return found
 
 
-def given_option(args: list[str], short: str, long: str) -> str | None:
-    """The first of ``args`` that gives sbatch's option ``short``/``long``, in any of its spellings."""
-    return next((given for given, _ in option_values(args, short, long)), None)
+def given_option(args: list[str], long: str) -> str | None:
+    """The first of ``args`` that gives sbatch's option ``long``, in any of its spellings."""
+    return next((given for given, _ in option_values(args, long)), None)
 
 
 def signal_lead(sbatch_args: list[str]) -> int:
     """Seconds from train.sbatch's preemption signal to the time limit: the last --signal given, else its own."""
     lead = SBATCH_SIGNAL_LEAD_S
-    for _, value in option_values(sbatch_args, "", "--signal"):
+    for _, value in option_values(sbatch_args, "--signal"):
         seconds = value.rpartition("@")[2] if "@" in value else "60"  # sbatch's default lead
         lead = int(seconds) if seconds.isdigit() else lead
     return lead
@@ -87,31 +89,27 @@ def lead_told(sbatch_args: list[str]) -> list[str]:
     return [f"--export=ALL,PREEMPT_LEAD={lead}"] if lead != SBATCH_SIGNAL_LEAD_S else []
 
 
-REFUSED = {  # sbatch options these jobs cannot take: their short form ("": none), and why
-    "--array": ("-a", "the tasks of an array job would each run the same command, into the same folders; leave it out"),
+REFUSED = {  # sbatch options these jobs cannot take, and why
+    "--array": "the tasks of an array job would each run the same command, into the same folders; leave it out",
     "--chdir": (
-        "-D",
         "these jobs run in the folder this command runs in, where the relative paths they are given (a config's, "
-        "--texts ...) were checked; leave it out, and run the command from the folder you meant",
+        "--texts ...) were checked; leave it out, and run the command from the folder you meant"
     ),
     "--dependency": (
-        "-d",
         "these jobs wait for the ones before them with a --dependency of their own, which sbatch would replace with "
         "this one (it keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold "
-        "them with --begin)",
+        "them with --begin)"
     ),
     "--export": (
-        "",
         "these jobs read the environment they are submitted with: PYTHON, the interpreter they run (--export=NONE "
         "would drop it), and a training job the lead of a --signal given here, told with --export=ALL,PREEMPT_LEAD=N "
         "(train.sbatch checks its time limit against it), which sbatch would replace with this one (it keeps the last "
         "given); leave it out: the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so "
-        "export what they need there",
+        "export what they need there"
     ),
     "--kill-on-invalid-dep": (
-        "",
         "these jobs are submitted with --kill-on-invalid-dep=yes: one whose dependency failed is cancelled, and "
-        "the same command again submits it anew (with no it would wait forever, counted as queued); leave it out",
+        "the same command again submits it anew (with no it would wait forever, counted as queued); leave it out"
     ),
 }
 
@@ -119,9 +117,8 @@ REFUSED = {  # sbatch options these jobs cannot take: their short form ("": none
 def refuse_options(option: str, args: list[str], *names: str) -> None:
     """Each of ``names`` (``REFUSED``) among the sbatch arguments ``option`` gives, in any of its spellings."""
     for name in names:
-        short, why = REFUSED[name]
-        if (given := given_option(args, short, name)) is not None:
-            raise DispersionTitanError(f"{option}: {given}: {why}")
+        if (given := given_option(args, name)) is not None:
+            raise DispersionTitanError(f"{option}: {given}: {REFUSED[name]}")
 
 
 DEPENDENCY_AT = 2

@@ -513,7 +513,7 @@ def slurm_jobs(sweep: Sweep) -> list[SlurmJob]:
     compare = job("compare", "compare", "analyze", "compare", *runs, "--out", sweep.out / "compare", after=others)
     # the table needs no GPU (a --gpus in evaluate_sbatch_args replaces ours)
     table_args = ("table", *runs, "--out", sweep.out / "table")
-    gpus = () if given_option(sweep.evaluate_sbatch_args, "-G", "--gpus") else ("--gpus=0",)
+    gpus = () if given_option(sweep.evaluate_sbatch_args, "--gpus") else ("--gpus=0",)
     table = job("table", "table", "evaluate", *table_args, after=evaluations, extra=gpus)
     return [*jobs, compare, table]
 

@@ -643,10 +643,10 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
                     )
 
 
-def _sbatch_count(sbatch_args: list[str], short: str, option: str, default: int) -> int:
+def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
     """The last count ``option`` gives among ``--sbatch-arg`` values (sbatch's own rule: the last wins), a GPU type's
     too (``h100:4``); none of a training's GPUs or nodes refused (was a ZeroDivisionError traceback)."""
-    given, value = (option_values(sbatch_args, short, option) or [("", "")])[-1]
+    given, value = (option_values(sbatch_args, option) or [("", "")])[-1]
     count = value.rpartition(":")[2]
     if count.isdigit() and int(count) < 1:
         shown = given if given.endswith(value) else f"{given} {value}"  # -N0, --nodes=0; --nodes 0
@@ -658,8 +658,8 @@ def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
     """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
     if not train:
         return []
-    per_node = _sbatch_count(sbatch_args, "", "--gpus-per-node", SBATCH_GPUS_PER_NODE)
-    gpus = per_node * _sbatch_count(sbatch_args, "-N", "--nodes", 1)
+    per_node = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE)
+    gpus = per_node * _sbatch_count(sbatch_args, "--nodes", 1)
     from ...job_config import parse, released  # TorchTitan (3 s of CPU): only where fig3 trains
 
     configs = [(step.label, parse.validated_args(launch_args(*step.argv), gpus)) for step in train]
