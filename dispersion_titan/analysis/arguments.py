@@ -47,8 +47,8 @@ def input_options(a: argparse.Namespace) -> InputOptions:
     )
 
 
-def absolute(spec: str | None) -> str | None:
-    """``spec``'s paths (comma-separated, globs kept) made absolute: the analysis records them, ``compare`` and
-    ``family`` compare them, and the command that measures it again names the same files from any folder."""
-    entries = spec and [os.path.abspath(os.path.expanduser(e.strip())) for e in spec.split(",") if e.strip()]
-    return ",".join(entries) if entries else spec
+def absolute(spec: str | None, folder: str = "") -> str | None:
+    """``spec``'s paths (comma-separated, globs kept) made absolute, relative ones from ``folder``: the analysis
+    records them, ``compare`` and ``family`` compare them, and measuring again names the same files from any folder."""
+    entries = spec and [os.path.join(folder, os.path.expanduser(e.strip())) for e in spec.split(",") if e.strip()]
+    return ",".join(map(os.path.abspath, entries)) if entries else spec

@@ -20,7 +20,7 @@ from huggingface_hub import constants, list_repo_refs, try_to_load_from_cache
 from tqdm import tqdm
 
 from ...analysis import ANALYSIS_PROTOCOLS
-from ...analysis.arguments import input_options
+from ...analysis.arguments import absolute, input_options
 from ...analysis.condensation_schema import Condensation, read_analyses
 from ...analysis.inputs import located
 from ...analysis.size_series import parse_assignments
@@ -616,8 +616,7 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
         with suppress(SystemExit, DispersionTitanError), redirect_stderr(io.StringIO()):
             theirs = analyze.parse_args(argv[script + 1 :])
             theirs.out, theirs.texts = _in(work_dir, theirs.out), _in(work_dir, theirs.texts)
-            paths = (theirs.dataset_path or "").split(",")
-            theirs.dataset_path = theirs.dataset_path and ",".join(_in(work_dir, p.strip()) or "" for p in paths)
+            theirs.dataset_path = absolute(theirs.dataset_path, work_dir)
             if theirs.out and not theirs.force:
                 others[job_id] = os.path.realpath(theirs.out), asdict(input_options(theirs))
     for step in workflow.steps:
