@@ -388,15 +388,13 @@ def _refuse_while_queued_there(here: Path, there: str, ids: list[str]) -> None:
     queued = queued_jobs(ids).keys()
     if not (jobs := " ".join(job_id for job_id in ids if job_id in queued)):  # all ended: this folder goes on alone
         return
-    if os.path.isdir(there):
-        raise ArgumentError(
-            f"out: {here} holds the sweep submitted into {there} (copied or moved: its {MANIFEST}'s "
-            "jobs write there); submit it there again, or give the sweep a new folder"
-        )
-    raise ArgumentError(
-        f"out: {here} holds the sweep submitted into {there} (moved: its jobs {jobs}, queued or running, write "
-        f"there); scancel {jobs} (or wait for them to end), then submit it here again"
+    why = (
+        f"copied or moved: its {MANIFEST}'s jobs write there); submit it there again, or give the sweep a new folder"
+        if os.path.isdir(there)
+        else f"moved: its jobs {jobs}, queued or running, write there); scancel {jobs} (or wait for them to end), "
+        "then submit it here again"
     )
+    raise ArgumentError(f"out: {here} holds the sweep submitted into {there} ({why}")
 
 
 def _relocated(argv: list[str], there: str, here: str) -> list[str]:
