@@ -89,16 +89,20 @@ def lead_told(sbatch_args: list[str]) -> list[str]:
     return [f"--export=ALL,PREEMPT_LEAD={lead}"] if lead != SBATCH_SIGNAL_LEAD_S else []
 
 
-REFUSED = {  # sbatch options these jobs cannot take, and why
+REFUSED = {  # sbatch options these jobs cannot take, and why (paper --sbatch-arg refuses each, in this order)
+    "--dependency": (
+        "these jobs wait for the ones before them with a --dependency of their own, which sbatch would replace with "
+        "this one (it keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold "
+        "them with --begin)"
+    ),
     "--array": "the tasks of an array job would each run the same command, into the same folders; leave it out",
     "--chdir": (
         "these jobs run in the folder this command runs in, where the relative paths they are given (a config's, "
         "--texts ...) were checked; leave it out, and run the command from the folder you meant"
     ),
-    "--dependency": (
-        "these jobs wait for the ones before them with a --dependency of their own, which sbatch would replace with "
-        "this one (it keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold "
-        "them with --begin)"
+    "--kill-on-invalid-dep": (
+        "these jobs are submitted with --kill-on-invalid-dep=yes: one whose dependency failed is cancelled, and "
+        "the same command again submits it anew (with no it would wait forever, counted as queued); leave it out"
     ),
     "--export": (
         "these jobs read the environment they are submitted with: PYTHON, the interpreter they run (--export=NONE "
@@ -106,10 +110,6 @@ REFUSED = {  # sbatch options these jobs cannot take, and why
         "(train.sbatch checks its time limit against it), which sbatch would replace with this one (it keeps the last "
         "given); leave it out: the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so "
         "export what they need there"
-    ),
-    "--kill-on-invalid-dep": (
-        "these jobs are submitted with --kill-on-invalid-dep=yes: one whose dependency failed is cancelled, and "
-        "the same command again submits it anew (with no it would wait forever, counted as queued); leave it out"
     ),
 }
 

@@ -44,6 +44,7 @@ from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import HFSpec, parse_spec
 from ..slurm_scripts import (
+    REFUSED,
     SBATCH_GPUS_PER_NODE,
     SlurmJob,
     job_name,
@@ -574,9 +575,7 @@ def check_hub(workflow: PaperWorkflow) -> None:
 
 def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
     """The steps' jobs, then the drawing job, which waits for them all."""
-    refuse_options(
-        "--sbatch-arg", sbatch_args, "--dependency", "--array", "--chdir", "--kill-on-invalid-dep", "--export"
-    )
+    refuse_options("--sbatch-arg", sbatch_args, *REFUSED)
     logs = os.path.join(workflow.out, "logs")
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
