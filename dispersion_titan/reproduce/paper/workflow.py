@@ -643,7 +643,7 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
 
 def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
     """The last count ``option`` gives among ``--sbatch-arg`` values (sbatch's own rule: the last wins), a GPU type's
-    too (``h100:4``); none of a training's GPUs or nodes refused (was a ZeroDivisionError traceback)."""
+    too (``h100:4``); a count of 0 refused: a training needs a GPU."""
     given, value = (option_values(sbatch_args, option) or [("", "")])[-1]
     count = value.rpartition(":")[2]
     if count.isdigit() and int(count) < 1:
