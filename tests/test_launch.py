@@ -522,8 +522,8 @@ def test_a_sweep_copied_or_moved_while_its_jobs_are_queued_is_refused_then_submi
             f"dispersion_titan: error: out: {tmp_path / name} holds the sweep submitted into {out} {advice}"
         ], proc.stderr
     assert len(calls.read_text().splitlines()) == 5
+    (tmp_path / "held").write_text("")  # its jobs ended; the moved one's, queued in turn, are no copy's
     for name in ("moved", "copy"):
-        (tmp_path / "held").write_text("")  # its jobs ended (the stand-in squeue lists every job it holds)
         again = submitted_into(name)
         assert again.returncode == 0 and "sweep: 4 jobs submitted (1 kept:" in again.stdout, again.stderr
         submitted = calls.read_text().splitlines()[-4:]

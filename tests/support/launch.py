@@ -310,17 +310,27 @@ def held_by_another_command(folder: Path) -> Iterator[int]:
         holder.wait()
 
 
+SQUEUE = """#!/bin/sh
+ids=${3#--jobs=}
+[ "$*" = "--noheader --format=%i %Z --jobs=$ids" ] || { echo "squeue (stand-in): unexpected arguments: $*" >&2; exit 2; }
+touch HELD
+awk -v ids="$ids" 'BEGIN { split(ids, a, ","); for (i in a) want[a[i]] } $1 in want' HELD
+case $ids in *,*) ;; *) grep -q "^$ids " HELD || { echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; } ;; esac
+"""  # noqa: E501
+
+
 def fake_slurm(tmp_path: Path, before_id: str) -> dict[str, str]:
     """PATH with an sbatch that logs its arguments to ``tmp_path/calls`` and prints job ids 101, 102, ... (its call
     count; ``before_id``: shell run first, ``$n`` the count) and an squeue holding every job submitted, with the
-    working directory it was submitted from (``squeue --format=%i %Z``)."""
+    working directory it was submitted from, as Slurm 22.05's answers ``--format=%i %Z --jobs=IDS``: those of IDS
+    it holds (one unknown id alone: its error, exit 1)."""
     bin_dir, calls, held = tmp_path / "bin", tmp_path / "calls", tmp_path / "held"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(
         f'#!/bin/sh\necho "$@" >> {calls}\nn=$(wc -l < {calls})\n{before_id}'
         f'echo "$((100 + n)) $PWD" >> {held}\necho $((100 + n))\n'
     )
-    (bin_dir / "squeue").write_text(f"#!/bin/sh\ncat {held}\n")
+    (bin_dir / "squeue").write_text(SQUEUE.replace("HELD", str(held)))
     for tool in ("sbatch", "squeue"):
         (bin_dir / tool).chmod(0o755)
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
