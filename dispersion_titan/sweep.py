@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
             submit(todo, sweep.out / "logs", ids, then=then, recorded=record)
         finally:  # and those submitted before a refusal (the others null: they may take the settings that fix it)
             manifest = record() if ids else None
-        print(f"sweep: {len(todo)} jobs submitted{_kept(kept)}; manifest {manifest}")
+        print(f"sweep: {counted(len(todo), 'job')} submitted{_kept(kept)}; manifest {manifest}")
 
 
 if __name__ == "__main__":

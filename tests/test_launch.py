@@ -665,7 +665,8 @@ def test_a_sweep_given_a_dependency_keeps_its_own(tmp_path):
     submitted or made, by the dry run too (was submitted, exit 0: sbatch keeps the last --dependency, so each analysis
     waited for job 7 instead of its training, and could start before it; seen with scontrol on local_slurm.sh). A
     training's own (it waits for none of the sweep's): the same command again keeps the 5 jobs queued (was refused,
-    `holds a sweep submitted with other settings (the w64-baseline-s0 train job differs …)`)."""
+    `holds a sweep submitted with other settings (the w64-baseline-s0 train job differs …)`); its table job cancelled,
+    that one (`sweep: 1 job submitted`, was `1 jobs`)."""
     out, calls = tmp_path / "sweep", tmp_path / "calls"
     env = fake_slurm(tmp_path, "")
     for key in ("analyze", "evaluate"):
@@ -682,6 +683,10 @@ def test_a_sweep_given_a_dependency_keeps_its_own(tmp_path):
         proc = sweep(*ONE_CELL, "--out", str(out), "--train-sbatch-arg=--dependency=afterany:7", env=env)
         assert proc.returncode == 0, proc.stderr
     assert "sweep: 0 jobs submitted (5 kept: still queued" in proc.stdout and len(calls.read_text().splitlines()) == 5
+    held = tmp_path / "held"  # the table job cancelled: the one job again
+    held.write_text("".join(line for line in held.read_text().splitlines(True) if not line.startswith("105 ")))
+    proc = sweep(*ONE_CELL, "--out", str(out), "--train-sbatch-arg=--dependency=afterany:7", env=env)
+    assert "sweep: 1 job submitted (4 kept: still queued" in proc.stdout, proc.stdout
 
 
 def test_a_sweeps_table_job_asks_for_the_gpus_given_for_evaluate_once(tmp_path):
