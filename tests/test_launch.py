@@ -700,16 +700,17 @@ def test_a_sweeps_table_job_asks_for_the_gpus_given_for_evaluate_once(tmp_path):
 
 
 def test_a_sweep_of_array_jobs_or_whose_sbatch_gives_no_id_submits_nothing(tmp_path):
-    """``--train-sbatch-arg=--array=0-1`` (any kind's, ``-a``): one line, exit 2, nothing submitted or made, by the dry
-    run too (was submitted, exit 0: on launch/local_slurm.sh task 1 trained, task 0 failed, as the array's
-    `scontrol show job` lists every task, and the jobs after it were cancelled). ``--test-only``, where sbatch
+    """``--train-sbatch-arg=--array=0-1`` (any kind's, ``-a``, ``-Wa``: sbatch's -W -a): one line, exit 2, nothing
+    submitted or made, by the dry run too (was submitted, exit 0: on launch/local_slurm.sh task 1 trained, task 0
+    failed, as the array's `scontrol show job` lists every task, and the jobs after it were cancelled; ``-Wa0-1``
+    submitted as well). ``--test-only``, where sbatch
     prints no id (here a stand-in sbatch that prints Slurm's line on stderr): one line naming what it said, exit 2,
     nothing recorded (was `` w64-baseline-s0 train`` taken as submitted with the id "", then `sbatch (… analyze): …
     Job dependency problem`, and a sweep.json whose empty id blocked the command again)."""
     out, calls = tmp_path / "sweep", tmp_path / "calls"
     test_only = 'case "$*" in *--test-only*)\necho "sbatch: Job 7 to start at now" >&2; exit 0;;\nesac\n'
     env = fake_slurm(tmp_path, test_only)
-    for option in ("--train-sbatch-arg=--array=0-1", "--evaluate-sbatch-arg=-a0-1"):
+    for option in ("--train-sbatch-arg=--array=0-1", "--evaluate-sbatch-arg=-a0-1", "--analyze-sbatch-arg=-Wa0-1"):
         for dry_run in ((), ("--dry-run",)):
             proc = sweep(*ONE_CELL, "--out", str(out), option, *dry_run, env=env)
             key, given = option.removeprefix("--").split("=", 1)

@@ -467,7 +467,12 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
         "fig3", "--slurm", "--dry-run", "--sbatch-arg=--gpus-per-node=h100:2", "--out", tmp_path, capsys=capsys
     )
     assert code == 0 and "[released] on 2 GPUs: 16 × 8 sequences per GPU, global batch 256" in out  # a typed count
-    for given, said in (("--gpus-per-node=0", "--gpus-per-node=0"), ("-N0", "-N0"), ("--nodes", "--nodes 0")):
+    for given, said in (
+        ("--gpus-per-node=0", "--gpus-per-node=0"),
+        ("-N0", "-N0"),
+        ("-ON0", "-ON0"),
+        ("--nodes", "--nodes 0"),
+    ):
         more = ["--sbatch-arg=0"] if given == "--nodes" else []  # was a ZeroDivisionError traceback
         code, _, err = paper(
             "fig3", "--slurm", "--dry-run", f"--sbatch-arg={given}", *more, "--out", tmp_path, capsys=capsys
@@ -738,7 +743,7 @@ def test_table2_models_naming_a_hub_model_names_its_pretrained_row(tmp_path, cap
 def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, capsys):
     """``--slurm --sbatch-arg=--dependency=afterany:7`` (or ``-d``): one line, exit 2, before any folder, with or
     without --dry-run (was submitted: sbatch keeps the last --dependency, so the drawing job waited for job 7 instead
-    of the evaluations it draws); ``--array`` the same."""
+    of the evaluations it draws); ``--array`` the same, also after sbatch's no-argument flags (``-Hd``, ``-vQa``)."""
     model, out = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "t"
     capsys.readouterr()  # its writing's progress
     for dependency in (
@@ -746,6 +751,7 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
         ("--sbatch-arg=-d", "--sbatch-arg=afterany:7"),
         ("--sbatch-arg=--dep=afterany:7",),  # sbatch's abbreviations (getopt_long's): were submitted
         ("--sbatch-arg=--depend", "--sbatch-arg=afterany:7"),
+        ("--sbatch-arg=-Hd", "--sbatch-arg=afterany:7"),  # after getopt's bundled flags (-H -d): were submitted
     ):
         for dry_run in ((), ("--dry-run",)):
             args = ["table2", "--pretrained", f"hf:{model}", "--slurm", *dependency, *dry_run, "--out", out]
@@ -756,14 +762,18 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
                 "keeps the last given); leave it out (to wait for a job of yours, submit once it ended, or hold them "
                 "with --begin)"
             ], err
-    for array in (("--sbatch-arg=--array=0-1",), ("--sbatch-arg=--ar", "--sbatch-arg=0-1")):
+    for array in (("--sbatch-arg=--array=0-1",), ("--sbatch-arg=--ar", "--sbatch-arg=0-1"), ("--sbatch-arg=-vQa0-1",)):
         code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", *array, "--out", out, capsys=capsys)
         assert code == 2 and err.strip().splitlines() == [  # was submitted: every task the same command, folders
             f"dispersion_titan: error: --sbatch-arg: {array[0].split('=', 1)[1]}: the tasks of an array job would each "
             "run the same command, into the same folders; leave it out"
         ], err
     assert not out.exists()
-    for chdir in ("--sbatch-arg=--chdir=/tmp", "--sbatch-arg=-D/tmp"):  # was: run there, its relative paths broken
+    for chdir in (
+        "--sbatch-arg=--chdir=/tmp",
+        "--sbatch-arg=-D/tmp",
+        "--sbatch-arg=-sD/tmp",
+    ):  # was: run there, its relative paths broken
         code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", chdir, "--dry-run", capsys=capsys)
         assert_one_line_error(code, err, f"--sbatch-arg: {chdir.split('=', 1)[1]}: these jobs run in the folder this")
     code, _, err = paper("table2", "--pretrained", f"hf:{model}", "--slurm", "--sbatch-arg=--kill-on-invalid-dep=no",

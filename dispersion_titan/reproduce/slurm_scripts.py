@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -53,18 +54,23 @@ SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), a
 }
 
 
+NO_ARGUMENT = "HOQsvW"  # sbatch 22.05's short options that take no argument and submit (-h -V -u print and exit;
+# -k's argument is optional: -kd is -k d): getopt reads them bundled before another, -Hd X as -H -d X
+
+
 def option_values(args: list[str], long: str) -> list[tuple[str, str]]:
     """Each time ``args`` give sbatch's option ``long`` (``SBATCH_OPTIONS``), in any of its spellings (``-dX``,
-    ``-d X``, ``--dependency=X``, ``--dependency X``, or an abbreviation sbatch takes, ``--dep=X``): the argument as
-    given, and its value."""
+    ``-d X``, after flags bundled with it, ``-Hd X``, ``--dependency=X``, ``--dependency X``, or an abbreviation
+    sbatch takes, ``--dep=X``): the argument as given, and its value."""
     short, shortest = SBATCH_OPTIONS[long]
     found = []
+    bundled = re.compile(f"-[{NO_ARGUMENT}]*{short[1:]}(.*)", re.DOTALL)
     for arg, after in itertools.pairwise([*args, ""]):
         name, eq, value = arg.partition("=")
         if name.startswith("--") and long.startswith(name) and len(name) >= len(shortest):
             found.append((arg, value if eq else after))
-        elif short and arg.startswith(short):
-            found.append((arg, arg[len(short) :] or after))
+        elif short and (given := bundled.fullmatch(arg)):
+            found.append((arg, given[1] or after))
     return found
 
 
