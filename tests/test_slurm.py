@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from dispersion_titan.reproduce.slurm_scripts import queued_jobs
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, REPO, launch_env, python_module
 from support.runs import digests, scalars
@@ -320,6 +321,18 @@ def test_paper_slurm_again_while_its_jobs_are_queued_submits_nothing(preempted_r
         assert digests(out) == before
     finally:
         subprocess.run(["scancel", *ids], env=slurm)
+
+
+def test_an_array_job_queued_is_known_by_the_id_sbatch_gave(slurm, tmp_path, monkeypatch):
+    """An array job (SBATCH_ARRAY_INX in a user's environment makes every job one; --array itself is refused): held,
+    it is queued under the id sbatch printed (was missed: squeue's %i lists it as ID_[1-2], so the sweep took it for
+    ended and submitted it again, and paper --slurm's check of its logs died with a KeyError traceback)."""
+    job_id = sbatch("--hold", "--array=1-2", "--wrap=true", env=slurm, cwd=tmp_path)
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
+    try:
+        assert queued_jobs([job_id, "99999"]) == {job_id: str(tmp_path)}
+    finally:
+        subprocess.run(["scancel", job_id], env=slurm)
 
 
 def test_train_sbatch_given_a_folder_for_its_config_names_itself_and_the_folder(slurm, tmp_path):

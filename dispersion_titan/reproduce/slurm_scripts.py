@@ -164,12 +164,13 @@ def script(header: list[str], jobs: list[SlurmJob], logs: str | Path, kept: dict
 
 def queued_jobs(ids: list[str]) -> dict[str, str]:
     """Those of ``ids`` Slurm still holds, pending, running or completing (``squeue``'s default states), each with
-    its working directory, where its command's relative paths lead ("": not said)."""
+    its working directory, where its command's relative paths lead ("": not said). An array job's tasks (its %i:
+    ID_[1-2], ID_1) are the job ID sbatch printed (%F)."""
     if not ids:  # squeue --jobs= lists every job
         return {}
     try:
         proc = subprocess.run(
-            ["squeue", "--noheader", "--format=%i %Z", f"--jobs={','.join(ids)}"], capture_output=True, text=True
+            ["squeue", "--noheader", "--format=%F %Z", f"--jobs={','.join(ids)}"], capture_output=True, text=True
         )
     except FileNotFoundError:
         raise DispersionTitanError(
