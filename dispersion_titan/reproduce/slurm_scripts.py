@@ -54,7 +54,7 @@ SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), a
 }
 
 
-NO_ARGUMENT = "HOQsvW"  # sbatch 22.05's short options that take no argument and submit (-h -V -u print and exit;
+NO_ARGUMENT = "HOQsvW"  # sbatch 22.05's short options that take no argument and submit (-h -V print and exit;
 # -k's argument is optional: -kd is -k d): getopt reads them bundled before another, -Hd X as -H -d X
 
 
@@ -64,12 +64,11 @@ def option_values(args: list[str], long: str) -> list[tuple[str, str]]:
     sbatch takes, ``--dep=X``): the argument as given, and its value."""
     short, shortest = SBATCH_OPTIONS[long]
     found = []
-    bundled = re.compile(f"-[{NO_ARGUMENT}]*{short[1:]}(.*)", re.DOTALL)
     for arg, after in itertools.pairwise([*args, ""]):
         name, eq, value = arg.partition("=")
         if name.startswith("--") and long.startswith(name) and len(name) >= len(shortest):
             found.append((arg, value if eq else after))
-        elif short and (given := bundled.fullmatch(arg)):
+        elif short and (given := re.fullmatch(f"-[{NO_ARGUMENT}]*{short[1:]}(.*)", arg, re.DOTALL)):
             found.append((arg, given[1] or after))
     return found
 
