@@ -921,6 +921,27 @@ def test_init_out_of_room_is_one_line_and_leaves_no_half_file(tmp_path):
     assert again.returncode == 0 and f"wrote {len(shipped) - len(kept)} configs" in again.stdout, again.stdout
 
 
+def test_init_with_no_inode_left_names_the_config_not_its_temporary_file(tmp_path):
+    """A full file system whose last inode is taken (a tmpfs of 4, mounted in a namespace of the test's own) fails
+    ``atomic_write``'s temporary file as it is made: the line names the config (was its hidden
+    ``.NAME.toml.XXXX.tmp``, a file the user never sees)."""
+    full = tmp_path / "full"
+    full.mkdir()
+    fill = f'mount -t tmpfs -o size=1m,nr_inodes=4 tmpfs {full} && exec "$0" -m dispersion_titan.init "$@"'
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -rm)")
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", fill, sys.executable, str(full / "cfg")],
+        env=launch_env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 74, proc.stderr
+    assert re.fullmatch(
+        rf"dispersion_titan: error: no space left on device writing {full}/cfg/\w+/\w+\.toml; free space; "
+        r"the configs written so far are kept; run it again to write the others\n",
+        proc.stderr,
+    ), proc.stderr
+
+
 def test_inits_next_command_runs_as_printed(tmp_path, capsys, monkeypatch, script_python):
     """``init "my runs"`` ends naming the next command; pasted into a shell as printed it runs (was ``cd my runs``,
     unquoted: ``cd: too many arguments``; and ``--profile cpu``, which debug.toml does not need). Its

@@ -3,8 +3,10 @@ folder, a relaunch into a folder a live run owns, and the stale-lock and requeue
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -63,6 +65,23 @@ def test_a_live_owner_on_this_host_is_refused_and_a_dead_one_taken_over(tmp_path
     assert list(tmp_path.glob(f"{LOCK_NAME}.stale-*"))  # the stale lock moved aside, not deleted
     lock.release()
     assert not path.exists()
+
+
+def test_a_lock_a_full_disk_cut_short_is_named_and_not_left_behind(tmp_path):
+    """A full disk met writing the lock (here the file size limit at 0, as ``ulimit -f 0``: EFBIG, as ENOSPC):
+    the error names the lock, for the commands' one line, and no empty lock stays (was: the line named no file,
+    and the empty lock refused every rerun for STALE_AFTER_S as written by "PID 0 on unknown host")."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: the write fails
+    try:
+        with pytest.raises(OSError) as failed:
+            WriterLock(tmp_path).acquire()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, str(tmp_path / LOCK_NAME))
+    assert not any(tmp_path.iterdir())
+    with sole_writer(tmp_path):  # with room again, the rerun's
+        pass
 
 
 def test_a_copy_of_a_folder_a_live_process_holds_is_free(tmp_path):

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..utils.errors import DispersionTitanError
+from ..utils.records import naming
 
 LOCK_NAME = ".writer.lock"
 STALE_AFTER_S = 900.0
@@ -145,8 +146,12 @@ class WriterLock:
                 with suppress(FileNotFoundError):
                     os.replace(self.path, self.path.with_name(f"{LOCK_NAME}.stale-{self.owner.pid}"))
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(asdict(self.owner), f)
+            try:
+                with naming(str(self.path)), os.fdopen(fd, "w") as f:
+                    json.dump(asdict(self.owner), f)
+            except BaseException:  # a full disk: an empty lock refused every rerun for STALE_AFTER_S as live
+                self.path.unlink()
+                raise
             self.held = True
             return
         raise busy_error(self.folder, _read(self.path) or Owner("unknown host", 0, "", time.time(), ""), self.writers)

@@ -9,7 +9,8 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,24 +27,35 @@ def atomic_write(
         raise OutputError(f"{path}: a folder where this command writes a file; move the folder away and rerun")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
-            write(f)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # what ``open`` would give a new file (``mkstemp`` makes it private)
-        if exclusive:
-            os.link(tmp, path)
+    with naming(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"newline": ""})) as f:
+                write(f)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # what ``open`` would give a new file (``mkstemp`` makes it private)
+            if exclusive:
+                os.link(tmp, path)
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+        except BaseException:
             os.unlink(tmp)
-        else:
-            os.replace(tmp, path)
-    except BaseException as e:
-        os.unlink(tmp)
-        if isinstance(e, OSError) and e.errno and e.filename is None:  # a failed write names no file
+            raise
+
+
+@contextmanager
+def naming(path: str) -> Iterator[None]:
+    """A failed write raised naming ``path``, the file the user knows: a full disk met as a buffer is flushed names
+    no file, and ``mkstemp``'s (no inode left) ``atomic_write``'s hidden temporary file."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno and (e.filename is None or atomic_target(str(e.filename)) == os.path.abspath(path)):
             raise OSError(e.errno, e.strerror, path) from e
         raise
 
