@@ -3,7 +3,9 @@ interpreter: exit status, output in the log (after its command line), environmen
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import signal
 import sys
 import time
@@ -36,6 +38,21 @@ def _exit_status_output_and_environment(commands: Commands, tmp_path, monkeypatc
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     assert commands.run("probe_env", [], str(log)) == 0
     assert log.read_text().splitlines()[-1] == f"$ {sys.executable} -m probe_env"
+
+
+def test_a_log_a_full_disk_cuts_short_is_named(tmp_path):
+    """A full disk met writing a job's command line into its log (here the file size limit at 0, as ``ulimit -f
+    0``: EFBIG, as ENOSPC), which fails as the file closes: the error names the log, for the quickstart's one
+    line (was ``no space left on device; free space; …``, naming no file)."""
+    log = tmp_path / "job.log"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: the write fails
+    try:
+        with pytest.raises(OSError) as failed:
+            Commands({}, preload=[]).run("json.tool", ["--help"], str(log))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, str(log))
 
 
 def test_a_ctrl_c_interrupts_the_job_and_spares_its_server(tmp_path):

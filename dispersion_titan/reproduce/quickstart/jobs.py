@@ -28,7 +28,7 @@ import warnings
 from collections.abc import Callable
 
 from ...utils.errors import DispersionTitanError, interrupted_while_starting
-from ...utils.records import atomic_write
+from ...utils.records import atomic_write, naming
 
 
 class Commands(contextlib.AbstractContextManager):
@@ -49,7 +49,7 @@ class Commands(contextlib.AbstractContextManager):
         """The exit status of ``target`` (a module, or a ``.py`` script) with ``argv``, its command
         line first in ``log`` (negative: killed by that signal)."""
         os.makedirs(os.path.dirname(os.path.abspath(log)), exist_ok=True)
-        with open(log, "a") as f:
+        with naming(log), open(log, "a") as f:
             program = [target] if target.endswith(".py") else ["-m", target]
             f.write(f"$ {' '.join([sys.executable, *program, *argv])}\n")
         request = {"target": target, "argv": argv, "env": {**os.environ, **self.env}, "cwd": os.getcwd(), "log": log}
