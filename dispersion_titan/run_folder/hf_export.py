@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..models import family
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, bpe_files
-from ..utils.errors import CheckpointError, OutputError
+from ..utils.errors import WRITE_ADVICE, CheckpointError, OutputError
 from ..utils.records import STAGING
 from .checkpoints import (
     check_complete,
@@ -149,11 +149,16 @@ def _export_chosen(given: str, step_dir: str, out_dir: str, why: str = "") -> No
 @contextmanager
 def os_error(path: str) -> Iterator[None]:
     """An I/O error of safetensors' or tokenizers' Rust code, which names its OS code only in its text (``File too
-    large (os error 27)``), made an ``OSError`` of ``path`` again: the one line of a full disk, not a traceback."""
+    large (os error 27)``), made an ``OSError`` of ``path`` again: the one line of a full disk, not a traceback.
+    A full disk met by ``shutil.copyfile`` names ``path`` too (it named the file copied: the package's)."""
     try:
         yield
+    except OSError as e:
+        if e.errno not in WRITE_ADVICE:
+            raise
+        raise OSError(e.errno, e.strerror, path) from e
     except Exception as e:  # noqa: BLE001 - tokenizers' errors are plain Exceptions; re-raised unless of I/O
-        code = None if isinstance(e, OSError) else re.search(r"\(os error (\d+)\)", str(e))
+        code = re.search(r"\(os error (\d+)\)", str(e))
         if code is None:
             raise
         raise OSError(int(code[1]), os.strerror(int(code[1])), path) from e
