@@ -21,6 +21,8 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -56,7 +58,7 @@ from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from dispersion_titan.utils.errors import CheckpointError, ConfigError, RunFinished
 from support.cli import run_cli
 from support.eval_tasks import evaluated_arms
-from support.launch import DEBUG_TOML, REPO, paused_reading, python_module, torchrun
+from support.launch import DEBUG_TOML, REPO, launch_env, paused_reading, python_module, torchrun
 from support.runs import digests, hub_cache, load_weights, tiny_run
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
@@ -512,6 +514,29 @@ def test_a_full_disk_copying_the_tokenizer_names_the_export_not_the_package(tmp_
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, target)
+
+
+def test_a_disk_full_once_the_weights_are_written_names_the_config(tmp_path):
+    """A file system with room for the export's weights and not one page more (a tmpfs, mounted in a namespace of
+    the test's own: its lock and ``.owner.json`` a page each), so that transformers' ``config.json`` meets it: the
+    line names OUT_DIR's config.json, exit 74 (was `no space left on device; free space; …`, naming no file)."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -rm)")
+    write_dcp_checkpoint(tmp_path / "run", GPT2ModelArgs(dim=8, n_layers=1, n_heads=2, max_seq_len=64))
+    convert.main(["to-hf", str(tmp_path / "run"), str(tmp_path / "sized")])
+    pages = -(-(tmp_path / "sized" / "model.safetensors").stat().st_size // 4096) + 2
+    full = tmp_path / "full"
+    full.mkdir()
+    mount = f'mount -t tmpfs -o size={pages * 4096} tmpfs {full} && exec "$0" -m dispersion_titan.convert "$@"'
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", mount, sys.executable, "to-hf", str(tmp_path / "run"), str(full / "hf")],
+        env=launch_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 74, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: no space left on device writing {full / 'hf' / 'config.json'}; free space; "
+        "no new export in OUT_DIR (its config.json, which completes one, is written last); run it again"
+    )
 
 
 def test_convert_given_a_run_takes_its_newest_complete_checkpoint(tmp_path, capsys):

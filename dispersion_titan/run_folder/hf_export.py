@@ -181,7 +181,8 @@ def export_checkpoint(step_dir: str, out_dir: str) -> None:
         with os_error(os.path.join(out_dir, "model.safetensors")):
             save_file(weights, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
         os.chmod(os.path.join(staging, "model.safetensors"), 0o644)  # safetensors writes it 0600
-        config.save_pretrained(staging)
+        with os_error(os.path.join(out_dir, CONFIG)):
+            config.save_pretrained(staging)
         with os_error(os.path.join(out_dir, "tokenizer.json")):
             save_tokenizer(staging, args.max_seq_len, encoder)
         with suppress(FileNotFoundError):
