@@ -9,6 +9,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -286,6 +287,30 @@ def test_rerun_skips_and_force_recomputes(run, analyzed, capsys, tmp_path):
     assert after_force["step-2/condensation.json"] != before["step-2/condensation.json"]
     assert after_force["step-4/condensation.json"] == before["step-4/condensation.json"]
     assert read_json(analyzed / "step-2" / "condensation.json")["layers"] == old["layers"]
+
+
+def test_a_full_disk_writing_tensorboard_events_is_one_line_and_leaves_no_events(run, tmp_path):
+    """``--tb-dir`` on a file system that fills as TensorBoard writes step-0's histograms (a tmpfs of 4 pages, mounted
+    in a namespace of the test's own: ``.owner.json`` takes one): one line naming the events file, exit 74, and the
+    events file cut short removed, which the rerun would log the step again beside (was the writer thread's
+    traceback, a line naming no file, and the partial events file left)."""
+    full = tmp_path / "full"
+    full.mkdir()
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -rm)")
+    argv = [str(run), *OPTS, "--steps", "0", "--out", str(tmp_path / "out"), "--tb-dir", str(full / "tb")]
+    mount = f'mount -t tmpfs -o size=16k tmpfs {full} && "$0" -m dispersion_titan.analyze "$@"'
+    proc = subprocess.run(  # what the folder holds then, after the command's output: gone with the namespace
+        ["unshare", "-rm", "sh", "-c", f"{mount}; s=$?; ls -A {full}/tb; exit $s", sys.executable, *argv],
+        capture_output=True, text=True, env=launch_env(), timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.fullmatch(
+        rf"dispersion_titan: error: no space left on device writing {full}/tb/events\.out\.tfevents\.\S+; free space; "
+        r"each model state analyzed so far is kept in its folder; the same command analyzes the rest",
+        proc.stderr.strip().splitlines()[-1],
+    ), proc.stderr[-3000:]
+    assert proc.stdout.splitlines()[-1] == ".owner.json", proc.stdout  # ls -A: no events file left
 
 
 def test_interrupted_analysis_completes_on_rerun(run, analyzed, capsys, tmp_path):

@@ -13,7 +13,8 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,7 @@ from ..run_folder.writer_lock import COMMAND, TURN_WAIT_S, refuse_if_busy, sole_
 from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
 from ..utils.devices import DTYPES, resolve_device
-from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, OutputError, say
+from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, OutputError, no_room, say
 from ..utils.hub import parse_spec
 from . import figures, hf_model
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
@@ -426,7 +427,7 @@ class Histograms:
                     raise _other_settings(self.folder)  # an analysis of other settings, started alongside, came first
             from torch.utils.tensorboard import SummaryWriter
 
-            with SummaryWriter(log_dir=self.folder) as writer:
+            with _whole_events(self.folder), SummaryWriter(log_dir=self.folder) as writer:
                 for name, matrix, value in zip(measured.names, measured.means.cpu().numpy(), result.curve):
                     writer.add_histogram(
                         f"analysis/cosine/{name}", matrix.clip(*HIST_RANGE), unit.step, bins=HIST_EDGES
@@ -464,6 +465,31 @@ class Histograms:
     def close(self) -> None:
         if self.made and not self.wrote:  # no histogram written (a failure, every unit skipped): no empty folder left
             remove_empty(self.made)
+
+
+@contextlib.contextmanager
+def _whole_events(folder: str) -> Iterator[None]:
+    """The events file a ``SummaryWriter`` writes in ``folder`` whole or not at all: one a full disk cut short is
+    removed (the rerun logs its step again: twice, beside it) and named in the line, its writer thread's failure not
+    printed as a traceback (TensorBoard raises it again in this thread, at the next write or at close)."""
+    before, hook = set(os.listdir(folder)), threading.excepthook
+
+    def quiet(args: threading.ExceptHookArgs) -> None:
+        if not (type(args.thread).__module__.startswith("tensorboard.") and no_room(args.exc_value)):
+            hook(args)
+
+    threading.excepthook = quiet
+    try:
+        yield
+    except BaseException as e:
+        new = sorted(os.path.join(folder, name) for name in set(os.listdir(folder)) - before)
+        for path in new:
+            os.unlink(path)
+        if isinstance(e, OSError) and e.errno and e.filename is None and new:
+            raise OSError(e.errno, e.strerror, new[0]) from e
+        raise
+    finally:
+        threading.excepthook = hook
 
 
 def _ours(event: Any) -> bool:
