@@ -9,6 +9,7 @@ import logging
 import multiprocessing
 import os
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -34,6 +35,7 @@ from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset,
 from dispersion_titan.data.store import MANIFEST, is_store, open_store, prepare, write_store
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, sole_writer
 from dispersion_titan.tokenizer.encoders import EOT_ID
+from support.cli import run_cli
 from support.corpora import texts, texts_jsonl
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted
@@ -232,6 +234,20 @@ def test_prepare_out_of_room_is_one_line_and_resumes_to_identical_bytes(tmp_path
     (out / ".shard-00009.bin.x1y2.tmp").write_bytes(b"half")  # as a worker killed mid-write leaves one
     assert python_module("dispersion_titan.data", *args).returncode == 0
     assert folder_bytes(out) == folder_bytes(enwiki_store)  # no temporary file left either
+
+
+def test_prepare_on_a_full_disk_leaves_no_out_folder(tmp_path, capsys):
+    """A disk full from the start (the file size limit at 0, as ``ulimit -f 0``: the lock, the first write, fails):
+    the out-of-room line, exit 74, and no --out left (was the empty folder prepare made, which a rerun took)."""
+    out = tmp_path / "new" / "store"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: the write fails
+    try:
+        code, _, err = run_cli(main, "prepare", "enwiki_sample", "--out", out, "--workers", "1", capsys=capsys)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert code == 74 and f"file too large writing {out}/{LOCK_NAME}; " in err, err
+    assert not any(tmp_path.iterdir())
 
 
 def test_interrupted_prepare_resumes_to_identical_bytes(tmp_path, capfd):

@@ -22,6 +22,7 @@ import os
 import shlex
 
 from ..config.cli import OneLineErrorParser, out_folder, positive_int
+from ..run_folder.outputs import remove_empty, to_make
 from ..run_folder.owners import FolderOwner, refuse_unless_ours
 from ..run_folder.writer_lock import sole_writer
 from ..utils.errors import command, fail, run_command
@@ -86,7 +87,13 @@ def main(argv: list[str] | None = None) -> None:
         fail("--out: empty; name the store's folder, e.g. --out data/enwiki_sample")
     if not is_store(options.out):  # a new store's folder is nobody else's (an unfinished store is resumed)
         refuse_unless_ours(options.out, FolderOwner("token store"), "--out", "use another --out")
-    manifest = prepare(options, sole_writer)
+    made = to_make(options.out)
+    try:
+        manifest = prepare(options, sole_writer)
+    except BaseException:
+        if made:  # failed before its first write (a full disk): no empty --out a rerun would take as the store's
+            remove_empty(made)
+        raise
     section = "training" if options.split == "train" else "validation"
     print(
         f"token store {options.out}: {manifest['tokens']:,} tokens, {manifest['documents']:,} documents, "

@@ -54,11 +54,16 @@ def check_format(record: object, path: str) -> dict:
     return record
 
 
+def to_make(folder: str) -> str | None:
+    """The outermost folder that making ``folder`` would make (``folder`` or one above it; None: it is there)."""
+    path = os.path.realpath(folder)  # a link to a folder not made yet: that folder
+    return next((p for p in reversed([path, *map(str, Path(path).parents)]) if not os.path.isdir(p)), None)
+
+
 def ensure_writable(folder: str, option: str) -> str | None:
     """Create ``folder`` and prove a file can be written there, or fail naming it; the outermost folder this made
     (``folder`` or one above it; None: it was there), for ``remove_empty`` should the call write nothing there."""
-    path = os.path.realpath(folder)  # a link to a folder not made yet: that folder
-    made = next((p for p in reversed([path, *map(str, Path(path).parents)]) if not os.path.isdir(p)), None)
+    path, made = os.path.realpath(folder), to_make(folder)
     try:
         os.makedirs(path, exist_ok=True)  # another command making it too: refused by its lock, not here
         with tempfile.TemporaryFile(dir=folder):
