@@ -722,6 +722,23 @@ def test_table2_a_hub_models_block_is_its_pretrained_row(tmp_path, capsys):
     assert found[0].parent.parent == evaluation
 
 
+def test_table2_a_step_failing_in_a_log_says_why_on_a_line_of_its_own(tmp_path, capsys):
+    """A step failing (its evaluation's folder another command's) with stderr not a terminal: the progress bar's
+    line ends before the error, the last line (was glued to it: the bar, cleared with a bare carriage return)."""
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt2"}))  # not loaded: refused before
+    out = tmp_path / "t"
+    evaluation = out / "pretrained" / str(model).strip("/").replace("/", "--")
+    evaluation.mkdir(parents=True)
+    record_owner(str(out), PAPER)
+    record_owner(str(evaluation), FolderOwner("comparison"))
+    options = ["--include-path", LM_EVAL_TASKS, "--tasks", "wiki_next_word", "--device", "cpu"]  # indexed alone: fast
+    code, _, err = paper("table2", "--pretrained", f"hf:{model}", *options, "--out", out, capsys=capsys)
+    said = f"dispersion_titan: error: --out: {evaluation} holds a comparison folder; use another --out"
+    assert code == 2 and err.split("\n")[-2:] == [said, ""] and "table2:" in err, err
+
+
 def test_table2_models_naming_a_hub_model_names_its_pretrained_row(tmp_path, capsys):
     """``table2 --models openai-community/gpt2`` (a hub id, not a run; nothing of that name here): one line naming
     ``--pretrained hf:MODEL`` beside training (was only `train it first: … --job.dump_folder openai-community/gpt2`),

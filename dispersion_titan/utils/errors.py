@@ -198,10 +198,13 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
 def _close_progress_bars() -> None:
     """Close the open progress bars (tqdm's, if loaded) before a last line: an error or an interrupt left them open
     (lm-eval's, a local of a frame it unwound), so the line went onto the bar's line and the bar, closed when that
-    frame was freed, followed it (over it, on a terminal)."""
+    frame was freed, followed it (over it, on a terminal). A bar cleared (paper's, ``leave=False``) ends its line
+    with a bare carriage return: in a log, a new line ends it, else the line went onto the bar's."""
     bars = getattr(sys.modules.get("tqdm.std"), "tqdm", None)
     for bar in list(getattr(bars, "_instances", ())):
         bar.close()
+        if bar.leave is False and not bar.fp.closed and not bar.fp.isatty():
+            bar.fp.write("\n")
 
 
 def _interrupted(signum: int, frame: object) -> NoReturn:
