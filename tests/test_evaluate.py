@@ -401,6 +401,18 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
     code, _, err = run_cli(evaluate_main, "table", "--pretrained", out, "--out", tmp_path / "t2", capsys=capsys)
     assert_one_line_error(code, err, f"again with python -m dispersion_titan.evaluate hf:{model} --out {out} --force")
 
+    broken = shutil.copytree(model, tmp_path / "broken", ignore=shutil.ignore_patterns("eval"))
+    for damage in ("truncated", "missing"):  # a folder's weights unreadable: one line naming it (was a traceback)
+        weights = broken / "model.safetensors"
+        if damage == "truncated":
+            weights.write_bytes(weights.read_bytes()[:100])
+        else:
+            weights.unlink()
+        code, _, err = evaluate(
+            f"hf:{broken}", "--include-path", TASKS, *OPTS, "--out", tmp_path / damage, capsys=capsys
+        )
+        assert_one_line_error(code, err, f"hf:{broken}: cannot be loaded (")
+
 
 def test_protocol_shots_per_task_reach_lm_eval(run, tmp_path, capsys, caplog):
     """Two local tasks under the names of an authors' few-shot and zero-shot task: lm-eval's

@@ -7,6 +7,7 @@ of that export), a Hugging Face model as it is."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import logging
@@ -187,14 +188,16 @@ class RunEvaluation:
         selection = self.selection
         merged: dict = {}
         with hflm_location(checkpoint.path, self.out) as (folder, revision), quiet_git_hash(), env_info_once():
-            lm = HFLM(
-                pretrained=folder,
-                revision=revision,
-                device=str(self.device),
-                dtype=DTYPES[self.options.dtype],
-                batch_size=self.options.batch_size,
-                **(BF16_AUTOCAST if self.options.dtype == AUTOCAST else {}),
-            )
+            local = self.hub is not None and os.path.isdir(folder)  # a Hugging Face folder's weights: the user's
+            with loading(checkpoint.path, local=True) if local else contextlib.nullcontext():  # (was a traceback)
+                lm = HFLM(
+                    pretrained=folder,
+                    revision=revision,
+                    device=str(self.device),
+                    dtype=DTYPES[self.options.dtype],
+                    batch_size=self.options.batch_size,
+                    **(BF16_AUTOCAST if self.options.dtype == AUTOCAST else {}),
+                )
             refuse_non_finite_logits(lm.model)
             identity = source_identity(checkpoint.path, folder, lm.config)
             for index, name in enumerate(selection.tasks, 1):
