@@ -13,7 +13,6 @@ import math
 import os
 import re
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..components.tb_writer import WriterThread
 from ..components.wandb_run import log_results, recorded
 from ..models import family
 from ..run_folder.checkpoints import (
@@ -60,7 +60,7 @@ from ..run_folder.writer_lock import COMMAND, TURN_WAIT_S, refuse_if_busy, sole_
 from ..tokenizer.encoders import DocumentEncoder
 from ..utils import records
 from ..utils.devices import DTYPES, resolve_device
-from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, OutputError, no_room, say
+from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, OutputError, say
 from ..utils.hub import parse_spec
 from . import figures, hf_model
 from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
@@ -470,17 +470,12 @@ class Histograms:
 @contextlib.contextmanager
 def _whole_events(folder: str) -> Iterator[None]:
     """The events file a ``SummaryWriter`` writes in ``folder`` whole or not at all: one a full disk cut short is
-    removed (the rerun logs its step again: twice, beside it) and named in the line, its writer thread's failure not
-    printed as a traceback (TensorBoard raises it again in this thread, at the next write or at close)."""
-    before, hook = set(os.listdir(folder)), threading.excepthook
-
-    def quiet(args: threading.ExceptHookArgs) -> None:
-        if not (type(args.thread).__module__.startswith("tensorboard.") and no_room(args.exc_value)):
-            hook(args)
-
-    threading.excepthook = quiet
+    removed (the rerun logs its step again: twice, beside it) and named in the line, its writer thread's failure
+    raised here (``WriterThread``), not printed as a traceback."""
+    before = set(os.listdir(folder))
     try:
-        yield
+        with WriterThread() as thread, thread.writes():
+            yield
     except BaseException as e:
         new = sorted(os.path.join(folder, name) for name in set(os.listdir(folder)) - before)
         for path in new:
@@ -488,8 +483,6 @@ def _whole_events(folder: str) -> Iterator[None]:
         if isinstance(e, OSError) and e.errno and e.filename is None and new:
             raise OSError(e.errno, e.strerror, new[0]) from e
         raise
-    finally:
-        threading.excepthook = hook
 
 
 def _ours(event: Any) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from torchtitan.tools.logging import logger
 
 from ..utils.errors import NOTHING_KEPT, OutputError, no_room
 from . import titan_compat, wandb_run
+from .tb_writer import WriterThread
 
 
 class StepMetrics:
@@ -44,9 +44,7 @@ class DispersionMetricsProcessor(MetricsProcessor):
 
     def __init__(self, job_config, parallel_dims, model_args: Any = None, tag: str | None = None) -> None:
         """Every TrainSpec's ``build_metrics_processor_fn`` (``model_args``: unused, as by TorchTitan's)."""
-        self.writer_error: OSError | None = None
-        self._excepthook = threading.excepthook
-        threading.excepthook = self._writer_failed  # before TorchTitan's: its SummaryWriter writes the events file
+        self.writer_thread = WriterThread()  # before TorchTitan's: its SummaryWriter writes the events file
         self.tb_folder = os.path.join(job_config.job.dump_folder, job_config.metrics.save_tb_folder)
         try:
             try:
@@ -59,7 +57,7 @@ class DispersionMetricsProcessor(MetricsProcessor):
                 # a resume from a checkpoint older than the W&B run's last step logs those steps again, the same values
                 titan_compat.wandb_logs_from(self.logger, wandb_run.next_step())
         except BaseException:  # TorchTitan's __init__ or the W&B run's record failed: no close() puts the hook back
-            threading.excepthook = self._excepthook
+            self.writer_thread.close()
             raise
         t = job_config.training  # global_batch_size -1: one local batch per rank of the batch mesh, as TorchTitan's
         ranks = parallel_dims.dp_replicate * parallel_dims.dp_shard
@@ -67,25 +65,16 @@ class DispersionMetricsProcessor(MetricsProcessor):
         self.dump_folder = job_config.job.dump_folder
         self.checkpointing = job_config.checkpoint.enable
 
-    def _writer_failed(self, args: threading.ExceptHookArgs) -> None:
-        """TensorBoard's writer thread's failed write (a full disk) kept for ``_tensorboard_writes`` to raise, not
-        printed as the thread's traceback: TensorBoard raises it only at a next write, never at close."""
-        if type(args.thread).__module__.startswith("tensorboard.") and isinstance(args.exc_value, OSError):
-            self.writer_error = args.exc_value
-        else:
-            self._excepthook(args)
-
     @contextlib.contextmanager
     def _tensorboard_writes(self) -> Iterator[None]:
-        """TensorBoard's failed write raised here, also after a last write (at close) that TensorBoard would drop
-        silently: a full disk's for the trainer's line (``write_failure``), naming the TensorBoard folder where the
-        thread names no file; any other in one line here."""
+        """TensorBoard's failed write raised here (``WriterThread.writes``): a full disk's for the trainer's line
+        (``write_failure``), naming the TensorBoard folder where the thread names no file; any other in one line."""
         try:
-            yield
-        except OSError as e:  # the thread's, which TensorBoard raises at the next write, before or after the hook
-            self.writer_error = e
-        error = self.writer_error
-        if error is None:
+            with self.writer_thread.writes():
+                yield
+        except OSError as e:
+            error = e
+        else:
             return
         error.filename = error.filename or self.tb_folder
         if no_room(error):  # the trainer's line: the space, the last good checkpoint
@@ -140,4 +129,4 @@ class DispersionMetricsProcessor(MetricsProcessor):
             with self._tensorboard_writes():
                 super().close()
         finally:
-            threading.excepthook = self._excepthook
+            self.writer_thread.close()
