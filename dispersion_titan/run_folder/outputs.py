@@ -9,7 +9,6 @@ import errno
 import json
 import os
 import re
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -17,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import IO, TYPE_CHECKING, TypeVar
 
-from ..utils.errors import OutputError
+from ..utils.errors import OutputError, error_line
 from ..utils.records import STAGING, atomic_write
 
 if TYPE_CHECKING:
@@ -126,10 +125,7 @@ def still_to_do(
 def report_failed(failed: list[str], total: int, nouns: str, done: str) -> int:
     """How many of ``total`` could not be ``done``, each named in one line on stderr (exit status 1)."""
     if failed:
-        print(
-            f"dispersion_titan: error: {len(failed)} of {total} {nouns} could not be {done}: {', '.join(failed)}",
-            file=sys.stderr,
-        )
+        error_line(f"{len(failed)} of {total} {nouns} could not be {done}: {', '.join(failed)}")
     return len(failed)
 
 

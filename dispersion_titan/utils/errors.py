@@ -138,11 +138,16 @@ def docs_page(page: str, section: str = "") -> str:
     return f"{page}{f' ({section!r})' if section else ''} in the dispersion_titan docs"
 
 
-def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoReturn:
-    """One line on stderr, on a line of its own (open progress bars closed first: paper's, around the commands it
-    runs), and a non-zero exit status (2: bad input, 3: training failed)."""
+def error_line(message: str, prog: str = "dispersion_titan") -> None:
+    """An error's line on stderr, on a line of its own and the last: open progress bars closed first (paper's,
+    around the commands it runs, which it clears at its close)."""
     _close_progress_bars()
     print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+
+
+def fail(message: str, status: int = 2, prog: str = "dispersion_titan") -> NoReturn:
+    """One line on stderr (``error_line``) and a non-zero exit status (2: bad input, 3: training failed)."""
+    error_line(message, prog)
     sys.exit(status)
 
 
