@@ -144,8 +144,7 @@ def load_pretrained(
         "in the checkpoint but not in the model": sorted(info["unexpected_keys"]),
         "of another shape": sorted(key for key, *_shapes in info["mismatched_keys"]),
     }
-    said = [f"{len(keys)} weight(s) {what} (e.g. {keys[0]})" for what, keys in problems.items() if keys]
-    if said:
+    if said := [f"{len(keys)} weight(s) {what} (e.g. {keys[0]})" for what, keys in problems.items() if keys]:
         raise ModelLoadError(
             f"{spec.name(revision)}: its weights do not load completely into {type(model).__name__} "
             f"({model.config.model_type}): {'; '.join(said)}; analyze measures decoder-only "

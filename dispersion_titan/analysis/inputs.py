@@ -164,8 +164,7 @@ def select_sequences(options: InputOptions, encode: Encode | DocumentEncoder = G
         rows = read_texts(options.texts) if options.texts else paper_rows(options.dataset_path)
         texts = paper_texts(rows, options.num_sequences)
         ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
-        short = [i for i, seq in enumerate(ids) if len(seq) < options.seq_len]
-        if short:
+        if short := [i for i, seq in enumerate(ids) if len(seq) < options.seq_len]:
             raise AnalysisError(
                 f"--protocol paper: text {short[0]} has only {len(ids[short[0]])} tokens, "
                 f"fewer than --seq-len {options.seq_len}"

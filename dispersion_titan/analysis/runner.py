@@ -170,8 +170,7 @@ class Analysis:
             pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed")
             todo = [unit for unit in self.units if unit.folder in pending]
             per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
-            skipped = len(self.units) - len(todo)
-            if skipped:
+            if skipped := len(self.units) - len(todo):
                 print(f"{skipped} {self.noun}(s) already analyzed in {self.out} (--force recomputes them)")
             failed = []
             histograms = (

@@ -151,8 +151,7 @@ def given_keys(args: list[str], toml: dict) -> set[str]:
     """``section.key`` of every key the TOML sets or the command line passes."""
     keys = {f"{s}.{k}" for s, values in toml.items() if isinstance(values, dict) for k in values}
     for arg in args:
-        match = re.fullmatch(r"--([\w-]+)\.([\w-]+)(=.*)?", arg)
-        if match:
+        if match := re.fullmatch(r"--([\w-]+)\.([\w-]+)(=.*)?", arg):
             section, key = match.group(1).replace("-", "_"), match.group(2).replace("-", "_")
             keys.add(f"{section}.{key.removeprefix('no_')}")
     return keys

@@ -94,8 +94,7 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
             f"{field}: {path}: format version {manifest.get('version')!r}, this code reads "
             f"{VERSION}; rebuild it with {PREPARE}"
         )
-    missing = [k for k in _MANIFEST_KEYS if k not in manifest]
-    if missing:
+    if missing := [k for k in _MANIFEST_KEYS if k not in manifest]:
         raise DataConfigError(f"{field}: {path}: corrupt manifest (no {', '.join(missing)})")
     if not (
         isinstance(manifest["source"], dict)
@@ -332,8 +331,7 @@ def write_store(
 
         try:
             for index, texts in enumerate(chunks):
-                done = verified_shard(out, index, len(texts), key, encoder.dtype.itemsize)
-                if done:
+                if done := verified_shard(out, index, len(texts), key, encoder.dtype.itemsize):
                     records.append(done)
                     bar.update(done["tokens"])
                     continue

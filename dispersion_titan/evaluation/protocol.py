@@ -88,8 +88,7 @@ def select_tasks(
     names = PAPER_TASKS if tasks is None else tuple(name.strip() for name in tasks.split(","))
     if not all(names):
         raise EvaluationError(f"--tasks: {tasks!r} has an empty task name")
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
+    if repeated := sorted({name for name in names if names.count(name) > 1}):
         raise EvaluationError(f"--tasks: {repeated[0]} is listed twice")
     shots = {name: num_fewshot if num_fewshot is not None else preset.shots(name) for name in names}
     return TaskSelection(protocol, names, shots, None if limit == "all" else limit or preset.limit)

@@ -147,8 +147,7 @@ class RunEvaluation:
         """The count that failed, and every step's result in ``--out`` (those of earlier runs too)."""
         from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
 
-        skipped = len(self.selected) - len(todo)
-        if skipped:
+        if skipped := len(self.selected) - len(todo):
             print(f"{skipped} step(s) already evaluated in {self.out} (--force recomputes them)")
         failed = []
         for index, checkpoint in enumerate(todo, 1):
@@ -169,8 +168,7 @@ class RunEvaluation:
             )
         results = read_evaluations(self.out)  # summary.csv over every step evaluated here, whatever its settings
         ours = comparable(self.settings)
-        other = sorted(step for step, result in results.items() if comparable(settings(result)) != ours)
-        if other:
+        if other := sorted(step for step, result in results.items() if comparable(settings(result)) != ours):
             say(
                 f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
                 "summary.csv keeps their rows, and each step-N/results.json its settings"

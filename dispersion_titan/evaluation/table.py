@@ -214,8 +214,7 @@ def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
         return [_chosen(run, max(run.results), [max(run.results)]) for run in runs]
     if rule != "best":
         step = int(rule.removeprefix("step:"))
-        missing = next((run for run in runs if step not in run.results), None)
-        if missing:
+        if missing := next((run for run in runs if step not in run.results), None):
             raise EvaluationError(
                 f"--select: {missing.run} has no evaluation of step {step} (have {sorted(missing.results)})"
             )
@@ -229,8 +228,7 @@ def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
         for step in sorted({step for c in per_run for step in c})
     }
     best = _best(curve)
-    lacking = [run.run for run, c in zip(runs, per_run, strict=True) if best not in c]
-    if lacking:
+    if lacking := [run.run for run, c in zip(runs, per_run, strict=True) if best not in c]:
         raise EvaluationError(
             f"--select best: {lacking[0]} has no evaluation of step {best}, the best on its arm's "
             "seed-averaged curve; evaluate it (--steps), or use --best-step per-seed"

@@ -85,11 +85,9 @@ def check_numbers(config: RunConfig) -> None:
 def check_dispersion(config: RunConfig, n_layers: int) -> None:
     d = config.dispersion
     for name in CONFIG_RANGES:
-        problem = range_error(name, getattr(d, name), CONFIG_RANGES)
-        if problem:
+        if problem := range_error(name, getattr(d, name), CONFIG_RANGES):
             raise ConfigError(f"dispersion.{name}: {problem}")
-    problem = precision_error(d.variant, d.precision)
-    if problem:
+    if problem := precision_error(d.variant, d.precision):
         raise ConfigError(f"dispersion.precision: {problem}")
     if d.kernel == "triton" and d.variant != "none" and not triton_device_here():
         raise ConfigError(

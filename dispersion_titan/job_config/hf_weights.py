@@ -34,8 +34,7 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
     name = config.model.name
     index = os.path.join(path, "model.safetensors.index.json")
     listed = _index_files(index, key) if os.path.isfile(index) else set()
-    gone = sorted(f for f in listed if not os.path.isfile(os.path.join(path, f)))
-    if gone:
+    if gone := sorted(f for f in listed if not os.path.isfile(os.path.join(path, f))):
         raise ConfigError(
             f"{key}: {path}: model.safetensors.index.json names {gone[0]}{_more(gone)}, which is not there "
             "(a copy or download cut short?); copy the model's missing files in"
@@ -71,8 +70,7 @@ def check_hf_weights(config: RunConfig, args: Any, key: str, path: str) -> None:
             f"{key}: {path} does not hold this {name} model's weights: {problems[0]}{_more(problems)}; "
             + _advice(config, args, hf)
         )
-    other = _computed_otherwise(hf, args)
-    if other:
+    if other := _computed_otherwise(hf, args):
         raise ConfigError(
             f"{key}: {path}: its config.json computes another model than this {name} (flavor {config.model.flavor}): "
             f"{other[0]}{_more(other)}, which no [model] key sets; give model.flavor the one of its model"

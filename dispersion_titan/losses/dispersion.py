@@ -73,8 +73,7 @@ def _validate(
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     for name, value in (("tau", tau), ("clamp", clamp), ("lambda_norm", lambda_norm), ("max_tokens", max_tokens)):
-        problem = range_error(name, value)
-        if problem:
+        if problem := range_error(name, value):
             raise ValueError(f"{name} {problem}")
     _check_hidden(hidden)
     if not hidden.is_floating_point():

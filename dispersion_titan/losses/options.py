@@ -35,8 +35,7 @@ def resolve_layers(spec: str | list[int], n_layers: int) -> list[int]:
         bad = [i for i in indices if not 1 <= i <= n_layers]
         if bad or not indices:
             raise ValueError(f"block indices must be 1..{n_layers} (1-based), got {spec}")
-        twice = sorted({i for i in indices if indices.count(i) > 1})
-        if twice:
+        if twice := sorted({i for i in indices if indices.count(i) > 1}):
             raise ValueError(f"block {', '.join(map(str, twice))} named twice in {spec}; name each block once")
         chosen = sorted({i - 1 for i in indices})
     if not chosen:

@@ -107,8 +107,7 @@ def still_to_do(
     """A command resumed into ``--out``: the result folders of ``sources`` (folder -> what it measures)
     without a result in ``existing`` yet. Refused in one line: results of other settings (``differs``), or
     of a checkpoint saved over since (``stale``). ``done``: "analyzed", "evaluated"."""
-    other = [name for name, result in existing.items() if differs(result)]
-    if other:
+    if other := [name for name, result in existing.items() if differs(result)]:
         raise OutputError(
             f"--out: {out}: {listed(other)} {'was' if len(other) == 1 else 'were'} {done} with other settings "
             f"({differs(existing[other[0]])}); use another --out, or --force to recompute"

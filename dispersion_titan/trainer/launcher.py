@@ -171,8 +171,7 @@ def ending(
     if killed:
         stands = what_stands(train_args)
         return 128 + signal.SIGKILL, killed_message(killed[0][0], oom_killed(killed[0][1], kills), stands)
-    unstopped = [rank for rank, failure in failures if failure.pid in _unstopped]
-    if unstopped:
+    if unstopped := [rank for rank, failure in failures if failure.pid in _unstopped]:
         first, failure = next((rank, f) for rank, f in failures if f.pid not in _unstopped)
         stands = what_stands(train_args)
         return 1, unstopped_message(unstopped[0], first, failure.exitcode, unseen(failure.local_rank), stands)

@@ -77,8 +77,7 @@ def half_n(points: int) -> int:
 
 def revision_label(revision: str) -> str:
     """Fig. 4's point names, as the paper's axis: ``stage2-step13000-...`` -> ``S2-13k``, ``main`` -> ``Main``."""
-    match = STAGE_BRANCH.match(revision)
-    if match:
+    if match := STAGE_BRANCH.match(revision):
         step = int(match.group(2))
         return f"S{match.group(1)}-{step // 1000}k" if step >= 1000 else f"S{match.group(1)}-{step}"
     return "Main" if revision == "main" else revision

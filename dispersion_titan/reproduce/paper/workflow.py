@@ -501,8 +501,7 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         chosen = {run.width: (run.folder, None) for run in sweep if run.dispersion == (rule == "authors")}
     else:
         found = [run.folder for run in sweep if checkpoint_steps(run.folder)]
-        missing = sorted({run.width for run in sweep} - {mlp_width(run) for run in found})
-        if missing:
+        if missing := sorted({run.width for run in sweep} - {mlp_width(run) for run in found}):
             run = next(run for run in sweep if run.width == missing[0])
             raise ArgumentError(
                 f"fig3: no run of MLP width {missing[0]} in {os.path.dirname(run.folder)}: add --slurm to "
@@ -550,8 +549,7 @@ def check_devices(workflow: PaperWorkflow, options: dict, cuda: bool) -> None:
     """The paper's large models refuse to start on a machine without a GPU unless asked."""
     if cuda or options.get("device") == "cpu":
         return
-    big = [m for m in workflow.models if m.size_b is not None and m.size_b > 2]
-    if big:
+    if big := [m for m in workflow.models if m.size_b is not None and m.size_b > 2]:
         names = ", ".join(f"{m.label} ({m.size_b:g}B)" for m in big[:3]) + (" ..." if len(big) > 3 else "")
         raise ArgumentError(
             f"{workflow.artifact}: {names} need a GPU and there is none here: add --slurm (a cluster), "
@@ -633,12 +631,11 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
 
         still_to_do(given.out, {}, read_analyses(given.out), differs, lambda *_: False, "analyzed")
         for job_id, (folder, inputs) in others.items():  # one folder by any path: relative, through a link
-            if folder == os.path.realpath(given.out):
-                if diff := records.differences(inputs, mine):
-                    raise ArgumentError(
-                        f"--out: {given.out}: job {job_id}, queued or running, analyzes into it with other settings "
-                        f"({diff}); wait for it to end, or scancel {job_id}, then submit again"
-                    )
+            if folder == os.path.realpath(given.out) and (diff := records.differences(inputs, mine)):
+                raise ArgumentError(
+                    f"--out: {given.out}: job {job_id}, queued or running, analyzes into it with other settings "
+                    f"({diff}); wait for it to end, or scancel {job_id}, then submit again"
+                )
 
 
 def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
