@@ -93,9 +93,7 @@ class Condensation:
     @property
     def label(self) -> str:
         """``step N`` for a checkpoint of a run, the revision name for a Hugging Face model."""
-        if self.model is None:
-            return f"step {self.step}"
-        return self.revision or "default revision"
+        return f"step {self.step}" if self.model is None else self.revision or "default revision"
 
     @property
     def curve(self) -> list[float]:

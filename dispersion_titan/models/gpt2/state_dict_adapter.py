@@ -45,9 +45,7 @@ _HF_BUFFERS = re.compile(r"\.attn\.(bias|masked_bias)$")
 
 def _canonical_hf_key(key: str) -> str:
     """The original OpenAI-converted checkpoints omit the ``transformer.`` prefix."""
-    if key.startswith(("transformer.", "lm_head.")):
-        return key
-    return f"transformer.{key}"
+    return key if key.startswith(("transformer.", "lm_head.")) else f"transformer.{key}"
 
 
 class GPT2StorageReader(HuggingFaceStorageReader):
@@ -117,8 +115,7 @@ class GPT2StateDictAdapter(StateDictAdapter):
             for name, w, b in zip(_QKV, weights, biases):
                 ours[f"{prefix}.{name}.weight"] = w.contiguous()
                 ours[f"{prefix}.{name}.bias"] = b.contiguous()
-        if self.model_args.tie_embeddings:
-            ours["output.weight"] = ours["tok_embeddings.weight"]
-        else:
-            ours["output.weight"] = hf["lm_head.weight"]
+        ours["output.weight"] = (
+            ours["tok_embeddings.weight"] if self.model_args.tie_embeddings else hf["lm_head.weight"]
+        )
         return ours
