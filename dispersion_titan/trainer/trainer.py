@@ -135,11 +135,9 @@ class ConfiguredRates:
 class DispersionTrainer(titan_compat.TrainerHooks):
     def __init__(self, job_config: RunConfig) -> None:
         """``job_config``: as ``dispersion_titan.train`` checked it, derived values filled in."""
-        settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
-        folders = run_folders(job_config)
+        self.settings = run_settings(job_config)  # as the launch check saw them, before TorchTitan's own
+        self.folders = folders = run_folders(job_config)
         dump = job_config.job.dump_folder
-        self.folders = folders
-        self.settings = settings
         self.outside_folders = outside_folders(dump, folders)
         # Global rank 0 owns the run folder (and records it owner of its folders) before TorchTitan writes, until
         # this process exits; a live owner ends this run in one line, nothing written. TorchTitan loads a fork's
@@ -223,7 +221,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
                 baseline=dataclasses.asdict(job_config.baseline),
                 tokenizer=encoder.name,
                 training_steps=job_config.training.steps,
-                settings=settings,
+                settings=self.settings,
                 forked_from=fork_record(job_config),
                 started_from=start_record(job_config),
                 paths=self.outside_folders,
