@@ -36,8 +36,8 @@ from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import check_complete, list_checkpoints, load_model, load_model_args
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.utils.errors import AnalysisError, CheckpointError
-from support.cli import analyze, assert_one_line_error
-from support.corpora import texts_jsonl
+from support.cli import analyze, assert_one_line_error, file_size_limit
+from support.corpora import texts_jsonl, wikitext_parquet_dir
 from support.launch import (
     as_someone_else,
     launch_env,
@@ -800,6 +800,27 @@ def test_an_older_analysis_recording_relative_texts_pairs_with_one_recording_the
     assert_one_line_error(
         code, err, f"was analyzed with other inputs than {runs[0]} (texts 'texts.jsonl' vs '{os.path.realpath(texts)}')"
     )
+
+
+@pytest.mark.usefixtures("private_caches")
+@pytest.mark.parametrize("dataset", ["local", "wikitext-103"])
+def test_a_datasets_cache_out_of_room_is_the_commands_out_of_room_line(tmp_path, capsys, dataset):
+    """A ``--dataset-path`` whose Arrow copy in datasets' cache meets the file size limit (``ulimit -f 1``) or a full
+    disk: the commands' out-of-room line naming the cache, exit 74 (was, of ``local``'s files, ``--dataset-path:
+    FILE: not readable as json ([Errno 27] File too large); fix the file``, exit 2, the file blamed; of a folder,
+    ``file too large; …``, naming none)."""
+    import datasets.config
+
+    run = tiny_run(tmp_path / "run", steps=(1,))
+    docs = texts_jsonl(tmp_path / "docs.jsonl", 8, 300) if dataset == "local" else wikitext_parquet_dir(tmp_path)
+    options = ["--dataset", dataset, "--dataset-path", docs, "--num-sequences", "4", "--seq-len", "32"]
+    with file_size_limit(1024):
+        code, _, err = analyze(run, *options, "--out", tmp_path / "out", capsys=capsys)
+    assert (code, err.splitlines()[-1]) == (
+        74,
+        f"dispersion_titan: error: file too large writing {datasets.config.HF_DATASETS_CACHE}; raise the file size "
+        "limit (ulimit -f); each model state analyzed so far is kept in its folder; the same command analyzes the rest",
+    ), err
 
 
 def test_texts_saved_with_a_bom_are_read_as_without(tmp_path, capsys):

@@ -32,7 +32,7 @@ from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import EvaluationError
-from support.cli import assert_one_line_error, run_cli
+from support.cli import assert_one_line_error, file_size_limit, run_cli
 from support.eval_tasks import LM_EVAL_TASKS as TASKS
 from support.eval_tasks import seeded_copies, write_evaluation
 from support.launch import (
@@ -836,6 +836,25 @@ def test_a_task_with_a_bad_template_is_its_one_line_alone(tmp_path, capsys):
         "template, expected 'end of print statement'.)"
     ], err
     assert sorted(p.name for p in stand_in.rglob("*")) == ["checkpoint", "run.json", "step-0"]
+
+
+@pytest.mark.usefixtures("private_caches")
+def test_a_datasets_cache_out_of_room_is_the_commands_out_of_room_line(tmp_path, capsys):
+    """datasets' cache meeting the file size limit (``ulimit -f 1``) or a full disk as it copies a task's data:
+    the commands' out-of-room line naming the cache, exit 74 (was ``--tasks: wiki_next_word: cannot be loaded
+    (DatasetGenerationError: An error occurred while generating the dataset)``, exit 2, the task blamed)."""
+    import datasets.config
+
+    stand_in = tmp_path / "stand_in"
+    (stand_in / "checkpoint" / "step-0").mkdir(parents=True)
+    (stand_in / "run.json").write_text(json.dumps({"format": 1, "model_name": "gpt2", "model_args": {}}))
+    with file_size_limit(1024):
+        code, _, err = evaluate(stand_in, "--include-path", TASKS, "--tasks", "wiki_next_word", capsys=capsys)
+    assert (code, err.splitlines()[-1]) == (
+        74,
+        f"dispersion_titan: error: file too large writing {datasets.config.HF_DATASETS_CACHE}; raise the file size "
+        "limit (ulimit -f); each step evaluated so far is kept in its folder; the same command goes on",
+    ), err
 
 
 def test_unreachable_hub_fails_at_once_without_retries(tmp_path):

@@ -22,7 +22,7 @@ from typing import Any, Union
 import datasets
 import pyarrow.compute
 
-from ..utils.errors import DataConfigError, cause
+from ..utils.errors import DataConfigError, cause, raise_no_room
 from ..utils.hub import hub_offline
 from ..utils.package_data import package_file
 
@@ -88,6 +88,7 @@ def load_files(files: list[str], field: str, streaming: bool) -> Rows:
             files = [glob.escape(f) for f in group]  # datasets reads each as a pattern: a name's [1] is literal
             rows = datasets.load_dataset(builder, data_files=files, split="train", streaming=streaming, **kwargs)
         except (datasets.exceptions.DatasetGenerationError, pyarrow.ArrowInvalid) as e:  # a malformed row or file
+            raise_no_room(e, datasets.config.HF_DATASETS_CACHE)  # datasets' Arrow copy of them: exit 74, not the files
             why = str(e.__cause__ or e).splitlines()[0]  # the first line: pyarrow's reason (cause() takes the last)
             named = ", ".join(group)
             raise DataConfigError(f"{field}: {named}: not readable as {builder} ({why}); fix the file") from None
@@ -136,7 +137,11 @@ def _from_directory(path: str, repo: str, config: str, split: str, field: str, s
         _split_of(dict(builder.config.data_files or {}), split, path, field)
         if streaming:
             return builder.as_streaming_dataset(split=split)
-        builder.download_and_prepare()
+        try:
+            builder.download_and_prepare()
+        except datasets.exceptions.DatasetGenerationError as e:  # its Arrow copy out of room, a file unnamed
+            raise_no_room(e, datasets.config.HF_DATASETS_CACHE)
+            raise
         return builder.as_dataset(split=split)
     return rows.to_iterable_dataset() if streaming else rows  # Arrow on disk, streamed in order
 

@@ -51,7 +51,15 @@ from ..run_folder.outputs import (
 from ..run_folder.owners import FolderOwner, owned, refuse_unless_ours
 from ..run_folder.writer_lock import COMMAND, refuse_if_busy
 from ..utils.devices import AUTOCAST, DTYPES, resolve_device
-from ..utils.errors import ArgumentError, CheckpointError, EvaluationError, ModelLoadError, cause, say
+from ..utils.errors import (
+    ArgumentError,
+    CheckpointError,
+    EvaluationError,
+    ModelLoadError,
+    cause,
+    raise_no_room,
+    say,
+)
 from ..utils.hub import PREFIX, HFSpec, hub_offline, loading, parse_spec, quiet_datasets_bars
 from ..utils.records import STAGING, differences
 from .protocol import mean_accuracy, run_protocol, select_tasks, task_scores
@@ -400,6 +408,8 @@ class Tasks:
         """Each name's lm-eval Task or Group objects, built once; an unreachable hub's offline mode on first,
         so missing data fail at once (not after 30 s of retries); ``shots`` (each name's) that a task has too
         few examples for are refused."""
+        import datasets.config
+
         objects = {}
         logging.getLogger("lm_eval.api.task").addFilter(_no_metadata_advice)  # added once, however often called
         logging.getLogger("lm_eval.evaluator").addFilter(_no_shots_warning)
@@ -408,11 +418,8 @@ class Tasks:
                 try:
                     loaded = self.manager.load([name])
                 except Exception as e:  # noqa: BLE001 - lm-eval and datasets raise many types
-                    if (
-                        isinstance(e, OSError)
-                        and e.errno in (errno.EROFS, errno.EACCES, errno.ENOSPC, errno.ENOTDIR)
-                        and e.filename
-                    ):
+                    raise_no_room(e, datasets.config.HF_DATASETS_CACHE)
+                    if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.ENOTDIR) and e.filename:
                         raise EvaluationError(  # where datasets caches the tasks' data: not the task's fault
                             f"{e.filename}: {e.strerror} (datasets' cache, loading task {name}); set HF_HOME, or "
                             "HF_DATASETS_CACHE, to a writable folder with room"

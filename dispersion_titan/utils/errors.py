@@ -127,6 +127,14 @@ def no_room(error: BaseException) -> OSError | None:
     return next((e for e in error_chain(error) if isinstance(e, OSError) and e.errno in WRITE_ADVICE), None)
 
 
+def raise_no_room(error: BaseException, where: str) -> None:
+    """The out-of-room ``OSError`` behind ``error``, if any, raised as a write of ``where`` where it names no
+    file: the commands' line, exit 74 (datasets wraps its cache's in a ``DatasetGenerationError``, nameless)."""
+    full = no_room(error)
+    if full is not None:
+        raise OSError(full.errno, full.strerror, full.filename or where) from error
+
+
 def cause(error: BaseException) -> str:
     """An exception's message's last line (where tracebacks put the cause), else its type's name."""
     text = str(error).strip()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import resource
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -14,6 +16,17 @@ def run_cli(main: Callable[[list[str]], None], *args, capsys) -> tuple[int, str,
         main([str(a) for a in args])
     out, err = capsys.readouterr()
     return exit_info.value.code, out, err
+
+
+@contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """This process's writes limited to ``limit`` bytes a file (``ulimit -f``): EFBIG, as a full disk's ENOSPC."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))  # Python ignores SIGXFSZ: the write fails
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 def analyze(*args: str, capsys) -> tuple[int, str, str]:
