@@ -212,30 +212,31 @@ def check_launch(job_config: RunConfig, take_lock: bool) -> RunConfig:
     dump, ckpt = job_config.job.dump_folder, job_config.checkpoint
     recorded = recorded_run(dump)  # its run.json, read once for all the checks of a relaunch
     refuse_other_data_here(dump, recorded, job_config)
+    unwritable = None
     try:
         check(job_config)
-    except UnwritableFolderError:  # a finished run (a read-only mount's) has nothing to write: said finished, if
-        if ckpt.enable and recorded is not None:  # its settings are the run's (others were never run: refused)
-            fetch_local_assets(job_config, recorded)  # compared as below: its hub snapshot, its fork's checkpoint
-            start_fork(job_config, recorded, data_parallel_degree(job_config, _world_size()))
-            check_same_settings(dump, recorded, job_config)
-            refuse_finished(
-                saved_checkpoints(os.path.join(dump, ckpt.folder)), job_config.training.steps, ckpt.load_step
-            )
-        raise
+    except UnwritableFolderError as e:  # a finished run (a read-only mount's) has nothing to write: said finished
+        if not ckpt.enable or recorded is None:  # below, if its settings are the run's (others were never run)
+            raise
+        unwritable = e
     dp = data_parallel_degree(job_config, _world_size())  # the layout: neither assets nor a fork change it
-    fetched = fetch_local_assets(job_config, recorded)
-    forked = start_fork(job_config, recorded, dp)
-    if fetched or forked:
-        check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
-    check_gpus_usable()
-    check_runs_here(job_config)
-    check_initial_load(job_config, model_args(job_config))
-    if take_lock:
-        refuse_if_busy(dump)
-        recorded = recorded_run(dump)  # again, as the lock's holder: a launch that held it may have written it since
-    refuse_other_owners(dump, run_folders(job_config), forking=forked)
+    fetched = fetch_local_assets(job_config, recorded)  # the settings are compared with these: its hub snapshot,
+    forked = start_fork(job_config, recorded, dp)  # its fork's checkpoint
+    if unwritable is None:  # a launch that goes on to train
+        if fetched or forked:
+            check(job_config)  # now with the fetched tokenizer, or the fork's checkpoint
+        check_gpus_usable()
+        check_runs_here(job_config)
+        check_initial_load(job_config, model_args(job_config))
+        if take_lock:
+            refuse_if_busy(dump)
+            recorded = recorded_run(dump)  # again, as the lock's holder: a launch that held it may have written it
+        refuse_other_owners(dump, run_folders(job_config), forking=forked)
     check_same_settings(dump, recorded, job_config)
+    folder, steps = os.path.join(dump, ckpt.folder), job_config.training.steps
+    if unwritable is not None:
+        refuse_finished(saved_checkpoints(folder), steps, ckpt.load_step)
+        raise unwritable
     if ckpt.enable:
-        check_resume(os.path.join(dump, ckpt.folder), dump, job_config.training.steps, dp, ckpt.load_step)
+        check_resume(folder, dump, steps, dp, ckpt.load_step)
     return job_config
