@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error = functools.partial(_refuse, key)
         options[key] = parser.parse_args([str(sweep.out), *getattr(sweep, key)])
     slurm_sweep.refuse_shared_folders(sweep, options)
+    slurm_sweep.refuse_elsewhere(sweep, options)
     if args.plan:  # the cells' training jobs planned on their GPUs
         if sweep.gpus_per_node == 0:
             raise ArgumentError("--plan: plans GPU jobs, and gpus_per_node is 0")

@@ -565,6 +565,38 @@ def test_a_sweep_submitted_again_from_another_folder_with_relative_paths_submits
     assert older.returncode == 0 and len((tmp_path / "calls").read_text().splitlines()) == 15, older.stderr
 
 
+def test_a_sweep_submitted_again_from_another_folder_counts_only_the_values_of_options_naming_paths(tmp_path):
+    """``--train-sbatch-arg=--partition=gpu`` and ``--evaluate-args="--tasks piqa"`` submitted again from a folder
+    holding folders ``gpu`` and ``piqa``: submitted (was refused, ``train_sbatch_args: --partition=gpu: a path relative
+    to FIRST``: any value naming a file there was taken for a path); sbatch's ``-i in.txt`` (``--input``, a path) with
+    an ``in.txt`` there: one line naming the folder to submit it from, exit 2, no sbatch."""
+    first, other, out, calls = tmp_path / "first", tmp_path / "other", tmp_path / "sweep", tmp_path / "calls"
+    for folder in (first, other):
+        for name in ("gpu", "piqa"):
+            (folder / name).mkdir(parents=True)
+    (first / "in.txt").write_text("")
+    env = fake_slurm(tmp_path, "")
+    args = (*ONE_CELL, "--config", DEBUG_TOML, "--out", str(out), "--evaluate-args=--tasks piqa")
+
+    def submitted_from(folder: Path, *more: str) -> subprocess.CompletedProcess:
+        return python_module("dispersion_titan.sweep", *args, *more, timeout=300, env=env, cwd=folder)
+
+    assert submitted_from(first, "--train-sbatch-arg=--partition=gpu").returncode == 0
+    (tmp_path / "held").write_text("")  # its jobs ended: the same command again submits them
+    again = submitted_from(other, "--train-sbatch-arg=--partition=gpu")
+    assert again.returncode == 0 and len(calls.read_text().splitlines()) == 10, again.stderr
+    (tmp_path / "held").write_text("")
+    refused = submitted_from(
+        first, "--train-sbatch-arg=--partition=gpu", "--evaluate-sbatch-arg=-i", "--evaluate-sbatch-arg=in.txt"
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"dispersion_titan: error: evaluate_sbatch_args: in.txt: a path relative to {other}, where {out} was first "
+        "submitted from (its jobs read it from the folder they are submitted from, here another file or none); "
+        f"submit the sweep again from {other}"
+    ]
+    assert len(calls.read_text().splitlines()) == 10
+
+
 @pytest.mark.parametrize(
     ("key", "option", "default"),
     [

@@ -45,11 +45,16 @@ SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), a
     "--array": ("-a", "--ar"),
     "--chdir": ("-D", "--ch"),
     "--dependency": ("-d", "--dep"),
+    "--error": ("-e", "--er"),
     "--export": ("", "--export"),  # --expor: --export or --export-file
+    "--export-file": ("", "--export-"),
     "--gpus": ("-G", "--gpus"),
     "--gpus-per-node": ("", "--gpus-per-n"),
+    "--input": ("-i", "--in"),
     "--kill-on-invalid-dep": ("", "--k"),
+    "--nodefile": ("-F", "--nodef"),
     "--nodes": ("-N", "--nodes"),
+    "--output": ("-o", "--ou"),
     "--signal": ("", "--si"),
 }
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
+import itertools
 import json
 import math
 import os
 import re
 import shlex
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +32,7 @@ from ..job_config.parse import model_args, validated_args
 from ..losses import VARIANTS
 from ..run_folder.checkpoints import identity_changed, recorded_run, run_checkpoints, trained_to
 from ..run_folder.owners import FolderOwner, empty, record_owner, refuse_unless_ours
-from ..run_folder.settings import check_same_settings
+from ..run_folder.settings import INPUT_PATHS, check_same_settings
 from ..tokenizer.encoders import is_hub_id
 from ..utils.errors import ArgumentError, ConfigError, DispersionTitanError
 from ..utils.records import atomic_write
@@ -38,6 +41,7 @@ from .slurm_scripts import (
     SlurmJob,
     given_option,
     lead_told,
+    option_values,
     queued_jobs,
     refuse_options,
     sbatch,
@@ -212,30 +216,51 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     for key, values in (("widths", sweep.widths), ("seeds", sweep.seeds), ("variants", [a.label for a in arms])):
         if len(set(values)) != len(values):
             raise ArgumentError(f"{key}: listed twice: {values}")
-    refuse_elsewhere(sweep)
     return sweep
 
 
-def refuse_elsewhere(sweep: Sweep) -> None:
+TRAINING_PATHS = (*INPUT_PATHS, "checkpoint.initial_load_path", "model.tokenizer_path")
+"""The training settings naming paths relative to the job's working directory (checkpoint.folder, the TensorBoard and
+trace folders: to the run's)."""
+JOB_PATHS = ("out", "tb_dir", "texts", "dataset_path", "include_path")  # analyze's and evaluate's options naming paths
+SBATCH_PATHS = ("--output", "--error", "--input", "--export-file", "--nodefile")  # sbatch's (--chdir: refused)
+
+
+def _paths(sweep: Sweep, options: dict[str, argparse.Namespace]) -> Iterator[tuple[str, str]]:
+    """Each value of an option naming a path among the sweep's arguments, with its key (``options``: ``analyze_args``
+    and ``evaluate_args`` as their jobs parse them)."""
+    for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
+        yield from ((key, value) for long in SBATCH_PATHS for _, value in option_values(getattr(sweep, key), long))
+    for arg, after in itertools.pairwise([*sweep.train_overrides, ""]):  # --training.dataset-path is tyro's too
+        name, eq, value = arg.partition("=")
+        if name.startswith("--") and name[2:].replace("-", "_") in TRAINING_PATHS:
+            yield "train_overrides", value if eq else after
+    for key, parsed in options.items():
+        yield from ((key, value) for dest in JOB_PATHS if (value := getattr(parsed, dest, None)))
+
+
+def refuse_elsewhere(sweep: Sweep, options: dict[str, argparse.Namespace]) -> None:
     """The sweep submitted again from another folder than the first time (``sweep.json``'s ``work_dir``; an older one
-    records none) with a relative path among its arguments (``--texts texts.jsonl``): its jobs run in the folder they
-    are submitted from, where the same command strings name another file, or none."""
+    records none) with a relative path among its options' values (``--texts texts.jsonl``): its jobs run in the folder
+    they are submitted from, where the same command strings name another file, or none. Only options that name paths
+    count: ``--partition=gpu`` is no path, whatever either folder holds."""
     try:
         recorded = json.loads((sweep.out / MANIFEST).read_text()).get("work_dir")
     except (OSError, ValueError, AttributeError):  # none yet, or unreadable: resubmission says so
         return
     if not isinstance(recorded, str) or Path(recorded).resolve() == Path.cwd().resolve():
         return
-    for key in ("train_overrides", *ARGUMENTS):
-        for arg in getattr(sweep, key):
-            value = arg.partition("=")[2] if arg.startswith("-") else arg
-            paths = [path for path in value.split(",") if path and not path.startswith(("/", "~"))]
-            if any(os.path.lexists(os.path.join(folder, path)) for path in paths for folder in (recorded, ".")):
-                raise ArgumentError(
-                    f"{key}: {arg}: a path relative to {recorded}, where {sweep.out} was first submitted from (its "
-                    "jobs read it from the folder they are submitted from, here another file or none); submit the "
-                    f"sweep again from {recorded}"
-                )
+    for key, path in _paths(sweep, options):
+        if (
+            path
+            and not path.startswith(("/", "~"))
+            and any(glob.glob(os.path.join(glob.escape(folder), path)) for folder in (recorded, "."))
+        ):
+            raise ArgumentError(
+                f"{key}: {path}: a path relative to {recorded}, where {sweep.out} was first submitted from (its "
+                "jobs read it from the folder they are submitted from, here another file or none); submit the "
+                f"sweep again from {recorded}"
+            )
 
 
 def refuse_used(out: Path) -> None:
