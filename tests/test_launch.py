@@ -494,7 +494,7 @@ def test_a_sweep_copied_or_moved_while_its_jobs_are_queued_is_refused_then_submi
     line, exit 2, no sbatch: the copy's naming the original to submit it there, the moved one's the jobs to scancel
     or wait for (was: "submit it there again", a folder no longer there). Once its jobs ended, each is submitted again
     where it is, its commands compared with the paths moved: its trained cell kept, the other jobs writing there
-    (was refused for good)."""
+    (was refused for good), squeue asked once which of its jobs are queued (was twice)."""
     config, out, calls = tmp_path / "debug.toml", tmp_path / "sweep", tmp_path / "calls"
     config.write_text(Path(DEBUG_TOML).read_text())
     env = fake_slurm(tmp_path, "")
@@ -523,9 +523,13 @@ def test_a_sweep_copied_or_moved_while_its_jobs_are_queued_is_refused_then_submi
         ], proc.stderr
     assert len(calls.read_text().splitlines()) == 5
     (tmp_path / "held").write_text("")  # its jobs ended; the moved one's, queued in turn, are no copy's
+    squeue = tmp_path / "held.calls"  # the stand-in squeue's calls
     for name in ("moved", "copy"):
+        asked = len(squeue.read_text().splitlines())
         again = submitted_into(name)
         assert again.returncode == 0 and "sweep: 4 jobs submitted (1 kept:" in again.stdout, again.stderr
+        # squeue asked once of its sweep.json's jobs (was twice), once of its logs/submitted.json's
+        assert len(squeue.read_text().splitlines()) == asked + 2
         submitted = calls.read_text().splitlines()[-4:]
         assert all(f"--job-name={name}-" in line and f" {tmp_path / name}/" in line for line in submitted)
         assert not any(str(out) in line for line in submitted)

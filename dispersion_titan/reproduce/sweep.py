@@ -408,9 +408,8 @@ def _refuse_other_settings(name: str, config: RunConfig) -> None:
         ) from None
 
 
-def _refuse_while_queued_there(here: Path, there: str, ids: list[str]) -> None:
-    """A sweep copied or moved from ``there`` while jobs of it are queued or running: they write there."""
-    queued = queued_jobs(ids).keys()
+def _refuse_while_queued_there(here: Path, there: str, ids: list[str], queued: dict[str, str]) -> None:
+    """A sweep copied or moved from ``there`` while jobs of it (``ids``) are ``queued`` or running: they write there."""
     if not (jobs := " ".join(job_id for job_id in ids if job_id in queued)):  # all ended: this folder goes on alone
         return
     why = (
@@ -449,7 +448,6 @@ def resubmission(
         return jobs, {}, set()
     out, names, recorded, ids = _recorded(sweep.out / MANIFEST)
     if out != str(sweep.out):  # copied or moved: compared as they would be submitted from here
-        _refuse_while_queued_there(sweep.out, out, list(ids.values()))
         recorded = {key: _relocated(argv, out, str(sweep.out)) for key, argv in recorded.items()}
     cells = [cell.name for cell in sweep.cells()]
     if cells != names:  # an arm, width or seed added or dropped: each job's command would differ
@@ -466,7 +464,9 @@ def resubmission(
             f"out: {sweep.out} holds a sweep submitted with other settings (the {differs or 'grid'} job differs from "
             f"its {MANIFEST}); give the sweep a new folder, or its own settings to submit its stopped jobs again"
         )
-    queued = queued_jobs(list(ids.values()))
+    queued = queued_jobs(list(ids.values()))  # asked once: a job may end between two answers
+    if out != str(sweep.out):
+        _refuse_while_queued_there(sweep.out, out, list(ids.values()), queued)
     kept = {key: job_id for key, job_id in ids.items() if job_id in queued}
     results: dict[str, list[Path] | None] = {}
     for i, (cell, config) in enumerate(zip(sweep.cells(), configs, strict=True), start=1):

@@ -314,6 +314,7 @@ SQUEUE = """#!/bin/sh
 ids=${3#--jobs=}
 [ "$*" = "--noheader --format=%F %Z --jobs=$ids" ] || { echo "squeue (stand-in): unexpected arguments: $*" >&2; exit 2; }
 touch HELD
+echo "$ids" >> HELD.calls
 awk -v ids="$ids" 'BEGIN { split(ids, a, ","); for (i in a) want[a[i]] } $1 in want' HELD
 case $ids in *,*) ;; *) grep -q "^$ids " HELD || { echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1; } ;; esac
 """  # noqa: E501
@@ -323,7 +324,7 @@ def fake_slurm(tmp_path: Path, before_id: str) -> dict[str, str]:
     """PATH with an sbatch that logs its arguments to ``tmp_path/calls`` and prints job ids 101, 102, ... (its call
     count; ``before_id``: shell run first, ``$n`` the count) and an squeue holding every job submitted, with the
     working directory it was submitted from, as Slurm 22.05's answers ``--format=%F %Z --jobs=IDS``: those of IDS
-    it holds (one unknown id alone: its error, exit 1)."""
+    it holds (one unknown id alone: its error, exit 1), each call's IDS a line of ``tmp_path/held.calls``."""
     bin_dir, calls, held = tmp_path / "bin", tmp_path / "calls", tmp_path / "held"
     bin_dir.mkdir()
     (bin_dir / "sbatch").write_text(
