@@ -129,10 +129,11 @@ def main(argv: list[str] | None = None) -> None:
     slurm_sweep.refuse_shared_folders(sweep, options)
     slurm_sweep.refuse_elsewhere(sweep, options)
     if args.plan:  # the cells' training jobs planned on their GPUs
-        if sweep.gpus_per_node == 0:
+        nodes, gpus_per_node = slurm_sweep.train_layout(sweep)
+        if gpus_per_node == 0:
             raise ArgumentError("--plan: plans GPU jobs, and gpus_per_node is 0")
         runs = [(cell.name, slurm_sweep.cell_args(sweep, cell)) for cell in sweep.cells()]
-        plan_runs(runs, slurm_sweep.world_size(sweep), sweep.nodes or 1, args.plan)
+        plan_runs(runs, slurm_sweep.world_size(sweep), nodes, args.plan)
         return
     largest = max(GPUS.values(), key=lambda gpu: gpu.memory_gb)  # the cluster's GPU is not known here
     slurm_sweep.refuse_beyond_memory(sweep, configs, largest.name, largest.memory_gb)

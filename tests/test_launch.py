@@ -651,6 +651,40 @@ def test_a_sweep_cell_no_gpu_holds_is_refused_at_submission(tmp_path):
     assert cpu.returncode == 0, cpu.stderr
 
 
+def test_a_sweep_reads_the_sbatch_options_of_its_environment_and_train_sbatch_args_as_sbatch_does(tmp_path):
+    """sbatch reads SBATCH_* variables as options over train.sbatch's #SBATCH lines (its command line over them):
+    ``SBATCH_GPUS_PER_NODE=4`` checks each cell for 4 GPUs, ``--train-sbatch-arg=--gpus-per-node=2`` for 2 (both were
+    taken for train.sbatch's 8), ``SBATCH_SIGNAL=B:USR1@60`` tells the trainings its lead (was not: train.sbatch's
+    check of its time limit against 300 s); ``--train-sbatch-arg=--nodes=2-4``, a range, and ``SBATCH_ARRAY_INX`` or
+    ``SBATCH_EXPORT``, which sbatch reads as the --array and --export refused among the arguments: one line, exit 2,
+    nothing submitted or made, by the dry run too (were taken for 1 node, and submitted)."""
+    out, gpus4 = tmp_path / "sweep", {"SBATCH_GPUS_PER_NODE": "4"}
+    huge = (*ONE_CELL, "--widths", "100000000000", "--out", str(out), "--dry-run")  # refused naming its GPUs
+    for env, args, gpus in ((gpus4, (), 4), (gpus4, ("--train-sbatch-arg=--gpus-per-node=2",), 2)):
+        proc = sweep(*huge, *args, env=env)
+        assert proc.returncode == 2 and f"on each of its job's {gpus} GPUs, more than" in proc.stderr, proc.stderr
+    proc = sweep(*ONE_CELL, "--out", str(out), "--dry-run", env={"SBATCH_SIGNAL": "B:USR1@60"})
+    trainings = [line for line in proc.stdout.splitlines() if "train.sbatch" in line]
+    assert proc.returncode == 0 and len(trainings) == 1, proc.stderr
+    assert " --export=ALL,PREEMPT_LEAD=60 " in trainings[0], proc.stdout
+    slurm = fake_slurm(tmp_path, "")
+    refused = {
+        "--train-sbatch-arg=--nodes=2-4": "train_sbatch_args: --nodes=2-4: not one count, which the training's "
+        "layout is checked for; give one, as --nodes=N",
+        "SBATCH_ARRAY_INX=0-1": "SBATCH_ARRAY_INX=0-1: sbatch reads it as --array: the tasks of an array job would "
+        "each run the same command, into the same folders; leave it out (here: unset SBATCH_ARRAY_INX)",
+        "SBATCH_EXPORT=NONE": "SBATCH_EXPORT=NONE: sbatch reads it as --export: these jobs read the environment they "
+        "are submitted with: PYTHON, ",
+    }
+    for given, said in refused.items():
+        args, env = ((given,), {}) if given.startswith("--") else ((), dict([given.split("=")]))
+        for dry_run in ((), ("--dry-run",)):
+            proc = sweep(*ONE_CELL, "--out", str(out), *args, *dry_run, env={**slurm, **env})
+            assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+            assert proc.stderr.startswith(f"dispersion_titan: error: {said}"), proc.stderr
+    assert not out.exists() and not (tmp_path / "calls").exists()
+
+
 def test_a_sweep_into_a_folder_inside_a_run_is_refused_by_its_dry_run_as_by_submitting(reference_run, tmp_path):
     """``--out RUN/sweep`` (a new folder inside a run, which holds only its own results): the dry run refuses it in
     the line submitting does, exit 2 (was exit 0, the script printed, which submitting then refused); nothing

@@ -478,10 +478,35 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
             "fig3", "--slurm", "--dry-run", f"--sbatch-arg={given}", *more, "--out", tmp_path, capsys=capsys
         )
         assert_one_line_error(code, err, f"--sbatch-arg: {said}: fig3 trains on GPUs; give a count of at least 1")
+    for given, said in (("--nodes=2-4", "--nodes=2-4"), ("-N", "-N 2-4")):  # was taken for 1 node
+        more = ["--sbatch-arg=2-4"] if given == "-N" else []
+        code, _, err = paper(
+            "fig3", "--slurm", "--dry-run", f"--sbatch-arg={given}", *more, "--out", tmp_path, capsys=capsys
+        )
+        assert_one_line_error(
+            code, err, f"--sbatch-arg: {said}: not one count, which the training's layout is checked for; give one, "
+            "as --nodes=N"
+        )  # fmt: skip
     signal = "--sbatch-arg=--signal=B:USR1@60"  # the trainings told its lead, as the sweep's (train.sbatch's check)
     code, out, _ = paper("fig3", "--slurm", "--dry-run", signal, "--out", tmp_path, capsys=capsys)
     told = [" --export=ALL,PREEMPT_LEAD=60 " in line for line in out.splitlines() if "sbatch --parsable" in line]
     assert code == 0 and told == [True] * 8 + [False] * 5, out
+    # sbatch's environment, which it reads over train.sbatch's #SBATCH lines (its command line over it): was ignored
+    monkeypatch.setenv("SBATCH_SIGNAL", "B:USR1@60")
+    code, out, _ = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
+    told = [" --export=ALL,PREEMPT_LEAD=60 " in line for line in out.splitlines() if "sbatch --parsable" in line]
+    assert code == 0 and told == [True] * 8 + [False] * 5, out
+    monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "4")  # was laid out for 8
+    code, out, _ = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
+    assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out
+    code, out, _ = paper("fig3", "--slurm", "--dry-run", "--sbatch-arg=--gpus-per-node=2", "--out", tmp_path,
+                         capsys=capsys)  # fmt: skip
+    assert code == 0 and "[released] on 2 GPUs: 16 × 8 sequences per GPU, global batch 256" in out
+    monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "0")
+    code, _, err = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
+    assert_one_line_error(code, err, "SBATCH_GPUS_PER_NODE: --gpus-per-node=0: fig3 trains on GPUs; give a count of")
+    monkeypatch.delenv("SBATCH_GPUS_PER_NODE")
+    monkeypatch.delenv("SBATCH_SIGNAL")
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
     for option in ("--preset", "--pick", "--rows"):
@@ -757,10 +782,11 @@ def test_table2_models_naming_a_hub_model_names_its_pretrained_row(tmp_path, cap
     assert not out.exists()
 
 
-def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, capsys):
+def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, capsys, monkeypatch):
     """``--slurm --sbatch-arg=--dependency=afterany:7`` (or ``-d``): one line, exit 2, before any folder, with or
     without --dry-run (was submitted: sbatch keeps the last --dependency, so the drawing job waited for job 7 instead
-    of the evaluations it draws); ``--array`` the same, also after sbatch's no-argument flags (``-Hd``, ``-vQa``)."""
+    of the evaluations it draws); ``--array`` the same, also after sbatch's no-argument flags (``-Hd``, ``-vQa``), and
+    as sbatch's environment gives it (``SBATCH_ARRAY_INX``, ``SBATCH_EXPORT``: were submitted)."""
     model, out = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "t"
     capsys.readouterr()  # its writing's progress
     for dependency in (
@@ -785,7 +811,18 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
             f"dispersion_titan: error: --sbatch-arg: {array[0].split('=', 1)[1]}: the tasks of an array job would each "
             "run the same command, into the same folders; leave it out"
         ], err
-    assert not out.exists()
+    monkeypatch.setenv("PATH", fake_slurm(tmp_path, "")["PATH"])  # were submitted
+    for var, value, said in (
+        ("SBATCH_ARRAY_INX", "0-1", "--array: the tasks of an array job would each run the same command"),
+        ("SBATCH_EXPORT", "NONE", "--export: these jobs read the environment they are submitted with: PYTHON"),
+    ):
+        monkeypatch.setenv(var, value)
+        for dry_run in ((), ("--dry-run",)):
+            args = ("table2", "--pretrained", f"hf:{model}", "--slurm", *dry_run, "--out", out)
+            code, _, err = paper(*args, capsys=capsys)
+            assert_one_line_error(code, err, f"error: {var}={value}: sbatch reads it as {said}", f"(here: unset {var})")
+        monkeypatch.delenv(var)
+    assert not out.exists() and not (tmp_path / "calls").exists()
     for chdir in (
         "--sbatch-arg=--chdir=/tmp",
         "--sbatch-arg=-D/tmp",

@@ -83,10 +83,48 @@ def given_option(args: list[str], long: str) -> str | None:
     return next((given for given, _ in option_values(args, long)), None)
 
 
+SBATCH_ENVIRONMENT = {  # sbatch 22.05's input environment variables (man sbatch) of the options read or refused
+    # here: it reads them over its script's #SBATCH lines, and its command line's options over them. --chdir,
+    # --dependency, --kill-on-invalid-dep and --nodes have none (SBATCH_CHDIR, SBATCH_NODES ...: ignored, tried on
+    # launch/local_slurm.sh)
+    "--array": "SBATCH_ARRAY_INX",
+    "--export": "SBATCH_EXPORT",
+    "--gpus-per-node": "SBATCH_GPUS_PER_NODE",
+    "--signal": "SBATCH_SIGNAL",
+}
+
+
+def environment_options() -> dict[str, str]:
+    """The options sbatch reads from its environment (``SBATCH_ENVIRONMENT``), each as an argument (``--signal=X``)
+    with the variable giving it."""
+    return {f"{option}={os.environ[var]}": var for option, var in SBATCH_ENVIRONMENT.items() if var in os.environ}
+
+
+def sbatch_count(args: list[str], option: str, default: int, where: str, least: int, why: str) -> int:
+    """The count sbatch reads for ``option`` (``--nodes``, ``--gpus-per-node``): the last ``args`` give, else the
+    environment's, a GPU type's too (``h100:4``), else ``default``; refused (``where``: the key of ``args``) below
+    ``least`` (``why``), or not one count: a node range (``--nodes=2-4``) leaves the training's layout, checked here
+    for its GPUs, to the nodes Slurm grants."""
+    environment = environment_options()
+    given_here = option_values(args, option)
+    given, value = (given_here or option_values(list(environment), option) or [("", str(default))])[-1]
+    where = where if given_here else environment.get(given, where)
+    shown = given if given.endswith(value) else f"{given} {value}"  # -N0, --nodes=0; --nodes 0
+    count = value.rpartition(":")[2] if option == "--gpus-per-node" else value
+    if not count.isdigit():
+        raise DispersionTitanError(
+            f"{where}: {shown}: not one count, which the training's layout is checked for; give one, as {option}=N"
+        )
+    if int(count) < least:
+        raise DispersionTitanError(f"{where}: {shown}: {why}")
+    return int(count)
+
+
 def signal_lead(sbatch_args: list[str]) -> int:
-    """Seconds from train.sbatch's preemption signal to the time limit: the last --signal given, else its own."""
+    """Seconds from train.sbatch's preemption signal to the time limit: the last --signal given (among
+    ``sbatch_args``, else the environment's ``SBATCH_SIGNAL``), else its own."""
     lead = SBATCH_SIGNAL_LEAD_S
-    for _, value in option_values(sbatch_args, "--signal"):
+    for _, value in option_values([*environment_options(), *sbatch_args], "--signal"):
         seconds = value.rpartition("@")[2] if "@" in value else "60"  # sbatch's default lead
         lead = int(seconds) if seconds.isdigit() else lead
     return lead
@@ -129,6 +167,16 @@ def refuse_options(option: str, args: list[str], *names: str) -> None:
     for name in names:
         if (given := given_option(args, name)) is not None:
             raise DispersionTitanError(f"{option}: {given}: {REFUSED[name]}")
+
+
+def refuse_environment(*names: str) -> None:
+    """Each of ``names`` (``REFUSED``) given by sbatch's environment (``SBATCH_ENVIRONMENT``), before any job."""
+    for given, var in environment_options().items():
+        option, _, value = given.partition("=")
+        if option in names:
+            raise DispersionTitanError(
+                f"{var}={value}: sbatch reads it as {option}: {REFUSED[option]} (here: unset {var})"
+            )
 
 
 DEPENDENCY_AT = 2

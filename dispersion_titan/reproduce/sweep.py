@@ -43,8 +43,10 @@ from .slurm_scripts import (
     lead_told,
     option_values,
     queued_jobs,
+    refuse_environment,
     refuse_options,
     sbatch,
+    sbatch_count,
     signal_lead,
     without_dependency,
 )
@@ -206,6 +208,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         refuse_options(key, fields.get(key, []), "--dependency", "--kill-on-invalid-dep")
     for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
         refuse_options(key, fields.get(key, []), "--array", "--chdir", "--export")
+    refuse_environment("--array", "--export")
     if "train_time" in fields:
         _check_train_time(str(fields["train_time"]), fields.get("train_sbatch_args", []))
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
@@ -286,10 +289,18 @@ def refuse_shared_folders(sweep: Sweep, options: dict[str, argparse.Namespace]) 
                 )
 
 
+def train_layout(sweep: Sweep) -> tuple[int, int]:
+    """Each training job's nodes and GPUs per node as sbatch reads its options: the sweep's, then the last of its
+    ``train_sbatch_args``, else the environment's (``SBATCH_GPUS_PER_NODE``), else train.sbatch's own."""
+    args = [*_resources(sweep, "nodes", "gpus_per_node"), *sweep.train_sbatch_args]
+    nodes = sbatch_count(args, "--nodes", 1, "train_sbatch_args", 1, "a training job needs a node; give at least 1")
+    return nodes, sbatch_count(args, "--gpus-per-node", SBATCH_GPUS_PER_NODE, "train_sbatch_args", 0, "")
+
+
 def world_size(sweep: Sweep) -> int:
     """The processes of each training job: one per GPU of every node."""
-    per_node = SBATCH_GPUS_PER_NODE if sweep.gpus_per_node is None else sweep.gpus_per_node
-    return (sweep.nodes or 1) * (per_node or CPU_PROCESSES_PER_NODE)
+    nodes, per_node = train_layout(sweep)
+    return nodes * (per_node or CPU_PROCESSES_PER_NODE)
 
 
 def cell_args(sweep: Sweep, cell: Cell) -> list[str]:
@@ -300,10 +311,10 @@ def cell_args(sweep: Sweep, cell: Cell) -> list[str]:
 def check_training_configs(sweep: Sweep) -> list[RunConfig]:
     """Parse every cell's training configuration as the training entry point will, for
     the job's number of processes (batch sizes must split over its GPUs)."""
-    configs = []
+    configs, size, gpus_per_node = [], world_size(sweep), train_layout(sweep)[1]
     for cell in sweep.cells():
         try:
-            configs.append(validated_args(cell_args(sweep, cell), world_size(sweep)))
+            configs.append(validated_args(cell_args(sweep, cell), size))
         except (DispersionTitanError, ValueError) as e:
             raise ArgumentError(f"cell {cell.name}: {str(e).splitlines()[0]}") from None
         unread = "its training would save no checkpoint for its analyze and evaluate jobs to read"  # (hours on)
@@ -316,7 +327,7 @@ def check_training_configs(sweep: Sweep) -> list[RunConfig]:
             )
         compiled = configs[-1].compile.enable and configs[-1].compile.backend == "inductor"
         gpu_only = compiled or configs[-1].training.head_loss == "liger"
-        if sweep.gpus_per_node == 0 and gpu_only:  # each training job's refusal, hours from now (titan_checks)
+        if gpus_per_node == 0 and gpu_only:  # each training job's refusal, hours from now (titan_checks)
             raise ArgumentError(
                 f"gpus_per_node: 0 trains on CPUs, and cell {cell.name}'s config compiles with inductor or runs "
                 "liger's kernels for GPUs; give the training overrides --profile cpu (after --)"
@@ -328,7 +339,7 @@ def refuse_beyond_memory(sweep: Sweep, configs: list[RunConfig], gpu: str, memor
     """A cell whose fp32 weights and Adam moments alone, shared by all of its job's GPUs, exceed the memory of ``gpu``
     (the largest a plan knows): its job would run out of memory hours from now. A floor, in microseconds a cell;
     ``sweep --plan`` measures each cell's whole step (seconds a cell). CPU jobs are not checked."""
-    if sweep.gpus_per_node == 0:
+    if train_layout(sweep)[1] == 0:
         return
     for cell, config in zip(sweep.cells(), configs, strict=True):
         args = model_args(config)

@@ -49,10 +49,11 @@ from ..slurm_scripts import (
     SlurmJob,
     job_name,
     lead_told,
-    option_values,
     queued_jobs,
+    refuse_environment,
     refuse_options,
     sbatch,
+    sbatch_count,
     submitted_jobs,
 )
 from . import catalog
@@ -574,6 +575,7 @@ def check_hub(workflow: PaperWorkflow) -> None:
 def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
     """The steps' jobs, then the drawing job, which waits for them all."""
     refuse_options("--sbatch-arg", sbatch_args, *REFUSED)
+    refuse_environment(*REFUSED)
     logs = os.path.join(workflow.out, "logs")
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
@@ -638,23 +640,13 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
                 )
 
 
-def _sbatch_count(sbatch_args: list[str], option: str, default: int) -> int:
-    """The last count ``option`` gives among ``--sbatch-arg`` values (sbatch's own rule: the last wins), a GPU type's
-    too (``h100:4``); a count of 0 refused: a training needs a GPU."""
-    given, value = (option_values(sbatch_args, option) or [("", "")])[-1]
-    count = value.rpartition(":")[2]
-    if count.isdigit() and int(count) < 1:
-        shown = given if given.endswith(value) else f"{given} {value}"  # -N0, --nodes=0; --nodes 0
-        raise ArgumentError(f"--sbatch-arg: {shown}: fig3 trains on GPUs; give a count of at least 1")
-    return int(count) if count.isdigit() else default
-
-
 def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
     """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
     if not train:
         return []
-    per_node = _sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE)
-    gpus = per_node * _sbatch_count(sbatch_args, "--nodes", 1)
+    least = "fig3 trains on GPUs; give a count of at least 1"
+    per_node = sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE, "--sbatch-arg", 1, least)
+    gpus = per_node * sbatch_count(sbatch_args, "--nodes", 1, "--sbatch-arg", 1, least)
     from ...job_config import parse, released  # TorchTitan (3 s of CPU): only where fig3 trains
 
     configs = [(step.label, parse.validated_args(launch_args(*step.argv), gpus)) for step in train]
