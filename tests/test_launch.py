@@ -573,7 +573,8 @@ def test_a_sweep_submitted_again_from_another_folder_counts_only_the_values_of_o
     """``--train-sbatch-arg=--partition=gpu`` and ``--evaluate-args="--tasks piqa"`` submitted again from a folder
     holding folders ``gpu`` and ``piqa``: submitted (was refused, ``train_sbatch_args: --partition=gpu: a path relative
     to FIRST``: any value naming a file there was taken for a path); sbatch's ``-i in.txt`` (``--input``, a path) with
-    an ``in.txt`` there: one line naming the folder to submit it from, exit 2, no sbatch."""
+    an ``in.txt`` there, or a data path's glob matching there (``--dataset-path x,shards/*``): one line naming the
+    folder to submit it from, exit 2, no sbatch."""
     first, other, out, calls = tmp_path / "first", tmp_path / "other", tmp_path / "sweep", tmp_path / "calls"
     for folder in (first, other):
         for name in ("gpu", "piqa"):
@@ -595,6 +596,14 @@ def test_a_sweep_submitted_again_from_another_folder_counts_only_the_values_of_o
     )
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         f"dispersion_titan: error: evaluate_sbatch_args: in.txt: a path relative to {other}, where {out} was first "
+        "submitted from (its jobs read it from the folder they are submitted from, here another file or none); "
+        f"submit the sweep again from {other}"
+    ]
+    (first / "shards").mkdir()
+    (first / "shards" / "a.parquet").write_text("")
+    refused = submitted_from(first, "--train-sbatch-arg=--partition=gpu", "--analyze-args=--dataset-path x,shards/*")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [  # a glob, as a data path may be
+        f"dispersion_titan: error: analyze_args: shards/*: a path relative to {other}, where {out} was first "
         "submitted from (its jobs read it from the folder they are submitted from, here another file or none); "
         f"submit the sweep again from {other}"
     ]

@@ -242,6 +242,11 @@ def _paths(sweep: Sweep, options: dict[str, argparse.Namespace]) -> Iterator[tup
         yield from ((key, value) for dest in JOB_PATHS if (value := getattr(parsed, dest, None)))
 
 
+def _matched(folder: str, path: str) -> bool:
+    """A file or folder at ``path`` in ``folder``, or a glob's match there (``corpora.resolve_local_files``)."""
+    return os.path.lexists(os.path.join(folder, path)) or bool(glob.glob(os.path.join(glob.escape(folder), path)))
+
+
 def refuse_elsewhere(sweep: Sweep, options: dict[str, argparse.Namespace]) -> None:
     """The sweep submitted again from another folder than the first time (``sweep.json``'s ``work_dir``; an older one
     records none) with a relative path among its options' values (``--texts texts.jsonl``): its jobs run in the folder
@@ -253,12 +258,9 @@ def refuse_elsewhere(sweep: Sweep, options: dict[str, argparse.Namespace]) -> No
         return
     if not isinstance(recorded, str) or Path(recorded).resolve() == Path.cwd().resolve():
         return
-    for key, path in _paths(sweep, options):
-        if (
-            path
-            and not path.startswith(("/", "~"))
-            and any(glob.glob(os.path.join(glob.escape(folder), path)) for folder in (recorded, "."))
-        ):
+    for key, value in _paths(sweep, options):
+        paths = [path for path in value.split(",") if path and not path.startswith(("/", "~"))]  # data: paths, globs
+        if path := next((p for p in paths if _matched(recorded, p) or _matched(".", p)), None):
             raise ArgumentError(
                 f"{key}: {path}: a path relative to {recorded}, where {sweep.out} was first submitted from (its "
                 "jobs read it from the folder they are submitted from, here another file or none); submit the "
