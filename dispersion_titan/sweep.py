@@ -55,7 +55,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--analyze-time", help="time limit of each analysis job and of the compare job")
     p.add_argument("--evaluate-time", help="time limit of each evaluation job and of the table job")
     p.add_argument("--nodes", help="nodes per training job")
-    p.add_argument("--gpus-per-node", help="GPUs per node of each training job (default: train.sbatch's 8; 0: none)")
+    p.add_argument(
+        "--gpus-per-node",
+        help="GPUs per node of each training job (default: SBATCH_GPUS_PER_NODE, else train.sbatch's 8; 0: none)",
+    )
     p.add_argument("--cpus-per-task", help="CPUs per node of each training job (default: train.sbatch's 64)")
     p.add_argument(
         "--analyze-gpus", help="GPUs of each analysis and compare job (default: analyze.sbatch's 1; 0: none)"
