@@ -201,6 +201,30 @@ def test_the_error_of_a_rank_the_console_does_not_show_is_said_by_the_launcher(t
     assert sum(error in line for line in lines) == 1, proc.stderr
 
 
+BOTH_SAY_SCRIPT = """
+import os, signal, sys, time
+rank = int(os.environ["LOCAL_RANK"])  # each its line, as ranks meeting a full cache: the free space each measured
+print(f"dispersion_titan: error: file too large writing CACHE ({51348 + 12 * rank} MB free); raise the file size "
+      "limit (ulimit -f) and relaunch the same command to resume", file=sys.stderr, flush=True)
+if rank == 0:  # said, then slower to exit than rank 1
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(1)
+sys.exit(74)
+"""
+
+
+def test_a_line_the_console_shows_but_for_its_numbers_is_not_repeated(tmp_path):
+    """Rank 1 exits first with its line, rank 0 exits with the same line but for the free space it measured (a
+    full datasets cache both ranks met): the console shows rank 0's; the launcher repeats none (was rank 1's
+    too, prefixed ``[rank 1]``: the out-of-room line twice in 1 of 4 launches)."""
+    proc = two_ranks(tmp_path, BOTH_SAY_SCRIPT, "--local-ranks-filter", "0")
+    said = [line for line in proc.stderr.splitlines() if "dispersion_titan: error: " in line]
+    assert proc.returncode == 74 and said == [
+        "[rank0]:dispersion_titan: error: file too large writing CACHE (51348 MB free); raise the file size limit "
+        "(ulimit -f) and relaunch the same command to resume"
+    ], proc.stderr
+
+
 PEER_GONE_SCRIPT = """
 import os, signal, sys, time
 if os.environ["LOCAL_RANK"] == "0":  # its one line, as rank 0 alone meeting a TensorBoard folder removed

@@ -30,6 +30,7 @@ import torch
 from dispersion_titan.analyze import main as analyze_main
 from dispersion_titan.config.shipped import shipped_files
 from dispersion_titan.convert import main as convert_main
+from dispersion_titan.data.packed import CACHE_ENV
 from dispersion_titan.init import main as init_main
 from dispersion_titan.run_folder.checkpoints import (
     CheckpointError,
@@ -43,6 +44,7 @@ from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.trainer.launcher import killed_message
 from dispersion_titan.utils.errors import ArgumentError, OutputError
 from support.cli import analyze, assert_one_line_error, run_cli
+from support.corpora import texts_jsonl
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import (
     DEBUG_SEQ_LEN,
@@ -528,6 +530,30 @@ def test_a_full_disk_before_any_checkpoint_is_one_line(tmp_path):
         r"was saved yet; raise the file size limit \(ulimit -f\) and relaunch the same command to resume",
         proc.stderr.strip().splitlines()[-1],
     ), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_datasets_cache_out_of_room_as_ranks_read_a_local_corpus_is_one_line(tmp_path):
+    """A relaunch on 2 ranks whose local corpus's Arrow copy in datasets' cache meets the file size limit (as a full
+    disk would): one line naming the cache and the checkpoint that stands, exit 74, the run's checkpoints and
+    run.json untouched (was ``training.dataset_path: FILE: not readable as json ([Errno 27] File too large); fix
+    the file``, exit 2, the corpus blamed)."""
+    corpus, dump, cache = texts_jsonl(tmp_path / "docs.jsonl", 200, 300), tmp_path / "run", tmp_path / "hf_cache"
+    data = ["--training.dataset", "local", "--training.dataset_path", str(corpus), "--validation.no-enable"]
+    data += ["--checkpoint.interval", "2", "--checkpoint.no-last_save_model_only"]  # step-2 resumable
+    torchrun(dump, 1, *data, "--training.steps", "2", env={CACHE_ENV: "off"})  # no tokens cached: read again below
+    kept = digests(dump / "checkpoint"), (dump / "run.json").read_bytes()
+    env = {"HF_DATASETS_CACHE": str(cache), CACHE_ENV: str(tmp_path / "tokens")}
+    limit = 128 * 1024  # ulimit -f 128: the run's own files fit; the corpus's Arrow copy (~340 KB) does not
+    proc = torchrun(dump, 2, *data, "--training.steps", "4", check=False, command_line=True, env=env, file_limit=limit)
+    said = [line for line in proc.stderr.splitlines() if "dispersion_titan: error: " in line]
+    assert proc.returncode == 74 and len(said) == 1 and said[0] == proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert re.fullmatch(
+        rf"(\[rank0\]:|\[rank 1\] )dispersion_titan: error: file too large writing {cache} \(\d+ MB free\); the last "
+        r"good checkpoint is step-2; raise the file size limit \(ulimit -f\) and relaunch the same command to resume",
+        said[0],
+    ), proc.stderr[-3000:]
+    assert (digests(dump / "checkpoint"), (dump / "run.json").read_bytes()) == kept
 
 
 @pytest.mark.slow

@@ -151,6 +151,11 @@ def _said(log_dir: str, local_rank: int) -> str | None:
     return said[-1] if said else None
 
 
+def _gist(line: str | None) -> str | None:
+    """A rank's line without its numbers: ranks meeting one full disk say it with the free space each measured."""
+    return None if line is None else re.sub(r"\d+", "N", line)
+
+
 def ending(
     error: ChildFailedError,
     log_dir: str | None = None,
@@ -188,8 +193,8 @@ def ending(
     if said_why and all(echoes(f) for _, f in failures):
         rank, failure = said_why[0]  # the others were stopped by torchrun: "interrupted" is all they said
         said = unseen(failure.local_rank)
-        if said and any(_said(log_dir, shown_rank) == said for shown_rank in shown or ()):
-            said = None  # a rank the console shows said the same: one line is enough
+        if said and any(_gist(_said(log_dir, shown_rank)) == _gist(said) for shown_rank in shown or ()):
+            said = None  # a rank the console shows said the same (but for the free space it measured): one line
         return failure.exitcode, f"[rank {rank}] {said}" if said else None
     return 1, error.format_msg()
 

@@ -117,9 +117,11 @@ def torchrun(
     env: dict[str, str] | None = None,
     command_line: bool = False,
     nodes: tuple[int, str, str] | None = None,
+    file_limit: int | None = None,
 ) -> subprocess.CompletedProcess:
     """Train with ``nproc`` processes under torchrun's launcher; return the completed process.
-    ``nodes``: the job's node count, rendezvous endpoint and id, its ``nproc`` processes one node's of them.
+    ``nodes``: the job's node count, rendezvous endpoint and id, its ``nproc`` processes one node's of them;
+    ``file_limit``: the job's file size limit in bytes, its ranks' too, as ``ulimit -f`` sets one.
 
     By default the job is forked from the session's job server (``support.jobs``:
     torchrun's own ``elastic_launch``, imports paid once). ``command_line=True`` runs torchrun
@@ -150,9 +152,11 @@ def torchrun(
             "dispersion_titan.train",
             *argv,
         ]
-        proc = _forked("dispersion_titan.torchrun", launcher, launch_env(env), timeout)
+        proc = _forked("dispersion_titan.torchrun", launcher, launch_env(env), timeout, file_limit=file_limit)
     else:
-        proc = _forked("dispersion_titan.train", argv, launch_env(env), timeout, nproc, nodes=nodes)
+        proc = _forked(
+            "dispersion_titan.train", argv, launch_env(env), timeout, nproc, nodes=nodes, file_limit=file_limit
+        )
     if check and proc.returncode != 0:
         raise AssertionError(f"torchrun failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc
