@@ -20,6 +20,7 @@ import numpy as np
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder
 from ..utils import records
 from ..utils.errors import AnalysisError, DataConfigError
+from ..utils.hub import quiet_datasets_bars
 
 if TYPE_CHECKING:  # torch is imported where sequences are made: compare reads their records only
     import torch
@@ -90,18 +91,20 @@ def read_texts(path: str) -> list[str]:
 
 
 def _documents(options: InputOptions, encode: Encode | DocumentEncoder) -> list[np.ndarray]:
-    """Token ids of every document (no separators), by a run's tokenizer or ``encode``."""
+    """Token ids of every document (no separators), by a run's tokenizer or ``encode``; datasets' bars off (its
+    ``Generating train split``), as ``data prepare`` reads a corpus: a failure's line alone."""
     try:
-        if isinstance(encode, DocumentEncoder) and not options.texts:
-            from ..data.packed import tokenized_documents  # TorchTitan: only for a run's own tokenizer
+        with quiet_datasets_bars():
+            if isinstance(encode, DocumentEncoder) and not options.texts:
+                from ..data.packed import tokenized_documents  # TorchTitan: only for a run's own tokenizer
 
-            return list(tokenized_documents(options.dataset, SPLIT, options.dataset_path, "--dataset", encode))
-        if options.texts:
-            texts = read_texts(options.texts)
-        else:
-            from ..data.corpora import iter_documents  # datasets: only for a registered corpus, not --texts
+                return list(tokenized_documents(options.dataset, SPLIT, options.dataset_path, "--dataset", encode))
+            if options.texts:
+                texts = read_texts(options.texts)
+            else:
+                from ..data.corpora import iter_documents  # datasets: only for a registered corpus, not --texts
 
-            texts = list(iter_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
+                texts = list(iter_documents(options.dataset, SPLIT, options.dataset_path, "--dataset"))
         ids = encode.encode_batch(texts, 8) if isinstance(encode, DocumentEncoder) else encode(texts)
         return [np.asarray(seq, dtype=np.int64) for seq in ids]
     except DataConfigError as e:

@@ -64,9 +64,9 @@ def hub_offline() -> Iterator[str | None]:
 @contextlib.contextmanager
 def quiet_datasets_bars() -> Iterator[None]:
     """datasets' progress bars off inside this block (``Generating test split: 40 examples``): evaluate's tasks
-    loading, prepare's corpus read up to its first document; one that then fails (a bad Jinja template applied to a
-    task's first document, a corpus without text) is its one line alone. A hub file's download bars are
-    huggingface_hub's, still shown; ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` keeps them all."""
+    loading, prepare's corpus read up to its first document, analyze's corpus read; one that then fails (a bad Jinja
+    template applied to a task's first document, a corpus without text, a full cache) is its one line alone. A hub
+    file's download bars are huggingface_hub's, still shown; ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` keeps them all."""
     import datasets.config
     from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
