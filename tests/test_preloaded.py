@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 import signal
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from dispersion_titan.reproduce.quickstart.jobs import Commands
 from dispersion_titan.utils.errors import DispersionTitanError
+from support.cli import file_size_limit
 
 
 def test_exit_status_output_and_environment_match_a_fresh_interpreter(tmp_path, monkeypatch):
@@ -45,13 +45,8 @@ def test_a_log_a_full_disk_cuts_short_is_named(tmp_path):
     0``: EFBIG, as ENOSPC), which fails as the file closes: the error names the log, for the quickstart's one
     line (was ``no space left on device; free space; …``, naming no file)."""
     log = tmp_path / "job.log"
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: the write fails
-    try:
-        with pytest.raises(OSError) as failed:
-            Commands({}, preload=[]).run("json.tool", ["--help"], str(log))
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    with file_size_limit(0), pytest.raises(OSError) as failed:
+        Commands({}, preload=[]).run("json.tool", ["--help"], str(log))
     assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, str(log))
 
 

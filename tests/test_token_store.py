@@ -9,7 +9,6 @@ import logging
 import multiprocessing
 import os
 import re
-import resource
 import shlex
 import shutil
 import signal
@@ -35,7 +34,7 @@ from dispersion_titan.data.packed import ContinuousPackedDataset, build_dataset,
 from dispersion_titan.data.store import MANIFEST, is_store, open_store, prepare, write_store
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME, sole_writer
 from dispersion_titan.tokenizer.encoders import EOT_ID
-from support.cli import run_cli
+from support.cli import file_size_limit, run_cli
 from support.corpora import texts, texts_jsonl
 from support.launch import DEBUG_TOML, REPO, launch_env, python_module
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted
@@ -240,12 +239,8 @@ def test_prepare_on_a_full_disk_leaves_no_out_folder(tmp_path, capsys):
     """A disk full from the start (the file size limit at 0, as ``ulimit -f 0``: the lock, the first write, fails):
     the out-of-room line, exit 74, and no --out left (was the empty folder prepare made, which a rerun took)."""
     out = tmp_path / "new" / "store"
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: the write fails
-    try:
+    with file_size_limit(0):
         code, _, err = run_cli(main, "prepare", "enwiki_sample", "--out", out, "--workers", "1", capsys=capsys)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert code == 74 and f"file too large writing {out}/{LOCK_NAME}; " in err, err
     assert not any(tmp_path.iterdir())
 

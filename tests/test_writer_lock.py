@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import resource
 import shutil
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from dispersion_titan.run_folder.writer_lock import (
     refuse_if_busy,
     sole_writer,
 )
+from support.cli import file_size_limit
 from support.launch import DEBUG_SEQ_LEN, DEBUG_TOML, held_by_another_command, python_module
 from support.runs import digests
 
@@ -71,13 +71,8 @@ def test_a_lock_a_full_disk_cut_short_is_named_and_not_left_behind(tmp_path):
     """A full disk met writing the lock (here the file size limit at 0, as ``ulimit -f 0``: EFBIG, as ENOSPC):
     the error names the lock, for the commands' one line, and no empty lock stays (was: the line named no file,
     and the empty lock refused every rerun for STALE_AFTER_S as written by "PID 0 on unknown host")."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))  # Python ignores SIGXFSZ: the write fails
-    try:
-        with pytest.raises(OSError) as failed:
-            WriterLock(tmp_path).acquire()
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    with file_size_limit(0), pytest.raises(OSError) as failed:
+        WriterLock(tmp_path).acquire()
     assert (failed.value.errno, failed.value.filename) == (errno.EFBIG, str(tmp_path / LOCK_NAME))
     assert not any(tmp_path.iterdir())
     with sole_writer(tmp_path):  # with room again, the rerun's
