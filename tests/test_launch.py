@@ -706,8 +706,13 @@ def test_a_sweep_reads_the_sbatch_options_of_its_environment_and_train_sbatch_ar
         "layout is checked for; give one, as --nodes=N",
         "SBATCH_ARRAY_INX=0-1": "SBATCH_ARRAY_INX=0-1: sbatch reads it as --array: the tasks of an array job would "
         "each run the same command, into the same folders; leave it out (here: unset SBATCH_ARRAY_INX)",
+        # its reason as --export's, but for sbatch reading the trainings' own --export=ALL,PREEMPT_LEAD=N over it
         "SBATCH_EXPORT=NONE": "SBATCH_EXPORT=NONE: sbatch reads it as --export: these jobs read the environment they "
-        "are submitted with: PYTHON, ",
+        "are submitted with: PYTHON, the interpreter they run (--export=NONE would drop it), and a training job the "
+        "lead of a --signal given here, told with --export=ALL,PREEMPT_LEAD=N (train.sbatch checks its time limit "
+        "against it), which sbatch reads over this variable: such a job would not get what it gives the others; "
+        "leave it out: the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so export "
+        "what they need there (here: unset SBATCH_EXPORT)",
     }
     for given, said in refused.items():
         args, env = ((given,), {}) if given.startswith("--") else ((), dict([given.split("=")]))
@@ -716,6 +721,37 @@ def test_a_sweep_reads_the_sbatch_options_of_its_environment_and_train_sbatch_ar
             assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
             assert proc.stderr.startswith(f"dispersion_titan: error: {said}"), proc.stderr
     assert not out.exists() and not (tmp_path / "calls").exists()
+
+
+def test_a_sweep_checks_the_time_limit_sbatch_reads_and_keeps_the_gpus_of_its_other_jobs(tmp_path):
+    """The time limit sbatch reads for a training job, its command line's over ``SBATCH_TIMELIMIT``: the variable
+    within train.sbatch's warning (300 s, or a --signal's lead, plus 60), or a ``--train-sbatch-arg=--time`` (``-t``,
+    after ``train_time``): one line naming it as ``train_time``'s, exit 2, nothing submitted (were submitted: every
+    training refused at its start); the variable under a longer ``train_time`` or --time kept. Under
+    ``SBATCH_GPUS_PER_NODE=4`` every job but the trainings asks ``--gpus-per-node=0`` before its own options (were
+    not: sbatch 22.05 refused their --gpus=1, "Failed to ensure --gpus >= --gres=gpu/--gpus-per-node", and gave the
+    table's --gpus=0 4 GPUs; launch/local_slurm.sh with 8 GPUs in its gres.conf)."""
+    out, short = tmp_path / "sweep", {"SBATCH_TIMELIMIT": "00:05:00"}
+    grid = ("--config", DEBUG_TOML, "--widths", "64", "--variants", "baseline", "--seeds", "0", "--out", str(out))
+    slurm = fake_slurm(tmp_path, "")
+    for args, env, said in (
+        ((), short, "SBATCH_TIMELIMIT: '00:05:00' leaves no time to train: train.sbatch is signalled 300 s before"),
+        (("--train-sbatch-arg=--signal=B:USR1@600",), {"SBATCH_TIMELIMIT": "11"}, "SBATCH_TIMELIMIT: '11' leaves no "
+         "time to train: train.sbatch is signalled 600 s before"),
+        (("--train-time", "4:00:00", "--train-sbatch-arg=-t", "--train-sbatch-arg=5"), {}, "train_sbatch_args: '5' "
+         "leaves no time to train: train.sbatch is signalled 300 s before"),
+    ):  # fmt: skip
+        proc = sweep(*grid, *args, env={**slurm, **env})
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert proc.stderr.startswith(f"dispersion_titan: error: {said}"), proc.stderr
+    assert not out.exists() and not (tmp_path / "calls").exists()
+    for args in (("--train-time", "4:00:00"), ("--train-sbatch-arg=--time=4:00:00",)):
+        proc = sweep(*grid, *args, "--dry-run", env={**short, "SBATCH_GPUS_PER_NODE": "4"})
+        jobs = {line.split("  # ")[-1]: line for line in proc.stdout.splitlines() if "sbatch --parsable" in line}
+        assert proc.returncode == 0 and len(jobs) == 5, proc.stderr
+        alone = {label: " --kill-on-invalid-dep=yes --gpus-per-node=0 " in line for label, line in jobs.items()}
+        assert alone == {label: not label.endswith(" train") for label in jobs}, proc.stdout
+    assert "--gpus-per-node=0" not in sweep(*grid, "--dry-run").stdout  # without the variable: as before
 
 
 def test_a_sweep_into_a_folder_inside_a_run_is_refused_by_its_dry_run_as_by_submitting(reference_run, tmp_path):

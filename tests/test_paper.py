@@ -499,6 +499,12 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "4")  # was laid out for 8
     code, out, _ = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out
+    # the analyses' and the drawing's own GPUs (sbatch 22.05 refused the analyses' --gpus=1 under the variable, and
+    # gave the drawing's --gpus=0 its 4)
+    alone = [
+        " --kill-on-invalid-dep=yes --gpus-per-node=0 " in line for line in out.splitlines() if "--parsable" in line
+    ]
+    assert alone == [False] * 8 + [True] * 5, out
     code, out, _ = paper("fig3", "--slurm", "--dry-run", "--sbatch-arg=--gpus-per-node=2", "--out", tmp_path,
                          capsys=capsys)  # fmt: skip
     assert code == 0 and "[released] on 2 GPUs: 16 × 8 sequences per GPU, global batch 256" in out

@@ -35,7 +35,10 @@ def job_python() -> str:
 def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: Iterable[object]) -> list[str]:
     """A job's sbatch command line: sbatch's ``options``, then the package's ``script.sbatch`` with its ``args``."""
     start = ["sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
-    return [*start, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
+    # SBATCH_GPUS_PER_NODE, read for train.sbatch's nodes, is every job's: sbatch 22.05 refuses it over the others'
+    # --gpus=1 (Failed to ensure --gpus >= --gres=gpu/--gpus-per-node) and gives a --gpus=0 job its GPUs
+    alone = ["--gpus-per-node=0"] if script != "train" and "SBATCH_GPUS_PER_NODE" in os.environ else []
+    return [*start, *alone, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
 SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), and its shortest abbreviation that
@@ -56,6 +59,7 @@ SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), a
     "--nodes": ("-N", "--nodes"),
     "--output": ("-o", "--ou"),
     "--signal": ("", "--si"),
+    "--time": ("-t", "--time"),  # --tim: --time or --time-min
 }
 
 
@@ -91,6 +95,7 @@ SBATCH_ENVIRONMENT = {  # sbatch 22.05's input environment variables (man sbatch
     "--export": "SBATCH_EXPORT",
     "--gpus-per-node": "SBATCH_GPUS_PER_NODE",
     "--signal": "SBATCH_SIGNAL",
+    "--time": "SBATCH_TIMELIMIT",
 }
 
 
@@ -100,15 +105,23 @@ def environment_options() -> dict[str, str]:
     return {f"{option}={os.environ[var]}": var for option, var in SBATCH_ENVIRONMENT.items() if var in os.environ}
 
 
-def sbatch_count(args: list[str], option: str, default: int, where: str, least: int, why: str) -> int:
-    """The count sbatch reads for ``option`` (``--nodes``, ``--gpus-per-node``): the last ``args`` give, else the
-    environment's, a GPU type's too (``h100:4``), else ``default``; refused (``where``: the key of ``args``) below
-    ``least`` (``why``), or not one count: a node range (``--nodes=2-4``) leaves the training's layout, checked here
-    for its GPUs, to the nodes Slurm grants."""
+def sbatch_reads(args: list[str], option: str, where: str) -> tuple[str, str, str] | None:
+    """What sbatch reads for ``option``: the last of ``args`` giving it, else its environment's (None: neither), as
+    where it is given (``where``: the key of ``args``; else the variable), the argument and its value."""
     environment = environment_options()
     given_here = option_values(args, option)
-    given, value = (given_here or option_values(list(environment), option) or [("", str(default))])[-1]
-    where = where if given_here else environment.get(given, where)
+    if not (found := given_here or option_values(list(environment), option)):
+        return None
+    given, value = found[-1]
+    return (where if given_here else environment[given]), given, value
+
+
+def sbatch_count(args: list[str], option: str, default: int, where: str, least: int, why: str) -> int:
+    """The count sbatch reads for ``option`` (``--nodes``, ``--gpus-per-node``, ``sbatch_reads``), a GPU type's too
+    (``h100:4``), else ``default``; refused (``where``: the key of ``args``) below ``least`` (``why``), or not one
+    count: a node range (``--nodes=2-4``) leaves the training's layout, checked here for its GPUs, to the nodes
+    Slurm grants."""
+    where, given, value = sbatch_reads(args, option, where) or (where, "", str(default))
     shown = given if given.endswith(value) else f"{given} {value}"  # -N0, --nodes=0; --nodes 0
     count = value.rpartition(":")[2] if option == "--gpus-per-node" else value
     if not count.isdigit():
@@ -137,6 +150,14 @@ def lead_told(sbatch_args: list[str]) -> list[str]:
     return [f"--export=ALL,PREEMPT_LEAD={lead}"] if lead != SBATCH_SIGNAL_LEAD_S else []
 
 
+EXPORTED = (  # why --export is refused: what these jobs need of their environment
+    "these jobs read the environment they are submitted with: PYTHON, the interpreter they run (--export=NONE would "
+    "drop it), and a training job the lead of a --signal given here, told with --export=ALL,PREEMPT_LEAD=N "
+    "(train.sbatch checks its time limit against it)"
+)
+EXPORT_ALL = (
+    "the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so export what they need there"
+)
 REFUSED = {  # sbatch options these jobs cannot take, and why (paper --sbatch-arg refuses each, in this order)
     "--dependency": (
         "these jobs wait for the ones before them with a --dependency of their own, which sbatch would replace with "
@@ -153,11 +174,13 @@ REFUSED = {  # sbatch options these jobs cannot take, and why (paper --sbatch-ar
         "the same command again submits it anew (with no it would wait forever, counted as queued); leave it out"
     ),
     "--export": (
-        "these jobs read the environment they are submitted with: PYTHON, the interpreter they run (--export=NONE "
-        "would drop it), and a training job the lead of a --signal given here, told with --export=ALL,PREEMPT_LEAD=N "
-        "(train.sbatch checks its time limit against it), which sbatch would replace with this one (it keeps the last "
-        "given); leave it out: the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so "
-        "export what they need there"
+        f"{EXPORTED}, which sbatch would replace with this one (it keeps the last given); leave it out: {EXPORT_ALL}"
+    ),
+}
+REFUSED_ENVIRONMENT = {  # where ``REFUSED``'s reason fits the option alone: sbatch reads its command line over these
+    "--export": (
+        f"{EXPORTED}, which sbatch reads over this variable: such a job would not get what it gives the others; "
+        f"leave it out: {EXPORT_ALL}"
     ),
 }
 
@@ -175,7 +198,8 @@ def refuse_environment(*names: str) -> None:
         option, _, value = given.partition("=")
         if option in names:
             raise DispersionTitanError(
-                f"{var}={value}: sbatch reads it as {option}: {REFUSED[option]} (here: unset {var})"
+                f"{var}={value}: sbatch reads it as {option}: "
+                f"{REFUSED_ENVIRONMENT.get(option, REFUSED[option])} (here: unset {var})"
             )
 
 

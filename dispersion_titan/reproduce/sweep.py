@@ -47,6 +47,7 @@ from .slurm_scripts import (
     refuse_options,
     sbatch,
     sbatch_count,
+    sbatch_reads,
     signal_lead,
     without_dependency,
 )
@@ -141,13 +142,21 @@ def _seconds(limit: str) -> float:
     return (int(days or 0) * 86400 + h * 3600 + m * 60 + s) or math.inf
 
 
-def _check_train_time(limit: str, sbatch_args: list[str]) -> None:
-    """A time limit within the signal's lead would checkpoint and requeue every attempt at its first steps."""
+def _check_train_time(fields: dict[str, Any]) -> None:
+    """A time limit within the signal's lead would checkpoint and requeue every attempt at its first steps: the one
+    sbatch reads for a training job (its command: ``--time=train_time``, then ``train_sbatch_args``; else
+    ``SBATCH_TIMELIMIT``)."""
+    sbatch_args = fields.get("train_sbatch_args", [])
+    where, _, limit = sbatch_reads(sbatch_args, "--time", "train_sbatch_args") or ("", "", "")
+    if "train_time" in fields and where != "train_sbatch_args":
+        where, limit = "train_time", str(fields["train_time"])
+    if not SLURM_TIME.fullmatch(limit):  # none, or one sbatch refuses itself
+        return
     lead = signal_lead(sbatch_args)
     least = lead + 60  # sbatch --signal: "may be sent up to 60 seconds earlier than specified"
     if _seconds(limit) <= least:
         raise ArgumentError(
-            f"train_time: {limit!r} leaves no time to train: train.sbatch is signalled {lead} s before the limit "
+            f"{where}: {limit!r} leaves no time to train: train.sbatch is signalled {lead} s before the limit "
             "(Slurm may signal 60 s sooner) to checkpoint and requeue, so every attempt would stop at its first "
             f"steps; give more than {least // 3600:02d}:{least % 3600 // 60:02d}:{least % 60:02d}, or signal later "
             "with --train-sbatch-arg=--signal=B:USR1@60"
@@ -209,8 +218,7 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
         refuse_options(key, fields.get(key, []), "--array", "--chdir", "--export")
     refuse_environment("--array", "--export")
-    if "train_time" in fields:
-        _check_train_time(str(fields["train_time"]), fields.get("train_sbatch_args", []))
+    _check_train_time(fields)
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
         if arg.startswith("--") and "--" + arg.split("=", 1)[0][2:].replace("-", "_") in GRID_KEYS:
             raise ArgumentError(f"training overrides: {arg} is set by the sweep for each cell")
