@@ -460,6 +460,9 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
         "fig3", "--slurm", "--dry-run", "--sbatch-arg=--gpus-per-node=4", "--out", tmp_path, capsys=capsys
     )
     assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out
+    # the trainings' alone: the analyses' --gpus=1 was refused by sbatch 22.05 under it, the drawing's --gpus=0 got 4
+    alone = [" --gpus-per-node=4 --gpus-per-node=0 " in line for line in out.splitlines() if "--parsable" in line]
+    assert alone == [False] * 8 + [True] * 5, out
     given = ("--sbatch-arg=--gpus-per-n", "--sbatch-arg=2", "--sbatch-arg=-N2")  # sbatch's other spellings: 2 × 2
     code, out, _ = paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path, capsys=capsys)
     assert code == 0 and "[released] on 4 GPUs: 16 × 8 sequences per GPU, global batch 512, 4769 steps" in out

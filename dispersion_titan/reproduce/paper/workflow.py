@@ -47,6 +47,7 @@ from ..slurm_scripts import (
     REFUSED,
     SBATCH_GPUS_PER_NODE,
     SlurmJob,
+    given_option,
     job_name,
     lead_told,
     queued_jobs,
@@ -577,6 +578,9 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
     refuse_options("--sbatch-arg", sbatch_args, *REFUSED)
     refuse_environment(*REFUSED)
     logs = os.path.join(workflow.out, "logs")
+    # a --gpus-per-node given here lays out the trainings (fig3): the other jobs keep their own --gpus (sbatch refuses
+    # a --gpus=1 under more GPUs per node, and gives a --gpus=0 job those)
+    alone = ["--gpus-per-node=0"] if given_option(sbatch_args, "--gpus-per-node") else []
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
         # a model too large for one GPU in its --dtype gets the GPUs its weights need and --device-map auto
@@ -586,11 +590,11 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
         spread = [] if gpus == 1 else [f"--gpus={gpus}"]
         argv = step.argv if gpus == 1 or "--device-map" in step.argv else [*step.argv, "--device-map", "auto"]
         name = f"paper-{workflow.artifact}-{i}"
-        told = lead_told(sbatch_args) if step.command == "train" else []  # as the sweep's training jobs
-        command = sbatch(name, logs, [*spread, *told, *sbatch_args], step.command, argv)
+        told, own = (lead_told(sbatch_args), []) if step.command == "train" else ([], alone)  # told: as the sweep's
+        command = sbatch(name, logs, [*spread, *told, *sbatch_args, *own], step.command, argv)
         lines.append(SlurmJob(f"job_{i}", name, command, [f"job_{j + 1}" for j in step.after]))
     name = f"paper-{workflow.artifact}-draw"
-    draw = sbatch(name, logs, ["--gpus=0", *sbatch_args], "paper", draw_argv)
+    draw = sbatch(name, logs, ["--gpus=0", *sbatch_args, *alone], "paper", draw_argv)
     return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
 
 
