@@ -730,7 +730,7 @@ def test_a_sweep_checks_the_time_limit_sbatch_reads_and_keeps_the_gpus_of_its_ot
     training refused at its start); the variable under a longer ``train_time`` or --time kept. Under
     ``SBATCH_GPUS_PER_NODE=4`` every job but the trainings asks ``--gpus-per-node=0`` before its own options (were
     not: sbatch 22.05 refused their --gpus=1, "Failed to ensure --gpus >= --gres=gpu/--gpus-per-node", and gave the
-    table's --gpus=0 4 GPUs; launch/local_slurm.sh with 8 GPUs in its gres.conf)."""
+    table's --gpus=0 4 GPUs; launch/local_slurm.sh's cluster given Gres=gpu:8)."""
     out, short = tmp_path / "sweep", {"SBATCH_TIMELIMIT": "00:05:00"}
     grid = ("--config", DEBUG_TOML, "--widths", "64", "--variants", "baseline", "--seeds", "0", "--out", str(out))
     slurm = fake_slurm(tmp_path, "")
