@@ -313,6 +313,26 @@ def test_a_full_disk_writing_tensorboard_events_is_one_line_and_leaves_no_events
     assert proc.stdout.splitlines()[-1] == ".owner.json", proc.stdout  # ls -A: no events file left
 
 
+def test_a_tb_dir_too_long_for_its_files_is_one_line_and_keeps_what_was_written(run, analyzed, capsys, tmp_path):
+    """``--tb-dir`` a path the system takes (4075 bytes: made, written, its ``.owner.json`` read) but not the name its
+    record is written through (``atomic_write``'s temporary file, 26 bytes longer: past PATH_MAX's 4096): one line,
+    ``file name too long: TB/.owner.json; give a shorter path; …``, exit 74 (was the OSError's traceback, exit 1);
+    the results already in ``--out`` and the run unchanged."""
+    out = tmp_path / "out"
+    shutil.copytree(analyzed, out)
+    shutil.rmtree(out / "step-4")  # a step left to analyze
+    tb = tmp_path
+    while len(str(tb)) < 4075:
+        tb /= "d" * min(200, max(1, 4075 - len(str(tb)) - 1))
+    kept, trained = digests(out), digests(run)
+    code, _, err = analyze(run, *OPTS, "--out", out, "--tb-dir", tb, capsys=capsys)
+    assert code == 74 and [line for line in err.splitlines() if line.strip() and "%|" not in line] == [
+        f"dispersion_titan: error: file name too long: {tb}/.owner.json; give a shorter path; each model state "
+        "analyzed so far is kept in its folder; the same command analyzes the rest"
+    ], err[-3000:]
+    assert kept.items() <= digests(out).items() and digests(run) == trained
+
+
 def test_interrupted_analysis_completes_on_rerun(run, analyzed, capsys, tmp_path):
     out = tmp_path / "interrupted"
     shutil.copytree(analyzed, out)

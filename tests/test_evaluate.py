@@ -11,10 +11,12 @@ import csv
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
 import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +42,7 @@ from support.launch import (
     held_by_another_command,
     paused_reading,
     python_module,
+    read_only_from_reading,
     second_writer_is_refused,
 )
 from support.runs import digests, scale_weights, tiny_hub_model, tiny_run
@@ -491,6 +494,31 @@ def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
     assert run_protocol("gpt2") == ("gpt2", None) and run_protocol("qwen3_dispersion") == ("qwen3", None)
     protocol, note = run_protocol("llama3_dispersion")
     assert protocol == "gpt2" and note.startswith("the authors evaluated no llama3_dispersion model")
+
+
+def test_an_out_remounted_read_only_while_evaluating_is_one_line_and_keeps_its_results(run, evaluated, tmp_path):
+    """``--out`` remounted read-only as step 2's checkpoint is read (ext4's ``errors=remount-ro``; a mount namespace
+    of the test's own): one line, ``read-only file system: OUT/…; remount its file system writable, or give a folder
+    on another; …``, exit 74 (was the OSError's traceback, exit 1); step 0's results unchanged, and the same command,
+    writable again, evaluates step 2."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace here (unshare -rm)")
+    out = tmp_path / "out"
+    shutil.copytree(evaluated, out)
+    shutil.rmtree(out / "step-2")
+    kept, argv = digests(out), [str(run), "--include-path", str(TASKS), *OPTS, "--out", str(out)]
+    module = "dispersion_titan.evaluate"
+    proc = read_only_from_reading(out, module, *argv, reading="step-2/__0_0.distcp", tmp=tmp_path, env=OFFLINE)
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert re.fullmatch(
+        rf"dispersion_titan: error: read-only file system: {out}/\S+; remount its file system writable, or give a "
+        r"folder on another; each step evaluated so far is kept in its folder; the same command goes on",
+        proc.stderr.strip().splitlines()[-1],
+    ), proc.stderr[-3000:]
+    assert kept.items() <= digests(out).items()
+    again = python_module(module, *argv, env=OFFLINE)
+    assert again.returncode == 0 and (out / "step-2" / "results.json").exists(), again.stderr[-3000:]
+    assert kept.items() <= digests(out).items()
 
 
 def test_rerun_skips_resumes_and_refuses_other_settings(run, evaluated, tmp_path, capsys):

@@ -10,6 +10,7 @@ See docs/reliability.md for the guarantees these tests stand for.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -42,7 +43,7 @@ from dispersion_titan.run_folder.checkpoints import (
 from dispersion_titan.run_folder.owners import FolderOwner, write_record
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.trainer.launcher import killed_message
-from dispersion_titan.utils.errors import ArgumentError, OutputError
+from dispersion_titan.utils.errors import ArgumentError, OutputError, command
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.corpora import texts_jsonl
 from support.eval_tasks import LM_EVAL_TASKS
@@ -920,6 +921,28 @@ def test_a_command_out_of_room_is_one_line(reference, tmp_path):
         proc.stderr.strip().splitlines()[-1],
     ), proc.stderr[-3000:]
     assert digests(reference) == before
+
+
+def test_an_os_error_no_environment_explains_keeps_its_traceback(tmp_path):
+    """A command says in one line only a failure of a file the environment took away or refuses (``file_failure``):
+    an OSError naming no file, one of an errno that is a bug's (EINVAL), and an error raised while handling a missing
+    file (caught to go on without it) keep their traceback."""
+
+    @command("nothing was done")
+    def main(error: Exception | None) -> None:
+        if error is not None:
+            raise error
+        try:
+            (tmp_path / "missing").read_text()
+        except FileNotFoundError:
+            raise TypeError("a bug in what goes on without it")  # noqa: B904 - its context: the missing file
+
+    for error in (OSError(errno.ENOENT, "No such file or directory"), OSError(errno.EINVAL, "Invalid argument", "f")):
+        with pytest.raises(OSError) as raised:
+            main(error)
+        assert raised.value is error
+    with pytest.raises(TypeError):
+        main(None)
 
 
 def test_init_out_of_room_is_one_line_and_leaves_no_half_file(tmp_path):

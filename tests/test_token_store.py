@@ -36,7 +36,7 @@ from dispersion_titan.run_folder.writer_lock import LOCK_NAME, sole_writer
 from dispersion_titan.tokenizer.encoders import EOT_ID
 from support.cli import file_size_limit, run_cli
 from support.corpora import texts, texts_jsonl
-from support.launch import DEBUG_TOML, REPO, launch_env, python_module
+from support.launch import DEBUG_TOML, REPO, launch_env, paused_reading, python_module
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 from support.runs import digests
 
@@ -677,6 +677,33 @@ def test_stale_store_is_refused_before_launch(tmp_path, enwiki_store):
         f"training.dataset_path: token store {store / MANIFEST} is stale: made with another tokenizer"
     )
     assert str(error.value).endswith("; rebuild it with python -m dispersion_titan.data prepare")
+
+
+def test_a_shard_removed_while_training_is_one_line_naming_the_last_good_checkpoint(tmp_path, enwiki_store):
+    """A store's shard removed while a run trains on it (paused as it opens ``shard-00003.bin``, which it maps once
+    step 2 is saved): ``no such file or directory: STORE/shard-00003.bin; the last good checkpoint is step-2; put
+    back what was removed or moved …``, exit 74 (was the OSError's traceback, exit 1; without the trainer's own line,
+    the commands' ``…; nothing saved``), the checkpoints unchanged; the shard put back, the same command finishes."""
+    store, dump = tmp_path / "store", tmp_path / "run"
+    shutil.copytree(enwiki_store, store)
+    argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), "--training.seq_len", "64"]
+    argv += ["--training.steps", "6", "--checkpoint.interval", "2", "--training.dataset_path", str(store)]
+    shard = store / "shard-00003.bin"
+    pid, job = paused_reading("dispersion_titan.train", *argv, reading=shard.name, tmp=tmp_path)
+    kept = shard.read_bytes()
+    shard.unlink()
+    saved = digests(dump / "checkpoint")
+    os.kill(pid, signal.SIGCONT)
+    proc = job.result()
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: no such file or directory: {shard}; the last good checkpoint is step-2; put back "
+        "what was removed or moved (it, or a folder on its path) and relaunch the same command to resume"
+    ), proc.stderr[-3000:]
+    assert digests(dump / "checkpoint") == saved
+    shard.write_bytes(kept)
+    again = python_module("dispersion_titan.train", *argv)
+    assert again.returncode == 0 and "step-6" in os.listdir(dump / "checkpoint"), again.stderr[-3000:]
 
 
 def test_a_relaunch_names_its_documents_by_any_path_and_a_store_prepared_again_is_refused(tmp_path, monkeypatch):

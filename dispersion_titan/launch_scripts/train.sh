@@ -16,8 +16,8 @@
 # reached training.steps ends in one line and exit status 0.
 # Exit status of a run (reliability.md in the dispersion_titan docs): 0 done; 130/143 stopped
 # by SIGINT/SIGTERM (checkpoint saved); 75 preempted (PREEMPT_SIGNAL); 74 a checkpoint write
-# failed; 3 non-finite loss; 137 a rank was SIGKILLed (kill -9, or the OOM killer); 1 any other
-# failure.
+# failed, or a file the run needs did (a full disk, a file removed, a read-only file system);
+# 3 non-finite loss; 137 a rank was SIGKILLed (kill -9, or the OOM killer); 1 any other failure.
 set -euo pipefail
 LAUNCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$LAUNCH_DIR/common.sh"

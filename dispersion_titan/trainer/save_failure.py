@@ -14,7 +14,15 @@ import shutil
 import torch
 
 from ..run_folder.checkpoints import last_complete_step, quarantine_incomplete
-from ..utils.errors import WRITE_ADVICE, CheckpointSaveError, error_chain, no_room
+from ..utils.errors import (
+    FILE_ADVICE,
+    WRITE_ADVICE,
+    CheckpointSaveError,
+    error_chain,
+    failed_file,
+    file_failure,
+    no_room,
+)
 
 RELAUNCH = "relaunch the same command to resume"
 ADVICE = {code: f"{advice} and {RELAUNCH}" for code, advice in WRITE_ADVICE.items()}
@@ -64,12 +72,16 @@ def save_failure(folder: str, step: int, error: BaseException, model: torch.nn.M
 
 def write_failure(error: BaseException, dump: str, checkpoints: str) -> CheckpointSaveError | None:
     """A full disk, a quota or the file size limit met outside a checkpoint save (TorchTitan's config dump,
-    the logs, TensorBoard) in one line, or None when ``error`` is no such failure."""
-    os_error = no_room(error)
+    the logs, TensorBoard), or a file the environment took away or refuses (``file_failure``: a token store's
+    shard removed), in one line naming the last good checkpoint, or None when ``error`` is no such failure (the
+    commands' line would say ``train``'s ``nothing saved``)."""
+    os_error = no_room(error) or file_failure(error)
     if os_error is None:
         return None
     last = last_complete_step(checkpoints) if os.path.isdir(checkpoints) else None
     good = f"the last good checkpoint is step-{last}" if last is not None else "no checkpoint was saved yet"
+    if os_error.errno not in WRITE_ADVICE:
+        return CheckpointSaveError(f"{failed_file(os_error)}; {good}; {FILE_ADVICE[os_error.errno]} and {RELAUNCH}")
     where = os_error.filename or f"the run's files in {dump}"
     there = os.path.abspath(os.fsdecode(os_error.filename or dump))  # the free space of where the write failed
     while not os.path.isdir(there):

@@ -25,6 +25,18 @@ WRITE_ADVICE = {
     errno.EFBIG: "raise the file size limit (ulimit -f)",
 }
 """A write that failed for want of room, and what to do."""
+FILE_ADVICE = {
+    errno.ENOENT: "put back what was removed or moved (it, or a folder on its path)",
+    errno.ENOTDIR: "move aside the file that stands where a folder on its path should be",
+    errno.EISDIR: "move aside the folder that stands where the file should be",
+    errno.EACCES: "fix its permissions, or its folder's",
+    errno.EPERM: "fix its permissions, or its folder's",
+    errno.EROFS: "remount its file system writable, or give a folder on another",
+    errno.ENAMETOOLONG: "give a shorter path",
+    errno.EIO: "check the disk or network file system it is on (dmesg)",
+    errno.ESTALE: "check the disk or network file system it is on (dmesg)",
+}
+"""A file or folder the environment took away or refuses while a command runs, and what to do."""
 NOTHING_KEPT = "checkpointing is off (checkpoint.enable = false), so nothing was saved"
 """What a run that stops early keeps without checkpoints: its relaunch starts over."""
 NO_TEMP_DIR = "No usable temporary directory found"  # tempfile's error, e.g. torch's import on a full /tmp
@@ -107,8 +119,9 @@ def interrupt_signal(interrupt: BaseException) -> int:
     return (interrupt.args or (signal.SIGINT,))[0]
 
 
-def error_chain(error: BaseException) -> Iterator[BaseException]:
-    """``error``, its chained causes, and the per-rank errors a DCP ``CheckpointException`` holds."""
+def error_chain(error: BaseException, implicit: bool = True) -> Iterator[BaseException]:
+    """``error``, its chained causes (``raise ... from``; ``implicit``: also the errors it was raised while
+    handling), and the per-rank errors a DCP ``CheckpointException`` holds."""
     seen: set[int] = set()
     todo = [error]
     while todo:
@@ -117,7 +130,7 @@ def error_chain(error: BaseException) -> Iterator[BaseException]:
             continue
         seen.add(id(e))
         yield e
-        todo += [c for c in (e.__cause__, e.__context__) if c is not None]
+        todo += [c for c in (e.__cause__, e.__context__ if implicit else None) if c is not None]
         for failure in getattr(e, "failures", {}).values():  # CheckpointException: rank -> (error, traceback)
             todo += [f for f in (failure if isinstance(failure, tuple) else (failure,)) if isinstance(f, BaseException)]
 
@@ -133,6 +146,27 @@ def raise_no_room(error: BaseException, where: str) -> None:
     full = no_room(error)
     if full is not None:
         raise OSError(full.errno, full.strerror, full.filename or where) from error
+
+
+def file_failure(error: BaseException) -> OSError | None:
+    """The failure of a named file or folder behind ``error`` that the environment caused (``FILE_ADVICE``: gone,
+    a file in a folder's place, not permitted, read-only, too long a path, the device's): ``error`` itself, what it
+    was raised from, or a DCP rank's. Not one it was raised while handling, which a program may have caught and gone
+    on from, nor one naming no file or of another errno: a bug's, shown with its traceback."""
+    return next(
+        (
+            e
+            for e in error_chain(error, implicit=False)
+            if isinstance(e, OSError) and e.errno in FILE_ADVICE and isinstance(e.filename, (str, bytes, os.PathLike))
+        ),
+        None,
+    )
+
+
+def failed_file(error: OSError) -> str:
+    """``file_failure``'s ``error`` said as its cause and file (and the second of a rename or link)."""
+    second = f" -> {os.fsdecode(error.filename2)}" if error.filename2 is not None else ""
+    return f"{os.strerror(error.errno).lower()}: {os.fsdecode(error.filename)}{second}"
 
 
 def cause(error: BaseException) -> str:
@@ -175,9 +209,11 @@ REDELIVERY_S = 0.01
 
 def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
     """The one error handling of a command's ``main``, never a traceback: a ``DispersionTitanError`` in
-    one line with its status, Ctrl-C or SIGTERM in one line saying ``interrupted`` (``when``, what is kept, how
-    to go on), from global rank 0 alone where ``when`` is given (``train``'s: torchrun stops every rank), else from
-    any (a command a torchrun-launched script runs, RANK set)."""
+    one line with its status; a full disk (``no_room``) or a file the environment took away or refuses
+    (``file_failure``) in one line with what to do and ``interrupted``, exit 74 (EX_IOERR: the same command goes on
+    once it is fixed); Ctrl-C or SIGTERM in one line saying ``interrupted`` (``when``, what is kept, how to go on),
+    from global rank 0 alone where ``when`` is given (``train``'s: torchrun stops every rank), else from any (a
+    command a torchrun-launched script runs, RANK set)."""
 
     def wrap(main: Main) -> Main:
         @functools.wraps(main)
@@ -194,12 +230,13 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
                 say(f"interrupted{f' {when}' if when else ''}; {interrupted}", every_rank=not when)
                 sys.exit(interrupted_exit_code(interrupt_signal(e)))
             except Exception as e:
-                full = no_room(e)
-                if full is None:
-                    raise
-                where = f" writing {full.filename}" if full.filename else ""
-                advice = f"{WRITE_ADVICE[full.errno]}; {interrupted}"
-                fail(f"{os.strerror(full.errno).lower()}{where}; {advice}", WRITE_FAILED)
+                if full := no_room(e):
+                    where = f" writing {full.filename}" if full.filename else ""
+                    advice = f"{WRITE_ADVICE[full.errno]}; {interrupted}"
+                    fail(f"{os.strerror(full.errno).lower()}{where}; {advice}", WRITE_FAILED)
+                if failed := file_failure(e):
+                    fail(f"{failed_file(failed)}; {FILE_ADVICE[failed.errno]}; {interrupted}", WRITE_FAILED)
+                raise
             finally:
                 sys.unraisablehook = hook
 

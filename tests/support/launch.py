@@ -269,6 +269,25 @@ def paused_reading(module: str, *args: str, reading: str, tmp: Path, timeout: fl
     raise AssertionError(f"{module} never read {reading}: {job.result().stderr[-3000:] if job.done() else ''}")
 
 
+def read_only_from_reading(
+    folder: Path, module: str, *args: str, reading: str, tmp: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` in a mount namespace of its own (``unshare -rm``) whose ``folder`` is remounted
+    read-only as the command opens the first file whose path ends with ``reading`` (paused meanwhile, as
+    ``paused_reading``): what ext4's ``errors=remount-ro`` does to a command writing there."""
+    script, marker = tmp / "pause_at_read.py", tmp / "paused.pid"
+    script.write_text(_PAUSE_AT_READ)
+    remount = (
+        'f=$1; shift; mount --bind "$f" "$f" || exit 99; "$0" "$@" & pid=$!\n'
+        "until grep -qs '^State:.T' /proc/$pid/status; do kill -0 $pid 2>/dev/null || break; sleep 0.01; done\n"
+        'mount -o remount,bind,ro "$f" && kill -CONT $pid; wait $pid'
+    )
+    argv = [sys.executable, str(folder), str(script), str(marker), reading, module, *args]
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", remount, *argv], cwd=REPO, env=launch_env(env), capture_output=True, text=True
+    )
+
+
 def second_writer_is_refused(
     module: str, first: list[str], second: list[str], folder: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
