@@ -13,12 +13,14 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from dispersion_titan.analysis.condensation_schema import Condensation, LayerCondensation, read_results
 from dispersion_titan.analysis.inputs import InputOptions, select_sequences
@@ -45,12 +47,15 @@ from dispersion_titan.reproduce.quickstart.pipeline import (
     check_same_options,
     folder_id,
     make_setup,
+    out_of_room,
     process,
     step_progress,
 )
 from dispersion_titan.reproduce.quickstart.pipeline import init_panel as measure_init_panel
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
+from dispersion_titan.trainer.save_failure import save_failure, write_failure
 from dispersion_titan.utils.errors import WRITE_FAILED, AnalysisError, ArgumentError, OutputError
+from dispersion_titan.utils.errors import command as command_main
 from support.launch import REPO, held_by_another_command, python_module
 from support.runs import digests
 
@@ -100,11 +105,12 @@ def sweep_options(out: Path) -> tuple[str, ...]:
     return (*OPTIONS, "--config", str(out.parent / "small.toml"))
 
 
-def quickstart(out: Path, *options: str, fresh_server: bool = False):
+def quickstart(out: Path, *options: str, fresh_server: bool = False, file_limit: int | None = None):
     """The command forked from the launch server; its own job server forked from it (``support.forked_quickstart``),
-    or with ``fresh_server`` started fresh, as from a shell."""
+    or with ``fresh_server`` started fresh, as from a shell; ``file_limit``: its file size limit in bytes, its jobs'
+    too, as ``ulimit -f`` sets one."""
     target = "dispersion_titan.quickstart" if fresh_server else FORKED_SERVER
-    return python_module(target, "--out", str(out), *options, timeout=900)
+    return python_module(target, "--out", str(out), *options, timeout=900, file_limit=file_limit)
 
 
 def setup_for(out: Path, config: Path, *options: str) -> pipeline.QuickstartSetup:
@@ -602,7 +608,7 @@ def test_a_killed_job_is_named_with_its_signal(tmp_path):
 
     run = setup.runs[0]
     log = setup.log(run, "train")
-    assert process(setup, run, Killed(), lambda line: None, folder_id(setup.out)) == (
+    assert process(setup, run, Killed(), lambda line: None, folder_id(setup.out), threading.Event()) == (
         f"train {run.name} was killed by signal 9 (Killed; log: {log}); the same command goes on from what it saved"
     )
 
@@ -705,6 +711,64 @@ def test_a_failing_job_is_named_with_its_exit_status_error_and_log(tmp_path):
             f"dispersion_titan: error: train {name} failed (exit 2): {cause} (log: {log})" in proc.stderr.splitlines()
         )
         assert not (out / "logs" / f"{name}.analyze.log").exists()
+
+
+def test_a_job_out_of_room_stops_the_quickstart_in_one_line_and_the_rerun_finishes(tmp_path):
+    """The file size limit (or a full disk) met by a job, here saving its first checkpoint: no job starts after it
+    (the next would meet it too), one line naming the file and what to do, exit 74 (was each job's own line, exit 1);
+    what it kept stands, and the same command with room finishes."""
+    out = tmp_path / "q"
+    options = ("--widths", "64", "--spread-seeds", "0", "--steps", "1", "--checkpoint-interval", "1", "--jobs", "1")
+    options += ("--config", str(small_config(tmp_path / "small.toml")))
+    tiny = ("--init-flavor", "debug", "--init-widths", "64,128", "--init-num-sequences", "2", "--seq-len", "16")
+    proc = quickstart(out, *options, *tiny, file_limit=4 << 20)  # the init panel fits, a checkpoint (13 MB) not
+    step = out / "runs" / "w64-baseline-s42" / "checkpoint" / "step-0"
+    assert proc.returncode == WRITE_FAILED, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [
+        f"dispersion_titan: error: file too large writing {step}; raise the file size limit (ulimit -f); each stage "
+        "finished so far is kept in --out; the same command goes on from there"
+    ]
+    assert not (out / "logs" / "w64-angular_spread-c1-s42.train.log").exists()  # nor did the next run start
+    kept = digests(out / "init_panel")
+    done = quickstart(out, *options, *tiny)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "init     MLP width 64, seed 42: read back" in done.stdout
+    assert digests(out / "init_panel") == kept and (out / "summary.md").is_file()
+
+
+def test_a_jobs_out_of_room_line_is_read_as_what_filled_up_and_where(tmp_path, capsys):
+    """The quickstart tells a job out of room by its exit status and line, as each command says it: the commands'
+    line with its file or without one, the trainer's of a checkpoint save or of another write; a save failing
+    otherwise (exit 74 too) is no such job."""
+    folder, tb = tmp_path / "checkpoint", str(tmp_path / "tb")
+    folder.mkdir()
+    model = torch.nn.Linear(2, 2)
+
+    def said(error: OSError) -> tuple[int, str]:
+        @command_main("kept")
+        def main() -> None:
+            raise error
+
+        with pytest.raises(SystemExit) as e:
+            main()
+        return e.value.code, capsys.readouterr().err.strip().removeprefix("dispersion_titan: error: ")
+
+    for (status, line), room in (
+        (said(OSError(errno.ENOSPC, "No space left on device", "/x/a b (1).json")), (errno.ENOSPC, "/x/a b (1).json")),
+        (said(OSError(errno.EDQUOT, "Disk quota exceeded")), (errno.EDQUOT, None)),
+        (
+            (WRITE_FAILED, str(save_failure(str(folder), 4, OSError(errno.EFBIG, "x"), model))),
+            (errno.EFBIG, f"{folder}/step-4"),
+        ),
+        (
+            (WRITE_FAILED, str(write_failure(OSError(errno.ENOSPC, "x", tb), str(tmp_path), str(folder)))),
+            (errno.ENOSPC, tb),
+        ),
+        ((WRITE_FAILED, str(save_failure(str(folder), 4, RuntimeError("unexpected pos"), model))), None),
+        ((2, f"no space left on device writing {tb}; free space"), None),
+    ):
+        found = out_of_room(status, line)
+        assert (found and (found.errno, found.filename)) == room, line
 
 
 def test_training_progress_says_steps_and_time_left(tmp_path):

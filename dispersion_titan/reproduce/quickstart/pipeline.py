@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import os
 import re
 import signal
@@ -32,7 +33,15 @@ from ...run_folder.owners import FolderOwner, owned
 from ...run_folder.settings import fixed
 from ...tokenizer.encoders import tokenizer_folder
 from ...utils.devices import ALLOW_CPU_ENV, CPU_MALLOC_ENV
-from ...utils.errors import ArgumentError, DispersionTitanError, OutputError, fail, no_room
+from ...utils.errors import (
+    WRITE_ADVICE,
+    WRITE_FAILED,
+    ArgumentError,
+    DispersionTitanError,
+    OutputError,
+    fail,
+    no_room,
+)
 from ...utils.records import differences, flatten
 from . import VARIANT
 from .figure import findings_figure
@@ -269,6 +278,21 @@ def last_error(log: str) -> str:
     return (errors or lines or ["(empty log)"])[-1]
 
 
+# A job's out-of-room line as the commands (utils.errors.command) and the trainer (trainer.save_failure) say it:
+# what filled up, then the file or checkpoint it was writing where it names one, up to the free space or what to do.
+ROOM = {os.strerror(code).lower(): code for code in WRITE_ADVICE} | {"file size limit exceeded": errno.EFBIG}
+ROOM_LINE = re.compile(
+    rf"({'|'.join(map(re.escape, ROOM))})"
+    r"(?:[^;]*? (?:writing|saving step-\d+ to) (.+?)(?: \((?:needs about|[\d.]+ MB free)|;))?"
+)
+
+
+def out_of_room(status: int, error: str) -> OSError | None:
+    """The full disk, quota or file size limit a job failed for (its exit status and error line), if that."""
+    found = ROOM_LINE.match(error) if status == WRITE_FAILED else None
+    return OSError(ROOM[found[1]], os.strerror(ROOM[found[1]]), found[2]) if found else None
+
+
 # TorchTitan's log line of a training step, "step: 30  loss: 4.1234 ...", not of a validation.
 STEP_LINE = re.compile(rb"(?<!validate )step:\s*(\d+)\s+loss:")
 
@@ -329,12 +353,18 @@ def folder_id(path: str) -> tuple[int, int] | None:
 
 
 def process(
-    setup: QuickstartSetup, run: Cell, commands: Commands, say: Callable[[str], None], out_id: tuple[int, int] | None
-) -> str | None:
-    """Train (unless done) then analyze (unless done) one run; an error line or None. Nothing starts once
-    OUT is no longer the folder ``out_id`` (moved or removed): its jobs would write a new one."""
+    setup: QuickstartSetup,
+    run: Cell,
+    commands: Commands,
+    say: Callable[[str], None],
+    out_id: tuple[int, int] | None,
+    full: threading.Event,
+) -> str | OSError | None:
+    """Train (unless done) then analyze (unless done) one run; an error line, the out-of-room error a job failed
+    with, or None. Nothing starts once OUT is no longer the folder ``out_id`` (moved or removed): its jobs would
+    write a new one; nor once ``full`` is set, by a job that failed for want of room: the next would meet it too."""
     for phase, done, command in (("train", trained, train_command), ("analyze", analyzed, analyze_command)):
-        if folder_id(setup.out) != out_id:
+        if folder_id(setup.out) != out_id or full.is_set():
             return None
         if done(setup, run):
             say(f"{phase:8} {run.name}: already done, skipped")
@@ -350,7 +380,11 @@ def process(
                 "the same command goes on from what it saved"
             )
         if status:
-            return f"{phase} {run.name} failed (exit {status}): {last_error(log)} (log: {log})"
+            error = last_error(log)
+            if room := out_of_room(status, error):
+                full.set()
+                return room
+            return f"{phase} {run.name} failed (exit {status}): {error} (log: {log})"
         say(f"{phase:8} {run.name}: done in {time.monotonic() - start:.0f} s")
     return None
 
@@ -373,9 +407,9 @@ def train_and_analyze(setup: QuickstartSetup, say: Callable[[str], None]) -> Non
         "dispersion_titan.job_config.parse:warm",
     ]
     # Interrupted, the server stops the jobs (as it closes) before the pool waits for them
-    out_id = folder_id(setup.out)
+    out_id, full = folder_id(setup.out), threading.Event()
     with ThreadPoolExecutor(max_workers=setup.jobs) as pool, Commands(env, preload) as commands:
-        errors = [e for e in pool.map(lambda run: process(setup, run, commands, say, out_id), setup.runs) if e]
+        ended = list(pool.map(lambda run: process(setup, run, commands, say, out_id, full), setup.runs))
     if (now := folder_id(setup.out)) != out_id:  # what failed, failed for that
         strays = f"; what its running jobs wrote after that is in a new {setup.out}" if now else ""
         fail(
@@ -383,8 +417,11 @@ def train_and_analyze(setup: QuickstartSetup, say: Callable[[str], None]) -> Non
             f"rerun the same command with --out naming where it is now{strays}",
             status=1,
         )
+    errors = [e for e in ended if isinstance(e, str)]
     for error in errors:
         print(f"dispersion_titan: error: {error}", file=sys.stderr)
+    if room := next((e for e in ended if isinstance(e, OSError)), None):
+        raise room  # the commands' line, last: what filled up, and what to do
     if errors:
         sys.exit(1)
 
