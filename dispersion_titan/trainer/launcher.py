@@ -7,6 +7,7 @@ or the OOM killer), or by torchrun itself when it did not stop after SIGTERM (1)
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
@@ -15,7 +16,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
+from typing import Any
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -199,8 +202,24 @@ def ending(
     return 1, error.format_msg()
 
 
+def _timer_joined_itself(hook: Any, unraisable: Any) -> None:
+    """Passes to ``hook`` all but torch's own noise: a rendezvous keep-alive timer (``_PeriodicTimer``) collected by
+    a garbage collection its own thread ran calls its finalizer there, which sets the stop event, then joins its own
+    thread: "cannot join current thread", a traceback after the run's last line (seen in a CI under load); the
+    thread stops anyway, at the event."""
+    frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
+    if not (isinstance(unraisable.exc_value, RuntimeError) and any(f.name == "_stop_thread" for f in frames)):
+        hook(unraisable)
+
+
+def quiet_timer_self_join() -> None:
+    """``_timer_joined_itself`` for the rest of this launcher's life: the timer may be collected as it exits."""
+    sys.unraisablehook = functools.partial(_timer_joined_itself, sys.unraisablehook)
+
+
 def run(argv: list[str]) -> int:
     """torchrun on ``argv``; the exit status, the failure said in at most one line."""
+    quiet_timer_self_join()
     args = torchrun.parse_args(argv)
     args.log_dir = args.log_dir or tempfile.mkdtemp(prefix="torchelastic_")  # torchrun's own default, known here
     for name in ("torch.distributed.elastic.agent.server.api", "torch.distributed.elastic.multiprocessing.api"):
