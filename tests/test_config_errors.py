@@ -33,7 +33,7 @@ def write_toml(tmp_path, text: str) -> str:
 class Refusal(NamedTuple):
     """A configuration ``validated_args`` refuses in one line. ``{toml}`` (a file holding
     ``toml``), ``{empty}`` (an empty file), ``{file}`` (a regular file) and ``{dir}`` (a
-    folder) in ``args`` and ``says`` are filled in."""
+    folder, holding ``loop``, a link to itself) in ``args`` and ``says`` are filled in."""
 
     args: list[str]
     says: str  # the line starts with it
@@ -381,6 +381,13 @@ REFUSALS = [
         "checkpoint.folder: '{dir}/run/ck\\t1' holds the control character '\\t'; give a folder name without it",
         world=1,
     ),
+    Refusal(  # a link loop: was an OSError traceback from the writer lock, after the check passed it
+        [*DEBUG, "--job.dump_folder", "{dir}/loop"],
+        "job.dump_folder: {dir}/loop goes through a symbolic link that loops (Too many levels of symbolic links); "
+        "fix the link, or give another path",
+        world=1,
+        how="is",
+    ),
     Refusal(
         [*DEBUG, "--job.dump_folder", ""],
         "job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run",
@@ -502,6 +509,13 @@ REFUSALS = [
         error=ArgumentError,
         how="is",
     ),
+    Refusal(  # was an OSError traceback, from the pipe check's stat
+        ["--job.config_file", "{dir}/loop"],
+        "--job.config_file: {dir}/loop goes through a symbolic link that loops (Too many levels of symbolic links); "
+        "fix the link, or give another path",
+        error=ArgumentError,
+        how="is",
+    ),
     Refusal([*DEBUG, "--profile"], "--profile: missing value", error=ArgumentError, how="is"),
     Refusal(  # saved "UTF-8 with BOM" (was tomllib's "Invalid statement (at line 1, column 1)")
         ["--job.config_file", "{toml}"],
@@ -530,6 +544,7 @@ REFUSALS = [
 def test_refused_in_one_line_naming_the_field(tmp_path, refusal):
     (tmp_path / "f").write_text("")
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     toml = write_toml(tmp_path, refusal.toml)
     paths = {"toml": toml, "empty": str(tmp_path / "empty.jsonl"), "file": str(tmp_path / "f"), "dir": str(tmp_path)}
     with pytest.raises(refusal.error) as err:

@@ -476,6 +476,10 @@ def test_sweep_bad_input_is_one_line(tmp_path):
     sectioned = tmp_path / "sectioned.toml"  # a sweep's keys under [slurm]: was called a training config
     sectioned.write_text('[slurm]\npartition = "gpu"\n')
     cases[(str(sectioned),)] = "SWEEP.toml: a TOML with a [slurm] section, which neither a sweep nor a training config"
+    loop = tmp_path / "loop"  # a link to itself: was pathlib's "RuntimeError: Symlink loop" traceback
+    loop.symlink_to(loop)
+    cases[("--out", str(loop / "s"))] = f"out: {loop}/s goes through a symbolic link that loops"
+    cases[("--config", str(loop))] = f"config: {loop} goes through a symbolic link that loops"
     one_cell = ("--widths", "64", "--variants", "baseline", "--seeds", "0")  # one cell's config checked, not 20
     for args, message in cases.items():  # a flag given again wins: each case's own widths, variants or seeds
         proc = sweep(*([] if args[0].endswith(".toml") else [toml, *one_cell]), "--dry-run", *args)

@@ -216,6 +216,21 @@ def test_a_control_character_in_an_output_folder_is_refused_naming_it(
     assert os.listdir(tmp_path) == []
 
 
+@OUTPUT_OPTIONS
+def test_an_output_folder_through_a_link_loop_is_refused_naming_it(
+    runs, capsys, tmp_path, monkeypatch, main, argv, option
+):
+    """``ln -s a b; ln -s b a``, ``--out a/x``: each open of it fails (ELOOP); was a traceback (``analyze``,
+    ``evaluate``) or ``a/.owner.json: unreadable …; restore it, or remove it`` of a record there is none of."""
+    monkeypatch.chdir(tmp_path)
+    Path("a").symlink_to("b")
+    Path("b").symlink_to("a")
+    before = digests(runs)
+    code, _, err = output_folder_cli(main, argv, runs, "a/x", capsys)
+    refused(code, err, runs, before, f"argument {option}: a/x goes through a symbolic link that loops (")
+    assert sorted(os.listdir(tmp_path)) == ["a", "b"]
+
+
 def test_a_folder_of_files_nobody_recorded_is_refused(runs, capsys, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     before = digests(tmp_path)

@@ -91,6 +91,18 @@ def test_a_copy_of_a_folder_a_live_process_holds_is_free(tmp_path):
             pass
 
 
+def test_a_run_folder_linked_to_a_folder_not_made_yet_is_made_there(tmp_path):
+    """``job.dump_folder`` a link to scratch space not made yet (``ln -s /scratch/me/run run``): the run's lock,
+    the first thing a launch writes, makes that folder (was a ``FileExistsError: 'run'`` traceback from each rank,
+    the check before it having passed the link)."""
+    link = tmp_path / "run"
+    link.symlink_to(tmp_path / "scratch" / "run")
+    lock = WriterLock(link)
+    lock.acquire()
+    assert (tmp_path / "scratch" / "run" / LOCK_NAME).is_file()
+    lock.release()
+
+
 def test_a_zombie_owner_is_dead(tmp_path):
     """An owner that exited and was never reaped (a container whose PID 1 does not reap) is a
     zombie: ``kill(pid, 0)`` still finds it, but its lock is stale and the next run takes it."""

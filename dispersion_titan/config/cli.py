@@ -8,6 +8,7 @@ import argparse
 import codecs
 import dataclasses
 import difflib
+import errno
 import os
 import re
 import stat
@@ -120,6 +121,8 @@ def read_toml(path: str, field: str) -> dict:
     """The TOML file at ``path``; errors are one line naming ``field`` and the file. A pipe (``<(...)``,
     ``/dev/stdin``) is refused: it holds the text for the first read only, and a launch reads it again; checked
     before it is opened, which waits for a writer to a named pipe."""
+    if why := link_loop(path):
+        raise ArgumentError(f"{field}: {why}")
     try:
         if not stat.S_ISREG(os.stat(path).st_mode) and not os.path.isdir(path):
             raise ArgumentError(f"{field}: {path} is no file but a pipe or device, read once; save it to a file")
@@ -226,6 +229,17 @@ def control_character(path: str) -> str | None:
     return found and f"{path!r} holds the control character {found!r}; give a folder name without it"
 
 
+def link_loop(path: str) -> str | None:
+    """Why ``path`` names nothing: a symbolic link on it that leads back to itself (``ln -s a b; ln -s b a``), which
+    each open would meet mid-command; None when it has none."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return f"{path} goes through a symbolic link that loops ({e.strerror}); fix the link, or give another path"
+    return None
+
+
 def unexpanded_home(path: str, unexpanded_by: str) -> str | None:
     """Why ``path`` names another folder than meant: a leading ``~`` that ``unexpanded_by`` leaves as it is, so a
     folder named ``~`` would be made in the working directory; None when it has none."""
@@ -240,7 +254,7 @@ def unexpanded_home(path: str, unexpanded_by: str) -> str | None:
 def out_folder(text: str) -> str:
     """An output folder option's value: no control character, no quoted ``~`` (the launch's ``job.dump_folder`` is
     refused alike)."""
-    if why := control_character(text) or unexpanded_home(text, "the shell expands only unquoted"):
+    if why := control_character(text) or unexpanded_home(text, "the shell expands only unquoted") or link_loop(text):
         raise argparse.ArgumentTypeError(why)
     return text
 

@@ -13,7 +13,7 @@ import torch
 
 from ..components import wandb_run
 from ..components.titan_compat import model_converter_names
-from ..config.cli import control_character, unexpanded_home
+from ..config.cli import control_character, link_loop, unexpanded_home
 from ..data.corpora import check_readable_here
 from ..data.store import is_store
 from ..run_folder.checkpoints import complete_checkpoints
@@ -180,7 +180,7 @@ def check_output_folders(config: RunConfig) -> None:
         raise ConfigError(f"job.dump_folder: {why}")
     folders = run_folders(config)
     for field, path in {"job.dump_folder": dump, **folders}.items():
-        if why := control_character(path):
+        if why := control_character(path) or link_loop(path):
             raise ConfigError(f"{field}: {why}")
         full = os.path.abspath(path)  # it, or its nearest existing ancestor, says whether it can be written
         probe = next(p for p in [full, *map(str, Path(full).parents)] if os.path.exists(p))

@@ -23,7 +23,7 @@ from ..analysis.condensation_schema import RESULT_FILE as ANALYSIS_FILE
 from ..analysis.condensation_schema import read_analyses
 from ..components.optimizers import MOMENT_BYTES_PER_PARAM
 from ..components.titan_compat import merged_job_config_class
-from ..config.cli import CONFIG_MODULE, launch_args, read_toml
+from ..config.cli import CONFIG_MODULE, launch_args, link_loop, read_toml
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
 from ..evaluation.runner import OURS, read_evaluations, source_changed
@@ -198,6 +198,8 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
         value = raw.get(key, "?")
         if not isinstance(value, str) or not value.strip():  # not sbatch's --partition=['a']
             raise ArgumentError(f"{key}: expected a {what} in quotes, got {value!r}")
+        if what == "path" and (why := link_loop(os.path.expanduser(value))):  # Path.resolve raises RuntimeError
+            raise ArgumentError(f"{key}: {why}")
     config = Path(raw["config"]).expanduser().resolve()
     read_toml(str(config), "config")  # missing, a folder, not TOML: named as the key, not as each cell's config_file
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -136,7 +136,7 @@ class WriterLock:
 
     def acquire(self) -> None:
         """Create the lock file with O_EXCL; a stale lock is moved aside first. RunFolderBusy if live."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        os.makedirs(os.path.realpath(self.folder), exist_ok=True)  # a link to a folder not made yet: that folder
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
