@@ -250,6 +250,27 @@ def test_a_run_whose_checkpoints_were_deleted_is_not_started_again(reference_run
         (dump / "checkpoint").mkdir(exist_ok=True)
 
 
+def test_a_run_whose_checkpoints_were_moved_and_linked_back_relaunches(reference_run, tmp_path):
+    """``mv RUN/checkpoint /scratch/ckpt; ln -s /scratch/ckpt RUN/checkpoint`` (a fuller disk's way out): the same
+    command goes on as before, here finished (was `checkpoint.folder: RUN/checkpoint holds files no dispersion_titan
+    command recorded as its own (step-0, …)`, the run's own, and no setting to go on with: exit 2). Linked to
+    another run's checkpoints, refused as before."""
+    dump, scratch = tmp_path / "run", tmp_path / "scratch" / "ckpt"
+    shutil.copytree(reference_run, dump, symlinks=True, copy_function=os.link)
+    scratch.parent.mkdir()
+    (dump / "checkpoint").rename(scratch)
+    (dump / "checkpoint").symlink_to(scratch)
+    before = sha256_tree(scratch)
+    proc = relaunch(dump)
+    assert proc.returncode == 0 and "run already finished at step 8; nothing to do" in proc.stderr, proc.stderr[-3000:]
+    (dump / "checkpoint").unlink()
+    (dump / "checkpoint").symlink_to(reference_run / "checkpoint")
+    assert one_line(relaunch(dump)).startswith(
+        f"dispersion_titan: error: checkpoint.folder: {dump}/checkpoint is run {reference_run}'s checkpoint folder; "
+    )
+    assert sha256_tree(scratch) == before
+
+
 def test_a_run_whose_run_json_was_lost_is_not_resumed_with_any_settings(reference_run, tmp_path):
     """A run in its place whose ``run.json`` was deleted, relaunched with other settings: one line, nothing written
     (was resumed from its newest checkpoint with them, and they recorded as the run's from its start)."""

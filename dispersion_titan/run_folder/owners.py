@@ -203,8 +203,9 @@ def inside(path: str, folder: str) -> bool:
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
-def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] | None:
-    """Why ``owner`` may not write into ``folder`` (a real path), and who holds it; None when it may."""
+def _problem(folder: str, owner: FolderOwner, linked: bool = False) -> tuple[str, FolderOwner | None] | None:
+    """Why ``owner`` may not write into ``folder`` (a real path), and who holds it; None when it may. ``linked``:
+    the run reaches it through a link in its own folder, so files no command recorded there are its own."""
     home = container = None
     for ancestor in map(str, Path(folder).parents):
         holder = read_owner(ancestor)
@@ -236,7 +237,7 @@ def _problem(folder: str, owner: FolderOwner) -> tuple[str, FolderOwner | None] 
     if holder is not None and home is not None and holder.kind != "run":
         holder = FolderOwner(holder.kind, home.run)
     if holder is None:
-        if empty(folder):
+        if linked or empty(folder):
             return None
         if container is not None:  # its runs/, logs/: was "holds files no dispersion_titan command recorded"
             where, whose = container
@@ -267,10 +268,12 @@ def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
     refuse_unless_ours(folder, owner, "--tb-dir", "use another --tb-dir")
 
 
-def refuse_unless_ours(folder: str, owner: FolderOwner, option: str, way_out: str, fork_hint: bool = False) -> None:
+def refuse_unless_ours(
+    folder: str, owner: FolderOwner, option: str, way_out: str, fork_hint: bool = False, linked: bool = False
+) -> None:
     """One line naming the owner if ``owner`` may not write into ``folder``; looks only. ``fork_hint``: where
-    the folder is another run's, also name ``--job.fork_from`` that run."""
-    problem = _problem(os.path.realpath(folder), owner)
+    the folder is another run's, also name ``--job.fork_from`` that run; ``linked``: as ``_problem``'s."""
+    problem = _problem(os.path.realpath(folder), owner, linked)
     if problem is None:
         return
     text, holder = problem
@@ -391,9 +394,11 @@ def refuse_other_owners(dump: str, folders: dict[str, str], forking: bool = Fals
     way_out = "give this run its own --job.dump_folder"
     refuse_unless_ours(dump, owner, "job.dump_folder", way_out, fork_hint=not forking)
     for key, path in folders.items():
-        if not inside(path, dump):
+        if not inside(path, dump):  # elsewhere, or reached through a link in the run (its checkpoints moved away)
             way_out = f"give this run a {key} of its own (inside its --job.dump_folder, or a new folder)"
-            refuse_unless_ours(path, owner, key, way_out, fork_hint=not forking and key == "checkpoint.folder")
+            linked = Path(os.path.abspath(path)).is_relative_to(os.path.abspath(dump))
+            fork_hint = not forking and key == "checkpoint.folder"
+            refuse_unless_ours(path, owner, key, way_out, fork_hint=fork_hint, linked=linked)
 
 
 def refuse_lost_run_json(dump: str) -> None:
