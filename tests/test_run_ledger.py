@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 
 from dispersion_titan.job_config.parse import validated_args
-from dispersion_titan.run_folder.checkpoints import CheckpointError, check_resume, checkpoint_identity, recorded_run
+from dispersion_titan.run_folder.checkpoints import (
+    CheckpointError,
+    check_complete,
+    check_resume,
+    checkpoint_identity,
+    recorded_run,
+)
 from dispersion_titan.run_folder.owners import FolderOwner, record_run_folders, write_record
 from dispersion_titan.run_folder.settings import fork_source, holds_an_initialisation, start_fork
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
@@ -346,6 +352,28 @@ def test_a_step_folder_renamed_by_hand_is_named_in_one_line(reference_run, tmp_p
     assert sha256_tree(dump) == before
     with pytest.raises(RenamedCheckpointError, match=re.escape(says)):
         fork_source(f"{dump}@5")
+
+
+def test_a_step_link_is_told_by_where_it_leads(reference_run, tmp_path):
+    """``step-N`` links (a step kept on another disk): one to another step that is there too is told to move out,
+    not to be named as that step (``mv`` would move it inside that checkpoint); one whose target is gone (its disk
+    not mounted) names that target (was `not a folder, …; move it away`)."""
+    dump = tmp_path / "run"
+    shutil.copytree(reference_run, dump, ignore=lambda folder, names: ["checkpoint"])
+    (dump / "checkpoint").mkdir()
+    for name, target in (("step-0", "step-0"), ("step-2", "step-2"), ("step-6", "step-2")):
+        (dump / "checkpoint" / name).symlink_to(reference_run / "checkpoint" / target)
+    with pytest.raises(RenamedCheckpointError) as renamed:
+        check_complete(str(dump / "checkpoint" / "step-6"))
+    assert str(renamed.value).endswith("as its name says; move it out of the checkpoint folder, which holds a step-2")
+    (dump / "checkpoint" / "step-6").unlink()
+    (dump / "checkpoint" / "step-4").symlink_to(tmp_path / "unmounted" / "step-4")
+    with pytest.raises(CheckpointError) as gone:
+        check_resume(str(dump / "checkpoint"), str(dump), 6, 2)
+    assert str(gone.value) == (
+        f"{dump}/checkpoint/step-4: a link to {tmp_path}/unmounted/step-4, which is no folder (not mounted, moved or "
+        "removed?), where the run saves its step-4 checkpoint; bring that folder back, or remove the link, and relaunch"
+    )
 
 
 def test_fork_starts_from_the_source_checkpoint_and_records_it(fork, reference_run):

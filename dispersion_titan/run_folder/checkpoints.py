@@ -177,9 +177,15 @@ def check_complete(step_dir: str) -> None:
             )
     name, saved = STEP_FOLDER.match(os.path.basename(os.path.normpath(step_dir))), _saved_step(step_dir, metadata)
     if name is not None and saved is not None and saved != int(name[1]):
+        right = os.path.join(os.path.dirname(os.path.normpath(step_dir)), f"step-{saved}")
+        way_out = (  # mv onto a step-{saved} there would move it inside that checkpoint
+            f"move it out of the checkpoint folder, which holds a step-{saved}"
+            if os.path.lexists(right)
+            else f"name it step-{saved} again"
+        )
         raise RenamedCheckpointError(
             f"{step_dir}: holds step {saved} (TorchTitan's train_state.step), not step {name[1]} as its name says; "
-            f"name it step-{saved} again"
+            + way_out
         )
 
 
@@ -564,10 +570,15 @@ def check_resume(folder: str, dump: str, steps: int, data_parallel_degree: int, 
     chosen = [c for c in saved if c.step == load_step] if load_step >= 0 else saved
     refuse_finished(saved, steps, load_step)
     for name in sorted(os.listdir(folder)):  # TorchTitan trained up to that step, then could not save it
-        if STEP_FOLDER.match(name) and not os.path.isdir(os.path.join(folder, name)):
+        if STEP_FOLDER.match(name) and not os.path.isdir(path := os.path.join(folder, name)):
+            if os.path.islink(path):  # its disk not mounted, its folder moved: what it named is not lost
+                raise CheckpointError(
+                    f"{path}: a link to {os.readlink(path)}, which is no folder (not mounted, moved or removed?), "
+                    f"where the run saves its {name} checkpoint; bring that folder back, or remove the link, and "
+                    "relaunch"
+                )
             raise CheckpointError(
-                f"{os.path.join(folder, name)}: not a folder, where the run saves its {name} checkpoint; move it "
-                "away and relaunch"
+                f"{path}: not a folder, where the run saves its {name} checkpoint; move it away and relaunch"
             )
     full = [c for c in chosen if not hf_weights(c.path) and is_full(c.path)]
     dump = os.path.abspath(dump)
