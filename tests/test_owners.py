@@ -28,6 +28,7 @@ from dispersion_titan.run_folder.owners import (
     record_run_folders,
     refuse_other_owners,
 )
+from dispersion_titan.utils.errors import OutputError
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import DEBUG_TOML, python_module, torchrun
@@ -280,6 +281,26 @@ def test_an_out_linked_to_a_folder_not_made_yet_is_made_there(tmp_path):
     with owned(str(link), FolderOwner("comparison")):
         (link / "table.csv").write_text("a\n")
     assert sorted(os.listdir(tmp_path / "scratch" / "out")) == [OWNER_FILE, "table.csv"]
+
+
+def test_a_new_run_folder_holding_a_link_to_its_checkpoint_folder_is_its_own(runs, tmp_path):
+    """``ln -s /scratch/me/ckpt RUN/checkpoint`` before the first launch: the run's, not `job.dump_folder: RUN holds
+    files no dispersion_titan command recorded as its own (checkpoint)`; a link to another run's checkpoints or a
+    link the run does not write through is refused as before (a launch trains through it: checked by hand)."""
+    dump, scratch = tmp_path / "run", tmp_path / "scratch"
+    dump.mkdir()
+    scratch.mkdir()
+    (dump / "checkpoint").symlink_to(scratch)
+    folders = {"checkpoint.folder": str(dump / "checkpoint"), "metrics.save_tb_folder": str(dump / "tb")}
+    refuse_other_owners(str(dump), folders)
+    (dump / "checkpoint").unlink()
+    (dump / "checkpoint").symlink_to(runs / "A" / "checkpoint")
+    with pytest.raises(OutputError, match=f"checkpoint.folder: {dump}/checkpoint is run {runs / 'A'}'s checkpoint "):
+        refuse_other_owners(str(dump), folders)
+    (dump / "checkpoint").unlink()
+    (dump / "notes").symlink_to(scratch)
+    with pytest.raises(OutputError, match=r"recorded as its own \(notes\); give this run its own --job.dump_folder"):
+        refuse_other_owners(str(dump), folders)
 
 
 def test_a_rank_checking_the_run_folder_while_rank_0_records_it_never_reads_half_a_record(tmp_path, monkeypatch):

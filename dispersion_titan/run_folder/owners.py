@@ -10,7 +10,7 @@ import json
 import os
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,12 +186,13 @@ def run_paths(root: str) -> dict[str, str]:
     }
 
 
-def empty(folder: str) -> bool:
-    """Whether ``folder`` holds nothing but lock files, its record and empty folders."""
+def empty(folder: str, links: Collection[str] = ()) -> bool:
+    """Whether ``folder`` holds nothing but lock files, its record, empty folders and ``links`` (paths)."""
     if not os.path.isdir(folder):
         return True
     return all(
         name.startswith((LOCK_NAME, OWNER_FILE, f".{OWNER_FILE}."))  # the record, whole or being written
+        or os.path.join(folder, name) in links
         or (path := Path(folder, name)).is_dir()
         and not path.is_symlink()
         and not any(path.iterdir())
@@ -203,9 +204,12 @@ def inside(path: str, folder: str) -> bool:
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder))
 
 
-def _problem(folder: str, owner: FolderOwner, linked: bool = False) -> tuple[str, FolderOwner | None] | None:
+def _problem(
+    folder: str, owner: FolderOwner, linked: bool = False, links: Collection[str] = ()
+) -> tuple[str, FolderOwner | None] | None:
     """Why ``owner`` may not write into ``folder`` (a real path), and who holds it; None when it may. ``linked``:
-    the run reaches it through a link in its own folder, so files no command recorded there are its own."""
+    the run reaches it through a link in its own folder, so files no command recorded there are its own; ``links``:
+    its own links in ``folder`` (``ln -s /scratch/ckpt RUN/checkpoint`` before the first launch), no files."""
     home = container = None
     for ancestor in map(str, Path(folder).parents):
         holder = read_owner(ancestor)
@@ -237,7 +241,7 @@ def _problem(folder: str, owner: FolderOwner, linked: bool = False) -> tuple[str
     if holder is not None and home is not None and holder.kind != "run":
         holder = FolderOwner(holder.kind, home.run)
     if holder is None:
-        if linked or empty(folder):
+        if linked or empty(folder, links):
             return None
         if container is not None:  # its runs/, logs/: was "holds files no dispersion_titan command recorded"
             where, whose = container
@@ -269,11 +273,17 @@ def refuse_histograms_unless_ours(folder: str, owner: FolderOwner) -> None:
 
 
 def refuse_unless_ours(
-    folder: str, owner: FolderOwner, option: str, way_out: str, fork_hint: bool = False, linked: bool = False
+    folder: str,
+    owner: FolderOwner,
+    option: str,
+    way_out: str,
+    fork_hint: bool = False,
+    linked: bool = False,
+    links: Collection[str] = (),
 ) -> None:
     """One line naming the owner if ``owner`` may not write into ``folder``; looks only. ``fork_hint``: where
-    the folder is another run's, also name ``--job.fork_from`` that run; ``linked``: as ``_problem``'s."""
-    problem = _problem(os.path.realpath(folder), owner, linked)
+    the folder is another run's, also name ``--job.fork_from`` that run; ``linked``, ``links``: as ``_problem``'s."""
+    problem = _problem(os.path.realpath(folder), owner, linked, links)
     if problem is None:
         return
     text, holder = problem
@@ -392,7 +402,9 @@ def refuse_other_owners(dump: str, folders: dict[str, str], forking: bool = Fals
     owner = FolderOwner("run", dump)
     refuse_lost_run_json(dump)
     way_out = "give this run its own --job.dump_folder"
-    refuse_unless_ours(dump, owner, "job.dump_folder", way_out, fork_hint=not forking)
+    real = os.path.realpath(dump)  # its links to its own folders, by the real path _problem looks at
+    links = [os.path.join(real, os.path.relpath(p, dump)) for p in folders.values() if os.path.islink(p)]
+    refuse_unless_ours(dump, owner, "job.dump_folder", way_out, fork_hint=not forking, links=links)
     for key, path in folders.items():
         if not inside(path, dump):  # elsewhere, or reached through a link in the run (its checkpoints moved away)
             way_out = f"give this run a {key} of its own (inside its --job.dump_folder, or a new folder)"
