@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from dispersion_titan.config.cli import OneLineErrorParser, out_folder, positive_int
+from dispersion_titan.config.cli import OneLineErrorParser, named_out, positive_int
 from dispersion_titan.reproduce.quickstart import CONFIG, VARIANT
 from dispersion_titan.utils.errors import command, run_command
 
@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--out",
-        type=out_folder,
+        type=named_out,
         default=os.environ.get(OUT_ENV, "outputs/quickstart"),
         help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)",
     )

@@ -20,6 +20,7 @@ from dispersion_titan.data.__main__ import main as data_main
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.init import main as init_main
 from dispersion_titan.paper import main as paper_main
+from dispersion_titan.quickstart import main as quickstart_main
 from dispersion_titan.run_folder.owners import (
     OWNER_FILE,
     FolderOwner,
@@ -230,6 +231,33 @@ def test_an_output_folder_through_a_link_loop_is_refused_naming_it(
     code, _, err = output_folder_cli(main, argv, runs, "a/x", capsys)
     refused(code, err, runs, before, f"argument {option}: a/x goes through a symbolic link that loops (")
     assert sorted(os.listdir(tmp_path)) == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "main, argv, says",
+    [
+        (analyze_main, ["compare", "A", "--out", ""], "--out: empty; name a folder"),
+        (analyze_main, ["family", "A", "B", "--out", ""], "--out: empty; name a folder"),
+        (evaluate_main, ["table", "A", "--out", ""], "--out: empty; name a folder"),
+        (
+            quickstart_main,
+            ["--out", ""],
+            "argument --out: empty; name a folder, or leave the option out for its default",
+        ),
+    ],
+    ids=["compare", "family", "table", "quickstart"],
+)
+def test_an_empty_out_is_refused_not_claimed_in_the_working_folder(
+    runs, capsys, tmp_path, monkeypatch, main, argv, says
+):
+    """``--out "$OUT"`` with ``OUT`` unset: one line, exit 2, the working folder untouched (was a `FileNotFoundError`
+    traceback after a `.owner.json` written there, which then refused other commands' output as `holds a comparison
+    folder`; the quickstart's jobs in the working folder itself)."""
+    monkeypatch.chdir(tmp_path)
+    before = digests(runs)
+    code, _, err = run_cli(main, *({"A": runs / "A", "B": runs / "B"}.get(a, a) for a in argv), capsys=capsys)
+    refused(code, err, runs, before, says)
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_folder_of_files_nobody_recorded_is_refused(runs, capsys, tmp_path):

@@ -335,6 +335,8 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
     not writable; made here, so that no folder exists before its claim. A call that wrote nothing there takes
     its new record back, and removes the folder if it made it: one that failed, or whose every model state was
     skipped (exit 1), leaves no empty folder."""
+    if not folder:  # an unset shell variable: was a record left in the working directory, then a traceback
+        raise OutputError(f"{option}: empty; name a folder")
     if held := _HELD.get(os.path.realpath(folder)):
         yield held
         return
