@@ -313,17 +313,21 @@ def test_a_full_disk_writing_tensorboard_events_is_one_line_and_leaves_no_events
     assert proc.stdout.splitlines()[-1] == ".owner.json", proc.stdout  # ls -A: no events file left
 
 
-def test_a_tb_dir_too_long_for_its_files_is_one_line_and_keeps_what_was_written(run, analyzed, capsys, tmp_path):
+@pytest.mark.parametrize("length", [4075, 4084])
+def test_a_tb_dir_too_long_for_its_files_is_one_line_and_keeps_what_was_written(
+    run, analyzed, capsys, tmp_path, length
+):
     """``--tb-dir`` a path the system takes (4075 bytes: made, written, its ``.owner.json`` read) but not the name its
     record is written through (``atomic_write``'s temporary file, 26 bytes longer: past PATH_MAX's 4096): one line,
     ``file name too long: TB/.owner.json; give a shorter path; …``, exit 74 (was the OSError's traceback, exit 1);
-    the results already in ``--out`` and the run unchanged."""
+    the results already in ``--out`` and the run unchanged. 4084 bytes, its ``.owner.json`` past PATH_MAX as it is
+    read: the same line (was ``TB/.owner.json: unreadable (…); restore it, or remove it and rerun``, exit 2)."""
     out = tmp_path / "out"
     shutil.copytree(analyzed, out)
     shutil.rmtree(out / "step-4")  # a step left to analyze
     tb = tmp_path
-    while len(str(tb)) < 4075:
-        tb /= "d" * min(200, max(1, 4075 - len(str(tb)) - 1))
+    while len(str(tb)) < length:
+        tb /= "d" * min(200, max(1, length - len(str(tb)) - 1))
     kept, trained = digests(out), digests(run)
     code, _, err = analyze(run, *OPTS, "--out", out, "--tb-dir", tb, capsys=capsys)
     assert code == 74 and [line for line in err.splitlines() if line.strip() and "%|" not in line] == [

@@ -15,7 +15,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils.errors import OutputError
+from ..utils.errors import FILE_ADVICE, OutputError
 from ..utils.records import atomic_write, remove_stale_writes
 from . import outputs
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, remove_empty, staged
@@ -80,6 +80,8 @@ def read_owner(folder: str) -> FolderOwner | None:
     except OutputError:  # of another format
         raise
     except (OSError, ValueError, KeyError, TypeError) as e:  # damaged, or edited by hand
+        if isinstance(e, OSError) and e.errno in FILE_ADVICE and not isinstance(e, IsADirectoryError):
+            raise  # too long a path, a failing disk: not the record's fault, file_failure's line says what to do
         why = f"no {e}" if isinstance(e, KeyError) else e
         raise OutputError(f"{os.path.join(folder, OWNER_FILE)}: unreadable ({why}); restore it, or remove it and rerun")
     return None
