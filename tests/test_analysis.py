@@ -337,6 +337,39 @@ def test_a_tb_dir_too_long_for_its_files_is_one_line_and_keeps_what_was_written(
     assert kept.items() <= digests(out).items() and digests(run) == trained
 
 
+@pytest.mark.parametrize("replaced", [False, True])
+def test_an_out_removed_or_replaced_by_a_file_mid_run_is_one_line_naming_it(run, tmp_path, replaced):
+    """``--out`` removed (``rm -rf``), or moved aside and a file put in its place, while ``analyze`` measures step 0
+    (paused as it opens its checkpoint): one line naming ``OUT/.writer.lock``, the first of its files found gone, exit
+    74; not ``--out`` made anew by its writes, without its ``.owner.json`` (which a later command would refuse as no
+    command's), exit 0; nor the failure of taking its record back as it gives up (``not a directory:
+    OUT/.owner.json``). The folder moved aside keeps its record."""
+    out, moved = tmp_path / "out", tmp_path / "moved"
+    argv = [str(run), *OPTS, "--out", str(out), "--tb-dir", str(tmp_path / "tb")]
+    pid, job = paused_reading("dispersion_titan.analyze", *argv, reading="step-0/__0_0.distcp", tmp=tmp_path)
+    try:
+        if replaced:
+            out.rename(moved)
+            out.write_text("a file\n")
+        else:
+            shutil.rmtree(out)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    proc = job.result()
+    cause = "not a directory" if replaced else "no such file or directory"
+    advice = (
+        "move aside the file that stands where a folder on its path should be"
+        if replaced
+        else "put back what was removed or moved (it, or a folder on its path)"
+    )
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: {cause}: {out}/.writer.lock; {advice}; each model state analyzed so far is kept in "
+        "its folder; the same command analyzes the rest"
+    ), proc.stderr[-3000:]
+    assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(moved) if replaced else not out.exists()
+
+
 def test_interrupted_analysis_completes_on_rerun(run, analyzed, capsys, tmp_path):
     out = tmp_path / "interrupted"
     shutil.copytree(analyzed, out)

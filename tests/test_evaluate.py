@@ -499,8 +499,9 @@ def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
 def test_an_out_remounted_read_only_while_evaluating_is_one_line_and_keeps_its_results(run, evaluated, tmp_path):
     """``--out`` remounted read-only as step 2's checkpoint is read (ext4's ``errors=remount-ro``; a mount namespace
     of the test's own): one line, ``read-only file system: OUT/…; remount its file system writable, or give a folder
-    on another; …``, exit 74 (was the OSError's traceback, exit 1); step 0's results unchanged, and the same command,
-    writable again, evaluates step 2."""
+    on another; …``, exit 74 (was the OSError's traceback, exit 1), naming step 2's export, the first write to fail (was
+    the lock's release as the command gave up); step 0's results unchanged, and the same command, writable again,
+    evaluates step 2."""
     if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
         pytest.skip("no mount namespace here (unshare -rm)")
     out = tmp_path / "out"
@@ -511,8 +512,9 @@ def test_an_out_remounted_read_only_while_evaluating_is_one_line_and_keeps_its_r
     proc = read_only_from_reading(out, module, *argv, reading="step-2/__0_0.distcp", tmp=tmp_path, env=OFFLINE)
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert re.fullmatch(
-        rf"dispersion_titan: error: read-only file system: {out}/\S+; remount its file system writable, or give a "
-        r"folder on another; each step evaluated so far is kept in its folder; the same command goes on",
+        rf"dispersion_titan: error: read-only file system: {out}/\.staging\.hf-step-2\.\S+; remount its file system "
+        r"writable, or give a folder on another; each step evaluated so far is kept in its folder; the same command "
+        r"goes on",
         proc.stderr.strip().splitlines()[-1],
     ), proc.stderr[-3000:]
     assert kept.items() <= digests(out).items()

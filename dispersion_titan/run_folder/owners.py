@@ -357,7 +357,8 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
                 yield lock
             except BaseException:
                 if recorded and empty(folder):  # empty step folders too: a failed write's
-                    _take_back(folder)
+                    with suppress(OSError):  # the folder read-only or a file now: the error raised is the one to fix
+                        _take_back(folder)
                 raise
             if recorded and os.path.isdir(folder):  # else moved or removed meanwhile
                 taken = all(name.startswith((LOCK_NAME, OWNER_FILE)) for name in os.listdir(folder))

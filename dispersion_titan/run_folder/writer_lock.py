@@ -157,9 +157,12 @@ class WriterLock:
         raise busy_error(self.folder, _read(self.path) or Owner("unknown host", 0, "", time.time(), ""), self.writers)
 
     def touch(self) -> None:
-        """Say this owner is alive (for hosts that cannot see its PID)."""
+        """Say this owner is alive (for hosts that cannot see its PID); an OSError naming the lock if it is gone."""
         if self.held:
-            os.utime(self.path)
+            try:
+                os.utime(self.path)
+            except OSError as e:  # os.utime's names no file
+                raise OSError(e.errno, e.strerror, str(self.path)) from e
 
     def release(self) -> None:
         """Remove the lock if it is still ours (a requeued job may have taken it over)."""
@@ -193,11 +196,17 @@ def sole_writer(
             except OSError:  # the folder went away: the command's own writes will say so
                 return
 
+    def release() -> None:
+        done.set()
+        heart.join()
+        lock.release()
+
     heart = threading.Thread(target=beat, name="writer-lock-heartbeat", daemon=True)
     heart.start()
     try:
         yield lock
-    finally:
-        done.set()
-        heart.join()
-        lock.release()
+    except BaseException:
+        with suppress(OSError):  # the folder read-only, gone or a file now: the error raised first is the one to fix
+            release()
+        raise
+    release()
