@@ -515,6 +515,20 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
     code, _, err = paper("fig3", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert_one_line_error(code, err, "SBATCH_GPUS_PER_NODE: --gpus-per-node=0: fig3 trains on GPUs; give a count of")
     monkeypatch.delenv("SBATCH_GPUS_PER_NODE")
+    # a time limit within train.sbatch's warning (its --signal's lead, here SBATCH_SIGNAL's, plus 60 s), as the
+    # sweep's: refused before any job (was submitted, every training refused at its start)
+    for given, env, said in (
+        (("--sbatch-arg=--time=2",), {}, "--sbatch-arg: '2' leaves no time to train: train.sbatch is signalled 60 s"),
+        (("--sbatch-arg=-t", "--sbatch-arg=1:59"), {}, "--sbatch-arg: '1:59' leaves no time"),
+        ((), {"SBATCH_TIMELIMIT": "00:02:00"}, "SBATCH_TIMELIMIT: '00:02:00' leaves no time to train"),
+    ):
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+        code, _, err = paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path, capsys=capsys)
+        assert_one_line_error(code, err, said, "give more than 00:02:00, or signal later with --sbatch-arg=--signal=")
+    code, out, _ = paper("fig3", "--slurm", "--dry-run", "--sbatch-arg=--time=2:01", "--out", tmp_path, capsys=capsys)
+    assert code == 0 and " --time=2:01 " in out  # the command line's over the variable, as sbatch reads them
+    monkeypatch.delenv("SBATCH_TIMELIMIT")
     monkeypatch.delenv("SBATCH_SIGNAL")
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
@@ -795,7 +809,8 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     """``--slurm --sbatch-arg=--dependency=afterany:7`` (or ``-d``): one line, exit 2, before any folder, with or
     without --dry-run (was submitted: sbatch keeps the last --dependency, so the drawing job waited for job 7 instead
     of the evaluations it draws); ``--array`` the same, also after sbatch's no-argument flags (``-Hd``, ``-vQa``), and
-    as sbatch's environment gives it (``SBATCH_ARRAY_INX``, ``SBATCH_EXPORT``: were submitted)."""
+    as sbatch's environment gives it (``SBATCH_ARRAY_INX``, ``SBATCH_EXPORT``: were submitted). A --time here is
+    kept: no job trains."""
     model, out = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "t"
     capsys.readouterr()  # its writing's progress
     for dependency in (
@@ -853,6 +868,9 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
         args = ["table2", "--pretrained", f"hf:{model}", "--slurm", f"--sbatch-arg={ambiguous}", "--dry-run"]
         code, shown, err = paper(*args, "--out", out, capsys=capsys)
         assert code == 0 and f" {ambiguous} " in shown, err
+    args = ["table2", "--pretrained", f"hf:{model}", "--slurm", "--sbatch-arg=-t5", "--dry-run", "--out", out]
+    code, shown, err = paper(*args, capsys=capsys)  # a time limit within train.sbatch's warning: no job trains
+    assert code == 0 and " -t5 " in shown, err
 
 
 def test_paper_slurm_again_into_its_folder_by_a_link_is_the_same_submission(tmp_path, capsys, monkeypatch):

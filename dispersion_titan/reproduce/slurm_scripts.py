@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from ..utils.errors import INTERRUPT_SIGNALS, DispersionTitanError
+from ..utils.errors import INTERRUPT_SIGNALS, ArgumentError, DispersionTitanError
 from ..utils.records import atomic_write
 
 SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm"))  # package data
@@ -141,6 +142,43 @@ def signal_lead(sbatch_args: list[str]) -> int:
         seconds = value.rpartition("@")[2] if "@" in value else "60"  # sbatch's default lead
         lead = int(seconds) if seconds.isdigit() else lead
     return lead
+
+
+# sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit
+SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|INFINITE|UNLIMITED", re.IGNORECASE)
+
+
+def _seconds(limit: str) -> float:
+    """An sbatch --time (as ``SLURM_TIME`` reads it) in seconds; no limit (0, INFINITE) is inf."""
+    if not limit[0].isdigit():
+        return math.inf
+    days, dash, clock = limit.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if dash:  # D-H, D-H:M, D-H:M:S
+        h, m, s = [*parts, 0, 0][:3]
+    else:  # M, M:S, H:M:S
+        h, m, s = parts if len(parts) == 3 else [0, *parts, 0][:3]
+    return (int(days or 0) * 86400 + h * 3600 + m * 60 + s) or math.inf
+
+
+def check_train_time(args: list[str], where: str, option: str, own: tuple[str, str] | None = None) -> None:
+    """A training's time limit within the signal's lead would checkpoint and requeue every attempt at its first
+    steps: the one sbatch reads for it, the last --time among its sbatch ``args`` (``where``: their key; ``option``
+    gives them), else ``own`` (the key and value of a --time before them), else ``SBATCH_TIMELIMIT``."""
+    where, _, limit = sbatch_reads(args, "--time", where) or ("", "", "")
+    if own and not option_values(args, "--time"):
+        where, limit = own
+    if not SLURM_TIME.fullmatch(limit):  # none, or one sbatch refuses itself
+        return
+    lead = signal_lead(args)
+    least = lead + 60  # sbatch --signal: "may be sent up to 60 seconds earlier than specified"
+    if _seconds(limit) <= least:
+        raise ArgumentError(
+            f"{where}: {limit!r} leaves no time to train: train.sbatch is signalled {lead} s before the limit "
+            "(Slurm may signal 60 s sooner) to checkpoint and requeue, so every attempt would stop at its first "
+            f"steps; give more than {least // 3600:02d}:{least % 3600 // 60:02d}:{least % 60:02d}, or signal later "
+            f"with {option}=--signal=B:USR1@60"
+        )
 
 
 def lead_told(sbatch_args: list[str]) -> list[str]:

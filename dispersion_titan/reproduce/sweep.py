@@ -38,7 +38,9 @@ from ..utils.errors import ArgumentError, ConfigError, DispersionTitanError
 from ..utils.records import atomic_write
 from .slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
+    SLURM_TIME,
     SlurmJob,
+    check_train_time,
     given_option,
     lead_told,
     option_values,
@@ -47,8 +49,6 @@ from .slurm_scripts import (
     refuse_options,
     sbatch,
     sbatch_count,
-    sbatch_reads,
-    signal_lead,
     without_dependency,
 )
 
@@ -87,8 +87,6 @@ class Sweep:
 
 
 TIMES = ("train_time", "analyze_time", "evaluate_time")
-# sbatch --time: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or no limit
-SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|INFINITE|UNLIMITED", re.IGNORECASE)
 RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_task": 1, "analyze_gpus": 0}  # each with its smallest value
 ARGUMENTS = ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args", "analyze_args", "evaluate_args")
 
@@ -127,40 +125,6 @@ def parse_arm(text: str) -> Arm:
     if value is None or not 0 < value < math.inf:
         raise ArgumentError(f"variants: {text!r}: needs a finite coefficient > 0, as in {name}:0.1")
     return Arm(name, value)
-
-
-def _seconds(limit: str) -> float:
-    """An sbatch --time (as ``SLURM_TIME`` reads it) in seconds; no limit (0, INFINITE) is inf."""
-    if not limit[0].isdigit():
-        return math.inf
-    days, dash, clock = limit.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    if dash:  # D-H, D-H:M, D-H:M:S
-        h, m, s = [*parts, 0, 0][:3]
-    else:  # M, M:S, H:M:S
-        h, m, s = parts if len(parts) == 3 else [0, *parts, 0][:3]
-    return (int(days or 0) * 86400 + h * 3600 + m * 60 + s) or math.inf
-
-
-def _check_train_time(fields: dict[str, Any]) -> None:
-    """A time limit within the signal's lead would checkpoint and requeue every attempt at its first steps: the one
-    sbatch reads for a training job (its command: ``--time=train_time``, then ``train_sbatch_args``; else
-    ``SBATCH_TIMELIMIT``)."""
-    sbatch_args = fields.get("train_sbatch_args", [])
-    where, _, limit = sbatch_reads(sbatch_args, "--time", "train_sbatch_args") or ("", "", "")
-    if "train_time" in fields and where != "train_sbatch_args":
-        where, limit = "train_time", str(fields["train_time"])
-    if not SLURM_TIME.fullmatch(limit):  # none, or one sbatch refuses itself
-        return
-    lead = signal_lead(sbatch_args)
-    least = lead + 60  # sbatch --signal: "may be sent up to 60 seconds earlier than specified"
-    if _seconds(limit) <= least:
-        raise ArgumentError(
-            f"{where}: {limit!r} leaves no time to train: train.sbatch is signalled {lead} s before the limit "
-            "(Slurm may signal 60 s sooner) to checkpoint and requeue, so every attempt would stop at its first "
-            f"steps; give more than {least // 3600:02d}:{least % 3600 // 60:02d}:{least % 60:02d}, or signal later "
-            "with --train-sbatch-arg=--signal=B:USR1@60"
-        )
 
 
 def _strings(key: str, value: Any) -> list[str]:
@@ -220,7 +184,8 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
         refuse_options(key, fields.get(key, []), "--array", "--chdir", "--export")
     refuse_environment("--array", "--export")
-    _check_train_time(fields)
+    own = ("train_time", str(fields["train_time"])) if "train_time" in fields else None
+    check_train_time(fields.get("train_sbatch_args", []), "train_sbatch_args", "--train-sbatch-arg", own)
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
         if arg.startswith("--") and "--" + arg.split("=", 1)[0][2:].replace("-", "_") in GRID_KEYS:
             raise ArgumentError(f"training overrides: {arg} is set by the sweep for each cell")

@@ -47,6 +47,7 @@ from ..slurm_scripts import (
     REFUSED,
     SBATCH_GPUS_PER_NODE,
     SlurmJob,
+    check_train_time,
     given_option,
     job_name,
     lead_told,
@@ -517,7 +518,10 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         replace(analyze_step(m, analyze_args), after=(trained_by[m.target],) if m.target in trained_by else ())
         for m in models
     ]
-    notes = [note for _, note in chosen.values() if note] + training_layouts(train, options.get("sbatch_args") or [])
+    sbatch_args = options.get("sbatch_args") or []
+    if train:  # refused here, as by the sweep, not by each training job as it starts
+        check_train_time(sbatch_args, "--sbatch-arg", "--sbatch-arg")
+    notes = [note for _, note in chosen.values() if note] + training_layouts(train, sbatch_args)
     return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows)
 
 
