@@ -729,8 +729,9 @@ def test_a_sweep_reads_the_sbatch_options_of_its_environment_and_train_sbatch_ar
     ``SBATCH_GPUS_PER_NODE=4`` checks each cell for 4 GPUs, ``--train-sbatch-arg=--gpus-per-node=2`` for 2 (both were
     taken for train.sbatch's 8), ``SBATCH_SIGNAL=B:USR1@60`` tells the trainings its lead (was not: train.sbatch's
     check of its time limit against 300 s); ``--train-sbatch-arg=--nodes=2-4``, a range, and ``SBATCH_ARRAY_INX`` or
-    ``SBATCH_EXPORT``, which sbatch reads as the --array and --export refused among the arguments: one line, exit 2,
-    nothing submitted or made, by the dry run too (were taken for 1 node, and submitted)."""
+    ``SBATCH_EXPORT``, which sbatch reads as the --array and --export refused among the arguments, or ``SBATCH_GPUS``
+    or a GPU ``SBATCH_GRES``, which sbatch reads over the jobs' own GPUs: one line, exit 2, nothing submitted or made,
+    by the dry run too (were taken for 1 node, and submitted; sbatch then refused the trainings or the analyses)."""
     out, gpus4 = tmp_path / "sweep", {"SBATCH_GPUS_PER_NODE": "4"}
     huge = (*ONE_CELL, "--widths", "100000000000", "--out", str(out), "--dry-run")  # refused naming its GPUs
     for env, args, gpus in ((gpus4, (), 4), (gpus4, ("--train-sbatch-arg=--gpus-per-node=2",), 2)):
@@ -753,6 +754,17 @@ def test_a_sweep_reads_the_sbatch_options_of_its_environment_and_train_sbatch_ar
         "against it), which sbatch reads over this variable: such a job would not get what it gives the others; "
         "leave it out: the jobs get the environment of the shell you submit from (sbatch's --export=ALL), so export "
         "what they need there (here: unset SBATCH_EXPORT)",
+        # sbatch 22.05 refused train.sbatch's --gpus-per-node=8 under the first, the analyses' --gpus=1 under the
+        # second ("Failed to ensure --gpus >= --gres=gpu/--gpus-per-node"; launch/local_slurm.sh given Gres=gpu:8)
+        "SBATCH_GPUS=1": "SBATCH_GPUS=1: sbatch reads it as --gpus: each job asks for the GPUs it needs (a training "
+        "train.sbatch's --gpus-per-node, the others their own --gpus), which sbatch would read this variable with: "
+        "it gives its count to every job asking none, and refuses a training asking more on a node (Failed to "
+        "ensure --gpus >= --gres=gpu/--gpus-per-node); leave it out (here: unset SBATCH_GPUS)",
+        "SBATCH_GRES=gpu:2": "SBATCH_GRES=gpu:2: sbatch reads it as --gres: each job asks for the GPUs it needs (a "
+        "training train.sbatch's --gpus-per-node, the others their own --gpus), which sbatch would read this "
+        "variable's GPUs with: a training gets these per node, not those its layout was checked for, and a job "
+        "asking fewer is refused (Failed to ensure --gpus >= --gres=gpu/--gpus-per-node); leave it out (here: unset "
+        "SBATCH_GRES)",
     }
     for given, said in refused.items():
         args, env = ((given,), {}) if given.startswith("--") else ((), dict([given.split("=")]))
@@ -761,6 +773,8 @@ def test_a_sweep_reads_the_sbatch_options_of_its_environment_and_train_sbatch_ar
             assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
             assert proc.stderr.startswith(f"dispersion_titan: error: {said}"), proc.stderr
     assert not out.exists() and not (tmp_path / "calls").exists()
+    proc = sweep(*ONE_CELL, "--out", str(out), "--dry-run", env={"SBATCH_GRES": "nvme:1"})  # no GPUs: kept
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_sweep_checks_the_time_limit_sbatch_reads_and_keeps_the_gpus_of_its_other_jobs(tmp_path):

@@ -809,8 +809,9 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     """``--slurm --sbatch-arg=--dependency=afterany:7`` (or ``-d``): one line, exit 2, before any folder, with or
     without --dry-run (was submitted: sbatch keeps the last --dependency, so the drawing job waited for job 7 instead
     of the evaluations it draws); ``--array`` the same, also after sbatch's no-argument flags (``-Hd``, ``-vQa``), and
-    as sbatch's environment gives it (``SBATCH_ARRAY_INX``, ``SBATCH_EXPORT``: were submitted). A --time here is
-    kept: no job trains."""
+    as sbatch's environment gives it (``SBATCH_ARRAY_INX``, ``SBATCH_EXPORT``: were submitted), and GPUs sbatch's
+    environment would ask every job for (``SBATCH_GPUS``, a GPU ``SBATCH_GRES``: were submitted, then refused by
+    sbatch 22.05). A --time here is kept: no job trains."""
     model, out = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "t"
     capsys.readouterr()  # its writing's progress
     for dependency in (
@@ -839,6 +840,8 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
     for var, value, said in (
         ("SBATCH_ARRAY_INX", "0-1", "--array: the tasks of an array job would each run the same command"),
         ("SBATCH_EXPORT", "NONE", "--export: these jobs read the environment they are submitted with: PYTHON"),
+        ("SBATCH_GPUS", "1", "--gpus: each job asks for the GPUs it needs"),  # sbatch refused the trainings
+        ("SBATCH_GRES", "gpu:2", "--gres: each job asks for the GPUs it needs"),  # and the evaluations
     ):
         monkeypatch.setenv(var, value)
         for dry_run in ((), ("--dry-run",)):

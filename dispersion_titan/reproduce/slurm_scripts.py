@@ -94,7 +94,9 @@ SBATCH_ENVIRONMENT = {  # sbatch 22.05's input environment variables (man sbatch
     # launch/local_slurm.sh)
     "--array": "SBATCH_ARRAY_INX",
     "--export": "SBATCH_EXPORT",
+    "--gpus": "SBATCH_GPUS",
     "--gpus-per-node": "SBATCH_GPUS_PER_NODE",
+    "--gres": "SBATCH_GRES",
     "--signal": "SBATCH_SIGNAL",
     "--time": "SBATCH_TIMELIMIT",
 }
@@ -215,12 +217,27 @@ REFUSED = {  # sbatch options these jobs cannot take, and why (paper --sbatch-ar
         f"{EXPORTED}, which sbatch would replace with this one (it keeps the last given); leave it out: {EXPORT_ALL}"
     ),
 }
-REFUSED_ENVIRONMENT = {  # where ``REFUSED``'s reason fits the option alone: sbatch reads its command line over these
+OWN_GPUS = (  # why sbatch's environment asks no job for GPUs (sbatch 22.05 on launch/local_slurm.sh, Gres=gpu:8)
+    "each job asks for the GPUs it needs (a training train.sbatch's --gpus-per-node, the others their own --gpus), "
+    "which sbatch would read this variable"
+)
+GPU_REFUSED = "(Failed to ensure --gpus >= --gres=gpu/--gpus-per-node); leave it out"
+REFUSED_ENVIRONMENT = {  # where ``REFUSED``'s reason fits the option alone, and options refused only here: sbatch
+    # reads its command line over these
     "--export": (
         f"{EXPORTED}, which sbatch reads over this variable: such a job would not get what it gives the others; "
         f"leave it out: {EXPORT_ALL}"
     ),
+    "--gpus": (
+        f"{OWN_GPUS} with: it gives its count to every job asking none, and refuses a training asking more on a "
+        f"node {GPU_REFUSED}"
+    ),
+    "--gres": (
+        f"{OWN_GPUS}'s GPUs with: a training gets these per node, not those its layout was checked for, and a job "
+        f"asking fewer is refused {GPU_REFUSED}"
+    ),
 }
+GPU_GRES = re.compile(r"(^|,)(gres:)?gpu(:|,|$)")  # a --gres asking for GPUs (gpu, gpu:2, gpu:a100:2, gres:gpu:2)
 
 
 def refuse_options(option: str, args: list[str], *names: str) -> None:
@@ -231,13 +248,14 @@ def refuse_options(option: str, args: list[str], *names: str) -> None:
 
 
 def refuse_environment(*names: str) -> None:
-    """Each of ``names`` (``REFUSED``) given by sbatch's environment (``SBATCH_ENVIRONMENT``), before any job."""
+    """Each of ``names`` (``REFUSED``) given by sbatch's environment (``SBATCH_ENVIRONMENT``), and GPUs it asks for,
+    before any job."""
     for given, var in environment_options().items():
         option, _, value = given.partition("=")
-        if option in names:
+        if option in names or option == "--gpus" or option == "--gres" and GPU_GRES.search(value):
             raise DispersionTitanError(
                 f"{var}={value}: sbatch reads it as {option}: "
-                f"{REFUSED_ENVIRONMENT.get(option, REFUSED[option])} (here: unset {var})"
+                f"{REFUSED_ENVIRONMENT.get(option) or REFUSED[option]} (here: unset {var})"
             )
 
 
