@@ -1081,3 +1081,19 @@ def test_the_job_config_is_parsed_and_checked_once_on_its_way_to_the_trainer(tmp
         "argv_kept": True,
         "default_kept": True,
     }
+
+
+def test_a_sweep_submitted_again_with_or_without_sbatch_gpus_per_node_is_the_same_sweep(tmp_path):
+    """``SBATCH_GPUS_PER_NODE`` set for one submission and not the other (its GPUs per node those the trainings ask
+    without it, train.sbatch's 8): the same sweep, its ended jobs submitted again each as the environment now asks,
+    both ways (was refused, `holds a sweep submitted with other settings (the w64-baseline-s0 analyze job differs
+    ...)`: the --gpus-per-node=0 its other jobs ask under the variable, which asks what they ask without it)."""
+    out, calls, held = tmp_path / "sweep", tmp_path / "calls", tmp_path / "held"
+    env = fake_slurm(tmp_path, "")
+    for variable, count in (({"SBATCH_GPUS_PER_NODE": "8"}, 5), ({}, 10), ({"SBATCH_GPUS_PER_NODE": "8"}, 15)):
+        held.write_text("")  # the jobs before ended (cancelled): each submitted again
+        proc = sweep(*ONE_CELL, "--out", str(out), env={**env, **variable})
+        assert proc.returncode == 0, proc.stderr
+        submitted = calls.read_text().splitlines()
+        alone = [" --kill-on-invalid-dep=yes --gpus-per-node=0 " in line for line in submitted[count - 5 : count]]
+        assert len(submitted) == count and alone == [False] + [bool(variable)] * 4, submitted

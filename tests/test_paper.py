@@ -879,7 +879,8 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
 def test_paper_slurm_again_into_its_folder_by_a_link_is_the_same_submission(tmp_path, capsys, monkeypatch):
     """``--slurm --out LINK``, then ``--out REAL`` (LINK a link to REAL) while its jobs are queued: one folder, so the
     same jobs, refused as such (was `job 101 of this name is queued or running with other settings`: their commands
-    compared by the path typed, --out made absolute, not resolved as the sweep's)."""
+    compared by the path typed, --out made absolute, not resolved as the sweep's), with ``SBATCH_GPUS_PER_NODE`` set
+    too (was `... with other settings`: the --gpus-per-node=0 their jobs ask under it)."""
     model, real = tiny_hub_model(tmp_path / "gpt2-tiny"), tmp_path / "real"
     real.mkdir()
     (tmp_path / "link").symlink_to(real)
@@ -888,6 +889,9 @@ def test_paper_slurm_again_into_its_folder_by_a_link_is_the_same_submission(tmp_
     code, _, err = paper(*args, tmp_path / "link", capsys=capsys)
     assert code == 0, err
     code, _, err = paper(*args, real, capsys=capsys)
+    assert_one_line_error(code, err, "): the same job is queued or running as 101; wait for it to end, or scancel 101")
+    monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "8")  # its jobs' --gpus-per-node=0 under it asks what they asked
+    code, _, err = paper(*args, real, capsys=capsys)  # was "job 101 of this name is queued ... with other settings"
     assert_one_line_error(code, err, "): the same job is queued or running as 101; wait for it to end, or scancel 101")
     assert len((tmp_path / "calls").read_text().splitlines()) == 2  # its evaluation and drawing jobs, once
 

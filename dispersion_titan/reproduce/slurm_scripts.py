@@ -38,7 +38,7 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     start = ["sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
     # SBATCH_GPUS_PER_NODE, read for train.sbatch's nodes, is every job's: sbatch 22.05 refuses it over the others'
     # --gpus=1 (Failed to ensure --gpus >= --gres=gpu/--gpus-per-node) and gives a --gpus=0 job its GPUs
-    alone = ["--gpus-per-node=0"] if script != "train" and "SBATCH_GPUS_PER_NODE" in os.environ else []
+    alone = ["--gpus-per-node=0"] if script != "train" and "SBATCH_GPUS_PER_NODE" in os.environ else []  # ALONE_AT
     return [*start, *alone, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
@@ -282,6 +282,19 @@ def without_dependency(argv: list[str]) -> list[str]:
     return [a for i, a in enumerate(argv) if not (i == DEPENDENCY_AT and a.startswith("--dependency="))]
 
 
+ALONE_AT = 5  # where ``sbatch`` puts SBATCH_GPUS_PER_NODE's --gpus-per-node=0: after its own options
+
+
+def compared(argv: list[str]) -> list[str]:
+    """A job's sbatch command as a submission again compares it with the one recorded: without its ``--dependency``,
+    nor the ``--gpus-per-node=0`` ``sbatch`` gives a job but a training under ``SBATCH_GPUS_PER_NODE``, which asks
+    what the job asks without the variable (set for one submission, not the other, the jobs are the same)."""
+    argv = without_dependency(argv)
+    training = any(str(a).endswith(f"{os.sep}train.sbatch") for a in argv)
+    added = argv[ALONE_AT : ALONE_AT + 1] == ["--gpus-per-node=0"] and not training
+    return [a for i, a in enumerate(argv) if not (added and i == ALONE_AT)]
+
+
 def script(header: list[str], jobs: list[SlurmJob], logs: str | Path, kept: dict[str, str] | None = None) -> str:
     """``--dry-run``: the submission as a bash script, each job id in a variable for its dependants (``kept``: the
     ids of the jobs submitted before that they wait for)."""
@@ -334,7 +347,7 @@ def _refuse_queued_twice(jobs: list[SlurmJob], record: Path) -> dict[str, list[s
     queued = queued_jobs(list(submitted))
     for job in jobs:
         named = [i for i in sorted(queued) if job_name(submitted[i]) == job_name(job.argv)]
-        same = next((i for i in named if submitted[i] == job.argv), None)
+        same = next((i for i in named if compared(submitted[i]) == compared(job.argv)), None)
         if same:  # e.g. paper --slurm run twice: two analyses of one model, one refused by the other's lock
             raise DispersionTitanError(
                 f"sbatch ({job.label}): the same job is queued or running as {same}; wait for it to end, or "

@@ -41,6 +41,7 @@ from .slurm_scripts import (
     SLURM_TIME,
     SlurmJob,
     check_train_time,
+    compared,
     given_option,
     lead_told,
     option_values,
@@ -49,7 +50,6 @@ from .slurm_scripts import (
     refuse_options,
     sbatch,
     sbatch_count,
-    without_dependency,
 )
 
 if TYPE_CHECKING:
@@ -369,7 +369,7 @@ def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[st
     ids of those submitted (none: a submission refused partway, ``null``)."""
     try:
         manifest = json.loads(path.read_text())
-        commands = {key: without_dependency(argv) for key, argv in manifest["commands"].items()}
+        commands = {key: compared(argv) for key, argv in manifest["commands"].items()}
         ids = {}  # in the order submitted
         for i, cell in enumerate(manifest["cells"], start=1):
             ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
@@ -446,7 +446,7 @@ def resubmission(
             "grid a new sweep folder, or this one its own widths, variants and seeds to submit its stopped jobs again"
         )
     # a job never submitted (its sbatch refused, say for a bad partition) may take the settings that fix it
-    differs = next((job.label for job in jobs if job.key in ids and recorded.get(job.key) != job.argv), None)
+    differs = next((job.label for job in jobs if job.key in ids and recorded.get(job.key) != compared(job.argv)), None)
     if differs or len(recorded) != len(jobs):
         raise ArgumentError(
             f"out: {sweep.out} holds a sweep submitted with other settings (the {differs or 'grid'} job differs from "
