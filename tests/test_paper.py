@@ -530,6 +530,23 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
     assert code == 0 and " --time=2:01 " in out  # the command line's over the variable, as sbatch reads them
     monkeypatch.delenv("SBATCH_TIMELIMIT")
     monkeypatch.delenv("SBATCH_SIGNAL")
+    # refused alone, before the layouts are said (were after their 8 lines), an option refused before a --time
+    for given, env, said in (
+        ((), {"SBATCH_ARRAY_INX": "0-1"}, "SBATCH_ARRAY_INX=0-1: sbatch reads it as --array"),
+        (("--sbatch-arg=--time=2", "--sbatch-arg=-d", "--sbatch-arg=afterany:7"), {}, "--sbatch-arg: -d: these jobs"),
+    ):
+        with monkeypatch.context() as env_given:
+            for var, value in env.items():
+                env_given.setenv(var, value)
+            assert_one_line_error(*paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path,
+                                         capsys=capsys)[::2], said)  # fmt: skip
+    # a --gpus reaches the trainings too: sbatch 22.05 refused train.sbatch under it (its --gpus-per-node=8)
+    for given in (("--sbatch-arg=--gpus=2",), ("--sbatch-arg=-G", "--sbatch-arg=2")):
+        code, _, err = paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path, capsys=capsys)
+        assert_one_line_error(
+            code, err, f"--sbatch-arg: {given[0].split('=', 1)[1]}: fig3's training jobs would get it too",
+            "give the trainings' GPUs as --sbatch-arg=--gpus-per-node=N"
+        )  # fmt: skip
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
     for option in ("--preset", "--pick", "--rows"):
@@ -871,9 +888,10 @@ def test_paper_slurm_given_a_dependency_keeps_the_drawing_jobs_own(tmp_path, cap
         args = ["table2", "--pretrained", f"hf:{model}", "--slurm", f"--sbatch-arg={ambiguous}", "--dry-run"]
         code, shown, err = paper(*args, "--out", out, capsys=capsys)
         assert code == 0 and f" {ambiguous} " in shown, err
-    args = ["table2", "--pretrained", f"hf:{model}", "--slurm", "--sbatch-arg=-t5", "--dry-run", "--out", out]
-    code, shown, err = paper(*args, capsys=capsys)  # a time limit within train.sbatch's warning: no job trains
-    assert code == 0 and " -t5 " in shown, err
+    for kept in ("-t5", "--gpus=2"):  # a time limit within train.sbatch's warning, a --gpus: no job trains
+        args = ["table2", "--pretrained", f"hf:{model}", "--slurm", f"--sbatch-arg={kept}", "--dry-run", "--out", out]
+        code, shown, err = paper(*args, capsys=capsys)
+        assert code == 0 and f" {kept} " in shown, err
 
 
 def test_paper_slurm_again_into_its_folder_by_a_link_is_the_same_submission(tmp_path, capsys, monkeypatch):

@@ -297,6 +297,9 @@ def corpora(options: dict) -> dict[str, list[str]]:
 
 def build(artifact: str, options: dict) -> PaperWorkflow:
     """The workflow of ``artifact`` under ``options`` (the parsed command line, by dest)."""
+    if options.get("slurm") and not options.get("draw_only"):  # before anything is said (fig3's layouts)
+        refuse_options("--sbatch-arg", options.get("sbatch_args") or [], *REFUSED)
+        refuse_environment(*REFUSED)
     defaults = TABLE2_DEFAULTS if artifact == "table2" else {**PAPER_DEFAULTS, **ARTIFACT_DEFAULTS.get(artifact, {})}
     options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["dtype"] == AUTOCAST and artifact != "table2":
@@ -521,8 +524,19 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
     sbatch_args = options.get("sbatch_args") or []
     if train:  # refused here, as by the sweep, not by each training job as it starts
         check_train_time(sbatch_args, "--sbatch-arg", "--sbatch-arg")
+        if (gpus := given_option(sbatch_args, "--gpus")) is not None:
+            raise ArgumentError(f"--sbatch-arg: {gpus}: {TRAINING_GPUS}")
     notes = [note for _, note in chosen.values() if note] + training_layouts(train, sbatch_args)
     return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows)
+
+
+TRAINING_GPUS = (  # why paper fig3 --slurm refuses a --sbatch-arg=--gpus while it trains (sbatch 22.05 refused
+    # train.sbatch under --gpus=1 on launch/local_slurm.sh)
+    "fig3's training jobs would get it too, over the GPUs per node their layout is checked for (train.sbatch's "
+    "--gpus-per-node; sbatch refuses a --gpus below it: Failed to ensure --gpus >= --gres=gpu/--gpus-per-node); give "
+    "the trainings' GPUs as --sbatch-arg=--gpus-per-node=N (each analysis asks its own), and a --gpus for the "
+    "analyses once the runs are trained (the same command then trains none)"
+)
 
 
 def _counteract_models(options: dict, analyses: str) -> list[PaperModel]:
@@ -578,9 +592,7 @@ def check_hub(workflow: PaperWorkflow) -> None:
 
 
 def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[str]) -> list[SlurmJob]:
-    """The steps' jobs, then the drawing job, which waits for them all."""
-    refuse_options("--sbatch-arg", sbatch_args, *REFUSED)
-    refuse_environment(*REFUSED)
+    """The steps' jobs, then the drawing job, which waits for them all (``sbatch_args`` as ``build`` checked them)."""
     logs = os.path.join(workflow.out, "logs")
     # a --gpus-per-node given here lays out the trainings (fig3): the other jobs keep their own --gpus (sbatch refuses
     # a --gpus=1 under more GPUs per node, and gives a --gpus=0 job those)
@@ -588,7 +600,7 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
     lines = []
     for i, step in enumerate(workflow.steps, start=1):
         # a model too large for one GPU in its --dtype gets the GPUs its weights need and --device-map auto
-        # (a later --sbatch-arg=--gpus=N wins)
+        # (a later --sbatch-arg=--gpus=N wins; refused where fig3 trains: TRAINING_GPUS)
         dtype, device = (step.argv[step.argv.index(o) + 1] if o in step.argv else None for o in ("--dtype", "--device"))
         gpus = 1 if step.size_b is None or device == "cpu" else catalog.gpus_needed(step.size_b, dtype or "fp32")
         spread = [] if gpus == 1 else [f"--gpus={gpus}"]
