@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -520,6 +521,57 @@ def test_an_out_remounted_read_only_while_evaluating_is_one_line_and_keeps_its_r
     assert kept.items() <= digests(out).items()
     again = python_module(module, *argv, env=OFFLINE)
     assert again.returncode == 0 and (out / "step-2" / "results.json").exists(), again.stderr[-3000:]
+    assert kept.items() <= digests(out).items()
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+def test_an_out_removed_or_replaced_by_a_file_mid_run_is_one_line_naming_it(run, tmp_path, replaced):
+    """``--out`` removed (``rm -rf``), or moved aside and a file put in its place, while lm-eval scores step 0 (paused
+    as lm-eval's evaluator reads its own source, a stack walk as the tasks run, the model loaded): one line naming
+    ``OUT/.writer.lock``, exit 74 (``records.holding``); not ``--out`` made anew by the writes of the results, without
+    its ``.owner.json`` (which a later command refuses as no command's), exit 0. The folder moved aside keeps its
+    record."""
+    out, moved = tmp_path / "out", tmp_path / "moved"
+    argv = [str(run), "--include-path", str(TASKS), *OPTS, "--out", str(out)]
+    pid, job = paused_reading("dispersion_titan.evaluate", *argv, reading="lm_eval/evaluator.py", tmp=tmp_path)
+    try:
+        if replaced:
+            out.rename(moved)
+            out.write_text("a file\n")
+        else:
+            shutil.rmtree(out)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    proc = job.result()
+    cause = "not a directory" if replaced else "no such file or directory"
+    advice = (
+        "move aside the file that stands where a folder on its path should be"
+        if replaced
+        else "put back what was removed or moved (it, or a folder on its path)"
+    )
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: {cause}: {out}/{LOCK_NAME}; {advice}; each step evaluated so far is kept in its "
+        "folder; the same command goes on"
+    ), proc.stderr[-3000:]
+    assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(moved) if replaced else not out.exists()
+
+
+def test_a_file_where_a_steps_result_folder_goes_is_one_line(run, evaluated, tmp_path):
+    """A file named ``step-2`` in ``--out`` where step 2's results go: ``not a directory: OUT/step-2; move aside the
+    file that stands where a folder on its path should be; …``, exit 74 (was ``os.makedirs``' FileExistsError
+    traceback, exit 1, after the step was scored); step 0's results unchanged."""
+    out = tmp_path / "out"
+    shutil.copytree(evaluated, out)
+    shutil.rmtree(out / "step-2")
+    (out / "step-2").write_text("a file\n")
+    kept = digests(out)
+    proc = python_module("dispersion_titan.evaluate", str(run), "--include-path", str(TASKS), *OPTS, "--out", str(out))
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: not a directory: {out}/step-2; move aside the file that stands where a folder on "
+        "its path should be; each step evaluated so far is kept in its folder; the same command goes on"
+    ), proc.stderr[-3000:]
     assert kept.items() <= digests(out).items()
 
 
@@ -1137,6 +1189,28 @@ def test_two_tables_at_once_into_one_out_one_writes(fabricated, tmp_path):
     done = first.result()
     assert done.returncode == 0 and (out / "table.md").read_text() in done.stdout, done.stderr[-3000:]
     assert sorted(os.listdir(out)) == [OWNER_FILE, "table.csv", "table.md", "table.png"]
+
+
+def test_a_table_whose_out_is_removed_mid_write_is_one_line_not_a_new_folder(fabricated, tmp_path):
+    """``evaluate table``'s ``--out`` removed (``rm -rf``) once its files are staged in it but its figure (paused as
+    matplotlib imports its Agg backend, for the table's figure): ``no such file or directory: OUT/.writer.lock; …``,
+    exit 74, no folder left (was: ``--out`` made anew by the figure's write, ``table.png`` moved in alone, without its
+    ``.owner.json``, and ``written: OUT/table.md, table.csv, table.png``, exit 0)."""
+    out = tmp_path / "table"
+    argv = ["table", *map(str, fabricated.values()), "--out", str(out)]
+    agg = f"backend_agg.{sys.implementation.cache_tag}.pyc"
+    pid, job = paused_reading("dispersion_titan.evaluate", *argv, reading=agg, tmp=tmp_path)
+    try:
+        shutil.rmtree(out)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    proc = job.result()
+    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: no such file or directory: {out}/{LOCK_NAME}; put back what was removed or moved "
+        f"(it, or a folder on its path); {REWRITTEN}"
+    ), proc.stderr[-3000:]
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

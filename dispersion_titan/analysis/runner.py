@@ -164,7 +164,7 @@ class Analysis:
 
     def analyze(self) -> int:
         """Analyze pending units and refresh the summary, as ``--out``'s one writer; the count that failed."""
-        with owned(self.out, self.owner) as lock:
+        with owned(self.out, self.owner):
             found = {} if self.options.force else read_analyses(self.out)  # --force: all units pending
             sources = {unit.folder: unit.source for unit in self.units}
             pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed")
@@ -189,7 +189,6 @@ class Analysis:
                             failed.append(unit.source)
                             bar.update(start + per_unit - bar.n)
                             continue
-                        lock.touch()  # --out removed or replaced meanwhile: said, not made anew without its record
                         result = condensation(
                             unit.step,
                             self.sequences,

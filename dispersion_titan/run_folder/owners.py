@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.errors import FILE_ADVICE, OutputError
-from ..utils.records import atomic_write, remove_stale_writes
+from ..utils.records import atomic_write, holding, remove_stale_writes
 from . import outputs
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, remove_empty, staged
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
@@ -377,7 +377,8 @@ def _held(lock: WriterLock) -> Iterator[None]:
     path = os.path.realpath(lock.folder)
     _HELD[path] = lock
     try:
-        yield
+        with holding(path, str(lock.path)):
+            yield
     finally:
         del _HELD[path]
 

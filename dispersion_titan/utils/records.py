@@ -3,6 +3,7 @@ nested records flattened to dotted keys, to compare them key by key (``differenc
 
 from __future__ import annotations
 
+import errno
 import math
 import numbers
 import os
@@ -16,6 +17,22 @@ from typing import IO, Any
 
 from .errors import OutputError
 
+_HELD: dict[str, str] = {}
+"""The folders this process writes as their one writer (``owners.owned``), by real path, each with its lock file."""
+
+
+@contextmanager
+def holding(folder: str, lock: str) -> Iterator[None]:
+    """``folder`` found again at each ``atomic_write`` below it, by its ``lock``: removed meanwhile (``rm -rf``), or a
+    file put in its place, an OSError naming ``lock``, not made anew by the write without its record (was exit 0, and
+    the next command refused it as no command's)."""
+    path = os.path.realpath(folder)
+    _HELD[path] = lock
+    try:
+        yield
+    finally:
+        del _HELD[path]
+
 
 def atomic_write(
     path: str, write: Callable[[IO], None], binary: bool = False, durable: bool = False, exclusive: bool = False
@@ -26,7 +43,14 @@ def atomic_write(
     if os.path.isdir(path):  # os.replace's IsADirectoryError was a traceback after the work was done
         raise OutputError(f"{path}: a folder where this command writes a file; move the folder away and rerun")
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    real = Path(os.path.realpath(folder))
+    for held, lock in _HELD.items():  # one removed or a file now: an OSError naming its lock, not made anew below
+        if real.is_relative_to(held):
+            os.stat(lock)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except FileExistsError as e:  # a file where the folder should be: was a traceback
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder) from e
     with naming(path):
         fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
         try:
