@@ -18,6 +18,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -569,6 +570,39 @@ def test_convert_given_a_live_run_whose_step_is_pruned_converts_the_newest(tmp_p
     assert f"converting step 6{' (step-4 removed meanwhile' if read.endswith('distcp') else ':'}" in done.stderr
     got, want = load_file(str(out / "model.safetensors")), load_file(str(reference / "model.safetensors"))
     assert want and got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+def test_convert_whose_out_dir_is_removed_or_replaced_by_a_file_mid_run_is_one_line(tmp_path, replaced):
+    """OUT_DIR removed (``rm -rf``), or moved aside and a file put in its place, while ``convert to-hf`` loads the
+    checkpoint: one line naming the staging folder it then makes there (``mkdtemp``: no folder made anew), exit 74;
+    nothing made where OUT_DIR was, and the folder moved aside keeps its record (was a traceback, exit 1, or the line of
+    the cleanup's failure, ``OUT_DIR/.owner.json``)."""
+    run, out, moved = tiny_run(tmp_path / "run", steps=(4,)), tmp_path / "hf", tmp_path / "moved"
+    pid, job = paused_reading("dispersion_titan.convert", "to-hf", str(run), str(out), reading="step-4/__0_0.distcp",
+                              tmp=tmp_path)  # fmt: skip
+    try:
+        if replaced:
+            out.rename(moved)
+            out.write_text("a file\n")
+        else:
+            shutil.rmtree(out)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    done = job.result()
+    cause = "not a directory" if replaced else "no such file or directory"
+    advice = (
+        "move aside the file that stands where a folder on its path should be"
+        if replaced
+        else "put back what was removed or moved (it, or a folder on its path)"
+    )
+    assert done.returncode == 74 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.fullmatch(
+        rf"dispersion_titan: error: {cause}: {out}/\.staging\.\S+; {re.escape(advice)}; no new export in OUT_DIR \(its "
+        r"config\.json, which completes one, is written last\); run it again",
+        done.stderr.strip().splitlines()[-1],
+    ), done.stderr[-3000:]
+    assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(moved) if replaced else not out.exists()
 
 
 def test_convert_given_a_run_without_complete_checkpoints_says_what_to_pass(tmp_path, capsys):
