@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.errors import FILE_ADVICE, OutputError
-from ..utils.records import atomic_write, holding, remove_stale_writes
+from ..utils.records import HELD, atomic_write, holding, remove_stale_writes
 from . import outputs
 from .outputs import FORMAT, FORMAT_KEY, STEP_FOLDER, check_format, ensure_writable, listed, remove_empty, staged
 from .writer_lock import LOCK_NAME, WriterLock, sole_writer, this_command
@@ -326,11 +326,6 @@ def write_record(folder: str, owner: FolderOwner, **extra: object) -> bool:
     return True
 
 
-_HELD: dict[str, WriterLock] = {}
-"""The folders this process holds through ``owned``, by real path: held again within (``rewritten`` inside its
-command's own hold, taken before its imports), each is yielded as it is, the outer hold releasing it."""
-
-
 @contextmanager
 def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[WriterLock]:
     """``folder`` held as its one writer (``sole_writer``) by ``owner``, refused if another owns it or it is
@@ -339,15 +334,15 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
     skipped (exit 1), leaves no empty folder."""
     if not folder:  # an unset shell variable: was a record left in the working directory, then a traceback
         raise OutputError(f"{option}: empty; name a folder")
-    if held := _HELD.get(os.path.realpath(folder)):
-        yield held
+    if held := HELD.get(os.path.realpath(folder)):  # held again within (``rewritten`` inside its command's own
+        yield held  # hold, taken before its imports): yielded as it is, the outer hold releasing it
         return
     way_out = f"use another {option}"
     refuse_unless_ours(folder, owner, option, way_out)
     made, taken = None, False
     try:
         made = ensure_writable(folder, option)
-        with sole_writer(folder, ("command", way_out)) as lock, _held(lock):
+        with sole_writer(folder, ("command", way_out)) as lock, holding(lock.folder, lock):
             refuse_unless_ours(folder, owner, option, way_out)
             recorded = record_owner(folder, owner)
             results = [e.path for e in os.scandir(folder) if e.is_dir() and outputs.RESULT_FOLDER.match(e.name)]
@@ -370,17 +365,6 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
         raise
     if made and taken:
         remove_empty(made)
-
-
-@contextmanager
-def _held(lock: WriterLock) -> Iterator[None]:
-    path = os.path.realpath(lock.folder)
-    _HELD[path] = lock
-    try:
-        with holding(path, str(lock.path)):
-            yield
-    finally:
-        del _HELD[path]
 
 
 def _take_back(folder: str) -> None:

@@ -17,21 +17,22 @@ from typing import IO, Any
 
 from .errors import OutputError
 
-_HELD: dict[str, str] = {}
-"""The folders this process writes as their one writer (``owners.owned``), by real path, each with its lock file."""
+HELD: dict[str, Any] = {}
+"""The folders this process writes as their one writer (``owners.owned``), by real path, each with its writer lock
+(its lock file: ``.path``)."""
 
 
 @contextmanager
-def holding(folder: str, lock: str) -> Iterator[None]:
-    """``folder`` found again at each ``atomic_write`` below it, by its ``lock``: removed meanwhile (``rm -rf``), or a
-    file put in its place, an OSError naming ``lock``, not made anew by the write without its record (was exit 0, and
-    the next command refused it as no command's)."""
+def holding(folder: str | Path, lock: Any) -> Iterator[None]:
+    """``folder`` held by ``lock`` in ``HELD``, and found again at each ``atomic_write`` below it by its lock file:
+    removed meanwhile (``rm -rf``), or a file put in its place, an OSError naming that file, not made anew by the
+    write without its record (was exit 0, and the next command refused it as no command's)."""
     path = os.path.realpath(folder)
-    _HELD[path] = lock
+    HELD[path] = lock
     try:
         yield
     finally:
-        del _HELD[path]
+        del HELD[path]
 
 
 def atomic_write(
@@ -44,9 +45,9 @@ def atomic_write(
         raise OutputError(f"{path}: a folder where this command writes a file; move the folder away and rerun")
     folder = os.path.dirname(os.path.abspath(path))
     real = Path(os.path.realpath(folder))
-    for held, lock in _HELD.items():  # one removed or a file now: an OSError naming its lock, not made anew below
+    for held, lock in list(HELD.items()):  # one removed or a file now: an OSError naming its lock, not made anew below
         if real.is_relative_to(held):
-            os.stat(lock)
+            os.stat(lock.path)
     try:
         os.makedirs(folder, exist_ok=True)
     except FileExistsError as e:  # a file where the folder should be: was a traceback
