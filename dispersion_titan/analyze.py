@@ -7,11 +7,20 @@ import argparse
 import os
 import sys
 
-from dispersion_titan.analysis import ANALYSIS_PROTOCOLS, DEFAULT_GEOMETRY_SEQUENCES, DEFAULT_LAST_N, LAYER_POINTS
+from dispersion_titan.analysis import (
+    ANALYSIS_PROTOCOLS,
+    DEFAULT_GEOMETRY_SEQUENCES,
+    DEFAULT_LAST_N,
+    LAYER_POINTS,
+    arguments,
+)
+from dispersion_titan.analysis.arguments import add_input_arguments  # paper's too
 from dispersion_titan.config.cli import (
     OneLineErrorParser,
     add_device_arguments,
     add_results_arguments,
+    named,
+    named_out,
     non_negative_int,
     out_folder,
     positive_int,
@@ -19,35 +28,6 @@ from dispersion_titan.config.cli import (
 from dispersion_titan.run_folder.outputs import REWRITTEN
 from dispersion_titan.run_folder.owners import COMPARISON, FAMILY, owned
 from dispersion_titan.utils.errors import command, run_command
-
-
-def _seq_len(text: str) -> int:
-    if not text.isdigit() or int(text) < 2:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 2 (pairs of tokens are measured)")
-    return int(text)
-
-
-def add_input_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, defaults: bool = True) -> None:
-    """The options that choose analyze's input sequences; ``paper`` passes them on (no ``defaults``: unset)."""
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--dataset", help="registered dataset whose validation split is used (default: enwiki_sample)")
-    source.add_argument("--texts", metavar="FILE", help='jsonl file with a "text" field per line')
-    p.add_argument(
-        "--dataset-path",
-        "--dataset_path",
-        dest="dataset_path",
-        help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
-        "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)",
-    )
-    p.add_argument(
-        "--num-sequences", type=positive_int, default=100 if defaults else None, help="K sequences (default 100)"
-    )
-    p.add_argument(
-        "--seq-len", type=_seq_len, help="S tokens per sequence (default 512, or the model's positions if fewer)"
-    )
-    p.add_argument(
-        "--seed", type=non_negative_int, default=0 if defaults else None, help="seed of the sequence choice (default 0)"
-    )
 
 
 def analyze_parser() -> argparse.ArgumentParser:
@@ -61,6 +41,7 @@ def analyze_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "run",
         metavar="RUN",
+        type=named("a run folder, its checkpoint folder or hf:MODEL"),
         help="a run folder or its checkpoint folder, or hf:MODEL[@REV1,REV2,...] (hub id or local folder)",
     )
     p.add_argument("--steps", help="all (default), or steps and ranges such as 0,5,10-20, first, last (runs only)")
@@ -86,10 +67,8 @@ def analyze_parser() -> argparse.ArgumentParser:
         default=DEFAULT_GEOMETRY_SEQUENCES,
         help=f"sequences averaged for effective rank and MEV (default {DEFAULT_GEOMETRY_SEQUENCES})",
     )
-    p.add_argument("--out", type=out_folder, help="output folder (default: RUN/condensation; required for hf:)")
-    p.add_argument(
-        "--tb-dir", type=out_folder, help="TensorBoard folder (default: RUN/tb/condensation, OUT/tb for hf:)"
-    )
+    p.add_argument("--out", type=named_out, help="output folder (default: RUN/condensation; required for hf:)")
+    p.add_argument("--tb-dir", type=named_out, help="TensorBoard folder (default: RUN/tb/condensation, OUT/tb for hf:)")
     add_device_arguments(
         p, dtype_default=None, dtype_help="model dtype (default fp32; bf16 for hf: models over 1B parameters)"
     )
@@ -109,7 +88,13 @@ def compare_parser() -> argparse.ArgumentParser:
         prog="python -m dispersion_titan.analyze compare",
         description="Condensation of several analyzed runs side by side (table, CSV, figure).",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders or their condensation folders")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        type=named("a run folder or its condensation folder"),
+        help="run folders or their condensation folders",
+    )
     p.add_argument(
         "--out", type=out_folder, required=True, help="folder for compare.csv, compare_layers.csv and compare.png"
     )
@@ -127,6 +112,7 @@ def size_series_parser() -> argparse.ArgumentParser:
         "specs",
         nargs="+",
         metavar="SPEC",
+        type=named("an analysed model's output folder or a run's folder"),
         help="an analysed hf: model's output folder[@REVISION], or a run's folder[@STEP]",
     )
     p.add_argument("--out", type=out_folder, required=True, help="folder for family.md, family.csv and family.png")
@@ -187,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] in (["compare"], ["family"]):
         summarize(argv)
     a = analyze_parser().parse_args(argv)
-    from dispersion_titan.analysis import arguments, runner  # torch: after --help
+    from dispersion_titan.analysis import runner  # torch: after --help
 
     analysis = runner.HFAnalysis if a.run.startswith(arguments.PREFIX) else runner.RunAnalysis
     sys.exit(1 if analysis(a, arguments.input_options(a)).analyze() else 0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config.cli import OneLineErrorParser, out_folder
+from .config.cli import OneLineErrorParser, named, out_folder
 from .utils.errors import command, run_command
 
 
@@ -32,7 +32,10 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True, metavar="to-hf")
     export = commands.add_parser("to-hf", help="checkpoint step directory -> Hugging Face model directory")
     export.add_argument(
-        "step_dir", metavar="CHECKPOINT_OR_RUN", help="a step-N folder, or a run (its newest complete checkpoint)"
+        "step_dir",
+        metavar="CHECKPOINT_OR_RUN",
+        type=named("a checkpoint's step-N folder or a run folder"),
+        help="a step-N folder, or a run (its newest complete checkpoint)",
     )
     export.add_argument("out_dir", metavar="OUT_DIR", type=out_folder)
     export.add_argument("--force", action="store_true", help="replace an export of the same run in OUT_DIR")

@@ -12,6 +12,8 @@ from dispersion_titan.config.cli import (
     OneLineErrorParser,
     add_device_arguments,
     add_results_arguments,
+    named,
+    named_out,
     non_negative_int,
     out_folder,
     positive_int,
@@ -21,6 +23,8 @@ from dispersion_titan.run_folder.outputs import REWRITTEN
 from dispersion_titan.run_folder.owners import TABLE, owned
 from dispersion_titan.utils.devices import AUTOCAST
 from dispersion_titan.utils.errors import command, run_command
+
+task_folder = named("a folder of lm-eval task YAMLs")
 
 
 def task_limit(text: str) -> int | str:
@@ -43,6 +47,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "run",
         metavar="RUN",
+        type=named("a run folder, its checkpoint folder or hf:MODEL"),
         help="a run folder or its checkpoint folder; or hf:MODEL[@REV] (a hub id or Hugging Face "
         "folder, as published: step 0 of --out, which it needs)",
     )
@@ -63,6 +68,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
         "--include_path",
         dest="include_path",
         metavar="DIR",
+        type=task_folder,
         help="folder of your own lm-eval task YAMLs",
     )
     p.add_argument("--limit", type=task_limit, help="examples per task, or all (default: the protocol's)")
@@ -80,7 +86,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
         help=f"lm-eval batch size (default {AUTHORS_BATCH_SIZE}, the authors'; larger batches pad, "
         "which moves log-likelihoods in their last digits)",
     )
-    p.add_argument("--out", type=out_folder, help="output folder (default: RUN/evaluation)")
+    p.add_argument("--out", type=named_out, help="output folder (default: RUN/evaluation)")
     add_device_arguments(
         p,
         dtype_help="fp32 (default), bf16 weights, or autocast: fp32 weights under bf16 autocast, as the authors' "

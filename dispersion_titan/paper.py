@@ -16,7 +16,7 @@ import sys
 from dispersion_titan import analyze
 from dispersion_titan.config import cli
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, non_negative_int, positive_int
-from dispersion_titan.evaluate import add_table_arguments, task_limit
+from dispersion_titan.evaluate import add_table_arguments, task_folder, task_limit
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
 from dispersion_titan.reproduce.paper import catalog
@@ -119,7 +119,7 @@ def paper_parser() -> OneLineErrorParser:
         "original Qwen) are left out, and given --models that need it are refused",
     )
     table = p.add_argument_group("table2")
-    kinds = (str, str, task_limit, non_negative_int)  # evaluate's types: refused before any step runs
+    kinds = (str, task_folder, task_limit, non_negative_int)  # evaluate's types: refused before any step runs
     for option, kind in zip(("--tasks", "--include-path", "--limit", "--num-fewshot"), kinds, strict=True):
         table.add_argument(option, type=kind, help=f"evaluate's {option}")
     add_table_arguments(table)

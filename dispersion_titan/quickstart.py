@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from dispersion_titan.config.cli import OneLineErrorParser, named_out, positive_int
+from dispersion_titan.config.cli import OneLineErrorParser, named, named_out, positive_int
 from dispersion_titan.reproduce.quickstart import CONFIG, VARIANT
 from dispersion_titan.utils.errors import command, run_command
 
@@ -57,7 +57,12 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get(OUT_ENV, "outputs/quickstart"),
         help=f"output folder (default: ${OUT_ENV}, else outputs/quickstart)",
     )
-    p.add_argument("--config", default=CONFIG, help="training TOML shared by every run (default: quickstart.toml)")
+    p.add_argument(
+        "--config",
+        type=named("a training TOML, or leave the option out for quickstart.toml"),
+        default=CONFIG,
+        help="training TOML shared by every run (default: quickstart.toml)",
+    )
     p.add_argument("--widths", type=_widths, default=(64, 256, 1024), help="MLP widths (default 64,256,1024)")
     p.add_argument("--coeff", type=_coeff, default=1.0, help=f"λ of the {VARIANT} runs (default 1.0)")
     p.add_argument("--steps", type=positive_int, help="training steps (default: the TOML's)")

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     # Imported after parsing: --help and typos answer without torch and TorchTitan (seconds).
     from dispersion_titan.reproduce import sweep as slurm_sweep
 
-    raw = read_toml(args.file, "SWEEP.toml") if args.file else {}
+    raw = read_toml(args.file, "SWEEP.toml") if args.file is not None else {}
     raw.update({k: v for k, v in vars(args).items() if k not in ("file", "dry_run", "plan") and v is not None})
     if overrides:
         raw["train_overrides"] = overrides

@@ -20,6 +20,7 @@ from dispersion_titan.data.__main__ import main as data_main
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.init import main as init_main
 from dispersion_titan.paper import main as paper_main
+from dispersion_titan.plan import main as plan_main
 from dispersion_titan.quickstart import main as quickstart_main
 from dispersion_titan.run_folder.owners import (
     OWNER_FILE,
@@ -29,6 +30,7 @@ from dispersion_titan.run_folder.owners import (
     record_run_folders,
     refuse_other_owners,
 )
+from dispersion_titan.sweep import main as sweep_main
 from dispersion_titan.utils.errors import OutputError
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
@@ -233,6 +235,10 @@ def test_an_output_folder_through_a_link_loop_is_refused_naming_it(
     assert sorted(os.listdir(tmp_path)) == ["a", "b"]
 
 
+EMPTY = "empty; name "  # the line of an empty path or name, after the argument it names
+RUN_EMPTY = f"argument RUN: {EMPTY}a run folder"
+
+
 @pytest.mark.parametrize(
     "main, argv, says",
     [
@@ -244,15 +250,43 @@ def test_an_output_folder_through_a_link_loop_is_refused_naming_it(
             ["--out", ""],
             "argument --out: empty; name a folder, or leave the option out for its default",
         ),
+        (analyze_main, [""], RUN_EMPTY),
+        (evaluate_main, [""], RUN_EMPTY),
+        (convert_main, ["to-hf", "", "hf"], f"argument CHECKPOINT_OR_RUN: {EMPTY}"),
+        (analyze_main, ["compare", "", "--out", "cmp"], RUN_EMPTY),
+        (analyze_main, ["family", "", "--out", "fam"], f"argument SPEC: {EMPTY}"),
+        (analyze_main, ["A", "--texts", "", *OPTS], f"argument --texts: {EMPTY}"),
+        (analyze_main, ["A", "--dataset", "", *OPTS], f"argument --dataset: {EMPTY}"),
+        (analyze_main, ["A", "--dataset-path", "", *OPTS], f"argument --dataset-path/--dataset_path: {EMPTY}"),
+        (analyze_main, ["A", "--out", "", *OPTS], f"argument --out: {EMPTY}a folder, or leave the option out"),
+        (analyze_main, ["A", "--tb-dir", "", *OPTS], f"argument --tb-dir: {EMPTY}a folder"),
+        (evaluate_main, ["A", "--out", "", *EVAL_OPTS], f"argument --out: {EMPTY}a folder"),
+        (evaluate_main, ["A", *EVAL_OPTS, "--include-path", ""], f"argument --include-path/--include_path: {EMPTY}"),
+        (paper_main, ["fig2", "--texts", "", "--dry-run"], f"argument --texts: {EMPTY}"),
+        (paper_main, ["table2", "--include-path", "", "--dry-run"], f"argument --include-path: {EMPTY}"),
+        (data_main, ["prepare", "enwiki_sample", "--out", "s", "--tokenizer", ""], f"argument --tokenizer: {EMPTY}"),
+        (data_main, ["prepare", "enwiki_sample", "--out", "s", "--dataset-path", ""], f"--dataset_path: {EMPTY}"),
+        (plan_main, [""], f"CONFIG: {EMPTY}a TOML file"),
+        (sweep_main, ["", "--dry-run"], f"SWEEP.toml: {EMPTY}a TOML file"),
+        (quickstart_main, ["--config", "", "--out", "q"], f"argument --config: {EMPTY}a training TOML"),
     ],
-    ids=["compare", "family", "table", "quickstart"],
+    ids=[
+        "compare",
+        "family",
+        "table",
+        "quickstart",
+        *("analyze-RUN", "evaluate-RUN", "convert-RUN", "compare-RUN", "family-SPEC"),
+        *("analyze-texts", "analyze-dataset", "analyze-dataset-path", "analyze-out", "analyze-tb-dir"),
+        *("evaluate-out", "evaluate-include-path", "paper-texts", "paper-include-path"),
+        *("prepare-tokenizer", "prepare-dataset-path", "plan-CONFIG", "sweep-SPEC", "quickstart-config"),
+    ],
 )
-def test_an_empty_out_is_refused_not_claimed_in_the_working_folder(
-    runs, capsys, tmp_path, monkeypatch, main, argv, says
-):
-    """``--out "$OUT"`` with ``OUT`` unset: one line, exit 2, the working folder untouched (was a `FileNotFoundError`
-    traceback after a `.owner.json` written there, which then refused other commands' output as `holds a comparison
-    folder`; the quickstart's jobs in the working folder itself)."""
+def test_an_empty_path_is_refused_naming_it_not_read_as_another(runs, capsys, tmp_path, monkeypatch, main, argv, says):
+    """``"$OUT"``, ``"$TEXTS"``, ``"$RUN"`` with the variable unset: one line naming the argument, exit 2, the working
+    folder untouched (were: `--out` a `FileNotFoundError` traceback after a `.owner.json` written there, which then
+    refused other commands' output as `holds a comparison folder`; the quickstart's jobs in the working folder itself;
+    analyze's and evaluate's `--out` their default folder, `--texts` and `--dataset-path` the default corpus, exit 0;
+    an empty RUN `: no such folder`, naming nothing)."""
     monkeypatch.chdir(tmp_path)
     before = digests(runs)
     code, _, err = run_cli(main, *({"A": runs / "A", "B": runs / "B"}.get(a, a) for a in argv), capsys=capsys)

@@ -1,11 +1,12 @@
-"""``analyze``'s input options checked and made its ``InputOptions``, without torch: ``paper --slurm`` compares
-its analyze jobs' with the analyses already in their folders before it submits them."""
+"""``analyze``'s input options (``paper``'s too) checked and made its ``InputOptions``, without torch: ``paper
+--slurm`` compares its analyze jobs' with the analyses already in their folders before it submits them."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
+from ..config.cli import named, non_negative_int, positive_int
 from ..data.corpora import corpus
 from ..utils.devices import check_device_map
 from ..utils.errors import ArgumentError
@@ -13,6 +14,42 @@ from ..utils.hub import PREFIX
 from .inputs import DEFAULT_DATASET, InputOptions, read_texts
 
 DEFAULT_SEQ_LEN = 512
+
+
+def _seq_len(text: str) -> int:
+    if not text.isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an integer >= 2 (pairs of tokens are measured)")
+    return int(text)
+
+
+def add_input_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, defaults: bool = True) -> None:
+    """The options that choose analyze's input sequences; ``paper`` passes them on (no ``defaults``: unset)."""
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
+        "--dataset",
+        type=named("a registered dataset"),
+        help="registered dataset whose validation split is used (default: enwiki_sample)",
+    )
+    source.add_argument(
+        "--texts", type=named("a jsonl file"), metavar="FILE", help='jsonl file with a "text" field per line'
+    )
+    p.add_argument(
+        "--dataset-path",
+        "--dataset_path",
+        dest="dataset_path",
+        type=named("the dataset's files"),
+        help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
+        "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)",
+    )
+    p.add_argument(
+        "--num-sequences", type=positive_int, default=100 if defaults else None, help="K sequences (default 100)"
+    )
+    p.add_argument(
+        "--seq-len", type=_seq_len, help="S tokens per sequence (default 512, or the model's positions if fewer)"
+    )
+    p.add_argument(
+        "--seed", type=non_negative_int, default=0 if defaults else None, help="seed of the sequence choice (default 0)"
+    )
 
 
 def input_options(a: argparse.Namespace) -> InputOptions:

@@ -16,6 +16,7 @@ import sys
 import types
 import typing
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -121,6 +122,8 @@ def read_toml(path: str, field: str) -> dict:
     """The TOML file at ``path``; errors are one line naming ``field`` and the file. A pipe (``<(...)``,
     ``/dev/stdin``) is refused: it holds the text for the first read only, and a launch reads it again; checked
     before it is opened, which waits for a writer to a named pipe."""
+    if not path:  # an unset shell variable: was `FIELD: : no such file`
+        raise ArgumentError(f"{field}: empty; name a TOML file")
     if why := link_loop(path):
         raise ArgumentError(f"{field}: {why}")
     try:
@@ -262,9 +265,19 @@ def out_folder(text: str) -> str:
 def named_out(text: str) -> str:
     """``out_folder`` of an option with a default: an empty value (an unset shell variable) refused, not read as the
     working directory."""
-    if not text:
-        raise argparse.ArgumentTypeError("empty; name a folder, or leave the option out for its default")
-    return out_folder(text)
+    return out_folder(named("a folder, or leave the option out for its default")(text))
+
+
+def named(what: str) -> Callable[[str], str]:
+    """The type of an argument naming a file, folder, model or dataset: an empty value (an unset shell variable)
+    refused as ``empty; name WHAT``, not read as the working directory or as the option left out."""
+
+    def given(text: str) -> str:
+        if not text:
+            raise argparse.ArgumentTypeError(f"empty; name {what}")
+        return text
+
+    return given
 
 
 def positive_int(text: str) -> int:

@@ -21,7 +21,7 @@ import argparse
 import os
 import shlex
 
-from ..config.cli import OneLineErrorParser, out_folder, positive_int
+from ..config.cli import OneLineErrorParser, named, out_folder, positive_int
 from ..run_folder.outputs import remove_empty, to_make
 from ..run_folder.owners import FolderOwner, refuse_unless_ours
 from ..run_folder.writer_lock import sole_writer
@@ -50,11 +50,13 @@ def parser() -> argparse.ArgumentParser:
         "--dataset-path",
         "--dataset_path",
         dest="dataset_path",
+        type=named("the corpus path, or leave the option out for the TOML's"),
         help="the corpus path (overrides the TOML's dataset_path)",
     )
     prep.add_argument(
         "--tokenizer",
         metavar="FOLDER",
+        type=named("a Hugging Face folder holding tokenizer.json"),
         help="a Hugging Face folder whose tokenizer.json to use (default: the TOML's model's, else GPT-2's BPE)",
     )
     prep.add_argument(
