@@ -537,6 +537,14 @@ REFUSALS = [
         "training.steps: no value given; write --training.steps followed by an integer",
         error=ArgumentError,
     ),
+    *(  # "$DATA" unset: was wikitext-103 from the hub instead of the local copy meant, or the embedded corpus
+        Refusal(
+            [*DEBUG, f"--{section}.dataset", "wikitext-103", f"--{section}.dataset_path", ""],
+            f"{section}.dataset_path: empty; name the corpus's files or token store, or leave it out",
+            how="is",
+        )
+        for section in ("training", "validation")
+    ),
 ]
 
 

@@ -191,6 +191,8 @@ def check_data(config: RunConfig) -> None:
     tokenizer = run_tokenizer(config)
     for section in ("training", "validation") if config.validation.enable else ("training",):
         cfg = getattr(config, section)
+        if cfg.dataset_path == "":  # an unset shell variable: was the corpus from the hub, or the embedded one
+            raise ConfigError(f"{section}.dataset_path: empty; name the corpus's files or token store, or leave it out")
         try:
             if is_store(cfg.dataset_path):  # a stale or damaged token store fails here, before any rank starts
                 if tokenizer is not None:
