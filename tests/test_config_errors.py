@@ -545,6 +545,16 @@ REFUSALS = [
         )
         for section in ("training", "validation")
     ),
+    Refusal(  # "$TB" unset: was TensorBoard's files beside run.json, an analysis's default --tb-dir its own --out
+        [*DEBUG, "--metrics.save_tb_folder", ""],
+        "metrics.save_tb_folder: '' puts the TensorBoard files in job.dump_folder ./outputs/debug itself, beside the "
+        'run\'s other folders; give them a folder of their own, e.g. "tb"',
+        how="is",
+    ),
+    Refusal(
+        [*DEBUG, "--profiling.enable_profiling", "--profiling.save_traces_folder", "."],
+        "profiling.save_traces_folder: '.' puts the profiler traces in job.dump_folder",
+    ),
 ]
 
 

@@ -17,7 +17,7 @@ from ..config.cli import control_character, link_loop, unexpanded_home
 from ..data.corpora import check_readable_here
 from ..data.store import is_store
 from ..run_folder.checkpoints import complete_checkpoints
-from ..run_folder.owners import RUN_METADATA_FILE, inside
+from ..run_folder.owners import RUN_METADATA_FILE, RUN_PATH_KEYS, inside
 from ..tokenizer.encoders import is_hub_id
 from ..utils.errors import CheckpointError, ConfigError, DataConfigError, UnwritableFolderError
 from .hf_weights import check_dcp_weights, check_hf_weights
@@ -159,6 +159,16 @@ def check_titan_settings(config: RunConfig) -> None:
         )
 
 
+_CONTENTS = {
+    "checkpoint.folder": "checkpoints",
+    "metrics.save_tb_folder": "TensorBoard files",  # an analysis's default --tb-dir would be its --out
+    "comm.save_traces_folder": "flight-recorder traces",
+    "profiling.save_traces_folder": "profiler traces",
+    "profiling.save_memory_snapshot_folder": "memory snapshots",
+}
+"""What each of ``run_folders`` holds, as a folder of its own."""
+
+
 def run_folders(config: RunConfig) -> dict[str, str]:
     """Every folder TorchTitan writes for this run, by config key, joined to ``job.dump_folder``."""
     written = {
@@ -189,12 +199,13 @@ def check_output_folders(config: RunConfig) -> None:
             raise ConfigError(f"{where} is not a directory")
         if not os.access(probe, os.W_OK | os.X_OK):
             raise UnwritableFolderError(f"{where} is not writable; give a folder you can write to")
+    for field, path in folders.items():  # "" (an unset shell variable) or ".": step-N, TensorBoard's beside run.json
+        if os.path.abspath(path) == os.path.abspath(dump):
+            raise ConfigError(
+                f"{field}: {attrgetter(field)(config)!r} puts the {_CONTENTS[field]} in job.dump_folder {dump} itself, "
+                f'beside the run\'s other folders; give them a folder of their own, e.g. "{RUN_PATH_KEYS[field][1]}"'
+            )
     checkpoints = folders.pop("checkpoint.folder", None)
-    if checkpoints and os.path.abspath(checkpoints) == os.path.abspath(dump):  # "" or ".": step-N beside run.json
-        raise ConfigError(
-            f"checkpoint.folder: {config.checkpoint.folder!r} puts the checkpoints in job.dump_folder {dump} itself, "
-            'beside the run\'s other folders; give them a folder of their own, e.g. "checkpoint"'
-        )
     for field, path in folders.items():
         if checkpoints and inside(path, checkpoints):
             raise ConfigError(  # TorchTitan resumes from an existing checkpoint folder: the start would be skipped
