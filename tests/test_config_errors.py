@@ -555,6 +555,12 @@ REFUSALS = [
         [*DEBUG, "--profiling.enable_profiling", "--profiling.save_traces_folder", "."],
         "profiling.save_traces_folder: '.' puts the profiler traces in job.dump_folder",
     ),
+    Refusal(  # "$CKPT" unset: was a run from scratch (with initial_load_in_hf, "" is model.hf_assets_path's weights)
+        [*DEBUG, "--checkpoint.initial_load_path", ""],
+        "checkpoint.initial_load_path: empty; name the checkpoint to start from, or leave it out to train from scratch",
+        error=ConfigError,
+        how="is",
+    ),
 ]
 
 

@@ -48,6 +48,11 @@ def check_checkpoint(config: RunConfig, world_size: int) -> None:
             "checkpoint.last_save_model_only: must be true with checkpoint.last_save_in_hf (TorchTitan saves "
             "weights only as safetensors)"
         )
+    if c.enable and c.initial_load_path == "" and not c.initial_load_in_hf:  # an unset "$CKPT": was from scratch
+        raise ConfigError(
+            "checkpoint.initial_load_path: empty; name the checkpoint to start from, or leave it out to train from "
+            "scratch"
+        )
 
 
 def check_initial_load(config: RunConfig, args: Any) -> None:
