@@ -35,12 +35,14 @@ from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.run_folder.checkpoints import check_complete, list_checkpoints, load_model, load_model_args
 from dispersion_titan.run_folder.owners import OWNER_FILE
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.errors import AnalysisError, CheckpointError
 from support.cli import analyze, assert_one_line_error, file_size_limit
 from support.corpora import texts_jsonl, wikitext_parquet_dir
 from support.launch import (
     as_someone_else,
     launch_env,
+    out_gone_while_reading,
     paused_reading,
     python_module,
     second_writer_is_refused,
@@ -346,26 +348,13 @@ def test_an_out_removed_or_replaced_by_a_file_mid_run_is_one_line_naming_it(run,
     OUT/.owner.json``). The folder moved aside keeps its record."""
     out, moved = tmp_path / "out", tmp_path / "moved"
     argv = [str(run), *OPTS, "--out", str(out), "--tb-dir", str(tmp_path / "tb")]
-    pid, job = paused_reading("dispersion_titan.analyze", *argv, reading="step-0/__0_0.distcp", tmp=tmp_path)
-    try:
-        if replaced:
-            out.rename(moved)
-            out.write_text("a file\n")
-        else:
-            shutil.rmtree(out)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    proc = job.result()
-    cause = "not a directory" if replaced else "no such file or directory"
-    advice = (
-        "move aside the file that stands where a folder on its path should be"
-        if replaced
-        else "put back what was removed or moved (it, or a folder on its path)"
+    proc, said = out_gone_while_reading(
+        "dispersion_titan.analyze", *argv, reading="step-0/__0_0.distcp", out=out, replaced=replaced, tmp=tmp_path
     )
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"dispersion_titan: error: {cause}: {out}/.writer.lock; {advice}; each model state analyzed so far is kept in "
-        "its folder; the same command analyzes the rest"
+        f"dispersion_titan: error: {said.format(out / LOCK_NAME)}; each model state analyzed so far is kept in its "
+        "folder; the same command analyzes the rest"
     ), proc.stderr[-3000:]
     assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(moved) if replaced else not out.exists()
 

@@ -41,6 +41,7 @@ from support.eval_tasks import seeded_copies, write_evaluation
 from support.launch import (
     DEBUG_TOML,
     held_by_another_command,
+    out_gone_while_reading,
     paused_reading,
     python_module,
     read_only_from_reading,
@@ -533,26 +534,13 @@ def test_an_out_removed_or_replaced_by_a_file_mid_run_is_one_line_naming_it(run,
     record."""
     out, moved = tmp_path / "out", tmp_path / "moved"
     argv = [str(run), "--include-path", str(TASKS), *OPTS, "--out", str(out)]
-    pid, job = paused_reading("dispersion_titan.evaluate", *argv, reading="lm_eval/evaluator.py", tmp=tmp_path)
-    try:
-        if replaced:
-            out.rename(moved)
-            out.write_text("a file\n")
-        else:
-            shutil.rmtree(out)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    proc = job.result()
-    cause = "not a directory" if replaced else "no such file or directory"
-    advice = (
-        "move aside the file that stands where a folder on its path should be"
-        if replaced
-        else "put back what was removed or moved (it, or a folder on its path)"
+    proc, said = out_gone_while_reading(
+        "dispersion_titan.evaluate", *argv, reading="lm_eval/evaluator.py", out=out, replaced=replaced, tmp=tmp_path
     )
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"dispersion_titan: error: {cause}: {out}/{LOCK_NAME}; {advice}; each step evaluated so far is kept in its "
-        "folder; the same command goes on"
+        f"dispersion_titan: error: {said.format(out / LOCK_NAME)}; each step evaluated so far is kept in its folder; "
+        "the same command goes on"
     ), proc.stderr[-3000:]
     assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(moved) if replaced else not out.exists()
 

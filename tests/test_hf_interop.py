@@ -58,7 +58,15 @@ from dispersion_titan.trainer.objective import BlockOutputs, DispersionObjective
 from dispersion_titan.utils.errors import CheckpointError, ConfigError, RunFinished
 from support.cli import file_size_limit, run_cli
 from support.eval_tasks import evaluated_arms
-from support.launch import DEBUG_TOML, REPO, launch_env, paused_reading, python_module, torchrun
+from support.launch import (
+    DEBUG_TOML,
+    REPO,
+    launch_env,
+    out_gone_while_reading,
+    paused_reading,
+    python_module,
+    torchrun,
+)
 from support.runs import digests, hub_cache, load_weights, tiny_run
 
 # The debug flavor's shape (dim 64, 4 layers, 4 heads, 256 positions) with GPT-2's vocabulary.
@@ -579,27 +587,15 @@ def test_convert_whose_out_dir_is_removed_or_replaced_by_a_file_mid_run_is_one_l
     nothing made where OUT_DIR was, and the folder moved aside keeps its record (was a traceback, exit 1, or the line of
     the cleanup's failure, ``OUT_DIR/.owner.json``)."""
     run, out, moved = tiny_run(tmp_path / "run", steps=(4,)), tmp_path / "hf", tmp_path / "moved"
-    pid, job = paused_reading("dispersion_titan.convert", "to-hf", str(run), str(out), reading="step-4/__0_0.distcp",
-                              tmp=tmp_path)  # fmt: skip
-    try:
-        if replaced:
-            out.rename(moved)
-            out.write_text("a file\n")
-        else:
-            shutil.rmtree(out)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    done = job.result()
-    cause = "not a directory" if replaced else "no such file or directory"
-    advice = (
-        "move aside the file that stands where a folder on its path should be"
-        if replaced
-        else "put back what was removed or moved (it, or a folder on its path)"
-    )
+    done, said = out_gone_while_reading(
+        "dispersion_titan.convert", "to-hf", str(run), str(out), reading="step-4/__0_0.distcp", out=out,
+        replaced=replaced, tmp=tmp_path
+    )  # fmt: skip
     assert done.returncode == 74 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    staging = re.escape(str(out)) + r"/\.staging\.\S+"
     assert re.fullmatch(
-        rf"dispersion_titan: error: {cause}: {out}/\.staging\.\S+; {re.escape(advice)}; no new export in OUT_DIR \(its "
-        r"config\.json, which completes one, is written last\); run it again",
+        "dispersion_titan: error: " + re.escape(said).replace(re.escape("{}"), staging) + r"; no new export in OUT_DIR "
+        r"\(its config\.json, which completes one, is written last\); run it again",
         done.stderr.strip().splitlines()[-1],
     ), done.stderr[-3000:]
     assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(moved) if replaced else not out.exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -267,6 +268,29 @@ def paused_reading(module: str, *args: str, reading: str, tmp: Path, timeout: fl
             return pid, job
         time.sleep(0.005)
     raise AssertionError(f"{module} never read {reading}: {job.result().stderr[-3000:] if job.done() else ''}")
+
+
+def out_gone_while_reading(
+    module: str, *args: str, reading: str, out: Path, replaced: bool, tmp: Path
+) -> tuple[subprocess.CompletedProcess, str]:
+    """``python -m MODULE ARGS`` paused as it opens ``reading`` (``paused_reading``) while ``out`` is removed
+    (``rm -rf``), or moved aside to ``tmp/moved`` and a file put in its place; the completed process and the start of
+    ``file_failure``'s line for it, without the file (``CAUSE: `` ... ``; ADVICE``: ``{}`` stands for the file)."""
+    pid, job = paused_reading(module, *args, reading=reading, tmp=tmp)
+    try:
+        if replaced:
+            out.rename(tmp / "moved")
+            out.write_text("a file\n")
+        else:
+            shutil.rmtree(out)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    said = (
+        "not a directory: {}; move aside the file that stands where a folder on its path should be"
+        if replaced
+        else "no such file or directory: {}; put back what was removed or moved (it, or a folder on its path)"
+    )
+    return job.result(), said
 
 
 def read_only_from_reading(
