@@ -164,16 +164,6 @@ def check_titan_settings(config: RunConfig) -> None:
         )
 
 
-_CONTENTS = {
-    "checkpoint.folder": "checkpoints",
-    "metrics.save_tb_folder": "TensorBoard files",  # an analysis's default --tb-dir would be its --out
-    "comm.save_traces_folder": "flight-recorder traces",
-    "profiling.save_traces_folder": "profiler traces",
-    "profiling.save_memory_snapshot_folder": "memory snapshots",
-}
-"""What each of ``run_folders`` holds, as a folder of its own."""
-
-
 def run_folders(config: RunConfig) -> dict[str, str]:
     """Every folder TorchTitan writes for this run, by config key, joined to ``job.dump_folder``."""
     written = {
@@ -205,10 +195,11 @@ def check_output_folders(config: RunConfig) -> None:
         if not os.access(probe, os.W_OK | os.X_OK):
             raise UnwritableFolderError(f"{where} is not writable; give a folder you can write to")
     for field, path in folders.items():  # "" (an unset shell variable) or ".": step-N, TensorBoard's beside run.json
-        if os.path.abspath(path) == os.path.abspath(dump):
+        if os.path.abspath(path) == os.path.abspath(dump):  # (an analysis's default --tb-dir would be its --out)
+            _, default, contents = RUN_PATH_KEYS[field]
             raise ConfigError(
-                f"{field}: {attrgetter(field)(config)!r} puts the {_CONTENTS[field]} in job.dump_folder {dump} itself, "
-                f'beside the run\'s other folders; give them a folder of their own, e.g. "{RUN_PATH_KEYS[field][1]}"'
+                f"{field}: {attrgetter(field)(config)!r} puts the {contents} in job.dump_folder {dump} itself, "
+                f'beside the run\'s other folders; give them a folder of their own, e.g. "{default}"'
             )
     checkpoints = folders.pop("checkpoint.folder", None)
     for field, path in folders.items():

@@ -38,7 +38,7 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     start = ["sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
     # SBATCH_GPUS_PER_NODE, read for train.sbatch's nodes, is every job's: sbatch 22.05 refuses it over the others'
     # --gpus=1 (Failed to ensure --gpus >= --gres=gpu/--gpus-per-node) and gives a --gpus=0 job its GPUs
-    alone = ["--gpus-per-node=0"] if script != "train" and "SBATCH_GPUS_PER_NODE" in os.environ else []  # ALONE_AT
+    alone = ["--gpus-per-node=0"] if script != "train" and SBATCH_ENVIRONMENT["--gpus-per-node"] in os.environ else []
     return [*start, *alone, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 

@@ -30,13 +30,14 @@ RUN_ID = "run_id"
 run's: a run moved away from its results is still their owner."""
 TB_KEY = "metrics.save_tb_folder"
 RUN_PATH_KEYS = {
-    "checkpoint.folder": ("checkpoint folder", "checkpoint"),
-    "metrics.save_tb_folder": ("TensorBoard folder", "tb"),
-    "comm.save_traces_folder": ("flight-recorder folder", "comm_traces"),
-    "profiling.save_traces_folder": ("profiler folder", "profile_traces"),
-    "profiling.save_memory_snapshot_folder": ("memory-snapshot folder", "memory_snapshot"),
+    "checkpoint.folder": ("checkpoint folder", "checkpoint", "checkpoints"),
+    "metrics.save_tb_folder": ("TensorBoard folder", "tb", "TensorBoard files"),
+    "comm.save_traces_folder": ("flight-recorder folder", "comm_traces", "flight-recorder traces"),
+    "profiling.save_traces_folder": ("profiler folder", "profile_traces", "profiler traces"),
+    "profiling.save_memory_snapshot_folder": ("memory-snapshot folder", "memory_snapshot", "memory snapshots"),
 }
-"""The folders TorchTitan writes, each resolved against ``job.dump_folder``: what each is, its default."""
+"""The folders TorchTitan writes, each resolved against ``job.dump_folder``: what each is, its default, what it
+holds."""
 CONTAINERS = ("paper", "quickstart", "sweep")
 """Kinds whose folders hold other owners' folders: the runs and analyses they make."""
 
@@ -184,7 +185,7 @@ def run_paths(root: str) -> dict[str, str]:
     real = os.path.realpath(root)  # recorded paths are relative to it (``outside_folders``), as the OS joins them
     return {
         key: os.path.normpath(os.path.join(real, recorded.get(key) or settings.get(key) or default))
-        for key, (_, default) in RUN_PATH_KEYS.items()
+        for key, (_, default, _) in RUN_PATH_KEYS.items()
     }
 
 
