@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..data.corpora import check_dataset
 from ..data.store import MANIFEST, is_store, open_store
 from ..losses.options import CONFIG_RANGES, resolve_layers
-from ..losses.variants import VARIANTS, precision_error, range_error
+from ..losses.variants import VARIANTS, precision_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS, pretrained_config, pretrained_folder
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
@@ -38,55 +38,50 @@ def torch_release() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-AT_LEAST = {
-    **dict.fromkeys(("training.steps", "training.max_local_batch_size", "released.gpus"), 0),
-    **dict.fromkeys(("lr_scheduler.warmup_steps", "checkpoint.keep_latest_k"), 0),  # TorchTitan reads below 0 silently
-    **dict.fromkeys(("training.local_batch_size", "validation.local_batch_size"), 0),  # 0 derives it
-    **dict.fromkeys(("optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "baseline.noise_alpha"), 0),
-    **dict.fromkeys(("checkpoint.interval", "validation.freq", "metrics.log_freq", "training.gc_freq"), 1),
-    **dict.fromkeys(("comm.init_timeout_seconds", "comm.train_timeout_seconds", "lr_scheduler.total_steps"), 1),
-    **dict.fromkeys(("parallelism.tensor_parallel_degree", "baseline.forget_every"), 1),
-    **{f"model.{key}": 0 for key in SHAPE_KEYS if key != "tie_embeddings"},  # 0 keeps the flavor's
+AT_0, AT_1 = (lambda v: v >= 0, ">= 0"), (lambda v: v >= 1, ">= 1")
+BOUNDS: dict[str, tuple[Any, ...]] = {
+    **dict.fromkeys(("training.steps", "training.max_local_batch_size", "released.gpus"), AT_0),
+    **dict.fromkeys(("lr_scheduler.warmup_steps", "checkpoint.keep_latest_k"), AT_0),  # TorchTitan reads < 0 silently
+    **dict.fromkeys(("training.local_batch_size", "validation.local_batch_size"), AT_0),  # 0 derives it
+    **dict.fromkeys(("optimizer.lr", "optimizer.eps", "optimizer.weight_decay", "baseline.noise_alpha"), AT_0),
+    **dict.fromkeys(("checkpoint.interval", "validation.freq", "metrics.log_freq", "training.gc_freq"), AT_1),
+    **dict.fromkeys(("comm.init_timeout_seconds", "comm.train_timeout_seconds", "lr_scheduler.total_steps"), AT_1),
+    **dict.fromkeys(("parallelism.tensor_parallel_degree", "baseline.forget_every"), AT_1),
+    **{f"model.{key}": AT_0 for key in SHAPE_KEYS if key != "tie_embeddings"},  # 0 keeps the flavor's
+    **{f"dispersion.{name}": bound for name, bound in CONFIG_RANGES.items()},
+    # outside [0, 1] TorchTitan's schedule ends above the peak lr or below 0, or decays past the run
+    **dict.fromkeys(("lr_scheduler.min_lr_factor", "lr_scheduler.decay_ratio"), (lambda v: 0 <= v <= 1, "in [0, 1]")),
+    **dict.fromkeys(("optimizer.beta1", "optimizer.beta2"), (lambda v: 0 <= v < 1, "in [0, 1)")),
+    "baseline.embedding_lr": (lambda v: v > 0, "> 0"),
+    "debug.seed": (  # torch takes more, but a run's evaluation would fail
+        lambda v: 0 <= v < 2**32,
+        f"in 0..{2**32 - 1}",
+        ": evaluate seeds numpy with it, as the authors' protocol does, and numpy takes no other",
+    ),
+    "training.max_norm": (  # torch scales the gradients by max_norm / norm, whatever its sign
+        lambda v: v > 0,
+        "> 0 (inf: no clipping)",
+        ": a negative one reverses the gradients, 0 zeroes them",
+    ),
 }
-"""The least value of numeric settings (None: unset)."""
-FRACTIONS = ("lr_scheduler.min_lr_factor", "lr_scheduler.decay_ratio")
-"""Settings in [0, 1]: outside it TorchTitan's schedule ends above the peak lr or below 0, or decays past the run."""
+"""Each numeric setting's valid values (None: unset): a predicate, how to say them, and why where it is not plain."""
 DERIVED = ("parallelism.data_parallel_replicate_degree", "training.local_batch_size", "validation.local_batch_size")
 """The keys the checks resolve from the config's other values (-1 or 0 in it), said at launch."""
 
 
 def check_numbers(config: RunConfig) -> None:
-    """Every float value is finite (``training.max_norm = inf``: no clipping), each of ``AT_LEAST`` at least
-    its least, the seed one numpy takes."""
+    """Every float value is finite (``training.max_norm = inf``: no clipping), each of ``BOUNDS`` in its range."""
     for key, value in flatten(dataclasses.asdict(config)).items():
         if isinstance(value, float) and (math.isnan(value) or (math.isinf(value) and key != "training.max_norm")):
             raise ConfigError(f"{key}: must be a finite number, got {value}")
-    for key, least in AT_LEAST.items():
+    for key, (valid, text, *why) in BOUNDS.items():
         value = attrgetter(key)(config)
-        if value is not None and value < least:
-            raise ConfigError(f"{key}: must be >= {least}, got {value}")
-    for key in FRACTIONS:
-        value = attrgetter(key)(config)
-        if value is not None and not 0 <= value <= 1:
-            raise ConfigError(f"{key}: must be in [0, 1], got {value}")
-    seed = config.debug.seed
-    if seed is not None and not 0 <= seed < 2**32:  # torch takes more, but a run's evaluation would fail
-        raise ConfigError(
-            f"debug.seed: must be in 0..{2**32 - 1}, got {seed}: evaluate seeds numpy with it, as the authors' "
-            "protocol does, and numpy takes no other"
-        )
-    if not config.training.max_norm > 0:  # torch scales the gradients by max_norm / norm, whatever its sign
-        raise ConfigError(
-            f"training.max_norm: must be > 0 (inf: no clipping), got {config.training.max_norm}: "
-            "a negative one reverses the gradients, 0 zeroes them"
-        )
+        if value is not None and not valid(value):
+            raise ConfigError(f"{key}: must be {text}, got {value}{''.join(why)}")
 
 
 def check_dispersion(config: RunConfig, n_layers: int) -> None:
     d = config.dispersion
-    for name in CONFIG_RANGES:
-        if problem := range_error(name, getattr(d, name), CONFIG_RANGES):
-            raise ConfigError(f"dispersion.{name}: {problem}")
     if problem := precision_error(d.variant, d.precision):
         raise ConfigError(f"dispersion.precision: {problem}")
     if d.kernel == "triton" and d.variant != "none" and not triton_device_here():
@@ -213,8 +208,6 @@ def check_data(config: RunConfig) -> None:
 def check_methods(config: RunConfig) -> None:
     """The ``[baseline]`` method and the optimizer and schedule options, together."""
     b = config.baseline
-    if b.embedding_lr <= 0:
-        raise ConfigError(f"baseline.embedding_lr: must be > 0, got {b.embedding_lr}")
     if b.method == "active_forgetting":
         # Both replace the per-model-part optimizer in which the embeddings get their own group.
         if config.optimizer.early_step_in_backward:

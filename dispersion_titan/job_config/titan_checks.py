@@ -151,9 +151,6 @@ def check_titan_settings(config: RunConfig) -> None:
         raise ConfigError(
             f"activation_checkpoint.selective_ac_option: {ac.selective_ac_option!r}; use 'op' or a number of layers"
         )
-    for key in ("beta1", "beta2"):
-        if not 0 <= getattr(config.optimizer, key) < 1:
-            raise ConfigError(f"optimizer.{key}: must be in [0, 1), got {getattr(config.optimizer, key)}")
     if unknown := [name for name in config.model.converters if name not in model_converter_names()]:
         raise ConfigError(
             f"model.converters: {unknown[0]!r} is not one of TorchTitan 0.2.2's {sorted(model_converter_names())}"
