@@ -199,11 +199,6 @@ def say(message: str, every_rank: bool = False) -> None:
         print(f"dispersion_titan: {message}", file=sys.stderr, flush=True)
 
 
-def fail_with(error: DispersionTitanError) -> NoReturn:
-    """``fail`` with the first line of ``error`` and its status."""
-    fail(str(error).splitlines()[0] if str(error) else type(error).__name__, error.status)
-
-
 REDELIVERY_S = 0.01
 
 
@@ -224,7 +219,7 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
                 with _interruptible():
                     return main(*args, **kwargs)
             except DispersionTitanError as e:
-                fail_with(e)
+                fail(str(e).splitlines()[0] if str(e) else type(e).__name__, e.status)
             except KeyboardInterrupt as e:
                 _close_progress_bars()
                 say(f"interrupted{f' {when}' if when else ''}; {interrupted}", every_rank=not when)
