@@ -65,6 +65,7 @@ def _first_message(boxed: str) -> str:
 _CHOICE = re.compile(r"invalid choice (.*) for argument '--([\w-]+)\.([\w-]+)'\. Expected one of (\(.*\))")
 _PARSE = re.compile(r"Error parsing --([\w-]+)\.([\w-]+):")  # a value its type cannot parse
 _MISSING = re.compile(r"Missing value for argument '--([\w-]+)\.([\w-]+)'")  # a flag last, or before a flag
+_UNKNOWN = re.compile(r"Unrecognized options: ([^,]+)")  # tyro's ``Unrecognized options: --dispersion.coef, 1``
 
 
 def _job_config_keys() -> dict[str, object]:
@@ -74,11 +75,17 @@ def _job_config_keys() -> dict[str, object]:
     return {f"{s.name}.{k.name}": k.type for s in sections for k in dataclasses.fields(s.type)}
 
 
-def _value_message(message: str, args: list[str]) -> str:
-    """tyro's refusal of a value said as the key typed in a config (``optimizer.decay_groups``, where tyro
-    writes ``--optimizer.decay-groups``): a ``Literal``'s with its choices, as the TOML check says it; one its
-    type cannot parse (``invalid literal for int() with base 10``), or a flag without its value, with the
-    value typed and the type expected (a value such as ``-run.toml``, which tyro reads as an option: its ``=`` form)."""
+def _tyro_message(message: str, args: list[str]) -> str:
+    """tyro's refusal said as the TOML check says it: an unknown option as an unknown key; a value's as the key
+    typed in a config (``optimizer.decay_groups``, where tyro writes ``--optimizer.decay-groups``): a ``Literal``'s
+    with its choices; one its type cannot parse (``invalid literal for int() with base 10``), or a flag without its
+    value, with the value typed and the type expected (a value such as ``-run.toml``, which tyro reads as an option:
+    its ``=`` form)."""
+    if unknown := _UNKNOWN.match(message):
+        typed_key = unknown[1].removeprefix("--").partition("=")[0].replace("-", "_")
+        close = difflib.get_close_matches(typed_key, list(_job_config_keys()), n=1)
+        hint = f"did you mean --{close[0]}?" if close else "dispersion-titan train --help-all lists every key"
+        return f"{unknown[1]}: unknown option; {hint}"
     if choice := _CHOICE.search(message):
         value, section, key, choices = choice.groups()
         return f"{section.replace('-', '_')}.{key.replace('-', '_')}: {value} is not one of {choices}"
@@ -98,18 +105,6 @@ def _value_message(message: str, args: list[str]) -> str:
         return f"{key}: no value given; write {flag} followed by {expected}"
     typed = [v if eq else after for k, eq, v, after in split if k.replace("_", "-") == flag.replace("_", "-")]
     return f"{key}: {typed[-1]!r} is not {expected}" if typed else message
-
-
-def _unknown_option(message: str) -> str:
-    """tyro's ``Unrecognized options: --dispersion.coef, 1`` said as the TOML check says an unknown key."""
-    match = re.match(r"Unrecognized options: ([^,]+)", message)
-    if match is None:
-        return message
-    typed = match[1]
-    typed_key = typed.removeprefix("--").partition("=")[0].replace("-", "_")
-    close = difflib.get_close_matches(typed_key, list(_job_config_keys()), n=1)
-    hint = f"did you mean --{close[0]}?" if close else "dispersion-titan train --help-all lists every key"
-    return f"{typed}: unknown option; {hint}"
 
 
 def _switch_given_a_value(args: list[str]) -> str | None:
@@ -142,8 +137,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
             job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         boxed = captured.getvalue()
-        message = _switch_given_a_value(args) or _unknown_option(_first_message(boxed))
-        raise ArgumentError(_value_message(message, args)) from e
+        raise ArgumentError(_switch_given_a_value(args) or _tyro_message(_first_message(boxed), args)) from e
     except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
         raise ArgumentError(f"validation.steps: {e}") from None
     if "model.name" not in given_keys(args, toml):  # else TorchTitan's default llama3 would train
