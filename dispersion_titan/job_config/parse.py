@@ -80,7 +80,13 @@ def _tyro_message(message: str, args: list[str]) -> str:
     typed in a config (``optimizer.decay_groups``, where tyro writes ``--optimizer.decay-groups``): a ``Literal``'s
     with its choices; one its type cannot parse (``invalid literal for int() with base 10``), or a flag without its
     value, with the value typed and the type expected (a value such as ``-run.toml``, which tyro reads as an option:
-    its ``=`` form)."""
+    its ``=`` form); first, a switch given a value (``--training.predict_last false``: tyro names the stray word)."""
+    for flag, value in zip(args, args[1:]):
+        key = flag.removeprefix("--").replace("-", "_")
+        if flag.startswith("--") and _job_config_keys().get(key) in (bool, "bool") and value.lower() in SWITCH_WORDS:
+            section, name = key.split(".", 1)
+            on, off = f"--{section}.{name.replace('_', '-')}", f"--{section}.no-{name.replace('_', '-')}"
+            return f"{flag} {value}: {key} is a switch and takes no value; write {on} for true, {off} for false"
     if unknown := _UNKNOWN.match(message):
         typed_key = unknown[1].removeprefix("--").partition("=")[0].replace("-", "_")
         close = difflib.get_close_matches(typed_key, list(_job_config_keys()), n=1)
@@ -107,17 +113,6 @@ def _tyro_message(message: str, args: list[str]) -> str:
     return f"{key}: {typed[-1]!r} is not {expected}" if typed else message
 
 
-def _switch_given_a_value(args: list[str]) -> str | None:
-    """``--training.predict_last false``: a bool key takes no value (tyro names only the stray word)."""
-    for flag, value in zip(args, args[1:]):
-        key = flag.removeprefix("--").replace("-", "_")
-        if flag.startswith("--") and _job_config_keys().get(key) in (bool, "bool") and value.lower() in SWITCH_WORDS:
-            section, name = key.split(".", 1)
-            on, off = f"--{section}.{name.replace('_', '-')}", f"--{section}.no-{name.replace('_', '-')}"
-            return f"{flag} {value}: {key} is a switch and takes no value; write {on} for true, {off} for false"
-    return None
-
-
 def warm() -> None:
     """One parse of the shipped debug config, in a process that then forks jobs (a job server's preload):
     every job's parse finds what it imports imported and the merged config class made (tyro clears its own
@@ -137,7 +132,7 @@ def parse_job_config(args: list[str], toml: dict) -> RunConfig:
             job_config = titan_compat.config_manager_parse(without_profile(args), toml)
     except SystemExit as e:  # tyro reports bad flags in a box of many lines
         boxed = captured.getvalue()
-        raise ArgumentError(_switch_given_a_value(args) or _tyro_message(_first_message(boxed), args)) from e
+        raise ArgumentError(_tyro_message(_first_message(boxed), args)) from e
     except AssertionError as e:  # a TorchTitan section's __post_init__ (its one: validation.steps)
         raise ArgumentError(f"validation.steps: {e}") from None
     if "model.name" not in given_keys(args, toml):  # else TorchTitan's default llama3 would train
