@@ -32,7 +32,7 @@ from torchtitan.models.llama3.infra.parallelize import apply_ddp
 from dispersion_titan.components.titan_compat import QuickInit, optimizer_step
 from dispersion_titan.config.cli import load_toml
 from dispersion_titan.job_config.parse import (
-    _unknown_option,
+    _tyro_message,
     check,
     model_args,
     parse_job_config,
@@ -182,7 +182,7 @@ def test_ctrl_c_while_plan_measures_the_step_is_the_interrupted_line(tmp_path):
 def test_an_unknown_option_like_no_key_says_where_the_keys_are():
     """tyro's line for a flag close to no key (the one above has a close key: a tyro parse each, 0.27 s)."""
     setup_torchtitan()
-    assert _unknown_option("Unrecognized options: --foo.bar, 1") == (
+    assert _tyro_message("Unrecognized options: --foo.bar, 1", []) == (
         "--foo.bar: unknown option; dispersion-titan train --help-all lists every key"
     )
 
