@@ -329,48 +329,56 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-BATCHES = {
-    "training": "per step, or -1 (local_batch_size × the data-parallel ranks)",
-    "validation": "per validation batch, or -1 (training's)",
-}
-"""The sections whose batches ``resolve_batch_sizes`` checks, and what their ``global_batch_size`` gives."""
-
-
 def resolve_batch_sizes(config: RunConfig, dp: int) -> None:
     """Check the batches against ``dp`` ranks and derive ``local_batch_size = 0``: training's the
     largest divisor of global/dp up to ``max_local_batch_size``, validation's global/dp."""
-    size = 0  # training's: validation's global batch of -1
-    for section, meaning in list(BATCHES.items())[: 1 + config.validation.enable]:
-        cfg = getattr(config, section)
-        if cfg.global_batch_size == 0 or cfg.global_batch_size < -1:  # TorchTitan asserts 0, reads < 0 as -1
-            raise ConfigError(f"{section}.global_batch_size: {cfg.global_batch_size}; give the sequences {meaning}")
-        if cfg.global_batch_size > 0:
-            size = cfg.global_batch_size
-        elif section == "training":
-            if cfg.local_batch_size <= 0:
-                raise ConfigError("training.local_batch_size: 0 (derive it) needs a training.global_batch_size > 0")
-            size = cfg.local_batch_size * dp
-        if size % dp:
-            raise ConfigError(
-                f"{section}.global_batch_size: {size} sequences cannot be split over {dp} "
-                f"data-parallel ranks; use a multiple of {dp}"
-            )
-        share = size // dp
-        if section == "validation":
-            if cfg.local_batch_size not in (0, share):
-                raise ConfigError(
-                    f"validation.local_batch_size: {cfg.local_batch_size} × {dp} data-parallel ranks is not the "
-                    f"validation global batch of {size} sequences; use {share}, or 0 to derive it"
-                )
-            cfg.local_batch_size = share
-        elif cfg.local_batch_size == 0:
-            cfg.local_batch_size = max(d for d in divisors(share) if d <= (cfg.max_local_batch_size or share))
-        elif share % cfg.local_batch_size:
-            raise ConfigError(
-                f"training.local_batch_size: {cfg.local_batch_size} does not divide the {share} sequences per rank "
-                f"(global_batch_size {size} over {dp} data-parallel ranks); use one of {divisors(share)}, "
-                "or 0 to derive it"
-            )
+    t = config.training
+    if t.global_batch_size == 0 or t.global_batch_size < -1:  # TorchTitan asserts 0, reads any other < 0 as -1
+        raise ConfigError(
+            f"training.global_batch_size: {t.global_batch_size}; give the sequences per step, or -1 "
+            "(local_batch_size × the data-parallel ranks)"
+        )
+    if t.global_batch_size > 0:
+        size = t.global_batch_size
+    elif t.local_batch_size > 0:
+        size = t.local_batch_size * dp
+    else:
+        raise ConfigError("training.local_batch_size: 0 (derive it) needs a training.global_batch_size > 0")
+    if size % dp:
+        raise ConfigError(
+            f"training.global_batch_size: {size} sequences cannot be split over {dp} "
+            f"data-parallel ranks; use a multiple of {dp}"
+        )
+    share = size // dp
+    if t.local_batch_size == 0:
+        t.local_batch_size = max(d for d in divisors(share) if d <= (t.max_local_batch_size or share))
+    elif share % t.local_batch_size:
+        raise ConfigError(
+            f"training.local_batch_size: {t.local_batch_size} does not divide the {share} sequences per rank "
+            f"(global_batch_size {size} over {dp} data-parallel ranks); use one of {divisors(share)}, "
+            "or 0 to derive it"
+        )
+    v = config.validation
+    if not v.enable:
+        return
+    if v.global_batch_size < -1 or v.global_batch_size == 0:  # read as -1 below
+        raise ConfigError(
+            f"validation.global_batch_size: {v.global_batch_size}; give the sequences per validation batch, "
+            "or -1 (training's)"
+        )
+    size = v.global_batch_size if v.global_batch_size > 0 else size
+    if size % dp:
+        raise ConfigError(
+            f"validation.global_batch_size: {size} sequences cannot be split over {dp} "
+            f"data-parallel ranks; use a multiple of {dp}"
+        )
+    if v.local_batch_size == 0:
+        v.local_batch_size = size // dp
+    elif v.local_batch_size * dp != size:
+        raise ConfigError(
+            f"validation.local_batch_size: {v.local_batch_size} × {dp} data-parallel ranks is not the "
+            f"validation global batch of {size} sequences; use {size // dp}, or 0 to derive it"
+        )
 
 
 def check_job_config(config: RunConfig, args: Any, world_size: int = 1) -> None:
