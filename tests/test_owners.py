@@ -30,8 +30,10 @@ from dispersion_titan.run_folder.owners import (
     record_run_folders,
     refuse_other_owners,
 )
+from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.sweep import main as sweep_main
 from dispersion_titan.utils.errors import OutputError
+from dispersion_titan.utils.records import atomic_write
 from support.cli import analyze, assert_one_line_error, run_cli
 from support.eval_tasks import LM_EVAL_TASKS
 from support.launch import DEBUG_TOML, python_module, torchrun
@@ -569,3 +571,49 @@ def test_a_copied_or_moved_run_works_as_the_original(scattered, capsys, tmp_path
         str(moved / "tb"),
     )
     assert (moved / "ckpt" / "step-3" / ".metadata").is_file() and not copy.exists()
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+def test_an_out_link_removed_or_replaced_while_held_is_not_made_anew(tmp_path, replaced):
+    """``--out`` a link to a folder, the link removed (``rm OUT``) or replaced by a folder while the command writes:
+    an OSError naming ``OUT/.writer.lock``, as for a folder removed, nothing written there (was: ``OUT`` made anew,
+    or the new folder written, without its record: the held folder was only known by its real path)."""
+    link, target = tmp_path / "out", tmp_path / "scratch"
+    target.mkdir()
+    link.symlink_to(target)
+    with owned(str(link), FolderOwner("comparison")):
+        link.unlink()
+        if replaced:
+            link.mkdir()
+        with pytest.raises(FileNotFoundError) as gone:
+            atomic_write(str(link / "table.csv"), lambda f: f.write("a\n"))
+    assert gone.value.filename == str(link / LOCK_NAME)
+    assert not link.exists() or os.listdir(link) == []
+
+
+def test_a_copy_sharing_the_original_run_s_linked_checkpoint_folder_is_refused(tmp_path):
+    """``mv RUN/checkpoint /scratch/ckpt; ln -s /scratch/ckpt RUN/checkpoint``, then ``cp -a RUN COPY``: the copy's
+    link reaches the original's checkpoints, which no record names (moved after they were saved), and relaunching
+    the copy would write into them. Refused in one line saying how to go on; the original goes on; nothing
+    written (was: accepted, as the copy's own)."""
+    run, scratch, copy = tmp_path / "run", tmp_path / "scratch" / "ckpt", tmp_path / "copy"
+    tiny_run(run)
+    record_run_folders(str(run), {})
+    scratch.parent.mkdir()
+    (run / "checkpoint").rename(scratch)
+    (run / "checkpoint").symlink_to(scratch)
+    subprocess.run(["cp", "-a", str(run), str(copy)], check=True)
+    before = digests(tmp_path)
+    refuse_other_owners(str(run), {"checkpoint.folder": str(run / "checkpoint")})
+    with pytest.raises(OutputError) as refusal:
+        refuse_other_owners(str(copy), {"checkpoint.folder": str(copy / "checkpoint")})
+    assert str(refusal.value) == (
+        f"checkpoint.folder: {copy}/checkpoint links to {scratch}, the checkpoint folder of run {run}, which {copy} "
+        f"was copied from; copy the checkpoints in place of the link (rm {copy}/checkpoint; cp -a {scratch} "
+        f"{copy}/checkpoint), or branch from that run on purpose with --job.fork_from {run}[@STEP] into a new "
+        "--job.dump_folder"
+    )
+    assert digests(tmp_path) == before
+    (copy / "checkpoint").unlink()
+    subprocess.run(["cp", "-a", str(scratch), str(copy / "checkpoint")], check=True)
+    refuse_other_owners(str(copy), {"checkpoint.folder": str(copy / "checkpoint")})

@@ -277,6 +277,27 @@ def test_a_run_whose_checkpoints_were_moved_and_linked_back_relaunches(reference
     assert sha256_tree(scratch) == before
 
 
+def test_a_copy_of_a_run_whose_checkpoints_are_linked_back_does_not_write_into_them(reference_run, tmp_path):
+    """``cp -a RUN COPY`` of a run whose checkpoints were moved and linked back: the copy's link reaches the original's
+    checkpoints, and relaunching it was accepted as its own (here finished: exit 0; with more steps, trained into
+    them). Refused in one line saying how to go on, exit 2, nothing written."""
+    dump, scratch, copy = tmp_path / "run", tmp_path / "scratch" / "ckpt", tmp_path / "copy"
+    shutil.copytree(reference_run, dump, symlinks=True, copy_function=os.link, ignore=shutil.ignore_patterns(".owner*"))
+    write_record(str(dump), FolderOwner("run", str(dump)))  # its own, as a run trained there records it
+    scratch.parent.mkdir()
+    (dump / "checkpoint").rename(scratch)
+    (dump / "checkpoint").symlink_to(scratch)
+    subprocess.run(["cp", "-a", str(dump), str(copy)], check=True)
+    before = sha256_tree(tmp_path)
+    assert one_line(relaunch(copy)) == (
+        f"dispersion_titan: error: checkpoint.folder: {copy}/checkpoint links to {scratch}, the checkpoint folder of "
+        f"run {dump}, which {copy} was copied from; copy the checkpoints in place of the link (rm {copy}/checkpoint; "
+        f"cp -a {scratch} {copy}/checkpoint), or branch from that run on purpose with --job.fork_from {dump}[@STEP] "
+        "into a new --job.dump_folder"
+    )
+    assert sha256_tree(tmp_path) == before
+
+
 def test_a_run_whose_run_json_was_lost_is_not_resumed_with_any_settings(reference_run, tmp_path):
     """A run in its place whose ``run.json`` was deleted, relaunched with other settings: one line, nothing written
     (was resumed from its newest checkpoint with them, and they recorded as the run's from its start)."""

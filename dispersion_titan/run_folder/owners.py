@@ -402,6 +402,27 @@ def refuse_other_owners(dump: str, folders: dict[str, str], forking: bool = Fals
             linked = Path(os.path.abspath(path)).is_relative_to(os.path.abspath(dump))
             fork_hint = not forking and key == "checkpoint.folder"
             refuse_unless_ours(path, owner, key, way_out, fork_hint=fork_hint, linked=linked)
+            if linked:
+                refuse_original_folder(dump, key, path)
+
+
+def refuse_original_folder(dump: str, key: str, link: str) -> None:
+    """A copy's folder reached through a link it copied (``cp -a RUN COPY``, RUN's checkpoints moved and linked
+    back): the original run's folder too, which relaunching the copy would write into. The copy's record names the
+    run it was copied from (a run moved is none any more where it names)."""
+    original, real = None, os.path.realpath(link)
+    with suppress(OSError, ValueError):  # none, or damaged: a run's root is its own by its run.json
+        original = (owner_record(dump) or {}).get("run")
+    if original in (None, os.path.realpath(dump)) or not is_run(original):
+        return
+    if os.path.realpath(run_paths(original)[key]) == real:
+        what, _, holds = RUN_PATH_KEYS[key]
+        raise OutputError(
+            f"{key}: {link} links to {real}, the {what} of run {original}, which {dump} was copied from; copy the "
+            f"{holds} in place of the link (rm {shlex.quote(link)}; cp -a {shlex.quote(real)} {shlex.quote(link)}), "
+            f"or branch from that run on purpose with --job.fork_from {shlex.quote(original)}[@STEP] into a new "
+            "--job.dump_folder"
+        )
 
 
 def refuse_lost_run_json(dump: str) -> None:

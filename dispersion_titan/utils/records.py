@@ -18,8 +18,8 @@ from typing import IO, Any
 from .errors import OutputError
 
 HELD: dict[str, Any] = {}
-"""The folders this process writes as their one writer (``owners.owned``), by real path, each with its writer lock
-(its lock file: ``.path``)."""
+"""The folders this process writes as their one writer (``owners.owned``), by real path and as given (a link's: the
+link removed or replaced is found too), each with its writer lock (its lock file: ``.path``)."""
 
 
 @contextmanager
@@ -27,12 +27,13 @@ def holding(folder: str | Path, lock: Any) -> Iterator[None]:
     """``folder`` held by ``lock`` in ``HELD``, and found again at each ``atomic_write`` below it by its lock file:
     removed meanwhile (``rm -rf``), or a file put in its place, an OSError naming that file, not made anew by the
     write without its record (was exit 0, and the next command refused it as no command's)."""
-    path = os.path.realpath(folder)
-    HELD[path] = lock
+    paths = {os.path.realpath(folder), os.path.abspath(folder)}
+    HELD.update(dict.fromkeys(paths, lock))
     try:
         yield
     finally:
-        del HELD[path]
+        for path in paths:
+            del HELD[path]
 
 
 def atomic_write(
@@ -44,9 +45,9 @@ def atomic_write(
     if os.path.isdir(path):  # os.replace's IsADirectoryError was a traceback after the work was done
         raise OutputError(f"{path}: a folder where this command writes a file; move the folder away and rerun")
     folder = os.path.dirname(os.path.abspath(path))
-    real = Path(os.path.realpath(folder))
+    places = (Path(folder), Path(os.path.realpath(folder)))
     for held, lock in list(HELD.items()):  # one removed or a file now: an OSError naming its lock, not made anew below
-        if real.is_relative_to(held):
+        if any(place.is_relative_to(held) for place in places):
             os.stat(lock.path)
     try:
         os.makedirs(folder, exist_ok=True)
