@@ -332,7 +332,7 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
     replaced folder is refused; ``evaluate table --pretrained DIR`` makes it the Pretrained row, above arms or
     alone (the paper's GPT2-large and -xl blocks)."""
 
-    from dispersion_titan.run_folder.checkpoints import folder_identity
+    from dispersion_titan.run_folder.checkpoints import checkpoint_identity
 
     model = tiny_hub_model(tmp_path / "gpt2-tiny")
     out = model / "eval"
@@ -348,7 +348,7 @@ def test_a_hugging_face_model_is_evaluated_as_published(run, evaluated, tmp_path
     mine = ours["dispersion_titan"]
     assert (mine["step"], mine["run"], mine["checkpoint"]) == (0, f"hf:{model}", f"hf:{model}")
     assert mine["settings"]["protocol"] == "gpt2" and mine["seeds"] == {}
-    assert mine["checkpoint_identity"] == folder_identity(str(model))
+    assert mine["checkpoint_identity"] == checkpoint_identity(str(model), model_folder=True)
     assert sorted(os.listdir(out)) == [OWNER_FILE, "step-0", "summary.csv"]
 
     code, printed, _ = evaluate(f"hf:{model}", "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)

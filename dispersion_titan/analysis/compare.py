@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..run_folder.checkpoints import dispersion_variant, folder_changed, identity_changed
+from ..run_folder.checkpoints import dispersion_variant, identity_changed
 from ..run_folder.outputs import format_table, revision_folder, save_png, write_csv
 from ..run_folder.owners import COMPARISON, relocated, results_folder, results_run, rewritten
 from ..utils.errors import AnalysisError
@@ -57,7 +57,7 @@ def current(run: str, result: Condensation) -> Condensation:
         return result
     folder = analyses_folder(run)
     if result.model is not None:
-        if folder_changed(result.checkpoint_identity, result.checkpoint):
+        if identity_changed(result.checkpoint_identity, result.checkpoint, model_folder=True):
             spec = f"hf:{result.model}" + (f"@{result.revision}" if result.revision else "")
             raise AnalysisError(
                 f"{folder}: {revision_folder(result.revision)} was analyzed from another model than "

@@ -87,8 +87,8 @@ class Condensation:
     geometry_sequences: int = 0
     """How many of the K sequences ``effective_rank`` and ``mev`` average over."""
     checkpoint_identity: str | None = None
-    """``checkpoints.checkpoint_identity`` of the checkpoint analysed, ``folder_identity`` of a Hugging Face model's
-    local folder (None: a hub model, or one analysed before its folder's was recorded)."""
+    """``checkpoints.checkpoint_identity`` of the checkpoint analysed, or of a Hugging Face model's local folder
+    (``model_folder``; None: a hub model, or one analysed before its folder's was recorded)."""
 
     @property
     def label(self) -> str:

@@ -15,6 +15,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,8 +26,6 @@ from ..components.wandb_run import log_results, recorded
 from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
-    folder_changed,
-    folder_identity,
     identity_changed,
     load_model,
     load_model_args,
@@ -325,7 +324,7 @@ class HFAnalysis(Analysis):
     a run's checkpoints, each in ``OUT/rev-NAME/`` (``rev-default``: the default revision)."""
 
     noun = "revision"
-    changed = staticmethod(folder_changed)  # another model saved over its folder: was reused as it was
+    changed = staticmethod(partial(identity_changed, model_folder=True))  # another model saved over its folder
 
     def __init__(self, options: argparse.Namespace, inputs: InputOptions):
         self.spec = parse_spec(options.run, options.trust_remote_code)  # first: a run's folder given with hf:
@@ -380,7 +379,7 @@ class HFAnalysis(Analysis):
 
     def metadata(self, unit: Unit) -> dict[str, Any]:
         """A local folder's identity too, as ``evaluate hf:`` records it (a hub revision is taken as it was)."""
-        identity = folder_identity(unit.source) if os.path.isdir(unit.source) else None
+        identity = checkpoint_identity(unit.source, model_folder=True) if os.path.isdir(unit.source) else None
         return {
             "run": self.spec.model,
             "model_args": self.args,

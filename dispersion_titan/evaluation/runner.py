@@ -27,8 +27,6 @@ from ..run_folder.checkpoints import (
     StepCheckpoint,
     checkpoint_identity,
     find_checkpoint_folder,
-    folder_changed,
-    folder_identity,
     identity_changed,
     load_run_metadata,
     run_checkpoints,
@@ -492,7 +490,9 @@ def source_identity(source: str, pretrained: str, config) -> str | None:
     """What a result records of the weights it scored: their identity, or a hub model's commit."""
     if not source.startswith(PREFIX):
         return checkpoint_identity(source)
-    return folder_identity(pretrained) if os.path.isdir(pretrained) else getattr(config, "_commit_hash", None)
+    if os.path.isdir(pretrained):
+        return checkpoint_identity(pretrained, model_folder=True)
+    return getattr(config, "_commit_hash", None)
 
 
 def source_changed(record: dict, source: str) -> bool:
@@ -504,4 +504,4 @@ def source_changed(record: dict, source: str) -> bool:
         path = hub_location(source)[0]
     except ModelLoadError:  # a local folder gone: it cannot be read, and its load says why
         return False
-    return folder_changed(record["checkpoint_identity"], path)
+    return identity_changed(record["checkpoint_identity"], path, model_folder=True)

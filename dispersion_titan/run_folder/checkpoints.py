@@ -459,38 +459,25 @@ def saved_dtype(step_dir: str) -> torch.dtype:
     return dtypes.pop() if len(dtypes) == 1 else torch.float32
 
 
-def checkpoint_identity(step_dir: str) -> str:
+def checkpoint_identity(step_dir: str, model_folder: bool = False) -> str:
     """A cheap fingerprint of a checkpoint, recorded by its results: one saved again since has another. Its
-    subfolders count (a ``last_save_in_hf`` step's ``sharded/``), as in the identities its results recorded."""
-    metadata = b"" if hf_weights(step_dir) else Path(step_dir, ".metadata").read_bytes()  # last_save_in_hf: none
-    return _entries_identity(step_dir, hashlib.sha256(metadata), subfolders=True)
-
-
-def folder_identity(folder: str) -> str:
-    """The identity of a Hugging Face model's folder: its files, not its folders (another revision's, or an ``--out``
-    made inside it, which changed with every result written there)."""
-    return _entries_identity(folder, hashlib.sha256(), subfolders=False)
-
-
-def _entries_identity(folder: str, digest, subfolders: bool) -> str:
-    """``digest`` updated with the names, sizes and times of ``folder``'s entries (its ``subfolders`` too)."""
-    for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
-        if subfolders or not entry.is_dir():
+    subfolders count (a ``last_save_in_hf`` step's ``sharded/``), as in the identities its results recorded; a Hugging
+    Face ``model_folder``'s do not (another revision's, or an ``--out`` made inside it, which changed with every
+    result written there)."""
+    metadata = b"" if model_folder or hf_weights(step_dir) else Path(step_dir, ".metadata").read_bytes()
+    digest = hashlib.sha256(metadata)
+    for entry in sorted(os.scandir(step_dir), key=lambda entry: entry.name):
+        if not (model_folder and entry.is_dir()):
             stat = entry.stat()
             digest.update(f"{entry.name}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
     return digest.hexdigest()
 
 
-def folder_changed(recorded: str, folder: str) -> bool:
-    """Whether a Hugging Face model's local ``folder`` no longer holds the weights ``recorded`` (its
-    ``folder_identity``; False if gone: its load says why)."""
-    return os.path.isdir(folder) and folder_identity(folder) != recorded
-
-
-def identity_changed(recorded: str, step_dir: str) -> bool:
-    """Whether ``step_dir`` no longer holds the weights ``recorded`` (False if unreadable: its load says why)."""
+def identity_changed(recorded: str, step_dir: str, model_folder: bool = False) -> bool:
+    """Whether ``step_dir`` (a Hugging Face ``model_folder``) no longer holds the weights ``recorded`` (False if gone
+    or unreadable: its load says why)."""
     try:
-        return checkpoint_identity(step_dir) != recorded
+        return checkpoint_identity(step_dir, model_folder) != recorded
     except OSError:
         return False
 
