@@ -142,15 +142,14 @@ class RunEvaluation:
             todo = self._pending()  # again: another writer may have finished since __init__ looked
             if todo and not self.objects:
                 self.objects = self.tasks.load(self.selection.num_fewshot)
-            failed, results = self._evaluate(todo)
+            failed, rows = self._evaluate(todo)
         if self.options.wandb:  # each step's row of summary.csv unrounded, then the summary itself
-            rows = map(summary_row, results.values())
-            per_step = {row.pop("step"): {k: v for k, v in row.items() if v is not None} for row in rows}
+            per_step = {row["step"]: {k: v for k, v in row.items() if k != "step" and v is not None} for row in rows}
             log_results(self.dump, "evaluate", "evaluation", per_step, self.out)
         return failed
 
-    def _evaluate(self, todo: list[StepCheckpoint]) -> tuple[int, dict[int, dict]]:
-        """The count that failed, and every step's result in ``--out`` (those of earlier runs too)."""
+    def _evaluate(self, todo: list[StepCheckpoint]) -> tuple[int, list[dict]]:
+        """The count that failed, and the ``summary_row`` of every step in ``--out`` (those of earlier runs too)."""
         from lm_eval.utils import handle_non_serializable  # how lm-eval itself writes its results
 
         if skipped := len(self.selected) - len(todo):
@@ -179,9 +178,15 @@ class RunEvaluation:
                 f"note: step(s) {other} in {self.out} were evaluated with other settings (kept by --force); "
                 "summary.csv keeps their rows, and each step-N/results.json its settings"
             )
-        if results:
-            print(f"results: {write_summary(self.out, list(results.values()))}")
-        return report_failed(failed, len(self.selected), "checkpoints", "evaluated"), results
+        rows = [summary_row(result) for _, result in sorted(results.items())]
+        if rows:  # a column for every task any step was scored on
+            tasks = dict.fromkeys(key for row in rows for key in row if key not in ("step", "mean_acc"))
+            write_csv(
+                path := os.path.join(self.out, SUMMARY_FILE),
+                [{k: row.get(k) for k in ("step", *tasks, "mean_acc")} for row in rows],
+            )
+            print(f"results: {path}")
+        return report_failed(failed, len(self.selected), "checkpoints", "evaluated"), rows
 
     def _evaluate_step(self, checkpoint: StepCheckpoint) -> dict:
         """lm-eval's HFLM on the exported checkpoint, one ``simple_evaluate`` per task (progress per task)."""
@@ -332,25 +337,13 @@ def summary_row(result: dict) -> dict:
     return {"step": result[OURS]["step"], **scores, "mean_acc": mean_accuracy(scores)}
 
 
-def write_summary(out: str, results: list[dict]) -> str:
-    """One row per step; a column for every task any step was scored on."""
-    rows = [summary_row(result) for result in sorted(results, key=lambda r: r[OURS]["step"])]
-    tasks = dict.fromkeys(key for row in rows for key in row if key not in ("step", "mean_acc"))
-    path = os.path.join(out, SUMMARY_FILE)
-    write_csv(path, [{key: row.get(key) for key in ("step", *tasks, "mean_acc")} for row in rows])
-    return path
-
-
-def _no_metadata_advice(record: logging.LogRecord) -> bool:
-    """lm-eval's warning at each task with a ``custom_dataset`` (a task's own loader, as our offline tasks'):
-    two lines of advice on its own CLI's ``--metadata``, which ``evaluate`` has not; dropped."""
-    return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
-
-
-def _no_shots_warning(record: logging.LogRecord) -> bool:
-    """lm-eval's warning at each task whose config's shots ``simple_evaluate``'s ``num_fewshot`` replaces: the
-    protocol (or ``--num-fewshot``) sets them on purpose, and ``results.json`` records them; dropped."""
-    return record.msg != "Overwriting default num_fewshot of %s from %s to %s"
+def _not_for_us(record: logging.LogRecord) -> bool:
+    """lm-eval's warnings at each task, dropped: with a ``custom_dataset`` (our offline tasks'), two lines of advice
+    on its own CLI's ``--metadata``, which ``evaluate`` has not; where ``simple_evaluate``'s ``num_fewshot`` replaces
+    the config's shots, which the protocol (or ``--num-fewshot``) sets on purpose and ``results.json`` records."""
+    return "Custom kwargs can be passed to `--metadata`" not in record.getMessage() and (
+        record.msg != "Overwriting default num_fewshot of %s from %s to %s"
+    )
 
 
 def unreadable_yamls(folder: str) -> str:
@@ -409,8 +402,8 @@ class Tasks:
         import datasets.config
 
         objects = {}
-        logging.getLogger("lm_eval.api.task").addFilter(_no_metadata_advice)  # added once, however often called
-        logging.getLogger("lm_eval.evaluator").addFilter(_no_shots_warning)
+        for logger in ("lm_eval.api.task", "lm_eval.evaluator"):
+            logging.getLogger(logger).addFilter(_not_for_us)  # added once, however often called
         with hub_offline() as offline, quiet_datasets_bars():
             for name in self.names:
                 try:
