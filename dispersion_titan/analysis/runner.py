@@ -96,25 +96,26 @@ def fitted_inputs(options: argparse.Namespace, inputs: InputOptions, positions: 
 @dataclass
 class Analysis:
     """The state of one analysis: its units, inputs, output folders and cached results. Each target gives
-    ``load(unit)``, the unit's ``DecoderLayers``, and ``metadata(unit)``, the ``Condensation`` fields that depend
-    on it (``run``, ``model_args``, …)."""
+    ``load(unit)``, the unit's ``DecoderLayers``, and its model's ``shape`` (``Condensation.model_args``) and
+    ``n_params``; ``run``: the run's dump folder, or the Hugging Face model (its results' ``run``)."""
 
     options: argparse.Namespace
     units: list[Unit]
-    label: str
+    run: str
     out: str
     tb_default: str
     inputs: InputOptions
     dtype: str
-    owner: FolderOwner
     encode: Encode | DocumentEncoder
     model: str | None = None
 
     skippable = ()  # load errors that skip a unit (exit status 1) rather than end the analysis
     noun = "model state"
+    identity = staticmethod(checkpoint_identity)  # what a result records of the weights it measured
     changed = staticmethod(identity_changed)  # whether a source no longer holds the weights of a result's identity
 
     def __post_init__(self) -> None:
+        self.label, self.owner = os.path.basename(os.path.normpath(self.run)), FolderOwner("analysis", self.run)
         self.device = resolve_device(self.options.device, self.dtype)
         refuse_if_busy(self.out, COMMAND)  # a busy folder's owner named at once, before the inputs are read
         refuse_unless_ours(self.out, self.owner, "--out", "use another --out")
@@ -196,7 +197,11 @@ class Analysis:
                             device=self.device.type,
                             checkpoint=unit.source,
                             revision=unit.revision,
-                            **self.metadata(unit),
+                            run=self.run,
+                            model_args=self.shape,
+                            n_params=self.n_params,
+                            model=self.model,
+                            checkpoint_identity=self.identity(unit.source),
                         )
                         save_png(
                             figures.heatmap(result, f"{self.label}: {result.label}"),
@@ -267,16 +272,20 @@ class RunAnalysis(Analysis):
         inputs = fitted_inputs(options, inputs, self.model_args.positions, f"max_seq_len in {self.dump}/run.json")
         if self.model_args.positions is None:  # rotary: a RoPE table for the analysed length
             self.model_args.max_seq_len = inputs.seq_len
+        self.shape = {  # the run's arguments, its family and MLP width under the keys Hugging Face analyses use
+            **dataclasses.asdict(self.model_args),
+            "model_type": self.model_args.FAMILY,
+            "mlp_hidden_dim": self.model_args.hidden_dim,
+        }
         units = [Unit(c.step, f"step-{c.step}", os.path.abspath(c.path)) for c in selected]
         super().__init__(
             options,
             units,
-            os.path.basename(self.dump),
+            self.dump,
             options.out or os.path.join(self.dump, "condensation"),
             os.path.join(run_paths(self.dump)[TB_KEY], "condensation"),
             inputs,
             options.dtype or "fp32",
-            FolderOwner("analysis", self.dump),
             encode=run_encoder(self.dump),
         )
         with torch.device("meta"):  # the family's model of this shape, for its parameter count (tied: once)
@@ -285,20 +294,6 @@ class RunAnalysis(Analysis):
 
     def load(self, unit: Unit) -> DecoderLayers:
         return DecoderLayers(load_model(unit.source, self.model_args, self.device, getattr(torch, DTYPES[self.dtype])))
-
-    def metadata(self, unit: Unit) -> dict[str, Any]:
-        """The run's arguments, its family and MLP width under the keys Hugging Face analyses use."""
-        shape = {
-            **dataclasses.asdict(self.model_args),
-            "model_type": self.model_args.FAMILY,
-            "mlp_hidden_dim": self.model_args.hidden_dim,
-        }
-        return {
-            "run": self.dump,
-            "model_args": shape,
-            "n_params": self.n_params,
-            "checkpoint_identity": checkpoint_identity(unit.source),
-        }
 
     def analyze(self) -> int:
         if self.options.wandb:
@@ -324,6 +319,10 @@ class HFAnalysis(Analysis):
     a run's checkpoints, each in ``OUT/rev-NAME/`` (``rev-default``: the default revision)."""
 
     noun = "revision"
+    # a local folder's identity too, as ``evaluate hf:`` records it (a hub revision is taken as it was)
+    identity = staticmethod(
+        lambda source: checkpoint_identity(source, model_folder=True) if os.path.isdir(source) else None
+    )
     changed = staticmethod(partial(identity_changed, model_folder=True))  # another model saved over its folder
 
     def __init__(self, options: argparse.Namespace, inputs: InputOptions):
@@ -334,12 +333,12 @@ class HFAnalysis(Analysis):
             raise ArgumentError("--out: required with hf: models")
         first = self.spec.revisions[0]
         config = hf_model.load_config(self.spec, first)
-        self.args = hf_model.model_args(config)
+        self.shape = hf_model.model_args(config)
         for revision in self.spec.revisions[1:]:  # each result records the first's shape, one evolution plots them
             other = hf_model.model_args(hf_model.load_config(self.spec, revision))
-            if other != self.args:
+            if other != self.shape:
                 differ = ", ".join(
-                    f"{key} {self.args[key]} vs {other[key]}" for key in other if other[key] != self.args[key]
+                    f"{key} {self.shape[key]} vs {other[key]}" for key in other if other[key] != self.shape[key]
                 )
                 raise ArgumentError(
                     f"{options.run}: revisions {first} and {revision} are different models ({differ}); analyze "
@@ -348,7 +347,7 @@ class HFAnalysis(Analysis):
         self.n_params = hf_model.count_parameters(self.spec, config)
         dtype = options.dtype or ("bf16" if self.n_params > hf_model.BF16_ABOVE_PARAMS else "fp32")
         inputs = fitted_inputs(
-            options, inputs, self.args["max_seq_len"], f"max_position_embeddings of {self.spec.model}"
+            options, inputs, self.shape["max_seq_len"], f"max_position_embeddings of {self.spec.model}"
         )
         units = [  # a revision's step: the number after ``step`` in its name, else its position
             Unit(
@@ -362,12 +361,11 @@ class HFAnalysis(Analysis):
         super().__init__(
             options,
             units,
-            os.path.basename(os.path.normpath(self.spec.model)),
+            self.spec.model,
             options.out,
             os.path.join(options.out, "tb"),
             inputs,
             dtype,
-            FolderOwner("analysis", self.spec.model),
             model=self.spec.model,
             encode=hf_model.load_encoder(self.spec, first, inputs.seq_len if inputs.protocol == "paper" else None),
         )
@@ -376,17 +374,6 @@ class HFAnalysis(Analysis):
         return hf_model.load_pretrained(
             self.spec, unit.revision, getattr(torch, DTYPES[self.dtype]), self.device, self.options.device_map
         )
-
-    def metadata(self, unit: Unit) -> dict[str, Any]:
-        """A local folder's identity too, as ``evaluate hf:`` records it (a hub revision is taken as it was)."""
-        identity = checkpoint_identity(unit.source, model_folder=True) if os.path.isdir(unit.source) else None
-        return {
-            "run": self.spec.model,
-            "model_args": self.args,
-            "n_params": self.n_params,
-            "model": self.spec.model,
-            "checkpoint_identity": identity,
-        }
 
 
 class Histograms:
