@@ -84,6 +84,9 @@ def last_n_mean(result: Condensation, n: int, key: str = "mean_cos") -> float | 
     return None if None in values else float(np.mean(values))
 
 
+LAST_N_KEYS = ("mean_cos", "mean_cos_offdiag", "effective_rank", "mev")
+
+
 def model_rows(members: list[Member], n: int) -> list[dict]:
     return [
         {
@@ -93,10 +96,7 @@ def model_rows(members: list[Member], n: int) -> list[dict]:
             "layers": len(point_layers(m.result)),
             "spearman": m.result.spearman,
             "kendall": m.result.kendall,
-            f"mean_cos_last_{n}": last_n_mean(m.result, n),
-            f"mean_cos_offdiag_last_{n}": last_n_mean(m.result, n, "mean_cos_offdiag"),
-            f"effective_rank_last_{n}": last_n_mean(m.result, n, "effective_rank"),
-            f"mev_last_{n}": last_n_mean(m.result, n, "mev"),
+            **{f"{key}_last_{n}": last_n_mean(m.result, n, key) for key in LAST_N_KEYS},
         }
         for m in sorted(members, key=lambda m: (m.family, m.result.n_params))
     ]
@@ -159,22 +159,18 @@ def family_figure(members: list[Member], pairs: list[tuple[Member, Member]], tit
 
 
 def family_markdown(members: list[Member], pairs: list[tuple[Member, Member]], n: int, title: str) -> str:
-    lines = [
-        f"# Condensation by model size ({title})",
-        "",
-        "```",
-        format_table(model_rows(members, n)),
-        "```",
-        "",
-        f"Trend: Spearman's ρ between parameter count and the mean `mean_cos` of the last {n} layers, "
-        "per family (negative: larger models condense less; needs 2 or more models).",
-        "",
-        "```",
-        format_table(trend_rows(members, n)),
-        "```",
+    sections = [
+        ("", model_rows(members, n)),
+        (
+            f"Trend: Spearman's ρ between parameter count and the mean `mean_cos` of the last {n} layers, "
+            "per family (negative: larger models condense less; needs 2 or more models).",
+            trend_rows(members, n),
+        ),
+        *([("Paired (A − B):", paired_rows(pairs, n))] if pairs else []),
     ]
-    if pairs:
-        lines += ["", "Paired (A − B):", "", "```", format_table(paired_rows(pairs, n)), "```"]
+    lines = [f"# Condensation by model size ({title})"]
+    for text, rows in sections:  # each table as text, below its line
+        lines += ["", *([text, ""] if text else []), "```", format_table(rows), "```"]
     return "\n".join(lines) + "\n"
 
 
