@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..run_folder.checkpoints import dispersion_variant, identity_changed
+from ..run_folder.checkpoints import dispersion_variant
 from ..run_folder.outputs import format_table, revision_folder, save_png, write_csv
 from ..run_folder.owners import COMPARISON, relocated, results_folder, results_run, rewritten
 from ..utils.errors import AnalysisError
@@ -53,11 +53,9 @@ def current(run: str, result: Condensation) -> Condensation:
     """``result``, once its checkpoint (found relative to its run, which may have moved since) still holds the
     weights it measured, as ``evaluate table`` checks its results; a Hugging Face model's local folder likewise (a hub
     model's is taken as it was)."""
-    if result.checkpoint_identity is None:
-        return result
     folder = analyses_folder(run)
     if result.model is not None:
-        if identity_changed(result.checkpoint_identity, result.checkpoint, model_folder=True):
+        if result.changed(result.checkpoint):
             spec = f"hf:{result.model}" + (f"@{result.revision}" if result.revision else "")
             raise AnalysisError(
                 f"{folder}: {revision_folder(result.revision)} was analyzed from another model than "
@@ -68,7 +66,7 @@ def current(run: str, result: Condensation) -> Condensation:
         return result
     dump = results_run(folder, result.run)
     here = relocated(result.checkpoint, result.run, dump)
-    if identity_changed(result.checkpoint_identity, here):
+    if result.changed(here):
         raise AnalysisError(
             f"{folder}: step {result.step} was analyzed from another checkpoint than {here} holds now (saved again "
             f"or replaced since); analyze it again with python -m dispersion_titan.analyze {shlex.quote(dump)} "

@@ -12,6 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..run_folder.checkpoints import identity_changed
 from ..run_folder.outputs import (
     FORMAT,
     FORMAT_KEY,
@@ -107,6 +108,13 @@ class Condensation:
     @property
     def tokens_sha256(self) -> str:
         return self.inputs["tokens_sha256"]
+
+    def changed(self, source: str) -> bool:
+        """Whether ``source`` no longer holds the weights this measured: another checkpoint, or another model saved over
+        a Hugging Face model's folder (a hub model's taken as it was: no identity recorded)."""
+        return self.checkpoint_identity is not None and identity_changed(
+            self.checkpoint_identity, source, model_folder=self.model is not None
+        )
 
     def located_inputs(self, folder: str) -> dict[str, Any]:
         """Its inputs, their files located (``inputs.located``), as ``family`` and the paper's rows compare them: one

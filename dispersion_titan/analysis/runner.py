@@ -15,7 +15,6 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -26,7 +25,6 @@ from ..components.wandb_run import log_results, recorded
 from ..models import family
 from ..run_folder.checkpoints import (
     checkpoint_identity,
-    identity_changed,
     load_model,
     load_model_args,
     run_checkpoints,
@@ -112,7 +110,6 @@ class Analysis:
     skippable = ()  # load errors that skip a unit (exit status 1) rather than end the analysis
     noun = "model state"
     identity = staticmethod(checkpoint_identity)  # what a result records of the weights it measured
-    changed = staticmethod(identity_changed)  # whether a source no longer holds the weights of a result's identity
 
     def __post_init__(self) -> None:
         self.label, self.owner = os.path.basename(os.path.normpath(self.run)), FolderOwner("analysis", self.run)
@@ -158,16 +155,14 @@ class Analysis:
             changed.append(differences(result.inputs, self.sequences.record()))
         return ", ".join(filter(None, changed))
 
-    def stale(self, source: str, result: Condensation) -> bool:
-        """Whether ``result`` was measured on other weights than ``source`` holds now."""
-        return result.checkpoint_identity is not None and self.changed(result.checkpoint_identity, source)
-
     def analyze(self) -> int:
         """Analyze pending units and refresh the summary, as ``--out``'s one writer; the count that failed."""
         with owned(self.out, self.owner):
             found = {} if self.options.force else read_analyses(self.out)  # --force: all units pending
             sources = {unit.folder: unit.source for unit in self.units}
-            pending = still_to_do(self.out, sources, found, self._differences, self.stale, "analyzed")
+            pending = still_to_do(
+                self.out, sources, found, self._differences, lambda source, result: result.changed(source), "analyzed"
+            )
             todo = [unit for unit in self.units if unit.folder in pending]
             per_unit = math.ceil(len(self.sequences.tokens) / self.options.batch_size)
             if skipped := len(self.units) - len(todo):
@@ -323,7 +318,6 @@ class HFAnalysis(Analysis):
     identity = staticmethod(
         lambda source: checkpoint_identity(source, model_folder=True) if os.path.isdir(source) else None
     )
-    changed = staticmethod(partial(identity_changed, model_folder=True))  # another model saved over its folder
 
     def __init__(self, options: argparse.Namespace, inputs: InputOptions):
         self.spec = parse_spec(options.run, options.trust_remote_code)  # first: a run's folder given with hf:
