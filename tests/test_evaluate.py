@@ -29,7 +29,7 @@ from scipy import stats
 from dispersion_titan.analyze import REWRITTEN
 from dispersion_titan.evaluate import main as evaluate_main
 from dispersion_titan.evaluation.protocol import PAPER_TASKS, run_protocol, select_tasks
-from dispersion_titan.evaluation.runner import lm_eval_seeds, quiet_git_hash
+from dispersion_titan.evaluation.runner import lm_eval_seeds, quiet_lm_eval
 from dispersion_titan.evaluation.table import min_ranks
 from dispersion_titan.models.qwen3_dispersion import Qwen3Args
 from dispersion_titan.run_folder.owners import OWNER_FILE
@@ -120,14 +120,14 @@ FEW_SHOT = ["arc_easy", "arc_challenge", "medmcqa", "mmlu"]  # the authors' fews
 
 def test_lm_evals_git_lookup_is_quiet_outside_a_checkout(tmp_path, monkeypatch, capfd):
     """lm-eval's ``git describe`` prints "fatal: not a git repository" on every evaluation outside a checkout
-    (when lm-eval stops doing so, the first assertion fails and ``quiet_git_hash`` can go)."""
+    (when lm-eval stops doing so, the first assertion fails and ``quiet_lm_eval``'s ``git_hash`` can go)."""
     from lm_eval import evaluator
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     evaluator.get_git_commit_hash()
     assert "not a git repository" in capfd.readouterr().err
-    with quiet_git_hash():
+    with quiet_lm_eval():
         assert evaluator.get_git_commit_hash() is None
     assert capfd.readouterr().err == ""
 

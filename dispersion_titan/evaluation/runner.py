@@ -196,7 +196,7 @@ class RunEvaluation:
         start = time.time()
         selection = self.selection
         merged: dict = {}
-        with hflm_location(checkpoint.path, self.out) as (folder, revision), quiet_git_hash(), env_info_once():
+        with hflm_location(checkpoint.path, self.out) as (folder, revision), quiet_lm_eval():
             local = self.hub is not None and os.path.isdir(folder)  # a Hugging Face folder's weights: the user's
             with loading(checkpoint.path, local=True) if local else contextlib.nullcontext():  # (was a traceback)
                 lm = HFLM(
@@ -265,23 +265,20 @@ def _env_info() -> dict:
     return info
 
 
-def env_info_once() -> Any:
-    """lm-eval records its environment in every ``simple_evaluate`` result (``pretty_env_info``: torch's
-    ``collect_env``, which runs ``pip list`` and more, 0.5 s of CPU and 1 s each time); this scope records the
-    same entries, gathered once per process, in each task's and checkpoint's result."""
-    from lm_eval import evaluator
-
-    return mock.patch.object(evaluator, "add_env_info", lambda storage: storage.update(_env_info()))
-
-
-def quiet_git_hash() -> Any:
-    """lm-eval records its results' ``git_hash`` with ``git describe``, whose "fatal: not a git repository"
-    outside a checkout reaches the console (EleutherAI/lm-evaluation-harness#1691); this scope gives it
-    lm-eval's own fallback instead, which reads ``.git`` quietly (the same hash in a checkout, else None)."""
+def quiet_lm_eval() -> Any:
+    """Two records lm-eval adds to every ``simple_evaluate`` result, made without their cost or noise: its environment
+    (``pretty_env_info``: torch's ``collect_env``, which runs ``pip list`` and more, 0.5 s of CPU and 1 s each time)
+    gathered once per process; its ``git_hash`` by lm-eval's own fallback, which reads ``.git`` quietly (the same hash
+    in a checkout, else None), not ``git describe``, whose "fatal: not a git repository" outside a checkout reaches
+    the console (EleutherAI/lm-evaluation-harness#1691)."""
     from lm_eval import evaluator
     from lm_eval.loggers.utils import get_commit_from_path
 
-    return mock.patch.object(evaluator, "get_git_commit_hash", functools.partial(get_commit_from_path, os.getcwd()))
+    return mock.patch.multiple(
+        evaluator,
+        add_env_info=lambda storage: storage.update(_env_info()),
+        get_git_commit_hash=functools.partial(get_commit_from_path, os.getcwd()),
+    )
 
 
 def lm_eval_seeds(training_seed: int | None) -> dict[str, int]:
