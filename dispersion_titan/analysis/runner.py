@@ -60,7 +60,7 @@ from ..utils.devices import DTYPES, resolve_device
 from ..utils.errors import AnalysisError, ArgumentError, CheckpointError, OutputError, say
 from ..utils.hub import parse_spec
 from . import figures, hf_model
-from .condensation_schema import RESULT_FILE, Condensation, read_analyses, read_results
+from .condensation_schema import RESULT_FILE, Condensation, read_analyses
 from .inputs import Encode, InputOptions, differences, select_sequences
 from .measure import DecoderLayers, Measurement, geometry_mask, measure
 from .statistics import HIST_EDGES, HIST_RANGE, condensation, layer_row
@@ -157,6 +157,8 @@ class Analysis:
 
     def analyze(self) -> int:
         """Analyze pending units and refresh the summary, as ``--out``'s one writer; the count that failed."""
+        if self.options.wandb:  # a run's only: before the analysis, a run without one fails now, in one line
+            recorded(self.run)
         with owned(self.out, self.owner):
             found = {} if self.options.force else read_analyses(self.out)  # --force: all units pending
             sources = {unit.folder: unit.source for unit in self.units}
@@ -208,8 +210,20 @@ class Analysis:
             finally:
                 if histograms is not None:
                     histograms.close()
-            self._write_summary()
-            return report_failed(failed, len(self.units), f"{self.noun}s", "analyzed")
+            matching = self._write_summary()
+            failed = report_failed(failed, len(self.units), f"{self.noun}s", "analyzed")
+        if self.options.wandb:  # what TensorBoard got, from the results of these settings (as summary.csv)
+            import wandb
+
+            per_step = {
+                result.step: {
+                    **{f"cosine/{x.name}": wandb.Histogram(np_histogram=(x.hist, HIST_EDGES)) for x in result.layers},
+                    **{f"mean_cos/{x.name}": x.mean_cos for x in result.layers},
+                }
+                for result in matching
+            }
+            log_results(self.run, "analyze", "analysis", per_step, self.out)
+        return failed
 
     def _measure(self, unit: Unit, on_batch: Callable[[], None]) -> Measurement:
         """``unit`` loaded and measured; a CheckpointError naming it where its hidden states are not finite."""
@@ -226,8 +240,8 @@ class Analysis:
         except CheckpointError as e:
             raise CheckpointError(f"{unit.source}: {e}; a diverged or damaged model, nothing recorded") from None
 
-    def _write_summary(self) -> None:
-        """``summary.csv`` and ``evolution.png`` over every state analyzed with these inputs."""
+    def _write_summary(self) -> list[Condensation]:
+        """``summary.csv`` and ``evolution.png`` over every state analyzed with these inputs; those states."""
         results = read_analyses(self.out)
         matching = sorted((r for r in results.values() if not self._differences(r)), key=lambda r: r.step)
         if len(matching) < len(results):
@@ -236,7 +250,7 @@ class Analysis:
                 f"--force) and are left out of {SUMMARY_FILE} and evolution.png"
             )
         if not matching:
-            return
+            return matching
         rows = [  # one per step (or revision) × layer
             {
                 "step": result.step,
@@ -253,6 +267,7 @@ class Analysis:
         save_png(figures.evolution(matching, title), os.path.join(self.out, "evolution.png"))
         histograms = f" (TensorBoard histograms: {self.tb_dir})" if os.path.isdir(self.tb_dir) else ""
         print(f"results: {self.out}{histograms}")
+        return matching
 
 
 class RunAnalysis(Analysis):
@@ -289,24 +304,6 @@ class RunAnalysis(Analysis):
 
     def load(self, unit: Unit) -> DecoderLayers:
         return DecoderLayers(load_model(unit.source, self.model_args, self.device, getattr(torch, DTYPES[self.dtype])))
-
-    def analyze(self) -> int:
-        if self.options.wandb:
-            recorded(self.dump)  # before the analysis: a run without one fails now, in one line
-        failed = super().analyze()
-        if self.options.wandb:  # what TensorBoard got, from the results of these settings (as summary.csv)
-            import wandb
-
-            per_step = {
-                step: {
-                    **{f"cosine/{x.name}": wandb.Histogram(np_histogram=(x.hist, HIST_EDGES)) for x in result.layers},
-                    **{f"mean_cos/{x.name}": x.mean_cos for x in result.layers},
-                }
-                for step, result in read_results(self.out).items()
-                if not self._differences(result)
-            }
-            log_results(self.dump, "analyze", "analysis", per_step, self.out)
-        return failed
 
 
 class HFAnalysis(Analysis):
