@@ -54,23 +54,18 @@ def current(run: str, result: Condensation) -> Condensation:
     weights it measured, as ``evaluate table`` checks its results; a Hugging Face model's local folder likewise (a hub
     model's is taken as it was)."""
     folder = analyses_folder(run)
-    if result.model is not None:
-        if result.changed(result.checkpoint):
-            spec = f"hf:{result.model}" + (f"@{result.revision}" if result.revision else "")
-            raise AnalysisError(
-                f"{folder}: {revision_folder(result.revision)} was analyzed from another model than "
-                f"{result.checkpoint} holds now (saved again or replaced since); analyze it again with python -m "
-                "dispersion_titan.analyze "
-                f"{shlex.quote(spec)} --out {shlex.quote(folder)} --force {shlex.join(analyzed_with(result))}"
-            )
-        return result
-    dump = results_run(folder, result.run)
-    here = relocated(result.checkpoint, result.run, dump)
+    if result.model is None:
+        dump = results_run(folder, result.run)
+        what, here, again = f"step {result.step}", relocated(result.checkpoint, result.run, dump), "checkpoint"
+        command = [dump, "--steps", str(result.step)]
+    else:
+        what, here, again = revision_folder(result.revision), result.checkpoint, "model"
+        command = [f"hf:{result.model}" + (f"@{result.revision}" if result.revision else "")]
     if result.changed(here):
         raise AnalysisError(
-            f"{folder}: step {result.step} was analyzed from another checkpoint than {here} holds now (saved again "
-            f"or replaced since); analyze it again with python -m dispersion_titan.analyze {shlex.quote(dump)} "
-            f"--steps {result.step} --out {shlex.quote(folder)} --force {shlex.join(analyzed_with(result))}"
+            f"{folder}: {what} was analyzed from another {again} than {here} holds now (saved again or replaced "
+            f"since); analyze it again with python -m dispersion_titan.analyze {shlex.join(command)} --out "
+            f"{shlex.quote(folder)} --force {shlex.join(analyzed_with(result))}"
         )
     return result
 
