@@ -38,29 +38,32 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     start = ["sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
     # SBATCH_GPUS_PER_NODE, read for train.sbatch's nodes, is every job's: sbatch 22.05 refuses it over the others'
     # --gpus=1 (Failed to ensure --gpus >= --gres=gpu/--gpus-per-node) and gives a --gpus=0 job its GPUs
-    alone = ["--gpus-per-node=0"] if script != "train" and SBATCH_ENVIRONMENT["--gpus-per-node"] in os.environ else []
+    alone = ["--gpus-per-node=0"] if script != "train" and SBATCH_OPTIONS["--gpus-per-node"][2] in os.environ else []
     return [*start, *alone, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
-SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), and its shortest abbreviation that
-    # sbatch 22.05 (getopt_long) takes as it; shorter ones it calls ambiguous: --a (--account --acctg-freq --array),
-    # --de (--deadline --delay-boot --dependency), --s (--signal --sockets-per-node ...), --gpus-per (-node -socket
-    # -task), --node (--nodefile ...)
-    "--array": ("-a", "--ar"),
-    "--chdir": ("-D", "--ch"),
-    "--dependency": ("-d", "--dep"),
-    "--error": ("-e", "--er"),
-    "--export": ("", "--export"),  # --expor: --export or --export-file
-    "--export-file": ("", "--export-"),
-    "--gpus": ("-G", "--gpus"),
-    "--gpus-per-node": ("", "--gpus-per-n"),
-    "--input": ("-i", "--in"),
-    "--kill-on-invalid-dep": ("", "--k"),
-    "--nodefile": ("-F", "--nodef"),
-    "--nodes": ("-N", "--nodes"),
-    "--output": ("-o", "--ou"),
-    "--signal": ("", "--si"),
-    "--time": ("-t", "--time"),  # --tim: --time or --time-min
+SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), its shortest abbreviation that
+    # sbatch 22.05 (getopt_long) takes as it, and its input environment variable ("": none; man sbatch), which it
+    # reads over its script's #SBATCH lines, and its command line's options over it. Shorter abbreviations it calls
+    # ambiguous: --a (--account --acctg-freq --array), --de (--deadline --delay-boot --dependency), --s (--signal
+    # --sockets-per-node ...), --gpus-per (-node -socket -task), --node (--nodefile ...), --gre (--gres-flags).
+    # SBATCH_CHDIR, SBATCH_NODES ...: ignored, tried on launch/local_slurm.sh
+    "--array": ("-a", "--ar", "SBATCH_ARRAY_INX"),
+    "--chdir": ("-D", "--ch", ""),
+    "--dependency": ("-d", "--dep", ""),
+    "--error": ("-e", "--er", ""),
+    "--export": ("", "--export", "SBATCH_EXPORT"),  # --expor: --export or --export-file
+    "--export-file": ("", "--export-", ""),
+    "--gpus": ("-G", "--gpus", "SBATCH_GPUS"),
+    "--gpus-per-node": ("", "--gpus-per-n", "SBATCH_GPUS_PER_NODE"),
+    "--gres": ("", "--gres", "SBATCH_GRES"),
+    "--input": ("-i", "--in", ""),
+    "--kill-on-invalid-dep": ("", "--k", ""),
+    "--nodefile": ("-F", "--nodef", ""),
+    "--nodes": ("-N", "--nodes", ""),
+    "--output": ("-o", "--ou", ""),
+    "--signal": ("", "--si", "SBATCH_SIGNAL"),
+    "--time": ("-t", "--time", "SBATCH_TIMELIMIT"),  # --tim: --time or --time-min
 }
 
 
@@ -72,7 +75,7 @@ def option_values(args: list[str], long: str) -> list[tuple[str, str]]:
     """Each time ``args`` give sbatch's option ``long`` (``SBATCH_OPTIONS``), in any of its spellings (``-dX``,
     ``-d X``, after flags bundled with it, ``-Hd X``, ``--dependency=X``, ``--dependency X``, or an abbreviation
     sbatch takes, ``--dep=X``): the argument as given, and its value."""
-    short, shortest = SBATCH_OPTIONS[long]
+    short, shortest, _ = SBATCH_OPTIONS[long]
     found = []
     for arg, after in itertools.pairwise([*args, ""]):
         name, eq, value = arg.partition("=")
@@ -88,24 +91,10 @@ def given_option(args: list[str], long: str) -> str | None:
     return next((given for given, _ in option_values(args, long)), None)
 
 
-SBATCH_ENVIRONMENT = {  # sbatch 22.05's input environment variables (man sbatch) of the options read or refused
-    # here: it reads them over its script's #SBATCH lines, and its command line's options over them. --chdir,
-    # --dependency, --kill-on-invalid-dep and --nodes have none (SBATCH_CHDIR, SBATCH_NODES ...: ignored, tried on
-    # launch/local_slurm.sh)
-    "--array": "SBATCH_ARRAY_INX",
-    "--export": "SBATCH_EXPORT",
-    "--gpus": "SBATCH_GPUS",
-    "--gpus-per-node": "SBATCH_GPUS_PER_NODE",
-    "--gres": "SBATCH_GRES",
-    "--signal": "SBATCH_SIGNAL",
-    "--time": "SBATCH_TIMELIMIT",
-}
-
-
 def environment_options() -> dict[str, str]:
-    """The options sbatch reads from its environment (``SBATCH_ENVIRONMENT``), each as an argument (``--signal=X``)
-    with the variable giving it."""
-    return {f"{option}={os.environ[var]}": var for option, var in SBATCH_ENVIRONMENT.items() if var in os.environ}
+    """The options sbatch reads from its environment (``SBATCH_OPTIONS``), each as an argument (``--signal=X``) with
+    the variable giving it."""
+    return {f"{option}={os.environ[var]}": var for option, (*_, var) in SBATCH_OPTIONS.items() if var in os.environ}
 
 
 def sbatch_reads(args: list[str], option: str, where: str) -> tuple[str, str, str] | None:
@@ -240,19 +229,27 @@ REFUSED_ENVIRONMENT = {  # where ``REFUSED``'s reason fits the option alone, and
 GPU_GRES = re.compile(r"(^|,)(gres:)?gpu(:|,|$)")  # a --gres asking for GPUs (gpu, gpu:2, gpu:a100:2, gres:gpu:2)
 
 
-def refuse_options(option: str, args: list[str], *names: str) -> None:
-    """Each of ``names`` (``REFUSED``) among the sbatch arguments ``option`` gives, in any of its spellings."""
-    for name in names:
+WAITING = ("--dependency", "--kill-on-invalid-dep")  # of ``REFUSED``: a job that waits for none keeps them
+
+
+def refuse_options(option: str, args: list[str], waits: bool = True) -> None:
+    """Each of ``REFUSED`` (but ``WAITING`` for jobs that wait for none: not ``waits``) among the sbatch arguments
+    ``option`` gives, in any of its spellings."""
+    for name in (name for name in REFUSED if waits or name not in WAITING):
         if (given := given_option(args, name)) is not None:
             raise DispersionTitanError(f"{option}: {given}: {REFUSED[name]}")
 
 
-def refuse_environment(*names: str) -> None:
-    """Each of ``names`` (``REFUSED``) given by sbatch's environment (``SBATCH_ENVIRONMENT``), and GPUs it asks for,
-    before any job."""
+def asks_gpus(option: str, value: str) -> bool:
+    """Whether sbatch's ``option`` with ``value`` asks for GPUs beside ``--gpus-per-node``."""
+    return option == "--gpus" or option == "--gres" and bool(GPU_GRES.search(value))
+
+
+def refuse_environment() -> None:
+    """Each of ``REFUSED`` given by sbatch's environment (``SBATCH_OPTIONS``), and GPUs it asks for, before any job."""
     for given, var in environment_options().items():
         option, _, value = given.partition("=")
-        if option in names or option == "--gpus" or option == "--gres" and GPU_GRES.search(value):
+        if option in REFUSED or asks_gpus(option, value):
             raise DispersionTitanError(
                 f"{var}={value}: sbatch reads it as {option}: "
                 f"{REFUSED_ENVIRONMENT.get(option) or REFUSED[option]} (here: unset {var})"
@@ -277,19 +274,15 @@ class SlurmJob:
         return [*self.argv[:DEPENDENCY_AT], after, *self.argv[DEPENDENCY_AT:]]
 
 
-def without_dependency(argv: list[str]) -> list[str]:
-    """A ``SlurmJob.command`` without the ``--dependency`` it put in (a user's own, further on, kept)."""
-    return [a for i, a in enumerate(argv) if not (i == DEPENDENCY_AT and a.startswith("--dependency="))]
-
-
 ALONE_AT = 5  # where ``sbatch`` puts SBATCH_GPUS_PER_NODE's --gpus-per-node=0: after its own options
 
 
 def compared(argv: list[str]) -> list[str]:
-    """A job's sbatch command as a submission again compares it with the one recorded: without its ``--dependency``,
-    nor the ``--gpus-per-node=0`` ``sbatch`` gives a job but a training under ``SBATCH_GPUS_PER_NODE``, which asks
-    what the job asks without the variable (set for one submission, not the other, the jobs are the same)."""
-    argv = without_dependency(argv)
+    """A job's sbatch command as a submission again compares it with the one recorded: without the ``--dependency``
+    ``SlurmJob.command`` put in (a user's own, further on, kept), nor the ``--gpus-per-node=0`` ``sbatch`` gives a job
+    but a training under ``SBATCH_GPUS_PER_NODE``, which asks what the job asks without the variable (set for one
+    submission, not the other, the jobs are the same)."""
+    argv = [a for i, a in enumerate(argv) if not (i == DEPENDENCY_AT and a.startswith("--dependency="))]
     training = any(str(a).endswith(f"{os.sep}train.sbatch") for a in argv)
     added = argv[ALONE_AT : ALONE_AT + 1] == ["--gpus-per-node=0"] and not training
     return [a for i, a in enumerate(argv) if not (added and i == ALONE_AT)]

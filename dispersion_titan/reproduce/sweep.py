@@ -179,11 +179,9 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
                 f"{key}: {fields[key]!r} is not an sbatch --time (minutes, H:M:S or D-H:M:S, e.g. 2-00:00:00)"
             )
     fields.update({key: _strings(key, fields[key]) for key in (*ARGUMENTS, "train_overrides") if key in fields})
-    for key in ("analyze_sbatch_args", "evaluate_sbatch_args"):  # a training job waits for none: its own is kept
-        refuse_options(key, fields.get(key, []), "--dependency", "--kill-on-invalid-dep")
-    for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):
-        refuse_options(key, fields.get(key, []), "--array", "--chdir", "--export")
-    refuse_environment("--array", "--export")
+    for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):  # a training job waits for none
+        refuse_options(key, fields.get(key, []), waits=key != "train_sbatch_args")
+    refuse_environment()
     own = ("train_time", str(fields["train_time"])) if "train_time" in fields else None
     check_train_time(fields.get("train_sbatch_args", []), "train_sbatch_args", "--train-sbatch-arg", own)
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro

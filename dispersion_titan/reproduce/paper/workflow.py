@@ -44,7 +44,6 @@ from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import HFSpec, parse_spec
 from ..slurm_scripts import (
-    REFUSED,
     SBATCH_GPUS_PER_NODE,
     SlurmJob,
     check_train_time,
@@ -298,8 +297,8 @@ def corpora(options: dict) -> dict[str, list[str]]:
 def build(artifact: str, options: dict) -> PaperWorkflow:
     """The workflow of ``artifact`` under ``options`` (the parsed command line, by dest)."""
     if options.get("slurm") and not options.get("draw_only"):  # before anything is said (fig3's layouts)
-        refuse_options("--sbatch-arg", options.get("sbatch_args") or [], *REFUSED)
-        refuse_environment(*REFUSED)
+        refuse_options("--sbatch-arg", options.get("sbatch_args") or [])
+        refuse_environment()
     defaults = TABLE2_DEFAULTS if artifact == "table2" else {**PAPER_DEFAULTS, **ARTIFACT_DEFAULTS.get(artifact, {})}
     options = {**options, **{k: v for k, v in defaults.items() if options.get(k) is None}}
     if options["dtype"] == AUTOCAST and artifact != "table2":
