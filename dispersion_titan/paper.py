@@ -46,6 +46,7 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument(
         "--models",
         nargs="+",
+        type=cli.named("a hub id, a model folder, an hf: spec or a run"),
         metavar="MODEL",
         help="replace the paper's models: hub ids, local model folders, hf: specs or our runs "
         "(fig5: the bases, then their distilled models; table2: RUN or ARM=RUN1,RUN2)",
@@ -90,6 +91,7 @@ def paper_parser() -> OneLineErrorParser:
     p.add_argument(
         "--corpus",
         action="append",
+        type=cli.named("a corpus as NAME=DATASET or NAME=FILE"),
         metavar="NAME=DATASET|FILE",
         help="robustness: a corpus (a registered --dataset or a jsonl file); replaces the paper's four",
     )
@@ -150,13 +152,8 @@ def run_paper(argv: list[str]) -> int:
     options = {**vars(a), "out": os.path.realpath(a.out)}  # one folder by any path: the same jobs (as the sweep)
     refuse_unless_ours(options["out"], PAPER, "--out", "use another --out")  # --dry-run too: it shows what would run
     workflow = workflows.build(a.artifact, options)
-    if workflow.left_out:
-        print(
-            f"{a.artifact}: left out {', '.join(workflow.left_out)}: they run their own modelling code; add "
-            "--trust-remote-code to include them",
-            file=sys.stderr,
-        )
-    for note in workflow.notes:
+    left_out = f"{a.artifact}: left out {', '.join(workflow.left_out)}: they run their own modelling code; add "
+    for note in [left_out + "--trust-remote-code to include them"] * bool(workflow.left_out) + workflow.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
         workflows.refuse_other_settings(workflow, analyze.analyze_parser(), queued=not a.dry_run)
