@@ -540,13 +540,21 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
                 env_given.setenv(var, value)
             assert_one_line_error(*paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path,
                                          capsys=capsys)[::2], said)  # fmt: skip
-    # a --gpus reaches the trainings too: sbatch 22.05 refused train.sbatch under it (its --gpus-per-node=8)
-    for given in (("--sbatch-arg=--gpus=2",), ("--sbatch-arg=-G", "--sbatch-arg=2")):
+    # a --gpus reaches the trainings too: sbatch 22.05 refused train.sbatch under it (its --gpus-per-node=8); a --gres
+    # of GPUs the same (was submitted: the trainings got its GPUs per node, not those their layout was checked for)
+    for given in (
+        ("--sbatch-arg=--gpus=2",),
+        ("--sbatch-arg=-G", "--sbatch-arg=2"),
+        ("--sbatch-arg=--gres=gpu:2",),
+        ("--sbatch-arg=--gres", "--sbatch-arg=gres:gpu:a100:1"),
+    ):
         code, _, err = paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path, capsys=capsys)
         assert_one_line_error(
             code, err, f"--sbatch-arg: {given[0].split('=', 1)[1]}: fig3's training jobs would get it too",
             "give the trainings' GPUs as --sbatch-arg=--gpus-per-node=N"
         )  # fmt: skip
+    code, out, _ = paper("fig3", "--slurm", "--dry-run", "--sbatch-arg=--gres=nvme:1", "--out", tmp_path, capsys=capsys)
+    assert code == 0 and " --gres=nvme:1 " in out  # no GPUs: kept
     code, out, _ = paper("fig3", "--preset", "ours", "--slurm", "--dry-run", "--out", tmp_path, capsys=capsys)
     assert code == 0 and "train.sbatch train_configs/gpt2_small_mlp768_angular_spread.toml --job.dump_folder" in out
     for option in ("--preset", "--pick", "--rows"):

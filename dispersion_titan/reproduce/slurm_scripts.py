@@ -245,6 +245,17 @@ def asks_gpus(option: str, value: str) -> bool:
     return option == "--gpus" or option == "--gres" and bool(GPU_GRES.search(value))
 
 
+def gpus_asked(args: list[str]) -> str | None:
+    """The first of ``args`` asking sbatch for GPUs beside ``--gpus-per-node`` (``asks_gpus``)."""
+    found = (
+        given
+        for option in ("--gpus", "--gres")
+        for given, value in option_values(args, option)
+        if asks_gpus(option, value)
+    )
+    return next(found, None)
+
+
 def refuse_environment() -> None:
     """Each of ``REFUSED`` given by sbatch's environment (``SBATCH_OPTIONS``), and GPUs it asks for, before any job."""
     for given, var in environment_options().items():

@@ -48,6 +48,7 @@ from ..slurm_scripts import (
     SlurmJob,
     check_train_time,
     given_option,
+    gpus_asked,
     job_name,
     lead_told,
     queued_jobs,
@@ -523,14 +524,14 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
     sbatch_args = options.get("sbatch_args") or []
     if train:  # refused here, as by the sweep, not by each training job as it starts
         check_train_time(sbatch_args, "--sbatch-arg", "--sbatch-arg")
-        if (gpus := given_option(sbatch_args, "--gpus")) is not None:
+        if (gpus := gpus_asked(sbatch_args)) is not None:
             raise ArgumentError(f"--sbatch-arg: {gpus}: {TRAINING_GPUS}")
     notes = [note for _, note in chosen.values() if note] + training_layouts(train, sbatch_args)
     return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows)
 
 
-TRAINING_GPUS = (  # why paper fig3 --slurm refuses a --sbatch-arg=--gpus while it trains (sbatch 22.05 refused
-    # train.sbatch under --gpus=1 on launch/local_slurm.sh)
+TRAINING_GPUS = (  # why paper fig3 --slurm refuses a --sbatch-arg=--gpus (or a --gres of GPUs) while it trains
+    # (sbatch 22.05 refused train.sbatch under --gpus=1 on launch/local_slurm.sh)
     "fig3's training jobs would get it too, over the GPUs per node their layout is checked for (train.sbatch's "
     "--gpus-per-node; sbatch refuses a --gpus below it: Failed to ensure --gpus >= --gres=gpu/--gpus-per-node); give "
     "the trainings' GPUs as --sbatch-arg=--gpus-per-node=N (each analysis asks its own), and a --gpus for the "
