@@ -459,6 +459,9 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--analyze-args=--nosuch 3",): "analyze_args: unrecognized arguments: --nosuch 3",  # not in failed jobs
         ("--evaluate-args=--limit 0",): "evaluate_args: argument --limit: '0' is not a positive integer",
         ("--analyze-args", "'x"): 'analyze_args: "\'x": no closing quotation',
+        # an empty value (an unset shell variable), refused as analyze --texts '' itself is (not in failed jobs)
+        ("--analyze-args=--texts ''",): "analyze_args: argument --texts: empty; name a jsonl file",
+        ("--evaluate-args=--out=",): "evaluate_args: argument --out: empty; name a folder, or leave the option out",
     }
     wrong_type = tmp_path / "wrong_type.toml"  # a TOML value not a path: named, not a TypeError traceback
     wrong_type.write_text('config = ["debug.toml"]\nwidths = [64]\nvariants = ["baseline"]\nseeds = [0]\n')
