@@ -1100,3 +1100,29 @@ def test_a_sweep_submitted_again_with_or_without_sbatch_gpus_per_node_is_the_sam
         submitted = calls.read_text().splitlines()
         alone = [" --kill-on-invalid-dep=yes --gpus-per-node=0 " in line for line in submitted[count - 5 : count]]
         assert len(submitted) == count and alone == [False] + [bool(variable)] * 4, submitted
+
+
+def test_a_sweep_submitted_again_under_another_sbatch_gpus_per_node_is_refused(tmp_path):
+    """``SBATCH_GPUS_PER_NODE`` changed since the trainings were submitted (``sweep.json``'s ``environment``), the
+    sweep giving no --gpus-per-node of its own: one line naming the variable and its earlier value, exit 2, nothing
+    submitted (was submitted: each training went on on another number of GPUs per node than it started with, which
+    the sweep's own --gpus-per-node refuses as other settings); under the earlier value, its ended jobs again."""
+    out, calls, held = tmp_path / "sweep", tmp_path / "calls", tmp_path / "held"
+    env = fake_slurm(tmp_path, "")
+    assert sweep(*ONE_CELL, "--out", str(out), env={**env, "SBATCH_GPUS_PER_NODE": "4"}).returncode == 0
+    held.write_text("")  # its jobs ended (cancelled), the training unfinished
+    for variable, said in (
+        ({"SBATCH_GPUS_PER_NODE": "8"}, "SBATCH_GPUS_PER_NODE=8: "),
+        ({}, "SBATCH_GPUS_PER_NODE unset: "),
+    ):
+        for dry_run in ((), ("--dry-run",)):
+            proc = sweep(*ONE_CELL, "--out", str(out), *dry_run, env={**env, **variable})
+            assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+            assert proc.stderr.startswith(
+                f"dispersion_titan: error: {said}{out} holds a sweep submitted with SBATCH_GPUS_PER_NODE=4: its "
+                "trainings would go on on 8 GPUs per node, not the 4 they were submitted for; submit it again with "
+                "SBATCH_GPUS_PER_NODE=4"
+            ), proc.stderr
+    assert len(calls.read_text().splitlines()) == 5
+    proc = sweep(*ONE_CELL, "--out", str(out), env={**env, "SBATCH_GPUS_PER_NODE": "gpu:4"})  # the same count
+    assert proc.returncode == 0 and len(calls.read_text().splitlines()) == 10, proc.stderr

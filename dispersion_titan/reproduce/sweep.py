@@ -38,6 +38,7 @@ from ..utils.errors import ArgumentError, ConfigError, DispersionTitanError
 from ..utils.records import atomic_write
 from .slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
+    SBATCH_OPTIONS,
     SLURM_TIME,
     SlurmJob,
     check_train_time,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 
 CPU_PROCESSES_PER_NODE = 2  # train.sh's NPROC without GPUs
 MANIFEST = "sweep.json"
+GPUS_VARIABLE = SBATCH_OPTIONS["--gpus-per-node"][2]  # SBATCH_GPUS_PER_NODE, which sbatch reads for the trainings
 
 
 @dataclass
@@ -362,9 +364,9 @@ def _evaluations(run: str, options: argparse.Namespace) -> list[Path] | None:
     return [Path(out, f"step-{c.step}", EVALUATION_FILE) for c in selected]
 
 
-def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[str, str]]:
-    """A submitted sweep's folder, its cells' names, its jobs' sbatch commands without their dependencies, and the
-    ids of those submitted (none: a submission refused partway, ``null``)."""
+def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[str, str], object]:
+    """A submitted sweep's folder, its cells' names, its jobs' sbatch commands without their dependencies, the ids of
+    those submitted (none: a submission refused partway, ``null``), and its ``environment`` (None: not recorded)."""
     try:
         manifest = json.loads(path.read_text())
         commands = {key: compared(argv) for key, argv in manifest["commands"].items()}
@@ -373,7 +375,8 @@ def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[st
             ids |= {f"{kind}_{i}": cell[f"{kind}_job"] for kind in ("train", "analyze", "evaluate")}
         ids |= {"compare": manifest["compare_job"], "table": manifest["table_job"]}
         names = [cell["name"] for cell in manifest["cells"]]
-        return manifest["out"], names, commands, {key: job_id for key, job_id in ids.items() if job_id is not None}
+        submitted = {key: job_id for key, job_id in ids.items() if job_id is not None}
+        return manifest["out"], names, commands, submitted, manifest.get("environment")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # edited by hand, or of another version
         raise ArgumentError(f"out: {path}: unreadable ({type(e).__name__}: {e}); give the sweep a new folder") from None
 
@@ -392,6 +395,26 @@ def _refuse_other_settings(name: str, config: RunConfig) -> None:
             f"cell {name}: {line}; submit the sweep again with the settings its runs started with (its config as it "
             "was), or give the sweep a new folder"
         ) from None
+
+
+def _refuse_other_gpus(sweep: Sweep, recorded: object) -> None:
+    """The trainings submitted again to go on under another ``SBATCH_GPUS_PER_NODE`` than they were submitted with
+    (``sweep.json``'s ``environment``; an older one records none), which lays them out where the sweep gives no
+    --gpus-per-node: each would go on on another number of GPUs, which the sweep's own --gpus-per-node refuses."""
+    given = given_option([*_resources(sweep, "gpus_per_node"), *sweep.train_sbatch_args], "--gpus-per-node")
+    if not isinstance(recorded, dict) or given:
+        return
+    then, now = recorded.get(GPUS_VARIABLE), os.environ.get(GPUS_VARIABLE)
+    counts = [(value or str(SBATCH_GPUS_PER_NODE)).rpartition(":")[2] for value in (then, now)]
+    if counts[0] != counts[1]:
+        was, is_ = (
+            f"{GPUS_VARIABLE}={value}" if value is not None else f"{GPUS_VARIABLE} unset" for value in (then, now)
+        )
+        raise ArgumentError(
+            f"{is_}: {sweep.out} holds a sweep submitted with {was}: its trainings would go on on {counts[1]} GPUs per "
+            f"node, not the {counts[0]} they were submitted for; submit it again with {was}, or give the sweep a new "
+            "folder"
+        )
 
 
 def _refuse_while_queued_there(here: Path, there: str, ids: list[str], queued: dict[str, str]) -> None:
@@ -432,7 +455,7 @@ def resubmission(
     from what it finished."""
     if not (sweep.out / MANIFEST).exists():
         return jobs, {}, set()
-    out, names, recorded, ids = _recorded(sweep.out / MANIFEST)
+    out, names, recorded, ids, environment = _recorded(sweep.out / MANIFEST)
     if out != str(sweep.out):  # copied or moved: compared as they would be submitted from here
         recorded = {key: _relocated(argv, out, str(sweep.out)) for key, argv in recorded.items()}
     cells = [cell.name for cell in sweep.cells()]
@@ -474,6 +497,8 @@ def resubmission(
     finished = {key for key, done in results.items() if done is not None and key in ids and ids[key] not in queued}
     kept |= {key: ids[key] for key in finished}
     todo = [job for job in jobs if job.key not in kept]
+    if any(job.key.startswith("train_") and job.key in ids for job in todo):  # a training to go on
+        _refuse_other_gpus(sweep, environment)
     for i, (cell, config) in enumerate(zip(sweep.cells(), configs, strict=True), start=1):
         if any(job.key == f"train_{i}" for job in todo):
             _refuse_other_settings(cell.name, config)
@@ -550,6 +575,7 @@ def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> P
         "compare_out": str(sweep.out / "compare"),
         "table_job": ids.get("table"),
         "table_out": str(sweep.out / "table"),
+        "environment": {GPUS_VARIABLE: os.environ.get(GPUS_VARIABLE)},  # the trainings' GPUs per node, by default
         "commands": {job.key: job.command(ids) if {job.key, *job.after} <= ids.keys() else job.argv for job in jobs},
     }
     path = sweep.out / MANIFEST
