@@ -152,8 +152,8 @@ def run_paper(argv: list[str]) -> int:
     options = {**vars(a), "out": os.path.realpath(a.out)}  # one folder by any path: the same jobs (as the sweep)
     refuse_unless_ours(options["out"], PAPER, "--out", "use another --out")  # --dry-run too: it shows what would run
     workflow = workflows.build(a.artifact, options)
-    left_out = f"{a.artifact}: left out {', '.join(workflow.left_out)}: they run their own modelling code; add "
-    for note in [left_out + "--trust-remote-code to include them"] * bool(workflow.left_out) + workflow.notes:
+    said = f"{a.artifact}: left out {', '.join(workflow.left_out)}: they run their own modelling code; add "
+    for note in ([said + "--trust-remote-code to include them"] if workflow.left_out else []) + workflow.notes:
         print(note, file=sys.stderr)
     if a.slurm and not a.draw_only:
         workflows.refuse_other_settings(workflow, analyze.analyze_parser(), queued=not a.dry_run)
