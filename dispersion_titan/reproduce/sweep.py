@@ -405,7 +405,7 @@ def _refuse_other_gpus(sweep: Sweep, recorded: object) -> None:
     if not isinstance(recorded, dict) or given:
         return
     then, now = recorded.get(GPUS_VARIABLE), os.environ.get(GPUS_VARIABLE)
-    counts = [(value or str(SBATCH_GPUS_PER_NODE)).rpartition(":")[2] for value in (then, now)]
+    counts = [str(value or SBATCH_GPUS_PER_NODE).rpartition(":")[2] for value in (then, now)]  # h100:4: 4
     if counts[0] != counts[1]:
         was, is_ = (
             f"{GPUS_VARIABLE}={value}" if value is not None else f"{GPUS_VARIABLE} unset" for value in (then, now)
