@@ -266,6 +266,8 @@ RUN_EMPTY = f"argument RUN: {EMPTY}a run folder"
         (evaluate_main, ["A", *EVAL_OPTS, "--include-path", ""], f"argument --include-path/--include_path: {EMPTY}"),
         (paper_main, ["fig2", "--texts", "", "--dry-run"], f"argument --texts: {EMPTY}"),
         (paper_main, ["table2", "--include-path", "", "--dry-run"], f"argument --include-path: {EMPTY}"),
+        (paper_main, ["fig2", "--models", "gpt2", "", "--dry-run"], f"argument --models: {EMPTY}a hub id, a model"),
+        (paper_main, ["robustness", "--corpus", "", "--dry-run"], f"argument --corpus: {EMPTY}a corpus as NAME="),
         (data_main, ["prepare", "enwiki_sample", "--out", "s", "--tokenizer", ""], f"argument --tokenizer: {EMPTY}"),
         (data_main, ["prepare", "enwiki_sample", "--out", "s", "--dataset-path", ""], f"--dataset_path: {EMPTY}"),
         (plan_main, [""], f"CONFIG: {EMPTY}a TOML file"),
@@ -280,6 +282,7 @@ RUN_EMPTY = f"argument RUN: {EMPTY}a run folder"
         *("analyze-RUN", "evaluate-RUN", "convert-RUN", "compare-RUN", "family-SPEC"),
         *("analyze-texts", "analyze-dataset", "analyze-dataset-path", "analyze-out", "analyze-tb-dir"),
         *("evaluate-out", "evaluate-include-path", "paper-texts", "paper-include-path"),
+        *("paper-models", "paper-corpus"),
         *("prepare-tokenizer", "prepare-dataset-path", "plan-CONFIG", "sweep-SPEC", "quickstart-config"),
     ],
 )

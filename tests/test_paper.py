@@ -1029,18 +1029,6 @@ def test_paper_with_an_empty_out_is_refused_not_written_into_the_working_folder(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_paper_with_an_empty_model_or_corpus_is_refused_in_one_line(tmp_path, capsys):
-    """``--models ""`` or ``--corpus ""`` (an unset shell variable): one line saying the value is empty, exit 2, as an
-    empty --out (were `--models: : expected hf:MODEL or hf:MODEL@REV1,REV2,...`, `--corpus: '' is not NAME=VALUE`)."""
-    for args, said in (
-        (("fig2", "--models", ""), "argument --models: empty; name a hub id, a model folder, an hf: spec or a run"),
-        (("fig2", "--models", "gpt2", ""), "argument --models: empty; name a hub id"),
-        (("robustness", "--corpus", ""), "argument --corpus: empty; name a corpus as NAME=DATASET or NAME=FILE"),
-    ):
-        code, _, err = paper(*args, "--dry-run", "--out", tmp_path, capsys=capsys)
-        assert_one_line_error(code, err, f"dispersion_titan: error: {said}")
-
-
 DISP = "\\disp_#2|$"
 """An arm named with what LaTeX and Markdown escape (was: a .tex that does not compile, a Markdown column more)."""
 
