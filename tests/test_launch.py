@@ -432,6 +432,11 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--train-time", "11", "--train-sbatch-arg=--signal=B:USR1@600"): "signalled 600 s before the limit",
         ("--train-time", "11", "--train-sbatch-arg=--sig=B:USR1@600"): "signalled 600 s before the limit",
         ("--train-sbatch-arg=--ch=/tmp",): "train_sbatch_args: --ch=/tmp: these jobs run in the folder this command",
+        # GPUs beside the trainings' --gpus-per-node (was submitted: a --gres's per node, not the layout's checked)
+        ("--train-sbatch-arg=--gres=gpu:2",): "train_sbatch_args: --gres=gpu:2: the trainings ask train.sbatch's "
+        "--gpus-per-node, which each cell's layout is checked for, and sbatch would read this with it; give their GPUs "
+        "per node as --gpus-per-node N",
+        ("--train-sbatch-arg=-G2",): "train_sbatch_args: -G2: the trainings ask train.sbatch's --gpus-per-node",
         ("--", "--checkpoint.no-enable"): "cell w64-baseline-s0: checkpoint.enable is off: its training would save no",
         ("--", "--training.steps", "0", "--checkpoint.no-save-initial"): (  # its analyze, evaluate jobs' failure
             "cell w64-baseline-s0: training.steps is 0 without checkpoint.save_initial: its training would save no "

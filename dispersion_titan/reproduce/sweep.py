@@ -44,6 +44,7 @@ from .slurm_scripts import (
     check_train_time,
     compared,
     given_option,
+    gpus_asked,
     lead_told,
     option_values,
     queued_jobs,
@@ -184,6 +185,11 @@ def read_sweep(raw: dict[str, Any]) -> Sweep:
     for key in ("train_sbatch_args", "analyze_sbatch_args", "evaluate_sbatch_args"):  # a training job waits for none
         refuse_options(key, fields.get(key, []), waits=key != "train_sbatch_args")
     refuse_environment()
+    if gpus := gpus_asked(fields.get("train_sbatch_args", [])):  # (a --gpus: refused by sbatch; a --gres: obeyed)
+        raise ArgumentError(
+            f"train_sbatch_args: {gpus}: the trainings ask train.sbatch's --gpus-per-node, which each cell's layout is "
+            "checked for, and sbatch would read this with it; give their GPUs per node as --gpus-per-node N"
+        )
     own = ("train_time", str(fields["train_time"])) if "train_time" in fields else None
     check_train_time(fields.get("train_sbatch_args", []), "train_sbatch_args", "--train-sbatch-arg", own)
     for arg in fields.get("train_overrides", []):  # --model.mlp-hidden-dim=5 is --model.mlp_hidden_dim to tyro
