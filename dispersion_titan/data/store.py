@@ -63,8 +63,8 @@ _MANIFEST_KEYS = (
 )
 
 
-def shard_name(index: int) -> str:
-    return f"shard-{index:05d}.bin"
+def shard_name(index: int, ext: str = "bin") -> str:
+    return f"shard-{index:05d}.{ext}"
 
 
 def is_store(path: str | None) -> bool:
@@ -223,13 +223,20 @@ def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEn
     }
 
 
-def _record_path(out: str, index: int) -> str:
-    return os.path.join(out, shard_name(index).removesuffix(".bin") + ".json")
-
-
 def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: str) -> dict[str, Any]:
-    """Tokenise one shard's documents and write the shard, then its record (in a worker)."""
+    """Shard ``index``'s record: an earlier run's where it made the shard alike and the bytes match, else tokenise
+    its documents and write the shard, then its record (in a worker)."""
     encoder = encoder_named(encoder_name)
+    path, record_path = (os.path.join(out, shard_name(index, ext)) for ext in ("bin", "json"))
+    try:
+        record = json.loads(Path(record_path).read_bytes())
+        alike = (record["key"], record["documents"], record["file"]) == (key, len(texts), shard_name(index))
+        if alike and os.path.getsize(path) == record["tokens"] * encoder.dtype.itemsize:
+            with open(path, "rb") as f:
+                if hashlib.file_digest(f, "sha256").hexdigest() == record["sha256"]:
+                    return {k: record[k] for k in _RECORD_KEYS}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # unreadable or another prepare's: written anew
     data = np.concatenate(list(encoder.tokenize(texts, threads=1))).tobytes()
     record = {
         "file": shard_name(index),
@@ -237,26 +244,9 @@ def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: 
         "documents": len(texts),
         "sha256": hashlib.sha256(data).hexdigest(),
     }
-    atomic_write(os.path.join(out, record["file"]), lambda f: f.write(data), binary=True, durable=True)
-    atomic_write(_record_path(out, index), lambda f: json.dump({**record, "key": key}, f), durable=True)
+    atomic_write(path, lambda f: f.write(data), binary=True, durable=True)
+    atomic_write(record_path, lambda f: json.dump({**record, "key": key}, f), durable=True)
     return record
-
-
-def verified_shard(out: str, index: int, documents: int, key: str, itemsize: int) -> dict[str, Any] | None:
-    """Shard ``index``'s record if an earlier run completed it alike and its bytes match; else None."""
-    try:
-        record = json.loads(Path(_record_path(out, index)).read_bytes())
-        path = os.path.join(out, shard_name(index))
-        if (record["key"], record["documents"], record["file"]) != (key, documents, shard_name(index)):
-            return None
-        if os.path.getsize(path) != record["tokens"] * itemsize:
-            return None
-        with open(path, "rb") as f:
-            if hashlib.file_digest(f, "sha256").hexdigest() != record["sha256"]:
-                return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return {k: record[k] for k in _RECORD_KEYS}
 
 
 def _differences_once(old: dict, new: dict) -> str:
@@ -311,9 +301,9 @@ def write_store(
     _claim(out, inputs, key)
     documents = iter(documents)
     chunks = iter(lambda: list(itertools.islice(documents, shard_documents)), [])
-    records: list[dict[str, Any] | AsyncResult] = []
-    waiting: collections.deque[int] = collections.deque()
-    # Forked workers only tokenise and write; the pool starts before the documents are read.
+    records: list[dict[str, Any]] = []
+    waiting: collections.deque[AsyncResult] = collections.deque()
+    # Forked workers only verify, tokenise and write; the pool starts before the documents are read.
     with (
         multiprocessing.get_context("fork").Pool(workers, _parents_to_stop) as pool,
         tqdm(
@@ -325,22 +315,17 @@ def write_store(
         ) as bar,
     ):
 
-        def settle(i: int) -> None:
-            records[i] = records[i].get()
-            bar.update(records[i]["tokens"])
+        def settle() -> None:
+            records.append(waiting.popleft().get())
+            bar.update(records[-1]["tokens"])
 
         try:
             for index, texts in enumerate(chunks):
-                if done := verified_shard(out, index, len(texts), key, encoder.dtype.itemsize):
-                    records.append(done)
-                    bar.update(done["tokens"])
-                    continue
-                waiting.append(len(records))
-                records.append(pool.apply_async(write_shard, (out, index, texts, key, encoder.name)))
+                waiting.append(pool.apply_async(write_shard, (out, index, texts, key, encoder.name)))
                 if len(waiting) > workers * _IN_FLIGHT_PER_WORKER:
-                    settle(waiting.popleft())
+                    settle()
             while waiting:
-                settle(waiting.popleft())
+                settle()
         except Exception:  # a shard failed (a full disk): the shards in flight are finished and kept, not cut off
             pool.close()
             pool.join()
