@@ -90,12 +90,11 @@ def cached_tokens(
         return np.load(path, mmap_mode="r")
     try:
         os.makedirs(folder, exist_ok=True)
-        lock = FileLock(f"{path}.lock")
-        lock.acquire()
+        held = FileLock(f"{path}.lock").acquire()
     except OSError as e:
         _unusable(folder, e.strerror or str(e))
         return build()
-    try:
+    with held:
         if not os.path.exists(path):
             tokens = build()
             try:
@@ -105,8 +104,6 @@ def cached_tokens(
             except OSError as e:
                 _unusable(folder, e.strerror or str(e))
                 return tokens
-    finally:
-        lock.release()
     return np.load(path, mmap_mode="r")
 
 
