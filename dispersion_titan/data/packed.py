@@ -142,22 +142,20 @@ class PackedSequenceDataset(RankSlice):
     def __init__(
         self,
         tokens: np.ndarray | TokenStore,
-        seq_len: int,
-        local_batch_size: int,
-        dp_rank: int = 0,
-        dp_world_size: int = 1,
-        *,
+        *layout: int,  # RankSlice's
         train: bool = True,
         seed: int = 0,
         field: str = "training.dataset",
         pad_id: int = GPT2_BPE.eos_id,
     ):
-        super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
+        super().__init__(*layout)
         self.tokens = tokens
         self.pad_id = pad_id
-        self.num_sequences = (len(tokens) - 1) // seq_len
+        self.num_sequences = (len(tokens) - 1) // self.seq_len
         if self.num_sequences < 1:
-            raise DataConfigError(f"{field}: {len(tokens)} tokens are too few for one sequence of seq_len {seq_len}")
+            raise DataConfigError(
+                f"{field}: {len(tokens)} tokens are too few for one sequence of seq_len {self.seq_len}"
+            )
         self.train = train
         self.seed = seed
 
@@ -225,17 +223,8 @@ class StreamingPackedDataset(RankSlice):
     at a document boundary (``datasets``' own state), so a resume skips, not re-reads. ``rows()`` gives a
     fresh pass (called once here, so an unreachable hub fails when the loader is built)."""
 
-    def __init__(
-        self,
-        rows: Callable[[], datasets.IterableDataset],
-        seq_len: int,
-        local_batch_size: int,
-        dp_rank: int = 0,
-        dp_world_size: int = 1,
-        *,
-        encoder: DocumentEncoder = GPT2_BPE,
-    ):
-        super().__init__(seq_len, local_batch_size, dp_rank, dp_world_size)
+    def __init__(self, rows: Callable[[], datasets.IterableDataset], *layout: int, encoder: DocumentEncoder = GPT2_BPE):
+        super().__init__(*layout)  # RankSlice's
         self.rows = rows
         self.encoder = encoder
         self.resume = ResumePoint()
@@ -308,29 +297,19 @@ def build_dataset(section: str, split: str, dp_world_size: int, dp_rank: int, jo
     field = f"{section}.dataset"
     train = split == "train"
     streamed = train and cfg.dataset in CORPORA and CORPORA[cfg.dataset].streams_training
+    layout = (cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size)
     if is_store(cfg.dataset_path):
         field = f"{field}_path"  # a store too short for one sequence is its path's fault (was said as the dataset's)
         tokens = open_store(cfg.dataset_path, cfg.dataset, split, field, encoder)
         if streamed:
-            return ContinuousPackedDataset(
-                tokens, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, field=field
-            )
+            return ContinuousPackedDataset(tokens, *layout, field=field)
     elif streamed:
         rows = functools.partial(CORPORA[cfg.dataset].training_rows, cfg.dataset_path, f"{field}_path")
-        return StreamingPackedDataset(rows, cfg.seq_len, cfg.local_batch_size, dp_rank, dp_world_size, encoder=encoder)
+        return StreamingPackedDataset(rows, *layout, encoder=encoder)
     else:
         tokens = token_stream(cfg.dataset, split, cfg.dataset_path, field, encoder)
-    return PackedSequenceDataset(
-        tokens,
-        cfg.seq_len,
-        cfg.local_batch_size,
-        dp_rank,
-        dp_world_size,
-        train=train,
-        seed=run_seed(job_config),
-        field=field,
-        pad_id=encoder.eos_id,
-    )
+    seed = run_seed(job_config)
+    return PackedSequenceDataset(tokens, *layout, train=train, seed=seed, field=field, pad_id=encoder.eos_id)
 
 
 class PackedDataloader(ParallelAwareDataloader):
