@@ -35,7 +35,7 @@ def test_hello_world():
 
 def test_vocabulary_and_endoftext():
     encoding = gpt2_encoding()
-    assert GPT2_BPE.vocab_size == 50257
+    assert GPT2_BPE.vocab_size == encoding.n_vocab == 50257
     assert EOT_ID == 50256 and GPT2_BPE.eos_id == 50256
     assert encoding.encode(EOT_TOKEN, allowed_special="all") == [50256]
     assert next(GPT2_BPE.tokenize(["end"]))[-1] == 50256

@@ -127,10 +127,7 @@ class GPT2BPE(DocumentEncoder):
     name = "gpt2"
     eos_token = EOT_TOKEN
     eos_id = pad_id = EOT_ID
-
-    @property
-    def vocab_size(self) -> int:
-        return gpt2_encoding().n_vocab
+    vocab_size = EOT_ID + 1  # the encoding's n_vocab: its one special token is its last id
 
     @functools.cache
     def fingerprint(self) -> str:
