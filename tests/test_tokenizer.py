@@ -17,7 +17,7 @@ import transformers
 
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import ENWIKI_VALIDATION_EVERY, iter_documents
-from dispersion_titan.tokenizer.encoders import EOT_ID, EOT_TOKEN, GPT2_BPE, bpe_files, gpt2_encoding
+from dispersion_titan.tokenizer.encoders import EOT_ID, EOT_TOKEN, GPT2_BPE, HFTokenizerFile, bpe_files, gpt2_encoding
 
 
 def sha256(path: str) -> str:
@@ -91,3 +91,18 @@ def test_embedded_corpus_counts_split_and_markup():
     assert (train, validation) == (articles("train"), articles("validation"))
     for text in train + validation:
         assert text and "{{" not in text and "[[" not in text and "'''" not in text
+
+
+def test_a_folders_special_tokens_as_transformers_writes_them(tmp_path):
+    """tokenizer_config.json names a token as text or as transformers' ``{"content": ...}``; no pad_token: EOS pads."""
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"a": 0, "<eos>": 1, "<pad>": 2}, unk_token="a")).save(str(tmp_path / "tokenizer.json"))
+    for config, eos_id, pad_id in (
+        ('{"eos_token": "<eos>"}', 1, 1),
+        ('{"eos_token": {"content": "<eos>"}, "pad_token": {"content": "<pad>"}}', 1, 2),
+        ('{"eos_token": "<eos>", "pad_token": "<pad>"}', 1, 2),
+    ):
+        (tmp_path / "tokenizer_config.json").write_text(config)
+        encoder = HFTokenizerFile(str(tmp_path))
+        assert (encoder.eos_token, encoder.eos_id, encoder.pad_id) == ("<eos>", eos_id, pad_id), config

@@ -177,14 +177,13 @@ class HFTokenizerFile(DocumentEncoder):
             raise ConfigError(f"{field}: {config_path}: not JSON ({e}); give the model's own") from None
         if not isinstance(config, dict):
             raise ConfigError(f"{field}: {config_path}: not a JSON object; give the model's own")
-        eos = _special_token(config, "eos_token")
+        named = (config.get(key) for key in ("eos_token", "pad_token"))  # a token, or {"content": token, ...}
+        eos, pad = (token.get("content") if isinstance(token, dict) else token for token in named)
         eos_id = self.tokenizer.token_to_id(eos) if eos else None
         if eos_id is None:
             raise ConfigError(f"{field}: {config_path} names no eos_token of the tokenizer (the document separator)")
-        self.eos_token, self.eos_id = eos, eos_id
-        pad = _special_token(config, "pad_token")
         pad_id = self.tokenizer.token_to_id(pad) if pad else None
-        self.pad_id = eos_id if pad_id is None else pad_id
+        self.eos_token, self.eos_id, self.pad_id = eos, eos_id, eos_id if pad_id is None else pad_id
         self._digest.update(json.dumps({"eos_id": eos_id}).encode())
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
@@ -194,11 +193,6 @@ class HFTokenizerFile(DocumentEncoder):
     def encode_batch(self, texts: list[str], threads: int) -> list[list[int]]:
         del threads  # tokenizers parallelises batches itself
         return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
-
-
-def _special_token(config: dict[str, Any], key: str) -> str | None:
-    token = config.get(key)
-    return token.get("content") if isinstance(token, dict) else token
 
 
 LOADED: dict[str, HFTokenizerFile] = {}
