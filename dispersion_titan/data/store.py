@@ -51,16 +51,16 @@ DOCUMENT_INDEX = "documents.npy"
 PREPARE = "python -m dispersion_titan.data prepare"
 _MAPPED_SHARDS = 64
 _DTYPES = ("uint16", "uint32")
-_MANIFEST_KEYS = (
-    "tokenizer",
-    "documents_version",
-    "source",
-    "dtype",
-    "tokens",
-    "documents",
-    "shard_documents",
-    "shards",
-)
+_MANIFEST_TYPES = {  # every key of a manifest, and the type of its value
+    "tokenizer": dict,
+    "documents_version": object,
+    "source": dict,
+    "dtype": object,
+    "tokens": int,
+    "documents": object,
+    "shard_documents": object,
+    "shards": list,
+}
 
 
 def shard_name(index: int, ext: str = "bin") -> str:
@@ -94,13 +94,10 @@ def read_manifest(folder: str, field: str) -> dict[str, Any]:
             f"{field}: {path}: format version {manifest.get('version')!r}, this code reads "
             f"{VERSION}; rebuild it with {PREPARE}"
         )
-    if missing := [k for k in _MANIFEST_KEYS if k not in manifest]:
+    if missing := [k for k in _MANIFEST_TYPES if k not in manifest]:
         raise DataConfigError(f"{field}: {path}: corrupt manifest (no {', '.join(missing)})")
     if not (
-        isinstance(manifest["source"], dict)
-        and isinstance(manifest["tokenizer"], dict)
-        and isinstance(manifest["tokens"], int)
-        and isinstance(manifest["shards"], list)
+        all(isinstance(manifest[k], t) for k, t in _MANIFEST_TYPES.items())
         and all(
             isinstance(s, dict)
             and isinstance(s.get("tokens"), int)
