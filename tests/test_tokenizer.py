@@ -14,6 +14,7 @@ import shutil
 import tiktoken.load
 import tiktoken_ext.openai_public as openai_public
 import transformers
+from tokenizers import Tokenizer, models
 
 from dispersion_titan.data import corpora
 from dispersion_titan.data.corpora import ENWIKI_VALIDATION_EVERY, iter_documents
@@ -95,8 +96,6 @@ def test_embedded_corpus_counts_split_and_markup():
 
 def test_a_folders_special_tokens_as_transformers_writes_them(tmp_path):
     """tokenizer_config.json names a token as text or as transformers' ``{"content": ...}``; no pad_token: EOS pads."""
-    from tokenizers import Tokenizer, models
-
     Tokenizer(models.WordLevel({"a": 0, "<eos>": 1, "<pad>": 2}, unk_token="a")).save(str(tmp_path / "tokenizer.json"))
     for config, eos_id, pad_id in (
         ('{"eos_token": "<eos>"}', 1, 1),
