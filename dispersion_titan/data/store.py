@@ -115,10 +115,10 @@ class TokenStore:
     """A store's token stream as one read-only sequence over its shards, at most ``_MAPPED_SHARDS``
     memory-mapped at a time (each holds a file descriptor). A slice is a copy."""
 
-    def __init__(self, folder: str, manifest: dict[str, Any], dtype: np.dtype):
+    def __init__(self, folder: str, manifest: dict[str, Any]):
         self.folder = folder
         self.manifest = manifest
-        self.dtype = dtype
+        self.dtype = dtype = np.dtype(manifest["dtype"])
         self.paths = [os.path.join(folder, shard["file"]) for shard in manifest["shards"]]
         self.offsets = np.cumsum([0, *(shard["tokens"] for shard in manifest["shards"])]).tolist()
         self.shard = functools.lru_cache(maxsize=_MAPPED_SHARDS)(lambda i: np.memmap(self.paths[i], dtype, mode="r"))
@@ -161,10 +161,9 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
         )
     if manifest["dtype"] not in _DTYPES:
         raise DataConfigError(f"{field}: {manifest_path}: corrupt manifest (dtype {manifest['dtype']!r})")
-    dtype = np.dtype(manifest["dtype"])
-    for shard in manifest["shards"]:
-        path = os.path.join(folder, shard["file"])
-        expected = shard["tokens"] * dtype.itemsize
+    store = TokenStore(folder, manifest)
+    for path, shard in zip(store.paths, manifest["shards"]):
+        expected = shard["tokens"] * store.dtype.itemsize
         if not os.path.isfile(path):
             said = "not a file" if os.path.exists(path) else "missing"
             raise DataConfigError(f"{field}: {path}: {said} (listed in {manifest_path})")
@@ -175,11 +174,11 @@ def open_store(path: str, dataset: str, split: str, field: str, encoder: Documen
                 f"({size} bytes, the manifest says {expected}); repair it: rerun {PREPARE} "
                 f"with --out {shlex.quote(folder)}"
             )
-    if not manifest["shards"] or sum(shard["tokens"] for shard in manifest["shards"]) != manifest["tokens"]:
+    if not manifest["shards"] or len(store) != manifest["tokens"]:
         raise DataConfigError(
             f"{field}: {manifest_path}: corrupt manifest (its shards do not hold its {manifest['tokens']} tokens)"
         )
-    return TokenStore(folder, manifest, dtype)
+    return store
 
 
 def source_identity(dataset: str, split: str, path: str | None, field: str) -> str | None:
