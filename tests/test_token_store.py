@@ -189,6 +189,8 @@ def few_held_out(monkeypatch):
 
 def test_streamed_corpus_store_matches_the_streaming_loader(tmp_path, few_held_out):
     docs = texts(45, seed=9)
+    docs[7:7] = ["", " \n\t"]  # rows without text: a document of neither (a whitespace one was the stream's alone)
+    docs[30:30] = ["\n\n"]
     pq.write_table(pa.table({"text": docs}), tmp_path / "fineweb.parquet")
     source, out = str(tmp_path / "fineweb.parquet"), tmp_path / "store"
     run_prepare("fineweb-edu", "--dataset-path", source, "--out", str(out), "--shard-documents", "8")

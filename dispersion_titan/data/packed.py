@@ -32,7 +32,7 @@ from torchtitan.config import JobConfig
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for
 from ..utils.errors import say
 from ..utils.records import atomic_write
-from .corpora import CORPORA, DataConfigError, documents_identity, iter_documents
+from .corpora import CORPORA, DataConfigError, documents_identity, has_text, iter_documents
 from .store import TokenStore, is_store, open_store
 
 CACHE_ENV = "DISPERSION_TITAN_TOKEN_CACHE"
@@ -240,7 +240,7 @@ class StreamingPackedDataset(RankSlice):
                 rows.load_state_dict(state)
             found = False
             for row in rows:
-                if row["text"]:
+                if has_text(row["text"]):  # a document as the corpus's store counts them: not a blank row
                     found = True
                     yield ResumePoint(epoch, state), row["text"]
                 state = rows.state_dict()  # taken before the next row: its resume state
