@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,11 +15,9 @@ from ..run_folder.checkpoints import identity_changed
 from ..run_folder.outputs import (
     FORMAT,
     FORMAT_KEY,
-    RESULT_FOLDER,
     STEP_FOLDER,
     check_format,
-    misplaced,
-    read_json_files,
+    read_result_folders,
 )
 from ..run_folder.owners import results_run
 from ..utils.errors import AnalysisError
@@ -172,14 +169,9 @@ def _check_numbers(record: Any, prefix: str) -> None:
 
 def read_analyses(out: str) -> dict[str, Condensation]:
     """Every analysis stored in ``out``, by result folder name, in name order."""
-    analyses = {}
-    for name, data in read_json_files(out, RESULT_FILE).items():
-        if RESULT_FOLDER.match(name):
-            path = os.path.join(out, name, RESULT_FILE)
-            analyses[name] = Condensation.from_json(data, path)
-            if (step := STEP_FOLDER.match(name)) and int(step[1]) != analyses[name].step:
-                raise AnalysisError(misplaced(path, analyses[name].step, int(step[1])))
-    return analyses
+    return read_result_folders(
+        out, RESULT_FILE, lambda data, path: ((result := Condensation.from_json(data, path)), result.step)
+    )
 
 
 def read_results(out: str) -> dict[int, Condensation]:

@@ -39,8 +39,7 @@ from ..run_folder.outputs import (
     STEP_FOLDER,
     SUMMARY_FILE,
     check_format,
-    misplaced,
-    read_json_files,
+    read_result_folders,
     report_failed,
     still_to_do,
     write_csv,
@@ -301,18 +300,18 @@ def merge(merged: dict, result: dict) -> None:
 
 def read_evaluations(out: str) -> dict[int, dict]:
     """Every step evaluated in ``out`` (``{}`` when there is none), by step; each of this ``FORMAT``."""
-    results = {int(m[1]): r for name, r in read_json_files(out, RESULT_FILE).items() if (m := STEP_FOLDER.match(name))}
-    for step, result in results.items():
-        path = os.path.join(out, f"step-{step}", RESULT_FILE)
-        check_format(result.get(OURS), path)
-        try:
-            result_scores(result)  # its numbers, as the table and the best step read them
-            recorded = result[OURS]["step"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise EvaluationError(f"{path}: unreadable ({cause(e)}); restore it, or remove it and rerun") from None
-        if recorded != step:
-            raise EvaluationError(misplaced(path, recorded, step))
-    return results
+    found = read_result_folders(out, RESULT_FILE, _readable, STEP_FOLDER)
+    return {int(STEP_FOLDER.match(name)[1]): result for name, result in found.items()}
+
+
+def _readable(result: dict, path: str) -> tuple[dict, object]:
+    """``result`` and its step, once its numbers read as the table and the best step read them."""
+    check_format(result.get(OURS), path)
+    try:
+        result_scores(result)
+        return result, result[OURS]["step"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise EvaluationError(f"{path}: unreadable ({cause(e)}); restore it, or remove it and rerun") from None
 
 
 def settings(result: dict) -> dict:

@@ -167,9 +167,23 @@ def read_json_files(out: str, file: str) -> dict[str, dict]:
     return {name: read_json_object(path) for name, path in paths.items() if os.path.isfile(path)}
 
 
-def misplaced(path: str, recorded: object, step: int) -> str:
-    """A result copied into another step's folder by hand (``step-N/``): read as that step's, were it not refused."""
-    return f"{path}: holds the result of step {recorded}, not of step {step}; move it back, or remove it and rerun"
+def read_result_folders(
+    out: str, file: str, read: Callable[[dict, str], tuple[Result, object]], folders: re.Pattern = RESULT_FOLDER
+) -> dict[str, Result]:
+    """Every result in ``out``'s ``folders``, by folder name in name order: what ``read`` makes of each ``file``'s
+    record (and its path) and the step it records. One copied into another step's folder by hand, read as that
+    step's, is refused."""
+    results = {}
+    for name, record in read_json_files(out, file).items():
+        if folders.match(name):
+            path = os.path.join(out, name, file)
+            results[name], recorded = read(record, path)
+            if (step := STEP_FOLDER.match(name)) and int(step[1]) != recorded:
+                raise OutputError(
+                    f"{path}: holds the result of step {recorded}, not of step {int(step[1])}; move it back, or "
+                    "remove it and rerun"
+                )
+    return results
 
 
 def shown(value: object) -> object:
