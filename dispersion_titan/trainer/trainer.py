@@ -7,13 +7,11 @@ import atexit
 import contextlib
 import copy
 import dataclasses
-import logging
 import os
 import re
 import signal
 import sys
 import warnings
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -73,33 +71,23 @@ _LIBRARY_NOISE = (
 )
 
 
-_SAME_ENV = re.compile(r"ENV\[\w+\] = (.*) will be overridden to \1 based on job config$")
-
-
-def _titan_noise(cpu: bool) -> Callable[[logging.LogRecord], bool]:
-    """A filter of TorchTitan's log warnings that say nothing to act on: torchrun's default
-    TORCH_NCCL_ASYNC_ERROR_HANDLING=1, which TorchTitan sets to 3 (for its flight recorder), and any variable it
-    "overrides" with the value it already has (a launch from a shell where an earlier run set it); no HF index in
-    ``model.hf_assets_path`` to shard a ``last_save_in_hf`` step by (a model from scratch has none: one safetensors
-    file, which transformers loads as well); on a CPU, its GPU lookup for MFU, twice per run (lspci missing, no
-    peak FLOPS; its next line, ``Peak FLOPS used for computing MFU``, still says what it used);
-    ``_OWN_CHECKPOINTS_FIRST``."""
-    noise = (
-        "ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3",
-        "model.safetensors.index.json not found",
-        *_OWN_CHECKPOINTS_FIRST,
-    )
-    noise += ("Error running lspci", "Peak flops undefined for: CPU") if cpu else ()
-    return lambda record: not (message := record.getMessage()).startswith(noise) and not _SAME_ENV.match(message)
-
-
-_OWN_CHECKPOINTS_FIRST = (
+_TITAN_NOISE = (
+    "ENV[TORCH_NCCL_ASYNC_ERROR_HANDLING] = 1 will be overridden to 3",
+    "model.safetensors.index.json not found",
     "checkpoint.initial_load_path is provided but the checkpoint.folder exists",
     "checkpoint.initial_load_in_hf is True but the checkpoint.folder exists",
 )
-"""TorchTitan's warnings, on every relaunch of a fork or a mid-training run, that it resumes from the run's own
-checkpoints rather than the weights it started from: what the same command is for (a relaunch whose folder holds
-none is refused at launch, ``check_initial_load``)."""
+"""TorchTitan's log warnings that say nothing to act on: torchrun's default TORCH_NCCL_ASYNC_ERROR_HANDLING=1, which
+TorchTitan sets to 3 (for its flight recorder); no HF index in ``model.hf_assets_path`` to shard a ``last_save_in_hf``
+step by (a model from scratch has none: one safetensors file, which transformers loads as well); on every relaunch of
+a fork or a mid-training run, that it resumes from the run's own checkpoints rather than the weights it started from:
+what the same command is for (a relaunch whose folder holds none is refused at launch, ``check_initial_load``). Also
+``_CPU_NOISE`` on a CPU, and (``_SAME_ENV``) any variable it "overrides" with the value it already has (a launch from
+a shell where an earlier run set it)."""
+_CPU_NOISE = ("Error running lspci", "Peak flops undefined for: CPU")
+"""Its GPU lookup for MFU, twice per run (lspci missing, no peak FLOPS; its next line, ``Peak FLOPS used for
+computing MFU``, still says what it used)."""
+_SAME_ENV = re.compile(r"ENV\[\w+\] = (.*) will be overridden to \1 based on job config$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +143,8 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         fp32 = job_config.training.mixed_precision_param == "float32"
         for message in _LIBRARY_NOISE:
             warnings.filterwarnings("ignore", message)
-        logger.addFilter(_titan_noise(titan_compat.uses_cpu()))
+        noise = _TITAN_NOISE + (_CPU_NOISE if titan_compat.uses_cpu() else ())
+        logger.addFilter(lambda record: not (m := record.getMessage()).startswith(noise) and not _SAME_ENV.match(m))
         try:
             with warnings.catch_warnings():
                 if fp32:  # TorchTitan builds a CPU autocast to fp32, which torch turns off with a warning
