@@ -12,6 +12,7 @@ import re
 import signal
 import sys
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -90,34 +91,30 @@ computing MFU``, still says what it used)."""
 _SAME_ENV = re.compile(r"ENV\[\w+\] = (.*) will be overridden to \1 based on job config$")
 
 
-@dataclasses.dataclass(frozen=True)
-class ConfiguredRates:
-    """Each optimizer's param-group settings (lr, weight decay, betas, eps, …) and each LR schedule's peaks as this
-    launch's config builds them. A full checkpoint loaded restores its own (torch's optimizer and ``LambdaLR``
-    states hold them): a fork with another ``optimizer.lr`` or ``weight_decay`` trained with its parent's, silently.
-    A relaunch's are its recorded ones (``run_folder.settings``), so restoring them changes nothing there."""
+def configured_rates(optimizers: list[torch.optim.Optimizer], schedulers: list[Any]) -> Callable[[], None]:
+    """What puts back each optimizer's param-group settings (lr, weight decay, betas, eps, …) and each LR schedule's
+    peaks as this launch's config builds them, each group's lr its peak at the loaded step of its schedule, as
+    ``LambdaLR`` sets it. A full checkpoint loaded restores its own (torch's optimizer and ``LambdaLR`` states hold
+    them): a fork with another ``optimizer.lr`` or ``weight_decay`` trained with its parent's, silently. A relaunch's
+    are its recorded ones (``run_folder.settings``), so restoring them changes nothing there."""
+    settings = [
+        [{k: copy.deepcopy(v) for k, v in g.items() if k not in ("params", "lr")} for g in o.param_groups]
+        for o in optimizers
+    ]
+    peaks = [list(scheduler.base_lrs) for scheduler in schedulers]
 
-    groups: list[list[dict[str, Any]]]
-    peaks: list[list[float]]
-
-    @classmethod
-    def of(cls, optimizers: list[torch.optim.Optimizer], schedulers: list[Any]) -> ConfiguredRates:
-        groups = [
-            [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"} for g in o.param_groups] for o in optimizers
-        ]
-        return cls(groups, [list(scheduler.base_lrs) for scheduler in schedulers])
-
-    def restore(self, optimizers: list[torch.optim.Optimizer], schedulers: list[Any]) -> None:
-        """These settings back, each group's lr its peak at the loaded step of its schedule, as ``LambdaLR`` sets it."""
-        for optimizer, groups in zip(optimizers, self.groups, strict=True):
-            for group, configured in zip(optimizer.param_groups, groups, strict=True):
-                group.update({k: copy.deepcopy(v) for k, v in configured.items() if k != "lr"})
-        for scheduler, peaks in zip(schedulers, self.peaks, strict=True):
-            scheduler.base_lrs = list(peaks)
+    def restore() -> None:
+        for optimizer, configured in zip(optimizers, settings, strict=True):
+            for group, values in zip(optimizer.param_groups, configured, strict=True):
+                group.update(values)
+        for scheduler, base_lrs in zip(schedulers, peaks, strict=True):
+            scheduler.base_lrs = base_lrs
             groups = scheduler.optimizer.param_groups
-            for group, peak, factor in zip(groups, peaks, scheduler.lr_lambdas, strict=True):
+            for group, peak, factor in zip(groups, base_lrs, scheduler.lr_lambdas, strict=True):
                 group["lr"] = peak * factor(scheduler.last_epoch)
             scheduler._last_lr = [group["lr"] for group in groups]
+
+    return restore
 
 
 class DispersionTrainer(titan_compat.TrainerHooks):
@@ -158,7 +155,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             self.maybe_enable_amp = contextlib.nullcontext()
             if job_config.validation.enable:
                 self.validator.maybe_enable_amp = self.maybe_enable_amp
-        self.configured = ConfiguredRates.of(self.optimizers.optimizers, self.lr_schedulers.schedulers)
+        self.restore_configured = configured_rates(self.optimizers.optimizers, self.lr_schedulers.schedulers)
         self.checkpoint_folder = titan_compat.checkpointer_folder(self.checkpointer)
         self.saved_marked = False
         if self.checkpoint_folder is not None:  # a failed write ends the run in one line
@@ -243,7 +240,7 @@ class DispersionTrainer(titan_compat.TrainerHooks):
     def on_checkpoint_loaded(self) -> None:
         """This launch's optimizer settings over a loaded training state's; record a checkpoint folder outside the
         run once every rank loaded; save step 0 if asked."""
-        self.configured.restore(self.optimizers.optimizers, self.lr_schedulers.schedulers)  # a fork's step 0 too
+        self.restore_configured()  # a fork's step 0 too
         self._refit_fork_data()
         if CHECKPOINT_KEY in self.outside_folders:
             dist.barrier()  # every rank has looked whether the folder exists
