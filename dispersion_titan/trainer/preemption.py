@@ -22,13 +22,14 @@ from typing import Any
 import torch.distributed as dist
 from torchtitan.tools.logging import logger
 
-from ..components.titan_compat import checkpointer_folder, save_full_checkpoint
+from ..components.titan_compat import save_full_checkpoint
 from ..run_folder.checkpoints import last_complete_step
 from ..utils.errors import INTERRUPT_SIGNALS, PREEMPTED_EXIT_CODE, interrupted_exit_code, say
 
 SIGNAL_ENV = "PREEMPT_SIGNAL"
 DEFAULT_SIGNAL = "USR1"
 REPEAT_WINDOW_S = 2.0  # one signal delivered twice (to torchrun and the ranks) is not a second one
+SAVED = "interrupted at step {step}; checkpoint step-{step} saved; relaunch the same command to resume"
 
 
 def parse_signal(name: str) -> signal.Signals:
@@ -89,7 +90,7 @@ class Preemption:
             step, folder = self._saving
             last = last_complete_step(folder)
             if last == step:
-                say(f"interrupted at step {step}; checkpoint step-{step} saved; relaunch the same command to resume")
+                say(SAVED.format(step=step))
             else:
                 previous = f"step-{last}" if last is not None else "none"
                 say(
@@ -104,8 +105,7 @@ class Preemption:
         if step >= steps:
             return  # the last step: the normal end, and its final save, follow
         sig = signal.Signals(signum)
-        ckpt = trainer.checkpointer
-        folder = checkpointer_folder(ckpt)
+        ckpt, folder = trainer.checkpointer, trainer.checkpoint_folder
         if sig == self.signum:
             if folder is None:
                 logger.warning(f"{sig.name} received, but checkpointing is disabled: training goes on")
@@ -122,11 +122,7 @@ class Preemption:
         self._saving = (step, folder)
         save_full_checkpoint(ckpt, step)
         self._saving = None
-        self._exit(
-            trainer,
-            interrupted_exit_code(sig),
-            f"interrupted at step {step}; checkpoint step-{step} saved; relaunch the same command to resume",
-        )
+        self._exit(trainer, interrupted_exit_code(sig), SAVED.format(step=step))
 
     @staticmethod
     def _exit(trainer: Any, status: int, message: str | None) -> None:
