@@ -7,7 +7,6 @@ or the OOM killer), or by torchrun itself when it did not stop after SIGTERM (1)
 
 from __future__ import annotations
 
-import functools
 import glob
 import logging
 import os
@@ -202,19 +201,19 @@ def ending(
     return 1, error.format_msg()
 
 
-def _timer_joined_itself(hook: Any, unraisable: Any) -> None:
-    """Passes to ``hook`` all but torch's own noise: a rendezvous keep-alive timer (``_PeriodicTimer``) collected by
-    a garbage collection its own thread ran calls its finalizer there, which sets the stop event, then joins its own
-    thread: "cannot join current thread", a traceback after the run's last line (seen in a CI under load); the
-    thread stops anyway, at the event."""
-    frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
-    if not (isinstance(unraisable.exc_value, RuntimeError) and any(f.name == "_stop_thread" for f in frames)):
-        hook(unraisable)
-
-
 def quiet_timer_self_join() -> None:
-    """``_timer_joined_itself`` for the rest of this launcher's life: the timer may be collected as it exits."""
-    sys.unraisablehook = functools.partial(_timer_joined_itself, sys.unraisablehook)
+    """For the rest of this launcher's life (the timer may be collected as it exits), ``sys.unraisablehook`` gets all
+    but torch's own noise: a rendezvous keep-alive timer (``_PeriodicTimer``) collected by a garbage collection its own
+    thread ran calls its finalizer there, which sets the stop event, then joins its own thread: "cannot join current
+    thread", a traceback after the run's last line (seen in a CI under load); the thread stops anyway, at the event."""
+    hook = sys.unraisablehook
+
+    def timer_joined_itself(unraisable: Any) -> None:
+        frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
+        if not (isinstance(unraisable.exc_value, RuntimeError) and any(f.name == "_stop_thread" for f in frames)):
+            hook(unraisable)
+
+    sys.unraisablehook = timer_joined_itself
 
 
 def run(argv: list[str]) -> int:
