@@ -28,7 +28,6 @@ from dispersion_titan.config.cli import (
 )
 from dispersion_titan.utils.errors import (
     ArgumentError,
-    DispersionTitanError,
     RunFinished,
     command,
     fail,
@@ -120,7 +119,7 @@ def main() -> None:
     except RunFinished as e:
         print(f"dispersion_titan: {e}", file=sys.stderr, flush=True)
         sys.exit(NOTHING_TO_DO if check_only else e.status)
-    except (DispersionTitanError, ValueError) as e:
+    except ValueError as e:  # a DispersionTitanError among them
         fail(str(e).splitlines()[0])
     # Once per launch: by the check before it on one node (launch/train.sh's, or by hand), else by rank 0.
     if one_node if check_only else not (one_node and os.environ.get(CHECKED) == "1"):

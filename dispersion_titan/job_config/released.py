@@ -60,7 +60,7 @@ def resolve(config: RunConfig, dp: int) -> None:
         raise ConfigError(
             f"released.lr, released.warmup_ratio: need lr > 0 and a ratio in [0, 1], got {r.lr}, {r.warmup_ratio}"
         )
-    if p.data_parallel_replicate_degree != dp or p.tensor_parallel_degree * p.context_parallel_degree > 1:
+    if p.data_parallel_replicate_degree != dp or p.tensor_parallel_degree > 1:  # context: check_model
         raise ConfigError(
             "parallelism: the authors' script replicates the whole model on every GPU (DDP); set "
             "data_parallel_replicate_degree = -1 and leave the shard, tensor, context and pipeline degrees at 1"
