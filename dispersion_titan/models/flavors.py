@@ -61,8 +61,15 @@ class ShapeOverrides:
         dim = self.value_of("dim")
         return self.value_of("n_layers") * 2 * dim * self.value_of("mlp_hidden_dim") + self.value_of("vocab_size") * dim
 
-    def hf_fields(self) -> dict[str, Any]:
-        return {field: self.value_of(key) for field, key in self.HF_FIELDS.items()}
+    def hf_config(self, model_type: str, architecture: str, tokenizer: Any, **fields: Any) -> Any:
+        """transformers' config of this shape (``HF_FIELDS``, then ``fields``), EOS also as BOS."""
+        from transformers import AutoConfig
+
+        shape = {field: self.value_of(key) for field, key in self.HF_FIELDS.items()} | fields
+        eos = tokenizer.eos_id
+        return AutoConfig.for_model(
+            model_type, **shape, bos_token_id=eos, eos_token_id=eos, architectures=[architecture]
+        )
 
     def apply_overrides(self, model_config: Any) -> None:
         for key in (*SHAPE_KEYS, *DROPOUT_KEYS):

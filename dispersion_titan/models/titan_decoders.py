@@ -65,28 +65,16 @@ class RotaryOverrides(ShapeOverrides):
             }
         return rope
 
+    def hf_config(self, model_type: str, architecture: str, tokenizer: Any, **fields: Any) -> Any:
+        """With its RoPE and RMSNorm; ``max_position_embeddings`` given in ``fields``."""
+        extra = {"rope_parameters": self.rope_parameters(), "rms_norm_eps": self.norm_eps}  # type: ignore[attr-defined]
+        return super().hf_config(model_type, architecture, tokenizer, **extra, **fields)
+
     def get_nparams_and_flops(self, model: Any, seq_len: int) -> tuple[int, int]:
         """TorchTitan's count with a tied LM head's 6·d·V FLOPs a token added back (it drops the
         embedding's parameters, and a tied head has none of its own)."""
         nparams, flops = super().get_nparams_and_flops(model, seq_len)
         return nparams, flops + (6 * self.dim * self.vocab_size if self.tie_embeddings else 0)
-
-
-def hf_decoder_config(model_type: str, args: Any, tokenizer: Any, positions: int, architecture: str):
-    """transformers' config of a Qwen3 or Llama 3 model of this shape (EOS also as BOS), ``positions`` its
-    ``max_position_embeddings``."""
-    from transformers import AutoConfig
-
-    return AutoConfig.for_model(
-        model_type,
-        **args.hf_fields(),
-        rope_parameters=args.rope_parameters(),
-        rms_norm_eps=args.norm_eps,
-        bos_token_id=tokenizer.eos_id,
-        eos_token_id=tokenizer.eos_id,
-        max_position_embeddings=positions,
-        architectures=[architecture],
-    )
 
 
 def adapted(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:

@@ -26,17 +26,14 @@ def get_train_spec() -> TrainSpec:
 
 def hf_config(args: GPT2ModelArgs, tokenizer: Any):
     """transformers' ``GPT2Config`` of this shape, the tokenizer's vocabulary (the export trims a pad)."""
-    from transformers import AutoConfig
-
-    fields = args.hf_fields() | {theirs: getattr(args, ours) for ours, theirs in DROPOUT_KEYS.items()}
+    fields = {theirs: getattr(args, ours) for ours, theirs in DROPOUT_KEYS.items()}
     if args.hidden_dim == 4 * args.dim:
         fields["n_inner"] = None  # GPT-2's own
-    return AutoConfig.for_model(
+    return args.hf_config(
         HF_MODEL_TYPE,
+        "GPT2LMHeadModel",
+        tokenizer,
         **fields | {"vocab_size": tokenizer.vocab_size},
         activation_function="gelu_new",
         layer_norm_epsilon=args.norm_eps,
-        bos_token_id=tokenizer.eos_id,
-        eos_token_id=tokenizer.eos_id,
-        architectures=["GPT2LMHeadModel"],
     )

@@ -15,7 +15,7 @@ from torchtitan.models.llama3.model.state_dict_adapter import Llama3StateDictAda
 from torchtitan.protocols.train_spec import TrainSpec
 
 from ..flavors import Flavors
-from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_config, offered
+from ..titan_decoders import RotaryOverrides, adapted, offered
 
 MODEL_NAME = "llama3_dispersion"
 HF_MODEL_TYPE = "llama"
@@ -56,4 +56,4 @@ def hf_config(args: Llama3Args, tokenizer: Any):
     context times the factor (transformers warns of any up to the original; llama3 RoPE does not read them)."""
     scaling = args.rope_scaling_args
     positions = max(args.max_seq_len, int(scaling.original_max_position_embeddings * scaling.scaling_factor))
-    return hf_decoder_config(HF_MODEL_TYPE, args, tokenizer, positions, "LlamaForCausalLM")
+    return args.hf_config(HF_MODEL_TYPE, "LlamaForCausalLM", tokenizer, max_position_embeddings=positions)

@@ -12,7 +12,7 @@ from torchtitan.models.qwen3.model.state_dict_adapter import Qwen3StateDictAdapt
 from torchtitan.protocols.train_spec import TrainSpec
 
 from ..flavors import Flavors, pretrained_config
-from ..titan_decoders import RotaryOverrides, adapted, hf_decoder_config, offered
+from ..titan_decoders import RotaryOverrides, adapted, offered
 
 MODEL_NAME = "qwen3_dispersion"
 HF_MODEL_TYPE = "qwen3"
@@ -58,4 +58,4 @@ def hf_config(args: Qwen3Args, tokenizer: Any):
     """transformers' ``Qwen3Config`` of this shape (all embedding rows kept, as Qwen's own
     checkpoints pad theirs); its positions those of the model it started from, else those it trained with."""
     positions = max(args.max_seq_len, args.hf_positions)
-    return hf_decoder_config(HF_MODEL_TYPE, args, tokenizer, positions, "Qwen3ForCausalLM")
+    return args.hf_config(HF_MODEL_TYPE, "Qwen3ForCausalLM", tokenizer, max_position_embeddings=positions)
