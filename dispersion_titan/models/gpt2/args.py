@@ -71,9 +71,14 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
         """Unique parameter count and training FLOPs per token: 6 per matmul weight (the LM head's d·V
         even when tied) plus 12·L·d·T for attention (PaLM's convention)."""
-        d, L = self.dim, self.n_layers
-        matmul_weights = L * (4 * d * d + 2 * d * self.hidden_dim) + d * self.vocab_size
-        return sum(p.numel() for p in model.parameters()), 6 * matmul_weights + 12 * L * d * seq_len
+        nparams = sum(p.numel() for p in model.parameters())
+        return nparams, flops_per_token(self, seq_len)
+
+
+def flops_per_token(args: GPT2ModelArgs, seq_len: int) -> int:
+    d, L = args.dim, args.n_layers
+    matmul_weights = L * (4 * d * d + 2 * d * args.hidden_dim) + d * args.vocab_size
+    return 6 * matmul_weights + 12 * L * d * seq_len
 
 
 _FLAVORS: dict[str, GPT2ModelArgs] = {
