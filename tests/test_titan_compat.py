@@ -177,13 +177,19 @@ def test_attention_on_local_shards_wraps_sdpa(tmp_path):
 
 
 def test_init_validator_sets_what_validator_init_sets():
-    """Touch ``init_validator``: ``Validator.__init__``'s parameters and fields."""
+    """Touch ``init_validator``: ``Validator.__init__`` sets a field of each of its parameters (those that
+    ``Trainer.__init__`` hands ``build_validator_fn``, all of them) but ``dp_world_size`` and ``dp_rank``, which
+    its C4 loader takes, and ``validation_dataloader``: nothing ``PackedValidator``, which sets what it is handed,
+    would miss."""
     from torchtitan.components.validate import Validator
+    from torchtitan.train import Trainer
 
-    params = list(inspect.signature(Validator.__init__).parameters)
-    fields = [f for f in titan_compat.VALIDATOR_FIELDS if f != "validation_dataloader"]
-    assert params == ["self", "job_config", "dp_world_size", "dp_rank", *fields[1:]]
-    assert _assigned_attributes(Validator.__init__) == set(titan_compat.VALIDATOR_FIELDS)
+    params = list(inspect.signature(Validator.__init__).parameters)[1:]
+    assert params[:3] == ["job_config", "dp_world_size", "dp_rank"] and len(params) == 12
+    assert _assigned_attributes(Validator.__init__) == {*params, "validation_dataloader"} - {"dp_world_size", "dp_rank"}
+    init = " ".join(_source(Trainer.__init__).split())
+    handed = init[init.index("self.validator = self.train_spec.build_validator_fn(") :].split(")", 1)[0]
+    assert re.findall(r"(\w+)=", handed) == params
 
 
 def test_checkpointer_attributes_used_exist():

@@ -176,25 +176,12 @@ def attention_on_local_shards(model: torch.nn.Module) -> None:
 
 # ------------------------------------------------------------------------ validation
 
-VALIDATOR_FIELDS = (
-    "job_config",
-    "tokenizer",
-    "parallel_dims",
-    "loss_fn",
-    "validation_dataloader",
-    "validation_context",
-    "maybe_enable_amp",
-    "metrics_processor",
-    "pp_schedule",
-    "pp_has_first_stage",
-    "pp_has_last_stage",
-)
-
 
 def init_validator(validator: Any, **fields: Any) -> None:
-    """What ``Validator.__init__`` does (it sets ``VALIDATOR_FIELDS``: the pinned release's, its canary checks),
-    with our data loader instead of its C4 text loader. ``PackedValidator`` relies on ``Validator.validate`` calling
-    ``model_parts[0](inputs, **extra)`` then ``self.loss_fn(predictions, labels)`` in its contexts."""
+    """What ``Validator.__init__`` does (it sets a field of each parameter the trainer hands it, but the two its C4
+    text loader takes, and ``validation_dataloader``: its canary checks), with our data loader instead of that one.
+    ``PackedValidator`` relies on ``Validator.validate`` calling ``model_parts[0](inputs, **extra)`` then
+    ``self.loss_fn(predictions, labels)`` in its contexts."""
     for name, value in fields.items():
         setattr(validator, name, value)
 
