@@ -307,9 +307,9 @@ FORWARD_BACKWARD_STEP_SHA256 = "d66c2dd178723d3a492c93eb352b37b9ca68fd3807363210
 
 
 def test_trainer_hooks_match_the_trainer_they_rely_on():
-    """Touch ``TrainerHooks``: the flight recorder's folder is made from ``job_config.comm`` only when its
-    buffer is on; ``train()`` loads a checkpoint, then asks
-    ``should_continue_training``; ``train_step`` calls ``forward_backward_step``, whose
+    """Touch ``TrainerHooks`` (and ``DispersionTrainer``'s ``comm.trace_buf_size = 0`` on a CPU): the flight
+    recorder's folder is made from ``job_config.comm`` only when its buffer is on; ``train()`` loads a
+    checkpoint, then asks ``should_continue_training``; ``train_step`` calls ``forward_backward_step``, whose
     non-pipelined body TrainerHooks re-implements (any change to it must be re-read)."""
     from torchtitan.train import Trainer
 

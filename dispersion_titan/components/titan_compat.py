@@ -288,13 +288,6 @@ class TrainerHooks(Trainer):
 
     _loaded = False
 
-    def init_distributed(self) -> Any:
-        """TorchTitan's, without a flight-recorder folder on a CPU (gloo writes no traces); it makes the
-        folder only when ``comm.trace_buf_size > 0``."""
-        if uses_cpu():
-            self.job_config.comm.trace_buf_size = 0
-        return super().init_distributed()
-
     def on_checkpoint_loaded(self) -> None:
         """Runs once, after ``train()`` has loaded (or not found) a checkpoint and before step 1."""
 

@@ -140,7 +140,10 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         fp32 = job_config.training.mixed_precision_param == "float32"
         for message in _LIBRARY_NOISE:
             warnings.filterwarnings("ignore", message)
-        noise = _TITAN_NOISE + (_CPU_NOISE if titan_compat.uses_cpu() else ())
+        noise = _TITAN_NOISE
+        if titan_compat.uses_cpu():
+            noise += _CPU_NOISE
+            job_config.comm.trace_buf_size = 0  # no flight recorder, nor its folder: gloo writes no traces
         logger.addFilter(lambda record: not (m := record.getMessage()).startswith(noise) and not _SAME_ENV.match(m))
         try:
             with warnings.catch_warnings():
