@@ -64,9 +64,11 @@ def released_scales(labels: torch.Tensor, dp_degree: int, global_batch: int, acc
 
 # Warnings of every run that leave the user nothing to act on: torchdata's call of a deprecated torch API, and on a
 # CPU, gloo's group (torch's timeout setter names only CUDA's backends) and DTensor's RNG on a CPU mesh (a 2-rank CPU
-# run's initialisation equals one rank's: test_parallel_equivalence).
+# run's initialisation equals one rank's: test_parallel_equivalence); and torch turning off the CPU autocast to fp32
+# TorchTitan builds for an fp32 run (which has none: the trainer's maybe_enable_amp is a nullcontext).
 _LIBRARY_NOISE = (
     "'set_vital' is deprecated",
+    "In CPU autocast, but the target dtype is not supported",
     "Set timeout is now only supported for either nccl or gloo",
     r"DTensor (random operators|manual_seed\(\)) may not have complete support on cpu device mesh",
 )
@@ -137,7 +139,6 @@ class DispersionTrainer(titan_compat.TrainerHooks):
         resumes = CHECKPOINT_KEY in folders and complete_checkpoints(folders[CHECKPOINT_KEY])
         if job_config.metrics.enable_wandb and resumes:  # its W&B run too (not a fork's first launch, nor a new run)
             wandb_run.continue_recorded(dump)
-        fp32 = job_config.training.mixed_precision_param == "float32"
         for message in _LIBRARY_NOISE:
             warnings.filterwarnings("ignore", message)
         noise = _TITAN_NOISE
@@ -146,15 +147,12 @@ class DispersionTrainer(titan_compat.TrainerHooks):
             job_config.comm.trace_buf_size = 0  # no flight recorder, nor its folder: gloo writes no traces
         logger.addFilter(lambda record: not (m := record.getMessage()).startswith(noise) and not _SAME_ENV.match(m))
         try:
-            with warnings.catch_warnings():
-                if fp32:  # TorchTitan builds a CPU autocast to fp32, which torch turns off with a warning
-                    warnings.filterwarnings("ignore", "In CPU autocast, but the target dtype is not supported")
-                super().__init__(job_config)
+            super().__init__(job_config)
         except BaseException:
             self._release_writer_lock()
             raise
         # FSDP2 casts (autocast would recast norms to fp32); an autocast to fp32 has nothing to do
-        if fp32 or shards_one_rank(self.parallel_dims, job_config):
+        if job_config.training.mixed_precision_param == "float32" or shards_one_rank(self.parallel_dims, job_config):
             self.maybe_enable_amp = contextlib.nullcontext()
             if job_config.validation.enable:
                 self.validator.maybe_enable_amp = self.maybe_enable_amp
