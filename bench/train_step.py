@@ -58,7 +58,7 @@ from dispersion_titan.losses import PRECISIONS, VARIANTS  # noqa: E402
 from dispersion_titan.losses.variants import precision_error  # noqa: E402
 from dispersion_titan.train import default_to_single_process  # noqa: E402
 from dispersion_titan.trainer.trainer import DispersionTrainer  # noqa: E402
-from dispersion_titan.utils.errors import DispersionTitanError, cause, fail_with  # noqa: E402
+from dispersion_titan.utils.errors import cause, command  # noqa: E402
 
 SDPA_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -246,6 +246,7 @@ def run(
     return results
 
 
+@command("nothing was measured; rerun")  # a bad config or override: one line, as a launch says it
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="a training config, e.g. train_configs/gpt2_small_mlp3072.toml")
@@ -270,22 +271,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                         help="on CUDA, one more step of each objective under torch.cuda.set_sync_debug_mode('warn'): "
                              "prints the implicit host syncs it reports")  # fmt: skip
     args, job_args = parser.parse_known_args(argv)
-    try:
-        return run(
-            args.config,
-            job_args,
-            args.variants,
-            args.precisions,
-            args.coeff,
-            args.steps,
-            args.warmup,
-            args.sync_debug,
-            args.name or Path(args.config).stem,
-            args.sdpa_backend,
-            args.autocast,
-        )
-    except DispersionTitanError as e:  # a bad config or override: one line, as a launch says it
-        fail_with(e)
+    return run(
+        args.config,
+        job_args,
+        args.variants,
+        args.precisions,
+        args.coeff,
+        args.steps,
+        args.warmup,
+        args.sync_debug,
+        args.name or Path(args.config).stem,
+        args.sdpa_backend,
+        args.autocast,
+    )
 
 
 if __name__ == "__main__":

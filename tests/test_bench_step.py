@@ -70,6 +70,18 @@ def test_train_step_reports_every_variant_against_ce_with_titans_mfu(single_proc
         assert r["mfu"] == pytest.approx(flops_per_token(args, 64) * r["tokens_per_s"] / peak, rel=1e-9)
 
 
+def test_train_step_refuses_a_bad_override_in_one_line(single_process, capsys):
+    """A bad config or override ends as a launch ends: its one line and status, no traceback, nothing timed."""
+    import train_step
+
+    with pytest.raises(SystemExit) as exit_info:
+        train_step.main([DEBUG_TOML, *SMALL_STEP, "--optimizer.lr", "-1"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "dispersion_titan: error: optimizer.lr: must be >= 0, got -1.0"
+    ]
+
+
 def test_train_step_pins_the_attention_kernel_it_is_given(single_process):
     """--sdpa-backend reaches the model's attention: cuDNN's kernel does not exist on a CPU."""
     import train_step
