@@ -6,7 +6,7 @@ On one model (random init, seeded) and the analysis' own K×S input sequences:
     norm, nothing measured;
 (b) the analysis: the same forward with each layer reduced on the fly into the running
     L×S×S sums and, for ``--geometry-sequences`` of the K sequences, the effective rank
-    and MEV (``LayerSums.add_batch``), then the statistics (``summarize``);
+    and MEV (``measure``), then the statistics (``summarize``);
 (c) the straightforward way: one sequence at a time through Hugging Face
     ``transformers.GPT2Model`` (same weights via the state-dict adapter) with
     ``output_hidden_states``, every layer's S×S matrix kept, stacked to [K, L, S, S],
@@ -44,9 +44,8 @@ from dispersion_titan.analysis.inputs import InputOptions, select_sequences  # n
 from dispersion_titan.analysis.measure import (  # noqa: E402
     NORM_CLAMP,
     DecoderLayers,
-    LayerSums,
     Measurement,
-    geometry_mask,
+    measure,
 )
 from dispersion_titan.analysis.statistics import summarize  # noqa: E402
 from dispersion_titan.models.gpt2.args import GPT2ModelArgs, gpt2_flavors  # noqa: E402
@@ -86,30 +85,29 @@ def bare_forward(model: GPT2, batch: torch.Tensor) -> None:
     DecoderLayers(model).run(batch, lambda name, hidden: None)
 
 
-def layer_sums(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> LayerSums:
-    return LayerSums(
-        model.model_args.n_layers + 2, args.seq_len, args.device, geometry_mask(len(tokens), args.geometry_sequences)
-    )
-
-
-def analysis(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tuple[LayerSums, dict]:
+def analysis(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tuple[Measurement, dict]:
     """(b) untimed, as the memory worker runs it."""
-    sums = layer_sums(model, tokens, args)
-    for batch in tokens.split(args.batch_size):
-        sums.add_batch(DecoderLayers(model), batch)
-    return sums, summarize(sums.result())
+    measured = measure(DecoderLayers(model), tokens, args.batch_size, args.device, args.geometry_sequences)
+    return measured, summarize(measured)
 
 
 def time_a_and_b(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tuple[float, float, Measurement]:
-    """Total seconds of (a) and (b), interleaved per batch; (b)'s measurement."""
-    sums = layer_sums(model, tokens, args)
-    time_a = time_b = 0.0
-    for batch in tokens.split(args.batch_size):
-        batch = batch.to(args.device)
+    """Total seconds of (a) and (b), interleaved per batch: after (b) measures a batch, (a) runs it bare, timed
+    apart; (b)'s measurement."""
+    batches = iter(tokens.split(args.batch_size))
+    time_a = 0.0
+
+    def bare_next() -> None:
+        nonlocal time_a
+        batch = next(batches).to(args.device)
         time_a += timed(lambda: bare_forward(model, batch), args.device)
-        time_b += timed(lambda: sums.add_batch(DecoderLayers(model), batch), args.device)
-    time_b += timed(lambda: summarize(sums.result()), args.device)
-    return time_a, time_b, sums.result()
+
+    sync(args.device)
+    start = time.perf_counter()
+    measured = measure(DecoderLayers(model), tokens, args.batch_size, args.device, args.geometry_sequences, bare_next)
+    summarize(measured)
+    sync(args.device)
+    return time_a, time.perf_counter() - start - time_a, measured
 
 
 def hf_model(model: GPT2, args: GPT2ModelArgs, device: str):

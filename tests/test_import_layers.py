@@ -316,3 +316,18 @@ ROOT_MODULE_LINES = 200
 def test_the_root_modules_are_parsing_and_dispatch():
     long = {p.name: n for p in PACKAGE.glob("*.py") if (n := len(p.read_text().splitlines())) >= ROOT_MODULE_LINES}
     assert not long, f"root modules of {ROOT_MODULE_LINES}+ lines (move their work into a subpackage): {long}"
+
+
+def test_every_name_the_benchmarks_import_from_the_package_exists():
+    """bench/ scripts run by hand, on a GPU, where no test runs them whole: a name the package renamed or folded
+    away (``LayerSums``, ``fail_with``) broke one at its start. Every ``from dispersion_titan... import`` of theirs
+    resolves, its module imported here."""
+    import importlib
+
+    missing = []
+    for script in sorted((PACKAGE.parent / "bench").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text(), str(script))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dispersion_titan"):
+                module = importlib.import_module(node.module)
+                missing += [f"{script.name}: {node.module}.{a.name}" for a in node.names if not hasattr(module, a.name)]
+    assert missing == []
