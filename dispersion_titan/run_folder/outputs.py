@@ -160,13 +160,6 @@ def read_json_object(path: str, fix: str = "restore it, or remove it and rerun")
     return data
 
 
-def read_json_files(out: str, file: str) -> dict[str, dict]:
-    if not os.path.isdir(out):
-        return {}
-    paths = {name: os.path.join(out, name, file) for name in sorted(os.listdir(out))}
-    return {name: read_json_object(path) for name, path in paths.items() if os.path.isfile(path)}
-
-
 def read_result_folders(
     out: str, file: str, read: Callable[[dict, str], tuple[Result, object]], folders: re.Pattern = RESULT_FOLDER
 ) -> dict[str, Result]:
@@ -174,10 +167,9 @@ def read_result_folders(
     record (and its path) and the step it records. One copied into another step's folder by hand, read as that
     step's, is refused."""
     results = {}
-    for name, record in read_json_files(out, file).items():
-        if folders.match(name):
-            path = os.path.join(out, name, file)
-            results[name], recorded = read(record, path)
+    for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        if folders.match(name) and os.path.isfile(path := os.path.join(out, name, file)):
+            results[name], recorded = read(read_json_object(path), path)
             if (step := STEP_FOLDER.match(name)) and int(step[1]) != recorded:
                 raise OutputError(
                     f"{path}: holds the result of step {recorded}, not of step {int(step[1])}; move it back, or "

@@ -28,7 +28,7 @@ from ...config.cli import read_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
 from ...run_folder.checkpoints import identity_changed, initialised_model, list_checkpoints, trained_to
-from ...run_folder.outputs import atomic_write, read_json_files, read_json_object, save_png, write_json
+from ...run_folder.outputs import atomic_write, read_json_object, read_result_folders, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned
 from ...run_folder.settings import fixed
 from ...tokenizer.encoders import tokenizer_folder
@@ -49,6 +49,8 @@ from .findings import InitPanel, findings, load_sweep, summary_markdown
 from .jobs import Commands
 
 OPTIONS_FILE = "quickstart.json"
+INIT = re.compile(r"^w\d+(-s\d+)?$")
+"""The init panel's result folders (``init_panel``)."""
 
 
 @dataclass(frozen=True)
@@ -142,30 +144,27 @@ def init_panel(
 
     Step-0 condensation of ``flavor`` at each width (``out/w{width}/``) and at the narrowest for each
     extra seed (``out/w{width}-s{seed}/``), on the sequences ``texts`` selects; a shape measured on the
-    same sequences is read back."""
+    same sequences is read back (a corrupt one refused in one line before any work)."""
     begun = time.monotonic()
     extra = f"; seed {', '.join(map(str, seeds[1:]))} at {widths[0]}" if seeds[1:] else ""
     say(
         f"init     condensation at initialization, {flavor} shape, MLP width "
         f"{', '.join(map(str, widths))} at seed {seeds[0]}{extra}: one forward pass each"
     )
-    stored = read_json_files(out, RESULT_FILE)  # a corrupt one refused in one line before any work
+    stored = read_result_folders(out, RESULT_FILE, lambda data, path: (Condensation.from_json(data, path), 0), INIT)
     sequences = select_sequences(texts)
     jobs = [(w, seeds[0]) for w in widths] + [(widths[0], s) for s in seeds[1:]]
     results = {}
     for i, (width, seed) in enumerate(jobs, start=1):
         name = f"w{width}" if seed == seeds[0] else f"w{width}-s{seed}"
-        folder, path = os.path.join(out, name), os.path.join(out, name, RESULT_FILE)
-        args = dataclasses.replace(gpt2_flavors[flavor], mlp_hidden_dim=width)
-        start = time.monotonic()
-        if name in stored:
-            cached = Condensation.from_json(stored[name], path)
-            if cached.tokens_sha256 == sequences.sha256 and cached.model_args == dataclasses.asdict(args):
-                results[width, seed] = cached
-                say(f"init     MLP width {width}, seed {seed}: read back ({i} of {len(jobs)})")
-                continue
+        folder, args = os.path.join(out, name), dataclasses.replace(gpt2_flavors[flavor], mlp_hidden_dim=width)
+        start, cached = time.monotonic(), stored.get(name)
+        if cached and cached.tokens_sha256 == sequences.sha256 and cached.model_args == dataclasses.asdict(args):
+            results[width, seed] = cached
+            say(f"init     MLP width {width}, seed {seed}: read back ({i} of {len(jobs)})")
+            continue
         results[width, seed] = measure_at_init(args, seed, sequences, batch_size=4, run=folder)
-        write_json(path, results[width, seed].to_json())
+        write_json(os.path.join(folder, RESULT_FILE), results[width, seed].to_json())
         took = time.monotonic() - start
         say(f"init     MLP width {width}, seed {seed}: measured in {took:.0f} s ({i} of {len(jobs)})")
     say(f"init     done in {time.monotonic() - begun:.0f} s")
