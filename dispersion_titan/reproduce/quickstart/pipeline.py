@@ -27,7 +27,7 @@ from ...analysis.statistics import condensation
 from ...config.cli import read_toml
 from ...config.grid import Arm, Cell, cells
 from ...models.gpt2.args import GPT2ModelArgs, gpt2_flavors
-from ...run_folder.checkpoints import identity_changed, initialised_model, list_checkpoints, trained_to
+from ...run_folder.checkpoints import initialised_model, list_checkpoints, trained_to
 from ...run_folder.outputs import atomic_write, read_json_object, read_result_folders, save_png, write_json
 from ...run_folder.owners import FolderOwner, owned
 from ...run_folder.settings import fixed
@@ -243,9 +243,10 @@ def trained(setup: QuickstartSetup, run: Cell) -> bool:
 def analyzed(setup: QuickstartSetup, run: Cell) -> bool:
     """Every checkpoint already analyzed on the same K×S sequences, as it is now."""
     results = read_results(os.path.join(setup.dump(run), "condensation"))
-    return not measured_before(setup, run) and all(
-        c.step in results
-        and (results[c.step].num_sequences, results[c.step].seq_len) == (setup.num_sequences, setup.seq_len)
+    return all(
+        (r := results.get(c.step))
+        and (r.num_sequences, r.seq_len) == (setup.num_sequences, setup.seq_len)
+        and not r.changed(c.path)
         for c in list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
     )
 
@@ -255,12 +256,8 @@ def measured_before(setup: QuickstartSetup, run: Cell) -> bool:
     times, which checkpoint identities record; its analyses are measured again (was: skipped, then every comparison
     refused them, exit 1)."""
     results = read_results(os.path.join(setup.dump(run), "condensation"))
-    return any(
-        (result := results.get(c.step))
-        and result.checkpoint_identity
-        and identity_changed(result.checkpoint_identity, c.path)
-        for c in list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
-    )
+    checkpoints = list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
+    return any(c.step in results and results[c.step].changed(c.path) for c in checkpoints)
 
 
 ERROR = "dispersion_titan: error: "
