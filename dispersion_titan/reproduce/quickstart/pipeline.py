@@ -293,17 +293,16 @@ def out_of_room(status: int, error: str) -> OSError | None:
 STEP_LINE = re.compile(rb"(?<!validate )step:\s*(\d+)\s+loss:")
 
 
-def last_step(log: str, offset: int) -> tuple[int | None, int]:
-    """The last logged step in ``log`` from byte ``offset`` on (None: none yet), and the new offset."""
+def last_step(log: str, offset: int) -> int | None:
+    """The last logged step in ``log`` from byte ``offset`` on (None: none yet); a line still being written names
+    none before its ``loss:``."""
     try:
         with open(log, "rb") as f:
             f.seek(offset)
-            text = f.read()
+            steps = STEP_LINE.findall(f.read())
     except FileNotFoundError:
-        return None, offset
-    end = text.rfind(b"\n") + 1  # a line still being written is read next time
-    steps = STEP_LINE.findall(text[:end])
-    return (int(steps[-1]) if steps else None), offset + end
+        return None
+    return int(steps[-1]) if steps else None
 
 
 @contextlib.contextmanager
@@ -316,9 +315,9 @@ def step_progress(log: str, steps: int, name: str, say: Callable[[str], None], e
     start = os.path.getsize(log) if os.path.exists(log) else 0
 
     def watch() -> None:
-        offset, first, said = start, None, None
+        first, said = None, None
         while not stop.wait(every_s):
-            step, offset = last_step(log, offset)
+            step = last_step(log, start)
             if step is None or step == said:
                 continue
             first = first or (step, time.monotonic())
