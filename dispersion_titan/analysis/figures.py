@@ -46,9 +46,8 @@ def curve_axes(ax: plt.Axes, title: str) -> None:
 
 
 def plot_curve(ax: plt.Axes, result: Condensation, **style) -> None:
-    ax.plot(
-        np.linspace(0, 1, len(result.layers)), [layer.mean_cos_offdiag for layer in result.layers], marker=".", **style
-    )
+    x = np.linspace(0, 1, len(result.layers))
+    ax.plot(x, [layer.mean_cos_offdiag for layer in result.layers], **{"marker": ".", **style})
 
 
 def outside_legend(ax: plt.Axes) -> None:

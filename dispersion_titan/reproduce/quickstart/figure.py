@@ -14,7 +14,7 @@ from matplotlib.offsetbox import AnchoredOffsetbox, TextArea, VPacker
 from matplotlib.ticker import LogLocator, NullLocator, ScalarFormatter
 
 from ...analysis.condensation_schema import Condensation
-from ...analysis.statistics import layer_fraction
+from ...analysis.figures import plot_curve
 from ...run_folder.outputs import headless_pyplot
 from .findings import AGREES, DISAGREES, Finding, InitPanel, Part, RunCondensation, baselines, late_cos, panel_shape
 
@@ -64,15 +64,10 @@ def _by_width(ax: plt.Axes, values: dict[int, float], seeds: list[float], style:
 
 def _init_depth(ax: plt.Axes, panel: InitPanel, style: dict[int, dict]) -> None:
     """Finding 1: the cosine against depth at step 0, per width (the extra seeds dotted)."""
-
-    def draw(result: Condensation, **kwargs) -> None:
-        fractions = [layer_fraction(layer.index, len(result.layers)) for layer in result.layers]
-        ax.plot(fractions, [layer.mean_cos_offdiag for layer in result.layers], markersize=4, **kwargs)
-
     for width, result in sorted(panel.widths.items()):
-        draw(result, label=f"MLP {width}", **style[width])
+        plot_curve(ax, result, label=f"MLP {width}", markersize=4, **style[width])
     for result in list(panel.seeds.values())[1:]:  # the extra seeds, at the narrowest width
-        draw(result, linestyle=":", **style[min(panel.widths)])
+        plot_curve(ax, result, linestyle=":", markersize=4, **style[min(panel.widths)])
     ax.set(xlabel="layer fraction (0: embedding, 1: final norm)", ylabel="mean_cos_offdiag")
 
 
