@@ -199,8 +199,7 @@ def seed_spread(runs: Sequence[RunCondensation], value: Callable[[RunCondensatio
     for run in runs:
         if (v := value(run)) is not None:
             groups[run.width, run.dispersion].append(v)
-    gaps = [max(g) - min(g) for g in groups.values() if len(g) > 1]
-    return max(gaps) if gaps else None
+    return max((max(g) - min(g) for g in groups.values() if len(g) > 1), default=None)
 
 
 def init_spread(panel: InitPanel) -> float | None:
@@ -214,11 +213,9 @@ def _values(values: Sequence[float]) -> str:
 
 
 def _trend(values: Sequence[float]) -> str:
-    if len(values) > 1 and (np.diff(values) < 0).all():
-        return "wider MLPs condense less"
-    if len(values) > 1 and (np.diff(values) > 0).all():
-        return "wider MLPs condense more"
-    return "no monotone trend with width"
+    signs = tuple(set(np.sign(np.diff(values)).tolist()))  # one: monotone
+    trends = {(-1.0,): "wider MLPs condense less", (1.0,): "wider MLPs condense more"}
+    return trends.get(signs, "no monotone trend with width")
 
 
 def present(
