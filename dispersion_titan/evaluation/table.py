@@ -437,8 +437,14 @@ def cell(mean: float, std: float, column: str) -> str:
     return f"{mean:.{_digits(column)}f}" + ("" if math.isnan(std) else f" ± {std:.{_digits(column)}f}")
 
 
-def signed(value: float, column: str) -> str:
-    return f"{value:+.{_digits(column)}f}"
+def row_cells(row: ArmRow) -> list[str]:
+    """The row's arm, seeds and ``mean ± std`` cells, as each of its tables prints them."""
+    return [row.name, str(len(row.runs)), *(cell(row.mean[key], row.std[key], key) for key in row.mean)]
+
+
+def difference_cells(row: ArmRow, pretrained: ArmRow) -> list[str]:
+    """The row's ``difference`` from the Pretrained row, signed, as each of its tables prints it."""
+    return [f"{value:+.{_digits(key)}f}" for key, value in difference(row, pretrained).items()]
 
 
 def table_markdown(
@@ -456,14 +462,7 @@ def table_markdown(
     lines = _markdown(
         header,
         [
-            [
-                row.name,
-                str(len(row.runs)),
-                *(cell(row.mean[key], row.std[key], key) for key in row.mean),
-                f"{row.rank:.2f}",
-                "" if row.p_value is None else f"{row.p_value:.4f}",
-                row.significance,
-            ]
+            [*row_cells(row), f"{row.rank:.2f}", "" if row.p_value is None else f"{row.p_value:.4f}", row.significance]
             for row in everyone
         ],
     )
@@ -477,9 +476,7 @@ def table_markdown(
         f"{pretrained_note}",
     ]
     if pretrained and rows:  # alone, it has nothing to differ from
-        diff_rows = [
-            [row.name, *(signed(value, key) for key, value in difference(row, pretrained).items())] for row in rows
-        ]
+        diff_rows = [[row.name, *difference_cells(row, pretrained)] for row in rows]
         lines += ["", f"Difference from {PRETRAINED} (mean − {PRETRAINED}'s mean):", ""]
         lines += _markdown(["arm", *columns, "average"], diff_rows)
     runs = [[row.name, r.run, str(r.step), f"{r.average:.4f}"] for row in everyone for r in row.runs]

@@ -21,7 +21,7 @@ from ...analysis.inputs import differences
 from ...analysis.size_series import last_n_mean
 from ...analysis.statistics import finite_or_none, point_layers, rank_trend
 from ...evaluation.protocol import TESTS
-from ...evaluation.table import ArmRow, Selection, cell, difference, signed, table
+from ...evaluation.table import ArmRow, Selection, difference, difference_cells, row_cells, table
 from ...run_folder.outputs import atomic_write, headless_pyplot, revision_folder, staged, write_json
 from ...utils.errors import ArgumentError
 from . import catalog
@@ -381,12 +381,7 @@ def render(workflow: PaperWorkflow, selection: Selection, reference: str | None,
 
 
 def _cells(row: ArmRow) -> list[str]:
-    return [
-        row.name,
-        str(len(row.runs)),
-        *(cell(row.mean[key], row.std[key], key) for key in row.mean),
-        "" if row.p_value is None else f"{row.p_value:.3g}{row.significance}",
-    ]
+    return [*row_cells(row), "" if row.p_value is None else f"{row.p_value:.3g}{row.significance}"]
 
 
 TEX_ESCAPES = {
@@ -413,8 +408,7 @@ def latex(columns: list[str], rows: list[ArmRow], reference: str, pretrained: Ar
     for row in rows:
         lines.append(" & ".join(esc(c).replace("±", r"$\pm$") for c in _cells(row)) + r" \\")
         if pretrained is not None and row is not pretrained:  # the authors' second line: the difference
-            shown = [signed(value, key) for key, value in difference(row, pretrained).items()]
-            lines.append(" & ".join(["", "", *shown, ""]) + r" \\")
+            lines.append(" & ".join(["", "", *difference_cells(row, pretrained), ""]) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(lines) + "\n"
 
