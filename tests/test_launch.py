@@ -437,6 +437,10 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         "--gpus-per-node, which each cell's layout is checked for, and sbatch would read this with it; give their GPUs "
         "per node as --gpus-per-node N",
         ("--train-sbatch-arg=-G2",): "train_sbatch_args: -G2: the trainings ask train.sbatch's --gpus-per-node",
+        ("--train-sbatch-arg=--gpus-per-task=1",): "train_sbatch_args: --gpus-per-task=1: the trainings ask train.sb",
+        ("--train-sbatch-arg=--gpus-per-socket", "--train-sbatch-arg=2"): (  # were submitted, as a --gres was
+            "train_sbatch_args: --gpus-per-socket: the trainings ask train.sbatch's --gpus-per-node"
+        ),
         ("--", "--checkpoint.no-enable"): "cell w64-baseline-s0: checkpoint.enable is off: its training would save no",
         ("--", "--training.steps", "0", "--checkpoint.no-save-initial"): (  # its analyze, evaluate jobs' failure
             "cell w64-baseline-s0: training.steps is 0 without checkpoint.save_initial: its training would save no "

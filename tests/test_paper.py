@@ -547,6 +547,8 @@ def test_fig3_trains_the_paper_preset_on_slurm(tmp_path, capsys, monkeypatch):
         ("--sbatch-arg=-G", "--sbatch-arg=2"),
         ("--sbatch-arg=--gres=gpu:2",),
         ("--sbatch-arg=--gres", "--sbatch-arg=gres:gpu:a100:1"),
+        ("--sbatch-arg=--gpus-per-task=1",),  # were submitted: GPUs per task beside the layout's per node
+        ("--sbatch-arg=--gpus-per-s", "--sbatch-arg=2"),  # --gpus-per-socket, as sbatch abbreviates it
     ):
         code, _, err = paper("fig3", "--slurm", "--dry-run", *given, "--out", tmp_path, capsys=capsys)
         assert_one_line_error(

@@ -56,6 +56,8 @@ SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), i
     "--export-file": ("", "--export-", ""),
     "--gpus": ("-G", "--gpus", "SBATCH_GPUS"),
     "--gpus-per-node": ("", "--gpus-per-n", "SBATCH_GPUS_PER_NODE"),
+    "--gpus-per-socket": ("", "--gpus-per-s", ""),  # SBATCH_GPUS_PER_SOCKET, SBATCH_GPUS_PER_TASK: not read here
+    "--gpus-per-task": ("", "--gpus-per-t", ""),
     "--gres": ("", "--gres", "SBATCH_GRES"),
     "--input": ("-i", "--in", ""),
     "--kill-on-invalid-dep": ("", "--k", ""),
@@ -240,18 +242,18 @@ def refuse_options(option: str, args: list[str], waits: bool = True) -> None:
             raise DispersionTitanError(f"{option}: {given}: {REFUSED[name]}")
 
 
+GPU_OPTIONS = ("--gpus", "--gpus-per-socket", "--gpus-per-task", "--gres")  # sbatch's, beside --gpus-per-node
+
+
 def asks_gpus(option: str, value: str) -> bool:
     """Whether sbatch's ``option`` with ``value`` asks for GPUs beside ``--gpus-per-node``."""
-    return option == "--gpus" or option == "--gres" and bool(GPU_GRES.search(value))
+    return bool(GPU_GRES.search(value)) if option == "--gres" else option in GPU_OPTIONS
 
 
 def gpus_asked(args: list[str]) -> str | None:
     """The first of ``args`` asking sbatch for GPUs beside ``--gpus-per-node`` (``asks_gpus``)."""
     found = (
-        given
-        for option in ("--gpus", "--gres")
-        for given, value in option_values(args, option)
-        if asks_gpus(option, value)
+        given for option in GPU_OPTIONS for given, value in option_values(args, option) if asks_gpus(option, value)
     )
     return next(found, None)
 
