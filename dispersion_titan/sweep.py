@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error = functools.partial(_refuse, key)
         options[key] = parser.parse_args([str(sweep.out), *getattr(sweep, key)])
     slurm_sweep.refuse_shared_folders(sweep, options)
-    slurm_sweep.refuse_elsewhere(sweep, options)
+    slurm_sweep.refuse_elsewhere(sweep, options)  # before: a relative path's refusal names the folder it is in
+    slurm_sweep.refuse_unreadable_inputs(options)
     if args.plan:  # the cells' training jobs planned on their GPUs
         nodes, gpus_per_node = slurm_sweep.train_layout(sweep)
         if gpus_per_node == 0:

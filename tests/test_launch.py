@@ -471,6 +471,9 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         # an empty value (an unset shell variable), refused as analyze --texts '' itself is (not in failed jobs)
         ("--analyze-args=--texts ''",): "analyze_args: argument --texts: empty; name a jsonl file",
         ("--evaluate-args=--out=",): "evaluate_args: argument --out: empty; name a folder, or leave the option out",
+        # a file its jobs read, checked as each checks it (was: every analysis or evaluation failed after its training)
+        ("--analyze-args=--texts nosuch.jsonl",): "analyze_args: --texts: nosuch.jsonl: cannot be read ([Errno 2] No",
+        ("--evaluate-args=--include-path nosuch",): "evaluate_args: --include-path: nosuch: no such file or directory",
     }
     wrong_type = tmp_path / "wrong_type.toml"  # a TOML value not a path: named, not a TypeError traceback
     wrong_type.write_text('config = ["debug.toml"]\nwidths = [64]\nvariants = ["baseline"]\nseeds = [0]\n')

@@ -356,6 +356,20 @@ def unreadable_yamls(folder: str) -> str:
     return ", ".join(skipped)
 
 
+def check_include_path(include_path: str | None) -> None:
+    """A readable folder (or none given), or a one-line error naming it; a sweep checks its evaluate jobs' before
+    the trainings."""
+    if not include_path:
+        return
+    try:
+        os.listdir(include_path)
+    except OSError as e:  # none there, a file, not readable
+        raise EvaluationError(
+            f"--include-path: {include_path}: {(e.strerror or str(e)).lower()} "
+            "(give a readable folder holding the task YAMLs)"
+        ) from None
+
+
 class Tasks:
     """The requested tasks in one TaskManager: only --include-path's when each is a plain task there (indexing
     lm-eval's ~14,000 built-in task YAMLs takes 5.6 s of CPU)."""
@@ -366,14 +380,8 @@ class Tasks:
         self.names = names
         self.include_path = os.path.abspath(include_path) if include_path else None
         manager = None
-        if include_path:  # a readable folder, or a one-line error naming it
-            try:
-                os.listdir(include_path)
-            except OSError as e:  # none there, a file, not readable
-                raise EvaluationError(
-                    f"--include-path: {include_path}: {(e.strerror or str(e)).lower()} "
-                    "(give a readable folder holding the task YAMLs)"
-                ) from None
+        check_include_path(include_path)
+        if include_path:
             manager = TaskManager(include_path=self.include_path, include_defaults=False)
             if not set(names) <= set(manager.all_subtasks):
                 manager = None

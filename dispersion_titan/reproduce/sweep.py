@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..analysis.arguments import input_options
 from ..analysis.condensation_schema import RESULT_FILE as ANALYSIS_FILE
 from ..analysis.condensation_schema import read_analyses
 from ..components.optimizers import MOMENT_BYTES_PER_PARAM
@@ -26,7 +27,7 @@ from ..components.titan_compat import merged_job_config_class
 from ..config.cli import CONFIG_MODULE, launch_args, link_loop, read_toml
 from ..config.grid import BASELINE, GRID_KEYS, Arm, Cell, cells
 from ..config.schema import BASELINE_METHODS
-from ..evaluation.runner import OURS, read_evaluations, source_changed
+from ..evaluation.runner import OURS, check_include_path, read_evaluations, source_changed
 from ..evaluation.runner import RESULT_FILE as EVALUATION_FILE
 from ..job_config.parse import model_args, validated_args
 from ..losses import VARIANTS
@@ -254,6 +255,21 @@ def refuse_used(out: Path) -> None:
     if out.exists() and not (out.is_dir() and (empty(str(out)) or (out / MANIFEST).is_file())):
         raise ArgumentError(f"out: {out} exists and is not an empty folder or a sweep's; give the sweep a new folder")
     refuse_unless_ours(str(out), FolderOwner("sweep"), "--out", "use another --out")  # inside a run: as submitting
+
+
+JOB_INPUTS = {  # how the analyze and evaluate jobs check their options naming files they read (--texts ...)
+    "analyze_args": input_options,
+    "evaluate_args": lambda parsed: check_include_path(parsed.include_path),
+}
+
+
+def refuse_unreadable_inputs(options: dict[str, argparse.Namespace]) -> None:
+    """Each job's files checked now, as it checks them, in its words: not in every job's failure after the trainings."""
+    for key, check in JOB_INPUTS.items():
+        try:
+            check(options[key])
+        except DispersionTitanError as e:
+            raise ArgumentError(f"{key}: {e}") from None
 
 
 def refuse_shared_folders(sweep: Sweep, options: dict[str, argparse.Namespace]) -> None:
