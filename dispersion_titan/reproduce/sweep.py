@@ -257,15 +257,11 @@ def refuse_used(out: Path) -> None:
     refuse_unless_ours(str(out), FolderOwner("sweep"), "--out", "use another --out")  # inside a run: as submitting
 
 
-JOB_INPUTS = {  # how the analyze and evaluate jobs check their options naming files they read (--texts ...)
-    "analyze_args": input_options,
-    "evaluate_args": lambda parsed: check_include_path(parsed.include_path),
-}
-
-
 def refuse_unreadable_inputs(options: dict[str, argparse.Namespace]) -> None:
-    """Each job's files checked now, as it checks them, in its words: not in every job's failure after the trainings."""
-    for key, check in JOB_INPUTS.items():
+    """The files the analyze and evaluate jobs read (``--texts``, ``--include-path`` ...), checked now as each job
+    checks them, in its words: not in every job's failure after the trainings."""
+    checks = {"analyze_args": input_options, "evaluate_args": lambda a: check_include_path(a.include_path)}
+    for key, check in checks.items():
         try:
             check(options[key])
         except DispersionTitanError as e:
