@@ -782,6 +782,12 @@ def test_table2_a_hub_models_block_is_its_pretrained_row(tmp_path, capsys):
     for refused, says in ((f"hf:{tmp_path}/run", "give it without hf:"), (f"hf:{tmp_path}/t", "no such folder")):
         code, _, err = paper("table2", "--pretrained", refused, "--out", tmp_path / "t", "--dry-run", capsys=capsys)
         assert_one_line_error(code, err, f"--pretrained: {refused}: ", says)  # as its evaluate step would
+    nosuch = tmp_path / "nosuch"  # was submitted: its evaluate job failed once it started
+    code, _, err = paper(
+        *args[:3], "--include-path", nosuch, "--out", tmp_path / "t", "--slurm", "--dry-run", capsys=capsys
+    )
+    assert_one_line_error(code, err, f"--include-path: {nosuch}: no such file or directory (give a readable folder")
+    assert not (tmp_path / "t").exists()
     code, out, err = paper(*args, capsys=capsys)
     assert code == 0, err
     found = list((tmp_path / "t" / "pretrained").glob("*/step-0/results.json"))

@@ -26,7 +26,7 @@ from ...analysis.inputs import located
 from ...analysis.size_series import parse_assignments
 from ...config.cli import launch_args, read_toml
 from ...data.corpora import corpus
-from ...evaluation.runner import hub_model
+from ...evaluation.runner import check_include_path, hub_model
 from ...evaluation.table import arm_runs, one_seed_each
 from ...run_folder.checkpoints import (
     dispersion_variant,
@@ -316,6 +316,7 @@ def build(artifact: str, options: dict) -> PaperWorkflow:
         if options.get("trust_remote_code"):
             raise ArgumentError("--trust-remote-code: only for the analysing artifacts (table2 evaluates our runs)")
         refuse_unless_ours(os.path.join(out, "table2"), TABLE, "--out", "use another --out")  # was: after evaluating
+        check_include_path(options.get("include_path"))  # as its evaluate steps would, hours later under --slurm
         evaluate_args = passed_on(options, EVALUATE_OPTIONS)
         pretrained, first = options.get("pretrained") or "auto", []
         if pretrained.startswith(HF):  # a hub model as published (GPT2-large's row): evaluated first
