@@ -744,9 +744,10 @@ def test_a_sweep_reads_the_sbatch_options_of_its_environment_and_train_sbatch_ar
     ``SBATCH_GPUS_PER_NODE=4`` checks each cell for 4 GPUs, ``--train-sbatch-arg=--gpus-per-node=2`` for 2 (both were
     taken for train.sbatch's 8), ``SBATCH_SIGNAL=B:USR1@60`` tells the trainings its lead (was not: train.sbatch's
     check of its time limit against 300 s); ``--train-sbatch-arg=--nodes=2-4``, a range, and ``SBATCH_ARRAY_INX`` or
-    ``SBATCH_EXPORT``, which sbatch reads as the --array and --export refused among the arguments, or ``SBATCH_GPUS``
-    or a GPU ``SBATCH_GRES``, which sbatch reads over the jobs' own GPUs: one line, exit 2, nothing submitted or made,
-    by the dry run too (were taken for 1 node, and submitted; sbatch then refused the trainings or the analyses)."""
+    ``SBATCH_EXPORT``, which sbatch reads as the --array and --export refused among the arguments, or ``SBATCH_GPUS``,
+    a GPU ``SBATCH_GRES`` or ``SBATCH_GPUS_PER_TASK``, which sbatch reads over the jobs' own GPUs: one line, exit 2,
+    nothing submitted or made, by the dry run too (were taken for 1 node, and submitted; sbatch then refused the
+    trainings or the analyses)."""
     out, gpus4 = tmp_path / "sweep", {"SBATCH_GPUS_PER_NODE": "4"}
     huge = (*ONE_CELL, "--widths", "100000000000", "--out", str(out), "--dry-run")  # refused naming its GPUs
     for env, args, gpus in ((gpus4, (), 4), (gpus4, ("--train-sbatch-arg=--gpus-per-node=2",), 2)):
@@ -780,6 +781,9 @@ def test_a_sweep_reads_the_sbatch_options_of_its_environment_and_train_sbatch_ar
         "variable's GPUs with: a training gets these per node, not those its layout was checked for, and a job "
         "asking fewer is refused (Failed to ensure --gpus >= --gres=gpu/--gpus-per-node); leave it out (here: unset "
         "SBATCH_GRES)",
+        "SBATCH_GPUS_PER_TASK=1": "SBATCH_GPUS_PER_TASK=1: sbatch reads it as --gpus-per-task: each job asks for the "
+        "GPUs it needs (a training train.sbatch's --gpus-per-node, the others their own --gpus), which sbatch would "
+        "read this variable with: every job would ask these GPUs too; leave it out (here: unset SBATCH_GPUS_PER_TASK)",
     }
     for given, said in refused.items():
         args, env = ((given,), {}) if given.startswith("--") else ((), dict([given.split("=")]))

@@ -56,8 +56,8 @@ SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), i
     "--export-file": ("", "--export-", ""),
     "--gpus": ("-G", "--gpus", "SBATCH_GPUS"),
     "--gpus-per-node": ("", "--gpus-per-n", "SBATCH_GPUS_PER_NODE"),
-    "--gpus-per-socket": ("", "--gpus-per-s", ""),  # SBATCH_GPUS_PER_SOCKET, SBATCH_GPUS_PER_TASK: not read here
-    "--gpus-per-task": ("", "--gpus-per-t", ""),
+    "--gpus-per-socket": ("", "--gpus-per-s", "SBATCH_GPUS_PER_SOCKET"),
+    "--gpus-per-task": ("", "--gpus-per-t", "SBATCH_GPUS_PER_TASK"),
     "--gres": ("", "--gres", "SBATCH_GRES"),
     "--input": ("-i", "--in", ""),
     "--kill-on-invalid-dep": ("", "--k", ""),
@@ -226,6 +226,9 @@ REFUSED_ENVIRONMENT = {  # where ``REFUSED``'s reason fits the option alone, and
     "--gres": (
         f"{OWN_GPUS}'s GPUs with: a training gets these per node, not those its layout was checked for, and a job "
         f"asking fewer is refused {GPU_REFUSED}"
+    ),
+    **dict.fromkeys(
+        ("--gpus-per-socket", "--gpus-per-task"), f"{OWN_GPUS} with: every job would ask these GPUs too; leave it out"
     ),
 }
 GPU_GRES = re.compile(r"(^|,)(gres:)?gpu(:|,|$)")  # a --gres asking for GPUs (gpu, gpu:2, gpu:a100:2, gres:gpu:2)
