@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.corpora import check_dataset
 from ..data.store import MANIFEST, is_store, open_store
-from ..losses.options import CONFIG_RANGES, resolve_layers
-from ..losses.variants import VARIANTS, precision_error
+from ..losses.options import resolve_layers
+from ..losses.variants import RANGES, VARIANTS, precision_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS, pretrained_config, pretrained_folder
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_id, tokenizer_folder
 from ..utils.errors import ConfigError, DataConfigError
@@ -48,7 +48,7 @@ BOUNDS: dict[str, tuple[Any, ...]] = {
     **dict.fromkeys(("comm.init_timeout_seconds", "comm.train_timeout_seconds", "lr_scheduler.total_steps"), AT_1),
     **dict.fromkeys(("parallelism.tensor_parallel_degree", "baseline.forget_every"), AT_1),
     **{f"model.{key}": AT_0 for key in SHAPE_KEYS if key != "tie_embeddings"},  # 0 keeps the flavor's
-    **{f"dispersion.{name}": bound for name, bound in CONFIG_RANGES.items()},
+    **{f"dispersion.{name}": bound for name, bound in {"coeff": AT_0, **RANGES, "warmup_steps": AT_0}.items()},
     # outside [0, 1] TorchTitan's schedule ends above the peak lr or below 0, or decays past the run
     **dict.fromkeys(("lr_scheduler.min_lr_factor", "lr_scheduler.decay_ratio"), (lambda v: 0 <= v <= 1, "in [0, 1]")),
     **dict.fromkeys(("optimizer.beta1", "optimizer.beta2"), (lambda v: 0 <= v < 1, "in [0, 1)")),

@@ -1,18 +1,9 @@
-"""The dispersion options' value ranges and block selection, on top of what the loss itself
-defines (its variants, kernels and parameter ranges; ``config/schema.py`` types the choices).
-``job_config.checks`` applies them to a job config and the trainer resolves ``layers`` with them.
+"""The dispersion options' block selection, on top of what the loss itself defines (its variants,
+kernels and parameter ranges; ``config/schema.py`` types the choices). ``job_config.checks``
+applies it to a job config and the trainer resolves ``layers`` with it.
 """
 
 from __future__ import annotations
-
-from .variants import RANGES
-
-CONFIG_RANGES = {
-    "coeff": (lambda v: v >= 0, ">= 0"),
-    **RANGES,
-    "warmup_steps": (lambda v: v >= 0, ">= 0"),
-}
-"""The ``[dispersion]`` section's numeric ranges: the loss's parameters, λ and its warm-up."""
 
 
 def resolve_layers(spec: str | list[int], n_layers: int) -> list[int]:
