@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -38,13 +39,13 @@ from .variants import (
     FORMS,
     KERNELS,
     NORM_EPS,
+    RANGES,
     SPECS,
     VARIANTS,
     OnlineLogSumExp,
     PairHyper,
     VariantSpec,
     precision_error,
-    range_error,
     refuse_double_backward,
     row_entropy_terms,
     row_norm,
@@ -73,8 +74,13 @@ def _validate(
     if form not in FORMS:
         raise ValueError(f"form must be one of {FORMS}, got {form!r}")
     for name, value in (("tau", tau), ("clamp", clamp), ("lambda_norm", lambda_norm), ("max_tokens", max_tokens)):
-        if problem := range_error(name, value):
-            raise ValueError(f"{name} {problem}")
+        valid, text = RANGES[name]
+        if not isinstance(value, numbers.Real | Tensor):
+            raise ValueError(f"{name} must be a number {text}, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number {text}, got {value}")
+        if not valid(value):
+            raise ValueError(f"{name} must be {text}, got {value}")
     _check_hidden(hidden)
     if not hidden.is_floating_point():
         raise ValueError(f"hidden must be a floating-point tensor, got {hidden.dtype}")

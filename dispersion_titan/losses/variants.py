@@ -64,7 +64,7 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
         "an integer, 0 (all positions) or >= 2",
     ),
 }
-"""Each numeric parameter's valid range: a predicate and how to say it (``range_error`` refuses inf and NaN first)."""
+"""Each numeric parameter's valid range: a predicate and how to say it (the loss refuses inf and NaN first)."""
 
 
 def row_norm(x: Tensor) -> Tensor:
@@ -88,16 +88,6 @@ def precision_error(variant: str, precision: str) -> str | None:
             f"22% into its gradient), got {precision!r}"
         )
     return None
-
-
-def range_error(name: str, value: float, ranges: dict[str, tuple[Callable[[float], bool], str]] = RANGES) -> str | None:
-    """``"must be <range>, got <value>"`` when ``value`` is outside parameter ``name``'s range."""
-    valid, text = ranges[name]
-    if not isinstance(value, numbers.Real | Tensor):
-        return f"must be a number {text}, got {value!r}"
-    if not math.isfinite(value):
-        return f"must be a finite number {text}, got {value}"
-    return None if valid(value) else f"must be {text}, got {value}"
 
 
 GramRows = Literal["unit", "centred", "raw"]
