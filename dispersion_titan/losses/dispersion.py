@@ -192,17 +192,19 @@ def _softmax_(logits: Tensor, m: Tensor, log_s: Tensor) -> Tensor:
     return logits.sub_(m).sub_(log_s).exp_()
 
 
-def _arccos_slope_(cos: Tensor) -> Tensor:
-    """-dD/dc = 1 / (pi sqrt(1 - c^2)) at the clamped c: the straight-through gradient; consumes ``cos``."""
-    return cos.square_().neg_().add_(1.0).rsqrt_().mul_(1.0 / math.pi)
-
-
 def _hinge_(angle: Tensor) -> Tensor:
     """relu(1/2 - D) from pi * D, in place."""
     return angle.mul_(-1.0 / math.pi).add_(0.5).clamp_min_(0.0)
 
 
-def _pair_term_(gram: Tensor, spec: VariantSpec, hp: PairHyper, sq_sum: Tensor | None) -> Tensor:
+def _gram(x: Tensor, sq: Tensor | None, r0: int, r1: int, c0: int) -> tuple[Tensor, Tensor | None]:
+    """Rows [r0, r1) x columns [c0, N) of the Gram matrix g_ij = x_i . x_j, and there |x_i|^2 + |x_j|^2 (or None
+    without squared norms)."""
+    sq_sum = None if sq is None else sq[:, r0:r1, None] + sq[:, None, c0:]
+    return torch.bmm(x[:, r0:r1], x[:, c0:].transpose(1, 2)), sq_sum
+
+
+def _pair_term_(gram: Tensor, sq_sum: Tensor | None, spec: VariantSpec, hp: PairHyper) -> Tensor:
     """The pair's term t_ij (the logit for log-sum-exp variants) on a strip of the Gram matrix g_ij = x_i . x_j,
     in place on ``gram``; sq_sum = |x_i|^2 + |x_j|^2 for raw rows, else None. dispersion_triton.py's
     ``_pair_term`` in torch."""
@@ -217,25 +219,26 @@ def _pair_term_(gram: Tensor, spec: VariantSpec, hp: PairHyper, sq_sum: Tensor |
 
 
 def _pair_grad_(
-    gram: Tensor, spec: VariantSpec, hp: PairHyper, sq_sum: Tensor | None, lse: tuple[Tensor, Tensor] | None
+    gram: Tensor, sq_sum: Tensor | None, spec: VariantSpec, hp: PairHyper, lse: tuple[Tensor, Tensor] | None
 ) -> Tensor:
     """dL/dg_ij of the unordered pair {i, j}, in place on ``gram``; lse = (m, log_s) for the log-sum-exp
     variants, else None. dispersion_triton.py's ``_pair_weight`` in torch."""
     if spec.name == "decorrelation":
         return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
     if spec.rows == "raw":  # dL/dD of the unordered pair is 2 p_ij * (-1 / tau), and dD/dg = -2
-        return _softmax_(_pair_term_(gram, spec, hp, sq_sum), *lse).mul_(4.0 / hp.tau)
+        return _softmax_(_pair_term_(gram, sq_sum, spec, hp), *lse).mul_(4.0 / hp.tau)
     cos = gram.clamp_(-1 + hp.clamp, 1 - hp.clamp)
     angle = torch.arccos(cos)
+    slope = cos.square_().neg_().add_(1.0).rsqrt_().mul_(1.0 / math.pi)  # -dD/dc at the clamped c: straight-through
     if spec.name == "angular_spread":  # L = log sum_{i!=j} exp(-D / tau) - const  ->  dL/dc = 2 p_ij / tau * (-dD/dc)
-        return _softmax_(angle.mul_(-1.0 / (math.pi * hp.tau)), *lse).mul_(_arccos_slope_(cos)).mul_(2.0 / hp.tau)
+        return _softmax_(angle.mul_(-1.0 / (math.pi * hp.tau)), *lse).mul_(slope).mul_(2.0 / hp.tau)
     # L = (2 / pairs) sum_{i<j} relu(1/2 - D)^2  ->  dL/dc = (4 / pairs) relu(1/2 - D) (-dD/dc)
-    return _hinge_(angle).mul_(_arccos_slope_(cos)).mul_(4.0 / hp.pairs)
+    return _hinge_(angle).mul_(slope).mul_(4.0 / hp.pairs)
 
 
-def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Tensor | None, float]:
-    """The fp32 rows x whose Gram matrix the variant needs; for unit and centred rows also the
-    denominator and guard of u = x / (max(|x|, guard) + eps), x = z or z minus its feature mean
+def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Tensor | None, Tensor | None, float]:
+    """The fp32 rows x whose Gram matrix the variant needs; for raw rows also their squared norms, for unit and
+    centred rows the denominator and guard of u = x / (max(|x|, guard) + eps), x = z or z minus its feature mean
     (eps > 0 is the released code's z / (|z| + 1e-2)).
 
     For decorrelation (centred) the guard (VariantSpec.guard) makes u_i . u_j exactly the reference's
@@ -244,12 +247,13 @@ def _rows(hidden: Tensor, spec: VariantSpec, hp: PairHyper) -> tuple[Tensor, Ten
     |x_i|^2 + |x_j|^2 - 2 g_ij cancels less when the tokens share a large offset."""
     x = hidden.float()
     if spec.rows == "raw":
-        return x - x.mean(dim=1, keepdim=True), None, 0.0
+        x = x - x.mean(dim=1, keepdim=True)
+        return x, x.square().sum(dim=-1), None, 0.0
     if spec.rows == "centred":
         x = x - x.mean(dim=-1, keepdim=True)
     guard = spec.guard(x.shape[-1])
     norm = row_norm(x).clamp_min(guard) + hp.unit_eps(spec)
-    return x / norm, norm, guard
+    return x / norm, None, norm, guard
 
 
 @dataclass(frozen=True)
@@ -300,8 +304,7 @@ class TorchStrips:
         lse = OnlineLogSumExp(b, x.device)
         total = torch.zeros(b, device=x.device)
         for r0, r1 in self.strips(n, b):
-            gram = torch.bmm(x[:, r0:r1], x[:, r0:].transpose(1, 2))
-            term = _pair_term_(gram, spec, hp, _sq_sum(sq, r0, r1))
+            term = _pair_term_(*_gram(x, sq, r0, r1, r0), spec, hp)
             if spec.logsumexp:
                 lse.add(_mask_lower(term, r1 - r0, -math.inf))
             else:
@@ -333,9 +336,7 @@ class TorchStrips:
                 weight = pf.sub_(p.mul_(a[:, :, None])).mul_(2.0 / (hp.tau * n))
                 del p, pf
             else:
-                gram = torch.bmm(x_rows, x_cols.transpose(1, 2))
-                weight = _mask_lower(_pair_grad_(gram, spec, hp, _sq_sum(sq, r0, r1), lse), r1 - r0, 0.0)
-                del gram
+                weight = _mask_lower(_pair_grad_(*_gram(x, sq, r0, r1, c0), spec, hp, lse), r1 - r0, 0.0)
             if row_sums is not None:
                 row_sums[:, r0:r1] += weight.sum(dim=2)
                 row_sums[:, c0:] += weight.sum(dim=1)
@@ -347,15 +348,9 @@ class TorchStrips:
     @staticmethod
     def _row_logits(x: Tensor, sq: Tensor, spec: VariantSpec, hp: PairHyper, r0: int, r1: int) -> Tensor:
         """-D / tau for whole rows [r0, r1) against all columns, the diagonal i = j at -inf."""
-        gram = torch.bmm(x[:, r0:r1], x.transpose(1, 2))
-        logits = _pair_term_(gram, spec, hp, sq[:, r0:r1, None] + sq[:, None, :])
+        logits = _pair_term_(*_gram(x, sq, r0, r1, 0), spec, hp)
         logits[:, :, r0:r1].diagonal(dim1=1, dim2=2).fill_(-math.inf)
         return logits
-
-
-def _sq_sum(sq: Tensor | None, r0: int, r1: int) -> Tensor | None:
-    """|x_i|^2 + |x_j|^2 for strip rows [r0, r1) x columns [r0, N), or None without squared norms."""
-    return None if sq is None else sq[:, r0:r1, None] + sq[:, None, r0:]
 
 
 class _PairLoss(torch.autograd.Function):
@@ -371,8 +366,7 @@ class _PairLoss(torch.autograd.Function):
         ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, kernel: TorchStrips
     ) -> Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
-            x, _, _ = _rows(hidden, spec, hp)
-            sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
+            x, sq, _, _ = _rows(hidden, spec, hp)
             per_seq, saved = kernel.forward(x, sq, spec, hp)
             ctx.spec, ctx.hp, ctx.lambda_norm, ctx.kernel = spec, hp, lambda_norm, kernel
             ctx.save_for_backward(hidden, *saved)
@@ -386,8 +380,7 @@ class _PairLoss(torch.autograd.Function):
         hidden, *lse = ctx.saved_tensors
         spec, hp = ctx.spec, ctx.hp
         with torch.autocast(hidden.device.type, enabled=False):
-            x, norm, guard = _rows(hidden, spec, hp)
-            sq = x.square().sum(dim=-1) if spec.rows == "raw" else None
+            x, sq, norm, guard = _rows(hidden, spec, hp)
             # dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)
             du, row_sums = ctx.kernel.backward(x, sq, spec, hp, tuple(lse) or None)
             scale = grad_out / x.shape[0]
