@@ -35,7 +35,7 @@ from train_step import SDPA_BACKENDS, bench_trainer, sdpa_pin, timed_step
 GROUPS = (
     (
         "dispersion",
-        re.compile(r"dispersion|_PairLoss|_TritonPairLoss|_rows_kernel|_pairs_|_pair_logits|_row_entropy|_dz_kernel"),
+        re.compile(r"dispersion|PairLoss|_rows_kernel|_pairs_|_pair_logits|_row_entropy|_dz_kernel"),
     ),
     ("optimizer", re.compile(r"Optimizer\.|adam|multi_tensor_apply|_foreach_", re.IGNORECASE)),
     ("loss", re.compile(r"log_?softmax|nll_?loss|cross_?entropy|logsumexp|Liger", re.IGNORECASE)),

@@ -9,12 +9,12 @@ GPT-2 sizes (B=8, N=1024, 12 blocks) is gigabytes.
 
 ``dispersion_loss`` computes the same values without keeping anything of size
 [B, N, N] for backward. Each implementation is a ``PairKernel``: here ``TorchStrips``,
-one autograd Function that saves only its input (plus two scalars per sequence),
-walks the upper triangle of the pair matrix once forward in row strips (a temporary
-is [B, rows, N]) and recomputes it backward with analytic gradients, each variant
-being a pair of elementwise functions on the Gram matrix (its term and dL/dg); and
-the fused Triton kernels of ``dispersion_triton.py`` at the FLOP floor. What both
-share (variants, ranges, precisions, the online log-sum-exp) is in ``variants.py``.
+which walks the upper triangle of the pair matrix once forward in row strips (a
+temporary is [B, rows, N]) and recomputes it backward with analytic gradients, each
+variant being a pair of elementwise functions on the Gram matrix (its term and dL/dg);
+and the fused Triton kernels of ``dispersion_triton.py`` at the FLOP floor. What both
+share (variants, ranges, precisions, the online log-sum-exp, the autograd Function
+that saves only the input plus two scalars per sequence) is in ``variants.py``.
 
 Notation: u_i = z_i / max(|z_i|, eps), c_ij = u_i . u_j, D_ij = arccos(c_ij) / pi
 for the angular variants; "i != j" runs over the N(N-1) ordered pairs of one
@@ -44,9 +44,9 @@ from .variants import (
     VARIANTS,
     OnlineLogSumExp,
     PairHyper,
+    PairLoss,
     VariantSpec,
     precision_error,
-    refuse_double_backward,
     row_entropy_terms,
     row_norm,
 )
@@ -219,10 +219,10 @@ def _pair_term_(gram: Tensor, sq_sum: Tensor | None, spec: VariantSpec, hp: Pair
 
 
 def _pair_grad_(
-    gram: Tensor, sq_sum: Tensor | None, spec: VariantSpec, hp: PairHyper, lse: tuple[Tensor, Tensor] | None
+    gram: Tensor, sq_sum: Tensor | None, spec: VariantSpec, hp: PairHyper, lse: tuple[Tensor, ...]
 ) -> Tensor:
     """dL/dg_ij of the unordered pair {i, j}, in place on ``gram``; lse = (m, log_s) for the log-sum-exp
-    variants, else None. dispersion_triton.py's ``_pair_weight`` in torch."""
+    variants, else unread. dispersion_triton.py's ``_pair_weight`` in torch."""
     if spec.name == "decorrelation":
         return gram.mul_(4.0 / hp.pairs)  # L = (2 / pairs) sum_{i<j} c^2
     if spec.rows == "raw":  # dL/dD of the unordered pair is 2 p_ij * (-1 / tau), and dD/dg = -2
@@ -270,7 +270,7 @@ class TorchStrips:
     max_block_rows: int = 128
 
     def loss(self, layers: list[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
-        return _PairLoss.apply(torch.cat(layers) if len(layers) > 1 else layers[0], spec, hp, lambda_norm, self)
+        return PairLoss.apply(spec, hp, lambda_norm, self, torch.cat(layers) if len(layers) > 1 else layers[0])
 
     def strips(self, n: int, batch: int, whole_rows: bool = False) -> Iterator[tuple[int, int]]:
         """Row ranges [r0, r1): by default covering rows 0..n-2 (row n-1 has no pair above the
@@ -284,12 +284,14 @@ class TorchStrips:
             yield r0, min(r0 + rows, end)
 
     def forward(
-        self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper
+        self, layers: tuple[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float
     ) -> tuple[Tensor, tuple[Tensor, ...]]:
-        """The per-sequence loss and what backward needs: (m, log_s) of the log-sum-exp over i < j
-        (log-sum-exp variants); perplexity_entropy's per-token results from each whole-row strip's softmax,
-        each [B, N]: its row's log-sum-exp (m, log_s), sum_j f(p_ij) and a_i = sum_j p_ij f'(p_ij) (see
+        """The per-sequence loss of ``layers``' one tensor and what backward needs: (m, log_s) of the log-sum-exp
+        over i < j (log-sum-exp variants); perplexity_entropy's per-token results from each whole-row strip's
+        softmax, each [B, N]: its row's log-sum-exp (m, log_s), sum_j f(p_ij) and a_i = sum_j p_ij f'(p_ij) (see
         ``variants.row_entropy_terms``); else nothing."""
+        (hidden,) = layers
+        x, sq, _, _ = _rows(hidden, spec, hp)
         b, n, _ = x.shape
         if spec.row_entropy:
             out = tuple(torch.empty(b, n, device=x.device) for _ in range(4))
@@ -300,50 +302,71 @@ class TorchStrips:
                 f, pf = row_entropy_terms(_softmax_(logits, m, log_s), hp.eps)
                 for target, value in zip(out, (m, log_s, f.sum(dim=2), pf.sum(dim=2)), strict=True):
                     target[:, r0:r1] = value
-            return out[2].mean(dim=1), out
-        lse = OnlineLogSumExp(b, x.device)
-        total = torch.zeros(b, device=x.device)
-        for r0, r1 in self.strips(n, b):
-            term = _pair_term_(*_gram(x, sq, r0, r1, r0), spec, hp)
-            if spec.logsumexp:
-                lse.add(_mask_lower(term, r1 - r0, -math.inf))
-            else:
-                total += _mask_lower(term, r1 - r0, 0.0).sum(dim=(1, 2))
-        if not spec.logsumexp:
-            return 2.0 * total / hp.pairs, ()
-        per_seq, m, log_s = lse.finish(spec, hp, n)
-        return per_seq, (m, log_s)
+            per_seq, saved = out[2].mean(dim=1), out
+        else:
+            lse = OnlineLogSumExp(b, x.device)
+            total = torch.zeros(b, device=x.device)
+            for r0, r1 in self.strips(n, b):
+                term = _pair_term_(*_gram(x, sq, r0, r1, r0), spec, hp)
+                if spec.logsumexp:
+                    lse.add(_mask_lower(term, r1 - r0, -math.inf))
+                else:
+                    total += _mask_lower(term, r1 - r0, 0.0).sum(dim=(1, 2))
+            per_seq, *saved = lse.finish(spec, hp, n) if spec.logsumexp else (2.0 * total / hp.pairs,)
+        if spec.norm_penalty:
+            per_seq = per_seq + lambda_norm * hidden.float().square().mean(dim=(1, 2))
+        return per_seq, tuple(saved)
 
     def backward(
-        self, x: Tensor, sq: Tensor | None, spec: VariantSpec, hp: PairHyper, lse: tuple[Tensor, ...] | None
-    ) -> tuple[Tensor, Tensor | None]:
-        """du_i = sum_{j!=i} W_ij x_j with W = dL/dg, and for raw rows also sum_{j!=i} W_ij.
+        self, layers: tuple[Tensor], saved: tuple[Tensor, ...], grad_out: Tensor, spec: VariantSpec, hp: PairHyper,
+        lambda_norm: float,
+    ) -> tuple[Tensor]:  # fmt: skip
+        """dL/dhidden from du_i = sum_{j!=i} W_ij x_j with W = dL/dg, and for raw rows also sum_{j!=i} W_ij.
 
         Each unordered pair is visited once: du_rows += W x_cols, du_cols += W^T x_rows. For
         perplexity_entropy, dL/dt_ij = p_ij (f'(p_ij) - a_i) / N of each ordered pair, so W = -2 dL/dD =
         (2 / (tau N)) (p f' - p a_i); both orientations of every pair reach du and the row sums.
         """
-        b, n, _ = x.shape
+        (hidden,) = layers
+        x, sq, norm, guard = _rows(hidden, spec, hp)
+        b, n, d = x.shape
         du = torch.zeros_like(x)
         row_sums = torch.zeros(b, n, device=x.device) if sq is not None else None
         for r0, r1 in self.strips(n, b, whole_rows=spec.row_entropy):
             c0 = 0 if spec.row_entropy else r0  # the strip's columns: all, or the upper triangle's
             x_rows, x_cols = x[:, r0:r1], x[:, c0:]
             if spec.row_entropy:
-                m, log_s, _, a = (t[:, r0:r1] for t in lse)  # the rows' (m, log_s, entropy, a) from forward
+                m, log_s, _, a = (t[:, r0:r1] for t in saved)  # the rows' (m, log_s, entropy, a) from forward
                 p = _softmax_(self._row_logits(x, sq, spec, hp, r0, r1), m, log_s)
                 _, pf = row_entropy_terms(p, hp.eps)
                 weight = pf.sub_(p.mul_(a[:, :, None])).mul_(2.0 / (hp.tau * n))
                 del p, pf
             else:
-                weight = _mask_lower(_pair_grad_(*_gram(x, sq, r0, r1, c0), spec, hp, lse), r1 - r0, 0.0)
+                weight = _mask_lower(_pair_grad_(*_gram(x, sq, r0, r1, c0), spec, hp, saved), r1 - r0, 0.0)
             if row_sums is not None:
                 row_sums[:, r0:r1] += weight.sum(dim=2)
                 row_sums[:, c0:] += weight.sum(dim=1)
             du[:, r0:r1].baddbmm_(weight, x_cols)
             du[:, c0:].baddbmm_(weight.transpose(1, 2), x_rows)
             del weight
-        return du, row_sums
+        scale = grad_out / b
+        if spec.rows == "raw":
+            # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over
+            # i is 0 (W symmetric): the centring's backward is a no-op. The norm penalty sees z itself.
+            penalty = 2.0 * lambda_norm / (n * d) if spec.norm_penalty else 0.0
+            dx = du.sub_(row_sums[:, :, None] * x).add_(hidden.float(), alpha=penalty).mul_(scale)
+        else:
+            # Through u = x / (max(|x|, guard) + eps): dx = (du - u (u . du) (|x| + eps) / |x|) / (|x| + eps),
+            # the radial part dropped where |x| was clamped. For decorrelation x = z - mean(z), whose
+            # backward would subtract the feature mean of dx; that mean is already 0, as du and u are
+            # combinations of centred rows. x holds u.
+            du.mul_(scale)
+            eps = hp.unit_eps(spec)
+            radial = (x * du).sum(dim=-1, keepdim=True).masked_fill_(norm - eps <= guard, 0.0)
+            if eps:
+                radial.mul_(norm / (norm - eps))
+            dx = du.sub_(x.mul_(radial)).div_(norm)
+        return (dx.to(hidden.dtype),)
 
     @staticmethod
     def _row_logits(x: Tensor, sq: Tensor, spec: VariantSpec, hp: PairHyper, r0: int, r1: int) -> Tensor:
@@ -351,57 +374,6 @@ class TorchStrips:
         logits = _pair_term_(*_gram(x, sq, r0, r1, 0), spec, hp)
         logits[:, :, r0:r1].diagonal(dim1=1, dim2=2).fill_(-math.inf)
         return logits
-
-
-class _PairLoss(torch.autograd.Function):
-    """The torch path, every variant: one pass over the pairs forward, one recomputing pass backward.
-
-    Saves only ``hidden`` (and, for the log-sum-exp variants, two scalars per sequence);
-    ``kernel`` (a TorchStrips) runs the pair passes.
-    Autocast is off inside: the loss is computed in fp32 whatever the caller's autocast.
-    """
-
-    @staticmethod
-    def forward(
-        ctx, hidden: Tensor, spec: VariantSpec, hp: PairHyper, lambda_norm: float, kernel: TorchStrips
-    ) -> Tensor:
-        with torch.autocast(hidden.device.type, enabled=False):
-            x, sq, _, _ = _rows(hidden, spec, hp)
-            per_seq, saved = kernel.forward(x, sq, spec, hp)
-            ctx.spec, ctx.hp, ctx.lambda_norm, ctx.kernel = spec, hp, lambda_norm, kernel
-            ctx.save_for_backward(hidden, *saved)
-            if spec.norm_penalty:
-                per_seq = per_seq + lambda_norm * hidden.float().square().mean(dim=(1, 2))
-            return per_seq.mean()
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        refuse_double_backward()
-        hidden, *lse = ctx.saved_tensors
-        spec, hp = ctx.spec, ctx.hp
-        with torch.autocast(hidden.device.type, enabled=False):
-            x, sq, norm, guard = _rows(hidden, spec, hp)
-            # dL/dhidden (fp32) from du = sum_j W_ij x_j and, for raw rows, row_sums = sum_j W_ij (W = dL/dg)
-            du, row_sums = ctx.kernel.backward(x, sq, spec, hp, tuple(lse) or None)
-            scale = grad_out / x.shape[0]
-            if spec.rows == "raw":
-                # D_ij = |x_i|^2 + |x_j|^2 - 2 g_ij  ->  dx_i = sum_j W_ij x_j - x_i sum_j W_ij, whose sum over
-                # i is 0 (W symmetric): the centring's backward is a no-op. The norm penalty sees z itself.
-                _, n, d = x.shape
-                penalty = 2.0 * ctx.lambda_norm / (n * d) if spec.norm_penalty else 0.0
-                dx = du.sub_(row_sums[:, :, None] * x).add_(hidden.float(), alpha=penalty).mul_(scale)
-            else:
-                # Through u = x / (max(|x|, guard) + eps): dx = (du - u (u . du) (|x| + eps) / |x|) / (|x| + eps),
-                # the radial part dropped where |x| was clamped. For decorrelation x = z - mean(z), whose
-                # backward would subtract the feature mean of dx; that mean is already 0, as du and u are
-                # combinations of centred rows. x holds u.
-                du.mul_(scale)
-                eps = hp.unit_eps(spec)
-                radial = (x * du).sum(dim=-1, keepdim=True).masked_fill_(norm - eps <= guard, 0.0)
-                if eps:
-                    radial.mul_(norm / (norm - eps))
-                dx = du.sub_(x.mul_(radial)).div_(norm)
-        return dx.to(hidden.dtype), None, None, None, None
 
 
 class PairKernel(Protocol):

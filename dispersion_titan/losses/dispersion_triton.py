@@ -39,7 +39,7 @@ from torch import Tensor
 from triton import knobs
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from dispersion_titan.losses.variants import OnlineLogSumExp, PairHyper, VariantSpec, refuse_double_backward
+from dispersion_titan.losses.variants import OnlineLogSumExp, PairHyper, PairLoss, VariantSpec
 
 # Whether the @triton.jit kernels below were built for the interpreter (TRITON_INTERPRET=1
 # when this module was first imported): then they run on CPU tensors too.
@@ -700,7 +700,37 @@ class TritonTiles:
 
     def loss(self, layers: list[Tensor], spec: VariantSpec, hp: PairHyper, lambda_norm: float) -> Tensor:
         _check_device(layers[0].device)
-        return _TritonPairLoss.apply(spec, hp, lambda_norm, self, *(z.contiguous() for z in layers))
+        return PairLoss.apply(spec, hp, lambda_norm, self, *(z.contiguous() for z in layers))
+
+    def forward(
+        self, layers: tuple[Tensor, ...], spec: VariantSpec, hp: PairHyper, lambda_norm: float
+    ) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """Rows, then the triangle's partials (perplexity_entropy: its logits, then per-row sweeps): the per-sequence
+        loss of the layers' sequences as one batch, each layer's rows read where it lies, and what backward needs:
+        two scalars per sequence (perplexity_entropy: three per token)."""
+        n, d = layers[0].shape[1:]
+        plan = products(self.precision, spec)
+        rows = _make_rows(layers, spec, hp, plan)
+        per_seq, saved = (_row_entropy if spec.row_entropy else _pair_sums)(rows, spec, hp, self, plan)
+        if spec.norm_penalty:
+            per_seq = per_seq + rows.stat.sum(dim=1) * (lambda_norm / (n * d))
+        return per_seq, saved
+
+    def backward(
+        self, layers: tuple[Tensor, ...], saved: tuple[Tensor, ...], grad_out: Tensor, spec: VariantSpec, hp: PairHyper,
+        lambda_norm: float,
+    ) -> tuple[Tensor, ...]:  # fmt: skip
+        """Rows and triangle again, W once, dz = f(W U): each layer's gradient written where it lies."""
+        plan = products(self.precision, spec)
+        rows = _make_rows(layers, spec, hp, plan)
+        dz = tuple(torch.empty_like(z) for z in layers)
+        grad = grad_out.reshape(1).float()
+        m, log_s = saved if spec.logsumexp else (rows.stat, rows.stat)  # placeholders where unread
+        per_token = saved[0] if spec.row_entropy else rows.sq
+        for b0, b1 in _sequence_groups(rows.sq.shape, 4 if plan.split_weights else 2, self.max_weight_bytes):
+            _weights_and_dz(rows, (m[b0:b1], log_s[b0:b1], per_token[b0:b1]), layers, dz, grad, b0, b1, spec, hp,
+                            lambda_norm, self, plan)  # fmt: skip
+        return dz
 
     def config(self, plan: _Products) -> TileConfig:
         """The tiles of every kernel: the fixed ones, else GPU_BLOCK (IEEE_BLOCK for exact's CUDA-core
@@ -727,48 +757,6 @@ class TritonTiles:
             _JIT[name][(programs,)](*args, **constexprs, num_warps=cfg.num_warps)
         else:
             _TUNED[name][(programs,)](*args, **constexprs)
-
-
-class _TritonPairLoss(torch.autograd.Function):
-    """Forward: rows, then the triangle's partials (perplexity_entropy: its logits, then per-row sweeps).
-    Backward: rows and triangle again, W once, dz = f(W U). The layers' sequences go through the pair
-    kernels as one batch; each layer's rows are read, and its gradient written, where it lies.
-
-    Saves only the layers and two scalars per sequence (perplexity_entropy: three per token);
-    autocast is off inside.
-    """
-
-    @staticmethod
-    def forward(
-        ctx, spec: VariantSpec, hp: PairHyper, lambda_norm: float, tiles: TritonTiles, *layers: Tensor
-    ) -> Tensor:
-        with torch.autocast(layers[0].device.type, enabled=False):
-            n, d = layers[0].shape[1:]
-            plan = products(tiles.precision, spec)
-            rows = _make_rows(layers, spec, hp, plan)
-            ctx.spec, ctx.hp, ctx.lambda_norm, ctx.tiles, ctx.layers = spec, hp, lambda_norm, tiles, len(layers)
-            per_seq, saved = (_row_entropy if spec.row_entropy else _pair_sums)(rows, spec, hp, tiles, plan)
-            ctx.save_for_backward(*layers, *saved)
-            if spec.norm_penalty:
-                per_seq = per_seq + rows.stat.sum(dim=1) * (lambda_norm / (n * d))
-            return per_seq.mean()
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        refuse_double_backward()
-        layers, saved = ctx.saved_tensors[: ctx.layers], ctx.saved_tensors[ctx.layers :]
-        spec, hp, tiles = ctx.spec, ctx.hp, ctx.tiles
-        with torch.autocast(layers[0].device.type, enabled=False):
-            plan = products(tiles.precision, spec)
-            rows = _make_rows(layers, spec, hp, plan)
-            dz = tuple(torch.empty_like(z) for z in layers)
-            grad = grad_out.reshape(1).float()
-            m, log_s = saved if spec.logsumexp else (rows.stat, rows.stat)  # placeholders where unread
-            per_token = saved[0] if spec.row_entropy else rows.sq
-            for b0, b1 in _sequence_groups(rows.sq.shape, 4 if plan.split_weights else 2, tiles.max_weight_bytes):
-                _weights_and_dz(rows, (m[b0:b1], log_s[b0:b1], per_token[b0:b1]), layers, dz, grad, b0, b1, spec, hp,
-                                ctx.lambda_norm, tiles, plan)  # fmt: skip
-        return None, None, None, None, *dz
 
 
 def _pair_sums(rows: _Rows, spec: VariantSpec, hp: PairHyper, tiles: TritonTiles,

@@ -1,5 +1,6 @@
 """What every implementation of the dispersion loss shares: the variants, their
-parameters and ranges, the product precisions, and the per-sequence log-sum-exp.
+parameters and ranges, the product precisions, the per-sequence log-sum-exp, and
+the autograd Function around a pair kernel's two passes.
 
 The reference, the PyTorch strips (``dispersion.py``) and the Triton kernels
 (``dispersion_triton.py``) all import from here, and from nothing of each other's.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -181,14 +182,31 @@ class OnlineLogSumExp:
         return m + log_s - math.log(hp.pairs) + (hp.eps + (math.log(hp.pairs) - 2 * math.log(n))), m, log_s
 
 
-def refuse_double_backward() -> None:
-    """Raise where a pair kernel's analytic backward would be differentiated again (``create_graph=True``):
-    its gradient has no graph, so a second derivative through it would silently be zero."""
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            "dispersion_loss is differentiable once: its backward cannot build a graph (create_graph=True, "
-            "double backward, torch.func.hessian); use dispersion_loss_reference for higher derivatives"
-        )
+class PairLoss(torch.autograd.Function):
+    """Every pair kernel's autograd Function: ``kernel.forward`` gives the per-sequence loss and what its
+    ``backward`` (the layers' gradients, by a recomputing pass) needs, two scalars per sequence or three per
+    token, saved with the layers and nothing else. Autocast is off inside: fp32 whatever the caller's."""
+
+    @staticmethod
+    def forward(ctx, spec: VariantSpec, hp: PairHyper, lambda_norm: float, kernel: Any, *layers: Tensor) -> Tensor:
+        with torch.autocast(layers[0].device.type, enabled=False):
+            per_seq, saved = kernel.forward(layers, spec, hp, lambda_norm)
+            ctx.spec, ctx.hp, ctx.lambda_norm, ctx.kernel, ctx.layers = spec, hp, lambda_norm, kernel, len(layers)
+            ctx.save_for_backward(*layers, *saved)
+            return per_seq.mean()
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        # the analytic gradient has no graph: a second derivative through it would silently be zero
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "dispersion_loss is differentiable once: its backward cannot build a graph (create_graph=True, "
+                "double backward, torch.func.hessian); use dispersion_loss_reference for higher derivatives"
+            )
+        layers, saved = ctx.saved_tensors[: ctx.layers], ctx.saved_tensors[ctx.layers :]
+        with torch.autocast(layers[0].device.type, enabled=False):
+            dz = ctx.kernel.backward(layers, saved, grad_out, ctx.spec, ctx.hp, ctx.lambda_norm)
+        return None, None, None, None, *dz
 
 
 def row_entropy_terms(p: Tensor, eps: float) -> tuple[Tensor, Tensor]:
