@@ -47,7 +47,7 @@ from dispersion_titan.plan import plan_args
 from dispersion_titan.planning import resource_plan
 from dispersion_titan.planning.dry_run import dry_run_step
 from dispersion_titan.planning.fake_world import rank_zero_trainer
-from dispersion_titan.planning.figures import GPUS, MEASURED_STEPS, TERM_STEP, term_seconds
+from dispersion_titan.planning.figures import GPT2_SHIPPED, GPUS, MEASURED_STEPS, TERM_STEP, term_seconds
 from dispersion_titan.planning.resource_plan import (
     MOMENT_BYTES_PER_PARAM,
     checkpoint_disk,
@@ -635,14 +635,14 @@ def test_paper_fig3_plans_the_preset_it_trains():
 def test_the_calibrating_roofline_is_the_plans_own():
     """The roofline stored with the measured H100 step is what plan computes for that step now
     (bench/plan_accuracy.py prints both GPUs'), and docs/benchmarks.md has the measured figure."""
-    (figure,) = (f for f in MEASURED_STEPS if f.gpu == "h100")
-    plan = resource_plan.planned("figure", plan_args(figure.args[0], None, figure.args[1:]), 1, None, "h100")
+    figure = MEASURED_STEPS["h100"]
+    plan = resource_plan.planned("figure", plan_args(GPT2_SHIPPED[0], None, GPT2_SHIPPED[1:]), 1, None, "h100")
     assert plan.layout.accumulation == 2  # the shipped 64 sequences in micro-batches of 32
     roofline = plan.layout.accumulation * plan.step.micro_batch_s + plan.step.optimizer_s
     assert roofline == pytest.approx(figure.roofline_s, rel=2e-3)
     benchmarks = (REPO / "docs" / "benchmarks.md").read_text()
-    for f in MEASURED_STEPS:
-        assert f"{f.measured_s * 1e3:.1f}" in benchmarks, f"{f.what} on {f.measured_on}"
+    for f in MEASURED_STEPS.values():
+        assert f"{f.measured_s * 1e3:.1f}" in benchmarks, f.measured_on
 
 
 def test_a_step_knows_its_floors():
@@ -650,8 +650,7 @@ def test_a_step_knows_its_floors():
     it planned 8 × 15.5 ms for the 65,536 tokens one GPU does in 139 ms); the data-parallel collectives'
     latency grows with the ranks, by NCCL's ring model (FSDP over 4,096 GPUs planned as over 64 before);
     a DDP layout's collectives are one bucketed all-reduce a step, and named so."""
-    (figure,) = (f for f in MEASURED_STEPS if f.gpu == "h100")
-    args = plan_args(figure.args[0])  # as shipped: sharded over the GPUs
+    args = plan_args(GPT2_SHIPPED[0])  # as shipped: sharded over the GPUs
     one, eight = (resource_plan.planned("gpt2", args, gpus, None, "h100") for gpus in (1, 8))
     assert 8 * eight.time.step_s >= one.time.step_s * (1 - 1e-9)  # bounded by it, or above it on its own
     assert eight.tokens_per_s / 8 <= one.tokens_per_s * (1 + 1e-9)

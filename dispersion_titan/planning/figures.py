@@ -39,39 +39,21 @@ def counted(n: int, one: str, many: str = "") -> str:
 
 @dataclass(frozen=True)
 class MeasuredStep:
-    gpu: str
-    """``GPUS`` key."""
-    what: str
     measured_s: float
     roofline_s: float
     """``plan``'s roofline of the same step (``bench/plan_accuracy.py``)."""
-    args: tuple[str, ...]
-    """The config and overrides of the same step (one GPU)."""
     measured_on: str
     """The card and the date, as a plan names them (a wheel has no docs/)."""
 
 
 GPT2_SHIPPED = ("train_configs/gpt2_small_mlp3072.toml", "--parallelism.data_parallel_shard_degree", "1")
 """The step ``bench/gpu_acceptance.sh`` timed: GPT-2 small as shipped, CE only, on one GPU."""
-
-MEASURED_STEPS = (
-    MeasuredStep(
-        "h100",
-        "GPT-2 small as shipped, 64 × 1024 tokens, CE only",
-        139.4e-3,
-        126.07e-3,  # the roofline of that step's code now: q, k, v one GEMM (issue 48; measured with three)
-        GPT2_SHIPPED,
-        "an H100, 2026-11-26",
-    ),
-    MeasuredStep(
-        "h200",
-        "GPT-2 small as shipped, 64 × 1024 tokens, CE only",
-        130.6e-3,
-        98.92e-3,
-        GPT2_SHIPPED,
-        "an H200, 2026-11-26",
-    ),
-)
+MEASURED_WHAT = "GPT-2 small as shipped, 64 × 1024 tokens, CE only"
+MEASURED_STEPS = {  # ``GPUS`` key: its measured step of GPT2_SHIPPED (MEASURED_WHAT)
+    # the H100's roofline: that step's code now, q, k, v one GEMM (issue 48; measured with three)
+    "h100": MeasuredStep(139.4e-3, 126.07e-3, "an H100, 2026-11-26"),
+    "h200": MeasuredStep(130.6e-3, 98.92e-3, "an H200, 2026-11-26"),
+}
 
 
 TERM_STEP = (2 * 32 * 12, 1024, 768)
@@ -98,8 +80,7 @@ def term_floor_flops(rows: int, tokens: int, width: int) -> float:
 def term_seconds(variant: str, rows: int, tokens: int, width: int, bf16_flops: float) -> float:
     """Seconds of the fused kernels over ``rows`` × ``tokens`` × ``width`` at ``variant``'s measured
     rate, scaled to a GPU of ``bf16_flops``."""
-    (ce,) = (f for f in MEASURED_STEPS if f.gpu == "h200")
-    measured = TERM_STEPS_H200[variant] - ce.measured_s  # the variant's step less CE only's
+    measured = TERM_STEPS_H200[variant] - MEASURED_STEPS["h200"].measured_s  # the variant's step less CE only's
     rate = term_floor_flops(*TERM_STEP) / measured * bf16_flops / GPUS["h200"].bf16_flops
     return term_floor_flops(rows, tokens, width) / rate
 
@@ -112,12 +93,11 @@ class Calibration:
 
 def calibration(gpu: str) -> Calibration:
     """The factor on the roofline for ``gpu``, and what it rests on."""
-    for figure in MEASURED_STEPS:
-        if figure.gpu == gpu:
-            factor = figure.measured_s / figure.roofline_s
-            return Calibration(
-                factor,
-                f"roofline × {factor:.2f}, calibrated on the measured {figure.what} "
-                f"({figure.measured_s * 1e3:.1f} ms on {figure.measured_on})",
-            )
+    if figure := MEASURED_STEPS.get(gpu):
+        factor = figure.measured_s / figure.roofline_s
+        return Calibration(
+            factor,
+            f"roofline × {factor:.2f}, calibrated on the measured {MEASURED_WHAT} "
+            f"({figure.measured_s * 1e3:.1f} ms on {figure.measured_on})",
+        )
     return Calibration(1.0, f"roofline, uncalibrated: a prediction (no {gpu.upper()} step measured yet)")
