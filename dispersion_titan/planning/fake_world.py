@@ -42,10 +42,10 @@ class _RankZero(DispersionTrainer):
 
 
 @contextlib.contextmanager
-def _process_state(world: int) -> Iterator[None]:
-    """Rank 0's environment, TorchTitan's log lines and PyTorch's warnings unsaid; on exit the
-    environment, log level, signal handlers, exception hook and garbage collector as they were (the
-    trainer installs its own)."""
+def _process_state(world: int) -> Iterator[dict[int, object]]:
+    """Rank 0's environment, TorchTitan's log lines and PyTorch's warnings unsaid; yields the signal handlers as
+    they were. On exit the environment, log level, signal handlers, exception hook and garbage collector as they
+    were (the trainer installs its own)."""
     names = {"NGPU": str(world), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "1"}
     # DTensor's advice on redistributing over an FSDP × TP mesh (its gradient norm) is for PyTorch, not the user
     loggers = {log: log.level for log in (logger, logging.getLogger("torch.distributed.tensor"))}
@@ -57,7 +57,7 @@ def _process_state(world: int) -> Iterator[None]:
     try:
         with mock.patch.dict(os.environ, names), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            yield
+            yield saved_handlers
     finally:
         for log, level in loggers.items():
             log.setLevel(level)
@@ -72,9 +72,9 @@ def _interrupts_to_the_command(trainer: DispersionTrainer, handlers: dict[int, o
     """The trainer's handlers only flag SIGINT and SIGTERM for a training loop, which this trainer never runs: a
     Ctrl-C during plan's measurement was ignored, the plan printed, exit 0. The command's handlers again, and a
     signal the trainer flagged while it was built ends the command now, as they would have."""
-    for signum, handler in handlers.items():
-        if handler is not None:  # None: not set from Python
-            signal.signal(signum, handler)
+    for signum in INTERRUPT_SIGNALS:
+        if handlers[signum] is not None:  # None: not set from Python
+            signal.signal(signum, handlers[signum])
     received = trainer.preemption.received
     if received in INTERRUPT_SIGNALS:
         raise KeyboardInterrupt(int(received))
@@ -99,10 +99,9 @@ def rank_zero_trainer(
     folder = os.path.expanduser(tokenizer_folder(c.model.name, c.model.hf_assets_path) or "")
     c.model.hf_assets_path = folder if os.path.isdir(folder) else ""
     c.model.name = stand_in_family(c.model.name)
-    with _process_state(world), tempfile.TemporaryDirectory(prefix="plan_") as dump:
+    with _process_state(world) as handlers, tempfile.TemporaryDirectory(prefix="plan_") as dump:
         c.job.dump_folder = dump
         trainer = None
-        handlers = {s: signal.getsignal(s) for s in INTERRUPT_SIGNALS}
         try:
             with fake or contextlib.nullcontext():
                 trainer = _RankZero(c)
