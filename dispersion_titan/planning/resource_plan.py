@@ -159,19 +159,18 @@ def step_time(
     r, shard = layout.dp_replicate, layout.dp_shard
     shard_nodes = min(layout.nodes, math.ceil(shard * layout.tp / gpu.gpus_per_node))
     if shard == 1 and r > 1:  # DDP: the gradients all-reduced once a step, in buckets
-        size = per_tp_rank * reduce_bytes
+        times, size, name = 1, per_tp_rank * reduce_bytes, "DDP all-reduce"
         latency = math.ceil(size / DDP_BUCKET_BYTES) * ring_latency_s(r, layout.nodes, all_reduce=True)
-        data_parallel = latency + 2 * (r - 1) / r * size / link
-        name = "DDP all-reduce"
+        size *= 2 * (r - 1) / r
     else:  # FSDP, each micro-batch: all-gather forward and again in backward, reduce-scatter the gradients
-        per_micro_batch = units * 3 * ring_latency_s(shard, shard_nodes)
-        size = (shard - 1) / shard * per_tp_rank * (2 * param_bytes + reduce_bytes) if shard > 1 else 0.0
+        times, name = layout.accumulation, "HSDP collectives" if r > 1 else "FSDP collectives"
+        latency = units * 3 * ring_latency_s(shard, shard_nodes)
+        size = (shard - 1) / shard * per_tp_rank * (2 * param_bytes + reduce_bytes)
         if r > 1:  # HSDP: the shards' gradients all-reduced over the replicas
-            per_micro_batch += units * ring_latency_s(r, min(r, layout.nodes), all_reduce=True)
+            latency += units * ring_latency_s(r, min(r, layout.nodes), all_reduce=True)
             size += 2 * (r - 1) / r * per_tp_rank / shard * reduce_bytes
-        latency = layout.accumulation * per_micro_batch
-        data_parallel = latency + layout.accumulation * size / link
-        name = "HSDP collectives" if r > 1 else "FSDP collectives"
+    latency *= times  # a step's: DDP's once, FSDP's each micro-batch
+    data_parallel = latency + times * size / link
     block_output_bytes = layout.micro_batch * layout.seq_len * layout.dim * param_bytes
     tp_bytes = TP_COLLECTIVES_PER_BLOCK * layout.n_layers * (layout.tp - 1) / layout.tp * block_output_bytes
     tp_link = gpu.node_link_bytes_per_s if layout.tp <= gpu.gpus_per_node else gpu.network_bytes_per_s
