@@ -61,15 +61,6 @@ class ResourceLayout:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
-    def describe(self) -> str:
-        replicas = f"{self.dp_replicate} replicas × " if self.dp_replicate > 1 else ""
-        return (
-            f"{replicas}DP shard {self.dp_shard} × TP {self.tp} on {counted(self.gpus, 'GPU')} "
-            f"({counted(self.nodes, 'node')}); micro-batch {self.micro_batch} × {self.seq_len} "
-            f"tokens, {counted(self.accumulation, 'accumulation step')}; "
-            f"{self.tokens_per_step:,} tokens per step"
-        )
-
 
 def nodes_of(gpus: int, nodes: int | None, gpu: GPU) -> int:
     """``--nodes``, or as few as hold ``gpus`` at ``gpu.gpus_per_node`` each; the GPUs split evenly."""
@@ -193,12 +184,6 @@ class Validation:
     """All of them on one GPU (None: ``validation.steps = -1``, the whole held-out split, whose size a plan does not
     read)."""
 
-    def describe(self) -> str:
-        what = counted(self.runs, "validation")
-        if self.seconds is None:
-            return f"validation not included ({what} of the whole held-out split, validation.steps -1)"
-        return f"validation included: {what}, {self.seconds / 3600:,.3g} h a GPU ({FORWARD_LABEL})"
-
 
 def validation(
     job_config: RunConfig, layout: ResourceLayout, m: StepMeasurement, calibration: Calibration
@@ -303,7 +288,8 @@ def _gb(x: float) -> str:
 
 def plan_table(plan: ResourcePlan) -> str:
     """One run's plan as a Markdown table of its fields."""
-    lay, t = plan.layout, plan.time
+    lay, t, checks = plan.layout, plan.time, plan.validation
+    replicas = f"{lay.dp_replicate} replicas × " if lay.dp_replicate > 1 else ""
     parts = ", ".join(f"{name} {_gb(plan.step.memory[name])}" for name in CATEGORIES if plan.step.memory[name])
     verdict = "does not fit" if plan.memory_share > 1 else "tight" if plan.memory_share > TIGHT else "fits"
     bound = (
@@ -317,8 +303,19 @@ def plan_table(plan: ResourcePlan) -> str:
         if lay.dp > 1
         else ""
     )
+    hours = f"**{plan.gpu_hours:,.3g}** for {counted(plan.steps, 'step')} on {lay.gpus} × {plan.gpu.name}"
+    validations = counted(checks.runs, "validation")
+    if checks.runs and checks.seconds is None:
+        hours += f"; validation not included ({validations} of the whole held-out split, validation.steps -1)"
+    elif checks.runs:
+        hours += f"; validation included: {validations}, {checks.seconds / 3600:,.3g} h a GPU ({FORWARD_LABEL})"
     rows = [
-        ("layout", lay.describe()),
+        (
+            "layout",
+            f"{replicas}DP shard {lay.dp_shard} × TP {lay.tp} on {counted(lay.gpus, 'GPU')} "
+            f"({counted(lay.nodes, 'node')}); micro-batch {lay.micro_batch} × {lay.seq_len} tokens, "
+            f"{counted(lay.accumulation, 'accumulation step')}; {lay.tokens_per_step:,} tokens per step",
+        ),
         ("parameters per rank", f"{plan.step.params_local / 1e6:,.2f} M of {plan.step.params_total / 1e6:,.2f} M"),
         (
             "peak memory per GPU",
@@ -331,11 +328,7 @@ def plan_table(plan: ResourcePlan) -> str:
             f"TP collectives {_ms(t.tp_s)}" + bound + (f"; {TERM_LABEL}" if plan.dispersion else ""),
         ),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
-        (
-            "GPU-hours",
-            f"**{plan.gpu_hours:,.3g}** for {counted(plan.steps, 'step')} on {lay.gpus} × {plan.gpu.name}"
-            + (f"; {plan.validation.describe()}" if plan.validation.runs else ""),
-        ),
+        ("GPU-hours", hours),
         (
             "checkpoint disk",
             f"**{_gb(plan.disk.bytes)} GB**: {plan.disk.full:,} full + {plan.disk.model_only:,} weights-only"
