@@ -292,17 +292,16 @@ def plan_table(plan: ResourcePlan) -> str:
     replicas = f"{lay.dp_replicate} replicas × " if lay.dp_replicate > 1 else ""
     parts = ", ".join(f"{name} {_gb(plan.step.memory[name])}" for name in CATEGORIES if plan.step.memory[name])
     verdict = "does not fit" if plan.memory_share > 1 else "tight" if plan.memory_share > TIGHT else "fits"
-    bound = (
-        f"; at least {_ms(t.one_gpu_s)}, one GPU's {_ms(t.one_gpu_s * lay.gpus)} for as many tokens over "
-        f"{lay.gpus} GPUs (no layout does a token in fewer GPU-seconds)"
-        if t.bounded
-        else ""
-    )
-    data_parallel = (
-        f"; {t.data_parallel} {_ms(t.data_parallel_s)} (overlapped; {_ms(t.latency_s)} of it latency, {LATENCY_LABEL})"
-        if lay.dp > 1
-        else ""
-    )
+    step = f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label})"
+    if lay.dp > 1:
+        latency = f"{_ms(t.latency_s)} of it latency, {LATENCY_LABEL}"
+        step += f"; {t.data_parallel} {_ms(t.data_parallel_s)} (overlapped; {latency})"
+    step += f", TP collectives {_ms(t.tp_s)}"
+    if t.bounded:
+        one_gpu = f"one GPU's {_ms(t.one_gpu_s * lay.gpus)} for as many tokens over {lay.gpus} GPUs"
+        step += f"; at least {_ms(t.one_gpu_s)}, {one_gpu} (no layout does a token in fewer GPU-seconds)"
+    if plan.dispersion:
+        step += f"; {TERM_LABEL}"
     hours = f"**{plan.gpu_hours:,.3g}** for {counted(plan.steps, 'step')} on {lay.gpus} × {plan.gpu.name}"
     validations = counted(checks.runs, "validation")
     if checks.runs and checks.seconds is None:
@@ -322,11 +321,7 @@ def plan_table(plan: ResourcePlan) -> str:
             f"**{_gb(plan.step.peak)} GB** of {plan.gpu.memory_gb:g} GB ({plan.memory_share:.0%}, {verdict}): "
             f"{parts} ({EAGER_MEMORY}; {plan.step.depth_note})",
         ),
-        (
-            "step time",
-            f"**{_ms(t.step_s)}**: compute {_ms(t.compute_s)} ({t.calibration.label}){data_parallel}, "
-            f"TP collectives {_ms(t.tp_s)}" + bound + (f"; {TERM_LABEL}" if plan.dispersion else ""),
-        ),
+        ("step time", step),
         ("tokens/s", f"{plan.tokens_per_s:,.0f} ({plan.tokens_per_s / lay.gpus:,.0f} per GPU)"),
         ("GPU-hours", hours),
         (
