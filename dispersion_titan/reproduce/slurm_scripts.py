@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from ..utils.errors import INTERRUPT_SIGNALS, ArgumentError, DispersionTitanError
+from ..utils.errors import ArgumentError, DispersionTitanError, interruptible
 from ..utils.records import atomic_write
 
 SLURM_SCRIPTS = Path(str(files("dispersion_titan") / "launch_scripts" / "slurm"))  # package data
@@ -382,12 +381,8 @@ def job_name(argv: object) -> str | None:
 def _interrupts_held() -> Iterator[None]:
     """Ctrl-C and SIGTERM raised once the block ends: an sbatch cut short may have queued a job whose id nobody read."""
     received: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, _: received.append(signum)) for s in INTERRUPT_SIGNALS}
-    try:
+    with interruptible(lambda signum, _: received.append(signum)):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     if received:
         raise KeyboardInterrupt(received[0])
 

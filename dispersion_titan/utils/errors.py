@@ -216,7 +216,7 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
             hook = sys.unraisablehook
             sys.unraisablehook = functools.partial(_interrupt_again, hook)
             try:
-                with _interruptible():
+                with interruptible():
                     return main(*args, **kwargs)
             except DispersionTitanError as e:
                 fail(str(e).splitlines()[0] if str(e) else type(e).__name__, e.status)
@@ -257,21 +257,22 @@ def _interrupted(signum: int, frame: object) -> NoReturn:
 
 
 @contextmanager
-def _interruptible() -> Iterator[None]:
+def interruptible(handler: Callable[[int, Any], object] = _interrupted) -> Iterator[None]:
     """SIGTERM (``kill``, Slurm's ``scancel``) ends the block as Ctrl-C does, a ``KeyboardInterrupt`` naming the
     signal: it killed a command silently, exit 143. Both also where a background job (``cmd &``) inherited them
-    ignored. The handlers before it come back after it (a command run by another, or in a test), unless the block
-    set its own (train's, the trainer's SIG_IGN once its ranks stop on a non-finite loss): those stand."""
+    ignored. ``handler`` in place of that: the caller's (submit's, holding them). The handlers before it come back
+    after it (a command run by another, or in a test), unless the block set its own (train's, the trainer's
+    SIG_IGN once its ranks stop on a non-finite loss): those stand."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread takes signals
         yield
         return
-    previous = {signum: signal.signal(signum, _interrupted) for signum in INTERRUPT_SIGNALS}
+    previous = {signum: signal.signal(signum, handler) for signum in INTERRUPT_SIGNALS}
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            if signal.getsignal(signum) is _interrupted:
-                signal.signal(signum, signal.SIG_DFL if handler is None else handler)  # None: not set from Python
+        for signum, before in previous.items():
+            if signal.getsignal(signum) is handler:
+                signal.signal(signum, signal.SIG_DFL if before is None else before)  # None: not set from Python
 
 
 def _interrupt_again(hook: Callable[[Any], object], unraisable: Any) -> None:
@@ -295,7 +296,7 @@ def run_command(main: Callable[[], object]) -> None:
     try:
         with starting():
             try:
-                with _interruptible():
+                with interruptible():
                     main()
             finally:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
