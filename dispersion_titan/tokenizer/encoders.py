@@ -72,8 +72,7 @@ def local_assets(path: str, field: str, revision: str | None = None) -> str:
                     + (f" --revision {revision}" if revision else "")
                     + "), or give a local folder"
                 ) from None
-            cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise ConfigError(f"{field}: {path}: cannot be fetched from the Hugging Face hub ({cause})") from None
+            raise ConfigError(f"{field}: {path}: cannot be fetched from the Hugging Face hub ({cause(e, 0)})") from None
 
 
 class DocumentEncoder(ABC):

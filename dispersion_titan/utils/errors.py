@@ -169,10 +169,11 @@ def failed_file(error: OSError) -> str:
     return f"{os.strerror(error.errno).lower()}: {os.fsdecode(error.filename)}{second}"
 
 
-def cause(error: BaseException) -> str:
-    """An exception's message's last line (where tracebacks put the cause), else its type's name."""
+def cause(error: BaseException, line: int = -1) -> str:
+    """An exception's message's last line (where tracebacks put the cause; ``line`` 0: its first, where the hub and
+    transformers put theirs), else its type's name."""
     text = str(error).strip()
-    return text.splitlines()[-1] if text else type(error).__name__
+    return text.splitlines()[line] if text else type(error).__name__
 
 
 def docs_page(page: str, section: str = "") -> str:

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, cause
 
 HUB_PROBE_SECONDS = 3.0
 """How long to wait for a TCP connection to the hub before treating it as unreachable."""
@@ -158,7 +158,6 @@ def loading(name: str, local: bool) -> Iterator[None]:
                     f"{name}: ships its own modelling code, which runs only with --trust-remote-code "
                     "(add it if you trust that code)"
                 ) from None
-            cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
             remedy = "download it where the hub is reachable (hf download), or give a local folder"
             where = f"; {offline}: {remedy}" if offline else ""
-            raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause}){where}") from None
+            raise ModelLoadError(f"{name}: cannot be loaded ({type(e).__name__}: {cause(e, 0)}){where}") from None
