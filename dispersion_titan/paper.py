@@ -18,7 +18,8 @@ from dispersion_titan.config import cli
 from dispersion_titan.config.cli import OneLineErrorParser, add_device_arguments, non_negative_int, positive_int
 from dispersion_titan.evaluate import add_table_arguments, task_folder, task_limit
 from dispersion_titan.evaluate import main as evaluate_main
-from dispersion_titan.plan import GPU_CHOICES, plan_args, plan_runs
+from dispersion_titan.plan import plan_args, plan_runs
+from dispersion_titan.planning.figures import GPUS
 from dispersion_titan.reproduce.paper import catalog
 from dispersion_titan.reproduce.slurm_scripts import script, submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned, refuse_unless_ours
@@ -59,7 +60,7 @@ def paper_parser() -> OneLineErrorParser:
         help="fig3, table2: plan their training runs (dispersion-titan plan): a row per config, totals; runs nothing",
     )
     p.add_argument("--plan-gpus", type=positive_int, help="--plan: GPUs per training run (default 8)")
-    p.add_argument("--plan-gpu", choices=GPU_CHOICES, help="--plan: the GPU (default h100)")
+    p.add_argument("--plan-gpu", choices=GPUS, help="--plan: the GPU (default h100)")
     p.add_argument("--draw-only", action="store_true", help="draw from finished results, run nothing else")
     p.add_argument(
         "--sbatch-arg",

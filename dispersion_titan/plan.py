@@ -13,8 +13,6 @@ from dispersion_titan.config.cli import OneLineErrorParser, launch_args, positiv
 from dispersion_titan.planning.figures import GPUS, counted  # no torch: --help answers at once
 from dispersion_titan.utils.errors import ArgumentError, ConfigError, command, run_command
 
-GPU_CHOICES = tuple(GPUS)
-
 
 def plan_parser() -> OneLineErrorParser:
     p = OneLineErrorParser(prog="python -m dispersion_titan.plan", description=__doc__.split("\n\n")[0])
@@ -22,7 +20,7 @@ def plan_parser() -> OneLineErrorParser:
     p.add_argument("--gpus", type=positive_int, default=1, help="GPUs of the run, all nodes together (default 1)")
     p.add_argument("--nodes", type=positive_int, help="nodes they are on (default: 8 GPUs a node)")
     p.add_argument("--tp", type=positive_int, help="tensor-parallel degree (default: the config's)")
-    p.add_argument("--gpu", choices=GPU_CHOICES, default="h100", help="the GPU (default h100)")
+    p.add_argument("--gpu", choices=GPUS, default="h100", help="the GPU (default h100)")
     p.add_argument(
         "--dry-run-step",
         action="store_true",

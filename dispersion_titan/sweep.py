@@ -19,7 +19,7 @@ from dispersion_titan.analyze import analyze_parser
 from dispersion_titan.config.cli import OneLineErrorParser, read_toml
 from dispersion_titan.config.schema import BASELINE_METHODS
 from dispersion_titan.evaluate import evaluate_parser
-from dispersion_titan.plan import GPU_CHOICES, plan_runs
+from dispersion_titan.plan import plan_runs
 from dispersion_titan.planning.figures import GPUS, counted
 from dispersion_titan.reproduce.slurm_scripts import SlurmJob, require_sbatch, script, submit
 from dispersion_titan.run_folder.owners import FolderOwner, owned
@@ -87,7 +87,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         "--plan",
         nargs="?",
         const="h100",
-        choices=GPU_CHOICES,
+        choices=GPUS,
         metavar="GPU",
         help="print every training job's resource plan on GPU (default h100) and the totals; submit nothing",
     )
