@@ -14,9 +14,9 @@ from typing import NamedTuple
 import pytest
 
 from dispersion_titan.config import schema
+from dispersion_titan.config.schema import resolve_layers
 from dispersion_titan.job_config.parse import check_launch, validated_args
 from dispersion_titan.losses import variants
-from dispersion_titan.losses.options import resolve_layers
 from dispersion_titan.utils.errors import ArgumentError, ConfigError
 from support.cli import analyze, assert_one_line_error
 from support.launch import DEBUG_TOML, QWEN3_TOML, REPO, job_args, python_module

@@ -14,9 +14,9 @@ import os
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from ..config.schema import resolve_layers
 from ..data.corpora import check_dataset
 from ..data.store import MANIFEST, is_store, open_store
-from ..losses.options import resolve_layers
 from ..losses.variants import RANGES, VARIANTS, precision_error
 from ..models.flavors import DROPOUT_KEYS, SHAPE_KEYS, pretrained_config, pretrained_folder
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_id, tokenizer_folder

@@ -19,8 +19,8 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from ..components.titan_compat import optimizer_step
 from ..config.cli import without_profile
+from ..config.schema import resolve_layers
 from ..job_config.parse import validated_args
-from ..losses.options import resolve_layers
 from ..trainer.objective import DispersionObjective, own_sequences, shares
 from ..trainer.trainer import DispersionTrainer
 from ..utils.dtensor import local_tensor

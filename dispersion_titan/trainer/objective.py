@@ -21,10 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.nn.functional import all_to_all_single
 
-from ..config.schema import Dispersion
+from ..config.schema import Dispersion, resolve_layers
 from ..losses import dispersion_loss, mean_offdiag_cosine
 from ..losses.dispersion import KernelUnavailable, check_triton_kernel, select_tokens
-from ..losses.options import resolve_layers
 from ..utils.dtensor import local_tensor
 from ..utils.errors import ConfigError
 
