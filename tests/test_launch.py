@@ -993,8 +993,7 @@ def test_a_sweep_with_force_in_its_job_args_redoes_those_jobs_when_run_again(tmp
     monkeypatch.setattr(slurm_sweep, "queued_jobs", lambda ids: set())
     monkeypatch.setattr(slurm_sweep, "trained_to", lambda folder, steps: True)
     configs = slurm_sweep.check_training_configs(planned)
-    for results in ("_analyses", "_evaluations"):
-        monkeypatch.setattr(slurm_sweep, results, lambda run, options: [])
+    monkeypatch.setattr(slurm_sweep, "_results", lambda kind, run, options: [])
 
     def submitted(analyze: list[str], evaluate: list[str]) -> list[str]:
         analyzing = analyze_parser().parse_args([str(tmp_path), *analyze])

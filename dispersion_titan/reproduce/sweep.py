@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.arguments import input_options
 from ..analysis.condensation_schema import RESULT_FILE as ANALYSIS_FILE
-from ..analysis.condensation_schema import read_analyses
+from ..analysis.condensation_schema import read_results
 from ..components.optimizers import MOMENT_BYTES_PER_PARAM
 from ..components.titan_compat import merged_job_config_class
 from ..config.cli import CONFIG_MODULE, launch_args, link_loop, read_toml
@@ -31,7 +31,7 @@ from ..evaluation.runner import OURS, check_include_path, read_evaluations, sour
 from ..evaluation.runner import RESULT_FILE as EVALUATION_FILE
 from ..job_config.parse import model_args, validated_args
 from ..losses import VARIANTS
-from ..run_folder.checkpoints import identity_changed, recorded_run, run_checkpoints, trained_to
+from ..run_folder.checkpoints import recorded_run, run_checkpoints, trained_to
 from ..run_folder.owners import FolderOwner, empty, record_owner, refuse_unless_ours
 from ..run_folder.settings import INPUT_PATHS, check_same_settings
 from ..tokenizer.encoders import is_hub_id
@@ -351,35 +351,26 @@ def refuse_beyond_memory(sweep: Sweep, configs: list[RunConfig], gpu: str, memor
             )
 
 
-def _analyses(run: str, options: argparse.Namespace) -> list[Path] | None:
-    """The results of ``analyze RUN OPTIONS``, one per checkpoint it selects, as it reads them to skip (its settings
-    are the sweep's, compared in ``sweep.json``); None while one is missing, or of a checkpoint saved over since."""
+_RESULTS = {  # a job's results folder, its reader, whether one is of a checkpoint saved over since, its file
+    "analyze": ("condensation", read_results, lambda r, path: r.changed(path), ANALYSIS_FILE),
+    "evaluate": ("evaluation", read_evaluations, lambda r, path: source_changed(r[OURS], path), EVALUATION_FILE),
+}
+
+
+def _results(kind: str, run: str, options: argparse.Namespace) -> list[Path] | None:
+    """The results of ``KIND RUN OPTIONS`` (analyze, evaluate), one per checkpoint it selects, as it reads them to
+    skip (its settings are the sweep's, compared in ``sweep.json``); None while one is missing, or of a checkpoint
+    saved over since."""
+    folder, read, changed, file = _RESULTS[kind]
     try:
-        _, _, selected = run_checkpoints(run, options.steps or "all")
-        out = options.out or os.path.join(run, "condensation")
-        found = read_analyses(out)
+        dump, _, selected = run_checkpoints(run, "all" if options.steps is None else options.steps)
+        out = options.out or os.path.join(dump, folder)
+        found = read(out)
     except DispersionTitanError:  # the job itself says why
         return None
-    results = [found.get(f"step-{c.step}") for c in selected]
-    if any(
-        r is None or (r.checkpoint_identity and identity_changed(r.checkpoint_identity, c.path))
-        for r, c in zip(results, selected)
-    ):
+    if any(c.step not in found or changed(found[c.step], c.path) for c in selected):
         return None
-    return [Path(out, f"step-{c.step}", ANALYSIS_FILE) for c in selected]
-
-
-def _evaluations(run: str, options: argparse.Namespace) -> list[Path] | None:
-    """The results of ``evaluate RUN OPTIONS``, one per checkpoint it selects, as it reads them to skip."""
-    try:
-        dump, _, selected = run_checkpoints(run, options.steps)
-        out = options.out or os.path.join(dump, "evaluation")
-        found = read_evaluations(out)
-    except DispersionTitanError:
-        return None
-    if any(c.step not in found or source_changed(found[c.step][OURS], c.path) for c in selected):
-        return None
-    return [Path(out, f"step-{c.step}", EVALUATION_FILE) for c in selected]
+    return [Path(out, f"step-{c.step}", file) for c in selected]
 
 
 def _recorded(path: Path) -> tuple[str, list[str], dict[str, list[str]], dict[str, str], object]:
@@ -502,8 +493,8 @@ def resubmission(
             run = str(sweep.out / cell.name)
             results |= {
                 f"train_{i}": [],
-                f"analyze_{i}": None if analyze.force else _analyses(run, analyze),
-                f"evaluate_{i}": None if evaluate.force else _evaluations(run, evaluate),
+                f"analyze_{i}": None if analyze.force else _results("analyze", run, analyze),
+                f"evaluate_{i}": None if evaluate.force else _results("evaluate", run, evaluate),
             }
     written_last = {"compare": "compare.csv", "table": "table.md"}  # rewritten whole, after their inputs
     for job, file in ((job, written_last[job.key]) for job in jobs if job.key in written_last):
