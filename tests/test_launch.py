@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from support.eval_tasks import write_evaluation
 from support.launch import (
     DEBUG_SEQ_LEN,
     DEBUG_TOML,
@@ -31,7 +32,7 @@ from support.launch import (
     torchrun,
     torchrun_script,
 )
-from support.runs import digests, scalars
+from support.runs import digests, scalars, tiny_run
 
 TRAIN_SH = REPO / "launch" / "train.sh"
 STEPS = 2  # compared step for step with the reference run: its first two
@@ -978,27 +979,39 @@ def test_a_sweep_whose_sbatch_failed_partway_submits_the_rest_when_run_again(tmp
 def test_a_sweep_with_force_in_its_job_args_redoes_those_jobs_when_run_again(tmp_path, monkeypatch):
     """``--force`` in ``analyze_args`` or ``evaluate_args`` asks those jobs for their results anew: the sweep again
     submits them, and the compare or table job after them, whatever results it finds (was: kept as finished,
-    nothing submitted). In-process, its training finished, its results there and none of its jobs queued stood in."""
+    nothing submitted). In-process: its training's last checkpoint (``tiny_run``), an analysis and an evaluation of
+    it as those jobs leave them, compare.csv and table.md written after, and none of its jobs in Slurm's queue."""
+    from dispersion_titan.analysis.condensation_schema import RESULT_FILE, Condensation
     from dispersion_titan.analyze import analyze_parser
     from dispersion_titan.evaluate import evaluate_parser
     from dispersion_titan.reproduce import sweep as slurm_sweep
+    from dispersion_titan.run_folder.checkpoints import checkpoint_identity
+    from dispersion_titan.run_folder.outputs import write_json
 
-    grid = {"config": DEBUG_TOML, "out": str(tmp_path), "widths": [64], "variants": ["baseline"], "seeds": [0]}
+    out = tmp_path / "sweep"
+    grid = {"config": DEBUG_TOML, "out": str(out), "widths": [64], "variants": ["baseline"], "seeds": [0]}
     planned = slurm_sweep.read_sweep(grid)
     jobs = slurm_sweep.slurm_jobs(planned)
     slurm_sweep.write_manifest(planned, jobs, {job.key: str(101 + i) for i, job in enumerate(jobs)})
+    (config,) = slurm_sweep.check_training_configs(planned)
+    run, last = Path(config.job.dump_folder), config.training.steps
+    step = run / config.checkpoint.folder / f"step-{last}"
+    tiny_run(run, steps=(last,))
+    analysis = Condensation(
+        *(last, 1, 8, [], None, None, [], 1, [-1.0, 1.0], {}, "fp32", "cpu", str(step), str(run)),
+        checkpoint_identity=checkpoint_identity(str(step)),  # as analyze records the checkpoint it measured
+    )
+    write_json(str(run / "condensation" / f"step-{last}" / RESULT_FILE), analysis.to_json())
+    write_evaluation(run, last, {"t": {"acc,none": 0.5}}, {"tasks": ["t"]})
     for job, written in (("compare", "compare.csv"), ("table", "table.md")):
-        (tmp_path / job).mkdir()
-        (tmp_path / job / written).touch()
-    monkeypatch.setattr(slurm_sweep, "queued_jobs", lambda ids: set())
-    monkeypatch.setattr(slurm_sweep, "trained_to", lambda folder, steps: True)
-    configs = slurm_sweep.check_training_configs(planned)
-    monkeypatch.setattr(slurm_sweep, "_results", lambda kind, run, options: [])
+        (out / job).mkdir()
+        (out / job / written).touch()
+    monkeypatch.setenv("PATH", fake_slurm(tmp_path, "")["PATH"])  # an squeue that holds no job
 
     def submitted(analyze: list[str], evaluate: list[str]) -> list[str]:
         analyzing = analyze_parser().parse_args([str(tmp_path), *analyze])
         evaluating = evaluate_parser().parse_args([str(tmp_path), *evaluate])
-        return [job.key for job in slurm_sweep.resubmission(planned, jobs, configs, analyzing, evaluating)[0]]
+        return [job.key for job in slurm_sweep.resubmission(planned, jobs, [config], analyzing, evaluating)[0]]
 
     assert submitted([], []) == []
     assert submitted(["--force"], []) == ["analyze_1", "compare"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dispersion_titan.run_folder.checkpoints import checkpoint_identity
 from dispersion_titan.run_folder.owners import RUN_ID, FolderOwner, write_record
 from support.launch import REPO
 
@@ -15,15 +16,16 @@ LM_EVAL_TASKS = REPO / "tests" / "lm_eval_tasks"
 
 def write_evaluation(dump: Path, step: int, results: dict, settings: dict) -> None:
     """``dump/evaluation/step-N/results.json`` as ``evaluate`` leaves it (lm-eval's ``results``
-    and ours, in a folder recording its run), for Table 2 tests that need scores of known value,
-    not a real evaluation."""
+    and ours, in a folder recording its run, of the identity of its checkpoint where there is one), for
+    tests that need scores of known value, not a real evaluation."""
     folder = dump / "evaluation" / f"step-{step}"
     folder.mkdir(parents=True)
     write_record(str(folder.parent), FolderOwner("evaluation", str(dump)))  # once: the first step's
     checkpoint = dump / "checkpoint" / f"step-{step}"  # a fabricated run's: none there, so never changed since
+    identity = checkpoint_identity(str(checkpoint)) if checkpoint.is_dir() else "fabricated"
     ours = {"format": 1, "settings": settings, "step": step, "run": str(dump), "checkpoint": str(checkpoint)}
     (folder / "results.json").write_text(
-        json.dumps({"results": results, "dispersion_titan": {**ours, "checkpoint_identity": "fabricated"}})
+        json.dumps({"results": results, "dispersion_titan": {**ours, "checkpoint_identity": identity}})
     )
 
 
