@@ -65,6 +65,9 @@ def test_validation_is_micro_batched_like_training_with_the_unsplit_loss():
         validation_context=contextlib.nullcontext,
         maybe_enable_amp=contextlib.nullcontext(),
         metrics_processor=logged,
+        pp_schedule=None,  # as Trainer hands them without pipeline parallelism
+        pp_has_first_stage=None,
+        pp_has_last_stage=None,
     )
     validator.validate([model], step=7)
     assert seen == [4, 2] * STEPS  # micro-batches of the training micro-batch, never the whole batch

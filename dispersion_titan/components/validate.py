@@ -32,7 +32,7 @@ class PackedValidator(Validator):
             self,
             validation_dataloader=build_packed_validation_dataloader(dp_world_size, dp_rank, job_config),
             job_config=job_config,
-            **{"pp_schedule": None, "pp_has_first_stage": None, "pp_has_last_stage": None, **fields},
+            **fields,
         )
         self.micro_batch = job_config.training.local_batch_size
 
