@@ -4,12 +4,10 @@ one parameter under FSDP2, and a sharding config's mixed precision on one rank t
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._composable.replicate import DDP
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torchtitan.config import TORCH_DTYPE_MAP, JobConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.tools.logging import logger
@@ -56,39 +54,24 @@ def _summed(group, bucket):  # noqa: ANN001 - DDP checks the annotations, which 
     return work.get_future().then(lambda _: bucket.buffer())
 
 
-def apply_fsdp(
-    model: nn.Module,
-    dp_mesh: DeviceMesh,
-    param_dtype: torch.dtype,
-    reduce_dtype: torch.dtype,
-    cpu_offload: bool,
-    reshard_after_forward: bool,
-) -> None:
-    """One FSDP unit per block, the embeddings, norm and (tied) head in the root unit; gradients summed."""
-    config: dict = {
-        "mesh": dp_mesh,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
-    }
-    if cpu_offload:
-        config["offload_policy"] = CPUOffloadPolicy()
-    for block in model.layers.values():
-        fully_shard(block, **config, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, **config)
-    _sum_sharded_gradients(model)
-
-
 def shard_keeping_the_tie(model: nn.Module, parallel_dims: ParallelDims, job_config: JobConfig) -> None:
-    """``apply_fsdp`` as the job configures it; on one rank over the world mesh, without resharding."""
+    """One FSDP unit per block, the embeddings, norm and (tied) head in the root unit, as the job configures them
+    (on one rank over the world mesh, without resharding); gradients summed."""
     training = job_config.training
     one_rank = not parallel_dims.fsdp_enabled
     names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
-    apply_fsdp(
-        model,
-        parallel_dims.world_mesh if one_rank else parallel_dims.get_mesh(names),
-        param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
-        reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
-        cpu_offload=training.enable_cpu_offload,
-        reshard_after_forward=not one_rank and job_config.parallelism.fsdp_reshard_after_forward != "never",
-    )
+    config = {
+        "mesh": parallel_dims.world_mesh if one_rank else parallel_dims.get_mesh(names),
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+        ),
+        "offload_policy": CPUOffloadPolicy() if training.enable_cpu_offload else OffloadPolicy(),
+    }
+    reshard = not one_rank and job_config.parallelism.fsdp_reshard_after_forward != "never"
+    for block in model.layers.values():
+        fully_shard(block, **config, reshard_after_forward=reshard)
+    fully_shard(model, **config)
+    _sum_sharded_gradients(model)
     where = " on one rank (its mixed precision, no autocast)" if one_rank else ""
     logger.info(f"Applied FSDP2{where} to {job_config.model.name}, the embeddings and the LM head in the root unit")

@@ -12,11 +12,12 @@ import sys
 import gloo_groups
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from torchtitan.config import JobConfig
+from torchtitan.distributed import ParallelDims
 
 from dispersion_titan.components import titan_compat
-from dispersion_titan.models.fsdp import apply_fsdp
+from dispersion_titan.models.fsdp import shard_keeping_the_tie
 from dispersion_titan.models.gpt2.args import gpt2_flavors
 from dispersion_titan.models.gpt2.model import GPT2
 from dispersion_titan.models.gpt2.parallelize import apply_tp
@@ -29,20 +30,17 @@ def full(t: torch.Tensor) -> torch.Tensor:
 def main(dp: int, tp: int) -> None:
     titan_compat.apply()
     gloo_groups.init()
-    mesh = init_device_mesh(
-        "cpu",
-        (dp, tp),
-        mesh_dim_names=("dp", "tp"),
-        backend_override={d: gloo_groups.options() for d in (0, 1)},
-    )
+    dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=1, ep=1, etp=1, world_size=dp * tp)
+    job_config = JobConfig()
+    job_config.training.mixed_precision_param = "float32"  # reduced in float32 too, its default
     torch.manual_seed(0)
     args = gpt2_flavors["debug"]
     with torch.device("meta"):
         model = GPT2(args)
     if tp > 1:
-        apply_tp(model, mesh["tp"], loss_parallel=False)
-    if dp > 1:
-        apply_fsdp(model, mesh["dp"], torch.float32, torch.float32, cpu_offload=False, reshard_after_forward=True)
+        apply_tp(model, dims.get_mesh("tp"), loss_parallel=False)
+    if dp > 1:  # as the job's parallelize does, resharding after forward
+        shard_keeping_the_tie(model, dims, job_config)
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights()
@@ -58,7 +56,7 @@ def main(dp: int, tp: int) -> None:
         torch.randint(0, args.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1 + rank))
         for rank in range(dp)
     ]
-    logits = model(batches[mesh["dp"].get_local_rank()])
+    logits = model(batches[dist.get_rank() // tp])  # the mesh is (fsdp, tp)
     (logits.full_tensor() if isinstance(logits, DTensor) else logits).logsumexp(-1).sum().backward()
     tied = full(model.tok_embeddings.weight.grad)
 

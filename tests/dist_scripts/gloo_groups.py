@@ -16,9 +16,6 @@ torchrun's ranks import side by side before the rendezvous); 60 s leaves a wide 
 
 def init() -> None:
     dist.init_process_group("gloo", timeout=TIMEOUT)
-
-
-def options() -> dist.ProcessGroupGloo.Options:
-    """What a device mesh's groups need (``init_device_mesh(..., backend_override=)``) to get ``TIMEOUT``,
-    not torch's default: ``new_group`` never inherits the world's."""
-    return dist.ProcessGroupGloo.Options("gloo", TIMEOUT)
+    # and each group made after it without a timeout (a device mesh's: ``ParallelDims``), which ``new_group``
+    # would give torch's default, never the world's
+    dist.distributed_c10d.default_pg_timeout = TIMEOUT
