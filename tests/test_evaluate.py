@@ -498,7 +498,9 @@ def test_the_protocol_follows_the_runs_family(tmp_path, capsys):
     assert protocol == "gpt2" and note.startswith("the authors evaluated no llama3_dispersion model")
 
 
-def test_an_out_remounted_read_only_while_evaluating_is_one_line_and_keeps_its_results(run, evaluated, tmp_path):
+def test_an_out_remounted_read_only_while_evaluating_is_one_line_and_keeps_its_results(
+    run, evaluated, tmp_path, capsys
+):
     """``--out`` remounted read-only as step 2's checkpoint is read (ext4's ``errors=remount-ro``; a mount namespace
     of the test's own): one line, ``read-only file system: OUT/…; remount its file system writable, or give a folder
     on another; …``, exit 74 (was the OSError's traceback, exit 1), naming step 2's export, the first write to fail (was
@@ -520,8 +522,8 @@ def test_an_out_remounted_read_only_while_evaluating_is_one_line_and_keeps_its_r
         proc.stderr.strip().splitlines()[-1],
     ), proc.stderr[-3000:]
     assert kept.items() <= digests(out).items()
-    again = python_module(module, *argv, env=OFFLINE)
-    assert again.returncode == 0 and (out / "step-2" / "results.json").exists(), again.stderr[-3000:]
+    code, _, err = evaluate(*argv, capsys=capsys)  # in this process: its imports paid
+    assert code == 0 and (out / "step-2" / "results.json").exists(), err[-3000:]
     assert kept.items() <= digests(out).items()
 
 
@@ -545,7 +547,7 @@ def test_an_out_removed_or_replaced_by_a_file_mid_run_is_one_line_naming_it(run,
     assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(moved) if replaced else not out.exists()
 
 
-def test_a_file_where_a_steps_result_folder_goes_is_one_line(run, evaluated, tmp_path):
+def test_a_file_where_a_steps_result_folder_goes_is_one_line(run, evaluated, tmp_path, capsys):
     """A file named ``step-2`` in ``--out`` where step 2's results go: ``not a directory: OUT/step-2; move aside the
     file that stands where a folder on its path should be; …``, exit 74 (was ``os.makedirs``' FileExistsError
     traceback, exit 1, after the step was scored); step 0's results unchanged."""
@@ -554,12 +556,12 @@ def test_a_file_where_a_steps_result_folder_goes_is_one_line(run, evaluated, tmp
     shutil.rmtree(out / "step-2")
     (out / "step-2").write_text("a file\n")
     kept = digests(out)
-    proc = python_module("dispersion_titan.evaluate", str(run), "--include-path", str(TASKS), *OPTS, "--out", str(out))
-    assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert proc.stderr.strip().splitlines()[-1] == (
+    code, _, err = evaluate(run, "--include-path", TASKS, *OPTS, "--out", out, capsys=capsys)
+    assert code == 74 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
         f"dispersion_titan: error: not a directory: {out}/step-2; move aside the file that stands where a folder on "
         "its path should be; each step evaluated so far is kept in its folder; the same command goes on"
-    ), proc.stderr[-3000:]
+    ), err[-3000:]
     assert kept.items() <= digests(out).items()
 
 
