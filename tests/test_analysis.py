@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -41,7 +40,7 @@ from support.cli import analyze, assert_one_line_error, file_size_limit
 from support.corpora import texts_jsonl, wikitext_parquet_dir
 from support.launch import (
     as_someone_else,
-    launch_env,
+    in_mount_namespace,
     out_gone_while_reading,
     paused_reading,
     python_module,
@@ -301,11 +300,8 @@ def test_a_full_disk_writing_tensorboard_events_is_one_line_and_leaves_no_events
     if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
         pytest.skip("no mount namespace here (unshare -rm)")
     argv = [str(run), *OPTS, "--steps", "0", "--out", str(tmp_path / "out"), "--tb-dir", str(full / "tb")]
-    mount = f'mount -t tmpfs -o size=16k tmpfs {full} && "$0" -m dispersion_titan.analyze "$@"'
-    proc = subprocess.run(  # what the folder holds then, after the command's output: gone with the namespace
-        ["unshare", "-rm", "sh", "-c", f"{mount}; s=$?; ls -A {full}/tb; exit $s", sys.executable, *argv],
-        capture_output=True, text=True, env=launch_env(), timeout=300,
-    )  # fmt: skip
+    mount, after = f"mount -t tmpfs -o size=16k tmpfs {full}", f"ls -A {full}/tb"  # gone with the namespace
+    proc = in_mount_namespace(mount, "dispersion_titan.analyze", *argv, tmp=tmp_path, after=after)
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert re.fullmatch(
         rf"dispersion_titan: error: no space left on device writing {full}/tb/events\.out\.tfevents\.\S+; free space; "
@@ -478,10 +474,7 @@ def test_a_run_on_a_read_only_file_system_names_that_cause(run, tmp_path):
     if subprocess.run(["unshare", "-rm", "sh", "-c", mount], capture_output=True).returncode != 0:
         pytest.skip("no mount namespace here (unshare -rm)")
     argv = [str(ro), *OPTS, "--out", str(tmp_path / "out")]
-    proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f'{mount} && exec "$0" "$@"', sys.executable, "-m", "dispersion_titan.analyze",
-         *argv], capture_output=True, text=True, env=launch_env(), timeout=300,
-    )  # fmt: skip
+    proc = in_mount_namespace(mount, "dispersion_titan.analyze", *argv, tmp=tmp_path)
     assert_one_line_error(
         proc.returncode,
         proc.stderr,

@@ -22,7 +22,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,7 +60,7 @@ from support.eval_tasks import evaluated_arms
 from support.launch import (
     DEBUG_TOML,
     REPO,
-    launch_env,
+    in_mount_namespace,
     out_gone_while_reading,
     paused_reading,
     python_module,
@@ -530,11 +529,10 @@ def test_a_disk_full_once_the_weights_are_written_names_the_config(tmp_path):
     pages = -(-(tmp_path / "sized" / "model.safetensors").stat().st_size // 4096) + 2
     full = tmp_path / "full"
     full.mkdir()
-    mount = f'mount -t tmpfs -o size={pages * 4096} tmpfs {full} && exec "$0" -m dispersion_titan.convert "$@"'
-    proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", mount, sys.executable, "to-hf", str(tmp_path / "run"), str(full / "hf")],
-        env=launch_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    mount = f"mount -t tmpfs -o size={pages * 4096} tmpfs {full}"
+    proc = in_mount_namespace(
+        mount, "dispersion_titan.convert", "to-hf", str(tmp_path / "run"), str(full / "hf"), tmp=tmp_path
+    )
     assert proc.returncode == 74, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"dispersion_titan: error: no space left on device writing {full / 'hf' / 'config.json'}; free space; "

@@ -54,6 +54,7 @@ from support.launch import (
     REPO,
     SCHEDULE,
     held_by_another_command,
+    in_mount_namespace,
     launch_env,
     python_module,
     torchrun,
@@ -585,10 +586,7 @@ def test_a_full_disk_as_tensorboard_opens_its_events_file_is_one_line(tmp_path):
         pytest.skip("no mount namespace here (unshare -rm)")
     argv = ["--job.config_file", DEBUG_TOML, "--job.dump_folder", str(dump), *DEBUG_SEQ_LEN, "--checkpoint.no-enable",
             "--training.steps", "2", "--metrics.save_tb_folder", str(full / "tb")]  # fmt: skip
-    proc = subprocess.run(
-        ["unshare", "-rm", "sh", "-c", f'{fill} && exec "$0" "$@"', sys.executable, "-m", "dispersion_titan.train",
-         *argv], capture_output=True, text=True, env=launch_env(), cwd=REPO, timeout=300,
-    )  # fmt: skip
+    proc = in_mount_namespace(fill, "dispersion_titan.train", *argv, tmp=tmp_path)
     assert proc.returncode == 74 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         f"dispersion_titan: error: no space left on device writing {full / 'tb'} (0.0 MB free); no checkpoint was "
