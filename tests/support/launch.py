@@ -304,21 +304,27 @@ for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map",
 mount, after = sys.argv[1:3]
 subprocess.run(["sh", "-c", "mount --make-rprivate / && " + mount], check=True)
 sys.argv, sys.orig_argv = sys.argv[3:], [sys.executable, "-m", *sys.argv[3:]]
-try:
-    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+try:  # a module, or a script (_PAUSE_AT_READ's)
+    if sys.argv[0].endswith(".py"):
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    else:
+        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 finally:
     sys.stdout.flush()
     subprocess.run(["sh", "-c", after])
 """
 
 
-def in_mount_namespace(mount: str, module: str, *args: str, tmp: Path, after: str = ":") -> subprocess.CompletedProcess:
-    """``python -m MODULE ARGS`` in a user and mount namespace of its own, as ``unshare -rm sh -c 'MOUNT && python -m
-    MODULE ARGS; AFTER'`` runs it (AFTER: a shell command whose output follows the command's, while its mounts stand),
-    but forked from the job server: its imports paid (3 to 5 s of CPU a command)."""
+def in_mount_namespace(
+    mount: str, module: str, *args: str, tmp: Path, after: str = ":", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` (MODULE: or a script) in a user and mount namespace of its own, as ``unshare -rm sh
+    -c 'MOUNT && python -m MODULE ARGS; AFTER'`` runs it (AFTER: a shell command whose output follows the command's,
+    while its mounts stand; in MOUNT, ``$PPID`` is the command's PID), but forked from the job server: its imports
+    paid (3 to 5 s of CPU a command)."""
     script = tmp / "in_mount_namespace.py"
     script.write_text(_IN_MOUNT_NAMESPACE)
-    return python_module(str(script), mount, after, module, *args)
+    return python_module(str(script), mount, after, module, *args, env=env)
 
 
 def read_only_from_reading(
@@ -329,15 +335,11 @@ def read_only_from_reading(
     ``paused_reading``): what ext4's ``errors=remount-ro`` does to a command writing there."""
     script, marker = tmp / "pause_at_read.py", tmp / "paused.pid"
     script.write_text(_PAUSE_AT_READ)
-    remount = (
-        'f=$1; shift; mount --bind "$f" "$f" || exit 99; "$0" "$@" & pid=$!\n'
-        "until grep -qs '^State:.T' /proc/$pid/status; do kill -0 $pid 2>/dev/null || break; sleep 0.01; done\n"
-        'mount -o remount,bind,ro "$f" && kill -CONT $pid; wait $pid'
+    remount = (  # in the background: once the command (the shell's parent) is paused
+        f"mount --bind {folder} {folder} && (until grep -qs '^State:.T' /proc/$PPID/status; do "
+        f"kill -0 $PPID 2>/dev/null || exit; sleep 0.01; done; mount -o remount,bind,ro {folder} && kill -CONT $PPID) &"
     )
-    argv = [sys.executable, str(folder), str(script), str(marker), reading, module, *args]
-    return subprocess.run(
-        ["unshare", "-rm", "sh", "-c", remount, *argv], cwd=REPO, env=launch_env(env), capture_output=True, text=True
-    )
+    return in_mount_namespace(remount, str(script), str(marker), reading, module, *args, tmp=tmp, env=env)
 
 
 def second_writer_is_refused(
