@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from dispersion_titan.run_folder.owners import OWNER_FILE
 from dispersion_titan.run_folder.writer_lock import LOCK_NAME
 from dispersion_titan.utils.devices import CPU_MALLOC_ENV
 from support.cli import assert_one_line_error
@@ -274,8 +275,10 @@ def out_gone_while_reading(
     module: str, *args: str, reading: str, out: Path, replaced: bool, tmp: Path
 ) -> tuple[subprocess.CompletedProcess, str]:
     """``python -m MODULE ARGS`` paused as it opens ``reading`` (``paused_reading``) while ``out`` is removed
-    (``rm -rf``), or moved aside to ``tmp/moved`` and a file put in its place; the completed process and the start of
-    ``file_failure``'s line for it, without the file (``CAUSE: `` ... ``; ADVICE``: ``{}`` stands for the file)."""
+    (``rm -rf``), or moved aside to ``tmp/moved`` and a file put in its place; the completed process, checked to have
+    ended with exit 74 and no traceback, nothing made anew where ``out`` was, the folder moved aside keeping its
+    record; and the start of ``file_failure``'s line for it, without the file (``CAUSE: `` ... ``; ADVICE``: ``{}``
+    stands for the file)."""
     pid, job = paused_reading(module, *args, reading=reading, tmp=tmp)
     try:
         if replaced:
@@ -285,12 +288,15 @@ def out_gone_while_reading(
             shutil.rmtree(out)
     finally:
         os.kill(pid, signal.SIGCONT)
+    done = job.result()
+    assert done.returncode == 74 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(tmp / "moved") if replaced else not out.exists()
     said = (
         "not a directory: {}; move aside the file that stands where a folder on its path should be"
         if replaced
         else "no such file or directory: {}; put back what was removed or moved (it, or a folder on its path)"
     )
-    return job.result(), said
+    return done, said
 
 
 _IN_MOUNT_NAMESPACE = """\
