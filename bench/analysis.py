@@ -93,15 +93,16 @@ def analysis(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tup
 
 def time_a_and_b(model: GPT2, tokens: torch.Tensor, args: argparse.Namespace) -> tuple[float, float, Measurement]:
     """Total seconds of (a) and (b), interleaved per batch: after (b) measures a batch, (a) runs it bare, timed
-    apart; (b)'s measurement."""
+    apart, each with its own copy of the batch to the device (``measure`` makes (b)'s); (b)'s measurement."""
     batches = iter(tokens.split(args.batch_size))
     time_a = 0.0
 
     def bare_next() -> None:
         nonlocal time_a
-        batch = next(batches).to(args.device)
-        time_a += timed(lambda: bare_forward(model, batch), args.device)
+        batch = next(batches)
+        time_a += timed(lambda: bare_forward(model, batch.to(args.device)), args.device)
 
+    bare_forward(model, tokens[: args.batch_size].to(args.device))  # untimed: the first forward's one-off costs
     sync(args.device)
     start = time.perf_counter()
     measured = measure(DecoderLayers(model), tokens, args.batch_size, args.device, args.geometry_sequences, bare_next)
