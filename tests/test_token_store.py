@@ -36,7 +36,7 @@ from dispersion_titan.run_folder.writer_lock import LOCK_NAME, sole_writer
 from dispersion_titan.tokenizer.encoders import EOT_ID
 from support.cli import file_size_limit, run_cli
 from support.corpora import texts, texts_jsonl
-from support.launch import DEBUG_TOML, REPO, launch_env, paused_reading, python_module
+from support.launch import DEBUG_TOML, REPO, launch_env, out_gone_while_reading, paused_reading, python_module
 from support.loaders import global_batches, loader, resumed_equals_uninterrupted
 from support.runs import digests
 
@@ -322,6 +322,24 @@ def test_scancel_of_a_prepare_is_one_line_and_the_rerun_finishes(tmp_path):
     again = python_module("dispersion_titan.data", *args, timeout=60)
     assert again.returncode == 0 and (out / MANIFEST).is_file(), again.stderr[-2000:]
     assert digests(out, "shard-0000[01].*") == kept
+
+
+@pytest.mark.parametrize("replaced, by_folder", [(False, False), (True, False), (True, True)])
+def test_an_out_removed_or_replaced_mid_prepare_is_one_line_naming_it(tmp_path, replaced, by_folder):
+    """--out removed (``rm -rf``), or moved aside and a file or a new empty folder put in its place, while a worker
+    checks shard 1 (paused as it opens that shard's record; shard 0 written): one line naming ``OUT/.writer.lock``,
+    exit 74 (``records.holding``), as the other commands; not --out made anew by the workers' writes, a store without
+    its first shard, exit 0. The folder moved aside keeps the shard written."""
+    out = tmp_path / "store"
+    args = ["prepare", "enwiki_sample", "--out", str(out), "--workers", "1", "--shard-documents", "10"]
+    done, said = out_gone_while_reading(
+        "dispersion_titan.data", *args, reading="shard-00001.json", out=out, replaced=replaced, tmp=tmp_path,
+        by_folder=by_folder, keeps="shard-00000.json"
+    )  # fmt: skip
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"dispersion_titan: error: {said.format(out / LOCK_NAME)}; the shards written so far are kept; the same "
+        "command resumes where it stopped"
+    ), done.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, nothing deleted

@@ -33,7 +33,7 @@ from ..config.cli import read_toml
 from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, encoder_named, hf_tokenizer
 from ..utils.errors import DataConfigError, no_room
 from ..utils.hub import quiet_datasets_bars
-from ..utils.records import atomic_write, differences, flatten, remove_stale_writes
+from ..utils.records import atomic_write, differences, flatten, holding, remove_stale_writes
 from .corpora import (
     CORPORA,
     DOCUMENTS_VERSION,
@@ -403,6 +403,7 @@ def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractCo
         "path": os.path.abspath(os.path.expanduser(path)) if path else None,
         "identity": documents_identity(dataset, options.split, path, field, path_from),
     }
+    lock = None
     try:
         with quiet_datasets_bars():  # a bad row: said before --out is made, its one line alone
             documents = iter_documents(dataset, options.split, path, field, path_from)
@@ -410,7 +411,7 @@ def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractCo
         if first is None:
             where = f" {path}" if path else ""
             raise DataConfigError(f"{dataset}{where}: no {options.split} documents (no row with text)")
-        with sole_writer(options.out):
+        with sole_writer(options.out) as lock, holding(lock.folder, lock):  # forked with the pool: its writes too
             return write_store(
                 itertools.chain([first], documents),
                 options.out,
@@ -420,8 +421,8 @@ def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractCo
                 encoder=encoder,
             )
     except OSError as e:  # "--out" names the culprit when the file is the store's
-        if no_room(e):
-            raise  # the commands' out-of-room line, exit 74
+        if no_room(e) or (lock is not None and e.filename == os.fspath(lock.path)):
+            raise  # the commands' out-of-room line, or --out removed or replaced meanwhile (``holding``): exit 74
         where = str(e.filename or options.out)
         inside = os.path.abspath(where).startswith(os.path.abspath(options.out))
         raise DataConfigError(f"{'--out: ' if inside else ''}{where}: {e.strerror}") from None

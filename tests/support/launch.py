@@ -272,28 +272,43 @@ def paused_reading(module: str, *args: str, reading: str, tmp: Path, timeout: fl
 
 
 def out_gone_while_reading(
-    module: str, *args: str, reading: str, out: Path, replaced: bool, tmp: Path
+    module: str,
+    *args: str,
+    reading: str,
+    out: Path,
+    replaced: bool,
+    tmp: Path,
+    by_folder: bool = False,
+    keeps: str = OWNER_FILE,
 ) -> tuple[subprocess.CompletedProcess, str]:
     """``python -m MODULE ARGS`` paused as it opens ``reading`` (``paused_reading``) while ``out`` is removed
-    (``rm -rf``), or moved aside to ``tmp/moved`` and a file put in its place; the completed process, checked to have
-    ended with exit 74 and no traceback, nothing made anew where ``out`` was, the folder moved aside keeping its
-    record; and the start of ``file_failure``'s line for it, without the file (``CAUSE: `` ... ``; ADVICE``: ``{}``
+    (``rm -rf``), or moved aside to ``tmp/moved`` and a file (``by_folder``: a new empty folder) put in its place; the
+    completed process, checked to have ended with exit 74 and no traceback, nothing made anew where ``out`` was (the
+    new folder left empty, or removed with what the command made), the folder moved aside keeping ``keeps`` (its
+    record); and the start of ``file_failure``'s line for it, without the file (``CAUSE: `` ... ``; ADVICE``: ``{}``
     stands for the file)."""
     pid, job = paused_reading(module, *args, reading=reading, tmp=tmp)
     try:
         if replaced:
             out.rename(tmp / "moved")
-            out.write_text("a file\n")
+            if by_folder:
+                out.mkdir()
+            else:
+                out.write_text("a file\n")
         else:
             shutil.rmtree(out)
     finally:
         os.kill(pid, signal.SIGCONT)
     done = job.result()
     assert done.returncode == 74 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert out.read_text() == "a file\n" and OWNER_FILE in os.listdir(tmp / "moved") if replaced else not out.exists()
+    if replaced:
+        assert (not out.exists() or os.listdir(out) == []) if by_folder else out.read_text() == "a file\n"
+        assert keeps in os.listdir(tmp / "moved")
+    else:
+        assert not out.exists()
     said = (
         "not a directory: {}; move aside the file that stands where a folder on its path should be"
-        if replaced
+        if replaced and not by_folder
         else "no such file or directory: {}; put back what was removed or moved (it, or a folder on its path)"
     )
     return done, said
