@@ -200,25 +200,6 @@ _IN_FLIGHT_PER_WORKER = 2  # shards read ahead per worker: bounds the texts held
 _RECORD_KEYS = ("file", "tokens", "documents", "sha256")
 
 
-def key_inputs(source: dict[str, Any], shard_documents: int, encoder: DocumentEncoder = GPT2_BPE) -> dict[str, Any]:
-    """What a store's shards depend on, each recorded under its name in the manifest; their digest is the
-    store's key: a rerun reuses only shards made with its key."""
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "source": source,
-        "tokenizer": {  # what the token ids depend on
-            "name": encoder.name,
-            "sha256": encoder.fingerprint(),
-            "n_vocab": encoder.vocab_size,
-            "special_tokens": {encoder.eos_token: encoder.eos_id},
-        },
-        "documents_version": DOCUMENTS_VERSION,
-        "dtype": encoder.dtype.name,
-        "shard_documents": shard_documents,
-    }
-
-
 def write_shard(out: str, index: int, texts: list[str], key: str, encoder_name: str) -> dict[str, Any]:
     """Shard ``index``'s record: an earlier run's where it made the shard alike and the bytes match, else tokenise
     its documents and write the shard, then its record (in a worker)."""
@@ -292,7 +273,20 @@ def write_store(
     encoder: DocumentEncoder = GPT2_BPE,
 ) -> dict[str, Any]:
     """Tokenise ``documents`` (described by ``source``) into the store at ``out``; its manifest."""
-    inputs = key_inputs(source, shard_documents, encoder)
+    inputs = {  # what its shards depend on, each recorded under its name in the manifest; their digest is its key
+        "format": FORMAT,
+        "version": VERSION,
+        "source": source,
+        "tokenizer": {  # what the token ids depend on
+            "name": encoder.name,
+            "sha256": encoder.fingerprint(),
+            "n_vocab": encoder.vocab_size,
+            "special_tokens": {encoder.eos_token: encoder.eos_id},
+        },
+        "documents_version": DOCUMENTS_VERSION,
+        "dtype": encoder.dtype.name,
+        "shard_documents": shard_documents,
+    }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
     _claim(out, inputs, key)
     documents = iter(documents)
