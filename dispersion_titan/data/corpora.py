@@ -175,17 +175,6 @@ def iter_text(rows: Rows) -> Iterator[str]:
         yield from batch["text"]
 
 
-def file_texts(files: list[str], field: str) -> Iterator[str]:
-    """The ``text`` of every row of ``files``, in order; a row without one is refused, not dropped."""
-    rows = load_files(files, field, False)
-    column = rows.data.column("text")
-    strings = pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)
-    if column.null_count or not strings:  # a null, or a number or an object somewhere
-        index = pyarrow.compute.index(pyarrow.compute.is_null(column), True).as_py() if column.null_count else 0
-        raise DataConfigError(f'{field}: {_row_without_text(files, index)}; give every row a "text" string')
-    return iter_text(rows)
-
-
 def _row_without_text(files: list[str], index: int) -> str:
     """Where the first row without a text is: its file and line for JSON Lines, else its number."""
     for path in files:
@@ -301,8 +290,16 @@ class LocalFiles(Corpus):
     """jsonl/parquet rows (``text`` field) or txt files (one document each), per split."""
 
     def documents(self, split: str, path: str | None, path_field: str) -> Iterator[str]:
+        """Every row's ``text``, in order; a row without one is refused, not dropped."""
         del split
-        return filter(has_text, file_texts(resolve_local_files(path or "", path_field), path_field))
+        files = resolve_local_files(path or "", path_field)
+        rows = load_files(files, path_field, False)
+        column = rows.data.column("text")
+        strings = pyarrow.types.is_string(column.type) or pyarrow.types.is_large_string(column.type)
+        if column.null_count or not strings:  # a null, or a number or an object somewhere
+            index = pyarrow.compute.index(pyarrow.compute.is_null(column), True).as_py() if column.null_count else 0
+            raise DataConfigError(f'{path_field}: {_row_without_text(files, index)}; give every row a "text" string')
+        return filter(has_text, iter_text(rows))
 
     def check_path(self, path: str | None, path_field: str) -> None:
         resolve_local_files(path or "", path_field)
