@@ -79,6 +79,17 @@ def test_a_lock_a_full_disk_cut_short_is_named_and_not_left_behind(tmp_path):
         pass
 
 
+def test_a_held_lock_removed_with_its_folder_is_named_at_its_next_touch(tmp_path):
+    """``rm -rf`` of a training's run folder: its next heartbeat's error names the lock (``os.utime``'s names no
+    file), for the commands' one line."""
+    lock = WriterLock(tmp_path / "run")
+    lock.acquire()
+    shutil.rmtree(tmp_path / "run")
+    with pytest.raises(FileNotFoundError) as gone:
+        lock.touch()
+    assert gone.value.filename == str(tmp_path / "run" / LOCK_NAME)
+
+
 def test_a_copy_of_a_folder_a_live_process_holds_is_free(tmp_path):
     """``cp -a`` of a live run copies its lock: the copy was refused as written by the original's process."""
     held, copy = tmp_path / "run", tmp_path / "copy"

@@ -159,10 +159,8 @@ class WriterLock:
     def touch(self) -> None:
         """Say this owner is alive (for hosts that cannot see its PID); an OSError naming the lock if it is gone."""
         if self.held:
-            try:
+            with naming(str(self.path)):  # os.utime's names no file
                 os.utime(self.path)
-            except OSError as e:  # os.utime's names no file
-                raise OSError(e.errno, e.strerror, str(self.path)) from e
 
     def release(self) -> None:
         """Remove the lock if it is still ours (a requeued job may have taken it over)."""
