@@ -147,11 +147,9 @@ def relocated(path: str, recorded_run: str, run: str) -> str:
 
 def _run_json(root: str) -> dict:
     """``root``'s ``run.json`` as written; {} where it has none, or none readable (its readers say so)."""
-    try:
-        metadata = json.loads(Path(root, RUN_METADATA_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return metadata if isinstance(metadata, dict) else {}
+    with suppress(OutputError):  # none, unreadable, or no JSON object
+        return outputs.read_json_object(os.path.join(root, RUN_METADATA_FILE))
+    return {}
 
 
 def run_id(run: str | None) -> str | None:
