@@ -179,7 +179,21 @@ def refuse_other_data_here(dump_folder: str, recorded: dict[str, Any] | None, jo
         return
     first, now = recorded.get("cwd"), run_settings(job_config)
     if first and os.path.realpath(first) != os.path.realpath(os.getcwd()):
-        _refuse_other_paths_here(dump_folder, first, now)
+        for key in INPUT_PATHS:
+            path = now.get(key)
+            if not isinstance(path, str) or not path or os.path.isabs(os.path.expanduser(path)):
+                continue
+            if key == "model.hf_assets_path" and tokenizer_folder(now.get("model.name", ""), path) is None:
+                continue  # gpt2's: its tokenizer is GPT-2's BPE, its folder read only for a first launch's weights
+            there = _contents(first, path)
+            if there and there != _contents(os.getcwd(), path):
+                named = lambda root: sorted(map(os.path.realpath, glob.glob(os.path.join(root, path))))  # noqa: E731
+                here = named(os.getcwd())
+                raise ConfigError(
+                    f"run folder {dump_folder} was first launched from {first}, where {key} {path!r} names "
+                    f"{listed(named(first))}, {f'not {listed(here)} as from here' if here else 'nothing from here'}; "
+                    f"relaunch from {first}"
+                )
     for key in DATA_IDENTITY:
         path = now.get(key)
         same = path and path == recorded["settings"].get(key)  # its comma-separated paths and globs, all gone:
@@ -195,24 +209,6 @@ def refuse_other_data_here(dump_folder: str, recorded: dict[str, Any] | None, jo
             f"model.hf_assets_path: {folder}: no such folder, and run folder {dump_folder} takes its tokenizer from "
             "it; put it back there (a symbolic link to where it is now will do)"
         )
-
-
-def _refuse_other_paths_here(dump_folder: str, first: str, now: dict[str, Any]) -> None:
-    for key in INPUT_PATHS:
-        path = now.get(key)
-        if not isinstance(path, str) or not path or os.path.isabs(os.path.expanduser(path)):
-            continue
-        if key == "model.hf_assets_path" and tokenizer_folder(now.get("model.name", ""), path) is None:
-            continue  # gpt2's: its tokenizer is GPT-2's BPE, its folder read only for a first launch's weights
-        there = _contents(first, path)
-        if there and there != _contents(os.getcwd(), path):
-            named = lambda root: sorted(map(os.path.realpath, glob.glob(os.path.join(root, path))))  # noqa: E731
-            here = named(os.getcwd())
-            raise ConfigError(
-                f"run folder {dump_folder} was first launched from {first}, where {key} {path!r} names "
-                f"{listed(named(first))}, {f'not {listed(here)} as from here' if here else 'nothing from here'}; "
-                f"relaunch from {first}"
-            )
 
 
 def _contents(root: str, pattern: str) -> list[tuple[str, int, str]]:
