@@ -522,7 +522,7 @@ def check_loader_layout(step_dir: str, data_parallel_degree: int) -> None:
         )
 
 
-def refuse_finished(saved: list[StepCheckpoint], steps: int, load_step: int = -1) -> None:
+def refuse_finished(saved: list[StepCheckpoint], steps: int, load_step: int) -> None:
     """``RunFinished`` when the newest of the ``saved`` checkpoints reached ``steps`` and no ``load_step`` is asked."""
     if load_step < 0 and saved and saved[-1].step >= steps:
         done = "finished" if saved[-1].step == steps else f"past training.steps = {steps},"

@@ -95,7 +95,7 @@ def pid_runs(pid: int) -> bool:
         return True
 
 
-def busy_error(folder: str | os.PathLike, owner: Owner, writers: tuple[str, str] = TRAINING) -> RunFolderBusy:
+def busy_error(folder: str | os.PathLike, owner: Owner, writers: tuple[str, str]) -> RunFolderBusy:
     noun, way_out = writers
     return RunFolderBusy(
         f"{folder}: another {noun} is writing here ({owner.describe()}); wait for it to end, or {way_out}"
