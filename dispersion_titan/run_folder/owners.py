@@ -341,7 +341,7 @@ def owned(folder: str, owner: FolderOwner, option: str = "--out") -> Iterator[Wr
     made, taken = None, False
     try:
         made = ensure_writable(folder, option)
-        with sole_writer(folder, ("command", way_out)) as lock, holding(lock.folder, lock):
+        with sole_writer(folder, ("command", way_out)) as lock, holding(lock):
             refuse_unless_ours(folder, owner, option, way_out)
             recorded = record_owner(folder, owner)
             results = [e.path for e in os.scandir(folder) if e.is_dir() and outputs.RESULT_FOLDER.match(e.name)]

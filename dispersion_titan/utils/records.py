@@ -23,11 +23,11 @@ link removed or replaced is found too), each with its writer lock (its lock file
 
 
 @contextmanager
-def holding(folder: str | Path, lock: Any) -> Iterator[None]:
-    """``folder`` held by ``lock`` in ``HELD``, and found again at each ``atomic_write`` below it by its lock file:
+def holding(lock: Any) -> Iterator[None]:
+    """``lock``'s folder held by it in ``HELD``, and found again at each ``atomic_write`` below it by its lock file:
     removed meanwhile (``rm -rf``), or a file put in its place, an OSError naming that file, not made anew by the
     write without its record (was exit 0, and the next command refused it as no command's)."""
-    paths = {os.path.realpath(folder), os.path.abspath(folder)}
+    paths = {os.path.realpath(lock.folder), os.path.abspath(lock.folder)}
     HELD.update(dict.fromkeys(paths, lock))
     try:
         yield
