@@ -345,10 +345,9 @@ def fork_record(job_config: Any) -> dict[str, Any] | None:
 def fork_parent(job_config: Any) -> dict[str, Any] | None:
     """A fork's parent's recorded settings (the loaded data position counts the parent's sequences of its
     documents); None: not a fork, or a parent not of ours."""
-    if not job_config.job.fork_from:
-        return None
-    with contextlib.suppress(CheckpointError):
-        return load_run_metadata(parse_fork(job_config.job.fork_from)[0]).get("settings") or {}
+    if job_config.job.fork_from:
+        with contextlib.suppress(CheckpointError):
+            return load_run_metadata(parse_fork(job_config.job.fork_from)[0]).get("settings") or {}
     return None
 
 
