@@ -405,7 +405,7 @@ def prepare(options: argparse.Namespace, sole_writer: Callable[[str], AbstractCo
         if first is None:
             where = f" {path}" if path else ""
             raise DataConfigError(f"{dataset}{where}: no {options.split} documents (no row with text)")
-        with sole_writer(options.out) as lock, holding(lock.folder, lock):  # forked with the pool: its writes too
+        with sole_writer(options.out) as lock, holding(lock):  # forked with the pool: its writes too
             return write_store(
                 itertools.chain([first], documents),
                 options.out,
