@@ -189,6 +189,11 @@ def test_records_of_another_format_are_refused(reference_run, tmp_path, capsys):
         found = shape.get("format", "unnumbered")
         says = f"{old}/run.json: format {found}, and this dispersion_titan reads format 1 only; read it with the "
         assert_one_line_error(code, err, says, "dispersion_titan that wrote it, or make it anew in a new folder")
+    (old / "run.json").write_bytes(json.dumps(record).encode()[:-1] + b', "x": "\xff"}')  # not UTF-8
+    code, _, err = analyze(str(old), *ANALYSIS, capsys=capsys)
+    assert_one_line_error(
+        code, err, f"{old}/run.json: unreadable ('utf-8' codec can't decode byte 0xff", "; restore it"
+    )
     out = tmp_path / "old_analysis"
     out.mkdir()
     (out / ".owner.json").write_text(json.dumps({"kind": "analysis", "run": str(reference_run)}))

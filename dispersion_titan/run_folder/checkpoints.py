@@ -274,7 +274,7 @@ def load_run_metadata(dump_folder: str) -> dict[str, Any]:
         metadata = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: missing; it is written by dispersion_titan.train at start") from None
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: JSON's or UTF-8's (was a traceback for a non-UTF-8 byte)
         raise CheckpointError(
             f"{path}: unreadable ({e}); restore it: it records the run's model and settings"
         ) from None
