@@ -165,7 +165,7 @@ def run_paper(argv: list[str]) -> int:
             print(script(header, jobs, logs))
             return 0
         with owned(workflow.out, PAPER):  # its logs/ are the first files the folder holds
-            submit(jobs, logs)
+            submit(jobs, logs, recorded=lambda: workflows.record_gpus(workflow))
         print(f"submitted; the drawing job writes {workflow.out}/{a.artifact}.* (logs: {workflow.out}/logs)")
         return 0
     if a.dry_run:

@@ -929,6 +929,39 @@ def test_paper_slurm_again_into_its_folder_by_a_link_is_the_same_submission(tmp_
     assert len((tmp_path / "calls").read_text().splitlines()) == 2  # its evaluation and drawing jobs, once
 
 
+def test_paper_fig3_slurm_submitted_again_under_another_sbatch_gpus_per_node_is_refused(tmp_path, capsys, monkeypatch):
+    """``SBATCH_GPUS_PER_NODE`` changed since fig3's trainings were submitted into its --out (``logs/environment.json``,
+    as the sweep's ``sweep.json``), no --gpus-per-node given: one line naming the variable and its earlier value, exit
+    2, nothing submitted, by the dry run too (was submitted: the runs not trained yet laid out on another number of
+    GPUs than the arms trained before, the [released] loss scale with it); under the earlier count, its ended jobs
+    again."""
+    monkeypatch.chdir(REPO)  # the presets' configs live in the repository
+    monkeypatch.setenv("PATH", fake_slurm(tmp_path, "")["PATH"])
+    out, calls, held = tmp_path / "out", tmp_path / "calls", tmp_path / "held"
+    monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "4")
+    code, _, err = paper("fig3", "--slurm", "--out", out, capsys=capsys)
+    assert code == 0 and len(calls.read_text().splitlines()) == 13, err
+    held.write_text("")  # its jobs ended (cancelled), the runs untrained
+    for variable, said in (("8", "SBATCH_GPUS_PER_NODE=8: "), (None, "SBATCH_GPUS_PER_NODE unset: ")):
+        if variable is None:
+            monkeypatch.delenv("SBATCH_GPUS_PER_NODE")
+        else:
+            monkeypatch.setenv("SBATCH_GPUS_PER_NODE", variable)
+        for dry_run in ((), ("--dry-run",)):
+            code, _, err = paper("fig3", "--slurm", *dry_run, "--out", out, capsys=capsys)
+            assert_one_line_error(
+                code,
+                err,
+                f"error: {said}{out} holds a paper fig3 submitted with SBATCH_GPUS_PER_NODE=4: its trainings would go "
+                "on on 8 GPUs per node, not the 4 they were submitted for; submit it again with "
+                "SBATCH_GPUS_PER_NODE=4, or use another --out",
+            )
+    assert len(calls.read_text().splitlines()) == 13
+    monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "gpu:4")  # the same count
+    code, _, err = paper("fig3", "--slurm", "--out", out, capsys=capsys)
+    assert code == 0 and len(calls.read_text().splitlines()) == 26, err
+
+
 def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission(zoo, tmp_path, capsys, monkeypatch):
     """fig3 --slurm into the DIR where fig2 analysed the run at another --seq-len: one line, exit 2, by the dry run
     too, nothing written (was exit 0, submitted: its analyze job refused the folder's other settings hours later);

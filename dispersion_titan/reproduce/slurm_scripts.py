@@ -37,7 +37,7 @@ def sbatch(name: str, logs: str | Path, options: list[str], script: str, args: I
     start = ["sbatch", "--parsable", f"--job-name={name}", f"--output={logs}/%x-%j.out", "--kill-on-invalid-dep=yes"]
     # SBATCH_GPUS_PER_NODE, read for train.sbatch's nodes, is every job's: sbatch 22.05 refuses it over the others'
     # --gpus=1 (Failed to ensure --gpus >= --gres=gpu/--gpus-per-node) and gives a --gpus=0 job its GPUs
-    alone = ["--gpus-per-node=0"] if script != "train" and SBATCH_OPTIONS["--gpus-per-node"][2] in os.environ else []
+    alone = ["--gpus-per-node=0"] if script != "train" and GPUS_VARIABLE in os.environ else []
     return [*start, *alone, *options, str(SLURM_SCRIPTS / f"{script}.sbatch"), *map(str, args)]
 
 
@@ -66,6 +66,7 @@ SBATCH_OPTIONS = {  # each sbatch option read here: its short form ("": none), i
     "--signal": ("", "--si", "SBATCH_SIGNAL"),
     "--time": ("-t", "--time", "SBATCH_TIMELIMIT"),  # --tim: --time or --time-min
 }
+GPUS_VARIABLE = SBATCH_OPTIONS["--gpus-per-node"][2]  # SBATCH_GPUS_PER_NODE, which sbatch reads for the trainings
 
 
 NO_ARGUMENT = "HOQsvW"  # sbatch 22.05's short options that take no argument and submit (-h -V print and exit;
@@ -170,6 +171,30 @@ def check_train_time(args: list[str], where: str, option: str, own: tuple[str, s
             "(Slurm may signal 60 s sooner) to checkpoint and requeue, so every attempt would stop at its first "
             f"steps; give more than {least // 3600:02d}:{least % 3600 // 60:02d}:{least % 60:02d}, or signal later "
             f"with {option}=--signal=B:USR1@60"
+        )
+
+
+def gpus_environment() -> dict[str, str | None]:
+    """What a submission of trainings records of its environment, for ``refuse_other_gpus`` to compare."""
+    return {GPUS_VARIABLE: os.environ.get(GPUS_VARIABLE)}
+
+
+def refuse_other_gpus(recorded: object, given: str | None, holds: str, elsewhere: str) -> None:
+    """Trainings submitted again to go on under another ``SBATCH_GPUS_PER_NODE`` than they were submitted with
+    (``recorded``: ``gpus_environment`` then; an older version records none), which lays them out where their sbatch
+    options give no --gpus-per-node (``given``): each would go on on another number of GPUs. ``holds``: what the
+    folder holds; ``elsewhere``: the other way out."""
+    if not isinstance(recorded, dict) or given:
+        return
+    then, now = recorded.get(GPUS_VARIABLE), os.environ.get(GPUS_VARIABLE)
+    counts = [str(value or SBATCH_GPUS_PER_NODE).rpartition(":")[2] for value in (then, now)]  # h100:4: 4
+    if counts[0] != counts[1]:
+        was, is_ = (
+            f"{GPUS_VARIABLE}={value}" if value is not None else f"{GPUS_VARIABLE} unset" for value in (then, now)
+        )
+        raise ArgumentError(
+            f"{is_}: {holds} submitted with {was}: its trainings would go on on {counts[1]} GPUs per node, not the "
+            f"{counts[0]} they were submitted for; submit it again with {was}, or {elsewhere}"
         )
 
 

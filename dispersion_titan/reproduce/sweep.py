@@ -39,18 +39,19 @@ from ..utils.errors import ArgumentError, ConfigError, DispersionTitanError
 from ..utils.records import atomic_write
 from .slurm_scripts import (
     SBATCH_GPUS_PER_NODE,
-    SBATCH_OPTIONS,
     SLURM_TIME,
     SlurmJob,
     check_train_time,
     compared,
     given_option,
     gpus_asked,
+    gpus_environment,
     lead_told,
     option_values,
     queued_jobs,
     refuse_environment,
     refuse_options,
+    refuse_other_gpus,
     sbatch,
     sbatch_count,
 )
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
 
 CPU_PROCESSES_PER_NODE = 2  # train.sh's NPROC without GPUs
 MANIFEST = "sweep.json"
-GPUS_VARIABLE = SBATCH_OPTIONS["--gpus-per-node"][2]  # SBATCH_GPUS_PER_NODE, which sbatch reads for the trainings
 
 
 @dataclass
@@ -406,26 +406,6 @@ def _refuse_other_settings(name: str, config: RunConfig) -> None:
         ) from None
 
 
-def _refuse_other_gpus(sweep: Sweep, recorded: object) -> None:
-    """The trainings submitted again to go on under another ``SBATCH_GPUS_PER_NODE`` than they were submitted with
-    (``sweep.json``'s ``environment``; an older one records none), which lays them out where the sweep gives no
-    --gpus-per-node: each would go on on another number of GPUs, which the sweep's own --gpus-per-node refuses."""
-    given = given_option([*_resources(sweep, "gpus_per_node"), *sweep.train_sbatch_args], "--gpus-per-node")
-    if not isinstance(recorded, dict) or given:
-        return
-    then, now = recorded.get(GPUS_VARIABLE), os.environ.get(GPUS_VARIABLE)
-    counts = [str(value or SBATCH_GPUS_PER_NODE).rpartition(":")[2] for value in (then, now)]  # h100:4: 4
-    if counts[0] != counts[1]:
-        was, is_ = (
-            f"{GPUS_VARIABLE}={value}" if value is not None else f"{GPUS_VARIABLE} unset" for value in (then, now)
-        )
-        raise ArgumentError(
-            f"{is_}: {sweep.out} holds a sweep submitted with {was}: its trainings would go on on {counts[1]} GPUs per "
-            f"node, not the {counts[0]} they were submitted for; submit it again with {was}, or give the sweep a new "
-            "folder"
-        )
-
-
 def _refuse_while_queued_there(here: Path, there: str, ids: list[str], queued: dict[str, str]) -> None:
     """A sweep copied or moved from ``there`` while jobs of it (``ids``) are ``queued`` or running: they write there."""
     if not (jobs := " ".join(job_id for job_id in ids if job_id in queued)):  # all ended: this folder goes on alone
@@ -507,7 +487,8 @@ def resubmission(
     kept |= {key: ids[key] for key in finished}
     todo = [job for job in jobs if job.key not in kept]
     if any(job.key.startswith("train_") and job.key in ids for job in todo):  # a training to go on
-        _refuse_other_gpus(sweep, environment)
+        given = given_option([*_resources(sweep, "gpus_per_node"), *sweep.train_sbatch_args], "--gpus-per-node")
+        refuse_other_gpus(environment, given, f"{sweep.out} holds a sweep", "give the sweep a new folder")
     for i, (cell, config) in enumerate(zip(sweep.cells(), configs, strict=True), start=1):
         if any(job.key == f"train_{i}" for job in todo):
             _refuse_other_settings(cell.name, config)
@@ -584,7 +565,7 @@ def write_manifest(sweep: Sweep, jobs: list[SlurmJob], ids: dict[str, str]) -> P
         "compare_out": str(sweep.out / "compare"),
         "table_job": ids.get("table"),
         "table_out": str(sweep.out / "table"),
-        "environment": {GPUS_VARIABLE: os.environ.get(GPUS_VARIABLE)},  # the trainings' GPUs per node, by default
+        "environment": gpus_environment(),  # the trainings' GPUs per node, by default
         "commands": {job.key: job.command(ids) if {job.key, *job.after} <= ids.keys() else job.argv for job in jobs},
     }
     path = sweep.out / MANIFEST

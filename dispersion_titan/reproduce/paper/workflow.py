@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import re
 import shlex
@@ -49,11 +50,13 @@ from ..slurm_scripts import (
     check_train_time,
     given_option,
     gpus_asked,
+    gpus_environment,
     job_name,
     lead_told,
     queued_jobs,
     refuse_environment,
     refuse_options,
+    refuse_other_gpus,
     sbatch,
     sbatch_count,
     submitted_jobs,
@@ -72,6 +75,7 @@ ARTIFACT_DEFAULTS = {
     "fig3": {"seq_len": catalog.FIG3_SEQ_LEN},
     "counteract": {"num_sequences": catalog.COUNTERACT_TEXTS, "seq_len": catalog.COUNTERACT_SEQ_LEN},
 }
+ENVIRONMENT = "environment.json"  # in logs/: fig3's trainings' ``gpus_environment``, as the sweep's sweep.json
 ONLY_FOR = {"preset": "fig3", "pick": "fig3", "rows": "fig3", "revisions": "fig4", "corpus": "robustness"}
 
 
@@ -527,6 +531,12 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         check_train_time(sbatch_args, "--sbatch-arg", "--sbatch-arg")
         if (gpus := gpus_asked(sbatch_args)) is not None:
             raise ArgumentError(f"--sbatch-arg: {gpus}: {TRAINING_GPUS}")
+        try:  # the arms of one figure on one layout, as the sweep's cells
+            recorded = json.loads(Path(out, "logs", ENVIRONMENT).read_text())
+        except (OSError, ValueError):  # none yet, or cut short: nothing to compare with
+            recorded = None
+        given = given_option(sbatch_args, "--gpus-per-node")
+        refuse_other_gpus(recorded, given, f"{out} holds a paper fig3", "use another --out")
     notes = [note for _, note in chosen.values() if note] + training_layouts(train, sbatch_args)
     return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows)
 
@@ -613,6 +623,14 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
     name = f"paper-{workflow.artifact}-draw"
     draw = sbatch(name, logs, ["--gpus=0", *sbatch_args, *alone], "paper", draw_argv)
     return [*lines, SlurmJob("", name, draw, [job.key for job in lines])]
+
+
+def record_gpus(workflow: PaperWorkflow) -> None:
+    """fig3 --slurm: the environment its trainings are submitted with (``logs/environment.json``), which a submission
+    again into --out compares (``_fig3_workflow``)."""
+    if any(step.command == "train" for step in workflow.steps):
+        write = json.dumps(gpus_environment()) + "\n"
+        records.atomic_write(os.path.join(workflow.out, "logs", ENVIRONMENT), lambda f: f.write(write))
 
 
 def _in(work_dir: str, path: str | None) -> str | None:
