@@ -13,8 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -402,16 +401,6 @@ def job_name(argv: object) -> str | None:
     )
 
 
-@contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """Ctrl-C and SIGTERM raised once the block ends: an sbatch cut short may have queued a job whose id nobody read."""
-    received: list[int] = []
-    with interruptible(lambda signum, _: received.append(signum)):
-        yield
-    if received:
-        raise KeyboardInterrupt(received[0])
-
-
 def submit(
     jobs: list[SlurmJob],
     logs: str | Path,
@@ -430,7 +419,10 @@ def submit(
     ids = {} if ids is None else ids
     env = {**os.environ, "PYTHON": job_python()}  # sbatch hands its environment to the jobs
     for job in jobs:
-        with _interrupts_held():  # sbatch in a session of its own: a terminal's Ctrl-C waits for its id
+        # Ctrl-C and SIGTERM held, raised once recorded: an sbatch cut short may have queued a job whose id nobody
+        # read (sbatch in a session of its own: a terminal's Ctrl-C waits for its id)
+        received: list[int] = []
+        with interruptible(lambda signum, _: received.append(signum)):
             proc = subprocess.run(job.command(ids), capture_output=True, text=True, env=env, start_new_session=True)
             job_id = proc.stdout.strip().split(";")[0]  # --parsable: "id" or "id;cluster"; none: --test-only
             if proc.returncode != 0 or not job_id:
@@ -445,4 +437,6 @@ def submit(
             atomic_write(str(record), lambda f: f.write(json.dumps(submitted, indent=1) + "\n"))
             recorded()
             print(f"{ids[job.key]:>10}  {job.label}", flush=True)
+        if received:
+            raise KeyboardInterrupt(received[0])
     return ids
