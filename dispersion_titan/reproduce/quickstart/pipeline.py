@@ -230,9 +230,13 @@ def train_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
 
 
 def analyze_command(setup: QuickstartSetup, run: Cell) -> tuple[str, list[str]]:
-    """``--force`` where a result is of a checkpoint saved since (``measured_before``), which analyze refuses."""
+    """``--force`` where a result is of a checkpoint saved since, which analyze refuses: a ``cp -r`` of OUT (without
+    ``-p``) gives every file new times, which checkpoint identities record; its analyses are measured again (was:
+    skipped, then every comparison refused them, exit 1)."""
+    results = read_results(os.path.join(setup.dump(run), "condensation"))
+    checkpoints = list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
     sizes = f"--num-sequences {setup.num_sequences} --seq-len {setup.seq_len}"
-    force = ["--force"] if measured_before(setup, run) else []
+    force = ["--force"] if any(c.step in results and results[c.step].changed(c.path) for c in checkpoints) else []
     return "dispersion_titan.analyze", [setup.dump(run), *sizes.split(), *force]
 
 
@@ -249,15 +253,6 @@ def analyzed(setup: QuickstartSetup, run: Cell) -> bool:
         and not r.changed(c.path)
         for c in list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
     )
-
-
-def measured_before(setup: QuickstartSetup, run: Cell) -> bool:
-    """Whether a result is of a checkpoint saved since: a ``cp -r`` of OUT (without ``-p``) gives every file new
-    times, which checkpoint identities record; its analyses are measured again (was: skipped, then every comparison
-    refused them, exit 1)."""
-    results = read_results(os.path.join(setup.dump(run), "condensation"))
-    checkpoints = list_checkpoints(os.path.join(setup.dump(run), "checkpoint"))
-    return any(c.step in results and results[c.step].changed(c.path) for c in checkpoints)
 
 
 ERROR = "dispersion_titan: error: "
