@@ -44,12 +44,12 @@ SIZE_SERIES: dict[str, dict[str, float]] = {  # family -> hub id -> nominal bill
     },
 }
 GPT2_HUB_IDS = tuple(SIZE_SERIES["GPT-2"])
-DISTILLATION_PAIRS: tuple[tuple[str, str], ...] = (  # (base, distilled), plot_trend.py --paired's order
-    ("Qwen/Qwen2.5-Math-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
-    ("Qwen/Qwen2.5-Math-7B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"),
-    ("Qwen/Qwen2.5-14B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"),
-    ("Qwen/Qwen2.5-32B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"),
-)
+DISTILLATION_PAIRS: dict[tuple[str, str], float] = {  # (base, distilled), plot_trend.py --paired's order: billions
+    ("Qwen/Qwen2.5-Math-1.5B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"): 1.5,
+    ("Qwen/Qwen2.5-Math-7B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"): 7,
+    ("Qwen/Qwen2.5-14B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B"): 14,
+    ("Qwen/Qwen2.5-32B", "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B"): 32,
+}
 OLMO = "allenai/Olmo-3-1025-7B"  # Fig. 4's model; its revisions are its hub branches
 FIG4_STAGES, FIG4_PER_STAGE = (1, 2, 3), 4  # per pre-training stage 4 branches, then main
 FIG4_REVISIONS = len(FIG4_STAGES) * FIG4_PER_STAGE + 1
@@ -133,12 +133,7 @@ PAPER_CORPUS = "wikitext-103"  # the corpus analyze --protocol paper reads by it
 
 SIZES_B = {  # by the hub id's last part: a local folder of that name is that model
     **{hub_id.rsplit("/", 1)[-1]: size for series in SIZE_SERIES.values() for hub_id, size in series.items()},
-    "Qwen2.5-Math-1.5B": 1.5,
-    "Qwen2.5-Math-7B": 7,
-    "DeepSeek-R1-Distill-Qwen-1.5B": 1.5,
-    "DeepSeek-R1-Distill-Qwen-7B": 7,
-    "DeepSeek-R1-Distill-Qwen-14B": 14,
-    "DeepSeek-R1-Distill-Qwen-32B": 32,
+    **{hub_id.rsplit("/", 1)[-1]: size for pair, size in DISTILLATION_PAIRS.items() for hub_id in pair},
     "Olmo-3-1025-7B": 7,
 }
 
