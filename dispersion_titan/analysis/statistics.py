@@ -19,17 +19,12 @@ HIST_RANGE = (-1.0, 1.0)
 HIST_EDGES = np.linspace(*HIST_RANGE, HIST_BINS + 1)
 
 
-def layer_fraction(index: int, num_layers: int) -> float:
-    """Position of a layer in depth: 0 for the embedding, 1 for the final norm."""
-    return index / (num_layers - 1)
-
-
 def layer_row(result: Condensation, layer: LayerCondensation) -> dict:
     """One layer's numbers, as ``summary.csv`` and ``compare_layers.csv`` give them."""
     return {
         "layer_index": layer.index,
         "layer": layer.name,
-        "layer_fraction": layer_fraction(layer.index, len(result.layers)),
+        "layer_fraction": layer.index / (len(result.layers) - 1),  # embedding 0, final norm 1
         "mean_cos": layer.mean_cos,
         "mean_cos_offdiag": layer.mean_cos_offdiag,
         "effective_rank": layer.effective_rank,
