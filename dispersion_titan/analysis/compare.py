@@ -61,21 +61,16 @@ def current(run: str, result: Condensation) -> Condensation:
     else:
         what, here, again = revision_folder(result.revision), result.checkpoint, "model"
         command = [f"hf:{result.model}" + (f"@{result.revision}" if result.revision else "")]
-    if result.changed(here):
+    if result.changed(here):  # the command names the options it records: measured again, it is measured alike
+        inputs = {key: value for key, value in result.inputs.items() if key != "tokens_sha256" and value is not None}
+        options = {**inputs, "dtype": result.dtype, "geometry_sequences": result.geometry_sequences}
+        recorded = [arg for key, value in options.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
         raise AnalysisError(
             f"{folder}: {what} was analyzed from another {again} than {here} holds now (saved again or replaced "
             f"since); analyze it again with python -m dispersion_titan.analyze {shlex.join(command)} --out "
-            f"{shlex.quote(folder)} --force {shlex.join(analyzed_with(result))}"
+            f"{shlex.quote(folder)} --force {shlex.join(recorded)}"
         )
     return result
-
-
-def analyzed_with(result: Condensation) -> list[str]:
-    """The ``analyze`` options ``result`` records (its inputs, dtype and geometry sequences): the command that
-    measures it again with them measures what it is compared with alike."""
-    inputs = {key: value for key, value in result.inputs.items() if key != "tokens_sha256" and value is not None}
-    options = {**inputs, "dtype": result.dtype, "geometry_sequences": result.geometry_sequences}
-    return [arg for key, value in options.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
 
 
 def load_runs(runs: list[str], step: str) -> list[RunResult]:
