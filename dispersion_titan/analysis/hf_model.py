@@ -108,7 +108,6 @@ class HFLayers(DecoderLayers):
     def __init__(self, model: nn.Module, name: str):
         self.model = model.base_model
         self.blocks = list(decoder_layers(self.model, model.config.get_text_config().num_hidden_layers, name))
-        self.num_layers = len(self.blocks) + 2
         self.input_device = self.model.get_input_embeddings().weight.device
 
     def final_norm(self, tokens: torch.Tensor) -> torch.Tensor:

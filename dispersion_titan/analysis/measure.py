@@ -30,7 +30,6 @@ class DecoderLayers:
     def __init__(self, model: nn.Module):
         self.model = model
         self.blocks = list(model.layers.values())
-        self.num_layers = len(self.blocks) + 2  # embedding, blocks, final norm
         self.input_device = model.tok_embeddings.weight.device
 
     def final_norm(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -150,8 +149,9 @@ def measure(
 ) -> Measurement:
     """Mean cosine matrices over the K sequences of ``tokens`` [K, S], and mean geometry: running sums over the
     sequences of every layer's, reduced as its hidden states arrive."""
-    sums = torch.zeros(model.num_layers, tokens.shape[1], tokens.shape[1], device=device)
-    rank_sums = torch.zeros(model.num_layers, dtype=torch.float64, device=device)
+    num_layers = len(model.blocks) + 2  # embedding, blocks, final norm
+    sums = torch.zeros(num_layers, tokens.shape[1], tokens.shape[1], device=device)
+    rank_sums = torch.zeros(num_layers, dtype=torch.float64, device=device)
     mev_sums = torch.zeros_like(rank_sums)
     geometry = geometry_mask(len(tokens), geometry_sequences)
     names: list[str] = []  # the layers of the batch being run, in depth order
