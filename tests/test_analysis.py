@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dispersion_titan.analysis import runner
 from dispersion_titan.analysis.arguments import input_options
@@ -143,6 +144,28 @@ def test_statistics_match_plain_computation():
     measured = measure(DecoderLayers(model), tokens, batch_size=2, device="cpu")  # uneven last batch
     assert measured.means.shape == (6, 16, 16)
     assert_matches_reference(SimpleNamespace(**summarize(measured)), plain_reference(model, tokens), debug_names())
+
+
+class ReadBacks(TorchDispatchMode):
+    """Counts the values read back to the host (``.item()``, ``bool(t)``): each a wait for the GPU on CUDA."""
+
+    count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_analysis_waits_for_the_device_once_per_batch_not_per_layer():
+    """Its NaN check reads one value back per batch (was one per layer and batch: 6 for the debug model's 4 blocks,
+    each a GPU sync that leaves the GPU idle while Python queues the next layer)."""
+    torch.manual_seed(0)
+    model = GPT2(gpt2_flavors["debug"])
+    model.init_weights()
+    tokens = torch.randint(0, 50257, (5, 16), generator=torch.Generator().manual_seed(1))
+    with ReadBacks() as read_backs:
+        measure(DecoderLayers(model), tokens, batch_size=2, device="cpu", geometry_sequences=0)
+    assert read_backs.count == 3  # the batches
 
 
 def test_the_number_check_finds_fields_by_type_with_or_without_string_annotations():

@@ -69,14 +69,18 @@ class DecoderLayers:
 
 
 def unit_tokens(hidden: torch.Tensor) -> torch.Tensor:
-    """[B, S, d] -> fp32 token vectors divided by their norm clamped at ``NORM_CLAMP``; CheckpointError where a
-    norm is not finite (NaN or infinite hidden states of a diverged or damaged model: the eigensolver fails on
-    them, the cosines would be NaN)."""
+    """[B, S, d] -> fp32 token vectors divided by their norm clamped at ``NORM_CLAMP``; NaN where a norm is not
+    finite (NaN or infinite hidden states of a diverged or damaged model, or past float32), for ``refuse_nan``."""
     h = hidden.float()
     norm = h.norm(dim=-1, keepdim=True)
-    if not torch.isfinite(norm).all():
+    return h / torch.where(norm.isfinite(), norm.clamp_min(NORM_CLAMP), torch.nan)
+
+
+def refuse_nan(values: torch.Tensor) -> None:
+    """CheckpointError where ``values`` (made of ``unit_tokens``) hold a NaN: the eigensolver fails on them, the
+    cosines would be NaN. Reads one value back: on CUDA, a wait for the GPU."""
+    if not values.isfinite().all():
         raise CheckpointError("its hidden states are NaN, infinite or too large for float32")
-    return h / norm.clamp_min(NORM_CLAMP)
 
 
 def cosines(units: torch.Tensor) -> torch.Tensor:
@@ -163,6 +167,7 @@ def measure(
         sums[index] += cosines(u).sum(dim=0).to(sums.device)
         if rows:
             chosen = u[rows]
+            refuse_nan(chosen)  # before the eigensolver, which fails on it
             rank_sums[index] += effective_rank(chosen).sum().to(sums.device)
             mev_sums[index] += max_explainable_variance(chosen).sum().to(sums.device)
         names.append(name)
@@ -173,7 +178,8 @@ def measure(
         names.clear()
         with torch.inference_mode():
             model.run(batch.to(model.input_device), sink)
+        refuse_nan(sums)  # once per batch, not per layer: each check waits for the GPU
         on_batch()
-    chosen = int(geometry.sum())
+    chosen = min(len(tokens), geometry_sequences)  # geometry_mask's count
     per_layer = (lambda total: (total / chosen).tolist()) if chosen else (lambda total: [None] * len(total))
     return Measurement(list(names), sums / len(tokens), per_layer(rank_sums), per_layer(mev_sums), chosen)
