@@ -147,12 +147,13 @@ def test_statistics_match_plain_computation():
 
 
 class ReadBacks(TorchDispatchMode):
-    """Counts the values read back to the host (``.item()``, ``bool(t)``): each a wait for the GPU on CUDA."""
+    """Counts the values read back to the host (``.item()``, ``bool(t)``; ``is_nonzero`` under inference mode): on
+    CUDA each a wait for the GPU."""
 
     count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten._local_scalar_dense.default
+        self.count += func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default)
         return func(*args, **(kwargs or {}))
 
 
