@@ -18,7 +18,7 @@ from operator import attrgetter
 from dispersion_titan.config.cli import (
     HELP_ALL_FLAG,
     HELP_FLAGS,
-    check_own_sections,
+    check_toml_types,
     config_file,
     load_toml,
     train_usage,
@@ -26,6 +26,7 @@ from dispersion_titan.config.cli import (
     with_profile,
     without_profile,
 )
+from dispersion_titan.config.schema import JobConfig
 from dispersion_titan.utils.errors import (
     ArgumentError,
     RunFinished,
@@ -101,7 +102,8 @@ def main() -> None:
     # what needs no TorchTitan is checked before it is imported (seconds)
     toml = load_toml(argv)
     args = with_config_module([a for a in argv if a not in (CHECK_ONLY, HELP_ALL_FLAG)], toml)
-    check_own_sections(toml, config_file(argv))
+    own = {k: v for k, v in toml.items() if k in ("dispersion", "baseline")}  # sections TorchTitan does not have
+    check_toml_types(JobConfig, own, config_file(argv))
     from dispersion_titan.components import titan_compat
     from dispersion_titan.job_config import checks, parse  # TorchTitan's import
 

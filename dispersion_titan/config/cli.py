@@ -1,6 +1,6 @@
 """Argument handling that must run before TorchTitan is imported: the command line, its TOML (with a
 ``--profile`` laid over it), and that TOML's keys and types against the JobConfig dataclasses, which
-TorchTitan does not check (our own sections, ``OWN_SECTIONS``, before it is imported)."""
+TorchTitan does not check (``train`` checks our own sections so before it is imported)."""
 
 from __future__ import annotations
 
@@ -330,10 +330,6 @@ def add_device_arguments(
     parser.add_argument("--dtype", choices=dtypes, default=dtype_default, help=dtype_help)
 
 
-OWN_SECTIONS = ("dispersion", "baseline")
-"""Sections TorchTitan does not have: our schema alone knows every key of them."""
-
-
 def _matches(value: Any, annotation: Any) -> bool:
     origin = typing.get_origin(annotation)
     if origin is Literal:
@@ -378,8 +374,3 @@ def check_toml_types(config_cls: type, values: dict[str, Any], source: str, pref
                 raise ConfigError(f"{name}: {value!r} is not one of {typing.get_args(annotation)} (in {source})")
             expected = getattr(annotation, "__name__", str(annotation))
             raise ConfigError(f"{name}: expected {expected}, got {value!r} (in {source})")
-
-
-def check_own_sections(values: dict[str, Any], source: str) -> None:
-    """``check_toml_types`` on the sections that are wholly ours, before TorchTitan is imported."""
-    check_toml_types(JobConfig, {k: v for k, v in values.items() if k in OWN_SECTIONS}, source)
