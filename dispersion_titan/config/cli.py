@@ -225,13 +225,6 @@ class OneLineErrorParser(argparse.ArgumentParser):
              if dashed else message)  # fmt: skip
 
 
-def control_character(path: str) -> str | None:
-    """Why ``path`` may not name a folder: a control character in it (a newline, a tab pasted with it), which
-    would make a folder ``ls`` and the shell show otherwise than typed; None when it has none."""
-    found = next((c for c in path if unicodedata.category(c) == "Cc"), None)
-    return found and f"{path!r} holds the control character {found!r}; give a folder name without it"
-
-
 def link_loop(path: str) -> str | None:
     """Why ``path`` names nothing: a symbolic link on it that leads back to itself (``ln -s a b; ln -s b a``), which
     each open would meet mid-command; None when it has none."""
@@ -243,21 +236,24 @@ def link_loop(path: str) -> str | None:
     return None
 
 
-def unexpanded_home(path: str, unexpanded_by: str) -> str | None:
-    """Why ``path`` names another folder than meant: a leading ``~`` that ``unexpanded_by`` leaves as it is, so a
-    folder named ``~`` would be made in the working directory; None when it has none."""
-    if not path.startswith("~"):
-        return None
-    return (
-        f"{path} starts with ~, which {unexpanded_by} (a folder named ~ would be made in {os.getcwd()}); write it "
-        f"as {os.path.expanduser(path)}"
-    )
+def folder_problem(path: str, unexpanded_by: str) -> str | None:
+    """Why ``path`` may not name a folder: a control character in it (a newline, a tab pasted with it), which would
+    make a folder ``ls`` and the shell show otherwise than typed; a leading ``~`` that ``unexpanded_by`` leaves as it
+    is, so a folder named ``~`` would be made in the working directory; ``link_loop``; None when it has none."""
+    if found := next((c for c in path if unicodedata.category(c) == "Cc"), None):
+        return f"{path!r} holds the control character {found!r}; give a folder name without it"
+    if path.startswith("~"):
+        return (
+            f"{path} starts with ~, which {unexpanded_by} (a folder named ~ would be made in {os.getcwd()}); write it "
+            f"as {os.path.expanduser(path)}"
+        )
+    return link_loop(path)
 
 
 def out_folder(text: str) -> str:
     """An output folder option's value: no control character, no quoted ``~`` (the launch's ``job.dump_folder`` is
     refused alike)."""
-    if why := control_character(text) or unexpanded_home(text, "the shell expands only unquoted") or link_loop(text):
+    if why := folder_problem(text, "the shell expands only unquoted"):
         raise argparse.ArgumentTypeError(why)
     return text
 

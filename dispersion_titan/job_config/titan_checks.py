@@ -13,7 +13,7 @@ import torch
 
 from ..components import wandb_run
 from ..components.titan_compat import model_converter_names
-from ..config.cli import control_character, link_loop, unexpanded_home
+from ..config.cli import folder_problem
 from ..data.corpora import check_readable_here
 from ..data.store import is_store
 from ..run_folder.checkpoints import complete_checkpoints
@@ -178,11 +178,9 @@ def check_output_folders(config: RunConfig) -> None:
     dump = config.job.dump_folder
     if not dump.strip():
         raise ConfigError("job.dump_folder: empty; give the run's folder, e.g. --job.dump_folder outputs/my_run")
-    if why := unexpanded_home(dump, "TOML and TorchTitan do not expand"):
-        raise ConfigError(f"job.dump_folder: {why}")
     folders = run_folders(config)
     for field, path in {"job.dump_folder": dump, **folders}.items():
-        if why := control_character(path) or link_loop(path):
+        if why := folder_problem(path, "TOML and TorchTitan do not expand"):
             raise ConfigError(f"{field}: {why}")
         full = os.path.abspath(path)  # it, or its nearest existing ancestor, says whether it can be written
         probe = next(p for p in [full, *map(str, Path(full).parents)] if os.path.exists(p))
