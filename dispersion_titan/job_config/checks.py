@@ -114,15 +114,6 @@ def run_tokenizer(config: RunConfig) -> DocumentEncoder | None:
     )
 
 
-def _tp_advice(sizes: int, world_size: int) -> str:
-    """The tensor-parallel degrees that divide the model's split ``sizes`` (their gcd) and ``world_size``, and
-    those the model alone takes where more processes would allow more."""
-    model = divisors(sizes)
-    here = [d for d in model if world_size % d == 0]
-    more = f" (the model alone: {model})" if here != model else ""
-    return f"use one of {here} on {world_size} process{'es' if world_size > 1 else ''}{more}"
-
-
 def check_model(config: RunConfig, args: Any, world_size: int) -> None:
     """``args``: the flavor's arguments with the ``[model]`` overrides applied; ``world_size``: the processes,
     which the tensor-parallel degree divides as it divides the sizes it splits."""
@@ -163,7 +154,11 @@ def check_model(config: RunConfig, args: Any, world_size: int) -> None:
         "model.max_seq_len": args.positions or 0,  # None: rotary, no table of positions
         **{f"{section}.seq_len": getattr(config, section).seq_len for section in sections},
     }
-    fits = _tp_advice(math.gcd(*split.values()), world_size)
+    # the advice: the degrees that divide every split size and world_size, and the model's alone where more allow more
+    model = divisors(math.gcd(*split.values()))
+    here = [d for d in model if world_size % d == 0]
+    more = f" (the model alone: {model})" if here != model else ""
+    fits = f"use one of {here} on {world_size} process{'es' if world_size > 1 else ''}{more}"
     for key, value in split.items():
         if value % tp:
             raise ConfigError(f"{key}: {value} is not divisible by parallelism.tensor_parallel_degree={tp}; {fits}")
