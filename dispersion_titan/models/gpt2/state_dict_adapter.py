@@ -39,6 +39,7 @@ _TRANSPOSED = (
     ("layers.{}.feed_forward.w2.weight", "transformer.h.{}.mlp.c_proj.weight"),
 )
 _QKV = ("wq", "wk", "wv")
+_C_ATTN = (("weight", True), ("bias", False))  # HF's fused c_attn: wq, wk, wv concatenated; a weight transposed
 # Buffers some GPT-2 checkpoints carry (causal mask); they are not parameters.
 _HF_BUFFERS = re.compile(r"\.attn\.(bias|masked_bias)$")
 
@@ -92,13 +93,9 @@ class GPT2StateDictAdapter(StateDictAdapter):
         for ours, theirs, transposed in self._pairs():
             hf[theirs] = state_dict[ours].t().contiguous() if transposed else state_dict[ours]
         for i in range(self.model_args.n_layers):
-            prefix = f"layers.{i}.attention"
-            hf[f"transformer.h.{i}.attn.c_attn.weight"] = (
-                torch.cat([state_dict[f"{prefix}.{w}.weight"] for w in _QKV], dim=0).t().contiguous()
-            )
-            hf[f"transformer.h.{i}.attn.c_attn.bias"] = torch.cat(
-                [state_dict[f"{prefix}.{w}.bias"] for w in _QKV], dim=0
-            )
+            for kind, transposed in _C_ATTN:
+                fused = torch.cat([state_dict[f"layers.{i}.attention.{w}.{kind}"] for w in _QKV], dim=0)
+                hf[f"transformer.h.{i}.attn.c_attn.{kind}"] = fused.t().contiguous() if transposed else fused
         if not self.model_args.tie_embeddings:
             hf["lm_head.weight"] = state_dict["output.weight"]
         return hf
@@ -109,12 +106,10 @@ class GPT2StateDictAdapter(StateDictAdapter):
         for mine, theirs, transposed in self._pairs():
             ours[mine] = hf[theirs].t().contiguous() if transposed else hf[theirs]
         for i in range(self.model_args.n_layers):
-            prefix = f"layers.{i}.attention"
-            weights = hf[f"transformer.h.{i}.attn.c_attn.weight"].t().chunk(3, dim=0)
-            biases = hf[f"transformer.h.{i}.attn.c_attn.bias"].chunk(3, dim=0)
-            for name, w, b in zip(_QKV, weights, biases):
-                ours[f"{prefix}.{name}.weight"] = w.contiguous()
-                ours[f"{prefix}.{name}.bias"] = b.contiguous()
+            for kind, transposed in _C_ATTN:
+                fused = hf[f"transformer.h.{i}.attn.c_attn.{kind}"]
+                for name, part in zip(_QKV, (fused.t() if transposed else fused).chunk(3, dim=0)):
+                    ours[f"layers.{i}.attention.{name}.{kind}"] = part.contiguous()
         ours["output.weight"] = (
             ours["tok_embeddings.weight"] if self.model_args.tie_embeddings else hf["lm_head.weight"]
         )
