@@ -104,8 +104,7 @@ def build_dispersion_lr_schedulers(
         )
     else:
         body = titan_compat.lr_lambda(lr_scheduler_config, training_steps)
-    groups = len(titan_compat.optimizer_per_model_part(optimizers)[0][1].param_groups)
-    if forgetting is None:
-        return titan_compat.lr_schedulers_per_group(optimizers, [body] * groups)
-    embedding = functools.partial(embedding_lr_factor, period=forgetting.forget_every, total=training_steps)
-    return titan_compat.lr_schedulers_per_group(optimizers, [body, embedding] + [body] * (groups - 2))
+    factors = [body] * len(titan_compat.optimizer_per_model_part(optimizers)[0][1].param_groups)
+    if forgetting is not None:  # group 1: the token embeddings (build_dispersion_optimizers)
+        factors[1] = functools.partial(embedding_lr_factor, period=forgetting.forget_every, total=training_steps)
+    return titan_compat.lr_schedulers_per_group(optimizers, factors)
