@@ -450,7 +450,7 @@ def _whole_events(folder: str) -> Iterator[None]:
     raised here (``WriterThread``), not printed as a traceback."""
     before = set(os.listdir(folder))
     try:
-        with WriterThread() as thread, thread.writes():
+        with contextlib.closing(WriterThread()) as thread, thread.writes():
             yield
     except BaseException as e:
         new = sorted(os.path.join(folder, name) for name in set(os.listdir(folder)) - before)

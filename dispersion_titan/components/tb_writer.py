@@ -8,11 +8,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from types import TracebackType
 
 
 class WriterThread:
-    """From its making to ``close`` (or a ``with`` block), a TensorBoard writer thread's ``OSError`` is kept, not
+    """From its making to ``close`` (``contextlib.closing``), a TensorBoard writer thread's ``OSError`` is kept, not
     printed, for ``writes`` to raise; every other thread's failure goes to the hook found."""
 
     def __init__(self) -> None:
@@ -40,9 +39,3 @@ class WriterThread:
     def close(self) -> None:
         """Threads' failures printed again as before."""
         threading.excepthook = self._hook
-
-    def __enter__(self) -> WriterThread:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        self.close()
