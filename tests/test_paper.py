@@ -934,7 +934,7 @@ def test_paper_fig3_slurm_submitted_again_under_another_sbatch_gpus_per_node_is_
     as the sweep's ``sweep.json``), no --gpus-per-node given: one line naming the variable and its earlier value, exit
     2, nothing submitted, by the dry run too (was submitted: the runs not trained yet laid out on another number of
     GPUs than the arms trained before, the [released] loss scale with it); under the earlier count, its ended jobs
-    again."""
+    again; a record of the variable alone (an earlier version's) compared alike."""
     monkeypatch.chdir(REPO)  # the presets' configs live in the repository
     monkeypatch.setenv("PATH", fake_slurm(tmp_path, "")["PATH"])
     out, calls, held = tmp_path / "out", tmp_path / "calls", tmp_path / "held"
@@ -960,6 +960,72 @@ def test_paper_fig3_slurm_submitted_again_under_another_sbatch_gpus_per_node_is_
     monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "gpu:4")  # the same count
     code, _, err = paper("fig3", "--slurm", "--out", out, capsys=capsys)
     assert code == 0 and len(calls.read_text().splitlines()) == 26, err
+    held.write_text("")
+    (out / "logs" / "environment.json").write_text('{"SBATCH_GPUS_PER_NODE": "4"}\n')  # an earlier version's
+    monkeypatch.setenv("SBATCH_GPUS_PER_NODE", "8")
+    code, _, err = paper("fig3", "--slurm", "--dry-run", "--out", out, capsys=capsys)
+    assert_one_line_error(
+        code, err, f"error: SBATCH_GPUS_PER_NODE=8: {out} holds a paper fig3 submitted with SBATCH_GPUS_PER_NODE=4: its"
+    )
+
+
+GIVEN_4, GIVEN_8 = "--sbatch-arg=--gpus-per-node=4", "--sbatch-arg=--gpus-per-node=8"  # fig3's trainings' GPUs
+GIVEN_SPLIT, VARIABLE_4 = "--sbatch-arg=--gpus-per-node", "SBATCH_GPUS_PER_NODE=4"
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "said"),  # said: the count and where from, again then first, and the setting to submit with
+    [
+        (("4",), (None, GIVEN_8), (8, GIVEN_8, 4, VARIABLE_4, f"{VARIABLE_4} and without {GIVEN_8}")),
+        ((None, GIVEN_4), ("8",), (8, "SBATCH_GPUS_PER_NODE=8", 4, GIVEN_4, GIVEN_4)),
+        (
+            (None, GIVEN_4),
+            (None, GIVEN_SPLIT, "--sbatch-arg=8"),
+            (8, f"{GIVEN_SPLIT} --sbatch-arg=8", 4, GIVEN_4, GIVEN_4),
+        ),
+        (("8", GIVEN_4), ("8",), (8, "SBATCH_GPUS_PER_NODE=8", 4, GIVEN_4, GIVEN_4)),
+        ((None, GIVEN_4), (None,), (8, "SBATCH_GPUS_PER_NODE unset", 4, GIVEN_4, GIVEN_4)),  # train.sbatch's own 8
+        (("4",), (None, GIVEN_4), None),  # the same count from another source
+        ((None, GIVEN_8), (None,), None),
+    ],
+)
+def test_paper_fig3_slurm_submitted_again_on_another_gpus_per_node_from_any_source_is_refused(
+    first, again, said, tmp_path, capsys, monkeypatch
+):
+    """fig3's trainings submitted into its --out on one count of GPUs per node (``logs/environment.json``: the count
+    ``train.sbatch`` gets and where from: ``--sbatch-arg=--gpus-per-node``, else ``SBATCH_GPUS_PER_NODE``, else its
+    own 8), again on another from any source: one line naming both counts and sources, exit 2, nothing submitted or
+    printed, by the dry run too (was submitted where --sbatch-arg gave one now, or then: the arms of one figure on
+    two GPU layouts, the [released] loss scale with them); the same count from another source: its ended jobs again."""
+    monkeypatch.chdir(REPO)  # the presets' configs live in the repository
+    monkeypatch.setenv("PATH", fake_slurm(tmp_path, "")["PATH"])
+    out, calls, held = tmp_path / "out", tmp_path / "calls", tmp_path / "held"
+
+    def submit(variable: str | None, *args: str) -> tuple[int, str, str]:
+        if variable is None:
+            monkeypatch.delenv("SBATCH_GPUS_PER_NODE", raising=False)
+        else:
+            monkeypatch.setenv("SBATCH_GPUS_PER_NODE", variable)
+        return paper("fig3", "--slurm", *args, "--out", out, capsys=capsys)
+
+    code, _, err = submit(*first)
+    assert code == 0 and len(calls.read_text().splitlines()) == 13, err
+    held.write_text("")  # its jobs ended (cancelled), the runs untrained
+    if said is None:
+        code, _, err = submit(*again)
+        assert code == 0 and len(calls.read_text().splitlines()) == 26, err
+        return
+    counted, is_, count, was, fix = said
+    for dry_run in ((), ("--dry-run",)):
+        code, printed, err = submit(*again, *dry_run)
+        assert_one_line_error(
+            code,
+            err,
+            f"error: {is_}: {out} holds a paper fig3 submitted with {was}: its trainings would go on on {counted} GPUs "
+            f"per node, not the {count} they were submitted for; submit it again with {fix}, or use another --out",
+        )
+        assert printed == ""
+    assert len(calls.read_text().splitlines()) == 13
 
 
 def test_paper_slurm_into_an_analysis_of_other_settings_is_refused_at_submission(zoo, tmp_path, capsys, monkeypatch):

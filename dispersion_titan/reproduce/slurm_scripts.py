@@ -178,23 +178,48 @@ def gpus_environment() -> dict[str, str | None]:
     return {GPUS_VARIABLE: os.environ.get(GPUS_VARIABLE)}
 
 
-def refuse_other_gpus(recorded: object, given: str | None, holds: str, elsewhere: str) -> None:
-    """Trainings submitted again to go on under another ``SBATCH_GPUS_PER_NODE`` than they were submitted with
-    (``recorded``: ``gpus_environment`` then; an older version records none), which lays them out where their sbatch
-    options give no --gpus-per-node (``given``): each would go on on another number of GPUs. ``holds``: what the
-    folder holds; ``elsewhere``: the other way out."""
-    if not isinstance(recorded, dict) or given:
+def _variable_source(value: str | None) -> str:
+    """Where trainings whose sbatch options give no --gpus-per-node get theirs: ``value``, or train.sbatch's own."""
+    return f"{GPUS_VARIABLE}={value}" if value is not None else f"{GPUS_VARIABLE} unset"
+
+
+def gpus_per_node(args: list[str], where: str, least: int, why: str) -> tuple[int, str]:
+    """The GPUs per node a training submitted with sbatch ``args`` gets (``sbatch_count``: the last of them giving
+    --gpus-per-node, else SBATCH_GPUS_PER_NODE, else train.sbatch's own), and where from, as a submission gives it
+    (``where``: the key of ``args``)."""
+    count = sbatch_count(args, "--gpus-per-node", SBATCH_GPUS_PER_NODE, where, least, why)
+    source, given, value = sbatch_reads(args, "--gpus-per-node", where) or (GPUS_VARIABLE, "", "")
+    if source == GPUS_VARIABLE:
+        return count, _variable_source(os.environ.get(GPUS_VARIABLE))
+    return count, f"{where}={given}" if given.endswith(value) else f"{where}={given} {where}={value}"
+
+
+def recorded_gpus(recorded: object, given: str | None) -> tuple[object, str] | None:
+    """The GPUs per node trainings were submitted for, and where from, as ``recorded`` (``gpus_per_node``'s, with
+    ``gpus_environment``); a record of ``gpus_environment`` alone (the sweep's, whose commands record its own
+    --gpus-per-node; an earlier version's paper fig3) gives SBATCH_GPUS_PER_NODE's, compared only where no
+    --gpus-per-node is ``given`` now. None: nothing to compare with (none recorded)."""
+    if not isinstance(recorded, dict):
+        return None
+    if "gpus_per_node" in recorded:
+        return recorded["gpus_per_node"], str(recorded.get("from"))
+    value = recorded.get(GPUS_VARIABLE)
+    return None if given else (str(value or SBATCH_GPUS_PER_NODE).rpartition(":")[2], _variable_source(value))
+
+
+def refuse_other_gpus(then: tuple[object, str] | None, now: tuple[object, str], holds: str, elsewhere: str) -> None:
+    """Trainings submitted again to go on on another number of GPUs per node (``now``: the count and where from)
+    than they were submitted for (``then``: ``recorded_gpus``). ``holds``: what the folder holds; ``elsewhere``: the
+    other way out."""
+    if then is None or str(then[0]) == str(now[0]):
         return
-    then, now = recorded.get(GPUS_VARIABLE), os.environ.get(GPUS_VARIABLE)
-    counts = [str(value or SBATCH_GPUS_PER_NODE).rpartition(":")[2] for value in (then, now)]  # h100:4: 4
-    if counts[0] != counts[1]:
-        was, is_ = (
-            f"{GPUS_VARIABLE}={value}" if value is not None else f"{GPUS_VARIABLE} unset" for value in (then, now)
-        )
-        raise ArgumentError(
-            f"{is_}: {holds} submitted with {was}: its trainings would go on on {counts[1]} GPUs per node, not the "
-            f"{counts[0]} they were submitted for; submit it again with {was}, or {elsewhere}"
-        )
+    (count, was), (counted, is_) = then, now
+    # an sbatch option giving them now wins over the variable then
+    again = f"{was} and without {is_}" if was.startswith(GPUS_VARIABLE) and not is_.startswith(GPUS_VARIABLE) else was
+    raise ArgumentError(
+        f"{is_}: {holds} submitted with {was}: its trainings would go on on {counted} GPUs per node, not the "
+        f"{count} they were submitted for; submit it again with {again}, or {elsewhere}"
+    )
 
 
 def lead_told(sbatch_args: list[str]) -> list[str]:

@@ -49,6 +49,7 @@ from .slurm_scripts import (
     lead_told,
     option_values,
     queued_jobs,
+    recorded_gpus,
     refuse_environment,
     refuse_options,
     refuse_other_gpus,
@@ -488,7 +489,10 @@ def resubmission(
     todo = [job for job in jobs if job.key not in kept]
     if any(job.key.startswith("train_") and job.key in ids for job in todo):  # a training to go on
         given = given_option([*_resources(sweep, "gpus_per_node"), *sweep.train_sbatch_args], "--gpus-per-node")
-        refuse_other_gpus(environment, given, f"{sweep.out} holds a sweep", "give the sweep a new folder")
+        now = recorded_gpus(gpus_environment(), None)  # the variable's: the sweep's own, its commands compare
+        refuse_other_gpus(
+            recorded_gpus(environment, given), now, f"{sweep.out} holds a sweep", "give the sweep a new folder"
+        )
     for i, (cell, config) in enumerate(zip(sweep.cells(), configs, strict=True), start=1):
         if any(job.key == f"train_{i}" for job in todo):
             _refuse_other_settings(cell.name, config)

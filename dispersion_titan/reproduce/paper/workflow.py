@@ -45,15 +45,16 @@ from ...utils.errors import ArgumentError, CheckpointError, DispersionTitanError
 from ...utils.hub import PREFIX as HF
 from ...utils.hub import HFSpec, parse_spec
 from ..slurm_scripts import (
-    SBATCH_GPUS_PER_NODE,
     SlurmJob,
     check_train_time,
     given_option,
     gpus_asked,
     gpus_environment,
+    gpus_per_node,
     job_name,
     lead_told,
     queued_jobs,
+    recorded_gpus,
     refuse_environment,
     refuse_options,
     refuse_other_gpus,
@@ -75,7 +76,7 @@ ARTIFACT_DEFAULTS = {
     "fig3": {"seq_len": catalog.FIG3_SEQ_LEN},
     "counteract": {"num_sequences": catalog.COUNTERACT_TEXTS, "seq_len": catalog.COUNTERACT_SEQ_LEN},
 }
-ENVIRONMENT = "environment.json"  # in logs/: fig3's trainings' ``gpus_environment``, as the sweep's sweep.json
+ENVIRONMENT = "environment.json"  # in logs/: the GPUs per node fig3's trainings were submitted for (``record_gpus``)
 ONLY_FOR = {"preset": "fig3", "pick": "fig3", "rows": "fig3", "revisions": "fig4", "corpus": "robustness"}
 
 
@@ -120,6 +121,7 @@ class PaperWorkflow:
     notes: list[str] = field(default_factory=list)  # said before it runs
     rows: tuple[str, ...] = ()  # fig3: the checkpoints drawn
     pretrained: str = "auto"  # table2: --pretrained (for hf:MODEL, the folder its evaluation writes)
+    gpus: tuple[int, str] | None = None  # fig3 --slurm: its trainings' GPUs per node and where from (gpus_per_node)
 
 
 def run_locally(workflow: PaperWorkflow, mains: dict[str, Callable[[list[str]], None]]) -> None:
@@ -526,21 +528,23 @@ def _fig3_workflow(options: dict, analyses: str, analyze_args: list[str]) -> Pap
         replace(analyze_step(m, analyze_args), after=(trained_by[m.target],) if m.target in trained_by else ())
         for m in models
     ]
-    sbatch_args = options.get("sbatch_args") or []
+    sbatch_args, gpus = options.get("sbatch_args") or [], None
     if train:  # refused here, as by the sweep, not by each training job as it starts
         check_train_time(sbatch_args, "--sbatch-arg", "--sbatch-arg")
-        if (gpus := gpus_asked(sbatch_args)) is not None:
-            raise ArgumentError(f"--sbatch-arg: {gpus}: {TRAINING_GPUS}")
+        if (asked := gpus_asked(sbatch_args)) is not None:
+            raise ArgumentError(f"--sbatch-arg: {asked}: {TRAINING_GPUS}")
+        gpus = gpus_per_node(sbatch_args, "--sbatch-arg", 1, TRAINS_ON_GPUS)
         try:  # the arms of one figure on one layout, as the sweep's cells
             recorded = json.loads(Path(out, "logs", ENVIRONMENT).read_text())
         except (OSError, ValueError):  # none yet, or cut short: nothing to compare with
             recorded = None
-        given = given_option(sbatch_args, "--gpus-per-node")
-        refuse_other_gpus(recorded, given, f"{out} holds a paper fig3", "use another --out")
-    notes = [note for _, note in chosen.values() if note] + training_layouts(train, sbatch_args)
-    return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows)
+        then = recorded_gpus(recorded, given_option(sbatch_args, "--gpus-per-node"))
+        refuse_other_gpus(then, gpus, f"{out} holds a paper fig3", "use another --out")
+    notes = [note for _, note in chosen.values() if note] + training_layouts(train, sbatch_args, gpus)
+    return PaperWorkflow("fig3", out, train + steps, models, notes=notes, rows=rows, gpus=gpus)
 
 
+TRAINS_ON_GPUS = "fig3 trains on GPUs; give a count of at least 1"
 TRAINING_GPUS = (  # why paper fig3 --slurm refuses a --sbatch-arg=--gpus (or a --gres of GPUs) while it trains
     # (sbatch 22.05 refused train.sbatch under --gpus=1 on launch/local_slurm.sh)
     "fig3's training jobs would get it too, over the GPUs per node their layout is checked for (train.sbatch's "
@@ -626,10 +630,11 @@ def slurm_jobs(workflow: PaperWorkflow, draw_argv: list[str], sbatch_args: list[
 
 
 def record_gpus(workflow: PaperWorkflow) -> None:
-    """fig3 --slurm: the environment its trainings are submitted with (``logs/environment.json``), which a submission
-    again into --out compares (``_fig3_workflow``)."""
-    if any(step.command == "train" for step in workflow.steps):
-        write = json.dumps(gpus_environment()) + "\n"
+    """fig3 --slurm: the GPUs per node its trainings are submitted for and where from (``logs/environment.json``),
+    which a submission again into --out compares (``_fig3_workflow``)."""
+    if workflow.gpus:
+        count, source = workflow.gpus
+        write = json.dumps({**gpus_environment(), "gpus_per_node": count, "from": source}) + "\n"
         records.atomic_write(os.path.join(workflow.out, "logs", ENVIRONMENT), lambda f: f.write(write))
 
 
@@ -679,13 +684,12 @@ def refuse_other_settings(workflow: PaperWorkflow, analyze: argparse.ArgumentPar
                 )
 
 
-def training_layouts(train: list[Step], sbatch_args: list[str]) -> list[str]:
-    """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets, per training job."""
-    if not train:
+def training_layouts(train: list[Step], sbatch_args: list[str], per_node: tuple[int, str] | None) -> list[str]:
+    """fig3 --slurm: a paper config's ``[released]`` layout on the GPUs ``train.sbatch`` gets (``per_node``:
+    ``gpus_per_node``, None where it trains none), per training job."""
+    if per_node is None:
         return []
-    least = "fig3 trains on GPUs; give a count of at least 1"
-    per_node = sbatch_count(sbatch_args, "--gpus-per-node", SBATCH_GPUS_PER_NODE, "--sbatch-arg", 1, least)
-    gpus = per_node * sbatch_count(sbatch_args, "--nodes", 1, "--sbatch-arg", 1, least)
+    gpus = per_node[0] * sbatch_count(sbatch_args, "--nodes", 1, "--sbatch-arg", 1, TRAINS_ON_GPUS)
     from ...job_config import parse, released  # TorchTitan (3 s of CPU): only where fig3 trains
 
     configs = [(step.label, parse.validated_args(launch_args(*step.argv), gpus)) for step in train]
