@@ -834,13 +834,26 @@ def test_a_gpu_config_on_a_cpu_is_refused_in_one_line_naming_the_cpu_profile(tmp
     assert not dump.exists()
 
 
-def test_liger_head_loss_without_a_gpu_is_refused_at_launch(monkeypatch):
-    """Liger's Triton kernels need a GPU (or Triton's interpreter, as tests/test_head_loss.py runs them)."""
+@pytest.mark.parametrize(
+    "args, refusal",
+    [
+        (["--training.head_loss", "liger"], '^training.head_loss: "liger" runs Triton kernels, and torch sees no GPU'),
+        (
+            ["--dispersion.variant", "angular_spread", "--dispersion.kernel", "triton"],
+            "^dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here",
+        ),
+    ],
+)
+def test_triton_kernels_without_a_gpu_are_refused_at_launch_not_by_the_checks_plan_runs(monkeypatch, args, refusal):
+    """Liger's and the pair loss's Triton kernels need a GPU (or Triton's interpreter, as tests/test_head_loss.py
+    runs them) where the job runs, not where it is planned or submitted from (was: the Triton pair kernel refused
+    by the checks ``plan`` and the sweep run, on a login node without a GPU)."""
     from dispersion_titan.job_config.titan_checks import check_runs_here
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(ConfigError, match='^training.head_loss: "liger" runs Triton kernels, and torch sees no GPU'):
-        check_runs_here(validated_args([*DEBUG, "--training.head_loss", "liger"]))
+    config = validated_args([*DEBUG, *args])  # the checks plan and the sweep run: passed
+    with pytest.raises(ConfigError, match=refusal):
+        check_runs_here(config)
 
 
 def test_the_cpu_profile_changes_how_a_step_runs_never_what_it_computes():

@@ -464,6 +464,9 @@ def test_sweep_bad_input_is_one_line(tmp_path):
         ("--config", str(REPO / "train_configs" / "gpt2_small_mlp3072.toml"), "--gpus-per-node", "0"): (
             "gpus_per_node: 0 trains on CPUs, and cell w64-baseline-s0's config compiles with inductor"
         ),
+        ("--variants", "angular_spread:0.1", "--gpus-per-node", "0", "--", "--dispersion.kernel", "triton"): (
+            "gpus_per_node: 0 trains on CPUs, and cell w64-angular_spread-c0.1-s0's config runs the Triton pair kernel"
+        ),
         ("--out", str(REPO / "launch")): "exists and is not an empty folder",
         ("--out", str(REPO / "README.md")): f"out: {REPO / 'README.md'} exists and is not an empty folder",
         ("--analyze-args=--nosuch 3",): "analyze_args: unrecognized arguments: --nosuch 3",  # not in failed jobs

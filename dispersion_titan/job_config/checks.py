@@ -23,7 +23,7 @@ from ..tokenizer.encoders import GPT2_BPE, DocumentEncoder, encoder_for, is_hub_
 from ..utils.errors import ConfigError, DataConfigError
 from ..utils.records import flatten
 from . import released
-from .titan_checks import check_checkpoint, check_output_folders, check_titan_settings, triton_device_here
+from .titan_checks import check_checkpoint, check_output_folders, check_titan_settings
 
 if TYPE_CHECKING:
     from ..config.schema import RunConfig
@@ -84,11 +84,6 @@ def check_dispersion(config: RunConfig, n_layers: int) -> None:
     d = config.dispersion
     if problem := precision_error(d.variant, d.precision):
         raise ConfigError(f"dispersion.precision: {problem}")
-    if d.kernel == "triton" and d.variant != "none" and not triton_device_here():
-        raise ConfigError(
-            "dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
-            "use 'auto' (the PyTorch strips on CPU) or 'torch'"
-        )
     try:
         resolve_layers(d.layers, n_layers)
     except ValueError as e:

@@ -113,8 +113,9 @@ def check_initial_load(config: RunConfig, args: Any) -> None:
 
 
 def check_runs_here(config: RunConfig) -> None:
-    """A GPU config where torch sees no GPU is refused, never changed silently: inductor (on a CPU it
-    needs a C++ toolchain and minutes per start) and liger; a hub dataset this machine cannot read."""
+    """A GPU config where torch sees no GPU is refused at launch, never changed silently (``plan`` and the sweep
+    check it on a login node without one): inductor (on a CPU it needs a C++ toolchain and minutes per start),
+    liger and the Triton pair kernel; a hub dataset this machine cannot read."""
     for section in ("training", "validation") if config.validation.enable else ("training",):
         cfg = getattr(config, section)
         if not is_store(cfg.dataset_path):
@@ -131,6 +132,12 @@ def check_runs_here(config: RunConfig) -> None:
         )
     if config.training.head_loss == "liger" and not triton_device_here():
         raise ConfigError('training.head_loss: "liger" runs Triton kernels, and torch sees no GPU here; use "torch"')
+    d = config.dispersion
+    if d.kernel == "triton" and d.variant != "none" and not triton_device_here():
+        raise ConfigError(
+            "dispersion.kernel: 'triton' needs a CUDA GPU, and torch sees none here; "
+            "use 'auto' (the PyTorch strips on CPU) or 'torch'"
+        )
 
 
 def triton_device_here() -> bool:

@@ -328,6 +328,12 @@ def check_training_configs(sweep: Sweep) -> list[RunConfig]:
                 f"gpus_per_node: 0 trains on CPUs, and cell {cell.name}'s config compiles with inductor or runs "
                 "liger's kernels for GPUs; give the training overrides --profile cpu (after --)"
             )
+        pairs = configs[-1].dispersion
+        if gpus_per_node == 0 and pairs.kernel == "triton" and pairs.variant != "none":
+            raise ArgumentError(
+                f"gpus_per_node: 0 trains on CPUs, and cell {cell.name}'s config runs the Triton pair kernel for "
+                "GPUs (dispersion.kernel = 'triton'); give the training overrides --dispersion.kernel auto (after --)"
+            )
     return configs
 
 
