@@ -968,6 +968,19 @@ def test_init_out_of_room_is_one_line_and_leaves_no_half_file(tmp_path):
     assert again.returncode == 0 and f"wrote {len(shipped) - len(kept)} configs" in again.stdout, again.stdout
 
 
+def test_atomic_writes_give_the_mode_open_gives_and_leave_the_umask_alone(tmp_path, monkeypatch):
+    """A file written through its temporary file has the mode a plain ``open`` gives it under the umask (``mkstemp``
+    makes it private), and no write sets the process's umask (was set to 0 and back at each write: another thread's
+    file made meanwhile, a checkpoint's or a TensorBoard event file, was world-writable)."""
+    from dispersion_titan.utils import records
+
+    with open(tmp_path / "plain", "w"):
+        pass
+    monkeypatch.setattr(os, "umask", lambda mask: pytest.fail(f"os.umask({mask:#o}) while writing"))
+    records.atomic_write(str(tmp_path / "atomic"), lambda f: f.write("x"))
+    assert (tmp_path / "atomic").stat().st_mode == (tmp_path / "plain").stat().st_mode
+
+
 def test_init_with_no_inode_left_names_the_config_not_its_temporary_file(tmp_path):
     """A full file system whose last inode is taken (a tmpfs of 4, mounted in a namespace of the test's own) fails
     ``atomic_write``'s temporary file as it is made: the line names the config (was its hidden

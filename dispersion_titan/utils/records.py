@@ -22,6 +22,12 @@ HELD: dict[str, Any] = {}
 link removed or replaced is found too), each with its writer lock (its lock file: ``.path``)."""
 
 
+# The process's umask, read once at import (reading sets it): read at each write, another thread's file made
+# meanwhile (a checkpoint's, a TensorBoard event file) got the mode set; 0o077 here makes one private at worst.
+UMASK = os.umask(0o077)
+os.umask(UMASK)
+
+
 @contextmanager
 def holding(lock: Any) -> Iterator[None]:
     """``lock``'s folder held by it in ``HELD``, and found again at each ``atomic_write`` below it by its lock file:
@@ -61,9 +67,7 @@ def atomic_write(
                 if durable:
                     f.flush()
                     os.fsync(f.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # what ``open`` would give a new file (``mkstemp`` makes it private)
+            os.chmod(tmp, 0o666 & ~UMASK)  # what ``open`` would give a new file (``mkstemp`` makes it private)
             if exclusive:
                 os.link(tmp, path)
                 os.unlink(tmp)
