@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import io
 import json
 import logging
 import os
@@ -1244,8 +1245,14 @@ def test_moved_runs_tabulate_as_before(fabricated, tmp_path, capsys):
 def test_table_reads_each_runs_run_json_once(fabricated, tmp_path, capsys, monkeypatch):
     """Each run's run.json read once for its arm, seed, start and steps, and once more for its checkpoint folder
     where steps the authors evaluate lack an evaluation (was 6 to 11 reads a run, here)."""
-    reads, read_text = collections.Counter(), Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda path, *a, **k: reads.update([path.name]) or read_text(path, *a, **k))
+    reads, real_open = collections.Counter(), io.open
+
+    def counted(file, *args, **kwargs):  # Path.read_text's and json.load's open alike
+        reads.update([os.path.basename(file) if isinstance(file, (str, os.PathLike)) else ""])
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counted)  # pathlib's
+    monkeypatch.setattr("builtins.open", counted)
     assert evaluate("table", *fabricated.values(), "--out", tmp_path / "t", capsys=capsys)[0] == 0
     assert reads["run.json"] == 2 * len(fabricated)
 
