@@ -206,6 +206,15 @@ def _chosen(run: Evaluated, step: int, weighed: list[int]) -> RunScores:
     return RunScores(run.run, step, result_scores(result), settings(result))
 
 
+def _at_step(runs: list[Evaluated], step: int, option: str) -> list[RunScores]:
+    """Each run's scores at ``step``, which ``option`` asked for of every run."""
+    if missing := next((run for run in runs if step not in run.results), None):
+        raise EvaluationError(
+            f"{option}: {missing.run} has no evaluation of step {step} (have {sorted(missing.results)})"
+        )
+    return [_chosen(run, step, [step]) for run in runs]
+
+
 def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
     """One checkpoint per run of an arm: ``last``, ``step:N`` or ``best`` (the earliest of equals), per seed or on
     the seed-averaged curve (``--best-step``)."""
@@ -213,12 +222,7 @@ def select_arm(runs: list[Evaluated], selection: Selection) -> list[RunScores]:
     if rule == "last":
         return [_chosen(run, max(run.results), [max(run.results)]) for run in runs]
     if rule != "best":
-        step = int(rule.removeprefix("step:"))
-        if missing := next((run for run in runs if step not in run.results), None):
-            raise EvaluationError(
-                f"--select: {missing.run} has no evaluation of step {step} (have {sorted(missing.results)})"
-            )
-        return [_chosen(run, step, [step]) for run in runs]
+        return _at_step(runs, int(rule.removeprefix("step:")), "--select")
     per_run = [_candidates(run, selection) for run in runs]
     averaged = selection.best_step == "averaged" or (selection.best_step == "auto" and from_scratch(runs[0].metadata))
     if not averaged:
@@ -363,17 +367,14 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
                 f"No Pretrained row: {where} (evaluate --steps 0 adds it, or --pretrained RUN names the "
                 "model before training)."
             )
-        return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 (before mid-training) of {arm}'s runs."
+        return _at_step(runs, 0, "--pretrained"), f"Pretrained: step 0 (before mid-training) of {arm}'s runs."
     if spec.startswith(PREFIX):
         raise EvaluationError(
             f"--pretrained: {spec} is a model, not its evaluation: evaluate it first "
             f"(python -m dispersion_titan.evaluate {shlex.quote(spec)} --out DIR), then --pretrained DIR"
         )
     runs = [evaluated(run) for run in spec.split(",")]
-    for run in runs:
-        if 0 not in run.results:
-            raise EvaluationError(f"--pretrained: {run.run} has no evaluation of step 0 (have {sorted(run.results)})")
-    return [_chosen(run, 0, [0]) for run in runs], f"Pretrained: step 0 of {', '.join(run.run for run in runs)}."
+    return _at_step(runs, 0, "--pretrained"), f"Pretrained: step 0 of {', '.join(run.run for run in runs)}."
 
 
 DIGITS = 4
