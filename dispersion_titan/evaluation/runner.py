@@ -379,13 +379,10 @@ class Tasks:
 
         self.names = names
         self.include_path = os.path.abspath(include_path) if include_path else None
-        manager = None
         check_include_path(include_path)
-        if include_path:
-            manager = TaskManager(include_path=self.include_path, include_defaults=False)
-            if not set(names) <= set(manager.all_subtasks):
-                manager = None
-        self.manager = manager or TaskManager(include_path=self.include_path)
+        own = TaskManager(include_path=self.include_path, include_defaults=False) if include_path else None
+        fits = own is not None and set(names) <= set(own.all_subtasks)
+        self.manager = own if fits else TaskManager(include_path=self.include_path)
         unknown = [name for name in names if name not in self.manager.all_tasks]
         broken = unknown and self.include_path and unreadable_yamls(self.include_path)
         if broken:  # lm-eval's index skips them (logged at debug level): was `unknown task`, the YAML unnamed
