@@ -160,9 +160,10 @@ class PackedSequenceDataset(RankSlice):
         self.seed = seed
 
     @functools.lru_cache(maxsize=2)
-    def _epoch_order(self, epoch: int) -> torch.Tensor:
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        """As numpy: a sequence's index read from it is no tensor read (``tests/test_sync_free.py`` counts those)."""
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(self.num_sequences, generator=generator)
+        return torch.randperm(self.num_sequences, generator=generator).numpy()
 
     def sequence(self, g: int) -> np.ndarray:
         """The ``seq_len + 1`` tokens of global sequence ``g`` (inputs plus the next token)."""
