@@ -66,7 +66,6 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--include-path",
         "--include_path",
-        dest="include_path",
         metavar="DIR",
         type=task_folder,
         help="folder of your own lm-eval task YAMLs",
@@ -75,7 +74,6 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num-fewshot",
         "--num_fewshot",
-        dest="num_fewshot",
         type=non_negative_int,
         help="shots for every task (default: the protocol's per task, else the task's own)",
     )

@@ -36,7 +36,6 @@ def add_input_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, de
     p.add_argument(
         "--dataset-path",
         "--dataset_path",
-        dest="dataset_path",
         type=named("the dataset's files"),
         help="files for --dataset local; with --protocol paper, a local copy of wikitext-103-v1 "
         "(a folder with wikitext-103-v1/train-*.parquet, or one .parquet file)",

@@ -49,7 +49,6 @@ def parser() -> argparse.ArgumentParser:
     prep.add_argument(
         "--dataset-path",
         "--dataset_path",
-        dest="dataset_path",
         type=named("the corpus path, or leave the option out for the TOML's"),
         help="the corpus path (overrides the TOML's dataset_path)",
     )
