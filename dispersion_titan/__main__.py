@@ -11,16 +11,8 @@ from importlib import import_module
 from dispersion_titan.utils.errors import fail, run_command
 
 COMMANDS = {
-    "train": "dispersion_titan.train",
-    "analyze": "dispersion_titan.analyze",
-    "evaluate": "dispersion_titan.evaluate",
-    "convert": "dispersion_titan.convert",
-    "sweep": "dispersion_titan.sweep",
-    "quickstart": "dispersion_titan.quickstart",
-    "data": "dispersion_titan.data.__main__",  # python -m dispersion_titan.data
-    "paper": "dispersion_titan.paper",
-    "init": "dispersion_titan.init",
-    "plan": "dispersion_titan.plan",
+    name: f"dispersion_titan.{name}{'.__main__' if name == 'data' else ''}"  # data: python -m dispersion_titan.data
+    for name in ("train", "analyze", "evaluate", "convert", "sweep", "quickstart", "data", "paper", "init", "plan")
 }
 OMP_THREADS = re.compile(r"\s*\+?[0-9]+\s*(,\s*\+?[0-9]+\s*)*", re.ASCII)
 """What libgomp takes for ``OMP_NUM_THREADS`` (a count per nesting level); anything else it warns of on
