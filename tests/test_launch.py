@@ -111,6 +111,19 @@ def test_train_sbatch_within_its_warning_of_the_time_limit_is_one_line(tmp_path)
     assert not (tmp_path / "trained").exists()
 
 
+@pytest.mark.parametrize("exitcode, kept", [(74, False), (-signal.SIGTERM, False), (1, True), (-signal.SIGKILL, True)])
+def test_torchruns_first_failure_line_is_dropped_where_the_ranks_or_the_launcher_say_it(exitcode, kept):
+    """torchrun's "failed (exitcode: N)" line, of the failure it stamped first (to the second): dropped where a rank
+    said why (74) or N is SIGTERM's, a rank torchrun stopped (was printed after the ranks' one line, where the stopped
+    rank was stamped in the same second: seen in a CI under load) or one stopped from outside (``ending`` says it);
+    kept for the others."""
+    from dispersion_titan.trainer import launcher
+
+    line = "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s"
+    record = logging.LogRecord("torchrun", logging.ERROR, __file__, 1, line, (exitcode, 1, 123, "python"), None)
+    assert launcher._quiet_forwarding(record) is kept
+
+
 def test_a_rank_torchrun_killed_itself_is_not_called_out_of_memory(tmp_path, monkeypatch):
     """Rank 1 fails; rank 0 ignores torchrun's SIGTERM (as a rank blocked in C++, in gloo's rendezvous, does)
     and torchrun SIGKILLs it: the launcher says that, not "out of memory", which stays for a SIGKILL from

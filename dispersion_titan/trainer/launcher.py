@@ -56,14 +56,16 @@ _unstopped: set[int] = set()
 
 def _quiet_forwarding(record: logging.LogRecord) -> bool:
     """Drop the forwarding warnings, and torchrun's "failed (exitcode: N)" line when the ranks
-    said why in one line of their own (N in ``SAID_BY_THE_RANKS``); note the ranks torchrun SIGKILLs."""
+    said why in one line of their own (N in ``SAID_BY_THE_RANKS``), or N is SIGTERM's: a rank torchrun stopped once
+    another failed, its first failure where both are stamped in one second (then after the ranks' line: seen in a CI
+    under load), or one stopped from outside, which ``ending`` says; note the ranks torchrun SIGKILLs."""
     if str(record.msg).startswith(UNSTOPPED):
         _unstopped.add(record.args[0])
     said = (
         isinstance(record.msg, str)
         and record.msg.startswith("failed (exitcode: ")
         and bool(record.args)
-        and record.args[0] in SAID_BY_THE_RANKS
+        and record.args[0] in {*SAID_BY_THE_RANKS, -signal.SIGTERM}
     )
     return not said and not any(text in record.getMessage() for text in FORWARDING_NOISE)
 
