@@ -1632,3 +1632,26 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
     ):
         assert_one_line_error(*evaluate("table", *runs, "--select", select, "--out", out, capsys=capsys)[::2], said)
     assert not out.exists()
+
+
+def test_table_arms_and_runs_given_oddly(fabricated, tmp_path, capsys):
+    """A run folder whose name holds '=' or ',' is a run (was split: `1e-3_s2: no such folder`); one arm named in two
+    specs is refused (was: merged into one arm, its seeds of two configurations weighed together, exit 0); an empty
+    --pretrained (an unset $VAR) names the option (was `: no such folder`)."""
+    base, disp = [str(fabricated[n]) for n in BASE_RUNS], [str(fabricated[n]) for n in DISP_RUNS]
+    odd = tmp_path / "lr=1e-3, s2"
+    shutil.move(disp[1], odd)
+    out = tmp_path / "out"
+    code, text, _ = evaluate("table", *base, disp[0], str(odd), "--out", out, capsys=capsys)
+    assert code == 0 and read_csv(out / "table.csv")["variant=angular_spread, coeff=0.1"]["seeds"] == "2", text
+    twice = tmp_path / "twice"
+    assert_one_line_error(
+        *evaluate("table", f"a={base[0]},{base[1]}", f"a={disp[0]}", "--out", twice, capsys=capsys)[::2],
+        "arm 'a': named twice; give its runs once (a=RUN1,RUN2,...), or rename one",
+    )
+    for spec in ("", f"{base[0]},"):
+        assert_one_line_error(
+            *evaluate("table", *base, "--pretrained", spec, "--out", twice, capsys=capsys)[::2],
+            f"--pretrained: {spec!r}: give auto, none or RUN1,RUN2,..., no empty run",
+        )
+    assert not twice.exists()

@@ -279,7 +279,10 @@ def _auto_labels(groups: list[list[Evaluated]]) -> list[str]:
 
 
 def arm_runs(spec: str) -> tuple[str, list[str]]:
-    """``[ARM=]RUN1,RUN2,...``: the arm's name ("": its runs grouped by configuration) and its runs."""
+    """``[ARM=]RUN1,RUN2,...``: the arm's name ("": its runs grouped by configuration) and its runs; a folder
+    of that name is one run (``lr=1e-3_s1``, ``a,b``), not an arm."""
+    if os.path.isdir(spec):
+        return "", [spec]
     name, _, runs = spec.partition("=") if "=" in spec else ("", "", spec)
     if "=" in spec and not name.strip() or "" in runs.split(","):  # a blank name: a row without a label
         raise EvaluationError(f"{spec!r}: give [ARM=]RUN1,RUN2,..., a name before = and no empty run")
@@ -302,7 +305,11 @@ def one_seed_each(runs: list[tuple[str, dict]]) -> None:
 
 def evaluated_arms(specs: list[str]) -> dict[str, list[Evaluated]]:
     """Arm name -> its runs' evaluations, arms in the order first named."""
-    found = [(name, evaluated(run)) for name, runs in map(arm_runs, specs) for run in runs]
+    arms = list(map(arm_runs, specs))
+    names = [name for name, _ in arms if name]
+    if twice := next((name for name in names if names.count(name) > 1), None):  # was: merged into one arm
+        raise EvaluationError(f"arm {twice!r}: named twice; give its runs once ({twice}=RUN1,RUN2,...), or rename one")
+    found = [(name, evaluated(run)) for name, runs in arms for run in runs]
     one_seed_each([(run.run, run.metadata) for _, run in found])
     groups: dict[tuple[str, str], list[Evaluated]] = {}  # (explicit name, "") or ("", configuration)
     for name, run in found:
@@ -373,6 +380,8 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
             f"--pretrained: {spec} is a model, not its evaluation: evaluate it first "
             f"(python -m dispersion_titan.evaluate {shlex.quote(spec)} --out DIR), then --pretrained DIR"
         )
+    if "" in spec.split(","):  # an unset $VAR (was: ': no such folder')
+        raise EvaluationError(f"--pretrained: {spec!r}: give auto, none or RUN1,RUN2,..., no empty run")
     runs = [evaluated(run) for run in spec.split(",")]
     return _at_step(runs, 0, "--pretrained"), f"Pretrained: step 0 of {', '.join(run.run for run in runs)}."
 
