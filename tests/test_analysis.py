@@ -573,6 +573,11 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
         (["hf:gpt2"], "--out: required with hf: models"),
         (["family", "RUN", "--out", "OUT", "--family", "gpt2"], "--family: 'gpt2' is not NAME=VALUE"),
         (["family", "RUN", "--out", "OUT", "--paired", "A="], "--paired: 'A=' is not NAME=VALUE"),
+        (  # were read as the working folder ('.: no condensation analyses here'), and the last family named
+            ["family", "RUN", "--out", "OUT", "--family", "a=X,,Y"],
+            "--family: 'a=X,,Y': give NAME=SPEC,SPEC,..., no empty model",
+        ),
+        (["family", "RUN", "--out", "OUT", "--family", "a=X", "--family", "b=X/"], "--family: X is put in a and in b"),
         (["RUN", "--seq-len", "1"], "argument --seq-len: '1' must be an integer >= 2"),
         (["RUN", "--geometry-sequences", "-1"], "argument --geometry-sequences: '-1' is not a non-negative integer"),
         (["RUN", "--device", "gpu"], "argument --device: Expected one of cpu, cuda"),

@@ -196,11 +196,13 @@ def write_size_series(
     specs: Sequence[str], out: str, family_options: Sequence[str], paired: Sequence[str], last_n: int, protocol: str
 ) -> str:
     """Write ``family.md``, ``family.csv`` and ``family.png``; return the markdown."""
-    families = {
-        spelled(spec): name
-        for name, listed in parse_assignments(family_options, "--family")
-        for spec in listed.split(",")
-    }
+    families: dict[str, str] = {}
+    for value, (name, listed) in zip(family_options, parse_assignments(family_options, "--family"), strict=True):
+        if "" in listed.split(","):  # was read as the working folder: '.: no condensation analyses here'
+            raise AnalysisError(f"--family: {value!r}: give NAME=SPEC,SPEC,..., no empty model")
+        for spec in map(spelled, listed.split(",")):
+            if families.setdefault(spec, name) != name:  # was: the last one named, silently
+                raise AnalysisError(f"--family: {spec} is put in {families[spec]} and in {name}; put it in one")
     pair_specs = [(spelled(a), spelled(b)) for a, b in parse_assignments(paired, "--paired")]
     for value, (a, b) in zip(paired, pair_specs, strict=True):
         if a == b:  # its row would be A − A: zeros, as if the two were alike
