@@ -1637,7 +1637,7 @@ def test_table_bad_input_fails_in_one_line(fabricated, tmp_path, capsys):
 def test_table_arms_and_runs_given_oddly(fabricated, tmp_path, capsys):
     """A run folder whose name holds '=' or ',' is a run (was split: `1e-3_s2: no such folder`); one arm named in two
     specs is refused (was: merged into one arm, its seeds of two configurations weighed together, exit 0); an empty
-    --pretrained (an unset $VAR) names the option (was `: no such folder`)."""
+    --pretrained (an unset $VAR) names the option (was `: no such folder`), and one naming a run twice is refused."""
     base, disp = [str(fabricated[n]) for n in BASE_RUNS], [str(fabricated[n]) for n in DISP_RUNS]
     odd = tmp_path / "lr=1e-3, s2"
     shutil.move(disp[1], odd)
@@ -1653,5 +1653,11 @@ def test_table_arms_and_runs_given_oddly(fabricated, tmp_path, capsys):
         assert_one_line_error(
             *evaluate("table", *base, "--pretrained", spec, "--out", twice, capsys=capsys)[::2],
             f"--pretrained: {spec!r}: give auto, none or RUN1,RUN2,..., no empty run",
+        )
+    os.symlink(base[0], tmp_path / "link")  # one result as the Pretrained row's two seeds (was: its std 0, exit 0)
+    for spec in (f"{base[0]},{base[0]}/evaluation", f"{base[0]},{tmp_path / 'link'}"):
+        assert_one_line_error(
+            *evaluate("table", *base, "--pretrained", spec, "--out", twice, capsys=capsys)[::2],
+            f"--pretrained: {spec!r} names {base[0]}/evaluation twice (a link, or a run and its evaluation)",
         )
     assert not twice.exists()

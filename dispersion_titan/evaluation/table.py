@@ -383,6 +383,11 @@ def pretrained_scores(found: dict[str, list[Evaluated]], spec: str) -> tuple[lis
     if "" in spec.split(","):  # an unset $VAR (was: ': no such folder')
         raise EvaluationError(f"--pretrained: {spec!r}: give auto, none or RUN1,RUN2,..., no empty run")
     runs = [evaluated(run) for run in spec.split(",")]
+    folders = [os.path.realpath(run.folder) for run in runs]
+    if twice := next((run for run, folder in zip(runs, folders) if folders.count(folder) > 1), None):
+        raise EvaluationError(  # was: one result counted as two seeds, its std 0 and its p-value of a duplicate
+            f"--pretrained: {spec!r} names {twice.folder} twice (a link, or a run and its evaluation); name it once"
+        )
     return _at_step(runs, 0, "--pretrained"), f"Pretrained: step 0 of {', '.join(run.run for run in runs)}."
 
 
