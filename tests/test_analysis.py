@@ -578,6 +578,10 @@ def test_bad_input_fails_with_one_line(run, analyzed, tmp_path, capsys):
             "--family: 'a=X,,Y': give NAME=SPEC,SPEC,..., no empty model",
         ),
         (["family", "RUN", "--out", "OUT", "--family", "a=X", "--family", "b=X/"], "--family: X is put in a and in b"),
+        (  # was: its row twice in family_paired.csv
+            ["family", "RUN", "--out", "OUT", "--paired", "X=Y", "--paired", "Y/=X"],
+            "--paired: 'Y/=X' pairs Y and X again; give each pair once",
+        ),
         (["RUN", "--seq-len", "1"], "argument --seq-len: '1' must be an integer >= 2"),
         (["RUN", "--geometry-sequences", "-1"], "argument --geometry-sequences: '-1' is not a non-negative integer"),
         (["RUN", "--device", "gpu"], "argument --device: Expected one of cpu, cuda"),

@@ -204,9 +204,11 @@ def write_size_series(
             if families.setdefault(spec, name) != name:  # was: the last one named, silently
                 raise AnalysisError(f"--family: {spec} is put in {families[spec]} and in {name}; put it in one")
     pair_specs = [(spelled(a), spelled(b)) for a, b in parse_assignments(paired, "--paired")]
-    for value, (a, b) in zip(paired, pair_specs, strict=True):
+    for i, (value, (a, b)) in enumerate(zip(paired, pair_specs, strict=True)):
         if a == b:  # its row would be A − A: zeros, as if the two were alike
             raise AnalysisError(f"--paired: {value!r} pairs {a} with itself; pair two models (A=B)")
+        if {a, b} in ({*pair} for pair in pair_specs[:i]):  # was: its row twice
+            raise AnalysisError(f"--paired: {value!r} pairs {a} and {b} again; give each pair once")
     specs = [spelled(spec) for spec in specs]
     members = load_members([*specs, *families, *(s for pair in pair_specs for s in pair)], families, protocol)
     by_spec = {m.spec: m for m in members}
