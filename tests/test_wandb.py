@@ -255,3 +255,22 @@ def test_wandb_not_installed_is_one_line_before_any_work(tmp_path, capsys, monke
     code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
     assert_one_line_error(code, err, f"--wandb: {why}")
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json", WANDB_RUN_FILE]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b'{"id": "\xff"}', b"", b"[]", b'"x"', b"null", b'{"id": 3, "project": "p", "entity": "", "dir": "tb"}'],
+    ids=["not-utf8", "empty", "list", "string", "null", "id-a-number"],
+)
+def test_an_unreadable_wandb_run_record_is_one_line_before_any_work(tmp_path, capsys, monkeypatch, damage):
+    """A damaged ``wandb_run.json`` (no JSON, not UTF-8, no object, fields of other types) is named in one line, exit 2,
+    nothing made (were tracebacks: JSONDecodeError, UnicodeDecodeError, TypeError, KeyError, or W&B's own)."""
+    from support.runs import tiny_run
+
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    run = tiny_run(tmp_path / "run")
+    (run / WANDB_RUN_FILE).write_bytes(damage)
+    code, _, err = analyze(str(run), "--num-sequences", "2", "--seq-len", "16", "--wandb", capsys=capsys)
+    assert_one_line_error(code, err, f"--wandb: {run / WANDB_RUN_FILE}: unreadable (", "; restore it: it names the W&B")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint", "run.json", WANDB_RUN_FILE]

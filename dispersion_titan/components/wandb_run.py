@@ -89,8 +89,17 @@ def recorded(dump_folder: str) -> dict[str, Any]:
         )
     if why := unusable():
         raise ArgumentError(f"--wandb: {why}")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            named = json.load(f)
+        fields = ("id", "project", "dir") if isinstance(named, dict) else ()
+        if not fields or not all(isinstance(v, str) for v in [*map(named.get, fields), named.get("entity") or ""]):
+            raise ValueError("no W&B run's id, project, entity and dir")
+    except (OSError, ValueError) as e:  # ValueError: JSON's, UTF-8's, or ours (were tracebacks)
+        raise ArgumentError(
+            f"--wandb: {path}: unreadable ({e}); restore it: it names the W&B run the run logged to"
+        ) from None
+    return named
 
 
 def log_results(dump_folder: str, job_type: str, prefix: str, per_step: dict[int, dict[str, Any]], folder: str) -> None:
