@@ -194,6 +194,11 @@ def test_records_of_another_format_are_refused(reference_run, tmp_path, capsys):
     assert_one_line_error(
         code, err, f"{old}/run.json: unreadable ('utf-8' codec can't decode byte 0xff", "; restore it"
     )
+    for wrong in ({"paths": [1]}, {"settings": "x"}, {"paths": {"checkpoint.folder": 3}}):  # were tracebacks
+        (old / "run.json").write_text(json.dumps({**record, **wrong}))
+        code, _, err = analyze(str(old), *ANALYSIS, capsys=capsys)
+        says = f"{old}/run.json: invalid (paths or settings: no object of path strings); restore it"
+        assert_one_line_error(code, err, says)
     out = tmp_path / "old_analysis"
     out.mkdir()
     (out / ".owner.json").write_text(json.dumps({"kind": "analysis", "run": str(reference_run)}))

@@ -178,8 +178,15 @@ def owner_record(folder: str) -> dict | None:
 def run_paths(root: str) -> dict[str, str]:
     """The run's folders (``RUN_PATH_KEYS``): as its ``run.json`` records them, else the defaults."""
     metadata = _run_json(root)
-    recorded = metadata.get("paths") or {}
-    settings = metadata.get("settings") or {}
+    recorded, settings = (metadata.get(key) or {} for key in ("paths", "settings"))
+    if not all(
+        isinstance(d, dict) and all(isinstance(d.get(k) or "", str) for k in RUN_PATH_KEYS)
+        for d in (recorded, settings)
+    ):
+        raise OutputError(  # was an AttributeError or TypeError traceback
+            f"{os.path.join(root, RUN_METADATA_FILE)}: invalid (paths or settings: no object of path strings); "
+            "restore it: it records the run's model and settings"
+        )
     real = os.path.realpath(root)  # recorded paths are relative to it (``outside_folders``), as the OS joins them
     return {
         key: os.path.normpath(os.path.join(real, recorded.get(key) or settings.get(key) or default))
