@@ -542,7 +542,12 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
         f"dispersion_titan: error: --tokenizer: {bad / 'tokenizer.json'}: not a tokenizer file ("
     )
     Tokenizer(models.WordLevel({"a": 0, "<eos>": 1}, unk_token="a")).save(str(bad / "tokenizer.json"))
-    for config, says in (("{bad", "not JSON ("), ("[1]", "not a JSON object; give the model's own")):
+    for config, says in (
+        ("{bad", "not JSON ("),
+        ("[1]", "not a JSON object; give the model's own"),
+        ('{"eos_token": {"content": 3}}', "eos_token or pad_token is no token string; give the model's own"),
+        ('{"eos_token": "<eos>", "pad_token": ["a"]}', "eos_token or pad_token is no token string"),  # were TypeErrors
+    ):
         (bad / "tokenizer_config.json").write_text(config)
         line = cli_failure(capsys, "enwiki_sample", "--tokenizer", str(bad), "--out", out)
         assert line.startswith(f"dispersion_titan: error: --tokenizer: {bad / 'tokenizer_config.json'}: {says}")

@@ -178,6 +178,10 @@ class HFTokenizerFile(DocumentEncoder):
             raise ConfigError(f"{field}: {config_path}: not a JSON object; give the model's own")
         named = (config.get(key) for key in ("eos_token", "pad_token"))  # a token, or {"content": token, ...}
         eos, pad = (token.get("content") if isinstance(token, dict) else token for token in named)
+        if not all(isinstance(token, (str, type(None))) for token in (eos, pad)):  # was tokenizers' TypeError
+            raise ConfigError(
+                f"{field}: {config_path}: eos_token or pad_token is no token string; give the model's own"
+            )
         eos_id = self.tokenizer.token_to_id(eos) if eos else None
         if eos_id is None:
             raise ConfigError(f"{field}: {config_path} names no eos_token of the tokenizer (the document separator)")
