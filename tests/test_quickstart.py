@@ -651,6 +651,16 @@ def test_bad_options_fail_with_one_line(tmp_path, options, message):
     assert not (tmp_path / "q").exists()
 
 
+@pytest.mark.parametrize("section", ["training = 3", "training = [1]"])
+def test_a_config_section_that_is_no_table_is_named_in_one_line(tmp_path, section):
+    """``--config`` whose ``training`` is no table: the line of a config without it (was a TypeError traceback)."""
+    config = tmp_path / "config.toml"
+    config.write_text(f"{section}\n")
+    says = f"--config: {config}: needs tables (training.steps, debug.seed and checkpoint.interval)"
+    with pytest.raises(ArgumentError, match=f"^{re.escape(says)}$"):
+        setup_for(tmp_path / "q", config)
+
+
 def test_a_corrupt_init_panel_result_is_refused_in_one_line(tmp_path):
     """A cached ``init_panel/*/condensation.json`` cut short is named with what to do, before any
     measurement, and kept."""

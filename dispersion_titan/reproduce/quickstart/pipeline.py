@@ -178,9 +178,10 @@ def make_setup(a: argparse.Namespace) -> QuickstartSetup:
         steps = a.steps or toml["training"]["steps"]
         seed = toml["debug"]["seed"]
         interval = a.checkpoint_interval or toml["checkpoint"]["interval"]
-    except KeyError as e:
+    except (KeyError, TypeError) as e:  # TypeError: a section no table (training = 3), was a traceback
+        needs = repr(e.args[0]) if isinstance(e, KeyError) else "tables"
         raise ArgumentError(
-            f"--config: {config}: needs {e.args[0]!r} (training.steps, debug.seed and checkpoint.interval)"
+            f"--config: {config}: needs {needs} (training.steps, debug.seed and checkpoint.interval)"
         ) from None
     if a.init_flavor not in gpt2_flavors:
         raise ArgumentError(f"--init-flavor: {a.init_flavor!r} is not one of {sorted(gpt2_flavors)}")
