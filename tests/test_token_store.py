@@ -451,9 +451,10 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
         capsys, "local", "--dataset-path", "/no/such.jsonl", "--out", out
     )
     # A folder or a file of another kind as local files, a path for the embedded corpus, an empty local copy,
-    # a token store as the corpus, a TOML without the split's dataset.
+    # a token store as the corpus, a TOML without the split's dataset, one whose model is no table (was a traceback).
     (tmp_path / "void").mkdir()
     (tmp_path / "nodata.toml").write_text('[model]\nname = "gpt2"\n')
+    (tmp_path / "nomodel.toml").write_text('model = 3\n[training]\ndataset = "enwiki_sample"\n')
     for args, says in (
         (("local", "--dataset-path", str(tmp_path)), f"'{tmp_path}' is a directory; name files or a glob"),
         (("local", "--dataset-path", str(tmp_path / "file")), f"--dataset-path: '{tmp_path / 'file'}' is not one of ["),
@@ -461,6 +462,7 @@ def test_prepare_bad_input_fails_in_one_line(capsys, monkeypatch, tmp_path, enwi
         (("fineweb-edu", "--dataset-path", str(tmp_path / "void")), f"'{tmp_path / 'void'}' is an empty directory"),
         (("enwiki_sample", "--dataset-path", str(enwiki_store)), f"{enwiki_store} is a token store already; name the"),
         ((str(tmp_path / "nodata.toml"),), f"CONFIG_OR_DATASET: {tmp_path / 'nodata.toml'}: [training] sets no"),
+        ((str(tmp_path / "nomodel.toml"),), f"CONFIG_OR_DATASET: {tmp_path / 'nomodel.toml'}: [model] is no table"),
     ):
         assert says in cli_failure(capsys, *args, "--out", out)
     # A TOML's path is its key; --dataset-path over it is named as typed (was the TOML's key, and the

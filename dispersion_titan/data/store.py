@@ -374,7 +374,8 @@ def resolve_source(
     table = toml.get(section, {})
     if not isinstance(table, dict) or not isinstance(table.get("dataset"), str):
         raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [{section}] sets no dataset")
-    model = toml.get("model", {})
+    if not isinstance(model := toml.get("model", {}), dict):  # was an AttributeError traceback
+        raise DataConfigError(f"CONFIG_OR_DATASET: {target}: [model] is no table")
     encoder = chosen or encoder_for(model.get("name", ""), model.get("hf_assets_path", ""))
     field = f"{section}.dataset"
     path_from = path_field("--dataset") if dataset_path else path_field(field)
