@@ -410,6 +410,12 @@ def test_a_hugging_face_folder_that_does_not_fit_the_model_is_refused_at_launch(
         "debugmodel): rope_theta = 10000.0 (this model: 1000000.0) (and 1 more), which no [model] key sets; give "
         "model.flavor the one of its model"
     )
+    (other / "config.json").write_text(json.dumps({**config, "rope_parameters": "x", "max_position_embeddings": "x"}))
+    assert refusal(other) == (  # values no JSON type of theirs: were AttributeError and ValueError tracebacks
+        f"model.hf_assets_path: {other}: its config.json computes another model than this qwen3_dispersion (flavor "
+        'debugmodel): rope_type = "x" (this model: "default"), which no [model] key sets; give model.flavor the one '
+        "of its model"
+    )
     broken = tmp_path / "broken"  # its config.json cut short: named (was the JSON parser's bare message)
     shutil.copytree(hf, broken)
     (broken / "config.json").write_text('{"model_type": "qwen3",')

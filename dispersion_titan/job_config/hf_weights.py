@@ -153,6 +153,8 @@ def _computed_otherwise(hf: dict[str, Any], args: Any) -> list[str]:
     if not hasattr(args, "rope_theta"):  # gpt2: learned positions, its ε and activation GPT-2's
         return []
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(rope, dict):  # a hand edit's: shown as the RoPE that differs (was an AttributeError traceback)
+        rope = {"rope_type": rope}
     ours = args.rope_parameters()
     theirs = {k: rope.get(k) for k in ours} | {"rope_type": rope.get("rope_type", rope.get("type", "default"))}
     theirs["rope_theta"] = rope.get("rope_theta", hf.get("rope_theta"))

@@ -38,7 +38,8 @@ class Qwen3Args(RotaryOverrides, Qwen3ModelArgs):
 
     def update_from_config(self, job_config: Any, **kwargs: Any) -> None:
         super().update_from_config(job_config, **kwargs)
-        self.hf_positions = int(pretrained_config(job_config).get("max_position_embeddings") or 0)
+        positions = pretrained_config(job_config).get("max_position_embeddings")
+        self.hf_positions = positions if isinstance(positions, int) else 0  # a hand edit's "x": none (was a traceback)
 
     @property
     def tie_embeddings(self) -> bool:
