@@ -755,6 +755,14 @@ def test_dropout_comes_in_from_the_hf_config_and_goes_out_to_it(tmp_path):
     # TorchTitan loads model.hf_assets_path's weights when initial_load_path is empty: its dropouts too
     assert imported(tmp_path / "in", key="--model.hf_assets_path").model_args.attn_dropout == 0.05
     assert imported(tmp_path / "in", "--checkpoint.no-enable").model_args.attn_dropout == 0.0  # nothing loaded
+    edited = tmp_path / "edited"  # a dropout no number: named in one line (was float()'s ValueError traceback)
+    shutil.copytree(tmp_path / "in", edited)
+    (edited / "config.json").write_text(
+        json.dumps({**json.loads((edited / "config.json").read_text()), "attn_pdrop": "x"})
+    )
+    says = f"checkpoint.initial_load_path: {edited / 'config.json'}: attn_pdrop 'x' is no number; copy the model's"
+    with pytest.raises(ConfigError, match=f"^{re.escape(says)} config.json again$"):
+        imported(edited)
     with torch.no_grad():
         assert max_diff(ours.eval()(TOKENS), hf(TOKENS).logits) <= 1e-5  # eval: no dropout on either side
     step = write_dcp_checkpoint(tmp_path / "run", ours.model_args)

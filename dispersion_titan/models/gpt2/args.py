@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -9,7 +10,8 @@ from torch import nn
 from torchtitan.config import JobConfig
 from torchtitan.protocols.model import BaseModelArgs
 
-from ..flavors import DROPOUT_KEYS, SHAPE_KEYS, Flavors, ShapeOverrides, pretrained_config
+from ...utils.errors import ConfigError
+from ..flavors import DROPOUT_KEYS, SHAPE_KEYS, Flavors, ShapeOverrides, pretrained_config, pretrained_folder
 
 GPT2_VOCAB_SIZE = 50257
 _REFUSED = {
@@ -66,7 +68,14 @@ class GPT2ModelArgs(ShapeOverrides, BaseModelArgs):
         config = pretrained_config(job_config)
         for key, theirs in DROPOUT_KEYS.items():
             if theirs in config and getattr(job_config.model, key) is None:
-                setattr(self, key, float(config[theirs]))
+                try:
+                    setattr(self, key, float(config[theirs]))
+                except (TypeError, ValueError):  # a hand edit's "x" or [1] (was a traceback)
+                    option, folder = pretrained_folder(job_config) or ("", "")
+                    raise ConfigError(
+                        f"{option}: {os.path.join(folder, 'config.json')}: {theirs} {config[theirs]!r} is no number; "
+                        "copy the model's config.json again"
+                    ) from None
 
     def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
         """Unique parameter count and training FLOPs per token: 6 per matmul weight (the LM head's d·V
