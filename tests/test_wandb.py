@@ -88,6 +88,18 @@ def test_only_the_run_folder_itself_continues_its_wandb_run(trained, tmp_path, m
     assert os.environ["WANDB_RUN_ID"] == "theirs"
 
 
+@pytest.mark.parametrize("named", [{}, {"id": 3}, {"id": None}])
+def test_a_relaunch_beside_a_wandb_run_record_without_an_id_starts_a_new_wandb_run(tmp_path, monkeypatch, named):
+    """A ``wandb_run.json`` of this folder whose id is missing or no string is unreadable, as one cut short: a new
+    W&B run (were KeyError and TypeError tracebacks at the relaunch)."""
+    for name in (*USER_NAMED, "WANDB_RESUME"):
+        monkeypatch.setenv(name, "")  # restored as it was after the test
+        monkeypatch.delenv(name)
+    (tmp_path / WANDB_RUN_FILE).write_text(json.dumps({**named, "run_folder": os.path.realpath(tmp_path)}))
+    continue_recorded(str(tmp_path))
+    assert "WANDB_RUN_ID" not in os.environ and "WANDB_RESUME" not in os.environ
+
+
 def test_analyze_logs_histograms_table_and_figures_to_the_training_run(trained, tmp_path, monkeypatch, capsys):
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)

@@ -51,7 +51,8 @@ def continue_recorded(dump_folder: str) -> None:
             named = json.load(f)
     except (OSError, ValueError):  # none, or unreadable: a new W&B run, as before
         return
-    if isinstance(named, dict) and named.get("run_folder") == os.path.realpath(dump_folder):
+    ours = isinstance(named, dict) and named.get("run_folder") == os.path.realpath(dump_folder)
+    if ours and isinstance(named.get("id"), str):  # an id of another type or none: unreadable (were tracebacks)
         os.environ["WANDB_RUN_ID"] = named["id"]
         os.environ.setdefault("WANDB_RESUME", "allow")
 
