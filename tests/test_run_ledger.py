@@ -178,7 +178,8 @@ def test_a_run_that_saved_no_step_relaunches_with_corrected_settings(tmp_path):
 
 def test_records_of_another_format_are_refused(reference_run, tmp_path, capsys):
     """A ``run.json`` or ``.owner.json`` of another format, or of none (written before formats were
-    numbered), is refused in one line naming the file and what to do, never read as this one."""
+    numbered), is refused in one line naming the file and what to do, never read as this one; so is one damaged
+    (not UTF-8, its paths or settings no object of path strings)."""
     record = json.loads((reference_run / "run.json").read_text())
     old = tmp_path / "old_run"
     old.mkdir()
