@@ -211,6 +211,8 @@ def test_records_of_another_format_are_refused(reference_run, tmp_path, capsys):
         ("{bad", "Expecting"),
         ('{"format": 1}', "no 'kind'"),
         ('{"format": 1, "kind": "x", "run": {}}', ""),
+        ('{"format": 1, "kind": 3, "run": "x"}', "kind or run no string"),  # was 'holds the 3 of x'
+        ('{"format": 1, "kind": "analysis", "run": 5}', "kind or run no string"),
     ):
         (out / ".owner.json").write_text(damaged)
         code, _, err = analyze(str(reference_run), "--out", str(out), *ANALYSIS, capsys=capsys)

@@ -72,6 +72,8 @@ def read_owner(folder: str) -> FolderOwner | None:
     try:
         record = owner_record(folder)
         if record is not None:  # its run at RUN_RELATIVE from it if a run is there, else as recorded
+            if not isinstance(record["kind"], str) or not isinstance(record.get("run"), str | None):
+                raise TypeError("kind or run no string")  # was read as 'holds the 3 of 5'
             relative = record.get(RUN_RELATIVE)
             run = relative and os.path.normpath(os.path.join(os.path.realpath(folder), relative))
             moved = run and is_run(run)
