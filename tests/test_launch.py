@@ -1048,6 +1048,23 @@ def test_a_sweep_killed_while_it_submits_submits_the_rest_when_run_again(tmp_pat
     assert calls.read_text().splitlines()[3].startswith("--parsable --dependency=afterok:101 ")  # its evaluation
 
 
+def test_a_sweep_whose_manifest_cannot_be_written_says_the_job_it_queued_and_goes_on_when_run_again(tmp_path):
+    """sweep.json unwritable once the 1st sbatch queued its job (``ulimit -f 2``: logs/submitted.json fits, sweep.json
+    not; a disk filling up the same): the id printed above the out-of-room line, exit 74, and the same command again
+    refuses to queue that job twice, naming it (was: the id never said, and the folder refused as `not an empty folder
+    or a sweep's; give the sweep a new folder`, which the line had told to run again)."""
+    out, env = tmp_path / "sweep", fake_slurm(tmp_path, "")
+    full = python_module("dispersion_titan.sweep", *ONE_CELL, "--out", str(out), env=env, file_limit=2048)
+    assert full.returncode == 74 and f"writing {out / 'sweep.json'}" in full.stderr, full.stderr
+    assert re.findall(r"^\s*(\d+)  ", full.stdout, re.MULTILINE) == ["101"]
+    again = sweep(*ONE_CELL, "--out", str(out), env=env)
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        "dispersion_titan: error: sbatch (w64-baseline-s0 train): the same job is queued or running as 101; wait for "
+        "it to end, or scancel 101, then submit again"
+    ], again.stderr
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
+
+
 def test_ctrl_c_while_sbatch_submits_records_the_job_it_queued(tmp_path):
     """Ctrl-C to the terminal's process group once the 2nd of a sweep's sbatch calls has queued its job, before it
     said the id: that sbatch ends, then the sweep's interrupted line, exit 130, and sweep.json names both jobs (was:

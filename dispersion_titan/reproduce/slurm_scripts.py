@@ -458,10 +458,10 @@ def submit(
                 hint = f"; submitted so far: {done} (scancel {done})" if done else ""
                 raise DispersionTitanError(f"sbatch ({job.label}): {reason}{hint}{then}")
             ids[job.key] = job_id
-            submitted[ids[job.key]] = job.argv
+            print(f"{job_id:>10}  {job.label}", flush=True)  # said first: a record that cannot be written names it
+            submitted[job_id] = job.argv
             atomic_write(str(record), lambda f: f.write(json.dumps(submitted, indent=1) + "\n"))
             recorded()
-            print(f"{ids[job.key]:>10}  {job.label}", flush=True)
         if received:
             raise KeyboardInterrupt(received[0])
     return ids

@@ -252,8 +252,10 @@ def refuse_elsewhere(sweep: Sweep, options: dict[str, argparse.Namespace]) -> No
 
 
 def refuse_used(out: Path) -> None:
-    """``out`` new, empty (as a refused submission leaves it) or a sweep's (submitted again: ``resubmission``)."""
-    if out.exists() and not (out.is_dir() and (empty(str(out)) or (out / MANIFEST).is_file())):
+    """``out`` new, empty (as a refused submission leaves it) or a sweep's (submitted again: ``resubmission``; or its
+    jobs queued with no sweep.json written, out of room: ``submit`` refuses to queue one twice)."""
+    recorded = (out / MANIFEST).is_file() or (out / "logs" / "submitted.json").is_file()
+    if out.exists() and not (out.is_dir() and (empty(str(out)) or recorded)):
         raise ArgumentError(f"out: {out} exists and is not an empty folder or a sweep's; give the sweep a new folder")
     refuse_unless_ours(str(out), FolderOwner("sweep"), "--out", "use another --out")  # inside a run: as submitting
 
