@@ -13,7 +13,7 @@ import argparse
 import functools
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 from dispersion_titan.analyze import analyze_parser
 from dispersion_titan.config.cli import OneLineErrorParser, read_toml
@@ -110,10 +110,7 @@ def _kept(kept: dict[str, str]) -> str:
     return f" ({len(kept)} kept: still queued or running, or finished)" if kept else ""
 
 
-@command(
-    "the jobs submitted so far stay queued (their ids are above): the same command again submits the rest, "
-    "or scancel them to start over"
-)
+@command("nothing was submitted")  # a dry run, a plan, the checks; submitting says what it queued (_submit)
 def main(argv: list[str] | None = None) -> None:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     # Imported after parsing: --help and typos answer without torch and TorchTitan (seconds).
@@ -151,21 +148,32 @@ def main(argv: list[str] | None = None) -> None:
             again = [f"# submitted before: {len(todo)} of them to submit{_kept(kept)}"] if kept else []
             print(script([f"{grid} = {len(jobs)} jobs; out {sweep.out}", *again], todo, sweep.out / "logs", kept))
         return
+    _submit(
+        sweep.out, jobs, resubmission, slurm_sweep.refuse_used, functools.partial(slurm_sweep.write_manifest, sweep)
+    )
+
+
+@command(
+    "the jobs submitted so far stay queued (their ids are above): the same command again submits the rest, "
+    "or scancel them to start over"
+)
+def _submit(out: Path, jobs: list[SlurmJob], resubmission: Callable, refuse_used: Callable, manifest: Callable) -> None:
+    """The sweep's jobs submitted into ``out`` (``resubmission``: those to submit), each recorded (``manifest``)."""
     require_sbatch()
-    with owned(str(sweep.out), FolderOwner("sweep")):  # one submission: a second started alongside is refused
-        slurm_sweep.refuse_used(sweep.out)
+    with owned(str(out), FolderOwner("sweep")):  # one submission: a second started alongside is refused
+        refuse_used(out)
         todo, kept, finished = resubmission()
-        if _finished(finished, jobs, sweep.out, "submitted"):
+        if _finished(finished, jobs, out, "submitted"):
             return
         ids = dict(kept)
         recorded = [next((j for j in todo if j.key == job.key), job) for job in jobs]  # as submitted, last
-        record = functools.partial(slurm_sweep.write_manifest, sweep, recorded, ids)
+        record = functools.partial(manifest, recorded, ids)
         then = "; fix the cause and submit the sweep again for the rest"
         try:  # each job recorded once submitted, also before a kill -9: the same command again submits the rest
-            submit(todo, sweep.out / "logs", ids, then=then, recorded=record)
+            submit(todo, out / "logs", ids, then=then, recorded=record)
         finally:  # and those submitted before a refusal (the others null: they may take the settings that fix it)
-            manifest = record() if ids else None
-        print(f"sweep: {counted(len(todo), 'job')} submitted{_kept(kept)}; manifest {manifest}")
+            written = record() if ids else None
+        print(f"sweep: {counted(len(todo), 'job')} submitted{_kept(kept)}; manifest {written}")
 
 
 if __name__ == "__main__":

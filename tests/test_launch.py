@@ -28,6 +28,7 @@ from support.launch import (
     fake_slurm,
     held_by_another_command,
     launch_env,
+    paused_reading,
     python_module,
     torchrun,
     torchrun_script,
@@ -1046,6 +1047,22 @@ def test_a_sweep_killed_while_it_submits_submits_the_rest_when_run_again(tmp_pat
     again = sweep(*ONE_CELL, "--out", str(out), env=env)
     assert again.returncode == 0 and "sweep: 3 jobs submitted (2 kept" in again.stdout, again.stderr
     assert calls.read_text().splitlines()[3].startswith("--parsable --dependency=afterok:101 ")  # its evaluation
+
+
+def test_ctrl_c_in_a_sweeps_dry_run_says_nothing_was_submitted(tmp_path):
+    """Ctrl-C while a sweep --dry-run (or the checks before submitting) reads the training config: `interrupted;
+    nothing was submitted`, exit 130 (was `the jobs submitted so far stay queued (their ids are above): …`, of a dry
+    run that submits none)."""
+    out = tmp_path / "sweep"
+    pid, job = paused_reading(
+        "dispersion_titan.sweep", *ONE_CELL, "--dry-run", "--out", str(out), reading="debug.toml", tmp=tmp_path
+    )
+    os.kill(pid, signal.SIGINT)
+    os.kill(pid, signal.SIGCONT)
+    done = job.result()
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["dispersion_titan: interrupted; nothing was submitted"], done.stderr
+    assert not out.exists()
 
 
 def test_a_sweep_whose_manifest_cannot_be_written_says_the_job_it_queued_and_goes_on_when_run_again(tmp_path):
