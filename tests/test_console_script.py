@@ -397,3 +397,27 @@ def test_choices_holding_a_comma_are_shown_as_typed():
     ]
     assert unclear == []
     assert "--rows last|first,last" in paper_parser().format_help()
+
+
+WRAPPED_CTRL_C = """\
+import os, signal, time
+from dispersion_titan.utils.errors import command, run_command
+class Field:
+    def __set_name__(self, owner, name):  # as a dataclass's field while torch imports
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+@command("nothing was written")
+def main():
+    class Metadata:
+        shards = Field()
+run_command(main)
+"""
+
+
+def test_ctrl_c_that_python_wraps_in_a_runtimeerror_is_the_interrupted_line():
+    """Ctrl-C landing in a ``__set_name__`` (a dataclass of torch's being made while a command imports it, seen once in
+    6 Ctrl-Cs of a sweep --dry-run): Python 3.11 wraps the KeyboardInterrupt in ``RuntimeError: Error calling
+    __set_name__ …``; the command's interrupted line, exit 130 (was that traceback, exit 1)."""
+    proc = subprocess.run([sys.executable, "-c", WRAPPED_CTRL_C], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.splitlines() == ["dispersion_titan: interrupted; nothing was written"], proc.stderr

@@ -212,6 +212,11 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
     command a torchrun-launched script runs, RANK set)."""
 
     def wrap(main: Main) -> Main:
+        def stopped(e: KeyboardInterrupt) -> NoReturn:
+            _close_progress_bars()
+            say(f"interrupted{f' {when}' if when else ''}; {interrupted}", every_rank=not when)
+            sys.exit(interrupted_exit_code(interrupt_signal(e)))
+
         @functools.wraps(main)
         def run(*args: Any, **kwargs: Any) -> Any:
             hook = sys.unraisablehook
@@ -222,10 +227,10 @@ def command(interrupted: str, when: str = "") -> Callable[[Main], Main]:
             except DispersionTitanError as e:
                 fail(str(e).splitlines()[0] if str(e) else type(e).__name__, e.status)
             except KeyboardInterrupt as e:
-                _close_progress_bars()
-                say(f"interrupted{f' {when}' if when else ''}; {interrupted}", every_rank=not when)
-                sys.exit(interrupted_exit_code(interrupt_signal(e)))
+                stopped(e)
             except Exception as e:
+                if isinstance(e.__cause__, KeyboardInterrupt):  # Python 3.11 wraps one raised in a __set_name__
+                    stopped(e.__cause__)
                 if full := no_room(e):
                     where = f" writing {full.filename}" if full.filename else ""
                     advice = f"{WRITE_ADVICE[full.errno]}; {interrupted}"
