@@ -180,6 +180,6 @@ def measure(
             model.run(batch.to(model.input_device), sink)
         refuse_nan(sums)  # once per batch, not per layer: each check waits for the GPU
         on_batch()
-    chosen = min(len(tokens), geometry_sequences)  # geometry_mask's count
+    chosen = len(geometry.nonzero())  # the mask's count, by its shape (no value read back)
     per_layer = (lambda total: (total / chosen).tolist()) if chosen else (lambda total: [None] * len(total))
     return Measurement(list(names), sums / len(tokens), per_layer(rank_sums), per_layer(mev_sums), chosen)
